@@ -1,0 +1,6 @@
+"""Code that runs inside the profiled process. Standard library only (torch is the program's, imported by it).
+
+The bootstrap loads this package under a private name (`_stepcli_agent`) straight from its folder, so it also
+works when the program runs in another Python environment where stepcli itself is not installed.
+Importing the package does nothing; `runtime.activate()` starts the agent.
+"""

@@ -1,0 +1,223 @@
+"""Post-import hooks and the wrappers that turn optimizer, profiler and `--step-on` calls into steps.
+
+Runs inside the target: standard library only. torch is never imported here: a meta-path finder waits for the
+program to import it (importing it at start-up would run before the script sets CUDA_VISIBLE_DEVICES or its
+multiprocessing start method, and would slow every Python process the command starts).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:
+    from .runtime import Agent
+
+Callback = Callable[[ModuleType], None]
+
+
+class PostImportHooks(importlib.abc.MetaPathFinder):
+    """Runs callbacks right after a watched module finishes executing, before anyone else uses it."""
+
+    def __init__(self, on_error: Callable[[str, BaseException], None]) -> None:
+        self._callbacks: dict[str, list[Callback]] = {}
+        self._resolving: set[str] = set()
+        self._on_error = on_error
+
+    def when_imported(self, name: str, callback: Callback) -> None:
+        module = sys.modules.get(name)
+        if module is not None:
+            self._run(name, [callback], module)
+            return
+        self._callbacks.setdefault(name, []).append(callback)
+        if self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None) -> Any:
+        if fullname not in self._callbacks or fullname in self._resolving:
+            return None
+        self._resolving.add(fullname)
+        try:
+            spec = importlib.util.find_spec(fullname)  # the other finders, exactly as the import would
+        finally:
+            self._resolving.discard(fullname)
+        loader = getattr(spec, "loader", None)
+        if spec is None or loader is None or not hasattr(loader, "exec_module"):
+            return None
+        callbacks = self._callbacks.pop(fullname)
+        original = loader.exec_module
+
+        def stepcli_exec_module(module: ModuleType) -> None:
+            try:
+                original(module)
+            finally:
+                try:
+                    del loader.exec_module  # back to the class's method: the loader is this module's alone
+                except AttributeError:
+                    pass
+            self._run(fullname, callbacks, module)
+
+        try:
+            loader.exec_module = stepcli_exec_module
+        except (AttributeError, TypeError):
+            return None
+        return spec
+
+    def _run(self, name: str, callbacks: list[Callback], module: ModuleType) -> None:
+        for callback in callbacks:
+            try:
+                callback(module)
+            except Exception as exc:  # a hook must never break the program's import
+                self._on_error(name, exc)
+
+
+def patch_optimizers(agent: "Agent", torch: ModuleType) -> None:
+    """One requester per optimizer instance, registered when it is constructed (lazily would count N+1)."""
+    optimizer_cls = torch.optim.Optimizer
+    original_init = optimizer_cls.__init__
+    if getattr(original_init, "_stepcli", False):
+        return
+
+    @functools.wraps(original_init)
+    def stepcli_optimizer_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        if agent.enabled:
+            agent.requester_created(id(self), type(self).__name__)
+            _wrap_step(agent, type(self))
+
+    stepcli_optimizer_init._stepcli = True  # type: ignore[attr-defined]
+    optimizer_cls.__init__ = stepcli_optimizer_init
+
+
+def _wrap_step(agent: "Agent", cls: type) -> None:
+    """Count a step when `cls.step` returns: outside torch's own hook wrapper, whose
+    `Optimizer.step#...` annotation must close before the next `ProfilerStep#N` opens."""
+    original = cls.__dict__.get("step") or getattr(cls, "step")
+    if getattr(original, "_stepcli", False):
+        return
+    tracker, in_step = agent.tracker, agent.in_step
+
+    @functools.wraps(original)  # copies torch's `hooked` flag too, so torch never wraps over us
+    def stepcli_optimizer_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        key = id(self)
+        if key in in_step or not agent.enabled:  # a subclass calling super().step() counts once
+            return original(self, *args, **kwargs)
+        in_step.add(key)
+        try:
+            result = original(self, *args, **kwargs)
+        finally:
+            in_step.discard(key)
+        if key not in tracker.requesters:
+            agent.requester_created(key, type(self).__name__)
+        tracker.step(key)
+        return result
+
+    stepcli_optimizer_step._stepcli = True  # type: ignore[attr-defined]
+    cls.step = stepcli_optimizer_step  # type: ignore[attr-defined]
+
+
+def patch_profilers(agent: "Agent", torch: ModuleType) -> None:
+    """The program's own torch.profiler.profile objects: each is a requester; while one runs, we step aside."""
+    profile = torch.profiler.profile
+    if getattr(profile.step, "_stepcli", False):
+        return
+    original_init, original_start, original_stop, original_step = (
+        profile.__init__, profile.start, profile.stop, profile.step,
+    )
+    own = agent.is_own_profiler
+
+    @functools.wraps(original_init)
+    def stepcli_profile_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        if agent.enabled and not own(self):
+            agent.requester_created(id(self), "profiler")
+
+    @functools.wraps(original_start)
+    def stepcli_profile_start(self: Any) -> None:
+        if agent.enabled and not own(self):
+            agent.foreign_profiler_started(id(self))
+            try:
+                original_start(self)
+            except BaseException:
+                agent.foreign_profiler_stopped(id(self))
+                raise
+        else:
+            original_start(self)
+
+    @functools.wraps(original_stop)
+    def stepcli_profile_stop(self: Any) -> None:
+        try:
+            original_stop(self)
+        finally:
+            if agent.enabled and not own(self):
+                agent.foreign_profiler_stopped(id(self))
+
+    @functools.wraps(original_step)
+    def stepcli_profile_step(self: Any) -> None:
+        original_step(self)
+        if agent.enabled and not own(self):
+            key = id(self)
+            if key not in agent.tracker.requesters:
+                agent.requester_created(key, "profiler")
+            agent.tracker.step(key)
+
+    for wrapper in (stepcli_profile_init, stepcli_profile_start, stepcli_profile_stop, stepcli_profile_step):
+        wrapper._stepcli = True  # type: ignore[attr-defined]
+    profile.__init__, profile.start, profile.stop, profile.step = (
+        stepcli_profile_init, stepcli_profile_start, stepcli_profile_stop, stepcli_profile_step,
+    )
+
+    # The legacy autograd profiler opens a Kineto session too: nesting it in ours would empty ours.
+    legacy = torch.autograd.profiler.profile
+    legacy_enter, legacy_exit = legacy.__enter__, legacy.__exit__
+
+    @functools.wraps(legacy_enter)
+    def stepcli_legacy_enter(self: Any) -> Any:
+        if agent.enabled and getattr(self, "enabled", True):
+            agent.foreign_profiler_started(id(self))
+        return legacy_enter(self)
+
+    @functools.wraps(legacy_exit)
+    def stepcli_legacy_exit(self: Any, *exc: Any) -> Any:
+        try:
+            return legacy_exit(self, *exc)
+        finally:
+            if agent.enabled:
+                agent.foreign_profiler_stopped(id(self))
+
+    legacy.__enter__, legacy.__exit__ = stepcli_legacy_enter, stepcli_legacy_exit
+
+
+def patch_step_on(agent: "Agent", module: ModuleType, spec: str, qualname: str) -> None:
+    """`--step-on MODULE:QUALNAME`: each completed call of that function or method is a step."""
+    *owner_path, attr = qualname.split(".")
+    owner: Any = module
+    for part in owner_path:
+        owner = getattr(owner, part)
+    raw = owner.__dict__[attr] if isinstance(owner, type) and attr in owner.__dict__ else getattr(owner, attr)
+    kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
+    function = raw.__func__ if kind is not None else raw
+    if not callable(function):
+        raise TypeError(f"{spec} is not a function")
+    key = ("step-on", spec)
+    tracker = agent.tracker
+    depth = [0]
+
+    @functools.wraps(function)
+    def stepcli_step_on(*args: Any, **kwargs: Any) -> Any:
+        depth[0] += 1
+        try:
+            result = function(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+        if depth[0] == 0 and agent.enabled:
+            tracker.step(key)
+        return result
+
+    agent.requester_created(key, spec)
+    setattr(owner, attr, kind(stepcli_step_on) if kind is not None else stepcli_step_on)

@@ -1,0 +1,72 @@
+"""File names and atomic writes for traces and step logs. Runs inside the target: standard library only."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import socket
+import sys
+import time
+from typing import Any
+
+
+def current_rank() -> int | None:
+    """The distributed rank: torch.distributed's when initialized, else $RANK, else None."""
+    torch = sys.modules.get("torch")
+    try:
+        dist = getattr(torch, "distributed", None)
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:  # a half-torn-down process group must not stop a save
+        pass
+    try:
+        return int(os.environ["RANK"])
+    except (KeyError, ValueError):
+        return None
+
+
+def worker_name() -> str:
+    """TensorBoard's worker part of a trace name: `rank<R>` in distributed runs, else `<host>_<pid>`."""
+    rank = current_rank()
+    return f"rank{rank}" if rank is not None else f"{socket.gethostname()}_{os.getpid()}"
+
+
+def export_trace(prof: Any, out_dir: str, use_gzip: bool) -> tuple[str, int]:
+    """Export `prof`'s last cycle as `<worker>.<time_ns>.pt.trace.json[.gz]` via a temporary name and a rename."""
+    name = f"{worker_name()}.{time.time_ns()}.pt.trace.json" + (".gz" if use_gzip else "")
+    final = os.path.join(out_dir, name)
+    tmp_json = os.path.join(out_dir, f".{name}.{os.getpid()}.tmp.json")
+    tmp_gz = tmp_json + ".gz"
+    try:
+        prof.export_chrome_trace(tmp_json)
+        if use_gzip:
+            with open(tmp_json, "rb") as source, gzip.open(tmp_gz, "wb", compresslevel=6) as target:
+                shutil.copyfileobj(source, target, 1 << 20)
+            os.unlink(tmp_json)
+            os.replace(tmp_gz, final)
+        else:
+            os.replace(tmp_json, final)
+    finally:
+        for leftover in (tmp_json, tmp_gz):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+    return final, os.path.getsize(final)
+
+
+def human_size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+def say(message: str) -> None:
+    """One `stepcli:`-prefixed line on the program's stderr (the launcher's terminal)."""
+    try:
+        sys.stderr.write(f"stepcli: {message}\n")
+        sys.stderr.flush()
+    except Exception:  # a closed stderr must not break the program
+        pass

@@ -1,0 +1,235 @@
+"""The agent of one profiled process: activation, requesters, exit/signal/fork guards, the step log.
+
+Runs inside the target: standard library only. `activate()` is all the bootstrap calls; it does almost nothing
+until the program imports torch, and nothing costly until the process proves it trains (an optimizer, a
+profiler object or a `--step-on` function appears). Processes that never step write no files.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from types import ModuleType
+from typing import Any, Hashable
+
+from . import hooks
+from .config import HELLO_PREFIX, STEP_LOG_SUFFIX, AgentConfig, atomic_write_json
+from .output import current_rank, say, worker_name
+from .recorder import Recorder, is_own
+from .tracker import StepTracker
+
+STEP_LOG_VERSION = 1
+_STEP_LOG_MIN_INTERVAL_S = 10.0
+
+_agent: "Agent | None" = None
+
+
+class Agent:
+    """Owns the tracker and recorder of this process; every hook is a no-op once `enabled` is False."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.pid = os.getpid()
+        self.enabled = True
+        self.tracker = StepTracker()
+        self.recorder: Recorder | None = None
+        self.in_step: set[int] = set()
+        self.torch_imported = False
+        self.trains = False
+        self.exit_reason = ""
+        self._names: dict[str, int] = {}
+        self._flushed = False
+        self._last_log_write = 0.0
+        self._wall_start = time.time()
+        self.hooks = hooks.PostImportHooks(self._hook_failed)
+
+    # -- start-up ---------------------------------------------------------------------------------------------
+    def install(self) -> None:
+        os.register_at_fork(after_in_child=self._forked)
+        self.hooks.when_imported("torch", self._torch_imported)
+        for spec in self.config.step_on:
+            module_name, _, qualname = spec.partition(":")
+            self.hooks.when_imported(
+                module_name, lambda module, s=spec, q=qualname: hooks.patch_step_on(self, module, s, q)
+            )
+        if os.getppid() == self.config.launcher_pid:
+            self._write_hello()
+            atexit.register(self._write_hello)
+
+    def _torch_imported(self, torch: ModuleType) -> None:
+        self.torch_imported = True
+        if self.tracker.global_step == 0:
+            self.tracker.restart_clock()  # step 0 starts when torch is imported
+        hooks.patch_optimizers(self, torch)
+        hooks.patch_profilers(self, torch)
+
+    def _hook_failed(self, name: str, exc: BaseException) -> None:
+        say(f"could not hook {name} ({type(exc).__name__}: {exc}); it will not count steps")
+
+    # -- requesters -------------------------------------------------------------------------------------------
+    def requester_created(self, key: Hashable, base_name: str) -> None:
+        """A new step requester; the first one proves the process trains and arms the recorder and exit guards."""
+        if not self.enabled:
+            return
+        index = self._names.get(base_name, 0)
+        self._names[base_name] = index + 1
+        self.tracker.register(key, f"{base_name}#{index}" if ":" not in base_name else base_name)
+        if not self.trains:
+            self._start_training()
+
+    def _start_training(self) -> None:
+        self.trains = True
+        os.makedirs(self.config.out_dir, exist_ok=True)
+        self.recorder = Recorder(self.config, self.tracker, self._window_saved)
+        self.tracker.set_listener(self.recorder.on_step, self.recorder.next_cycle_start(self.tracker.global_step))
+        self.tracker.begin()
+        # Registered now, after torch's own atexit handlers, so ours runs first (LIFO).
+        atexit.register(self.flush, "exit")
+        self._guard_signals()
+        self._guard_os_exit()
+
+    def is_own_profiler(self, prof: Any) -> bool:
+        return is_own(self.recorder, prof)
+
+    def foreign_profiler_started(self, key: int) -> None:
+        if self.recorder is not None:
+            self.recorder.foreign_started(key)
+
+    def foreign_profiler_stopped(self, key: int) -> None:
+        if self.recorder is not None:
+            self.recorder.foreign_stopped(key)
+
+    # -- exit, signals, fork ----------------------------------------------------------------------------------
+    def _guard_signals(self) -> None:
+        """SIGTERM/SIGHUP would kill the process without atexit: save first, then die of the same signal."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            try:
+                if signal.getsignal(signum) == signal.SIG_DFL:
+                    signal.signal(signum, self._on_signal)
+            except (ValueError, OSError):
+                pass
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.flush(signal.Signals(signum).name)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    def _guard_os_exit(self) -> None:
+        original = os._exit
+        if getattr(original, "_stepcli", False):
+            return
+        agent = self
+
+        def stepcli_os_exit(status: int) -> Any:
+            if os.getpid() == agent.pid:
+                agent.flush("os._exit")
+            return original(status)
+
+        stepcli_os_exit._stepcli = True  # type: ignore[attr-defined]
+        os._exit = stepcli_os_exit  # type: ignore[assignment]
+
+    def _forked(self) -> None:
+        """A forked child (e.g. a DataLoader worker) never profiles or flushes its parent's state."""
+        self.enabled = False
+        self.tracker.set_listener(None)
+        self.recorder = None
+
+    def flush(self, reason: str) -> None:
+        """Save an open window and the step log, once, and only in the process that made them."""
+        if self._flushed or os.getpid() != self.pid or not self.enabled:
+            return
+        self._flushed = True
+        self.exit_reason = reason
+        try:
+            if self.recorder is not None:
+                self.recorder.stop("cut short: the program exited" if reason == "exit" else f"cut short: {reason}")
+            if self.tracker.global_step or (self.recorder and self.recorder.windows):
+                self._write_step_log()
+        except Exception as exc:
+            say(f"could not write the step log: {type(exc).__name__}: {exc}")
+
+    def _window_saved(self) -> None:
+        now = time.monotonic()
+        if now - self._last_log_write >= _STEP_LOG_MIN_INTERVAL_S:  # bounded cost with --repeat 0
+            self._last_log_write = now
+            try:
+                self._write_step_log()
+            except Exception as exc:
+                say(f"could not write the step log: {type(exc).__name__}: {exc}")
+
+    # -- files ------------------------------------------------------------------------------------------------
+    def _write_step_log(self) -> None:
+        os.makedirs(self.config.log_dir, exist_ok=True)
+        worker = worker_name()
+        recorder = self.recorder
+        document = {
+            "schema_version": STEP_LOG_VERSION,
+            "worker": worker,
+            "rank": current_rank(),
+            "pid": self.pid,
+            "host": socket.gethostname(),
+            "argv": list(sys.argv),
+            "python": sys.version.split()[0],
+            "torch": getattr(sys.modules.get("torch"), "__version__", None),
+            "started_at": self._wall_start,
+            "global_steps": self.tracker.global_step,
+            "requesters": [{"name": r.name, "calls": r.calls, "first_step": r.start} for r in self.tracker.order],
+            "durations_us": [d // 1000 for d in self.tracker.durations_ns],
+            "phases": "".join(map(str, self.tracker.phases)),
+            "windows": recorder.windows if recorder else [],
+            "skipped_windows": recorder.skipped_windows if recorder else 0,
+            "notes": recorder.notes if recorder else [],
+            "exit": self.exit_reason or "running",
+            "peak_rss_bytes": _peak_rss_bytes(),
+            "cuda_peak_bytes": _cuda_peak_bytes(),
+        }
+        atomic_write_json(os.path.join(self.config.log_dir, f"{worker}.{self.pid}{STEP_LOG_SUFFIX}"), document)
+
+    def _write_hello(self) -> None:
+        """The launcher's own child says it ran, so "no steps" can be told apart from "the hook never loaded"."""
+        try:
+            os.makedirs(self.config.log_dir, exist_ok=True)
+            atomic_write_json(
+                os.path.join(self.config.log_dir, f"{HELLO_PREFIX}{self.pid}.json"),
+                {"pid": self.pid, "argv": list(sys.argv), "torch_imported": self.torch_imported, "steps": self.tracker.global_step},
+            )
+        except Exception:
+            pass
+
+
+def _peak_rss_bytes() -> int | None:
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+    except Exception:
+        return None
+
+
+def _cuda_peak_bytes() -> int | None:
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return int(torch.cuda.max_memory_allocated())
+    except Exception:
+        pass
+    return None
+
+
+def activate(config_text: str) -> Agent | None:
+    """Start the agent in this process (idempotent); the bootstrap reports any exception as one line."""
+    global _agent
+    if _agent is not None:
+        return _agent
+    agent = Agent(AgentConfig.from_env(config_text))
+    agent.install()
+    _agent = agent
+    return agent

@@ -1,0 +1,114 @@
+"""One global step count fed by many requesters, with `KinetoStepTracker` semantics, and every step's duration.
+
+Runs inside the target: standard library only. Each requester (an optimizer instance, a profiler object, a
+`--step-on` function) has its own count, starting at the global step when it appears; the global step is the
+max over requesters, so two optimizers stepping once per iteration, or a profiler plus an optimizer, advance it
+once. This is the hot path of every training step, so it is kept to a dict lookup, an add and a compare;
+the listener (the profiler driver) is called only at steps it asked to be woken at.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from array import array
+from typing import Callable, Hashable
+
+from .schedule import NONE
+
+# Phase codes stored per step: the schedule's actions (0-3) plus one for "the program's own profiler ran".
+FOREIGN = 4
+NEVER = sys.maxsize
+
+Listener = Callable[[int], "tuple[int, int]"]
+
+
+class Requester:
+    """A source of step() calls; `count` follows KinetoStepTracker, `calls` is what it actually did."""
+
+    __slots__ = ("name", "count", "start")
+
+    def __init__(self, name: str, start: int) -> None:
+        self.name = name
+        self.count = start
+        self.start = start
+
+    @property
+    def calls(self) -> int:
+        return self.count - self.start
+
+
+class StepTracker:
+    """Global step = max over requesters; records each step's duration and what the profiler was doing.
+
+    `listener(step)` is called when global step `step` begins (the previous one just ended) and returns
+    (phase of the new step, the next step at which to call it again). Time the listener spends (starting or
+    saving a trace) is charged to no step, so profiler overhead never leaks into untouched steps.
+    """
+
+    def __init__(self, started_ns: int | None = None, clock: Callable[[], int] = time.perf_counter_ns) -> None:
+        self.global_step = 0
+        self.requesters: dict[Hashable, Requester] = {}
+        self.order: list[Requester] = []  # every requester ever seen, for the report
+        self.durations_ns = array("q")
+        self.phases = bytearray()
+        self._clock = clock
+        self._step_start = clock() if started_ns is None else started_ns
+        self._phase = NONE
+        self._wake_at = NEVER
+        self._listener: Listener | None = None
+
+    def restart_clock(self) -> None:
+        """Make the current step start now."""
+        self._step_start = self._clock()
+
+    def set_listener(self, listener: Listener | None, wake_at: int = 0) -> None:
+        """Install the profiler driver; it is called at the start of step `wake_at` and whenever it asks."""
+        self._listener = listener
+        self._wake_at = wake_at if listener is not None else NEVER
+
+    def wake_next_step(self) -> None:
+        """Make the listener run at the next step (e.g. the program opened or closed its own profiler)."""
+        if self._listener is not None:
+            self._wake_at = self.global_step + 1
+
+    def set_phase(self, phase: int) -> None:
+        """Overwrite what the current step is marked as (e.g. FOREIGN once the program's profiler starts)."""
+        self._phase = phase
+
+    def begin(self) -> None:
+        """Run the listener for step 0 if it wants it (a window that starts at the very first step)."""
+        if self._listener is not None and self.global_step >= self._wake_at:
+            self._phase, self._wake_at = self._listener(self.global_step)
+            self._step_start = self._clock()
+
+    def register(self, key: Hashable, name: str) -> Requester:
+        """A new requester starts at the current global step (registered when it is created, not at its first step)."""
+        requester = Requester(name, self.global_step)
+        self.requesters[key] = requester
+        self.order.append(requester)
+        return requester
+
+    def step(self, key: Hashable, name: str = "step") -> None:
+        """One step() call by `key`; advances the global step when this requester is now ahead of it."""
+        requester = self.requesters.get(key)
+        if requester is None:
+            requester = self.register(key, name)
+        requester.count += 1
+        if requester.count > self.global_step:
+            self._advance(requester.count)
+
+    def _advance(self, new_step: int) -> None:
+        now = self._clock()
+        self.durations_ns.append(now - self._step_start)
+        self.phases.append(self._phase)
+        self.global_step = new_step
+        if new_step >= self._wake_at and self._listener is not None:
+            self._phase, self._wake_at = self._listener(new_step)
+            self._step_start = self._clock()
+        else:
+            self._step_start = now
+
+    def counts(self) -> dict[str, int]:
+        """Step calls per requester name (names are unique per run)."""
+        return {r.name: r.calls for r in self.order}

@@ -1,0 +1,180 @@
+"""Command-line wiring only: parse, validate, call the module that does the work, map errors to exit codes."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Sequence
+
+import click
+
+from stepcli import __version__
+from stepcli.errors import EXIT_USAGE, StepcliError
+
+_ACTIVITIES = ("cpu", "cuda", "xpu", "mtia", "hpu")
+
+
+class _RunCommand(click.Command):
+    """Remembers whether the target came after `--`, which click itself swallows."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        raw = list(args)
+        rest = super().parse_args(ctx, args)
+        target = list(ctx.params.get("target") or ())
+        ctx.meta["stepcli.dashdash"] = (
+            "--" in raw and target == raw[raw.index("--") + 1 :] and bool(target)
+        )
+        return rest
+
+
+def _parse_activities(_ctx: click.Context, _param: click.Parameter, value: str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    names = tuple(part.strip().lower() for part in value.split(",") if part.strip())
+    unknown = [n for n in names if n not in _ACTIVITIES]
+    if not names or unknown:
+        raise click.BadParameter(f"expected a comma-separated list of {', '.join(_ACTIVITIES)}; got {value!r}")
+    return names
+
+
+def _parse_step_on(_ctx: click.Context, _param: click.Parameter, value: Sequence[str]) -> tuple[str, ...]:
+    for spec in value:
+        module, sep, qualname = spec.partition(":")
+        if not sep or not module or not qualname or not all(
+            part.isidentifier() for part in module.split(".") + qualname.split(".")
+        ):
+            raise click.BadParameter(f"expected MODULE:QUALNAME such as mypkg.infer:Model.forward; got {spec!r}")
+    return tuple(value)
+
+
+def _parse_fail_over(_ctx: click.Context, _param: click.Parameter, value: Sequence[str]) -> tuple[tuple[str, float], ...]:
+    from stepcli.gate import parse_budget
+
+    try:
+        return tuple(parse_budget(spec) for spec in value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="stepcli")
+def cli() -> None:
+    """Profile unmodified PyTorch programs on a step schedule."""
+
+
+@cli.command(
+    cls=_RunCommand,
+    context_settings={"allow_interspersed_args": False},
+    short_help="Run a program and profile the steps of the schedule.",
+)
+@click.option("--skip-first", type=click.IntRange(min=0), default=0, show_default=True, help="Steps to skip before the first cycle.")
+@click.option("--wait", type=click.IntRange(min=0), default=1, show_default=True, help="Steps to wait at the start of each cycle.")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Steps the profiler runs but discards.")
+@click.option("--active", type=click.IntRange(min=1), default=3, show_default=True, help="Steps recorded in each trace.")
+@click.option("--repeat", type=click.IntRange(min=0), default=1, show_default=True, help="Cycles to record; 0 = until the program ends.")
+@click.option("--record-shapes", is_flag=True, help="Record operator input shapes.")
+@click.option("--profile-memory", is_flag=True, help="Track tensor memory allocation.")
+@click.option("--with-stack", is_flag=True, help="Record Python source stacks.")
+@click.option("--with-flops", is_flag=True, help="Estimate FLOPs of matmul and conv operators.")
+@click.option("--with-modules", is_flag=True, help="Record the nn.Module hierarchy.")
+@click.option("--activities", callback=_parse_activities, metavar="LIST", help="Comma-separated, e.g. cpu,cuda [default: all torch supports].")
+@click.option("--step-on", multiple=True, callback=_parse_step_on, metavar="MODULE:QUALNAME", help="Count each call of this function as a step (repeatable).")
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), help="Folder for traces and logs [default: a new folder under ./stepcli-runs/].")
+@click.option("--gzip", "use_gzip", is_flag=True, help="Write .json.gz traces.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the run summary as JSON to this file.")
+@click.option("--fail-over", multiple=True, callback=_parse_fail_over, metavar="STAT=MS", help="Exit non-zero when a step-time statistic exceeds a budget, e.g. p50=25 (repeatable).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress lines and no summary.")
+@click.option("-m", "module_mode", is_flag=True, help="Run a module like python -m: stepcli run -m pkg.mod ARGS.")
+@click.argument("target", nargs=-1, type=click.UNPROCESSED, required=True, metavar="SCRIPT [ARGS]... | -m MODULE [ARGS]... | -- COMMAND [ARGS]...")
+@click.pass_context
+def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **options: Any) -> int:
+    """Run a program and profile the steps of the schedule.
+
+    stepcli options go before the script; everything after it is passed to the program untouched.
+    """
+    from stepcli.launcher import RunRequest, run_program
+
+    request = RunRequest.from_cli(
+        target=list(target),
+        module_mode=module_mode,
+        command_mode=bool(ctx.meta.get("stepcli.dashdash")),
+        **options,
+    )
+    return run_program(request)
+
+
+@cli.command(short_help="Summarize PyTorch profiler trace files.")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--sort-by", type=click.Choice(["self", "total", "calls", "avg", "name"]), default="self", show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Rows per operator table.")
+@click.option("--json", "fmt", flag_value="json", help="Machine-readable JSON on stdout.")
+@click.option("--csv", "fmt", flag_value="csv", help="CSV on stdout.")
+@click.option("--markdown", "fmt", flag_value="markdown", help="Markdown tables on stdout.")
+def table(paths: tuple[str, ...], sort_by: str, limit: int, fmt: str | None) -> int:
+    """Summarize traces: per-operator, per-step and per-rank tables.
+
+    PATHS are .json or .json.gz traces (from stepcli or plain torch.profiler) or folders of them.
+    """
+    from stepcli.render import print_table_report
+    from stepcli.summary import summarize
+    from stepcli.traces import load_paths
+
+    print_table_report(summarize(load_paths(paths)), sort_by=sort_by, limit=limit, fmt=fmt or "rich")
+    return 0
+
+
+@cli.command(short_help="Compare two runs; exit 1 on a step-time regression.")
+@click.argument("baseline", type=click.Path())
+@click.argument("current", type=click.Path())
+@click.option("--tolerance", default="10%", show_default=True, help="Allowed relative slowdown, e.g. 10% or 0.1.")
+@click.option("--min-delta-ms", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Slowdowns smaller than this many ms never fail.")
+@click.option("--metric", type=click.Choice(["median", "mean", "p90", "min", "max"]), default="median", show_default=True, help="Step-time statistic that decides.")
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), help="Also write a Markdown report here (- for stdout).")
+def compare(baseline: str, current: str, tolerance: str, min_delta_ms: float, metric: str, markdown_path: str | None) -> int:
+    """Compare BASELINE and CURRENT: run summaries (--json of run), traces or folders of traces.
+
+    Exit 0 within tolerance, 1 regression, 2 bad input, 3 nothing measured on a side.
+    """
+    from stepcli.compare import compare_main, parse_tolerance
+
+    try:
+        fraction = parse_tolerance(tolerance)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=click.get_current_context(), param_hint="'--tolerance'") from None
+    return compare_main(baseline, current, tolerance=fraction, min_delta_ms=min_delta_ms, metric=metric, markdown_path=markdown_path)
+
+
+@cli.command(
+    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
+    short_help="Profile a small training script that ships with stepcli.",
+)
+@click.argument("run_options", nargs=-1, type=click.UNPROCESSED)
+def demo(run_options: tuple[str, ...]) -> int:
+    """Profile the bundled demo training script: `stepcli demo [RUN OPTIONS]`."""
+    from stepcli.demo import demo_argv
+
+    return main(["run", *run_options, *demo_argv()])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: returns the exit status instead of raising SystemExit."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        result = cli.main(args=args, prog_name="stepcli", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("stepcli: aborted", err=True)
+        return 130
+    except click.UsageError as exc:
+        hint = f" (see 'stepcli {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else " (see 'stepcli --help')"
+        click.echo(f"stepcli: error: {exc.format_message()}{hint}", err=True)
+        return EXIT_USAGE
+    except click.ClickException as exc:
+        click.echo(f"stepcli: error: {exc.format_message()}", err=True)
+        return exc.exit_code
+    except StepcliError as exc:
+        click.echo(f"stepcli: error: {exc.message}", err=True)
+        return exc.exit_code
+    except BrokenPipeError:
+        return 0
+    if isinstance(result, int):
+        return result
+    return 0

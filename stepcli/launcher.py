@@ -1,0 +1,285 @@
+"""`stepcli run`: build the child command and environment, run it faithfully, forward signals, report.
+
+The child is a real `python SCRIPT` (or `python -m MODULE`, or any command): argv, `sys.path[0]`, `__main__`,
+tracebacks and exit codes are plain Python's because it *is* plain Python. stdio is inherited, never piped.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stepcli.agent.config import CONFIG_ENV, AgentConfig
+from stepcli.agent.schedule import Schedule
+from stepcli.errors import EXIT_REGRESSION, StepcliError
+
+BOOTSTRAP_DIR = str(Path(__file__).resolve().parent / "_bootstrap")
+DEFAULT_RUNS_DIR = "stepcli-runs"
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """A validated `stepcli run`: what to start, how to profile it, where to write."""
+
+    argv: list[str]
+    label: str
+    schedule: Schedule
+    profiler_options: dict[str, Any] = field(default_factory=dict)
+    activities: tuple[str, ...] | None = None
+    step_on: tuple[str, ...] = ()
+    out_dir: str | None = None
+    use_gzip: bool = False
+    json_path: str | None = None
+    fail_over: tuple[tuple[str, float], ...] = ()
+    quiet: bool = False
+
+    @classmethod
+    def from_cli(
+        cls,
+        *,
+        target: list[str],
+        module_mode: bool,
+        command_mode: bool,
+        skip_first: int,
+        wait: int,
+        warmup: int,
+        active: int,
+        repeat: int,
+        activities: tuple[str, ...] | None,
+        step_on: tuple[str, ...],
+        out_dir: str | None,
+        use_gzip: bool,
+        json_path: str | None,
+        fail_over: tuple[tuple[str, float], ...],
+        quiet: bool,
+        **profiler_options: bool,
+    ) -> "RunRequest":
+        """Validate everything that can be checked before the program starts (usage errors exit 2)."""
+        try:
+            schedule = Schedule(skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat)
+        except ValueError as exc:
+            raise StepcliError(str(exc)) from None
+        for spec in step_on:
+            if spec.split(":", 1)[0] == "__main__":
+                raise StepcliError(
+                    f"--step-on {spec}: the script's own __main__ cannot be hooked before it runs; "
+                    "name a function in an importable module"
+                )
+        if json_path is not None and not Path(json_path).resolve().parent.is_dir():
+            raise StepcliError(f"--json {json_path}: folder {Path(json_path).resolve().parent} does not exist")
+        argv, label = _child_command(target, module_mode, command_mode)
+        return cls(
+            argv=argv,
+            label=label,
+            schedule=schedule,
+            profiler_options=dict(profiler_options),
+            activities=activities,
+            step_on=step_on,
+            out_dir=out_dir,
+            use_gzip=use_gzip,
+            json_path=json_path,
+            fail_over=fail_over,
+            quiet=quiet,
+        )
+
+
+def _child_command(target: list[str], module_mode: bool, command_mode: bool) -> tuple[list[str], str]:
+    """The argv to start, and a short label for folder names and messages."""
+    if not target:
+        raise StepcliError("nothing to run: give SCRIPT, -m MODULE or -- COMMAND")
+    first, rest = target[0], target[1:]
+    if command_mode and not module_mode:
+        if shutil.which(first) is None:
+            raise StepcliError(f"command not found: {first}")
+        return [first, *rest], Path(first).name
+    if module_mode:
+        if not all(part.isidentifier() for part in first.split(".")):
+            raise StepcliError(f"-m {first}: not a module name")
+        return [sys.executable, "-m", first, *rest], first.rsplit(".", 1)[-1]
+    if not os.path.exists(first):
+        raise StepcliError(f"can't open file {first!r}: no such file")
+    return [sys.executable, first, *rest], Path(first).stem or "program"
+
+
+def _prepare_out_dir(out_dir: str | None, label: str) -> Path:
+    """Create the output folder: the one asked for, or a new one per run that never reuses an old folder."""
+    try:
+        if out_dir is not None:
+            path = Path(out_dir).resolve()
+            if path.exists() and not path.is_dir():
+                raise StepcliError(f"output folder {out_dir}: exists and is not a folder")
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            base = Path(DEFAULT_RUNS_DIR).resolve()
+            base.mkdir(parents=True, exist_ok=True)
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            for attempt in range(1, 1000):
+                path = base / (f"{stamp}-{label}" if attempt == 1 else f"{stamp}-{label}-{attempt}")
+                try:
+                    path.mkdir()
+                    break
+                except FileExistsError:
+                    continue
+        probe = path / f".stepcli-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except StepcliError:
+        raise
+    except OSError as exc:
+        raise StepcliError(f"cannot write to output folder {out_dir or DEFAULT_RUNS_DIR}: {exc.strerror or exc}") from None
+    return path
+
+
+def child_environment(config: AgentConfig, base: dict[str, str] | None = None) -> dict[str, str]:
+    """A copy of the environment with the bootstrap first on PYTHONPATH and the config in one variable."""
+    env = dict(os.environ if base is None else base)
+    entries = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP_DIR]
+    env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *entries])
+    env[CONFIG_ENV] = config.to_env()
+    return env
+
+
+class _SignalForwarder:
+    """Ctrl-C reaches the program through the terminal's process group, so the launcher ignores SIGINT;
+    SIGTERM/SIGHUP sent to the launcher alone are forwarded, and a repeated one kills the whole tree."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.received: list[int] = []
+        self.descendants: list[Any] = []
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "_SignalForwarder":
+        # SIG_IGN is set only after the child started: an ignored SIGINT would be inherited across exec.
+        self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            self._previous[signum] = signal.signal(signum, self._forward)
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _forward(self, signum: int, _frame: Any) -> None:
+        repeated = signum in self.received
+        self.received.append(signum)
+        self._snapshot_descendants()
+        try:
+            if repeated:
+                for process in [*self.descendants]:
+                    _quietly(process.kill)
+                self.proc.kill()
+            else:
+                self.proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    def _snapshot_descendants(self) -> None:
+        try:
+            import psutil
+
+            known = {p.pid for p in self.descendants}
+            self.descendants += [p for p in psutil.Process(self.proc.pid).children(recursive=True) if p.pid not in known]
+        except Exception:
+            pass
+
+    def reap_orphans(self, grace_s: float = 5.0) -> None:
+        """After a forwarded signal, no process the program started may outlive it."""
+        if not self.received:
+            return
+        alive = [p for p in self.descendants if _quietly(p.is_running)]
+        for process in alive:
+            _quietly(process.terminate)
+        try:
+            import psutil
+
+            _, still = psutil.wait_procs(alive, timeout=grace_s)
+            for process in still:
+                _quietly(process.kill)
+        except Exception:
+            pass
+
+
+def _quietly(call: Any) -> Any:
+    try:
+        return call()
+    except Exception:
+        return None
+
+
+def exit_status(returncode: int) -> int:
+    """Killed by signal N -> 128+N, as a shell reports it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def run_program(request: RunRequest) -> int:
+    """Run the program under the agent, then print/write the run summary. Returns stepcli's exit status."""
+    out_dir = _prepare_out_dir(request.out_dir, request.label)
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    config = AgentConfig(
+        run_id=run_id,
+        out_dir=str(out_dir),
+        launcher_pid=os.getpid(),
+        schedule=request.schedule,
+        activities=request.activities,
+        step_on=request.step_on,
+        use_gzip=request.use_gzip,
+        quiet=request.quiet,
+        **request.profiler_options,
+    )
+    if not request.quiet:
+        _say(f"{request.schedule.describe()}; output in {_short(out_dir)}")
+    started = time.time()
+    start = time.perf_counter()
+    try:
+        proc = subprocess.Popen(request.argv, env=child_environment(config))
+    except OSError as exc:
+        raise StepcliError(f"could not start {request.argv[0]}: {exc.strerror or exc}") from None
+    with _SignalForwarder(proc) as forwarder:
+        returncode = proc.wait()
+        forwarder.reap_orphans()
+    status = exit_status(returncode)
+
+    from stepcli.runreport import build_run_summary, print_run_summary, write_run_summary
+
+    display = ["python", *request.argv[1:]] if request.argv[0] == sys.executable else request.argv
+    try:
+        summary = build_run_summary(
+            config, command=display, exit_status=status, started_at=started, duration_s=time.perf_counter() - start
+        )
+        if not request.quiet:
+            print_run_summary(summary)
+    except Exception as exc:  # the program's result must survive a bug in the report
+        _say(f"internal error while summarizing the run ({type(exc).__name__}: {exc}); traces are in {_short(out_dir)}")
+        return status
+    if request.json_path:
+        write_run_summary(summary, request.json_path)
+    if request.fail_over:
+        from stepcli.gate import check_budgets
+
+        failures = check_budgets(list(request.fail_over), summary["step_time_ms"]["untouched"])
+        for failure in failures:
+            _say(f"--fail-over: {failure}")
+        if failures and status == 0:
+            return EXIT_REGRESSION
+    return status
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(f"stepcli: {message}\n")
+    sys.stderr.flush()
+
+
+def _short(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+

@@ -1,0 +1,314 @@
+"""The run summary: step logs + traces of one `stepcli run` -> a versioned document, printed and/or saved.
+
+The document (schema "stepcli.run", documented field by field in README) is what `--json` writes and what
+`stepcli compare` reads, so building it is kept apart from rendering it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import socket
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from stepcli import __version__
+from stepcli.agent.config import HELLO_PREFIX, STEP_LOG_SUFFIX, AgentConfig
+from stepcli.agent.schedule import NONE
+from stepcli.agent.tracker import FOREIGN
+from stepcli.errors import StepcliError
+from stepcli.stats import describe
+
+SCHEMA = "stepcli.run"
+SCHEMA_VERSION = 1
+TOP_N = 20
+
+
+def _load_json_files(folder: str, predicate: Any) -> list[dict[str, Any]]:
+    documents = []
+    if not os.path.isdir(folder):
+        return documents
+    for name in sorted(os.listdir(folder)):
+        if name.startswith(".") or not predicate(name):
+            continue
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as handle:
+                documents.append(json.load(handle))
+        except (OSError, ValueError):
+            continue
+    return documents
+
+
+def _step_populations(logs: list[dict[str, Any]]) -> tuple[list[float], list[float], list[float], int]:
+    """Untouched and profiled step times (ms) over all processes; step 0 (start-up) is kept apart."""
+    untouched: list[float] = []
+    profiled: list[float] = []
+    first: list[float] = []
+    foreign = 0
+    for log in logs:
+        for index, (micros, phase) in enumerate(zip(log.get("durations_us", []), log.get("phases", ""))):
+            millis = micros / 1000.0
+            code = int(phase)
+            if index == 0:
+                first.append(millis)
+            elif code == FOREIGN:
+                foreign += 1
+            elif code == NONE:
+                untouched.append(millis)
+            else:
+                profiled.append(millis)
+    return untouched, profiled, first, foreign
+
+
+def _primary(logs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The process that speaks for the run: rank 0, else the one that made the most steps."""
+    if not logs:
+        return None
+    ranked = [log for log in logs if log.get("rank") == 0]
+    return ranked[0] if ranked else max(logs, key=lambda log: log.get("global_steps", 0))
+
+
+def _why_no_steps(config: AgentConfig) -> str:
+    hellos = _load_json_files(config.log_dir, lambda n: n.startswith(HELLO_PREFIX))
+    if not hellos:
+        return (
+            "no steps observed: stepcli's hook never loaded in the program. Python flags -I, -E or -S skip "
+            "PYTHONPATH/sitecustomize; a command that is not Python, or that resets PYTHONPATH, also hides it."
+        )
+    if not any(h.get("torch_imported") for h in hellos):
+        return "no steps observed: the program never imported torch."
+    return (
+        "no steps observed: torch was imported but no optimizer.step(), torch.profiler step() or --step-on "
+        "function was called. For inference or custom loops, name the step with --step-on MODULE:QUALNAME."
+    )
+
+
+def _trace_analysis(trace_paths: list[str], notes: list[str]) -> dict[str, Any] | None:
+    if not trace_paths:
+        return None
+    try:
+        from stepcli.summary import summarize
+        from stepcli.traces import load_paths
+
+        return summarize(load_paths(trace_paths)).to_dict()
+    except StepcliError as exc:
+        notes.append(f"could not summarize the traces: {exc.message}")
+    return None
+
+
+def build_run_summary(
+    config: AgentConfig, *, command: list[str], exit_status: int, started_at: float, duration_s: float
+) -> dict[str, Any]:
+    """Everything the run measured, as a JSON-able document (schema `stepcli.run`, version 1)."""
+    logs = _load_json_files(config.log_dir, lambda n: n.endswith(STEP_LOG_SUFFIX))
+    logs.sort(key=lambda log: (log.get("rank") is None, log.get("rank") or 0, log.get("pid", 0)))
+    primary = _primary(logs)
+    untouched, profiled, first, foreign = _step_populations(logs)
+    notes: list[str] = []
+    windows = [dict(window, worker=log["worker"]) for log in logs for window in log.get("windows", [])]
+    windows.sort(key=lambda w: (w["first_step"], w["worker"]))
+    trace_paths = [w["trace"] for w in windows if os.path.exists(w["trace"])]
+
+    if primary is None:
+        notes.append(_why_no_steps(config))
+    else:
+        requesters = primary.get("requesters", [])
+        calls = [r["calls"] for r in requesters if r["calls"]]
+        if len(calls) > 1 and max(calls) > min(calls):
+            busiest = max(requesters, key=lambda r: r["calls"])
+            notes.append(
+                f"requesters stepped unequally; the global step follows the busiest ({busiest['name']}, "
+                f"{busiest['calls']} steps), as KinetoStepTracker does"
+            )
+        if not windows:
+            steps = primary.get("global_steps", 0)
+            first_window = next(config.schedule.windows(1), None)
+            if first_window and steps <= first_window[2]:
+                notes.append(
+                    f"no trace: the program made {steps} steps, and the first window records steps "
+                    f"{first_window[1]}-{first_window[2]}; lower --wait/--skip-first/--warmup"
+                )
+    for log in logs:
+        if log.get("skipped_windows"):
+            notes.append(
+                f"{log['worker']}: {log['skipped_windows']} window(s) skipped while the program ran its own profiler"
+            )
+        notes.extend(f"{log['worker']}: {note}" for note in log.get("notes", []))
+    if foreign:
+        notes.append(f"{foreign} step(s) ran under the program's own profiler and are left out of the statistics")
+
+    analysis = _trace_analysis(trace_paths, notes)
+    rss = [log["peak_rss_bytes"] for log in logs if log.get("peak_rss_bytes")]
+    cuda = [log["cuda_peak_bytes"] for log in logs if log.get("cuda_peak_bytes")]
+    torch_version = next((log.get("torch") for log in logs if log.get("torch")), None)
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "stepcli_version": __version__,
+        "command": list(command),
+        "exit_status": exit_status,
+        "started_at": datetime.fromtimestamp(started_at, timezone.utc).isoformat(timespec="seconds"),
+        "duration_s": round(duration_s, 3),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": (primary or {}).get("python") or platform.python_version(),
+        "torch": torch_version,
+        "out_dir": config.out_dir,
+        "schedule": config.schedule.to_dict(),
+        "steps": {
+            "global": (primary or {}).get("global_steps", 0),
+            "requesters": {r["name"]: r["calls"] for r in (primary or {}).get("requesters", [])},
+        },
+        "step_time_ms": {
+            "untouched": describe(untouched),
+            "profiled": describe(profiled),
+            "first_step": describe(first),
+        },
+        "timeline_ms": [round(us / 1000.0, 3) for us in (primary or {}).get("durations_us", [])][:100_000],
+        "timeline_phases": (primary or {}).get("phases", "")[:100_000],
+        "processes": [
+            {
+                key: log.get(key)
+                for key in ("worker", "rank", "pid", "argv", "global_steps", "exit", "peak_rss_bytes", "cuda_peak_bytes")
+            }
+            | {"requesters": {r["name"]: r["calls"] for r in log.get("requesters", [])}}
+            for log in logs
+        ],
+        "windows": windows,
+        "traces": trace_paths,
+        "top_operators": (analysis or {}).get("cpu_ops", [])[:TOP_N],
+        "top_kernels": (analysis or {}).get("device_kernels", [])[:TOP_N],
+        "breakdown_ms": (analysis or {}).get("breakdown_ms"),
+        "device": (analysis or {}).get("device"),
+        "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
+        "notes": notes,
+    }
+
+
+def write_run_summary(summary: dict[str, Any], path: str) -> None:
+    """`--json PATH`, written atomically."""
+    import orjson
+
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+        os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise StepcliError(f"--json {path}: {exc.strerror or exc}") from None
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f} ms" if value < 10 else f"{value:.1f} ms" if value < 1000 else f"{value / 1000:.2f} s"
+
+
+def _bytes(value: int | None) -> str:
+    if not value:
+        return "-"
+    size = float(value)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1024 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{value} B"
+
+
+_BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], phases: str, width: int = 60) -> str:
+    """A compact step-time chart; profiled steps are drawn in a second colour by the caller's markup."""
+    if not values:
+        return ""
+    buckets = max(1, -(-len(values) // width))
+    points = [max(values[i : i + buckets]) for i in range(0, len(values), buckets)]
+    marks = [any(p not in "0" for p in phases[i : i + buckets]) for i in range(0, len(values), buckets)]
+    low, high = min(points), max(points)
+    span = (high - low) or 1.0
+    chars = []
+    for point, profiled in zip(points, marks):
+        block = _BLOCKS[min(len(_BLOCKS) - 1, int((point - low) / span * (len(_BLOCKS) - 1)))]
+        chars.append(f"[magenta]{block}[/]" if profiled else block)
+    return "".join(chars)
+
+
+def print_run_summary(summary: dict[str, Any]) -> None:
+    """The summary on stderr after the program exits (stdout belongs to the program)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(stderr=True, highlight=False)
+    overview = Table.grid(padding=(0, 2))
+    overview.add_column(style="bold")
+    overview.add_column()
+    status = summary["exit_status"]
+    overview.add_row(
+        "command",
+        f"{shlex.join(summary['command'])}  [{'green' if status == 0 else 'red'}]exit {status}[/]  {summary['duration_s']:.1f} s",
+    )
+    requesters = ", ".join(f"{name} {count}" for name, count in summary["steps"]["requesters"].items())
+    overview.add_row("steps", f"{summary['steps']['global']}" + (f"  ({requesters})" if requesters else ""))
+    if len(summary["processes"]) > 1:
+        overview.add_row(
+            "processes", ", ".join(f"{p['worker']} {p['global_steps']} steps" for p in summary["processes"])
+        )
+    times = summary["step_time_ms"]
+    for label, key in (("untouched steps", "untouched"), ("profiled steps", "profiled")):
+        stats = times[key]
+        if stats:
+            overview.add_row(
+                label,
+                f"n={stats['count']}  median {_ms(stats['median'])}  p90 {_ms(stats['p90'])}  "
+                f"min {_ms(stats['min'])}  max {_ms(stats['max'])}",
+            )
+    if times["first_step"]:
+        overview.add_row("first step", f"{_ms(times['first_step']['max'])} (start-up, not in the statistics)")
+    line = sparkline(summary["timeline_ms"][1:], summary["timeline_phases"][1:])
+    if line:
+        overview.add_row("timeline", line + "  [dim](magenta: profiled)[/]")
+    memory = summary["peak_memory"]
+    if memory["rss_bytes"] or memory["cuda_bytes"]:
+        overview.add_row(
+            "peak memory",
+            f"RSS {_bytes(memory['rss_bytes'])}" + (f"  CUDA {_bytes(memory['cuda_bytes'])}" if memory["cuda_bytes"] else ""),
+        )
+    for window in summary["windows"]:
+        steps = f"{window['first_step']}-{window['last_step']}" if window["first_step"] != window["last_step"] else f"{window['first_step']}"
+        extra = "" if window["complete"] else f" [yellow]({window.get('note', 'incomplete')})[/]"
+        overview.add_row("trace", f"steps {steps} {window['worker']}: {window['trace']} ({_bytes(window['bytes'])}){extra}")
+    console.print("[bold]stepcli summary[/]")
+    console.print(overview)
+
+    if summary["top_operators"] or summary["top_kernels"]:
+        from stepcli import render
+
+        if summary["top_operators"]:
+            console.print(render.ops_table(summary["top_operators"], "Top CPU operators by self time (recorded steps)", 10))
+        if summary["top_kernels"]:
+            console.print(render.ops_table(summary["top_kernels"], "Top device kernels by self time", 10))
+        if summary.get("breakdown_ms"):
+            console.print(render.breakdown_table(summary["breakdown_ms"], summary.get("device")))
+    for note in summary["notes"]:
+        console.print(f"[yellow]note:[/] {note}")
+    if summary["traces"]:
+        out = summary["out_dir"]
+        console.print(
+            f"next: [bold]stepcli table {shlex.quote(_relative(out))}[/]  ·  open a trace in https://ui.perfetto.dev  ·  "
+            f"tensorboard --logdir {shlex.quote(_relative(out))}"
+        )
+
+
+def _relative(path: str) -> str:
+    try:
+        return os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
+    except ValueError:
+        return path
+
+
+

@@ -1,0 +1,127 @@
+"""Shared helpers: run the real `stepcli` in a subprocess and write small real torch scripts."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def stepcli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a stepcli subprocess: faulthandler on, no colour, no inherited stepcli config."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPCLI_")}
+    env.update({"PYTHONFAULTHANDLER": "1", "NO_COLOR": "1", "COLUMNS": "160", "PYTHONUNBUFFERED": "1"})
+    env.pop("GITHUB_STEP_SUMMARY", None)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_stepcli(
+    *args: str | os.PathLike[str],
+    cwd: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 240,
+) -> subprocess.CompletedProcess[str]:
+    """`python -m stepcli ARGS` with captured text output; never `shell=True`, never bare `python`."""
+    return subprocess.run(
+        [sys.executable, "-m", "stepcli", *map(str, args)],
+        cwd=cwd,
+        env=stepcli_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def run_python(
+    *args: str | os.PathLike[str],
+    cwd: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 240,
+) -> subprocess.CompletedProcess[str]:
+    """The same program under plain `python`, for equivalence tests."""
+    return subprocess.run(
+        [sys.executable, *map(str, args)],
+        cwd=cwd,
+        env=stepcli_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def write_script(directory: Path, name: str, source: str) -> Path:
+    """Write a dedented script into `directory` and return its path."""
+    path = directory / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(source).lstrip())
+    return path
+
+
+def trace_files(directory: Path) -> list[Path]:
+    """Every trace a run wrote under `directory`, sorted by name."""
+    return sorted(p for p in directory.rglob("*.pt.trace.json*") if not p.name.startswith("."))
+
+
+def load_trace(path: Path) -> dict[str, Any]:
+    """Parse a .json or .json.gz trace with the standard library (independent of stepcli's reader)."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt") as handle:  # type: ignore[operator]
+        return json.load(handle)
+
+
+def profiler_steps(path: Path) -> list[int]:
+    """The N of every `ProfilerStep#N` annotation in a trace, sorted."""
+    events = load_trace(path)["traceEvents"]
+    return sorted(
+        int(e["name"].split("#", 1)[1])
+        for e in events
+        if isinstance(e.get("name"), str) and e["name"].startswith("ProfilerStep#") and e.get("ph") == "X"
+    )
+
+
+TRAIN_LOOP = """
+    import sys
+    import torch
+
+    def main(iterations: int) -> None:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(16, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.randn(32, 16)
+        for i in range(iterations):
+            opt.zero_grad()
+            loss = model(data).square().mean()
+            loss.backward()
+            opt.step()
+            print(f"iter {i}")
+
+    if __name__ == "__main__":
+        main(int(sys.argv[1]) if len(sys.argv) > 1 else 10)
+"""
+
+
+@pytest.fixture
+def train_script(tmp_path: Path) -> Path:
+    """A 10-iteration, one-optimizer training loop that prints one line per iteration."""
+    return write_script(tmp_path, "train.py", TRAIN_LOOP)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_config(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for key in list(os.environ):
+        if key.startswith("STEPCLI_"):
+            monkeypatch.delenv(key)
+    yield
