@@ -109,7 +109,8 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
 @click.option("--json", "fmt", flag_value="json", help="Machine-readable JSON on stdout.")
 @click.option("--csv", "fmt", flag_value="csv", help="CSV on stdout.")
 @click.option("--markdown", "fmt", flag_value="markdown", help="Markdown tables on stdout.")
-def table(paths: tuple[str, ...], sort_by: str, limit: int, fmt: str | None) -> int:
+@click.option("--group-by-shape", is_flag=True, help="One operator row per input shape (traces recorded with --record-shapes).")
+def table(paths: tuple[str, ...], sort_by: str, limit: int, fmt: str | None, group_by_shape: bool) -> int:
     """Summarize traces: per-operator, per-step and per-rank tables.
 
     PATHS are .json or .json.gz traces (from stepcli or plain torch.profiler) or folders of them.
@@ -118,7 +119,8 @@ def table(paths: tuple[str, ...], sort_by: str, limit: int, fmt: str | None) -> 
     from stepcli.summary import summarize
     from stepcli.traces import load_paths
 
-    print_table_report(summarize(load_paths(paths)), sort_by=sort_by, limit=limit, fmt=fmt or "rich")
+    summary = summarize(load_paths(paths, shapes=group_by_shape), group_by_shape=group_by_shape)
+    print_table_report(summary, sort_by=sort_by, limit=limit, fmt=fmt or "rich")
     return 0
 
 

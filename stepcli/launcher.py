@@ -72,8 +72,6 @@ class RunRequest:
                     f"--step-on {spec}: the script's own __main__ cannot be hooked before it runs; "
                     "name a function in an importable module"
                 )
-        if json_path is not None and not Path(json_path).resolve().parent.is_dir():
-            raise StepcliError(f"--json {json_path}: folder {Path(json_path).resolve().parent} does not exist")
         argv, label = _child_command(target, module_mode, command_mode)
         return cls(
             argv=argv,

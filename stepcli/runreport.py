@@ -96,6 +96,8 @@ def _trace_analysis(trace_paths: list[str], notes: list[str]) -> dict[str, Any] 
         return summarize(load_paths(trace_paths)).to_dict()
     except StepcliError as exc:
         notes.append(f"could not summarize the traces: {exc.message}")
+    except Exception as exc:  # a bug in the analysis must not hide what the run measured
+        notes.append(f"could not summarize the traces: {type(exc).__name__}: {exc}")
     return None
 
 
@@ -195,6 +197,7 @@ def write_run_summary(summary: dict[str, Any], path: str) -> None:
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
         os.replace(tmp, target)
     except OSError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -26,6 +27,21 @@ def stepcli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _run(argv: list[str], cwd: object, env: dict[str, str] | None, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run in a new session so that a timeout kills the whole tree (torchrun ranks too), never leaving orphans."""
+    proc = subprocess.Popen(
+        argv, cwd=cwd, env=stepcli_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"timed out after {timeout}s: {argv}\n{stdout}\n{stderr}") from None
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
 def run_stepcli(
     *args: str | os.PathLike[str],
     cwd: str | os.PathLike[str] | None = None,
@@ -33,15 +49,7 @@ def run_stepcli(
     timeout: float = 240,
 ) -> subprocess.CompletedProcess[str]:
     """`python -m stepcli ARGS` with captured text output; never `shell=True`, never bare `python`."""
-    return subprocess.run(
-        [sys.executable, "-m", "stepcli", *map(str, args)],
-        cwd=cwd,
-        env=stepcli_env(env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
+    return _run([sys.executable, "-m", "stepcli", *map(str, args)], cwd, env, timeout)
 
 
 def run_python(
@@ -51,15 +59,7 @@ def run_python(
     timeout: float = 240,
 ) -> subprocess.CompletedProcess[str]:
     """The same program under plain `python`, for equivalence tests."""
-    return subprocess.run(
-        [sys.executable, *map(str, args)],
-        cwd=cwd,
-        env=stepcli_env(env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
+    return _run([sys.executable, *map(str, args)], cwd, env, timeout)
 
 
 def write_script(directory: Path, name: str, source: str) -> Path:

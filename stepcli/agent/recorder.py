@@ -21,8 +21,15 @@ _ACTIVITY_NAMES = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mtia": "MTIA", "
 class Recorder:
     """Opens, steps and saves profiler windows; steps aside while the program runs a profiler of its own."""
 
-    def __init__(self, config: AgentConfig, tracker: StepTracker, on_saved: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        tracker: StepTracker,
+        on_saved: Callable[[], None],
+        guard_signals: Callable[[bool], None] = lambda on: None,
+    ) -> None:
         self.config = config
+        self.guard_signals = guard_signals
         self.schedule = config.schedule
         self.tracker = tracker
         self.on_saved = on_saved
@@ -116,6 +123,7 @@ class Recorder:
             last = first_record + self.schedule.active - 1
             span = f"step {first_record}" if first_record == last else f"steps {first_record}-{last}"
             say(f"{worker_name()}: profiling {span}" + (f" (warming up from step {step})" if step < first_record else ""))
+        self.guard_signals(True)
         prof.start()
 
     def _torch_schedule(self, step: int) -> Any:
@@ -130,6 +138,7 @@ class Recorder:
         finally:
             self.prof = None
             self._window = None
+            self.guard_signals(False)
 
     def _on_trace_ready(self, prof: Any) -> None:
         """torch calls this when a cycle's recording ends (or at stop with a window open): save it now."""

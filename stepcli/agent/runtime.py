@@ -85,12 +85,11 @@ class Agent:
     def _start_training(self) -> None:
         self.trains = True
         os.makedirs(self.config.out_dir, exist_ok=True)
-        self.recorder = Recorder(self.config, self.tracker, self._window_saved)
+        self.recorder = Recorder(self.config, self.tracker, self._window_saved, self._guard_signals)
         self.tracker.set_listener(self.recorder.on_step, self.recorder.next_cycle_start(self.tracker.global_step))
         self.tracker.begin()
         # Registered now, after torch's own atexit handlers, so ours runs first (LIFO).
         atexit.register(self.flush, "exit")
-        self._guard_signals()
         self._guard_os_exit()
 
     def is_own_profiler(self, prof: Any) -> bool:
@@ -105,14 +104,21 @@ class Agent:
             self.recorder.foreign_stopped(key)
 
     # -- exit, signals, fork ----------------------------------------------------------------------------------
-    def _guard_signals(self) -> None:
-        """SIGTERM/SIGHUP would kill the process without atexit: save first, then die of the same signal."""
+    def _guard_signals(self, on: bool) -> None:
+        """While a window is open, SIGTERM/SIGHUP (which skip atexit) first save it, then kill as before.
+
+        Only then: a Python-level handler cannot run while the main thread is blocked in C (a collective
+        waiting for a dead peer), so outside windows, where there is nothing to lose, the default stays.
+        """
         if threading.current_thread() is not threading.main_thread():
             return
         for signum in (signal.SIGTERM, signal.SIGHUP):
             try:
-                if signal.getsignal(signum) == signal.SIG_DFL:
+                current = signal.getsignal(signum)
+                if on and current == signal.SIG_DFL:
                     signal.signal(signum, self._on_signal)
+                elif not on and current == self._on_signal:
+                    signal.signal(signum, signal.SIG_DFL)
             except (ValueError, OSError):
                 pass
 

@@ -1,0 +1,314 @@
+"""Presentation of trace summaries: rich tables for terminals, and JSON, CSV and Markdown for machines and CI."""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from stepcli.summary import TraceSummary
+
+SORT_KEYS = ("self", "total", "calls", "avg", "name")
+FORMATS = ("rich", "json", "csv", "markdown")
+NAME_WIDTH = 60  # wider names are shortened in the middle: a kernel's template arguments matter less than its ends
+PHASE_ORDER = ("dataloader", "forward", "backward", "optimizer", "other")
+
+_SORTERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "self": lambda r: (-r["self_ms"], r["name"]),
+    "total": lambda r: (-r["total_ms"], r["name"]),
+    "calls": lambda r: (-r["calls"], r["name"]),
+    "avg": lambda r: (-r["avg_ms"], r["name"]),
+    "name": lambda r: (r["name"], -r["self_ms"]),
+}
+
+
+def sort_rows(rows: Sequence[Mapping[str, Any]], sort_by: str = "self", limit: int | None = None) -> list[Mapping[str, Any]]:
+    """Operator rows (the dict form of to_dict()) ordered by one of SORT_KEYS, at most `limit` of them."""
+    ordered = sorted(rows, key=_SORTERS[sort_by])
+    return ordered if limit is None else ordered[:limit]
+
+
+def shorten(name: str, width: int = NAME_WIDTH) -> str:
+    """`name` cut to `width` characters with an ellipsis in the middle, keeping both ends readable."""
+    if len(name) <= width:
+        return name
+    head = (width - 1) * 2 // 3
+    tail = width - 1 - head
+    return f"{name[:head]}…{name[-tail:]}" if tail > 0 else name[: width - 1] + "…"
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 100:
+        return f"{value:,.1f}"
+    if value >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def _pct(share: float) -> str:
+    return f"{share * 100:.1f}%"
+
+
+def _rank_label(rank: int | None) -> str:
+    return "-" if rank is None else str(rank)
+
+
+# ------------------------------------------------------------------------------------------------ rich tables
+
+
+def ops_table(
+    rows: Sequence[Mapping[str, Any]], title: str, limit: int, *, sort_by: str = "self", width: int | None = None
+) -> Table:
+    """Operator (or kernel) table like key_averages().table(): the top `limit` rows by `sort_by`.
+
+    `width` is the space the table may take (the console width): names are shortened in the middle to fit.
+    """
+    from rich.table import Table
+
+    shown = sort_rows(rows, sort_by, limit)
+    with_shape = any("shape" in r for r in shown)
+    caption = f"{len(shown)} of {len(rows)} rows, sorted by {sort_by}" if len(rows) > len(shown) else None
+    headers = ("Calls", "Self ms", "Self %", "Total ms", "Avg ms")
+    numbers = [
+        [f"{r['calls']:,}", _ms(r["self_ms"]), _pct(r["self_share"]), _ms(r["total_ms"]), _ms(r["avg_ms"])] for r in shown
+    ]
+    shapes = [str(r.get("shape") or "") for r in shown] if with_shape else []
+    fixed = sum(max([len(h), *(len(n[i]) for n in numbers)]) for i, h in enumerate(headers))
+    columns = len(headers) + 1 + (1 if with_shape else 0)
+    room = (width or 120) - fixed - 3 * columns - 1
+    shape_width = max(len("Input shapes"), min(30, max(map(len, shapes), default=0), room // 3)) if with_shape else 0
+    name_width = max(12, min(NAME_WIDTH, room - shape_width))
+
+    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    table.add_column("Name", no_wrap=True)
+    if with_shape:
+        table.add_column("Input shapes", no_wrap=True)
+    for header in headers:
+        table.add_column(header, justify="right", no_wrap=True)
+    for index, row in enumerate(shown):
+        cells = [shorten(row["name"], name_width)]
+        if with_shape:
+            cells.append(shorten(shapes[index], shape_width))
+        table.add_row(*cells, *numbers[index])
+    return table
+
+
+def steps_table(steps: Sequence[Mapping[str, Any]], limit: int | None = None, *, title: str = "Steps") -> Table:
+    """ProfilerStep durations: one column per rank when there are several, so a slow rank stands out per step."""
+    from rich.table import Table
+
+    ranks = sorted({s["rank"] for s in steps}, key=lambda r: (r is None, r if r is not None else 0))
+    numbers = sorted({s["step"] for s in steps})
+    shown = numbers if limit is None else numbers[:limit]
+    cell = {(s["rank"], s["step"]): s["dur_ms"] for s in steps}
+    caption = f"first {len(shown)} of {len(numbers)} steps" if len(shown) < len(numbers) else None
+    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    table.add_column("Step", justify="right")
+    multi = len(ranks) > 1
+    for rank in ranks:
+        table.add_column(f"rank {_rank_label(rank)} ms" if multi else "ms", justify="right")
+    for number in shown:
+        values = [cell.get((rank, number)) for rank in ranks]
+        present = [v for v in values if v is not None]
+        top = max(present) if multi and present else None
+        cells = [str(number)]
+        for value in values:
+            text = _ms(value)
+            cells.append(f"[bold]{text}[/bold]" if top is not None and value == top else text)
+        table.add_row(*cells)
+    return table
+
+
+def ranks_table(
+    ranks: Sequence[Mapping[str, Any]], slowest_rank: int | None, *, title: str = "Ranks", width: int | None = None
+) -> Table:
+    """Step-time statistics per trace file; the slowest rank is marked in words, not only in colour.
+
+    `width` is the space the table may take (the console width): file names shrink to fit it, numbers never do.
+    """
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    headers = ("Steps", "Mean ms", "Median ms", "P90 ms", "Max ms")
+    labels = [_rank_label(r["rank"]) + (" (slowest)" if slowest_rank is not None and r["rank"] == slowest_rank else "")
+              for r in ranks]
+    fixed = max([4, *map(len, labels)]) + sum(map(len, headers)) + 3 * (len(headers) + 2) + 1
+    file_width = max(12, min(48, (width or 100) - fixed))
+    table.add_column("Rank", no_wrap=True)
+    table.add_column("File", no_wrap=True)
+    for name in headers:
+        table.add_column(name, justify="right", no_wrap=True)
+    for row, label in zip(ranks, labels):
+        stats = row.get("step_ms") or {}
+        table.add_row(
+            label,
+            shorten(str(row["file"]).replace("\\", "/").rsplit("/", 1)[-1], file_width),
+            str(stats.get("count", 0)),
+            _ms(stats.get("mean")),
+            _ms(stats.get("median")),
+            _ms(stats.get("p90")),
+            _ms(stats.get("max")),
+            style="bold red" if label.endswith("(slowest)") else None,
+        )
+    return table
+
+
+def breakdown_table(
+    breakdown_ms: Mapping[str, float] | None,
+    device: Mapping[str, float] | None = None,
+    *,
+    title: str = "Step breakdown (mean per step)",
+) -> Table:
+    """Where a step's time goes: dataloader, forward, backward, optimizer, other; device busy share if known."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    table.add_column("Phase")
+    table.add_column("ms / step", justify="right")
+    table.add_column("Share", justify="right")
+    total = sum((breakdown_ms or {}).values())
+    for phase in PHASE_ORDER:
+        if breakdown_ms is None:
+            break
+        value = breakdown_ms.get(phase, 0.0)
+        table.add_row(phase, _ms(value), _pct(value / total) if total else "-")
+    if device is not None:
+        table.add_row("device busy", _ms(device["busy_ms"]), _pct(device["busy_share"]), style="italic")
+    return table
+
+
+# ------------------------------------------------------------------------------------------------ reports
+
+
+def print_table_report(summary: TraceSummary, *, sort_by: str, limit: int, fmt: str, file: IO[str] | None = None) -> None:
+    """Write the report for `stepcli table` to stdout (or `file`) in one of FORMATS."""
+    out = file if file is not None else sys.stdout
+    data = summary.to_dict()
+    if fmt == "json":
+        import orjson
+
+        out.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
+    elif fmt == "csv":
+        out.write(csv_report(data, sort_by=sort_by, limit=limit))
+    elif fmt == "markdown":
+        out.write(markdown_report(data, sort_by=sort_by, limit=limit))
+    elif fmt == "rich":
+        from rich.console import Console
+
+        print_rich_report(data, Console(file=file) if file is not None else Console(), sort_by=sort_by, limit=limit)
+    else:
+        raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+
+
+def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str = "self", limit: int = 20) -> None:
+    """The terminal report: what was read, step times, ranks, breakdown, CPU operators, device kernels."""
+    files = data["files"]
+    stats = data.get("step_ms")
+    head = f"{len(files)} trace file{'s' if len(files) != 1 else ''}, {data['events']:,} events"
+    if len(files) == 1:
+        head += f": {files[0]}"
+    console.print(head, highlight=False, soft_wrap=True)
+    if stats:
+        console.print(
+            f"step time over {stats['count']} step{'s' if stats['count'] != 1 else ''}: mean {_ms(stats['mean'])} ms, "
+            f"median {_ms(stats['median'])} ms, p90 {_ms(stats['p90'])} ms, min {_ms(stats['min'])} ms, "
+            f"max {_ms(stats['max'])} ms",
+            highlight=False,
+        )
+    else:
+        console.print("no ProfilerStep#N annotations: step tables skipped", highlight=False)
+    if len(data["ranks"]) > 1:
+        console.print(ranks_table(data["ranks"], data.get("slowest_rank"), width=console.width))
+        if data.get("slowest_rank") is not None:
+            console.print(f"slowest rank: {data['slowest_rank']}", highlight=False)
+    if data["steps"]:
+        console.print(steps_table(data["steps"], limit))
+    if data.get("breakdown_ms") or data.get("device"):
+        console.print(breakdown_table(data.get("breakdown_ms"), data.get("device")))
+    console.print(ops_table(data["cpu_ops"], "CPU operators", limit, sort_by=sort_by, width=console.width))
+    if data["device_kernels"]:
+        console.print(ops_table(data["device_kernels"], "Device kernels", limit, sort_by=sort_by, width=console.width))
+
+
+_CSV_FIELDS = ("kind", "name", "calls", "self_ms", "total_ms", "avg_ms", "self_share")
+
+
+def csv_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: int | None = None) -> str:
+    """One CSV table of operator rows, CPU then device, with a `kind` column; names are never shortened."""
+    buffer = io.StringIO()
+    with_shape = any("shape" in r for r in [*data["cpu_ops"], *data["device_kernels"]])
+    fields = (*_CSV_FIELDS, "shape") if with_shape else _CSV_FIELDS
+    writer = csv.DictWriter(buffer, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for kind, rows in (("cpu", data["cpu_ops"]), ("device", data["device_kernels"])):
+        for row in sort_rows(rows, sort_by, limit):
+            writer.writerow({"kind": kind, **row})
+    return buffer.getvalue()
+
+
+def _md_cell(value: Any) -> str:
+    return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[bool]) -> list[str]:
+    lines = ["| " + " | ".join(_md_cell(h) for h in headers) + " |"]
+    lines.append("|" + "|".join("---:" if r else "---" for r in right) + "|")
+    lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: int | None = 20) -> str:
+    """GitHub-flavoured Markdown (e.g. for $GITHUB_STEP_SUMMARY): steps, ranks, breakdown and operator tables."""
+    lines: list[str] = ["## stepcli table", ""]
+    stats = data.get("step_ms")
+    lines.append(f"{len(data['files'])} trace file(s), {data['events']:,} events.")
+    if stats:
+        lines.append(
+            f"Step time over {stats['count']} steps: mean {_ms(stats['mean'])} ms, median {_ms(stats['median'])} ms, "
+            f"p90 {_ms(stats['p90'])} ms, max {_ms(stats['max'])} ms."
+        )
+    lines.append("")
+    if data["steps"]:
+        lines += ["### Steps", ""]
+        steps = data["steps"] if limit is None else data["steps"][: limit * max(1, len(data["ranks"]))]
+        lines += _md_table(("Rank", "Step", "ms"), [(_rank_label(s["rank"]), s["step"], _ms(s["dur_ms"])) for s in steps],
+                           (True, True, True))
+        lines.append("")
+    if data["ranks"]:
+        slowest = data.get("slowest_rank")
+        lines += ["### Ranks", ""]
+        rows = []
+        for r in data["ranks"]:
+            st = r.get("step_ms") or {}
+            mark = " (slowest)" if slowest is not None and r["rank"] == slowest else ""
+            rows.append((_rank_label(r["rank"]) + mark, r["file"], st.get("count", 0), _ms(st.get("mean")),
+                         _ms(st.get("median")), _ms(st.get("p90")), _ms(st.get("max"))))
+        lines += _md_table(("Rank", "File", "Steps", "Mean ms", "Median ms", "P90 ms", "Max ms"), rows,
+                           (False, False, True, True, True, True, True))
+        lines.append("")
+    breakdown = data.get("breakdown_ms")
+    if breakdown:
+        total = sum(breakdown.values())
+        lines += ["### Step breakdown (mean per step)", ""]
+        rows = [(p, _ms(breakdown[p]), _pct(breakdown[p] / total) if total else "-") for p in PHASE_ORDER]
+        if data.get("device"):
+            rows.append(("device busy", _ms(data["device"]["busy_ms"]), _pct(data["device"]["busy_share"])))
+        lines += _md_table(("Phase", "ms / step", "Share"), rows, (False, True, True))
+        lines.append("")
+    for title, rows_in in (("CPU operators", data["cpu_ops"]), ("Device kernels", data["device_kernels"])):
+        if not rows_in and title == "Device kernels":
+            continue
+        lines += [f"### {title}", ""]
+        rows = [(f"`{r['name']}`" if "`" not in r["name"] else r["name"], r["calls"], _ms(r["self_ms"]), _pct(r["self_share"]),
+                 _ms(r["total_ms"]), _ms(r["avg_ms"])) for r in sort_rows(rows_in, sort_by, limit)]
+        lines += _md_table(("Name", "Calls", "Self ms", "Self %", "Total ms", "Avg ms"), rows,
+                           (False, True, True, True, True, True))
+        lines.append("")
+    return "\n".join(lines)

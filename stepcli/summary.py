@@ -1,0 +1,451 @@
+"""Pure analysis of loaded traces: per-operator, per-kernel, per-step, per-rank and step-breakdown summaries."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable
+
+from stepcli.stats import Stats, describe
+
+if TYPE_CHECKING:
+    from stepcli.traces import Event, Trace
+
+# Same categories as stepcli.traces (not imported at run time so this module stays free of the decoder).
+_DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+STEP_PREFIX = "ProfilerStep#"
+STEP_KEY = "ProfilerStep*"  # key_averages() folds every ProfilerStep#N into this one row
+
+# Step phases, from the annotations torch writes. The order is the priority when phases overlap in time.
+PHASES = ("dataloader", "optimizer", "backward", "forward", "other")
+_DATALOADER, _OPTIMIZER, _BACKWARD = 1, 2, 3
+_PHASE_PREFIXES = (
+    ("enumerate(DataLoader)", _DATALOADER),
+    ("Optimizer.step#", _OPTIMIZER),
+    ("Optimizer.zero_grad#", _OPTIMIZER),
+    ("autograd::engine::evaluate_function: ", _BACKWARD),
+)
+
+_NS_PER_MS = 1_000_000.0
+
+
+@dataclass(frozen=True)
+class OpRow:
+    """One operator (or kernel) name, aggregated over every call in every trace, like a key_averages() row."""
+
+    name: str
+    calls: int
+    self_ms: float
+    total_ms: float
+    avg_ms: float
+    self_share: float
+    shape: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        row: dict[str, Any] = {
+            "name": self.name,
+            "calls": self.calls,
+            "self_ms": self.self_ms,
+            "total_ms": self.total_ms,
+            "avg_ms": self.avg_ms,
+            "self_share": self.self_share,
+        }
+        if self.shape is not None:
+            row["shape"] = self.shape
+        return row
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """The duration of one ProfilerStep#N annotation of one rank."""
+
+    rank: int | None
+    step: int
+    dur_ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "step": self.step, "dur_ms": self.dur_ms}
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """Step-time statistics of one trace file (one rank's window)."""
+
+    rank: int | None
+    file: str
+    step_ms: Stats | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "file": self.file, "step_ms": self.step_ms}
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Mean milliseconds per step spent in each phase; the five add up to the mean step time."""
+
+    dataloader: float
+    forward: float
+    backward: float
+    optimizer: float
+    other: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "dataloader": self.dataloader,
+            "forward": self.forward,
+            "backward": self.backward,
+            "optimizer": self.optimizer,
+            "other": self.other,
+        }
+
+
+@dataclass(frozen=True)
+class DeviceBusy:
+    """Mean milliseconds per step when at least one kernel or copy ran, and that as a share of step time."""
+
+    busy_ms: float
+    busy_share: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"busy_ms": self.busy_ms, "busy_share": self.busy_share}
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    """Everything `stepcli table` reports; `to_dict()` is the JSON contract other commands read back."""
+
+    files: list[str]
+    step_ms: Stats | None
+    steps: list[StepRow]
+    ranks: list[RankRow]
+    slowest_rank: int | None
+    breakdown_ms: Breakdown | None
+    device: DeviceBusy | None
+    cpu_ops: list[OpRow]
+    device_kernels: list[OpRow]
+    events: int
+    grouped_by_shape: bool = field(default=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "files": list(self.files),
+            "step_ms": self.step_ms,
+            "steps": [s.to_dict() for s in self.steps],
+            "ranks": [r.to_dict() for r in self.ranks],
+            "slowest_rank": self.slowest_rank,
+            "breakdown_ms": self.breakdown_ms.to_dict() if self.breakdown_ms else None,
+            "device": self.device.to_dict() if self.device else None,
+            "cpu_ops": [r.to_dict() for r in self.cpu_ops],
+            "device_kernels": [r.to_dict() for r in self.device_kernels],
+            "events": self.events,
+        }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-trace analysis. Times are integer nanoseconds relative to the trace's first kept event: the Chrome format
+# stores microseconds with three decimals, and at epoch-sized timestamps a float cannot tell two nanoseconds apart,
+# while torch builds its operator tree from exact nanoseconds. Integers make "child ends where parent ends" exact.
+
+
+@dataclass
+class _Window:
+    """One ProfilerStep#N and the direct children on its thread (forward candidates)."""
+
+    step: int
+    pid: int | str
+    start: int
+    end: int
+    children: list[tuple[int, int, int]]
+
+
+@dataclass
+class _TraceResult:
+    windows: list[_Window]
+    phase_spans: dict[int, list[tuple[int, int, int | str]]]  # phase -> (start, end, pid)
+    device_union: list[tuple[int, int]]
+    cpu_span: tuple[int, int] | None
+
+
+class _Accumulator:
+    """Operator rows keyed by name (and shape), summed over threads and traces, in nanoseconds."""
+
+    def __init__(self) -> None:
+        self.rows: dict[Any, list[int]] = {}
+
+    def rows_out(self, by_shape: bool) -> list[OpRow]:
+        total_self = sum(v[1] for v in self.rows.values())
+        out: list[OpRow] = []
+        for key, (calls, self_ns, total_ns) in self.rows.items():
+            name, shape = key if by_shape else (key, None)
+            out.append(
+                OpRow(
+                    name=name,
+                    calls=calls,
+                    self_ms=self_ns / _NS_PER_MS,
+                    total_ms=total_ns / _NS_PER_MS,
+                    avg_ms=total_ns / _NS_PER_MS / calls if calls else 0.0,
+                    self_share=self_ns / total_self if total_self > 0 else 0.0,
+                    shape=shape,
+                )
+            )
+        out.sort(key=lambda r: (-r.self_ms, r.name, r.shape or ""))
+        return out
+
+
+def _phase_of(name: str) -> int:
+    for prefix, phase in _PHASE_PREFIXES:
+        if name.startswith(prefix):
+            return phase
+    return 0
+
+
+def _analyze(events: list[Event], cpu: _Accumulator, device: _Accumulator, by_shape: bool) -> _TraceResult:
+    """Nest CPU events per (pid, tid) exactly as torch's _populate_cpu_children/_remove_dup_nodes do, and
+    collect what the step breakdown and device-busy figures need."""
+    base = int(events[0].ts) if events else 0
+    threads: dict[tuple[int | str, int | str], list[tuple[int, int, int, Event]]] = {}
+    device_spans: list[tuple[int, int]] = []
+    dev_rows = device.rows
+    rnd = round
+    last_pid: int | str | None = None
+    last_tid: int | str | None = None
+    bucket: list[tuple[int, int, int, Event]] = []
+    for index, event in enumerate(events):
+        if event.cat in _DEVICE_CATEGORIES:
+            start = rnd((event.ts - base) * 1000)
+            dur = rnd(event.dur * 1000)
+            device_spans.append((start, start + dur))
+            key: Any = (event.name, event.shape) if by_shape else event.name
+            row = dev_rows.get(key)
+            if row is None:
+                dev_rows[key] = [1, dur, dur]
+            else:
+                row[0] += 1
+                row[1] += dur
+                row[2] += dur
+            continue
+        # Consecutive events are mostly on the same thread: skip the dict lookup then.
+        if event.tid is not last_tid or event.pid is not last_pid:
+            last_pid, last_tid = event.pid, event.tid
+            bucket = threads.setdefault((last_pid, last_tid), [])
+        # (start, -duration) is torch's order: a parent sorts before a child that starts at the same time.
+        bucket.append((rnd((event.ts - base) * 1000), -rnd(event.dur * 1000), index, event))
+
+    windows: list[_Window] = []
+    phase_spans: dict[int, list[tuple[int, int, int | str]]] = {_DATALOADER: [], _OPTIMIZER: [], _BACKWARD: []}
+    phase_cache: dict[str, int] = {}
+    cpu_first: int | None = None
+    cpu_last: int | None = None
+    rows = cpu.rows
+
+    def finish(frame: list[Any]) -> None:
+        # torch's _remove_dup_nodes: an only child with its parent's name is folded into the parent.
+        while frame[4] == 1 and frame[5][7].name == frame[7].name:
+            child = frame[5]
+            undo = rows[child[1]]
+            undo[0] -= 1
+            undo[1] -= child[2] - child[3]
+            undo[2] -= child[2]
+            frame[3], frame[4], frame[5] = child[3], child[4], child[5]
+        row = rows.get(frame[1])
+        if row is None:
+            rows[frame[1]] = [1, frame[2] - frame[3], frame[2]]
+        else:
+            row[0] += 1
+            row[1] += frame[2] - frame[3]
+            row[2] += frame[2]
+
+    for (pid, _tid), items in threads.items():
+        items.sort()
+        if cpu_first is None or items[0][0] < cpu_first:
+            cpu_first = items[0][0]
+        # frame: [end, key, dur, child_dur, n_children, last_child, start, event, window-or-None]
+        stack: list[list[Any]] = []
+        for start, neg_dur, _index, event in items:
+            dur = -neg_dur
+            end = start + dur
+            while stack:
+                top_end = stack[-1][0]
+                if start >= top_end or end > top_end:
+                    finish(stack.pop())
+                else:
+                    break
+            name = event.name
+            window = None
+            if event.cat == "user_annotation" and name.startswith(STEP_PREFIX):
+                key = STEP_KEY
+                number = name[len(STEP_PREFIX):]
+                if number.isdigit():
+                    window = _Window(int(number), pid, start, end, [])
+                    windows.append(window)
+            else:
+                key = name
+            if by_shape:
+                key = (key, event.shape)
+            phase = phase_cache.get(name)
+            if phase is None:
+                phase = phase_cache[name] = _phase_of(name)
+            if phase:
+                phase_spans[phase].append((start, end, pid))
+            frame = [end, key, dur, 0, 0, None, start, event, window]
+            if stack:
+                parent = stack[-1]
+                parent[3] += dur
+                parent[4] += 1
+                parent[5] = frame
+                if parent[8] is not None:
+                    parent[8].children.append((start, end, phase))
+            stack.append(frame)
+            if cpu_last is None or end > cpu_last:
+                cpu_last = end
+        while stack:
+            finish(stack.pop())
+
+    cpu_span = (cpu_first, cpu_last) if cpu_first is not None and cpu_last is not None else None
+    return _TraceResult(windows, phase_spans, _union(device_spans), cpu_span)
+
+
+def _union(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, disjoint intervals covering the same time as `spans`."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _clip(union: list[tuple[int, int]], ends: list[int], start: int, end: int) -> list[tuple[int, int]]:
+    """The parts of a disjoint sorted union that fall inside [start, end)."""
+    out: list[tuple[int, int]] = []
+    i = bisect.bisect_right(ends, start)
+    while i < len(union) and union[i][0] < end:
+        s, e = union[i]
+        out.append((max(s, start), min(e, end)))
+        i += 1
+    return out
+
+
+def _length(spans: list[tuple[int, int]]) -> int:
+    return sum(e - s for s, e in _union(spans))
+
+
+def _step_phases(result: _TraceResult) -> list[tuple[_Window, dict[str, int]]]:
+    """Split each step into phases: union time of dataloader, then optimizer, backward and forward spans, each
+    counting only time not already claimed by the phases before it; the rest of the step is `other`."""
+    unions: dict[tuple[int, int | str], list[tuple[int, int]]] = {}
+    for phase, spans in result.phase_spans.items():
+        by_pid: dict[int | str, list[tuple[int, int]]] = {}
+        for s, e, pid in spans:
+            by_pid.setdefault(pid, []).append((s, e))
+        for pid, pid_spans in by_pid.items():
+            unions[(phase, pid)] = _union(pid_spans)
+    ends = {key: [e for _, e in union] for key, union in unions.items()}
+
+    out: list[tuple[_Window, dict[str, int]]] = []
+    for window in result.windows:
+        claimed: list[tuple[int, int]] = []
+        ms: dict[str, int] = {}
+        covered = 0
+        backward_start = window.end
+        for phase, label in ((_DATALOADER, "dataloader"), (_OPTIMIZER, "optimizer"), (_BACKWARD, "backward")):
+            key = (phase, window.pid)
+            parts = _clip(unions[key], ends[key], window.start, window.end) if key in unions else []
+            if phase == _BACKWARD and parts:
+                backward_start = parts[0][0]
+            claimed.extend(parts)
+            now = _length(claimed)
+            ms[label] = now - covered
+            covered = now
+        # Forward: the step's own top-level ops that start before backward does (and are no other phase).
+        claimed.extend(
+            (max(s, window.start), min(e, window.end)) for s, e, phase in window.children if not phase and s < backward_start
+        )
+        now = _length(claimed)
+        ms["forward"] = now - covered
+        ms["other"] = (window.end - window.start) - now
+        out.append((window, ms))
+    return out
+
+
+def _device_busy(result: _TraceResult) -> tuple[int, int] | None:
+    """(busy ns, span ns) of the device over the steps, or over the CPU activity when there are no steps."""
+    if not result.device_union:
+        return None
+    ends = [e for _, e in result.device_union]
+    spans = [(w.start, w.end) for w in result.windows]
+    if not spans:
+        first = min(result.device_union[0][0], result.cpu_span[0] if result.cpu_span else result.device_union[0][0])
+        last = max(result.device_union[-1][1], result.cpu_span[1] if result.cpu_span else result.device_union[-1][1])
+        spans = [(first, last)]
+    busy = sum(_length(_clip(result.device_union, ends, s, e)) for s, e in _union(spans))
+    return busy, sum(e - s for s, e in _union(spans))
+
+
+def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSummary:
+    """Summarize one or more traces (e.g. all ranks of a run) into the tables `stepcli table` prints."""
+    cpu = _Accumulator()
+    device = _Accumulator()
+    steps: list[StepRow] = []
+    ranks: list[RankRow] = []
+    phase_totals = dict.fromkeys(PHASES, 0)
+    phase_steps = 0
+    busy_total = span_total = 0
+    busy_steps = 0
+    any_device = False
+    for trace in traces:
+        result = _analyze(trace.events, cpu, device, group_by_shape)
+        trace_steps = [
+            StepRow(rank=trace.rank, step=w.step, dur_ms=(w.end - w.start) / _NS_PER_MS)
+            for w in sorted(result.windows, key=lambda w: (w.step, w.start))
+        ]
+        steps.extend(trace_steps)
+        ranks.append(RankRow(rank=trace.rank, file=trace.path, step_ms=describe(s.dur_ms for s in trace_steps)))
+        for _window, phases in _step_phases(result):
+            for label, ns in phases.items():
+                phase_totals[label] += ns
+            phase_steps += 1
+        busy = _device_busy(result)
+        if busy is not None:
+            any_device = True
+            busy_total += busy[0]
+            span_total += busy[1]
+            busy_steps += len(result.windows) or 1
+
+    steps.sort(key=lambda s: (s.rank if s.rank is not None else -1, s.step))
+    breakdown = None
+    if phase_steps:
+        mean = {label: ns / phase_steps / _NS_PER_MS for label, ns in phase_totals.items()}
+        breakdown = Breakdown(**mean)
+    device_busy = None
+    if any_device:
+        device_busy = DeviceBusy(
+            busy_ms=busy_total / busy_steps / _NS_PER_MS,
+            busy_share=busy_total / span_total if span_total else 0.0,
+        )
+    return TraceSummary(
+        files=[t.path for t in traces],
+        step_ms=describe(s.dur_ms for s in steps),
+        steps=steps,
+        ranks=ranks,
+        slowest_rank=_slowest_rank(steps),
+        breakdown_ms=breakdown,
+        device=device_busy,
+        cpu_ops=cpu.rows_out(group_by_shape),
+        device_kernels=device.rows_out(group_by_shape),
+        events=sum(t.event_count for t in traces),
+        grouped_by_shape=group_by_shape,
+    )
+
+
+def _slowest_rank(steps: list[StepRow]) -> int | None:
+    """The rank with the highest mean step time, when at least two ranks recorded steps."""
+    by_rank: dict[int, list[float]] = {}
+    for step in steps:
+        if step.rank is not None:
+            by_rank.setdefault(step.rank, []).append(step.dur_ms)
+    if len(by_rank) < 2:
+        return None
+    return max(sorted(by_rank), key=lambda r: sum(by_rank[r]) / len(by_rank[r]))

@@ -1,0 +1,376 @@
+"""Reading PyTorch profiler traces (.json, .json.gz, folders of them) into the few event fields stepcli analyses."""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import os
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import msgspec
+
+from stepcli.errors import TraceError
+
+# Kineto categories whose events run on a CPU thread and that torch's `key_averages()` counts as operators
+# (it also nests python_function events with ops, so they must take part in self-time accounting).
+CPU_CATEGORIES = frozenset(
+    {
+        "cpu_op",
+        "user_annotation",
+        "python_function",
+        "cuda_runtime",
+        "cuda_driver",
+        "xpu_runtime",
+        "xpu_driver",
+        "privateuse1_runtime",
+        "privateuse1_driver",
+        "mtia_runtime",
+    }
+)
+# Categories of work that runs on the device itself (one row per kernel or copy name).
+DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+KEPT_CATEGORIES = CPU_CATEGORIES | DEVICE_CATEGORIES
+
+# torch drops these utility events before building its operator tree (torch/autograd/profiler_util.py _filter_name),
+# so their time counts as their parent's self time; we do the same to match key_averages().
+FILTERED_NAMES = frozenset(
+    {
+        "[memory]",
+        "[OutOfMemory]",
+        "profiler::_record_function_enter",
+        "profiler::_record_function_enter_new",
+        "profiler::_record_function_exit",
+        "aten::is_leaf",
+        "aten::output_nr",
+        "aten::_version",
+    }
+)
+
+# Decoding is done in slices of about this many bytes: the decoded structs of one slice are filtered and
+# interned before the next is decoded, so peak memory stays near the file size instead of file + every event.
+_CHUNK_BYTES = 8 * 1024 * 1024
+_EVENT_SEPARATOR = re.compile(rb"\}\s*,\s*\{")
+_TRACE_EVENTS_KEY = re.compile(rb'(?<!\\)"traceEvents"\s*:\s*\[')
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+class Event(msgspec.Struct, gc=False):
+    """One trace event with only the fields stepcli reads; times in microseconds, as in the Chrome trace format.
+
+    `shape` is not a trace field: the loader fills it from `args["Input Dims"]` when shapes are asked for.
+    """
+
+    name: str = ""
+    cat: str = ""
+    ph: str = "X"
+    pid: int | str = 0
+    tid: int | str = 0
+    ts: float = 0.0
+    dur: float = 0.0
+    shape: str = msgspec.field(default="", name="__stepcli_shape__")
+
+
+class _ShapeArgs(msgspec.Struct, gc=False):
+    dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
+
+
+class _ShapedEvent(Event, gc=False):
+    """Decoding-only variant that also reads `args["Input Dims"]` (kept as raw JSON text, never parsed)."""
+
+    args: _ShapeArgs | None = None
+
+
+class _DistributedInfo(msgspec.Struct):
+    rank: int | None = None
+
+
+class _Header(msgspec.Struct):
+    traceEvents: list[Event]
+    distributedInfo: _DistributedInfo | None = None
+
+
+class _ShapedHeader(msgspec.Struct):
+    traceEvents: list[_ShapedEvent]
+    distributedInfo: _DistributedInfo | None = None
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One trace file: where it came from, its rank, the CPU/device events summaries need, and its event count."""
+
+    path: str
+    rank: int | None
+    events: list[Event]
+    event_count: int
+
+    @classmethod
+    def from_events(cls, events: Iterable[Event], *, path: str = "<memory>", rank: int | None = None) -> Trace:
+        """A trace built from events in memory (tests, other tools): keeps the same subset the loader keeps."""
+        all_events = list(events)
+        kept = [e for e in all_events if e.ph == "X" and e.cat in KEPT_CATEGORIES and e.name not in FILTERED_NAMES]
+        return cls(path=path, rank=rank, events=kept, event_count=len(all_events))
+
+
+def load_paths(paths: Sequence[str], *, shapes: bool = False) -> list[Trace]:
+    """Load every trace named by `paths` (files, or folders searched recursively), in a stable order.
+
+    Raises TraceError naming the file and the problem for anything that is not a readable profiler trace.
+    With `shapes`, each operator event also carries its recorded input shapes (for grouping by shape).
+    """
+    files: list[str] = []
+    for path in paths:
+        files.extend(_expand(path))
+    seen: set[str] = set()
+    traces: list[Trace] = []
+    for file in files:
+        key = os.path.realpath(file)
+        if key in seen:
+            continue
+        seen.add(key)
+        traces.append(load_trace(file, shapes=shapes))
+    return traces
+
+
+def _expand(path: str) -> list[str]:
+    """A file stands for itself; a folder for the traces under it (hidden and temporary names skipped)."""
+    if os.path.isdir(path):
+        found = sorted(_walk(Path(path)))
+        # A run folder can also hold manifests and summaries; when torch-named traces are there, use only those.
+        named = [p for p in found if ".pt.trace.json" in Path(p).name]
+        found = named or found
+        if not found:
+            raise TraceError(path, "no .json or .json.gz trace files in this folder")
+        return found
+    if not os.path.exists(path):
+        raise TraceError(path, "no such file or folder")
+    return [path]
+
+
+def _walk(root: Path) -> Iterator[str]:
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            if name.startswith(".") or ".tmp" in name:
+                continue
+            if name.endswith(".json") or name.endswith(".json.gz"):
+                yield os.path.join(dirpath, name)
+
+
+def rank_from_name(path: str) -> int | None:
+    """The N of a `rank<N>` in the file name (tensorboard_trace_handler's worker_name, stepcli's rank files)."""
+    match = _RANK_IN_NAME.search(os.path.basename(path))
+    return int(match.group(1)) if match else None
+
+
+def load_trace(path: str, *, shapes: bool = False) -> Trace:
+    """Read one trace file; see load_paths."""
+    data = _read_bytes(path)
+    if not data or data.isspace():
+        raise TraceError(path, "empty file")
+    # Millions of gc=False structs are allocated below; a cyclic collection pass over them buys nothing.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        rank, events, count = _decode(path, data, shapes)
+    finally:
+        if was_enabled:
+            gc.enable()
+    if rank is None:
+        rank = rank_from_name(path)
+    return Trace(path=path, rank=rank, events=events, event_count=count)
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        raise TraceError(path, "no such file") from None
+    except IsADirectoryError:
+        raise TraceError(path, "is a folder") from None
+    except OSError as exc:
+        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+    if path.endswith(".gz") or data[:2] == _GZIP_MAGIC:
+        try:
+            data = gzip.decompress(data)
+        except EOFError:
+            raise TraceError(path, "corrupt gzip: the compressed stream is truncated") from None
+        except (OSError, zlib.error) as exc:
+            raise TraceError(path, f"corrupt gzip: {exc}") from None
+    return data
+
+
+def _decode(path: str, data: bytes, shapes: bool) -> tuple[int | None, list[Event], int]:
+    """Decode in slices when the layout allows it (checked by the decoder itself), else in one piece."""
+    try:
+        chunked = _decode_chunked(data, shapes)
+    except (msgspec.DecodeError, _NotChunkable):
+        chunked = None  # fall back: the whole-document decode below gives the precise error, if any
+    if chunked is not None:
+        return chunked
+    return _decode_whole(path, data, shapes)
+
+
+class _NotChunkable(Exception):
+    pass
+
+
+class _Keeper:
+    """Filters decoded events to the kept subset and interns repeated strings, one slice at a time."""
+
+    def __init__(self, shapes: bool) -> None:
+        self.events: list[Event] = []
+        self.count = 0
+        self.shapes = shapes
+        self._names: dict[str, str] = {}
+        self._cats = {c: c for c in KEPT_CATEGORIES}
+        self._ids: dict[int | str, int | str] = {}
+        self._shape_keys: dict[bytes, str] = {}
+
+    def add(self, decoded: list[Any]) -> None:
+        self.count += len(decoded)
+        names = self._names
+        cats = self._cats
+        ids = self._ids
+        keep = self.events.append
+        filtered = FILTERED_NAMES
+        for event in decoded:
+            if event.ph != "X":
+                continue
+            cat = cats.get(event.cat)
+            if cat is None:
+                continue
+            name = event.name
+            if name in filtered:
+                continue
+            event.cat = cat
+            event.ph = "X"
+            interned = names.get(name)
+            if interned is None:
+                names[name] = name
+            else:
+                event.name = interned
+            pid = event.pid
+            event.pid = ids.setdefault(pid, pid)
+            tid = event.tid
+            event.tid = ids.setdefault(tid, tid)
+            if self.shapes:
+                self._take_shape(event)
+            keep(event)
+
+    def _take_shape(self, event: _ShapedEvent) -> None:
+        args = event.args
+        event.args = None
+        if args is None or not args.dims:
+            return
+        raw = bytes(args.dims)
+        key = self._shape_keys.get(raw)
+        if key is None:
+            key = self._shape_keys[raw] = " ".join(raw.decode("utf-8", "replace").split())
+        event.shape = key
+
+
+def _decode_chunked(data: bytes, shapes: bool) -> tuple[int | None, list[Event], int] | None:
+    """Decode traceEvents in ~8 MB slices split between two events, plus one small document for the rest.
+
+    A split can only be wrong if it falls inside a string or a nested value, and then the slice on its left is
+    not a complete JSON array, so the decoder rejects it and the caller falls back to decoding the whole file.
+    """
+    if len(data) < 2 * _CHUNK_BYTES:
+        return None
+    key = _TRACE_EVENTS_KEY.search(data)
+    if key is None:
+        raise _NotChunkable
+    start = key.end()  # just after the "[" that opens traceEvents
+    splits: list[int] = []  # positions of the comma between two events
+    position = start + _CHUNK_BYTES
+    while position < len(data):
+        match = _EVENT_SEPARATOR.search(data, position)
+        if match is None:
+            break
+        splits.append(data.index(b",", match.start()))
+        position = match.end() + _CHUNK_BYTES
+    if not splits:
+        return None
+    view = memoryview(data)
+    event_type = list[_ShapedEvent] if shapes else list[Event]
+    decoder = msgspec.json.Decoder(event_type)
+    keeper = _Keeper(shapes)
+    previous = start
+    for comma in splits:
+        keeper.add(decoder.decode(b"".join((b"[", view[previous:comma], b"]"))))
+        previous = comma + 1
+    # The last slice goes back into the document with everything before and after traceEvents, so the
+    # header (distributedInfo) and the closing brackets are decoded and validated too.
+    rest = b"".join((view[:start], view[previous:]))
+    header = msgspec.json.decode(rest, type=_ShapedHeader if shapes else _Header)
+    keeper.add(header.traceEvents)
+    rank = header.distributedInfo.rank if header.distributedInfo else None
+    return rank, keeper.events, keeper.count
+
+
+def _decode_whole(path: str, data: bytes, shapes: bool) -> tuple[int | None, list[Event], int]:
+    try:
+        header = msgspec.json.decode(data, type=_ShapedHeader if shapes else _Header)
+    except msgspec.ValidationError as exc:
+        return _decode_lenient(path, data, shapes, exc)
+    except msgspec.DecodeError as exc:
+        raise TraceError(path, _describe_decode_error(data, exc)) from None
+    keeper = _Keeper(shapes)
+    keeper.add(header.traceEvents)
+    rank = header.distributedInfo.rank if header.distributedInfo else None
+    return rank, keeper.events, keeper.count
+
+
+def _describe_decode_error(data: bytes, exc: msgspec.DecodeError) -> str:
+    message = str(exc)
+    if "truncated" in message:
+        return "truncated JSON (the file ends in the middle of the trace; was it still being written?)"
+    if data.lstrip()[:1] not in (b"{", b"["):
+        return "not JSON (is this a profiler trace?)"
+    return f"invalid JSON: {message}"
+
+
+def _decode_lenient(path: str, data: bytes, shapes: bool, why: msgspec.ValidationError) -> tuple[int | None, list[Event], int]:
+    """Slow path for valid JSON whose fields have unexpected types: check it is a trace, coerce what can be."""
+    document = msgspec.json.decode(data)
+    if not isinstance(document, dict) or not isinstance(document.get("traceEvents"), list):
+        raise TraceError(path, "not a profiler trace (no traceEvents list)")
+    rank = None
+    info = document.get("distributedInfo")
+    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+        rank = info["rank"]
+    events: list[Any] = []
+    for raw in document["traceEvents"]:
+        if not isinstance(raw, dict):
+            continue
+        try:
+            event = _ShapedEvent(
+                name=str(raw.get("name", "")),
+                cat=str(raw.get("cat", "")),
+                ph=str(raw.get("ph", "")),
+                pid=_id(raw.get("pid", 0)),
+                tid=_id(raw.get("tid", 0)),
+                ts=float(raw.get("ts", 0.0)),
+                dur=float(raw.get("dur", 0.0)),
+            )
+        except (TypeError, ValueError):
+            continue  # an event we cannot place in time contributes nothing
+        args = raw.get("args")
+        if shapes and isinstance(args, dict) and "Input Dims" in args:
+            event.args = _ShapeArgs(dims=msgspec.Raw(msgspec.json.encode(args["Input Dims"])))
+        events.append(event)
+    del why
+    keeper = _Keeper(shapes)
+    keeper.add(events)
+    keeper.count = len(document["traceEvents"])
+    return rank, keeper.events, keeper.count
+
+
+def _id(value: Any) -> int | str:
+    return value if isinstance(value, (int, str)) and not isinstance(value, bool) else str(value)

@@ -1,0 +1,69 @@
+"""Bad input: one clear line on stderr, a non-zero exit, never a traceback, nothing of the user's touched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import run_stepcli
+
+
+def assert_one_line_error(result: object, status: int, *fragments: str) -> None:
+    assert result.returncode == status, (result.returncode, result.stderr)  # type: ignore[attr-defined]
+    lines = result.stderr.strip().splitlines()  # type: ignore[attr-defined]
+    assert len(lines) == 1, result.stderr  # type: ignore[attr-defined]
+    assert lines[0].startswith("stepcli: error: ")
+    assert "Traceback" not in result.stderr  # type: ignore[attr-defined]
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["run", "--active", "0", "x.py"], "--active"),
+        (["run", "--wait", "-1", "x.py"], "--wait"),
+        (["run", "--warmpu", "1", "x.py"], "--warmpu"),
+        (["run", "missing.py"], "missing.py"),
+        (["run"], "SCRIPT"),
+        (["run", "--activities", "cpu,tpu", "x.py"], "activities"),
+        (["run", "--step-on", "nocolon", "x.py"], "MODULE:QUALNAME"),
+        (["run", "--step-on", "__main__:f", "x.py"], "__main__"),
+        (["run", "-m", "not a module"], "module"),
+        (["run", "--", "no-such-command-xyz"], "command not found"),
+        (["run", "--fail-over", "p50", "x.py"], "fail-over"),
+        (["bogus"], "bogus"),
+    ],
+)
+def test_usage_errors_exit_2_before_anything_starts(tmp_path: Path, args: list[str], fragment: str) -> None:
+    (tmp_path / "x.py").write_text("open('started', 'w').close()\n")
+    result = run_stepcli(*args, cwd=tmp_path)
+    assert_one_line_error(result, 2, fragment)
+    assert not (tmp_path / "started").exists()
+    assert not (tmp_path / "stepcli-runs").exists()
+
+
+def test_unwritable_output_folder(tmp_path: Path) -> None:
+    (tmp_path / "x.py").write_text("open('started', 'w').close()\n")
+    (tmp_path / "afile").write_text("keep me")
+    result = run_stepcli("run", "-o", tmp_path / "afile" / "sub", "x.py", cwd=tmp_path)
+    assert_one_line_error(result, 2, "output folder")
+    assert (tmp_path / "afile").read_text() == "keep me"
+    assert not (tmp_path / "started").exists()
+
+
+def test_output_folder_that_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "x.py").write_text("")
+    (tmp_path / "out").write_text("keep me")
+    result = run_stepcli("run", "-o", "out", "x.py", cwd=tmp_path)
+    assert_one_line_error(result, 2, "out", "is a file")
+    assert (tmp_path / "out").read_text() == "keep me"
+
+
+def test_help_and_version() -> None:
+    assert run_stepcli("--help").returncode == 0
+    result = run_stepcli("run", "--help")
+    assert result.returncode == 0 and "passed to the program untouched" in " ".join(result.stdout.split())
+    version = run_stepcli("--version")
+    assert version.returncode == 0 and "stepcli" in version.stdout

@@ -1,0 +1,349 @@
+"""End-to-end tests of `stepcli compare`: real subprocess, real torch.profiler traces, hand-written run summaries."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import run_stepcli, stepcli_env, write_script
+
+# Plain torch.profiler with a schedule, as a user's script does it without stepcli: wait 1, warmup 1,
+# active 3, so ProfilerStep#2..#4 are recorded. The slow variant sleeps inside each step.
+MAKE_TRACES = """
+    import sys
+    import time
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    def record(folder, worker, sleep_ms):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(16, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.randn(32, 16)
+        with profile(
+            activities=[ProfilerActivity.CPU],
+            schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
+            on_trace_ready=tensorboard_trace_handler(folder, worker_name=worker),
+        ) as prof:
+            for _ in range(6):
+                opt.zero_grad()
+                model(data).square().mean().backward()
+                opt.step()
+                if sleep_ms:
+                    time.sleep(sleep_ms / 1000)
+                prof.step()
+
+    def unscheduled(folder):
+        # A trace without a schedule has events but no ProfilerStep#N annotation.
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            torch.randn(8, 8).matmul(torch.randn(8, 8))
+        prof.export_chrome_trace(folder + "/nosteps.pt.trace.json")
+
+    root = sys.argv[1]
+    for name, sleep_ms in (("fast", 0), ("fast2", 0), ("slow", 40)):
+        for worker in ("rank0", "rank1"):
+            record(f"{root}/{name}", worker, sleep_ms)
+    import os
+    os.makedirs(f"{root}/nosteps")
+    unscheduled(f"{root}/nosteps")
+"""
+
+# Jitter of sub-millisecond CPU steps stays far below this floor; the 40 ms sleep is far above it.
+FLOOR = ("--min-delta-ms", "15")
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """fast/, fast2/ (same program), slow/ (+40 ms per step): two ranks' traces each; nosteps/."""
+    root = tmp_path_factory.mktemp("traces")
+    script = write_script(root, "make_traces.py", MAKE_TRACES)
+    done = subprocess.run([sys.executable, str(script), str(root)], env=stepcli_env(), capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    for name in ("fast", "fast2", "slow"):
+        assert len(list((root / name).glob("*.pt.trace.json"))) == 2
+    return root
+
+
+def one_trace(folder: Path) -> Path:
+    return sorted(folder.glob("rank0.*.pt.trace.json"))[0]
+
+
+def assert_bad_input(result: subprocess.CompletedProcess[str], *mentions: str) -> None:
+    """Exit 2, nothing on stdout, exactly one `stepcli: error:` line on stderr, no traceback."""
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stepcli: error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for mention in mentions:
+        assert mention in lines[0]
+
+
+def verdict(stdout: str) -> str:
+    lines = [line for line in stdout.splitlines() if re.match(r"(PASS|REGRESSION|NOTHING MEASURED): ", line)]
+    assert len(lines) == 1, stdout
+    return lines[0]
+
+
+# ---------------------------------------------------------------- traces
+
+def test_trace_against_itself_passes(traces: Path) -> None:
+    # GIVEN one plain torch.profiler trace WHEN compared with itself THEN exit 0 and a PASS verdict.
+    trace = one_trace(traces / "fast")
+    result = run_stepcli("compare", trace, trace)
+    assert result.returncode == 0, result.stderr
+    assert verdict(result.stdout).startswith("PASS: median step time (recorded steps)")
+    assert "aten::" in result.stdout  # the operator table
+
+
+def test_trace_vs_slower_trace_is_a_regression(traces: Path) -> None:
+    # GIVEN the same program with a 40 ms sleep per step WHEN compared THEN exit 1 with the delta shown.
+    result = run_stepcli("compare", one_trace(traces / "fast"), one_trace(traces / "slow"), *FLOOR)
+    assert result.returncode == 1, result.stdout + result.stderr
+    line = verdict(result.stdout)
+    assert line.startswith("REGRESSION: median step time (recorded steps)")
+    delta = float(re.search(r"\(\+([\d.]+) ms, ", line).group(1))  # type: ignore[union-attr]
+    assert delta >= 35
+    assert "<- decides" in result.stdout
+
+
+def test_folder_vs_folder(traces: Path) -> None:
+    # Two separate runs of the same program stay within the floor; the slow folder does not.
+    same = run_stepcli("compare", traces / "fast", traces / "fast2", *FLOOR)
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "trace, 6 steps" in same.stdout  # 3 recorded steps x 2 ranks
+    slower = run_stepcli("compare", traces / "fast", traces / "slow", *FLOOR)
+    assert slower.returncode == 1, slower.stdout + slower.stderr
+    assert verdict(slower.stdout).startswith("REGRESSION")
+    # The improvement direction is never a regression.
+    faster = run_stepcli("compare", traces / "slow", traces / "fast", *FLOOR)
+    assert faster.returncode == 0
+
+
+def test_metric_option(traces: Path) -> None:
+    result = run_stepcli("compare", traces / "fast", traces / "slow", "--metric", "min", *FLOOR)
+    assert result.returncode == 1
+    assert verdict(result.stdout).startswith("REGRESSION: min step time")
+
+
+def test_empty_folder_and_stepless_trace_measure_nothing(traces: Path, tmp_path: Path) -> None:
+    # A run folder with no traces (the program never stepped) must not pass.
+    empty = tmp_path / "empty-run"
+    empty.mkdir()
+    result = run_stepcli("compare", traces / "fast", empty)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "no trace files in this folder" in verdict(result.stdout)
+    assert verdict(result.stdout).startswith("NOTHING MEASURED: current")
+    # `run -o DIR --json DIR/summary.json` of a program that never stepped: a summary but no trace.
+    write_json(empty / "summary.json", run_summary(untouched=None, profiled=None, steps=0))
+    (empty / ".stepcli").mkdir()
+    write_json(empty / ".stepcli" / "w.1.steps.json", {"steps": []})
+    result = run_stepcli("compare", traces / "fast", empty)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "no trace files in this folder" in verdict(result.stdout)
+    # A trace with events but no ProfilerStep#N (profiler without schedule) has no step times.
+    result = run_stepcli("compare", traces / "nosteps" / "nosteps.pt.trace.json", traces / "fast")
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "no ProfilerStep#N step annotations" in verdict(result.stdout)
+
+
+def test_run_summary_vs_trace_says_what_it_compared(traces: Path, tmp_path: Path) -> None:
+    summary = write_json(tmp_path / "run.json", run_summary(untouched=0.2, profiled=0.3))
+    result = run_stepcli("compare", summary, traces / "slow", *FLOOR)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "(profiled/recorded steps)" in verdict(result.stdout)
+    assert "compared the run's profiled (warmup+recorded) steps with the trace's recorded steps" in result.stdout
+
+
+def test_bad_trace_files(tmp_path: Path) -> None:
+    truncated = tmp_path / "truncated.pt.trace.json"
+    truncated.write_text('{"schemaVersion": 1, "traceEvents": [{"ph": "X", "name": "a"')
+    assert_bad_input(run_stepcli("compare", truncated, truncated), "truncated.pt.trace.json", "not valid JSON")
+    corrupt = tmp_path / "corrupt.pt.trace.json.gz"
+    corrupt.write_bytes(gzip.compress(b'{"traceEvents": []}')[:-8] + b"garbage!")
+    assert_bad_input(run_stepcli("compare", corrupt, corrupt), "corrupt.pt.trace.json.gz")
+
+
+# ---------------------------------------------------------------- run summaries
+
+def stats(median: float, count: int = 10) -> dict[str, Any]:
+    return {"count": count, "mean": median * 1.02, "median": median, "p90": median * 1.2, "min": median * 0.9,
+            "max": median * 1.5}
+
+
+def run_summary(untouched: float | None = 10.0, profiled: float | None = 13.0, steps: int = 20, **extra: Any) -> dict[str, Any]:
+    """A document shaped like `stepcli run --json` (schema version 1)."""
+    doc = {
+        "schema": "stepcli.run",
+        "schema_version": 1,
+        "command": ["python", "train.py"],
+        "exit_status": 0,
+        "steps": {"global": steps, "requesters": {"SGD#0": steps}},
+        "step_time_ms": {
+            "untouched": None if untouched is None else stats(untouched, max(steps - 5, 1)),
+            "profiled": None if profiled is None else stats(profiled, 4),
+        },
+        "top_operators": [
+            {"name": "aten::addmm", "calls": 12, "self_ms": 4.0, "total_ms": 6.0, "avg_ms": 0.5, "self_share": 0.4},
+            {"name": "Optimizer.step#SGD.step", "calls": 4, "self_ms": 2.0, "total_ms": 3.0, "avg_ms": 0.75, "self_share": 0.2},
+        ],
+        "traces": [],
+    }
+    doc.update(extra)
+    return doc
+
+
+def write_json(path: Path, doc: Any) -> Path:
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.fixture
+def summaries(tmp_path: Path) -> dict[str, Path]:
+    slow_ops = run_summary(untouched=20.0, profiled=26.0)
+    slow_ops["top_operators"].append(
+        {"name": "aten::sleepy", "calls": 4, "self_ms": 40.0, "total_ms": 40.0, "avg_ms": 10.0, "self_share": 0.6})
+    return {
+        "base": write_json(tmp_path / "base.json", run_summary()),
+        "noisy": write_json(tmp_path / "noisy.json", run_summary(untouched=10.9, profiled=30.0)),
+        "slow": write_json(tmp_path / "slow.json", slow_ops),
+        "zero": write_json(tmp_path / "zero.json", run_summary(untouched=None, profiled=None, steps=0)),
+    }
+
+
+def test_run_summary_against_itself_passes(summaries: dict[str, Path]) -> None:
+    result = run_stepcli("compare", summaries["base"], summaries["base"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert verdict(result.stdout) == (
+        "PASS: median step time (untouched steps) 10.000 ms -> 10.000 ms (+0.000 ms, +0.0%) is within the allowed "
+        "+1.000 ms (larger of tolerance 10% of baseline = 1.000 ms and --min-delta-ms 0.000)"
+    )
+
+
+def test_profiler_overhead_does_not_decide(summaries: dict[str, Path]) -> None:
+    # GIVEN untouched +9% but profiled steps +130% WHEN compared at 10% THEN it passes: untouched steps decide.
+    result = run_stepcli("compare", summaries["base"], summaries["noisy"], "--tolerance", "0.1")
+    assert result.returncode == 0, result.stdout
+    assert "+130.8%" in result.stdout  # the profiled row is still shown
+    tighter = run_stepcli("compare", summaries["base"], summaries["noisy"], "--tolerance", "5%")
+    assert tighter.returncode == 1
+
+
+def test_run_summary_regression_shows_numbers_and_new_ops(summaries: dict[str, Path]) -> None:
+    result = run_stepcli("compare", summaries["base"], summaries["slow"], "--min-delta-ms", "2")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert verdict(result.stdout).startswith(
+        "REGRESSION: median step time (untouched steps) 10.000 ms -> 20.000 ms (+10.000 ms, +100.0%) exceeds the allowed +2.000 ms"
+    )
+    sleepy = next(line for line in result.stdout.splitlines() if "aten::sleepy" in line)
+    assert "not in baseline top" in sleepy  # a run summary keeps only its top operators
+    # A floor above the delta turns it into a pass: both conditions must hold.
+    assert run_stepcli("compare", summaries["base"], summaries["slow"], "--min-delta-ms", "10").returncode == 0
+
+
+def test_zero_step_run_measures_nothing(summaries: dict[str, Path]) -> None:
+    for pair in ((summaries["base"], summaries["zero"]), (summaries["zero"], summaries["base"]),
+                 (summaries["zero"], summaries["zero"])):
+        result = run_stepcli("compare", *pair)
+        assert result.returncode == 3, result.stdout + result.stderr
+        assert "has 0 steps" in verdict(result.stdout)
+        assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "mentions"),
+    [
+        (None, ["no such file or directory"]),
+        ("", ["empty file"]),
+        ("not json at all", ["not valid JSON"]),
+        ('{"hello": "world"}', ["neither a stepcli run summary", "nor a profiler trace"]),
+        ("[1, 2, 3]", ["neither a stepcli run summary"]),
+        ('{"schema": "other.tool", "schema_version": 1}', ["unknown document schema 'other.tool'"]),
+        (json.dumps(run_summary(schema_version=2)), ["unsupported run summary schema_version 2"]),
+        (json.dumps(run_summary(step_time_ms={"untouched": {"median": "fast"}})), ["not a valid stepcli run summary"]),
+    ],
+)
+def test_bad_inputs_exit_2_with_one_line(summaries: dict[str, Path], tmp_path: Path, content: str | None,
+                                         mentions: list[str]) -> None:
+    bad = tmp_path / "bad.json"
+    if content is not None:
+        bad.write_text(content)
+    assert_bad_input(run_stepcli("compare", summaries["base"], bad), str(bad), *mentions)
+    assert_bad_input(run_stepcli("compare", bad, summaries["base"]), str(bad), *mentions)
+
+
+@pytest.mark.parametrize("tolerance", ["10", "ten", "-5%", "1.5", ""])
+def test_bad_tolerance_is_a_usage_error(summaries: dict[str, Path], tolerance: str) -> None:
+    assert_bad_input(run_stepcli("compare", summaries["base"], summaries["base"], "--tolerance", tolerance),
+                     "--tolerance")
+
+
+def test_bad_metric_and_min_delta_are_usage_errors(summaries: dict[str, Path]) -> None:
+    assert_bad_input(run_stepcli("compare", summaries["base"], summaries["base"], "--metric", "p99"), "--metric")
+    assert_bad_input(run_stepcli("compare", summaries["base"], summaries["base"], "--min-delta-ms", "-1"),
+                     "--min-delta-ms")
+
+
+# ---------------------------------------------------------------- Markdown and GitHub job summary
+
+def markdown_tables(text: str) -> list[list[list[str]]]:
+    """Parse every GFM table: header row, separator row, body rows, all with equal column counts."""
+    tables: list[list[list[str]]] = []
+    block: list[str] = []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            block.append(line)
+            continue
+        if block:
+            rows = [[cell.strip() for cell in re.split(r"(?<!\\)\|", row.strip())[1:-1]] for row in block]
+            assert len(rows) >= 3, block  # header, separator, at least one body row
+            assert all(re.fullmatch(r":?-{3,}:?", cell) for cell in rows[1]), block[1]
+            assert len({len(row) for row in rows}) == 1, block
+            tables.append([rows[0], *rows[2:]])
+            block = []
+    return tables
+
+
+def test_markdown_file_is_valid_tables(summaries: dict[str, Path], tmp_path: Path) -> None:
+    report = tmp_path / "report.md"
+    result = run_stepcli("compare", summaries["base"], summaries["slow"], "--markdown", report)
+    assert result.returncode == 1
+    assert verdict(result.stdout).startswith("REGRESSION")  # the terminal report is still printed
+    text = report.read_text()
+    steps, operators = markdown_tables(text)
+    assert steps[0][:4] == ["steps", "stat", "baseline", "current"]
+    assert ["untouched", "**median**", "10.000", "20.000", "+10.000", "+100.0%", "decides"] in steps
+    assert operators[0][0] == "operator"
+    assert ["`aten::sleepy`", "-", "40.000", "-", "-", "not in baseline top"] in operators
+    assert "**REGRESSION**: median step time" in text
+
+
+def test_markdown_to_stdout(summaries: dict[str, Path]) -> None:
+    result = run_stepcli("compare", summaries["base"], summaries["base"], "--markdown", "-")
+    assert result.returncode == 0
+    assert result.stdout.startswith("### stepcli compare: PASS")
+    assert "┃" not in result.stdout  # Markdown instead of the rich table, not both
+    assert len(markdown_tables(result.stdout)) == 2
+
+
+def test_github_step_summary_is_appended(summaries: dict[str, Path], tmp_path: Path) -> None:
+    # GIVEN a job summary file that earlier steps already wrote to
+    job_summary = tmp_path / "step_summary.md"
+    job_summary.write_text("# Earlier step\n\nkeep me\n")
+    env = {"GITHUB_STEP_SUMMARY": str(job_summary)}
+    # WHEN two comparisons run in the job
+    assert run_stepcli("compare", summaries["base"], summaries["base"], env=env).returncode == 0
+    assert run_stepcli("compare", summaries["base"], summaries["zero"], env=env).returncode == 3
+    # THEN both reports follow the earlier content, which is untouched
+    text = job_summary.read_text()
+    assert text.startswith("# Earlier step\n\nkeep me\n")
+    assert text.index("### stepcli compare: PASS") < text.index("### stepcli compare: NOTHING MEASURED")
+    assert len(markdown_tables(text)) >= 3

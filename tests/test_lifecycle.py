@@ -1,0 +1,136 @@
+"""Exceptions, signals and exits: a window open when the program ends is still saved, whole and parseable."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import load_trace, profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
+
+# Trains forever-ish; announces on stdout when it is inside the recording window (global step 3).
+SLOW_LOOP = """
+    import sys, time
+    import torch
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i in range(1000):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        if i == 3:
+            print("in-window", flush=True)
+        time.sleep(0.05)
+"""
+
+
+def start_stepcli(tmp_path: Path, script: Path, *options: str) -> subprocess.Popen[str]:
+    # A new session stands in for a terminal: its process group gets the terminal's Ctrl-C.
+    return subprocess.Popen(
+        [sys.executable, "-m", "stepcli", "run", "--wait", "1", "--warmup", "1", "--active", "50", *options,
+         "-o", str(tmp_path / "out"), str(script)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=stepcli_env(), start_new_session=True,
+    )
+
+
+def wait_for_window(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdout is not None
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if "in-window" in line:
+            return
+        assert line, "program ended before its window"
+    raise AssertionError("program never reached its window")
+
+
+def assert_partial_trace(out: Path) -> list[int]:
+    (trace,) = trace_files(out)
+    steps = profiler_steps(trace)  # parses as JSON: the file is whole
+    assert steps[0] == 2 and len(steps) >= 2
+    assert not list(out.rglob("*.tmp*"))
+    return steps
+
+
+def test_exception_during_the_window_keeps_a_valid_trace(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "crash.py", """
+        import torch
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for i in range(10):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            if i == 4:
+                raise RuntimeError("diverged")
+    """)
+    result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "10", "-o", tmp_path / "out", script)
+    assert result.returncode == 1
+    assert "RuntimeError: diverged" in result.stderr
+    assert assert_partial_trace(tmp_path / "out") == [2, 3, 4, 5]
+    assert "cut short: the program exited" in result.stderr
+
+
+def test_sigterm_to_stepcli_is_forwarded_and_the_window_saved(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "slow.py", SLOW_LOOP)
+    proc = start_stepcli(tmp_path, script)
+    wait_for_window(proc)
+    proc.send_signal(signal.SIGTERM)  # to the launcher alone
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert_partial_trace(tmp_path / "out")
+    assert "cut short: SIGTERM" in stderr
+    assert "stepcli summary" in stderr
+
+
+def test_ctrl_c_reaches_the_program_and_stepcli_still_reports(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "slow.py", SLOW_LOOP)
+    proc = start_stepcli(tmp_path, script)
+    wait_for_window(proc)
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+    _, stderr = proc.communicate(timeout=120)
+    assert "KeyboardInterrupt" in stderr  # the program got it, as under plain python
+    assert proc.returncode == 128 + signal.SIGINT
+    assert_partial_trace(tmp_path / "out")
+    assert "stepcli summary" in stderr
+
+
+def test_os_exit_in_the_window_still_saves(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "hard_exit.py", """
+        import os
+        import torch
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for i in range(10):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            if i == 3:
+                os._exit(7)
+    """)
+    result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "10", "-o", tmp_path / "out", script)
+    assert result.returncode == 7
+    assert assert_partial_trace(tmp_path / "out") == [2, 3, 4]
+
+
+def test_forked_child_neither_profiles_nor_writes(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "forks.py", """
+        import os
+        import torch
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for i in range(8):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            if i == 2:  # inside the window
+                pid = os.fork()
+                if pid == 0:
+                    opt.step(); opt.step()
+                    os._exit(0)
+                os.waitpid(pid, 0)
+    """)
+    result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "3", "-o", tmp_path / "out", script)
+    assert result.returncode == 0, result.stderr
+    assert [profiler_steps(t) for t in trace_files(tmp_path / "out")] == [[2, 3, 4]]
+    assert len(list((tmp_path / "out" / ".stepcli").rglob("*.steps.json"))) == 1
+    assert result.stderr.count("stepcli summary") == 1

@@ -1,0 +1,147 @@
+"""Child processes: every Python process inherits the hook; only processes that step write anything."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
+
+from stepcli.launcher import BOOTSTRAP_DIR
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_dataloader_workers_leave_no_files(tmp_path: Path, start_method: str) -> None:
+    script = write_script(tmp_path, "loader.py", f"""
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        def main():
+            data = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
+            loader = DataLoader(data, batch_size=8, num_workers=2, multiprocessing_context="{start_method}")
+            model = torch.nn.Linear(8, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            for x, y in loader:
+                (model(x) - y).square().mean().backward()
+                opt.step()
+
+        if __name__ == "__main__":
+            main()
+    """)
+    out = tmp_path / "out"
+    result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "2", "-o", out, script)
+    assert result.returncode == 0, result.stderr
+    traces = trace_files(out)
+    assert [profiler_steps(t) for t in traces] == [[2, 3]]
+    assert len(list(out.rglob("*.steps.json"))) == 1  # one process traced
+    names = {p.name for p in out.iterdir()}
+    assert names == {traces[0].name, ".stepcli"}
+
+
+def test_torchrun_writes_one_trace_per_rank(tmp_path: Path) -> None:
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    assert torchrun, "torchrun comes with torch"
+    script = write_script(tmp_path, "ddp.py", """
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        dist.init_process_group("gloo")
+        model = DDP(torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(6):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+        dist.barrier()  # torch 2.13's gloo can abort when one rank tears down while the other still runs
+        dist.destroy_process_group()
+    """)
+    out = tmp_path / "out"
+    result = run_stepcli(
+        "run", "--wait", "1", "--warmup", "1", "--active", "2", "-o", out, "--json", tmp_path / "run.json",
+        "--", torchrun, "--standalone", "--nproc-per-node", "2", script, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    traces = trace_files(out)
+    assert sorted(t.name.split(".")[0] for t in traces) == ["rank0", "rank1"]
+    assert all(profiler_steps(t) == [2, 3] for t in traces)
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert sorted(p["worker"] for p in summary["processes"]) == ["rank0", "rank1"]  # not torchrun's agent
+
+
+def test_multiprocessing_spawn_ranks_each_write_their_trace(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "mpspawn.py", """
+        import os
+        import torch
+        import torch.distributed as dist
+        import torch.multiprocessing as mp
+
+        def worker(rank, world, init_file):
+            dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+            model = torch.nn.Linear(8, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            for _ in range(5):
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+            dist.barrier()
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            mp.spawn(worker, args=(2, os.path.abspath("rendezvous")), nprocs=2)
+    """)
+    out = tmp_path / "out"
+    result = run_stepcli("run", "--wait", "1", "--warmup", "0", "--active", "2", "-o", out, script, cwd=tmp_path,
+                         timeout=300)
+    assert result.returncode == 0, result.stderr
+    traces = trace_files(out)
+    assert sorted(t.name.split(".")[0] for t in traces) == ["rank0", "rank1"]
+    assert all(profiler_steps(t) == [1, 2] for t in traces)
+
+
+def test_existing_sitecustomize_still_runs(tmp_path: Path, train_script: Path) -> None:
+    write_script(tmp_path, "site_dir/sitecustomize.py", "import os\nos.environ['USER_SITECUSTOMIZE'] = 'ran'\n")
+    check = write_script(tmp_path, "check.py", "import os, sys\nprint(os.environ.get('USER_SITECUSTOMIZE'), sys.modules['sitecustomize'].__file__)\n")
+    result = run_stepcli("run", "-q", "-o", tmp_path / "out", check, env={"PYTHONPATH": str(tmp_path / "site_dir")})
+    assert result.returncode == 0, result.stderr
+    flag, module_file = result.stdout.split()
+    assert flag == "ran" and module_file == str(tmp_path / "site_dir" / "sitecustomize.py")
+
+
+def test_broken_user_sitecustomize_is_reported_like_python_does(tmp_path: Path) -> None:
+    write_script(tmp_path, "site_dir/sitecustomize.py", "import not_a_module_xyz\n")
+    script = write_script(tmp_path, "hello.py", "print('ran anyway')\n")
+    result = run_stepcli("run", "-q", "-o", tmp_path / "out", script, env={"PYTHONPATH": str(tmp_path / "site_dir")})
+    assert result.returncode == 0 and result.stdout == "ran anyway\n"
+    assert "Error in sitecustomize" in result.stderr and "not_a_module_xyz" in result.stderr
+
+
+def test_agent_failure_leaves_the_program_untouched(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "hello.py", "print('fine')\n")
+    env = stepcli_env({"PYTHONPATH": BOOTSTRAP_DIR, "STEPCLI_CONFIG": "{not json"})
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 0 and result.stdout == "fine\n"
+    assert result.stderr.startswith("stepcli: profiling disabled in this process:")
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_injected_code_imports_nothing_heavy(tmp_path: Path) -> None:
+    # GIVEN the bootstrap active with a valid config, in a process that never imports torch
+    from stepcli.agent.config import AgentConfig
+
+    config = AgentConfig(run_id="t", out_dir=str(tmp_path), launcher_pid=1).to_env()
+    probe = write_script(tmp_path, "probe.py", """
+        import json, sys
+        heavy = {"click", "rich", "orjson", "psutil", "torch", "stepcli", "numpy"}
+        print(json.dumps({"heavy": sorted(heavy & set(sys.modules)), "agent": "_stepcli_agent.runtime" in sys.modules}))
+    """)
+    env = stepcli_env({"PYTHONPATH": BOOTSTRAP_DIR, "STEPCLI_CONFIG": config})
+    result = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, env=env, timeout=60)
+    report = json.loads(result.stdout)
+    assert report == {"heavy": [], "agent": True}, result.stderr
+
+
+def test_bootstrap_folder_holds_only_sitecustomize() -> None:
+    assert sorted(p.name for p in Path(BOOTSTRAP_DIR).iterdir() if p.name != "__pycache__") == ["sitecustomize.py"]

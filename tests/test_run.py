@@ -1,0 +1,125 @@
+"""`stepcli run` end to end: real stepcli subprocesses running real small torch scripts on the CPU."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from conftest import load_trace, profiler_steps, run_python, run_stepcli, trace_files, write_script
+
+
+def test_records_exactly_the_scheduled_steps_and_leaves_stdout_alone(tmp_path: Path, train_script: Path) -> None:
+    # GIVEN a 10-iteration one-optimizer loop
+    out = tmp_path / "out"
+    # WHEN it runs under stepcli with wait 1, warmup 1, active 2
+    result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "2", "-o", out, train_script, cwd=tmp_path)
+    plain = run_python(train_script, cwd=tmp_path)
+    # THEN one trace holds ProfilerStep#2 and #3 only, stdout is the program's alone, exit 0
+    assert result.returncode == 0, result.stderr
+    traces = trace_files(out)
+    assert len(traces) == 1
+    assert profiler_steps(traces[0]) == [2, 3]
+    assert result.stdout == plain.stdout
+    assert "stepcli: " in result.stderr and "saved trace of steps 2-3" in result.stderr
+    assert re.search(r"^steps\s+10\s+\(SGD#0 10\)", result.stderr, re.M)
+    assert not list(out.rglob("*.tmp*"))
+
+
+def test_trace_names_follow_tensorboard(tmp_path: Path, train_script: Path) -> None:
+    out = tmp_path / "out"
+    result = run_stepcli("run", "--active", "1", "--gzip", "-o", out, train_script, "6", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (trace,) = trace_files(out)
+    worker, stamp, *rest = trace.name.split(".")
+    assert rest == ["pt", "trace", "json", "gz"]
+    assert stamp.isdigit() and len(stamp) >= 19  # time_ns
+    assert "_" in worker  # <host>_<pid> without RANK
+    assert profiler_steps(trace) == [2]
+
+
+def test_repeat_two_writes_two_traces(tmp_path: Path, train_script: Path) -> None:
+    out = tmp_path / "out"
+    result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "2", "--repeat", "2", "-o", out, train_script)
+    assert result.returncode == 0, result.stderr
+    assert sorted(profiler_steps(t) for t in trace_files(out)) == [[2, 3], [6, 7]]
+
+
+def test_repeat_zero_records_until_the_program_ends(tmp_path: Path, train_script: Path) -> None:
+    out = tmp_path / "out"
+    result = run_stepcli(
+        "run", "--wait", "1", "--warmup", "0", "--active", "1", "--repeat", "0", "-o", out, train_script, "10"
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(profiler_steps(t) for t in trace_files(out)) == [[1], [3], [5], [7], [9]]
+
+
+def test_skip_first_is_honoured(tmp_path: Path, train_script: Path) -> None:
+    out = tmp_path / "out"
+    result = run_stepcli(
+        "run", "--skip-first", "3", "--wait", "0", "--warmup", "1", "--active", "2", "-o", out, train_script
+    )
+    assert result.returncode == 0, result.stderr
+    assert [profiler_steps(t) for t in trace_files(out)] == [[4, 5]]
+
+
+def test_window_at_step_zero_and_profiler_flags(tmp_path: Path, train_script: Path) -> None:
+    out = tmp_path / "out"
+    result = run_stepcli(
+        "run", "--wait", "0", "--warmup", "0", "--active", "2", "--record-shapes", "--with-stack",
+        "--activities", "cpu", "-o", out, train_script, "4",
+    )
+    assert result.returncode == 0, result.stderr
+    (trace,) = trace_files(out)
+    assert profiler_steps(trace) == [0, 1]
+    ops = [e for e in load_trace(trace)["traceEvents"] if e.get("cat") == "cpu_op"]
+    assert any("Input Dims" in e.get("args", {}) for e in ops)  # --record-shapes reached torch.profiler
+
+
+def test_default_out_dir_is_new_per_run_and_json_summary(tmp_path: Path, train_script: Path) -> None:
+    first = run_stepcli("run", "--active", "1", "--json", tmp_path / "a.json", train_script, "5", cwd=tmp_path)
+    second = run_stepcli("run", "--active", "1", "--quiet", train_script, "5", cwd=tmp_path)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    runs = sorted(p for p in (tmp_path / "stepcli-runs").iterdir())
+    assert len(runs) == 2 and all(len(trace_files(r)) == 1 for r in runs)
+    assert "stepcli" not in second.stderr  # --quiet: nothing from stepcli (torch may still log)
+    summary = json.loads((tmp_path / "a.json").read_text())
+    assert summary["schema"] == "stepcli.run" and summary["schema_version"] == 1
+    assert summary["exit_status"] == 0
+    assert summary["steps"] == {"global": 5, "requesters": {"SGD#0": 5}}
+    assert summary["step_time_ms"]["untouched"]["count"] == 2  # steps 3, 4 (0 is start-up; 1-2 profiled)
+    assert summary["step_time_ms"]["profiled"]["count"] == 2
+    assert [(w["first_step"], w["last_step"]) for w in summary["windows"]] == [(2, 2)]
+    assert summary["traces"] == [w["trace"] for w in summary["windows"]]
+
+
+def test_no_trace_when_the_program_stops_before_the_window(tmp_path: Path, train_script: Path) -> None:
+    out = tmp_path / "out"
+    result = run_stepcli("run", "--wait", "5", "-o", out, train_script, "3")
+    assert result.returncode == 0, result.stderr
+    assert trace_files(out) == []
+    assert "the program made 3 steps" in result.stderr
+
+
+def test_script_without_torch_runs_normally_with_a_clear_note(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "plain.py", "print('hello')\n")
+    result = run_stepcli("run", "-o", tmp_path / "out", script)
+    assert result.returncode == 0
+    assert result.stdout == "hello\n"
+    assert "no steps observed: the program never imported torch" in result.stderr
+    assert trace_files(tmp_path / "out") == []
+
+
+def test_torch_without_steps_suggests_step_on(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "infer.py", "import torch\nprint(torch.ones(2).sum().item())\n")
+    result = run_stepcli("run", "-o", tmp_path / "out", script)
+    assert result.returncode == 0
+    assert "--step-on" in result.stderr and "no steps observed" in result.stderr
+
+
+def test_isolated_interpreter_explains_that_the_hook_never_loaded(tmp_path: Path, train_script: Path) -> None:
+    import sys
+
+    result = run_stepcli("run", "-o", tmp_path / "out", "--", sys.executable, "-I", train_script, "3")
+    assert result.returncode == 0, result.stderr
+    assert "hook never loaded" in result.stderr and "-I" in result.stderr

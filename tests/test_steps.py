@@ -1,0 +1,173 @@
+"""Step semantics end to end: which calls count as steps, and that nothing double counts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import profiler_steps, run_stepcli, trace_files, write_script
+
+
+def run_json(tmp_path: Path, script: Path, *options: str) -> tuple[dict, list[Path], str]:
+    out = tmp_path / "out"
+    result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "2", *options, "-o", out,
+                         "--json", tmp_path / "run.json", script, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return json.loads((tmp_path / "run.json").read_text()), trace_files(out), result.stderr
+
+
+def test_two_optimizer_gan_counts_one_step_per_iteration(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "gan.py", """
+        import torch
+        g, d = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+        opt_g = torch.optim.Adam(g.parameters())
+        opt_d = torch.optim.Adam(d.parameters())
+        for _ in range(8):
+            noise = torch.randn(8, 4)
+            opt_d.zero_grad(); d(g(noise).detach()).mean().backward(); opt_d.step()
+            opt_g.zero_grad(); (-d(g(noise)).mean()).backward(); opt_g.step()
+    """)
+    summary, traces, _ = run_json(tmp_path, script)
+    assert summary["steps"] == {"global": 8, "requesters": {"Adam#0": 8, "Adam#1": 8}}
+    assert [profiler_steps(t) for t in traces] == [[2, 3]]
+
+
+def test_lbfgs_step_with_closure_counts_once_per_call(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "lbfgs.py", """
+        import torch
+        w = torch.nn.Parameter(torch.randn(3))
+        opt = torch.optim.LBFGS([w], max_iter=5)
+        def closure():
+            opt.zero_grad()
+            loss = (w - 1).square().sum()
+            loss.backward()
+            return loss
+        for _ in range(6):
+            opt.step(closure)
+    """)
+    summary, traces, _ = run_json(tmp_path, script)
+    assert summary["steps"]["global"] == 6
+    assert [profiler_steps(t) for t in traces] == [[2, 3]]
+
+
+def test_wrapped_optimizers_count_once(tmp_path: Path) -> None:
+    # Shapes of HF accelerate's AcceleratedOptimizer (an Optimizer subclass that skips Optimizer.__init__ and
+    # delegates), Lightning's LightningOptimizer (a plain wrapper), and a subclass calling super().step().
+    script = write_script(tmp_path, "wrapped.py", """
+        import torch
+
+        class AcceleratedOptimizer(torch.optim.Optimizer):
+            def __init__(self, optimizer):
+                self.optimizer = optimizer
+            @property
+            def param_groups(self):
+                return self.optimizer.param_groups
+            def zero_grad(self, set_to_none=True):
+                self.optimizer.zero_grad(set_to_none)
+            def step(self, closure=None):
+                self.optimizer.step(closure)
+
+        class LightningOptimizer:
+            def __init__(self, optimizer):
+                self._optimizer = optimizer
+            def step(self, closure=None):
+                return self._optimizer.step(closure)
+
+        class MySGD(torch.optim.SGD):
+            def step(self, closure=None):
+                return super().step(closure)
+
+        model = torch.nn.Linear(4, 1)
+        first = AcceleratedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        second = LightningOptimizer(MySGD(model.parameters(), lr=0.1))
+        for _ in range(7):
+            model(torch.randn(2, 4)).sum().backward()
+            first.step()
+            second.step()
+            first.zero_grad()
+    """)
+    summary, traces, _ = run_json(tmp_path, script)
+    assert summary["steps"] == {"global": 7, "requesters": {"SGD#0": 7, "MySGD#0": 7}}
+
+
+def test_critic_stepping_five_times_drives_the_global_step_and_is_explained(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "wgan.py", """
+        import torch
+        critic, gen = torch.nn.Linear(2, 1), torch.nn.Linear(2, 2)
+        opt_c = torch.optim.RMSprop(critic.parameters())
+        opt_g = torch.optim.RMSprop(gen.parameters())
+        for _ in range(3):
+            for _ in range(5):
+                critic(gen(torch.randn(4, 2)).detach()).mean().backward(); opt_c.step()
+            gen(torch.randn(4, 2)).sum().backward(); opt_g.step()
+    """)
+    summary, _, stderr = run_json(tmp_path, script)
+    assert summary["steps"] == {"global": 15, "requesters": {"RMSprop#0": 15, "RMSprop#1": 3}}
+    assert "stepped unequally" in stderr and "RMSprop#0" in stderr
+
+
+def test_step_on_counts_an_inference_loop(tmp_path: Path) -> None:
+    write_script(tmp_path, "servelib.py", """
+        import torch
+        class Server:
+            def __init__(self):
+                self.model = torch.nn.Linear(8, 2)
+            def handle(self, batch):
+                with torch.no_grad():
+                    return self.model(batch)
+    """)
+    script = write_script(tmp_path, "serve.py", """
+        import torch
+        from servelib import Server
+        server = Server()
+        for _ in range(6):
+            server.handle(torch.randn(4, 8))
+    """)
+    summary, traces, _ = run_json(tmp_path, script, "--step-on", "servelib:Server.handle")
+    assert summary["steps"] == {"global": 6, "requesters": {"servelib:Server.handle": 6}}
+    assert [profiler_steps(t) for t in traces] == [[2, 3]]
+
+
+def test_programs_own_profiler_is_not_double_counted_and_keeps_working(tmp_path: Path) -> None:
+    # The program profiles itself (steps 1-2 into its own folder) and calls prof.step() after opt.step().
+    script = write_script(tmp_path, "selfprof.py", """
+        import torch
+        from torch.profiler import profile, schedule, tensorboard_trace_handler
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with profile(schedule=schedule(wait=1, warmup=0, active=2, repeat=1),
+                     on_trace_ready=tensorboard_trace_handler("own", worker_name="mine")) as prof:
+            for _ in range(8):
+                model(torch.randn(2, 4)).sum().backward()
+                opt.step()
+                prof.step()
+    """)
+    summary, traces, stderr = run_json(tmp_path, script)
+    assert summary["steps"] == {"global": 8, "requesters": {"SGD#0": 8, "profiler#0": 8}}
+    # the program's own trace is complete: its steps 1 and 2 (its own numbering)
+    (own,) = trace_files(tmp_path / "own")
+    assert profiler_steps(own) == [1, 2]
+    # stepcli stepped aside for the whole loop and says so
+    assert traces == []
+    assert "skipped while the program ran its own profiler" in stderr
+
+
+def test_programs_profiler_after_our_window_leaves_both_traces_intact(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "later.py", """
+        import torch
+        from torch.profiler import profile
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        def train_step():
+            model(torch.randn(2, 4)).sum().backward(); opt.step()
+        for _ in range(6):
+            train_step()
+        with profile() as prof:
+            train_step()
+        prof.export_chrome_trace("own.json")
+        print(len(prof.events()) > 0)
+    """)
+    summary, traces, _ = run_json(tmp_path, script)
+    assert [profiler_steps(t) for t in traces] == [[2, 3]]
+    assert summary["steps"]["global"] == 7
+    assert (tmp_path / "own.json").stat().st_size > 1000

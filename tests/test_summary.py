@@ -1,0 +1,189 @@
+"""Unit tests of the pure summary on small hand-built traces with known answers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stepcli.summary import summarize
+from stepcli.traces import Event, Trace, load_trace, rank_from_name
+
+DATA = Path(__file__).parent / "data"
+T0 = 1_790_000_000_000.0  # an epoch-sized timestamp in microseconds, like real Kineto traces
+
+
+def ev(name: str, ts: float, dur: float, *, cat: str = "cpu_op", tid: int = 1, pid: int = 100, shape: str = "") -> Event:
+    """A complete ("X") event `ts` microseconds after T0."""
+    return Event(name=name, cat=cat, ph="X", pid=pid, tid=tid, ts=T0 + ts, dur=dur, shape=shape)
+
+
+def step(n: int, ts: float, dur: float, tid: int = 1) -> Event:
+    return ev(f"ProfilerStep#{n}", ts, dur, cat="user_annotation", tid=tid)
+
+
+def ops(summary_dict: dict) -> dict[str, dict]:
+    return {row["name"]: row for row in summary_dict["cpu_ops"]}
+
+
+def test_self_time_subtracts_direct_children_only() -> None:
+    # GIVEN a parent [0, 10) with children [1, 3) and [3, 4), and a grandchild [1, 2)
+    trace = Trace.from_events([ev("parent", 0, 10), ev("a", 1, 2), ev("g", 1, 1), ev("b", 3, 1)])
+    # WHEN summarized
+    rows = ops(summarize([trace]).to_dict())
+    # THEN self = total - direct children, like key_averages()
+    assert rows["parent"]["self_ms"] == pytest.approx(0.007)
+    assert rows["parent"]["total_ms"] == pytest.approx(0.010)
+    assert rows["a"]["self_ms"] == pytest.approx(0.001)
+    assert rows["g"]["self_ms"] == pytest.approx(0.001)
+    assert rows["b"]["avg_ms"] == pytest.approx(0.001)
+    assert sum(r["self_share"] for r in rows.values()) == pytest.approx(1.0)
+
+
+def test_child_ending_with_parent_nests_at_epoch_timestamps() -> None:
+    # A float cannot tell nanoseconds apart at epoch magnitudes; the summary must still see this exact nesting.
+    trace = Trace.from_events([ev("parent", 0.001, 5.432), ev("child", 2.222, 3.211)])
+    rows = ops(summarize([trace]).to_dict())
+    assert rows["parent"]["self_ms"] == pytest.approx(0.002221)
+
+
+def test_partial_overlap_and_other_threads_do_not_nest() -> None:
+    trace = Trace.from_events([ev("a", 0, 10), ev("overlaps", 5, 10), ev("other-thread", 1, 2, tid=2)])
+    rows = ops(summarize([trace]).to_dict())
+    assert rows["a"]["self_ms"] == pytest.approx(0.010)
+    assert rows["overlaps"]["self_ms"] == pytest.approx(0.010)
+
+
+def test_only_child_with_same_name_is_folded_like_torch() -> None:
+    # torch's _remove_dup_nodes: add_ -> add_ (only child) -> x counts as one add_ call whose child is x.
+    trace = Trace.from_events([ev("aten::add_", 0, 10), ev("aten::add_", 1, 8), ev("x", 2, 3)])
+    rows = ops(summarize([trace]).to_dict())
+    assert rows["aten::add_"]["calls"] == 1
+    assert rows["aten::add_"]["self_ms"] == pytest.approx(0.007)
+    assert rows["aten::add_"]["total_ms"] == pytest.approx(0.010)
+    # two same-name children are not folded
+    trace = Trace.from_events([ev("f", 0, 10), ev("f", 1, 2), ev("f", 4, 2)])
+    assert ops(summarize([trace]).to_dict())["f"]["calls"] == 3
+
+
+def test_utility_events_torch_filters_count_as_parent_self_time() -> None:
+    trace = Trace.from_events([ev("op", 0, 10), ev("aten::is_leaf", 1, 4)])
+    rows = ops(summarize([trace]).to_dict())
+    assert "aten::is_leaf" not in rows
+    assert rows["op"]["self_ms"] == pytest.approx(0.010)
+
+
+def test_steps_are_folded_into_one_row_and_listed_per_step() -> None:
+    trace = Trace.from_events([step(3, 0, 100), step(4, 100, 300), ev("op", 10, 5)], rank=None)
+    data = summarize([trace]).to_dict()
+    assert ops(data)["ProfilerStep*"]["calls"] == 2
+    assert data["steps"] == [{"rank": None, "step": 3, "dur_ms": 0.1}, {"rank": None, "step": 4, "dur_ms": 0.3}]
+    assert data["step_ms"]["count"] == 2 and data["step_ms"]["mean"] == pytest.approx(0.2)
+    assert data["ranks"] == [{"rank": None, "file": "<memory>", "step_ms": data["step_ms"]}]
+    assert data["slowest_rank"] is None
+
+
+def test_breakdown_on_one_thread() -> None:
+    # GIVEN a 100 us step: dataloader 10, zero_grad 2, forward op 20, backward 20, optimizer 20, gaps 28
+    events = [
+        step(1, 0, 100),
+        ev("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 1, 10, cat="user_annotation"),
+        ev("Optimizer.zero_grad#SGD.zero_grad", 11, 2, cat="user_annotation"),
+        ev("aten::linear", 15, 20),
+        ev("aten::addmm", 16, 10),  # nested in linear: forward time is not counted twice
+        ev("autograd::engine::evaluate_function: AddmmBackward0", 40, 20),
+        ev("aten::mm", 41, 5),
+        ev("aten::add_", 65, 1),  # after backward started, no phase: "other"
+        ev("Optimizer.step#SGD.step", 70, 20, cat="user_annotation"),
+    ]
+    data = summarize([Trace.from_events(events)]).to_dict()
+    assert data["breakdown_ms"] == pytest.approx(
+        {"dataloader": 0.010, "forward": 0.020, "backward": 0.020, "optimizer": 0.022, "other": 0.028}
+    )
+    assert data["device"] is None
+
+
+def test_breakdown_with_backward_on_the_autograd_thread_and_device_busy() -> None:
+    # GIVEN (as in CUDA traces) backward ops on their own thread, and kernels on the device timeline
+    events = [
+        step(7, 0, 100),
+        ev("aten::linear", 5, 25),
+        ev("autograd::engine::evaluate_function: MmBackward0", 40, 30, tid=2),
+        ev("autograd::engine::evaluate_function: MmBackward0", 90, 30, tid=2),  # runs past the step's end
+        ev("Optimizer.step#Adam.step", 80, 15, cat="user_annotation"),
+        ev("gemm_kernel", 10, 20, cat="kernel", pid=0, tid=7),
+        ev("gemm_kernel", 20, 20, cat="kernel", pid=0, tid=7),
+        ev("Memcpy HtoD", 90, 30, cat="gpu_memcpy", pid=0, tid=8),
+    ]
+    data = summarize([Trace.from_events(events)]).to_dict()
+    # optimizer claims 80-95 first; backward gets 40-70 and 95-100 (clipped to the step)
+    assert data["breakdown_ms"] == pytest.approx(
+        {"dataloader": 0.0, "forward": 0.025, "backward": 0.035, "optimizer": 0.015, "other": 0.025}
+    )
+    assert sum(data["breakdown_ms"].values()) == pytest.approx(data["step_ms"]["mean"])
+    # union of device work inside the step: 10-40 and 90-100
+    assert data["device"] == pytest.approx({"busy_ms": 0.040, "busy_share": 0.4})
+    kernels = {r["name"]: r for r in data["device_kernels"]}
+    assert kernels["gemm_kernel"]["calls"] == 2 and kernels["gemm_kernel"]["self_ms"] == pytest.approx(0.040)
+    assert kernels["Memcpy HtoD"]["total_ms"] == pytest.approx(0.030)
+    assert "gemm_kernel" not in ops(data)
+
+
+def test_no_steps_means_no_breakdown_but_device_share_over_the_trace() -> None:
+    events = [ev("op", 0, 100), ev("k", 0, 25, cat="kernel", pid=0, tid=7)]
+    data = summarize([Trace.from_events(events)]).to_dict()
+    assert data["steps"] == [] and data["step_ms"] is None and data["breakdown_ms"] is None
+    assert data["device"]["busy_share"] == pytest.approx(0.25)
+
+
+def test_ranks_and_slowest_rank() -> None:
+    fast = Trace.from_events([step(1, 0, 100), step(2, 100, 100)], path="rank0.json", rank=0)
+    slow = Trace.from_events([step(1, 0, 150), step(2, 150, 130)], path="rank1.json", rank=1)
+    data = summarize([fast, slow]).to_dict()
+    assert data["slowest_rank"] == 1
+    assert [(r["rank"], r["file"], r["step_ms"]["count"]) for r in data["ranks"]] == [(0, "rank0.json", 2), (1, "rank1.json", 2)]
+    assert [(s["rank"], s["step"]) for s in data["steps"]] == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    assert data["step_ms"]["count"] == 4 and data["step_ms"]["max"] == pytest.approx(0.15)
+    assert data["files"] == ["rank0.json", "rank1.json"]
+
+
+def test_rank_from_file_name() -> None:
+    assert rank_from_name("/runs/rank3.1795317190328144397.pt.trace.json") == 3
+    assert rank_from_name("host_rank_12.json.gz") == 12
+    assert rank_from_name("vm_1234.1795.pt.trace.json") is None
+
+
+def test_group_by_shape_splits_rows() -> None:
+    events = [ev("aten::mm", 0, 10, shape="[[2, 3], [3, 4]]"), ev("aten::mm", 20, 30, shape="[[8, 3], [3, 4]]"),
+              ev("aten::mm", 60, 10, shape="[[2, 3], [3, 4]]")]
+    rows = summarize([Trace.from_events(events)], group_by_shape=True).to_dict()["cpu_ops"]
+    assert [(r["shape"], r["calls"]) for r in rows] == [("[[8, 3], [3, 4]]", 1), ("[[2, 3], [3, 4]]", 2)]
+    assert "shape" not in summarize([Trace.from_events(events)]).to_dict()["cpu_ops"][0]
+
+
+def test_to_dict_has_the_contract_keys_and_is_json() -> None:
+    data = summarize([Trace.from_events([step(1, 0, 10), ev("op", 1, 2)])]).to_dict()
+    assert list(data) == ["files", "step_ms", "steps", "ranks", "slowest_rank", "breakdown_ms", "device",
+                          "cpu_ops", "device_kernels", "events"]
+    assert set(data["cpu_ops"][0]) == {"name", "calls", "self_ms", "total_ms", "avg_ms", "self_share"}
+    assert set(data["breakdown_ms"]) == {"dataloader", "forward", "backward", "optimizer", "other"}
+    assert data["events"] == 2
+    json.dumps(data)
+
+
+def test_empty_input() -> None:
+    data = summarize([]).to_dict()
+    assert data["cpu_ops"] == [] and data["step_ms"] is None and data["events"] == 0
+
+
+def test_real_trace_matches_torch_key_averages() -> None:
+    # The fixture pair comes from plain torch.profiler (scripts/make_fixture_traces.py).
+    expected = json.loads((DATA / "train_cpu.key_averages.json").read_text())
+    rows = ops(summarize([load_trace(str(DATA / "train_cpu.pt.trace.json"))]).to_dict())
+    assert set(rows) == {e["name"] for e in expected}
+    for e in expected:
+        row = rows[e["name"]]
+        assert row["calls"] == e["count"], e["name"]
+        assert row["self_ms"] * 1000 == pytest.approx(e["self_us"], rel=0.01, abs=1e-6), e["name"]
+        assert row["total_ms"] * 1000 == pytest.approx(e["total_us"], rel=0.01), e["name"]

@@ -1,0 +1,245 @@
+"""`stepcli table` end to end: real traces from plain torch.profiler and torchrun, every output format, bad input."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import run_stepcli, stepcli_env, write_script
+
+DATA = Path(__file__).parent / "data"
+
+PLAIN_PROFILER = """
+    import json, sys
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    out = sys.argv[1]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(48, 32), torch.randn(48, 4)), batch_size=8)
+
+    def ready(prof):
+        prof.export_chrome_trace(out)
+        rows = [dict(name=e.key, count=e.count, self_us=e.self_cpu_time_total, total_us=e.cpu_time_total)
+                for e in prof.key_averages() if str(e.device_type) == "DeviceType.CPU"]
+        with open(out + ".key_averages.json", "w") as f:
+            json.dump(rows, f)
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                 schedule=schedule(wait=1, warmup=1, active=3, repeat=1), on_trace_ready=ready) as prof:
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            prof.step()
+"""
+
+TWO_RANKS = """
+    import sys, time
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(rank)
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 16)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
+                 on_trace_ready=tensorboard_trace_handler(sys.argv[1], worker_name=f"rank{rank}")) as prof:
+        for _ in range(5):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+            if rank == 1:
+                time.sleep(0.03)  # rank 1 is the straggler; no collective per step hides it
+            prof.step()
+    dist.barrier()
+    dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def plain_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A trace written by plain torch.profiler, with torch's own key_averages() beside it."""
+    tmp = tmp_path_factory.mktemp("plain")
+    script = write_script(tmp, "train.py", PLAIN_PROFILER)
+    out = tmp / "plain.pt.trace.json"
+    subprocess.run([sys.executable, str(script), str(out)], check=True, capture_output=True, timeout=120,
+                   env=stepcli_env())
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_rank_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Traces of a real `torchrun --nproc-per-node 2` run (gloo on CPU), one per rank."""
+    tmp = tmp_path_factory.mktemp("ranks")
+    script = write_script(tmp, "ddp.py", TWO_RANKS)
+    out = tmp / "traces"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), str(out)],
+        capture_output=True, text=True, timeout=120, env=stepcli_env({"OMP_NUM_THREADS": "1"}),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(list(out.glob("rank*.pt.trace.json"))) == 2
+    return out
+
+
+def table_json(*args: Any) -> dict[str, Any]:
+    proc = run_stepcli("table", "--json", *args)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_matches_torch_key_averages(plain_trace: Path) -> None:
+    # GIVEN a trace and key_averages() from the same plain torch.profiler run
+    expected = json.loads(Path(str(plain_trace) + ".key_averages.json").read_text())
+    # WHEN stepcli summarizes the trace file alone
+    data = table_json(plain_trace)
+    # THEN the operator names, call counts, self and total times agree
+    rows = {r["name"]: r for r in data["cpu_ops"]}
+    assert set(rows) == {e["name"] for e in expected}
+    for e in expected:
+        row = rows[e["name"]]
+        assert row["calls"] == e["count"], e["name"]
+        assert row["self_ms"] * 1000 == pytest.approx(e["self_us"], rel=0.01, abs=1e-6), e["name"]
+        assert row["total_ms"] * 1000 == pytest.approx(e["total_us"], rel=0.01), e["name"]
+    assert [s["step"] for s in data["steps"]] == [2, 3, 4]
+    assert data["breakdown_ms"]["dataloader"] > 0 and data["breakdown_ms"]["backward"] > 0
+    assert data["breakdown_ms"]["optimizer"] > 0 and data["breakdown_ms"]["forward"] > 0
+    assert sum(data["breakdown_ms"].values()) == pytest.approx(data["step_ms"]["mean"])
+
+
+def test_gzip_gives_the_same_summary(plain_trace: Path, tmp_path: Path) -> None:
+    gz = tmp_path / "plain.pt.trace.json.gz"
+    gz.write_bytes(gzip.compress(plain_trace.read_bytes()))
+    plain, zipped = table_json(plain_trace), table_json(gz)
+    assert zipped["files"] == [str(gz)]
+    for key in ("cpu_ops", "steps", "step_ms", "breakdown_ms", "events"):
+        assert zipped[key] == plain[key]
+
+
+def test_two_ranks_from_torchrun(two_rank_dir: Path) -> None:
+    data = table_json(two_rank_dir)
+    assert [r["rank"] for r in data["ranks"]] == [0, 1]
+    assert data["slowest_rank"] == 1
+    assert sorted({(s["rank"], s["step"]) for s in data["steps"]}) == [(r, n) for r in (0, 1) for n in (2, 3, 4)]
+    # the terminal report names the slowest rank in words
+    proc = run_stepcli("table", two_rank_dir)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 (slowest)" in proc.stdout and "slowest rank: 1" in proc.stdout
+    assert "rank 0 ms" in proc.stdout and "rank 1 ms" in proc.stdout
+
+
+def test_rich_output_plain_when_not_a_terminal(plain_trace: Path) -> None:
+    proc = run_stepcli("table", plain_trace, "--limit", "3", env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b[" not in proc.stdout
+    assert "CPU operators" in proc.stdout and "3 of " in proc.stdout
+    assert max(len(line) for line in proc.stdout.splitlines() if "│" in line) <= 80
+
+
+def test_sort_and_limit(plain_trace: Path) -> None:
+    proc = run_stepcli("table", "--csv", "--sort-by", "calls", "--limit", "5", plain_trace)
+    rows = list(csv.DictReader(io.StringIO(proc.stdout)))
+    calls = [int(r["calls"]) for r in rows]
+    assert len(rows) == 5 and calls == sorted(calls, reverse=True)
+    proc = run_stepcli("table", "--csv", "--sort-by", "name", "--limit", "4", plain_trace)
+    names = [r["name"] for r in csv.DictReader(io.StringIO(proc.stdout))]
+    assert names == sorted(names)
+
+
+def test_csv_parses(plain_trace: Path) -> None:
+    proc = run_stepcli("table", "--csv", "--limit", "1000", plain_trace)
+    assert proc.returncode == 0, proc.stderr
+    rows = list(csv.DictReader(io.StringIO(proc.stdout)))
+    assert rows and set(rows[0]) == {"kind", "name", "calls", "self_ms", "total_ms", "avg_ms", "self_share"}
+    assert {r["kind"] for r in rows} == {"cpu"}
+    assert len(rows) == len(table_json(plain_trace)["cpu_ops"])
+    float(rows[0]["self_ms"]), int(rows[0]["calls"])
+
+
+def _markdown_tables(text: str) -> list[list[list[str]]]:
+    """Each run of table lines, split into cells on unescaped pipes."""
+    tables: list[list[list[str]]] = []
+    current: list[list[str]] = []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            current.append([c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]])
+        elif current:
+            tables.append(current)
+            current = []
+    return tables
+
+
+def test_markdown_tables_are_well_formed(two_rank_dir: Path) -> None:
+    proc = run_stepcli("table", "--markdown", two_rank_dir)
+    assert proc.returncode == 0, proc.stderr
+    tables = _markdown_tables(proc.stdout)
+    assert len(tables) >= 4  # steps, ranks, breakdown, CPU operators
+    for table in tables:
+        header, separator, *body = table
+        assert all(re.fullmatch(r"-{3,}:?", cell) for cell in separator)
+        assert all(len(row) == len(header) for row in [separator, *body])
+        assert body
+    assert "### Ranks" in proc.stdout and "(slowest)" in proc.stdout
+
+
+def test_json_parses_and_has_the_contract_keys(two_rank_dir: Path) -> None:
+    data = table_json(two_rank_dir)
+    assert {"files", "step_ms", "steps", "ranks", "slowest_rank", "breakdown_ms", "device", "cpu_ops",
+            "device_kernels", "events"} <= set(data)
+    assert len(data["files"]) == 2 and data["events"] > 0 and data["device"] is None
+
+
+def test_group_by_shape(plain_trace: Path) -> None:
+    rows = table_json("--group-by-shape", plain_trace)["cpu_ops"]
+    assert any(r["name"] == "aten::addmm" and r["shape"].startswith("[[") for r in rows)
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "truncated", "non-json", "corrupt-gzip", "not-a-trace", "empty-dir"])
+def test_bad_input_is_one_line_naming_the_file(tmp_path: Path, kind: str) -> None:
+    text = (DATA / "train_cpu.pt.trace.json").read_text()
+    paths = {
+        "missing": tmp_path / "missing.json",
+        "empty": tmp_path / "empty.json",
+        "truncated": tmp_path / "truncated.json",
+        "non-json": tmp_path / "notjson.json",
+        "corrupt-gzip": tmp_path / "corrupt.json.gz",
+        "not-a-trace": tmp_path / "other.json",
+        "empty-dir": tmp_path / "empty_dir",
+    }
+    paths["empty"].write_text("")
+    paths["truncated"].write_text(text[: len(text) // 3])
+    paths["non-json"].write_text("<html>not json</html>")
+    paths["corrupt-gzip"].write_bytes(gzip.compress(text.encode())[:500])
+    paths["not-a-trace"].write_text('{"hello": "world"}')
+    paths["empty-dir"].mkdir()
+    proc = run_stepcli("table", paths[kind])
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("stepcli: error: ") and str(paths[kind]) in lines[0]
+    assert proc.stdout == ""
+
+
+def test_one_bad_file_among_good_ones_fails(plain_trace: Path, tmp_path: Path) -> None:
+    shutil.copy(plain_trace, tmp_path / "good.pt.trace.json")
+    (tmp_path / "bad.pt.trace.json").write_text("{")
+    proc = run_stepcli("table", tmp_path)
+    assert proc.returncode != 0 and "bad.pt.trace.json" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,136 @@
+"""The trace reader: files, gzip, folders, ranks, sliced decoding, and one clear error per kind of bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import stepcli.traces as traces
+from stepcli.errors import TraceError
+from stepcli.traces import Event, load_paths, load_trace
+
+DATA = Path(__file__).parent / "data"
+REAL = DATA / "train_cpu.pt.trace.json"
+
+
+def fields(events: list[Event]) -> list[tuple]:
+    return [(e.name, e.cat, e.pid, e.tid, e.ts, e.dur, e.shape) for e in events]
+
+
+def test_real_trace_keeps_only_the_events_summaries_need() -> None:
+    trace = load_trace(str(REAL))
+    raw = json.loads(REAL.read_text())["traceEvents"]
+    assert trace.event_count == len(raw)
+    assert trace.rank is None
+    assert {e.cat for e in trace.events} == {"cpu_op", "user_annotation"}
+    assert all(e.ph == "X" for e in trace.events)
+    assert sum(e.name.startswith("ProfilerStep#") for e in trace.events) == 2
+
+
+def test_gzip_reads_the_same(tmp_path: Path) -> None:
+    gz = tmp_path / "t.pt.trace.json.gz"
+    gz.write_bytes(gzip.compress(REAL.read_bytes()))
+    assert fields(load_trace(str(gz)).events) == fields(load_trace(str(REAL)).events)
+
+
+def test_sliced_decoding_matches_whole_decoding(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    whole = load_trace(str(REAL), shapes=True)
+    monkeypatch.setattr(traces, "_CHUNK_BYTES", 2048)
+    sliced = load_trace(str(REAL), shapes=True)
+    assert fields(sliced.events) == fields(whole.events)
+    assert sliced.event_count == whole.event_count
+    assert any(e.shape for e in sliced.events)
+    # A separator-looking text inside a string or nested value makes a slice invalid: the reader falls back.
+    doc = json.loads(REAL.read_text())
+    for event in doc["traceEvents"][:400:7]:
+        event["name"] = event["name"] + ' }, {"ph": "X"'
+        event.setdefault("args", {})["nested"] = [{"a": 1}, {"b": 2}]
+    (tmp_path / "tricky.json").write_text(json.dumps(doc, indent=1))
+    tricky = load_trace(str(tmp_path / "tricky.json"))
+    monkeypatch.setattr(traces, "_CHUNK_BYTES", 1 << 30)
+    assert fields(tricky.events) == fields(load_trace(str(tmp_path / "tricky.json")).events)
+
+
+def test_rank_from_distributed_info_wins_over_file_name(tmp_path: Path) -> None:
+    doc = json.loads(REAL.read_text())
+    doc["distributedInfo"] = {"backend": "gloo", "rank": 5, "world_size": 8}
+    path = tmp_path / "rank1.123.pt.trace.json"
+    path.write_text(json.dumps(doc))
+    assert load_trace(str(path)).rank == 5
+    shutil.copy(REAL, tmp_path / "worker_rank2.pt.trace.json")
+    assert load_trace(str(tmp_path / "worker_rank2.pt.trace.json")).rank == 2
+
+
+def test_unexpected_field_types_are_coerced(tmp_path: Path) -> None:
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "a", "pid": "host", "tid": 3.0, "ts": "10.5", "dur": 2},
+        {"ph": "X", "cat": "cpu_op", "name": "b", "pid": 1, "tid": 1, "ts": None, "dur": 1},
+        "not an event",
+    ]}))
+    trace = load_trace(str(path))
+    assert trace.event_count == 3
+    assert [(e.name, e.ts, e.dur) for e in trace.events] == [("a", 10.5, 2.0)]
+
+
+def test_folder_is_searched_recursively_skipping_hidden_and_temporary(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / ".stepcli").mkdir()
+    shutil.copy(REAL, tmp_path / "rank0.1.pt.trace.json")
+    (tmp_path / "sub" / "rank1.2.pt.trace.json.gz").write_bytes(gzip.compress(REAL.read_bytes()))
+    (tmp_path / ".stepcli" / "hello.json").write_text("{}")
+    (tmp_path / ".rank2.3.pt.trace.json").write_text("{")
+    (tmp_path / "rank3.4.pt.trace.json.1234.tmp.json").write_text("{")
+    (tmp_path / "1234.steps.json").write_text('{"steps": []}')  # a run folder's step log is not a trace
+    loaded = load_paths([str(tmp_path)])
+    assert [Path(t.path).name for t in loaded] == ["rank0.1.pt.trace.json", "rank1.2.pt.trace.json.gz"]
+    assert [t.rank for t in loaded] == [0, 1]
+    # the same file named twice is read once
+    assert len(load_paths([str(tmp_path / "rank0.1.pt.trace.json"), str(tmp_path)])) == 2
+
+
+def _bad_inputs(tmp: Path) -> dict[str, tuple[Path, str]]:
+    """kind -> (path, words the one-line message must contain)."""
+    text = REAL.read_text()
+    (tmp / "empty.json").write_text("")
+    (tmp / "truncated.json").write_text(text[: len(text) // 2])
+    (tmp / "notjson.json").write_text("this is not json\n")
+    (tmp / "corrupt.json.gz").write_bytes(gzip.compress(text.encode())[:-200])
+    (tmp / "garbage.json.gz").write_bytes(b"\x1f\x8b\x08\x00garbage-garbage-garbage")
+    (tmp / "other.json").write_text(json.dumps({"schemaVersion": 1, "events": []}))
+    (tmp / "empty_dir").mkdir()
+    (tmp / "empty_dir" / "notes.txt").write_text("hi")
+    return {
+        "missing": (tmp / "missing.json", "no such file"),
+        "empty": (tmp / "empty.json", "empty"),
+        "truncated": (tmp / "truncated.json", "truncated"),
+        "non-json": (tmp / "notjson.json", "not JSON"),
+        "corrupt-gzip": (tmp / "corrupt.json.gz", "gzip"),
+        "garbage-gzip": (tmp / "garbage.json.gz", "gzip"),
+        "not-a-trace": (tmp / "other.json", "not a profiler trace"),
+        "empty-dir": (tmp / "empty_dir", "no .json or .json.gz trace"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "truncated", "non-json", "corrupt-gzip", "garbage-gzip",
+                                  "not-a-trace", "empty-dir"])
+def test_bad_inputs_raise_one_trace_error_naming_the_file(tmp_path: Path, kind: str) -> None:
+    path, words = _bad_inputs(tmp_path)[kind]
+    with pytest.raises(TraceError) as info:
+        load_paths([str(path)])
+    assert info.value.path == str(path)
+    assert str(path) in info.value.message and words in info.value.message
+    assert "\n" not in info.value.message
+
+
+def test_truncated_big_trace_is_reported_even_when_sliced(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(traces, "_CHUNK_BYTES", 4096)
+    text = REAL.read_text()
+    path = tmp_path / "cut.json"
+    path.write_text(text[: int(len(text) * 0.9)])
+    with pytest.raises(TraceError, match="truncated"):
+        load_trace(str(path))
