@@ -262,7 +262,9 @@ def run_program(request: RunRequest) -> int:
     if request.fail_over:
         from stepcli.gate import check_budgets
 
-        failures = check_budgets(list(request.fail_over), summary["step_time_ms"]["untouched"])
+        times = summary["step_time_ms"]
+        population = "untouched" if times["untouched"] else "profiled"
+        failures = check_budgets(list(request.fail_over), times[population], what=f"{population} step time")
         for failure in failures:
             _say(f"--fail-over: {failure}")
         if failures and status == 0:

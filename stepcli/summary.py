@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import gc
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -233,14 +234,13 @@ def _analyze(events: list[Event], cpu: _Accumulator, device: _Accumulator, by_sh
 
     windows: list[_Window] = []
     phase_spans: dict[int, list[tuple[int, int, int | str]]] = {_DATALOADER: [], _OPTIMIZER: [], _BACKWARD: []}
-    phase_cache: dict[str, int] = {}
-    cpu_first: int | None = None
-    cpu_last: int | None = None
+    # name -> (row key unless it is a step, phase, could be a ProfilerStep#N): computed once per distinct name
+    name_info: dict[str, tuple[str, int, bool]] = {}
     rows = cpu.rows
 
     def finish(frame: list[Any]) -> None:
         # torch's _remove_dup_nodes: an only child with its parent's name is folded into the parent.
-        while frame[4] == 1 and frame[5][7].name == frame[7].name:
+        while frame[4] == 1 and frame[5][6] == frame[6]:
             child = frame[5]
             undo = rows[child[1]]
             undo[0] -= 1
@@ -257,10 +257,9 @@ def _analyze(events: list[Event], cpu: _Accumulator, device: _Accumulator, by_sh
 
     for (pid, _tid), items in threads.items():
         items.sort()
-        if cpu_first is None or items[0][0] < cpu_first:
-            cpu_first = items[0][0]
-        # frame: [end, key, dur, child_dur, n_children, last_child, start, event, window-or-None]
+        # frame: [end, row key, dur, children's dur, number of children, last child, name, step window or None]
         stack: list[list[Any]] = []
+        push = stack.append
         for start, neg_dur, _index, event in items:
             dur = -neg_dur
             end = start + dur
@@ -271,37 +270,41 @@ def _analyze(events: list[Event], cpu: _Accumulator, device: _Accumulator, by_sh
                 else:
                     break
             name = event.name
+            info = name_info.get(name)
+            if info is None:
+                info = name_info[name] = (name, _phase_of(name), name.startswith(STEP_PREFIX))
+            key: Any = info[0]
             window = None
-            if event.cat == "user_annotation" and name.startswith(STEP_PREFIX):
+            if info[2] and event.cat == "user_annotation":
                 key = STEP_KEY
                 number = name[len(STEP_PREFIX):]
                 if number.isdigit():
                     window = _Window(int(number), pid, start, end, [])
                     windows.append(window)
-            else:
-                key = name
             if by_shape:
                 key = (key, event.shape)
-            phase = phase_cache.get(name)
-            if phase is None:
-                phase = phase_cache[name] = _phase_of(name)
+            phase = info[1]
             if phase:
                 phase_spans[phase].append((start, end, pid))
-            frame = [end, key, dur, 0, 0, None, start, event, window]
+            frame = [end, key, dur, 0, 0, None, name, window]
             if stack:
                 parent = stack[-1]
                 parent[3] += dur
                 parent[4] += 1
                 parent[5] = frame
-                if parent[8] is not None:
-                    parent[8].children.append((start, end, phase))
-            stack.append(frame)
-            if cpu_last is None or end > cpu_last:
-                cpu_last = end
+                if parent[7] is not None:
+                    parent[7].children.append((start, end, phase))
+            push(frame)
         while stack:
             finish(stack.pop())
 
-    cpu_span = (cpu_first, cpu_last) if cpu_first is not None and cpu_last is not None else None
+    cpu_span = None
+    if device_spans and not windows and threads:
+        # Only needed to place device time when there are no steps: the extent of CPU activity.
+        cpu_span = (
+            min(items[0][0] for items in threads.values()),
+            max(start - neg_dur for items in threads.values() for start, neg_dur, _, _ in items),
+        )
     return _TraceResult(windows, phase_spans, _union(device_spans), cpu_span)
 
 
@@ -396,7 +399,14 @@ def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSumm
     busy_steps = 0
     any_device = False
     for trace in traces:
-        result = _analyze(trace.events, cpu, device, group_by_shape)
+        # Hundreds of thousands of short-lived tuples and lists below; cyclic GC passes over them find nothing.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            result = _analyze(trace.events, cpu, device, group_by_shape)
+        finally:
+            if was_enabled:
+                gc.enable()
         trace_steps = [
             StepRow(rank=trace.rank, step=w.step, dur_ms=(w.end - w.start) / _NS_PER_MS)
             for w in sorted(result.windows, key=lambda w: (w.step, w.start))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import gzip
 import os
 import re
 import zlib
@@ -185,7 +184,7 @@ def load_trace(path: str, *, shapes: bool = False) -> Trace:
     return Trace(path=path, rank=rank, events=events, event_count=count)
 
 
-def _read_bytes(path: str) -> bytes:
+def _read_bytes(path: str) -> bytes | bytearray:
     try:
         with open(path, "rb") as handle:
             data = handle.read()
@@ -197,7 +196,7 @@ def _read_bytes(path: str) -> bytes:
         raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
     if path.endswith(".gz") or data[:2] == _GZIP_MAGIC:
         try:
-            data = gzip.decompress(data)
+            return _gunzip(data)
         except EOFError:
             raise TraceError(path, "corrupt gzip: the compressed stream is truncated") from None
         except (OSError, zlib.error) as exc:
@@ -205,7 +204,31 @@ def _read_bytes(path: str) -> bytes:
     return data
 
 
-def _decode(path: str, data: bytes, shapes: bool) -> tuple[int | None, list[Event], int]:
+def _gunzip(data: bytes) -> bytearray:
+    """Decompress every gzip member into one growing buffer.
+
+    gzip.decompress joins a list of pieces at the end, holding the output twice at its peak; this holds it once.
+    """
+    out = bytearray()
+    view = memoryview(data)
+    position = 0
+    step = 1 << 20
+    while True:
+        if bytes(view[position : position + 2]) != _GZIP_MAGIC:
+            raise OSError("not a gzip file" if position == 0 else "unexpected data after the last member")
+        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        while not inflater.eof and position < len(data):
+            piece = view[position : position + step]
+            out += inflater.decompress(piece)
+            position += len(piece) - len(inflater.unused_data)
+        if not inflater.eof:
+            raise EOFError
+        # Like gzip itself: further members follow, or only zero padding is left.
+        if not bytes(view[position:]).strip(b"\0"):
+            return out
+
+
+def _decode(path: str, data: bytes | bytearray, shapes: bool) -> tuple[int | None, list[Event], int]:
     """Decode in slices when the layout allows it (checked by the decoder itself), else in one piece."""
     try:
         chunked = _decode_chunked(data, shapes)
@@ -275,7 +298,7 @@ class _Keeper:
         event.shape = key
 
 
-def _decode_chunked(data: bytes, shapes: bool) -> tuple[int | None, list[Event], int] | None:
+def _decode_chunked(data: bytes | bytearray, shapes: bool) -> tuple[int | None, list[Event], int] | None:
     """Decode traceEvents in ~8 MB slices split between two events, plus one small document for the rest.
 
     A split can only be wrong if it falls inside a string or a nested value, and then the slice on its left is
@@ -314,7 +337,7 @@ def _decode_chunked(data: bytes, shapes: bool) -> tuple[int | None, list[Event],
     return rank, keeper.events, keeper.count
 
 
-def _decode_whole(path: str, data: bytes, shapes: bool) -> tuple[int | None, list[Event], int]:
+def _decode_whole(path: str, data: bytes | bytearray, shapes: bool) -> tuple[int | None, list[Event], int]:
     try:
         header = msgspec.json.decode(data, type=_ShapedHeader if shapes else _Header)
     except msgspec.ValidationError as exc:
@@ -327,7 +350,7 @@ def _decode_whole(path: str, data: bytes, shapes: bool) -> tuple[int | None, lis
     return rank, keeper.events, keeper.count
 
 
-def _describe_decode_error(data: bytes, exc: msgspec.DecodeError) -> str:
+def _describe_decode_error(data: bytes | bytearray, exc: msgspec.DecodeError) -> str:
     message = str(exc)
     if "truncated" in message:
         return "truncated JSON (the file ends in the middle of the trace; was it still being written?)"
@@ -336,7 +359,7 @@ def _describe_decode_error(data: bytes, exc: msgspec.DecodeError) -> str:
     return f"invalid JSON: {message}"
 
 
-def _decode_lenient(path: str, data: bytes, shapes: bool, why: msgspec.ValidationError) -> tuple[int | None, list[Event], int]:
+def _decode_lenient(path: str, data: bytes | bytearray, shapes: bool, why: msgspec.ValidationError) -> tuple[int | None, list[Event], int]:
     """Slow path for valid JSON whose fields have unexpected types: check it is a trace, coerce what can be."""
     document = msgspec.json.decode(data)
     if not isinstance(document, dict) or not isinstance(document.get("traceEvents"), list):

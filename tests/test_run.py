@@ -123,3 +123,26 @@ def test_isolated_interpreter_explains_that_the_hook_never_loaded(tmp_path: Path
     result = run_stepcli("run", "-o", tmp_path / "out", "--", sys.executable, "-I", train_script, "3")
     assert result.returncode == 0, result.stderr
     assert "hook never loaded" in result.stderr and "-I" in result.stderr
+
+
+def test_fail_over_budget_gates_the_run(tmp_path: Path, train_script: Path) -> None:
+    # GIVEN a healthy program; WHEN its median step time is over budget THEN stepcli exits 1 and says why
+    over = run_stepcli("run", "--active", "1", "--fail-over", "p50=0.0001", "-o", tmp_path / "a", train_script, "8")
+    assert over.returncode == 1
+    assert "--fail-over: " in over.stderr and "median" in over.stderr
+    within = run_stepcli("run", "--active", "1", "--fail-over", "p50=100000", "-o", tmp_path / "b", train_script, "8")
+    assert within.returncode == 0, within.stderr
+
+
+def test_fail_over_keeps_the_programs_own_failure(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "fails.py", """
+        import sys
+        import torch
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        for _ in range(6):
+            opt.step()
+        sys.exit(4)
+    """)
+    result = run_stepcli("run", "--active", "1", "--fail-over", "max=0.0000001", "-o", tmp_path / "out", script)
+    assert result.returncode == 4
+    assert "--fail-over: " in result.stderr
