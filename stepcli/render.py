@@ -10,6 +10,7 @@ from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Sequence
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from stepcli.summary import TraceSummary
 
@@ -72,6 +73,8 @@ def ops_table(
     """
     from rich.table import Table
 
+    from rich.text import Text
+
     shown = sort_rows(rows, sort_by, limit)
     with_shape = any("shape" in r for r in shown)
     caption = f"{len(shown)} of {len(rows)} rows, sorted by {sort_by}" if len(rows) > len(shown) else None
@@ -93,9 +96,10 @@ def ops_table(
     for header in headers:
         table.add_column(header, justify="right", no_wrap=True)
     for index, row in enumerate(shown):
-        cells = [shorten(row["name"], name_width)]
+        # Text, not str: names and shapes are data, and "[...]" in them must not be read as rich markup.
+        cells: list[Text | str] = [Text(shorten(row["name"], name_width))]
         if with_shape:
-            cells.append(shorten(shapes[index], shape_width))
+            cells.append(Text(shorten(shapes[index], shape_width)))
         table.add_row(*cells, *numbers[index])
     return table
 
@@ -134,6 +138,7 @@ def ranks_table(
     `width` is the space the table may take (the console width): file names shrink to fit it, numbers never do.
     """
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=title, title_justify="left")
     headers = ("Steps", "Mean ms", "Median ms", "P90 ms", "Max ms")
@@ -149,7 +154,7 @@ def ranks_table(
         stats = row.get("step_ms") or {}
         table.add_row(
             label,
-            shorten(str(row["file"]).replace("\\", "/").rsplit("/", 1)[-1], file_width),
+            Text(shorten(str(row["file"]).replace("\\", "/").rsplit("/", 1)[-1], file_width)),
             str(stats.get("count", 0)),
             _ms(stats.get("mean")),
             _ms(stats.get("median")),
@@ -214,7 +219,7 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
     head = f"{len(files)} trace file{'s' if len(files) != 1 else ''}, {data['events']:,} events"
     if len(files) == 1:
         head += f": {files[0]}"
-    console.print(head, highlight=False, soft_wrap=True)
+    console.print(head, highlight=False, soft_wrap=True, markup=False)
     if stats:
         console.print(
             f"step time over {stats['count']} step{'s' if stats['count'] != 1 else ''}: mean {_ms(stats['mean'])} ms, "
@@ -230,8 +235,10 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
             console.print(f"slowest rank: {data['slowest_rank']}", highlight=False)
     if data["steps"]:
         console.print(steps_table(data["steps"], limit))
-    if data.get("breakdown_ms") or data.get("device"):
-        console.print(breakdown_table(data.get("breakdown_ms"), data.get("device")))
+    if data.get("breakdown_ms"):
+        console.print(breakdown_table(data["breakdown_ms"], data.get("device")))
+    elif data.get("device"):
+        console.print(breakdown_table(None, data["device"], title="Device activity"))
     console.print(ops_table(data["cpu_ops"], "CPU operators", limit, sort_by=sort_by, width=console.width))
     if data["device_kernels"]:
         console.print(ops_table(data["device_kernels"], "Device kernels", limit, sort_by=sort_by, width=console.width))
@@ -284,7 +291,7 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
     if data["ranks"]:
         slowest = data.get("slowest_rank")
         lines += ["### Ranks", ""]
-        rows = []
+        rows: list[Sequence[Any]] = []
         for r in data["ranks"]:
             st = r.get("step_ms") or {}
             mark = " (slowest)" if slowest is not None and r["rank"] == slowest else ""

@@ -117,10 +117,10 @@ def build_run_summary(
     if primary is None:
         notes.append(_why_no_steps(config))
     else:
-        requesters = primary.get("requesters", [])
-        calls = [r["calls"] for r in requesters if r["calls"]]
-        if len(calls) > 1 and max(calls) > min(calls):
-            busiest = max(requesters, key=lambda r: r["calls"])
+        requesters = [r for r in primary.get("requesters", []) if r["calls"]]
+        together = [r for r in requesters if r["first_step"] == min((q["first_step"] for q in requesters), default=0)]
+        if len({r["calls"] for r in together}) > 1:  # requesters alive together that stepped at different rates
+            busiest = max(together, key=lambda r: r["calls"])
             notes.append(
                 f"requesters stepped unequally; the global step follows the busiest ({busiest['name']}, "
                 f"{busiest['calls']} steps), as KinetoStepTracker does"
@@ -181,7 +181,8 @@ def build_run_summary(
         ],
         "windows": windows,
         "traces": trace_paths,
-        "top_operators": (analysis or {}).get("cpu_ops", [])[:TOP_N],
+        # ProfilerStep* is the step annotation itself, not work: it would always top the list.
+        "top_operators": [op for op in (analysis or {}).get("cpu_ops", []) if op["name"] != "ProfilerStep*"][:TOP_N],
         "top_kernels": (analysis or {}).get("device_kernels", [])[:TOP_N],
         "breakdown_ms": (analysis or {}).get("breakdown_ms"),
         "device": (analysis or {}).get("device"),

@@ -1,10 +1,15 @@
-"""Pure analysis of loaded traces: per-operator, per-kernel, per-step, per-rank and step-breakdown summaries."""
+"""Pure analysis of loaded traces: per-operator, per-kernel, per-step, per-rank and step-breakdown summaries.
+
+The CPU operator table follows torch's `key_averages()` so the two can be compared number for number: user
+annotations (`ProfilerStep*`, `enumerate(DataLoader)#...`, `Optimizer.step#...`) and, in traces recorded with
+stacks, Python function events are rows like any operator, and every ProfilerStep#N is folded into `ProfilerStep*`.
+"""
 
 from __future__ import annotations
 
 import bisect
 import gc
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
 from stepcli.stats import Stats, describe
@@ -125,7 +130,6 @@ class TraceSummary:
     cpu_ops: list[OpRow]
     device_kernels: list[OpRow]
     events: int
-    grouped_by_shape: bool = field(default=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -273,20 +277,20 @@ def _analyze(events: list[Event], cpu: _Accumulator, device: _Accumulator, by_sh
             info = name_info.get(name)
             if info is None:
                 info = name_info[name] = (name, _phase_of(name), name.startswith(STEP_PREFIX))
-            key: Any = info[0]
+            row_key: Any = info[0]
             window = None
             if info[2] and event.cat == "user_annotation":
-                key = STEP_KEY
+                row_key = STEP_KEY
                 number = name[len(STEP_PREFIX):]
                 if number.isdigit():
                     window = _Window(int(number), pid, start, end, [])
                     windows.append(window)
             if by_shape:
-                key = (key, event.shape)
+                row_key = (row_key, event.shape)
             phase = info[1]
             if phase:
                 phase_spans[phase].append((start, end, pid))
-            frame = [end, key, dur, 0, 0, None, name, window]
+            frame = [end, row_key, dur, 0, 0, None, name, window]
             if stack:
                 parent = stack[-1]
                 parent[3] += dur
@@ -425,6 +429,7 @@ def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSumm
             busy_steps += len(result.windows) or 1
 
     steps.sort(key=lambda s: (s.rank if s.rank is not None else -1, s.step))
+    ranks.sort(key=lambda r: (r.rank is None, r.rank or 0, r.file))  # rank 10 after rank 2, unlike file names
     breakdown = None
     if phase_steps:
         mean = {label: ns / phase_steps / _NS_PER_MS for label, ns in phase_totals.items()}
@@ -446,7 +451,6 @@ def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSumm
         cpu_ops=cpu.rows_out(group_by_shape),
         device_kernels=device.rows_out(group_by_shape),
         events=sum(t.event_count for t in traces),
-        grouped_by_shape=group_by_shape,
     )
 
 

@@ -321,8 +321,7 @@ def _decode_chunked(data: bytes | bytearray, shapes: bool) -> tuple[int | None, 
     if not splits:
         return None
     view = memoryview(data)
-    event_type = list[_ShapedEvent] if shapes else list[Event]
-    decoder = msgspec.json.Decoder(event_type)
+    decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(list[_ShapedEvent] if shapes else list[Event])
     keeper = _Keeper(shapes)
     previous = start
     for comma in splits:
@@ -330,23 +329,30 @@ def _decode_chunked(data: bytes | bytearray, shapes: bool) -> tuple[int | None, 
         previous = comma + 1
     # The last slice goes back into the document with everything before and after traceEvents, so the
     # header (distributedInfo) and the closing brackets are decoded and validated too.
-    rest = b"".join((view[:start], view[previous:]))
-    header = msgspec.json.decode(rest, type=_ShapedHeader if shapes else _Header)
-    keeper.add(header.traceEvents)
-    rank = header.distributedInfo.rank if header.distributedInfo else None
+    rank, last = _decode_document(b"".join((view[:start], view[previous:])), shapes)
+    keeper.add(last)
     return rank, keeper.events, keeper.count
+
+
+def _decode_document(data: bytes | bytearray, shapes: bool) -> tuple[int | None, list[Any]]:
+    """Rank and events of a whole trace document (raises msgspec errors)."""
+    header: _Header | _ShapedHeader
+    if shapes:
+        header = msgspec.json.decode(data, type=_ShapedHeader)
+    else:
+        header = msgspec.json.decode(data, type=_Header)
+    return (header.distributedInfo.rank if header.distributedInfo else None), header.traceEvents
 
 
 def _decode_whole(path: str, data: bytes | bytearray, shapes: bool) -> tuple[int | None, list[Event], int]:
     try:
-        header = msgspec.json.decode(data, type=_ShapedHeader if shapes else _Header)
-    except msgspec.ValidationError as exc:
-        return _decode_lenient(path, data, shapes, exc)
+        rank, events = _decode_document(data, shapes)
+    except msgspec.ValidationError:
+        return _decode_lenient(path, data, shapes)
     except msgspec.DecodeError as exc:
         raise TraceError(path, _describe_decode_error(data, exc)) from None
     keeper = _Keeper(shapes)
-    keeper.add(header.traceEvents)
-    rank = header.distributedInfo.rank if header.distributedInfo else None
+    keeper.add(events)
     return rank, keeper.events, keeper.count
 
 
@@ -359,7 +365,7 @@ def _describe_decode_error(data: bytes | bytearray, exc: msgspec.DecodeError) ->
     return f"invalid JSON: {message}"
 
 
-def _decode_lenient(path: str, data: bytes | bytearray, shapes: bool, why: msgspec.ValidationError) -> tuple[int | None, list[Event], int]:
+def _decode_lenient(path: str, data: bytes | bytearray, shapes: bool) -> tuple[int | None, list[Event], int]:
     """Slow path for valid JSON whose fields have unexpected types: check it is a trace, coerce what can be."""
     document = msgspec.json.decode(data)
     if not isinstance(document, dict) or not isinstance(document.get("traceEvents"), list):
@@ -388,7 +394,6 @@ def _decode_lenient(path: str, data: bytes | bytearray, shapes: bool, why: msgsp
         if shapes and isinstance(args, dict) and "Input Dims" in args:
             event.args = _ShapeArgs(dims=msgspec.Raw(msgspec.json.encode(args["Input Dims"])))
         events.append(event)
-    del why
     keeper = _Keeper(shapes)
     keeper.add(events)
     keeper.count = len(document["traceEvents"])

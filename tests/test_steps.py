@@ -171,3 +171,22 @@ def test_programs_profiler_after_our_window_leaves_both_traces_intact(tmp_path: 
     assert [profiler_steps(t) for t in traces] == [[2, 3]]
     assert summary["steps"]["global"] == 7
     assert (tmp_path / "own.json").stat().st_size > 1000
+
+
+def test_optimizer_recreated_each_epoch_keeps_counting(tmp_path: Path) -> None:
+    # A new optimizer per epoch may reuse a collected one's id: it must start at the global step, not behind it.
+    script = write_script(tmp_path, "epochs.py", """
+        import gc
+        import torch
+        model = torch.nn.Linear(4, 1)
+        for epoch in range(3):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(4):
+                model(torch.randn(2, 4)).sum().backward()
+                opt.step()
+            del opt
+            gc.collect()
+    """)
+    summary, traces, _ = run_json(tmp_path, script)
+    assert summary["steps"]["global"] == 12
+    assert [profiler_steps(t) for t in traces] == [[2, 3]]

@@ -243,3 +243,22 @@ def test_one_bad_file_among_good_ones_fails(plain_trace: Path, tmp_path: Path) -
     (tmp_path / "bad.pt.trace.json").write_text("{")
     proc = run_stepcli("table", tmp_path)
     assert proc.returncode != 0 and "bad.pt.trace.json" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_render_treats_names_as_text_and_shortens_in_the_middle() -> None:
+    from stepcli.render import print_table_report, shorten
+    from stepcli.summary import summarize
+    from stepcli.traces import Event, Trace
+
+    long_name = "void at::native::elementwise_kernel<" + "x" * 200 + ">(int, functor)"
+    events = [Event(name="[bold]odd[/bold] name", cat="cpu_op", ts=0.0, dur=5.0),
+              Event(name=long_name, cat="kernel", pid=0, tid=7, ts=1.0, dur=2.0)]
+    out = io.StringIO()
+    print_table_report(summarize([Trace.from_events(events)]), sort_by="self", limit=5, fmt="rich", file=out)
+    text = out.getvalue()
+    assert "[bold]odd[/bold] name" in text
+    assert "void at::native::" in text and "functor)" in text and "…" in text and long_name not in text
+    assert shorten("abcdefghij", 5) == "ab…ij" and shorten("short", 5) == "short"
+    csv_out = io.StringIO()
+    print_table_report(summarize([Trace.from_events(events)]), sort_by="self", limit=5, fmt="csv", file=csv_out)
+    assert long_name in csv_out.getvalue()  # machines get full names

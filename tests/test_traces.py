@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -134,3 +136,16 @@ def test_truncated_big_trace_is_reported_even_when_sliced(monkeypatch: pytest.Mo
     path.write_text(text[: int(len(text) * 0.9)])
     with pytest.raises(TraceError, match="truncated"):
         load_trace(str(path))
+
+
+def test_multi_member_gzip_and_zero_padding(tmp_path: Path) -> None:
+    raw = REAL.read_bytes()
+    path = tmp_path / "members.json.gz"
+    path.write_bytes(gzip.compress(raw[:1000]) + gzip.compress(raw[1000:]) + b"\0" * 16)
+    assert fields(load_trace(str(path)).events) == fields(load_trace(str(REAL)).events)
+
+
+def test_reader_and_summary_do_not_import_rich() -> None:
+    code = "import sys, stepcli.traces, stepcli.summary; print(sorted({'rich', 'click', 'torch'} & set(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]"

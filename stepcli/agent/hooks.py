@@ -87,7 +87,7 @@ def patch_optimizers(agent: "Agent", torch: ModuleType) -> None:
     def stepcli_optimizer_init(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
         if agent.enabled:
-            agent.requester_created(id(self), type(self).__name__)
+            agent.requester_created(id(self), type(self).__name__, self)
             _wrap_step(agent, type(self))
 
     stepcli_optimizer_init._stepcli = True  # type: ignore[attr-defined]
@@ -113,7 +113,7 @@ def _wrap_step(agent: "Agent", cls: type) -> None:
         finally:
             in_step.discard(key)
         if key not in tracker.requesters:
-            agent.requester_created(key, type(self).__name__)
+            agent.requester_created(key, type(self).__name__, self)
         tracker.step(key)
         return result
 
@@ -135,7 +135,7 @@ def patch_profilers(agent: "Agent", torch: ModuleType) -> None:
     def stepcli_profile_init(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
         if agent.enabled and not own(self):
-            agent.requester_created(id(self), "profiler")
+            agent.requester_created(id(self), "profiler", self)
 
     @functools.wraps(original_start)
     def stepcli_profile_start(self: Any) -> None:
@@ -163,7 +163,7 @@ def patch_profilers(agent: "Agent", torch: ModuleType) -> None:
         if agent.enabled and not own(self):
             key = id(self)
             if key not in agent.tracker.requesters:
-                agent.requester_created(key, "profiler")
+                agent.requester_created(key, "profiler", self)
             agent.tracker.step(key)
 
     for wrapper in (stepcli_profile_init, stepcli_profile_start, stepcli_profile_stop, stepcli_profile_step):

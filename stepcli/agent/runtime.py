@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from types import ModuleType
 from typing import Any, Hashable
 
@@ -72,10 +73,19 @@ class Agent:
         say(f"could not hook {name} ({type(exc).__name__}: {exc}); it will not count steps")
 
     # -- requesters -------------------------------------------------------------------------------------------
-    def requester_created(self, key: Hashable, base_name: str) -> None:
-        """A new step requester; the first one proves the process trains and arms the recorder and exit guards."""
-        if not self.enabled:
+    def requester_created(self, key: Hashable, base_name: str, owner: object = None) -> None:
+        """A new step requester; the first one proves the process trains and arms the recorder and exit guards.
+
+        `owner` (an optimizer or profiler whose id is `key`) un-registers the key when it is collected, so a new
+        object at the same address starts fresh at the global step.
+        """
+        if not self.enabled or key in self.tracker.requesters:
             return
+        if owner is not None:
+            try:
+                weakref.finalize(owner, self.tracker.forget, key)
+            except TypeError:  # not weak-referenceable
+                pass
         index = self._names.get(base_name, 0)
         self._names[base_name] = index + 1
         self.tracker.register(key, f"{base_name}#{index}" if ":" not in base_name else base_name)

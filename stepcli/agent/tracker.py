@@ -89,6 +89,10 @@ class StepTracker:
         self.order.append(requester)
         return requester
 
+    def forget(self, key: Hashable) -> None:
+        """A requester was garbage collected: its key (an id) may be reused by a new one."""
+        self.requesters.pop(key, None)
+
     def step(self, key: Hashable, name: str = "step") -> None:
         """One step() call by `key`; advances the global step when this requester is now ahead of it."""
         requester = self.requesters.get(key)

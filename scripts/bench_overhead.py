@@ -1,0 +1,124 @@
+"""Benchmark: what stepcli costs outside its recording window.
+
+Prints, measured side by side in this one run (these machines are noisy, so only ratios against a baseline
+taken at the same time mean anything):
+  1. the tracker's cost per step outside the window (goal <= 2 us), against an empty call;
+  2. the whole optimizer-step hook path per step (torch's step + ours) against torch's step alone;
+  3. `stepcli run` vs `python` wall time on a ~2000-step tiny training loop whose window never opens
+     (goal <= 1.03x plus a fixed start-up <= 0.3 s), with the fixed start-up measured on an empty script.
+
+Usage: python scripts/bench_overhead.py [--steps 2000] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import timeit
+from pathlib import Path
+
+LOOP = """
+import sys
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x = torch.randn(64, 256)
+for _ in range(int(sys.argv[1])):
+    opt.zero_grad()
+    model(x).square().mean().backward()
+    opt.step()
+"""
+
+
+def tracker_cost(n: int = 1_000_000) -> tuple[float, float]:
+    """(us per tracker.step outside any window, us per empty method call) in this process."""
+    from stepcli.agent.tracker import NEVER, StepTracker
+
+    tracker = StepTracker()
+    tracker.set_listener(lambda step: (0, NEVER), wake_at=NEVER)
+    tracker.register("opt", "SGD#0")
+
+    class Empty:
+        def step(self, key: str) -> None:
+            pass
+
+    empty = Empty()
+    ours = min(timeit.repeat(lambda: tracker.step("opt"), number=n, repeat=3)) / n * 1e6
+    base = min(timeit.repeat(lambda: empty.step("opt"), number=n, repeat=3)) / n * 1e6
+    return ours, base
+
+
+def hook_path_cost(n: int = 20_000) -> tuple[float, float]:
+    """(us per optimizer.step with stepcli's hooks, without) on a one-element parameter, in fresh processes."""
+    code = textwrap.dedent(f"""
+        import timeit, torch
+        p = torch.nn.Parameter(torch.zeros(1)); p.grad = torch.zeros(1)
+        opt = torch.optim.SGD([p], lr=0.1)
+        print(min(timeit.repeat(opt.step, number={n}, repeat=5)) / {n} * 1e6)
+    """)
+    from stepcli.agent.config import AgentConfig
+    from stepcli.agent.schedule import Schedule
+    from stepcli.launcher import child_environment
+
+    with tempfile.TemporaryDirectory() as out:
+        config = AgentConfig(run_id="bench", out_dir=out, launcher_pid=0, schedule=Schedule(skip_first=10**9), quiet=True)
+        hooked = child_environment(config)
+        plain = {k: v for k, v in os.environ.items() if k != "STEPCLI_CONFIG"}
+        with_hooks = float(subprocess.check_output([sys.executable, "-c", code], env=hooked, text=True))
+        without = float(subprocess.check_output([sys.executable, "-c", code], env=plain, text=True))
+    return with_hooks, without
+
+
+def wall(argv: list[str], cwd: str) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def end_to_end(steps: int, repeats: int) -> dict[str, float]:
+    """Median wall times, interleaved so drift hits both sides alike."""
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "loop.py").write_text(LOOP)
+        Path(tmp, "empty.py").write_text("")
+        stepcli = [sys.executable, "-m", "stepcli", "run", "-q", "--skip-first", str(10**9), "-o", "out"]
+        runs: dict[str, list[float]] = {k: [] for k in ("python_empty", "stepcli_empty", "python_loop", "stepcli_loop")}
+        wall([sys.executable, "loop.py", "10"], tmp)  # warm the file cache
+        for _ in range(repeats):
+            runs["python_empty"].append(wall([sys.executable, "empty.py"], tmp))
+            runs["stepcli_empty"].append(wall([*stepcli, "empty.py"], tmp))
+            runs["python_loop"].append(wall([sys.executable, "loop.py", str(steps)], tmp))
+            runs["stepcli_loop"].append(wall([*stepcli, "loop.py", str(steps)], tmp))
+        return {k: statistics.median(v) for k, v in runs.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+
+    ours, base = tracker_cost()
+    print(f"tracker.step outside the window: {ours:.3f} us/step (empty call {base:.3f} us; "
+          f"tracker adds {ours - base:.3f} us)  goal <= 2 us: {'ok' if ours <= 2 else 'OVER'}")
+    hooked, plain = hook_path_cost()
+    print(f"optimizer.step, whole hook path: {hooked:.2f} us vs {plain:.2f} us plain torch "
+          f"(+{hooked - plain:.2f} us/step, {hooked / plain:.3f}x)")
+    t = end_to_end(args.steps, args.repeats)
+    fixed = t["stepcli_empty"] - t["python_empty"]
+    ratio = (t["stepcli_loop"] - fixed) / t["python_loop"]
+    print(f"empty script:  python {t['python_empty']:.3f} s   stepcli run {t['stepcli_empty']:.3f} s   "
+          f"fixed start-up {fixed:.3f} s  goal <= 0.3 s: {'ok' if fixed <= 0.3 else 'OVER'}")
+    print(f"{args.steps}-step loop: python {t['python_loop']:.3f} s   stepcli run {t['stepcli_loop']:.3f} s   "
+          f"ratio after fixed start-up {ratio:.3f}x  goal <= 1.03x: {'ok' if ratio <= 1.03 else 'OVER'}  "
+          f"({(t['python_loop']) / args.steps * 1e3:.3f} ms/step)")
+
+
+if __name__ == "__main__":
+    main()

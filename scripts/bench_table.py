@@ -1,0 +1,269 @@
+"""Benchmark `stepcli table` on a large realistic trace against decoding it with orjson and reading its bytes.
+
+Usage: python scripts/bench_table.py [--size-mb 300] [--trace PATH] [--repeat N]
+
+The trace is built from a real torch.profiler recording (record_shapes=True) of a small transformer training
+loop, replicated and shifted in time until it reaches the requested size, with synthetic CUDA runtime calls,
+kernels and flow events added so the event mix looks like a GPU training trace, and written in Kineto's own
+layout (one field per line), so 300 MB holds about as many events (~800k) as a real trace of that size.
+With --trace PATH the trace is kept there (and reused when it exists). Each command runs in its own process;
+the table shows its wall time and peak RSS (os.wait4), best of --repeat runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+REPO = Path(__file__).resolve().parent.parent
+
+_TEMPLATE_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=256, nhead=8, dim_feedforward=1024, batch_first=True)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, num_layers=2), torch.nn.Linear(256, 1000))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.utils.data.TensorDataset(torch.randn(48, 64, 256), torch.randint(0, 1000, (48, 64)))
+    loader = torch.utils.data.DataLoader(data, batch_size=8)
+
+    def ready(prof):
+        prof.export_chrome_trace(sys.argv[1])
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                 schedule=schedule(wait=1, warmup=1, active=4, repeat=1), on_trace_ready=ready) as prof:
+        for x, y in loader:
+            opt.zero_grad()
+            out = model(x)
+            loss = torch.nn.functional.cross_entropy(out.reshape(-1, 1000), y.reshape(-1))
+            loss.backward()
+            opt.step()
+            prof.step()
+    """
+)
+
+# CPU ops that only make views or allocate: on a GPU they launch no kernel.
+_NO_KERNEL = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::as_strided", "aten::view", "aten::t",
+              "aten::transpose", "aten::expand", "aten::detach", "detach", "aten::reshape", "aten::_reshape_alias",
+              "aten::select", "aten::slice", "aten::unsqueeze", "aten::squeeze", "aten::permute", "aten::resolve_conj",
+              "aten::resolve_neg", "aten::_unsafe_view", "aten::alias", "aten::split", "aten::chunk", "aten::unbind",
+              "aten::narrow", "aten::lift_fresh", "aten::item", "aten::_local_scalar_dense", "aten::result_type",
+              "aten::stride", "aten::size", "aten::is_nonzero", "aten::resize_", "aten::set_", "aten::unflatten",
+              "aten::flatten", "aten::_has_compatible_shallow_copy_type", "aten::numel", "aten::dim"}
+
+# A real CUDA kernel name is a long templated C++ signature; trace size and decode cost depend on it.
+_KERNEL_NAME = ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::"
+                "{op}_functor<float> >(at::TensorIteratorBase&, at::native::{op}_functor<float> const&)::"
+                "{{lambda(int)#1}}>(int, at::native::gpu_kernel_impl_nocast<at::native::{op}_functor<float> >"
+                "(at::TensorIteratorBase&, at::native::{op}_functor<float> const&)::{{lambda(int)#1}})")
+
+
+def leaf_ops(events: list[dict[str, Any]]) -> set[int]:
+    """Indexes of X events with no nested X event on their thread (the ops that would launch kernels)."""
+    by_thread: dict[tuple[Any, Any], list[int]] = {}
+    for i, e in enumerate(events):
+        if e.get("ph") == "X":
+            by_thread.setdefault((e["pid"], e["tid"]), []).append(i)
+    leaves: set[int] = set()
+    for idxs in by_thread.values():
+        idxs.sort(key=lambda i: (events[i]["ts"], -events[i]["dur"]))
+        for a, b in zip(idxs, idxs[1:] + [None]):
+            if b is None or events[b]["ts"] >= events[a]["ts"] + events[a]["dur"]:
+                leaves.add(a)
+    return leaves
+
+
+def record_template(workdir: Path) -> dict[str, Any]:
+    """Profile the real training loop once and return the parsed trace."""
+    script = workdir / "template_train.py"
+    script.write_text(_TEMPLATE_SCRIPT)
+    out = workdir / "template.pt.trace.json"
+    subprocess.run([sys.executable, str(script), str(out)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    trace: dict[str, Any] = orjson.loads(out.read_bytes())
+    return trace
+
+
+def add_device_activity(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add cudaLaunchKernel runtime events, kernels and ac2g flows under launching CPU ops, as a GPU trace has."""
+    out: list[dict[str, Any]] = []
+    correlation = 1
+    device_cursor = 0.0
+    leaves = leaf_ops(events)
+    for i, event in enumerate(events):
+        out.append(event)
+        if i not in leaves or event.get("cat") != "cpu_op" or event.get("name") in _NO_KERNEL:
+            continue
+        ts, dur = float(event["ts"]), float(event["dur"])
+        launch_ts = round(ts + dur * 0.4, 3)
+        launch_dur = round(max(dur * 0.2, 0.001), 3)
+        out.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": event["pid"], "tid": event["tid"],
+                    "ts": launch_ts, "dur": launch_dur,
+                    "args": {"External id": event["args"].get("External id", 0), "cbid": 211, "correlation": correlation}})
+        device_cursor = max(device_cursor, launch_ts + 2.0)
+        kernel_dur = round(max(dur * 0.7, 1.0), 3)
+        name = event["name"].replace("aten::", "")
+        out.append({"ph": "X", "cat": "kernel", "name": _KERNEL_NAME.format(op=name),
+                    "pid": 0, "tid": 7, "ts": round(device_cursor, 3), "dur": kernel_dur,
+                    "args": {"External id": event["args"].get("External id", 0), "queued": 0, "device": 0, "context": 1,
+                             "stream": 7, "correlation": correlation, "registers per thread": 32, "shared memory": 0,
+                             "blocks per SM": 0.25, "warps per SM": 1.0, "grid": [132, 1, 1], "block": [128, 1, 1],
+                             "est. achieved occupancy %": 3}})
+        out.append({"ph": "s", "id": correlation, "pid": event["pid"], "tid": event["tid"], "ts": launch_ts,
+                    "cat": "ac2g", "name": "ac2g"})
+        out.append({"ph": "f", "id": correlation, "pid": 0, "tid": 7, "ts": round(device_cursor, 3),
+                    "cat": "ac2g", "name": "ac2g", "bp": "e"})
+        device_cursor += kernel_dur + 1.0
+        correlation += 1
+    return out
+
+
+def kineto_format(event: dict[str, Any]) -> str:
+    """One event laid out the way Kineto writes it (one field per line, args on one line), so sizes are realistic."""
+    lines = [f'    "{key}": {json.dumps(value)}' for key, value in event.items() if key != "args"]
+    text = "  {\n" + ",\n".join(lines)
+    args = event.get("args")
+    if args:
+        text += "\n    ,\n    \"args\": {\n      " + json.dumps(args)[1:-1] + "\n    }"
+    return text + "\n  }"
+
+
+def write_big_trace(path: Path, size_mb: float, workdir: Path) -> int:
+    """Write a trace of about size_mb megabytes in Kineto's layout; return its number of events."""
+    template = record_template(workdir)
+    events = [e for e in template["traceEvents"] if e.get("ph") in ("X", "s", "f")]
+    meta = [e for e in template["traceEvents"] if e.get("ph") == "M"]
+    events = add_device_activity(events)
+    steps = sorted(int(e["name"].split("#")[1]) for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
+    t0 = min(float(e["ts"]) for e in events)
+    span = max(float(e["ts"]) + float(e.get("dur", 0)) for e in events) - t0 + 50.0
+    max_ext = max(int(e.get("args", {}).get("External id", 0)) for e in events) + 1
+    one_copy = sum(len(kineto_format(e)) + 2 for e in events)
+    copies = max(1, round(size_mb * 1_000_000 / one_copy))
+    header = {k: v for k, v in template.items() if k != "traceEvents"}
+    header["distributedInfo"] = {"backend": "nccl", "rank": 0, "world_size": 1}
+    count = 0
+    with open(path, "w") as out:
+        out.write("{\n" + ",\n".join(f'  "{k}": {json.dumps(v)}' for k, v in header.items() if k != "traceName"))
+        out.write(',\n  "traceEvents": [\n')
+        out.write(",\n".join(kineto_format(e) for e in meta))
+        count += len(meta)
+        for k in range(copies):
+            batch = copy.deepcopy(events)
+            for event in batch:
+                event["ts"] = round(float(event["ts"]) + k * span, 3)
+                args = event.get("args")
+                if args and "External id" in args:
+                    args["External id"] += k * max_ext
+                if "id" in event:
+                    event["id"] += k * 1_000_000
+                name = event.get("name", "")
+                if name.startswith("ProfilerStep#"):
+                    event["name"] = f"ProfilerStep#{int(name.split('#')[1]) + k * len(steps)}"
+            out.write(",\n" + ",\n".join(kineto_format(e) for e in batch))
+            count += len(batch)
+        out.write(f'\n  ],"traceName": {json.dumps(str(path))} }}\n')
+    return count
+
+
+# The baselines, each run in its own process so each peak RSS is its own.
+_READ = "import sys; open(sys.argv[1], 'rb').read()"
+_ORJSON = "import orjson, sys; orjson.loads(open(sys.argv[1], 'rb').read())"
+# The candidate stepcli did not pick as is: msgspec decoding only the needed fields into typed structs, whole file.
+_MSGSPEC = """
+import sys, gc, msgspec
+class E(msgspec.Struct, gc=False):
+    name: str = ""; cat: str = ""; ph: str = ""; pid: int | str = 0; tid: int | str = 0; ts: float = 0.0; dur: float = 0.0
+class T(msgspec.Struct):
+    traceEvents: list[E]
+gc.disable()
+msgspec.json.decode(open(sys.argv[1], 'rb').read(), type=T)
+"""
+
+
+def measure(argv: list[str]) -> tuple[float, int, int]:
+    """Wall seconds, peak RSS bytes and exit status of one child process (os.wait4 gives that child's own rusage)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr.read().decode() if proc.stderr else "")
+    rss = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    return elapsed, rss, proc.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Generate (or reuse) the trace and print the three measurements side by side."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=float, default=300.0, help="approximate trace size to generate")
+    parser.add_argument("--trace", type=Path, help="use (or create, if missing) this trace file instead of a temp one")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per measurement; the best is reported")
+    parser.add_argument("--generate-only", action="store_true", help="write the trace (needs --trace) and exit")
+    args = parser.parse_args(argv)
+    if args.generate_only:
+        if args.trace is None:
+            parser.error("--generate-only needs --trace")
+        t = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="stepcli-bench-") as tmp:
+            count = write_big_trace(args.trace, args.size_mb, Path(tmp))
+        print(f"generated {args.trace} ({count:,} events) in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        return 0
+
+    with tempfile.TemporaryDirectory(prefix="stepcli-bench-") as tmp:
+        workdir = Path(tmp)
+        trace = args.trace or workdir / "big.pt.trace.json"
+        if not trace.exists():
+            # Generate in a child: a child's peak RSS counts the parent's pages it was forked from, so the
+            # process that launches the measured commands must stay small.
+            subprocess.run([sys.executable, __file__, "--generate-only", "--size-mb", str(args.size_mb), "--trace", str(trace)],
+                           check=True)
+        size = trace.stat().st_size
+        commands = {
+            "read bytes": [sys.executable, "-c", _READ, str(trace)],
+            "orjson.loads": [sys.executable, "-c", _ORJSON, str(trace)],
+            "orjson.loads, gc off": [sys.executable, "-c", "import gc; gc.disable(); " + _ORJSON, str(trace)],
+            "msgspec typed, 1 piece": [sys.executable, "-c", _MSGSPEC, str(trace)],
+            "stepcli table --json": [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); "
+                                     "from stepcli.cli import main; sys.exit(main())", "table", "--json", str(trace)],
+        }
+        results: dict[str, tuple[float, int]] = {}
+        for label, cmd in commands.items():
+            best: tuple[float, int] | None = None
+            for _ in range(max(1, args.repeat)):
+                wall, rss, code = measure(cmd)
+                if code != 0:
+                    print(f"{label}: exit {code}", file=sys.stderr)
+                    return 1
+                best = (wall, rss) if best is None or wall < best[0] else best
+            assert best is not None
+            results[label] = best
+
+    mb = 1024 * 1024
+    print(f"trace: {size / mb:,.0f} MiB, {trace.name}")
+    print(f"{'':26}{'wall s':>8}{'peak RSS MiB':>14}{'RSS / file':>12}")
+    for label, (wall, rss) in results.items():
+        print(f"{label:26}{wall:8.2f}{rss / mb:14.0f}{rss / size:12.2f}")
+    wall, rss = results["stepcli table --json"]
+    for base in ("orjson.loads", "orjson.loads, gc off", "read bytes"):
+        bw, brss = results[base]
+        print(f"stepcli table vs {base + ':':22}{wall / bw:6.2f}x time {rss / brss:6.2f}x peak RSS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
