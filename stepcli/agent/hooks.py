@@ -8,20 +8,20 @@ multiprocessing start method, and would slow every Python process the command st
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
 import importlib.util
 import sys
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any, Callable, Sequence
+
     from .runtime import Agent
 
-Callback = Callable[[ModuleType], None]
+    Callback = Callable[[ModuleType], None]
 
 
-class PostImportHooks(importlib.abc.MetaPathFinder):
+class PostImportHooks:
     """Runs callbacks right after a watched module finishes executing, before anyone else uses it."""
 
     def __init__(self, on_error: Callable[[str, BaseException], None]) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import gzip
 import os
-import shutil
-import socket
 import sys
 import time
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def current_rank() -> int | None:
@@ -29,7 +29,11 @@ def current_rank() -> int | None:
 def worker_name() -> str:
     """TensorBoard's worker part of a trace name: `rank<R>` in distributed runs, else `<host>_<pid>`."""
     rank = current_rank()
-    return f"rank{rank}" if rank is not None else f"{socket.gethostname()}_{os.getpid()}"
+    if rank is not None:
+        return f"rank{rank}"
+    import socket  # only processes that save traces pay for it
+
+    return f"{socket.gethostname()}_{os.getpid()}"
 
 
 def export_trace(prof: Any, out_dir: str, use_gzip: bool) -> tuple[str, int]:
@@ -41,6 +45,9 @@ def export_trace(prof: Any, out_dir: str, use_gzip: bool) -> tuple[str, int]:
     try:
         prof.export_chrome_trace(tmp_json)
         if use_gzip:
+            import gzip
+            import shutil
+
             with open(tmp_json, "rb") as source, gzip.open(tmp_gz, "wb", compresslevel=6) as target:
                 shutil.copyfileobj(source, target, 1 << 20)
             os.unlink(tmp_json)

@@ -8,12 +8,14 @@ once per global step, and dropped when the cycle has been saved.
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
 from .config import AgentConfig
 from .output import export_trace, human_size, say, worker_name
 from .schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP
 from .tracker import FOREIGN, NEVER, StepTracker
+
+TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 _ACTIVITY_NAMES = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mtia": "MTIA", "hpu": "HPU"}
 
@@ -202,10 +204,3 @@ class Recorder:
             self.foreign.discard(key)
             self.tracker.wake_next_step()
 
-
-def is_own(recorder: Recorder | None, prof: Any) -> bool:
-    """True for the profile objects stepcli itself drives (its hooks must ignore them)."""
-    return recorder is not None and (recorder.building or prof is recorder.prof)
-
-
-__all__ = ["Recorder", "is_own"]

@@ -10,19 +10,21 @@ from __future__ import annotations
 import atexit
 import os
 import signal
-import socket
 import sys
 import threading
 import time
 import weakref
-from types import ModuleType
-from typing import Any, Hashable
 
 from . import hooks
 from .config import HELLO_PREFIX, STEP_LOG_SUFFIX, AgentConfig, atomic_write_json
-from .output import current_rank, say, worker_name
-from .recorder import Recorder, is_own
 from .tracker import StepTracker
+
+TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any, Hashable
+
+    from .recorder import Recorder
 
 STEP_LOG_VERSION = 1
 _STEP_LOG_MIN_INTERVAL_S = 10.0
@@ -70,7 +72,7 @@ class Agent:
         hooks.patch_profilers(self, torch)
 
     def _hook_failed(self, name: str, exc: BaseException) -> None:
-        say(f"could not hook {name} ({type(exc).__name__}: {exc}); it will not count steps")
+        _say(f"could not hook {name} ({type(exc).__name__}: {exc}); it will not count steps")
 
     # -- requesters -------------------------------------------------------------------------------------------
     def requester_created(self, key: Hashable, base_name: str, owner: object = None) -> None:
@@ -93,6 +95,8 @@ class Agent:
             self._start_training()
 
     def _start_training(self) -> None:
+        from .recorder import Recorder  # loaded only by processes that train
+
         self.trains = True
         os.makedirs(self.config.out_dir, exist_ok=True)
         self.recorder = Recorder(self.config, self.tracker, self._window_saved, self._guard_signals)
@@ -103,7 +107,9 @@ class Agent:
         self._guard_os_exit()
 
     def is_own_profiler(self, prof: Any) -> bool:
-        return is_own(self.recorder, prof)
+        """True for the profile objects stepcli itself drives (its hooks must ignore them)."""
+        recorder = self.recorder
+        return recorder is not None and (recorder.building or prof is recorder.prof)
 
     def foreign_profiler_started(self, key: int) -> None:
         if self.recorder is not None:
@@ -169,7 +175,7 @@ class Agent:
             if self.tracker.global_step or (self.recorder and self.recorder.windows):
                 self._write_step_log()
         except Exception as exc:
-            say(f"could not write the step log: {type(exc).__name__}: {exc}")
+            _say(f"could not write the step log: {type(exc).__name__}: {exc}")
 
     def _window_saved(self) -> None:
         now = time.monotonic()
@@ -178,10 +184,12 @@ class Agent:
             try:
                 self._write_step_log()
             except Exception as exc:
-                say(f"could not write the step log: {type(exc).__name__}: {exc}")
+                _say(f"could not write the step log: {type(exc).__name__}: {exc}")
 
     # -- files ------------------------------------------------------------------------------------------------
     def _write_step_log(self) -> None:
+        from .output import current_rank, worker_name
+
         os.makedirs(self.config.log_dir, exist_ok=True)
         worker = worker_name()
         recorder = self.recorder
@@ -190,7 +198,7 @@ class Agent:
             "worker": worker,
             "rank": current_rank(),
             "pid": self.pid,
-            "host": socket.gethostname(),
+            "host": _hostname(),
             "argv": list(sys.argv),
             "python": sys.version.split()[0],
             "torch": getattr(sys.modules.get("torch"), "__version__", None),
@@ -218,6 +226,18 @@ class Agent:
             )
         except Exception:
             pass
+
+
+def _say(message: str) -> None:
+    from .output import say
+
+    say(message)
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
 
 
 def _peak_rss_bytes() -> int | None:

@@ -12,15 +12,17 @@ from __future__ import annotations
 import sys
 import time
 from array import array
-from typing import Callable, Hashable
-
 from .schedule import NONE
+
+TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+if TYPE_CHECKING:
+    from typing import Callable, Hashable
+
+    Listener = Callable[[int], tuple[int, int]]
 
 # Phase codes stored per step: the schedule's actions (0-3) plus one for "the program's own profiler ran".
 FOREIGN = 4
 NEVER = sys.maxsize
-
-Listener = Callable[[int], "tuple[int, int]"]
 
 
 class Requester:
