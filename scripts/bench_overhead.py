@@ -4,7 +4,8 @@ Prints, measured side by side in this one run (these machines are noisy, so only
 taken at the same time mean anything):
   1. the tracker's cost per step outside the window (goal <= 2 us), against an empty call;
   2. the whole optimizer-step hook path per step (torch's step + ours) against torch's step alone;
-  3. `stepcli run` vs `python` wall time on a ~2000-step tiny training loop whose window never opens
+  3. the hook's start-up cost in every Python process the command starts (`python -c pass`, with and without);
+  4. `stepcli run` vs `python` wall time on a ~2000-step tiny training loop whose window never opens
      (goal <= 1.03x plus a fixed start-up <= 0.3 s), with the fixed start-up measured on an empty script.
 
 Usage: python scripts/bench_overhead.py [--steps 2000] [--repeats 5]
@@ -76,6 +77,26 @@ def hook_path_cost(n: int = 20_000) -> tuple[float, float]:
     return with_hooks, without
 
 
+def hook_startup_cost(repeats: int = 30) -> tuple[float, float]:
+    """(best ms of `python -c pass` with the hook's environment, without) in fresh processes."""
+    from stepcli.agent.config import AgentConfig
+    from stepcli.launcher import child_environment
+
+    with tempfile.TemporaryDirectory() as out:
+        hooked = child_environment(AgentConfig(run_id="bench", out_dir=out, launcher_pid=0))
+        plain = {k: v for k, v in os.environ.items() if k != "STEPCLI_CONFIG"}
+
+        def best(env: dict[str, str]) -> float:
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
+                times.append(time.perf_counter() - start)
+            return min(times) * 1e3
+
+        return best(hooked), best(plain)
+
+
 def wall(argv: list[str], cwd: str) -> float:
     start = time.perf_counter()
     subprocess.run(argv, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -110,6 +131,9 @@ def main() -> None:
     hooked, plain = hook_path_cost()
     print(f"optimizer.step, whole hook path: {hooked:.2f} us vs {plain:.2f} us plain torch "
           f"(+{hooked - plain:.2f} us/step, {hooked / plain:.3f}x)")
+    with_hook, without = hook_startup_cost()
+    print(f"python -c pass: {with_hook:.1f} ms with the hook vs {without:.1f} ms plain "
+          f"(+{with_hook - without:.1f} ms per Python process the command starts)")
     t = end_to_end(args.steps, args.repeats)
     fixed = t["stepcli_empty"] - t["python_empty"]
     ratio = (t["stepcli_loop"] - fixed) / t["python_loop"]

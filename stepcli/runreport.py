@@ -184,6 +184,8 @@ def build_run_summary(
         # ProfilerStep* is the step annotation itself, not work: it would always top the list.
         "top_operators": [op for op in (analysis or {}).get("cpu_ops", []) if op["name"] != "ProfilerStep*"][:TOP_N],
         "top_kernels": (analysis or {}).get("device_kernels", [])[:TOP_N],
+        "ranks": (analysis or {}).get("ranks", []),
+        "slowest_rank": (analysis or {}).get("slowest_rank"),
         "breakdown_ms": (analysis or {}).get("breakdown_ms"),
         "device": (analysis or {}).get("device"),
         "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
@@ -292,12 +294,17 @@ def print_run_summary(summary: dict[str, Any]) -> None:
     if summary["top_operators"] or summary["top_kernels"]:
         from stepcli import render
 
+        width = console.width
         if summary["top_operators"]:
-            console.print(render.ops_table(summary["top_operators"], "Top CPU operators by self time (recorded steps)", 10))
+            title = "Top CPU operators by self time (recorded steps)"
+            console.print(render.ops_table(summary["top_operators"], title, 10, width=width))
         if summary["top_kernels"]:
-            console.print(render.ops_table(summary["top_kernels"], "Top device kernels by self time", 10))
+            console.print(render.ops_table(summary["top_kernels"], "Top device kernels by self time", 10, width=width))
         if summary.get("breakdown_ms"):
             console.print(render.breakdown_table(summary["breakdown_ms"], summary.get("device")))
+        if len(summary.get("ranks", [])) > 1:
+            title = "Recorded step time per rank"
+            console.print(render.ranks_table(summary["ranks"], summary.get("slowest_rank"), title=title, width=width))
     for note in summary["notes"]:
         console.print(f"[yellow]note:[/] {note}")
     if summary["traces"]:
