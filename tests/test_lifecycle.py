@@ -134,3 +134,46 @@ def test_forked_child_neither_profiles_nor_writes(tmp_path: Path) -> None:
     assert [profiler_steps(t) for t in trace_files(tmp_path / "out")] == [[2, 3, 4]]
     assert len(list((tmp_path / "out" / ".stepcli").rglob("*.steps.json"))) == 1
     assert result.stderr.count("stepcli summary") == 1
+
+
+def test_no_orphan_survives_a_forwarded_sigterm(tmp_path: Path) -> None:
+    # GIVEN a program that started a long-lived child of its own
+    script = write_script(tmp_path, "parent.py", """
+        import subprocess, sys, time
+        import torch
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        open("child.pid", "w").write(str(child.pid))
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for i in range(1000):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            if i == 3:
+                print("in-window", flush=True)
+            time.sleep(0.05)
+    """)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepcli", "run", "--active", "50", "-o", str(tmp_path / "out"), str(script)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=stepcli_env(),
+        start_new_session=True,
+    )
+    wait_for_window(proc)
+    child_pid = int((tmp_path / "child.pid").read_text())
+    # WHEN stepcli alone gets SIGTERM
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    # THEN the program died of it and its child did not outlive it
+    assert proc.returncode == 128 + signal.SIGTERM
+    deadline = time.time() + 10
+    while time.time() < deadline and _alive(child_pid):
+        time.sleep(0.1)
+    assert not _alive(child_pid)
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
