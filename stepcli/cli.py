@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Sequence
 
 import click
 
 from stepcli import __version__
-from stepcli.errors import EXIT_USAGE, StepcliError
+from stepcli.errors import EXIT_INTERNAL, EXIT_USAGE, StepcliError
 
 _ACTIVITIES = ("cpu", "cuda", "xpu", "mtia", "hpu")
 
@@ -177,6 +178,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except BrokenPipeError:
         return 0
+    except Exception as exc:  # a bug in stepcli: still one line, the traceback only on request
+        if os.environ.get("STEPCLI_DEBUG"):
+            raise
+        click.echo(f"stepcli: internal error: {type(exc).__name__}: {exc} (set STEPCLI_DEBUG=1 for the traceback)", err=True)
+        return EXIT_INTERNAL
     if isinstance(result, int):
         return result
     return 0

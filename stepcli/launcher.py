@@ -136,28 +136,38 @@ def _prepare_out_dir(out_dir: str | None, label: str) -> Path:
 
 
 def child_environment(config: AgentConfig, base: dict[str, str] | None = None) -> dict[str, str]:
-    """A copy of the environment with the bootstrap first on PYTHONPATH and the config in one variable."""
+    """A copy of the environment with the bootstrap first on PYTHONPATH and the config in one variable.
+
+    The user's entries are kept verbatim, empty ones included: an empty entry means the current directory.
+    """
     env = dict(os.environ if base is None else base)
-    entries = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP_DIR]
+    existing = env.get("PYTHONPATH", "")
+    entries = [p for p in existing.split(os.pathsep) if p != BOOTSTRAP_DIR] if existing else []
     env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *entries])
     env[CONFIG_ENV] = config.to_env()
     return env
 
 
 class _SignalForwarder:
-    """Ctrl-C reaches the program through the terminal's process group, so the launcher ignores SIGINT;
-    SIGTERM/SIGHUP sent to the launcher alone are forwarded, and a repeated one kills the whole tree."""
+    """Signals meant for the program reach it: SIGTERM, SIGHUP, SIGUSR1/2 (schedulers' pre-emption notices)
+    are forwarded, a repeated SIGTERM/SIGHUP kills the whole tree. SIGINT and SIGQUIT from the terminal already
+    reach the program through the terminal's process group, so they are forwarded only when stepcli is not in
+    the terminal's foreground (e.g. `kill -INT` from a job scheduler)."""
+
+    FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGQUIT)
+    FROM_TERMINAL = (signal.SIGINT, signal.SIGQUIT)
+    FATAL = (signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
         self.received: list[int] = []
         self.descendants: list[Any] = []
         self._previous: dict[int, Any] = {}
+        self._terminal_foreground = _in_terminal_foreground()
 
     def __enter__(self) -> "_SignalForwarder":
-        # SIG_IGN is set only after the child started: an ignored SIGINT would be inherited across exec.
-        self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        for signum in (signal.SIGTERM, signal.SIGHUP):
+        # Installed only after the child started: an ignored SIGINT at exec time would be inherited.
+        for signum in self.FORWARDED:
             self._previous[signum] = signal.signal(signum, self._forward)
         return self
 
@@ -166,9 +176,12 @@ class _SignalForwarder:
             signal.signal(signum, handler)
 
     def _forward(self, signum: int, _frame: Any) -> None:
-        repeated = signum in self.received
+        if signum in self.FROM_TERMINAL and self._terminal_foreground:
+            return  # the terminal sent it to the program too
+        repeated = signum in self.FATAL and signum in self.received
         self.received.append(signum)
-        self._snapshot_descendants()
+        if signum in self.FATAL:
+            self._snapshot_descendants()
         try:
             if repeated:
                 for process in [*self.descendants]:
@@ -189,8 +202,8 @@ class _SignalForwarder:
             pass
 
     def reap_orphans(self, grace_s: float = 5.0) -> None:
-        """After a forwarded signal, no process the program started may outlive it."""
-        if not self.received:
+        """After a forwarded SIGTERM/SIGHUP, no process the program started may outlive it."""
+        if not any(signum in self.FATAL for signum in self.received):
             return
         alive = [p for p in self.descendants if _quietly(p.is_running)]
         for process in alive:
@@ -203,6 +216,17 @@ class _SignalForwarder:
                 _quietly(process.kill)
         except Exception:
             pass
+
+
+def _in_terminal_foreground() -> bool:
+    """True when stepcli runs in the foreground of a terminal, whose Ctrl-C reaches the program directly."""
+    for fd in (0, 1, 2):
+        try:
+            if os.isatty(fd):
+                return os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:
+            continue
+    return False
 
 
 def _quietly(call: Any) -> Any:
@@ -220,6 +244,8 @@ def exit_status(returncode: int) -> int:
 def run_program(request: RunRequest) -> int:
     """Run the program under the agent, then print/write the run summary. Returns stepcli's exit status."""
     out_dir = _prepare_out_dir(request.out_dir, request.label)
+    if request.json_path:
+        _check_json_path(request.json_path)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     config = AgentConfig(
         run_id=run_id,
@@ -245,20 +271,32 @@ def run_program(request: RunRequest) -> int:
         forwarder.reap_orphans()
     status = exit_status(returncode)
 
+    if request.quiet and not request.json_path and not request.fail_over:
+        return status  # nothing would show the summary: don't spend time reading traces
+    return _report(request, config, status, started, time.perf_counter() - start)
+
+
+def _report(request: RunRequest, config: AgentConfig, status: int, started: float, duration_s: float) -> int:
+    """Summary, --json and --fail-over after the program exited. The program's status wins, except that a
+    budget that was exceeded, or could not be checked, fails a run that succeeded."""
     from stepcli.runreport import build_run_summary, print_run_summary, write_run_summary
 
     display = ["python", *request.argv[1:]] if request.argv[0] == sys.executable else request.argv
     try:
-        summary = build_run_summary(
-            config, command=display, exit_status=status, started_at=started, duration_s=time.perf_counter() - start
-        )
+        summary = build_run_summary(config, command=display, exit_status=status, started_at=started, duration_s=duration_s)
         if not request.quiet:
             print_run_summary(summary)
     except Exception as exc:  # the program's result must survive a bug in the report
-        _say(f"internal error while summarizing the run ({type(exc).__name__}: {exc}); traces are in {_short(out_dir)}")
+        _say(f"internal error while summarizing the run ({type(exc).__name__}: {exc}); traces are in {config.out_dir}")
+        if request.fail_over and status == 0:
+            _say("--fail-over: the budget could not be checked; failing the run")
+            return EXIT_REGRESSION
         return status
     if request.json_path:
-        write_run_summary(summary, request.json_path)
+        try:
+            write_run_summary(summary, request.json_path)
+        except StepcliError as exc:
+            _say(f"warning: {exc.message}")
     if request.fail_over:
         from stepcli.gate import check_budgets
 
@@ -270,6 +308,19 @@ def run_program(request: RunRequest) -> int:
         if failures and status == 0:
             return EXIT_REGRESSION
     return status
+
+
+def _check_json_path(path: str) -> None:
+    """--json must be writable before the program runs, not after an hour of training."""
+    target = Path(path).resolve()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StepcliError(f"--json {path}: cannot create folder {target.parent}: {exc.strerror or exc}") from None
+    if target.is_dir():
+        raise StepcliError(f"--json {path}: is a folder")
+    if not os.access(target.parent, os.W_OK):
+        raise StepcliError(f"--json {path}: folder {target.parent} is not writable")
 
 
 def _say(message: str) -> None:

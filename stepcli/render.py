@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import errno
 import io
+import os
 import sys
 from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -55,6 +57,10 @@ def _ms(value: float | None) -> str:
 
 def _pct(share: float) -> str:
     return f"{share * 100:.1f}%"
+
+
+def _skipped_note(count: int) -> str:
+    return f"skipped {count:,} event{'s' if count != 1 else ''} with an infinite, NaN or out-of-range ts/dur"
 
 
 def _rank_label(rank: int | None) -> str:
@@ -193,23 +199,64 @@ def breakdown_table(
 
 
 def print_table_report(summary: TraceSummary, *, sort_by: str, limit: int, fmt: str, file: IO[str] | None = None) -> None:
-    """Write the report for `stepcli table` to stdout (or `file`) in one of FORMATS."""
+    """Write the report for `stepcli table` to stdout (or `file`) in one of FORMATS.
+
+    A reader that stops early (`stepcli table T | head -1`) ends the report quietly, as it does for other Unix
+    tools: the rest is discarded and the command still succeeds.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     out = file if file is not None else sys.stdout
     data = summary.to_dict()
-    if fmt == "json":
-        import orjson
+    try:
+        if fmt == "json":
+            import orjson
 
-        out.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
-    elif fmt == "csv":
-        out.write(csv_report(data, sort_by=sort_by, limit=limit))
-    elif fmt == "markdown":
-        out.write(markdown_report(data, sort_by=sort_by, limit=limit))
-    elif fmt == "rich":
-        from rich.console import Console
+            out.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
+        elif fmt == "csv":
+            out.write(csv_report(data, sort_by=sort_by, limit=limit))
+        elif fmt == "markdown":
+            out.write(markdown_report(data, sort_by=sort_by, limit=limit))
+        else:
+            print_rich_report(data, _pipe_console(file), sort_by=sort_by, limit=limit)
+        out.flush()  # inside the try: a closed pipe must surface here, not in the interpreter's final flush
+    except BrokenPipeError:
+        _discard_output(out)
 
-        print_rich_report(data, Console(file=file) if file is not None else Console(), sort_by=sort_by, limit=limit)
-    else:
-        raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+
+def _pipe_console(file: IO[str] | None) -> Console:
+    """A rich Console that raises BrokenPipeError when its reader is gone.
+
+    rich's own handling redirects stdout and calls `sys.exit(1)`, which would make `| head` look like a failure.
+    """
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True  # drop whatever is still buffered; nothing can reach the reader now
+            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+    return _Console(file=file) if file is not None else _Console()
+
+
+def _discard_output(out: IO[str]) -> None:
+    """After a broken pipe on stdout, point its descriptor at /dev/null so that the interpreter's last flush of
+    what is still buffered succeeds silently instead of printing "Exception ignored ... BrokenPipeError"."""
+    try:
+        fd = out.fileno()
+    except (OSError, ValueError):
+        return
+    try:
+        stdout_fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        stdout_fd = 1
+    if fd != stdout_fd:
+        return  # a stream the caller opened: closing it is theirs to handle
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str = "self", limit: int = 20) -> None:
@@ -220,6 +267,8 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
     if len(files) == 1:
         head += f": {files[0]}"
     console.print(head, highlight=False, soft_wrap=True, markup=False)
+    if data.get("skipped_events"):
+        console.print(_skipped_note(data["skipped_events"]), highlight=False, soft_wrap=True, markup=False)
     if stats:
         console.print(
             f"step time over {stats['count']} step{'s' if stats['count'] != 1 else ''}: mean {_ms(stats['mean'])} ms, "
@@ -276,6 +325,8 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
     lines: list[str] = ["## stepcli table", ""]
     stats = data.get("step_ms")
     lines.append(f"{len(data['files'])} trace file(s), {data['events']:,} events.")
+    if data.get("skipped_events"):
+        lines[-1] += f" {_skipped_note(data['skipped_events']).capitalize()}."
     if stats:
         lines.append(
             f"Step time over {stats['count']} steps: mean {_ms(stats['mean'])} ms, median {_ms(stats['median'])} ms, "

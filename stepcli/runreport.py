@@ -71,7 +71,18 @@ def _primary(logs: list[dict[str, Any]]) -> dict[str, Any] | None:
     return ranked[0] if ranked else max(logs, key=lambda log: log.get("global_steps", 0))
 
 
-def _why_no_steps(config: AgentConfig) -> str:
+def _why_no_steps(config: AgentConfig, exit_status: int) -> str:
+    if exit_status > 128:
+        import signal
+
+        try:
+            name = signal.Signals(exit_status - 128).name
+        except ValueError:
+            name = f"signal {exit_status - 128}"
+        return (
+            f"no steps recorded: the program was killed by {name} before it could write its step log "
+            "(a SIGKILL or an out-of-memory kill leaves no time to save)."
+        )
     hellos = _load_json_files(config.log_dir, lambda n: n.startswith(HELLO_PREFIX))
     if not hellos:
         return (
@@ -115,7 +126,7 @@ def build_run_summary(
     trace_paths = [w["trace"] for w in windows if os.path.exists(w["trace"])]
 
     if primary is None:
-        notes.append(_why_no_steps(config))
+        notes.append(_why_no_steps(config, exit_status))
     else:
         requesters = [r for r in primary.get("requesters", []) if r["calls"]]
         together = [r for r in requesters if r["first_step"] == min((q["first_step"] for q in requesters), default=0)]
@@ -133,6 +144,13 @@ def build_run_summary(
                     f"no trace: the program made {steps} steps, and the first window records steps "
                     f"{first_window[1]}-{first_window[2]}; lower --wait/--skip-first/--warmup"
                 )
+    stepped = {r["name"] for log in logs for r in log.get("requesters", []) if r["calls"]}
+    for spec in config.step_on:
+        if spec not in stepped:
+            notes.append(
+                f"--step-on {spec} never completed a call: its module was never imported, the function never "
+                "called, or it runs as __main__ (with -m, or as the script itself)"
+            )
     for log in logs:
         if log.get("skipped_windows"):
             notes.append(
@@ -258,7 +276,10 @@ def print_run_summary(summary: dict[str, Any]) -> None:
         "command",
         f"{shlex.join(summary['command'])}  [{'green' if status == 0 else 'red'}]exit {status}[/]  {summary['duration_s']:.1f} s",
     )
-    requesters = ", ".join(f"{name} {count}" for name, count in summary["steps"]["requesters"].items())
+    named = list(summary["steps"]["requesters"].items())
+    requesters = ", ".join(f"{name} {count}" for name, count in named[:6])
+    if len(named) > 6:  # e.g. a new optimizer per epoch
+        requesters += f", +{len(named) - 6} more"
     overview.add_row("steps", f"{summary['steps']['global']}" + (f"  ({requesters})" if requesters else ""))
     if len(summary["processes"]) > 1:
         overview.add_row(

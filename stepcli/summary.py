@@ -3,6 +3,10 @@
 The CPU operator table follows torch's `key_averages()` so the two can be compared number for number: user
 annotations (`ProfilerStep*`, `enumerate(DataLoader)#...`, `Optimizer.step#...`) and, in traces recorded with
 stacks, Python function events are rows like any operator, and every ProfilerStep#N is folded into `ProfilerStep*`.
+
+A trace's incomplete step (`Trace.incomplete_step`, from a window stepcli cut short) holds only the start of that
+step, so it is left out of step times, step statistics, per-rank statistics and the step breakdown; its events
+still count in the operator tables. Events the reader skipped for unusable times are counted in `skipped_events`.
 """
 
 from __future__ import annotations
@@ -130,6 +134,7 @@ class TraceSummary:
     cpu_ops: list[OpRow]
     device_kernels: list[OpRow]
     events: int
+    skipped_events: int = 0  # events left out because their ts/dur was infinite, NaN or absurdly large
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -143,6 +148,7 @@ class TraceSummary:
             "cpu_ops": [r.to_dict() for r in self.cpu_ops],
             "device_kernels": [r.to_dict() for r in self.device_kernels],
             "events": self.events,
+            "skipped_events": self.skipped_events,
         }
 
 
@@ -204,9 +210,14 @@ def _phase_of(name: str) -> int:
     return 0
 
 
-def _analyze(events: list[Event], cpu: _Accumulator, device: _Accumulator, by_shape: bool) -> _TraceResult:
+def _analyze(
+    events: list[Event], cpu: _Accumulator, device: _Accumulator, by_shape: bool, incomplete_step: int | None = None
+) -> _TraceResult:
     """Nest CPU events per (pid, tid) exactly as torch's _populate_cpu_children/_remove_dup_nodes do, and
-    collect what the step breakdown and device-busy figures need."""
+    collect what the step breakdown and device-busy figures need.
+
+    ProfilerStep#`incomplete_step` still counts as an operator row but opens no step window.
+    """
     base = int(events[0].ts) if events else 0
     threads: dict[tuple[int | str, int | str], list[tuple[int, int, int, Event]]] = {}
     device_spans: list[tuple[int, int]] = []
@@ -282,7 +293,7 @@ def _analyze(events: list[Event], cpu: _Accumulator, device: _Accumulator, by_sh
             if info[2] and event.cat == "user_annotation":
                 row_key = STEP_KEY
                 number = name[len(STEP_PREFIX):]
-                if number.isdigit():
+                if number.isdecimal() and int(number) != incomplete_step:
                     window = _Window(int(number), pid, start, end, [])
                     windows.append(window)
             if by_shape:
@@ -407,7 +418,7 @@ def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSumm
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            result = _analyze(trace.events, cpu, device, group_by_shape)
+            result = _analyze(trace.events, cpu, device, group_by_shape, trace.incomplete_step)
         finally:
             if was_enabled:
                 gc.enable()
@@ -451,6 +462,7 @@ def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSumm
         cpu_ops=cpu.rows_out(group_by_shape),
         device_kernels=device.rows_out(group_by_shape),
         events=sum(t.event_count for t in traces),
+        skipped_events=sum(t.skipped_events for t in traces),
     )
 
 

@@ -1,14 +1,24 @@
-"""Reading PyTorch profiler traces (.json, .json.gz, folders of them) into the few event fields stepcli analyses."""
+"""Reading PyTorch profiler traces (.json, .json.gz, folders of them) into the few event fields stepcli analyses.
+
+Events whose `ts` or `dur` is not a usable time (infinite, NaN, or beyond `MAX_TIME_US`, such as a `dur` of
+1e308 that overflows once converted to nanoseconds) are skipped rather than failing the whole file: the rest of
+the trace is still worth reading. They are counted in `Trace.skipped_events` so reports can say so.
+
+A trace saved by stepcli when its window was cut short carries the top-level string field
+`"stepcli_incomplete_step": "N"` (written with `prof.add_metadata`): ProfilerStep#N holds only the start of that
+step. It is read into `Trace.incomplete_step` so summaries can leave that step out of step times.
+"""
 
 from __future__ import annotations
 
 import gc
+import math
 import os
 import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 import msgspec
 
@@ -57,6 +67,12 @@ _TRACE_EVENTS_KEY = re.compile(rb'(?<!\\)"traceEvents"\s*:\s*\[')
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _GZIP_MAGIC = b"\x1f\x8b"
 
+# Largest |ts| and |dur| accepted, in microseconds (~31,700 years): epoch timestamps fit with room to spare, and
+# nanosecond arithmetic on anything within it stays finite. NaN fails every comparison, so it is out of range too.
+MAX_TIME_US = 1e18
+# The top-level metadata key stepcli's agent writes into a trace whose window was cut short.
+INCOMPLETE_STEP_KEY = "stepcli_incomplete_step"
+
 
 class Event(msgspec.Struct, gc=False):
     """One trace event with only the fields stepcli reads; times in microseconds, as in the Chrome trace format.
@@ -91,28 +107,73 @@ class _DistributedInfo(msgspec.Struct):
 class _Header(msgspec.Struct):
     traceEvents: list[Event]
     distributedInfo: _DistributedInfo | None = None
+    # Any: a malformed value must not send the whole file down the slow lenient path; _step_number checks it.
+    incomplete_step: Any = msgspec.field(default=None, name=INCOMPLETE_STEP_KEY)
 
 
 class _ShapedHeader(msgspec.Struct):
     traceEvents: list[_ShapedEvent]
     distributedInfo: _DistributedInfo | None = None
+    incomplete_step: Any = msgspec.field(default=None, name=INCOMPLETE_STEP_KEY)
+
+
+class _Meta(NamedTuple):
+    """What the trace document says about itself, outside traceEvents."""
+
+    rank: int | None = None
+    incomplete_step: int | None = None
+
+
+def _step_number(value: Any) -> int | None:
+    """The step N of a `stepcli_incomplete_step` value ("N", as add_metadata writes it, or N); else None."""
+    if isinstance(value, str) and value.strip().isdecimal():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def _usable_time(ts: float, dur: float) -> bool:
+    """Whether an event can be placed in time: both values finite and within MAX_TIME_US."""
+    return -MAX_TIME_US <= ts <= MAX_TIME_US and -MAX_TIME_US <= dur <= MAX_TIME_US
 
 
 @dataclass(frozen=True)
 class Trace:
-    """One trace file: where it came from, its rank, the CPU/device events summaries need, and its event count."""
+    """One trace file: where it came from, its rank, the CPU/device events summaries need, and its event count.
+
+    `skipped_events` counts kept-category events dropped for unusable times; `incomplete_step` is the N of a
+    ProfilerStep#N that only holds the start of its step (a window cut short), or None.
+    """
 
     path: str
     rank: int | None
     events: list[Event]
     event_count: int
+    skipped_events: int = 0
+    incomplete_step: int | None = None
 
     @classmethod
-    def from_events(cls, events: Iterable[Event], *, path: str = "<memory>", rank: int | None = None) -> Trace:
+    def from_events(
+        cls,
+        events: Iterable[Event],
+        *,
+        path: str = "<memory>",
+        rank: int | None = None,
+        incomplete_step: int | None = None,
+    ) -> Trace:
         """A trace built from events in memory (tests, other tools): keeps the same subset the loader keeps."""
         all_events = list(events)
-        kept = [e for e in all_events if e.ph == "X" and e.cat in KEPT_CATEGORIES and e.name not in FILTERED_NAMES]
-        return cls(path=path, rank=rank, events=kept, event_count=len(all_events))
+        candidates = [e for e in all_events if e.ph == "X" and e.cat in KEPT_CATEGORIES and e.name not in FILTERED_NAMES]
+        kept = [e for e in candidates if _usable_time(e.ts, e.dur)]
+        return cls(
+            path=path,
+            rank=rank,
+            events=kept,
+            event_count=len(all_events),
+            skipped_events=len(candidates) - len(kept),
+            incomplete_step=incomplete_step,
+        )
 
 
 def load_paths(paths: Sequence[str], *, shapes: bool = False) -> list[Trace]:
@@ -175,13 +236,19 @@ def load_trace(path: str, *, shapes: bool = False) -> Trace:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        rank, events, count = _decode(path, data, shapes)
+        meta, keeper = _decode(path, data, shapes)
     finally:
         if was_enabled:
             gc.enable()
-    if rank is None:
-        rank = rank_from_name(path)
-    return Trace(path=path, rank=rank, events=events, event_count=count)
+    rank = meta.rank if meta.rank is not None else rank_from_name(path)
+    return Trace(
+        path=path,
+        rank=rank,
+        events=keeper.events,
+        event_count=keeper.count,
+        skipped_events=keeper.skipped,
+        incomplete_step=meta.incomplete_step,
+    )
 
 
 def _read_bytes(path: str) -> bytes | bytearray:
@@ -228,7 +295,7 @@ def _gunzip(data: bytes) -> bytearray:
             return out
 
 
-def _decode(path: str, data: bytes | bytearray, shapes: bool) -> tuple[int | None, list[Event], int]:
+def _decode(path: str, data: bytes | bytearray, shapes: bool) -> tuple[_Meta, _Keeper]:
     """Decode in slices when the layout allows it (checked by the decoder itself), else in one piece."""
     try:
         chunked = _decode_chunked(data, shapes)
@@ -249,6 +316,7 @@ class _Keeper:
     def __init__(self, shapes: bool) -> None:
         self.events: list[Event] = []
         self.count = 0
+        self.skipped = 0
         self.shapes = shapes
         self._names: dict[str, str] = {}
         self._cats = {c: c for c in KEPT_CATEGORIES}
@@ -262,6 +330,8 @@ class _Keeper:
         ids = self._ids
         keep = self.events.append
         filtered = FILTERED_NAMES
+        high = MAX_TIME_US
+        low = -high
         for event in decoded:
             if event.ph != "X":
                 continue
@@ -270,6 +340,12 @@ class _Keeper:
                 continue
             name = event.name
             if name in filtered:
+                continue
+            # Inlined _usable_time (this loop runs once per event of the file).
+            ts = event.ts
+            dur = event.dur
+            if not (low <= ts <= high and low <= dur <= high):
+                self.skipped += 1
                 continue
             event.cat = cat
             event.ph = "X"
@@ -298,7 +374,7 @@ class _Keeper:
         event.shape = key
 
 
-def _decode_chunked(data: bytes | bytearray, shapes: bool) -> tuple[int | None, list[Event], int] | None:
+def _decode_chunked(data: bytes | bytearray, shapes: bool) -> tuple[_Meta, _Keeper] | None:
     """Decode traceEvents in ~8 MB slices split between two events, plus one small document for the rest.
 
     A split can only be wrong if it falls inside a string or a nested value, and then the slice on its left is
@@ -328,32 +404,33 @@ def _decode_chunked(data: bytes | bytearray, shapes: bool) -> tuple[int | None, 
         keeper.add(decoder.decode(b"".join((b"[", view[previous:comma], b"]"))))
         previous = comma + 1
     # The last slice goes back into the document with everything before and after traceEvents, so the
-    # header (distributedInfo) and the closing brackets are decoded and validated too.
-    rank, last = _decode_document(b"".join((view[:start], view[previous:])), shapes)
+    # header (distributedInfo, stepcli's metadata) and the closing brackets are decoded and validated too.
+    meta, last = _decode_document(b"".join((view[:start], view[previous:])), shapes)
     keeper.add(last)
-    return rank, keeper.events, keeper.count
+    return meta, keeper
 
 
-def _decode_document(data: bytes | bytearray, shapes: bool) -> tuple[int | None, list[Any]]:
-    """Rank and events of a whole trace document (raises msgspec errors)."""
+def _decode_document(data: bytes | bytearray, shapes: bool) -> tuple[_Meta, list[Any]]:
+    """Header fields and events of a whole trace document (raises msgspec errors)."""
     header: _Header | _ShapedHeader
     if shapes:
         header = msgspec.json.decode(data, type=_ShapedHeader)
     else:
         header = msgspec.json.decode(data, type=_Header)
-    return (header.distributedInfo.rank if header.distributedInfo else None), header.traceEvents
+    rank = header.distributedInfo.rank if header.distributedInfo else None
+    return _Meta(rank, _step_number(header.incomplete_step)), header.traceEvents
 
 
-def _decode_whole(path: str, data: bytes | bytearray, shapes: bool) -> tuple[int | None, list[Event], int]:
+def _decode_whole(path: str, data: bytes | bytearray, shapes: bool) -> tuple[_Meta, _Keeper]:
     try:
-        rank, events = _decode_document(data, shapes)
+        meta, events = _decode_document(data, shapes)
     except msgspec.ValidationError:
         return _decode_lenient(path, data, shapes)
     except msgspec.DecodeError as exc:
         raise TraceError(path, _describe_decode_error(data, exc)) from None
     keeper = _Keeper(shapes)
     keeper.add(events)
-    return rank, keeper.events, keeper.count
+    return meta, keeper
 
 
 def _describe_decode_error(data: bytes | bytearray, exc: msgspec.DecodeError) -> str:
@@ -365,9 +442,10 @@ def _describe_decode_error(data: bytes | bytearray, exc: msgspec.DecodeError) ->
     return f"invalid JSON: {message}"
 
 
-def _decode_lenient(path: str, data: bytes | bytearray, shapes: bool) -> tuple[int | None, list[Event], int]:
+def _decode_lenient(path: str, data: bytes | bytearray, shapes: bool) -> tuple[_Meta, _Keeper]:
     """Slow path for valid JSON whose fields have unexpected types: check it is a trace, coerce what can be."""
-    document = msgspec.json.decode(data)
+    # float_hook: a number out of float range (1e400) becomes inf, skipped below, instead of failing the decode.
+    document = msgspec.json.Decoder(float_hook=float).decode(data)
     if not isinstance(document, dict) or not isinstance(document.get("traceEvents"), list):
         raise TraceError(path, "not a profiler trace (no traceEvents list)")
     rank = None
@@ -385,8 +463,8 @@ def _decode_lenient(path: str, data: bytes | bytearray, shapes: bool) -> tuple[i
                 ph=str(raw.get("ph", "")),
                 pid=_id(raw.get("pid", 0)),
                 tid=_id(raw.get("tid", 0)),
-                ts=float(raw.get("ts", 0.0)),
-                dur=float(raw.get("dur", 0.0)),
+                ts=_time(raw.get("ts", 0.0)),
+                dur=_time(raw.get("dur", 0.0)),
             )
         except (TypeError, ValueError):
             continue  # an event we cannot place in time contributes nothing
@@ -397,7 +475,15 @@ def _decode_lenient(path: str, data: bytes | bytearray, shapes: bool) -> tuple[i
     keeper = _Keeper(shapes)
     keeper.add(events)
     keeper.count = len(document["traceEvents"])
-    return rank, keeper.events, keeper.count
+    return _Meta(rank, _step_number(document.get(INCOMPLETE_STEP_KEY))), keeper
+
+
+def _time(value: Any) -> float:
+    """float(value), with an integer too big for a float read as inf (so it is skipped and counted, like 1e400)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 def _id(value: Any) -> int | str:

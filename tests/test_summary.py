@@ -162,13 +162,41 @@ def test_group_by_shape_splits_rows() -> None:
     assert "shape" not in summarize([Trace.from_events(events)]).to_dict()["cpu_ops"][0]
 
 
+def test_incomplete_step_is_left_out_of_step_times() -> None:
+    # GIVEN steps 2 and 3, and a step 4 that holds only the start of its step (a window cut short)
+    events = [
+        step(2, 0, 100), ev("aten::mm", 10, 50),
+        step(3, 100, 100), ev("aten::mm", 110, 50),
+        step(4, 200, 5), ev("aten::mm", 201, 3),
+    ]
+    data = summarize([Trace.from_events(events, path="rank0.json", rank=0, incomplete_step=4)]).to_dict()
+    # THEN step 4 is in no step figure: steps, step statistics, the rank's statistics, the breakdown
+    assert [s["step"] for s in data["steps"]] == [2, 3]
+    assert data["step_ms"]["count"] == 2 and data["step_ms"]["min"] == pytest.approx(0.1)
+    assert data["ranks"][0]["step_ms"] == data["step_ms"]
+    assert sum(data["breakdown_ms"].values()) == pytest.approx(0.1)
+    # AND the operator tables still count every event
+    assert ops(data)["aten::mm"]["calls"] == 3 and ops(data)["ProfilerStep*"]["calls"] == 3
+    # Another rank's step 4 is complete: only the marked trace loses it
+    other = Trace.from_events([step(3, 0, 100), step(4, 100, 100)], path="rank1.json", rank=1)
+    both = summarize([Trace.from_events(events, path="rank0.json", rank=0, incomplete_step=4), other]).to_dict()
+    assert [(s["rank"], s["step"]) for s in both["steps"]] == [(0, 2), (0, 3), (1, 3), (1, 4)]
+
+
+def test_skipped_events_are_counted_over_traces() -> None:
+    bad = Event(name="bad", cat="cpu_op", ph="X", ts=T0, dur=float("inf"))
+    traces = [Trace.from_events([ev("op", 0, 1), bad]), Trace.from_events([bad, bad, ev("op", 0, 1)])]
+    data = summarize(traces).to_dict()
+    assert data["skipped_events"] == 3 and ops(data)["op"]["calls"] == 2
+
+
 def test_to_dict_has_the_contract_keys_and_is_json() -> None:
     data = summarize([Trace.from_events([step(1, 0, 10), ev("op", 1, 2)])]).to_dict()
     assert list(data) == ["files", "step_ms", "steps", "ranks", "slowest_rank", "breakdown_ms", "device",
-                          "cpu_ops", "device_kernels", "events"]
+                          "cpu_ops", "device_kernels", "events", "skipped_events"]
     assert set(data["cpu_ops"][0]) == {"name", "calls", "self_ms", "total_ms", "avg_ms", "self_share"}
     assert set(data["breakdown_ms"]) == {"dataloader", "forward", "backward", "optimizer", "other"}
-    assert data["events"] == 2
+    assert data["events"] == 2 and data["skipped_events"] == 0
     json.dumps(data)
 
 

@@ -262,3 +262,98 @@ def test_render_treats_names_as_text_and_shortens_in_the_middle() -> None:
     csv_out = io.StringIO()
     print_table_report(summarize([Trace.from_events(events)]), sort_by="self", limit=5, fmt="csv", file=csv_out)
     assert long_name in csv_out.getvalue()  # machines get full names
+
+
+@pytest.mark.parametrize("bad", ["1e308", "1e400", "1" + "0" * 400, '"nan"'])
+def test_non_finite_times_are_skipped_not_a_traceback(tmp_path: Path, bad: str) -> None:
+    # GIVEN the smallest trace that used to crash (round(inf)), and a trace with steps and one such event
+    lone = tmp_path / "lone.json"
+    lone.write_text('{"traceEvents":[{"name":"a","ph":"X","ts":0,"dur":' + bad + ',"cat":"cpu_op"}]}')
+    doc = json.loads((DATA / "train_cpu.pt.trace.json").read_text())
+    doc["traceEvents"].append({"name": "aten::odd", "ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 0, "dur": 0})
+    stepped = tmp_path / "stepped.json"
+    stepped.write_text(json.dumps(doc).replace('"dur": 0}', f'"dur": {bad}}}'))
+    for path in (lone, stepped):
+        # WHEN summarized
+        proc = run_stepcli("table", path)
+        # THEN a clean report that says an event was skipped
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        assert "skipped 1 event with an infinite, NaN or out-of-range ts/dur" in proc.stdout
+    assert table_json(lone)["skipped_events"] == 1 and table_json(lone)["cpu_ops"] == []
+    good = table_json(DATA / "train_cpu.pt.trace.json")
+    assert table_json(stepped)["steps"] == good["steps"] and table_json(stepped)["skipped_events"] == 1
+    # compare reads traces with the same reader: a verdict (or "nothing measured"), never a traceback. (Its
+    # sniffing of small files with orjson rejects numbers beyond float range, 1e400, as invalid JSON: one line.)
+    beyond_float = bad in ("1e400", "1" + "0" * 400)
+    for path, status in ((stepped, 0), (lone, 3)):
+        proc = run_stepcli("compare", path, path)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert proc.returncode == (2 if beyond_float else status), proc.stderr
+        if beyond_float:
+            assert len(proc.stderr.strip().splitlines()) == 1 and "not valid JSON" in proc.stderr
+
+
+@pytest.mark.parametrize("fmt", ["rich", "--json", "--csv", "--markdown"])
+def test_reader_closing_the_pipe_early_is_not_an_error(tmp_path: Path, fmt: str) -> None:
+    # GIVEN a trace whose report is far bigger than a pipe buffer (64 KiB)
+    events = [{"name": f"op_{i:05d}_" + "x" * 40, "ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": i * 10, "dur": 5}
+              for i in range(4000)]
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    args = ["table", str(path), "--limit", "5000"] + ([] if fmt == "rich" else [fmt])
+    # WHEN the reader takes one line and goes away, like `stepcli table TRACE | head -1`
+    proc = subprocess.Popen([sys.executable, "-m", "stepcli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, env=stepcli_env())
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    # THEN the report stops quietly and the command succeeds
+    assert first
+    assert proc.returncode == 0, stderr
+    assert stderr == ""
+
+
+CUT_SHORT = """
+    import sys
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 16)
+
+    def train_step():
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+
+    prof = profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=5))
+    prof.start()
+    for _ in range(3):  # step 0 (warmup), then steps 1 and 2 recorded in full
+        train_step()
+        prof.step()
+    model(x)  # step 3 has only begun when the window is cut short
+    prof.add_metadata("stepcli_incomplete_step", str(prof.step_num))
+    prof.stop()
+    prof.export_chrome_trace(sys.argv[1])
+"""
+
+
+def test_incomplete_step_of_a_real_trace_is_left_out(tmp_path: Path) -> None:
+    # GIVEN a plain torch.profiler trace cut short in step 3, marked the way stepcli's agent marks it
+    script = write_script(tmp_path, "cut.py", CUT_SHORT)
+    out = tmp_path / "cut.pt.trace.json"
+    subprocess.run([sys.executable, str(script), str(out)], check=True, capture_output=True, timeout=120,
+                   env=stepcli_env())
+    raw = json.loads(out.read_text())
+    assert raw["stepcli_incomplete_step"] == "3"  # top level, a JSON string: what the reader expects
+    assert sorted(e["name"] for e in raw["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")) == [
+        "ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"]
+    # WHEN summarized
+    data = table_json(out)
+    # THEN step 3 is in no step figure, while its operators are still counted
+    assert [s["step"] for s in data["steps"]] == [1, 2]
+    assert data["step_ms"]["count"] == 2 and data["ranks"][0]["step_ms"]["count"] == 2
+    assert {r["name"]: r["calls"] for r in data["cpu_ops"]}["ProfilerStep*"] == 3

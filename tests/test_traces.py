@@ -13,7 +13,7 @@ import pytest
 
 import stepcli.traces as traces
 from stepcli.errors import TraceError
-from stepcli.traces import Event, load_paths, load_trace
+from stepcli.traces import Event, Trace, load_paths, load_trace
 
 DATA = Path(__file__).parent / "data"
 REAL = DATA / "train_cpu.pt.trace.json"
@@ -143,6 +143,61 @@ def test_multi_member_gzip_and_zero_padding(tmp_path: Path) -> None:
     path = tmp_path / "members.json.gz"
     path.write_bytes(gzip.compress(raw[:1000]) + gzip.compress(raw[1000:]) + b"\0" * 16)
     assert fields(load_trace(str(path)).events) == fields(load_trace(str(REAL)).events)
+
+
+def _kept(name: str, ts: object, dur: object) -> str:
+    """One kept-category event as JSON text, `ts`/`dur` written verbatim (so 1e400 and huge integers stay)."""
+    return f'{{"ph": "X", "cat": "cpu_op", "name": "{name}", "pid": 1, "tid": 1, "ts": {ts}, "dur": {dur}}}'
+
+
+@pytest.mark.parametrize("bad", ["1e308", "-1e308", "1e400", "1" + "0" * 400, '"inf"', '"nan"', '"-Infinity"'])
+def test_unusable_times_are_skipped_and_counted(tmp_path: Path, bad: str) -> None:
+    # GIVEN a trace with good events and one whose dur (then ts) is infinite, NaN or absurdly large
+    for field in ("dur", "ts"):
+        bad_event = _kept("bad", 5, bad) if field == "dur" else _kept("bad", bad, 1)
+        other = '{"ph": "i", "cat": "cpu_op", "name": "instant", "ts": ' + bad + "}"  # not kept: never counted
+        path = tmp_path / f"{field}.json"
+        path.write_text('{"traceEvents": [' + ", ".join([_kept("a", 0, 10), bad_event, other, _kept("b", 2, 3)]) + "]}")
+        # WHEN read
+        trace = load_trace(str(path))
+        # THEN the bad event is skipped and counted, the others are read as usual
+        assert [e.name for e in trace.events] == ["a", "b"], field
+        assert trace.skipped_events == 1 and trace.event_count == 4, field
+
+
+def test_unusable_times_are_skipped_when_sliced_too(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    doc = json.loads(REAL.read_text())
+    kept = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") in traces.KEPT_CATEGORIES
+            and e.get("name") not in traces.FILTERED_NAMES]
+    kept[10]["dur"] = 1e308  # in an early slice
+    kept[-1]["ts"] = 1e300  # in the last slice, decoded with the header
+    path = tmp_path / "sliced.json"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setattr(traces, "_CHUNK_BYTES", 2048)
+    trace = load_trace(str(path))
+    assert trace.skipped_events == 2 and len(trace.events) == len(kept) - 2
+    # Trace.from_events applies the same rule to events built in memory
+    built = Trace.from_events([Event(name="a", cat="cpu_op", dur=float("nan")), Event(name="b", cat="cpu_op", ts=1.0)])
+    assert [e.name for e in built.events] == ["b"] and built.skipped_events == 1
+
+
+def test_incomplete_step_metadata_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # GIVEN stepcli's cut-short marker, a top-level JSON string next to traceEvents (where add_metadata puts it)
+    doc = json.loads(REAL.read_text())
+    assert load_trace(str(REAL)).incomplete_step is None
+    for value, expected in (("4", 4), (7, 7), ("soon", None), ([1], None), (None, None)):
+        doc["stepcli_incomplete_step"] = value
+        path = tmp_path / "cut.json"
+        path.write_text(json.dumps(doc))
+        # THEN whole, sliced and lenient decoding all read it (a malformed value reads as no marker)
+        assert load_trace(str(path)).incomplete_step == expected, value
+        with monkeypatch.context() as patch:
+            patch.setattr(traces, "_CHUNK_BYTES", 2048)
+            assert load_trace(str(path), shapes=True).incomplete_step == expected, value
+    doc["stepcli_incomplete_step"] = "4"
+    doc["traceEvents"][0]["tid"] = 3.5  # an unexpected type sends the file down the lenient path
+    (tmp_path / "odd.json").write_text(json.dumps(doc))
+    assert load_trace(str(tmp_path / "odd.json")).incomplete_step == 4
 
 
 def test_reader_and_summary_do_not_import_rich() -> None:

@@ -76,6 +76,31 @@ class PostImportHooks:
                 self._on_error(name, exc)
 
 
+def _guarded(agent: "Agent", what: str, call: "Callable[[], None]") -> None:
+    """Run agent bookkeeping from inside a program call: an error disables the agent, never the program."""
+    try:
+        call()
+    except Exception as exc:
+        agent.fail(what, exc)
+
+
+def _counted_call(agent: "Agent", key: int, owner: Any, function: Any, args: Any, kwargs: Any) -> Any:
+    """Call `function` and count one step for requester `key` when it returns (once, however deeply nested:
+    a subclass calling super().step(), or GradScaler.step calling optimizer.step)."""
+    in_step = agent.in_step
+    if agent.is_compiling() or key in in_step or not agent.enabled:
+        return function(*args, **kwargs)
+    in_step.add(key)
+    try:
+        result = function(*args, **kwargs)
+    finally:
+        in_step.discard(key)
+    if key not in agent.tracker.requesters:
+        _guarded(agent, "an optimizer", lambda: agent.requester_created(key, type(owner).__name__, owner))
+    agent.tracker.step(key)
+    return result
+
+
 def patch_optimizers(agent: "Agent", torch: ModuleType) -> None:
     """One requester per optimizer instance, registered when it is constructed (lazily would count N+1)."""
     optimizer_cls = torch.optim.Optimizer
@@ -87,11 +112,27 @@ def patch_optimizers(agent: "Agent", torch: ModuleType) -> None:
     def stepcli_optimizer_init(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
         if agent.enabled:
-            agent.requester_created(id(self), type(self).__name__, self)
-            _wrap_step(agent, type(self))
+            _guarded(agent, "an optimizer", lambda: _register_optimizer(agent, self))
 
     stepcli_optimizer_init._stepcli = True  # type: ignore[attr-defined]
     optimizer_cls.__init__ = stepcli_optimizer_init
+
+    # GradScaler.step skips optimizer.step() on inf/NaN gradients: the iteration is still a step.
+    scaler_cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    original_scaler_step = getattr(scaler_cls, "step", None)
+    if original_scaler_step is not None and not getattr(original_scaler_step, "_stepcli", False):
+
+        @functools.wraps(original_scaler_step)
+        def stepcli_scaler_step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            return _counted_call(agent, id(optimizer), optimizer, original_scaler_step, (self, optimizer, *args), kwargs)
+
+        stepcli_scaler_step._stepcli = True  # type: ignore[attr-defined]
+        scaler_cls.step = stepcli_scaler_step  # type: ignore[union-attr]
+
+
+def _register_optimizer(agent: "Agent", optimizer: Any) -> None:
+    agent.requester_created(id(optimizer), type(optimizer).__name__, optimizer)
+    _wrap_step(agent, type(optimizer))
 
 
 def _wrap_step(agent: "Agent", cls: type) -> None:
@@ -100,22 +141,10 @@ def _wrap_step(agent: "Agent", cls: type) -> None:
     original = cls.__dict__.get("step") or getattr(cls, "step")
     if getattr(original, "_stepcli", False):
         return
-    tracker, in_step = agent.tracker, agent.in_step
 
     @functools.wraps(original)  # copies torch's `hooked` flag too, so torch never wraps over us
     def stepcli_optimizer_step(self: Any, *args: Any, **kwargs: Any) -> Any:
-        key = id(self)
-        if key in in_step or not agent.enabled:  # a subclass calling super().step() counts once
-            return original(self, *args, **kwargs)
-        in_step.add(key)
-        try:
-            result = original(self, *args, **kwargs)
-        finally:
-            in_step.discard(key)
-        if key not in tracker.requesters:
-            agent.requester_created(key, type(self).__name__, self)
-        tracker.step(key)
-        return result
+        return _counted_call(agent, id(self), self, original, (self, *args), kwargs)
 
     stepcli_optimizer_step._stepcli = True  # type: ignore[attr-defined]
     cls.step = stepcli_optimizer_step  # type: ignore[attr-defined]
@@ -135,7 +164,7 @@ def patch_profilers(agent: "Agent", torch: ModuleType) -> None:
     def stepcli_profile_init(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
         if agent.enabled and not own(self):
-            agent.requester_created(id(self), "profiler", self)
+            _guarded(agent, "a profiler", lambda: agent.requester_created(id(self), "profiler", self))
 
     @functools.wraps(original_start)
     def stepcli_profile_start(self: Any) -> None:
@@ -163,7 +192,7 @@ def patch_profilers(agent: "Agent", torch: ModuleType) -> None:
         if agent.enabled and not own(self):
             key = id(self)
             if key not in agent.tracker.requesters:
-                agent.requester_created(key, "profiler", self)
+                _guarded(agent, "a profiler", lambda: agent.requester_created(key, "profiler", self))
             agent.tracker.step(key)
 
     for wrapper in (stepcli_profile_init, stepcli_profile_start, stepcli_profile_stop, stepcli_profile_step):
@@ -193,8 +222,15 @@ def patch_profilers(agent: "Agent", torch: ModuleType) -> None:
     legacy.__enter__, legacy.__exit__ = stepcli_legacy_enter, stepcli_legacy_exit
 
 
+_CO_GENERATOR, _CO_COROUTINE, _CO_ASYNC_GENERATOR = 0x20, 0x80, 0x200
+
+
 def patch_step_on(agent: "Agent", module: ModuleType, spec: str, qualname: str) -> None:
-    """`--step-on MODULE:QUALNAME`: each completed call of that function or method is a step."""
+    """`--step-on MODULE:QUALNAME`: each completed call of that function or method is a step.
+
+    Nested and recursive calls count once per outermost call, per thread. Inside code torch.compile is tracing
+    nothing is counted (counting there would break `fullgraph=True`); name a function outside the compiled region.
+    """
     *owner_path, attr = qualname.split(".")
     owner: Any = module
     for part in owner_path:
@@ -202,22 +238,59 @@ def patch_step_on(agent: "Agent", module: ModuleType, spec: str, qualname: str) 
     raw = owner.__dict__[attr] if isinstance(owner, type) and attr in owner.__dict__ else getattr(owner, attr)
     kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
     function = raw.__func__ if kind is not None else raw
-    if not callable(function):
-        raise TypeError(f"{spec} is not a function")
+    if getattr(function, "_stepcli", False):
+        return
+    flags = getattr(getattr(function, "__code__", None), "co_flags", 0)
+    if not callable(function) or flags & (_CO_GENERATOR | _CO_ASYNC_GENERATOR):
+        raise TypeError(f"{spec} is not a plain or async function (generators are not supported)")
+    import threading
+
     key = ("step-on", spec)
     tracker = agent.tracker
-    depth = [0]
+    depth = threading.local()
 
-    @functools.wraps(function)
-    def stepcli_step_on(*args: Any, **kwargs: Any) -> Any:
-        depth[0] += 1
-        try:
-            result = function(*args, **kwargs)
-        finally:
-            depth[0] -= 1
-        if depth[0] == 0 and agent.enabled:
+    def enter() -> int:
+        if not agent.trains:
+            agent.arm()
+        level = getattr(depth, "level", 0)
+        depth.level = level + 1
+        return level
+
+    def leave(level: int, completed: bool) -> None:
+        depth.level = level
+        if completed and level == 0 and agent.enabled:
             tracker.step(key)
-        return result
 
-    agent.requester_created(key, spec)
+    if flags & _CO_COROUTINE:
+
+        @functools.wraps(function)
+        async def stepcli_step_on(*args: Any, **kwargs: Any) -> Any:
+            if agent.is_compiling():
+                return await function(*args, **kwargs)
+            level = enter()
+            try:
+                result = await function(*args, **kwargs)
+            except BaseException:
+                leave(level, False)
+                raise
+            leave(level, True)
+            return result
+
+    else:
+
+        @functools.wraps(function)
+        def stepcli_step_on(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+            if agent.is_compiling():
+                return function(*args, **kwargs)
+            level = enter()
+            try:
+                result = function(*args, **kwargs)
+            except BaseException:
+                leave(level, False)
+                raise
+            leave(level, True)
+            return result
+
+    stepcli_step_on._stepcli = True  # type: ignore[attr-defined]
+    agent.requester_created(key, spec, arm=False)  # armed at the first call, not at import (DataLoader workers)
     setattr(owner, attr, kind(stepcli_step_on) if kind is not None else stepcli_step_on)

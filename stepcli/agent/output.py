@@ -11,8 +11,21 @@ if TYPE_CHECKING:
     from typing import Any
 
 
+_known_rank: int | None = None
+
+
 def current_rank() -> int | None:
-    """The distributed rank: torch.distributed's when initialized, else $RANK, else None."""
+    """The distributed rank: torch.distributed's when initialized, else $RANK, else None.
+
+    Once known it sticks, so names stay the same after `destroy_process_group()`.
+    """
+    global _known_rank
+    if _known_rank is None:
+        _known_rank = _find_rank()
+    return _known_rank
+
+
+def _find_rank() -> int | None:
     torch = sys.modules.get("torch")
     try:
         dist = getattr(torch, "distributed", None)

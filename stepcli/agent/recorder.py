@@ -4,9 +4,18 @@ Runs inside the target: standard library plus the program's own torch. A profile
 its wait phase costs 25-60 us per step (it opens a `ProfilerStep#N` record_function every step), so none exists
 outside a window: one is created at the first warmup step of a cycle, told which global step it is at, stepped
 once per global step, and dropped when the cycle has been saved.
+
+Kineto's session belongs to the thread that started it: stopping it from any other thread, even after that
+thread has ended, crashes the process (measured on torch 2.13, with plain torch.profiler too). atexit and signal
+handlers run on the main thread, so windows are opened only there; every profiler call happens on the main
+thread, steps counted on other threads are caught up by it, and a cycle that would start on another thread is
+skipped with a note.
 """
 
 from __future__ import annotations
+
+import sys
+import threading
 
 from .config import AgentConfig
 from .output import export_trace, human_size, say, worker_name
@@ -18,6 +27,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable
 
 _ACTIVITY_NAMES = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mtia": "MTIA", "hpu": "HPU"}
+INCOMPLETE_STEP_KEY = "stepcli_incomplete_step"  # trace metadata: the ProfilerStep#N that only just began
 
 
 class Recorder:
@@ -27,23 +37,26 @@ class Recorder:
         self,
         config: AgentConfig,
         tracker: StepTracker,
+        foreign: set[int],
         on_saved: Callable[[], None],
         guard_signals: Callable[[bool], None] = lambda on: None,
     ) -> None:
         self.config = config
-        self.guard_signals = guard_signals
         self.schedule = config.schedule
         self.tracker = tracker
+        self.foreign = foreign  # the program's own profilers now running (kept by the agent)
         self.on_saved = on_saved
+        self.guard_signals = guard_signals
         self.prof: Any = None
         self.building = False  # true while our own profile object is being constructed
-        self.foreign: set[int] = set()  # the program's profilers now running
         self.windows: list[dict[str, Any]] = []
         self.notes: list[str] = []
         self.skipped_windows = 0
         self.disabled = False
+        self._pending_cut = ""  # a cut asked for on another thread, done by the main thread at its next step
         self._window: dict[str, Any] | None = None
         self._cut_reason = ""
+        self._discard = False
 
     # -- schedule ---------------------------------------------------------------------------------------------
     def next_cycle_start(self, step: int) -> int:
@@ -65,22 +78,53 @@ class Recorder:
 
     def _on_step(self, step: int) -> tuple[int, int]:
         if self.prof is not None:
-            self.prof.step()
-            action = self.prof.current_action.value
-            if action == NONE:
-                self._close()
+            if not _on_main_thread():
+                return self._phase_of(self.prof), step + 1  # the main thread catches up at its next step
+            if self._pending_cut:
+                self.stop(self._pending_cut)
+                return (FOREIGN if self.foreign else NONE), step + 1
+            while self.prof is not None and self.prof.step_num < step:
+                self.prof.step()
+                if self.prof.current_action.value == NONE:
+                    self._close()
+            if self.prof is None:
                 return NONE, self.next_cycle_start(step + 1)
-            if action in (RECORD, RECORD_AND_SAVE) and self._window is not None and self._window["first_step"] is None:
+            phase = self._phase_of(self.prof)
+            if phase >= RECORD and self._window is not None and self._window["first_step"] is None:
                 self._window["first_step"] = step
-            return (action if action <= RECORD_AND_SAVE else WARMUP), step + 1
-        if self.foreign:
+            return phase, step + 1
+        if self.foreign or self._profiler_already_running():
             if self.schedule.starts_cycle(step):
                 self.skipped_windows += 1
             return FOREIGN, step + 1
         if self.schedule.starts_cycle(step):
+            if not _on_main_thread():
+                self._note_once("steps on a thread other than the main thread: windows are recorded only on the "
+                                "main thread (Kineto cannot close another thread's session at exit)")
+                return NONE, self.next_cycle_start(step + 1)
+            if "torch" not in sys.modules:  # --step-on in a program that never imported torch
+                self._disable("nothing to profile: the program never imported torch")
+                return NONE, NEVER
             self._open(step)
             return self.schedule.action(step), step + 1
         return NONE, self.next_cycle_start(step)
+
+    def _note_once(self, note: str) -> None:
+        if note not in self.notes:
+            self.notes.append(note)
+
+    @staticmethod
+    def _phase_of(prof: Any) -> int:
+        action = prof.current_action.value
+        return action if action <= RECORD_AND_SAVE else WARMUP  # DEVICE_STOPPED: still a touched step
+
+    def _profiler_already_running(self) -> bool:
+        """A profiler we never saw start (begun before stepcli's hooks, or from C++): nesting would empty it."""
+        autograd_profiler = sys.modules.get("torch.autograd.profiler")
+        try:
+            return bool(autograd_profiler is not None and autograd_profiler._is_profiler_enabled)
+        except Exception:
+            return False
 
     # -- profiler objects ---------------------------------------------------------------------------------------
     def _activities(self, profiler: Any) -> list[Any] | None:
@@ -97,7 +141,7 @@ class Recorder:
         return chosen or [profiler.ProfilerActivity.CPU]
 
     def _open(self, step: int) -> None:
-        import torch.profiler as profiler  # already imported by the program: we only run after it imported torch
+        import torch.profiler as profiler  # already imported by the program (checked by the caller)
 
         action = profiler.ProfilerAction(self.schedule.action(step))
         self.building = True
@@ -120,7 +164,7 @@ class Recorder:
         prof._prev_schedule_action = action
         self.prof = prof
         first_record = step + (self.schedule.warmup if action == profiler.ProfilerAction.WARMUP else 0)
-        self._window = {"warmup_from": step, "first_step": step if action.value >= RECORD else None}
+        self._window = {"first_step": step if action.value >= RECORD else None}
         if not self.config.quiet:
             last = first_record + self.schedule.active - 1
             span = f"step {first_record}" if first_record == last else f"steps {first_record}-{last}"
@@ -144,63 +188,76 @@ class Recorder:
 
     def _on_trace_ready(self, prof: Any) -> None:
         """torch calls this when a cycle's recording ends (or at stop with a window open): save it now."""
-        window = self._window or {"warmup_from": prof.step_num, "first_step": prof.step_num}
+        window = self._window or {"first_step": prof.step_num}
+        # A cycle that ends normally stops at the start of the step after its last; a cut-short one stops
+        # inside step `step_num`, which only just began: it is marked so `table`/`compare` leave it out.
+        last = prof.step_num - 1
+        first = window["first_step"] if window["first_step"] is not None else prof.step_num
+        if self._discard:
+            self.notes.append(f"a window was {self._cut_reason} before step {first} completed; nothing saved")
+        else:
+            self._save(prof, first, last)
+        # With wait=0 the same object goes straight on to the next cycle's warmup.
+        self._window = {"first_step": None}
+        self.on_saved()
+
+    def _save(self, prof: Any, first: int, last: int) -> None:
         complete = not self._cut_reason
-        last = prof.step_num - 1 if complete else prof.step_num
-        first = window["first_step"] if window["first_step"] is not None else last
+        steps = f"step {first}" if first == last else f"steps {first}-{last}"
         try:
             path, size = export_trace(prof, self.config.out_dir, self.config.use_gzip)
         except Exception as exc:
-            say(f"could not save the trace of steps {first}-{last}: {type(exc).__name__}: {exc}")
-            self.notes.append(f"trace of steps {first}-{last} not saved: {exc}")
-        else:
-            record = {"first_step": first, "last_step": last, "trace": path, "bytes": size, "complete": complete}
-            if not complete:
-                record["note"] = self._cut_reason
-            self.windows.append(record)
-            if not self.config.quiet:
-                steps = f"step {first}" if first == last else f"steps {first}-{last}"
-                extra = "" if complete else f", {self._cut_reason}"
-                say(f"saved trace of {steps}{extra}: {path} ({human_size(size)})")
-        # With wait=0 the same object goes straight on to the next cycle's warmup.
-        self._window = {"warmup_from": prof.step_num, "first_step": None}
-        self.on_saved()
+            say(f"could not save the trace of {steps}: {type(exc).__name__}: {exc}")
+            self.notes.append(f"trace of {steps} not saved: {exc}")
+            return
+        record: dict[str, Any] = {"first_step": first, "last_step": last, "trace": path, "bytes": size, "complete": complete}
+        if not complete:
+            record["note"] = self._cut_reason
+        self.windows.append(record)
+        if not self.config.quiet:
+            extra = "" if complete else f" ({self._cut_reason}; the start of step {last + 1} is in it too)"
+            say(f"saved trace of {steps}{extra}: {path} ({human_size(size)})")
 
     def stop(self, reason: str) -> None:
-        """Close an open window now, saving what it recorded (program exit, or the program's own profiler)."""
-        if self.prof is None:
+        """Close an open window now, saving its completed steps (program exit, or the program's own profiler)."""
+        prof = self.prof
+        if prof is None:
             return
+        if not _on_main_thread():
+            self._pending_cut = reason
+            return
+        window = self._window or {}
+        first = window.get("first_step")
         self._cut_reason = reason
+        self._discard = first is None or first > prof.step_num - 1
         try:
+            prof.add_metadata(INCOMPLETE_STEP_KEY, str(prof.step_num))
             self._close()
         except Exception as exc:
             self.notes.append(f"could not close the profiler: {exc}")
         finally:
-            self._cut_reason = ""
+            self._cut_reason = self._pending_cut = ""
+            self._discard = False
 
     def _disable(self, message: str) -> None:
         self.disabled = True
         self.notes.append(message)
         say(message)
         prof, self.prof = self.prof, None
-        if prof is not None:
+        if prof is not None and _on_main_thread():
             try:
                 prof.stop()
             except Exception:
                 pass
 
     # -- the program's own profilers ---------------------------------------------------------------------------
-    def foreign_started(self, key: int) -> None:
+    def step_aside(self, first: bool) -> None:
         """The program started a profiler of its own: nesting would leave the outer one empty, so we step aside."""
-        if not self.foreign:
+        if first:
             self.stop("cut short: the program started its own profiler")
-        self.foreign.add(key)
         self.tracker.set_phase(FOREIGN)
         self.tracker.wake_next_step()
 
-    def foreign_stopped(self, key: int) -> None:
-        """Stops of profilers we never saw start (torch's internal legacy profile objects) are ignored."""
-        if key in self.foreign:
-            self.foreign.discard(key)
-            self.tracker.wake_next_step()
 
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()

@@ -22,7 +22,7 @@ from .tracker import StepTracker
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
     from types import ModuleType
-    from typing import Any, Hashable
+    from typing import Any, Callable, Hashable
 
     from .recorder import Recorder
 
@@ -42,6 +42,8 @@ class Agent:
         self.tracker = StepTracker()
         self.recorder: Recorder | None = None
         self.in_step: set[int] = set()
+        self.foreign: set[int] = set()  # the program's own profilers now running
+        self.is_compiling: Callable[[], bool] = _never
         self.torch_imported = False
         self.trains = False
         self.exit_reason = ""
@@ -60,14 +62,19 @@ class Agent:
             self.hooks.when_imported(
                 module_name, lambda module, s=spec, q=qualname: hooks.patch_step_on(self, module, s, q)
             )
-        if os.getppid() == self.config.launcher_pid:
+        self._top_level = os.getppid() == self.config.launcher_pid
+        if self._top_level:
             self._write_hello()
             atexit.register(self._write_hello)
 
     def _torch_imported(self, torch: ModuleType) -> None:
         self.torch_imported = True
+        if self._top_level:
+            self._write_hello()  # so a later SIGKILL still shows torch was imported
         if self.tracker.global_step == 0:
             self.tracker.restart_clock()  # step 0 starts when torch is imported
+        compiler = getattr(torch, "compiler", None)
+        self.is_compiling = getattr(compiler, "is_compiling", _never)
         hooks.patch_optimizers(self, torch)
         hooks.patch_profilers(self, torch)
 
@@ -75,8 +82,9 @@ class Agent:
         _say(f"could not hook {name} ({type(exc).__name__}: {exc}); it will not count steps")
 
     # -- requesters -------------------------------------------------------------------------------------------
-    def requester_created(self, key: Hashable, base_name: str, owner: object = None) -> None:
-        """A new step requester; the first one proves the process trains and arms the recorder and exit guards.
+    def requester_created(self, key: Hashable, base_name: str, owner: object = None, arm: bool = True) -> None:
+        """A new step requester; the first one proves the process trains and arms the recorder and exit guards
+        (`--step-on` functions arm at their first call instead: DataLoader workers import their modules too).
 
         `owner` (an optimizer or profiler whose id is `key`) un-registers the key when it is collected, so a new
         object at the same address starts fresh at the global step.
@@ -91,20 +99,33 @@ class Agent:
         index = self._names.get(base_name, 0)
         self._names[base_name] = index + 1
         self.tracker.register(key, f"{base_name}#{index}" if ":" not in base_name else base_name)
-        if not self.trains:
-            self._start_training()
+        if arm and not self.trains:
+            self.arm()
 
-    def _start_training(self) -> None:
-        from .recorder import Recorder  # loaded only by processes that train
-
+    def arm(self) -> None:
+        """This process trains: set up the recorder and the exit guards (once). Never raises."""
+        if self.trains or not self.enabled:
+            return
         self.trains = True
-        os.makedirs(self.config.out_dir, exist_ok=True)
-        self.recorder = Recorder(self.config, self.tracker, self._window_saved, self._guard_signals)
-        self.tracker.set_listener(self.recorder.on_step, self.recorder.next_cycle_start(self.tracker.global_step))
-        self.tracker.begin()
-        # Registered now, after torch's own atexit handlers, so ours runs first (LIFO).
-        atexit.register(self.flush, "exit")
-        self._guard_os_exit()
+        try:
+            from .recorder import Recorder  # loaded only by processes that train
+
+            self.recorder = Recorder(self.config, self.tracker, self.foreign, self._window_saved, self._guard_signals)
+            # Registered now, after torch's own atexit handlers, so ours runs first (LIFO).
+            atexit.register(self.flush, "exit")
+            self._guard_os_exit()
+            self.tracker.set_listener(self.recorder.on_step, self.recorder.next_cycle_start(self.tracker.global_step))
+            self.tracker.begin()
+        except Exception as exc:
+            self.fail("starting the recorder", exc)
+
+    def fail(self, what: str, exc: BaseException) -> None:
+        """An error in stepcli's own bookkeeping: say so once and stop profiling; the program carries on."""
+        if not self.enabled:
+            return
+        _say(f"profiling disabled in this process after an error in {what}: {type(exc).__name__}: {exc}")
+        self.enabled = False
+        self.tracker.set_listener(None)
 
     def is_own_profiler(self, prof: Any) -> bool:
         """True for the profile objects stepcli itself drives (its hooks must ignore them)."""
@@ -112,12 +133,17 @@ class Agent:
         return recorder is not None and (recorder.building or prof is recorder.prof)
 
     def foreign_profiler_started(self, key: int) -> None:
+        """The program started a profiler of its own (tracked even before this process trains)."""
+        first = not self.foreign
+        self.foreign.add(key)
         if self.recorder is not None:
-            self.recorder.foreign_started(key)
+            self.recorder.step_aside(first)
 
     def foreign_profiler_stopped(self, key: int) -> None:
-        if self.recorder is not None:
-            self.recorder.foreign_stopped(key)
+        """Stops of profilers never seen starting (torch's internal legacy profile objects) are ignored."""
+        if key in self.foreign:
+            self.foreign.discard(key)
+            self.tracker.wake_next_step()
 
     # -- exit, signals, fork ----------------------------------------------------------------------------------
     def _guard_signals(self, on: bool) -> None:
@@ -214,7 +240,8 @@ class Agent:
             "peak_rss_bytes": _peak_rss_bytes(),
             "cuda_peak_bytes": _cuda_peak_bytes(),
         }
-        atomic_write_json(os.path.join(self.config.log_dir, f"{worker}.{self.pid}{STEP_LOG_SUFFIX}"), document)
+        # Named by pid alone: the worker name can change (a rank appears, or goes with destroy_process_group).
+        atomic_write_json(os.path.join(self.config.log_dir, f"{self.pid}{STEP_LOG_SUFFIX}"), document)
 
     def _write_hello(self) -> None:
         """The launcher's own child says it ran, so "no steps" can be told apart from "the hook never loaded"."""
@@ -226,6 +253,10 @@ class Agent:
             )
         except Exception:
             pass
+
+
+def _never() -> bool:
+    return False
 
 
 def _say(message: str) -> None:

@@ -10,6 +10,7 @@ the listener (the profiler driver) is called only at steps it asked to be woken 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from array import array
 from .schedule import NONE
@@ -59,6 +60,7 @@ class StepTracker:
         self._phase = NONE
         self._wake_at = NEVER
         self._listener: Listener | None = None
+        self._lock = threading.Lock()  # requesters may step from several threads (--step-on in a server)
 
     def restart_clock(self) -> None:
         """Make the current step start now."""
@@ -97,12 +99,13 @@ class StepTracker:
 
     def step(self, key: Hashable, name: str = "step") -> None:
         """One step() call by `key`; advances the global step when this requester is now ahead of it."""
-        requester = self.requesters.get(key)
-        if requester is None:
-            requester = self.register(key, name)
-        requester.count += 1
-        if requester.count > self.global_step:
-            self._advance(requester.count)
+        with self._lock:
+            requester = self.requesters.get(key)
+            if requester is None:
+                requester = self.register(key, name)
+            requester.count += 1
+            if requester.count > self.global_step:
+                self._advance(requester.count)
 
     def _advance(self, new_step: int) -> None:
         now = self._clock()
