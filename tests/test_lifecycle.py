@@ -69,6 +69,8 @@ def test_exception_during_the_window_keeps_a_valid_trace(tmp_path: Path) -> None
     assert result.returncode == 1
     assert "RuntimeError: diverged" in result.stderr
     assert assert_partial_trace(tmp_path / "out") == [2, 3, 4, 5]
+    (trace,) = trace_files(tmp_path / "out")
+    assert load_trace(trace)["stepcli_incomplete_step"] == "5"  # step 5 only began: table/compare skip it
     assert "cut short: the program exited" in result.stderr
 
 

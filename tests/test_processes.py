@@ -93,12 +93,18 @@ def test_multiprocessing_spawn_ranks_each_write_their_trace(tmp_path: Path) -> N
             mp.spawn(worker, args=(2, os.path.abspath("rendezvous")), nprocs=2)
     """)
     out = tmp_path / "out"
-    result = run_stepcli("run", "--wait", "1", "--warmup", "0", "--active", "2", "-o", out, script, cwd=tmp_path,
-                         timeout=300)
+    result = run_stepcli("run", "--wait", "1", "--warmup", "0", "--active", "2", "-o", out,
+                         "--json", tmp_path / "run.json", script, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr
     traces = trace_files(out)
     assert sorted(t.name.split(".")[0] for t in traces) == ["rank0", "rank1"]
     assert all(profiler_steps(t) == [1, 2] for t in traces)
+    # one step log per rank even though the rank is gone after destroy_process_group()
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert sorted(p["worker"] for p in summary["processes"]) == ["rank0", "rank1"]
+    assert summary["steps"]["global"] == 5
+    assert summary["step_time_ms"]["profiled"]["count"] == 4  # steps 1-2 of each rank
+    assert len(summary["windows"]) == 2
 
 
 def test_existing_sitecustomize_still_runs(tmp_path: Path, train_script: Path) -> None:

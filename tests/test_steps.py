@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import profiler_steps, run_stepcli, trace_files, write_script
+from conftest import load_trace, profiler_steps, run_stepcli, trace_files, write_script
 
 
 def run_json(tmp_path: Path, script: Path, *options: str) -> tuple[dict, list[Path], str]:
@@ -152,6 +152,42 @@ def test_programs_own_profiler_is_not_double_counted_and_keeps_working(tmp_path:
     assert "skipped while the program ran its own profiler" in stderr
 
 
+def test_programs_profiler_started_inside_our_window_cuts_it_short_and_keeps_its_events(tmp_path: Path) -> None:
+    # GIVEN stepcli recording steps 2-5 and a program that opens its own profiler at the start of step 4
+    script = write_script(tmp_path, "midwindow.py", """
+        import torch
+        from torch.profiler import profile
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        def train_step():
+            model(torch.randn(2, 4)).sum().backward(); opt.step()
+        for _ in range(4):
+            train_step()
+        with profile() as prof:
+            for _ in range(2):
+                train_step()
+        print(len(prof.events()))
+        for _ in range(2):
+            train_step()
+    """)
+    out = tmp_path / "out"
+    result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "4", "-o", out, "--json",
+                         tmp_path / "run.json", script, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    # THEN the program's profiler saw its events, and ours was saved with the steps it completed
+    assert int(result.stdout) > 20
+    (trace,) = trace_files(out)
+    assert profiler_steps(trace) == [2, 3, 4]
+    assert load_trace(trace)["stepcli_incomplete_step"] == "4"
+    summary = json.loads((tmp_path / "run.json").read_text())
+    (window,) = summary["windows"]
+    assert (window["first_step"], window["last_step"], window["complete"]) == (2, 3, False)
+    assert "the program started its own profiler" in window["note"]
+    # and `stepcli table` leaves the incomplete step out
+    table = json.loads(run_stepcli("table", "--json", trace).stdout)
+    assert [s["step"] for s in table["steps"]] == [2, 3]
+
+
 def test_programs_profiler_after_our_window_leaves_both_traces_intact(tmp_path: Path) -> None:
     script = write_script(tmp_path, "later.py", """
         import torch
@@ -165,12 +201,13 @@ def test_programs_profiler_after_our_window_leaves_both_traces_intact(tmp_path: 
         with profile() as prof:
             train_step()
         prof.export_chrome_trace("own.json")
-        print(len(prof.events()) > 0)
+        print(len(prof.events()))
     """)
     summary, traces, _ = run_json(tmp_path, script)
     assert [profiler_steps(t) for t in traces] == [[2, 3]]
     assert summary["steps"]["global"] == 7
-    assert (tmp_path / "own.json").stat().st_size > 1000
+    own = load_trace(tmp_path / "own.json")["traceEvents"]
+    assert any(e.get("name") == "Optimizer.step#SGD.step" for e in own)
 
 
 def test_optimizer_recreated_each_epoch_keeps_counting(tmp_path: Path) -> None:
