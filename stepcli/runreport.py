@@ -28,7 +28,7 @@ TOP_N = 20
 
 
 def _load_json_files(folder: str, predicate: Any) -> list[dict[str, Any]]:
-    documents = []
+    documents: list[dict[str, Any]] = []
     if not os.path.isdir(folder):
         return documents
     for name in sorted(os.listdir(folder)):

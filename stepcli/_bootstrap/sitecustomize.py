@@ -36,6 +36,8 @@ def _stepcli_activate() -> None:
         spec = importlib.util.spec_from_file_location(
             name, os.path.join(agent_dir, "__init__.py"), submodule_search_locations=[agent_dir]
         )
+        if spec is None or spec.loader is None:
+            raise ImportError(f"stepcli's agent is missing from {agent_dir}")
         package = importlib.util.module_from_spec(spec)
         sys.modules[name] = package
         spec.loader.exec_module(package)

@@ -279,7 +279,7 @@ def patch_step_on(agent: "Agent", module: ModuleType, spec: str, qualname: str) 
     else:
 
         @functools.wraps(function)
-        def stepcli_step_on(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+        def stepcli_step_on(*args: Any, **kwargs: Any) -> Any:
             if agent.is_compiling():
                 return function(*args, **kwargs)
             level = enter()

@@ -40,6 +40,7 @@ class Recorder:
         foreign: set[int],
         on_saved: Callable[[], None],
         guard_signals: Callable[[bool], None] = lambda on: None,
+        deliver_signal: Callable[[int], None] = lambda signum: None,
     ) -> None:
         self.config = config
         self.schedule = config.schedule
@@ -47,6 +48,9 @@ class Recorder:
         self.foreign = foreign  # the program's own profilers now running (kept by the agent)
         self.on_saved = on_saved
         self.guard_signals = guard_signals
+        self.deliver_signal = deliver_signal
+        self.busy = False  # inside profiler work: a signal arriving now waits until it is done
+        self.deferred_signal = 0
         self.prof: Any = None
         self.building = False  # true while our own profile object is being constructed
         self.windows: list[dict[str, Any]] = []
@@ -70,11 +74,17 @@ class Recorder:
         """Global step `step` begins: advance the open window or open one. Returns (phase, next wake step)."""
         if self.disabled:
             return NONE, NEVER
+        self.busy = True
         try:
             return self._on_step(step)
         except Exception as exc:  # the program must never die of its profiler
             self._disable(f"profiling stopped after an error in torch.profiler: {type(exc).__name__}: {exc}")
             return NONE, NEVER
+        finally:
+            self.busy = False
+            if self.deferred_signal:
+                signum, self.deferred_signal = self.deferred_signal, 0
+                self.deliver_signal(signum)
 
     def _on_step(self, step: int) -> tuple[int, int]:
         if self.prof is not None:
@@ -143,7 +153,7 @@ class Recorder:
     def _open(self, step: int) -> None:
         import torch.profiler as profiler  # already imported by the program (checked by the caller)
 
-        action = profiler.ProfilerAction(self.schedule.action(step))
+        action: Any = profiler.ProfilerAction(self.schedule.action(step))
         self.building = True
         try:
             prof = profiler.profile(

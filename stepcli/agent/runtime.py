@@ -59,9 +59,7 @@ class Agent:
         self.hooks.when_imported("torch", self._torch_imported)
         for spec in self.config.step_on:
             module_name, _, qualname = spec.partition(":")
-            self.hooks.when_imported(
-                module_name, lambda module, s=spec, q=qualname: hooks.patch_step_on(self, module, s, q)
-            )
+            self.hooks.when_imported(module_name, self._step_on_patcher(spec, qualname))
         self._top_level = os.getppid() == self.config.launcher_pid
         if self._top_level:
             self._write_hello()
@@ -77,6 +75,9 @@ class Agent:
         self.is_compiling = getattr(compiler, "is_compiling", _never)
         hooks.patch_optimizers(self, torch)
         hooks.patch_profilers(self, torch)
+
+    def _step_on_patcher(self, spec: str, qualname: str) -> Callable[[ModuleType], None]:
+        return lambda module: hooks.patch_step_on(self, module, spec, qualname)
 
     def _hook_failed(self, name: str, exc: BaseException) -> None:
         _say(f"could not hook {name} ({type(exc).__name__}: {exc}); it will not count steps")
@@ -110,7 +111,9 @@ class Agent:
         try:
             from .recorder import Recorder  # loaded only by processes that train
 
-            self.recorder = Recorder(self.config, self.tracker, self.foreign, self._window_saved, self._guard_signals)
+            self.recorder = Recorder(
+                self.config, self.tracker, self.foreign, self._window_saved, self._guard_signals, self._die_of
+            )
             # Registered now, after torch's own atexit handlers, so ours runs first (LIFO).
             atexit.register(self.flush, "exit")
             self._guard_os_exit()
@@ -165,6 +168,14 @@ class Agent:
                 pass
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
+        recorder = self.recorder
+        if recorder is not None and recorder.busy:  # mid-export or mid-transition: finish that first
+            recorder.deferred_signal = signum
+            return
+        self._die_of(signum)
+
+    def _die_of(self, signum: int) -> None:
+        """Save, then die of the same signal, so the exit status still says what killed the program."""
         self.flush(signal.Signals(signum).name)
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
@@ -181,7 +192,7 @@ class Agent:
             return original(status)
 
         stepcli_os_exit._stepcli = True  # type: ignore[attr-defined]
-        os._exit = stepcli_os_exit  # type: ignore[assignment]
+        os._exit = stepcli_os_exit
 
     def _forked(self) -> None:
         """A forked child (e.g. a DataLoader worker) never profiles or flushes its parent's state."""
