@@ -149,21 +149,24 @@ def child_environment(config: AgentConfig, base: dict[str, str] | None = None) -
 
 
 class _SignalForwarder:
-    """Signals meant for the program reach it: SIGTERM, SIGHUP, SIGUSR1/2 (schedulers' pre-emption notices)
-    are forwarded, a repeated SIGTERM/SIGHUP kills the whole tree. SIGINT and SIGQUIT from the terminal already
-    reach the program through the terminal's process group, so they are forwarded only when stepcli is not in
-    the terminal's foreground (e.g. `kill -INT` from a job scheduler)."""
+    """Signals meant for the program reach it exactly once.
+
+    In a terminal's foreground the program shares stepcli's process group, so the terminal's Ctrl-C (SIGINT,
+    SIGQUIT) reaches it directly and is not forwarded. Anywhere else (CI, a scheduler, the background) the
+    program gets a process group of its own, so a signal sent to stepcli's group reaches stepcli alone and is
+    forwarded: SIGINT/SIGQUIT to the program's whole group, as a terminal would; SIGTERM, SIGHUP and SIGUSR1/2
+    (schedulers' pre-emption notices) to the program. A repeated SIGTERM/SIGHUP kills the whole tree."""
 
     FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGQUIT)
     FROM_TERMINAL = (signal.SIGINT, signal.SIGQUIT)
     FATAL = (signal.SIGTERM, signal.SIGHUP)
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], terminal_foreground: bool) -> None:
         self.proc = proc
         self.received: list[int] = []
         self.descendants: list[Any] = []
         self._previous: dict[int, Any] = {}
-        self._terminal_foreground = _in_terminal_foreground()
+        self._terminal_foreground = terminal_foreground
 
     def __enter__(self) -> "_SignalForwarder":
         # Installed only after the child started: an ignored SIGINT at exec time would be inherited.
@@ -187,6 +190,8 @@ class _SignalForwarder:
                 for process in [*self.descendants]:
                     _quietly(process.kill)
                 self.proc.kill()
+            elif signum in self.FROM_TERMINAL:
+                os.killpg(self.proc.pid, signum)
             else:
                 self.proc.send_signal(signum)
         except ProcessLookupError:
@@ -216,6 +221,27 @@ class _SignalForwarder:
                 _quietly(process.kill)
         except Exception:
             pass
+
+
+def _child_setup(terminal_foreground: bool) -> Any:
+    """What the child does between fork and exec: outside a terminal's foreground, take its own process group
+    (see _SignalForwarder); on Linux, get SIGTERM if stepcli dies, even of SIGKILL, so it is never orphaned."""
+    prctl = None
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork: nothing to import after it
+        except (OSError, AttributeError):
+            prctl = None
+
+    def setup() -> None:
+        if not terminal_foreground:
+            os.setpgid(0, 0)
+        if prctl is not None:
+            prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    return setup
 
 
 def _in_terminal_foreground() -> bool:
@@ -262,11 +288,12 @@ def run_program(request: RunRequest) -> int:
         _say(f"{request.schedule.describe()}; output in {_short(out_dir)}")
     started = time.time()
     start = time.perf_counter()
+    foreground = _in_terminal_foreground()
     try:
-        proc = subprocess.Popen(request.argv, env=child_environment(config))
+        proc = subprocess.Popen(request.argv, env=child_environment(config), preexec_fn=_child_setup(foreground))
     except OSError as exc:
         raise StepcliError(f"could not start {request.argv[0]}: {exc.strerror or exc}") from None
-    with _SignalForwarder(proc) as forwarder:
+    with _SignalForwarder(proc, foreground) as forwarder:
         returncode = proc.wait()
         forwarder.reap_orphans()
     status = exit_status(returncode)

@@ -179,3 +179,24 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_program_does_not_outlive_a_killed_stepcli(tmp_path: Path) -> None:
+    # GIVEN a running program; WHEN stepcli itself is SIGKILLed (no chance to forward anything)
+    script = write_script(tmp_path, "sleeper.py", """
+        import os, time
+        print(os.getpid(), flush=True)
+        time.sleep(120)
+    """)
+    proc = subprocess.Popen([sys.executable, "-m", "stepcli", "run", "-q", "-o", str(tmp_path / "out"), str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=stepcli_env(),
+                            start_new_session=True)
+    assert proc.stdout is not None
+    program_pid = int(proc.stdout.readline())
+    proc.kill()
+    proc.wait(timeout=30)
+    # THEN the program is told to stop too (Linux parent-death signal), instead of running on as an orphan
+    deadline = time.time() + 10
+    while time.time() < deadline and _alive(program_pid):
+        time.sleep(0.1)
+    assert not _alive(program_pid)
