@@ -269,9 +269,9 @@ def exit_status(returncode: int) -> int:
 
 def run_program(request: RunRequest) -> int:
     """Run the program under the agent, then print/write the run summary. Returns stepcli's exit status."""
-    out_dir = _prepare_out_dir(request.out_dir, request.label)
     if request.json_path:
         _check_json_path(request.json_path)
+    out_dir = _prepare_out_dir(request.out_dir, request.label)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     config = AgentConfig(
         run_id=run_id,

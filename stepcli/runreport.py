@@ -72,17 +72,6 @@ def _primary(logs: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def _why_no_steps(config: AgentConfig, exit_status: int) -> str:
-    if exit_status > 128:
-        import signal
-
-        try:
-            name = signal.Signals(exit_status - 128).name
-        except ValueError:
-            name = f"signal {exit_status - 128}"
-        return (
-            f"no steps recorded: the program was killed by {name} before it could write its step log "
-            "(a SIGKILL or an out-of-memory kill leaves no time to save)."
-        )
     hellos = _load_json_files(config.log_dir, lambda n: n.startswith(HELLO_PREFIX))
     if not hellos:
         return (
@@ -91,6 +80,17 @@ def _why_no_steps(config: AgentConfig, exit_status: int) -> str:
         )
     if not any(h.get("torch_imported") for h in hellos):
         return "no steps observed: the program never imported torch."
+    if exit_status > 128:
+        import signal
+
+        try:
+            name = signal.Signals(exit_status - 128).name
+        except ValueError:
+            name = f"signal {exit_status - 128}"
+        return (
+            f"no steps recorded: the program ended with status {exit_status} ({name}?) before stepcli could write "
+            "its step log; a SIGKILL or an out-of-memory kill leaves no time to save."
+        )
     return (
         "no steps observed: torch was imported but no optimizer.step(), torch.profiler step() or --step-on "
         "function was called. For inference or custom loops, name the step with --step-on MODULE:QUALNAME."

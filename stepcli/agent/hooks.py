@@ -228,7 +228,7 @@ _CO_GENERATOR, _CO_COROUTINE, _CO_ASYNC_GENERATOR = 0x20, 0x80, 0x200
 def patch_step_on(agent: "Agent", module: ModuleType, spec: str, qualname: str) -> None:
     """`--step-on MODULE:QUALNAME`: each completed call of that function or method is a step.
 
-    Nested and recursive calls count once per outermost call, per thread. Inside code torch.compile is tracing
+    Nested and recursive calls count once per outermost call, per thread or asyncio task. Inside code torch.compile is tracing
     nothing is counted (counting there would break `fullgraph=True`); name a function outside the compiled region.
     """
     *owner_path, attr = qualname.split(".")
@@ -243,21 +243,25 @@ def patch_step_on(agent: "Agent", module: ModuleType, spec: str, qualname: str) 
     flags = getattr(getattr(function, "__code__", None), "co_flags", 0)
     if not callable(function) or flags & (_CO_GENERATOR | _CO_ASYNC_GENERATOR):
         raise TypeError(f"{spec} is not a plain or async function (generators are not supported)")
-    import threading
+    import contextvars
 
     key = ("step-on", spec)
     tracker = agent.tracker
-    depth = threading.local()
+    # Per context, not per thread: concurrent asyncio tasks each have their own, so they never mix up levels.
+    depth: contextvars.ContextVar[int] = contextvars.ContextVar(f"stepcli_depth_{spec}", default=0)
 
-    def enter() -> int:
+    def enter() -> tuple[int, Any]:
         if not agent.trains:
             agent.arm()
-        level = getattr(depth, "level", 0)
-        depth.level = level + 1
-        return level
+        level = depth.get()
+        return level, depth.set(level + 1)
 
-    def leave(level: int, completed: bool) -> None:
-        depth.level = level
+    def leave(entered: tuple[int, Any], completed: bool) -> None:
+        level, token = entered
+        try:
+            depth.reset(token)
+        except ValueError:  # reset from another context (a generator finished elsewhere): fall back
+            depth.set(level)
         if completed and level == 0 and agent.enabled:
             tracker.step(key)
 
@@ -267,13 +271,13 @@ def patch_step_on(agent: "Agent", module: ModuleType, spec: str, qualname: str) 
         async def stepcli_step_on(*args: Any, **kwargs: Any) -> Any:
             if agent.is_compiling():
                 return await function(*args, **kwargs)
-            level = enter()
+            entered = enter()
             try:
                 result = await function(*args, **kwargs)
             except BaseException:
-                leave(level, False)
+                leave(entered, False)
                 raise
-            leave(level, True)
+            leave(entered, True)
             return result
 
     else:
@@ -282,13 +286,13 @@ def patch_step_on(agent: "Agent", module: ModuleType, spec: str, qualname: str) 
         def stepcli_step_on(*args: Any, **kwargs: Any) -> Any:
             if agent.is_compiling():
                 return function(*args, **kwargs)
-            level = enter()
+            entered = enter()
             try:
                 result = function(*args, **kwargs)
             except BaseException:
-                leave(level, False)
+                leave(entered, False)
                 raise
-            leave(level, True)
+            leave(entered, True)
             return result
 
     stepcli_step_on._stepcli = True  # type: ignore[attr-defined]

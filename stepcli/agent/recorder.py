@@ -58,6 +58,7 @@ class Recorder:
         self.skipped_windows = 0
         self.disabled = False
         self._pending_cut = ""  # a cut asked for on another thread, done by the main thread at its next step
+        self._abandoned: list[Any] = []
         self._window: dict[str, Any] | None = None
         self._cut_reason = ""
         self._discard = False
@@ -74,7 +75,9 @@ class Recorder:
         """Global step `step` begins: advance the open window or open one. Returns (phase, next wake step)."""
         if self.disabled:
             return NONE, NEVER
-        self.busy = True
+        if not _on_main_thread():
+            return self._off_main_thread(step)
+        self.busy = True  # signal handlers run on the main thread: one arriving now waits for this work
         try:
             return self._on_step(step)
         except Exception as exc:  # the program must never die of its profiler
@@ -82,24 +85,38 @@ class Recorder:
             return NONE, NEVER
         finally:
             self.busy = False
-            if self.deferred_signal:
-                signum, self.deferred_signal = self.deferred_signal, 0
-                self.deliver_signal(signum)
+            self.deliver_deferred_signal()
+
+    def deliver_deferred_signal(self) -> None:
+        if self.deferred_signal and _on_main_thread():
+            signum, self.deferred_signal = self.deferred_signal, 0
+            self.deliver_signal(signum)
+
+    def _off_main_thread(self, step: int) -> tuple[int, int]:
+        """A step made on another thread. torch records only the thread that started the profiler, so such a
+        step would blur `ProfilerStep#N`: an open window ends at the main thread's next step (or at exit)."""
+        if self.prof is not None:
+            self._pending_cut = self._pending_cut or "cut short: a step was made on another thread"
+            return WARMUP, step + 1  # the profiler ran during it: not an untouched step
+        if self.foreign:
+            return FOREIGN, step + 1
+        if self.schedule.starts_cycle(step):
+            self._note_once("steps on a thread other than the main thread: windows are recorded only on the "
+                            "main thread (Kineto cannot close another thread's session at exit)")
+            return NONE, self.next_cycle_start(step + 1)
+        return NONE, self.next_cycle_start(step)
 
     def _on_step(self, step: int) -> tuple[int, int]:
-        if self.prof is not None:
-            if not _on_main_thread():
-                return self._phase_of(self.prof), step + 1  # the main thread catches up at its next step
+        prof = self.prof
+        if prof is not None:
             if self._pending_cut:
                 self.stop(self._pending_cut)
-                return (FOREIGN if self.foreign else NONE), step + 1
-            while self.prof is not None and self.prof.step_num < step:
-                self.prof.step()
-                if self.prof.current_action.value == NONE:
-                    self._close()
-            if self.prof is None:
+                return (FOREIGN if self.foreign else NONE), self.next_cycle_start(step + 1)
+            prof.step()
+            if prof.current_action.value == NONE:
+                self._close()
                 return NONE, self.next_cycle_start(step + 1)
-            phase = self._phase_of(self.prof)
+            phase = self._phase_of(prof)
             if phase >= RECORD and self._window is not None and self._window["first_step"] is None:
                 self._window["first_step"] = step
             return phase, step + 1
@@ -108,10 +125,6 @@ class Recorder:
                 self.skipped_windows += 1
             return FOREIGN, step + 1
         if self.schedule.starts_cycle(step):
-            if not _on_main_thread():
-                self._note_once("steps on a thread other than the main thread: windows are recorded only on the "
-                                "main thread (Kineto cannot close another thread's session at exit)")
-                return NONE, self.next_cycle_start(step + 1)
             if "torch" not in sys.modules:  # --step-on in a program that never imported torch
                 self._disable("nothing to profile: the program never imported torch")
                 return NONE, NEVER
@@ -204,7 +217,7 @@ class Recorder:
         last = prof.step_num - 1
         first = window["first_step"] if window["first_step"] is not None else prof.step_num
         if self._discard:
-            self.notes.append(f"a window was {self._cut_reason} before step {first} completed; nothing saved")
+            self.notes.append(f"the window from step {first} was not saved ({self._cut_reason} before it held a whole step)")
         else:
             self._save(prof, first, last)
         # With wait=0 the same object goes straight on to the next cycle's warmup.
@@ -229,42 +242,63 @@ class Recorder:
             say(f"saved trace of {steps}{extra}: {path} ({human_size(size)})")
 
     def stop(self, reason: str) -> None:
-        """Close an open window now, saving its completed steps (program exit, or the program's own profiler)."""
+        """Close an open window now, saving its completed steps (program exit, or the program's own profiler).
+
+        Only the main thread may stop it; elsewhere the stop waits for the main thread's next step."""
         prof = self.prof
         if prof is None:
             return
         if not _on_main_thread():
-            self._pending_cut = reason
+            self._pending_cut = self._pending_cut or reason
             return
         window = self._window or {}
         first = window.get("first_step")
         self._cut_reason = reason
         self._discard = first is None or first > prof.step_num - 1
+        busy, self.busy = self.busy, True
         try:
-            prof.add_metadata(INCOMPLETE_STEP_KEY, str(prof.step_num))
-            self._close()
+            try:
+                prof.add_metadata(INCOMPLETE_STEP_KEY, str(prof.step_num))
+            finally:
+                self._close()
         except Exception as exc:
             self.notes.append(f"could not close the profiler: {exc}")
         finally:
             self._cut_reason = self._pending_cut = ""
             self._discard = False
+            self.busy = busy
 
     def _disable(self, message: str) -> None:
+        """Stop profiling for good; an open window is closed unsaved (a profiler left running crashes at exit)."""
         self.disabled = True
         self.notes.append(message)
         say(message)
-        prof, self.prof = self.prof, None
+        prof = self.prof
         if prof is not None and _on_main_thread():
+            self._discard, self._cut_reason = True, "profiling was disabled"
             try:
                 prof.stop()
             except Exception:
                 pass
+            finally:
+                self.prof = None
+                self._discard, self._cut_reason = False, ""
+        elif prof is not None:
+            self._pending_cut = "profiling was disabled"  # closed by flush on the main thread
 
     # -- the program's own profilers ---------------------------------------------------------------------------
     def step_aside(self, first: bool) -> None:
         """The program started a profiler of its own: nesting would leave the outer one empty, so we step aside."""
-        if first:
-            self.stop("cut short: the program started its own profiler")
+        if first and self.prof is not None:
+            if _on_main_thread():
+                self.stop("cut short: the program started its own profiler")
+            else:
+                # Ours cannot be stopped from this thread, and stopping it later, after the program's profiler
+                # has run inside it, crashes Kineto: it is abandoned, never stopped, and kept referenced.
+                self._abandoned.append(self.prof)
+                self.prof, self._window = None, None
+                self.guard_signals(False)
+                self.notes.append("a window was abandoned: the program started its own profiler on another thread")
         self.tracker.set_phase(FOREIGN)
         self.tracker.wake_next_step()
 

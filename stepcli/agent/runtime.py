@@ -49,6 +49,7 @@ class Agent:
         self.exit_reason = ""
         self._names: dict[str, int] = {}
         self._flushed = False
+        self._forked_child = False
         self._last_log_write = 0.0
         self._wall_start = time.time()
         self.hooks = hooks.PostImportHooks(self._hook_failed)
@@ -126,9 +127,13 @@ class Agent:
         """An error in stepcli's own bookkeeping: say so once and stop profiling; the program carries on."""
         if not self.enabled:
             return
-        _say(f"profiling disabled in this process after an error in {what}: {type(exc).__name__}: {exc}")
+        message = f"profiling disabled in this process after an error in {what}: {type(exc).__name__}: {exc}"
         self.enabled = False
         self.tracker.set_listener(None)
+        if self.recorder is not None:
+            self.recorder._disable(message)  # closes an open window: one left running crashes at exit
+        else:
+            _say(message)
 
     def is_own_profiler(self, prof: Any) -> bool:
         """True for the profile objects stepcli itself drives (its hooks must ignore them)."""
@@ -169,7 +174,7 @@ class Agent:
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         recorder = self.recorder
-        if recorder is not None and recorder.busy:  # mid-export or mid-transition: finish that first
+        if recorder is not None and recorder.busy:  # mid-export, mid-transition or mid-flush: finish that first
             recorder.deferred_signal = signum
             return
         self._die_of(signum)
@@ -197,22 +202,34 @@ class Agent:
     def _forked(self) -> None:
         """A forked child (e.g. a DataLoader worker) never profiles or flushes its parent's state."""
         self.enabled = False
+        self._forked_child = True
         self.tracker.set_listener(None)
         self.recorder = None
 
     def flush(self, reason: str) -> None:
         """Save an open window and the step log, once, and only in the process that made them."""
-        if self._flushed or os.getpid() != self.pid or not self.enabled:
+        if self._flushed or os.getpid() != self.pid or self._forked_child:
             return
         self._flushed = True
         self.exit_reason = reason
+        recorder = self.recorder
+        busy = recorder.busy if recorder is not None else False
+        if recorder is not None:
+            recorder.busy = True  # a SIGTERM arriving mid-save waits for the save
         try:
-            if self.recorder is not None:
-                self.recorder.stop("cut short: the program exited" if reason == "exit" else f"cut short: {reason}")
-            if self.tracker.global_step or (self.recorder and self.recorder.windows):
+            if recorder is not None:
+                recorder.stop("cut short: the program exited" if reason == "exit" else f"cut short: {reason}")
+                if recorder.prof is not None:
+                    recorder.notes.append(f"the window open at {reason} could not be saved: it exited from another thread")
+            if self.tracker.global_step or (recorder and recorder.windows):
                 self._write_step_log()
         except Exception as exc:
             _say(f"could not write the step log: {type(exc).__name__}: {exc}")
+        finally:
+            if recorder is not None:
+                recorder.busy = busy
+                if not busy:
+                    recorder.deliver_deferred_signal()
 
     def _window_saved(self) -> None:
         now = time.monotonic()
@@ -251,8 +268,9 @@ class Agent:
             "peak_rss_bytes": _peak_rss_bytes(),
             "cuda_peak_bytes": _cuda_peak_bytes(),
         }
-        # Named by pid alone: the worker name can change (a rank appears, or goes with destroy_process_group).
-        atomic_write_json(os.path.join(self.config.log_dir, f"{self.pid}{STEP_LOG_SUFFIX}"), document)
+        # Named by host and pid, not worker: the worker name changes when a rank appears.
+        name = f"{document['host']}.{self.pid}{STEP_LOG_SUFFIX}"  # hosts may share -o and reuse pids
+        atomic_write_json(os.path.join(self.config.log_dir, name), document)
 
     def _write_hello(self) -> None:
         """The launcher's own child says it ran, so "no steps" can be told apart from "the hook never loaded"."""
