@@ -217,3 +217,92 @@ def test_unwritable_json_path_fails_before_the_program_starts(tmp_path: Path, tr
     assert result.returncode == 2
     assert result.stdout == ""  # the program never ran
     assert result.stderr.startswith("stepcli: error: --json")
+
+
+def test_concurrent_async_calls_each_count(tmp_path: Path) -> None:
+    write_script(tmp_path, "aserve.py", """
+        import asyncio
+        async def handle(x):
+            await asyncio.sleep(0.001)
+            return x
+    """)
+    script = write_script(tmp_path, "gather.py", """
+        import asyncio, torch
+        import aserve
+        async def main():
+            for _ in range(3):
+                await asyncio.gather(*(aserve.handle(i) for i in range(10)))
+            for i in range(10):
+                await aserve.handle(i)
+        asyncio.run(main())
+    """)
+    result, summary = run_json(tmp_path, script, "--step-on", "aserve:handle")
+    assert result.returncode == 0, result.stderr
+    assert summary is not None and summary["steps"]["global"] == 40
+
+
+def test_a_step_on_another_thread_ends_the_window_cleanly(tmp_path: Path) -> None:
+    write_script(tmp_path, "worklib.py", """
+        import torch
+        def step():
+            torch.randn(64, 64) @ torch.randn(64, 64)
+    """)
+    script = write_script(tmp_path, "mixed.py", """
+        import threading
+        from worklib import step
+        for _ in range(4):
+            step()                      # window opens at step 1 (warmup), records 2-3 on the main thread
+        worker = threading.Thread(target=lambda: [step() for _ in range(3)])
+        worker.start(); worker.join()   # steps made elsewhere while the window is open
+        for _ in range(3):
+            step()
+        print("done")
+    """)
+    result, summary = run_json(tmp_path, script, "--active", "4", "--step-on", "worklib:step")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "done\n"
+    assert summary is not None and summary["steps"]["global"] == 10
+    (window,) = summary["windows"]
+    assert (window["first_step"], window["last_step"], window["complete"]) == (2, 3, False)
+    assert "another thread" in window["note"]
+
+
+def test_programs_profiler_on_another_thread_during_our_window_does_not_crash(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "side_profiler.py", """
+        import threading, torch
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(4))], lr=0.1)
+        for _ in range(3):
+            opt.step()                  # our window is open from step 1
+        events = {}
+        def profile_on_the_side():
+            with torch.profiler.profile() as prof:
+                torch.randn(64, 64) @ torch.randn(64, 64)
+            events["n"] = len(prof.events())
+        side = threading.Thread(target=profile_on_the_side); side.start(); side.join()
+        for _ in range(4):
+            opt.step()
+        print(events["n"] > 0)
+    """)
+    result, summary = run_json(tmp_path, script, "--active", "6")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "True\n"
+    assert summary is not None and any("abandoned" in note for note in summary["notes"])
+
+
+def test_an_agent_error_during_a_window_never_crashes_the_program(tmp_path: Path) -> None:
+    # GIVEN stepcli's own bookkeeping failing while a window is open (simulated through the agent's failure path)
+    script = write_script(tmp_path, "fails_inside.py", """
+        import sys, torch
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(4))], lr=0.1)
+        for i in range(8):
+            opt.step()
+            if i == 2:
+                sys.modules["_stepcli_agent.runtime"]._agent.fail("a test", RuntimeError("boom"))
+        print("finished")
+    """)
+    result, summary = run_json(tmp_path, script, "--active", "4")
+    # THEN one line says profiling stopped, the program finishes normally, and its steps so far are reported
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "finished\n"
+    assert "profiling disabled in this process after an error in a test: RuntimeError: boom" in result.stderr
+    assert summary is not None and summary["steps"]["global"] == 3
