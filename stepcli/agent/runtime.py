@@ -74,11 +74,18 @@ class Agent:
             self.tracker.restart_clock()  # step 0 starts when torch is imported
         compiler = getattr(torch, "compiler", None)
         self.is_compiling = getattr(compiler, "is_compiling", _never)
-        hooks.patch_optimizers(self, torch)
-        hooks.patch_profilers(self, torch)
+        from .patches import patch_optimizers, patch_profilers
+
+        patch_optimizers(self, torch)
+        patch_profilers(self, torch)
 
     def _step_on_patcher(self, spec: str, qualname: str) -> Callable[[ModuleType], None]:
-        return lambda module: hooks.patch_step_on(self, module, spec, qualname)
+        def patch(module: ModuleType) -> None:
+            from .patches import patch_step_on
+
+            patch_step_on(self, module, spec, qualname)
+
+        return patch
 
     def _hook_failed(self, name: str, exc: BaseException) -> None:
         _say(f"could not hook {name} ({type(exc).__name__}: {exc}); it will not count steps")

@@ -1,0 +1,240 @@
+"""The wrappers that turn optimizer, GradScaler, profiler and `--step-on` calls into steps.
+
+Runs inside the target: standard library plus the program's torch, which is already imported when these run.
+Loaded only once the program imports torch (or a `--step-on` module), so other processes never pay for it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any, Callable
+
+    from .runtime import Agent
+
+
+def _guarded(agent: "Agent", what: str, call: "Callable[[], None]") -> None:
+    """Run agent bookkeeping from inside a program call: an error disables the agent, never the program."""
+    try:
+        call()
+    except Exception as exc:
+        agent.fail(what, exc)
+
+
+def _counted_call(agent: "Agent", key: int, owner: Any, function: Any, args: Any, kwargs: Any) -> Any:
+    """Call `function` and count one step for requester `key` when it returns (once, however deeply nested:
+    a subclass calling super().step(), or GradScaler.step calling optimizer.step)."""
+    in_step = agent.in_step
+    if agent.is_compiling() or key in in_step or not agent.enabled:
+        return function(*args, **kwargs)
+    in_step.add(key)
+    try:
+        result = function(*args, **kwargs)
+    finally:
+        in_step.discard(key)
+    if key not in agent.tracker.requesters:
+        _guarded(agent, "an optimizer", lambda: agent.requester_created(key, type(owner).__name__, owner))
+    agent.tracker.step(key)
+    return result
+
+
+def patch_optimizers(agent: "Agent", torch: ModuleType) -> None:
+    """One requester per optimizer instance, registered when it is constructed (lazily would count N+1)."""
+    optimizer_cls = torch.optim.Optimizer
+    original_init = optimizer_cls.__init__
+    if getattr(original_init, "_stepcli", False):
+        return
+
+    @functools.wraps(original_init)
+    def stepcli_optimizer_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        if agent.enabled:
+            _guarded(agent, "an optimizer", lambda: _register_optimizer(agent, self))
+
+    stepcli_optimizer_init._stepcli = True  # type: ignore[attr-defined]
+    optimizer_cls.__init__ = stepcli_optimizer_init
+
+    # GradScaler.step skips optimizer.step() on inf/NaN gradients: the iteration is still a step.
+    scaler_cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    original_scaler_step = getattr(scaler_cls, "step", None)
+    if original_scaler_step is not None and not getattr(original_scaler_step, "_stepcli", False):
+
+        @functools.wraps(original_scaler_step)
+        def stepcli_scaler_step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            return _counted_call(agent, id(optimizer), optimizer, original_scaler_step, (self, optimizer, *args), kwargs)
+
+        stepcli_scaler_step._stepcli = True  # type: ignore[attr-defined]
+        scaler_cls.step = stepcli_scaler_step  # type: ignore[union-attr]
+
+
+def _register_optimizer(agent: "Agent", optimizer: Any) -> None:
+    agent.requester_created(id(optimizer), type(optimizer).__name__, optimizer)
+    _wrap_step(agent, type(optimizer))
+
+
+def _wrap_step(agent: "Agent", cls: type) -> None:
+    """Count a step when `cls.step` returns: outside torch's own hook wrapper, whose
+    `Optimizer.step#...` annotation must close before the next `ProfilerStep#N` opens."""
+    original = cls.__dict__.get("step") or getattr(cls, "step")
+    if getattr(original, "_stepcli", False):
+        return
+
+    @functools.wraps(original)  # copies torch's `hooked` flag too, so torch never wraps over us
+    def stepcli_optimizer_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return _counted_call(agent, id(self), self, original, (self, *args), kwargs)
+
+    stepcli_optimizer_step._stepcli = True  # type: ignore[attr-defined]
+    cls.step = stepcli_optimizer_step  # type: ignore[attr-defined]
+
+
+def patch_profilers(agent: "Agent", torch: ModuleType) -> None:
+    """The program's own torch.profiler.profile objects: each is a requester; while one runs, we step aside."""
+    profile = torch.profiler.profile
+    if getattr(profile.step, "_stepcli", False):
+        return
+    original_init, original_start, original_stop, original_step = (
+        profile.__init__, profile.start, profile.stop, profile.step,
+    )
+    own = agent.is_own_profiler
+
+    @functools.wraps(original_init)
+    def stepcli_profile_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        if agent.enabled and not own(self):
+            _guarded(agent, "a profiler", lambda: agent.requester_created(id(self), "profiler", self))
+
+    @functools.wraps(original_start)
+    def stepcli_profile_start(self: Any) -> None:
+        if agent.enabled and not own(self):
+            agent.foreign_profiler_started(id(self))
+            try:
+                original_start(self)
+            except BaseException:
+                agent.foreign_profiler_stopped(id(self))
+                raise
+        else:
+            original_start(self)
+
+    @functools.wraps(original_stop)
+    def stepcli_profile_stop(self: Any) -> None:
+        try:
+            original_stop(self)
+        finally:
+            if agent.enabled and not own(self):
+                agent.foreign_profiler_stopped(id(self))
+
+    @functools.wraps(original_step)
+    def stepcli_profile_step(self: Any) -> None:
+        original_step(self)
+        if agent.enabled and not own(self):
+            key = id(self)
+            if key not in agent.tracker.requesters:
+                _guarded(agent, "a profiler", lambda: agent.requester_created(key, "profiler", self))
+            agent.tracker.step(key)
+
+    for wrapper in (stepcli_profile_init, stepcli_profile_start, stepcli_profile_stop, stepcli_profile_step):
+        wrapper._stepcli = True  # type: ignore[attr-defined]
+    profile.__init__, profile.start, profile.stop, profile.step = (
+        stepcli_profile_init, stepcli_profile_start, stepcli_profile_stop, stepcli_profile_step,
+    )
+
+    # The legacy autograd profiler opens a Kineto session too: nesting it in ours would empty ours.
+    legacy = torch.autograd.profiler.profile
+    legacy_enter, legacy_exit = legacy.__enter__, legacy.__exit__
+
+    @functools.wraps(legacy_enter)
+    def stepcli_legacy_enter(self: Any) -> Any:
+        if agent.enabled and getattr(self, "enabled", True):
+            agent.foreign_profiler_started(id(self))
+        return legacy_enter(self)
+
+    @functools.wraps(legacy_exit)
+    def stepcli_legacy_exit(self: Any, *exc: Any) -> Any:
+        try:
+            return legacy_exit(self, *exc)
+        finally:
+            if agent.enabled:
+                agent.foreign_profiler_stopped(id(self))
+
+    legacy.__enter__, legacy.__exit__ = stepcli_legacy_enter, stepcli_legacy_exit
+
+
+_CO_GENERATOR, _CO_COROUTINE, _CO_ASYNC_GENERATOR = 0x20, 0x80, 0x200
+
+
+def patch_step_on(agent: "Agent", module: ModuleType, spec: str, qualname: str) -> None:
+    """`--step-on MODULE:QUALNAME`: each completed call of that function or method is a step.
+
+    Nested and recursive calls count once per outermost call, per thread or asyncio task. Inside code torch.compile is tracing
+    nothing is counted (counting there would break `fullgraph=True`); name a function outside the compiled region.
+    """
+    *owner_path, attr = qualname.split(".")
+    owner: Any = module
+    for part in owner_path:
+        owner = getattr(owner, part)
+    raw = owner.__dict__[attr] if isinstance(owner, type) and attr in owner.__dict__ else getattr(owner, attr)
+    kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
+    function = raw.__func__ if kind is not None else raw
+    if getattr(function, "_stepcli", False):
+        return
+    flags = getattr(getattr(function, "__code__", None), "co_flags", 0)
+    if not callable(function) or flags & (_CO_GENERATOR | _CO_ASYNC_GENERATOR):
+        raise TypeError(f"{spec} is not a plain or async function (generators are not supported)")
+    import contextvars
+
+    key = ("step-on", spec)
+    tracker = agent.tracker
+    # Per context, not per thread: concurrent asyncio tasks each have their own, so they never mix up levels.
+    depth: contextvars.ContextVar[int] = contextvars.ContextVar(f"stepcli_depth_{spec}", default=0)
+
+    def enter() -> tuple[int, Any]:
+        if not agent.trains:
+            agent.arm()
+        level = depth.get()
+        return level, depth.set(level + 1)
+
+    def leave(entered: tuple[int, Any], completed: bool) -> None:
+        level, token = entered
+        try:
+            depth.reset(token)
+        except ValueError:  # reset from another context (a generator finished elsewhere): fall back
+            depth.set(level)
+        if completed and level == 0 and agent.enabled:
+            tracker.step(key)
+
+    if flags & _CO_COROUTINE:
+
+        @functools.wraps(function)
+        async def stepcli_step_on(*args: Any, **kwargs: Any) -> Any:
+            if agent.is_compiling():
+                return await function(*args, **kwargs)
+            entered = enter()
+            try:
+                result = await function(*args, **kwargs)
+            except BaseException:
+                leave(entered, False)
+                raise
+            leave(entered, True)
+            return result
+
+    else:
+
+        @functools.wraps(function)
+        def stepcli_step_on(*args: Any, **kwargs: Any) -> Any:
+            if agent.is_compiling():
+                return function(*args, **kwargs)
+            entered = enter()
+            try:
+                result = function(*args, **kwargs)
+            except BaseException:
+                leave(entered, False)
+                raise
+            leave(entered, True)
+            return result
+
+    stepcli_step_on._stepcli = True  # type: ignore[attr-defined]
+    agent.requester_created(key, spec, arm=False)  # armed at the first call, not at import (DataLoader workers)
+    setattr(owner, attr, kind(stepcli_step_on) if kind is not None else stepcli_step_on)
