@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from conftest import profiler_steps, run_python, run_stepcli, stepcli_env, trace_files, write_script
