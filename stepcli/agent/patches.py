@@ -78,7 +78,7 @@ def _register_optimizer(agent: "Agent", optimizer: Any) -> None:
 def _wrap_step(agent: "Agent", cls: type) -> None:
     """Count a step when `cls.step` returns: outside torch's own hook wrapper, whose
     `Optimizer.step#...` annotation must close before the next `ProfilerStep#N` opens."""
-    original = cls.__dict__.get("step") or cls.step
+    original = cls.__dict__.get("step") or getattr(cls, "step")  # noqa: B009 (mypy: type has no .step)
     if getattr(original, "_stepcli", False):
         return
 
