@@ -17,6 +17,7 @@ from typing import Any
 
 from stepcli import __version__
 from stepcli.agent.config import HELLO_PREFIX, STEP_LOG_SUFFIX, AgentConfig
+from stepcli.agent.output import human_size
 from stepcli.agent.schedule import NONE
 from stepcli.agent.tracker import FOREIGN
 from stepcli.errors import StepcliError
@@ -233,14 +234,7 @@ def _ms(value: float | None) -> str:
 
 
 def _bytes(value: int | None) -> str:
-    if not value:
-        return "-"
-    size = float(value)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1024 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{value} B"
+    return human_size(value) if value else "-"
 
 
 _BLOCKS = "▁▂▃▄▅▆▇█"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -90,6 +91,37 @@ def profiler_steps(path: Path) -> list[int]:
         for e in events
         if isinstance(e.get("name"), str) and e["name"].startswith("ProfilerStep#") and e.get("ph") == "X"
     )
+
+
+def markdown_tables(text: str) -> list[list[list[str]]]:
+    """Every GitHub-flavoured table in `text` as [header, *body] rows of cells, asserting it is well formed:
+    a header row, a separator row, at least one body row, equal column counts, closing pipes."""
+    tables: list[list[list[str]]] = []
+    block: list[str] = []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            block.append(line)
+            continue
+        if block:
+            rows = [[cell.strip() for cell in re.split(r"(?<!\\)\|", row.strip())[1:-1]] for row in block]
+            assert len(rows) >= 3, block  # header, separator, at least one body row
+            assert all(re.fullmatch(r":?-{3,}:?", cell) for cell in rows[1]), block[1]
+            assert len({len(row) for row in rows}) == 1, block
+            assert all(row.rstrip().endswith("|") for row in block), block
+            tables.append([rows[0], *rows[2:]])
+            block = []
+    return tables
+
+
+def assert_matches_key_averages(cpu_ops: list[dict[str, Any]], expected: list[dict[str, Any]]) -> None:
+    """stepcli's CPU operator rows agree with torch's key_averages(): names, counts, self/total within 1%."""
+    rows = {r["name"]: r for r in cpu_ops}
+    assert set(rows) == {e["name"] for e in expected}
+    for e in expected:
+        row = rows[e["name"]]
+        assert row["calls"] == e["count"], e["name"]
+        assert row["self_ms"] * 1000 == pytest.approx(e["self_us"], rel=0.01, abs=1e-6), e["name"]
+        assert row["total_ms"] * 1000 == pytest.approx(e["total_us"], rel=0.01), e["name"]
 
 
 TRAIN_LOOP = """

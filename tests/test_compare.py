@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import pytest
+from conftest import markdown_tables
 
 from stepcli.compare import (
     Measurement,
@@ -16,7 +16,13 @@ from stepcli.compare import (
     parse_tolerance,
     render_markdown,
 )
-from stepcli.errors import EXIT_NOTHING_MEASURED, EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, StepcliError
+from stepcli.errors import (
+    EXIT_NOTHING_MEASURED,
+    EXIT_OK,
+    EXIT_REGRESSION,
+    EXIT_USAGE,
+    StepcliError,
+)
 from stepcli.stats import Stats, describe
 
 
@@ -280,31 +286,12 @@ def test_measurement_from_summary() -> None:
 
 # ---------------------------------------------------------------- Markdown
 
-def md_tables(text: str) -> list[list[list[str]]]:
-    """Every GFM table in `text` as rows of cells; asserts header/separator/equal widths."""
-    tables: list[list[list[str]]] = []
-    block: list[str] = []
-    for line in text.splitlines() + [""]:
-        if line.startswith("|"):
-            block.append(line)
-            continue
-        if block:
-            assert len(block) >= 2, block
-            rows = [[c.strip() for c in re.split(r"(?<!\\)\|", row.strip())[1:-1]] for row in block]
-            assert all(re.fullmatch(r":?-{3,}:?", cell) for cell in rows[1]), block[1]
-            assert len({len(r) for r in rows}) == 1, block
-            assert all(row.rstrip().endswith("|") for row in block)
-            tables.append([rows[0]] + rows[2:])
-            block = []
-    return tables
-
-
 def test_markdown_is_valid_tables_and_escapes_pipes() -> None:
     ops = (OpTime("weird|op_name", 1, 2.0, 2.0),)
     result = decide(run(10.0, profiled=12.0, ops=ops), run(20.0, profiled=24.0, ops=ops),
                     tolerance=0.1, min_delta_ms=0.0)
     text = render_markdown(result)
-    steps, operators = md_tables(text)
+    steps, operators = markdown_tables(text)
     assert steps[0][:6] == ["steps", "stat", "baseline", "current", "delta", "delta %"]
     assert len(steps) == 1 + 12  # header + 6 stats x (untouched, profiled)
     assert ["untouched", "**median**", "10.000", "20.000", "+10.000", "+100.0%", "decides"] in steps

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.conftest import run_stepcli, stepcli_env, write_script
+from conftest import markdown_tables, run_stepcli, stepcli_env, write_script
 
 # Plain torch.profiler with a schedule, as a user's script does it without stepcli: wait 1, warmup 1,
 # active 3, so ProfilerStep#2..#4 are recorded. The slow variant sleeps inside each step.
@@ -293,24 +292,6 @@ def test_bad_metric_and_min_delta_are_usage_errors(summaries: dict[str, Path]) -
 
 
 # ---------------------------------------------------------------- Markdown and GitHub job summary
-
-def markdown_tables(text: str) -> list[list[list[str]]]:
-    """Parse every GFM table: header row, separator row, body rows, all with equal column counts."""
-    tables: list[list[list[str]]] = []
-    block: list[str] = []
-    for line in text.splitlines() + [""]:
-        if line.startswith("|"):
-            block.append(line)
-            continue
-        if block:
-            rows = [[cell.strip() for cell in re.split(r"(?<!\\)\|", row.strip())[1:-1]] for row in block]
-            assert len(rows) >= 3, block  # header, separator, at least one body row
-            assert all(re.fullmatch(r":?-{3,}:?", cell) for cell in rows[1]), block[1]
-            assert len({len(row) for row in rows}) == 1, block
-            tables.append([rows[0], *rows[2:]])
-            block = []
-    return tables
-
 
 def test_markdown_file_is_valid_tables(summaries: dict[str, Path], tmp_path: Path) -> None:
     report = tmp_path / "report.md"

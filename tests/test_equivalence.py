@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import run_python, run_stepcli, write_script
 
 ENV_REPORT = """

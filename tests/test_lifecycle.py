@@ -9,7 +9,14 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import load_trace, profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
+from conftest import (
+    load_trace,
+    profiler_steps,
+    run_stepcli,
+    stepcli_env,
+    trace_files,
+    write_script,
+)
 
 # Trains forever-ish; announces on stdout when it is inside the recording window (global step 3).
 SLOW_LOOP = """

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
 
 from stepcli.launcher import BOOTSTRAP_DIR

@@ -9,7 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import profiler_steps, run_python, run_stepcli, stepcli_env, trace_files, write_script
+from conftest import (
+    profiler_steps,
+    run_python,
+    run_stepcli,
+    stepcli_env,
+    trace_files,
+    write_script,
+)
 
 
 def run_json(tmp_path: Path, script: Path, *options: str, **kwargs: object) -> tuple[object, dict | None]:

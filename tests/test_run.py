@@ -6,7 +6,14 @@ import json
 import re
 from pathlib import Path
 
-from conftest import load_trace, profiler_steps, run_python, run_stepcli, trace_files, write_script
+from conftest import (
+    load_trace,
+    profiler_steps,
+    run_python,
+    run_stepcli,
+    trace_files,
+    write_script,
+)
 
 
 def test_records_exactly_the_scheduled_steps_and_leaves_stdout_alone(tmp_path: Path, train_script: Path) -> None:

@@ -6,7 +6,6 @@ import csv
 import gzip
 import io
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -14,8 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from conftest import run_stepcli, stepcli_env, write_script
+from conftest import (
+    assert_matches_key_averages,
+    markdown_tables,
+    run_stepcli,
+    stepcli_env,
+    write_script,
+)
 
 DATA = Path(__file__).parent / "data"
 
@@ -111,13 +115,7 @@ def test_matches_torch_key_averages(plain_trace: Path) -> None:
     # WHEN stepcli summarizes the trace file alone
     data = table_json(plain_trace)
     # THEN the operator names, call counts, self and total times agree
-    rows = {r["name"]: r for r in data["cpu_ops"]}
-    assert set(rows) == {e["name"] for e in expected}
-    for e in expected:
-        row = rows[e["name"]]
-        assert row["calls"] == e["count"], e["name"]
-        assert row["self_ms"] * 1000 == pytest.approx(e["self_us"], rel=0.01, abs=1e-6), e["name"]
-        assert row["total_ms"] * 1000 == pytest.approx(e["total_us"], rel=0.01), e["name"]
+    assert_matches_key_averages(data["cpu_ops"], expected)
     assert [s["step"] for s in data["steps"]] == [2, 3, 4]
     assert data["breakdown_ms"]["dataloader"] > 0 and data["breakdown_ms"]["backward"] > 0
     assert data["breakdown_ms"]["optimizer"] > 0 and data["breakdown_ms"]["forward"] > 0
@@ -173,29 +171,10 @@ def test_csv_parses(plain_trace: Path) -> None:
     float(rows[0]["self_ms"]), int(rows[0]["calls"])
 
 
-def _markdown_tables(text: str) -> list[list[list[str]]]:
-    """Each run of table lines, split into cells on unescaped pipes."""
-    tables: list[list[list[str]]] = []
-    current: list[list[str]] = []
-    for line in text.splitlines() + [""]:
-        if line.startswith("|"):
-            current.append([c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]])
-        elif current:
-            tables.append(current)
-            current = []
-    return tables
-
-
 def test_markdown_tables_are_well_formed(two_rank_dir: Path) -> None:
     proc = run_stepcli("table", "--markdown", two_rank_dir)
     assert proc.returncode == 0, proc.stderr
-    tables = _markdown_tables(proc.stdout)
-    assert len(tables) >= 4  # steps, ranks, breakdown, CPU operators
-    for table in tables:
-        header, separator, *body = table
-        assert all(re.fullmatch(r"-{3,}:?", cell) for cell in separator)
-        assert all(len(row) == len(header) for row in [separator, *body])
-        assert body
+    assert len(markdown_tables(proc.stdout)) >= 4  # steps, ranks, breakdown, CPU operators
     assert "### Ranks" in proc.stdout and "(slowest)" in proc.stdout
 
 
