@@ -442,10 +442,13 @@ def _describe_decode_error(data: bytes | bytearray, exc: msgspec.DecodeError) ->
     if data.lstrip()[:1] not in (b"{", b"["):
         return "not JSON (is this a profiler trace?)"
     where = re.search(r"\(byte (\d+)\)", message)
-    if where and _BARE_CONSTANT.match(data, int(where.group(1))):
-        token = _BARE_CONSTANT.match(data, int(where.group(1)))
-        assert token is not None
-        return f"invalid JSON: bare {token.group().decode()} at byte {where.group(1)} is not JSON (write null or a number)"
+    if where:
+        position = int(where.group(1))
+        if position > 0 and data[position - 1 : position] == b"-":  # the decoder stops after the sign
+            position -= 1
+        token = _BARE_CONSTANT.match(data, position)
+        if token:
+            return f"invalid JSON: bare {token.group().decode()} at byte {position} is not JSON (write null or a number)"
     return f"invalid JSON: {message}"
 
 
