@@ -330,6 +330,11 @@ def print_run_summary(summary: dict[str, Any]) -> None:
             f"next: [bold]stepcli table {shlex.quote(_relative(out))}[/]  ·  open a trace in https://ui.perfetto.dev  ·  "
             f"tensorboard --logdir {shlex.quote(_relative(out))}"
         )
+        from stepcli.hta import hta_command
+
+        hta = hta_command(summary, _relative)
+        if hta:  # one window's folder: HTA keeps one trace per rank from a folder
+            console.print(f"next: Holistic Trace Analysis of one window: {hta}", markup=False, soft_wrap=True)
 
 
 def _relative(path: str) -> str:
