@@ -22,19 +22,18 @@ def prepare_control_dir(out_dir: Path, run_id: str) -> Path:
     base = out_dir / LOG_FOLDER
     run_dir = base / run_id
     try:
-        _private_dir(base, new=False)
-        _private_dir(run_dir, new=True)
+        _private_dir(base)
+        _private_dir(run_dir)  # may exist: launchers of several nodes can share an output folder and a run id
     except OSError as exc:
         raise StepcliError(f"cannot create the control folder {run_dir}: {exc.strerror or exc}") from None
     return run_dir
 
 
-def _private_dir(path: Path, *, new: bool) -> None:
+def _private_dir(path: Path) -> None:
     try:
         os.mkdir(path, PRIVATE_MODE)  # the umask can only remove bits from 0700; the chmod below restores them
     except FileExistsError:
-        if new:
-            raise StepcliError(f"control folder {path} already exists: refusing to share it with another run") from None
+        pass  # checked below: ours, a real folder, and made private
     info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode):
         raise StepcliError(f"control folder {path} exists and is not a folder (a link?): refusing to use it")
