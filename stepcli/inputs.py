@@ -67,7 +67,7 @@ def read_input(path: str, *, gunzip: bool = True) -> bytes | bytearray:
             raise TraceError(path, "not a regular file (a device, FIFO or socket); save the data to a file first")
         if info.st_size > limit:
             raise _too_big(path, f"the file ({_size(info.st_size)})", limit)
-        data = _read_at_most(fd, limit, path)
+        data = _read_regular(fd, info.st_size, limit, path)
     except OSError as exc:
         raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
     finally:
@@ -82,18 +82,27 @@ def read_input(path: str, *, gunzip: bool = True) -> bytes | bytearray:
     return data
 
 
-def _read_at_most(fd: int, limit: int, path: str) -> bytes:
-    """Read to the end, but never past `limit` (a file that grows while it is read)."""
-    pieces: list[bytes] = []
-    total = 0
-    while True:
-        piece = os.read(fd, _READ_STEP)
-        if not piece:
-            return b"".join(pieces)
-        total += len(piece)
-        if total > limit:
-            raise _too_big(path, "the file", limit)
-        pieces.append(piece)
+def _read_regular(fd: int, size: int, limit: int, path: str) -> bytearray:
+    """Read the whole file into one buffer of its size (held once, as `read()` would), and never past `limit`
+    when the file grows while it is read."""
+    buffer = bytearray(size + 1)  # one spare byte tells a file that grew
+    got = 0
+    with memoryview(buffer) as view:
+        while got < len(buffer):
+            count = os.readv(fd, [view[got:]])
+            if count == 0:
+                break
+            got += count
+    del buffer[got:]
+    if got == size + 1:
+        while True:
+            piece = os.read(fd, _READ_STEP)
+            if not piece:
+                break
+            buffer += piece
+            if len(buffer) > limit:
+                raise _too_big(path, "the file", limit)
+    return buffer
 
 
 def gunzip_bounded(data: bytes | bytearray, limit: int, path: str = "<memory>") -> bytearray:
