@@ -36,10 +36,6 @@ RUN_SCHEMA_VERSIONS = (1,)
 METRICS = ("median", "mean", "p90", "min", "max")
 TOP_OPS = 10
 
-# Files above this size are not parsed here just to tell a run summary (a few KB) from a trace:
-# they go straight to the trace reader, so a big trace is parsed once.
-_SNIFF_LIMIT_BYTES = 8 * 1024 * 1024
-
 Kind = Literal["run", "trace"]
 Verdict = Literal["pass", "regression", "nothing_measured"]
 
@@ -353,6 +349,11 @@ def measurement_from_run(doc: Mapping[str, Any], label: str) -> Measurement:
     exit_status = doc.get("exit_status")
     if isinstance(exit_status, bool) or not isinstance(exit_status, (int, type(None))):
         raise _invalid_run(label, "exit_status is not an integer")
+    from stepcli.inputs import run_paths_problem
+
+    paths_problem = run_paths_problem(dict(doc))
+    if paths_problem:
+        raise _invalid_run(label, paths_problem)
     return Measurement(
         label=label,
         kind="run",
@@ -398,32 +399,29 @@ def load_measurement(path: str) -> Measurement:
             return Measurement(label=path, kind="trace", steps=0, populations={"recorded": None}, events=0,
                                empty_reason="no trace files in this folder")
         return _load_traces(path, files)
-    try:
-        size = target.stat().st_size
-    except OSError as exc:
-        raise StepcliError(f"{path}: cannot read ({exc.strerror or exc})", EXIT_USAGE) from None
-    if size == 0:
-        raise StepcliError(f"{path}: empty file", EXIT_USAGE)
-    if path.endswith(".gz") or size > _SNIFF_LIMIT_BYTES:
+    if path.endswith(".gz"):  # stepcli writes run summaries as plain JSON: a .gz is a trace
         return _load_traces(path)
-    import orjson
+    from stepcli.inputs import outline, read_input
 
-    try:
-        data = target.read_bytes()
-    except OSError as exc:
-        raise StepcliError(f"{path}: cannot read ({exc.strerror or exc})", EXIT_USAGE) from None
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise StepcliError(f"{path}: not valid JSON ({exc})", EXIT_USAGE) from None
-    if isinstance(doc, dict) and "schema" in doc:
-        if doc["schema"] != RUN_SCHEMA:
+    data = read_input(path)  # a regular file of bounded size, or one line saying why not
+    if not data or data.isspace():
+        raise StepcliError(f"{path}: empty file", EXIT_USAGE)
+    kind, schema = outline(data)  # by content, whatever the size
+    if kind == "run":
+        if schema != RUN_SCHEMA:
             raise StepcliError(
-                f"{path}: unknown document schema {doc['schema']!r}; expected a {RUN_SCHEMA!r} run summary or a trace",
+                f"{path}: unknown document schema {str(schema)[:80]!r}; expected a {RUN_SCHEMA!r} run summary or a trace",
                 EXIT_USAGE,
             )
+        import orjson
+
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise StepcliError(f"{path}: not valid JSON ({exc})", EXIT_USAGE) from None
         return measurement_from_run(doc, path)
-    if isinstance(doc, dict) and "traceEvents" in doc:
+    if kind in ("trace", "broken"):
+        del data  # the trace reader reads it again and names any JSON problem precisely
         return _load_traces(path)
     raise StepcliError(
         f"{path}: neither a stepcli run summary (schema {RUN_SCHEMA!r}) nor a profiler trace (no traceEvents)",
@@ -458,15 +456,14 @@ def _folder_traces(folder: Path) -> list[str]:
 
 
 def _is_run_summary(path: str) -> bool:
-    import orjson
+    from stepcli.inputs import outline, read_input
 
-    try:
-        if path.endswith(".gz") or os.path.getsize(path) > _SNIFF_LIMIT_BYTES:
-            return False
-        doc = orjson.loads(Path(path).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
+    if path.endswith(".gz"):
         return False
-    return isinstance(doc, dict) and doc.get("schema") == RUN_SCHEMA
+    try:
+        return outline(read_input(path)) == ("run", RUN_SCHEMA)
+    except StepcliError:
+        return False  # the trace reader reports it
 
 
 def _invalid_run(label: str, problem: str) -> StepcliError:

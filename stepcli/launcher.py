@@ -7,6 +7,7 @@ tracebacks and exit codes are plain Python's because it *is* plain Python. stdio
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -273,7 +274,11 @@ def run_program(request: RunRequest) -> int:
         _check_json_path(request.json_path)
     out_dir = _prepare_out_dir(request.out_dir, request.label)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    from stepcli.controldir import prepare_control_dir
+
+    prepare_control_dir(out_dir, run_id)  # private (0700) whatever the umask, before any process writes there
     config = AgentConfig(
+        run_key=secrets.token_hex(16),
         run_id=run_id,
         out_dir=str(out_dir),
         launcher_pid=os.getpid(),
@@ -293,9 +298,16 @@ def run_program(request: RunRequest) -> int:
         proc = subprocess.Popen(request.argv, env=child_environment(config), preexec_fn=_child_setup(foreground))
     except OSError as exc:
         raise StepcliError(f"could not start {request.argv[0]}: {exc.strerror or exc}") from None
-    with _SignalForwarder(proc, foreground) as forwarder:
-        returncode = proc.wait()
-        forwarder.reap_orphans()
+    from stepcli.watchdog import start_watchdog
+
+    watchdog = start_watchdog(proc.pid, os.getpgrp() if foreground else proc.pid)
+    try:
+        with _SignalForwarder(proc, foreground) as forwarder:
+            returncode = proc.wait()
+            forwarder.reap_orphans()
+    finally:
+        if watchdog is not None:
+            watchdog.release()
     status = exit_status(returncode)
 
     if request.quiet and not request.json_path and not request.fail_over:
@@ -311,19 +323,26 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
     display = ["python", *request.argv[1:]] if request.argv[0] == sys.executable else request.argv
     try:
         summary = build_run_summary(config, command=display, exit_status=status, started_at=started, duration_s=duration_s)
-        if not request.quiet:
-            print_run_summary(summary)
-    except Exception as exc:  # the program's result must survive a bug in the report
-        _say(f"internal error while summarizing the run ({type(exc).__name__}: {exc}); traces are in {config.out_dir}")
-        if request.fail_over and status == 0:
-            _say("--fail-over: the budget could not be checked; failing the run")
-            return EXIT_REGRESSION
-        return status
-    if request.json_path:
+    except Exception as exc:  # the program's result, and the --json file CI reads next, must survive a bug here
+        from stepcli.runguard import summary_failed
+
+        return summary_failed(exc, request, config, command=display, status=status, started=started,
+                              duration_s=duration_s)
+    if request.json_path:  # before printing: a failure to print must not lose the file
         try:
             write_run_summary(summary, request.json_path)
         except StepcliError as exc:
             _say(f"warning: {exc.message}")
+    if not request.quiet:
+        try:
+            print_run_summary(summary)
+        except OSError:
+            pass  # stderr closed: nothing more to say
+        except Exception as exc:
+            from stepcli.runguard import summary_failed
+
+            return summary_failed(exc, request, config, command=display, status=status, started=started,
+                                  duration_s=duration_s, json_written=True)
     if request.fail_over:
         from stepcli.gate import check_budgets
 

@@ -60,7 +60,7 @@ def _pct(share: float) -> str:
 
 
 def _skipped_note(count: int) -> str:
-    return f"skipped {count:,} event{'s' if count != 1 else ''} with an infinite, NaN or out-of-range ts/dur"
+    return f"skipped {count:,} event{'s' if count != 1 else ''} with a missing, non-numeric, negative or out-of-range ts/dur (see README)"
 
 
 def _rank_label(rank: int | None) -> str:

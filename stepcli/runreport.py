@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from stepcli import __version__
-from stepcli.agent.config import HELLO_PREFIX, STEP_LOG_SUFFIX, AgentConfig
+from stepcli.agent.config import HELLO_PREFIX, AgentConfig
 from stepcli.agent.output import human_size
 from stepcli.agent.schedule import NONE
 from stepcli.agent.tracker import FOREIGN
@@ -117,11 +117,13 @@ def build_run_summary(
     config: AgentConfig, *, command: list[str], exit_status: int, started_at: float, duration_s: float
 ) -> dict[str, Any]:
     """Everything the run measured, as a JSON-able document (schema `stepcli.run`, version 1)."""
-    logs = _load_json_files(config.log_dir, lambda n: n.endswith(STEP_LOG_SUFFIX))
+    from stepcli.steplogs import load_step_logs
+
+    logs, refused = load_step_logs(config, since=started_at)  # signed, schema-checked, traces inside out_dir
     logs.sort(key=lambda log: (log.get("rank") is None, log.get("rank") or 0, log.get("pid", 0)))
     primary = _primary(logs)
     untouched, profiled, first, foreign = _step_populations(logs)
-    notes: list[str] = []
+    notes: list[str] = [refused] if refused else []
     windows = [dict(window, worker=log["worker"]) for log in logs for window in log.get("windows", [])]
     windows.sort(key=lambda w: (w["first_step"], w["worker"]))
     trace_paths = [w["trace"] for w in windows if os.path.exists(w["trace"])]
@@ -328,6 +330,11 @@ def print_run_summary(summary: dict[str, Any]) -> None:
             f"next: [bold]stepcli table {shlex.quote(_relative(out))}[/]  ·  open a trace in https://ui.perfetto.dev  ·  "
             f"tensorboard --logdir {shlex.quote(_relative(out))}"
         )
+        from stepcli.hta import hta_command
+
+        hta = hta_command(summary, _relative)
+        if hta:  # one window's folder: HTA keeps one trace per rank from a folder
+            console.print(f"next: Holistic Trace Analysis of one window: {hta}", markup=False, soft_wrap=True)
 
 
 def _relative(path: str) -> str:

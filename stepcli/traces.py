@@ -1,8 +1,16 @@
 """Reading PyTorch profiler traces (.json, .json.gz, folders of them) into the few event fields stepcli analyses.
 
-Events whose `ts` or `dur` is not a usable time (infinite, NaN, or beyond `MAX_TIME_US`, such as a `dur` of
-1e308 that overflows once converted to nanoseconds) are skipped rather than failing the whole file: the rest of
-the trace is still worth reading. They are counted in `Trace.skipped_events` so reports can say so.
+One rule for malformed input, shared by `table`, `compare` and the run summary (README "Malformed traces"):
+- An event stepcli reads (`ph` "X" of a kept category) whose time cannot be placed is skipped and counted in
+  `Trace.skipped_events`: `ts` or `dur` missing, not a number (null, a bool, a list, a non-numeric string;
+  numeric strings such as "10.5" are read as numbers), infinite or NaN, beyond `MAX_TIME_US` (1e308 or 1e400,
+  integers past 64 bits), or a negative `dur`; likewise a `ProfilerStep#N` whose N is past 2**63. The rest of the
+  trace is still worth reading.
+- The whole file is rejected, with one line naming it and the reason, when it is not a regular file, is larger
+  than the input limit (stepcli/inputs.py), is corrupt gzip, is not UTF-8, is not JSON (bare NaN/Infinity
+  included: no JSON reader, Perfetto's or TensorBoard's, accepts them), is nested too deeply, is truncated, or
+  has no `traceEvents` list. A `distributedInfo.rank` that is not an integer from 0 to 2**31-1 is ignored (the
+  rank then comes from the file name, as for traces without distributedInfo).
 
 A trace saved by stepcli when its window was cut short carries the top-level string field
 `"stepcli_incomplete_step": "N"` (written with `prof.add_metadata`): ProfilerStep#N holds only the start of that
@@ -15,7 +23,6 @@ import gc
 import math
 import os
 import re
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, NamedTuple, Sequence
@@ -23,6 +30,7 @@ from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 import msgspec
 
 from stepcli.errors import TraceError
+from stepcli.inputs import read_input
 
 # Kineto categories whose events run on a CPU thread and that torch's `key_averages()` counts as operators
 # (it also nests python_function events with ops, so they must take part in self-time accounting).
@@ -65,7 +73,10 @@ _CHUNK_BYTES = 8 * 1024 * 1024
 _EVENT_SEPARATOR = re.compile(rb"\}\s*,\s*\{")
 _TRACE_EVENTS_KEY = re.compile(rb'(?<!\\)"traceEvents"\s*:\s*\[')
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
-_GZIP_MAGIC = b"\x1f\x8b"
+_BARE_CONSTANT = re.compile(rb"-?(?:NaN|Infinity)")
+_MAX_RANK = 2**31 - 1
+_MAX_STEP = 2**63 - 1
+_STEP_PREFIX = "ProfilerStep#"
 
 # Largest |ts| and |dur| accepted, in microseconds (~31,700 years): epoch timestamps fit with room to spare, and
 # nanosecond arithmetic on anything within it stays finite. NaN fails every comparison, so it is out of range too.
@@ -90,22 +101,29 @@ class Event(msgspec.Struct, gc=False):
     shape: str = msgspec.field(default="", name="__stepcli_shape__")
 
 
+class _DecodedEvent(Event, gc=False):
+    """Decoding-only variant: a missing `ts` or `dur` reads as NaN, so the event is skipped and counted."""
+
+    ts: float = math.nan
+    dur: float = math.nan
+
+
 class _ShapeArgs(msgspec.Struct, gc=False):
     dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
 
 
-class _ShapedEvent(Event, gc=False):
+class _ShapedEvent(_DecodedEvent, gc=False):
     """Decoding-only variant that also reads `args["Input Dims"]` (kept as raw JSON text, never parsed)."""
 
     args: _ShapeArgs | None = None
 
 
 class _DistributedInfo(msgspec.Struct):
-    rank: int | None = None
+    rank: Any = None  # checked by _rank_number: a bad rank is ignored, never fatal
 
 
 class _Header(msgspec.Struct):
-    traceEvents: list[Event]
+    traceEvents: list[_DecodedEvent]
     distributedInfo: _DistributedInfo | None = None
     # Any: a malformed value must not send the whole file down the slow lenient path; _step_number checks it.
     incomplete_step: Any = msgspec.field(default=None, name=INCOMPLETE_STEP_KEY)
@@ -126,16 +144,32 @@ class _Meta(NamedTuple):
 
 def _step_number(value: Any) -> int | None:
     """The step N of a `stepcli_incomplete_step` value ("N", as add_metadata writes it, or N); else None."""
-    if isinstance(value, str) and value.strip().isdecimal():
+    if isinstance(value, str) and value.strip().isdecimal() and len(value.strip()) <= 18:
         return int(value)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_STEP:
         return value
     return None
 
 
+def _rank_number(info: Any) -> int | None:
+    """`distributedInfo.rank` when it is an integer from 0 to 2**31-1, else None (the file name decides)."""
+    rank = info.get("rank") if isinstance(info, dict) else getattr(info, "rank", None)
+    if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank <= _MAX_RANK:
+        return rank
+    return None
+
+
+def _usable_name(name: str) -> bool:
+    """False for a `ProfilerStep#N` whose N no step count reaches (it could not be reported as an integer)."""
+    if not name.startswith(_STEP_PREFIX):
+        return True
+    number = name[len(_STEP_PREFIX) :]
+    return not (number.isdecimal() and (len(number) > 19 or int(number) > _MAX_STEP))
+
+
 def _usable_time(ts: float, dur: float) -> bool:
-    """Whether an event can be placed in time: both values finite and within MAX_TIME_US."""
-    return -MAX_TIME_US <= ts <= MAX_TIME_US and -MAX_TIME_US <= dur <= MAX_TIME_US
+    """Whether an event can be placed in time: both values finite and within MAX_TIME_US, `dur` not negative."""
+    return -MAX_TIME_US <= ts <= MAX_TIME_US and 0 <= dur <= MAX_TIME_US
 
 
 @dataclass(frozen=True)
@@ -165,7 +199,7 @@ class Trace:
         """A trace built from events in memory (tests, other tools): keeps the same subset the loader keeps."""
         all_events = list(events)
         candidates = [e for e in all_events if e.ph == "X" and e.cat in KEPT_CATEGORIES and e.name not in FILTERED_NAMES]
-        kept = [e for e in candidates if _usable_time(e.ts, e.dur)]
+        kept = [e for e in candidates if _usable_time(e.ts, e.dur) and _usable_name(e.name)]
         return cls(
             path=path,
             rank=rank,
@@ -229,7 +263,7 @@ def rank_from_name(path: str) -> int | None:
 
 def load_trace(path: str, *, shapes: bool = False) -> Trace:
     """Read one trace file; see load_paths."""
-    data = _read_bytes(path)
+    data = read_input(path)
     if not data or data.isspace():
         raise TraceError(path, "empty file")
     # Millions of gc=False structs are allocated below; a cyclic collection pass over them buys nothing.
@@ -237,6 +271,13 @@ def load_trace(path: str, *, shapes: bool = False) -> Trace:
     gc.disable()
     try:
         meta, keeper = _decode(path, data, shapes)
+    except UnicodeDecodeError as exc:
+        bad = exc.object[exc.start : exc.start + 1].hex() if isinstance(exc.object, bytes) else "?"
+        raise TraceError(path, f"not UTF-8 text (a string holds the invalid byte 0x{bad})") from None
+    except RecursionError:
+        raise TraceError(path, "invalid JSON: nested too deeply to be a profiler trace") from None
+    except MemoryError:
+        raise TraceError(path, "too large to read in the memory available") from None
     finally:
         if was_enabled:
             gc.enable()
@@ -249,50 +290,6 @@ def load_trace(path: str, *, shapes: bool = False) -> Trace:
         skipped_events=keeper.skipped,
         incomplete_step=meta.incomplete_step,
     )
-
-
-def _read_bytes(path: str) -> bytes | bytearray:
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except FileNotFoundError:
-        raise TraceError(path, "no such file") from None
-    except IsADirectoryError:
-        raise TraceError(path, "is a folder") from None
-    except OSError as exc:
-        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
-    if path.endswith(".gz") or data[:2] == _GZIP_MAGIC:
-        try:
-            return _gunzip(data)
-        except EOFError:
-            raise TraceError(path, "corrupt gzip: the compressed stream is truncated") from None
-        except (OSError, zlib.error) as exc:
-            raise TraceError(path, f"corrupt gzip: {exc}") from None
-    return data
-
-
-def _gunzip(data: bytes) -> bytearray:
-    """Decompress every gzip member into one growing buffer.
-
-    gzip.decompress joins a list of pieces at the end, holding the output twice at its peak; this holds it once.
-    """
-    out = bytearray()
-    view = memoryview(data)
-    position = 0
-    step = 1 << 20
-    while True:
-        if bytes(view[position : position + 2]) != _GZIP_MAGIC:
-            raise OSError("not a gzip file" if position == 0 else "unexpected data after the last member")
-        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-        while not inflater.eof and position < len(data):
-            piece = view[position : position + step]
-            out += inflater.decompress(piece)
-            position += len(piece) - len(inflater.unused_data)
-        if not inflater.eof:
-            raise EOFError
-        # Like gzip itself: further members follow, or only zero padding is left.
-        if not bytes(view[position:]).strip(b"\0"):
-            return out
 
 
 def _decode(path: str, data: bytes | bytearray, shapes: bool) -> tuple[_Meta, _Keeper]:
@@ -308,6 +305,9 @@ def _decode(path: str, data: bytes | bytearray, shapes: bool) -> tuple[_Meta, _K
 
 class _NotChunkable(Exception):
     pass
+
+
+_BAD_NAME = "\0unusable"  # the interning table's marker for names whose events are skipped
 
 
 class _Keeper:
@@ -332,6 +332,7 @@ class _Keeper:
         filtered = FILTERED_NAMES
         high = MAX_TIME_US
         low = -high
+        bad_name = _BAD_NAME
         for event in decoded:
             if event.ph != "X":
                 continue
@@ -344,16 +345,18 @@ class _Keeper:
             # Inlined _usable_time (this loop runs once per event of the file).
             ts = event.ts
             dur = event.dur
-            if not (low <= ts <= high and low <= dur <= high):
+            if not (low <= ts <= high and 0 <= dur <= high):
                 self.skipped += 1
                 continue
+            interned = names.get(name)
+            if interned is None:  # first sight of this name: check it once
+                interned = names[name] = name if _usable_name(name) else bad_name
+            if interned is bad_name:
+                self.skipped += 1
+                continue
+            event.name = interned
             event.cat = cat
             event.ph = "X"
-            interned = names.get(name)
-            if interned is None:
-                names[name] = name
-            else:
-                event.name = interned
             pid = event.pid
             event.pid = ids.setdefault(pid, pid)
             tid = event.tid
@@ -397,7 +400,7 @@ def _decode_chunked(data: bytes | bytearray, shapes: bool) -> tuple[_Meta, _Keep
     if not splits:
         return None
     view = memoryview(data)
-    decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(list[_ShapedEvent] if shapes else list[Event])
+    decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(list[_ShapedEvent] if shapes else list[_DecodedEvent])
     keeper = _Keeper(shapes)
     previous = start
     for comma in splits:
@@ -417,8 +420,7 @@ def _decode_document(data: bytes | bytearray, shapes: bool) -> tuple[_Meta, list
         header = msgspec.json.decode(data, type=_ShapedHeader)
     else:
         header = msgspec.json.decode(data, type=_Header)
-    rank = header.distributedInfo.rank if header.distributedInfo else None
-    return _Meta(rank, _step_number(header.incomplete_step)), header.traceEvents
+    return _Meta(_rank_number(header.distributedInfo), _step_number(header.incomplete_step)), header.traceEvents
 
 
 def _decode_whole(path: str, data: bytes | bytearray, shapes: bool) -> tuple[_Meta, _Keeper]:
@@ -439,35 +441,40 @@ def _describe_decode_error(data: bytes | bytearray, exc: msgspec.DecodeError) ->
         return "truncated JSON (the file ends in the middle of the trace; was it still being written?)"
     if data.lstrip()[:1] not in (b"{", b"["):
         return "not JSON (is this a profiler trace?)"
+    where = re.search(r"\(byte (\d+)\)", message)
+    if where:
+        position = int(where.group(1))
+        if position > 0 and data[position - 1 : position] == b"-":  # the decoder stops after the sign
+            position -= 1
+        token = _BARE_CONSTANT.match(data, position)
+        if token:
+            return f"invalid JSON: bare {token.group().decode()} at byte {position} is not JSON (write null or a number)"
     return f"invalid JSON: {message}"
 
 
 def _decode_lenient(path: str, data: bytes | bytearray, shapes: bool) -> tuple[_Meta, _Keeper]:
     """Slow path for valid JSON whose fields have unexpected types: check it is a trace, coerce what can be."""
     # float_hook: a number out of float range (1e400) becomes inf, skipped below, instead of failing the decode.
-    document = msgspec.json.Decoder(float_hook=float).decode(data)
+    try:
+        document = msgspec.json.Decoder(float_hook=float).decode(data)
+    except msgspec.DecodeError as exc:  # malformed after the point where the typed decode gave up
+        raise TraceError(path, _describe_decode_error(data, exc)) from None
     if not isinstance(document, dict) or not isinstance(document.get("traceEvents"), list):
         raise TraceError(path, "not a profiler trace (no traceEvents list)")
-    rank = None
-    info = document.get("distributedInfo")
-    if isinstance(info, dict) and isinstance(info.get("rank"), int):
-        rank = info["rank"]
+    rank = _rank_number(document.get("distributedInfo"))
     events: list[Any] = []
     for raw in document["traceEvents"]:
         if not isinstance(raw, dict):
             continue
-        try:
-            event = _ShapedEvent(
-                name=str(raw.get("name", "")),
-                cat=str(raw.get("cat", "")),
-                ph=str(raw.get("ph", "")),
-                pid=_id(raw.get("pid", 0)),
-                tid=_id(raw.get("tid", 0)),
-                ts=_time(raw.get("ts", 0.0)),
-                dur=_time(raw.get("dur", 0.0)),
-            )
-        except (TypeError, ValueError):
-            continue  # an event we cannot place in time contributes nothing
+        event = _ShapedEvent(
+            name=_text(raw.get("name", "")),
+            cat=_text(raw.get("cat", "")),
+            ph=_text(raw.get("ph", "X")),
+            pid=_id(raw.get("pid", 0)),
+            tid=_id(raw.get("tid", 0)),
+            ts=_time(raw.get("ts")),
+            dur=_time(raw.get("dur")),
+        )
         args = raw.get("args")
         if shapes and isinstance(args, dict) and "Input Dims" in args:
             event.args = _ShapeArgs(dims=msgspec.Raw(msgspec.json.encode(args["Input Dims"])))
@@ -479,12 +486,31 @@ def _decode_lenient(path: str, data: bytes | bytearray, shapes: bool) -> tuple[_
 
 
 def _time(value: Any) -> float:
-    """float(value), with an integer too big for a float read as inf (so it is skipped and counted, like 1e400)."""
+    """A number or numeric string as a float; anything else (missing, null, bool, list, other text) as NaN, and an
+    integer too big for a float as inf: either way the event is skipped and counted, like 1e400."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return math.nan
     try:
         return float(value)
     except OverflowError:
         return math.inf
+    except ValueError:
+        return math.nan
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else _short_repr(value)
+
+
+def _short_repr(value: Any) -> str:
+    """str() of a JSON value, bounded: a huge nested value must not become a huge name."""
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        return "<integer past 64 bits>"  # str() of a 5000-digit int raises in Python >= 3.11
+    text = str(value) if isinstance(value, (int, float, bool)) or value is None else type(value).__name__
+    return text[:200]
 
 
 def _id(value: Any) -> int | str:
-    return value if isinstance(value, (int, str)) and not isinstance(value, bool) else str(value)
+    if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
+        return value
+    return value if isinstance(value, str) else _short_repr(value)

@@ -165,7 +165,7 @@ def test_run_summary_vs_trace_says_what_it_compared(traces: Path, tmp_path: Path
 def test_bad_trace_files(tmp_path: Path) -> None:
     truncated = tmp_path / "truncated.pt.trace.json"
     truncated.write_text('{"schemaVersion": 1, "traceEvents": [{"ph": "X", "name": "a"')
-    assert_bad_input(run_stepcli("compare", truncated, truncated), "truncated.pt.trace.json", "not valid JSON")
+    assert_bad_input(run_stepcli("compare", truncated, truncated), "truncated.pt.trace.json", "truncated JSON")
     corrupt = tmp_path / "corrupt.pt.trace.json.gz"
     corrupt.write_bytes(gzip.compress(b'{"traceEvents": []}')[:-8] + b"garbage!")
     assert_bad_input(run_stepcli("compare", corrupt, corrupt), "corrupt.pt.trace.json.gz")
@@ -262,7 +262,7 @@ def test_zero_step_run_measures_nothing(summaries: dict[str, Path]) -> None:
     [
         (None, ["no such file or directory"]),
         ("", ["empty file"]),
-        ("not json at all", ["not valid JSON"]),
+        ("not json at all", ["not JSON"]),
         ('{"hello": "world"}', ["neither a stepcli run summary", "nor a profiler trace"]),
         ("[1, 2, 3]", ["neither a stepcli run summary"]),
         ('{"schema": "other.tool", "schema_version": 1}', ["unknown document schema 'other.tool'"]),

@@ -257,19 +257,16 @@ def test_non_finite_times_are_skipped_not_a_traceback(tmp_path: Path, bad: str) 
         proc = run_stepcli("table", path)
         # THEN a clean report that says an event was skipped
         assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-        assert "skipped 1 event with an infinite, NaN or out-of-range ts/dur" in proc.stdout
+        assert "skipped 1 event with a missing, non-numeric, negative or out-of-range ts/dur" in proc.stdout
     assert table_json(lone)["skipped_events"] == 1 and table_json(lone)["cpu_ops"] == []
     good = table_json(DATA / "train_cpu.pt.trace.json")
     assert table_json(stepped)["steps"] == good["steps"] and table_json(stepped)["skipped_events"] == 1
-    # compare reads traces with the same reader: a verdict (or "nothing measured"), never a traceback. (Its
-    # sniffing of small files with orjson rejects numbers beyond float range, 1e400, as invalid JSON: one line.)
-    beyond_float = bad in ("1e400", "1" + "0" * 400)
+    # compare reads traces with the same reader and sniffs by content with it too: the same verdict for every
+    # value (1e400 included), never a traceback
     for path, status in ((stepped, 0), (lone, 3)):
         proc = run_stepcli("compare", path, path)
         assert "Traceback" not in proc.stderr, proc.stderr
-        assert proc.returncode == (2 if beyond_float else status), proc.stderr
-        if beyond_float:
-            assert len(proc.stderr.strip().splitlines()) == 1 and "not valid JSON" in proc.stderr
+        assert proc.returncode == status, proc.stderr
 
 
 @pytest.mark.parametrize("fmt", ["rich", "--json", "--csv", "--markdown"])

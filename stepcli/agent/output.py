@@ -49,14 +49,31 @@ def worker_name() -> str:
     return f"{socket.gethostname()}_{os.getpid()}"
 
 
+WINDOW_FOLDER_PREFIX = "window-step"
+
+
+def trace_folder(out_dir: str, first_step: int, several_windows: bool) -> str:
+    """Where a window's trace goes: the output folder itself when the schedule records one window per process,
+    else `<out>/window-step<first_step>/`, one folder per window holding every rank's trace of it.
+
+    Holistic Trace Analysis keeps one trace per rank from a folder and TensorBoard shows a folder as one run, so
+    several windows of a rank side by side would be mixed up (rank 0's steps 2-3 paired with rank 1's 6-7).
+    Ranks step in lockstep under one schedule, so the same window starts at the same step on every rank."""
+    if not several_windows:
+        return out_dir
+    return os.path.join(out_dir, f"{WINDOW_FOLDER_PREFIX}{first_step}")
+
+
 def export_trace(prof: Any, out_dir: str, use_gzip: bool) -> tuple[str, int]:
     """Export `prof`'s last cycle as `<worker>.<time_ns>.pt.trace.json[.gz]` via a temporary name and a rename."""
     name = f"{worker_name()}.{time.time_ns()}.pt.trace.json" + (".gz" if use_gzip else "")
+    os.makedirs(out_dir, exist_ok=True)
     final = os.path.join(out_dir, name)
     tmp_json = os.path.join(out_dir, f".{name}.{os.getpid()}.tmp.json")
     tmp_gz = tmp_json + ".gz"
     try:
         prof.export_chrome_trace(tmp_json)
+        _name_final_file(tmp_json, final)
         if use_gzip:
             import gzip
             import shutil
@@ -72,6 +89,24 @@ def export_trace(prof: Any, out_dir: str, use_gzip: bool) -> tuple[str, int]:
             if os.path.exists(leftover):
                 os.unlink(leftover)
     return final, os.path.getsize(final)
+
+
+def _name_final_file(tmp_json: str, final: str) -> None:
+    """Kineto ends the file with `"traceName": "<the path it exported to>"`, our temporary name, which is gone
+    after the rename; rewrite that last field (only the file's tail is read) to name the final file."""
+    import json
+
+    with open(tmp_json, "r+b") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        start = max(0, size - 65536)
+        handle.seek(start)
+        tail = handle.read()
+        at = tail.rfind(b'"traceName"')
+        if at < 0 or not tail[at:].rstrip().endswith(b"}"):
+            return  # not the layout we know: leave the file as torch wrote it
+        handle.seek(start + at)
+        handle.write(b'"traceName": ' + json.dumps(final).encode("ascii") + b"}\n")
+        handle.truncate()
 
 
 def human_size(size: int) -> str:

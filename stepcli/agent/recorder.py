@@ -18,7 +18,7 @@ import sys
 import threading
 
 from .config import AgentConfig
-from .output import export_trace, human_size, say, worker_name
+from .output import export_trace, human_size, say, trace_folder, worker_name
 from .schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP
 from .tracker import FOREIGN, NEVER, StepTracker
 
@@ -228,7 +228,8 @@ class Recorder:
         complete = not self._cut_reason
         steps = f"step {first}" if first == last else f"steps {first}-{last}"
         try:
-            path, size = export_trace(prof, self.config.out_dir, self.config.use_gzip)
+            folder = trace_folder(self.config.out_dir, first, self.config.schedule.repeat != 1)
+            path, size = export_trace(prof, folder, self.config.use_gzip)
         except Exception as exc:
             say(f"could not save the trace of {steps}: {type(exc).__name__}: {exc}")
             self.notes.append(f"trace of {steps} not saved: {exc}")

@@ -251,7 +251,7 @@ class Agent:
     def _write_step_log(self) -> None:
         from .output import current_rank, worker_name
 
-        os.makedirs(self.config.log_dir, exist_ok=True)
+        os.makedirs(self.config.log_dir, mode=0o700, exist_ok=True)  # the launcher made it already, private
         worker = worker_name()
         recorder = self.recorder
         document = {
@@ -275,6 +275,10 @@ class Agent:
             "peak_rss_bytes": _peak_rss_bytes(),
             "cuda_peak_bytes": _cuda_peak_bytes(),
         }
+        if self.config.run_key:
+            from .signing import SIGNATURE_KEY, sign
+
+            document[SIGNATURE_KEY] = sign(self.config.run_key, document)
         # Named by host and pid, not worker: the worker name changes when a rank appears.
         name = f"{document['host']}.{self.pid}{STEP_LOG_SUFFIX}"  # hosts may share -o and reuse pids
         atomic_write_json(os.path.join(self.config.log_dir, name), document)
@@ -282,7 +286,7 @@ class Agent:
     def _write_hello(self) -> None:
         """The launcher's own child says it ran, so "no steps" can be told apart from "the hook never loaded"."""
         try:
-            os.makedirs(self.config.log_dir, exist_ok=True)
+            os.makedirs(self.config.log_dir, mode=0o700, exist_ok=True)
             atomic_write_json(
                 os.path.join(self.config.log_dir, f"{HELLO_PREFIX}{self.pid}.json"),
                 {"pid": self.pid, "argv": list(sys.argv), "torch_imported": self.torch_imported, "steps": self.tracker.global_step},

@@ -1,0 +1,195 @@
+"""Reading files stepcli did not write (traces, run summaries): regular files only, bounded in size, never blocking.
+
+A path given to `table` or `compare` may name anything: `/dev/zero` (endless), a FIFO (blocks forever on open
+or read), a gzip bomb. Each is refused with one line before it can hang stepcli or take all memory.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import zlib
+from typing import Any
+
+import msgspec
+
+from stepcli.errors import TraceError
+
+GZIP_MAGIC = b"\x1f\x8b"
+# The most bytes stepcli reads from one input, after decompression. Decoding holds the text plus the events it
+# keeps, so this bounds memory at a few times the limit. Real traces are well below it; raise it on purpose.
+LIMIT_ENV = "STEPCLI_MAX_INPUT_BYTES"
+DEFAULT_LIMIT_BYTES = 4 * 1024**3
+_READ_STEP = 1 << 20
+_INFLATE_STEP = 1 << 22
+
+
+def input_limit() -> int:
+    """The size limit for one input: $STEPCLI_MAX_INPUT_BYTES when it is a positive integer, else 4 GiB."""
+    try:
+        value = int(os.environ.get(LIMIT_ENV, ""))
+    except ValueError:
+        return DEFAULT_LIMIT_BYTES
+    return value if value > 0 else DEFAULT_LIMIT_BYTES
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"
+
+
+def _too_big(path: str, what: str, limit: int) -> TraceError:
+    return TraceError(path, f"{what} is larger than the {_size(limit)} stepcli reads (set {LIMIT_ENV} to raise it)")
+
+
+def read_input(path: str, *, gunzip: bool = True) -> bytes | bytearray:
+    """The bytes of a regular file (decompressed when it is gzip), or TraceError naming the problem.
+
+    Opened non-blocking, so a FIFO is refused instead of waiting for a writer forever.
+    """
+    limit = input_limit()
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise TraceError(path, "no such file") from None
+    except IsADirectoryError:
+        raise TraceError(path, "is a folder") from None
+    except OSError as exc:
+        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise TraceError(path, "is a folder")
+        if not stat.S_ISREG(info.st_mode):
+            raise TraceError(path, "not a regular file (a device, FIFO or socket); save the data to a file first")
+        if info.st_size > limit:
+            raise _too_big(path, f"the file ({_size(info.st_size)})", limit)
+        data = _read_regular(fd, info.st_size, limit, path)
+    except OSError as exc:
+        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if gunzip and (path.endswith(".gz") or data[:2] == GZIP_MAGIC):
+        try:
+            return gunzip_bounded(data, limit, path)
+        except EOFError:
+            raise TraceError(path, "corrupt gzip: the compressed stream is truncated") from None
+        except (OSError, zlib.error) as exc:
+            raise TraceError(path, f"corrupt gzip: {exc}") from None
+    return data
+
+
+def _read_regular(fd: int, size: int, limit: int, path: str) -> bytearray:
+    """Read the whole file into one buffer of its size (held once, as `read()` would), and never past `limit`
+    when the file grows while it is read."""
+    buffer = bytearray(size + 1)  # one spare byte tells a file that grew
+    got = 0
+    with memoryview(buffer) as view:
+        while got < len(buffer):
+            count = os.readv(fd, [view[got:]])
+            if count == 0:
+                break
+            got += count
+    del buffer[got:]
+    if got == size + 1:
+        while True:
+            piece = os.read(fd, _READ_STEP)
+            if not piece:
+                break
+            buffer += piece
+            if len(buffer) > limit:
+                raise _too_big(path, "the file", limit)
+    return buffer
+
+
+def gunzip_bounded(data: bytes | bytearray, limit: int, path: str = "<memory>") -> bytearray:
+    """Decompress every gzip member into one buffer, refusing output past `limit` (a gzip bomb).
+
+    Compressed input goes in 1 MB pieces and output comes out in 4 MB pieces, so neither side is ever held
+    twice (gzip.decompress joins a list of pieces at the end, holding the output twice at its peak).
+    """
+    out = bytearray()
+    view = memoryview(data)
+    position = 0
+    while True:
+        if bytes(view[position : position + 2]) != GZIP_MAGIC:
+            raise OSError("not a gzip file" if position == 0 else "unexpected data after the last member")
+        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        while not inflater.eof and position < len(data):
+            piece = view[position : position + _READ_STEP]
+            pending: bytes | memoryview = piece
+            while True:
+                out += inflater.decompress(pending, _INFLATE_STEP)
+                if len(out) > limit:
+                    raise _too_big(path, "the decompressed content", limit)
+                if inflater.eof or not inflater.unconsumed_tail:
+                    break
+                pending = inflater.unconsumed_tail
+            # unused_data is what follows the member's end, a suffix of this piece.
+            position += len(piece) - len(inflater.unused_data)
+        if not inflater.eof:
+            raise EOFError
+        # Like gzip itself: further members follow, or only zero padding is left.
+        if data.count(b"\0", position) == len(data) - position:
+            return out
+
+
+class _Outline(msgspec.Struct):
+    """The top level of a JSON document, decoded without building its (possibly huge) traceEvents."""
+
+    schema: Any = None
+    traceEvents: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b""))
+
+
+def outline(data: bytes | bytearray) -> tuple[str, Any]:
+    """What a document is, by content (never by size): ("run", schema) for a document with a `schema` field,
+    ("trace", None) for one with `traceEvents`, ("other", None) for other valid JSON, and ("broken", None) when it
+    is not valid JSON at all (the trace reader then names the precise problem)."""
+    try:
+        document = msgspec.json.decode(data, type=_Outline)
+    except msgspec.ValidationError:
+        return "other", None
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return "broken", None
+    if document.schema is not None:
+        return "run", document.schema
+    if len(document.traceEvents):
+        return "trace", None
+    return "other", None
+
+
+def run_paths_problem(doc: dict[str, Any]) -> str | None:
+    """Why the trace paths a run summary lists cannot be trusted, or None.
+
+    A run summary names only traces inside its own `out_dir` (stepcli writes nothing elsewhere); a document that
+    points at `/etc/passwd` or `../other-run` was not written by stepcli and is refused.
+    """
+    out_dir = doc.get("out_dir")
+    listed: list[tuple[str, Any]] = []
+    traces = doc.get("traces", [])
+    if not isinstance(traces, list):
+        return "traces is not a list"
+    listed += [(f"traces[{i}]", path) for i, path in enumerate(traces)]
+    windows = doc.get("windows", [])
+    if not isinstance(windows, list):
+        return "windows is not a list"
+    for i, window in enumerate(windows):
+        if not isinstance(window, dict):
+            return f"windows[{i}] is not an object"
+        if "trace" in window:
+            listed.append((f"windows[{i}].trace", window["trace"]))
+    if not listed:
+        return None
+    if not isinstance(out_dir, str) or not os.path.isabs(out_dir):
+        return "out_dir is not an absolute path, so its traces cannot be placed"
+    root = os.path.normpath(out_dir)
+    for where, path in listed:
+        if not isinstance(path, str):
+            return f"{where} is not a path"
+        full = os.path.normpath(os.path.join(root, path))
+        if os.path.commonpath([root, full]) != root or full == root:
+            return f"{where} ({path!r}) is outside its out_dir {out_dir!r}"
+    return None

@@ -1,0 +1,83 @@
+"""When building or printing the run summary fails: keep the program's result and the `--json` file CI reads next.
+
+A bug in the report must neither lose the `--json` file (the `stepcli compare` that follows in CI would fail on a
+missing file, far from the cause) nor hide behind exit 0. So a run summary that says nothing was measured, with the
+error in its notes, is written instead, and a run whose program succeeded exits 70 (EX_SOFTWARE).
+"""
+
+from __future__ import annotations
+
+import platform
+import socket
+import sys
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from stepcli import __version__
+from stepcli.errors import EXIT_INTERNAL, StepcliError
+
+if TYPE_CHECKING:
+    from stepcli.agent.config import AgentConfig
+    from stepcli.launcher import RunRequest
+
+
+def fallback_summary(config: AgentConfig, *, command: list[str], status: int, started: float, duration_s: float,
+                     error: str) -> dict[str, Any]:
+    """A valid `stepcli.run` document that measured nothing (so `compare` says exit 3), with the error in notes."""
+    from stepcli.runreport import SCHEMA, SCHEMA_VERSION
+
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "stepcli_version": __version__,
+        "command": list(command),
+        "exit_status": status,
+        "started_at": datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds"),
+        "duration_s": round(duration_s, 3),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": None,
+        "out_dir": config.out_dir,
+        "schedule": config.schedule.to_dict(),
+        "steps": {"global": 0, "requesters": {}},
+        "step_time_ms": {"untouched": None, "profiled": None, "first_step": None},
+        "timeline_ms": [],
+        "timeline_phases": "",
+        "processes": [],
+        "windows": [],
+        "traces": [],
+        "top_operators": [],
+        "top_kernels": [],
+        "ranks": [],
+        "slowest_rank": None,
+        "breakdown_ms": None,
+        "device": None,
+        "peak_memory": {"rss_bytes": None, "cuda_bytes": None},
+        "notes": [f"stepcli could not summarize this run: {error}; the traces are in {config.out_dir}"],
+    }
+
+
+def summary_failed(exc: Exception, request: RunRequest, config: AgentConfig, *, command: list[str], status: int,
+                   started: float, duration_s: float, json_written: bool = False) -> int:
+    """Say what failed in one line, make sure `--json` exists, and return stepcli's exit status."""
+    from stepcli.runreport import write_run_summary
+
+    error = f"{type(exc).__name__}: {exc}"
+    _say(f"internal error while summarizing the run ({error}); traces are in {config.out_dir}")
+    if request.json_path and not json_written:
+        document = fallback_summary(config, command=command, status=status, started=started,
+                                    duration_s=duration_s, error=error)
+        try:
+            write_run_summary(document, request.json_path)
+            _say(f"wrote {request.json_path} without measurements (it says why in its notes)")
+        except StepcliError as write_error:
+            _say(f"warning: {write_error.message}")
+    if status != 0:
+        return status  # the program's own failure says more
+    return EXIT_INTERNAL
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(f"stepcli: {message}\n")
+    sys.stderr.flush()

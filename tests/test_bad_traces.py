@@ -1,0 +1,223 @@
+"""Each malformed input of issue 14, decided once: skipped and counted, or the file rejected in one line.
+
+`table`, `table --json` and `compare` must agree on every case. Most cases run through `stepcli.cli.main` (the
+entry point that maps errors to exit codes); the ones about files that block or never end run as subprocesses.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import run_stepcli
+
+DATA = Path(__file__).resolve().parent / "data"
+REAL = DATA / "train_cpu.pt.trace.json"
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    from stepcli.cli import main
+
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stepcli: error: "), err
+    assert "internal error" not in err and "Traceback" not in err
+    return lines[0]
+
+
+def _real() -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(REAL.read_text())
+    return doc
+
+
+def _with_events(tmp_path: Path, name: str, change: Any) -> Path:
+    doc = _real()
+    doc["traceEvents"] = [change(dict(e)) if e.get("ph") == "X" else e for e in doc["traceEvents"]]
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+REJECTED = {
+    # name: (file content, words of the one line)
+    "deep": (b'{"traceEvents": [' + b"[" * 100_000 + b"]" * 100_000 + b"]}", "nested too deeply"),
+    "bad_utf8": (REAL.read_bytes().replace(b'"aten::', b'"\xffaten::', 1), "not UTF-8"),
+    "lenient_then_malformed": (b'{"traceEvents": [{"ts": "x"}, 1, {"a": }]}', "invalid JSON"),
+    "bare_nan": (REAL.read_bytes().replace(b'"dur": ', b'"dur": NaN, "x": ', 1), "bare NaN at byte"),
+    "bare_infinity": (REAL.read_bytes().replace(b'"ts": ', b'"ts": -Infinity, "y": ', 1), "bare -Infinity"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REJECTED))
+def test_files_that_are_rejected_get_one_line_from_every_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    content, words = REJECTED[case]
+    path = tmp_path / f"{case}.json"
+    path.write_bytes(content)
+    for argv in (["table", str(path)], ["table", "--json", str(path)], ["compare", str(REAL), str(path)]):
+        code, out, err = _cli(capsys, *argv)
+        assert code == 2 and out == "", (argv, err)
+        line = _one_line(err)
+        assert str(path) in line and words in line, (argv, line)
+
+
+def test_deep_nesting_from_the_real_command(tmp_path: Path) -> None:
+    path = tmp_path / "deep.json"
+    path.write_bytes(REJECTED["deep"][0])
+    for argv in (["table", path], ["compare", path, path]):
+        proc = run_stepcli(*argv, timeout=60)
+        assert proc.returncode == 2 and "nested too deeply" in _one_line(proc.stderr)
+
+
+SKIPPED = {
+    # name: event change applied to every complete event -> every kept event is skipped and counted
+    "negative_dur": lambda e: e | {"dur": -abs(e.get("dur", 1)) - 1},
+    "string_ts": lambda e: e | {"ts": "soon"},
+    "missing_dur": lambda e: {k: v for k, v in e.items() if k != "dur"},
+    "null_ts": lambda e: e | {"ts": None},
+    "bool_dur": lambda e: e | {"dur": True},
+}
+
+
+@pytest.mark.parametrize("case", sorted(SKIPPED))
+def test_unplaceable_events_are_skipped_and_counted_everywhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    # GIVEN a real trace where every complete event has the same unusable time
+    path = _with_events(tmp_path, f"{case}.json", SKIPPED[case])
+    good = json.loads(_cli(capsys, "table", "--json", str(REAL))[1])
+    kept = sum(row["calls"] for row in good["cpu_ops"] if row["name"] != "ProfilerStep*")
+    # WHEN summarized
+    code, out, err = _cli(capsys, "table", "--json", str(path))
+    # THEN nothing is placed, all of it is counted as skipped, and no step of -0.005 ms appears
+    assert code == 0 and err == "", err
+    report = json.loads(out)
+    assert report["cpu_ops"] == [] and report["steps"] == []
+    assert report["skipped_events"] >= kept
+    code, out, _ = _cli(capsys, "table", str(path))
+    assert code == 0 and "skipped" in out and "-0.0" not in out
+    # and compare, reading with the same reader, says nothing was measured (exit 3), never "run summary"
+    code, out, err = _cli(capsys, "compare", str(REAL), str(path))
+    assert code == 3 and "NOTHING MEASURED" in out and "run summary" not in err
+
+
+def test_one_negative_dur_is_skipped_and_the_rest_is_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _real()
+    odd = next(e for e in doc["traceEvents"] if e.get("name", "").startswith("aten::") and e.get("ph") == "X")
+    odd["dur"] = -5
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(doc))
+    report = json.loads(_cli(capsys, "table", "--json", str(path))[1])
+    good = json.loads(_cli(capsys, "table", "--json", str(REAL))[1])
+    assert report["skipped_events"] == 1 and report["steps"] == good["steps"]
+
+
+def test_numeric_string_times_are_read_as_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _with_events(tmp_path, "strings.json", lambda e: e | {"ts": str(e["ts"]), "dur": str(e["dur"])})
+    report = json.loads(_cli(capsys, "table", "--json", str(path))[1])
+    good = json.loads(_cli(capsys, "table", "--json", str(REAL))[1])
+    assert report["skipped_events"] == 0 and report["steps"] == good["steps"]
+
+
+def test_rank_past_64_bits_is_ignored_and_json_still_works(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for rank in (2**64, -1, "3", 2**31):
+        doc = _real()
+        doc["distributedInfo"] = {"rank": rank}
+        path = tmp_path / "rank7.pt.trace.json"
+        path.write_text(json.dumps(doc))
+        code, out, err = _cli(capsys, "table", "--json", str(path))
+        assert code == 0 and err == "", err
+        assert [r["rank"] for r in json.loads(out)["ranks"]] == [7], rank  # from the file name
+    huge = tmp_path / "huge_step.json"
+    huge.write_text(json.dumps(_real()).replace('"ProfilerStep#3"', '"ProfilerStep#' + "9" * 40 + '"'))
+    code, out, err = _cli(capsys, "table", "--json", str(huge))
+    assert code == 0 and json.loads(out)["skipped_events"] == 1
+
+
+def test_not_regular_files_are_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.pt.trace.json"
+    os.mkfifo(fifo)
+    for target in (fifo, Path("/dev/zero")):
+        for argv in (["table", target], ["compare", REAL, target], ["compare", target, REAL]):
+            proc = run_stepcli(*argv, timeout=30)
+            assert proc.returncode == 2, proc.stderr
+            assert "not a regular file" in _one_line(proc.stderr) and str(target) in proc.stderr
+
+
+def test_inputs_over_the_limit_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a 40 KB gzip that inflates to 40 MB (a small bomb), and a limit of 1 MB
+    bomb = tmp_path / "bomb.pt.trace.json.gz"
+    bomb.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * 40_000_000 + b"]}", compresslevel=9))
+    assert bomb.stat().st_size < 100_000
+    monkeypatch.setenv("STEPCLI_MAX_INPUT_BYTES", str(1024 * 1024))
+    plain = tmp_path / "plain.json"
+    plain.write_bytes(b'{"traceEvents": [' + b" " * 2_000_000 + b"]}")
+    for argv in (["table", str(bomb)], ["compare", str(REAL), str(bomb)], ["table", str(plain)]):
+        code, _, err = _cli(capsys, *argv)
+        assert code == 2 and "larger than the 1.0 MiB stepcli reads" in _one_line(err), err
+    monkeypatch.setenv("STEPCLI_MAX_INPUT_BYTES", str(64 * 1024 * 1024))
+    code, _, err = _cli(capsys, "table", str(bomb))
+    assert code == 0, err  # under the limit it is just an empty trace
+
+
+@pytest.fixture(scope="module")
+def run_summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from conftest import write_script
+
+    folder = tmp_path_factory.mktemp("summary")
+    script = write_script(folder, "train.py", """
+        import torch
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(6):
+            opt.zero_grad(); model(torch.randn(2, 4)).sum().backward(); opt.step()
+    """)
+    proc = run_stepcli("run", "-q", "--json", folder / "s.json", "-o", folder / "out", "--active", "1", script)
+    assert proc.returncode == 0, proc.stderr
+    doc: dict[str, Any] = json.loads((folder / "s.json").read_text())
+    assert doc["traces"] and doc["windows"]
+    return doc
+
+
+def test_big_run_summary_is_read_as_a_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              run_summary: dict[str, Any]) -> None:
+    # GIVEN a valid run summary padded past 8 MB (a long timeline)
+    big = dict(run_summary, timeline_ms=[1.0] * 2_000_000)
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(big))
+    assert path.stat().st_size > 8 * 1024 * 1024
+    # WHEN compared with itself THEN it is read as a run summary, by content
+    code, out, err = _cli(capsys, "compare", str(path), str(path))
+    assert code == 0 and "PASS" in out and "run summary" in out, (out, err)
+
+
+@pytest.mark.parametrize("field", ["traces", "windows"])
+def test_run_summary_naming_files_outside_its_folder_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], run_summary: dict[str, Any], field: str
+) -> None:
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(run_summary))
+    for outside in ("/etc/passwd", os.path.join(run_summary["out_dir"], "..", "elsewhere.json")):
+        doc = json.loads(json.dumps(run_summary))
+        if field == "traces":
+            doc["traces"] = [*doc["traces"], outside]
+        else:
+            doc["windows"][0]["trace"] = outside
+        path = tmp_path / "evil.json"
+        path.write_text(json.dumps(doc))
+        code, _, err = _cli(capsys, "compare", str(good), str(path))
+        assert code == 2 and "outside its out_dir" in _one_line(err), err
+    code, _, err = _cli(capsys, "compare", str(good), str(good))
+    assert code == 0, err

@@ -1,0 +1,122 @@
+"""Traces other tools read right: `traceName` names the final file, and with several windows per rank each window
+has a folder of its own (one trace per rank), so Holistic Trace Analysis and TensorBoard open one window at a time."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import load_trace, profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
+
+_DDP = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(10):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+    dist.barrier()  # torch 2.13's gloo can abort when one rank tears down while the other still runs
+    dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def two_ranks_two_windows(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One 2-rank torchrun run with --repeat 2 (windows at steps 2-3 and 6-7), gzipped traces."""
+    folder = tmp_path_factory.mktemp("layout")
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    assert torchrun, "torchrun comes with torch"
+    script = write_script(folder, "ddp.py", _DDP)
+    out = folder / "out"
+    proc = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "2", "--repeat", "2", "--gzip", "-o", out,
+                       "--json", folder / "run.json", "--", torchrun, "--standalone", "--nproc-per-node", "2", script,
+                       timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return {"out": out, "stderr": proc.stderr, "summary": json.loads((folder / "run.json").read_text())}
+
+
+def test_trace_name_names_the_final_file(two_ranks_two_windows: dict[str, Any]) -> None:
+    traces = trace_files(two_ranks_two_windows["out"])
+    assert len(traces) == 4
+    for trace in traces:
+        assert load_trace(trace)["traceName"] == str(trace)
+
+
+def test_each_window_has_a_folder_with_one_trace_per_rank(two_ranks_two_windows: dict[str, Any]) -> None:
+    # GIVEN two windows recorded on two ranks
+    out: Path = two_ranks_two_windows["out"]
+    # THEN each window's folder holds exactly rank0 and rank1, with the same ProfilerStep numbers (what HTA needs)
+    folders = sorted(p for p in out.iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert [f.name for f in folders] == ["window-step2", "window-step6"]
+    for folder, steps in zip(folders, ([2, 3], [6, 7])):
+        traces = trace_files(folder)
+        assert sorted(t.name.split(".")[0] for t in traces) == ["rank0", "rank1"]
+        assert [profiler_steps(t) for t in traces] == [steps, steps]
+        assert sorted(load_trace(t)["distributedInfo"]["rank"] for t in traces) == [0, 1]
+    assert not list(out.glob("*.pt.trace.json*"))  # nothing left beside the window folders
+    # and the run summary lists them
+    summary = two_ranks_two_windows["summary"]
+    assert sorted(Path(t).parent.name for t in summary["traces"]) == ["window-step2"] * 2 + ["window-step6"] * 2
+    assert len(summary["ranks"]) == 4
+
+
+def test_table_reads_the_layout_whole_or_one_window(two_ranks_two_windows: dict[str, Any]) -> None:
+    out: Path = two_ranks_two_windows["out"]
+    whole = run_stepcli("table", "--json", out)
+    assert whole.returncode == 0, whole.stderr
+    assert sorted(r["rank"] for r in json.loads(whole.stdout)["ranks"]) == [0, 0, 1, 1]
+    one = run_stepcli("table", "--json", out / "window-step6")
+    assert one.returncode == 0, one.stderr
+    report = json.loads(one.stdout)
+    assert sorted(r["rank"] for r in report["ranks"]) == [0, 1]
+    assert sorted({s["step"] for s in report["steps"]}) == [6, 7]
+
+
+def test_summary_prints_the_hta_one_liner_for_one_window(two_ranks_two_windows: dict[str, Any]) -> None:
+    out: Path = two_ranks_two_windows["out"]
+    lines = [line for line in two_ranks_two_windows["stderr"].splitlines() if "TraceAnalysis" in line]
+    assert len(lines) == 1 and lines[0].startswith("next: ")
+    assert f'TraceAnalysis(trace_dir="{out}/window-step2")' in lines[0]
+
+
+def test_holistic_trace_analysis_reads_each_window_with_the_same_steps_on_every_rank(
+    two_ranks_two_windows: dict[str, Any]
+) -> None:
+    pytest.importorskip("hta", reason="HolisticTraceAnalysis is in the test extra")
+    out: Path = two_ranks_two_windows["out"]
+    # GIVEN HTA loading each window folder, as the summary's one-liner does
+    probe = """
+import json, logging, sys
+logging.disable(logging.WARNING)
+from hta.trace_analysis import TraceAnalysis
+result = {}
+for folder in sys.argv[1:]:
+    analysis = TraceAnalysis(trace_dir=folder)
+    names = analysis.t.symbol_table.get_sym_table()
+    per_rank = {}
+    for rank in sorted(analysis.t.get_ranks()):
+        ids = analysis.t.get_trace(rank)["name"].unique()
+        per_rank[int(rank)] = sorted(int(names[i].split("#")[1]) for i in ids if names[i].startswith("ProfilerStep#"))
+    result[folder] = {"ranks": per_rank, "steps": [int(s) for s in analysis.get_profiler_steps()]}
+print(json.dumps(result))
+"""
+    folders = [str(out / "window-step2"), str(out / "window-step6")]
+    proc = subprocess.run([sys.executable, "-c", probe, *folders], capture_output=True, text=True, timeout=180,
+                          env=stepcli_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    # THEN every rank of a window reports the same steps, and they are that window's steps
+    for folder, first in zip(folders, (2, 6)):
+        ranks = result[folder]["ranks"]
+        assert sorted(ranks) == ["0", "1"]
+        assert ranks["0"] == ranks["1"] and ranks["0"] and ranks["0"][0] == first, ranks
+        assert result[folder]["steps"] and result[folder]["steps"][0] == first
