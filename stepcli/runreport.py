@@ -137,7 +137,9 @@ def build_run_summary(
                 f"requesters stepped unequally; the global step follows the busiest ({busiest['name']}, "
                 f"{busiest['calls']} steps), as KinetoStepTracker does"
             )
-        if not windows:
+        if not windows and config.on_demand:
+            notes.append("no trace: no `stepcli capture` asked for a window while the run stepped (--on-demand)")
+        elif not windows:
             steps = primary.get("global_steps", 0)
             first_window = next(config.schedule.windows(1), None)
             if first_window and steps <= first_window[2]:

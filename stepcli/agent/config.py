@@ -36,6 +36,7 @@ class AgentConfig:
         "use_gzip": False,
         "step_on": (),
         "quiet": False,
+        "on_demand": False,
         "version": CONFIG_VERSION,
     }
 
@@ -52,6 +53,7 @@ class AgentConfig:
     use_gzip: bool
     step_on: tuple[str, ...]
     quiet: bool
+    on_demand: bool  # no scheduled window: only `stepcli capture` opens one
     version: int
 
     def __init__(self, run_id: str, out_dir: str, launcher_pid: int, schedule: Schedule | None = None, **options: Any) -> None:
