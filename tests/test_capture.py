@@ -100,7 +100,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
         start = time.monotonic()
         first = run_stepcli("capture", out, "--active", "2", timeout=120)
         first_s = time.monotonic() - start
-        second = run_stepcli("capture", out, "--active", "2", "--json", timeout=120)
+        second = run_stepcli("capture", str(proc.pid), "--active", "2", "--json", timeout=120)  # the launcher's pid
         (control / "pause").touch()
         _wait_for(control / "paused", 60, proc, log)
         start = time.monotonic()
@@ -141,7 +141,7 @@ def test_capture_records_the_same_steps_on_every_rank(scenario: Scenario) -> Non
     assert "asked run" in result.stderr and f"steps {steps[0][0]}-{steps[0][1]}" in result.stderr
 
 
-def test_second_capture_records_later_steps(scenario: Scenario) -> None:
+def test_second_capture_by_pid_records_later_steps(scenario: Scenario) -> None:
     result = scenario.second
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
