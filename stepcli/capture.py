@@ -258,7 +258,7 @@ def wait_for_answers(run: LiveRun, request: Request, timeout_at: float) -> tuple
 
 
 def _outcome(processes: list[dict[str, Any]], request: Request, stop: str, timeout: float, now: float) -> dict[str, Any]:
-    traces, missing = [], []
+    traces, missing, idle = [], [], []
     for process in sorted(processes, key=_order):
         answer = process.get("responses", {}).get(request.id)
         who = {"worker": _label(process), "rank": process.get("rank"), "host": process.get("host"), "pid": process.get("pid")}
@@ -278,9 +278,12 @@ def _outcome(processes: list[dict[str, Any]], request: Request, stop: str, timeo
             reason = f"stopped stepping at step {process.get('step')} ({now - float(process.get('time', now)):.0f} s without a step)"
         elif _fresh(process, now):
             reason = f"did not see the request within {timeout:g} s"
-        else:
-            continue  # stopped stepping long before the request: said once below
+        else:  # stopped stepping before the request: named only when others saved traces (else said once below)
+            idle.append(who | {"reason": f"stopped stepping at step {process.get('step')} before the request"})
+            continue
         missing.append(who | {"reason": reason})
+    if traces:
+        missing += idle
     document: dict[str, Any] = {
         "schema": SCHEMA,
         "request": {"id": request.id, "first_step": request.first_step, "last_step": request.last_step,

@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 from conftest import load_trace, profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
@@ -70,6 +70,7 @@ class Scenario:
     run_status: int
     run_stderr: str
     after_end: subprocess.CompletedProcess[str]
+    summary: dict[str, Any]
 
 
 def _wait_for(path: Path, timeout: float, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -90,7 +91,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
     script = write_script(tmp, "ddp.py", DDP_LOOP)
     out, control, log = tmp / "out", tmp / "control", tmp / "run.log"
     control.mkdir()
-    argv = [sys.executable, "-m", "stepcli", "run", "--on-demand", "-o", str(out), "--",
+    argv = [sys.executable, "-m", "stepcli", "run", "--on-demand", "-o", str(out), "--json", str(tmp / "run.json"), "--",
             torchrun, "--standalone", "--nproc-per-node", "2", str(script), str(control)]
     with open(log, "w") as handle:
         proc = subprocess.Popen(argv, cwd=tmp, env=stepcli_env(), stdout=handle, stderr=subprocess.STDOUT,
@@ -117,7 +118,8 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    yield Scenario(out, first, first_s, second, stalled, stalled_s, status, log.read_text(), after_end)
+    summary = json.loads((tmp / "run.json").read_text())
+    yield Scenario(out, first, first_s, second, stalled, stalled_s, status, log.read_text(), after_end, summary)
 
 
 def _lines(text: str) -> list[str]:
@@ -175,6 +177,11 @@ def test_the_run_summary_lists_both_captured_windows(scenario: Scenario) -> None
     second = json.loads(scenario.second.stdout)["request"]
     assert sorted({tuple(profiler_steps(t)) for t in traces})[-1] == (second["first_step"], second["last_step"])
     assert "no `stepcli capture`" not in scenario.run_stderr
+    windows = scenario.summary["windows"]
+    assert sorted((w["worker"], w["first_step"]) for w in windows) == sorted(
+        (f"rank{r}", first) for r in (0, 1) for first in {w["first_step"] for w in windows})
+    captures = {w["capture"] for w in windows}
+    assert len(captures) == 2 and json.loads(scenario.second.stdout)["request"]["id"] in captures
 
 
 def test_the_run_leaves_no_request_behind(scenario: Scenario) -> None:
