@@ -181,6 +181,7 @@ def build_run_summary(
         "torch": torch_version,
         "out_dir": config.out_dir,
         "schedule": config.schedule.to_dict(),
+        "on_demand": config.on_demand,
         "steps": {
             "global": (primary or {}).get("global_steps", 0),
             "requesters": {r["name"]: r["calls"] for r in (primary or {}).get("requesters", [])},

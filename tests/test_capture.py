@@ -18,7 +18,7 @@ from conftest import load_trace, profiler_steps, run_stepcli, stepcli_env, trace
 
 from stepcli.agent.ondemand import WindowSchedule
 from stepcli.agent.schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP, Schedule
-from stepcli.capture import plan_request
+from stepcli.capture import LiveRun, Request, _outcome, _read_requests, plan_request, wait_for_answers
 
 # Steps until rank 0 sees <control>/pause, then idles (no steps) until <control>/end. Rank 0 decides and
 # broadcasts, so both ranks stop at the same iteration and no collective is left waiting.
@@ -177,6 +177,7 @@ def test_the_run_summary_lists_both_captured_windows(scenario: Scenario) -> None
     second = json.loads(scenario.second.stdout)["request"]
     assert sorted({tuple(profiler_steps(t)) for t in traces})[-1] == (second["first_step"], second["last_step"])
     assert "no `stepcli capture`" not in scenario.run_stderr
+    assert scenario.summary["on_demand"] is True
     windows = scenario.summary["windows"]
     assert sorted((w["worker"], w["first_step"]) for w in windows) == sorted(
         (f"rank{r}", first) for r in (0, 1) for first in {w["first_step"] for w in windows})
@@ -297,3 +298,43 @@ def test_plan_avoids_scheduled_windows_and_other_captures() -> None:
     assert after.open_at == 38
     with pytest.raises(Exception, match="no room"):
         plan_request([_process(0, 10.0, 0.0)], [], Schedule(wait=0, warmup=1, active=1, repeat=0), 0, 1, 2, now)
+
+
+def _control(tmp_path: Path, processes: list[dict[str, Any]]) -> Path:
+    folder = tmp_path / ".stepcli" / "run1" / "control"
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"run_id": "run1"}))
+    for index, process in enumerate(processes):
+        (folder / f"proc.host.{index}.json").write_text(json.dumps(process))
+    return folder
+
+
+def test_a_rank_that_hangs_does_not_hold_up_the_others(tmp_path: Path) -> None:
+    now = time.time()
+    request = Request("r1", 10, 11, 12)
+    saved = {"status": "saved", "first_step": 11, "last_step": 12, "trace": "/t/rank0.json", "bytes": 5, "complete": True}
+    folder = _control(tmp_path, [
+        {"rank": 0, "worker": "rank0", "step": 14, "time": now, "steps_per_s": 10.0, "responses": {"r1": saved}},
+        {"rank": 1, "worker": "rank1", "step": 9, "time": now - 30, "steps_per_s": 10.0,
+         "responses": {"r1": {"status": "accepted"}}},
+        {"rank": 2, "worker": "rank2", "step": 3, "time": now - 60, "steps_per_s": 10.0, "ended": "exit", "responses": {}},
+    ])
+    run = LiveRun("run1", str(folder), None)
+    start = time.monotonic()
+    processes, stop = wait_for_answers(run, request, timeout_at=now + 30)
+    assert time.monotonic() - start < 1 and stop == ""
+    outcome = _outcome(processes, request, stop, 30, time.time())
+    assert [t["worker"] for t in outcome["traces"]] == ["rank0"]
+    assert [(m["worker"], m["reason"].split(" (")[0]) for m in outcome["not_captured"]] == [
+        ("rank1", "stopped stepping at step 9")]  # rank2 ended before the request: not part of it
+
+
+def test_requests_of_captures_that_died_are_dropped(tmp_path: Path) -> None:
+    folder = _control(tmp_path, [])
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    mine = dict(Request("a", 1, 2, 3).to_dict())
+    gone = dict(Request("b", 5, 6, 7).to_dict(), pid=int(dead.stdout))
+    elsewhere = dict(Request("c", 8, 9, 9).to_dict(), host="another-node", pid=int(dead.stdout))
+    (folder / "requests.json").write_text(json.dumps({"run_id": "run1", "requests": [mine, gone, elsewhere]}))
+    assert [r["id"] for r in _read_requests(str(folder), "run1")] == ["a", "c"]
+    assert _read_requests(str(folder), "another-run") == []  # a request names its run
