@@ -307,7 +307,8 @@ def _why_nothing(processes: list[dict[str, Any]], missing: list[dict[str, Any]],
     if not any(_fresh(p, now) for p in processes):
         idle = now - float(latest.get("time", now))
         return f"the run stopped stepping: its last step ({latest.get('step')}) was {idle:.0f} s ago"
-    return f"no process saved a trace within {timeout:g} s"
+    details = "; ".join(f"{m['worker']}: {m['reason']}" for m in missing)
+    return f"no process saved a trace within {timeout:g} s" + (f" ({details})" if details else "")
 
 
 # -- the command ---------------------------------------------------------------------------------------------------
@@ -378,8 +379,9 @@ def _print(document: dict[str, Any], as_json: bool) -> int:
             steps = f"step {first}" if first == last else f"steps {first}-{last}"
             extra = "" if trace["complete"] else f"  ({trace.get('note') or 'incomplete'})"
             print(f"{trace['worker']:<{width}}  {steps}  {trace['path']}  {human_size(trace['bytes'])}{extra}")
-        for miss in document["not_captured"]:
-            _say(f"{miss['worker']}: no trace: {miss['reason']}")
+        if document["traces"]:  # with none, the one line below says why
+            for miss in document["not_captured"]:
+                _say(f"{miss['worker']}: no trace: {miss['reason']}")
     if not document["traces"]:
         _say(f"nothing captured: {document['reason']}")
         return EXIT_NOTHING_MEASURED

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -164,7 +165,9 @@ def test_capture_of_a_run_that_stopped_stepping_exits_3_after_the_timeout(scenar
     assert result.returncode == 3, result.stderr
     assert 3 <= scenario.stalled_s < 20
     assert result.stdout == ""
-    assert "nothing captured: the run stopped stepping" in result.stderr
+    lines = _lines(result.stderr)  # what it asked for, and one line saying why nothing came
+    assert len(lines) == 2 and lines[0].startswith("stepcli: asked run"), lines
+    assert lines[1].startswith("stepcli: nothing captured: the run stopped stepping: its last step ("), lines
     assert "Traceback" not in result.stderr
 
 
@@ -216,7 +219,7 @@ def test_on_demand_refuses_schedule_flags(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists() and "ran" not in result.stdout
 
 
-def test_the_programs_own_profiler_wins_with_a_line(tmp_path: Path) -> None:
+def test_the_programs_own_profiler_wins_with_a_line_and_a_scheduled_run_answers_too(tmp_path: Path) -> None:
     script = write_script(tmp_path, "own.py", """
         import sys
         import time
@@ -226,33 +229,50 @@ def test_the_programs_own_profiler_wins_with_a_line(tmp_path: Path) -> None:
         control = Path(sys.argv[1])
         model = torch.nn.Linear(8, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def step():
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            time.sleep(0.05)
+
         with torch.profiler.profile() as prof:
-            while not (control / "end").exists():
-                model(torch.randn(4, 8)).sum().backward()
-                opt.step()
+            while not (control / "own_done").exists():
+                step()
                 prof.step()
                 if prof.step_num == 5:
                     (control / "ready").touch()
-                time.sleep(0.05)
         prof.export_chrome_trace(str(control / "own.json"))
+        (control / "own_exported").touch()
+        while not (control / "end").exists():
+            step()
     """)
-    control, log = tmp_path / "control", tmp_path / "run.log"
+    control, log, out = tmp_path / "control", tmp_path / "run.log", tmp_path / "out"
     control.mkdir()
-    with open(log, "w") as handle:
-        proc = subprocess.Popen([sys.executable, "-m", "stepcli", "run", "--on-demand", "-o", str(tmp_path / "out"),
+    with open(log, "w") as handle:  # a scheduled run: its window falls while the program's profiler runs
+        proc = subprocess.Popen([sys.executable, "-m", "stepcli", "run", "--wait", "2", "--active", "1", "-o", str(out),
                                  str(script), str(control)], env=stepcli_env(), stdout=handle, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_for(control / "ready", 120, proc, log)
-        result = run_stepcli("capture", tmp_path / "out", "--timeout", "20", timeout=60)
+        refused = run_stepcli("capture", out, "--timeout", "20", timeout=60)
+        (control / "own_done").touch()
+        _wait_for(control / "own_exported", 60, proc, log)
+        after = run_stepcli("capture", out, "--warmup", "0", "--active", "1", timeout=60)
     finally:
+        (control / "own_done").touch()
         (control / "end").touch()
         assert proc.wait(timeout=60) == 0, log.read_text()
-    assert result.returncode == 3, result.stderr
-    assert "the program's own profiler is running" in result.stderr
-    assert trace_files(tmp_path / "out") == []  # no empty trace
+    assert refused.returncode == 3, refused.stderr
+    lines = _lines(refused.stderr)
+    assert len(lines) == 2 and refused.stdout == "", lines
+    assert re.fullmatch(r"stepcli: nothing captured: \S+_\d+: the program's own profiler is running .*", lines[1]), lines
     own = load_trace(control / "own.json")["traceEvents"]
     assert any(e.get("name") == "aten::addmm" for e in own)  # the program's own trace is intact
+    assert after.returncode == 0, after.stderr + log.read_text()
+    traces = trace_files(out)
+    assert len(traces) == 1 and str(traces[0]) in after.stdout  # no empty trace from the refused request
+    step = int(after.stdout.split()[2])
+    assert profiler_steps(traces[0]) == [step]
 
 
 # -- pure parts ----------------------------------------------------------------------------------------------------

@@ -191,7 +191,10 @@ class OnDemand:
             return
         for request in document.get("requests", []):
             if isinstance(request, dict) and request.get("id") not in self.responses:
-                self._consider(request, step)
+                try:
+                    self._consider(request, step)
+                except (KeyError, TypeError, ValueError):
+                    continue  # not a request this version understands
 
     def _consider(self, request: dict[str, Any], step: int) -> None:
         rid = str(request["id"])
