@@ -35,6 +35,7 @@ REQUESTS_FILE = "requests.json"
 LOCK_FILE = "capture.lock"
 PROC_PREFIX = "proc."
 POLL_INTERVAL_S = 1.0
+MAX_IO_FAILURES = 30  # consecutive polls that could not read or write the control folder
 FINAL = ("saved", "refused", "not_recorded")
 
 
@@ -118,16 +119,19 @@ class OnDemand:
         self.proc_path = os.path.join(self.folder, f"{PROC_PREFIX}{self.host}.{agent.pid}.json")
         self.schedule = WindowSchedule(None if config.on_demand else config.schedule)
         self.responses: dict[str, dict[str, Any]] = {}
-        self.pending: dict[str, tuple[int, int, int]] = {}  # id -> (first step, last step, windows before)
+        self.pending: dict[str, tuple[int, int, int, int]] = {}  # id -> (first, last step, windows, notes before)
         self._written_step = -1
         self._dirty = True
         self._mark: tuple[int, float] | None = None  # (step, time) of the last heartbeat, for the step rate
         self._rate = 0.0
         self._ended = ""
+        self._failures = 0
+        self.active = False
         if agent.recorder is not None:
             agent.recorder.schedule = self.schedule  # type: ignore[assignment]
         if os.path.isdir(self.folder):  # a run started by an older launcher has none: nobody can ask
             agent.tracker.set_poller(self.poll, POLL_INTERVAL_S)
+            self.active = True
 
     # -- called by the tracker (at most once a second) and by the agent ----------------------------------------
     def poll(self, step: int) -> None:
@@ -137,6 +141,11 @@ class OnDemand:
             self._settle(step)
             if self._dirty or step != self._written_step:
                 self._write(step)
+            self._failures = 0
+        except OSError as exc:  # a shared file system's hiccup: try again next second, but not forever
+            self._failures += 1
+            if self._failures >= MAX_IO_FAILURES:
+                self._give_up(exc)
         except Exception as exc:
             self._give_up(exc)
 
@@ -149,12 +158,14 @@ class OnDemand:
             self._settle(step)
             if self._dirty:
                 self._write(step)
+        except OSError:
+            pass  # still dirty: the next poll writes it
         except Exception as exc:
             self._give_up(exc)
 
     def finish(self, reason: str) -> None:
         """The process exits (after its open window was saved): answer every pending request, say we ended."""
-        if self.agent.tracker._poller is None:
+        if not self.active:
             return
         try:
             step = self.agent.tracker.global_step
@@ -168,8 +179,7 @@ class OnDemand:
 
     def _give_up(self, exc: BaseException) -> None:
         self.agent.tracker.set_poller(None)
-        if isinstance(exc, FileNotFoundError):  # the launcher already cleaned up: the run is ending
-            return
+        self.active = False
         from .output import say
 
         say(f"on-demand capture disabled in this process: {type(exc).__name__}: {exc}")
@@ -201,10 +211,11 @@ class OnDemand:
         open_at, first, last = int(request["open_at"]), int(request["first_step"]), int(request["last_step"])
         recorder = self.agent.recorder
         start = max(open_at, step)
-        reason = ""
         if recorder is None or recorder.disabled or not self.agent.enabled:
-            reason = "profiling is disabled in this process"
-        elif self.agent.foreign or recorder._profiler_already_running():
+            self._answer(rid, "refused", reason="profiling is disabled in this process", at_step=step)
+            return
+        reason = ""
+        if self.agent.foreign or recorder._profiler_already_running():
             reason = "the program's own profiler is running (it wins; nothing recorded)"
         elif step > first:
             reason = f"already at step {step}, past step {first}"
@@ -217,13 +228,13 @@ class OnDemand:
             return
         self.schedule.add(start, first, last)
         self.agent.tracker.wake_at_step(start)
-        self.pending[rid] = (first, last, len(recorder.windows) if recorder is not None else 0)
+        self.pending[rid] = (first, last, len(recorder.windows), len(recorder.notes))
         self._answer(rid, "accepted", first_step=first, last_step=last, at_step=step)
 
     def _settle(self, step: int) -> None:
         """Answer requests whose window was saved, or whose steps went by without one."""
         recorder = self.agent.recorder
-        for rid, (first, last, before) in list(self.pending.items()):
+        for rid, (first, last, before, notes) in list(self.pending.items()):
             record = None
             for window in (recorder.windows[before:] if recorder is not None else []):
                 if window["first_step"] <= last and window["last_step"] >= first:
@@ -237,15 +248,15 @@ class OnDemand:
                     note=record.get("note", ""),
                 )
             elif step > last + 1 and (recorder is None or recorder.prof is None):
-                self._answer(rid, "not_recorded", reason=self._why_not(first, last))
+                self._answer(rid, "not_recorded", reason=self._why_not(first, last, notes))
         self.schedule.forget_before(step - 1)
 
-    def _why_not(self, first: int, last: int) -> str:
+    def _why_not(self, first: int, last: int, notes_before: int) -> str:
         phases = self.agent.tracker.phases[first : last + 1]
         if FOREIGN in phases:
             return "the program's own profiler ran during those steps (it wins)"
         recorder = self.agent.recorder
-        if recorder is not None and recorder.notes:
+        if recorder is not None and len(recorder.notes) > notes_before:
             return recorder.notes[-1]
         if not any(phase in (WARMUP, RECORD, RECORD_AND_SAVE) for phase in phases):
             return "no window opened (steps on a thread other than the main thread?)"
@@ -262,11 +273,11 @@ class OnDemand:
         from .output import current_rank, worker_name
 
         now = time.time()
-        if self._mark is not None:  # the rate over the last poll interval (none yet at the first heartbeat)
-            mark_step, mark_time = self._mark
-            if step > mark_step and now > mark_time:
-                self._rate = (step - mark_step) / (now - mark_time)
-        self._mark = (step, now)
+        if self._mark is None:  # the first heartbeat: no pace yet
+            self._mark = (step, now)
+        elif now - self._mark[1] >= POLL_INTERVAL_S / 2:  # the pace over about the last poll interval
+            self._rate = (step - self._mark[0]) / (now - self._mark[1])
+            self._mark = (step, now)
         document = {
             "run_id": self.run_id,
             "host": self.host,
