@@ -156,11 +156,12 @@ def _read_requests(folder: str, run_id: str) -> list[dict[str, Any]]:
         return []
     if not isinstance(document, dict) or document.get("run_id") != run_id:
         return []
-    return [r for r in document.get("requests", []) if isinstance(r, dict) and _still_wanted(r)]
+    return [r for r in document.get("requests", []) if isinstance(r, dict)]
 
 
 def _still_wanted(request: dict[str, Any]) -> bool:
-    """False for the request of a capture on this host that died without withdrawing it."""
+    """False for the request of a capture on this host that died without withdrawing it (dropped when the file
+    is next written; its window is still avoided when placing a new one, as processes may be recording it)."""
     if request.get("host") != socket.gethostname():
         return True
     import psutil
@@ -335,7 +336,7 @@ def capture_main(target: str, *, wait: int, warmup: int, active: int, timeout: f
         with _locked(run.folder):
             others = _read_requests(run.folder, run.run_id)
             request = plan_request(read_processes(run.folder), others, run.schedule, wait, warmup, active, time.time())
-            _write_requests(run.folder, run.run_id, [*others, request.to_dict()])
+            _write_requests(run.folder, run.run_id, [*filter(_still_wanted, others), request.to_dict()])
         if not as_json:
             steps = f"step {request.first_step}" if request.first_step == request.last_step else \
                 f"steps {request.first_step}-{request.last_step}"
@@ -356,7 +357,7 @@ def _terminate(signum: int, _frame: Any) -> None:
 def _withdraw(run: LiveRun, request: Request) -> None:
     try:
         with _locked(run.folder):
-            kept = [r for r in _read_requests(run.folder, run.run_id) if r.get("id") != request.id]
+            kept = [r for r in _read_requests(run.folder, run.run_id) if r.get("id") != request.id and _still_wanted(r)]
             _write_requests(run.folder, run.run_id, kept)
     except OSError:
         pass  # the run ended and took its control files with it

@@ -19,7 +19,7 @@ from conftest import load_trace, profiler_steps, run_stepcli, stepcli_env, trace
 
 from stepcli.agent.ondemand import WindowSchedule
 from stepcli.agent.schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP, Schedule
-from stepcli.capture import LiveRun, Request, _outcome, _read_requests, plan_request, wait_for_answers
+from stepcli.capture import LiveRun, Request, _outcome, _read_requests, _still_wanted, plan_request, wait_for_answers
 
 # Steps until rank 0 sees <control>/pause, then idles (no steps) until <control>/end. Rank 0 decides and
 # broadcasts, so both ranks stop at the same iteration and no collective is left waiting.
@@ -356,5 +356,11 @@ def test_requests_of_captures_that_died_are_dropped(tmp_path: Path) -> None:
     gone = dict(Request("b", 5, 6, 7).to_dict(), pid=int(dead.stdout))
     elsewhere = dict(Request("c", 8, 9, 9).to_dict(), host="another-node", pid=int(dead.stdout))
     (folder / "requests.json").write_text(json.dumps({"run_id": "run1", "requests": [mine, gone, elsewhere]}))
-    assert [r["id"] for r in _read_requests(str(folder), "run1")] == ["a", "c"]
+    requests = _read_requests(str(folder), "run1")
+    assert [r["id"] for r in requests if _still_wanted(r)] == ["a", "c"]
+    # ... but the dead capture's window is still avoided: processes may already be recording it
+    here = [r for r in requests if r["id"] != "c"]  # a: steps 1-3, b (dead): 5-7
+    now = time.time()
+    assert plan_request([_process(0, 1.0, 0.0, now=now)], here[:1], None, 0, 0, 1, now).open_at == 6
+    assert plan_request([_process(0, 1.0, 0.0, now=now)], here, None, 0, 0, 1, now).open_at == 10
     assert _read_requests(str(folder), "another-run") == []  # a request names its run
