@@ -327,7 +327,12 @@ def capture_main(target: str, *, wait: int, warmup: int, active: int, timeout: f
             time.sleep(_TICK_S)  # started, but no process has made a step yet
             processes = read_processes(run.folder)
         if not any(not p.get("ended") for p in processes):
-            why = "the run ended" if processes else f"the run made no step within {timeout:g} s"
+            if not os.path.exists(os.path.join(run.folder, RUN_FILE)):
+                why = "the run ended"
+            elif processes:
+                why = "every process that stepped has exited"
+            else:
+                why = f"the run made no step within {timeout:g} s"
             return _nothing(why, as_json)
         settle_at = min(timeout_at, time.time() + 2 * POLL_INTERVAL_S + 0.5)
         while time.time() < settle_at and any(_rate_unknown(p, time.time()) for p in processes):
@@ -340,7 +345,8 @@ def capture_main(target: str, *, wait: int, warmup: int, active: int, timeout: f
         if not as_json:
             steps = f"step {request.first_step}" if request.first_step == request.last_step else \
                 f"steps {request.first_step}-{request.last_step}"
-            _say(f"asked run {run.run_id} to record {steps} (warming up from step {request.open_at})")
+            warming = f" (warming up from step {request.open_at})" if request.open_at < request.first_step else ""
+            _say(f"asked run {run.run_id} to record {steps}{warming}")
         processes, stop = wait_for_answers(run, request, timeout_at)
         document = _outcome(processes, request, stop, timeout, time.time())
     finally:
