@@ -19,6 +19,7 @@ from conftest import load_trace, profiler_steps, run_stepcli, stepcli_env, trace
 
 from stepcli.agent.ondemand import WindowSchedule
 from stepcli.agent.schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP, Schedule
+from stepcli.agent.tracker import NEVER, StepTracker
 from stepcli.capture import LiveRun, Request, _outcome, _read_requests, _still_wanted, plan_request, wait_for_answers
 
 # Steps until rank 0 sees <control>/pause, then idles (no steps) until <control>/end. Rank 0 decides and
@@ -364,3 +365,29 @@ def test_requests_of_captures_that_died_are_dropped(tmp_path: Path) -> None:
     assert plan_request([_process(0, 1.0, 0.0, now=now)], here[:1], None, 0, 0, 1, now).open_at == 6
     assert plan_request([_process(0, 1.0, 0.0, now=now)], here, None, 0, 0, 1, now).open_at == 10
     assert _read_requests(str(folder), "another-run") == []  # a request names its run
+
+
+def test_the_tracker_polls_by_time_not_by_step() -> None:
+    ticks = iter(range(0, 10**12, 100_000_000))  # every clock read is 0.1 s later
+    tracker = StepTracker(clock=lambda: next(ticks))
+    woken: list[int] = []
+    tracker.set_listener(lambda step: (woken.append(step) or NONE, NEVER), wake_at=NEVER)
+    polled: list[int] = []
+
+    def poll(step: int) -> None:
+        polled.append(step)
+        if step == 1:
+            tracker.wake_at_step(4)  # a window asked for on demand opens at step 4
+
+    tracker.set_poller(poll, interval_s=1.0)
+    for _ in range(30):
+        tracker.step("opt")
+    assert polled[0] == 1  # the first step boundary, then at most once a second of clock time
+    # 30 steps of about 0.1 s: about 3 s, so 3 or 4 polls, each about 10 steps apart
+    assert all(b - a >= 8 for a, b in zip(polled, polled[1:])) and 3 <= len(polled) <= 4, polled
+    assert woken == [4]
+    assert len(tracker.durations_ns) == 30
+    tracker.set_poller(None)
+    before = len(polled)
+    tracker.step("opt")
+    assert len(polled) == before
