@@ -5,7 +5,9 @@ taken at the same time mean anything):
   1. the tracker's cost per step outside the window (goal <= 2 us), against an empty call;
   2. the whole optimizer-step hook path per step (torch's step + ours) against torch's step alone;
   3. the hook's start-up cost in every Python process the command starts (`python -c pass`, with and without);
-  4. `stepcli run` vs `python` wall time on a ~2000-step tiny training loop whose window never opens
+  4. the on-demand idle check (is a `stepcli capture` asking?): tracker.step with the real agent's check and
+     its once-a-second poll + heartbeat, against tracker.step without it, and the cost of one poll;
+  5. `stepcli run` vs `python` wall time on a ~2000-step tiny training loop whose window never opens
      (goal <= 1.03x plus a fixed start-up <= 0.3 s), with the fixed start-up measured on an empty script.
 
 Usage: python scripts/bench_overhead.py [--steps 2000] [--repeats 5]
@@ -54,6 +56,43 @@ def tracker_cost(n: int = 1_000_000) -> tuple[float, float]:
     ours = min(timeit.repeat(lambda: tracker.step("opt"), number=n, repeat=3)) / n * 1e6
     base = min(timeit.repeat(lambda: empty.step("opt"), number=n, repeat=3)) / n * 1e6
     return ours, base
+
+
+def idle_check_cost(n: int = 2_000_000) -> tuple[float, float, float]:
+    """(us per tracker.step with the on-demand check, without it, us per poll) in this process.
+
+    The check is an integer compare per step; the poll (a failed open of requests.json and a heartbeat write)
+    runs at most once a second, so over `n` steps (a few seconds) its real share is included.
+    """
+    import atexit
+
+    from stepcli.agent import ondemand
+    from stepcli.agent.config import AgentConfig
+    from stepcli.agent.runtime import Agent
+    from stepcli.agent.tracker import NEVER, StepTracker
+
+    with tempfile.TemporaryDirectory() as out:
+        config = AgentConfig(run_id="bench", out_dir=out, launcher_pid=0, on_demand=True, quiet=True)
+        ondemand.open_control(out, "bench", {"run_id": "bench"})
+        agent = Agent(config)
+        agent.requester_created("opt", "SGD")  # arms: recorder, on-demand poller, no window ever
+        atexit.unregister(agent.flush)
+        assert agent.ondemand is not None and agent.tracker._poller is not None
+        plain = StepTracker()
+        plain.set_listener(lambda step: (0, NEVER), wake_at=NEVER)
+        plain.register("opt", "SGD#0")
+        checked = agent.tracker
+        with_check = without = float("inf")
+        for _ in range(3):  # interleaved, so drift hits both sides alike
+            with_check = min(with_check, timeit.timeit(lambda: checked.step("opt"), number=n) / n * 1e6)
+            without = min(without, timeit.timeit(lambda: plain.step("opt"), number=n) / n * 1e6)
+        polls = 2000
+        start = time.perf_counter()
+        for i in range(polls):
+            agent.ondemand.poll(10**9 + i)  # a new step each time: every poll writes the heartbeat
+        poll_us = (time.perf_counter() - start) / polls * 1e6
+        checked.set_poller(None)
+    return with_check, without, poll_us
 
 
 def hook_path_cost(n: int = 20_000) -> tuple[float, float]:
@@ -131,6 +170,10 @@ def main() -> None:
     hooked, plain = hook_path_cost()
     print(f"optimizer.step, whole hook path: {hooked:.2f} us vs {plain:.2f} us plain torch "
           f"(+{hooked - plain:.2f} us/step, {hooked / plain:.3f}x)")
+    checked, unchecked, poll_us = idle_check_cost()
+    print(f"on-demand idle check: tracker.step {checked:.3f} us with it vs {unchecked:.3f} us without "
+          f"({checked / unchecked:.3f}x, {checked - unchecked:+.3f} us/step); one poll {poll_us:.1f} us, "
+          f"at most once a second ({poll_us / 1e4:.4f}% of a second)")
     with_hook, without = hook_startup_cost()
     print(f"python -c pass: {with_hook:.1f} ms with the hook vs {without:.1f} ms plain "
           f"(+{with_hook - without:.1f} ms per Python process the command starts)")

@@ -84,6 +84,7 @@ def cli() -> None:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the run summary as JSON to this file.")
 @click.option("--fail-over", multiple=True, callback=_parse_fail_over, metavar="STAT=MS", help="Exit non-zero when a step-time statistic exceeds a budget, e.g. p50=25 (repeatable).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines and no summary.")
+@click.option("--on-demand", is_flag=True, help="Open no scheduled window; record when `stepcli capture OUT` asks.")
 @click.option("-m", "module_mode", is_flag=True, help="Run a module like python -m: stepcli run -m pkg.mod ARGS.")
 @click.argument("target", nargs=-1, type=click.UNPROCESSED, required=True, metavar="SCRIPT [ARGS]... | -m MODULE [ARGS]... | -- COMMAND [ARGS]...")
 @click.pass_context
@@ -94,6 +95,13 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
     """
     from stepcli.launcher import RunRequest, run_program
 
+    if options["on_demand"]:
+        given = [
+            f"--{name.replace('_', '-')}" for name in ("skip_first", "wait", "warmup", "active", "repeat")
+            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+        ]
+        if given:
+            raise click.UsageError(f"--on-demand opens no scheduled window: drop {', '.join(given)} (capture takes its own)")
     request = RunRequest.from_cli(
         target=list(target),
         module_mode=module_mode,
@@ -144,6 +152,24 @@ def compare(baseline: str, current: str, tolerance: str, min_delta_ms: float, me
     except ValueError as exc:
         raise click.BadParameter(str(exc), ctx=click.get_current_context(), param_hint="'--tolerance'") from None
     return compare_main(baseline, current, tolerance=fraction, min_delta_ms=min_delta_ms, metric=metric, markdown_path=markdown_path)
+
+
+@cli.command(short_help="Trace a running `stepcli run` now: every rank, the same steps.")
+@click.argument("target")
+@click.option("--wait", type=click.IntRange(min=0), default=0, show_default=True, help="Extra steps to let go by before the warmup.")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Steps the profiler runs but discards.")
+@click.option("--active", type=click.IntRange(min=1), default=3, show_default=True, help="Steps recorded in each trace.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True, help="Seconds to wait for the traces.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON document.")
+def capture(target: str, wait: int, warmup: int, active: int, timeout: float, as_json: bool) -> int:
+    """Record one window of a running `stepcli run` on every process, starting at the same global step.
+
+    TARGET is the run's -o folder or the pid of one of its processes. Exit 0 traces saved, 2 TARGET is not a
+    running stepcli run, 3 nothing captured before --timeout.
+    """
+    from stepcli.capture import capture_main
+
+    return capture_main(target, wait=wait, warmup=warmup, active=active, timeout=timeout, as_json=as_json)
 
 
 @cli.command(

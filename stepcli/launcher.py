@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stepcli.agent import ondemand
 from stepcli.agent.config import CONFIG_ENV, AgentConfig
 from stepcli.agent.schedule import Schedule
 from stepcli.errors import EXIT_REGRESSION, StepcliError
@@ -40,6 +43,7 @@ class RunRequest:
     json_path: str | None = None
     fail_over: tuple[tuple[str, float], ...] = ()
     quiet: bool = False
+    on_demand: bool = False
 
     @classmethod
     def from_cli(
@@ -60,6 +64,7 @@ class RunRequest:
         json_path: str | None,
         fail_over: tuple[tuple[str, float], ...],
         quiet: bool,
+        on_demand: bool = False,
         **profiler_options: bool,
     ) -> "RunRequest":
         """Validate everything that can be checked before the program starts (usage errors exit 2)."""
@@ -86,6 +91,7 @@ class RunRequest:
             json_path=json_path,
             fail_over=fail_over,
             quiet=quiet,
+            on_demand=on_demand,
         )
 
 
@@ -287,16 +293,23 @@ def run_program(request: RunRequest) -> int:
         step_on=request.step_on,
         use_gzip=request.use_gzip,
         quiet=request.quiet,
+        on_demand=request.on_demand,
         **request.profiler_options,
     )
     if not request.quiet:
-        _say(f"{request.schedule.describe()}; output in {_short(out_dir)}")
+        plan = (
+            f"recording on demand: run `stepcli capture {shlex.quote(_short(out_dir))}` to trace the next steps"
+            if request.on_demand else request.schedule.describe()
+        )
+        _say(f"{plan}; output in {_short(out_dir)}")
+    _open_control(config)
     started = time.time()
     start = time.perf_counter()
     foreground = _in_terminal_foreground()
     try:
         proc = subprocess.Popen(request.argv, env=child_environment(config), preexec_fn=_child_setup(foreground))
     except OSError as exc:
+        ondemand.close_control(config.out_dir, config.run_id)
         raise StepcliError(f"could not start {request.argv[0]}: {exc.strerror or exc}") from None
     from stepcli.watchdog import start_watchdog
 
@@ -308,6 +321,7 @@ def run_program(request: RunRequest) -> int:
     finally:
         if watchdog is not None:
             watchdog.release()
+        ondemand.close_control(config.out_dir, config.run_id)
     status = exit_status(returncode)
 
     if request.quiet and not request.json_path and not request.fail_over:
@@ -354,6 +368,23 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
         if failures and status == 0:
             return EXIT_REGRESSION
     return status
+
+
+def _open_control(config: AgentConfig) -> None:
+    """The folder `stepcli capture` asks through (every run accepts requests, not only --on-demand ones)."""
+    document = {
+        "run_id": config.run_id,
+        "launcher_pid": config.launcher_pid,
+        "host": socket.gethostname(),
+        "out_dir": config.out_dir,
+        "on_demand": config.on_demand,
+        "schedule": config.schedule.to_dict(),
+        "started_at": time.time(),
+    }
+    try:
+        ondemand.open_control(config.out_dir, config.run_id, document)
+    except OSError as exc:
+        _say(f"warning: on-demand capture unavailable: {exc.strerror or exc}")
 
 
 def _check_json_path(path: str) -> None:

@@ -139,7 +139,9 @@ def build_run_summary(
                 f"requesters stepped unequally; the global step follows the busiest ({busiest['name']}, "
                 f"{busiest['calls']} steps), as KinetoStepTracker does"
             )
-        if not windows:
+        if not windows and config.on_demand:
+            notes.append("no trace: no `stepcli capture` asked for a window while the run stepped (--on-demand)")
+        elif not windows:
             steps = primary.get("global_steps", 0)
             first_window = next(config.schedule.windows(1), None)
             if first_window and steps <= first_window[2]:
@@ -181,6 +183,7 @@ def build_run_summary(
         "torch": torch_version,
         "out_dir": config.out_dir,
         "schedule": config.schedule.to_dict(),
+        "on_demand": config.on_demand,
         "steps": {
             "global": (primary or {}).get("global_steps", 0),
             "requesters": {r["name"]: r["calls"] for r in (primary or {}).get("requesters", [])},

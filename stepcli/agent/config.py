@@ -37,6 +37,7 @@ class AgentConfig:
         "step_on": (),
         "quiet": False,
         "run_key": "",  # signs the step logs (agent/signing.py); only the run's processes get it
+        "on_demand": False,
         "version": CONFIG_VERSION,
     }
 
@@ -54,6 +55,7 @@ class AgentConfig:
     step_on: tuple[str, ...]
     quiet: bool
     run_key: str
+    on_demand: bool  # no scheduled window: only `stepcli capture` opens one
     version: int
 
     def __init__(self, run_id: str, out_dir: str, launcher_pid: int, schedule: Schedule | None = None, **options: Any) -> None:

@@ -186,10 +186,9 @@ class Recorder:
         prof.current_action = action
         prof._prev_schedule_action = action
         self.prof = prof
-        first_record = step + (self.schedule.warmup if action == profiler.ProfilerAction.WARMUP else 0)
         self._window = {"first_step": step if action.value >= RECORD else None}
         if not self.config.quiet:
-            last = first_record + self.schedule.active - 1
+            first_record, last = _recorded_span(self.schedule, step)
             span = f"step {first_record}" if first_record == last else f"steps {first_record}-{last}"
             say(f"{worker_name()}: profiling {span}" + (f" (warming up from step {step})" if step < first_record else ""))
         self.guard_signals(True)
@@ -302,6 +301,17 @@ class Recorder:
                 self.notes.append("a window was abandoned: the program started its own profiler on another thread")
         self.tracker.set_phase(FOREIGN)
         self.tracker.wake_next_step()
+
+
+def _recorded_span(schedule: Any, step: int) -> tuple[int, int]:
+    """(first, last) recorded step of the window that starts at `step` (scheduled or asked for on demand)."""
+    first = step
+    while schedule.action(first) == WARMUP:
+        first += 1
+    last = first
+    while schedule.action(last) == RECORD:
+        last += 1
+    return first, last
 
 
 def _on_main_thread() -> bool:

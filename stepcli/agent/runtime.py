@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any, Callable, Hashable
 
+    from .ondemand import OnDemand
     from .recorder import Recorder
 
 STEP_LOG_VERSION = 1
@@ -41,6 +42,7 @@ class Agent:
         self.enabled = True
         self.tracker = StepTracker()
         self.recorder: Recorder | None = None
+        self.ondemand: OnDemand | None = None
         self.in_step: set[int] = set()
         self.foreign: set[int] = set()  # the program's own profilers now running
         self.is_compiling: Callable[[], bool] = _never
@@ -125,6 +127,9 @@ class Agent:
             # Registered now, after torch's own atexit handlers, so ours runs first (LIFO).
             atexit.register(self.flush, "exit")
             self._guard_os_exit()
+            from .ondemand import OnDemand
+
+            self.ondemand = OnDemand(self)  # first: it owns the schedule the recorder follows
             self.tracker.set_listener(self.recorder.on_step, self.recorder.next_cycle_start(self.tracker.global_step))
             self.tracker.begin()
         except Exception as exc:
@@ -211,7 +216,9 @@ class Agent:
         self.enabled = False
         self._forked_child = True
         self.tracker.set_listener(None)
+        self.tracker.set_poller(None)
         self.recorder = None
+        self.ondemand = None
 
     def flush(self, reason: str) -> None:
         """Save an open window and the step log, once, and only in the process that made them."""
@@ -228,6 +235,8 @@ class Agent:
                 recorder.stop("cut short: the program exited" if reason == "exit" else f"cut short: {reason}")
                 if recorder.prof is not None:
                     recorder.notes.append(f"the window open at {reason} could not be saved: it exited from another thread")
+            if self.ondemand is not None:
+                self.ondemand.finish(reason)
             if self.tracker.global_step or (recorder and recorder.windows):
                 self._write_step_log()
         except Exception as exc:
@@ -239,6 +248,8 @@ class Agent:
                     recorder.deliver_deferred_signal()
 
     def _window_saved(self) -> None:
+        if self.ondemand is not None:
+            self.ondemand.window_saved()
         now = time.monotonic()
         if now - self._last_log_write >= _STEP_LOG_MIN_INTERVAL_S:  # bounded cost with --repeat 0
             self._last_log_write = now

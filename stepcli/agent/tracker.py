@@ -60,6 +60,9 @@ class StepTracker:
         self._phase = NONE
         self._wake_at = NEVER
         self._listener: Listener | None = None
+        self._poll_at = NEVER  # clock value at which `_poller` runs next (a time bound, not a step bound)
+        self._poll_interval_ns = 1_000_000_000
+        self._poller: Callable[[int], None] | None = None
         self._lock = threading.Lock()  # requesters may step from several threads (--step-on in a server)
 
     def restart_clock(self) -> None:
@@ -70,6 +73,18 @@ class StepTracker:
         """Install the profiler driver; it is called at the start of step `wake_at` and whenever it asks."""
         self._listener = listener
         self._wake_at = wake_at if listener is not None else NEVER
+
+    def set_poller(self, poller: Callable[[int], None] | None, interval_s: float = 1.0) -> None:
+        """Call `poller(step)` at a step boundary at most once per `interval_s` (on-demand requests): the
+        per-step cost is one integer compare against the clock value the step already reads."""
+        self._poller = poller
+        self._poll_interval_ns = int(interval_s * 1e9)
+        self._poll_at = 0 if poller is not None else NEVER
+
+    def wake_at_step(self, step: int) -> None:
+        """Make the listener run at the start of `step` at the latest (a window asked for on demand)."""
+        if self._listener is not None and step < self._wake_at:
+            self._wake_at = step
 
     def wake_next_step(self) -> None:
         """Make the listener run at the next step (e.g. the program opened or closed its own profiler)."""
@@ -112,11 +127,20 @@ class StepTracker:
         self.durations_ns.append(now - self._step_start)
         self.phases.append(self._phase)
         self.global_step = new_step
+        if now >= self._poll_at:
+            self._poll(now, new_step)
+            now = self._clock()  # the poll's file work is charged to no step, like the listener's
         if new_step >= self._wake_at and self._listener is not None:
             self._phase, self._wake_at = self._listener(new_step)
             self._step_start = self._clock()
         else:
             self._step_start = now
+
+    def _poll(self, now: int, step: int) -> None:
+        self._poll_at = now + self._poll_interval_ns
+        poller = self._poller
+        if poller is not None:
+            poller(step)
 
     def counts(self) -> dict[str, int]:
         """Step calls per requester name (names are unique per run)."""

@@ -1,0 +1,393 @@
+"""`stepcli run --on-demand` + `stepcli capture`: a running 2-rank job traced on request, at the same steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from conftest import load_trace, profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
+
+from stepcli.agent.ondemand import WindowSchedule
+from stepcli.agent.schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP, Schedule
+from stepcli.agent.tracker import NEVER, StepTracker
+from stepcli.capture import LiveRun, Request, _outcome, _read_requests, _still_wanted, plan_request, wait_for_answers
+
+# Steps until rank 0 sees <control>/pause, then idles (no steps) until <control>/end. Rank 0 decides and
+# broadcasts, so both ranks stop at the same iteration and no collective is left waiting.
+DDP_LOOP = """
+    import sys
+    import time
+    from pathlib import Path
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    control = Path(sys.argv[1])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = DDP(torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def rank0_sees(name):
+        flag = torch.tensor([float((control / name).exists())])
+        dist.broadcast(flag, 0)
+        return bool(flag.item())
+
+    step = 0
+    while not rank0_sees("pause"):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        step += 1
+        if rank == 0 and step == 5:
+            (control / "ready").touch()
+        time.sleep(0.05)
+    if rank == 0:
+        (control / "paused").touch()
+    while not rank0_sees("end"):
+        time.sleep(0.1)
+    dist.barrier()
+    dist.destroy_process_group()
+"""
+
+
+@dataclass
+class Scenario:
+    out: Path
+    first: subprocess.CompletedProcess[str]
+    first_s: float
+    second: subprocess.CompletedProcess[str]
+    stalled: subprocess.CompletedProcess[str]
+    stalled_s: float
+    run_status: int
+    run_stderr: str
+    after_end: subprocess.CompletedProcess[str]
+    summary: dict[str, Any]
+
+
+def _wait_for(path: Path, timeout: float, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"the run ended early:\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"{path.name} never appeared:\n{log.read_text()}"
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
+    """One 2-rank torchrun job under `stepcli run --on-demand`: two captures while it steps, one while it
+    idles, one after it ended."""
+    tmp = tmp_path_factory.mktemp("capture")
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    assert torchrun, "torchrun comes with torch"
+    script = write_script(tmp, "ddp.py", DDP_LOOP)
+    out, control, log = tmp / "out", tmp / "control", tmp / "run.log"
+    control.mkdir()
+    argv = [sys.executable, "-m", "stepcli", "run", "--on-demand", "-o", str(out), "--json", str(tmp / "run.json"), "--",
+            torchrun, "--standalone", "--nproc-per-node", "2", str(script), str(control)]
+    with open(log, "w") as handle:
+        proc = subprocess.Popen(argv, cwd=tmp, env=stepcli_env(), stdout=handle, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_for(control / "ready", 180, proc, log)
+        start = time.monotonic()
+        first = run_stepcli("capture", out, "--active", "2", timeout=120)
+        first_s = time.monotonic() - start
+        second = run_stepcli("capture", str(proc.pid), "--active", "2", "--json", timeout=120)  # the launcher's pid
+        (control / "pause").touch()
+        _wait_for(control / "paused", 60, proc, log)
+        start = time.monotonic()
+        stalled = run_stepcli("capture", out, "--timeout", "3", timeout=120)
+        stalled_s = time.monotonic() - start
+        (control / "end").touch()
+        status = proc.wait(timeout=120)
+        after_end = run_stepcli("capture", out, "--timeout", "3", timeout=60)
+    finally:
+        (control / "pause").touch()
+        (control / "end").touch()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    summary = json.loads((tmp / "run.json").read_text())
+    yield Scenario(out, first, first_s, second, stalled, stalled_s, status, log.read_text(), after_end, summary)
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def _trace_of(line: str) -> Path:
+    return Path(next(part for part in line.split() if part.endswith(".pt.trace.json")))
+
+
+def test_capture_records_the_same_steps_on_every_rank(scenario: Scenario) -> None:
+    result = scenario.first
+    assert result.returncode == 0, result.stderr
+    assert scenario.first_s < 20, scenario.first_s  # about a second plus the steps, on a loaded machine
+    lines = _lines(result.stdout)
+    assert [line.split()[0] for line in lines] == ["rank0", "rank1"], result.stdout
+    steps = [profiler_steps(_trace_of(line)) for line in lines]
+    assert len(steps[0]) == 2 and steps[0][1] == steps[0][0] + 1, steps
+    assert steps[1] == steps[0]  # the same global steps on both ranks, and only those
+    assert all(f"steps {steps[0][0]}-{steps[0][1]}" in line for line in lines)
+    assert "asked run" in result.stderr and f"steps {steps[0][0]}-{steps[0][1]}" in result.stderr
+
+
+def test_second_capture_by_pid_records_later_steps(scenario: Scenario) -> None:
+    result = scenario.second
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["schema"] == "stepcli.capture" and document["not_captured"] == []
+    traces = document["traces"]
+    assert [t["rank"] for t in traces] == [0, 1]
+    first_steps = profiler_steps(_trace_of(_lines(scenario.first.stdout)[0]))
+    request = document["request"]
+    assert request["first_step"] > first_steps[-1]
+    for trace in traces:
+        assert (trace["first_step"], trace["last_step"]) == (request["first_step"], request["last_step"])
+        assert profiler_steps(Path(trace["path"])) == [request["first_step"], request["last_step"]]
+        assert trace["bytes"] == os.path.getsize(trace["path"]) and trace["complete"] is True
+
+
+def test_capture_of_a_run_that_stopped_stepping_exits_3_after_the_timeout(scenario: Scenario) -> None:
+    result = scenario.stalled
+    assert result.returncode == 3, result.stderr
+    assert 3 <= scenario.stalled_s < 20
+    assert result.stdout == ""
+    lines = _lines(result.stderr)  # what it asked for, and one line saying why nothing came
+    assert len(lines) == 2 and lines[0].startswith("stepcli: asked run"), lines
+    assert lines[1].startswith("stepcli: nothing captured: the run stopped stepping: its last step ("), lines
+    assert "Traceback" not in result.stderr
+
+
+def test_the_run_summary_lists_both_captured_windows(scenario: Scenario) -> None:
+    assert scenario.run_status == 0, scenario.run_stderr
+    traces = trace_files(scenario.out)
+    assert len(traces) == 4  # two windows x two ranks; the request made while it idled recorded nothing
+    for trace in traces:
+        assert trace.name in scenario.run_stderr.replace("\n", "")  # listed in the summary's trace rows
+    second = json.loads(scenario.second.stdout)["request"]
+    assert sorted({tuple(profiler_steps(t)) for t in traces})[-1] == (second["first_step"], second["last_step"])
+    assert "no `stepcli capture`" not in scenario.run_stderr
+    assert scenario.summary["on_demand"] is True
+    windows = scenario.summary["windows"]
+    assert sorted((w["worker"], w["first_step"]) for w in windows) == sorted(
+        (f"rank{r}", first) for r in (0, 1) for first in {w["first_step"] for w in windows})
+    captures = {w["capture"] for w in windows}
+    assert len(captures) == 2 and json.loads(scenario.second.stdout)["request"]["id"] in captures
+
+
+def test_the_run_leaves_no_request_behind(scenario: Scenario) -> None:
+    control = list(scenario.out.glob(".stepcli/*/control"))
+    assert len(control) == 1
+    assert (control[0].stat().st_mode & 0o777) == 0o700  # only the run's owner can ask
+    assert not (control[0] / "requests.json").exists() and not (control[0] / "run.json").exists()
+
+
+def test_capture_after_the_run_ended_exits_2(scenario: Scenario) -> None:
+    result = scenario.after_end
+    assert result.returncode == 2
+    assert _lines(result.stderr) == [f"stepcli: error: {scenario.out}: no running stepcli run writes to this folder"]
+
+
+@pytest.mark.parametrize("target", ["empty", "missing", "pid"])
+def test_capture_of_something_that_is_not_a_running_run_exits_2(tmp_path: Path, target: str) -> None:
+    (tmp_path / "empty").mkdir()
+    arg = str(os.getpid()) if target == "pid" else str(tmp_path / target)
+    result = run_stepcli("capture", arg, "--timeout", "1", timeout=30)
+    assert result.returncode == 2
+    assert len(_lines(result.stderr)) == 1 and result.stderr.startswith("stepcli: error: "), result.stderr
+    assert result.stdout == ""
+
+
+def test_on_demand_refuses_schedule_flags(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "noop.py", "print('ran')\n")
+    result = run_stepcli("run", "--on-demand", "--active", "2", "-o", tmp_path / "out", script, timeout=30)
+    assert result.returncode == 2
+    assert "--on-demand opens no scheduled window: drop --active" in result.stderr
+    assert not (tmp_path / "out").exists() and "ran" not in result.stdout
+
+
+def test_the_programs_own_profiler_wins_with_a_line_and_a_scheduled_run_answers_too(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "own.py", """
+        import sys
+        import time
+        from pathlib import Path
+        import torch
+
+        control = Path(sys.argv[1])
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def step():
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            time.sleep(0.05)
+
+        with torch.profiler.profile() as prof:
+            while not (control / "own_done").exists():
+                step()
+                prof.step()
+                if prof.step_num == 5:
+                    (control / "ready").touch()
+        prof.export_chrome_trace(str(control / "own.json"))
+        (control / "own_exported").touch()
+        while not (control / "end").exists():
+            step()
+    """)
+    control, log, out = tmp_path / "control", tmp_path / "run.log", tmp_path / "out"
+    control.mkdir()
+    with open(log, "w") as handle:  # a scheduled run: its window falls while the program's profiler runs
+        proc = subprocess.Popen([sys.executable, "-m", "stepcli", "run", "--wait", "2", "--active", "1", "-o", str(out),
+                                 str(script), str(control)], env=stepcli_env(), stdout=handle, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_for(control / "ready", 120, proc, log)
+        refused = run_stepcli("capture", out, "--timeout", "20", timeout=60)
+        (control / "own_done").touch()
+        _wait_for(control / "own_exported", 60, proc, log)
+        after = run_stepcli("capture", out, "--warmup", "0", "--active", "1", timeout=60)
+    finally:
+        (control / "own_done").touch()
+        (control / "end").touch()
+        assert proc.wait(timeout=60) == 0, log.read_text()
+    assert refused.returncode == 3, refused.stderr
+    lines = _lines(refused.stderr)
+    assert len(lines) == 2 and refused.stdout == "", lines
+    assert re.fullmatch(r"stepcli: nothing captured: \S+_\d+: the program's own profiler is running .*", lines[1]), lines
+    own = load_trace(control / "own.json")["traceEvents"]
+    assert any(e.get("name") == "aten::addmm" for e in own)  # the program's own trace is intact
+    assert after.returncode == 0, after.stderr + log.read_text()
+    traces = trace_files(out)
+    assert len(traces) == 1 and str(traces[0]) in after.stdout  # no empty trace from the refused request
+    step = int(after.stdout.split()[2])
+    assert profiler_steps(traces[0]) == [step]
+
+
+# -- pure parts ----------------------------------------------------------------------------------------------------
+def test_window_schedule_adds_on_demand_windows_to_the_run_schedule() -> None:
+    windows = WindowSchedule(None)
+    assert windows.next_profiled_step(0) is None
+    windows.add(10, 11, 12)
+    assert [windows.action(s) for s in range(9, 14)] == [NONE, WARMUP, RECORD, RECORD_AND_SAVE, NONE]
+    assert windows.starts_cycle(10) and not windows.starts_cycle(11)
+    assert windows.next_profiled_step(3) == 10 and windows.next_profiled_step(11) == 11
+    assert windows.first_busy(0, 9) is None and windows.first_busy(5, 20) == 10
+    windows.forget_before(13)
+    assert windows.next_profiled_step(0) is None
+
+    scheduled = WindowSchedule(Schedule(wait=1, warmup=1, active=2))
+    scheduled.add(20, 20, 20)
+    assert [scheduled.action(s) for s in (1, 3, 20)] == [WARMUP, RECORD_AND_SAVE, RECORD_AND_SAVE]
+    assert scheduled.next_profiled_step(0) == 1 and scheduled.next_profiled_step(4) == 20
+
+
+def _process(step: int, rate: float, age: float, now: float = 1000.0, ended: str = "") -> dict[str, object]:
+    return {"step": step, "steps_per_s": rate, "time": now - age, "ended": ended}
+
+
+def test_plan_starts_past_the_fastest_rank_by_the_polling_margin() -> None:
+    now = 1000.0
+    request = plan_request([_process(100, 10.0, 0.5), _process(98, 10.0, 0.2)], [], None, 0, 1, 2, now)
+    # rank at 100 + 0.5 s x 10 steps/s = 105, then 1.5 s of steps (15) and 2 spare steps
+    assert (request.open_at, request.first_step, request.last_step) == (122, 123, 124)
+    waited = plan_request([_process(100, 10.0, 0.5)], [], None, 5, 0, 3, now)
+    assert (waited.open_at, waited.first_step, waited.last_step) == (127, 127, 129)
+    stalled = plan_request([_process(100, 10.0, 60.0)], [], None, 0, 1, 1, now)
+    assert stalled.open_at == 100 + 15 + 2  # an idle process is not projected forward
+
+
+def test_plan_avoids_scheduled_windows_and_other_captures() -> None:
+    now = 1000.0
+    schedule = Schedule(wait=20, warmup=1, active=3, repeat=0)  # cycles touch steps 20-23, 44-47, ...
+    request = plan_request([_process(0, 10.0, 0.0)], [], schedule, 0, 1, 2, now)
+    assert request.open_at == 25  # 17 would run into the cycle at 20-23
+    other = {"open_at": 30, "last_step": 35}
+    after = plan_request([_process(20, 10.0, 0.0)], [other], None, 0, 1, 2, now)
+    assert after.open_at == 38
+    with pytest.raises(Exception, match="no room"):
+        plan_request([_process(0, 10.0, 0.0)], [], Schedule(wait=0, warmup=1, active=1, repeat=0), 0, 1, 2, now)
+
+
+def _control(tmp_path: Path, processes: list[dict[str, Any]]) -> Path:
+    folder = tmp_path / ".stepcli" / "run1" / "control"
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"run_id": "run1"}))
+    for index, process in enumerate(processes):
+        (folder / f"proc.host.{index}.json").write_text(json.dumps(process))
+    return folder
+
+
+def test_a_rank_that_hangs_does_not_hold_up_the_others(tmp_path: Path) -> None:
+    now = time.time()
+    request = Request("r1", 10, 11, 12)
+    saved = {"status": "saved", "first_step": 11, "last_step": 12, "trace": "/t/rank0.json", "bytes": 5, "complete": True}
+    folder = _control(tmp_path, [
+        {"rank": 0, "worker": "rank0", "step": 14, "time": now, "steps_per_s": 10.0, "responses": {"r1": saved}},
+        {"rank": 1, "worker": "rank1", "step": 9, "time": now - 30, "steps_per_s": 10.0,
+         "responses": {"r1": {"status": "accepted"}}},
+        {"rank": 2, "worker": "rank2", "step": 3, "time": now - 60, "steps_per_s": 10.0, "ended": "exit", "responses": {}},
+    ])
+    run = LiveRun("run1", str(folder), None)
+    start = time.monotonic()
+    processes, stop = wait_for_answers(run, request, timeout_at=now + 30)
+    assert time.monotonic() - start < 1 and stop == ""
+    outcome = _outcome(processes, request, stop, 30, time.time())
+    assert [t["worker"] for t in outcome["traces"]] == ["rank0"]
+    assert [(m["worker"], m["reason"].split(" (")[0]) for m in outcome["not_captured"]] == [
+        ("rank1", "stopped stepping at step 9")]  # rank2 ended before the request: not part of it
+
+
+def test_requests_of_captures_that_died_are_dropped(tmp_path: Path) -> None:
+    folder = _control(tmp_path, [])
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    mine = dict(Request("a", 1, 2, 3).to_dict())
+    gone = dict(Request("b", 5, 6, 7).to_dict(), pid=int(dead.stdout))
+    elsewhere = dict(Request("c", 8, 9, 9).to_dict(), host="another-node", pid=int(dead.stdout))
+    (folder / "requests.json").write_text(json.dumps({"run_id": "run1", "requests": [mine, gone, elsewhere]}))
+    requests = _read_requests(str(folder), "run1")
+    assert [r["id"] for r in requests if _still_wanted(r)] == ["a", "c"]
+    # ... but the dead capture's window is still avoided: processes may already be recording it
+    here = [r for r in requests if r["id"] != "c"]  # a: steps 1-3, b (dead): 5-7
+    now = time.time()
+    assert plan_request([_process(0, 1.0, 0.0, now=now)], here[:1], None, 0, 0, 1, now).open_at == 6
+    assert plan_request([_process(0, 1.0, 0.0, now=now)], here, None, 0, 0, 1, now).open_at == 10
+    assert _read_requests(str(folder), "another-run") == []  # a request names its run
+
+
+def test_the_tracker_polls_by_time_not_by_step() -> None:
+    ticks = iter(range(0, 10**12, 100_000_000))  # every clock read is 0.1 s later
+    tracker = StepTracker(clock=lambda: next(ticks))
+    woken: list[int] = []
+    tracker.set_listener(lambda step: (woken.append(step) or NONE, NEVER), wake_at=NEVER)
+    polled: list[int] = []
+
+    def poll(step: int) -> None:
+        polled.append(step)
+        if step == 1:
+            tracker.wake_at_step(4)  # a window asked for on demand opens at step 4
+
+    tracker.set_poller(poll, interval_s=1.0)
+    for _ in range(30):
+        tracker.step("opt")
+    assert polled[0] == 1  # the first step boundary, then at most once a second of clock time
+    # 30 steps of about 0.1 s: about 3 s, so 3 or 4 polls, each about 10 steps apart
+    assert all(b - a >= 8 for a, b in zip(polled, polled[1:])) and 3 <= len(polled) <= 4, polled
+    assert woken == [4]
+    assert len(tracker.durations_ns) == 30
+    tracker.set_poller(None)
+    before = len(polled)
+    tracker.step("opt")
+    assert len(polled) == before
