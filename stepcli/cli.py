@@ -146,6 +146,20 @@ def compare(baseline: str, current: str, tolerance: str, min_delta_ms: float, me
     return compare_main(baseline, current, tolerance=fraction, min_delta_ms=min_delta_ms, metric=metric, markdown_path=markdown_path)
 
 
+@cli.command(short_help="Write a self-contained HTML report with charts and advice.")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False), help="HTML file to write [default: report.html in the run folder, or NAME.report.html beside the file].")
+def report(paths: tuple[str, ...], output: str | None) -> int:
+    """Write one HTML page (no network needed to open it) for a run.
+
+    PATHS: a `stepcli run` output folder, a run summary (--json), traces, or folders of traces.
+    """
+    from stepcli.report import report_main
+
+    click.echo(report_main(list(paths), output))
+    return 0
+
+
 @cli.command(
     context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
     short_help="Profile a small training script that ships with stepcli.",
