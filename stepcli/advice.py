@@ -21,8 +21,11 @@ SHORT_KERNEL_US = 20.0
 MANY_KERNELS_PER_STEP = 50.0
 # Host-device synchronisation: at least this many blocking calls per recorded step (only when kernels exist).
 SYNCS_PER_STEP = 1.0
-# Optimizer above this share of the step with no fused or foreach kernels in sight.
+# Optimizer above this share of the step, updating parameters one tensor at a time: an optimizer-only in-place op
+# (Adam's addcdiv_/lerp_, addcmul_) called at least this many times per step, and no foreach or fused op in sight.
 OPTIMIZER_SHARE = 0.15
+PER_TENSOR_CALLS = 20.0
+PER_TENSOR_OPS = ("aten::addcdiv_", "aten::lerp_", "aten::addcmul_")
 # Straggler: the slowest rank's mean step time at least this much above the median of the other ranks.
 STRAGGLER_RATIO = 1.10
 # Stalls: untouched steps (after start-up) slower than this multiple of their median, with enough steps to judge.
@@ -154,8 +157,8 @@ def host_sync(ev: Evidence) -> Advice | None:
 
 
 def slow_optimizer(ev: Evidence) -> Advice | None:
-    """A large optimizer share with a per-parameter (neither foreach nor fused) implementation."""
-    if not ev.breakdown_ms:
+    """A large optimizer share with a per-tensor (neither foreach nor fused) implementation over many tensors."""
+    if not ev.breakdown_ms or ev.recorded_steps <= 0:
         return None
     share = _share(ev.breakdown_ms, "optimizer")
     if share is None or share <= OPTIMIZER_SHARE:
@@ -163,11 +166,16 @@ def slow_optimizer(ev: Evidence) -> Advice | None:
     names = [str(op.get("name", "")) for op in (*ev.cpu_ops, *ev.kernels)]
     if any("_foreach_" in n or "_fused_" in n or re.search(r"fused_?(adam|sgd|adagrad)", n, re.I) for n in names):
         return None
+    per_tensor = {str(op["name"]): int(op.get("calls", 0)) / ev.recorded_steps for op in ev.cpu_ops if op.get("name") in PER_TENSOR_OPS}
+    if not per_tensor or max(per_tensor.values()) < PER_TENSOR_CALLS:
+        return None
+    name, per_step = max(per_tensor.items(), key=lambda kv: kv[1])
     return Advice(
         rule="optimizer",
-        title="The optimizer step is slow",
-        evidence=f"the optimizer takes {_pct(share)} of the step and no foreach/fused optimizer kernels ran",
-        threshold=f"> {_pct(OPTIMIZER_SHARE)}",
+        title="The optimizer updates one tensor at a time",
+        evidence=f"the optimizer takes {_pct(share)} of the step and {name} runs {per_step:.0f} times per step, "
+        "with no foreach/fused optimizer ops",
+        threshold=f"> {_pct(OPTIMIZER_SHARE)} of the step, ≥ {PER_TENSOR_CALLS:.0f} per-tensor calls per step",
         suggestion="Construct the optimizer with foreach=True, or fused=True where supported (Adam, AdamW, SGD on "
         "CUDA), so it updates all parameters in a few kernels instead of one loop per parameter.",
     )

@@ -39,6 +39,7 @@ class RunRequest:
     json_path: str | None = None
     fail_over: tuple[tuple[str, float], ...] = ()
     quiet: bool = False
+    report: bool = True
 
     @classmethod
     def from_cli(
@@ -59,6 +60,7 @@ class RunRequest:
         json_path: str | None,
         fail_over: tuple[tuple[str, float], ...],
         quiet: bool,
+        report: bool = True,
         **profiler_options: bool,
     ) -> "RunRequest":
         """Validate everything that can be checked before the program starts (usage errors exit 2)."""
@@ -85,6 +87,7 @@ class RunRequest:
             json_path=json_path,
             fail_over=fail_over,
             quiet=quiet,
+            report=report,
         )
 
 
@@ -298,7 +301,7 @@ def run_program(request: RunRequest) -> int:
         forwarder.reap_orphans()
     status = exit_status(returncode)
 
-    if request.quiet and not request.json_path and not request.fail_over:
+    if request.quiet and not request.json_path and not request.fail_over and not request.report:
         return status  # nothing would show the summary: don't spend time reading traces
     return _report(request, config, status, started, time.perf_counter() - start)
 
@@ -311,8 +314,9 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
     display = ["python", *request.argv[1:]] if request.argv[0] == sys.executable else request.argv
     try:
         summary = build_run_summary(config, command=display, exit_status=status, started_at=started, duration_s=duration_s)
+        report_path, advice = _html_report(request, config, summary)
         if not request.quiet:
-            print_run_summary(summary)
+            print_run_summary(summary, advice=advice, report_path=report_path)
     except Exception as exc:  # the program's result must survive a bug in the report
         _say(f"internal error while summarizing the run ({type(exc).__name__}: {exc}); traces are in {config.out_dir}")
         if request.fail_over and status == 0:
@@ -335,6 +339,20 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
         if failures and status == 0:
             return EXIT_REGRESSION
     return status
+
+
+def _html_report(request: RunRequest, config: AgentConfig, summary: dict[str, Any]) -> tuple[str | None, list[str]]:
+    """report.html in the output folder (unless --no-report) and the advice lines for the summary."""
+    if not request.report or not (summary["traces"] or summary["steps"]["global"]):
+        return None, []
+    try:
+        from stepcli.report import write_run_report
+
+        path, advice = write_run_report(summary, config.log_dir)
+        return path, advice
+    except Exception as exc:  # the program's result and the terminal summary must survive a bug in the page
+        _say(f"could not write report.html ({type(exc).__name__}: {exc})")
+        return None, []
 
 
 def _check_json_path(path: str) -> None:
