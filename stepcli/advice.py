@@ -26,8 +26,11 @@ SYNCS_PER_STEP = 1.0
 OPTIMIZER_SHARE = 0.15
 PER_TENSOR_CALLS = 20.0
 PER_TENSOR_OPS = ("aten::addcdiv_", "aten::lerp_", "aten::addcmul_")
-# Straggler: the slowest rank's mean step time at least this much above the median of the other ranks.
+# Straggler: the slowest rank's mean step time at least this much above the median of the other ranks, and that
+# rank the slowest in at least this share of the steps all ranks measured (at least STRAGGLER_MIN_STEPS of them).
 STRAGGLER_RATIO = 1.10
+STRAGGLER_CONSISTENCY = 0.75
+STRAGGLER_MIN_STEPS = 10
 # Stalls: untouched steps (after start-up) slower than this multiple of their median, with enough steps to judge.
 STALL_FACTOR = 3.0
 STALL_MIN_STEPS = 20
@@ -73,8 +76,8 @@ class Evidence:
     """The numbers the rules read. Every field may be missing; a rule without its evidence stays silent.
 
     `breakdown_ms` is the mean step breakdown (dataloader/forward/backward/optimizer/other); `cpu_ops` and
-    `kernels` are operator rows (name, calls, self_ms) over `recorded_steps` steps; `rank_step_ms` maps each rank
-    to its mean step time; `untouched_ms` are (step, ms) outside recording windows, start-up step excluded.
+    `kernels` are operator rows (name, calls, self_ms) over `recorded_steps` steps; `rank_steps` maps each rank
+    to its step times (the same steps for every rank); `untouched_ms` are (step, ms) outside recording windows, start-up step excluded.
     """
 
     breakdown_ms: Mapping[str, float] | None = None
@@ -82,7 +85,7 @@ class Evidence:
     cpu_ops: Sequence[Mapping[str, Any]] = ()
     kernels: Sequence[Mapping[str, Any]] = ()
     recorded_steps: int = 0
-    rank_step_ms: Mapping[int, float] = field(default_factory=dict)
+    rank_steps: Mapping[int, Sequence[float]] = field(default_factory=dict)  # rank -> step times, step-aligned
     untouched_ms: Sequence[tuple[int, float]] = ()  # (step number, ms) of one process
 
 
@@ -203,23 +206,30 @@ def recompilations(ev: Evidence) -> Advice | None:
 
 
 def straggler(ev: Evidence) -> Advice | None:
-    """One rank's steps take longer than the others'."""
-    if len(ev.rank_step_ms) < 2:
+    """One rank's steps take longer than the others', step after step."""
+    if len(ev.rank_steps) < 2:
         return None
-    slowest = max(sorted(ev.rank_step_ms), key=lambda r: ev.rank_step_ms[r])
-    others = sorted(v for r, v in ev.rank_step_ms.items() if r != slowest)
-    typical = percentile(others, 50)
+    common = min(len(times) for times in ev.rank_steps.values())
+    if common < STRAGGLER_MIN_STEPS:
+        return None
+    means = {rank: sum(times[:common]) / common for rank, times in ev.rank_steps.items()}
+    slowest = max(sorted(means), key=lambda r: means[r])
+    typical = percentile(sorted(v for r, v in means.items() if r != slowest), 50)
     if typical <= 0:
         return None
-    ratio = ev.rank_step_ms[slowest] / typical
-    if ratio < STRAGGLER_RATIO:
+    ratio = means[slowest] / typical
+    ranks = sorted(ev.rank_steps)
+    slowest_in = sum(
+        1 for i in range(common) if max(ranks, key=lambda r: ev.rank_steps[r][i]) == slowest
+    ) / common
+    if ratio < STRAGGLER_RATIO or slowest_in < STRAGGLER_CONSISTENCY:
         return None
     return Advice(
         rule="straggler",
         title=f"Rank {slowest} is slower than the others",
-        evidence=f"rank {slowest} averages {ev.rank_step_ms[slowest]:.2f} ms per step, {ratio:.2f}× the "
-        f"other ranks' median of {typical:.2f} ms",
-        threshold=f"≥ {STRAGGLER_RATIO:.2f}×",
+        evidence=f"rank {slowest} averages {means[slowest]:.2f} ms per step, {ratio:.2f}× the other ranks' median "
+        f"of {typical:.2f} ms, and is the slowest in {_pct(slowest_in)} of {common} steps",
+        threshold=f"≥ {STRAGGLER_RATIO:.2f}× and slowest in ≥ {_pct(STRAGGLER_CONSISTENCY)} of ≥ {STRAGGLER_MIN_STEPS} steps",
         suggestion="Compare that rank's trace with another's (stepcli table on both): uneven data shards or "
         "sequence lengths, a slower or shared device, or extra work on that rank (logging, checkpoints).",
     )

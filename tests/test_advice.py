@@ -114,19 +114,28 @@ def test_recompilations(names: list[str], fires: bool) -> None:
     assert ("recompile" in _rules(Evidence(cpu_ops=ops, recorded_steps=3))) is fires
 
 
+def _ranks(means: dict[int, float], steps: int = 12, jitter: float = 0.0) -> dict[int, list[float]]:
+    """Step times per rank around the given means; with jitter, every other step swings by +/- jitter."""
+    return {r: [m + (jitter if i % 2 else -jitter) * (1 if r % 2 else -1) for i in range(steps)] for r, m in means.items()}
+
+
 @pytest.mark.parametrize(
-    ("means", "fires"),
+    ("rank_steps", "fires"),
     [
-        ({0: 100.0, 1: 109.0}, False),
-        ({0: 100.0, 1: 111.0}, True),
-        ({0: 100.0, 1: 101.0, 2: 99.0, 3: 125.0}, True),
-        ({0: 100.0}, False),  # one rank: nothing to compare with
+        (_ranks({0: 100.0, 1: 109.0}), False),  # 1.09x
+        (_ranks({0: 100.0, 1: 111.0}), True),
+        (_ranks({0: 100.0, 1: 101.0, 2: 99.0, 3: 125.0}), True),
+        (_ranks({0: 100.0}), False),  # one rank: nothing to compare with
+        (_ranks({0: 100.0, 1: 120.0}, steps=9), False),  # too few steps to call it consistent
+        (_ranks({0: 100.0, 1: 120.0}, steps=10), True),
+        (_ranks({0: 100.0, 1: 120.0}, jitter=30.0), False),  # slower on average, but only in half of the steps
     ],
 )
-def test_straggler(means: dict[int, float], fires: bool) -> None:
-    found = [a for a in advise(Evidence(rank_step_ms=means)) if a.rule == "straggler"]
+def test_straggler(rank_steps: dict[int, list[float]], fires: bool) -> None:
+    found = [a for a in advise(Evidence(rank_steps=rank_steps)) if a.rule == "straggler"]
     assert bool(found) is fires
     if fires:
+        means = {r: sum(v) / len(v) for r, v in rank_steps.items()}
         slowest = max(means, key=lambda r: means[r])
         assert found[0].title == f"Rank {slowest} is slower than the others"
 
@@ -144,7 +153,7 @@ def test_every_rule_names_its_threshold_and_line_is_one_line() -> None:
     evidence = Evidence(
         breakdown_ms=_breakdown(dataloader=0.5, optimizer=0.3),
         cpu_ops=_optimizer_ops(40) + [{"name": "Torch-Compiled Region: 0/2", "calls": 3, "self_ms": 1.0}],
-        rank_step_ms={0: 10.0, 1: 20.0},
+        rank_steps=_ranks({0: 10.0, 1: 20.0}),
         recorded_steps=3,
     )
     found = advise(evidence)

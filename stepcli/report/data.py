@@ -257,14 +257,10 @@ def build(
             data.stats.append((label, stats))
 
     # Breakdown and operator tables: from the traces, else what the run summary kept of them.
-    rank_means: dict[int, float] = {}
     if analysis:
         data.cpu_ops = [op for op in analysis["cpu_ops"] if op["name"] != "ProfilerStep*"]
         data.kernels = analysis["device_kernels"]
         data.device = analysis["device"]
-        for rank in analysis["ranks"]:
-            if rank["rank"] is not None and rank["step_ms"]:
-                rank_means[rank["rank"]] = rank["step_ms"]["mean"]
         if len({t.rank for t in traces}) > 1:
             for trace in traces:
                 per = summarize([trace]).to_dict()
@@ -286,24 +282,13 @@ def build(
         data.device = summary.get("device")
         if summary.get("breakdown_ms"):
             data.breakdowns.append(("recorded steps", summary["breakdown_ms"]))
-        for rank in summary.get("ranks") or []:
-            if rank.get("rank") is not None and rank.get("step_ms"):
-                rank_means[rank["rank"]] = rank["step_ms"]["mean"]
         if summary.get("slowest_rank") is not None:
             data.slowest = f"rank {summary['slowest_rank']}"
-    # Straggler evidence over every step of the run when the step logs have several ranks: more steps than a window.
-    ranked = [p for p in processes if p.rank is not None]
-    if len(ranked) > 1:
-        whole = {
-            p.rank: sum(v for s, v, c in zip(p.steps, p.values_ms, p.phases) if s != 0 and c == "0")
-            / max(1, sum(1 for s, c in zip(p.steps, p.phases) if s != 0 and c == "0"))
-            for p in ranked
-            if p.rank is not None
-        }
-        if all(whole.values()):
-            rank_means = whole
-            slowest = max(sorted(whole), key=lambda r: whole[r])
-            data.slowest = f"rank {slowest}"
+    # Straggler evidence over every step the ranks have in common: the whole run when the step logs are there.
+    rank_steps = _rank_steps(processes)
+    if rank_steps:
+        means = {rank: sum(times) / len(times) for rank, times in rank_steps.items()}
+        data.slowest = f"rank {max(sorted(means), key=lambda r: means[r])}"
 
     # Memory.
     if summary is not None:
@@ -333,7 +318,7 @@ def build(
             cpu_ops=data.cpu_ops,
             kernels=data.kernels,
             recorded_steps=recorded_steps,
-            rank_step_ms=rank_means,
+            rank_steps=rank_steps,
             untouched_ms=[(s, v) for s, v, c in zip(lead.steps, lead.values_ms, lead.phases) if c == "0" and s != 0]
             if lead
             else (),
@@ -342,6 +327,24 @@ def build(
     data.cpu_ops = data.cpu_ops[:TOP_ROWS]
     data.kernels = data.kernels[:TOP_ROWS]
     return data
+
+
+def _rank_steps(processes: list[ProcessSteps]) -> dict[int, list[float]]:
+    """Step times of each rank over the steps every rank measured (untouched ones when there are any), start-up
+    step left out, aligned by step number."""
+    ranked = [p for p in processes if p.rank is not None]
+    if len(ranked) < 2:
+        return {}
+    for untouched_only in (True, False):
+        tables = {
+            int(p.rank): {s: v for s, v, c in zip(p.steps, p.values_ms, p.phases) if s != 0 and (c == "0" or not untouched_only)}
+            for p in ranked
+            if p.rank is not None
+        }
+        common = sorted(set.intersection(*(set(t) for t in tables.values())))
+        if common:
+            return {rank: [table[s] for s in common] for rank, table in tables.items()}
+    return {}
 
 
 def _mean_breakdown(rows: list[tuple[str, dict[str, float]]]) -> dict[str, float] | None:

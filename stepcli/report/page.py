@@ -172,6 +172,10 @@ def render(data: ReportData, report_path: str) -> str:
         legend = [(p.label, _SERIES_COLORS[i % 8]) for i, p in enumerate(data.processes)] if len(data.processes) > 1 else []
         add(_legend(legend + list(_PHASE_LEGEND)))
         note = "Shaded: the profiler's warmup and recorded steps."
+        top = svg.timeline_axis_max(curves)
+        clipped = sum(1 for p in data.processes for s, v in zip(p.steps, p.values_ms) if v > top and s != 0)
+        if clipped:
+            note += f" {clipped:,} step(s) above {svg.fmt_ms(top)} are clipped at the top edge."
         if longest > svg.MAX_POINTS:
             note += f" {longest:,} steps per process drawn as a min/max envelope of {svg.MAX_POINTS // 2} buckets (every spike kept)."
         add(f'<p class="muted">{escape(note)}</p>')

@@ -140,6 +140,17 @@ def _frame(title: str, height: int, body: list[str]) -> str:
     )
 
 
+def timeline_axis_max(curves: Sequence[Curve]) -> float:
+    """The top of the step-time axis timeline_chart uses (steps above it are clipped)."""
+    body = sorted(v for c in curves for s, v in zip(c.steps, c.values) if s != 0 or len(c.steps) == 1)
+    if not body:
+        body = sorted(v for c in curves for v in c.values)
+    if not body:
+        return 1.0
+    # Rare stalls far above the rest would flatten every other step: clip at 4x the 99th percentile.
+    return nice_max(min(body[-1], 4 * body[min(len(body) - 1, int(len(body) * 0.99))]))
+
+
 def timeline_chart(curves: Sequence[Curve], title: str = "Step time over the run") -> str:
     """Every step of every process; recorded windows shaded, warmup and special steps coloured, start-up clipped."""
     height, left, right, top, bottom = 300, 64, 16, 14, 34
@@ -149,8 +160,7 @@ def timeline_chart(curves: Sequence[Curve], title: str = "Step time over the run
         return _frame(title, 60, ['<text x="10" y="30" class="muted">no steps measured</text>'])
     first, last = min(all_steps), max(all_steps)
     # The start-up step (step 0, import and first iteration) is often 100x a normal step: keep it out of the scale.
-    body_values = [v for c in curves for s, v in zip(c.steps, c.values) if s != 0 or len(c.steps) == 1]
-    y_max = nice_max(max(body_values) if body_values else max(v for c in curves for v in c.values))
+    y_max = timeline_axis_max(curves)
 
     def x_of(step: float) -> float:
         return left + (step - first) / max(1, last - first) * plot_w
@@ -246,7 +256,8 @@ def histogram_chart(values: Sequence[float], median: float, p90: float, title: s
     for i in range(0, 5):
         value = low + (high - low) * i / 4
         x = x_of(value)
-        out.append(f'<text class="axis" x="{_num(x)}" y="{top + plot_h + 17}" text-anchor="middle">{escape(fmt_ms(value))}</text>')
+        anchor = "start" if i == 0 else "end" if i == 4 else "middle"
+        out.append(f'<text class="axis" x="{_num(x)}" y="{top + plot_h + 17}" text-anchor="{anchor}">{escape(fmt_ms(value))}</text>')
     for row, (label, value, cls) in enumerate((("median", median, "marker-median"), ("p90", p90, "marker-p90"))):
         x = x_of(value)
         out.append(f'<line class="{cls}" x1="{_num(x)}" x2="{_num(x)}" y1="{top - 4}" y2="{top + plot_h}"/>')
