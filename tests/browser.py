@@ -16,6 +16,8 @@ import pytest
 
 CHROMIUM = os.environ.get("STEPCLI_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("STEPCLI_CHROMEDRIVER", "/usr/bin/chromedriver")
+# Read at import: conftest clears STEPCLI_* variables around each test so runs don't inherit a config.
+ARTIFACTS = os.environ.get("STEPCLI_ARTIFACTS")
 FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -44,7 +46,7 @@ def skip_reason() -> str | None:
 
 def artifacts_dir(fallback: Path) -> Path:
     """Where screenshots go: $STEPCLI_ARTIFACTS (kept by CI), else the test's temporary folder."""
-    folder = Path(os.environ.get("STEPCLI_ARTIFACTS") or fallback)
+    folder = Path(ARTIFACTS or fallback)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 

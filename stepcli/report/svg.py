@@ -236,7 +236,7 @@ def histogram_chart(values: Sequence[float], median: float, p90: float, title: s
         return left + (min(max(value, low), high) - low) / (high - low) * plot_w
 
     out: list[str] = []
-    for tick in _ticks(float(top_count), 2):
+    for tick in sorted({round(t) for t in _ticks(float(top_count), 2)}):
         y = top + plot_h - tick / top_count * plot_h
         out.append(f'<line class="grid" x1="{left}" x2="{WIDTH - right}" y1="{_num(y)}" y2="{_num(y)}"/>')
         out.append(f'<text class="axis" x="{left - 6}" y="{_num(y + 4)}" text-anchor="end">{tick:.0f}</text>')
