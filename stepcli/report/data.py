@@ -12,12 +12,15 @@ import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from stepcli.advice import Advice, Evidence, advise
 from stepcli.agent.config import STEP_LOG_SUFFIX
 from stepcli.errors import StepcliError, TraceError
 from stepcli.stats import Stats, describe
+
+if TYPE_CHECKING:
+    from stepcli.traces import Trace
 
 TOP_ROWS = 25  # operator rows per table in the page (sortable); the terminal shows 10
 RUN_SCHEMA = "stepcli.run"
@@ -261,12 +264,14 @@ def build(
         data.cpu_ops = [op for op in analysis["cpu_ops"] if op["name"] != "ProfilerStep*"]
         data.kernels = analysis["device_kernels"]
         data.device = analysis["device"]
-        if len({t.rank for t in traces}) > 1:
-            for trace in traces:
-                per = summarize([trace]).to_dict()
+        traces_by_rank: dict[int | None, list[Trace]] = {}
+        for trace in traces:
+            traces_by_rank.setdefault(trace.rank, []).append(trace)
+        if len(traces_by_rank) > 1:  # one bar per rank (all its windows), so the slowest rank stands out
+            for rank, rank_traces in sorted(traces_by_rank.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+                per = summarize(rank_traces).to_dict()
                 if per["breakdown_ms"]:
-                    label = f"rank {trace.rank}" if trace.rank is not None else Path(trace.path).name
-                    data.breakdowns.append((label, per["breakdown_ms"]))
+                    data.breakdowns.append((f"rank {rank}" if rank is not None else "no rank", per["breakdown_ms"]))
         elif analysis["breakdown_ms"]:
             data.breakdowns.append(("all steps" if len(traces) == 1 else "all traces", analysis["breakdown_ms"]))
         if analysis["slowest_rank"] is not None:
@@ -308,7 +313,8 @@ def build(
         raise StepcliError("nothing to report: no steps and no traces in the inputs")
 
     lead = processes[0] if processes else None
-    recorded_steps = sum(len(r["steps"]) for r in [analysis]) if analysis else sum(
+    # Operator calls are summed over every trace, so per-step rates divide by the steps of every trace.
+    recorded_steps = len(analysis["steps"]) if analysis else sum(
         (r.get("step_ms") or {}).get("count", 0) for r in (summary or {}).get("ranks") or []
     )
     data.advice = advise(
