@@ -35,14 +35,15 @@ STRAGGLER_MIN_STEPS = 10
 STALL_FACTOR = 3.0
 STALL_MIN_STEPS = 20
 
-# Calls that make the host wait for the device: `.item()`, `.cpu()`/`.tolist()` of device tensors, explicit syncs.
+# Runtime calls that make the host wait for the device. `.item()`, `.cpu()`, `.tolist()` and printing of device
+# tensors end in one of these; aten::_local_scalar_dense alone is no evidence (optimizers call it on CPU tensors).
 SYNC_NAMES = (
-    "aten::_local_scalar_dense",
     "cudaStreamSynchronize",
     "cudaDeviceSynchronize",
     "cudaEventSynchronize",
     "hipStreamSynchronize",
     "hipDeviceSynchronize",
+    "hipEventSynchronize",
 )
 _COMPILED_REGION = re.compile(r"Torch-Compiled Region: (\d+)/(\d+)")
 

@@ -63,17 +63,18 @@ def test_launch_bound_needs_kernels() -> None:
 
 @pytest.mark.parametrize(("calls", "fires"), [(2, False), (3, True), (12, True)])
 def test_host_sync_per_step(calls: int, fires: bool) -> None:
-    ops = [{"name": "aten::_local_scalar_dense", "calls": calls, "self_ms": 1.0}, {"name": "aten::mm", "calls": 90, "self_ms": 5.0}]
+    ops = [{"name": "cudaStreamSynchronize", "calls": calls, "self_ms": 1.0}, {"name": "aten::mm", "calls": 90, "self_ms": 5.0},
+           {"name": "aten::_local_scalar_dense", "calls": 900, "self_ms": 1.0}]  # on CPU tensors: no evidence
     evidence = Evidence(cpu_ops=ops, kernels=_kernels(30, 50.0), recorded_steps=3)
     found = [a for a in advise(evidence) if a.rule == "host-sync"]
     assert bool(found) is fires
     if fires:
-        assert "aten::_local_scalar_dense ×" in found[0].evidence
+        assert f"cudaStreamSynchronize ×{calls}" in found[0].evidence and "_local_scalar_dense" not in found[0].evidence
 
 
 def test_host_sync_is_silent_without_a_device() -> None:
-    ops = [{"name": "aten::_local_scalar_dense", "calls": 300, "self_ms": 1.0}]
-    assert "host-sync" not in _rules(Evidence(cpu_ops=ops, recorded_steps=3))  # on the CPU .item() waits for nothing
+    ops = [{"name": "cudaDeviceSynchronize", "calls": 300, "self_ms": 1.0}]
+    assert "host-sync" not in _rules(Evidence(cpu_ops=ops, recorded_steps=3))  # no kernel ran: nothing to wait for
 
 
 def _optimizer_ops(per_step: float, steps: int = 3, extra: str | None = None) -> list[dict[str, Any]]:

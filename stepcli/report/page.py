@@ -12,7 +12,10 @@ from typing import Any, Sequence
 
 from stepcli import __version__
 from stepcli.report import GENERATOR, svg
+from stepcli.render import shorten
 from stepcli.report.data import ReportData
+
+NAME_CHARS = 110  # longer operator and kernel names are cut in the middle; the full name is the cell's tooltip
 
 _CSS = """
 :root{--fg:#1d2330;--muted:#667085;--bg:#fff;--card:#f6f7f9;--line:#d0d5dd;--accent:#3b5bdb}
@@ -99,6 +102,11 @@ def _legend(items: Sequence[tuple[str, str]]) -> str:
     return '<div class="legend">' + "".join(f'<span><i style="background:{c}"></i>{escape(t)}</span>' for t, c in items) + "</div>"
 
 
+def _full_name(name: str) -> str:
+    """A title attribute with the whole name when the cell shows it shortened (kernel names run to 500 chars)."""
+    return f' title="{escape(name)}"' if len(name) > NAME_CHARS else ""
+
+
 def _ops_table(rows: Sequence[dict[str, Any]], table_id: str, with_shape: bool = False) -> str:
     if not rows:
         return '<p class="muted">none in the trace</p>'
@@ -112,7 +120,7 @@ def _ops_table(rows: Sequence[dict[str, Any]], table_id: str, with_shape: bool =
         bar = f'<span style="width:{max(1, int(share / top_share * 60))}px"></span>'
         shape = f'<td class="shape">{escape(str(r.get("shape") or ""))}</td>' if with_shape else ""
         body.append(
-            f"<tr><td>{escape(str(r['name']))}</td>{shape}"
+            f"<tr><td{_full_name(str(r['name']))}>{escape(shorten(str(r['name']), NAME_CHARS))}</td>{shape}"
             f'<td data-v="{int(r["calls"])}">{int(r["calls"]):,}</td>'
             f'<td data-v="{r["self_ms"]:.6f}">{r["self_ms"]:,.3f}</td>'
             f'<td class="share" data-v="{share:.6f}">{bar}{share * 100:.1f}%</td>'
