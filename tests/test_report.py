@@ -14,6 +14,9 @@ from browser import artifacts_dir, browser  # noqa: F401 (fixture)
 from conftest import REPO, run_stepcli, trace_files, write_script
 
 FIXTURE_TRACE = REPO / "tests" / "data" / "train_cpu.pt.trace.json"
+# Real CUDA traces (scripts/make_cuda_fixture_traces.py says how they were recorded and what they hold).
+CUDA_SMALL = REPO / "tests" / "data" / "cuda_small.pt.trace.json.gz"
+CUDA_COMPILE = REPO / "tests" / "data" / "cuda_compile.pt.trace.json.gz"
 
 SLOW_LOADER = """
     import time
@@ -77,7 +80,10 @@ def _check_in_browser(driver: Any, page: Path, top_op: str, shot_dir: Path, name
         message = json.loads(entry["message"])["message"]
         if message.get("method") == "Network.requestWillBeSent":
             requests.append(message["params"]["request"]["url"])
-    assert all(url.startswith("file://") for url in requests), requests
+    # (Chromium's own chrome:// pages may load in the background; anything over a network is a failure.)
+    external = [url for url in requests if not url.startswith(("file:", "chrome:", "chrome-untrusted:", "data:", "about:"))]
+    assert external == [], external
+    assert page.resolve().as_uri() in requests
 
     # Charts are drawn: SVGs with non-empty paths and shapes of non-zero size.
     charts = driver.find_elements(By.CSS_SELECTOR, "svg.chart")
@@ -234,6 +240,32 @@ def test_report_from_plain_torch_profiler_traces(browser: Any, tmp_path: Path) -
     assert result.returncode == 0, result.stderr
     html = (ranks / "report.html").read_text()
     assert "<title>rank 0</title>" in html and "<title>rank 1</title>" in html
+
+
+def test_cuda_trace_shows_kernels_device_time_and_device_advice(browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    # GIVEN a CUDA trace of many tiny kernels, an .item() per step and a per-tensor Adam
+    page = tmp_path / "cuda.html"
+    result = run_stepcli("report", CUDA_SMALL, "-o", page)
+    assert result.returncode == 0, result.stderr
+    html = page.read_text()
+    # THEN the three rules with that evidence fire, and only those
+    assert sorted(_advice_rules(html)) == ["host-sync", "launch-bound", "optimizer"]
+    assert "cudaStreamSynchronize ×" in html
+    # AND the page has the kernel table and the device busy/idle bar
+    assert 'id="kernels"' in html and 'class="seg dev-busy"' in html and 'class="seg dev-idle"' in html
+    from stepcli.summary import summarize
+    from stepcli.traces import load_paths
+
+    top_op = next(op.name for op in summarize(load_paths([str(CUDA_SMALL)])).cpu_ops if op.name != "ProfilerStep*")
+    _check_in_browser(browser, page, top_op, artifacts_dir(tmp_path), "report-cuda")
+
+
+def test_recompilation_advice_from_a_compiled_trace(tmp_path: Path) -> None:
+    page = tmp_path / "compile.html"
+    result = run_stepcli("report", CUDA_COMPILE, "-o", page)
+    assert result.returncode == 0, result.stderr
+    html = page.read_text()
+    assert _advice_rules(html) == ["recompile"] and "frame 0: 2 compilations" in html
 
 
 def test_report_bad_input_is_one_line(tmp_path: Path) -> None:
