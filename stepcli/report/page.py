@@ -47,6 +47,8 @@ svg.chart{display:block;max-width:100%;height:auto;font-size:11px}
 .dot{stroke:#fff;stroke-width:.8} .dot.ph-recorded{fill:#d6336c} .dot.ph-warmup{fill:#f59f00}
 .dot.ph-foreign{fill:#1c7ed6} .dot.ph-other{fill:#7048e8} .dot.ph-startup{fill:#495057}
 .clip{fill:#495057;font-size:11px}
+.bandlabel{font-size:11px;font-weight:600;opacity:.8} .bandlabel.ph-recorded{fill:#a61e4d}
+.bandlabel.ph-warmup{fill:#d9480f} .bandlabel.ph-foreign{fill:#1864ab} .bandlabel.ph-other{fill:#5f3dc4}
 .bar{fill:#748ffc}
 .marker-median{stroke:#2f9e44;stroke-width:2} .marker-p90{stroke:#e8590c;stroke-width:2;stroke-dasharray:5 3}
 .marker-median-label{fill:#2f9e44;font-weight:600} .marker-p90-label{fill:#e8590c;font-weight:600}
@@ -88,11 +90,10 @@ _JS = """
 })();
 """
 
-_PHASE_LEGEND = (
-    ("start-up step", "#495057"),
-    ("warmup", "#f59f00"),
-    ("recorded", "#d6336c"),
-    ("program's own profiler", "#1c7ed6"),
+_PHASE_LEGEND = (  # (label, colour, phase codes that show it)
+    ("warmup", "#f59f00", "1"),
+    ("recorded", "#d6336c", "23"),
+    ("program's own profiler", "#1c7ed6", "4"),
 )
 _BREAKDOWN_COLORS = {"dataloader": "#f59f00", "forward": "#4c6ef5", "backward": "#7950f2", "optimizer": "#12b886", "other": "#adb5bd"}
 _SERIES_COLORS = ("#3b5bdb", "#2f9e44", "#e8590c", "#ae3ec9", "#1098ad", "#c92a2a", "#5c940d", "#862e9c")
@@ -178,7 +179,13 @@ def render(data: ReportData, report_path: str) -> str:
         ]
         add(svg.timeline_chart(curves))
         legend = [(p.label, _SERIES_COLORS[i % 8]) for i, p in enumerate(data.processes)] if len(data.processes) > 1 else []
-        add(_legend(legend + list(_PHASE_LEGEND)))
+        present = {code for p in data.processes for code in set(p.phases)}
+        phases = [(label, colour) for label, colour, codes in _PHASE_LEGEND if present & set(codes)]
+        if present - set("01234"):
+            phases.append(("other phases", "#7048e8"))
+        if any(p.steps and p.steps[0] == 0 for p in data.processes):
+            phases.insert(0, ("start-up step", "#495057"))
+        add(_legend(legend + phases))
         note = "Shaded: the profiler's warmup and recorded steps."
         top = svg.timeline_axis_max(curves)
         clipped = sum(1 for p in data.processes for s, v in zip(p.steps, p.values_ms) if v > top and s != 0)

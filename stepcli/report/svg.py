@@ -171,14 +171,20 @@ def timeline_chart(curves: Sequence[Curve], title: str = "Step time over the run
     out: list[str] = []
     # Shaded bands: contiguous runs of non-untouched phases of the first curve (the schedule is the same everywhere).
     half = plot_w / max(1, last - first) / 2
-    for s0, s1, code in phase_runs(curves[0].steps, curves[0].phases):
-        x0, x1 = x_of(s0) - half, x_of(s1) + half
+    runs = phase_runs(curves[0].steps, curves[0].phases)
+    for s0, s1, code in runs:
+        x0, x1 = max(left, x_of(s0) - half), min(WIDTH - right, x_of(s1) + half)
         label = PHASE_NAMES.get(code, f"phase {code}")
         span = f"step {s0}" if s0 == s1 else f"steps {s0}-{s1}"
         out.append(
-            f'<rect class="band {phase_class(code)}" x="{_num(max(left, x0))}" y="{top}" '
+            f'<rect class="band {phase_class(code)}" x="{_num(x0)}" y="{top}" '
             f'width="{_num(max(1.5, x1 - x0))}" height="{plot_h}"><title>{escape(label)}: {span}</title></rect>'
         )
+        if len(runs) <= 12 and x1 - x0 > 8 * len(label):  # name the band when there is room for it
+            out.append(
+                f'<text class="bandlabel {phase_class(code)}" x="{_num((x0 + x1) / 2)}" y="{top + 26}" '
+                f'text-anchor="middle">{escape(label)}</text>'
+            )
     for tick in _ticks(y_max):
         y = y_of(tick)
         out.append(f'<line class="grid" x1="{left}" x2="{WIDTH - right}" y1="{_num(y)}" y2="{_num(y)}"/>')
