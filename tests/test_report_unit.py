@@ -94,3 +94,14 @@ def test_long_many_rank_run_gives_a_small_page(tmp_path: Path) -> None:
     assert set(re.findall(r'data-rule="([a-z-]+)"', html)) == {"straggler", "stalls"}
     summary = json.loads(next((folder / ".stepcli").glob("*/summary.json")).read_text())
     assert summary["command"] == ["torchrun", "train.py"] and "torchrun train.py" in html
+
+
+def test_unreadable_trace_leaves_a_note_not_a_failure(tmp_path: Path) -> None:
+    # A run whose trace is damaged still gets its page, from the summary, with a note saying why tables are thin.
+    broken = tmp_path / "rank0.1.pt.trace.json"
+    broken.write_text('{"traceEvents": [{"ph": "X", "name": "aten::mm"')
+    summary = {"schema": "stepcli.run", "command": ["x"], "out_dir": str(tmp_path), "timeline_ms": [5.0, 1.0, 1.0],
+               "timeline_phases": "000", "processes": [{"worker": "w", "rank": None}], "traces": [str(broken)]}
+    data = build(summary, [], [str(broken)])
+    assert any("could not read the traces" in note and "rank0.1.pt.trace.json" in note for note in data.notes)
+    assert len(data.processes[0].values_ms) == 3

@@ -224,7 +224,15 @@ def build(
     from stepcli.traces import load_paths
 
     data = ReportData(title="stepcli report")
-    traces = load_paths(list(trace_paths), shapes=True) if trace_paths else []
+    traces = []
+    if trace_paths:
+        try:
+            traces = load_paths(list(trace_paths), shapes=True)
+        except StepcliError as exc:
+            if summary is None and not logs:
+                raise
+            # A run's page still shows what its step logs and summary measured (e.g. a trace cut short by a kill).
+            data.notes.append(f"could not read the traces: {exc.message}")
     analysis = summarize(traces).to_dict() if traces else None
     if summary is not None:
         _add_run_facts(data, summary)
