@@ -213,7 +213,9 @@ def render(data: ReportData, report_path: str) -> str:
     add('<h2 id="breakdown">Step breakdown (recorded steps, mean per step)</h2>')
     if data.breakdowns:
         busy = (data.device["busy_ms"], data.device["busy_ms"] / data.device["busy_share"]) if data.device and data.device.get("busy_share") else None
-        add(svg.breakdown_chart(data.breakdowns, highlight=data.slowest, device_busy=busy))
+        # The bars are the recorded steps: outline the rank slowest over those (the timeline marks the whole run's).
+        slowest_bar = max(data.breakdowns, key=lambda row: sum(row[1].values()))[0] if len(data.breakdowns) > 1 else None
+        add(svg.breakdown_chart(data.breakdowns, highlight=slowest_bar, device_busy=busy))
         add(_legend([(k, _BREAKDOWN_COLORS[k]) for k in svg.BREAKDOWN_ORDER]))
     else:
         add('<p class="muted">No recorded steps with ProfilerStep annotations.</p>')
