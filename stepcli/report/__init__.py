@@ -64,14 +64,14 @@ def write_run_report(summary: dict[str, Any], log_dir: str) -> tuple[str, list[s
 
     The summary is also saved beside the step logs so `stepcli report OUT_DIR` can rebuild the same page later.
     """
-    from stepcli.report.data import SUMMARY_FILE, _step_logs, build
+    from stepcli.report.data import SUMMARY_FILE, build, step_logs
     from stepcli.report.page import render
     from stepcli.runreport import write_run_summary
 
     out_dir = str(summary["out_dir"])
     write_run_summary(summary, os.path.join(log_dir, SUMMARY_FILE))
     traces = [p for p in summary.get("traces") or [] if os.path.exists(p)]
-    data = build(summary, _step_logs(out_dir), traces)
+    data = build(summary, step_logs(Path(log_dir)), traces)
     path = os.path.join(out_dir, REPORT_NAME)
     write_html(render(data, path), path)
     return path, [advice.line() for advice in data.advice]

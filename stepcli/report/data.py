@@ -97,10 +97,17 @@ def _worker_label(proc: dict[str, Any]) -> str:
     return str(proc.get("worker") or proc.get("pid") or "process")
 
 
-def _step_logs(out_dir: str) -> list[dict[str, Any]]:
-    """The per-process step logs of a run folder (`.stepcli/<run id>/*.steps.json`), rank order."""
+def run_dirs(out_dir: str) -> list[Path]:
+    """The step-log folders of a run folder (`.stepcli/<run id>/`), newest run first. A folder given to `-o` more
+    than once holds one per run; the run id starts with its start time."""
+    found = [p for p in Path(out_dir, ".stepcli").glob("*/") if p.is_dir()]
+    return sorted(found, key=lambda p: (p.name[:15], p.stat().st_mtime), reverse=True)
+
+
+def step_logs(run_dir: Path) -> list[dict[str, Any]]:
+    """The per-process step logs of one run (`<run dir>/*.steps.json`), in rank order."""
     logs: list[dict[str, Any]] = []
-    for path in sorted(Path(out_dir, ".stepcli").glob(f"*/*{STEP_LOG_SUFFIX}")):
+    for path in sorted(run_dir.glob(f"*{STEP_LOG_SUFFIX}")):
         try:
             logs.append(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError):
@@ -109,15 +116,30 @@ def _step_logs(out_dir: str) -> list[dict[str, Any]]:
     return logs
 
 
-def _saved_summary(out_dir: str) -> dict[str, Any] | None:
-    for path in sorted(Path(out_dir, ".stepcli").glob(f"*/{SUMMARY_FILE}"), reverse=True):
-        try:
-            document = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(document, dict) and document.get("schema") == RUN_SCHEMA:
-            return document
-    return None
+def _saved_summary(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        document = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return document if isinstance(document, dict) and document.get("schema") == RUN_SCHEMA else None
+
+
+def _logs_for_summary(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The step logs of the run a summary describes: the newest run in its folder whose processes are the same."""
+    pids = {p.get("pid") for p in summary.get("processes") or [] if p.get("pid") is not None}
+    if not summary.get("out_dir") or not pids:
+        return []
+    for run_dir in run_dirs(str(summary["out_dir"])):
+        logs = step_logs(run_dir)
+        if pids <= {log.get("pid") for log in logs}:
+            return logs
+    return []
+
+
+def _run_traces(summary: dict[str, Any] | None, logs: list[dict[str, Any]]) -> list[str]:
+    """The traces this run wrote that still exist (a reused folder also holds older runs' traces)."""
+    named = list((summary or {}).get("traces") or []) or [w["trace"] for log in logs for w in log.get("windows") or []]
+    return [path for path in named if os.path.exists(path)]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -161,19 +183,20 @@ def _classify(paths: Sequence[str]) -> _Inputs:
     runs = 0
     for path in paths:
         if os.path.isdir(path):
-            logs = _step_logs(path)
-            saved = _saved_summary(path)
-            traces = []
-            try:
-                traces = _expand(path)
-            except TraceError:
-                if not logs and not saved:
-                    raise StepcliError(f"{path}: neither a stepcli run folder nor a folder of traces") from None
-            if logs or saved:
+            newest = next(iter(run_dirs(path)), None)
+            if newest is not None:  # a stepcli run folder: its newest run, and that run's traces
                 runs += 1
-                inputs.logs = logs
-                inputs.summary = saved or inputs.summary
-            inputs.trace_paths.extend(traces)
+                inputs.logs = step_logs(newest)
+                inputs.summary = _saved_summary(newest) or inputs.summary
+                own = _run_traces(inputs.summary, inputs.logs)
+                if own:
+                    inputs.trace_paths.extend(own)
+                    continue
+            try:
+                inputs.trace_paths.extend(_expand(path))
+            except TraceError:
+                if newest is None:
+                    raise StepcliError(f"{path}: neither a stepcli run folder nor a folder of traces") from None
             continue
         if not os.path.exists(path):
             raise StepcliError(f"{path}: no such file or folder")
@@ -199,10 +222,10 @@ def _classify(paths: Sequence[str]) -> _Inputs:
         inputs.summary = document
     if runs > 1:
         raise StepcliError("one run per report: give one run folder or run summary (plus any traces)")
-    if inputs.summary is not None and not inputs.logs and inputs.summary.get("out_dir"):
-        inputs.logs = _step_logs(str(inputs.summary["out_dir"]))
+    if inputs.summary is not None and not inputs.logs:
+        inputs.logs = _logs_for_summary(inputs.summary)
     if inputs.summary is not None and not inputs.trace_paths:
-        inputs.trace_paths = [p for p in inputs.summary.get("traces") or [] if os.path.exists(p)]
+        inputs.trace_paths = _run_traces(inputs.summary, [])
     return inputs
 
 
