@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from html import escape
+from urllib.parse import quote
 from typing import Any, Sequence
 
 from stepcli import __version__
@@ -248,8 +249,8 @@ def render(data: ReportData, report_path: str) -> str:
             href = os.path.relpath(path, base)
         except ValueError:
             href = path
-        href = "/".join(escape(part, quote=True) for part in href.split(os.sep))
-        add(f'<dt>{escape(label)}</dt><dd><a href="{href}">{escape(path)}</a></dd>')
+        href = "/".join(quote(part) for part in href.split(os.sep))  # '#', '?', '%' and spaces in file names
+        add(f'<dt>{escape(label)}</dt><dd><a href="{escape(href)}">{escape(path)}</a></dd>')
     add("</dl>")
     if data.files:
         add('<p class="muted">Open a trace in Perfetto UI or TensorBoard\'s profiler, or summarize it with '
