@@ -85,6 +85,7 @@ def cli() -> None:
 @click.option("--fail-over", multiple=True, callback=_parse_fail_over, metavar="STAT=MS", help="Exit non-zero when a step-time statistic exceeds a budget, e.g. p50=25 (repeatable).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines and no summary.")
 @click.option("--on-demand", is_flag=True, help="Open no scheduled window; record when `stepcli capture OUT` asks.")
+@click.option("--no-report", "report", is_flag=True, flag_value=False, default=True, help="Don't write report.html in the output folder.")
 @click.option("-m", "module_mode", is_flag=True, help="Run a module like python -m: stepcli run -m pkg.mod ARGS.")
 @click.argument("target", nargs=-1, type=click.UNPROCESSED, required=True, metavar="SCRIPT [ARGS]... | -m MODULE [ARGS]... | -- COMMAND [ARGS]...")
 @click.pass_context
@@ -170,6 +171,18 @@ def capture(target: str, wait: int, warmup: int, active: int, timeout: float, as
     from stepcli.capture import capture_main
 
     return capture_main(target, wait=wait, warmup=warmup, active=active, timeout=timeout, as_json=as_json)
+@cli.command(short_help="Write a self-contained HTML report with charts and advice.")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False), help="HTML file to write [default: report.html in the run folder, or NAME.report.html beside the file].")
+def report(paths: tuple[str, ...], output: str | None) -> int:
+    """Write one HTML page (no network needed to open it) for a run.
+
+    PATHS: a `stepcli run` output folder, a run summary (--json), traces, or folders of traces.
+    """
+    from stepcli.report import report_main
+
+    click.echo(report_main(list(paths), output))
+    return 0
 
 
 @cli.command(

@@ -44,6 +44,7 @@ class RunRequest:
     fail_over: tuple[tuple[str, float], ...] = ()
     quiet: bool = False
     on_demand: bool = False
+    report: bool = True
 
     @classmethod
     def from_cli(
@@ -65,6 +66,7 @@ class RunRequest:
         fail_over: tuple[tuple[str, float], ...],
         quiet: bool,
         on_demand: bool = False,
+        report: bool = True,
         **profiler_options: bool,
     ) -> "RunRequest":
         """Validate everything that can be checked before the program starts (usage errors exit 2)."""
@@ -92,6 +94,7 @@ class RunRequest:
             fail_over=fail_over,
             quiet=quiet,
             on_demand=on_demand,
+            report=report,
         )
 
 
@@ -324,7 +327,7 @@ def run_program(request: RunRequest) -> int:
         ondemand.close_control(config.out_dir, config.run_id)
     status = exit_status(returncode)
 
-    if request.quiet and not request.json_path and not request.fail_over:
+    if request.quiet and not request.json_path and not request.fail_over and not request.report:
         return status  # nothing would show the summary: don't spend time reading traces
     return _report(request, config, status, started, time.perf_counter() - start)
 
@@ -347,9 +350,10 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
             write_run_summary(summary, request.json_path)
         except StepcliError as exc:
             _say(f"warning: {exc.message}")
+    report_path, advice = _html_report(request, config, summary)
     if not request.quiet:
         try:
-            print_run_summary(summary)
+            print_run_summary(summary, advice=advice, report_path=report_path)
         except OSError:
             pass  # stderr closed: nothing more to say
         except Exception as exc:
@@ -385,6 +389,18 @@ def _open_control(config: AgentConfig) -> None:
         ondemand.open_control(config.out_dir, config.run_id, document)
     except OSError as exc:
         _say(f"warning: on-demand capture unavailable: {exc.strerror or exc}")
+def _html_report(request: RunRequest, config: AgentConfig, summary: dict[str, Any]) -> tuple[str | None, list[str]]:
+    """report.html in the output folder (unless --no-report) and the advice lines for the summary."""
+    if not request.report or not (summary["traces"] or summary["steps"]["global"]):
+        return None, []
+    try:
+        from stepcli.report import write_run_report
+
+        path, advice = write_run_report(summary, config.log_dir)
+        return path, advice
+    except Exception as exc:  # the program's result and the terminal summary must survive a bug in the page
+        _say(f"could not write report.html ({type(exc).__name__}: {exc})")
+        return None, []
 
 
 def _check_json_path(path: str) -> None:

@@ -261,7 +261,7 @@ def sparkline(values: list[float], phases: str, width: int = 60) -> str:
     return "".join(chars)
 
 
-def print_run_summary(summary: dict[str, Any]) -> None:
+def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, report_path: str | None = None) -> None:
     """The summary on stderr after the program exits (stdout belongs to the program)."""
     from rich.console import Console
     from rich.table import Table
@@ -327,17 +327,24 @@ def print_run_summary(summary: dict[str, Any]) -> None:
             console.print(render.ranks_table(summary["ranks"], summary.get("slowest_rank"), title=title, width=width))
     for note in summary["notes"]:
         console.print(f"[yellow]note:[/] {note}")
+    for line in advice or ():
+        from rich.markup import escape
+
+        console.print(f"[bold cyan]advice:[/] {escape(line)}")
+    page = f"open [bold]{shlex.quote(_relative(report_path))}[/] in a browser" if report_path else ""
     if summary["traces"]:
         out = summary["out_dir"]
         console.print(
-            f"next: [bold]stepcli table {shlex.quote(_relative(out))}[/]  ·  open a trace in https://ui.perfetto.dev  ·  "
-            f"tensorboard --logdir {shlex.quote(_relative(out))}"
+            f"next: [bold]stepcli table {shlex.quote(_relative(out))}[/]  ·  {page + '  ·  ' if page else ''}"
+            f"open a trace in https://ui.perfetto.dev  ·  tensorboard --logdir {shlex.quote(_relative(out))}"
         )
         from stepcli.hta import hta_command
 
         hta = hta_command(summary, _relative)
         if hta:  # one window's folder: HTA keeps one trace per rank from a folder
             console.print(f"next: Holistic Trace Analysis of one window: {hta}", markup=False, soft_wrap=True)
+    elif page:
+        console.print(f"next: {page}")
 
 
 def _relative(path: str) -> str:

@@ -39,7 +39,7 @@ def test_dataloader_workers_leave_no_files(tmp_path: Path, start_method: str) ->
     assert [profiler_steps(t) for t in traces] == [[2, 3]]
     assert len(list(out.rglob("*.steps.json"))) == 1  # one process traced
     names = {p.name for p in out.iterdir()}
-    assert names == {traces[0].name, ".stepcli"}
+    assert names == {traces[0].name, ".stepcli", "report.html"}  # report.html: the run's page
 
 
 def test_torchrun_writes_one_trace_per_rank(tmp_path: Path) -> None:

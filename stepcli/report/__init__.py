@@ -1,0 +1,77 @@
+"""`stepcli report`: one self-contained HTML page (charts, tables, advice) for a run, a run summary or traces."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from stepcli.errors import StepcliError
+
+REPORT_NAME = "report.html"
+GENERATOR = '<meta name="generator" content="stepcli">'  # marks pages stepcli may overwrite
+
+
+def write_html(html: str, path: str) -> None:
+    """Write atomically: a temporary name in the same folder, then rename."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(html, encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise StepcliError(f"{path}: cannot write the report: {exc.strerror or exc}") from None
+
+
+def report_main(paths: Sequence[str], out: str | None) -> str:
+    """Build the page for PATHs and write it; returns the path written."""
+    from stepcli.report.data import gather
+    from stepcli.report.page import render
+
+    data = gather(paths)
+    out = out or default_output(paths[0])
+    if os.path.isdir(out):
+        raise StepcliError(f"{out}: is a folder; give -o FILE.html")
+    if os.path.exists(out) and not _made_by_stepcli(out):
+        raise StepcliError(f"{out}: exists and was not written by stepcli; give another -o FILE.html")
+    write_html(render(data, out), out)
+    return out
+
+
+def default_output(first: str) -> str:
+    """FOLDER/report.html for a folder; NAME.report.html beside a file (run summary or trace)."""
+    if os.path.isdir(first):
+        return os.path.join(first, REPORT_NAME)
+    name = os.path.basename(first)
+    for suffix in (".gz", ".json", ".pt.trace"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+    return os.path.join(os.path.dirname(first), f"{name}.report.html")
+
+
+def _made_by_stepcli(path: str) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return GENERATOR.encode() in handle.read(2048)
+    except OSError:
+        return False
+
+
+def write_run_report(summary: dict[str, Any], log_dir: str) -> tuple[str, list[str]]:
+    """After `stepcli run`: report.html in the output folder, plus the advice lines for the terminal summary.
+
+    The summary is also saved beside the step logs so `stepcli report OUT_DIR` can rebuild the same page later.
+    """
+    from stepcli.report.data import SUMMARY_FILE, build, step_logs
+    from stepcli.report.page import render
+    from stepcli.runreport import write_run_summary
+
+    out_dir = str(summary["out_dir"])
+    write_run_summary(summary, os.path.join(log_dir, SUMMARY_FILE))
+    traces = [p for p in summary.get("traces") or [] if os.path.exists(p)]
+    data = build(summary, step_logs(Path(log_dir)), traces)
+    path = os.path.join(out_dir, REPORT_NAME)
+    write_html(render(data, path), path)
+    return path, [advice.line() for advice in data.advice]

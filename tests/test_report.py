@@ -1,0 +1,323 @@
+"""`stepcli report` and the report.html of `stepcli run`, end to end: real runs, real traces, a real browser."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser import artifacts_dir, browser  # noqa: F401 (fixture)
+from conftest import REPO, run_stepcli, trace_files, write_script
+
+FIXTURE_TRACE = REPO / "tests" / "data" / "train_cpu.pt.trace.json"
+# Real CUDA traces (scripts/make_cuda_fixture_traces.py says how they were recorded and what they hold).
+CUDA_SMALL = REPO / "tests" / "data" / "cuda_small.pt.trace.json.gz"
+CUDA_COMPILE = REPO / "tests" / "data" / "cuda_compile.pt.trace.json.gz"
+
+SLOW_LOADER = """
+    import time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class SlowDataset(Dataset):
+        def __len__(self):
+            return 48
+
+        def __getitem__(self, index):
+            time.sleep(0.005)  # a slow decode in the main process: num_workers=0
+            return torch.randn(16), torch.randn(1)
+
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in DataLoader(SlowDataset(), batch_size=4):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+DDP = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(6):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+    dist.barrier()
+    dist.destroy_process_group()
+"""
+
+
+def _advice_rules(html: str) -> list[str]:
+    return re.findall(r'data-rule="([a-z-]+)"', html)
+
+
+def _assert_self_contained(html: str) -> None:
+    assert "http://" not in html and "https://" not in html and "//cdn" not in html
+    assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=", html), "nothing may be loaded from elsewhere"
+
+
+def _check_in_browser(driver: Any, page: Path, top_op: str, shot_dir: Path, name: str) -> Path:
+    """Load the page from disk and check what a person would see; returns the screenshot's path."""
+    from selenium.webdriver.common.by import By
+
+    driver.get_log("browser")  # drop entries from an earlier page
+    driver.get_log("performance")
+    driver.get(page.resolve().as_uri())
+    errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+    assert errors == [], errors
+    # No network: no resource loaded, and the only request Chromium saw is the page itself.
+    assert driver.execute_script("return performance.getEntriesByType('resource').length") == 0
+    requests = []
+    for entry in driver.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message.get("method") == "Network.requestWillBeSent":
+            requests.append(message["params"]["request"]["url"])
+    # (Chromium's own chrome:// pages may load in the background; anything over a network is a failure.)
+    external = [url for url in requests if not url.startswith(("file:", "chrome:", "chrome-untrusted:", "data:", "about:"))]
+    assert external == [], external
+    assert page.resolve().as_uri() in requests
+
+    # Charts are drawn: SVGs with non-empty paths and shapes of non-zero size.
+    charts = driver.find_elements(By.CSS_SELECTOR, "svg.chart")
+    assert len(charts) >= 3
+    lines = driver.find_elements(By.CSS_SELECTOR, "svg.chart path.line")
+    assert lines and all(len(p.get_attribute("d") or "") > 3 for p in lines)
+    boxes = driver.execute_script(
+        "return Array.from(document.querySelectorAll('svg.chart rect, svg.chart path')).map("
+        "e => {const b = e.getBBox(); return b.width * b.height > 0 || b.width > 0;});"
+    )
+    assert boxes and sum(boxes) >= 5
+    assert driver.execute_script("return document.querySelector('svg.chart').getBoundingClientRect().height") > 100
+
+    # The trace's top operator is in the table, first by self time.
+    first = driver.find_element(By.CSS_SELECTOR, "#cpu-ops tbody tr td").text
+    assert first == top_op
+
+    # The table sorts on click: Calls ascending, then descending.
+    header = driver.find_element(By.XPATH, "//table[@id='cpu-ops']//th[normalize-space()='Calls']")
+    header.click()
+    calls = [int(c.get_attribute("data-v")) for c in driver.find_elements(By.CSS_SELECTOR, "#cpu-ops tbody tr td:nth-child(2)")]
+    assert calls == sorted(calls) and calls[0] < calls[-1]
+    header.click()
+    calls = [int(c.get_attribute("data-v")) for c in driver.find_elements(By.CSS_SELECTOR, "#cpu-ops tbody tr td:nth-child(2)")]
+    assert calls == sorted(calls, reverse=True)
+    driver.refresh()  # the screenshot shows the page as it opens
+    driver.execute_script("window.scrollTo(0, 0)")
+
+    height = driver.execute_script("return document.body.scrollHeight")
+    driver.set_window_size(1100, min(height + 40, 8000))
+    shot = shot_dir / f"{name}.png"
+    driver.save_screenshot(str(shot))
+    driver.set_window_size(1100, 900)
+    print(f"screenshot: {shot}")
+    assert shot.stat().st_size > 10_000
+    return shot
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    base = tmp_path_factory.mktemp("demo")
+    out = base / "out"
+    result = run_stepcli("demo", "--record-shapes", "-o", out, "--json", base / "run.json")
+    assert result.returncode == 0, result.stderr
+    return {"out": out, "result": result, "summary": json.loads((base / "run.json").read_text())}
+
+
+@pytest.fixture(scope="module")
+def slow_loader_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    base = tmp_path_factory.mktemp("slowloader")
+    script = write_script(base, "slow_loader.py", SLOW_LOADER)
+    out = base / "out"
+    result = run_stepcli(
+        "run", "--wait", "2", "--warmup", "1", "--active", "3", "--profile-memory", "-o", out,
+        "--json", base / "run.json", script,
+    )
+    assert result.returncode == 0, result.stderr
+    return {"out": out, "result": result, "summary": json.loads((base / "run.json").read_text())}
+
+
+@pytest.fixture(scope="module")
+def torchrun_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    base = tmp_path_factory.mktemp("torchrun")
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    assert torchrun, "torchrun comes with torch"
+    script = write_script(base, "ddp.py", DDP)
+    out = base / "out"
+    result = run_stepcli(
+        "run", "--wait", "1", "--warmup", "1", "--active", "2", "-o", out, "--json", base / "run.json",
+        "--", torchrun, "--standalone", "--nproc-per-node", "2", script, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    return {"out": out, "result": result, "summary": json.loads((base / "run.json").read_text())}
+
+
+def test_run_writes_report_and_points_to_it(demo_run: dict[str, Any], browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    # GIVEN the demo run WHEN it ends THEN report.html sits in its folder and the "next:" line names it
+    out, result = demo_run["out"], demo_run["result"]
+    page = out / "report.html"
+    assert page.is_file()
+    next_line = next(line for line in result.stderr.splitlines() if line.startswith("next:"))
+    assert "report.html" in next_line
+    html = page.read_text()
+    _assert_self_contained(html)
+    # AND no advice fires on the demo (nothing in its numbers crosses a threshold)
+    assert _advice_rules(html) == [] and "advice:" not in result.stderr
+    assert "No rule fired" in html
+    # AND the page shows the run's facts, its trace as a relative link, and the shapes table (--record-shapes)
+    assert "exit status" in html and 'id="shape-ops"' in html
+    trace = trace_files(out)[0]
+    assert f'href="{trace.name}"' in html
+    top_op = demo_run["summary"]["top_operators"][0]["name"]
+    _check_in_browser(browser, page, top_op, artifacts_dir(tmp_path), "report-demo")
+
+
+def test_slow_dataloader_gets_advice_in_terminal_and_page(slow_loader_run: dict[str, Any], browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    out, result = slow_loader_run["out"], slow_loader_run["result"]
+    # GIVEN a single-process DataLoader whose __getitem__ sleeps THEN the data-loading rule fires, with its evidence
+    advice_lines = [line for line in result.stderr.splitlines() if line.startswith("advice:")]
+    assert advice_lines and "Data loading slows the step" in advice_lines[0], result.stderr
+    assert "threshold > 20%" in result.stderr.replace("\n", " ")
+    html = (out / "report.html").read_text()
+    assert "data-loading" in _advice_rules(html) and "num_workers" in html
+    # AND --profile-memory gives the allocated-memory curve
+    assert "Allocated memory over the recorded window" in html
+    top_op = slow_loader_run["summary"]["top_operators"][0]["name"]
+    _check_in_browser(browser, out / "report.html", top_op, artifacts_dir(tmp_path), "report-slow-loader")
+
+
+def test_torchrun_report_has_every_rank(torchrun_run: dict[str, Any], browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    out = torchrun_run["out"]
+    html = (out / "report.html").read_text()
+    # One curve per rank over the whole run, and one breakdown bar per rank.
+    assert html.count('<path class="line s') >= 2
+    assert "<title>rank 0</title>" in html and "<title>rank 1</title>" in html
+    assert re.search(r">rank 0( \(slowest\))?</text>", html) and re.search(r">rank 1( \(slowest\))?</text>", html)
+    top_op = torchrun_run["summary"]["top_operators"][0]["name"]
+    _check_in_browser(browser, out / "report.html", top_op, artifacts_dir(tmp_path), "report-torchrun")
+
+
+def test_report_command_rebuilds_the_page_from_a_run_folder_or_summary(demo_run: dict[str, Any], tmp_path: Path) -> None:
+    out = demo_run["out"]
+    # GIVEN the run folder WHEN `stepcli report OUT` THEN it rewrites the page stepcli wrote, and prints its path
+    result = run_stepcli("report", out)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(out / "report.html")
+    rebuilt = (out / "report.html").read_text()
+    assert "exit status" in rebuilt and "demo/train.py" in rebuilt  # the summary saved with the run was found
+    # AND from the --json summary alone, to a chosen file
+    target = tmp_path / "from-summary.html"
+    summary_path = tmp_path / "run.json"
+    summary_path.write_text(json.dumps(demo_run["summary"]))
+    result = run_stepcli("report", summary_path, "-o", target)
+    assert result.returncode == 0, result.stderr
+    html = target.read_text()
+    assert demo_run["summary"]["top_operators"][0]["name"] in html and "exit status" in html
+
+
+def test_report_from_plain_torch_profiler_traces(browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    # GIVEN a trace from plain torch.profiler (no stepcli) and a folder of two rank traces
+    from stepcli.summary import summarize
+    from stepcli.traces import load_paths
+
+    top_op = next(op.name for op in summarize(load_paths([str(FIXTURE_TRACE)])).cpu_ops if op.name != "ProfilerStep*")
+    single = tmp_path / "single.html"
+    result = run_stepcli("report", FIXTURE_TRACE, "-o", single)
+    assert result.returncode == 0, result.stderr
+    _assert_self_contained(single.read_text())
+    _check_in_browser(browser, single, top_op, artifacts_dir(tmp_path), "report-plain-trace")
+
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    for rank in (0, 1):
+        shutil.copy(FIXTURE_TRACE, ranks / f"host_rank{rank}.1.pt.trace.json")
+    result = run_stepcli("report", ranks)
+    assert result.returncode == 0, result.stderr
+    html = (ranks / "report.html").read_text()
+    assert "<title>rank 0</title>" in html and "<title>rank 1</title>" in html
+
+
+def test_cuda_trace_shows_kernels_device_time_and_device_advice(browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    # GIVEN a CUDA trace of many tiny kernels, an .item() per step and a per-tensor Adam
+    page = tmp_path / "cuda.html"
+    result = run_stepcli("report", CUDA_SMALL, "-o", page)
+    assert result.returncode == 0, result.stderr
+    html = page.read_text()
+    # THEN the three rules with that evidence fire, and only those
+    assert sorted(_advice_rules(html)) == ["host-sync", "launch-bound", "optimizer"]
+    assert "cudaStreamSynchronize ×" in html
+    # AND the page has the kernel table and the device busy/idle bar
+    assert 'id="kernels"' in html and 'class="seg dev-busy"' in html and 'class="seg dev-idle"' in html
+    from stepcli.summary import summarize
+    from stepcli.traces import load_paths
+
+    top_op = next(op.name for op in summarize(load_paths([str(CUDA_SMALL)])).cpu_ops if op.name != "ProfilerStep*")
+    _check_in_browser(browser, page, top_op, artifacts_dir(tmp_path), "report-cuda")
+
+
+def test_recompilation_advice_from_a_compiled_trace(tmp_path: Path) -> None:
+    page = tmp_path / "compile.html"
+    result = run_stepcli("report", CUDA_COMPILE, "-o", page)
+    assert result.returncode == 0, result.stderr
+    html = page.read_text()
+    assert _advice_rules(html) == ["recompile"] and "frame 0: 2 compilations" in html
+
+
+def test_report_bad_input_is_one_line(tmp_path: Path) -> None:
+    result = run_stepcli("report", tmp_path / "missing")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "missing" in result.stderr
+
+    not_trace = tmp_path / "notes.json"
+    not_trace.write_text('{"hello": 1}')
+    result = run_stepcli("report", not_trace)
+    assert result.returncode != 0 and "Traceback" not in result.stderr and "notes.json" in result.stderr
+
+    # Nothing the user had is overwritten: an existing page that stepcli did not write stays.
+    mine = tmp_path / "mine.html"
+    mine.write_text("<p>my page</p>")
+    result = run_stepcli("report", FIXTURE_TRACE, "-o", mine)
+    assert result.returncode != 0 and mine.read_text() == "<p>my page</p>" and "mine.html" in result.stderr
+
+
+TINY = """
+    import sys
+    import torch
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(int(sys.argv[1])):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+"""
+
+
+def test_no_report_flag(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "tiny.py", TINY)
+    result = run_stepcli("run", "--no-report", "--active", "1", "-o", tmp_path / "out", script, "3")
+    assert result.returncode == 0, result.stderr
+    assert trace_files(tmp_path / "out") and not (tmp_path / "out" / "report.html").exists()
+    assert "report.html" not in result.stderr
+
+
+def test_reused_output_folder_reports_only_the_latest_run(tmp_path: Path) -> None:
+    # GIVEN two runs into the same -o folder (5 steps, then 7)
+    script = write_script(tmp_path, "tiny.py", TINY)
+    out = tmp_path / "out"
+    for steps in ("5", "7"):
+        result = run_stepcli("run", "--active", "1", "-o", out, script, steps)
+        assert result.returncode == 0, result.stderr
+    first_trace, second_trace = sorted(trace_files(out), key=lambda p: p.stat().st_mtime)
+    # WHEN the page is written by the second run, or rebuilt from the folder THEN it shows the second run only
+    written = (out / "report.html").read_text()
+    result = run_stepcli("report", out)
+    assert result.returncode == 0, result.stderr
+    for html in (written, (out / "report.html").read_text()):
+        assert "<b>7</b>" in html  # steps measured
+        assert second_trace.name in html and first_trace.name not in html

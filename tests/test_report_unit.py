@@ -1,0 +1,107 @@
+"""Pure parts of the report: chart helpers, data accessors, and the page size of a long many-rank run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from conftest import REPO
+
+from stepcli.report import default_output, report_main, svg
+from stepcli.report.data import build
+
+
+def _bench_module() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_report", REPO / "scripts" / "bench_report.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_envelope_keeps_every_spike_and_bounds_points() -> None:
+    xs = list(range(100_000))
+    ys = [1.0] * 100_000
+    ys[54_321] = 99.0
+    ys[77_777] = -5.0
+    points = svg.envelope(xs, ys, max_points=1000)
+    assert len(points) <= 1000
+    assert (54_321, 99.0) in points and (77_777, -5.0) in points
+    assert [x for x, _ in points] == sorted(x for x, _ in points)
+    assert svg.envelope([1, 2], [3.0, 4.0]) == [(1, 3.0), (2, 4.0)]  # short curves untouched
+
+
+def test_nice_max_and_phase_runs() -> None:
+    assert [svg.nice_max(v) for v in (0.7, 1.0, 1.3, 2.2, 4.9, 730.0)] == [1.0, 1.0, 2.0, 2.5, 5.0, 1000.0]
+    # warmup step 2, recorded 3-4 (code 2 then 3 = one window), untouched, recorded 7, and a gap in step numbers
+    assert svg.phase_runs([0, 1, 2, 3, 4, 5, 6, 7], "00123002") == [(2, 2, "1"), (3, 4, "2"), (7, 7, "2")]
+    assert svg.phase_runs([3, 4, 8, 9], "2222") == [(3, 4, "2"), (8, 9, "2")]
+
+
+def test_charts_escape_labels_and_hold_no_url() -> None:
+    chart = svg.timeline_chart([svg.Curve("<rank & 0>", [0, 1, 2], [5.0, 1.0, 2.0], "002")])
+    assert "<rank" not in chart and "&lt;rank &amp; 0&gt;" in chart
+    assert "http" not in chart and chart.startswith("<svg") and chart.endswith("</svg>")
+
+
+def test_default_output_names() -> None:
+    assert default_output("runs/x/t.pt.trace.json.gz") == "runs/x/t.report.html"
+    assert default_output("run.json") == "run.report.html"
+
+
+def test_summary_without_step_logs_or_traces_still_reports(tmp_path: Path) -> None:
+    # A --json summary copied away from its run (a CI artifact): the timeline and tables it kept are enough.
+    summary = {
+        "schema": "stepcli.run", "command": ["python", "t.py"], "exit_status": 0, "out_dir": str(tmp_path / "gone"),
+        "timeline_ms": [900.0] + [10.0] * 30, "timeline_phases": "0" * 3 + "1233" + "0" * 24,
+        "processes": [{"worker": "h_1", "rank": None, "global_steps": 31, "peak_rss_bytes": 123456789}],
+        "top_operators": [{"name": "aten::mm", "calls": 9, "self_ms": 5.0, "total_ms": 5.0, "avg_ms": 0.5, "self_share": 0.6}],
+        "breakdown_ms": {"dataloader": 8.0, "forward": 1.0, "backward": 1.0, "optimizer": 0.0, "other": 0.0},
+        "traces": [], "notes": ["a note"],
+    }
+    data = build(summary, [], [])
+    assert [p.label for p in data.processes] == ["h_1"] and len(data.processes[0].values_ms) == 31
+    assert [a.rule for a in data.advice] == ["data-loading"]
+    assert data.memory_peaks == [("h_1", 123456789, None)] and data.notes == ["a note"]
+
+
+def test_per_process_step_times_in_the_summary_are_used(tmp_path: Path) -> None:
+    # Summaries that carry every process's step times draw one curve per process.
+    summary = {
+        "schema": "stepcli.run", "command": ["x"], "out_dir": str(tmp_path),
+        "processes": [
+            {"worker": "rank0", "rank": 0, "step_times_ms": [100.0] + [10.0] * 12, "phases": "0" * 13},
+            {"worker": "rank1", "rank": 1, "step_times_ms": [100.0] + [13.0] * 12, "phases": "0" * 13},
+        ],
+    }
+    data = build(summary, [], [])
+    assert [p.label for p in data.processes] == ["rank 0", "rank 1"]
+    assert data.slowest == "rank 1" and [a.rule for a in data.advice] == ["straggler"]
+
+
+def test_long_many_rank_run_gives_a_small_page(tmp_path: Path) -> None:
+    # GIVEN 10,000 steps on each of 8 ranks (scripts/bench_report.py's synthetic run) THEN the page stays small,
+    # every rank is drawn, the curves are reduced (and the page says so), and the planted stalls and straggler show.
+    folder = _bench_module().make_synthetic_run(tmp_path / "run", steps=10_000, ranks=8)
+    page = Path(report_main([str(folder)], None))
+    html = page.read_text()
+    assert page.stat().st_size < 3_000_000
+    assert all(f"<title>rank {r}</title>" in html for r in range(8))
+    assert "drawn as a min/max envelope" in html
+    assert set(re.findall(r'data-rule="([a-z-]+)"', html)) == {"straggler", "stalls"}
+    summary = json.loads(next((folder / ".stepcli").glob("*/summary.json")).read_text())
+    assert summary["command"] == ["torchrun", "train.py"] and "torchrun train.py" in html
+
+
+def test_unreadable_trace_leaves_a_note_not_a_failure(tmp_path: Path) -> None:
+    # A run whose trace is damaged still gets its page, from the summary, with a note saying why tables are thin.
+    broken = tmp_path / "rank0.1.pt.trace.json"
+    broken.write_text('{"traceEvents": [{"ph": "X", "name": "aten::mm"')
+    summary = {"schema": "stepcli.run", "command": ["x"], "out_dir": str(tmp_path), "timeline_ms": [5.0, 1.0, 1.0],
+               "timeline_phases": "000", "processes": [{"worker": "w", "rank": None}], "traces": [str(broken)]}
+    data = build(summary, [], [str(broken)])
+    assert any("could not read the traces" in note and "rank0.1.pt.trace.json" in note for note in data.notes)
+    assert len(data.processes[0].values_ms) == 3
