@@ -81,7 +81,7 @@ def _percentile_rows(values: FloatArray, q: float) -> FloatArray:
         low = math.floor(position)
         high = min(low + 1, n - 1)
         part = np.partition(values, [low, high] if high != low else [low], axis=1)
-        return part[:, low] + (part[:, high] - part[:, low]) * (position - low)  # type: ignore[no-any-return]
+        return part[:, low] + (part[:, high] - part[:, low]) * (position - low)
     ordered = np.sort(values, axis=1)  # NaN sorts last
     counts = (~np.isnan(values)).sum(axis=1)
     positions = (counts - 1) * q / 100.0
@@ -89,7 +89,7 @@ def _percentile_rows(values: FloatArray, q: float) -> FloatArray:
     highs = np.minimum(lows + 1, counts - 1)
     low_values = np.take_along_axis(ordered, lows[:, None], axis=1)[:, 0]
     high_values = np.take_along_axis(ordered, highs[:, None], axis=1)[:, 0]
-    return low_values + (high_values - low_values) * (positions - lows)  # type: ignore[no-any-return]
+    return low_values + (high_values - low_values) * (positions - lows)
 
 
 def statistic(values: FloatArray, metric: str, axis: int | None = None) -> FloatArray | float:
@@ -102,11 +102,11 @@ def statistic(values: FloatArray, metric: str, axis: int | None = None) -> Float
     if metric == "p90":
         return _percentile_rows(values, 90)
     if metric == "mean":
-        return (np.nanmean if nan else np.mean)(values, axis=axis)  # type: ignore[no-any-return]
+        return (np.nanmean if nan else np.mean)(values, axis=axis)
     if metric == "min":
-        return (np.nanmin if nan else np.min)(values, axis=axis)  # type: ignore[no-any-return]
+        return (np.nanmin if nan else np.min)(values, axis=axis)
     if metric == "max":
-        return (np.nanmax if nan else np.max)(values, axis=axis)  # type: ignore[no-any-return]
+        return (np.nanmax if nan else np.max)(values, axis=axis)
     raise ValueError(f"unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
 
 
