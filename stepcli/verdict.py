@@ -5,11 +5,13 @@ Verdict rules (the contract the tests pin down):
   baseline to current gets a bootstrap confidence interval (stepcli.inference) over every step of every run.
 - The allowed change is `limit = max(tolerance * baseline, min_delta_ms)`; a change equal to it (to float
   rounding) is within it.
-  * regression: the interval lies above 0 (significant) and the estimate exceeds +limit;
-  * improvement: the interval lies below 0 and the estimate is below -limit;
-  * inconclusive: neither, and the interval reaches beyond +limit: the data cannot tell a regression beyond
-    the tolerance from noise (the message says how many more steps or runs would);
-  * no change: otherwise (the interval stays within +limit).
+  * regression: the whole interval lies above +limit: the slowdown is significantly beyond both the tolerance
+    and --min-delta-ms (so a change within the tolerance is called a regression at most (1-confidence)/2 of
+    the time, however noisy the steps);
+  * improvement: the whole interval lies below -limit;
+  * no change: the interval does not reach beyond +limit;
+  * inconclusive: the interval straddles +limit: the data cannot tell a regression beyond the tolerance from
+    noise (the message says about how many more steps or runs would).
 - Inputs without every step's time (hand-made or schema 1 summaries without a timeline) are decided on the two
   statistics alone, as before intervals existed, and the report says so.
 - Steps that decide: warm-up steps are detected per run (MSER-5) and left out, unless `--skip-steps N` sets the
@@ -272,9 +274,9 @@ def decide(
     )
     base, cur, delta = change.baseline, change.current, change.delta
     limit = max(tolerance * base, min_delta_ms)
-    if change.low > 0 and exceeds(delta, limit):
+    if exceeds(change.low, limit):
         verdict: Verdict = "regression"
-    elif change.high < 0 and exceeds(-delta, limit):
+    elif exceeds(-change.high, limit):
         verdict = "improvement"
     elif exceeds(change.high, limit):
         verdict = "inconclusive"
@@ -287,8 +289,8 @@ def decide(
     numbers = f"{_fmt_ms(base)} ms -> {_fmt_ms(cur)} ms ({_signed(delta)} ms, {_pct(delta, base)}, {interval})"
     allowed = _allowed(limit, tolerance, base, min_delta_ms)
     clause = {
-        "regression": f"exceeds {allowed}",
-        "improvement": f"is faster by more than {allowed.replace('the allowed +', 'the allowed ')}",
+        "regression": f"exceeds {allowed}, all of its interval",
+        "improvement": f"is faster by more than {allowed.replace('the allowed +', 'the allowed ')}, all of its interval",
         "no_change": f"is within {allowed}",
         "inconclusive": f"may or may not exceed {allowed}: {_more_data(change, limit)}",
     }[verdict]
