@@ -13,8 +13,8 @@ Why a bootstrap, and which one:
   synchronous job are not counted as independent evidence.
 
 Everything is seeded: the same inputs give the same interval and so the same verdict. numpy does the resampling
-because a pure-Python median of 2,000 resamples of a few thousand steps takes seconds; vectorized it takes tens
-of milliseconds (measured in tests/test_inference.py::test_fast_enough).
+(the CLI side only, never the agent): a pure-Python median of 2,000 resamples of 3,000 steps took about 2 s per
+side on these machines, numpy takes a few tenths of a second for both (scripts/bench_gate.py --speed).
 """
 
 from __future__ import annotations
