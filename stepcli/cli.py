@@ -149,6 +149,8 @@ def compare(baseline: str | None, current: str | None, baselines: tuple[str, ...
     from stepcli.compare import compare_main, parse_confidence, parse_tolerance
 
     ctx = click.get_current_context()
+    if current is None and baseline is not None and not (baselines or currents):
+        raise click.UsageError("missing CURRENT: give BASELINE CURRENT", ctx=ctx)
     if (baseline is None) != (current is None) or (baseline is not None and (baselines or currents)):
         raise click.UsageError("give BASELINE CURRENT, or --baseline and --current (repeatable), not a mix", ctx=ctx)
     if baseline is None and not (baselines and currents):

@@ -120,7 +120,11 @@ def _attribution(baseline: Measurement, current: Measurement, confidence: float)
                 return ()
         else:
             return ()
-    return attribute(sides[0], sides[1], confidence=confidence)
+    try:
+        return attribute(sides[0], sides[1], confidence=confidence)
+    except Exception as exc:  # attribution only explains the verdict; a failure there must not lose the verdict
+        print(f"stepcli: warning: no per-operator attribution: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return ()
 
 
 def _append_step_summary(markdown: str) -> None:

@@ -86,7 +86,7 @@ def _percentile_rows(values: FloatArray, q: float) -> FloatArray:
             part = np.partition(values, low, axis=1)
             low_values = part[:, low]
             high_values = part[:, low + 1 :].min(axis=1) if low + 1 < n else low_values
-        return low_values + (high_values - low_values) * (position - low)  # type: ignore[no-any-return]
+        return low_values + (high_values - low_values) * (position - low)
     ordered = np.sort(values, axis=1)  # NaN sorts last
     counts = (~np.isnan(values)).sum(axis=1)
     positions = (counts - 1) * q / 100.0

@@ -257,7 +257,12 @@ def _load_traces(label: str, files: Sequence[str] | None = None) -> Measurement:
     from stepcli.traces import load_paths
 
     traces: list[Trace] = load_paths(list(files or [label]))
-    return measurement_from_summary(summarize(traces).to_dict(), label, (op_steps_from_traces(traces, label),))
+    summary = summarize(traces).to_dict()
+    try:
+        op_steps: tuple[OpSteps, ...] | None = (op_steps_from_traces(traces, label),)
+    except Exception:  # per-operator attribution only explains a verdict; without it the verdict still stands
+        op_steps = None
+    return measurement_from_summary(summary, label, op_steps)
 
 
 def _json_files(folder: Path) -> list[str]:
