@@ -199,3 +199,26 @@ def test_only_flags_without_a_current_is_a_usage_error(tmp_path: Path) -> None:
     doc.write_text(json.dumps(v2_summary([10.0] * 20)))
     result = run_stepcli("compare", "--baseline", doc)
     assert result.returncode == 2 and "at least one --baseline and one --current" in result.stderr
+
+
+def test_several_runs_need_every_steps_time_and_one_kind(tmp_path: Path) -> None:
+    v2 = tmp_path / "v2.json"
+    v2.write_text(json.dumps(v2_summary([10.0] * 20)))
+    stats_only = tmp_path / "stats-only.json"
+    doc = v2_summary([10.0] * 20)
+    del doc["step_times"]
+    doc["schema_version"] = 1
+    stats_only.write_text(json.dumps(doc))
+    trace = tmp_path / "t.pt.trace.json"
+    trace.write_text(json.dumps({"traceEvents": [
+        {"name": "ProfilerStep#1", "ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": 0, "dur": 10}]}))
+    for other, mention in ((stats_only, "has step statistics but not every step's time"),
+                           (trace, "mixes run summaries and traces")):
+        result = run_stepcli("compare", "--baseline", v2, "--baseline", other, "--current", v2)
+        assert result.returncode == 2 and result.stdout == "", result.stdout + result.stderr
+        assert result.stderr.startswith("stepcli: error: ") and mention in result.stderr
+        assert len(result.stderr.splitlines()) == 1
+    # Alone, the statistics-only summary still compares, on its two medians, and says so.
+    alone = run_stepcli("compare", stats_only, v2)
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    assert "without a confidence interval" in alone.stdout
