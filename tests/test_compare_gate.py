@@ -32,6 +32,7 @@ SLEEPER = """
 """
 SLEEP_MS = 8.0
 STEPS = 60
+ACTIVE = 10  # recorded steps: the samples of the per-operator intervals (steps 2-11; 12-59 stay untouched)
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +44,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, sleep_ms, seed in (("base1", SLEEP_MS, 1), ("base2", SLEEP_MS, 2), ("same", SLEEP_MS, 3),
                                  ("slow", SLEEP_MS * 1.25, 4)):
         summary = root / f"{name}.json"
-        done = run_stepcli("run", "-q", "-o", root / name, "--json", summary, script, str(sleep_ms), str(STEPS),
-                           str(seed))
+        done = run_stepcli("run", "-q", "--active", str(ACTIVE), "-o", root / name, "--json", summary, script,
+                           str(sleep_ms), str(STEPS), str(seed))
         assert done.returncode == 0, done.stderr
         out[name] = summary
     return out
@@ -62,9 +63,9 @@ def test_run_summary_v2_keeps_every_step_of_every_process(runs: dict[str, Path])
     assert doc["schema_version"] == 2 and re.fullmatch(r"[0-9a-f]{32}", doc["run_id"])
     [process] = doc["step_times"]
     assert len(process["durations_ms"]) == len(process["phases"]) == STEPS
-    # step 0 untouched (start-up), the default window's steps 1-4 profiled, the rest untouched
-    assert process["phases"][0] == "0" and set(process["phases"][1:5]) <= set("123")
-    assert process["phases"][5:] == "0" * (STEPS - 5)
+    # step 0 untouched (start-up), the window's warmup step 1 and recorded steps 2-11 profiled, the rest untouched
+    assert process["phases"][:ACTIVE + 2] == "01" + "2" * (ACTIVE - 1) + "3"
+    assert process["phases"][ACTIVE + 2:] == "0" * (STEPS - ACTIVE - 2)
     assert all(t >= SLEEP_MS * 0.95 for t in process["durations_ms"][1:])
 
 
@@ -139,7 +140,7 @@ def test_schema_1_summary_still_compares(runs: dict[str, Path], tmp_path: Path) 
 def test_skip_steps_and_confidence(runs: dict[str, Path]) -> None:
     result = run_stepcli("compare", runs["base1"], runs["same"], "--skip-steps", "30", "--confidence", "99%")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "untouched steps 30-59 (30 step times); steps 5-29 left out: --skip-steps 30" in result.stdout
+    assert "untouched steps 30-59 (30 step times); steps 12-29 left out: --skip-steps 30" in result.stdout
     assert "99% CI" in verdict(result.stdout)
     nothing = run_stepcli("compare", runs["base1"], runs["same"], "--skip-steps", "100")
     assert nothing.returncode == 3
