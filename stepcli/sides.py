@@ -168,6 +168,15 @@ def combine(measurements: Sequence[Measurement], label: str) -> Measurement:
             EXIT_USAGE,
         )
     runs = tuple(run for m in measured for run in m.runs)
+    seen: dict[str, str] = {}
+    for run in runs:  # the same run twice would count its steps twice and narrow the interval for nothing
+        if run.run_id and run.run_id in seen:
+            raise StepcliError(
+                f"{run.label}: the same run (run_id {run.run_id[:12]}) as {seen[run.run_id]}; give each run once per side",
+                EXIT_USAGE,
+            )
+        if run.run_id:
+            seen[run.run_id] = run.label
     names = list(measured[0].populations)
     populations: dict[str, Stats | None] = {}
     for name in names:

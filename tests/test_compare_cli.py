@@ -46,7 +46,7 @@ MAKE_TRACES = """
         prof.export_chrome_trace(folder + "/nosteps.pt.trace.json")
 
     root = sys.argv[1]
-    for name, sleep_ms in (("fast", 0), ("fast2", 0), ("slow", 40)):
+    for name, sleep_ms in (("fast", 0), ("fast2", 0), ("slow", 100)):
         for worker in ("rank0", "rank1"):
             record(f"{root}/{name}", worker, sleep_ms)
     import os
@@ -54,13 +54,15 @@ MAKE_TRACES = """
     unscheduled(f"{root}/nosteps")
 """
 
-# Jitter of sub-millisecond CPU steps stays far below this floor; the 40 ms sleep is far above it.
+# Jitter of sub-millisecond CPU steps stays far below this floor; the 100 ms sleep is far above it. With three
+# recorded steps per side the interval spans about the range of the samples, so the sleep must dominate even the
+# tens of ms a step can take on a loaded 2-core runner.
 FLOOR = ("--min-delta-ms", "15")
 
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """fast/, fast2/ (same program), slow/ (+40 ms per step): two ranks' traces each; nosteps/."""
+    """fast/, fast2/ (same program), slow/ (+100 ms per step): two ranks' traces each; nosteps/."""
     root = tmp_path_factory.mktemp("traces")
     script = write_script(root, "make_traces.py", MAKE_TRACES)
     done = subprocess.run([sys.executable, str(script), str(root)], env=stepcli_env(), capture_output=True,
@@ -107,7 +109,7 @@ def test_trace_against_itself_passes(traces: Path) -> None:
 
 
 def test_trace_vs_slower_trace_is_a_regression(traces: Path) -> None:
-    # GIVEN the same program with a 40 ms sleep per step WHEN compared THEN exit 1 with the delta shown.
+    # GIVEN the same program with a 100 ms sleep per step WHEN compared THEN exit 1 with the delta shown.
     result = run_stepcli("compare", one_trace(traces / "fast"), one_trace(traces / "slow"), *FLOOR)
     assert result.returncode == 1, result.stdout + result.stderr
     line = verdict(result.stdout)

@@ -213,8 +213,11 @@ def test_several_runs_need_every_steps_time_and_one_kind(tmp_path: Path) -> None
     trace = tmp_path / "t.pt.trace.json"
     trace.write_text(json.dumps({"traceEvents": [
         {"name": "ProfilerStep#1", "ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": 0, "dur": 10}]}))
+    copy = tmp_path / "copy.json"
+    copy.write_text(v2.read_text())
     for other, mention in ((stats_only, "has step statistics but not every step's time"),
-                           (trace, "mixes run summaries and traces")):
+                           (trace, "mixes run summaries and traces"),
+                           (copy, "the same run (run_id 000000000000) as")):
         result = run_stepcli("compare", "--baseline", v2, "--baseline", other, "--current", v2)
         assert result.returncode == 2 and result.stdout == "", result.stdout + result.stderr
         assert result.stderr.startswith("stepcli: error: ") and mention in result.stderr
