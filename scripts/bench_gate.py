@@ -2,8 +2,9 @@
 
 Runs a small program under `stepcli run --json` many times: each step sleeps SLEEP ms plus up to 20% seeded
 jitter, then takes an optimizer step. Baseline runs use SLEEP; "current" runs use SLEEP * (1 + shift) for each
-shift. Every baseline run is then compared with every current run of a shift (one run per side), and disjoint
-groups of three runs are compared with each other (several runs per side), with the default gate
+shift. Every baseline run is then compared with every current run of a shift (one run per side), and 40 pairs of
+three-run groups (three baseline runs against three current ones) are compared (several runs per side), with the
+default gate
 (median, --tolerance 10%, 95% confidence). The decision is the same code `stepcli compare` runs (in process,
 to keep the benchmark short).
 
