@@ -134,25 +134,50 @@ def table(paths: tuple[str, ...], sort_by: str, limit: int, fmt: str | None, gro
     return 0
 
 
-@cli.command(short_help="Compare two runs; exit 1 on a step-time regression.")
-@click.argument("baseline", type=click.Path())
-@click.argument("current", type=click.Path())
+@cli.command(short_help="Compare runs with confidence intervals; exit 1 on a step-time regression.")
+@click.argument("baseline", required=False, type=click.Path())
+@click.argument("current", required=False, type=click.Path())
+@click.option("--baseline", "baselines", multiple=True, type=click.Path(), help="A baseline run (repeatable), instead of BASELINE.")
+@click.option("--current", "currents", multiple=True, type=click.Path(), help="A current run (repeatable), instead of CURRENT.")
 @click.option("--tolerance", default="10%", show_default=True, help="Allowed relative slowdown, e.g. 10% or 0.1.")
 @click.option("--min-delta-ms", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Slowdowns smaller than this many ms never fail.")
 @click.option("--metric", type=click.Choice(["median", "mean", "p90", "min", "max"]), default="median", show_default=True, help="Step-time statistic that decides.")
+@click.option("--confidence", default="95%", show_default=True, help="Confidence level of the intervals, e.g. 95% or 0.99.")
+@click.option("--skip-steps", type=click.IntRange(min=0), default=None, help="Leave out steps before this step number in every run [default: detect warm-up].")
+@click.option("--strict", is_flag=True, help="Exit 4 when the result is inconclusive (default: exit 0 with a warning).")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), help="Also write a Markdown report here (- for stdout).")
-def compare(baseline: str, current: str, tolerance: str, min_delta_ms: float, metric: str, markdown_path: str | None) -> int:
-    """Compare BASELINE and CURRENT: run summaries (--json of run), traces or folders of traces.
+def compare(baseline: str | None, current: str | None, baselines: tuple[str, ...], currents: tuple[str, ...],
+            tolerance: str, min_delta_ms: float, metric: str, confidence: str, skip_steps: int | None, strict: bool,
+            markdown_path: str | None) -> int:
+    """Compare BASELINE and CURRENT: run summaries (--json of run), traces, or folders of either.
 
-    Exit 0 within tolerance, 1 regression, 2 bad input, 3 nothing measured on a side.
+    Several runs per side: --baseline A1 --baseline A2 --current B1 ... (or folders of run summaries).
+    Exit 0 no change, improvement or inconclusive (with a warning), 1 regression, 2 bad input, 3 nothing
+    measured on a side, 4 inconclusive with --strict.
     """
-    from stepcli.compare import compare_main, parse_tolerance
+    from stepcli.compare import compare_main, parse_confidence, parse_tolerance
 
+    ctx = click.get_current_context()
+    if current is None and baseline is not None and not (baselines or currents):
+        raise click.UsageError("missing CURRENT: give BASELINE CURRENT", ctx=ctx)
+    if (baseline is None) != (current is None) or (baseline is not None and (baselines or currents)):
+        raise click.UsageError("give BASELINE CURRENT, or --baseline and --current (repeatable), not a mix", ctx=ctx)
+    if baseline is None and not (baselines and currents):
+        raise click.UsageError("missing runs: give BASELINE CURRENT, or at least one --baseline and one --current", ctx=ctx)
     try:
         fraction = parse_tolerance(tolerance)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), ctx=click.get_current_context(), param_hint="'--tolerance'") from None
-    return compare_main(baseline, current, tolerance=fraction, min_delta_ms=min_delta_ms, metric=metric, markdown_path=markdown_path)
+        raise click.BadParameter(str(exc), ctx=ctx, param_hint="'--tolerance'") from None
+    try:
+        level = parse_confidence(confidence)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param_hint="'--confidence'") from None
+    return compare_main(
+        [baseline] if baseline is not None else list(baselines),
+        [current] if current is not None else list(currents),
+        tolerance=fraction, min_delta_ms=min_delta_ms, metric=metric, markdown_path=markdown_path,
+        confidence=level, skip_steps=skip_steps, strict=strict,
+    )
 
 
 @cli.command(short_help="Trace a running `stepcli run` now: every rank, the same steps.")

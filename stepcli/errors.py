@@ -7,6 +7,7 @@ EXIT_OK = 0
 EXIT_REGRESSION = 1
 EXIT_USAGE = 2
 EXIT_NOTHING_MEASURED = 3
+EXIT_INCONCLUSIVE = 4  # compare --strict: the interval was too wide to decide
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in stepcli itself
 
 

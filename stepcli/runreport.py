@@ -11,6 +11,7 @@ import os
 import platform
 import shlex
 import socket
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from stepcli.errors import StepcliError
 from stepcli.stats import describe
 
 SCHEMA = "stepcli.run"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: run_id and step_times (every step of every process); readers still accept 1
 TOP_N = 20
 
 
@@ -116,7 +117,7 @@ def _trace_analysis(trace_paths: list[str], notes: list[str]) -> dict[str, Any] 
 def build_run_summary(
     config: AgentConfig, *, command: list[str], exit_status: int, started_at: float, duration_s: float
 ) -> dict[str, Any]:
-    """Everything the run measured, as a JSON-able document (schema `stepcli.run`, version 1)."""
+    """Everything the run measured, as a JSON-able document (schema `stepcli.run`, version 2)."""
     from stepcli.steplogs import load_step_logs
 
     logs, refused = load_step_logs(config, since=started_at)  # signed, schema-checked, traces inside out_dir
@@ -173,6 +174,7 @@ def build_run_summary(
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "stepcli_version": __version__,
+        "run_id": uuid.uuid4().hex,  # tells runs apart when several are compared per side
         "command": list(command),
         "exit_status": exit_status,
         "started_at": datetime.fromtimestamp(started_at, timezone.utc).isoformat(timespec="seconds"),
@@ -195,6 +197,17 @@ def build_run_summary(
         },
         "timeline_ms": [round(us / 1000.0, 3) for us in (primary or {}).get("durations_us", [])][:100_000],
         "timeline_phases": (primary or {}).get("phases", "")[:100_000],
+        # Every step of every process, for compare's confidence intervals (one digit per step, as timeline_phases).
+        "step_times": [
+            {
+                "worker": log.get("worker"),
+                "rank": log.get("rank"),
+                "pid": log.get("pid"),
+                "durations_ms": [round(us / 1000.0, 3) for us in log.get("durations_us", [])][:100_000],
+                "phases": log.get("phases", "")[:100_000],
+            }
+            for log in logs
+        ],
         "processes": [
             {
                 key: log.get(key)

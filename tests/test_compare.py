@@ -51,10 +51,10 @@ def trace(median: float | None, *, events: int = 100, label: str = "trace.json",
 @pytest.mark.parametrize(
     ("current", "verdict", "code"),
     [
-        (10.999999, "pass", EXIT_OK),  # just under +10%
-        (11.0, "pass", EXIT_OK),  # exactly +10%: equal to the threshold passes
+        (10.999999, "no_change", EXIT_OK),  # just under +10%
+        (11.0, "no_change", EXIT_OK),  # exactly +10%: equal to the threshold passes
         (11.000001, "regression", EXIT_REGRESSION),  # just over
-        (5.0, "pass", EXIT_OK),  # faster is never a regression
+        (5.0, "improvement", EXIT_OK),  # faster is never a regression
     ],
 )
 def test_tolerance_boundary(current: float, verdict: str, code: int) -> None:
@@ -66,7 +66,7 @@ def test_tolerance_boundary(current: float, verdict: str, code: int) -> None:
 @pytest.mark.parametrize("base", [3.0, 0.7, 123.456, 1e5])
 def test_exactly_at_tolerance_passes_despite_float_rounding(base: float) -> None:
     # base * 1.1 - base is not exactly 0.1 * base in binary floating point; it must still pass.
-    assert decide(run(base), run(base * 1.1), tolerance=0.1, min_delta_ms=0.0).verdict == "pass"
+    assert decide(run(base), run(base * 1.1), tolerance=0.1, min_delta_ms=0.0).verdict == "no_change"
     assert decide(run(base), run(base * 1.1 * 1.0001), tolerance=0.1, min_delta_ms=0.0).verdict == "regression"
 
 
@@ -74,7 +74,7 @@ def test_exactly_at_tolerance_passes_despite_float_rounding(base: float) -> None
 
 @pytest.mark.parametrize(
     ("current", "verdict"),
-    [(1.499999, "pass"), (1.5, "pass"), (1.500001, "regression")],
+    [(1.499999, "no_change"), (1.5, "no_change"), (1.500001, "regression")],
 )
 def test_min_delta_boundary(current: float, verdict: str) -> None:
     # GIVEN a 1 ms step, 10% tolerance (0.1 ms) and a 0.5 ms floor: the floor is the binding limit.
@@ -85,21 +85,21 @@ def test_min_delta_boundary(current: float, verdict: str) -> None:
 
 def test_both_conditions_must_hold() -> None:
     # +50% but only 0.2 ms: jitter on a tiny step does not fail.
-    assert decide(run(0.4), run(0.6), tolerance=0.1, min_delta_ms=0.5).verdict == "pass"
+    assert decide(run(0.4), run(0.6), tolerance=0.1, min_delta_ms=0.5).verdict == "no_change"
     # +5 ms but only +5%: within the relative tolerance.
-    assert decide(run(100.0), run(105.0), tolerance=0.1, min_delta_ms=0.5).verdict == "pass"
+    assert decide(run(100.0), run(105.0), tolerance=0.1, min_delta_ms=0.5).verdict == "no_change"
     # Both exceeded.
     assert decide(run(100.0), run(111.0), tolerance=0.1, min_delta_ms=0.5).verdict == "regression"
 
 
 def test_zero_tolerance_and_zero_floor_fail_any_slowdown() -> None:
-    assert decide(run(10.0), run(10.0), tolerance=0.0, min_delta_ms=0.0).verdict == "pass"
+    assert decide(run(10.0), run(10.0), tolerance=0.0, min_delta_ms=0.0).verdict == "no_change"
     assert decide(run(10.0), run(10.001), tolerance=0.0, min_delta_ms=0.0).verdict == "regression"
 
 
 def test_zero_baseline_uses_floor_and_reports_no_percentage() -> None:
     result = decide(run(0.0), run(0.3), tolerance=0.1, min_delta_ms=0.5)
-    assert result.verdict == "pass"
+    assert result.verdict == "no_change"
     assert "n/a" in result.message
 
 
@@ -107,7 +107,7 @@ def test_zero_baseline_uses_floor_and_reports_no_percentage() -> None:
 
 @pytest.mark.parametrize(
     ("metric", "verdict"),
-    [("median", "pass"), ("mean", "regression"), ("p90", "regression"), ("min", "pass"), ("max", "regression")],
+    [("median", "no_change"), ("mean", "regression"), ("p90", "regression"), ("min", "no_change"), ("max", "regression")],
 )
 def test_metric_selects_the_statistic(metric: str, verdict: str) -> None:
     # GIVEN equal medians and minimums but a slower tail on the current side.
@@ -158,7 +158,7 @@ def test_nothing_measured_beats_regression_even_on_huge_values() -> None:
 def test_runs_decide_on_untouched_steps_not_profiled_ones() -> None:
     # Profiled steps got 3x slower (profiler overhead), untouched ones did not: no regression.
     result = decide(run(10.0, profiled=10.0), run(10.0, profiled=30.0), tolerance=0.1, min_delta_ms=0.0)
-    assert result.verdict == "pass"
+    assert result.verdict == "no_change"
     assert (result.baseline_population, result.current_population) == ("untouched", "untouched")
     assert {r.population for r in result.step_rows} == {"untouched", "profiled"}  # profiled still shown
 
@@ -173,7 +173,7 @@ def test_runs_without_untouched_steps_fall_back_to_profiled_and_say_so() -> None
 
 def test_run_vs_trace_compares_profiled_with_recorded() -> None:
     result = decide(run(5.0, profiled=10.0), trace(10.5), tolerance=0.1, min_delta_ms=0.0)
-    assert result.verdict == "pass"
+    assert result.verdict == "no_change"
     assert (result.baseline_population, result.current_population) == ("profiled", "recorded")
     assert "profiled/recorded steps" in result.message
     assert any("run summary and the other side a trace" in note for note in result.notes)
@@ -251,7 +251,7 @@ def test_measurement_from_run() -> None:
 @pytest.mark.parametrize(
     ("changes", "problem"),
     [
-        ({"schema_version": 2}, "unsupported run summary schema_version 2"),
+        ({"schema_version": 3}, "unsupported run summary schema_version 3"),
         ({"schema_version": None}, "unsupported run summary schema_version None"),
         ({"steps": {}}, "steps.global"),
         ({"step_time_ms": None}, "step_time_ms is missing"),

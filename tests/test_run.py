@@ -91,7 +91,10 @@ def test_default_out_dir_is_new_per_run_and_json_summary(tmp_path: Path, train_s
     assert len(runs) == 2 and all(len(trace_files(r)) == 1 for r in runs)
     assert "stepcli" not in second.stderr  # --quiet: nothing from stepcli (torch may still log)
     summary = json.loads((tmp_path / "a.json").read_text())
-    assert summary["schema"] == "stepcli.run" and summary["schema_version"] == 1
+    assert summary["schema"] == "stepcli.run" and summary["schema_version"] == 2
+    assert len(summary["run_id"]) == 32
+    [process] = summary["step_times"]
+    assert len(process["durations_ms"]) == len(process["phases"]) == 5 and process["phases"][1:3] != "00"
     assert summary["exit_status"] == 0
     assert summary["steps"] == {"global": 5, "requesters": {"SGD#0": 5}}
     assert summary["step_time_ms"]["untouched"]["count"] == 2  # steps 3, 4 (0 is start-up; 1-2 profiled)

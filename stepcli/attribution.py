@@ -1,0 +1,104 @@
+"""Per-operator attribution for `stepcli compare`: which operators and kernels changed their self time per step,
+each with its own bootstrap interval, so a regression names its cause.
+
+Needs traces on both sides (trace inputs, or the traces a run summary lists). Each recorded ProfilerStep#N is one
+sample: the self time of every operator whose events start inside that step, summarized exactly as `stepcli table`
+does (stepcli.summary), so the numbers agree with the operator tables.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from stepcli.inference import estimate_change
+from stepcli.measurement import OpSteps
+
+if TYPE_CHECKING:
+    from stepcli.traces import Trace
+
+TOP_CHANGES = 8
+_STEP_PREFIX = "ProfilerStep#"
+_STEP_ROW = "ProfilerStep*"  # the step annotation itself, not work
+
+
+@dataclass(frozen=True)
+class OpChange:
+    """One operator's mean self time per step on both sides, and the interval of the change (ms)."""
+
+    kind: str  # "cpu" or "device"
+    name: str
+    baseline_ms: float
+    current_ms: float
+    low: float
+    high: float
+
+    @property
+    def delta_ms(self) -> float:
+        return self.current_ms - self.baseline_ms
+
+    @property
+    def significant(self) -> bool:
+        return self.low > 0 or self.high < 0
+
+
+def op_steps_from_traces(traces: Sequence[Trace], label: str) -> OpSteps:
+    """Self time per operator in each recorded step of each trace."""
+    from stepcli.summary import summarize
+    from stepcli.traces import Trace as TraceType
+
+    columns: list[tuple[int | None, int]] = []
+    per_step: list[dict[tuple[str, str], float]] = []
+    for trace in traces:
+        events = sorted(trace.events, key=lambda e: e.ts)
+        starts = [e.ts for e in events]
+        windows = sorted(
+            (e.ts, e.ts + e.dur, int(e.name[len(_STEP_PREFIX):]))
+            for e in events
+            if e.cat == "user_annotation" and e.name.startswith(_STEP_PREFIX)
+            and e.name[len(_STEP_PREFIX):].isdecimal() and int(e.name[len(_STEP_PREFIX):]) != trace.incomplete_step
+        )
+        for index, (start, end, step) in enumerate(windows):
+            # Up to the next step's start: kernels a step launched may run after its CPU side ended.
+            stop = windows[index + 1][0] if index + 1 < len(windows) else end
+            subset = events[bisect.bisect_left(starts, start): bisect.bisect_left(starts, max(stop, end))]
+            summary = summarize([TraceType.from_events(subset, path=trace.path)])
+            times = {("cpu", op.name): op.self_ms for op in summary.cpu_ops if op.name != _STEP_ROW}
+            times.update({("device", op.name): op.self_ms for op in summary.device_kernels})
+            columns.append((trace.rank, step))
+            per_step.append(times)
+    keys = sorted({key for times in per_step for key in times})
+    ops = {key: tuple(times.get(key, 0.0) for times in per_step) for key in keys}
+    return OpSteps(label=label, steps=tuple(columns), ops=ops)
+
+
+def attribute(
+    baseline: Sequence[OpSteps], current: Sequence[OpSteps], *, confidence: float, top: int = TOP_CHANGES
+) -> tuple[OpChange, ...]:
+    """The `top` operators whose mean self time per step changed most, each with its bootstrap interval.
+
+    Steps are resampled in blocks within each run, and runs are resampled when a side has several (as for the
+    step time), so an operator's interval carries the same kinds of noise as the verdict's.
+    """
+    base_runs = [run for run in baseline if run.steps]
+    cur_runs = [run for run in current if run.steps]
+    if not base_runs or not cur_runs:
+        return ()
+    keys = {key for run in base_runs + cur_runs for key in run.ops}
+
+    def series(runs: list[OpSteps], key: tuple[str, str]) -> list[list[list[float]]]:
+        return [[list(run.ops.get(key, (0.0,) * len(run.steps)))] for run in runs]
+
+    def mean(runs: list[OpSteps], key: tuple[str, str]) -> float:
+        values = [v for run in series(runs, key) for v in run[0]]
+        return sum(values) / len(values)
+
+    deltas = sorted(((mean(cur_runs, k) - mean(base_runs, k), k) for k in keys), key=lambda d: (-abs(d[0]), d[1]))
+    changes = []
+    for delta, key in deltas[:top]:
+        if delta == 0:
+            break
+        change = estimate_change(series(base_runs, key), series(cur_runs, key), "mean", confidence=confidence)
+        changes.append(OpChange(key[0], key[1], change.baseline, change.current, change.low, change.high))
+    return tuple(changes)

@@ -1,0 +1,226 @@
+"""Rendering a `stepcli compare` verdict: the terminal report (rich) and Markdown (--markdown, GITHUB_STEP_SUMMARY)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from stepcli.attribution import OpChange
+from stepcli.stats import percentile
+from stepcli.verdict import Comparison, OpRow, StepRow, _ci, _fmt_level, _fmt_ms, _pct, _signed
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+HISTOGRAM_BINS = 8
+HISTOGRAM_WIDTH = 30
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+def _step_cells(row: StepRow) -> list[str]:
+    if row.stat == "count":
+        fmt = lambda v: "-" if v is None else str(int(v))  # noqa: E731
+        delta = None if row.baseline is None or row.current is None else row.current - row.baseline
+        return [fmt(row.baseline), fmt(row.current), "-" if delta is None else f"{int(delta):+d}", _pct(delta, row.baseline)]
+    delta = None if row.baseline is None or row.current is None else row.current - row.baseline
+    return [_fmt_ms(row.baseline), _fmt_ms(row.current), _signed(delta), _pct(delta, row.baseline)]
+
+
+def _op_cells(row: OpRow) -> list[str]:
+    delta = None if row.baseline_ms is None or row.current_ms is None else row.current_ms - row.baseline_ms
+    return [_fmt_ms(row.baseline_ms), _fmt_ms(row.current_ms), _signed(delta), _pct(delta, row.baseline_ms), row.status]
+
+
+def _change_cells(change: OpChange) -> list[str]:
+    return [
+        change.kind,
+        _fmt_ms(change.baseline_ms),
+        _fmt_ms(change.current_ms),
+        _signed(change.delta_ms),
+        f"{_signed(change.low)} .. {_signed(change.high)}",
+        "yes" if change.significant else "no",
+    ]
+
+
+def interval_line(c: Comparison) -> str | None:
+    """`median +7.2% (95% CI +5.1% .. +9.3%)`: the change and its interval, or None without one."""
+    if c.change is None:
+        return None
+    ch = c.change
+    return (
+        f"{c.metric} {_pct(ch.delta, ch.baseline)} ({_fmt_level(c.confidence)} CI {_ci(ch.low, ch.high, ch.baseline)}), "
+        f"{_signed(ch.delta)} ms ({_signed(ch.low)} .. {_signed(ch.high)} ms)"
+    )
+
+
+def histogram(baseline: Sequence[float], current: Sequence[float], bins: int = HISTOGRAM_BINS,
+              width: int = HISTOGRAM_WIDTH) -> list[str]:
+    """Both sides' step times on shared bins (1st to 99th percentile; the ends collect the outliers).
+
+    Bars are each side's share of its own steps, so sides with different step counts compare by shape.
+    """
+    if not baseline or not current:
+        return []
+    every = sorted([*baseline, *current])
+    low, high = percentile(every, 1), percentile(every, 99)
+    if high <= low:
+        low, high = every[0], every[-1]
+    if high <= low:
+        high = low + max(abs(low) * 1e-3, 1e-3)
+    size = (high - low) / bins
+
+    def counts(values: Sequence[float]) -> list[int]:
+        out = [0] * bins
+        for value in values:
+            out[min(bins - 1, max(0, int((value - low) / size)))] += 1
+        return out
+
+    sides = [("baseline", counts(baseline), len(baseline)), ("current", counts(current), len(current))]
+    top = max(n / total for _, cs, total in sides for n in cs) or 1.0
+    lines = []
+    for index in range(bins):
+        start, end = low + index * size, low + (index + 1) * size
+        edge = f"{'<' if index == 0 else ' '}{start:9.3f} - {end:9.3f}{'+' if index == bins - 1 else ' '} ms"
+        for name, cs, total in sides:
+            eighths = round(cs[index] / total / top * width * 8)
+            bar = "█" * (eighths // 8) + (_EIGHTHS[eighths % 8] if eighths % 8 else "")
+            label = edge if name == "baseline" else " " * len(edge)
+            lines.append(f"{label} │ {name:<8} {bar:<{width}} {cs[index]:>6}")
+    return lines
+
+
+def render_console(comparison: Comparison, console: Console) -> None:
+    """The human report: sides, interval and steps used, tables, distributions, notes, verdict line last."""
+    from rich.table import Table
+    from rich.text import Text
+
+    c = comparison
+
+    def plain(line: str) -> None:
+        # Plain lines never wrap (soft_wrap): CI logs are grepped for the verdict and paths.
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    plain(f"baseline: {c.baseline.label} ({c.baseline.description})")
+    plain(f"current:  {c.current.label} ({c.current.description})")
+    line = interval_line(c)
+    if line:
+        plain(f"change:   {line}")
+    if c.method:
+        plain(f"method:   {c.method}")
+    for used in c.steps_used:
+        plain(f"steps:    {used}")
+
+    steps = Table(title="Step time (ms)", title_justify="left")
+    for name, justify in (("steps", "left"), ("stat", "left"), ("baseline", "right"), ("current", "right"),
+                          ("delta", "right"), ("delta %", "right"), ("", "left")):
+        steps.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for row in c.step_rows:
+        decides = row.decides and row.stat == c.metric and c.verdict != "nothing_measured"
+        steps.add_row(row.population, row.stat, *_step_cells(row), "<- decides" if decides else "",
+                      style="bold" if decides else None)
+    console.print(steps)
+
+    lines = histogram(c.baseline_samples, c.current_samples)
+    if lines:
+        plain("Step-time distribution (deciding steps, share of each side's steps)")
+        for line in lines:
+            plain(line)
+
+    if c.op_changes:
+        ops = Table(title=f"Operators whose self time per step changed most (ms per step, {_fmt_level(c.confidence)} CI)",
+                    title_justify="left")
+        for name, justify in (("operator", "left"), ("kind", "left"), ("baseline", "right"), ("current", "right"),
+                              ("delta", "right"), ("interval", "right"), ("significant", "left")):
+            ops.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+        for change in c.op_changes:
+            ops.add_row(Text(change.name), *_change_cells(change))
+        console.print(ops)
+    elif c.op_rows:
+        ops = Table(title="Top operators by self time (ms)", caption="totals over each side's recorded steps",
+                    title_justify="left", caption_justify="left")
+        for name, justify in (("operator", "left"), ("baseline", "right"), ("current", "right"),
+                              ("delta", "right"), ("delta %", "right"), ("", "left")):
+            ops.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+        for op in c.op_rows:
+            ops.add_row(Text(op.name), *_op_cells(op))
+        console.print(ops)
+
+    for note in c.notes:
+        plain(f"note: {note}")
+    style = {"no_change": "bold green", "improvement": "bold green", "regression": "bold red",
+             "inconclusive": "bold yellow", "nothing_measured": "bold yellow"}[c.verdict]
+    console.print(Text(c.verdict_line, style=style), soft_wrap=True)
+
+
+def render_markdown(comparison: Comparison) -> str:
+    """The same report as GitHub-flavoured Markdown (for --markdown and $GITHUB_STEP_SUMMARY), verdict first."""
+    c = comparison
+    lines = [
+        f"### stepcli compare: {c.headline}",
+        "",
+        f"**{c.headline}**: {_md_escape(c.message)}",
+        "",
+        f"- baseline: `{_md_code(c.baseline.label)}` ({c.baseline.description})",
+        f"- current: `{_md_code(c.current.label)}` ({c.current.description})",
+    ]
+    line = interval_line(c)
+    if line:
+        lines.append(f"- change: **{_md_escape(line)}**")
+    if c.method:
+        lines.append(f"- method: {_md_escape(c.method)}")
+    lines += [f"- steps: {_md_escape(used)}" for used in c.steps_used]
+    lines += [
+        "",
+        "**Step time (ms)**",
+        "",
+        "| steps | stat | baseline | current | delta | delta % | |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for row in c.step_rows:
+        decides = row.decides and row.stat == c.metric and c.verdict != "nothing_measured"
+        cells = [row.population, f"**{row.stat}**" if decides else row.stat, *_step_cells(row), "decides" if decides else ""]
+        lines.append(_md_row(cells))
+    bars = histogram(c.baseline_samples, c.current_samples)
+    if bars:
+        lines += ["", "**Step-time distribution** (deciding steps, share of each side's steps)", "", "```text", *bars, "```"]
+    if c.op_changes:
+        lines += [
+            "",
+            f"**Operators whose self time per step changed most (ms per step, {_fmt_level(c.confidence)} CI)**",
+            "",
+            "| operator | kind | baseline | current | delta | interval | significant |",
+            "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+        ]
+        for change in c.op_changes:
+            lines.append(_md_row([f"`{_md_code(change.name, in_table=True)}`", *_change_cells(change)]))
+    elif c.op_rows:
+        lines += [
+            "",
+            "**Top operators by self time (ms, totals over each side's recorded steps)**",
+            "",
+            "| operator | baseline | current | delta | delta % | |",
+            "| --- | ---: | ---: | ---: | ---: | --- |",
+        ]
+        for op in c.op_rows:
+            lines.append(_md_row([f"`{_md_code(op.name, in_table=True)}`", *_op_cells(op)]))
+    lines.append("")
+    for note in c.notes:
+        lines += [f"> note: {_md_escape(note)}", ""]
+    return "\n".join(lines)
+
+
+def _md_escape(text: str) -> str:
+    # Pipes would split table cells; the other characters would start emphasis or HTML.
+    for char in ("\\", "|", "*", "_", "<", "`", "["):
+        text = text.replace(char, "\\" + char)
+    return text
+
+
+def _md_code(text: str, *, in_table: bool = False) -> str:
+    # Inside a code span backslashes are literal and a backtick would end the span; in a table
+    # cell GFM still splits on a bare pipe, so there (only) it is escaped.
+    text = text.replace("`", "'")
+    return text.replace("|", "\\|") if in_table else text
+
+
+def _md_row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cell.replace("\n", " ") if cell else " " for cell in cells) + " |"

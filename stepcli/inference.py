@@ -1,0 +1,263 @@
+"""Statistics behind `stepcli compare`: confidence intervals for a step-time change, and warm-up detection.
+
+Why a bootstrap, and which one:
+- Step times are not normal (long right tails, several modes) and consecutive steps are correlated (allocator
+  and cache state, thermal drift, a neighbour on a shared runner), so the interval comes from resampling, not a
+  formula.
+- Within one run, steps are resampled in circular blocks of about n^(1/3) consecutive steps (a block bootstrap),
+  so short-range correlation stays inside the resamples instead of making the interval too narrow.
+- With several runs per side, each resample first draws runs with replacement and then blocks within each drawn
+  run (a two-level bootstrap), so run-to-run variation (another machine, another moment) widens the interval.
+  With one run per side that variation cannot be seen; callers say so.
+- Every process of a run (ranks) is resampled with the same step positions, so ranks that move together in a
+  synchronous job are not counted as independent evidence.
+
+Everything is seeded: the same inputs give the same interval and so the same verdict. numpy does the resampling
+(the CLI side only, never the agent): a pure-Python median of 2,000 resamples of 3,000 steps took about 2 s per
+side on these machines, numpy takes a few tenths of a second for both (scripts/bench_gate.py --speed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+METRICS = ("median", "mean", "p90", "min", "max")
+DEFAULT_RESAMPLES = 2000
+DEFAULT_SEED = 20240613
+METHOD_STEPS = "block bootstrap over steps"
+METHOD_RUNS = "two-level bootstrap (runs, then blocks of steps)"
+MSER_BATCH = 5  # MSER-5: warm-up detection on batch means of 5 steps
+_CELLS_PER_CHUNK = 4_000_000  # resample values held at once (32 MB of float64)
+
+FloatArray = npt.NDArray[np.float64]
+# One run: per process, that process's step times (ms) in step order.
+Run = Sequence[Sequence[float]]
+
+
+@dataclass(frozen=True)
+class Change:
+    """The change of one step-time statistic from baseline to current, with its bootstrap interval (ms)."""
+
+    metric: str
+    baseline: float
+    current: float
+    low: float  # interval of current - baseline
+    high: float
+    confidence: float
+    method: str
+    resamples: int
+    baseline_steps: int
+    current_steps: int
+    baseline_runs: int
+    current_runs: int
+
+    @property
+    def delta(self) -> float:
+        return self.current - self.baseline
+
+    def relative(self, value: float) -> float | None:
+        """`value` (a delta in ms) as a fraction of the baseline, or None when the baseline is 0."""
+        return value / self.baseline if self.baseline else None
+
+
+def block_length(steps: int) -> int:
+    """Blocks of about n^(1/3) steps: the usual rate for a block bootstrap of a variance or quantile."""
+    return max(1, round(steps ** (1.0 / 3.0)))
+
+
+def _percentile_rows(values: FloatArray, q: float) -> FloatArray:
+    """Linear-interpolated percentile of each row (numpy's and stepcli.stats' rule); NaN = no value.
+
+    Sorting short rows, or one np.partition of long ones, is several times faster than np.percentile.
+    """
+    if not np.isnan(values).any():
+        n = values.shape[1]
+        position = (n - 1) * q / 100.0
+        low = math.floor(position)
+        if n <= 512:  # sorting short rows is many times faster than partitioning them
+            ordered = np.sort(values, axis=1)
+            low_values, high_values = ordered[:, low], ordered[:, min(low + 1, n - 1)]
+        else:  # one partition, then the smallest value above it
+            part = np.partition(values, low, axis=1)
+            low_values = part[:, low]
+            high_values = part[:, low + 1 :].min(axis=1) if low + 1 < n else low_values
+        return low_values + (high_values - low_values) * (position - low)
+    ordered = np.sort(values, axis=1)  # NaN sorts last
+    counts = (~np.isnan(values)).sum(axis=1)
+    positions = (counts - 1) * q / 100.0
+    lows = np.floor(positions).astype(np.int64)
+    highs = np.minimum(lows + 1, counts - 1)
+    low_values = np.take_along_axis(ordered, lows[:, None], axis=1)[:, 0]
+    high_values = np.take_along_axis(ordered, highs[:, None], axis=1)[:, 0]
+    return low_values + (high_values - low_values) * (positions - lows)
+
+
+def statistic(values: FloatArray, metric: str, axis: int | None = None) -> FloatArray | float:
+    """`metric` of `values` (NaN = no value): of each row with axis=1, else of all of them."""
+    if axis is None:
+        return float(statistic(values.reshape(1, -1), metric, axis=1)[0])  # type: ignore[index]
+    nan = bool(np.isnan(values).any())
+    if metric == "median":
+        return _percentile_rows(values, 50)
+    if metric == "p90":
+        return _percentile_rows(values, 90)
+    if metric == "mean":
+        return (np.nanmean if nan else np.mean)(values, axis=axis)
+    if metric == "min":
+        return (np.nanmin if nan else np.min)(values, axis=axis)
+    if metric == "max":
+        return (np.nanmax if nan else np.max)(values, axis=axis)
+    raise ValueError(f"unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
+
+
+def _as_matrix(run: Run) -> FloatArray:
+    """A run as steps x processes, NaN where a process made fewer steps than the longest one."""
+    processes = [list(p) for p in run if len(p)]
+    longest = max((len(p) for p in processes), default=0)
+    matrix = np.full((longest, max(len(processes), 1)), np.nan)
+    for column, times in enumerate(processes):
+        matrix[: len(times), column] = times
+    return matrix
+
+
+def pooled(runs: Sequence[Run]) -> FloatArray:
+    """Every step time of every process of every run, as one flat array."""
+    parts = [np.asarray(p, dtype=float) for run in runs for p in run if len(p)]
+    return np.concatenate(parts) if parts else np.empty(0)
+
+
+def replicates(
+    runs: Sequence[Run], metric: str, *, resamples: int = DEFAULT_RESAMPLES, rng: np.random.Generator
+) -> FloatArray:
+    """`resamples` bootstrap values of `metric` for one side (see the module docstring for the scheme)."""
+    matrices = [m for m in (_as_matrix(run) for run in runs) if m.shape[0]]
+    if not matrices:
+        raise ValueError("no step times to resample")
+    n_runs = len(matrices)
+    longest = max(m.shape[0] for m in matrices)
+    width = max(m.shape[1] for m in matrices)
+    data = np.full((n_runs, longest, width), np.nan)
+    for index, matrix in enumerate(matrices):
+        data[index, : matrix.shape[0], : matrix.shape[1]] = matrix
+    lengths = np.array([m.shape[0] for m in matrices])
+    blocks = np.array([block_length(int(n)) for n in lengths])
+    positions = np.arange(longest)
+    n_blocks = -(-longest // int(blocks.min()))
+    ragged = bool((lengths != longest).any())
+    same_block = bool((blocks == blocks[0]).all())
+    flat = data.reshape(n_runs * longest, width)
+
+    out = np.empty(resamples)
+    chunk = max(1, _CELLS_PER_CHUNK // (n_runs * longest * width))
+    for first in range(0, resamples, chunk):
+        size = min(chunk, resamples - first)
+        if n_runs == 1:
+            chosen = np.zeros((size, 1), dtype=np.int64)
+        else:
+            chosen = rng.integers(0, n_runs, size=(size, n_runs))
+        n = lengths[chosen][..., None]  # (size, runs, 1)
+        # Circular blocks: block k of a resample starts at a uniform position of the run it was drawn from.
+        starts = np.floor(rng.random((size, n_runs, n_blocks)) * n).astype(np.int64)
+        if same_block:
+            start_of_position = np.repeat(starts, int(blocks[0]), axis=2)[..., :longest]
+            offset = positions % int(blocks[0])
+        else:
+            block = blocks[chosen][..., None]
+            start_of_position = np.take_along_axis(starts, positions // block, axis=2)
+            offset = positions % block
+        rows = (start_of_position + offset) % n
+        values = flat[chosen[..., None] * longest + rows]  # (size, runs, steps, width)
+        if ragged:
+            values[np.broadcast_to(positions >= n, rows.shape)] = np.nan  # positions past a shorter run's end
+        out[first : first + size] = statistic(values.reshape(size, -1), metric, axis=1)
+    return out
+
+
+def estimate_change(
+    baseline: Sequence[Run],
+    current: Sequence[Run],
+    metric: str = "median",
+    *,
+    confidence: float = 0.95,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+) -> Change:
+    """The change of `metric` from baseline to current runs, with a percentile bootstrap interval."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be between 0 and 1; got {confidence!r}")
+    rng = np.random.default_rng(seed)
+    base_all, cur_all = pooled(baseline), pooled(current)
+    if not base_all.size or not cur_all.size:
+        raise ValueError("both sides need step times")
+    diffs = replicates(current, metric, resamples=resamples, rng=rng) - replicates(
+        baseline, metric, resamples=resamples, rng=rng
+    )
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(diffs, [tail, 100 - tail])
+    several = len(baseline) > 1 or len(current) > 1
+    return Change(
+        metric=metric,
+        baseline=float(statistic(base_all, metric)),
+        current=float(statistic(cur_all, metric)),
+        low=float(low),
+        high=float(high),
+        confidence=confidence,
+        method=METHOD_RUNS if several else METHOD_STEPS,
+        resamples=resamples,
+        baseline_steps=int(base_all.size),
+        current_steps=int(cur_all.size),
+        baseline_runs=len(baseline),
+        current_runs=len(current),
+    )
+
+
+def warmup_length(times: Sequence[float], batch: int = MSER_BATCH) -> int:
+    """How many leading steps are warm-up, by MSER-5 (White 1997; Hoad & Robinson 2011).
+
+    The series is cut into batch means of `batch` steps; the truncation d (at most half the batches) that
+    minimizes the squared standard error of the remaining mean, sum((x - mean)^2) / (k - d)^2, removes the
+    start-up transient and little else: on a stationary series that quantity grows with d. Fewer than four
+    batches cannot tell a transient from noise, so nothing is cut then.
+    """
+    k = len(times) // batch
+    if k < 4:
+        return 0
+    means = np.asarray(times[: k * batch], dtype=float).reshape(k, batch).mean(axis=1)
+    best_d, best = 0, math.inf
+    for d in range(k // 2 + 1):
+        rest = means[d:]
+        score = float(((rest - rest.mean()) ** 2).sum()) / (k - d) ** 2
+        if score < best - 1e-15 * max(1.0, abs(best) if math.isfinite(best) else 1.0):
+            best_d, best = d, score
+    if best_d == 0:
+        return 0
+    # MSER alone also cuts stationary noise now and then; keep a cut only when the removed start really differs.
+    head, rest = means[:best_d], means[best_d:]
+    spread = float(rest.std(ddof=1)) if rest.size > 1 else 0.0
+    if abs(float(head.mean() - rest.mean())) <= 4 * spread * math.sqrt(1 / best_d + 1 / rest.size):
+        return 0
+    return best_d * batch
+
+
+def more_needed(change: Change, limit: float) -> float | None:
+    """By what factor the data must grow (steps, or runs when a side has several) for the interval to decide.
+
+    Intervals narrow as 1/sqrt(n). With the estimate below the limit, the upper end must come down to it; above
+    the limit, the lower end must rise past it. None when the estimate sits on the limit: no amount of data
+    decides that.
+    """
+    estimate = change.delta
+    if estimate < limit:
+        need, have = limit - estimate, change.high - estimate
+    elif estimate > limit:
+        need, have = estimate - limit, estimate - change.low
+    else:
+        return None
+    if need <= 0 or have <= 0:
+        return None
+    return max(1.0, (have / need) ** 2)

@@ -1,0 +1,228 @@
+"""End-to-end tests of the statistical gate: real `stepcli run --json` runs of a script whose step is a fixed sleep
+plus seeded random jitter, compared by a real `stepcli compare` subprocess."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import markdown_tables, run_stepcli, write_script
+
+# A step: sleep for SLEEP ms plus up to 20% seeded jitter, inside a record_function so the traces name it.
+SLEEPER = """
+    import random
+    import sys
+    import time
+
+    import torch
+
+    sleep_ms, steps, seed = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    rng = random.Random(seed)
+    weight = torch.nn.Parameter(torch.zeros(4))
+    opt = torch.optim.SGD([weight], lr=0.1)
+    for _ in range(steps):
+        with torch.profiler.record_function("sleep"):
+            time.sleep((sleep_ms + rng.uniform(0.0, 0.2 * sleep_ms)) / 1000.0)
+        weight.grad = torch.ones(4)
+        opt.step()
+"""
+SLEEP_MS = 8.0
+STEPS = 60
+ACTIVE = 10  # recorded steps: the samples of the per-operator intervals (steps 2-11; 12-59 stay untouched)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Run summaries: base1/base2/same (unchanged program, other seeds) and slow (the sleep 25% longer)."""
+    root = tmp_path_factory.mktemp("gate")
+    script = write_script(root, "sleeper.py", SLEEPER)
+    out: dict[str, Path] = {}
+    for name, sleep_ms, seed in (("base1", SLEEP_MS, 1), ("base2", SLEEP_MS, 2), ("same", SLEEP_MS, 3),
+                                 ("slow", SLEEP_MS * 1.25, 4)):
+        summary = root / f"{name}.json"
+        done = run_stepcli("run", "-q", "--active", str(ACTIVE), "-o", root / name, "--json", summary, script,
+                           str(sleep_ms), str(STEPS), str(seed))
+        assert done.returncode == 0, done.stderr
+        out[name] = summary
+    return out
+
+
+def verdict(stdout: str) -> str:
+    lines = [line for line in stdout.splitlines()
+             if re.match(r"(NO CHANGE|IMPROVEMENT|INCONCLUSIVE|REGRESSION|NOTHING MEASURED): ", line)]
+    assert len(lines) == 1, stdout
+    return lines[0]
+
+
+def test_run_summary_v2_keeps_every_step_of_every_process(runs: dict[str, Path]) -> None:
+    doc = json.loads(runs["base1"].read_text())
+    assert doc["schema_version"] == 2 and re.fullmatch(r"[0-9a-f]{32}", doc["run_id"])
+    [process] = doc["step_times"]
+    assert len(process["durations_ms"]) == len(process["phases"]) == STEPS
+    # step 0 untouched (start-up), the window's warmup step 1 and recorded steps 2-11 profiled, the rest untouched
+    assert process["phases"][:ACTIVE + 2] == "01" + "2" * (ACTIVE - 1) + "3"
+    assert process["phases"][ACTIVE + 2:] == "0" * (STEPS - ACTIVE - 2)
+    assert all(t >= SLEEP_MS * 0.95 for t in process["durations_ms"][1:])
+
+
+def test_unchanged_program_passes(runs: dict[str, Path]) -> None:
+    result = run_stepcli("compare", runs["base1"], runs["same"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    line = verdict(result.stdout)
+    assert line.startswith("NO CHANGE: median step time (untouched steps) "), line
+    assert re.search(r"\(\S+ ms, [+-][\d.]+%, 95% CI [+-][\d.]+% \.\. [+-][\d.]+%\) is within the allowed", line)
+    assert "method:   block bootstrap over steps" in result.stdout
+    assert re.search(r"steps:    baseline \S+base1.json: untouched steps \d+-59", result.stdout)
+
+
+def test_sleep_25_percent_longer_is_a_regression_that_names_its_cause(runs: dict[str, Path]) -> None:
+    result = run_stepcli("compare", runs["base1"], runs["slow"])
+    assert result.returncode == 1, result.stdout + result.stderr
+    line = verdict(result.stdout)
+    assert line.startswith("REGRESSION: median step time (untouched steps) ")
+    low = float(re.search(r"95% CI \+([\d.]+)% \.\. ", line).group(1))  # type: ignore[union-attr]
+    assert 10 < low < 30
+    # Both sides have traces: the operator whose self time per step grew most is the sleep, with its interval.
+    table = result.stdout[result.stdout.index("Operators whose self time per step changed most"):]
+    first_row = next(row for row in table.splitlines() if "sleep" in row or "aten::" in row)
+    assert "sleep" in first_row and first_row.rstrip(" │|").endswith("yes"), table
+
+
+def test_markdown_puts_the_verdict_first_with_distributions(runs: dict[str, Path], tmp_path: Path) -> None:
+    summary = tmp_path / "job-summary.md"
+    result = run_stepcli("compare", runs["base1"], runs["slow"], "--markdown", "-",
+                         env={"GITHUB_STEP_SUMMARY": str(summary)})
+    assert result.returncode == 1
+    text = result.stdout
+    assert text.startswith("### stepcli compare: REGRESSION\n\n**REGRESSION**: median step time")
+    assert "- change: **median +" in text and "95% CI" in text
+    fence = text.split("```text\n")[1].split("```")[0].splitlines()
+    assert len(fence) == 16 and sum("baseline" in row for row in fence) == 8  # 8 bins x 2 sides
+    steps, operators = markdown_tables(text)
+    assert steps[0][:4] == ["steps", "stat", "baseline", "current"]
+    assert operators[0] == ["operator", "kind", "baseline", "current", "delta", "interval", "significant"]
+    assert operators[1][0] == "`sleep`" and operators[1][-1] == "yes"
+    assert summary.read_text() == "\n" + text
+
+
+def test_several_runs_per_side(runs: dict[str, Path], tmp_path: Path) -> None:
+    same = run_stepcli("compare", "--baseline", runs["base1"], "--baseline", runs["base2"], "--current", runs["same"])
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "two-level bootstrap (runs, then blocks of steps): runs resampled (2 baseline, 1 current)" in same.stdout
+    assert "2 run summaries" in same.stdout
+    # A folder of run summaries is one side of several runs.
+    folder = tmp_path / "baseline"
+    folder.mkdir()
+    for name in ("base1", "base2"):
+        shutil.copy(runs[name], folder / f"{name}.json")
+    slow = run_stepcli("compare", folder, runs["slow"])
+    assert slow.returncode == 1, slow.stdout + slow.stderr
+    assert f"baseline: {folder} (2 runs) (2 run summaries" in slow.stdout
+
+
+def test_schema_1_summary_still_compares(runs: dict[str, Path], tmp_path: Path) -> None:
+    doc: dict[str, Any] = json.loads(runs["base1"].read_text())
+    for key in ("run_id", "step_times"):
+        del doc[key]
+    doc["schema_version"] = 1
+    old = tmp_path / "v1.json"
+    old.write_text(json.dumps(doc))
+    assert run_stepcli("compare", old, runs["same"]).returncode == 0
+    result = run_stepcli("compare", old, runs["slow"])
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "95% CI" in verdict(result.stdout)  # the primary process's timeline gives every step
+
+
+def test_skip_steps_and_confidence(runs: dict[str, Path]) -> None:
+    result = run_stepcli("compare", runs["base1"], runs["same"], "--skip-steps", "30", "--confidence", "99%")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "untouched steps 30-59 (30 step times); steps 12-29 left out: --skip-steps 30" in result.stdout
+    assert "99% CI" in verdict(result.stdout)
+    nothing = run_stepcli("compare", runs["base1"], runs["same"], "--skip-steps", "100")
+    assert nothing.returncode == 3
+    assert "no untouched steps from step 100 on" in verdict(nothing.stdout)
+
+
+# ---------------------------------------------------------------- hand-written v2 summaries: inconclusive, usage
+
+
+def v2_summary(times: list[float]) -> dict[str, Any]:
+    return {
+        "schema": "stepcli.run", "schema_version": 2, "run_id": "0" * 32, "exit_status": 0,
+        "steps": {"global": len(times), "requesters": {"SGD#0": len(times)}},
+        "step_time_ms": {"untouched": {"count": len(times) - 1, "mean": 1, "median": 1, "p90": 1, "min": 1, "max": 1},
+                         "profiled": None},
+        "step_times": [{"worker": "w", "rank": None, "pid": 1, "durations_ms": times, "phases": "0" * len(times)}],
+        "traces": [],
+    }
+
+
+def test_inconclusive_warns_and_strict_exits_4(tmp_path: Path) -> None:
+    import random
+
+    rng = random.Random(0)
+    noisy = [[10.0 * (1 + rng.uniform(-0.4, 0.4)) for _ in range(15)] for _ in range(2)]
+    base, cur = tmp_path / "b.json", tmp_path / "c.json"
+    base.write_text(json.dumps(v2_summary(noisy[0])))
+    cur.write_text(json.dumps(v2_summary(noisy[1])))
+    result = run_stepcli("compare", base, cur)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert verdict(result.stdout).startswith("INCONCLUSIVE: ")
+    assert "more steps per side" in verdict(result.stdout)
+    assert result.stderr.startswith("stepcli: warning: inconclusive: median step time")
+    assert run_stepcli("compare", base, cur, "--strict").returncode == 4
+
+
+@pytest.mark.parametrize(
+    ("args", "mention"),
+    [
+        (["--confidence", "120%"], "--confidence"),
+        (["--confidence", "0.2"], "--confidence"),
+        (["--skip-steps", "-1"], "--skip-steps"),
+        (["--baseline", "x.json"], "not a mix"),
+    ],
+)
+def test_bad_gate_options_are_usage_errors(tmp_path: Path, args: list[str], mention: str) -> None:
+    doc = tmp_path / "r.json"
+    doc.write_text(json.dumps(v2_summary([10.0] * 20)))
+    result = run_stepcli("compare", doc, doc, *args)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("stepcli: error: ") and mention in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_only_flags_without_a_current_is_a_usage_error(tmp_path: Path) -> None:
+    doc = tmp_path / "r.json"
+    doc.write_text(json.dumps(v2_summary([10.0] * 20)))
+    result = run_stepcli("compare", "--baseline", doc)
+    assert result.returncode == 2 and "at least one --baseline and one --current" in result.stderr
+
+
+def test_several_runs_need_every_steps_time_and_one_kind(tmp_path: Path) -> None:
+    v2 = tmp_path / "v2.json"
+    v2.write_text(json.dumps(v2_summary([10.0] * 20)))
+    stats_only = tmp_path / "stats-only.json"
+    doc = v2_summary([10.0] * 20)
+    del doc["step_times"]
+    doc["schema_version"] = 1
+    stats_only.write_text(json.dumps(doc))
+    trace = tmp_path / "t.pt.trace.json"
+    trace.write_text(json.dumps({"traceEvents": [
+        {"name": "ProfilerStep#1", "ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": 0, "dur": 10}]}))
+    copy = tmp_path / "copy.json"
+    copy.write_text(v2.read_text())
+    for other, mention in ((stats_only, "has step statistics but not every step's time"),
+                           (trace, "mixes run summaries and traces"),
+                           (copy, "the same run (run_id 000000000000) as")):
+        result = run_stepcli("compare", "--baseline", v2, "--baseline", other, "--current", v2)
+        assert result.returncode == 2 and result.stdout == "", result.stdout + result.stderr
+        assert result.stderr.startswith("stepcli: error: ") and mention in result.stderr
+        assert len(result.stderr.splitlines()) == 1
+    # Alone, the statistics-only summary still compares, on its two medians, and says so.
+    alone = run_stepcli("compare", stats_only, v2)
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    assert "without a confidence interval" in alone.stdout

@@ -1,0 +1,180 @@
+"""Unit tests of compare's statistics on synthetic step times with known answers (seeded, so they never flake).
+
+The trial counts are the issue's: 200 seeded trials per scenario, the default 95% confidence and tolerance 10%.
+Each trial goes through `decide`, so the interval, the warm-up detection and the verdict rules are tested together.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+
+import pytest
+
+from stepcli.errors import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_REGRESSION
+from stepcli.inference import estimate_change, more_needed, warmup_length
+from stepcli.measurement import Measurement, ProcessSteps, RunSteps
+from stepcli.stats import describe
+from stepcli.verdict import decide
+
+TRIALS = 200
+STEPS = 60
+
+
+def series(rng: random.Random, mean: float, noise: float, n: int = STEPS, phi: float = 0.0) -> list[float]:
+    """n step times around `mean` with relative noise `noise`, AR(1)-correlated with coefficient `phi`."""
+    out, state = [], 0.0
+    for _ in range(n):
+        state = phi * state + rng.gauss(0.0, noise * (1 - phi * phi) ** 0.5)
+        out.append(max(mean * (1.0 + state), 0.0))
+    return out
+
+
+def side(*runs: list[float], label: str = "side") -> Measurement:
+    """A run-summary side with one process per run and every step untouched (step 0 is start-up)."""
+    steps = tuple(
+        RunSteps(f"{label}{i}", None, (ProcessSteps("p", tuple(range(len(r) + 1)), (r[0], *r), "0" * (len(r) + 1)),), True)
+        for i, r in enumerate(runs)
+    )
+    every = [t for r in runs for t in r]
+    return Measurement(label=label, kind="run", steps=len(every), runs=steps,
+                       populations={"untouched": describe(every), "profiled": None})
+
+
+def verdicts(shift: float, noise: float, *, phi: float = 0.0, n: int = STEPS, seed: int = 0) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for trial in range(TRIALS):
+        rng = random.Random(seed * 100_003 + trial)
+        base = side(series(rng, 10.0, noise, n, phi))
+        cur = side(series(rng, 10.0 * (1 + shift), noise, n, phi))
+        counts[decide(base, cur, tolerance=0.1, min_delta_ms=0.0).verdict] += 1
+    return counts
+
+
+@pytest.mark.parametrize(("noise", "phi"), [(0.01, 0.0), (0.05, 0.0), (0.10, 0.0), (0.30, 0.0), (0.10, 0.6)])
+def test_identical_distributions_are_not_regressions(noise: float, phi: float) -> None:
+    counts = verdicts(0.0, noise, phi=phi)
+    assert counts["regression"] <= TRIALS * 0.05, counts
+    if noise <= 0.05:  # narrow intervals: these decide "no change" outright
+        assert counts["no_change"] == TRIALS, counts
+
+
+def test_a_20_percent_shift_with_5_percent_noise_is_a_regression_every_time() -> None:
+    assert verdicts(0.20, 0.05) == Counter(regression=TRIALS)
+
+
+def test_a_3_percent_shift_with_30_percent_noise_is_inconclusive_not_a_regression() -> None:
+    # The change is within the 10% tolerance, but at this noise 80 steps cannot show it: mostly inconclusive,
+    # sometimes (the interval happens to stay under +10%) no change. A regression needs the whole interval
+    # beyond +10%: about 0.2% of trials at this distance from the limit, and none of these 200.
+    counts = verdicts(0.03, 0.30, n=80)
+    assert counts["regression"] == 0, counts
+    assert counts["inconclusive"] >= TRIALS * 0.75, counts
+
+
+def test_a_clear_speed_up_is_an_improvement() -> None:
+    assert verdicts(-0.25, 0.05, n=30) == Counter(improvement=TRIALS)
+
+
+def test_run_to_run_variation_counts_when_there_are_several_runs() -> None:
+    # GIVEN runs whose level moves by 8% from run to run (another runner, another neighbour) and little step noise
+    def runs(rng: random.Random) -> list[list[float]]:
+        return [series(rng, 10.0 * (1 + rng.gauss(0.0, 0.08)), 0.02, 40) for _ in range(3)]
+
+    # (a 5% tolerance, so that run-to-run noise of 8% would often look like a regression)
+
+    alarms_runs = alarms_pooled = 0
+    for trial in range(TRIALS):
+        rng = random.Random(trial)
+        base, cur = runs(rng), runs(rng)
+        # WHEN each side is three runs, runs are resampled too
+        if decide(side(*base), side(*cur), tolerance=0.05, min_delta_ms=0.0).verdict == "regression":
+            alarms_runs += 1
+        # versus pretending each side is one long run, which sees only step-to-step noise
+        pooled = decide(side([t for r in base for t in r]), side([t for r in cur for t in r]),
+                        tolerance=0.05, min_delta_ms=0.0)
+        alarms_pooled += pooled.verdict == "regression"
+    # THEN the two-level interval keeps false alarms rare; the step-only one does not
+    assert alarms_runs <= TRIALS * 0.05
+    assert alarms_pooled >= TRIALS * 0.1
+
+
+def test_same_inputs_give_the_same_interval() -> None:
+    rng = random.Random(7)
+    base, cur = [series(rng, 10.0, 0.1)], [series(rng, 10.5, 0.1)]
+    first = estimate_change([base], [cur])
+    assert estimate_change([base], [cur]) == first
+    assert first.low < first.delta < first.high
+    assert first.method == "block bootstrap over steps"
+    wider = estimate_change([base], [cur], confidence=0.99)
+    assert wider.low < first.low and wider.high > first.high
+
+
+@pytest.mark.parametrize("metric", ["median", "mean", "p90", "min", "max"])
+def test_every_metric_has_an_interval_around_its_estimate(metric: str) -> None:
+    rng = random.Random(3)
+    change = estimate_change([[series(rng, 10.0, 0.05)]], [[series(rng, 12.0, 0.05)]], metric)
+    assert change.low <= change.delta <= change.high
+    assert change.low > 0  # +20% is far outside the noise for every statistic
+
+
+def test_ranks_of_unequal_length_are_resampled_together() -> None:
+    rng = random.Random(5)
+    run = [series(rng, 10.0, 0.05, 50), series(rng, 10.0, 0.05, 45)]
+    change = estimate_change([run], [[series(rng, 10.0, 0.05, 50)]])
+    assert change.baseline_steps == 95 and change.low < 0 < change.high
+
+
+def test_warmup_is_detected_and_noise_is_not_cut() -> None:
+    rng = random.Random(11)
+    settled = series(rng, 10.0, 0.03, 80)
+    assert warmup_length([40.0, 25.0, 18.0, 14.0, 12.0, 11.0, 11.0, *settled]) == 10
+    cuts = [warmup_length(series(random.Random(seed), 10.0, 0.05, 80)) for seed in range(TRIALS)]
+    assert sum(cut > 0 for cut in cuts) <= TRIALS * 0.05
+    assert warmup_length([30.0, 10.0, 10.0]) == 0  # too few steps to tell
+
+
+def test_warmup_steps_are_left_out_of_the_verdict_and_named() -> None:
+    rng = random.Random(2)
+    base = side([60.0, 40.0, 25.0, 20.0, 15.0, *series(rng, 10.0, 0.02, 60)])
+    cur = side(series(rng, 10.0, 0.02, 65))
+    result = decide(base, cur, tolerance=0.1, min_delta_ms=0.0, metric="mean")
+    assert result.verdict == "no_change", result.message
+    cut = re.search(r"steps 1-(\d+) left out: warm-up detected \(MSER-5\)", result.steps_used[0])
+    assert cut and 5 <= int(cut.group(1)) <= 15, result.steps_used
+    # --skip-steps replaces detection: keeping the slow start makes the baseline's mean much slower
+    kept = decide(base, cur, tolerance=0.1, min_delta_ms=0.0, metric="mean", skip_steps=0)
+    assert kept.baseline_value is not None and result.baseline_value is not None
+    assert kept.baseline_value > result.baseline_value * 1.1
+    assert not any("left out" in line for line in kept.steps_used)
+    later = decide(base, cur, tolerance=0.1, min_delta_ms=0.0, skip_steps=20)
+    assert later.steps_used[0].startswith("baseline side0: untouched steps 20-65 (46 step times); steps 1-19 left out: "
+                                          "--skip-steps 20")
+
+
+def test_inconclusive_exits_0_or_4_with_strict_and_says_what_would_decide() -> None:
+    rng = random.Random(4)
+    base, cur = side(series(rng, 10.0, 0.3, 20)), side(series(rng, 10.3, 0.3, 20))
+    result = decide(base, cur, tolerance=0.1, min_delta_ms=0.0)
+    assert (result.verdict, result.exit_code) == ("inconclusive", EXIT_OK)
+    assert "more steps per side" in result.message and "95% CI" in result.message
+    assert decide(base, cur, tolerance=0.1, min_delta_ms=0.0, strict=True).exit_code == EXIT_INCONCLUSIVE
+    # A floor far above the noise decides it.
+    assert decide(base, cur, tolerance=0.1, min_delta_ms=20.0).verdict == "no_change"
+
+
+def test_regression_message_has_the_interval() -> None:
+    rng = random.Random(6)
+    result = decide(side(series(rng, 10.0, 0.02)), side(series(rng, 12.0, 0.02)), tolerance=0.1, min_delta_ms=0.0)
+    assert result.exit_code == EXIT_REGRESSION
+    assert result.message.startswith("median step time (untouched steps) ")
+    assert "95% CI +" in result.message and "exceeds the allowed" in result.message
+    assert result.change is not None and result.change.low > result.limit_ms
+
+
+def test_more_needed_scales_with_the_square_of_the_interval() -> None:
+    change = estimate_change([[[10.0, 11.0] * 10]], [[[10.0, 11.0] * 10]])
+    half = change.high - change.delta
+    assert more_needed(change, half / 2) == pytest.approx(4.0)
+    assert more_needed(change, change.delta) is None
