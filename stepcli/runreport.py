@@ -205,6 +205,8 @@ def build_run_summary(
         "top_kernels": (analysis or {}).get("device_kernels", [])[:TOP_N],
         "ranks": (analysis or {}).get("ranks", []),
         "slowest_rank": (analysis or {}).get("slowest_rank"),
+        "straggler": (analysis or {}).get("straggler"),
+        "share_of": (analysis or {}).get("share_of"),
         "breakdown_ms": (analysis or {}).get("breakdown_ms"),
         "device": (analysis or {}).get("device"),
         "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
@@ -259,6 +261,7 @@ def sparkline(values: list[float], phases: str, width: int = 60) -> str:
 def print_run_summary(summary: dict[str, Any]) -> None:
     """The summary on stderr after the program exits (stdout belongs to the program)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(stderr=True, highlight=False)
@@ -266,10 +269,10 @@ def print_run_summary(summary: dict[str, Any]) -> None:
     overview.add_column(style="bold")
     overview.add_column()
     status = summary["exit_status"]
-    overview.add_row(
-        "command",
-        f"{shlex.join(summary['command'])}  [{'green' if status == 0 else 'red'}]exit {status}[/]  {summary['duration_s']:.1f} s",
-    )
+    # The command on a line of its own (never cut or wrapped inside the grid), its outcome in the grid.
+    console.print("[bold]stepcli summary[/]")
+    console.print(f"[bold]command[/] {escape(shlex.join(summary['command']))}", soft_wrap=True)
+    overview.add_row("status", f"[{'green' if status == 0 else 'red'}]exit {status}[/], {summary['duration_s']:.1f} s")
     named = list(summary["steps"]["requesters"].items())
     requesters = ", ".join(f"{name} {count}" for name, count in named[:6])
     if len(named) > 6:  # e.g. a new optimizer per epoch
@@ -290,44 +293,54 @@ def print_run_summary(summary: dict[str, Any]) -> None:
             )
     if times["first_step"]:
         overview.add_row("first step", f"{_ms(times['first_step']['max'])} (start-up, not in the statistics)")
-    line = sparkline(summary["timeline_ms"][1:], summary["timeline_phases"][1:])
+    timeline = summary["timeline_ms"][1:]
+    scale = f"  {_ms(min(timeline))} .. {_ms(max(timeline))}" if timeline else ""
+    line = sparkline(timeline, summary["timeline_phases"][1:], width=max(10, min(60, console.width - 40)))
     if line:
-        overview.add_row("timeline", line + "  [dim](magenta: profiled)[/]")
+        if not console.no_color and console.color_system and "[magenta]" in line:
+            scale += "  [dim](magenta: profiled)[/]"
+        overview.add_row("timeline", line + scale)
     memory = summary["peak_memory"]
     if memory["rss_bytes"] or memory["cuda_bytes"]:
         overview.add_row(
             "peak memory",
             f"RSS {_bytes(memory['rss_bytes'])}" + (f"  CUDA {_bytes(memory['cuda_bytes'])}" if memory["cuda_bytes"] else ""),
         )
+    console.print(overview)
+    # Paths on lines of their own, never cut or wrapped, so they can be copied from any terminal or CI log.
     for window in summary["windows"]:
         steps = f"{window['first_step']}-{window['last_step']}" if window["first_step"] != window["last_step"] else f"{window['first_step']}"
         extra = "" if window["complete"] else f" [yellow]({window.get('note', 'incomplete')})[/]"
-        overview.add_row("trace", f"steps {steps} {window['worker']}: {window['trace']} ({_bytes(window['bytes'])}){extra}")
-    console.print("[bold]stepcli summary[/]")
-    console.print(overview)
+        console.print(f"[bold]trace[/] steps {steps} {window['worker']} ({_bytes(window['bytes'])}){extra}:")
+        console.print(f"  {window['trace']}", markup=False, soft_wrap=True)
 
     if summary["top_operators"] or summary["top_kernels"]:
         from stepcli import render
 
         width = console.width
+        share_of = summary.get("share_of") or "recorded step time"
         if summary["top_operators"]:
             title = "Top CPU operators by self time (recorded steps)"
-            console.print(render.ops_table(summary["top_operators"], title, 10, width=width))
+            console.print(render.ops_table(summary["top_operators"], title, 10, width=width, share_of=share_of))
         if summary["top_kernels"]:
-            console.print(render.ops_table(summary["top_kernels"], "Top device kernels by self time", 10, width=width))
+            console.print(render.ops_table(summary["top_kernels"], "Top device kernels by self time", 10, width=width,
+                                           share_of=share_of))
         if summary.get("breakdown_ms"):
             console.print(render.breakdown_table(summary["breakdown_ms"], summary.get("device")))
         if len(summary.get("ranks", [])) > 1:
             title = "Recorded step time per rank"
             console.print(render.ranks_table(summary["ranks"], summary.get("slowest_rank"), title=title, width=width))
+            if summary.get("straggler"):
+                console.print(f"slowest rank: {summary['straggler']['evidence']}", markup=False, highlight=False)
     for note in summary["notes"]:
         console.print(f"[yellow]note:[/] {note}")
     if summary["traces"]:
         out = summary["out_dir"]
-        console.print(
-            f"next: [bold]stepcli table {shlex.quote(_relative(out))}[/]  ·  open a trace in https://ui.perfetto.dev  ·  "
-            f"tensorboard --logdir {shlex.quote(_relative(out))}"
-        )
+        # One command per line, never wrapped in the middle: each can be copied as it is.
+        console.print("next:")
+        console.print(f"  stepcli table {shlex.quote(_relative(out))}", markup=False, soft_wrap=True)
+        console.print(f"  tensorboard --logdir {shlex.quote(_relative(out))}", markup=False, soft_wrap=True)
+        console.print("  or open a trace in https://ui.perfetto.dev", markup=False, soft_wrap=True)
 
 
 def _relative(path: str) -> str:
