@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
+from stepcli.shares import STEP_KEY
 from stepcli.errors import EXIT_NOTHING_MEASURED, EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, StepcliError
 from stepcli.gate import exceeds
 from stepcli.stats import STAT_NAMES, Stats
@@ -498,6 +499,8 @@ def _ops(rows: Any, label: str, where: str) -> tuple[OpTime, ...]:
     for row in rows:
         if not isinstance(row, Mapping) or not isinstance(row.get("name"), str):
             raise _invalid_run(label, f"{where} has an entry without a name")
+        if row["name"] == STEP_KEY:
+            continue  # the step annotation, not an operator: the run summary leaves it out too (stepcli.shares)
         try:
             op = OpTime(
                 name=row["name"],
