@@ -559,6 +559,8 @@ def render_console(comparison: Comparison, console: Console) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from stepcli.render import NAME_WIDTH, shorten
+
     c = comparison
     # Plain lines never wrap (soft_wrap): CI logs are grepped for the verdict and paths.
     console.print(f"baseline: {c.baseline.label} ({c.baseline.description})", markup=False, highlight=False, soft_wrap=True)
@@ -579,9 +581,14 @@ def render_console(comparison: Comparison, console: Console) -> None:
                     title_justify="left", caption_justify="left")
         for name, justify in (("operator", "left"), ("baseline", "right"), ("current", "right"),
                               ("delta", "right"), ("delta %", "right"), ("", "left")):
-            ops.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
-        for op in c.op_rows:
-            ops.add_row(Text(op.name), *_op_cells(op))
+            ops.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        # Names are shortened in the middle, as `table` and `run` do, never wrapped mid-word.
+        cells = [_op_cells(op) for op in c.op_rows]
+        headers = ("baseline", "current", "delta", "delta %", "")
+        fixed = sum(max([len(h), *(len(cell[i]) for cell in cells)]) for i, h in enumerate(headers))
+        name_width = max(12, min(NAME_WIDTH, console.width - fixed - 3 * 6 - 1))
+        for op, op_cells in zip(c.op_rows, cells):
+            ops.add_row(Text(shorten(op.name, name_width)), *op_cells)
         console.print(ops)
 
     for note in c.notes:

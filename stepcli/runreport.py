@@ -6,14 +6,16 @@ The document (schema "stepcli.run", documented field by field in README) is what
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import platform
 import shlex
 import socket
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, ContextManager
 
 from stepcli import __version__
 from stepcli.agent.config import HELLO_PREFIX, STEP_LOG_SUFFIX, AgentConfig
@@ -72,13 +74,30 @@ def _primary(logs: list[dict[str, Any]]) -> dict[str, Any] | None:
     return ranked[0] if ranked else max(logs, key=lambda log: log.get("global_steps", 0))
 
 
-def _why_no_steps(config: AgentConfig, exit_status: int) -> str:
+# stepcli run's own options: given after the script, they reach the program instead (and often its argparse).
+_RUN_OPTIONS = frozenset({
+    "--skip-first", "--wait", "--warmup", "--active", "--repeat", "--record-shapes", "--profile-memory",
+    "--with-stack", "--with-flops", "--with-modules", "--activities", "--step-on", "--out", "--gzip", "--json",
+    "--fail-over", "--quiet",
+})
+
+
+def _why_no_steps(config: AgentConfig, exit_status: int, command: list[str] | None = None) -> str:
     hellos = _load_json_files(config.log_dir, lambda n: n.startswith(HELLO_PREFIX))
     if not hellos:
         return (
             "no steps observed: stepcli's hook never loaded in the program. Python flags -I, -E or -S skip "
             "PYTHONPATH/sitecustomize; a command that is not Python, or that resets PYTHONPATH, also hides it."
         )
+    if 0 < exit_status <= 128:
+        note = f"no steps observed: the program exited with status {exit_status} before its first step"
+        misplaced = [a.split("=", 1)[0] for a in (command or [])[2:] if a.split("=", 1)[0] in _RUN_OPTIONS]
+        if misplaced:
+            note += (
+                f"; {misplaced[0]} came after the script, so it went to the program: stepcli's options go before "
+                "the script (stepcli run --active 2 train.py)"
+            )
+        return note + "."
     if not any(h.get("torch_imported") for h in hellos):
         return "no steps observed: the program never imported torch."
     if exit_status > 128:
@@ -127,7 +146,7 @@ def build_run_summary(
     trace_paths = [w["trace"] for w in windows if os.path.exists(w["trace"])]
 
     if primary is None:
-        notes.append(_why_no_steps(config, exit_status))
+        notes.append(_why_no_steps(config, exit_status, command))
     else:
         requesters = [r for r in primary.get("requesters", []) if r["calls"]]
         together = [r for r in requesters if r["first_step"] == min((q["first_step"] for q in requesters), default=0)]
@@ -212,6 +231,20 @@ def build_run_summary(
         "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
         "notes": notes,
     }
+
+
+def analysis_progress() -> ContextManager[Any]:
+    """A spinner on stderr while the traces are read after the program exits (seconds for large traces), so
+    stepcli is not silent; only on a terminal: pipes and CI logs get no control characters."""
+    try:
+        interactive = sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        interactive = False
+    if not interactive:
+        return contextlib.nullcontext()
+    from rich.console import Console
+
+    return Console(stderr=True).status("stepcli: reading the traces ...", spinner="dots")
 
 
 def write_run_summary(summary: dict[str, Any], path: str) -> None:
