@@ -351,7 +351,7 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
 
     display = ["python", *request.argv[1:]] if request.argv[0] == sys.executable else request.argv
     try:
-        with analysis_progress():
+        with analysis_progress(not request.quiet):
             summary = build_run_summary(config, command=display, exit_status=status, started_at=started, duration_s=duration_s)
         if not request.quiet:
             print_run_summary(summary)

@@ -233,11 +233,11 @@ def build_run_summary(
     }
 
 
-def analysis_progress() -> ContextManager[Any]:
+def analysis_progress(enabled: bool = True) -> ContextManager[Any]:
     """A spinner on stderr while the traces are read after the program exits (seconds for large traces), so
     stepcli is not silent; only on a terminal: pipes and CI logs get no control characters."""
     try:
-        interactive = sys.stderr.isatty()
+        interactive = enabled and sys.stderr.isatty()
     except (AttributeError, ValueError):
         interactive = False
     if not interactive:
