@@ -128,12 +128,17 @@ def _process_label(row: Mapping[str, Any]) -> str:
     return "-" if row.get("rank") is None else f"rank {row['rank']}"
 
 
-def steps_table(steps: Sequence[Mapping[str, Any]], limit: int | None = None, *, title: str = "Steps") -> Table:
+def steps_table(
+    steps: Sequence[Mapping[str, Any]], limit: int | None = None, *, title: str = "Steps", width: int | None = None
+) -> Table:
     """ProfilerStep durations: one column per process (rank) when there are several, so a slow one stands out per
-    step, and steps of different processes that share numbers are never merged."""
+    step, and steps of different processes that share numbers are never merged. When the columns would not fit in
+    `width`, one row per process and step instead."""
     from rich.table import Table
 
     processes = list(dict.fromkeys(_process_label(s) for s in steps))
+    if len(processes) > 1 and 9 + sum(len(p) + 6 for p in processes) > (width or 80):
+        return _steps_long_table(steps, processes, limit, title)
     numbers = sorted({s["step"] for s in steps})
     shown = numbers if limit is None else numbers[:limit]
     cell = {(_process_label(s), s["step"]): s["dur_ms"] for s in steps}
@@ -152,6 +157,28 @@ def steps_table(steps: Sequence[Mapping[str, Any]], limit: int | None = None, *,
             text = _ms(value)
             cells.append(f"[bold]{text}[/bold]" if top is not None and value == top else text)
         table.add_row(*cells)
+    return table
+
+
+def _steps_long_table(
+    steps: Sequence[Mapping[str, Any]], processes: list[str], limit: int | None, title: str
+) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title, title_justify="left")
+    table.add_column("Process", no_wrap=True)
+    table.add_column("Step", justify="right")
+    table.add_column("ms", justify="right")
+    cut = False
+    for process in processes:
+        mine = sorted((s for s in steps if _process_label(s) == process), key=lambda s: s["step"])
+        cut = cut or (limit is not None and len(mine) > limit)
+        for step in mine if limit is None else mine[:limit]:
+            table.add_row(Text(process), str(step["step"]), _ms(step["dur_ms"]))
+    if cut:
+        table.caption = f"first {limit} steps of each process"
+        table.caption_justify = "left"
     return table
 
 
@@ -312,7 +339,7 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
         elif data.get("slowest_rank") is not None:
             console.print(f"slowest rank: {data['slowest_rank']}", highlight=False)
     if data["steps"]:
-        console.print(steps_table(data["steps"], limit))
+        console.print(steps_table(data["steps"], limit, width=console.width))
     if data.get("breakdown_ms"):
         console.print(breakdown_table(data["breakdown_ms"], data.get("device")))
     elif data.get("device"):

@@ -189,3 +189,32 @@ def test_demo_extra_installs_numpy_and_ci_cleans_up() -> None:
     readme = (REPO / "README.md").read_text()
     assert "--index-url https://download.pytorch.org/whl/cpu" in readme
     assert "about 5 minutes on 2 cores" in readme
+
+
+def test_every_rich_renderer_fits_80_columns_with_many_ranks() -> None:
+    # GIVEN a summary of 8 ranks, two windows each, with long operator and kernel names (no subprocess: pure render)
+    import io
+
+    from rich.console import Console
+
+    from stepcli.render import print_rich_report
+    from stepcli.summary import summarize
+    from stepcli.traces import Event, Trace
+
+    traces = []
+    for rank in range(8):
+        for window in range(2):
+            base = 1_790_000_000_000.0 + window * 1000
+            events = [Event(name=f"ProfilerStep#{window * 2 + n}", cat="user_annotation", pid=rank, tid=1,
+                            ts=base + n * 100, dur=100) for n in range(2)]
+            events += [Event(name=LONG_NAME * 2, cat="cpu_op", pid=rank, tid=1, ts=base + 10, dur=50),
+                       Event(name="void at::native::" + LONG_NAME, cat="kernel", pid=99, tid=7, ts=base + 20, dur=30)]
+            traces.append(Trace.from_events(events, path=f"/very/long/folder/name/rank{rank}.{window}.pt.trace.json",
+                                            rank=rank))
+    buffer = io.StringIO()
+    print_rich_report(summarize(traces).to_dict(), Console(file=buffer, width=80, no_color=True), limit=5)
+    text = buffer.getvalue()
+    # THEN no line is wider than 80 columns, each rank is one row with its windows inside, steps are per process
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80, text
+    assert "rank 7" in text and "  steps 0-1" in text and "  steps 2-3" in text
+    assert "Process" in text and "…" in text
