@@ -63,10 +63,6 @@ def _skipped_note(count: int) -> str:
     return f"skipped {count:,} event{'s' if count != 1 else ''} with an infinite, NaN or out-of-range ts/dur"
 
 
-def _rank_label(rank: int | None) -> str:
-    return "-" if rank is None else str(rank)
-
-
 # ------------------------------------------------------------------------------------------------ rich tables
 
 
