@@ -228,6 +228,7 @@ def _analyze(
     device_spans: list[tuple[int, int]] = []
     comm_spans: dict[int | str, list[tuple[int, int]]] = {}
     pids: dict[int | str, int] = {}
+    device_names: dict[str, tuple[str, bool]] = {}  # kernel name -> (row name, is communication), once per name
     dev_rows = device.rows
     rnd = round
     last_pid: int | str | None = None
@@ -238,8 +239,11 @@ def _analyze(
             start = rnd((event.ts - base) * 1000)
             dur = rnd(event.dur * 1000)
             device_spans.append((start, start + dur))
-            name = stable_name(event.name)
-            if is_communication(name):
+            known = device_names.get(event.name)
+            if known is None:
+                known = device_names[event.name] = (stable_name(event.name), is_communication(event.name))
+            name = known[0]
+            if known[1]:
                 comm_spans.setdefault("device", []).append((start, start + dur))
             key: Any = (name, event.shape) if by_shape else name
             row = dev_rows.get(key)
