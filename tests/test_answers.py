@@ -63,16 +63,14 @@ def accumulation(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, An
 
 
 def test_every_micro_batch_forward_counts(accumulation: tuple[dict[str, Any], dict[str, Any]]) -> None:
-    one, four = accumulation
-    for run in (one, four):
+    # Timings on a shared CI core are noisy from run to run, so each run is checked against its own trace: the
+    # forward phase holds the forward matmuls (aten::addmm, forward only) of every micro-batch of the step.
+    for micro, run in zip((1, 4), accumulation):
         breakdown = run["breakdown_ms"]
-        # all forward work of the step is in "forward": at least the forward matmuls (addmm) of every micro-batch
         addmm = next(r for r in run["top_operators"] if r["name"] == "aten::addmm")
-        assert breakdown["forward"] >= 0.9 * addmm["total_ms"] / 2
+        assert addmm["calls"] == 2 * micro * 2  # two Linear layers, `micro` forwards a step, two recorded steps
+        assert breakdown["forward"] >= 0.95 * addmm["total_ms"] / 2, (micro, breakdown, addmm)
         assert breakdown["other"] < breakdown["forward"] + breakdown["backward"]
-    # four micro-batches: forward grows with backward, about 4x (loose bounds: a shared CPU is noisy)
-    ratio = four["breakdown_ms"]["forward"] / one["breakdown_ms"]["forward"]
-    assert 2.0 < ratio < 10.0, (one["breakdown_ms"], four["breakdown_ms"])
 
 
 def test_gan_forwards_of_both_models_count(tmp_path: Path) -> None:
@@ -84,7 +82,7 @@ def test_gan_forwards_of_both_models_count(tmp_path: Path) -> None:
     addmm = next(r for r in run["top_operators"] if r["name"] == "aten::addmm")
     # six forward passes a step (G, D real, D fake, D on G's output): all of them are forward, not "other"
     assert breakdown["forward"] >= 0.9 * addmm["total_ms"] / 2
-    assert breakdown["other"] < 0.3 * step, breakdown
+    assert breakdown["other"] < 0.4 * step, breakdown
 
 
 def test_shares_are_of_recorded_step_time_and_add_up(accumulation: tuple[dict[str, Any], dict[str, Any]]) -> None:
@@ -100,10 +98,11 @@ def test_run_summary_and_table_say_what_shares_are_of(tmp_path: Path) -> None:
     script = write_script(tmp_path, "accumulate.py", ACCUMULATE)
     result = run_stepcli("run", "--active", "2", "-o", tmp_path / "out", script, "1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "Self % = share of recorded step time (2 steps)" in result.stderr
+    flat = " ".join(result.stderr.split())  # a caption wraps to its table's width
+    assert "Self % = share of recorded step time (2 steps)" in flat
     table = run_stepcli("table", tmp_path / "out", cwd=tmp_path)
     assert table.returncode == 0, table.stderr
-    assert "Self % = share of recorded step time (2 steps)" in table.stdout
+    assert "Self % = share of recorded step time (2 steps)" in " ".join(table.stdout.split())
     md = run_stepcli("table", "--markdown", tmp_path / "out", cwd=tmp_path)
     assert "Self % = share of recorded step time (2 steps)." in md.stdout
 
@@ -127,12 +126,12 @@ STRAGGLER = """
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = torch.nn.Linear(256, 256)
+    model = torch.nn.Linear(512, 512)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(128, 256)
+    x = torch.randn(256, 512)
     for _ in range(6):
         opt.zero_grad()
-        for _ in range(8 if rank == 1 else 1):  # rank 1 does 8x the compute; all_reduce makes rank 0 wait
+        for _ in range(5 if rank == 1 else 1):  # rank 1 does 5x the compute; all_reduce makes rank 0 wait
             model(x).square().mean().backward()
         for p in model.parameters():
             dist.all_reduce(p.grad)
