@@ -92,6 +92,11 @@ def cli() -> None:
 def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **options: Any) -> int:
     """Run a program and profile the steps of the schedule.
 
+    A step is one training iteration: each optimizer.step() (several optimizers stepping once per iteration make
+    one step), each step() of a torch.profiler the program runs, or each call of a --step-on function. With the
+    defaults (skip-first 0, wait 1, warmup 1, active 3, repeat 1) stepcli skips step 0 (start-up), warms the
+    profiler up on step 1, records steps 2-4 into one trace, and only times the other steps.
+
     stepcli options go before the script; everything after it is passed to the program untouched.
     """
     from stepcli.launcher import RunRequest, run_program
@@ -114,17 +119,29 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
 
 @cli.command(short_help="Summarize PyTorch profiler trace files.")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
-@click.option("--sort-by", type=click.Choice(["self", "total", "calls", "avg", "name"]), default="self", show_default=True)
+@click.option(
+    "--sort-by",
+    type=click.Choice(["self", "total", "calls", "avg", "name"]),
+    default="self",
+    show_default=True,
+    help="Order of operator rows: self time, total time (with children), calls, average time per call, or name.",
+)
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Rows per operator table.")
-@click.option("--json", "fmt", flag_value="json", help="Machine-readable JSON on stdout.")
-@click.option("--csv", "fmt", flag_value="csv", help="CSV on stdout.")
-@click.option("--markdown", "fmt", flag_value="markdown", help="Markdown tables on stdout.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
+@click.option("--csv", "as_csv", is_flag=True, help="CSV on stdout.")
+@click.option("--markdown", "as_markdown", is_flag=True, help="Markdown tables on stdout.")
 @click.option("--group-by-shape", is_flag=True, help="One operator row per input shape (traces recorded with --record-shapes).")
-def table(paths: tuple[str, ...], sort_by: str, limit: int, fmt: str | None, group_by_shape: bool) -> int:
+def table(
+    paths: tuple[str, ...], sort_by: str, limit: int, as_json: bool, as_csv: bool, as_markdown: bool, group_by_shape: bool
+) -> int:
     """Summarize traces: per-operator, per-step and per-rank tables.
 
     PATHS are .json or .json.gz traces (from stepcli or plain torch.profiler) or folders of them.
     """
+    chosen = [name for name, on in (("json", as_json), ("csv", as_csv), ("markdown", as_markdown)) if on]
+    if len(chosen) > 1:
+        raise click.UsageError(f"--{chosen[0]} and --{chosen[1]} cannot be used together: choose one output format")
+    fmt = chosen[0] if chosen else None
     from stepcli.render import print_table_report
     from stepcli.summary import summarize
     from stepcli.traces import load_paths
@@ -216,10 +233,19 @@ def report(paths: tuple[str, ...], output: str | None) -> int:
 )
 @click.argument("run_options", nargs=-1, type=click.UNPROCESSED)
 def demo(run_options: tuple[str, ...]) -> int:
-    """Profile the bundled demo training script: `stepcli demo [RUN OPTIONS]`."""
+    """Profile the bundled demo training script: `stepcli demo [RUN OPTIONS] [-- DEMO OPTIONS]`.
+
+    Options after `--` go to the demo script (--iterations N, --batch-size N, --device D), e.g.
+    `stepcli demo --active 2 -- --iterations 20`.
+    """
     from stepcli.demo import demo_argv
 
-    return main(["run", *run_options, *demo_argv()])
+    options = list(run_options)
+    script_options: list[str] = []
+    if "--" in options:
+        at = options.index("--")
+        options, script_options = options[:at], options[at + 1 :]
+    return main(["run", *options, *demo_argv(), *script_options])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from stepcli.attribution import OpChange
+from stepcli.render import NAME_WIDTH, shorten
 from stepcli.stats import percentile
 from stepcli.verdict import Comparison, OpRow, StepRow, _ci, _fmt_level, _fmt_ms, _pct, _signed
 
@@ -88,6 +89,12 @@ def histogram(baseline: Sequence[float], current: Sequence[float], bins: int = H
     return lines
 
 
+def _name_width(console: Console, cells: Sequence[Sequence[str]], headers: Sequence[str]) -> int:
+    """Room left for operator names: they are shortened in the middle, as `table` and `run` do, never wrapped."""
+    fixed = sum(max([len(h), *(len(str(row[i])) for row in cells)]) for i, h in enumerate(headers))
+    return max(12, min(NAME_WIDTH, console.width - fixed - 3 * (len(headers) + 1) - 1))
+
+
 def render_console(comparison: Comparison, console: Console) -> None:
     """The human report: sides, interval and steps used, tables, distributions, notes, verdict line last."""
     from rich.table import Table
@@ -130,18 +137,22 @@ def render_console(comparison: Comparison, console: Console) -> None:
                     title_justify="left")
         for name, justify in (("operator", "left"), ("kind", "left"), ("baseline", "right"), ("current", "right"),
                               ("delta", "right"), ("interval", "right"), ("significant", "left")):
-            ops.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
-        for change in c.op_changes:
-            ops.add_row(Text(change.name), *_change_cells(change))
+            ops.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        change_cells = [_change_cells(change) for change in c.op_changes]
+        width = _name_width(console, change_cells, ("kind", "baseline", "current", "delta", "interval", "significant"))
+        for change, cells in zip(c.op_changes, change_cells):
+            ops.add_row(Text(shorten(change.name, width)), *cells)
         console.print(ops)
     elif c.op_rows:
         ops = Table(title="Top operators by self time (ms)", caption="totals over each side's recorded steps",
                     title_justify="left", caption_justify="left")
         for name, justify in (("operator", "left"), ("baseline", "right"), ("current", "right"),
                               ("delta", "right"), ("delta %", "right"), ("", "left")):
-            ops.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
-        for op in c.op_rows:
-            ops.add_row(Text(op.name), *_op_cells(op))
+            ops.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        op_cells = [_op_cells(op) for op in c.op_rows]
+        width = _name_width(console, op_cells, ("baseline", "current", "delta", "delta %", ""))
+        for op, cells in zip(c.op_rows, op_cells):
+            ops.add_row(Text(shorten(op.name, width)), *cells)
         console.print(ops)
 
     for note in c.notes:

@@ -7,6 +7,7 @@ tracebacks and exit codes are plain Python's because it *is* plain Python. stdio
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -81,6 +82,8 @@ class RunRequest:
                     "name a function in an importable module"
                 )
         argv, label = _child_command(target, module_mode, command_mode)
+        if json_path is not None:
+            _check_writable(json_path)
         return cls(
             argv=argv,
             label=label,
@@ -106,14 +109,51 @@ def _child_command(target: list[str], module_mode: bool, command_mode: bool) -> 
     if command_mode and not module_mode:
         if shutil.which(first) is None:
             raise StepcliError(f"command not found: {first}")
-        return [first, *rest], Path(first).name
+        return [first, *rest], _command_label(first, rest)
     if module_mode:
         if not all(part.isidentifier() for part in first.split(".")):
             raise StepcliError(f"-m {first}: not a module name")
         return [sys.executable, "-m", first, *rest], first.rsplit(".", 1)[-1]
     if not os.path.exists(first):
+        if _PYTHON_NAME.match(Path(first).name) and rest:
+            raise StepcliError(
+                f"can't open file {first!r}: stepcli runs the script with its own Python; "
+                f"use `stepcli run {shlex.join(rest)}` or `stepcli run -- {shlex.join(target)}`"
+            )
         raise StepcliError(f"can't open file {first!r}: no such file")
     return [sys.executable, first, *rest], Path(first).stem or "program"
+
+
+_PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?(\.exe)?$")
+
+
+def _command_label(first: str, rest: list[str]) -> str:
+    """The run folder's label for `-- COMMAND`: the script or module it runs (`-- python train.py` -> train),
+    not the interpreter or launcher."""
+    for index, arg in enumerate(rest):
+        if arg == "-m" and index + 1 < len(rest):
+            return rest[index + 1].rsplit(".", 1)[-1]
+        if arg.endswith(".py"):
+            return Path(arg).stem
+    return Path(first).name
+
+
+def _check_writable(path: str) -> None:
+    """`--json PATH` must be writable before the program runs, not found unwritable after a long run."""
+    target = Path(path).absolute()
+    if target.is_dir():
+        raise StepcliError(f"--json {path}: is a folder")
+    folder = target.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    probe = folder / f".stepcli-json-test-{os.getpid()}"
+    try:
+        if not folder.is_dir():
+            raise NotADirectoryError(20, "not a folder")
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise StepcliError(f"--json {path}: cannot write in {folder}: {exc.strerror or exc}") from None
 
 
 def _prepare_out_dir(out_dir: str | None, label: str) -> Path:
@@ -335,11 +375,12 @@ def run_program(request: RunRequest) -> int:
 def _report(request: RunRequest, config: AgentConfig, status: int, started: float, duration_s: float) -> int:
     """Summary, --json and --fail-over after the program exited. The program's status wins, except that a
     budget that was exceeded, or could not be checked, fails a run that succeeded."""
-    from stepcli.runreport import build_run_summary, print_run_summary, write_run_summary
+    from stepcli.runreport import analysis_progress, build_run_summary, print_run_summary, write_run_summary
 
     display = ["python", *request.argv[1:]] if request.argv[0] == sys.executable else request.argv
     try:
-        summary = build_run_summary(config, command=display, exit_status=status, started_at=started, duration_s=duration_s)
+        with analysis_progress(not request.quiet):
+            summary = build_run_summary(config, command=display, exit_status=status, started_at=started, duration_s=duration_s)
     except Exception as exc:  # the program's result, and the --json file CI reads next, must survive a bug here
         from stepcli.runguard import summary_failed
 

@@ -63,27 +63,34 @@ def _skipped_note(count: int) -> str:
     return f"skipped {count:,} event{'s' if count != 1 else ''} with a missing, non-numeric, negative or out-of-range ts/dur (see README)"
 
 
-def _rank_label(rank: int | None) -> str:
-    return "-" if rank is None else str(rank)
-
-
 # ------------------------------------------------------------------------------------------------ rich tables
 
 
 def ops_table(
-    rows: Sequence[Mapping[str, Any]], title: str, limit: int, *, sort_by: str = "self", width: int | None = None
+    rows: Sequence[Mapping[str, Any]],
+    title: str,
+    limit: int,
+    *,
+    sort_by: str = "self",
+    width: int | None = None,
+    share_of: str | None = None,
 ) -> Table:
     """Operator (or kernel) table like key_averages().table(): the top `limit` rows by `sort_by`.
 
     `width` is the space the table may take (the console width): names are shortened in the middle to fit.
+    `share_of` (stepcli.shares) goes into the caption: what the Self % column is a share of.
     """
     from rich.table import Table
+
+    from stepcli.shares import share_caption
 
     from rich.text import Text
 
     shown = sort_rows(rows, sort_by, limit)
     with_shape = any("shape" in r for r in shown)
     caption = f"{len(shown)} of {len(rows)} rows, sorted by {sort_by}" if len(rows) > len(shown) else None
+    if share_of is not None:
+        caption = "; ".join(filter(None, (caption, share_caption(share_of))))
     headers = ("Calls", "Self ms", "Self %", "Total ms", "Avg ms")
     numbers = [
         [f"{r['calls']:,}", _ms(r["self_ms"]), _pct(r["self_share"]), _ms(r["total_ms"]), _ms(r["avg_ms"])] for r in shown
@@ -110,24 +117,37 @@ def ops_table(
     return table
 
 
-def steps_table(steps: Sequence[Mapping[str, Any]], limit: int | None = None, *, title: str = "Steps") -> Table:
-    """ProfilerStep durations: one column per rank when there are several, so a slow rank stands out per step."""
+def _process_label(row: Mapping[str, Any]) -> str:
+    """A step's or a rank row's process: `rank 1`, `host_123`; older documents only carry the rank."""
+    if row.get("process"):
+        return str(row["process"])
+    return "-" if row.get("rank") is None else f"rank {row['rank']}"
+
+
+def steps_table(
+    steps: Sequence[Mapping[str, Any]], limit: int | None = None, *, title: str = "Steps", width: int | None = None
+) -> Table:
+    """ProfilerStep durations: one column per process (rank) when there are several, so a slow one stands out per
+    step, and steps of different processes that share numbers are never merged. When the columns would not fit in
+    `width`, one row per process and step instead."""
     from rich.table import Table
 
-    ranks = sorted({s["rank"] for s in steps}, key=lambda r: (r is None, r if r is not None else 0))
+    processes = list(dict.fromkeys(_process_label(s) for s in steps))
+    if len(processes) > 1 and 9 + sum(len(p) + 6 for p in processes) > (width or 80):
+        return _steps_long_table(steps, processes, limit, title)
     numbers = sorted({s["step"] for s in steps})
     shown = numbers if limit is None else numbers[:limit]
-    cell = {(s["rank"], s["step"]): s["dur_ms"] for s in steps}
+    cell = {(_process_label(s), s["step"]): s["dur_ms"] for s in steps}
     caption = f"first {len(shown)} of {len(numbers)} steps" if len(shown) < len(numbers) else None
     table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
     table.add_column("Step", justify="right")
-    multi = len(ranks) > 1
-    for rank in ranks:
-        table.add_column(f"rank {_rank_label(rank)} ms" if multi else "ms", justify="right")
+    multi = len(processes) > 1
+    for process in processes:
+        table.add_column(f"{process} ms" if multi else "ms", justify="right")
     for number in shown:
-        values = [cell.get((rank, number)) for rank in ranks]
+        values = [cell.get((process, number)) for process in processes]
         present = [v for v in values if v is not None]
-        top = max(present) if multi and present else None
+        top = max(present) if multi and len(present) > 1 else None
         cells = [str(number)]
         for value in values:
             text = _ms(value)
@@ -136,38 +156,67 @@ def steps_table(steps: Sequence[Mapping[str, Any]], limit: int | None = None, *,
     return table
 
 
+def _steps_long_table(
+    steps: Sequence[Mapping[str, Any]], processes: list[str], limit: int | None, title: str
+) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title, title_justify="left")
+    table.add_column("Process", no_wrap=True)
+    table.add_column("Step", justify="right")
+    table.add_column("ms", justify="right")
+    cut = False
+    for process in processes:
+        mine = sorted((s for s in steps if _process_label(s) == process), key=lambda s: s["step"])
+        cut = cut or (limit is not None and len(mine) > limit)
+        for step in mine if limit is None else mine[:limit]:
+            table.add_row(Text(process), str(step["step"]), _ms(step["dur_ms"]))
+    if cut:
+        table.caption = f"first {limit} steps of each process"
+        table.caption_justify = "left"
+    return table
+
+
 def ranks_table(
     ranks: Sequence[Mapping[str, Any]], slowest_rank: int | None, *, title: str = "Ranks", width: int | None = None
 ) -> Table:
-    """Step-time statistics per trace file; the slowest rank is marked in words, not only in colour.
+    """Step-time statistics per process (rank), split into compute and communication wait; its windows (one per
+    trace file) below it, labelled by their steps. The straggler is marked in words, not only in colour.
 
-    `width` is the space the table may take (the console width): file names shrink to fit it, numbers never do.
+    File paths are not in the table (a cut path cannot be copied): the reports list them on their own lines.
+    `width` is accepted for the callers' sake: the table holds no free text and fits 80 columns as it is.
     """
     from rich.table import Table
     from rich.text import Text
 
     table = Table(title=title, title_justify="left")
-    headers = ("Steps", "Mean ms", "Median ms", "P90 ms", "Max ms")
-    labels = [_rank_label(r["rank"]) + (" (slowest)" if slowest_rank is not None and r["rank"] == slowest_rank else "")
-              for r in ranks]
-    fixed = max([4, *map(len, labels)]) + sum(map(len, headers)) + 3 * (len(headers) + 2) + 1
-    file_width = max(12, min(48, (width or 100) - fixed))
-    table.add_column("Rank", no_wrap=True)
-    table.add_column("File", no_wrap=True)
-    for name in headers:
+    table.add_column("Process", no_wrap=True)
+    for name in ("Steps", "Mean ms", "P90 ms", "Max ms", "Compute", "Wait"):
         table.add_column(name, justify="right", no_wrap=True)
-    for row, label in zip(ranks, labels):
+    for row in ranks:
         stats = row.get("step_ms") or {}
+        slow = slowest_rank is not None and row.get("rank") == slowest_rank
         table.add_row(
-            label,
-            Text(shorten(str(row["file"]).replace("\\", "/").rsplit("/", 1)[-1], file_width)),
+            Text(_process_label(row) + (" (slowest)" if slow else "")),
             str(stats.get("count", 0)),
             _ms(stats.get("mean")),
-            _ms(stats.get("median")),
             _ms(stats.get("p90")),
             _ms(stats.get("max")),
-            style="bold red" if label.endswith("(slowest)") else None,
+            _ms(row.get("compute_ms")),
+            _ms(row.get("comm_ms")),
+            style="bold red" if slow else None,
         )
+        windows = row.get("windows") or []
+        if len(windows) > 1:
+            for window in windows:
+                w_stats = window.get("step_ms") or {}
+                table.add_row(
+                    Text(f"  {window['steps']}"), str(w_stats.get("count", 0)), _ms(w_stats.get("mean")),
+                    _ms(w_stats.get("p90")), _ms(w_stats.get("max")), "", "", style="dim",
+                )
+    table.caption = "Compute = step time outside collectives; Wait = in collectives (c10d, gloo, NCCL), ms/step"
+    table.caption_justify = "left"
     return table
 
 
@@ -280,17 +329,22 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
         console.print("no ProfilerStep#N annotations: step tables skipped", highlight=False)
     if len(data["ranks"]) > 1:
         console.print(ranks_table(data["ranks"], data.get("slowest_rank"), width=console.width))
-        if data.get("slowest_rank") is not None:
+        straggler = data.get("straggler")
+        if straggler:
+            console.print(f"slowest rank: {straggler['evidence']}", highlight=False, markup=False)
+        elif data.get("slowest_rank") is not None:
             console.print(f"slowest rank: {data['slowest_rank']}", highlight=False)
     if data["steps"]:
-        console.print(steps_table(data["steps"], limit))
+        console.print(steps_table(data["steps"], limit, width=console.width))
     if data.get("breakdown_ms"):
         console.print(breakdown_table(data["breakdown_ms"], data.get("device")))
     elif data.get("device"):
         console.print(breakdown_table(None, data["device"], title="Device activity"))
-    console.print(ops_table(data["cpu_ops"], "CPU operators", limit, sort_by=sort_by, width=console.width))
+    share_of = data.get("share_of")
+    console.print(ops_table(data["cpu_ops"], "CPU operators", limit, sort_by=sort_by, width=console.width, share_of=share_of))
     if data["device_kernels"]:
-        console.print(ops_table(data["device_kernels"], "Device kernels", limit, sort_by=sort_by, width=console.width))
+        console.print(ops_table(data["device_kernels"], "Device kernels", limit, sort_by=sort_by, width=console.width,
+                                share_of=share_of))
 
 
 _CSV_FIELDS = ("kind", "name", "calls", "self_ms", "total_ms", "avg_ms", "self_share")
@@ -322,6 +376,8 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequ
 
 def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: int | None = 20) -> str:
     """GitHub-flavoured Markdown (e.g. for $GITHUB_STEP_SUMMARY): steps, ranks, breakdown and operator tables."""
+    from stepcli.shares import share_caption
+
     lines: list[str] = ["## stepcli table", ""]
     stats = data.get("step_ms")
     lines.append(f"{len(data['files'])} trace file(s), {data['events']:,} events.")
@@ -336,8 +392,8 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
     if data["steps"]:
         lines += ["### Steps", ""]
         steps = data["steps"] if limit is None else data["steps"][: limit * max(1, len(data["ranks"]))]
-        lines += _md_table(("Rank", "Step", "ms"), [(_rank_label(s["rank"]), s["step"], _ms(s["dur_ms"])) for s in steps],
-                           (True, True, True))
+        lines += _md_table(("Process", "Step", "ms"), [(_process_label(s), s["step"], _ms(s["dur_ms"])) for s in steps],
+                           (False, True, True))
         lines.append("")
     if data["ranks"]:
         slowest = data.get("slowest_rank")
@@ -346,11 +402,15 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
         for r in data["ranks"]:
             st = r.get("step_ms") or {}
             mark = " (slowest)" if slowest is not None and r["rank"] == slowest else ""
-            rows.append((_rank_label(r["rank"]) + mark, r["file"], st.get("count", 0), _ms(st.get("mean")),
-                         _ms(st.get("median")), _ms(st.get("p90")), _ms(st.get("max"))))
-        lines += _md_table(("Rank", "File", "Steps", "Mean ms", "Median ms", "P90 ms", "Max ms"), rows,
-                           (False, False, True, True, True, True, True))
+            files = ", ".join(r.get("files") or [r.get("file") or ""])
+            rows.append((_process_label(r) + mark, files, st.get("count", 0), _ms(st.get("mean")),
+                         _ms(st.get("median")), _ms(st.get("p90")), _ms(st.get("max")), _ms(r.get("compute_ms")),
+                         _ms(r.get("comm_ms"))))
+        lines += _md_table(("Process", "Files", "Steps", "Mean ms", "Median ms", "P90 ms", "Max ms", "Compute ms",
+                            "Wait ms"), rows, (False, False, True, True, True, True, True, True, True))
         lines.append("")
+        if data.get("straggler"):
+            lines += [f"Slowest rank: {data['straggler']['evidence']}.", ""]
     breakdown = data.get("breakdown_ms")
     if breakdown:
         total = sum(breakdown.values())
@@ -368,5 +428,5 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
                  _ms(r["total_ms"]), _ms(r["avg_ms"])) for r in sort_rows(rows_in, sort_by, limit)]
         lines += _md_table(("Name", "Calls", "Self ms", "Self %", "Total ms", "Avg ms"), rows,
                            (False, True, True, True, True, True))
-        lines.append("")
+        lines += ["", f"{share_caption(data.get('share_of'))}.", ""]
     return "\n".join(lines)

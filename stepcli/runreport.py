@@ -6,15 +6,17 @@ The document (schema "stepcli.run", documented field by field in README) is what
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import platform
 import shlex
 import socket
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, ContextManager
 
 from stepcli import __version__
 from stepcli.agent.config import HELLO_PREFIX, AgentConfig
@@ -73,13 +75,30 @@ def _primary(logs: list[dict[str, Any]]) -> dict[str, Any] | None:
     return ranked[0] if ranked else max(logs, key=lambda log: log.get("global_steps", 0))
 
 
-def _why_no_steps(config: AgentConfig, exit_status: int) -> str:
+# stepcli run's own options: given after the script, they reach the program instead (and often its argparse).
+_RUN_OPTIONS = frozenset({
+    "--skip-first", "--wait", "--warmup", "--active", "--repeat", "--record-shapes", "--profile-memory",
+    "--with-stack", "--with-flops", "--with-modules", "--activities", "--step-on", "--out", "--gzip", "--json",
+    "--fail-over", "--quiet",
+})
+
+
+def _why_no_steps(config: AgentConfig, exit_status: int, command: list[str] | None = None) -> str:
     hellos = _load_json_files(config.log_dir, lambda n: n.startswith(HELLO_PREFIX))
     if not hellos:
         return (
             "no steps observed: stepcli's hook never loaded in the program. Python flags -I, -E or -S skip "
             "PYTHONPATH/sitecustomize; a command that is not Python, or that resets PYTHONPATH, also hides it."
         )
+    if 0 < exit_status <= 128:
+        note = f"no steps observed: the program exited with status {exit_status} before its first step"
+        misplaced = [a.split("=", 1)[0] for a in (command or [])[2:] if a.split("=", 1)[0] in _RUN_OPTIONS]
+        if misplaced:
+            note += (
+                f"; {misplaced[0]} came after the script, so it went to the program: stepcli's options go before "
+                "the script (stepcli run --active 2 train.py)"
+            )
+        return note + "."
     if not any(h.get("torch_imported") for h in hellos):
         return "no steps observed: the program never imported torch."
     if exit_status > 128:
@@ -130,7 +149,7 @@ def build_run_summary(
     trace_paths = [w["trace"] for w in windows if os.path.exists(w["trace"])]
 
     if primary is None:
-        notes.append(_why_no_steps(config, exit_status))
+        notes.append(_why_no_steps(config, exit_status, command))
     else:
         requesters = [r for r in primary.get("requesters", []) if r["calls"]]
         together = [r for r in requesters if r["first_step"] == min((q["first_step"] for q in requesters), default=0)]
@@ -223,11 +242,27 @@ def build_run_summary(
         "top_kernels": (analysis or {}).get("device_kernels", [])[:TOP_N],
         "ranks": (analysis or {}).get("ranks", []),
         "slowest_rank": (analysis or {}).get("slowest_rank"),
+        "straggler": (analysis or {}).get("straggler"),
+        "share_of": (analysis or {}).get("share_of"),
         "breakdown_ms": (analysis or {}).get("breakdown_ms"),
         "device": (analysis or {}).get("device"),
         "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
         "notes": notes,
     }
+
+
+def analysis_progress(enabled: bool = True) -> ContextManager[Any]:
+    """A spinner on stderr while the traces are read after the program exits (seconds for large traces), so
+    stepcli is not silent; only on a terminal: pipes and CI logs get no control characters."""
+    try:
+        interactive = enabled and sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        interactive = False
+    if not interactive:
+        return contextlib.nullcontext()
+    from rich.console import Console
+
+    return Console(stderr=True).status("stepcli: reading the traces ...", spinner="dots")
 
 
 def write_run_summary(summary: dict[str, Any], path: str) -> None:
@@ -277,6 +312,7 @@ def sparkline(values: list[float], phases: str, width: int = 60) -> str:
 def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, report_path: str | None = None) -> None:
     """The summary on stderr after the program exits (stdout belongs to the program)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(stderr=True, highlight=False)
@@ -284,10 +320,10 @@ def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, 
     overview.add_column(style="bold")
     overview.add_column()
     status = summary["exit_status"]
-    overview.add_row(
-        "command",
-        f"{shlex.join(summary['command'])}  [{'green' if status == 0 else 'red'}]exit {status}[/]  {summary['duration_s']:.1f} s",
-    )
+    # The command on a line of its own (never cut or wrapped inside the grid), its outcome in the grid.
+    console.print("[bold]stepcli summary[/]")
+    console.print(f"[bold]command[/] {escape(shlex.join(summary['command']))}", soft_wrap=True)
+    overview.add_row("status", f"[{'green' if status == 0 else 'red'}]exit {status}[/], {summary['duration_s']:.1f} s")
     named = list(summary["steps"]["requesters"].items())
     requesters = ", ".join(f"{name} {count}" for name, count in named[:6])
     if len(named) > 6:  # e.g. a new optimizer per epoch
@@ -308,56 +344,69 @@ def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, 
             )
     if times["first_step"]:
         overview.add_row("first step", f"{_ms(times['first_step']['max'])} (start-up, not in the statistics)")
-    line = sparkline(summary["timeline_ms"][1:], summary["timeline_phases"][1:])
+    timeline = summary["timeline_ms"][1:]
+    scale = f"  {_ms(min(timeline))} .. {_ms(max(timeline))}" if timeline else ""
+    line = sparkline(timeline, summary["timeline_phases"][1:], width=max(10, min(60, console.width - 40)))
     if line:
-        overview.add_row("timeline", line + "  [dim](magenta: profiled)[/]")
+        if not console.no_color and console.color_system and "[magenta]" in line:
+            scale += "  [dim](magenta: profiled)[/]"
+        overview.add_row("timeline", line + scale)
     memory = summary["peak_memory"]
     if memory["rss_bytes"] or memory["cuda_bytes"]:
         overview.add_row(
             "peak memory",
             f"RSS {_bytes(memory['rss_bytes'])}" + (f"  CUDA {_bytes(memory['cuda_bytes'])}" if memory["cuda_bytes"] else ""),
         )
+    console.print(overview)
+    # Paths on lines of their own, never cut or wrapped, so they can be copied from any terminal or CI log.
     for window in summary["windows"]:
         steps = f"{window['first_step']}-{window['last_step']}" if window["first_step"] != window["last_step"] else f"{window['first_step']}"
         extra = "" if window["complete"] else f" [yellow]({window.get('note', 'incomplete')})[/]"
-        overview.add_row("trace", f"steps {steps} {window['worker']}: {window['trace']} ({_bytes(window['bytes'])}){extra}")
-    console.print("[bold]stepcli summary[/]")
-    console.print(overview)
+        console.print(f"[bold]trace[/] steps {steps} {window['worker']} ({_bytes(window['bytes'])}){extra}:")
+        console.print(f"  {window['trace']}", markup=False, soft_wrap=True)
 
     if summary["top_operators"] or summary["top_kernels"]:
         from stepcli import render
 
         width = console.width
+        share_of = summary.get("share_of") or "recorded step time"
         if summary["top_operators"]:
             title = "Top CPU operators by self time (recorded steps)"
-            console.print(render.ops_table(summary["top_operators"], title, 10, width=width))
+            console.print(render.ops_table(summary["top_operators"], title, 10, width=width, share_of=share_of))
         if summary["top_kernels"]:
-            console.print(render.ops_table(summary["top_kernels"], "Top device kernels by self time", 10, width=width))
+            console.print(render.ops_table(summary["top_kernels"], "Top device kernels by self time", 10, width=width,
+                                           share_of=share_of))
         if summary.get("breakdown_ms"):
             console.print(render.breakdown_table(summary["breakdown_ms"], summary.get("device")))
         if len(summary.get("ranks", [])) > 1:
             title = "Recorded step time per rank"
             console.print(render.ranks_table(summary["ranks"], summary.get("slowest_rank"), title=title, width=width))
+            if summary.get("straggler"):
+                console.print(f"slowest rank: {summary['straggler']['evidence']}", markup=False, highlight=False)
     for note in summary["notes"]:
         console.print(f"[yellow]note:[/] {note}")
     for line in advice or ():
         from rich.markup import escape
 
         console.print(f"[bold cyan]advice:[/] {escape(line)}")
-    page = f"open [bold]{shlex.quote(_relative(report_path))}[/] in a browser" if report_path else ""
     if summary["traces"]:
         out = summary["out_dir"]
-        console.print(
-            f"next: [bold]stepcli table {shlex.quote(_relative(out))}[/]  ·  {page + '  ·  ' if page else ''}"
-            f"open a trace in https://ui.perfetto.dev  ·  tensorboard --logdir {shlex.quote(_relative(out))}"
-        )
+        # One command per line, never wrapped in the middle: each can be copied as it is.
+        console.print("next:")
+        console.print(f"  stepcli table {shlex.quote(_relative(out))}", markup=False, soft_wrap=True)
+        if report_path:
+            console.print(f"  open {shlex.quote(_relative(report_path))} in a browser", markup=False, soft_wrap=True)
+        console.print(f"  tensorboard --logdir {shlex.quote(_relative(out))}", markup=False, soft_wrap=True)
+        console.print("  or open a trace in https://ui.perfetto.dev", markup=False, soft_wrap=True)
         from stepcli.hta import hta_command
 
         hta = hta_command(summary, _relative)
         if hta:  # one window's folder: HTA keeps one trace per rank from a folder
-            console.print(f"next: Holistic Trace Analysis of one window: {hta}", markup=False, soft_wrap=True)
-    elif page:
-        console.print(f"next: {page}")
+            console.print("  Holistic Trace Analysis of one window:", markup=False)
+            console.print(f"  {hta}", markup=False, soft_wrap=True)
+    elif report_path:
+        console.print("next:")
+        console.print(f"  open {shlex.quote(_relative(report_path))} in a browser", markup=False, soft_wrap=True)
 
 
 def _relative(path: str) -> str:

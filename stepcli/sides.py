@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from stepcli.errors import EXIT_USAGE, StepcliError
+from stepcli.shares import STEP_KEY
 from stepcli.measurement import Measurement, OpSteps, OpTime, ProcessSteps, RunSteps
 from stepcli.stats import STAT_NAMES, Stats, describe
 
@@ -349,6 +350,8 @@ def _ops(rows: Any, label: str, where: str) -> tuple[OpTime, ...]:
     for row in rows:
         if not isinstance(row, Mapping) or not isinstance(row.get("name"), str):
             raise _invalid_run(label, f"{where} has an entry without a name")
+        if row["name"] == STEP_KEY:
+            continue  # the step annotation, not an operator: the run summary leaves it out too (stepcli.shares)
         try:
             op = OpTime(
                 name=row["name"],

@@ -1,8 +1,11 @@
 """Pure analysis of loaded traces: per-operator, per-kernel, per-step, per-rank and step-breakdown summaries.
 
 The CPU operator table follows torch's `key_averages()` so the two can be compared number for number: user
-annotations (`ProfilerStep*`, `enumerate(DataLoader)#...`, `Optimizer.step#...`) and, in traces recorded with
-stacks, Python function events are rows like any operator, and every ProfilerStep#N is folded into `ProfilerStep*`.
+annotations (`ProfilerStep*`, `enumerate(DataLoader)#...`, `Optimizer.step#...`) are rows like any operator, and
+every ProfilerStep#N is folded into `ProfilerStep*`. Python frames of traces recorded with stacks
+(`python_function` events) are no operators: they are left out of the tables and of the nesting, and memory
+addresses are stripped from the names used as keys (see stepcli.shares). Shares are defined in stepcli.shares,
+processes and the straggler in stepcli.ranks.
 
 A trace's incomplete step (`Trace.incomplete_step`, from a window stepcli cut short) holds only the start of that
 step, so it is left out of step times, step statistics, per-rank statistics and the step breakdown; its events
@@ -16,6 +19,8 @@ import gc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
+from stepcli.ranks import ProcessRow, WindowFacts, find_straggler, group_processes, is_communication, process_key
+from stepcli.shares import STEP_KEY, share_basis, stable_name
 from stepcli.stats import Stats, describe
 
 if TYPE_CHECKING:
@@ -24,11 +29,11 @@ if TYPE_CHECKING:
 # Same categories as stepcli.traces (not imported at run time so this module stays free of the decoder).
 _DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 STEP_PREFIX = "ProfilerStep#"
-STEP_KEY = "ProfilerStep*"  # key_averages() folds every ProfilerStep#N into this one row
 
 # Step phases, from the annotations torch writes. The order is the priority when phases overlap in time.
 PHASES = ("dataloader", "optimizer", "backward", "forward", "other")
 _DATALOADER, _OPTIMIZER, _BACKWARD = 1, 2, 3
+_COMM = 4  # collective communication: never forward; in `other` unless inside another phase
 _PHASE_PREFIXES = (
     ("enumerate(DataLoader)", _DATALOADER),
     ("Optimizer.step#", _OPTIMIZER),
@@ -67,26 +72,18 @@ class OpRow:
 
 @dataclass(frozen=True)
 class StepRow:
-    """The duration of one ProfilerStep#N annotation of one rank."""
+    """The duration of one ProfilerStep#N annotation of one process (`process`: its rank or worker label)."""
 
     rank: int | None
     step: int
     dur_ms: float
+    process: str = "-"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "step": self.step, "dur_ms": self.dur_ms}
+        return {"rank": self.rank, "process": self.process, "step": self.step, "dur_ms": self.dur_ms}
 
 
-@dataclass(frozen=True)
-class RankRow:
-    """Step-time statistics of one trace file (one rank's window)."""
-
-    rank: int | None
-    file: str
-    step_ms: Stats | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "file": self.file, "step_ms": self.step_ms}
+RankRow = ProcessRow  # one row per process (rank), its windows inside: see stepcli.ranks
 
 
 @dataclass(frozen=True)
@@ -127,14 +124,16 @@ class TraceSummary:
     files: list[str]
     step_ms: Stats | None
     steps: list[StepRow]
-    ranks: list[RankRow]
-    slowest_rank: int | None
+    ranks: list[ProcessRow]
+    slowest_rank: int | None  # the straggler by compute (stepcli.ranks), not the longest step time
     breakdown_ms: Breakdown | None
     device: DeviceBusy | None
     cpu_ops: list[OpRow]
     device_kernels: list[OpRow]
     events: int
     skipped_events: int = 0  # events left out because their ts/dur was infinite, NaN or absurdly large
+    share_of: str = "recorded step time"  # what every self_share is a share of (stepcli.shares)
+    straggler: dict[str, Any] | None = None  # the evidence behind slowest_rank
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -149,6 +148,8 @@ class TraceSummary:
             "device_kernels": [r.to_dict() for r in self.device_kernels],
             "events": self.events,
             "skipped_events": self.skipped_events,
+            "share_of": self.share_of,
+            "straggler": self.straggler,
         }
 
 
@@ -160,7 +161,7 @@ class TraceSummary:
 
 @dataclass
 class _Window:
-    """One ProfilerStep#N and the direct children on its thread (forward candidates)."""
+    """One ProfilerStep#N and its top-level operators on its thread (forward unless they are another phase)."""
 
     step: int
     pid: int | str
@@ -175,6 +176,8 @@ class _TraceResult:
     phase_spans: dict[int, list[tuple[int, int, int | str]]]  # phase -> (start, end, pid)
     device_union: list[tuple[int, int]]
     cpu_span: tuple[int, int] | None
+    comm_union: dict[int | str, list[tuple[int, int]]]  # pid -> union of communication spans (CPU and device)
+    main_pid: int | str | None  # the process of the CPU events
 
 
 class _Accumulator:
@@ -183,8 +186,10 @@ class _Accumulator:
     def __init__(self) -> None:
         self.rows: dict[Any, list[int]] = {}
 
-    def rows_out(self, by_shape: bool) -> list[OpRow]:
-        total_self = sum(v[1] for v in self.rows.values())
+    def self_ns_without_steps(self, by_shape: bool) -> int:
+        return sum(v[1] for k, v in self.rows.items() if (k[0] if by_shape else k) != STEP_KEY)
+
+    def rows_out(self, by_shape: bool, total_self: int) -> list[OpRow]:
         out: list[OpRow] = []
         for key, (calls, self_ns, total_ns) in self.rows.items():
             name, shape = key if by_shape else (key, None)
@@ -207,7 +212,7 @@ def _phase_of(name: str) -> int:
     for prefix, phase in _PHASE_PREFIXES:
         if name.startswith(prefix):
             return phase
-    return 0
+    return _COMM if is_communication(name) else 0
 
 
 def _analyze(
@@ -221,6 +226,9 @@ def _analyze(
     base = int(events[0].ts) if events else 0
     threads: dict[tuple[int | str, int | str], list[tuple[int, int, int, Event]]] = {}
     device_spans: list[tuple[int, int]] = []
+    comm_spans: dict[int | str, list[tuple[int, int]]] = {}
+    pids: dict[int | str, int] = {}
+    device_names: dict[str, tuple[str, bool]] = {}  # kernel name -> (row name, is communication), once per name
     dev_rows = device.rows
     rnd = round
     last_pid: int | str | None = None
@@ -231,7 +239,13 @@ def _analyze(
             start = rnd((event.ts - base) * 1000)
             dur = rnd(event.dur * 1000)
             device_spans.append((start, start + dur))
-            key: Any = (event.name, event.shape) if by_shape else event.name
+            known = device_names.get(event.name)
+            if known is None:
+                known = device_names[event.name] = (stable_name(event.name), is_communication(event.name))
+            name = known[0]
+            if known[1]:
+                comm_spans.setdefault("device", []).append((start, start + dur))
+            key: Any = (name, event.shape) if by_shape else name
             row = dev_rows.get(key)
             if row is None:
                 dev_rows[key] = [1, dur, dur]
@@ -240,15 +254,18 @@ def _analyze(
                 row[1] += dur
                 row[2] += dur
             continue
+        if event.cat == "python_function":
+            continue  # a Python frame: a stack view's business, not an operator (see the module docstring)
         # Consecutive events are mostly on the same thread: skip the dict lookup then.
         if event.tid is not last_tid or event.pid is not last_pid:
             last_pid, last_tid = event.pid, event.tid
             bucket = threads.setdefault((last_pid, last_tid), [])
+            pids[last_pid] = pids.get(last_pid, 0) + 1
         # (start, -duration) is torch's order: a parent sorts before a child that starts at the same time.
         bucket.append((rnd((event.ts - base) * 1000), -rnd(event.dur * 1000), index, event))
 
     windows: list[_Window] = []
-    phase_spans: dict[int, list[tuple[int, int, int | str]]] = {_DATALOADER: [], _OPTIMIZER: [], _BACKWARD: []}
+    phase_spans: dict[int, list[tuple[int, int, int | str]]] = {_DATALOADER: [], _OPTIMIZER: [], _BACKWARD: [], _COMM: []}
     # name -> (row key unless it is a step, phase, could be a ProfilerStep#N): computed once per distinct name
     name_info: dict[str, tuple[str, int, bool]] = {}
     rows = cpu.rows
@@ -287,7 +304,7 @@ def _analyze(
             name = event.name
             info = name_info.get(name)
             if info is None:
-                info = name_info[name] = (name, _phase_of(name), name.startswith(STEP_PREFIX))
+                info = name_info[name] = (stable_name(name), _phase_of(name), name.startswith(STEP_PREFIX))
             row_key: Any = info[0]
             window = None
             if info[2] and event.cat == "user_annotation":
@@ -320,7 +337,13 @@ def _analyze(
             min(items[0][0] for items in threads.values()),
             max(start - neg_dur for items in threads.values() for start, neg_dur, _, _ in items),
         )
-    return _TraceResult(windows, phase_spans, _union(device_spans), cpu_span)
+    for s, e, pid in phase_spans[_COMM]:
+        comm_spans.setdefault(pid, []).append((s, e))
+    main_pid = max(pids, key=lambda p: pids[p]) if pids else None
+    if main_pid is not None and "device" in comm_spans:  # NCCL kernels: the process's device waits for the others
+        comm_spans.setdefault(main_pid, []).extend(comm_spans.pop("device"))
+    comm_union = {pid: _union(spans) for pid, spans in comm_spans.items()}
+    return _TraceResult(windows, phase_spans, _union(device_spans), cpu_span, comm_union, main_pid)
 
 
 def _union(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -352,7 +375,11 @@ def _length(spans: list[tuple[int, int]]) -> int:
 
 def _step_phases(result: _TraceResult) -> list[tuple[_Window, dict[str, int]]]:
     """Split each step into phases: union time of dataloader, then optimizer, backward and forward spans, each
-    counting only time not already claimed by the phases before it; the rest of the step is `other`."""
+    counting only time not already claimed by the phases before it; the rest of the step is `other`.
+
+    Forward is every top-level operator of the step's thread that is no other phase, wherever it falls in the
+    step: gradient accumulation and GANs run several forward passes between backward passes. Backward spans
+    come from every thread of the process (the autograd engine's threads included)."""
     unions: dict[tuple[int, int | str], list[tuple[int, int]]] = {}
     for phase, spans in result.phase_spans.items():
         by_pid: dict[int | str, list[tuple[int, int]]] = {}
@@ -367,20 +394,15 @@ def _step_phases(result: _TraceResult) -> list[tuple[_Window, dict[str, int]]]:
         claimed: list[tuple[int, int]] = []
         ms: dict[str, int] = {}
         covered = 0
-        backward_start = window.end
         for phase, label in ((_DATALOADER, "dataloader"), (_OPTIMIZER, "optimizer"), (_BACKWARD, "backward")):
             key = (phase, window.pid)
             parts = _clip(unions[key], ends[key], window.start, window.end) if key in unions else []
-            if phase == _BACKWARD and parts:
-                backward_start = parts[0][0]
             claimed.extend(parts)
             now = _length(claimed)
             ms[label] = now - covered
             covered = now
-        # Forward: the step's own top-level ops that start before backward does (and are no other phase).
-        claimed.extend(
-            (max(s, window.start), min(e, window.end)) for s, e, phase in window.children if not phase and s < backward_start
-        )
+        # Forward: the step's own top-level ops that are no other phase (and no communication).
+        claimed.extend((max(s, window.start), min(e, window.end)) for s, e, phase in window.children if not phase)
         now = _length(claimed)
         ms["forward"] = now - covered
         ms["other"] = (window.end - window.start) - now
@@ -407,7 +429,7 @@ def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSumm
     cpu = _Accumulator()
     device = _Accumulator()
     steps: list[StepRow] = []
-    ranks: list[RankRow] = []
+    windows: list[tuple[int | None, str, int | str | None, WindowFacts]] = []
     phase_totals = dict.fromkeys(PHASES, 0)
     phase_steps = 0
     busy_total = span_total = 0
@@ -422,12 +444,18 @@ def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSumm
         finally:
             if was_enabled:
                 gc.enable()
+        ordered = sorted(result.windows, key=lambda w: (w.step, w.start))
+        _key, process = process_key(trace.rank, trace.path, result.main_pid)
         trace_steps = [
-            StepRow(rank=trace.rank, step=w.step, dur_ms=(w.end - w.start) / _NS_PER_MS)
-            for w in sorted(result.windows, key=lambda w: (w.step, w.start))
+            StepRow(rank=trace.rank, step=w.step, dur_ms=(w.end - w.start) / _NS_PER_MS, process=process) for w in ordered
         ]
         steps.extend(trace_steps)
-        ranks.append(RankRow(rank=trace.rank, file=trace.path, step_ms=describe(s.dur_ms for s in trace_steps)))
+        comm_ms = []
+        for w in ordered:
+            union = result.comm_union.get(w.pid, [])
+            comm_ms.append(_length(_clip(union, [e for _, e in union], w.start, w.end)) / _NS_PER_MS)
+        facts = WindowFacts(trace.path, [w.step for w in ordered], [s.dur_ms for s in trace_steps], comm_ms)
+        windows.append((trace.rank, trace.path, result.main_pid, facts))
         for _window, phases in _step_phases(result):
             for label, ns in phases.items():
                 phase_totals[label] += ns
@@ -439,8 +467,9 @@ def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSumm
             span_total += busy[1]
             busy_steps += len(result.windows) or 1
 
-    steps.sort(key=lambda s: (s.rank if s.rank is not None else -1, s.step))
-    ranks.sort(key=lambda r: (r.rank is None, r.rank or 0, r.file))  # rank 10 after rank 2, unlike file names
+    processes = group_processes(windows)
+    order = {row.process: index for index, row in enumerate(processes)}
+    steps.sort(key=lambda s: (order.get(s.process, 0), s.step))
     breakdown = None
     if phase_steps:
         mean = {label: ns / phase_steps / _NS_PER_MS for label, ns in phase_totals.items()}
@@ -451,27 +480,21 @@ def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSumm
             busy_ms=busy_total / busy_steps / _NS_PER_MS,
             busy_share=busy_total / span_total if span_total else 0.0,
         )
+    step_ns = round(sum(s.dur_ms for s in steps) * _NS_PER_MS)
+    basis_ns, share_of = share_basis(step_ns, len(steps), cpu.self_ns_without_steps(group_by_shape))
+    straggler = find_straggler(processes)
     return TraceSummary(
         files=[t.path for t in traces],
         step_ms=describe(s.dur_ms for s in steps),
         steps=steps,
-        ranks=ranks,
-        slowest_rank=_slowest_rank(steps),
+        ranks=processes,
+        slowest_rank=straggler.rank if straggler else None,
         breakdown_ms=breakdown,
         device=device_busy,
-        cpu_ops=cpu.rows_out(group_by_shape),
-        device_kernels=device.rows_out(group_by_shape),
+        cpu_ops=cpu.rows_out(group_by_shape, basis_ns),
+        device_kernels=device.rows_out(group_by_shape, basis_ns),
         events=sum(t.event_count for t in traces),
         skipped_events=sum(t.skipped_events for t in traces),
+        share_of=share_of,
+        straggler=straggler.to_dict() if straggler else None,
     )
-
-
-def _slowest_rank(steps: list[StepRow]) -> int | None:
-    """The rank with the highest mean step time, when at least two ranks recorded steps."""
-    by_rank: dict[int, list[float]] = {}
-    for step in steps:
-        if step.rank is not None:
-            by_rank.setdefault(step.rank, []).append(step.dur_ms)
-    if len(by_rank) < 2:
-        return None
-    return max(sorted(by_rank), key=lambda r: sum(by_rank[r]) / len(by_rank[r]))

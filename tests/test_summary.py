@@ -79,14 +79,15 @@ def test_steps_are_folded_into_one_row_and_listed_per_step() -> None:
     trace = Trace.from_events([step(3, 0, 100), step(4, 100, 300), ev("op", 10, 5)], rank=None)
     data = summarize([trace]).to_dict()
     assert ops(data)["ProfilerStep*"]["calls"] == 2
-    assert data["steps"] == [{"rank": None, "step": 3, "dur_ms": 0.1}, {"rank": None, "step": 4, "dur_ms": 0.3}]
+    assert data["steps"] == [{"rank": None, "process": "pid 100", "step": 3, "dur_ms": 0.1},
+                             {"rank": None, "process": "pid 100", "step": 4, "dur_ms": 0.3}]
     assert data["step_ms"]["count"] == 2 and data["step_ms"]["mean"] == pytest.approx(0.2)
-    assert data["ranks"] == [{"rank": None, "file": "<memory>", "step_ms": data["step_ms"]}]
+    assert [(r["process"], r["files"], r["step_ms"]) for r in data["ranks"]] == [("pid 100", ["<memory>"], data["step_ms"])]
     assert data["slowest_rank"] is None
 
 
 def test_breakdown_on_one_thread() -> None:
-    # GIVEN a 100 us step: dataloader 10, zero_grad 2, forward op 20, backward 20, optimizer 20, gaps 28
+    # GIVEN a 100 us step: dataloader 10, zero_grad 2, forward ops 20 + 1, backward 20, optimizer 20, gaps 27
     events = [
         step(1, 0, 100),
         ev("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 1, 10, cat="user_annotation"),
@@ -95,12 +96,12 @@ def test_breakdown_on_one_thread() -> None:
         ev("aten::addmm", 16, 10),  # nested in linear: forward time is not counted twice
         ev("autograd::engine::evaluate_function: AddmmBackward0", 40, 20),
         ev("aten::mm", 41, 5),
-        ev("aten::add_", 65, 1),  # after backward started, no phase: "other"
+        ev("aten::add_", 65, 1),  # after backward started, no phase: still forward (the program's own ops)
         ev("Optimizer.step#SGD.step", 70, 20, cat="user_annotation"),
     ]
     data = summarize([Trace.from_events(events)]).to_dict()
     assert data["breakdown_ms"] == pytest.approx(
-        {"dataloader": 0.010, "forward": 0.020, "backward": 0.020, "optimizer": 0.022, "other": 0.028}
+        {"dataloader": 0.010, "forward": 0.021, "backward": 0.020, "optimizer": 0.022, "other": 0.027}
     )
     assert data["device"] is None
 
@@ -194,7 +195,7 @@ def test_skipped_events_are_counted_over_traces() -> None:
 def test_to_dict_has_the_contract_keys_and_is_json() -> None:
     data = summarize([Trace.from_events([step(1, 0, 10), ev("op", 1, 2)])]).to_dict()
     assert list(data) == ["files", "step_ms", "steps", "ranks", "slowest_rank", "breakdown_ms", "device",
-                          "cpu_ops", "device_kernels", "events", "skipped_events"]
+                          "cpu_ops", "device_kernels", "events", "skipped_events", "share_of", "straggler"]
     assert set(data["cpu_ops"][0]) == {"name", "calls", "self_ms", "total_ms", "avg_ms", "self_share"}
     assert set(data["breakdown_ms"]) == {"dataloader", "forward", "backward", "optimizer", "other"}
     assert data["events"] == 2 and data["skipped_events"] == 0
@@ -211,3 +212,75 @@ def test_real_trace_matches_torch_key_averages() -> None:
     expected = json.loads((DATA / "train_cpu.key_averages.json").read_text())
     data = summarize([load_trace(str(DATA / "train_cpu.pt.trace.json"))]).to_dict()
     assert_matches_key_averages(data["cpu_ops"], expected)
+
+
+def test_every_forward_counts_whatever_the_order() -> None:
+    # GIVEN a 100 us step with two micro-batches: forward 10, backward 20, forward 10, backward 20, optimizer 10
+    events = [
+        step(1, 0, 100),
+        ev("aten::linear", 0, 10),
+        ev("autograd::engine::evaluate_function: AddmmBackward0", 10, 20),
+        ev("aten::linear", 30, 10),
+        ev("autograd::engine::evaluate_function: AddmmBackward0", 40, 20, tid=2),  # the autograd engine's thread
+        ev("Optimizer.step#SGD.step", 70, 10, cat="user_annotation"),
+    ]
+    data = summarize([Trace.from_events(events)]).to_dict()
+    # THEN both forwards count, and "other" is only the 30 us that is none of them
+    assert data["breakdown_ms"] == pytest.approx(
+        {"dataloader": 0.0, "forward": 0.020, "backward": 0.040, "optimizer": 0.010, "other": 0.030}
+    )
+
+
+def test_python_frames_are_no_operators_and_addresses_are_stripped() -> None:
+    events = [
+        step(1, 0, 100),
+        ev("train.py(12): <module>", 0, 100, cat="python_function"),
+        ev("<built-in method mul_ of Parameter object at 0x7fd0a1b2c3d0>", 5, 10, cat="python_function"),
+        ev("aten::mul_", 6, 8),
+        ev("record_function at 0x7f00aa", 20, 5, cat="user_annotation"),
+    ]
+    data = summarize([Trace.from_events(events)]).to_dict()
+    assert set(ops(data)) == {"ProfilerStep*", "aten::mul_", "record_function"}
+    # the op under a Python frame is still the step's forward work
+    assert data["breakdown_ms"]["forward"] == pytest.approx(0.013)
+
+
+def test_shares_are_of_the_recorded_step_time() -> None:
+    # GIVEN two 100 us steps holding 50 us and 30 us of operators
+    events = [step(1, 0, 100), ev("a", 10, 50), step(2, 100, 100), ev("b", 110, 30)]
+    data = summarize([Trace.from_events(events)]).to_dict()
+    # THEN each share is of the 200 us of steps, and the rows with ProfilerStep* add up to 100%
+    assert ops(data)["a"]["self_share"] == pytest.approx(0.25)
+    assert ops(data)["b"]["self_share"] == pytest.approx(0.15)
+    assert sum(r["self_share"] for r in data["cpu_ops"]) == pytest.approx(1.0)
+    assert data["share_of"] == "recorded step time (2 steps)"
+
+
+def test_windows_of_one_process_are_one_row_and_processes_never_merge_steps() -> None:
+    # GIVEN two windows of pid 100 and one trace of pid 200 reusing step numbers (two runs in one folder)
+    first = Trace.from_events([step(1, 0, 100), step(2, 100, 100)], path="a.json")
+    second = Trace.from_events([step(5, 500, 100)], path="b.json")
+    other = Trace.from_events([ev("ProfilerStep#1", 0, 300, cat="user_annotation", pid=200)], path="c.json")
+    data = summarize([first, second, other]).to_dict()
+    # THEN one row per process, its windows inside labelled by their steps, and step 1 twice
+    assert [(r["process"], [w["steps"] for w in r["windows"]]) for r in data["ranks"]] == [
+        ("pid 100", ["steps 1-2", "step 5"]),
+        ("pid 200", ["step 1"]),
+    ]
+    assert [(s["process"], s["step"]) for s in data["steps"]] == [("pid 100", 1), ("pid 100", 2), ("pid 100", 5), ("pid 200", 1)]
+    assert data["slowest_rank"] is None
+
+
+def test_straggler_is_named_by_compute_not_step_time() -> None:
+    # GIVEN equal 100 us steps: rank 0 computes 20 and waits 80 in all_reduce, rank 1 computes 90 and waits 10
+    def rank(r: int, compute: float) -> Trace:
+        events = [step(1, 0, 100), ev("aten::mm", 0, compute), ev("c10d::allreduce_", compute, 100 - compute)]
+        return Trace.from_events(events, path=f"rank{r}.json", rank=r)
+
+    data = summarize([rank(0, 20), rank(1, 90)]).to_dict()
+    assert [(r["rank"], r["compute_ms"], r["comm_ms"]) for r in data["ranks"]] == [
+        (0, pytest.approx(0.02), pytest.approx(0.08)), (1, pytest.approx(0.09), pytest.approx(0.01))]
+    assert data["slowest_rank"] == 1
+    assert data["straggler"]["evidence"].startswith("rank 1: compute 0.09 ms/step vs median 0.02 ms")
+    # the wait is neither forward nor any other phase
+    assert data["breakdown_ms"]["other"] == pytest.approx((0.08 + 0.01) / 2)

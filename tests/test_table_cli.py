@@ -139,7 +139,7 @@ def test_two_ranks_from_torchrun(two_rank_dir: Path) -> None:
     # the terminal report names the slowest rank in words
     proc = run_stepcli("table", two_rank_dir)
     assert proc.returncode == 0, proc.stderr
-    assert "1 (slowest)" in proc.stdout and "slowest rank: 1" in proc.stdout
+    assert "rank 1 (slowest)" in proc.stdout and "slowest rank: rank 1: compute" in proc.stdout
     assert "rank 0 ms" in proc.stdout and "rank 1 ms" in proc.stdout
 
 

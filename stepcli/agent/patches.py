@@ -11,9 +11,26 @@ import functools
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
     from types import ModuleType
-    from typing import Any, Callable
+    from typing import Any, Callable, Hashable, Protocol
 
-    from .runtime import Agent
+    from .tracker import StepTracker
+
+    class Agent(Protocol):
+        """What the wrappers need from the process's agent (stepcli.agent.runtime.Agent provides it). Declared
+        here so this module does not refer back to runtime, which imports it: no import circle."""
+
+        enabled: bool
+        trains: bool
+        in_step: set[int]
+        tracker: StepTracker
+        is_compiling: Callable[[], bool]
+
+        def fail(self, what: str, exc: BaseException) -> None: ...
+        def arm(self) -> None: ...
+        def is_own_profiler(self, prof: Any) -> bool: ...
+        def foreign_profiler_started(self, key: int) -> None: ...
+        def foreign_profiler_stopped(self, key: int) -> None: ...
+        def requester_created(self, key: Hashable, base_name: str, owner: object = None, arm: bool = True) -> None: ...
 
 
 def _guarded(agent: "Agent", what: str, call: "Callable[[], None]") -> None:

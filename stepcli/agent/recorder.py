@@ -112,6 +112,8 @@ class Recorder:
             if self._pending_cut:
                 self.stop(self._pending_cut)
                 return (FOREIGN if self.foreign else NONE), self.next_cycle_start(step + 1)
+            if prof.current_action.value == RECORD_AND_SAVE:
+                self._announce_save(step - 1)  # this step() stops the profiler and saves: a pause worth a line
             prof.step()
             if prof.current_action.value == NONE:
                 self._close()
@@ -255,6 +257,8 @@ class Recorder:
         first = window.get("first_step")
         self._cut_reason = reason
         self._discard = first is None or first > prof.step_num - 1
+        if not self._discard:
+            self._announce_save(prof.step_num - 1)
         busy, self.busy = self.busy, True
         try:
             try:
@@ -267,6 +271,15 @@ class Recorder:
             self._cut_reason = self._pending_cut = ""
             self._discard = False
             self.busy = busy
+
+    def _announce_save(self, last: int) -> None:
+        """`saving trace of steps A-B ...` before torch stops the profiler and writes the file, which can freeze
+        the program for seconds on a large window: the user sees why."""
+        first = (self._window or {}).get("first_step")
+        if self.config.quiet or first is None:
+            return
+        steps = f"step {first}" if first == last else f"steps {first}-{last}"
+        say(f"saving trace of {steps} ...")
 
     def _disable(self, message: str) -> None:
         """Stop profiling for good; an open window is closed unsaved (a profiler left running crashes at exit)."""

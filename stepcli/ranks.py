@@ -1,0 +1,164 @@
+"""Processes, ranks and the straggler: one home for grouping traces and naming the slow rank.
+
+Several traces can come from one process (`--repeat 0` windows, a program's own repeated profiler): they are
+grouped by process first (its rank, else the `<host>_<pid>` worker of its file name, else the trace's OS pid), and
+its windows are listed inside, labelled by their steps. Step numbers of different processes are never merged.
+
+Under synchronous collectives every rank's step takes the same time; the slow rank is the one that waits least. So
+each step is split into communication wait (collective operators and kernels: c10d, gloo, NCCL) and compute (the
+rest), and the straggler is the rank whose compute per step stands out from the others' median.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepcli.stats import Stats, describe
+
+_WORKER = re.compile(r"^(.+?)\.\d+\.pt\.trace\.json(\.gz)?$")
+# Names of CPU events and device kernels that are collective communication (or waiting for it).
+_COMM_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms", "ncclKernel", "ncclDevKernel")
+# A rank is a straggler when its compute per step exceeds the others' median by this factor ...
+STRAGGLER_FACTOR = 1.25
+# ... and by at least this many milliseconds (noise on tiny steps is not a straggler).
+STRAGGLER_MIN_MS = 0.02
+
+
+def is_communication(name: str) -> bool:
+    """Whether an event is collective communication: its time on a rank is mostly waiting for the others."""
+    return name.startswith(_COMM_PREFIXES) or "nccl" in name[:16].lower()
+
+
+def process_key(rank: int | None, path: str, pid: int | str | None) -> tuple[str, str]:
+    """(sort key, label) of the process a trace came from."""
+    if rank is not None:
+        return f"0:{rank:09d}", f"rank {rank}"
+    match = _WORKER.match(os.path.basename(path))
+    if match:
+        return f"1:{match.group(1)}", match.group(1)
+    if pid is not None:
+        return f"2:{pid}", f"pid {pid}"
+    return f"3:{path}", os.path.basename(path)
+
+
+def steps_label(steps: list[int]) -> str:
+    """`steps 3-5` for a window; `steps 3, 7` when they are not consecutive; `no steps`."""
+    if not steps:
+        return "no steps"
+    if steps == list(range(steps[0], steps[-1] + 1)):
+        return f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+    return "steps " + ", ".join(map(str, steps))
+
+
+@dataclass
+class WindowFacts:
+    """One trace file of one process: its complete steps, their durations and their communication wait (ms)."""
+
+    file: str
+    steps: list[int]
+    dur_ms: list[float]
+    comm_ms: list[float]
+
+
+@dataclass
+class ProcessRow:
+    """One process (rank): statistics over all its windows' steps, and the windows themselves."""
+
+    process: str
+    rank: int | None
+    windows: list[WindowFacts] = field(default_factory=list)
+
+    @property
+    def step_ms(self) -> Stats | None:
+        return describe(d for w in self.windows for d in w.dur_ms)
+
+    @property
+    def comm_ms(self) -> float | None:
+        """Mean communication wait per step."""
+        values = [c for w in self.windows for c in w.comm_ms]
+        return sum(values) / len(values) if values else None
+
+    @property
+    def compute_ms(self) -> float | None:
+        """Mean time per step outside communication."""
+        values = [d - c for w in self.windows for d, c in zip(w.dur_ms, w.comm_ms)]
+        return sum(values) / len(values) if values else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "process": self.process,
+            "rank": self.rank,
+            "file": self.windows[0].file if self.windows else None,
+            "files": [w.file for w in self.windows],
+            "windows": [
+                {"file": w.file, "steps": steps_label(w.steps), "step_ms": describe(w.dur_ms)} for w in self.windows
+            ],
+            "step_ms": self.step_ms,
+            "compute_ms": self.compute_ms,
+            "comm_ms": self.comm_ms,
+        }
+
+
+def group_processes(items: list[tuple[int | None, str, int | str | None, WindowFacts]]) -> list[ProcessRow]:
+    """(rank, path, pid, window) of every trace -> one row per process, in rank order, windows by first step."""
+    rows: dict[str, ProcessRow] = {}
+    for rank, path, pid, window in items:
+        key, label = process_key(rank, path, pid)
+        rows.setdefault(key, ProcessRow(label, rank)).windows.append(window)
+    out = [rows[key] for key in sorted(rows)]
+    for row in out:
+        row.windows.sort(key=lambda w: (w.steps[0] if w.steps else -1, w.file))
+    return out
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """The rank that holds the others back, and the evidence for it."""
+
+    rank: int
+    compute_ms: float
+    others_median_ms: float
+    others_wait_ms: float | None
+
+    @property
+    def evidence(self) -> str:
+        text = (
+            f"rank {self.rank}: compute {self.compute_ms:.3g} ms/step vs median {self.others_median_ms:.3g} ms "
+            "of the other ranks"
+        )
+        if self.others_wait_ms:
+            text += f"; the others wait {self.others_wait_ms:.3g} ms/step in collectives for it"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "compute_ms": self.compute_ms,
+            "others_median_compute_ms": self.others_median_ms,
+            "others_wait_ms": self.others_wait_ms,
+            "evidence": self.evidence,
+        }
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def find_straggler(rows: list[ProcessRow]) -> Straggler | None:
+    """The rank whose compute per step stands out (STRAGGLER_FACTOR over the others' median), if one does."""
+    ranked = [(r.rank, r.compute_ms, r.comm_ms) for r in rows if r.rank is not None and r.compute_ms is not None]
+    if len(ranked) < 2:
+        return None
+    rank, compute, _ = max(ranked, key=lambda item: (item[1], -(item[0] or 0)))
+    others = [c for r, c, _ in ranked if r != rank]
+    median = _median([c for c in others if c is not None])
+    if compute < median * STRAGGLER_FACTOR or compute - median < STRAGGLER_MIN_MS:
+        return None
+    waits = [w for r, _, w in ranked if r != rank and w is not None]
+    assert rank is not None
+    return Straggler(rank, compute, median, _median(waits) if waits else None)
