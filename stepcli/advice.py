@@ -12,8 +12,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 from stepcli.stats import percentile
 
-# Data loading above this share of the step: the training loop waits for input.
+# Data loading above this share of the step, and at least this long per step: the training loop waits for input.
+# The floor keeps a tiny model's sub-millisecond in-process batching (the demo's) from calling for worker processes,
+# whose start-up and IPC cost more than they would save.
 DATALOADER_SHARE = 0.20
+DATALOADER_MIN_MS = 2.0
 # Launch-bound: the device idles at least this share of the step while the kernels it runs are this short on average
 # and there are at least this many of them per step.
 IDLE_SHARE = 0.40
@@ -104,14 +107,14 @@ def data_loading(ev: Evidence) -> Advice | None:
     if not ev.breakdown_ms:
         return None
     share = _share(ev.breakdown_ms, "dataloader")
-    if share is None or share <= DATALOADER_SHARE:
+    if share is None or share <= DATALOADER_SHARE or ev.breakdown_ms["dataloader"] < DATALOADER_MIN_MS:
         return None
     return Advice(
         rule="data-loading",
         title="Data loading slows the step",
         evidence=f"data loading takes {_pct(share)} of the step ({ev.breakdown_ms['dataloader']:.2f} ms of "
         f"{sum(ev.breakdown_ms.values()):.2f} ms)",
-        threshold=f"> {_pct(DATALOADER_SHARE)}",
+        threshold=f"> {_pct(DATALOADER_SHARE)} and >= {DATALOADER_MIN_MS:g} ms per step",
         suggestion="Load batches in background processes: DataLoader(num_workers=N, pin_memory=True, "
         "persistent_workers=True, prefetch_factor=2); move heavy per-sample work out of __getitem__.",
     )

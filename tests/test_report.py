@@ -164,8 +164,9 @@ def test_run_writes_report_and_points_to_it(demo_run: dict[str, Any], browser: A
     out, result = demo_run["out"], demo_run["result"]
     page = out / "report.html"
     assert page.is_file()
-    next_line = next(line for line in result.stderr.splitlines() if line.startswith("next:"))
-    assert "report.html" in next_line
+    lines = result.stderr.splitlines()
+    after_next = lines[lines.index("next:") + 1:]  # one command per line after "next:"
+    assert after_next[1].strip() == f"open {out / 'report.html'} in a browser", after_next
     html = page.read_text()
     _assert_self_contained(html)
     # AND no advice fires on the demo (nothing in its numbers crosses a threshold)
