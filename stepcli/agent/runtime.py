@@ -42,7 +42,8 @@ class Agent:
         self.tracker = StepTracker()
         self.recorder: Recorder | None = None
         self.in_step: set[int] = set()
-        self.foreign: set[int] = set()  # the program's own profilers now running
+        self.foreign: set[int] = set()  # the program's own profilers now collecting (warmup or recording)
+        self.entered: weakref.WeakSet[Any] = weakref.WeakSet()  # ... and those started, collecting or idle
         self.is_compiling: Callable[[], bool] = _never
         self.torch_imported = False
         self.trains = False
@@ -122,6 +123,7 @@ class Agent:
             self.recorder = Recorder(
                 self.config, self.tracker, self.foreign, self._window_saved, self._guard_signals, self._die_of
             )
+            self.recorder.program_profiler_due = self.program_profiler_due
             # Registered now, after torch's own atexit handlers, so ours runs first (LIFO).
             atexit.register(self.flush, "exit")
             self._guard_os_exit()
@@ -159,6 +161,33 @@ class Agent:
         if key in self.foreign:
             self.foreign.discard(key)
             self.tracker.wake_next_step()
+
+    def program_profiler_entered(self, prof: Any) -> None:
+        self.entered.add(prof)
+
+    def program_profiler_left(self, prof: Any) -> None:
+        self.entered.discard(prof)
+
+    def window_open(self) -> bool:
+        return self.recorder is not None and self.recorder.prof is not None
+
+    def program_profiler_due(self, steps: int) -> bool:
+        """Will an idle profiler of the program start collecting within its next `steps` step() calls?
+
+        Asked before a window opens: a window the program's profiler would cut before it held a whole
+        step costs a profiler start and saves nothing."""
+        from .schedule import NONE
+
+        for prof in list(self.entered):
+            if id(prof) in self.foreign:
+                continue
+            try:
+                schedule, step_num = prof.schedule, int(prof.step_num)
+                if any(schedule(step_num + ahead).value != NONE for ahead in range(1, steps + 1)):
+                    return True
+            except Exception:  # a schedule of the program's that cannot be asked: assume it stays idle
+                continue
+        return False
 
     # -- exit, signals, fork ----------------------------------------------------------------------------------
     def _guard_signals(self, on: bool) -> None:
