@@ -84,6 +84,7 @@ def cli() -> None:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the run summary as JSON to this file.")
 @click.option("--fail-over", multiple=True, callback=_parse_fail_over, metavar="STAT=MS", help="Exit non-zero when a step-time statistic exceeds a budget, e.g. p50=25 (repeatable).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines and no summary.")
+@click.option("--verbose", is_flag=True, help="Let torch's Kineto print its own log lines (USDT:, STAGE:, ERROR:) on stderr.")
 @click.option("-m", "module_mode", is_flag=True, help="Run a module like python -m: stepcli run -m pkg.mod ARGS.")
 @click.argument("target", nargs=-1, type=click.UNPROCESSED, required=True, metavar="SCRIPT [ARGS]... | -m MODULE [ARGS]... | -- COMMAND [ARGS]...")
 @click.pass_context

@@ -22,6 +22,11 @@ from stepcli.errors import EXIT_REGRESSION, StepcliError
 
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent / "_bootstrap")
 DEFAULT_RUNS_DIR = "stepcli-runs"
+# torch 2.13's Kineto prints `USDT:... profiler_start`/`profiler_stop` on stderr at every window, between the
+# program's own lines. Its only knob is KINETO_LOG_LEVEL, read when torch starts (0 verbose .. 4 error, 5 USDT);
+# at 6 it prints nothing, its rare ERROR lines included. `stepcli run --verbose` leaves Kineto's default.
+KINETO_LOG_LEVEL_ENV = "KINETO_LOG_LEVEL"
+KINETO_QUIET_LEVEL = "6"
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,7 @@ class RunRequest:
     json_path: str | None = None
     fail_over: tuple[tuple[str, float], ...] = ()
     quiet: bool = False
+    verbose: bool = False
 
     @classmethod
     def from_cli(
@@ -59,6 +65,7 @@ class RunRequest:
         json_path: str | None,
         fail_over: tuple[tuple[str, float], ...],
         quiet: bool,
+        verbose: bool = False,
         **profiler_options: bool,
     ) -> "RunRequest":
         """Validate everything that can be checked before the program starts (usage errors exit 2)."""
@@ -85,6 +92,7 @@ class RunRequest:
             json_path=json_path,
             fail_over=fail_over,
             quiet=quiet,
+            verbose=verbose,
         )
 
 
@@ -135,12 +143,15 @@ def _prepare_out_dir(out_dir: str | None, label: str) -> Path:
     return path
 
 
-def child_environment(config: AgentConfig, base: dict[str, str] | None = None) -> dict[str, str]:
+def child_environment(config: AgentConfig, base: dict[str, str] | None = None, verbose: bool = False) -> dict[str, str]:
     """A copy of the environment with the bootstrap first on PYTHONPATH and the config in one variable.
 
     The user's entries are kept verbatim, empty ones included: an empty entry means the current directory.
+    Unless `verbose`, Kineto's own log lines are silenced (see KINETO_QUIET_LEVEL), if the user has not chosen.
     """
     env = dict(os.environ if base is None else base)
+    if not verbose:
+        env.setdefault(KINETO_LOG_LEVEL_ENV, KINETO_QUIET_LEVEL)
     existing = env.get("PYTHONPATH", "")
     entries = [p for p in existing.split(os.pathsep) if p != BOOTSTRAP_DIR] if existing else []
     env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *entries])
@@ -290,7 +301,7 @@ def run_program(request: RunRequest) -> int:
     start = time.perf_counter()
     foreground = _in_terminal_foreground()
     try:
-        proc = subprocess.Popen(request.argv, env=child_environment(config), preexec_fn=_child_setup(foreground))
+        proc = subprocess.Popen(request.argv, env=child_environment(config, verbose=request.verbose), preexec_fn=_child_setup(foreground))
     except OSError as exc:
         raise StepcliError(f"could not start {request.argv[0]}: {exc.strerror or exc}") from None
     with _SignalForwarder(proc, foreground) as forwarder:
