@@ -283,7 +283,7 @@ def run_program(request: RunRequest) -> int:
     if request.json_path:
         _check_json_path(request.json_path)
     out_dir = _prepare_out_dir(request.out_dir, request.label)
-    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{_host_label()}-{os.getpid()}"  # nodes may share -o and pids
     config = AgentConfig(
         run_id=run_id,
         out_dir=str(out_dir),
@@ -359,6 +359,14 @@ def _check_json_path(path: str) -> None:
         raise StepcliError(f"--json {path}: is a folder")
     if not os.access(target.parent, os.W_OK):
         raise StepcliError(f"--json {path}: folder {target.parent} is not writable")
+
+
+def _host_label() -> str:
+    """This host's name, reduced to characters that are safe in a folder name."""
+    import re
+    import socket
+
+    return re.sub(r"[^A-Za-z0-9_.]+", "_", socket.gethostname())[:64] or "host"
 
 
 def _say(message: str) -> None:
