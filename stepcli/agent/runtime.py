@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any, Callable, Hashable
 
+    from .compiles import CompileWatcher
     from .recorder import Recorder
 
 STEP_LOG_VERSION = 1
@@ -41,6 +42,7 @@ class Agent:
         self.enabled = True
         self.tracker = StepTracker()
         self.recorder: Recorder | None = None
+        self.compiles: CompileWatcher | None = None  # once the program imports torch._dynamo
         self.in_step: set[int] = set()
         self.foreign: set[int] = set()  # the program's own profilers now collecting (warmup or recording)
         self.entered: weakref.WeakSet[Any] = weakref.WeakSet()  # ... and those started, collecting or idle
@@ -79,6 +81,17 @@ class Agent:
 
         patch_optimizers(self, torch)
         patch_profilers(self, torch)
+        self.hooks.when_imported("torch._dynamo", self._dynamo_imported)  # imported by the program, never by us
+
+    def _dynamo_imported(self, dynamo: ModuleType) -> None:
+        """The program uses torch.compile: attribute compile time to the steps where it happens."""
+        if not self.enabled or self.compiles is not None:
+            return
+        from .compiles import CompileWatcher
+
+        watcher = CompileWatcher(self.tracker)
+        watcher.attach(dynamo)
+        self.compiles = watcher
 
     def _step_on_patcher(self, spec: str, qualname: str) -> Callable[[ModuleType], None]:
         def patch(module: ModuleType) -> None:
@@ -303,6 +316,7 @@ class Agent:
             "exit": self.exit_reason or "running",
             "peak_rss_bytes": _peak_rss_bytes(),
             "cuda_peak_bytes": _cuda_peak_bytes(),
+            "compile": self.compiles.to_log() if self.compiles is not None else None,
         }
         # Named by host and pid, not worker: the worker name changes when a rank appears.
         name = f"{document['host']}.{self.pid}{STEP_LOG_SUFFIX}"  # hosts may share -o and reuse pids
