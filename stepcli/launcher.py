@@ -301,7 +301,8 @@ def run_program(request: RunRequest) -> int:
     start = time.perf_counter()
     foreground = _in_terminal_foreground()
     try:
-        proc = subprocess.Popen(request.argv, env=child_environment(config, verbose=request.verbose), preexec_fn=_child_setup(foreground))
+        env = child_environment(config, verbose=request.verbose)
+        proc = subprocess.Popen(request.argv, env=env, preexec_fn=_child_setup(foreground))
     except OSError as exc:
         raise StepcliError(f"could not start {request.argv[0]}: {exc.strerror or exc}") from None
     with _SignalForwarder(proc, foreground) as forwarder:
