@@ -86,6 +86,7 @@ def cli() -> None:
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines and no summary.")
 @click.option("--on-demand", is_flag=True, help="Open no scheduled window; record when `stepcli capture OUT` asks.")
 @click.option("--no-report", "report", is_flag=True, flag_value=False, default=True, help="Don't write report.html in the output folder.")
+@click.option("--verbose", is_flag=True, help="Let torch's Kineto print its own log lines (USDT:, STAGE:, ERROR:) on stderr.")
 @click.option("-m", "module_mode", is_flag=True, help="Run a module like python -m: stepcli run -m pkg.mod ARGS.")
 @click.argument("target", nargs=-1, type=click.UNPROCESSED, required=True, metavar="SCRIPT [ARGS]... | -m MODULE [ARGS]... | -- COMMAND [ARGS]...")
 @click.pass_context

@@ -27,6 +27,11 @@ from stepcli.errors import EXIT_REGRESSION, StepcliError
 
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent / "_bootstrap")
 DEFAULT_RUNS_DIR = "stepcli-runs"
+# torch 2.13's Kineto prints `USDT:... profiler_start`/`profiler_stop` on stderr at every window, between the
+# program's own lines. Its only knob is KINETO_LOG_LEVEL, read when torch starts (0 verbose .. 4 error, 5 USDT);
+# at 6 it prints nothing, its rare ERROR lines included. `stepcli run --verbose` leaves Kineto's default.
+KINETO_LOG_LEVEL_ENV = "KINETO_LOG_LEVEL"
+KINETO_QUIET_LEVEL = "6"
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class RunRequest:
     quiet: bool = False
     on_demand: bool = False
     report: bool = True
+    verbose: bool = False
 
     @classmethod
     def from_cli(
@@ -68,6 +74,7 @@ class RunRequest:
         quiet: bool,
         on_demand: bool = False,
         report: bool = True,
+        verbose: bool = False,
         **profiler_options: bool,
     ) -> "RunRequest":
         """Validate everything that can be checked before the program starts (usage errors exit 2)."""
@@ -98,6 +105,7 @@ class RunRequest:
             quiet=quiet,
             on_demand=on_demand,
             report=report,
+            verbose=verbose,
         )
 
 
@@ -185,12 +193,15 @@ def _prepare_out_dir(out_dir: str | None, label: str) -> Path:
     return path
 
 
-def child_environment(config: AgentConfig, base: dict[str, str] | None = None) -> dict[str, str]:
+def child_environment(config: AgentConfig, base: dict[str, str] | None = None, verbose: bool = False) -> dict[str, str]:
     """A copy of the environment with the bootstrap first on PYTHONPATH and the config in one variable.
 
     The user's entries are kept verbatim, empty ones included: an empty entry means the current directory.
+    Unless `verbose`, Kineto's own log lines are silenced (see KINETO_QUIET_LEVEL), if the user has not chosen.
     """
     env = dict(os.environ if base is None else base)
+    if not verbose:
+        env.setdefault(KINETO_LOG_LEVEL_ENV, KINETO_QUIET_LEVEL)
     existing = env.get("PYTHONPATH", "")
     entries = [p for p in existing.split(os.pathsep) if p != BOOTSTRAP_DIR] if existing else []
     env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *entries])
@@ -322,7 +333,7 @@ def run_program(request: RunRequest) -> int:
     if request.json_path:
         _check_json_path(request.json_path)
     out_dir = _prepare_out_dir(request.out_dir, request.label)
-    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{_host_label()}-{os.getpid()}"  # nodes may share -o and pids
     from stepcli.controldir import prepare_control_dir
 
     prepare_control_dir(out_dir, run_id)  # private (0700) whatever the umask, before any process writes there
@@ -350,7 +361,8 @@ def run_program(request: RunRequest) -> int:
     start = time.perf_counter()
     foreground = _in_terminal_foreground()
     try:
-        proc = subprocess.Popen(request.argv, env=child_environment(config), preexec_fn=_child_setup(foreground))
+        env = child_environment(config, verbose=request.verbose)
+        proc = subprocess.Popen(request.argv, env=env, preexec_fn=_child_setup(foreground))
     except OSError as exc:
         ondemand.close_control(config.out_dir, config.run_id)
         raise StepcliError(f"could not start {request.argv[0]}: {exc.strerror or exc}") from None
@@ -455,6 +467,14 @@ def _check_json_path(path: str) -> None:
         raise StepcliError(f"--json {path}: is a folder")
     if not os.access(target.parent, os.W_OK):
         raise StepcliError(f"--json {path}: folder {target.parent} is not writable")
+
+
+def _host_label() -> str:
+    """This host's name, reduced to characters that are safe in a folder name."""
+    import re
+    import socket
+
+    return re.sub(r"[^A-Za-z0-9_.]+", "_", socket.gethostname())[:64] or "host"
 
 
 def _say(message: str) -> None:

@@ -23,6 +23,7 @@ from stepcli.agent.config import HELLO_PREFIX, AgentConfig
 from stepcli.agent.output import human_size
 from stepcli.agent.schedule import NONE
 from stepcli.agent.tracker import FOREIGN
+from stepcli.compilereport import compile_lines, compile_summary, compiled_steps
 from stepcli.errors import StepcliError
 from stepcli.stats import describe
 
@@ -53,11 +54,14 @@ def _step_populations(logs: list[dict[str, Any]]) -> tuple[list[float], list[flo
     first: list[float] = []
     foreign = 0
     for log in logs:
+        compiled = compiled_steps(log)  # torch.compile steps: kept apart like step 0 (see compilereport)
         for index, (micros, phase) in enumerate(zip(log.get("durations_us", []), log.get("phases", ""))):
             millis = micros / 1000.0
             code = int(phase)
             if index == 0:
                 first.append(millis)
+            elif index in compiled:
+                continue
             elif code == FOREIGN:
                 foreign += 1
             elif code == NONE:
@@ -247,6 +251,7 @@ def build_run_summary(
         "breakdown_ms": (analysis or {}).get("breakdown_ms"),
         "device": (analysis or {}).get("device"),
         "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
+        "compile": compile_summary(logs),
         "notes": notes,
     }
 
@@ -344,6 +349,8 @@ def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, 
             )
     if times["first_step"]:
         overview.add_row("first step", f"{_ms(times['first_step']['max'])} (start-up, not in the statistics)")
+    for index, text in enumerate(compile_lines(summary.get("compile"), len(summary["processes"]))):
+        overview.add_row("compile" if index == 0 else "", text)
     timeline = summary["timeline_ms"][1:]
     scale = f"  {_ms(min(timeline))} .. {_ms(max(timeline))}" if timeline else ""
     line = sparkline(timeline, summary["timeline_phases"][1:], width=max(10, min(60, console.width - 40)))

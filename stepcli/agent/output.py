@@ -36,7 +36,19 @@ def _find_rank() -> int | None:
     try:
         return int(os.environ["RANK"])
     except (KeyError, ValueError):
-        return None
+        pass
+    return _slurm_rank()
+
+
+def _slurm_rank() -> int | None:
+    """Under `srun` without torchrun, each task's SLURM_PROCID is its global rank; a job of one task is not
+    distributed (SLURM_PROCID is 0 there too), so it keeps the `<host>_<pid>` name."""
+    try:
+        if int(os.environ.get("SLURM_NTASKS") or os.environ.get("SLURM_NPROCS") or 1) > 1:
+            return int(os.environ["SLURM_PROCID"])
+    except (KeyError, ValueError):
+        pass
+    return None
 
 
 def worker_name() -> str:
@@ -66,8 +78,11 @@ def trace_folder(out_dir: str, first_step: int, several_windows: bool) -> str:
 
 def export_trace(prof: Any, out_dir: str, use_gzip: bool) -> tuple[str, int]:
     """Export `prof`'s last cycle as `<worker>.<time_ns>.pt.trace.json[.gz]` via a temporary name and a rename."""
-    name = f"{worker_name()}.{time.time_ns()}.pt.trace.json" + (".gz" if use_gzip else "")
+    worker, suffix = worker_name(), ".pt.trace.json" + (".gz" if use_gzip else "")
+    name = f"{worker}.{time.time_ns()}{suffix}"
     os.makedirs(out_dir, exist_ok=True)
+    while os.path.exists(os.path.join(out_dir, name)):  # another node or launch sharing the folder: never overwrite
+        name = f"{worker}.{time.time_ns() + 1}{suffix}"
     final = os.path.join(out_dir, name)
     tmp_json = os.path.join(out_dir, f".{name}.{os.getpid()}.tmp.json")
     tmp_gz = tmp_json + ".gz"

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         in_step: set[int]
         tracker: StepTracker
         is_compiling: Callable[[], bool]
+        foreign: set[int]
 
         def fail(self, what: str, exc: BaseException) -> None: ...
         def arm(self) -> None: ...
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
         def foreign_profiler_started(self, key: int) -> None: ...
         def foreign_profiler_stopped(self, key: int) -> None: ...
         def requester_created(self, key: Hashable, base_name: str, owner: object = None, arm: bool = True) -> None: ...
+        def program_profiler_entered(self, prof: Any) -> None: ...
+        def program_profiler_left(self, prof: Any) -> None: ...
+        def window_open(self) -> bool: ...
 
 
 def _guarded(agent: "Agent", what: str, call: "Callable[[], None]") -> None:
@@ -108,13 +112,20 @@ def _wrap_step(agent: "Agent", cls: type) -> None:
 
 
 def patch_profilers(agent: "Agent", torch: ModuleType) -> None:
-    """The program's own torch.profiler.profile objects: each is a requester; while one runs, we step aside."""
+    """The program's own torch.profiler.profile objects: each is a requester; while one collects, we step aside.
+
+    A profile object with a schedule spends most of its life idle (its wait phase, after its last cycle), with
+    no Kineto session: it only collects between `prepare_trace` (warmup) and `stop_trace`, so that is when
+    stepcli steps aside. A plain `profile()` collects from `start()` to `stop()`, which is the same pair.
+    """
     profile = torch.profiler.profile
     if getattr(profile.step, "_stepcli", False):
         return
+    kineto_profile = getattr(torch.profiler.profiler, "_KinetoProfile", profile)  # prepare/stop_trace live there
     original_init, original_start, original_stop, original_step = (
         profile.__init__, profile.start, profile.stop, profile.step,
     )
+    original_prepare, original_stop_trace = kineto_profile.prepare_trace, kineto_profile.stop_trace
     own = agent.is_own_profiler
 
     @functools.wraps(original_init)
@@ -126,12 +137,8 @@ def patch_profilers(agent: "Agent", torch: ModuleType) -> None:
     @functools.wraps(original_start)
     def stepcli_profile_start(self: Any) -> None:
         if agent.enabled and not own(self):
-            agent.foreign_profiler_started(id(self))
-            try:
-                original_start(self)
-            except BaseException:
-                agent.foreign_profiler_stopped(id(self))
-                raise
+            agent.program_profiler_entered(self)
+            _without_step_annotation(agent, self, original_start)
         else:
             original_start(self)
 
@@ -141,22 +148,51 @@ def patch_profilers(agent: "Agent", torch: ModuleType) -> None:
             original_stop(self)
         finally:
             if agent.enabled and not own(self):
+                agent.program_profiler_left(self)
+
+    @functools.wraps(original_prepare)
+    def stepcli_prepare_trace(self: Any) -> None:
+        if agent.enabled and not own(self):
+            if getattr(self, "_stepcli_hidden", False):
+                self.record_steps = True  # it collects from this step on: its ProfilerStep#N is its own again
+            agent.foreign_profiler_started(id(self))  # saves an open window of ours first
+            try:
+                original_prepare(self)
+            except BaseException:
+                agent.foreign_profiler_stopped(id(self))
+                raise
+        else:
+            original_prepare(self)
+
+    @functools.wraps(original_stop_trace)
+    def stepcli_stop_trace(self: Any) -> None:
+        try:
+            original_stop_trace(self)
+        finally:
+            if agent.enabled and not own(self):
                 agent.foreign_profiler_stopped(id(self))
 
     @functools.wraps(original_step)
     def stepcli_profile_step(self: Any) -> None:
-        original_step(self)
         if agent.enabled and not own(self):
+            _without_step_annotation(agent, self, original_step)
             key = id(self)
             if key not in agent.tracker.requesters:
                 _guarded(agent, "a profiler", lambda: agent.requester_created(key, "profiler", self))
             agent.tracker.step(key)
+        else:
+            original_step(self)
 
-    for wrapper in (stepcli_profile_init, stepcli_profile_start, stepcli_profile_stop, stepcli_profile_step):
+    wrappers = (
+        stepcli_profile_init, stepcli_profile_start, stepcli_profile_stop, stepcli_profile_step,
+        stepcli_prepare_trace, stepcli_stop_trace,
+    )
+    for wrapper in wrappers:
         wrapper._stepcli = True  # type: ignore[attr-defined]
     profile.__init__, profile.start, profile.stop, profile.step = (
         stepcli_profile_init, stepcli_profile_start, stepcli_profile_stop, stepcli_profile_step,
     )
+    kineto_profile.prepare_trace, kineto_profile.stop_trace = stepcli_prepare_trace, stepcli_stop_trace
 
     # The legacy autograd profiler opens a Kineto session too: nesting it in ours would empty ours.
     legacy = torch.autograd.profiler.profile
@@ -177,6 +213,26 @@ def patch_profilers(agent: "Agent", torch: ModuleType) -> None:
                 agent.foreign_profiler_stopped(id(self))
 
     legacy.__enter__, legacy.__exit__ = stepcli_legacy_enter, stepcli_legacy_exit
+
+
+def _without_step_annotation(agent: "Agent", prof: Any, call: Any) -> None:
+    """Run the program's idle profiler's `start()`/`step()` without its `ProfilerStep#N` annotation while our
+    window records: the annotation would land in our trace beside ours, with the program's numbering.
+
+    If the call makes it start collecting (`prepare_trace` runs inside it), the annotation is switched back on
+    before torch opens it, so the program's own trace keeps its steps."""
+    hide = bool(getattr(prof, "record_steps", False)) and agent.window_open() and id(prof) not in agent.foreign
+    if not hide:
+        call(prof)
+        return
+    annotation, prof.step_rec_fn = prof.step_rec_fn, None
+    if annotation is not None:
+        annotation.__exit__(None, None, None)
+    prof.record_steps, prof._stepcli_hidden = False, True
+    try:
+        call(prof)
+    finally:
+        prof.record_steps, prof._stepcli_hidden = True, False
 
 
 _CO_GENERATOR, _CO_COROUTINE, _CO_ASYNC_GENERATOR = 0x20, 0x80, 0x200

@@ -62,6 +62,8 @@ class Recorder:
         self._window: dict[str, Any] | None = None
         self._cut_reason = ""
         self._discard = False
+        # Set by the agent: will the program's idle profiler start collecting within this many of its steps?
+        self.program_profiler_due: Callable[[int], bool] = lambda steps: False
 
     # -- schedule ---------------------------------------------------------------------------------------------
     def next_cycle_start(self, step: int) -> int:
@@ -130,6 +132,9 @@ class Recorder:
             if "torch" not in sys.modules:  # --step-on in a program that never imported torch
                 self._disable("nothing to profile: the program never imported torch")
                 return NONE, NEVER
+            if self.program_profiler_due(self.schedule.warmup + 1):  # it would cut ours before a whole step
+                self.skipped_windows += 1
+                return NONE, self.next_cycle_start(step + 1)
             self._open(step)
             return self.schedule.action(step), step + 1
         return NONE, self.next_cycle_start(step)

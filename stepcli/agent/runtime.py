@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Hashable
 
     from .ondemand import OnDemand
+    from .compiles import CompileWatcher
     from .recorder import Recorder
 
 STEP_LOG_VERSION = 1
@@ -43,8 +44,10 @@ class Agent:
         self.tracker = StepTracker()
         self.recorder: Recorder | None = None
         self.ondemand: OnDemand | None = None
+        self.compiles: CompileWatcher | None = None  # once the program imports torch._dynamo
         self.in_step: set[int] = set()
-        self.foreign: set[int] = set()  # the program's own profilers now running
+        self.foreign: set[int] = set()  # the program's own profilers now collecting (warmup or recording)
+        self.entered: weakref.WeakSet[Any] = weakref.WeakSet()  # ... and those started, collecting or idle
         self.is_compiling: Callable[[], bool] = _never
         self.torch_imported = False
         self.trains = False
@@ -80,6 +83,17 @@ class Agent:
 
         patch_optimizers(self, torch)
         patch_profilers(self, torch)
+        self.hooks.when_imported("torch._dynamo", self._dynamo_imported)  # imported by the program, never by us
+
+    def _dynamo_imported(self, dynamo: ModuleType) -> None:
+        """The program uses torch.compile: attribute compile time to the steps where it happens."""
+        if not self.enabled or self.compiles is not None:
+            return
+        from .compiles import CompileWatcher
+
+        watcher = CompileWatcher(self.tracker)
+        watcher.attach(dynamo)
+        self.compiles = watcher
 
     def _step_on_patcher(self, spec: str, qualname: str) -> Callable[[ModuleType], None]:
         def patch(module: ModuleType) -> None:
@@ -124,6 +138,7 @@ class Agent:
             self.recorder = Recorder(
                 self.config, self.tracker, self.foreign, self._window_saved, self._guard_signals, self._die_of
             )
+            self.recorder.program_profiler_due = self.program_profiler_due
             # Registered now, after torch's own atexit handlers, so ours runs first (LIFO).
             atexit.register(self.flush, "exit")
             self._guard_os_exit()
@@ -164,6 +179,33 @@ class Agent:
         if key in self.foreign:
             self.foreign.discard(key)
             self.tracker.wake_next_step()
+
+    def program_profiler_entered(self, prof: Any) -> None:
+        self.entered.add(prof)
+
+    def program_profiler_left(self, prof: Any) -> None:
+        self.entered.discard(prof)
+
+    def window_open(self) -> bool:
+        return self.recorder is not None and self.recorder.prof is not None
+
+    def program_profiler_due(self, steps: int) -> bool:
+        """Will an idle profiler of the program start collecting within its next `steps` step() calls?
+
+        Asked before a window opens: a window the program's profiler would cut before it held a whole
+        step costs a profiler start and saves nothing."""
+        from .schedule import NONE
+
+        for prof in list(self.entered):
+            if id(prof) in self.foreign:
+                continue
+            try:
+                schedule, step_num = prof.schedule, int(prof.step_num)
+                if any(schedule(step_num + ahead).value != NONE for ahead in range(1, steps + 1)):
+                    return True
+            except Exception:  # a schedule of the program's that cannot be asked: assume it stays idle
+                continue
+        return False
 
     # -- exit, signals, fork ----------------------------------------------------------------------------------
     def _guard_signals(self, on: bool) -> None:
@@ -285,6 +327,7 @@ class Agent:
             "exit": self.exit_reason or "running",
             "peak_rss_bytes": _peak_rss_bytes(),
             "cuda_peak_bytes": _cuda_peak_bytes(),
+            "compile": self.compiles.to_log() if self.compiles is not None else None,
         }
         if self.config.run_key:
             from .signing import SIGNATURE_KEY, sign

@@ -1,0 +1,33 @@
+"""Quiet by default: torch's Kineto prints no `USDT:` lines between the program's output, unless asked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import run_stepcli, trace_files
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "usdt_expected"),
+    [
+        ([], {}, False),  # the default: silenced
+        (["--verbose"], {}, True),  # --verbose gives Kineto's lines back
+        ([], {"KINETO_LOG_LEVEL": "5"}, True),  # a level the user chose is kept
+    ],
+    ids=["default", "verbose", "user-knob"],
+)
+def test_kineto_usdt_lines_only_when_asked(
+    tmp_path: Path, train_script: Path, flags: list[str], env: dict[str, str], usdt_expected: bool
+) -> None:
+    out = tmp_path / "out"
+    result = run_stepcli("run", "--active", "1", *flags, "-o", out, train_script, "4", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert len(trace_files(out)) == 1  # a window was recorded: Kineto started and stopped
+    usdt = [line for line in result.stderr.splitlines() if "USDT" in line]
+    if usdt_expected:
+        assert any("profiler_start" in line for line in usdt), result.stderr
+    else:
+        assert usdt == [], result.stderr
+        assert "stepcli: saved trace" in result.stderr  # stepcli's own lines are still there
