@@ -84,12 +84,13 @@ def load_trace(path: Path) -> dict[str, Any]:
 
 
 def profiler_steps(path: Path) -> list[int]:
-    """The N of every `ProfilerStep#N` annotation in a trace, sorted."""
+    """The N of every `ProfilerStep#N` annotation on the host in a trace, sorted."""
     events = load_trace(path)["traceEvents"]
     return sorted(
         int(e["name"].split("#", 1)[1])
         for e in events
         if isinstance(e.get("name"), str) and e["name"].startswith("ProfilerStep#") and e.get("ph") == "X"
+        and e.get("cat") != "gpu_user_annotation"  # on a GPU, Kineto mirrors each step on the device timeline
     )
 
 

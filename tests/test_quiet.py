@@ -6,7 +6,19 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_stepcli, trace_files
+from conftest import run_python, run_stepcli, trace_files, write_script
+
+
+@pytest.fixture(scope="module")
+def kineto_prints_usdt(tmp_path_factory: pytest.TempPathFactory) -> bool:
+    """Whether this torch's Kineto prints USDT lines at all under plain python (torch 2.13 does; 2.11 does not)."""
+    script = write_script(tmp_path_factory.mktemp("usdt"), "probe.py", """
+        import torch
+        from torch.profiler import profile
+        with profile():
+            torch.ones(4).sum()
+    """)
+    return "USDT" in run_python(script).stderr
 
 
 @pytest.mark.parametrize(
@@ -19,8 +31,11 @@ from conftest import run_stepcli, trace_files
     ids=["default", "verbose", "user-knob"],
 )
 def test_kineto_usdt_lines_only_when_asked(
-    tmp_path: Path, train_script: Path, flags: list[str], env: dict[str, str], usdt_expected: bool
+    tmp_path: Path, train_script: Path, flags: list[str], env: dict[str, str], usdt_expected: bool,
+    kineto_prints_usdt: bool,
 ) -> None:
+    if usdt_expected and not kineto_prints_usdt:
+        pytest.skip("this torch's Kineto prints no USDT lines even under plain python: nothing to give back")
     out = tmp_path / "out"
     result = run_stepcli("run", "--active", "1", *flags, "-o", out, train_script, "4", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr

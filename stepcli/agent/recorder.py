@@ -132,7 +132,8 @@ class Recorder:
             if "torch" not in sys.modules:  # --step-on in a program that never imported torch
                 self._disable("nothing to profile: the program never imported torch")
                 return NONE, NEVER
-            if self.program_profiler_due(self.schedule.warmup + 1):  # it would cut ours before a whole step
+            warmup = _recorded_span(self.schedule, step)[0] - step  # scheduled or on-demand window alike
+            if self.program_profiler_due(warmup + 1):  # it would cut ours before a whole step
                 self.skipped_windows += 1
                 return NONE, self.next_cycle_start(step + 1)
             self._open(step)
