@@ -18,7 +18,13 @@ from stepcli.errors import EXIT_INTERNAL, StepcliError
 
 if TYPE_CHECKING:
     from stepcli.agent.config import AgentConfig
-    from stepcli.launcher import RunRequest
+    from typing import Protocol
+
+    class RunRequest(Protocol):
+        """The part of stepcli.launcher.RunRequest this module reads (declared here: launcher imports us)."""
+
+        @property
+        def json_path(self) -> str | None: ...
 
 
 def fallback_summary(config: AgentConfig, *, command: list[str], status: int, started: float, duration_s: float,

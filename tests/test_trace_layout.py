@@ -66,14 +66,17 @@ def test_each_window_has_a_folder_with_one_trace_per_rank(two_ranks_two_windows:
     # and the run summary lists them
     summary = two_ranks_two_windows["summary"]
     assert sorted(Path(t).parent.name for t in summary["traces"]) == ["window-step2"] * 2 + ["window-step6"] * 2
-    assert len(summary["ranks"]) == 4
+    # one row per process (rank), its two windows inside
+    assert sorted(r["rank"] for r in summary["ranks"]) == [0, 1]
+    assert all(len(r["windows"]) == 2 for r in summary["ranks"]), summary["ranks"]
 
 
 def test_table_reads_the_layout_whole_or_one_window(two_ranks_two_windows: dict[str, Any]) -> None:
     out: Path = two_ranks_two_windows["out"]
     whole = run_stepcli("table", "--json", out)
     assert whole.returncode == 0, whole.stderr
-    assert sorted(r["rank"] for r in json.loads(whole.stdout)["ranks"]) == [0, 0, 1, 1]
+    ranks = json.loads(whole.stdout)["ranks"]
+    assert sorted(r["rank"] for r in ranks) == [0, 1] and all(len(r["windows"]) == 2 for r in ranks), ranks
     one = run_stepcli("table", "--json", out / "window-step6")
     assert one.returncode == 0, one.stderr
     report = json.loads(one.stdout)
@@ -83,8 +86,10 @@ def test_table_reads_the_layout_whole_or_one_window(two_ranks_two_windows: dict[
 
 def test_summary_prints_the_hta_one_liner_for_one_window(two_ranks_two_windows: dict[str, Any]) -> None:
     out: Path = two_ranks_two_windows["out"]
-    lines = [line for line in two_ranks_two_windows["stderr"].splitlines() if "TraceAnalysis" in line]
-    assert len(lines) == 1 and lines[0].startswith("next: ")
+    stderr = two_ranks_two_windows["stderr"].splitlines()
+    lines = [line for line in stderr if "TraceAnalysis" in line]
+    assert len(lines) == 1 and lines[0].startswith("  python -c ")  # a command on a line of its own, under next:
+    assert stderr[stderr.index(lines[0]) - 1] == "  Holistic Trace Analysis of one window:"
     assert f'TraceAnalysis(trace_dir="{out}/window-step2")' in lines[0]
 
 

@@ -25,9 +25,22 @@ from .tracker import FOREIGN
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Protocol
 
-    from .runtime import Agent
+    from .config import AgentConfig
+    from .recorder import Recorder
+    from .tracker import StepTracker
+
+    class Agent(Protocol):
+        """What on-demand capture needs from the process's agent (stepcli.agent.runtime.Agent provides it).
+        Declared here so this module does not refer back to runtime, which imports it: no import circle."""
+
+        config: AgentConfig
+        enabled: bool
+        foreign: set[int]
+        pid: int
+        recorder: Recorder | None
+        tracker: StepTracker
 
 CONTROL_FOLDER = "control"
 RUN_FILE = "run.json"
