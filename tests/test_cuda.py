@@ -249,7 +249,10 @@ def test_ddp_two_processes(tmp_path: Path) -> None:
         assert any(e.get("cat") == "kernel" for e in _events(trace))
     assert sorted(p["worker"] for p in summary["processes"]) == ["rank0", "rank1"]
     assert all(p["cuda_peak_bytes"] and p["cuda_peak_bytes"] > 0 for p in summary["processes"])
-    assert sorted(r["rank"] for r in summary["ranks"]) == [0, 1] and summary["slowest_rank"] in (0, 1)
+    assert sorted(r["rank"] for r in summary["ranks"]) == [0, 1]
+    # equal work on both ranks: a straggler is named only when one rank's compute stands out, with its evidence
+    assert summary["slowest_rank"] in (None, 0, 1)
+    assert all(r["compute_ms"] is not None and r["comm_ms"] is not None for r in summary["ranks"]), summary["ranks"]
     assert 0 < summary["device"]["busy_share"] <= 1
     if gpus >= 2:  # NCCL's all-reduce runs as a kernel of its own
         names = {e["name"] for trace in traces for e in _device_events(trace)}
