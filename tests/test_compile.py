@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +148,12 @@ def test_short_reason_drops_the_compile_id_and_extra_lines() -> None:
     assert _short_reason("0/1: tensor 'x' size mismatch\nmore") == "tensor 'x' size mismatch"
     assert _short_reason("___check_obj_id(self.flag)") == "___check_obj_id(self.flag)"
     assert len(_short_reason("x" * 1000)) == 300
+
+
+def test_report_marks_compile_steps_on_the_step_time_chart(compiled_run: dict[str, Any]) -> None:
+    # GIVEN the run's report.html WHEN the step-time chart is drawn THEN steps 4 and 7 (recompiled, compiled after
+    # reset) are dots of their own phase, with a legend entry; step 0 stays the start-up step
+    html = (compiled_run["out"] / "report.html").read_text()
+    compile_dots = re.findall(r'<circle class="dot ph-compile"[^>]*><title>[^<]* step (\d+) \(torch\.compile\)', html)
+    assert sorted(int(s) for s in compile_dots) == [4, 7], compile_dots
+    assert "torch.compile</span>" in html or ">torch.compile<" in html

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from stepcli.advice import Advice, Evidence, advise
 from stepcli.agent.config import STEP_LOG_SUFFIX
+from stepcli.compilereport import compiled_steps
 from stepcli.errors import StepcliError, TraceError
 from stepcli.stats import Stats, describe
 
@@ -50,6 +51,7 @@ def _process_steps_from_summary(summary: dict[str, Any]) -> list[ProcessSteps]:
             values = proc.get(key)
             if isinstance(values, list) and values:
                 phases = str(proc.get("phases") or proc.get("timeline_phases") or "").ljust(len(values), "0")
+                phases = _mark_compiles(phases, _compiled_by_worker(summary).get(str(proc.get("worker")), set()))
                 out.append(
                     ProcessSteps(
                         label=_worker_label(proc), rank=proc.get("rank"), steps=list(range(len(values))),
@@ -75,13 +77,27 @@ def _process_steps_from_summary(summary: dict[str, Any]) -> list[ProcessSteps]:
     return out
 
 
+def _mark_compiles(phases: str, compiled: set[int]) -> str:
+    """Untouched steps in which torch compiled get their own code, "c", so the step-time chart shows them apart
+    (the statistics already leave them out). Step 0, start-up, keeps its own look."""
+    return "".join("c" if code == "0" and 0 < step and step in compiled else code for step, code in enumerate(phases))
+
+
+def _compiled_by_worker(summary: dict[str, Any]) -> dict[str, set[int]]:
+    compiled: dict[str, set[int]] = {}
+    for entry in (summary.get("compile") or {}).get("by_step") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("step"), int):
+            compiled.setdefault(str(entry.get("worker")), set()).add(entry["step"])
+    return compiled
+
+
 def _process_steps_from_logs(logs: list[dict[str, Any]]) -> list[ProcessSteps]:
     out = []
     for log in logs:
         durations = log.get("durations_us") or []
         if not durations:
             continue
-        phases = str(log.get("phases") or "").ljust(len(durations), "0")
+        phases = _mark_compiles(str(log.get("phases") or "").ljust(len(durations), "0"), compiled_steps(log))
         out.append(
             ProcessSteps(
                 label=_worker_label(log), rank=log.get("rank"), steps=list(range(len(durations))),

@@ -44,12 +44,12 @@ svg.chart{display:block;max-width:100%;height:auto;font-size:11px}
 .s0{stroke:#3b5bdb}.s1{stroke:#2f9e44}.s2{stroke:#e8590c}.s3{stroke:#ae3ec9}
 .s4{stroke:#1098ad}.s5{stroke:#c92a2a}.s6{stroke:#5c940d}.s7{stroke:#862e9c}
 .band.ph-recorded{fill:#d6336c;opacity:.13} .band.ph-warmup{fill:#f59f00;opacity:.16}
-.band.ph-foreign{fill:#1c7ed6;opacity:.13} .band.ph-other{fill:#7048e8;opacity:.13}
+.band.ph-foreign{fill:#1c7ed6;opacity:.13} .band.ph-compile{fill:#e8590c;opacity:.13} .band.ph-other{fill:#7048e8;opacity:.13}
 .dot{stroke:#fff;stroke-width:.8} .dot.ph-recorded{fill:#d6336c} .dot.ph-warmup{fill:#f59f00}
-.dot.ph-foreign{fill:#1c7ed6} .dot.ph-other{fill:#7048e8} .dot.ph-startup{fill:#495057}
+.dot.ph-foreign{fill:#1c7ed6} .dot.ph-compile{fill:#e8590c} .dot.ph-other{fill:#7048e8} .dot.ph-startup{fill:#495057}
 .clip{fill:#495057;font-size:11px}
 .bandlabel{font-size:11px;font-weight:600;opacity:.8} .bandlabel.ph-recorded{fill:#a61e4d}
-.bandlabel.ph-warmup{fill:#d9480f} .bandlabel.ph-foreign{fill:#1864ab} .bandlabel.ph-other{fill:#5f3dc4}
+.bandlabel.ph-warmup{fill:#d9480f} .bandlabel.ph-foreign{fill:#1864ab} .bandlabel.ph-compile{fill:#d9480f} .bandlabel.ph-other{fill:#5f3dc4}
 .bar{fill:#748ffc}
 .marker-median{stroke:#2f9e44;stroke-width:2} .marker-p90{stroke:#e8590c;stroke-width:2;stroke-dasharray:5 3}
 .marker-median-label{fill:#2f9e44;font-weight:600} .marker-p90-label{fill:#e8590c;font-weight:600}
@@ -95,6 +95,7 @@ _PHASE_LEGEND = (  # (label, colour, phase codes that show it)
     ("warmup", "#f59f00", "1"),
     ("recorded", "#d6336c", "23"),
     ("program's own profiler", "#1c7ed6", "4"),
+    ("torch.compile", "#e8590c", "c"),
 )
 _BREAKDOWN_COLORS = {"dataloader": "#f59f00", "forward": "#4c6ef5", "backward": "#7950f2", "optimizer": "#12b886", "other": "#adb5bd"}
 _SERIES_COLORS = ("#3b5bdb", "#2f9e44", "#e8590c", "#ae3ec9", "#1098ad", "#c92a2a", "#5c940d", "#862e9c")

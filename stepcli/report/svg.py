@@ -22,6 +22,7 @@ PHASE_NAMES = {
     "2": "recorded",
     "3": "recorded",
     "4": "program's own profiler",
+    "c": "torch.compile",  # not a step-log code: the report marks untouched steps in which torch compiled
 }
 BREAKDOWN_ORDER = ("dataloader", "forward", "backward", "optimizer", "other")
 
@@ -39,7 +40,8 @@ class Curve:
 
 def phase_class(code: str) -> str:
     """CSS class for a phase code; codes this version does not know (e.g. compile steps) get their own colour."""
-    return {"0": "ph-untouched", "1": "ph-warmup", "2": "ph-recorded", "3": "ph-recorded", "4": "ph-foreign"}.get(
+    return {"0": "ph-untouched", "1": "ph-warmup", "2": "ph-recorded", "3": "ph-recorded", "4": "ph-foreign",
+            "c": "ph-compile"}.get(
         code, "ph-other"
     )
 
