@@ -157,3 +157,4 @@ def test_report_marks_compile_steps_on_the_step_time_chart(compiled_run: dict[st
     compile_dots = re.findall(r'<circle class="dot ph-compile"[^>]*><title>[^<]* step (\d+) \(torch\.compile\)', html)
     assert sorted(int(s) for s in compile_dots) == [4, 7], compile_dots
     assert "torch.compile</span>" in html or ">torch.compile<" in html
+    assert "other phases" not in html  # compile steps are a known phase, not "other"

@@ -183,12 +183,12 @@ def render(data: ReportData, report_path: str) -> str:
         legend = [(p.label, _SERIES_COLORS[i % 8]) for i, p in enumerate(data.processes)] if len(data.processes) > 1 else []
         present = {code for p in data.processes for code in set(p.phases)}
         phases = [(label, colour) for label, colour, codes in _PHASE_LEGEND if present & set(codes)]
-        if present - set("01234"):
+        if present - set("01234c"):
             phases.append(("other phases", "#7048e8"))
         if any(p.steps and p.steps[0] == 0 for p in data.processes):
             phases.insert(0, ("start-up step", "#495057"))
         add(_legend(legend + phases))
-        note = "Shaded: the profiler's warmup and recorded steps."
+        note = "Shaded: the profiler's warmup and recorded steps, and steps in which torch compiled."
         top = svg.timeline_axis_max(curves)
         clipped = sum(1 for p in data.processes for s, v in zip(p.steps, p.values_ms) if v > top and s != 0)
         if clipped:
