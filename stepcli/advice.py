@@ -16,7 +16,7 @@ from stepcli.stats import percentile
 # The floor keeps a tiny model's sub-millisecond in-process batching (the demo's) from calling for worker processes,
 # whose start-up and IPC cost more than they would save.
 DATALOADER_SHARE = 0.20
-DATALOADER_MIN_MS = 2.0
+DATALOADER_MIN_MS = 5.0
 # Launch-bound: the device idles at least this share of the step while the kernels it runs are this short on average
 # and there are at least this many of them per step.
 IDLE_SHARE = 0.40
