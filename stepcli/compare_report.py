@@ -135,13 +135,17 @@ def render_console(comparison: Comparison, console: Console) -> None:
     if c.op_changes:
         ops = Table(title=f"Operators whose self time per step changed most (ms per step, {_fmt_level(c.confidence)} CI)",
                     title_justify="left")
-        for name, justify in (("operator", "left"), ("kind", "left"), ("baseline", "right"), ("current", "right"),
-                              ("delta", "right"), ("interval", "right"), ("significant", "left")):
+        # Fits 80 columns: the kind rides on device names ("[gpu]"), "sig" says whether the interval excludes 0;
+        # numbers are never cut, names are shortened in the middle as `table` does.
+        for name, justify in (("operator", "left"), ("baseline", "right"), ("current", "right"),
+                              ("delta", "right"), ("interval", "right"), ("sig", "left")):
             ops.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-        change_cells = [_change_cells(change) for change in c.op_changes]
-        width = _name_width(console, change_cells, ("kind", "baseline", "current", "delta", "interval", "significant"))
+        change_cells = [_change_cells(change)[1:] for change in c.op_changes]
+        width = _name_width(console, change_cells, ("baseline", "current", "delta", "interval", "sig"))
         for change, cells in zip(c.op_changes, change_cells):
-            ops.add_row(Text(shorten(change.name, width)), *cells)
+            suffix = "" if change.kind == "cpu" else f" [{change.kind}]"
+            name = shorten(change.name, max(6, width - len(suffix))) + suffix
+            ops.add_row(Text(name), *cells[:-1], "yes" if change.significant else "no")
         console.print(ops)
     elif c.op_rows:
         ops = Table(title="Top operators by self time (ms)", caption="totals over each side's recorded steps",

@@ -92,6 +92,21 @@ def test_sleep_25_percent_longer_is_a_regression_that_names_its_cause(runs: dict
     assert "sleep" in first_row and first_row.rstrip(" │|").endswith("yes"), table
 
 
+def test_operator_changes_fit_80_columns_on_a_pipe_with_every_number_whole(runs: dict[str, Path]) -> None:
+    # GIVEN a CI log: stdout is a pipe, 80 columns WHEN the operator-change table is printed
+    result = run_stepcli("compare", runs["base1"], runs["slow"], env={"COLUMNS": "80"})
+    assert result.returncode == 1, result.stdout + result.stderr
+    table = result.stdout[result.stdout.index("Operators whose self time per step changed most"):]
+    rows = [row for row in table.splitlines() if row.startswith("│")]
+    assert rows, table
+    for row in rows:
+        # THEN no row is wider than the terminal, and only the operator name may be shortened (never a number)
+        assert len(row) <= 80, row
+        name, *numbers = [cell.strip() for cell in row.strip("│").split("│")]
+        assert all("…" not in cell for cell in numbers), row
+        assert re.fullmatch(r"[+-]?[\d.]+ \.\. [+-]?[\d.]+", numbers[3]), row  # the whole interval
+
+
 def test_markdown_puts_the_verdict_first_with_distributions(runs: dict[str, Path], tmp_path: Path) -> None:
     summary = tmp_path / "job-summary.md"
     result = run_stepcli("compare", runs["base1"], runs["slow"], "--markdown", "-",
