@@ -284,7 +284,7 @@ class _SignalForwarder:
             pass
 
 
-def _child_setup(terminal_foreground: bool) -> Any:
+def _child_setup(terminal_foreground: bool, signal_mask: Any = None) -> Any:
     """What the child does between fork and exec: outside a terminal's foreground, take its own process group
     (see _SignalForwarder); on Linux, get SIGTERM if stepcli dies, even of SIGKILL, so it is never orphaned."""
     prctl = None
@@ -297,6 +297,8 @@ def _child_setup(terminal_foreground: bool) -> Any:
             prctl = None
 
     def setup() -> None:
+        if signal_mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, signal_mask)  # the program gets stepcli's original mask
         if not terminal_foreground:
             os.setpgid(0, 0)
         if prctl is not None:
@@ -360,23 +362,30 @@ def run_program(request: RunRequest) -> int:
     started = time.time()
     start = time.perf_counter()
     foreground = _in_terminal_foreground()
-    try:
-        env = child_environment(config, verbose=request.verbose)
-        proc = subprocess.Popen(request.argv, env=env, preexec_fn=_child_setup(foreground))
-    except OSError as exc:
-        ondemand.close_control(config.out_dir, config.run_id)
-        raise StepcliError(f"could not start {request.argv[0]}: {exc.strerror or exc}") from None
     from stepcli.watchdog import start_watchdog
 
-    watchdog = start_watchdog(proc.pid, os.getpgrp() if foreground else proc.pid)
+    # A signal that arrives between starting the program and installing the forwarder (a scheduler's kill -INT
+    # right after the program's first output) must be forwarded, not kill stepcli: hold it until then.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SignalForwarder.FORWARDED)
     try:
-        with _SignalForwarder(proc, foreground) as forwarder:
-            returncode = proc.wait()
-            forwarder.reap_orphans()
+        try:
+            env = child_environment(config, verbose=request.verbose)
+            proc = subprocess.Popen(request.argv, env=env, preexec_fn=_child_setup(foreground, mask))
+        except OSError as exc:
+            ondemand.close_control(config.out_dir, config.run_id)
+            raise StepcliError(f"could not start {request.argv[0]}: {exc.strerror or exc}") from None
+        watchdog = start_watchdog(proc.pid, os.getpgrp() if foreground else proc.pid)
+        try:
+            with _SignalForwarder(proc, foreground) as forwarder:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # held signals are forwarded now
+                returncode = proc.wait()
+                forwarder.reap_orphans()
+        finally:
+            if watchdog is not None:
+                watchdog.release()
+            ondemand.close_control(config.out_dir, config.run_id)
     finally:
-        if watchdog is not None:
-            watchdog.release()
-        ondemand.close_control(config.out_dir, config.run_id)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     status = exit_status(returncode)
 
     if request.quiet and not request.json_path and not request.fail_over and not request.report:

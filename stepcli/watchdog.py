@@ -65,6 +65,7 @@ def start_watchdog(program_pid: int, program_pgid: int) -> Watchdog | None:
             for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
                 signal.signal(signum, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.pthread_sigmask(signal.SIG_SETMASK, set())  # stepcli blocks signals while it starts the program
             if _wait_for_eof(read_fd) != _DONE:
                 _take_down(program_pid, program_pgid)
         except BaseException:
