@@ -424,8 +424,89 @@ def _device_busy(result: _TraceResult) -> tuple[int, int] | None:
     return busy, sum(e - s for s, e in _union(spans))
 
 
+@dataclass
+class FilePart:
+    """What one trace file contributes to a summary: small (per-name sums, per-step figures), picklable, and merged
+    exactly (integer nanoseconds), so files can be summarized in worker processes and only these travel back."""
+
+    path: str
+    rank: int | None
+    event_count: int
+    skipped_events: int
+    cpu_rows: dict[Any, list[int]]
+    device_rows: dict[Any, list[int]]
+    main_pid: int | str | None
+    steps: list[int]  # complete steps, ordered
+    step_ns: list[int]
+    comm_ns: list[int]
+    phase_totals: dict[str, int]
+    phase_steps: int
+    busy: tuple[int, int] | None
+    busy_steps: int
+    has_shapes: bool = False
+
+
+def summarize_file(trace: Trace, *, group_by_shape: bool = False) -> FilePart:
+    """The part of one trace file; `merge_parts` of the parts of several files equals `summarize` of them."""
+    cpu = _Accumulator()
+    device = _Accumulator()
+    # Hundreds of thousands of short-lived tuples and lists below; cyclic GC passes over them find nothing.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        result = _analyze(trace.events, cpu, device, group_by_shape, trace.incomplete_step)
+    finally:
+        if was_enabled:
+            gc.enable()
+    ordered = sorted(result.windows, key=lambda w: (w.step, w.start))
+    comm_ns = []
+    for w in ordered:
+        union = result.comm_union.get(w.pid, [])
+        comm_ns.append(_length(_clip(union, [e for _, e in union], w.start, w.end)))
+    phase_totals = dict.fromkeys(PHASES, 0)
+    phase_steps = 0
+    for _window, phases in _step_phases(result):
+        for label, ns in phases.items():
+            phase_totals[label] += ns
+        phase_steps += 1
+    busy = _device_busy(result)
+    return FilePart(
+        path=trace.path,
+        rank=trace.rank,
+        event_count=trace.event_count,
+        skipped_events=trace.skipped_events,
+        cpu_rows=cpu.rows,
+        device_rows=device.rows,
+        main_pid=result.main_pid,
+        steps=[w.step for w in ordered],
+        step_ns=[w.end - w.start for w in ordered],
+        comm_ns=comm_ns,
+        phase_totals=phase_totals,
+        phase_steps=phase_steps,
+        busy=busy,
+        busy_steps=(len(result.windows) or 1) if busy is not None else 0,
+        has_shapes=any(e.shape for e in trace.events),
+    )
+
+
 def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSummary:
     """Summarize one or more traces (e.g. all ranks of a run) into the tables `stepcli table` prints."""
+    return merge_parts([summarize_file(t, group_by_shape=group_by_shape) for t in traces], group_by_shape=group_by_shape)
+
+
+def _add_rows(into: dict[Any, list[int]], rows: dict[Any, list[int]]) -> None:
+    for key, (calls, self_ns, total_ns) in rows.items():
+        row = into.get(key)
+        if row is None:
+            into[key] = [calls, self_ns, total_ns]
+        else:
+            row[0] += calls
+            row[1] += self_ns
+            row[2] += total_ns
+
+
+def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> TraceSummary:
+    """The summary of several files from their parts (in file order), equal to summarizing them together."""
     cpu = _Accumulator()
     device = _Accumulator()
     steps: list[StepRow] = []
@@ -435,37 +516,26 @@ def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSumm
     busy_total = span_total = 0
     busy_steps = 0
     any_device = False
-    for trace in traces:
-        # Hundreds of thousands of short-lived tuples and lists below; cyclic GC passes over them find nothing.
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            result = _analyze(trace.events, cpu, device, group_by_shape, trace.incomplete_step)
-        finally:
-            if was_enabled:
-                gc.enable()
-        ordered = sorted(result.windows, key=lambda w: (w.step, w.start))
-        _key, process = process_key(trace.rank, trace.path, result.main_pid)
+    for part in parts:
+        _add_rows(cpu.rows, part.cpu_rows)
+        _add_rows(device.rows, part.device_rows)
+        _key, process = process_key(part.rank, part.path, part.main_pid)
         trace_steps = [
-            StepRow(rank=trace.rank, step=w.step, dur_ms=(w.end - w.start) / _NS_PER_MS, process=process) for w in ordered
+            StepRow(rank=part.rank, step=step, dur_ms=ns / _NS_PER_MS, process=process)
+            for step, ns in zip(part.steps, part.step_ns)
         ]
         steps.extend(trace_steps)
-        comm_ms = []
-        for w in ordered:
-            union = result.comm_union.get(w.pid, [])
-            comm_ms.append(_length(_clip(union, [e for _, e in union], w.start, w.end)) / _NS_PER_MS)
-        facts = WindowFacts(trace.path, [w.step for w in ordered], [s.dur_ms for s in trace_steps], comm_ms)
-        windows.append((trace.rank, trace.path, result.main_pid, facts))
-        for _window, phases in _step_phases(result):
-            for label, ns in phases.items():
-                phase_totals[label] += ns
-            phase_steps += 1
-        busy = _device_busy(result)
-        if busy is not None:
+        comm_ms = [ns / _NS_PER_MS for ns in part.comm_ns]
+        facts = WindowFacts(part.path, list(part.steps), [s.dur_ms for s in trace_steps], comm_ms)
+        windows.append((part.rank, part.path, part.main_pid, facts))
+        for label, ns in part.phase_totals.items():
+            phase_totals[label] += ns
+        phase_steps += part.phase_steps
+        if part.busy is not None:
             any_device = True
-            busy_total += busy[0]
-            span_total += busy[1]
-            busy_steps += len(result.windows) or 1
+            busy_total += part.busy[0]
+            span_total += part.busy[1]
+            busy_steps += part.busy_steps
 
     processes = group_processes(windows)
     order = {row.process: index for index, row in enumerate(processes)}
@@ -484,7 +554,7 @@ def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSumm
     basis_ns, share_of = share_basis(step_ns, len(steps), cpu.self_ns_without_steps(group_by_shape))
     straggler = find_straggler(processes)
     return TraceSummary(
-        files=[t.path for t in traces],
+        files=[p.path for p in parts],
         step_ms=describe(s.dur_ms for s in steps),
         steps=steps,
         ranks=processes,
@@ -493,8 +563,8 @@ def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSumm
         device=device_busy,
         cpu_ops=cpu.rows_out(group_by_shape, basis_ns),
         device_kernels=device.rows_out(group_by_shape, basis_ns),
-        events=sum(t.event_count for t in traces),
-        skipped_events=sum(t.skipped_events for t in traces),
+        events=sum(p.event_count for p in parts),
+        skipped_events=sum(p.skipped_events for p in parts),
         share_of=share_of,
         straggler=straggler.to_dict() if straggler else None,
     )

@@ -216,18 +216,23 @@ def load_paths(paths: Sequence[str], *, shapes: bool = False) -> list[Trace]:
     Raises TraceError naming the file and the problem for anything that is not a readable profiler trace.
     With `shapes`, each operator event also carries its recorded input shapes (for grouping by shape).
     """
+    return [load_trace(file, shapes=shapes) for file in list_trace_files(paths)]
+
+
+def list_trace_files(paths: Sequence[str]) -> list[str]:
+    """The trace files `paths` name (files, or folders searched recursively), in a stable order, each once."""
     files: list[str] = []
     for path in paths:
         files.extend(_expand(path))
     seen: set[str] = set()
-    traces: list[Trace] = []
+    unique: list[str] = []
     for file in files:
         key = os.path.realpath(file)
         if key in seen:
             continue
         seen.add(key)
-        traces.append(load_trace(file, shapes=shapes))
-    return traces
+        unique.append(file)
+    return unique
 
 
 def _expand(path: str) -> list[str]:
