@@ -24,6 +24,7 @@ from stepcli.shares import STEP_KEY, share_basis, stable_name
 from stepcli.stats import Stats, describe
 
 if TYPE_CHECKING:
+    from stepcli.columnar import Columns
     from stepcli.traces import Event, Trace
 
 # Same categories as stepcli.traces (not imported at run time so this module stays free of the decoder).
@@ -346,6 +347,95 @@ def _analyze(
     return _TraceResult(windows, phase_spans, _union(device_spans), cpu_span, comm_union, main_pid)
 
 
+def _analyze_columns(
+    columns: Columns, by_shape: bool, incomplete_step: int | None = None
+) -> tuple[dict[Any, list[int]], dict[Any, list[int]], _TraceResult]:
+    """`_analyze` over typed arrays (stepcli.columnar): CPU rows, device rows and the trace result, equal to the
+    reference's. Raises columnar.TooLarge for times past 64-bit nanoseconds."""
+    import numpy as np
+
+    from stepcli import columnar as col
+
+    ns = col.nanoseconds(columns)
+    names = columns.names
+    shapes = columns.shapes
+    n_shapes = len(shapes)
+    kind = columns.kind
+    keys: dict[str, int] = {}
+    name_key = np.array([keys.setdefault(stable_name(n), len(keys)) for n in names] or [0], np.int64)
+    step_key = keys.setdefault(STEP_KEY, len(keys))
+    key_list = list(keys)
+    communication = np.array([is_communication(n) for n in names] or [False], bool)
+
+    def key_of(value: int) -> Any:
+        return (key_list[value // n_shapes], shapes[value % n_shapes]) if by_shape else key_list[value]
+
+    def keyed(key_ids: np.ndarray, events: np.ndarray) -> np.ndarray:
+        return key_ids * n_shapes + columns.shape[events] if by_shape else key_ids
+
+    # Device work: one row per kernel name, its busy time, and collective kernels as communication.
+    device_rows: dict[Any, list[int]] = {}
+    comm_spans: dict[int | str, list[tuple[int, int]]] = {}
+    dev = np.nonzero(kind == col.DEVICE)[0]
+    d_start, d_dur = ns.start[dev], ns.dur[dev]
+    d_end = d_start + d_dur
+    device_union = col.intervals_union(d_start, d_end)
+    if dev.size:
+        device_rows = col.rows_from(keyed(name_key[columns.name[dev]], dev), key_of, d_dur, d_dur)
+        is_comm = communication[columns.name[dev]]
+        if is_comm.any():
+            comm_spans["device"] = list(zip(d_start[is_comm].tolist(), d_end[is_comm].tolist()))
+
+    # CPU operators: nesting, folding, self time (stepcli.columnar), then rows keyed like the reference's.
+    a = col.analysis_arrays(columns, ns)
+    index, start, end, parent = a["index"], a["start"], a["end"], a["parent"]
+    name = columns.name[index]
+    step_name = np.array([n.startswith(STEP_PREFIX) for n in names] or [False], bool)
+    is_step = step_name[name] & (kind[index] == col.USER_ANNOTATION)
+    row_key = np.where(is_step, step_key, name_key[name])
+    kept = a["kept"]
+    cpu_rows = col.rows_from(keyed(row_key[kept], index[kept]), key_of, a["self"][kept], a["dur"][kept])
+
+    phase_of_name = np.array([_phase_of(n) for n in names] or [0], np.int8)
+    phase = phase_of_name[name]
+    ids = columns.ids
+    pid_code = columns.pid[index]
+    phase_spans: dict[int, list[tuple[int, int, int | str]]] = {_DATALOADER: [], _OPTIMIZER: [], _BACKWARD: [], _COMM: []}
+    with_phase = np.nonzero(phase)[0]
+    for p, s, e, pid in zip(phase[with_phase].tolist(), start[with_phase].tolist(), end[with_phase].tolist(),
+                            pid_code[with_phase].tolist()):
+        phase_spans[p].append((s, e, ids[pid]))
+
+    windows: list[_Window] = []
+    by_row: dict[int, _Window] = {}
+    for row in np.nonzero(is_step)[0].tolist():
+        number = names[int(name[row])][len(STEP_PREFIX):]
+        if number.isdecimal() and int(number) != incomplete_step:
+            window = by_row[row] = _Window(int(number), ids[int(pid_code[row])], int(start[row]), int(end[row]), [])
+            windows.append(window)
+    if by_row:
+        under = np.nonzero(np.isin(parent, np.fromiter(by_row, np.int64, len(by_row))))[0]
+        for p, s, e, ph in zip(parent[under].tolist(), start[under].tolist(), end[under].tolist(), phase[under].tolist()):
+            by_row[p].children.append((s, e, ph))
+
+    cpu_span = None
+    if device_union and not windows and len(index):
+        cpu_span = (int(start.min()), int(end.max()))
+    for s, e, pid in phase_spans[_COMM]:
+        comm_spans.setdefault(pid, []).append((s, e))
+    main_pid = None
+    if len(index):
+        cpu_pids = columns.pid[np.sort(index)]  # file order: ties go to the process seen first
+        counts = np.bincount(cpu_pids)
+        _unique, first_seen = np.unique(cpu_pids, return_index=True)
+        best = counts[_unique] == counts.max()
+        main_pid = ids[int(_unique[best][np.argmin(first_seen[best])])]
+    if main_pid is not None and "device" in comm_spans:
+        comm_spans.setdefault(main_pid, []).extend(comm_spans.pop("device"))
+    comm_union = {pid: _union(spans) for pid, spans in comm_spans.items()}
+    return cpu_rows, device_rows, _TraceResult(windows, phase_spans, device_union, cpu_span, comm_union, main_pid)
+
+
 def _union(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     """Sorted, disjoint intervals covering the same time as `spans`."""
     merged: list[tuple[int, int]] = []
@@ -448,16 +538,44 @@ class FilePart:
 
 def summarize_file(trace: Trace, *, group_by_shape: bool = False) -> FilePart:
     """The part of one trace file; `merge_parts` of the parts of several files equals `summarize` of them."""
-    cpu = _Accumulator()
-    device = _Accumulator()
-    # Hundreds of thousands of short-lived tuples and lists below; cyclic GC passes over them find nothing.
-    was_enabled = gc.isenabled()
-    gc.disable()
+    from stepcli.columnar import columns_from_events
+
+    return summarize_columns(
+        columns_from_events(trace.events),
+        path=trace.path,
+        rank=trace.rank,
+        event_count=trace.event_count,
+        skipped_events=trace.skipped_events,
+        incomplete_step=trace.incomplete_step,
+        group_by_shape=group_by_shape,
+    )
+
+
+def summarize_columns(
+    columns: Columns,
+    *,
+    path: str,
+    rank: int | None,
+    event_count: int,
+    skipped_events: int = 0,
+    incomplete_step: int | None = None,
+    group_by_shape: bool = False,
+) -> FilePart:
+    """The part of one trace file read into columns (stepcli.traces.load_columns)."""
+    from stepcli.columnar import TooLarge
+
     try:
-        result = _analyze(trace.events, cpu, device, group_by_shape, trace.incomplete_step)
-    finally:
-        if was_enabled:
-            gc.enable()
+        cpu_rows, device_rows, result = _analyze_columns(columns, group_by_shape, incomplete_step)
+    except TooLarge:  # times past 64-bit nanoseconds: the per-event reference, on Python integers
+        cpu, device = _Accumulator(), _Accumulator()
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            result = _analyze(columns.to_events(), cpu, device, group_by_shape, incomplete_step)
+        finally:
+            if was_enabled:
+                gc.enable()
+        cpu_rows, device_rows = cpu.rows, device.rows
     ordered = sorted(result.windows, key=lambda w: (w.step, w.start))
     comm_ns = []
     for w in ordered:
@@ -471,12 +589,12 @@ def summarize_file(trace: Trace, *, group_by_shape: bool = False) -> FilePart:
         phase_steps += 1
     busy = _device_busy(result)
     return FilePart(
-        path=trace.path,
-        rank=trace.rank,
-        event_count=trace.event_count,
-        skipped_events=trace.skipped_events,
-        cpu_rows=cpu.rows,
-        device_rows=device.rows,
+        path=path,
+        rank=rank,
+        event_count=event_count,
+        skipped_events=skipped_events,
+        cpu_rows=cpu_rows,
+        device_rows=device_rows,
         main_pid=result.main_pid,
         steps=[w.step for w in ordered],
         step_ns=[w.end - w.start for w in ordered],
@@ -485,7 +603,7 @@ def summarize_file(trace: Trace, *, group_by_shape: bool = False) -> FilePart:
         phase_steps=phase_steps,
         busy=busy,
         busy_steps=(len(result.windows) or 1) if busy is not None else 0,
-        has_shapes=any(e.shape for e in trace.events),
+        has_shapes=bool(len(columns) and columns.shape.any()),
     )
 
 
