@@ -14,8 +14,8 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Sequence
 
 from stepcli.errors import TraceError
-from stepcli.summary import FilePart, TraceSummary, merge_parts, summarize_file
-from stepcli.traces import list_trace_files, load_trace
+from stepcli.summary import FilePart, TraceSummary, merge_parts, summarize_columns
+from stepcli.traces import list_trace_files, load_columns
 
 
 def available_cores() -> int:
@@ -37,10 +37,21 @@ class _Failed:
 def _part_of(path: str, groupings: tuple[bool, ...], shapes: bool) -> list[FilePart] | _Failed:
     """Read one file and summarize it once per grouping (plain, by shape); runs in a worker or in-process."""
     try:
-        trace = load_trace(path, shapes=shapes)
+        trace = load_columns(path, shapes=shapes)
     except TraceError as exc:
         return _Failed(exc.path, exc.problem)
-    return [summarize_file(trace, group_by_shape=by_shape) for by_shape in groupings]
+    return [
+        summarize_columns(
+            trace.columns,
+            path=trace.path,
+            rank=trace.rank,
+            event_count=trace.event_count,
+            skipped_events=trace.skipped_events,
+            incomplete_step=trace.incomplete_step,
+            group_by_shape=by_shape,
+        )
+        for by_shape in groupings
+    ]
 
 
 def _context() -> multiprocessing.context.BaseContext:
