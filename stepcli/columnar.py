@@ -174,10 +174,20 @@ def group_sums(keys: np.ndarray, values: list[np.ndarray]) -> tuple[np.ndarray, 
 
 
 def rows_from(
-    keys: np.ndarray, key_of: Callable[[int], Any], self_ns: np.ndarray, total_ns: np.ndarray
+    keys: np.ndarray,
+    key_of: Callable[[int], Any],
+    self_ns: np.ndarray,
+    total_ns: np.ndarray,
+    counted: np.ndarray | None = None,
 ) -> dict[Any, list[int]]:
-    """Row dict {row key: [calls, self ns, total ns]} from per-event key ids (`key_of` turns an id into the key)."""
-    unique, (calls, self_sum, total_sum) = group_sums(keys, [self_ns, total_ns])
+    """Row dict {row key: [calls, self ns, total ns]} from per-event key ids (`key_of` turns an id into the key).
+
+    Events not `counted` (folded into their parent) add nothing but still make their key's row exist, as the
+    reference's undo leaves a row of zeros behind (a folded child whose shape differs from its parent's)."""
+    if counted is None:
+        unique, (calls, self_sum, total_sum) = group_sums(keys, [self_ns, total_ns])
+    else:
+        unique, (_all, calls, self_sum, total_sum) = group_sums(keys, [counted, self_ns * counted, total_ns * counted])
     return {
         key_of(k): [c, s, t]
         for k, c, s, t in zip(unique.tolist(), calls.tolist(), self_sum.tolist(), total_sum.tolist())

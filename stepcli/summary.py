@@ -394,7 +394,7 @@ def _analyze_columns(
     is_step = step_name[name] & (kind[index] == col.USER_ANNOTATION)
     row_key = np.where(is_step, step_key, name_key[name])
     kept = a["kept"]
-    cpu_rows = col.rows_from(keyed(row_key[kept], index[kept]), key_of, a["self"][kept], a["dur"][kept])
+    cpu_rows = col.rows_from(keyed(row_key, index), key_of, a["self"], a["dur"], counted=kept)
 
     phase_of_name = np.array([_phase_of(n) for n in names] or [0], np.int8)
     phase = phase_of_name[name]
@@ -425,8 +425,14 @@ def _analyze_columns(
         comm_spans.setdefault(pid, []).append((s, e))
     main_pid = None
     if len(index):
-        cpu_pids = columns.pid[np.sort(index)]  # file order: ties go to the process seen first
-        counts = np.bincount(cpu_pids)
+        # As the reference counts: per process, the runs of consecutive CPU events on one of its threads (in file
+        # order); ties go to the process seen first.
+        in_file = np.sort(index)
+        cpu_pids = columns.pid[in_file]
+        cpu_tids = columns.tid[in_file]
+        run = np.ones(len(in_file), dtype=bool)
+        run[1:] = (cpu_pids[1:] != cpu_pids[:-1]) | (cpu_tids[1:] != cpu_tids[:-1])
+        counts = np.bincount(cpu_pids[run])
         _unique, first_seen = np.unique(cpu_pids, return_index=True)
         best = counts[_unique] == counts.max()
         main_pid = ids[int(_unique[best][np.argmin(first_seen[best])])]
