@@ -4,7 +4,7 @@ Usage: python scripts/bench_table.py [--size-mb 300] [--trace PATH] [--repeat N]
        [--folder DIR] [--skip-one-file] [--skip-folder]
 
 One file: `stepcli table --json` against the reference (msgspec's typed decode of the 7 needed fields plus a
-straight Python aggregation of self-less per-name sums, in one process), plus orjson and reading the bytes;
+straight Python aggregation of per-name sums, in one process), plus typed decoding alone and reading the bytes;
 the goal is at most 1.0x the reference's time and 1.5x the file's size of peak RSS.
 Folder: --ranks traces of --rank-mb each (rank N in distributedInfo); `stepcli table --json` on the folder against
 the ideal (one file's time x ranks / available cores); the goal is at most 1.3x.
@@ -212,7 +212,6 @@ print(len(rows))
 
 # The baselines, each run in its own process so each peak RSS is its own.
 _READ = "import sys; open(sys.argv[1], 'rb').read()"
-_ORJSON = "import orjson, sys; orjson.loads(open(sys.argv[1], 'rb').read())"
 # The candidate stepcli did not pick as is: msgspec decoding only the needed fields into typed structs, whole file.
 _MSGSPEC = """
 import sys, gc, msgspec
@@ -279,11 +278,10 @@ def make_folder(folder: Path, ranks: int, rank_mb: float, workdir: Path) -> list
 
 
 def one_file(trace: Path, repeat: int) -> None:
-    """The one-file table: stepcli against the reference, orjson and reading the bytes."""
+    """The one-file table: stepcli against the reference, typed decoding alone and reading the bytes."""
     size = trace.stat().st_size
     commands = {
         "read bytes": [sys.executable, "-c", _READ, str(trace)],
-        "orjson.loads": [sys.executable, "-c", _ORJSON, str(trace)],
         "msgspec typed decode": [sys.executable, "-c", _MSGSPEC, str(trace)],
         "reference (typed+aggr.)": [sys.executable, "-c", _REFERENCE, str(trace)],
         "stepcli table --json": stepcli_cmd("table", "--json", str(trace)),

@@ -134,19 +134,23 @@ def parents(start: np.ndarray, end: np.ndarray, dur: np.ndarray, first: np.ndarr
         np.maximum(prev[:-span], prev[span:], out=nxt[:-span])
         levels.append(nxt)
         span *= 2
-    pos = np.arange(n, dtype=np.int64)  # search: the smallest pos with max(end[pos:i]) < need[i]
+    parent = np.arange(-1, n - 1, dtype=np.int64)
+    # Most events are a first child: the event just before contains them. Search only for the others.
+    hard = np.nonzero((parent < first) | (end[np.maximum(parent, 0)] < need))[0]
+    pos = hard.copy()  # search: the smallest pos with max(end[pos:i]) < need[i]
+    lowest = first[hard]
+    wanted = need[hard]
     for k in range(len(levels) - 1, -1, -1):
-        step = 1 << k
-        cand = pos - step
-        ok = cand >= first
-        idx = np.nonzero(ok)[0]
+        cand = pos - (1 << k)
+        idx = np.nonzero(cand >= lowest)[0]
         if not idx.size:
             continue
         c = cand[idx]
-        move = levels[k][c] < need[idx]
+        move = levels[k][c] < wanted[idx]
         pos[idx[move]] = c[move]
-    parent = pos - 1
-    parent[parent < first] = -1
+    found = pos - 1
+    found[found < lowest] = -1
+    parent[hard] = found
     return parent
 
 

@@ -8,8 +8,8 @@ dropped, unusable times and step numbers skipped and counted), kept as arrays in
 from __future__ import annotations
 
 from itertools import repeat
-from operator import attrgetter
-from typing import Any
+from operator import attrgetter, itemgetter
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -20,13 +20,22 @@ _NAME, _CAT, _PH, _PID, _TID, _TS, _DUR = (attrgetter(f) for f in ("name", "cat"
 _ARGS = attrgetter("args")
 
 
+def _subset(items: Sequence[Any], where: np.ndarray) -> Sequence[Any]:
+    """The items at the sorted positions `where` (all of them when nothing is left out), gathered in C."""
+    if len(where) == len(items):
+        return items
+    if len(where) == 1:
+        return [items[int(where[0])]]
+    return itemgetter(*where.tolist())(items) if len(where) else []
+
+
 class _Codes:
     """Strings (or ids) to small integers, assigned in order of first sight."""
 
     def __init__(self) -> None:
         self.codes: dict[Any, int] = {}
 
-    def encode(self, values: list[Any]) -> np.ndarray:
+    def encode(self, values: Sequence[Any]) -> np.ndarray:
         codes = self.codes
         for value in [v for v in dict.fromkeys(values) if v not in codes]:  # once per distinct value
             codes[value] = len(codes)
@@ -52,12 +61,15 @@ class ColumnKeeper(_Keeper):
         self.count += count
         if not count:
             return
-        is_x = np.fromiter(map("X".__eq__, map(_PH, decoded)), bool, count)
         kind = np.fromiter(map(self._category.get, map(_CAT, decoded), repeat(-1)), np.int8, count)
-        candidate = np.nonzero(is_x & (kind >= 0))[0]
+        candidate = np.nonzero(kind >= 0)[0]
+        chosen = _subset(decoded, candidate)
+        is_x = np.fromiter(map("X".__eq__, map(_PH, chosen)), bool, len(chosen))
+        if not is_x.all():
+            candidate = candidate[is_x]
+            chosen = _subset(chosen, np.nonzero(is_x)[0])
         if not candidate.size:
             return
-        chosen = [decoded[i] for i in candidate.tolist()] if candidate.size < count else decoded
         kind = kind[candidate]
         names = self._name_codes.encode(list(map(_NAME, chosen)))
         rule = self._rules(len(self._name_codes.codes))[names]
@@ -70,7 +82,7 @@ class ColumnKeeper(_Keeper):
         where = np.nonzero(keep)[0]
         if not where.size:
             return
-        kept = [chosen[i] for i in where.tolist()] if where.size < len(chosen) else chosen
+        kept = _subset(chosen, where)
         pid = self._id_codes.encode(list(map(_PID, kept)))
         tid = self._id_codes.encode(list(map(_TID, kept)))
         if self.shapes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -113,3 +114,36 @@ def test_parents_are_the_latest_containing_event() -> None:
     dur = np.array([10, 4, 1, 3, 6, 0])
     got = columnar.parents(start, start + dur, dur, np.zeros(6, np.int64))
     assert got.tolist() == [-1, 0, 1, 0, 0, -1]
+
+
+def test_columns_keep_and_skip_what_the_event_reader_does(tmp_path: Path) -> None:
+    # GIVEN a trace with every kind of event the reader filters, skips and counts (typed and lenient paths)
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 2, "ts": 10.0, "dur": 5.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": "t", "ts": 11.0, "dur": 1.0},
+        {"ph": "i", "cat": "cpu_op", "name": "instant", "pid": 1, "tid": 2, "ts": 12.0},
+        {"ph": "X", "cat": "ac2g", "name": "flow", "pid": 1, "tid": 2, "ts": 12.0, "dur": 1.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::is_leaf", "pid": 1, "tid": 2, "ts": 12.0, "dur": 1.0},
+        {"ph": "X", "cat": "cpu_op", "name": "no_dur", "pid": 1, "tid": 2, "ts": 12.0},
+        {"ph": "X", "cat": "cpu_op", "name": "negative", "pid": 1, "tid": 2, "ts": 12.0, "dur": -1.0},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#99999999999999999999", "pid": 1, "tid": 2,
+         "ts": 9.0, "dur": 20.0},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 1, "tid": 2, "ts": 9.0, "dur": 20.0},
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 13.0, "dur": 2.0},
+        {"ph": "X", "cat": "python_function", "name": "f", "pid": 1, "tid": 2, "ts": 9.5, "dur": 2.0},
+    ]
+    typed = tmp_path / "typed.json"
+    typed.write_text(json.dumps({"traceEvents": events}))
+    lenient = tmp_path / "lenient.json"
+    lenient.write_text(json.dumps({"traceEvents": [*events, {"ph": "X", "cat": "cpu_op", "name": "str_ts", "pid": 1,
+                                                             "tid": 2, "ts": "14.5", "dur": "1"}]}))
+    for path in (typed, lenient):
+        # WHEN read both ways THEN the same events are kept and the same are counted as skipped
+        trace = load_trace(str(path))
+        read = load_columns(str(path))
+        assert (read.event_count, read.skipped_events) == (trace.event_count, trace.skipped_events)
+        assert read.skipped_events == 3
+        as_events = read.columns.to_events()
+        assert [(e.name, e.pid, e.tid, e.ts, e.dur) for e in as_events] == [
+            (e.name, e.pid, e.tid, e.ts, e.dur) for e in trace.events
+        ]
