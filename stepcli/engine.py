@@ -11,9 +11,10 @@ import multiprocessing
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Sequence
 
-from stepcli.errors import TraceError
+from stepcli.errors import StepcliError, TraceError
 from stepcli.summary import FilePart, TraceSummary, merge_parts, summarize_columns
 from stepcli.traces import list_trace_files, load_columns
 
@@ -24,6 +25,10 @@ def available_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # macOS has no sched_getaffinity
         return max(1, os.cpu_count() or 1)
+
+
+# Ranges per core when one big file is cut (measured on 2 cores: more ranges cost more than they balance).
+_PIECES_PER_CORE = 1
 
 
 class _Failed:
@@ -40,6 +45,34 @@ def _part_of(path: str, groupings: tuple[bool, ...], shapes: bool) -> list[FileP
         trace = load_columns(path, shapes=shapes)
     except TraceError as exc:
         return _Failed(exc.path, exc.problem)
+    return [
+        summarize_columns(
+            trace.columns,
+            path=trace.path,
+            rank=trace.rank,
+            event_count=trace.event_count,
+            skipped_events=trace.skipped_events,
+            incomplete_step=trace.incomplete_step,
+            group_by_shape=by_shape,
+        )
+        for by_shape in groupings
+    ]
+
+
+def _split_parts(path: str, groupings: tuple[bool, ...], shapes: bool, cores: int) -> list[FilePart] | None:
+    """One large trace decoded by `cores` processes (stepcli.splitread); None when it is not split."""
+    from stepcli.splitread import plan, read_split
+
+    ranges = plan(path, cores * _PIECES_PER_CORE)
+    if ranges is None:
+        return None
+    try:
+        with ProcessPoolExecutor(max_workers=min(cores - 1, len(ranges) - 1), mp_context=_context()) as pool:
+            trace = read_split(path, ranges, shapes, pool)
+    except (BrokenProcessPool, OSError):  # a worker died (out of memory?) or none could start: read it whole
+        return None
+    if trace is None:
+        return None
     return [
         summarize_columns(
             trace.columns,
@@ -71,12 +104,22 @@ def file_parts(
     Raises TraceError for the first file (in order) that is not a readable trace.
     """
     files = list_trace_files(paths)
-    workers = min(jobs if jobs is not None else available_cores(), len(files))
+    cores = jobs if jobs is not None else available_cores()
+    if len(files) == 1 and cores > 1:
+        split = _split_parts(files[0], groupings, shapes, cores)
+        if split is not None:
+            return [split]
+    workers = min(cores, len(files))
     if workers <= 1:
         results = [_part_of(file, groupings, shapes) for file in files]
     else:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=_context()) as pool:
-            results = list(pool.map(_part_of, files, [groupings] * len(files), [shapes] * len(files)))
+        try:
+            with ProcessPoolExecutor(max_workers=workers, mp_context=_context()) as pool:
+                results = list(pool.map(_part_of, files, [groupings] * len(files), [shapes] * len(files)))
+        except BrokenProcessPool:
+            raise StepcliError(
+                f"a worker process reading the traces died (out of memory?); try again with fewer, e.g. --jobs {max(1, workers // 2)}"
+            ) from None
     out: list[list[FilePart]] = []
     for result in results:
         if isinstance(result, _Failed):

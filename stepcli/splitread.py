@@ -1,0 +1,132 @@
+"""One large plain-JSON trace read by several processes at once: its traceEvents list is cut between two events
+into byte ranges, each range is read (pread) and decoded into columns by its own process, and the columns are
+joined in file order. Decoding is most of the time of `stepcli table` on one file, so this is what lets one big
+trace use more than one core.
+
+A cut can only be wrong when it falls inside a string or a nested value; then a range is not a complete JSON
+list, its decode fails, and the caller reads the file whole the ordinary way (which also gives the exact error).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from concurrent.futures import Executor
+from typing import Any
+
+import numpy as np
+
+from stepcli.columnar import Columns
+from stepcli.inputs import GZIP_MAGIC, input_limit
+from stepcli.traces import _EVENT_SEPARATOR, _TRACE_EVENTS_KEY, ColumnTrace, rank_from_name
+
+MIN_PIECE_BYTES = 32 * 1024 * 1024  # smaller files gain less from more processes than starting them costs
+_LOOK = 1 << 20  # bytes searched for the traceEvents key, and after each cut for the gap between two events
+_LIST_OPEN = b'{"traceEvents": ['
+_LIST_CLOSE = b"]}"
+
+
+def plan(path: str, pieces: int) -> list[tuple[int, int]] | None:
+    """Byte ranges [start, end) of about equal size, each holding whole events; the last runs to the end of the
+    file (with the document's closing part). None when the file is not worth or not fit for cutting."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    size = info.st_size
+    if pieces < 2 or not stat.S_ISREG(info.st_mode) or size > input_limit() or size < 2 * MIN_PIECE_BYTES:
+        return None
+    pieces = min(pieces, size // MIN_PIECE_BYTES)
+    with open(path, "rb") as file:
+        head = file.read(_LOOK)
+        key = _TRACE_EVENTS_KEY.search(head)
+        if head[:2] == GZIP_MAGIC or key is None:
+            return None
+        start = key.end()
+        cuts: list[int] = []
+        for k in range(1, pieces):
+            target = start + (size - start) * k // pieces
+            file.seek(target)
+            window = file.read(_LOOK)
+            gap = _EVENT_SEPARATOR.search(window)
+            if gap is None:
+                return None
+            comma = target + window.index(b",", gap.start())
+            if cuts and comma <= cuts[-1]:
+                return None
+            cuts.append(comma)
+    return [(start, cuts[0]), *[(a + 1, b) for a, b in zip(cuts, cuts[1:])], (cuts[-1] + 1, size)]
+
+
+def read_piece(path: str, start: int, end: int, header_end: int, last: bool, shapes: bool) -> Any:
+    """Columns of one range (runs in a worker): (meta, columns, event count, skipped), or None if it failed."""
+    from stepcli.columnkeeper import ColumnKeeper
+    from stepcli.traces import _decode
+
+    try:
+        with open(path, "rb") as file:
+            if last:  # the document around the list (header and tail), with the last events inside
+                head = os.pread(file.fileno(), header_end, 0)
+                document = head + os.pread(file.fileno(), end - start, start)
+            else:
+                document = b"".join((_LIST_OPEN, os.pread(file.fileno(), end - start, start), _LIST_CLOSE))
+        meta, keeper = _decode(path, document, shapes, ColumnKeeper)
+    except Exception:  # any surprise: the caller reads the file whole, the ordinary way
+        return None
+    assert isinstance(keeper, ColumnKeeper)
+    return meta, keeper.columns(), keeper.count, keeper.skipped
+
+
+def read_split(path: str, ranges: list[tuple[int, int]], shapes: bool, pool: Executor) -> ColumnTrace | None:
+    """The file's columns, its ranges decoded in `pool`, and by this process meanwhile (the first range, then any
+    range not yet begun)."""
+    header_end = ranges[0][0]
+    last = len(ranges) - 1
+    futures = [
+        pool.submit(read_piece, path, start, end, header_end, index == last, shapes)
+        for index, (start, end) in enumerate(ranges)
+        if index > 0
+    ]
+    done: dict[int, Any] = {0: read_piece(path, *ranges[0], header_end, False, shapes)}
+    # Workers start later than this process: it takes back, last first, the ranges no worker has begun.
+    for index in range(len(futures), 0, -1):
+        if futures[index - 1].cancel():
+            start, end = ranges[index]
+            done[index] = read_piece(path, start, end, header_end, index == last, shapes)
+    results = [done[i] if i in done else futures[i - 1].result() for i in range(len(ranges))]
+    if any(r is None for r in results):
+        return None
+    meta = results[-1][0]
+    rank = meta.rank if meta.rank is not None else rank_from_name(path)
+    columns = join([r[1] for r in results])
+    return ColumnTrace(path, rank, columns, sum(r[2] for r in results), sum(r[3] for r in results), meta.incomplete_step)
+
+
+def join(parts: list[Columns]) -> Columns:
+    """Columns of consecutive ranges as one, their name, id and shape tables merged (first sight keeps order)."""
+    names: dict[str, int] = {}
+    ids: dict[int | str, int] = {}
+    shapes: dict[str, int] = {"": 0}
+
+    def remap(table: dict[Any, int], values: list[Any]) -> np.ndarray:
+        return np.array([table.setdefault(v, len(table)) for v in values] or [0], np.int32)
+
+    name, pid, tid, shape = [], [], [], []
+    for part in parts:
+        name.append(remap(names, part.names)[part.name])
+        id_map = remap(ids, part.ids)
+        pid.append(id_map[part.pid])
+        tid.append(id_map[part.tid])
+        shape.append(remap(shapes, part.shapes)[part.shape])
+    return Columns(
+        name=np.concatenate(name),
+        kind=np.concatenate([p.kind for p in parts]),
+        pid=np.concatenate(pid),
+        tid=np.concatenate(tid),
+        ts=np.concatenate([p.ts for p in parts]),
+        dur=np.concatenate([p.dur for p in parts]),
+        shape=np.concatenate(shape),
+        names=list(names),
+        ids=list(ids),
+        shapes=list(shapes),
+    )
