@@ -108,3 +108,44 @@ def test_default_jobs_are_the_available_cores() -> None:
     import os
 
     assert available_cores() == len(os.sched_getaffinity(0))
+
+
+def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from stepcli import splitread
+
+    # GIVEN the real trace, and ranges small enough that it is cut in three
+    monkeypatch.setattr(splitread, "MIN_PIECE_BYTES", 20_000)
+    ranges = splitread.plan(str(REAL), 3)
+    assert ranges is not None and len(ranges) == 3
+    # WHEN read by three processes THEN every figure equals the one-process read
+    expected = summarize(load_paths([str(REAL)])).to_dict()
+    assert summarize_paths([str(REAL)], jobs=3).to_dict() == expected
+    # AND the columns joined from the ranges are the file's columns
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stepcli.traces import load_columns
+
+    with ThreadPoolExecutor(2) as pool:
+        joined = splitread.read_split(str(REAL), ranges, True, pool)
+    whole = load_columns(str(REAL), shapes=True)
+    assert joined is not None
+    assert (joined.event_count, joined.skipped_events, joined.rank) == (whole.event_count, whole.skipped_events, whole.rank)
+    assert [(e.name, e.ts, e.shape) for e in joined.columns.to_events()] == [
+        (e.name, e.ts, e.shape) for e in whole.columns.to_events()
+    ]
+
+
+def test_a_cut_inside_a_string_falls_back_to_the_whole_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from stepcli import splitread
+
+    # GIVEN a trace whose names hold "}, {" (a cut can land inside a string) WHEN read cut in ranges
+    monkeypatch.setattr(splitread, "MIN_PIECE_BYTES", 2_000)
+    events = [{"ph": "X", "cat": "cpu_op", "name": "x" * 40 + "}, {" + "y" * 40 + "}, {", "pid": 1, "tid": 1,
+               "ts": 10.0 * i, "dur": 5.0} for i in range(400)]
+    path = tmp_path / "odd_names.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    ranges = splitread.plan(str(path), 4)
+    assert ranges is not None
+    # THEN the answers are still the one-process read's
+    assert summarize_paths([str(path)], jobs=4).to_dict() == summarize(load_paths([str(path)])).to_dict()
+    assert summarize_paths([str(path)], jobs=4).to_dict()["cpu_ops"][0]["calls"] == 400
