@@ -133,6 +133,7 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
 @click.option("--markdown", "as_markdown", is_flag=True, help="Markdown tables on stdout.")
 @click.option("--group-by-shape", is_flag=True, help="One operator row per input shape (traces recorded with --record-shapes).")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Files read in parallel (default: the cores available).")
+@click.option("--scheduler", metavar="ADDRESS", default=None, help="Read the files on a Dask cluster (tcp://host:8786; stepcli[dask]).")
 def table(
     paths: tuple[str, ...],
     sort_by: str,
@@ -142,6 +143,7 @@ def table(
     as_markdown: bool,
     group_by_shape: bool,
     jobs: int | None,
+    scheduler: str | None,
 ) -> int:
     """Summarize traces: per-operator, per-step and per-rank tables.
 
@@ -154,7 +156,7 @@ def table(
     from stepcli.engine import summarize_paths
     from stepcli.render import print_table_report
 
-    summary = summarize_paths(paths, group_by_shape=group_by_shape, jobs=jobs)
+    summary = summarize_paths(paths, group_by_shape=group_by_shape, jobs=jobs, scheduler=scheduler)
     print_table_report(summary, sort_by=sort_by, limit=limit, fmt=fmt or "rich")
     return 0
 

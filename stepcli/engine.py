@@ -96,14 +96,24 @@ def _context() -> multiprocessing.context.BaseContext:
 
 
 def file_parts(
-    paths: Sequence[str], *, groupings: tuple[bool, ...] = (False,), shapes: bool = False, jobs: int | None = None
+    paths: Sequence[str],
+    *,
+    groupings: tuple[bool, ...] = (False,),
+    shapes: bool = False,
+    jobs: int | None = None,
+    scheduler: str | None = None,
 ) -> list[list[FilePart]]:
     """Per file named by `paths` (files or folders, as stepcli.traces.load_paths reads them), in that order: its
     parts, one per grouping. `jobs` worker processes at most (default: the available cores); 1 reads in-process.
+    With `scheduler`, a Dask distributed cluster's workers read the files instead (stepcli.cluster).
 
     Raises TraceError for the first file (in order) that is not a readable trace.
     """
     files = list_trace_files(paths)
+    if scheduler is not None:
+        from stepcli.cluster import cluster_results
+
+        return _checked(cluster_results(scheduler, files, groupings, shapes))
     cores = jobs if jobs is not None else available_cores()
     if len(files) == 1 and cores > 1:
         split = _split_parts(files[0], groupings, shapes, cores)
@@ -120,6 +130,11 @@ def file_parts(
             raise StepcliError(
                 f"a worker process reading the traces died (out of memory?); try again with fewer, e.g. --jobs {max(1, workers // 2)}"
             ) from None
+    return _checked(results)
+
+
+def _checked(results: Sequence[list[FilePart] | _Failed]) -> list[list[FilePart]]:
+    """The parts, or the first file's error (in file order) as TraceError."""
     out: list[list[FilePart]] = []
     for result in results:
         if isinstance(result, _Failed):
@@ -129,9 +144,9 @@ def file_parts(
 
 
 def summarize_paths(
-    paths: Sequence[str], *, group_by_shape: bool = False, jobs: int | None = None
+    paths: Sequence[str], *, group_by_shape: bool = False, jobs: int | None = None, scheduler: str | None = None
 ) -> TraceSummary:
     """`summarize(load_paths(paths))`, with files read in parallel and never all in memory at once."""
-    parts = file_parts(paths, groupings=(group_by_shape,), shapes=group_by_shape, jobs=jobs)
+    parts = file_parts(paths, groupings=(group_by_shape,), shapes=group_by_shape, jobs=jobs, scheduler=scheduler)
     return merge_parts([p[0] for p in parts], group_by_shape=group_by_shape)
 
