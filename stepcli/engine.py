@@ -91,7 +91,10 @@ def _context() -> multiprocessing.context.BaseContext:
     # Never fork: the parent may hold threads (a launcher's pipes) and a fork copies its memory. forkserver starts
     # workers from a small clean process on Linux; spawn elsewhere.
     if sys.platform.startswith("linux"):
-        return multiprocessing.get_context("forkserver")
+        context = multiprocessing.get_context("forkserver")
+        # The server imports the reader once; each worker forked from it starts with it loaded.
+        context.set_forkserver_preload(["stepcli.engine", "stepcli.columnkeeper", "stepcli.splitread"])
+        return context
     return multiprocessing.get_context("spawn")
 
 
