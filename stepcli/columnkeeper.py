@@ -110,6 +110,14 @@ class ColumnKeeper(_Keeper):
             key = self._shape_keys[raw] = " ".join(raw.decode("utf-8", "replace").split())
         return key
 
+    def absorb(self, other: ColumnKeeper) -> None:
+        """Append what another keeper (of the events after this one's) kept, counted and skipped."""
+        self.count += other.count
+        self.skipped += other.skipped
+        columns = other.columns()
+        if len(columns):
+            self._parts.append(_encode_again(self, columns))
+
     def columns(self) -> Columns:
         parts = self._parts
         types = (np.int32, np.int8, np.int32, np.int32, np.float64, np.float64, np.int32)
@@ -130,3 +138,19 @@ class ColumnKeeper(_Keeper):
             shapes=list(self._shape_codes.codes),
         )
 
+
+def _encode_again(keeper: ColumnKeeper, columns: Columns) -> tuple[np.ndarray, ...]:
+    """Another keeper's columns in this keeper's codes."""
+    name_map = keeper._name_codes.encode(columns.names)
+    keeper._rules(len(keeper._name_codes.codes))
+    id_map = keeper._id_codes.encode(columns.ids) if columns.ids else np.zeros(1, np.int32)
+    shape_map = keeper._shape_codes.encode(columns.shapes)
+    return (
+        name_map[columns.name],
+        columns.kind,
+        id_map[columns.pid],
+        id_map[columns.tid],
+        columns.ts,
+        columns.dur,
+        shape_map[columns.shape],
+    )

@@ -59,22 +59,61 @@ def plan(path: str, pieces: int) -> list[tuple[int, int]] | None:
 
 
 def read_piece(path: str, start: int, end: int, header_end: int, last: bool, shapes: bool) -> Any:
-    """Columns of one range (runs in a worker): (meta, columns, event count, skipped), or None if it failed."""
-    from stepcli.columnkeeper import ColumnKeeper
-    from stepcli.traces import _decode
+    """Columns of one range (runs in a worker): (meta, columns, event count, skipped), or None if it failed.
 
+    The range is read and decoded a slice (~8 MB, cut between events) at a time, so a process holds one slice
+    of the file, not its whole range; the last range's final slices are decoded inside the document around
+    the list (header and tail), which also checks the file's end and gives its metadata."""
+    import msgspec
+
+    from stepcli.columnkeeper import ColumnKeeper
+    from stepcli.traces import _CHUNK_BYTES, _decode, _DecodedEvent, _Meta, _ShapedEvent
+
+    keeper = ColumnKeeper(shapes)
+    decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(list[_ShapedEvent] if shapes else list[_DecodedEvent])
+    meta = _Meta()
     try:
         with open(path, "rb") as file:
-            if last:  # the document around the list (header and tail), with the last events inside
+            position = start
+            stop = end - 2 * _CHUNK_BYTES if last else end  # the last range keeps its final slices for the document
+            while position < stop:
+                cut = end
+                if position + _CHUNK_BYTES < end:
+                    window = os.pread(file.fileno(), _LOOK, position + _CHUNK_BYTES)
+                    gap = _EVENT_SEPARATOR.search(window)
+                    if gap is None:
+                        return None
+                    cut = min(end, position + _CHUNK_BYTES + window.index(b",", gap.start()))
+                if last and cut >= end:
+                    break
+                keeper.add(decoder.decode(_read_into(file, b"[", position, cut, b"]")))
+                position = cut + 1
+            if last:
                 head = os.pread(file.fileno(), header_end, 0)
-                document = head + os.pread(file.fileno(), end - start, start)
-            else:
-                document = b"".join((_LIST_OPEN, os.pread(file.fileno(), end - start, start), _LIST_CLOSE))
-        meta, keeper = _decode(path, document, shapes, ColumnKeeper)
+                meta, rest = _decode(path, _read_into(file, head, position, end, b""), shapes, ColumnKeeper)
+                assert isinstance(rest, ColumnKeeper)
+                keeper.absorb(rest)
     except Exception:  # any surprise: the caller reads the file whole, the ordinary way
         return None
-    assert isinstance(keeper, ColumnKeeper)
     return meta, keeper.columns(), keeper.count, keeper.skipped
+
+
+def _read_into(file: Any, before: bytes, start: int, end: int, after: bytes) -> bytearray:
+    """`before + file[start:end] + after` in one buffer, the range read straight into it (held once, not twice)."""
+    size = end - start
+    buffer = bytearray(len(before) + size + len(after))
+    buffer[: len(before)] = before
+    buffer[len(before) + size :] = after
+    view = memoryview(buffer)[len(before) : len(before) + size]
+    file.seek(start)
+    done = 0
+    while done < size:
+        got = file.readinto(view[done:])
+        if not got:
+            raise EOFError("the file got shorter while it was read")
+        done += got
+    view.release()
+    return buffer
 
 
 def read_split(path: str, ranges: list[tuple[int, int]], shapes: bool, pool: Executor) -> ColumnTrace | None:

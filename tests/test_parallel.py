@@ -125,14 +125,20 @@ def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.Mo
 
     from stepcli.traces import load_columns
 
-    with ThreadPoolExecutor(2) as pool:
-        joined = splitread.read_split(str(REAL), ranges, True, pool)
+    from stepcli import traces
+
     whole = load_columns(str(REAL), shapes=True)
-    assert joined is not None
-    assert (joined.event_count, joined.skipped_events, joined.rank) == (whole.event_count, whole.skipped_events, whole.rank)
-    assert [(e.name, e.ts, e.shape) for e in joined.columns.to_events()] == [
-        (e.name, e.ts, e.shape) for e in whole.columns.to_events()
-    ]
+    for slice_bytes in (traces._CHUNK_BYTES, 3_000):  # each range decoded in one slice, then in many
+        monkeypatch.setattr(traces, "_CHUNK_BYTES", slice_bytes)
+        with ThreadPoolExecutor(2) as pool:
+            joined = splitread.read_split(str(REAL), ranges, True, pool)
+        assert joined is not None
+        assert (joined.event_count, joined.skipped_events, joined.rank) == (
+            whole.event_count, whole.skipped_events, whole.rank
+        )
+        assert [(e.name, e.ts, e.shape, e.tid) for e in joined.columns.to_events()] == [
+            (e.name, e.ts, e.shape, e.tid) for e in whole.columns.to_events()
+        ]
 
 
 def test_a_cut_inside_a_string_falls_back_to_the_whole_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
