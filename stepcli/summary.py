@@ -570,9 +570,11 @@ def summarize_columns(
     """The part of one trace file read into columns (stepcli.traces.load_columns)."""
     from stepcli.columnar import TooLarge
 
+    device_busy = _device_busy_arrays
     try:
         cpu_rows, device_rows, result = _analyze_columns(columns, group_by_shape, incomplete_step)
-    except TooLarge:  # times past 64-bit nanoseconds: the per-event reference, on Python integers
+    except TooLarge:
+        device_busy = _device_busy  # times past 64-bit nanoseconds: the per-event reference, on Python integers
         cpu, device = _Accumulator(), _Accumulator()
         was_enabled = gc.isenabled()
         gc.disable()
@@ -593,7 +595,7 @@ def summarize_columns(
         for label, ns in phases.items():
             phase_totals[label] += ns
         phase_steps += 1
-    busy = _device_busy(result)
+    busy = device_busy(result)
     return FilePart(
         path=path,
         rank=rank,
@@ -611,6 +613,34 @@ def summarize_columns(
         busy_steps=(len(result.windows) or 1) if busy is not None else 0,
         has_shapes=bool(len(columns) and columns.shape.any()),
     )
+
+
+def _device_busy_arrays(result: _TraceResult) -> tuple[int, int] | None:
+    """`_device_busy` with array operations: the device time inside each span is F(end) - F(start), where F(t)
+    is the device union's length before t (prefix sums and a binary search), instead of a Python step per
+    kernel interval."""
+    if not result.device_union:
+        return None
+    import numpy as np
+
+    spans = [(w.start, w.end) for w in result.windows]
+    if not spans:
+        first = min(result.device_union[0][0], result.cpu_span[0] if result.cpu_span else result.device_union[0][0])
+        last = max(result.device_union[-1][1], result.cpu_span[1] if result.cpu_span else result.device_union[-1][1])
+        spans = [(first, last)]
+    merged = _union(spans)
+    union = np.array(result.device_union, dtype=np.int64)
+    starts, ends = union[:, 0], union[:, 1]
+    before = np.concatenate(([0], np.cumsum(ends - starts)))  # union length before interval k
+
+    def covered(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(starts, t, side="right")  # intervals starting at or before t
+        prev = np.maximum(k - 1, 0)
+        return np.where(k > 0, before[prev] + np.minimum(t, ends[prev]) - starts[prev], 0)
+
+    a = np.array([s for s, _ in merged], dtype=np.int64)
+    b = np.array([e for _, e in merged], dtype=np.int64)
+    return int((covered(b) - covered(a)).sum()), int((b - a).sum())
 
 
 def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSummary:
