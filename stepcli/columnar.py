@@ -125,14 +125,12 @@ def parents(start: np.ndarray, end: np.ndarray, dur: np.ndarray, first: np.ndarr
     if n == 0:
         return np.zeros(0, np.int64)
     need = end + (dur == 0)  # end[j] >= need[i] is containment, given start[j] <= start[i]
-    # levels[k][x] = max(end[x : x + 2**k]) (clipped at the array's end)
+    # levels[k][x] = max(end[x : x + 2**k]), for the x where that range lies inside the array
     levels = [end]
     span = 1
     while span * 2 <= n:
         prev = levels[-1]
-        nxt = prev.copy()
-        np.maximum(prev[:-span], prev[span:], out=nxt[:-span])
-        levels.append(nxt)
+        levels.append(np.maximum(prev[:-span], prev[span:]))
         span *= 2
     parent = np.arange(-1, n - 1, dtype=np.int64)
     # Most events are a first child: the event just before contains them. Search only for the others.
@@ -168,13 +166,28 @@ def intervals_union(start: np.ndarray, end: np.ndarray) -> list[tuple[int, int]]
     return list(zip(s[heads].tolist(), reach[tails].tolist()))
 
 
+_DENSE_KEYS = 1 << 24  # keys below this are counted in a table indexed by key (no sort)
+
+
 def group_sums(keys: np.ndarray, values: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
     """Unique keys and, per key, the count and the integer sum of each value array."""
+    if len(keys) and 0 <= keys.min() and keys.max() < _DENSE_KEYS:
+        counts = np.bincount(keys)
+        unique = np.nonzero(counts)[0]
+        sums = [np.bincount(keys, weights=v, minlength=len(counts))[unique].round().astype(np.int64) for v in values]
+        return unique, [counts[unique], *sums]
     unique, inverse = np.unique(keys, return_inverse=True)
     inverse = inverse.reshape(-1)
     counts = np.bincount(inverse, minlength=len(unique))
     sums = [np.bincount(inverse, weights=v, minlength=len(unique)).round().astype(np.int64) for v in values]
     return unique, [counts, *sums]
+
+
+def first_seen(codes: np.ndarray) -> np.ndarray:
+    """Per small non-negative code value, the index of its first appearance (len(codes) where it never does)."""
+    first = np.full(int(codes.max()) + 1 if len(codes) else 0, len(codes), np.int64)
+    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)  # with repeated indices, the last write (earliest) wins
+    return first
 
 
 def rows_from(
@@ -200,9 +213,15 @@ def rows_from(
 
 def first_index_order(codes: np.ndarray) -> np.ndarray:
     """Rank of each code by its first appearance (so grouped results keep the reference's order)."""
-    unique, first = np.unique(codes, return_index=True)
+    if len(codes) and 0 <= codes.min() and codes.max() < _DENSE_KEYS:
+        first = first_seen(codes)
+        present = np.nonzero(first < len(codes))[0]
+        rank = np.zeros(len(first), np.int64)
+        rank[present[np.argsort(first[present], kind="stable")]] = np.arange(len(present))
+        return rank[codes]
+    unique, first_index = np.unique(codes, return_index=True)
     rank = np.empty(len(unique), np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(len(unique))
+    rank[np.argsort(first_index, kind="stable")] = np.arange(len(unique))
     lookup = np.searchsorted(unique, codes)
     return rank[lookup]
 

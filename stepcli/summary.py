@@ -432,10 +432,10 @@ def _analyze_columns(
         cpu_tids = columns.tid[in_file]
         run = np.ones(len(in_file), dtype=bool)
         run[1:] = (cpu_pids[1:] != cpu_pids[:-1]) | (cpu_tids[1:] != cpu_tids[:-1])
-        counts = np.bincount(cpu_pids[run])
-        _unique, first_seen = np.unique(cpu_pids, return_index=True)
-        best = counts[_unique] == counts.max()
-        main_pid = ids[int(_unique[best][np.argmin(first_seen[best])])]
+        counts = np.bincount(cpu_pids[run], minlength=int(cpu_pids.max()) + 1)
+        seen = col.first_seen(cpu_pids)
+        best = np.nonzero(counts == counts.max())[0]
+        main_pid = ids[int(best[np.argmin(seen[best])])]
     if main_pid is not None and "device" in comm_spans:
         comm_spans.setdefault(main_pid, []).extend(comm_spans.pop("device"))
     comm_union = {pid: _union(spans) for pid, spans in comm_spans.items()}
