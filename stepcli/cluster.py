@@ -8,28 +8,29 @@ at the same absolute paths (a shared file system).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 from stepcli.errors import StepcliError
 
 _INSTALL = "--scheduler needs Dask's distributed package: pip install 'stepcli[dask]'"
 
 
-def cluster_results(scheduler: str, files: list[str], groupings: tuple[bool, ...], shapes: bool) -> list[Any]:
-    """`engine._part_of` for every file on the cluster at `scheduler`, in file order (paths as given here)."""
+def cluster_results(
+    scheduler: str, work: Callable[..., Any], files: list[str], groupings: tuple[bool, ...], shapes: bool
+) -> list[Any]:
+    """`work` (stepcli.engine's per-file step) for every file on the cluster at `scheduler`, in file order, the
+    results naming the files as given here."""
     try:
         from distributed import Client
     except ImportError:
         raise StepcliError(_INSTALL) from None
-    from stepcli.engine import _part_of
-
     absolute = [os.path.abspath(f) for f in files]
     try:
         client = Client(scheduler, timeout="10s", set_as_default=False)
     except (OSError, TimeoutError, ValueError) as exc:
         raise StepcliError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
     try:
-        futures = client.map(_part_of, absolute, groupings=groupings, shapes=shapes, pure=False)
+        futures = client.map(work, absolute, groupings=groupings, shapes=shapes, pure=False)
         results = client.gather(futures)
     finally:
         client.close()

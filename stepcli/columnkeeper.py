@@ -7,6 +7,7 @@ dropped, unusable times and step numbers skipped and counted), kept as arrays in
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import Any, Sequence
@@ -14,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from stepcli.columnar import Columns, kind_of
-from stepcli.traces import FILTERED_NAMES, KEPT_CATEGORIES, MAX_TIME_US, _Keeper, _usable_name
+from stepcli.traces import FILTERED_NAMES, KEPT_CATEGORIES, MAX_TIME_US, _Keeper, _read, _usable_name, rank_from_name
 
 _NAME, _CAT, _PH, _PID, _TID, _TS, _DUR = (attrgetter(f) for f in ("name", "cat", "ph", "pid", "tid", "ts", "dur"))
 _ARGS = attrgetter("args")
@@ -154,3 +155,23 @@ def _encode_again(keeper: ColumnKeeper, columns: Columns) -> tuple[np.ndarray, .
         columns.dur,
         shape_map[columns.shape],
     )
+
+
+@dataclass
+class ColumnTrace:
+    """One trace file read straight into typed columns (stepcli.columnar), without an object per event."""
+
+    path: str
+    rank: int | None
+    columns: Columns
+    event_count: int
+    skipped_events: int = 0
+    incomplete_step: int | None = None
+
+
+def load_columns(path: str, *, shapes: bool = False) -> ColumnTrace:
+    """Read one trace file into columns: the same events, checks and errors as load_trace."""
+    meta, keeper = _read(path, shapes, ColumnKeeper)
+    assert isinstance(keeper, ColumnKeeper)
+    rank = meta.rank if meta.rank is not None else rank_from_name(path)
+    return ColumnTrace(path, rank, keeper.columns(), keeper.count, keeper.skipped, meta.incomplete_step)

@@ -16,7 +16,8 @@ from typing import Sequence
 
 from stepcli.errors import StepcliError, TraceError
 from stepcli.summary import FilePart, TraceSummary, merge_parts, summarize_columns
-from stepcli.traces import list_trace_files, load_columns
+from stepcli.columnkeeper import load_columns
+from stepcli.traces import list_trace_files
 
 
 def available_cores() -> int:
@@ -116,7 +117,7 @@ def file_parts(
     if scheduler is not None:
         from stepcli.cluster import cluster_results
 
-        return _checked(cluster_results(scheduler, files, groupings, shapes))
+        return _checked(cluster_results(scheduler, _part_of, files, groupings, shapes))
     cores = jobs if jobs is not None else available_cores()
     if len(files) == 1 and cores > 1:
         split = _split_parts(files[0], groupings, shapes, cores)

@@ -567,7 +567,7 @@ def summarize_columns(
     incomplete_step: int | None = None,
     group_by_shape: bool = False,
 ) -> FilePart:
-    """The part of one trace file read into columns (stepcli.traces.load_columns)."""
+    """The part of one trace file read into columns (stepcli.columnkeeper.load_columns)."""
     from stepcli.columnar import TooLarge
 
     device_busy = _device_busy_arrays

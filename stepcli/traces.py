@@ -25,15 +25,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 import msgspec
 
 from stepcli.errors import TraceError
 from stepcli.inputs import read_input
-
-if TYPE_CHECKING:
-    from stepcli.columnar import Columns
 
 # Kineto categories whose events run on a CPU thread and that torch's `key_averages()` counts as operators
 # (it also nests python_function events with ops, so they must take part in self-time accounting).
@@ -281,28 +278,6 @@ def load_trace(path: str, *, shapes: bool = False) -> Trace:
         skipped_events=keeper.skipped,
         incomplete_step=meta.incomplete_step,
     )
-
-
-@dataclass
-class ColumnTrace:
-    """One trace file read straight into typed columns (stepcli.columnar), without an object per event."""
-
-    path: str
-    rank: int | None
-    columns: Columns
-    event_count: int
-    skipped_events: int = 0
-    incomplete_step: int | None = None
-
-
-def load_columns(path: str, *, shapes: bool = False) -> ColumnTrace:
-    """Read one trace file into columns: the same events, checks and errors as load_trace."""
-    from stepcli.columnkeeper import ColumnKeeper
-
-    meta, keeper = _read(path, shapes, ColumnKeeper)
-    assert isinstance(keeper, ColumnKeeper)
-    rank = meta.rank if meta.rank is not None else rank_from_name(path)
-    return ColumnTrace(path, rank, keeper.columns(), keeper.count, keeper.skipped, meta.incomplete_step)
 
 
 def _read(path: str, shapes: bool, keeper_type: type[_Keeper]) -> tuple[_Meta, _Keeper]:

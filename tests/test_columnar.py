@@ -11,7 +11,8 @@ import pytest
 from stepcli import columnar
 from stepcli import summary as summary_module
 from stepcli.summary import FilePart, merge_parts, summarize_columns, summarize_file
-from stepcli.traces import Event, Trace, load_columns, load_trace
+from stepcli.columnkeeper import load_columns
+from stepcli.traces import Event, Trace, load_trace
 
 DATA = Path(__file__).parent / "data"
 REAL = [DATA / "train_cpu.pt.trace.json", DATA / "cuda_small.pt.trace.json.gz", DATA / "cuda_compile.pt.trace.json.gz"]

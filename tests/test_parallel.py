@@ -123,7 +123,7 @@ def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.Mo
     # AND the columns joined from the ranges are the file's columns
     from concurrent.futures import ThreadPoolExecutor
 
-    from stepcli.traces import load_columns
+    from stepcli.columnkeeper import load_columns
 
     from stepcli import traces
 
