@@ -1,13 +1,20 @@
-"""Benchmark `stepcli table` on a large realistic trace against decoding it with orjson and reading its bytes.
+"""Benchmark `stepcli table` on a large realistic trace, and on a folder of rank traces, against references.
 
-Usage: python scripts/bench_table.py [--size-mb 300] [--trace PATH] [--repeat N]
+Usage: python scripts/bench_table.py [--size-mb 300] [--trace PATH] [--repeat N] [--ranks 8] [--rank-mb 40]
+       [--folder DIR] [--skip-one-file] [--skip-folder]
+
+One file: `stepcli table --json` against the reference (msgspec's typed decode of the 7 needed fields plus a
+straight Python aggregation of per-name sums, in one process), plus typed decoding alone and reading the bytes;
+the goal is at most 1.0x the reference's time and 1.5x the file's size of peak RSS.
+Folder: --ranks traces of --rank-mb each (rank N in distributedInfo); `stepcli table --json` on the folder against
+the ideal (one file's time x ranks / available cores); the goal is at most 1.3x.
 
 The trace is built from a real torch.profiler recording (record_shapes=True) of a small transformer training
 loop, replicated and shifted in time until it reaches the requested size, with synthetic CUDA runtime calls,
 kernels and flow events added so the event mix looks like a GPU training trace, and written in Kineto's own
 layout (one field per line), so 300 MB holds about as many events (~800k) as a real trace of that size.
 With --trace PATH the trace is kept there (and reused when it exists). Each command runs in its own process;
-the table shows its wall time and peak RSS (os.wait4), best of --repeat runs.
+the table shows its wall time and peak RSS (summed over its process tree), best of --repeat runs.
 """
 
 from __future__ import annotations
@@ -179,9 +186,32 @@ def write_big_trace(path: Path, size_mb: float, workdir: Path) -> int:
     return count
 
 
+# The reference of the issue: typed decode of the needed fields, then a straight aggregation loop (calls and
+# total time per kept name, steps counted), i.e. the least a Python summarizer built on msgspec must do.
+_REFERENCE = """
+import sys, gc, msgspec
+class E(msgspec.Struct, gc=False):
+    name: str = ""; cat: str = ""; ph: str = ""; pid: int | str = 0; tid: int | str = 0; ts: float = 0.0; dur: float = 0.0
+class T(msgspec.Struct):
+    traceEvents: list[E]
+KEPT = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy", "gpu_memset"}
+gc.disable()
+events = msgspec.json.decode(open(sys.argv[1], 'rb').read(), type=T).traceEvents
+rows = {}
+for e in events:
+    if e.ph != "X" or e.cat not in KEPT:
+        continue
+    row = rows.get(e.name)
+    if row is None:
+        rows[e.name] = [1, e.dur]
+    else:
+        row[0] += 1
+        row[1] += e.dur
+print(len(rows))
+"""
+
 # The baselines, each run in its own process so each peak RSS is its own.
 _READ = "import sys; open(sys.argv[1], 'rb').read()"
-_ORJSON = "import orjson, sys; orjson.loads(open(sys.argv[1], 'rb').read())"
 # The candidate stepcli did not pick as is: msgspec decoding only the needed fields into typed structs, whole file.
 _MSGSPEC = """
 import sys, gc, msgspec
@@ -195,24 +225,123 @@ msgspec.json.decode(open(sys.argv[1], 'rb').read(), type=T)
 
 
 def measure(argv: list[str]) -> tuple[float, int, int]:
-    """Wall seconds, peak RSS bytes and exit status of one child process (os.wait4 gives that child's own rusage)."""
+    """Wall seconds, peak RSS bytes and exit status of one command. The RSS is the peak of the sum over the
+    command's process tree (its worker processes included), sampled every 5 ms, or the command's own peak
+    (os.wait4) if that is larger."""
+    import psutil
+
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    peak = 0
+    root = psutil.Process(proc.pid)
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        try:
+            peak = max(peak, sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]))
+        except psutil.Error:
+            pass
+        time.sleep(0.005)
     elapsed = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
+    peak = max(peak, usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024))
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr.read().decode() if proc.stderr else "")
-    rss = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-    return elapsed, rss, proc.returncode
+    return elapsed, peak, proc.returncode
+
+
+def best_of(cmd: list[str], repeat: int) -> tuple[float, int]:
+    """Best wall time (and that run's peak RSS) of `repeat` runs; exits on a failure."""
+    best: tuple[float, int] | None = None
+    for _ in range(max(1, repeat)):
+        wall, rss, code = measure(cmd)
+        if code != 0:
+            raise SystemExit(f"{' '.join(cmd[:3])} ...: exit {code}")
+        best = (wall, rss) if best is None or wall < best[0] else best
+    assert best is not None
+    return best
+
+
+def stepcli_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); from stepcli.cli import main; sys.exit(main())",
+            *args]
+
+
+def generate(trace: Path, size_mb: float) -> None:
+    """Generate in a child: a child's peak RSS counts the parent's pages it was forked from, so the process that
+    launches the measured commands must stay small."""
+    subprocess.run([sys.executable, __file__, "--generate-only", "--size-mb", str(size_mb), "--trace", str(trace)], check=True)
+
+
+def make_folder(folder: Path, ranks: int, rank_mb: float, workdir: Path) -> list[Path]:
+    """`ranks` traces of about rank_mb each, rank N in distributedInfo (one generated trace, the rank patched in)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = [folder / f"node0_{1000 + r}.{r}.pt.trace.json" for r in range(ranks)]
+    if all(f.exists() for f in files):
+        return files
+    one = workdir / "one_rank.pt.trace.json"
+    generate(one, rank_mb)
+    data = one.read_bytes()
+    marker = b'"rank": 0, "world_size": 1'
+    assert marker in data[:4096]
+    for r, path in enumerate(files):
+        path.write_bytes(data.replace(marker, f'"rank": {r}, "world_size": {ranks}'.encode(), 1))
+    one.unlink()
+    return files
+
+
+def one_file(trace: Path, repeat: int) -> None:
+    """The one-file table: stepcli against the reference, typed decoding alone and reading the bytes."""
+    size = trace.stat().st_size
+    commands = {
+        "read bytes": [sys.executable, "-c", _READ, str(trace)],
+        "msgspec typed decode": [sys.executable, "-c", _MSGSPEC, str(trace)],
+        "reference (typed+aggr.)": [sys.executable, "-c", _REFERENCE, str(trace)],
+        "stepcli table --json": stepcli_cmd("table", "--json", str(trace)),
+    }
+    results = {label: best_of(cmd, repeat) for label, cmd in commands.items()}
+    mb = 1024 * 1024
+    print(f"one file: {size / mb:,.0f} MiB, {trace.name}")
+    print(f"{'':26}{'wall s':>8}{'peak RSS MiB':>14}{'RSS / file':>12}")
+    for label, (wall, rss) in results.items():
+        print(f"{label:26}{wall:8.2f}{rss / mb:14.0f}{rss / size:12.2f}")
+    wall, rss = results["stepcli table --json"]
+    ref_wall, _ = results["reference (typed+aggr.)"]
+    print(f"ONE-FILE RATIO  stepcli / reference: {wall / ref_wall:.2f}x time (goal <= 1.0x); "
+          f"peak RSS {rss / size:.2f}x the file (goal <= 1.5x)")
+
+
+def folder_run(files: list[Path], repeat: int) -> None:
+    """The folder table: one rank file alone (1 job), the folder (default jobs), and the ideal."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    folder = files[0].parent
+    one_wall, one_rss = best_of(stepcli_cmd("table", "--json", "--jobs", "1", str(files[0])), repeat)
+    all_wall, all_rss = best_of(stepcli_cmd("table", "--json", str(folder)), repeat)
+    serial_wall, serial_rss = best_of(stepcli_cmd("table", "--json", "--jobs", "1", str(folder)), 1)
+    mb = 1024 * 1024
+    size = sum(f.stat().st_size for f in files)
+    ideal = one_wall * len(files) / cores
+    print(f"folder: {len(files)} ranks x {files[0].stat().st_size / mb:,.0f} MiB = {size / mb:,.0f} MiB, {cores} cores")
+    print(f"{'':26}{'wall s':>8}{'peak RSS MiB':>14}")
+    print(f"{'one rank file, 1 job':26}{one_wall:8.2f}{one_rss / mb:14.0f}")
+    print(f"{'folder, 1 job':26}{serial_wall:8.2f}{serial_rss / mb:14.0f}")
+    print(f"{'folder, default jobs':26}{all_wall:8.2f}{all_rss / mb:14.0f}")
+    print(f"{'ideal (one x N / cores)':26}{ideal:8.2f}")
+    print(f"FOLDER RATIO  stepcli / ideal: {all_wall / ideal:.2f}x (goal <= 1.3x); serial / parallel: {serial_wall / all_wall:.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Generate (or reuse) the trace and print the three measurements side by side."""
+    """Generate (or reuse) the traces and print both tables and their ratios."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size-mb", type=float, default=300.0, help="approximate trace size to generate")
+    parser.add_argument("--size-mb", type=float, default=300.0, help="approximate one-file trace size to generate")
     parser.add_argument("--trace", type=Path, help="use (or create, if missing) this trace file instead of a temp one")
+    parser.add_argument("--ranks", type=int, default=8, help="rank traces in the folder benchmark")
+    parser.add_argument("--rank-mb", type=float, default=40.0, help="approximate size of each rank trace")
+    parser.add_argument("--folder", type=Path, help="use (or create) the rank traces in this folder")
     parser.add_argument("--repeat", type=int, default=1, help="runs per measurement; the best is reported")
+    parser.add_argument("--skip-one-file", action="store_true")
+    parser.add_argument("--skip-folder", action="store_true")
     parser.add_argument("--generate-only", action="store_true", help="write the trace (needs --trace) and exit")
     args = parser.parse_args(argv)
     if args.generate_only:
@@ -226,42 +355,14 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="stepcli-bench-") as tmp:
         workdir = Path(tmp)
-        trace = args.trace or workdir / "big.pt.trace.json"
-        if not trace.exists():
-            # Generate in a child: a child's peak RSS counts the parent's pages it was forked from, so the
-            # process that launches the measured commands must stay small.
-            subprocess.run([sys.executable, __file__, "--generate-only", "--size-mb", str(args.size_mb), "--trace", str(trace)],
-                           check=True)
-        size = trace.stat().st_size
-        commands = {
-            "read bytes": [sys.executable, "-c", _READ, str(trace)],
-            "orjson.loads": [sys.executable, "-c", _ORJSON, str(trace)],
-            "orjson.loads, gc off": [sys.executable, "-c", "import gc; gc.disable(); " + _ORJSON, str(trace)],
-            "msgspec typed, 1 piece": [sys.executable, "-c", _MSGSPEC, str(trace)],
-            "stepcli table --json": [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); "
-                                     "from stepcli.cli import main; sys.exit(main())", "table", "--json", str(trace)],
-        }
-        results: dict[str, tuple[float, int]] = {}
-        for label, cmd in commands.items():
-            best: tuple[float, int] | None = None
-            for _ in range(max(1, args.repeat)):
-                wall, rss, code = measure(cmd)
-                if code != 0:
-                    print(f"{label}: exit {code}", file=sys.stderr)
-                    return 1
-                best = (wall, rss) if best is None or wall < best[0] else best
-            assert best is not None
-            results[label] = best
-
-    mb = 1024 * 1024
-    print(f"trace: {size / mb:,.0f} MiB, {trace.name}")
-    print(f"{'':26}{'wall s':>8}{'peak RSS MiB':>14}{'RSS / file':>12}")
-    for label, (wall, rss) in results.items():
-        print(f"{label:26}{wall:8.2f}{rss / mb:14.0f}{rss / size:12.2f}")
-    wall, rss = results["stepcli table --json"]
-    for base in ("orjson.loads", "orjson.loads, gc off", "read bytes"):
-        bw, brss = results[base]
-        print(f"stepcli table vs {base + ':':22}{wall / bw:6.2f}x time {rss / brss:6.2f}x peak RSS")
+        if not args.skip_one_file:
+            trace = args.trace or workdir / "big.pt.trace.json"
+            if not trace.exists():
+                generate(trace, args.size_mb)
+            one_file(trace, args.repeat)
+        if not args.skip_folder:
+            files = make_folder(args.folder or workdir / "ranks", args.ranks, args.rank_mb, workdir)
+            folder_run(files, args.repeat)
     return 0
 
 

@@ -132,8 +132,18 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
 @click.option("--csv", "as_csv", is_flag=True, help="CSV on stdout.")
 @click.option("--markdown", "as_markdown", is_flag=True, help="Markdown tables on stdout.")
 @click.option("--group-by-shape", is_flag=True, help="One operator row per input shape (traces recorded with --record-shapes).")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Files read in parallel (default: the cores available).")
+@click.option("--scheduler", metavar="ADDRESS", default=None, help="Read the files on a Dask cluster (tcp://host:8786; stepcli[dask]).")
 def table(
-    paths: tuple[str, ...], sort_by: str, limit: int, as_json: bool, as_csv: bool, as_markdown: bool, group_by_shape: bool
+    paths: tuple[str, ...],
+    sort_by: str,
+    limit: int,
+    as_json: bool,
+    as_csv: bool,
+    as_markdown: bool,
+    group_by_shape: bool,
+    jobs: int | None,
+    scheduler: str | None,
 ) -> int:
     """Summarize traces: per-operator, per-step and per-rank tables.
 
@@ -143,11 +153,10 @@ def table(
     if len(chosen) > 1:
         raise click.UsageError(f"--{chosen[0]} and --{chosen[1]} cannot be used together: choose one output format")
     fmt = chosen[0] if chosen else None
+    from stepcli.engine import summarize_paths
     from stepcli.render import print_table_report
-    from stepcli.summary import summarize
-    from stepcli.traces import load_paths
 
-    summary = summarize(load_paths(paths, shapes=group_by_shape), group_by_shape=group_by_shape)
+    summary = summarize_paths(paths, group_by_shape=group_by_shape, jobs=jobs, scheduler=scheduler)
     print_table_report(summary, sort_by=sort_by, limit=limit, fmt=fmt or "rich")
     return 0
 

@@ -126,10 +126,9 @@ def _trace_analysis(trace_paths: list[str], notes: list[str]) -> dict[str, Any] 
     if not trace_paths:
         return None
     try:
-        from stepcli.summary import summarize
-        from stepcli.traces import load_paths
+        from stepcli.engine import summarize_paths
 
-        return summarize(load_paths(trace_paths)).to_dict()
+        return summarize_paths(trace_paths).to_dict()
     except StepcliError as exc:
         notes.append(f"could not summarize the traces: {exc.message}")
     except Exception as exc:  # a bug in the analysis must not hide what the run measured

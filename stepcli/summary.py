@@ -24,6 +24,7 @@ from stepcli.shares import STEP_KEY, share_basis, stable_name
 from stepcli.stats import Stats, describe
 
 if TYPE_CHECKING:
+    from stepcli.columnar import Columns
     from stepcli.traces import Event, Trace
 
 # Same categories as stepcli.traces (not imported at run time so this module stays free of the decoder).
@@ -346,6 +347,101 @@ def _analyze(
     return _TraceResult(windows, phase_spans, _union(device_spans), cpu_span, comm_union, main_pid)
 
 
+def _analyze_columns(
+    columns: Columns, by_shape: bool, incomplete_step: int | None = None
+) -> tuple[dict[Any, list[int]], dict[Any, list[int]], _TraceResult]:
+    """`_analyze` over typed arrays (stepcli.columnar): CPU rows, device rows and the trace result, equal to the
+    reference's. Raises columnar.TooLarge for times past 64-bit nanoseconds."""
+    import numpy as np
+
+    from stepcli import columnar as col
+
+    ns = col.nanoseconds(columns)
+    names = columns.names
+    shapes = columns.shapes
+    n_shapes = len(shapes)
+    kind = columns.kind
+    keys: dict[str, int] = {}
+    name_key = np.array([keys.setdefault(stable_name(n), len(keys)) for n in names] or [0], np.int64)
+    step_key = keys.setdefault(STEP_KEY, len(keys))
+    key_list = list(keys)
+    communication = np.array([is_communication(n) for n in names] or [False], bool)
+
+    def key_of(value: int) -> Any:
+        return (key_list[value // n_shapes], shapes[value % n_shapes]) if by_shape else key_list[value]
+
+    def keyed(key_ids: np.ndarray, events: np.ndarray) -> np.ndarray:
+        return key_ids * n_shapes + columns.shape[events] if by_shape else key_ids
+
+    # Device work: one row per kernel name, its busy time, and collective kernels as communication.
+    device_rows: dict[Any, list[int]] = {}
+    comm_spans: dict[int | str, list[tuple[int, int]]] = {}
+    dev = np.nonzero(kind == col.DEVICE)[0]
+    d_start, d_dur = ns.start[dev], ns.dur[dev]
+    d_end = d_start + d_dur
+    device_union = col.intervals_union(d_start, d_end)
+    if dev.size:
+        device_rows = col.rows_from(keyed(name_key[columns.name[dev]], dev), key_of, d_dur, d_dur)
+        is_comm = communication[columns.name[dev]]
+        if is_comm.any():
+            comm_spans["device"] = list(zip(d_start[is_comm].tolist(), d_end[is_comm].tolist()))
+
+    # CPU operators: nesting, folding, self time (stepcli.columnar), then rows keyed like the reference's.
+    a = col.analysis_arrays(columns, ns)
+    index, start, end, parent = a["index"], a["start"], a["end"], a["parent"]
+    name = columns.name[index]
+    step_name = np.array([n.startswith(STEP_PREFIX) for n in names] or [False], bool)
+    is_step = step_name[name] & (kind[index] == col.USER_ANNOTATION)
+    row_key = np.where(is_step, step_key, name_key[name])
+    kept = a["kept"]
+    cpu_rows = col.rows_from(keyed(row_key, index), key_of, a["self"], a["dur"], counted=kept)
+
+    phase_of_name = np.array([_phase_of(n) for n in names] or [0], np.int8)
+    phase = phase_of_name[name]
+    ids = columns.ids
+    pid_code = columns.pid[index]
+    phase_spans: dict[int, list[tuple[int, int, int | str]]] = {_DATALOADER: [], _OPTIMIZER: [], _BACKWARD: [], _COMM: []}
+    with_phase = np.nonzero(phase)[0]
+    for p, s, e, pid in zip(phase[with_phase].tolist(), start[with_phase].tolist(), end[with_phase].tolist(),
+                            pid_code[with_phase].tolist()):
+        phase_spans[p].append((s, e, ids[pid]))
+
+    windows: list[_Window] = []
+    by_row: dict[int, _Window] = {}
+    for row in np.nonzero(is_step)[0].tolist():
+        number = names[int(name[row])][len(STEP_PREFIX):]
+        if number.isdecimal() and int(number) != incomplete_step:
+            window = by_row[row] = _Window(int(number), ids[int(pid_code[row])], int(start[row]), int(end[row]), [])
+            windows.append(window)
+    if by_row:
+        under = np.nonzero(np.isin(parent, np.fromiter(by_row, np.int64, len(by_row))))[0]
+        for p, s, e, ph in zip(parent[under].tolist(), start[under].tolist(), end[under].tolist(), phase[under].tolist()):
+            by_row[p].children.append((s, e, ph))
+
+    cpu_span = None
+    if device_union and not windows and len(index):
+        cpu_span = (int(start.min()), int(end.max()))
+    for s, e, pid in phase_spans[_COMM]:
+        comm_spans.setdefault(pid, []).append((s, e))
+    main_pid = None
+    if len(index):
+        # As the reference counts: per process, the runs of consecutive CPU events on one of its threads (in file
+        # order); ties go to the process seen first.
+        in_file = np.sort(index)
+        cpu_pids = columns.pid[in_file]
+        cpu_tids = columns.tid[in_file]
+        run = np.ones(len(in_file), dtype=bool)
+        run[1:] = (cpu_pids[1:] != cpu_pids[:-1]) | (cpu_tids[1:] != cpu_tids[:-1])
+        counts = np.bincount(cpu_pids[run], minlength=int(cpu_pids.max()) + 1)
+        seen = col.first_seen(cpu_pids)
+        best = np.nonzero(counts == counts.max())[0]
+        main_pid = ids[int(best[np.argmin(seen[best])])]
+    if main_pid is not None and "device" in comm_spans:
+        comm_spans.setdefault(main_pid, []).extend(comm_spans.pop("device"))
+    comm_union = {pid: _union(spans) for pid, spans in comm_spans.items()}
+    return cpu_rows, device_rows, _TraceResult(windows, phase_spans, device_union, cpu_span, comm_union, main_pid)
+
+
 def _union(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     """Sorted, disjoint intervals covering the same time as `spans`."""
     merged: list[tuple[int, int]] = []
@@ -424,8 +520,147 @@ def _device_busy(result: _TraceResult) -> tuple[int, int] | None:
     return busy, sum(e - s for s, e in _union(spans))
 
 
+@dataclass
+class FilePart:
+    """What one trace file contributes to a summary: small (per-name sums, per-step figures), picklable, and merged
+    exactly (integer nanoseconds), so files can be summarized in worker processes and only these travel back."""
+
+    path: str
+    rank: int | None
+    event_count: int
+    skipped_events: int
+    cpu_rows: dict[Any, list[int]]
+    device_rows: dict[Any, list[int]]
+    main_pid: int | str | None
+    steps: list[int]  # complete steps, ordered
+    step_ns: list[int]
+    comm_ns: list[int]
+    phase_totals: dict[str, int]
+    phase_steps: int
+    busy: tuple[int, int] | None
+    busy_steps: int
+    has_shapes: bool = False
+
+
+def summarize_file(trace: Trace, *, group_by_shape: bool = False) -> FilePart:
+    """The part of one trace file; `merge_parts` of the parts of several files equals `summarize` of them."""
+    from stepcli.columnar import columns_from_events
+
+    return summarize_columns(
+        columns_from_events(trace.events),
+        path=trace.path,
+        rank=trace.rank,
+        event_count=trace.event_count,
+        skipped_events=trace.skipped_events,
+        incomplete_step=trace.incomplete_step,
+        group_by_shape=group_by_shape,
+    )
+
+
+def summarize_columns(
+    columns: Columns,
+    *,
+    path: str,
+    rank: int | None,
+    event_count: int,
+    skipped_events: int = 0,
+    incomplete_step: int | None = None,
+    group_by_shape: bool = False,
+) -> FilePart:
+    """The part of one trace file read into columns (stepcli.columnkeeper.load_columns)."""
+    from stepcli.columnar import TooLarge
+
+    device_busy = _device_busy_arrays
+    try:
+        cpu_rows, device_rows, result = _analyze_columns(columns, group_by_shape, incomplete_step)
+    except TooLarge:
+        device_busy = _device_busy  # times past 64-bit nanoseconds: the per-event reference, on Python integers
+        cpu, device = _Accumulator(), _Accumulator()
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            result = _analyze(columns.to_events(), cpu, device, group_by_shape, incomplete_step)
+        finally:
+            if was_enabled:
+                gc.enable()
+        cpu_rows, device_rows = cpu.rows, device.rows
+    ordered = sorted(result.windows, key=lambda w: (w.step, w.start))
+    comm_ns = []
+    for w in ordered:
+        union = result.comm_union.get(w.pid, [])
+        comm_ns.append(_length(_clip(union, [e for _, e in union], w.start, w.end)))
+    phase_totals = dict.fromkeys(PHASES, 0)
+    phase_steps = 0
+    for _window, phases in _step_phases(result):
+        for label, ns in phases.items():
+            phase_totals[label] += ns
+        phase_steps += 1
+    busy = device_busy(result)
+    return FilePart(
+        path=path,
+        rank=rank,
+        event_count=event_count,
+        skipped_events=skipped_events,
+        cpu_rows=cpu_rows,
+        device_rows=device_rows,
+        main_pid=result.main_pid,
+        steps=[w.step for w in ordered],
+        step_ns=[w.end - w.start for w in ordered],
+        comm_ns=comm_ns,
+        phase_totals=phase_totals,
+        phase_steps=phase_steps,
+        busy=busy,
+        busy_steps=(len(result.windows) or 1) if busy is not None else 0,
+        has_shapes=bool(len(columns) and columns.shape.any()),
+    )
+
+
+def _device_busy_arrays(result: _TraceResult) -> tuple[int, int] | None:
+    """`_device_busy` with array operations: the device time inside each span is F(end) - F(start), where F(t)
+    is the device union's length before t (prefix sums and a binary search), instead of a Python step per
+    kernel interval."""
+    if not result.device_union:
+        return None
+    import numpy as np
+
+    spans = [(w.start, w.end) for w in result.windows]
+    if not spans:
+        first = min(result.device_union[0][0], result.cpu_span[0] if result.cpu_span else result.device_union[0][0])
+        last = max(result.device_union[-1][1], result.cpu_span[1] if result.cpu_span else result.device_union[-1][1])
+        spans = [(first, last)]
+    merged = _union(spans)
+    union = np.array(result.device_union, dtype=np.int64)
+    starts, ends = union[:, 0], union[:, 1]
+    before = np.concatenate(([0], np.cumsum(ends - starts)))  # union length before interval k
+
+    def covered(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(starts, t, side="right")  # intervals starting at or before t
+        prev = np.maximum(k - 1, 0)
+        return np.where(k > 0, before[prev] + np.minimum(t, ends[prev]) - starts[prev], 0)
+
+    a = np.array([s for s, _ in merged], dtype=np.int64)
+    b = np.array([e for _, e in merged], dtype=np.int64)
+    return int((covered(b) - covered(a)).sum()), int((b - a).sum())
+
+
 def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSummary:
     """Summarize one or more traces (e.g. all ranks of a run) into the tables `stepcli table` prints."""
+    return merge_parts([summarize_file(t, group_by_shape=group_by_shape) for t in traces], group_by_shape=group_by_shape)
+
+
+def _add_rows(into: dict[Any, list[int]], rows: dict[Any, list[int]]) -> None:
+    for key, (calls, self_ns, total_ns) in rows.items():
+        row = into.get(key)
+        if row is None:
+            into[key] = [calls, self_ns, total_ns]
+        else:
+            row[0] += calls
+            row[1] += self_ns
+            row[2] += total_ns
+
+
+def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> TraceSummary:
+    """The summary of several files from their parts (in file order), equal to summarizing them together."""
     cpu = _Accumulator()
     device = _Accumulator()
     steps: list[StepRow] = []
@@ -435,37 +670,26 @@ def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSumm
     busy_total = span_total = 0
     busy_steps = 0
     any_device = False
-    for trace in traces:
-        # Hundreds of thousands of short-lived tuples and lists below; cyclic GC passes over them find nothing.
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            result = _analyze(trace.events, cpu, device, group_by_shape, trace.incomplete_step)
-        finally:
-            if was_enabled:
-                gc.enable()
-        ordered = sorted(result.windows, key=lambda w: (w.step, w.start))
-        _key, process = process_key(trace.rank, trace.path, result.main_pid)
+    for part in parts:
+        _add_rows(cpu.rows, part.cpu_rows)
+        _add_rows(device.rows, part.device_rows)
+        _key, process = process_key(part.rank, part.path, part.main_pid)
         trace_steps = [
-            StepRow(rank=trace.rank, step=w.step, dur_ms=(w.end - w.start) / _NS_PER_MS, process=process) for w in ordered
+            StepRow(rank=part.rank, step=step, dur_ms=ns / _NS_PER_MS, process=process)
+            for step, ns in zip(part.steps, part.step_ns)
         ]
         steps.extend(trace_steps)
-        comm_ms = []
-        for w in ordered:
-            union = result.comm_union.get(w.pid, [])
-            comm_ms.append(_length(_clip(union, [e for _, e in union], w.start, w.end)) / _NS_PER_MS)
-        facts = WindowFacts(trace.path, [w.step for w in ordered], [s.dur_ms for s in trace_steps], comm_ms)
-        windows.append((trace.rank, trace.path, result.main_pid, facts))
-        for _window, phases in _step_phases(result):
-            for label, ns in phases.items():
-                phase_totals[label] += ns
-            phase_steps += 1
-        busy = _device_busy(result)
-        if busy is not None:
+        comm_ms = [ns / _NS_PER_MS for ns in part.comm_ns]
+        facts = WindowFacts(part.path, list(part.steps), [s.dur_ms for s in trace_steps], comm_ms)
+        windows.append((part.rank, part.path, part.main_pid, facts))
+        for label, ns in part.phase_totals.items():
+            phase_totals[label] += ns
+        phase_steps += part.phase_steps
+        if part.busy is not None:
             any_device = True
-            busy_total += busy[0]
-            span_total += busy[1]
-            busy_steps += len(result.windows) or 1
+            busy_total += part.busy[0]
+            span_total += part.busy[1]
+            busy_steps += part.busy_steps
 
     processes = group_processes(windows)
     order = {row.process: index for index, row in enumerate(processes)}
@@ -484,7 +708,7 @@ def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSumm
     basis_ns, share_of = share_basis(step_ns, len(steps), cpu.self_ns_without_steps(group_by_shape))
     straggler = find_straggler(processes)
     return TraceSummary(
-        files=[t.path for t in traces],
+        files=[p.path for p in parts],
         step_ms=describe(s.dur_ms for s in steps),
         steps=steps,
         ranks=processes,
@@ -493,8 +717,8 @@ def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSumm
         device=device_busy,
         cpu_ops=cpu.rows_out(group_by_shape, basis_ns),
         device_kernels=device.rows_out(group_by_shape, basis_ns),
-        events=sum(t.event_count for t in traces),
-        skipped_events=sum(t.skipped_events for t in traces),
+        events=sum(p.event_count for p in parts),
+        skipped_events=sum(p.skipped_events for p in parts),
         share_of=share_of,
         straggler=straggler.to_dict() if straggler else None,
     )

@@ -216,18 +216,23 @@ def load_paths(paths: Sequence[str], *, shapes: bool = False) -> list[Trace]:
     Raises TraceError naming the file and the problem for anything that is not a readable profiler trace.
     With `shapes`, each operator event also carries its recorded input shapes (for grouping by shape).
     """
+    return [load_trace(file, shapes=shapes) for file in list_trace_files(paths)]
+
+
+def list_trace_files(paths: Sequence[str]) -> list[str]:
+    """The trace files `paths` name (files, or folders searched recursively), in a stable order, each once."""
     files: list[str] = []
     for path in paths:
         files.extend(_expand(path))
     seen: set[str] = set()
-    traces: list[Trace] = []
+    unique: list[str] = []
     for file in files:
         key = os.path.realpath(file)
         if key in seen:
             continue
         seen.add(key)
-        traces.append(load_trace(file, shapes=shapes))
-    return traces
+        unique.append(file)
+    return unique
 
 
 def _expand(path: str) -> list[str]:
@@ -263,24 +268,7 @@ def rank_from_name(path: str) -> int | None:
 
 def load_trace(path: str, *, shapes: bool = False) -> Trace:
     """Read one trace file; see load_paths."""
-    data = read_input(path)
-    if not data or data.isspace():
-        raise TraceError(path, "empty file")
-    # Millions of gc=False structs are allocated below; a cyclic collection pass over them buys nothing.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        meta, keeper = _decode(path, data, shapes)
-    except UnicodeDecodeError as exc:
-        bad = exc.object[exc.start : exc.start + 1].hex() if isinstance(exc.object, bytes) else "?"
-        raise TraceError(path, f"not UTF-8 text (a string holds the invalid byte 0x{bad})") from None
-    except RecursionError:
-        raise TraceError(path, "invalid JSON: nested too deeply to be a profiler trace") from None
-    except MemoryError:
-        raise TraceError(path, "too large to read in the memory available") from None
-    finally:
-        if was_enabled:
-            gc.enable()
+    meta, keeper = _read(path, shapes, _Keeper)
     rank = meta.rank if meta.rank is not None else rank_from_name(path)
     return Trace(
         path=path,
@@ -292,15 +280,36 @@ def load_trace(path: str, *, shapes: bool = False) -> Trace:
     )
 
 
-def _decode(path: str, data: bytes | bytearray, shapes: bool) -> tuple[_Meta, _Keeper]:
+def _read(path: str, shapes: bool, keeper_type: type[_Keeper]) -> tuple[_Meta, _Keeper]:
+    data = read_input(path)
+    if not data or data.isspace():
+        raise TraceError(path, "empty file")
+    # Millions of gc=False structs are allocated below; a cyclic collection pass over them buys nothing.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _decode(path, data, shapes, keeper_type)
+    except UnicodeDecodeError as exc:
+        bad = exc.object[exc.start : exc.start + 1].hex() if isinstance(exc.object, bytes) else "?"
+        raise TraceError(path, f"not UTF-8 text (a string holds the invalid byte 0x{bad})") from None
+    except RecursionError:
+        raise TraceError(path, "invalid JSON: nested too deeply to be a profiler trace") from None
+    except MemoryError:
+        raise TraceError(path, "too large to read in the memory available") from None
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _decode(path: str, data: bytes | bytearray, shapes: bool, keeper: type[_Keeper] | None = None) -> tuple[_Meta, _Keeper]:
     """Decode in slices when the layout allows it (checked by the decoder itself), else in one piece."""
     try:
-        chunked = _decode_chunked(data, shapes)
+        chunked = _decode_chunked(data, shapes, keeper or _Keeper)
     except (msgspec.DecodeError, _NotChunkable):
         chunked = None  # fall back: the whole-document decode below gives the precise error, if any
     if chunked is not None:
         return chunked
-    return _decode_whole(path, data, shapes)
+    return _decode_whole(path, data, shapes, keeper or _Keeper)
 
 
 class _NotChunkable(Exception):
@@ -377,7 +386,7 @@ class _Keeper:
         event.shape = key
 
 
-def _decode_chunked(data: bytes | bytearray, shapes: bool) -> tuple[_Meta, _Keeper] | None:
+def _decode_chunked(data: bytes | bytearray, shapes: bool, keeper_type: type[_Keeper]) -> tuple[_Meta, _Keeper] | None:
     """Decode traceEvents in ~8 MB slices split between two events, plus one small document for the rest.
 
     A split can only be wrong if it falls inside a string or a nested value, and then the slice on its left is
@@ -401,7 +410,7 @@ def _decode_chunked(data: bytes | bytearray, shapes: bool) -> tuple[_Meta, _Keep
         return None
     view = memoryview(data)
     decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(list[_ShapedEvent] if shapes else list[_DecodedEvent])
-    keeper = _Keeper(shapes)
+    keeper = keeper_type(shapes)
     previous = start
     for comma in splits:
         keeper.add(decoder.decode(b"".join((b"[", view[previous:comma], b"]"))))
@@ -423,14 +432,14 @@ def _decode_document(data: bytes | bytearray, shapes: bool) -> tuple[_Meta, list
     return _Meta(_rank_number(header.distributedInfo), _step_number(header.incomplete_step)), header.traceEvents
 
 
-def _decode_whole(path: str, data: bytes | bytearray, shapes: bool) -> tuple[_Meta, _Keeper]:
+def _decode_whole(path: str, data: bytes | bytearray, shapes: bool, keeper_type: type[_Keeper]) -> tuple[_Meta, _Keeper]:
     try:
         meta, events = _decode_document(data, shapes)
     except msgspec.ValidationError:
-        return _decode_lenient(path, data, shapes)
+        return _decode_lenient(path, data, shapes, keeper_type)
     except msgspec.DecodeError as exc:
         raise TraceError(path, _describe_decode_error(data, exc)) from None
-    keeper = _Keeper(shapes)
+    keeper = keeper_type(shapes)
     keeper.add(events)
     return meta, keeper
 
@@ -452,7 +461,7 @@ def _describe_decode_error(data: bytes | bytearray, exc: msgspec.DecodeError) ->
     return f"invalid JSON: {message}"
 
 
-def _decode_lenient(path: str, data: bytes | bytearray, shapes: bool) -> tuple[_Meta, _Keeper]:
+def _decode_lenient(path: str, data: bytes | bytearray, shapes: bool, keeper_type: type[_Keeper]) -> tuple[_Meta, _Keeper]:
     """Slow path for valid JSON whose fields have unexpected types: check it is a trace, coerce what can be."""
     # float_hook: a number out of float range (1e400) becomes inf, skipped below, instead of failing the decode.
     try:
@@ -479,7 +488,7 @@ def _decode_lenient(path: str, data: bytes | bytearray, shapes: bool) -> tuple[_
         if shapes and isinstance(args, dict) and "Input Dims" in args:
             event.args = _ShapeArgs(dims=msgspec.Raw(msgspec.json.encode(args["Input Dims"])))
         events.append(event)
-    keeper = _Keeper(shapes)
+    keeper = keeper_type(shapes)
     keeper.add(events)
     keeper.count = len(document["traceEvents"])
     return _Meta(rank, _step_number(document.get(INCOMPLETE_STEP_KEY))), keeper

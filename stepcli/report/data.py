@@ -21,7 +21,7 @@ from stepcli.errors import StepcliError, TraceError
 from stepcli.stats import Stats, describe
 
 if TYPE_CHECKING:
-    from stepcli.traces import Trace
+    from stepcli.summary import FilePart
 
 TOP_ROWS = 25  # operator rows per table in the page (sortable); the terminal shows 10
 RUN_SCHEMA = "stepcli.run"
@@ -259,20 +259,20 @@ def build(
     sources: Sequence[str] = (),
 ) -> ReportData:
     """The page's data from a run summary (or None), step logs (may be empty) and trace files (may be none)."""
-    from stepcli.summary import summarize
-    from stepcli.traces import load_paths
+    from stepcli.engine import file_parts
+    from stepcli.summary import merge_parts
 
     data = ReportData(title="stepcli report")
-    traces = []
+    parts: list[list[FilePart]] = []  # per trace file: its plain part and its by-shape part
     if trace_paths:
         try:
-            traces = load_paths(list(trace_paths), shapes=True)
+            parts = file_parts(list(trace_paths), groupings=(False, True), shapes=True)
         except StepcliError as exc:
             if summary is None and not logs:
                 raise
             # A run's page still shows what its step logs and summary measured (e.g. a trace cut short by a kill).
             data.notes.append(f"could not read the traces: {exc.message}")
-    analysis = summarize(traces).to_dict() if traces else None
+    analysis = merge_parts([p[0] for p in parts]).to_dict() if parts else None
     if summary is not None:
         _add_run_facts(data, summary)
     else:
@@ -311,21 +311,21 @@ def build(
         data.cpu_ops = [op for op in analysis["cpu_ops"] if op["name"] != "ProfilerStep*"]
         data.kernels = analysis["device_kernels"]
         data.device = analysis["device"]
-        traces_by_rank: dict[int | None, list[Trace]] = {}
-        for trace in traces:
-            traces_by_rank.setdefault(trace.rank, []).append(trace)
-        if len(traces_by_rank) > 1:  # one bar per rank (all its windows), so the slowest rank stands out
-            for rank, rank_traces in sorted(traces_by_rank.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
-                per = summarize(rank_traces).to_dict()
+        parts_by_rank: dict[int | None, list[FilePart]] = {}
+        for plain, _shaped in parts:
+            parts_by_rank.setdefault(plain.rank, []).append(plain)
+        if len(parts_by_rank) > 1:  # one bar per rank (all its windows), so the slowest rank stands out
+            for rank, rank_parts in sorted(parts_by_rank.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+                per = merge_parts(rank_parts).to_dict()
                 if per["breakdown_ms"]:
                     data.breakdowns.append((f"rank {rank}" if rank is not None else "no rank", per["breakdown_ms"]))
         elif analysis["breakdown_ms"]:
-            data.breakdowns.append(("all steps" if len(traces) == 1 else "all traces", analysis["breakdown_ms"]))
+            data.breakdowns.append(("all steps" if len(parts) == 1 else "all traces", analysis["breakdown_ms"]))
         if analysis["slowest_rank"] is not None:
             data.slowest = f"rank {analysis['slowest_rank']}"
-        if any(e.shape for t in traces for e in t.events):
-            shaped = summarize(traces, group_by_shape=True).to_dict()["cpu_ops"]
-            data.shape_ops = [op for op in shaped if op["name"] != "ProfilerStep*"][:TOP_ROWS]
+        if any(shaped.has_shapes for _plain, shaped in parts):
+            shaped_ops = merge_parts([p[1] for p in parts], group_by_shape=True).to_dict()["cpu_ops"]
+            data.shape_ops = [op for op in shaped_ops if op["name"] != "ProfilerStep*"][:TOP_ROWS]
         if analysis.get("skipped_events"):
             data.notes.append(f"{analysis['skipped_events']} trace event(s) had unusable times and were left out")
     elif summary is not None:

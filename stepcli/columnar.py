@@ -1,0 +1,269 @@
+"""The operator tree of a trace computed over typed arrays (numpy) instead of one Python step per event.
+
+A trace's kept events become columns (`Columns`): name, category kind, process, thread, start and duration. The
+nesting torch's `_populate_cpu_children` builds with a stack per thread is, for events sorted by (start, -duration),
+"the parent of an event is the latest earlier event of its thread that contains it" (an event the stack popped
+was popped by a later event that also contains everything it would have contained). That is a previous-greater
+search on end times, done here for every event at once by binary lifting over range maxima. torch's
+`_remove_dup_nodes` (an only child with its parent's name is folded into the parent) is then a few array passes.
+
+`stepcli.summary._analyze` is the readable per-event reference this must equal; it is still used for traces whose
+times do not fit 64-bit nanoseconds (the reference uses Python integers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from stepcli.traces import Event
+
+# Category kinds (the reference only tells these apart).
+OTHER_CPU, USER_ANNOTATION, PYTHON_FUNCTION, DEVICE = 0, 1, 2, 3
+_KIND_CATEGORY = ("cpu_op", "user_annotation", "python_function", "kernel")
+_DEVICE = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+_LIMIT_NS = 2**62  # times and sums past this could overflow int64 or lose float64 exactness: use the reference
+_EXACT_FLOAT = 2**53
+
+
+def kind_of(category: str) -> int:
+    if category in _DEVICE:
+        return DEVICE
+    if category == "user_annotation":
+        return USER_ANNOTATION
+    if category == "python_function":
+        return PYTHON_FUNCTION
+    return OTHER_CPU
+
+
+@dataclass
+class Columns:
+    """A trace's kept events in file order, as arrays; strings and ids are held once in the lookup lists."""
+
+    name: np.ndarray  # int32 index into names
+    kind: np.ndarray  # int8 category kind
+    pid: np.ndarray  # int32 index into ids
+    tid: np.ndarray  # int32 index into ids
+    ts: np.ndarray  # float64 microseconds, as in the file
+    dur: np.ndarray  # float64 microseconds
+    shape: np.ndarray  # int32 index into shapes
+    names: list[str] = field(default_factory=list)
+    ids: list[int | str] = field(default_factory=list)
+    shapes: list[str] = field(default_factory=lambda: [""])
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def to_events(self) -> list[Event]:
+        """The events again (for the per-event reference)."""
+        from stepcli.traces import Event
+
+        names, ids, shapes = self.names, self.ids, self.shapes
+        return [
+            Event(name=names[n], cat=_KIND_CATEGORY[k], ph="X", pid=ids[p], tid=ids[t], ts=s, dur=d, shape=shapes[h])
+            for n, k, p, t, s, d, h in zip(
+                self.name.tolist(), self.kind.tolist(), self.pid.tolist(), self.tid.tolist(), self.ts.tolist(),
+                self.dur.tolist(), self.shape.tolist(),
+            )
+        ]
+
+
+def columns_from_events(events: list[Event]) -> Columns:
+    """Columns of events already filtered to the kept subset (stepcli.traces.Trace.events)."""
+    names: dict[str, int] = {}
+    ids: dict[int | str, int] = {}
+    shapes: dict[str, int] = {"": 0}
+    n = len(events)
+    return Columns(
+        name=np.fromiter((names.setdefault(e.name, len(names)) for e in events), np.int32, n),
+        kind=np.fromiter((kind_of(e.cat) for e in events), np.int8, n),
+        pid=np.fromiter((ids.setdefault(e.pid, len(ids)) for e in events), np.int32, n),
+        tid=np.fromiter((ids.setdefault(e.tid, len(ids)) for e in events), np.int32, n),
+        ts=np.fromiter((e.ts for e in events), np.float64, n),
+        dur=np.fromiter((e.dur for e in events), np.float64, n),
+        shape=np.fromiter((shapes.setdefault(e.shape, len(shapes)) for e in events), np.int32, n),
+        names=list(names),
+        ids=list(ids),
+        shapes=list(shapes),
+    )
+
+
+class TooLarge(Exception):
+    """Times that do not fit the int64 arrays: the caller uses the per-event reference."""
+
+
+@dataclass
+class Nanoseconds:
+    """Integer nanosecond starts and durations relative to the first kept event, as the reference computes them."""
+
+    start: np.ndarray
+    dur: np.ndarray
+
+
+def nanoseconds(columns: Columns) -> Nanoseconds:
+    if not len(columns):
+        return Nanoseconds(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    base = int(columns.ts[0])
+    # np.rint rounds halves to even, as Python's round() does; the float arithmetic is the reference's.
+    start = np.rint((columns.ts - base) * 1000)
+    dur = np.rint(columns.dur * 1000)
+    if np.abs(start).max() >= _LIMIT_NS or dur.max() >= _LIMIT_NS or float(dur.sum()) >= _EXACT_FLOAT:
+        raise TooLarge
+    return Nanoseconds(start.astype(np.int64), dur.astype(np.int64))
+
+
+def parents(start: np.ndarray, end: np.ndarray, dur: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """The parent index of each event (-1: none) for events sorted by thread, then (start, -duration).
+
+    `first[i]` is the index of the first event of i's thread. The parent is the latest earlier event j of the
+    thread with end[j] > start[i] and end[j] >= end[i] (strictly later end for a zero-length event).
+    """
+    n = len(start)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    need = end + (dur == 0)  # end[j] >= need[i] is containment, given start[j] <= start[i]
+    # levels[k][x] = max(end[x : x + 2**k]), for the x where that range lies inside the array
+    levels = [end]
+    span = 1
+    while span * 2 <= n:
+        prev = levels[-1]
+        levels.append(np.maximum(prev[:-span], prev[span:]))
+        span *= 2
+    parent = np.arange(-1, n - 1, dtype=np.int64)
+    # Most events are a first child: the event just before contains them. Search only for the others.
+    hard = np.nonzero((parent < first) | (end[np.maximum(parent, 0)] < need))[0]
+    pos = hard.copy()  # search: the smallest pos with max(end[pos:i]) < need[i]
+    lowest = first[hard]
+    wanted = need[hard]
+    for k in range(len(levels) - 1, -1, -1):
+        cand = pos - (1 << k)
+        idx = np.nonzero(cand >= lowest)[0]
+        if not idx.size:
+            continue
+        c = cand[idx]
+        move = levels[k][c] < wanted[idx]
+        pos[idx[move]] = c[move]
+    found = pos - 1
+    found[found < lowest] = -1
+    parent[hard] = found
+    return parent
+
+
+def intervals_union(start: np.ndarray, end: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted disjoint intervals covering the same time (touching intervals merge), like summary._union."""
+    if not len(start):
+        return []
+    order = np.lexsort((end, start))
+    s, e = start[order], end[order]
+    reach = np.maximum.accumulate(e)
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = s[1:] > reach[:-1]
+    heads = np.nonzero(new)[0]
+    tails = np.append(heads[1:] - 1, len(s) - 1)
+    return list(zip(s[heads].tolist(), reach[tails].tolist()))
+
+
+_DENSE_KEYS = 1 << 24  # keys below this are counted in a table indexed by key (no sort)
+
+
+def group_sums(keys: np.ndarray, values: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Unique keys and, per key, the count and the integer sum of each value array."""
+    if len(keys) and 0 <= keys.min() and keys.max() < _DENSE_KEYS:
+        counts = np.bincount(keys)
+        unique = np.nonzero(counts)[0]
+        sums = [np.bincount(keys, weights=v, minlength=len(counts))[unique].round().astype(np.int64) for v in values]
+        return unique, [counts[unique], *sums]
+    unique, inverse = np.unique(keys, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    counts = np.bincount(inverse, minlength=len(unique))
+    sums = [np.bincount(inverse, weights=v, minlength=len(unique)).round().astype(np.int64) for v in values]
+    return unique, [counts, *sums]
+
+
+def first_seen(codes: np.ndarray) -> np.ndarray:
+    """Per small non-negative code value, the index of its first appearance (len(codes) where it never does)."""
+    first = np.full(int(codes.max()) + 1 if len(codes) else 0, len(codes), np.int64)
+    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)  # with repeated indices, the last write (earliest) wins
+    return first
+
+
+def rows_from(
+    keys: np.ndarray,
+    key_of: Callable[[int], Any],
+    self_ns: np.ndarray,
+    total_ns: np.ndarray,
+    counted: np.ndarray | None = None,
+) -> dict[Any, list[int]]:
+    """Row dict {row key: [calls, self ns, total ns]} from per-event key ids (`key_of` turns an id into the key).
+
+    Events not `counted` (folded into their parent) add nothing but still make their key's row exist, as the
+    reference's undo leaves a row of zeros behind (a folded child whose shape differs from its parent's)."""
+    if counted is None:
+        unique, (calls, self_sum, total_sum) = group_sums(keys, [self_ns, total_ns])
+    else:
+        unique, (_all, calls, self_sum, total_sum) = group_sums(keys, [counted, self_ns * counted, total_ns * counted])
+    return {
+        key_of(k): [c, s, t]
+        for k, c, s, t in zip(unique.tolist(), calls.tolist(), self_sum.tolist(), total_sum.tolist())
+    }
+
+
+def first_index_order(codes: np.ndarray) -> np.ndarray:
+    """Rank of each code by its first appearance (so grouped results keep the reference's order)."""
+    if len(codes) and 0 <= codes.min() and codes.max() < _DENSE_KEYS:
+        first = first_seen(codes)
+        present = np.nonzero(first < len(codes))[0]
+        rank = np.zeros(len(first), np.int64)
+        rank[present[np.argsort(first[present], kind="stable")]] = np.arange(len(present))
+        return rank[codes]
+    unique, first_index = np.unique(codes, return_index=True)
+    rank = np.empty(len(unique), np.int64)
+    rank[np.argsort(first_index, kind="stable")] = np.arange(len(unique))
+    lookup = np.searchsorted(unique, codes)
+    return rank[lookup]
+
+
+def analysis_arrays(columns: Columns, ns: Nanoseconds) -> dict[str, np.ndarray]:
+    """Per CPU event in (thread, start, -duration) order: index, parent, kept (not folded) and self time."""
+    cpu = np.nonzero((columns.kind == OTHER_CPU) | (columns.kind == USER_ANNOTATION))[0]
+    n_ids = max(len(columns.ids), 1)
+    thread = first_index_order(columns.pid[cpu].astype(np.int64) * n_ids + columns.tid[cpu])
+    start = ns.start[cpu]
+    dur = ns.dur[cpu]
+    order = np.lexsort((cpu, -dur, start, thread))
+    index = cpu[order]
+    thread = thread[order]
+    start = start[order]
+    dur = dur[order]
+    end = start + dur
+    n = len(index)
+    first = np.zeros(n, np.int64)
+    if n:
+        boundary = np.ones(n, dtype=bool)
+        boundary[1:] = thread[1:] != thread[:-1]
+        heads = np.nonzero(boundary)[0]
+        first = heads[np.cumsum(boundary) - 1]
+    parent = parents(start, end, dur, first)
+    has = parent >= 0
+    child_count = np.bincount(parent[has], minlength=n)
+    child_sum = np.bincount(parent[has], weights=dur[has], minlength=n).round().astype(np.int64)
+    name = columns.name[index]
+    folded = np.zeros(n, dtype=bool)
+    folded[has] = (child_count[parent[has]] == 1) & (name[has] == name[parent[has]])
+    only_child = np.full(n, -1, np.int64)
+    only_child[parent[has]] = np.nonzero(has)[0]
+    bottom = np.arange(n, dtype=np.int64)
+    while True:
+        nxt = only_child[bottom]
+        step = (nxt >= 0) & folded[np.maximum(nxt, 0)]
+        if not step.any():
+            break
+        bottom = np.where(step, nxt, bottom)
+    self_ns = dur - child_sum[bottom]
+    return {
+        "index": index, "thread": thread, "start": start, "end": end, "dur": dur, "parent": parent,
+        "kept": ~folded, "self": self_ns,
+    }

@@ -1,0 +1,177 @@
+"""Decoded trace events into typed columns, one decoded slice at a time, with the reader's rules (stepcli.traces).
+
+The per-event work is done by C loops (`map` over attribute getters and dict lookups, numpy masks), never by a
+Python statement per event: the same filter as `_Keeper.add` (complete events of kept categories, utility names
+dropped, unusable times and step numbers skipped and counted), kept as arrays instead of objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter, itemgetter
+from typing import Any, Sequence
+
+import numpy as np
+
+from stepcli.columnar import Columns, kind_of
+from stepcli.traces import FILTERED_NAMES, KEPT_CATEGORIES, MAX_TIME_US, _Keeper, _read, _usable_name, rank_from_name
+
+_NAME, _CAT, _PH, _PID, _TID, _TS, _DUR = (attrgetter(f) for f in ("name", "cat", "ph", "pid", "tid", "ts", "dur"))
+_ARGS = attrgetter("args")
+
+
+def _subset(items: Sequence[Any], where: np.ndarray) -> Sequence[Any]:
+    """The items at the sorted positions `where` (all of them when nothing is left out), gathered in C."""
+    if len(where) == len(items):
+        return items
+    if len(where) == 1:
+        return [items[int(where[0])]]
+    return itemgetter(*where.tolist())(items) if len(where) else []
+
+
+class _Codes:
+    """Strings (or ids) to small integers, assigned in order of first sight."""
+
+    def __init__(self) -> None:
+        self.codes: dict[Any, int] = {}
+
+    def encode(self, values: Sequence[Any]) -> np.ndarray:
+        codes = self.codes
+        for value in [v for v in dict.fromkeys(values) if v not in codes]:  # once per distinct value
+            codes[value] = len(codes)
+        return np.fromiter(map(codes.__getitem__, values), np.int32, len(values))
+
+
+class ColumnKeeper(_Keeper):
+    """The columns of the kept events of every slice added, in file order."""
+
+    def __init__(self, shapes: bool) -> None:
+        super().__init__(shapes)
+        self._name_codes = _Codes()
+        self._id_codes = _Codes()
+        self._shape_codes = _Codes()
+        self._shape_codes.codes[""] = 0
+        self._category = {c: kind_of(c) for c in KEPT_CATEGORIES}
+        # Per name code: 1 kept, 0 dropped silently (utility names), -1 skipped and counted (unusable step number).
+        self._name_rule = np.zeros(0, np.int8)
+        self._parts: list[tuple[np.ndarray, ...]] = []
+
+    def add(self, decoded: list[Any]) -> None:
+        count = len(decoded)
+        self.count += count
+        if not count:
+            return
+        kind = np.fromiter(map(self._category.get, map(_CAT, decoded), repeat(-1)), np.int8, count)
+        candidate = np.nonzero(kind >= 0)[0]
+        chosen = _subset(decoded, candidate)
+        is_x = np.fromiter(map("X".__eq__, map(_PH, chosen)), bool, len(chosen))
+        if not is_x.all():
+            candidate = candidate[is_x]
+            chosen = _subset(chosen, np.nonzero(is_x)[0])
+        if not candidate.size:
+            return
+        kind = kind[candidate]
+        names = self._name_codes.encode(list(map(_NAME, chosen)))
+        rule = self._rules(len(self._name_codes.codes))[names]
+        ts = np.fromiter(map(_TS, chosen), np.float64, len(chosen))
+        dur = np.fromiter(map(_DUR, chosen), np.float64, len(chosen))
+        usable_time = (ts >= -MAX_TIME_US) & (ts <= MAX_TIME_US) & (dur >= 0) & (dur <= MAX_TIME_US)  # NaN: False
+        listed = rule != 0
+        keep = listed & usable_time & (rule > 0)
+        self.skipped += int(np.count_nonzero(listed & ~keep))
+        where = np.nonzero(keep)[0]
+        if not where.size:
+            return
+        kept = _subset(chosen, where)
+        pid = self._id_codes.encode(list(map(_PID, kept)))
+        tid = self._id_codes.encode(list(map(_TID, kept)))
+        if self.shapes:
+            shape = self._shape_codes.encode([self._shape_of(e) for e in kept])
+        else:
+            shape = np.zeros(len(kept), np.int32)
+        self._parts.append((names[where], kind[where], pid, tid, ts[where], dur[where], shape))
+
+    def _rules(self, size: int) -> np.ndarray:
+        """The per-name rule array, extended to the names seen so far."""
+        have = len(self._name_rule)
+        if have < size:
+            new = list(self._name_codes.codes)[have:size]
+            rules = [0 if name in FILTERED_NAMES else (1 if _usable_name(name) else -1) for name in new]
+            self._name_rule = np.concatenate([self._name_rule, np.array(rules, np.int8)])
+        return self._name_rule
+
+    def _shape_of(self, event: Any) -> str:
+        args = _ARGS(event)
+        if args is None or not args.dims:
+            return ""
+        raw = bytes(args.dims)
+        key = self._shape_keys.get(raw)
+        if key is None:
+            key = self._shape_keys[raw] = " ".join(raw.decode("utf-8", "replace").split())
+        return key
+
+    def absorb(self, other: ColumnKeeper) -> None:
+        """Append what another keeper (of the events after this one's) kept, counted and skipped."""
+        self.count += other.count
+        self.skipped += other.skipped
+        columns = other.columns()
+        if len(columns):
+            self._parts.append(_encode_again(self, columns))
+
+    def columns(self) -> Columns:
+        parts = self._parts
+        types = (np.int32, np.int8, np.int32, np.int32, np.float64, np.float64, np.int32)
+        arrays = [
+            np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, t) for i, t in enumerate(types)
+        ]
+        name, kind, pid, tid, ts, dur, shape = arrays
+        return Columns(
+            name=name,
+            kind=kind,
+            pid=pid,
+            tid=tid,
+            ts=ts,
+            dur=dur,
+            shape=shape,
+            names=list(self._name_codes.codes),
+            ids=list(self._id_codes.codes),
+            shapes=list(self._shape_codes.codes),
+        )
+
+
+def _encode_again(keeper: ColumnKeeper, columns: Columns) -> tuple[np.ndarray, ...]:
+    """Another keeper's columns in this keeper's codes."""
+    name_map = keeper._name_codes.encode(columns.names)
+    keeper._rules(len(keeper._name_codes.codes))
+    id_map = keeper._id_codes.encode(columns.ids) if columns.ids else np.zeros(1, np.int32)
+    shape_map = keeper._shape_codes.encode(columns.shapes)
+    return (
+        name_map[columns.name],
+        columns.kind,
+        id_map[columns.pid],
+        id_map[columns.tid],
+        columns.ts,
+        columns.dur,
+        shape_map[columns.shape],
+    )
+
+
+@dataclass
+class ColumnTrace:
+    """One trace file read straight into typed columns (stepcli.columnar), without an object per event."""
+
+    path: str
+    rank: int | None
+    columns: Columns
+    event_count: int
+    skipped_events: int = 0
+    incomplete_step: int | None = None
+
+
+def load_columns(path: str, *, shapes: bool = False) -> ColumnTrace:
+    """Read one trace file into columns: the same events, checks and errors as load_trace."""
+    meta, keeper = _read(path, shapes, ColumnKeeper)
+    assert isinstance(keeper, ColumnKeeper)
+    rank = meta.rank if meta.rank is not None else rank_from_name(path)
+    return ColumnTrace(path, rank, keeper.columns(), keeper.count, keeper.skipped, meta.incomplete_step)

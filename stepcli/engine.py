@@ -1,0 +1,156 @@
+"""Summarizing many trace files at once: each file is read and summarized on its own, in worker processes when
+there are several files and cores, and only the small per-file parts (stepcli.summary.FilePart) come back to be
+merged. Peak memory is a few files (one per worker), not the folder; the answers equal the serial path's.
+
+`table`, `report` and the run summary after `stepcli run` all go through `summarize_paths` / `file_parts`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Sequence
+
+from stepcli.errors import StepcliError, TraceError
+from stepcli.summary import FilePart, TraceSummary, merge_parts, summarize_columns
+from stepcli.columnkeeper import load_columns
+from stepcli.traces import list_trace_files
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a job scheduler or taskset narrows)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS has no sched_getaffinity
+        return max(1, os.cpu_count() or 1)
+
+
+# Ranges per core when one big file is cut (measured on 2 cores: more ranges cost more than they balance).
+_PIECES_PER_CORE = 1
+
+
+class _Failed:
+    """A worker's one-line trace error, sent back as data (a TraceError does not survive pickling as itself)."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+
+
+def _part_of(path: str, groupings: tuple[bool, ...], shapes: bool) -> list[FilePart] | _Failed:
+    """Read one file and summarize it once per grouping (plain, by shape); runs in a worker or in-process."""
+    try:
+        trace = load_columns(path, shapes=shapes)
+    except TraceError as exc:
+        return _Failed(exc.path, exc.problem)
+    return [
+        summarize_columns(
+            trace.columns,
+            path=trace.path,
+            rank=trace.rank,
+            event_count=trace.event_count,
+            skipped_events=trace.skipped_events,
+            incomplete_step=trace.incomplete_step,
+            group_by_shape=by_shape,
+        )
+        for by_shape in groupings
+    ]
+
+
+def _split_parts(path: str, groupings: tuple[bool, ...], shapes: bool, cores: int) -> list[FilePart] | None:
+    """One large trace decoded by `cores` processes (stepcli.splitread); None when it is not split."""
+    from stepcli.splitread import plan, read_split
+
+    ranges = plan(path, cores * _PIECES_PER_CORE)
+    if ranges is None:
+        return None
+    try:
+        with ProcessPoolExecutor(max_workers=min(cores - 1, len(ranges) - 1), mp_context=_context()) as pool:
+            trace = read_split(path, ranges, shapes, pool)
+    except (BrokenProcessPool, OSError):  # a worker died (out of memory?) or none could start: read it whole
+        return None
+    if trace is None:
+        return None
+    return [
+        summarize_columns(
+            trace.columns,
+            path=trace.path,
+            rank=trace.rank,
+            event_count=trace.event_count,
+            skipped_events=trace.skipped_events,
+            incomplete_step=trace.incomplete_step,
+            group_by_shape=by_shape,
+        )
+        for by_shape in groupings
+    ]
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    # Never fork: the parent may hold threads (a launcher's pipes) and a fork copies its memory. forkserver starts
+    # workers from a small clean process on Linux; spawn elsewhere.
+    if sys.platform.startswith("linux"):
+        context = multiprocessing.get_context("forkserver")
+        # The server imports the reader once; each worker forked from it starts with it loaded.
+        context.set_forkserver_preload(["stepcli.engine", "stepcli.columnkeeper", "stepcli.splitread"])
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+def file_parts(
+    paths: Sequence[str],
+    *,
+    groupings: tuple[bool, ...] = (False,),
+    shapes: bool = False,
+    jobs: int | None = None,
+    scheduler: str | None = None,
+) -> list[list[FilePart]]:
+    """Per file named by `paths` (files or folders, as stepcli.traces.load_paths reads them), in that order: its
+    parts, one per grouping. `jobs` worker processes at most (default: the available cores); 1 reads in-process.
+    With `scheduler`, a Dask distributed cluster's workers read the files instead (stepcli.cluster).
+
+    Raises TraceError for the first file (in order) that is not a readable trace.
+    """
+    files = list_trace_files(paths)
+    if scheduler is not None:
+        from stepcli.cluster import cluster_results
+
+        return _checked(cluster_results(scheduler, _part_of, files, groupings, shapes))
+    cores = jobs if jobs is not None else available_cores()
+    if len(files) == 1 and cores > 1:
+        split = _split_parts(files[0], groupings, shapes, cores)
+        if split is not None:
+            return [split]
+    workers = min(cores, len(files))
+    if workers <= 1:
+        results = [_part_of(file, groupings, shapes) for file in files]
+    else:
+        try:
+            with ProcessPoolExecutor(max_workers=workers, mp_context=_context()) as pool:
+                results = list(pool.map(_part_of, files, [groupings] * len(files), [shapes] * len(files)))
+        except BrokenProcessPool:
+            raise StepcliError(
+                f"a worker process reading the traces died (out of memory?); try again with fewer, e.g. --jobs {max(1, workers // 2)}"
+            ) from None
+    return _checked(results)
+
+
+def _checked(results: Sequence[list[FilePart] | _Failed]) -> list[list[FilePart]]:
+    """The parts, or the first file's error (in file order) as TraceError."""
+    out: list[list[FilePart]] = []
+    for result in results:
+        if isinstance(result, _Failed):
+            raise TraceError(result.path, result.problem)
+        out.append(result)
+    return out
+
+
+def summarize_paths(
+    paths: Sequence[str], *, group_by_shape: bool = False, jobs: int | None = None, scheduler: str | None = None
+) -> TraceSummary:
+    """`summarize(load_paths(paths))`, with files read in parallel and never all in memory at once."""
+    parts = file_parts(paths, groupings=(group_by_shape,), shapes=group_by_shape, jobs=jobs, scheduler=scheduler)
+    return merge_parts([p[0] for p in parts], group_by_shape=group_by_shape)
+

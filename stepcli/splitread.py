@@ -1,0 +1,186 @@
+"""One large plain-JSON trace read by several processes at once: its traceEvents list is cut between two events
+into byte ranges, each range is read (pread) and decoded into columns by its own process, and the columns are
+joined in file order. Decoding is most of the time of `stepcli table` on one file, so this is what lets one big
+trace use more than one core.
+
+A cut can only be wrong when it falls inside a string or a nested value; then a range is not a complete JSON
+list, its decode fails, and the caller reads the file whole the ordinary way (which also gives the exact error).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from concurrent.futures import Executor, Future
+from typing import Any
+
+import numpy as np
+
+from stepcli.columnar import Columns
+from stepcli.columnkeeper import ColumnTrace
+from stepcli.inputs import GZIP_MAGIC, input_limit
+from stepcli.traces import _EVENT_SEPARATOR, _TRACE_EVENTS_KEY, rank_from_name
+
+MIN_PIECE_BYTES = 32 * 1024 * 1024  # smaller files gain less from more processes than starting them costs
+FIRST_EXTRA = 0.25  # the first range's extra share (a worker starts ~0.15 s late, ~20% of a 150 MB range's decode)
+_LOOK = 1 << 20  # bytes searched for the traceEvents key, and after each cut for the gap between two events
+_LIST_OPEN = b'{"traceEvents": ['
+_LIST_CLOSE = b"]}"
+
+
+def plan(path: str, pieces: int) -> list[tuple[int, int]] | None:
+    """Byte ranges [start, end) of about equal size, each holding whole events; the last runs to the end of the
+    file (with the document's closing part). None when the file is not worth or not fit for cutting."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    size = info.st_size
+    if pieces < 2 or not stat.S_ISREG(info.st_mode) or size > input_limit() or size < 2 * MIN_PIECE_BYTES:
+        return None
+    pieces = min(pieces, size // MIN_PIECE_BYTES)
+    with open(path, "rb") as file:
+        head = file.read(_LOOK)
+        key = _TRACE_EVENTS_KEY.search(head)
+        if head[:2] == GZIP_MAGIC or key is None:
+            return None
+        start = key.end()
+        cuts: list[int] = []
+        # This process begins its range at once while the workers are still starting: it takes a larger one.
+        weights = [1.0 + FIRST_EXTRA, *([1.0] * (pieces - 1))]
+        total = sum(weights)
+        for k in range(1, pieces):
+            target = start + int((size - start) * sum(weights[:k]) / total)
+            file.seek(target)
+            window = file.read(_LOOK)
+            gap = _EVENT_SEPARATOR.search(window)
+            if gap is None:
+                return None
+            comma = target + window.index(b",", gap.start())
+            if cuts and comma <= cuts[-1]:
+                return None
+            cuts.append(comma)
+    return [(start, cuts[0]), *[(a + 1, b) for a, b in zip(cuts, cuts[1:])], (cuts[-1] + 1, size)]
+
+
+def read_piece(path: str, start: int, end: int, header_end: int, last: bool, shapes: bool) -> Any:
+    """Columns of one range (runs in a worker): (meta, columns, event count, skipped), or None if it failed.
+
+    The range is read and decoded a slice (~8 MB, cut between events) at a time, so a process holds one slice
+    of the file, not its whole range; the last range's final slices are decoded inside the document around
+    the list (header and tail), which also checks the file's end and gives its metadata."""
+    import msgspec
+
+    from stepcli.columnkeeper import ColumnKeeper
+    from stepcli.traces import _CHUNK_BYTES, _decode, _DecodedEvent, _Meta, _ShapedEvent
+
+    keeper = ColumnKeeper(shapes)
+    decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(list[_ShapedEvent] if shapes else list[_DecodedEvent])
+    meta = _Meta()
+    try:
+        with open(path, "rb") as file:
+            position = start
+            stop = end - 2 * _CHUNK_BYTES if last else end  # the last range keeps its final slices for the document
+            while position < stop:
+                cut = end
+                if position + _CHUNK_BYTES < end:
+                    window = os.pread(file.fileno(), _LOOK, position + _CHUNK_BYTES)
+                    gap = _EVENT_SEPARATOR.search(window)
+                    if gap is None:
+                        return None
+                    cut = min(end, position + _CHUNK_BYTES + window.index(b",", gap.start()))
+                if last and cut >= end:
+                    break
+                keeper.add(decoder.decode(_read_into(file, b"[", position, cut, b"]")))
+                position = cut + 1
+            if last:
+                head = os.pread(file.fileno(), header_end, 0)
+                meta, rest = _decode(path, _read_into(file, head, position, end, b""), shapes, ColumnKeeper)
+                assert isinstance(rest, ColumnKeeper)
+                keeper.absorb(rest)
+    except Exception:  # any surprise: the caller reads the file whole, the ordinary way
+        return None
+    return meta, keeper.columns(), keeper.count, keeper.skipped
+
+
+def _read_into(file: Any, before: bytes, start: int, end: int, after: bytes) -> bytearray:
+    """`before + file[start:end] + after` in one buffer, the range read straight into it (held once, not twice)."""
+    size = end - start
+    buffer = bytearray(len(before) + size + len(after))
+    buffer[: len(before)] = before
+    buffer[len(before) + size :] = after
+    view = memoryview(buffer)[len(before) : len(before) + size]
+    file.seek(start)
+    done = 0
+    while done < size:
+        got = file.readinto(view[done:])
+        if not got:
+            raise EOFError("the file got shorter while it was read")
+        done += got
+    view.release()
+    return buffer
+
+
+def read_split(path: str, ranges: list[tuple[int, int]], shapes: bool, pool: Executor) -> ColumnTrace | None:
+    """The file's columns, its ranges decoded in `pool`, and by this process meanwhile (the first range, then any
+    range not yet begun)."""
+    header_end = ranges[0][0]
+    last = len(ranges) - 1
+    futures: list[Future[Any]] = []
+
+    def submit() -> None:  # starting the workers takes a while: this process decodes its range meanwhile
+        try:
+            for index, (start, end) in enumerate(ranges[1:], 1):
+                futures.append(pool.submit(read_piece, path, start, end, header_end, index == last, shapes))
+        except Exception:  # no worker could start: counted below
+            pass
+
+    starter = threading.Thread(target=submit, daemon=True)
+    starter.start()
+    done: dict[int, Any] = {0: read_piece(path, *ranges[0], header_end, False, shapes)}
+    starter.join()
+    if len(futures) < len(ranges) - 1:  # the pool could not take them (broken): read the file whole
+        return None
+    # Workers start later than this process: it takes back, last first, the ranges no worker has begun.
+    for index in range(len(futures), 0, -1):
+        if futures[index - 1].cancel():
+            start, end = ranges[index]
+            done[index] = read_piece(path, start, end, header_end, index == last, shapes)
+    results = [done[i] if i in done else futures[i - 1].result() for i in range(len(ranges))]
+    if any(r is None for r in results):
+        return None
+    meta = results[-1][0]
+    rank = meta.rank if meta.rank is not None else rank_from_name(path)
+    columns = join([r[1] for r in results])
+    return ColumnTrace(path, rank, columns, sum(r[2] for r in results), sum(r[3] for r in results), meta.incomplete_step)
+
+
+def join(parts: list[Columns]) -> Columns:
+    """Columns of consecutive ranges as one, their name, id and shape tables merged (first sight keeps order)."""
+    names: dict[str, int] = {}
+    ids: dict[int | str, int] = {}
+    shapes: dict[str, int] = {"": 0}
+
+    def remap(table: dict[Any, int], values: list[Any]) -> np.ndarray:
+        return np.array([table.setdefault(v, len(table)) for v in values] or [0], np.int32)
+
+    name, pid, tid, shape = [], [], [], []
+    for part in parts:
+        name.append(remap(names, part.names)[part.name])
+        id_map = remap(ids, part.ids)
+        pid.append(id_map[part.pid])
+        tid.append(id_map[part.tid])
+        shape.append(remap(shapes, part.shapes)[part.shape])
+    return Columns(
+        name=np.concatenate(name),
+        kind=np.concatenate([p.kind for p in parts]),
+        pid=np.concatenate(pid),
+        tid=np.concatenate(tid),
+        ts=np.concatenate([p.ts for p in parts]),
+        dur=np.concatenate([p.dur for p in parts]),
+        shape=np.concatenate(shape),
+        names=list(names),
+        ids=list(ids),
+        shapes=list(shapes),
+    )

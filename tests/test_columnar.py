@@ -1,0 +1,150 @@
+"""The array pass (stepcli.columnar) equals the per-event reference (summary._analyze) on real and random traces."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from stepcli import columnar
+from stepcli import summary as summary_module
+from stepcli.summary import FilePart, merge_parts, summarize_columns, summarize_file
+from stepcli.columnkeeper import load_columns
+from stepcli.traces import Event, Trace, load_trace
+
+DATA = Path(__file__).parent / "data"
+REAL = [DATA / "train_cpu.pt.trace.json", DATA / "cuda_small.pt.trace.json.gz", DATA / "cuda_compile.pt.trace.json.gz"]
+
+
+def reference_part(trace: Trace, monkeypatch: pytest.MonkeyPatch, by_shape: bool = False) -> FilePart:
+    """The part computed by the per-event reference (the array pass made to step aside)."""
+
+    def step_aside(*_args: object, **_kwargs: object) -> None:
+        raise columnar.TooLarge
+
+    with monkeypatch.context() as patch:
+        patch.setattr(summary_module, "_analyze_columns", step_aside)
+        return summarize_file(trace, group_by_shape=by_shape)
+
+
+def random_trace(seed: int) -> Trace:
+    """Nested operators on a few threads and processes: equal starts, equal ends, zero lengths, partial overlaps,
+    only children with their parent's name, steps, phases, communication and kernels."""
+    rng = random.Random(seed)
+    names = ["aten::add", "aten::mm", "aten::linear", "aten::addmm", "c10d::allreduce_", "Optimizer.step#SGD.step",
+             "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+             "autograd::engine::evaluate_function: AddBackward0", "aten::copy_"]
+    events: list[Event] = []
+    t0 = 1_790_000_000_000.0 + rng.random()
+
+    def grow(pid: int, tid: int, start: float, length: float, depth: int) -> None:
+        cursor = start
+        while cursor < start + length and depth < 6:
+            dur = round(rng.choice([0.0, 0.001, rng.random() * length / 2, length]), 3)
+            dur = min(dur, start + length - cursor)
+            name = rng.choice(names)
+            events.append(Event(name=name, cat="cpu_op", ph="X", pid=pid, tid=tid, ts=round(cursor, 3), dur=dur,
+                                shape=rng.choice(["", "[[2, 3]]", "[[4]]"])))
+            if rng.random() < 0.3:  # an only child of the same name, sometimes two deep
+                events.append(Event(name=name, cat="cpu_op", ph="X", pid=pid, tid=tid, ts=round(cursor, 3), dur=dur))
+            if rng.random() < 0.1:  # a partial overlap: starts inside, ends after
+                events.append(Event(name="aten::odd", cat="cpu_op", ph="X", pid=pid, tid=tid,
+                                    ts=round(cursor + dur / 2, 3), dur=round(dur + 1, 3)))
+            if dur > 0.01 and rng.random() < 0.6:
+                grow(pid, tid, cursor, dur, depth + 1)
+            if rng.random() < 0.3:
+                events.append(Event(name="volta_sgemm" if rng.random() < 0.7 else "ncclDevKernel_AllReduce",
+                                    cat="kernel", ph="X", pid=0, tid=7, ts=round(cursor + 2, 3),
+                                    dur=round(rng.random() * 3, 3)))
+            cursor += dur + round(rng.choice([0.0, 0.5, 1.0]), 3)
+
+    for step in range(rng.randint(0, 3)):
+        start = t0 + step * 100.0
+        for pid, tid in ((100, 1), (100, 2), (200, 1)):
+            if tid == 1:
+                events.append(Event(name=f"ProfilerStep#{step}", cat="user_annotation", ph="X", pid=pid, tid=tid,
+                                    ts=round(start, 3), dur=90.0))
+            grow(pid, tid, start + rng.random(), 80.0, 1)
+    if not events or rng.random() < 0.3:
+        grow(100, 1, t0 + 1000, 50.0, 0)
+    events.append(Event(name="frame", cat="python_function", ph="X", pid=100, tid=1, ts=t0, dur=5.0))
+    rng.shuffle(events)
+    return Trace.from_events(events, incomplete_step=rng.choice([None, 1]))
+
+
+@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("by_shape", [False, True])
+def test_array_pass_equals_reference_on_random_traces(seed: int, by_shape: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = random_trace(seed)
+    expected = merge_parts([reference_part(trace, monkeypatch, by_shape)], group_by_shape=by_shape).to_dict()
+    assert merge_parts([summarize_file(trace, group_by_shape=by_shape)], group_by_shape=by_shape).to_dict() == expected
+
+
+@pytest.mark.parametrize("path", REAL, ids=lambda p: p.name)
+def test_columns_read_from_file_equal_reference(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a real trace WHEN read into columns and summarized THEN it equals the per-event reference
+    for by_shape in (False, True):
+        trace = load_trace(str(path), shapes=True)
+        read = load_columns(str(path), shapes=True)
+        assert (read.event_count, read.skipped_events, read.rank) == (trace.event_count, trace.skipped_events, trace.rank)
+        part = summarize_columns(read.columns, path=read.path, rank=read.rank, event_count=read.event_count,
+                                 skipped_events=read.skipped_events, incomplete_step=read.incomplete_step,
+                                 group_by_shape=by_shape)
+        assert merge_parts([part], group_by_shape=by_shape).to_dict() == merge_parts(
+            [reference_part(trace, monkeypatch, by_shape)], group_by_shape=by_shape
+        ).to_dict()
+
+
+def test_huge_times_fall_back_to_the_reference() -> None:
+    # GIVEN times 1e17 us apart (past 64-bit nanoseconds) WHEN summarized THEN both operators are still counted
+    trace = Trace.from_events([
+        Event(name="a", cat="cpu_op", ts=-1e17, dur=1.0),
+        Event(name="b", cat="cpu_op", ts=1e17, dur=2.0),
+    ])
+    rows = {r["name"]: r for r in merge_parts([summarize_file(trace)]).to_dict()["cpu_ops"]}
+    assert rows["a"]["total_ms"] == pytest.approx(0.001) and rows["b"]["total_ms"] == pytest.approx(0.002)
+
+
+def test_parents_are_the_latest_containing_event() -> None:
+    import numpy as np
+
+    # [0,10) holds [0,4) (which holds [1,2)), [3,6) (overlapping [0,4) and [4,10)) and [4,10); [12,12) is alone.
+    start = np.array([0, 0, 1, 3, 4, 12])
+    dur = np.array([10, 4, 1, 3, 6, 0])
+    got = columnar.parents(start, start + dur, dur, np.zeros(6, np.int64))
+    assert got.tolist() == [-1, 0, 1, 0, 0, -1]
+
+
+def test_columns_keep_and_skip_what_the_event_reader_does(tmp_path: Path) -> None:
+    # GIVEN a trace with every kind of event the reader filters, skips and counts (typed and lenient paths)
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 2, "ts": 10.0, "dur": 5.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": "t", "ts": 11.0, "dur": 1.0},
+        {"ph": "i", "cat": "cpu_op", "name": "instant", "pid": 1, "tid": 2, "ts": 12.0},
+        {"ph": "X", "cat": "ac2g", "name": "flow", "pid": 1, "tid": 2, "ts": 12.0, "dur": 1.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::is_leaf", "pid": 1, "tid": 2, "ts": 12.0, "dur": 1.0},
+        {"ph": "X", "cat": "cpu_op", "name": "no_dur", "pid": 1, "tid": 2, "ts": 12.0},
+        {"ph": "X", "cat": "cpu_op", "name": "negative", "pid": 1, "tid": 2, "ts": 12.0, "dur": -1.0},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#99999999999999999999", "pid": 1, "tid": 2,
+         "ts": 9.0, "dur": 20.0},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 1, "tid": 2, "ts": 9.0, "dur": 20.0},
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 13.0, "dur": 2.0},
+        {"ph": "X", "cat": "python_function", "name": "f", "pid": 1, "tid": 2, "ts": 9.5, "dur": 2.0},
+    ]
+    typed = tmp_path / "typed.json"
+    typed.write_text(json.dumps({"traceEvents": events}))
+    lenient = tmp_path / "lenient.json"
+    lenient.write_text(json.dumps({"traceEvents": [*events, {"ph": "X", "cat": "cpu_op", "name": "str_ts", "pid": 1,
+                                                             "tid": 2, "ts": "14.5", "dur": "1"}]}))
+    for path in (typed, lenient):
+        # WHEN read both ways THEN the same events are kept and the same are counted as skipped
+        trace = load_trace(str(path))
+        read = load_columns(str(path))
+        assert (read.event_count, read.skipped_events) == (trace.event_count, trace.skipped_events)
+        assert read.skipped_events == 3
+        as_events = read.columns.to_events()
+        assert [(e.name, e.pid, e.tid, e.ts, e.dur) for e in as_events] == [
+            (e.name, e.pid, e.tid, e.ts, e.dur) for e in trace.events
+        ]

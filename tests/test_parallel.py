@@ -1,0 +1,157 @@
+"""Folders of rank traces summarized in worker processes give exactly the serial answers (stepcli.engine)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run_stepcli
+
+from stepcli.engine import available_cores, file_parts, summarize_paths
+from stepcli.errors import TraceError
+from stepcli.summary import summarize
+from stepcli.traces import load_paths
+
+DATA = Path(__file__).parent / "data"
+REAL = DATA / "train_cpu.pt.trace.json"
+RANKS = 4
+
+
+@pytest.fixture(scope="module")
+def rank_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four ranks of a real torch trace, each slowed by its own factor (rank 2 the most), rank 3 gzipped."""
+    folder = tmp_path_factory.mktemp("ranks")
+    document = json.loads(REAL.read_text())
+    for rank in range(RANKS):
+        copy: dict[str, Any] = json.loads(json.dumps(document))
+        copy["distributedInfo"] = {"backend": "gloo", "rank": rank, "world_size": RANKS}
+        factor = 1.0 + 0.1 * rank + (0.5 if rank == 2 else 0.0)
+        t0 = min(e["ts"] for e in copy["traceEvents"] if "ts" in e)
+        for event in copy["traceEvents"]:
+            if "ts" in event:
+                event["ts"] = round(t0 + (event["ts"] - t0) * factor + rank * 7.0, 3)
+            if "dur" in event:
+                event["dur"] = round(event["dur"] * factor, 3)
+        name = f"host_{100 + rank}.{rank}.pt.trace.json"
+        text = json.dumps(copy).encode()
+        if rank == 3:
+            (folder / (name + ".gz")).write_bytes(gzip.compress(text))
+        else:
+            (folder / name).write_bytes(text)
+    return folder
+
+
+def test_parallel_equals_serial_on_a_rank_folder(rank_folder: Path) -> None:
+    # GIVEN a folder of four rank traces (one gzipped) WHEN summarized one by one in-process, in 2 and 4 workers
+    serial = summarize(load_paths([str(rank_folder)])).to_dict()
+    one_job = summarize_paths([str(rank_folder)], jobs=1).to_dict()
+    two_jobs = summarize_paths([str(rank_folder)], jobs=2).to_dict()
+    # THEN every per-op, per-step and per-rank figure is the same
+    assert one_job == serial
+    assert two_jobs == serial
+    assert [r["rank"] for r in two_jobs["ranks"]] == list(range(RANKS))
+    assert len(two_jobs["steps"]) == 2 * RANKS
+    assert two_jobs["slowest_rank"] == 2
+    ops = {row["name"]: row for row in two_jobs["cpu_ops"]}
+    assert ops["aten::addmm"]["calls"] == RANKS * {r["name"]: r for r in summarize(load_paths([str(REAL)])).to_dict()["cpu_ops"]}[
+        "aten::addmm"
+    ]["calls"]
+
+
+def test_shape_groupings_come_from_one_read(rank_folder: Path) -> None:
+    # GIVEN the folder WHEN each file is read once for both groupings in workers
+    parts = file_parts([str(rank_folder)], groupings=(False, True), shapes=True, jobs=2)
+    # THEN each grouping equals summarizing the loaded traces that way
+    from stepcli.summary import merge_parts
+
+    traces = load_paths([str(rank_folder)], shapes=True)
+    assert merge_parts([p[0] for p in parts]).to_dict() == summarize(traces).to_dict()
+    by_shape = merge_parts([p[1] for p in parts], group_by_shape=True).to_dict()
+    assert by_shape == summarize(traces, group_by_shape=True).to_dict()
+    assert all(p[1].has_shapes for p in parts)
+
+
+def test_a_bad_file_in_a_worker_is_one_line(tmp_path: Path, rank_folder: Path) -> None:
+    # GIVEN a folder with good traces and one truncated trace
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    for path in sorted(rank_folder.iterdir())[:2]:
+        (folder / path.name).write_bytes(path.read_bytes())
+    (folder / "host_9.9.pt.trace.json").write_text('{"traceEvents": [{"ph": "X", "name": "a"')
+    # WHEN read in workers THEN the error names the file
+    with pytest.raises(TraceError, match="host_9.9.pt.trace.json: truncated JSON"):
+        summarize_paths([str(folder)], jobs=2)
+    # AND the command line says it in one line, without a traceback
+    result = run_stepcli("table", "--jobs", "2", folder)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "truncated JSON" in result.stderr.strip().splitlines()[-1]
+
+
+def test_table_jobs_flag_end_to_end(rank_folder: Path) -> None:
+    # GIVEN the rank folder WHEN `stepcli table --json` reads it with 1 and 2 jobs
+    one = run_stepcli("table", "--json", "--jobs", "1", rank_folder)
+    two = run_stepcli("table", "--json", "-j", "2", rank_folder)
+    assert one.returncode == two.returncode == 0, one.stderr + two.stderr
+    # THEN the JSON is identical, and equals the in-process summary
+    assert json.loads(one.stdout) == json.loads(two.stdout)
+    assert json.loads(two.stdout) == json.loads(json.dumps(summarize(load_paths([str(rank_folder)])).to_dict()))
+    # AND a zero job count is refused in one line
+    bad = run_stepcli("table", "--jobs", "0", rank_folder)
+    assert bad.returncode == 2 and "--jobs" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_default_jobs_are_the_available_cores() -> None:
+    import os
+
+    assert available_cores() == len(os.sched_getaffinity(0))
+
+
+def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from stepcli import splitread
+
+    # GIVEN the real trace, and ranges small enough that it is cut in three
+    monkeypatch.setattr(splitread, "MIN_PIECE_BYTES", 20_000)
+    ranges = splitread.plan(str(REAL), 3)
+    assert ranges is not None and len(ranges) == 3
+    # WHEN read by three processes THEN every figure equals the one-process read
+    expected = summarize(load_paths([str(REAL)])).to_dict()
+    assert summarize_paths([str(REAL)], jobs=3).to_dict() == expected
+    # AND the columns joined from the ranges are the file's columns
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stepcli.columnkeeper import load_columns
+
+    from stepcli import traces
+
+    whole = load_columns(str(REAL), shapes=True)
+    for slice_bytes in (traces._CHUNK_BYTES, 3_000):  # each range decoded in one slice, then in many
+        monkeypatch.setattr(traces, "_CHUNK_BYTES", slice_bytes)
+        with ThreadPoolExecutor(2) as pool:
+            joined = splitread.read_split(str(REAL), ranges, True, pool)
+        assert joined is not None
+        assert (joined.event_count, joined.skipped_events, joined.rank) == (
+            whole.event_count, whole.skipped_events, whole.rank
+        )
+        assert [(e.name, e.ts, e.shape, e.tid) for e in joined.columns.to_events()] == [
+            (e.name, e.ts, e.shape, e.tid) for e in whole.columns.to_events()
+        ]
+
+
+def test_a_cut_inside_a_string_falls_back_to_the_whole_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from stepcli import splitread
+
+    # GIVEN a trace whose names hold "}, {" (a cut can land inside a string) WHEN read cut in ranges
+    monkeypatch.setattr(splitread, "MIN_PIECE_BYTES", 2_000)
+    events = [{"ph": "X", "cat": "cpu_op", "name": "x" * 40 + "}, {" + "y" * 40 + "}, {", "pid": 1, "tid": 1,
+               "ts": 10.0 * i, "dur": 5.0} for i in range(400)]
+    path = tmp_path / "odd_names.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    ranges = splitread.plan(str(path), 4)
+    assert ranges is not None
+    # THEN the answers are still the one-process read's
+    assert summarize_paths([str(path)], jobs=4).to_dict() == summarize(load_paths([str(path)])).to_dict()
+    assert summarize_paths([str(path)], jobs=4).to_dict()["cpu_ops"][0]["calls"] == 400
