@@ -188,7 +188,9 @@ def render(data: ReportData, report_path: str) -> str:
         if any(p.steps and p.steps[0] == 0 for p in data.processes):
             phases.insert(0, ("start-up step", "#495057"))
         add(_legend(legend + phases))
-        note = "Shaded: the profiler's warmup and recorded steps, and steps in which torch compiled."
+        note = "Shaded: the profiler's warmup and recorded steps" + (
+            ", and steps in which torch compiled." if "c" in present else "."
+        )
         top = svg.timeline_axis_max(curves)
         clipped = sum(1 for p in data.processes for s, v in zip(p.steps, p.values_ms) if v > top and s != 0)
         if clipped:
