@@ -16,7 +16,7 @@ from typing import Sequence
 
 from stepcli.errors import StepcliError, TraceError
 from stepcli.summary import FilePart, TraceSummary, merge_parts, summarize_columns
-from stepcli.columnkeeper import load_columns
+from stepcli.columnkeeper import ColumnTrace, load_columns
 from stepcli.traces import list_trace_files
 
 
@@ -46,6 +46,11 @@ def _part_of(path: str, groupings: tuple[bool, ...], shapes: bool) -> list[FileP
         trace = load_columns(path, shapes=shapes)
     except TraceError as exc:
         return _Failed(exc.path, exc.problem)
+    return _summarized(trace, groupings)
+
+
+def _summarized(trace: ColumnTrace, groupings: tuple[bool, ...]) -> list[FilePart]:
+    """One part per grouping (plain, by shape) of a trace read into columns, whole or in ranges."""
     return [
         summarize_columns(
             trace.columns,
@@ -74,18 +79,7 @@ def _split_parts(path: str, groupings: tuple[bool, ...], shapes: bool, cores: in
         return None
     if trace is None:
         return None
-    return [
-        summarize_columns(
-            trace.columns,
-            path=trace.path,
-            rank=trace.rank,
-            event_count=trace.event_count,
-            skipped_events=trace.skipped_events,
-            incomplete_step=trace.incomplete_step,
-            group_by_shape=by_shape,
-        )
-        for by_shape in groupings
-    ]
+    return _summarized(trace, groupings)
 
 
 def _context() -> multiprocessing.context.BaseContext:

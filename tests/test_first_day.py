@@ -182,8 +182,9 @@ def test_unwritable_json_is_rejected_before_the_program_runs(tmp_path: Path) -> 
 
 
 def test_demo_extra_installs_numpy_and_ci_cleans_up() -> None:
-    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert any(req.startswith("numpy") for req in extras["demo"])
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    # `pip install '.[demo]'` brings numpy (a dependency of stepcli): torch does not warn about it on every run
+    assert any(req.startswith("numpy") for req in project["dependencies"])
     ci = (REPO / ".ci" / "run").read_text()
     assert re.search(r"""trap 'rm -rf "\$smoke"' EXIT""", ci)
     readme = (REPO / "README.md").read_text()

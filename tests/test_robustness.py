@@ -184,8 +184,8 @@ def test_empty_pythonpath_entry_still_means_the_current_directory(tmp_path: Path
 def test_sigint_sent_to_stepcli_alone_reaches_the_program(tmp_path: Path) -> None:
     script = write_script(tmp_path, "waits.py", """
         import time
-        print("ready", flush=True)
-        try:
+        try:  # the signal may land while print() is still returning: inside the try too
+            print("ready", flush=True)
             time.sleep(60)
         except KeyboardInterrupt:
             print("interrupted", flush=True)

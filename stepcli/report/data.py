@@ -193,7 +193,7 @@ class _Inputs:
 
 def _classify(paths: Sequence[str]) -> _Inputs:
     """Sort the command line's PATHs into one run (summary and/or run folder) and any number of traces."""
-    from stepcli.traces import _expand
+    from stepcli.traces import list_trace_files
 
     inputs = _Inputs()
     runs = 0
@@ -209,7 +209,7 @@ def _classify(paths: Sequence[str]) -> _Inputs:
                     inputs.trace_paths.extend(own)
                     continue
             try:
-                inputs.trace_paths.extend(_expand(path))
+                inputs.trace_paths.extend(list_trace_files([path]))
             except TraceError:
                 if newest is None:
                     raise StepcliError(f"{path}: neither a stepcli run folder nor a folder of traces") from None
