@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Sequence
@@ -67,14 +68,16 @@ def _summarized(trace: ColumnTrace, groupings: tuple[bool, ...]) -> list[FilePar
 
 def _split_parts(path: str, groupings: tuple[bool, ...], shapes: bool, cores: int) -> list[FilePart] | None:
     """One large trace decoded by `cores` processes (stepcli.splitread); None when it is not split."""
-    from stepcli.splitread import plan, read_split
+    from stepcli.splitread import FIRST_EXTRA, plan, read_split
 
-    ranges = plan(path, cores * _PIECES_PER_CORE)
+    context = _context()
+    forked = context.get_start_method() == "fork"  # workers begin at once: no head start for this process
+    ranges = plan(path, cores * _PIECES_PER_CORE, head_start=0.0 if forked else FIRST_EXTRA)
     if ranges is None:
         return None
     try:
-        with ProcessPoolExecutor(max_workers=min(cores - 1, len(ranges) - 1), mp_context=_context()) as pool:
-            trace = read_split(path, ranges, shapes, pool)
+        with ProcessPoolExecutor(max_workers=min(cores - 1, len(ranges) - 1), mp_context=context) as pool:
+            trace = read_split(path, ranges, shapes, pool, submit_aside=not forked)
     except (BrokenProcessPool, OSError):  # a worker died (out of memory?) or none could start: read it whole
         return None
     if trace is None:
@@ -83,9 +86,13 @@ def _split_parts(path: str, groupings: tuple[bool, ...], shapes: bool, cores: in
 
 
 def _context() -> multiprocessing.context.BaseContext:
-    # Never fork: the parent may hold threads (a launcher's pipes) and a fork copies its memory. forkserver starts
-    # workers from a small clean process on Linux; spawn elsewhere.
+    """How worker processes start. A fork is the cheapest (a worker is decoding within milliseconds and shares the
+    parent's imports), but it is only safe while this process runs one thread: `stepcli table` does, a launcher
+    (pipes, watchdog) does not. Otherwise forkserver on Linux (workers from a small clean process), spawn elsewhere.
+    """
     if sys.platform.startswith("linux"):
+        if threading.active_count() == 1:
+            return multiprocessing.get_context("fork")
         context = multiprocessing.get_context("forkserver")
         # The server imports the reader once; each worker forked from it starts with it loaded.
         context.set_forkserver_preload(["stepcli.engine", "stepcli.columnkeeper", "stepcli.splitread"])

@@ -24,14 +24,16 @@ from stepcli.traces import _EVENT_SEPARATOR, _TRACE_EVENTS_KEY, rank_from_name
 
 MIN_PIECE_BYTES = 32 * 1024 * 1024  # smaller files gain less from more processes than starting them costs
 FIRST_EXTRA = 0.25  # the first range's extra share (a worker starts ~0.15 s late, ~20% of a 150 MB range's decode)
+_BLOCK_BYTES = 8 * 1024 * 1024  # read at once by a range's process, then decoded in slices
 _LOOK = 1 << 20  # bytes searched for the traceEvents key, and after each cut for the gap between two events
 _LIST_OPEN = b'{"traceEvents": ['
 _LIST_CLOSE = b"]}"
 
 
-def plan(path: str, pieces: int) -> list[tuple[int, int]] | None:
+def plan(path: str, pieces: int, head_start: float = FIRST_EXTRA) -> list[tuple[int, int]] | None:
     """Byte ranges [start, end) of about equal size, each holding whole events; the last runs to the end of the
-    file (with the document's closing part). None when the file is not worth or not fit for cutting."""
+    file (with the document's closing part). The first range is `head_start` larger, for the process that begins
+    reading it while workers still start. None when the file is not worth or not fit for cutting."""
     try:
         info = os.stat(path)
     except OSError:
@@ -47,8 +49,7 @@ def plan(path: str, pieces: int) -> list[tuple[int, int]] | None:
             return None
         start = key.end()
         cuts: list[int] = []
-        # This process begins its range at once while the workers are still starting: it takes a larger one.
-        weights = [1.0 + FIRST_EXTRA, *([1.0] * (pieces - 1))]
+        weights = [1.0 + head_start, *([1.0] * (pieces - 1))]
         total = sum(weights)
         for k in range(1, pieces):
             target = start + int((size - start) * sum(weights[:k]) / total)
@@ -67,9 +68,10 @@ def plan(path: str, pieces: int) -> list[tuple[int, int]] | None:
 def read_piece(path: str, start: int, end: int, header_end: int, last: bool, shapes: bool) -> Any:
     """Columns of one range (runs in a worker): (meta, columns, event count, skipped), or None if it failed.
 
-    The range is read and decoded a slice (~8 MB, cut between events) at a time, so a process holds one slice
-    of the file, not its whole range; the last range's final slices are decoded inside the document around
-    the list (header and tail), which also checks the file's end and gives its metadata."""
+    The range is read a block (~8 MB, cut between events) at a time and each block decoded in small slices, so a
+    process holds one block of the file, not its whole range, and a slice's decoded objects stay in the CPU's
+    caches; the last range's final slices are decoded inside the document around the list (header and tail),
+    which also checks the file's end and gives its metadata."""
     import msgspec
 
     from stepcli.columnkeeper import ColumnKeeper
@@ -80,28 +82,49 @@ def read_piece(path: str, start: int, end: int, header_end: int, last: bool, sha
     meta = _Meta()
     try:
         with open(path, "rb") as file:
+            fd = file.fileno()
             position = start
             stop = end - 2 * _CHUNK_BYTES if last else end  # the last range keeps its final slices for the document
             while position < stop:
-                cut = end
-                if position + _CHUNK_BYTES < end:
-                    window = os.pread(file.fileno(), _LOOK, position + _CHUNK_BYTES)
-                    gap = _EVENT_SEPARATOR.search(window)
-                    if gap is None:
-                        return None
-                    cut = min(end, position + _CHUNK_BYTES + window.index(b",", gap.start()))
-                if last and cut >= end:
+                block_end = min(end, position + max(_BLOCK_BYTES, 2 * _CHUNK_BYTES))
+                block = os.pread(fd, block_end - position, position)
+                if len(block) != block_end - position:
+                    return None  # the file got shorter while it was read
+                limit = len(block) if block_end == end else _last_cut(block)
+                if limit is None:
+                    return None
+                view = memoryview(block)
+                offset = 0
+                while offset < limit and position + offset < stop:
+                    gap = _EVENT_SEPARATOR.search(block, offset + _CHUNK_BYTES, limit)
+                    cut = block.index(b",", gap.start()) if gap else limit
+                    if last and block_end == end and cut == limit:
+                        break  # the final events: decoded with the document below
+                    keeper.add(decoder.decode(b"".join((b"[", view[offset:cut], b"]"))))
+                    offset = cut + 1
+                view.release()
+                if not offset:
                     break
-                keeper.add(decoder.decode(_read_into(file, b"[", position, cut, b"]")))
-                position = cut + 1
+                position += offset
             if last:
-                head = os.pread(file.fileno(), header_end, 0)
+                head = os.pread(fd, header_end, 0)
                 meta, rest = _decode(path, _read_into(file, head, position, end, b""), shapes, ColumnKeeper)
                 assert isinstance(rest, ColumnKeeper)
                 keeper.absorb(rest)
     except Exception:  # any surprise: the caller reads the file whole, the ordinary way
         return None
     return meta, keeper.columns(), keeper.count, keeper.skipped
+
+
+def _last_cut(block: bytes) -> int | None:
+    """Position of the comma of the last gap between two events that lies wholly inside `block`."""
+    at = len(block)
+    while True:
+        at = block.rfind(b"}", 0, at)
+        if at < 0:
+            return None
+        if _EVENT_SEPARATOR.match(block, at):
+            return block.index(b",", at)
 
 
 def _read_into(file: Any, before: bytes, start: int, end: int, after: bytes) -> bytearray:
@@ -122,9 +145,12 @@ def _read_into(file: Any, before: bytes, start: int, end: int, after: bytes) -> 
     return buffer
 
 
-def read_split(path: str, ranges: list[tuple[int, int]], shapes: bool, pool: Executor) -> ColumnTrace | None:
+def read_split(
+    path: str, ranges: list[tuple[int, int]], shapes: bool, pool: Executor, submit_aside: bool = True
+) -> ColumnTrace | None:
     """The file's columns, its ranges decoded in `pool`, and by this process meanwhile (the first range, then any
-    range not yet begun)."""
+    range not yet begun). With `submit_aside`, the ranges are handed to the pool from a thread, because starting
+    its workers takes a while (forkserver, spawn); a forking pool starts them at once, from this thread."""
     header_end = ranges[0][0]
     last = len(ranges) - 1
     futures: list[Future[Any]] = []
@@ -136,10 +162,14 @@ def read_split(path: str, ranges: list[tuple[int, int]], shapes: bool, pool: Exe
         except Exception:  # no worker could start: counted below
             pass
 
-    starter = threading.Thread(target=submit, daemon=True)
-    starter.start()
+    if submit_aside:
+        starter = threading.Thread(target=submit, daemon=True)
+        starter.start()
+    else:
+        submit()
     done: dict[int, Any] = {0: read_piece(path, *ranges[0], header_end, False, shapes)}
-    starter.join()
+    if submit_aside:
+        starter.join()
     if len(futures) < len(ranges) - 1:  # the pool could not take them (broken): read the file whole
         return None
     # Workers start later than this process: it takes back, last first, the ranges no worker has begun.

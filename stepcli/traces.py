@@ -69,7 +69,7 @@ FILTERED_NAMES = frozenset(
 
 # Decoding is done in slices of about this many bytes: the decoded structs of one slice are filtered and
 # interned before the next is decoded, so peak memory stays near the file size instead of file + every event.
-_CHUNK_BYTES = 8 * 1024 * 1024
+_CHUNK_BYTES = 1024 * 1024  # decoded objects of a slice stay in the CPU's caches (measured: 1 MB beats 8 MB)
 _EVENT_SEPARATOR = re.compile(rb"\}\s*,\s*\{")
 _TRACE_EVENTS_KEY = re.compile(rb'(?<!\\)"traceEvents"\s*:\s*\[')
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)

@@ -128,8 +128,11 @@ def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.Mo
     from stepcli import traces
 
     whole = load_columns(str(REAL), shapes=True)
-    for slice_bytes in (traces._CHUNK_BYTES, 3_000):  # each range decoded in one slice, then in many
+    # each range read in one block and decoded in one slice; in one block of many slices; in many blocks
+    for slice_bytes, block_bytes in ((traces._CHUNK_BYTES, splitread._BLOCK_BYTES), (3_000, splitread._BLOCK_BYTES),
+                                     (3_000, 10_000)):
         monkeypatch.setattr(traces, "_CHUNK_BYTES", slice_bytes)
+        monkeypatch.setattr(splitread, "_BLOCK_BYTES", block_bytes)
         with ThreadPoolExecutor(2) as pool:
             joined = splitread.read_split(str(REAL), ranges, True, pool)
         assert joined is not None
