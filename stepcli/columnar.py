@@ -152,18 +152,67 @@ def parents(start: np.ndarray, end: np.ndarray, dur: np.ndarray, first: np.ndarr
     return parent
 
 
-def intervals_union(start: np.ndarray, end: np.ndarray) -> list[tuple[int, int]]:
-    """Sorted disjoint intervals covering the same time (touching intervals merge), like summary._union."""
+def union_arrays(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and ends of the sorted disjoint intervals covering the same time (touching intervals merge)."""
     if not len(start):
-        return []
-    order = np.lexsort((end, start))
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = np.argsort(start, kind="stable")  # among equal starts any order gives the same union
     s, e = start[order], end[order]
     reach = np.maximum.accumulate(e)
     new = np.ones(len(s), dtype=bool)
     new[1:] = s[1:] > reach[:-1]
     heads = np.nonzero(new)[0]
     tails = np.append(heads[1:] - 1, len(s) - 1)
-    return list(zip(s[heads].tolist(), reach[tails].tolist()))
+    return s[heads], reach[tails]
+
+
+def intervals_union(start: np.ndarray, end: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted disjoint intervals covering the same time (touching intervals merge), like summary._union."""
+    s, e = union_arrays(start, end)
+    return list(zip(s.tolist(), e.tolist()))
+
+
+def covered(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per span [lo[i], hi[i]): the time of a sorted disjoint union (`starts`, `ends`) inside it, as F(hi) - F(lo)
+    where F(t) is the union's length before t (prefix sums and a binary search, no step per interval)."""
+    if not len(starts):
+        return np.zeros(len(lo), np.int64)
+    before = np.concatenate(([0], np.cumsum(ends - starts)))  # union length before interval k
+
+    def length_before(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(starts, t, side="right")  # intervals starting at or before t
+        prev = np.maximum(k - 1, 0)
+        return np.where(k > 0, before[prev] + np.minimum(t, ends[prev]) - starts[prev], 0)
+
+    return np.asarray(length_before(hi) - length_before(lo), np.int64)
+
+
+def step_phases(
+    window_start: np.ndarray,
+    window_end: np.ndarray,
+    phase_start: list[np.ndarray],
+    phase_end: list[np.ndarray],
+    forward_start: np.ndarray,
+    forward_end: np.ndarray,
+) -> list[np.ndarray]:
+    """Per window of one process (windows pairwise disjoint): the time of each phase in priority order, each
+    counting only time not claimed by the phases before it, then forward, then the rest (`summary._step_phases`).
+
+    `phase_start/end[k]` are the spans of the k-th phase anywhere in the process; `forward_*` the top-level
+    operators of the windows, already clipped to their window. Because the windows are disjoint, the time of
+    "phases 0..k" inside a window is the process-wide union of those spans measured inside it."""
+    out: list[np.ndarray] = []
+    claimed_s: list[np.ndarray] = []
+    claimed_e: list[np.ndarray] = []
+    before = np.zeros(len(window_start), np.int64)
+    for starts, ends in [*zip(phase_start, phase_end), (forward_start, forward_end)]:
+        claimed_s.append(starts)
+        claimed_e.append(ends)
+        now = covered(*union_arrays(np.concatenate(claimed_s), np.concatenate(claimed_e)), window_start, window_end)
+        out.append(now - before)
+        before = now
+    out.append(window_end - window_start - before)
+    return out
 
 
 _DENSE_KEYS = 1 << 24  # keys below this are counted in a table indexed by key (no sort)
@@ -226,14 +275,36 @@ def first_index_order(codes: np.ndarray) -> np.ndarray:
     return rank[lookup]
 
 
+def thread_order(thread: np.ndarray, start: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """The permutation sorting events by (thread, start, -duration, position), as np.lexsort would, but faster
+    on a trace: its events come nearly sorted by start, which a stable sort (timsort) passes in linear time, equal
+    starts are ordered among themselves only, and threads are few, which a stable sort of small integers (radix)
+    orders in linear time."""
+    order = np.argsort(start, kind="stable")
+    s = start[order]
+    equal = s[1:] == s[:-1]
+    if equal.any():
+        tied = np.zeros(len(s), dtype=bool)
+        tied[1:] |= equal
+        tied[:-1] |= equal
+        at = np.nonzero(tied)[0]
+        members = order[at]
+        order[at] = members[np.lexsort((at, -dur[members], start[members]))]
+    keys = thread[order]
+    if len(keys) and keys.max() < np.iinfo(np.int16).max and keys.min() >= 0:
+        keys = keys.astype(np.int16)
+    return order[np.argsort(keys, kind="stable")]
+
+
 def analysis_arrays(columns: Columns, ns: Nanoseconds) -> dict[str, np.ndarray]:
-    """Per CPU event in (thread, start, -duration) order: index, parent, kept (not folded) and self time."""
+    """Per CPU event in (thread, start, -duration) order: index, parent, kept (not folded) and self time; and
+    the CPU events in file order (`in_file`)."""
     cpu = np.nonzero((columns.kind == OTHER_CPU) | (columns.kind == USER_ANNOTATION))[0]
     n_ids = max(len(columns.ids), 1)
     thread = first_index_order(columns.pid[cpu].astype(np.int64) * n_ids + columns.tid[cpu])
     start = ns.start[cpu]
     dur = ns.dur[cpu]
-    order = np.lexsort((cpu, -dur, start, thread))
+    order = thread_order(thread, start, dur)
     index = cpu[order]
     thread = thread[order]
     start = start[order]
@@ -265,5 +336,5 @@ def analysis_arrays(columns: Columns, ns: Nanoseconds) -> dict[str, np.ndarray]:
     self_ns = dur - child_sum[bottom]
     return {
         "index": index, "thread": thread, "start": start, "end": end, "dur": dur, "parent": parent,
-        "kept": ~folded, "self": self_ns,
+        "kept": ~folded, "self": self_ns, "in_file": cpu,
     }

@@ -179,6 +179,8 @@ class _TraceResult:
     cpu_span: tuple[int, int] | None
     comm_union: dict[int | str, list[tuple[int, int]]]  # pid -> union of communication spans (CPU and device)
     main_pid: int | str | None  # the process of the CPU events
+    # (phase totals, steps) over the windows when measured on arrays; else `_step_phases` measures them
+    phase_totals: tuple[dict[str, int], int] | None = None
 
 
 class _Accumulator:
@@ -400,12 +402,6 @@ def _analyze_columns(
     phase = phase_of_name[name]
     ids = columns.ids
     pid_code = columns.pid[index]
-    phase_spans: dict[int, list[tuple[int, int, int | str]]] = {_DATALOADER: [], _OPTIMIZER: [], _BACKWARD: [], _COMM: []}
-    with_phase = np.nonzero(phase)[0]
-    for p, s, e, pid in zip(phase[with_phase].tolist(), start[with_phase].tolist(), end[with_phase].tolist(),
-                            pid_code[with_phase].tolist()):
-        phase_spans[p].append((s, e, ids[pid]))
-
     windows: list[_Window] = []
     by_row: dict[int, _Window] = {}
     for row in np.nonzero(is_step)[0].tolist():
@@ -413,7 +409,16 @@ def _analyze_columns(
         if number.isdecimal() and int(number) != incomplete_step:
             window = by_row[row] = _Window(int(number), ids[int(pid_code[row])], int(start[row]), int(end[row]), [])
             windows.append(window)
-    if by_row:
+    phase_totals = _phase_totals_arrays(list(by_row), start, end, phase, pid_code, parent)
+
+    phase_spans: dict[int, list[tuple[int, int, int | str]]] = {_DATALOADER: [], _OPTIMIZER: [], _BACKWARD: [], _COMM: []}
+    # The phase spans and the steps' children feed the per-window reference (`_step_phases`); with the totals
+    # already measured on arrays, only communication spans are still needed.
+    with_phase = np.nonzero(phase == _COMM if phase_totals is not None else phase)[0]
+    for p, s, e, pid in zip(phase[with_phase].tolist(), start[with_phase].tolist(), end[with_phase].tolist(),
+                            pid_code[with_phase].tolist()):
+        phase_spans[p].append((s, e, ids[pid]))
+    if by_row and phase_totals is None:
         under = np.nonzero(np.isin(parent, np.fromiter(by_row, np.int64, len(by_row))))[0]
         for p, s, e, ph in zip(parent[under].tolist(), start[under].tolist(), end[under].tolist(), phase[under].tolist()):
             by_row[p].children.append((s, e, ph))
@@ -427,7 +432,7 @@ def _analyze_columns(
     if len(index):
         # As the reference counts: per process, the runs of consecutive CPU events on one of its threads (in file
         # order); ties go to the process seen first.
-        in_file = np.sort(index)
+        in_file = a["in_file"]
         cpu_pids = columns.pid[in_file]
         cpu_tids = columns.tid[in_file]
         run = np.ones(len(in_file), dtype=bool)
@@ -439,7 +444,51 @@ def _analyze_columns(
     if main_pid is not None and "device" in comm_spans:
         comm_spans.setdefault(main_pid, []).extend(comm_spans.pop("device"))
     comm_union = {pid: _union(spans) for pid, spans in comm_spans.items()}
-    return cpu_rows, device_rows, _TraceResult(windows, phase_spans, device_union, cpu_span, comm_union, main_pid)
+    result = _TraceResult(windows, phase_spans, device_union, cpu_span, comm_union, main_pid, phase_totals)
+    return cpu_rows, device_rows, result
+
+
+def _phase_totals_arrays(
+    rows: list[int], start: Any, end: Any, phase: Any, pid_code: Any, parent: Any
+) -> tuple[dict[str, int], int] | None:
+    """`_step_phases` summed over the windows (the step events at `rows`), with array operations per process
+    (stepcli.columnar.step_phases) instead of a Python step per span. None when two windows of one process
+    overlap: the per-window reference measures those."""
+    import numpy as np
+
+    from stepcli import columnar as col
+
+    totals = dict.fromkeys(PHASES, 0)
+    if not rows:
+        return totals, 0
+    at = np.array(rows, np.int64)
+    window_pid, window_start, window_end = pid_code[at], start[at], end[at]
+    window_of = np.full(len(start), -1, np.int64)
+    window_of[at] = np.arange(len(at))
+    # Forward candidates: the steps' own top-level operators that are no other phase, clipped to their step.
+    child = np.nonzero((parent >= 0) & (phase == 0))[0]
+    child = child[window_of[parent[child]] >= 0]
+    child_window = window_of[parent[child]]
+    for pid in np.unique(window_pid).tolist():
+        mine = np.nonzero(window_pid == pid)[0]
+        by_start = mine[np.argsort(window_start[mine], kind="stable")]
+        if np.any(window_start[by_start][1:] < window_end[by_start][:-1]):
+            return None
+        of_pid = pid_code == pid
+        spans = [np.nonzero(of_pid & (phase == p))[0] for p in (_DATALOADER, _OPTIMIZER, _BACKWARD)]
+        forward = child_window[window_pid[child_window] == pid]
+        forward_events = child[window_pid[child_window] == pid]
+        parts = col.step_phases(
+            window_start[mine],
+            window_end[mine],
+            [start[e] for e in spans],
+            [end[e] for e in spans],
+            np.maximum(start[forward_events], window_start[forward]),
+            np.minimum(end[forward_events], window_end[forward]),
+        )
+        for label, values in zip(("dataloader", "optimizer", "backward", "forward", "other"), parts):
+            totals[label] += int(values.sum())
+    return totals, len(rows)
 
 
 def _union(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -589,12 +638,15 @@ def summarize_columns(
     for w in ordered:
         union = result.comm_union.get(w.pid, [])
         comm_ns.append(_length(_clip(union, [e for _, e in union], w.start, w.end)))
-    phase_totals = dict.fromkeys(PHASES, 0)
-    phase_steps = 0
-    for _window, phases in _step_phases(result):
-        for label, ns in phases.items():
-            phase_totals[label] += ns
-        phase_steps += 1
+    if result.phase_totals is not None:
+        phase_totals, phase_steps = result.phase_totals
+    else:
+        phase_totals = dict.fromkeys(PHASES, 0)
+        phase_steps = 0
+        for _window, phases in _step_phases(result):
+            for label, ns in phases.items():
+                phase_totals[label] += ns
+            phase_steps += 1
     busy = device_busy(result)
     return FilePart(
         path=path,

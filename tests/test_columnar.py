@@ -6,6 +6,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from stepcli import columnar
@@ -60,9 +61,13 @@ def random_trace(seed: int) -> Trace:
                                     dur=round(rng.random() * 3, 3)))
             cursor += dur + round(rng.choice([0.0, 0.5, 1.0]), 3)
 
+    overlapping = rng.random() < 0.25  # a second thread of process 100 with steps that overlap the first's
     for step in range(rng.randint(0, 3)):
         start = t0 + step * 100.0
         for pid, tid in ((100, 1), (100, 2), (200, 1)):
+            if tid == 2 and overlapping:
+                events.append(Event(name=f"ProfilerStep#{step + 10}", cat="user_annotation", ph="X", pid=pid,
+                                    tid=tid, ts=round(start + 45.0, 3), dur=90.0))
             if tid == 1:
                 events.append(Event(name=f"ProfilerStep#{step}", cat="user_annotation", ph="X", pid=pid, tid=tid,
                                     ts=round(start, 3), dur=90.0))
@@ -148,3 +153,31 @@ def test_columns_keep_and_skip_what_the_event_reader_does(tmp_path: Path) -> Non
         assert [(e.name, e.pid, e.tid, e.ts, e.dur) for e in as_events] == [
             (e.name, e.pid, e.tid, e.ts, e.dur) for e in trace.events
         ]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_thread_order_equals_lexsort(seed: int) -> None:
+    # GIVEN events nearly sorted by start (a few swapped), with equal starts and few threads
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 400))
+    start = np.cumsum(rng.integers(0, 3, n)).astype(np.int64)
+    swap = rng.integers(0, max(n, 1), n // 10)
+    start[swap] = start[swap[::-1]]
+    dur = rng.integers(0, 5, n).astype(np.int64)
+    thread = rng.integers(0, 3 if seed % 2 else 70_000, n).astype(np.int64)
+    # THEN the order is np.lexsort's on (thread, start, -duration, position)
+    expected = np.lexsort((np.arange(n), -dur, start, thread))
+    assert np.array_equal(columnar.thread_order(thread, start, dur), expected)
+
+
+def test_step_phases_claim_time_in_priority_order() -> None:
+    # GIVEN two steps [0,100) and [100,200); a dataloader span over both steps' edges, an optimizer span
+    # overlapping it, forward spans partly claimed already
+    ns = lambda *v: np.array(v, np.int64)  # noqa: E731
+    parts = columnar.step_phases(
+        ns(0, 100), ns(100, 200),
+        [ns(90), ns(95), ns(150)], [ns(110), ns(120), ns(160)],  # dataloader, optimizer, backward
+        ns(0, 115, 140), ns(50, 150, 190),  # forward, clipped to their step
+    )
+    # THEN per step: dataloader, optimizer (only what dataloader left), backward, forward (the rest of it), other
+    assert [p.tolist() for p in parts] == [[10, 10], [0, 10], [0, 10], [50, 60], [40, 10]]
