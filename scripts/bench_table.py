@@ -300,7 +300,13 @@ def one_file(trace: Path, repeat: int) -> None:
         "reference (typed+aggr.)": [sys.executable, "-c", _REFERENCE, str(trace)],
         "stepcli table --json": stepcli_cmd("table", "--json", str(trace)),
     }
-    results = {label: best_of(cmd, repeat) for label, cmd in commands.items()}
+    # Round-robin: every round runs each command once, so a change of load on a shared machine hits all alike.
+    rounds: dict[str, list[tuple[float, int]]] = {label: [] for label in commands}
+    for _ in range(max(1, repeat)):
+        for label, cmd in commands.items():
+            rounds[label].append(best_of(cmd, 1))
+    results = {label: min(runs) for label, runs in rounds.items()}
+    paired = sorted(a[0] / b[0] for a, b in zip(rounds["stepcli table --json"], rounds["reference (typed+aggr.)"]))
     mb = 1024 * 1024
     print(f"one file: {size / mb:,.0f} MiB, {trace.name}")
     print(f"{'':26}{'wall s':>8}{'peak RSS MiB':>14}{'RSS / file':>12}")
@@ -310,6 +316,8 @@ def one_file(trace: Path, repeat: int) -> None:
     ref_wall, _ = results["reference (typed+aggr.)"]
     print(f"ONE-FILE RATIO  stepcli / reference: {wall / ref_wall:.2f}x time (goal <= 1.0x); "
           f"peak RSS {rss / size:.2f}x the file (goal <= 1.5x)")
+    print(f"  per round (same round's runs): median {paired[len(paired) // 2]:.2f}x, "
+          f"range {paired[0]:.2f}x-{paired[-1]:.2f}x over {len(paired)} rounds")
 
 
 def folder_run(files: list[Path], repeat: int) -> None:

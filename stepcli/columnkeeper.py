@@ -8,7 +8,6 @@ dropped, unusable times and step numbers skipped and counted), kept as arrays in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import Any, Sequence
 
@@ -43,6 +42,15 @@ class _Codes:
         return np.fromiter(map(codes.__getitem__, values), np.int32, len(values))
 
 
+class _Kinds(dict[Any, int]):
+    """Category -> column kind, or -1 for a category not kept; filled at first sight, so the per-event lookup is
+    one C-level dict access (no default argument to pass)."""
+
+    def __missing__(self, category: Any) -> int:
+        kind = self[category] = kind_of(category) if category in KEPT_CATEGORIES else -1
+        return kind
+
+
 class ColumnKeeper(_Keeper):
     """The columns of the kept events of every slice added, in file order."""
 
@@ -52,7 +60,7 @@ class ColumnKeeper(_Keeper):
         self._id_codes = _Codes()
         self._shape_codes = _Codes()
         self._shape_codes.codes[""] = 0
-        self._category = {c: kind_of(c) for c in KEPT_CATEGORIES}
+        self._category = _Kinds()
         # Per name code: 1 kept, 0 dropped silently (utility names), -1 skipped and counted (unusable step number).
         self._name_rule = np.zeros(0, np.int8)
         self._parts: list[tuple[np.ndarray, ...]] = []
@@ -62,7 +70,7 @@ class ColumnKeeper(_Keeper):
         self.count += count
         if not count:
             return
-        kind = np.fromiter(map(self._category.get, map(_CAT, decoded), repeat(-1)), np.int8, count)
+        kind = np.fromiter(map(self._category.__getitem__, map(_CAT, decoded)), np.int8, count)
         candidate = np.nonzero(kind >= 0)[0]
         chosen = _subset(decoded, candidate)
         is_x = np.fromiter(map("X".__eq__, map(_PH, chosen)), bool, len(chosen))
