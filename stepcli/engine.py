@@ -92,6 +92,13 @@ def _context() -> multiprocessing.context.BaseContext:
     """
     if sys.platform.startswith("linux"):
         if threading.active_count() == 1:
+            # A forked worker flushes the standard streams it inherited when it exits: empty them first, or text
+            # this process had buffered would be printed twice.
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (AttributeError, OSError, ValueError):
+                    pass
             return multiprocessing.get_context("fork")
         context = multiprocessing.get_context("forkserver")
         # The server imports the reader once; each worker forked from it starts with it loaded.

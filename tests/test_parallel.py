@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +160,13 @@ def test_a_cut_inside_a_string_falls_back_to_the_whole_read(monkeypatch: pytest.
     # THEN the answers are still the one-process read's
     assert summarize_paths([str(path)], jobs=4).to_dict() == summarize(load_paths([str(path)])).to_dict()
     assert summarize_paths([str(path)], jobs=4).to_dict()["cpu_ops"][0]["calls"] == 400
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork and forkserver are Linux's start methods here")
+def test_workers_fork_only_from_a_single_threaded_process() -> None:
+    # GIVEN a fresh process with one thread THEN its workers fork (they start at once, with its imports)
+    code = ("import threading, time; from stepcli.engine import _context; print(_context().get_start_method());"
+            "threading.Thread(target=time.sleep, args=(1,), daemon=True).start(); print(_context().get_start_method())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    # AND once a second thread runs (a launcher's pipes), they start from a clean server process instead
+    assert out == ["fork", "forkserver"]
