@@ -26,8 +26,7 @@ MIN_PIECE_BYTES = 32 * 1024 * 1024  # smaller files gain less from more processe
 FIRST_EXTRA = 0.25  # the first range's extra share (a worker starts ~0.15 s late, ~20% of a 150 MB range's decode)
 _BLOCK_BYTES = 8 * 1024 * 1024  # read at once by a range's process, then decoded in slices
 _LOOK = 1 << 20  # bytes searched for the traceEvents key, and after each cut for the gap between two events
-_LIST_OPEN = b'{"traceEvents": ['
-_LIST_CLOSE = b"]}"
+_OPEN, _CLOSE = ord("["), ord("]")
 
 
 def plan(path: str, pieces: int, head_start: float = FIRST_EXTRA) -> list[tuple[int, int]] | None:
@@ -87,25 +86,28 @@ def read_piece(path: str, start: int, end: int, header_end: int, last: bool, sha
             stop = end - 2 * _CHUNK_BYTES if last else end  # the last range keeps its final slices for the document
             while position < stop:
                 block_end = min(end, position + max(_BLOCK_BYTES, 2 * _CHUNK_BYTES))
-                block = os.pread(fd, block_end - position, position)
-                if len(block) != block_end - position:
-                    return None  # the file got shorter while it was read
-                limit = len(block) if block_end == end else _last_cut(block)
+                # The block sits between brackets; each slice is decoded where it lies, its closing comma turned
+                # into "]" and then into "[" to open the next slice (no copy of the slice).
+                block = _read_into(file, b"[", position, block_end, b"]")
+                limit = len(block) - 1 if block_end == end else _last_cut(block)
                 if limit is None:
                     return None
                 view = memoryview(block)
-                offset = 0
-                while offset < limit and position + offset < stop:
-                    gap = _EVENT_SEPARATOR.search(block, offset + _CHUNK_BYTES, limit)
+                opening = 0  # the "[" of the slice being decoded; the slice's data starts at `opening` in the range
+                while opening + 1 < limit and position + opening < stop:
+                    gap = _EVENT_SEPARATOR.search(block, opening + 1 + _CHUNK_BYTES, limit)
                     cut = block.index(b",", gap.start()) if gap else limit
                     if last and block_end == end and cut == limit:
                         break  # the final events: decoded with the document below
-                    keeper.add(decoder.decode(b"".join((b"[", view[offset:cut], b"]"))))
-                    offset = cut + 1
+                    block[cut] = _CLOSE
+                    # With shapes, msgspec.Raw values may keep a view of their input: they get a copy.
+                    keeper.add(decoder.decode(bytes(view[opening : cut + 1]) if shapes else view[opening : cut + 1]))
+                    block[cut] = _OPEN
+                    opening = cut
                 view.release()
-                if not offset:
+                if not opening:
                     break
-                position += offset
+                position += opening
             if last:
                 head = os.pread(fd, header_end, 0)
                 meta, rest = _decode(path, _read_into(file, head, position, end, b""), shapes, ColumnKeeper)
@@ -116,7 +118,7 @@ def read_piece(path: str, start: int, end: int, header_end: int, last: bool, sha
     return meta, keeper.columns(), keeper.count, keeper.skipped
 
 
-def _last_cut(block: bytes) -> int | None:
+def _last_cut(block: bytes | bytearray) -> int | None:
     """Position of the comma of the last gap between two events that lies wholly inside `block`."""
     at = len(block)
     while True:
