@@ -223,3 +223,29 @@ def test_table_says_what_it_left_out_and_shares_stay_within_step_time(tmp_path: 
     assert data["outside_steps"] == {"events": 1, "self_ms": pytest.approx(1.4)}
     assert sum(r["self_share"] for r in data["cpu_ops"]) <= 1.0 + 1e-9
     assert [r["name"] for r in data["cpu_ops"]] == ["aten::mm", "ProfilerStep*"]
+
+
+def test_run_summary_says_it_under_the_top_operators(capsys: pytest.CaptureFixture[str]) -> None:
+    from stepcli.runreport import print_run_summary
+
+    # GIVEN the analysis of a window whose trace has an event after its last step, as the run summary holds it
+    analysis = merge_parts([summarize_file(Trace.from_events(
+        [step(1, 0, 100), ev("aten::mm", 10, 80), ev("cudaDeviceSynchronize", 150, 1234, cat="cuda_runtime")]))]).to_dict()
+    summary: dict[str, Any] = {
+        "command": ["python", "train.py"], "exit_status": 0, "duration_s": 1.0,
+        "steps": {"global": 3, "requesters": {"SGD#0": 3}}, "processes": [{"worker": "w", "global_steps": 3}],
+        "step_time_ms": {"untouched": None, "profiled": None, "first_step": None}, "timeline_ms": [],
+        "timeline_phases": "", "peak_memory": {"rss_bytes": None, "cuda_bytes": None}, "windows": [],
+        "top_operators": [op for op in analysis["cpu_ops"] if op["name"] != "ProfilerStep*"], "top_kernels": [],
+        "share_of": analysis["share_of"], "outside_steps": analysis["outside_steps"], "breakdown_ms": None,
+        "ranks": [], "notes": [], "traces": [], "out_dir": "out",
+    }
+    # WHEN printed THEN the line follows the operator table; without left-out events there is no line
+    print_run_summary(summary)
+    err = capsys.readouterr().err
+    assert "1 host event (1.23 ms) outside recorded steps left out" in err
+    assert err.index("Top CPU operators") < err.index("outside recorded steps")
+    print_run_summary(dict(summary, outside_steps={"events": 0, "self_ms": 0.0}))
+    assert "outside recorded steps" not in capsys.readouterr().err
+    print_run_summary({k: v for k, v in summary.items() if k != "outside_steps"})  # a summary saved before this field
+    assert "outside recorded steps" not in capsys.readouterr().err
