@@ -456,10 +456,10 @@ def _analyze_columns(
         incomplete_step,
     )
     outside_events = outside_ns = 0
-    if step_spans is None:
+    inside = None if step_spans is None else _in_steps_array(step_spans, columns.pid[index], start, end)
+    if inside is None or inside.all():
         cpu_rows = col.rows_from(keyed(row_key, index), key_of, a["self"], a["dur"], counted=kept)
     else:
-        inside = _in_steps_array(step_spans, columns.pid[index], start, end)
         cpu_rows = col.rows_from(keyed(row_key[inside], index[inside]), key_of, a["self"][inside], a["dur"][inside],
                                  counted=kept[inside])
         left_out = kept & ~inside
@@ -521,15 +521,13 @@ def _in_steps_array(
     import numpy as np
 
     inside = np.zeros(len(pid), bool)
-    reach = np.maximum(end, start + 1)
     for code, (union, ends) in spans.items():
-        rows = np.nonzero(pid == code)[0]
-        if not rows.size:
-            continue
+        mine = pid == code
+        rows: Any = slice(None) if mine.all() else np.nonzero(mine)[0]  # mostly one process: no copies then
         first = np.array([s for s, _ in union], np.int64)
         after = np.searchsorted(np.array(ends, np.int64), start[rows], side="right")  # first span ending later
-        found = after < len(union)
-        inside[rows[found]] = first[after[found]] < reach[rows[found]]
+        reach = np.maximum(end[rows], start[rows] + 1)
+        inside[rows] = (after < len(union)) & (first[np.minimum(after, len(union) - 1)] < reach)
     return inside
 
 
