@@ -69,7 +69,8 @@ def outside_note(outside: Mapping[str, Any] | None) -> str | None:
     if not outside or not outside.get("events"):
         return None
     count = outside["events"]
-    return f"{count:,} host event{'s' if count != 1 else ''} ({_ms(outside['self_ms'])} ms) outside recorded steps left out"
+    events = f"{count:,} host event{'s' if count != 1 else ''}"
+    return f"{events} ({_ms(outside['self_ms'])} ms) outside recorded steps left out"
 
 
 # ------------------------------------------------------------------------------------------------ rich tables

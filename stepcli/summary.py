@@ -228,9 +228,10 @@ def _phase_of(name: str) -> int:
     return _COMM if is_communication(name) else 0
 
 
-def _step_spans(
-    steps: Iterable[tuple[int | str, str, int, int]], incomplete_step: int | None
-) -> dict[int | str, tuple[list[tuple[int, int]], list[int]]] | None:
+_StepSpans = dict[Any, tuple[list[tuple[int, int]], list[int]]]  # pid -> (union of its steps, the union's ends)
+
+
+def _step_spans(steps: Iterable[tuple[int | str, str, int, int]], incomplete_step: int | None) -> _StepSpans | None:
     """Per process, the union of its ProfilerStep#N annotations (pid, name, start, end), the incomplete step
     included, and that union's ends (for bisect); None when no step is complete: nothing is then left out."""
     by_pid: dict[int | str, list[tuple[int, int]]] = {}
@@ -246,7 +247,7 @@ def _step_spans(
     return {pid: (union, [e for _, e in union]) for pid, union in unions.items()}
 
 
-def _in_steps(spans: dict[int | str, tuple[list[tuple[int, int]], list[int]]], pid: int | str, start: int, end: int) -> bool:
+def _in_steps(spans: _StepSpans, pid: int | str, start: int, end: int) -> bool:
     """Whether [start, end) overlaps a step of its process (a zero-length event: whether it lies in one)."""
     union, ends = spans.get(pid, ((), ()))
     i = bisect.bisect_right(ends, start)  # the first step span ending after `start`
@@ -311,9 +312,9 @@ def _analyze(
     # name -> (row key unless it is a step, phase, could be a ProfilerStep#N): computed once per distinct name
     name_info: dict[str, tuple[str, int, bool]] = {}
     rows = cpu.rows
+    starts = [rnd((e.ts - base) * 1000) for e in step_events]
     step_spans = _step_spans(
-        ((e.pid, e.name, rnd((e.ts - base) * 1000), rnd((e.ts - base) * 1000) + rnd(e.dur * 1000)) for e in step_events),
-        incomplete_step,
+        ((e.pid, e.name, s, s + rnd(e.dur * 1000)) for e, s in zip(step_events, starts)), incomplete_step
     )
     outside = [0, 0]  # calls, self ns of the host events outside every step
 
@@ -371,7 +372,8 @@ def _analyze(
             phase = info[1]
             if phase:
                 phase_spans[phase].append((start, end, pid))
-            frame = [end, row_key, dur, 0, 0, None, name, window, step_spans is None or _in_steps(step_spans, pid, start, end)]
+            counted = step_spans is None or _in_steps(step_spans, pid, start, end)
+            frame = [end, row_key, dur, 0, 0, None, name, window, counted]
             if stack:
                 parent = stack[-1]
                 parent[3] += dur
@@ -514,9 +516,7 @@ def _analyze_columns(
     return cpu_rows, device_rows, result
 
 
-def _in_steps_array(
-    spans: dict[int | str, tuple[list[tuple[int, int]], list[int]]], pid: Any, start: Any, end: Any
-) -> Any:
+def _in_steps_array(spans: _StepSpans, pid: Any, start: Any, end: Any) -> Any:
     """`_in_steps` for arrays of events (pid codes, as `spans` is keyed): a boolean array."""
     import numpy as np
 

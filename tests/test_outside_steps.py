@@ -229,8 +229,8 @@ def test_run_summary_says_it_under_the_top_operators(capsys: pytest.CaptureFixtu
     from stepcli.runreport import print_run_summary
 
     # GIVEN the analysis of a window whose trace has an event after its last step, as the run summary holds it
-    analysis = merge_parts([summarize_file(Trace.from_events(
-        [step(1, 0, 100), ev("aten::mm", 10, 80), ev("cudaDeviceSynchronize", 150, 1234, cat="cuda_runtime")]))]).to_dict()
+    events = [step(1, 0, 100), ev("aten::mm", 10, 80), ev("cudaDeviceSynchronize", 150, 1234, cat="cuda_runtime")]
+    analysis = merge_parts([summarize_file(Trace.from_events(events))]).to_dict()
     summary: dict[str, Any] = {
         "command": ["python", "train.py"], "exit_status": 0, "duration_s": 1.0,
         "steps": {"global": 3, "requesters": {"SGD#0": 3}}, "processes": [{"worker": "w", "global_steps": 3}],
