@@ -63,6 +63,16 @@ def _skipped_note(count: int) -> str:
     return f"skipped {count:,} event{'s' if count != 1 else ''} with a missing, non-numeric, negative or out-of-range ts/dur (see README)"
 
 
+def outside_note(outside: Mapping[str, Any] | None) -> str | None:
+    """The line under an operator table when host events outside every recorded step were left out of it
+    (stepcli.summary: their time is no step's, so it gets no share of step time); None when there were none."""
+    if not outside or not outside.get("events"):
+        return None
+    count = outside["events"]
+    events = f"{count:,} host event{'s' if count != 1 else ''}"
+    return f"{events} ({_ms(outside['self_ms'])} ms) outside recorded steps left out"
+
+
 # ------------------------------------------------------------------------------------------------ rich tables
 
 
@@ -342,6 +352,9 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
         console.print(breakdown_table(None, data["device"], title="Device activity"))
     share_of = data.get("share_of")
     console.print(ops_table(data["cpu_ops"], "CPU operators", limit, sort_by=sort_by, width=console.width, share_of=share_of))
+    outside = outside_note(data.get("outside_steps"))
+    if outside:
+        console.print(outside, highlight=False, soft_wrap=True, markup=False)
     if data["device_kernels"]:
         console.print(ops_table(data["device_kernels"], "Device kernels", limit, sort_by=sort_by, width=console.width,
                                 share_of=share_of))
@@ -429,4 +442,7 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
         lines += _md_table(("Name", "Calls", "Self ms", "Self %", "Total ms", "Avg ms"), rows,
                            (False, True, True, True, True, True))
         lines += ["", f"{share_caption(data.get('share_of'))}.", ""]
+        outside = outside_note(data.get("outside_steps")) if title == "CPU operators" else None
+        if outside:
+            lines += [f"{outside[0].upper()}{outside[1:]}.", ""]
     return "\n".join(lines)

@@ -247,6 +247,7 @@ def build_run_summary(
         "slowest_rank": (analysis or {}).get("slowest_rank"),
         "straggler": (analysis or {}).get("straggler"),
         "share_of": (analysis or {}).get("share_of"),
+        "outside_steps": (analysis or {}).get("outside_steps"),
         "breakdown_ms": (analysis or {}).get("breakdown_ms"),
         "device": (analysis or {}).get("device"),
         "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
@@ -379,6 +380,9 @@ def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, 
         if summary["top_operators"]:
             title = "Top CPU operators by self time (recorded steps)"
             console.print(render.ops_table(summary["top_operators"], title, 10, width=width, share_of=share_of))
+            outside = render.outside_note(summary.get("outside_steps"))
+            if outside:
+                console.print(outside, markup=False, highlight=False, soft_wrap=True)
         if summary["top_kernels"]:
             console.print(render.ops_table(summary["top_kernels"], "Top device kernels by self time", 10, width=width,
                                            share_of=share_of))

@@ -10,6 +10,13 @@ processes and the straggler in stepcli.ranks.
 A trace's incomplete step (`Trace.incomplete_step`, from a window stepcli cut short) holds only the start of that
 step, so it is left out of step times, step statistics, per-rank statistics and the step breakdown; its events
 still count in the operator tables. Events the reader skipped for unusable times are counted in `skipped_events`.
+
+When a trace has recorded steps, host events that overlap no ProfilerStep#N of their own process (the incomplete
+step included) are time outside every step: they are left out of the operator tables, whose shares are of step
+time, and counted in `outside_events`/`outside_ns` instead (e.g. the `cudaDeviceSynchronize` the profiler itself
+calls after the last step). An event that overlaps a step even in part is kept whole. Device kernels are all kept:
+a kernel launched inside a step belongs to it even when it runs after the step's CPU side ended. A trace without
+recorded steps keeps every event, as key_averages() does.
 """
 
 from __future__ import annotations
@@ -135,6 +142,8 @@ class TraceSummary:
     skipped_events: int = 0  # events left out because their ts/dur was infinite, NaN or absurdly large
     share_of: str = "recorded step time"  # what every self_share is a share of (stepcli.shares)
     straggler: dict[str, Any] | None = None  # the evidence behind slowest_rank
+    outside_events: int = 0  # host operator calls outside every recorded step, left out of cpu_ops (module docstring)
+    outside_ms: float = 0.0  # their self time
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -151,6 +160,7 @@ class TraceSummary:
             "skipped_events": self.skipped_events,
             "share_of": self.share_of,
             "straggler": self.straggler,
+            "outside_steps": {"events": self.outside_events, "self_ms": self.outside_ms},
         }
 
 
@@ -179,6 +189,8 @@ class _TraceResult:
     cpu_span: tuple[int, int] | None
     comm_union: dict[int | str, list[tuple[int, int]]]  # pid -> union of communication spans (CPU and device)
     main_pid: int | str | None  # the process of the CPU events
+    outside_events: int = 0  # host operator calls left out of the rows: outside every step of their process
+    outside_ns: int = 0  # their self time
     # (phase totals, steps) over the windows when measured on arrays; else `_step_phases` measures them
     phase_totals: tuple[dict[str, int], int] | None = None
 
@@ -218,13 +230,40 @@ def _phase_of(name: str) -> int:
     return _COMM if is_communication(name) else 0
 
 
+_StepSpans = dict[Any, tuple[list[tuple[int, int]], list[int]]]  # pid -> (union of its steps, the union's ends)
+
+
+def _step_spans(steps: Iterable[tuple[int | str, str, int, int]], incomplete_step: int | None) -> _StepSpans | None:
+    """Per process, the union of its ProfilerStep#N annotations (pid, name, start, end), the incomplete step
+    included, and that union's ends (for bisect); None when no step is complete: nothing is then left out."""
+    by_pid: dict[int | str, list[tuple[int, int]]] = {}
+    complete = False
+    for pid, name, start, end in steps:
+        number = name[len(STEP_PREFIX):]
+        if number.isdecimal():
+            by_pid.setdefault(pid, []).append((start, end))
+            complete = complete or int(number) != incomplete_step
+    if not complete:
+        return None
+    unions = {pid: _union(spans) for pid, spans in by_pid.items()}
+    return {pid: (union, [e for _, e in union]) for pid, union in unions.items()}
+
+
+def _in_steps(spans: _StepSpans, pid: int | str, start: int, end: int) -> bool:
+    """Whether [start, end) overlaps a step of its process (a zero-length event: whether it lies in one)."""
+    union, ends = spans.get(pid, ((), ()))
+    i = bisect.bisect_right(ends, start)  # the first step span ending after `start`
+    return i < len(union) and union[i][0] < max(end, start + 1)
+
+
 def _analyze(
     events: list[Event], cpu: _Accumulator, device: _Accumulator, by_shape: bool, incomplete_step: int | None = None
 ) -> _TraceResult:
     """Nest CPU events per (pid, tid) exactly as torch's _populate_cpu_children/_remove_dup_nodes do, and
     collect what the step breakdown and device-busy figures need.
 
-    ProfilerStep#`incomplete_step` still counts as an operator row but opens no step window.
+    ProfilerStep#`incomplete_step` still counts as an operator row but opens no step window. Host events
+    outside every step of their process are counted in the result's `outside_*`, not in `cpu` (module docstring).
     """
     base = int(events[0].ts) if events else 0
     threads: dict[tuple[int | str, int | str], list[tuple[int, int, int, Event]]] = {}
@@ -237,6 +276,7 @@ def _analyze(
     last_pid: int | str | None = None
     last_tid: int | str | None = None
     bucket: list[tuple[int, int, int, Event]] = []
+    step_events: list[Event] = []
     for index, event in enumerate(events):
         if event.cat in _DEVICE_CATEGORIES:
             start = rnd((event.ts - base) * 1000)
@@ -259,6 +299,8 @@ def _analyze(
             continue
         if event.cat == "python_function":
             continue  # a Python frame: a stack view's business, not an operator (see the module docstring)
+        if event.cat == "user_annotation" and event.name.startswith(STEP_PREFIX):
+            step_events.append(event)
         # Consecutive events are mostly on the same thread: skip the dict lookup then.
         if event.tid is not last_tid or event.pid is not last_pid:
             last_pid, last_tid = event.pid, event.tid
@@ -272,16 +314,26 @@ def _analyze(
     # name -> (row key unless it is a step, phase, could be a ProfilerStep#N): computed once per distinct name
     name_info: dict[str, tuple[str, int, bool]] = {}
     rows = cpu.rows
+    starts = [rnd((e.ts - base) * 1000) for e in step_events]
+    step_spans = _step_spans(
+        ((e.pid, e.name, s, s + rnd(e.dur * 1000)) for e, s in zip(step_events, starts)), incomplete_step
+    )
+    outside = [0, 0]  # calls, self ns of the host events outside every step
 
     def finish(frame: list[Any]) -> None:
         # torch's _remove_dup_nodes: an only child with its parent's name is folded into the parent.
         while frame[4] == 1 and frame[5][6] == frame[6]:
             child = frame[5]
-            undo = rows[child[1]]
+            undo = rows[child[1]] if child[8] else outside
             undo[0] -= 1
             undo[1] -= child[2] - child[3]
-            undo[2] -= child[2]
+            if child[8]:
+                undo[2] -= child[2]
             frame[3], frame[4], frame[5] = child[3], child[4], child[5]
+        if not frame[8]:
+            outside[0] += 1
+            outside[1] += frame[2] - frame[3]
+            return
         row = rows.get(frame[1])
         if row is None:
             rows[frame[1]] = [1, frame[2] - frame[3], frame[2]]
@@ -292,7 +344,8 @@ def _analyze(
 
     for (pid, _tid), items in threads.items():
         items.sort()
-        # frame: [end, row key, dur, children's dur, number of children, last child, name, step window or None]
+        # frame: [end, row key, dur, children's dur, number of children, last child, name, step window or None,
+        #         counted: inside a step of the process, or the trace has no steps]
         stack: list[list[Any]] = []
         push = stack.append
         for start, neg_dur, _index, event in items:
@@ -321,7 +374,8 @@ def _analyze(
             phase = info[1]
             if phase:
                 phase_spans[phase].append((start, end, pid))
-            frame = [end, row_key, dur, 0, 0, None, name, window]
+            counted = step_spans is None or _in_steps(step_spans, pid, start, end)
+            frame = [end, row_key, dur, 0, 0, None, name, window, counted]
             if stack:
                 parent = stack[-1]
                 parent[3] += dur
@@ -346,7 +400,9 @@ def _analyze(
     if main_pid is not None and "device" in comm_spans:  # NCCL kernels: the process's device waits for the others
         comm_spans.setdefault(main_pid, []).extend(comm_spans.pop("device"))
     comm_union = {pid: _union(spans) for pid, spans in comm_spans.items()}
-    return _TraceResult(windows, phase_spans, _union(device_spans), cpu_span, comm_union, main_pid)
+    return _TraceResult(
+        windows, phase_spans, _union(device_spans), cpu_span, comm_union, main_pid, outside[0], outside[1]
+    )
 
 
 def _analyze_columns(
@@ -396,7 +452,22 @@ def _analyze_columns(
     is_step = step_name[name] & (kind[index] == col.USER_ANNOTATION)
     row_key = np.where(is_step, step_key, name_key[name])
     kept = a["kept"]
-    cpu_rows = col.rows_from(keyed(row_key, index), key_of, a["self"], a["dur"], counted=kept)
+    # Host events outside every step of their process: no rows (not even empty ones), only the outside count.
+    step_rows = np.nonzero(is_step)[0]
+    step_spans = _step_spans(
+        zip(columns.pid[index[step_rows]].tolist(), [names[n] for n in name[step_rows].tolist()],
+            start[step_rows].tolist(), end[step_rows].tolist()),
+        incomplete_step,
+    )
+    outside_events = outside_ns = 0
+    inside = None if step_spans is None else _in_steps_array(step_spans, columns.pid[index], start, end)
+    if inside is None or inside.all():
+        cpu_rows = col.rows_from(keyed(row_key, index), key_of, a["self"], a["dur"], counted=kept)
+    else:
+        cpu_rows = col.rows_from(keyed(row_key[inside], index[inside]), key_of, a["self"][inside], a["dur"][inside],
+                                 counted=kept[inside])
+        left_out = kept & ~inside
+        outside_events, outside_ns = int(left_out.sum()), int(a["self"][left_out].sum())
 
     phase_of_name = np.array([_phase_of(n) for n in names] or [0], np.int8)
     phase = phase_of_name[name]
@@ -444,8 +515,26 @@ def _analyze_columns(
     if main_pid is not None and "device" in comm_spans:
         comm_spans.setdefault(main_pid, []).extend(comm_spans.pop("device"))
     comm_union = {pid: _union(spans) for pid, spans in comm_spans.items()}
-    result = _TraceResult(windows, phase_spans, device_union, cpu_span, comm_union, main_pid, phase_totals)
+    result = _TraceResult(
+        windows, phase_spans, device_union, cpu_span, comm_union, main_pid, outside_events, outside_ns,
+        phase_totals,
+    )
     return cpu_rows, device_rows, result
+
+
+def _in_steps_array(spans: _StepSpans, pid: Any, start: Any, end: Any) -> Any:
+    """`_in_steps` for arrays of events (pid codes, as `spans` is keyed): a boolean array."""
+    import numpy as np
+
+    inside = np.zeros(len(pid), bool)
+    for code, (union, ends) in spans.items():
+        mine = pid == code
+        rows: Any = slice(None) if mine.all() else np.nonzero(mine)[0]  # mostly one process: no copies then
+        first = np.array([s for s, _ in union], np.int64)
+        after = np.searchsorted(np.array(ends, np.int64), start[rows], side="right")  # first span ending later
+        reach = np.maximum(end[rows], start[rows] + 1)
+        inside[rows] = (after < len(union)) & (first[np.minimum(after, len(union) - 1)] < reach)
+    return inside
 
 
 def _phase_totals_arrays(
@@ -589,6 +678,8 @@ class FilePart:
     busy: tuple[int, int] | None
     busy_steps: int
     has_shapes: bool = False
+    outside_events: int = 0  # host operator calls outside every step of their process, in no row
+    outside_ns: int = 0
 
 
 def summarize_file(trace: Trace, *, group_by_shape: bool = False) -> FilePart:
@@ -664,6 +755,8 @@ def summarize_columns(
         busy=busy,
         busy_steps=(len(result.windows) or 1) if busy is not None else 0,
         has_shapes=bool(len(columns) and columns.shape.any()),
+        outside_events=result.outside_events,
+        outside_ns=result.outside_ns,
     )
 
 
@@ -773,4 +866,6 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
         skipped_events=sum(p.skipped_events for p in parts),
         share_of=share_of,
         straggler=straggler.to_dict() if straggler else None,
+        outside_events=sum(p.outside_events for p in parts),
+        outside_ms=sum(p.outside_ns for p in parts) / _NS_PER_MS,
     )

@@ -195,10 +195,12 @@ def test_skipped_events_are_counted_over_traces() -> None:
 def test_to_dict_has_the_contract_keys_and_is_json() -> None:
     data = summarize([Trace.from_events([step(1, 0, 10), ev("op", 1, 2)])]).to_dict()
     assert list(data) == ["files", "step_ms", "steps", "ranks", "slowest_rank", "breakdown_ms", "device",
-                          "cpu_ops", "device_kernels", "events", "skipped_events", "share_of", "straggler"]
+                          "cpu_ops", "device_kernels", "events", "skipped_events", "share_of", "straggler",
+                          "outside_steps"]
     assert set(data["cpu_ops"][0]) == {"name", "calls", "self_ms", "total_ms", "avg_ms", "self_share"}
     assert set(data["breakdown_ms"]) == {"dataloader", "forward", "backward", "optimizer", "other"}
     assert data["events"] == 2 and data["skipped_events"] == 0
+    assert data["outside_steps"] == {"events": 0, "self_ms": 0.0}
     json.dumps(data)
 
 
