@@ -11,13 +11,15 @@ then times, in this one process and alternately, the two ways the end of a run c
           parts and the page built from the same parts (a run without --profile-memory scans no file for memory).
 
 An idle thread runs meanwhile, as the launcher's watchdog does, so worker processes start as they do at the end
-of a run (forkserver, not fork). Best of --repeat for each; the ratio is before / after.
+of a run (forkserver, not fork). Best of --repeat for each, and the median of each round's
+before / after (steadier on a busy machine).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -80,10 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             after(paths)  # warm the page cache and the worker start-up for both sides
             old = new = new_memory = float("inf")
+            ratios: list[float] = []
             for _ in range(args.repeat):  # alternate, so drift on a shared machine hits both sides alike
-                old = min(old, best(lambda: before(paths), 1))
-                new = min(new, best(lambda: after(paths), 1))
+                round_old = best(lambda: before(paths), 1)
+                round_new = best(lambda: after(paths), 1)
+                old, new = min(old, round_old), min(new, round_new)
                 new_memory = min(new_memory, best(lambda: after(paths, memory=True), 1))
+                ratios.append(round_old / round_new)
         finally:
             idle.set()
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -95,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'before: summary read + report read':52}{old:8.2f}")
         print(f"{'after: one read (no --profile-memory)':52}{new:8.2f}")
         print(f"{'after: one read + memory scan (--profile-memory)':52}{new_memory:8.2f}")
-        print(f"RUN-END RATIO  before / after: {old / new:.2f}x (--profile-memory: {old / new_memory:.2f}x)")
+        print(f"RUN-END RATIO  before / after: {old / new:.2f}x of the best times, {statistics.median(ratios):.2f}x the "
+              f"median of the rounds' ratios (--profile-memory: {old / new_memory:.2f}x)")
     return 0
 
 
