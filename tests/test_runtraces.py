@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -134,7 +133,6 @@ def test_run_end_reads_each_trace_once_and_the_page_equals_stepcli_report(
         return built[-1]
 
     monkeypatch.setattr(report_data, "build", keep)
-    monkeypatch.setattr(sys, "argv", ["stepcli"])
     script = write_script(tmp_path, "train.py", TRAIN_LOOP)
     out = tmp_path / "out"
     options = ["--profile-memory"] if memory else []
