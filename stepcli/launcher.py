@@ -400,7 +400,6 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
     """Summary, --json and --fail-over after the program exited. The program's status wins, except that a
     budget that was exceeded, or could not be checked, fails a run that succeeded."""
     from stepcli.runreport import analysis_progress, build_run_summary, print_run_summary, write_run_summary
-
     from stepcli.runtraces import RunTraces
 
     display = ["python", *request.argv[1:]] if request.argv[0] == sys.executable else request.argv
