@@ -18,12 +18,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepcli.agent import ondemand
 from stepcli.agent.config import CONFIG_ENV, AgentConfig
 from stepcli.agent.schedule import Schedule
 from stepcli.errors import EXIT_REGRESSION, StepcliError
+
+if TYPE_CHECKING:
+    from stepcli.runtraces import RunTraces
 
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent / "_bootstrap")
 DEFAULT_RUNS_DIR = "stepcli-runs"
@@ -397,11 +400,16 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
     """Summary, --json and --fail-over after the program exited. The program's status wins, except that a
     budget that was exceeded, or could not be checked, fails a run that succeeded."""
     from stepcli.runreport import analysis_progress, build_run_summary, print_run_summary, write_run_summary
+    from stepcli.runtraces import RunTraces
 
     display = ["python", *request.argv[1:]] if request.argv[0] == sys.executable else request.argv
+    # One read of the traces for the summary and report.html; shapes only when the page will show them.
+    traces = RunTraces(shapes=request.report, memory=config.profile_memory)
     try:
         with analysis_progress(not request.quiet):
-            summary = build_run_summary(config, command=display, exit_status=status, started_at=started, duration_s=duration_s)
+            summary = build_run_summary(
+                config, command=display, exit_status=status, started_at=started, duration_s=duration_s, traces=traces
+            )
     except Exception as exc:  # the program's result, and the --json file CI reads next, must survive a bug here
         from stepcli.runguard import summary_failed
 
@@ -412,7 +420,7 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
             write_run_summary(summary, request.json_path)
         except StepcliError as exc:
             _say(f"warning: {exc.message}")
-    report_path, advice = _html_report(request, config, summary)
+    report_path, advice = _html_report(request, config, summary, traces)
     if not request.quiet:
         try:
             print_run_summary(summary, advice=advice, report_path=report_path)
@@ -451,14 +459,17 @@ def _open_control(config: AgentConfig) -> None:
         ondemand.open_control(config.out_dir, config.run_id, document)
     except OSError as exc:
         _say(f"warning: on-demand capture unavailable: {exc.strerror or exc}")
-def _html_report(request: RunRequest, config: AgentConfig, summary: dict[str, Any]) -> tuple[str | None, list[str]]:
-    """report.html in the output folder (unless --no-report) and the advice lines for the summary."""
+def _html_report(
+    request: RunRequest, config: AgentConfig, summary: dict[str, Any], traces: RunTraces | None = None
+) -> tuple[str | None, list[str]]:
+    """report.html in the output folder (unless --no-report) and the advice lines for the summary; `traces` is what
+    the summary read, reused."""
     if not request.report or not (summary["traces"] or summary["steps"]["global"]):
         return None, []
     try:
         from stepcli.report import write_run_report
 
-        path, advice = write_run_report(summary, config.log_dir)
+        path, advice = write_run_report(summary, config.log_dir, traces)
         return path, advice
     except Exception as exc:  # the program's result and the terminal summary must survive a bug in the page
         _say(f"could not write report.html ({type(exc).__name__}: {exc})")

@@ -16,7 +16,7 @@ import socket
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import TYPE_CHECKING, Any, ContextManager
 
 from stepcli import __version__
 from stepcli.agent.config import HELLO_PREFIX, AgentConfig
@@ -26,6 +26,9 @@ from stepcli.agent.tracker import FOREIGN
 from stepcli.compilereport import compile_lines, compile_summary, compiled_steps
 from stepcli.errors import StepcliError
 from stepcli.stats import describe
+
+if TYPE_CHECKING:
+    from stepcli.runtraces import RunTraces
 
 SCHEMA = "stepcli.run"
 SCHEMA_VERSION = 2  # 2: run_id and step_times (every step of every process); readers still accept 1
@@ -122,10 +125,15 @@ def _why_no_steps(config: AgentConfig, exit_status: int, command: list[str] | No
     )
 
 
-def _trace_analysis(trace_paths: list[str], notes: list[str]) -> dict[str, Any] | None:
+def _trace_analysis(trace_paths: list[str], notes: list[str], traces: RunTraces | None = None) -> dict[str, Any] | None:
+    """The merged summary of the run's traces; read through `traces` when given, so report.html reuses the read."""
     if not trace_paths:
         return None
     try:
+        if traces is not None:
+            from stepcli.summary import merge_parts
+
+            return merge_parts([parts[0] for parts in traces.parts(trace_paths)]).to_dict()
         from stepcli.engine import summarize_paths
 
         return summarize_paths(trace_paths).to_dict()
@@ -137,9 +145,16 @@ def _trace_analysis(trace_paths: list[str], notes: list[str]) -> dict[str, Any] 
 
 
 def build_run_summary(
-    config: AgentConfig, *, command: list[str], exit_status: int, started_at: float, duration_s: float
+    config: AgentConfig,
+    *,
+    command: list[str],
+    exit_status: int,
+    started_at: float,
+    duration_s: float,
+    traces: RunTraces | None = None,
 ) -> dict[str, Any]:
-    """Everything the run measured, as a JSON-able document (schema `stepcli.run`, version 2)."""
+    """Everything the run measured, as a JSON-able document (schema `stepcli.run`, version 2). With `traces`, the
+    trace files are read through it (and kept there for report.html)."""
     from stepcli.steplogs import load_step_logs
 
     logs, refused = load_step_logs(config, since=started_at)  # signed, schema-checked, traces inside out_dir
@@ -188,7 +203,7 @@ def build_run_summary(
     if foreign:
         notes.append(f"{foreign} step(s) ran under the program's own profiler and are left out of the statistics")
 
-    analysis = _trace_analysis(trace_paths, notes)
+    analysis = _trace_analysis(trace_paths, notes, traces)
     rss = [log["peak_rss_bytes"] for log in logs if log.get("peak_rss_bytes")]
     cuda = [log["cuda_peak_bytes"] for log in logs if log.get("cuda_peak_bytes")]
     torch_version = next((log.get("torch") for log in logs if log.get("torch")), None)

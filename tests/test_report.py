@@ -156,7 +156,8 @@ def torchrun_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "--", torchrun, "--standalone", "--nproc-per-node", "2", script, timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    return {"out": out, "result": result, "summary": json.loads((base / "run.json").read_text())}
+    page = (out / "report.html").read_text()  # as the run wrote it (a test below rewrites it)
+    return {"out": out, "result": result, "summary": json.loads((base / "run.json").read_text()), "page": page}
 
 
 def test_run_writes_report_and_points_to_it(demo_run: dict[str, Any], browser: Any, tmp_path: Path) -> None:  # noqa: F811
@@ -203,6 +204,19 @@ def test_torchrun_report_has_every_rank(torchrun_run: dict[str, Any], browser: A
     assert re.search(r">rank 0( \(slowest\))?</text>", html) and re.search(r">rank 1( \(slowest\))?</text>", html)
     top_op = torchrun_run["summary"]["top_operators"][0]["name"]
     _check_in_browser(browser, out / "report.html", top_op, artifacts_dir(tmp_path), "report-torchrun")
+
+
+def test_run_end_page_equals_stepcli_report_of_the_folder(torchrun_run: dict[str, Any]) -> None:
+    # GIVEN a torchrun job's page, built at the end of the run from what the run summary read of the rank traces
+    out = torchrun_run["out"]
+    assert len(torchrun_run["summary"]["traces"]) == 2
+    # WHEN `stepcli report` reads the folder afterwards (into the same folder, so links are alike)
+    result = run_stepcli("report", out, "-o", out / "again.html")
+    assert result.returncode == 0, result.stderr
+    # THEN it is the same page, byte for byte: every figure, table, chart and advice line
+    again = (out / "again.html").read_text()
+    assert "rank 1" in again and 'id="cpu-ops"' in again
+    assert again == torchrun_run["page"]
 
 
 def test_report_command_rebuilds_the_page_from_a_run_folder_or_summary(demo_run: dict[str, Any], tmp_path: Path) -> None:

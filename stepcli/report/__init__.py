@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from stepcli.errors import StepcliError
+
+if TYPE_CHECKING:
+    from stepcli.runtraces import RunTraces
 
 REPORT_NAME = "report.html"
 GENERATOR = '<meta name="generator" content="stepcli">'  # marks pages stepcli may overwrite
@@ -59,10 +62,11 @@ def _made_by_stepcli(path: str) -> bool:
         return False
 
 
-def write_run_report(summary: dict[str, Any], log_dir: str) -> tuple[str, list[str]]:
+def write_run_report(summary: dict[str, Any], log_dir: str, traces: RunTraces | None = None) -> tuple[str, list[str]]:
     """After `stepcli run`: report.html in the output folder, plus the advice lines for the terminal summary.
 
     The summary is also saved beside the step logs so `stepcli report OUT_DIR` can rebuild the same page later.
+    `traces`: what the run summary already read (stepcli.runtraces), so no trace is read a second time.
     """
     from stepcli.report.data import SUMMARY_FILE, build, step_logs
     from stepcli.report.page import render
@@ -70,8 +74,8 @@ def write_run_report(summary: dict[str, Any], log_dir: str) -> tuple[str, list[s
 
     out_dir = str(summary["out_dir"])
     write_run_summary(summary, os.path.join(log_dir, SUMMARY_FILE))
-    traces = [p for p in summary.get("traces") or [] if os.path.exists(p)]
-    data = build(summary, step_logs(Path(log_dir)), traces)
+    paths = [p for p in summary.get("traces") or [] if os.path.exists(p)]
+    data = build(summary, step_logs(Path(log_dir)), paths, traces=traces)
     path = os.path.join(out_dir, REPORT_NAME)
     write_html(render(data, path), path)
     return path, [advice.line() for advice in data.advice]

@@ -21,6 +21,7 @@ from stepcli.errors import StepcliError, TraceError
 from stepcli.stats import Stats, describe
 
 if TYPE_CHECKING:
+    from stepcli.runtraces import RunTraces
     from stepcli.summary import FilePart
 
 TOP_ROWS = 25  # operator rows per table in the page (sortable); the terminal shows 10
@@ -257,16 +258,22 @@ def build(
     trace_paths: Sequence[str],
     *,
     sources: Sequence[str] = (),
+    traces: RunTraces | None = None,
 ) -> ReportData:
-    """The page's data from a run summary (or None), step logs (may be empty) and trace files (may be none)."""
-    from stepcli.engine import file_parts
+    """The page's data from a run summary (or None), step logs (may be empty) and trace files (may be none).
+
+    `traces` holds what was already read of these files (after `stepcli run`, by the run summary); without it
+    they are read here, once.
+    """
+    from stepcli.runtraces import RunTraces
     from stepcli.summary import merge_parts
 
+    traces = traces if traces is not None else RunTraces()
     data = ReportData(title="stepcli report")
     parts: list[list[FilePart]] = []  # per trace file: its plain part and its by-shape part
     if trace_paths:
         try:
-            parts = file_parts(list(trace_paths), groupings=(False, True), shapes=True)
+            parts = traces.parts(list(trace_paths), shapes=True)
         except StepcliError as exc:
             if summary is None and not logs:
                 raise
@@ -349,9 +356,7 @@ def build(
         ]
     elif logs:
         data.memory_peaks = [(_worker_label(log), log.get("peak_rss_bytes"), log.get("cuda_peak_bytes")) for log in logs]
-    from stepcli.report.memory import memory_curves
-
-    data.memory_curves = memory_curves(trace_paths)
+    data.memory_curves = traces.memory_curves(trace_paths)
 
     # Files.
     for path in trace_paths:
