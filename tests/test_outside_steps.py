@@ -223,6 +223,13 @@ def test_table_says_what_it_left_out_and_shares_stay_within_step_time(tmp_path: 
     assert data["outside_steps"] == {"events": 1, "self_ms": pytest.approx(1.4)}
     assert sum(r["self_share"] for r in data["cpu_ops"]) <= 1.0 + 1e-9
     assert [r["name"] for r in data["cpu_ops"]] == ["aten::mm", "ProfilerStep*"]
+    # AND the HTML report says it under its operator table too
+    page = tmp_path / "page.html"
+    report = run_stepcli("report", trace, "-o", page)
+    assert report.returncode == 0, report.stderr
+    html = page.read_text()
+    assert '<p class="muted" id="outside-steps">1 host event (1.40 ms) outside recorded steps left out</p>' in html
+    assert html.index('id="cpu-ops"') < html.index('id="outside-steps"')
 
 
 def test_run_summary_says_it_under_the_top_operators(capsys: pytest.CaptureFixture[str]) -> None:

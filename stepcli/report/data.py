@@ -178,6 +178,7 @@ class ReportData:
     breakdowns: list[tuple[str, dict[str, float]]] = field(default_factory=list)
     device: dict[str, float] | None = None
     cpu_ops: list[dict[str, Any]] = field(default_factory=list)
+    outside_note: str | None = None  # host events outside every recorded step, left out of cpu_ops
     kernels: list[dict[str, Any]] = field(default_factory=list)
     shape_ops: list[dict[str, Any]] = field(default_factory=list)
     memory_peaks: list[tuple[str, int | None, int | None]] = field(default_factory=list)
@@ -265,6 +266,7 @@ def build(
     `traces` holds what was already read of these files (after `stepcli run`, by the run summary); without it
     they are read here, once.
     """
+    from stepcli.render import outside_note
     from stepcli.runtraces import RunTraces
     from stepcli.summary import merge_parts
 
@@ -316,6 +318,7 @@ def build(
     # Breakdown and operator tables: from the traces, else what the run summary kept of them.
     if analysis:
         data.cpu_ops = [op for op in analysis["cpu_ops"] if op["name"] != "ProfilerStep*"]
+        data.outside_note = outside_note(analysis.get("outside_steps"))
         data.kernels = analysis["device_kernels"]
         data.device = analysis["device"]
         parts_by_rank: dict[int | None, list[FilePart]] = {}

@@ -227,6 +227,8 @@ def render(data: ReportData, report_path: str) -> str:
     add('<h2 id="operators">Top CPU operators (recorded steps)</h2>')
     add('<p class="muted">Click a column to sort.</p>')
     add(_ops_table(data.cpu_ops, "cpu-ops"))
+    if data.outside_note:
+        add(f'<p class="muted" id="outside-steps">{escape(data.outside_note)}</p>')
     if data.kernels:
         add('<h2 id="kernels">Top device kernels</h2>')
         add(_ops_table(data.kernels, "kernels"))
