@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -29,17 +29,26 @@ def _subset(items: Sequence[Any], where: np.ndarray) -> Sequence[Any]:
     return itemgetter(*where.tolist())(items) if len(where) else []
 
 
+class _CodeTable(dict[Any, int]):
+    """value -> code, a new value getting the next code at first sight (so one C-level lookup per event)."""
+
+    def __missing__(self, value: Any) -> int:
+        code = self[value] = len(self)
+        return code
+
+
 class _Codes:
     """Strings (or ids) to small integers, assigned in order of first sight."""
 
     def __init__(self) -> None:
-        self.codes: dict[Any, int] = {}
+        self.codes: dict[Any, int] = _CodeTable()
 
-    def encode(self, values: Sequence[Any]) -> np.ndarray:
-        codes = self.codes
-        for value in [v for v in dict.fromkeys(values) if v not in codes]:  # once per distinct value
-            codes[value] = len(codes)
-        return np.fromiter(map(codes.__getitem__, values), np.int32, len(values))
+    def encode(self, values: Iterable[Any], count: int | None = None) -> np.ndarray:
+        """The codes of `values` (`count` of them: an iterator needs it; a sequence has its length)."""
+        if count is None:
+            assert isinstance(values, Sequence)
+            count = len(values)
+        return np.fromiter(map(self.codes.__getitem__, values), np.int32, count)
 
 
 class _Kinds(dict[Any, int]):
@@ -80,7 +89,7 @@ class ColumnKeeper(_Keeper):
         if not candidate.size:
             return
         kind = kind[candidate]
-        names = self._name_codes.encode(list(map(_NAME, chosen)))
+        names = self._name_codes.encode(map(_NAME, chosen), len(chosen))
         rule = self._rules(len(self._name_codes.codes))[names]
         ts = np.fromiter(map(_TS, chosen), np.float64, len(chosen))
         dur = np.fromiter(map(_DUR, chosen), np.float64, len(chosen))
@@ -92,8 +101,8 @@ class ColumnKeeper(_Keeper):
         if not where.size:
             return
         kept = _subset(chosen, where)
-        pid = self._id_codes.encode(list(map(_PID, kept)))
-        tid = self._id_codes.encode(list(map(_TID, kept)))
+        pid = self._id_codes.encode(map(_PID, kept), len(kept))
+        tid = self._id_codes.encode(map(_TID, kept), len(kept))
         if self.shapes:
             shape = self._shape_codes.encode([self._shape_of(e) for e in kept])
         else:
