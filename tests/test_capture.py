@@ -23,7 +23,8 @@ from stepcli.agent.tracker import NEVER, StepTracker
 from stepcli.capture import LiveRun, Request, _outcome, _read_requests, _still_wanted, plan_request, wait_for_answers
 
 # Steps until rank 0 sees <control>/pause, then idles (no steps) until <control>/end. Rank 0 decides and
-# broadcasts, so both ranks stop at the same iteration and no collective is left waiting.
+# broadcasts, so both ranks stop at the same iteration and no collective is left waiting. Rank 0 keeps the
+# number of steps made in <control>/step.
 DDP_LOOP = """
     import sys
     import time
@@ -49,6 +50,9 @@ DDP_LOOP = """
         opt.step()
         opt.zero_grad()
         step += 1
+        if rank == 0:
+            (control / "step.tmp").write_text(str(step))
+            (control / "step.tmp").replace(control / "step")
         if rank == 0 and step == 5:
             (control / "ready").touch()
         time.sleep(0.05)
@@ -73,6 +77,11 @@ class Scenario:
     run_stderr: str
     after_end: subprocess.CompletedProcess[str]
     summary: dict[str, Any]
+    quiet: list[dict[str, Any]]  # the heartbeats after `quiet_step` steps and no capture
+    quiet_step: int
+    after_captures: list[dict[str, Any]]  # the heartbeats a poll interval after the second capture returned
+    later: list[dict[str, Any]]  # the same, `later_steps` steps after that
+    later_steps: int
 
 
 def _wait_for(path: Path, timeout: float, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -81,6 +90,27 @@ def _wait_for(path: Path, timeout: float, proc: subprocess.Popen[bytes], log: Pa
         assert proc.poll() is None, f"the run ended early:\n{log.read_text()}"
         assert time.monotonic() < deadline, f"{path.name} never appeared:\n{log.read_text()}"
         time.sleep(0.1)
+
+
+def _steps_made(control: Path) -> int:
+    try:
+        return int((control / "step").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def _wait_for_step(control: Path, step: int, proc: subprocess.Popen[bytes], log: Path) -> int:
+    deadline = time.monotonic() + 120
+    while (made := _steps_made(control)) < step:
+        assert proc.poll() is None, f"the run ended early:\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"step {step} never came:\n{log.read_text()}"
+        time.sleep(0.1)
+    return made
+
+
+def _heartbeats(out: Path) -> list[dict[str, Any]]:
+    files = sorted(out.glob(".stepcli/*/control/proc.*.json"))
+    return sorted((json.loads(f.read_text()) for f in files), key=lambda h: int(h["rank"]))
 
 
 @pytest.fixture(scope="module")
@@ -100,10 +130,18 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_for(control / "ready", 180, proc, log)
+        _wait_for_step(control, 60, proc, log)  # 3 s of steps at least: a few polls, nobody listening
+        quiet = _heartbeats(out)
+        quiet_step = _steps_made(control)
         start = time.monotonic()
         first = run_stepcli("capture", out, "--active", "2", timeout=120)
         first_s = time.monotonic() - start
         second = run_stepcli("capture", str(proc.pid), "--active", "2", "--json", timeout=120)  # the launcher's pid
+        time.sleep(1.5)  # a poll that began before the request was withdrawn may still write
+        after_captures = _heartbeats(out)
+        later_from = _steps_made(control)
+        later_steps = _wait_for_step(control, later_from + 40, proc, log) - later_from
+        later = _heartbeats(out)
         (control / "pause").touch()
         _wait_for(control / "paused", 60, proc, log)
         start = time.monotonic()
@@ -121,7 +159,8 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     summary = json.loads((tmp / "run.json").read_text())
-    yield Scenario(out, first, first_s, second, stalled, stalled_s, status, log.read_text(), after_end, summary)
+    yield Scenario(out, first, first_s, second, stalled, stalled_s, status, log.read_text(), after_end, summary,
+                   quiet, quiet_step, after_captures, later, later_steps)
 
 
 def _lines(text: str) -> list[str]:
@@ -159,6 +198,21 @@ def test_second_capture_by_pid_records_later_steps(scenario: Scenario) -> None:
         assert (trace["first_step"], trace["last_step"]) == (request["first_step"], request["last_step"])
         assert profiler_steps(Path(trace["path"])) == [request["first_step"], request["last_step"]]
         assert trace["bytes"] == os.path.getsize(trace["path"]) and trace["complete"] is True
+
+
+def test_heartbeats_are_written_only_at_the_first_step_and_while_a_capture_listens(scenario: Scenario) -> None:
+    # No capture yet: each rank wrote its heartbeat once, at its first step, while the run made many steps.
+    assert scenario.quiet_step >= 60
+    assert [(h["rank"], h["writes"], h["step"], h["ended"]) for h in scenario.quiet] == [(0, 1, 1, ""), (1, 1, 1, "")]
+    # During the captures they wrote fresh heartbeats: the last ones are past the second window.
+    second = json.loads(scenario.second.stdout)["request"]
+    after = scenario.after_captures
+    assert [h["rank"] for h in after] == [0, 1]
+    assert all(h["writes"] >= 4 and h["step"] >= second["last_step"] for h in after), after
+    assert all(h["steps_per_s"] > 0 for h in after)
+    # Nobody listens any more: many steps, no write.
+    assert scenario.later_steps >= 40
+    assert [(h["writes"], h["step"]) for h in scenario.later] == [(h["writes"], h["step"]) for h in after]
 
 
 def test_capture_of_a_run_that_stopped_stepping_exits_3_after_the_timeout(scenario: Scenario) -> None:
