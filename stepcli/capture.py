@@ -239,7 +239,8 @@ def heard(process: dict[str, Any], ping: Ping) -> bool:
 
 def _unheard(process: dict[str, Any], ping: Ping, now: float) -> bool:
     """Still worth waiting for: a process that has not ended and may yet answer the ping (one that steps
-    notices it within a poll interval plus a step), or answered but its pace is not known yet (it only began)."""
+    notices it within a poll interval plus a step, at the pace its last heartbeat gave), or answered but its pace
+    is not known yet (it only began)."""
     if process.get("ended"):
         return False
     if heard(process, ping):
@@ -443,7 +444,8 @@ def capture_main(target: str, *, wait: int, warmup: int, active: int, timeout: f
             processes = read_processes(run.folder)
             request = plan_request([p for p in processes if heard(p, ping)] or processes, others, run.schedule,
                                    wait, warmup, active, time.time())
-            _write_requests(run.folder, run.run_id, [*filter(_still_wanted, others), request.to_dict()], pings)
+            if os.path.exists(os.path.join(run.folder, RUN_FILE)):  # else the run ended: nothing brings the file back
+                _write_requests(run.folder, run.run_id, [*filter(_still_wanted, others), request.to_dict()], pings)
         if not as_json:
             steps = f"step {request.first_step}" if request.first_step == request.last_step else \
                 f"steps {request.first_step}-{request.last_step}"

@@ -208,9 +208,11 @@ def test_second_capture_by_pid_records_later_steps(scenario: Scenario) -> None:
 
 
 def test_heartbeats_are_written_only_at_the_first_step_and_while_a_capture_listens(scenario: Scenario) -> None:
-    # No capture yet: each rank wrote its heartbeat once, at its first step, while the run made many steps.
+    # No capture yet: each rank wrote its heartbeat at its first step and once more a poll interval later, with
+    # its pace, while the run made many more steps.
     assert scenario.quiet_step >= 60
-    assert [(h["rank"], h["writes"], h["step"], h["ended"]) for h in scenario.quiet] == [(0, 1, 1, ""), (1, 1, 1, "")]
+    assert [(h["rank"], h["writes"], h["ended"]) for h in scenario.quiet] == [(0, 2, ""), (1, 2, "")]
+    assert all(1 < h["step"] < scenario.quiet_step - 10 and h["steps_per_s"] > 0 for h in scenario.quiet)
     # During the captures they wrote fresh heartbeats: the last ones are past the second window.
     second = json.loads(scenario.second.stdout)["request"]
     after = scenario.after_captures
@@ -477,34 +479,36 @@ def test_a_process_writes_its_heartbeat_only_while_a_capture_listens(
 
     process.poll(1)
     assert beat() == (1, 1, [])  # the first step: capture can find the process
-    for step in range(2, 50):
+    process.poll(2)
+    assert beat() == (2, 2, [])  # the next poll: its pace
+    for step in range(3, 50):
         process.poll(step)
-    assert beat() == (1, 1, [])  # nobody listens: no write
+    assert beat() == (2, 2, [])  # nobody listens: no write
     reads: list[str] = []
     load = json.load
     monkeypatch.setattr(ondemand.json, "load", lambda handle: reads.append(handle.name) or load(handle))
     atomic_write_json(str(requests), {"run_id": "run1", "requests": [], "pings": [{"id": "p1", "lease_s": 600}]})
     for step in range(50, 55):
         process.poll(step)
-    assert beat() == (6, 54, ["p1"])  # heard: a fresh heartbeat at every poll
+    assert beat() == (7, 54, ["p1"])  # heard: a fresh heartbeat at every poll
     assert reads == [str(requests)]  # read once: the file did not change since
     requests.unlink()  # the capture withdrew its ping
     for step in range(55, 60):
         process.poll(step)
-    assert beat() == (6, 54, ["p1"])
+    assert beat() == (7, 54, ["p1"])
     # A ping nobody renews (its capture was killed) lapses after its lease.
     atomic_write_json(str(requests), {"run_id": "run1", "requests": [], "pings": [{"id": "p2", "lease_s": 1}]})
     process.poll(60)
-    assert beat() == (7, 60, ["p2"])
+    assert beat() == (8, 60, ["p2"])
     time.sleep(1.1)
     process.poll(61)
-    assert beat() == (7, 60, ["p2"])
+    assert beat() == (8, 60, ["p2"])
     # Another run's ping is not obeyed.
     atomic_write_json(str(requests), {"run_id": "run0", "requests": [], "pings": [{"id": "p3", "lease_s": 600}]})
     process.poll(62)
-    assert beat() == (7, 60, ["p2"])
+    assert beat() == (8, 60, ["p2"])
     process.finish("exit")  # and it says when it ends
-    assert beat() == (8, 0, ["p2"]) and json.loads(path.read_text())["ended"] == "exit"
+    assert beat() == (9, 0, ["p2"]) and json.loads(path.read_text())["ended"] == "exit"
 
 
 def test_capture_waits_for_fresh_heartbeats_but_not_for_ended_or_quiet_processes(tmp_path: Path) -> None:

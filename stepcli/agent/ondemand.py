@@ -13,9 +13,10 @@ Each process looks at the control folder at most once a second, from a step boun
 clock value it already reads with a deadline: no file system call per step). Looking is one failed open() while
 nobody asks; the file is read only when its inode, size or times changed. The heartbeat is written only when
 somebody listens, so a job of a thousand ranks does not rewrite a thousand files a second on a shared file system
-all day: at the first step (capture finds the process), while a capture's ping is heard (every poll: fresh steps
-and pace; a ping lapses `lease_s` after the file last changed, so a capture killed with SIGKILL does not leave the
-processes writing), when an answer changes, and at exit (`ended`). A request names global steps, so every rank
+all day: at the first step and once more at the next poll, with the pace (capture finds the process and knows how
+long it may take to hear a ping), while a capture's ping is heard (every poll: fresh steps and pace; a ping lapses
+`lease_s` after the file last changed, so a capture killed with SIGKILL does not leave the processes writing),
+when an answer changes, and at exit (`ended`). A request names global steps, so every rank
 records the same `ProfilerStep#N`s; a rank already past them refuses instead of recording others. Requests carry
 the run id and live in a folder named by it, so a later run into the same `-o` never obeys one.
 """
@@ -143,6 +144,7 @@ class OnDemand:
         self.pending: dict[str, tuple[int, int, int, int]] = {}  # id -> (first, last step, windows, notes before)
         self._written_step = -1
         self._dirty = True  # the first poll (the first step) writes the heartbeat: capture can find the process
+        # ... and the second (`_writes < 2`) writes its pace: how long capture may wait for it to hear a ping
         self._mark: tuple[int, float] | None = None  # (step, time) of the last poll, for the step rate
         self._rate = 0.0
         self._seen: tuple[int, int, int, int] | None = None  # requests.json as last read: inode, size, mtime, ctime
@@ -165,7 +167,7 @@ class OnDemand:
             listening = self._read_requests(step)
             self._settle(step)
             self._pace(step)
-            if self._dirty or (listening and step != self._written_step):
+            if self._dirty or ((listening or self._writes < 2) and step != self._written_step):
                 self._write(step)
             self._failures = 0
         except OSError as exc:  # a shared file system's hiccup: try again next second, but not forever
