@@ -89,6 +89,7 @@ class Scenario:
     after_captures: list[dict[str, Any]]  # the heartbeats a poll interval after the second capture returned
     later: list[dict[str, Any]]  # the same, `later_steps` steps after that
     later_steps: int
+    interrupted: dict[str, tuple[bool, int, str, bool]]  # signal -> (pinged, exit status, stderr, file left behind)
 
 
 def _wait_for(path: Path, timeout: float, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -113,6 +114,20 @@ def _wait_for_step(control: Path, step: int, proc: subprocess.Popen[bytes], log:
         assert time.monotonic() < deadline, f"step {step} never came:\n{log.read_text()}"
         time.sleep(0.1)
     return made
+
+
+def _interrupt_capture(out: Path, sig: signal.Signals) -> tuple[bool, int, str, bool]:
+    """A capture waiting on a run that idles, stopped by `sig` once its ping is in the control folder."""
+    requests = next(out.glob(".stepcli/*/control")) / "requests.json"
+    capture = subprocess.Popen([sys.executable, "-m", "stepcli", "capture", str(out), "--timeout", "60"],
+                               env=stepcli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not requests.exists() and capture.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pinged = requests.exists() and bool(json.loads(requests.read_text()).get("pings"))
+    capture.send_signal(sig)
+    _, err = capture.communicate(timeout=60)
+    return pinged, capture.returncode, err, requests.exists()
 
 
 def _heartbeats(out: Path) -> list[dict[str, Any]]:
@@ -154,6 +169,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
         start = time.monotonic()
         stalled = run_stepcli("capture", out, "--timeout", "3", timeout=120)
         stalled_s = time.monotonic() - start
+        interrupted = {sig.name: _interrupt_capture(out, sig) for sig in (signal.SIGTERM, signal.SIGINT)}
         (control / "end").touch()
         status = proc.wait(timeout=120)
         after_end = run_stepcli("capture", out, "--timeout", "3", timeout=60)
@@ -167,7 +183,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
             proc.wait()
     summary = json.loads((tmp / "run.json").read_text())
     yield Scenario(out, first, first_s, second, stalled, stalled_s, status, log.read_text(), after_end, summary,
-                   quiet, quiet_step, after_captures, later, later_steps)
+                   quiet, quiet_step, after_captures, later, later_steps, interrupted)
 
 
 def _lines(text: str) -> list[str]:
@@ -233,6 +249,14 @@ def test_capture_of_a_run_that_stopped_stepping_exits_3_after_the_timeout(scenar
     assert len(lines) == 2 and lines[0].startswith("stepcli: asked run"), lines
     assert lines[1].startswith("stepcli: nothing captured: the run stopped stepping: its last step ("), lines
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_capture_stopped_by_a_signal_withdraws_its_ping(scenario: Scenario, sig: str) -> None:
+    pinged, status, stderr, left = scenario.interrupted[sig]
+    assert pinged  # it was waiting, its ping in requests.json ...
+    assert status != 0 and "Traceback" not in stderr, stderr
+    assert not left  # ... and took it back: the processes stop writing heartbeats
 
 
 def test_the_run_summary_lists_both_captured_windows(scenario: Scenario) -> None:
