@@ -6,7 +6,9 @@ taken at the same time mean anything):
   2. the whole optimizer-step hook path per step (torch's step + ours) against torch's step alone;
   3. the hook's start-up cost in every Python process the command starts (`python -c pass`, with and without);
   4. the on-demand idle check (is a `stepcli capture` asking?): tracker.step with the real agent's check and
-     its once-a-second poll + heartbeat, against tracker.step without it, and the cost of one poll;
+     its once-a-second poll, against tracker.step without it; the cost of one idle poll (nobody asks: no
+     heartbeat written) and of one poll while a capture listens (heartbeat written), and the heartbeat writes
+     made by the idle polls;
   5. `stepcli run` vs `python` wall time on a ~2000-step tiny training loop whose window never opens
      (goal <= 1.03x plus a fixed start-up <= 0.3 s), with the fixed start-up measured on an empty script.
 
@@ -58,16 +60,18 @@ def tracker_cost(n: int = 1_000_000) -> tuple[float, float]:
     return ours, base
 
 
-def idle_check_cost(n: int = 2_000_000) -> tuple[float, float, float]:
-    """(us per tracker.step with the on-demand check, without it, us per poll) in this process.
+def idle_check_cost(n: int = 2_000_000) -> tuple[float, float, float, float, int]:
+    """(us per tracker.step with the on-demand check, without it, us per idle poll, us per poll while a capture
+    listens, heartbeat writes made by the idle polls) in this process.
 
-    The check is an integer compare per step; the poll (a failed open of requests.json and a heartbeat write)
-    runs at most once a second, so over `n` steps (a few seconds) its real share is included.
+    The check is an integer compare per step; the poll (a failed open of requests.json; a heartbeat write only
+    while a capture listens) runs at most once a second, so over `n` steps (a few seconds) its real share is
+    included.
     """
     import atexit
 
     from stepcli.agent import ondemand
-    from stepcli.agent.config import AgentConfig
+    from stepcli.agent.config import AgentConfig, atomic_write_json
     from stepcli.agent.runtime import Agent
     from stepcli.agent.tracker import NEVER, StepTracker
 
@@ -87,12 +91,21 @@ def idle_check_cost(n: int = 2_000_000) -> tuple[float, float, float]:
             with_check = min(with_check, timeit.timeit(lambda: checked.step("opt"), number=n) / n * 1e6)
             without = min(without, timeit.timeit(lambda: plain.step("opt"), number=n) / n * 1e6)
         polls = 2000
+        writes = agent.ondemand._writes
         start = time.perf_counter()
         for i in range(polls):
-            agent.ondemand.poll(10**9 + i)  # a new step each time: every poll writes the heartbeat
-        poll_us = (time.perf_counter() - start) / polls * 1e6
+            agent.ondemand.poll(10**9 + i)  # a new step each time, nobody asks: no heartbeat written
+        idle_us = (time.perf_counter() - start) / polls * 1e6
+        idle_writes = agent.ondemand._writes - writes
+        control = ondemand.control_dir(out, "bench")
+        ping = {"run_id": "bench", "requests": [], "pings": [{"id": "bench", "lease_s": 600}]}
+        atomic_write_json(os.path.join(control, ondemand.REQUESTS_FILE), ping)
+        start = time.perf_counter()
+        for i in range(polls):
+            agent.ondemand.poll(2 * 10**9 + i)  # a capture listens: every poll writes the heartbeat
+        listening_us = (time.perf_counter() - start) / polls * 1e6
         checked.set_poller(None)
-    return with_check, without, poll_us
+    return with_check, without, idle_us, listening_us, idle_writes
 
 
 def hook_path_cost(n: int = 20_000) -> tuple[float, float]:
@@ -170,10 +183,11 @@ def main() -> None:
     hooked, plain = hook_path_cost()
     print(f"optimizer.step, whole hook path: {hooked:.2f} us vs {plain:.2f} us plain torch "
           f"(+{hooked - plain:.2f} us/step, {hooked / plain:.3f}x)")
-    checked, unchecked, poll_us = idle_check_cost()
+    checked, unchecked, idle_us, listening_us, idle_writes = idle_check_cost()
     print(f"on-demand idle check: tracker.step {checked:.3f} us with it vs {unchecked:.3f} us without "
-          f"({checked / unchecked:.3f}x, {checked - unchecked:+.3f} us/step); one poll {poll_us:.1f} us, "
-          f"at most once a second ({poll_us / 1e4:.4f}% of a second)")
+          f"({checked / unchecked:.3f}x, {checked - unchecked:+.3f} us/step); one idle poll {idle_us:.1f} us "
+          f"({idle_writes} heartbeat writes in 2000 polls), at most once a second ({idle_us / 1e4:.4f}% of a "
+          f"second); one poll while a capture listens {listening_us:.1f} us (writes the heartbeat)")
     with_hook, without = hook_startup_cost()
     print(f"python -c pass: {with_hook:.1f} ms with the hook vs {without:.1f} ms plain "
           f"(+{with_hook - without:.1f} ms per Python process the command starts)")

@@ -1,9 +1,12 @@
 """`stepcli capture`: ask every stepping process of a running `stepcli run` for one window at the same steps.
 
-The request goes through the run's private control folder (see stepcli/agent/ondemand.py): capture reads the
-processes' heartbeats, names a first global step every rank can still meet (the highest step any rank is at,
-plus the steps about 1.5 s of polling lets go by, plus `--wait`), writes the request, and waits for each
-process to answer with a saved trace or a reason. Its request is withdrawn when it returns, however it returns.
+The request goes through the run's private control folder (see stepcli/agent/ondemand.py). The processes write
+their heartbeat only when somebody listens, so capture first pings them (a "ping" in requests.json, renewed while
+it waits) and waits for a fresh heartbeat from every process that has not ended: a process that does not answer
+within a few of its poll intervals is not stepping (paused, hung or killed). From the fresh heartbeats it names a
+first global step every rank can still meet (the highest step any rank is at, plus the steps about 1.5 s of polling
+lets go by, plus `--wait`), writes the request, and waits for each process to answer with a saved trace or a
+reason. Its ping and request are withdrawn when it returns, however it returns.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from stepcli.agent.config import CONFIG_ENV, LOG_FOLDER, atomic_write_json
 from stepcli.agent.ondemand import (
-    CONTROL_FOLDER, FINAL, LOCK_FILE, POLL_INTERVAL_S, PROC_PREFIX, REQUESTS_FILE, RUN_FILE, control_dir,
+    CONTROL_FOLDER, FINAL, LOCK_FILE, PING_LEASE_S, POLL_INTERVAL_S, PROC_PREFIX, REQUESTS_FILE, RUN_FILE,
+    control_dir,
 )
 from stepcli.agent.output import human_size
 from stepcli.agent.schedule import NONE, Schedule
@@ -32,6 +36,7 @@ from stepcli.errors import EXIT_NOTHING_MEASURED, StepcliError
 SCHEMA = "stepcli.capture"
 _TICK_S = 0.2
 _MARGIN_S = POLL_INTERVAL_S + 0.5  # every process notices a request within one poll interval
+_RENEW_S = PING_LEASE_S / 3  # the ping is renewed well before the processes' lease on it lapses
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,18 @@ class LiveRun:
     run_id: str
     folder: str  # the control folder
     schedule: Schedule | None  # None with --on-demand
+
+
+@dataclass(frozen=True)
+class Ping:
+    """This capture listening: while its lease runs, every process writes its heartbeat at each poll."""
+
+    id: str
+    asked_at: float  # this host's clock, when the ping was first written
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "lease_s": PING_LEASE_S, "host": socket.gethostname(), "pid": os.getpid(),
+                "renewed_at": time.time()}  # a new value each time: the file changes, the processes' lease restarts
 
 
 @dataclass(frozen=True)
@@ -149,14 +166,23 @@ def _locked(folder: str) -> Iterator[None]:
 
 
 def _read_requests(folder: str, run_id: str) -> list[dict[str, Any]]:
+    return _read_control(folder, run_id)[0]
+
+
+def _read_control(folder: str, run_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the requests, the pings) in requests.json."""
     try:
         with open(os.path.join(folder, REQUESTS_FILE), encoding="utf-8") as handle:
             document = json.load(handle)
     except (OSError, ValueError):
-        return []
+        return [], []
     if not isinstance(document, dict) or document.get("run_id") != run_id:
-        return []
-    return [r for r in document.get("requests", []) if isinstance(r, dict)]
+        return [], []
+    return _entries(document.get("requests")), _entries(document.get("pings"))
+
+
+def _entries(value: Any) -> list[dict[str, Any]]:
+    return [entry for entry in value if isinstance(entry, dict)] if isinstance(value, list) else []
 
 
 def _still_wanted(request: dict[str, Any]) -> bool:
@@ -169,10 +195,10 @@ def _still_wanted(request: dict[str, Any]) -> bool:
     return bool(psutil.pid_exists(int(request.get("pid", 0))))
 
 
-def _write_requests(folder: str, run_id: str, requests: list[dict[str, Any]]) -> None:
+def _write_requests(folder: str, run_id: str, requests: list[dict[str, Any]], pings: list[dict[str, Any]]) -> None:
     path = os.path.join(folder, REQUESTS_FILE)
-    if requests:
-        atomic_write_json(path, {"run_id": run_id, "requests": requests})
+    if requests or pings:
+        atomic_write_json(path, {"run_id": run_id, "requests": requests, "pings": pings})
     else:
         try:
             os.unlink(path)  # nobody asks: the processes' poll finds no file, the cheapest answer
@@ -180,12 +206,72 @@ def _write_requests(folder: str, run_id: str, requests: list[dict[str, Any]]) ->
             pass
 
 
+def _ping(run: LiveRun, ping: Ping) -> None:
+    """Write or renew this capture's ping, dropping the pings of captures that died; never after the run ended
+    (its launcher removed requests.json: nothing may bring it back)."""
+    with _locked(run.folder):
+        if not os.path.exists(os.path.join(run.folder, RUN_FILE)):
+            return
+        requests, pings = _read_control(run.folder, run.run_id)
+        pings = [p for p in pings if p.get("id") != ping.id and _still_wanted(p)]
+        _write_requests(run.folder, run.run_id, requests, [*pings, ping.to_dict()])
+
+
+def _renewer(run: LiveRun, ping: Ping) -> Callable[[], None]:
+    """A call to make while waiting: renews the ping every few seconds, before the processes' lease lapses."""
+    renewed = [time.time()]
+
+    def renew() -> None:
+        if time.time() - renewed[0] >= _RENEW_S:
+            renewed[0] = time.time()
+            try:
+                _ping(run, ping)
+            except OSError:
+                pass  # a shared file system's hiccup: the lease leaves time for the next try
+    return renew
+
+
+def heard(process: dict[str, Any], ping: Ping) -> bool:
+    """The process wrote this heartbeat after it read the ping (no clock compared across hosts)."""
+    pings = process.get("pings")
+    return isinstance(pings, list) and ping.id in pings
+
+
+def _unheard(process: dict[str, Any], ping: Ping, now: float) -> bool:
+    """Still worth waiting for: a process that has not ended and may yet answer the ping (one that steps
+    notices it within a poll interval plus a step, at the pace its last heartbeat gave), or answered but its pace
+    is not known yet (it only began)."""
+    if process.get("ended"):
+        return False
+    if heard(process, ping):
+        return not process.get("steps_per_s") and now - ping.asked_at <= 2 * POLL_INTERVAL_S + 0.5
+    return now - ping.asked_at <= _patience(process)
+
+
+def await_heartbeats(run: LiveRun, ping: Ping, timeout_at: float, renew: Callable[[], None]) -> list[dict[str, Any]]:
+    """The heartbeats once every process that has not ended answered the ping, or could have and did not."""
+    while True:
+        now = time.time()
+        processes = read_processes(run.folder)
+        if not any(_unheard(p, ping, now) for p in processes) or now >= timeout_at:
+            return processes
+        if not os.path.exists(os.path.join(run.folder, RUN_FILE)):
+            return processes
+        renew()
+        time.sleep(_TICK_S)
+
+
 # -- choosing the steps --------------------------------------------------------------------------------------
-def _fresh(process: dict[str, Any], now: float, slack_steps: float = 3.0) -> bool:
-    """Still stepping: its heartbeat is no older than a poll interval plus a few of its steps."""
+def _patience(process: dict[str, Any], slack_steps: float = 3.0) -> float:
+    """Seconds a stepping process may take to write a heartbeat: a poll interval plus a few of its steps."""
     rate = float(process.get("steps_per_s") or 0.0)
-    limit = POLL_INTERVAL_S + 1.0 + (slack_steps / rate if rate > 0 else 3.0)
-    return now - float(process.get("time", 0.0)) <= limit
+    return POLL_INTERVAL_S + 1.0 + (slack_steps / rate if rate > 0 else 3.0)
+
+
+def _fresh(process: dict[str, Any], now: float, slack_steps: float = 3.0) -> bool:
+    """Still stepping: its heartbeat is no older than a poll interval plus a few of its steps (while a capture
+    listens, a stepping process writes its heartbeat at every poll)."""
+    return now - float(process.get("time", 0.0)) <= _patience(process, slack_steps)
 
 
 def plan_request(
@@ -216,10 +302,6 @@ def plan_request(
     raise StepcliError(f"the run's schedule leaves no room for a window of {warmup + active} steps")
 
 
-def _rate_unknown(process: dict[str, Any], now: float) -> bool:
-    return not process.get("ended") and not process.get("steps_per_s") and _fresh(process, now)
-
-
 # -- waiting for the answers -------------------------------------------------------------------------------------
 def _label(process: dict[str, Any]) -> str:
     return str(process.get("worker") or f"{process.get('host')}_{process.get('pid')}")
@@ -230,7 +312,9 @@ def _order(process: dict[str, Any]) -> tuple[Any, ...]:
     return (rank is None, rank if rank is not None else 0, str(process.get("host")), int(process.get("pid", 0)))
 
 
-def wait_for_answers(run: LiveRun, request: Request, timeout_at: float) -> tuple[list[dict[str, Any]], str]:
+def wait_for_answers(
+    run: LiveRun, request: Request, timeout_at: float, renew: Callable[[], None] = lambda: None,
+) -> tuple[list[dict[str, Any]], str]:
     """(the processes with their answer to `request`, why it stopped waiting when nothing final came)."""
     while True:
         now = time.time()
@@ -255,10 +339,13 @@ def wait_for_answers(run: LiveRun, request: Request, timeout_at: float) -> tuple
             return read_processes(run.folder), "the run ended"
         if now >= timeout_at:
             return processes, "timeout"
+        renew()
         time.sleep(_TICK_S)
 
 
-def _outcome(processes: list[dict[str, Any]], request: Request, stop: str, timeout: float, now: float) -> dict[str, Any]:
+def _outcome(
+    processes: list[dict[str, Any]], request: Request, stop: str, timeout: float, now: float, ping: Ping | None = None,
+) -> dict[str, Any]:
     traces, missing, idle = [], [], []
     for process in sorted(processes, key=_order):
         answer = process.get("responses", {}).get(request.id)
@@ -280,7 +367,11 @@ def _outcome(processes: list[dict[str, Any]], request: Request, stop: str, timeo
         elif _fresh(process, now):
             reason = f"did not see the request within {timeout:g} s"
         else:  # stopped stepping before the request: named only when others saved traces (else said once below)
-            idle.append(who | {"reason": f"stopped stepping at step {process.get('step')} before the request"})
+            if ping is None or heard(process, ping):
+                reason = f"stopped stepping at step {process.get('step')} before the request"
+            else:  # quiet since its last heartbeat, which may be much older than its last step
+                reason = f"made no step since capture asked (last step reported: {process.get('step')})"
+            idle.append(who | {"reason": reason})
             continue
         missing.append(who | {"reason": reason})
     if traces:
@@ -293,11 +384,14 @@ def _outcome(processes: list[dict[str, Any]], request: Request, stop: str, timeo
         "not_captured": missing,
     }
     if not traces:
-        document["reason"] = _why_nothing(processes, missing, stop, timeout, now)
+        document["reason"] = _why_nothing(processes, missing, stop, timeout, now, ping)
     return document
 
 
-def _why_nothing(processes: list[dict[str, Any]], missing: list[dict[str, Any]], stop: str, timeout: float, now: float) -> str:
+def _why_nothing(
+    processes: list[dict[str, Any]], missing: list[dict[str, Any]], stop: str, timeout: float, now: float,
+    ping: Ping | None = None,
+) -> str:
     if missing and stop != "timeout":
         return "; ".join(f"{m['worker']}: {m['reason']}" for m in missing)
     if stop == "the run ended":
@@ -306,6 +400,11 @@ def _why_nothing(processes: list[dict[str, Any]], missing: list[dict[str, Any]],
         return f"the run made no step within {timeout:g} s"
     latest = max(processes, key=lambda p: float(p.get("time", 0.0)))
     if not any(_fresh(p, now) for p in processes):
+        if ping is not None and not any(heard(p, ping) for p in processes):
+            # Quiet is normal until somebody asks: the last heartbeat may be much older than the last step.
+            top = max(int(p.get("step", 0)) for p in processes)
+            return (f"the run stopped stepping: its last step (at least {top}) came before this capture asked, "
+                    f"{now - ping.asked_at:.0f} s ago")
         idle = now - float(latest.get("time", now))
         return f"the run stopped stepping: its last step ({latest.get('step')}) was {idle:.0f} s ago"
     details = "; ".join(f"{m['worker']}: {m['reason']}" for m in missing)
@@ -317,7 +416,8 @@ def capture_main(target: str, *, wait: int, warmup: int, active: int, timeout: f
     """Exit 0 traces saved; 2 (StepcliError) TARGET is not a running run; 3 nothing captured in time."""
     run = find_run(target)
     timeout_at = time.time() + timeout
-    previous = signal.signal(signal.SIGTERM, _terminate)  # so `finally` withdraws the request
+    previous = signal.signal(signal.SIGTERM, _terminate)  # so `finally` withdraws the ping and the request
+    ping: Ping | None = None
     request: Request | None = None
     try:
         processes = read_processes(run.folder)
@@ -334,25 +434,29 @@ def capture_main(target: str, *, wait: int, warmup: int, active: int, timeout: f
             else:
                 why = f"the run made no step within {timeout:g} s"
             return _nothing(why, as_json)
-        settle_at = min(timeout_at, time.time() + 2 * POLL_INTERVAL_S + 0.5)
-        while time.time() < settle_at and any(_rate_unknown(p, time.time()) for p in processes):
-            time.sleep(_TICK_S)  # a process that only just began: its second heartbeat tells its pace
-            processes = read_processes(run.folder)
+        # Quiet is normal: ask every process for fresh heartbeats (their step and pace) before choosing steps.
+        ping = Ping(uuid.uuid4().hex[:12], time.time())
+        _ping(run, ping)
+        renew = _renewer(run, ping)
+        processes = await_heartbeats(run, ping, timeout_at, renew)
         with _locked(run.folder):
-            others = _read_requests(run.folder, run.run_id)
-            request = plan_request(read_processes(run.folder), others, run.schedule, wait, warmup, active, time.time())
-            _write_requests(run.folder, run.run_id, [*filter(_still_wanted, others), request.to_dict()])
+            others, pings = _read_control(run.folder, run.run_id)
+            processes = read_processes(run.folder)
+            request = plan_request([p for p in processes if heard(p, ping)] or processes, others, run.schedule,
+                                   wait, warmup, active, time.time())
+            if os.path.exists(os.path.join(run.folder, RUN_FILE)):  # else the run ended: nothing brings the file back
+                _write_requests(run.folder, run.run_id, [*filter(_still_wanted, others), request.to_dict()], pings)
         if not as_json:
             steps = f"step {request.first_step}" if request.first_step == request.last_step else \
                 f"steps {request.first_step}-{request.last_step}"
             warming = f" (warming up from step {request.open_at})" if request.open_at < request.first_step else ""
             _say(f"asked run {run.run_id} to record {steps}{warming}")
-        processes, stop = wait_for_answers(run, request, timeout_at)
-        document = _outcome(processes, request, stop, timeout, time.time())
+        processes, stop = wait_for_answers(run, request, timeout_at, renew)
+        document = _outcome(processes, request, stop, timeout, time.time(), ping)
     finally:
         signal.signal(signal.SIGTERM, previous)
-        if request is not None:
-            _withdraw(run, request)
+        if ping is not None:
+            _withdraw(run, ping, request)
     return _print(document, as_json)
 
 
@@ -360,11 +464,14 @@ def _terminate(signum: int, _frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def _withdraw(run: LiveRun, request: Request) -> None:
+def _withdraw(run: LiveRun, ping: Ping, request: Request | None) -> None:
+    """Take back this capture's ping and request: with none left the file goes, and the processes stop writing."""
+    mine = {ping.id, request.id if request is not None else ""}
     try:
         with _locked(run.folder):
-            kept = [r for r in _read_requests(run.folder, run.run_id) if r.get("id") != request.id and _still_wanted(r)]
-            _write_requests(run.folder, run.run_id, kept)
+            requests, pings = _read_control(run.folder, run.run_id)
+            kept = [r for r in requests if r.get("id") not in mine and _still_wanted(r)]
+            _write_requests(run.folder, run.run_id, kept, [p for p in pings if p.get("id") not in mine and _still_wanted(p)])
     except OSError:
         pass  # the run ended and took its control files with it
 

@@ -9,21 +9,29 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Iterator
 
 import pytest
 from conftest import load_trace, profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
 
-from stepcli.agent.ondemand import WindowSchedule
+from stepcli.agent import ondemand
+from stepcli.agent.config import AgentConfig, atomic_write_json
+from stepcli.agent.ondemand import OnDemand, WindowSchedule
 from stepcli.agent.schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP, Schedule
 from stepcli.agent.tracker import NEVER, StepTracker
-from stepcli.capture import LiveRun, Request, _outcome, _read_requests, _still_wanted, plan_request, wait_for_answers
+from stepcli.capture import (
+    LiveRun, Ping, Request, _outcome, _ping, _read_control, _read_requests, _still_wanted, _withdraw, await_heartbeats,
+    plan_request, wait_for_answers,
+)
 
 # Steps until rank 0 sees <control>/pause, then idles (no steps) until <control>/end. Rank 0 decides and
-# broadcasts, so both ranks stop at the same iteration and no collective is left waiting.
+# broadcasts, so both ranks stop at the same iteration and no collective is left waiting. Rank 0 keeps the
+# number of steps made in <control>/step.
 DDP_LOOP = """
     import sys
     import time
@@ -49,6 +57,9 @@ DDP_LOOP = """
         opt.step()
         opt.zero_grad()
         step += 1
+        if rank == 0:
+            (control / "step.tmp").write_text(str(step))
+            (control / "step.tmp").replace(control / "step")
         if rank == 0 and step == 5:
             (control / "ready").touch()
         time.sleep(0.05)
@@ -73,6 +84,12 @@ class Scenario:
     run_stderr: str
     after_end: subprocess.CompletedProcess[str]
     summary: dict[str, Any]
+    quiet: list[dict[str, Any]]  # the heartbeats after `quiet_step` steps and no capture
+    quiet_step: int
+    after_captures: list[dict[str, Any]]  # the heartbeats a poll interval after the second capture returned
+    later: list[dict[str, Any]]  # the same, `later_steps` steps after that
+    later_steps: int
+    interrupted: dict[str, tuple[bool, int, str, bool]]  # signal -> (pinged, exit status, stderr, file left behind)
 
 
 def _wait_for(path: Path, timeout: float, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -81,6 +98,41 @@ def _wait_for(path: Path, timeout: float, proc: subprocess.Popen[bytes], log: Pa
         assert proc.poll() is None, f"the run ended early:\n{log.read_text()}"
         assert time.monotonic() < deadline, f"{path.name} never appeared:\n{log.read_text()}"
         time.sleep(0.1)
+
+
+def _steps_made(control: Path) -> int:
+    try:
+        return int((control / "step").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def _wait_for_step(control: Path, step: int, proc: subprocess.Popen[bytes], log: Path) -> int:
+    deadline = time.monotonic() + 120
+    while (made := _steps_made(control)) < step:
+        assert proc.poll() is None, f"the run ended early:\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"step {step} never came:\n{log.read_text()}"
+        time.sleep(0.1)
+    return made
+
+
+def _interrupt_capture(out: Path, sig: signal.Signals) -> tuple[bool, int, str, bool]:
+    """A capture waiting on a run that idles, stopped by `sig` once its ping is in the control folder."""
+    requests = next(out.glob(".stepcli/*/control")) / "requests.json"
+    capture = subprocess.Popen([sys.executable, "-m", "stepcli", "capture", str(out), "--timeout", "60"],
+                               env=stepcli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not requests.exists() and capture.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pinged = requests.exists() and bool(json.loads(requests.read_text()).get("pings"))
+    capture.send_signal(sig)
+    _, err = capture.communicate(timeout=60)
+    return pinged, capture.returncode, err, requests.exists()
+
+
+def _heartbeats(out: Path) -> list[dict[str, Any]]:
+    files = sorted(out.glob(".stepcli/*/control/proc.*.json"))
+    return sorted((json.loads(f.read_text()) for f in files), key=lambda h: int(h["rank"]))
 
 
 @pytest.fixture(scope="module")
@@ -100,15 +152,24 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_for(control / "ready", 180, proc, log)
+        _wait_for_step(control, 60, proc, log)  # 3 s of steps at least: a few polls, nobody listening
+        quiet = _heartbeats(out)
+        quiet_step = _steps_made(control)
         start = time.monotonic()
         first = run_stepcli("capture", out, "--active", "2", timeout=120)
         first_s = time.monotonic() - start
         second = run_stepcli("capture", str(proc.pid), "--active", "2", "--json", timeout=120)  # the launcher's pid
+        time.sleep(1.5)  # a poll that began before the request was withdrawn may still write
+        after_captures = _heartbeats(out)
+        later_from = _steps_made(control)
+        later_steps = _wait_for_step(control, later_from + 40, proc, log) - later_from
+        later = _heartbeats(out)
         (control / "pause").touch()
         _wait_for(control / "paused", 60, proc, log)
         start = time.monotonic()
         stalled = run_stepcli("capture", out, "--timeout", "3", timeout=120)
         stalled_s = time.monotonic() - start
+        interrupted = {sig.name: _interrupt_capture(out, sig) for sig in (signal.SIGTERM, signal.SIGINT)}
         (control / "end").touch()
         status = proc.wait(timeout=120)
         after_end = run_stepcli("capture", out, "--timeout", "3", timeout=60)
@@ -121,7 +182,8 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     summary = json.loads((tmp / "run.json").read_text())
-    yield Scenario(out, first, first_s, second, stalled, stalled_s, status, log.read_text(), after_end, summary)
+    yield Scenario(out, first, first_s, second, stalled, stalled_s, status, log.read_text(), after_end, summary,
+                   quiet, quiet_step, after_captures, later, later_steps, interrupted)
 
 
 def _lines(text: str) -> list[str]:
@@ -161,6 +223,23 @@ def test_second_capture_by_pid_records_later_steps(scenario: Scenario) -> None:
         assert trace["bytes"] == os.path.getsize(trace["path"]) and trace["complete"] is True
 
 
+def test_heartbeats_are_written_only_at_the_first_step_and_while_a_capture_listens(scenario: Scenario) -> None:
+    # No capture yet: each rank wrote its heartbeat at its first step and once more a poll interval later, with
+    # its pace, while the run made many more steps.
+    assert scenario.quiet_step >= 60
+    assert [(h["rank"], h["writes"], h["ended"]) for h in scenario.quiet] == [(0, 2, ""), (1, 2, "")]
+    assert all(1 < h["step"] < scenario.quiet_step - 10 and h["steps_per_s"] > 0 for h in scenario.quiet)
+    # During the captures they wrote fresh heartbeats: the last ones are past the second window.
+    second = json.loads(scenario.second.stdout)["request"]
+    after = scenario.after_captures
+    assert [h["rank"] for h in after] == [0, 1]
+    assert all(h["writes"] >= 4 and h["step"] >= second["last_step"] for h in after), after
+    assert all(h["steps_per_s"] > 0 for h in after)
+    # Nobody listens any more: many steps, no write.
+    assert scenario.later_steps >= 40
+    assert [(h["writes"], h["step"]) for h in scenario.later] == [(h["writes"], h["step"]) for h in after]
+
+
 def test_capture_of_a_run_that_stopped_stepping_exits_3_after_the_timeout(scenario: Scenario) -> None:
     result = scenario.stalled
     assert result.returncode == 3, result.stderr
@@ -170,6 +249,14 @@ def test_capture_of_a_run_that_stopped_stepping_exits_3_after_the_timeout(scenar
     assert len(lines) == 2 and lines[0].startswith("stepcli: asked run"), lines
     assert lines[1].startswith("stepcli: nothing captured: the run stopped stepping: its last step ("), lines
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_capture_stopped_by_a_signal_withdraws_its_ping(scenario: Scenario, sig: str) -> None:
+    pinged, status, stderr, left = scenario.interrupted[sig]
+    assert pinged  # it was waiting, its ping in requests.json ...
+    assert status != 0 and "Traceback" not in stderr, stderr
+    assert not left  # ... and took it back: the processes stop writing heartbeats
 
 
 def test_the_run_summary_lists_both_captured_windows(scenario: Scenario) -> None:
@@ -391,3 +478,131 @@ def test_the_tracker_polls_by_time_not_by_step() -> None:
     before = len(polled)
     tracker.step("opt")
     assert len(polled) == before
+
+
+def _listening_process(tmp_path: Path) -> tuple[OnDemand, Path]:
+    """A process's side of the protocol on a real tracker, with no recorder (requests would be refused)."""
+    config = AgentConfig(run_id="run1", out_dir=str(tmp_path), launcher_pid=0, on_demand=True, quiet=True)
+    folder = Path(ondemand.open_control(str(tmp_path), "run1", {"run_id": "run1"}))
+    agent = SimpleNamespace(config=config, enabled=True, foreign=set(), pid=os.getpid(), recorder=None,
+                            tracker=StepTracker())
+    process = OnDemand(agent)  # type: ignore[arg-type]
+    assert process.active
+    return process, folder / f"proc.{process.host}.{os.getpid()}.json"
+
+
+def test_a_process_writes_its_heartbeat_only_while_a_capture_listens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    process, path = _listening_process(tmp_path)
+    requests = path.parent / "requests.json"
+
+    def beat() -> tuple[int, int, list[str]]:
+        document = json.loads(path.read_text())
+        return document["writes"], document["step"], document["pings"]
+
+    process.poll(1)
+    assert beat() == (1, 1, [])  # the first step: capture can find the process
+    process.poll(2)
+    assert beat() == (2, 2, [])  # the next poll: its pace
+    for step in range(3, 50):
+        process.poll(step)
+    assert beat() == (2, 2, [])  # nobody listens: no write
+    reads: list[str] = []
+    load = json.load
+    monkeypatch.setattr(ondemand.json, "load", lambda handle: reads.append(handle.name) or load(handle))
+    atomic_write_json(str(requests), {"run_id": "run1", "requests": [], "pings": [{"id": "p1", "lease_s": 600}]})
+    for step in range(50, 55):
+        process.poll(step)
+    assert beat() == (7, 54, ["p1"])  # heard: a fresh heartbeat at every poll
+    assert reads == [str(requests)]  # read once: the file did not change since
+    requests.unlink()  # the capture withdrew its ping
+    for step in range(55, 60):
+        process.poll(step)
+    assert beat() == (7, 54, ["p1"])
+    # A ping nobody renews (its capture was killed) lapses after its lease.
+    atomic_write_json(str(requests), {"run_id": "run1", "requests": [], "pings": [{"id": "p2", "lease_s": 1}]})
+    process.poll(60)
+    assert beat() == (8, 60, ["p2"])
+    time.sleep(1.1)
+    process.poll(61)
+    assert beat() == (8, 60, ["p2"])
+    # Another run's ping is not obeyed.
+    atomic_write_json(str(requests), {"run_id": "run0", "requests": [], "pings": [{"id": "p3", "lease_s": 600}]})
+    process.poll(62)
+    assert beat() == (8, 60, ["p2"])
+    process.finish("exit")  # and it says when it ends
+    assert beat() == (9, 0, ["p2"]) and json.loads(path.read_text())["ended"] == "exit"
+
+
+def test_capture_waits_for_fresh_heartbeats_but_not_for_ended_or_quiet_processes(tmp_path: Path) -> None:
+    now = time.time()
+    ping = Ping("p1", now)
+    folder = _control(tmp_path, [
+        {"rank": 0, "step": 500, "time": now, "steps_per_s": 10.0, "pings": ["p1"], "ended": ""},
+        {"rank": 2, "step": 3, "time": now - 60, "steps_per_s": 0.0, "pings": [], "ended": "exit"},
+    ])
+    run = LiveRun("run1", str(folder), None)
+    renewals: list[float] = []
+    start = time.monotonic()
+    assert len(await_heartbeats(run, ping, now + 30, lambda: renewals.append(time.time()))) == 2
+    assert time.monotonic() - start < 1  # every process that has not ended answered
+    # A process quiet since an earlier capture: waited for a poll interval plus a few of its steps, then not.
+    quiet = {"rank": 1, "step": 200, "time": now - 3600, "steps_per_s": 10.0, "pings": ["p0"], "ended": ""}
+    (folder / "proc.host.9.json").write_text(json.dumps(quiet))
+    ping = Ping("p1", time.time())
+    start = time.monotonic()
+    processes = await_heartbeats(run, ping, time.time() + 30, lambda: renewals.append(time.time()))
+    assert 2.0 <= time.monotonic() - start < 4.5 and len(processes) == 3
+    assert len(renewals) >= 5  # the ping is kept alive while capture waits
+    # ... and when it answers, capture stops waiting at once.
+    ping = Ping("p2", time.time())
+    answer = dict(quiet, pings=["p2"], time=time.time() + 0.5, step=530)
+    timer = threading.Timer(0.5, lambda: atomic_write_json(str(folder / "proc.host.9.json"), answer))
+    timer.start()
+    (folder / "proc.host.0.json").write_text(json.dumps(dict(quiet, rank=0, pings=["p2"], time=time.time())))
+    start = time.monotonic()
+    processes = await_heartbeats(run, ping, time.time() + 30, lambda: None)
+    timer.join()
+    assert 0.4 <= time.monotonic() - start < 1.5 and max(p["step"] for p in processes) == 530
+
+
+def test_a_run_quiet_since_before_capture_asked_is_said_to_have_stopped_stepping() -> None:
+    now = time.time()
+    ping = Ping("p1", now - 20)
+    request = Request("r1", 210, 211, 212)
+    quiet = [{"rank": r, "worker": f"rank{r}", "step": 1, "time": now - 3600, "steps_per_s": 0.0, "pings": [],
+              "ended": ""} for r in (0, 1)]
+    outcome = _outcome(quiet, request, "timeout", 20, now, ping)
+    assert outcome["traces"] == [] and outcome["not_captured"] == []
+    assert outcome["reason"] == "the run stopped stepping: its last step (at least 1) came before this capture asked, 20 s ago"
+    heard = [dict(p, pings=["p1"], step=200, steps_per_s=10.0, time=now - 15) for p in quiet]  # then stopped
+    assert _outcome(heard, request, "timeout", 20, now, ping)["reason"] == \
+        "the run stopped stepping: its last step (200) was 15 s ago"
+
+
+def test_a_capture_pings_renews_and_withdraws_leaving_no_file(tmp_path: Path) -> None:
+    folder = _control(tmp_path, [])
+    run = LiveRun("run1", str(folder), None)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = dict(Ping("gone", 0.0).to_dict(), pid=int(dead.stdout))  # a capture killed before it could withdraw
+    elsewhere = dict(Ping("far", 0.0).to_dict(), host="another-node")
+    request = Request("r1", 5, 6, 7)
+    atomic_write_json(str(folder / "requests.json"), {"run_id": "run1", "requests": [request.to_dict()],
+                                                      "pings": [gone, elsewhere]})
+    ping = Ping("mine", time.time())
+    _ping(run, ping)
+    requests, pings = _read_control(str(folder), "run1")
+    assert [r["id"] for r in requests] == ["r1"] and [p["id"] for p in pings] == ["far", "mine"]
+    first = pings[-1]["renewed_at"]
+    time.sleep(0.01)
+    _ping(run, ping)  # renewed: a new document, so every process restarts its lease
+    pings = _read_control(str(folder), "run1")[1]
+    assert [p["id"] for p in pings] == ["far", "mine"] and pings[-1]["renewed_at"] > first
+    _withdraw(run, ping, request)
+    assert _read_control(str(folder), "run1") == ([], [elsewhere])
+    _withdraw(run, Ping("far", 0.0), None)
+    assert not (folder / "requests.json").exists()  # nobody asks: the processes' check finds no file
+    (folder / "run.json").unlink()  # the run ended: nothing brings requests.json back
+    _ping(run, ping)
+    assert not (folder / "requests.json").exists()

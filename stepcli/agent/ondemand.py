@@ -4,13 +4,21 @@ Runs inside the target: standard library only. The protocol lives in the run's p
 `<out>/.stepcli/<run_id>/control/` (created 0700 by the launcher, so only the run's owner can ask):
 
   run.json              the launcher's: this run is alive (removed when it ends, with requests.json)
-  requests.json         capture's: {"run_id", "requests": [{"id", "open_at", "first_step", "last_step"}]}
-  proc.<host>.<pid>.json  each stepping process's heartbeat (step, time, rate) and its answer to each request
+  requests.json         capture's: {"run_id", "requests": [{"id", "open_at", "first_step", "last_step"}],
+                        "pings": [{"id", "lease_s"}]}; absent while nobody asks
+  proc.<host>.<pid>.json  each stepping process's heartbeat (step, time, rate, the pings it heard, how many times
+                        it was written) and its answer to each request
 
 Each process looks at the control folder at most once a second, from a step boundary (the tracker compares the
-clock value it already reads with a deadline: no file system call per step). A request names global steps, so
-every rank records the same `ProfilerStep#N`s; a rank already past them refuses instead of recording others.
-Requests carry the run id and live in a folder named by it, so a later run into the same `-o` never obeys one.
+clock value it already reads with a deadline: no file system call per step). Looking is one failed open() while
+nobody asks; the file is read only when its inode, size or times changed. The heartbeat is written only when
+somebody listens, so a job of a thousand ranks does not rewrite a thousand files a second on a shared file system
+all day: at the first step and once more at the next poll, with the pace (capture finds the process and knows how
+long it may take to hear a ping), while a capture's ping is heard (every poll: fresh steps and pace; a ping lapses
+`lease_s` after the file last changed, so a capture killed with SIGKILL does not leave the processes writing),
+when an answer changes, and at exit (`ended`). A request names global steps, so every rank
+records the same `ProfilerStep#N`s; a rank already past them refuses instead of recording others. Requests carry
+the run id and live in a folder named by it, so a later run into the same `-o` never obeys one.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ REQUESTS_FILE = "requests.json"
 LOCK_FILE = "capture.lock"
 PROC_PREFIX = "proc."
 POLL_INTERVAL_S = 1.0
+PING_LEASE_S = 10.0  # how long a process keeps listening after requests.json last changed (capture renews it)
 MAX_IO_FAILURES = 30  # consecutive polls that could not read or write the control folder
 FINAL = ("saved", "refused", "not_recorded")
 
@@ -134,9 +143,14 @@ class OnDemand:
         self.responses: dict[str, dict[str, Any]] = {}
         self.pending: dict[str, tuple[int, int, int, int]] = {}  # id -> (first, last step, windows, notes before)
         self._written_step = -1
-        self._dirty = True
-        self._mark: tuple[int, float] | None = None  # (step, time) of the last heartbeat, for the step rate
+        self._dirty = True  # the first poll (the first step) writes the heartbeat: capture can find the process
+        # ... and the second (`_writes < 2`) writes its pace: how long capture may wait for it to hear a ping
+        self._mark: tuple[int, float] | None = None  # (step, time) of the last poll, for the step rate
         self._rate = 0.0
+        self._seen: tuple[int, int, int, int] | None = None  # requests.json as last read: inode, size, mtime, ctime
+        self._pings: list[str] = []  # the ids of the captures listening, as last read
+        self._listen_until = 0.0  # time.monotonic() until which the heartbeat is written every poll
+        self._writes = 0
         self._ended = ""
         self._failures = 0
         self.active = False
@@ -148,11 +162,12 @@ class OnDemand:
 
     # -- called by the tracker (at most once a second) and by the agent ----------------------------------------
     def poll(self, step: int) -> None:
-        """At a step boundary: read requests (only while a capture is waiting) and write the heartbeat."""
+        """At a step boundary: read requests (only when they changed) and write the heartbeat if anybody listens."""
         try:
-            self._read_requests(step)
+            listening = self._read_requests(step)
             self._settle(step)
-            if self._dirty or step != self._written_step:
+            self._pace(step)
+            if self._dirty or ((listening or self._writes < 2) and step != self._written_step):
                 self._write(step)
             self._failures = 0
         except OSError as exc:  # a shared file system's hiccup: try again next second, but not forever
@@ -198,26 +213,50 @@ class OnDemand:
         say(f"on-demand capture disabled in this process: {type(exc).__name__}: {exc}")
 
     # -- requests ---------------------------------------------------------------------------------------------
-    def _read_requests(self, step: int) -> None:
+    def _read_requests(self, step: int) -> bool:
+        """Whether a capture listens. open() rather than stat(): on NFS, open revalidates the file (close-to-open)."""
         try:
             handle = open(self.requests_path, encoding="utf-8")
         except FileNotFoundError:  # the usual case: nobody is asking
-            return
+            self._seen, self._pings, self._listen_until = None, [], 0.0
+            return False
         with handle:
-            if os.fstat(handle.fileno()).st_uid != os.getuid():
-                return  # only the run's owner may ask
+            stat = os.fstat(handle.fileno())
+            seen = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+            if seen == self._seen:  # unchanged since the last poll: nothing new to read
+                return time.monotonic() < self._listen_until
+            self._seen = seen
+            if stat.st_uid != os.getuid():
+                return False  # only the run's owner may ask
             try:
                 document = json.load(handle)
             except ValueError:
-                return
+                return False
         if not isinstance(document, dict) or document.get("run_id") != self.run_id:
-            return
+            return False
+        self._listen(document.get("pings"))
         for request in document.get("requests", []):
             if isinstance(request, dict) and request.get("id") not in self.responses:
                 try:
                     self._consider(request, step)
                 except (KeyError, TypeError, ValueError):
                     continue  # not a request this version understands
+        return time.monotonic() < self._listen_until
+
+    def _listen(self, pings: Any) -> None:
+        """Captures waiting for fresh heartbeats: listen for their lease from now (this host's clock, not theirs)."""
+        pings = [p for p in pings if isinstance(p, dict) and "id" in p] if isinstance(pings, list) else []
+        ids = [str(p["id"]) for p in pings]
+        if set(ids) - set(self._pings):
+            self._dirty = True  # a new capture listens: tell it at once that this process was heard
+        self._pings = ids
+        leases = []
+        for ping in pings:
+            try:
+                leases.append(min(max(float(ping.get("lease_s", PING_LEASE_S)), POLL_INTERVAL_S), 600.0))
+            except (TypeError, ValueError):
+                leases.append(PING_LEASE_S)
+        self._listen_until = time.monotonic() + max(leases) if leases else 0.0
 
     def _consider(self, request: dict[str, Any], step: int) -> None:
         rid = str(request["id"])
@@ -282,15 +321,21 @@ class OnDemand:
         self._dirty = True
 
     # -- heartbeat --------------------------------------------------------------------------------------------
+    def _pace(self, step: int) -> None:
+        """The step rate over about the last poll interval, kept at every poll (written or not): the first
+        heartbeat a capture hears already says how fast the process goes."""
+        now = time.time()
+        if self._mark is None:  # the first poll: no pace yet
+            self._mark = (step, now)
+        elif now - self._mark[1] >= POLL_INTERVAL_S / 2:
+            self._rate = (step - self._mark[0]) / (now - self._mark[1])
+            self._mark = (step, now)
+
     def _write(self, step: int) -> None:
         from .output import current_rank, worker_name
 
         now = time.time()
-        if self._mark is None:  # the first heartbeat: no pace yet
-            self._mark = (step, now)
-        elif now - self._mark[1] >= POLL_INTERVAL_S / 2:  # the pace over about the last poll interval
-            self._rate = (step - self._mark[0]) / (now - self._mark[1])
-            self._mark = (step, now)
+        self._writes += 1
         document = {
             "run_id": self.run_id,
             "host": self.host,
@@ -301,6 +346,8 @@ class OnDemand:
             "time": now,
             "steps_per_s": round(self._rate, 3),
             "ended": self._ended,
+            "pings": self._pings,
+            "writes": self._writes,
             "responses": self.responses,
         }
         atomic_write_json(self.proc_path, document)
