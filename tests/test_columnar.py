@@ -181,3 +181,21 @@ def test_step_phases_claim_time_in_priority_order() -> None:
     )
     # THEN per step: dataloader, optimizer (only what dataloader left), backward, forward (the rest of it), other
     assert [p.tolist() for p in parts] == [[10, 10], [0, 10], [0, 10], [50, 60], [40, 10]]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_parents_equal_the_definition_on_random_threads(seed: int) -> None:
+    # GIVEN random (overlapping, nested, zero-length, equal) intervals on a few threads, sorted as the pass sorts
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 300))
+    thread = np.sort(rng.integers(0, 3, n))
+    start = rng.integers(0, 50 if seed % 3 else 2000, n)
+    dur = rng.choice([0, 1, 2, 5, 20, 100, 1000], n)
+    order = np.lexsort((-dur, start, thread))
+    thread, start, dur = thread[order], start[order], dur[order]
+    end = start + dur
+    first = np.array([np.nonzero(thread == t)[0][0] for t in thread], np.int64)
+    # THEN each parent is the latest earlier event of the thread whose end reaches past the event's
+    need = end + (dur == 0)
+    expected = [max((j for j in range(first[i], i) if end[j] >= need[i]), default=-1) for i in range(n)]
+    assert columnar.parents(start, end, dur, first).tolist() == expected
