@@ -558,7 +558,7 @@ def _phase_totals_arrays(
     child = np.nonzero((parent >= 0) & (phase == 0))[0]
     child = child[window_of[parent[child]] >= 0]
     child_window = window_of[parent[child]]
-    for pid in np.unique(window_pid).tolist():
+    for pid in sorted(set(window_pid.tolist())):  # (np.unique would import numpy.ma: 10 ms)
         mine = np.nonzero(window_pid == pid)[0]
         by_start = mine[np.argsort(window_start[mine], kind="stable")]
         if np.any(window_start[by_start][1:] < window_end[by_start][:-1]):
