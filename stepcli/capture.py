@@ -207,8 +207,9 @@ def _write_requests(folder: str, run_id: str, requests: list[dict[str, Any]], pi
 
 
 def _ping(run: LiveRun, ping: Ping) -> None:
-    """Write or renew this capture's ping, dropping the pings of captures that died; never after the run ended
-    (its launcher removed requests.json: nothing may bring it back)."""
+    """Write or renew this capture's ping, dropping the pings of captures that died; not once the run has ended
+    (its launcher removed run.json and requests.json). In the instant the run ends a write may still land after
+    that removal: no process reads it any more, and this capture's `finally` takes it back."""
     with _locked(run.folder):
         if not os.path.exists(os.path.join(run.folder, RUN_FILE)):
             return
@@ -416,7 +417,9 @@ def capture_main(target: str, *, wait: int, warmup: int, active: int, timeout: f
     """Exit 0 traces saved; 2 (StepcliError) TARGET is not a running run; 3 nothing captured in time."""
     run = find_run(target)
     timeout_at = time.time() + timeout
-    previous = signal.signal(signal.SIGTERM, _terminate)  # so `finally` withdraws the ping and the request
+    # SIGTERM (a scheduler) and SIGHUP (the terminal closed) end it through `finally`, which withdraws the ping
+    # and the request.
+    previous = {sig: signal.signal(sig, _terminate) for sig in _ENDING_SIGNALS}
     ping: Ping | None = None
     request: Request | None = None
     try:
@@ -454,10 +457,14 @@ def capture_main(target: str, *, wait: int, warmup: int, active: int, timeout: f
         processes, stop = wait_for_answers(run, request, timeout_at, renew)
         document = _outcome(processes, request, stop, timeout, time.time(), ping)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if ping is not None:
             _withdraw(run, ping, request)
     return _print(document, as_json)
+
+
+_ENDING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 def _terminate(signum: int, _frame: Any) -> None:

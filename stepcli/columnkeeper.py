@@ -51,12 +51,17 @@ class _Codes:
         return np.fromiter(map(self.codes.__getitem__, values), np.int32, count)
 
 
+_MAX_CATEGORIES = 256
+
+
 class _Kinds(dict[Any, int]):
     """Category -> column kind, or -1 for a category not kept; filled at first sight, so the per-event lookup is
     one C-level dict access (no default argument to pass)."""
 
     def __missing__(self, category: Any) -> int:
-        kind = self[category] = kind_of(category) if category in KEPT_CATEGORIES else -1
+        kind = kind_of(category) if category in KEPT_CATEGORIES else -1
+        if kind >= 0 or len(self) < _MAX_CATEGORIES:  # a trace with a new category per event does not fill it
+            self[category] = kind
         return kind
 
 

@@ -7,13 +7,14 @@ merged. Peak memory is a few files (one per worker), not the folder; the answers
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import sys
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from stepcli.errors import StepcliError, TraceError
 from stepcli.summary import FilePart, TraceSummary, merge_parts, summarize_columns
@@ -76,8 +77,10 @@ def _split_parts(path: str, groupings: tuple[bool, ...], shapes: bool, cores: in
     if ranges is None:
         return None
     try:
-        with ProcessPoolExecutor(max_workers=min(cores - 1, len(ranges) - 1), mp_context=context) as pool:
+        with _worker_pool(min(cores - 1, len(ranges) - 1), context) as pool:
             trace = read_split(path, ranges, shapes, pool, submit_aside=not forked)
+            if trace is None:  # read whole instead; a worker a failed start left waiting must not hold us up
+                _kill(pool)
     except (BrokenProcessPool, OSError):  # a worker died (out of memory?) or none could start: read it whole
         return None
     if trace is None:
@@ -85,11 +88,34 @@ def _split_parts(path: str, groupings: tuple[bool, ...], shapes: bool, cores: in
     return _summarized(trace, groupings)
 
 
+@contextlib.contextmanager
+def _worker_pool(workers: int, context: multiprocessing.context.BaseContext) -> Iterator[ProcessPoolExecutor]:
+    """A process pool that leaves no worker behind: when using it fails, the workers it started are killed. A
+    forking pool starts all its workers at the first task; if one fork is refused (a container's process limit),
+    those already forked wait for work forever, and the pool's shutdown and this process's exit wait for them."""
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    try:
+        yield pool
+    except BaseException:
+        _kill(pool)
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _kill(pool: ProcessPoolExecutor) -> None:
+    for process in list((getattr(pool, "_processes", None) or {}).values()):  # (no public way before 3.14)
+        try:
+            process.kill()
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
 def _context() -> multiprocessing.context.BaseContext:
     """How worker processes start. A fork is the cheapest (a worker is decoding within milliseconds and shares the
-    parent's imports), but it is only safe while this process runs one thread: `stepcli table` does, a launcher
-    (pipes, watchdog) does not. Otherwise forkserver on Linux (workers from a small clean process), spawn elsewhere.
-    """
+    parent's imports), but it is only safe while this process runs one thread (`stepcli table` does; a launcher
+    with a spinner on the terminal does not). Otherwise forkserver on Linux (workers from a small clean process),
+    spawn elsewhere."""
     if sys.platform.startswith("linux"):
         if threading.active_count() == 1:
             # A forked worker flushes the standard streams it inherited when it exits: empty them first, or text
@@ -136,12 +162,14 @@ def file_parts(
         results = [_part_of(file, groupings, shapes) for file in files]
     else:
         try:
-            with ProcessPoolExecutor(max_workers=workers, mp_context=_context()) as pool:
+            with _worker_pool(workers, _context()) as pool:
                 results = list(pool.map(_part_of, files, [groupings] * len(files), [shapes] * len(files)))
         except BrokenProcessPool:
             raise StepcliError(
                 f"a worker process reading the traces died (out of memory?); try again with fewer, e.g. --jobs {max(1, workers // 2)}"
             ) from None
+        except OSError:  # no worker could start (a process limit?): read them here, one after another
+            results = [_part_of(file, groupings, shapes) for file in files]
     return _checked(results)
 
 

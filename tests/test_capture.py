@@ -169,7 +169,8 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
         start = time.monotonic()
         stalled = run_stepcli("capture", out, "--timeout", "3", timeout=120)
         stalled_s = time.monotonic() - start
-        interrupted = {sig.name: _interrupt_capture(out, sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        interrupted = {sig.name: _interrupt_capture(out, sig)
+                       for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         (control / "end").touch()
         status = proc.wait(timeout=120)
         after_end = run_stepcli("capture", out, "--timeout", "3", timeout=60)
@@ -251,7 +252,7 @@ def test_capture_of_a_run_that_stopped_stepping_exits_3_after_the_timeout(scenar
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGHUP"])
 def test_a_capture_stopped_by_a_signal_withdraws_its_ping(scenario: Scenario, sig: str) -> None:
     pinged, status, stderr, left = scenario.interrupted[sig]
     assert pinged  # it was waiting, its ping in requests.json ...
@@ -533,6 +534,30 @@ def test_a_process_writes_its_heartbeat_only_while_a_capture_listens(
     assert beat() == (8, 60, ["p2"])
     process.finish("exit")  # and it says when it ends
     assert beat() == (9, 0, ["p2"]) and json.loads(path.read_text())["ended"] == "exit"
+
+
+def test_a_request_file_that_could_not_be_read_is_read_again_at_the_next_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    process, path = _listening_process(tmp_path)
+    requests = path.parent / "requests.json"
+    process.poll(1)
+    # GIVEN a capture's ping, and a shared file system that fails the first read of it
+    atomic_write_json(str(requests), {"run_id": "run1", "requests": [], "pings": [{"id": "p1", "lease_s": 600}]})
+    load, failures = json.load, [1]
+
+    def flaky(handle: Any) -> Any:
+        if failures:
+            failures.pop()
+            raise OSError(5, "Input/output error")
+        return load(handle)
+
+    monkeypatch.setattr(ondemand.json, "load", flaky)
+    process.poll(2)
+    assert json.loads(path.read_text())["pings"] == []
+    # WHEN the next poll comes (the file unchanged) THEN it reads it again and hears the ping
+    process.poll(3)
+    assert json.loads(path.read_text())["pings"] == ["p1"]
 
 
 def test_capture_waits_for_fresh_heartbeats_but_not_for_ended_or_quiet_processes(tmp_path: Path) -> None:

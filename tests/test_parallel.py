@@ -170,3 +170,34 @@ def test_workers_fork_only_from_a_single_threaded_process() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     # AND once a second thread runs (a launcher's pipes), they start from a clean server process instead
     assert out == ["fork", "forkserver"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork on Linux only")
+def test_a_refused_fork_leaves_no_worker_behind(rank_folder: Path) -> None:
+    # GIVEN a single-threaded process whose second fork is refused (a container's process limit)
+    big = rank_folder.parent / "cut_in_three.json"
+    big.write_bytes(REAL.read_bytes())
+    code = f"""
+import os, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+from stepcli import splitread
+splitread.MIN_PIECE_BYTES = 20_000
+real, calls = os.fork, [0]
+def fork():
+    calls[0] += 1
+    if calls[0] % 2 == 0:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+    return real()
+os.fork = fork
+from stepcli.engine import summarize_paths
+import json
+print(json.dumps([summarize_paths([{str(rank_folder)!r}], jobs=3).to_dict()["cpu_ops"],
+                  summarize_paths([{str(big)!r}], jobs=3).to_dict()["cpu_ops"]]))
+"""
+    # WHEN a folder and one big file are read with 3 jobs THEN it ends (the workers it did start are killed)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    # AND the answers are the serial ones
+    folder_ops, file_ops = json.loads(done.stdout)
+    assert folder_ops == summarize(load_paths([str(rank_folder)])).to_dict()["cpu_ops"]
+    assert file_ops == summarize(load_paths([str(big)])).to_dict()["cpu_ops"]

@@ -225,13 +225,16 @@ class OnDemand:
             seen = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
             if seen == self._seen:  # unchanged since the last poll: nothing new to read
                 return time.monotonic() < self._listen_until
-            self._seen = seen
             if stat.st_uid != os.getuid():
+                self._seen = seen
                 return False  # only the run's owner may ask
             try:
                 document = json.load(handle)
             except ValueError:
+                self._seen = seen  # malformed as written: read it again only once it changes
                 return False
+            # Marked as read only now: after a failed read (OSError, an NFS hiccup) the next poll reads it again.
+            self._seen = seen
         if not isinstance(document, dict) or document.get("run_id") != self.run_id:
             return False
         self._listen(document.get("pings"))
