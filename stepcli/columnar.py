@@ -166,12 +166,6 @@ def union_arrays(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.nda
     return s[heads], reach[tails]
 
 
-def intervals_union(start: np.ndarray, end: np.ndarray) -> list[tuple[int, int]]:
-    """Sorted disjoint intervals covering the same time (touching intervals merge), like summary._union."""
-    s, e = union_arrays(start, end)
-    return list(zip(s.tolist(), e.tolist()))
-
-
 def covered(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Per span [lo[i], hi[i]): the time of a sorted disjoint union (`starts`, `ends`) inside it, as F(hi) - F(lo)
     where F(t) is the union's length before t (prefix sums and a binary search, no step per interval)."""

@@ -193,6 +193,7 @@ class _TraceResult:
     outside_ns: int = 0  # their self time
     # (phase totals, steps) over the windows when measured on arrays; else `_step_phases` measures them
     phase_totals: tuple[dict[str, int], int] | None = None
+    device_arrays: Any = None  # the device union as (starts, ends) arrays, when measured on arrays
 
 
 class _Accumulator:
@@ -437,7 +438,8 @@ def _analyze_columns(
     dev = np.nonzero(kind == col.DEVICE)[0]
     d_start, d_dur = ns.start[dev], ns.dur[dev]
     d_end = d_start + d_dur
-    device_union = col.intervals_union(d_start, d_end)
+    device_arrays = col.union_arrays(d_start, d_end)
+    device_union = list(zip(device_arrays[0].tolist(), device_arrays[1].tolist()))
     if dev.size:
         device_rows = col.rows_from(keyed(name_key[columns.name[dev]], dev), key_of, d_dur, d_dur)
         is_comm = communication[columns.name[dev]]
@@ -517,7 +519,7 @@ def _analyze_columns(
     comm_union = {pid: _union(spans) for pid, spans in comm_spans.items()}
     result = _TraceResult(
         windows, phase_spans, device_union, cpu_span, comm_union, main_pid, outside_events, outside_ns,
-        phase_totals,
+        phase_totals, device_arrays,
     )
     return cpu_rows, device_rows, result
 
@@ -773,19 +775,17 @@ def _device_busy_arrays(result: _TraceResult) -> tuple[int, int] | None:
         first = min(result.device_union[0][0], result.cpu_span[0] if result.cpu_span else result.device_union[0][0])
         last = max(result.device_union[-1][1], result.cpu_span[1] if result.cpu_span else result.device_union[-1][1])
         spans = [(first, last)]
+    from stepcli.columnar import covered
+
     merged = _union(spans)
-    union = np.array(result.device_union, dtype=np.int64)
-    starts, ends = union[:, 0], union[:, 1]
-    before = np.concatenate(([0], np.cumsum(ends - starts)))  # union length before interval k
-
-    def covered(t: np.ndarray) -> np.ndarray:
-        k = np.searchsorted(starts, t, side="right")  # intervals starting at or before t
-        prev = np.maximum(k - 1, 0)
-        return np.where(k > 0, before[prev] + np.minimum(t, ends[prev]) - starts[prev], 0)
-
+    if result.device_arrays is not None:
+        starts, ends = result.device_arrays
+    else:
+        union = np.array(result.device_union, dtype=np.int64)
+        starts, ends = union[:, 0], union[:, 1]
     a = np.array([s for s, _ in merged], dtype=np.int64)
     b = np.array([e for _, e in merged], dtype=np.int64)
-    return int((covered(b) - covered(a)).sum()), int((b - a).sum())
+    return int(covered(starts, ends, a, b).sum()), int((b - a).sum())
 
 
 def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSummary:
