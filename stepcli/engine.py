@@ -14,12 +14,15 @@ import sys
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence, TypeVar
 
 from stepcli.errors import StepcliError, TraceError
 from stepcli.summary import FilePart, TraceSummary, merge_parts, summarize_columns
 from stepcli.columnkeeper import ColumnTrace, load_columns
 from stepcli.traces import list_trace_files
+
+
+_T = TypeVar("_T")
 
 
 def available_cores() -> int:
@@ -171,6 +174,20 @@ def file_parts(
         except OSError:  # no worker could start (a process limit?): read them here, one after another
             results = [_part_of(file, groupings, shapes) for file in files]
     return _checked(results)
+
+
+def map_files(function: Callable[[str], _T], files: Sequence[str], jobs: int | None = None) -> list[_T]:
+    """`function(file)` for each file, in order: in worker processes when there are several files and cores
+    (`function` must be a module-level function and return picklable data), else in this process. If no worker
+    can start, the files are done here, one after another."""
+    workers = min(jobs if jobs is not None else available_cores(), len(files))
+    if workers > 1:
+        try:
+            with _worker_pool(workers, _context()) as pool:
+                return list(pool.map(function, files))
+        except (BrokenProcessPool, OSError):
+            pass
+    return [function(file) for file in files]
 
 
 def _checked(results: Sequence[list[FilePart] | _Failed]) -> list[list[FilePart]]:

@@ -69,5 +69,5 @@ class RunTraces:
         if key not in self._curves:
             from stepcli.report.memory import memory_curves
 
-            self._curves[key] = memory_curves(key)
+            self._curves[key] = memory_curves(key, self.jobs)
         return self._curves[key]

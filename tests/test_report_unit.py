@@ -105,3 +105,29 @@ def test_unreadable_trace_leaves_a_note_not_a_failure(tmp_path: Path) -> None:
     data = build(summary, [], [str(broken)])
     assert any("could not read the traces" in note and "rank0.1.pt.trace.json" in note for note in data.notes)
     assert len(data.processes[0].values_ms) == 3
+
+
+def test_memory_curves_read_in_worker_processes_equal_the_serial_read(tmp_path: Path) -> None:
+    from stepcli.report.memory import memory_curves
+
+    # GIVEN rank traces with torch's [memory] events (two devices), one without any, one cut short
+    def memory_trace(rank: int, count: int) -> Path:
+        events = [{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 100.0 + i,
+                   "args": {"Total Allocated": 1000 * rank + i, "Device Type": i % 2, "Device Id": 0}}
+                  for i in range(count)]
+        path = tmp_path / f"host_{rank}.{rank}.pt.trace.json"
+        path.write_text(json.dumps({"traceEvents": events}))
+        return path
+
+    paths = [str(memory_trace(r, 50 + r)) for r in range(3)]
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1,
+                                                  "ts": 1.0, "dur": 1.0}]}))
+    cut = tmp_path / "cut.json"
+    cut.write_text(Path(paths[0]).read_text()[:300])
+    paths += [str(plain), str(cut)]
+    # WHEN read by three worker processes and in this one THEN the curves are the same, in file order
+    serial = memory_curves(paths, jobs=1)
+    assert memory_curves(paths, jobs=3) == serial
+    assert [label for label, _ in serial] == [f"host_{r} {d}" for r in range(3) for d in ("CPU", "CUDA:0")]
+    assert serial[2][1][0] == (0.0, 1000.0) and len(serial[5][1]) == 26

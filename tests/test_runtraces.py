@@ -88,7 +88,7 @@ def test_a_trace_error_is_read_once_and_given_to_every_caller(tmp_path: Path, co
 def test_memory_curves_need_no_read_when_memory_was_not_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     import stepcli.report.memory as memory
 
-    def never(_paths: Any) -> Any:
+    def never(_paths: Any, _jobs: Any = None) -> Any:
         raise AssertionError("memory curves read although the run recorded no memory")
 
     monkeypatch.setattr(memory, "memory_curves", never)

@@ -77,14 +77,21 @@ def _thin(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [points[i] for i in sorted(keep)]
 
 
-def memory_curves(paths: Sequence[str]) -> list[tuple[str, list[tuple[float, float]]]]:
-    """Curves of every trace that has memory events, labelled with the trace's file name and device."""
+def memory_curves(paths: Sequence[str], jobs: int | None = None) -> list[tuple[str, list[tuple[float, float]]]]:
+    """Curves of every trace that has memory events, labelled with the trace's file name and device; the files
+    are read in worker processes (stepcli.engine.map_files), as the operator tables are."""
+    from stepcli.engine import map_files
+
     out: list[tuple[str, list[tuple[float, float]]]] = []
-    for path in paths:
-        try:
-            curves = read_curves(str(path))
-        except TraceError:
-            continue
+    for path, curves in zip(paths, map_files(_curves_of, [str(p) for p in paths], jobs)):
         for device, points in curves:
             out.append((f"{Path(path).name.split('.')[0]} {device}", points))
     return out
+
+
+def _curves_of(path: str) -> list[tuple[str, list[tuple[float, float]]]]:
+    """read_curves, with a file that is no readable trace giving no curve (the operator tables name it)."""
+    try:
+        return read_curves(path)
+    except TraceError:
+        return []
