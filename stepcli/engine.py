@@ -8,6 +8,7 @@ merged. Peak memory is a few files (one per worker), not the folder; the answers
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing
 import os
 import sys
@@ -17,7 +18,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Iterator, Sequence, TypeVar
 
 from stepcli.errors import StepcliError, TraceError
-from stepcli.summary import FilePart, TraceSummary, merge_parts, summarize_columns
+from stepcli.summary import FilePart, TraceSummary, merge_parts, summarize_read
 from stepcli.columnkeeper import ColumnTrace, load_columns
 from stepcli.traces import list_trace_files
 
@@ -56,18 +57,7 @@ def _part_of(path: str, groupings: tuple[bool, ...], shapes: bool) -> list[FileP
 
 def _summarized(trace: ColumnTrace, groupings: tuple[bool, ...]) -> list[FilePart]:
     """One part per grouping (plain, by shape) of a trace read into columns, whole or in ranges."""
-    return [
-        summarize_columns(
-            trace.columns,
-            path=trace.path,
-            rank=trace.rank,
-            event_count=trace.event_count,
-            skipped_events=trace.skipped_events,
-            incomplete_step=trace.incomplete_step,
-            group_by_shape=by_shape,
-        )
-        for by_shape in groupings
-    ]
+    return [summarize_read(trace.columns, trace, group_by_shape=by_shape) for by_shape in groupings]
 
 
 def _split_parts(path: str, groupings: tuple[bool, ...], shapes: bool, cores: int) -> list[FilePart] | None:
@@ -160,32 +150,23 @@ def file_parts(
         split = _split_parts(files[0], groupings, shapes, cores)
         if split is not None:
             return [split]
-    workers = min(cores, len(files))
-    if workers <= 1:
-        results = [_part_of(file, groupings, shapes) for file in files]
-    else:
-        try:
-            with _worker_pool(workers, _context()) as pool:
-                results = list(pool.map(_part_of, files, [groupings] * len(files), [shapes] * len(files)))
-        except BrokenProcessPool:
-            raise StepcliError(
-                f"a worker process reading the traces died (out of memory?); try again with fewer, e.g. --jobs {max(1, workers // 2)}"
-            ) from None
-        except OSError:  # no worker could start (a process limit?): read them here, one after another
-            results = [_part_of(file, groupings, shapes) for file in files]
-    return _checked(results)
+    return _checked(map_files(functools.partial(_part_of, groupings=groupings, shapes=shapes), files, cores))
 
 
 def map_files(function: Callable[[str], _T], files: Sequence[str], jobs: int | None = None) -> list[_T]:
     """`function(file)` for each file, in order: in worker processes when there are several files and cores
-    (`function` must be a module-level function and return picklable data), else in this process. If no worker
-    can start, the files are done here, one after another."""
+    (`function` must be picklable, e.g. a module-level function or a partial of one, and return picklable data),
+    else in this process. If no worker can start, the files are done here, one after another."""
     workers = min(jobs if jobs is not None else available_cores(), len(files))
     if workers > 1:
         try:
             with _worker_pool(workers, _context()) as pool:
                 return list(pool.map(function, files))
-        except (BrokenProcessPool, OSError):
+        except BrokenProcessPool:
+            raise StepcliError(
+                f"a worker process reading the traces died (out of memory?); try again with fewer, e.g. --jobs {max(1, workers // 2)}"
+            ) from None
+        except OSError:  # no worker could start (a process limit?)
             pass
     return [function(file) for file in files]
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import gc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from stepcli.ranks import ProcessRow, WindowFacts, find_straggler, group_processes, is_communication, process_key
 from stepcli.shares import STEP_KEY, share_basis, stable_name
@@ -477,7 +477,7 @@ def _analyze_columns(
     pid_code = columns.pid[index]
     windows: list[_Window] = []
     by_row: dict[int, _Window] = {}
-    for row in np.nonzero(is_step)[0].tolist():
+    for row in step_rows.tolist():
         number = names[int(name[row])][len(STEP_PREFIX):]
         if number.isdecimal() and int(number) != incomplete_step:
             window = by_row[row] = _Window(int(number), ids[int(pid_code[row])], int(start[row]), int(end[row]), [])
@@ -567,8 +567,8 @@ def _phase_totals_arrays(
             return None
         of_pid = pid_code == pid
         spans = [np.nonzero(of_pid & (phase == p))[0] for p in (_DATALOADER, _OPTIMIZER, _BACKWARD)]
-        forward = child_window[window_pid[child_window] == pid]
-        forward_events = child[window_pid[child_window] == pid]
+        of_window = window_pid[child_window] == pid
+        forward, forward_events = child_window[of_window], child[of_window]
         parts = col.step_phases(
             window_start[mine],
             window_end[mine],
@@ -577,7 +577,7 @@ def _phase_totals_arrays(
             np.maximum(start[forward_events], window_start[forward]),
             np.minimum(end[forward_events], window_end[forward]),
         )
-        for label, values in zip(("dataloader", "optimizer", "backward", "forward", "other"), parts):
+        for label, values in zip(PHASES, parts):
             totals[label] += int(values.sum())
     return totals, len(rows)
 
@@ -684,12 +684,32 @@ class FilePart:
     outside_ns: int = 0
 
 
+class TraceFacts(Protocol):
+    """What a read trace says of itself besides its events (stepcli.traces.Trace, columnkeeper.ColumnTrace)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def rank(self) -> int | None: ...
+    @property
+    def event_count(self) -> int: ...
+    @property
+    def skipped_events(self) -> int: ...
+    @property
+    def incomplete_step(self) -> int | None: ...
+
+
 def summarize_file(trace: Trace, *, group_by_shape: bool = False) -> FilePart:
     """The part of one trace file; `merge_parts` of the parts of several files equals `summarize` of them."""
     from stepcli.columnar import columns_from_events
 
+    return summarize_read(columns_from_events(trace.events), trace, group_by_shape=group_by_shape)
+
+
+def summarize_read(columns: Columns, trace: TraceFacts, *, group_by_shape: bool = False) -> FilePart:
+    """The part of one trace file, from its columns and what the reader found out about it."""
     return summarize_columns(
-        columns_from_events(trace.events),
+        columns,
         path=trace.path,
         rank=trace.rank,
         event_count=trace.event_count,

@@ -201,3 +201,17 @@ print(json.dumps([summarize_paths([{str(rank_folder)!r}], jobs=3).to_dict()["cpu
     folder_ops, file_ops = json.loads(done.stdout)
     assert folder_ops == summarize(load_paths([str(rank_folder)])).to_dict()["cpu_ops"]
     assert file_ops == summarize(load_paths([str(big)])).to_dict()["cpu_ops"]
+
+
+@pytest.mark.skipif(not Path("/bin/true").exists(), reason="needs /bin/true")
+def test_a_worker_that_dies_is_one_clear_error() -> None:
+    import functools
+    import os
+
+    from stepcli.engine import map_files
+    from stepcli.errors import StepcliError
+
+    # GIVEN work whose worker process vanishes (replaced by a program that exits at once, as a killed one would)
+    # THEN the caller gets one line that says so and what to try, not a traceback or a retry in its own process
+    with pytest.raises(StepcliError, match=r"a worker process reading the traces died .*--jobs 1"):
+        map_files(functools.partial(os.execl, "/bin/true"), ["a", "b"], jobs=2)

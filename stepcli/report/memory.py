@@ -81,9 +81,14 @@ def memory_curves(paths: Sequence[str], jobs: int | None = None) -> list[tuple[s
     """Curves of every trace that has memory events, labelled with the trace's file name and device; the files
     are read in worker processes (stepcli.engine.map_files), as the operator tables are."""
     from stepcli.engine import map_files
+    from stepcli.errors import StepcliError
 
+    try:
+        per_file = map_files(_curves_of, [str(p) for p in paths], jobs)
+    except StepcliError:  # a worker died (out of memory?): the page goes without the curves
+        return []
     out: list[tuple[str, list[tuple[float, float]]]] = []
-    for path, curves in zip(paths, map_files(_curves_of, [str(p) for p in paths], jobs)):
+    for path, curves in zip(paths, per_file):
         for device, points in curves:
             out.append((f"{Path(path).name.split('.')[0]} {device}", points))
     return out
