@@ -5,9 +5,9 @@ Usage: python scripts/bench_run_end.py [--ranks 4] [--rank-mb 40] [--folder DIR]
 Builds (or reuses, with --folder) --ranks rank traces of --rank-mb each with scripts/bench_table.py's generator,
 then times, in this one process and alternately, the two ways the end of a run can read them:
 
-  before: the run summary summarizes the traces (stepcli.engine.summarize_paths), then the page reads them again
+  before: the run summary summarizes the traces (stepcli.traces.engine.summarize_paths), then the page reads them again
           (report.data.build with no RunTraces: by-shape parts, plus a scan of every file for memory events);
-  after:  one stepcli.runtraces.RunTraces read (plain and by-shape parts), the summary merged from its plain
+  after:  one stepcli.traces.readonce.RunTraces read (plain and by-shape parts), the summary merged from its plain
           parts and the page built from the same parts (a run without --profile-memory scans no file for memory).
 
 An idle thread runs meanwhile, as the launcher's watchdog does, so worker processes start as they do at the end
@@ -34,7 +34,7 @@ from bench_table import make_folder  # noqa: E402 (the generator lives beside th
 
 def before(paths: list[str]) -> None:
     """The end of a run as it was: two reads of every trace (plus a memory-event scan)."""
-    from stepcli.engine import summarize_paths
+    from stepcli.traces.engine import summarize_paths
     from stepcli.report.data import build
     from stepcli.report.page import render
 
@@ -46,8 +46,8 @@ def after(paths: list[str], memory: bool = False) -> None:
     """The end of a run now: one read, shared by the summary and the page."""
     from stepcli.report.data import build
     from stepcli.report.page import render
-    from stepcli.runtraces import RunTraces
-    from stepcli.summary import merge_parts
+    from stepcli.traces.readonce import RunTraces
+    from stepcli.traces.summary import merge_parts
 
     traces = RunTraces(shapes=True, memory=memory)
     merge_parts([parts[0] for parts in traces.parts(paths)]).to_dict()

@@ -153,8 +153,8 @@ def table(
     if len(chosen) > 1:
         raise click.UsageError(f"--{chosen[0]} and --{chosen[1]} cannot be used together: choose one output format")
     fmt = chosen[0] if chosen else None
-    from stepcli.engine import summarize_paths
-    from stepcli.render import print_table_report
+    from stepcli.traces.engine import summarize_paths
+    from stepcli.traces.render import print_table_report
 
     summary = summarize_paths(paths, group_by_shape=group_by_shape, jobs=jobs, scheduler=scheduler)
     print_table_report(summary, sort_by=sort_by, limit=limit, fmt=fmt or "rich")

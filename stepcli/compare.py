@@ -108,7 +108,7 @@ def _attribution(baseline: Measurement, current: Measurement, confidence: float)
         if side.op_steps is not None:
             sides.append(side.op_steps)
         elif side.trace_files:
-            from stepcli.traces import load_paths
+            from stepcli.traces.reader import load_paths
 
             try:
                 sides.append(tuple(

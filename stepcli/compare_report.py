@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from stepcli.attribution import OpChange
-from stepcli.render import NAME_WIDTH, shorten
+from stepcli.traces.render import NAME_WIDTH, shorten
 from stepcli.stats import percentile
 from stepcli.verdict import Comparison, OpRow, StepRow, _ci, _fmt_level, _fmt_ms, _pct, _signed
 

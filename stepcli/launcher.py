@@ -26,7 +26,7 @@ from stepcli.agent.schedule import Schedule
 from stepcli.errors import EXIT_REGRESSION, StepcliError
 
 if TYPE_CHECKING:
-    from stepcli.runtraces import RunTraces
+    from stepcli.traces.readonce import RunTraces
 
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent / "_bootstrap")
 DEFAULT_RUNS_DIR = "stepcli-runs"
@@ -400,7 +400,7 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
     """Summary, --json and --fail-over after the program exited. The program's status wins, except that a
     budget that was exceeded, or could not be checked, fails a run that succeeded."""
     from stepcli.runreport import analysis_progress, build_run_summary, print_run_summary, write_run_summary
-    from stepcli.runtraces import RunTraces
+    from stepcli.traces.readonce import RunTraces
 
     display = ["python", *request.argv[1:]] if request.argv[0] == sys.executable else request.argv
     # One read of the traces for the summary and report.html; shapes only when the page will show them.

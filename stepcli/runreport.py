@@ -28,7 +28,7 @@ from stepcli.errors import StepcliError
 from stepcli.stats import describe
 
 if TYPE_CHECKING:
-    from stepcli.runtraces import RunTraces
+    from stepcli.traces.readonce import RunTraces
 
 SCHEMA = "stepcli.run"
 SCHEMA_VERSION = 2  # 2: run_id and step_times (every step of every process); readers still accept 1
@@ -131,10 +131,10 @@ def _trace_analysis(trace_paths: list[str], notes: list[str], traces: RunTraces 
         return None
     try:
         if traces is not None:
-            from stepcli.summary import merge_parts
+            from stepcli.traces.summary import merge_parts
 
             return merge_parts([parts[0] for parts in traces.parts(trace_paths)]).to_dict()
-        from stepcli.engine import summarize_paths
+        from stepcli.traces.engine import summarize_paths
 
         return summarize_paths(trace_paths).to_dict()
     except StepcliError as exc:
@@ -388,7 +388,7 @@ def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, 
         console.print(f"  {window['trace']}", markup=False, soft_wrap=True)
 
     if summary["top_operators"] or summary["top_kernels"]:
-        from stepcli import render
+        from stepcli.traces import render
 
         width = console.width
         share_of = summary.get("share_of") or "recorded step time"

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from stepcli.errors import EXIT_USAGE, StepcliError
-from stepcli.shares import STEP_KEY
+from stepcli.traces.shares import STEP_KEY
 from stepcli.measurement import Measurement, OpSteps, OpTime, ProcessSteps, RunSteps
 from stepcli.stats import STAT_NAMES, Stats, describe
 
 if TYPE_CHECKING:
-    from stepcli.traces import Trace
+    from stepcli.traces.reader import Trace
 
 RUN_SCHEMA = "stepcli.run"
 RUN_SCHEMA_VERSIONS = (1, 2)
@@ -100,7 +100,7 @@ def _run_processes(doc: Mapping[str, Any], label: str) -> tuple[ProcessSteps, ..
 def measurement_from_summary(
     summary: Mapping[str, Any], label: str, op_steps: tuple[OpSteps, ...] | None = None
 ) -> Measurement:
-    """A trace summary (`stepcli.summary.summarize(...).to_dict()`) as a Measurement."""
+    """A trace summary (`stepcli.traces.summary.summarize(...).to_dict()`) as a Measurement."""
     stats = _stats_or_none(summary.get("step_ms"), label, "step_ms")
     steps_list = summary.get("steps") or []
     steps = len(steps_list) if isinstance(steps_list, list) else 0
@@ -260,8 +260,8 @@ def load_measurement(path: str) -> Measurement:
 def _load_traces(label: str, files: Sequence[str] | None = None) -> Measurement:
     # Lazy: the trace reader and summarizer are only needed for trace inputs.
     from stepcli.attribution import op_steps_from_traces
-    from stepcli.summary import summarize
-    from stepcli.traces import load_paths
+    from stepcli.traces.summary import summarize
+    from stepcli.traces.reader import load_paths
 
     traces: list[Trace] = load_paths(list(files or [label]))
     summary = summarize(traces).to_dict()
@@ -351,7 +351,7 @@ def _ops(rows: Any, label: str, where: str) -> tuple[OpTime, ...]:
         if not isinstance(row, Mapping) or not isinstance(row.get("name"), str):
             raise _invalid_run(label, f"{where} has an entry without a name")
         if row["name"] == STEP_KEY:
-            continue  # the step annotation, not an operator: the run summary leaves it out too (stepcli.shares)
+            continue  # the step annotation, not an operator: the run summary leaves it out too (stepcli.traces.shares)
         try:
             op = OpTime(
                 name=row["name"],

@@ -10,8 +10,8 @@ import pytest
 from conftest import run_stepcli
 from test_parallel import rank_folder  # noqa: F401  (the shared four-rank folder fixture)
 
-from stepcli.summary import summarize
-from stepcli.traces import load_paths
+from stepcli.traces.summary import summarize
+from stepcli.traces.reader import load_paths
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The array pass (stepcli.columnar) equals the per-event reference (summary._analyze) on real and random traces."""
+"""The array pass (stepcli.traces.arrays) equals the per-event reference (summary._analyze) on real and random traces."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepcli import columnar
-from stepcli import summary as summary_module
-from stepcli.summary import FilePart, merge_parts, summarize_columns, summarize_file
-from stepcli.columnkeeper import load_columns
-from stepcli.traces import Event, Trace, load_trace
+from stepcli.traces import arrays as columnar
+from stepcli.traces import summary as summary_module
+from stepcli.traces.summary import FilePart, merge_parts, summarize_columns, summarize_file
+from stepcli.traces.columns import load_columns
+from stepcli.traces.reader import Event, Trace, load_trace
 
 DATA = Path(__file__).parent / "data"
 REAL = [DATA / "train_cpu.pt.trace.json", DATA / "cuda_small.pt.trace.json.gz", DATA / "cuda_compile.pt.trace.json.gz"]

@@ -198,9 +198,9 @@ def test_every_rich_renderer_fits_80_columns_with_many_ranks() -> None:
 
     from rich.console import Console
 
-    from stepcli.render import print_rich_report
-    from stepcli.summary import summarize
-    from stepcli.traces import Event, Trace
+    from stepcli.traces.render import print_rich_report
+    from stepcli.traces.summary import summarize
+    from stepcli.traces.reader import Event, Trace
 
     traces = []
     for rank in range(8):

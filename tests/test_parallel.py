@@ -1,4 +1,4 @@
-"""Folders of rank traces summarized in worker processes give exactly the serial answers (stepcli.engine)."""
+"""Folders of rank traces summarized in worker processes give exactly the serial answers (stepcli.traces.engine)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from conftest import run_stepcli
 
-from stepcli.engine import available_cores, file_parts, summarize_paths
+from stepcli.traces.engine import available_cores, file_parts, summarize_paths
 from stepcli.errors import TraceError
-from stepcli.summary import summarize
-from stepcli.traces import load_paths
+from stepcli.traces.summary import summarize
+from stepcli.traces.reader import load_paths
 
 DATA = Path(__file__).parent / "data"
 REAL = DATA / "train_cpu.pt.trace.json"
@@ -67,7 +67,7 @@ def test_shape_groupings_come_from_one_read(rank_folder: Path) -> None:
     # GIVEN the folder WHEN each file is read once for both groupings in workers
     parts = file_parts([str(rank_folder)], groupings=(False, True), shapes=True, jobs=2)
     # THEN each grouping equals summarizing the loaded traces that way
-    from stepcli.summary import merge_parts
+    from stepcli.traces.summary import merge_parts
 
     traces = load_paths([str(rank_folder)], shapes=True)
     assert merge_parts([p[0] for p in parts]).to_dict() == summarize(traces).to_dict()
@@ -113,7 +113,7 @@ def test_default_jobs_are_the_available_cores() -> None:
 
 
 def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from stepcli import splitread
+    from stepcli.traces import splitread
 
     # GIVEN the real trace, and ranges small enough that it is cut in three
     monkeypatch.setattr(splitread, "MIN_PIECE_BYTES", 20_000)
@@ -125,10 +125,9 @@ def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.Mo
     # AND the columns joined from the ranges are the file's columns
     from concurrent.futures import ThreadPoolExecutor
 
-    from stepcli.columnkeeper import load_columns
+    from stepcli.traces.columns import load_columns
 
-    from stepcli import traces
-
+    from stepcli.traces import reader as traces
     whole = load_columns(str(REAL), shapes=True)
     # each range read in one block and decoded in one slice; in one block of many slices; in many blocks
     for slice_bytes, block_bytes in ((traces._CHUNK_BYTES, splitread._BLOCK_BYTES), (3_000, splitread._BLOCK_BYTES),
@@ -147,7 +146,7 @@ def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.Mo
 
 
 def test_a_cut_inside_a_string_falls_back_to_the_whole_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from stepcli import splitread
+    from stepcli.traces import splitread
 
     # GIVEN a trace whose names hold "}, {" (a cut can land inside a string) WHEN read cut in ranges
     monkeypatch.setattr(splitread, "MIN_PIECE_BYTES", 2_000)
@@ -165,7 +164,7 @@ def test_a_cut_inside_a_string_falls_back_to_the_whole_read(monkeypatch: pytest.
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork and forkserver are Linux's start methods here")
 def test_workers_fork_only_from_a_single_threaded_process() -> None:
     # GIVEN a fresh process with one thread THEN its workers fork (they start at once, with its imports)
-    code = ("import threading, time; from stepcli.engine import _context; print(_context().get_start_method());"
+    code = ("import threading, time; from stepcli.traces.engine import _context; print(_context().get_start_method());"
             "threading.Thread(target=time.sleep, args=(1,), daemon=True).start(); print(_context().get_start_method())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     # AND once a second thread runs (a launcher's pipes), they start from a clean server process instead
@@ -180,7 +179,7 @@ def test_a_refused_fork_leaves_no_worker_behind(rank_folder: Path) -> None:
     code = f"""
 import os, sys
 sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
-from stepcli import splitread
+from stepcli.traces import splitread
 splitread.MIN_PIECE_BYTES = 20_000
 real, calls = os.fork, [0]
 def fork():
@@ -189,7 +188,7 @@ def fork():
         raise BlockingIOError(11, "Resource temporarily unavailable")
     return real()
 os.fork = fork
-from stepcli.engine import summarize_paths
+from stepcli.traces.engine import summarize_paths
 import json
 print(json.dumps([summarize_paths([{str(rank_folder)!r}], jobs=3).to_dict()["cpu_ops"],
                   summarize_paths([{str(big)!r}], jobs=3).to_dict()["cpu_ops"]]))
@@ -208,7 +207,7 @@ def test_a_worker_that_dies_is_one_clear_error() -> None:
     import functools
     import os
 
-    from stepcli.engine import map_files
+    from stepcli.traces.engine import map_files
     from stepcli.errors import StepcliError
 
     # GIVEN work whose worker process vanishes (replaced by a program that exits at once, as a killed one would)

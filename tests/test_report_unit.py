@@ -108,7 +108,7 @@ def test_unreadable_trace_leaves_a_note_not_a_failure(tmp_path: Path) -> None:
 
 
 def test_memory_curves_read_in_worker_processes_equal_the_serial_read(tmp_path: Path) -> None:
-    from stepcli.report.memory import memory_curves
+    from stepcli.traces.memory import memory_curves
 
     # GIVEN rank traces with torch's [memory] events (two devices), one without any, one cut short
     def memory_trace(rank: int, count: int) -> Path:

@@ -225,9 +225,9 @@ def test_one_bad_file_among_good_ones_fails(plain_trace: Path, tmp_path: Path) -
 
 
 def test_render_treats_names_as_text_and_shortens_in_the_middle() -> None:
-    from stepcli.render import print_table_report, shorten
-    from stepcli.summary import summarize
-    from stepcli.traces import Event, Trace
+    from stepcli.traces.render import print_table_report, shorten
+    from stepcli.traces.summary import summarize
+    from stepcli.traces.reader import Event, Trace
 
     long_name = "void at::native::elementwise_kernel<" + "x" * 200 + ">(int, functor)"
     events = [Event(name="[bold]odd[/bold] name", cat="cpu_op", ts=0.0, dur=5.0),

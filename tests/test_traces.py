@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import stepcli.traces as traces
+import stepcli.traces.reader as traces
 from stepcli.errors import TraceError
-from stepcli.traces import Event, Trace, load_paths, load_trace
+from stepcli.traces.reader import Event, Trace, load_paths, load_trace
 
 DATA = Path(__file__).parent / "data"
 REAL = DATA / "train_cpu.pt.trace.json"
@@ -201,6 +201,6 @@ def test_incomplete_step_metadata_is_read(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 
 def test_reader_and_summary_do_not_import_rich() -> None:
-    code = "import sys, stepcli.traces, stepcli.summary; print(sorted({'rich', 'click', 'torch'} & set(sys.modules)))"
+    code = "import sys, stepcli.traces.reader, stepcli.traces.summary; print(sorted({'rich', 'click', 'torch'} & set(sys.modules)))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"

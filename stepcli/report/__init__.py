@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from stepcli.errors import StepcliError
 
 if TYPE_CHECKING:
-    from stepcli.runtraces import RunTraces
+    from stepcli.traces.readonce import RunTraces
 
 REPORT_NAME = "report.html"
 GENERATOR = '<meta name="generator" content="stepcli">'  # marks pages stepcli may overwrite
@@ -66,7 +66,7 @@ def write_run_report(summary: dict[str, Any], log_dir: str, traces: RunTraces | 
     """After `stepcli run`: report.html in the output folder, plus the advice lines for the terminal summary.
 
     The summary is also saved beside the step logs so `stepcli report OUT_DIR` can rebuild the same page later.
-    `traces`: what the run summary already read (stepcli.runtraces), so no trace is read a second time.
+    `traces`: what the run summary already read (stepcli.traces.readonce), so no trace is read a second time.
     """
     from stepcli.report.data import SUMMARY_FILE, build, step_logs
     from stepcli.report.page import render

@@ -2,7 +2,7 @@
 
 The run summary's layout is read only through the small accessors at the top of this module (`_process_steps`,
 `_summary_*`), so a new schema version changes one place. Numbers come from the existing engine
-(`stepcli.summary.summarize`, the run summary); nothing here recomputes an operator table.
+(`stepcli.traces.summary.summarize`, the run summary); nothing here recomputes an operator table.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from stepcli.errors import StepcliError, TraceError
 from stepcli.stats import Stats, describe
 
 if TYPE_CHECKING:
-    from stepcli.runtraces import RunTraces
-    from stepcli.summary import FilePart
+    from stepcli.traces.readonce import RunTraces
+    from stepcli.traces.summary import FilePart
 
 TOP_ROWS = 25  # operator rows per table in the page (sortable); the terminal shows 10
 RUN_SCHEMA = "stepcli.run"
@@ -195,7 +195,7 @@ class _Inputs:
 
 def _classify(paths: Sequence[str]) -> _Inputs:
     """Sort the command line's PATHs into one run (summary and/or run folder) and any number of traces."""
-    from stepcli.traces import list_trace_files
+    from stepcli.traces.reader import list_trace_files
 
     inputs = _Inputs()
     runs = 0
@@ -266,9 +266,9 @@ def build(
     `traces` holds what was already read of these files (after `stepcli run`, by the run summary); without it
     they are read here, once.
     """
-    from stepcli.render import outside_note
-    from stepcli.runtraces import RunTraces
-    from stepcli.summary import merge_parts
+    from stepcli.traces.render import outside_note
+    from stepcli.traces.readonce import RunTraces
+    from stepcli.traces.summary import merge_parts
 
     traces = traces if traces is not None else RunTraces()
     data = ReportData(title="stepcli report")

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from stepcli import __version__
 from stepcli.report import GENERATOR, svg
-from stepcli.render import shorten
+from stepcli.traces.render import shorten
 from stepcli.report.data import ReportData
 
 NAME_CHARS = 110  # longer operator and kernel names are cut in the middle; the full name is the cell's tooltip

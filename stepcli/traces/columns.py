@@ -1,4 +1,4 @@
-"""Decoded trace events into typed columns, one decoded slice at a time, with the reader's rules (stepcli.traces).
+"""Decoded trace events into typed columns, one decoded slice at a time, with the reader's rules (stepcli.traces.reader).
 
 The per-event work is done by C loops (`map` over attribute getters and dict lookups, numpy masks), never by a
 Python statement per event: the same filter as `_Keeper.add` (complete events of kept categories, utility names
@@ -13,8 +13,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from stepcli.columnar import Columns, kind_of
-from stepcli.traces import FILTERED_NAMES, KEPT_CATEGORIES, MAX_TIME_US, _Keeper, _read, _usable_name, rank_from_name
+from stepcli.traces.arrays import Columns, kind_of
+from stepcli.traces.reader import FILTERED_NAMES, KEPT_CATEGORIES, MAX_TIME_US, _Keeper, _read, _usable_name, rank_from_name
 
 _NAME, _CAT, _PH, _PID, _TID, _TS, _DUR = (attrgetter(f) for f in ("name", "cat", "ph", "pid", "tid", "ts", "dur"))
 _ARGS = attrgetter("args")
@@ -182,7 +182,7 @@ def _encode_again(keeper: ColumnKeeper, columns: Columns) -> tuple[np.ndarray, .
 
 @dataclass
 class ColumnTrace:
-    """One trace file read straight into typed columns (stepcli.columnar), without an object per event."""
+    """One trace file read straight into typed columns (stepcli.traces.arrays), without an object per event."""
 
     path: str
     rank: int | None

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Sequence
 from stepcli.errors import StepcliError
 
 if TYPE_CHECKING:
-    from stepcli.summary import FilePart
+    from stepcli.traces.summary import FilePart
 
 MemoryCurves = list[tuple[str, list[tuple[float, float]]]]
 
 
 class RunTraces:
-    """Per-file parts (stepcli.summary.FilePart) and memory curves of a list of traces, read on first demand and
+    """Per-file parts (stepcli.traces.summary.FilePart) and memory curves of a list of traces, read on first demand and
     kept for the next caller that asks about the same files.
 
     `shapes`: read `Input Dims` on the first read even if the first caller needs only plain parts, because a
@@ -50,7 +50,7 @@ class RunTraces:
         return self._parts
 
     def _read(self, key: tuple[str, ...], shapes: bool) -> None:
-        from stepcli.engine import file_parts
+        from stepcli.traces.engine import file_parts
 
         self._key, self._shaped, self._parts, self._problem = None, False, [], None
         groupings = (False, True) if shapes else (False,)
@@ -62,12 +62,12 @@ class RunTraces:
         self._key, self._shaped = key, shapes
 
     def memory_curves(self, paths: Sequence[str]) -> MemoryCurves:
-        """Allocated-memory curves of the traces that have `[memory]` events (stepcli.report.memory)."""
+        """Allocated-memory curves of the traces that have `[memory]` events (stepcli.traces.memory)."""
         if not self.memory:
             return []
         key = tuple(str(p) for p in paths)
         if key not in self._curves:
-            from stepcli.report.memory import memory_curves
+            from stepcli.traces.memory import memory_curves
 
             self._curves[key] = memory_curves(key, self.jobs)
         return self._curves[key]

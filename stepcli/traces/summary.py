@@ -4,8 +4,8 @@ The CPU operator table follows torch's `key_averages()` so the two can be compar
 annotations (`ProfilerStep*`, `enumerate(DataLoader)#...`, `Optimizer.step#...`) are rows like any operator, and
 every ProfilerStep#N is folded into `ProfilerStep*`. Python frames of traces recorded with stacks
 (`python_function` events) are no operators: they are left out of the tables and of the nesting, and memory
-addresses are stripped from the names used as keys (see stepcli.shares). Shares are defined in stepcli.shares,
-processes and the straggler in stepcli.ranks.
+addresses are stripped from the names used as keys (see stepcli.traces.shares). Shares are defined in stepcli.traces.shares,
+processes and the straggler in stepcli.traces.ranks.
 
 A trace's incomplete step (`Trace.incomplete_step`, from a window stepcli cut short) holds only the start of that
 step, so it is left out of step times, step statistics, per-rank statistics and the step breakdown; its events
@@ -26,15 +26,15 @@ import gc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
-from stepcli.ranks import ProcessRow, WindowFacts, find_straggler, group_processes, is_communication, process_key
-from stepcli.shares import STEP_KEY, share_basis, stable_name
+from stepcli.traces.ranks import ProcessRow, WindowFacts, find_straggler, group_processes, is_communication, process_key
+from stepcli.traces.shares import STEP_KEY, share_basis, stable_name
 from stepcli.stats import Stats, describe
 
 if TYPE_CHECKING:
-    from stepcli.columnar import Columns
-    from stepcli.traces import Event, Trace
+    from stepcli.traces.arrays import Columns
+    from stepcli.traces.reader import Event, Trace
 
-# Same categories as stepcli.traces (not imported at run time so this module stays free of the decoder).
+# Same categories as stepcli.traces.reader (not imported at run time so this module stays free of the decoder).
 _DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 STEP_PREFIX = "ProfilerStep#"
 
@@ -91,7 +91,7 @@ class StepRow:
         return {"rank": self.rank, "process": self.process, "step": self.step, "dur_ms": self.dur_ms}
 
 
-RankRow = ProcessRow  # one row per process (rank), its windows inside: see stepcli.ranks
+RankRow = ProcessRow  # one row per process (rank), its windows inside: see stepcli.traces.ranks
 
 
 @dataclass(frozen=True)
@@ -133,14 +133,14 @@ class TraceSummary:
     step_ms: Stats | None
     steps: list[StepRow]
     ranks: list[ProcessRow]
-    slowest_rank: int | None  # the straggler by compute (stepcli.ranks), not the longest step time
+    slowest_rank: int | None  # the straggler by compute (stepcli.traces.ranks), not the longest step time
     breakdown_ms: Breakdown | None
     device: DeviceBusy | None
     cpu_ops: list[OpRow]
     device_kernels: list[OpRow]
     events: int
     skipped_events: int = 0  # events left out because their ts/dur was infinite, NaN or absurdly large
-    share_of: str = "recorded step time"  # what every self_share is a share of (stepcli.shares)
+    share_of: str = "recorded step time"  # what every self_share is a share of (stepcli.traces.shares)
     straggler: dict[str, Any] | None = None  # the evidence behind slowest_rank
     outside_events: int = 0  # host operator calls outside every recorded step, left out of cpu_ops (module docstring)
     outside_ms: float = 0.0  # their self time
@@ -409,12 +409,11 @@ def _analyze(
 def _analyze_columns(
     columns: Columns, by_shape: bool, incomplete_step: int | None = None
 ) -> tuple[dict[Any, list[int]], dict[Any, list[int]], _TraceResult]:
-    """`_analyze` over typed arrays (stepcli.columnar): CPU rows, device rows and the trace result, equal to the
+    """`_analyze` over typed arrays (stepcli.traces.arrays): CPU rows, device rows and the trace result, equal to the
     reference's. Raises columnar.TooLarge for times past 64-bit nanoseconds."""
     import numpy as np
 
-    from stepcli import columnar as col
-
+    from stepcli.traces import arrays as col
     ns = col.nanoseconds(columns)
     names = columns.names
     shapes = columns.shapes
@@ -446,7 +445,7 @@ def _analyze_columns(
         if is_comm.any():
             comm_spans["device"] = list(zip(d_start[is_comm].tolist(), d_end[is_comm].tolist()))
 
-    # CPU operators: nesting, folding, self time (stepcli.columnar), then rows keyed like the reference's.
+    # CPU operators: nesting, folding, self time (stepcli.traces.arrays), then rows keyed like the reference's.
     a = col.analysis_arrays(columns, ns)
     index, start, end, parent = a["index"], a["start"], a["end"], a["parent"]
     name = columns.name[index]
@@ -543,12 +542,11 @@ def _phase_totals_arrays(
     rows: list[int], start: Any, end: Any, phase: Any, pid_code: Any, parent: Any
 ) -> tuple[dict[str, int], int] | None:
     """`_step_phases` summed over the windows (the step events at `rows`), with array operations per process
-    (stepcli.columnar.step_phases) instead of a Python step per span. None when two windows of one process
+    (stepcli.traces.arrays.step_phases) instead of a Python step per span. None when two windows of one process
     overlap: the per-window reference measures those."""
     import numpy as np
 
-    from stepcli import columnar as col
-
+    from stepcli.traces import arrays as col
     totals = dict.fromkeys(PHASES, 0)
     if not rows:
         return totals, 0
@@ -685,7 +683,7 @@ class FilePart:
 
 
 class TraceFacts(Protocol):
-    """What a read trace says of itself besides its events (stepcli.traces.Trace, columnkeeper.ColumnTrace)."""
+    """What a read trace says of itself besides its events (stepcli.traces.reader.Trace, columnkeeper.ColumnTrace)."""
 
     @property
     def path(self) -> str: ...
@@ -701,7 +699,7 @@ class TraceFacts(Protocol):
 
 def summarize_file(trace: Trace, *, group_by_shape: bool = False) -> FilePart:
     """The part of one trace file; `merge_parts` of the parts of several files equals `summarize` of them."""
-    from stepcli.columnar import columns_from_events
+    from stepcli.traces.arrays import columns_from_events
 
     return summarize_read(columns_from_events(trace.events), trace, group_by_shape=group_by_shape)
 
@@ -729,8 +727,8 @@ def summarize_columns(
     incomplete_step: int | None = None,
     group_by_shape: bool = False,
 ) -> FilePart:
-    """The part of one trace file read into columns (stepcli.columnkeeper.load_columns)."""
-    from stepcli.columnar import TooLarge
+    """The part of one trace file read into columns (stepcli.traces.columns.load_columns)."""
+    from stepcli.traces.arrays import TooLarge
 
     device_busy = _device_busy_arrays
     try:
@@ -795,7 +793,7 @@ def _device_busy_arrays(result: _TraceResult) -> tuple[int, int] | None:
         first = min(result.device_union[0][0], result.cpu_span[0] if result.cpu_span else result.device_union[0][0])
         last = max(result.device_union[-1][1], result.cpu_span[1] if result.cpu_span else result.device_union[-1][1])
         spans = [(first, last)]
-    from stepcli.columnar import covered
+    from stepcli.traces.arrays import covered
 
     merged = _union(spans)
     if result.device_arrays is not None:

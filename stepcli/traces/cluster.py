@@ -1,4 +1,4 @@
-"""The same per-file plan as stepcli.engine on a Dask distributed cluster (`--scheduler tcp://host:8786`): each
+"""The same per-file plan as stepcli.traces.engine on a Dask distributed cluster (`--scheduler tcp://host:8786`): each
 file is read and summarized by a cluster worker and only the small per-file parts come back to be merged here.
 
 An optional extra (`pip install 'stepcli[dask]'`); the workers need stepcli installed and the trace paths readable
@@ -18,7 +18,7 @@ _INSTALL = "--scheduler needs Dask's distributed package: pip install 'stepcli[d
 def cluster_results(
     scheduler: str, work: Callable[..., Any], files: list[str], groupings: tuple[bool, ...], shapes: bool
 ) -> list[Any]:
-    """`work` (stepcli.engine's per-file step) for every file on the cluster at `scheduler`, in file order, the
+    """`work` (stepcli.traces.engine's per-file step) for every file on the cluster at `scheduler`, in file order, the
     results naming the files as given here."""
     try:
         from distributed import Client

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from stepcli.columnar import Columns
-from stepcli.columnkeeper import ColumnTrace
+from stepcli.traces.arrays import Columns
+from stepcli.traces.columns import ColumnTrace
 from stepcli.inputs import GZIP_MAGIC, input_limit
-from stepcli.traces import _EVENT_SEPARATOR, _TRACE_EVENTS_KEY, rank_from_name
+from stepcli.traces.reader import _EVENT_SEPARATOR, _TRACE_EVENTS_KEY, rank_from_name
 
 MIN_PIECE_BYTES = 32 * 1024 * 1024  # smaller files gain less from more processes than starting them costs
 FIRST_EXTRA = 0.25  # the first range's extra share (a worker starts ~0.15 s late, ~20% of a 150 MB range's decode)
@@ -73,8 +73,8 @@ def read_piece(path: str, start: int, end: int, header_end: int, last: bool, sha
     which also checks the file's end and gives its metadata."""
     import msgspec
 
-    from stepcli.columnkeeper import ColumnKeeper
-    from stepcli.traces import _CHUNK_BYTES, _decode, _DecodedEvent, _Meta, _ShapedEvent
+    from stepcli.traces.columns import ColumnKeeper
+    from stepcli.traces.reader import _CHUNK_BYTES, _decode, _DecodedEvent, _Meta, _ShapedEvent
 
     keeper = ColumnKeeper(shapes)
     decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(list[_ShapedEvent] if shapes else list[_DecodedEvent])

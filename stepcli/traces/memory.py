@@ -79,8 +79,8 @@ def _thin(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 def memory_curves(paths: Sequence[str], jobs: int | None = None) -> list[tuple[str, list[tuple[float, float]]]]:
     """Curves of every trace that has memory events, labelled with the trace's file name and device; the files
-    are read in worker processes (stepcli.engine.map_files), as the operator tables are."""
-    from stepcli.engine import map_files
+    are read in worker processes (stepcli.traces.engine.map_files), as the operator tables are."""
+    from stepcli.traces.engine import map_files
     from stepcli.errors import StepcliError
 
     try:

@@ -7,7 +7,7 @@ was popped by a later event that also contains everything it would have containe
 search on end times, done here for every event at once by binary lifting over range maxima. torch's
 `_remove_dup_nodes` (an only child with its parent's name is folded into the parent) is then a few array passes.
 
-`stepcli.summary._analyze` is the readable per-event reference this must equal; it is still used for traces whose
+`stepcli.traces.summary._analyze` is the readable per-event reference this must equal; it is still used for traces whose
 times do not fit 64-bit nanoseconds (the reference uses Python integers).
 """
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 if TYPE_CHECKING:
-    from stepcli.traces import Event
+    from stepcli.traces.reader import Event
 
 # Category kinds (the reference only tells these apart).
 OTHER_CPU, USER_ANNOTATION, PYTHON_FUNCTION, DEVICE = 0, 1, 2, 3
@@ -59,7 +59,7 @@ class Columns:
 
     def to_events(self) -> list[Event]:
         """The events again (for the per-event reference)."""
-        from stepcli.traces import Event
+        from stepcli.traces.reader import Event
 
         names, ids, shapes = self.names, self.ids, self.shapes
         return [
@@ -72,7 +72,7 @@ class Columns:
 
 
 def columns_from_events(events: list[Event]) -> Columns:
-    """Columns of events already filtered to the kept subset (stepcli.traces.Trace.events)."""
+    """Columns of events already filtered to the kept subset (stepcli.traces.reader.Trace.events)."""
     names: dict[str, int] = {}
     ids: dict[int | str, int] = {}
     shapes: dict[str, int] = {"": 0}

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from rich.table import Table
     from rich.text import Text
 
-    from stepcli.summary import TraceSummary
+    from stepcli.traces.summary import TraceSummary
 
 SORT_KEYS = ("self", "total", "calls", "avg", "name")
 FORMATS = ("rich", "json", "csv", "markdown")
@@ -65,7 +65,7 @@ def _skipped_note(count: int) -> str:
 
 def outside_note(outside: Mapping[str, Any] | None) -> str | None:
     """The line under an operator table when host events outside every recorded step were left out of it
-    (stepcli.summary: their time is no step's, so it gets no share of step time); None when there were none."""
+    (stepcli.traces.summary: their time is no step's, so it gets no share of step time); None when there were none."""
     if not outside or not outside.get("events"):
         return None
     count = outside["events"]
@@ -88,11 +88,11 @@ def ops_table(
     """Operator (or kernel) table like key_averages().table(): the top `limit` rows by `sort_by`.
 
     `width` is the space the table may take (the console width): names are shortened in the middle to fit.
-    `share_of` (stepcli.shares) goes into the caption: what the Self % column is a share of.
+    `share_of` (stepcli.traces.shares) goes into the caption: what the Self % column is a share of.
     """
     from rich.table import Table
 
-    from stepcli.shares import share_caption
+    from stepcli.traces.shares import share_caption
 
     from rich.text import Text
 
@@ -389,7 +389,7 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequ
 
 def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: int | None = 20) -> str:
     """GitHub-flavoured Markdown (e.g. for $GITHUB_STEP_SUMMARY): steps, ranks, breakdown and operator tables."""
-    from stepcli.shares import share_caption
+    from stepcli.traces.shares import share_caption
 
     lines: list[str] = ["## stepcli table", ""]
     stats = data.get("step_ms")

@@ -1,5 +1,5 @@
 """Summarizing many trace files at once: each file is read and summarized on its own, in worker processes when
-there are several files and cores, and only the small per-file parts (stepcli.summary.FilePart) come back to be
+there are several files and cores, and only the small per-file parts (stepcli.traces.summary.FilePart) come back to be
 merged. Peak memory is a few files (one per worker), not the folder; the answers equal the serial path's.
 
 `table`, `report` and the run summary after `stepcli run` all go through `summarize_paths` / `file_parts`.
@@ -18,9 +18,9 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Iterator, Sequence, TypeVar
 
 from stepcli.errors import StepcliError, TraceError
-from stepcli.summary import FilePart, TraceSummary, merge_parts, summarize_read
-from stepcli.columnkeeper import ColumnTrace, load_columns
-from stepcli.traces import list_trace_files
+from stepcli.traces.summary import FilePart, TraceSummary, merge_parts, summarize_read
+from stepcli.traces.columns import ColumnTrace, load_columns
+from stepcli.traces.reader import list_trace_files
 
 
 _T = TypeVar("_T")
@@ -61,8 +61,8 @@ def _summarized(trace: ColumnTrace, groupings: tuple[bool, ...]) -> list[FilePar
 
 
 def _split_parts(path: str, groupings: tuple[bool, ...], shapes: bool, cores: int) -> list[FilePart] | None:
-    """One large trace decoded by `cores` processes (stepcli.splitread); None when it is not split."""
-    from stepcli.splitread import FIRST_EXTRA, plan, read_split
+    """One large trace decoded by `cores` processes (stepcli.traces.splitread); None when it is not split."""
+    from stepcli.traces.splitread import FIRST_EXTRA, plan, read_split
 
     context = _context()
     forked = context.get_start_method() == "fork"  # workers begin at once: no head start for this process
@@ -121,7 +121,7 @@ def _context() -> multiprocessing.context.BaseContext:
             return multiprocessing.get_context("fork")
         context = multiprocessing.get_context("forkserver")
         # The server imports the reader once; each worker forked from it starts with it loaded.
-        context.set_forkserver_preload(["stepcli.engine", "stepcli.columnkeeper", "stepcli.splitread"])
+        context.set_forkserver_preload(["stepcli.traces.engine", "stepcli.traces.columns", "stepcli.traces.splitread"])
         return context
     return multiprocessing.get_context("spawn")
 
@@ -134,15 +134,15 @@ def file_parts(
     jobs: int | None = None,
     scheduler: str | None = None,
 ) -> list[list[FilePart]]:
-    """Per file named by `paths` (files or folders, as stepcli.traces.load_paths reads them), in that order: its
+    """Per file named by `paths` (files or folders, as stepcli.traces.reader.load_paths reads them), in that order: its
     parts, one per grouping. `jobs` worker processes at most (default: the available cores); 1 reads in-process.
-    With `scheduler`, a Dask distributed cluster's workers read the files instead (stepcli.cluster).
+    With `scheduler`, a Dask distributed cluster's workers read the files instead (stepcli.traces.cluster).
 
     Raises TraceError for the first file (in order) that is not a readable trace.
     """
     files = list_trace_files(paths)
     if scheduler is not None:
-        from stepcli.cluster import cluster_results
+        from stepcli.traces.cluster import cluster_results
 
         return _checked(cluster_results(scheduler, _part_of, files, groupings, shapes))
     cores = jobs if jobs is not None else available_cores()
