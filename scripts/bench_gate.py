@@ -29,8 +29,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from stepcli.sides import load_side
-from stepcli.verdict import decide
+from stepcli.compare.load import load_side
+from stepcli.compare.verdict import decide
 
 PROGRAM = """
     import random
@@ -76,7 +76,7 @@ def speed() -> None:
     """The statistics alone: numpy's vectorized bootstrap against the same resampling in pure Python."""
     import statistics
 
-    from stepcli.inference import estimate_change
+    from stepcli.compare.inference import estimate_change
 
     rng = random.Random(0)
     base = [[10.0 + rng.gauss(0.0, 1.0) for _ in range(3000)]]

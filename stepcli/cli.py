@@ -48,7 +48,7 @@ def _parse_step_on(_ctx: click.Context, _param: click.Parameter, value: Sequence
 
 
 def _parse_fail_over(_ctx: click.Context, _param: click.Parameter, value: Sequence[str]) -> tuple[tuple[str, float], ...]:
-    from stepcli.gate import parse_budget
+    from stepcli.compare.budgets import parse_budget
 
     try:
         return tuple(parse_budget(spec) for spec in value)
@@ -182,7 +182,7 @@ def compare(baseline: str | None, current: str | None, baselines: tuple[str, ...
     Exit 0 no change, improvement or inconclusive (with a warning), 1 regression, 2 bad input, 3 nothing
     measured on a side, 4 inconclusive with --strict.
     """
-    from stepcli.compare import compare_main, parse_confidence, parse_tolerance
+    from stepcli.compare.command import compare_main, parse_confidence, parse_tolerance
 
     ctx = click.get_current_context()
     if current is None and baseline is not None and not (baselines or currents):

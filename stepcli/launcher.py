@@ -432,7 +432,7 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
             return summary_failed(exc, request, config, command=display, status=status, started=started,
                                   duration_s=duration_s, json_written=True)
     if request.fail_over:
-        from stepcli.gate import check_budgets
+        from stepcli.compare.budgets import check_budgets
 
         times = summary["step_time_ms"]
         population = "untouched" if times["untouched"] else "profiled"

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from conftest import markdown_tables
 
-from stepcli.compare import (
+from stepcli.compare.command import (
     Measurement,
     OpTime,
     decide,

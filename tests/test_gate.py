@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stepcli.gate import check_budgets, parse_budget
+from stepcli.compare.budgets import check_budgets, parse_budget
 from stepcli.stats import Stats, describe
 
 

@@ -13,10 +13,10 @@ from collections import Counter
 import pytest
 
 from stepcli.errors import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_REGRESSION
-from stepcli.inference import estimate_change, more_needed, warmup_length
-from stepcli.measurement import Measurement, ProcessSteps, RunSteps
+from stepcli.compare.inference import estimate_change, more_needed, warmup_length
+from stepcli.compare.model import Measurement, ProcessSteps, RunSteps
 from stepcli.stats import describe
-from stepcli.verdict import decide
+from stepcli.compare.verdict import decide
 
 TRIALS = 200
 STEPS = 60

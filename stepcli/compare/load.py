@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.traces.shares import STEP_KEY
-from stepcli.measurement import Measurement, OpSteps, OpTime, ProcessSteps, RunSteps
+from stepcli.compare.model import Measurement, OpSteps, OpTime, ProcessSteps, RunSteps
 from stepcli.stats import STAT_NAMES, Stats, describe
 
 if TYPE_CHECKING:
@@ -259,7 +259,7 @@ def load_measurement(path: str) -> Measurement:
 
 def _load_traces(label: str, files: Sequence[str] | None = None) -> Measurement:
     # Lazy: the trace reader and summarizer are only needed for trace inputs.
-    from stepcli.attribution import op_steps_from_traces
+    from stepcli.compare.attribution import op_steps_from_traces
     from stepcli.traces.summary import summarize
     from stepcli.traces.reader import load_paths
 

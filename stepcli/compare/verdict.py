@@ -2,7 +2,7 @@
 
 Verdict rules (the contract the tests pin down):
 - The deciding number is one statistic (`--metric`, default median) of step durations in ms. Its change from
-  baseline to current gets a bootstrap confidence interval (stepcli.inference) over every step of every run.
+  baseline to current gets a bootstrap confidence interval (stepcli.compare.inference) over every step of every run.
 - The allowed change is `limit = max(tolerance * baseline, min_delta_ms)`; a change equal to it (to float
   rounding) is within it.
   * regression: the whole interval lies above +limit: the slowdown is significantly beyond both the tolerance
@@ -32,11 +32,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
-from stepcli.attribution import OpChange
+from stepcli.compare.attribution import OpChange
 from stepcli.errors import EXIT_INCONCLUSIVE, EXIT_NOTHING_MEASURED, EXIT_OK, EXIT_REGRESSION
-from stepcli.gate import exceeds
-from stepcli.inference import DEFAULT_RESAMPLES, Change, block_length, estimate_change, more_needed, warmup_length
-from stepcli.measurement import Measurement
+from stepcli.compare.budgets import exceeds
+from stepcli.compare.inference import DEFAULT_RESAMPLES, Change, block_length, estimate_change, more_needed, warmup_length
+from stepcli.compare.model import Measurement
 from stepcli.stats import STAT_NAMES, Stats, describe
 
 METRICS = ("median", "mean", "p90", "min", "max")

@@ -12,8 +12,8 @@ import bisect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from stepcli.inference import estimate_change
-from stepcli.measurement import OpSteps
+from stepcli.compare.inference import estimate_change
+from stepcli.compare.model import OpSteps
 
 if TYPE_CHECKING:
     from stepcli.traces.reader import Trace

@@ -1,5 +1,5 @@
 """What `stepcli compare` knows about one side: step statistics, every step's time per run when the input has
-them, and operator times. Loading (stepcli.sides) fills it; the verdict (stepcli.verdict) reads it."""
+them, and operator times. Loading (stepcli.compare.load) fills it; the verdict (stepcli.compare.verdict) reads it."""
 
 from __future__ import annotations
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from stepcli.attribution import OpChange
+from stepcli.compare.attribution import OpChange
 from stepcli.traces.render import NAME_WIDTH, shorten
 from stepcli.stats import percentile
-from stepcli.verdict import Comparison, OpRow, StepRow, _ci, _fmt_level, _fmt_ms, _pct, _signed
+from stepcli.compare.verdict import Comparison, OpRow, StepRow, _ci, _fmt_level, _fmt_ms, _pct, _signed
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -1,11 +1,11 @@
 """`stepcli compare`: load both sides, decide the CI verdict, print it.
 
 The work lives in one module per concern; this one wires them and keeps the names other code imports:
-- stepcli.sides: inputs -> Measurement (run summaries of schema 1 or 2, traces, folders, several runs per side);
-- stepcli.inference: bootstrap intervals and warm-up detection (pure statistics);
-- stepcli.attribution: per-operator changes with intervals, from the traces of both sides;
-- stepcli.verdict: the pure verdict and its rules (read its docstring for the contract);
-- stepcli.compare_report: terminal and Markdown reports.
+- stepcli.compare.load: inputs -> Measurement (run summaries of schema 1 or 2, traces, folders, several runs per side);
+- stepcli.compare.inference: bootstrap intervals and warm-up detection (pure statistics);
+- stepcli.compare.attribution: per-operator changes with intervals, from the traces of both sides;
+- stepcli.compare.verdict: the pure verdict and its rules (read its docstring for the contract);
+- stepcli.compare.render: terminal and Markdown reports.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from stepcli.attribution import OpChange
-from stepcli.compare_report import render_console, render_markdown
+from stepcli.compare.attribution import OpChange
+from stepcli.compare.render import render_console, render_markdown
 from stepcli.errors import EXIT_USAGE, StepcliError
-from stepcli.measurement import Measurement, OpSteps, OpTime
-from stepcli.sides import (
+from stepcli.compare.model import Measurement, OpSteps, OpTime
+from stepcli.compare.load import (
     RUN_SCHEMA,
     RUN_SCHEMA_VERSIONS,
     load_measurement,
@@ -28,7 +28,7 @@ from stepcli.sides import (
     measurement_from_run,
     measurement_from_summary,
 )
-from stepcli.verdict import METRICS, TOP_OPS, Comparison, OpRow, StepRow, decide, parse_confidence, parse_tolerance
+from stepcli.compare.verdict import METRICS, TOP_OPS, Comparison, OpRow, StepRow, decide, parse_confidence, parse_tolerance
 
 __all__ = [
     "METRICS", "RUN_SCHEMA", "RUN_SCHEMA_VERSIONS", "TOP_OPS", "Comparison", "Measurement", "OpRow", "OpTime",
@@ -101,7 +101,7 @@ def compare_main(
 
 def _attribution(baseline: Measurement, current: Measurement, confidence: float) -> tuple[OpChange, ...]:
     """Per-operator changes with intervals when both sides have traces; () otherwise (never fails the gate)."""
-    from stepcli.attribution import attribute, op_steps_from_traces
+    from stepcli.compare.attribution import attribute, op_steps_from_traces
 
     sides: list[tuple[OpSteps, ...]] = []
     for side in (baseline, current):
