@@ -118,7 +118,7 @@ def hook_path_cost(n: int = 20_000) -> tuple[float, float]:
     """)
     from stepcli.agent.config import AgentConfig
     from stepcli.agent.schedule import Schedule
-    from stepcli.launcher import child_environment
+    from stepcli.run.launcher import child_environment
 
     with tempfile.TemporaryDirectory() as out:
         config = AgentConfig(run_id="bench", out_dir=out, launcher_pid=0, schedule=Schedule(skip_first=10**9), quiet=True)
@@ -132,7 +132,7 @@ def hook_path_cost(n: int = 20_000) -> tuple[float, float]:
 def hook_startup_cost(repeats: int = 30) -> tuple[float, float]:
     """(best ms of `python -c pass` with the hook's environment, without) in fresh processes."""
     from stepcli.agent.config import AgentConfig
-    from stepcli.launcher import child_environment
+    from stepcli.run.launcher import child_environment
 
     with tempfile.TemporaryDirectory() as out:
         hooked = child_environment(AgentConfig(run_id="bench", out_dir=out, launcher_pid=0))

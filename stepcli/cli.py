@@ -100,7 +100,7 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
 
     stepcli options go before the script; everything after it is passed to the program untouched.
     """
-    from stepcli.launcher import RunRequest, run_program
+    from stepcli.run.launcher import RunRequest, run_program
 
     if options["on_demand"]:
         given = [
@@ -220,7 +220,7 @@ def capture(target: str, wait: int, warmup: int, active: int, timeout: float, as
     TARGET is the run's -o folder or the pid of one of its processes. Exit 0 traces saved, 2 TARGET is not a
     running stepcli run, 3 nothing captured before --timeout.
     """
-    from stepcli.capture import capture_main
+    from stepcli.run.capture import capture_main
 
     return capture_main(target, wait=wait, warmup=warmup, active=active, timeout=timeout, as_json=as_json)
 @cli.command(short_help="Write a self-contained HTML report with charts and advice.")

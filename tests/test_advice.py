@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from stepcli import advice
-from stepcli.advice import Evidence, advise
+from stepcli.run import advice
+from stepcli.run.advice import Evidence, advise
 
 
 def _breakdown(**shares: float) -> dict[str, float]:

@@ -24,7 +24,7 @@ from stepcli.agent.config import AgentConfig, atomic_write_json
 from stepcli.agent.ondemand import OnDemand, WindowSchedule
 from stepcli.agent.schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP, Schedule
 from stepcli.agent.tracker import NEVER, StepTracker
-from stepcli.capture import (
+from stepcli.run.capture import (
     LiveRun, Ping, Request, _outcome, _ping, _read_control, _read_requests, _still_wanted, _withdraw, await_heartbeats,
     plan_request, wait_for_answers,
 )

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import profiler_steps, run_python, run_stepcli, trace_files, write_script
 from stepcli.agent.compiles import _short_reason
-from stepcli.compilereport import compile_lines, compile_summary, compiled_steps, describe_step
+from stepcli.run.compiles import compile_lines, compile_summary, compiled_steps, describe_step
 
 COMPILED_LOOP = """
     import torch

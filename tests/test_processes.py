@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
 
-from stepcli.launcher import BOOTSTRAP_DIR
+from stepcli.run.launcher import BOOTSTRAP_DIR
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])

@@ -70,7 +70,7 @@ def write_run_report(summary: dict[str, Any], log_dir: str, traces: RunTraces | 
     """
     from stepcli.report.data import SUMMARY_FILE, build, step_logs
     from stepcli.report.page import render
-    from stepcli.runreport import write_run_summary
+    from stepcli.run.summary import write_run_summary
 
     out_dir = str(summary["out_dir"])
     write_run_summary(summary, os.path.join(log_dir, SUMMARY_FILE))

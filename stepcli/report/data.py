@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from stepcli.advice import Advice, Evidence, advise
+from stepcli.run.advice import Advice, Evidence, advise
 from stepcli.agent.config import STEP_LOG_SUFFIX
-from stepcli.compilereport import compiled_steps
+from stepcli.run.compiles import compiled_steps
 from stepcli.errors import StepcliError, TraceError
 from stepcli.stats import Stats, describe
 

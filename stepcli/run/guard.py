@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from typing import Protocol
 
     class RunRequest(Protocol):
-        """The part of stepcli.launcher.RunRequest this module reads (declared here: launcher imports us)."""
+        """The part of stepcli.run.launcher.RunRequest this module reads (declared here: launcher imports us)."""
 
         @property
         def json_path(self) -> str | None: ...
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 def fallback_summary(config: AgentConfig, *, command: list[str], status: int, started: float, duration_s: float,
                      error: str) -> dict[str, Any]:
     """A valid `stepcli.run` document that measured nothing (so `compare` says exit 3), with the error in notes."""
-    from stepcli.runreport import SCHEMA, SCHEMA_VERSION
+    from stepcli.run.summary import SCHEMA, SCHEMA_VERSION
 
     return {
         "schema": SCHEMA,
@@ -67,7 +67,7 @@ def fallback_summary(config: AgentConfig, *, command: list[str], status: int, st
 def summary_failed(exc: Exception, request: RunRequest, config: AgentConfig, *, command: list[str], status: int,
                    started: float, duration_s: float, json_written: bool = False) -> int:
     """Say what failed in one line, make sure `--json` exists, and return stepcli's exit status."""
-    from stepcli.runreport import write_run_summary
+    from stepcli.run.summary import write_run_summary
 
     error = f"{type(exc).__name__}: {exc}"
     _say(f"internal error while summarizing the run ({error}); traces are in {config.out_dir}")

@@ -28,7 +28,7 @@ from stepcli.errors import EXIT_REGRESSION, StepcliError
 if TYPE_CHECKING:
     from stepcli.traces.readonce import RunTraces
 
-BOOTSTRAP_DIR = str(Path(__file__).resolve().parent / "_bootstrap")
+BOOTSTRAP_DIR = str(Path(__file__).resolve().parent.parent / "_bootstrap")
 DEFAULT_RUNS_DIR = "stepcli-runs"
 # torch 2.13's Kineto prints `USDT:... profiler_start`/`profiler_stop` on stderr at every window, between the
 # program's own lines. Its only knob is KINETO_LOG_LEVEL, read when torch starts (0 verbose .. 4 error, 5 USDT);
@@ -339,7 +339,7 @@ def run_program(request: RunRequest) -> int:
         _check_json_path(request.json_path)
     out_dir = _prepare_out_dir(request.out_dir, request.label)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{_host_label()}-{os.getpid()}"  # nodes may share -o and pids
-    from stepcli.controldir import prepare_control_dir
+    from stepcli.run.controldir import prepare_control_dir
 
     prepare_control_dir(out_dir, run_id)  # private (0700) whatever the umask, before any process writes there
     config = AgentConfig(
@@ -365,7 +365,7 @@ def run_program(request: RunRequest) -> int:
     started = time.time()
     start = time.perf_counter()
     foreground = _in_terminal_foreground()
-    from stepcli.watchdog import start_watchdog
+    from stepcli.run.watchdog import start_watchdog
 
     # A signal that arrives between starting the program and installing the forwarder (a scheduler's kill -INT
     # right after the program's first output) must be forwarded, not kill stepcli: hold it until then.
@@ -399,7 +399,7 @@ def run_program(request: RunRequest) -> int:
 def _report(request: RunRequest, config: AgentConfig, status: int, started: float, duration_s: float) -> int:
     """Summary, --json and --fail-over after the program exited. The program's status wins, except that a
     budget that was exceeded, or could not be checked, fails a run that succeeded."""
-    from stepcli.runreport import analysis_progress, build_run_summary, print_run_summary, write_run_summary
+    from stepcli.run.summary import analysis_progress, build_run_summary, print_run_summary, write_run_summary
     from stepcli.traces.readonce import RunTraces
 
     display = ["python", *request.argv[1:]] if request.argv[0] == sys.executable else request.argv
@@ -411,7 +411,7 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
                 config, command=display, exit_status=status, started_at=started, duration_s=duration_s, traces=traces
             )
     except Exception as exc:  # the program's result, and the --json file CI reads next, must survive a bug here
-        from stepcli.runguard import summary_failed
+        from stepcli.run.guard import summary_failed
 
         return summary_failed(exc, request, config, command=display, status=status, started=started,
                               duration_s=duration_s)
@@ -427,7 +427,7 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
         except OSError:
             pass  # stderr closed: nothing more to say
         except Exception as exc:
-            from stepcli.runguard import summary_failed
+            from stepcli.run.guard import summary_failed
 
             return summary_failed(exc, request, config, command=display, status=status, started=started,
                                   duration_s=duration_s, json_written=True)

@@ -23,7 +23,7 @@ from stepcli.agent.config import HELLO_PREFIX, AgentConfig
 from stepcli.agent.output import human_size
 from stepcli.agent.schedule import NONE
 from stepcli.agent.tracker import FOREIGN
-from stepcli.compilereport import compile_lines, compile_summary, compiled_steps
+from stepcli.run.compiles import compile_lines, compile_summary, compiled_steps
 from stepcli.errors import StepcliError
 from stepcli.stats import describe
 
@@ -155,7 +155,7 @@ def build_run_summary(
 ) -> dict[str, Any]:
     """Everything the run measured, as a JSON-able document (schema `stepcli.run`, version 2). With `traces`, the
     trace files are read through it (and kept there for report.html)."""
-    from stepcli.steplogs import load_step_logs
+    from stepcli.run.steplogs import load_step_logs
 
     logs, refused = load_step_logs(config, since=started_at)  # signed, schema-checked, traces inside out_dir
     logs.sort(key=lambda log: (log.get("rank") is None, log.get("rank") or 0, log.get("pid", 0)))
@@ -423,7 +423,7 @@ def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, 
             console.print(f"  open {shlex.quote(_relative(report_path))} in a browser", markup=False, soft_wrap=True)
         console.print(f"  tensorboard --logdir {shlex.quote(_relative(out))}", markup=False, soft_wrap=True)
         console.print("  or open a trace in https://ui.perfetto.dev", markup=False, soft_wrap=True)
-        from stepcli.hta import hta_command
+        from stepcli.run.hta import hta_command
 
         hta = hta_command(summary, _relative)
         if hta:  # one window's folder: HTA keeps one trace per rank from a folder
