@@ -18,7 +18,7 @@ import pytest
 
 from conftest import REPO, run_stepcli, stepcli_env, trace_files, write_script
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parent.parent / "data"
 
 # Files appear in the run's control folder while the program trains: a made-up worker with 99 steps and a window
 # on a trace outside the output folder (unsigned, as anything outside the run writes it), a JSON list, and an entry

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import run_stepcli
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parent.parent / "data"
 REAL = DATA / "train_cpu.pt.trace.json"
 
 

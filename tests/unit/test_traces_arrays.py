@@ -15,7 +15,7 @@ from stepcli.traces.summary import FilePart, merge_parts, summarize_columns, sum
 from stepcli.traces.columns import load_columns
 from stepcli.traces.reader import Event, Trace, load_trace
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parent.parent / "data"
 REAL = [DATA / "train_cpu.pt.trace.json", DATA / "cuda_small.pt.trace.json.gz", DATA / "cuda_compile.pt.trace.json.gz"]
 
 

@@ -17,7 +17,7 @@ from stepcli.errors import TraceError
 from stepcli.traces.summary import summarize
 from stepcli.traces.reader import load_paths
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parent.parent / "data"
 REAL = DATA / "train_cpu.pt.trace.json"
 RANKS = 4
 
@@ -178,7 +178,7 @@ def test_a_refused_fork_leaves_no_worker_behind(rank_folder: Path) -> None:
     big.write_bytes(REAL.read_bytes())
     code = f"""
 import os, sys
-sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+sys.path.insert(0, {str(Path(__file__).resolve().parent.parent.parent)!r})
 from stepcli.traces import splitread
 splitread.MIN_PIECE_BYTES = 20_000
 real, calls = os.fork, [0]

@@ -11,7 +11,7 @@ from conftest import assert_matches_key_averages
 from stepcli.traces.summary import summarize
 from stepcli.traces.reader import Event, Trace, load_trace, rank_from_name
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parent.parent / "data"
 T0 = 1_790_000_000_000.0  # an epoch-sized timestamp in microseconds, like real Kineto traces
 
 

@@ -1,6 +1,6 @@
 """Real CUDA runs: one-GPU training, AMP with GradScaler, and a 2-process DDP run (NCCL on two GPUs, else gloo
 sharing one). Skipped, with the reason, where CUDA is absent; run them with `python -m pytest -q -s
-tests/test_cuda.py` to see the figures each test prints (step times, top kernels, device busy share, trace sizes).
+tests/e2e/test_cuda.py` to see the figures each test prints (step times, top kernels, device busy share, trace sizes).
 
 They assert on what torch's Kineto writes for a GPU: device events (`cat` "kernel", "gpu_memcpy"), the
 runtime/driver calls that launched them ("cuda_runtime"/"cuda_driver"), and on stepcli's kernel table, device

@@ -17,7 +17,7 @@ from stepcli.errors import TraceError
 from stepcli.traces.readonce import RunTraces
 from stepcli.traces.summary import merge_parts
 
-REAL = Path(__file__).parent / "data" / "train_cpu.pt.trace.json"
+REAL = Path(__file__).resolve().parent.parent / "data" / "train_cpu.pt.trace.json"
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import stepcli.traces.reader as traces
 from stepcli.errors import TraceError
 from stepcli.traces.reader import Event, Trace, load_paths, load_trace
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parent.parent / "data"
 REAL = DATA / "train_cpu.pt.trace.json"
 
 

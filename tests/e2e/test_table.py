@@ -21,7 +21,7 @@ from conftest import (
     write_script,
 )
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parent.parent / "data"
 
 PLAIN_PROFILER = """
     import json, sys
