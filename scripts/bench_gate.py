@@ -53,9 +53,24 @@ PROGRAM = """
 def record(folder: Path, script: Path, sleep_ms: float, steps: int, seed: int) -> Path:
     summary = folder / f"run-{sleep_ms:.3f}-{seed}.json"
     subprocess.run(
-        [sys.executable, "-m", "stepcli", "run", "-q", "-o", str(folder / summary.stem), "--json", str(summary),
-         str(script), str(sleep_ms), str(steps), str(seed)],
-        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "stepcli",
+            "run",
+            "-q",
+            "-o",
+            str(folder / summary.stem),
+            "--json",
+            str(summary),
+            str(script),
+            str(sleep_ms),
+            str(steps),
+            str(seed),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     return summary
 
@@ -89,8 +104,10 @@ def speed() -> None:
     for _ in range(200):  # a tenth of the resamples of one side, i.i.d. for brevity
         statistics.median(values[rng.randrange(3000)] for _ in range(3000))
     pure = (time.perf_counter() - started) * 10 * 2
-    print(f"3,000 steps per side, 2,000 resamples: numpy {vectorized:.2f} s for both sides; "
-          f"pure Python about {pure:.1f} s (extrapolated from 200 resamples)")
+    print(
+        f"3,000 steps per side, 2,000 resamples: numpy {vectorized:.2f} s for both sides; "
+        f"pure Python about {pure:.1f} s (extrapolated from 200 resamples)"
+    )
 
 
 def main() -> None:
@@ -118,10 +135,14 @@ def main() -> None:
             seed = 1000 * i + (0 if shift is None else int(shift * 10) + 1)
             summaries.setdefault(shift, []).append(record(folder, script, sleep, args.steps, seed))
         run_time = time.perf_counter() - started
-        print(f"{len(plan)} runs of {args.steps} steps ({args.sleep_ms:g} ms sleep + up to 20% jitter) "
-              f"in {run_time:.0f} s; gate: median, --tolerance 10%, 95% confidence\n")
-        print("| shift | 1 run per side: comparisons | regression | inconclusive | no change "
-              "| 3 runs per side: comparisons | regression | inconclusive | no change |")
+        print(
+            f"{len(plan)} runs of {args.steps} steps ({args.sleep_ms:g} ms sleep + up to 20% jitter) "
+            f"in {run_time:.0f} s; gate: median, --tolerance 10%, 95% confidence\n"
+        )
+        print(
+            "| shift | 1 run per side: comparisons | regression | inconclusive | no change "
+            "| 3 runs per side: comparisons | regression | inconclusive | no change |"
+        )
         print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         baseline = summaries[None]
         for shift in shifts:
@@ -129,11 +150,17 @@ def main() -> None:
             single = Counter(verdict([b], [c]) for b in baseline for c in current)
             groups_b = [list(g) for g in itertools.combinations(baseline, 3)]
             groups_c = [list(g) for g in itertools.combinations(current, 3)]
-            pairs = random.Random(int(shift)).sample(list(itertools.product(groups_b, groups_c)),
-                                                     min(40, len(groups_b) * len(groups_c)))
+            pairs = random.Random(int(shift)).sample(
+                list(itertools.product(groups_b, groups_c)), min(40, len(groups_b) * len(groups_c))
+            )
             several = Counter(verdict(b, c) for b, c in pairs)
-            print(f"| {shift:g}% | " + " | ".join(map(str, rates(single))) + " | "
-                  + " | ".join(map(str, rates(several))) + " |")
+            print(
+                f"| {shift:g}% | "
+                + " | ".join(map(str, rates(single)))
+                + " | "
+                + " | ".join(map(str, rates(several)))
+                + " |"
+            )
 
 
 if __name__ == "__main__":

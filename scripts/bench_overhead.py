@@ -121,7 +121,9 @@ def hook_path_cost(n: int = 20_000) -> tuple[float, float]:
     from stepcli.run.launcher import child_environment
 
     with tempfile.TemporaryDirectory() as out:
-        config = AgentConfig(run_id="bench", out_dir=out, launcher_pid=0, schedule=Schedule(skip_first=10**9), quiet=True)
+        config = AgentConfig(
+            run_id="bench", out_dir=out, launcher_pid=0, schedule=Schedule(skip_first=10**9), quiet=True
+        )
         hooked = child_environment(config)
         plain = {k: v for k, v in os.environ.items() if k != "STEPCLI_CONFIG"}
         with_hooks = float(subprocess.check_output([sys.executable, "-c", code], env=hooked, text=True))
@@ -178,27 +180,39 @@ def main() -> None:
     args = parser.parse_args()
 
     ours, base = tracker_cost()
-    print(f"tracker.step outside the window: {ours:.3f} us/step (empty call {base:.3f} us; "
-          f"tracker adds {ours - base:.3f} us)  goal <= 2 us: {'ok' if ours <= 2 else 'OVER'}")
+    print(
+        f"tracker.step outside the window: {ours:.3f} us/step (empty call {base:.3f} us; "
+        f"tracker adds {ours - base:.3f} us)  goal <= 2 us: {'ok' if ours <= 2 else 'OVER'}"
+    )
     hooked, plain = hook_path_cost()
-    print(f"optimizer.step, whole hook path: {hooked:.2f} us vs {plain:.2f} us plain torch "
-          f"(+{hooked - plain:.2f} us/step, {hooked / plain:.3f}x)")
+    print(
+        f"optimizer.step, whole hook path: {hooked:.2f} us vs {plain:.2f} us plain torch "
+        f"(+{hooked - plain:.2f} us/step, {hooked / plain:.3f}x)"
+    )
     checked, unchecked, idle_us, listening_us, idle_writes = idle_check_cost()
-    print(f"on-demand idle check: tracker.step {checked:.3f} us with it vs {unchecked:.3f} us without "
-          f"({checked / unchecked:.3f}x, {checked - unchecked:+.3f} us/step); one idle poll {idle_us:.1f} us "
-          f"({idle_writes} heartbeat writes in 2000 polls), at most once a second ({idle_us / 1e4:.4f}% of a "
-          f"second); one poll while a capture listens {listening_us:.1f} us (writes the heartbeat)")
+    print(
+        f"on-demand idle check: tracker.step {checked:.3f} us with it vs {unchecked:.3f} us without "
+        f"({checked / unchecked:.3f}x, {checked - unchecked:+.3f} us/step); one idle poll {idle_us:.1f} us "
+        f"({idle_writes} heartbeat writes in 2000 polls), at most once a second ({idle_us / 1e4:.4f}% of a "
+        f"second); one poll while a capture listens {listening_us:.1f} us (writes the heartbeat)"
+    )
     with_hook, without = hook_startup_cost()
-    print(f"python -c pass: {with_hook:.1f} ms with the hook vs {without:.1f} ms plain "
-          f"(+{with_hook - without:.1f} ms per Python process the command starts)")
+    print(
+        f"python -c pass: {with_hook:.1f} ms with the hook vs {without:.1f} ms plain "
+        f"(+{with_hook - without:.1f} ms per Python process the command starts)"
+    )
     t = end_to_end(args.steps, args.repeats)
     fixed = t["stepcli_empty"] - t["python_empty"]
     ratio = (t["stepcli_loop"] - fixed) / t["python_loop"]
-    print(f"empty script:  python {t['python_empty']:.3f} s   stepcli run {t['stepcli_empty']:.3f} s   "
-          f"fixed start-up {fixed:.3f} s  goal <= 0.3 s: {'ok' if fixed <= 0.3 else 'OVER'}")
-    print(f"{args.steps}-step loop: python {t['python_loop']:.3f} s   stepcli run {t['stepcli_loop']:.3f} s   "
-          f"ratio after fixed start-up {ratio:.3f}x  goal <= 1.03x: {'ok' if ratio <= 1.03 else 'OVER'}  "
-          f"({(t['python_loop']) / args.steps * 1e3:.3f} ms/step)")
+    print(
+        f"empty script:  python {t['python_empty']:.3f} s   stepcli run {t['stepcli_empty']:.3f} s   "
+        f"fixed start-up {fixed:.3f} s  goal <= 0.3 s: {'ok' if fixed <= 0.3 else 'OVER'}"
+    )
+    print(
+        f"{args.steps}-step loop: python {t['python_loop']:.3f} s   stepcli run {t['stepcli_loop']:.3f} s   "
+        f"ratio after fixed start-up {ratio:.3f}x  goal <= 1.03x: {'ok' if ratio <= 1.03 else 'OVER'}  "
+        f"({(t['python_loop']) / args.steps * 1e3:.3f} ms/step)"
+    )
 
 
 if __name__ == "__main__":

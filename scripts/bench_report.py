@@ -36,29 +36,71 @@ def make_synthetic_run(folder: Path, steps: int = 10_000, ranks: int = 8, seed: 
         for stall in range(4000, steps, 4000):
             durations[stall] = 900_000
         log = {
-            "schema_version": 1, "worker": f"rank{rank}", "rank": rank, "pid": 1000 + rank, "host": "node",
-            "argv": ["train.py"], "python": "3.11", "torch": "2.13.0", "global_steps": steps,
-            "requesters": [{"name": "AdamW#0", "calls": steps, "first_step": 0}], "durations_us": durations,
-            "phases": phases, "windows": [], "skipped_windows": 0, "notes": [], "exit": "exit",
-            "peak_rss_bytes": 3_000_000_000 + rank * 10_000_000, "cuda_peak_bytes": 20_000_000_000,
+            "schema_version": 1,
+            "worker": f"rank{rank}",
+            "rank": rank,
+            "pid": 1000 + rank,
+            "host": "node",
+            "argv": ["train.py"],
+            "python": "3.11",
+            "torch": "2.13.0",
+            "global_steps": steps,
+            "requesters": [{"name": "AdamW#0", "calls": steps, "first_step": 0}],
+            "durations_us": durations,
+            "phases": phases,
+            "windows": [],
+            "skipped_windows": 0,
+            "notes": [],
+            "exit": "exit",
+            "peak_rss_bytes": 3_000_000_000 + rank * 10_000_000,
+            "cuda_peak_bytes": 20_000_000_000,
         }
         (logs_dir / f"rank{rank}.steps.json").write_text(json.dumps(log))
-        processes.append({k: log[k] for k in ("worker", "rank", "pid", "argv", "global_steps", "exit", "peak_rss_bytes", "cuda_peak_bytes")})
+        processes.append(
+            {
+                k: log[k]
+                for k in ("worker", "rank", "pid", "argv", "global_steps", "exit", "peak_rss_bytes", "cuda_peak_bytes")
+            }
+        )
     summary = {
-        "schema": "stepcli.run", "schema_version": 1, "stepcli_version": "0", "command": ["torchrun", "train.py"],
-        "exit_status": 0, "started_at": "2026-01-01T00:00:00+00:00", "duration_s": 600.0, "host": "node",
-        "platform": "Linux", "python": "3.11", "torch": "2.13.0", "out_dir": str(folder),
+        "schema": "stepcli.run",
+        "schema_version": 1,
+        "stepcli_version": "0",
+        "command": ["torchrun", "train.py"],
+        "exit_status": 0,
+        "started_at": "2026-01-01T00:00:00+00:00",
+        "duration_s": 600.0,
+        "host": "node",
+        "platform": "Linux",
+        "python": "3.11",
+        "torch": "2.13.0",
+        "out_dir": str(folder),
         "schedule": {"skip_first": 0, "wait": 5, "warmup": 1, "active": 4, "repeat": 0},
-        "steps": {"global": steps, "requesters": {"AdamW#0": steps}}, "step_time_ms": {},
-        "timeline_ms": [], "timeline_phases": "", "processes": processes, "windows": [], "traces": [],
+        "steps": {"global": steps, "requesters": {"AdamW#0": steps}},
+        "step_time_ms": {},
+        "timeline_ms": [],
+        "timeline_phases": "",
+        "processes": processes,
+        "windows": [],
+        "traces": [],
         "top_operators": [
-            {"name": f"aten::op{i}", "calls": 1000 * (i + 1), "self_ms": 100.0 / (i + 1), "total_ms": 200.0 / (i + 1),
-             "avg_ms": 0.1, "self_share": 0.3 / (i + 1)}
+            {
+                "name": f"aten::op{i}",
+                "calls": 1000 * (i + 1),
+                "self_ms": 100.0 / (i + 1),
+                "total_ms": 200.0 / (i + 1),
+                "avg_ms": 0.1,
+                "self_share": 0.3 / (i + 1),
+            }
             for i in range(20)
         ],
-        "top_kernels": [], "ranks": [], "slowest_rank": None,
+        "top_kernels": [],
+        "ranks": [],
+        "slowest_rank": None,
         "breakdown_ms": {"dataloader": 2.0, "forward": 15.0, "backward": 25.0, "optimizer": 5.0, "other": 3.0},
-        "device": None, "peak_memory": {"rss_bytes": None, "cuda_bytes": None}, "notes": [],
+        "device": None,
+        "peak_memory": {"rss_bytes": None, "cuda_bytes": None},
+        "notes": [],
     }
     (logs_dir / "summary.json").write_text(json.dumps(summary))
     return folder

@@ -34,9 +34,9 @@ from bench_table import make_folder  # noqa: E402 (the generator lives beside th
 
 def before(paths: list[str]) -> None:
     """The end of a run as it was: two reads of every trace (plus a memory-event scan)."""
-    from stepcli.traces.engine import summarize_paths
     from stepcli.report.data import build
     from stepcli.report.page import render
+    from stepcli.traces.engine import summarize_paths
 
     summarize_paths(paths).to_dict()
     render(build(None, [], paths), "report.html")
@@ -94,14 +94,18 @@ def main(argv: list[str] | None = None) -> int:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         mb = 1024 * 1024
         size = sum(f.stat().st_size for f in files)
-        print(f"run end: {len(files)} rank traces x {files[0].stat().st_size / mb:,.0f} MiB = {size / mb:,.0f} MiB, "
-              f"{cores} cores, best of {args.repeat}")
+        print(
+            f"run end: {len(files)} rank traces x {files[0].stat().st_size / mb:,.0f} MiB = {size / mb:,.0f} MiB, "
+            f"{cores} cores, best of {args.repeat}"
+        )
         print(f"{'':52}{'wall s':>8}")
         print(f"{'before: summary read + report read':52}{old:8.2f}")
         print(f"{'after: one read (no --profile-memory)':52}{new:8.2f}")
         print(f"{'after: one read + memory scan (--profile-memory)':52}{new_memory:8.2f}")
-        print(f"RUN-END RATIO  before / after: {old / new:.2f}x of the best times, {statistics.median(ratios):.2f}x the "
-              f"median of the rounds' ratios (--profile-memory: {old / new_memory:.2f}x)")
+        print(
+            f"RUN-END RATIO  before / after: {old / new:.2f}x of the best times, {statistics.median(ratios):.2f}x the "
+            f"median of the rounds' ratios (--profile-memory: {old / new_memory:.2f}x)"
+        )
     return 0
 
 

@@ -65,19 +65,55 @@ _TEMPLATE_SCRIPT = textwrap.dedent(
 )
 
 # CPU ops that only make views or allocate: on a GPU they launch no kernel.
-_NO_KERNEL = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::as_strided", "aten::view", "aten::t",
-              "aten::transpose", "aten::expand", "aten::detach", "detach", "aten::reshape", "aten::_reshape_alias",
-              "aten::select", "aten::slice", "aten::unsqueeze", "aten::squeeze", "aten::permute", "aten::resolve_conj",
-              "aten::resolve_neg", "aten::_unsafe_view", "aten::alias", "aten::split", "aten::chunk", "aten::unbind",
-              "aten::narrow", "aten::lift_fresh", "aten::item", "aten::_local_scalar_dense", "aten::result_type",
-              "aten::stride", "aten::size", "aten::is_nonzero", "aten::resize_", "aten::set_", "aten::unflatten",
-              "aten::flatten", "aten::_has_compatible_shallow_copy_type", "aten::numel", "aten::dim"}
+_NO_KERNEL = {
+    "aten::empty",
+    "aten::empty_strided",
+    "aten::empty_like",
+    "aten::as_strided",
+    "aten::view",
+    "aten::t",
+    "aten::transpose",
+    "aten::expand",
+    "aten::detach",
+    "detach",
+    "aten::reshape",
+    "aten::_reshape_alias",
+    "aten::select",
+    "aten::slice",
+    "aten::unsqueeze",
+    "aten::squeeze",
+    "aten::permute",
+    "aten::resolve_conj",
+    "aten::resolve_neg",
+    "aten::_unsafe_view",
+    "aten::alias",
+    "aten::split",
+    "aten::chunk",
+    "aten::unbind",
+    "aten::narrow",
+    "aten::lift_fresh",
+    "aten::item",
+    "aten::_local_scalar_dense",
+    "aten::result_type",
+    "aten::stride",
+    "aten::size",
+    "aten::is_nonzero",
+    "aten::resize_",
+    "aten::set_",
+    "aten::unflatten",
+    "aten::flatten",
+    "aten::_has_compatible_shallow_copy_type",
+    "aten::numel",
+    "aten::dim",
+}
 
 # A real CUDA kernel name is a long templated C++ signature; trace size and decode cost depend on it.
-_KERNEL_NAME = ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::"
-                "{op}_functor<float> >(at::TensorIteratorBase&, at::native::{op}_functor<float> const&)::"
-                "{{lambda(int)#1}}>(int, at::native::gpu_kernel_impl_nocast<at::native::{op}_functor<float> >"
-                "(at::TensorIteratorBase&, at::native::{op}_functor<float> const&)::{{lambda(int)#1}})")
+_KERNEL_NAME = (
+    "void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::"
+    "{op}_functor<float> >(at::TensorIteratorBase&, at::native::{op}_functor<float> const&)::"
+    "{{lambda(int)#1}}>(int, at::native::gpu_kernel_impl_nocast<at::native::{op}_functor<float> >"
+    "(at::TensorIteratorBase&, at::native::{op}_functor<float> const&)::{{lambda(int)#1}})"
+)
 
 
 def leaf_ops(events: list[dict[str, Any]]) -> set[int]:
@@ -100,7 +136,9 @@ def record_template(workdir: Path) -> dict[str, Any]:
     script = workdir / "template_train.py"
     script.write_text(_TEMPLATE_SCRIPT)
     out = workdir / "template.pt.trace.json"
-    subprocess.run([sys.executable, str(script), str(out)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, str(script), str(out)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     trace: dict[str, Any] = orjson.loads(out.read_bytes())
     return trace
 
@@ -118,22 +156,70 @@ def add_device_activity(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ts, dur = float(event["ts"]), float(event["dur"])
         launch_ts = round(ts + dur * 0.4, 3)
         launch_dur = round(max(dur * 0.2, 0.001), 3)
-        out.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": event["pid"], "tid": event["tid"],
-                    "ts": launch_ts, "dur": launch_dur,
-                    "args": {"External id": event["args"].get("External id", 0), "cbid": 211, "correlation": correlation}})
+        out.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "pid": event["pid"],
+                "tid": event["tid"],
+                "ts": launch_ts,
+                "dur": launch_dur,
+                "args": {"External id": event["args"].get("External id", 0), "cbid": 211, "correlation": correlation},
+            }
+        )
         device_cursor = max(device_cursor, launch_ts + 2.0)
         kernel_dur = round(max(dur * 0.7, 1.0), 3)
         name = event["name"].replace("aten::", "")
-        out.append({"ph": "X", "cat": "kernel", "name": _KERNEL_NAME.format(op=name),
-                    "pid": 0, "tid": 7, "ts": round(device_cursor, 3), "dur": kernel_dur,
-                    "args": {"External id": event["args"].get("External id", 0), "queued": 0, "device": 0, "context": 1,
-                             "stream": 7, "correlation": correlation, "registers per thread": 32, "shared memory": 0,
-                             "blocks per SM": 0.25, "warps per SM": 1.0, "grid": [132, 1, 1], "block": [128, 1, 1],
-                             "est. achieved occupancy %": 3}})
-        out.append({"ph": "s", "id": correlation, "pid": event["pid"], "tid": event["tid"], "ts": launch_ts,
-                    "cat": "ac2g", "name": "ac2g"})
-        out.append({"ph": "f", "id": correlation, "pid": 0, "tid": 7, "ts": round(device_cursor, 3),
-                    "cat": "ac2g", "name": "ac2g", "bp": "e"})
+        out.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": _KERNEL_NAME.format(op=name),
+                "pid": 0,
+                "tid": 7,
+                "ts": round(device_cursor, 3),
+                "dur": kernel_dur,
+                "args": {
+                    "External id": event["args"].get("External id", 0),
+                    "queued": 0,
+                    "device": 0,
+                    "context": 1,
+                    "stream": 7,
+                    "correlation": correlation,
+                    "registers per thread": 32,
+                    "shared memory": 0,
+                    "blocks per SM": 0.25,
+                    "warps per SM": 1.0,
+                    "grid": [132, 1, 1],
+                    "block": [128, 1, 1],
+                    "est. achieved occupancy %": 3,
+                },
+            }
+        )
+        out.append(
+            {
+                "ph": "s",
+                "id": correlation,
+                "pid": event["pid"],
+                "tid": event["tid"],
+                "ts": launch_ts,
+                "cat": "ac2g",
+                "name": "ac2g",
+            }
+        )
+        out.append(
+            {
+                "ph": "f",
+                "id": correlation,
+                "pid": 0,
+                "tid": 7,
+                "ts": round(device_cursor, 3),
+                "cat": "ac2g",
+                "name": "ac2g",
+                "bp": "e",
+            }
+        )
         device_cursor += kernel_dur + 1.0
         correlation += 1
     return out
@@ -145,7 +231,7 @@ def kineto_format(event: dict[str, Any]) -> str:
     text = "  {\n" + ",\n".join(lines)
     args = event.get("args")
     if args:
-        text += "\n    ,\n    \"args\": {\n      " + json.dumps(args)[1:-1] + "\n    }"
+        text += '\n    ,\n    "args": {\n      ' + json.dumps(args)[1:-1] + "\n    }"
     return text + "\n  }"
 
 
@@ -265,14 +351,20 @@ def best_of(cmd: list[str], repeat: int) -> tuple[float, int]:
 
 
 def stepcli_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO)!r}); from stepcli.cli import main; sys.exit(main())",
-            *args]
+    return [
+        sys.executable,
+        "-c",
+        f"import sys; sys.path.insert(0, {str(REPO)!r}); from stepcli.cli import main; sys.exit(main())",
+        *args,
+    ]
 
 
 def generate(trace: Path, size_mb: float) -> None:
     """Generate in a child: a child's peak RSS counts the parent's pages it was forked from, so the process that
     launches the measured commands must stay small."""
-    subprocess.run([sys.executable, __file__, "--generate-only", "--size-mb", str(size_mb), "--trace", str(trace)], check=True)
+    subprocess.run(
+        [sys.executable, __file__, "--generate-only", "--size-mb", str(size_mb), "--trace", str(trace)], check=True
+    )
 
 
 def make_folder(folder: Path, ranks: int, rank_mb: float, workdir: Path) -> list[Path]:
@@ -315,10 +407,14 @@ def one_file(trace: Path, repeat: int) -> None:
         print(f"{label:26}{wall:8.2f}{rss / mb:14.0f}{rss / size:12.2f}")
     wall, rss = results["stepcli table --json"]
     ref_wall, _ = results["reference (typed+aggr.)"]
-    print(f"ONE-FILE RATIO  stepcli / reference: {wall / ref_wall:.2f}x time (goal <= 1.0x); "
-          f"peak RSS {rss / size:.2f}x the file (goal <= 1.5x)")
-    print(f"  per round (same round's runs): median {paired[len(paired) // 2]:.2f}x, "
-          f"range {paired[0]:.2f}x-{paired[-1]:.2f}x over {len(paired)} rounds")
+    print(
+        f"ONE-FILE RATIO  stepcli / reference: {wall / ref_wall:.2f}x time (goal <= 1.0x); "
+        f"peak RSS {rss / size:.2f}x the file (goal <= 1.5x)"
+    )
+    print(
+        f"  per round (same round's runs): median {paired[len(paired) // 2]:.2f}x, "
+        f"range {paired[0]:.2f}x-{paired[-1]:.2f}x over {len(paired)} rounds"
+    )
 
 
 def folder_run(files: list[Path], repeat: int) -> None:
@@ -337,7 +433,9 @@ def folder_run(files: list[Path], repeat: int) -> None:
     print(f"{'folder, 1 job':26}{serial_wall:8.2f}{serial_rss / mb:14.0f}")
     print(f"{'folder, default jobs':26}{all_wall:8.2f}{all_rss / mb:14.0f}")
     print(f"{'ideal (one x N / cores)':26}{ideal:8.2f}")
-    print(f"FOLDER RATIO  stepcli / ideal: {all_wall / ideal:.2f}x (goal <= 1.3x); serial / parallel: {serial_wall / all_wall:.2f}x")
+    print(
+        f"FOLDER RATIO  stepcli / ideal: {all_wall / ideal:.2f}x (goal <= 1.3x); serial / parallel: {serial_wall / all_wall:.2f}x"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

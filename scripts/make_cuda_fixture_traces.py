@@ -56,7 +56,19 @@ def _record(name: str, source: str, schedule: list[str]) -> None:
         script.write_text(textwrap.dedent(source))
         out = Path(tmp) / "out"
         subprocess.run(
-            [sys.executable, "-m", "stepcli", "run", "-q", "--no-report", "--gzip", *schedule, "-o", str(out), str(script)],
+            [
+                sys.executable,
+                "-m",
+                "stepcli",
+                "run",
+                "-q",
+                "--no-report",
+                "--gzip",
+                *schedule,
+                "-o",
+                str(out),
+                str(script),
+            ],
             check=True,
         )
         (trace,) = out.glob("*.pt.trace.json.gz")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import click
 
@@ -21,9 +22,7 @@ class _RunCommand(click.Command):
         raw = list(args)
         rest = super().parse_args(ctx, args)
         target = list(ctx.params.get("target") or ())
-        ctx.meta["stepcli.dashdash"] = (
-            "--" in raw and target == raw[raw.index("--") + 1 :] and bool(target)
-        )
+        ctx.meta["stepcli.dashdash"] = "--" in raw and target == raw[raw.index("--") + 1 :] and bool(target)
         return rest
 
 
@@ -40,14 +39,19 @@ def _parse_activities(_ctx: click.Context, _param: click.Parameter, value: str |
 def _parse_step_on(_ctx: click.Context, _param: click.Parameter, value: Sequence[str]) -> tuple[str, ...]:
     for spec in value:
         module, sep, qualname = spec.partition(":")
-        if not sep or not module or not qualname or not all(
-            part.isidentifier() for part in module.split(".") + qualname.split(".")
+        if (
+            not sep
+            or not module
+            or not qualname
+            or not all(part.isidentifier() for part in module.split(".") + qualname.split("."))
         ):
             raise click.BadParameter(f"expected MODULE:QUALNAME such as mypkg.infer:Model.forward; got {spec!r}")
     return tuple(value)
 
 
-def _parse_fail_over(_ctx: click.Context, _param: click.Parameter, value: Sequence[str]) -> tuple[tuple[str, float], ...]:
+def _parse_fail_over(
+    _ctx: click.Context, _param: click.Parameter, value: Sequence[str]
+) -> tuple[tuple[str, float], ...]:
     from stepcli.compare.budgets import parse_budget
 
     try:
@@ -67,28 +71,86 @@ def cli() -> None:
     context_settings={"allow_interspersed_args": False},
     short_help="Run a program and profile the steps of the schedule.",
 )
-@click.option("--skip-first", type=click.IntRange(min=0), default=0, show_default=True, help="Steps to skip before the first cycle.")
-@click.option("--wait", type=click.IntRange(min=0), default=1, show_default=True, help="Steps to wait at the start of each cycle.")
-@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Steps the profiler runs but discards.")
-@click.option("--active", type=click.IntRange(min=1), default=3, show_default=True, help="Steps recorded in each trace.")
-@click.option("--repeat", type=click.IntRange(min=0), default=1, show_default=True, help="Cycles to record; 0 = until the program ends.")
+@click.option(
+    "--skip-first",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Steps to skip before the first cycle.",
+)
+@click.option(
+    "--wait", type=click.IntRange(min=0), default=1, show_default=True, help="Steps to wait at the start of each cycle."
+)
+@click.option(
+    "--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Steps the profiler runs but discards."
+)
+@click.option(
+    "--active", type=click.IntRange(min=1), default=3, show_default=True, help="Steps recorded in each trace."
+)
+@click.option(
+    "--repeat",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Cycles to record; 0 = until the program ends.",
+)
 @click.option("--record-shapes", is_flag=True, help="Record operator input shapes.")
 @click.option("--profile-memory", is_flag=True, help="Track tensor memory allocation.")
 @click.option("--with-stack", is_flag=True, help="Record Python source stacks.")
 @click.option("--with-flops", is_flag=True, help="Estimate FLOPs of matmul and conv operators.")
 @click.option("--with-modules", is_flag=True, help="Record the nn.Module hierarchy.")
-@click.option("--activities", callback=_parse_activities, metavar="LIST", help="Comma-separated, e.g. cpu,cuda [default: all torch supports].")
-@click.option("--step-on", multiple=True, callback=_parse_step_on, metavar="MODULE:QUALNAME", help="Count each call of this function as a step (repeatable).")
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), help="Folder for traces and logs [default: a new folder under ./stepcli-runs/].")
+@click.option(
+    "--activities",
+    callback=_parse_activities,
+    metavar="LIST",
+    help="Comma-separated, e.g. cpu,cuda [default: all torch supports].",
+)
+@click.option(
+    "--step-on",
+    multiple=True,
+    callback=_parse_step_on,
+    metavar="MODULE:QUALNAME",
+    help="Count each call of this function as a step (repeatable).",
+)
+@click.option(
+    "-o",
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    help="Folder for traces and logs [default: a new folder under ./stepcli-runs/].",
+)
 @click.option("--gzip", "use_gzip", is_flag=True, help="Write .json.gz traces.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the run summary as JSON to this file.")
-@click.option("--fail-over", multiple=True, callback=_parse_fail_over, metavar="STAT=MS", help="Exit non-zero when a step-time statistic exceeds a budget, e.g. p50=25 (repeatable).")
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False), help="Write the run summary as JSON to this file."
+)
+@click.option(
+    "--fail-over",
+    multiple=True,
+    callback=_parse_fail_over,
+    metavar="STAT=MS",
+    help="Exit non-zero when a step-time statistic exceeds a budget, e.g. p50=25 (repeatable).",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines and no summary.")
 @click.option("--on-demand", is_flag=True, help="Open no scheduled window; record when `stepcli capture OUT` asks.")
-@click.option("--no-report", "report", is_flag=True, flag_value=False, default=True, help="Don't write report.html in the output folder.")
-@click.option("--verbose", is_flag=True, help="Let torch's Kineto print its own log lines (USDT:, STAGE:, ERROR:) on stderr.")
+@click.option(
+    "--no-report",
+    "report",
+    is_flag=True,
+    flag_value=False,
+    default=True,
+    help="Don't write report.html in the output folder.",
+)
+@click.option(
+    "--verbose", is_flag=True, help="Let torch's Kineto print its own log lines (USDT:, STAGE:, ERROR:) on stderr."
+)
 @click.option("-m", "module_mode", is_flag=True, help="Run a module like python -m: stepcli run -m pkg.mod ARGS.")
-@click.argument("target", nargs=-1, type=click.UNPROCESSED, required=True, metavar="SCRIPT [ARGS]... | -m MODULE [ARGS]... | -- COMMAND [ARGS]...")
+@click.argument(
+    "target",
+    nargs=-1,
+    type=click.UNPROCESSED,
+    required=True,
+    metavar="SCRIPT [ARGS]... | -m MODULE [ARGS]... | -- COMMAND [ARGS]...",
+)
 @click.pass_context
 def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **options: Any) -> int:
     """Run a program and profile the steps of the schedule.
@@ -104,11 +166,14 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
 
     if options["on_demand"]:
         given = [
-            f"--{name.replace('_', '-')}" for name in ("skip_first", "wait", "warmup", "active", "repeat")
+            f"--{name.replace('_', '-')}"
+            for name in ("skip_first", "wait", "warmup", "active", "repeat")
             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
         ]
         if given:
-            raise click.UsageError(f"--on-demand opens no scheduled window: drop {', '.join(given)} (capture takes its own)")
+            raise click.UsageError(
+                f"--on-demand opens no scheduled window: drop {', '.join(given)} (capture takes its own)"
+            )
     request = RunRequest.from_cli(
         target=list(target),
         module_mode=module_mode,
@@ -131,9 +196,22 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
 @click.option("--csv", "as_csv", is_flag=True, help="CSV on stdout.")
 @click.option("--markdown", "as_markdown", is_flag=True, help="Markdown tables on stdout.")
-@click.option("--group-by-shape", is_flag=True, help="One operator row per input shape (traces recorded with --record-shapes).")
-@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Files read in parallel (default: the cores available).")
-@click.option("--scheduler", metavar="ADDRESS", default=None, help="Read the files on a Dask cluster (tcp://host:8786; stepcli[dask]).")
+@click.option(
+    "--group-by-shape", is_flag=True, help="One operator row per input shape (traces recorded with --record-shapes)."
+)
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Files read in parallel (default: the cores available).",
+)
+@click.option(
+    "--scheduler",
+    metavar="ADDRESS",
+    default=None,
+    help="Read the files on a Dask cluster (tcp://host:8786; stepcli[dask]).",
+)
 def table(
     paths: tuple[str, ...],
     sort_by: str,
@@ -164,18 +242,60 @@ def table(
 @cli.command(short_help="Compare runs with confidence intervals; exit 1 on a step-time regression.")
 @click.argument("baseline", required=False, type=click.Path())
 @click.argument("current", required=False, type=click.Path())
-@click.option("--baseline", "baselines", multiple=True, type=click.Path(), help="A baseline run (repeatable), instead of BASELINE.")
-@click.option("--current", "currents", multiple=True, type=click.Path(), help="A current run (repeatable), instead of CURRENT.")
+@click.option(
+    "--baseline",
+    "baselines",
+    multiple=True,
+    type=click.Path(),
+    help="A baseline run (repeatable), instead of BASELINE.",
+)
+@click.option(
+    "--current", "currents", multiple=True, type=click.Path(), help="A current run (repeatable), instead of CURRENT."
+)
 @click.option("--tolerance", default="10%", show_default=True, help="Allowed relative slowdown, e.g. 10% or 0.1.")
-@click.option("--min-delta-ms", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Slowdowns smaller than this many ms never fail.")
-@click.option("--metric", type=click.Choice(["median", "mean", "p90", "min", "max"]), default="median", show_default=True, help="Step-time statistic that decides.")
-@click.option("--confidence", default="95%", show_default=True, help="Confidence level of the intervals, e.g. 95% or 0.99.")
-@click.option("--skip-steps", type=click.IntRange(min=0), default=None, help="Leave out steps before this step number in every run [default: detect warm-up].")
+@click.option(
+    "--min-delta-ms",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Slowdowns smaller than this many ms never fail.",
+)
+@click.option(
+    "--metric",
+    type=click.Choice(["median", "mean", "p90", "min", "max"]),
+    default="median",
+    show_default=True,
+    help="Step-time statistic that decides.",
+)
+@click.option(
+    "--confidence", default="95%", show_default=True, help="Confidence level of the intervals, e.g. 95% or 0.99."
+)
+@click.option(
+    "--skip-steps",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Leave out steps before this step number in every run [default: detect warm-up].",
+)
 @click.option("--strict", is_flag=True, help="Exit 4 when the result is inconclusive (default: exit 0 with a warning).")
-@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), help="Also write a Markdown report here (- for stdout).")
-def compare(baseline: str | None, current: str | None, baselines: tuple[str, ...], currents: tuple[str, ...],
-            tolerance: str, min_delta_ms: float, metric: str, confidence: str, skip_steps: int | None, strict: bool,
-            markdown_path: str | None) -> int:
+@click.option(
+    "--markdown",
+    "markdown_path",
+    type=click.Path(dir_okay=False),
+    help="Also write a Markdown report here (- for stdout).",
+)
+def compare(
+    baseline: str | None,
+    current: str | None,
+    baselines: tuple[str, ...],
+    currents: tuple[str, ...],
+    tolerance: str,
+    min_delta_ms: float,
+    metric: str,
+    confidence: str,
+    skip_steps: int | None,
+    strict: bool,
+    markdown_path: str | None,
+) -> int:
     """Compare BASELINE and CURRENT: run summaries (--json of run), traces, or folders of either.
 
     Several runs per side: --baseline A1 --baseline A2 --current B1 ... (or folders of run summaries).
@@ -190,7 +310,9 @@ def compare(baseline: str | None, current: str | None, baselines: tuple[str, ...
     if (baseline is None) != (current is None) or (baseline is not None and (baselines or currents)):
         raise click.UsageError("give BASELINE CURRENT, or --baseline and --current (repeatable), not a mix", ctx=ctx)
     if baseline is None and not (baselines and currents):
-        raise click.UsageError("missing runs: give BASELINE CURRENT, or at least one --baseline and one --current", ctx=ctx)
+        raise click.UsageError(
+            "missing runs: give BASELINE CURRENT, or at least one --baseline and one --current", ctx=ctx
+        )
     try:
         fraction = parse_tolerance(tolerance)
     except ValueError as exc:
@@ -202,17 +324,38 @@ def compare(baseline: str | None, current: str | None, baselines: tuple[str, ...
     return compare_main(
         [baseline] if baseline is not None else list(baselines),
         [current] if current is not None else list(currents),
-        tolerance=fraction, min_delta_ms=min_delta_ms, metric=metric, markdown_path=markdown_path,
-        confidence=level, skip_steps=skip_steps, strict=strict,
+        tolerance=fraction,
+        min_delta_ms=min_delta_ms,
+        metric=metric,
+        markdown_path=markdown_path,
+        confidence=level,
+        skip_steps=skip_steps,
+        strict=strict,
     )
 
 
 @cli.command(short_help="Trace a running `stepcli run` now: every rank, the same steps.")
 @click.argument("target")
-@click.option("--wait", type=click.IntRange(min=0), default=0, show_default=True, help="Extra steps to let go by before the warmup.")
-@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Steps the profiler runs but discards.")
-@click.option("--active", type=click.IntRange(min=1), default=3, show_default=True, help="Steps recorded in each trace.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True, help="Seconds to wait for the traces.")
+@click.option(
+    "--wait",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Extra steps to let go by before the warmup.",
+)
+@click.option(
+    "--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Steps the profiler runs but discards."
+)
+@click.option(
+    "--active", type=click.IntRange(min=1), default=3, show_default=True, help="Steps recorded in each trace."
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for the traces.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON document.")
 def capture(target: str, wait: int, warmup: int, active: int, timeout: float, as_json: bool) -> int:
     """Record one window of a running `stepcli run` on every process, starting at the same global step.
@@ -223,9 +366,17 @@ def capture(target: str, wait: int, warmup: int, active: int, timeout: float, as
     from stepcli.run.capture import capture_main
 
     return capture_main(target, wait=wait, warmup=warmup, active=active, timeout=timeout, as_json=as_json)
+
+
 @cli.command(short_help="Write a self-contained HTML report with charts and advice.")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
-@click.option("-o", "--output", "output", type=click.Path(dir_okay=False), help="HTML file to write [default: report.html in the run folder, or NAME.report.html beside the file].")
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    type=click.Path(dir_okay=False),
+    help="HTML file to write [default: report.html in the run folder, or NAME.report.html beside the file].",
+)
 def report(paths: tuple[str, ...], output: str | None) -> int:
     """Write one HTML page (no network needed to open it) for a run.
 
@@ -267,7 +418,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         click.echo("stepcli: aborted", err=True)
         return 130
     except click.UsageError as exc:
-        hint = f" (see 'stepcli {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else " (see 'stepcli --help')"
+        hint = (
+            f" (see 'stepcli {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else " (see 'stepcli --help')"
+        )
         click.echo(f"stepcli: error: {exc.format_message()}{hint}", err=True)
         return EXIT_USAGE
     except click.ClickException as exc:
@@ -281,7 +434,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug in stepcli: still one line, the traceback only on request
         if os.environ.get("STEPCLI_DEBUG"):
             raise
-        click.echo(f"stepcli: internal error: {type(exc).__name__}: {exc} (set STEPCLI_DEBUG=1 for the traceback)", err=True)
+        click.echo(
+            f"stepcli: internal error: {type(exc).__name__}: {exc} (set STEPCLI_DEBUG=1 for the traceback)", err=True
+        )
         return EXIT_INTERNAL
     if isinstance(result, int):
         return result

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Iterable, TypedDict
+from collections.abc import Iterable
+from typing import TypedDict
 
 STAT_NAMES = ("count", "mean", "median", "p90", "min", "max")
 

@@ -10,12 +10,16 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
+from browser import browser  # noqa: F401  (the session's headless Chromium, a fixture for every test)
 
 REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "tests" / "data"
+RANKS = 4  # ranks in the shared rank_folder fixture
 
 
 def stepcli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -31,8 +35,14 @@ def stepcli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def _run(argv: list[str], cwd: object, env: dict[str, str] | None, timeout: float) -> subprocess.CompletedProcess[str]:
     """Run in a new session so that a timeout kills the whole tree (torchrun ranks too), never leaving orphans."""
     proc = subprocess.Popen(
-        argv, cwd=cwd, env=stepcli_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        stdin=subprocess.DEVNULL, start_new_session=True,
+        argv,
+        cwd=cwd,
+        env=stepcli_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
@@ -89,7 +99,9 @@ def profiler_steps(path: Path) -> list[int]:
     return sorted(
         int(e["name"].split("#", 1)[1])
         for e in events
-        if isinstance(e.get("name"), str) and e["name"].startswith("ProfilerStep#") and e.get("ph") == "X"
+        if isinstance(e.get("name"), str)
+        and e["name"].startswith("ProfilerStep#")
+        and e.get("ph") == "X"
         and e.get("cat") != "gpu_user_annotation"  # on a GPU, Kineto mirrors each step on the device timeline
     )
 
@@ -158,3 +170,27 @@ def _no_leaked_config(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         if key.startswith("STEPCLI_"):
             monkeypatch.delenv(key)
     yield
+
+
+@pytest.fixture(scope="session")
+def rank_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four ranks of a real torch trace, each slowed by its own factor (rank 2 the most), rank 3 gzipped."""
+    folder = tmp_path_factory.mktemp("ranks")
+    document = json.loads((DATA / "train_cpu.pt.trace.json").read_text())
+    for rank in range(RANKS):
+        copy: dict[str, Any] = json.loads(json.dumps(document))
+        copy["distributedInfo"] = {"backend": "gloo", "rank": rank, "world_size": RANKS}
+        factor = 1.0 + 0.1 * rank + (0.5 if rank == 2 else 0.0)
+        t0 = min(e["ts"] for e in copy["traceEvents"] if "ts" in e)
+        for event in copy["traceEvents"]:
+            if "ts" in event:
+                event["ts"] = round(t0 + (event["ts"] - t0) * factor + rank * 7.0, 3)
+            if "dur" in event:
+                event["dur"] = round(event["dur"] * factor, 3)
+        name = f"host_{100 + rank}.{rank}.pt.trace.json"
+        text = json.dumps(copy).encode()
+        if rank == 3:
+            (folder / (name + ".gz")).write_bytes(gzip.compress(text))
+        else:
+            (folder / name).write_bytes(text)
+    return folder

@@ -38,7 +38,7 @@ def test_no_import_cycles() -> None:
 
     def visit(node: str, trail: list[str]) -> None:
         if node in trail:
-            cycles.append(trail[trail.index(node):] + [node])
+            cycles.append(trail[trail.index(node) :] + [node])
             return
         if node in done:
             return

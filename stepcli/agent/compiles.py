@@ -95,7 +95,11 @@ class CompileWatcher:
         breaks, self._graph_breaks = max(0, total - self._graph_breaks), total
         event: dict[str, Any] = {
             "step": step,
-            "kind": "backward" if trigger == "LAZY_BACKWARD" else "compiled" if trigger == "DYNAMO" else trigger.lower(),
+            "kind": "backward"
+            if trigger == "LAZY_BACKWARD"
+            else "compiled"
+            if trigger == "DYNAMO"
+            else trigger.lower(),
             "frame": None,
             "seconds": round(time.perf_counter() - started, 6),
             "graph_breaks": breaks,

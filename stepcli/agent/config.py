@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+
+from .schedule import Schedule
+
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
     from typing import Any
-
-from .schedule import Schedule
 
 CONFIG_ENV = "STEPCLI_CONFIG"
 CONFIG_VERSION = 1
@@ -58,7 +59,9 @@ class AgentConfig:
     on_demand: bool  # no scheduled window: only `stepcli capture` opens one
     version: int
 
-    def __init__(self, run_id: str, out_dir: str, launcher_pid: int, schedule: Schedule | None = None, **options: Any) -> None:
+    def __init__(
+        self, run_id: str, out_dir: str, launcher_pid: int, schedule: Schedule | None = None, **options: Any
+    ) -> None:
         unknown = set(options) - set(self.DEFAULTS)
         if unknown:
             raise TypeError(f"unknown AgentConfig options: {sorted(unknown)}")
@@ -84,7 +87,7 @@ class AgentConfig:
         return json.dumps(self.to_dict(), separators=(",", ":"))
 
     @classmethod
-    def from_env(cls, text: str) -> "AgentConfig":
+    def from_env(cls, text: str) -> AgentConfig:
         data = json.loads(text)
         if not isinstance(data, dict) or data.get("version") != CONFIG_VERSION:
             version = data.get("version") if isinstance(data, dict) else None

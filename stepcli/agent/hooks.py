@@ -12,8 +12,9 @@ import sys
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from types import ModuleType
-    from typing import Any, Callable, Sequence
+    from typing import Any, Callable
 
     Callback = Callable[[ModuleType], None]
 

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
         recorder: Recorder | None
         tracker: StepTracker
 
+
 CONTROL_FOLDER = "control"
 RUN_FILE = "run.json"
 REQUESTS_FILE = "requests.json"
@@ -291,15 +292,20 @@ class OnDemand:
         recorder = self.agent.recorder
         for rid, (first, last, before, notes) in list(self.pending.items()):
             record = None
-            for window in (recorder.windows[before:] if recorder is not None else []):
+            for window in recorder.windows[before:] if recorder is not None else []:
                 if window["first_step"] <= last and window["last_step"] >= first:
                     record = window
                     break
             if record is not None:
                 record["capture"] = rid
                 self._answer(
-                    rid, "saved", first_step=record["first_step"], last_step=record["last_step"],
-                    trace=record["trace"], bytes=record["bytes"], complete=record["complete"],
+                    rid,
+                    "saved",
+                    first_step=record["first_step"],
+                    last_step=record["last_step"],
+                    trace=record["trace"],
+                    bytes=record["bytes"],
+                    complete=record["complete"],
                     note=record.get("note", ""),
                 )
             elif step > last + 1 and (recorder is None or recorder.prof is None):

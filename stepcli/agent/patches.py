@@ -10,8 +10,9 @@ import functools
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
+    from collections.abc import Hashable
     from types import ModuleType
-    from typing import Any, Callable, Hashable, Protocol
+    from typing import Any, Callable, Protocol
 
     from .tracker import StepTracker
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
         def window_open(self) -> bool: ...
 
 
-def _guarded(agent: "Agent", what: str, call: "Callable[[], None]") -> None:
+def _guarded(agent: Agent, what: str, call: Callable[[], None]) -> None:
     """Run agent bookkeeping from inside a program call: an error disables the agent, never the program."""
     try:
         call()
@@ -45,7 +46,7 @@ def _guarded(agent: "Agent", what: str, call: "Callable[[], None]") -> None:
         agent.fail(what, exc)
 
 
-def _counted_call(agent: "Agent", key: int, owner: Any, function: Any, args: Any, kwargs: Any) -> Any:
+def _counted_call(agent: Agent, key: int, owner: Any, function: Any, args: Any, kwargs: Any) -> Any:
     """Call `function` and count one step for requester `key` when it returns (once, however deeply nested:
     a subclass calling super().step(), or GradScaler.step calling optimizer.step)."""
     in_step = agent.in_step
@@ -62,7 +63,7 @@ def _counted_call(agent: "Agent", key: int, owner: Any, function: Any, args: Any
     return result
 
 
-def patch_optimizers(agent: "Agent", torch: ModuleType) -> None:
+def patch_optimizers(agent: Agent, torch: ModuleType) -> None:
     """One requester per optimizer instance, registered when it is constructed (lazily would count N+1)."""
     optimizer_cls = torch.optim.Optimizer
     original_init = optimizer_cls.__init__
@@ -85,18 +86,20 @@ def patch_optimizers(agent: "Agent", torch: ModuleType) -> None:
 
         @functools.wraps(original_scaler_step)
         def stepcli_scaler_step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-            return _counted_call(agent, id(optimizer), optimizer, original_scaler_step, (self, optimizer, *args), kwargs)
+            return _counted_call(
+                agent, id(optimizer), optimizer, original_scaler_step, (self, optimizer, *args), kwargs
+            )
 
         stepcli_scaler_step._stepcli = True  # type: ignore[attr-defined]
         scaler_cls.step = stepcli_scaler_step  # type: ignore[union-attr]
 
 
-def _register_optimizer(agent: "Agent", optimizer: Any) -> None:
+def _register_optimizer(agent: Agent, optimizer: Any) -> None:
     agent.requester_created(id(optimizer), type(optimizer).__name__, optimizer)
     _wrap_step(agent, type(optimizer))
 
 
-def _wrap_step(agent: "Agent", cls: type) -> None:
+def _wrap_step(agent: Agent, cls: type) -> None:
     """Count a step when `cls.step` returns: outside torch's own hook wrapper, whose
     `Optimizer.step#...` annotation must close before the next `ProfilerStep#N` opens."""
     original = cls.__dict__.get("step") or getattr(cls, "step")  # noqa: B009 (mypy: type has no .step)
@@ -111,7 +114,7 @@ def _wrap_step(agent: "Agent", cls: type) -> None:
     cls.step = stepcli_optimizer_step  # type: ignore[attr-defined]
 
 
-def patch_profilers(agent: "Agent", torch: ModuleType) -> None:
+def patch_profilers(agent: Agent, torch: ModuleType) -> None:
     """The program's own torch.profiler.profile objects: each is a requester; while one collects, we step aside.
 
     A profile object with a schedule spends most of its life idle (its wait phase, after its last cycle), with
@@ -123,7 +126,10 @@ def patch_profilers(agent: "Agent", torch: ModuleType) -> None:
         return
     kineto_profile = getattr(torch.profiler.profiler, "_KinetoProfile", profile)  # prepare/stop_trace live there
     original_init, original_start, original_stop, original_step = (
-        profile.__init__, profile.start, profile.stop, profile.step,
+        profile.__init__,
+        profile.start,
+        profile.stop,
+        profile.step,
     )
     original_prepare, original_stop_trace = kineto_profile.prepare_trace, kineto_profile.stop_trace
     own = agent.is_own_profiler
@@ -184,13 +190,20 @@ def patch_profilers(agent: "Agent", torch: ModuleType) -> None:
             original_step(self)
 
     wrappers = (
-        stepcli_profile_init, stepcli_profile_start, stepcli_profile_stop, stepcli_profile_step,
-        stepcli_prepare_trace, stepcli_stop_trace,
+        stepcli_profile_init,
+        stepcli_profile_start,
+        stepcli_profile_stop,
+        stepcli_profile_step,
+        stepcli_prepare_trace,
+        stepcli_stop_trace,
     )
     for wrapper in wrappers:
         wrapper._stepcli = True  # type: ignore[attr-defined]
     profile.__init__, profile.start, profile.stop, profile.step = (
-        stepcli_profile_init, stepcli_profile_start, stepcli_profile_stop, stepcli_profile_step,
+        stepcli_profile_init,
+        stepcli_profile_start,
+        stepcli_profile_stop,
+        stepcli_profile_step,
     )
     kineto_profile.prepare_trace, kineto_profile.stop_trace = stepcli_prepare_trace, stepcli_stop_trace
 
@@ -215,7 +228,7 @@ def patch_profilers(agent: "Agent", torch: ModuleType) -> None:
     legacy.__enter__, legacy.__exit__ = stepcli_legacy_enter, stepcli_legacy_exit
 
 
-def _without_step_annotation(agent: "Agent", prof: Any, call: Any) -> None:
+def _without_step_annotation(agent: Agent, prof: Any, call: Any) -> None:
     """Run the program's idle profiler's `start()`/`step()` without its `ProfilerStep#N` annotation while our
     window records: the annotation would land in our trace beside ours, with the program's numbering.
 
@@ -238,7 +251,7 @@ def _without_step_annotation(agent: "Agent", prof: Any, call: Any) -> None:
 _CO_GENERATOR, _CO_COROUTINE, _CO_ASYNC_GENERATOR = 0x20, 0x80, 0x200
 
 
-def patch_step_on(agent: "Agent", module: ModuleType, spec: str, qualname: str) -> None:
+def patch_step_on(agent: Agent, module: ModuleType, spec: str, qualname: str) -> None:
     """`--step-on MODULE:QUALNAME`: each completed call of that function or method is a step.
 
     Nested and recursive calls count once per outermost call, per thread or asyncio task. Inside code torch.compile is tracing

@@ -103,8 +103,10 @@ class Recorder:
         if self.foreign:
             return FOREIGN, step + 1
         if self.schedule.starts_cycle(step):
-            self._note_once("steps on a thread other than the main thread: windows are recorded only on the "
-                            "main thread (Kineto cannot close another thread's session at exit)")
+            self._note_once(
+                "steps on a thread other than the main thread: windows are recorded only on the "
+                "main thread (Kineto cannot close another thread's session at exit)"
+            )
             return NONE, self.next_cycle_start(step + 1)
         return NONE, self.next_cycle_start(step)
 
@@ -198,7 +200,10 @@ class Recorder:
         if not self.config.quiet:
             first_record, last = _recorded_span(self.schedule, step)
             span = f"step {first_record}" if first_record == last else f"steps {first_record}-{last}"
-            say(f"{worker_name()}: profiling {span}" + (f" (warming up from step {step})" if step < first_record else ""))
+            say(
+                f"{worker_name()}: profiling {span}"
+                + (f" (warming up from step {step})" if step < first_record else "")
+            )
         self.guard_signals(True)
         prof.start()
 
@@ -224,7 +229,9 @@ class Recorder:
         last = prof.step_num - 1
         first = window["first_step"] if window["first_step"] is not None else prof.step_num
         if self._discard:
-            self.notes.append(f"the window from step {first} was not saved ({self._cut_reason} before it held a whole step)")
+            self.notes.append(
+                f"the window from step {first} was not saved ({self._cut_reason} before it held a whole step)"
+            )
         else:
             self._save(prof, first, last)
         # With wait=0 the same object goes straight on to the next cycle's warmup.
@@ -241,7 +248,13 @@ class Recorder:
             say(f"could not save the trace of {steps}: {type(exc).__name__}: {exc}")
             self.notes.append(f"trace of {steps} not saved: {exc}")
             return
-        record: dict[str, Any] = {"first_step": first, "last_step": last, "trace": path, "bytes": size, "complete": complete}
+        record: dict[str, Any] = {
+            "first_step": first,
+            "last_step": last,
+            "trace": path,
+            "bytes": size,
+            "complete": complete,
+        }
         if not complete:
             record["note"] = self._cut_reason
         self.windows.append(record)

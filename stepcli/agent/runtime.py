@@ -21,17 +21,18 @@ from .tracker import StepTracker
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
+    from collections.abc import Hashable
     from types import ModuleType
-    from typing import Any, Callable, Hashable
+    from typing import Any, Callable
 
-    from .ondemand import OnDemand
     from .compiles import CompileWatcher
+    from .ondemand import OnDemand
     from .recorder import Recorder
 
 STEP_LOG_VERSION = 1
 _STEP_LOG_MIN_INTERVAL_S = 10.0
 
-_agent: "Agent | None" = None
+_agent: Agent | None = None
 
 
 class Agent:
@@ -276,7 +277,9 @@ class Agent:
             if recorder is not None:
                 recorder.stop("cut short: the program exited" if reason == "exit" else f"cut short: {reason}")
                 if recorder.prof is not None:
-                    recorder.notes.append(f"the window open at {reason} could not be saved: it exited from another thread")
+                    recorder.notes.append(
+                        f"the window open at {reason} could not be saved: it exited from another thread"
+                    )
             if self.ondemand is not None:
                 self.ondemand.finish(reason)
             if self.tracker.global_step or (recorder and recorder.windows):
@@ -343,7 +346,12 @@ class Agent:
             os.makedirs(self.config.log_dir, mode=0o700, exist_ok=True)
             atomic_write_json(
                 os.path.join(self.config.log_dir, f"{HELLO_PREFIX}{self.pid}.json"),
-                {"pid": self.pid, "argv": list(sys.argv), "torch_imported": self.torch_imported, "steps": self.tracker.global_step},
+                {
+                    "pid": self.pid,
+                    "argv": list(sys.argv),
+                    "torch_imported": self.torch_imported,
+                    "steps": self.tracker.global_step,
+                },
             )
         except Exception:
             pass

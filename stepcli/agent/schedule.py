@@ -4,7 +4,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
-    from typing import Iterator
+    from collections.abc import Iterator
 
 # The values of torch.profiler.ProfilerAction, kept as ints so this module never needs torch.
 NONE, WARMUP, RECORD, RECORD_AND_SAVE = 0, 1, 2, 3
@@ -92,7 +92,9 @@ class Schedule:
     def describe(self) -> str:
         """One line for humans: which steps get recorded."""
         spans = [f"{a}-{b}" if a != b else f"{a}" for _, a, b in self.windows()]
-        more = "" if self.repeat and self.repeat <= 3 else ", ... until the program ends" if self.repeat == 0 else ", ..."
+        more = (
+            "" if self.repeat and self.repeat <= 3 else ", ... until the program ends" if self.repeat == 0 else ", ..."
+        )
         return f"recording steps {', '.join(spans)}{more} (skip-first {self.skip_first}, wait {self.wait}, warmup {self.warmup}, active {self.active}, repeat {self.repeat})"
 
     def to_dict(self) -> dict[str, int]:

@@ -13,11 +13,13 @@ import sys
 import threading
 import time
 from array import array
+
 from .schedule import NONE
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
-    from typing import Callable, Hashable
+    from collections.abc import Hashable
+    from typing import Callable
 
     Listener = Callable[[int], tuple[int, int]]
 

@@ -9,8 +9,9 @@ does (stepcli.traces.summary), so the numbers agree with the operator tables.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from stepcli.compare.inference import estimate_change
 from stepcli.compare.model import OpSteps
@@ -45,8 +46,8 @@ class OpChange:
 
 def op_steps_from_traces(traces: Sequence[Trace], label: str) -> OpSteps:
     """Self time per operator in each recorded step of each trace."""
-    from stepcli.traces.summary import summarize
     from stepcli.traces.reader import Trace as TraceType
+    from stepcli.traces.summary import summarize
 
     columns: list[tuple[int | None, int]] = []
     per_step: list[dict[tuple[str, str], float]] = []
@@ -54,15 +55,17 @@ def op_steps_from_traces(traces: Sequence[Trace], label: str) -> OpSteps:
         events = sorted(trace.events, key=lambda e: e.ts)
         starts = [e.ts for e in events]
         windows = sorted(
-            (e.ts, e.ts + e.dur, int(e.name[len(_STEP_PREFIX):]))
+            (e.ts, e.ts + e.dur, int(e.name[len(_STEP_PREFIX) :]))
             for e in events
-            if e.cat == "user_annotation" and e.name.startswith(_STEP_PREFIX)
-            and e.name[len(_STEP_PREFIX):].isdecimal() and int(e.name[len(_STEP_PREFIX):]) != trace.incomplete_step
+            if e.cat == "user_annotation"
+            and e.name.startswith(_STEP_PREFIX)
+            and e.name[len(_STEP_PREFIX) :].isdecimal()
+            and int(e.name[len(_STEP_PREFIX) :]) != trace.incomplete_step
         )
         for index, (start, end, step) in enumerate(windows):
             # Up to the next step's start: kernels a step launched may run after its CPU side ended.
             stop = windows[index + 1][0] if index + 1 < len(windows) else end
-            subset = events[bisect.bisect_left(starts, start): bisect.bisect_left(starts, max(stop, end))]
+            subset = events[bisect.bisect_left(starts, start) : bisect.bisect_left(starts, max(stop, end))]
             summary = summarize([TraceType.from_events(subset, path=trace.path)])
             times = {("cpu", op.name): op.self_ms for op in summary.cpu_ops if op.name != _STEP_ROW}
             times.update({("device", op.name): op.self_ms for op in summary.device_kernels})

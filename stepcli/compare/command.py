@@ -13,13 +13,10 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from stepcli.compare.attribution import OpChange
-from stepcli.compare.render import render_console, render_markdown
-from stepcli.errors import EXIT_USAGE, StepcliError
-from stepcli.compare.model import Measurement, OpSteps, OpTime
 from stepcli.compare.load import (
     RUN_SCHEMA,
     RUN_SCHEMA_VERSIONS,
@@ -28,12 +25,40 @@ from stepcli.compare.load import (
     measurement_from_run,
     measurement_from_summary,
 )
-from stepcli.compare.verdict import METRICS, TOP_OPS, Comparison, OpRow, StepRow, decide, parse_confidence, parse_tolerance
+from stepcli.compare.model import Measurement, OpSteps, OpTime
+from stepcli.compare.render import render_console, render_markdown
+from stepcli.compare.verdict import (
+    METRICS,
+    TOP_OPS,
+    Comparison,
+    OpRow,
+    StepRow,
+    decide,
+    parse_confidence,
+    parse_tolerance,
+)
+from stepcli.errors import EXIT_USAGE, StepcliError
 
 __all__ = [
-    "METRICS", "RUN_SCHEMA", "RUN_SCHEMA_VERSIONS", "TOP_OPS", "Comparison", "Measurement", "OpRow", "OpTime",
-    "StepRow", "compare_main", "decide", "load_measurement", "load_side", "measurement_from_run",
-    "measurement_from_summary", "parse_confidence", "parse_tolerance", "render_console", "render_markdown",
+    "METRICS",
+    "RUN_SCHEMA",
+    "RUN_SCHEMA_VERSIONS",
+    "TOP_OPS",
+    "Comparison",
+    "Measurement",
+    "OpRow",
+    "OpTime",
+    "StepRow",
+    "compare_main",
+    "decide",
+    "load_measurement",
+    "load_side",
+    "measurement_from_run",
+    "measurement_from_summary",
+    "parse_confidence",
+    "parse_tolerance",
+    "render_console",
+    "render_markdown",
 ]
 
 
@@ -91,8 +116,9 @@ def compare_main(
             try:
                 Path(markdown_path).write_text(markdown, encoding="utf-8")
             except OSError as exc:
-                raise StepcliError(f"{markdown_path}: cannot write the Markdown report ({exc.strerror or exc})",
-                                   EXIT_USAGE) from None
+                raise StepcliError(
+                    f"{markdown_path}: cannot write the Markdown report ({exc.strerror or exc})", EXIT_USAGE
+                ) from None
     _append_step_summary(markdown)
     if comparison.verdict == "inconclusive":
         print(f"stepcli: warning: inconclusive: {comparison.message}", file=sys.stderr)
@@ -111,10 +137,12 @@ def _attribution(baseline: Measurement, current: Measurement, confidence: float)
             from stepcli.traces.reader import load_paths
 
             try:
-                sides.append(tuple(
-                    op_steps_from_traces(load_paths(list(files)), f"{side.label} #{index}")
-                    for index, files in enumerate(side.trace_files)
-                ))
+                sides.append(
+                    tuple(
+                        op_steps_from_traces(load_paths(list(files)), f"{side.label} #{index}")
+                        for index, files in enumerate(side.trace_files)
+                    )
+                )
             except StepcliError as exc:  # a trace deleted or damaged since the run: the verdict still stands
                 print(f"stepcli: warning: no per-operator attribution: {exc.message}", file=sys.stderr)
                 return ()
@@ -137,5 +165,7 @@ def _append_step_summary(markdown: str) -> None:
             handle.write("\n" + markdown)
     except OSError as exc:
         # The verdict is the product; a summary we cannot write only costs the pretty report.
-        print(f"stepcli: warning: could not append to GITHUB_STEP_SUMMARY {target}: {exc.strerror or exc}",
-              file=sys.stderr)
+        print(
+            f"stepcli: warning: could not append to GITHUB_STEP_SUMMARY {target}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )

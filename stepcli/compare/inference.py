@@ -20,8 +20,8 @@ side on these machines, numpy takes a few tenths of a second for both (scripts/b
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import numpy.typing as npt

@@ -10,19 +10,21 @@ from __future__ import annotations
 import math
 import os
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from stepcli.errors import EXIT_USAGE, StepcliError
-from stepcli.traces.shares import STEP_KEY
 from stepcli.compare.model import Measurement, OpSteps, OpTime, ProcessSteps, RunSteps
+from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.stats import STAT_NAMES, Stats, describe
+from stepcli.traces.shares import STEP_KEY
 
 if TYPE_CHECKING:
     from stepcli.traces.reader import Trace
 
 RUN_SCHEMA = "stepcli.run"
 RUN_SCHEMA_VERSIONS = (1, 2)
+
 
 def measurement_from_run(doc: Mapping[str, Any], label: str) -> Measurement:
     """A run summary document (`stepcli run --json`) as a Measurement; StepcliError if malformed."""
@@ -55,7 +57,9 @@ def measurement_from_run(doc: Mapping[str, Any], label: str) -> Measurement:
     processes = _run_processes(doc, label)
     run_id = doc.get("run_id")
     traces = doc.get("traces")
-    trace_files = tuple(p for p in traces if isinstance(p, str) and os.path.isfile(p)) if isinstance(traces, list) else ()
+    trace_files = (
+        tuple(p for p in traces if isinstance(p, str) and os.path.isfile(p)) if isinstance(traces, list) else ()
+    )
     return Measurement(
         label=label,
         kind="run",
@@ -158,9 +162,14 @@ def combine(measurements: Sequence[Measurement], label: str) -> Measurement:
     measured = [m for m in measurements if m.nothing_measured() is None]
     if not measured:
         first = measurements[0]
-        return Measurement(label=label, kind=first.kind, steps=0, populations=dict.fromkeys(first.populations),
-                           events=first.events, empty_reason="; ".join(
-                               f"{m.label}: {m.nothing_measured()}" for m in measurements))
+        return Measurement(
+            label=label,
+            kind=first.kind,
+            steps=0,
+            populations=dict.fromkeys(first.populations),
+            events=first.events,
+            empty_reason="; ".join(f"{m.label}: {m.nothing_measured()}" for m in measurements),
+        )
     without = [m.label for m in measured if not m.runs]
     if without:
         raise StepcliError(
@@ -204,7 +213,8 @@ def combine(measurements: Sequence[Measurement], label: str) -> Measurement:
         exit_status=statuses[0] if statuses else measured[0].exit_status,
         runs=runs,
         trace_files=tuple(files for m in measured for files in m.trace_files)
-        if all(m.trace_files for m in measured) else (),
+        if all(m.trace_files for m in measured)
+        else (),
         op_steps=op_steps,
     )
 
@@ -219,13 +229,20 @@ def load_measurement(path: str) -> Measurement:
         if summaries:
             if len(summaries) == 1:
                 return measurement_from_run(summaries[0][1], summaries[0][0])
-            return combine([measurement_from_run(doc, name) for name, doc in summaries],
-                           f"{path} ({len(summaries)} runs)")
+            return combine(
+                [measurement_from_run(doc, name) for name, doc in summaries], f"{path} ({len(summaries)} runs)"
+            )
         files = _folder_traces(target)
         if not files:
             # A run whose program never stepped writes no trace: that is "nothing measured", not bad input.
-            return Measurement(label=path, kind="trace", steps=0, populations={"recorded": None}, events=0,
-                               empty_reason="no trace files in this folder")
+            return Measurement(
+                label=path,
+                kind="trace",
+                steps=0,
+                populations={"recorded": None},
+                events=0,
+                empty_reason="no trace files in this folder",
+            )
         return _load_traces(path, files)
     if path.endswith(".gz"):  # stepcli writes run summaries as plain JSON: a .gz is a trace
         return _load_traces(path)
@@ -260,8 +277,8 @@ def load_measurement(path: str) -> Measurement:
 def _load_traces(label: str, files: Sequence[str] | None = None) -> Measurement:
     # Lazy: the trace reader and summarizer are only needed for trace inputs.
     from stepcli.compare.attribution import op_steps_from_traces
-    from stepcli.traces.summary import summarize
     from stepcli.traces.reader import load_paths
+    from stepcli.traces.summary import summarize
 
     traces: list[Trace] = load_paths(list(files or [label]))
     summary = summarize(traces).to_dict()

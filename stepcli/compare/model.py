@@ -3,8 +3,9 @@ them, and operator times. Loading (stepcli.compare.load) fills it; the verdict (
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Mapping
+from typing import Literal
 
 from stepcli.stats import Stats
 
@@ -52,9 +53,7 @@ class RunSteps:
             kept = [
                 (step, ms)
                 for step, ms, phase in zip(process.steps, process.times_ms, process.phases)
-                if step >= first_step
-                and not (self.start_up_step and step == 0)
-                and (phases is None or phase in phases)
+                if step >= first_step and not (self.start_up_step and step == 0) and (phases is None or phase in phases)
             ]
             if kept:
                 out.append(kept)
@@ -94,7 +93,9 @@ class Measurement:
     def description(self) -> str:
         what = "run summary" if self.kind == "run" else "trace"
         if len(self.runs) > 1:
-            what = f"{len(self.runs)} {what.replace('summary', 'summaries') if self.kind == 'run' else 'runs of traces'}"
+            what = (
+                f"{len(self.runs)} {what.replace('summary', 'summaries') if self.kind == 'run' else 'runs of traces'}"
+            )
         extra = f", {self.events} events" if self.events is not None else ""
         return f"{what}, {self.steps} steps{extra}"
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from stepcli.compare.attribution import OpChange
-from stepcli.traces.render import NAME_WIDTH, shorten
-from stepcli.stats import percentile
 from stepcli.compare.verdict import Comparison, OpRow, StepRow, _ci, _fmt_level, _fmt_ms, _pct, _signed
+from stepcli.stats import percentile
+from stepcli.traces.render import NAME_WIDTH, shorten
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -21,7 +22,12 @@ def _step_cells(row: StepRow) -> list[str]:
     if row.stat == "count":
         fmt = lambda v: "-" if v is None else str(int(v))  # noqa: E731
         delta = None if row.baseline is None or row.current is None else row.current - row.baseline
-        return [fmt(row.baseline), fmt(row.current), "-" if delta is None else f"{int(delta):+d}", _pct(delta, row.baseline)]
+        return [
+            fmt(row.baseline),
+            fmt(row.current),
+            "-" if delta is None else f"{int(delta):+d}",
+            _pct(delta, row.baseline),
+        ]
     delta = None if row.baseline is None or row.current is None else row.current - row.baseline
     return [_fmt_ms(row.baseline), _fmt_ms(row.current), _signed(delta), _pct(delta, row.baseline)]
 
@@ -53,8 +59,9 @@ def interval_line(c: Comparison) -> str | None:
     )
 
 
-def histogram(baseline: Sequence[float], current: Sequence[float], bins: int = HISTOGRAM_BINS,
-              width: int = HISTOGRAM_WIDTH) -> list[str]:
+def histogram(
+    baseline: Sequence[float], current: Sequence[float], bins: int = HISTOGRAM_BINS, width: int = HISTOGRAM_WIDTH
+) -> list[str]:
     """Both sides' step times on shared bins (1st to 99th percentile; the ends collect the outliers).
 
     Bars are each side's share of its own steps, so sides with different step counts compare by shape.
@@ -117,13 +124,25 @@ def render_console(comparison: Comparison, console: Console) -> None:
         plain(f"steps:    {used}")
 
     steps = Table(title="Step time (ms)", title_justify="left")
-    for name, justify in (("steps", "left"), ("stat", "left"), ("baseline", "right"), ("current", "right"),
-                          ("delta", "right"), ("delta %", "right"), ("", "left")):
+    for name, justify in (
+        ("steps", "left"),
+        ("stat", "left"),
+        ("baseline", "right"),
+        ("current", "right"),
+        ("delta", "right"),
+        ("delta %", "right"),
+        ("", "left"),
+    ):
         steps.add_column(name, justify=justify)  # type: ignore[arg-type]
     for row in c.step_rows:
         decides = row.decides and row.stat == c.metric and c.verdict != "nothing_measured"
-        steps.add_row(row.population, row.stat, *_step_cells(row), "<- decides" if decides else "",
-                      style="bold" if decides else None)
+        steps.add_row(
+            row.population,
+            row.stat,
+            *_step_cells(row),
+            "<- decides" if decides else "",
+            style="bold" if decides else None,
+        )
     console.print(steps)
 
     lines = histogram(c.baseline_samples, c.current_samples)
@@ -133,12 +152,20 @@ def render_console(comparison: Comparison, console: Console) -> None:
             plain(line)
 
     if c.op_changes:
-        ops = Table(title=f"Operators whose self time per step changed most (ms per step, {_fmt_level(c.confidence)} CI)",
-                    title_justify="left")
+        ops = Table(
+            title=f"Operators whose self time per step changed most (ms per step, {_fmt_level(c.confidence)} CI)",
+            title_justify="left",
+        )
         # Fits 80 columns: the kind rides on device names ("[gpu]"), "sig" says whether the interval excludes 0;
         # numbers are never cut, names are shortened in the middle as `table` does.
-        for name, justify in (("operator", "left"), ("baseline", "right"), ("current", "right"),
-                              ("delta", "right"), ("interval", "right"), ("sig", "left")):
+        for name, justify in (
+            ("operator", "left"),
+            ("baseline", "right"),
+            ("current", "right"),
+            ("delta", "right"),
+            ("interval", "right"),
+            ("sig", "left"),
+        ):
             ops.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
         change_cells = [_change_cells(change)[1:] for change in c.op_changes]
         width = _name_width(console, change_cells, ("baseline", "current", "delta", "interval", "sig"))
@@ -148,10 +175,20 @@ def render_console(comparison: Comparison, console: Console) -> None:
             ops.add_row(Text(name), *cells[:-1], "yes" if change.significant else "no")
         console.print(ops)
     elif c.op_rows:
-        ops = Table(title="Top operators by self time (ms)", caption="totals over each side's recorded steps",
-                    title_justify="left", caption_justify="left")
-        for name, justify in (("operator", "left"), ("baseline", "right"), ("current", "right"),
-                              ("delta", "right"), ("delta %", "right"), ("", "left")):
+        ops = Table(
+            title="Top operators by self time (ms)",
+            caption="totals over each side's recorded steps",
+            title_justify="left",
+            caption_justify="left",
+        )
+        for name, justify in (
+            ("operator", "left"),
+            ("baseline", "right"),
+            ("current", "right"),
+            ("delta", "right"),
+            ("delta %", "right"),
+            ("", "left"),
+        ):
             ops.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
         op_cells = [_op_cells(op) for op in c.op_rows]
         width = _name_width(console, op_cells, ("baseline", "current", "delta", "delta %", ""))
@@ -161,8 +198,13 @@ def render_console(comparison: Comparison, console: Console) -> None:
 
     for note in c.notes:
         plain(f"note: {note}")
-    style = {"no_change": "bold green", "improvement": "bold green", "regression": "bold red",
-             "inconclusive": "bold yellow", "nothing_measured": "bold yellow"}[c.verdict]
+    style = {
+        "no_change": "bold green",
+        "improvement": "bold green",
+        "regression": "bold red",
+        "inconclusive": "bold yellow",
+        "nothing_measured": "bold yellow",
+    }[c.verdict]
     console.print(Text(c.verdict_line, style=style), soft_wrap=True)
 
 
@@ -192,11 +234,23 @@ def render_markdown(comparison: Comparison) -> str:
     ]
     for row in c.step_rows:
         decides = row.decides and row.stat == c.metric and c.verdict != "nothing_measured"
-        cells = [row.population, f"**{row.stat}**" if decides else row.stat, *_step_cells(row), "decides" if decides else ""]
+        cells = [
+            row.population,
+            f"**{row.stat}**" if decides else row.stat,
+            *_step_cells(row),
+            "decides" if decides else "",
+        ]
         lines.append(_md_row(cells))
     bars = histogram(c.baseline_samples, c.current_samples)
     if bars:
-        lines += ["", "**Step-time distribution** (deciding steps, share of each side's steps)", "", "```text", *bars, "```"]
+        lines += [
+            "",
+            "**Step-time distribution** (deciding steps, share of each side's steps)",
+            "",
+            "```text",
+            *bars,
+            "```",
+        ]
     if c.op_changes:
         lines += [
             "",

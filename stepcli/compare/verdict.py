@@ -29,14 +29,22 @@ Verdict rules (the contract the tests pin down):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from stepcli.compare.attribution import OpChange
-from stepcli.errors import EXIT_INCONCLUSIVE, EXIT_NOTHING_MEASURED, EXIT_OK, EXIT_REGRESSION
 from stepcli.compare.budgets import exceeds
-from stepcli.compare.inference import DEFAULT_RESAMPLES, Change, block_length, estimate_change, more_needed, warmup_length
+from stepcli.compare.inference import (
+    DEFAULT_RESAMPLES,
+    Change,
+    block_length,
+    estimate_change,
+    more_needed,
+    warmup_length,
+)
 from stepcli.compare.model import Measurement
+from stepcli.errors import EXIT_INCONCLUSIVE, EXIT_NOTHING_MEASURED, EXIT_OK, EXIT_REGRESSION
 from stepcli.stats import STAT_NAMES, Stats, describe
 
 METRICS = ("median", "mean", "p90", "min", "max")
@@ -296,11 +304,13 @@ def decide(
     }[verdict]
     runs_text = (
         f"runs resampled ({change.baseline_runs} baseline, {change.current_runs} current), then "
-        if change.baseline_runs > 1 or change.current_runs > 1 else ""
+        if change.baseline_runs > 1 or change.current_runs > 1
+        else ""
     )
     one_run = (
         "; one run per side, so run-to-run variation is not in the interval (pass several --baseline/--current runs)"
-        if change.baseline_runs == 1 and change.current_runs == 1 else ""
+        if change.baseline_runs == 1 and change.current_runs == 1
+        else ""
     )
     blocks = sorted({block_length(len(p)) for run in b_runs + c_runs for p in run})
     method = (
@@ -339,7 +349,9 @@ def _decide_on_statistics(
     cur = float(c_stats[metric])  # type: ignore[literal-required]
     delta = cur - base
     limit = max(tolerance * base, min_delta_ms)
-    verdict: Verdict = "regression" if exceeds(delta, limit) else "improvement" if exceeds(-delta, limit) else "no_change"
+    verdict: Verdict = (
+        "regression" if exceeds(delta, limit) else "improvement" if exceeds(-delta, limit) else "no_change"
+    )
     for label, stats in (("baseline", b_stats), ("current", c_stats)):
         if stats["count"] < 3:
             notes.append(f"only {stats['count']} step(s) on the {label} side decide; the verdict is noisy")
@@ -518,4 +530,3 @@ def _ci(low: float, high: float, base: float) -> str:
     if base == 0:
         return f"{_signed(low)} .. {_signed(high)} ms"
     return f"{_pct(low, base)} .. {_pct(high, base)}"
-

@@ -21,7 +21,9 @@ def main() -> None:
     features = torch.randn(args.batch_size * args.iterations, 128)
     labels = (features[:, :10].sum(dim=1) > 0).long()
     loader = DataLoader(TensorDataset(features, labels), batch_size=args.batch_size, shuffle=True)
-    model = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 2)).to(args.device)
+    model = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 2)).to(
+        args.device
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
 

@@ -10,14 +10,15 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
-from stepcli.run.advice import Advice, Evidence, advise
 from stepcli.agent.config import STEP_LOG_SUFFIX
-from stepcli.run.compiles import compiled_steps
 from stepcli.errors import StepcliError, TraceError
+from stepcli.run.advice import Advice, Evidence, advise
+from stepcli.run.compiles import compiled_steps
 from stepcli.stats import Stats, describe
 
 if TYPE_CHECKING:
@@ -55,8 +56,11 @@ def _process_steps_from_summary(summary: dict[str, Any]) -> list[ProcessSteps]:
                 phases = _mark_compiles(phases, _compiled_by_worker(summary).get(str(proc.get("worker")), set()))
                 out.append(
                     ProcessSteps(
-                        label=_worker_label(proc), rank=proc.get("rank"), steps=list(range(len(values))),
-                        values_ms=[float(v) for v in values], phases=phases[: len(values)],
+                        label=_worker_label(proc),
+                        rank=proc.get("rank"),
+                        steps=list(range(len(values))),
+                        values_ms=[float(v) for v in values],
+                        phases=phases[: len(values)],
                     )
                 )
                 break
@@ -71,8 +75,11 @@ def _process_steps_from_summary(summary: dict[str, Any]) -> list[ProcessSteps]:
         phases = str(summary.get("timeline_phases") or "").ljust(len(timeline), "0")
         out.append(
             ProcessSteps(
-                label=_worker_label(primary), rank=primary.get("rank"), steps=list(range(len(timeline))),
-                values_ms=[float(v) for v in timeline], phases=phases[: len(timeline)],
+                label=_worker_label(primary),
+                rank=primary.get("rank"),
+                steps=list(range(len(timeline))),
+                values_ms=[float(v) for v in timeline],
+                phases=phases[: len(timeline)],
             )
         )
     return out
@@ -101,8 +108,11 @@ def _process_steps_from_logs(logs: list[dict[str, Any]]) -> list[ProcessSteps]:
         phases = _mark_compiles(str(log.get("phases") or "").ljust(len(durations), "0"), compiled_steps(log))
         out.append(
             ProcessSteps(
-                label=_worker_label(log), rank=log.get("rank"), steps=list(range(len(durations))),
-                values_ms=[d / 1000.0 for d in durations], phases=phases[: len(durations)],
+                label=_worker_label(log),
+                rank=log.get("rank"),
+                steps=list(range(len(durations))),
+                values_ms=[d / 1000.0 for d in durations],
+                phases=phases[: len(durations)],
             )
         )
     return out
@@ -266,8 +276,8 @@ def build(
     `traces` holds what was already read of these files (after `stepcli run`, by the run summary); without it
     they are read here, once.
     """
-    from stepcli.traces.render import outside_note
     from stepcli.traces.readonce import RunTraces
+    from stepcli.traces.render import outside_note
     from stepcli.traces.summary import merge_parts
 
     traces = traces if traces is not None else RunTraces()
@@ -297,8 +307,11 @@ def build(
             rows.sort()
             processes.append(
                 ProcessSteps(
-                    label=f"rank {rank}" if rank is not None else "trace", rank=rank, steps=[s for s, _ in rows],
-                    values_ms=[v for _, v in rows], phases="2" * len(rows),
+                    label=f"rank {rank}" if rank is not None else "trace",
+                    rank=rank,
+                    steps=[s for s, _ in rows],
+                    values_ms=[v for _, v in rows],
+                    phases="2" * len(rows),
                 )
             )
     data.processes = processes
@@ -307,7 +320,10 @@ def build(
     untouched = [v for p in processes for s, v, c in zip(p.steps, p.values_ms, p.phases) if c == "0" and s != 0]
     recorded = [v for p in processes for s, v, c in zip(p.steps, p.values_ms, p.phases) if c in "23" and s != 0]
     if untouched:
-        data.distribution, data.distribution_label = untouched, "untouched steps (no profiler running), start-up left out"
+        data.distribution, data.distribution_label = (
+            untouched,
+            "untouched steps (no profiler running), start-up left out",
+        )
     elif recorded:
         data.distribution, data.distribution_label = recorded, "recorded steps"
     for label, values in (("untouched steps", untouched), ("recorded steps", recorded)):
@@ -355,10 +371,13 @@ def build(
     # Memory.
     if summary is not None:
         data.memory_peaks = [
-            (_worker_label(p), p.get("peak_rss_bytes"), p.get("cuda_peak_bytes")) for p in summary.get("processes") or []
+            (_worker_label(p), p.get("peak_rss_bytes"), p.get("cuda_peak_bytes"))
+            for p in summary.get("processes") or []
         ]
     elif logs:
-        data.memory_peaks = [(_worker_label(log), log.get("peak_rss_bytes"), log.get("cuda_peak_bytes")) for log in logs]
+        data.memory_peaks = [
+            (_worker_label(log), log.get("peak_rss_bytes"), log.get("cuda_peak_bytes")) for log in logs
+        ]
     data.memory_curves = traces.memory_curves(trace_paths)
 
     # Files.
@@ -369,8 +388,10 @@ def build(
 
     lead = processes[0] if processes else None
     # Operator calls are summed over every trace, so per-step rates divide by the steps of every trace.
-    recorded_steps = len(analysis["steps"]) if analysis else sum(
-        (r.get("step_ms") or {}).get("count", 0) for r in (summary or {}).get("ranks") or []
+    recorded_steps = (
+        len(analysis["steps"])
+        if analysis
+        else sum((r.get("step_ms") or {}).get("count", 0) for r in (summary or {}).get("ranks") or [])
     )
     data.advice = advise(
         Evidence(
@@ -398,7 +419,9 @@ def _rank_steps(processes: list[ProcessSteps]) -> dict[int, list[float]]:
         return {}
     for untouched_only in (True, False):
         tables = {
-            int(p.rank): {s: v for s, v, c in zip(p.steps, p.values_ms, p.phases) if s != 0 and (c == "0" or not untouched_only)}
+            int(p.rank): {
+                s: v for s, v, c in zip(p.steps, p.values_ms, p.phases) if s != 0 and (c == "0" or not untouched_only)
+            }
             for p in ranked
             if p.rank is not None
         }
@@ -423,9 +446,15 @@ def _add_run_facts(data: ReportData, summary: dict[str, Any]) -> None:
     facts.append(("command", shlex.join(command)))
     if status is not None:
         facts.append(("exit status", str(status)))
-    for key, label in (("started_at", "started"), ("duration_s", "duration (s)"), ("host", "host"),
-                       ("platform", "platform"), ("python", "python"), ("torch", "torch"),
-                       ("stepcli_version", "stepcli")):
+    for key, label in (
+        ("started_at", "started"),
+        ("duration_s", "duration (s)"),
+        ("host", "host"),
+        ("platform", "platform"),
+        ("python", "python"),
+        ("torch", "torch"),
+        ("stepcli_version", "stepcli"),
+    ):
         if summary.get(key) is not None:
             facts.append((label, str(summary[key])))
     schedule = summary.get("schedule") or {}

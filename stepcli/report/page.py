@@ -7,14 +7,15 @@ and the table-sorting script are inline, charts are inline SVG, file links are r
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from html import escape
+from typing import Any
 from urllib.parse import quote
-from typing import Any, Sequence
 
 from stepcli import __version__
 from stepcli.report import GENERATOR, svg
-from stepcli.traces.render import shorten
 from stepcli.report.data import ReportData
+from stepcli.traces.render import shorten
 
 NAME_CHARS = 110  # longer operator and kernel names are cut in the middle; the full name is the cell's tooltip
 
@@ -97,12 +98,22 @@ _PHASE_LEGEND = (  # (label, colour, phase codes that show it)
     ("program's own profiler", "#1c7ed6", "4"),
     ("torch.compile", "#e8590c", "c"),
 )
-_BREAKDOWN_COLORS = {"dataloader": "#f59f00", "forward": "#4c6ef5", "backward": "#7950f2", "optimizer": "#12b886", "other": "#adb5bd"}
+_BREAKDOWN_COLORS = {
+    "dataloader": "#f59f00",
+    "forward": "#4c6ef5",
+    "backward": "#7950f2",
+    "optimizer": "#12b886",
+    "other": "#adb5bd",
+}
 _SERIES_COLORS = ("#3b5bdb", "#2f9e44", "#e8590c", "#ae3ec9", "#1098ad", "#c92a2a", "#5c940d", "#862e9c")
 
 
 def _legend(items: Sequence[tuple[str, str]]) -> str:
-    return '<div class="legend">' + "".join(f'<span><i style="background:{c}"></i>{escape(t)}</span>' for t, c in items) + "</div>"
+    return (
+        '<div class="legend">'
+        + "".join(f'<span><i style="background:{c}"></i>{escape(t)}</span>' for t, c in items)
+        + "</div>"
+    )
 
 
 def _full_name(name: str) -> str:
@@ -114,8 +125,10 @@ def _ops_table(rows: Sequence[dict[str, Any]], table_id: str, with_shape: bool =
     if not rows:
         return '<p class="muted">none in the trace</p>'
     top_share = max((r.get("self_share") or 0.0) for r in rows) or 1.0
-    head = "<tr><th>Name</th>" + ('<th class="shape">Input shapes</th>' if with_shape else "") + (
-        "<th>Calls</th><th>Self ms</th><th>Self share</th><th>Total ms</th><th>Avg ms</th></tr>"
+    head = (
+        "<tr><th>Name</th>"
+        + ('<th class="shape">Input shapes</th>' if with_shape else "")
+        + ("<th>Calls</th><th>Self ms</th><th>Self share</th><th>Total ms</th><th>Avg ms</th></tr>")
     )
     body = []
     for r in rows:
@@ -140,7 +153,12 @@ def _kpis(data: ReportData) -> str:
         items.append((f"{label}: p90", svg.fmt_ms(stats["p90"])))
     steps = max((len(p.steps) for p in data.processes), default=0)
     if steps:
-        items.append(("steps measured", f"{steps:,}" + (f" × {len(data.processes)} processes" if len(data.processes) > 1 else "")))
+        items.append(
+            (
+                "steps measured",
+                f"{steps:,}" + (f" × {len(data.processes)} processes" if len(data.processes) > 1 else ""),
+            )
+        )
     if data.breakdowns:
         parts = {k: sum(b.get(k, 0.0) for _, b in data.breakdowns) for k in svg.BREAKDOWN_ORDER}
         total = sum(parts.values())
@@ -149,7 +167,11 @@ def _kpis(data: ReportData) -> str:
             items.append(("largest phase", f"{top} {parts[top] / total:.0%}"))
     if data.device:
         items.append(("device busy", f"{data.device['busy_share']:.0%}"))
-    return '<div class="kpis">' + "".join(f'<div class="kpi"><span>{escape(a)}</span><b>{escape(b)}</b></div>' for a, b in items) + "</div>"
+    return (
+        '<div class="kpis">'
+        + "".join(f'<div class="kpi"><span>{escape(a)}</span><b>{escape(b)}</b></div>' for a, b in items)
+        + "</div>"
+    )
 
 
 def render(data: ReportData, report_path: str) -> str:
@@ -166,7 +188,7 @@ def render(data: ReportData, report_path: str) -> str:
         for item in data.advice:
             add(
                 f'<div class="card advice" data-rule="{escape(item.rule)}"><b>{escape(item.title)}</b>'
-                f"{escape(item.evidence)} <span class=\"muted\">(threshold {escape(item.threshold)})</span><br>"
+                f'{escape(item.evidence)} <span class="muted">(threshold {escape(item.threshold)})</span><br>'
                 f"{escape(item.suggestion)}</div>"
             )
     else:
@@ -176,11 +198,15 @@ def render(data: ReportData, report_path: str) -> str:
     if data.processes:
         longest = max(len(p.steps) for p in data.processes)
         curves = [
-            svg.Curve(p.label, p.steps, p.values_ms, p.phases, highlight=p.label == data.slowest and len(data.processes) > 1)
+            svg.Curve(
+                p.label, p.steps, p.values_ms, p.phases, highlight=p.label == data.slowest and len(data.processes) > 1
+            )
             for p in data.processes
         ]
         add(svg.timeline_chart(curves))
-        legend = [(p.label, _SERIES_COLORS[i % 8]) for i, p in enumerate(data.processes)] if len(data.processes) > 1 else []
+        legend = (
+            [(p.label, _SERIES_COLORS[i % 8]) for i, p in enumerate(data.processes)] if len(data.processes) > 1 else []
+        )
         present = {code for p in data.processes for code in set(p.phases)}
         phases = [(label, colour) for label, colour, codes in _PHASE_LEGEND if present & set(codes)]
         if present - set("01234c"):
@@ -207,8 +233,8 @@ def render(data: ReportData, report_path: str) -> str:
         add(svg.histogram_chart(data.distribution, stats["median"], stats["p90"]))
         add(
             f'<p class="muted">{escape(data.distribution_label)}: n={stats["count"]:,}, median '
-            f'{escape(svg.fmt_ms(stats["median"]))}, p90 {escape(svg.fmt_ms(stats["p90"]))}, min '
-            f'{escape(svg.fmt_ms(stats["min"]))}, max {escape(svg.fmt_ms(stats["max"]))}. Bins run to the 99th '
+            f"{escape(svg.fmt_ms(stats['median']))}, p90 {escape(svg.fmt_ms(stats['p90']))}, min "
+            f"{escape(svg.fmt_ms(stats['min']))}, max {escape(svg.fmt_ms(stats['max']))}. Bins run to the 99th "
             "percentile; slower steps count in the last bin.</p>"
         )
     else:
@@ -216,9 +242,15 @@ def render(data: ReportData, report_path: str) -> str:
 
     add('<h2 id="breakdown">Step breakdown (recorded steps, mean per step)</h2>')
     if data.breakdowns:
-        busy = (data.device["busy_ms"], data.device["busy_ms"] / data.device["busy_share"]) if data.device and data.device.get("busy_share") else None
+        busy = (
+            (data.device["busy_ms"], data.device["busy_ms"] / data.device["busy_share"])
+            if data.device and data.device.get("busy_share")
+            else None
+        )
         # The bars are the recorded steps: outline the rank slowest over those (the timeline marks the whole run's).
-        slowest_bar = max(data.breakdowns, key=lambda row: sum(row[1].values()))[0] if len(data.breakdowns) > 1 else None
+        slowest_bar = (
+            max(data.breakdowns, key=lambda row: sum(row[1].values()))[0] if len(data.breakdowns) > 1 else None
+        )
         add(svg.breakdown_chart(data.breakdowns, highlight=slowest_bar, device_busy=busy))
         add(_legend([(k, _BREAKDOWN_COLORS[k]) for k in svg.BREAKDOWN_ORDER]))
     else:
@@ -258,8 +290,10 @@ def render(data: ReportData, report_path: str) -> str:
         add(f'<dt>{escape(label)}</dt><dd><a href="{escape(href)}">{escape(path)}</a></dd>')
     add("</dl>")
     if data.files:
-        add('<p class="muted">Open a trace in Perfetto UI or TensorBoard\'s profiler, or summarize it with '
-            "<code>stepcli table</code>.</p>")
+        add(
+            '<p class="muted">Open a trace in Perfetto UI or TensorBoard\'s profiler, or summarize it with '
+            "<code>stepcli table</code>.</p>"
+        )
     if data.notes:
         add('<h2 id="notes">Notes</h2>')
         for note in data.notes:
@@ -267,8 +301,9 @@ def render(data: ReportData, report_path: str) -> str:
     add("<footer>Generated by stepcli report.</footer>")
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width,initial-scale=1">' + GENERATOR +
-        f"<title>{escape(data.title)}</title><style>{_CSS}</style></head><body><main>"
+        '<meta name="viewport" content="width=device-width,initial-scale=1">'
+        + GENERATOR
+        + f"<title>{escape(data.title)}</title><style>{_CSS}</style></head><body><main>"
         + "\n".join(parts)
         + f"</main><script>{_JS}</script></body></html>\n"
     )

@@ -8,9 +8,9 @@ which keeps every spike visible while bounding the document size.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
-from typing import Sequence
 
 WIDTH = 960
 MAX_POINTS = 1200  # per curve; more than the chart has pixel columns
@@ -40,10 +40,14 @@ class Curve:
 
 def phase_class(code: str) -> str:
     """CSS class for a phase code; codes this version does not know (e.g. compile steps) get their own colour."""
-    return {"0": "ph-untouched", "1": "ph-warmup", "2": "ph-recorded", "3": "ph-recorded", "4": "ph-foreign",
-            "c": "ph-compile"}.get(
-        code, "ph-other"
-    )
+    return {
+        "0": "ph-untouched",
+        "1": "ph-warmup",
+        "2": "ph-recorded",
+        "3": "ph-recorded",
+        "4": "ph-foreign",
+        "c": "ph-compile",
+    }.get(code, "ph-other")
 
 
 def fmt_ms(value: float) -> str:
@@ -136,9 +140,7 @@ def phase_runs(steps: Sequence[int], phases: str) -> list[tuple[int, int, str]]:
 def _frame(title: str, height: int, body: list[str]) -> str:
     return (
         f'<svg class="chart" viewBox="0 0 {WIDTH} {height}" width="100%" role="img" '
-        f'aria-label="{escape(title)}"><title>{escape(title)}</title>'
-        + "".join(body)
-        + "</svg>"
+        f'aria-label="{escape(title)}"><title>{escape(title)}</title>' + "".join(body) + "</svg>"
     )
 
 
@@ -190,7 +192,9 @@ def timeline_chart(curves: Sequence[Curve], title: str = "Step time over the run
     for tick in _ticks(y_max):
         y = y_of(tick)
         out.append(f'<line class="grid" x1="{left}" x2="{WIDTH - right}" y1="{_num(y)}" y2="{_num(y)}"/>')
-        out.append(f'<text class="axis" x="{left - 6}" y="{_num(y + 4)}" text-anchor="end">{escape(fmt_ms(tick))}</text>')
+        out.append(
+            f'<text class="axis" x="{left - 6}" y="{_num(y + 4)}" text-anchor="end">{escape(fmt_ms(tick))}</text>'
+        )
     for step in _step_ticks(first, last):
         x = x_of(step)
         out.append(f'<line class="tick" x1="{_num(x)}" x2="{_num(x)}" y1="{top + plot_h}" y2="{top + plot_h + 4}"/>')
@@ -265,7 +269,9 @@ def histogram_chart(values: Sequence[float], median: float, p90: float, title: s
         value = low + (high - low) * i / 4
         x = x_of(value)
         anchor = "start" if i == 0 else "end" if i == 4 else "middle"
-        out.append(f'<text class="axis" x="{_num(x)}" y="{top + plot_h + 17}" text-anchor="{anchor}">{escape(fmt_ms(value))}</text>')
+        out.append(
+            f'<text class="axis" x="{_num(x)}" y="{top + plot_h + 17}" text-anchor="{anchor}">{escape(fmt_ms(value))}</text>'
+        )
     for row, (label, value, cls) in enumerate((("median", median, "marker-median"), ("p90", p90, "marker-p90"))):
         x = x_of(value)
         out.append(f'<line class="{cls}" x1="{_num(x)}" x2="{_num(x)}" y1="{top - 4}" y2="{top + plot_h}"/>')
@@ -347,7 +353,9 @@ def breakdown_chart(
     return _frame(title, height, out)
 
 
-def memory_peaks_chart(rows: Sequence[tuple[str, int | None, int | None]], title: str = "Peak memory per process") -> str:
+def memory_peaks_chart(
+    rows: Sequence[tuple[str, int | None, int | None]], title: str = "Peak memory per process"
+) -> str:
     """Horizontal bars: peak RSS and, where measured, peak CUDA memory of each process."""
     row_h, left, right, top = 16, 120, 110, 8
     bars: list[tuple[str, str, int]] = []
@@ -364,17 +372,23 @@ def memory_peaks_chart(rows: Sequence[tuple[str, int | None, int | None]], title
     out: list[str] = []
     y = top
     for label, kind, value in bars:
-        out.append(f'<text class="axis" x="{left - 8}" y="{y + row_h - 3}" text-anchor="end">{escape(label)} {kind}</text>')
+        out.append(
+            f'<text class="axis" x="{left - 8}" y="{y + row_h - 3}" text-anchor="end">{escape(label)} {kind}</text>'
+        )
         out.append(
             f'<rect class="seg mem-{kind.lower()}" x="{left}" y="{y}" width="{_num(max(0.5, value * scale))}" '
             f'height="{row_h}"><title>{escape(label)} peak {kind} {escape(fmt_bytes(value))}</title></rect>'
         )
-        out.append(f'<text class="axis" x="{_num(left + value * scale + 6)}" y="{y + row_h - 3}">{escape(fmt_bytes(value))}</text>')
+        out.append(
+            f'<text class="axis" x="{_num(left + value * scale + 6)}" y="{y + row_h - 3}">{escape(fmt_bytes(value))}</text>'
+        )
         y += row_h + 6
     return _frame(title, height, out)
 
 
-def memory_curve_chart(curves: Sequence[tuple[str, Sequence[tuple[float, float]]]], title: str = "Allocated memory") -> str:
+def memory_curve_chart(
+    curves: Sequence[tuple[str, Sequence[tuple[float, float]]]], title: str = "Allocated memory"
+) -> str:
     """Allocated bytes over the recorded window (ms since its first event), one line per trace and device."""
     height, left, right, top, bottom = 240, 74, 16, 14, 34
     plot_w, plot_h = WIDTH - left - right, height - top - bottom
@@ -394,7 +408,9 @@ def memory_curve_chart(curves: Sequence[tuple[str, Sequence[tuple[float, float]]
     for tick in _ticks(y_max):
         y = y_of(tick)
         out.append(f'<line class="grid" x1="{left}" x2="{WIDTH - right}" y1="{_num(y)}" y2="{_num(y)}"/>')
-        out.append(f'<text class="axis" x="{left - 6}" y="{_num(y + 4)}" text-anchor="end">{escape(fmt_bytes(tick))}</text>')
+        out.append(
+            f'<text class="axis" x="{left - 6}" y="{_num(y + 4)}" text-anchor="end">{escape(fmt_bytes(tick))}</text>'
+        )
     for tick in _ticks(t_max, 6):
         out.append(
             f'<text class="axis" x="{_num(x_of(tick))}" y="{top + plot_h + 17}" text-anchor="middle">{escape(fmt_ms(tick))}</text>'

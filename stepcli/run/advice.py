@@ -7,8 +7,9 @@ thresholds are module constants so tests can check both sides of each, and the r
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable
 
 from stepcli.stats import percentile
 
@@ -138,7 +139,7 @@ def launch_bound(ev: Evidence) -> Advice | None:
         evidence=f"the device is idle {_pct(idle)} of the step while running {per_step:.0f} kernels per step "
         f"of {mean_us:.1f} µs on average",
         threshold=f"idle ≥ {_pct(IDLE_SHARE)}, kernels ≤ {SHORT_KERNEL_US:.0f} µs, ≥ {MANY_KERNELS_PER_STEP:.0f} per step",
-        suggestion="Fuse small kernels with torch.compile (mode=\"reduce-overhead\" adds CUDA graphs), capture the "
+        suggestion='Fuse small kernels with torch.compile (mode="reduce-overhead" adds CUDA graphs), capture the '
         "step in CUDA graphs, or raise the batch size so each kernel does more work.",
     )
 
@@ -173,7 +174,11 @@ def slow_optimizer(ev: Evidence) -> Advice | None:
     names = [str(op.get("name", "")) for op in (*ev.cpu_ops, *ev.kernels)]
     if any("_foreach_" in n or "_fused_" in n or re.search(r"fused_?(adam|sgd|adagrad)", n, re.I) for n in names):
         return None
-    per_tensor = {str(op["name"]): int(op.get("calls", 0)) / ev.recorded_steps for op in ev.cpu_ops if op.get("name") in PER_TENSOR_OPS}
+    per_tensor = {
+        str(op["name"]): int(op.get("calls", 0)) / ev.recorded_steps
+        for op in ev.cpu_ops
+        if op.get("name") in PER_TENSOR_OPS
+    }
     if not per_tensor or max(per_tensor.values()) < PER_TENSOR_CALLS:
         return None
     name, per_step = max(per_tensor.items(), key=lambda kv: kv[1])
@@ -223,9 +228,7 @@ def straggler(ev: Evidence) -> Advice | None:
         return None
     ratio = means[slowest] / typical
     ranks = sorted(ev.rank_steps)
-    slowest_in = sum(
-        1 for i in range(common) if max(ranks, key=lambda r: ev.rank_steps[r][i]) == slowest
-    ) / common
+    slowest_in = sum(1 for i in range(common) if max(ranks, key=lambda r: ev.rank_steps[r][i]) == slowest) / common
     if ratio < STRAGGLER_RATIO or slowest_in < STRAGGLER_CONSISTENCY:
         return None
     return Advice(

@@ -19,14 +19,22 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from stepcli.agent.config import CONFIG_ENV, LOG_FOLDER, atomic_write_json
 from stepcli.agent.ondemand import (
-    CONTROL_FOLDER, FINAL, LOCK_FILE, PING_LEASE_S, POLL_INTERVAL_S, PROC_PREFIX, REQUESTS_FILE, RUN_FILE,
+    CONTROL_FOLDER,
+    FINAL,
+    LOCK_FILE,
+    PING_LEASE_S,
+    POLL_INTERVAL_S,
+    PROC_PREFIX,
+    REQUESTS_FILE,
+    RUN_FILE,
     control_dir,
 )
 from stepcli.agent.output import human_size
@@ -54,8 +62,13 @@ class Ping:
     asked_at: float  # this host's clock, when the ping was first written
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "lease_s": PING_LEASE_S, "host": socket.gethostname(), "pid": os.getpid(),
-                "renewed_at": time.time()}  # a new value each time: the file changes, the processes' lease restarts
+        return {
+            "id": self.id,
+            "lease_s": PING_LEASE_S,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "renewed_at": time.time(),
+        }  # a new value each time: the file changes, the processes' lease restarts
 
 
 @dataclass(frozen=True)
@@ -66,8 +79,15 @@ class Request:
     last_step: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "open_at": self.open_at, "first_step": self.first_step, "last_step": self.last_step,
-                "host": socket.gethostname(), "pid": os.getpid(), "created_at": time.time()}
+        return {
+            "id": self.id,
+            "open_at": self.open_at,
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "created_at": time.time(),
+        }
 
 
 # -- finding the run ------------------------------------------------------------------------------------------
@@ -229,6 +249,7 @@ def _renewer(run: LiveRun, ping: Ping) -> Callable[[], None]:
                 _ping(run, ping)
             except OSError:
                 pass  # a shared file system's hiccup: the lease leaves time for the next try
+
     return renew
 
 
@@ -276,8 +297,13 @@ def _fresh(process: dict[str, Any], now: float, slack_steps: float = 3.0) -> boo
 
 
 def plan_request(
-    processes: list[dict[str, Any]], others: list[dict[str, Any]], schedule: Schedule | None,
-    wait: int, warmup: int, active: int, now: float,
+    processes: list[dict[str, Any]],
+    others: list[dict[str, Any]],
+    schedule: Schedule | None,
+    wait: int,
+    warmup: int,
+    active: int,
+    now: float,
 ) -> Request:
     """The first step every rank can still meet, clear of scheduled windows and of other captures' windows."""
     live = [p for p in processes if not p.get("ended")] or processes
@@ -314,7 +340,10 @@ def _order(process: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def wait_for_answers(
-    run: LiveRun, request: Request, timeout_at: float, renew: Callable[[], None] = lambda: None,
+    run: LiveRun,
+    request: Request,
+    timeout_at: float,
+    renew: Callable[[], None] = lambda: None,
 ) -> tuple[list[dict[str, Any]], str]:
     """(the processes with their answer to `request`, why it stopped waiting when nothing final came)."""
     while True:
@@ -345,17 +374,34 @@ def wait_for_answers(
 
 
 def _outcome(
-    processes: list[dict[str, Any]], request: Request, stop: str, timeout: float, now: float, ping: Ping | None = None,
+    processes: list[dict[str, Any]],
+    request: Request,
+    stop: str,
+    timeout: float,
+    now: float,
+    ping: Ping | None = None,
 ) -> dict[str, Any]:
     traces, missing, idle = [], [], []
     for process in sorted(processes, key=_order):
         answer = process.get("responses", {}).get(request.id)
-        who = {"worker": _label(process), "rank": process.get("rank"), "host": process.get("host"), "pid": process.get("pid")}
+        who = {
+            "worker": _label(process),
+            "rank": process.get("rank"),
+            "host": process.get("host"),
+            "pid": process.get("pid"),
+        }
         if isinstance(answer, dict) and answer.get("status") == "saved":
-            traces.append(who | {
-                "first_step": answer["first_step"], "last_step": answer["last_step"], "path": answer["trace"],
-                "bytes": answer["bytes"], "complete": answer.get("complete", True),
-            } | ({"note": answer["note"]} if answer.get("note") else {}))
+            traces.append(
+                who
+                | {
+                    "first_step": answer["first_step"],
+                    "last_step": answer["last_step"],
+                    "path": answer["trace"],
+                    "bytes": answer["bytes"],
+                    "complete": answer.get("complete", True),
+                }
+                | ({"note": answer["note"]} if answer.get("note") else {})
+            )
             continue
         if isinstance(answer, dict) and answer.get("status") in ("refused", "not_recorded"):
             reason = str(answer.get("reason", answer["status"]))
@@ -379,8 +425,12 @@ def _outcome(
         missing += idle
     document: dict[str, Any] = {
         "schema": SCHEMA,
-        "request": {"id": request.id, "first_step": request.first_step, "last_step": request.last_step,
-                    "warmup_from": request.open_at},
+        "request": {
+            "id": request.id,
+            "first_step": request.first_step,
+            "last_step": request.last_step,
+            "warmup_from": request.open_at,
+        },
         "traces": traces,
         "not_captured": missing,
     }
@@ -390,7 +440,11 @@ def _outcome(
 
 
 def _why_nothing(
-    processes: list[dict[str, Any]], missing: list[dict[str, Any]], stop: str, timeout: float, now: float,
+    processes: list[dict[str, Any]],
+    missing: list[dict[str, Any]],
+    stop: str,
+    timeout: float,
+    now: float,
     ping: Ping | None = None,
 ) -> str:
     if missing and stop != "timeout":
@@ -404,8 +458,10 @@ def _why_nothing(
         if ping is not None and not any(heard(p, ping) for p in processes):
             # Quiet is normal until somebody asks: the last heartbeat may be much older than the last step.
             top = max(int(p.get("step", 0)) for p in processes)
-            return (f"the run stopped stepping: its last step (at least {top}) came before this capture asked, "
-                    f"{now - ping.asked_at:.0f} s ago")
+            return (
+                f"the run stopped stepping: its last step (at least {top}) came before this capture asked, "
+                f"{now - ping.asked_at:.0f} s ago"
+            )
         idle = now - float(latest.get("time", now))
         return f"the run stopped stepping: its last step ({latest.get('step')}) was {idle:.0f} s ago"
     details = "; ".join(f"{m['worker']}: {m['reason']}" for m in missing)
@@ -445,13 +501,23 @@ def capture_main(target: str, *, wait: int, warmup: int, active: int, timeout: f
         with _locked(run.folder):
             others, pings = _read_control(run.folder, run.run_id)
             processes = read_processes(run.folder)
-            request = plan_request([p for p in processes if heard(p, ping)] or processes, others, run.schedule,
-                                   wait, warmup, active, time.time())
+            request = plan_request(
+                [p for p in processes if heard(p, ping)] or processes,
+                others,
+                run.schedule,
+                wait,
+                warmup,
+                active,
+                time.time(),
+            )
             if os.path.exists(os.path.join(run.folder, RUN_FILE)):  # else the run ended: nothing brings the file back
                 _write_requests(run.folder, run.run_id, [*filter(_still_wanted, others), request.to_dict()], pings)
         if not as_json:
-            steps = f"step {request.first_step}" if request.first_step == request.last_step else \
-                f"steps {request.first_step}-{request.last_step}"
+            steps = (
+                f"step {request.first_step}"
+                if request.first_step == request.last_step
+                else f"steps {request.first_step}-{request.last_step}"
+            )
             warming = f" (warming up from step {request.open_at})" if request.open_at < request.first_step else ""
             _say(f"asked run {run.run_id} to record {steps}{warming}")
         processes, stop = wait_for_answers(run, request, timeout_at, renew)
@@ -478,14 +544,18 @@ def _withdraw(run: LiveRun, ping: Ping, request: Request | None) -> None:
         with _locked(run.folder):
             requests, pings = _read_control(run.folder, run.run_id)
             kept = [r for r in requests if r.get("id") not in mine and _still_wanted(r)]
-            _write_requests(run.folder, run.run_id, kept, [p for p in pings if p.get("id") not in mine and _still_wanted(p)])
+            _write_requests(
+                run.folder, run.run_id, kept, [p for p in pings if p.get("id") not in mine and _still_wanted(p)]
+            )
     except OSError:
         pass  # the run ended and took its control files with it
 
 
 def _nothing(why: str, as_json: bool) -> int:
     if as_json:
-        print(json.dumps({"schema": SCHEMA, "request": None, "traces": [], "not_captured": [], "reason": why}, indent=2))
+        print(
+            json.dumps({"schema": SCHEMA, "request": None, "traces": [], "not_captured": [], "reason": why}, indent=2)
+        )
     _say(f"nothing captured: {why}")
     return EXIT_NOTHING_MEASURED
 

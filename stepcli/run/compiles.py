@@ -65,17 +65,19 @@ def compile_summary(logs: list[dict[str, Any]]) -> dict[str, Any] | None:
         durations = log.get("durations_us", [])
         for step, events in sorted(_by_step(log).items()):
             events_all.extend(events)
-            steps.append({
-                "worker": log.get("worker"),
-                "step": step,
-                "seconds": round(sum(float(e.get("seconds") or 0.0) for e in events), 6),
-                "frames": sum(1 for e in events if e.get("kind") in ("compiled", "recompiled")),
-                "recompiles": sum(1 for e in events if e.get("kind") == "recompiled"),
-                "graph_breaks": sum(int(e.get("graph_breaks") or 0) for e in events),
-                "reasons": [e["reason"] for e in events if e.get("reason")],
-                "step_ms": round(durations[step] / 1000.0, 3) if 0 <= step < len(durations) else None,
-                "text": describe_step(step, events),
-            })
+            steps.append(
+                {
+                    "worker": log.get("worker"),
+                    "step": step,
+                    "seconds": round(sum(float(e.get("seconds") or 0.0) for e in events), 6),
+                    "frames": sum(1 for e in events if e.get("kind") in ("compiled", "recompiled")),
+                    "recompiles": sum(1 for e in events if e.get("kind") == "recompiled"),
+                    "graph_breaks": sum(int(e.get("graph_breaks") or 0) for e in events),
+                    "reasons": [e["reason"] for e in events if e.get("reason")],
+                    "step_ms": round(durations[step] / 1000.0, 3) if 0 <= step < len(durations) else None,
+                    "text": describe_step(step, events),
+                }
+            )
             if 0 < step < len(durations):  # step 0 is the start-up step, reported apart already
                 step_ms.append(durations[step] / 1000.0)
     if not events_all:

@@ -17,8 +17,9 @@ from stepcli import __version__
 from stepcli.errors import EXIT_INTERNAL, StepcliError
 
 if TYPE_CHECKING:
-    from stepcli.agent.config import AgentConfig
     from typing import Protocol
+
+    from stepcli.agent.config import AgentConfig
 
     class RunRequest(Protocol):
         """The part of stepcli.run.launcher.RunRequest this module reads (declared here: launcher imports us)."""
@@ -27,8 +28,9 @@ if TYPE_CHECKING:
         def json_path(self) -> str | None: ...
 
 
-def fallback_summary(config: AgentConfig, *, command: list[str], status: int, started: float, duration_s: float,
-                     error: str) -> dict[str, Any]:
+def fallback_summary(
+    config: AgentConfig, *, command: list[str], status: int, started: float, duration_s: float, error: str
+) -> dict[str, Any]:
     """A valid `stepcli.run` document that measured nothing (so `compare` says exit 3), with the error in notes."""
     from stepcli.run.summary import SCHEMA, SCHEMA_VERSION
 
@@ -64,16 +66,26 @@ def fallback_summary(config: AgentConfig, *, command: list[str], status: int, st
     }
 
 
-def summary_failed(exc: Exception, request: RunRequest, config: AgentConfig, *, command: list[str], status: int,
-                   started: float, duration_s: float, json_written: bool = False) -> int:
+def summary_failed(
+    exc: Exception,
+    request: RunRequest,
+    config: AgentConfig,
+    *,
+    command: list[str],
+    status: int,
+    started: float,
+    duration_s: float,
+    json_written: bool = False,
+) -> int:
     """Say what failed in one line, make sure `--json` exists, and return stepcli's exit status."""
     from stepcli.run.summary import write_run_summary
 
     error = f"{type(exc).__name__}: {exc}"
     _say(f"internal error while summarizing the run ({error}); traces are in {config.out_dir}")
     if request.json_path and not json_written:
-        document = fallback_summary(config, command=command, status=status, started=started,
-                                    duration_s=duration_s, error=error)
+        document = fallback_summary(
+            config, command=command, status=status, started=started, duration_s=duration_s, error=error
+        )
         try:
             write_run_summary(document, request.json_path)
             _say(f"wrote {request.json_path} without measurements (it says why in its notes)")

@@ -20,5 +20,7 @@ def hta_command(summary: dict[str, Any], relative: Any = os.path.relpath) -> str
     folder = relative(os.path.dirname(windows[0]["trace"]))
     # HTA's breakdowns need device kernels; on CPU-only traces they fail, and the steps per rank still help.
     analysis = "get_temporal_breakdown()" if summary.get("top_kernels") else "get_profiler_steps()"
-    code = f"from hta.trace_analysis import TraceAnalysis; print(TraceAnalysis(trace_dir={json.dumps(folder)}).{analysis})"
+    code = (
+        f"from hta.trace_analysis import TraceAnalysis; print(TraceAnalysis(trace_dir={json.dumps(folder)}).{analysis})"
+    )
     return f"python -c {shlex.quote(code)}"

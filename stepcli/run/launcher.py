@@ -79,7 +79,7 @@ class RunRequest:
         report: bool = True,
         verbose: bool = False,
         **profiler_options: bool,
-    ) -> "RunRequest":
+    ) -> RunRequest:
         """Validate everything that can be checked before the program starts (usage errors exit 2)."""
         try:
             schedule = Schedule(skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat)
@@ -192,7 +192,9 @@ def _prepare_out_dir(out_dir: str | None, label: str) -> Path:
     except StepcliError:
         raise
     except OSError as exc:
-        raise StepcliError(f"cannot write to output folder {out_dir or DEFAULT_RUNS_DIR}: {exc.strerror or exc}") from None
+        raise StepcliError(
+            f"cannot write to output folder {out_dir or DEFAULT_RUNS_DIR}: {exc.strerror or exc}"
+        ) from None
     return path
 
 
@@ -232,7 +234,7 @@ class _SignalForwarder:
         self._previous: dict[int, Any] = {}
         self._terminal_foreground = terminal_foreground
 
-    def __enter__(self) -> "_SignalForwarder":
+    def __enter__(self) -> _SignalForwarder:
         # Installed only after the child started: an ignored SIGINT at exec time would be inherited.
         for signum in self.FORWARDED:
             self._previous[signum] = signal.signal(signum, self._forward)
@@ -266,7 +268,9 @@ class _SignalForwarder:
             import psutil
 
             known = {p.pid for p in self.descendants}
-            self.descendants += [p for p in psutil.Process(self.proc.pid).children(recursive=True) if p.pid not in known]
+            self.descendants += [
+                p for p in psutil.Process(self.proc.pid).children(recursive=True) if p.pid not in known
+            ]
         except Exception:
             pass
 
@@ -358,7 +362,8 @@ def run_program(request: RunRequest) -> int:
     if not request.quiet:
         plan = (
             f"recording on demand: run `stepcli capture {shlex.quote(_short(out_dir))}` to trace the next steps"
-            if request.on_demand else request.schedule.describe()
+            if request.on_demand
+            else request.schedule.describe()
         )
         _say(f"{plan}; output in {_short(out_dir)}")
     _open_control(config)
@@ -413,8 +418,9 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
     except Exception as exc:  # the program's result, and the --json file CI reads next, must survive a bug here
         from stepcli.run.guard import summary_failed
 
-        return summary_failed(exc, request, config, command=display, status=status, started=started,
-                              duration_s=duration_s)
+        return summary_failed(
+            exc, request, config, command=display, status=status, started=started, duration_s=duration_s
+        )
     if request.json_path:  # before printing: a failure to print must not lose the file
         try:
             write_run_summary(summary, request.json_path)
@@ -429,8 +435,16 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
         except Exception as exc:
             from stepcli.run.guard import summary_failed
 
-            return summary_failed(exc, request, config, command=display, status=status, started=started,
-                                  duration_s=duration_s, json_written=True)
+            return summary_failed(
+                exc,
+                request,
+                config,
+                command=display,
+                status=status,
+                started=started,
+                duration_s=duration_s,
+                json_written=True,
+            )
     if request.fail_over:
         from stepcli.compare.budgets import check_budgets
 
@@ -459,6 +473,8 @@ def _open_control(config: AgentConfig) -> None:
         ondemand.open_control(config.out_dir, config.run_id, document)
     except OSError as exc:
         _say(f"warning: on-demand capture unavailable: {exc.strerror or exc}")
+
+
 def _html_report(
     request: RunRequest, config: AgentConfig, summary: dict[str, Any], traces: RunTraces | None = None
 ) -> tuple[str | None, list[str]]:
@@ -507,4 +523,3 @@ def _short(path: Path) -> str:
         return str(path.relative_to(Path.cwd()))
     except ValueError:
         return str(path)
-

@@ -154,7 +154,9 @@ def load_step_logs(config: AgentConfig, since: float) -> tuple[list[dict[str, An
         logs.append(log)
     if not refused:
         return logs, None
-    shown = "; ".join(refused[:_MAX_SHOWN]) + (f"; +{len(refused) - _MAX_SHOWN} more" if len(refused) > _MAX_SHOWN else "")
+    shown = "; ".join(refused[:_MAX_SHOWN]) + (
+        f"; +{len(refused) - _MAX_SHOWN} more" if len(refused) > _MAX_SHOWN else ""
+    )
     return logs, f"ignored {len(refused)} file(s) this run's processes did not write as recorded: {shown}"
 
 

@@ -9,22 +9,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import platform
 import shlex
 import socket
+import sys
 import uuid
+from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ContextManager
+from typing import TYPE_CHECKING, Any
 
 from stepcli import __version__
 from stepcli.agent.config import HELLO_PREFIX, AgentConfig
 from stepcli.agent.output import human_size
 from stepcli.agent.schedule import NONE
 from stepcli.agent.tracker import FOREIGN
-from stepcli.run.compiles import compile_lines, compile_summary, compiled_steps
 from stepcli.errors import StepcliError
+from stepcli.run.compiles import compile_lines, compile_summary, compiled_steps
 from stepcli.stats import describe
 
 if TYPE_CHECKING:
@@ -83,11 +84,27 @@ def _primary(logs: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 # stepcli run's own options: given after the script, they reach the program instead (and often its argparse).
-_RUN_OPTIONS = frozenset({
-    "--skip-first", "--wait", "--warmup", "--active", "--repeat", "--record-shapes", "--profile-memory",
-    "--with-stack", "--with-flops", "--with-modules", "--activities", "--step-on", "--out", "--gzip", "--json",
-    "--fail-over", "--quiet",
-})
+_RUN_OPTIONS = frozenset(
+    {
+        "--skip-first",
+        "--wait",
+        "--warmup",
+        "--active",
+        "--repeat",
+        "--record-shapes",
+        "--profile-memory",
+        "--with-stack",
+        "--with-flops",
+        "--with-modules",
+        "--activities",
+        "--step-on",
+        "--out",
+        "--gzip",
+        "--json",
+        "--fail-over",
+        "--quiet",
+    }
+)
 
 
 def _why_no_steps(config: AgentConfig, exit_status: int, command: list[str] | None = None) -> str:
@@ -248,7 +265,16 @@ def build_run_summary(
         "processes": [
             {
                 key: log.get(key)
-                for key in ("worker", "rank", "pid", "argv", "global_steps", "exit", "peak_rss_bytes", "cuda_peak_bytes")
+                for key in (
+                    "worker",
+                    "rank",
+                    "pid",
+                    "argv",
+                    "global_steps",
+                    "exit",
+                    "peak_rss_bytes",
+                    "cuda_peak_bytes",
+                )
             }
             | {"requesters": {r["name"]: r["calls"] for r in log.get("requesters", [])}}
             for log in logs
@@ -271,7 +297,7 @@ def build_run_summary(
     }
 
 
-def analysis_progress(enabled: bool = True) -> ContextManager[Any]:
+def analysis_progress(enabled: bool = True) -> AbstractContextManager[Any]:
     """A spinner on stderr while the traces are read after the program exits (seconds for large traces), so
     stepcli is not silent; only on a terminal: pipes and CI logs get no control characters."""
     try:
@@ -377,12 +403,17 @@ def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, 
     if memory["rss_bytes"] or memory["cuda_bytes"]:
         overview.add_row(
             "peak memory",
-            f"RSS {_bytes(memory['rss_bytes'])}" + (f"  CUDA {_bytes(memory['cuda_bytes'])}" if memory["cuda_bytes"] else ""),
+            f"RSS {_bytes(memory['rss_bytes'])}"
+            + (f"  CUDA {_bytes(memory['cuda_bytes'])}" if memory["cuda_bytes"] else ""),
         )
     console.print(overview)
     # Paths on lines of their own, never cut or wrapped, so they can be copied from any terminal or CI log.
     for window in summary["windows"]:
-        steps = f"{window['first_step']}-{window['last_step']}" if window["first_step"] != window["last_step"] else f"{window['first_step']}"
+        steps = (
+            f"{window['first_step']}-{window['last_step']}"
+            if window["first_step"] != window["last_step"]
+            else f"{window['first_step']}"
+        )
         extra = "" if window["complete"] else f" [yellow]({window.get('note', 'incomplete')})[/]"
         console.print(f"[bold]trace[/] steps {steps} {window['worker']} ({_bytes(window['bytes'])}){extra}:")
         console.print(f"  {window['trace']}", markup=False, soft_wrap=True)
@@ -399,8 +430,11 @@ def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, 
             if outside:
                 console.print(outside, markup=False, highlight=False, soft_wrap=True)
         if summary["top_kernels"]:
-            console.print(render.ops_table(summary["top_kernels"], "Top device kernels by self time", 10, width=width,
-                                           share_of=share_of))
+            console.print(
+                render.ops_table(
+                    summary["top_kernels"], "Top device kernels by self time", 10, width=width, share_of=share_of
+                )
+            )
         if summary.get("breakdown_ms"):
             console.print(render.breakdown_table(summary["breakdown_ms"], summary.get("device")))
         if len(summary.get("ranks", [])) > 1:
@@ -439,6 +473,3 @@ def _relative(path: str) -> str:
         return os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
     except ValueError:
         return path
-
-
-

@@ -65,8 +65,13 @@ class Columns:
         return [
             Event(name=names[n], cat=_KIND_CATEGORY[k], ph="X", pid=ids[p], tid=ids[t], ts=s, dur=d, shape=shapes[h])
             for n, k, p, t, s, d, h in zip(
-                self.name.tolist(), self.kind.tolist(), self.pid.tolist(), self.tid.tolist(), self.ts.tolist(),
-                self.dur.tolist(), self.shape.tolist(),
+                self.name.tolist(),
+                self.kind.tolist(),
+                self.pid.tolist(),
+                self.tid.tolist(),
+                self.ts.tolist(),
+                self.dur.tolist(),
+                self.shape.tolist(),
             )
         ]
 
@@ -329,6 +334,13 @@ def analysis_arrays(columns: Columns, ns: Nanoseconds) -> dict[str, np.ndarray]:
         bottom = np.where(step, nxt, bottom)
     self_ns = dur - child_sum[bottom]
     return {
-        "index": index, "thread": thread, "start": start, "end": end, "dur": dur, "parent": parent,
-        "kept": ~folded, "self": self_ns, "in_file": cpu,
+        "index": index,
+        "thread": thread,
+        "start": start,
+        "end": end,
+        "dur": dur,
+        "parent": parent,
+        "kept": ~folded,
+        "self": self_ns,
+        "in_file": cpu,
     }

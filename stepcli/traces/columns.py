@@ -7,14 +7,23 @@ dropped, unusable times and step numbers skipped and counted), kept as arrays in
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from stepcli.traces.arrays import Columns, kind_of
-from stepcli.traces.reader import FILTERED_NAMES, KEPT_CATEGORIES, MAX_TIME_US, _Keeper, _read, _usable_name, rank_from_name
+from stepcli.traces.reader import (
+    FILTERED_NAMES,
+    KEPT_CATEGORIES,
+    MAX_TIME_US,
+    _Keeper,
+    _read,
+    _usable_name,
+    rank_from_name,
+)
 
 _NAME, _CAT, _PH, _PID, _TID, _TS, _DUR = (attrgetter(f) for f in ("name", "cat", "ph", "pid", "tid", "ts", "dur"))
 _ARGS = attrgetter("args")
@@ -145,9 +154,7 @@ class ColumnKeeper(_Keeper):
     def columns(self) -> Columns:
         parts = self._parts
         types = (np.int32, np.int8, np.int32, np.int32, np.float64, np.float64, np.int32)
-        arrays = [
-            np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, t) for i, t in enumerate(types)
-        ]
+        arrays = [np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, t) for i, t in enumerate(types)]
         name, kind, pid, tid, ts, dur, shape = arrays
         return Columns(
             name=name,

@@ -13,15 +13,15 @@ import multiprocessing
 import os
 import sys
 import threading
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import Callable, TypeVar
 
 from stepcli.errors import StepcliError, TraceError
-from stepcli.traces.summary import FilePart, TraceSummary, merge_parts, summarize_read
 from stepcli.traces.columns import ColumnTrace, load_columns
 from stepcli.traces.reader import list_trace_files
-
+from stepcli.traces.summary import FilePart, TraceSummary, merge_parts, summarize_read
 
 _T = TypeVar("_T")
 
@@ -187,4 +187,3 @@ def summarize_paths(
     """`summarize(load_paths(paths))`, with files read in parallel and never all in memory at once."""
     parts = file_parts(paths, groupings=(group_by_shape,), shapes=group_by_shape, jobs=jobs, scheduler=scheduler)
     return merge_parts([p[0] for p in parts], group_by_shape=group_by_shape)
-

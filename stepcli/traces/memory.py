@@ -6,8 +6,8 @@ that contain memory events at all (a byte search, far cheaper than decoding).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import msgspec
 
@@ -17,7 +17,9 @@ MAX_CURVE_POINTS = 4000  # per device per trace, before the chart's own reductio
 _MARKER = b'"[memory]"'
 
 
-class _MemArgs(msgspec.Struct, rename={"allocated": "Total Allocated", "device_type": "Device Type", "device_id": "Device Id"}):
+class _MemArgs(
+    msgspec.Struct, rename={"allocated": "Total Allocated", "device_type": "Device Type", "device_id": "Device Id"}
+):
     allocated: int = -1
     device_type: int = 0
     device_id: int = -1
@@ -80,8 +82,8 @@ def _thin(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 def memory_curves(paths: Sequence[str], jobs: int | None = None) -> list[tuple[str, list[tuple[float, float]]]]:
     """Curves of every trace that has memory events, labelled with the trace's file name and device; the files
     are read in worker processes (stepcli.traces.engine.map_files), as the operator tables are."""
-    from stepcli.traces.engine import map_files
     from stepcli.errors import StepcliError
+    from stepcli.traces.engine import map_files
 
     try:
         per_file = map_files(_curves_of, [str(p) for p in paths], jobs)

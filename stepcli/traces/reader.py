@@ -23,9 +23,10 @@ import gc
 import math
 import os
 import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -198,7 +199,9 @@ class Trace:
     ) -> Trace:
         """A trace built from events in memory (tests, other tools): keeps the same subset the loader keeps."""
         all_events = list(events)
-        candidates = [e for e in all_events if e.ph == "X" and e.cat in KEPT_CATEGORIES and e.name not in FILTERED_NAMES]
+        candidates = [
+            e for e in all_events if e.ph == "X" and e.cat in KEPT_CATEGORIES and e.name not in FILTERED_NAMES
+        ]
         kept = [e for e in candidates if _usable_time(e.ts, e.dur) and _usable_name(e.name)]
         return cls(
             path=path,
@@ -301,7 +304,9 @@ def _read(path: str, shapes: bool, keeper_type: type[_Keeper]) -> tuple[_Meta, _
             gc.enable()
 
 
-def _decode(path: str, data: bytes | bytearray, shapes: bool, keeper: type[_Keeper] | None = None) -> tuple[_Meta, _Keeper]:
+def _decode(
+    path: str, data: bytes | bytearray, shapes: bool, keeper: type[_Keeper] | None = None
+) -> tuple[_Meta, _Keeper]:
     """Decode in slices when the layout allows it (checked by the decoder itself), else in one piece."""
     try:
         chunked = _decode_chunked(data, shapes, keeper or _Keeper)
@@ -409,7 +414,9 @@ def _decode_chunked(data: bytes | bytearray, shapes: bool, keeper_type: type[_Ke
     if not splits:
         return None
     view = memoryview(data)
-    decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(list[_ShapedEvent] if shapes else list[_DecodedEvent])
+    decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(
+        list[_ShapedEvent] if shapes else list[_DecodedEvent]
+    )
     keeper = keeper_type(shapes)
     previous = start
     for comma in splits:
@@ -432,7 +439,9 @@ def _decode_document(data: bytes | bytearray, shapes: bool) -> tuple[_Meta, list
     return _Meta(_rank_number(header.distributedInfo), _step_number(header.incomplete_step)), header.traceEvents
 
 
-def _decode_whole(path: str, data: bytes | bytearray, shapes: bool, keeper_type: type[_Keeper]) -> tuple[_Meta, _Keeper]:
+def _decode_whole(
+    path: str, data: bytes | bytearray, shapes: bool, keeper_type: type[_Keeper]
+) -> tuple[_Meta, _Keeper]:
     try:
         meta, events = _decode_document(data, shapes)
     except msgspec.ValidationError:
@@ -457,11 +466,15 @@ def _describe_decode_error(data: bytes | bytearray, exc: msgspec.DecodeError) ->
             position -= 1
         token = _BARE_CONSTANT.match(data, position)
         if token:
-            return f"invalid JSON: bare {token.group().decode()} at byte {position} is not JSON (write null or a number)"
+            return (
+                f"invalid JSON: bare {token.group().decode()} at byte {position} is not JSON (write null or a number)"
+            )
     return f"invalid JSON: {message}"
 
 
-def _decode_lenient(path: str, data: bytes | bytearray, shapes: bool, keeper_type: type[_Keeper]) -> tuple[_Meta, _Keeper]:
+def _decode_lenient(
+    path: str, data: bytes | bytearray, shapes: bool, keeper_type: type[_Keeper]
+) -> tuple[_Meta, _Keeper]:
     """Slow path for valid JSON whose fields have unexpected types: check it is a trace, coerce what can be."""
     # float_hook: a number out of float range (1e400) becomes inf, skipped below, instead of failing the decode.
     try:

@@ -9,7 +9,8 @@ parts to both, so a torchrun job's large per-rank traces are decoded once, not o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from stepcli.errors import StepcliError
 

@@ -7,7 +7,8 @@ import errno
 import io
 import os
 import sys
-from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -30,7 +31,9 @@ _SORTERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
 }
 
 
-def sort_rows(rows: Sequence[Mapping[str, Any]], sort_by: str = "self", limit: int | None = None) -> list[Mapping[str, Any]]:
+def sort_rows(
+    rows: Sequence[Mapping[str, Any]], sort_by: str = "self", limit: int | None = None
+) -> list[Mapping[str, Any]]:
     """Operator rows (the dict form of to_dict()) ordered by one of SORT_KEYS, at most `limit` of them."""
     ordered = sorted(rows, key=_SORTERS[sort_by])
     return ordered if limit is None else ordered[:limit]
@@ -91,10 +94,9 @@ def ops_table(
     `share_of` (stepcli.traces.shares) goes into the caption: what the Self % column is a share of.
     """
     from rich.table import Table
+    from rich.text import Text
 
     from stepcli.traces.shares import share_caption
-
-    from rich.text import Text
 
     shown = sort_rows(rows, sort_by, limit)
     with_shape = any("shape" in r for r in shown)
@@ -103,7 +105,8 @@ def ops_table(
         caption = "; ".join(filter(None, (caption, share_caption(share_of))))
     headers = ("Calls", "Self ms", "Self %", "Total ms", "Avg ms")
     numbers = [
-        [f"{r['calls']:,}", _ms(r["self_ms"]), _pct(r["self_share"]), _ms(r["total_ms"]), _ms(r["avg_ms"])] for r in shown
+        [f"{r['calls']:,}", _ms(r["self_ms"]), _pct(r["self_share"]), _ms(r["total_ms"]), _ms(r["avg_ms"])]
+        for r in shown
     ]
     shapes = [str(r.get("shape") or "") for r in shown] if with_shape else []
     fixed = sum(max([len(h), *(len(n[i]) for n in numbers)]) for i, h in enumerate(headers))
@@ -166,9 +169,7 @@ def steps_table(
     return table
 
 
-def _steps_long_table(
-    steps: Sequence[Mapping[str, Any]], processes: list[str], limit: int | None, title: str
-) -> Table:
+def _steps_long_table(steps: Sequence[Mapping[str, Any]], processes: list[str], limit: int | None, title: str) -> Table:
     from rich.table import Table
     from rich.text import Text
 
@@ -222,8 +223,14 @@ def ranks_table(
             for window in windows:
                 w_stats = window.get("step_ms") or {}
                 table.add_row(
-                    Text(f"  {window['steps']}"), str(w_stats.get("count", 0)), _ms(w_stats.get("mean")),
-                    _ms(w_stats.get("p90")), _ms(w_stats.get("max")), "", "", style="dim",
+                    Text(f"  {window['steps']}"),
+                    str(w_stats.get("count", 0)),
+                    _ms(w_stats.get("mean")),
+                    _ms(w_stats.get("p90")),
+                    _ms(w_stats.get("max")),
+                    "",
+                    "",
+                    style="dim",
                 )
     table.caption = "Compute = step time outside collectives; Wait = in collectives (c10d, gloo, NCCL), ms/step"
     table.caption_justify = "left"
@@ -257,7 +264,9 @@ def breakdown_table(
 # ------------------------------------------------------------------------------------------------ reports
 
 
-def print_table_report(summary: TraceSummary, *, sort_by: str, limit: int, fmt: str, file: IO[str] | None = None) -> None:
+def print_table_report(
+    summary: TraceSummary, *, sort_by: str, limit: int, fmt: str, file: IO[str] | None = None
+) -> None:
     """Write the report for `stepcli table` to stdout (or `file`) in one of FORMATS.
 
     A reader that stops early (`stepcli table T | head -1`) ends the report quietly, as it does for other Unix
@@ -351,13 +360,18 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
     elif data.get("device"):
         console.print(breakdown_table(None, data["device"], title="Device activity"))
     share_of = data.get("share_of")
-    console.print(ops_table(data["cpu_ops"], "CPU operators", limit, sort_by=sort_by, width=console.width, share_of=share_of))
+    console.print(
+        ops_table(data["cpu_ops"], "CPU operators", limit, sort_by=sort_by, width=console.width, share_of=share_of)
+    )
     outside = outside_note(data.get("outside_steps"))
     if outside:
         console.print(outside, highlight=False, soft_wrap=True, markup=False)
     if data["device_kernels"]:
-        console.print(ops_table(data["device_kernels"], "Device kernels", limit, sort_by=sort_by, width=console.width,
-                                share_of=share_of))
+        console.print(
+            ops_table(
+                data["device_kernels"], "Device kernels", limit, sort_by=sort_by, width=console.width, share_of=share_of
+            )
+        )
 
 
 _CSV_FIELDS = ("kind", "name", "calls", "self_ms", "total_ms", "avg_ms", "self_share")
@@ -405,8 +419,11 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
     if data["steps"]:
         lines += ["### Steps", ""]
         steps = data["steps"] if limit is None else data["steps"][: limit * max(1, len(data["ranks"]))]
-        lines += _md_table(("Process", "Step", "ms"), [(_process_label(s), s["step"], _ms(s["dur_ms"])) for s in steps],
-                           (False, True, True))
+        lines += _md_table(
+            ("Process", "Step", "ms"),
+            [(_process_label(s), s["step"], _ms(s["dur_ms"])) for s in steps],
+            (False, True, True),
+        )
         lines.append("")
     if data["ranks"]:
         slowest = data.get("slowest_rank")
@@ -416,11 +433,24 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
             st = r.get("step_ms") or {}
             mark = " (slowest)" if slowest is not None and r["rank"] == slowest else ""
             files = ", ".join(r.get("files") or [r.get("file") or ""])
-            rows.append((_process_label(r) + mark, files, st.get("count", 0), _ms(st.get("mean")),
-                         _ms(st.get("median")), _ms(st.get("p90")), _ms(st.get("max")), _ms(r.get("compute_ms")),
-                         _ms(r.get("comm_ms"))))
-        lines += _md_table(("Process", "Files", "Steps", "Mean ms", "Median ms", "P90 ms", "Max ms", "Compute ms",
-                            "Wait ms"), rows, (False, False, True, True, True, True, True, True, True))
+            rows.append(
+                (
+                    _process_label(r) + mark,
+                    files,
+                    st.get("count", 0),
+                    _ms(st.get("mean")),
+                    _ms(st.get("median")),
+                    _ms(st.get("p90")),
+                    _ms(st.get("max")),
+                    _ms(r.get("compute_ms")),
+                    _ms(r.get("comm_ms")),
+                )
+            )
+        lines += _md_table(
+            ("Process", "Files", "Steps", "Mean ms", "Median ms", "P90 ms", "Max ms", "Compute ms", "Wait ms"),
+            rows,
+            (False, False, True, True, True, True, True, True, True),
+        )
         lines.append("")
         if data.get("straggler"):
             lines += [f"Slowest rank: {data['straggler']['evidence']}.", ""]
@@ -437,10 +467,20 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
         if not rows_in and title == "Device kernels":
             continue
         lines += [f"### {title}", ""]
-        rows = [(f"`{r['name']}`" if "`" not in r["name"] else r["name"], r["calls"], _ms(r["self_ms"]), _pct(r["self_share"]),
-                 _ms(r["total_ms"]), _ms(r["avg_ms"])) for r in sort_rows(rows_in, sort_by, limit)]
-        lines += _md_table(("Name", "Calls", "Self ms", "Self %", "Total ms", "Avg ms"), rows,
-                           (False, True, True, True, True, True))
+        rows = [
+            (
+                f"`{r['name']}`" if "`" not in r["name"] else r["name"],
+                r["calls"],
+                _ms(r["self_ms"]),
+                _pct(r["self_share"]),
+                _ms(r["total_ms"]),
+                _ms(r["avg_ms"]),
+            )
+            for r in sort_rows(rows_in, sort_by, limit)
+        ]
+        lines += _md_table(
+            ("Name", "Calls", "Self ms", "Self %", "Total ms", "Avg ms"), rows, (False, True, True, True, True, True)
+        )
         lines += ["", f"{share_caption(data.get('share_of'))}.", ""]
         outside = outside_note(data.get("outside_steps")) if title == "CPU operators" else None
         if outside:

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from stepcli.inputs import GZIP_MAGIC, input_limit
 from stepcli.traces.arrays import Columns
 from stepcli.traces.columns import ColumnTrace
-from stepcli.inputs import GZIP_MAGIC, input_limit
 from stepcli.traces.reader import _EVENT_SEPARATOR, _TRACE_EVENTS_KEY, rank_from_name
 
 MIN_PIECE_BYTES = 32 * 1024 * 1024  # smaller files gain less from more processes than starting them costs
@@ -77,7 +77,9 @@ def read_piece(path: str, start: int, end: int, header_end: int, last: bool, sha
     from stepcli.traces.reader import _CHUNK_BYTES, _decode, _DecodedEvent, _Meta, _ShapedEvent
 
     keeper = ColumnKeeper(shapes)
-    decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(list[_ShapedEvent] if shapes else list[_DecodedEvent])
+    decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(
+        list[_ShapedEvent] if shapes else list[_DecodedEvent]
+    )
     meta = _Meta()
     try:
         with open(path, "rb") as file:
@@ -185,7 +187,9 @@ def read_split(
     meta = results[-1][0]
     rank = meta.rank if meta.rank is not None else rank_from_name(path)
     columns = join([r[1] for r in results])
-    return ColumnTrace(path, rank, columns, sum(r[2] for r in results), sum(r[3] for r in results), meta.incomplete_step)
+    return ColumnTrace(
+        path, rank, columns, sum(r[2] for r in results), sum(r[3] for r in results), meta.incomplete_step
+    )
 
 
 def join(parts: list[Columns]) -> Columns:

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import bisect
 import gc
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from stepcli.stats import Stats, describe
 from stepcli.traces.ranks import ProcessRow, WindowFacts, find_straggler, group_processes, is_communication, process_key
 from stepcli.traces.shares import STEP_KEY, share_basis, stable_name
-from stepcli.stats import Stats, describe
 
 if TYPE_CHECKING:
     from stepcli.traces.arrays import Columns
@@ -240,7 +241,7 @@ def _step_spans(steps: Iterable[tuple[int | str, str, int, int]], incomplete_ste
     by_pid: dict[int | str, list[tuple[int, int]]] = {}
     complete = False
     for pid, name, start, end in steps:
-        number = name[len(STEP_PREFIX):]
+        number = name[len(STEP_PREFIX) :]
         if number.isdecimal():
             by_pid.setdefault(pid, []).append((start, end))
             complete = complete or int(number) != incomplete_step
@@ -311,7 +312,12 @@ def _analyze(
         bucket.append((rnd((event.ts - base) * 1000), -rnd(event.dur * 1000), index, event))
 
     windows: list[_Window] = []
-    phase_spans: dict[int, list[tuple[int, int, int | str]]] = {_DATALOADER: [], _OPTIMIZER: [], _BACKWARD: [], _COMM: []}
+    phase_spans: dict[int, list[tuple[int, int, int | str]]] = {
+        _DATALOADER: [],
+        _OPTIMIZER: [],
+        _BACKWARD: [],
+        _COMM: [],
+    }
     # name -> (row key unless it is a step, phase, could be a ProfilerStep#N): computed once per distinct name
     name_info: dict[str, tuple[str, int, bool]] = {}
     rows = cpu.rows
@@ -366,7 +372,7 @@ def _analyze(
             window = None
             if info[2] and event.cat == "user_annotation":
                 row_key = STEP_KEY
-                number = name[len(STEP_PREFIX):]
+                number = name[len(STEP_PREFIX) :]
                 if number.isdecimal() and int(number) != incomplete_step:
                     window = _Window(int(number), pid, start, end, [])
                     windows.append(window)
@@ -414,6 +420,7 @@ def _analyze_columns(
     import numpy as np
 
     from stepcli.traces import arrays as col
+
     ns = col.nanoseconds(columns)
     names = columns.names
     shapes = columns.shapes
@@ -456,8 +463,12 @@ def _analyze_columns(
     # Host events outside every step of their process: no rows (not even empty ones), only the outside count.
     step_rows = np.nonzero(is_step)[0]
     step_spans = _step_spans(
-        zip(columns.pid[index[step_rows]].tolist(), [names[n] for n in name[step_rows].tolist()],
-            start[step_rows].tolist(), end[step_rows].tolist()),
+        zip(
+            columns.pid[index[step_rows]].tolist(),
+            [names[n] for n in name[step_rows].tolist()],
+            start[step_rows].tolist(),
+            end[step_rows].tolist(),
+        ),
         incomplete_step,
     )
     outside_events = outside_ns = 0
@@ -465,8 +476,9 @@ def _analyze_columns(
     if inside is None or inside.all():
         cpu_rows = col.rows_from(keyed(row_key, index), key_of, a["self"], a["dur"], counted=kept)
     else:
-        cpu_rows = col.rows_from(keyed(row_key[inside], index[inside]), key_of, a["self"][inside], a["dur"][inside],
-                                 counted=kept[inside])
+        cpu_rows = col.rows_from(
+            keyed(row_key[inside], index[inside]), key_of, a["self"][inside], a["dur"][inside], counted=kept[inside]
+        )
         left_out = kept & ~inside
         outside_events, outside_ns = int(left_out.sum()), int(a["self"][left_out].sum())
 
@@ -477,22 +489,30 @@ def _analyze_columns(
     windows: list[_Window] = []
     by_row: dict[int, _Window] = {}
     for row in step_rows.tolist():
-        number = names[int(name[row])][len(STEP_PREFIX):]
+        number = names[int(name[row])][len(STEP_PREFIX) :]
         if number.isdecimal() and int(number) != incomplete_step:
             window = by_row[row] = _Window(int(number), ids[int(pid_code[row])], int(start[row]), int(end[row]), [])
             windows.append(window)
     phase_totals = _phase_totals_arrays(list(by_row), start, end, phase, pid_code, parent)
 
-    phase_spans: dict[int, list[tuple[int, int, int | str]]] = {_DATALOADER: [], _OPTIMIZER: [], _BACKWARD: [], _COMM: []}
+    phase_spans: dict[int, list[tuple[int, int, int | str]]] = {
+        _DATALOADER: [],
+        _OPTIMIZER: [],
+        _BACKWARD: [],
+        _COMM: [],
+    }
     # The phase spans and the steps' children feed the per-window reference (`_step_phases`); with the totals
     # already measured on arrays, only communication spans are still needed.
     with_phase = np.nonzero(phase == _COMM if phase_totals is not None else phase)[0]
-    for p, s, e, pid in zip(phase[with_phase].tolist(), start[with_phase].tolist(), end[with_phase].tolist(),
-                            pid_code[with_phase].tolist()):
+    for p, s, e, pid in zip(
+        phase[with_phase].tolist(), start[with_phase].tolist(), end[with_phase].tolist(), pid_code[with_phase].tolist()
+    ):
         phase_spans[p].append((s, e, ids[pid]))
     if by_row and phase_totals is None:
         under = np.nonzero(np.isin(parent, np.fromiter(by_row, np.int64, len(by_row))))[0]
-        for p, s, e, ph in zip(parent[under].tolist(), start[under].tolist(), end[under].tolist(), phase[under].tolist()):
+        for p, s, e, ph in zip(
+            parent[under].tolist(), start[under].tolist(), end[under].tolist(), phase[under].tolist()
+        ):
             by_row[p].children.append((s, e, ph))
 
     cpu_span = None
@@ -517,8 +537,16 @@ def _analyze_columns(
         comm_spans.setdefault(main_pid, []).extend(comm_spans.pop("device"))
     comm_union = {pid: _union(spans) for pid, spans in comm_spans.items()}
     result = _TraceResult(
-        windows, phase_spans, device_union, cpu_span, comm_union, main_pid, outside_events, outside_ns,
-        phase_totals, device_arrays,
+        windows,
+        phase_spans,
+        device_union,
+        cpu_span,
+        comm_union,
+        main_pid,
+        outside_events,
+        outside_ns,
+        phase_totals,
+        device_arrays,
     )
     return cpu_rows, device_rows, result
 
@@ -547,6 +575,7 @@ def _phase_totals_arrays(
     import numpy as np
 
     from stepcli.traces import arrays as col
+
     totals = dict.fromkeys(PHASES, 0)
     if not rows:
         return totals, 0
@@ -808,7 +837,9 @@ def _device_busy_arrays(result: _TraceResult) -> tuple[int, int] | None:
 
 def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSummary:
     """Summarize one or more traces (e.g. all ranks of a run) into the tables `stepcli table` prints."""
-    return merge_parts([summarize_file(t, group_by_shape=group_by_shape) for t in traces], group_by_shape=group_by_shape)
+    return merge_parts(
+        [summarize_file(t, group_by_shape=group_by_shape) for t in traces], group_by_shape=group_by_shape
+    )
 
 
 def _add_rows(into: dict[Any, list[int]], rows: dict[Any, list[int]]) -> None:

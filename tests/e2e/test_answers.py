@@ -145,9 +145,24 @@ def test_straggler_is_the_rank_that_computes_most(tmp_path: Path) -> None:
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
     assert torchrun
     script = write_script(tmp_path, "straggler.py", STRAGGLER)
-    result = run_stepcli("run", "--active", "2", "-o", tmp_path / "out", "--json", tmp_path / "run.json",
-                         "--", torchrun, "--standalone", "--nproc-per-node", "2", script, timeout=300,
-                         cwd=tmp_path, env={"OMP_NUM_THREADS": "1", "COLUMNS": "80"})
+    result = run_stepcli(
+        "run",
+        "--active",
+        "2",
+        "-o",
+        tmp_path / "out",
+        "--json",
+        tmp_path / "run.json",
+        "--",
+        torchrun,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        script,
+        timeout=300,
+        cwd=tmp_path,
+        env={"OMP_NUM_THREADS": "1", "COLUMNS": "80"},
+    )
     assert result.returncode == 0, result.stderr
     run = json.loads((tmp_path / "run.json").read_text())
     ranks = {r["rank"]: r for r in run["ranks"]}
@@ -167,8 +182,22 @@ def test_windows_of_one_process_are_grouped_and_runs_in_one_folder_stay_apart(tm
     out = tmp_path / "out"
     # GIVEN --repeat 0 (a window per step) and then a second run into the same folder
     for _ in range(2):
-        result = run_stepcli("run", "--wait", "0", "--warmup", "0", "--active", "1", "--repeat", "0", "-o", out,
-                             script, "1", cwd=tmp_path)
+        result = run_stepcli(
+            "run",
+            "--wait",
+            "0",
+            "--warmup",
+            "0",
+            "--active",
+            "1",
+            "--repeat",
+            "0",
+            "-o",
+            out,
+            script,
+            "1",
+            cwd=tmp_path,
+        )
         assert result.returncode == 0, result.stderr
     assert "Recorded step time per rank" not in result.stderr  # one process: no per-rank table
     assert len(trace_files(out)) >= 8
@@ -194,4 +223,3 @@ def test_with_stack_keeps_python_frames_out_of_operator_tables(tmp_path: Path) -
     assert "aten::addmm" in names
     assert not [n for n in names if "0x" in n or ".py(" in n or n.startswith("<built-in")]
     assert not [r["name"] for r in run["top_operators"] if ".py(" in r["name"] or "0x" in r["name"]]
-

@@ -11,10 +11,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from conftest import load_trace, profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
@@ -25,8 +26,18 @@ from stepcli.agent.ondemand import OnDemand, WindowSchedule
 from stepcli.agent.schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP, Schedule
 from stepcli.agent.tracker import NEVER, StepTracker
 from stepcli.run.capture import (
-    LiveRun, Ping, Request, _outcome, _ping, _read_control, _read_requests, _still_wanted, _withdraw, await_heartbeats,
-    plan_request, wait_for_answers,
+    LiveRun,
+    Ping,
+    Request,
+    _outcome,
+    _ping,
+    _read_control,
+    _read_requests,
+    _still_wanted,
+    _withdraw,
+    await_heartbeats,
+    plan_request,
+    wait_for_answers,
 )
 
 # Steps until rank 0 sees <control>/pause, then idles (no steps) until <control>/end. Rank 0 decides and
@@ -119,8 +130,13 @@ def _wait_for_step(control: Path, step: int, proc: subprocess.Popen[bytes], log:
 def _interrupt_capture(out: Path, sig: signal.Signals) -> tuple[bool, int, str, bool]:
     """A capture waiting on a run that idles, stopped by `sig` once its ping is in the control folder."""
     requests = next(out.glob(".stepcli/*/control")) / "requests.json"
-    capture = subprocess.Popen([sys.executable, "-m", "stepcli", "capture", str(out), "--timeout", "60"],
-                               env=stepcli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    capture = subprocess.Popen(
+        [sys.executable, "-m", "stepcli", "capture", str(out), "--timeout", "60"],
+        env=stepcli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not requests.exists() and capture.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -145,11 +161,34 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
     script = write_script(tmp, "ddp.py", DDP_LOOP)
     out, control, log = tmp / "out", tmp / "control", tmp / "run.log"
     control.mkdir()
-    argv = [sys.executable, "-m", "stepcli", "run", "--on-demand", "-o", str(out), "--json", str(tmp / "run.json"), "--",
-            torchrun, "--standalone", "--nproc-per-node", "2", str(script), str(control)]
+    argv = [
+        sys.executable,
+        "-m",
+        "stepcli",
+        "run",
+        "--on-demand",
+        "-o",
+        str(out),
+        "--json",
+        str(tmp / "run.json"),
+        "--",
+        torchrun,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        str(control),
+    ]
     with open(log, "w") as handle:
-        proc = subprocess.Popen(argv, cwd=tmp, env=stepcli_env(), stdout=handle, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=tmp,
+            env=stepcli_env(),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
         _wait_for(control / "ready", 180, proc, log)
         _wait_for_step(control, 60, proc, log)  # 3 s of steps at least: a few polls, nobody listening
@@ -169,8 +208,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
         start = time.monotonic()
         stalled = run_stepcli("capture", out, "--timeout", "3", timeout=120)
         stalled_s = time.monotonic() - start
-        interrupted = {sig.name: _interrupt_capture(out, sig)
-                       for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        interrupted = {sig.name: _interrupt_capture(out, sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         (control / "end").touch()
         status = proc.wait(timeout=120)
         after_end = run_stepcli("capture", out, "--timeout", "3", timeout=60)
@@ -183,8 +221,24 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     summary = json.loads((tmp / "run.json").read_text())
-    yield Scenario(out, first, first_s, second, stalled, stalled_s, status, log.read_text(), after_end, summary,
-                   quiet, quiet_step, after_captures, later, later_steps, interrupted)
+    yield Scenario(
+        out,
+        first,
+        first_s,
+        second,
+        stalled,
+        stalled_s,
+        status,
+        log.read_text(),
+        after_end,
+        summary,
+        quiet,
+        quiet_step,
+        after_captures,
+        later,
+        later_steps,
+        interrupted,
+    )
 
 
 def _lines(text: str) -> list[str]:
@@ -272,7 +326,8 @@ def test_the_run_summary_lists_both_captured_windows(scenario: Scenario) -> None
     assert scenario.summary["on_demand"] is True
     windows = scenario.summary["windows"]
     assert sorted((w["worker"], w["first_step"]) for w in windows) == sorted(
-        (f"rank{r}", first) for r in (0, 1) for first in {w["first_step"] for w in windows})
+        (f"rank{r}", first) for r in (0, 1) for first in {w["first_step"] for w in windows}
+    )
     captures = {w["capture"] for w in windows}
     assert len(captures) == 2 and json.loads(scenario.second.stdout)["request"]["id"] in captures
 
@@ -309,7 +364,10 @@ def test_on_demand_refuses_schedule_flags(tmp_path: Path) -> None:
 
 
 def test_the_programs_own_profiler_wins_with_a_line_and_a_scheduled_run_answers_too(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "own.py", """
+    script = write_script(
+        tmp_path,
+        "own.py",
+        """
         import sys
         import time
         from pathlib import Path
@@ -334,13 +392,32 @@ def test_the_programs_own_profiler_wins_with_a_line_and_a_scheduled_run_answers_
         (control / "own_exported").touch()
         while not (control / "end").exists():
             step()
-    """)
+    """,
+    )
     control, log, out = tmp_path / "control", tmp_path / "run.log", tmp_path / "out"
     control.mkdir()
     with open(log, "w") as handle:  # a scheduled run: its window falls while the program's profiler runs
-        proc = subprocess.Popen([sys.executable, "-m", "stepcli", "run", "--wait", "2", "--active", "1", "-o", str(out),
-                                 str(script), str(control)], env=stepcli_env(), stdout=handle, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "stepcli",
+                "run",
+                "--wait",
+                "2",
+                "--active",
+                "1",
+                "-o",
+                str(out),
+                str(script),
+                str(control),
+            ],
+            env=stepcli_env(),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
         _wait_for(control / "ready", 120, proc, log)
         refused = run_stepcli("capture", out, "--timeout", "20", timeout=60)
@@ -354,7 +431,9 @@ def test_the_programs_own_profiler_wins_with_a_line_and_a_scheduled_run_answers_
     assert refused.returncode == 3, refused.stderr
     lines = _lines(refused.stderr)
     assert len(lines) == 2 and refused.stdout == "", lines
-    assert re.fullmatch(r"stepcli: nothing captured: \S+_\d+: the program's own profiler is running .*", lines[1]), lines
+    assert re.fullmatch(r"stepcli: nothing captured: \S+_\d+: the program's own profiler is running .*", lines[1]), (
+        lines
+    )
     own = load_trace(control / "own.json")["traceEvents"]
     assert any(e.get("name") == "aten::addmm" for e in own)  # the program's own trace is intact
     assert after.returncode == 0, after.stderr + log.read_text()
@@ -421,13 +500,37 @@ def _control(tmp_path: Path, processes: list[dict[str, Any]]) -> Path:
 def test_a_rank_that_hangs_does_not_hold_up_the_others(tmp_path: Path) -> None:
     now = time.time()
     request = Request("r1", 10, 11, 12)
-    saved = {"status": "saved", "first_step": 11, "last_step": 12, "trace": "/t/rank0.json", "bytes": 5, "complete": True}
-    folder = _control(tmp_path, [
-        {"rank": 0, "worker": "rank0", "step": 14, "time": now, "steps_per_s": 10.0, "responses": {"r1": saved}},
-        {"rank": 1, "worker": "rank1", "step": 9, "time": now - 30, "steps_per_s": 10.0,
-         "responses": {"r1": {"status": "accepted"}}},
-        {"rank": 2, "worker": "rank2", "step": 3, "time": now - 60, "steps_per_s": 10.0, "ended": "exit", "responses": {}},
-    ])
+    saved = {
+        "status": "saved",
+        "first_step": 11,
+        "last_step": 12,
+        "trace": "/t/rank0.json",
+        "bytes": 5,
+        "complete": True,
+    }
+    folder = _control(
+        tmp_path,
+        [
+            {"rank": 0, "worker": "rank0", "step": 14, "time": now, "steps_per_s": 10.0, "responses": {"r1": saved}},
+            {
+                "rank": 1,
+                "worker": "rank1",
+                "step": 9,
+                "time": now - 30,
+                "steps_per_s": 10.0,
+                "responses": {"r1": {"status": "accepted"}},
+            },
+            {
+                "rank": 2,
+                "worker": "rank2",
+                "step": 3,
+                "time": now - 60,
+                "steps_per_s": 10.0,
+                "ended": "exit",
+                "responses": {},
+            },
+        ],
+    )
     run = LiveRun("run1", str(folder), None)
     start = time.monotonic()
     processes, stop = wait_for_answers(run, request, timeout_at=now + 30)
@@ -435,7 +538,8 @@ def test_a_rank_that_hangs_does_not_hold_up_the_others(tmp_path: Path) -> None:
     outcome = _outcome(processes, request, stop, 30, time.time())
     assert [t["worker"] for t in outcome["traces"]] == ["rank0"]
     assert [(m["worker"], m["reason"].split(" (")[0]) for m in outcome["not_captured"]] == [
-        ("rank1", "stopped stepping at step 9")]  # rank2 ended before the request: not part of it
+        ("rank1", "stopped stepping at step 9")
+    ]  # rank2 ended before the request: not part of it
 
 
 def test_requests_of_captures_that_died_are_dropped(tmp_path: Path) -> None:
@@ -485,15 +589,17 @@ def _listening_process(tmp_path: Path) -> tuple[OnDemand, Path]:
     """A process's side of the protocol on a real tracker, with no recorder (requests would be refused)."""
     config = AgentConfig(run_id="run1", out_dir=str(tmp_path), launcher_pid=0, on_demand=True, quiet=True)
     folder = Path(ondemand.open_control(str(tmp_path), "run1", {"run_id": "run1"}))
-    agent = SimpleNamespace(config=config, enabled=True, foreign=set(), pid=os.getpid(), recorder=None,
-                            tracker=StepTracker())
+    agent = SimpleNamespace(
+        config=config, enabled=True, foreign=set(), pid=os.getpid(), recorder=None, tracker=StepTracker()
+    )
     process = OnDemand(agent)  # type: ignore[arg-type]
     assert process.active
     return process, folder / f"proc.{process.host}.{os.getpid()}.json"
 
 
 def test_a_process_writes_its_heartbeat_only_while_a_capture_listens(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     process, path = _listening_process(tmp_path)
     requests = path.parent / "requests.json"
@@ -537,7 +643,8 @@ def test_a_process_writes_its_heartbeat_only_while_a_capture_listens(
 
 
 def test_a_request_file_that_could_not_be_read_is_read_again_at_the_next_poll(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     process, path = _listening_process(tmp_path)
     requests = path.parent / "requests.json"
@@ -563,10 +670,13 @@ def test_a_request_file_that_could_not_be_read_is_read_again_at_the_next_poll(
 def test_capture_waits_for_fresh_heartbeats_but_not_for_ended_or_quiet_processes(tmp_path: Path) -> None:
     now = time.time()
     ping = Ping("p1", now)
-    folder = _control(tmp_path, [
-        {"rank": 0, "step": 500, "time": now, "steps_per_s": 10.0, "pings": ["p1"], "ended": ""},
-        {"rank": 2, "step": 3, "time": now - 60, "steps_per_s": 0.0, "pings": [], "ended": "exit"},
-    ])
+    folder = _control(
+        tmp_path,
+        [
+            {"rank": 0, "step": 500, "time": now, "steps_per_s": 10.0, "pings": ["p1"], "ended": ""},
+            {"rank": 2, "step": 3, "time": now - 60, "steps_per_s": 0.0, "pings": [], "ended": "exit"},
+        ],
+    )
     run = LiveRun("run1", str(folder), None)
     renewals: list[float] = []
     start = time.monotonic()
@@ -596,14 +706,21 @@ def test_a_run_quiet_since_before_capture_asked_is_said_to_have_stopped_stepping
     now = time.time()
     ping = Ping("p1", now - 20)
     request = Request("r1", 210, 211, 212)
-    quiet = [{"rank": r, "worker": f"rank{r}", "step": 1, "time": now - 3600, "steps_per_s": 0.0, "pings": [],
-              "ended": ""} for r in (0, 1)]
+    quiet = [
+        {"rank": r, "worker": f"rank{r}", "step": 1, "time": now - 3600, "steps_per_s": 0.0, "pings": [], "ended": ""}
+        for r in (0, 1)
+    ]
     outcome = _outcome(quiet, request, "timeout", 20, now, ping)
     assert outcome["traces"] == [] and outcome["not_captured"] == []
-    assert outcome["reason"] == "the run stopped stepping: its last step (at least 1) came before this capture asked, 20 s ago"
+    assert (
+        outcome["reason"]
+        == "the run stopped stepping: its last step (at least 1) came before this capture asked, 20 s ago"
+    )
     heard = [dict(p, pings=["p1"], step=200, steps_per_s=10.0, time=now - 15) for p in quiet]  # then stopped
-    assert _outcome(heard, request, "timeout", 20, now, ping)["reason"] == \
-        "the run stopped stepping: its last step (200) was 15 s ago"
+    assert (
+        _outcome(heard, request, "timeout", 20, now, ping)["reason"]
+        == "the run stopped stepping: its last step (200) was 15 s ago"
+    )
 
 
 def test_a_capture_pings_renews_and_withdraws_leaving_no_file(tmp_path: Path) -> None:
@@ -613,8 +730,9 @@ def test_a_capture_pings_renews_and_withdraws_leaving_no_file(tmp_path: Path) ->
     gone = dict(Ping("gone", 0.0).to_dict(), pid=int(dead.stdout))  # a capture killed before it could withdraw
     elsewhere = dict(Ping("far", 0.0).to_dict(), host="another-node")
     request = Request("r1", 5, 6, 7)
-    atomic_write_json(str(folder / "requests.json"), {"run_id": "run1", "requests": [request.to_dict()],
-                                                      "pings": [gone, elsewhere]})
+    atomic_write_json(
+        str(folder / "requests.json"), {"run_id": "run1", "requests": [request.to_dict()], "pings": [gone, elsewhere]}
+    )
     ping = Ping("mine", time.time())
     _ping(run, ping)
     requests, pings = _read_control(str(folder), "run1")

@@ -66,8 +66,9 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """fast/, fast2/ (same program), slow/ (+100 ms per step): two ranks' traces each; nosteps/."""
     root = tmp_path_factory.mktemp("traces")
     script = write_script(root, "make_traces.py", MAKE_TRACES)
-    done = subprocess.run([sys.executable, str(script), str(root)], env=stepcli_env(), capture_output=True,
-                          text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, str(script), str(root)], env=stepcli_env(), capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stderr
     for name in ("fast", "fast2", "slow"):
         assert len(list((root / name).glob("*.pt.trace.json"))) == 2
@@ -90,12 +91,17 @@ def assert_bad_input(result: subprocess.CompletedProcess[str], *mentions: str) -
 
 
 def verdict(stdout: str) -> str:
-    lines = [line for line in stdout.splitlines() if re.match(r"(NO CHANGE|IMPROVEMENT|INCONCLUSIVE|REGRESSION|NOTHING MEASURED): ", line)]
+    lines = [
+        line
+        for line in stdout.splitlines()
+        if re.match(r"(NO CHANGE|IMPROVEMENT|INCONCLUSIVE|REGRESSION|NOTHING MEASURED): ", line)
+    ]
     assert len(lines) == 1, stdout
     return lines[0]
 
 
 # ---------------------------------------------------------------- traces
+
 
 def test_trace_against_itself_passes(traces: Path) -> None:
     # GIVEN one plain torch.profiler trace WHEN compared with itself THEN exit 0, never a regression. Three
@@ -104,7 +110,9 @@ def test_trace_against_itself_passes(traces: Path) -> None:
     result = run_stepcli("compare", trace, trace)
     assert result.returncode == 0, result.stderr
     line = verdict(result.stdout)
-    assert re.match(r"(NO CHANGE|INCONCLUSIVE): median step time \(recorded steps\) .* \(\+0\.000 ms, \+0\.0%, 95% CI ", line)
+    assert re.match(
+        r"(NO CHANGE|INCONCLUSIVE): median step time \(recorded steps\) .* \(\+0\.000 ms, \+0\.0%, 95% CI ", line
+    )
     assert ("stepcli: warning: inconclusive" in result.stderr) == line.startswith("INCONCLUSIVE")
     assert "aten::" in result.stdout  # the operator table
 
@@ -180,12 +188,21 @@ def test_bad_trace_files(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- run summaries
 
+
 def stats(median: float, count: int = 10) -> dict[str, Any]:
-    return {"count": count, "mean": median * 1.02, "median": median, "p90": median * 1.2, "min": median * 0.9,
-            "max": median * 1.5}
+    return {
+        "count": count,
+        "mean": median * 1.02,
+        "median": median,
+        "p90": median * 1.2,
+        "min": median * 0.9,
+        "max": median * 1.5,
+    }
 
 
-def run_summary(untouched: float | None = 10.0, profiled: float | None = 13.0, steps: int = 20, **extra: Any) -> dict[str, Any]:
+def run_summary(
+    untouched: float | None = 10.0, profiled: float | None = 13.0, steps: int = 20, **extra: Any
+) -> dict[str, Any]:
     """A document shaped like `stepcli run --json` (schema version 1)."""
     doc = {
         "schema": "stepcli.run",
@@ -199,7 +216,14 @@ def run_summary(untouched: float | None = 10.0, profiled: float | None = 13.0, s
         },
         "top_operators": [
             {"name": "aten::addmm", "calls": 12, "self_ms": 4.0, "total_ms": 6.0, "avg_ms": 0.5, "self_share": 0.4},
-            {"name": "Optimizer.step#SGD.step", "calls": 4, "self_ms": 2.0, "total_ms": 3.0, "avg_ms": 0.75, "self_share": 0.2},
+            {
+                "name": "Optimizer.step#SGD.step",
+                "calls": 4,
+                "self_ms": 2.0,
+                "total_ms": 3.0,
+                "avg_ms": 0.75,
+                "self_share": 0.2,
+            },
         ],
         "traces": [],
     }
@@ -216,7 +240,8 @@ def write_json(path: Path, doc: Any) -> Path:
 def summaries(tmp_path: Path) -> dict[str, Path]:
     slow_ops = run_summary(untouched=20.0, profiled=26.0)
     slow_ops["top_operators"].append(
-        {"name": "aten::sleepy", "calls": 4, "self_ms": 40.0, "total_ms": 40.0, "avg_ms": 10.0, "self_share": 0.6})
+        {"name": "aten::sleepy", "calls": 4, "self_ms": 40.0, "total_ms": 40.0, "avg_ms": 10.0, "self_share": 0.6}
+    )
     return {
         "base": write_json(tmp_path / "base.json", run_summary()),
         "noisy": write_json(tmp_path / "noisy.json", run_summary(untouched=10.9, profiled=30.0)),
@@ -256,8 +281,11 @@ def test_run_summary_regression_shows_numbers_and_new_ops(summaries: dict[str, P
 
 
 def test_zero_step_run_measures_nothing(summaries: dict[str, Path]) -> None:
-    for pair in ((summaries["base"], summaries["zero"]), (summaries["zero"], summaries["base"]),
-                 (summaries["zero"], summaries["zero"])):
+    for pair in (
+        (summaries["base"], summaries["zero"]),
+        (summaries["zero"], summaries["base"]),
+        (summaries["zero"], summaries["zero"]),
+    ):
         result = run_stepcli("compare", *pair)
         assert result.returncode == 3, result.stdout + result.stderr
         assert "has 0 steps" in verdict(result.stdout)
@@ -277,8 +305,9 @@ def test_zero_step_run_measures_nothing(summaries: dict[str, Path]) -> None:
         (json.dumps(run_summary(step_time_ms={"untouched": {"median": "fast"}})), ["not a valid stepcli run summary"]),
     ],
 )
-def test_bad_inputs_exit_2_with_one_line(summaries: dict[str, Path], tmp_path: Path, content: str | None,
-                                         mentions: list[str]) -> None:
+def test_bad_inputs_exit_2_with_one_line(
+    summaries: dict[str, Path], tmp_path: Path, content: str | None, mentions: list[str]
+) -> None:
     bad = tmp_path / "bad.json"
     if content is not None:
         bad.write_text(content)
@@ -288,17 +317,20 @@ def test_bad_inputs_exit_2_with_one_line(summaries: dict[str, Path], tmp_path: P
 
 @pytest.mark.parametrize("tolerance", ["10", "ten", "-5%", "1.5", ""])
 def test_bad_tolerance_is_a_usage_error(summaries: dict[str, Path], tolerance: str) -> None:
-    assert_bad_input(run_stepcli("compare", summaries["base"], summaries["base"], "--tolerance", tolerance),
-                     "--tolerance")
+    assert_bad_input(
+        run_stepcli("compare", summaries["base"], summaries["base"], "--tolerance", tolerance), "--tolerance"
+    )
 
 
 def test_bad_metric_and_min_delta_are_usage_errors(summaries: dict[str, Path]) -> None:
     assert_bad_input(run_stepcli("compare", summaries["base"], summaries["base"], "--metric", "p99"), "--metric")
-    assert_bad_input(run_stepcli("compare", summaries["base"], summaries["base"], "--min-delta-ms", "-1"),
-                     "--min-delta-ms")
+    assert_bad_input(
+        run_stepcli("compare", summaries["base"], summaries["base"], "--min-delta-ms", "-1"), "--min-delta-ms"
+    )
 
 
 # ---------------------------------------------------------------- Markdown and GitHub job summary
+
 
 def test_markdown_file_is_valid_tables(summaries: dict[str, Path], tmp_path: Path) -> None:
     report = tmp_path / "report.md"

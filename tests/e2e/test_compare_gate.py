@@ -41,19 +41,38 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("gate")
     script = write_script(root, "sleeper.py", SLEEPER)
     out: dict[str, Path] = {}
-    for name, sleep_ms, seed in (("base1", SLEEP_MS, 1), ("base2", SLEEP_MS, 2), ("same", SLEEP_MS, 3),
-                                 ("slow", SLEEP_MS * 1.25, 4)):
+    for name, sleep_ms, seed in (
+        ("base1", SLEEP_MS, 1),
+        ("base2", SLEEP_MS, 2),
+        ("same", SLEEP_MS, 3),
+        ("slow", SLEEP_MS * 1.25, 4),
+    ):
         summary = root / f"{name}.json"
-        done = run_stepcli("run", "-q", "--active", str(ACTIVE), "-o", root / name, "--json", summary, script,
-                           str(sleep_ms), str(STEPS), str(seed))
+        done = run_stepcli(
+            "run",
+            "-q",
+            "--active",
+            str(ACTIVE),
+            "-o",
+            root / name,
+            "--json",
+            summary,
+            script,
+            str(sleep_ms),
+            str(STEPS),
+            str(seed),
+        )
         assert done.returncode == 0, done.stderr
         out[name] = summary
     return out
 
 
 def verdict(stdout: str) -> str:
-    lines = [line for line in stdout.splitlines()
-             if re.match(r"(NO CHANGE|IMPROVEMENT|INCONCLUSIVE|REGRESSION|NOTHING MEASURED): ", line)]
+    lines = [
+        line
+        for line in stdout.splitlines()
+        if re.match(r"(NO CHANGE|IMPROVEMENT|INCONCLUSIVE|REGRESSION|NOTHING MEASURED): ", line)
+    ]
     assert len(lines) == 1, stdout
     return lines[0]
 
@@ -64,8 +83,8 @@ def test_run_summary_v2_keeps_every_step_of_every_process(runs: dict[str, Path])
     [process] = doc["step_times"]
     assert len(process["durations_ms"]) == len(process["phases"]) == STEPS
     # step 0 untouched (start-up), the window's warmup step 1 and recorded steps 2-11 profiled, the rest untouched
-    assert process["phases"][:ACTIVE + 2] == "01" + "2" * (ACTIVE - 1) + "3"
-    assert process["phases"][ACTIVE + 2:] == "0" * (STEPS - ACTIVE - 2)
+    assert process["phases"][: ACTIVE + 2] == "01" + "2" * (ACTIVE - 1) + "3"
+    assert process["phases"][ACTIVE + 2 :] == "0" * (STEPS - ACTIVE - 2)
     assert all(t >= SLEEP_MS * 0.95 for t in process["durations_ms"][1:])
 
 
@@ -87,7 +106,7 @@ def test_sleep_25_percent_longer_is_a_regression_that_names_its_cause(runs: dict
     low = float(re.search(r"95% CI \+([\d.]+)% \.\. ", line).group(1))  # type: ignore[union-attr]
     assert 10 < low < 30
     # Both sides have traces: the operator whose self time per step grew most is the sleep, with its interval.
-    table = result.stdout[result.stdout.index("Operators whose self time per step changed most"):]
+    table = result.stdout[result.stdout.index("Operators whose self time per step changed most") :]
     first_row = next(row for row in table.splitlines() if "sleep" in row or "aten::" in row)
     assert "sleep" in first_row and first_row.rstrip(" │|").endswith("yes"), table
 
@@ -96,7 +115,7 @@ def test_operator_changes_fit_80_columns_on_a_pipe_with_every_number_whole(runs:
     # GIVEN a CI log: stdout is a pipe, 80 columns WHEN the operator-change table is printed
     result = run_stepcli("compare", runs["base1"], runs["slow"], env={"COLUMNS": "80"})
     assert result.returncode == 1, result.stdout + result.stderr
-    table = result.stdout[result.stdout.index("Operators whose self time per step changed most"):]
+    table = result.stdout[result.stdout.index("Operators whose self time per step changed most") :]
     rows = [row for row in table.splitlines() if row.startswith("│")]
     assert rows, table
     for row in rows:
@@ -109,8 +128,9 @@ def test_operator_changes_fit_80_columns_on_a_pipe_with_every_number_whole(runs:
 
 def test_markdown_puts_the_verdict_first_with_distributions(runs: dict[str, Path], tmp_path: Path) -> None:
     summary = tmp_path / "job-summary.md"
-    result = run_stepcli("compare", runs["base1"], runs["slow"], "--markdown", "-",
-                         env={"GITHUB_STEP_SUMMARY": str(summary)})
+    result = run_stepcli(
+        "compare", runs["base1"], runs["slow"], "--markdown", "-", env={"GITHUB_STEP_SUMMARY": str(summary)}
+    )
     assert result.returncode == 1
     text = result.stdout
     assert text.startswith("### stepcli compare: REGRESSION\n\n**REGRESSION**: median step time")
@@ -167,10 +187,15 @@ def test_skip_steps_and_confidence(runs: dict[str, Path]) -> None:
 
 def v2_summary(times: list[float]) -> dict[str, Any]:
     return {
-        "schema": "stepcli.run", "schema_version": 2, "run_id": "0" * 32, "exit_status": 0,
+        "schema": "stepcli.run",
+        "schema_version": 2,
+        "run_id": "0" * 32,
+        "exit_status": 0,
         "steps": {"global": len(times), "requesters": {"SGD#0": len(times)}},
-        "step_time_ms": {"untouched": {"count": len(times) - 1, "mean": 1, "median": 1, "p90": 1, "min": 1, "max": 1},
-                         "profiled": None},
+        "step_time_ms": {
+            "untouched": {"count": len(times) - 1, "mean": 1, "median": 1, "p90": 1, "min": 1, "max": 1},
+            "profiled": None,
+        },
         "step_times": [{"worker": "w", "rank": None, "pid": 1, "durations_ms": times, "phases": "0" * len(times)}],
         "traces": [],
     }
@@ -226,13 +251,30 @@ def test_several_runs_need_every_steps_time_and_one_kind(tmp_path: Path) -> None
     doc["schema_version"] = 1
     stats_only.write_text(json.dumps(doc))
     trace = tmp_path / "t.pt.trace.json"
-    trace.write_text(json.dumps({"traceEvents": [
-        {"name": "ProfilerStep#1", "ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": 0, "dur": 10}]}))
+    trace.write_text(
+        json.dumps(
+            {
+                "traceEvents": [
+                    {
+                        "name": "ProfilerStep#1",
+                        "ph": "X",
+                        "cat": "user_annotation",
+                        "pid": 1,
+                        "tid": 1,
+                        "ts": 0,
+                        "dur": 10,
+                    }
+                ]
+            }
+        )
+    )
     copy = tmp_path / "copy.json"
     copy.write_text(v2.read_text())
-    for other, mention in ((stats_only, "has step statistics but not every step's time"),
-                           (trace, "mixes run summaries and traces"),
-                           (copy, "the same run (run_id 000000000000) as")):
+    for other, mention in (
+        (stats_only, "has step statistics but not every step's time"),
+        (trace, "mixes run summaries and traces"),
+        (copy, "the same run (run_id 000000000000) as"),
+    ):
         result = run_stepcli("compare", "--baseline", v2, "--baseline", other, "--current", v2)
         assert result.returncode == 2 and result.stdout == "", result.stdout + result.stderr
         assert result.stderr.startswith("stepcli: error: ") and mention in result.stderr

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import load_trace, profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
 
 
@@ -30,8 +29,9 @@ def _gpus() -> tuple[int, str]:
         return 0, "no NVIDIA driver on this machine"
     probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
     try:
-        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                              env=stepcli_env())
+        done = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=stepcli_env()
+        )
         count = int(done.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, ValueError, IndexError, OSError) as exc:
         return 0, f"could not ask torch about CUDA: {exc}"
@@ -81,22 +81,30 @@ def _report(title: str, summary: dict[str, Any]) -> None:
     for key in ("untouched", "profiled", "first_step"):
         stats = times.get(key)
         if stats:
-            print(f"  {key:10} n={stats['count']} median {stats['median']:.3f} ms  p90 {stats['p90']:.3f} ms  "
-                  f"min {stats['min']:.3f} ms  max {stats['max']:.3f} ms")
+            print(
+                f"  {key:10} n={stats['count']} median {stats['median']:.3f} ms  p90 {stats['p90']:.3f} ms  "
+                f"min {stats['min']:.3f} ms  max {stats['max']:.3f} ms"
+            )
     device = summary.get("device")
     if device:
         print(f"  device busy {device['busy_ms']:.3f} ms per recorded step, share {device['busy_share']:.1%}")
-    print(f"  CUDA peak {summary['peak_memory']['cuda_bytes']} bytes, RSS peak {summary['peak_memory']['rss_bytes']} bytes")
+    print(
+        f"  CUDA peak {summary['peak_memory']['cuda_bytes']} bytes, RSS peak {summary['peak_memory']['rss_bytes']} bytes"
+    )
     for kernel in summary["top_kernels"][:5]:
         print(f"  kernel {kernel['self_ms']:9.3f} ms  {kernel['calls']:5} calls  {kernel['name'][:90]}")
     for window in summary["windows"]:
-        print(f"  trace {window['worker']} steps {window['first_step']}-{window['last_step']}: "
-              f"{window['bytes']} bytes {Path(window['trace']).name}")
+        print(
+            f"  trace {window['worker']} steps {window['first_step']}-{window['last_step']}: "
+            f"{window['bytes']} bytes {Path(window['trace']).name}"
+        )
     if summary.get("breakdown_ms"):
         print("  breakdown " + ", ".join(f"{k} {v:.3f} ms" for k, v in summary["breakdown_ms"].items()))
     for rank in summary.get("ranks", []):
         if rank["step_ms"]:
-            print(f"  rank {rank['rank']}: median {rank['step_ms']['median']:.3f} ms over {rank['step_ms']['count']} steps")
+            print(
+                f"  rank {rank['rank']}: median {rank['step_ms']['median']:.3f} ms over {rank['step_ms']['count']} steps"
+            )
 
 
 @pytest.fixture(scope="module")
@@ -161,8 +169,20 @@ def test_table_reads_the_gpu_trace(gpu_run: dict[str, Any]) -> None:
 def test_activities_cpu_leaves_the_gpu_out(gpu_run: dict[str, Any]) -> None:
     tmp = gpu_run["tmp"]
     out = tmp / "cpu_only"
-    result = run_stepcli("run", "--activities", "cpu", "--active", "1", "-o", out, "--json", tmp / "cpu.json",
-                         gpu_run["script"], cwd=tmp, timeout=600)
+    result = run_stepcli(
+        "run",
+        "--activities",
+        "cpu",
+        "--active",
+        "1",
+        "-o",
+        out,
+        "--json",
+        tmp / "cpu.json",
+        gpu_run["script"],
+        cwd=tmp,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     (trace,) = trace_files(out)
     assert _device_events(trace) == []
@@ -173,7 +193,10 @@ def test_activities_cpu_leaves_the_gpu_out(gpu_run: dict[str, Any]) -> None:
 
 def test_amp_with_grad_scaler(tmp_path: Path) -> None:
     # GIVEN mixed precision: autocast to float16 and a GradScaler stepping the optimizer
-    script = write_script(tmp_path, "amp.py", """
+    script = write_script(
+        tmp_path,
+        "amp.py",
+        """
         import torch
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 1024)).cuda()
@@ -188,10 +211,12 @@ def test_amp_with_grad_scaler(tmp_path: Path) -> None:
             scaler.update()
             opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
-    """)
+    """,
+    )
     out = tmp_path / "out"
-    result = run_stepcli("run", "--record-shapes", "-o", out, "--json", tmp_path / "run.json", script,
-                         cwd=tmp_path, timeout=600)
+    result = run_stepcli(
+        "run", "--record-shapes", "-o", out, "--json", tmp_path / "run.json", script, cwd=tmp_path, timeout=600
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "run.json").read_text())
     _report("AMP float16 + GradScaler, 10 steps, recording 2-4", summary)
@@ -202,8 +227,13 @@ def test_amp_with_grad_scaler(tmp_path: Path) -> None:
     events = _events(trace)
     ops = {e["name"] for e in events if e.get("cat") == "cpu_op"}
     assert {"aten::_amp_foreach_non_finite_check_and_unscale_", "aten::_amp_update_scale_"} <= ops
-    half_matmuls = [e for e in events if e.get("cat") == "cpu_op" and e["name"] == "aten::addmm"
-                    and "c10::Half" in json.dumps(e.get("args", {}).get("Input type", []))]
+    half_matmuls = [
+        e
+        for e in events
+        if e.get("cat") == "cpu_op"
+        and e["name"] == "aten::addmm"
+        and "c10::Half" in json.dumps(e.get("args", {}).get("Input type", []))
+    ]
     assert half_matmuls  # autocast really ran the linear layers in float16
     assert _device_events(trace) and summary["top_kernels"]
     assert 0 < summary["device"]["busy_share"] <= 1
@@ -213,7 +243,10 @@ def test_amp_with_grad_scaler(tmp_path: Path) -> None:
 def test_ddp_two_processes(tmp_path: Path) -> None:
     # GIVEN DDP over 2 processes: NCCL when two GPUs exist, else gloo with both processes on GPU 0
     gpus = _gpus()[0]
-    script = write_script(tmp_path, "ddp_gpu.py", """
+    script = write_script(
+        tmp_path,
+        "ddp_gpu.py",
+        """
         import torch
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -233,11 +266,26 @@ def test_ddp_two_processes(tmp_path: Path) -> None:
         torch.cuda.synchronize()
         dist.barrier()
         dist.destroy_process_group()
-    """)
+    """,
+    )
     out = tmp_path / "out"
-    result = run_stepcli("run", "-o", out, "--json", tmp_path / "run.json", "--", sys.executable, "-m",
-                         "torch.distributed.run", "--standalone", "--nproc-per-node", "2", script,
-                         cwd=tmp_path, timeout=600)
+    result = run_stepcli(
+        "run",
+        "-o",
+        out,
+        "--json",
+        tmp_path / "run.json",
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        script,
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "run.json").read_text())
     _report(f"DDP, 2 processes, {'NCCL' if gpus >= 2 else 'gloo on one GPU'}, recording 2-4", summary)

@@ -9,10 +9,10 @@ import pty
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from conftest import REPO, run_stepcli, stepcli_env, write_script
 
 LONG_NAME = "preprocess_the_batch_with_a_very_long_annotation_name_that_cannot_fit"
@@ -49,7 +49,9 @@ def _table_lines(text: str) -> list[str]:
     return [line.rstrip() for line in text.splitlines() if line.startswith(BOX)]
 
 
-def test_run_summary_fits_80_columns_and_keeps_paths_whole(narrow_run: tuple[Path, subprocess.CompletedProcess[str], dict]) -> None:
+def test_run_summary_fits_80_columns_and_keeps_paths_whole(
+    narrow_run: tuple[Path, subprocess.CompletedProcess[str], dict],
+) -> None:
     out, result, summary = narrow_run
     lines = result.stderr.splitlines()
     (trace,) = summary["traces"]
@@ -80,11 +82,15 @@ def test_table_and_compare_fit_80_columns_and_shorten_names_alike(
 
 
 def test_options_after_the_script_are_explained(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "mlp.py", """
+    script = write_script(
+        tmp_path,
+        "mlp.py",
+        """
         import argparse
         import torch
         argparse.ArgumentParser().parse_args()
-    """)
+    """,
+    )
     result = run_stepcli("run", "-o", tmp_path / "out", script, "--active", "2", cwd=tmp_path)
     assert result.returncode == 2
     flat = " ".join(result.stderr.split())
@@ -114,7 +120,10 @@ def test_end_of_run_analysis_shows_progress_on_a_terminal_only(tmp_path: Path, t
     master, slave = pty.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-m", "stepcli", "run", "--active", "1", "-o", tmp_path / "out", train_script, "4"],
-        cwd=tmp_path, env=stepcli_env({"TERM": "xterm"}), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        cwd=tmp_path,
+        env=stepcli_env({"TERM": "xterm"}),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
         stderr=slave,
     )
     os.close(slave)
@@ -136,7 +145,7 @@ def test_end_of_run_analysis_shows_progress_on_a_terminal_only(tmp_path: Path, t
 
 
 def test_sparkline_has_a_scale_and_no_colour_legend_without_colour(
-    narrow_run: tuple[Path, subprocess.CompletedProcess[str], dict]
+    narrow_run: tuple[Path, subprocess.CompletedProcess[str], dict],
 ) -> None:
     _, result, _ = narrow_run
     timeline = next(line for line in result.stderr.splitlines() if line.startswith("timeline"))
@@ -152,7 +161,9 @@ def test_help_texts(tmp_path: Path) -> None:
     assert "Order of operator rows" in table_help
 
 
-def test_table_formats_are_exclusive(narrow_run: tuple[Path, subprocess.CompletedProcess[str], dict], tmp_path: Path) -> None:
+def test_table_formats_are_exclusive(
+    narrow_run: tuple[Path, subprocess.CompletedProcess[str], dict], tmp_path: Path
+) -> None:
     out, _, _ = narrow_run
     result = run_stepcli("table", "--json", "--csv", out, cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == ""
@@ -160,8 +171,19 @@ def test_table_formats_are_exclusive(narrow_run: tuple[Path, subprocess.Complete
 
 
 def test_demo_passes_options_after_dashdash_to_its_script(tmp_path: Path) -> None:
-    result = run_stepcli("demo", "--active", "1", "-o", tmp_path / "out", "--json", tmp_path / "d.json", "--",
-                         "--iterations", "4", cwd=tmp_path)
+    result = run_stepcli(
+        "demo",
+        "--active",
+        "1",
+        "-o",
+        tmp_path / "out",
+        "--json",
+        tmp_path / "d.json",
+        "--",
+        "--iterations",
+        "4",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "d.json").read_text())["steps"]["global"] == 4
 
@@ -198,20 +220,32 @@ def test_every_rich_renderer_fits_80_columns_with_many_ranks() -> None:
 
     from rich.console import Console
 
+    from stepcli.traces.reader import Event, Trace
     from stepcli.traces.render import print_rich_report
     from stepcli.traces.summary import summarize
-    from stepcli.traces.reader import Event, Trace
 
     traces = []
     for rank in range(8):
         for window in range(2):
             base = 1_790_000_000_000.0 + window * 1000
-            events = [Event(name=f"ProfilerStep#{window * 2 + n}", cat="user_annotation", pid=rank, tid=1,
-                            ts=base + n * 100, dur=100) for n in range(2)]
-            events += [Event(name=LONG_NAME * 2, cat="cpu_op", pid=rank, tid=1, ts=base + 10, dur=50),
-                       Event(name="void at::native::" + LONG_NAME, cat="kernel", pid=99, tid=7, ts=base + 20, dur=30)]
-            traces.append(Trace.from_events(events, path=f"/very/long/folder/name/rank{rank}.{window}.pt.trace.json",
-                                            rank=rank))
+            events = [
+                Event(
+                    name=f"ProfilerStep#{window * 2 + n}",
+                    cat="user_annotation",
+                    pid=rank,
+                    tid=1,
+                    ts=base + n * 100,
+                    dur=100,
+                )
+                for n in range(2)
+            ]
+            events += [
+                Event(name=LONG_NAME * 2, cat="cpu_op", pid=rank, tid=1, ts=base + 10, dur=50),
+                Event(name="void at::native::" + LONG_NAME, cat="kernel", pid=99, tid=7, ts=base + 20, dur=30),
+            ]
+            traces.append(
+                Trace.from_events(events, path=f"/very/long/folder/name/rank{rank}.{window}.pt.trace.json", rank=rank)
+            )
     buffer = io.StringIO()
     print_rich_report(summarize(traces).to_dict(), Console(file=buffer, width=80, no_color=True), limit=5)
     text = buffer.getvalue()

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import artifacts_dir, browser  # noqa: F401 (fixture)
+from browser import artifacts_dir
 from conftest import REPO, run_stepcli, trace_files, write_script
 
 FIXTURE_TRACE = REPO / "tests" / "data" / "train_cpu.pt.trace.json"
@@ -81,7 +81,9 @@ def _check_in_browser(driver: Any, page: Path, top_op: str, shot_dir: Path, name
         if message.get("method") == "Network.requestWillBeSent":
             requests.append(message["params"]["request"]["url"])
     # (Chromium's own chrome:// pages may load in the background; anything over a network is a failure.)
-    external = [url for url in requests if not url.startswith(("file:", "chrome:", "chrome-untrusted:", "data:", "about:"))]
+    external = [
+        url for url in requests if not url.startswith(("file:", "chrome:", "chrome-untrusted:", "data:", "about:"))
+    ]
     assert external == [], external
     assert page.resolve().as_uri() in requests
 
@@ -104,10 +106,16 @@ def _check_in_browser(driver: Any, page: Path, top_op: str, shot_dir: Path, name
     # The table sorts on click: Calls ascending, then descending.
     header = driver.find_element(By.XPATH, "//table[@id='cpu-ops']//th[normalize-space()='Calls']")
     header.click()
-    calls = [int(c.get_attribute("data-v")) for c in driver.find_elements(By.CSS_SELECTOR, "#cpu-ops tbody tr td:nth-child(2)")]
+    calls = [
+        int(c.get_attribute("data-v"))
+        for c in driver.find_elements(By.CSS_SELECTOR, "#cpu-ops tbody tr td:nth-child(2)")
+    ]
     assert calls == sorted(calls) and calls[0] < calls[-1]
     header.click()
-    calls = [int(c.get_attribute("data-v")) for c in driver.find_elements(By.CSS_SELECTOR, "#cpu-ops tbody tr td:nth-child(2)")]
+    calls = [
+        int(c.get_attribute("data-v"))
+        for c in driver.find_elements(By.CSS_SELECTOR, "#cpu-ops tbody tr td:nth-child(2)")
+    ]
     assert calls == sorted(calls, reverse=True)
     driver.refresh()  # the screenshot shows the page as it opens
     driver.execute_script("window.scrollTo(0, 0)")
@@ -137,8 +145,19 @@ def slow_loader_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     script = write_script(base, "slow_loader.py", SLOW_LOADER)
     out = base / "out"
     result = run_stepcli(
-        "run", "--wait", "2", "--warmup", "1", "--active", "3", "--profile-memory", "-o", out,
-        "--json", base / "run.json", script,
+        "run",
+        "--wait",
+        "2",
+        "--warmup",
+        "1",
+        "--active",
+        "3",
+        "--profile-memory",
+        "-o",
+        out,
+        "--json",
+        base / "run.json",
+        script,
     )
     assert result.returncode == 0, result.stderr
     return {"out": out, "result": result, "summary": json.loads((base / "run.json").read_text())}
@@ -152,8 +171,24 @@ def torchrun_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     script = write_script(base, "ddp.py", DDP)
     out = base / "out"
     result = run_stepcli(
-        "run", "--wait", "1", "--warmup", "1", "--active", "2", "-o", out, "--json", base / "run.json",
-        "--", torchrun, "--standalone", "--nproc-per-node", "2", script, timeout=300,
+        "run",
+        "--wait",
+        "1",
+        "--warmup",
+        "1",
+        "--active",
+        "2",
+        "-o",
+        out,
+        "--json",
+        base / "run.json",
+        "--",
+        torchrun,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        script,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     page = (out / "report.html").read_text()  # as the run wrote it (a test below rewrites it)
@@ -166,7 +201,7 @@ def test_run_writes_report_and_points_to_it(demo_run: dict[str, Any], browser: A
     page = out / "report.html"
     assert page.is_file()
     lines = result.stderr.splitlines()
-    after_next = lines[lines.index("next:") + 1:]  # one command per line after "next:"
+    after_next = lines[lines.index("next:") + 1 :]  # one command per line after "next:"
     assert after_next[1].strip() == f"open {out / 'report.html'} in a browser", after_next
     html = page.read_text()
     _assert_self_contained(html)
@@ -181,7 +216,9 @@ def test_run_writes_report_and_points_to_it(demo_run: dict[str, Any], browser: A
     _check_in_browser(browser, page, top_op, artifacts_dir(tmp_path), "report-demo")
 
 
-def test_slow_dataloader_gets_advice_in_terminal_and_page(slow_loader_run: dict[str, Any], browser: Any, tmp_path: Path) -> None:  # noqa: F811
+def test_slow_dataloader_gets_advice_in_terminal_and_page(
+    slow_loader_run: dict[str, Any], browser: Any, tmp_path: Path
+) -> None:
     out, result = slow_loader_run["out"], slow_loader_run["result"]
     # GIVEN a single-process DataLoader whose __getitem__ sleeps THEN the data-loading rule fires, with its evidence
     advice_lines = [line for line in result.stderr.splitlines() if line.startswith("advice:")]
@@ -219,7 +256,9 @@ def test_run_end_page_equals_stepcli_report_of_the_folder(torchrun_run: dict[str
     assert again == torchrun_run["page"]
 
 
-def test_report_command_rebuilds_the_page_from_a_run_folder_or_summary(demo_run: dict[str, Any], tmp_path: Path) -> None:
+def test_report_command_rebuilds_the_page_from_a_run_folder_or_summary(
+    demo_run: dict[str, Any], tmp_path: Path
+) -> None:
     out = demo_run["out"]
     # GIVEN the run folder WHEN `stepcli report OUT` THEN it rewrites the page stepcli wrote, and prints its path
     result = run_stepcli("report", out)
@@ -239,8 +278,8 @@ def test_report_command_rebuilds_the_page_from_a_run_folder_or_summary(demo_run:
 
 def test_report_from_plain_torch_profiler_traces(browser: Any, tmp_path: Path) -> None:  # noqa: F811
     # GIVEN a trace from plain torch.profiler (no stepcli) and a folder of two rank traces
-    from stepcli.traces.summary import summarize
     from stepcli.traces.reader import load_paths
+    from stepcli.traces.summary import summarize
 
     top_op = next(op.name for op in summarize(load_paths([str(FIXTURE_TRACE)])).cpu_ops if op.name != "ProfilerStep*")
     single = tmp_path / "single.html"
@@ -270,8 +309,8 @@ def test_cuda_trace_shows_kernels_device_time_and_device_advice(browser: Any, tm
     assert "cudaStreamSynchronize ×" in html
     # AND the page has the kernel table and the device busy/idle bar
     assert 'id="kernels"' in html and 'class="seg dev-busy"' in html and 'class="seg dev-idle"' in html
-    from stepcli.traces.summary import summarize
     from stepcli.traces.reader import load_paths
+    from stepcli.traces.summary import summarize
 
     top_op = next(op.name for op in summarize(load_paths([str(CUDA_SMALL)])).cpu_ops if op.name != "ProfilerStep*")
     _check_in_browser(browser, page, top_op, artifacts_dir(tmp_path), "report-cuda")

@@ -47,7 +47,9 @@ def test_trace_names_follow_tensorboard(tmp_path: Path, train_script: Path) -> N
 
 def test_repeat_two_writes_two_traces(tmp_path: Path, train_script: Path) -> None:
     out = tmp_path / "out"
-    result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "2", "--repeat", "2", "-o", out, train_script)
+    result = run_stepcli(
+        "run", "--wait", "1", "--warmup", "1", "--active", "2", "--repeat", "2", "-o", out, train_script
+    )
     assert result.returncode == 0, result.stderr
     assert sorted(profiler_steps(t) for t in trace_files(out)) == [[2, 3], [6, 7]]
 
@@ -73,8 +75,21 @@ def test_skip_first_is_honoured(tmp_path: Path, train_script: Path) -> None:
 def test_window_at_step_zero_and_profiler_flags(tmp_path: Path, train_script: Path) -> None:
     out = tmp_path / "out"
     result = run_stepcli(
-        "run", "--wait", "0", "--warmup", "0", "--active", "2", "--record-shapes", "--with-stack",
-        "--activities", "cpu", "-o", out, train_script, "4",
+        "run",
+        "--wait",
+        "0",
+        "--warmup",
+        "0",
+        "--active",
+        "2",
+        "--record-shapes",
+        "--with-stack",
+        "--activities",
+        "cpu",
+        "-o",
+        out,
+        train_script,
+        "4",
     )
     assert result.returncode == 0, result.stderr
     (trace,) = trace_files(out)
@@ -145,14 +160,18 @@ def test_fail_over_budget_gates_the_run(tmp_path: Path, train_script: Path) -> N
 
 
 def test_fail_over_keeps_the_programs_own_failure(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "fails.py", """
+    script = write_script(
+        tmp_path,
+        "fails.py",
+        """
         import sys
         import torch
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
         for _ in range(6):
             opt.step()
         sys.exit(4)
-    """)
+    """,
+    )
     result = run_stepcli("run", "--active", "1", "--fail-over", "max=0.0000001", "-o", tmp_path / "out", script)
     assert result.returncode == 4
     assert "--fail-over: " in result.stderr

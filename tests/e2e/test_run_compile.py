@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import profiler_steps, run_python, run_stepcli, trace_files, write_script
+
 from stepcli.agent.compiles import _short_reason
 from stepcli.run.compiles import compile_lines, compile_summary, compiled_steps, describe_step
 
@@ -44,8 +44,9 @@ def compiled_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("compile")
     script = write_script(tmp, "compiled.py", COMPILED_LOOP)
     out = tmp / "out"
-    result = run_stepcli("run", "--wait", "5", "--warmup", "1", "--active", "1", "-o", out, "--json", tmp / "run.json",
-                         script, cwd=tmp)
+    result = run_stepcli(
+        "run", "--wait", "5", "--warmup", "1", "--active", "1", "-o", out, "--json", tmp / "run.json", script, cwd=tmp
+    )
     assert result.returncode == 0, result.stderr
     return {"result": result, "summary": json.loads((tmp / "run.json").read_text()), "out": out}
 
@@ -88,7 +89,10 @@ def test_summary_says_which_step_recompiled_and_why(compiled_run: dict[str, Any]
 def test_the_agent_imports_dynamo_only_after_the_program_does(tmp_path: Path) -> None:
     # torch itself imports torch._dynamo when the first optimizer is built (and when a profiler starts):
     # stepcli attaches then, and never earlier
-    script = write_script(tmp_path, "plain.py", """
+    script = write_script(
+        tmp_path,
+        "plain.py",
+        """
         import sys
         import torch
         print("after import torch:", "torch._dynamo" in sys.modules)
@@ -97,7 +101,8 @@ def test_the_agent_imports_dynamo_only_after_the_program_does(tmp_path: Path) ->
         for _ in range(5):
             model(torch.randn(2, 4)).sum().backward()
             opt.step()
-    """)
+    """,
+    )
     plain = run_python(script, cwd=tmp_path)
     profiled = run_stepcli("run", "--json", tmp_path / "run.json", "-o", tmp_path / "out", script, cwd=tmp_path)
     assert profiled.returncode == 0, profiled.stderr
@@ -117,15 +122,26 @@ def test_compile_summary_groups_events_per_step_and_process() -> None:
     events = [
         {"step": 0, "kind": "compiled", "frame": "forward", "seconds": 2.0, "graph_breaks": 0},
         {"step": 0, "kind": "backward", "frame": "forward", "seconds": 0.5, "graph_breaks": 0},
-        {"step": 3, "kind": "recompiled", "frame": "forward", "seconds": 1.4, "graph_breaks": 2,
-         "reason": "size of input changed"},
+        {
+            "step": 3,
+            "kind": "recompiled",
+            "frame": "forward",
+            "seconds": 1.4,
+            "graph_breaks": 2,
+            "reason": "size of input changed",
+        },
     ]
     logs = [_log(events, [2600, 1, 1, 1500, 1]), _log([], [1, 1], worker="rank1")]
     section = compile_summary(logs)
     assert section is not None
     assert [(s["worker"], s["step"], s["frames"], s["recompiles"]) for s in section["by_step"]] == [
-        ("rank0", 0, 1, 0), ("rank0", 3, 1, 1)]
-    assert section["by_step"][1]["text"] == "step 3: recompiled forward (reason: size of input changed), 2 graph break(s), 1.40 s"
+        ("rank0", 0, 1, 0),
+        ("rank0", 3, 1, 1),
+    ]
+    assert (
+        section["by_step"][1]["text"]
+        == "step 3: recompiled forward (reason: size of input changed), 2 graph break(s), 1.40 s"
+    )
     assert section["seconds"] == pytest.approx(3.9)
     assert section["step_time_ms"]["count"] == 1 and section["step_time_ms"]["max"] == pytest.approx(1500)
     assert compiled_steps(logs[0]) == {0, 3} and compiled_steps(logs[1]) == set()

@@ -36,9 +36,27 @@ SLOW_LOOP = """
 def start_stepcli(tmp_path: Path, script: Path, *options: str) -> subprocess.Popen[str]:
     # A new session stands in for a terminal: its process group gets the terminal's Ctrl-C.
     return subprocess.Popen(
-        [sys.executable, "-m", "stepcli", "run", "--wait", "1", "--warmup", "1", "--active", "50", *options,
-         "-o", str(tmp_path / "out"), str(script)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=stepcli_env(), start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "stepcli",
+            "run",
+            "--wait",
+            "1",
+            "--warmup",
+            "1",
+            "--active",
+            "50",
+            *options,
+            "-o",
+            str(tmp_path / "out"),
+            str(script),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=stepcli_env(),
+        start_new_session=True,
     )
 
 
@@ -62,7 +80,10 @@ def assert_partial_trace(out: Path) -> list[int]:
 
 
 def test_exception_during_the_window_keeps_a_valid_trace(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "crash.py", """
+    script = write_script(
+        tmp_path,
+        "crash.py",
+        """
         import torch
         model = torch.nn.Linear(8, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -71,7 +92,8 @@ def test_exception_during_the_window_keeps_a_valid_trace(tmp_path: Path) -> None
             opt.step()
             if i == 4:
                 raise RuntimeError("diverged")
-    """)
+    """,
+    )
     result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "10", "-o", tmp_path / "out", script)
     assert result.returncode == 1
     assert "RuntimeError: diverged" in result.stderr
@@ -106,7 +128,10 @@ def test_ctrl_c_reaches_the_program_and_stepcli_still_reports(tmp_path: Path) ->
 
 
 def test_os_exit_in_the_window_still_saves(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "hard_exit.py", """
+    script = write_script(
+        tmp_path,
+        "hard_exit.py",
+        """
         import os
         import torch
         model = torch.nn.Linear(8, 1)
@@ -116,14 +141,18 @@ def test_os_exit_in_the_window_still_saves(tmp_path: Path) -> None:
             opt.step()
             if i == 3:
                 os._exit(7)
-    """)
+    """,
+    )
     result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "10", "-o", tmp_path / "out", script)
     assert result.returncode == 7
     assert assert_partial_trace(tmp_path / "out") == [2, 3, 4]
 
 
 def test_forked_child_neither_profiles_nor_writes(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "forks.py", """
+    script = write_script(
+        tmp_path,
+        "forks.py",
+        """
         import os
         import torch
         model = torch.nn.Linear(8, 1)
@@ -137,7 +166,8 @@ def test_forked_child_neither_profiles_nor_writes(tmp_path: Path) -> None:
                     opt.step(); opt.step()
                     os._exit(0)
                 os.waitpid(pid, 0)
-    """)
+    """,
+    )
     result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "3", "-o", tmp_path / "out", script)
     assert result.returncode == 0, result.stderr
     assert [profiler_steps(t) for t in trace_files(tmp_path / "out")] == [[2, 3, 4]]
@@ -147,7 +177,10 @@ def test_forked_child_neither_profiles_nor_writes(tmp_path: Path) -> None:
 
 def test_no_orphan_survives_a_forwarded_sigterm(tmp_path: Path) -> None:
     # GIVEN a program that started a long-lived child of its own
-    script = write_script(tmp_path, "parent.py", """
+    script = write_script(
+        tmp_path,
+        "parent.py",
+        """
         import subprocess, sys, time
         import torch
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
@@ -160,10 +193,15 @@ def test_no_orphan_survives_a_forwarded_sigterm(tmp_path: Path) -> None:
             if i == 3:
                 print("in-window", flush=True)
             time.sleep(0.05)
-    """)
+    """,
+    )
     proc = subprocess.Popen(
         [sys.executable, "-m", "stepcli", "run", "--active", "50", "-o", str(tmp_path / "out"), str(script)],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=stepcli_env(),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=stepcli_env(),
         start_new_session=True,
     )
     wait_for_window(proc)
@@ -190,14 +228,23 @@ def _alive(pid: int) -> bool:
 
 def test_program_does_not_outlive_a_killed_stepcli(tmp_path: Path) -> None:
     # GIVEN a running program; WHEN stepcli itself is SIGKILLed (no chance to forward anything)
-    script = write_script(tmp_path, "sleeper.py", """
+    script = write_script(
+        tmp_path,
+        "sleeper.py",
+        """
         import os, time
         print(os.getpid(), flush=True)
         time.sleep(120)
-    """)
-    proc = subprocess.Popen([sys.executable, "-m", "stepcli", "run", "-q", "-o", str(tmp_path / "out"), str(script)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=stepcli_env(),
-                            start_new_session=True)
+    """,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepcli", "run", "-q", "-o", str(tmp_path / "out"), str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=stepcli_env(),
+        start_new_session=True,
+    )
     assert proc.stdout is not None
     program_pid = int(proc.stdout.readline())
     proc.kill()

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import profiler_steps, run_stepcli, trace_files, write_script
 
 DDP_SCRIPT = """
@@ -46,10 +45,36 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     def launch(node: int) -> Any:
         return run_stepcli(
-            "run", "--wait", "1", "--warmup", "1", "--active", "2", "-o", shared, "--json", tmp / f"node{node}.json",
-            "--", sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
-            "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "stepcli-test",
-            script, cwd=tmp, timeout=400,
+            "run",
+            "--wait",
+            "1",
+            "--warmup",
+            "1",
+            "--active",
+            "2",
+            "-o",
+            shared,
+            "--json",
+            tmp / f"node{node}.json",
+            "--",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(node),
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-id",
+            "stepcli-test",
+            script,
+            cwd=tmp,
+            timeout=400,
         )
 
     with ThreadPoolExecutor(2) as pool:
@@ -90,8 +115,9 @@ def test_srun_tasks_without_torchrun_take_their_rank_from_slurm_procid(tmp_path:
     # GIVEN task 3 of a 4-task srun step, no torchrun and no process group
     out = tmp_path / "out"
     slurm = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "77"}
-    result = run_stepcli("run", "--active", "1", "-o", out, "--json", tmp_path / "run.json", train_script, "4",
-                         cwd=tmp_path, env=slurm)
+    result = run_stepcli(
+        "run", "--active", "1", "-o", out, "--json", tmp_path / "run.json", train_script, "4", cwd=tmp_path, env=slurm
+    )
     assert result.returncode == 0, result.stderr
     # THEN its trace and its process carry rank 3
     (trace,) = trace_files(out)
@@ -102,8 +128,17 @@ def test_srun_tasks_without_torchrun_take_their_rank_from_slurm_procid(tmp_path:
 
 def test_a_one_task_slurm_job_is_not_distributed(tmp_path: Path, train_script: Path) -> None:
     out = tmp_path / "out"
-    result = run_stepcli("run", "--active", "1", "-o", out, train_script, "4", cwd=tmp_path,
-                         env={"SLURM_PROCID": "0", "SLURM_NTASKS": "1"})
+    result = run_stepcli(
+        "run",
+        "--active",
+        "1",
+        "-o",
+        out,
+        train_script,
+        "4",
+        cwd=tmp_path,
+        env={"SLURM_PROCID": "0", "SLURM_NTASKS": "1"},
+    )
     assert result.returncode == 0, result.stderr
     (trace,) = trace_files(out)
     assert not trace.name.startswith("rank")  # <host>_<pid>

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import REPO, run_stepcli, stepcli_env, trace_files, write_script
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -62,8 +61,21 @@ def test_forged_step_logs_and_outside_traces_are_refused(tmp_path: Path) -> None
     script = write_script(tmp_path, "forger.py", _FORGER.format(repo=str(REPO)))
     out = tmp_path / "out"
     # WHEN the program forges step logs in the control folder during its run
-    proc = run_stepcli("run", "-o", out, "--json", tmp_path / "s.json", "--wait", "0", "--warmup", "0",
-                       "--active", "2", script, outside)
+    proc = run_stepcli(
+        "run",
+        "-o",
+        out,
+        "--json",
+        tmp_path / "s.json",
+        "--wait",
+        "0",
+        "--warmup",
+        "0",
+        "--active",
+        "2",
+        script,
+        outside,
+    )
     # THEN the run and its summary are the program's own, and one note names what was refused
     assert proc.returncode == 0, proc.stderr
     assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
@@ -75,7 +87,11 @@ def test_forged_step_logs_and_outside_traces_are_refused(tmp_path: Path) -> None
     refused = [n for n in summary["notes"] if n.startswith("ignored")]
     assert len(refused) == 1, summary["notes"]
     assert "ignored 3 file(s)" in refused[0]
-    for words in ("evil.1.steps.json (not signed", "list.2.steps.json (not a JSON object", "nameless.3.steps.json (worker"):
+    for words in (
+        "evil.1.steps.json (not signed",
+        "list.2.steps.json (not a JSON object",
+        "nameless.3.steps.json (worker",
+    ):
         assert words in refused[0], refused[0]
     assert sum("ignored 3 file(s)" in line for line in proc.stderr.splitlines()) == 1
 
@@ -104,10 +120,24 @@ def test_only_traces_this_run_wrote_inside_the_output_folder_count(tmp_path: Pat
     os.utime(old, (started - 3600, started - 3600))
     window = {"first_step": 1, "last_step": 1, "bytes": 2, "complete": True}
     log: dict[str, Any] = {
-        "schema_version": 1, "worker": "rank0", "rank": 0, "pid": 7, "host": "h", "argv": ["t.py"], "python": "3",
-        "torch": "2", "started_at": started, "global_steps": 3, "requesters": [{"name": "SGD#0", "calls": 3,
-        "first_step": 0}], "durations_us": [5, 6, 7], "phases": "013", "skipped_windows": 0, "notes": [],
-        "exit": "exit", "peak_rss_bytes": None, "cuda_peak_bytes": None,
+        "schema_version": 1,
+        "worker": "rank0",
+        "rank": 0,
+        "pid": 7,
+        "host": "h",
+        "argv": ["t.py"],
+        "python": "3",
+        "torch": "2",
+        "started_at": started,
+        "global_steps": 3,
+        "requesters": [{"name": "SGD#0", "calls": 3, "first_step": 0}],
+        "durations_us": [5, 6, 7],
+        "phases": "013",
+        "skipped_windows": 0,
+        "notes": [],
+        "exit": "exit",
+        "peak_rss_bytes": None,
+        "cuda_peak_bytes": None,
         "windows": [dict(window, trace=str(p)) for p in (good, outside, link, resized, old)],
     }
     log["signature"] = sign(config.run_key, log)
@@ -128,11 +158,11 @@ def test_only_traces_this_run_wrote_inside_the_output_folder_count(tmp_path: Pat
 def test_a_failing_summary_keeps_the_json_file_and_a_nonzero_exit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from stepcli.run import launcher
-    from stepcli.run import summary as runreport
     from stepcli.agent.config import AgentConfig
     from stepcli.agent.schedule import Schedule
     from stepcli.cli import main
+    from stepcli.run import launcher
+    from stepcli.run import summary as runreport
 
     # GIVEN a run whose summary building raises (a bug), after a program that succeeded
     def broken(*_args: Any, **_kwargs: Any) -> dict[str, Any]:
@@ -164,11 +194,28 @@ def test_control_folder_is_private_whatever_the_umask(tmp_path: Path, train_scri
     out = tmp_path / "out"
     (out / ".stepcli").mkdir(parents=True)
     os.chmod(out / ".stepcli", 0o777)
-    argv = [sys.executable, "-m", "stepcli", "run", "-q", "-o", str(out), "--json", str(out / "s.json"),
-            "--wait", "0", "--warmup", "0", "--active", "1", str(train_script)]
+    argv = [
+        sys.executable,
+        "-m",
+        "stepcli",
+        "run",
+        "-q",
+        "-o",
+        str(out),
+        "--json",
+        str(out / "s.json"),
+        "--wait",
+        "0",
+        "--warmup",
+        "0",
+        "--active",
+        "1",
+        str(train_script),
+    ]
     # WHEN stepcli runs
-    proc = subprocess.run(argv, env=stepcli_env(), capture_output=True, text=True, timeout=240,
-                          preexec_fn=lambda: os.umask(0))
+    proc = subprocess.run(
+        argv, env=stepcli_env(), capture_output=True, text=True, timeout=240, preexec_fn=lambda: os.umask(0)
+    )
     assert proc.returncode == 0, proc.stderr
     # THEN the control folder and this run's folder in it are 0700; traces and the summary follow the umask
     control = out / ".stepcli"
@@ -219,9 +266,26 @@ def test_sigkill_of_stepcli_takes_the_programs_group_down(tmp_path: Path) -> Non
     pid_file = tmp_path / "child.pid"
     out = tmp_path / "out"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stepcli", "run", "-o", str(out), "--wait", "0", "--warmup", "0", "--active", "100000",
-         str(script), str(pid_file)],
-        env=stepcli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "stepcli",
+            "run",
+            "-o",
+            str(out),
+            "--wait",
+            "0",
+            "--warmup",
+            "0",
+            "--active",
+            "100000",
+            str(script),
+            str(pid_file),
+        ],
+        env=stepcli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     sleeper = 0
     try:

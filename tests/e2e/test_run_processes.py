@@ -16,7 +16,10 @@ from stepcli.run.launcher import BOOTSTRAP_DIR
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_dataloader_workers_leave_no_files(tmp_path: Path, start_method: str) -> None:
-    script = write_script(tmp_path, "loader.py", f"""
+    script = write_script(
+        tmp_path,
+        "loader.py",
+        f"""
         import torch
         from torch.utils.data import DataLoader, TensorDataset
 
@@ -31,7 +34,8 @@ def test_dataloader_workers_leave_no_files(tmp_path: Path, start_method: str) ->
 
         if __name__ == "__main__":
             main()
-    """)
+    """,
+    )
     out = tmp_path / "out"
     result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "2", "-o", out, script)
     assert result.returncode == 0, result.stderr
@@ -45,7 +49,10 @@ def test_dataloader_workers_leave_no_files(tmp_path: Path, start_method: str) ->
 def test_torchrun_writes_one_trace_per_rank(tmp_path: Path) -> None:
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
     assert torchrun, "torchrun comes with torch"
-    script = write_script(tmp_path, "ddp.py", """
+    script = write_script(
+        tmp_path,
+        "ddp.py",
+        """
         import torch
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -57,11 +64,28 @@ def test_torchrun_writes_one_trace_per_rank(tmp_path: Path) -> None:
             opt.step()
         dist.barrier()  # torch 2.13's gloo can abort when one rank tears down while the other still runs
         dist.destroy_process_group()
-    """)
+    """,
+    )
     out = tmp_path / "out"
     result = run_stepcli(
-        "run", "--wait", "1", "--warmup", "1", "--active", "2", "-o", out, "--json", tmp_path / "run.json",
-        "--", torchrun, "--standalone", "--nproc-per-node", "2", script, timeout=300,
+        "run",
+        "--wait",
+        "1",
+        "--warmup",
+        "1",
+        "--active",
+        "2",
+        "-o",
+        out,
+        "--json",
+        tmp_path / "run.json",
+        "--",
+        torchrun,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        script,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     traces = trace_files(out)
@@ -72,7 +96,10 @@ def test_torchrun_writes_one_trace_per_rank(tmp_path: Path) -> None:
 
 
 def test_multiprocessing_spawn_ranks_each_write_their_trace(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "mpspawn.py", """
+    script = write_script(
+        tmp_path,
+        "mpspawn.py",
+        """
         import os
         import torch
         import torch.distributed as dist
@@ -90,10 +117,25 @@ def test_multiprocessing_spawn_ranks_each_write_their_trace(tmp_path: Path) -> N
 
         if __name__ == "__main__":
             mp.spawn(worker, args=(2, os.path.abspath("rendezvous")), nprocs=2)
-    """)
+    """,
+    )
     out = tmp_path / "out"
-    result = run_stepcli("run", "--wait", "1", "--warmup", "0", "--active", "2", "-o", out,
-                         "--json", tmp_path / "run.json", script, cwd=tmp_path, timeout=300)
+    result = run_stepcli(
+        "run",
+        "--wait",
+        "1",
+        "--warmup",
+        "0",
+        "--active",
+        "2",
+        "-o",
+        out,
+        "--json",
+        tmp_path / "run.json",
+        script,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     traces = trace_files(out)
     assert sorted(t.name.split(".")[0] for t in traces) == ["rank0", "rank1"]
@@ -108,7 +150,11 @@ def test_multiprocessing_spawn_ranks_each_write_their_trace(tmp_path: Path) -> N
 
 def test_existing_sitecustomize_still_runs(tmp_path: Path, train_script: Path) -> None:
     write_script(tmp_path, "site_dir/sitecustomize.py", "import os\nos.environ['USER_SITECUSTOMIZE'] = 'ran'\n")
-    check = write_script(tmp_path, "check.py", "import os, sys\nprint(os.environ.get('USER_SITECUSTOMIZE'), sys.modules['sitecustomize'].__file__)\n")
+    check = write_script(
+        tmp_path,
+        "check.py",
+        "import os, sys\nprint(os.environ.get('USER_SITECUSTOMIZE'), sys.modules['sitecustomize'].__file__)\n",
+    )
     result = run_stepcli("run", "-q", "-o", tmp_path / "out", check, env={"PYTHONPATH": str(tmp_path / "site_dir")})
     assert result.returncode == 0, result.stderr
     flag, module_file = result.stdout.split()
@@ -137,11 +183,15 @@ def test_injected_code_imports_nothing_heavy(tmp_path: Path) -> None:
     from stepcli.agent.config import AgentConfig
 
     config = AgentConfig(run_id="t", out_dir=str(tmp_path), launcher_pid=1).to_env()
-    probe = write_script(tmp_path, "probe.py", """
+    probe = write_script(
+        tmp_path,
+        "probe.py",
+        """
         import json, sys
         heavy = {"click", "rich", "orjson", "psutil", "torch", "stepcli", "numpy"}
         print(json.dumps({"heavy": sorted(heavy & set(sys.modules)), "agent": "_stepcli_agent.runtime" in sys.modules}))
-    """)
+    """,
+    )
     env = stepcli_env({"PYTHONPATH": BOOTSTRAP_DIR, "STEPCLI_CONFIG": config})
     result = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, env=env, timeout=60)
     report = json.loads(result.stdout)

@@ -9,13 +9,20 @@ from conftest import load_trace, profiler_steps, run_stepcli, trace_files, write
 
 
 def _ops(path: Path) -> set[str]:
-    return {e["name"] for e in load_trace(path)["traceEvents"] if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")}
+    return {
+        e["name"]
+        for e in load_trace(path)["traceEvents"]
+        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")
+    }
 
 
 def test_tutorial_profiler_idle_after_its_cycle_leaves_our_windows_recording(tmp_path: Path) -> None:
     # GIVEN PyTorch's tutorial pattern: the whole loop inside profile(schedule(wait=0, warmup=1, active=2, repeat=1)),
     # which collects its steps 0-2 and then sits idle for the rest of the loop
-    script = write_script(tmp_path, "tutorial.py", """
+    script = write_script(
+        tmp_path,
+        "tutorial.py",
+        """
         import torch
         from torch.profiler import profile, schedule, tensorboard_trace_handler
         torch.manual_seed(0)
@@ -28,10 +35,28 @@ def test_tutorial_profiler_idle_after_its_cycle_leaves_our_windows_recording(tmp
                 opt.step()
                 opt.zero_grad()
                 prof.step()
-    """)
+    """,
+    )
     out = tmp_path / "out"
-    result = run_stepcli("run", "--skip-first", "4", "--wait", "1", "--warmup", "1", "--active", "1", "--repeat", "5",
-                         "-o", out, "--json", tmp_path / "run.json", script, cwd=tmp_path)
+    result = run_stepcli(
+        "run",
+        "--skip-first",
+        "4",
+        "--wait",
+        "1",
+        "--warmup",
+        "1",
+        "--active",
+        "1",
+        "--repeat",
+        "5",
+        "-o",
+        out,
+        "--json",
+        tmp_path / "run.json",
+        script,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     # THEN stepcli records its windows at global steps 6 and 9, one trace each, each step annotated once
     traces = trace_files(out)
@@ -39,7 +64,10 @@ def test_tutorial_profiler_idle_after_its_cycle_leaves_our_windows_recording(tmp
     for trace in traces:
         assert "aten::addmm" in _ops(trace)
     summary = json.loads((tmp_path / "run.json").read_text())
-    assert [(w["first_step"], w["last_step"], w["complete"]) for w in summary["windows"]] == [(6, 6, True), (9, 9, True)]
+    assert [(w["first_step"], w["last_step"], w["complete"]) for w in summary["windows"]] == [
+        (6, 6, True),
+        (9, 9, True),
+    ]
     # AND the program's own trace is intact: its steps 1-2 (its numbering), with their operators
     (own,) = trace_files(tmp_path / "own")
     assert profiler_steps(own) == [1, 2]
@@ -52,10 +80,15 @@ def test_tutorial_profiler_idle_after_its_cycle_leaves_our_windows_recording(tmp
     assert "skipped" not in " ".join(summary["notes"])
 
 
-def test_program_profiler_leaving_idle_mid_window_cuts_ours_short_and_both_traces_keep_their_steps(tmp_path: Path) -> None:
+def test_program_profiler_leaving_idle_mid_window_cuts_ours_short_and_both_traces_keep_their_steps(
+    tmp_path: Path,
+) -> None:
     # GIVEN a program profiler that waits 5 steps, then warms up at its step 5 and records its step 6,
     # while stepcli's window records steps 2-6
-    script = write_script(tmp_path, "late.py", """
+    script = write_script(
+        tmp_path,
+        "late.py",
+        """
         import torch
         from torch.profiler import profile, schedule, tensorboard_trace_handler
         model = torch.nn.Linear(16, 4)
@@ -66,10 +99,24 @@ def test_program_profiler_leaving_idle_mid_window_cuts_ours_short_and_both_trace
                 model(torch.randn(8, 16)).sum().backward()
                 opt.step()
                 prof.step()
-    """)
+    """,
+    )
     out = tmp_path / "out"
-    result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "5", "-o", out,
-                         "--json", tmp_path / "run.json", script, cwd=tmp_path)
+    result = run_stepcli(
+        "run",
+        "--wait",
+        "1",
+        "--warmup",
+        "1",
+        "--active",
+        "5",
+        "-o",
+        out,
+        "--json",
+        tmp_path / "run.json",
+        script,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     # THEN ours was saved first, cut short when the program's profiler began to warm up during step 5 ...
     (ours,) = trace_files(out)
@@ -86,7 +133,10 @@ def test_program_profiler_leaving_idle_mid_window_cuts_ours_short_and_both_trace
 
 def test_window_is_not_opened_when_the_programs_profiler_is_about_to_collect(tmp_path: Path) -> None:
     # GIVEN a program profiler that starts recording at its step 1, when stepcli's first window would warm up
-    script = write_script(tmp_path, "soon.py", """
+    script = write_script(
+        tmp_path,
+        "soon.py",
+        """
         import torch
         from torch.profiler import profile, schedule
         model = torch.nn.Linear(4, 1)
@@ -97,7 +147,8 @@ def test_window_is_not_opened_when_the_programs_profiler_is_about_to_collect(tmp
                 opt.step()
                 prof.step()
         print(len(prof.events()))
-    """)
+    """,
+    )
     result = run_stepcli("run", "-o", tmp_path / "out", "--json", tmp_path / "run.json", script, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     # THEN stepcli skipped that cycle instead of opening a window it would have to drop at once

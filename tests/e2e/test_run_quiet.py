@@ -5,19 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import run_python, run_stepcli, trace_files, write_script
 
 
 @pytest.fixture(scope="module")
 def kineto_prints_usdt(tmp_path_factory: pytest.TempPathFactory) -> bool:
     """Whether this torch's Kineto prints USDT lines at all under plain python (torch 2.13 does; 2.11 does not)."""
-    script = write_script(tmp_path_factory.mktemp("usdt"), "probe.py", """
+    script = write_script(
+        tmp_path_factory.mktemp("usdt"),
+        "probe.py",
+        """
         import torch
         from torch.profiler import profile
         with profile():
             torch.ones(4).sum()
-    """)
+    """,
+    )
     return "USDT" in run_python(script).stderr
 
 
@@ -31,7 +34,11 @@ def kineto_prints_usdt(tmp_path_factory: pytest.TempPathFactory) -> bool:
     ids=["default", "verbose", "user-knob"],
 )
 def test_kineto_usdt_lines_only_when_asked(
-    tmp_path: Path, train_script: Path, flags: list[str], env: dict[str, str], usdt_expected: bool,
+    tmp_path: Path,
+    train_script: Path,
+    flags: list[str],
+    env: dict[str, str],
+    usdt_expected: bool,
     kineto_prints_usdt: bool,
 ) -> None:
     if usdt_expected and not kineto_prints_usdt:

@@ -21,8 +21,23 @@ from conftest import (
 
 def run_json(tmp_path: Path, script: Path, *options: str, **kwargs: object) -> tuple[object, dict | None]:
     out = tmp_path / "out"
-    result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "2", *options, "-o", out,
-                         "--json", tmp_path / "run.json", script, cwd=tmp_path, **kwargs)
+    result = run_stepcli(
+        "run",
+        "--wait",
+        "1",
+        "--warmup",
+        "1",
+        "--active",
+        "2",
+        *options,
+        "-o",
+        out,
+        "--json",
+        tmp_path / "run.json",
+        script,
+        cwd=tmp_path,
+        **kwargs,
+    )
     summary = json.loads((tmp_path / "run.json").read_text()) if (tmp_path / "run.json").exists() else None
     return result, summary
 
@@ -30,7 +45,10 @@ def run_json(tmp_path: Path, script: Path, *options: str, **kwargs: object) -> t
 def test_training_on_a_thread_counts_steps_and_never_crashes(tmp_path: Path) -> None:
     # GIVEN a loop trained on a worker thread that ends mid-schedule (plain torch.profiler would crash at exit
     # if a window were left open on that thread)
-    script = write_script(tmp_path, "threaded.py", """
+    script = write_script(
+        tmp_path,
+        "threaded.py",
+        """
         import sys, threading, torch
         model = torch.nn.Linear(16, 16)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -39,7 +57,8 @@ def test_training_on_a_thread_counts_steps_and_never_crashes(tmp_path: Path) -> 
                 model(torch.randn(8, 16)).sum().backward(); opt.step()
         worker = threading.Thread(target=train, args=(3,)); worker.start(); worker.join()
         print("done"); sys.exit(0)
-    """)
+    """,
+    )
     result, summary = run_json(tmp_path, script)
     assert result.returncode == 0, result.stderr
     assert summary is not None and summary["steps"]["global"] == 3
@@ -47,7 +66,10 @@ def test_training_on_a_thread_counts_steps_and_never_crashes(tmp_path: Path) -> 
 
 
 def test_legacy_profiler_started_before_the_optimizer_is_not_emptied(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "legacy.py", """
+    script = write_script(
+        tmp_path,
+        "legacy.py",
+        """
         import torch
         model = torch.nn.Linear(4, 1)
         with torch.autograd.profiler.profile() as prof:
@@ -56,7 +78,8 @@ def test_legacy_profiler_started_before_the_optimizer_is_not_emptied(tmp_path: P
                 model(torch.randn(2, 4)).sum().backward(); opt.step()
         prof.export_chrome_trace("own.json")
         print(len(prof.function_events))
-    """)
+    """,
+    )
     plain = run_python(script, cwd=tmp_path)
     result, summary = run_json(tmp_path, script)
     assert result.returncode == 0, result.stderr
@@ -67,7 +90,10 @@ def test_legacy_profiler_started_before_the_optimizer_is_not_emptied(tmp_path: P
 
 def test_an_agent_failure_never_reaches_the_program(tmp_path: Path) -> None:
     # GIVEN an output folder that disappears (replaced by a file) before the program builds its optimizer
-    script = write_script(tmp_path, "vanish.py", """
+    script = write_script(
+        tmp_path,
+        "vanish.py",
+        """
         import os, shutil, sys, torch
         out = sys.argv[1]
         shutil.rmtree(out); open(out, "w").close()
@@ -75,7 +101,8 @@ def test_an_agent_failure_never_reaches_the_program(tmp_path: Path) -> None:
         for _ in range(4):
             opt.step()
         print("trained")
-    """)
+    """,
+    )
     out = tmp_path / "out"
     result = run_stepcli("run", "--wait", "0", "--warmup", "0", "-o", out, script, out, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -85,14 +112,21 @@ def test_an_agent_failure_never_reaches_the_program(tmp_path: Path) -> None:
 
 
 def test_step_on_in_threads_counts_every_call(tmp_path: Path) -> None:
-    write_script(tmp_path, "serverlib.py", """
+    write_script(
+        tmp_path,
+        "serverlib.py",
+        """
         import time
         class Server:
             def infer(self, x):
                 time.sleep(0.0005)
                 return x * 2
-    """)
-    script = write_script(tmp_path, "threads.py", """
+    """,
+    )
+    script = write_script(
+        tmp_path,
+        "threads.py",
+        """
         import threading, torch
         from serverlib import Server
         server = Server()
@@ -102,20 +136,28 @@ def test_step_on_in_threads_counts_every_call(tmp_path: Path) -> None:
         threads = [threading.Thread(target=client) for _ in range(4)]
         for t in threads: t.start()
         for t in threads: t.join()
-    """)
+    """,
+    )
     result, summary = run_json(tmp_path, script, "--step-on", "serverlib:Server.infer")
     assert result.returncode == 0, result.stderr
     assert summary is not None and summary["steps"]["global"] == 200
 
 
 def test_step_on_async_function_stays_a_coroutine_function(tmp_path: Path) -> None:
-    write_script(tmp_path, "asynclib.py", """
+    write_script(
+        tmp_path,
+        "asynclib.py",
+        """
         import asyncio
         async def handle(x):
             await asyncio.sleep(0)
             return x + 1
-    """)
-    script = write_script(tmp_path, "serve_async.py", """
+    """,
+    )
+    script = write_script(
+        tmp_path,
+        "serve_async.py",
+        """
         import asyncio, inspect, torch
         import asynclib
         print(inspect.iscoroutinefunction(asynclib.handle))
@@ -123,7 +165,8 @@ def test_step_on_async_function_stays_a_coroutine_function(tmp_path: Path) -> No
             for i in range(6):
                 assert await asynclib.handle(i) == i + 1
         asyncio.run(main())
-    """)
+    """,
+    )
     result, summary = run_json(tmp_path, script, "--step-on", "asynclib:handle")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "True\n"
@@ -132,7 +175,10 @@ def test_step_on_async_function_stays_a_coroutine_function(tmp_path: Path) -> No
 
 
 def test_step_on_inside_torch_compile_fullgraph_does_not_break_it(tmp_path: Path) -> None:
-    write_script(tmp_path, "netlib.py", """
+    write_script(
+        tmp_path,
+        "netlib.py",
+        """
         import torch
         class Net(torch.nn.Module):
             def __init__(self):
@@ -140,15 +186,20 @@ def test_step_on_inside_torch_compile_fullgraph_does_not_break_it(tmp_path: Path
                 self.lin = torch.nn.Linear(8, 8)
             def forward(self, x):
                 return torch.relu(self.lin(x))
-    """)
-    script = write_script(tmp_path, "compiled.py", """
+    """,
+    )
+    script = write_script(
+        tmp_path,
+        "compiled.py",
+        """
         import torch
         from netlib import Net
         model = torch.compile(Net(), fullgraph=True, backend="eager")
         for _ in range(3):
             model(torch.randn(2, 8))
         print("ok")
-    """)
+    """,
+    )
     result, _ = run_json(tmp_path, script, "--step-on", "netlib:Net.forward", timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "ok\n"
@@ -156,7 +207,10 @@ def test_step_on_inside_torch_compile_fullgraph_does_not_break_it(tmp_path: Path
 
 def test_grad_scaler_iterations_count_even_when_the_optimizer_step_is_skipped(tmp_path: Path) -> None:
     # GIVEN a scale so large that every iteration overflows, so GradScaler skips every optimizer.step()
-    script = write_script(tmp_path, "scaler.py", """
+    script = write_script(
+        tmp_path,
+        "scaler.py",
+        """
         import torch
         model = torch.nn.Linear(4, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -166,7 +220,8 @@ def test_grad_scaler_iterations_count_even_when_the_optimizer_step_is_skipped(tm
             scaler.scale(model(torch.randn(2, 4) * 1e30).sum()).backward()
             scaler.step(opt)
             scaler.update()
-    """)
+    """,
+    )
     result, summary = run_json(tmp_path, script)
     assert result.returncode == 0, result.stderr
     assert summary is not None and summary["steps"] == {"global": 6, "requesters": {"SGD#0": 6}}
@@ -182,7 +237,10 @@ def test_empty_pythonpath_entry_still_means_the_current_directory(tmp_path: Path
 
 
 def test_sigint_sent_to_stepcli_alone_reaches_the_program(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "waits.py", """
+    script = write_script(
+        tmp_path,
+        "waits.py",
+        """
         import time
         try:  # the signal may land while print() is still returning: inside the try too
             print("ready", flush=True)
@@ -190,10 +248,16 @@ def test_sigint_sent_to_stepcli_alone_reaches_the_program(tmp_path: Path) -> Non
         except KeyboardInterrupt:
             print("interrupted", flush=True)
             raise
-    """)
-    proc = subprocess.Popen([sys.executable, "-m", "stepcli", "run", "-q", "-o", str(tmp_path / "out"), str(script)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=stepcli_env(),
-                            start_new_session=True)
+    """,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepcli", "run", "-q", "-o", str(tmp_path / "out"), str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=stepcli_env(),
+        start_new_session=True,
+    )
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     proc.send_signal(signal.SIGINT)  # a scheduler's kill -INT, not the terminal's Ctrl-C
     stdout, _ = proc.communicate(timeout=60)
@@ -202,15 +266,24 @@ def test_sigint_sent_to_stepcli_alone_reaches_the_program(tmp_path: Path) -> Non
 
 
 def test_sigusr1_is_forwarded(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "usr1.py", """
+    script = write_script(
+        tmp_path,
+        "usr1.py",
+        """
         import signal, sys, time
         signal.signal(signal.SIGUSR1, lambda *a: (print("checkpointing", flush=True), sys.exit(0)))
         print("ready", flush=True)
         time.sleep(60)
-    """)
-    proc = subprocess.Popen([sys.executable, "-m", "stepcli", "run", "-q", "-o", str(tmp_path / "out"), str(script)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=stepcli_env(),
-                            start_new_session=True)
+    """,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepcli", "run", "-q", "-o", str(tmp_path / "out"), str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=stepcli_env(),
+        start_new_session=True,
+    )
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     proc.send_signal(signal.SIGUSR1)
     stdout, _ = proc.communicate(timeout=60)
@@ -226,13 +299,20 @@ def test_unwritable_json_path_fails_before_the_program_starts(tmp_path: Path, tr
 
 
 def test_concurrent_async_calls_each_count(tmp_path: Path) -> None:
-    write_script(tmp_path, "aserve.py", """
+    write_script(
+        tmp_path,
+        "aserve.py",
+        """
         import asyncio
         async def handle(x):
             await asyncio.sleep(0.001)
             return x
-    """)
-    script = write_script(tmp_path, "gather.py", """
+    """,
+    )
+    script = write_script(
+        tmp_path,
+        "gather.py",
+        """
         import asyncio, torch
         import aserve
         async def main():
@@ -241,19 +321,27 @@ def test_concurrent_async_calls_each_count(tmp_path: Path) -> None:
             for i in range(10):
                 await aserve.handle(i)
         asyncio.run(main())
-    """)
+    """,
+    )
     result, summary = run_json(tmp_path, script, "--step-on", "aserve:handle")
     assert result.returncode == 0, result.stderr
     assert summary is not None and summary["steps"]["global"] == 40
 
 
 def test_a_step_on_another_thread_ends_the_window_cleanly(tmp_path: Path) -> None:
-    write_script(tmp_path, "worklib.py", """
+    write_script(
+        tmp_path,
+        "worklib.py",
+        """
         import torch
         def step():
             torch.randn(64, 64) @ torch.randn(64, 64)
-    """)
-    script = write_script(tmp_path, "mixed.py", """
+    """,
+    )
+    script = write_script(
+        tmp_path,
+        "mixed.py",
+        """
         import threading
         from worklib import step
         for _ in range(4):
@@ -263,7 +351,8 @@ def test_a_step_on_another_thread_ends_the_window_cleanly(tmp_path: Path) -> Non
         for _ in range(3):
             step()
         print("done")
-    """)
+    """,
+    )
     result, summary = run_json(tmp_path, script, "--active", "4", "--step-on", "worklib:step")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "done\n"
@@ -274,7 +363,10 @@ def test_a_step_on_another_thread_ends_the_window_cleanly(tmp_path: Path) -> Non
 
 
 def test_programs_profiler_on_another_thread_during_our_window_does_not_crash(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "side_profiler.py", """
+    script = write_script(
+        tmp_path,
+        "side_profiler.py",
+        """
         import threading, torch
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(4))], lr=0.1)
         for _ in range(3):
@@ -288,7 +380,8 @@ def test_programs_profiler_on_another_thread_during_our_window_does_not_crash(tm
         for _ in range(4):
             opt.step()
         print(events["n"] > 0)
-    """)
+    """,
+    )
     result, summary = run_json(tmp_path, script, "--active", "6")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "True\n"
@@ -297,7 +390,10 @@ def test_programs_profiler_on_another_thread_during_our_window_does_not_crash(tm
 
 def test_an_agent_error_during_a_window_never_crashes_the_program(tmp_path: Path) -> None:
     # GIVEN stepcli's own bookkeeping failing while a window is open (simulated through the agent's failure path)
-    script = write_script(tmp_path, "fails_inside.py", """
+    script = write_script(
+        tmp_path,
+        "fails_inside.py",
+        """
         import sys, torch
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(4))], lr=0.1)
         for i in range(8):
@@ -305,7 +401,8 @@ def test_an_agent_error_during_a_window_never_crashes_the_program(tmp_path: Path
             if i == 2:
                 sys.modules["_stepcli_agent.runtime"]._agent.fail("a test", RuntimeError("boom"))
         print("finished")
-    """)
+    """,
+    )
     result, summary = run_json(tmp_path, script, "--active", "4")
     # THEN one line says profiling stopped, the program finishes normally, and its steps so far are reported
     assert result.returncode == 0, result.stderr

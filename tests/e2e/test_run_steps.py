@@ -10,14 +10,31 @@ from conftest import load_trace, profiler_steps, run_stepcli, trace_files, write
 
 def run_json(tmp_path: Path, script: Path, *options: str) -> tuple[dict, list[Path], str]:
     out = tmp_path / "out"
-    result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "2", *options, "-o", out,
-                         "--json", tmp_path / "run.json", script, cwd=tmp_path)
+    result = run_stepcli(
+        "run",
+        "--wait",
+        "1",
+        "--warmup",
+        "1",
+        "--active",
+        "2",
+        *options,
+        "-o",
+        out,
+        "--json",
+        tmp_path / "run.json",
+        script,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     return json.loads((tmp_path / "run.json").read_text()), trace_files(out), result.stderr
 
 
 def test_two_optimizer_gan_counts_one_step_per_iteration(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "gan.py", """
+    script = write_script(
+        tmp_path,
+        "gan.py",
+        """
         import torch
         g, d = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
         opt_g = torch.optim.Adam(g.parameters())
@@ -26,14 +43,18 @@ def test_two_optimizer_gan_counts_one_step_per_iteration(tmp_path: Path) -> None
             noise = torch.randn(8, 4)
             opt_d.zero_grad(); d(g(noise).detach()).mean().backward(); opt_d.step()
             opt_g.zero_grad(); (-d(g(noise)).mean()).backward(); opt_g.step()
-    """)
+    """,
+    )
     summary, traces, _ = run_json(tmp_path, script)
     assert summary["steps"] == {"global": 8, "requesters": {"Adam#0": 8, "Adam#1": 8}}
     assert [profiler_steps(t) for t in traces] == [[2, 3]]
 
 
 def test_lbfgs_step_with_closure_counts_once_per_call(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "lbfgs.py", """
+    script = write_script(
+        tmp_path,
+        "lbfgs.py",
+        """
         import torch
         w = torch.nn.Parameter(torch.randn(3))
         opt = torch.optim.LBFGS([w], max_iter=5)
@@ -44,7 +65,8 @@ def test_lbfgs_step_with_closure_counts_once_per_call(tmp_path: Path) -> None:
             return loss
         for _ in range(6):
             opt.step(closure)
-    """)
+    """,
+    )
     summary, traces, _ = run_json(tmp_path, script)
     assert summary["steps"]["global"] == 6
     assert [profiler_steps(t) for t in traces] == [[2, 3]]
@@ -53,7 +75,10 @@ def test_lbfgs_step_with_closure_counts_once_per_call(tmp_path: Path) -> None:
 def test_wrapped_optimizers_count_once(tmp_path: Path) -> None:
     # Shapes of HF accelerate's AcceleratedOptimizer (an Optimizer subclass that skips Optimizer.__init__ and
     # delegates), Lightning's LightningOptimizer (a plain wrapper), and a subclass calling super().step().
-    script = write_script(tmp_path, "wrapped.py", """
+    script = write_script(
+        tmp_path,
+        "wrapped.py",
+        """
         import torch
 
         class AcceleratedOptimizer(torch.optim.Optimizer):
@@ -85,13 +110,17 @@ def test_wrapped_optimizers_count_once(tmp_path: Path) -> None:
             first.step()
             second.step()
             first.zero_grad()
-    """)
+    """,
+    )
     summary, traces, _ = run_json(tmp_path, script)
     assert summary["steps"] == {"global": 7, "requesters": {"SGD#0": 7, "MySGD#0": 7}}
 
 
 def test_critic_stepping_five_times_drives_the_global_step_and_is_explained(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "wgan.py", """
+    script = write_script(
+        tmp_path,
+        "wgan.py",
+        """
         import torch
         critic, gen = torch.nn.Linear(2, 1), torch.nn.Linear(2, 2)
         opt_c = torch.optim.RMSprop(critic.parameters())
@@ -100,14 +129,18 @@ def test_critic_stepping_five_times_drives_the_global_step_and_is_explained(tmp_
             for _ in range(5):
                 critic(gen(torch.randn(4, 2)).detach()).mean().backward(); opt_c.step()
             gen(torch.randn(4, 2)).sum().backward(); opt_g.step()
-    """)
+    """,
+    )
     summary, _, stderr = run_json(tmp_path, script)
     assert summary["steps"] == {"global": 15, "requesters": {"RMSprop#0": 15, "RMSprop#1": 3}}
     assert "stepped unequally" in stderr and "RMSprop#0" in stderr
 
 
 def test_step_on_counts_an_inference_loop(tmp_path: Path) -> None:
-    write_script(tmp_path, "servelib.py", """
+    write_script(
+        tmp_path,
+        "servelib.py",
+        """
         import torch
         class Server:
             def __init__(self):
@@ -115,14 +148,19 @@ def test_step_on_counts_an_inference_loop(tmp_path: Path) -> None:
             def handle(self, batch):
                 with torch.no_grad():
                     return self.model(batch)
-    """)
-    script = write_script(tmp_path, "serve.py", """
+    """,
+    )
+    script = write_script(
+        tmp_path,
+        "serve.py",
+        """
         import torch
         from servelib import Server
         server = Server()
         for _ in range(6):
             server.handle(torch.randn(4, 8))
-    """)
+    """,
+    )
     summary, traces, _ = run_json(tmp_path, script, "--step-on", "servelib:Server.handle")
     assert summary["steps"] == {"global": 6, "requesters": {"servelib:Server.handle": 6}}
     assert [profiler_steps(t) for t in traces] == [[2, 3]]
@@ -130,7 +168,10 @@ def test_step_on_counts_an_inference_loop(tmp_path: Path) -> None:
 
 def test_programs_own_profiler_is_not_double_counted_and_keeps_working(tmp_path: Path) -> None:
     # The program profiles itself (steps 1-2 into its own folder) and calls prof.step() after opt.step().
-    script = write_script(tmp_path, "selfprof.py", """
+    script = write_script(
+        tmp_path,
+        "selfprof.py",
+        """
         import torch
         from torch.profiler import profile, schedule, tensorboard_trace_handler
         model = torch.nn.Linear(4, 1)
@@ -141,7 +182,8 @@ def test_programs_own_profiler_is_not_double_counted_and_keeps_working(tmp_path:
                 model(torch.randn(2, 4)).sum().backward()
                 opt.step()
                 prof.step()
-    """)
+    """,
+    )
     summary, traces, stderr = run_json(tmp_path, script)
     assert summary["steps"] == {"global": 8, "requesters": {"SGD#0": 8, "profiler#0": 8}}
     # the program's own trace is complete: its steps 1 and 2 (its own numbering)
@@ -154,7 +196,10 @@ def test_programs_own_profiler_is_not_double_counted_and_keeps_working(tmp_path:
 
 def test_programs_profiler_started_inside_our_window_cuts_it_short_and_keeps_its_events(tmp_path: Path) -> None:
     # GIVEN stepcli recording steps 2-5 and a program that opens its own profiler at the start of step 4
-    script = write_script(tmp_path, "midwindow.py", """
+    script = write_script(
+        tmp_path,
+        "midwindow.py",
+        """
         import torch
         from torch.profiler import profile
         model = torch.nn.Linear(4, 1)
@@ -169,10 +214,24 @@ def test_programs_profiler_started_inside_our_window_cuts_it_short_and_keeps_its
         print(len(prof.events()))
         for _ in range(2):
             train_step()
-    """)
+    """,
+    )
     out = tmp_path / "out"
-    result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "4", "-o", out, "--json",
-                         tmp_path / "run.json", script, cwd=tmp_path)
+    result = run_stepcli(
+        "run",
+        "--wait",
+        "1",
+        "--warmup",
+        "1",
+        "--active",
+        "4",
+        "-o",
+        out,
+        "--json",
+        tmp_path / "run.json",
+        script,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     # THEN the program's profiler saw its events, and ours was saved with the steps it completed
     assert int(result.stdout) > 20
@@ -189,7 +248,10 @@ def test_programs_profiler_started_inside_our_window_cuts_it_short_and_keeps_its
 
 
 def test_programs_profiler_after_our_window_leaves_both_traces_intact(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "later.py", """
+    script = write_script(
+        tmp_path,
+        "later.py",
+        """
         import torch
         from torch.profiler import profile
         model = torch.nn.Linear(4, 1)
@@ -202,7 +264,8 @@ def test_programs_profiler_after_our_window_leaves_both_traces_intact(tmp_path: 
             train_step()
         prof.export_chrome_trace("own.json")
         print(len(prof.events()))
-    """)
+    """,
+    )
     summary, traces, _ = run_json(tmp_path, script)
     assert [profiler_steps(t) for t in traces] == [[2, 3]]
     assert summary["steps"]["global"] == 7
@@ -212,7 +275,10 @@ def test_programs_profiler_after_our_window_leaves_both_traces_intact(tmp_path: 
 
 def test_optimizer_recreated_each_epoch_keeps_counting(tmp_path: Path) -> None:
     # A new optimizer per epoch may reuse a collected one's id: it must start at the global step, not behind it.
-    script = write_script(tmp_path, "epochs.py", """
+    script = write_script(
+        tmp_path,
+        "epochs.py",
+        """
         import gc
         import torch
         model = torch.nn.Linear(4, 1)
@@ -223,7 +289,8 @@ def test_optimizer_recreated_each_epoch_keeps_counting(tmp_path: Path) -> None:
                 opt.step()
             del opt
             gc.collect()
-    """)
+    """,
+    )
     summary, traces, _ = run_json(tmp_path, script)
     assert summary["steps"]["global"] == 12
     assert [profiler_steps(t) for t in traces] == [[2, 3]]

@@ -10,13 +10,25 @@ from pathlib import Path
 
 from conftest import profiler_steps, run_stepcli, trace_files, write_script
 
-SECTIONS = ["stepcli summary", "command", "untouched steps", "profiled steps", "timeline", "peak memory", "trace",
-            "Top CPU operators by self time", "Step breakdown", "next:\n  stepcli table"]
+SECTIONS = [
+    "stepcli summary",
+    "command",
+    "untouched steps",
+    "profiled steps",
+    "timeline",
+    "peak memory",
+    "trace",
+    "Top CPU operators by self time",
+    "Step breakdown",
+    "next:\n  stepcli table",
+]
 
 
 def test_demo_prints_every_section(tmp_path: Path) -> None:
     # GIVEN nothing but stepcli; WHEN the demo runs THEN it records a window and the summary shows every section
-    result = run_stepcli("demo", "--active", "2", "-o", tmp_path / "out", "--json", tmp_path / "demo.json", cwd=tmp_path)
+    result = run_stepcli(
+        "demo", "--active", "2", "-o", tmp_path / "out", "--json", tmp_path / "demo.json", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     assert "iteration   0" in result.stdout  # the demo's own output stays on stdout
     for section in SECTIONS:
@@ -33,7 +45,10 @@ def test_demo_prints_every_section(tmp_path: Path) -> None:
 
 def test_torchrun_summary_shows_both_ranks(tmp_path: Path) -> None:
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
-    script = write_script(tmp_path, "ddp.py", """
+    script = write_script(
+        tmp_path,
+        "ddp.py",
+        """
         import torch
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -45,9 +60,24 @@ def test_torchrun_summary_shows_both_ranks(tmp_path: Path) -> None:
             opt.step()
         dist.barrier()
         dist.destroy_process_group()
-    """)
-    result = run_stepcli("run", "--active", "2", "-o", tmp_path / "out", "--json", tmp_path / "run.json",
-                         "--", torchrun, "--standalone", "--nproc-per-node", "2", script, timeout=300)
+    """,
+    )
+    result = run_stepcli(
+        "run",
+        "--active",
+        "2",
+        "-o",
+        tmp_path / "out",
+        "--json",
+        tmp_path / "run.json",
+        "--",
+        torchrun,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        script,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     for section in SECTIONS + ["processes", "Recorded step time per rank"]:
         assert section in result.stderr, section

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import load_trace, profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
 
 _DDP = """
@@ -37,9 +36,29 @@ def two_ranks_two_windows(tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     assert torchrun, "torchrun comes with torch"
     script = write_script(folder, "ddp.py", _DDP)
     out = folder / "out"
-    proc = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "2", "--repeat", "2", "--gzip", "-o", out,
-                       "--json", folder / "run.json", "--", torchrun, "--standalone", "--nproc-per-node", "2", script,
-                       timeout=300)
+    proc = run_stepcli(
+        "run",
+        "--wait",
+        "1",
+        "--warmup",
+        "1",
+        "--active",
+        "2",
+        "--repeat",
+        "2",
+        "--gzip",
+        "-o",
+        out,
+        "--json",
+        folder / "run.json",
+        "--",
+        torchrun,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        script,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     return {"out": out, "stderr": proc.stderr, "summary": json.loads((folder / "run.json").read_text())}
 
@@ -94,7 +113,7 @@ def test_summary_prints_the_hta_one_liner_for_one_window(two_ranks_two_windows: 
 
 
 def test_holistic_trace_analysis_reads_each_window_with_the_same_steps_on_every_rank(
-    two_ranks_two_windows: dict[str, Any]
+    two_ranks_two_windows: dict[str, Any],
 ) -> None:
     pytest.importorskip("hta", reason="HolisticTraceAnalysis is in the test extra")
     out: Path = two_ranks_two_windows["out"]
@@ -115,8 +134,9 @@ for folder in sys.argv[1:]:
 print(json.dumps(result))
 """
     folders = [str(out / "window-step2"), str(out / "window-step6")]
-    proc = subprocess.run([sys.executable, "-c", probe, *folders], capture_output=True, text=True, timeout=180,
-                          env=stepcli_env())
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, *folders], capture_output=True, text=True, timeout=180, env=stepcli_env()
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     # THEN every rank of a window reports the same steps, and they are that window's steps

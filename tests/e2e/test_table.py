@@ -83,8 +83,9 @@ def plain_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("plain")
     script = write_script(tmp, "train.py", PLAIN_PROFILER)
     out = tmp / "plain.pt.trace.json"
-    subprocess.run([sys.executable, str(script), str(out)], check=True, capture_output=True, timeout=120,
-                   env=stepcli_env())
+    subprocess.run(
+        [sys.executable, str(script), str(out)], check=True, capture_output=True, timeout=120, env=stepcli_env()
+    )
     return out
 
 
@@ -96,7 +97,10 @@ def two_rank_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp / "traces"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), str(out)],
-        capture_output=True, text=True, timeout=120, env=stepcli_env({"OMP_NUM_THREADS": "1"}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=stepcli_env({"OMP_NUM_THREADS": "1"}),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(list(out.glob("rank*.pt.trace.json"))) == 2
@@ -180,8 +184,18 @@ def test_markdown_tables_are_well_formed(two_rank_dir: Path) -> None:
 
 def test_json_parses_and_has_the_contract_keys(two_rank_dir: Path) -> None:
     data = table_json(two_rank_dir)
-    assert {"files", "step_ms", "steps", "ranks", "slowest_rank", "breakdown_ms", "device", "cpu_ops",
-            "device_kernels", "events"} <= set(data)
+    assert {
+        "files",
+        "step_ms",
+        "steps",
+        "ranks",
+        "slowest_rank",
+        "breakdown_ms",
+        "device",
+        "cpu_ops",
+        "device_kernels",
+        "events",
+    } <= set(data)
     assert len(data["files"]) == 2 and data["events"] > 0 and data["device"] is None
 
 
@@ -190,7 +204,9 @@ def test_group_by_shape(plain_trace: Path) -> None:
     assert any(r["name"] == "aten::addmm" and r["shape"].startswith("[[") for r in rows)
 
 
-@pytest.mark.parametrize("kind", ["missing", "empty", "truncated", "non-json", "corrupt-gzip", "not-a-trace", "empty-dir"])
+@pytest.mark.parametrize(
+    "kind", ["missing", "empty", "truncated", "non-json", "corrupt-gzip", "not-a-trace", "empty-dir"]
+)
 def test_bad_input_is_one_line_naming_the_file(tmp_path: Path, kind: str) -> None:
     text = (DATA / "train_cpu.pt.trace.json").read_text()
     paths = {
@@ -225,13 +241,15 @@ def test_one_bad_file_among_good_ones_fails(plain_trace: Path, tmp_path: Path) -
 
 
 def test_render_treats_names_as_text_and_shortens_in_the_middle() -> None:
+    from stepcli.traces.reader import Event, Trace
     from stepcli.traces.render import print_table_report, shorten
     from stepcli.traces.summary import summarize
-    from stepcli.traces.reader import Event, Trace
 
     long_name = "void at::native::elementwise_kernel<" + "x" * 200 + ">(int, functor)"
-    events = [Event(name="[bold]odd[/bold] name", cat="cpu_op", ts=0.0, dur=5.0),
-              Event(name=long_name, cat="kernel", pid=0, tid=7, ts=1.0, dur=2.0)]
+    events = [
+        Event(name="[bold]odd[/bold] name", cat="cpu_op", ts=0.0, dur=5.0),
+        Event(name=long_name, cat="kernel", pid=0, tid=7, ts=1.0, dur=2.0),
+    ]
     out = io.StringIO()
     print_table_report(summarize([Trace.from_events(events)]), sort_by="self", limit=5, fmt="rich", file=out)
     text = out.getvalue()
@@ -272,14 +290,21 @@ def test_non_finite_times_are_skipped_not_a_traceback(tmp_path: Path, bad: str) 
 @pytest.mark.parametrize("fmt", ["rich", "--json", "--csv", "--markdown"])
 def test_reader_closing_the_pipe_early_is_not_an_error(tmp_path: Path, fmt: str) -> None:
     # GIVEN a trace whose report is far bigger than a pipe buffer (64 KiB)
-    events = [{"name": f"op_{i:05d}_" + "x" * 40, "ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": i * 10, "dur": 5}
-              for i in range(4000)]
+    events = [
+        {"name": f"op_{i:05d}_" + "x" * 40, "ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": i * 10, "dur": 5}
+        for i in range(4000)
+    ]
     path = tmp_path / "big.json"
     path.write_text(json.dumps({"traceEvents": events}))
     args = ["table", str(path), "--limit", "5000"] + ([] if fmt == "rich" else [fmt])
     # WHEN the reader takes one line and goes away, like `stepcli table TRACE | head -1`
-    proc = subprocess.Popen([sys.executable, "-m", "stepcli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, env=stepcli_env())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepcli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env=stepcli_env(),
+    )
     assert proc.stdout is not None and proc.stderr is not None
     first = proc.stdout.readline()
     proc.stdout.close()
@@ -321,12 +346,16 @@ def test_incomplete_step_of_a_real_trace_is_left_out(tmp_path: Path) -> None:
     # GIVEN a plain torch.profiler trace cut short in step 3, marked the way stepcli's agent marks it
     script = write_script(tmp_path, "cut.py", CUT_SHORT)
     out = tmp_path / "cut.pt.trace.json"
-    subprocess.run([sys.executable, str(script), str(out)], check=True, capture_output=True, timeout=120,
-                   env=stepcli_env())
+    subprocess.run(
+        [sys.executable, str(script), str(out)], check=True, capture_output=True, timeout=120, env=stepcli_env()
+    )
     raw = json.loads(out.read_text())
     assert raw["stepcli_incomplete_step"] == "3"  # top level, a JSON string: what the reader expects
     assert sorted(e["name"] for e in raw["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")) == [
-        "ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"]
+        "ProfilerStep#1",
+        "ProfilerStep#2",
+        "ProfilerStep#3",
+    ]
     # WHEN summarized
     data = table_json(out)
     # THEN step 3 is in no step figure, while its operators are still counted

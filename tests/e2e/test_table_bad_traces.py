@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import run_stepcli
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -155,8 +154,9 @@ def test_not_regular_files_are_refused_without_blocking(tmp_path: Path) -> None:
             assert "not a regular file" in _one_line(proc.stderr) and str(target) in proc.stderr
 
 
-def test_inputs_over_the_limit_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_inputs_over_the_limit_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # GIVEN a 40 KB gzip that inflates to 40 MB (a small bomb), and a limit of 1 MB
     bomb = tmp_path / "bomb.pt.trace.json.gz"
     bomb.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * 40_000_000 + b"]}", compresslevel=9))
@@ -177,13 +177,17 @@ def run_summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from conftest import write_script
 
     folder = tmp_path_factory.mktemp("summary")
-    script = write_script(folder, "train.py", """
+    script = write_script(
+        folder,
+        "train.py",
+        """
         import torch
         model = torch.nn.Linear(4, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for _ in range(6):
             opt.zero_grad(); model(torch.randn(2, 4)).sum().backward(); opt.step()
-    """)
+    """,
+    )
     proc = run_stepcli("run", "-q", "--json", folder / "s.json", "-o", folder / "out", "--active", "1", script)
     assert proc.returncode == 0, proc.stderr
     doc: dict[str, Any] = json.loads((folder / "s.json").read_text())
@@ -191,8 +195,9 @@ def run_summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return doc
 
 
-def test_big_run_summary_is_read_as_a_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                              run_summary: dict[str, Any]) -> None:
+def test_big_run_summary_is_read_as_a_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], run_summary: dict[str, Any]
+) -> None:
     # GIVEN a valid run summary padded past 8 MB (a long timeline)
     big = dict(run_summary, timeline_ms=[1.0] * 2_000_000)
     path = tmp_path / "big.json"

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from conftest import run_stepcli
-from test_parallel import rank_folder  # noqa: F401  (the shared four-rank folder fixture)
 
-from stepcli.traces.summary import summarize
 from stepcli.traces.reader import load_paths
+from stepcli.traces.summary import summarize
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +24,7 @@ def scheduler() -> Iterator[str]:
         cluster.close()
 
 
-def test_cluster_gives_the_local_answers(scheduler: str, rank_folder: Path) -> None:  # noqa: F811
+def test_cluster_gives_the_local_answers(scheduler: str, rank_folder: Path) -> None:
     # GIVEN a folder of four rank traces and a cluster WHEN `stepcli table --json --scheduler` reads it
     result = run_stepcli("table", "--json", "--scheduler", scheduler, rank_folder)
     assert result.returncode == 0, result.stderr
@@ -43,7 +42,7 @@ def test_cluster_names_a_bad_file_in_one_line(scheduler: str, tmp_path: Path) ->
     assert "rank0.json: truncated JSON" in result.stderr.strip().splitlines()[-1]
 
 
-def test_unreachable_scheduler_is_one_line(rank_folder: Path) -> None:  # noqa: F811
+def test_unreachable_scheduler_is_one_line(rank_folder: Path) -> None:
     pytest.importorskip("distributed")
     result = run_stepcli("table", "--scheduler", "tcp://127.0.0.1:1", rank_folder, timeout=60)
     assert result.returncode == 2
@@ -51,13 +50,17 @@ def test_unreachable_scheduler_is_one_line(rank_folder: Path) -> None:  # noqa: 
     assert "cannot reach the Dask scheduler at tcp://127.0.0.1:1" in result.stderr
 
 
-def test_without_the_extra_the_flag_says_what_to_install(tmp_path: Path, rank_folder: Path) -> None:  # noqa: F811
+def test_without_the_extra_the_flag_says_what_to_install(tmp_path: Path, rank_folder: Path) -> None:
     # GIVEN an environment where `distributed` cannot be imported
     blocker = tmp_path / "blocked" / "distributed"
     blocker.mkdir(parents=True)
     (blocker / "__init__.py").write_text("raise ImportError('not installed')\n")
-    result = run_stepcli("table", "--scheduler", "tcp://127.0.0.1:8786", rank_folder,
-                         env={"PYTHONPATH": str(blocker.parent)})
+    result = run_stepcli(
+        "table", "--scheduler", "tcp://127.0.0.1:8786", rank_folder, env={"PYTHONPATH": str(blocker.parent)}
+    )
     # THEN one line says what to install
     assert result.returncode == 2
-    assert result.stderr.strip() == "stepcli: error: --scheduler needs Dask's distributed package: pip install 'stepcli[dask]'"
+    assert (
+        result.stderr.strip()
+        == "stepcli: error: --scheduler needs Dask's distributed package: pip install 'stepcli[dask]'"
+    )

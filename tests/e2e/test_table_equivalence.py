@@ -74,11 +74,15 @@ def test_exit_status_is_the_programs(tmp_path: Path, source: str, status: int) -
 
 
 def test_uncaught_exception_has_the_same_traceback(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "boom.py", """
+    script = write_script(
+        tmp_path,
+        "boom.py",
+        """
         def inner():
             raise ValueError("boom")
         inner()
-    """)
+    """,
+    )
     ours = stepcli_quiet(script, cwd=tmp_path)
     theirs = run_python(script, cwd=tmp_path)
     assert ours.returncode == theirs.returncode == 1
@@ -95,6 +99,10 @@ def test_stdin_is_inherited(tmp_path: Path) -> None:
     script = write_script(tmp_path, "echo.py", "import sys\nprint(sys.stdin.read().upper(), end='')\n")
     result = subprocess.run(
         [sys.executable, "-m", "stepcli", "run", "-q", "-o", tmp_path / "out", script],
-        input="piped in\n", capture_output=True, text=True, env=stepcli_env(), timeout=60,
+        input="piped in\n",
+        capture_output=True,
+        text=True,
+        env=stepcli_env(),
+        timeout=60,
     )
     assert result.stdout == "PIPED IN\n"

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-
 from conftest import run_python, run_stepcli, write_script
 
 SEED = 20251123
@@ -56,9 +55,30 @@ def real_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # Raw JSON tokens a structural mutation can put where a value goes (placeholders are swapped in after dumps).
 _TOKENS = [
-    "NaN", "Infinity", "-Infinity", "1e400", "-1e400", str(2**64), str(-(2**64)), "1" + "0" * 5000, "null", "true",
-    '"12.5"', '"abc"', '""', "[]", "{}", "[[[[[[[[]]]]]]]]", "-1", "-0.5", "0", "1e308", '"\\ud800"',
-    '"ProfilerStep#' + "9" * 30 + '"', '"\xff"', "[" * 5000 + "]" * 5000,
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "1e400",
+    "-1e400",
+    str(2**64),
+    str(-(2**64)),
+    "1" + "0" * 5000,
+    "null",
+    "true",
+    '"12.5"',
+    '"abc"',
+    '""',
+    "[]",
+    "{}",
+    "[[[[[[[[]]]]]]]]",
+    "-1",
+    "-0.5",
+    "0",
+    "1e308",
+    '"\\ud800"',
+    '"ProfilerStep#' + "9" * 30 + '"',
+    '"\xff"',
+    "[" * 5000 + "]" * 5000,
 ]
 _FIELDS = ["ts", "dur", "name", "cat", "ph", "pid", "tid", "args"]
 

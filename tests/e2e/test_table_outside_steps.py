@@ -14,9 +14,9 @@ from conftest import run_stepcli
 
 from stepcli.traces import arrays as columnar
 from stepcli.traces import summary as summary_module
+from stepcli.traces.reader import Event, Trace
 from stepcli.traces.render import markdown_report, outside_note
 from stepcli.traces.summary import merge_parts, summarize_file
-from stepcli.traces.reader import Event, Trace
 
 T0 = 1_790_000_000_000.0  # an epoch-sized timestamp in microseconds, like real Kineto traces
 
@@ -53,8 +53,13 @@ def calls(data: dict[str, Any]) -> dict[str, int]:
 
 def test_op_after_the_last_step_is_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN two 100 us steps of 80 us work each, then the profiler's own 400 us sync after the last step
-    events = [step(1, 0, 100), ev("aten::mm", 10, 80), step(2, 100, 100), ev("aten::mm", 110, 80),
-              ev("cudaDeviceSynchronize", 200, 400, cat="cuda_runtime")]
+    events = [
+        step(1, 0, 100),
+        ev("aten::mm", 10, 80),
+        step(2, 100, 100),
+        ev("aten::mm", 110, 80),
+        ev("cudaDeviceSynchronize", 200, 400, cat="cuda_runtime"),
+    ]
     data = both(events, monkeypatch)
     # THEN the sync is in no row and is counted as left out; the shares of step time add up to at most 100%
     assert "cudaDeviceSynchronize" not in calls(data)
@@ -65,8 +70,15 @@ def test_op_after_the_last_step_is_left_out(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_op_before_the_first_step_is_left_out_and_one_touching_a_step_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    events = [ev("before", 0, 10), ev("ends_at_start", 5, 15), step(1, 20, 100), ev("aten::mm", 30, 10),
-              ev("zero_at_start", 20, 0), ev("zero_at_end", 120, 0), ev("starts_at_end", 120, 5)]
+    events = [
+        ev("before", 0, 10),
+        ev("ends_at_start", 5, 15),
+        step(1, 20, 100),
+        ev("aten::mm", 30, 10),
+        ev("zero_at_start", 20, 0),
+        ev("zero_at_end", 120, 0),
+        ev("starts_at_end", 120, 5),
+    ]
     data = both(events, monkeypatch)
     # an event ending where the step starts, or starting where it ends, lies outside it; a zero-length event at
     # the step's start lies inside it
@@ -85,8 +97,14 @@ def test_an_event_straddling_a_step_boundary_is_kept_whole(monkeypatch: pytest.M
 def test_children_outside_a_straddling_parent_are_left_out_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN a parent that straddles the step's end, with one child inside the step and one after it, and an only
     # child of the same name (which torch folds into its parent) after the step under another straddling parent
-    events = [step(1, 0, 100), ev("parent", 80, 60), ev("inner", 85, 10), ev("outer", 110, 20),
-              ev("aten::copy_", 90, 50, tid=2), ev("aten::copy_", 105, 30, tid=2)]
+    events = [
+        step(1, 0, 100),
+        ev("parent", 80, 60),
+        ev("inner", 85, 10),
+        ev("outer", 110, 20),
+        ev("aten::copy_", 90, 50, tid=2),
+        ev("aten::copy_", 105, 30, tid=2),
+    ]
     data = both(events, monkeypatch)
     rows = {r["name"]: r for r in data["cpu_ops"]}
     # THEN the parent keeps its own self time (its duration minus both children), the child after the step is out
@@ -107,10 +125,14 @@ def test_a_trace_without_steps_keeps_every_event(monkeypatch: pytest.MonkeyPatch
 
 def test_steps_of_one_process_do_not_cover_another_process(monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN process 100 stepping over 0-100 us, process 200 stepping over 200-300 us, and process 300 with no step
-    events = [step(1, 0, 100), ev("a", 10, 10),
-              step(1, 200, 100, pid=200), ev("b", 210, 10, pid=200),
-              ev("b_in_100s_step", 50, 10, pid=200),  # inside process 100's step in time, in no step of its own
-              ev("c", 50, 10, pid=300)]
+    events = [
+        step(1, 0, 100),
+        ev("a", 10, 10),
+        step(1, 200, 100, pid=200),
+        ev("b", 210, 10, pid=200),
+        ev("b_in_100s_step", 50, 10, pid=200),  # inside process 100's step in time, in no step of its own
+        ev("c", 50, 10, pid=300),
+    ]
     data = both(events, monkeypatch)
     # THEN each event needs a step of its own process
     assert calls(data) == {"ProfilerStep*": 2, "a": 1, "b": 1}
@@ -135,8 +157,11 @@ def test_only_an_incomplete_step_leaves_out_nothing(monkeypatch: pytest.MonkeyPa
 
 def test_device_kernels_after_the_step_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN a kernel launched in the step that runs after the step's CPU side ended
-    events = [step(1, 0, 100), ev("cudaLaunchKernel", 90, 5, cat="cuda_runtime"),
-              ev("volta_sgemm", 150, 30, cat="kernel", pid=0, tid=7)]
+    events = [
+        step(1, 0, 100),
+        ev("cudaLaunchKernel", 90, 5, cat="cuda_runtime"),
+        ev("volta_sgemm", 150, 30, cat="kernel", pid=0, tid=7),
+    ]
     data = both(events, monkeypatch)
     assert [(k["name"], k["calls"]) for k in data["device_kernels"]] == [("volta_sgemm", 1)]
     assert data["outside_steps"]["events"] == 0
@@ -197,19 +222,49 @@ def test_the_line_says_how_many_and_how_long() -> None:
     markdown = markdown_report(data.to_dict())
     assert "1 host event (0.010 ms) outside recorded steps left out." in markdown
     assert "outside recorded steps" not in markdown_report(
-        merge_parts([summarize_file(Trace.from_events([step(1, 0, 100), ev("a", 10, 5)]))]).to_dict())
+        merge_parts([summarize_file(Trace.from_events([step(1, 0, 100), ev("a", 10, 5)]))]).to_dict()
+    )
 
 
 def test_table_says_what_it_left_out_and_shares_stay_within_step_time(tmp_path: Path) -> None:
     # GIVEN a trace file like a CUDA run's: two steps, then the profiler's own long sync after the last one
-    raw = [
-        {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 7, "tid": 7,
-         "ts": T0 + n * 1000.0, "dur": 1000.0} for n in (1, 2)
-    ] + [
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": 7, "ts": T0 + n * 1000.0 + 100, "dur": 800.0}
-        for n in (1, 2)
-    ] + [{"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "pid": 7, "tid": 7,
-          "ts": T0 + 3000.0, "dur": 1400.0}]
+    raw = (
+        [
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"ProfilerStep#{n}",
+                "pid": 7,
+                "tid": 7,
+                "ts": T0 + n * 1000.0,
+                "dur": 1000.0,
+            }
+            for n in (1, 2)
+        ]
+        + [
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": "aten::mm",
+                "pid": 7,
+                "tid": 7,
+                "ts": T0 + n * 1000.0 + 100,
+                "dur": 800.0,
+            }
+            for n in (1, 2)
+        ]
+        + [
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaDeviceSynchronize",
+                "pid": 7,
+                "tid": 7,
+                "ts": T0 + 3000.0,
+                "dur": 1400.0,
+            }
+        ]
+    )
     trace = tmp_path / "host_7.123.pt.trace.json"
     trace.write_text(json.dumps({"traceEvents": raw}))
     # WHEN summarized by the real command, as text and as JSON
@@ -239,13 +294,25 @@ def test_run_summary_says_it_under_the_top_operators(capsys: pytest.CaptureFixtu
     events = [step(1, 0, 100), ev("aten::mm", 10, 80), ev("cudaDeviceSynchronize", 150, 1234, cat="cuda_runtime")]
     analysis = merge_parts([summarize_file(Trace.from_events(events))]).to_dict()
     summary: dict[str, Any] = {
-        "command": ["python", "train.py"], "exit_status": 0, "duration_s": 1.0,
-        "steps": {"global": 3, "requesters": {"SGD#0": 3}}, "processes": [{"worker": "w", "global_steps": 3}],
-        "step_time_ms": {"untouched": None, "profiled": None, "first_step": None}, "timeline_ms": [],
-        "timeline_phases": "", "peak_memory": {"rss_bytes": None, "cuda_bytes": None}, "windows": [],
-        "top_operators": [op for op in analysis["cpu_ops"] if op["name"] != "ProfilerStep*"], "top_kernels": [],
-        "share_of": analysis["share_of"], "outside_steps": analysis["outside_steps"], "breakdown_ms": None,
-        "ranks": [], "notes": [], "traces": [], "out_dir": "out",
+        "command": ["python", "train.py"],
+        "exit_status": 0,
+        "duration_s": 1.0,
+        "steps": {"global": 3, "requesters": {"SGD#0": 3}},
+        "processes": [{"worker": "w", "global_steps": 3}],
+        "step_time_ms": {"untouched": None, "profiled": None, "first_step": None},
+        "timeline_ms": [],
+        "timeline_phases": "",
+        "peak_memory": {"rss_bytes": None, "cuda_bytes": None},
+        "windows": [],
+        "top_operators": [op for op in analysis["cpu_ops"] if op["name"] != "ProfilerStep*"],
+        "top_kernels": [],
+        "share_of": analysis["share_of"],
+        "outside_steps": analysis["outside_steps"],
+        "breakdown_ms": None,
+        "ranks": [],
+        "notes": [],
+        "traces": [],
+        "out_dir": "out",
     }
     # WHEN printed THEN the line follows the operator table; without left-out events there is no line
     print_run_summary(summary)

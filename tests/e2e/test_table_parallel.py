@@ -2,48 +2,21 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
-from conftest import run_stepcli
+from conftest import RANKS, run_stepcli
 
-from stepcli.traces.engine import available_cores, file_parts, summarize_paths
 from stepcli.errors import TraceError
-from stepcli.traces.summary import summarize
+from stepcli.traces.engine import available_cores, file_parts, summarize_paths
 from stepcli.traces.reader import load_paths
+from stepcli.traces.summary import summarize
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 REAL = DATA / "train_cpu.pt.trace.json"
-RANKS = 4
-
-
-@pytest.fixture(scope="module")
-def rank_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Four ranks of a real torch trace, each slowed by its own factor (rank 2 the most), rank 3 gzipped."""
-    folder = tmp_path_factory.mktemp("ranks")
-    document = json.loads(REAL.read_text())
-    for rank in range(RANKS):
-        copy: dict[str, Any] = json.loads(json.dumps(document))
-        copy["distributedInfo"] = {"backend": "gloo", "rank": rank, "world_size": RANKS}
-        factor = 1.0 + 0.1 * rank + (0.5 if rank == 2 else 0.0)
-        t0 = min(e["ts"] for e in copy["traceEvents"] if "ts" in e)
-        for event in copy["traceEvents"]:
-            if "ts" in event:
-                event["ts"] = round(t0 + (event["ts"] - t0) * factor + rank * 7.0, 3)
-            if "dur" in event:
-                event["dur"] = round(event["dur"] * factor, 3)
-        name = f"host_{100 + rank}.{rank}.pt.trace.json"
-        text = json.dumps(copy).encode()
-        if rank == 3:
-            (folder / (name + ".gz")).write_bytes(gzip.compress(text))
-        else:
-            (folder / name).write_bytes(text)
-    return folder
 
 
 def test_parallel_equals_serial_on_a_rank_folder(rank_folder: Path) -> None:
@@ -58,9 +31,11 @@ def test_parallel_equals_serial_on_a_rank_folder(rank_folder: Path) -> None:
     assert len(two_jobs["steps"]) == 2 * RANKS
     assert two_jobs["slowest_rank"] == 2
     ops = {row["name"]: row for row in two_jobs["cpu_ops"]}
-    assert ops["aten::addmm"]["calls"] == RANKS * {r["name"]: r for r in summarize(load_paths([str(REAL)])).to_dict()["cpu_ops"]}[
-        "aten::addmm"
-    ]["calls"]
+    assert (
+        ops["aten::addmm"]["calls"]
+        == RANKS
+        * {r["name"]: r for r in summarize(load_paths([str(REAL)])).to_dict()["cpu_ops"]}["aten::addmm"]["calls"]
+    )
 
 
 def test_shape_groupings_come_from_one_read(rank_folder: Path) -> None:
@@ -125,20 +100,25 @@ def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.Mo
     # AND the columns joined from the ranges are the file's columns
     from concurrent.futures import ThreadPoolExecutor
 
+    from stepcli.traces import reader as traces
     from stepcli.traces.columns import load_columns
 
-    from stepcli.traces import reader as traces
     whole = load_columns(str(REAL), shapes=True)
     # each range read in one block and decoded in one slice; in one block of many slices; in many blocks
-    for slice_bytes, block_bytes in ((traces._CHUNK_BYTES, splitread._BLOCK_BYTES), (3_000, splitread._BLOCK_BYTES),
-                                     (3_000, 10_000)):
+    for slice_bytes, block_bytes in (
+        (traces._CHUNK_BYTES, splitread._BLOCK_BYTES),
+        (3_000, splitread._BLOCK_BYTES),
+        (3_000, 10_000),
+    ):
         monkeypatch.setattr(traces, "_CHUNK_BYTES", slice_bytes)
         monkeypatch.setattr(splitread, "_BLOCK_BYTES", block_bytes)
         with ThreadPoolExecutor(2) as pool:
             joined = splitread.read_split(str(REAL), ranges, True, pool)
         assert joined is not None
         assert (joined.event_count, joined.skipped_events, joined.rank) == (
-            whole.event_count, whole.skipped_events, whole.rank
+            whole.event_count,
+            whole.skipped_events,
+            whole.rank,
         )
         assert [(e.name, e.ts, e.shape, e.tid) for e in joined.columns.to_events()] == [
             (e.name, e.ts, e.shape, e.tid) for e in whole.columns.to_events()
@@ -150,8 +130,18 @@ def test_a_cut_inside_a_string_falls_back_to_the_whole_read(monkeypatch: pytest.
 
     # GIVEN a trace whose names hold "}, {" (a cut can land inside a string) WHEN read cut in ranges
     monkeypatch.setattr(splitread, "MIN_PIECE_BYTES", 2_000)
-    events = [{"ph": "X", "cat": "cpu_op", "name": "x" * 40 + "}, {" + "y" * 40 + "}, {", "pid": 1, "tid": 1,
-               "ts": 10.0 * i, "dur": 5.0} for i in range(400)]
+    events = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "x" * 40 + "}, {" + "y" * 40 + "}, {",
+            "pid": 1,
+            "tid": 1,
+            "ts": 10.0 * i,
+            "dur": 5.0,
+        }
+        for i in range(400)
+    ]
     path = tmp_path / "odd_names.json"
     path.write_text(json.dumps({"traceEvents": events}))
     ranges = splitread.plan(str(path), 4)
@@ -164,8 +154,10 @@ def test_a_cut_inside_a_string_falls_back_to_the_whole_read(monkeypatch: pytest.
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork and forkserver are Linux's start methods here")
 def test_workers_fork_only_from_a_single_threaded_process() -> None:
     # GIVEN a fresh process with one thread THEN its workers fork (they start at once, with its imports)
-    code = ("import threading, time; from stepcli.traces.engine import _context; print(_context().get_start_method());"
-            "threading.Thread(target=time.sleep, args=(1,), daemon=True).start(); print(_context().get_start_method())")
+    code = (
+        "import threading, time; from stepcli.traces.engine import _context; print(_context().get_start_method());"
+        "threading.Thread(target=time.sleep, args=(1,), daemon=True).start(); print(_context().get_start_method())"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     # AND once a second thread runs (a launcher's pipes), they start from a clean server process instead
     assert out == ["fork", "forkserver"]
@@ -207,8 +199,8 @@ def test_a_worker_that_dies_is_one_clear_error() -> None:
     import functools
     import os
 
-    from stepcli.traces.engine import map_files
     from stepcli.errors import StepcliError
+    from stepcli.traces.engine import map_files
 
     # GIVEN work whose worker process vanishes (replaced by a program that exits at once, as a killed one would)
     # THEN the caller gets one line that says so and what to try, not a traceback or a retry in its own process

@@ -54,7 +54,9 @@ def test_budget_boundary(budget: float, fails: bool) -> None:
     failures = check_budgets([("median", budget)], STATS)
     assert bool(failures) is fails
     if fails:
-        assert failures == [f"median (p50) step time 10 ms exceeds the --fail-over budget of {budget:g} ms (over 8 steps)"]
+        assert failures == [
+            f"median (p50) step time 10 ms exceeds the --fail-over budget of {budget:g} ms (over 8 steps)"
+        ]
 
 
 def test_one_message_per_exceeded_budget() -> None:

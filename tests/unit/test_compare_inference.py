@@ -12,11 +12,11 @@ from collections import Counter
 
 import pytest
 
-from stepcli.errors import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_REGRESSION
 from stepcli.compare.inference import estimate_change, more_needed, warmup_length
 from stepcli.compare.model import Measurement, ProcessSteps, RunSteps
-from stepcli.stats import describe
 from stepcli.compare.verdict import decide
+from stepcli.errors import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_REGRESSION
+from stepcli.stats import describe
 
 TRIALS = 200
 STEPS = 60
@@ -34,12 +34,19 @@ def series(rng: random.Random, mean: float, noise: float, n: int = STEPS, phi: f
 def side(*runs: list[float], label: str = "side") -> Measurement:
     """A run-summary side with one process per run and every step untouched (step 0 is start-up)."""
     steps = tuple(
-        RunSteps(f"{label}{i}", None, (ProcessSteps("p", tuple(range(len(r) + 1)), (r[0], *r), "0" * (len(r) + 1)),), True)
+        RunSteps(
+            f"{label}{i}", None, (ProcessSteps("p", tuple(range(len(r) + 1)), (r[0], *r), "0" * (len(r) + 1)),), True
+        )
         for i, r in enumerate(runs)
     )
     every = [t for r in runs for t in r]
-    return Measurement(label=label, kind="run", steps=len(every), runs=steps,
-                       populations={"untouched": describe(every), "profiled": None})
+    return Measurement(
+        label=label,
+        kind="run",
+        steps=len(every),
+        runs=steps,
+        populations={"untouched": describe(every), "profiled": None},
+    )
 
 
 def verdicts(shift: float, noise: float, *, phi: float = 0.0, n: int = STEPS, seed: int = 0) -> Counter[str]:
@@ -92,8 +99,9 @@ def test_run_to_run_variation_counts_when_there_are_several_runs() -> None:
         if decide(side(*base), side(*cur), tolerance=0.05, min_delta_ms=0.0).verdict == "regression":
             alarms_runs += 1
         # versus pretending each side is one long run, which sees only step-to-step noise
-        pooled = decide(side([t for r in base for t in r]), side([t for r in cur for t in r]),
-                        tolerance=0.05, min_delta_ms=0.0)
+        pooled = decide(
+            side([t for r in base for t in r]), side([t for r in cur for t in r]), tolerance=0.05, min_delta_ms=0.0
+        )
         alarms_pooled += pooled.verdict == "regression"
     # THEN the two-level interval keeps false alarms rare; the step-only one does not
     assert alarms_runs <= TRIALS * 0.05
@@ -149,8 +157,9 @@ def test_warmup_steps_are_left_out_of_the_verdict_and_named() -> None:
     assert kept.baseline_value > result.baseline_value * 1.1
     assert not any("left out" in line for line in kept.steps_used)
     later = decide(base, cur, tolerance=0.1, min_delta_ms=0.0, skip_steps=20)
-    assert later.steps_used[0].startswith("baseline side0: untouched steps 20-65 (46 step times); steps 1-19 left out: "
-                                          "--skip-steps 20")
+    assert later.steps_used[0].startswith(
+        "baseline side0: untouched steps 20-65 (46 step times); steps 1-19 left out: --skip-steps 20"
+    )
 
 
 def test_inconclusive_exits_0_or_4_with_strict_and_says_what_would_decide() -> None:

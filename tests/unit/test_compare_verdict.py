@@ -26,27 +26,57 @@ from stepcli.errors import (
 from stepcli.stats import Stats, describe
 
 
-def stats(median: float, *, count: int = 10, mean: float | None = None, p90: float | None = None,
-          low: float | None = None, high: float | None = None) -> Stats:
+def stats(
+    median: float,
+    *,
+    count: int = 10,
+    mean: float | None = None,
+    p90: float | None = None,
+    low: float | None = None,
+    high: float | None = None,
+) -> Stats:
     """Stats with an explicit median and (by default) the other statistics derived from it."""
-    return Stats(count=count, mean=median if mean is None else mean, median=median,
-                 p90=median * 1.5 if p90 is None else p90, min=median * 0.5 if low is None else low,
-                 max=median * 2 if high is None else high)
+    return Stats(
+        count=count,
+        mean=median if mean is None else mean,
+        median=median,
+        p90=median * 1.5 if p90 is None else p90,
+        min=median * 0.5 if low is None else low,
+        max=median * 2 if high is None else high,
+    )
 
 
-def run(median: float | None, *, profiled: float | None = None, steps: int = 10, label: str = "run.json",
-        ops: tuple[OpTime, ...] = (), **kw: Any) -> Measurement:
+def run(
+    median: float | None,
+    *,
+    profiled: float | None = None,
+    steps: int = 10,
+    label: str = "run.json",
+    ops: tuple[OpTime, ...] = (),
+    **kw: Any,
+) -> Measurement:
     untouched = None if median is None else stats(median, **kw)
-    return Measurement(label=label, kind="run", steps=steps, ops=ops,
-                       populations={"untouched": untouched, "profiled": None if profiled is None else stats(profiled, count=4)})
+    return Measurement(
+        label=label,
+        kind="run",
+        steps=steps,
+        ops=ops,
+        populations={"untouched": untouched, "profiled": None if profiled is None else stats(profiled, count=4)},
+    )
 
 
 def trace(median: float | None, *, events: int = 100, label: str = "trace.json", **kw: Any) -> Measurement:
-    return Measurement(label=label, kind="trace", steps=0 if median is None else 3, events=events,
-                       populations={"recorded": None if median is None else stats(median, **kw)})
+    return Measurement(
+        label=label,
+        kind="trace",
+        steps=0 if median is None else 3,
+        events=events,
+        populations={"recorded": None if median is None else stats(median, **kw)},
+    )
 
 
 # ---------------------------------------------------------------- tolerance boundary (min delta 0)
+
 
 @pytest.mark.parametrize(
     ("current", "verdict", "code"),
@@ -71,6 +101,7 @@ def test_exactly_at_tolerance_passes_despite_float_rounding(base: float) -> None
 
 
 # ---------------------------------------------------------------- min-delta floor boundary (tolerance 0..small)
+
 
 @pytest.mark.parametrize(
     ("current", "verdict"),
@@ -105,9 +136,16 @@ def test_zero_baseline_uses_floor_and_reports_no_percentage() -> None:
 
 # ---------------------------------------------------------------- metric selection
 
+
 @pytest.mark.parametrize(
     ("metric", "verdict"),
-    [("median", "no_change"), ("mean", "regression"), ("p90", "regression"), ("min", "no_change"), ("max", "regression")],
+    [
+        ("median", "no_change"),
+        ("mean", "regression"),
+        ("p90", "regression"),
+        ("min", "no_change"),
+        ("max", "regression"),
+    ],
 )
 def test_metric_selects_the_statistic(metric: str, verdict: str) -> None:
     # GIVEN equal medians and minimums but a slower tail on the current side.
@@ -125,6 +163,7 @@ def test_unknown_metric_is_rejected() -> None:
 
 
 # ---------------------------------------------------------------- nothing measured is never a pass
+
 
 @pytest.mark.parametrize(
     ("baseline", "current", "why"),
@@ -148,12 +187,19 @@ def test_nothing_measured(baseline: Measurement, current: Measurement, why: str)
 
 
 def test_nothing_measured_beats_regression_even_on_huge_values() -> None:
-    empty = Measurement(label="e", kind="trace", steps=0, populations={"recorded": None}, events=0,
-                        empty_reason="no trace files in this folder")
+    empty = Measurement(
+        label="e",
+        kind="trace",
+        steps=0,
+        populations={"recorded": None},
+        events=0,
+        empty_reason="no trace files in this folder",
+    )
     assert decide(trace(1.0), empty, tolerance=0.0, min_delta_ms=0.0).exit_code == EXIT_NOTHING_MEASURED
 
 
 # ---------------------------------------------------------------- which steps decide
+
 
 def test_runs_decide_on_untouched_steps_not_profiled_ones() -> None:
     # Profiled steps got 3x slower (profiler overhead), untouched ones did not: no regression.
@@ -164,8 +210,9 @@ def test_runs_decide_on_untouched_steps_not_profiled_ones() -> None:
 
 
 def test_runs_without_untouched_steps_fall_back_to_profiled_and_say_so() -> None:
-    result = decide(run(None, profiled=10.0), run(10.0, profiled=20.0, label="cur.json"),
-                    tolerance=0.1, min_delta_ms=0.0)
+    result = decide(
+        run(None, profiled=10.0), run(10.0, profiled=20.0, label="cur.json"), tolerance=0.1, min_delta_ms=0.0
+    )
     assert result.verdict == "regression"
     assert result.baseline_population == result.current_population == "profiled"
     assert any("no untouched steps in run.json" in note for note in result.notes)
@@ -183,8 +230,13 @@ def test_run_vs_trace_compares_profiled_with_recorded() -> None:
 
 
 def test_failed_program_and_few_steps_are_noted() -> None:
-    failed = Measurement(label="f.json", kind="run", steps=2, exit_status=1,
-                         populations={"untouched": stats(10.0, count=2), "profiled": None})
+    failed = Measurement(
+        label="f.json",
+        kind="run",
+        steps=2,
+        exit_status=1,
+        populations={"untouched": stats(10.0, count=2), "profiled": None},
+    )
     result = decide(run(10.0), failed, tolerance=0.1, min_delta_ms=0.0)
     assert any("exited with status 1" in n for n in result.notes)
     assert any("only 2 step(s) on the current side" in n for n in result.notes)
@@ -192,9 +244,14 @@ def test_failed_program_and_few_steps_are_noted() -> None:
 
 # ---------------------------------------------------------------- operators
 
+
 def test_operator_rows_match_by_name_and_mark_new_and_removed() -> None:
     base_ops = (OpTime("aten::mm", 10, 50.0, 60.0), OpTime("aten::add", 10, 5.0, 5.0), OpTime("old", 1, 1.0, 1.0))
-    cur_ops = (OpTime("aten::mm", 10, 80.0, 90.0), OpTime("aten::add", 10, 4.0, 4.0), OpTime("aten::sleep", 1, 100.0, 100.0))
+    cur_ops = (
+        OpTime("aten::mm", 10, 80.0, 90.0),
+        OpTime("aten::add", 10, 4.0, 4.0),
+        OpTime("aten::sleep", 1, 100.0, 100.0),
+    )
     result = decide(run(10.0, ops=base_ops), run(10.0, ops=cur_ops), tolerance=0.1, min_delta_ms=0.0, top=3)
     assert [(r.name, r.baseline_ms, r.current_ms, r.status) for r in result.op_rows] == [
         ("aten::sleep", None, 100.0, "new"),
@@ -214,8 +271,21 @@ def test_missing_from_a_run_summarys_top_list_is_not_called_new() -> None:
 
 # ---------------------------------------------------------------- tolerance parsing
 
-@pytest.mark.parametrize(("text", "value"), [("10%", 0.1), ("0.1", 0.1), (" 5 % ", 0.05), ("0", 0.0), ("0%", 0.0),
-                                              ("1", 1.0), ("150%", 1.5), ("2.5%", 0.025), (0.2, 0.2)])
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("10%", 0.1),
+        ("0.1", 0.1),
+        (" 5 % ", 0.05),
+        ("0", 0.0),
+        ("0%", 0.0),
+        ("1", 1.0),
+        ("150%", 1.5),
+        ("2.5%", 0.025),
+        (0.2, 0.2),
+    ],
+)
 def test_parse_tolerance(text: str, value: float) -> None:
     assert parse_tolerance(text) == pytest.approx(value)
 
@@ -228,12 +298,18 @@ def test_parse_tolerance_rejects(text: str) -> None:
 
 # ---------------------------------------------------------------- documents -> measurements
 
+
 def run_doc(**changes: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {
-        "schema": "stepcli.run", "schema_version": 1, "command": ["python", "train.py"], "exit_status": 0,
+        "schema": "stepcli.run",
+        "schema_version": 1,
+        "command": ["python", "train.py"],
+        "exit_status": 0,
         "steps": {"global": 10, "requesters": {"SGD#0": 10}},
         "step_time_ms": {"untouched": dict(stats(10.0, count=5)), "profiled": dict(stats(12.0, count=4))},
-        "top_operators": [{"name": "aten::mm", "calls": 4, "self_ms": 3.0, "total_ms": 4.0, "avg_ms": 1.0, "self_share": 0.3}],
+        "top_operators": [
+            {"name": "aten::mm", "calls": 4, "self_ms": 3.0, "total_ms": 4.0, "avg_ms": 1.0, "self_share": 0.3}
+        ],
         "traces": [],
     }
     doc.update(changes)
@@ -255,7 +331,10 @@ def test_measurement_from_run() -> None:
         ({"schema_version": None}, "unsupported run summary schema_version None"),
         ({"steps": {}}, "steps.global"),
         ({"step_time_ms": None}, "step_time_ms is missing"),
-        ({"step_time_ms": {"untouched": {"count": 3, "median": "fast"}, "profiled": None}}, "step_time_ms.untouched.mean"),
+        (
+            {"step_time_ms": {"untouched": {"count": 3, "median": "fast"}, "profiled": None}},
+            "step_time_ms.untouched.mean",
+        ),
         ({"step_time_ms": {"untouched": [1, 2], "profiled": None}}, "neither null nor an object"),
         ({"top_operators": [{"calls": 1}]}, "without a name"),
     ],
@@ -271,8 +350,12 @@ def test_measurement_from_summary() -> None:
     summary = {
         "step_ms": describe([1.0, 2.0, 3.0]),
         "steps": [{"rank": 0, "step": n, "dur_ms": float(n - 1)} for n in (2, 3, 4)],
-        "cpu_ops": [{"name": "aten::mm", "calls": 3, "self_ms": 1.5, "total_ms": 2.0, "avg_ms": 0.5, "self_share": 0.4}],
-        "device_kernels": [{"name": "gemm", "calls": 3, "self_ms": 0.5, "total_ms": 0.5, "avg_ms": 0.2, "self_share": 0.6}],
+        "cpu_ops": [
+            {"name": "aten::mm", "calls": 3, "self_ms": 1.5, "total_ms": 2.0, "avg_ms": 0.5, "self_share": 0.4}
+        ],
+        "device_kernels": [
+            {"name": "gemm", "calls": 3, "self_ms": 0.5, "total_ms": 0.5, "avg_ms": 0.2, "self_share": 0.6}
+        ],
         "events": 287,
         "files": ["t.json"],
     }
@@ -280,16 +363,20 @@ def test_measurement_from_summary() -> None:
     assert (m.kind, m.steps, m.events) == ("trace", 3, 287)
     assert m.populations["recorded"]["median"] == 2.0  # type: ignore[index]
     assert [op.name for op in m.ops] == ["aten::mm", "gemm"]
-    empty = measurement_from_summary({"step_ms": None, "steps": [], "cpu_ops": [], "device_kernels": [], "events": 0}, "e")
+    empty = measurement_from_summary(
+        {"step_ms": None, "steps": [], "cpu_ops": [], "device_kernels": [], "events": 0}, "e"
+    )
     assert empty.nothing_measured() == "0 trace events"
 
 
 # ---------------------------------------------------------------- Markdown
 
+
 def test_markdown_is_valid_tables_and_escapes_pipes() -> None:
     ops = (OpTime("weird|op_name", 1, 2.0, 2.0),)
-    result = decide(run(10.0, profiled=12.0, ops=ops), run(20.0, profiled=24.0, ops=ops),
-                    tolerance=0.1, min_delta_ms=0.0)
+    result = decide(
+        run(10.0, profiled=12.0, ops=ops), run(20.0, profiled=24.0, ops=ops), tolerance=0.1, min_delta_ms=0.0
+    )
     text = render_markdown(result)
     steps, operators = markdown_tables(text)
     assert steps[0][:6] == ["steps", "stat", "baseline", "current", "delta", "delta %"]

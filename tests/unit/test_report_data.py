@@ -55,12 +55,19 @@ def test_default_output_names() -> None:
 def test_summary_without_step_logs_or_traces_still_reports(tmp_path: Path) -> None:
     # A --json summary copied away from its run (a CI artifact): the timeline and tables it kept are enough.
     summary = {
-        "schema": "stepcli.run", "command": ["python", "t.py"], "exit_status": 0, "out_dir": str(tmp_path / "gone"),
-        "timeline_ms": [900.0] + [10.0] * 30, "timeline_phases": "0" * 3 + "1233" + "0" * 24,
+        "schema": "stepcli.run",
+        "command": ["python", "t.py"],
+        "exit_status": 0,
+        "out_dir": str(tmp_path / "gone"),
+        "timeline_ms": [900.0] + [10.0] * 30,
+        "timeline_phases": "0" * 3 + "1233" + "0" * 24,
         "processes": [{"worker": "h_1", "rank": None, "global_steps": 31, "peak_rss_bytes": 123456789}],
-        "top_operators": [{"name": "aten::mm", "calls": 9, "self_ms": 5.0, "total_ms": 5.0, "avg_ms": 0.5, "self_share": 0.6}],
+        "top_operators": [
+            {"name": "aten::mm", "calls": 9, "self_ms": 5.0, "total_ms": 5.0, "avg_ms": 0.5, "self_share": 0.6}
+        ],
         "breakdown_ms": {"dataloader": 8.0, "forward": 1.0, "backward": 1.0, "optimizer": 0.0, "other": 0.0},
-        "traces": [], "notes": ["a note"],
+        "traces": [],
+        "notes": ["a note"],
     }
     data = build(summary, [], [])
     assert [p.label for p in data.processes] == ["h_1"] and len(data.processes[0].values_ms) == 31
@@ -71,7 +78,9 @@ def test_summary_without_step_logs_or_traces_still_reports(tmp_path: Path) -> No
 def test_per_process_step_times_in_the_summary_are_used(tmp_path: Path) -> None:
     # Summaries that carry every process's step times draw one curve per process.
     summary = {
-        "schema": "stepcli.run", "command": ["x"], "out_dir": str(tmp_path),
+        "schema": "stepcli.run",
+        "command": ["x"],
+        "out_dir": str(tmp_path),
         "processes": [
             {"worker": "rank0", "rank": 0, "step_times_ms": [100.0] + [10.0] * 12, "phases": "0" * 13},
             {"worker": "rank1", "rank": 1, "step_times_ms": [100.0] + [13.0] * 12, "phases": "0" * 13},
@@ -100,8 +109,15 @@ def test_unreadable_trace_leaves_a_note_not_a_failure(tmp_path: Path) -> None:
     # A run whose trace is damaged still gets its page, from the summary, with a note saying why tables are thin.
     broken = tmp_path / "rank0.1.pt.trace.json"
     broken.write_text('{"traceEvents": [{"ph": "X", "name": "aten::mm"')
-    summary = {"schema": "stepcli.run", "command": ["x"], "out_dir": str(tmp_path), "timeline_ms": [5.0, 1.0, 1.0],
-               "timeline_phases": "000", "processes": [{"worker": "w", "rank": None}], "traces": [str(broken)]}
+    summary = {
+        "schema": "stepcli.run",
+        "command": ["x"],
+        "out_dir": str(tmp_path),
+        "timeline_ms": [5.0, 1.0, 1.0],
+        "timeline_phases": "000",
+        "processes": [{"worker": "w", "rank": None}],
+        "traces": [str(broken)],
+    }
     data = build(summary, [], [str(broken)])
     assert any("could not read the traces" in note and "rank0.1.pt.trace.json" in note for note in data.notes)
     assert len(data.processes[0].values_ms) == 3
@@ -112,17 +128,29 @@ def test_memory_curves_read_in_worker_processes_equal_the_serial_read(tmp_path: 
 
     # GIVEN rank traces with torch's [memory] events (two devices), one without any, one cut short
     def memory_trace(rank: int, count: int) -> Path:
-        events = [{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 100.0 + i,
-                   "args": {"Total Allocated": 1000 * rank + i, "Device Type": i % 2, "Device Id": 0}}
-                  for i in range(count)]
+        events = [
+            {
+                "ph": "i",
+                "cat": "cpu_instant_event",
+                "name": "[memory]",
+                "pid": 1,
+                "tid": 1,
+                "ts": 100.0 + i,
+                "args": {"Total Allocated": 1000 * rank + i, "Device Type": i % 2, "Device Id": 0},
+            }
+            for i in range(count)
+        ]
         path = tmp_path / f"host_{rank}.{rank}.pt.trace.json"
         path.write_text(json.dumps({"traceEvents": events}))
         return path
 
     paths = [str(memory_trace(r, 50 + r)) for r in range(3)]
     plain = tmp_path / "plain.json"
-    plain.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1,
-                                                  "ts": 1.0, "dur": 1.0}]}))
+    plain.write_text(
+        json.dumps(
+            {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}]}
+        )
+    )
     cut = tmp_path / "cut.json"
     cut.write_text(Path(paths[0]).read_text()[:300])
     paths += [str(plain), str(cut)]

@@ -61,7 +61,9 @@ def _kernels(count: int, mean_us: float) -> list[dict[str, Any]]:
 )
 def test_launch_bound(busy: float, kernels_per_step: int, mean_us: float, fires: bool) -> None:
     steps = 4
-    evidence = Evidence(device_busy_share=busy, kernels=_kernels(kernels_per_step * steps, mean_us), recorded_steps=steps)
+    evidence = Evidence(
+        device_busy_share=busy, kernels=_kernels(kernels_per_step * steps, mean_us), recorded_steps=steps
+    )
     assert ("launch-bound" in _rules(evidence)) is fires
 
 
@@ -71,8 +73,11 @@ def test_launch_bound_needs_kernels() -> None:
 
 @pytest.mark.parametrize(("calls", "fires"), [(2, False), (3, True), (12, True)])
 def test_host_sync_per_step(calls: int, fires: bool) -> None:
-    ops = [{"name": "cudaStreamSynchronize", "calls": calls, "self_ms": 1.0}, {"name": "aten::mm", "calls": 90, "self_ms": 5.0},
-           {"name": "aten::_local_scalar_dense", "calls": 900, "self_ms": 1.0}]  # on CPU tensors: no evidence
+    ops = [
+        {"name": "cudaStreamSynchronize", "calls": calls, "self_ms": 1.0},
+        {"name": "aten::mm", "calls": 90, "self_ms": 5.0},
+        {"name": "aten::_local_scalar_dense", "calls": 900, "self_ms": 1.0},
+    ]  # on CPU tensors: no evidence
     evidence = Evidence(cpu_ops=ops, kernels=_kernels(30, 50.0), recorded_steps=3)
     found = [a for a in advise(evidence) if a.rule == "host-sync"]
     assert bool(found) is fires
@@ -105,7 +110,9 @@ def _optimizer_ops(per_step: float, steps: int = 3, extra: str | None = None) ->
     ],
 )
 def test_slow_optimizer(share: float, per_step: float, extra: str | None, fires: bool) -> None:
-    evidence = Evidence(breakdown_ms=_breakdown(optimizer=share), cpu_ops=_optimizer_ops(per_step, extra=extra), recorded_steps=3)
+    evidence = Evidence(
+        breakdown_ms=_breakdown(optimizer=share), cpu_ops=_optimizer_ops(per_step, extra=extra), recorded_steps=3
+    )
     assert ("optimizer" in _rules(evidence)) is fires
 
 
@@ -125,7 +132,9 @@ def test_recompilations(names: list[str], fires: bool) -> None:
 
 def _ranks(means: dict[int, float], steps: int = 12, jitter: float = 0.0) -> dict[int, list[float]]:
     """Step times per rank around the given means; with jitter, every other step swings by +/- jitter."""
-    return {r: [m + (jitter if i % 2 else -jitter) * (1 if r % 2 else -1) for i in range(steps)] for r, m in means.items()}
+    return {
+        r: [m + (jitter if i % 2 else -jitter) * (1 if r % 2 else -1) for i in range(steps)] for r, m in means.items()
+    }
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ import pytest
 
 from stepcli.traces import arrays as columnar
 from stepcli.traces import summary as summary_module
-from stepcli.traces.summary import FilePart, merge_parts, summarize_columns, summarize_file
 from stepcli.traces.columns import load_columns
 from stepcli.traces.reader import Event, Trace, load_trace
+from stepcli.traces.summary import FilePart, merge_parts, summarize_columns, summarize_file
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 REAL = [DATA / "train_cpu.pt.trace.json", DATA / "cuda_small.pt.trace.json.gz", DATA / "cuda_compile.pt.trace.json.gz"]
@@ -34,9 +34,17 @@ def random_trace(seed: int) -> Trace:
     """Nested operators on a few threads and processes: equal starts, equal ends, zero lengths, partial overlaps,
     only children with their parent's name, steps, phases, communication and kernels."""
     rng = random.Random(seed)
-    names = ["aten::add", "aten::mm", "aten::linear", "aten::addmm", "c10d::allreduce_", "Optimizer.step#SGD.step",
-             "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
-             "autograd::engine::evaluate_function: AddBackward0", "aten::copy_"]
+    names = [
+        "aten::add",
+        "aten::mm",
+        "aten::linear",
+        "aten::addmm",
+        "c10d::allreduce_",
+        "Optimizer.step#SGD.step",
+        "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+        "autograd::engine::evaluate_function: AddBackward0",
+        "aten::copy_",
+    ]
     events: list[Event] = []
     t0 = 1_790_000_000_000.0 + rng.random()
 
@@ -46,19 +54,46 @@ def random_trace(seed: int) -> Trace:
             dur = round(rng.choice([0.0, 0.001, rng.random() * length / 2, length]), 3)
             dur = min(dur, start + length - cursor)
             name = rng.choice(names)
-            events.append(Event(name=name, cat="cpu_op", ph="X", pid=pid, tid=tid, ts=round(cursor, 3), dur=dur,
-                                shape=rng.choice(["", "[[2, 3]]", "[[4]]"])))
+            events.append(
+                Event(
+                    name=name,
+                    cat="cpu_op",
+                    ph="X",
+                    pid=pid,
+                    tid=tid,
+                    ts=round(cursor, 3),
+                    dur=dur,
+                    shape=rng.choice(["", "[[2, 3]]", "[[4]]"]),
+                )
+            )
             if rng.random() < 0.3:  # an only child of the same name, sometimes two deep
                 events.append(Event(name=name, cat="cpu_op", ph="X", pid=pid, tid=tid, ts=round(cursor, 3), dur=dur))
             if rng.random() < 0.1:  # a partial overlap: starts inside, ends after
-                events.append(Event(name="aten::odd", cat="cpu_op", ph="X", pid=pid, tid=tid,
-                                    ts=round(cursor + dur / 2, 3), dur=round(dur + 1, 3)))
+                events.append(
+                    Event(
+                        name="aten::odd",
+                        cat="cpu_op",
+                        ph="X",
+                        pid=pid,
+                        tid=tid,
+                        ts=round(cursor + dur / 2, 3),
+                        dur=round(dur + 1, 3),
+                    )
+                )
             if dur > 0.01 and rng.random() < 0.6:
                 grow(pid, tid, cursor, dur, depth + 1)
             if rng.random() < 0.3:
-                events.append(Event(name="volta_sgemm" if rng.random() < 0.7 else "ncclDevKernel_AllReduce",
-                                    cat="kernel", ph="X", pid=0, tid=7, ts=round(cursor + 2, 3),
-                                    dur=round(rng.random() * 3, 3)))
+                events.append(
+                    Event(
+                        name="volta_sgemm" if rng.random() < 0.7 else "ncclDevKernel_AllReduce",
+                        cat="kernel",
+                        ph="X",
+                        pid=0,
+                        tid=7,
+                        ts=round(cursor + 2, 3),
+                        dur=round(rng.random() * 3, 3),
+                    )
+                )
             cursor += dur + round(rng.choice([0.0, 0.5, 1.0]), 3)
 
     overlapping = rng.random() < 0.25  # a second thread of process 100 with steps that overlap the first's
@@ -66,11 +101,29 @@ def random_trace(seed: int) -> Trace:
         start = t0 + step * 100.0
         for pid, tid in ((100, 1), (100, 2), (200, 1)):
             if tid == 2 and overlapping:
-                events.append(Event(name=f"ProfilerStep#{step + 10}", cat="user_annotation", ph="X", pid=pid,
-                                    tid=tid, ts=round(start + 45.0, 3), dur=90.0))
+                events.append(
+                    Event(
+                        name=f"ProfilerStep#{step + 10}",
+                        cat="user_annotation",
+                        ph="X",
+                        pid=pid,
+                        tid=tid,
+                        ts=round(start + 45.0, 3),
+                        dur=90.0,
+                    )
+                )
             if tid == 1:
-                events.append(Event(name=f"ProfilerStep#{step}", cat="user_annotation", ph="X", pid=pid, tid=tid,
-                                    ts=round(start, 3), dur=90.0))
+                events.append(
+                    Event(
+                        name=f"ProfilerStep#{step}",
+                        cat="user_annotation",
+                        ph="X",
+                        pid=pid,
+                        tid=tid,
+                        ts=round(start, 3),
+                        dur=90.0,
+                    )
+                )
             grow(pid, tid, start + rng.random(), 80.0, 1)
     if not events or rng.random() < 0.3:
         grow(100, 1, t0 + 1000, 50.0, 0)
@@ -81,7 +134,9 @@ def random_trace(seed: int) -> Trace:
 
 @pytest.mark.parametrize("seed", range(60))
 @pytest.mark.parametrize("by_shape", [False, True])
-def test_array_pass_equals_reference_on_random_traces(seed: int, by_shape: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_array_pass_equals_reference_on_random_traces(
+    seed: int, by_shape: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     trace = random_trace(seed)
     expected = merge_parts([reference_part(trace, monkeypatch, by_shape)], group_by_shape=by_shape).to_dict()
     assert merge_parts([summarize_file(trace, group_by_shape=by_shape)], group_by_shape=by_shape).to_dict() == expected
@@ -93,21 +148,34 @@ def test_columns_read_from_file_equal_reference(path: Path, monkeypatch: pytest.
     for by_shape in (False, True):
         trace = load_trace(str(path), shapes=True)
         read = load_columns(str(path), shapes=True)
-        assert (read.event_count, read.skipped_events, read.rank) == (trace.event_count, trace.skipped_events, trace.rank)
-        part = summarize_columns(read.columns, path=read.path, rank=read.rank, event_count=read.event_count,
-                                 skipped_events=read.skipped_events, incomplete_step=read.incomplete_step,
-                                 group_by_shape=by_shape)
-        assert merge_parts([part], group_by_shape=by_shape).to_dict() == merge_parts(
-            [reference_part(trace, monkeypatch, by_shape)], group_by_shape=by_shape
-        ).to_dict()
+        assert (read.event_count, read.skipped_events, read.rank) == (
+            trace.event_count,
+            trace.skipped_events,
+            trace.rank,
+        )
+        part = summarize_columns(
+            read.columns,
+            path=read.path,
+            rank=read.rank,
+            event_count=read.event_count,
+            skipped_events=read.skipped_events,
+            incomplete_step=read.incomplete_step,
+            group_by_shape=by_shape,
+        )
+        assert (
+            merge_parts([part], group_by_shape=by_shape).to_dict()
+            == merge_parts([reference_part(trace, monkeypatch, by_shape)], group_by_shape=by_shape).to_dict()
+        )
 
 
 def test_huge_times_fall_back_to_the_reference() -> None:
     # GIVEN times 1e17 us apart (past 64-bit nanoseconds) WHEN summarized THEN both operators are still counted
-    trace = Trace.from_events([
-        Event(name="a", cat="cpu_op", ts=-1e17, dur=1.0),
-        Event(name="b", cat="cpu_op", ts=1e17, dur=2.0),
-    ])
+    trace = Trace.from_events(
+        [
+            Event(name="a", cat="cpu_op", ts=-1e17, dur=1.0),
+            Event(name="b", cat="cpu_op", ts=1e17, dur=2.0),
+        ]
+    )
     rows = {r["name"]: r for r in merge_parts([summarize_file(trace)]).to_dict()["cpu_ops"]}
     assert rows["a"]["total_ms"] == pytest.approx(0.001) and rows["b"]["total_ms"] == pytest.approx(0.002)
 
@@ -132,8 +200,15 @@ def test_columns_keep_and_skip_what_the_event_reader_does(tmp_path: Path) -> Non
         {"ph": "X", "cat": "cpu_op", "name": "aten::is_leaf", "pid": 1, "tid": 2, "ts": 12.0, "dur": 1.0},
         {"ph": "X", "cat": "cpu_op", "name": "no_dur", "pid": 1, "tid": 2, "ts": 12.0},
         {"ph": "X", "cat": "cpu_op", "name": "negative", "pid": 1, "tid": 2, "ts": 12.0, "dur": -1.0},
-        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#99999999999999999999", "pid": 1, "tid": 2,
-         "ts": 9.0, "dur": 20.0},
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "ProfilerStep#99999999999999999999",
+            "pid": 1,
+            "tid": 2,
+            "ts": 9.0,
+            "dur": 20.0,
+        },
         {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 1, "tid": 2, "ts": 9.0, "dur": 20.0},
         {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 13.0, "dur": 2.0},
         {"ph": "X", "cat": "python_function", "name": "f", "pid": 1, "tid": 2, "ts": 9.5, "dur": 2.0},
@@ -141,8 +216,16 @@ def test_columns_keep_and_skip_what_the_event_reader_does(tmp_path: Path) -> Non
     typed = tmp_path / "typed.json"
     typed.write_text(json.dumps({"traceEvents": events}))
     lenient = tmp_path / "lenient.json"
-    lenient.write_text(json.dumps({"traceEvents": [*events, {"ph": "X", "cat": "cpu_op", "name": "str_ts", "pid": 1,
-                                                             "tid": 2, "ts": "14.5", "dur": "1"}]}))
+    lenient.write_text(
+        json.dumps(
+            {
+                "traceEvents": [
+                    *events,
+                    {"ph": "X", "cat": "cpu_op", "name": "str_ts", "pid": 1, "tid": 2, "ts": "14.5", "dur": "1"},
+                ]
+            }
+        )
+    )
     for path in (typed, lenient):
         # WHEN read both ways THEN the same events are kept and the same are counted as skipped
         trace = load_trace(str(path))
@@ -175,9 +258,12 @@ def test_step_phases_claim_time_in_priority_order() -> None:
     # overlapping it, forward spans partly claimed already
     ns = lambda *v: np.array(v, np.int64)  # noqa: E731
     parts = columnar.step_phases(
-        ns(0, 100), ns(100, 200),
-        [ns(90), ns(95), ns(150)], [ns(110), ns(120), ns(160)],  # dataloader, optimizer, backward
-        ns(0, 115, 140), ns(50, 150, 190),  # forward, clipped to their step
+        ns(0, 100),
+        ns(100, 200),
+        [ns(90), ns(95), ns(150)],
+        [ns(110), ns(120), ns(160)],  # dataloader, optimizer, backward
+        ns(0, 115, 140),
+        ns(50, 150, 190),  # forward, clipped to their step
     )
     # THEN per step: dataloader, optimizer (only what dataloader left), backward, forward (the rest of it), other
     assert [p.tolist() for p in parts] == [[10, 10], [0, 10], [0, 10], [50, 60], [40, 10]]

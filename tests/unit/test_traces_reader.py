@@ -69,11 +69,17 @@ def test_rank_from_distributed_info_wins_over_file_name(tmp_path: Path) -> None:
 
 def test_unexpected_field_types_are_coerced(tmp_path: Path) -> None:
     path = tmp_path / "odd.json"
-    path.write_text(json.dumps({"traceEvents": [
-        {"ph": "X", "cat": "cpu_op", "name": "a", "pid": "host", "tid": 3.0, "ts": "10.5", "dur": 2},
-        {"ph": "X", "cat": "cpu_op", "name": "b", "pid": 1, "tid": 1, "ts": None, "dur": 1},
-        "not an event",
-    ]}))
+    path.write_text(
+        json.dumps(
+            {
+                "traceEvents": [
+                    {"ph": "X", "cat": "cpu_op", "name": "a", "pid": "host", "tid": 3.0, "ts": "10.5", "dur": 2},
+                    {"ph": "X", "cat": "cpu_op", "name": "b", "pid": 1, "tid": 1, "ts": None, "dur": 1},
+                    "not an event",
+                ]
+            }
+        )
+    )
     trace = load_trace(str(path))
     assert trace.event_count == 3
     assert [(e.name, e.ts, e.dur) for e in trace.events] == [("a", 10.5, 2.0)]
@@ -118,8 +124,9 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[Path, str]]:
     }
 
 
-@pytest.mark.parametrize("kind", ["missing", "empty", "truncated", "non-json", "corrupt-gzip", "garbage-gzip",
-                                  "not-a-trace", "empty-dir"])
+@pytest.mark.parametrize(
+    "kind", ["missing", "empty", "truncated", "non-json", "corrupt-gzip", "garbage-gzip", "not-a-trace", "empty-dir"]
+)
 def test_bad_inputs_raise_one_trace_error_naming_the_file(tmp_path: Path, kind: str) -> None:
     path, words = _bad_inputs(tmp_path)[kind]
     with pytest.raises(TraceError) as info:
@@ -167,8 +174,11 @@ def test_unusable_times_are_skipped_and_counted(tmp_path: Path, bad: str) -> Non
 
 def test_unusable_times_are_skipped_when_sliced_too(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     doc = json.loads(REAL.read_text())
-    kept = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") in traces.KEPT_CATEGORIES
-            and e.get("name") not in traces.FILTERED_NAMES]
+    kept = [
+        e
+        for e in doc["traceEvents"]
+        if e.get("ph") == "X" and e.get("cat") in traces.KEPT_CATEGORIES and e.get("name") not in traces.FILTERED_NAMES
+    ]
     kept[10]["dur"] = 1e308  # in an early slice
     kept[-1]["ts"] = 1e300  # in the last slice, decoded with the header
     path = tmp_path / "sliced.json"

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from conftest import TRAIN_LOOP, trace_files, write_script
 
-from stepcli.traces.engine import summarize_paths
 from stepcli.errors import TraceError
+from stepcli.traces.engine import summarize_paths
 from stepcli.traces.readonce import RunTraces
 from stepcli.traces.summary import merge_parts
 
@@ -118,7 +118,10 @@ def counted_file_reads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 
 @pytest.mark.parametrize("memory", [False, True], ids=["plain", "profile-memory"])
 def test_run_end_reads_each_trace_once_and_the_page_equals_stepcli_report(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, counted_decodes: Counter[str], counted_file_reads: Counter[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    counted_decodes: Counter[str],
+    counted_file_reads: Counter[str],
     memory: bool,
 ) -> None:
     """The launcher's end of run in this process (the program itself is a real child), readers counted."""
@@ -138,8 +141,26 @@ def test_run_end_reads_each_trace_once_and_the_page_equals_stepcli_report(
     options = ["--profile-memory"] if memory else []
     # GIVEN a run that records two windows with shapes WHEN it ends (summary, --json, report.html)
     status = main(
-        ["run", "--quiet", "--wait", "0", "--warmup", "0", "--active", "1", "--repeat", "2", "--record-shapes",
-         *options, "-o", str(out), "--json", str(tmp_path / "run.json"), str(script), "4"]
+        [
+            "run",
+            "--quiet",
+            "--wait",
+            "0",
+            "--warmup",
+            "0",
+            "--active",
+            "1",
+            "--repeat",
+            "2",
+            "--record-shapes",
+            *options,
+            "-o",
+            str(out),
+            "--json",
+            str(tmp_path / "run.json"),
+            str(script),
+            "4",
+        ]
     )
     assert status == 0
     traces = [str(p) for p in trace_files(out)]

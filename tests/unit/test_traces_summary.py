@@ -8,14 +8,16 @@ from pathlib import Path
 import pytest
 from conftest import assert_matches_key_averages
 
-from stepcli.traces.summary import summarize
 from stepcli.traces.reader import Event, Trace, load_trace, rank_from_name
+from stepcli.traces.summary import summarize
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 T0 = 1_790_000_000_000.0  # an epoch-sized timestamp in microseconds, like real Kineto traces
 
 
-def ev(name: str, ts: float, dur: float, *, cat: str = "cpu_op", tid: int = 1, pid: int = 100, shape: str = "") -> Event:
+def ev(
+    name: str, ts: float, dur: float, *, cat: str = "cpu_op", tid: int = 1, pid: int = 100, shape: str = ""
+) -> Event:
     """A complete ("X") event `ts` microseconds after T0."""
     return Event(name=name, cat=cat, ph="X", pid=pid, tid=tid, ts=T0 + ts, dur=dur, shape=shape)
 
@@ -79,10 +81,14 @@ def test_steps_are_folded_into_one_row_and_listed_per_step() -> None:
     trace = Trace.from_events([step(3, 0, 100), step(4, 100, 300), ev("op", 10, 5)], rank=None)
     data = summarize([trace]).to_dict()
     assert ops(data)["ProfilerStep*"]["calls"] == 2
-    assert data["steps"] == [{"rank": None, "process": "pid 100", "step": 3, "dur_ms": 0.1},
-                             {"rank": None, "process": "pid 100", "step": 4, "dur_ms": 0.3}]
+    assert data["steps"] == [
+        {"rank": None, "process": "pid 100", "step": 3, "dur_ms": 0.1},
+        {"rank": None, "process": "pid 100", "step": 4, "dur_ms": 0.3},
+    ]
     assert data["step_ms"]["count"] == 2 and data["step_ms"]["mean"] == pytest.approx(0.2)
-    assert [(r["process"], r["files"], r["step_ms"]) for r in data["ranks"]] == [("pid 100", ["<memory>"], data["step_ms"])]
+    assert [(r["process"], r["files"], r["step_ms"]) for r in data["ranks"]] == [
+        ("pid 100", ["<memory>"], data["step_ms"])
+    ]
     assert data["slowest_rank"] is None
 
 
@@ -144,7 +150,10 @@ def test_ranks_and_slowest_rank() -> None:
     slow = Trace.from_events([step(1, 0, 150), step(2, 150, 130)], path="rank1.json", rank=1)
     data = summarize([fast, slow]).to_dict()
     assert data["slowest_rank"] == 1
-    assert [(r["rank"], r["file"], r["step_ms"]["count"]) for r in data["ranks"]] == [(0, "rank0.json", 2), (1, "rank1.json", 2)]
+    assert [(r["rank"], r["file"], r["step_ms"]["count"]) for r in data["ranks"]] == [
+        (0, "rank0.json", 2),
+        (1, "rank1.json", 2),
+    ]
     assert [(s["rank"], s["step"]) for s in data["steps"]] == [(0, 1), (0, 2), (1, 1), (1, 2)]
     assert data["step_ms"]["count"] == 4 and data["step_ms"]["max"] == pytest.approx(0.15)
     assert data["files"] == ["rank0.json", "rank1.json"]
@@ -157,8 +166,11 @@ def test_rank_from_file_name() -> None:
 
 
 def test_group_by_shape_splits_rows() -> None:
-    events = [ev("aten::mm", 0, 10, shape="[[2, 3], [3, 4]]"), ev("aten::mm", 20, 30, shape="[[8, 3], [3, 4]]"),
-              ev("aten::mm", 60, 10, shape="[[2, 3], [3, 4]]")]
+    events = [
+        ev("aten::mm", 0, 10, shape="[[2, 3], [3, 4]]"),
+        ev("aten::mm", 20, 30, shape="[[8, 3], [3, 4]]"),
+        ev("aten::mm", 60, 10, shape="[[2, 3], [3, 4]]"),
+    ]
     rows = summarize([Trace.from_events(events)], group_by_shape=True).to_dict()["cpu_ops"]
     assert [(r["shape"], r["calls"]) for r in rows] == [("[[8, 3], [3, 4]]", 1), ("[[2, 3], [3, 4]]", 2)]
     assert "shape" not in summarize([Trace.from_events(events)]).to_dict()["cpu_ops"][0]
@@ -167,9 +179,12 @@ def test_group_by_shape_splits_rows() -> None:
 def test_incomplete_step_is_left_out_of_step_times() -> None:
     # GIVEN steps 2 and 3, and a step 4 that holds only the start of its step (a window cut short)
     events = [
-        step(2, 0, 100), ev("aten::mm", 10, 50),
-        step(3, 100, 100), ev("aten::mm", 110, 50),
-        step(4, 200, 5), ev("aten::mm", 201, 3),
+        step(2, 0, 100),
+        ev("aten::mm", 10, 50),
+        step(3, 100, 100),
+        ev("aten::mm", 110, 50),
+        step(4, 200, 5),
+        ev("aten::mm", 201, 3),
     ]
     data = summarize([Trace.from_events(events, path="rank0.json", rank=0, incomplete_step=4)]).to_dict()
     # THEN step 4 is in no step figure: steps, step statistics, the rank's statistics, the breakdown
@@ -194,9 +209,22 @@ def test_skipped_events_are_counted_over_traces() -> None:
 
 def test_to_dict_has_the_contract_keys_and_is_json() -> None:
     data = summarize([Trace.from_events([step(1, 0, 10), ev("op", 1, 2)])]).to_dict()
-    assert list(data) == ["files", "step_ms", "steps", "ranks", "slowest_rank", "breakdown_ms", "device",
-                          "cpu_ops", "device_kernels", "events", "skipped_events", "share_of", "straggler",
-                          "outside_steps"]
+    assert list(data) == [
+        "files",
+        "step_ms",
+        "steps",
+        "ranks",
+        "slowest_rank",
+        "breakdown_ms",
+        "device",
+        "cpu_ops",
+        "device_kernels",
+        "events",
+        "skipped_events",
+        "share_of",
+        "straggler",
+        "outside_steps",
+    ]
     assert set(data["cpu_ops"][0]) == {"name", "calls", "self_ms", "total_ms", "avg_ms", "self_share"}
     assert set(data["breakdown_ms"]) == {"dataloader", "forward", "backward", "optimizer", "other"}
     assert data["events"] == 2 and data["skipped_events"] == 0
@@ -269,7 +297,12 @@ def test_windows_of_one_process_are_one_row_and_processes_never_merge_steps() ->
         ("pid 100", ["steps 1-2", "step 5"]),
         ("pid 200", ["step 1"]),
     ]
-    assert [(s["process"], s["step"]) for s in data["steps"]] == [("pid 100", 1), ("pid 100", 2), ("pid 100", 5), ("pid 200", 1)]
+    assert [(s["process"], s["step"]) for s in data["steps"]] == [
+        ("pid 100", 1),
+        ("pid 100", 2),
+        ("pid 100", 5),
+        ("pid 200", 1),
+    ]
     assert data["slowest_rank"] is None
 
 
@@ -281,7 +314,9 @@ def test_straggler_is_named_by_compute_not_step_time() -> None:
 
     data = summarize([rank(0, 20), rank(1, 90)]).to_dict()
     assert [(r["rank"], r["compute_ms"], r["comm_ms"]) for r in data["ranks"]] == [
-        (0, pytest.approx(0.02), pytest.approx(0.08)), (1, pytest.approx(0.09), pytest.approx(0.01))]
+        (0, pytest.approx(0.02), pytest.approx(0.08)),
+        (1, pytest.approx(0.09), pytest.approx(0.01)),
+    ]
     assert data["slowest_rank"] == 1
     assert data["straggler"]["evidence"].startswith("rank 1: compute 0.09 ms/step vs median 0.02 ms")
     # the wait is neither forward nor any other phase
