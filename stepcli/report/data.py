@@ -404,6 +404,7 @@ def build(
             untouched_ms=[(s, v) for s, v, c in zip(lead.steps, lead.values_ms, lead.phases) if c == "0" and s != 0]
             if lead
             else (),
+            culprit=(summary or {}).get("culprit") or (analysis or {}).get("culprit"),
         )
     )
     data.cpu_ops = data.cpu_ops[:TOP_ROWS]

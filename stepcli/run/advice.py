@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from stepcli.run.culprit import culprit_advice
 from stepcli.stats import percentile
 
 # Data loading above this share of the step, and at least this long per step: the training loop waits for input.
@@ -92,6 +93,7 @@ class Evidence:
     recorded_steps: int = 0
     rank_steps: Mapping[int, Sequence[float]] = field(default_factory=dict)  # rank -> step times, step-aligned
     untouched_ms: Sequence[tuple[int, float]] = ()  # (step number, ms) of one process
+    culprit: Mapping[str, Any] | None = None  # the `culprit` section (stepcli.run.culprit)
 
 
 def _pct(share: float) -> str:
@@ -273,6 +275,7 @@ RULES: tuple[Callable[[Evidence], Advice | None], ...] = (
     slow_optimizer,
     recompilations,
     straggler,
+    culprit_advice,
     stalls,
 )
 

@@ -26,6 +26,7 @@ from stepcli.agent.schedule import NONE
 from stepcli.agent.tracker import FOREIGN
 from stepcli.errors import StepcliError
 from stepcli.run.compiles import compile_lines, compile_summary, compiled_steps
+from stepcli.run.culprit import culprit_lines, culprit_section
 from stepcli.stats import describe
 
 if TYPE_CHECKING:
@@ -287,6 +288,7 @@ def build_run_summary(
         "ranks": (analysis or {}).get("ranks", []),
         "slowest_rank": (analysis or {}).get("slowest_rank"),
         "straggler": (analysis or {}).get("straggler"),
+        "culprit": culprit_section((analysis or {}).get("culprit"), logs),
         "share_of": (analysis or {}).get("share_of"),
         "outside_steps": (analysis or {}).get("outside_steps"),
         "breakdown_ms": (analysis or {}).get("breakdown_ms"),
@@ -442,6 +444,8 @@ def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, 
             console.print(render.ranks_table(summary["ranks"], summary.get("slowest_rank"), title=title, width=width))
             if summary.get("straggler"):
                 console.print(f"slowest rank: {summary['straggler']['evidence']}", markup=False, highlight=False)
+    for line in culprit_lines(summary.get("culprit")):
+        console.print(line, markup=False, highlight=False)
     for note in summary["notes"]:
         console.print(f"[yellow]note:[/] {note}")
     for line in advice or ():

@@ -10,6 +10,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, Callable
 
+from stepcli.traces.culprit import summary_line
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
@@ -353,6 +355,9 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
             console.print(f"slowest rank: {straggler['evidence']}", highlight=False, markup=False)
         elif data.get("slowest_rank") is not None:
             console.print(f"slowest rank: {data['slowest_rank']}", highlight=False)
+        culprit = summary_line(data.get("culprit"))
+        if culprit:
+            console.print(culprit, highlight=False, markup=False)
     if data["steps"]:
         console.print(steps_table(data["steps"], limit, width=console.width))
     if data.get("breakdown_ms"):

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from stepcli.stats import Stats, describe
+from stepcli.traces.arrivals import RankArrivals, rank_arrivals
+from stepcli.traces.culprit import analyze as analyze_culprit
 from stepcli.traces.ranks import ProcessRow, WindowFacts, find_straggler, group_processes, is_communication, process_key
 from stepcli.traces.shares import STEP_KEY, share_basis, stable_name
 
@@ -145,6 +147,7 @@ class TraceSummary:
     straggler: dict[str, Any] | None = None  # the evidence behind slowest_rank
     outside_events: int = 0  # host operator calls outside every recorded step, left out of cpu_ops (module docstring)
     outside_ms: float = 0.0  # their self time
+    culprit: dict[str, Any] | None = None  # the rank the others wait for at collectives (stepcli.traces.culprit)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -162,6 +165,7 @@ class TraceSummary:
             "share_of": self.share_of,
             "straggler": self.straggler,
             "outside_steps": {"events": self.outside_events, "self_ms": self.outside_ms},
+            "culprit": self.culprit,
         }
 
 
@@ -709,6 +713,7 @@ class FilePart:
     has_shapes: bool = False
     outside_events: int = 0  # host operator calls outside every step of their process, in no row
     outside_ns: int = 0
+    arrivals: RankArrivals | None = None  # its collectives, for the culprit (stepcli.traces.culprit)
 
 
 class TraceFacts(Protocol):
@@ -806,6 +811,7 @@ def summarize_columns(
         has_shapes=bool(len(columns) and columns.shape.any()),
         outside_events=result.outside_events,
         outside_ns=result.outside_ns,
+        arrivals=rank_arrivals(columns, rank, incomplete_step),
     )
 
 
@@ -901,9 +907,11 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
     step_ns = round(sum(s.dur_ms for s in steps) * _NS_PER_MS)
     basis_ns, share_of = share_basis(step_ns, len(steps), cpu.self_ns_without_steps(group_by_shape))
     straggler = find_straggler(processes)
+    step_stats = describe(s.dur_ms for s in steps)
+    culprit = analyze_culprit([p.arrivals for p in parts if p.arrivals], step_stats["median"] if step_stats else None)
     return TraceSummary(
         files=[p.path for p in parts],
-        step_ms=describe(s.dur_ms for s in steps),
+        step_ms=step_stats,
         steps=steps,
         ranks=processes,
         slowest_rank=straggler.rank if straggler else None,
@@ -917,4 +925,5 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
         straggler=straggler.to_dict() if straggler else None,
         outside_events=sum(p.outside_events for p in parts),
         outside_ms=sum(p.outside_ns for p in parts) / _NS_PER_MS,
+        culprit=culprit,
     )
