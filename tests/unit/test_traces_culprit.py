@@ -21,7 +21,7 @@ def _rank_trace(late_us: float, *, offset: float = 0.0, extra: list[Event] | Non
     events: list[Event] = []
     for step in range(3):
         t0 = step * 100_000.0 + offset
-        events.append(Event("ProfilerStep#%d" % step, "user_annotation", "X", 1, MAIN, t0, 90_000.0))
+        events.append(Event(f"ProfilerStep#{step}", "user_annotation", "X", 1, MAIN, t0, 90_000.0))
         events.append(Event("aten::mm", "cpu_op", "X", 1, MAIN, t0 + 100, 5_000.0))
         arrive = t0 + 5_200 + late_us
         events.append(Event("c10d::allreduce_", "cpu_op", "X", 1, MAIN, arrive, 50.0))
