@@ -1,0 +1,164 @@
+"""The rank the others wait for at collectives, and why: real 2-rank torchrun runs (gloo, CPU) under `stepcli run`,
+one per way of being late, each shared by the tests of this module."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import load_trace, run_stepcli, trace_files, write_script
+
+RANKS_SCRIPT = """
+    import gc, sys, time
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    mode = sys.argv[1]
+    dist.init_process_group("gloo")
+    late = dist.get_rank() == 1
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    graph = [[{"i": i}, [i]] for i in range(60_000)] if mode == "gc" and late else []
+    extra = torch.randn(256, 256)
+    for _ in range(10):
+        if mode == "gc" and late:
+            gc.collect()
+        if mode == "matmul" and late:
+            for _ in range(25):
+                extra = torch.tanh(extra @ extra)
+        loss = model(torch.randn(32, 64)).sum()
+        if mode == "sleep" and late:
+            time.sleep(0.06)
+        loss.backward()
+        opt.step()
+    dist.barrier()
+    dist.destroy_process_group()
+"""
+
+
+def _torchrun_run(tmp_path_factory: pytest.TempPathFactory, mode: str) -> dict[str, Any]:
+    """`stepcli run --active 5 -- torchrun --nproc-per-node 2 ranks.py MODE`: its summary, stderr and folder."""
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    assert torchrun, "torchrun comes with torch"
+    tmp = tmp_path_factory.mktemp(mode)
+    script = write_script(tmp, "ranks.py", RANKS_SCRIPT)
+    out = tmp / "out"
+    result = run_stepcli(
+        "run",
+        "--active",
+        "5",
+        "-o",
+        out,
+        "--json",
+        tmp / "run.json",
+        "--",
+        torchrun,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        script,
+        mode,
+        env={"OMP_NUM_THREADS": "1"},
+        timeout=400,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {"summary": json.loads((tmp / "run.json").read_text()), "stderr": result.stderr, "out": out}
+
+
+@pytest.fixture(scope="module")
+def sleep_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _torchrun_run(tmp_path_factory, "sleep")
+
+
+@pytest.fixture(scope="module")
+def gc_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _torchrun_run(tmp_path_factory, "gc")
+
+
+@pytest.fixture(scope="module")
+def matmul_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _torchrun_run(tmp_path_factory, "matmul")
+
+
+@pytest.fixture(scope="module")
+def equal_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _torchrun_run(tmp_path_factory, "equal")
+
+
+def _table(*args: Any) -> dict[str, Any]:
+    proc = run_stepcli("table", "--json", *args)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_rank_sleeping_before_backward_is_the_culprit(sleep_run: dict[str, Any]) -> None:
+    # GIVEN rank 1 sleeps 60 ms in Python before each backward pass (DDP all-reduces in the backward pass)
+    summary = sleep_run["summary"]
+    # THEN the run summary names rank 1, late for time with no operator at all
+    found = summary["culprit"]["culprit"]
+    assert found["rank"] == 1 and found["last_share"] >= 0.8
+    assert found["cause"] == "no_operator"
+    assert found["lateness_ms_per_step"] >= 40
+    # AND rank 0's wait in the collectives (measured on its own trace) equals rank 1's lateness within 20%
+    rank0 = next(r for r in summary["ranks"] if r["rank"] == 0)
+    assert rank0["comm_ms"] == pytest.approx(found["lateness_ms_per_step"], rel=0.2)
+    assert "culprit: rank 1 arrives last" in " ".join(sleep_run["stderr"].split())
+    assert "Rank 1 holds the others back at collectives" in sleep_run["stderr"]  # advice
+    # AND `table` on the folder of ranks says the same, in JSON and on the terminal
+    table = _table(sleep_run["out"])
+    assert table["culprit"]["culprit"]["rank"] == 1 and table["culprit"]["culprit"]["cause"] == "no_operator"
+    text = run_stepcli("table", sleep_run["out"])
+    assert text.returncode == 0 and "culprit: rank 1 arrives last" in " ".join(text.stdout.split())
+
+
+def test_garbage_collection_is_named_as_the_cause(gc_run: dict[str, Any]) -> None:
+    # GIVEN rank 1 keeps a large object graph and calls gc.collect() every step
+    section = gc_run["summary"]["culprit"]
+    found = section["culprit"]
+    assert found["rank"] == 1 and found["cause"] == "gc"
+    assert "garbage collection (gen 2)" in found["evidence"]
+    # AND the whole run's collections are counted per rank: rank 1 ran a gen-2 collection every step
+    gc_rows = {row["rank"]: row for row in section["gc"]}
+    assert gc_rows[1]["collections"][2] >= gc_rows[0]["collections"][2] + 10
+    assert gc_rows[1]["pause_ms"][2] > gc_rows[0]["pause_ms"][2]
+    # AND each pause inside the window is in rank 1's trace
+    rank1 = next(p for p in trace_files(gc_run["out"]) if p.name.startswith("rank1"))
+    names = [e.get("name") for e in load_trace(rank1)["traceEvents"]]
+    assert names.count("python gc (gen 2)") >= 5
+
+
+def test_more_matrix_work_is_named_by_its_operators(matmul_run: dict[str, Any]) -> None:
+    found = matmul_run["summary"]["culprit"]["culprit"]
+    assert found["rank"] == 1 and found["cause"] == "cpu_operators"
+    assert {"aten::mm", "aten::tanh"} & {t["name"] for t in found["top"][:2]}
+
+
+def test_equal_ranks_name_no_culprit(equal_run: dict[str, Any]) -> None:
+    section = equal_run["summary"]["culprit"]
+    assert section["collectives"] >= 5 and section["culprit"] is None
+    assert "culprit: none" in equal_run["stderr"]
+    assert "holds the others back" not in equal_run["stderr"]
+
+
+def test_shifted_clock_leaves_the_skew_unchanged(sleep_run: dict[str, Any], tmp_path: Path) -> None:
+    # GIVEN the same traces, rank 1's rewritten as if its host's clock ran 7 s ahead
+    for path in trace_files(sleep_run["out"]):
+        document = load_trace(path)
+        if path.name.startswith("rank1"):
+            for event in document["traceEvents"]:
+                if isinstance(event.get("ts"), (int, float)):
+                    event["ts"] += 7_000_000.0
+        (tmp_path / path.name).write_text(json.dumps(document))
+    plain, shifted = _table(sleep_run["out"])["culprit"], _table(tmp_path)["culprit"]
+    # THEN the offset is found and every collective's lateness is what it was
+    offset = shifted["alignment"]["offsets_ms"]["1"] - plain["alignment"]["offsets_ms"]["1"]
+    assert offset == pytest.approx(7000.0, abs=0.01)
+    late = [c["lateness_ms"] for c in plain["per_collective"]]
+    assert [c["lateness_ms"] for c in shifted["per_collective"]] == pytest.approx(late, abs=0.01)
+    assert shifted["culprit"]["rank"] == 1
