@@ -388,6 +388,22 @@ def report(paths: tuple[str, ...], output: str | None) -> int:
     return 0
 
 
+@cli.command(short_help="Merge the ranks' traces into one, clocks aligned, culprits marked.")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The merged trace to write.")
+def merge(paths: tuple[str, ...], output: str) -> int:
+    """Write one Chrome trace in which every rank is a process, clocks aligned by the collectives, and each
+    collective's last-arriving rank is marked (Perfetto, chrome://tracing, HTA).
+
+    PATHS: a `stepcli run` output folder, traces, or folders of traces. An existing OUTPUT is replaced only when
+    stepcli merge wrote it.
+    """
+    from stepcli.traces.merge import merge_main
+
+    click.echo(merge_main(list(paths), output))
+    return 0
+
+
 @cli.command(
     context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
     short_help="Profile a small training script that ships with stepcli.",

@@ -146,6 +146,8 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
                     "last_rank": ranks[last],
                     "lateness_ms": round(lateness / 1000, 3),
                     "waits_ms": {str(ranks[j]): round(waits[j] / 1000, 3) for j in range(n) if j != last},
+                    # arrivals on the reference rank's clock (the trace's µs), for `stepcli merge`
+                    "arrive_us": {str(ranks[j]): round(aligned[j], 3) for j in range(n)},
                 }
             )
     count, n_steps = len(matched.keys), len(steps)

@@ -148,13 +148,7 @@ def test_equal_ranks_name_no_culprit(equal_run: dict[str, Any]) -> None:
 
 def test_shifted_clock_leaves_the_skew_unchanged(sleep_run: dict[str, Any], tmp_path: Path) -> None:
     # GIVEN the same traces, rank 1's rewritten as if its host's clock ran 7 s ahead
-    for path in trace_files(sleep_run["out"]):
-        document = load_trace(path)
-        if path.name.startswith("rank1"):
-            for event in document["traceEvents"]:
-                if isinstance(event.get("ts"), (int, float)):
-                    event["ts"] += 7_000_000.0
-        (tmp_path / path.name).write_text(json.dumps(document))
+    _shifted_copy(sleep_run, tmp_path, 7_000_000.0)
     plain, shifted = _table(sleep_run["out"])["culprit"], _table(tmp_path)["culprit"]
     # THEN the offset is found and every collective's lateness is what it was
     offset = shifted["alignment"]["offsets_ms"]["1"] - plain["alignment"]["offsets_ms"]["1"]
@@ -162,3 +156,68 @@ def test_shifted_clock_leaves_the_skew_unchanged(sleep_run: dict[str, Any], tmp_
     late = [c["lateness_ms"] for c in plain["per_collective"]]
     assert [c["lateness_ms"] for c in shifted["per_collective"]] == pytest.approx(late, abs=0.01)
     assert shifted["culprit"]["rank"] == 1
+
+
+def _shifted_copy(run: dict[str, Any], folder: Path, shift_us: float) -> Path:
+    """The run's traces, rank 1's rewritten as if its host's clock ran `shift_us` ahead."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in trace_files(run["out"]):
+        document = load_trace(path)
+        if path.name.startswith("rank1"):
+            for event in document["traceEvents"]:
+                if isinstance(event.get("ts"), (int, float)):
+                    event["ts"] += shift_us
+        (folder / path.name).write_text(json.dumps(document))
+    return folder
+
+
+def test_merge_aligns_ranks_and_opens_in_hta(sleep_run: dict[str, Any], tmp_path: Path) -> None:
+    # GIVEN two ranks' traces, rank 1's clock 7 s ahead
+    shifted = _shifted_copy(sleep_run, tmp_path / "shifted", 7_000_000.0)
+    merged = tmp_path / "merged" / "all.json"
+    merged.parent.mkdir()
+    # WHEN they are merged
+    proc = run_stepcli("merge", shifted, "-o", merged)
+    assert proc.returncode == 0, proc.stderr
+    assert "culprit rank 1" in proc.stdout
+    # THEN one valid Chrome trace holds both ranks as processes, with the culprit marked at each collective
+    document = json.loads(merged.read_text())
+    events = document["traceEvents"]
+    assert all(isinstance(e.get("ph"), str) and "pid" in e for e in events)
+    assert all(isinstance(e["ts"], (int, float)) and e.get("dur", 0) >= 0 for e in events if e["ph"] in "Xi")
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert {"rank 0", "rank 1"} <= names
+    marks = [e for e in events if e.get("cat") == "stepcli_culprit"]
+    assert len(marks) >= 5 and all(e["name"].startswith("last to arrive: rank 1") for e in marks)
+    # AND HTA reads it, with the same steps of both ranks lined up despite the clocks
+    from hta.trace_analysis import TraceAnalysis
+
+    analysis = TraceAnalysis(trace_files={0: merged.name}, trace_dir=str(merged.parent))
+    frame = analysis.t.get_trace(0)
+    symbols = analysis.t.symbol_table.get_sym_table()
+    frame = frame.assign(label=[symbols[i] for i in frame["name"]])
+    steps = frame[frame["label"].str.startswith("ProfilerStep#")]
+    by_step = steps.groupby("label")
+    lined_up = [group for _, group in by_step if group["pid"].nunique() == 2]
+    assert len(lined_up) >= 3
+    for group in lined_up:
+        assert group["ts"].max() - group["ts"].min() < 0.25 * group["dur"].median()
+
+
+def test_merge_bad_input_and_foreign_output(sleep_run: dict[str, Any], tmp_path: Path) -> None:
+    # a path that does not exist: one line, exit 2
+    proc = run_stepcli("merge", tmp_path / "missing", "-o", tmp_path / "all.json")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "missing" in proc.stderr
+    # an -o file stepcli did not write is never overwritten
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"mine": true}')
+    proc = run_stepcli("merge", sleep_run["out"], "-o", mine)
+    assert proc.returncode == 2 and "not written by stepcli merge" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert mine.read_text() == '{"mine": true}'
+    # its own output is replaced, and refused as an input
+    merged = tmp_path / "all.json"
+    assert run_stepcli("merge", sleep_run["out"], "-o", merged).returncode == 0
+    assert run_stepcli("merge", sleep_run["out"], "-o", merged).returncode == 0
+    proc = run_stepcli("merge", merged, "-o", tmp_path / "again.json")
+    assert proc.returncode == 2 and "already a merged trace" in proc.stderr
