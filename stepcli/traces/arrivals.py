@@ -186,26 +186,26 @@ def _gaps(
     inside_special = _covered(special_union, start, np.maximum(end, start + 1e-3)) > 0
     is_gc = category[ops] == 1
     counted = ~inside_special | is_gc
+    # The gaps are sorted and disjoint: each operator falls in at most one, found by a binary search.
+    gap_of = np.searchsorted(lo, start, side="right") - 1
+    inside = counted & (gap_of >= 0) & (start < hi[np.maximum(gap_of, 0)])
+    gap_of, name_of, value_of = gap_of[inside], columns.name[ops][inside], self_us[inside]
+    operators = np.bincount(gap_of, weights=value_of * ~is_gc[inside], minlength=len(lo))
+    n_names = max(len(columns.names), 1)
+    pairs, where = np.unique(gap_of.astype(np.int64) * n_names + name_of, return_inverse=True)
+    pair_sums = np.bincount(where.reshape(-1), weights=value_of, minlength=len(pairs))
+    by_gap: list[list[tuple[float, int]]] = [[] for _ in range(len(lo))]
+    for pair, value in zip(pairs.tolist(), pair_sums.tolist()):
+        by_gap[pair // n_names].append((value, pair % n_names))
     causes: list[dict[str, float]] = []
     details: list[dict[str, float]] = []
-    names = columns.names
     for i in range(len(lo)):
-        a, b = np.searchsorted(start, lo[i], side="left"), np.searchsorted(start, hi[i], side="left")
-        chosen = np.arange(a, b)[counted[a:b]]
-        sums: dict[str, float] = {}
-        operators = 0.0
-        for event, value, gc_event in zip(
-            columns.name[ops[chosen]].tolist(), self_us[chosen].tolist(), is_gc[chosen].tolist()
-        ):
-            sums[names[event]] = sums.get(names[event], 0.0) + value
-            if not gc_event:
-                operators += value
         gap = {label: float(values[i]) for label, values in per_cause.items()}
-        gap["cpu_operators"] = operators
+        gap["cpu_operators"] = float(operators[i])
         gap["no_operator"] = float(max(0.0, (hi[i] - lo[i]) - busy[i]))
         causes.append(gap)
-        top = sorted(sums.items(), key=lambda item: -item[1])[:_TOP_DETAIL]
-        details.append({name: round(value, 3) for name, value in top if value > 0})
+        top = sorted(by_gap[i], key=lambda item: -item[0])[:_TOP_DETAIL]
+        details.append({columns.names[name]: round(value, 3) for value, name in top if value > 0})
     return causes, details
 
 
