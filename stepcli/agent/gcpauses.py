@@ -41,10 +41,12 @@ class GcPauses:
         if self.callback in gc.callbacks:
             gc.callbacks.remove(self.callback)
 
-    def torch_imported(self, torch: ModuleType) -> None:
-        """Mark pauses in traces from now on: only while the profiler is on (one C call per collection)."""
+    def torch_imported(self, torch: ModuleType, ours: Callable[[], bool] = lambda: True) -> None:
+        """Mark pauses in traces from now on: only while `ours()` (a stepcli window is open, not the program's own
+        profiler: its traces stay as the program made them) and the profiler is on (one C call)."""
         try:
-            self._recording = torch._C._autograd._profiler_enabled
+            enabled = torch._C._autograd._profiler_enabled
+            self._recording = lambda: ours() and enabled()
             ops = torch.ops.profiler
             self._enter = ops._record_function_enter_new
             self._exit = ops._record_function_exit._RecordFunction

@@ -81,7 +81,7 @@ class Agent:
             self._write_hello()  # so a later SIGKILL still shows torch was imported
         if self.tracker.global_step == 0:
             self.tracker.restart_clock()  # step 0 starts when torch is imported
-        self.gc_pauses.torch_imported(torch)
+        self.gc_pauses.torch_imported(torch, lambda: not self.foreign and self.window_open())
         compiler = getattr(torch, "compiler", None)
         self.is_compiling = getattr(compiler, "is_compiling", _never)
         from .patches import patch_optimizers, patch_profilers

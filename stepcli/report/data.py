@@ -194,6 +194,7 @@ class ReportData:
     memory_peaks: list[tuple[str, int | None, int | None]] = field(default_factory=list)
     memory_curves: list[tuple[str, list[tuple[float, float]]]] = field(default_factory=list)
     advice: list[Advice] = field(default_factory=list)
+    culprit: dict[str, Any] | None = None  # the `culprit` section (stepcli.traces.culprit)
 
 
 @dataclass
@@ -393,6 +394,7 @@ def build(
         if analysis
         else sum((r.get("step_ms") or {}).get("count", 0) for r in (summary or {}).get("ranks") or [])
     )
+    data.culprit = (summary or {}).get("culprit") or (analysis or {}).get("culprit")
     data.advice = advise(
         Evidence(
             breakdown_ms=_mean_breakdown(data.breakdowns),
@@ -404,7 +406,7 @@ def build(
             untouched_ms=[(s, v) for s, v, c in zip(lead.steps, lead.values_ms, lead.phases) if c == "0" and s != 0]
             if lead
             else (),
-            culprit=(summary or {}).get("culprit") or (analysis or {}).get("culprit"),
+            culprit=data.culprit,
         )
     )
     data.cpu_ops = data.cpu_ops[:TOP_ROWS]

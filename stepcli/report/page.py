@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import quote
 
 from stepcli import __version__
-from stepcli.report import GENERATOR, svg
+from stepcli.report import GENERATOR, lateness, svg
 from stepcli.report.data import ReportData
 from stepcli.traces.render import shorten
 
@@ -255,6 +255,8 @@ def render(data: ReportData, report_path: str) -> str:
         add(_legend([(k, _BREAKDOWN_COLORS[k]) for k in svg.BREAKDOWN_ORDER]))
     else:
         add('<p class="muted">No recorded steps with ProfilerStep annotations.</p>')
+
+    add(lateness.section(data.culprit))
 
     add('<h2 id="operators">Top CPU operators (recorded steps)</h2>')
     add('<p class="muted">Click a column to sort.</p>')

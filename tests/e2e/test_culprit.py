@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browser import artifacts_dir
 from conftest import load_trace, run_stepcli, trace_files, write_script
 
 RANKS_SCRIPT = """
@@ -221,3 +222,33 @@ def test_merge_bad_input_and_foreign_output(sleep_run: dict[str, Any], tmp_path:
     assert run_stepcli("merge", sleep_run["out"], "-o", merged).returncode == 0
     proc = run_stepcli("merge", merged, "-o", tmp_path / "again.json")
     assert proc.returncode == 2 and "already a merged trace" in proc.stderr
+
+
+def test_report_charts_each_ranks_lateness(gc_run: dict[str, Any], browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    from selenium.webdriver.common.by import By
+
+    # GIVEN the report.html `stepcli run` wrote for the run where rank 1 collects garbage every step
+    page = gc_run["out"] / "report.html"
+    browser.get_log("browser")
+    browser.get(page.resolve().as_uri())
+    assert [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")] == []
+    # THEN the culprit is named with its cause
+    finding = browser.find_element(By.ID, "culprit-finding").text
+    assert "Rank 1 holds the others back" in finding and "garbage collection" in finding
+    # AND the chart has one bar per rank and step: rank 1's drawn, rank 0's empty
+    heights = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#lateness-chart rect.late')).map("
+        "e => [e.dataset.rank, e.getBBox().height]);"
+    )
+    steps = len(gc_run["summary"]["culprit"]["per_step"])
+    assert len(heights) == 2 * steps and steps >= 5
+    assert all(h > 20 for rank, h in heights if rank == "1")
+    assert all(h < 1 for rank, h in heights if rank == "0")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#culprit-ranks tbody tr")
+    assert [r.find_element(By.TAG_NAME, "td").text for r in rows] == ["0", "1"]
+    section = browser.find_element(By.ID, "culprit")
+    browser.execute_script("arguments[0].scrollIntoView()", section)
+    shot = artifacts_dir(tmp_path) / "report-culprit.png"
+    browser.save_screenshot(str(shot))
+    print(f"screenshot: {shot}")
+    assert shot.stat().st_size > 10_000
