@@ -98,13 +98,13 @@ def rank_arrivals(columns: col.Columns, rank: int | None, incomplete_step: int |
     category = _category(columns.names)[columns.name]
     cpu = (columns.kind == col.OTHER_CPU) | (columns.kind == col.USER_ANNOTATION)
     steps = np.nonzero(cpu & (category == 5))[0]
-    if not steps.size:
+    if not steps.size or not np.any(category == 6):
         return None
     thread = columns.pid.astype(np.int64) * max(len(columns.ids), 1) + columns.tid
     main_thread = np.bincount(thread[steps]).argmax()
     main = thread == main_thread
     on_main = np.nonzero(main & cpu)[0]
-    on_main = on_main[np.lexsort((-columns.dur[on_main], columns.ts[on_main]))]
+    on_main = on_main[col.thread_order(np.zeros(len(on_main), np.int64), columns.ts[on_main], columns.dur[on_main])]
     host = on_main[category[on_main] == 6]
     host = host[_outermost(columns.ts[host], columns.ts[host] + columns.dur[host])]
     if not host.size:
@@ -170,7 +170,7 @@ def _covered(union: tuple[np.ndarray, np.ndarray], lo: np.ndarray, hi: np.ndarra
 def _gaps(
     columns: col.Columns, on_main: np.ndarray, category: np.ndarray, lo: np.ndarray, hi: np.ndarray
 ) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
-    """Per gap [lo, hi) on the step thread: µs per cause and the top operator (or gc) names by self time."""
+    """Per gap [lo, hi) on the step thread: µs per cause and the top-level operator (or gc) names by their time."""
     work = on_main[category[on_main] != 5]  # the step annotation is no work
     cause_of = {1: "gc", 2: "dataloader", 3: "host_to_device", 4: "compile"}
     per_cause = {label: _covered(_union(columns, work[category[work] == c]), lo, hi) for c, label in cause_of.items()}
@@ -179,18 +179,21 @@ def _gaps(
     # Operators, and gc pauses; an annotation's own time is Python code between operators: no operator.
     ops = work[((category[work] == 0) & (columns.kind[work] == col.OTHER_CPU)) | (category[work] == 1)]
     busy = _covered(_union(columns, np.concatenate([ops, special])), lo, hi)
-    start, end = columns.ts[ops], columns.ts[ops] + columns.dur[ops]
-    parent = col.parents(start, end, columns.dur[ops], np.zeros(len(ops), np.int64))
-    has = parent >= 0
-    self_us = columns.dur[ops] - np.bincount(parent[has], weights=columns.dur[ops][has], minlength=len(ops))
+    # Top-level operators (and gc pauses) only, by their time in the gap: the calls the rank's Python code made,
+    # and without nesting to resolve. The gaps are sorted and disjoint: each falls in at most one (binary search).
+    ops = ops[_outermost(columns.ts[ops], columns.ts[ops] + columns.dur[ops])]
+    start = columns.ts[ops]
+    gap_of = np.searchsorted(lo, start, side="right") - 1
+    in_gap = (gap_of >= 0) & (start < hi[np.maximum(gap_of, 0)])
+    ops, gap_of, start = ops[in_gap], gap_of[in_gap], start[in_gap]
+    end = start + columns.dur[ops]
     inside_special = _covered(special_union, start, np.maximum(end, start + 1e-3)) > 0
     is_gc = category[ops] == 1
-    counted = ~inside_special | is_gc
-    # The gaps are sorted and disjoint: each operator falls in at most one, found by a binary search.
-    gap_of = np.searchsorted(lo, start, side="right") - 1
-    inside = counted & (gap_of >= 0) & (start < hi[np.maximum(gap_of, 0)])
-    gap_of, name_of, value_of = gap_of[inside], columns.name[ops][inside], self_us[inside]
-    operators = np.bincount(gap_of, weights=value_of * ~is_gc[inside], minlength=len(lo))
+    inside = ~inside_special | is_gc
+    value = np.minimum(end, hi[gap_of]) - start
+    gap_of, name_of, value_of = gap_of[inside], columns.name[ops][inside], value[inside]
+    is_gc = is_gc[inside]
+    operators = np.bincount(gap_of, weights=value_of * ~is_gc, minlength=len(lo))
     n_names = max(len(columns.names), 1)
     pairs, where = np.unique(gap_of.astype(np.int64) * n_names + name_of, return_inverse=True)
     pair_sums = np.bincount(where.reshape(-1), weights=value_of, minlength=len(pairs))

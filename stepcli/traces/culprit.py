@@ -219,7 +219,9 @@ def _cause(matched: _Matched, culprit: int, last_at: list[int], row: dict[str, A
     wanted = (
         (lambda name: name.startswith(GC_PREFIX)) if cause == "gc" else (lambda name: not name.startswith(GC_PREFIX))
     )
-    top = sorted(((v / 1000 / n_steps, k) for k, v in names.items() if wanted(k) and v > 0), reverse=True)[:3]
+    # (names that account for at least 0.05 ms per step)
+    top = sorted(((v / 1000 / n_steps, k) for k, v in names.items() if wanted(k) and v >= 50 * n_steps), reverse=True)
+    top = top[:3]
     rank = matched.ranks[culprit]
     result = {
         "rank": rank,
