@@ -459,6 +459,9 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
         lines.append("")
         if data.get("straggler"):
             lines += [f"Slowest rank: {data['straggler']['evidence']}.", ""]
+        culprit = summary_line(data.get("culprit"))
+        if culprit:
+            lines += ["C" + culprit[1:], ""]
     breakdown = data.get("breakdown_ms")
     if breakdown:
         total = sum(breakdown.values())
