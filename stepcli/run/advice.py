@@ -268,6 +268,12 @@ def stalls(ev: Evidence) -> Advice | None:
     )
 
 
+def culprit(ev: Evidence) -> Advice | None:
+    """A rank the others wait for at collectives, with the cause of its lateness (stepcli.run.culprit)."""
+    fields = culprit_advice(ev.culprit)
+    return Advice(**fields) if fields else None
+
+
 RULES: tuple[Callable[[Evidence], Advice | None], ...] = (
     data_loading,
     launch_bound,
@@ -275,7 +281,7 @@ RULES: tuple[Callable[[Evidence], Advice | None], ...] = (
     slow_optimizer,
     recompilations,
     straggler,
-    culprit_advice,
+    culprit,
     stalls,
 )
 

@@ -5,12 +5,9 @@ its advice rule."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from stepcli.traces.culprit import CAUSE_WORDS, summary_line
-
-if TYPE_CHECKING:
-    from stepcli.run.advice import Advice, Evidence
 
 # Advice: a culprit (already a finding, stepcli.traces.culprit) making the others wait at least this much per step.
 CULPRIT_MIN_WAIT_MS = 1.0
@@ -77,21 +74,19 @@ def culprit_lines(section: Mapping[str, Any] | None) -> list[str]:
     return lines
 
 
-def culprit_advice(ev: Evidence) -> Advice | None:
-    """A rank that arrives last at the collectives, with the cause of its lateness."""
-    from stepcli.run.advice import Advice
-
-    section = ev.culprit or {}
-    found = section.get("culprit")
+def culprit_advice(section: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """The fields of the `culprit` advice (stepcli.run.advice.Advice): a rank that arrives last at the collectives,
+    with the cause of its lateness; None below the threshold."""
+    found = (section or {}).get("culprit")
     if not found or found["wait_caused_ms_per_step"] < CULPRIT_MIN_WAIT_MS:
         return None
-    limits = section.get("thresholds", {})
-    return Advice(
-        rule="culprit",
-        title=f"Rank {found['rank']} holds the others back at collectives",
-        evidence=found["evidence"],
-        threshold=f"last at ≥ {limits.get('min_last_share', 0):.0%} of the collectives, late by more than the "
+    limits = (section or {}).get("thresholds", {})
+    return {
+        "rule": "culprit",
+        "title": f"Rank {found['rank']} holds the others back at collectives",
+        "evidence": found["evidence"],
+        "threshold": f"last at ≥ {limits.get('min_last_share', 0):.0%} of the collectives, late by more than the "
         f"clock alignment error and ≥ {limits.get('min_lateness_ms_per_step', 0):g} ms/step, others waiting "
         f"≥ {CULPRIT_MIN_WAIT_MS:g} ms/step",
-        suggestion=f"Its extra time is {CAUSE_WORDS[found['cause']]}: {_SUGGESTIONS[found['cause']]}.",
-    )
+        "suggestion": f"Its extra time is {CAUSE_WORDS[found['cause']]}: {_SUGGESTIONS[found['cause']]}.",
+    }
