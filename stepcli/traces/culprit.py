@@ -11,9 +11,11 @@ different from its victims. But it arrives last. From each rank's arrivals and d
   minus the arrival of the rank before it; every other rank **waits** the culprit's arrival minus its own.
 - Per rank: times last, lateness ms/step, wait caused to others ms/step, own wait ms/step, and its median **lead**
   (its arrival minus the latest other rank's, over every collective).
-- A culprit is named only when it is a finding, not noise: last in at least `MIN_LAST_SHARE` of the collectives,
-  its median lead above the alignment error, and lateness of at least `MIN_LATENESS_MS` and `MIN_STEP_SHARE` of
-  the median step time per step.
+- A culprit is named only when it is a finding, not noise: last in at least `MIN_LAST_SHARE` of the collectives
+  and more often than chance would make it (at most `MAX_CHANCE`), lateness of at least `MIN_LATENESS_MS` and
+  `MIN_STEP_SHARE` of the median step time per step, and its median lead above both the alignment error and
+  `JITTER_FACTOR` times the lead's own jitter (a robust standard deviation over the collectives): late by a
+  consistent margin, not by scheduling noise.
 - Its **cause**: over the collectives it arrived last at, its gap before arriving minus the median of the other
   ranks' same gap, per cause (stepcli.traces.arrivals.CAUSES); the largest extra is the cause, with the operator
   (or garbage collection) names that account for it.
@@ -21,6 +23,7 @@ different from its victims. But it arrives last. From each rank's arrivals and d
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -29,9 +32,11 @@ from stepcli.stats import percentile
 from stepcli.traces.arrivals import CAUSES, GC_PREFIX, RankArrivals
 
 MIN_LAST_SHARE = 0.6
+MAX_CHANCE = 0.05  # ... and a share chance would give at most this often (last at random: 1 / ranks)
 MIN_LATENESS_MS = 1.0
 MIN_STEP_SHARE = 0.05
 MIN_ERROR_US = 1.0
+JITTER_FACTOR = 2.0  # the median lead must also exceed this many times its own jitter from collective to collective
 _MAX_LISTED = 1000  # collectives listed one by one in the JSON
 CAUSE_WORDS = {
     "gc": "Python garbage collection",
@@ -160,11 +165,13 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
             "wait_caused_ms_per_step": caused_us[j] / 1000 / n_steps,
             "waited_ms_per_step": waited_us[j] / 1000 / n_steps,
             "lead_median_ms": _median(leads[j]) / 1000,
+            "lead_jitter_ms": _jitter(leads[j]) / 1000,
         }
         for j in range(n)
     ]
     candidate = max(range(n), key=lambda j: (late_us[j], -j))
-    finding = _is_finding(rows[candidate], error_us, median_step_ms)
+    min_lead_us = max(error_us, JITTER_FACTOR * rows[candidate]["lead_jitter_ms"] * 1000)
+    finding = _is_finding(rows[candidate], min_lead_us, median_step_ms, count, n)
     return {
         "collectives": count,
         "steps": n_steps,
@@ -176,9 +183,10 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
         },
         "thresholds": {
             "min_last_share": MIN_LAST_SHARE,
+            "max_chance": MAX_CHANCE,
             "min_lateness_ms_per_step": MIN_LATENESS_MS,
             "min_step_share": MIN_STEP_SHARE,
-            "min_lead_ms": round(error_us / 1000, 4),
+            "min_lead_ms": round(min_lead_us / 1000, 4),
         },
         "ranks": rows,
         "culprit": _cause(matched, candidate, last_at, rows[candidate], n_steps) if finding else None,
@@ -190,11 +198,31 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
     }
 
 
-def _is_finding(row: dict[str, Any], error_us: float, median_step_ms: float | None) -> bool:
+def chance_of_last(times: int, count: int, ranks: int) -> float:
+    """How likely a rank is last at `times` or more of `count` collectives when the last one is drawn at random."""
+    p = 1.0 / ranks
+    if times <= 0 or p >= 1.0:
+        return 1.0
+
+    def term(i: int) -> float:
+        log = math.lgamma(count + 1) - math.lgamma(i + 1) - math.lgamma(count - i + 1)
+        return math.exp(log + i * math.log(p) + (count - i) * math.log1p(-p))
+
+    return min(1.0, sum(term(i) for i in range(times, count + 1)))
+
+
+def _jitter(values: list[float]) -> float:
+    """A robust standard deviation: 1.4826 times the median absolute deviation."""
+    middle = _median(values)
+    return 1.4826 * _median([abs(v - middle) for v in values])
+
+
+def _is_finding(row: dict[str, Any], min_lead_us: float, median_step_ms: float | None, count: int, ranks: int) -> bool:
     floor = max(MIN_LATENESS_MS, MIN_STEP_SHARE * (median_step_ms or 0.0))
     return bool(
         row["last_share"] >= MIN_LAST_SHARE
-        and row["lead_median_ms"] * 1000 > error_us
+        and chance_of_last(row["times_last"], count, ranks) <= MAX_CHANCE
+        and row["lead_median_ms"] * 1000 > min_lead_us
         and row["lateness_ms_per_step"] >= floor
     )
 

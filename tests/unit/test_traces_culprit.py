@@ -9,21 +9,26 @@ import pytest
 
 from stepcli.traces.arrays import columns_from_events
 from stepcli.traces.arrivals import RankArrivals, rank_arrivals
-from stepcli.traces.culprit import align, analyze
+from stepcli.traces.culprit import align, analyze, chance_of_last
 from stepcli.traces.reader import Event
 
 MAIN, WORKER = 10, 20
 
 
-def _rank_trace(late_us: float, *, offset: float = 0.0, extra: list[Event] | None = None) -> list[Event]:
-    """Three 100 ms steps; in each the rank works 5 ms (aten::mm), idles `late_us`, then all-reduces; the
+STEPS = 6
+
+
+def _rank_trace(
+    late_us: float, *, offset: float = 0.0, extra: list[Event] | None = None, late_steps: int = STEPS
+) -> list[Event]:
+    """Six 100 ms steps; in each the rank works 5 ms (aten::mm), idles `late_us`, then all-reduces; the
     collective ends 1 ms after rank 1 arrives (rank 1 idles 30 ms: the lateness the others wait for)."""
     events: list[Event] = []
-    for step in range(3):
+    for step in range(STEPS):
         t0 = step * 100_000.0 + offset
         events.append(Event(f"ProfilerStep#{step}", "user_annotation", "X", 1, MAIN, t0, 90_000.0))
         events.append(Event("aten::mm", "cpu_op", "X", 1, MAIN, t0 + 100, 5_000.0))
-        arrive = t0 + 5_200 + late_us
+        arrive = t0 + 5_200 + (late_us if step < late_steps else -1_000.0)  # early after `late_steps`
         events.append(Event("c10d::allreduce_", "cpu_op", "X", 1, MAIN, arrive, 50.0))
         done = t0 + 5_200 + 30_000 + 1_000
         events.append(Event("gloo:all_reduce", "user_annotation", "X", 1, WORKER, arrive + 60, done - arrive - 60))
@@ -40,7 +45,7 @@ def _arrivals(events: list[Event], rank: int) -> RankArrivals:
 
 def test_arrivals_keys_gaps_and_departures() -> None:
     arrivals = _arrivals(_rank_trace(30_000), 1)
-    assert arrivals.keys == [(0, "c10d::allreduce_", 0), (1, "c10d::allreduce_", 0), (2, "c10d::allreduce_", 0)]
+    assert arrivals.keys == [(step, "c10d::allreduce_", 0) for step in range(STEPS)]
     assert arrivals.arrive_us[0] == pytest.approx(35_200)
     assert arrivals.depart_us[0] == pytest.approx(36_200)  # the gloo worker's end, not the host call's
     gap = arrivals.gaps[0]
@@ -59,14 +64,15 @@ def test_sleeping_rank_is_the_culprit_and_its_cause_is_no_operator() -> None:
     assert found["cause"] == "no_operator" and found["cause_ms_per_step"] == pytest.approx(30.0, abs=0.01)
     rank0 = section["ranks"][0]
     assert rank0["waited_ms_per_step"] == pytest.approx(30.0, abs=0.01) and rank0["times_last"] == 0
-    assert [s["lateness_ms"]["1"] for s in section["per_step"]] == pytest.approx([30.0] * 3)
+    assert [s["lateness_ms"]["1"] for s in section["per_step"]] == pytest.approx([30.0] * STEPS)
 
 
 def test_gc_and_operator_causes_are_named() -> None:
     gcs = [
-        Event("python gc (gen 2)", "user_annotation", "X", 1, MAIN, s * 100_000.0 + 5_200, 30_000.0) for s in range(3)
+        Event("python gc (gen 2)", "user_annotation", "X", 1, MAIN, s * 100_000.0 + 5_200, 30_000.0)
+        for s in range(STEPS)
     ]
-    mms = [Event("aten::addmm", "cpu_op", "X", 1, MAIN, s * 100_000.0 + 5_200, 30_000.0) for s in range(3)]
+    mms = [Event("aten::addmm", "cpu_op", "X", 1, MAIN, s * 100_000.0 + 5_200, 30_000.0) for s in range(STEPS)]
     cases = (
         (gcs, "gc", "python gc (gen 2)", "garbage collection (gen 2)"),
         (mms, "cpu_operators", "aten::addmm", "aten::addmm"),
@@ -85,7 +91,7 @@ def test_equal_ranks_name_no_culprit() -> None:
     ranks = [_arrivals(_rank_trace(300 if r == 0 else 0), r) for r in (0, 1)]
     section = analyze(ranks, 90.0)
     assert section is not None and section["culprit"] is None
-    assert section["ranks"][0]["times_last"] == 3  # last every time, but by less than MIN_LATENESS_MS
+    assert section["ranks"][0]["times_last"] == STEPS  # last every time, but by less than MIN_LATENESS_MS
 
 
 def test_clock_offset_leaves_the_skew_unchanged() -> None:
@@ -114,7 +120,7 @@ def test_lateness_within_alignment_error_is_no_finding() -> None:
     # rank 1 is 2 ms late but the departures disagree by ±5 ms
     r0 = _arrivals(_rank_trace(0), 0)
     r1 = _arrivals(_rank_trace(2_000), 1)
-    r1.depart_us = [d + jitter for d, jitter in zip(r1.depart_us, (-5_000.0, 0.0, 5_000.0))]
+    r1.depart_us = [d + jitter for d, jitter in zip(r1.depart_us, (-5_000.0, 0.0, 5_000.0) * 2)]
     section = analyze([r0, r1])  # no step time: only the 1 ms floor and the alignment error apply
     assert section is not None and section["alignment"]["error_ms"] >= 2.0
     assert section["culprit"] is None
@@ -124,3 +130,12 @@ def test_one_rank_or_no_collectives_gives_no_section() -> None:
     assert analyze([_arrivals(_rank_trace(0), 0)]) is None
     plain = [Event("ProfilerStep#1", "user_annotation", "X", 1, MAIN, 0.0, 10.0)]
     assert rank_arrivals(columns_from_events(plain), 0) is None
+
+
+def test_last_no_more_often_than_chance_is_no_finding() -> None:
+    # rank 1 is 30 ms late at 4 of 6 collectives: as likely as 11 in 32 by chance with 2 ranks
+    late4 = analyze([_arrivals(_rank_trace(0), 0), _arrivals(_rank_trace(30_000, late_steps=4), 1)], 90.0)
+    assert late4 is not None and late4["ranks"][1]["times_last"] >= 4
+    assert late4["culprit"] is None
+    assert chance_of_last(4, 6, 2) == pytest.approx(22 / 64)
+    assert chance_of_last(6, 6, 2) == pytest.approx(1 / 64) and chance_of_last(0, 6, 2) == 1.0
