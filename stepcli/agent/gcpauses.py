@@ -29,7 +29,8 @@ class GcPauses:
         self.collected = [0, 0, 0]
         self._started = 0
         self._open: Any = None
-        self._recording: Callable[[], bool] | None = None
+        self._enabled: Callable[[], bool] | None = None  # torch's "is the profiler on" (one C call)
+        self._ours: Callable[[], bool] = _never  # is it stepcli's own window
         self._enter: Callable[[str, Any], Any] | None = None
         self._exit: Callable[[Any], Any] | None = None
 
@@ -45,22 +46,25 @@ class GcPauses:
         """Mark pauses in traces from now on: only while `ours()` (a stepcli window is open, not the program's own
         profiler: its traces stay as the program made them) and the profiler is on (one C call)."""
         try:
-            enabled = torch._C._autograd._profiler_enabled
-            self._recording = lambda: ours() and enabled()
             ops = torch.ops.profiler
             self._enter = ops._record_function_enter_new
             self._exit = ops._record_function_exit._RecordFunction
+            self._ours = ours
+            self._enabled = torch._C._autograd._profiler_enabled
         except Exception:
-            self._recording = None
+            self._enabled = None
 
     def callback(self, phase: str, info: dict[str, Any]) -> None:
         try:
             if phase == "start":
                 self._started = self.clock()
-                self._mark_start(info.get("generation", 0))
+                enabled = self._enabled
+                if enabled is not None and enabled() and self._ours():  # most collections: one C call here
+                    self._mark_start(info.get("generation", 0))
                 return
             elapsed = self.clock() - self._started
-            self._mark_stop()
+            if self._open is not None:
+                self._mark_stop()
             generation = min(max(int(info.get("generation", 0)), 0), 2)
             self.collections[generation] += 1
             self.pause_ns[generation] += elapsed
@@ -70,9 +74,8 @@ class GcPauses:
             self._open = None
 
     def _mark_start(self, generation: int) -> None:
-        if self._recording is None or self._enter is None or not self._recording():
-            return
-        self._open = self._enter(ANNOTATION.format(generation), None)
+        if self._enter is not None:
+            self._open = self._enter(ANNOTATION.format(generation), None)
 
     def _mark_stop(self) -> None:
         record, self._open = self._open, None
@@ -87,3 +90,7 @@ class GcPauses:
             "max_pause_ms": [round(ns / 1e6, 3) for ns in self.max_ns],
             "collected": list(self.collected),
         }
+
+
+def _never() -> bool:
+    return False

@@ -35,7 +35,8 @@ def test_counts_every_collection_per_generation() -> None:
 
 def test_a_failing_mark_never_breaks_collections() -> None:
     pauses = GcPauses()
-    pauses._recording = lambda: True
+    pauses._enabled = lambda: True
+    pauses._ours = lambda: True
 
     def broken(name: str, args: Any) -> Any:
         raise RuntimeError("no profiler")
