@@ -9,11 +9,12 @@ existing -o file is overwritten only when stepcli wrote it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from stepcli.errors import StepcliError, TraceError
@@ -25,6 +26,7 @@ _ID_STRIDE = 1 << 40  # per-rank range of flow, correlation and external ids
 _PID_STRIDE = 1000  # new pid = rank * _PID_STRIDE + the trace process's order of appearance
 _ID_ARGS = ("correlation", "External id", "external id")
 _HEAD_BYTES = 4096
+_FLOW_BASE = 1 << 60  # flow ids of the culprit arrows: above every rank's moved ids
 
 
 def check_output(path: str) -> None:
@@ -119,11 +121,29 @@ class _Rewriter:
         return out
 
 
+def _flows(collective: dict[str, Any], mains: dict[int, tuple[int, Any]], ids: Iterator[int]) -> list[dict[str, Any]]:
+    """A flow arrow from each waiting rank's arrival to the last rank's: who waited for whom (Perfetto draws it
+    between the collectives' slices, which start at those instants)."""
+    last = collective["last_rank"]
+    arrivals = collective.get("arrive_us", {})
+    out: list[dict[str, Any]] = []
+    for rank_text in collective["waits_ms"]:
+        source, target = mains.get(int(rank_text)), mains.get(last)
+        if source is None or target is None or rank_text not in arrivals or str(last) not in arrivals:
+            continue
+        common = {"cat": "stepcli_culprit", "name": f"waits for rank {last}", "id": next(ids), "bp": "e"}
+        out.append({"ph": "s", "pid": source[0], "tid": source[1], "ts": arrivals[rank_text], **common})
+        out.append({"ph": "f", "pid": target[0], "tid": target[1], "ts": arrivals[str(last)], **common})
+    return out
+
+
 def _culprit_marks(culprit: dict[str, Any] | None, mains: dict[int, tuple[int, Any]]) -> list[dict[str, Any]]:
-    """An instant event on the last-arriving rank's step thread at each collective it arrived last at."""
+    """An instant event on the last-arriving rank's step thread at each collective, and arrows to it from the
+    ranks that waited."""
     if not culprit:
         return []
-    marks = []
+    marks: list[dict[str, Any]] = []
+    ids = itertools.count(_FLOW_BASE)
     for collective in culprit.get("per_collective", []):
         rank = collective["last_rank"]
         where = mains.get(rank)
@@ -131,6 +151,7 @@ def _culprit_marks(culprit: dict[str, Any] | None, mains: dict[int, tuple[int, A
         if where is None or at is None:
             continue
         waits = ", ".join(f"rank {r} {ms:.2f} ms" for r, ms in collective["waits_ms"].items())
+        marks.extend(_flows(collective, mains, ids))
         marks.append(
             {
                 "ph": "i",
@@ -193,7 +214,7 @@ def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
         "files": list(files),
         "alignment": (culprit or {}).get("alignment"),
         "culprit": (culprit or {}).get("culprit"),
-        "marks": len(marks),
+        "marks": sum(1 for mark in marks if mark["ph"] == "i"),
     }
     document = {MARKER: facts, "displayTimeUnit": "ms", "baseTimeNanoseconds": reference_base, "traceEvents": events}
     _write(output, document)

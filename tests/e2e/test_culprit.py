@@ -190,7 +190,15 @@ def test_merge_aligns_ranks_and_opens_in_hta(sleep_run: dict[str, Any], tmp_path
     names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
     assert {"rank 0", "rank 1"} <= names
     marks = [e for e in events if e.get("cat") == "stepcli_culprit"]
-    assert len(marks) >= 5 and all(e["name"].startswith("last to arrive: rank 1") for e in marks)
+    instants = [e for e in marks if e["ph"] == "i"]
+    assert len(instants) >= 5 and all(e["name"].startswith("last to arrive: rank 1") for e in instants)
+    # AND an arrow from rank 0's arrival to rank 1's at each: who waited for whom
+    starts = {e["id"]: e for e in marks if e["ph"] == "s"}
+    ends = {e["id"]: e for e in marks if e["ph"] == "f"}
+    assert set(starts) == set(ends) and len(starts) == len(instants)
+    rank_pid = {e["args"]["name"]: e["pid"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert all(starts[i]["pid"] == rank_pid["rank 0"] and ends[i]["pid"] == rank_pid["rank 1"] for i in starts)
+    assert all(ends[i]["ts"] - starts[i]["ts"] > 40_000 for i in starts)  # rank 1 came 60 ms later
     # AND HTA reads it, with the same steps of both ranks lined up despite the clocks
     from hta.trace_analysis import TraceAnalysis
 
