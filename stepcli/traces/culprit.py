@@ -191,7 +191,11 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
         "ranks": rows,
         "culprit": _cause(matched, candidate, last_at, rows[candidate], n_steps) if finding else None,
         "per_step": [
-            {"step": step, "lateness_ms": {str(r): round(v / 1000, 3) for r, v in zip(ranks, values)}}
+            {
+                "step": step,
+                "last_rank": ranks[max(range(n), key=lambda j: values[j])],  # the latest, summed over the step
+                "lateness_ms": {str(r): round(v / 1000, 3) for r, v in zip(ranks, values)},
+            }
             for step, values in per_step.items()
         ],
         "per_collective": listed,

@@ -65,6 +65,7 @@ def test_sleeping_rank_is_the_culprit_and_its_cause_is_no_operator() -> None:
     rank0 = section["ranks"][0]
     assert rank0["waited_ms_per_step"] == pytest.approx(30.0, abs=0.01) and rank0["times_last"] == 0
     assert [s["lateness_ms"]["1"] for s in section["per_step"]] == pytest.approx([30.0] * STEPS)
+    assert [s["last_rank"] for s in section["per_step"]] == [1] * STEPS
 
 
 def test_gc_and_operator_causes_are_named() -> None:
