@@ -16,7 +16,6 @@ Read from the columns the summary already decoded (stepcli.traces.columns), so n
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -210,15 +209,3 @@ def _gaps(
         top = sorted(by_gap[i], key=lambda item: -item[0])[:_TOP_DETAIL]
         details.append({columns.names[name]: round(value, 3) for value, name in top if value > 0})
     return causes, details
-
-
-def to_plain(arrivals: RankArrivals) -> dict[str, Any]:
-    """A JSON-able copy (tests, debugging)."""
-    return {
-        "rank": arrivals.rank,
-        "keys": [list(k) for k in arrivals.keys],
-        "arrive_us": arrivals.arrive_us,
-        "depart_us": arrivals.depart_us,
-        "gaps": arrivals.gaps,
-        "details": arrivals.details,
-    }
