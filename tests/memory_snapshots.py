@@ -195,7 +195,8 @@ def training(
     `leak` bytes per step are kept alive at train.py:31 (a loss history that holds tensors)."""
     b = SnapshotBuilder()
     b.step(0)
-    param_addrs = [b.alloc(params // layers, to_device(12)) for _ in range(layers)]
+    for _ in range(layers):
+        b.alloc(params // layers, to_device(12))
     grads: list[int] = []
     for step in range(steps):
         b.step(step)
