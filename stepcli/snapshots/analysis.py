@@ -111,12 +111,12 @@ def _request(info: dict[str, Any] | None, entry: Any) -> dict[str, Any] | None:
 def _split(stacks: list[Stack], at: Replay) -> dict[str, int]:
     split = dict.fromkeys(categories.CATEGORIES, 0)
     cache: dict[tuple[int, bool], str] = {}
-    for live in at.live.values():
-        key = (live.stack, live.step is not None)
+    for size, stack, step in at.live.values():
+        key = (stack, step is not None)
         name = cache.get(key)
         if name is None:
-            name = cache[key] = categories.category(stacks[live.stack], live.step is not None)
-        split[name] += live.size
+            name = cache[key] = categories.category(stacks[stack], step is not None)
+        split[name] += size
     return split
 
 
@@ -132,16 +132,16 @@ def _site_key(stacks: list[Stack], stack: int) -> tuple[Frame | None, Frame | No
 
 def _sites(stacks: list[Stack], at: Replay, top: int) -> list[dict[str, Any]]:
     sites: dict[Frame | None, dict[str, Any]] = {}
-    for live in at.live.values():
-        frame, via = _site_key(stacks, live.stack)
+    for size, stack, step in at.live.values():
+        frame, via = _site_key(stacks, stack)
         row = sites.get(frame)
         if row is None:
             row = sites[frame] = {"site": _frame_json(frame), "via": _frame_json(via), "bytes": 0, "blocks": 0}
             row["_categories"] = {}
-        row["bytes"] += live.size
+        row["bytes"] += size
         row["blocks"] += 1
-        name = categories.category(stacks[live.stack], live.step is not None)
-        row["_categories"][name] = row["_categories"].get(name, 0) + live.size
+        name = categories.category(stacks[stack], step is not None)
+        row["_categories"][name] = row["_categories"].get(name, 0) + size
     total = max(at.allocated, 1)
     rows = sorted(sites.values(), key=lambda r: -r["bytes"])[:top]
     for row in rows:

@@ -184,28 +184,34 @@ class _Interner:
         self.stacks: list[Stack] = [()]
         self._stack_index: dict[Stack, int] = {(): 0}
         self._frames: dict[int, tuple[object, Frame]] = {}  # id(frame dict) -> (the dict, kept alive; its Frame)
+        self._by_ids: dict[tuple[int, ...], int] = {}  # ids of a stack's frame dicts (all in _frames) -> stack
         self._steps: dict[str, int | None] = {}
 
     def stack(self, frames: Any) -> int:
+        """The index of this stack. torch shares each distinct frame dict among all entries, so the ids of a
+        list's frame dicts (kept alive here, so ids stay unique) find a known stack without reading a field."""
         if not frames:
             return 0
+        ids = tuple(map(id, frames))
+        index = self._by_ids.get(ids)
+        if index is not None:
+            return index
         cache = self._frames
+        if len(cache) > _FRAME_CACHE_LIMIT:  # a writer that never shares frame dicts: start the cache over
+            cache.clear()
+            self._by_ids.clear()
         out: list[Frame] = []
         for raw in frames:
             hit = cache.get(id(raw))
-            if hit is None or hit[0] is not raw:
-                if len(cache) > _FRAME_CACHE_LIMIT:
-                    cache.clear()
-                frame = Frame(str(raw["filename"]), int(raw["line"]), str(raw["name"]))
-                cache[id(raw)] = (raw, frame)
-                out.append(frame)
-            else:
-                out.append(hit[1])
+            if hit is None:
+                hit = cache[id(raw)] = (raw, Frame(str(raw["filename"]), int(raw["line"]), str(raw["name"])))
+            out.append(hit[1])
         key = tuple(out)
         index = self._stack_index.get(key)
         if index is None:
             index = self._stack_index[key] = len(self.stacks)
             self.stacks.append(key)
+        self._by_ids[ids] = index
         return index
 
     def step(self, metadata: Any) -> int | None:

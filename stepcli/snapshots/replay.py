@@ -16,13 +16,7 @@ from stepcli.snapshots.reader import Entry, Segment
 ALLOCATED_STATES = ("active_allocated",)
 
 
-class Live:
-    """One allocation alive in the replay."""
-
-    __slots__ = ("size", "stack", "step")
-
-    def __init__(self, size: int, stack: int, step: int | None) -> None:
-        self.size, self.stack, self.step = size, stack, step
+Live = tuple[int, int, "int | None"]  # one allocation alive in the replay: size, stack index, step made in
 
 
 @dataclass
@@ -52,39 +46,51 @@ class Replay:
     survivors: dict[int, dict[int, int]] = field(default_factory=dict)  # step -> stack -> bytes alive 2 steps on
 
     def run(self) -> Replay:
+        """One pass, locals only in the loop: a history of millions of events takes seconds, not minutes."""
         entries = self.entries if self.stop is None else self.entries[: self.stop]
         free_action = "free_completed" if any(e.action == "free_completed" for e in self.entries) else "free_requested"
         self._initial_state(free_action)
-        self.peak_allocated = self.allocated
+        live, steps = self.live, self.steps
+        allocated, reserved = self.allocated, self.reserved
+        peak, peak_index, oom_index = allocated, -1, -1
         by_step: dict[int, set[int]] = {}  # step -> addresses allocated in it and still alive
         current: int | None = None
-        for index, entry in enumerate(entries):
-            if entry.step is not None and entry.step != current:
-                current = entry.step
-                self._step_started(current, by_step, complete=bool(self.steps))
-            action = entry.action
+        figures: StepFigures | None = None
+        for index, (action, addr, size, stack, step) in enumerate(entries):
+            if step is not None and step != current:
+                self.allocated, self.reserved = allocated, reserved
+                current = step
+                figures = self._step_started(step, by_step, complete=bool(steps))
             if action == "alloc":
-                self.live[entry.addr] = Live(entry.size, entry.stack, entry.step)
-                self.allocated += entry.size
-                if entry.step is not None:
-                    by_step.setdefault(entry.step, set()).add(entry.addr)
-                if self.allocated > self.peak_allocated:
-                    self.peak_allocated, self.peak_index = self.allocated, index
+                live[addr] = (size, stack, step)
+                allocated += size
+                if step is not None:
+                    born = by_step.get(step)
+                    if born is None:
+                        born = by_step[step] = set()
+                    born.add(addr)
+                if allocated > peak:
+                    peak, peak_index = allocated, index
+                if figures is not None and allocated > figures.peak_allocated:
+                    figures.peak_allocated = allocated
             elif action == free_action:
-                gone = self.live.pop(entry.addr, None)
-                self.allocated -= gone.size if gone is not None else entry.size
-                if gone is not None and gone.step is not None:
-                    by_step.get(gone.step, set()).discard(entry.addr)
-            elif action in ("segment_alloc", "segment_map"):
-                self.reserved += entry.size
-            elif action in ("segment_free", "segment_unmap"):
-                self.reserved -= entry.size
+                gone = live.pop(addr, None)
+                if gone is None:
+                    allocated -= size
+                else:
+                    allocated -= gone[0]
+                    if gone[2] is not None and gone[2] in by_step:
+                        by_step[gone[2]].discard(addr)
+            elif action == "segment_alloc" or action == "segment_map":
+                reserved += size
+                if figures is not None and reserved > figures.peak_reserved:
+                    figures.peak_reserved = reserved
+            elif action == "segment_free" or action == "segment_unmap":
+                reserved -= size
             elif action == "oom":
-                self.oom_index = index
-            if current is not None:
-                figures = self.steps[current]
-                figures.peak_allocated = max(figures.peak_allocated, self.allocated)
-                figures.peak_reserved = max(figures.peak_reserved, self.reserved)
+                oom_index = index
+        self.allocated, self.reserved = allocated, reserved
+        self.peak_allocated, self.peak_index, self.oom_index = peak, peak_index, oom_index
         return self
 
     def _initial_state(self, free_action: str) -> None:
@@ -94,26 +100,30 @@ class Replay:
             if entry.action == "alloc":
                 allocated_in_history.add(entry.addr)
             elif entry.action == free_action and entry.addr not in allocated_in_history and entry.addr not in self.live:
-                self.live[entry.addr] = Live(entry.size, 0, None)
+                self.live[entry.addr] = (entry.size, 0, None)
         for segment in self.segments:
             for block in segment.blocks:
                 if block.state in ALLOCATED_STATES and block.address not in allocated_in_history:
-                    self.live.setdefault(block.address, Live(block.size, block.stack, None))
-        self.allocated = sum(live.size for live in self.live.values())
+                    self.live.setdefault(block.address, (block.size, block.stack, None))
+        self.allocated = sum(live[0] for live in self.live.values())
         reserved_end = sum(segment.total_size for segment in self.segments)
         grown = sum(e.size for e in self.entries if e.action in ("segment_alloc", "segment_map"))
         shrunk = sum(e.size for e in self.entries if e.action in ("segment_free", "segment_unmap"))
         self.reserved = max(reserved_end - grown + shrunk, 0)
 
-    def _step_started(self, step: int, by_step: dict[int, set[int]], complete: bool) -> None:
-        if step in self.steps:  # an untagged stretch inside a step (another thread): the same step goes on
-            return
-        self.steps[step] = StepFigures(step, self.allocated, self.allocated, self.reserved, self.reserved, complete)
+    def _step_started(self, step: int, by_step: dict[int, set[int]], complete: bool) -> StepFigures:
+        known = self.steps.get(step)
+        if known is not None:  # an untagged stretch inside a step (another thread): the same step goes on
+            return known
+        figures = self.steps[step] = StepFigures(
+            step, self.allocated, self.allocated, self.reserved, self.reserved, complete
+        )
         older = step - 2
         if older in by_step:
             alive: dict[int, int] = {}
             for addr in by_step.pop(older):
                 live = self.live.get(addr)
                 if live is not None:
-                    alive[live.stack] = alive.get(live.stack, 0) + live.size
+                    alive[live[1]] = alive.get(live[1], 0) + live[0]
             self.survivors[older] = alive
+        return figures
