@@ -239,16 +239,29 @@ def _convert(path: str, data: dict[str, Any]) -> Snapshot:
         if not isinstance(raw_trace, list):
             raise TypeError("a device trace is not a list")
         traces.append(list(_entries(raw_trace, interner)))
-    info = data.get(SNAPSHOT_KEY)
+    info = _plain_info(data.get(SNAPSHOT_KEY))
     settings = data.get("allocator_settings")
     return Snapshot(
         path=path,
         segments=segments,
         traces=traces,
         stacks=interner.stacks,
-        info=info if isinstance(info, dict) else None,
+        info=info,
         allocator_settings=settings if isinstance(settings, dict) else {},
     )
+
+
+def _plain_info(raw: Any) -> dict[str, Any] | None:
+    """The agent's record, keeping only fields of the types it writes (the file may have been written by anyone)."""
+    if not isinstance(raw, dict):
+        return None
+    info: dict[str, Any] = {}
+    for key, value in raw.items():
+        if isinstance(key, str) and (value is None or type(value) in (int, float, str, bool)):
+            info[key] = value
+        elif key == "argv" and isinstance(value, list) and all(isinstance(part, str) for part in value):
+            info[key] = list(value)
+    return info
 
 
 def _segment(raw: Any, interner: _Interner) -> Segment:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import pickle
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,19 @@ def test_bad_files_are_one_clear_error(tmp_path: Path, content: bytes, problem: 
     path.write_bytes(content)
     with pytest.raises(TraceError, match=problem):
         load_snapshot(str(path))
+
+
+def test_the_agents_record_keeps_only_plain_fields(tmp_path: Path) -> None:
+    """Whoever wrote the file, the report stays JSON: odd fields of the `stepcli` record are dropped."""
+    builder, info = fx.oom_in_forward()
+    odd = {**info, "extra": {1, 2}, "nested": [[[]]], "argv": ["train.py", "--lr", "0.1"], "phase": ["x"]}
+    snapshot = load_snapshot(str(builder.write(tmp_path / "odd.pickle", odd)))
+    assert snapshot.info is not None
+    assert "extra" not in snapshot.info and "nested" not in snapshot.info and "phase" not in snapshot.info
+    assert snapshot.info["argv"] == ["train.py", "--lr", "0.1"] and snapshot.info["step"] == 4
+    report = analyze(snapshot)
+    assert report["moment"]["phase"] == "forward"  # from the oom event's stack, as for a hand-made snapshot
+    json.dumps(report)
 
 
 def test_gzip_snapshot_and_its_size_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
