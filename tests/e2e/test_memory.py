@@ -151,3 +151,22 @@ def test_memory_entries_needs_memory(tmp_path: Path) -> None:
     result = run_stepcli("run", "--memory-entries", "10", script)
     assert result.returncode == 2
     assert "--memory-entries needs --memory" in _one_error_line(result.stderr)
+
+
+def test_report_shows_the_runs_memory_snapshots(tmp_path: Path, train_script: Path) -> None:
+    out = tmp_path / "out"
+    result = run_stepcli("run", "-q", "-o", out, train_script, "6")
+    assert result.returncode == 0, result.stderr
+    page = (out / "report.html").read_text()
+    assert 'id="memory-snapshots"' not in page  # no snapshot, no section
+    builder, info = fx.oom_in_forward(steps=4)
+    builder.write(out / "oom-rank0.pickle", info)
+    result = run_stepcli("report", out)
+    assert result.returncode == 0, result.stderr
+    page = (out / "report.html").read_text()
+    section = page.split('id="memory-snapshots"', 1)[1]
+    assert "oom-rank0.pickle: Out of memory at step 4, in forward: asked for 512.00 MiB" in section
+    assert 'class="chart memory-steps"' in section and "<polyline" in section
+    assert "activations 240.00 MiB (88%)" in section
+    assert "/work/train.py:20 main" in section
+    assert 'data-rule="memory-activations"' in section
