@@ -18,9 +18,19 @@ import threading
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
     from types import FrameType, ModuleType
-    from typing import Any
+    from typing import Any, Protocol
 
-    from .runtime import Agent
+    from .config import AgentConfig
+    from .tracker import StepTracker
+
+    class Agent(Protocol):
+        """What this module needs from the process's agent (runtime.Agent, which imports this module)."""
+
+        config: AgentConfig
+        pid: int
+        enabled: bool
+        tracker: StepTracker
+        in_step: set[int]
 
 SNAPSHOT_PREFIX = "oom-"
 SNAPSHOT_SUFFIX = ".pickle"
