@@ -116,11 +116,12 @@ def find_snapshots(path: str) -> list[str]:
     """The snapshot files PATH names: itself, or the `oom-*.pickle[.gz]` files of a run folder."""
     target = Path(path)
     if target.is_dir():
-        return sorted(
-            str(p)
-            for p in target.iterdir()
-            if p.name.startswith(SNAPSHOT_PREFIX) and p.name.endswith((SNAPSHOT_SUFFIX, SNAPSHOT_SUFFIX + ".gz"))
-        )
+        try:
+            names = [p.name for p in target.iterdir()]
+        except OSError as exc:
+            raise TraceError(path, f"cannot list the folder: {exc.strerror or exc}") from None
+        wanted = (SNAPSHOT_SUFFIX, SNAPSHOT_SUFFIX + ".gz")
+        return sorted(str(target / n) for n in names if n.startswith(SNAPSHOT_PREFIX) and n.endswith(wanted))
     if not target.exists() and not target.is_symlink():
         raise TraceError(path, "no such file or folder")
     return [path]
