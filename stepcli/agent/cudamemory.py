@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         tracker: StepTracker
         in_step: set[int]
 
+
 SNAPSHOT_PREFIX = "oom-"
 SNAPSHOT_SUFFIX = ".pickle"
 STEP_TAG = "stepcli:step="  # each allocation's `user_metadata` in the snapshot: the global step it was made in

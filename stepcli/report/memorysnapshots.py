@@ -35,15 +35,22 @@ def snapshot_section(out_dir: str | None) -> str:
     """The section's HTML, or "" when the run folder holds no snapshot (the page then has no such section)."""
     if not out_dir or not os.path.isdir(out_dir):
         return ""
-    files = find_snapshots(out_dir)
+    try:
+        files = find_snapshots(out_dir)
+    except StepcliError:
+        return ""
     if not files:
         return ""
     parts = ['<h2 id="memory-snapshots">CUDA memory snapshots</h2>']
     for path in files:
         name = escape(os.path.basename(path))
-        if os.path.getsize(path) > MAX_REPORT_SNAPSHOT_BYTES:
+        try:
+            bytes_on_disk = os.path.getsize(path)
+        except OSError:  # gone since it was listed, or a dangling link: the page goes on without it
+            continue
+        if bytes_on_disk > MAX_REPORT_SNAPSHOT_BYTES:
             parts.append(
-                f'<p class="muted">{name}: {size(os.path.getsize(path))}, read it with <code>stepcli memory</code>.</p>'
+                f'<p class="muted">{name}: {size(bytes_on_disk)}, read it with <code>stepcli memory</code>.</p>'
             )
             continue
         try:

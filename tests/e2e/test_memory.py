@@ -161,6 +161,7 @@ def test_report_shows_the_runs_memory_snapshots(tmp_path: Path, train_script: Pa
     assert 'id="memory-snapshots"' not in page  # no snapshot, no section
     builder, info = fx.oom_in_forward(steps=4)
     builder.write(out / "oom-rank0.pickle", info)
+    (out / "oom-rank1.pickle").write_text("cut short")  # a broken snapshot: one line on the page, not a failure
     result = run_stepcli("report", out)
     assert result.returncode == 0, result.stderr
     page = (out / "report.html").read_text()
@@ -170,3 +171,4 @@ def test_report_shows_the_runs_memory_snapshots(tmp_path: Path, train_script: Pa
     assert "activations 240.00 MiB (88%)" in section
     assert "/work/train.py:20 main" in section
     assert 'data-rule="memory-activations"' in section
+    assert "oom-rank1.pickle: not a pickle" in section
