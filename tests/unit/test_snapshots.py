@@ -146,6 +146,18 @@ def test_untagged_snapshot_has_no_steps(tmp_path: Path) -> None:
     assert report["split"]["other"] > 0
 
 
+def test_text_of_a_hand_dumped_snapshot_says_what_it_cannot_know(tmp_path: Path) -> None:
+    from stepcli.snapshots.render import to_text
+
+    builder = fx.training(steps=3, params=400 * MiB, activation=20 * MiB)
+    for entry in builder.trace:
+        entry["user_metadata"] = ""
+    text = to_text(_report(tmp_path, builder))
+    assert "peak memory at an unknown step, in forward" in text  # the peak: an activation allocated in forward
+    assert "steps: unknown (allocations carry no step: not written by `stepcli run --memory`)" in text
+    assert "advice: optimizer state dominates" in text
+
+
 def test_categories_order() -> None:
     """Optimizer over backward over parameters over activations; checkpoint recompute inside backward counts as
     backward."""
