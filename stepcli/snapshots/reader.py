@@ -1,7 +1,7 @@
 """Reading CUDA memory snapshots: pickles of `torch.cuda.memory._snapshot()`, from disk, possibly hostile.
 
 A pickle can run any code when loaded, so a snapshot is decoded by an Unpickler that builds plain data only
-(dicts, lists, tuples, strings, numbers, and the harmless builtins `set`, `frozenset`, `bytearray`): any request
+(dicts, lists, tuples, strings, bytes, numbers, and the builtins `set` and `frozenset`): any request
 for another class or function, or a persistent id, is refused before anything is built. Memory stays bounded:
 the file is streamed into Python's C unpickler (its bytes are never held as a whole), the decompressed size of a
 `.gz` is capped like every input (STEPCLI_MAX_INPUT_BYTES, 4 GiB), and each history entry is turned into a small
@@ -24,7 +24,8 @@ from stepcli.agent.cudamemory import SNAPSHOT_KEY, SNAPSHOT_PREFIX, SNAPSHOT_SUF
 from stepcli.errors import TraceError
 from stepcli.inputs import GZIP_MAGIC, input_limit
 
-_PLAIN_BUILTINS = {("builtins", "set"): set, ("builtins", "frozenset"): frozenset, ("builtins", "bytearray"): bytearray}
+# Older protocols build sets through these names. Not bytearray: `bytearray(10**12)` would be a memory bomb.
+_PLAIN_BUILTINS = {("builtins", "set"): set, ("builtins", "frozenset"): frozenset}
 _FRAME_CACHE_LIMIT = 1 << 20
 
 
@@ -85,7 +86,7 @@ class _TooBig(Exception):
 
 class _PlainDataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        plain = _PLAIN_BUILTINS.get((module, name))
+        plain = _PLAIN_BUILTINS.get(("builtins" if module == "__builtin__" else module, name))  # protocols 0-2
         if plain is None:
             raise _Refused(f"{module}.{name}")
         return plain

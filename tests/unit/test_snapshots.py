@@ -194,11 +194,25 @@ def test_hostile_pickle_is_refused_before_it_runs(tmp_path: Path) -> None:
     assert not planted.exists()
 
 
-def test_builtins_that_run_code_are_refused(tmp_path: Path) -> None:
-    path = tmp_path / "eval.pickle"
-    path.write_bytes(b"cbuiltins\neval\n(S'1+1'\ntR.")
-    with pytest.raises(TraceError, match="refused: the pickle asks to build builtins.eval"):
+@pytest.mark.parametrize(
+    ("content", "name"),
+    [
+        (b"cbuiltins\neval\n(S'1+1'\ntR.", "builtins.eval"),  # runs code
+        (b"c__builtin__\nbytearray\n(I1000000000000\ntR.", "__builtin__.bytearray"),  # a terabyte from 40 bytes
+    ],
+)
+def test_builtins_that_run_code_or_allocate_are_refused(tmp_path: Path, content: bytes, name: str) -> None:
+    path = tmp_path / "builtin.pickle"
+    path.write_bytes(content)
+    with pytest.raises(TraceError, match=f"refused: the pickle asks to build {name}"):
         load_snapshot(str(path))
+
+
+def test_old_protocol_sets_are_plain_data(tmp_path: Path) -> None:
+    builder, info = fx.oom_in_forward()
+    path = tmp_path / "p2.pickle"
+    path.write_bytes(pickle.dumps({**builder.snapshot(info), "tags": {"a", "b"}}, protocol=2))
+    assert load_snapshot(str(path)).info is not None
 
 
 @pytest.mark.parametrize(
