@@ -2,10 +2,12 @@
 
 A pickle can run any code when loaded, so a snapshot is decoded by an Unpickler that builds plain data only
 (dicts, lists, tuples, strings, bytes, numbers, and the builtins `set` and `frozenset`): any request
-for another class or function, or a persistent id, is refused before anything is built. Memory stays bounded:
-the file is streamed into Python's C unpickler (its bytes are never held as a whole), the decompressed size of a
-`.gz` is capped like every input (STEPCLI_MAX_INPUT_BYTES, 4 GiB), and each history entry is turned into a small
-tuple (frames interned, so a stack shared by a million entries is kept once) and its dict dropped as it goes.
+for another class or function, or a persistent id, is refused before anything is built. Memory is the decoded
+snapshot, held once: the file is streamed into Python's C unpickler (its bytes are never held as a whole), the
+size read (after gunzip for a `.gz`) is capped like every input (STEPCLI_MAX_INPUT_BYTES, 4 GiB), and each
+history entry is turned into a small tuple (frames interned, so a stack shared by a million entries is kept once)
+and its dict dropped as it goes. A pickle cannot be analyzed without decoding it: the decoded objects take about
+8x the file (scripts/bench_memory.py), which `--memory-entries` bounds at the source.
 """
 
 from __future__ import annotations
