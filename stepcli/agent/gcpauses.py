@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import gc
 import time
-from types import ModuleType
-from typing import Any, Callable
+
+TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any, Callable
 
 # The trace annotation's name prefix (stepcli.traces.arrivals.GC_PREFIX reads it back).
 ANNOTATION = "python gc (gen {})"
