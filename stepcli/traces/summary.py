@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from stepcli.stats import Stats, describe
-from stepcli.traces.arrivals import RankArrivals, rank_arrivals
+from stepcli.traces.arrivals import GC_PREFIX, RankArrivals, rank_arrivals
 from stepcli.traces.culprit import analyze as analyze_culprit
 from stepcli.traces.ranks import ProcessRow, WindowFacts, find_straggler, group_processes, is_communication, process_key
 from stepcli.traces.shares import STEP_KEY, share_basis, stable_name
@@ -45,6 +45,7 @@ STEP_PREFIX = "ProfilerStep#"
 PHASES = ("dataloader", "optimizer", "backward", "forward", "other")
 _DATALOADER, _OPTIMIZER, _BACKWARD = 1, 2, 3
 _COMM = 4  # collective communication: never forward; in `other` unless inside another phase
+_PAUSE = 5  # a Python garbage-collection pause the agent marked (stepcli.agent.gcpauses): never forward, `other`
 _PHASE_PREFIXES = (
     ("enumerate(DataLoader)", _DATALOADER),
     ("Optimizer.step#", _OPTIMIZER),
@@ -233,6 +234,8 @@ def _phase_of(name: str) -> int:
     for prefix, phase in _PHASE_PREFIXES:
         if name.startswith(prefix):
             return phase
+    if name.startswith(GC_PREFIX):
+        return _PAUSE
     return _COMM if is_communication(name) else 0
 
 
@@ -321,6 +324,7 @@ def _analyze(
         _OPTIMIZER: [],
         _BACKWARD: [],
         _COMM: [],
+        _PAUSE: [],
     }
     # name -> (row key unless it is a step, phase, could be a ProfilerStep#N): computed once per distinct name
     name_info: dict[str, tuple[str, int, bool]] = {}
@@ -504,6 +508,7 @@ def _analyze_columns(
         _OPTIMIZER: [],
         _BACKWARD: [],
         _COMM: [],
+        _PAUSE: [],
     }
     # The phase spans and the steps' children feed the per-window reference (`_step_phases`); with the totals
     # already measured on arrays, only communication spans are still needed.

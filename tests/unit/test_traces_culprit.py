@@ -140,3 +140,16 @@ def test_last_no_more_often_than_chance_is_no_finding() -> None:
     assert late4["culprit"] is None
     assert chance_of_last(4, 6, 2) == pytest.approx(22 / 64)
     assert chance_of_last(6, 6, 2) == pytest.approx(1 / 64) and chance_of_last(0, 6, 2) == 1.0
+
+
+def test_a_gc_pause_in_a_step_is_other_time_not_forward() -> None:
+    from stepcli.traces.reader import Trace
+    from stepcli.traces.summary import summarize
+
+    events = [
+        Event("ProfilerStep#1", "user_annotation", "X", 1, MAIN, 1000.0, 100.0),
+        Event("aten::mm", "cpu_op", "X", 1, MAIN, 1001.0, 10.0),
+        Event("python gc (gen 2)", "user_annotation", "X", 1, MAIN, 1020.0, 50.0),
+    ]
+    breakdown = summarize([Trace.from_events(events)]).to_dict()["breakdown_ms"]
+    assert breakdown["forward"] == pytest.approx(0.01) and breakdown["other"] == pytest.approx(0.09)
