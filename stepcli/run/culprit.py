@@ -7,18 +7,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stepcli.traces.culprit import CAUSE_WORDS, summary_line
+from stepcli.traces.culprit import cause_words, summary_line
 
 # Advice: a culprit (already a finding, stepcli.traces.culprit) making the others wait at least this much per step.
 CULPRIT_MIN_WAIT_MS = 1.0
 _SUGGESTIONS = {
-    "gc": "schedule garbage collection: gc.freeze() after set-up, gc.disable() and gc.collect(1) every N steps "
+    "gc": "Schedule garbage collection: gc.freeze() after set-up, gc.disable() and gc.collect(1) every N steps "
     "on every rank at the same step (as torchtitan does)",
-    "dataloader": "give that rank's DataLoader more workers (num_workers, prefetch_factor) or check its data shard",
-    "host_to_device": "pin memory and copy with non_blocking=True; check that rank's device and its PCIe link",
-    "compile": "compile before timing (warm-up steps), or mark dynamic shapes so that rank stops recompiling",
-    "cpu_operators": "give the ranks the same work: uneven shards or sequence lengths, or extra work on that rank",
-    "no_operator": "look at the Python code that runs only on that rank (logging, checkpoints, I/O, sleeps)",
+    "dataloader": "Give that rank's DataLoader more workers (num_workers, prefetch_factor) or check its data shard",
+    "host_to_device": "Pin memory and copy with non_blocking=True; check that rank's device and its PCIe link",
+    "compile": "Compile before timing (warm-up steps), or mark dynamic shapes so that rank stops recompiling",
+    "cpu_operators": "Give the ranks the same work: uneven shards or sequence lengths, or extra work on that rank",
+    "no_operator": "Look at the Python code that runs only on that rank (logging, checkpoints, I/O, sleeps)",
 }
 
 
@@ -84,9 +84,12 @@ def culprit_advice(section: Mapping[str, Any] | None) -> dict[str, str] | None:
     return {
         "rule": "culprit",
         "title": f"Rank {found['rank']} holds the others back at collectives",
-        "evidence": found["evidence"],
-        "threshold": f"last at ≥ {limits.get('min_last_share', 0):.0%} of the collectives, late by more than the "
-        f"clock alignment error and ≥ {limits.get('min_lateness_ms_per_step', 0):g} ms/step, others waiting "
-        f"≥ {CULPRIT_MIN_WAIT_MS:g} ms/step",
-        "suggestion": f"Its extra time is {CAUSE_WORDS[found['cause']]}: {_SUGGESTIONS[found['cause']]}.",
+        "evidence": f"rank {found['rank']} arrives last at {found['last_share']:.0%} of the collectives, "
+        f"{found['lateness_ms_per_step']:.1f} ms/step late; its extra time is {cause_words(found)}, "
+        f"{found['cause_ms_per_step']:.1f} ms/step",
+        "threshold": f"last at ≥ {limits.get('min_last_share', 0):.0%} of the collectives and beyond chance "
+        f"(p ≤ {limits.get('max_chance', 0):g}), a lead over the clock alignment error and its own jitter, "
+        f"≥ {limits.get('min_lateness_ms_per_step', 0):g} ms/step late, others waiting ≥ {CULPRIT_MIN_WAIT_MS:g} "
+        "ms/step",
+        "suggestion": _SUGGESTIONS[found["cause"]] + ".",
     }

@@ -271,21 +271,26 @@ def _cause(matched: _Matched, culprit: int, last_at: list[int], row: dict[str, A
     return result
 
 
-def evidence(found: dict[str, Any]) -> str:
-    """One sentence: who arrives last, how often, how late, and why."""
+def cause_words(found: dict[str, Any]) -> str:
+    """The cause in words, with the generation of a gc pause or the top operators, e.g. `Python garbage
+    collection (gen 2)` or `CPU operators (aten::matmul 15.1 ms, aten::tanh 10.7 ms)`."""
     cause = found["cause"]
-    why = f"{CAUSE_WORDS[cause]}, {found['cause_ms_per_step']:.1f} ms/step more than the other ranks"
     top = found.get("top") or []
     if cause == "gc" and top:
         generation = _GENERATION.search(top[0]["name"])
-        gen = generation.group(1) if generation else "?"
-        why = f"Python garbage collection (gen {gen}), {found['cause_ms_per_step']:.1f} ms/step more than the others"
-    elif top:
-        why += " (" + ", ".join(f"{t['name']} {t['ms_per_step']:.1f} ms" for t in top) + ")"
+        return f"Python garbage collection (gen {generation.group(1) if generation else '?'})"
+    if top:
+        return f"{CAUSE_WORDS[cause]} (" + ", ".join(f"{t['name']} {t['ms_per_step']:.1f} ms" for t in top) + ")"
+    return CAUSE_WORDS[cause]
+
+
+def evidence(found: dict[str, Any]) -> str:
+    """One sentence: who arrives last, how often, how late, and why."""
     return (
         f"rank {found['rank']} arrives last at {found['last_share']:.0%} of the collectives, "
         f"{found['lateness_ms_per_step']:.1f} ms/step late, making the others wait "
-        f"{found['wait_caused_ms_per_step']:.1f} ms/step; its extra time before arriving is {why}"
+        f"{found['wait_caused_ms_per_step']:.1f} ms/step; its extra time before arriving is {cause_words(found)}, "
+        f"{found['cause_ms_per_step']:.1f} ms/step more than the other ranks"
     )
 
 

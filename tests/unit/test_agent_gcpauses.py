@@ -87,7 +87,7 @@ def test_culprit_lines_and_advice_threshold() -> None:
     }
     assert culprit_lines(section)[0].startswith("culprit: rank 1 arrives last")
     advice = advise(Evidence(culprit=section))
-    assert [a.rule for a in advice] == ["culprit"] and "schedule garbage collection" in advice[0].suggestion
+    assert [a.rule for a in advice] == ["culprit"] and "Schedule garbage collection" in advice[0].suggestion
     small = {**section, "culprit": {**found, "wait_caused_ms_per_step": 0.5}}
     assert advise(Evidence(culprit=small)) == []
 
