@@ -20,25 +20,17 @@ from typing import Any
 import pytest
 from conftest import load_trace, profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
 
-from stepcli.agent import ondemand
+from stepcli.agent import controlfiles, ondemand
 from stepcli.agent.config import AgentConfig, atomic_write_json
 from stepcli.agent.ondemand import OnDemand, WindowSchedule
 from stepcli.agent.schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP, Schedule
 from stepcli.agent.tracker import NEVER, StepTracker
-from stepcli.run.capture import (
-    LiveRun,
-    Ping,
-    Request,
-    _outcome,
-    _ping,
-    _read_control,
-    _read_requests,
-    _still_wanted,
-    _withdraw,
-    await_heartbeats,
-    plan_request,
-    wait_for_answers,
-)
+from stepcli.run.capture import Ping, _outcome, _ping, _withdraw, await_heartbeats, wait_for_answers
+from stepcli.run.captureplan import Request, plan_request
+from stepcli.run.controldir import read_control as _read_control
+from stepcli.run.controldir import read_requests as _read_requests
+from stepcli.run.controldir import still_wanted as _still_wanted
+from stepcli.run.liverun import LiveRun
 
 # Steps until rank 0 sees <control>/pause, then idles (no steps) until <control>/end. Rank 0 decides and
 # broadcasts, so both ranks stop at the same iteration and no collective is left waiting. Rank 0 keeps the
@@ -491,6 +483,7 @@ def test_plan_avoids_scheduled_windows_and_other_captures() -> None:
 def _control(tmp_path: Path, processes: list[dict[str, Any]]) -> Path:
     folder = tmp_path / ".stepcli" / "run1" / "control"
     folder.mkdir(parents=True)
+    folder.chmod(0o700)  # as the launcher makes it: private
     (folder / "run.json").write_text(json.dumps({"run_id": "run1"}))
     for index, process in enumerate(processes):
         (folder / f"proc.host.{index}.json").write_text(json.dumps(process))
@@ -616,13 +609,15 @@ def test_a_process_writes_its_heartbeat_only_while_a_capture_listens(
         process.poll(step)
     assert beat() == (2, 2, [])  # nobody listens: no write
     reads: list[str] = []
-    load = json.load
-    monkeypatch.setattr(ondemand.json, "load", lambda handle: reads.append(handle.name) or load(handle))
+    read = controlfiles.read_bounded
+    monkeypatch.setattr(
+        controlfiles, "read_bounded", lambda fd, limit, name: reads.append(name) or read(fd, limit, name)
+    )
     atomic_write_json(str(requests), {"run_id": "run1", "requests": [], "pings": [{"id": "p1", "lease_s": 600}]})
     for step in range(50, 55):
         process.poll(step)
     assert beat() == (7, 54, ["p1"])  # heard: a fresh heartbeat at every poll
-    assert reads == [str(requests)]  # read once: the file did not change since
+    assert reads == ["requests.json"]  # read once: the file did not change since
     requests.unlink()  # the capture withdrew its ping
     for step in range(55, 60):
         process.poll(step)
@@ -651,15 +646,15 @@ def test_a_request_file_that_could_not_be_read_is_read_again_at_the_next_poll(
     process.poll(1)
     # GIVEN a capture's ping, and a shared file system that fails the first read of it
     atomic_write_json(str(requests), {"run_id": "run1", "requests": [], "pings": [{"id": "p1", "lease_s": 600}]})
-    load, failures = json.load, [1]
+    read, failures = controlfiles.read_bounded, [1]
 
-    def flaky(handle: Any) -> Any:
+    def flaky(fd: int, limit: int, name: str) -> bytes:
         if failures:
             failures.pop()
             raise OSError(5, "Input/output error")
-        return load(handle)
+        return read(fd, limit, name)
 
-    monkeypatch.setattr(ondemand.json, "load", flaky)
+    monkeypatch.setattr(controlfiles, "read_bounded", flaky)
     process.poll(2)
     assert json.loads(path.read_text())["pings"] == []
     # WHEN the next poll comes (the file unchanged) THEN it reads it again and hears the ping
