@@ -108,6 +108,10 @@ def _run_of_pid(pid: int) -> tuple[str, str]:
     except psutil.NoSuchProcess:
         raise StepcliError(f"{pid}: no such process") from None
     except psutil.AccessDenied:
+        if _uid_of(pid) == os.getuid():  # ours, but not readable (a container's init, a setuid program)
+            raise StepcliError(
+                f"{pid}: not a process of a stepcli run you can capture (its environment cannot be read)"
+            ) from None
         raise StepcliError(
             f"{pid}: a process of another user ({_user_of(pid)}), not one of yours; only a run's owner can capture it"
         ) from None
@@ -136,6 +140,15 @@ def _quiet_config_of(process: Any) -> tuple[str, str, int] | None:
     try:
         return _config_of(process)
     except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def _uid_of(pid: int) -> int | None:
+    import psutil
+
+    try:
+        return int(psutil.Process(pid).uids().real)
+    except psutil.Error:
         return None
 
 
