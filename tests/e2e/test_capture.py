@@ -768,7 +768,7 @@ SOLO_LOOP = """
         (control / "step.tmp").replace(control / "step")
         time.sleep(0.05)
 """
-_SAFETY_AS_BYTES = 8 << 30  # a regression that reads /dev/zero fails the test, not the machine
+_SAFETY_AS_BYTES = 4 << 30  # a regression that reads /dev/zero fails the test, not the machine
 
 
 @dataclass
