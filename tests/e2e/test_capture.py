@@ -862,6 +862,8 @@ def solo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Solo]:
 
         attacks["swapped_folder"] = _attack(control, steps, pid, proc, log, swap_folder)
         shutil.rmtree(control)
+        attacks["folder_link"] = _attack(control, steps, pid, proc, log, lambda: control.symlink_to("/dev/zero"))
+        control.unlink()
         moved.rename(control)
         # Forged requests: a list as id, steps in the wrong order; then a real capture must still work.
         forged = [
@@ -904,7 +906,7 @@ def solo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Solo]:
     )
 
 
-@pytest.mark.parametrize("attack", ["dev_zero_link", "fifo", "swapped_folder"])
+@pytest.mark.parametrize("attack", ["dev_zero_link", "fifo", "swapped_folder", "folder_link"])
 def test_a_swapped_control_file_neither_blocks_nor_bloats_the_job(solo: Solo, attack: str) -> None:
     made, growth = solo.attacks[attack]
     assert made >= 60  # it kept stepping (a FIFO opened blocking would have stopped it at the next poll)
@@ -919,7 +921,7 @@ def test_a_refused_control_file_is_said_once(solo: Solo) -> None:
     assert [line.split("folder's ", 1)[1] for line in lines] == [
         "requests.json is a link, not a regular file",
         "requests.json is not a regular file (a FIFO or a device?)",
-    ], lines  # one line each, however many polls met it; the swapped-in folder is never looked at
+    ], lines  # one line each, however many polls met it; a folder put in the control folder's place is never seen
 
 
 def test_forged_requests_are_refused_once_and_capture_still_works(solo: Solo) -> None:
