@@ -19,6 +19,11 @@ long it may take to hear a ping), while a capture's ping is heard (every poll: f
 when an answer changes, and at exit (`ended`). A request names global steps, so every rank
 records the same `ProfilerStep#N`s; a rank already past them refuses instead of recording others. Requests carry
 the run id and live in a folder named by it, so a later run into the same `-o` never obeys one.
+
+The folder is opened once and its files only relative to that descriptor (controlfiles.py): a folder or file put
+in their place is never followed, never blocks, never read whole. Each request is checked (request.py) before it
+is obeyed; a bad one is refused and said once. A pending request that leaves the file was withdrawn by its
+capture (it gave up, or placed a later one): its window is forgotten, or closed unsaved if it records.
 """
 
 from __future__ import annotations
@@ -63,8 +68,6 @@ MAX_IO_FAILURES = 30  # consecutive polls that could not read or write the contr
 FINAL = ("saved", "refused", "not_recorded")
 KEPT_ANSWERS = 16  # final answers kept in the heartbeat (a capture reads its own while it waits)
 WITHDRAWN = "withdrawn: the capture that asked for it gave up"
-
-__all__ = ["WindowSchedule", "OnDemand"]  # WindowSchedule lives in schedule.py; tests and callers find it here
 
 
 def control_dir(out_dir: str, run_id: str) -> str:
