@@ -63,6 +63,7 @@ class Recorder:
         self._cut_reason = ""
         self._discard = False
         self._dropping = False  # the open window is being closed unsaved (its capture withdrew it)
+        self._pending_drop = ""  # ... asked for on another thread, done by the main thread at its next step
         # Set by the agent: will the program's idle profiler start collecting within this many of its steps?
         self.program_profiler_due: Callable[[int], bool] = lambda steps: False
 
@@ -112,6 +113,10 @@ class Recorder:
     def _on_step(self, step: int) -> tuple[int, int]:
         prof = self.prof
         if prof is not None:
+            if self._pending_drop:
+                reason, self._pending_drop = self._pending_drop, ""
+                self.drop(reason)
+                return (FOREIGN if self.foreign else NONE), self.next_cycle_start(step + 1)
             if self._pending_cut:
                 self.stop(self._pending_cut)
                 return (FOREIGN if self.foreign else NONE), self.next_cycle_start(step + 1)
@@ -292,9 +297,12 @@ class Recorder:
             self.busy = busy
 
     def drop(self, reason: str) -> None:
-        """Close the open window without saving it: nobody wants it any more (its capture gave up). Off the main
-        thread it cannot be stopped: the schedule no longer has it, so it ends at the main thread's next step."""
-        if self.prof is None or not _on_main_thread():
+        """Close the open window without saving it: nobody wants it any more (its capture gave up). Only the main
+        thread may stop it; elsewhere the drop waits for the main thread's next step."""
+        if self.prof is None:
+            return
+        if not _on_main_thread():
+            self._pending_drop = self._pending_drop or reason
             return
         busy, self.busy = self.busy, True
         self._discard, self._dropping, self._cut_reason = True, True, reason

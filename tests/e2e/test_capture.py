@@ -1146,3 +1146,23 @@ def test_a_capture_the_run_outpaced_asks_again_further_ahead(
     assert lines[1].endswith(f"(the run was already past step {asked[0]['first_step']})"), lines
     assert f"steps {asked[1]['first_step']}-{asked[1]['last_step']}" in captured.out
     assert not (folder / "requests.json").exists()  # both requests withdrawn
+
+
+def test_a_window_dropped_from_another_thread_is_closed_unsaved_at_the_main_threads_next_step() -> None:
+    from stepcli.agent.recorder import Recorder
+
+    class Profile:  # what the recorder calls on a torch profile object while closing it
+        stopped = 0
+
+        def stop(self) -> None:
+            Profile.stopped += 1
+
+    config = AgentConfig(run_id="run1", out_dir="/nonexistent", launcher_pid=0, quiet=True)
+    recorder = Recorder(config, StepTracker(), set(), lambda: None)
+    recorder.prof = Profile()
+    worker = threading.Thread(target=recorder.drop, args=("withdrawn: the capture that asked for it gave up",))
+    worker.start()
+    worker.join()
+    assert recorder.prof is not None and Profile.stopped == 0  # Kineto's session is the main thread's to stop
+    assert recorder.on_step(7)[0] == NONE
+    assert recorder.prof is None and Profile.stopped == 1 and recorder.windows == [] and not recorder.disabled
