@@ -223,18 +223,28 @@ def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
 
 def _write(path: str, document: dict[str, Any]) -> None:
     folder = os.path.dirname(os.path.abspath(path))
-    fd, temporary = tempfile.mkstemp(prefix=".merge-", suffix=".tmp", dir=folder)
+    try:
+        fd, temporary = tempfile.mkstemp(prefix=".merge-", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise StepcliError(f"{path}: cannot write there: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "w") as handle:
             json.dump(document, handle, separators=(",", ":"))
         check_output(path)  # again: something may have appeared there meanwhile
         os.replace(temporary, path)
+    except OSError as exc:
+        _remove(temporary)
+        raise StepcliError(f"{path}: cannot write there: {exc.strerror or exc}") from None
     except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
+        _remove(temporary)
         raise
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def merge_main(paths: Sequence[str], output: str) -> str:

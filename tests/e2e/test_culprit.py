@@ -218,6 +218,9 @@ def test_merge_bad_input_and_foreign_output(sleep_run: dict[str, Any], tmp_path:
     # a path that does not exist: one line, exit 2
     proc = run_stepcli("merge", tmp_path / "missing", "-o", tmp_path / "all.json")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "missing" in proc.stderr
+    # an -o in a folder that does not exist
+    proc = run_stepcli("merge", sleep_run["out"], "-o", tmp_path / "nowhere" / "all.json")
+    assert proc.returncode == 2 and proc.stderr.startswith("stepcli: error:") and "cannot write there" in proc.stderr
     # an -o file stepcli did not write is never overwritten
     mine = tmp_path / "notes.json"
     mine.write_text('{"mine": true}')
