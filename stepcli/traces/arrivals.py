@@ -2,15 +2,17 @@
 
 Read from the columns the summary already decoded (stepcli.traces.columns), so no trace is read twice. Pure.
 
-- **Arrival**: the host-side start of a collective on the thread that runs the steps: the outermost `c10d::*`,
-  `record_param_comms`, `nccl:*` or `gloo:*` event there (nested ones are the same call).
+- **Arrival**: the host-side start of a collective in the process that runs the steps: the outermost `c10d::*`,
+  `record_param_comms` or `nccl:*` event of any of its threads (DDP on CUDA calls collectives from the autograd
+  engine's thread), or `gloo:*` on the steps' thread (on other threads, `gloo:*` is gloo's worker doing the work).
 - **Departure**: when the collective finished: the end of its matching `gloo:*` event on a gloo worker thread, or
   of its NCCL kernel on the device (the k-th collective of the window pairs with the k-th of those when the counts
   agree); else the end of the host-side call (a synchronous collective).
 - **Key**: (step, collective name, its order among the step's collectives of that name): collectives of the same
   step are matched across ranks by the order in which every rank issues them.
 - **Gap before arrival**: from the later of the previous collective's host-side end and its departure (time spent
-  waiting for the others is not the rank's own work) to this arrival, split into causes (`CAUSES`).
+  waiting for the others is not the rank's own work) to this arrival, split into causes (`CAUSES`) over the
+  process's threads (gloo's workers left out).
 """
 
 from __future__ import annotations
@@ -76,12 +78,20 @@ def _outermost(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     return np.nonzero(keep)[0]
 
 
-def _departures(columns: col.Columns, main: np.ndarray, host_end: np.ndarray) -> np.ndarray:
+def _outermost_per_thread(columns: col.Columns, events: np.ndarray, thread: np.ndarray) -> np.ndarray:
+    """The events (sorted by start, longer first) inside no other event of their thread, sorted by start."""
+    kept = []
+    for code in np.unique(thread[events]).tolist():
+        mine = events[thread[events] == code]
+        kept.append(mine[_outermost(columns.ts[mine], columns.ts[mine] + columns.dur[mine])])
+    out = np.concatenate(kept) if kept else np.zeros(0, np.int64)
+    return out[np.argsort(columns.ts[out], kind="stable")]
+
+
+def _departures(columns: col.Columns, gloo_work: np.ndarray, host_end: np.ndarray) -> np.ndarray:
     """The end of each host collective's completion event (gloo worker thread, NCCL kernel) when they pair up."""
-    name_is_gloo = np.array([n.startswith("gloo:") for n in columns.names] or [False], bool)
     name_is_nccl = np.array(["nccl" in n[:16].lower() for n in columns.names] or [False], bool)
-    cpu = columns.kind != col.DEVICE
-    gloo = np.nonzero(cpu & ~main & name_is_gloo[columns.name])[0]
+    gloo = np.nonzero(gloo_work)[0]
     kernels = np.nonzero((columns.kind == col.DEVICE) & name_is_nccl[columns.name])[0]
     for done in (gloo, kernels):
         if len(done) == len(host_end) and len(done):
@@ -101,23 +111,27 @@ def rank_arrivals(columns: col.Columns, rank: int | None, incomplete_step: int |
         return None
     thread = columns.pid.astype(np.int64) * max(len(columns.ids), 1) + columns.tid
     main_thread = np.bincount(thread[steps]).argmax()
-    main = thread == main_thread
-    on_main = np.nonzero(main & cpu)[0]
-    on_main = on_main[col.thread_order(np.zeros(len(on_main), np.int64), columns.ts[on_main], columns.dur[on_main])]
-    host = on_main[category[on_main] == 6]
-    host = host[_outermost(columns.ts[host], columns.ts[host] + columns.dur[host])]
+    main_pid = columns.pid[steps[thread[steps] == main_thread][0]]
+    # Every CPU event of the process that runs the steps, by start (longer first): DDP on CUDA calls its
+    # collectives from the autograd engine's thread, so they are looked for on every thread of the process.
+    events = np.nonzero(cpu & (columns.pid == main_pid))[0]
+    events = events[col.thread_order(np.zeros(len(events), np.int64), columns.ts[events], columns.dur[events])]
+    is_gloo = np.array([n.startswith("gloo:") for n in columns.names] or [False], bool)[columns.name]
+    gloo_work = cpu & is_gloo & (thread != main_thread)  # gloo's worker threads: the collectives' completion
+    host = events[(category[events] == 6) & ~gloo_work[events]]
+    host = _outermost_per_thread(columns, host, thread)
     if not host.size:
         return None
     arrive = columns.ts[host]
     host_end = arrive + columns.dur[host]
-    depart = _departures(columns, main, host_end)
+    depart = _departures(columns, gloo_work, host_end)
     step_numbers, step_start, step_end = _step_table(columns, steps, incomplete_step)
     where = np.searchsorted(step_start, arrive, side="right") - 1
     inside = (where >= 0) & (arrive < step_end[np.maximum(where, 0)])
     out = RankArrivals(rank)
     previous_done = np.concatenate(([step_start[0] if len(step_start) else arrive[0]], np.maximum(host_end, depart)))
     gap_from = np.minimum(previous_done[:-1], arrive)
-    causes, details = _gaps(columns, on_main, category, gap_from, arrive)
+    causes, details = _gaps(columns, events[~gloo_work[events]], category, thread, gap_from, arrive)
     seen: dict[tuple[int, str], int] = {}
     for i in np.nonzero(inside)[0].tolist():
         step = step_numbers[where[i]]
@@ -167,10 +181,10 @@ def _covered(union: tuple[np.ndarray, np.ndarray], lo: np.ndarray, hi: np.ndarra
 
 
 def _gaps(
-    columns: col.Columns, on_main: np.ndarray, category: np.ndarray, lo: np.ndarray, hi: np.ndarray
+    columns: col.Columns, events: np.ndarray, category: np.ndarray, thread: np.ndarray, lo: np.ndarray, hi: np.ndarray
 ) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
-    """Per gap [lo, hi) on the step thread: µs per cause and the top-level operator (or gc) names by their time."""
-    work = on_main[category[on_main] != 5]  # the step annotation is no work
+    """Per gap [lo, hi) in the process: µs per cause and the top-level operator (or gc) names by their time."""
+    work = events[(category[events] != 5) & (category[events] != 6)]  # steps and collectives are no work
     cause_of = {1: "gc", 2: "dataloader", 3: "host_to_device", 4: "compile"}
     per_cause = {label: _covered(_union(columns, work[category[work] == c]), lo, hi) for c, label in cause_of.items()}
     special = work[(category[work] >= 1) & (category[work] <= 4)]
@@ -180,7 +194,7 @@ def _gaps(
     busy = _covered(_union(columns, np.concatenate([ops, special])), lo, hi)
     # Top-level operators (and gc pauses) only, by their time in the gap: the calls the rank's Python code made,
     # and without nesting to resolve. The gaps are sorted and disjoint: each falls in at most one (binary search).
-    ops = ops[_outermost(columns.ts[ops], columns.ts[ops] + columns.dur[ops])]
+    ops = _outermost_per_thread(columns, ops, thread)
     start = columns.ts[ops]
     gap_of = np.searchsorted(lo, start, side="right") - 1
     in_gap = (gap_of >= 0) & (start < hi[np.maximum(gap_of, 0)])

@@ -153,3 +153,18 @@ def test_a_gc_pause_in_a_step_is_other_time_not_forward() -> None:
     ]
     breakdown = summarize([Trace.from_events(events)]).to_dict()["breakdown_ms"]
     assert breakdown["forward"] == pytest.approx(0.01) and breakdown["other"] == pytest.approx(0.09)
+
+
+def test_collectives_called_from_another_thread_are_found() -> None:
+    # DDP on CUDA: the backward pass and its all-reduces run on the autograd engine's thread, not the steps' thread
+    autograd = 30
+
+    def moved(events: list[Event]) -> list[Event]:
+        return [
+            Event(e.name, e.cat, e.ph, e.pid, autograd, e.ts, e.dur) if e.name.startswith(("c10d", "aten")) else e
+            for e in events
+        ]
+
+    section = analyze([_arrivals(moved(_rank_trace(0)), 0), _arrivals(moved(_rank_trace(30_000)), 1)], 90.0)
+    assert section is not None and section["collectives"] == STEPS
+    assert section["culprit"]["rank"] == 1 and section["culprit"]["cause"] == "no_operator"
