@@ -1,19 +1,16 @@
-"""The agent's garbage-collection accounting (stepcli.agent.gcpauses) and the run summary's reading of it
-(stepcli.run.culprit)."""
+"""The agent's garbage-collection accounting (stepcli.agent.gcpauses), and the run summary's culprit section and
+advice built on it (stepcli.run.culprit)."""
 
 from __future__ import annotations
 
 import gc
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from stepcli.agent.gcpauses import GcPauses
-from stepcli.errors import StepcliError
 from stepcli.run.advice import Evidence, advise
 from stepcli.run.culprit import culprit_lines, culprit_section
-from stepcli.traces.merge import check_output
 
 
 def test_counts_every_collection_per_generation() -> None:
@@ -90,15 +87,3 @@ def test_culprit_lines_and_advice_threshold() -> None:
     assert [a.rule for a in advice] == ["culprit"] and "Schedule garbage collection" in advice[0].suggestion
     small = {**section, "culprit": {**found, "wait_caused_ms_per_step": 0.5}}
     assert advise(Evidence(culprit=small)) == []
-
-
-def test_merge_never_replaces_a_foreign_file(tmp_path: Path) -> None:
-    foreign = tmp_path / "notes.json"
-    foreign.write_text("{}")
-    with pytest.raises(StepcliError, match="not written by stepcli merge"):
-        check_output(str(foreign))
-    (tmp_path / "ours.json").write_text('{"stepcli_merged": {}, "traceEvents": []}')
-    check_output(str(tmp_path / "ours.json"))
-    check_output(str(tmp_path / "absent.json"))
-    with pytest.raises(StepcliError, match="not a regular file"):
-        check_output(str(tmp_path))
