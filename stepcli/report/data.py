@@ -2,7 +2,7 @@
 
 The run summary's layout is read only through the small accessors at the top of this module (`_process_steps`,
 `_summary_*`), so a new schema version changes one place. Numbers come from the existing engine
-(`stepcli.traces.summary.summarize`, the run summary); nothing here recomputes an operator table.
+(`stepcli.traces.analysis.summarize`, the run summary); nothing here recomputes an operator table.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from stepcli.run.compiles import compiled_steps
 from stepcli.stats import Stats, describe
 
 if TYPE_CHECKING:
+    from stepcli.traces.model import FilePart
     from stepcli.traces.readonce import RunTraces
-    from stepcli.traces.summary import FilePart
 
 TOP_ROWS = 25  # operator rows per table in the page (sortable); the terminal shows 10
 RUN_SCHEMA = "stepcli.run"
@@ -276,9 +276,9 @@ def build(
     `traces` holds what was already read of these files (after `stepcli run`, by the run summary); without it
     they are read here, once.
     """
+    from stepcli.traces.analysis import merge_parts
     from stepcli.traces.readonce import RunTraces
     from stepcli.traces.render import outside_note
-    from stepcli.traces.summary import merge_parts
 
     traces = traces if traces is not None else RunTraces()
     data = ReportData(title="stepcli report")

@@ -7,7 +7,7 @@ was popped by a later event that also contains everything it would have containe
 search on end times, done here for every event at once by binary lifting over range maxima. torch's
 `_remove_dup_nodes` (an only child with its parent's name is folded into the parent) is then a few array passes.
 
-`stepcli.traces.summary._analyze` is the readable per-event reference this must equal; it is still used for traces whose
+`stepcli.traces.reference.analyze_events` is the readable per-event reference this must equal; it is still used for traces whose
 times do not fit 64-bit nanoseconds (the reference uses Python integers).
 """
 

@@ -21,17 +21,16 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import msgspec
 
 from stepcli.errors import TraceError
 from stepcli.inputs import read_input
+from stepcli.traces.files import list_trace_files, rank_from_name
 
 # Kineto categories whose events run on a CPU thread and that torch's `key_averages()` counts as operators
 # (it also nests python_function events with ops, so they must take part in self-time accounting).
@@ -73,7 +72,6 @@ FILTERED_NAMES = frozenset(
 _CHUNK_BYTES = 1024 * 1024  # decoded objects of a slice stay in the CPU's caches (measured: 1 MB beats 8 MB)
 _EVENT_SEPARATOR = re.compile(rb"\}\s*,\s*\{")
 _TRACE_EVENTS_KEY = re.compile(rb'(?<!\\)"traceEvents"\s*:\s*\[')
-_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _BARE_CONSTANT = re.compile(rb"-?(?:NaN|Infinity)")
 _MAX_RANK = 2**31 - 1
 _MAX_STEP = 2**63 - 1
@@ -220,53 +218,6 @@ def load_paths(paths: Sequence[str], *, shapes: bool = False) -> list[Trace]:
     With `shapes`, each operator event also carries its recorded input shapes (for grouping by shape).
     """
     return [load_trace(file, shapes=shapes) for file in list_trace_files(paths)]
-
-
-def list_trace_files(paths: Sequence[str]) -> list[str]:
-    """The trace files `paths` name (files, or folders searched recursively), in a stable order, each once."""
-    files: list[str] = []
-    for path in paths:
-        files.extend(_expand(path))
-    seen: set[str] = set()
-    unique: list[str] = []
-    for file in files:
-        key = os.path.realpath(file)
-        if key in seen:
-            continue
-        seen.add(key)
-        unique.append(file)
-    return unique
-
-
-def _expand(path: str) -> list[str]:
-    """A file stands for itself; a folder for the traces under it (hidden and temporary names skipped)."""
-    if os.path.isdir(path):
-        found = sorted(_walk(Path(path)))
-        # A run folder can also hold manifests and summaries; when torch-named traces are there, use only those.
-        named = [p for p in found if ".pt.trace.json" in Path(p).name]
-        found = named or found
-        if not found:
-            raise TraceError(path, "no .json or .json.gz trace files in this folder")
-        return found
-    if not os.path.exists(path):
-        raise TraceError(path, "no such file or folder")
-    return [path]
-
-
-def _walk(root: Path) -> Iterator[str]:
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for name in filenames:
-            if name.startswith(".") or ".tmp" in name:
-                continue
-            if name.endswith(".json") or name.endswith(".json.gz"):
-                yield os.path.join(dirpath, name)
-
-
-def rank_from_name(path: str) -> int | None:
-    """The N of a `rank<N>` in the file name (tensorboard_trace_handler's worker_name, stepcli's rank files)."""
-    match = _RANK_IN_NAME.search(os.path.basename(path))
-    return int(match.group(1)) if match else None
 
 
 def load_trace(path: str, *, shapes: bool = False) -> Trace:

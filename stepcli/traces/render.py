@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from rich.table import Table
     from rich.text import Text
 
-    from stepcli.traces.summary import TraceSummary
+    from stepcli.traces.model import TraceSummary
 
 SORT_KEYS = ("self", "total", "calls", "avg", "name")
 FORMATS = ("rich", "json", "csv", "markdown")
@@ -68,7 +68,7 @@ def _skipped_note(count: int) -> str:
 
 def outside_note(outside: Mapping[str, Any] | None) -> str | None:
     """The line under an operator table when host events outside every recorded step were left out of it
-    (stepcli.traces.summary: their time is no step's, so it gets no share of step time); None when there were none."""
+    (stepcli.traces.analysis: their time is no step's, so it gets no share of step time); None when there were none."""
     if not outside or not outside.get("events"):
         return None
     count = outside["events"]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import assert_matches_key_averages
 
+from stepcli.traces.analysis import summarize
 from stepcli.traces.reader import Event, Trace, load_trace, rank_from_name
-from stepcli.traces.summary import summarize
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 T0 = 1_790_000_000_000.0  # an epoch-sized timestamp in microseconds, like real Kineto traces
