@@ -25,12 +25,19 @@ import gc
 from typing import TYPE_CHECKING, Any
 
 from stepcli.stats import describe
+from stepcli.traces.device import (
+    DeviceTimes,
+    Within,
+    is_collective_kernel,
+    measure,
+    union_by_class,
+    within_arrays,
+)
 from stepcli.traces.model import (
     NS_PER_MS,
     PHASES,
     STEP_PREFIX,
     Breakdown,
-    DeviceBusy,
     FilePart,
     StepRow,
     TraceFacts,
@@ -51,10 +58,12 @@ from stepcli.traces.steps import (
     clip,
     device_busy,
     length,
+    measured_spans,
     phase_of,
     step_phases,
     step_spans_of,
     union,
+    within_lists,
 )
 
 if TYPE_CHECKING:
@@ -91,10 +100,13 @@ def _analyze_columns(
     # Device work: one row per kernel name, its busy time, and collective kernels as communication.
     device_rows: dict[Any, list[int]] = {}
     comm_spans: dict[int | str, list[tuple[int, int]]] = {}
-    dev = np.nonzero(kind == col.DEVICE)[0]
+    dev = np.nonzero(kind >= col.DEVICE)[0]
     d_start, d_dur = ns.start[dev], ns.dur[dev]
     d_end = d_start + d_dur
     device_arrays = col.union_arrays(d_start, d_end)
+    collective = np.array([is_collective_kernel(n) for n in names] or [False], np.int8)
+    d_class = np.where(kind[dev] == col.MEMORY, 2, collective[columns.name[dev]])
+    device_classes = union_by_class(d_start, d_end, d_class)
     device_union = list(zip(device_arrays[0].tolist(), device_arrays[1].tolist()))
     if dev.size:
         device_rows = col.rows_from(keyed(name_key[columns.name[dev]], dev), key_of, d_dur, d_dur)
@@ -197,6 +209,7 @@ def _analyze_columns(
         outside_ns,
         phase_totals,
         device_arrays,
+        device_classes,
     )
     return cpu_rows, device_rows, result
 
@@ -293,10 +306,14 @@ def summarize_columns(
     from stepcli.traces.arrays import TooLarge
 
     measure_busy = _device_busy_arrays
+    within: Within = within_arrays
     try:
         cpu_rows, device_rows, result = _analyze_columns(columns, group_by_shape, incomplete_step)
     except TooLarge:
-        measure_busy = device_busy  # times past 64-bit nanoseconds: the per-event reference, on Python integers
+        measure_busy, within = (
+            device_busy,
+            within_lists,
+        )  # times past 64-bit nanoseconds: the per-event reference, on Python integers
         cpu, device = Accumulator(), Accumulator()
         was_enabled = gc.isenabled()
         gc.disable()
@@ -321,6 +338,9 @@ def summarize_columns(
                 phase_totals[label] += ns
             phase_steps += 1
     busy = measure_busy(result)
+    times = None
+    if busy is not None and result.device_classes is not None:
+        times = measure(busy, len(result.windows) or 1, result.device_classes, measured_spans(result), within)
     return FilePart(
         path=path,
         rank=rank,
@@ -334,8 +354,7 @@ def summarize_columns(
         comm_ns=comm_ns,
         phase_totals=phase_totals,
         phase_steps=phase_steps,
-        busy=busy,
-        busy_steps=(len(result.windows) or 1) if busy is not None else 0,
+        device_times=times,
         has_shapes=bool(len(columns) and columns.shape.any()),
         outside_events=result.outside_events,
         outside_ns=result.outside_ns,
@@ -350,22 +369,13 @@ def _device_busy_arrays(result: TraceResult) -> tuple[int, int] | None:
         return None
     import numpy as np
 
-    spans = [(w.start, w.end) for w in result.windows]
-    if not spans:
-        first = min(result.device_union[0][0], result.cpu_span[0] if result.cpu_span else result.device_union[0][0])
-        last = max(result.device_union[-1][1], result.cpu_span[1] if result.cpu_span else result.device_union[-1][1])
-        spans = [(first, last)]
-    from stepcli.traces.arrays import covered
-
-    merged = union(spans)
+    merged = measured_spans(result)
     if result.device_arrays is not None:
         starts, ends = result.device_arrays
     else:
         pairs = np.array(result.device_union, dtype=np.int64)
         starts, ends = pairs[:, 0], pairs[:, 1]
-    a = np.array([s for s, _ in merged], dtype=np.int64)
-    b = np.array([e for _, e in merged], dtype=np.int64)
-    return int(covered(starts, ends, a, b).sum()), int((b - a).sum())
+    return within_arrays((starts, ends), merged), sum(e - s for s, e in merged)
 
 
 def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSummary:
@@ -394,9 +404,8 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
     windows: list[tuple[int | None, str, int | str | None, WindowFacts]] = []
     phase_totals = dict.fromkeys(PHASES, 0)
     phase_steps = 0
-    busy_total = span_total = 0
-    busy_steps = 0
-    any_device = False
+    job_device: DeviceTimes | None = None
+    rank_device: dict[str, DeviceTimes] = {}
     for part in parts:
         _add_rows(cpu.rows, part.cpu_rows)
         _add_rows(device.rows, part.device_rows)
@@ -412,11 +421,10 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
         for label, ns in part.phase_totals.items():
             phase_totals[label] += ns
         phase_steps += part.phase_steps
-        if part.busy is not None:
-            any_device = True
-            busy_total += part.busy[0]
-            span_total += part.busy[1]
-            busy_steps += part.busy_steps
+        if part.device_times is not None:
+            job_device = part.device_times if job_device is None else job_device + part.device_times
+            mine = rank_device.get(process)
+            rank_device[process] = part.device_times if mine is None else mine + part.device_times
 
     processes = group_processes(windows)
     order = {row.process: index for index, row in enumerate(processes)}
@@ -425,12 +433,6 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
     if phase_steps:
         mean = {label: ns / phase_steps / NS_PER_MS for label, ns in phase_totals.items()}
         breakdown = Breakdown(**mean)
-    busy_figures = None
-    if any_device:
-        busy_figures = DeviceBusy(
-            busy_ms=busy_total / busy_steps / NS_PER_MS,
-            busy_share=busy_total / span_total if span_total else 0.0,
-        )
     step_ns = round(sum(s.dur_ms for s in steps) * NS_PER_MS)
     basis_ns, share_of = share_basis(step_ns, len(steps), cpu.self_ns_without_steps(group_by_shape))
     straggler = find_straggler(processes)
@@ -441,7 +443,8 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
         ranks=processes,
         slowest_rank=straggler.rank if straggler else None,
         breakdown_ms=breakdown,
-        device=busy_figures,
+        device=job_device,
+        rank_devices=rank_device,
         cpu_ops=cpu.rows_out(group_by_shape, basis_ns),
         device_kernels=device.rows_out(group_by_shape, basis_ns),
         events=sum(p.event_count for p in parts),

@@ -21,17 +21,19 @@ import numpy as np
 if TYPE_CHECKING:
     from stepcli.traces.reader import Event
 
-# Category kinds (the reference only tells these apart).
-OTHER_CPU, USER_ANNOTATION, PYTHON_FUNCTION, DEVICE = 0, 1, 2, 3
-_KIND_CATEGORY = ("cpu_op", "user_annotation", "python_function", "kernel")
-_DEVICE = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+# Category kinds (the reference only tells these apart). DEVICE and MEMORY are device work: a kernel, a copy or set.
+OTHER_CPU, USER_ANNOTATION, PYTHON_FUNCTION, DEVICE, MEMORY = 0, 1, 2, 3, 4
+_KIND_CATEGORY = ("cpu_op", "user_annotation", "python_function", "kernel", "gpu_memcpy")
+_MEMORY = frozenset({"gpu_memcpy", "gpu_memset"})
 _LIMIT_NS = 2**62  # times and sums past this could overflow int64 or lose float64 exactness: use the reference
 _EXACT_FLOAT = 2**53
 
 
 def kind_of(category: str) -> int:
-    if category in _DEVICE:
+    if category == "kernel":
         return DEVICE
+    if category in _MEMORY:
+        return MEMORY
     if category == "user_annotation":
         return USER_ANNOTATION
     if category == "python_function":

@@ -6,10 +6,11 @@ Definitions of the figures are in stepcli.traces.analysis (and the README); this
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from stepcli.stats import Stats
+from stepcli.traces.device import DeviceTimes
 from stepcli.traces.ranks import ProcessRow
 
 STEP_PREFIX = "ProfilerStep#"
@@ -81,17 +82,6 @@ class Breakdown:
 
 
 @dataclass(frozen=True)
-class DeviceBusy:
-    """Mean milliseconds per step when at least one kernel or copy ran, and that as a share of step time."""
-
-    busy_ms: float
-    busy_share: float
-
-    def to_dict(self) -> dict[str, float]:
-        return {"busy_ms": self.busy_ms, "busy_share": self.busy_share}
-
-
-@dataclass(frozen=True)
 class TraceSummary:
     """Everything `stepcli table` reports; `to_dict()` is the JSON contract other commands read back."""
 
@@ -101,7 +91,7 @@ class TraceSummary:
     ranks: list[ProcessRow]
     slowest_rank: int | None  # the straggler by compute (stepcli.traces.ranks), not the longest step time
     breakdown_ms: Breakdown | None
-    device: DeviceBusy | None
+    device: DeviceTimes | None  # device time by kernel class over the recorded steps (stepcli.traces.device)
     cpu_ops: list[OpRow]
     device_kernels: list[OpRow]
     events: int
@@ -110,13 +100,14 @@ class TraceSummary:
     straggler: dict[str, Any] | None = None  # the evidence behind slowest_rank
     outside_events: int = 0  # host operator calls outside every recorded step, left out of cpu_ops (module docstring)
     outside_ms: float = 0.0  # their self time
+    rank_devices: dict[str, DeviceTimes] = field(default_factory=dict)  # per process label (ranks[].process)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "files": list(self.files),
             "step_ms": self.step_ms,
             "steps": [s.to_dict() for s in self.steps],
-            "ranks": [r.to_dict() for r in self.ranks],
+            "ranks": [self._rank_dict(r) for r in self.ranks],
             "slowest_rank": self.slowest_rank,
             "breakdown_ms": self.breakdown_ms.to_dict() if self.breakdown_ms else None,
             "device": self.device.to_dict() if self.device else None,
@@ -128,6 +119,10 @@ class TraceSummary:
             "straggler": self.straggler,
             "outside_steps": {"events": self.outside_events, "self_ms": self.outside_ms},
         }
+
+    def _rank_dict(self, row: ProcessRow) -> dict[str, Any]:
+        device = self.rank_devices.get(row.process)
+        return {**row.to_dict(), "device": device.to_dict() if device else None}
 
 
 @dataclass
@@ -147,8 +142,7 @@ class FilePart:
     comm_ns: list[int]
     phase_totals: dict[str, int]
     phase_steps: int
-    busy: tuple[int, int] | None
-    busy_steps: int
+    device_times: DeviceTimes | None  # device time by kernel class over the steps, None without device work
     has_shapes: bool = False
     outside_events: int = 0  # host operator calls outside every step of their process, in no row
     outside_ns: int = 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from stepcli.traces.device import MEMORY_CATEGORIES, class_of
 from stepcli.traces.model import STEP_PREFIX
 from stepcli.traces.ranks import is_communication
 from stepcli.traces.shares import STEP_KEY, stable_name
@@ -64,7 +65,8 @@ class _Nesting:
         self.device_spans: list[tuple[int, int]] = []
         self.comm_spans: dict[int | str, list[tuple[int, int]]] = {}
         self.pids: dict[int | str, int] = {}
-        self.device_names: dict[str, tuple[str, bool]] = {}  # kernel name -> (row name, is communication)
+        self.device_names: dict[str, tuple[str, bool, str]] = {}  # kernel -> (row name, is communication, class)
+        self.class_spans: dict[str, list[tuple[int, int]]] = {"compute": [], "comm": [], "memory": []}
         self.windows: list[Window] = []
         self.phase_spans: dict[int, list[tuple[int, int, int | str]]] = {
             DATALOADER: [],
@@ -112,7 +114,13 @@ class _Nesting:
         self.device_spans.append((start, start + dur))
         known = self.device_names.get(event.name)
         if known is None:
-            known = self.device_names[event.name] = (stable_name(event.name), is_communication(event.name))
+            kernel_class = class_of(event.name, False)
+            known = self.device_names[event.name] = (
+                stable_name(event.name),
+                is_communication(event.name),
+                kernel_class,
+            )
+        self.class_spans["memory" if event.cat in MEMORY_CATEGORIES else known[2]].append((start, start + dur))
         if known[1]:
             self.comm_spans.setdefault("device", []).append((start, start + dur))
         key: Any = (known[0], event.shape) if self.by_shape else known[0]
@@ -217,4 +225,11 @@ class _Nesting:
             main_pid,
             self.outside[0],
             self.outside[1],
+            device_classes=self.device_classes(),
         )
+
+    def device_classes(self) -> dict[str, list[tuple[int, int]]]:
+        spans = self.class_spans
+        unions = {label: union(spans[label]) for label in ("compute", "comm", "memory")}
+        unions["comm_or_compute"] = union(spans["compute"] + spans["comm"])
+        return unions

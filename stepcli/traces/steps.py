@@ -53,6 +53,9 @@ class TraceResult:
     # (phase totals, steps) over the windows when measured on arrays; else `step_phases` measures them
     phase_totals: tuple[dict[str, int], int] | None = None
     device_arrays: Any = None  # the device union as (starts, ends) arrays, when measured on arrays
+    # per kernel class (stepcli.traces.device.CLASSES), its union: (starts, ends) arrays on the columnar path,
+    # a list of (start, end) on the reference
+    device_classes: dict[str, Any] | None = None
 
 
 class Accumulator:
@@ -180,15 +183,26 @@ def step_phases(result: TraceResult) -> list[tuple[Window, dict[str, int]]]:
     return out
 
 
-def device_busy(result: TraceResult) -> tuple[int, int] | None:
-    """(busy ns, span ns) of the device over the steps, or over the CPU activity when there are no steps."""
-    if not result.device_union:
-        return None
-    ends = [e for _, e in result.device_union]
+def measured_spans(result: TraceResult) -> list[tuple[int, int]]:
+    """The disjoint spans device figures are measured over: the steps, or the extent of the CPU and device
+    activity when there are no steps (the device union must not be empty)."""
     spans = [(w.start, w.end) for w in result.windows]
     if not spans:
         first = min(result.device_union[0][0], result.cpu_span[0] if result.cpu_span else result.device_union[0][0])
         last = max(result.device_union[-1][1], result.cpu_span[1] if result.cpu_span else result.device_union[-1][1])
         spans = [(first, last)]
-    busy = sum(length(clip(result.device_union, ends, s, e)) for s, e in union(spans))
-    return busy, sum(e - s for s, e in union(spans))
+    return union(spans)
+
+
+def within_lists(spans_union: list[tuple[int, int]], spans: list[tuple[int, int]]) -> int:
+    """The time of a disjoint sorted union inside disjoint spans, on Python integers."""
+    ends = [e for _, e in spans_union]
+    return sum(length(clip(spans_union, ends, s, e)) for s, e in spans)
+
+
+def device_busy(result: TraceResult) -> tuple[int, int] | None:
+    """(busy ns, span ns) of the device over the steps, or over the CPU activity when there are no steps."""
+    if not result.device_union:
+        return None
+    spans = measured_spans(result)
+    return within_lists(result.device_union, spans), sum(e - s for s, e in spans)

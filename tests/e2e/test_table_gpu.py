@@ -1,0 +1,164 @@
+"""`stepcli table --json` device figures on real GPU traces recorded by others (../shared/traces/), checked against
+Holistic Trace Analysis 0.5.0 where its definitions match.
+
+HTA covers the whole trace (the kernels launched up to the last step), stepcli the recorded steps. So HTA reads a
+copy of each trace whose device events are cut to the ProfilerStep windows (an event crossing a window's edge
+keeps only its part inside, one piece per window): on that copy HTA's compute union, kernel-type partition and
+communication/computation overlap are the same quantities as stepcli's figures over the steps. Tolerance: 1e-6
+relative (both sides add the same integer microseconds; stepcli in integer nanoseconds, HTA in floats).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, run_stepcli
+
+TRACES = REPO.parent / "shared" / "traces"
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+pytestmark = [
+    pytest.mark.skipif(not TRACES.is_dir(), reason=f"no real GPU traces at {TRACES}"),
+    pytest.mark.filterwarnings("ignore"),  # HTA's pandas deprecations
+]
+
+
+def _read(path: Path) -> dict[str, Any]:
+    with gzip.open(path, "rt") as f:
+        document: dict[str, Any] = json.load(f)
+    return document
+
+
+def _write(document: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        json.dump(document, f)
+
+
+def cut_to_steps(source: Path, dest: Path) -> None:
+    """A copy of a trace whose device events keep only their parts inside the ProfilerStep windows."""
+    document = _read(source)
+    events = document["traceEvents"]
+    windows = sorted(
+        (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")
+    )
+    kept: list[dict[str, Any]] = []
+    for event in events:
+        if event.get("cat") not in DEVICE_CATEGORIES:
+            kept.append(event)
+            continue
+        for lo, hi in windows:
+            start, end = max(event["ts"], lo), min(event["ts"] + event["dur"], hi)
+            if end > start:
+                kept.append(dict(event, ts=start, dur=end - start))
+    document["traceEvents"] = kept
+    _write(document, dest)
+
+
+def hta_figures(trace_dir: Path) -> dict[int, dict[str, float]]:
+    """Per rank, in microseconds over the whole (cut) trace: HTA's compute time, its kernel-type partition summed
+    into the union per class, the union of all device work, and the overlap percentage."""
+    hta = pytest.importorskip("hta.trace_analysis")
+    logging.disable(logging.WARNING)
+    try:
+        analysis = hta.TraceAnalysis(trace_dir=str(trace_dir), include_last_profiler_step=True)
+        temporal = analysis.get_temporal_breakdown(visualize=False)
+        overlap = analysis.get_comm_comp_overlap(visualize=False)
+        kernel_types, _ = analysis.get_gpu_kernel_breakdown(visualize=False)
+    finally:
+        logging.disable(logging.NOTSET)
+    figures: dict[int, dict[str, float]] = {}
+    for _, row in temporal.iterrows():
+        figures[int(row["rank"])] = {
+            "compute_us": float(row["compute_time(us)"]),
+            "busy_us": float(row["kernel_time(us)"] - row["idle_time(us)"]),
+        }
+    for _, row in overlap.iterrows():
+        figures[int(row["rank"])]["overlap_pct"] = float(row["comp_comm_overlap_pctg"])
+    # get_gpu_kernel_breakdown's type table covers every rank together: kept for one-rank traces only
+    if len(figures) == 1:
+        parts = dict(zip(kernel_types["kernel_type"], kernel_types["sum"]))
+        (only,) = figures.values()
+        for label, name in (("comm_us", "COMMUNICATION"), ("memory_us", "MEMORY")):
+            only[label] = float(sum(v for k, v in parts.items() if name in k))
+    return figures
+
+
+def steps_of(data: dict[str, Any], process: str) -> int:
+    return sum(1 for s in data["steps"] if s["process"] == process)
+
+
+@pytest.mark.parametrize(
+    "name", ["dlrm_control.rank3.pt.trace.json.gz", "two_ranks_of_128"], ids=["dlrm_rank3", "two_ranks_of_128"]
+)
+def test_kernel_classes_equal_hta_over_the_steps(name: str, tmp_path: Path) -> None:
+    # GIVEN a real NCCL trace (or folder of ranks) and HTA's figures on its copy cut to the recorded steps
+    source = TRACES / name
+    files = sorted(source.glob("*.json.gz")) if source.is_dir() else [source]
+    for file in files:
+        cut_to_steps(file, tmp_path / "cut" / file.name)
+    expected = hta_figures(tmp_path / "cut")
+    # WHEN stepcli summarizes the original traces
+    result = run_stepcli("table", "--json", source)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    # THEN every rank's device figures over its steps equal HTA's
+    assert {int(r["rank"]) for r in data["ranks"]} == set(expected)
+    for rank in data["ranks"]:
+        device, hta = rank["device"], expected[int(rank["rank"])]
+        steps = steps_of(data, rank["process"])
+        span_ms = device["busy_ms"] / device["busy_share"]
+        assert device["compute_ms"] * steps * 1000 == pytest.approx(hta["compute_us"], rel=1e-6)
+        assert device["busy_ms"] * steps * 1000 == pytest.approx(hta["busy_us"], rel=1e-6)
+        assert device["compute_share"] * span_ms * steps * 1000 == pytest.approx(hta["compute_us"], rel=1e-6)
+        assert 100 * device["comm_overlap_share"] == pytest.approx(hta["overlap_pct"], abs=0.006)  # HTA rounds
+        if "comm_us" in hta:
+            assert device["comm_ms"] * steps * 1000 == pytest.approx(hta["comm_us"], rel=1e-6)
+            assert device["memory_ms"] * steps * 1000 == pytest.approx(hta["memory_us"], rel=1e-6)
+        exposed = device["comm_ms"] * (1 - device["comm_overlap_share"])
+        assert device["exposed_comm_ms"] == pytest.approx(exposed, rel=1e-9)
+        assert device["idle_share"] == pytest.approx(1 - device["busy_share"], rel=1e-9)
+    # AND the job's figures are the ranks' pooled over all their steps
+    if len(data["ranks"]) > 1:
+        total_steps = len(data["steps"])
+        comm = sum(r["device"]["comm_ms"] * steps_of(data, r["process"]) for r in data["ranks"])
+        assert data["device"]["comm_ms"] * total_steps == pytest.approx(comm, rel=1e-9)
+
+
+def test_every_collective_kernel_naming_is_communication(tmp_path: Path) -> None:
+    # GIVEN the same real trace with its NCCL kernels named as NCCL >= 2.19 and as RCCL name them
+    source = TRACES / "two_ranks_of_128" / "rank-0.pt.trace.json.gz"
+    document = _read(source)
+    for naming, prefix in (("dev", "ncclDevKernel_"), ("rccl", "rccl_")):
+        renamed = json.loads(json.dumps(document))
+        for event in renamed["traceEvents"]:
+            if event.get("cat") == "kernel" and event["name"].startswith("ncclKernel_"):
+                event["name"] = prefix + event["name"][len("ncclKernel_") :]
+        _write(renamed, tmp_path / naming / "rank-0.pt.trace.json.gz")
+    shutil.copy(source, tmp_path / "rank-0.pt.trace.json.gz")
+    # WHEN stepcli summarizes each
+    devices = []
+    for path in (tmp_path / "rank-0.pt.trace.json.gz", tmp_path / "dev", tmp_path / "rccl"):
+        result = run_stepcli("table", "--json", path)
+        assert result.returncode == 0, result.stderr
+        devices.append(json.loads(result.stdout)["device"])
+    # THEN the communication figures are the same under every naming, and there is communication to find
+    assert devices[0]["comm_share"] > 0.1 and devices[0]["comm_overlap_share"] is not None
+    assert devices[1] == devices[0] and devices[2] == devices[0]
+
+
+def test_a_trace_without_device_work_has_no_device_figures(tmp_path: Path) -> None:
+    # GIVEN a real CPU trace (no kernels) WHEN summarized THEN device is null for the job and every rank
+    result = run_stepcli("table", "--json", REPO / "tests" / "data" / "train_cpu.pt.trace.json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["device"] is None and all(r["device"] is None for r in data["ranks"])
