@@ -33,6 +33,7 @@ from stepcli.traces.device import (
     union_by_class,
     within_arrays,
 )
+from stepcli.traces.launches import LaunchTimes, measure_launches
 from stepcli.traces.model import (
     NS_PER_MS,
     PHASES,
@@ -210,6 +211,7 @@ def _analyze_columns(
         phase_totals,
         device_arrays,
         device_classes,
+        ns,
     )
     return cpu_rows, device_rows, result
 
@@ -340,7 +342,9 @@ def summarize_columns(
     busy = measure_busy(result)
     times = None
     if busy is not None and result.device_classes is not None:
-        times = measure(busy, len(result.windows) or 1, result.device_classes, measured_spans(result), within)
+        spans = measured_spans(result)
+        times = measure(busy, len(result.windows) or 1, result.device_classes, spans, within)
+        times.launches = _launches(columns, result, spans, times.steps)
     return FilePart(
         path=path,
         rank=rank,
@@ -359,6 +363,22 @@ def summarize_columns(
         outside_events=result.outside_events,
         outside_ns=result.outside_ns,
     )
+
+
+def _launches(columns: Columns, result: TraceResult, spans: list[tuple[int, int]], steps: int) -> LaunchTimes:
+    """Launch statistics and idle time by cause (stepcli.traces.launches), on either path's result."""
+    import numpy as np
+
+    from stepcli.traces import arrays as col
+
+    ns = result.nanoseconds
+    if ns is None:
+        try:
+            ns = col.nanoseconds(columns)
+        except col.TooLarge:
+            return LaunchTimes(steps=steps)
+    device = np.nonzero(columns.kind >= col.DEVICE)[0]
+    return measure_launches(columns, ns.start, ns.dur, device, spans, steps)
 
 
 def _device_busy_arrays(result: TraceResult) -> tuple[int, int] | None:

@@ -52,6 +52,7 @@ class Columns:
     ts: np.ndarray  # float64 microseconds, as in the file
     dur: np.ndarray  # float64 microseconds
     shape: np.ndarray  # int32 index into shapes
+    corr: np.ndarray  # int64 correlation id (launch call <-> device work), -1: none
     names: list[str] = field(default_factory=list)
     ids: list[int | str] = field(default_factory=list)
     shapes: list[str] = field(default_factory=lambda: [""])
@@ -65,8 +66,18 @@ class Columns:
 
         names, ids, shapes = self.names, self.ids, self.shapes
         return [
-            Event(name=names[n], cat=_KIND_CATEGORY[k], ph="X", pid=ids[p], tid=ids[t], ts=s, dur=d, shape=shapes[h])
-            for n, k, p, t, s, d, h in zip(
+            Event(
+                name=names[n],
+                cat=_KIND_CATEGORY[k],
+                ph="X",
+                pid=ids[p],
+                tid=ids[t],
+                ts=s,
+                dur=d,
+                shape=shapes[h],
+                correlation=c,
+            )
+            for n, k, p, t, s, d, h, c in zip(
                 self.name.tolist(),
                 self.kind.tolist(),
                 self.pid.tolist(),
@@ -74,6 +85,7 @@ class Columns:
                 self.ts.tolist(),
                 self.dur.tolist(),
                 self.shape.tolist(),
+                self.corr.tolist(),
             )
         ]
 
@@ -92,6 +104,7 @@ def columns_from_events(events: list[Event]) -> Columns:
         ts=np.fromiter((e.ts for e in events), np.float64, n),
         dur=np.fromiter((e.dur for e in events), np.float64, n),
         shape=np.fromiter((shapes.setdefault(e.shape, len(shapes)) for e in events), np.int32, n),
+        corr=np.fromiter((e.correlation for e in events), np.int64, n),
         names=list(names),
         ids=list(ids),
         shapes=list(shapes),

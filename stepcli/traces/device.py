@@ -17,8 +17,10 @@ per-event reference (times past 64-bit nanoseconds).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+from stepcli.traces.launches import LaunchTimes
 
 NS_PER_MS = 1_000_000.0
 # The unions a trace result carries, by class; "comm_or_compute" measures the overlap (|A| + |B| - |A u B|).
@@ -52,6 +54,7 @@ class DeviceTimes:
     comm_ns: int
     memory_ns: int
     overlap_ns: int  # communication with computation beside it
+    launches: LaunchTimes = field(default_factory=lambda: LaunchTimes(steps=0))  # and idle time by cause
 
     def __add__(self, other: DeviceTimes) -> DeviceTimes:
         return DeviceTimes(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
@@ -80,6 +83,8 @@ class DeviceTimes:
             "comm_ms": per_step(self.comm_ns),
             "memory_ms": per_step(self.memory_ns),
             "idle_ms": per_step(span - self.busy_ns),
+            "idle_by_cause": self.launches.idle_by_cause(span - self.busy_ns),
+            "launch": self.launches.launch_stats(),
         }
 
 

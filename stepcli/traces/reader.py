@@ -31,6 +31,7 @@ import msgspec
 from stepcli.errors import TraceError
 from stepcli.inputs import read_input
 from stepcli.traces.files import list_trace_files, rank_from_name
+from stepcli.traces.jsonvalues import as_id, as_text, as_time, is_int64
 
 # Kineto categories whose events run on a CPU thread and that torch's `key_averages()` counts as operators
 # (it also nests python_function events with ops, so they must take part in self-time accounting).
@@ -87,7 +88,8 @@ INCOMPLETE_STEP_KEY = "stepcli_incomplete_step"
 class Event(msgspec.Struct, gc=False):
     """One trace event with only the fields stepcli reads; times in microseconds, as in the Chrome trace format.
 
-    `shape` is not a trace field: the loader fills it from `args["Input Dims"]` when shapes are asked for.
+    `shape` and `correlation` are not trace fields: the loader fills them from `args["Input Dims"]` (when shapes
+    are asked for) and `args["correlation"]` (the id linking a launch call to the device work it queued; -1: none).
     """
 
     name: str = ""
@@ -98,6 +100,11 @@ class Event(msgspec.Struct, gc=False):
     ts: float = 0.0
     dur: float = 0.0
     shape: str = msgspec.field(default="", name="__stepcli_shape__")
+    correlation: int = msgspec.field(default=-1, name="__stepcli_correlation__")
+
+
+class _LinkArgs(msgspec.Struct, gc=False):
+    correlation: int = -1
 
 
 class _DecodedEvent(Event, gc=False):
@@ -105,16 +112,17 @@ class _DecodedEvent(Event, gc=False):
 
     ts: float = math.nan
     dur: float = math.nan
+    args: _LinkArgs | None = msgspec.field(default_factory=_LinkArgs)
 
 
-class _ShapeArgs(msgspec.Struct, gc=False):
+class _ShapeArgs(_LinkArgs, gc=False):
     dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
 
 
 class _ShapedEvent(_DecodedEvent, gc=False):
     """Decoding-only variant that also reads `args["Input Dims"]` (kept as raw JSON text, never parsed)."""
 
-    args: _ShapeArgs | None = None
+    args: _ShapeArgs | None = msgspec.field(default_factory=_ShapeArgs)
 
 
 class _DistributedInfo(msgspec.Struct):
@@ -326,8 +334,12 @@ class _Keeper:
             event.pid = ids.setdefault(pid, pid)
             tid = event.tid
             event.tid = ids.setdefault(tid, tid)
-            if self.shapes:
-                self._take_shape(event)
+            args = event.args
+            if args is not None:
+                event.correlation = args.correlation
+                if self.shapes:
+                    self._take_shape(event)
+                event.args = None
             keep(event)
 
     def _take_shape(self, event: _ShapedEvent) -> None:
@@ -440,50 +452,22 @@ def _decode_lenient(
         if not isinstance(raw, dict):
             continue
         event = _ShapedEvent(
-            name=_text(raw.get("name", "")),
-            cat=_text(raw.get("cat", "")),
-            ph=_text(raw.get("ph", "X")),
-            pid=_id(raw.get("pid", 0)),
-            tid=_id(raw.get("tid", 0)),
-            ts=_time(raw.get("ts")),
-            dur=_time(raw.get("dur")),
+            name=as_text(raw.get("name", "")),
+            cat=as_text(raw.get("cat", "")),
+            ph=as_text(raw.get("ph", "X")),
+            pid=as_id(raw.get("pid", 0)),
+            tid=as_id(raw.get("tid", 0)),
+            ts=as_time(raw.get("ts")),
+            dur=as_time(raw.get("dur")),
         )
         args = raw.get("args")
-        if shapes and isinstance(args, dict) and "Input Dims" in args:
-            event.args = _ShapeArgs(dims=msgspec.Raw(msgspec.json.encode(args["Input Dims"])))
+        if isinstance(args, dict):
+            link: Any = args.get("correlation")
+            event.args = _ShapeArgs(correlation=link if is_int64(link) else -1)
+            if shapes and "Input Dims" in args:
+                event.args.dims = msgspec.Raw(msgspec.json.encode(args["Input Dims"]))
         events.append(event)
     keeper = keeper_type(shapes)
     keeper.add(events)
     keeper.count = len(document["traceEvents"])
     return _Meta(rank, _step_number(document.get(INCOMPLETE_STEP_KEY))), keeper
-
-
-def _time(value: Any) -> float:
-    """A number or numeric string as a float; anything else (missing, null, bool, list, other text) as NaN, and an
-    integer too big for a float as inf: either way the event is skipped and counted, like 1e400."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return math.nan
-    try:
-        return float(value)
-    except OverflowError:
-        return math.inf
-    except ValueError:
-        return math.nan
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else _short_repr(value)
-
-
-def _short_repr(value: Any) -> str:
-    """str() of a JSON value, bounded: a huge nested value must not become a huge name."""
-    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
-        return "<integer past 64 bits>"  # str() of a 5000-digit int raises in Python >= 3.11
-    text = str(value) if isinstance(value, (int, float, bool)) or value is None else type(value).__name__
-    return text[:200]
-
-
-def _id(value: Any) -> int | str:
-    if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
-        return value
-    return value if isinstance(value, str) else _short_repr(value)

@@ -216,6 +216,7 @@ def join(parts: list[Columns]) -> Columns:
         ts=np.concatenate([p.ts for p in parts]),
         dur=np.concatenate([p.dur for p in parts]),
         shape=np.concatenate(shape),
+        corr=np.concatenate([p.corr for p in parts]),
         names=list(names),
         ids=list(ids),
         shapes=list(shapes),

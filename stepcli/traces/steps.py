@@ -56,6 +56,7 @@ class TraceResult:
     # per kernel class (stepcli.traces.device.CLASSES), its union: (starts, ends) arrays on the columnar path,
     # a list of (start, end) on the reference
     device_classes: dict[str, Any] | None = None
+    nanoseconds: Any = None  # every event's integer ns (stepcli.traces.arrays.Nanoseconds), on the columnar path
 
 
 class Accumulator:

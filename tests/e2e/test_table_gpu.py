@@ -162,3 +162,65 @@ def test_a_trace_without_device_work_has_no_device_figures(tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["device"] is None and all(r["device"] is None for r in data["ranks"])
+
+
+def without_steps(source: Path, dest: Path) -> None:
+    """A copy of a trace whose ProfilerStep#N annotations are renamed: stepcli then measures the whole trace."""
+    document = _read(source)
+    for event in document["traceEvents"]:
+        if str(event.get("name", "")).startswith("ProfilerStep#"):
+            event["name"] = "Step " + event["name"][len("ProfilerStep#") :]
+    _write(document, dest)
+
+
+def hta_idle_and_launches(trace_dir: Path) -> tuple[dict[str, dict[str, float]], Any]:
+    """HTA's idle time breakdown per stream (us by category) and its kernel launch statistics (one row per
+    launched device event) for the only rank of `trace_dir`."""
+    hta = pytest.importorskip("hta.trace_analysis")
+    logging.disable(logging.WARNING)
+    try:
+        analysis = hta.TraceAnalysis(trace_dir=str(trace_dir), include_last_profiler_step=True)
+        (rank,) = analysis.t.traces
+        idle, _ = analysis.get_idle_time_breakdown(ranks=[rank], visualize=False)
+        launches = analysis.get_cuda_kernel_launch_stats(ranks=[rank], visualize=False)[rank]
+    finally:
+        logging.disable(logging.NOTSET)
+    streams: dict[str, dict[str, float]] = {}
+    for _, row in idle.iterrows():
+        streams.setdefault(str(int(row["stream"])), {})[str(row["idle_category"])] = float(row["idle_time"])
+    return streams, launches
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["dlrm_control.rank3.pt.trace.json.gz", "two_ranks_of_128/rank-0.pt.trace.json.gz"],
+    ids=["dlrm_rank3", "rank0_of_128"],
+)
+def test_idle_by_cause_and_launch_statistics_equal_hta(name: str, tmp_path: Path) -> None:
+    # GIVEN a real trace without its step annotations, so that stepcli and HTA both measure the whole trace
+    copy = tmp_path / "whole" / Path(name).name
+    without_steps(TRACES / name, copy)
+    streams, launches = hta_idle_and_launches(copy.parent)
+    # WHEN stepcli summarizes it
+    result = run_stepcli("table", "--json", copy)
+    assert result.returncode == 0, result.stderr
+    device = json.loads(result.stdout)["device"]
+    # THEN each stream's idle time by cause equals HTA's (one measured span: ms per step = ms)
+    mine = {s["stream"]: s for s in device["idle_by_cause"]["streams"]}
+    assert set(mine) == set(streams)
+    for stream, expected in streams.items():
+        for cause in ("host_wait", "kernel_wait", "other"):
+            assert mine[stream][f"{cause}_ms"] * 1000 == pytest.approx(expected.get(cause, 0.0), rel=1e-6, abs=1e-6)
+    # AND the launch statistics are HTA's: kernels, delay percentiles (numpy's linear), short kernels, CPU time
+    launch, delay = device["launch"], launches["launch_delay"]
+    assert launch["kernels_per_step"] == len(launches)
+    for q in (50, 90, 99):
+        assert launch["delay_us"][f"p{q}"] == pytest.approx(float(delay.quantile(q / 100)), rel=1e-9)
+    assert launch["delay_us"]["max"] == pytest.approx(float(delay.max()))
+    short = float((launches["gpu_duration"] < launches["cpu_duration"]).mean())
+    assert launch["short_kernel_share"] == pytest.approx(short, rel=1e-9)
+    assert launch["cpu_launch_us_per_kernel"] == pytest.approx(float(launches["cpu_duration"].mean()), rel=1e-9)
+    # AND the device's idle causes add up to its idle time
+    causes = device["idle_by_cause"]
+    total = causes["host_wait_ms"] + causes["kernel_wait_ms"] + causes["other_ms"]
+    assert total == pytest.approx(device["idle_ms"], rel=1e-9)
