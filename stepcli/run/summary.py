@@ -420,6 +420,7 @@ def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, 
 
     if summary["top_operators"] or summary["top_kernels"]:
         from stepcli.traces import render
+        from stepcli.traces.devicerender import print_device_section
 
         width = console.width
         share_of = summary.get("share_of") or "recorded step time"
@@ -437,6 +438,7 @@ def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, 
             )
         if summary.get("breakdown_ms"):
             console.print(render.breakdown_table(summary["breakdown_ms"], summary.get("device")))
+        print_device_section(summary, console)
         if len(summary.get("ranks", [])) > 1:
             title = "Recorded step time per rank"
             console.print(render.ranks_table(summary["ranks"], summary.get("slowest_rank"), title=title, width=width))

@@ -359,6 +359,9 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
         console.print(breakdown_table(data["breakdown_ms"], data.get("device")))
     elif data.get("device"):
         console.print(breakdown_table(None, data["device"], title="Device activity"))
+    from stepcli.traces.devicerender import print_device_section
+
+    print_device_section(data, console)
     share_of = data.get("share_of")
     console.print(
         ops_table(data["cpu_ops"], "CPU operators", limit, sort_by=sort_by, width=console.width, share_of=share_of)

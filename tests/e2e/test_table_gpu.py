@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, run_stepcli
+from tests.conftest import REPO, run_stepcli, stepcli_env
 
 TRACES = REPO.parent / "shared" / "traces"
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -224,3 +224,35 @@ def test_idle_by_cause_and_launch_statistics_equal_hta(name: str, tmp_path: Path
     causes = device["idle_by_cause"]
     total = causes["host_wait_ms"] + causes["kernel_wait_ms"] + causes["other_ms"]
     assert total == pytest.approx(device["idle_ms"], rel=1e-9)
+
+
+def test_terminal_gpu_table_fits_80_columns_with_the_json_figures() -> None:
+    # GIVEN the real folder of two ranks WHEN `stepcli table` prints to an 80-column terminal
+    source = TRACES / "two_ranks_of_128"
+    env = stepcli_env({"COLUMNS": "80"})
+    text = run_stepcli("table", source, "--limit", "3", env=env)
+    data = json.loads(run_stepcli("table", "--json", source).stdout)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    # THEN the device table is there, no line is wider than 80, and its rows are the job's and each rank's figures
+    start = lines.index(next(line for line in lines if line.startswith("Device time per step")))
+    section = lines[start : start + 12]
+    assert all(len(line.rstrip()) <= 80 for line in lines)
+    rows = {cells[0]: cells[1:] for cells in (line.strip("│ ").split("│") for line in section if line.startswith("│"))}
+    rows = {label.strip(): [c.strip() for c in cells] for label, cells in rows.items()}
+    assert set(rows) == {"job", "rank 0", "rank 1"}
+    for label, device in [("job", data["device"])] + [(r["process"], r["device"]) for r in data["ranks"]]:
+        compute, comm, overlap, exposed, memory, idle, host = rows[label]
+        assert compute == f"{device['compute_share'] * 100:.1f}%" and comm == f"{device['comm_share'] * 100:.1f}%"
+        assert overlap == f"{device['comm_overlap_share'] * 100:.1f}%" and idle == f"{device['idle_share'] * 100:.1f}%"
+        assert exposed == f"{device['exposed_comm_ms']:,.0f}" and memory == f"{device['memory_share'] * 100:.1f}%"
+        assert host == f"{device['idle_by_cause']['host_wait_ms']:,.0f}"
+    # AND one line gives the launch statistics
+    launch = next(line for line in lines if line.startswith("launches:"))
+    assert f"{data['device']['launch']['kernels_per_step']:,.0f} kernels/step" in launch
+
+
+def test_cpu_table_has_no_gpu_section() -> None:
+    # GIVEN a real CPU trace WHEN printed THEN no device section appears
+    result = run_stepcli("table", REPO / "tests" / "data" / "train_cpu.pt.trace.json")
+    assert result.returncode == 0 and "Device time per step" not in result.stdout and "launches:" not in result.stdout
