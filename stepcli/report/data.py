@@ -187,6 +187,7 @@ class ReportData:
     stats: list[tuple[str, Stats]] = field(default_factory=list)
     breakdowns: list[tuple[str, dict[str, float]]] = field(default_factory=list)
     device: dict[str, float] | None = None
+    device_ranks: list[dict[str, Any]] = field(default_factory=list)  # ranks[] entries, each with its `device`
     cpu_ops: list[dict[str, Any]] = field(default_factory=list)
     outside_note: str | None = None  # host events outside every recorded step, left out of cpu_ops
     kernels: list[dict[str, Any]] = field(default_factory=list)
@@ -337,6 +338,7 @@ def build(
         data.outside_note = outside_note(analysis.get("outside_steps"))
         data.kernels = analysis["device_kernels"]
         data.device = analysis["device"]
+        data.device_ranks = analysis["ranks"]
         parts_by_rank: dict[int | None, list[FilePart]] = {}
         for plain, _shaped in parts:
             parts_by_rank.setdefault(plain.rank, []).append(plain)
@@ -358,6 +360,7 @@ def build(
         data.cpu_ops = list(summary.get("top_operators") or [])
         data.kernels = list(summary.get("top_kernels") or [])
         data.device = summary.get("device")
+        data.device_ranks = list(summary.get("ranks") or [])
         if summary.get("breakdown_ms"):
             data.breakdowns.append(("recorded steps", summary["breakdown_ms"]))
         if summary.get("slowest_rank") is not None:
