@@ -19,6 +19,7 @@ from stepcli.agent.config import STEP_LOG_SUFFIX
 from stepcli.errors import StepcliError, TraceError
 from stepcli.run.advice import Advice, Evidence, advise
 from stepcli.run.compiles import compiled_steps
+from stepcli.run.deviceadvice import advise_device
 from stepcli.stats import Stats, describe
 
 if TYPE_CHECKING:
@@ -396,19 +397,19 @@ def build(
         if analysis
         else sum((r.get("step_ms") or {}).get("count", 0) for r in (summary or {}).get("ranks") or [])
     )
-    data.advice = advise(
-        Evidence(
-            breakdown_ms=_mean_breakdown(data.breakdowns),
-            device_busy_share=(data.device or {}).get("busy_share"),
-            cpu_ops=data.cpu_ops,
-            kernels=data.kernels,
-            recorded_steps=recorded_steps,
-            rank_steps=rank_steps,
-            untouched_ms=[(s, v) for s, v, c in zip(lead.steps, lead.values_ms, lead.phases) if c == "0" and s != 0]
-            if lead
-            else (),
-        )
+    evidence = Evidence(
+        breakdown_ms=_mean_breakdown(data.breakdowns),
+        device_busy_share=(data.device or {}).get("busy_share"),
+        cpu_ops=data.cpu_ops,
+        kernels=data.kernels,
+        recorded_steps=recorded_steps,
+        rank_steps=rank_steps,
+        untouched_ms=[(s, v) for s, v, c in zip(lead.steps, lead.values_ms, lead.phases) if c == "0" and s != 0]
+        if lead
+        else (),
+        device=data.device,
     )
+    data.advice = advise(evidence) + advise_device(evidence)
     data.cpu_ops = data.cpu_ops[:TOP_ROWS]
     data.kernels = data.kernels[:TOP_ROWS]
     return data

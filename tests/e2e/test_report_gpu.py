@@ -44,6 +44,11 @@ def test_gpu_section_shows_each_ranks_step_and_launches(browser: Any, tmp_path: 
     ]
     expected = [("job", data["device"])] + [(r["process"], r["device"]) for r in data["ranks"]]
     assert [(c[0], c[1]) for c in cells] == [(n, f"{d['launch']['kernels_per_step']:,.1f}") for n, d in expected]
+    # AND the advice names exposed communication and a device waiting for its host, with their numbers
+    html = page.read_text()
+    for rule in ("exposed-comm", "host-bound"):
+        assert f'data-rule="{rule}"' in html
+    assert f"{data['device']['exposed_comm_ms']:.2f} ms per step" in html
     # AND a screenshot of the section, for a person to look at
     browser.execute_script("document.getElementById('gpu').scrollIntoView()")
     shot = artifacts_dir(tmp_path) / "report-gpu.png"
