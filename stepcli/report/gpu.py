@@ -97,6 +97,43 @@ def _launch_table(rows: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
     return f'<table id="gpu-launches"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
 
 
+def _num(value: float | None, fmt: str = "{:,.2f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _transfer_tables(device: Mapping[str, Any]) -> str:
+    """The job's collectives (per type and size) and host-device copies (per direction and host memory)."""
+    out = ['<h3 id="gpu-collectives">Collectives and copies</h3>']
+    rows = [
+        f"<tr><td>{escape(c['collective'])}</td><td>{escape(c['algorithm'] or '-')}</td>"
+        f"<td>{escape(c['protocol'] or '-')}</td><td>{escape(c['dtype'] or '-')}</td>"
+        f"<td>{_num(c['bytes'], '{:,.0f}')}</td><td>{_num(c['ranks'], '{:.0f}')}</td>"
+        f"<td>{c['calls_per_step']:,.1f}</td><td>{c['ms_per_step']:,.3f}</td>"
+        f"<td>{_num(c['algbw_gbps'])}</td><td>{_num(c['busbw_gbps'])}</td></tr>"
+        for c in device.get("collectives") or []
+    ]
+    if rows:
+        out.append(
+            '<table id="gpu-collective-table"><thead><tr><th>collective</th><th>algorithm</th><th>protocol</th>'
+            "<th>dtype</th><th>bytes</th><th>ranks</th><th>calls / step</th><th>ms / step</th><th>algbw GB/s</th>"
+            f"<th>busbw GB/s</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        )
+    copies = [
+        f"<tr><td>{escape(c['copy'])}</td><td>{escape(c['host_memory'] or '-')}</td>"
+        f"<td>{c['calls_per_step']:,.1f}</td><td>{c['ms_per_step']:,.3f}</td>"
+        f"<td>{_num(c['bytes_per_step'], '{:,.0f}')}</td><td>{_num(c['gbps'])}</td></tr>"
+        for c in device.get("copies") or []
+    ]
+    if copies:
+        out.append(
+            '<table id="gpu-copy-table"><thead><tr><th>copy</th><th>host memory</th><th>calls / step</th>'
+            f"<th>ms / step</th><th>bytes / step</th><th>GB/s</th></tr></thead><tbody>{''.join(copies)}</tbody></table>"
+        )
+    if len(out) == 1:
+        out.append('<p class="muted">No collective kernels or copies in the recorded steps.</p>')
+    return "".join(out)
+
+
 def gpu_section(device: Mapping[str, Any] | None, ranks: Sequence[Mapping[str, Any]] = ()) -> str:
     """The section's HTML ('' without device figures)."""
     if not device or "compute_ms" not in device:
@@ -124,5 +161,6 @@ def gpu_section(device: Mapping[str, Any] | None, ranks: Sequence[Mapping[str, A
             _legend(),
             '<h3 id="gpu-launch-stats">Kernel launches</h3>',
             _launch_table(rows),
+            _transfer_tables(device),
         ]
     )

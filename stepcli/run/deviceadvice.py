@@ -15,6 +15,9 @@ EXPOSED_COMM_SHARE = 0.10
 NO_OVERLAP_SHARE = 0.05
 # Host-bound device: the device idles waiting for its host (the next launch came after it ran dry) this share.
 HOST_WAIT_SHARE = 0.20
+# ... and at least this long per step: a toy model's device idling 1-2 ms between its few kernels is no finding
+# (the same floor as the data-loading rule's).
+HOST_WAIT_MIN_MS = 5.0
 # Pageable copies: host-device copies from or to pageable (unpinned) memory take at least this share of the step.
 PAGEABLE_SHARE = 0.01
 
@@ -63,7 +66,7 @@ def host_bound(ev: Evidence) -> Advice | None:
         return None
     step = _step_ms(device)
     wait = float(device["idle_by_cause"]["host_wait_ms"])
-    if step <= 0 or wait / step < HOST_WAIT_SHARE:
+    if step <= 0 or wait / step < HOST_WAIT_SHARE or wait < HOST_WAIT_MIN_MS:
         return None
     launch = device.get("launch") or {}
     extra = (
@@ -76,7 +79,7 @@ def host_bound(ev: Evidence) -> Advice | None:
         title="The device waits for the host",
         evidence=f"the device idles {wait:.2f} ms per step ({_pct(wait / step)}) until the host launches the next "
         f"kernel{extra}",
-        threshold=f"host wait ≥ {_pct(HOST_WAIT_SHARE)} of the step",
+        threshold=f"host wait ≥ {_pct(HOST_WAIT_SHARE)} of the step and ≥ {HOST_WAIT_MIN_MS:g} ms",
         suggestion="Take Python and CPU work off the step's critical path: keep metrics on the device (no .item() "
         'or .cpu() per step), prepare batches in DataLoader workers, and cut launch overhead with torch.compile(mode="'
         'reduce-overhead") or CUDA graphs.',

@@ -25,6 +25,7 @@ import gc
 from typing import TYPE_CHECKING, Any
 
 from stepcli.stats import describe
+from stepcli.traces.collectives import Transfers, measure_transfers
 from stepcli.traces.device import (
     DeviceTimes,
     Within,
@@ -33,7 +34,7 @@ from stepcli.traces.device import (
     union_by_class,
     within_arrays,
 )
-from stepcli.traces.launches import LaunchTimes, measure_launches
+from stepcli.traces.launches import LaunchTimes, in_spans, measure_launches
 from stepcli.traces.model import (
     NS_PER_MS,
     PHASES,
@@ -344,7 +345,7 @@ def summarize_columns(
     if busy is not None and result.device_classes is not None:
         spans = measured_spans(result)
         times = measure(busy, len(result.windows) or 1, result.device_classes, spans, within)
-        times.launches = _launches(columns, result, spans, times.steps)
+        times.launches, times.transfers = _launches(columns, result, spans, times.steps)
     return FilePart(
         path=path,
         rank=rank,
@@ -365,8 +366,11 @@ def summarize_columns(
     )
 
 
-def _launches(columns: Columns, result: TraceResult, spans: list[tuple[int, int]], steps: int) -> LaunchTimes:
-    """Launch statistics and idle time by cause (stepcli.traces.launches), on either path's result."""
+def _launches(
+    columns: Columns, result: TraceResult, spans: list[tuple[int, int]], steps: int
+) -> tuple[LaunchTimes, Transfers]:
+    """Launch statistics and idle time by cause (stepcli.traces.launches), collectives and copies
+    (stepcli.traces.collectives), on either path's result."""
     import numpy as np
 
     from stepcli.traces import arrays as col
@@ -376,9 +380,13 @@ def _launches(columns: Columns, result: TraceResult, spans: list[tuple[int, int]
         try:
             ns = col.nanoseconds(columns)
         except col.TooLarge:
-            return LaunchTimes(steps=steps)
+            return LaunchTimes(steps=steps), Transfers(steps)
     device = np.nonzero(columns.kind >= col.DEVICE)[0]
-    return measure_launches(columns, ns.start, ns.dur, device, spans, steps)
+    lo = np.array([s for s, _ in spans], np.int64)
+    hi = np.array([e for _, e in spans], np.int64)
+    inside = in_spans(ns.start[device], lo, hi)
+    transfers = measure_transfers(columns, ns.start, ns.dur, device, inside, steps)
+    return measure_launches(columns, ns.start, ns.dur, device, spans, steps), transfers
 
 
 def _device_busy_arrays(result: TraceResult) -> tuple[int, int] | None:

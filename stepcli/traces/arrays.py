@@ -53,6 +53,9 @@ class Columns:
     dur: np.ndarray  # float64 microseconds
     shape: np.ndarray  # int32 index into shapes
     corr: np.ndarray  # int64 correlation id (launch call <-> device work), -1: none
+    # event index -> (bytes, collective, in nelems, out nelems, group size, dtype) of the device events that have
+    # them (stepcli.traces.reader.transfer_args): copies and collectives only, so a dict, not a column
+    transfers: dict[int, tuple[int, str, int, int, int, str]] = field(default_factory=dict)
     names: list[str] = field(default_factory=list)
     ids: list[int | str] = field(default_factory=list)
     shapes: list[str] = field(default_factory=lambda: [""])
@@ -76,16 +79,19 @@ class Columns:
                 dur=d,
                 shape=shapes[h],
                 correlation=c,
+                transfer=self.transfers.get(i),
             )
-            for n, k, p, t, s, d, h, c in zip(
-                self.name.tolist(),
-                self.kind.tolist(),
-                self.pid.tolist(),
-                self.tid.tolist(),
-                self.ts.tolist(),
-                self.dur.tolist(),
-                self.shape.tolist(),
-                self.corr.tolist(),
+            for i, (n, k, p, t, s, d, h, c) in enumerate(
+                zip(
+                    self.name.tolist(),
+                    self.kind.tolist(),
+                    self.pid.tolist(),
+                    self.tid.tolist(),
+                    self.ts.tolist(),
+                    self.dur.tolist(),
+                    self.shape.tolist(),
+                    self.corr.tolist(),
+                )
             )
         ]
 
@@ -105,6 +111,7 @@ def columns_from_events(events: list[Event]) -> Columns:
         dur=np.fromiter((e.dur for e in events), np.float64, n),
         shape=np.fromiter((shapes.setdefault(e.shape, len(shapes)) for e in events), np.int32, n),
         corr=np.fromiter((e.correlation for e in events), np.int64, n),
+        transfers={i: e.transfer for i, e in enumerate(events) if e.transfer is not None},
         names=list(names),
         ids=list(ids),
         shapes=list(shapes),

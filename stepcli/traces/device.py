@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from stepcli.traces.collectives import Transfers
 from stepcli.traces.launches import LaunchTimes
 
 NS_PER_MS = 1_000_000.0
@@ -55,6 +56,7 @@ class DeviceTimes:
     memory_ns: int
     overlap_ns: int  # communication with computation beside it
     launches: LaunchTimes = field(default_factory=lambda: LaunchTimes(steps=0))  # and idle time by cause
+    transfers: Transfers = field(default_factory=lambda: Transfers(steps=0))  # collectives and copies
 
     def __add__(self, other: DeviceTimes) -> DeviceTimes:
         return DeviceTimes(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
@@ -85,6 +87,7 @@ class DeviceTimes:
             "idle_ms": per_step(span - self.busy_ns),
             "idle_by_cause": self.launches.idle_by_cause(span - self.busy_ns),
             "launch": self.launches.launch_stats(),
+            **self.transfers.to_dict(),
         }
 
 

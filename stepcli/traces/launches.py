@@ -135,7 +135,7 @@ def measure_launches(
     kinds = np.array([_launch_kind(n) for n in columns.names] or [0], np.int8)
     found &= kinds[columns.name[np.maximum(call, 0)]] > 0
     # launch statistics over the device events launched inside the steps
-    inside = found & _in_spans(call_start, lo, hi)
+    inside = found & in_spans(call_start, lo, hi)
     linked, their_call = device[inside], call[inside]
     if not len(linked):
         return out
@@ -171,7 +171,7 @@ def _stream_key(stream: str) -> tuple[int, str]:
     return (0, f"{int(stream):020d}") if stream.isdecimal() else (1, stream)
 
 
-def _in_spans(t: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+def in_spans(t: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Whether each time lies in one of the disjoint sorted spans [lo, hi)."""
     import numpy as np
 

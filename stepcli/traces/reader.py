@@ -101,10 +101,25 @@ class Event(msgspec.Struct, gc=False):
     dur: float = 0.0
     shape: str = msgspec.field(default="", name="__stepcli_shape__")
     correlation: int = msgspec.field(default=-1, name="__stepcli_correlation__")
+    transfer: Any = msgspec.field(default=None, name="__stepcli_transfer__")  # a device event's TransferArgs
 
 
 class _LinkArgs(msgspec.Struct, gc=False):
     correlation: int = -1
+    # a copy's size, and a collective's (NCCL metadata torch records): stepcli.traces.collectives reads them
+    bytes: int = -1
+    collective: str = msgspec.field(default="", name="Collective name")
+    in_nelems: int = msgspec.field(default=-1, name="In msg nelems")
+    out_nelems: int = msgspec.field(default=-1, name="Out msg nelems")
+    group_size: int = msgspec.field(default=-1, name="Group size")
+    dtype: str = ""
+
+
+def transfer_args(args: _LinkArgs) -> tuple[int, str, int, int, int, str] | None:
+    """(bytes, collective, in nelems, out nelems, group size, dtype) of a device event, or None without any."""
+    if args.bytes < 0 and not args.collective:
+        return None
+    return (args.bytes, args.collective, args.in_nelems, args.out_nelems, args.group_size, args.dtype)
 
 
 class _DecodedEvent(Event, gc=False):
@@ -337,6 +352,8 @@ class _Keeper:
             args = event.args
             if args is not None:
                 event.correlation = args.correlation
+                if cat in DEVICE_CATEGORIES:
+                    event.transfer = transfer_args(args)
                 if self.shapes:
                     self._take_shape(event)
                 event.args = None

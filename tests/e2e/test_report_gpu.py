@@ -44,6 +44,11 @@ def test_gpu_section_shows_each_ranks_step_and_launches(browser: Any, tmp_path: 
     ]
     expected = [("job", data["device"])] + [(r["process"], r["device"]) for r in data["ranks"]]
     assert [(c[0], c[1]) for c in cells] == [(n, f"{d['launch']['kernels_per_step']:,.1f}") for n, d in expected]
+    # AND the collectives and copies tables list the job's rows
+    collectives = browser.find_elements(By.CSS_SELECTOR, "#gpu-collective-table tbody tr td:first-child")
+    assert [c.text for c in collectives] == [c["collective"] for c in data["device"]["collectives"]]
+    copies = browser.find_elements(By.CSS_SELECTOR, "#gpu-copy-table tbody tr")
+    assert len(copies) == len(data["device"]["copies"]) > 0
     # AND the advice names exposed communication and a device waiting for its host, with their numbers
     html = page.read_text()
     for rule in ("exposed-comm", "host-bound"):

@@ -256,3 +256,74 @@ def test_cpu_table_has_no_gpu_section() -> None:
     # GIVEN a real CPU trace WHEN printed THEN no device section appears
     result = run_stepcli("table", REPO / "tests" / "data" / "train_cpu.pt.trace.json")
     assert result.returncode == 0 and "Device time per step" not in result.stdout and "launches:" not in result.stdout
+
+
+def test_copies_on_a_real_trace_equal_their_bytes_over_their_time() -> None:
+    # GIVEN the real dlrm trace: its copies' sizes in args["bytes"], and its steps
+    source = TRACES / "dlrm_control.rank3.pt.trace.json.gz"
+    events = _read(source)["traceEvents"]
+    windows = [
+        (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")
+    ]
+    expected: dict[tuple[str, str | None], list[float]] = {}
+    for e in events:
+        if e.get("cat") == "gpu_memcpy" and any(lo <= e["ts"] < hi for lo, hi in windows):
+            direction, memory = e["name"].split()[1], e["name"].split("(")[1].split(" -> ")
+            host = (
+                memory[0] if direction.startswith("H") else memory[1].rstrip(")") if direction.endswith("H") else None
+            )
+            row = expected.setdefault((direction, host), [0, 0.0, 0])
+            row[0] += 1
+            row[1] += e["dur"]
+            row[2] += e["args"]["bytes"]
+    # WHEN stepcli summarizes it
+    result = run_stepcli("table", "--json", source)
+    assert result.returncode == 0, result.stderr
+    copies = {(c["copy"], c["host_memory"]): c for c in json.loads(result.stdout)["device"]["copies"]}
+    # THEN per direction and host memory: calls, time and bandwidth (bytes / time) as counted from the file
+    assert set(copies) == set(expected) and ("HtoD", "Pinned") in copies and ("DtoH", "Pageable") in copies
+    steps = len(windows)
+    for key, (calls, dur_us, size) in expected.items():
+        assert copies[key]["calls_per_step"] * steps == pytest.approx(calls)
+        assert copies[key]["ms_per_step"] * steps == pytest.approx(dur_us / 1000)
+        assert copies[key]["gbps"] == pytest.approx(size / (dur_us * 1000))
+
+
+def test_collective_metadata_in_a_trace_file_gives_sizes_and_bus_bandwidth(tmp_path: Path) -> None:
+    # GIVEN a trace file whose NCCL kernels carry the metadata recent torch records (the real traces predate it)
+    def kernel(ts: float, corr: int, name: str, **args: Any) -> dict[str, Any]:
+        return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": 1000.0,
+                "args": {"correlation": corr, "stream": 7, **args}}  # fmt: skip
+
+    metadata = {"Collective name": "allreduce", "In msg nelems": 262144, "Out msg nelems": 262144}
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 1, "tid": 1, "ts": 0.0, "dur": 3000.0},
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "pid": 1,
+            "tid": 1,
+            "ts": 5.0,
+            "dur": 5.0,
+            "args": {"correlation": 11},
+        },  # fmt: skip
+        kernel(
+            100.0,
+            11,
+            "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            **metadata,
+            **{"Group size": 4, "dtype": "BFloat16"},
+        ),  # fmt: skip
+    ]
+    path = tmp_path / "meta.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    # WHEN summarized
+    result = run_stepcli("table", "--json", path)
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)["device"]["collectives"]
+    # THEN 512 KiB of bf16 over 4 ranks in 1 ms: algbw 0.524 GB/s, busbw x 2*3/4
+    assert (row["collective"], row["bytes"], row["ranks"], row["dtype"]) == ("allreduce", 524288, 4, "BFloat16")
+    assert row["algbw_gbps"] == pytest.approx(0.524288) and row["busbw_gbps"] == pytest.approx(0.524288 * 1.5)

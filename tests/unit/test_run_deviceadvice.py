@@ -64,6 +64,14 @@ def test_host_bound(wait_ms: float, fires: bool) -> None:
         assert "reduce-overhead" in found[0].suggestion
 
 
+@pytest.mark.parametrize(("wait_ms", "fires"), [(4.9, False), (5.0, True)])
+def test_host_bound_needs_five_ms_per_step(wait_ms: float, fires: bool) -> None:
+    # GIVEN a 10 ms step whose device waits for its host about half of it
+    causes = {"host_wait_ms": wait_ms, "kernel_wait_ms": 0.0, "other_ms": 0.0}
+    figures = device(busy_ms=10.0 - wait_ms, idle_ms=wait_ms, idle_by_cause=causes)
+    assert ("host-bound" in rules(Evidence(device=figures))) is fires
+
+
 def test_host_bound_leaves_many_short_kernels_to_the_launch_bound_rule() -> None:
     # GIVEN a device idle 60% waiting for the host, running 100 kernels of 5 us per step (launch-bound fires)
     causes = {"host_wait_ms": 60.0, "kernel_wait_ms": 0.0, "other_ms": 0.0}
