@@ -34,6 +34,7 @@ from stepcli.traces.device import (
     union_by_class,
     within_arrays,
 )
+from stepcli.traces.flops import flops_figures, read_flops
 from stepcli.traces.launches import LaunchTimes, in_spans, measure_launches
 from stepcli.traces.model import (
     NS_PER_MS,
@@ -363,7 +364,13 @@ def summarize_columns(
         has_shapes=bool(len(columns) and columns.shape.any()),
         outside_events=result.outside_events,
         outside_ns=result.outside_ns,
+        **_flops_of(path),
     )
+
+
+def _flops_of(path: str) -> dict[str, Any]:
+    counted = read_flops(path)
+    return {"flops": counted[0], "flops_device": counted[1]} if counted else {}
 
 
 def _launches(
@@ -433,6 +440,8 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
     phase_totals = dict.fromkeys(PHASES, 0)
     phase_steps = 0
     job_device: DeviceTimes | None = None
+    flops = flops_steps = flops_ns = 0
+    flops_devices: set[str] = set()
     rank_device: dict[str, DeviceTimes] = {}
     for part in parts:
         _add_rows(cpu.rows, part.cpu_rows)
@@ -449,6 +458,11 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
         for label, ns in part.phase_totals.items():
             phase_totals[label] += ns
         phase_steps += part.phase_steps
+        if part.flops is not None:
+            flops += part.flops
+            flops_steps += len(part.step_ns)
+            flops_ns += sum(part.step_ns)
+            flops_devices.add(part.flops_device or "")
         if part.device_times is not None:
             job_device = part.device_times if job_device is None else job_device + part.device_times
             mine = rank_device.get(process)
@@ -473,6 +487,7 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
         breakdown_ms=breakdown,
         device=job_device,
         rank_devices=rank_device,
+        flops=flops_figures(flops, flops_steps, flops_ns, flops_devices) if flops_devices else None,
         cpu_ops=cpu.rows_out(group_by_shape, basis_ns),
         device_kernels=device.rows_out(group_by_shape, basis_ns),
         events=sum(p.event_count for p in parts),

@@ -101,6 +101,7 @@ class TraceSummary:
     outside_events: int = 0  # host operator calls outside every recorded step, left out of cpu_ops (module docstring)
     outside_ms: float = 0.0  # their self time
     rank_devices: dict[str, DeviceTimes] = field(default_factory=dict)  # per process label (ranks[].process)
+    flops: dict[str, Any] | None = None  # FLOPs per step, FLOP/s, MFU (stepcli.traces.flops); None without counts
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -110,7 +111,7 @@ class TraceSummary:
             "ranks": [self._rank_dict(r) for r in self.ranks],
             "slowest_rank": self.slowest_rank,
             "breakdown_ms": self.breakdown_ms.to_dict() if self.breakdown_ms else None,
-            "device": self.device.to_dict() if self.device else None,
+            "device": self.device.to_dict() | (self.flops or {}) if self.device else None,
             "cpu_ops": [r.to_dict() for r in self.cpu_ops],
             "device_kernels": [r.to_dict() for r in self.device_kernels],
             "events": self.events,
@@ -118,6 +119,7 @@ class TraceSummary:
             "share_of": self.share_of,
             "straggler": self.straggler,
             "outside_steps": {"events": self.outside_events, "self_ms": self.outside_ms},
+            "flops": self.flops,
         }
 
     def _rank_dict(self, row: ProcessRow) -> dict[str, Any]:
@@ -146,6 +148,8 @@ class FilePart:
     has_shapes: bool = False
     outside_events: int = 0  # host operator calls outside every step of their process, in no row
     outside_ns: int = 0
+    flops: int | None = None  # the window's FLOPs written beside the trace (stepcli.traces.flops), if any
+    flops_device: str | None = None
 
 
 class TraceFacts(Protocol):
