@@ -78,8 +78,24 @@ def _us(value: float) -> str:
     return f"{value:.0f} µs" if value < 1000 else f"{value / 1000:.2f} ms"
 
 
+def flops_line(flops: Mapping[str, Any] | None) -> str | None:
+    """FLOPs per step, achieved FLOP/s and MFU (with --with-flops), or None without counts."""
+    if not flops or flops.get("flops_per_step") is None:
+        return None
+    text = f"FLOPs: {flops['flops_per_step']:.3g} per step"
+    if flops.get("achieved_flops_per_s") is not None:
+        text += f", {flops['achieved_flops_per_s'] / 1e12:.3g} TFLOP/s achieved"
+    if flops.get("mfu") is not None:
+        text += f", MFU {flops['mfu']:.1%} of {flops['device_name']}'s dense BF16 peak"
+    return text
+
+
 def print_device_section(data: Mapping[str, Any], console: Console) -> None:
-    """The GPU section, when the traces have device work (as the `device` of a summary or run summary)."""
+    """The GPU section, when the traces have device work (as the `device` of a summary or run summary), and the
+    FLOPs line when there are counts."""
+    line = flops_line(data.get("flops"))
+    if line:
+        console.print(line, highlight=False, markup=False)
     device = data.get("device")
     if not device or "compute_share" not in device:
         return

@@ -52,6 +52,9 @@ def test_with_flops_gives_flops_per_step_of_the_analytic_count(tmp_path: Path) -
     assert flops["achieved_flops_per_s"] == pytest.approx(flops["flops_per_step"] * len(steps["steps"]) / seconds)
     assert flops["mfu"] is None and summary["device"] is None
     assert steps["flops"] == flops
+    # AND the terminal says it in one line
+    text = run_stepcli("table", out)
+    assert f"FLOPs: {flops['flops_per_step']:.3g} per step" in text.stdout
 
 
 def test_without_with_flops_no_flops(tmp_path: Path) -> None:
