@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 OTHER_CPU, USER_ANNOTATION, PYTHON_FUNCTION, DEVICE, MEMORY = 0, 1, 2, 3, 4
 _KIND_CATEGORY = ("cpu_op", "user_annotation", "python_function", "kernel", "gpu_memcpy")
 _MEMORY = frozenset({"gpu_memcpy", "gpu_memset"})
+_DEVICE_CATEGORIES = _MEMORY | {"kernel"}
 _LIMIT_NS = 2**62  # times and sums past this could overflow int64 or lose float64 exactness: use the reference
 _EXACT_FLOAT = 2**53
 
@@ -65,7 +66,13 @@ class Columns:
 
     def to_events(self) -> list[Event]:
         """The events again (for the per-event reference)."""
-        from stepcli.traces.reader import Event
+        from stepcli.traces.reader import Event, EventArgs
+
+        def args_of(correlation: int, transfer: tuple[int, str, int, int, int, str] | None) -> EventArgs | None:
+            if transfer is None:
+                return EventArgs(correlation=correlation) if correlation >= 0 else None
+            size, collective, in_nelems, out_nelems, group_size, dtype = transfer
+            return EventArgs(correlation, size, collective, in_nelems, out_nelems, group_size, dtype)
 
         names, ids, shapes = self.names, self.ids, self.shapes
         return [
@@ -78,8 +85,7 @@ class Columns:
                 ts=s,
                 dur=d,
                 shape=shapes[h],
-                correlation=c,
-                transfer=self.transfers.get(i),
+                args=args_of(c, self.transfers.get(i)),
             )
             for i, (n, k, p, t, s, d, h, c) in enumerate(
                 zip(
@@ -110,12 +116,25 @@ def columns_from_events(events: list[Event]) -> Columns:
         ts=np.fromiter((e.ts for e in events), np.float64, n),
         dur=np.fromiter((e.dur for e in events), np.float64, n),
         shape=np.fromiter((shapes.setdefault(e.shape, len(shapes)) for e in events), np.int32, n),
-        corr=np.fromiter((e.correlation for e in events), np.int64, n),
-        transfers={i: e.transfer for i, e in enumerate(events) if e.transfer is not None},
+        corr=np.fromiter((-1 if e.args is None else e.args.correlation for e in events), np.int64, n),
+        transfers=_transfers_of(events),
         names=list(names),
         ids=list(ids),
         shapes=list(shapes),
     )
+
+
+def _transfers_of(events: list[Event]) -> dict[int, tuple[int, str, int, int, int, str]]:
+    """Copy sizes and collective metadata of the device events (stepcli.traces.reader.transfer_args)."""
+    from stepcli.traces.reader import transfer_args
+
+    out = {}
+    for index, event in enumerate(events):
+        if event.args is not None and event.cat in _DEVICE_CATEGORIES:
+            found = transfer_args(event.args)
+            if found is not None:
+                out[index] = found
+    return out
 
 
 class TooLarge(Exception):

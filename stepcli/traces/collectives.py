@@ -126,34 +126,38 @@ def measure_transfers(
     columns: Columns, start: np.ndarray, dur: np.ndarray, device: np.ndarray, inside: np.ndarray, steps: int
 ) -> Transfers:
     """The transfers of the device events `device` (indices) whose `inside` (bool per device event) is true."""
+    import numpy as np
+
     out = Transfers(steps)
     names, transfers = columns.names, columns.transfers
-    kinds: dict[int, Any] = {}  # name code -> ("c", collective) | ("m", copy) | None
-    for at in device[inside].tolist():
-        code = int(columns.name[at])
-        known = kinds.get(code)
-        if known is None and code not in kinds:
-            name = names[code]
-            copy = _copy_of(name) if name.startswith("Memcpy") else None
-            known = kinds[code] = ("m", copy) if copy else ("c", None) if _KERNEL.match(name) else None
-        if known is None:
-            continue
+    # per name: 1 a copy, 2 a collective kernel, 0 anything else (once per distinct name, then arrays)
+    kinds = np.array([_kind_of(n) for n in names] or [0], np.int8)
+    chosen = device[inside]
+    chosen = chosen[kinds[columns.name[chosen]] > 0]
+    for at in chosen.tolist():
+        name = names[int(columns.name[at])]
         args = transfers.get(at)
         ns = int(dur[at])
-        if known[0] == "m":
-            row = out.copies.setdefault(known[1], [0, 0, 0])
+        copy = _copy_of(name)
+        if copy is not None:
+            row = out.copies.setdefault(copy, [0, 0, 0])
             row[0] += 1
             row[1] += ns
             row[2] += args[0] if args and args[0] > 0 else 0
             continue
-        kind, algorithm, protocol = collective_of(names[code], args) or ("", "", "")
+        kind, algorithm, protocol = collective_of(name, args) or ("", "", "")
         size, ranks, dtype = _size_of(args)
-        key = (kind, algorithm, protocol, dtype, size, ranks)
-        row = out.collectives.setdefault(key, [0, 0, 0])
+        row = out.collectives.setdefault((kind, algorithm, protocol, dtype, size, ranks), [0, 0, 0])
         row[0] += 1
         row[1] += ns
         row[2] += max(size, 0)
     return out
+
+
+def _kind_of(name: str) -> int:
+    if name.startswith("Memcpy") and _COPY.match(name):
+        return 1
+    return 2 if _KERNEL.match(name) else 0
 
 
 def _size_of(args: tuple[int, str, int, int, int, str] | None) -> tuple[int, int, str]:

@@ -88,8 +88,9 @@ INCOMPLETE_STEP_KEY = "stepcli_incomplete_step"
 class Event(msgspec.Struct, gc=False):
     """One trace event with only the fields stepcli reads; times in microseconds, as in the Chrome trace format.
 
-    `shape` and `correlation` are not trace fields: the loader fills them from `args["Input Dims"]` (when shapes
-    are asked for) and `args["correlation"]` (the id linking a launch call to the device work it queued; -1: none).
+    `shape` is not a trace field: the loader fills it from `args["Input Dims"]` when shapes are asked for. `args`
+    holds only what stepcli reads of the event's args (EventArgs: the correlation id linking a launch call to the
+    device work it queued, a copy's size, a collective's metadata), or None.
     """
 
     name: str = ""
@@ -99,12 +100,13 @@ class Event(msgspec.Struct, gc=False):
     tid: int | str = 0
     ts: float = 0.0
     dur: float = 0.0
+    args: Any = None  # EventArgs or None
     shape: str = msgspec.field(default="", name="__stepcli_shape__")
-    correlation: int = msgspec.field(default=-1, name="__stepcli_correlation__")
-    transfer: Any = msgspec.field(default=None, name="__stepcli_transfer__")  # a device event's TransferArgs
 
 
-class _LinkArgs(msgspec.Struct, gc=False):
+class EventArgs(msgspec.Struct, gc=False):
+    """The few `args` fields stepcli reads (decoding more of args costs time on every event)."""
+
     correlation: int = -1
     # a copy's size, and a collective's (NCCL metadata torch records): stepcli.traces.collectives reads them
     bytes: int = -1
@@ -115,9 +117,9 @@ class _LinkArgs(msgspec.Struct, gc=False):
     dtype: str = ""
 
 
-def transfer_args(args: _LinkArgs) -> tuple[int, str, int, int, int, str] | None:
+def transfer_args(args: EventArgs | None) -> tuple[int, str, int, int, int, str] | None:
     """(bytes, collective, in nelems, out nelems, group size, dtype) of a device event, or None without any."""
-    if args.bytes < 0 and not args.collective:
+    if args is None or (args.bytes < 0 and not args.collective):
         return None
     return (args.bytes, args.collective, args.in_nelems, args.out_nelems, args.group_size, args.dtype)
 
@@ -127,17 +129,20 @@ class _DecodedEvent(Event, gc=False):
 
     ts: float = math.nan
     dur: float = math.nan
-    args: _LinkArgs | None = msgspec.field(default_factory=_LinkArgs)
+    args: EventArgs | None = None
 
 
-class _ShapeArgs(_LinkArgs, gc=False):
+class _ShapeArgs(EventArgs, gc=False):
     dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
+
+
+_NO_DIMS = msgspec.Raw(b"")
 
 
 class _ShapedEvent(_DecodedEvent, gc=False):
     """Decoding-only variant that also reads `args["Input Dims"]` (kept as raw JSON text, never parsed)."""
 
-    args: _ShapeArgs | None = msgspec.field(default_factory=_ShapeArgs)
+    args: _ShapeArgs | None = None
 
 
 class _DistributedInfo(msgspec.Struct):
@@ -349,22 +354,16 @@ class _Keeper:
             event.pid = ids.setdefault(pid, pid)
             tid = event.tid
             event.tid = ids.setdefault(tid, tid)
-            args = event.args
-            if args is not None:
-                event.correlation = args.correlation
-                if cat in DEVICE_CATEGORIES:
-                    event.transfer = transfer_args(args)
-                if self.shapes:
-                    self._take_shape(event)
-                event.args = None
+            if self.shapes:
+                self._take_shape(event)
             keep(event)
 
     def _take_shape(self, event: _ShapedEvent) -> None:
         args = event.args
-        event.args = None
         if args is None or not args.dims:
             return
         raw = bytes(args.dims)
+        args.dims = _NO_DIMS  # the text is interned below: the event keeps its key, not the raw JSON
         key = self._shape_keys.get(raw)
         if key is None:
             key = self._shape_keys[raw] = " ".join(raw.decode("utf-8", "replace").split())

@@ -8,13 +8,14 @@ import pytest
 
 from stepcli.traces.analysis import merge_parts, summarize_file
 from stepcli.traces.collectives import bus_factor, collective_of
-from stepcli.traces.reader import Event, Trace
+from stepcli.traces.reader import Event, EventArgs, Trace
 
 T0 = 1_700_000_000_000.0
 
 
 def ev(name: str, ts: float, dur: float, cat: str = "kernel", transfer: Any = None, tid: int = 7) -> Event:
-    return Event(name=name, cat=cat, ph="X", pid=0, tid=tid, ts=T0 + ts, dur=dur, transfer=transfer)
+    args = EventArgs(-1, *transfer) if transfer else None
+    return Event(name=name, cat=cat, ph="X", pid=0, tid=tid, ts=T0 + ts, dur=dur, args=args)
 
 
 STEPS = [

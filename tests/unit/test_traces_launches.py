@@ -7,13 +7,14 @@ from typing import Any
 import pytest
 
 from stepcli.traces.analysis import merge_parts, summarize_file
-from stepcli.traces.reader import Event, Trace
+from stepcli.traces.reader import Event, EventArgs, Trace
 
 T0 = 1_700_000_000_000.0
 
 
 def ev(name: str, ts: float, dur: float, cat: str, corr: int = -1, pid: int = 0, tid: int = 7) -> Event:
-    return Event(name=name, cat=cat, ph="X", pid=pid, tid=tid, ts=T0 + ts, dur=dur, correlation=corr)
+    args = EventArgs(correlation=corr) if corr >= 0 else None
+    return Event(name=name, cat=cat, ph="X", pid=pid, tid=tid, ts=T0 + ts, dur=dur, args=args)
 
 
 def call(name: str, ts: float, dur: float, corr: int) -> Event:
