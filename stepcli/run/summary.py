@@ -358,6 +358,11 @@ def sparkline(values: list[float], phases: str, width: int = 60) -> str:
 def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, report_path: str | None = None) -> None:
     """The summary on stderr after the program exits (stdout belongs to the program)."""
     from rich.console import Console
+
+    from stepcli.fmt import visible_all
+
+    summary, advice = visible_all(summary), visible_all(advice)  # names from traces: control characters shown
+    report_path = visible_all(report_path)
     from rich.markup import escape
     from rich.table import Table
 
