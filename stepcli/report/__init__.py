@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -26,7 +27,8 @@ def write_html(html: str, path: str) -> None:
         tmp.write_text(html, encoding="utf-8")
         os.replace(tmp, target)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # on a read-only folder even this fails
+            tmp.unlink(missing_ok=True)
         raise StepcliError(f"{path}: cannot write the report: {exc.strerror or exc}") from None
 
 
@@ -75,7 +77,10 @@ def write_run_report(summary: dict[str, Any], log_dir: str, traces: RunTraces | 
     from stepcli.run.summary import write_run_summary
 
     out_dir = str(summary["out_dir"])
-    write_run_summary(summary, os.path.join(log_dir, SUMMARY_FILE))
+    try:
+        write_run_summary(summary, os.path.join(log_dir, SUMMARY_FILE))
+    except StepcliError as exc:  # its message names --json, which this file is not
+        raise StepcliError(f"cannot save the run summary in {log_dir}: {exc.message.rsplit(': ', 1)[-1]}") from None
     paths = [p for p in summary.get("traces") or [] if os.path.exists(p)]
     data = build(summary, step_logs(Path(log_dir)), paths, traces=traces)
     path = run_report_path(out_dir)
@@ -114,4 +119,5 @@ def _write_new_file(html: str, path: str) -> None:
     except OSError as exc:
         raise StepcliError(f"{path}: cannot write the report: {exc.strerror or exc}") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # on a read-only folder even this fails
+            tmp.unlink(missing_ok=True)
