@@ -107,3 +107,14 @@ def test_compare_shows_control_characters_as_escapes(hostile_run: Path, markdown
     result = run_stepcli(*args)
     assert result.returncode in (0, 3), result.stderr
     _assert_clean(result.stdout + result.stderr, "compare")
+
+
+def test_an_error_naming_a_hostile_file_shows_escapes(tmp_path: Path) -> None:
+    # GIVEN a broken trace whose file name clears the screen
+    bad = tmp_path / f"{ESC_NAME}{BEL_NAME}.json"
+    bad.write_text('{"traceEvents": [')
+    # WHEN table reads it THEN the one error line names it with escapes
+    result = run_stepcli("table", tmp_path)
+    assert result.returncode == 2, result.stderr
+    _assert_clean(result.stderr, "error line")
+    assert "\\x1b[2J\\x1b[Hring\\x07bell.json" in result.stderr
