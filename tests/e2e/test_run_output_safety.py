@@ -124,3 +124,39 @@ def test_a_read_only_output_folder_mid_run_stops_profiling_with_one_line(tmp_pat
     assert "report.html not written" in summary and "Traceback" not in summary
     assert _leftovers(out) == []
     assert os.access(out, os.W_OK)
+
+
+def test_a_step_log_that_cannot_be_written_is_named_in_the_summary(tmp_path: Path) -> None:
+    # GIVEN a program whose run's step-log folder turns read-only mid-run (the traces' folder stays writable)
+    out = tmp_path / "out"
+    source = TRAIN_LOOP.replace(
+        'print(f"iter {i}")',
+        "if i == 40:\n"
+        "                import json, os, subprocess\n"
+        "                config = json.loads(os.environ['STEPCLI_CONFIG'])\n"
+        "                logs = os.path.join(config['out_dir'], '.stepcli', config['run_id'])\n"
+        "                subprocess.run(['mount', '--bind', logs, logs], check=True)\n"
+        "                subprocess.run(['mount', '-o', 'remount,ro,bind', logs, logs], check=True)",
+    )
+    script = write_script(tmp_path, "train.py", source)
+    probe_dir = tmp_path / "probe"
+    probe_dir.mkdir()
+    probe = subprocess.run(["mount", "--bind", str(probe_dir), str(probe_dir)], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot bind-mount here (needs root): {probe.stderr.strip()}")
+    subprocess.run(["umount", str(probe_dir)], check=True)
+    try:
+        # WHEN it runs 300 steps, its one window (steps 2-4) saved long before
+        result = run_stepcli("run", "-o", out, script, "300")
+    finally:
+        for folder in out.glob(".stepcli/*"):
+            subprocess.run(["umount", str(folder)], capture_output=True)
+    # THEN the program's status is kept, one line names the step log and the cause
+    assert result.returncode == 0, result.stderr
+    failures = [line for line in _stepcli_lines(result.stderr) if "could not" in line]
+    assert len(failures) == 1 and "could not write the step log" in failures[0], result.stderr
+    assert "Read-only file system" in failures[0]
+    # AND the summary does not pass off the last step log it could write as the whole run
+    summary = " ".join(result.stderr.split("stepcli summary", 1)[1].split())
+    assert "its step log is from step" in summary and "could not be written (Read-only file system" in summary
+    assert "steps 300 " not in summary
