@@ -118,3 +118,19 @@ def test_an_error_naming_a_hostile_file_shows_escapes(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     _assert_clean(result.stderr, "error line")
     assert "\\x1b[2J\\x1b[Hring\\x07bell.json" in result.stderr
+
+
+def test_memory_shows_control_characters_in_frame_names_as_escapes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a CUDA memory snapshot whose program file name holds ESC and BEL
+    import memory_snapshots as fx
+
+    monkeypatch.setattr(fx, "SCRIPT", f"/work/{ESC_NAME}{BEL_NAME}.py")
+    builder, info = fx.oom_in_forward(steps=4)
+    path = builder.write(tmp_path / "oom-rank0.pickle", info)
+    # WHEN `stepcli memory` reads it THEN the sites show the name with escapes
+    result = run_stepcli("memory", path)
+    assert result.returncode == 0, result.stderr
+    _assert_clean(result.stdout + result.stderr, "memory")
+    assert "\\x1b[2J\\x1b[Hring\\x07bell.py" in result.stdout
