@@ -107,13 +107,19 @@ class _Failed:
 
 def _part_of(path: str, groupings: tuple[bool, ...], shapes: bool) -> list[FilePart] | _Failed:
     """Read one file and summarize it once per grouping (plain, by shape); runs in a worker or in-process."""
+    try:
+        trace = load_columns(path, shapes=shapes)
+    except TraceError as exc:
+        return _Failed(exc.path, exc.problem)
+    return _summarized(trace, groupings)
+
+
+def _gated(function: Callable[[str], _T], path: str) -> _T:
+    """`function(path)` in a worker, holding the pool's .gz semaphore while a .gz file is read (and its decoded
+    data alive)."""
     gate = _gzip_gate if path.endswith(".gz") else None
     with gate if gate is not None else contextlib.nullcontext():
-        try:
-            trace = load_columns(path, shapes=shapes)
-        except TraceError as exc:
-            return _Failed(exc.path, exc.problem)
-        return _summarized(trace, groupings)
+        return function(path)
 
 
 def _summarized(trace: ColumnTrace, groupings: tuple[bool, ...]) -> list[FilePart]:
@@ -226,7 +232,7 @@ def map_files(function: Callable[[str], _T], files: Sequence[str], jobs: int | N
     if workers > 1:
         try:
             with _worker_pool(workers, _context(), gzip_slots(files, workers)) as pool:
-                return list(pool.map(function, files))
+                return list(pool.map(functools.partial(_gated, function), files))
         except BrokenProcessPool:
             raise StepcliError(
                 f"a worker process reading the traces died (out of memory?); try again with fewer, e.g. --jobs {max(1, workers // 2)}"

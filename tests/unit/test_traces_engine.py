@@ -37,3 +37,18 @@ def test_gzip_reads_at_once_fit_half_the_memory(tmp_path: Path) -> None:
     # never less than one, and no bound needed without .gz files
     assert engine.gzip_slots([big], 4, memory=1) == 1
     assert engine.gzip_slots([plain], 4, memory=1) == 4
+
+
+def _gated_here(path: str) -> bool:
+    return engine._gzip_gate is not None
+
+
+def test_workers_share_a_gzip_semaphore_only_when_memory_is_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = [_gz(tmp_path / f"r{i}.json.gz", 1_000) for i in range(4)]
+    monkeypatch.setattr(engine, "available_cores", lambda: 2)
+    monkeypatch.setattr(engine, "_memory_available", lambda: 10)
+    assert engine.map_files(_gated_here, files, 2) == [True] * 4
+    monkeypatch.setattr(engine, "_memory_available", lambda: 10**12)
+    assert engine.map_files(_gated_here, files, 2) == [False] * 4
