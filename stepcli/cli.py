@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from stepcli import __version__
+from stepcli.agent.request import MAX_ACTIVE, MAX_WAIT, MAX_WARMUP
 from stepcli.errors import EXIT_INTERNAL, EXIT_USAGE, StepcliError
 
 _ACTIVITIES = ("cpu", "cuda", "xpu", "mtia", "hpu")
@@ -355,16 +356,24 @@ def compare(
 @click.argument("target")
 @click.option(
     "--wait",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=MAX_WAIT),
     default=0,
     show_default=True,
     help="Extra steps to let go by before the warmup.",
 )
 @click.option(
-    "--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Steps the profiler runs but discards."
+    "--warmup",
+    type=click.IntRange(min=0, max=MAX_WARMUP),
+    default=1,
+    show_default=True,
+    help="Steps the profiler runs but discards.",
 )
 @click.option(
-    "--active", type=click.IntRange(min=1), default=3, show_default=True, help="Steps recorded in each trace."
+    "--active",
+    type=click.IntRange(min=1, max=MAX_ACTIVE),
+    default=3,
+    show_default=True,
+    help="Steps recorded in each trace.",
 )
 @click.option(
     "--timeout",
