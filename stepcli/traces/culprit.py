@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from stepcli.stats import percentile
 from stepcli.traces.arrivals import CAUSES, GC_PREFIX, RankArrivals
+from stepcli.traces.arrivals import rank_arrivals as rank_arrivals  # (for the summary's one import)
 
 MIN_LAST_SHARE = 0.6
 MAX_CHANCE = 0.05  # ... and a share chance would give at most this often (last at random: 1 / ranks)
@@ -109,6 +111,12 @@ def align(arrive: list[list[float]], depart: list[list[float]]) -> tuple[list[fl
         offsets.append(estimate)
         errors.append(max(MIN_ERROR_US, spread))
     return offsets, errors
+
+
+def from_parts(parts: Sequence[Any], steps: Sequence[Any]) -> dict[str, Any] | None:
+    """`analyze` over the file parts' arrivals (stepcli.traces.model.FilePart) and their steps' median time."""
+    durations = [step.dur_ms for step in steps]
+    return analyze([p.arrivals for p in parts if p.arrivals], _median(durations) if durations else None)
 
 
 def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> dict[str, Any] | None:
@@ -306,3 +314,9 @@ def summary_line(section: dict[str, Any] | None) -> str | None:
         f"culprit: none: no rank arrives last consistently enough at {section['collectives']} collectives "
         f"(clock alignment error {error:.2f} ms)"
     )
+
+
+def culprit_lines(section: dict[str, Any] | None) -> list[str]:
+    """The terminal line of `table`, as a list (none without collectives on two or more ranks)."""
+    line = summary_line(section)
+    return [line] if line else []

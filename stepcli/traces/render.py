@@ -10,14 +10,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, Callable
 
-from stepcli.traces.culprit import summary_line
+from stepcli.fmt import visible_all
+from stepcli.traces.culprit import culprit_lines
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    from stepcli.traces.summary import TraceSummary
+    from stepcli.traces.model import TraceSummary
 
 SORT_KEYS = ("self", "total", "calls", "avg", "name")
 FORMATS = ("rich", "json", "csv", "markdown")
@@ -70,7 +71,7 @@ def _skipped_note(count: int) -> str:
 
 def outside_note(outside: Mapping[str, Any] | None) -> str | None:
     """The line under an operator table when host events outside every recorded step were left out of it
-    (stepcli.traces.summary: their time is no step's, so it gets no share of step time); None when there were none."""
+    (stepcli.traces.analysis: their time is no step's, so it gets no share of step time); None when there were none."""
     if not outside or not outside.get("events"):
         return None
     count = outside["events"]
@@ -278,6 +279,8 @@ def print_table_report(
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     out = file if file is not None else sys.stdout
     data = summary.to_dict()
+    if fmt != "json":  # names from traces: control characters shown, never sent to the terminal (JSON escapes them)
+        data = visible_all(data)
     try:
         if fmt == "json":
             import orjson
@@ -355,15 +358,17 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
             console.print(f"slowest rank: {straggler['evidence']}", highlight=False, markup=False)
         elif data.get("slowest_rank") is not None:
             console.print(f"slowest rank: {data['slowest_rank']}", highlight=False)
-        culprit = summary_line(data.get("culprit"))
-        if culprit:
-            console.print(culprit, highlight=False, markup=False)
+        for line in culprit_lines(data.get("culprit")):
+            console.print(line, highlight=False, markup=False)
     if data["steps"]:
         console.print(steps_table(data["steps"], limit, width=console.width))
     if data.get("breakdown_ms"):
         console.print(breakdown_table(data["breakdown_ms"], data.get("device")))
     elif data.get("device"):
         console.print(breakdown_table(None, data["device"], title="Device activity"))
+    from stepcli.traces.devicerender import print_device_section
+
+    print_device_section(data, console)
     share_of = data.get("share_of")
     console.print(
         ops_table(data["cpu_ops"], "CPU operators", limit, sort_by=sort_by, width=console.width, share_of=share_of)
@@ -459,9 +464,7 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
         lines.append("")
         if data.get("straggler"):
             lines += [f"Slowest rank: {data['straggler']['evidence']}.", ""]
-        culprit = summary_line(data.get("culprit"))
-        if culprit:
-            lines += ["C" + culprit[1:], ""]
+        lines += [f"C{line[1:]}" for line in culprit_lines(data.get("culprit"))] + [""] * bool(data.get("culprit"))
     breakdown = data.get("breakdown_ms")
     if breakdown:
         total = sum(breakdown.values())
