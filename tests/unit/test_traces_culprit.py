@@ -168,3 +168,18 @@ def test_collectives_called_from_another_thread_are_found() -> None:
     section = analyze([_arrivals(moved(_rank_trace(0)), 0), _arrivals(moved(_rank_trace(30_000)), 1)], 90.0)
     assert section is not None and section["collectives"] == STEPS
     assert section["culprit"]["rank"] == 1 and section["culprit"]["cause"] == "no_operator"
+
+
+def test_nccl_kernels_are_the_departures_and_nested_host_events_one_collective() -> None:
+    # NCCL: c10d::allreduce_ wraps record_param_comms on the host; the collective ends with its kernel on the device
+    events: list[Event] = []
+    for step in range(STEPS):
+        t0 = step * 100_000.0
+        events.append(Event(f"ProfilerStep#{step}", "user_annotation", "X", 1, MAIN, t0, 90_000.0))
+        events.append(Event("c10d::allreduce_", "cpu_op", "X", 1, MAIN, t0 + 1_000, 40.0))
+        events.append(Event("record_param_comms", "cpu_op", "X", 1, MAIN, t0 + 1_005, 30.0))
+        events.append(Event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", "X", 0, 7, t0 + 1_100, 2_000.0))
+    events.sort(key=lambda e: e.ts)
+    arrivals = _arrivals(events, 0)
+    assert [k[1] for k in arrivals.keys] == ["c10d::allreduce_"] * STEPS
+    assert arrivals.depart_us[0] == pytest.approx(3_100.0)
