@@ -128,13 +128,17 @@ def _print_rows(
     longest = max(len(name) for name, _, _ in rows)
     width = _name_width(console, [cells for _, cells, _ in rows], [h for h, _ in headers])
     if width >= min(longest, STACK_BELOW):
-        table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+        # Titles and captions as plain lines: rich pads them to the table's width, trailing spaces on a pipe.
+        _plain(console, title)
+        table = Table()
         table.add_column("operator", justify="left", no_wrap=True)
         for name, justify in headers:
             table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
         for name, cells, _ in rows:
             table.add_row(Text(shorten(name, min(NAME_WIDTH, width))), *cells)
         console.print(table)
+        if caption:
+            _plain(console, caption)
         return
     _plain(console, title + (f" ({caption})" if caption else ""))
     for name, _, line in rows:
@@ -175,7 +179,8 @@ def _print_header(c: Comparison, console: Console) -> None:
 def _print_steps(c: Comparison, console: Console) -> None:
     from rich.table import Table
 
-    steps = Table(title="Step time (ms)", title_justify="left")
+    _plain(console, "Step time (ms)")
+    steps = Table()
     for name, justify in (
         ("steps", "left"),
         ("stat", "left"),
