@@ -323,3 +323,53 @@ def test_several_runs_need_every_steps_time_and_one_kind(tmp_path: Path) -> None
     alone = run_stepcli("compare", stats_only, v2)
     assert alone.returncode == 0, alone.stdout + alone.stderr
     assert "without a confidence interval" in alone.stdout
+
+
+def test_too_few_steps_are_inconclusive_and_intervals_stay_above_minus_100_percent(tmp_path: Path) -> None:
+    # GIVEN 2 runs per side of 3 steps each (step 0 is start-up), levels far apart
+    files = {}
+    for name, times in (
+        ("b1", [1.0, 1.1, 0.9]),
+        ("b2", [90.0, 95.0, 99.0]),
+        ("c1", [1.0, 1.2, 1.0]),
+        ("c2", [80.0, 70.0, 99.0]),
+    ):
+        files[name] = tmp_path / f"{name}.json"
+        doc = v2_summary([5.0, *times])
+        doc["run_id"] = name.ljust(32, "0")
+        files[name].write_text(json.dumps(doc))
+    result = run_stepcli(
+        "compare",
+        "--baseline",
+        files["b1"],
+        "--baseline",
+        files["b2"],
+        "--current",
+        files["c1"],
+        "--current",
+        files["c2"],
+    )
+    # THEN inconclusive (exit 0 with a warning), no impossible interval such as -1141.6% .. +1102.4%
+    assert result.returncode == 0, result.stdout + result.stderr
+    line = verdict(result.stdout)
+    assert line.startswith("INCONCLUSIVE: ") and "too few steps to decide (6 baseline and 6 current" in line, line
+    assert "CI" not in line and "change:" not in result.stdout
+    # WITH enough steps per run, the interval of the same kind of data is a ratio: never below -100%
+    for name in files:
+        doc = json.loads(files[name].read_text())
+        doc["step_times"][0]["durations_ms"] = [5.0, *(doc["step_times"][0]["durations_ms"][1:] * 5)]
+        doc["step_times"][0]["phases"] = "0" * 16
+        files[name].write_text(json.dumps(doc))
+    result = run_stepcli(
+        "compare",
+        "--baseline",
+        files["b1"],
+        "--baseline",
+        files["b2"],
+        "--current",
+        files["c1"],
+        "--current",
+        files["c2"],
+    )
+    low = re.search(r"95% CI ([+-][\d.]+)% \.\. ", verdict(result.stdout))
+    assert low and float(low.group(1)) > -100, result.stdout
