@@ -209,7 +209,7 @@ def _print_steps(c: Comparison, console: Console) -> None:
 
 
 def _change_rows(changes: Sequence[OpChange], level: str) -> list[tuple[str, Sequence[str], str]]:
-    rows = []
+    rows: list[tuple[str, Sequence[str], str]] = []
     for change in changes:
         name = PHASE_LABELS.get(change.name, change.name) if change.kind == "phase" else change.name
         if change.kind == "device":

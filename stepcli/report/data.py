@@ -362,9 +362,11 @@ def build(
             data.breakdowns.append(("recorded steps", summary["breakdown_ms"]))
         if summary.get("slowest_rank") is not None:
             data.slowest = f"rank {summary['slowest_rank']}"
-    # Straggler evidence over every step the ranks have in common: the whole run when the step logs are there.
+    # The slowest rank is the straggler of stepcli.traces.ranks or nobody: the terminal and --json say the same.
+    straggler = (analysis or summary or {}).get("straggler")
+    ranks_analysed = len((analysis or summary or {}).get("ranks") or []) > 1
     rank_steps = _rank_steps(processes)
-    if rank_steps:
+    if not ranks_analysed and rank_steps:  # step logs alone: the advice's step-time rule speaks for the ranks
         means = {rank: sum(times) / len(times) for rank, times in rank_steps.items()}
         data.slowest = f"rank {max(sorted(means), key=lambda r: means[r])}"
 
@@ -401,11 +403,15 @@ def build(
             kernels=data.kernels,
             recorded_steps=recorded_steps,
             rank_steps=rank_steps,
+            straggler=straggler,
+            ranks_analysed=ranks_analysed,
             untouched_ms=[(s, v) for s, v, c in zip(lead.steps, lead.values_ms, lead.phases) if c == "0" and s != 0]
             if lead
             else (),
         )
     )
+    if not ranks_analysed and not any(a.rule == "straggler" for a in data.advice):
+        data.slowest = None  # a balanced run has no slowest rank
     data.cpu_ops = data.cpu_ops[:TOP_ROWS]
     data.kernels = data.kernels[:TOP_ROWS]
     return data

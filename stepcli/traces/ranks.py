@@ -7,10 +7,19 @@ its windows are listed inside, labelled by their steps. Step numbers of differen
 Under synchronous collectives every rank's step takes the same time; the slow rank is the one that waits least. So
 each step is split into communication wait (collective operators and kernels: c10d, gloo, NCCL) and compute (the
 rest), and the straggler is the rank whose compute per step stands out from the others' median.
+
+This is the one definition of "the slowest rank": the terminal, `--json` (`slowest_rank`, `straggler`), report.html
+and the advice all show what `find_straggler` returns, and nothing when it returns None. Communication is not a
+clean measure of waiting (gloo runs DDP's all-reduce on its own thread, overlapping the backward pass, and that
+counts as communication), so no rank is named without evidence: at least STRAGGLER_MIN_STEPS steps that every rank
+recorded, the rank computing more than the others' median in most of them (STRAGGLER_CONSISTENCY), and by more
+than the step-to-step noise (the mean of the per-step differences over NOISE_SE standard errors), besides the
+factor and floor below. A balanced run names nobody.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -23,8 +32,13 @@ _WORKER = re.compile(r"^(.+?)\.\d+\.pt\.trace\.json(\.gz)?$")
 _COMM_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms", "ncclKernel", "ncclDevKernel")
 # A rank is a straggler when its compute per step exceeds the others' median by this factor ...
 STRAGGLER_FACTOR = 1.25
-# ... and by at least this many milliseconds (noise on tiny steps is not a straggler).
+# ... and by at least this many milliseconds (noise on tiny steps is not a straggler) ...
 STRAGGLER_MIN_MS = 0.02
+# ... over at least this many steps every rank recorded, computing more than the others' median in at least this
+# share of them, the mean per-step difference above this many standard errors of it.
+STRAGGLER_MIN_STEPS = 10
+STRAGGLER_CONSISTENCY = 0.75
+NOISE_SE = 3.0
 
 
 def is_communication(name: str) -> bool:
@@ -87,6 +101,10 @@ class ProcessRow:
         values = [d - c for w in self.windows for d, c in zip(w.dur_ms, w.comm_ms)]
         return sum(values) / len(values) if values else None
 
+    def compute_by_step(self) -> dict[int, float]:
+        """Time outside communication of each recorded step, by step number."""
+        return {s: d - c for w in self.windows for s, d, c in zip(w.steps, w.dur_ms, w.comm_ms)}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "process": self.process,
@@ -122,16 +140,25 @@ class Straggler:
     compute_ms: float
     others_median_ms: float
     others_wait_ms: float | None
+    steps: int = 0  # steps every rank recorded
+    ahead_in: int = 0  # of those, the steps in which this rank computed more than the others' median
 
     @property
     def evidence(self) -> str:
         text = (
             f"rank {self.rank}: compute {self.compute_ms:.3g} ms/step vs median {self.others_median_ms:.3g} ms "
-            "of the other ranks"
+            f"of the other ranks, more in {self.ahead_in} of {self.steps} common steps"
         )
         if self.others_wait_ms:
             text += f"; the others wait {self.others_wait_ms:.3g} ms/step in collectives for it"
         return text
+
+    @property
+    def threshold(self) -> str:
+        return (
+            f"≥ {STRAGGLER_FACTOR:.2f}× the others' median compute, more in ≥ {STRAGGLER_CONSISTENCY:.0%} of "
+            f"≥ {STRAGGLER_MIN_STEPS} common steps, beyond {NOISE_SE:g} standard errors of the step-to-step noise"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -139,7 +166,10 @@ class Straggler:
             "compute_ms": self.compute_ms,
             "others_median_compute_ms": self.others_median_ms,
             "others_wait_ms": self.others_wait_ms,
+            "steps": self.steps,
+            "ahead_in": self.ahead_in,
             "evidence": self.evidence,
+            "threshold": self.threshold,
         }
 
 
@@ -150,15 +180,30 @@ def _median(values: list[float]) -> float:
 
 
 def find_straggler(rows: list[ProcessRow]) -> Straggler | None:
-    """The rank whose compute per step stands out (STRAGGLER_FACTOR over the others' median), if one does."""
-    ranked = [(r.rank, r.compute_ms, r.comm_ms) for r in rows if r.rank is not None and r.compute_ms is not None]
+    """The rank whose compute per step stands out from the others', with evidence (module docstring), or None."""
+    ranked = [r for r in rows if r.rank is not None and r.compute_ms is not None]
     if len(ranked) < 2:
         return None
-    rank, compute, _ = max(ranked, key=lambda item: (item[1], -(item[0] or 0)))
-    others = [c for r, c, _ in ranked if r != rank]
-    median = _median([c for c in others if c is not None])
-    if compute < median * STRAGGLER_FACTOR or compute - median < STRAGGLER_MIN_MS:
+    by_step = {r.rank: r.compute_by_step() for r in ranked}
+    common = sorted(set.intersection(*(set(steps) for steps in by_step.values())))
+    if len(common) < STRAGGLER_MIN_STEPS:
         return None
-    waits = [w for r, _, w in ranked if r != rank and w is not None]
+    means = {rank: sum(by_step[rank][s] for s in common) / len(common) for rank in by_step}
+    rank = max(sorted(means, key=lambda r: r or 0), key=lambda r: means[r])
+    others = [r for r in by_step if r != rank]
+    # Per step: this rank's compute minus the others' median that step (ranks that step together are paired).
+    diffs = [by_step[rank][s] - _median([by_step[o][s] for o in others]) for s in common]
+    median = _median([means[o] for o in others])
+    mean_diff = sum(diffs) / len(diffs)
+    spread = math.sqrt(sum((d - mean_diff) ** 2 for d in diffs) / (len(diffs) - 1))
+    ahead = sum(1 for d in diffs if d > 0)
+    if (
+        means[rank] < median * STRAGGLER_FACTOR
+        or means[rank] - median < STRAGGLER_MIN_MS
+        or ahead < STRAGGLER_CONSISTENCY * len(common)
+        or mean_diff <= NOISE_SE * spread / math.sqrt(len(diffs))
+    ):
+        return None
+    waits = [w for r in ranked if r.rank != rank and (w := r.comm_ms) is not None]
     assert rank is not None
-    return Straggler(rank, compute, median, _median(waits) if waits else None)
+    return Straggler(rank, means[rank], median, _median(waits) if waits else None, len(common), ahead)
