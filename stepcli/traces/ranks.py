@@ -12,9 +12,9 @@ This is the one definition of "the slowest rank": the terminal, `--json` (`slowe
 and the advice all show what `find_straggler` returns, and nothing when it returns None. Communication is not a
 clean measure of waiting (gloo runs DDP's all-reduce on its own thread, overlapping the backward pass, and that
 counts as communication), so no rank is named without evidence: at least STRAGGLER_MIN_STEPS steps that every rank
-recorded, the rank computing more than the others' median in most of them (STRAGGLER_CONSISTENCY), and by more
-than the step-to-step noise (the mean of the per-step differences over NOISE_SE standard errors), besides the
-factor and floor below. A balanced run names nobody.
+recorded, the rank computing more than the others' median in most of them (STRAGGLER_CONSISTENCY), by more
+than the step-to-step noise (the mean of the per-step differences over NOISE_SE standard errors) and by a share of
+the step that matters (STRAGGLER_MIN_SHARE), besides the factor and floor below. A balanced run names nobody.
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ STRAGGLER_MIN_MS = 0.02
 STRAGGLER_MIN_STEPS = 10
 STRAGGLER_CONSISTENCY = 0.75
 NOISE_SE = 3.0
+# ... and by at least this share of its step time: a rank that holds the others back by less is not worth naming
+# (on a shared machine one rank is often descheduled a little more than another).
+STRAGGLER_MIN_SHARE = 0.10
 
 
 def is_communication(name: str) -> bool:
@@ -156,7 +159,8 @@ class Straggler:
     @property
     def threshold(self) -> str:
         return (
-            f"≥ {STRAGGLER_FACTOR:.2f}× the others' median compute, more in ≥ {STRAGGLER_CONSISTENCY:.0%} of "
+            f"≥ {STRAGGLER_FACTOR:.2f}× the others' median compute and ≥ {STRAGGLER_MIN_SHARE:.0%} of the step "
+            f"more, more in ≥ {STRAGGLER_CONSISTENCY:.0%} of "
             f"≥ {STRAGGLER_MIN_STEPS} common steps, beyond {NOISE_SE:g} standard errors of the step-to-step noise"
         )
 
@@ -189,6 +193,8 @@ def find_straggler(rows: list[ProcessRow]) -> Straggler | None:
     if len(common) < STRAGGLER_MIN_STEPS:
         return None
     means = {rank: sum(by_step[rank][s] for s in common) / len(common) for rank in by_step}
+    durations = {s: d for r in ranked for w in r.windows for s, d in zip(w.steps, w.dur_ms)}  # any rank's
+    step_ms = sum(durations[s] for s in common) / len(common)
     rank = max(sorted(means, key=lambda r: r or 0), key=lambda r: means[r])
     others = [r for r in by_step if r != rank]
     # Per step: this rank's compute minus the others' median that step (ranks that step together are paired).
@@ -199,7 +205,7 @@ def find_straggler(rows: list[ProcessRow]) -> Straggler | None:
     ahead = sum(1 for d in diffs if d > 0)
     if (
         means[rank] < median * STRAGGLER_FACTOR
-        or means[rank] - median < STRAGGLER_MIN_MS
+        or means[rank] - median < max(STRAGGLER_MIN_MS, STRAGGLER_MIN_SHARE * step_ms)
         or ahead < STRAGGLER_CONSISTENCY * len(common)
         or mean_diff <= NOISE_SE * spread / math.sqrt(len(diffs))
     ):
