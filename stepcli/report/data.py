@@ -20,6 +20,7 @@ from stepcli.errors import StepcliError, TraceError
 from stepcli.run.advice import Advice, Evidence, advise
 from stepcli.run.compiles import compiled_steps
 from stepcli.stats import Stats, describe
+from stepcli.traces.shares import overlap_note
 
 if TYPE_CHECKING:
     from stepcli.traces.readonce import RunTraces
@@ -189,6 +190,7 @@ class ReportData:
     device: dict[str, float] | None = None
     cpu_ops: list[dict[str, Any]] = field(default_factory=list)
     outside_note: str | None = None  # host events outside every recorded step, left out of cpu_ops
+    overlap_note: str | None = None  # the CPU table's Self % adds up to over 100% (other threads), and why
     kernels: list[dict[str, Any]] = field(default_factory=list)
     shape_ops: list[dict[str, Any]] = field(default_factory=list)
     memory_peaks: list[tuple[str, int | None, int | None]] = field(default_factory=list)
@@ -412,6 +414,7 @@ def build(
     )
     if not ranks_analysed and not any(a.rule == "straggler" for a in data.advice):
         data.slowest = None  # a balanced run has no slowest rank
+    data.overlap_note = overlap_note(data.cpu_ops)  # over every row, before the cut
     data.cpu_ops = data.cpu_ops[:TOP_ROWS]
     data.kernels = data.kernels[:TOP_ROWS]
     return data

@@ -259,6 +259,8 @@ def render(data: ReportData, report_path: str) -> str:
     add(_ops_table(data.cpu_ops, "cpu-ops"))
     if data.outside_note:
         add(f'<p class="muted" id="outside-steps">{escape(data.outside_note)}</p>')
+    if data.overlap_note:
+        add(f'<p class="muted" id="self-share-overlap">{escape(data.overlap_note)}.</p>')
     if data.kernels:
         add('<h2 id="kernels">Top device kernels</h2>')
         add(_ops_table(data.kernels, "kernels"))

@@ -96,13 +96,13 @@ def ops_table(
     from rich.table import Table
     from rich.text import Text
 
-    from stepcli.traces.shares import share_caption
+    from stepcli.traces.shares import overlap_note, share_caption
 
     shown = sort_rows(rows, sort_by, limit)
     with_shape = any("shape" in r for r in shown)
     caption = f"{len(shown)} of {len(rows)} rows, sorted by {sort_by}" if len(rows) > len(shown) else None
     if share_of is not None:
-        caption = "; ".join(filter(None, (caption, share_caption(share_of))))
+        caption = "; ".join(filter(None, (caption, share_caption(share_of), overlap_note(rows))))
     headers = ("Calls", "Self ms", "Self %", "Total ms", "Avg ms")
     numbers = [
         [f"{r['calls']:,}", _ms(r["self_ms"]), _pct(r["self_share"]), _ms(r["total_ms"]), _ms(r["avg_ms"])]
@@ -403,7 +403,7 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequ
 
 def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: int | None = 20) -> str:
     """GitHub-flavoured Markdown (e.g. for $GITHUB_STEP_SUMMARY): steps, ranks, breakdown and operator tables."""
-    from stepcli.traces.shares import share_caption
+    from stepcli.traces.shares import overlap_note, share_caption
 
     lines: list[str] = ["## stepcli table", ""]
     stats = data.get("step_ms")
@@ -482,6 +482,9 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
             ("Name", "Calls", "Self ms", "Self %", "Total ms", "Avg ms"), rows, (False, True, True, True, True, True)
         )
         lines += ["", f"{share_caption(data.get('share_of'))}.", ""]
+        overlap = overlap_note(rows_in)
+        if overlap:
+            lines += [f"{overlap}.", ""]
         outside = outside_note(data.get("outside_steps")) if title == "CPU operators" else None
         if outside:
             lines += [f"{outside[0].upper()}{outside[1:]}.", ""]

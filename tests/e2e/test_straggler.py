@@ -74,6 +74,25 @@ def test_a_balanced_ddp_run_names_no_straggler_anywhere(tmp_path: Path) -> None:
     assert "(slowest)" not in html and 'data-rule="straggler"' not in html
 
 
+def test_self_shares_over_100_percent_under_ddp_carry_a_note_everywhere(tmp_path: Path) -> None:
+    # GIVEN a DDP run: gloo's all-reduce runs on its own thread while the step's main thread computes
+    _terminal, _doc, table, html = ddp_run(tmp_path, extra=0)
+    out = tmp_path / "out"
+    doc = json.loads(run_stepcli("table", out, "--json", cwd=tmp_path).stdout)
+    total = sum(row["self_share"] for row in doc["cpu_ops"])
+    assert total > 1.0, total  # the premise: the CPU operators' Self % adds up to more than 100%
+    # THEN the terminal (80 columns, a pipe), the Markdown and the report say why, with the sum
+    note = f"Self % adds up to {total * 100:.0f}% over all rows: operators on other threads"
+    assert note in " ".join(table.split()), table
+    markdown = run_stepcli("table", out, "--markdown", cwd=tmp_path).stdout
+    assert note in markdown
+    # (the report's table leaves the ProfilerStep* row out, so its sum is its own)
+    shown = re.search(
+        r'id="self-share-overlap">Self % adds up to (\d+)% over all rows: operators on other threads', html
+    )
+    assert shown and int(shown.group(1)) > 100
+
+
 @pytest.mark.parametrize("extra", [6])
 def test_the_rank_doing_more_matrix_work_is_named_in_all_three_outputs(tmp_path: Path, extra: int) -> None:
     # GIVEN rank 1 doing extra matrix products each step (rank 0 waits for it in DDP's all-reduce)
