@@ -113,9 +113,9 @@ def compare_main(
         sys.stdout.write(markdown)
         sys.stdout.flush()
     else:
-        from rich.console import Console
+        from stepcli.pipeconsole import pipe_console
 
-        render_console(comparison, Console())
+        render_console(comparison, pipe_console())
         if markdown_path:
             try:
                 Path(markdown_path).write_text(markdown, encoding="utf-8")

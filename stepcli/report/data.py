@@ -320,15 +320,16 @@ def build(
 
     # Distribution: untouched steps (no profiler overhead) when there are any, else the recorded ones.
     untouched = [v for p in processes for s, v, c in zip(p.steps, p.values_ms, p.phases) if c == "0" and s != 0]
-    recorded = [v for p in processes for s, v, c in zip(p.steps, p.values_ms, p.phases) if c in "23" and s != 0]
+    # The profiled steps (warmup + recorded): the set and the name of the run summary's terminal and --json.
+    recorded = [v for p in processes for s, v, c in zip(p.steps, p.values_ms, p.phases) if c in "123" and s != 0]
     if untouched:
         data.distribution, data.distribution_label = (
             untouched,
             "untouched steps (no profiler running), start-up left out",
         )
     elif recorded:
-        data.distribution, data.distribution_label = recorded, "recorded steps"
-    for label, values in (("untouched steps", untouched), ("recorded steps", recorded)):
+        data.distribution, data.distribution_label = recorded, "profiled steps"
+    for label, values in (("untouched steps", untouched), ("profiled steps", recorded)):
         stats = describe(values)
         if stats:
             data.stats.append((label, stats))

@@ -304,7 +304,9 @@ def _pipe_console(file: IO[str] | None) -> Console:
             self.quiet = True  # drop whatever is still buffered; nothing can reach the reader now
             raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
-    return _Console(file=file) if file is not None else _Console()
+    from stepcli.pipeconsole import pipe_console
+
+    return pipe_console(_Console, file=file) if file is not None else pipe_console(_Console)
 
 
 def _discard_output(out: IO[str]) -> None:
@@ -401,6 +403,20 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequ
     return lines
 
 
+def _first_steps_per_process(steps: Sequence[Mapping[str, Any]], limit: int | None) -> list[Mapping[str, Any]]:
+    """The first `limit` steps of each process (all with no limit), in their order."""
+    if limit is None:
+        return list(steps)
+    seen: dict[str, int] = {}
+    out = []
+    for step in steps:
+        label = _process_label(step)
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] <= limit:
+            out.append(step)
+    return out
+
+
 def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: int | None = 20) -> str:
     """GitHub-flavoured Markdown (e.g. for $GITHUB_STEP_SUMMARY): steps, ranks, breakdown and operator tables."""
     from stepcli.traces.shares import overlap_note, share_caption
@@ -418,13 +434,16 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
     lines.append("")
     if data["steps"]:
         lines += ["### Steps", ""]
-        steps = data["steps"] if limit is None else data["steps"][: limit * max(1, len(data["ranks"]))]
+        steps = _first_steps_per_process(data["steps"], limit)
         lines += _md_table(
             ("Process", "Step", "ms"),
             [(_process_label(s), s["step"], _ms(s["dur_ms"])) for s in steps],
             (False, True, True),
         )
         lines.append("")
+        if len(steps) < len(data["steps"]):  # never cut silently
+            lines += [f"First {limit} steps of each process shown ({len(steps)} of {len(data['steps'])}, --limit); "
+                      "`--json` has every step.", ""]  # fmt: skip
     if data["ranks"]:
         slowest = data.get("slowest_rank")
         lines += ["### Ranks", ""]
