@@ -22,11 +22,13 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from stepcli.stats import Stats, describe
 
+T = TypeVar("T")
 _WORKER = re.compile(r"^(.+?)\.\d+\.pt\.trace\.json(\.gz)?$")
 # Names of CPU events and device kernels that are collective communication (or waiting for it).
 _COMM_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms", "ncclKernel", "ncclDevKernel")
@@ -68,6 +70,21 @@ def steps_label(steps: list[int]) -> str:
     if steps == list(range(steps[0], steps[-1] + 1)):
         return f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
     return "steps " + ", ".join(map(str, steps))
+
+
+def first_per_process(rows: Sequence[T], limit: int | None, process: Callable[[T], str]) -> list[T]:
+    """The first `limit` rows of each process (every row without a limit), in their order: a cut table shows
+    every process, not the first process's steps alone."""
+    if limit is None:
+        return list(rows)
+    seen: dict[str, int] = {}
+    out = []
+    for row in rows:
+        key = process(row)
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] <= limit:
+            out.append(row)
+    return out
 
 
 @dataclass

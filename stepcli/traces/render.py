@@ -403,22 +403,9 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequ
     return lines
 
 
-def _first_steps_per_process(steps: Sequence[Mapping[str, Any]], limit: int | None) -> list[Mapping[str, Any]]:
-    """The first `limit` steps of each process (all with no limit), in their order."""
-    if limit is None:
-        return list(steps)
-    seen: dict[str, int] = {}
-    out = []
-    for step in steps:
-        label = _process_label(step)
-        seen[label] = seen.get(label, 0) + 1
-        if seen[label] <= limit:
-            out.append(step)
-    return out
-
-
 def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: int | None = 20) -> str:
     """GitHub-flavoured Markdown (e.g. for $GITHUB_STEP_SUMMARY): steps, ranks, breakdown and operator tables."""
+    from stepcli.traces.ranks import first_per_process
     from stepcli.traces.shares import overlap_note, share_caption
 
     lines: list[str] = ["## stepcli table", ""]
@@ -434,7 +421,7 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
     lines.append("")
     if data["steps"]:
         lines += ["### Steps", ""]
-        steps = _first_steps_per_process(data["steps"], limit)
+        steps = first_per_process(data["steps"], limit, _process_label)
         lines += _md_table(
             ("Process", "Step", "ms"),
             [(_process_label(s), s["step"], _ms(s["dur_ms"])) for s in steps],
@@ -442,8 +429,7 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
         )
         lines.append("")
         if len(steps) < len(data["steps"]):  # never cut silently
-            lines += [f"First {limit} steps of each process shown ({len(steps)} of {len(data['steps'])}, --limit); "
-                      "`--json` has every step.", ""]  # fmt: skip
+            lines += [f"First {limit} steps of each process shown ({len(steps)} of {len(data['steps'])}, --limit).", ""]
     if data["ranks"]:
         slowest = data.get("slowest_rank")
         lines += ["### Ranks", ""]
