@@ -39,6 +39,7 @@ class AgentConfig:
         "quiet": False,
         "run_key": "",  # signs the step logs (agent/signing.py); only the run's processes get it
         "on_demand": False,
+        "memory_entries": 0,  # --memory: CUDA allocator history entries kept per process; 0 = off
         "version": CONFIG_VERSION,
     }
 
@@ -57,6 +58,7 @@ class AgentConfig:
     quiet: bool
     run_key: str
     on_demand: bool  # no scheduled window: only `stepcli capture` opens one
+    memory_entries: int
     version: int
 
     def __init__(
