@@ -43,7 +43,7 @@ STRAGGLER_CONSISTENCY = 0.75
 NOISE_SE = 3.0
 # ... and by at least this share of its step time: a rank that holds the others back by less is not worth naming
 # (on a shared machine one rank is often descheduled a little more than another).
-STRAGGLER_MIN_SHARE = 0.10
+STRAGGLER_MIN_SHARE = 0.25
 
 
 def is_communication(name: str) -> bool:

@@ -15,6 +15,7 @@ from conftest import run_stepcli, write_script
 # DDP over gloo: its all-reduce runs on gloo's own thread, overlapping the backward pass. `extra` matrix products
 # per step on rank 1 only make rank 1 the straggler; 0 is a balanced run.
 DDP = """
+    import os
     import sys
 
     import torch
@@ -22,6 +23,9 @@ DDP = """
     from torch.nn.parallel import DistributedDataParallel
 
     extra = int(sys.argv[1])
+    # Both ranks on one core: a neighbour's load (2 shared cores) then slows both alike, instead of starving one
+    # rank into a real straggler of a "balanced" run.
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
