@@ -251,3 +251,12 @@ def test_warmup_cut_of_untouched_steps_leaves_the_profiled_rows_their_steps() ->
     profiled = {row.stat: row for row in result.step_rows if row.population == "profiled"}
     assert profiled["count"].baseline == 4 and profiled["count"].current == 4
     assert profiled["median"].baseline == 12.0
+
+
+def test_method_says_blocks_of_1_step_in_the_singular() -> None:
+    # GIVEN four runs of 3 steps per side: 12 step positions, blocks of n^(1/3) = 1 step
+    rng = random.Random(10)
+    base = side(*[series(rng, 10.0, 0.02, 3) for _ in range(4)])
+    cur = side(*[series(rng, 10.0, 0.02, 3) for _ in range(4)])
+    method = decide(base, cur, tolerance=0.1, min_delta_ms=0.0).method or ""
+    assert "circular blocks of 1 step, " in method, method
