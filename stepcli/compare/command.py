@@ -108,6 +108,9 @@ def compare_main(
     if why_not:
         comparison = dataclasses.replace(comparison, notes=(*comparison.notes, why_not))
 
+    from stepcli.fmt import visible_all
+
+    comparison = visible_all(comparison)  # names from traces and run summaries: control characters shown
     markdown = render_markdown(comparison)
     if markdown_path == "-":
         sys.stdout.write(markdown)

@@ -49,7 +49,8 @@ SYNC_NAMES = (
     "hipDeviceSynchronize",
     "hipEventSynchronize",
 )
-_COMPILED_REGION = re.compile(r"Torch-Compiled Region: (\d+)/(\d+)")
+# Bounded digits: any program can name a record_function so, and int() refuses over 4,300 digits.
+_COMPILED_REGION = re.compile(r"Torch-Compiled Region: (\d{1,9})/(\d{1,9})(?!\d)")
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class Evidence:
     straggler: Mapping[str, Any] | None = None
     ranks_analysed: bool = False
     untouched_ms: Sequence[tuple[int, float]] = ()  # (step number, ms) of one process
+    device: Mapping[str, Any] | None = None  # the summary's `device` figures (stepcli.run.deviceadvice reads them)
 
 
 def _pct(share: float) -> str:

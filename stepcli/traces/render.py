@@ -10,12 +10,16 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, Callable
 
+from stepcli.fmt import visible_all
+from stepcli.pipeconsole import pipe_console
+from stepcli.traces.ranks import first_per_process
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    from stepcli.traces.summary import TraceSummary
+    from stepcli.traces.model import TraceSummary
 
 SORT_KEYS = ("self", "total", "calls", "avg", "name")
 FORMATS = ("rich", "json", "csv", "markdown")
@@ -68,7 +72,7 @@ def _skipped_note(count: int) -> str:
 
 def outside_note(outside: Mapping[str, Any] | None) -> str | None:
     """The line under an operator table when host events outside every recorded step were left out of it
-    (stepcli.traces.summary: their time is no step's, so it gets no share of step time); None when there were none."""
+    (stepcli.traces.analysis: their time is no step's, so it gets no share of step time); None when there were none."""
     if not outside or not outside.get("events"):
         return None
     count = outside["events"]
@@ -276,6 +280,8 @@ def print_table_report(
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     out = file if file is not None else sys.stdout
     data = summary.to_dict()
+    if fmt != "json":  # names from traces: control characters shown, never sent to the terminal (JSON escapes them)
+        data = visible_all(data)
     try:
         if fmt == "json":
             import orjson
@@ -303,8 +309,6 @@ def _pipe_console(file: IO[str] | None) -> Console:
         def on_broken_pipe(self) -> None:
             self.quiet = True  # drop whatever is still buffered; nothing can reach the reader now
             raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
-
-    from stepcli.pipeconsole import pipe_console
 
     return pipe_console(_Console, file=file) if file is not None else pipe_console(_Console)
 
@@ -361,6 +365,9 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
         console.print(breakdown_table(data["breakdown_ms"], data.get("device")))
     elif data.get("device"):
         console.print(breakdown_table(None, data["device"], title="Device activity"))
+    from stepcli.traces.devicerender import print_device_section
+
+    print_device_section(data, console)
     share_of = data.get("share_of")
     console.print(
         ops_table(data["cpu_ops"], "CPU operators", limit, sort_by=sort_by, width=console.width, share_of=share_of)
@@ -405,7 +412,6 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequ
 
 def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: int | None = 20) -> str:
     """GitHub-flavoured Markdown (e.g. for $GITHUB_STEP_SUMMARY): steps, ranks, breakdown and operator tables."""
-    from stepcli.traces.ranks import first_per_process
     from stepcli.traces.shares import overlap_note, share_caption
 
     lines: list[str] = ["## stepcli table", ""]
@@ -487,9 +493,7 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
             ("Name", "Calls", "Self ms", "Self %", "Total ms", "Avg ms"), rows, (False, True, True, True, True, True)
         )
         lines += ["", f"{share_caption(data.get('share_of'))}.", ""]
-        overlap = overlap_note(rows_in)
-        if overlap:
-            lines += [f"{overlap}.", ""]
+        lines += [f"{note}.", ""] if (note := overlap_note(rows_in)) else []
         outside = outside_note(data.get("outside_steps")) if title == "CPU operators" else None
         if outside:
             lines += [f"{outside[0].upper()}{outside[1:]}.", ""]
