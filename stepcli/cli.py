@@ -12,6 +12,7 @@ import click
 from stepcli import __version__
 from stepcli.agent.request import MAX_ACTIVE, MAX_WAIT, MAX_WARMUP
 from stepcli.errors import EXIT_INTERNAL, EXIT_USAGE, StepcliError
+from stepcli.traces.merge import merge_main  # light: it imports the trace reader only when a merge runs
 
 _ACTIVITIES = ("cpu", "cuda", "xpu", "mtia", "hpu")
 
@@ -435,18 +436,10 @@ def report(paths: tuple[str, ...], output: str | None) -> int:
 
 @cli.command(short_help="Merge the ranks' traces into one, clocks aligned, culprits marked.")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The merged trace to write.")
-def merge(paths: tuple[str, ...], output: str) -> int:
-    """Write one Chrome trace in which every rank is a process, clocks aligned by the collectives, and each
-    collective's last-arriving rank is marked (Perfetto, chrome://tracing, HTA).
-
-    PATHS: a `stepcli run` output folder, traces, or folders of traces. An existing OUTPUT is replaced only when
-    stepcli merge wrote it.
-    """
-    from stepcli.traces.merge import merge_main
-
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Write here (never over others).")
+def merge(paths: tuple[str, ...], output: str) -> None:
+    """One Chrome trace of the ranks in PATHS (run folders, traces), clocks aligned, each collective's culprit marked."""
     click.echo(merge_main(list(paths), output))
-    return 0
 
 
 @cli.command(

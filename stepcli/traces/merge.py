@@ -10,16 +10,14 @@ existing -o file is overwritten only when stepcli wrote it.
 from __future__ import annotations
 
 import itertools
-import json
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from stepcli.errors import StepcliError, TraceError
-from stepcli.inputs import read_input
-from stepcli.traces.reader import list_trace_files, rank_from_name
+
+# (cli.py imports this module at start-up: json, tempfile and the trace reader are imported when a merge runs)
 
 MARKER = "stepcli_merged"
 _ID_STRIDE = 1 << 40  # per-rank range of flow, correlation and external ids
@@ -42,6 +40,10 @@ def check_output(path: str) -> None:
 
 
 def _load(path: str) -> dict[str, Any]:
+    import json
+
+    from stepcli.inputs import read_input
+
     try:
         document = json.loads(read_input(path))
     except (ValueError, RecursionError):
@@ -54,6 +56,8 @@ def _load(path: str) -> dict[str, Any]:
 
 
 def _rank_of(document: dict[str, Any], path: str) -> int | None:
+    from stepcli.traces.reader import rank_from_name
+
     info = document.get("distributedInfo")
     rank = info.get("rank") if isinstance(info, dict) else None
     if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 2**31:
@@ -176,6 +180,7 @@ def _culprit_marks(culprit: dict[str, Any] | None, mains: dict[int, tuple[int, A
 def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
     """Write the merged trace of `paths` to `output`; return what it holds (ranks, alignment, marks)."""
     from stepcli.traces.engine import summarize_paths
+    from stepcli.traces.reader import list_trace_files
 
     check_output(output)
     files = [f for f in list_trace_files(paths) if os.path.realpath(f) != os.path.realpath(output)]
@@ -222,6 +227,9 @@ def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
 
 
 def _write(path: str, document: dict[str, Any]) -> None:
+    import json
+    import tempfile
+
     folder = os.path.dirname(os.path.abspath(path))
     try:
         fd, temporary = tempfile.mkstemp(prefix=".merge-", suffix=".tmp", dir=folder)
