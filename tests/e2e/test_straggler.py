@@ -41,6 +41,8 @@ DDP = """
         model(x).square().mean().backward()
         opt.step()
     dist.barrier()
+    del model, opt  # DDP's reducer holds gloo's group: freed here, not at exit, where torch 2.13 can abort
+    import gc; gc.collect()
     dist.destroy_process_group()
 """
 ACTIVE = 14  # recorded steps 2-15: more than the 10 common steps the evidence rule needs
