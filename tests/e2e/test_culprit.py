@@ -39,6 +39,8 @@ RANKS_SCRIPT = """
         loss.backward()
         opt.step()
     dist.barrier()
+    del model, opt, graph  # DDP's reducer holds gloo's group: freed here, not at exit, where torch 2.13 can abort
+    gc.collect()
     dist.destroy_process_group()
 """
 
