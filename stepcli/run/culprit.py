@@ -74,6 +74,12 @@ def culprit_lines(section: Mapping[str, Any] | None) -> list[str]:
     return lines
 
 
+def print_culprit(console: Any, section: Mapping[str, Any] | None) -> None:
+    """The culprit lines on the run summary's console (rich), as they are: no markup in names from traces."""
+    for line in culprit_lines(section):
+        console.print(line, markup=False, highlight=False)
+
+
 def culprit_advice(section: Mapping[str, Any] | None) -> dict[str, str] | None:
     """The fields of the `culprit` advice (stepcli.run.advice.Advice): a rank that arrives last at the collectives,
     with the cause of its lateness; None below the threshold."""

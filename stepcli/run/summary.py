@@ -26,7 +26,7 @@ from stepcli.agent.schedule import NONE
 from stepcli.agent.tracker import FOREIGN
 from stepcli.errors import StepcliError
 from stepcli.run.compiles import compile_lines, compile_summary, compiled_steps
-from stepcli.run.culprit import culprit_lines, culprit_section
+from stepcli.run.culprit import culprit_section, print_culprit
 from stepcli.stats import describe
 
 if TYPE_CHECKING:
@@ -452,8 +452,7 @@ def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, 
             console.print(render.ranks_table(summary["ranks"], summary.get("slowest_rank"), title=title, width=width))
             if summary.get("straggler"):
                 console.print(f"slowest rank: {summary['straggler']['evidence']}", markup=False, highlight=False)
-    for line in culprit_lines(summary.get("culprit")):
-        console.print(line, markup=False, highlight=False)
+    print_culprit(console, summary.get("culprit"))
     for note in summary["notes"]:
         console.print(f"[yellow]note:[/] {note}")
     for line in advice or ():
