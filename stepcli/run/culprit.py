@@ -74,10 +74,16 @@ def culprit_lines(section: Mapping[str, Any] | None) -> list[str]:
     return lines
 
 
-def print_culprit(console: Any, section: Mapping[str, Any] | None) -> None:
-    """The culprit lines on the run summary's console (rich), as they are: no markup in names from traces."""
+def print_culprit(console: Any, section: Mapping[str, Any] | None, out_dir: str | None = None) -> None:
+    """The culprit lines on the run summary's console (rich), as they are: no markup in names from traces; and,
+    with collectives, the command that shows every rank on one timeline."""
     for line in culprit_lines(section):
         console.print(line, markup=False, highlight=False)
+    if section and section.get("collectives") and out_dir:
+        import shlex
+
+        command = f"stepcli merge {shlex.quote(out_dir)} -o all-ranks.json"
+        console.print(f"every rank on one timeline, culprits marked: {command}", markup=False, soft_wrap=True)
 
 
 def culprit_advice(section: Mapping[str, Any] | None) -> dict[str, str] | None:

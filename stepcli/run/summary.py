@@ -452,7 +452,7 @@ def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, 
             console.print(render.ranks_table(summary["ranks"], summary.get("slowest_rank"), title=title, width=width))
             if summary.get("straggler"):
                 console.print(f"slowest rank: {summary['straggler']['evidence']}", markup=False, highlight=False)
-    print_culprit(console, summary.get("culprit"))
+    print_culprit(console, summary.get("culprit"), summary.get("out_dir"))
     for note in summary["notes"]:
         console.print(f"[yellow]note:[/] {note}")
     for line in advice or ():

@@ -114,6 +114,7 @@ def test_rank_sleeping_before_backward_is_the_culprit(sleep_run: dict[str, Any])
     assert rank0["comm_ms"] == pytest.approx(found["lateness_ms_per_step"], rel=0.2)
     assert "culprit: rank 1 arrives last" in " ".join(sleep_run["stderr"].split())
     assert "Rank 1 holds the others back at collectives" in sleep_run["stderr"]  # advice
+    assert f"stepcli merge {sleep_run['out']} -o all-ranks.json" in sleep_run["stderr"]
     # AND `table` on the folder of ranks says the same, in JSON and on the terminal
     table = _table(sleep_run["out"])
     assert table["culprit"]["culprit"]["rank"] == 1 and table["culprit"]["culprit"]["cause"] == "no_operator"
