@@ -39,6 +39,7 @@ class AgentConfig:
         "quiet": False,
         "run_key": "",  # signs the step logs (agent/signing.py); only the run's processes get it
         "on_demand": False,
+        "hang_timeout": 0.0,  # seconds without a step before a hang dump (stepcli/agent/stacks.py); 0 = never
         "version": CONFIG_VERSION,
     }
 
@@ -57,6 +58,7 @@ class AgentConfig:
     quiet: bool
     run_key: str
     on_demand: bool  # no scheduled window: only `stepcli capture` opens one
+    hang_timeout: float
     version: int
 
     def __init__(
