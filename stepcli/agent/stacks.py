@@ -28,9 +28,20 @@ from .config import atomic_write_json
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Protocol
 
-    from .runtime import Agent
+    from .config import AgentConfig
+    from .hooks import PostImportHooks
+    from .tracker import StepTracker
+
+    class Agent(Protocol):
+        """What the dumper needs from the process's agent (stepcli.agent.runtime.Agent provides it); declared
+        here so this module does not refer back to runtime, which imports it."""
+
+        config: AgentConfig
+        tracker: StepTracker
+        hooks: PostImportHooks
+
 
 REGISTER_PREFIX = "stacks."
 STALL_PREFIX = "stall."
@@ -120,6 +131,13 @@ class StackDumper:
             os.close(self._write_fd)
         except (OSError, ValueError):
             pass
+
+    def unregister(self) -> None:
+        """At exit: this process can no longer dump, nor be stalled (what other hosts' launchers go by)."""
+        if os.getpid() != self.pid:
+            return
+        for prefix in (REGISTER_PREFIX, STALL_PREFIX):
+            _unlink(os.path.join(self.folder, prefix + self.tag))
 
     # -- the thread --------------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -272,6 +290,9 @@ def start_stacks(agent: Agent) -> StackDumper | None:
         say(f"stack dumps unavailable in this process: {type(exc).__name__}: {exc}")
         return None
     os.register_at_fork(after_in_child=dumper.forked)
+    import atexit
+
+    atexit.register(dumper.unregister)
     return dumper
 
 
