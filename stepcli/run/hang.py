@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from stepcli.agent.config import atomic_write_json
 from stepcli.agent.stacks import REGISTER_PREFIX, REQUEST_PREFIX, STALL_PREFIX, dump_signal, process_start_ticks
 from stepcli.errors import EXIT_NOTHING_MEASURED, StepcliError
-from stepcli.run.hangreport import describe_dumps
+from stepcli.run.hangreport import describe_dumps, in_collective, main_frames, order, own_frame, verdict, where
 
 if TYPE_CHECKING:
     import subprocess
@@ -162,6 +162,39 @@ def _read_dumps(target: Path) -> list[dict[str, Any]]:
             document["file"] = path.name
             dumps.append(document)
     return dumps
+
+
+def hang_summary(out_dir: str, since: float) -> dict[str, Any] | None:
+    """The run summary's `hang` section: every `OUT/hang-<n>/` this run wrote (not an earlier run's), or None."""
+    reports = []
+    folders = [p for p in Path(out_dir).glob("hang-*") if p.is_dir() and p.name[5:].isdigit()]
+    for folder in sorted(folders, key=lambda p: int(p.name[5:])):
+        dumps = [d for d in _read_dumps(folder) if float(d.get("time", 0.0)) >= since]
+        if not dumps:
+            continue
+        reports.append(
+            {
+                "folder": str(folder),
+                "processes": [_process_entry(dump) for dump in sorted(dumps, key=order)],
+                "verdict": verdict(dumps),
+            }
+        )
+    return {"reports": reports} if reports else None
+
+
+def _process_entry(dump: dict[str, Any]) -> dict[str, Any]:
+    frame = own_frame(main_frames(dump))
+    return {
+        "worker": dump.get("worker"),
+        "rank": dump.get("rank"),
+        "pid": dump.get("pid"),
+        "host": dump.get("host"),
+        "step": dump.get("step"),
+        "collective": dump.get("collective"),
+        "waiting": in_collective(dump),
+        "where": where(frame) if frame is not None else None,
+        "file": dump.get("file"),
+    }
 
 
 # -- `stepcli run --hang-timeout` -------------------------------------------------------------------------------

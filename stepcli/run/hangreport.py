@@ -19,7 +19,7 @@ def label(process: dict[str, Any]) -> str:
     return f"pid {process.get('pid')} on {process.get('host')}"
 
 
-def _order(process: dict[str, Any]) -> tuple[Any, ...]:
+def order(process: dict[str, Any]) -> tuple[Any, ...]:
     rank = process.get("rank")
     return (rank is None, rank if rank is not None else 0, str(process.get("host")), int(process.get("pid") or 0))
 
@@ -89,7 +89,7 @@ def verdict(dumps: list[dict[str, Any]]) -> str | None:
     elsewhere = [d for d in dumps if not in_collective(d)]
     if waiting and elsewhere:
         blocked = []
-        for dump in sorted(elsewhere, key=_order):
+        for dump in sorted(elsewhere, key=order):
             frame = own_frame(main_frames(dump))
             blocked.append(f"{label(dump)} is in {where(frame)}" if frame else f"{label(dump)} has no Python frame")
         names = sorted({collective_name(d["collective"]) for d in waiting})
@@ -109,12 +109,12 @@ def verdict(dumps: list[dict[str, Any]]) -> str | None:
 def describe_dumps(dumps: list[dict[str, Any]], silent: list[dict[str, Any]]) -> list[str]:
     """The block's lines (without the headline): one entry per process, then the verdict."""
     lines: list[str] = []
-    for dump in sorted(dumps, key=_order):
+    for dump in sorted(dumps, key=order):
         if in_collective(dump):
             lines.append("  " + _collective_line(dump))
         else:
             lines += ["  " + line for line in _elsewhere_lines(dump)]
-    for process in sorted(silent, key=_order):
+    for process in sorted(silent, key=order):
         lines.append(
             f"  {label(process)}: wrote no stacks (exited, or stuck in C code that holds the GIL: try py-spy dump)"
         )

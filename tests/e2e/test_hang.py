@@ -172,6 +172,8 @@ def test_on_hang_kill_ends_the_job_with_its_status_and_the_saved_traces_stay_int
         "kill",
         "-o",
         out,
+        "--json",
+        tmp_path / "run.json",
         "--",
         _torchrun(),
         "--standalone",
@@ -192,6 +194,17 @@ def test_on_hang_kill_ends_the_job_with_its_status_and_the_saved_traces_stay_int
         assert load_trace(trace)["traceEvents"]  # valid JSON
         assert profiler_steps(trace) == [2, 3, 4]
     assert not list(out.glob("hang-2"))  # killed after the first dump
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert summary["exit_status"] == EXIT_HANG
+    (report,) = summary["hang"]["reports"]
+    assert report["folder"] == str(out / "hang-1")
+    assert [(p["rank"], p["waiting"]) for p in report["processes"]] == [(0, True), (1, False)]
+    assert (
+        report["processes"][0]["collective"]["name"] == "all_reduce"
+        and report["processes"][0]["collective"]["seq"] == 6
+    )
+    assert report["processes"][1]["where"].startswith("stuck_forever (")
+    assert "rank 1" in report["verdict"] and "holds the job back" in report["verdict"]
 
 
 def test_a_healthy_run_with_a_hang_timeout_prints_nothing_extra(tmp_path: Path) -> None:
@@ -199,13 +212,25 @@ def test_a_healthy_run_with_a_hang_timeout_prints_nothing_extra(tmp_path: Path) 
     script = write_script(tmp_path, "train.py", TRAIN_LOOP.replace("opt.step()", "opt.step(); time.sleep(0.1)"))
     script.write_text("import time\n" + script.read_text())
     plain = run_stepcli("run", "-o", tmp_path / "plain", script, "60", cwd=tmp_path)
-    watched = run_stepcli("run", "--hang-timeout", "3s", "-o", tmp_path / "watched", script, "60", cwd=tmp_path)
+    watched = run_stepcli(
+        "run",
+        "--hang-timeout",
+        "3s",
+        "-o",
+        tmp_path / "watched",
+        "--json",
+        tmp_path / "run.json",
+        script,
+        "60",
+        cwd=tmp_path,
+    )
     assert plain.returncode == watched.returncode == 0, watched.stderr
     assert watched.stdout == plain.stdout
     said = [line for line in watched.stderr.splitlines() if line.startswith("stepcli:")]
-    assert len(said) == len([line for line in plain.stderr.splitlines() if line.startswith("stepcli:")])
-    assert not [line for line in said if "hang:" in line or "stacks" in line], said
+    extra = [line for line in said if any(word in line for word in ("hang:", "stacks", "waits in", "frames", "->"))]
+    assert not extra and said[0].startswith("stepcli: recording steps 2-4"), said
     assert not list((tmp_path / "watched").glob("hang-*"))
+    assert json.loads((tmp_path / "run.json").read_text())["hang"] is None
 
 
 def test_capture_stacks_dumps_a_process_blocked_in_a_sleep(tmp_path: Path) -> None:
