@@ -60,6 +60,9 @@ def _parse_fail_over(
         raise click.BadParameter(str(exc)) from None
 
 
+_FROM_CLI = click.core.ParameterSource.COMMANDLINE
+
+
 def _parse_duration(_ctx: click.Context, _param: click.Parameter, value: str | None) -> float | None:
     if value is None:
         return None
@@ -389,6 +392,11 @@ def capture(target: str, wait: int, warmup: int, active: int, timeout: float, as
     """
     if stacks:
         from stepcli.run.hang import capture_stacks
+
+        ctx = click.get_current_context()
+        given = [f"--{name}" for name in ("wait", "warmup", "active") if ctx.get_parameter_source(name) == _FROM_CLI]
+        if given:
+            raise click.UsageError(f"--stacks records no window: drop {', '.join(given)}")
 
         return capture_stacks(target, timeout=timeout, as_json=as_json)
     from stepcli.run.capture import capture_main

@@ -271,3 +271,9 @@ def test_bad_hang_options_exit_2_with_one_line(tmp_path: Path, args: list[str], 
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
     assert not list(tmp_path.glob("stepcli-runs"))
+
+
+def test_capture_stacks_refuses_window_options(tmp_path: Path) -> None:
+    result = run_stepcli("capture", tmp_path, "--stacks", "--active", "2", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "--stacks records no window: drop --active" in result.stderr
