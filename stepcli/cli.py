@@ -388,7 +388,8 @@ def capture(target: str, wait: int, warmup: int, active: int, timeout: float, as
     """Record one window of a running `stepcli run` on every process, starting at the same global step.
 
     TARGET is the run's -o folder or the pid of one of its processes. Exit 0 traces saved, 2 TARGET is not a
-    running stepcli run, 3 nothing captured before --timeout.
+    running stepcli run, 3 nothing captured before --timeout. With --stacks: every process's Python stacks instead,
+    now (exit 0 written, 3 no process answered).
     """
     if stacks:
         from stepcli.run.hang import capture_stacks
