@@ -140,7 +140,7 @@ def test_a_hang_is_dumped_naming_the_blocked_rank_and_the_collective_the_other_w
     dumps = _dumps(out / "hang-1")
     stuck_at = float(marker.read_text())
     written = max(p.stat().st_mtime for p in (out / "hang-1").glob("*.json"))
-    assert 10.0 <= written - stuck_at <= 20.0, written - stuck_at  # timeout 10 s: the dump within 20 s
+    assert 9.0 <= written - stuck_at <= 20.0, written - stuck_at  # timeout 10 s (from its last step): within 20 s
     assert set(dumps) == {"rank0", "rank1"}
     assert "stuck_forever" in _functions(dumps["rank1"])  # blocked in C (a lock's wait), yet dumped
     assert "stuck_forever" in dumps["rank1"]["faulthandler"]
