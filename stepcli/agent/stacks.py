@@ -15,6 +15,8 @@ process has one. Files, in `<out>/.stepcli/<run-id>/control/`:
 
   stacks.<host>.<pid>.json   this process can dump: pid, start time (so a reused pid is never signalled), signal
   stall.<host>.<pid>.json    no step for T: the step, and when the last one ended (wall clock)
+  fault.<host>.<pid>.txt     faulthandler's text for FAULT_SIGNAL, appended by its C handler: the stacks of a
+                             process whose threads cannot run (C code holding the GIL), read by the launcher
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 REGISTER_PREFIX = "stacks."
 STALL_PREFIX = "stall."
 REQUEST_PREFIX = "dump."
+FAULT_PREFIX = "fault."  # fault.<host>.<pid>.txt: faulthandler's text for FAULT_SIGNAL, appended by the C handler
 SCHEMA = "stepcli.stacks"
 MAX_FRAMES = 60  # per thread, innermost first: enough for any real stack, bounded for a runaway recursion
 _QUIET_S = 0.1  # faulthandler writes its text in one go: this long without more bytes ends it
@@ -58,6 +61,13 @@ def dump_signal() -> int | None:
 
     low = getattr(signal, "SIGRTMIN", None)
     return int(low) + 6 if low is not None else None
+
+
+def fault_signal() -> int | None:
+    """SIGRTMIN+5: faulthandler appends every thread's stack to the process's fault file, with no Python at all,
+    for a process whose threads cannot run because C code holds the GIL."""
+    signum = dump_signal()
+    return signum - 1 if signum is not None else None
 
 
 def process_start_ticks(pid: int | str = "self") -> int | None:
@@ -88,6 +98,10 @@ class StackDumper:
         self._step = agent.tracker.global_step
         self._step_wall = time.time()
         self._step_mono = time.monotonic()
+        self.fault_name = FAULT_PREFIX + self.tag[: -len(".json")] + ".txt"
+        self._fault_fd = os.open(
+            os.path.join(folder, self.fault_name), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
+        )
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)  # a full pipe drops text; never blocks the signal handler
         self._stop = False
@@ -102,6 +116,9 @@ class StackDumper:
         except (ImportError, AttributeError, OSError):
             pass
         faulthandler.register(self.signum, file=self._write_fd, all_threads=True, chain=False)
+        fallback = fault_signal()
+        if fallback is not None:
+            faulthandler.register(fallback, file=self._fault_fd, all_threads=True, chain=False)
         thread = threading.Thread(target=self._run, name="stepcli-stacks", daemon=True)
         thread.start()
         from .output import current_rank, worker_name
@@ -113,6 +130,9 @@ class StackDumper:
                 "host": self.host,
                 "start_ticks": process_start_ticks(),
                 "signal": self.signum,
+                "fault_signal": fault_signal(),
+                "fault_file": self.fault_name,
+                "main_thread": threading.main_thread().ident,
                 "rank": current_rank(),
                 "worker": worker_name(),
                 "hang_timeout_s": self.hang_timeout,
@@ -127,8 +147,12 @@ class StackDumper:
         self._stop = True
         try:
             faulthandler.unregister(self.signum)
+            fallback = fault_signal()
+            if fallback is not None:
+                faulthandler.unregister(fallback)
             os.close(self._read_fd)
             os.close(self._write_fd)
+            os.close(self._fault_fd)
         except (OSError, ValueError):
             pass
 
@@ -138,6 +162,7 @@ class StackDumper:
             return
         for prefix in (REGISTER_PREFIX, STALL_PREFIX):
             _unlink(os.path.join(self.folder, prefix + self.tag))
+        _unlink(os.path.join(self.folder, self.fault_name))
 
     # -- the thread --------------------------------------------------------------------------------------------
     def _run(self) -> None:

@@ -20,9 +20,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stepcli.agent.config import atomic_write_json
-from stepcli.agent.stacks import REGISTER_PREFIX, REQUEST_PREFIX, STALL_PREFIX, dump_signal, process_start_ticks
+from stepcli.agent.stacks import (
+    REGISTER_PREFIX,
+    REQUEST_PREFIX,
+    SCHEMA,
+    STALL_PREFIX,
+    dump_signal,
+    fault_signal,
+    process_start_ticks,
+)
 from stepcli.errors import EXIT_NOTHING_MEASURED, StepcliError
-from stepcli.run.hangreport import describe_dumps, in_collective, main_frames, order, own_frame, verdict, where
+from stepcli.run.hangreport import (
+    describe_dumps,
+    in_collective,
+    main_frames,
+    order,
+    own_frame,
+    parse_faulthandler,
+    verdict,
+    where,
+)
 
 if TYPE_CHECKING:
     import subprocess
@@ -130,16 +147,20 @@ def request_stacks(
     request = os.path.join(folder, f"{REQUEST_PREFIX}{target.name}.{os.getpid()}.json")
     atomic_write_json(request, {"id": target.name, "dir": str(target), "asked_at": time.time()})
     expected = [p for p in processes if local(p) and p.get("signal") == dump_signal()]
+    offsets = {_key(p): _size(_fault_path(folder, p)) for p in expected}
     try:
         for process in expected:
-            try:
-                os.kill(int(process["pid"]), int(process["signal"]))
-            except (ProcessLookupError, PermissionError, KeyError, ValueError):
-                continue
+            for signum in (process.get("fault_signal"), process["signal"]):
+                if signum is None or signum not in (fault_signal(), dump_signal()):
+                    continue
+                try:
+                    os.kill(int(process["pid"]), int(signum))
+                except (ProcessLookupError, PermissionError, KeyError, ValueError):
+                    continue
         deadline = time.monotonic() + wait_s
         while True:
-            written = {f"{p.get('host')}.{p.get('pid')}" for p in _read_dumps(target)}
-            waiting = [p for p in expected if f"{p['host']}.{p['pid']}" not in written and _alive(p)]
+            written = {_key(p) for p in _read_dumps(target)}
+            waiting = [p for p in expected if _key(p) not in written and _alive(p)]
             if not waiting or time.monotonic() >= deadline:
                 break
             time.sleep(0.1)
@@ -148,10 +169,67 @@ def request_stacks(
             os.unlink(request)
         except OSError:
             pass
+    written = {_key(p) for p in _read_dumps(target)}
+    for process in expected:
+        if _key(process) not in written:
+            _fallback_dump(process, folder, offsets.get(_key(process), 0), target)
     dumps = _read_dumps(target)
-    written = {f"{p.get('host')}.{p.get('pid')}" for p in dumps}
-    silent = [p for p in expected if f"{p['host']}.{p['pid']}" not in written]
+    written = {_key(p) for p in dumps}
+    silent = [p for p in expected if _key(p) not in written]
     return target, dumps, silent
+
+
+def _key(process: dict[str, Any]) -> str:
+    return f"{process.get('host')}.{process.get('pid')}"
+
+
+def _fault_path(folder: str, process: dict[str, Any]) -> str | None:
+    name = process.get("fault_file")
+    if not isinstance(name, str) or "/" in name or not name.startswith("fault."):
+        return None
+    return os.path.join(folder, name)
+
+
+def _size(path: str | None) -> int:
+    try:
+        return os.path.getsize(path) if path else 0
+    except OSError:
+        return 0
+
+
+def _fallback_dump(process: dict[str, Any], folder: str, offset: int, target: Path) -> None:
+    """A process that wrote no stacks file (its Python threads cannot run): faulthandler's text, written by its C
+    signal handler into its fault file, becomes its stacks file."""
+    path = _fault_path(folder, process)
+    if path is None:
+        return
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            text = handle.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return
+    threads = parse_faulthandler(text, process.get("main_thread"))
+    if not threads:
+        return
+    worker = str(process.get("worker") or f"{process.get('host')}_{process.get('pid')}")
+    document = {
+        "schema": SCHEMA,
+        "request": target.name,
+        "source": "faulthandler",
+        "pid": process.get("pid"),
+        "host": process.get("host"),
+        "rank": process.get("rank"),
+        "worker": worker,
+        "time": time.time(),
+        "step": None,
+        "last_step_s_ago": None,
+        "collective": None,
+        "collectives_hooked": False,
+        "threads": threads,
+        "faulthandler": text,
+    }
+    atomic_write_json(str(target / f"{worker}.{process.get('host')}.{process.get('pid')}.json"), document)
 
 
 def _read_dumps(target: Path) -> list[dict[str, Any]]:

@@ -5,10 +5,34 @@ Pure: reads the stacks files' documents (stepcli/agent/stacks.py) and returns li
 
 from __future__ import annotations
 
+import re
 import sysconfig
 from typing import Any
 
 INNERMOST_FRAMES = 5
+_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?+) in (.*)$')
+
+
+def parse_faulthandler(text: str, main_thread: int | None) -> list[dict[str, Any]]:
+    """faulthandler's text (`Thread 0x... (most recent call first):` then `  File "f", line N in func`) as the
+    stacks file's `threads`: innermost frame first, as faulthandler prints them; the last dump in `text` only."""
+    threads: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        thread = _THREAD.match(line)
+        if thread:
+            ident = int(thread.group(2), 16)
+            if any(t["id"] == ident for t in threads):
+                threads = []  # a second dump appended to the file: keep the newest
+            threads.append({"id": ident, "name": f"thread {ident:#x}", "main": ident == main_thread, "frames": []})
+            continue
+        frame = _FRAME.match(line)
+        if frame and threads:
+            number = frame.group(2)
+            threads[-1]["frames"].append(
+                {"function": frame.group(3), "file": frame.group(1), "line": int(number) if number.isdigit() else None}
+            )
+    return threads
 
 
 def label(process: dict[str, Any]) -> str:
@@ -75,7 +99,10 @@ def _elsewhere_lines(dump: dict[str, Any]) -> list[str]:
         state = "not in a collective (entered none)"
     else:
         state = "collectives not recorded (run with --hang-timeout)"
-    lines = [f"{label(dump)}: {state}, step {dump.get('step')}; innermost frames of its main thread:"]
+    if dump.get("source") == "faulthandler":
+        state = "its Python threads could not run (C code holding the GIL?); faulthandler's stacks"
+    step = f", step {dump['step']}" if dump.get("step") is not None else ""
+    lines = [f"{label(dump)}: {state}{step}; innermost frames of its main thread:"]
     frames = main_frames(dump)
     lines += [f"    {where(frame)}" for frame in frames[:INNERMOST_FRAMES]]
     if not frames:
@@ -115,9 +142,7 @@ def describe_dumps(dumps: list[dict[str, Any]], silent: list[dict[str, Any]]) ->
         else:
             lines += ["  " + line for line in _elsewhere_lines(dump)]
     for process in sorted(silent, key=order):
-        lines.append(
-            f"  {label(process)}: wrote no stacks (exited, or stuck in C code that holds the GIL: try py-spy dump)"
-        )
+        lines.append(f"  {label(process)}: wrote no stacks (exited while asked, or its signal handler could not write)")
     conclusion = verdict(dumps)
     if conclusion:
         lines.append(conclusion)

@@ -68,6 +68,9 @@ NAP = """
     napping()
 """
 
+# The same, but then spins in the regular-expression engine, C code that holds the GIL: no Python thread runs.
+SPIN = NAP.replace("time.sleep(600)", 're.match(r"(a+)+$", "a" * 60 + "b")').replace("import sys", "import re, sys")
+
 LIMIT_S = 180.0  # a generous upper bound for anything to appear on a busy 2-core machine
 
 
@@ -277,3 +280,19 @@ def test_capture_stacks_refuses_window_options(tmp_path: Path) -> None:
     result = run_stepcli("capture", tmp_path, "--stacks", "--active", "2", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "--stacks records no window: drop --active" in result.stderr
+
+
+def test_capture_stacks_of_a_process_whose_threads_cannot_run_comes_from_faulthandler(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "spin.py", SPIN)
+    marker, log, out = tmp_path / "stepped", tmp_path / "log", tmp_path / "out"
+    proc = _start(["run", "-o", str(out), str(script), str(marker)], tmp_path, log)
+    try:
+        _wait_until(marker.exists, proc, log, "three steps")
+        result = run_stepcli("capture", out, "--stacks", "--timeout", "5", cwd=tmp_path, timeout=LIMIT_S)
+        assert result.returncode == 0, result.stderr
+        assert "could not run (C code holding the GIL?)" in result.stdout
+        (dump,) = _dumps(out / "stacks-1").values()
+        assert dump["source"] == "faulthandler" and "napping" in dump["faulthandler"]
+        assert _functions(dump)[:3] == ["match", "napping", "<module>"]  # re.match, in C, holding the GIL
+    finally:
+        _stop(proc)

@@ -14,7 +14,7 @@ from stepcli.agent.stacks import STALL_PREFIX, StackDumper
 from stepcli.agent.tracker import StepTracker
 from stepcli.errors import StepcliError
 from stepcli.run.hang import check_options, parse_duration
-from stepcli.run.hangreport import describe_dumps, verdict
+from stepcli.run.hangreport import describe_dumps, parse_faulthandler, verdict
 
 
 @pytest.mark.parametrize(
@@ -141,3 +141,26 @@ def test_a_process_marks_itself_stalled_after_the_timeout_and_unmarks_when_it_st
     dumper._watch_steps()
     assert not marker.exists() and not dumper.stalled
     dumper.forked()  # closes its pipe
+
+
+FAULTHANDLER_TEXT = """Thread 0x00007f0000000002 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 327 in wait
+  File "/app/worker.py", line 9 in loop
+
+Current thread 0x00007f0000000001 (most recent call first):
+  File "/app/train.py", line 12 in spin
+  File "/app/train.py", line 20 in <module>
+"""
+
+
+def test_faulthandler_text_becomes_threads_innermost_first() -> None:
+    threads = parse_faulthandler(FAULTHANDLER_TEXT, main_thread=0x7F0000000001)
+    assert [(t["id"], t["main"]) for t in threads] == [(0x7F0000000002, False), (0x7F0000000001, True)]
+    assert threads[1]["frames"] == [
+        {"function": "spin", "file": "/app/train.py", "line": 12},
+        {"function": "<module>", "file": "/app/train.py", "line": 20},
+    ]
+    # two dumps appended to the same file: the newest is kept
+    assert len(parse_faulthandler(FAULTHANDLER_TEXT + FAULTHANDLER_TEXT.replace("12", "13"), None)) == 2
+    assert parse_faulthandler(FAULTHANDLER_TEXT * 2, None)[1]["frames"][0]["line"] == 12
+    assert parse_faulthandler("", None) == []
