@@ -194,6 +194,7 @@ class ReportData:
     memory_peaks: list[tuple[str, int | None, int | None]] = field(default_factory=list)
     memory_curves: list[tuple[str, list[tuple[float, float]]]] = field(default_factory=list)
     advice: list[Advice] = field(default_factory=list)
+    out_dir: str | None = None  # the run's output folder, where `stepcli run --memory` leaves oom-*.pickle
 
 
 @dataclass
@@ -294,6 +295,7 @@ def build(
     analysis = merge_parts([p[0] for p in parts]).to_dict() if parts else None
     if summary is not None:
         _add_run_facts(data, summary)
+        data.out_dir = str(summary["out_dir"]) if summary.get("out_dir") else None
     else:
         data.facts.append(("inputs", ", ".join(sources) or ", ".join(trace_paths)))
 

@@ -15,6 +15,7 @@ from urllib.parse import quote
 from stepcli import __version__
 from stepcli.report import GENERATOR, svg
 from stepcli.report.data import ReportData
+from stepcli.report.memorysnapshots import snapshot_section
 from stepcli.traces.render import shorten
 
 NAME_CHARS = 110  # longer operator and kernel names are cut in the middle; the full name is the cell's tooltip
@@ -277,6 +278,7 @@ def render(data: ReportData, report_path: str) -> str:
         add('<p class="muted">Allocated tensor memory during the recorded window (--profile-memory).</p>')
     elif not any(rss or cuda for _, rss, cuda in data.memory_peaks):
         add('<p class="muted">No memory measured (run with stepcli run; add --profile-memory for a curve).</p>')
+    add(snapshot_section(data.out_dir))  # stepcli/report/memorysnapshots.py: "" without oom-*.pickle
 
     add('<h2 id="facts">Run</h2><dl class="facts">')
     for label, value in data.facts:

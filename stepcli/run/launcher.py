@@ -57,6 +57,7 @@ class RunRequest:
     verbose: bool = False
     hang_timeout: float | None = None  # --hang-timeout, seconds (stepcli/run/hang.py)
     on_hang: str = "keep"
+    memory_entries: int = 0  # --memory: CUDA allocator history entries per process (0: off)
 
     @classmethod
     def from_cli(
@@ -82,6 +83,7 @@ class RunRequest:
         verbose: bool = False,
         hang_timeout: float | None = None,
         on_hang: str | None = None,
+        memory_entries: int = 0,
         **profiler_options: bool,
     ) -> RunRequest:
         """Validate everything that can be checked before the program starts (usage errors exit 2)."""
@@ -118,6 +120,7 @@ class RunRequest:
             verbose=verbose,
             hang_timeout=hang_timeout,
             on_hang=on_hang,
+            memory_entries=memory_entries,
         )
 
 
@@ -367,6 +370,7 @@ def run_program(request: RunRequest) -> int:
         quiet=request.quiet,
         on_demand=request.on_demand,
         hang_timeout=request.hang_timeout or 0.0,
+        memory_entries=request.memory_entries,
         **request.profiler_options,
     )
     if not request.quiet:
