@@ -4,8 +4,9 @@ Runs inside the target: standard library only. torch.distributed's Python collec
 are wrapped once, when torch.distributed is imported, only in runs with `--hang-timeout`: each call numbers itself
 (the n-th collective this process entered; every rank of a data-parallel job enters the same ones in the same
 order, so equal numbers are the same collective) and notes when it entered and whether it returned. That is a few
-attribute stores per collective, nothing per step. Collectives issued from C++ (DDP's bucketed all-reduce) are not
-seen; the dump's stacks still show where every thread is.
+attribute stores per collective, nothing per step. Collectives issued from C++ (DDP's bucketed all-reduce) and those
+inside torch.compile'd code (compiled from the original function) are not seen; the stacks still show where every
+thread is.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     stepcli_collective.__name__ = getattr(original, "__name__", name)
     stepcli_collective.__qualname__ = getattr(original, "__qualname__", name)
     stepcli_collective.__doc__ = getattr(original, "__doc__", None)
+    # torch.compile unwraps it and traces the original (as a functional collective): one graph, not a graph break
     stepcli_collective.__wrapped__ = original  # type: ignore[attr-defined]
     stepcli_collective._stepcli = True  # type: ignore[attr-defined]
     return stepcli_collective

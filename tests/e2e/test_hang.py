@@ -296,3 +296,41 @@ def test_capture_stacks_of_a_process_whose_threads_cannot_run_comes_from_faultha
         assert _functions(dump)[:3] == ["match", "napping", "<module>"]  # re.match, in C, holding the GIL
     finally:
         _stop(proc)
+
+
+def test_numbered_collectives_still_compile_in_one_graph(tmp_path: Path) -> None:
+    """torch.compile(fullgraph=True) of a function with dist.all_reduce traces through stepcli's wrapper."""
+    script = write_script(
+        tmp_path,
+        "compiled.py",
+        """
+        import os
+        import torch
+        import torch.distributed as dist
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+        dist.init_process_group("gloo", rank=0, world_size=1)
+
+        def f(x):
+            y = x * 2
+            dist.all_reduce(y)
+            return y + 1
+
+        g = torch.compile(f, fullgraph=True, backend="eager")
+        model = torch.nn.Linear(2, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            print(g(torch.ones(2)).tolist())
+            opt.step()
+        print(getattr(dist.all_reduce, "_stepcli", False))
+        dist.destroy_process_group()
+        """,
+    )
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    result = run_stepcli("run", "-q", "--hang-timeout", "30s", script, cwd=tmp_path, env={"PORT": port})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[3.0, 3.0]"] * 3 + ["True"]  # the wrapper was there, and compiled
