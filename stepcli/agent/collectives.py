@@ -45,7 +45,7 @@ HOOKED = (
 class LastCollective:
     """What the dump reports: the last collective entered (name, number, wall time), and whether it returned."""
 
-    __slots__ = ("name", "seq", "entered_at", "returned_at", "depth", "async_op")
+    __slots__ = ("name", "seq", "entered_at", "returned_at", "depth", "async_op", "group")
 
     def __init__(self) -> None:
         self.name = ""
@@ -54,6 +54,7 @@ class LastCollective:
         self.returned_at = 0.0
         self.depth = 0  # > 0 while inside a hooked call: collectives it makes itself are not counted again
         self.async_op = False
+        self.group: Any = None  # the `group=` it was given (None: the default group), named only when dumped
 
     def to_dict(self, now: float) -> dict[str, Any] | None:
         if not self.seq:
@@ -66,7 +67,17 @@ class LastCollective:
             "returned": returned,
             "returned_s_ago": round(now - self.returned_at, 3) if returned else None,
             "async_op": self.async_op,
+            "group": _group_name(self.group),
         }
+
+
+def _group_name(group: Any) -> str:
+    if group is None:
+        return "default"
+    try:
+        return str(group.group_name)
+    except Exception:
+        return repr(group)[:100]
 
 
 LAST = LastCollective()
@@ -81,6 +92,7 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         last.seq += 1
         last.name = name
         last.async_op = bool(kwargs.get("async_op"))
+        last.group = kwargs.get("group")
         last.entered_at = time.time()
         last.depth = 1
         try:

@@ -109,7 +109,8 @@ def test_collectives_are_numbered_once_each_and_marked_returned() -> None:
         last.seq = 0
         collectives.hook_collectives(fake)
         collectives.hook_collectives(fake)  # twice: not wrapped twice
-        assert fake.all_reduce(1, async_op=True) == "done"
+        assert fake.all_reduce(1, async_op=True, group=types.SimpleNamespace(group_name="tp")) == "done"
+        assert (last.to_dict(0.0) or {})["group"] == "tp" and (last.to_dict(0.0) or {})["async_op"] is True
         assert last.to_dict(last.entered_at) == {**last.to_dict(last.entered_at), "name": "all_reduce", "seq": 1}  # type: ignore[dict-item]
         fake.all_gather_object([], 2)
         assert (last.name, last.seq) == ("all_gather_object", 2)
