@@ -17,6 +17,9 @@ process has one. Files, in `<out>/.stepcli/<run-id>/control/`:
   stall.<host>.<pid>.json    no step for T: the step, and when the last one ended (wall clock)
   fault.<host>.<pid>.txt     faulthandler's text for FAULT_SIGNAL, appended by its C handler: the stacks of a
                              process whose threads cannot run (C code holding the GIL), read by the launcher
+  alive.<host>.<pid>.json    the answer to the launcher's probe (`probe.json`, then the dump signal): this
+                             process's Python can run. When some processes are stalled and the others are not,
+                             the launcher probes those: one that cannot answer (C code holding the GIL) is stuck.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ if TYPE_CHECKING:
 REGISTER_PREFIX = "stacks."
 STALL_PREFIX = "stall."
 REQUEST_PREFIX = "dump."
+PROBE_FILE = "probe.json"  # the launcher's: {"id"}; a woken thread answers in alive.<host>.<pid>.json
+ALIVE_PREFIX = "alive."
 FAULT_PREFIX = "fault."  # fault.<host>.<pid>.txt: faulthandler's text for FAULT_SIGNAL, appended by the C handler
 SCHEMA = "stepcli.stacks"
 MAX_FRAMES = 60  # per thread, innermost first: enough for any real stack, bounded for a runaway recursion
@@ -95,6 +100,7 @@ class StackDumper:
         self.tag = f"{self.host}.{self.pid}.json"
         self.answered: set[str] = set()
         self.stalled = False
+        self._probe = ""
         self._step = agent.tracker.global_step
         self._step_wall = time.time()
         self._step_mono = time.monotonic()
@@ -160,7 +166,7 @@ class StackDumper:
         """At exit: this process can no longer dump, nor be stalled (what other hosts' launchers go by)."""
         if os.getpid() != self.pid:
             return
-        for prefix in (REGISTER_PREFIX, STALL_PREFIX):
+        for prefix in (REGISTER_PREFIX, STALL_PREFIX, ALIVE_PREFIX):
             _unlink(os.path.join(self.folder, prefix + self.tag))
         _unlink(os.path.join(self.folder, self.fault_name))
 
@@ -176,6 +182,7 @@ class StackDumper:
                     return
                 if ready:
                     self._answer(self._read_text())
+                    self._answer_probe()
                 if tick is not None:
                     self._watch_steps()
             except Exception as exc:  # never take the program down; say it once and stop
@@ -215,6 +222,23 @@ class StackDumper:
                 os.path.join(self.folder, STALL_PREFIX + self.tag),
                 {"pid": self.pid, "host": self.host, "step": step, "last_step_at": self._step_wall},
             )
+
+    def _answer_probe(self) -> None:
+        """The launcher asks whether this process's Python can run: say so, with the step."""
+        import json
+
+        try:
+            with open(os.path.join(self.folder, PROBE_FILE), encoding="utf-8") as handle:
+                probe = str(json.load(handle)["id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if probe == self._probe:
+            return
+        self._probe = probe
+        atomic_write_json(
+            os.path.join(self.folder, ALIVE_PREFIX + self.tag),
+            {"probe": probe, "pid": self.pid, "host": self.host, "step": self.agent.tracker.global_step},
+        )
 
     def _answer(self, text: str) -> None:
         """Write a stacks file for every request not answered yet (several may share one signal)."""

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from stepcli.agent.config import atomic_write_json
 from stepcli.agent.stacks import (
+    ALIVE_PREFIX,
+    PROBE_FILE,
     REGISTER_PREFIX,
     REQUEST_PREFIX,
     SCHEMA,
@@ -51,6 +53,7 @@ EXIT_HANG = 124  # `--on-hang kill`: the job was ended after its hang dump (time
 MAX_REPORTS = 3  # dumps per hang with `--on-hang keep`: one when it is called, then one per timeout while it lasts
 DUMP_WAIT_S = 15.0  # how long the launcher waits for every process's stacks file
 TERM_GRACE_S = 5.0  # `--on-hang kill`: SIGTERM, then SIGKILL this much later
+PROBE_WAIT_S = 3.0  # a process whose Python can run answers a probe well within this
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -290,6 +293,8 @@ class HangWatch:
         self.killed = False
         self.exit_status = EXIT_HANG
         self.reports = 0
+        self._probes = 0
+        self._probed: tuple[frozenset[str], bool, float] = (frozenset(), False, 0.0)  # (whom, all silent, until)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stepcli-hang-watch", daemon=True)
 
@@ -300,16 +305,50 @@ class HangWatch:
     def stop(self) -> None:
         self._stopped.set()
         self._thread.join(timeout=DUMP_WAIT_S + TERM_GRACE_S + 5)
+        try:
+            os.unlink(os.path.join(self.folder, PROBE_FILE))
+        except OSError:
+            pass
 
     def hung(self) -> tuple[float, list[dict[str, Any]]] | None:
-        """(when the last step ended, the processes) while every live registered process is stalled."""
+        """(when the last step ended, the processes) while every live registered process is stalled, or stalled
+        processes wait and every other one is stuck where its Python cannot run (it answers no probe)."""
         processes = registered(self.folder)
-        if not processes:
-            return None
         stalls = _documents(self.folder, STALL_PREFIX)
-        if any(_tag(p) not in stalls for p in processes):
+        stalled = [p for p in processes if _tag(p) in stalls]
+        quiet = [p for p in processes if _tag(p) not in stalls]
+        if not stalled or (quiet and not self._silent(quiet)):
             return None
-        return max(float(stalls[_tag(p)].get("last_step_at", 0.0)) for p in processes), processes
+        return max(float(stalls[_tag(p)].get("last_step_at", 0.0)) for p in stalled), processes
+
+    def _silent(self, quiet: list[dict[str, Any]]) -> bool:
+        """Whether none of `quiet` (processes not marked stalled) answers a probe: each is stuck in C code that
+        holds the GIL, so it cannot step either. Probed at most once per timeout; the answer is kept till then."""
+        if any(not local(p) for p in quiet):
+            return False  # another host's process cannot be probed from here: it may be stepping
+        whom = frozenset(_tag(p) for p in quiet)
+        cached_whom, cached, until = self._probed
+        if whom == cached_whom and time.monotonic() < until:
+            return cached
+        self._probes += 1
+        probe = f"{os.getpid()}-{self._probes}"
+        atomic_write_json(os.path.join(self.folder, PROBE_FILE), {"id": probe})
+        for process in quiet:
+            if process.get("signal") != dump_signal():
+                continue
+            try:
+                os.kill(int(process["pid"]), int(process["signal"]))
+            except (ProcessLookupError, PermissionError, KeyError, ValueError, TypeError):
+                continue
+        deadline = time.monotonic() + PROBE_WAIT_S
+        silent = True
+        while silent and time.monotonic() < deadline and not self._stopped.is_set():
+            answers = _documents(self.folder, ALIVE_PREFIX)
+            silent = not any(answers.get(tag, {}).get("probe") == probe for tag in whom)
+            if silent:
+                time.sleep(0.1)
+        self._probed = (whom, silent, time.monotonic() + self.timeout_s)
+        return silent
 
     def _run(self) -> None:
         tick = min(0.5, self.timeout_s / 10)

@@ -71,6 +71,11 @@ NAP = """
 # The same, but then spins in the regular-expression engine, C code that holds the GIL: no Python thread runs.
 SPIN = NAP.replace("time.sleep(600)", 're.match(r"(a+)+$", "a" * 60 + "b")').replace("import sys", "import re, sys")
 
+# Rank 1 spins in the regular-expression engine (C code holding the GIL) before the all-reduce of step 5.
+HANG_HOLDING_THE_GIL = HANG.replace("threading.Event().wait()", 're.match(r"(a+)+$", "a" * 60 + "b")').replace(
+    "import datetime", "import datetime, re"
+)
+
 LIMIT_S = 180.0  # a generous upper bound for anything to appear on a busy 2-core machine
 
 
@@ -334,3 +339,19 @@ def test_numbered_collectives_still_compile_in_one_graph(tmp_path: Path) -> None
     result = run_stepcli("run", "-q", "--hang-timeout", "30s", script, cwd=tmp_path, env={"PORT": port})
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["[3.0, 3.0]"] * 3 + ["True"]  # the wrapper was there, and compiled
+
+
+def test_a_rank_stuck_in_c_code_holding_the_gil_is_found_by_a_probe_and_dumped_by_faulthandler(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "hang.py", HANG_HOLDING_THE_GIL)
+    out = tmp_path / "out"
+    args = ["--", _torchrun(), "--standalone", "--nproc-per-node", "2", script, tmp_path / "stuck_at"]
+    result = run_stepcli(
+        "run", "--hang-timeout", "5s", "--on-hang", "kill", "-o", out, *args, cwd=tmp_path, timeout=LIMIT_S + 60
+    )
+    assert result.returncode == EXIT_HANG, result.stderr
+    dumps = _dumps(out / "hang-1")
+    assert dumps["rank1"]["source"] == "faulthandler"  # its Python could not run: faulthandler's C handler wrote it
+    assert _functions(dumps["rank1"])[:2] == ["match", "stuck_forever"]
+    assert dumps["rank0"]["collective"]["seq"] == 6 and not dumps["rank0"]["collective"]["returned"]
+    verdict = next(line for line in result.stderr.splitlines() if "holds the job back" in line)
+    assert "rank 1" in verdict and "stuck_forever" in verdict and "all_reduce #6" in verdict
