@@ -112,7 +112,10 @@ def _alive(process: dict[str, Any]) -> bool:
     """Still the process that registered (same pid and start time), not a zombie; other hosts' are trusted."""
     if not local(process):
         return True
-    pid = int(process.get("pid", 0))
+    try:
+        pid = int(process.get("pid", 0))
+    except (TypeError, ValueError):
+        return False
     started = process_start_ticks(pid)
     if started is None or started != process.get("start_ticks"):
         return False
@@ -137,6 +140,8 @@ def _new_folder(out_dir: str, kind: str) -> Path:
             return path
         except FileExistsError:
             continue
+        except OSError as exc:
+            raise StepcliError(f"cannot create {path}: {exc.strerror or exc}") from None
     raise StepcliError(f"{out_dir}: no free {kind}-<n> folder")
 
 
@@ -160,11 +165,12 @@ def request_stacks(
                     os.kill(int(process["pid"]), int(signum))
                 except (ProcessLookupError, PermissionError, KeyError, ValueError):
                     continue
-        deadline = time.monotonic() + wait_s
+        started = time.monotonic()
         while True:
             written = {_key(p) for p in _read_dumps(target)}
             waiting = [p for p in expected if _key(p) not in written and _alive(p)]
-            if not waiting or time.monotonic() >= deadline:
+            elapsed = time.monotonic() - started
+            if not waiting or elapsed >= wait_s:
                 break
             time.sleep(0.1)
     finally:
