@@ -53,7 +53,7 @@ EXIT_HANG = 124  # `--on-hang kill`: the job was ended after its hang dump (time
 MAX_REPORTS = 3  # dumps per hang with `--on-hang keep`: one when it is called, then one per timeout while it lasts
 DUMP_WAIT_S = 15.0  # how long the launcher waits for every process's stacks file
 TERM_GRACE_S = 5.0  # `--on-hang kill`: SIGTERM, then SIGKILL this much later
-PROBE_WAIT_S = 3.0  # a process whose Python can run answers a probe well within this
+PROBE_WAIT_S = 10.0  # a process whose Python can run answers a probe well within this, even on a loaded host
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
