@@ -217,14 +217,14 @@ def test_on_hang_kill_ends_the_job_with_its_status_and_the_saved_traces_stay_int
 
 
 def test_a_healthy_run_with_a_hang_timeout_prints_nothing_extra(tmp_path: Path) -> None:
-    """The run lasts about twice the timeout, its steps a small fraction of it."""
+    """The run lasts longer than the timeout (60 steps of at least 0.1 s), its steps a small fraction of it."""
     script = write_script(tmp_path, "train.py", TRAIN_LOOP.replace("opt.step()", "opt.step(); time.sleep(0.1)"))
     script.write_text("import time\n" + script.read_text())
     plain = run_stepcli("run", "-o", tmp_path / "plain", script, "60", cwd=tmp_path)
     watched = run_stepcli(
         "run",
         "--hang-timeout",
-        "3s",
+        "5s",
         "-o",
         tmp_path / "watched",
         "--json",
