@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from stepcli import __version__
+from stepcli.agent.request import MAX_ACTIVE, MAX_WAIT, MAX_WARMUP
 from stepcli.errors import EXIT_INTERNAL, EXIT_USAGE, StepcliError
 
 _ACTIVITIES = ("cpu", "cuda", "xpu", "mtia", "hpu")
@@ -381,16 +382,24 @@ def compare(
 @click.argument("target")
 @click.option(
     "--wait",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=MAX_WAIT),
     default=0,
     show_default=True,
     help="Extra steps to let go by before the warmup.",
 )
 @click.option(
-    "--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Steps the profiler runs but discards."
+    "--warmup",
+    type=click.IntRange(min=0, max=MAX_WARMUP),
+    default=1,
+    show_default=True,
+    help="Steps the profiler runs but discards.",
 )
 @click.option(
-    "--active", type=click.IntRange(min=1), default=3, show_default=True, help="Steps recorded in each trace."
+    "--active",
+    type=click.IntRange(min=1, max=MAX_ACTIVE),
+    default=3,
+    show_default=True,
+    help="Steps recorded in each trace.",
 )
 @click.option(
     "--timeout",
@@ -481,6 +490,8 @@ def demo(run_options: tuple[str, ...]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: returns the exit status instead of raising SystemExit."""
+    from stepcli.fmt import visible  # error lines name files and values the user or a trace chose
+
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         result = cli.main(args=args, prog_name="stepcli", standalone_mode=False)
@@ -491,13 +502,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = (
             f" (see 'stepcli {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else " (see 'stepcli --help')"
         )
-        click.echo(f"stepcli: error: {exc.format_message()}{hint}", err=True)
+        click.echo(visible(f"stepcli: error: {exc.format_message()}{hint}"), err=True)
         return EXIT_USAGE
     except click.ClickException as exc:
-        click.echo(f"stepcli: error: {exc.format_message()}", err=True)
+        click.echo(visible(f"stepcli: error: {exc.format_message()}"), err=True)
         return exc.exit_code
     except StepcliError as exc:
-        click.echo(f"stepcli: error: {exc.message}", err=True)
+        click.echo(visible(f"stepcli: error: {exc.message}"), err=True)
         return exc.exit_code
     except BrokenPipeError:
         return 0
@@ -505,7 +516,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("STEPCLI_DEBUG"):
             raise
         click.echo(
-            f"stepcli: internal error: {type(exc).__name__}: {exc} (set STEPCLI_DEBUG=1 for the traceback)", err=True
+            visible(f"stepcli: internal error: {type(exc).__name__}: {exc} (set STEPCLI_DEBUG=1 for the traceback)"),
+            err=True,
         )
         return EXIT_INTERNAL
     if isinstance(result, int):

@@ -104,8 +104,15 @@ def atomic_write_json(path: str, document: Any) -> None:
     """Write JSON next to `path` under a temporary name and rename it, so readers never see half a file."""
     folder, name = os.path.split(path)
     tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+    # Created new and never through a link: whatever sits at the temporary name is not written through.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        with open(tmp, "w", encoding="utf-8") as handle:
+        fd = os.open(tmp, flags, 0o666)
+    except FileExistsError:  # left by a process that died mid-write with the same pid
+        os.unlink(tmp)
+        fd = os.open(tmp, flags, 0o666)
+    try:
+        with open(fd, "w", encoding="utf-8") as handle:
             json.dump(document, handle, separators=(",", ":"))
         os.replace(tmp, path)
     except BaseException:

@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 
+from . import controlfiles
 from .config import atomic_write_json
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
@@ -58,6 +59,7 @@ SCHEMA = "stepcli.stacks"
 MAX_FRAMES = 60  # per thread, innermost first: enough for any real stack, bounded for a runaway recursion
 _QUIET_S = 0.1  # faulthandler writes its text in one go: this long without more bytes ends it
 _MAX_TEXT = 1 << 20
+_MAX_REQUEST = 64 * 1024  # a request or probe file is a few dozen bytes
 
 
 def dump_signal() -> int | None:
@@ -93,6 +95,7 @@ class StackDumper:
 
         self.agent = agent
         self.folder = folder
+        self.folder_fd = controlfiles.open_folder(folder)  # its files only relative to it (see controlfiles.py)
         self.signum = signum
         self.hang_timeout = hang_timeout
         self.host = socket.gethostname()
@@ -106,7 +109,10 @@ class StackDumper:
         self._step_mono = time.monotonic()
         self.fault_name = FAULT_PREFIX + self.tag[: -len(".json")] + ".txt"
         self._fault_fd = os.open(
-            os.path.join(folder, self.fault_name), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
+            self.fault_name,
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0),
+            0o600,
+            dir_fd=self.folder_fd,
         )
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)  # a full pipe drops text; never blocks the signal handler
@@ -129,8 +135,9 @@ class StackDumper:
         thread.start()
         from .output import current_rank, worker_name
 
-        atomic_write_json(
-            os.path.join(self.folder, REGISTER_PREFIX + self.tag),
+        controlfiles.write_json(
+            self.folder_fd,
+            REGISTER_PREFIX + self.tag,
             {
                 "pid": self.pid,
                 "host": self.host,
@@ -159,6 +166,7 @@ class StackDumper:
             os.close(self._read_fd)
             os.close(self._write_fd)
             os.close(self._fault_fd)
+            os.close(self.folder_fd)
         except (OSError, ValueError):
             pass
 
@@ -167,8 +175,8 @@ class StackDumper:
         if os.getpid() != self.pid:
             return
         for prefix in (REGISTER_PREFIX, STALL_PREFIX, ALIVE_PREFIX):
-            _unlink(os.path.join(self.folder, prefix + self.tag))
-        _unlink(os.path.join(self.folder, self.fault_name))
+            _unlink(self.folder_fd, prefix + self.tag)
+        _unlink(self.folder_fd, self.fault_name)
 
     # -- the thread --------------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -214,46 +222,40 @@ class StackDumper:
             self._step, self._step_mono, self._step_wall = step, now, time.time()
             if self.stalled:
                 self.stalled = False
-                _unlink(os.path.join(self.folder, STALL_PREFIX + self.tag))
+                _unlink(self.folder_fd, STALL_PREFIX + self.tag)
             return
         if not self.stalled and now - self._step_mono >= self.hang_timeout:
             self.stalled = True
-            atomic_write_json(
-                os.path.join(self.folder, STALL_PREFIX + self.tag),
+            controlfiles.write_json(
+                self.folder_fd,
+                STALL_PREFIX + self.tag,
                 {"pid": self.pid, "host": self.host, "step": step, "last_step_at": self._step_wall},
             )
 
     def _answer_probe(self) -> None:
         """The launcher asks whether this process's Python can run: say so, with the step."""
-        import json
-
         try:
-            with open(os.path.join(self.folder, PROBE_FILE), encoding="utf-8") as handle:
-                probe = str(json.load(handle)["id"])
-        except (OSError, ValueError, KeyError, TypeError):
+            probe = str(controlfiles.read_json(self.folder_fd, PROBE_FILE, _MAX_REQUEST)["id"])
+        except (OSError, ValueError, KeyError, TypeError):  # absent, or not ours (controlfiles.Refused)
             return
         if probe == self._probe:
             return
         self._probe = probe
-        atomic_write_json(
-            os.path.join(self.folder, ALIVE_PREFIX + self.tag),
+        controlfiles.write_json(
+            self.folder_fd,
+            ALIVE_PREFIX + self.tag,
             {"probe": probe, "pid": self.pid, "host": self.host, "step": self.agent.tracker.global_step},
         )
 
     def _answer(self, text: str) -> None:
         """Write a stacks file for every request not answered yet (several may share one signal)."""
-        for name in sorted(os.listdir(self.folder)):
+        for name in sorted(os.listdir(self.folder_fd)):
             if not (name.startswith(REQUEST_PREFIX) and name.endswith(".json")) or name in self.answered:
                 continue
             try:
-                import json
-
-                with open(os.path.join(self.folder, name), encoding="utf-8") as handle:
-                    request = json.load(handle)
+                request = controlfiles.read_json(self.folder_fd, name, _MAX_REQUEST)
                 target = str(request["dir"])
-                if os.stat(os.path.join(self.folder, name)).st_uid != os.getuid():
-                    continue
-            except (OSError, ValueError, KeyError, TypeError):
+            except (OSError, ValueError, KeyError, TypeError):  # gone, or not ours (controlfiles.Refused)
                 continue
             self.answered.add(name)
             document = self.snapshot(text, str(request.get("id", name)))
@@ -315,9 +317,9 @@ def _frames(frame: Any) -> list[dict[str, Any]]:
     return frames
 
 
-def _unlink(path: str) -> None:
+def _unlink(folder_fd: int, name: str) -> None:
     try:
-        os.unlink(path)
+        controlfiles.unlink(folder_fd, name)
     except OSError:
         pass
 

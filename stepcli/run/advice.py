@@ -49,7 +49,8 @@ SYNC_NAMES = (
     "hipDeviceSynchronize",
     "hipEventSynchronize",
 )
-_COMPILED_REGION = re.compile(r"Torch-Compiled Region: (\d+)/(\d+)")
+# Bounded digits: any program can name a record_function so, and int() refuses over 4,300 digits.
+_COMPILED_REGION = re.compile(r"Torch-Compiled Region: (\d{1,9})/(\d{1,9})(?!\d)")
 
 
 @dataclass(frozen=True)

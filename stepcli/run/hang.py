@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stepcli.agent import controlfiles
 from stepcli.agent.config import atomic_write_json
 from stepcli.agent.stacks import (
     ALIVE_PREFIX,
@@ -89,19 +90,41 @@ def _tag(document: dict[str, Any]) -> str:
     return f"{document.get('host')}.{document.get('pid')}.json"
 
 
+_MAX_CONTROL_BYTES = 1 << 20
+
+
 def _documents(folder: str, prefix: str) -> dict[str, dict[str, Any]]:
-    """The files `<prefix><host>.<pid>.json` of the control folder, by `<host>.<pid>.json`."""
+    """The files `<prefix><host>.<pid>.json` of the control folder, by `<host>.<pid>.json`; only regular files of
+    this user in the real control folder are read (stepcli/agent/controlfiles.py), never a link or a FIFO."""
     found: dict[str, dict[str, Any]] = {}
     try:
-        names = os.listdir(folder)
+        fd = controlfiles.open_folder(folder)
     except OSError:
         return found
-    for name in names:
-        if name.startswith(prefix) and name.endswith(".json"):
-            document = _read_json(os.path.join(folder, name))
-            if document is not None:
-                found[name[len(prefix) :]] = document
+    try:
+        for name in os.listdir(fd):
+            if name.startswith(prefix) and name.endswith(".json"):
+                try:
+                    document = controlfiles.read_json(fd, name, _MAX_CONTROL_BYTES)
+                except (OSError, ValueError):
+                    continue
+                if isinstance(document, dict):
+                    found[name[len(prefix) :]] = document
+    finally:
+        os.close(fd)
     return found
+
+
+def _write_control(folder: str, name: str, document: dict[str, Any] | None) -> None:
+    """Write (or, with None, remove) `name` in the control folder, through its descriptor."""
+    fd = controlfiles.open_folder(folder)
+    try:
+        if document is None:
+            controlfiles.unlink(fd, name)
+        else:
+            controlfiles.write_json(fd, name, document)
+    finally:
+        os.close(fd)
 
 
 def local(process: dict[str, Any]) -> bool:
@@ -152,10 +175,10 @@ def request_stacks(
 
     Processes of other hosts are dumped by their own host's `stepcli run` (it sees the same control folder)."""
     target = _new_folder(out_dir, kind)
-    request = os.path.join(folder, f"{REQUEST_PREFIX}{target.name}.{os.getpid()}.json")
-    atomic_write_json(request, {"id": target.name, "dir": str(target), "asked_at": time.time()})
+    request = f"{REQUEST_PREFIX}{target.name}.{os.getpid()}.json"
+    _write_control(folder, request, {"id": target.name, "dir": str(target), "asked_at": time.time()})
     expected = [p for p in processes if local(p) and p.get("signal") == dump_signal()]
-    offsets = {_key(p): _size(_fault_path(folder, p)) for p in expected}
+    offsets = {_key(p): _fault_read(folder, p)[0] for p in expected}
     try:
         for process in expected:
             for signum in (process.get("fault_signal"), process["signal"]):
@@ -175,7 +198,7 @@ def request_stacks(
             time.sleep(0.1)
     finally:
         try:
-            os.unlink(request)
+            _write_control(folder, request, None)
         except OSError:
             pass
     written = {_key(p) for p in _read_dumps(target)}
@@ -192,32 +215,35 @@ def _key(process: dict[str, Any]) -> str:
     return f"{process.get('host')}.{process.get('pid')}"
 
 
-def _fault_path(folder: str, process: dict[str, Any]) -> str | None:
+def _fault_read(folder: str, process: dict[str, Any], offset: int | None = None) -> tuple[int, str]:
+    """(size of the process's fault file, its text from `offset`; none when `offset` is None), read through the
+    control folder's descriptor: a regular file of this user, never a link or a FIFO."""
     name = process.get("fault_file")
     if not isinstance(name, str) or "/" in name or not name.startswith("fault."):
-        return None
-    return os.path.join(folder, name)
-
-
-def _size(path: str | None) -> int:
+        return 0, ""
     try:
-        return os.path.getsize(path) if path else 0
+        folder_fd = controlfiles.open_folder(folder)
+        try:
+            fd, info = controlfiles.open_regular(folder_fd, name)
+        finally:
+            os.close(folder_fd)
     except OSError:
-        return 0
+        return 0, ""
+    try:
+        if offset is None or info.st_size <= offset:
+            return info.st_size, ""
+        os.lseek(fd, offset, os.SEEK_SET)
+        return info.st_size, os.read(fd, _MAX_CONTROL_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return 0, ""
+    finally:
+        os.close(fd)
 
 
 def _fallback_dump(process: dict[str, Any], folder: str, offset: int, target: Path) -> None:
     """A process that wrote no stacks file (its Python threads cannot run): faulthandler's text, written by its C
     signal handler into its fault file, becomes its stacks file."""
-    path = _fault_path(folder, process)
-    if path is None:
-        return
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            text = handle.read(1 << 20).decode("utf-8", "replace")
-    except OSError:
-        return
+    _, text = _fault_read(folder, process, offset)
     threads = parse_faulthandler(text, process.get("main_thread"))
     if not threads:
         return
@@ -312,7 +338,7 @@ class HangWatch:
         self._stopped.set()
         self._thread.join(timeout=DUMP_WAIT_S + TERM_GRACE_S + 5)
         try:
-            os.unlink(os.path.join(self.folder, PROBE_FILE))
+            _write_control(self.folder, PROBE_FILE, None)
         except OSError:
             pass
 
@@ -338,7 +364,10 @@ class HangWatch:
             return cached
         self._probes += 1
         probe = f"{os.getpid()}-{self._probes}"
-        atomic_write_json(os.path.join(self.folder, PROBE_FILE), {"id": probe})
+        try:
+            _write_control(self.folder, PROBE_FILE, {"id": probe})
+        except OSError:
+            return False
         for process in quiet:
             if process.get("signal") != dump_signal():
                 continue
@@ -440,12 +469,10 @@ def _quietly(call: Any) -> None:
 # -- `stepcli capture --stacks` ----------------------------------------------------------------------------------
 def capture_stacks(target: str, timeout: float, as_json: bool) -> int:
     """Dump the stacks of a running `stepcli run` now into `OUT/stacks-<n>/`; exit 3 when no process answered."""
-    from stepcli.agent.ondemand import RUN_FILE
-    from stepcli.run.capture import find_run
+    from stepcli.run.liverun import find_run
 
     run = find_run(target)
-    document = _read_json(os.path.join(run.folder, RUN_FILE)) or {}
-    out_dir = str(document.get("out_dir") or Path(run.folder).parents[2])
+    out_dir = str(Path(run.folder).parents[2])  # <out>/.stepcli/<run-id>/control
     processes = registered(run.folder)
     if not any(local(p) for p in processes):
         _say(f"{target}: no stepping process of the run on this host can dump its stacks (none has stepped yet?)")

@@ -179,7 +179,7 @@ def build_run_summary(
     logs.sort(key=lambda log: (log.get("rank") is None, log.get("rank") or 0, log.get("pid", 0)))
     primary = _primary(logs)
     untouched, profiled, first, foreign = _step_populations(logs)
-    notes: list[str] = [refused] if refused else []
+    notes: list[str] = list(refused)
     windows = [dict(window, worker=log["worker"]) for log in logs for window in log.get("windows", [])]
     windows.sort(key=lambda w: (w["first_step"], w["worker"]))
     trace_paths = [w["trace"] for w in windows if os.path.exists(w["trace"])]
@@ -324,7 +324,8 @@ def write_run_summary(summary: dict[str, Any], path: str) -> None:
         tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
         os.replace(tmp, target)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # on a read-only folder even this fails
+            tmp.unlink(missing_ok=True)
         raise StepcliError(f"--json {path}: {exc.strerror or exc}") from None
 
 
@@ -360,6 +361,11 @@ def sparkline(values: list[float], phases: str, width: int = 60) -> str:
 def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, report_path: str | None = None) -> None:
     """The summary on stderr after the program exits (stdout belongs to the program)."""
     from rich.console import Console
+
+    from stepcli.fmt import visible_all
+
+    summary, advice = visible_all(summary), visible_all(advice)  # names from traces: control characters shown
+    report_path = visible_all(report_path)
     from rich.markup import escape
     from rich.table import Table
 
