@@ -104,6 +104,7 @@ class StackDumper:
         self.answered: set[str] = set()
         self.stalled = False
         self._probe = ""
+        self._failed = False
         self._step = agent.tracker.global_step
         self._step_wall = time.time()
         self._step_mono = time.monotonic()
@@ -193,11 +194,12 @@ class StackDumper:
                     self._answer_probe()
                 if tick is not None:
                     self._watch_steps()
-            except Exception as exc:  # never take the program down; say it once and stop
-                from .output import say
+            except Exception as exc:  # never take the program down; say it once, keep answering
+                if not self._failed:
+                    self._failed = True
+                    from .output import say
 
-                say(f"stack dumps disabled in this process: {type(exc).__name__}: {exc}")
-                return
+                    say(f"a stack dump failed in this process: {type(exc).__name__}: {exc}")
 
     def _read_text(self) -> str:
         import select
@@ -259,7 +261,10 @@ class StackDumper:
                 continue
             self.answered.add(name)
             document = self.snapshot(text, str(request.get("id", name)))
-            atomic_write_json(os.path.join(target, f"{document['worker']}.{self.host}.{self.pid}.json"), document)
+            try:
+                atomic_write_json(os.path.join(target, f"{document['worker']}.{self.host}.{self.pid}.json"), document)
+            except OSError:
+                continue  # the folder is gone (a request left by a launcher that died): the others still get theirs
 
     def snapshot(self, text: str, request_id: str) -> dict[str, Any]:
         """Every Python thread's stack now (innermost frame first), the step, and the last collective."""

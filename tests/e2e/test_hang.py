@@ -254,7 +254,7 @@ def test_capture_stacks_dumps_a_process_blocked_in_a_sleep(tmp_path: Path) -> No
         assert "napping" in result.stdout
         (dump,) = _dumps(out / "stacks-1").values()
         assert _functions(dump)[:2] == ["napping", "<module>"]
-        assert dump["step"] == 3 and dump["collective"] is None
+        assert dump["step"] == 3 and dump["collective"] is None, (dump.get("source"), log.read_text(), result.stderr)
         assert proc.poll() is None  # the run goes on
         again = run_stepcli("capture", str(proc.pid), "--stacks", "--json", cwd=tmp_path, timeout=LIMIT_S)
         assert again.returncode == 0, again.stderr
