@@ -93,6 +93,7 @@ class Evidence:
     recorded_steps: int = 0
     rank_steps: Mapping[int, Sequence[float]] = field(default_factory=dict)  # rank -> step times, step-aligned
     untouched_ms: Sequence[tuple[int, float]] = ()  # (step number, ms) of one process
+    device: Mapping[str, Any] | None = None  # the summary's `device` figures (stepcli.run.deviceadvice reads them)
 
 
 def _pct(share: float) -> str:

@@ -149,7 +149,7 @@ def _trace_analysis(trace_paths: list[str], notes: list[str], traces: RunTraces 
         return None
     try:
         if traces is not None:
-            from stepcli.traces.summary import merge_parts
+            from stepcli.traces.analysis import merge_parts
 
             return merge_parts([parts[0] for parts in traces.parts(trace_paths)]).to_dict()
         from stepcli.traces.engine import summarize_paths
@@ -292,6 +292,7 @@ def build_run_summary(
         "outside_steps": (analysis or {}).get("outside_steps"),
         "breakdown_ms": (analysis or {}).get("breakdown_ms"),
         "device": (analysis or {}).get("device"),
+        "flops": (analysis or {}).get("flops"),
         "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
         "compile": compile_summary(logs),
         "hang": hang_summary(config.out_dir, started_at),  # --hang-timeout reports (stepcli/run/hang.py)
@@ -428,6 +429,7 @@ def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, 
 
     if summary["top_operators"] or summary["top_kernels"]:
         from stepcli.traces import render
+        from stepcli.traces.devicerender import print_device_section
 
         width = console.width
         share_of = summary.get("share_of") or "recorded step time"
@@ -445,6 +447,7 @@ def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, 
             )
         if summary.get("breakdown_ms"):
             console.print(render.breakdown_table(summary["breakdown_ms"], summary.get("device")))
+        print_device_section(summary, console)
         if len(summary.get("ranks", [])) > 1:
             title = "Recorded step time per rank"
             console.print(render.ranks_table(summary["ranks"], summary.get("slowest_rank"), title=title, width=width))
