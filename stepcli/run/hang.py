@@ -33,16 +33,7 @@ from stepcli.agent.stacks import (
     process_start_ticks,
 )
 from stepcli.errors import EXIT_NOTHING_MEASURED, StepcliError
-from stepcli.run.hangreport import (
-    describe_dumps,
-    in_collective,
-    main_frames,
-    order,
-    own_frame,
-    parse_faulthandler,
-    verdict,
-    where,
-)
+from stepcli.run.hangreport import describe_dumps, parse_faulthandler, read_dumps
 
 if TYPE_CHECKING:
     import subprocess
@@ -77,15 +68,6 @@ def check_options(hang_timeout: float | None, on_hang: str | None) -> str:
 
 
 # -- the control folder ------------------------------------------------------------------------------------------
-def _read_json(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    return document if isinstance(document, dict) else None
-
-
 def _tag(document: dict[str, Any]) -> str:
     return f"{document.get('host')}.{document.get('pid')}.json"
 
@@ -190,7 +172,7 @@ def request_stacks(
                     continue
         started = time.monotonic()
         while True:
-            written = {_key(p) for p in _read_dumps(target)}
+            written = {_key(p) for p in read_dumps(target)}
             waiting = [p for p in expected if _key(p) not in written and _alive(p)]
             elapsed = time.monotonic() - started
             if not waiting or elapsed >= wait_s:
@@ -201,11 +183,11 @@ def request_stacks(
             _write_control(folder, request, None)
         except OSError:
             pass
-    written = {_key(p) for p in _read_dumps(target)}
+    written = {_key(p) for p in read_dumps(target)}
     for process in expected:
         if _key(process) not in written:
             _fallback_dump(process, folder, offsets.get(_key(process), 0), target)
-    dumps = _read_dumps(target)
+    dumps = read_dumps(target)
     written = {_key(p) for p in dumps}
     silent = [p for p in expected if _key(p) not in written]
     return target, dumps, silent
@@ -265,49 +247,6 @@ def _fallback_dump(process: dict[str, Any], folder: str, offset: int, target: Pa
         "faulthandler": text,
     }
     atomic_write_json(str(target / f"{worker}.{process.get('host')}.{process.get('pid')}.json"), document)
-
-
-def _read_dumps(target: Path) -> list[dict[str, Any]]:
-    dumps = []
-    for path in sorted(target.glob("*.json")):
-        document = _read_json(str(path))
-        if document is not None:
-            document["file"] = path.name
-            dumps.append(document)
-    return dumps
-
-
-def hang_summary(out_dir: str, since: float) -> dict[str, Any] | None:
-    """The run summary's `hang` section: every `OUT/hang-<n>/` this run wrote (not an earlier run's), or None."""
-    reports = []
-    folders = [p for p in Path(out_dir).glob("hang-*") if p.is_dir() and p.name[5:].isdigit()]
-    for folder in sorted(folders, key=lambda p: int(p.name[5:])):
-        dumps = [d for d in _read_dumps(folder) if float(d.get("time", 0.0)) >= since]
-        if not dumps:
-            continue
-        reports.append(
-            {
-                "folder": str(folder),
-                "processes": [_process_entry(dump) for dump in sorted(dumps, key=order)],
-                "verdict": verdict(dumps),
-            }
-        )
-    return {"reports": reports} if reports else None
-
-
-def _process_entry(dump: dict[str, Any]) -> dict[str, Any]:
-    frame = own_frame(main_frames(dump))
-    return {
-        "worker": dump.get("worker"),
-        "rank": dump.get("rank"),
-        "pid": dump.get("pid"),
-        "host": dump.get("host"),
-        "step": dump.get("step"),
-        "collective": dump.get("collective"),
-        "waiting": in_collective(dump),
-        "where": where(frame) if frame is not None else None,
-        "file": dump.get("file"),
-    }
 
 
 # -- `stepcli run --hang-timeout` -------------------------------------------------------------------------------

@@ -1,12 +1,15 @@
-"""The printed block of a hang dump: which processes wait in which collective, which is elsewhere, and where.
+"""What a hang dump says: the printed block (which processes wait in which collective, which is elsewhere, and
+where) and the run summary's `hang` section, from the stacks files (stepcli/agent/stacks.py).
 
-Pure: reads the stacks files' documents (stepcli/agent/stacks.py) and returns lines, so it is unit tested alone.
+The block and the verdict are pure (documents in, lines out), so they are unit tested alone.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sysconfig
+from pathlib import Path
 from typing import Any
 
 INNERMOST_FRAMES = 5
@@ -147,3 +150,56 @@ def describe_dumps(dumps: list[dict[str, Any]], silent: list[dict[str, Any]]) ->
     if conclusion:
         lines.append(conclusion)
     return lines
+
+
+def read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return document if isinstance(document, dict) else None
+
+
+def read_dumps(target: Path) -> list[dict[str, Any]]:
+    """The stacks files of one dump folder, each with its file name."""
+    dumps = []
+    for path in sorted(target.glob("*.json")):
+        document = read_json(str(path))
+        if document is not None:
+            document["file"] = path.name
+            dumps.append(document)
+    return dumps
+
+
+def hang_summary(out_dir: str, since: float) -> dict[str, Any] | None:
+    """The run summary's `hang` section: every `OUT/hang-<n>/` this run wrote (not an earlier run's), or None."""
+    reports = []
+    folders = [p for p in Path(out_dir).glob("hang-*") if p.is_dir() and p.name[5:].isdigit()]
+    for folder in sorted(folders, key=lambda p: int(p.name[5:])):
+        dumps = [d for d in read_dumps(folder) if float(d.get("time", 0.0)) >= since]
+        if not dumps:
+            continue
+        reports.append(
+            {
+                "folder": str(folder),
+                "processes": [_process_entry(dump) for dump in sorted(dumps, key=order)],
+                "verdict": verdict(dumps),
+            }
+        )
+    return {"reports": reports} if reports else None
+
+
+def _process_entry(dump: dict[str, Any]) -> dict[str, Any]:
+    frame = own_frame(main_frames(dump))
+    return {
+        "worker": dump.get("worker"),
+        "rank": dump.get("rank"),
+        "pid": dump.get("pid"),
+        "host": dump.get("host"),
+        "step": dump.get("step"),
+        "collective": dump.get("collective"),
+        "waiting": in_collective(dump),
+        "where": where(frame) if frame is not None else None,
+        "file": dump.get("file"),
+    }
