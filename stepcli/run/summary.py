@@ -27,6 +27,7 @@ from stepcli.agent.tracker import FOREIGN
 from stepcli.errors import StepcliError
 from stepcli.run.compiles import compile_lines, compile_summary, compiled_steps
 from stepcli.run.culprit import culprit_section, print_culprit
+from stepcli.run.hangreport import hang_summary
 from stepcli.stats import describe
 
 if TYPE_CHECKING:
@@ -296,6 +297,7 @@ def build_run_summary(
         "flops": (analysis or {}).get("flops"),
         "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
         "compile": compile_summary(logs),
+        "hang": hang_summary(config.out_dir, started_at),  # --hang-timeout reports (stepcli/run/hangreport.py)
         "notes": notes,
     }
 
