@@ -11,6 +11,7 @@ import click
 
 from stepcli import __version__
 from stepcli.errors import EXIT_INTERNAL, EXIT_USAGE, StepcliError
+from stepcli.stats import METRICS
 
 _ACTIVITIES = ("cpu", "cuda", "xpu", "mtia", "hpu")
 
@@ -262,7 +263,7 @@ def table(
 )
 @click.option(
     "--metric",
-    type=click.Choice(["median", "mean", "p90", "min", "max"]),
+    type=click.Choice(METRICS),
     default="median",
     show_default=True,
     help="Step-time statistic that decides.",
@@ -382,7 +383,7 @@ def report(paths: tuple[str, ...], output: str | None) -> int:
 
     PATHS: a `stepcli run` output folder, a run summary (--json), traces, or folders of traces.
     """
-    from stepcli.report import report_main
+    from stepcli.run.htmlreport import report_main
 
     click.echo(report_main(list(paths), output))
     return 0

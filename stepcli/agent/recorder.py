@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from .config import AgentConfig
+from .config import INCOMPLETE_STEP_KEY, AgentConfig
 from .output import export_trace, human_size, say, trace_folder, worker_name
 from .schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP
 from .tracker import FOREIGN, NEVER, StepTracker
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from typing import Any, Callable
 
 _ACTIVITY_NAMES = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mtia": "MTIA", "hpu": "HPU"}
-INCOMPLETE_STEP_KEY = "stepcli_incomplete_step"  # trace metadata: the ProfilerStep#N that only just began
 
 
 class Recorder:

@@ -45,9 +45,9 @@ from stepcli.compare.inference import (
 )
 from stepcli.compare.model import Measurement
 from stepcli.errors import EXIT_INCONCLUSIVE, EXIT_NOTHING_MEASURED, EXIT_OK, EXIT_REGRESSION
-from stepcli.stats import STAT_NAMES, Stats, describe
+from stepcli.fmt import ms_fixed as _fmt_ms
+from stepcli.stats import METRICS, STAT_NAMES, Stats, describe
 
-METRICS = ("median", "mean", "p90", "min", "max")
 TOP_OPS = 10
 
 Verdict = Literal["regression", "improvement", "no_change", "inconclusive", "nothing_measured"]
@@ -499,10 +499,6 @@ def _op_rows(baseline: Measurement, current: Measurement, top: int) -> tuple[OpR
 
 
 # --------------------------------------------------------------------------- numbers in words
-
-
-def _fmt_ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
 
 
 def _signed(value: float | None) -> str:

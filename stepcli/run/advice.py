@@ -11,7 +11,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from stepcli.fmt import percent as _pct
+from stepcli.runsummary import Advice, RunSummary
 from stepcli.stats import percentile
+from stepcli.steptimes import ProcessSteps, rank_steps
+from stepcli.traces.shares import STEP_KEY
 
 # Data loading above this share of the step, and at least this long per step: the training loop waits for input.
 # The floor keeps a tiny model's sub-millisecond in-process batching (the demo's) from calling for worker processes,
@@ -53,30 +57,6 @@ _COMPILED_REGION = re.compile(r"Torch-Compiled Region: (\d+)/(\d+)")
 
 
 @dataclass(frozen=True)
-class Advice:
-    """One recommendation: what was seen (with numbers), the threshold it crossed, and what to try."""
-
-    rule: str
-    title: str
-    evidence: str
-    threshold: str
-    suggestion: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {
-            "rule": self.rule,
-            "title": self.title,
-            "evidence": self.evidence,
-            "threshold": self.threshold,
-            "suggestion": self.suggestion,
-        }
-
-    def line(self) -> str:
-        """One line for the terminal."""
-        return f"{self.title}: {self.evidence} (threshold {self.threshold}). {self.suggestion}"
-
-
-@dataclass(frozen=True)
 class Evidence:
     """The numbers the rules read. Every field may be missing; a rule without its evidence stays silent.
 
@@ -92,10 +72,6 @@ class Evidence:
     recorded_steps: int = 0
     rank_steps: Mapping[int, Sequence[float]] = field(default_factory=dict)  # rank -> step times, step-aligned
     untouched_ms: Sequence[tuple[int, float]] = ()  # (step number, ms) of one process
-
-
-def _pct(share: float) -> str:
-    return f"{share * 100:.0f}%"
 
 
 def _share(breakdown: Mapping[str, float], key: str) -> float | None:
@@ -280,3 +256,38 @@ RULES: tuple[Callable[[Evidence], Advice | None], ...] = (
 def advise(evidence: Evidence) -> list[Advice]:
     """Every rule whose evidence crosses its threshold, in a stable order."""
     return [advice for rule in RULES if (advice := rule(evidence)) is not None]
+
+
+def advise_run(
+    summary: RunSummary | None, analysis: Mapping[str, Any] | None, processes: Sequence[ProcessSteps]
+) -> list[Advice]:
+    """The advice for a run (or traces): operator tables, breakdown and device time from the traces' analysis
+    (every operator, not only the summary's top 20) or, without traces, from what the run summary kept of them;
+    step times from every process.
+
+    `stepcli run` calls this when it builds the run summary (so the terminal's `advice:` lines do not depend on
+    report.html), `stepcli report` when its inputs carry no advice (plain traces, older summaries)."""
+    kept: Mapping[str, Any] = summary or {}
+    if analysis is not None:
+        ops = [op for op in analysis["cpu_ops"] if op["name"] != STEP_KEY]
+        kernels, breakdown, device = analysis["device_kernels"], analysis["breakdown_ms"], analysis["device"]
+        recorded = len(analysis["steps"])
+    else:
+        ops, kernels = list(kept.get("top_operators") or []), list(kept.get("top_kernels") or [])
+        breakdown, device = kept.get("breakdown_ms"), kept.get("device")
+        recorded = sum((rank.get("step_ms") or {}).get("count", 0) for rank in kept.get("ranks") or [])
+    lead = processes[0] if processes else None
+    untouched = (
+        [(s, v) for s, v, c in zip(lead.steps, lead.values_ms, lead.phases) if c == "0" and s != 0] if lead else []
+    )
+    return advise(
+        Evidence(
+            breakdown_ms=breakdown,
+            device_busy_share=(device or {}).get("busy_share"),
+            cpu_ops=ops,
+            kernels=kernels,
+            recorded_steps=recorded,
+            rank_steps=rank_steps(processes),
+            untouched_ms=untouched,
+        )
+    )

@@ -16,7 +16,6 @@ import math
 import os
 import signal
 import socket
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -37,9 +36,10 @@ from stepcli.agent.ondemand import (
     RUN_FILE,
     control_dir,
 )
-from stepcli.agent.output import human_size
 from stepcli.agent.schedule import NONE, Schedule
 from stepcli.errors import EXIT_NOTHING_MEASURED, StepcliError
+from stepcli.fmt import say as _say
+from stepcli.fmt import size
 
 SCHEMA = "stepcli.capture"
 _TICK_S = 0.2
@@ -569,7 +569,7 @@ def _print(document: dict[str, Any], as_json: bool) -> int:
             first, last = trace["first_step"], trace["last_step"]
             steps = f"step {first}" if first == last else f"steps {first}-{last}"
             extra = "" if trace["complete"] else f"  ({trace.get('note') or 'incomplete'})"
-            print(f"{trace['worker']:<{width}}  {steps}  {trace['path']}  {human_size(trace['bytes'])}{extra}")
+            print(f"{trace['worker']:<{width}}  {steps}  {trace['path']}  {size(trace['bytes'])}{extra}")
         if document["traces"]:  # with none, the one line below says why
             for miss in document["not_captured"]:
                 _say(f"{miss['worker']}: no trace: {miss['reason']}")
@@ -577,8 +577,3 @@ def _print(document: dict[str, Any], as_json: bool) -> int:
         _say(f"nothing captured: {document['reason']}")
         return EXIT_NOTHING_MEASURED
     return 0
-
-
-def _say(message: str) -> None:
-    sys.stderr.write(f"stepcli: {message}\n")
-    sys.stderr.flush()

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from stepcli.stats import Stats, describe
 from stepcli.traces.ranks import ProcessRow, WindowFacts, find_straggler, group_processes, is_communication, process_key
-from stepcli.traces.shares import STEP_KEY, share_basis, stable_name
+from stepcli.traces.shares import STEP_KEY, STEP_PREFIX, share_basis, stable_name
 
 if TYPE_CHECKING:
     from stepcli.traces.arrays import Columns
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 # Same categories as stepcli.traces.reader (not imported at run time so this module stays free of the decoder).
 _DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-STEP_PREFIX = "ProfilerStep#"
 
 # Step phases, from the annotations torch writes. The order is the priority when phases overlap in time.
 PHASES = ("dataloader", "optimizer", "backward", "forward", "other")

@@ -360,6 +360,52 @@ def test_no_report_flag(tmp_path: Path) -> None:
     assert "report.html" not in result.stderr
 
 
+def test_no_report_keeps_the_advice_in_the_terminal_and_the_json(tmp_path: Path) -> None:
+    # GIVEN the slow DataLoader of the test above WHEN run with --no-report
+    script = write_script(tmp_path, "slow_loader.py", SLOW_LOADER)
+    out = tmp_path / "out"
+    args = ("--wait", "2", "--warmup", "1", "--active", "3", "--no-report", "-o", out, "--json", tmp_path / "run.json")
+    result = run_stepcli("run", *args, script)
+    assert result.returncode == 0, result.stderr
+    # THEN no page is written, yet the terminal still gives the data-loading advice with its evidence
+    assert not (out / "report.html").exists()
+    advice_lines = [line for line in result.stderr.splitlines() if line.startswith("advice:")]
+    assert advice_lines and "Data loading slows the step" in advice_lines[0], result.stderr
+    # AND the run summary carries it, for the page `stepcli report` builds later and for CI
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert [item["rule"] for item in summary["advice"]] == ["data-loading"]
+    assert set(summary["advice"][0]) == {"rule", "title", "evidence", "threshold", "suggestion"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("command", [1, 2]), ("processes", "abc"), ("schedule", [1]), ("notes", {"a": 1})]
+)
+def test_run_summary_with_wrong_types_is_bad_input(tmp_path: Path, field: str, value: Any) -> None:
+    # GIVEN a run summary whose field has the wrong type (hand-edited, or from a hostile source)
+    document: dict[str, Any] = {
+        "schema": "stepcli.run",
+        "schema_version": 2,
+        "command": ["python", "train.py"],
+        "exit_status": 0,
+        "out_dir": str(tmp_path),
+        "steps": {"global": 3, "requesters": {"SGD#0": 3}},
+        "step_time_ms": {"untouched": None, "profiled": None, "first_step": None},
+        "timeline_ms": [5.0, 1.0, 1.0],
+        "timeline_phases": "000",
+        "processes": [],
+        "traces": [],
+        field: value,
+    }
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(document))
+    # WHEN `stepcli report` (and `stepcli compare`) read it THEN exit 2 with one line naming the file and the field
+    for result in (run_stepcli("report", path), run_stepcli("compare", path, path)):
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr and result.stderr.strip().count("\n") == 0, result.stderr
+        assert str(path) in result.stderr and field in result.stderr
+    assert not (tmp_path / "run.report.html").exists()
+
+
 def test_reused_output_folder_reports_only_the_latest_run(tmp_path: Path) -> None:
     # GIVEN two runs into the same -o folder (5 steps, then 7)
     script = write_script(tmp_path, "tiny.py", TINY)
