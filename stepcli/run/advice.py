@@ -53,7 +53,9 @@ SYNC_NAMES = (
     "hipDeviceSynchronize",
     "hipEventSynchronize",
 )
-_COMPILED_REGION = re.compile(r"Torch-Compiled Region: (\d+)/(\d+)")
+# Frame and compile ids stay far below 10 digits; a longer number (any program can name a record_function so) is
+# not torch.compile's, and int() of thousands of digits would raise.
+_COMPILED_REGION = re.compile(r"Torch-Compiled Region: (\d{1,9})/(\d{1,9})(?!\d)")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from stepcli.agent.tracker import FOREIGN
 from stepcli.errors import StepcliError
 from stepcli.fmt import ms, size_or_dash
 from stepcli.run.compiles import compile_lines, compile_summary, compiled_steps
-from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, Process, RunSummary, Window
+from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, AdviceItem, Process, RunSummary, Window
 from stepcli.stats import describe
 from stepcli.steptimes import process_steps
 from stepcli.traces.shares import STEP_KEY
@@ -283,10 +283,19 @@ def build_run_summary(
         "compile": compile_summary(logs),
         "notes": notes,
     }
+    summary["advice"] = _advice(summary, analysis)
+    return summary
+
+
+def _advice(summary: RunSummary, analysis: dict[str, Any] | None) -> list[AdviceItem]:
+    """The run's advice; a bug in a rule must not hide what the run measured (it becomes a note)."""
     from stepcli.run.advice import advise_run
 
-    summary["advice"] = [item.to_dict() for item in advise_run(summary, analysis, process_steps(summary))]
-    return summary
+    try:
+        return [item.to_dict() for item in advise_run(summary, analysis, process_steps(summary))]
+    except Exception as exc:
+        summary["notes"].append(f"could not compute the advice: {type(exc).__name__}: {exc}")
+        return []
 
 
 def process_entry(log: dict[str, Any]) -> Process:

@@ -406,6 +406,30 @@ def test_run_summary_with_wrong_types_is_bad_input(tmp_path: Path, field: str, v
     assert not (tmp_path / "run.report.html").exists()
 
 
+HUGE_REGION = """
+    import torch
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(4):
+        with torch.profiler.record_function("Torch-Compiled Region: 0/" + "9" * 4400):
+            model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+"""
+
+
+def test_operator_named_like_a_compiled_region_with_a_huge_id(tmp_path: Path) -> None:
+    # GIVEN a program whose record_function looks like torch.compile's region with a 4,400-digit compile id
+    script = write_script(tmp_path, "huge.py", HUGE_REGION)
+    out = tmp_path / "out"
+    # WHEN it runs and its page is rebuilt THEN both succeed: the name is an operator, not a recompilation
+    result = run_stepcli("run", "--wait", "1", "--active", "2", "-o", out, "--json", tmp_path / "run.json", script)
+    assert result.returncode == 0 and "internal error" not in result.stderr, result.stderr
+    assert (out / "report.html").is_file() and "could not" not in result.stderr, result.stderr
+    again = run_stepcli("report", out, "-o", tmp_path / "again.html")
+    assert again.returncode == 0, again.stderr
+    assert json.loads((tmp_path / "run.json").read_text())["advice"] == []
+
+
 def test_reused_output_folder_reports_only_the_latest_run(tmp_path: Path) -> None:
     # GIVEN two runs into the same -o folder (5 steps, then 7)
     script = write_script(tmp_path, "tiny.py", TINY)
