@@ -108,3 +108,19 @@ def test_run_summary_model_imports_no_package() -> None:
     assert _outside("stepcli.runsummary", _LEAVES) == []
     assert _outside("stepcli.steptimes", _LEAVES | {"stepcli.runsummary"}) == []
     assert _outside("stepcli.fmt", _LEAVES) == []
+
+
+def test_report_reads_files_only_through_inputs() -> None:
+    # Regular files only, bounded in size, never blocking (stepcli.inputs): no raw open() or json parsing in report/.
+    found = []
+    for path in sorted((PACKAGE / "report").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
+                found.append(f"{path.name}:{node.lineno} open()")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "read_text":
+                found.append(f"{path.name}:{node.lineno} read_text()")
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
+                found += [f"{path.name}:{node.lineno} import {n}" for n in names if n in ("json", "orjson")]
+    assert found == []

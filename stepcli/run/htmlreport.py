@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from stepcli.agent.config import STEP_LOG_SUFFIX
 from stepcli.errors import StepcliError, TraceError
@@ -168,7 +168,9 @@ def with_step_logs(summary: RunSummary | None, logs: list[dict[str, Any]]) -> Ru
     from stepcli.run.compiles import compile_summary
     from stepcli.run.summary import process_entry
 
-    rebuilt: RunSummary = dict(summary) if summary is not None else {"schema": SCHEMA, "schema_version": SCHEMA_VERSION}  # type: ignore[assignment]
+    rebuilt: RunSummary = (
+        cast(RunSummary, dict(summary)) if summary is not None else {"schema": SCHEMA, "schema_version": SCHEMA_VERSION}
+    )
     rebuilt["step_times"] = _step_times(logs)
     if summary is None:
         rebuilt["processes"] = [process_entry(log) for log in logs]
