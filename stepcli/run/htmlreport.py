@@ -233,17 +233,15 @@ def report_main(paths: Sequence[str], out: str | None) -> str:
     return write_page(data, out)
 
 
-def write_run_report(summary: RunSummary, log_dir: str, traces: RunTraces | None = None) -> str:
+def write_run_report(summary: RunSummary, traces: RunTraces | None = None) -> str:
     """After `stepcli run`: report.html in the output folder; returns its path.
 
-    The summary is also saved beside the step logs so `stepcli report OUT_DIR` can rebuild the same page later.
+    The launcher has saved the summary beside the step logs, so `stepcli report OUT_DIR` rebuilds the same page.
     `traces`: what the run summary already read (stepcli.traces.readonce), so no trace is read a second time.
     """
     from stepcli.report import REPORT_NAME, write_page
     from stepcli.report.data import build as page_data
-    from stepcli.run.summary import write_run_summary
 
-    write_run_summary(summary, os.path.join(log_dir, SUMMARY_FILE))
     paths = [p for p in summary.get("traces") or [] if os.path.exists(p)]
     data = page_data(summary, paths, traces=traces)
     return write_page(data, os.path.join(summary["out_dir"], REPORT_NAME))

@@ -26,6 +26,7 @@ from stepcli.agent.schedule import Schedule
 from stepcli.errors import EXIT_REGRESSION, StepcliError
 from stepcli.fmt import say
 from stepcli.run.signals import SignalForwarder, child_setup, in_terminal_foreground
+from stepcli.runsummary import SUMMARY_FILE
 
 if TYPE_CHECKING:
     from stepcli.runsummary import RunSummary
@@ -311,6 +312,10 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
             write_run_summary(summary, request.json_path)
         except StepcliError as exc:
             say(f"warning: {exc.message}")
+    try:  # beside the step logs, for `stepcli report OUT` later (with --no-report too)
+        write_run_summary(summary, os.path.join(config.log_dir, SUMMARY_FILE))
+    except StepcliError as exc:
+        say(f"warning: {exc.message}")
     report_path = _html_report(request, config, summary, traces)
     if not request.quiet:
         try:
@@ -369,7 +374,7 @@ def _html_report(
     try:
         from stepcli.run.htmlreport import write_run_report
 
-        return write_run_report(summary, config.log_dir, traces)
+        return write_run_report(summary, traces)
     except Exception as exc:  # the program's result and the terminal summary must survive a bug in the page
         say(f"could not write report.html ({type(exc).__name__}: {exc})")
         return None

@@ -375,6 +375,11 @@ def test_no_report_keeps_the_advice_in_the_terminal_and_the_json(tmp_path: Path)
     summary = json.loads((tmp_path / "run.json").read_text())
     assert [item["rule"] for item in summary["advice"]] == ["data-loading"]
     assert set(summary["advice"][0]) == {"rule", "title", "evidence", "threshold", "suggestion"}
+    # AND `stepcli report OUT` later gives the run's page: its command, its facts and the same advice
+    again = run_stepcli("report", out)
+    assert again.returncode == 0, again.stderr
+    html = (out / "report.html").read_text()
+    assert "slow_loader.py" in html and "exit status" in html and _advice_rules(html) == ["data-loading"]
 
 
 @pytest.mark.parametrize(
