@@ -34,8 +34,8 @@ from bench_table import make_folder  # noqa: E402 (the generator lives beside th
 
 def before(paths: list[str]) -> None:
     """The end of a run as it was: two reads of every trace (plus a memory-event scan)."""
-    from stepcli.run.htmlreport import build
     from stepcli.report.page import render
+    from stepcli.run.htmlreport import build
     from stepcli.traces.engine import summarize_paths
 
     summarize_paths(paths).to_dict()
@@ -44,8 +44,8 @@ def before(paths: list[str]) -> None:
 
 def after(paths: list[str], memory: bool = False) -> None:
     """The end of a run now: one read, shared by the summary and the page."""
-    from stepcli.run.htmlreport import build
     from stepcli.report.page import render
+    from stepcli.run.htmlreport import build
     from stepcli.traces.readonce import RunTraces
     from stepcli.traces.summary import merge_parts
 

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from stepcli import __version__
+from stepcli.agent.request import MAX_ACTIVE, MAX_WAIT, MAX_WARMUP
 from stepcli.errors import EXIT_INTERNAL, EXIT_USAGE, StepcliError
 from stepcli.stats import METRICS
 
@@ -144,6 +145,19 @@ def cli() -> None:
 @click.option(
     "--verbose", is_flag=True, help="Let torch's Kineto print its own log lines (USDT:, STAGE:, ERROR:) on stderr."
 )
+@click.option(
+    "--memory",
+    is_flag=True,
+    help="Record CUDA allocator history; on out-of-memory, save a snapshot (oom-<worker>.pickle) for `stepcli memory`.",
+)
+@click.option(
+    "--memory-entries",
+    type=click.IntRange(min=1),
+    default=100_000,
+    show_default=True,
+    metavar="N",
+    help="With --memory: allocator events kept per process (a ring; older ones are dropped).",
+)
 @click.option("-m", "module_mode", is_flag=True, help="Run a module like python -m: stepcli run -m pkg.mod ARGS.")
 @click.argument(
     "target",
@@ -175,6 +189,10 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
             raise click.UsageError(
                 f"--on-demand opens no scheduled window: drop {', '.join(given)} (capture takes its own)"
             )
+    memory = options.pop("memory")
+    if not memory and ctx.get_parameter_source("memory_entries") == click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("--memory-entries needs --memory")
+    options["memory_entries"] = options["memory_entries"] if memory else 0
     request = RunRequest.from_cli(
         target=list(target),
         module_mode=module_mode,
@@ -339,16 +357,24 @@ def compare(
 @click.argument("target")
 @click.option(
     "--wait",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=MAX_WAIT),
     default=0,
     show_default=True,
     help="Extra steps to let go by before the warmup.",
 )
 @click.option(
-    "--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Steps the profiler runs but discards."
+    "--warmup",
+    type=click.IntRange(min=0, max=MAX_WARMUP),
+    default=1,
+    show_default=True,
+    help="Steps the profiler runs but discards.",
 )
 @click.option(
-    "--active", type=click.IntRange(min=1), default=3, show_default=True, help="Steps recorded in each trace."
+    "--active",
+    type=click.IntRange(min=1, max=MAX_ACTIVE),
+    default=3,
+    show_default=True,
+    help="Steps recorded in each trace.",
 )
 @click.option(
     "--timeout",
@@ -367,6 +393,22 @@ def capture(target: str, wait: int, warmup: int, active: int, timeout: float, as
     from stepcli.run.capture import capture_main
 
     return capture_main(target, wait=wait, warmup=warmup, active=active, timeout=timeout, as_json=as_json)
+
+
+@cli.command(short_help="What filled CUDA memory: a snapshot's peak or out-of-memory error, split and advice.")
+@click.argument("path", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Allocation sites listed.")
+def memory(path: str, as_json: bool, top: int) -> int:
+    """Read CUDA memory snapshots and say what filled the memory, when, and what to do about it.
+
+    PATH is a snapshot (a torch.cuda.memory._snapshot() pickle, .gz too) or a `stepcli run --memory` output
+    folder (its oom-*.pickle files). Exit 0 analyzed, 2 bad input (missing, not a snapshot, a pickle that asks
+    for a class: refused), 3 no snapshot in the folder.
+    """
+    from stepcli.snapshots.command import memory_main
+
+    return memory_main(path, as_json=as_json, top=top)
 
 
 @cli.command(short_help="Write a self-contained HTML report with charts and advice.")

@@ -43,6 +43,7 @@ class AgentConfig:
         "quiet": False,
         "run_key": "",  # signs the step logs (agent/signing.py); only the run's processes get it
         "on_demand": False,
+        "memory_entries": 0,  # --memory: CUDA allocator history entries kept per process; 0 = off
         "version": CONFIG_VERSION,
     }
 
@@ -61,6 +62,7 @@ class AgentConfig:
     quiet: bool
     run_key: str
     on_demand: bool  # no scheduled window: only `stepcli capture` opens one
+    memory_entries: int
     version: int
 
     def __init__(
@@ -104,8 +106,15 @@ def atomic_write_json(path: str, document: Any) -> None:
     """Write JSON next to `path` under a temporary name and rename it, so readers never see half a file."""
     folder, name = os.path.split(path)
     tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+    # Created new and never through a link: whatever sits at the temporary name is not written through.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        with open(tmp, "w", encoding="utf-8") as handle:
+        fd = os.open(tmp, flags, 0o666)
+    except FileExistsError:  # left by a process that died mid-write with the same pid
+        os.unlink(tmp)
+        fd = os.open(tmp, flags, 0o666)
+    try:
+        with open(fd, "w", encoding="utf-8") as handle:
             json.dump(document, handle, separators=(",", ":"))
         os.replace(tmp, path)
     except BaseException:

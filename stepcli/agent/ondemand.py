@@ -19,16 +19,22 @@ long it may take to hear a ping), while a capture's ping is heard (every poll: f
 when an answer changes, and at exit (`ended`). A request names global steps, so every rank
 records the same `ProfilerStep#N`s; a rank already past them refuses instead of recording others. Requests carry
 the run id and live in a folder named by it, so a later run into the same `-o` never obeys one.
+
+The folder is opened once and its files only relative to that descriptor (controlfiles.py): a folder or file put
+in their place is never followed, never blocks, never read whole. Each request is checked (request.py) before it
+is obeyed; a bad one is refused and said once. A pending request that leaves the file was withdrawn by its
+capture (it gave up, or placed a later one): its window is forgotten, or closed unsaved if it records.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
+from . import controlfiles
 from .config import LOG_FOLDER, atomic_write_json
-from .schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP, Schedule
+from .request import MAX_CONTROL_BYTES, MAX_PENDING, Invalid, check_ping, check_request, entries, request_id
+from .schedule import RECORD, RECORD_AND_SAVE, WARMUP, WindowSchedule
 from .tracker import FOREIGN
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
@@ -60,6 +66,8 @@ POLL_INTERVAL_S = 1.0
 PING_LEASE_S = 10.0  # how long a process keeps listening after requests.json last changed (capture renews it)
 MAX_IO_FAILURES = 30  # consecutive polls that could not read or write the control folder
 FINAL = ("saved", "refused", "not_recorded")
+KEPT_ANSWERS = 16  # final answers kept in the heartbeat (a capture reads its own while it waits)
+WITHDRAWN = "withdrawn: the capture that asked for it gave up"
 
 
 def control_dir(out_dir: str, run_id: str) -> str:
@@ -86,49 +94,11 @@ def close_control(out_dir: str, run_id: str) -> None:
             pass
 
 
-class WindowSchedule:
-    """The run's schedule (None with `--on-demand`) plus the windows asked for on demand.
-
-    Answers `action`, `starts_cycle` and `next_profiled_step` like `Schedule`, so the recorder drives
-    both kinds of window the same way.
-    """
-
-    def __init__(self, base: Schedule | None) -> None:
-        self.base = base
-        self.windows: list[tuple[int, int, int]] = []  # (first warmup step, first recorded step, last step)
-
-    def add(self, open_at: int, first: int, last: int) -> None:
-        self.windows.append((open_at, first, last))
-
-    def forget_before(self, step: int) -> None:
-        self.windows = [w for w in self.windows if w[2] >= step]
-
-    def action(self, step: int) -> int:
-        for open_at, first, last in self.windows:
-            if open_at <= step <= last:
-                return WARMUP if step < first else RECORD_AND_SAVE if step == last else RECORD
-        return self.base.action(step) if self.base is not None else NONE
-
-    def starts_cycle(self, step: int) -> bool:
-        if self.action(step) == NONE:
-            return False
-        return step == 0 or self.action(step - 1) in (NONE, RECORD_AND_SAVE)
-
-    def next_profiled_step(self, step: int) -> int | None:
-        candidates = [max(step, open_at) for open_at, _, last in self.windows if last >= step]
-        if self.base is not None:
-            scheduled = self.base.next_profiled_step(step)
-            if scheduled is not None:
-                candidates.append(scheduled)
-        return min(candidates, default=None)
-
-    def first_busy(self, start: int, end: int) -> int | None:
-        """The first step in [start, end] some window (scheduled or on demand) already uses."""
-        return next((s for s in range(start, end + 1) if self.action(s) != NONE), None)
-
-
 class OnDemand:
-    """One process's side of the protocol: heartbeat, accept or refuse requests, report saved traces."""
+    """One process's side of the protocol: heartbeat, accept or refuse requests, report saved traces.
+
+    The control folder is opened once, here, and every file in it is read and written relative to that
+    descriptor (stepcli/agent/controlfiles.py): a folder put in its place later is never looked at."""
 
     def __init__(self, agent: Agent) -> None:
         import socket
@@ -137,9 +107,9 @@ class OnDemand:
         self.agent = agent
         self.run_id = config.run_id
         self.folder = control_dir(config.out_dir, config.run_id)
-        self.requests_path = os.path.join(self.folder, REQUESTS_FILE)
         self.host = socket.gethostname()
-        self.proc_path = os.path.join(self.folder, f"{PROC_PREFIX}{self.host}.{agent.pid}.json")
+        self.proc_name = f"{PROC_PREFIX}{self.host}.{agent.pid}.json"
+        self.proc_path = os.path.join(self.folder, self.proc_name)
         self.schedule = WindowSchedule(None if config.on_demand else config.schedule)
         self.responses: dict[str, dict[str, Any]] = {}
         self.pending: dict[str, tuple[int, int, int, int]] = {}  # id -> (first, last step, windows, notes before)
@@ -154,12 +124,20 @@ class OnDemand:
         self._writes = 0
         self._ended = ""
         self._failures = 0
+        self._said: set[str] = set()
         self.active = False
+        self.folder_fd = -1
         if agent.recorder is not None:
             agent.recorder.schedule = self.schedule  # type: ignore[assignment]
-        if os.path.isdir(self.folder):  # a run started by an older launcher has none: nobody can ask
-            agent.tracker.set_poller(self.poll, POLL_INTERVAL_S)
-            self.active = True
+        try:
+            self.folder_fd = controlfiles.open_folder(self.folder)
+        except FileNotFoundError:  # a run started by an older launcher has none: nobody can ask
+            return
+        except OSError as exc:
+            self._say_once(f"on-demand capture disabled in this process: {exc}")
+            return
+        agent.tracker.set_poller(self.poll, POLL_INTERVAL_S)
+        self.active = True
 
     # -- called by the tracker (at most once a second) and by the agent ----------------------------------------
     def poll(self, step: int) -> None:
@@ -209,83 +187,128 @@ class OnDemand:
     def _give_up(self, exc: BaseException) -> None:
         self.agent.tracker.set_poller(None)
         self.active = False
+        self._say_once(f"on-demand capture disabled in this process: {type(exc).__name__}: {exc}")
+
+    def _say_once(self, message: str) -> None:
+        """One line per kind of trouble, however many polls meet it (messages never quote forged values)."""
+        if message in self._said:
+            return
+        self._said.add(message)
         from .output import say
 
-        say(f"on-demand capture disabled in this process: {type(exc).__name__}: {exc}")
+        say(message)
 
     # -- requests ---------------------------------------------------------------------------------------------
     def _read_requests(self, step: int) -> bool:
         """Whether a capture listens. open() rather than stat(): on NFS, open revalidates the file (close-to-open)."""
         try:
-            handle = open(self.requests_path, encoding="utf-8")
+            fd, stat = controlfiles.open_regular(self.folder_fd, REQUESTS_FILE)
         except FileNotFoundError:  # the usual case: nobody is asking
             self._seen, self._pings, self._listen_until = None, [], 0.0
+            self._withdraw_missing(set(), step)
             return False
-        with handle:
-            stat = os.fstat(handle.fileno())
+        except controlfiles.Refused as exc:  # a link, a FIFO, a device, or not the run owner's: never read
+            self._say_once(f"on-demand capture: ignoring the control folder's {exc}")
+            self._seen = None
+            return False
+        try:
             seen = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
             if seen == self._seen:  # unchanged since the last poll: nothing new to read
                 return time.monotonic() < self._listen_until
-            if stat.st_uid != os.getuid():
-                self._seen = seen
-                return False  # only the run's owner may ask
             try:
-                document = json.load(handle)
-            except ValueError:
-                self._seen = seen  # malformed as written: read it again only once it changes
+                data = controlfiles.read_bounded(fd, MAX_CONTROL_BYTES, REQUESTS_FILE)
+            except controlfiles.Refused as exc:
+                self._say_once(f"on-demand capture: ignoring the control folder's {exc}")
+                self._seen = seen
                 return False
-            # Marked as read only now: after a failed read (OSError, an NFS hiccup) the next poll reads it again.
-            self._seen = seen
+        finally:
+            os.close(fd)
+        # Marked as read only now: after a failed read (OSError, an NFS hiccup) the next poll reads it again.
+        self._seen = seen
+        try:
+            document = controlfiles.parse_json(data)
+        except ValueError:
+            return False  # malformed as written: read again only once it changes
         if not isinstance(document, dict) or document.get("run_id") != self.run_id:
             return False
-        self._listen(document.get("pings"))
-        for request in document.get("requests", []):
-            if isinstance(request, dict) and request.get("id") not in self.responses:
-                try:
-                    self._consider(request, step)
-                except (KeyError, TypeError, ValueError):
-                    continue  # not a request this version understands
+        self._listen(entries(document, "pings"))
+        self._take_requests(entries(document, "requests"), step)
         return time.monotonic() < self._listen_until
 
-    def _listen(self, pings: Any) -> None:
+    def _take_requests(self, requests: list[Any], step: int) -> None:
+        """Consider each new request; a pending one no longer in the file was withdrawn by its capture."""
+        asked: set[str] = set()
+        for entry in requests:
+            try:
+                rid, open_at, first, last = check_request(entry)
+            except Invalid as exc:
+                self._refuse_malformed(entry, exc, step)
+                continue
+            asked.add(rid)
+            if rid not in self.responses:
+                self._consider(rid, open_at, first, last, step)
+        self._withdraw_missing(asked, step)
+
+    def _refuse_malformed(self, entry: Any, exc: Invalid, step: int) -> None:
+        rid = request_id(entry)
+        if rid is None:
+            self._say_once(f"on-demand capture: ignoring a malformed request: {exc}")
+        elif rid not in self.responses:
+            self._say_once(f"on-demand capture: refusing a malformed request: {exc}")
+            self._answer(rid, "refused", reason=f"malformed request: {exc}", at_step=step)
+
+    def _listen(self, pings: list[Any]) -> None:
         """Captures waiting for fresh heartbeats: listen for their lease from now (this host's clock, not theirs)."""
-        pings = [p for p in pings if isinstance(p, dict) and "id" in p] if isinstance(pings, list) else []
-        ids = [str(p["id"]) for p in pings]
+        ids, leases = [], []
+        for entry in pings:
+            try:
+                pid, lease = check_ping(entry, PING_LEASE_S, POLL_INTERVAL_S, 600.0)
+            except Invalid as exc:
+                self._say_once(f"on-demand capture: ignoring a malformed ping: {exc}")
+                continue
+            ids.append(pid)
+            leases.append(lease)
         if set(ids) - set(self._pings):
             self._dirty = True  # a new capture listens: tell it at once that this process was heard
         self._pings = ids
-        leases = []
-        for ping in pings:
-            try:
-                leases.append(min(max(float(ping.get("lease_s", PING_LEASE_S)), POLL_INTERVAL_S), 600.0))
-            except (TypeError, ValueError):
-                leases.append(PING_LEASE_S)
         self._listen_until = time.monotonic() + max(leases) if leases else 0.0
 
-    def _consider(self, request: dict[str, Any], step: int) -> None:
-        rid = str(request["id"])
-        open_at, first, last = int(request["open_at"]), int(request["first_step"]), int(request["last_step"])
+    def _consider(self, rid: str, open_at: int, first: int, last: int, step: int) -> None:
         recorder = self.agent.recorder
         start = max(open_at, step)
         if recorder is None or recorder.disabled or not self.agent.enabled:
             self._answer(rid, "refused", reason="profiling is disabled in this process", at_step=step)
             return
-        reason = ""
+        reason, late = "", False
         if self.agent.foreign or recorder._profiler_already_running():
             reason = "the program's own profiler is running (it wins; nothing recorded)"
         elif step > first:
-            reason = f"already at step {step}, past step {first}"
+            reason, late = f"already at step {step}, past step {first}", True
+        elif len(self.pending) >= MAX_PENDING:
+            reason = f"{MAX_PENDING} windows are already waiting in this process"
         else:
             busy = self.schedule.first_busy(start, last)
             if busy is not None:
                 reason = f"step {busy} belongs to another window"
         if reason:
-            self._answer(rid, "refused", reason=reason, at_step=step)
+            self._answer(rid, "refused", reason=reason, at_step=step, **({"late": True} if late else {}))
             return
         self.schedule.add(start, first, last)
         self.agent.tracker.wake_at_step(start)
         self.pending[rid] = (first, last, len(recorder.windows), len(recorder.notes))
         self._answer(rid, "accepted", first_step=first, last_step=last, at_step=step)
+
+    def _withdraw_missing(self, asked: set[str], step: int) -> None:
+        """Drop the windows whose request left the file: their capture gave up (its timeout) or re-planned, and
+        nobody waits for them. One that records is closed unsaved, so it stops costing time and memory."""
+        for rid in [rid for rid in self.pending if rid not in asked]:
+            first, last, _, _ = self.pending[rid]
+            window = self.schedule.remove(first, last)
+            recorder = self.agent.recorder
+            if window is not None and recorder is not None and recorder.prof is not None:
+                if window[0] <= step <= last + 1:  # this window is the one open now
+                    recorder.drop(WITHDRAWN)
+            self._answer(rid, "not_recorded", reason=WITHDRAWN)
 
     def _settle(self, step: int) -> None:
         """Answer requests whose window was saved, or whose steps went by without one."""
@@ -324,9 +347,13 @@ class OnDemand:
         return "no trace was saved"
 
     def _answer(self, rid: str, status: str, **fields: Any) -> None:
+        self.responses.pop(rid, None)  # re-inserted last: the oldest answers come first, and go first
         self.responses[rid] = {"status": status, "time": time.time(), **fields}
         if status in FINAL:
             self.pending.pop(rid, None)
+        finals = [key for key, answer in self.responses.items() if answer["status"] in FINAL]
+        for key in finals[: max(0, len(finals) - KEPT_ANSWERS)]:
+            del self.responses[key]  # bounded: a long run with many captures keeps a small heartbeat
         self._dirty = True
 
     # -- heartbeat --------------------------------------------------------------------------------------------
@@ -359,6 +386,6 @@ class OnDemand:
             "writes": self._writes,
             "responses": self.responses,
         }
-        atomic_write_json(self.proc_path, document)
+        controlfiles.write_json(self.folder_fd, self.proc_name, document)
         self._written_step = step
         self._dirty = False

@@ -125,13 +125,20 @@ def patch_profilers(agent: Agent, torch: ModuleType) -> None:
     if getattr(profile.step, "_stepcli", False):
         return
     kineto_profile = getattr(torch.profiler.profiler, "_KinetoProfile", profile)  # prepare/stop_trace live there
-    original_init, original_start, original_stop, original_step = (
-        profile.__init__,
-        profile.start,
-        profile.stop,
-        profile.step,
-    )
-    original_prepare, original_stop_trace = kineto_profile.prepare_trace, kineto_profile.stop_trace
+    _patch_profile_lifetime(agent, profile)
+    _patch_profile_step(agent, profile)
+    _patch_collecting(agent, kineto_profile)
+    _patch_legacy_profiler(agent, torch.autograd.profiler.profile)
+
+
+def _mark(*wrappers: Any) -> None:
+    for wrapper in wrappers:
+        wrapper._stepcli = True
+
+
+def _patch_profile_lifetime(agent: Agent, profile: Any) -> None:
+    """`__init__` makes a requester; `start`/`stop` bracket the time the program's profiler is entered."""
+    original_init, original_start, original_stop = profile.__init__, profile.start, profile.stop
     own = agent.is_own_profiler
 
     @functools.wraps(original_init)
@@ -156,27 +163,14 @@ def patch_profilers(agent: Agent, torch: ModuleType) -> None:
             if agent.enabled and not own(self):
                 agent.program_profiler_left(self)
 
-    @functools.wraps(original_prepare)
-    def stepcli_prepare_trace(self: Any) -> None:
-        if agent.enabled and not own(self):
-            if getattr(self, "_stepcli_hidden", False):
-                self.record_steps = True  # it collects from this step on: its ProfilerStep#N is its own again
-            agent.foreign_profiler_started(id(self))  # saves an open window of ours first
-            try:
-                original_prepare(self)
-            except BaseException:
-                agent.foreign_profiler_stopped(id(self))
-                raise
-        else:
-            original_prepare(self)
+    _mark(stepcli_profile_init, stepcli_profile_start, stepcli_profile_stop)
+    profile.__init__, profile.start, profile.stop = stepcli_profile_init, stepcli_profile_start, stepcli_profile_stop
 
-    @functools.wraps(original_stop_trace)
-    def stepcli_stop_trace(self: Any) -> None:
-        try:
-            original_stop_trace(self)
-        finally:
-            if agent.enabled and not own(self):
-                agent.foreign_profiler_stopped(id(self))
+
+def _patch_profile_step(agent: Agent, profile: Any) -> None:
+    """Each `step()` of the program's profiler is a step of its requester."""
+    original_step = profile.step
+    own = agent.is_own_profiler
 
     @functools.wraps(original_step)
     def stepcli_profile_step(self: Any) -> None:
@@ -189,26 +183,43 @@ def patch_profilers(agent: Agent, torch: ModuleType) -> None:
         else:
             original_step(self)
 
-    wrappers = (
-        stepcli_profile_init,
-        stepcli_profile_start,
-        stepcli_profile_stop,
-        stepcli_profile_step,
-        stepcli_prepare_trace,
-        stepcli_stop_trace,
-    )
-    for wrapper in wrappers:
-        wrapper._stepcli = True  # type: ignore[attr-defined]
-    profile.__init__, profile.start, profile.stop, profile.step = (
-        stepcli_profile_init,
-        stepcli_profile_start,
-        stepcli_profile_stop,
-        stepcli_profile_step,
-    )
+    _mark(stepcli_profile_step)
+    profile.step = stepcli_profile_step
+
+
+def _patch_collecting(agent: Agent, kineto_profile: Any) -> None:
+    """Between `prepare_trace` and `stop_trace` the program's profiler collects: stepcli steps aside."""
+    original_prepare, original_stop_trace = kineto_profile.prepare_trace, kineto_profile.stop_trace
+    own = agent.is_own_profiler
+
+    @functools.wraps(original_prepare)
+    def stepcli_prepare_trace(self: Any) -> None:
+        if not agent.enabled or own(self):
+            original_prepare(self)
+            return
+        if getattr(self, "_stepcli_hidden", False):
+            self.record_steps = True  # it collects from this step on: its ProfilerStep#N is its own again
+        agent.foreign_profiler_started(id(self))  # saves an open window of ours first
+        try:
+            original_prepare(self)
+        except BaseException:
+            agent.foreign_profiler_stopped(id(self))
+            raise
+
+    @functools.wraps(original_stop_trace)
+    def stepcli_stop_trace(self: Any) -> None:
+        try:
+            original_stop_trace(self)
+        finally:
+            if agent.enabled and not own(self):
+                agent.foreign_profiler_stopped(id(self))
+
+    _mark(stepcli_prepare_trace, stepcli_stop_trace)
     kineto_profile.prepare_trace, kineto_profile.stop_trace = stepcli_prepare_trace, stepcli_stop_trace
 
-    # The legacy autograd profiler opens a Kineto session too: nesting it in ours would empty ours.
-    legacy = torch.autograd.profiler.profile
+
+def _patch_legacy_profiler(agent: Agent, legacy: Any) -> None:
+    """The legacy autograd profiler opens a Kineto session too: nesting it in ours would empty ours."""
     legacy_enter, legacy_exit = legacy.__enter__, legacy.__exit__
 
     @functools.wraps(legacy_enter)
@@ -254,73 +265,91 @@ _CO_GENERATOR, _CO_COROUTINE, _CO_ASYNC_GENERATOR = 0x20, 0x80, 0x200
 def patch_step_on(agent: Agent, module: ModuleType, spec: str, qualname: str) -> None:
     """`--step-on MODULE:QUALNAME`: each completed call of that function or method is a step.
 
-    Nested and recursive calls count once per outermost call, per thread or asyncio task. Inside code torch.compile is tracing
-    nothing is counted (counting there would break `fullgraph=True`); name a function outside the compiled region.
+    Nested and recursive calls count once per outermost call, per thread or asyncio task. Inside code torch.compile
+    is tracing nothing is counted (counting there would break `fullgraph=True`); name a function outside the
+    compiled region.
     """
+    owner, attr, kind, function = _step_on_target(module, qualname)
+    if getattr(function, "_stepcli", False):
+        return
+    flags = getattr(getattr(function, "__code__", None), "co_flags", 0)
+    if not callable(function) or flags & (_CO_GENERATOR | _CO_ASYNC_GENERATOR):
+        raise TypeError(f"{spec} is not a plain or async function (generators are not supported)")
+    key = ("step-on", spec)
+    counter = _OutermostCalls(agent, key, spec)
+    wrapper = _async_step_on(agent, function, counter) if flags & _CO_COROUTINE else _step_on(agent, function, counter)
+    wrapper._stepcli = True  # type: ignore[attr-defined]
+    agent.requester_created(key, spec, arm=False)  # armed at the first call, not at import (DataLoader workers)
+    setattr(owner, attr, kind(wrapper) if kind is not None else wrapper)
+
+
+def _step_on_target(module: ModuleType, qualname: str) -> tuple[Any, str, Any, Any]:
+    """(owner, attribute, staticmethod/classmethod or None, the function itself) that QUALNAME names."""
     *owner_path, attr = qualname.split(".")
     owner: Any = module
     for part in owner_path:
         owner = getattr(owner, part)
     raw = owner.__dict__[attr] if isinstance(owner, type) and attr in owner.__dict__ else getattr(owner, attr)
     kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
-    function = raw.__func__ if kind is not None else raw
-    if getattr(function, "_stepcli", False):
-        return
-    flags = getattr(getattr(function, "__code__", None), "co_flags", 0)
-    if not callable(function) or flags & (_CO_GENERATOR | _CO_ASYNC_GENERATOR):
-        raise TypeError(f"{spec} is not a plain or async function (generators are not supported)")
-    import contextvars
+    return owner, attr, kind, raw.__func__ if kind is not None else raw
 
-    key = ("step-on", spec)
-    tracker = agent.tracker
-    # Per context, not per thread: concurrent asyncio tasks each have their own, so they never mix up levels.
-    depth: contextvars.ContextVar[int] = contextvars.ContextVar(f"stepcli_depth_{spec}", default=0)
 
-    def enter() -> tuple[int, Any]:
-        if not agent.trains:
-            agent.arm()
-        level = depth.get()
-        return level, depth.set(level + 1)
+class _OutermostCalls:
+    """Counts a step when the outermost call completes. The depth is per context, not per thread: concurrent
+    asyncio tasks each have their own, so they never mix up levels."""
 
-    def leave(entered: tuple[int, Any], completed: bool) -> None:
+    def __init__(self, agent: Agent, key: Hashable, spec: str) -> None:
+        import contextvars
+
+        self.agent = agent
+        self.key = key
+        self.depth: contextvars.ContextVar[int] = contextvars.ContextVar(f"stepcli_depth_{spec}", default=0)
+
+    def enter(self) -> tuple[int, Any]:
+        if not self.agent.trains:
+            self.agent.arm()
+        level = self.depth.get()
+        return level, self.depth.set(level + 1)
+
+    def leave(self, entered: tuple[int, Any], completed: bool) -> None:
         level, token = entered
         try:
-            depth.reset(token)
+            self.depth.reset(token)
         except ValueError:  # reset from another context (a generator finished elsewhere): fall back
-            depth.set(level)
-        if completed and level == 0 and agent.enabled:
-            tracker.step(key)
+            self.depth.set(level)
+        if completed and level == 0 and self.agent.enabled:
+            self.agent.tracker.step(self.key)
 
-    if flags & _CO_COROUTINE:
 
-        @functools.wraps(function)
-        async def stepcli_step_on(*args: Any, **kwargs: Any) -> Any:
-            if agent.is_compiling():
-                return await function(*args, **kwargs)
-            entered = enter()
-            try:
-                result = await function(*args, **kwargs)
-            except BaseException:
-                leave(entered, False)
-                raise
-            leave(entered, True)
-            return result
+def _step_on(agent: Agent, function: Any, counter: _OutermostCalls) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def stepcli_step_on(*args: Any, **kwargs: Any) -> Any:
+        if agent.is_compiling():
+            return function(*args, **kwargs)
+        entered = counter.enter()
+        try:
+            result = function(*args, **kwargs)
+        except BaseException:
+            counter.leave(entered, False)
+            raise
+        counter.leave(entered, True)
+        return result
 
-    else:
+    return stepcli_step_on
 
-        @functools.wraps(function)
-        def stepcli_step_on(*args: Any, **kwargs: Any) -> Any:
-            if agent.is_compiling():
-                return function(*args, **kwargs)
-            entered = enter()
-            try:
-                result = function(*args, **kwargs)
-            except BaseException:
-                leave(entered, False)
-                raise
-            leave(entered, True)
-            return result
 
-    stepcli_step_on._stepcli = True  # type: ignore[attr-defined]
-    agent.requester_created(key, spec, arm=False)  # armed at the first call, not at import (DataLoader workers)
-    setattr(owner, attr, kind(stepcli_step_on) if kind is not None else stepcli_step_on)
+def _async_step_on(agent: Agent, function: Any, counter: _OutermostCalls) -> Callable[..., Any]:
+    @functools.wraps(function)
+    async def stepcli_step_on(*args: Any, **kwargs: Any) -> Any:
+        if agent.is_compiling():
+            return await function(*args, **kwargs)
+        entered = counter.enter()
+        try:
+            result = await function(*args, **kwargs)
+        except BaseException:
+            counter.leave(entered, False)
+            raise
+        counter.leave(entered, True)
+        return result
+
+    return stepcli_step_on

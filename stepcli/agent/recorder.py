@@ -61,15 +61,15 @@ class Recorder:
         self._window: dict[str, Any] | None = None
         self._cut_reason = ""
         self._discard = False
+        self._dropping = False  # the open window is being closed unsaved (its capture withdrew it)
+        self._pending_drop = ""  # ... asked for on another thread, done by the main thread at its next step
         # Set by the agent: will the program's idle profiler start collecting within this many of its steps?
         self.program_profiler_due: Callable[[int], bool] = lambda steps: False
 
     # -- schedule ---------------------------------------------------------------------------------------------
     def next_cycle_start(self, step: int) -> int:
         """The next step >= `step` at which a cycle's first profiled step begins (never mid-cycle)."""
-        candidate = self.schedule.next_profiled_step(step)
-        while candidate is not None and not self.schedule.starts_cycle(candidate):
-            candidate = self.schedule.next_profiled_step(candidate + 1)
+        candidate = self.schedule.next_cycle_start(step)
         return NEVER if candidate is None else candidate
 
     def on_step(self, step: int) -> tuple[int, int]:
@@ -112,6 +112,10 @@ class Recorder:
     def _on_step(self, step: int) -> tuple[int, int]:
         prof = self.prof
         if prof is not None:
+            if self._pending_drop:
+                reason, self._pending_drop = self._pending_drop, ""
+                self.drop(reason)
+                return (FOREIGN if self.foreign else NONE), self.next_cycle_start(step + 1)
             if self._pending_cut:
                 self.stop(self._pending_cut)
                 return (FOREIGN if self.foreign else NONE), self.next_cycle_start(step + 1)
@@ -228,9 +232,8 @@ class Recorder:
         last = prof.step_num - 1
         first = window["first_step"] if window["first_step"] is not None else prof.step_num
         if self._discard:
-            self.notes.append(
-                f"the window from step {first} was not saved ({self._cut_reason} before it held a whole step)"
-            )
+            why = self._cut_reason if self._dropping else f"{self._cut_reason} before it held a whole step"
+            self.notes.append(f"the window from step {first} was not saved ({why})")
         else:
             self._save(prof, first, last)
         # With wait=0 the same object goes straight on to the next cycle's warmup.
@@ -241,7 +244,9 @@ class Recorder:
         complete = not self._cut_reason
         steps = f"step {first}" if first == last else f"steps {first}-{last}"
         try:
-            folder = trace_folder(self.config.out_dir, first, self.config.schedule.repeat != 1)
+            # A window asked for on demand gets a folder of its own, like each window of --repeat.
+            several = self.config.schedule.repeat != 1 or _asked_for(self.schedule, first)
+            folder = trace_folder(self.config.out_dir, first, several)
             path, size = export_trace(prof, folder, self.config.use_gzip)
         except Exception as exc:
             say(f"could not save the trace of {steps}: {type(exc).__name__}: {exc}")
@@ -290,6 +295,24 @@ class Recorder:
             self._discard = False
             self.busy = busy
 
+    def drop(self, reason: str) -> None:
+        """Close the open window without saving it: nobody wants it any more (its capture gave up). Only the main
+        thread may stop it; elsewhere the drop waits for the main thread's next step."""
+        if self.prof is None:
+            return
+        if not _on_main_thread():
+            self._pending_drop = self._pending_drop or reason
+            return
+        busy, self.busy = self.busy, True
+        self._discard, self._dropping, self._cut_reason = True, True, reason
+        try:
+            self._close()
+        except Exception as exc:
+            self.notes.append(f"could not close the profiler: {exc}")
+        finally:
+            self._discard, self._dropping, self._cut_reason = False, False, ""
+            self.busy = busy
+
     def _announce_save(self, last: int) -> None:
         """`saving trace of steps A-B ...` before torch stops the profiler and writes the file, which can freeze
         the program for seconds on a large window: the user sees why."""
@@ -336,13 +359,14 @@ class Recorder:
 
 def _recorded_span(schedule: Any, step: int) -> tuple[int, int]:
     """(first, last) recorded step of the window that starts at `step` (scheduled or asked for on demand)."""
-    first = step
-    while schedule.action(first) == WARMUP:
-        first += 1
-    last = first
-    while schedule.action(last) == RECORD:
-        last += 1
-    return first, last
+    span: tuple[int, int] = schedule.recorded_span(step)  # arithmetic: no loop over the window's steps
+    return span
+
+
+def _asked_for(schedule: Any, step: int) -> bool:
+    """Whether `step` belongs to a window asked for on demand (only a WindowSchedule holds those)."""
+    on_demand = getattr(schedule, "on_demand", None)
+    return bool(on_demand(step)) if on_demand is not None else False
 
 
 def _on_main_thread() -> bool:

@@ -83,6 +83,10 @@ class Agent:
 
         patch_optimizers(self, torch)
         patch_profilers(self, torch)
+        if self.config.memory_entries:
+            from .cudamemory import install
+
+            install(self, torch, self.config.memory_entries)
         self.hooks.when_imported("torch._dynamo", self._dynamo_imported)  # imported by the program, never by us
 
     def _dynamo_imported(self, dynamo: ModuleType) -> None:

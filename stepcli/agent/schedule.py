@@ -82,6 +82,30 @@ class Schedule:
             return step
         return self.skip_first + cycle_index * self.cycle + self.wait
 
+    def _cycle_base(self, step: int) -> int:
+        """The first step (its wait phase) of the cycle `step` falls in; `step` is past `skip_first`."""
+        return self.skip_first + (step - self.skip_first) // self.cycle * self.cycle
+
+    def next_cycle_start(self, step: int) -> int | None:
+        """The first step >= `step` at which a cycle's first profiled step begins (never mid-cycle), or None."""
+        candidate = self.next_profiled_step(step)
+        if candidate is None or self.starts_cycle(candidate):
+            return candidate
+        return self.next_profiled_step(self._cycle_base(candidate) + self.cycle)  # the next cycle's first one
+
+    def cycle_end(self, step: int) -> int:
+        """The last step (RECORD_AND_SAVE) of the cycle that profiled step `step` belongs to."""
+        return self._cycle_base(step) + self.cycle - 1
+
+    def recorded_span(self, step: int) -> tuple[int, int]:
+        """(first, last) recorded step of the cycle that profiled step `step` belongs to, from `step` on."""
+        base = self._cycle_base(step)
+        return max(step, base + self.wait + self.warmup), base + self.cycle - 1
+
+    def last_step(self) -> int | None:
+        """The last step any cycle profiles, or None when cycles repeat until the program ends."""
+        return self.skip_first + self.repeat * self.cycle - 1 if self.repeat > 0 else None
+
     def windows(self, limit: int = 3) -> Iterator[tuple[int, int, int]]:
         """(first warmup step, first recorded step, last recorded step) of the first `limit` cycles."""
         cycles = self.repeat if self.repeat > 0 else limit
@@ -99,3 +123,81 @@ class Schedule:
 
     def to_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.FIELDS}
+
+
+class WindowSchedule:
+    """The run's schedule (None with `--on-demand`) plus the windows asked for on demand.
+
+    Answers `action`, `starts_cycle`, `next_profiled_step`, `next_cycle_start` and `recorded_span` like
+    `Schedule`, so the recorder drives both kinds of window the same way. Every answer costs a few operations per
+    window (a process holds a handful at most), never one per step of a window: a window of a million steps or one
+    a million steps ahead is as cheap as one of three.
+    """
+
+    def __init__(self, base: Schedule | None) -> None:
+        self.base = base
+        self.windows: list[tuple[int, int, int]] = []  # (first warmup step, first recorded step, last step)
+
+    def add(self, open_at: int, first: int, last: int) -> None:
+        self.windows.append((open_at, first, last))
+
+    def remove(self, first: int, last: int) -> tuple[int, int, int] | None:
+        """Take back the on-demand window recording `first`-`last` (its capture withdrew it)."""
+        for window in self.windows:
+            if window[1:] == (first, last):
+                self.windows.remove(window)
+                return window
+        return None
+
+    def forget_before(self, step: int) -> None:
+        self.windows = [w for w in self.windows if w[2] >= step]
+
+    def on_demand(self, step: int) -> bool:
+        """Whether `step` belongs to a window asked for on demand."""
+        return any(open_at <= step <= last for open_at, _, last in self.windows)
+
+    def action(self, step: int) -> int:
+        for open_at, first, last in self.windows:
+            if open_at <= step <= last:
+                return WARMUP if step < first else RECORD_AND_SAVE if step == last else RECORD
+        return self.base.action(step) if self.base is not None else NONE
+
+    def starts_cycle(self, step: int) -> bool:
+        if self.action(step) == NONE:
+            return False
+        return step == 0 or self.action(step - 1) in (NONE, RECORD_AND_SAVE)
+
+    def next_profiled_step(self, step: int) -> int | None:
+        candidates = [max(step, open_at) for open_at, _, last in self.windows if last >= step]
+        if self.base is not None:
+            scheduled = self.base.next_profiled_step(step)
+            if scheduled is not None:
+                candidates.append(scheduled)
+        return min(candidates, default=None)
+
+    def next_cycle_start(self, step: int) -> int | None:
+        """The first step >= `step` at which a window (scheduled or on demand) begins; None when none is left."""
+        candidates = [open_at for open_at, _, _ in self.windows if open_at >= step]
+        if self.base is not None:
+            scheduled = self.base.next_cycle_start(step)  # requests never overlap it (see first_busy)
+            if scheduled is not None:
+                candidates.append(scheduled)
+        return min(candidates, default=None)
+
+    def recorded_span(self, step: int) -> tuple[int, int]:
+        """(first, last) recorded step of the window profiled step `step` belongs to, from `step` on."""
+        for open_at, first, last in self.windows:
+            if open_at <= step <= last:
+                return max(step, first), last
+        if self.base is not None and self.base.action(step) != NONE:
+            return self.base.recorded_span(step)
+        return step, step
+
+    def first_busy(self, start: int, end: int) -> int | None:
+        """The first step in [start, end] some window (scheduled or on demand) already uses."""
+        hits = [max(start, open_at) for open_at, _, last in self.windows if open_at <= end and last >= start]
+        if self.base is not None:
+            scheduled = self.base.next_profiled_step(start)
+            if scheduled is not None and scheduled <= end:
+                hits.append(scheduled)
+        return min(hits, default=None)

@@ -93,6 +93,18 @@ class StepTracker:
         if self._listener is not None:
             self._wake_at = self.global_step + 1
 
+    def add_step_callback(self, callback: Callable[[int], None]) -> None:
+        """Also call `callback(new_step)` at every step boundary (`--memory` tags allocations with the step).
+
+        Wraps `_advance` on this instance only, so a run without such a callback pays nothing per step."""
+        advance = self._advance
+
+        def advance_and_call(new_step: int) -> None:
+            advance(new_step)
+            callback(new_step)
+
+        self._advance = advance_and_call  # type: ignore[method-assign]
+
     def set_phase(self, phase: int) -> None:
         """Overwrite what the current step is marked as (e.g. FOREIGN once the program's profiler starts)."""
         self._phase = phase

@@ -48,6 +48,7 @@ class ReportData:
     memory_peaks: list[tuple[str, int | None, int | None]] = field(default_factory=list)
     memory_curves: list[tuple[str, list[tuple[float, float]]]] = field(default_factory=list)
     advice: list[Advice] = field(default_factory=list)
+    out_dir: str | None = None  # the run's output folder, where `stepcli run --memory` leaves oom-*.pickle
 
 
 def build(
@@ -64,7 +65,7 @@ def build(
     from stepcli.traces.readonce import RunTraces
 
     traces = traces if traces is not None else RunTraces()
-    data = ReportData(title="stepcli report")
+    data = ReportData(title="stepcli report", out_dir=(summary or {}).get("out_dir"))
     parts = _trace_parts(data, traces, trace_paths, summary is not None)
     analysis = _merged(parts)
     if summary is not None and summary.get("command") is not None:

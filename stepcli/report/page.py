@@ -15,6 +15,7 @@ from urllib.parse import quote
 from stepcli import __version__, fmt
 from stepcli.report import GENERATOR, svg
 from stepcli.report.data import ReportData
+from stepcli.report.memorysnapshots import snapshot_section
 from stepcli.traces.render import shorten
 
 NAME_CHARS = 110  # longer operator and kernel names are cut in the middle; the full name is the cell's tooltip
@@ -315,6 +316,7 @@ def _memory(data: ReportData) -> list[str]:
         parts.append(
             '<p class="muted">No memory measured (run with stepcli run; add --profile-memory for a curve).</p>'
         )
+    parts.append(snapshot_section(data.out_dir))  # stepcli/report/memorysnapshots.py: "" without oom-*.pickle
     return parts
 
 

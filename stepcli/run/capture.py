@@ -4,54 +4,36 @@ The request goes through the run's private control folder (see stepcli/agent/ond
 their heartbeat only when somebody listens, so capture first pings them (a "ping" in requests.json, renewed while
 it waits) and waits for a fresh heartbeat from every process that has not ended: a process that does not answer
 within a few of its poll intervals is not stepping (paused, hung or killed). From the fresh heartbeats it names a
-first global step every rank can still meet (the highest step any rank is at, plus the steps about 1.5 s of polling
-lets go by, plus `--wait`), writes the request, and waits for each process to answer with a saved trace or a
-reason. Its ping and request are withdrawn when it returns, however it returns.
+first global step every rank can still meet (stepcli/run/captureplan.py), writes the request, and waits for each
+process to answer with a saved trace or a reason. A process already past those steps says so: then the request is
+withdrawn (processes that accepted it drop its window) and a new one placed further ahead, a few times at most.
+Its ping and request are withdrawn when it returns, however it returns: a window nobody waits for any more is
+dropped by the processes, never left recording.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import socket
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
-from stepcli.agent.config import CONFIG_ENV, LOG_FOLDER, atomic_write_json
-from stepcli.agent.ondemand import (
-    CONTROL_FOLDER,
-    FINAL,
-    LOCK_FILE,
-    PING_LEASE_S,
-    POLL_INTERVAL_S,
-    PROC_PREFIX,
-    REQUESTS_FILE,
-    RUN_FILE,
-    control_dir,
-)
-from stepcli.agent.schedule import NONE, Schedule
-from stepcli.errors import EXIT_NOTHING_MEASURED, StepcliError
+from stepcli.agent.ondemand import FINAL, PING_LEASE_S, POLL_INTERVAL_S
+from stepcli.errors import EXIT_NOTHING_MEASURED
 from stepcli.fmt import say as _say
 from stepcli.fmt import size
+from stepcli.run.captureplan import MARGIN_S, Request, fresh, patience, plan_request
+from stepcli.run.controldir import locked, read_control, read_processes, run_alive, still_wanted, write_requests
+from stepcli.run.liverun import LiveRun, find_run
 
 SCHEMA = "stepcli.capture"
 _TICK_S = 0.2
-_MARGIN_S = POLL_INTERVAL_S + 0.5  # every process notices a request within one poll interval
 _RENEW_S = PING_LEASE_S / 3  # the ping is renewed well before the processes' lease on it lapses
-
-
-@dataclass(frozen=True)
-class LiveRun:
-    run_id: str
-    folder: str  # the control folder
-    schedule: Schedule | None  # None with --on-demand
+_PLANS = 4  # placements tried when the run is already past the steps asked for (each twice as far ahead)
 
 
 @dataclass(frozen=True)
@@ -71,171 +53,17 @@ class Ping:
         }  # a new value each time: the file changes, the processes' lease restarts
 
 
-@dataclass(frozen=True)
-class Request:
-    id: str
-    open_at: int
-    first_step: int
-    last_step: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "open_at": self.open_at,
-            "first_step": self.first_step,
-            "last_step": self.last_step,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "created_at": time.time(),
-        }
-
-
-# -- finding the run ------------------------------------------------------------------------------------------
-def find_run(target: str) -> LiveRun:
-    """The running `stepcli run` that TARGET (an -o folder or a pid) names; StepcliError (exit 2) otherwise."""
-    path = Path(target)
-    if path.is_dir():
-        folders = sorted(path.joinpath(LOG_FOLDER).glob(f"*/{CONTROL_FOLDER}"))
-    elif target.isdigit():
-        out_dir, run_id = _run_of_pid(int(target))
-        folders = [Path(control_dir(out_dir, run_id))]
-    else:
-        raise StepcliError(f"{target}: no such folder or process id")
-    live = [(document, folder) for folder in folders if (document := _live_run_document(folder)) is not None]
-    if not live:
-        raise StepcliError(f"{target}: no running stepcli run writes to this folder")
-    document, folder = max(live, key=lambda item: item[0].get("started_at", 0))
-    if os.stat(folder).st_uid != os.getuid():
-        raise StepcliError(f"{target}: the run belongs to another user; only its owner can capture")
-    schedule = None if document.get("on_demand") else Schedule(**document["schedule"])
-    return LiveRun(run_id=str(document["run_id"]), folder=str(folder), schedule=schedule)
-
-
-def _live_run_document(folder: Path) -> dict[str, Any] | None:
-    try:
-        document = json.loads(folder.joinpath(RUN_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # the run ended (its launcher removed run.json) or never started
-    if not isinstance(document, dict) or "run_id" not in document:
-        return None
-    if document.get("host") == socket.gethostname():
-        import psutil
-
-        if not psutil.pid_exists(int(document.get("launcher_pid", 0))):
-            return None  # the launcher was killed before it could clean up
-    return document
-
-
-def _run_of_pid(pid: int) -> tuple[str, str]:
-    """(out_dir, run_id) of the run a process belongs to: the launcher, a rank, or torchrun's agent."""
-    import psutil
-
-    try:
-        process = psutil.Process(pid)
-        family = [process, *process.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        raise StepcliError(f"{pid}: no such process") from None
-    except psutil.AccessDenied:
-        raise StepcliError(f"{pid}: the process belongs to another user; only its owner can capture") from None
-    for member in family:
-        try:
-            text = member.environ().get(CONFIG_ENV)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        if text:
-            try:
-                config = json.loads(text)
-                return str(config["out_dir"]), str(config["run_id"])
-            except (ValueError, KeyError, TypeError):
-                continue
-    raise StepcliError(f"{pid}: not a process of a stepcli run")
-
-
-# -- the control folder ----------------------------------------------------------------------------------------
-def read_processes(folder: str) -> list[dict[str, Any]]:
-    """Every process's heartbeat and answers (files written atomically: a half file is never seen)."""
-    processes: list[dict[str, Any]] = []
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return processes
-    for name in names:
-        if not (name.startswith(PROC_PREFIX) and name.endswith(".json")):
-            continue
-        try:
-            with open(os.path.join(folder, name), encoding="utf-8") as handle:
-                document = json.load(handle)
-        except (OSError, ValueError):
-            continue
-        if isinstance(document, dict):
-            processes.append(document)
-    return processes
-
-
-@contextmanager
-def _locked(folder: str) -> Iterator[None]:
-    """One capture at a time edits requests.json (two at once would pick overlapping steps)."""
-    import fcntl
-
-    fd = os.open(os.path.join(folder, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def _read_requests(folder: str, run_id: str) -> list[dict[str, Any]]:
-    return _read_control(folder, run_id)[0]
-
-
-def _read_control(folder: str, run_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(the requests, the pings) in requests.json."""
-    try:
-        with open(os.path.join(folder, REQUESTS_FILE), encoding="utf-8") as handle:
-            document = json.load(handle)
-    except (OSError, ValueError):
-        return [], []
-    if not isinstance(document, dict) or document.get("run_id") != run_id:
-        return [], []
-    return _entries(document.get("requests")), _entries(document.get("pings"))
-
-
-def _entries(value: Any) -> list[dict[str, Any]]:
-    return [entry for entry in value if isinstance(entry, dict)] if isinstance(value, list) else []
-
-
-def _still_wanted(request: dict[str, Any]) -> bool:
-    """False for the request of a capture on this host that died without withdrawing it (dropped when the file
-    is next written; its window is still avoided when placing a new one, as processes may be recording it)."""
-    if request.get("host") != socket.gethostname():
-        return True
-    import psutil
-
-    return bool(psutil.pid_exists(int(request.get("pid", 0))))
-
-
-def _write_requests(folder: str, run_id: str, requests: list[dict[str, Any]], pings: list[dict[str, Any]]) -> None:
-    path = os.path.join(folder, REQUESTS_FILE)
-    if requests or pings:
-        atomic_write_json(path, {"run_id": run_id, "requests": requests, "pings": pings})
-    else:
-        try:
-            os.unlink(path)  # nobody asks: the processes' poll finds no file, the cheapest answer
-        except FileNotFoundError:
-            pass
-
-
+# -- pings and requests ---------------------------------------------------------------------------------------
 def _ping(run: LiveRun, ping: Ping) -> None:
     """Write or renew this capture's ping, dropping the pings of captures that died; not once the run has ended
     (its launcher removed run.json and requests.json). In the instant the run ends a write may still land after
     that removal: no process reads it any more, and this capture's `finally` takes it back."""
-    with _locked(run.folder):
-        if not os.path.exists(os.path.join(run.folder, RUN_FILE)):
+    with locked(run.folder) as fd:
+        if not run_alive(run.folder):
             return
-        requests, pings = _read_control(run.folder, run.run_id)
-        pings = [p for p in pings if p.get("id") != ping.id and _still_wanted(p)]
-        _write_requests(run.folder, run.run_id, requests, [*pings, ping.to_dict()])
+        requests, pings = read_control(run.folder, run.run_id)
+        pings = [p for p in pings if p.get("id") != ping.id and still_wanted(p)]
+        write_requests(fd, run.run_id, requests, [*pings, ping.to_dict()])
 
 
 def _renewer(run: LiveRun, ping: Ping) -> Callable[[], None]:
@@ -267,7 +95,7 @@ def _unheard(process: dict[str, Any], ping: Ping, now: float) -> bool:
         return False
     if heard(process, ping):
         return not process.get("steps_per_s") and now - ping.asked_at <= 2 * POLL_INTERVAL_S + 0.5
-    return now - ping.asked_at <= _patience(process)
+    return now - ping.asked_at <= patience(process)
 
 
 def await_heartbeats(run: LiveRun, ping: Ping, timeout_at: float, renew: Callable[[], None]) -> list[dict[str, Any]]:
@@ -277,56 +105,43 @@ def await_heartbeats(run: LiveRun, ping: Ping, timeout_at: float, renew: Callabl
         processes = read_processes(run.folder)
         if not any(_unheard(p, ping, now) for p in processes) or now >= timeout_at:
             return processes
-        if not os.path.exists(os.path.join(run.folder, RUN_FILE)):
+        if not run_alive(run.folder):
             return processes
         renew()
         time.sleep(_TICK_S)
 
 
-# -- choosing the steps --------------------------------------------------------------------------------------
-def _patience(process: dict[str, Any], slack_steps: float = 3.0) -> float:
-    """Seconds a stepping process may take to write a heartbeat: a poll interval plus a few of its steps."""
-    rate = float(process.get("steps_per_s") or 0.0)
-    return POLL_INTERVAL_S + 1.0 + (slack_steps / rate if rate > 0 else 3.0)
+def _place(run: LiveRun, ping: Ping, wait: int, warmup: int, active: int, margin_s: float) -> Request:
+    """Choose the steps from the freshest heartbeats and add the request to the file, under the lock."""
+    with locked(run.folder) as fd:
+        others, pings = read_control(run.folder, run.run_id)
+        processes = read_processes(run.folder)
+        request = plan_request(
+            [p for p in processes if heard(p, ping)] or processes,
+            others,
+            run.schedule,
+            wait,
+            warmup,
+            active,
+            time.time(),
+            margin_s,
+        )
+        if run_alive(run.folder):  # else the run ended: nothing brings the file back
+            write_requests(fd, run.run_id, [*filter(still_wanted, others), request.to_dict()], pings)
+    return request
 
 
-def _fresh(process: dict[str, Any], now: float, slack_steps: float = 3.0) -> bool:
-    """Still stepping: its heartbeat is no older than a poll interval plus a few of its steps (while a capture
-    listens, a stepping process writes its heartbeat at every poll)."""
-    return now - float(process.get("time", 0.0)) <= _patience(process, slack_steps)
-
-
-def plan_request(
-    processes: list[dict[str, Any]],
-    others: list[dict[str, Any]],
-    schedule: Schedule | None,
-    wait: int,
-    warmup: int,
-    active: int,
-    now: float,
-) -> Request:
-    """The first step every rank can still meet, clear of scheduled windows and of other captures' windows."""
-    live = [p for p in processes if not p.get("ended")] or processes
-    top, rate = 0.0, 0.0
-    for process in live:
-        speed = float(process.get("steps_per_s") or 0.0)
-        age = max(0.0, min(now - float(process.get("time", now)), _MARGIN_S)) if _fresh(process, now) else 0.0
-        top = max(top, int(process.get("step", 0)) + speed * age)
-        rate = max(rate, speed)
-    open_at = math.ceil(top) + math.ceil(rate * _MARGIN_S) + 2 + wait
-
-    def busy(step: int) -> bool:
-        if schedule is not None and schedule.action(step) != NONE:
-            return True
-        return any(int(r["open_at"]) - 1 <= step <= int(r["last_step"]) + 1 for r in others)
-
-    for _ in range(10_000):
-        last = open_at + warmup + active - 1
-        clashes = [s for s in range(open_at - 1, last + 2) if busy(s)]
-        if not clashes:
-            return Request(uuid.uuid4().hex[:12], open_at, open_at + warmup, last)
-        open_at = max(clashes) + 2
-    raise StepcliError(f"the run's schedule leaves no room for a window of {warmup + active} steps")
+def _withdraw(run: LiveRun, ping: Ping | None, request: Request | None) -> None:
+    """Take back this capture's ping and request: with none left the file goes, and the processes stop writing.
+    A process that accepted the request drops its window (it no longer recording is what it costs the job)."""
+    mine = {ping.id if ping is not None else "", request.id if request is not None else ""}
+    try:
+        with locked(run.folder) as fd:
+            requests, pings = read_control(run.folder, run.run_id)
+            kept = [r for r in requests if r.get("id") not in mine and still_wanted(r)]
+            write_requests(fd, run.run_id, kept, [p for p in pings if p.get("id") not in mine and still_wanted(p)])
+    except OSError:
+        pass  # the run ended and took its control files with it
 
 
 # -- waiting for the answers -------------------------------------------------------------------------------------
@@ -335,8 +150,25 @@ def _label(process: dict[str, Any]) -> str:
 
 
 def _order(process: dict[str, Any]) -> tuple[Any, ...]:
-    rank = process.get("rank")
-    return (rank is None, rank if rank is not None else 0, str(process.get("host")), int(process.get("pid", 0)))
+    rank, pid = process.get("rank"), process.get("pid")
+    return (
+        not isinstance(rank, int),
+        rank if isinstance(rank, int) else 0,
+        str(process.get("host")),
+        pid if isinstance(pid, int) else 0,
+    )
+
+
+def _answer(process: dict[str, Any], request: Request) -> dict[str, Any] | None:
+    responses = process.get("responses")
+    answer = responses.get(request.id) if isinstance(responses, dict) else None
+    return answer if isinstance(answer, dict) else None
+
+
+def too_late(processes: list[dict[str, Any]], request: Request) -> bool:
+    """Some process was already past the first step asked for, and none has saved a trace of it yet."""
+    answers = [a for p in processes if (a := _answer(p, request)) is not None]
+    return any(a.get("late") for a in answers) and not any(a.get("status") == "saved" for a in answers)
 
 
 def wait_for_answers(
@@ -349,23 +181,25 @@ def wait_for_answers(
     while True:
         now = time.time()
         processes = read_processes(run.folder)
-        run_alive = os.path.exists(os.path.join(run.folder, RUN_FILE))
+        alive = run_alive(run.folder)
+        if too_late(processes, request):
+            return processes, "late"  # placed again, further ahead: no use waiting for the others
         waiting = []
         for process in processes:
-            answer = process.get("responses", {}).get(request.id)
-            status = answer.get("status") if isinstance(answer, dict) else None
+            answer = _answer(process, request)
+            status = answer.get("status") if answer is not None else None
             if status in FINAL or process.get("ended"):
                 continue
             if status == "accepted":
                 # Accepted: wait while it steps; its export can take a while, so be patient with a silent one.
-                if now - float(process.get("time", 0.0)) <= max(10.0, 3 * _MARGIN_S) or _fresh(process, now, 10.0):
+                if fresh(process, now, 10.0) or now - _time_of(process) <= max(10.0, 3 * MARGIN_S):
                     waiting.append(process)
-            elif _fresh(process, now):
+            elif fresh(process, now):
                 waiting.append(process)  # still stepping, has not seen the request yet
-        answered = [p for p in processes if isinstance(p.get("responses", {}).get(request.id), dict)]
+        answered = [p for p in processes if _answer(p, request) is not None]
         if answered and not waiting:
             return processes, ""
-        if not run_alive:
+        if not alive:
             return read_processes(run.folder), "the run ended"
         if now >= timeout_at:
             return processes, "timeout"
@@ -383,14 +217,14 @@ def _outcome(
 ) -> dict[str, Any]:
     traces, missing, idle = [], [], []
     for process in sorted(processes, key=_order):
-        answer = process.get("responses", {}).get(request.id)
+        answer = _answer(process, request)
         who = {
             "worker": _label(process),
             "rank": process.get("rank"),
             "host": process.get("host"),
             "pid": process.get("pid"),
         }
-        if isinstance(answer, dict) and answer.get("status") == "saved":
+        if answer is not None and answer.get("status") == "saved":
             traces.append(
                 who
                 | {
@@ -403,15 +237,17 @@ def _outcome(
                 | ({"note": answer["note"]} if answer.get("note") else {})
             )
             continue
-        if isinstance(answer, dict) and answer.get("status") in ("refused", "not_recorded"):
+        if answer is not None and answer.get("status") in ("refused", "not_recorded"):
             reason = str(answer.get("reason", answer["status"]))
         elif process.get("ended"):
-            if not isinstance(answer, dict):
+            if answer is None:
                 continue  # ended before the request: not part of the capture
             reason = f"the process exited ({process['ended']}) at step {process.get('step')}"
-        elif isinstance(answer, dict):
-            reason = f"stopped stepping at step {process.get('step')} ({now - float(process.get('time', now)):.0f} s without a step)"
-        elif _fresh(process, now):
+        elif answer is not None:
+            reason = (
+                f"stopped stepping at step {process.get('step')} ({now - _time_of(process, now):.0f} s without a step)"
+            )
+        elif fresh(process, now):
             reason = f"did not see the request within {timeout:g} s"
         else:  # stopped stepping before the request: named only when others saved traces (else said once below)
             if ping is None or heard(process, ping):
@@ -453,8 +289,8 @@ def _why_nothing(
         return "the run ended before the window was recorded"
     if not processes:
         return f"the run made no step within {timeout:g} s"
-    latest = max(processes, key=lambda p: float(p.get("time", 0.0)))
-    if not any(_fresh(p, now) for p in processes):
+    latest = max(processes, key=_time_of)
+    if not any(fresh(p, now) for p in processes):
         if ping is not None and not any(heard(p, ping) for p in processes):
             # Quiet is normal until somebody asks: the last heartbeat may be much older than the last step.
             top = max(int(p.get("step", 0)) for p in processes)
@@ -462,10 +298,15 @@ def _why_nothing(
                 f"the run stopped stepping: its last step (at least {top}) came before this capture asked, "
                 f"{now - ping.asked_at:.0f} s ago"
             )
-        idle = now - float(latest.get("time", now))
+        idle = now - _time_of(latest, now)
         return f"the run stopped stepping: its last step ({latest.get('step')}) was {idle:.0f} s ago"
     details = "; ".join(f"{m['worker']}: {m['reason']}" for m in missing)
     return f"no process saved a trace within {timeout:g} s" + (f" ({details})" if details else "")
+
+
+def _time_of(process: dict[str, Any], default: float = 0.0) -> float:
+    value = process.get("time")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
 # -- the command ---------------------------------------------------------------------------------------------------
@@ -477,57 +318,75 @@ def capture_main(target: str, *, wait: int, warmup: int, active: int, timeout: f
     # and the request.
     previous = {sig: signal.signal(sig, _terminate) for sig in _ENDING_SIGNALS}
     ping: Ping | None = None
-    request: Request | None = None
+    placed: list[Request] = []  # the last is withdrawn by `finally` (each earlier one was, when replaced)
     try:
-        processes = read_processes(run.folder)
-        while not any(not p.get("ended") for p in processes) and time.time() < timeout_at:
-            if not os.path.exists(os.path.join(run.folder, RUN_FILE)):
-                break
-            time.sleep(_TICK_S)  # started, but no process has made a step yet
-            processes = read_processes(run.folder)
-        if not any(not p.get("ended") for p in processes):
-            if not os.path.exists(os.path.join(run.folder, RUN_FILE)):
-                why = "the run ended"
-            elif processes:
-                why = "every process that stepped has exited"
-            else:
-                why = f"the run made no step within {timeout:g} s"
+        why = _await_a_step(run, timeout, timeout_at)
+        if why:
             return _nothing(why, as_json)
         # Quiet is normal: ask every process for fresh heartbeats (their step and pace) before choosing steps.
         ping = Ping(uuid.uuid4().hex[:12], time.time())
         _ping(run, ping)
         renew = _renewer(run, ping)
-        processes = await_heartbeats(run, ping, timeout_at, renew)
-        with _locked(run.folder):
-            others, pings = _read_control(run.folder, run.run_id)
-            processes = read_processes(run.folder)
-            request = plan_request(
-                [p for p in processes if heard(p, ping)] or processes,
-                others,
-                run.schedule,
-                wait,
-                warmup,
-                active,
-                time.time(),
-            )
-            if os.path.exists(os.path.join(run.folder, RUN_FILE)):  # else the run ended: nothing brings the file back
-                _write_requests(run.folder, run.run_id, [*filter(_still_wanted, others), request.to_dict()], pings)
-        if not as_json:
-            steps = (
-                f"step {request.first_step}"
-                if request.first_step == request.last_step
-                else f"steps {request.first_step}-{request.last_step}"
-            )
-            warming = f" (warming up from step {request.open_at})" if request.open_at < request.first_step else ""
-            _say(f"asked run {run.run_id} to record {steps}{warming}")
-        processes, stop = wait_for_answers(run, request, timeout_at, renew)
+        await_heartbeats(run, ping, timeout_at, renew)
+        processes, request, stop = _ask(run, ping, renew, timeout_at, (wait, warmup, active), as_json, placed)
         document = _outcome(processes, request, stop, timeout, time.time(), ping)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if ping is not None:
-            _withdraw(run, ping, request)
+            _withdraw(run, ping, placed[-1] if placed else None)
     return _print(document, as_json)
+
+
+def _ask(
+    run: LiveRun,
+    ping: Ping,
+    renew: Callable[[], None],
+    timeout_at: float,
+    window: tuple[int, int, int],
+    as_json: bool,
+    placed: list[Request],
+) -> tuple[list[dict[str, Any]], Request, str]:
+    """Place the request and wait for the answers; when the run was already past its steps, withdraw it (those
+    that accepted drop the window) and place a new one twice as far ahead, a few times at most."""
+    wait, warmup, active = window
+    late = ""
+    for attempt in range(_PLANS):
+        request = _place(run, ping, wait, warmup, active, MARGIN_S * 2**attempt)
+        placed.append(request)
+        if not as_json:
+            _say(f"asked run {run.run_id} to record {_describe(request)}{late}")
+        processes, stop = wait_for_answers(run, request, timeout_at, renew)
+        if stop != "late":
+            return processes, request, stop
+        if attempt == _PLANS - 1 or time.time() >= timeout_at:
+            break
+        _withdraw(run, None, request)
+        late = f" (the run was already past step {request.first_step})"
+    return processes, request, ""
+
+
+def _await_a_step(run: LiveRun, timeout: float, timeout_at: float) -> str:
+    """Wait until some process of the run has made a step; why nothing can be captured when none will."""
+    processes = read_processes(run.folder)
+    while not any(not p.get("ended") for p in processes) and time.time() < timeout_at:
+        if not run_alive(run.folder):
+            break
+        time.sleep(_TICK_S)  # started, but no process has made a step yet
+        processes = read_processes(run.folder)
+    if any(not p.get("ended") for p in processes):
+        return ""
+    if not run_alive(run.folder):
+        return "the run ended"
+    if processes:
+        return "every process that stepped has exited"
+    return f"the run made no step within {timeout:g} s"
+
+
+def _describe(request: Request) -> str:
+    first, last = request.first_step, request.last_step
+    steps = f"step {first}" if first == last else f"steps {first}-{last}"
+    return steps + (f" (warming up from step {request.open_at})" if request.open_at < first else "")
 
 
 _ENDING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
@@ -535,20 +394,6 @@ _ENDING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") 
 
 def _terminate(signum: int, _frame: Any) -> None:
     raise SystemExit(128 + signum)
-
-
-def _withdraw(run: LiveRun, ping: Ping, request: Request | None) -> None:
-    """Take back this capture's ping and request: with none left the file goes, and the processes stop writing."""
-    mine = {ping.id, request.id if request is not None else ""}
-    try:
-        with _locked(run.folder):
-            requests, pings = _read_control(run.folder, run.run_id)
-            kept = [r for r in requests if r.get("id") not in mine and _still_wanted(r)]
-            _write_requests(
-                run.folder, run.run_id, kept, [p for p in pings if p.get("id") not in mine and _still_wanted(p)]
-            )
-    except OSError:
-        pass  # the run ended and took its control files with it
 
 
 def _nothing(why: str, as_json: bool) -> int:

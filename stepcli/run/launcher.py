@@ -59,6 +59,7 @@ class RunRequest:
     on_demand: bool = False
     report: bool = True
     verbose: bool = False
+    memory_entries: int = 0  # --memory: CUDA allocator history entries per process (0: off)
 
     @classmethod
     def from_cli(
@@ -82,6 +83,7 @@ class RunRequest:
         on_demand: bool = False,
         report: bool = True,
         verbose: bool = False,
+        memory_entries: int = 0,
         **profiler_options: bool,
     ) -> RunRequest:
         """Validate everything that can be checked before the program starts (usage errors exit 2)."""
@@ -113,6 +115,7 @@ class RunRequest:
             on_demand=on_demand,
             report=report,
             verbose=verbose,
+            memory_entries=memory_entries,
         )
 
 
@@ -243,6 +246,7 @@ def run_program(request: RunRequest) -> int:
         use_gzip=request.use_gzip,
         quiet=request.quiet,
         on_demand=request.on_demand,
+        memory_entries=request.memory_entries,
         **request.profiler_options,
     )
     if not request.quiet:

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,25 +21,17 @@ from typing import Any
 import pytest
 from conftest import load_trace, profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
 
-from stepcli.agent import ondemand
+from stepcli.agent import controlfiles, ondemand
 from stepcli.agent.config import AgentConfig, atomic_write_json
 from stepcli.agent.ondemand import OnDemand, WindowSchedule
 from stepcli.agent.schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP, Schedule
 from stepcli.agent.tracker import NEVER, StepTracker
-from stepcli.run.capture import (
-    LiveRun,
-    Ping,
-    Request,
-    _outcome,
-    _ping,
-    _read_control,
-    _read_requests,
-    _still_wanted,
-    _withdraw,
-    await_heartbeats,
-    plan_request,
-    wait_for_answers,
-)
+from stepcli.run.capture import Ping, _outcome, _ping, _withdraw, await_heartbeats, wait_for_answers
+from stepcli.run.captureplan import Request, plan_request
+from stepcli.run.controldir import read_control as _read_control
+from stepcli.run.controldir import read_requests as _read_requests
+from stepcli.run.controldir import still_wanted as _still_wanted
+from stepcli.run.liverun import LiveRun
 
 # Steps until rank 0 sees <control>/pause, then idles (no steps) until <control>/end. Rank 0 decides and
 # broadcasts, so both ranks stop at the same iteration and no collective is left waiting. Rank 0 keeps the
@@ -491,6 +484,7 @@ def test_plan_avoids_scheduled_windows_and_other_captures() -> None:
 def _control(tmp_path: Path, processes: list[dict[str, Any]]) -> Path:
     folder = tmp_path / ".stepcli" / "run1" / "control"
     folder.mkdir(parents=True)
+    folder.chmod(0o700)  # as the launcher makes it: private
     (folder / "run.json").write_text(json.dumps({"run_id": "run1"}))
     for index, process in enumerate(processes):
         (folder / f"proc.host.{index}.json").write_text(json.dumps(process))
@@ -585,12 +579,12 @@ def test_the_tracker_polls_by_time_not_by_step() -> None:
     assert len(polled) == before
 
 
-def _listening_process(tmp_path: Path) -> tuple[OnDemand, Path]:
+def _listening_process(tmp_path: Path, recorder: Any = None) -> tuple[OnDemand, Path]:
     """A process's side of the protocol on a real tracker, with no recorder (requests would be refused)."""
     config = AgentConfig(run_id="run1", out_dir=str(tmp_path), launcher_pid=0, on_demand=True, quiet=True)
     folder = Path(ondemand.open_control(str(tmp_path), "run1", {"run_id": "run1"}))
     agent = SimpleNamespace(
-        config=config, enabled=True, foreign=set(), pid=os.getpid(), recorder=None, tracker=StepTracker()
+        config=config, enabled=True, foreign=set(), pid=os.getpid(), recorder=recorder, tracker=StepTracker()
     )
     process = OnDemand(agent)  # type: ignore[arg-type]
     assert process.active
@@ -616,13 +610,15 @@ def test_a_process_writes_its_heartbeat_only_while_a_capture_listens(
         process.poll(step)
     assert beat() == (2, 2, [])  # nobody listens: no write
     reads: list[str] = []
-    load = json.load
-    monkeypatch.setattr(ondemand.json, "load", lambda handle: reads.append(handle.name) or load(handle))
+    read = controlfiles.read_bounded
+    monkeypatch.setattr(
+        controlfiles, "read_bounded", lambda fd, limit, name: reads.append(name) or read(fd, limit, name)
+    )
     atomic_write_json(str(requests), {"run_id": "run1", "requests": [], "pings": [{"id": "p1", "lease_s": 600}]})
     for step in range(50, 55):
         process.poll(step)
     assert beat() == (7, 54, ["p1"])  # heard: a fresh heartbeat at every poll
-    assert reads == [str(requests)]  # read once: the file did not change since
+    assert reads == ["requests.json"]  # read once: the file did not change since
     requests.unlink()  # the capture withdrew its ping
     for step in range(55, 60):
         process.poll(step)
@@ -651,15 +647,15 @@ def test_a_request_file_that_could_not_be_read_is_read_again_at_the_next_poll(
     process.poll(1)
     # GIVEN a capture's ping, and a shared file system that fails the first read of it
     atomic_write_json(str(requests), {"run_id": "run1", "requests": [], "pings": [{"id": "p1", "lease_s": 600}]})
-    load, failures = json.load, [1]
+    read, failures = controlfiles.read_bounded, [1]
 
-    def flaky(handle: Any) -> Any:
+    def flaky(fd: int, limit: int, name: str) -> bytes:
         if failures:
             failures.pop()
             raise OSError(5, "Input/output error")
-        return load(handle)
+        return read(fd, limit, name)
 
-    monkeypatch.setattr(ondemand.json, "load", flaky)
+    monkeypatch.setattr(controlfiles, "read_bounded", flaky)
     process.poll(2)
     assert json.loads(path.read_text())["pings"] == []
     # WHEN the next poll comes (the file unchanged) THEN it reads it again and hears the ping
@@ -749,3 +745,424 @@ def test_a_capture_pings_renews_and_withdraws_leaving_no_file(tmp_path: Path) ->
     (folder / "run.json").unlink()  # the run ended: nothing brings requests.json back
     _ping(run, ping)
     assert not (folder / "requests.json").exists()
+
+
+# -- a single-process job, attacked and asked badly ----------------------------------------------------------------
+# Steps until <control>/end appears, keeping the number of steps made in <control>/step.
+SOLO_LOOP = """
+    import sys
+    import time
+    from pathlib import Path
+    import torch
+
+    control = Path(sys.argv[1])
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    step = 0
+    while not (control / "end").exists():
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        step += 1
+        (control / "step.tmp").write_text(str(step))
+        (control / "step.tmp").replace(control / "step")
+        time.sleep(0.05)
+"""
+_SAFETY_AS_BYTES = 4 << 30  # a regression that reads /dev/zero fails the test, not the machine
+
+
+@dataclass
+class Solo:
+    out: Path
+    pid: int  # the stepping process
+    run_status: int
+    run_stderr: str
+    summary: dict[str, Any]
+    attacks: dict[str, tuple[int, int]]  # attack -> (steps made while it lasted, RSS growth in bytes)
+    forged: subprocess.CompletedProcess[str]  # a capture after forged requests
+    forged_answers: dict[str, Any]  # the process's answers to the forged requests
+    gave_up: subprocess.CompletedProcess[str]  # --active 1000 --timeout 3
+    gave_up_answer: dict[str, Any]  # the process's last answer to that request
+    by_pid: subprocess.CompletedProcess[str]  # capture PROGRAM_PID --active 2
+    not_ours: dict[str, subprocess.CompletedProcess[str]]  # capture of pids that are not the run's
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def _answer_of(out: Path, rid: str, pending: tuple[str, ...], deadline_s: float) -> dict[str, Any]:
+    """The process's answer to request `rid`, once it is no longer one of `pending` (or the deadline passed)."""
+    deadline = time.monotonic() + deadline_s
+    answer: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        for beat in out.glob(".stepcli/*/control/proc.*.json"):
+            try:
+                answer = json.loads(beat.read_text())["responses"].get(rid) or {}
+            except (OSError, ValueError, KeyError):
+                continue
+        if answer and answer.get("status") not in pending:
+            return answer
+        time.sleep(0.1)
+    return answer
+
+
+def _attack(
+    control: Path, steps: Path, pid: int, proc: subprocess.Popen[bytes], log: Path, plant: Any
+) -> tuple[int, int]:
+    """Plant something in the control folder while the job steps; (steps made over 3 s of polls, RSS growth)."""
+    before, rss = _wait_for_step(steps, 1, proc, log), _rss(pid)
+    plant()
+    made = _wait_for_step(steps, before + 60, proc, log) - before  # 60 steps of >= 50 ms: 3 polls at least
+    return made, _rss(pid) - rss
+
+
+@pytest.fixture(scope="module")
+def solo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Solo]:
+    import resource
+
+    tmp = tmp_path_factory.mktemp("solo")
+    script = write_script(tmp, "solo.py", SOLO_LOOP)
+    out, steps, log = tmp / "out", tmp / "steps", tmp / "run.log"
+    steps.mkdir()
+    argv = [sys.executable, "-m", "stepcli", "run", "--on-demand", "-o", str(out), "--json", str(tmp / "run.json")]
+
+    def limit_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (_SAFETY_AS_BYTES, _SAFETY_AS_BYTES))
+
+    with open(log, "w") as handle:
+        proc = subprocess.Popen(
+            [*argv, str(script), str(steps)],
+            env=stepcli_env(),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=limit_memory,
+        )
+    try:
+        _wait_for_step(steps, 20, proc, log)
+        control = next(out.glob(".stepcli/*/control"))
+        pid = int(next(control.glob("proc.*.json")).name.split(".")[-2])
+        requests = control / "requests.json"
+        attacks = {
+            "dev_zero_link": _attack(control, steps, pid, proc, log, lambda: requests.symlink_to("/dev/zero")),
+            "fifo": _attack(control, steps, pid, proc, log, lambda: (requests.unlink(), os.mkfifo(requests))),
+        }
+        requests.unlink()
+        moved = control.with_name("control.moved")
+
+        def swap_folder() -> None:  # what another user who can write to -o could do
+            control.rename(moved)
+            control.mkdir(mode=0o700)
+            (control / "requests.json").symlink_to("/dev/zero")
+
+        attacks["swapped_folder"] = _attack(control, steps, pid, proc, log, swap_folder)
+        shutil.rmtree(control)
+        attacks["folder_link"] = _attack(control, steps, pid, proc, log, lambda: control.symlink_to("/dev/zero"))
+        control.unlink()
+        moved.rename(control)
+        # Forged requests: a list as id, steps in the wrong order; then a real capture must still work.
+        forged = [
+            {"id": ["x"], "open_at": 1, "first_step": 2, "last_step": 3},
+            {"id": "backwards", "open_at": 10**6, "first_step": 10**6 + 5, "last_step": 10**6 + 1},
+        ]
+        atomic_write_json(str(requests), {"run_id": control.parent.name, "requests": forged, "pings": []})
+        forged_answers = {"backwards": _answer_of(out, "backwards", (), 30)}
+        forged_capture = run_stepcli("capture", out, "--warmup", "0", "--active", "1", "--timeout", "60", timeout=120)
+        gave_up = run_stepcli("capture", out, "--active", "1000", "--timeout", "3", "--json", timeout=120)
+        rid = json.loads(gave_up.stdout)["request"]["id"] if gave_up.stdout else ""
+        gave_up_answer = _answer_of(out, rid, ("accepted",), 30)
+        by_pid = run_stepcli("capture", str(pid), "--active", "2", "--timeout", "60", timeout=120)
+        not_ours = {
+            "pytest": run_stepcli("capture", str(os.getpid()), "--timeout", "5", timeout=60),  # the run's ancestor
+            "init": run_stepcli("capture", "1", "--timeout", "5", timeout=60),
+        }
+        (steps / "end").touch()
+        status = proc.wait(timeout=120)
+    finally:
+        (steps / "end").touch()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    yield Solo(
+        out,
+        pid,
+        status,
+        log.read_text(),
+        json.loads((tmp / "run.json").read_text()),
+        attacks,
+        forged_capture,
+        forged_answers,
+        gave_up,
+        gave_up_answer,
+        by_pid,
+        not_ours,
+    )
+
+
+@pytest.mark.parametrize("attack", ["dev_zero_link", "fifo", "swapped_folder", "folder_link"])
+def test_a_swapped_control_file_neither_blocks_nor_bloats_the_job(solo: Solo, attack: str) -> None:
+    made, growth = solo.attacks[attack]
+    assert made >= 60  # it kept stepping (a FIFO opened blocking would have stopped it at the next poll)
+    assert growth < 64 << 20, growth  # reading /dev/zero whole grows by gigabytes
+    assert solo.run_status == 0, solo.run_stderr
+    peaks = [p["peak_rss_bytes"] for p in solo.summary["processes"]]
+    assert len(peaks) == 1 and peaks[0] < 1 << 30, peaks  # not even for an instant
+
+
+def test_a_refused_control_file_is_said_once(solo: Solo) -> None:
+    lines = [line for line in _lines(solo.run_stderr) if "ignoring the control folder's" in line]
+    assert [line.split("folder's ", 1)[1] for line in lines] == [
+        "requests.json is a link, not a regular file",
+        "requests.json is not a regular file (a FIFO or a device?)",
+    ], lines  # one line each, however many polls met it; a folder put in the control folder's place is never seen
+
+
+def test_forged_requests_are_refused_once_and_capture_still_works(solo: Solo) -> None:
+    answer = solo.forged_answers["backwards"]
+    assert answer["status"] == "refused" and answer["reason"].startswith("malformed request: it needs open_at <=")
+    ignored = [line for line in _lines(solo.run_stderr) if "malformed request" in line]
+    assert ignored == [
+        "stepcli: on-demand capture: ignoring a malformed request: its id is not a string of 1 to 64 letters, "
+        "digits, '-', '_' or '.'",
+        "stepcli: on-demand capture: refusing a malformed request: it needs open_at <= first_step <= last_step",
+    ]
+    assert solo.forged.returncode == 0, solo.forged.stderr  # capture was not disabled for the rest of the run
+    assert "disabled" not in solo.run_stderr
+
+
+def test_a_capture_that_gives_up_leaves_no_window_recording(solo: Solo) -> None:
+    assert solo.gave_up.returncode == 3, solo.gave_up.stderr
+    assert solo.gave_up_answer == dict(
+        solo.gave_up_answer, status="not_recorded", reason="withdrawn: the capture that asked for it gave up"
+    )
+    first = json.loads(solo.gave_up.stdout)["request"]["first_step"]
+    assert all(w["first_step"] != first for w in solo.summary["windows"])  # dropped, not saved
+    assert any("withdrawn" in note for note in solo.summary["notes"]), solo.summary["notes"]
+
+
+@pytest.mark.parametrize("bound", [("--active", "1001"), ("--wait", "100001"), ("--warmup", "1001")])
+def test_capture_bounds_are_a_usage_error(tmp_path: Path, bound: tuple[str, str]) -> None:
+    result = run_stepcli("capture", tmp_path, *bound, timeout=30)
+    assert result.returncode == 2
+    assert _lines(result.stderr) == [
+        f"stepcli: error: Invalid value for '{bound[0]}': {bound[1]} is not in the range "
+        f"{0 if bound[0] != '--active' else 1}<=x<={1000 if bound[0] != '--wait' else 100000}. "
+        "(see 'stepcli capture --help')"
+    ]
+
+
+def test_capture_of_a_process_of_the_run_works_and_of_any_other_exits_2(solo: Solo) -> None:
+    assert solo.by_pid.returncode == 0, solo.by_pid.stderr
+    for name, result in solo.not_ours.items():
+        assert result.returncode == 2, (name, result.stderr)
+        lines = _lines(result.stderr)
+        assert len(lines) == 1, lines
+        # Init's environment may not be readable (in a container, or to another user): said so, not guessed.
+        assert lines[0].startswith(f"stepcli: error: {result.args[-3]}: not a process of a stepcli run") or (
+            name == "init" and "a process of another user (root)" in lines[0] and os.getuid() != 0
+        ), lines
+        assert "asked run" not in result.stderr
+
+
+def test_an_on_demand_window_gets_a_folder_of_its_own(solo: Solo) -> None:
+    traces = trace_files(solo.out)
+    windows = sorted({t.parent.name for t in traces})
+    assert len(traces) == 2 and len(windows) == 2, traces  # the forged-requests capture and the one by pid
+    for trace in traces:
+        assert trace.parent.parent == solo.out and trace.parent.name == f"window-step{profiler_steps(trace)[0]}"
+    hta = next(line for line in _lines(solo.run_stderr) if "TraceAnalysis(trace_dir=" in line)
+    assert any(f'{window}\\"' in hta or f'{window}"' in hta for window in windows), hta  # one window, not -o
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0 or not shutil.which("setpriv"), reason="needs root")
+@pytest.mark.parametrize("config", [True, False])
+def test_capture_of_another_users_process_says_whose_it_is(tmp_path: Path, config: bool) -> None:
+    env = stepcli_env({"STEPCLI_CONFIG": json.dumps({"out_dir": str(tmp_path), "run_id": "r", "launcher_pid": 1})})
+    if not config:
+        env.pop("STEPCLI_CONFIG")
+    sleeper = subprocess.Popen(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(60)",
+        ],
+        env=env,
+    )
+    try:
+        result = run_stepcli("capture", str(sleeper.pid), "--timeout", "5", timeout=60)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert result.returncode == 2
+    lines = _lines(result.stderr)
+    assert len(lines) == 1, lines
+    if config:  # a run of another user, named as such
+        assert re.fullmatch(
+            rf"stepcli: error: {sleeper.pid}: a stepcli run of another user \(\S+\); only its owner can capture it",
+            lines[0],
+        )
+    else:
+        assert lines[0].startswith(f"stepcli: error: {sleeper.pid}: not a process of a stepcli run"), lines
+
+
+class _Recorder(SimpleNamespace):
+    """What OnDemand asks of the recorder, without torch: no window open unless `prof` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(disabled=False, windows=[], notes=[], prof=None, dropped=[])
+
+    def _profiler_already_running(self) -> bool:
+        return False
+
+    def drop(self, reason: str) -> None:
+        self.dropped.append(reason)
+        self.prof = None
+
+
+def _ask(requests: Path, *entries: Any) -> None:
+    atomic_write_json(str(requests), {"run_id": "run1", "requests": list(entries), "pings": []})
+
+
+def _answers(path: Path) -> dict[str, Any]:
+    return {rid: (a["status"], a.get("reason", "")) for rid, a in json.loads(path.read_text())["responses"].items()}
+
+
+def test_a_forged_request_is_refused_and_said_once_and_capture_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    process, path = _listening_process(tmp_path, _Recorder())
+    requests = path.parent / "requests.json"
+    forged = [
+        {"id": ["x"], "open_at": 1, "first_step": 2, "last_step": 3},  # an unhashable id
+        {"id": "back", "open_at": 20, "first_step": 25, "last_step": 21},
+        {"id": "huge", "open_at": 20, "first_step": 21, "last_step": 10**9},
+    ]
+    _ask(requests, *forged)
+    process.poll(1)
+    _ask(requests, *forged, {"id": "also-back", "open_at": 30, "first_step": 35, "last_step": 31})
+    process.poll(2)
+    assert process.active and process.agent.tracker._poller is not None  # type: ignore[attr-defined]
+    answers = _answers(path)
+    assert answers["back"] == ("refused", "malformed request: it needs open_at <= first_step <= last_step")
+    assert answers["huge"] == ("refused", "malformed request: it records more than 1000 steps")
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "stepcli: on-demand capture: ignoring a malformed request: its id is not a string of 1 to 64 letters, "
+        "digits, '-', '_' or '.'",
+        "stepcli: on-demand capture: refusing a malformed request: it needs open_at <= first_step <= last_step",
+        "stepcli: on-demand capture: refusing a malformed request: it records more than 1000 steps",
+    ]  # once each, though the file was read twice and a second request was backwards too
+    _ask(requests, {"id": "good", "open_at": 10, "first_step": 11, "last_step": 12})
+    process.poll(3)
+    assert _answers(path)["good"] == ("accepted", "")
+
+
+def test_a_withdrawn_request_drops_its_window(tmp_path: Path) -> None:
+    recorder = _Recorder()
+    process, path = _listening_process(tmp_path, recorder)
+    requests = path.parent / "requests.json"
+    _ask(requests, {"id": "later", "open_at": 50, "first_step": 51, "last_step": 52})
+    _ask(
+        requests,
+        {"id": "now", "open_at": 10, "first_step": 11, "last_step": 40},
+        *json.loads(requests.read_text())["requests"],
+    )
+    process.poll(1)
+    assert _answers(path) == {"now": ("accepted", ""), "later": ("accepted", "")}
+    recorder.prof = object()  # the window of "now" records
+    _ask(requests, {"id": "later", "open_at": 50, "first_step": 51, "last_step": 52})  # "now" withdrawn
+    process.poll(20)
+    assert _answers(path)["now"] == ("not_recorded", "withdrawn: the capture that asked for it gave up")
+    assert recorder.dropped == ["withdrawn: the capture that asked for it gave up"]
+    assert process.schedule.windows == [(50, 51, 52)] and list(process.pending) == ["later"]
+    requests.unlink()  # the last capture gave up too: a window not open yet is only forgotten
+    process.poll(21)
+    assert _answers(path)["later"][0] == "not_recorded" and process.schedule.windows == []
+    assert len(recorder.dropped) == 1
+
+
+def test_a_capture_the_run_outpaced_asks_again_further_ahead(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job much faster than its last heartbeat said (a loaded machine, a burst): the first placement is
+    already behind it. The capture withdraws it and asks for later steps instead of giving up."""
+    from stepcli.run.capture import capture_main
+    from stepcli.run.controldir import read_control
+
+    folder = _control(tmp_path, [])
+    atomic_write_json(
+        str(folder / "run.json"),
+        {"run_id": "run1", "launcher_pid": os.getpid(), "host": socket.gethostname(), "on_demand": True},
+    )
+    done = threading.Event()
+    asked: list[dict[str, Any]] = []
+
+    def fast_process() -> None:  # says 10 steps/s, makes 400 steps/s
+        step, responses = 100, {}
+        while not done.is_set():
+            step += 20
+            requests, pings = read_control(str(folder), "run1")
+            for request in requests:
+                rid = request["id"]
+                if rid in responses:
+                    continue
+                asked.append(request)
+                if len(asked) == 1:
+                    reason = f"already at step {step}, past step {request['first_step']}"
+                    responses[rid] = {"status": "refused", "reason": reason, "late": True}
+                else:
+                    trace = str(tmp_path / "t.pt.trace.json")
+                    first, last = request["first_step"], request["last_step"]
+                    saved = {"first_step": first, "last_step": last, "trace": trace, "bytes": 1, "complete": True}
+                    responses[rid] = {"status": "saved", **saved}
+            beat = {"rank": 0, "worker": "rank0", "host": "h", "pid": 1, "step": step, "time": time.time()}
+            beat.update(steps_per_s=10.0, ended="", pings=[p["id"] for p in pings], responses=responses)
+            atomic_write_json(str(folder / "proc.h.1.json"), beat)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=fast_process, daemon=True)
+    thread.start()
+    try:
+        status = capture_main(str(tmp_path), wait=0, warmup=1, active=2, timeout=30, as_json=False)
+    finally:
+        done.set()
+        thread.join()
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert len(asked) == 2 and asked[1]["first_step"] > asked[0]["first_step"]
+    lines = _lines(captured.err)
+    assert lines[0].startswith("stepcli: asked run run1 to record steps ")
+    assert lines[1].endswith(f"(the run was already past step {asked[0]['first_step']})"), lines
+    assert f"steps {asked[1]['first_step']}-{asked[1]['last_step']}" in captured.out
+    assert not (folder / "requests.json").exists()  # both requests withdrawn
+
+
+def test_a_window_dropped_from_another_thread_is_closed_unsaved_at_the_main_threads_next_step() -> None:
+    from stepcli.agent.recorder import Recorder
+
+    class Profile:  # what the recorder calls on a torch profile object while closing it
+        stopped = 0
+
+        def stop(self) -> None:
+            Profile.stopped += 1
+
+    config = AgentConfig(run_id="run1", out_dir="/nonexistent", launcher_pid=0, quiet=True)
+    recorder = Recorder(config, StepTracker(), set(), lambda: None)
+    recorder.prof = Profile()
+    worker = threading.Thread(target=recorder.drop, args=("withdrawn: the capture that asked for it gave up",))
+    worker.start()
+    worker.join()
+    assert recorder.prof is not None and Profile.stopped == 0  # Kineto's session is the main thread's to stop
+    assert recorder.on_step(7)[0] == NONE
+    assert recorder.prof is None and Profile.stopped == 1 and recorder.windows == [] and not recorder.disabled

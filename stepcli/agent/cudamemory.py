@@ -1,0 +1,188 @@
+"""`stepcli run --memory`: the CUDA allocator's memory history in every process that uses CUDA, and its snapshot
+written into the run folder when the process runs out of CUDA memory, before the error reaches the program.
+
+Runs inside the target: standard library plus the program's torch. Loaded only with --memory. Nothing here
+touches CUDA before the program does: the start is queued with `torch.cuda._lazy_call`, which runs it right after
+the program's own first CUDA use initializes the device (starting CUDA ourselves would break a fork that follows
+and could pick a device before the program sets CUDA_VISIBLE_DEVICES). Order, as torch requires it: history
+first (it initializes the caching allocator), then the out-of-memory observer (attaching one to an allocator not
+yet initialized crashed torch, pytorch#102796).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+if TYPE_CHECKING:
+    from types import FrameType, ModuleType
+    from typing import Any, Protocol
+
+    from .config import AgentConfig
+    from .tracker import StepTracker
+
+    class Agent(Protocol):
+        """What this module needs from the process's agent (runtime.Agent, which imports this module)."""
+
+        config: AgentConfig
+        pid: int
+        enabled: bool
+        tracker: StepTracker
+        in_step: set[int]
+
+
+SNAPSHOT_PREFIX = "oom-"
+SNAPSHOT_SUFFIX = ".pickle"
+STEP_TAG = "stepcli:step="  # each allocation's `user_metadata` in the snapshot: the global step it was made in
+SNAPSHOT_KEY = "stepcli"  # extra top-level key of the pickled snapshot: step, phase, rank, the failed request
+NO_CUDA_MARKER = "memory-no-cuda"  # in the run's log folder: the first process to find no CUDA says so, once
+_OPTIMIZER_PATH = "/torch/optim/"
+_BACKWARD_FUNCTIONS = frozenset({"backward", "_engine_run_backward", "run_backward", "grad"})
+
+
+class MemoryHistory:
+    """Records CUDA allocator history in this process and dumps it on the first out-of-memory error."""
+
+    def __init__(self, agent: Agent, torch: ModuleType, max_entries: int) -> None:
+        self.agent = agent
+        self.torch = torch
+        self.max_entries = max_entries
+        self.started = False
+        self.written: str | None = None
+
+    def install(self) -> None:
+        """Queue the start for the program's first CUDA use; on a torch without CUDA, say so once per run."""
+        torch = self.torch
+        if not hasattr(torch._C, "_cuda_record_memory_history"):
+            self._say_no_cuda()
+            return
+        torch.cuda._lazy_call(self._start)
+
+    def _say_no_cuda(self) -> None:
+        """One line for the whole run, whichever process imports torch first (an exclusive marker file)."""
+        try:
+            fd = os.open(os.path.join(self.agent.config.log_dir, NO_CUDA_MARKER), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except OSError:
+            return
+        os.close(fd)
+        version = getattr(self.torch, "__version__", "?")
+        _say(f"--memory: this torch ({version}) has no CUDA: no CUDA memory to record; the run goes on without it")
+
+    def _start(self) -> None:
+        """Runs inside torch.cuda's lazy initialization: it must never raise (that would fail the program's call)."""
+        if self.started or not self.agent.enabled:
+            return
+        try:
+            memory = self.torch.cuda.memory
+            memory._record_memory_history(max_entries=self.max_entries, context="alloc", stacks="python")
+            self.torch._C._cuda_attach_out_of_memory_observer(self._on_oom)
+            self.started = True
+            if hasattr(memory, "_set_memory_metadata"):
+                self._tag_step(self.agent.tracker.global_step)
+                self.agent.tracker.add_step_callback(self._tag_step)
+        except Exception as exc:
+            _say(f"--memory: could not start CUDA memory history ({type(exc).__name__}: {exc}); the run goes on")
+
+    def _tag_step(self, step: int) -> None:
+        """Tag the allocations that follow with the global step (one C call per step, only with --memory)."""
+        try:
+            self.torch.cuda.memory._set_memory_metadata(f"{STEP_TAG}{step}")
+        except Exception:
+            pass
+
+    def _on_oom(self, device: int, requested: int, device_total: int, device_free: int) -> None:
+        """torch's observer, called before the OutOfMemoryError is raised and before anything is freed. Never
+        raises: the program gets its error unchanged."""
+        if self.written is not None or os.getpid() != self.agent.pid:
+            return
+        try:
+            snapshot = self.torch.cuda.memory._snapshot()
+            snapshot[SNAPSHOT_KEY] = {
+                "version": 1,
+                "step": self.agent.tracker.global_step,
+                "phase": current_phase(self.agent.in_step),
+                "device": int(device),
+                "requested_bytes": int(requested),
+                "device_total_bytes": int(device_total),
+                "device_free_bytes": int(device_free),
+                "pid": os.getpid(),
+                "argv": list(sys.argv),
+                "max_entries": self.max_entries,
+            }
+            self.written = _write_snapshot(self.agent.config.out_dir, snapshot)
+            info = snapshot[SNAPSHOT_KEY]
+            _say(
+                f"out of CUDA memory at step {info['step']} ({info['phase']}): memory snapshot saved to "
+                f"{self.written} (read it with `stepcli memory {self.written}`)"
+            )
+        except Exception as exc:
+            self.written = ""
+            _say(f"--memory: could not save the CUDA memory snapshot: {type(exc).__name__}: {exc}")
+
+
+def current_phase(in_step: set[int], frame: FrameType | None = None) -> str:
+    """forward, backward, optimizer or other: what the main thread is doing now, from its Python stack.
+
+    An optimizer step is known from the tracker's wrappers (`in_step`); backward from autograd's entry points on
+    the stack (the main thread waits there while autograd's device threads run); forward from a module call.
+    The outermost match wins: a module re-run by activation checkpointing inside backward is backward.
+    """
+    if in_step:
+        return "optimizer"
+    if frame is None:
+        frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    phase = "other"
+    while frame is not None:
+        code = frame.f_code
+        filename = code.co_filename.replace("\\", "/")
+        if _OPTIMIZER_PATH in filename:
+            phase = "optimizer"
+        elif code.co_name in _BACKWARD_FUNCTIONS and ("/torch/autograd/" in filename or "/torch/_tensor" in filename):
+            phase = "backward"
+        elif code.co_name in ("_call_impl", "_wrapped_call_impl") and filename.endswith("/torch/nn/modules/module.py"):
+            phase = "forward"
+        frame = frame.f_back
+    return phase
+
+
+def snapshot_name(worker: str) -> str:
+    """`oom-rank<N>.pickle` in distributed runs, else `oom-<host>_<pid>.pickle`."""
+    return f"{SNAPSHOT_PREFIX}{worker}{SNAPSHOT_SUFFIX}"
+
+
+def _write_snapshot(out_dir: str, snapshot: dict[str, Any]) -> str:
+    """Pickle under a temporary name, then rename: a reader never sees half a file; an existing file is kept."""
+    import pickle
+    import time
+
+    from .output import worker_name
+
+    worker = worker_name()
+    snapshot[SNAPSHOT_KEY]["worker"] = worker
+    path = os.path.join(out_dir, snapshot_name(worker))
+    if os.path.exists(path):  # a restarted rank writing into the same folder: never overwrite
+        path = os.path.join(out_dir, snapshot_name(f"{worker}.{time.time_ns()}"))
+    tmp = os.path.join(out_dir, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as handle:
+            pickle.dump(snapshot, handle, protocol=pickle.DEFAULT_PROTOCOL)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def _say(message: str) -> None:
+    from .output import say
+
+    say(message)
+
+
+def install(agent: Agent, torch: ModuleType, max_entries: int) -> MemoryHistory:
+    """Called once the program imports torch, only with --memory."""
+    history = MemoryHistory(agent, torch, max_entries)
+    history.install()
+    return history

@@ -1,0 +1,174 @@
+"""`stepcli memory` on built snapshots and run folders, and `stepcli run --memory` on a CPU-only torch."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import pickle
+from pathlib import Path
+
+import memory_snapshots as fx
+from conftest import TRAIN_LOOP, run_stepcli, write_script
+
+MiB = fx.MiB
+
+
+def _one_error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def test_memory_of_an_oom_snapshot(tmp_path: Path) -> None:
+    builder, info = fx.oom_in_forward(steps=4)
+    path = builder.write(tmp_path / "oom-rank0.pickle", info)
+    result = run_stepcli("memory", path, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "out of memory at step 4, in forward" in out
+    assert "failed request: 512.00 MiB, with 3.00 MiB free on the device of 8.00 GiB" in out
+    assert "activations        240.00 MiB   88%" in out
+    assert "largest free block 20.00 MiB < the failed request of 512.00 MiB" in out
+    sites = out.split("top allocation sites")[1].splitlines()
+    assert "/work/train.py:20 main  [activations]" in sites[1]
+    assert "advice: activations dominate: use activation checkpointing" in out
+    assert result.stderr == ""
+
+
+def test_memory_json_of_a_run_folder_with_every_rank(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    builder, info = fx.oom_in_forward()
+    builder.write(run / "oom-rank0.pickle", info)
+    (run / "oom-rank1.pickle.gz").write_bytes(
+        gzip.compress(pickle.dumps(fx.training(steps=6, leak=2 * MiB).snapshot()))
+    )
+    (run / "report.html").write_text("<html></html>")  # other files of the run are not snapshots
+    result = run_stepcli("memory", run, "--json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["schema"] == "stepcli.memory" and document["schema_version"] == 1
+    first, second = document["snapshots"]
+    assert first["file"].endswith("oom-rank0.pickle") and second["file"].endswith("oom-rank1.pickle.gz")
+    assert first["moment"] == {
+        "kind": "oom",
+        "step": 4,
+        "phase": "forward",
+        "allocated_bytes": 272 * MiB,
+        "reserved_bytes": 360 * MiB,
+    }
+    assert [a["rule"] for a in first["advice"]] == ["activations"]
+    assert second["leak"]["site"] == {"file": fx.SCRIPT, "line": 31, "function": "main"}
+    assert "leak" in [a["rule"] for a in second["advice"]]
+    assert {"parameters", "gradients", "optimizer_state", "activations", "other"} == set(second["split"])
+
+
+def test_memory_of_a_fragmented_oom_advises_expandable_segments(tmp_path: Path) -> None:
+    builder, info = fx.fragmented()
+    result = run_stepcli("memory", builder.write(tmp_path / "frag.pickle", info))
+    assert result.returncode == 0, result.stderr
+    assert "advice: fragmentation: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in result.stdout
+    assert "would fit in the 320.00 MiB reserved but unallocated, yet the largest free block is 10.00 MiB" in (
+        result.stdout
+    )
+
+
+def test_memory_bad_inputs_are_one_line(tmp_path: Path) -> None:
+    missing = run_stepcli("memory", tmp_path / "nope.pickle")
+    assert missing.returncode == 2
+    assert _one_error_line(missing.stderr).endswith("nope.pickle: no such file or folder")
+
+    text = tmp_path / "notes.pickle"
+    text.write_text("hello, not a pickle\n")
+    result = run_stepcli("memory", text)
+    assert result.returncode == 2
+    assert "notes.pickle: not a pickle" in _one_error_line(result.stderr)
+
+    listing = tmp_path / "list.pickle"
+    listing.write_bytes(pickle.dumps([1, 2, 3]))
+    result = run_stepcli("memory", listing)
+    assert result.returncode == 2
+    assert "a pickle, but not a CUDA memory snapshot" in _one_error_line(result.stderr)
+
+    empty_run = tmp_path / "run"
+    empty_run.mkdir()
+    result = run_stepcli("memory", empty_run)
+    assert result.returncode == 3
+    assert "no memory snapshot here" in _one_error_line(result.stderr)
+
+
+class _System:
+    """Unpickled by a plain pickle.load, this runs a shell command."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (self.command,))
+
+
+def test_memory_refuses_a_hostile_pickle_without_running_it(tmp_path: Path) -> None:
+    planted = tmp_path / "planted"
+    hostile = tmp_path / "oom-rank0.pickle"
+    hostile.write_bytes(pickle.dumps({"segments": [], "x": _System(f"touch {planted}")}))
+    result = run_stepcli("memory", hostile)
+    assert result.returncode == 2
+    line = _one_error_line(result.stderr)
+    assert "refused: the pickle asks to build posix.system, which is not plain data" in line
+    assert not planted.exists()
+
+
+def test_run_memory_on_cpu_only_torch_says_so_once_and_runs(tmp_path: Path) -> None:
+    """--memory with a torch built without CUDA: one line for the whole run (here two processes import torch),
+    and the program runs as without it."""
+    (tmp_path / "loop.py").write_text(TRAIN_LOOP.replace("\n    ", "\n"))
+    script = write_script(
+        tmp_path,
+        "train.py",
+        """
+        import subprocess, sys
+        import loop
+
+        subprocess.run([sys.executable, "-c", "import torch"], check=True)
+        loop.main(int(sys.argv[1]))
+        """,
+    )
+    out = tmp_path / "out"
+    result = run_stepcli("run", "--memory", "--memory-entries", "5000", "-o", out, "--no-report", script, "6")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("iter ") == 6
+    notes = [line for line in result.stderr.splitlines() if "no CUDA memory to record" in line]
+    assert len(notes) == 1, result.stderr
+    assert notes[0].startswith("stepcli: --memory: this torch (2.13.0+cpu) has no CUDA")
+    assert not list(out.glob("oom-*"))
+    assert "Traceback" not in result.stderr
+
+
+def test_memory_entries_needs_memory(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "train.py", TRAIN_LOOP)
+    result = run_stepcli("run", "--memory-entries", "10", script)
+    assert result.returncode == 2
+    assert "--memory-entries needs --memory" in _one_error_line(result.stderr)
+
+
+def test_report_shows_the_runs_memory_snapshots(tmp_path: Path, train_script: Path) -> None:
+    out = tmp_path / "out"
+    result = run_stepcli("run", "-q", "-o", out, train_script, "6")
+    assert result.returncode == 0, result.stderr
+    page = (out / "report.html").read_text()
+    assert 'id="memory-snapshots"' not in page  # no snapshot, no section
+    builder, info = fx.oom_in_forward(steps=4)
+    builder.write(out / "oom-rank0.pickle", info)
+    (out / "oom-rank1.pickle").write_text("cut short")  # a broken snapshot: one line on the page, not a failure
+    result = run_stepcli("report", out)
+    assert result.returncode == 0, result.stderr
+    page = (out / "report.html").read_text()
+    section = page.split('id="memory-snapshots"', 1)[1]
+    assert "oom-rank0.pickle: Out of memory at step 4, in forward: asked for 512.00 MiB" in section
+    assert 'class="chart memory-steps"' in section and "<polyline" in section
+    assert "activations 240.00 MiB (88%)" in section
+    assert "/work/train.py:20 main" in section
+    assert 'data-rule="memory-activations"' in section
+    assert "oom-rank1.pickle: not a pickle" in section
