@@ -203,10 +203,15 @@ def _map_of(check: Check) -> Check:
         for key, item in value.items():
             problem = check(item)
             if problem:
-                return _at(f".{key}", problem)
+                return _at(f".{_shown(key)}", problem)
         return None
 
     return checked
+
+
+def _shown(key: str) -> str:
+    """A key of a hostile document as it can be shown in a one-line message (printable, at most 40 characters)."""
+    return key if key.isprintable() and len(key) <= 40 else repr(key[:40])
 
 
 def _object(fields: Mapping[str, Check], required: Sequence[str] = ()) -> Check:
@@ -268,7 +273,7 @@ def _op_row(value: Any) -> str | None:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return "has an entry without a name"
     problem = _OP_FIELDS(value)
-    return _at(f"[{value['name'][:80]!r}]", problem) if problem else None
+    return _at(f"[{value['name'][:80]!r}]", problem) if problem else None  # repr: one printable line
 
 
 def _op_rows(value: Any) -> str | None:
