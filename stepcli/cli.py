@@ -454,6 +454,8 @@ def demo(run_options: tuple[str, ...]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: returns the exit status instead of raising SystemExit."""
+    from stepcli.fmt import visible  # error lines name files and values the user or a trace chose
+
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         result = cli.main(args=args, prog_name="stepcli", standalone_mode=False)
@@ -464,13 +466,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = (
             f" (see 'stepcli {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else " (see 'stepcli --help')"
         )
-        click.echo(f"stepcli: error: {exc.format_message()}{hint}", err=True)
+        click.echo(visible(f"stepcli: error: {exc.format_message()}{hint}"), err=True)
         return EXIT_USAGE
     except click.ClickException as exc:
-        click.echo(f"stepcli: error: {exc.format_message()}", err=True)
+        click.echo(visible(f"stepcli: error: {exc.format_message()}"), err=True)
         return exc.exit_code
     except StepcliError as exc:
-        click.echo(f"stepcli: error: {exc.message}", err=True)
+        click.echo(visible(f"stepcli: error: {exc.message}"), err=True)
         return exc.exit_code
     except BrokenPipeError:
         return 0
@@ -478,7 +480,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("STEPCLI_DEBUG"):
             raise
         click.echo(
-            f"stepcli: internal error: {type(exc).__name__}: {exc} (set STEPCLI_DEBUG=1 for the traceback)", err=True
+            visible(f"stepcli: internal error: {type(exc).__name__}: {exc} (set STEPCLI_DEBUG=1 for the traceback)"),
+            err=True,
         )
         return EXIT_INTERNAL
     if isinstance(result, int):

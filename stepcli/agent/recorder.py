@@ -18,7 +18,7 @@ import sys
 import threading
 
 from .config import INCOMPLETE_STEP_KEY, AgentConfig
-from .output import export_trace, human_size, say, trace_folder, worker_name
+from .output import cause, export_trace, human_size, say, trace_folder, worker_name, write_failed
 from .schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP
 from .tracker import FOREIGN, NEVER, StepTracker
 
@@ -75,6 +75,8 @@ class Recorder:
     def on_step(self, step: int) -> tuple[int, int]:
         """Global step `step` begins: advance the open window or open one. Returns (phase, next wake step)."""
         if self.disabled:
+            if self.prof is not None and _on_main_thread():  # a write failed while this window was open
+                self._close()
             return NONE, NEVER
         if not _on_main_thread():
             return self._off_main_thread(step)
@@ -122,9 +124,9 @@ class Recorder:
             if prof.current_action.value == RECORD_AND_SAVE:
                 self._announce_save(step - 1)  # this step() stops the profiler and saves: a pause worth a line
             prof.step()
-            if prof.current_action.value == NONE:
+            if prof.current_action.value == NONE or self.disabled:  # disabled: saving its last cycle failed
                 self._close()
-                return NONE, self.next_cycle_start(step + 1)
+                return NONE, NEVER if self.disabled else self.next_cycle_start(step + 1)
             phase = self._phase_of(prof)
             if phase >= RECORD and self._window is not None and self._window["first_step"] is None:
                 self._window["first_step"] = step
@@ -243,14 +245,16 @@ class Recorder:
     def _save(self, prof: Any, first: int, last: int) -> None:
         complete = not self._cut_reason
         steps = f"step {first}" if first == last else f"steps {first}-{last}"
+        if self.disabled:  # a write failed before: nothing more is saved in this process
+            return
+        folder = self.config.out_dir
         try:
             # A window asked for on demand gets a folder of its own, like each window of --repeat.
             several = self.config.schedule.repeat != 1 or _asked_for(self.schedule, first)
             folder = trace_folder(self.config.out_dir, first, several)
             path, size = export_trace(prof, folder, self.config.use_gzip)
         except Exception as exc:
-            say(f"could not save the trace of {steps}: {type(exc).__name__}: {exc}")
-            self.notes.append(f"trace of {steps} not saved: {exc}")
+            self.stop_after_write_failure(f"could not save the trace of {steps} in {folder}: {cause(exc)}")
             return
         record: dict[str, Any] = {
             "first_step": first,
@@ -321,6 +325,13 @@ class Recorder:
             return
         steps = f"step {first}" if first == last else f"steps {first}-{last}"
         say(f"saving trace of {steps} ...")
+
+    def stop_after_write_failure(self, message: str) -> None:
+        """A trace or the step log could not be written (a full or read-only folder): one line, and no window
+        opens again in this process; an open one is closed unsaved at the main thread's next step."""
+        self.disabled = True
+        self.notes.append(f"{message}; profiling stopped")
+        write_failed(f"{message}; profiling stops in this process")
 
     def _disable(self, message: str) -> None:
         """Stop profiling for good; an open window is closed unsaved (a profiler left running crashes at exit)."""

@@ -9,6 +9,7 @@ stepcli.run or stepcli.compare.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,7 +32,8 @@ def write_html(html: str, path: str) -> None:
         tmp.write_text(html, encoding="utf-8")
         os.replace(tmp, target)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # on a read-only folder even this fails
+            tmp.unlink(missing_ok=True)
         raise StepcliError(f"{path}: cannot write the report: {exc.strerror or exc}") from None
 
 
@@ -70,3 +72,31 @@ def _made_by_stepcli(path: str) -> bool:
         return GENERATOR.encode() in read_input(path, gunzip=False)[:2048]
     except StepcliError:
         return False
+
+
+def run_report_path(out_dir: str) -> str:
+    """report.html, unless a file of that name that stepcli did not write is there (the user's own page is never
+    overwritten): then the first free report-N.html."""
+    path = os.path.join(out_dir, REPORT_NAME)
+    if not os.path.lexists(path) or (os.path.isfile(path) and not os.path.islink(path) and _made_by_stepcli(path)):
+        return path
+    stem, suffix = os.path.splitext(REPORT_NAME)
+    number = 2
+    while os.path.lexists(os.path.join(out_dir, f"{stem}-{number}{suffix}")):
+        number += 1
+    return os.path.join(out_dir, f"{stem}-{number}{suffix}")
+
+
+def write_new_file(html: str, path: str) -> None:
+    """Write `path` only if nothing is there yet, even a file that appeared a moment ago (a hard link never
+    replaces an existing name)."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(html, encoding="utf-8")
+        os.link(tmp, target)
+    except OSError as exc:
+        raise StepcliError(f"{path}: cannot write the report: {exc.strerror or exc}") from None
+    finally:
+        with contextlib.suppress(OSError):  # on a read-only folder even this fails
+            tmp.unlink(missing_ok=True)

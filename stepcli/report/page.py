@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from html import escape
 from typing import Any
 from urllib.parse import quote
 
 from stepcli import __version__, fmt
+from stepcli.fmt import html_escape as escape
 from stepcli.report import GENERATOR, svg
 from stepcli.report.data import ReportData
 from stepcli.report.memorysnapshots import snapshot_section

@@ -5,6 +5,7 @@ Owns the child command and its signals (launcher, signals, watchdog), the run's 
 the run a TARGET names, captureplan places the window), building the run summary document and its advice
 (summary, compiles, advice, hta, guard), and the inputs of the HTML page (htmlreport: `stepcli report PATH`,
 report.html at the run's end).
-May import: stepcli.errors, stepcli.inputs, stepcli.stats, stepcli.fmt, stepcli.runsummary, stepcli.steptimes,
-stepcli.agent (its shared constants and config), stepcli.traces, stepcli.compare (budgets) and stepcli.report.
+May import: stepcli.errors, stepcli.fmt, stepcli.inputs, stepcli.stats, stepcli.runsummary, stepcli.steptimes,
+stepcli.agent (its shared constants, config and output helpers), stepcli.traces, stepcli.compare (budgets) and
+stepcli.report.
 """

@@ -234,14 +234,23 @@ def report_main(paths: Sequence[str], out: str | None) -> str:
 
 
 def write_run_report(summary: RunSummary, traces: RunTraces | None = None) -> str:
-    """After `stepcli run`: report.html in the output folder; returns its path.
+    """After `stepcli run`: report.html in the output folder (report-N.html when the user's own report.html is
+    there: it is never overwritten); returns its path.
 
     The launcher has saved the summary beside the step logs, so `stepcli report OUT_DIR` rebuilds the same page.
     `traces`: what the run summary already read (stepcli.traces.readonce), so no trace is read a second time.
     """
-    from stepcli.report import REPORT_NAME, write_page
+    from stepcli.fmt import say
+    from stepcli.report import REPORT_NAME, run_report_path, write_new_file, write_page
     from stepcli.report.data import build as page_data
+    from stepcli.report.page import render
 
     paths = [p for p in summary.get("traces") or [] if os.path.exists(p)]
     data = page_data(summary, paths, traces=traces)
-    return write_page(data, os.path.join(summary["out_dir"], REPORT_NAME))
+    out_dir = summary["out_dir"]
+    path = run_report_path(out_dir)
+    if os.path.basename(path) == REPORT_NAME:
+        return write_page(data, path)
+    write_new_file(render(data, path), path)  # the user's own report.html is kept
+    say(f"{REPORT_NAME} in {out_dir} was not written by stepcli: kept, this run's page is {path}")
+    return path

@@ -318,8 +318,11 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
             say(f"warning: {exc.message}")
     try:  # beside the step logs, for `stepcli report OUT` later (with --no-report too)
         write_run_summary(summary, os.path.join(config.log_dir, SUMMARY_FILE))
-    except StepcliError as exc:
-        say(f"warning: {exc.message}")
+    except StepcliError as exc:  # its message names --json, which this file is not
+        reason = exc.message.rsplit(": ", 1)[-1]
+        summary["notes"].append(f"cannot save the run summary in {config.log_dir}: {reason}")
+        if request.quiet:
+            say(f"could not save the run summary in {config.log_dir}: {reason}")
     report_path = _html_report(request, config, summary, traces)
     if not request.quiet:
         try:
@@ -380,7 +383,10 @@ def _html_report(
 
         return write_run_report(summary, traces)
     except Exception as exc:  # the program's result and the terminal summary must survive a bug in the page
-        say(f"could not write report.html ({type(exc).__name__}: {exc})")
+        reason = exc.message if isinstance(exc, StepcliError) else f"{type(exc).__name__}: {exc}"
+        summary["notes"].append(f"report.html not written: {reason}")  # a full or read-only folder, say
+        if request.quiet:
+            say(f"could not write report.html: {reason}")
         return None
 
 

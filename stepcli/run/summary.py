@@ -182,7 +182,7 @@ def build_run_summary(
     logs.sort(key=lambda log: (log.get("rank") is None, log.get("rank") or 0, log.get("pid", 0)))
     primary = _primary(logs)
     untouched, profiled, first, foreign = _step_populations(logs)
-    notes: list[str] = [refused] if refused else []
+    notes: list[str] = list(refused)
     windows = [dict(window, worker=log["worker"]) for log in logs for window in log.get("windows", [])]
     windows.sort(key=lambda w: (w["first_step"], w["worker"]))
     trace_paths = [w["trace"] for w in windows if os.path.exists(w["trace"])]
@@ -338,7 +338,8 @@ def write_run_summary(summary: RunSummary, path: str) -> None:
         tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
         os.replace(tmp, target)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # on a read-only folder even this fails
+            tmp.unlink(missing_ok=True)
         raise StepcliError(f"--json {path}: {exc.strerror or exc}") from None
 
 
@@ -366,7 +367,11 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
     from rich.console import Console
     from rich.markup import escape
 
+    from stepcli.fmt import visible_all
     from stepcli.runsummary import advice_line
+
+    summary = visible_all(summary)  # names from traces: control characters shown
+    report_path = visible_all(report_path)
 
     console = Console(stderr=True, highlight=False)
     # The command on a line of its own (never cut or wrapped inside the grid), its outcome in the grid.

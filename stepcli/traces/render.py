@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, Callable
 
 from stepcli.fmt import ms_cell as _ms
+from stepcli.fmt import visible_all
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -268,6 +269,8 @@ def print_table_report(
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     out = file if file is not None else sys.stdout
     data = summary.to_dict()
+    if fmt != "json":  # names from traces: control characters shown, never sent to the terminal (JSON escapes them)
+        data = visible_all(data)
     try:
         if fmt == "json":
             import orjson

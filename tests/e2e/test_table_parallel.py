@@ -88,10 +88,11 @@ def test_default_jobs_are_the_available_cores() -> None:
 
 
 def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from stepcli.traces import splitread
+    from stepcli.traces import engine, splitread
 
-    # GIVEN the real trace, and ranges small enough that it is cut in three
+    # GIVEN the real trace, ranges small enough that it is cut in three, and three cores (jobs never exceed them)
     monkeypatch.setattr(splitread, "MIN_PIECE_BYTES", 20_000)
+    monkeypatch.setattr(engine, "available_cores", lambda: 3)
     ranges = splitread.plan(str(REAL), 3)
     assert ranges is not None and len(ranges) == 3
     # WHEN read by three processes THEN every figure equals the one-process read

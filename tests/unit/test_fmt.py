@@ -1,11 +1,15 @@
-"""stepcli.fmt: one way to write durations and sizes everywhere (terminal, tables, report.html)."""
+"""stepcli.fmt: one way to write durations and sizes everywhere (terminal, tables, report.html), and control
+characters from names shown, never sent to the reader's terminal."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pytest
 
 from stepcli import fmt
 from stepcli.agent.output import human_size
+from stepcli.fmt import html_escape, visible, visible_all
 
 
 @pytest.mark.parametrize(
@@ -51,3 +55,26 @@ def test_milliseconds_in_cells_and_as_typed() -> None:
     assert [fmt.ms_cell(v) for v in (None, 0.4123, 12.345, 1234.5)] == ["-", "0.412", "12.35", "1,234.5"]
     assert [fmt.ms_exact(v) for v in (25.0, 31.25, 0.0001)] == ["25", "31.25", "0.0001"]
     assert fmt.percent(0.254) == "25%" and fmt.percent(0.254, 1) == "25.4%"
+
+
+def test_control_characters_become_escapes_and_the_rest_is_unchanged() -> None:
+    assert visible("\x1b[2J\x1b[H") == "\\x1b[2J\\x1b[H"
+    assert visible("a\x07b\x00c\x7f\x9b\td\n") == "a\\x07b\\x00c\\x7f\\x9b\\x09d\\x0a"
+    assert visible("evil\u202eop\u2066") == "evil\\u202eop\\u2066"
+    plain = "aten::conv2d ∑ ünïcödé 🙂 <b>"
+    assert visible(plain) == plain
+
+
+def test_html_escape_also_escapes_markup() -> None:
+    assert html_escape("<\x1b>") == "&lt;\\x1b&gt;"
+
+
+@dataclass(frozen=True)
+class _Row:
+    name: str
+    calls: int
+
+
+def test_visible_all_reaches_every_string_at_any_depth() -> None:
+    value = {"k\x07": [("a\x1b", 1), _Row("b\x07", 2)], "n": 3.5, "none": None}
+    assert visible_all(value) == {"k\\x07": [("a\\x1b", 1), _Row("b\\x07", 2)], "n": 3.5, "none": None}
