@@ -294,7 +294,8 @@ def run_program(request: RunRequest) -> int:
 def _report(request: RunRequest, config: AgentConfig, status: int, started: float, duration_s: float) -> int:
     """Summary, --json and --fail-over after the program exited. The program's status wins, except that a
     budget that was exceeded, or could not be checked, fails a run that succeeded."""
-    from stepcli.run.summary import analysis_progress, build_run_summary, print_run_summary, write_run_summary
+    from stepcli.run.console import print_run_summary
+    from stepcli.run.summary import analysis_progress, build_run_summary, write_run_summary
     from stepcli.traces.readonce import RunTraces
 
     display = ["python", *request.argv[1:]] if request.argv[0] == sys.executable else request.argv
