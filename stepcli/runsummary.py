@@ -140,7 +140,8 @@ class RunSummary(TypedDict, total=False):
     share_of: str | None
     outside_steps: dict[str, Any] | None
     breakdown_ms: dict[str, float] | None
-    device: dict[str, float] | None
+    device: dict[str, Any] | None
+    flops: dict[str, Any] | None
     peak_memory: PeakMemory
     compile: dict[str, Any] | None
     notes: list[str]
@@ -344,7 +345,8 @@ _FIELDS: dict[str, Check] = {
     "share_of": _optional(_STR),
     "outside_steps": _optional(_object({"events": _COUNT, "self_ms": _NUMBER})),
     "breakdown_ms": _optional(_map_of(_NUMBER)),
-    "device": _optional(_map_of(_NUMBER)),
+    "device": _optional(_object({"busy_ms": _NUMBER, "busy_share": _NUMBER})),
+    "flops": _optional(_object({})),
     "peak_memory": _object({"rss_bytes": _optional(_COUNT), "cuda_bytes": _optional(_COUNT)}),
     "compile": _optional(_object({"by_step": _list_of(_object({"worker": _optional(_STR), "step": _INT}))})),
     "notes": _list_of(_STR),

@@ -27,6 +27,15 @@ if TYPE_CHECKING:
     from typing import Any, Callable
 
 _ACTIVITY_NAMES = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mtia": "MTIA", "hpu": "HPU"}
+# With --with-flops, beside each trace `NAME.pt.trace.json[.gz]`: `NAME.flops`, the window's FLOPs from
+# key_averages() (torch puts none into the exported trace on CPU), read back by stepcli.traces.flops. The name
+# ends in neither .json nor holds .pt.trace.json, so nothing that lists traces takes it for one.
+FLOPS_SUFFIX = ".flops"
+
+
+def flops_path(trace: str) -> str:
+    at = trace.rfind(".pt.trace.json")
+    return (trace[:at] if at >= 0 else trace) + FLOPS_SUFFIX
 
 
 class Recorder:
@@ -265,10 +274,36 @@ class Recorder:
         }
         if not complete:
             record["note"] = self._cut_reason
+        if self.config.with_flops:
+            record["flops"] = self._write_flops(prof, path, first, last)
         self.windows.append(record)
         if not self.config.quiet:
             extra = "" if complete else f" ({self._cut_reason}; the start of step {last + 1} is in it too)"
             say(f"saved trace of {steps}{extra}: {path} ({human_size(size)})")
+
+    def _write_flops(self, prof: Any, trace: str, first: int, last: int) -> int | None:
+        """The window's estimated FLOPs (the sum of key_averages()' flops), written beside the trace as
+        `NAME.flops` (flops_path) with the device's name; None when torch could not count them."""
+        import json
+        import os
+
+        try:
+            flops = int(sum(event.flops for event in prof.key_averages()))
+            device = None
+            torch = sys.modules.get("torch")
+            cuda = getattr(torch, "cuda", None)
+            if cuda is not None and cuda.is_available() and cuda.is_initialized():
+                device = cuda.get_device_name(cuda.current_device())
+            document = {"schema": "stepcli.flops", "version": 1, "flops": flops, "device": device}
+            document["first_step"], document["last_step"] = first, last
+            final = flops_path(trace)
+            with open(final + ".tmp", "w") as f:
+                json.dump(document, f)
+            os.replace(final + ".tmp", final)
+            return flops
+        except Exception as exc:
+            self.notes.append(f"FLOPs of steps {first}-{last} not saved: {type(exc).__name__}: {exc}")
+            return None
 
     def stop(self, reason: str) -> None:
         """Close an open window now, saving its completed steps (program exit, or the program's own profiler).

@@ -23,8 +23,8 @@ from stepcli.stats import STAT_NAMES, Stats, describe
 from stepcli.traces.shares import STEP_KEY
 
 if TYPE_CHECKING:
+    from stepcli.traces.model import TraceSummary
     from stepcli.traces.reader import Trace
-    from stepcli.traces.summary import TraceSummary
 
 _NEEDED = ("schema_version", "steps", "step_time_ms")  # what a verdict cannot do without
 
@@ -288,8 +288,8 @@ def load_measurement(path: str) -> Measurement:
 def _load_traces(label: str, files: Sequence[str] | None = None) -> Measurement:
     # Lazy: the trace reader and summarizer are only needed for trace inputs.
     from stepcli.compare.attribution import op_steps_from_traces
+    from stepcli.traces.analysis import summarize
     from stepcli.traces.reader import load_paths
-    from stepcli.traces.summary import summarize
 
     traces: list[Trace] = load_paths(list(files or [label]))
     summary = summarize(traces)

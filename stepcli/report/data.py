@@ -20,8 +20,8 @@ from stepcli.steptimes import ProcessSteps, process_steps, slowest_by_steps, tra
 from stepcli.traces.shares import STEP_KEY
 
 if TYPE_CHECKING:
+    from stepcli.traces.model import FilePart
     from stepcli.traces.readonce import RunTraces
-    from stepcli.traces.summary import FilePart
 
 TOP_ROWS = 25  # operator rows per table in the page (sortable); the terminal shows 10
 
@@ -41,6 +41,7 @@ class ReportData:
     stats: list[tuple[str, Stats]] = field(default_factory=list)
     breakdowns: list[tuple[str, dict[str, float]]] = field(default_factory=list)
     device: dict[str, float] | None = None
+    device_ranks: list[dict[str, Any]] = field(default_factory=list)  # ranks[] entries, each with its `device`
     cpu_ops: list[dict[str, Any]] = field(default_factory=list)
     outside_note: str | None = None  # host events outside every recorded step, left out of cpu_ops
     kernels: list[dict[str, Any]] = field(default_factory=list)
@@ -110,7 +111,7 @@ def _trace_parts(data: ReportData, traces: RunTraces, paths: Sequence[str], run:
 
 
 def _merged(parts: list[list[FilePart]]) -> dict[str, Any] | None:
-    from stepcli.traces.summary import merge_parts
+    from stepcli.traces.analysis import merge_parts
 
     return merge_parts([p[0] for p in parts]).to_dict() if parts else None
 
@@ -137,13 +138,14 @@ def _add_step_times(data: ReportData, summary: RunSummary | None, analysis: dict
 
 def _add_trace_tables(data: ReportData, analysis: dict[str, Any], parts: list[list[FilePart]]) -> None:
     """Breakdown, operator tables and shapes from the traces: every operator, one breakdown bar per rank."""
+    from stepcli.traces.analysis import merge_parts
     from stepcli.traces.render import outside_note
-    from stepcli.traces.summary import merge_parts
 
     data.cpu_ops = [op for op in analysis["cpu_ops"] if op["name"] != STEP_KEY]
     data.outside_note = outside_note(analysis.get("outside_steps"))
     data.kernels = analysis["device_kernels"]
     data.device = analysis["device"]
+    data.device_ranks = analysis["ranks"]
     by_rank: dict[int | None, list[FilePart]] = {}
     for plain, _shaped in parts:
         by_rank.setdefault(plain.rank, []).append(plain)
@@ -168,6 +170,7 @@ def _add_summary_tables(data: ReportData, summary: RunSummary) -> None:
     data.cpu_ops = [dict(op) for op in summary.get("top_operators") or []]
     data.kernels = [dict(op) for op in summary.get("top_kernels") or []]
     data.device = summary.get("device")
+    data.device_ranks = [dict(rank) for rank in summary.get("ranks") or []]
     breakdown = summary.get("breakdown_ms")
     if breakdown:
         data.breakdowns.append(("recorded steps", breakdown))

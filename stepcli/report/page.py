@@ -15,6 +15,7 @@ from stepcli import __version__, fmt
 from stepcli.fmt import html_escape as escape
 from stepcli.report import GENERATOR, svg
 from stepcli.report.data import ReportData
+from stepcli.report.gpu import gpu_section
 from stepcli.report.memorysnapshots import snapshot_section
 from stepcli.traces.render import shorten
 
@@ -296,6 +297,7 @@ def _operators(data: ReportData) -> list[str]:
         parts.append(f'<p class="muted" id="outside-steps">{escape(data.outside_note)}</p>')
     if data.kernels:
         parts += ['<h2 id="kernels">Top device kernels</h2>', _ops_table(data.kernels, "kernels")]
+    parts.append(gpu_section(data.device, data.device_ranks))
     if data.shape_ops:
         parts += ['<h2 id="shapes">CPU operators by input shape</h2>', _ops_table(data.shape_ops, "shape-ops", True)]
     return parts

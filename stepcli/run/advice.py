@@ -12,10 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from stepcli.fmt import percent as _pct
-from stepcli.runsummary import Advice, RunSummary
+from stepcli.runsummary import Advice
 from stepcli.stats import percentile
-from stepcli.steptimes import ProcessSteps, rank_steps
-from stepcli.traces.shares import STEP_KEY
 
 # Data loading above this share of the step, and at least this long per step: the training loop waits for input.
 # The floor keeps a tiny model's sub-millisecond in-process batching (the demo's) from calling for worker processes,
@@ -74,6 +72,7 @@ class Evidence:
     recorded_steps: int = 0
     rank_steps: Mapping[int, Sequence[float]] = field(default_factory=dict)  # rank -> step times, step-aligned
     untouched_ms: Sequence[tuple[int, float]] = ()  # (step number, ms) of one process
+    device: Mapping[str, Any] | None = None  # the summary's `device` figures (stepcli.run.deviceadvice reads them)
 
 
 def _share(breakdown: Mapping[str, float], key: str) -> float | None:
@@ -258,38 +257,3 @@ RULES: tuple[Callable[[Evidence], Advice | None], ...] = (
 def advise(evidence: Evidence) -> list[Advice]:
     """Every rule whose evidence crosses its threshold, in a stable order."""
     return [advice for rule in RULES if (advice := rule(evidence)) is not None]
-
-
-def advise_run(
-    summary: RunSummary | None, analysis: Mapping[str, Any] | None, processes: Sequence[ProcessSteps]
-) -> list[Advice]:
-    """The advice for a run (or traces): operator tables, breakdown and device time from the traces' analysis
-    (every operator, not only the summary's top 20) or, without traces, from what the run summary kept of them;
-    step times from every process.
-
-    `stepcli run` calls this when it builds the run summary (so the terminal's `advice:` lines do not depend on
-    report.html), `stepcli report` when its inputs carry no advice (plain traces, older summaries)."""
-    kept: Mapping[str, Any] = summary or {}
-    if analysis is not None:
-        ops = [op for op in analysis["cpu_ops"] if op["name"] != STEP_KEY]
-        kernels, breakdown, device = analysis["device_kernels"], analysis["breakdown_ms"], analysis["device"]
-        recorded = len(analysis["steps"])
-    else:
-        ops, kernels = list(kept.get("top_operators") or []), list(kept.get("top_kernels") or [])
-        breakdown, device = kept.get("breakdown_ms"), kept.get("device")
-        recorded = sum((rank.get("step_ms") or {}).get("count", 0) for rank in kept.get("ranks") or [])
-    lead = processes[0] if processes else None
-    untouched = (
-        [(s, v) for s, v, c in zip(lead.steps, lead.values_ms, lead.phases) if c == "0" and s != 0] if lead else []
-    )
-    return advise(
-        Evidence(
-            breakdown_ms=breakdown,
-            device_busy_share=(device or {}).get("busy_share"),
-            cpu_ops=ops,
-            kernels=kernels,
-            recorded_steps=recorded,
-            rank_steps=rank_steps(processes),
-            untouched_ms=untouched,
-        )
-    )

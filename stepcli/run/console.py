@@ -129,6 +129,7 @@ def _print_tables(summary: RunSummary, console: Console) -> None:
     if not (summary["top_operators"] or summary["top_kernels"]):
         return
     from stepcli.traces import render
+    from stepcli.traces.devicerender import print_device_section
 
     width = console.width
     share_of = summary.get("share_of") or "recorded step time"
@@ -144,6 +145,7 @@ def _print_tables(summary: RunSummary, console: Console) -> None:
     breakdown = summary.get("breakdown_ms")
     if breakdown:
         console.print(render.breakdown_table(breakdown, summary.get("device")))
+    print_device_section(summary, console)
     if len(summary.get("ranks", [])) > 1:
         title = "Recorded step time per rank"
         console.print(render.ranks_table(summary["ranks"], summary.get("slowest_rank"), title=title, width=width))

@@ -184,8 +184,8 @@ def page_advice(summary: RunSummary | None, trace_paths: Sequence[str], traces: 
     """The summary's advice, or (inputs that carry none) the advice `stepcli run` would have given them."""
     if summary is not None and "advice" in summary:
         return summary["advice"]
-    from stepcli.run.advice import advise_run
-    from stepcli.traces.summary import merge_parts
+    from stepcli.run.advising import advise_run
+    from stepcli.traces.analysis import merge_parts
 
     analysis = None
     if trace_paths:

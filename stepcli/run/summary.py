@@ -148,7 +148,7 @@ def _trace_analysis(trace_paths: list[str], notes: list[str], traces: RunTraces 
         return None
     try:
         if traces is not None:
-            from stepcli.traces.summary import merge_parts
+            from stepcli.traces.analysis import merge_parts
 
             return merge_parts([parts[0] for parts in traces.parts(trace_paths)]).to_dict()
         from stepcli.traces.engine import summarize_paths
@@ -275,6 +275,7 @@ def build_run_summary(
         "outside_steps": (analysis or {}).get("outside_steps"),
         "breakdown_ms": (analysis or {}).get("breakdown_ms"),
         "device": (analysis or {}).get("device"),
+        "flops": (analysis or {}).get("flops"),
         "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
         "compile": compile_summary(logs),
         "notes": notes,
@@ -285,7 +286,7 @@ def build_run_summary(
 
 def _advice(summary: RunSummary, analysis: dict[str, Any] | None) -> list[AdviceItem]:
     """The run's advice; a bug in a rule must not hide what the run measured (it becomes a note)."""
-    from stepcli.run.advice import advise_run
+    from stepcli.run.advising import advise_run
 
     try:
         return [item.to_dict() for item in advise_run(summary, analysis, process_steps(summary))]

@@ -1,5 +1,5 @@
 """Summarizing many trace files at once: each file is read and summarized on its own, in worker processes when
-there are several files and cores, and only the small per-file parts (stepcli.traces.summary.FilePart) come back to be
+there are several files and cores, and only the small per-file parts (stepcli.traces.model.FilePart) come back to be
 merged. Peak memory is a few files (one per worker), not the folder; the answers equal the serial path's.
 
 `table`, `report` and the run summary after `stepcli run` all go through `summarize_paths` / `file_parts`.
@@ -19,9 +19,10 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, TypeVar
 
 from stepcli.errors import StepcliError, TraceError
+from stepcli.traces.analysis import merge_parts, summarize_read
 from stepcli.traces.columns import ColumnTrace, load_columns
+from stepcli.traces.model import FilePart, TraceSummary
 from stepcli.traces.reader import list_trace_files
-from stepcli.traces.summary import FilePart, TraceSummary, merge_parts, summarize_read
 
 _T = TypeVar("_T")
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from rich.table import Table
     from rich.text import Text
 
-    from stepcli.traces.summary import TraceSummary
+    from stepcli.traces.model import TraceSummary
 
 SORT_KEYS = ("self", "total", "calls", "avg", "name")
 FORMATS = ("rich", "json", "csv", "markdown")
@@ -61,7 +61,7 @@ def _skipped_note(count: int) -> str:
 
 def outside_note(outside: Mapping[str, Any] | None) -> str | None:
     """The line under an operator table when host events outside every recorded step were left out of it
-    (stepcli.traces.summary: their time is no step's, so it gets no share of step time); None when there were none."""
+    (stepcli.traces.analysis: their time is no step's, so it gets no share of step time); None when there were none."""
     if not outside or not outside.get("events"):
         return None
     count = outside["events"]
@@ -354,6 +354,9 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
         console.print(breakdown_table(data["breakdown_ms"], data.get("device")))
     elif data.get("device"):
         console.print(breakdown_table(None, data["device"], title="Device activity"))
+    from stepcli.traces.devicerender import print_device_section
+
+    print_device_section(data, console)
     share_of = data.get("share_of")
     console.print(
         ops_table(data["cpu_ops"], "CPU operators", limit, sort_by=sort_by, width=console.width, share_of=share_of)
