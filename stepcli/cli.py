@@ -255,6 +255,9 @@ def table(
 
     summary = summarize_paths(paths, group_by_shape=group_by_shape, jobs=jobs, scheduler=scheduler)
     print_table_report(summary, sort_by=sort_by, limit=limit, fmt=fmt or "rich")
+    if group_by_shape and not any(row.shape for row in summary.cpu_ops):
+        click.echo("stepcli: note: --group-by-shape: these traces have no input shapes; record them with "
+                   "`stepcli run --record-shapes` (torch.profiler: record_shapes=True)", err=True)  # fmt: skip
     return 0
 
 

@@ -17,7 +17,7 @@ from stepcli.errors import StepcliError
 from stepcli.runsummary import Advice, AdviceItem, RunSummary
 from stepcli.stats import Stats, describe
 from stepcli.steptimes import ProcessSteps, process_steps, slowest_by_steps, trace_process_steps, worker_label
-from stepcli.traces.shares import STEP_KEY
+from stepcli.traces.shares import STEP_KEY, overlap_note
 
 if TYPE_CHECKING:
     from stepcli.traces.model import FilePart
@@ -44,6 +44,7 @@ class ReportData:
     device_ranks: list[dict[str, Any]] = field(default_factory=list)  # ranks[] entries, each with its `device`
     cpu_ops: list[dict[str, Any]] = field(default_factory=list)
     outside_note: str | None = None  # host events outside every recorded step, left out of cpu_ops
+    overlap_note: str | None = None  # the CPU table's Self % adds up to over 100% (other threads), and why
     kernels: list[dict[str, Any]] = field(default_factory=list)
     shape_ops: list[dict[str, Any]] = field(default_factory=list)
     memory_peaks: list[tuple[str, int | None, int | None]] = field(default_factory=list)
@@ -79,8 +80,10 @@ def build(
         _add_trace_tables(data, analysis, parts)
     elif summary is not None:
         _add_summary_tables(data, summary)
-    slowest = slowest_by_steps(data.processes)  # over every step the ranks have in common: the whole run
-    if slowest is not None:
+    # The slowest rank is the straggler of stepcli.traces.ranks or nobody: the terminal and --json say the same.
+    ranks_analysed = len((analysis or summary or {}).get("ranks") or []) > 1
+    slowest = slowest_by_steps(data.processes)
+    if not ranks_analysed and slowest is not None:  # step logs alone: the advice's step-time rule speaks for them
         data.slowest = f"rank {slowest}"
     memory = (summary or {}).get("processes") or []
     data.memory_peaks = [(worker_label(p), p.get("peak_rss_bytes"), p.get("cuda_peak_bytes")) for p in memory]
@@ -91,6 +94,9 @@ def build(
     data.advice = [
         Advice.from_dict(item) for item in (advice if advice is not None else (summary or {}).get("advice") or [])
     ]
+    if not ranks_analysed and not any(a.rule == "straggler" for a in data.advice):
+        data.slowest = None  # a balanced run has no slowest rank
+    data.overlap_note = overlap_note(data.cpu_ops)  # over every row, before the cut
     data.cpu_ops = data.cpu_ops[:TOP_ROWS]
     data.kernels = data.kernels[:TOP_ROWS]
     return data
@@ -124,13 +130,14 @@ def _add_step_times(data: ReportData, summary: RunSummary | None, analysis: dict
         processes = trace_process_steps(analysis["steps"])
     data.processes = processes
     untouched = [v for p in processes for s, v, c in zip(p.steps, p.values_ms, p.phases) if c == "0" and s != 0]
-    recorded = [v for p in processes for s, v, c in zip(p.steps, p.values_ms, p.phases) if c in "23" and s != 0]
+    # The profiled steps (warmup + recorded): the set and the name of the run summary's terminal and --json.
+    recorded = [v for p in processes for s, v, c in zip(p.steps, p.values_ms, p.phases) if c in "123" and s != 0]
     if untouched:
         data.distribution = untouched
         data.distribution_label = "untouched steps (no profiler running), start-up left out"
     elif recorded:
-        data.distribution, data.distribution_label = recorded, "recorded steps"
-    for label, values in (("untouched steps", untouched), ("recorded steps", recorded)):
+        data.distribution, data.distribution_label = recorded, "profiled steps"
+    for label, values in (("untouched steps", untouched), ("profiled steps", recorded)):
         stats = describe(values)
         if stats:
             data.stats.append((label, stats))

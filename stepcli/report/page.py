@@ -278,8 +278,8 @@ def _breakdown(data: ReportData) -> list[str]:
     busy = (
         (device["busy_ms"], device["busy_ms"] / device["busy_share"]) if device and device.get("busy_share") else None
     )
-    # The bars are the recorded steps: outline the rank slowest over those (the timeline marks the whole run's).
-    slowest_bar = max(data.breakdowns, key=lambda row: sum(row[1].values()))[0] if len(data.breakdowns) > 1 else None
+    # Outline the straggler (stepcli.traces.ranks), the rank the terminal and --json name, or none.
+    slowest_bar = data.slowest if len(data.breakdowns) > 1 else None
     return [
         *parts,
         svg.breakdown_chart(data.breakdowns, highlight=slowest_bar, device_busy=busy),
@@ -295,6 +295,8 @@ def _operators(data: ReportData) -> list[str]:
     ]
     if data.outside_note:
         parts.append(f'<p class="muted" id="outside-steps">{escape(data.outside_note)}</p>')
+    if data.overlap_note:
+        parts.append(f'<p class="muted" id="self-share-overlap">{escape(data.overlap_note)}.</p>')
     if data.kernels:
         parts += ['<h2 id="kernels">Top device kernels</h2>', _ops_table(data.kernels, "kernels")]
     parts.append(gpu_section(data.device, data.device_ranks))

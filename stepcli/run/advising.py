@@ -45,5 +45,7 @@ def advise_run(
         rank_steps=rank_steps(processes),
         untouched_ms=untouched,
         device=device,
+        straggler=(analysis if analysis is not None else kept).get("straggler"),
+        ranks_analysed=len((analysis if analysis is not None else kept).get("ranks") or []) > 1,
     )
     return advise(evidence) + advise_device(evidence)

@@ -37,16 +37,16 @@ def sparkline(values: list[float], phases: str, width: int = 60) -> str:
 
 def print_run_summary(summary: RunSummary, report_path: str | None = None) -> None:
     """The summary on stderr after the program exits (stdout belongs to the program)."""
-    from rich.console import Console
     from rich.markup import escape
 
     from stepcli.fmt import visible_all
+    from stepcli.pipeconsole import pipe_console
     from stepcli.runsummary import advice_line
 
     summary = visible_all(summary)  # names from traces: control characters shown
     report_path = visible_all(report_path)
 
-    console = Console(stderr=True, highlight=False)
+    console = pipe_console(stderr=True, highlight=False)  # no trailing spaces in CI logs
     # The command on a line of its own (never cut or wrapped inside the grid), its outcome in the grid.
     console.print("[bold]stepcli summary[/]")
     console.print(f"[bold]command[/] {escape(shlex.join(summary['command']))}", soft_wrap=True)
@@ -115,12 +115,12 @@ def _print_windows(summary: RunSummary, console: Console) -> None:
     """Each trace with its size; paths on lines of their own, never cut or wrapped, so they can be copied."""
     for window in summary["windows"]:
         steps = (
-            f"{window['first_step']}-{window['last_step']}"
+            f"steps {window['first_step']}-{window['last_step']}"
             if window["first_step"] != window["last_step"]
-            else f"{window['first_step']}"
+            else f"step {window['first_step']}"
         )
         extra = "" if window["complete"] else f" [yellow]({window.get('note', 'incomplete')})[/]"
-        console.print(f"[bold]trace[/] steps {steps} {window['worker']} ({size_or_dash(window['bytes'])}){extra}:")
+        console.print(f"[bold]trace[/] {steps} {window['worker']} ({size_or_dash(window['bytes'])}){extra}:")
         console.print(f"  {window['trace']}", markup=False, soft_wrap=True)
 
 
