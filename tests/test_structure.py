@@ -51,8 +51,9 @@ def test_no_import_cycles() -> None:
     assert not cycles, cycles[0]
 
 
-# The shared leaf modules every package may use: errors, reading untrusted files, statistics, formatting.
-_LEAVES = {"stepcli", "stepcli.errors", "stepcli.inputs", "stepcli.stats", "stepcli.fmt"}
+# The shared leaf modules every package may use: errors, reading untrusted files, statistics, formatting, the
+# console that writes no trailing spaces to pipes.
+_LEAVES = {"stepcli", "stepcli.errors", "stepcli.inputs", "stepcli.stats", "stepcli.fmt", "stepcli.pipeconsole"}
 # The constants of the files the agent writes (step-log version, trace metadata key) live with the agent, which may
 # import nothing outside itself; the trace reader reads that one module of it, the file format, nothing else.
 _AGENT_FILE_FORMAT = {"stepcli.agent.config"}
