@@ -144,6 +144,7 @@ class RunSummary(TypedDict, total=False):
     flops: dict[str, Any] | None
     peak_memory: PeakMemory
     compile: dict[str, Any] | None
+    hang: dict[str, Any] | None
     notes: list[str]
     advice: list[AdviceItem]
 
@@ -349,6 +350,7 @@ _FIELDS: dict[str, Check] = {
     "flops": _optional(_object({})),
     "peak_memory": _object({"rss_bytes": _optional(_COUNT), "cuda_bytes": _optional(_COUNT)}),
     "compile": _optional(_object({"by_step": _list_of(_object({"worker": _optional(_STR), "step": _INT}))})),
+    "hang": _optional(_object({})),
     "notes": _list_of(_STR),
     "advice": _list_of(_object({key: _STR for key in AdviceItem.__annotations__}, tuple(AdviceItem.__annotations__))),
 }

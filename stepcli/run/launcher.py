@@ -59,6 +59,8 @@ class RunRequest:
     on_demand: bool = False
     report: bool = True
     verbose: bool = False
+    hang_timeout: float | None = None  # --hang-timeout, seconds (stepcli/run/hang.py)
+    on_hang: str = "keep"
     memory_entries: int = 0  # --memory: CUDA allocator history entries per process (0: off)
 
     @classmethod
@@ -83,6 +85,8 @@ class RunRequest:
         on_demand: bool = False,
         report: bool = True,
         verbose: bool = False,
+        hang_timeout: float | None = None,
+        on_hang: str | None = None,
         memory_entries: int = 0,
         **profiler_options: bool,
     ) -> RunRequest:
@@ -97,6 +101,9 @@ class RunRequest:
                     f"--step-on {spec}: the script's own __main__ cannot be hooked before it runs; "
                     "name a function in an importable module"
                 )
+        from stepcli.run.hang import check_options
+
+        on_hang = check_options(hang_timeout, on_hang)
         argv, label = _child_command(target, module_mode, command_mode)
         if json_path is not None:
             _check_writable(json_path)
@@ -115,6 +122,8 @@ class RunRequest:
             on_demand=on_demand,
             report=report,
             verbose=verbose,
+            hang_timeout=hang_timeout,
+            on_hang=on_hang,
             memory_entries=memory_entries,
         )
 
@@ -246,6 +255,7 @@ def run_program(request: RunRequest) -> int:
         use_gzip=request.use_gzip,
         quiet=request.quiet,
         on_demand=request.on_demand,
+        hang_timeout=request.hang_timeout or 0.0,
         memory_entries=request.memory_entries,
         **request.profiler_options,
     )
@@ -273,18 +283,25 @@ def run_program(request: RunRequest) -> int:
             ondemand.close_control(config.out_dir, config.run_id)
             raise StepcliError(f"could not start {request.argv[0]}: {exc.strerror or exc}") from None
         watchdog = start_watchdog(proc.pid, os.getpgrp() if foreground else proc.pid)
+        from stepcli.run.hang import start_hang_watch
+
+        hang_watch = start_hang_watch(request.hang_timeout, request.on_hang, config, proc)
         try:
             with SignalForwarder(proc, foreground) as forwarder:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # held signals are forwarded now
                 returncode = proc.wait()
                 forwarder.reap_orphans()
         finally:
+            if hang_watch is not None:
+                hang_watch.stop()
             if watchdog is not None:
                 watchdog.release()
             ondemand.close_control(config.out_dir, config.run_id)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     status = exit_status(returncode)
+    if hang_watch is not None and hang_watch.killed:
+        status = hang_watch.exit_status
 
     if request.quiet and not request.json_path and not request.fail_over and not request.report:
         return status  # nothing would show the summary: don't spend time reading traces

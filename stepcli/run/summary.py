@@ -25,6 +25,7 @@ from stepcli.agent.schedule import NONE
 from stepcli.agent.tracker import FOREIGN
 from stepcli.errors import StepcliError
 from stepcli.run.compiles import compile_summary, compiled_steps
+from stepcli.run.hangreport import hang_summary
 from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, AdviceItem, Process, RunSummary, Window
 from stepcli.stats import describe
 from stepcli.steptimes import process_steps
@@ -278,6 +279,7 @@ def build_run_summary(
         "flops": (analysis or {}).get("flops"),
         "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
         "compile": compile_summary(logs),
+        "hang": hang_summary(config.out_dir, started_at),  # --hang-timeout reports (stepcli/run/hangreport.py)
         "notes": notes,
     }
     summary["advice"] = _advice(summary, analysis)
