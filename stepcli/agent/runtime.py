@@ -16,7 +16,7 @@ import time
 import weakref
 
 from . import hooks
-from .config import HELLO_PREFIX, STEP_LOG_SUFFIX, AgentConfig, atomic_write_json
+from .config import HELLO_PREFIX, STEP_LOG_SUFFIX, STEP_LOG_VERSION, AgentConfig, atomic_write_json
 from .gcpauses import GcPauses
 from .tracker import StepTracker
 
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from .recorder import Recorder
     from .stacks import StackDumper
 
-STEP_LOG_VERSION = 1
 _STEP_LOG_MIN_INTERVAL_S = 10.0
 
 _agent: Agent | None = None

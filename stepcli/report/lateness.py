@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from stepcli.report.svg import WIDTH, fmt_ms, nice_max
+from stepcli.fmt import ms as fmt_ms
+from stepcli.report.svg import WIDTH, nice_max
 from stepcli.traces.culprit import CAUSE_WORDS
 
 COLORS = ("#3b5bdb", "#e8590c", "#2f9e44", "#ae3ec9", "#1098ad", "#c92a2a", "#5c940d", "#862e9c")
