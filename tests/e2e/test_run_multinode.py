@@ -11,24 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import profiler_steps, run_stepcli, trace_files, write_script
+from conftest import ddp_script, profiler_steps, run_stepcli, trace_files, write_script
 
-DDP_SCRIPT = """
-    import torch
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(6):
-        model(torch.randn(8, 16)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-    dist.barrier()
-    del model, opt  # DDP's reducer holds gloo's group: freed here, not at exit, where torch 2.13 can abort
-    import gc; gc.collect()
-    dist.destroy_process_group()
-"""
+DDP_SCRIPT = ddp_script(6)
 
 
 def _free_port() -> int:

@@ -174,21 +174,11 @@ def test_inputs_over_the_limit_are_refused(
 
 @pytest.fixture(scope="module")
 def run_summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from conftest import write_script
+    from conftest import TRAIN_LOOP, write_script
 
     folder = tmp_path_factory.mktemp("summary")
-    script = write_script(
-        folder,
-        "train.py",
-        """
-        import torch
-        model = torch.nn.Linear(4, 1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(6):
-            opt.zero_grad(); model(torch.randn(2, 4)).sum().backward(); opt.step()
-    """,
-    )
-    proc = run_stepcli("run", "-q", "--json", folder / "s.json", "-o", folder / "out", "--active", "1", script)
+    script = write_script(folder, "train.py", TRAIN_LOOP)
+    proc = run_stepcli("run", "-q", "--json", folder / "s.json", "-o", folder / "out", "--active", "1", script, "6")
     assert proc.returncode == 0, proc.stderr
     doc: dict[str, Any] = json.loads((folder / "s.json").read_text())
     assert doc["traces"] and doc["windows"]
