@@ -329,20 +329,8 @@ def test_report_bad_input_is_one_line(tmp_path: Path) -> None:
     assert result.returncode != 0 and mine.read_text() == "<p>my page</p>" and "mine.html" in result.stderr
 
 
-TINY = """
-    import sys
-    import torch
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(int(sys.argv[1])):
-        model(torch.randn(2, 4)).sum().backward()
-        opt.step()
-"""
-
-
-def test_no_report_flag(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "tiny.py", TINY)
-    result = run_stepcli("run", "--no-report", "--active", "1", "-o", tmp_path / "out", script, "3")
+def test_no_report_flag(tmp_path: Path, train_script: Path) -> None:
+    result = run_stepcli("run", "--no-report", "--active", "1", "-o", tmp_path / "out", train_script, "3")
     assert result.returncode == 0, result.stderr
     assert trace_files(tmp_path / "out") and not (tmp_path / "out" / "report.html").exists()
     assert "report.html" not in result.stderr
@@ -423,12 +411,11 @@ def test_operator_named_like_a_compiled_region_with_a_huge_id(tmp_path: Path) ->
     assert json.loads((tmp_path / "run.json").read_text())["advice"] == []
 
 
-def test_reused_output_folder_reports_only_the_latest_run(tmp_path: Path) -> None:
+def test_reused_output_folder_reports_only_the_latest_run(tmp_path: Path, train_script: Path) -> None:
     # GIVEN two runs into the same -o folder (5 steps, then 7)
-    script = write_script(tmp_path, "tiny.py", TINY)
     out = tmp_path / "out"
     for steps in ("5", "7"):
-        result = run_stepcli("run", "--active", "1", "-o", out, script, steps)
+        result = run_stepcli("run", "--active", "1", "-o", out, train_script, steps)
         assert result.returncode == 0, result.stderr
     first_trace, second_trace = sorted(trace_files(out), key=lambda p: p.stat().st_mtime)
     # WHEN the page is written by the second run, or rebuilt from the folder THEN it shows the second run only
