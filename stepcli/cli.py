@@ -157,6 +157,28 @@ def cli() -> None:
     metavar="N",
     help="With --memory: allocator events kept per process (a ring; older ones are dropped).",
 )
+@click.option(
+    "--capture-on-slow",
+    metavar="RULE",
+    default=None,
+    help="Trace the next steps on every rank when a step is slow: 3x (the rolling median), +50ms, or z4.",
+)
+@click.option(
+    "--capture-steps",
+    type=click.IntRange(1, 100),
+    default=3,
+    show_default=True,
+    metavar="K",
+    help="With --capture-on-slow: steps recorded per triggered window.",
+)
+@click.option(
+    "--max-captures",
+    type=click.IntRange(1, 8),
+    default=3,
+    show_default=True,
+    metavar="N",
+    help="With --capture-on-slow: triggered windows per run at most.",
+)
 @click.option("-m", "module_mode", is_flag=True, help="Run a module like python -m: stepcli run -m pkg.mod ARGS.")
 @click.argument(
     "target",
@@ -192,6 +214,10 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
     if not memory and ctx.get_parameter_source("memory_entries") == click.core.ParameterSource.COMMANDLINE:
         raise click.UsageError("--memory-entries needs --memory")
     options["memory_entries"] = options["memory_entries"] if memory else 0
+    if options["capture_on_slow"] is None:
+        for name in ("capture_steps", "max_captures"):
+            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+                raise click.UsageError(f"--{name.replace('_', '-')} needs --capture-on-slow")
     request = RunRequest.from_cli(
         target=list(target),
         module_mode=module_mode,

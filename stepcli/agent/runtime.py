@@ -150,6 +150,10 @@ class Agent:
             from .ondemand import OnDemand
 
             self.ondemand = OnDemand(self)  # first: it owns the schedule the recorder follows
+            if self.config.slow_trigger:
+                from .slowtrigger import SlowTrigger
+
+                SlowTrigger(self, self.ondemand, self.config.slow_trigger)
             self.tracker.set_listener(self.recorder.on_step, self.recorder.next_cycle_start(self.tracker.global_step))
             self.tracker.begin()
         except Exception as exc:

@@ -56,6 +56,7 @@ class RunRequest:
     report: bool = True
     verbose: bool = False
     memory_entries: int = 0  # --memory: CUDA allocator history entries per process (0: off)
+    slow_trigger: dict[str, Any] | None = None  # --capture-on-slow (stepcli/agent/slowrule.py)
 
     @classmethod
     def from_cli(
@@ -80,6 +81,9 @@ class RunRequest:
         report: bool = True,
         verbose: bool = False,
         memory_entries: int = 0,
+        capture_on_slow: str | None = None,
+        capture_steps: int = 3,
+        max_captures: int = 3,
         **profiler_options: bool,
     ) -> RunRequest:
         """Validate everything that can be checked before the program starts (usage errors exit 2)."""
@@ -94,6 +98,16 @@ class RunRequest:
                     "name a function in an importable module"
                 )
         argv, label = _child_command(target, module_mode, command_mode)
+        slow_trigger = None
+        if capture_on_slow is not None:
+            from stepcli.agent.slowrule import parse
+
+            try:
+                kind, value = parse(capture_on_slow)
+            except ValueError as exc:
+                raise StepcliError(str(exc)) from None
+            slow_trigger = {"kind": kind, "value": value, "text": capture_on_slow.strip(), "steps": capture_steps}
+            slow_trigger["max"] = max_captures
         if json_path is not None:
             _check_writable(json_path)
         return cls(
@@ -112,6 +126,7 @@ class RunRequest:
             report=report,
             verbose=verbose,
             memory_entries=memory_entries,
+            slow_trigger=slow_trigger,
         )
 
 
@@ -361,6 +376,7 @@ def run_program(request: RunRequest) -> int:
         quiet=request.quiet,
         on_demand=request.on_demand,
         memory_entries=request.memory_entries,
+        slow_trigger=request.slow_trigger,
         **request.profiler_options,
     )
     if not request.quiet:
