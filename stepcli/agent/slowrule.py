@@ -15,7 +15,7 @@ The baseline is the last BASELINE_STEPS steps that no window recorded (the first
 from __future__ import annotations
 
 BASELINE_STEPS = 64  # the rolling baseline: this many recent steps outside any window
-REFRESH_STEPS = 16  # the baseline is recomputed every this many steps (its cost is shared among them)
+REFRESH_STEPS = 16  # the baseline is recomputed this often at first, then every BASELINE_STEPS steps
 MIN_STEPS = 8  # steps in the baseline before any step can trigger
 MIN_SPREAD = 0.05  # zK: the spread is at least this share of the median
 MAX_CAPTURES = 8  # --max-captures: windows wait in requests.json while the run lasts (a bounded file)
@@ -48,10 +48,12 @@ def parse(text: str) -> tuple[str, float]:
     return kind, value
 
 
-def baseline(sample: list[int]) -> tuple[int, float]:
-    """(median, robust spread) of step durations in ns; `sample` is sorted in place."""
+def baseline(sample: list[int], with_spread: bool = True) -> tuple[int, float]:
+    """(median, robust spread) of step durations in ns (the spread only when asked); `sample` is sorted in place."""
     sample.sort()
     median = sample[len(sample) // 2]
+    if not with_spread:
+        return median, 0.0
     deviations = sorted(abs(d - median) for d in sample)
     spread = max(1.4826 * deviations[len(deviations) // 2], MIN_SPREAD * median)
     return median, spread

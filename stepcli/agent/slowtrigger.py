@@ -65,8 +65,8 @@ class SlowTrigger:
         try:
             if duration > self.threshold and new_step > 1:
                 self._slow(new_step - 1, duration, new_step)
-            if new_step >= self.check_at:
-                self.check_at = new_step + REFRESH_STEPS
+            if new_step >= self.check_at:  # every REFRESH_STEPS steps at first, then every BASELINE_STEPS
+                self.check_at = new_step + (REFRESH_STEPS if new_step < 2 * BASELINE_STEPS else BASELINE_STEPS)
                 self.threshold = self._refresh()
             return self.threshold, self.check_at
         except Exception as exc:  # stepcli's own bug must never cost the program its run
@@ -78,11 +78,14 @@ class SlowTrigger:
     def _refresh(self) -> int:
         tracker = self.agent.tracker
         lo = max(1, len(tracker.durations_ns) - BASELINE_STEPS)
-        phases = tracker.phases
-        sample = [d for i, d in enumerate(tracker.durations_ns[lo:], lo) if phases[i] == NONE]
+        phases = tracker.phases[lo:]
+        if phases.count(NONE) == len(phases):  # the usual case: no window among them
+            sample = tracker.durations_ns[lo:].tolist()
+        else:
+            sample = [d for d, phase in zip(tracker.durations_ns[lo:], phases) if phase == NONE]
         if len(sample) < MIN_STEPS:
             return NEVER
-        self.median_ns, spread = baseline(sample)
+        self.median_ns, spread = baseline(sample, self.kind == "z")
         return threshold_ns(self.kind, self.value, self.median_ns, spread)
 
     # -- a slow step ----------------------------------------------------------------------------------------
@@ -190,8 +193,14 @@ def clean_trigger(value: Any) -> dict[str, Any] | None:
     """The trigger of a request read from requests.json, keeping only known keys with plain values."""
     if not isinstance(value, dict):
         return None
-    kept = {k: value[k] for k in TRIGGER_KEYS if isinstance(value.get(k), (int, float, str)) or value.get(k) is None}
-    return {k: (v[:32] if isinstance(v, str) else v) for k, v in kept.items() if k in value}
+    kept: dict[str, Any] = {}
+    for key in TRIGGER_KEYS:
+        item = value.get(key)
+        if isinstance(item, (int, float)) or item is None and key in value:
+            kept[key] = item
+        elif isinstance(item, str):
+            kept[key] = item[:32]
+    return kept
 
 
 def save_trigger(trace: str, trigger: dict[str, Any]) -> None:
