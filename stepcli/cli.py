@@ -420,6 +420,20 @@ def capture(target: str, wait: int, warmup: int, active: int, timeout: float, as
     return capture_main(target, wait=wait, warmup=warmup, active=active, timeout=timeout, as_json=as_json)
 
 
+@cli.command(short_help="Watch a running `stepcli run` live: every rank's step, pace and state.")
+@click.argument("target", metavar="RUN")
+@click.option("--once", is_flag=True, help="Print one snapshot and exit (for scripts and CI logs).")
+@click.option("--json", "as_json", is_flag=True, help="One snapshot as JSON on stdout.")
+@click.option(
+    "--interval", type=click.FloatRange(min=0.2), default=1.0, show_default=True, help="Seconds between refreshes."
+)
+def top(target: str, once: bool, as_json: bool, interval: float) -> int:
+    """Show a running `stepcli run` (its -o folder or one of its pids) live, one line per rank."""
+    from stepcli.run.top import top_main
+
+    return top_main(target, once=once, as_json=as_json, interval=interval)
+
+
 @cli.command(short_help="What filled CUDA memory: a snapshot's peak or out-of-memory error, split and advice.")
 @click.argument("path", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")

@@ -380,6 +380,19 @@ class OnDemand:
             self._rate = (step - self._mark[0]) / (now - self._mark[1])
             self._mark = (step, now)
 
+    def _step_times(self) -> dict[str, Any]:
+        """The last step's time, the median of the recent ones and whether a window records: for `stepcli top`.
+        Computed only when the heartbeat is written (somebody listens)."""
+        durations = self.agent.tracker.durations_ns
+        recent = durations[max(1, len(durations) - 64) :].tolist()
+        recent.sort()
+        recorder = self.agent.recorder
+        return {
+            "last_ms": round(durations[-1] / 1e6, 3) if len(durations) > 1 else None,
+            "median_ms": round(recent[len(recent) // 2] / 1e6, 3) if recent else None,
+            "recording": recorder is not None and recorder.prof is not None,
+        }
+
     def _write(self, step: int) -> None:
         from .output import current_rank, worker_name
 
@@ -398,6 +411,7 @@ class OnDemand:
             "pings": self._pings,
             "writes": self._writes,
             "responses": self.responses,
+            **self._step_times(),
         }
         controlfiles.write_json(self.folder_fd, self.proc_name, document)
         self._written_step = step
