@@ -347,6 +347,11 @@ class Agent:
         # Named by host and pid, not worker: the worker name changes when a rank appears.
         name = f"{document['host']}.{self.pid}{STEP_LOG_SUFFIX}"  # hosts may share -o and reuse pids
         atomic_write_json(os.path.join(self.config.log_dir, name), document)
+        if self.exit_reason:  # the whole run's step times, compact (steprecord.py): once, at exit
+            from . import steprecord
+
+            record = steprecord.build(self.tracker.durations_ns, worker, current_rank())
+            steprecord.write(self.config.log_dir, _hostname(), self.pid, record)
 
     def _write_hello(self) -> None:
         """The launcher's own child says it ran, so "no steps" can be told apart from "the hook never loaded"."""

@@ -441,6 +441,12 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
         return summary_failed(
             exc, request, config, command=display, status=status, started=started, duration_s=duration_s
         )
+    try:
+        from stepcli.run.steprecord import attach
+
+        attach(summary, config.log_dir)  # the whole run's step times and the triggered captures
+    except Exception as exc:
+        _say(f"warning: the whole-run step times could not be read: {type(exc).__name__}: {exc}")
     if request.json_path:  # before printing: a failure to print must not lose the file
         try:
             write_run_summary(summary, request.json_path)
@@ -450,6 +456,10 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
     if not request.quiet:
         try:
             print_run_summary(summary, advice=advice, report_path=report_path)
+            from stepcli.run.steprecord import lines
+
+            for line in lines(summary):
+                _say(line)
         except OSError:
             pass  # stderr closed: nothing more to say
         except Exception as exc:
