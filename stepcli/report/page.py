@@ -16,6 +16,7 @@ from stepcli import __version__
 from stepcli.report import GENERATOR, svg
 from stepcli.report.data import ReportData
 from stepcli.report.memorysnapshots import snapshot_section
+from stepcli.report.steprecord import step_record_section
 from stepcli.traces.render import shorten
 
 NAME_CHARS = 110  # longer operator and kernel names are cut in the middle; the full name is the cell's tooltip
@@ -241,6 +242,7 @@ def render(data: ReportData, report_path: str) -> str:
     else:
         add('<p class="muted">No steps to plot.</p>')
 
+    add(step_record_section(data.out_dir))  # stepcli/report/steprecord.py: "" without whole-run records
     add('<h2 id="breakdown">Step breakdown (recorded steps, mean per step)</h2>')
     if data.breakdowns:
         busy = (
