@@ -54,18 +54,19 @@ DDP_SLOW = """
 RULE = "+150ms"
 
 
-def _run(tmp_path: Path, *args: str, rule: str = RULE) -> tuple[Any, dict[str, Any], Path]:
+def _run(tmp_path: Path, *args: str, rule: str = RULE, report: bool = False) -> tuple[Any, dict[str, Any], Path]:
     script = write_script(tmp_path, "slow.py", SLOW_LOOP)
     out, summary = tmp_path / "out", tmp_path / "summary.json"
+    flags = [] if report else ["--no-report"]
     result = run_stepcli(
-        "run", "--on-demand", "--no-report", "--capture-on-slow", rule, "-o", out, "--json", summary, script, *args
+        "run", "--on-demand", *flags, "--capture-on-slow", rule, "-o", out, "--json", summary, script, *args
     )
     assert result.returncode == 0, result.stderr
     return result, json.loads(summary.read_text()), out
 
 
 def test_one_slow_step_records_the_next_three_and_names_the_trigger(tmp_path: Path) -> None:
-    result, summary, out = _run(tmp_path, "60", "40", "0")
+    result, summary, out = _run(tmp_path, "60", "40", "0", report=True)
     traces = trace_files(out)
     assert len(traces) == 1, result.stderr
     assert profiler_steps(traces[0]) == [41, 42, 43]
@@ -77,6 +78,23 @@ def test_one_slow_step_records_the_next_three_and_names_the_trigger(tmp_path: Pa
     [window] = summary["windows"]
     assert window["trigger"] == trigger
     assert "step 40 took" in result.stderr and "recording steps 41-43" in result.stderr
+    assert "triggered capture steps 41-43" in result.stderr
+
+
+def test_the_whole_run_is_recorded_compactly_in_summary_and_report(tmp_path: Path) -> None:
+    result, summary, out = _run(tmp_path, "60", "40", "0", report=True)
+    [record] = summary["step_record"]
+    assert record["steps"] == 60
+    assert sum(record["histogram"].values()) == 59  # every step but the first (start-up)
+    slowest = max(record["slowest"], key=lambda s: s[1])
+    assert slowest[0] == 40 and slowest[1] >= 300_000
+    assert record["ms"]["max"] >= 300 and record["ms"]["p50"] < 300
+    [file] = out.glob(".stepcli/*/*.steptimes.json")
+    assert file.stat().st_size < 64 * 1024
+    assert "whole run" in result.stderr
+    html = (out / "report.html").read_text()
+    assert "Whole run: every step, every rank" in html
+    assert "40 (" in html and "Captures triggered by slow steps" in html
 
 
 def test_a_steady_run_records_nothing(tmp_path: Path) -> None:
