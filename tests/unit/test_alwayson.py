@@ -41,7 +41,12 @@ def test_the_tracker_calls_the_watch_before_the_listener_and_only_when_asked() -
     now = [0]
     tracker = StepTracker(started_ns=0, clock=lambda: now[0])
     calls: list[tuple[str, int]] = []
-    tracker.set_listener(lambda step: calls.append(("listener", step)) or (0, NEVER), wake_at=NEVER)
+
+    def listener(step: int) -> tuple[int, int]:
+        calls.append(("listener", step))
+        return 0, NEVER
+
+    tracker.set_listener(listener, wake_at=NEVER)
 
     def watch(new_step: int, duration: int) -> tuple[int, int]:
         calls.append(("watch", new_step))
