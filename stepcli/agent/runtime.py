@@ -351,6 +351,10 @@ class Agent:
             from . import steprecord
 
             record = steprecord.build(self.tracker.durations_ns, worker, current_rank())
+            if self.config.run_key:
+                from .signing import SIGNATURE_KEY, sign
+
+                record[SIGNATURE_KEY] = sign(self.config.run_key, record)
             steprecord.write(self.config.log_dir, _hostname(), self.pid, record)
 
     def _write_hello(self) -> None:

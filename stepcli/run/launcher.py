@@ -444,7 +444,7 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
     try:
         from stepcli.run.steprecord import attach
 
-        attach(summary, config.log_dir)  # the whole run's step times and the triggered captures
+        attach(summary, config.log_dir, config.run_key)  # the whole run's step times and the triggered captures
     except Exception as exc:
         _say(f"warning: the whole-run step times could not be read: {type(exc).__name__}: {exc}")
     if request.json_path:  # before printing: a failure to print must not lose the file

@@ -11,14 +11,16 @@ import json
 import os
 from typing import Any
 
+from stepcli.agent.signing import SIGNATURE_KEY, signature_matches
 from stepcli.agent.steprecord import BUCKETS_PER_DOUBLING, SCHEMA, SUFFIX
 
 _MAX_BYTES = 4 << 20
 _QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 
 
-def load(log_dir: str) -> list[dict[str, Any]]:
-    """Each process's record with `ms` (count, p50, p90, p99, max) added, by rank then worker."""
+def load(log_dir: str, key: str | None = None) -> list[dict[str, Any]]:
+    """Each process's record with `ms` (count, p50, p90, p99, max) added, by rank then worker. With the run's
+    key (after `stepcli run`), only records signed with it: written by this run's own processes."""
     records = []
     try:
         names = sorted(os.listdir(log_dir))
@@ -30,7 +32,12 @@ def load(log_dir: str) -> list[dict[str, Any]]:
         try:
             with open(os.path.join(log_dir, name), "rb") as handle:
                 record = json.loads(handle.read(_MAX_BYTES + 1)[:_MAX_BYTES])
-            if isinstance(record, dict) and record.get("schema") == SCHEMA:
+            if not isinstance(record, dict):
+                continue
+            signature = record.pop(SIGNATURE_KEY, None)
+            if key is not None and not signature_matches(key, record, signature):
+                continue
+            if record.get("schema") == SCHEMA:
                 record["ms"] = stats(record)
                 records.append(record)
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
@@ -59,7 +66,7 @@ def stats(record: dict[str, Any]) -> dict[str, float | int]:
     return result
 
 
-def attach(summary: dict[str, Any], log_dir: str) -> None:
+def attach(summary: dict[str, Any], log_dir: str, key: str | None = None) -> None:
     """Add `step_record` (per process) and `triggered` (each --capture-on-slow window) to the run summary."""
     summary["step_record"] = [
         {
@@ -72,7 +79,7 @@ def attach(summary: dict[str, Any], log_dir: str) -> None:
             "slowest": r["slowest"],
             "histogram": r["histogram"],
         }
-        for r in load(log_dir)
+        for r in load(log_dir, key)
     ]
     summary["triggered"] = [
         {"worker": w.get("worker"), "first_step": w["first_step"], "last_step": w["last_step"], **w["trigger"]}
