@@ -12,6 +12,7 @@ import click
 from stepcli import __version__
 from stepcli.agent.request import MAX_ACTIVE, MAX_WAIT, MAX_WARMUP
 from stepcli.errors import EXIT_INTERNAL, EXIT_USAGE, StepcliError
+from stepcli.run.slowoptions import check_slow_options, slow_options
 
 _ACTIVITIES = ("cpu", "cuda", "xpu", "mtia", "hpu")
 
@@ -157,28 +158,7 @@ def cli() -> None:
     metavar="N",
     help="With --memory: allocator events kept per process (a ring; older ones are dropped).",
 )
-@click.option(
-    "--capture-on-slow",
-    metavar="RULE",
-    default=None,
-    help="Trace the next steps on every rank when a step is slow: 3x (the rolling median), +50ms, or z4.",
-)
-@click.option(
-    "--capture-steps",
-    type=click.IntRange(1, 100),
-    default=3,
-    show_default=True,
-    metavar="K",
-    help="With --capture-on-slow: steps recorded per triggered window.",
-)
-@click.option(
-    "--max-captures",
-    type=click.IntRange(1, 8),
-    default=3,
-    show_default=True,
-    metavar="N",
-    help="With --capture-on-slow: triggered windows per run at most.",
-)
+@slow_options
 @click.option("-m", "module_mode", is_flag=True, help="Run a module like python -m: stepcli run -m pkg.mod ARGS.")
 @click.argument(
     "target",
@@ -214,10 +194,7 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
     if not memory and ctx.get_parameter_source("memory_entries") == click.core.ParameterSource.COMMANDLINE:
         raise click.UsageError("--memory-entries needs --memory")
     options["memory_entries"] = options["memory_entries"] if memory else 0
-    if options["capture_on_slow"] is None:
-        for name in ("capture_steps", "max_captures"):
-            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
-                raise click.UsageError(f"--{name.replace('_', '-')} needs --capture-on-slow")
+    check_slow_options(ctx, options)
     request = RunRequest.from_cli(
         target=list(target),
         module_mode=module_mode,
@@ -424,14 +401,11 @@ def capture(target: str, wait: int, warmup: int, active: int, timeout: float, as
 @click.argument("target", metavar="RUN")
 @click.option("--once", is_flag=True, help="Print one snapshot and exit (for scripts and CI logs).")
 @click.option("--json", "as_json", is_flag=True, help="One snapshot as JSON on stdout.")
-@click.option(
-    "--interval", type=click.FloatRange(min=0.2), default=1.0, show_default=True, help="Seconds between refreshes."
-)
-def top(target: str, once: bool, as_json: bool, interval: float) -> int:
+def top(target: str, once: bool, as_json: bool) -> int:
     """Show a running `stepcli run` (its -o folder or one of its pids) live, one line per rank."""
     from stepcli.run.top import top_main
 
-    return top_main(target, once=once, as_json=as_json, interval=interval)
+    return top_main(target, once=once, as_json=as_json)
 
 
 @cli.command(short_help="What filled CUDA memory: a snapshot's peak or out-of-memory error, split and advice.")

@@ -98,16 +98,8 @@ class RunRequest:
                     "name a function in an importable module"
                 )
         argv, label = _child_command(target, module_mode, command_mode)
-        slow_trigger = None
-        if capture_on_slow is not None:
-            from stepcli.agent.slowrule import parse
+        from stepcli.run.slowoptions import slow_trigger
 
-            try:
-                kind, value = parse(capture_on_slow)
-            except ValueError as exc:
-                raise StepcliError(str(exc)) from None
-            slow_trigger = {"kind": kind, "value": value, "text": capture_on_slow.strip(), "steps": capture_steps}
-            slow_trigger["max"] = max_captures
         if json_path is not None:
             _check_writable(json_path)
         return cls(
@@ -126,7 +118,7 @@ class RunRequest:
             report=report,
             verbose=verbose,
             memory_entries=memory_entries,
-            slow_trigger=slow_trigger,
+            slow_trigger=slow_trigger(capture_on_slow, capture_steps, max_captures),
         )
 
 
