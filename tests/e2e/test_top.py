@@ -118,4 +118,5 @@ def test_top_on_something_that_is_not_a_run_is_one_line_and_exit_2(tmp_path: Pat
     result = run_stepcli("top", "--once", path)
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert ("not a stepcli run folder" if target == "folder" else "no such folder") in result.stderr
     assert result.stdout == ""
