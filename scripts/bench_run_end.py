@@ -46,8 +46,8 @@ def after(paths: list[str], memory: bool = False) -> None:
     """The end of a run now: one read, shared by the summary and the page."""
     from stepcli.report.data import build
     from stepcli.report.page import render
+    from stepcli.traces.analysis import merge_parts
     from stepcli.traces.readonce import RunTraces
-    from stepcli.traces.summary import merge_parts
 
     traces = RunTraces(shapes=True, memory=memory)
     merge_parts([parts[0] for parts in traces.parts(paths)]).to_dict()

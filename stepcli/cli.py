@@ -13,6 +13,7 @@ from stepcli import __version__
 from stepcli.agent.request import MAX_ACTIVE, MAX_WAIT, MAX_WARMUP
 from stepcli.errors import EXIT_INTERNAL, EXIT_USAGE, StepcliError
 from stepcli.run.slowoptions import check_slow_options, slow_options
+from stepcli.run.topcli import top
 
 _ACTIVITIES = ("cpu", "cuda", "xpu", "mtia", "hpu")
 
@@ -397,15 +398,7 @@ def capture(target: str, wait: int, warmup: int, active: int, timeout: float, as
     return capture_main(target, wait=wait, warmup=warmup, active=active, timeout=timeout, as_json=as_json)
 
 
-@cli.command(short_help="Watch a running `stepcli run` live: every rank's step, pace and state.")
-@click.argument("target", metavar="RUN")
-@click.option("--once", is_flag=True, help="Print one snapshot and exit (for scripts and CI logs).")
-@click.option("--json", "as_json", is_flag=True, help="One snapshot as JSON on stdout.")
-def top(target: str, once: bool, as_json: bool) -> int:
-    """Show a running `stepcli run` (its -o folder or one of its pids) live, one line per rank."""
-    from stepcli.run.top import top_main
-
-    return top_main(target, once=once, as_json=as_json)
+cli.add_command(top)  # stepcli/run/topcli.py
 
 
 @cli.command(short_help="What filled CUDA memory: a snapshot's peak or out-of-memory error, split and advice.")
@@ -467,6 +460,8 @@ def demo(run_options: tuple[str, ...]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: returns the exit status instead of raising SystemExit."""
+    from stepcli.fmt import visible  # error lines name files and values the user or a trace chose
+
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         result = cli.main(args=args, prog_name="stepcli", standalone_mode=False)
@@ -477,13 +472,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = (
             f" (see 'stepcli {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else " (see 'stepcli --help')"
         )
-        click.echo(f"stepcli: error: {exc.format_message()}{hint}", err=True)
+        click.echo(visible(f"stepcli: error: {exc.format_message()}{hint}"), err=True)
         return EXIT_USAGE
     except click.ClickException as exc:
-        click.echo(f"stepcli: error: {exc.format_message()}", err=True)
+        click.echo(visible(f"stepcli: error: {exc.format_message()}"), err=True)
         return exc.exit_code
     except StepcliError as exc:
-        click.echo(f"stepcli: error: {exc.message}", err=True)
+        click.echo(visible(f"stepcli: error: {exc.message}"), err=True)
         return exc.exit_code
     except BrokenPipeError:
         return 0
@@ -491,7 +486,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("STEPCLI_DEBUG"):
             raise
         click.echo(
-            f"stepcli: internal error: {type(exc).__name__}: {exc} (set STEPCLI_DEBUG=1 for the traceback)", err=True
+            visible(f"stepcli: internal error: {type(exc).__name__}: {exc} (set STEPCLI_DEBUG=1 for the traceback)"),
+            err=True,
         )
         return EXIT_INTERNAL
     if isinstance(result, int):

@@ -86,8 +86,11 @@ def export_trace(prof: Any, out_dir: str, use_gzip: bool) -> tuple[str, int]:
     final = os.path.join(out_dir, name)
     tmp_json = os.path.join(out_dir, f".{name}.{os.getpid()}.tmp.json")
     tmp_gz = tmp_json + ".gz"
+    kineto_tmp = tmp_json + ".tmp"  # Kineto writes here and renames; a failed write leaves it behind
     try:
         prof.export_chrome_trace(tmp_json)
+        if not os.path.isfile(tmp_json):  # Kineto reports a failed write only in its own (silenced) log
+            raise folder_problem(out_dir) or OSError(0, "the profiler wrote no trace file")
         _name_final_file(tmp_json, final)
         if use_gzip:
             import gzip
@@ -100,10 +103,65 @@ def export_trace(prof: Any, out_dir: str, use_gzip: bool) -> tuple[str, int]:
         else:
             os.replace(tmp_json, final)
     finally:
-        for leftover in (tmp_json, tmp_gz):
-            if os.path.exists(leftover):
+        for leftover in (tmp_json, tmp_gz, kineto_tmp):
+            try:
                 os.unlink(leftover)
+            except OSError:
+                pass
     return final, os.path.getsize(final)
+
+
+_PROBE_BYTES = 64 * 1024
+
+
+def folder_problem(folder: str) -> OSError | None:
+    """Why files cannot be written in `folder` now (read-only, full, no permission), found by writing a small
+    probe file there and removing it; None when the probe could be written."""
+    import errno
+
+    probe = os.path.join(folder, f".stepcli-probe.{os.getpid()}.tmp")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except OSError as exc:
+        return exc
+    try:
+        os.write(fd, b"\0" * _PROBE_BYTES)
+        os.fsync(fd)
+    except OSError as exc:
+        return exc
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(probe)
+        except OSError:
+            pass
+    try:
+        info = os.statvfs(folder)
+        if info.f_bavail * info.f_frsize < _PROBE_BYTES:
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    except (OSError, AttributeError):
+        pass
+    return None
+
+
+def cause(exc: BaseException) -> str:
+    """An exception as the cause a user can act on: the system's words for an OSError ("No space left on
+    device"), else the exception's type and text."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"{type(exc).__name__}: {exc}"
+
+
+_write_failed = False
+
+
+def write_failed(message: str) -> None:
+    """The first failure to write a trace or step log in this process is said in one line; later ones are not
+    (profiling has stopped, and the run summary names what is missing)."""
+    global _write_failed
+    if not _write_failed:
+        _write_failed = True
+        say(message)
 
 
 def _name_final_file(tmp_json: str, final: str) -> None:

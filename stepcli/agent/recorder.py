@@ -18,7 +18,7 @@ import sys
 import threading
 
 from .config import AgentConfig
-from .output import export_trace, human_size, say, trace_folder, worker_name
+from .output import cause, export_trace, human_size, say, trace_folder, worker_name, write_failed
 from .schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP
 from .tracker import FOREIGN, NEVER, StepTracker
 
@@ -28,6 +28,15 @@ if TYPE_CHECKING:
 
 _ACTIVITY_NAMES = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mtia": "MTIA", "hpu": "HPU"}
 INCOMPLETE_STEP_KEY = "stepcli_incomplete_step"  # trace metadata: the ProfilerStep#N that only just began
+# With --with-flops, beside each trace `NAME.pt.trace.json[.gz]`: `NAME.flops`, the window's FLOPs from
+# key_averages() (torch puts none into the exported trace on CPU), read back by stepcli.traces.flops. The name
+# ends in neither .json nor holds .pt.trace.json, so nothing that lists traces takes it for one.
+FLOPS_SUFFIX = ".flops"
+
+
+def flops_path(trace: str) -> str:
+    at = trace.rfind(".pt.trace.json")
+    return (trace[:at] if at >= 0 else trace) + FLOPS_SUFFIX
 
 
 class Recorder:
@@ -76,6 +85,8 @@ class Recorder:
     def on_step(self, step: int) -> tuple[int, int]:
         """Global step `step` begins: advance the open window or open one. Returns (phase, next wake step)."""
         if self.disabled:
+            if self.prof is not None and _on_main_thread():  # a write failed while this window was open
+                self._close()
             return NONE, NEVER
         if not _on_main_thread():
             return self._off_main_thread(step)
@@ -123,9 +134,9 @@ class Recorder:
             if prof.current_action.value == RECORD_AND_SAVE:
                 self._announce_save(step - 1)  # this step() stops the profiler and saves: a pause worth a line
             prof.step()
-            if prof.current_action.value == NONE:
+            if prof.current_action.value == NONE or self.disabled:  # disabled: saving its last cycle failed
                 self._close()
-                return NONE, self.next_cycle_start(step + 1)
+                return NONE, NEVER if self.disabled else self.next_cycle_start(step + 1)
             phase = self._phase_of(prof)
             if phase >= RECORD and self._window is not None and self._window["first_step"] is None:
                 self._window["first_step"] = step
@@ -244,14 +255,16 @@ class Recorder:
     def _save(self, prof: Any, first: int, last: int) -> None:
         complete = not self._cut_reason
         steps = f"step {first}" if first == last else f"steps {first}-{last}"
+        if self.disabled:  # a write failed before: nothing more is saved in this process
+            return
+        folder = self.config.out_dir
         try:
             # A window asked for on demand gets a folder of its own, like each window of --repeat.
             several = self.config.schedule.repeat != 1 or _asked_for(self.schedule, first)
             folder = trace_folder(self.config.out_dir, first, several)
             path, size = export_trace(prof, folder, self.config.use_gzip)
         except Exception as exc:
-            say(f"could not save the trace of {steps}: {type(exc).__name__}: {exc}")
-            self.notes.append(f"trace of {steps} not saved: {exc}")
+            self.stop_after_write_failure(f"could not save the trace of {steps} in {folder}: {cause(exc)}")
             return
         record: dict[str, Any] = {
             "first_step": first,
@@ -262,10 +275,36 @@ class Recorder:
         }
         if not complete:
             record["note"] = self._cut_reason
+        if self.config.with_flops:
+            record["flops"] = self._write_flops(prof, path, first, last)
         self.windows.append(record)
         if not self.config.quiet:
             extra = "" if complete else f" ({self._cut_reason}; the start of step {last + 1} is in it too)"
             say(f"saved trace of {steps}{extra}: {path} ({human_size(size)})")
+
+    def _write_flops(self, prof: Any, trace: str, first: int, last: int) -> int | None:
+        """The window's estimated FLOPs (the sum of key_averages()' flops), written beside the trace as
+        `NAME.flops` (flops_path) with the device's name; None when torch could not count them."""
+        import json
+        import os
+
+        try:
+            flops = int(sum(event.flops for event in prof.key_averages()))
+            device = None
+            torch = sys.modules.get("torch")
+            cuda = getattr(torch, "cuda", None)
+            if cuda is not None and cuda.is_available() and cuda.is_initialized():
+                device = cuda.get_device_name(cuda.current_device())
+            document = {"schema": "stepcli.flops", "version": 1, "flops": flops, "device": device}
+            document["first_step"], document["last_step"] = first, last
+            final = flops_path(trace)
+            with open(final + ".tmp", "w") as f:
+                json.dump(document, f)
+            os.replace(final + ".tmp", final)
+            return flops
+        except Exception as exc:
+            self.notes.append(f"FLOPs of steps {first}-{last} not saved: {type(exc).__name__}: {exc}")
+            return None
 
     def stop(self, reason: str) -> None:
         """Close an open window now, saving its completed steps (program exit, or the program's own profiler).
@@ -322,6 +361,13 @@ class Recorder:
             return
         steps = f"step {first}" if first == last else f"steps {first}-{last}"
         say(f"saving trace of {steps} ...")
+
+    def stop_after_write_failure(self, message: str) -> None:
+        """A trace or the step log could not be written (a full or read-only folder): one line, and no window
+        opens again in this process; an open one is closed unsaved at the main thread's next step."""
+        self.disabled = True
+        self.notes.append(f"{message}; profiling stopped")
+        write_failed(f"{message}; profiling stops in this process")
 
     def _disable(self, message: str) -> None:
         """Stop profiling for good; an open window is closed unsaved (a profiler left running crashes at exit)."""

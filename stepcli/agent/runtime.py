@@ -293,7 +293,7 @@ class Agent:
             if self.tracker.global_step or (recorder and recorder.windows):
                 self._write_step_log()
         except Exception as exc:
-            _say(f"could not write the step log: {type(exc).__name__}: {exc}")
+            self._step_log_failed(exc)
         finally:
             if recorder is not None:
                 recorder.busy = busy
@@ -309,7 +309,17 @@ class Agent:
             try:
                 self._write_step_log()
             except Exception as exc:
-                _say(f"could not write the step log: {type(exc).__name__}: {exc}")
+                self._step_log_failed(exc)
+
+    def _step_log_failed(self, exc: BaseException) -> None:
+        """One line naming the cause (stepcli.agent.output.write_failed), and profiling stops in this process."""
+        from .output import cause, write_failed
+
+        message = f"could not write the step log in {self.config.log_dir}: {cause(exc)}"
+        if self.recorder is not None:
+            self.recorder.stop_after_write_failure(message)
+        else:
+            write_failed(message)
 
     # -- files ------------------------------------------------------------------------------------------------
     def _write_step_log(self) -> None:

@@ -3,7 +3,7 @@ each with its own bootstrap interval, so a regression names its cause.
 
 Needs traces on both sides (trace inputs, or the traces a run summary lists). Each recorded ProfilerStep#N is one
 sample: the self time of every operator whose events start inside that step, summarized exactly as `stepcli table`
-does (stepcli.traces.summary), so the numbers agree with the operator tables.
+does (stepcli.traces.analysis), so the numbers agree with the operator tables.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ class OpChange:
 
 def op_steps_from_traces(traces: Sequence[Trace], label: str) -> OpSteps:
     """Self time per operator in each recorded step of each trace."""
+    from stepcli.traces.analysis import summarize
     from stepcli.traces.reader import Trace as TraceType
-    from stepcli.traces.summary import summarize
 
     columns: list[tuple[int | None, int]] = []
     per_step: list[dict[tuple[str, str], float]] = []

@@ -104,6 +104,9 @@ def compare_main(
         op_changes=_attribution(base, cur, level),
     )
 
+    from stepcli.fmt import visible_all
+
+    comparison = visible_all(comparison)  # names from traces and run summaries: control characters shown
     markdown = render_markdown(comparison)
     if markdown_path == "-":
         sys.stdout.write(markdown)

@@ -104,7 +104,7 @@ def _run_processes(doc: Mapping[str, Any], label: str) -> tuple[ProcessSteps, ..
 def measurement_from_summary(
     summary: Mapping[str, Any], label: str, op_steps: tuple[OpSteps, ...] | None = None
 ) -> Measurement:
-    """A trace summary (`stepcli.traces.summary.summarize(...).to_dict()`) as a Measurement."""
+    """A trace summary (`stepcli.traces.analysis.summarize(...).to_dict()`) as a Measurement."""
     stats = _stats_or_none(summary.get("step_ms"), label, "step_ms")
     steps_list = summary.get("steps") or []
     steps = len(steps_list) if isinstance(steps_list, list) else 0
@@ -277,8 +277,8 @@ def load_measurement(path: str) -> Measurement:
 def _load_traces(label: str, files: Sequence[str] | None = None) -> Measurement:
     # Lazy: the trace reader and summarizer are only needed for trace inputs.
     from stepcli.compare.attribution import op_steps_from_traces
+    from stepcli.traces.analysis import summarize
     from stepcli.traces.reader import load_paths
-    from stepcli.traces.summary import summarize
 
     traces: list[Trace] = load_paths(list(files or [label]))
     summary = summarize(traces).to_dict()

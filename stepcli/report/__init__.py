@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +27,8 @@ def write_html(html: str, path: str) -> None:
         tmp.write_text(html, encoding="utf-8")
         os.replace(tmp, target)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # on a read-only folder even this fails
+            tmp.unlink(missing_ok=True)
         raise StepcliError(f"{path}: cannot write the report: {exc.strerror or exc}") from None
 
 
@@ -74,9 +77,47 @@ def write_run_report(summary: dict[str, Any], log_dir: str, traces: RunTraces | 
     from stepcli.run.summary import write_run_summary
 
     out_dir = str(summary["out_dir"])
-    write_run_summary(summary, os.path.join(log_dir, SUMMARY_FILE))
+    try:
+        write_run_summary(summary, os.path.join(log_dir, SUMMARY_FILE))
+    except StepcliError as exc:  # its message names --json, which this file is not
+        raise StepcliError(f"cannot save the run summary in {log_dir}: {exc.message.rsplit(': ', 1)[-1]}") from None
     paths = [p for p in summary.get("traces") or [] if os.path.exists(p)]
     data = build(summary, step_logs(Path(log_dir)), paths, traces=traces)
-    path = os.path.join(out_dir, REPORT_NAME)
-    write_html(render(data, path), path)
+    path = run_report_path(out_dir)
+    html = render(data, path)
+    if os.path.basename(path) == REPORT_NAME:
+        write_html(html, path)
+    else:
+        _write_new_file(html, path)
+        sys.stderr.write(
+            f"stepcli: {REPORT_NAME} in {out_dir} was not written by stepcli: kept, this run's page is {path}\n"
+        )
     return path, [advice.line() for advice in data.advice]
+
+
+def run_report_path(out_dir: str) -> str:
+    """report.html, unless a file of that name that stepcli did not write is there (the user's own page is never
+    overwritten): then the first free report-N.html."""
+    path = os.path.join(out_dir, REPORT_NAME)
+    if not os.path.lexists(path) or (os.path.isfile(path) and not os.path.islink(path) and _made_by_stepcli(path)):
+        return path
+    stem, suffix = os.path.splitext(REPORT_NAME)
+    number = 2
+    while os.path.lexists(os.path.join(out_dir, f"{stem}-{number}{suffix}")):
+        number += 1
+    return os.path.join(out_dir, f"{stem}-{number}{suffix}")
+
+
+def _write_new_file(html: str, path: str) -> None:
+    """Write `path` only if nothing is there yet, even a file that appeared a moment ago (a hard link never
+    replaces an existing name)."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(html, encoding="utf-8")
+        os.link(tmp, target)
+    except OSError as exc:
+        raise StepcliError(f"{path}: cannot write the report: {exc.strerror or exc}") from None
+    finally:
+        with contextlib.suppress(OSError):  # on a read-only folder even this fails
+            tmp.unlink(missing_ok=True)

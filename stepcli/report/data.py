@@ -2,7 +2,7 @@
 
 The run summary's layout is read only through the small accessors at the top of this module (`_process_steps`,
 `_summary_*`), so a new schema version changes one place. Numbers come from the existing engine
-(`stepcli.traces.summary.summarize`, the run summary); nothing here recomputes an operator table.
+(`stepcli.traces.analysis.summarize`, the run summary); nothing here recomputes an operator table.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from stepcli.agent.config import STEP_LOG_SUFFIX
 from stepcli.errors import StepcliError, TraceError
 from stepcli.run.advice import Advice, Evidence, advise
 from stepcli.run.compiles import compiled_steps
+from stepcli.run.deviceadvice import advise_device
 from stepcli.stats import Stats, describe
 
 if TYPE_CHECKING:
+    from stepcli.traces.model import FilePart
     from stepcli.traces.readonce import RunTraces
-    from stepcli.traces.summary import FilePart
 
 TOP_ROWS = 25  # operator rows per table in the page (sortable); the terminal shows 10
 RUN_SCHEMA = "stepcli.run"
@@ -187,6 +188,7 @@ class ReportData:
     stats: list[tuple[str, Stats]] = field(default_factory=list)
     breakdowns: list[tuple[str, dict[str, float]]] = field(default_factory=list)
     device: dict[str, float] | None = None
+    device_ranks: list[dict[str, Any]] = field(default_factory=list)  # ranks[] entries, each with its `device`
     cpu_ops: list[dict[str, Any]] = field(default_factory=list)
     outside_note: str | None = None  # host events outside every recorded step, left out of cpu_ops
     kernels: list[dict[str, Any]] = field(default_factory=list)
@@ -277,9 +279,9 @@ def build(
     `traces` holds what was already read of these files (after `stepcli run`, by the run summary); without it
     they are read here, once.
     """
+    from stepcli.traces.analysis import merge_parts
     from stepcli.traces.readonce import RunTraces
     from stepcli.traces.render import outside_note
-    from stepcli.traces.summary import merge_parts
 
     traces = traces if traces is not None else RunTraces()
     data = ReportData(title="stepcli report")
@@ -339,6 +341,7 @@ def build(
         data.outside_note = outside_note(analysis.get("outside_steps"))
         data.kernels = analysis["device_kernels"]
         data.device = analysis["device"]
+        data.device_ranks = analysis["ranks"]
         parts_by_rank: dict[int | None, list[FilePart]] = {}
         for plain, _shaped in parts:
             parts_by_rank.setdefault(plain.rank, []).append(plain)
@@ -360,6 +363,7 @@ def build(
         data.cpu_ops = list(summary.get("top_operators") or [])
         data.kernels = list(summary.get("top_kernels") or [])
         data.device = summary.get("device")
+        data.device_ranks = list(summary.get("ranks") or [])
         if summary.get("breakdown_ms"):
             data.breakdowns.append(("recorded steps", summary["breakdown_ms"]))
         if summary.get("slowest_rank") is not None:
@@ -395,19 +399,19 @@ def build(
         if analysis
         else sum((r.get("step_ms") or {}).get("count", 0) for r in (summary or {}).get("ranks") or [])
     )
-    data.advice = advise(
-        Evidence(
-            breakdown_ms=_mean_breakdown(data.breakdowns),
-            device_busy_share=(data.device or {}).get("busy_share"),
-            cpu_ops=data.cpu_ops,
-            kernels=data.kernels,
-            recorded_steps=recorded_steps,
-            rank_steps=rank_steps,
-            untouched_ms=[(s, v) for s, v, c in zip(lead.steps, lead.values_ms, lead.phases) if c == "0" and s != 0]
-            if lead
-            else (),
-        )
+    evidence = Evidence(
+        breakdown_ms=_mean_breakdown(data.breakdowns),
+        device_busy_share=(data.device or {}).get("busy_share"),
+        cpu_ops=data.cpu_ops,
+        kernels=data.kernels,
+        recorded_steps=recorded_steps,
+        rank_steps=rank_steps,
+        untouched_ms=[(s, v) for s, v, c in zip(lead.steps, lead.values_ms, lead.phases) if c == "0" and s != 0]
+        if lead
+        else (),
+        device=data.device,
     )
+    data.advice = advise(evidence) + advise_device(evidence)
     data.cpu_ops = data.cpu_ops[:TOP_ROWS]
     data.kernels = data.kernels[:TOP_ROWS]
     return data

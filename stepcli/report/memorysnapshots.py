@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from html import escape
 from typing import Any
 
 from stepcli.errors import StepcliError
+from stepcli.fmt import html_escape as escape
 from stepcli.report.svg import WIDTH, fmt_bytes, nice_max
 from stepcli.snapshots.advice import advise, size
 from stepcli.snapshots.analysis import analyze

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from html import escape
 from typing import Any
 from urllib.parse import quote
 
 from stepcli import __version__
+from stepcli.fmt import html_escape as escape
 from stepcli.report import GENERATOR, svg
 from stepcli.report.data import ReportData
+from stepcli.report.gpu import gpu_section
 from stepcli.report.memorysnapshots import snapshot_section
 from stepcli.report.steprecord import step_record_section
 from stepcli.traces.render import shorten
@@ -267,6 +268,7 @@ def render(data: ReportData, report_path: str) -> str:
     if data.kernels:
         add('<h2 id="kernels">Top device kernels</h2>')
         add(_ops_table(data.kernels, "kernels"))
+    add(gpu_section(data.device, data.device_ranks))
     if data.shape_ops:
         add('<h2 id="shapes">CPU operators by input shape</h2>')
         add(_ops_table(data.shape_ops, "shape-ops", with_shape=True))

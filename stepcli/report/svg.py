@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from html import escape
+
+from stepcli.fmt import html_escape as escape
 
 WIDTH = 960
 MAX_POINTS = 1200  # per curve; more than the chart has pixel columns

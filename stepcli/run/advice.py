@@ -49,7 +49,8 @@ SYNC_NAMES = (
     "hipDeviceSynchronize",
     "hipEventSynchronize",
 )
-_COMPILED_REGION = re.compile(r"Torch-Compiled Region: (\d+)/(\d+)")
+# Bounded digits: any program can name a record_function so, and int() refuses over 4,300 digits.
+_COMPILED_REGION = re.compile(r"Torch-Compiled Region: (\d{1,9})/(\d{1,9})(?!\d)")
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ class Evidence:
     recorded_steps: int = 0
     rank_steps: Mapping[int, Sequence[float]] = field(default_factory=dict)  # rank -> step times, step-aligned
     untouched_ms: Sequence[tuple[int, float]] = ()  # (step number, ms) of one process
+    device: Mapping[str, Any] | None = None  # the summary's `device` figures (stepcli.run.deviceadvice reads them)
 
 
 def _pct(share: float) -> str:

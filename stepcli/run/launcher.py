@@ -510,7 +510,10 @@ def _html_report(
         path, advice = write_run_report(summary, config.log_dir, traces)
         return path, advice
     except Exception as exc:  # the program's result and the terminal summary must survive a bug in the page
-        _say(f"could not write report.html ({type(exc).__name__}: {exc})")
+        reason = exc.message if isinstance(exc, StepcliError) else f"{type(exc).__name__}: {exc}"
+        summary["notes"].append(f"report.html not written: {reason}")  # a full or read-only folder, say
+        if request.quiet:
+            _say(f"could not write report.html: {reason}")
         return None, []
 
 

@@ -124,16 +124,16 @@ def trace_problem(path: str, recorded_bytes: int, out_dir: str, since: float) ->
     return None
 
 
-def load_step_logs(config: AgentConfig, since: float) -> tuple[list[dict[str, Any]], str | None]:
-    """The run's trustworthy step logs (windows with untrusted traces removed) and one note naming what was
-    refused, or None. `since` is the run's start (epoch seconds)."""
+def load_step_logs(config: AgentConfig, since: float) -> tuple[list[dict[str, Any]], list[str]]:
+    """The run's trustworthy step logs (windows with untrusted traces removed) and notes: one naming what was
+    refused, one per process whose final step log is missing. `since` is the run's start (epoch seconds)."""
     folder = config.log_dir
     logs: list[dict[str, Any]] = []
     refused: list[str] = []
     try:
         names = sorted(os.listdir(folder))
     except OSError:
-        return logs, None
+        return logs, []
     for name in names:
         if name.startswith(".") or not name.endswith(STEP_LOG_SUFFIX):
             continue
@@ -152,12 +152,52 @@ def load_step_logs(config: AgentConfig, since: float) -> tuple[list[dict[str, An
                 refused.append(f"trace {window['trace']} ({why})")
         log["windows"] = kept
         logs.append(log)
-    if not refused:
-        return logs, None
-    shown = "; ".join(refused[:_MAX_SHOWN]) + (
-        f"; +{len(refused) - _MAX_SHOWN} more" if len(refused) > _MAX_SHOWN else ""
+    notes = [stale_log_note(log, config, since) for log in logs if log["exit"] == "running"]
+    if refused:
+        shown = "; ".join(refused[:_MAX_SHOWN]) + (
+            f"; +{len(refused) - _MAX_SHOWN} more" if len(refused) > _MAX_SHOWN else ""
+        )
+        notes.insert(0, f"ignored {len(refused)} file(s) this run's processes did not write as recorded: {shown}")
+    return logs, notes
+
+
+def stale_log_note(log: dict[str, Any], config: AgentConfig, since: float) -> str:
+    """A step log still marked "running" after the program ended is one the process wrote before its end, not the
+    final one: its steps, statistics and traces stop there. Say so, and why when the folder tells (full or
+    read-only), instead of a summary that is silently short."""
+    from stepcli.agent.output import folder_problem
+
+    problem = folder_problem(config.log_dir) if os.path.isdir(config.log_dir) else None
+    why = (
+        f"could not be written ({problem.strerror or problem} in {config.log_dir})"
+        if problem is not None
+        else "was never written (the process was killed, or could not write it)"
     )
-    return logs, f"ignored {len(refused)} file(s) this run's processes did not write as recorded: {shown}"
+    listed = {os.path.realpath(w["trace"]) for w in log["windows"]}
+    unlisted = [path for path in _traces_of(log["worker"], config.out_dir, since) if path not in listed]
+    more = (
+        f"; {len(unlisted)} more of its traces are in {config.out_dir} (stepcli table reads them)" if unlisted else ""
+    )
+    return (
+        f"{log['worker']}: its step log is from step {log['global_steps']} and its final one {why}: its later "
+        f"steps and traces are missing from this summary{more}"
+    )
+
+
+def _traces_of(worker: str, out_dir: str, since: float) -> list[str]:
+    """Traces named after `worker` written in `out_dir` (or its window folders) since the run started."""
+    found = []
+    for folder, dirs, names in os.walk(out_dir):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]  # .stepcli/ holds no trace
+        for name in names:
+            path = os.path.join(folder, name)
+            if name.startswith(f"{worker}.") and ".pt.trace.json" in name and not name.endswith(".tmp"):
+                try:
+                    if os.lstat(path).st_mtime >= since - 2.0:
+                        found.append(os.path.realpath(path))
+                except OSError:
+                    pass
+    return found
 
 
 def _read_log(path: str, key: str) -> tuple[str | None, dict[str, Any] | None]:

@@ -148,7 +148,7 @@ def _trace_analysis(trace_paths: list[str], notes: list[str], traces: RunTraces 
         return None
     try:
         if traces is not None:
-            from stepcli.traces.summary import merge_parts
+            from stepcli.traces.analysis import merge_parts
 
             return merge_parts([parts[0] for parts in traces.parts(trace_paths)]).to_dict()
         from stepcli.traces.engine import summarize_paths
@@ -178,7 +178,7 @@ def build_run_summary(
     logs.sort(key=lambda log: (log.get("rank") is None, log.get("rank") or 0, log.get("pid", 0)))
     primary = _primary(logs)
     untouched, profiled, first, foreign = _step_populations(logs)
-    notes: list[str] = [refused] if refused else []
+    notes: list[str] = list(refused)
     windows = [dict(window, worker=log["worker"]) for log in logs for window in log.get("windows", [])]
     windows.sort(key=lambda w: (w["first_step"], w["worker"]))
     trace_paths = [w["trace"] for w in windows if os.path.exists(w["trace"])]
@@ -291,6 +291,7 @@ def build_run_summary(
         "outside_steps": (analysis or {}).get("outside_steps"),
         "breakdown_ms": (analysis or {}).get("breakdown_ms"),
         "device": (analysis or {}).get("device"),
+        "flops": (analysis or {}).get("flops"),
         "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
         "compile": compile_summary(logs),
         "notes": notes,
@@ -322,7 +323,8 @@ def write_run_summary(summary: dict[str, Any], path: str) -> None:
         tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
         os.replace(tmp, target)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # on a read-only folder even this fails
+            tmp.unlink(missing_ok=True)
         raise StepcliError(f"--json {path}: {exc.strerror or exc}") from None
 
 
@@ -358,6 +360,11 @@ def sparkline(values: list[float], phases: str, width: int = 60) -> str:
 def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, report_path: str | None = None) -> None:
     """The summary on stderr after the program exits (stdout belongs to the program)."""
     from rich.console import Console
+
+    from stepcli.fmt import visible_all
+
+    summary, advice = visible_all(summary), visible_all(advice)  # names from traces: control characters shown
+    report_path = visible_all(report_path)
     from rich.markup import escape
     from rich.table import Table
 
@@ -420,6 +427,7 @@ def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, 
 
     if summary["top_operators"] or summary["top_kernels"]:
         from stepcli.traces import render
+        from stepcli.traces.devicerender import print_device_section
 
         width = console.width
         share_of = summary.get("share_of") or "recorded step time"
@@ -437,6 +445,7 @@ def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, 
             )
         if summary.get("breakdown_ms"):
             console.print(render.breakdown_table(summary["breakdown_ms"], summary.get("device")))
+        print_device_section(summary, console)
         if len(summary.get("ranks", [])) > 1:
             title = "Recorded step time per rank"
             console.print(render.ranks_table(summary["ranks"], summary.get("slowest_rank"), title=title, width=width))

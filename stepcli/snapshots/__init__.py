@@ -4,6 +4,6 @@ Owns reading snapshots safely (reader: plain data only, never a class), replayin
 (replay), the split into parameters / gradients / optimizer state / activations / other (categories), the
 figures at the peak or the out-of-memory error (analysis), advice with its evidence (advice) and the terminal and
 JSON rendering (render); `command` wires them for the CLI.
-May import: stepcli.errors, stepcli.inputs, and the names the agent writes (stepcli.agent.cudamemory: file names,
-the step tag). Never run/, compare/, report/ or traces/.
+May import: stepcli.errors, stepcli.fmt, stepcli.inputs, and the names the agent writes (stepcli.agent.cudamemory:
+file names, the step tag). Never run/, compare/, report/ or traces/.
 """

@@ -28,5 +28,7 @@ def memory_main(path: str, *, as_json: bool, top: int) -> int:
     if as_json:
         click.echo(to_json(reports))
     else:
-        click.echo("\n\n".join(to_text(report) for report in reports))
+        from stepcli.fmt import visible_all  # file and function names from the snapshot: control characters shown
+
+        click.echo("\n\n".join(to_text(visible_all(report)) for report in reports))
     return EXIT_OK

@@ -3,5 +3,6 @@
 Owns reading Kineto/Chrome traces (reader, columns, splitread), the operator analysis (arrays, summary),
 reading many files (engine, cluster), per-rank and share figures (ranks, shares), memory curves (memory),
 the run end's single read of its traces (readonce), and rendering of `table` (render).
-May import: stepcli.errors, stepcli.inputs, stepcli.stats. Never run/, compare/, report/ or agent/.
+May import: stepcli.errors, stepcli.fmt, stepcli.inputs, stepcli.stats.
+Never run/, compare/, report/ or agent/.
 """

@@ -7,7 +7,7 @@ was popped by a later event that also contains everything it would have containe
 search on end times, done here for every event at once by binary lifting over range maxima. torch's
 `_remove_dup_nodes` (an only child with its parent's name is folded into the parent) is then a few array passes.
 
-`stepcli.traces.summary._analyze` is the readable per-event reference this must equal; it is still used for traces whose
+`stepcli.traces.reference.analyze_events` is the readable per-event reference this must equal; it is still used for traces whose
 times do not fit 64-bit nanoseconds (the reference uses Python integers).
 """
 
@@ -21,17 +21,20 @@ import numpy as np
 if TYPE_CHECKING:
     from stepcli.traces.reader import Event
 
-# Category kinds (the reference only tells these apart).
-OTHER_CPU, USER_ANNOTATION, PYTHON_FUNCTION, DEVICE = 0, 1, 2, 3
-_KIND_CATEGORY = ("cpu_op", "user_annotation", "python_function", "kernel")
-_DEVICE = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+# Category kinds (the reference only tells these apart). DEVICE and MEMORY are device work: a kernel, a copy or set.
+OTHER_CPU, USER_ANNOTATION, PYTHON_FUNCTION, DEVICE, MEMORY = 0, 1, 2, 3, 4
+_KIND_CATEGORY = ("cpu_op", "user_annotation", "python_function", "kernel", "gpu_memcpy")
+_MEMORY = frozenset({"gpu_memcpy", "gpu_memset"})
+_DEVICE_CATEGORIES = _MEMORY | {"kernel"}
 _LIMIT_NS = 2**62  # times and sums past this could overflow int64 or lose float64 exactness: use the reference
 _EXACT_FLOAT = 2**53
 
 
 def kind_of(category: str) -> int:
-    if category in _DEVICE:
+    if category == "kernel":
         return DEVICE
+    if category in _MEMORY:
+        return MEMORY
     if category == "user_annotation":
         return USER_ANNOTATION
     if category == "python_function":
@@ -50,6 +53,10 @@ class Columns:
     ts: np.ndarray  # float64 microseconds, as in the file
     dur: np.ndarray  # float64 microseconds
     shape: np.ndarray  # int32 index into shapes
+    corr: np.ndarray  # int64 correlation id (launch call <-> device work), -1: none
+    # event index -> (bytes, collective, in nelems, out nelems, group size, dtype) of the device events that have
+    # them (stepcli.traces.reader.transfer_args): copies and collectives only, so a dict, not a column
+    transfers: dict[int, tuple[int, str, int, int, int, str]] = field(default_factory=dict)
     names: list[str] = field(default_factory=list)
     ids: list[int | str] = field(default_factory=list)
     shapes: list[str] = field(default_factory=lambda: [""])
@@ -59,19 +66,38 @@ class Columns:
 
     def to_events(self) -> list[Event]:
         """The events again (for the per-event reference)."""
-        from stepcli.traces.reader import Event
+        from stepcli.traces.reader import Event, EventArgs
+
+        def args_of(correlation: int, transfer: tuple[int, str, int, int, int, str] | None) -> EventArgs | None:
+            if transfer is None:
+                return EventArgs(correlation=correlation) if correlation >= 0 else None
+            size, collective, in_nelems, out_nelems, group_size, dtype = transfer
+            return EventArgs(correlation, size, collective, in_nelems, out_nelems, group_size, dtype)
 
         names, ids, shapes = self.names, self.ids, self.shapes
         return [
-            Event(name=names[n], cat=_KIND_CATEGORY[k], ph="X", pid=ids[p], tid=ids[t], ts=s, dur=d, shape=shapes[h])
-            for n, k, p, t, s, d, h in zip(
-                self.name.tolist(),
-                self.kind.tolist(),
-                self.pid.tolist(),
-                self.tid.tolist(),
-                self.ts.tolist(),
-                self.dur.tolist(),
-                self.shape.tolist(),
+            Event(
+                name=names[n],
+                cat=_KIND_CATEGORY[k],
+                ph="X",
+                pid=ids[p],
+                tid=ids[t],
+                ts=s,
+                dur=d,
+                shape=shapes[h],
+                args=args_of(c, self.transfers.get(i)),
+            )
+            for i, (n, k, p, t, s, d, h, c) in enumerate(
+                zip(
+                    self.name.tolist(),
+                    self.kind.tolist(),
+                    self.pid.tolist(),
+                    self.tid.tolist(),
+                    self.ts.tolist(),
+                    self.dur.tolist(),
+                    self.shape.tolist(),
+                    self.corr.tolist(),
+                )
             )
         ]
 
@@ -90,10 +116,25 @@ def columns_from_events(events: list[Event]) -> Columns:
         ts=np.fromiter((e.ts for e in events), np.float64, n),
         dur=np.fromiter((e.dur for e in events), np.float64, n),
         shape=np.fromiter((shapes.setdefault(e.shape, len(shapes)) for e in events), np.int32, n),
+        corr=np.fromiter((-1 if e.args is None else e.args.correlation for e in events), np.int64, n),
+        transfers=_transfers_of(events),
         names=list(names),
         ids=list(ids),
         shapes=list(shapes),
     )
+
+
+def _transfers_of(events: list[Event]) -> dict[int, tuple[int, str, int, int, int, str]]:
+    """Copy sizes and collective metadata of the device events (stepcli.traces.reader.transfer_args)."""
+    from stepcli.traces.reader import transfer_args
+
+    out = {}
+    for index, event in enumerate(events):
+        if event.args is not None and event.cat in _DEVICE_CATEGORIES:
+            found = transfer_args(event.args)
+            if found is not None:
+                out[index] = found
+    return out
 
 
 class TooLarge(Exception):

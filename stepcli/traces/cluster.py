@@ -8,11 +8,100 @@ at the same absolute paths (a shared file system).
 from __future__ import annotations
 
 import os
+import re
+import socket
+import sys
+import threading
+import time
 from typing import Any, Callable
 
 from stepcli.errors import StepcliError
 
 _INSTALL = "--scheduler needs Dask's distributed package: pip install 'stepcli[dask]'"
+CONNECT_TIMEOUT_S = 10.0  # the whole check: name lookup, TCP connection and the scheduler's first message
+_MAX_HANDSHAKE_BYTES = 1 << 20  # a scheduler's greeting is a few hundred bytes
+_ADDRESS = re.compile(r"(?:tcp://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>[0-9]{1,5})/?")
+
+
+def parse_scheduler(address: str) -> tuple[str, int]:
+    """(host, port) of `tcp://HOST:PORT` (or `HOST:PORT`); StepcliError (exit 2) for anything else, before any
+    connection is tried."""
+    scheme = address.split("://", 1)[0] if "://" in address else None
+    if scheme is not None and scheme != "tcp":
+        raise StepcliError(f"--scheduler {address}: {scheme}:// is not supported; give tcp://HOST:PORT")
+    match = _ADDRESS.fullmatch(address)
+    if match is None:
+        raise StepcliError(f"--scheduler {address}: not a scheduler address; give tcp://HOST:PORT")
+    port = int(match["port"])
+    if not 0 < port < 65536:
+        raise StepcliError(f"--scheduler {address}: port {port} is not between 1 and 65535")
+    return match["host"].strip("[]"), port
+
+
+def check_scheduler(address: str, host: str, port: int, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Within `timeout` seconds in all: the host resolves, accepts a TCP connection and greets as a Dask
+    scheduler does (it sends its handshake first: an 8-byte little-endian length, then that many bytes). Anything
+    else is one StepcliError, so Dask never waits on a silent listener or sizes a buffer from garbage."""
+    deadline = time.monotonic() + timeout
+    where = f"the Dask scheduler at {address}"
+    addresses = _resolve(host, port, timeout)
+    if addresses is None:
+        raise StepcliError(f"cannot reach {where}: no answer from the name lookup within {timeout:.0f} s")
+    if isinstance(addresses, OSError):
+        raise StepcliError(f"cannot reach {where}: {addresses.strerror or addresses}")
+    try:
+        with socket.create_connection((addresses, port), timeout=max(0.1, deadline - time.monotonic())) as sock:
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            header = _receive(sock, 8)
+            size = int.from_bytes(header, "little") if len(header) == 8 else 0
+            greeting = _receive(sock, size) if 0 < size <= _MAX_HANDSHAKE_BYTES else b""
+    except socket.timeout:
+        raise StepcliError(f"cannot reach {where}: no answer within {timeout:.0f} s") from None
+    except OSError as exc:
+        raise StepcliError(f"cannot reach {where}: {exc.strerror or exc}") from None
+    if len(header) < 8:
+        raise StepcliError(f"{where} closed the connection without a greeting: not a Dask scheduler")
+    if not _is_framed(greeting, size):
+        raise StepcliError(f"{where} did not greet as a Dask scheduler does: not a Dask scheduler")
+
+
+def _is_framed(greeting: bytes, size: int) -> bool:
+    """Whether `greeting` is one message as Dask's TCP comm frames it: a frame count, each frame's length, the
+    frames, exactly `size` bytes in all."""
+    if len(greeting) != size or size < 8:
+        return False
+    count = int.from_bytes(greeting[:8], "little")
+    if not 0 < count <= (size - 8) // 8:
+        return False
+    lengths = [int.from_bytes(greeting[8 + 8 * i : 16 + 8 * i], "little") for i in range(count)]
+    return 8 + 8 * count + sum(lengths) == size
+
+
+def _resolve(host: str, port: int, timeout: float) -> str | OSError | None:
+    """The host's first address; None when the lookup does not answer within `timeout` (it cannot be cancelled,
+    so it runs on a daemon thread that is left behind)."""
+    answer: list[str | OSError] = []
+
+    def lookup() -> None:
+        try:
+            answer.append(str(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0]))
+        except OSError as exc:
+            answer.append(exc)
+
+    thread = threading.Thread(target=lookup, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return answer[0] if answer else None
+
+
+def _receive(sock: socket.socket, count: int) -> bytes:
+    data = b""
+    while len(data) < count:
+        piece = sock.recv(count - len(data))
+        if not piece:
+            break
+        data += piece
+    return data
 
 
 def cluster_results(
@@ -20,15 +109,20 @@ def cluster_results(
 ) -> list[Any]:
     """`work` (stepcli.traces.engine's per-file step) for every file on the cluster at `scheduler`, in file order, the
     results naming the files as given here."""
+    host, port = parse_scheduler(scheduler)
     try:
         from distributed import Client
     except ImportError:
         raise StepcliError(_INSTALL) from None
+    check_scheduler(scheduler, host, port)
     absolute = [os.path.abspath(f) for f in files]
     try:
-        client = Client(scheduler, timeout="10s", set_as_default=False)
-    except (OSError, TimeoutError, ValueError) as exc:
-        raise StepcliError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
+        client = Client(
+            f"tcp://{scheduler.split('://', 1)[-1]}", timeout=f"{CONNECT_TIMEOUT_S:.0f}s", set_as_default=False
+        )
+    except Exception as exc:  # whatever answered is not a scheduler Dask can use (MemoryError included)
+        sys.unraisablehook = _silent  # the half-built Client's __del__ would print a traceback at exit
+        raise StepcliError(f"cannot use the Dask scheduler at {scheduler}: {type(exc).__name__}: {exc}") from None
     try:
         futures = client.map(work, absolute, groupings=groupings, shapes=shapes, pure=False)
         results = client.gather(futures)
@@ -38,3 +132,7 @@ def cluster_results(
         for part in result if isinstance(result, list) else [result]:
             part.path = given
     return list(results)
+
+
+def _silent(unraisable: Any) -> None:
+    """sys.unraisablehook that prints nothing."""

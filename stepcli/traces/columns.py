@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from stepcli.traces.arrays import Columns, kind_of
+from stepcli.traces.arrays import DEVICE, Columns, kind_of
 from stepcli.traces.reader import (
     FILTERED_NAMES,
     KEPT_CATEGORIES,
@@ -23,10 +23,22 @@ from stepcli.traces.reader import (
     _read,
     _usable_name,
     rank_from_name,
+    transfer_args,
 )
 
 _NAME, _CAT, _PH, _PID, _TID, _TS, _DUR = (attrgetter(f) for f in ("name", "cat", "ph", "pid", "tid", "ts", "dur"))
 _ARGS = attrgetter("args")
+_CORRELATION = attrgetter("args.correlation")
+_BYTES = attrgetter("args.bytes")
+_COLLECTIVE = attrgetter("args.collective")
+
+
+def _correlations(events: Sequence[Any]) -> np.ndarray:
+    """The events' `args.correlation` (-1 where an event has none), in C unless some `args` is null."""
+    try:
+        return np.fromiter(map(_CORRELATION, events), np.int64, len(events))
+    except AttributeError:  # "args": null
+        return np.array([-1 if e.args is None else e.args.correlation for e in events], np.int64)
 
 
 def _subset(items: Sequence[Any], where: np.ndarray) -> Sequence[Any]:
@@ -87,6 +99,8 @@ class ColumnKeeper(_Keeper):
         # Per name code: 1 kept, 0 dropped silently (utility names), -1 skipped and counted (unusable step number).
         self._name_rule = np.zeros(0, np.int8)
         self._parts: list[tuple[np.ndarray, ...]] = []
+        self._rows = 0  # events kept so far
+        self._transfers: dict[int, tuple[int, str, int, int, int, str]] = {}
 
     def add(self, decoded: list[Any]) -> None:
         count = len(decoded)
@@ -122,7 +136,26 @@ class ColumnKeeper(_Keeper):
             shape = self._shape_codes.encode([self._shape_of(e) for e in kept])
         else:
             shape = np.zeros(len(kept), np.int32)
-        self._parts.append((names[where], kind[where], pid, tid, ts[where], dur[where], shape))
+        self._parts.append((names[where], kind[where], pid, tid, ts[where], dur[where], shape, _correlations(kept)))
+        self._take_transfers(kept, kind[where])
+        self._rows += len(kept)
+
+    def _take_transfers(self, kept: Sequence[Any], kind: np.ndarray) -> None:
+        """Copy sizes and collective metadata of the device events (stepcli.traces.reader.transfer_args)."""
+        device = np.nonzero(kind >= DEVICE)[0]
+        if not device.size:
+            return
+        events = _subset(kept, device)
+        try:
+            sizes = np.fromiter(map(_BYTES, events), np.int64, len(events))
+            named = np.fromiter(map(bool, map(_COLLECTIVE, events)), bool, len(events))
+        except AttributeError:  # "args": null
+            sizes = np.array([-1 if e.args is None else e.args.bytes for e in events], np.int64)
+            named = np.array([e.args is not None and bool(e.args.collective) for e in events], bool)
+        for at in np.nonzero((sizes >= 0) | named)[0].tolist():
+            found = transfer_args(events[at].args)
+            if found is not None:
+                self._transfers[self._rows + int(device[at])] = found
 
     def _rules(self, size: int) -> np.ndarray:
         """The per-name rule array, extended to the names seen so far."""
@@ -150,12 +183,14 @@ class ColumnKeeper(_Keeper):
         columns = other.columns()
         if len(columns):
             self._parts.append(_encode_again(self, columns))
+            self._transfers.update({self._rows + i: v for i, v in columns.transfers.items()})
+            self._rows += len(columns)
 
     def columns(self) -> Columns:
         parts = self._parts
-        types = (np.int32, np.int8, np.int32, np.int32, np.float64, np.float64, np.int32)
+        types = (np.int32, np.int8, np.int32, np.int32, np.float64, np.float64, np.int32, np.int64)
         arrays = [np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, t) for i, t in enumerate(types)]
-        name, kind, pid, tid, ts, dur, shape = arrays
+        name, kind, pid, tid, ts, dur, shape, corr = arrays
         return Columns(
             name=name,
             kind=kind,
@@ -164,6 +199,8 @@ class ColumnKeeper(_Keeper):
             ts=ts,
             dur=dur,
             shape=shape,
+            corr=corr,
+            transfers=self._transfers,
             names=list(self._name_codes.codes),
             ids=list(self._id_codes.codes),
             shapes=list(self._shape_codes.codes),
@@ -184,6 +221,7 @@ def _encode_again(keeper: ColumnKeeper, columns: Columns) -> tuple[np.ndarray, .
         columns.ts,
         columns.dur,
         shape_map[columns.shape],
+        columns.corr,
     )
 
 

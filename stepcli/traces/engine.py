@@ -1,5 +1,5 @@
 """Summarizing many trace files at once: each file is read and summarized on its own, in worker processes when
-there are several files and cores, and only the small per-file parts (stepcli.traces.summary.FilePart) come back to be
+there are several files and cores, and only the small per-file parts (stepcli.traces.model.FilePart) come back to be
 merged. Peak memory is a few files (one per worker), not the folder; the answers equal the serial path's.
 
 `table`, `report` and the run summary after `stepcli run` all go through `summarize_paths` / `file_parts`.
@@ -16,12 +16,13 @@ import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from stepcli.errors import StepcliError, TraceError
+from stepcli.traces.analysis import merge_parts, summarize_read
 from stepcli.traces.columns import ColumnTrace, load_columns
+from stepcli.traces.model import FilePart, TraceSummary
 from stepcli.traces.reader import list_trace_files
-from stepcli.traces.summary import FilePart, TraceSummary, merge_parts, summarize_read
 
 _T = TypeVar("_T")
 
@@ -32,6 +33,65 @@ def available_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # macOS has no sched_getaffinity
         return max(1, os.cpu_count() or 1)
+
+
+def worker_count(jobs: int | None, files: int) -> int:
+    """Worker processes for `files` files: `--jobs` (default: the available cores), never more than the files
+    nor the cores (more processes than cores only add memory: `--jobs 10000` must not fork 10,000)."""
+    wanted = jobs if jobs is not None else available_cores()
+    return max(1, min(wanted, available_cores(), files))
+
+
+# While a worker reads a .gz trace it holds the compressed bytes, the inflated bytes and the decoded columns.
+_GZIP_FOOTPRINT = 3
+_gzip_gate: Any = None  # in a worker: the semaphore bounding the .gz files read at once (None: no bound needed)
+
+
+def gzip_slots(files: Sequence[str], workers: int, memory: int | None = None) -> int:
+    """How many .gz traces may be inflated at once so that, together, they fit in half the available memory; at
+    least one (a file too large for the memory is read alone), at most `workers`. The inflated size comes from each
+    file's gzip trailer, bounded by the input limit (stepcli.inputs): a trailer that lies only ever reaches the
+    limit, which every read enforces."""
+    from stepcli.inputs import input_limit
+
+    sizes = [_inflated_size_hint(f) for f in files if f.endswith(".gz")]
+    memory = _memory_available() if memory is None else memory
+    if not sizes or workers <= 1 or memory is None:
+        return workers
+    per_read = _GZIP_FOOTPRINT * max(1, min(max(sizes), input_limit()))
+    return max(1, min(workers, (memory // 2) // per_read))
+
+
+def _inflated_size_hint(path: str) -> int:
+    """A gzip file's inflated size from its trailer (ISIZE, modulo 4 GiB), never less than its own size."""
+    try:
+        with open(path, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, size - 4))
+            return max(size, int.from_bytes(handle.read(4), "little"))
+    except OSError:
+        return 0
+
+
+def _memory_available() -> int | None:
+    """MemAvailable (Linux), else the physical memory; None when neither is known."""
+    try:
+        with open("/proc/meminfo", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _set_gzip_gate(gate: Any) -> None:
+    """Pool initializer: the shared semaphore this worker takes around each .gz read."""
+    global _gzip_gate
+    _gzip_gate = gate
 
 
 # Ranges per core when one big file is cut (measured on 2 cores: more ranges cost more than they balance).
@@ -53,6 +113,14 @@ def _part_of(path: str, groupings: tuple[bool, ...], shapes: bool) -> list[FileP
     except TraceError as exc:
         return _Failed(exc.path, exc.problem)
     return _summarized(trace, groupings)
+
+
+def _gated(function: Callable[[str], _T], path: str) -> _T:
+    """`function(path)` in a worker, holding the pool's .gz semaphore while a .gz file is read (and its decoded
+    data alive)."""
+    gate = _gzip_gate if path.endswith(".gz") else None
+    with gate if gate is not None else contextlib.nullcontext():
+        return function(path)
 
 
 def _summarized(trace: ColumnTrace, groupings: tuple[bool, ...]) -> list[FilePart]:
@@ -82,11 +150,15 @@ def _split_parts(path: str, groupings: tuple[bool, ...], shapes: bool, cores: in
 
 
 @contextlib.contextmanager
-def _worker_pool(workers: int, context: multiprocessing.context.BaseContext) -> Iterator[ProcessPoolExecutor]:
+def _worker_pool(
+    workers: int, context: multiprocessing.context.BaseContext, gzip_at_once: int | None = None
+) -> Iterator[ProcessPoolExecutor]:
     """A process pool that leaves no worker behind: when using it fails, the workers it started are killed. A
     forking pool starts all its workers at the first task; if one fork is refused (a container's process limit),
-    those already forked wait for work forever, and the pool's shutdown and this process's exit wait for them."""
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    those already forked wait for work forever, and the pool's shutdown and this process's exit wait for them.
+    `gzip_at_once`: at most that many workers inflate a .gz trace at the same time."""
+    gate = context.BoundedSemaphore(gzip_at_once) if gzip_at_once is not None and gzip_at_once < workers else None
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_set_gzip_gate, initargs=(gate,))
     try:
         yield pool
     except BaseException:
@@ -145,7 +217,7 @@ def file_parts(
         from stepcli.traces.cluster import cluster_results
 
         return _checked(cluster_results(scheduler, _part_of, files, groupings, shapes))
-    cores = jobs if jobs is not None else available_cores()
+    cores = worker_count(jobs, len(files)) if len(files) > 1 else min(jobs or available_cores(), available_cores())
     if len(files) == 1 and cores > 1:
         split = _split_parts(files[0], groupings, shapes, cores)
         if split is not None:
@@ -157,11 +229,11 @@ def map_files(function: Callable[[str], _T], files: Sequence[str], jobs: int | N
     """`function(file)` for each file, in order: in worker processes when there are several files and cores
     (`function` must be picklable, e.g. a module-level function or a partial of one, and return picklable data),
     else in this process. If no worker can start, the files are done here, one after another."""
-    workers = min(jobs if jobs is not None else available_cores(), len(files))
+    workers = worker_count(jobs, len(files))
     if workers > 1:
         try:
-            with _worker_pool(workers, _context()) as pool:
-                return list(pool.map(function, files))
+            with _worker_pool(workers, _context(), gzip_slots(files, workers)) as pool:
+                return list(pool.map(functools.partial(_gated, function), files))
         except BrokenProcessPool:
             raise StepcliError(
                 f"a worker process reading the traces died (out of memory?); try again with fewer, e.g. --jobs {max(1, workers // 2)}"

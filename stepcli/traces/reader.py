@@ -21,17 +21,17 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import msgspec
 
 from stepcli.errors import TraceError
 from stepcli.inputs import read_input
+from stepcli.traces.files import list_trace_files, rank_from_name
+from stepcli.traces.jsonvalues import as_id, as_text, as_time, is_int64
 
 # Kineto categories whose events run on a CPU thread and that torch's `key_averages()` counts as operators
 # (it also nests python_function events with ops, so they must take part in self-time accounting).
@@ -73,7 +73,6 @@ FILTERED_NAMES = frozenset(
 _CHUNK_BYTES = 1024 * 1024  # decoded objects of a slice stay in the CPU's caches (measured: 1 MB beats 8 MB)
 _EVENT_SEPARATOR = re.compile(rb"\}\s*,\s*\{")
 _TRACE_EVENTS_KEY = re.compile(rb'(?<!\\)"traceEvents"\s*:\s*\[')
-_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _BARE_CONSTANT = re.compile(rb"-?(?:NaN|Infinity)")
 _MAX_RANK = 2**31 - 1
 _MAX_STEP = 2**63 - 1
@@ -89,7 +88,9 @@ INCOMPLETE_STEP_KEY = "stepcli_incomplete_step"
 class Event(msgspec.Struct, gc=False):
     """One trace event with only the fields stepcli reads; times in microseconds, as in the Chrome trace format.
 
-    `shape` is not a trace field: the loader fills it from `args["Input Dims"]` when shapes are asked for.
+    `shape` is not a trace field: the loader fills it from `args["Input Dims"]` when shapes are asked for. `args`
+    holds only what stepcli reads of the event's args (EventArgs: the correlation id linking a launch call to the
+    device work it queued, a copy's size, a collective's metadata), or None.
     """
 
     name: str = ""
@@ -99,7 +100,28 @@ class Event(msgspec.Struct, gc=False):
     tid: int | str = 0
     ts: float = 0.0
     dur: float = 0.0
+    args: Any = None  # EventArgs or None
     shape: str = msgspec.field(default="", name="__stepcli_shape__")
+
+
+class EventArgs(msgspec.Struct, gc=False):
+    """The few `args` fields stepcli reads (decoding more of args costs time on every event)."""
+
+    correlation: int = -1
+    # a copy's size, and a collective's (NCCL metadata torch records): stepcli.traces.collectives reads them
+    bytes: int = -1
+    collective: str = msgspec.field(default="", name="Collective name")
+    in_nelems: int = msgspec.field(default=-1, name="In msg nelems")
+    out_nelems: int = msgspec.field(default=-1, name="Out msg nelems")
+    group_size: int = msgspec.field(default=-1, name="Group size")
+    dtype: str = ""
+
+
+def transfer_args(args: EventArgs | None) -> tuple[int, str, int, int, int, str] | None:
+    """(bytes, collective, in nelems, out nelems, group size, dtype) of a device event, or None without any."""
+    if args is None or (args.bytes < 0 and not args.collective):
+        return None
+    return (args.bytes, args.collective, args.in_nelems, args.out_nelems, args.group_size, args.dtype)
 
 
 class _DecodedEvent(Event, gc=False):
@@ -107,10 +129,14 @@ class _DecodedEvent(Event, gc=False):
 
     ts: float = math.nan
     dur: float = math.nan
+    args: EventArgs | None = None
 
 
-class _ShapeArgs(msgspec.Struct, gc=False):
+class _ShapeArgs(EventArgs, gc=False):
     dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
+
+
+_NO_DIMS = msgspec.Raw(b"")
 
 
 class _ShapedEvent(_DecodedEvent, gc=False):
@@ -220,53 +246,6 @@ def load_paths(paths: Sequence[str], *, shapes: bool = False) -> list[Trace]:
     With `shapes`, each operator event also carries its recorded input shapes (for grouping by shape).
     """
     return [load_trace(file, shapes=shapes) for file in list_trace_files(paths)]
-
-
-def list_trace_files(paths: Sequence[str]) -> list[str]:
-    """The trace files `paths` name (files, or folders searched recursively), in a stable order, each once."""
-    files: list[str] = []
-    for path in paths:
-        files.extend(_expand(path))
-    seen: set[str] = set()
-    unique: list[str] = []
-    for file in files:
-        key = os.path.realpath(file)
-        if key in seen:
-            continue
-        seen.add(key)
-        unique.append(file)
-    return unique
-
-
-def _expand(path: str) -> list[str]:
-    """A file stands for itself; a folder for the traces under it (hidden and temporary names skipped)."""
-    if os.path.isdir(path):
-        found = sorted(_walk(Path(path)))
-        # A run folder can also hold manifests and summaries; when torch-named traces are there, use only those.
-        named = [p for p in found if ".pt.trace.json" in Path(p).name]
-        found = named or found
-        if not found:
-            raise TraceError(path, "no .json or .json.gz trace files in this folder")
-        return found
-    if not os.path.exists(path):
-        raise TraceError(path, "no such file or folder")
-    return [path]
-
-
-def _walk(root: Path) -> Iterator[str]:
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for name in filenames:
-            if name.startswith(".") or ".tmp" in name:
-                continue
-            if name.endswith(".json") or name.endswith(".json.gz"):
-                yield os.path.join(dirpath, name)
-
-
-def rank_from_name(path: str) -> int | None:
-    """The N of a `rank<N>` in the file name (tensorboard_trace_handler's worker_name, stepcli's rank files)."""
-    match = _RANK_IN_NAME.search(os.path.basename(path))
-    return int(match.group(1)) if match else None
 
 
 def load_trace(path: str, *, shapes: bool = False) -> Trace:
@@ -381,10 +360,10 @@ class _Keeper:
 
     def _take_shape(self, event: _ShapedEvent) -> None:
         args = event.args
-        event.args = None
         if args is None or not args.dims:
             return
         raw = bytes(args.dims)
+        args.dims = _NO_DIMS  # the text is interned below: the event keeps its key, not the raw JSON
         key = self._shape_keys.get(raw)
         if key is None:
             key = self._shape_keys[raw] = " ".join(raw.decode("utf-8", "replace").split())
@@ -489,50 +468,22 @@ def _decode_lenient(
         if not isinstance(raw, dict):
             continue
         event = _ShapedEvent(
-            name=_text(raw.get("name", "")),
-            cat=_text(raw.get("cat", "")),
-            ph=_text(raw.get("ph", "X")),
-            pid=_id(raw.get("pid", 0)),
-            tid=_id(raw.get("tid", 0)),
-            ts=_time(raw.get("ts")),
-            dur=_time(raw.get("dur")),
+            name=as_text(raw.get("name", "")),
+            cat=as_text(raw.get("cat", "")),
+            ph=as_text(raw.get("ph", "X")),
+            pid=as_id(raw.get("pid", 0)),
+            tid=as_id(raw.get("tid", 0)),
+            ts=as_time(raw.get("ts")),
+            dur=as_time(raw.get("dur")),
         )
         args = raw.get("args")
-        if shapes and isinstance(args, dict) and "Input Dims" in args:
-            event.args = _ShapeArgs(dims=msgspec.Raw(msgspec.json.encode(args["Input Dims"])))
+        if isinstance(args, dict):
+            link: Any = args.get("correlation")
+            event.args = _ShapeArgs(correlation=link if is_int64(link) else -1)
+            if shapes and "Input Dims" in args:
+                event.args.dims = msgspec.Raw(msgspec.json.encode(args["Input Dims"]))
         events.append(event)
     keeper = keeper_type(shapes)
     keeper.add(events)
     keeper.count = len(document["traceEvents"])
     return _Meta(rank, _step_number(document.get(INCOMPLETE_STEP_KEY))), keeper
-
-
-def _time(value: Any) -> float:
-    """A number or numeric string as a float; anything else (missing, null, bool, list, other text) as NaN, and an
-    integer too big for a float as inf: either way the event is skipped and counted, like 1e400."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return math.nan
-    try:
-        return float(value)
-    except OverflowError:
-        return math.inf
-    except ValueError:
-        return math.nan
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else _short_repr(value)
-
-
-def _short_repr(value: Any) -> str:
-    """str() of a JSON value, bounded: a huge nested value must not become a huge name."""
-    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
-        return "<integer past 64 bits>"  # str() of a 5000-digit int raises in Python >= 3.11
-    text = str(value) if isinstance(value, (int, float, bool)) or value is None else type(value).__name__
-    return text[:200]
-
-
-def _id(value: Any) -> int | str:
-    if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
-        return value
-    return value if isinstance(value, str) else _short_repr(value)

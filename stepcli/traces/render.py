@@ -10,12 +10,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, Callable
 
+from stepcli.fmt import visible_all
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    from stepcli.traces.summary import TraceSummary
+    from stepcli.traces.model import TraceSummary
 
 SORT_KEYS = ("self", "total", "calls", "avg", "name")
 FORMATS = ("rich", "json", "csv", "markdown")
@@ -68,7 +70,7 @@ def _skipped_note(count: int) -> str:
 
 def outside_note(outside: Mapping[str, Any] | None) -> str | None:
     """The line under an operator table when host events outside every recorded step were left out of it
-    (stepcli.traces.summary: their time is no step's, so it gets no share of step time); None when there were none."""
+    (stepcli.traces.analysis: their time is no step's, so it gets no share of step time); None when there were none."""
     if not outside or not outside.get("events"):
         return None
     count = outside["events"]
@@ -276,6 +278,8 @@ def print_table_report(
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     out = file if file is not None else sys.stdout
     data = summary.to_dict()
+    if fmt != "json":  # names from traces: control characters shown, never sent to the terminal (JSON escapes them)
+        data = visible_all(data)
     try:
         if fmt == "json":
             import orjson
@@ -359,6 +363,9 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
         console.print(breakdown_table(data["breakdown_ms"], data.get("device")))
     elif data.get("device"):
         console.print(breakdown_table(None, data["device"], title="Device activity"))
+    from stepcli.traces.devicerender import print_device_section
+
+    print_device_section(data, console)
     share_of = data.get("share_of")
     console.print(
         ops_table(data["cpu_ops"], "CPU operators", limit, sort_by=sort_by, width=console.width, share_of=share_of)

@@ -192,6 +192,16 @@ def read_split(
     )
 
 
+def _offset_transfers(parts: list[Columns]) -> dict[int, tuple[int, str, int, int, int, str]]:
+    """The parts' transfer arguments keyed by event index in the joined columns."""
+    out: dict[int, tuple[int, str, int, int, int, str]] = {}
+    offset = 0
+    for part in parts:
+        out.update({offset + i: v for i, v in part.transfers.items()})
+        offset += len(part)
+    return out
+
+
 def join(parts: list[Columns]) -> Columns:
     """Columns of consecutive ranges as one, their name, id and shape tables merged (first sight keeps order)."""
     names: dict[str, int] = {}
@@ -216,6 +226,8 @@ def join(parts: list[Columns]) -> Columns:
         ts=np.concatenate([p.ts for p in parts]),
         dur=np.concatenate([p.dur for p in parts]),
         shape=np.concatenate(shape),
+        corr=np.concatenate([p.corr for p in parts]),
+        transfers=_offset_transfers(parts),
         names=list(names),
         ids=list(ids),
         shapes=list(shapes),

@@ -220,9 +220,9 @@ def test_every_rich_renderer_fits_80_columns_with_many_ranks() -> None:
 
     from rich.console import Console
 
+    from stepcli.traces.analysis import summarize
     from stepcli.traces.reader import Event, Trace
     from stepcli.traces.render import print_rich_report
-    from stepcli.traces.summary import summarize
 
     traces = []
     for rank in range(8):

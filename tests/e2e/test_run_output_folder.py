@@ -143,7 +143,8 @@ def test_only_traces_this_run_wrote_inside_the_output_folder_count(tmp_path: Pat
     log["signature"] = sign(config.run_key, log)
     (Path(config.log_dir) / "h.7.steps.json").write_text(json.dumps(log))
     # WHEN the launcher loads the run's step logs
-    logs, note = load_step_logs(config, since=started)
+    logs, notes = load_step_logs(config, since=started)
+    note = notes[0]
     # THEN the log counts with only the good trace, and one note names the four refused
     assert [w["trace"] for w in logs[0]["windows"]] == [str(good)]
     assert note is not None and note.startswith("ignored 4 file(s)")
@@ -151,7 +152,8 @@ def test_only_traces_this_run_wrote_inside_the_output_folder_count(tmp_path: Pat
     assert "+1 more" in note  # at most three named, so the note stays one readable line
     # and a log signed with another key is refused whole
     other = AgentConfig(run_id="r1", out_dir=str(out), launcher_pid=1, run_key="x" * 32)
-    logs, note = load_step_logs(other, since=started)
+    logs, notes = load_step_logs(other, since=started)
+    note = notes[0]
     assert logs == [] and note is not None and "not signed by this run's processes" in note
 
 

@@ -241,9 +241,9 @@ def test_one_bad_file_among_good_ones_fails(plain_trace: Path, tmp_path: Path) -
 
 
 def test_render_treats_names_as_text_and_shortens_in_the_middle() -> None:
+    from stepcli.traces.analysis import summarize
     from stepcli.traces.reader import Event, Trace
     from stepcli.traces.render import print_table_report, shorten
-    from stepcli.traces.summary import summarize
 
     long_name = "void at::native::elementwise_kernel<" + "x" * 200 + ">(int, functor)"
     events = [

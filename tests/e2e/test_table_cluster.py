@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import run_stepcli
 
+from stepcli.traces.analysis import summarize
 from stepcli.traces.reader import load_paths
-from stepcli.traces.summary import summarize
 
 
 @pytest.fixture(scope="module")

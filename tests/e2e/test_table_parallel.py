@@ -11,9 +11,9 @@ import pytest
 from conftest import RANKS, run_stepcli
 
 from stepcli.errors import TraceError
+from stepcli.traces.analysis import summarize
 from stepcli.traces.engine import available_cores, file_parts, summarize_paths
 from stepcli.traces.reader import load_paths
-from stepcli.traces.summary import summarize
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 REAL = DATA / "train_cpu.pt.trace.json"
@@ -42,7 +42,7 @@ def test_shape_groupings_come_from_one_read(rank_folder: Path) -> None:
     # GIVEN the folder WHEN each file is read once for both groupings in workers
     parts = file_parts([str(rank_folder)], groupings=(False, True), shapes=True, jobs=2)
     # THEN each grouping equals summarizing the loaded traces that way
-    from stepcli.traces.summary import merge_parts
+    from stepcli.traces.analysis import merge_parts
 
     traces = load_paths([str(rank_folder)], shapes=True)
     assert merge_parts([p[0] for p in parts]).to_dict() == summarize(traces).to_dict()
@@ -88,10 +88,11 @@ def test_default_jobs_are_the_available_cores() -> None:
 
 
 def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from stepcli.traces import splitread
+    from stepcli.traces import engine, splitread
 
-    # GIVEN the real trace, and ranges small enough that it is cut in three
+    # GIVEN the real trace, ranges small enough that it is cut in three, and three cores (jobs never exceed them)
     monkeypatch.setattr(splitread, "MIN_PIECE_BYTES", 20_000)
+    monkeypatch.setattr(engine, "available_cores", lambda: 3)
     ranges = splitread.plan(str(REAL), 3)
     assert ranges is not None and len(ranges) == 3
     # WHEN read by three processes THEN every figure equals the one-process read

@@ -9,11 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stepcli.traces import analysis as summary_module
 from stepcli.traces import arrays as columnar
-from stepcli.traces import summary as summary_module
+from stepcli.traces.analysis import merge_parts, summarize_columns, summarize_file
 from stepcli.traces.columns import load_columns
+from stepcli.traces.model import FilePart
 from stepcli.traces.reader import Event, Trace, load_trace
-from stepcli.traces.summary import FilePart, merge_parts, summarize_columns, summarize_file
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 REAL = [DATA / "train_cpu.pt.trace.json", DATA / "cuda_small.pt.trace.json.gz", DATA / "cuda_compile.pt.trace.json.gz"]

@@ -211,6 +211,6 @@ def test_incomplete_step_metadata_is_read(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 
 def test_reader_and_summary_do_not_import_rich() -> None:
-    code = "import sys, stepcli.traces.reader, stepcli.traces.summary; print(sorted({'rich', 'click', 'torch'} & set(sys.modules)))"
+    code = "import sys, stepcli.traces.reader, stepcli.traces.analysis; print(sorted({'rich', 'click', 'torch'} & set(sys.modules)))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"

@@ -13,9 +13,9 @@ import pytest
 from conftest import TRAIN_LOOP, trace_files, write_script
 
 from stepcli.errors import TraceError
+from stepcli.traces.analysis import merge_parts
 from stepcli.traces.engine import summarize_paths
 from stepcli.traces.readonce import RunTraces
-from stepcli.traces.summary import merge_parts
 
 REAL = Path(__file__).resolve().parent.parent / "data" / "train_cpu.pt.trace.json"
 

@@ -1,0 +1,146 @@
+"""Benchmark stepcli's device figures against Holistic Trace Analysis on the same real GPU traces, in one run.
+
+Usage: python scripts/bench_gpu.py [--traces DIR] [--repeat N]
+
+For each real trace (or folder of ranks) under --traces (default: ../shared/traces beside the checkout), it runs
+in separate processes: HTA 0.5.0's temporal breakdown + communication/computation overlap + kernel breakdown
+(`TraceAnalysis(...)`, `get_temporal_breakdown`, `get_comm_comp_overlap`, `get_gpu_kernel_breakdown`), and
+`stepcli table --json` (which also gives idle time by cause, launch statistics and the operator tables). It prints
+each one's wall time, CPU time (user + system) and peak RSS (the run with the least CPU time of --repeat), the
+ratios HTA / stepcli (the goal: at least 10x on traces of 100k events and more; on a machine shared with other
+work, the CPU ratio is the steadier one), and the overlap each reports as a sanity check (HTA over the whole trace minus
+its last step, stepcli over the recorded steps, so they differ a little).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_table import stepcli_cmd  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+HTA_SCRIPT = textwrap.dedent(
+    """
+    import json, logging, sys, warnings
+    warnings.simplefilter("ignore")
+    logging.disable(logging.WARNING)
+    from hta.trace_analysis import TraceAnalysis
+    analysis = TraceAnalysis(trace_dir=sys.argv[1])
+    analysis.get_temporal_breakdown(visualize=False)
+    overlap = analysis.get_comm_comp_overlap(visualize=False)
+    analysis.get_gpu_kernel_breakdown(visualize=False)
+    json.dump({str(int(r)): float(p) for r, p in zip(overlap["rank"], overlap["comp_comm_overlap_pctg"])},
+              open(sys.argv[2], "w"))
+    """
+)
+
+
+def _events(path: Path) -> int:
+    import gzip
+
+    files = sorted(path.glob("*.json.gz")) if path.is_dir() else [path]
+    total = 0
+    for file in files:
+        with gzip.open(file, "rt") if file.suffix == ".gz" else open(file) as f:
+            total += len(json.load(f)["traceEvents"])
+    return total
+
+
+def measure(argv: list[str]) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds (user + system, the command and the processes it waited for) and peak RSS bytes
+    (the peak of the sum over its process tree, sampled every 5 ms) of one command; exits on a failure."""
+    import os
+    import time
+
+    import psutil
+
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    root, peak = psutil.Process(proc.pid), 0
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        try:
+            peak = max(peak, sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]))
+        except psutil.Error:
+            pass
+        time.sleep(0.005)
+    elapsed = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed: {' '.join(argv)}\n{proc.stderr.read().decode() if proc.stderr else ''}")
+    return elapsed, usage.ru_utime + usage.ru_stime, max(peak, usage.ru_maxrss * 1024)
+
+
+def _best(argv: list[str], repeat: int) -> tuple[float, float, int]:
+    """The run with the least CPU time of `repeat` (on a shared machine wall time mostly measures the others)."""
+    return min((measure(argv) for _ in range(max(1, repeat))), key=lambda run: run[1])
+
+
+def bench(target: Path, repeat: int, workdir: Path) -> tuple[str, ...]:
+    """One row: name, events, HTA s/MB, stepcli s/MB, ratio, HTA and stepcli overlap of the first rank."""
+    folder = target if target.is_dir() else workdir / target.name.split(".")[0]
+    if not target.is_dir():  # HTA reads folders: one per trace
+        folder.mkdir(exist_ok=True)
+        link = folder / target.name
+        if not link.exists():
+            link.symlink_to(target)
+    script = workdir / "hta_bench.py"
+    script.write_text(HTA_SCRIPT)
+    overlap_file = workdir / "overlap.json"
+    hta_s, hta_cpu, hta_rss = _best([sys.executable, str(script), str(folder), str(overlap_file)], repeat)
+    stepcli_s, stepcli_cpu, stepcli_rss = _best(stepcli_cmd("table", "--json", str(target)), repeat)
+    hta_overlap = json.loads(overlap_file.read_text())
+    table = subprocess.run(stepcli_cmd("table", "--json", str(target)), capture_output=True, text=True, check=True)
+    ranks = json.loads(table.stdout)["ranks"]
+    mine = {str(r["rank"]): r["device"]["comm_overlap_share"] for r in ranks if r.get("device")}
+    first = sorted(hta_overlap)[0]
+    ours = mine.get(first)
+    return (
+        target.name,
+        f"{_events(target):,}",
+        f"{hta_s:.2f} s / {hta_cpu:.2f} s / {hta_rss / 2**20:.0f} MB",
+        f"{stepcli_s:.2f} s / {stepcli_cpu:.2f} s / {stepcli_rss / 2**20:.0f} MB",
+        f"{hta_s / stepcli_s:.1f}x / {hta_cpu / stepcli_cpu:.1f}x",
+        f"rank {first}: {hta_overlap[first]:.1f}% vs {ours * 100:.1f}%" if ours is not None else "-",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces", type=Path, default=REPO.parent / "shared" / "traces")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per measurement; the best is reported")
+    args = parser.parse_args(argv)
+    if not args.traces.is_dir():
+        print(f"bench_gpu: no traces at {args.traces}", file=sys.stderr)
+        return 2
+    targets = sorted(p for p in args.traces.iterdir() if p.name.endswith(".json.gz") or p.is_dir())
+    header = (
+        "trace",
+        "events",
+        "HTA (wall / CPU / peak RSS)",
+        "stepcli table --json (same)",
+        "HTA/stepcli wall / CPU",
+        "overlap HTA vs stepcli",
+    )
+    rows = [header]
+    with tempfile.TemporaryDirectory(prefix="bench_gpu_") as tmp:
+        for target in targets:
+            rows.append(bench(target, args.repeat, Path(tmp)))
+            print("  ".join(rows[-1]), flush=True)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    print()
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,169 @@
+"""The report's GPU section: where each rank's device time goes per recorded step (a stacked bar that adds up to
+the step), idle time by cause, and launch statistics. It reads the `device` figures of the trace summary or run
+summary (stepcli.traces.device, .launches; README "Device time by kernel class") and computes nothing new."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from html import escape
+from typing import Any
+
+# The parts of a step, in bar order; together they are the whole step (README): compute alone, communication
+# with compute beside it, communication alone (exposed), memory alone, and idle time by cause.
+SEGMENTS = (
+    ("compute", "compute", "#4c6ef5"),
+    ("overlapped comm", "overlap", "#15aabf"),
+    ("exposed comm", "exposed", "#e8590c"),
+    ("memory only", "memory", "#ae3ec9"),
+    ("idle: host wait", "host", "#ffa8a8"),
+    ("idle: kernel wait", "kernel", "#ffd8a8"),
+    ("idle: other", "other", "#dee2e6"),
+)
+_CSS = "".join(f".gpu-{key}{{fill:{colour}}}" for _label, key, colour in SEGMENTS)
+_BAR_W, _LABEL_W, _ROW_H = 760, 110, 26
+
+
+def step_parts(device: Mapping[str, Any]) -> dict[str, float]:
+    """Milliseconds per step of each SEGMENTS part (they add up to the measured step time)."""
+    overlap = device["comm_ms"] - device["exposed_comm_ms"]
+    busy_compute_or_comm = device["compute_ms"] + device["comm_ms"] - overlap
+    idle = device["idle_by_cause"]
+    return {
+        "compute": device["compute_ms"] - overlap,
+        "overlap": overlap,
+        "exposed": device["exposed_comm_ms"],
+        "memory": max(device["busy_ms"] - busy_compute_or_comm, 0.0),
+        "host": idle["host_wait_ms"],
+        "kernel": idle["kernel_wait_ms"],
+        "other": max(idle["other_ms"], 0.0),
+    }
+
+
+def _bars(rows: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+    height = _ROW_H * len(rows) + 8
+    out = [
+        f'<svg class="chart gpu-bars" viewBox="0 0 {_LABEL_W + _BAR_W + 10} {height}" '
+        f'width="{_LABEL_W + _BAR_W + 10}" height="{height}" role="img" aria-label="device time per step">'
+    ]
+    for index, (label, device) in enumerate(rows):
+        parts = step_parts(device)
+        total = sum(parts.values()) or 1.0
+        y = 4 + index * _ROW_H
+        out.append(f'<text class="axis" x="0" y="{y + 16}">{escape(label)}</text>')
+        x = float(_LABEL_W)
+        for name, key, _colour in SEGMENTS:
+            width = parts[key] / total * _BAR_W
+            if width <= 0:
+                continue
+            tip = f"{name}: {parts[key]:.3f} ms/step ({parts[key] / total:.1%})"
+            out.append(
+                f'<rect class="seg gpu-{key}" x="{x:.2f}" y="{y}" width="{width:.2f}" height="{_ROW_H - 6}">'
+                f"<title>{escape(tip)}</title></rect>"
+            )
+            if width > 46:
+                out.append(f'<text class="seglabel" x="{x + 4:.2f}" y="{y + 14}">{parts[key] / total:.0%}</text>')
+            x += width
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _legend() -> str:
+    return (
+        '<div class="legend">'
+        + "".join(f'<span><i style="background:{c}"></i>{escape(label)}</span>' for label, _k, c in SEGMENTS)
+        + "</div>"
+    )
+
+
+def _launch_table(rows: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+    head = (
+        "<tr><th>process</th><th>kernels / step</th><th>launch delay p50</th><th>p90</th><th>p99</th>"
+        "<th>CPU µs / kernel</th><th>shorter than launch</th><th>graph replays / step</th></tr>"
+    )
+    body = []
+    for label, device in rows:
+        launch = device.get("launch")
+        if not launch:
+            continue
+        delay = launch["delay_us"]
+        body.append(
+            f"<tr><td>{escape(label)}</td><td>{launch['kernels_per_step']:,.1f}</td>"
+            + "".join(f"<td>{delay[q]:,.1f} µs</td>" for q in ("p50", "p90", "p99"))
+            + f"<td>{launch['cpu_launch_us_per_kernel']:.1f}</td><td>{launch['short_kernel_share']:.1%}</td>"
+            f"<td>{launch['graph_replays_per_step']:g}</td></tr>"
+        )
+    if not body:
+        return '<p class="muted">No launch call in the traces links to its device work (no correlation ids).</p>'
+    return f'<table id="gpu-launches"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def _num(value: float | None, fmt: str = "{:,.2f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _transfer_tables(device: Mapping[str, Any]) -> str:
+    """The job's collectives (per type and size) and host-device copies (per direction and host memory)."""
+    out = ['<h3 id="gpu-collectives">Collectives and copies</h3>']
+    rows = [
+        f"<tr><td>{escape(c['collective'])}</td><td>{escape(c['algorithm'] or '-')}</td>"
+        f"<td>{escape(c['protocol'] or '-')}</td><td>{escape(c['dtype'] or '-')}</td>"
+        f"<td>{_num(c['bytes'], '{:,.0f}')}</td><td>{_num(c['ranks'], '{:.0f}')}</td>"
+        f"<td>{c['calls_per_step']:,.1f}</td><td>{c['ms_per_step']:,.3f}</td>"
+        f"<td>{_num(c['algbw_gbps'])}</td><td>{_num(c['busbw_gbps'])}</td></tr>"
+        for c in device.get("collectives") or []
+    ]
+    if rows:
+        out.append(
+            '<table id="gpu-collective-table"><thead><tr><th>collective</th><th>algorithm</th><th>protocol</th>'
+            "<th>dtype</th><th>bytes</th><th>ranks</th><th>calls / step</th><th>ms / step</th><th>algbw GB/s</th>"
+            f"<th>busbw GB/s</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        )
+    copies = [
+        f"<tr><td>{escape(c['copy'])}</td><td>{escape(c['host_memory'] or '-')}</td>"
+        f"<td>{c['calls_per_step']:,.1f}</td><td>{c['ms_per_step']:,.3f}</td>"
+        f"<td>{_num(c['bytes_per_step'], '{:,.0f}')}</td><td>{_num(c['gbps'])}</td></tr>"
+        for c in device.get("copies") or []
+    ]
+    if copies:
+        out.append(
+            '<table id="gpu-copy-table"><thead><tr><th>copy</th><th>host memory</th><th>calls / step</th>'
+            f"<th>ms / step</th><th>bytes / step</th><th>GB/s</th></tr></thead><tbody>{''.join(copies)}</tbody></table>"
+        )
+    if len(out) == 1:
+        out.append('<p class="muted">No collective kernels or copies in the recorded steps.</p>')
+    return "".join(out)
+
+
+def gpu_section(device: Mapping[str, Any] | None, ranks: Sequence[Mapping[str, Any]] = ()) -> str:
+    """The section's HTML ('' without device figures)."""
+    if not device or "compute_ms" not in device:
+        return ""
+    rows: list[tuple[str, Mapping[str, Any]]] = [("job", device)]
+    per_rank = [(str(r["process"]), r["device"]) for r in ranks if r.get("device")]
+    if len(per_rank) > 1:
+        rows += per_rank
+    overlap = device.get("comm_overlap_share")
+    facts = (
+        f"compute {device['compute_share']:.1%} of step time, communication {device['comm_share']:.1%} "
+        + (
+            f"({overlap:.1%} of it beside computation, {device['exposed_comm_ms']:.2f} ms/step exposed), "
+            if overlap is not None
+            else ""
+        )
+        + f"memory {device['memory_share']:.1%}, idle {device['idle_share']:.1%}."
+    )
+    if device.get("flops_per_step") is not None:
+        facts += f" {device['flops_per_step']:.3g} FLOPs per step, {device['achieved_flops_per_s'] / 1e12:.3g} TFLOP/s"
+        facts += f", MFU {device['mfu']:.1%}." if device.get("mfu") is not None else "."
+    return "".join(
+        [
+            f"<style>{_CSS}</style>",
+            '<h2 id="gpu">Device time (recorded steps, mean per step)</h2>',
+            f'<p class="muted">{escape(facts)} Hover a segment for its milliseconds.</p>',
+            _bars(rows),
+            _legend(),
+            '<h3 id="gpu-launch-stats">Kernel launches</h3>',
+            _launch_table(rows),
+            _transfer_tables(device),
+        ]
+    )

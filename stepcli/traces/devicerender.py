@@ -1,0 +1,105 @@
+"""The terminal's GPU section of `stepcli table` and the run summary: device time by class per rank (and for the
+job), idle by cause and launch statistics, in 80 columns (the figures: stepcli.traces.device, .launches)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+_COLUMNS = (  # (header, field, kind): share of step time, or milliseconds per step
+    ("compute", "compute_share", "pct"),
+    ("comm", "comm_share", "pct"),
+    ("overlap", "comm_overlap_share", "pct"),
+    ("exposed", "exposed_comm_ms", "ms"),
+    ("memory", "memory_share", "pct"),
+    ("idle", "idle_share", "pct"),
+    ("host wait", "host_wait_ms", "ms"),
+)
+
+
+def _cell(device: Mapping[str, Any], field: str, kind: str) -> str:
+    value = device["idle_by_cause"][field] if field == "host_wait_ms" else device.get(field)
+    if value is None:
+        return "-"
+    if kind == "pct":
+        return f"{value * 100:.1f}%"
+    return f"{value:.2f}" if value < 100 else f"{value:,.0f}"
+
+
+def device_table(device: Mapping[str, Any], ranks: Sequence[Mapping[str, Any]] = ()) -> Table:
+    """One row for the job, and one per rank when there are several: shares of recorded step time, except
+    `exposed` (communication with no computation beside it) and `host wait` (idle waiting for the host), in ms
+    per step; `overlap` is the share of communication time with computation beside it."""
+    from rich.table import Table
+
+    table = Table(title="Device time per step (recorded steps)", title_justify="left")
+    table.add_column("process", max_width=12, overflow="ellipsis", no_wrap=True)
+    for header, _field, _kind in _COLUMNS:
+        table.add_column(header, justify="right")
+    with_device = [r for r in ranks if r.get("device")]
+    rows: list[tuple[str, Mapping[str, Any]]] = [("job", device)]
+    if len(with_device) > 1:
+        rows += [(str(r["process"]), r["device"]) for r in with_device]
+    for label, figures in rows:
+        table.add_row(label, *(_cell(figures, field, kind) for _header, field, kind in _COLUMNS))
+    table.caption = "% of step time; exposed comm (no compute beside it), host wait: ms/step; overlap: % of comm"
+    table.caption_justify = "left"
+    return table
+
+
+def launch_line(device: Mapping[str, Any]) -> str | None:
+    """One line of launch statistics and idle causes, or None without launches linked to their kernels."""
+    launch = device.get("launch")
+    if not launch:
+        return None
+    delay = launch["delay_us"]
+    idle = device["idle_by_cause"]
+    text = (
+        f"launches: {launch['kernels_per_step']:,.0f} kernels/step, delay p50 {_us(delay['p50'])} "
+        f"p90 {_us(delay['p90'])}, {launch['cpu_launch_us_per_kernel']:.1f} µs CPU per kernel, "
+        f"{launch['short_kernel_share'] * 100:.0f}% shorter than their launch"
+    )
+    if launch["graph_replays_per_step"]:
+        text += (
+            f", {launch['graph_replays_per_step']:g} graph replays/step ({launch['graph_kernels_per_step']:g} kernels)"
+        )
+    text += (
+        f"; idle: host wait {idle['host_wait_ms']:.2f}, kernel wait {idle['kernel_wait_ms']:.2f}, "
+        f"other {idle['other_ms']:.2f} ms/step"
+    )
+    return text
+
+
+def _us(value: float) -> str:
+    return f"{value:.0f} µs" if value < 1000 else f"{value / 1000:.2f} ms"
+
+
+def flops_line(flops: Mapping[str, Any] | None) -> str | None:
+    """FLOPs per step, achieved FLOP/s and MFU (with --with-flops), or None without counts."""
+    if not flops or flops.get("flops_per_step") is None:
+        return None
+    text = f"FLOPs: {flops['flops_per_step']:.3g} per step"
+    if flops.get("achieved_flops_per_s") is not None:
+        text += f", {flops['achieved_flops_per_s'] / 1e12:.3g} TFLOP/s achieved"
+    if flops.get("mfu") is not None:
+        text += f", MFU {flops['mfu']:.1%} of {flops['device_name']}'s dense BF16 peak"
+    return text
+
+
+def print_device_section(data: Mapping[str, Any], console: Console) -> None:
+    """The GPU section, when the traces have device work (as the `device` of a summary or run summary), and the
+    FLOPs line when there are counts."""
+    line = flops_line(data.get("flops"))
+    if line:
+        console.print(line, highlight=False, markup=False)
+    device = data.get("device")
+    if not device or "compute_share" not in device:
+        return
+    console.print(device_table(device, data.get("ranks") or ()))
+    line = launch_line(device)
+    if line:
+        console.print(line, highlight=False, markup=False, soft_wrap=False)

@@ -1,0 +1,235 @@
+"""The per-event reference analysis: one Python step per event, written to be read. The columnar analysis
+(stepcli.traces.analysis) must equal it; it still runs for traces whose times pass 64-bit nanoseconds.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from stepcli.traces.device import MEMORY_CATEGORIES, class_of
+from stepcli.traces.model import STEP_PREFIX
+from stepcli.traces.ranks import is_communication
+from stepcli.traces.shares import STEP_KEY, stable_name
+from stepcli.traces.steps import (
+    BACKWARD,
+    COMM,
+    DATALOADER,
+    DEVICE_CATEGORIES,
+    OPTIMIZER,
+    Accumulator,
+    StepSpans,
+    TraceResult,
+    Window,
+    in_steps,
+    phase_of,
+    step_spans_of,
+    union,
+)
+
+if TYPE_CHECKING:
+    from stepcli.traces.reader import Event
+
+
+def analyze_events(
+    events: list[Event], cpu: Accumulator, device: Accumulator, by_shape: bool, incomplete_step: int | None = None
+) -> TraceResult:
+    """Nest CPU events per (pid, tid) exactly as torch's _populate_cpu_children/_remove_dup_nodes do, and
+    collect what the step breakdown and device-busy figures need.
+
+    ProfilerStep#`incomplete_step` still counts as an operator row but opens no step window. Host events
+    outside every step of their process are counted in the result's `outside_*`, not in `cpu` (module docstring).
+    """
+    nesting = _Nesting(events, cpu, device, by_shape, incomplete_step)
+    nesting.sort_events(events)
+    for (pid, _tid), items in nesting.threads.items():
+        nesting.nest_thread(pid, items)
+    return nesting.result()
+
+
+Thread = list[tuple[int, int, int, "Event"]]  # (start ns, -duration ns, index in file, event), torch's order
+
+
+class _Nesting:
+    """The state of one trace's reference analysis: device rows and spans, host events per thread, the operator
+    tree being built (frames), the step windows and phase spans found."""
+
+    def __init__(
+        self, events: list[Event], cpu: Accumulator, device: Accumulator, by_shape: bool, incomplete_step: int | None
+    ) -> None:
+        self.base = int(events[0].ts) if events else 0
+        self.rows = cpu.rows
+        self.dev_rows = device.rows
+        self.by_shape = by_shape
+        self.incomplete_step = incomplete_step
+        self.threads: dict[tuple[int | str, int | str], Thread] = {}
+        self.device_spans: list[tuple[int, int]] = []
+        self.comm_spans: dict[int | str, list[tuple[int, int]]] = {}
+        self.pids: dict[int | str, int] = {}
+        self.device_names: dict[str, tuple[str, bool, str]] = {}  # kernel -> (row name, is communication, class)
+        self.class_spans: dict[str, list[tuple[int, int]]] = {"compute": [], "comm": [], "memory": []}
+        self.windows: list[Window] = []
+        self.phase_spans: dict[int, list[tuple[int, int, int | str]]] = {
+            DATALOADER: [],
+            OPTIMIZER: [],
+            BACKWARD: [],
+            COMM: [],
+        }
+        # name -> (row key unless it is a step, phase, could be a ProfilerStep#N): computed once per distinct name
+        self.name_info: dict[str, tuple[str, int, bool]] = {}
+        self.outside = [0, 0]  # calls, self ns of the host events outside every step
+        self.step_spans: StepSpans | None = None
+
+    def ns(self, ts: float) -> int:
+        return round((ts - self.base) * 1000)
+
+    def sort_events(self, events: list[Event]) -> None:
+        """Device work into rows and spans; host events into their threads; then the steps' spans."""
+        last_pid: int | str | None = None
+        last_tid: int | str | None = None
+        bucket: Thread = []
+        step_events: list[Event] = []
+        for index, event in enumerate(events):
+            if event.cat in DEVICE_CATEGORIES:
+                self.add_device(event)
+                continue
+            if event.cat == "python_function":
+                continue  # a Python frame: a stack view's business, not an operator (see the module docstring)
+            if event.cat == "user_annotation" and event.name.startswith(STEP_PREFIX):
+                step_events.append(event)
+            # Consecutive events are mostly on the same thread: skip the dict lookup then.
+            if event.tid is not last_tid or event.pid is not last_pid:
+                last_pid, last_tid = event.pid, event.tid
+                bucket = self.threads.setdefault((last_pid, last_tid), [])
+                self.pids[last_pid] = self.pids.get(last_pid, 0) + 1
+            # (start, -duration) is torch's order: a parent sorts before a child that starts at the same time.
+            bucket.append((self.ns(event.ts), -round(event.dur * 1000), index, event))
+        starts = [self.ns(e.ts) for e in step_events]
+        self.step_spans = step_spans_of(
+            ((e.pid, e.name, s, s + round(e.dur * 1000)) for e, s in zip(step_events, starts)), self.incomplete_step
+        )
+
+    def add_device(self, event: Event) -> None:
+        start = self.ns(event.ts)
+        dur = round(event.dur * 1000)
+        self.device_spans.append((start, start + dur))
+        known = self.device_names.get(event.name)
+        if known is None:
+            kernel_class = class_of(event.name, False)
+            known = self.device_names[event.name] = (
+                stable_name(event.name),
+                is_communication(event.name),
+                kernel_class,
+            )
+        self.class_spans["memory" if event.cat in MEMORY_CATEGORIES else known[2]].append((start, start + dur))
+        if known[1]:
+            self.comm_spans.setdefault("device", []).append((start, start + dur))
+        key: Any = (known[0], event.shape) if self.by_shape else known[0]
+        row = self.dev_rows.get(key)
+        if row is None:
+            self.dev_rows[key] = [1, dur, dur]
+        else:
+            row[0] += 1
+            row[1] += dur
+            row[2] += dur
+
+    def finish(self, frame: list[Any]) -> None:
+        """Count a closed frame into its row (or the outside count); torch's _remove_dup_nodes first: an only
+        child with its parent's name is folded into the parent."""
+        rows, outside = self.rows, self.outside
+        while frame[4] == 1 and frame[5][6] == frame[6]:
+            child = frame[5]
+            undo = rows[child[1]] if child[8] else outside
+            undo[0] -= 1
+            undo[1] -= child[2] - child[3]
+            if child[8]:
+                undo[2] -= child[2]
+            frame[3], frame[4], frame[5] = child[3], child[4], child[5]
+        if not frame[8]:
+            outside[0] += 1
+            outside[1] += frame[2] - frame[3]
+            return
+        row = rows.get(frame[1])
+        if row is None:
+            rows[frame[1]] = [1, frame[2] - frame[3], frame[2]]
+        else:
+            row[0] += 1
+            row[1] += frame[2] - frame[3]
+            row[2] += frame[2]
+
+    def nest_thread(self, pid: int | str, items: Thread) -> None:
+        """Build one thread's operator tree with a stack of open frames, counting each frame as it closes."""
+        items.sort()
+        # frame: [end, row key, dur, children's dur, number of children, last child, name, step window or None,
+        #         counted: inside a step of the process, or the trace has no steps]
+        stack: list[list[Any]] = []
+        for start, neg_dur, _index, event in items:
+            end = start - neg_dur
+            while stack and (start >= stack[-1][0] or end > stack[-1][0]):
+                self.finish(stack.pop())
+            frame, phase = self.frame_for(pid, event, start, end)
+            if stack:
+                parent = stack[-1]
+                parent[3] += frame[2]
+                parent[4] += 1
+                parent[5] = frame
+                if parent[7] is not None:
+                    parent[7].children.append((start, end, phase))
+            stack.append(frame)
+        while stack:
+            self.finish(stack.pop())
+
+    def frame_for(self, pid: int | str, event: Event, start: int, end: int) -> tuple[list[Any], int]:
+        """A new frame for `event`, and its phase; opens a step window for a complete ProfilerStep#N."""
+        name = event.name
+        info = self.name_info.get(name)
+        if info is None:
+            info = self.name_info[name] = (stable_name(name), phase_of(name), name.startswith(STEP_PREFIX))
+        row_key: Any = info[0]
+        window = None
+        if info[2] and event.cat == "user_annotation":
+            row_key = STEP_KEY
+            number = name[len(STEP_PREFIX) :]
+            if number.isdecimal() and int(number) != self.incomplete_step:
+                window = Window(int(number), pid, start, end, [])
+                self.windows.append(window)
+        if self.by_shape:
+            row_key = (row_key, event.shape)
+        phase = info[1]
+        if phase:
+            self.phase_spans[phase].append((start, end, pid))
+        counted = self.step_spans is None or in_steps(self.step_spans, pid, start, end)
+        return [end, row_key, end - start, 0, 0, None, name, window, counted], phase
+
+    def result(self) -> TraceResult:
+        threads, comm_spans = self.threads, self.comm_spans
+        cpu_span = None
+        if self.device_spans and not self.windows and threads:
+            # Only needed to place device time when there are no steps: the extent of CPU activity.
+            cpu_span = (
+                min(items[0][0] for items in threads.values()),
+                max(start - neg_dur for items in threads.values() for start, neg_dur, _, _ in items),
+            )
+        for s, e, pid in self.phase_spans[COMM]:
+            comm_spans.setdefault(pid, []).append((s, e))
+        pids = self.pids
+        main_pid = max(pids, key=lambda p: pids[p]) if pids else None
+        if main_pid is not None and "device" in comm_spans:  # NCCL kernels: the process's device waits for the others
+            comm_spans.setdefault(main_pid, []).extend(comm_spans.pop("device"))
+        comm_union = {pid: union(spans) for pid, spans in comm_spans.items()}
+        return TraceResult(
+            self.windows,
+            self.phase_spans,
+            union(self.device_spans),
+            cpu_span,
+            comm_union,
+            main_pid,
+            self.outside[0],
+            self.outside[1],
+            device_classes=self.device_classes(),
+        )
+
+    def device_classes(self) -> dict[str, list[tuple[int, int]]]:
+        spans = self.class_spans
+        unions = {label: union(spans[label]) for label in ("compute", "comm", "memory")}
+        unions["comm_or_compute"] = union(spans["compute"] + spans["comm"])
+        return unions

@@ -1,0 +1,162 @@
+"""Nothing the user had is overwritten, and a folder that fills up or turns read-only mid-run is said plainly: one
+line naming the cause, profiling stops in that process, no temporary file is left, and the summary says what is
+missing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import TRAIN_LOOP, run_stepcli, write_script
+
+
+def test_run_keeps_the_users_own_report_html(tmp_path: Path, train_script: Path) -> None:
+    # GIVEN an output folder holding the user's own report.html
+    out = tmp_path / "out"
+    out.mkdir()
+    mine = "<html><body>my quarterly report</body></html>"
+    (out / "report.html").write_text(mine)
+    # WHEN stepcli runs into it, twice
+    for _ in range(2):
+        result = run_stepcli("run", "--active", "1", "-o", out, train_script, "4")
+        assert result.returncode == 0, result.stderr
+    # THEN the user's page is untouched, and each run's page has a free name of its own, said in one line
+    assert (out / "report.html").read_text() == mine
+    assert sorted(p.name for p in out.glob("report-*.html")) == ["report-2.html", "report-3.html"]
+    assert "report.html in" in result.stderr and "was not written by stepcli" in result.stderr
+    assert "report-3.html" in result.stderr  # the summary's next: line points at this run's page
+    # AND a page stepcli wrote is replaced by the next run, not renamed again
+    out2 = tmp_path / "out2"
+    for _ in range(2):
+        assert run_stepcli("run", "--active", "1", "-o", out2, train_script, "4").returncode == 0
+    assert [p.name for p in out2.glob("report*.html")] == ["report.html"]
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 200 KB tmpfs: room for three small traces, then full."""
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(folder)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def _stepcli_lines(stderr: str) -> list[str]:
+    """stepcli's own lines while the program ran (before the summary)."""
+    return [line for line in stderr.split("stepcli summary", 1)[0].splitlines() if line.startswith("stepcli:")]
+
+
+def _leftovers(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file() and ".tmp" in p.name]
+
+
+def test_a_full_output_folder_is_one_line_and_a_summary_that_says_so(tiny_fs: Path, tmp_path: Path) -> None:
+    # GIVEN a 300-step program recording 20 windows of ~47 KB into a 200 KB folder
+    script = write_script(tmp_path, "train.py", TRAIN_LOOP.replace('print(f"iter {i}")', "pass"))
+    # WHEN it runs
+    result = run_stepcli(
+        "run", "--wait", "10", "--warmup", "1", "--active", "2", "--repeat", "20", "-o", tiny_fs, script, "300"
+    )
+    # THEN the program's status is kept
+    assert result.returncode == 0, result.stderr
+    err = result.stderr
+    # AND the failure is one line naming the real cause, and profiling stopped after it
+    failures = [line for line in _stepcli_lines(err) if "could not" in line and "No space left on device" in line]
+    assert len(failures) == 1, err
+    assert "profiling stops in this process" in failures[0]
+    assert "FileNotFoundError" not in err and "Traceback" not in err
+    saved = err.count("saved trace of")
+    assert 1 <= saved < 20, err
+    assert err.count("profiling steps") == saved + 1, err  # no window opened after the failure
+    # AND no temporary file is left behind
+    assert _leftovers(tiny_fs) == []
+    # AND the summary says what it could not write instead of a silently wrong step count
+    summary = " ".join(err.split("stepcli summary", 1)[1].split())
+    assert "steps 300 " in summary or "its step log is from step" in summary, summary
+    assert "No space left on device" in summary, summary
+
+
+def test_a_read_only_output_folder_mid_run_stops_profiling_with_one_line(tmp_path: Path) -> None:
+    # GIVEN a program that makes its output folder read-only (a remount, here a bind mount) after a few steps
+    out = tmp_path / "out"
+    out.mkdir()
+    source = TRAIN_LOOP.replace(
+        'print(f"iter {i}")',
+        "if i == 15:\n"
+        "                import subprocess\n"
+        "                subprocess.run(['mount', '--bind', '-o', 'ro', OUT, OUT], check=True)\n"
+        "                subprocess.run(['mount', '-o', 'remount,ro,bind', OUT, OUT], check=True)",
+    ).replace("import torch\n", f"import torch\n    OUT = {str(out)!r}\n", 1)
+    script = write_script(tmp_path, "train.py", source)
+    probe = subprocess.run(["mount", "--bind", str(out), str(out)], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot bind-mount here (needs root): {probe.stderr.strip()}")
+    subprocess.run(["umount", str(out)], check=True)
+    try:
+        # WHEN it runs 300 steps recording 20 windows
+        result = run_stepcli(
+            "run", "--wait", "10", "--warmup", "1", "--active", "2", "--repeat", "20", "-o", out, script, "300"
+        )
+    finally:
+        while subprocess.run(["umount", str(out)], capture_output=True).returncode == 0:
+            pass
+    # THEN one line names the cause and profiling stopped; the program's status is kept
+    assert result.returncode == 0, result.stderr
+    err = result.stderr
+    failures = [line for line in _stepcli_lines(err) if "could not" in line and "Read-only file system" in line]
+    assert len(failures) == 1, err
+    assert "profiling stops in this process" in failures[0]
+    assert err.count("could not save") <= 1, err
+    assert "Traceback" not in err
+    # AND the summary says that the step log is from before the failure, and why
+    summary = " ".join(err.split("stepcli summary", 1)[1].split())
+    assert "its step log is from step" in summary and "could not be written (Read-only file system" in summary
+    assert "report.html not written" in summary and "Traceback" not in summary
+    assert _leftovers(out) == []
+    assert os.access(out, os.W_OK)
+
+
+def test_a_step_log_that_cannot_be_written_is_named_in_the_summary(tmp_path: Path) -> None:
+    # GIVEN a program whose run's step-log folder turns read-only mid-run (the traces' folder stays writable)
+    out = tmp_path / "out"
+    source = TRAIN_LOOP.replace(
+        'print(f"iter {i}")',
+        "if i == 40:\n"
+        "                import json, os, subprocess\n"
+        "                config = json.loads(os.environ['STEPCLI_CONFIG'])\n"
+        "                logs = os.path.join(config['out_dir'], '.stepcli', config['run_id'])\n"
+        "                subprocess.run(['mount', '--bind', logs, logs], check=True)\n"
+        "                subprocess.run(['mount', '-o', 'remount,ro,bind', logs, logs], check=True)",
+    )
+    script = write_script(tmp_path, "train.py", source)
+    probe_dir = tmp_path / "probe"
+    probe_dir.mkdir()
+    probe = subprocess.run(["mount", "--bind", str(probe_dir), str(probe_dir)], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot bind-mount here (needs root): {probe.stderr.strip()}")
+    subprocess.run(["umount", str(probe_dir)], check=True)
+    try:
+        # WHEN it runs 300 steps, its one window (steps 2-4) saved long before
+        result = run_stepcli("run", "-o", out, script, "300")
+    finally:
+        for folder in out.glob(".stepcli/*"):
+            subprocess.run(["umount", str(folder)], capture_output=True)
+    # THEN the program's status is kept, one line names the step log and the cause
+    assert result.returncode == 0, result.stderr
+    failures = [line for line in _stepcli_lines(result.stderr) if "could not" in line]
+    assert len(failures) == 1 and "could not write the step log" in failures[0], result.stderr
+    assert "Read-only file system" in failures[0]
+    # AND the summary does not pass off the last step log it could write as the whole run
+    summary = " ".join(result.stderr.split("stepcli summary", 1)[1].split())
+    assert "its step log is from step" in summary and "could not be written (Read-only file system" in summary
+    assert "steps 300 " not in summary
