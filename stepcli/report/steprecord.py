@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from stepcli.agent.config import STEP_LOG_SUFFIX
-from stepcli.run.steprecord import load
+from stepcli.run.steprecord import load, slowest_first
 
 _W, _H = 640, 70
+_ROWS = 16  # processes drawn; with more, the slowest at p99
 
 
 def step_record_section(out_dir: str | None) -> str:
@@ -30,7 +31,8 @@ def step_record_section(out_dir: str | None) -> str:
     )
     parts.append("<table><tr><th>process</th><th>steps</th><th>p50</th><th>p90</th><th>p99</th><th>max</th>")
     parts.append("<th>over the run (max per stretch, mean dashed)</th><th>slowest steps</th></tr>")
-    for record in records:
+    shown = slowest_first([r for r in records if r["ms"].get("count")], _ROWS)
+    for record in shown:
         ms = record["ms"]
         cells = [escape(str(record["worker"])), f"{int(record['steps']):,}"]
         cells += [f"{ms[k]:.1f} ms" if k in ms else "-" for k in ("p50", "p90", "p99", "max")]
@@ -39,6 +41,8 @@ def step_record_section(out_dir: str | None) -> str:
         cells.append(escape(", ".join(f"{step} ({us / 1000:.1f} ms)" for step, us in slow)))
         parts.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     parts.append("</table>")
+    if len(records) > len(shown):
+        parts.append(f'<p class="muted">{len(records) - len(shown)} more processes (faster at p99) not drawn.</p>')
     triggered = _triggered(run_dir)
     if triggered:
         parts.append("<h3>Captures triggered by slow steps (--capture-on-slow)</h3><ul>")

@@ -16,6 +16,7 @@ from stepcli.agent.steprecord import BUCKETS_PER_DOUBLING, SCHEMA, SUFFIX
 
 _MAX_BYTES = 4 << 20
 _QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+SHOWN = 4  # processes given a line in the summary (the slowest at p99); all of them are in --json
 
 
 def load(log_dir: str, key: str | None = None) -> list[dict[str, Any]]:
@@ -88,19 +89,29 @@ def attach(summary: dict[str, Any], log_dir: str, key: str | None = None) -> Non
     ]
 
 
+def slowest_first(records: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """All records when there are at most `limit`, else the `limit` slowest at p99, in rank order."""
+    if len(records) <= limit:
+        return records
+    keep = {id(r) for r in sorted(records, key=lambda r: -float(r["ms"].get("p99", 0)))[:limit]}
+    return [r for r in records if id(r) in keep]
+
+
 def lines(summary: dict[str, Any]) -> list[str]:
     """The summary's lines for the whole run's step times and the triggered captures."""
     out = []
-    for r in summary.get("step_record") or []:
+    records = [r for r in summary.get("step_record") or [] if r["ms"].get("count")]
+    shown = slowest_first(records, SHOWN)
+    for r in shown:
         ms = r["ms"]
-        if not ms.get("count"):
-            continue
         slow = sorted(r["slowest"], key=lambda s: -s[1])[:3]
         out.append(
             f"whole run {r['worker']}: {ms['count']:,} steps, p50 ~{ms['p50']:.1f} ms, p90 ~{ms['p90']:.1f} ms, "
             f"p99 ~{ms['p99']:.1f} ms, max {ms.get('max', 0):.1f} ms; slowest steps "
             + ", ".join(f"{step} ({us / 1000:.1f} ms)" for step, us in slow)
         )
+    if len(records) > len(shown):
+        out.append(f"whole run: {len(records) - len(shown)} more processes in --json and report.html")
     for t in summary.get("triggered") or []:
         steps = f"steps {t['first_step']}-{t['last_step']}"
         rank = f"rank {t['rank']} " if t.get("rank") is not None else ""

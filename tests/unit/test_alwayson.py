@@ -89,3 +89,18 @@ def test_top_marks_the_slowest_and_a_rank_that_stopped() -> None:
     assert document["slowest"] == 1
     assert document["ranks"][2]["no_step_for_s"] == 60.0
     assert document["ranks"][0]["no_step_for_s"] is None
+
+
+def test_the_summary_gives_a_line_to_the_slowest_processes_only() -> None:
+    from stepcli.run.steprecord import lines
+
+    records = [
+        {"worker": f"rank{i}", "ms": {"count": 9, "p50": 10.0, "p90": 11.0, "p99": 12.0 + i, "max": 20.0 + i}}
+        for i in range(10)
+    ]
+    for record in records:
+        record["slowest"] = [[5, 20_000]]
+    text = lines({"step_record": records, "triggered": []})
+    assert [line.split(":")[0] for line in text[:4]] == [f"whole run rank{i}" for i in (6, 7, 8, 9)]
+    assert text[4] == "whole run: 6 more processes in --json and report.html"
+    assert len(text) == 5
