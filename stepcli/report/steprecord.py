@@ -12,7 +12,7 @@ from typing import Any
 from stepcli.agent.config import STEP_LOG_SUFFIX
 from stepcli.run.steprecord import load, slowest_first
 
-_W, _H = 640, 70
+_W, _H = 360, 60
 _ROWS = 16  # processes drawn; with more, the slowest at p99
 
 
@@ -30,15 +30,18 @@ def step_record_section(out_dir: str | None) -> str:
         "the slowest step and the mean of each stretch of steps over time.</p>"
     )
     parts.append("<table><tr><th>process</th><th>steps</th><th>p50</th><th>p90</th><th>p99</th><th>max</th>")
-    parts.append("<th>over the run (max per stretch, mean dashed)</th><th>slowest steps</th></tr>")
+    parts.append("<th>over the run (slowest per stretch, mean dashed)</th><th>slowest steps</th></tr>")
     shown = slowest_first([r for r in records if r["ms"].get("count")], _ROWS)
     for record in shown:
         ms = record["ms"]
-        cells = [escape(str(record["worker"])), f"{int(record['steps']):,}"]
+        cells = [
+            f'<span style="white-space:nowrap">{escape(str(record["worker"]))}</span>',
+            f"{int(record['steps']):,}",
+        ]
         cells += [f"{ms[k]:.1f} ms" if k in ms else "-" for k in ("p50", "p90", "p99", "max")]
         cells.append(_sparkline(record))
-        slow = sorted(record["slowest"], key=lambda s: -s[1])[:5]
-        cells.append(escape(", ".join(f"{step} ({us / 1000:.1f} ms)" for step, us in slow)))
+        slow = sorted(record["slowest"], key=lambda s: -s[1])[:3]
+        cells.append("<br>".join(escape(f"{step} ({us / 1000:.1f} ms)") for step, us in slow))
         parts.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     parts.append("</table>")
     if len(records) > len(shown):
@@ -50,11 +53,15 @@ def step_record_section(out_dir: str | None) -> str:
             t = window["trigger"]
             parts.append(
                 f"<li>{escape(worker)}: steps {window['first_step']}-{window['last_step']} recorded after "
-                f"{escape(_who(t))}step {escape(str(t.get('step')))} took {escape(str(t.get('ms')))} ms "
-                f"(baseline {escape(str(t.get('baseline_ms')))} ms, rule {escape(str(t.get('rule')))})</li>"
+                f"{escape(_who(t))}step {escape(str(t.get('step')))} took {escape(_ms(t.get('ms')))} "
+                f"(baseline {escape(_ms(t.get('baseline_ms')))}, rule {escape(str(t.get('rule')))})</li>"
             )
         parts.append("</ul>")
     return "\n".join(parts)
+
+
+def _ms(value: Any) -> str:
+    return f"{value:.1f} ms" if isinstance(value, (int, float)) else "?"
 
 
 def _who(trigger: dict[str, Any]) -> str:
