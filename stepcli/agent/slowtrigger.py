@@ -92,6 +92,9 @@ class SlowTrigger:
     def _slow(self, step: int, duration: int, next_step: int) -> None:
         if self.agent.tracker.phases[step] != NONE:
             return  # a window recorded it: the profiler's cost, not the program's
+        compiles = getattr(self.agent, "compiles", None)
+        if compiles is not None and compiles.events and compiles.events[-1].get("step") == step:
+            return  # torch compiled in it: a known one-off, not a slowdown
         self.slow_steps = [*self.slow_steps[-3:], step]
         if self.placed >= self.max_captures or next_step < self.cooldown_until:
             return
