@@ -121,7 +121,8 @@ class SlowTrigger:
         self.ondemand.triggers[rid] = trigger
         self.ondemand.own.add(rid)
         self.ondemand._consider(rid, first, first, last, next_step)
-        self._announce(trigger, first, last)
+        answer = self.ondemand.responses.get(rid, {})
+        self._announce(trigger, first, last, "" if answer.get("status") == "accepted" else str(answer.get("reason")))
 
     def _plan(self, step: int, next_step: int) -> tuple[int, int | None, int | None]:
         """(first step of the window, the predicted slow step it is placed on, the period) for slow step `step`."""
@@ -179,15 +180,17 @@ class SlowTrigger:
         finally:
             os.close(lock)
 
-    def _announce(self, trigger: dict[str, Any], first: int, last: int) -> None:
+    def _announce(self, trigger: dict[str, Any], first: int, last: int, refused: str) -> None:
         if self.agent.config.quiet:
             return
         from .output import say, worker_name
 
         steps = f"step {first}" if first == last else f"steps {first}-{last}"
         where = f" (predicted slow step {trigger['predicted_step']})" if "predicted_step" in trigger else ""
+        if refused:  # another window holds those steps, or the program's own profiler runs
+            where += f"; not here: {refused}"
         say(
-            f"{worker_name()}: step {trigger['step']} took {trigger['ms']:g} ms (baseline {trigger['baseline_ms']:g} ms,"
+            f"{worker_name()}: step {trigger['step']} took {trigger['ms']:.1f} ms (baseline {trigger['baseline_ms']:.1f} ms,"
             f" rule {self.text}): recording {steps}{where}"
         )
 
