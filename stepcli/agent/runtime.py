@@ -268,6 +268,7 @@ class Agent:
         self._forked_child = True
         self.tracker.set_listener(None)
         self.tracker.set_poller(None)
+        self.tracker.watch_slow(None)  # --capture-on-slow belongs to the parent, like its windows
         self.recorder = None
         self.ondemand = None
 
