@@ -10,7 +10,10 @@ taken at the same time mean anything):
      heartbeat written) and of one poll while a capture listens (heartbeat written), and the heartbeat writes
      made by the idle polls;
   4b. --capture-on-slow watching step times (nothing triggers): tracker.step with the rule on against without;
-  5. `stepcli run` vs `python` wall time on a ~2000-step tiny training loop whose window never opens
+  5. the hang watch (`--hang-timeout`): tracker.step while the watch thread of an armed agent reads the step
+     count every 0.1 s (its shortest tick, for a 1 s timeout), against the same agent with that thread stopped
+     (goal: at most 2 us per step in all), and the cost of numbering one torch.distributed collective;
+  6. `stepcli run` vs `python` wall time on a ~2000-step tiny training loop whose window never opens
      (goal <= 1.03x plus a fixed start-up <= 0.3 s), with the fixed start-up measured on an empty script;
      again with --capture-on-slow +50ms.
 
@@ -144,6 +147,51 @@ def slow_trigger_cost(n: int = 2_000_000) -> tuple[float, float]:
     return with_rule, without
 
 
+def hang_watch_cost(n: int = 2_000_000) -> tuple[float, float, float, float]:
+    """(us per tracker.step with the hang watch thread running, with it stopped; us per hooked collective call,
+    per plain call) in this process."""
+    import atexit
+    import types
+
+    from stepcli.agent import collectives, ondemand
+    from stepcli.agent.config import AgentConfig
+    from stepcli.agent.runtime import Agent
+
+    with tempfile.TemporaryDirectory() as out:
+        agents = []
+        for run_id in ("watched", "unwatched"):
+            config = AgentConfig(
+                run_id=run_id, out_dir=out, launcher_pid=0, on_demand=True, quiet=True, hang_timeout=1.0
+            )
+            ondemand.open_control(out, run_id, {"run_id": run_id})
+            agent = Agent(config)
+            agent.requester_created("opt", "SGD")  # arms: recorder, on-demand poller, stack dumper
+            atexit.unregister(agent.flush)
+            assert agent.stacks is not None
+            agents.append(agent)
+        watched, unwatched = agents
+        unwatched.stacks._stop = True  # its thread ends at its next tick
+        time.sleep(0.3)
+        with_watch = without = float("inf")
+        for _ in range(3):  # interleaved, so drift hits both sides alike
+            with_watch = min(with_watch, timeit.timeit(lambda: watched.tracker.step("opt"), number=n) / n * 1e6)
+            without = min(without, timeit.timeit(lambda: unwatched.tracker.step("opt"), number=n) / n * 1e6)
+        watched.stacks._stop = True
+        for agent in agents:
+            agent.tracker.set_poller(None)
+
+    fake = types.ModuleType("fake_dist")
+
+    def all_reduce(tensor: object, group: object = None, async_op: bool = False) -> None:
+        return None
+
+    fake.all_reduce = all_reduce  # type: ignore[attr-defined]
+    collectives.hook_collectives(fake)
+    hooked = min(timeit.repeat(lambda: fake.all_reduce(1), number=n // 4, repeat=3)) / (n // 4) * 1e6
+    plain = min(timeit.repeat(lambda: all_reduce(1), number=n // 4, repeat=3)) / (n // 4) * 1e6
+    return with_watch, without, hooked, plain
+
+
 def hook_path_cost(n: int = 20_000) -> tuple[float, float]:
     """(us per optimizer.step with stepcli's hooks, without) on a one-element parameter, in fresh processes."""
     code = textwrap.dedent(f"""
@@ -240,6 +288,13 @@ def main() -> None:
         f"--capture-on-slow watching (nothing triggers): tracker.step {watched:.3f} us with it vs {unwatched:.3f} us"
         f" without ({watched / unwatched:.3f}x, {watched - unwatched:+.3f} us/step)  goal <= +2 us: "
         f"{'ok' if watched - unwatched <= 2 else 'OVER'}"
+    )
+    watched, unwatched, hooked_call, plain_call = hang_watch_cost()
+    print(
+        f"hang watch (--hang-timeout 1s, thread ticking every 0.1 s): tracker.step {watched:.3f} us with it vs "
+        f"{unwatched:.3f} us without ({watched - unwatched:+.3f} us/step)  goal <= 2 us/step: "
+        f"{'ok' if watched <= 2 else 'OVER'}; one numbered collective call {hooked_call - plain_call:+.3f} us "
+        f"({hooked_call:.3f} vs {plain_call:.3f} us)"
     )
     with_hook, without = hook_startup_cost()
     print(

@@ -63,6 +63,20 @@ def _parse_fail_over(
         raise click.BadParameter(str(exc)) from None
 
 
+_FROM_CLI = click.core.ParameterSource.COMMANDLINE
+
+
+def _parse_duration(_ctx: click.Context, _param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    from stepcli.run.hang import parse_duration
+
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="stepcli")
 def cli() -> None:
@@ -135,6 +149,18 @@ def cli() -> None:
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines and no summary.")
 @click.option("--on-demand", is_flag=True, help="Open no scheduled window; record when `stepcli capture OUT` asks.")
+@click.option(
+    "--hang-timeout",
+    callback=_parse_duration,
+    metavar="DURATION",
+    help="When no process completes a step for this long (e.g. 10m), dump every process's stacks to OUT/hang-<n>/.",
+)
+@click.option(
+    "--on-hang",
+    type=click.Choice(["keep", "kill"]),
+    default=None,
+    help="After a hang dump: keep the job running (default; dump again while it stays hung) or kill it (exit 124).",
+)
 @click.option(
     "--no-report",
     "report",
@@ -258,6 +284,9 @@ def table(
 
     summary = summarize_paths(paths, group_by_shape=group_by_shape, jobs=jobs, scheduler=scheduler)
     print_table_report(summary, sort_by=sort_by, limit=limit, fmt=fmt or "rich")
+    if group_by_shape and not any(row.shape for row in summary.cpu_ops):
+        click.echo("stepcli: note: --group-by-shape: these traces have no input shapes; record them with "
+                   "`stepcli run --record-shapes` (torch.profiler: record_shapes=True)", err=True)  # fmt: skip
     return 0
 
 
@@ -387,12 +416,23 @@ def compare(
     help="Seconds to wait for the traces.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON document.")
-def capture(target: str, wait: int, warmup: int, active: int, timeout: float, as_json: bool) -> int:
+@click.option("--stacks", is_flag=True, help="Dump every process's Python stacks now (to OUT/stacks-<n>/) instead.")
+def capture(target: str, wait: int, warmup: int, active: int, timeout: float, as_json: bool, stacks: bool) -> int:
     """Record one window of a running `stepcli run` on every process, starting at the same global step.
 
     TARGET is the run's -o folder or the pid of one of its processes. Exit 0 traces saved, 2 TARGET is not a
-    running stepcli run, 3 nothing captured before --timeout.
+    running stepcli run, 3 nothing captured before --timeout. With --stacks: every process's Python stacks instead,
+    now (exit 0 written, 3 no process answered).
     """
+    if stacks:
+        from stepcli.run.hang import capture_stacks
+
+        ctx = click.get_current_context()
+        given = [f"--{name}" for name in ("wait", "warmup", "active") if ctx.get_parameter_source(name) == _FROM_CLI]
+        if given:
+            raise click.UsageError(f"--stacks records no window: drop {', '.join(given)}")
+
+        return capture_stacks(target, timeout=timeout, as_json=as_json)
     from stepcli.run.capture import capture_main
 
     return capture_main(target, wait=wait, warmup=warmup, active=active, timeout=timeout, as_json=as_json)

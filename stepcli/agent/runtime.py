@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .compiles import CompileWatcher
     from .ondemand import OnDemand
     from .recorder import Recorder
+    from .stacks import StackDumper
 
 STEP_LOG_VERSION = 1
 _STEP_LOG_MIN_INTERVAL_S = 10.0
@@ -46,6 +47,7 @@ class Agent:
         self.recorder: Recorder | None = None
         self.ondemand: OnDemand | None = None
         self.compiles: CompileWatcher | None = None  # once the program imports torch._dynamo
+        self.stacks: StackDumper | None = None  # once the process trains
         self.in_step: set[int] = set()
         self.foreign: set[int] = set()  # the program's own profilers now collecting (warmup or recording)
         self.entered: weakref.WeakSet[Any] = weakref.WeakSet()  # ... and those started, collecting or idle
@@ -67,6 +69,10 @@ class Agent:
         for spec in self.config.step_on:
             module_name, _, qualname = spec.partition(":")
             self.hooks.when_imported(module_name, self._step_on_patcher(spec, qualname))
+        if self.config.hang_timeout:
+            from .stacks import install_collective_hook
+
+            install_collective_hook(self)
         self._top_level = os.getppid() == self.config.launcher_pid
         if self._top_level:
             self._write_hello()
@@ -154,6 +160,9 @@ class Agent:
                 from .slowtrigger import SlowTrigger
 
                 SlowTrigger(self, self.ondemand, self.config.slow_trigger)
+            from .stacks import start_stacks
+
+            self.stacks = start_stacks(self)  # `capture --stacks` and --hang-timeout dumps
             self.tracker.set_listener(self.recorder.on_step, self.recorder.next_cycle_start(self.tracker.global_step))
             self.tracker.begin()
         except Exception as exc:

@@ -1,9 +1,14 @@
-"""Per-operator attribution for `stepcli compare`: which operators and kernels changed their self time per step,
-each with its own bootstrap interval, so a regression names its cause.
+"""Attribution for `stepcli compare`: which phases of the step, then which operators and kernels, changed their
+time per step, each with its own bootstrap interval, so a regression names its cause.
 
 Needs traces on both sides (trace inputs, or the traces a run summary lists). Each recorded ProfilerStep#N is one
-sample: the self time of every operator whose events start inside that step, summarized exactly as `stepcli table`
-does (stepcli.traces.analysis), so the numbers agree with the operator tables.
+sample: its phase breakdown and the self time of every operator whose events start inside that step, summarized
+exactly as `stepcli table` does (stepcli.traces.analysis), so the numbers agree with the tables.
+
+Phases first: five numbers per step (data loading, forward, backward, optimizer, other/Python) whose sum is the
+step, so a change anywhere shows in one of them, a `time.sleep` outside any operator included. Operators only with
+OP_MIN_STEPS recorded steps per side: picking the largest of a hundred operators' changes from a few steps names
+noise (a +328 ms convolution_backward from 3 steps, for a change that was only a sleep).
 """
 
 from __future__ import annotations
@@ -20,6 +25,17 @@ if TYPE_CHECKING:
     from stepcli.traces.reader import Trace
 
 TOP_CHANGES = 8
+# Recorded steps per side (distinct steps per run, summed over runs) before phases, and before operators, are
+# attributed: a phase is one of five sums, an operator one of many candidates, so operators need more evidence.
+PHASE_MIN_STEPS = 5
+OP_MIN_STEPS = 20
+PHASE_LABELS = {
+    "dataloader": "data loading",
+    "forward": "forward",
+    "backward": "backward",
+    "optimizer": "optimizer",
+    "other": "other (Python, outside any phase)",
+}
 _STEP_PREFIX = "ProfilerStep#"
 _STEP_ROW = "ProfilerStep*"  # the step annotation itself, not work
 
@@ -28,7 +44,7 @@ _STEP_ROW = "ProfilerStep*"  # the step annotation itself, not work
 class OpChange:
     """One operator's mean self time per step on both sides, and the interval of the change (ms)."""
 
-    kind: str  # "cpu" or "device"
+    kind: str  # "phase", "cpu" or "device"
     name: str
     baseline_ms: float
     current_ms: float
@@ -69,6 +85,8 @@ def op_steps_from_traces(traces: Sequence[Trace], label: str) -> OpSteps:
             summary = summarize([TraceType.from_events(subset, path=trace.path)])
             times = {("cpu", op.name): op.self_ms for op in summary.cpu_ops if op.name != _STEP_ROW}
             times.update({("device", op.name): op.self_ms for op in summary.device_kernels})
+            if summary.breakdown_ms is not None:
+                times.update({("phase", label): ms for label, ms in summary.breakdown_ms.to_dict().items()})
             columns.append((trace.rank, step))
             per_step.append(times)
     keys = sorted({key for times in per_step for key in times})
@@ -76,19 +94,53 @@ def op_steps_from_traces(traces: Sequence[Trace], label: str) -> OpSteps:
     return OpSteps(label=label, steps=tuple(columns), ops=ops)
 
 
+def recorded_steps(runs: Sequence[OpSteps]) -> int:
+    """Distinct recorded steps per run, summed over runs (ranks that step together count once)."""
+    return sum(len({step for _rank, step in run.steps}) for run in runs)
+
+
+def attribution_note(baseline: Sequence[OpSteps], current: Sequence[OpSteps]) -> str | None:
+    """Why phases or operators are not attributed, or None when both are."""
+    steps = min(recorded_steps(baseline), recorded_steps(current))
+    if steps >= OP_MIN_STEPS:
+        return None
+    if steps >= PHASE_MIN_STEPS:
+        return (
+            f"attributed by phase only: {steps} recorded steps on the smaller side, operators need at least "
+            f"{OP_MIN_STEPS} per side (record more with --active)"
+        )
+    return (
+        f"no attribution: {steps} recorded steps on the smaller side, phases need at least {PHASE_MIN_STEPS} and "
+        f"operators {OP_MIN_STEPS} per side (record more with --active)"
+    )
+
+
 def attribute(
     baseline: Sequence[OpSteps], current: Sequence[OpSteps], *, confidence: float, top: int = TOP_CHANGES
 ) -> tuple[OpChange, ...]:
-    """The `top` operators whose mean self time per step changed most, each with its bootstrap interval.
+    """Every phase whose time per step changed, then the `top` operators whose mean self time per step changed most
+    (each only with enough recorded steps, see the module docstring), each with its bootstrap interval.
 
     Steps are resampled in blocks within each run, and runs are resampled when a side has several (as for the
-    step time), so an operator's interval carries the same kinds of noise as the verdict's.
+    step time), so an interval carries the same kinds of noise as the verdict's.
     """
     base_runs = [run for run in baseline if run.steps]
     cur_runs = [run for run in current if run.steps]
-    if not base_runs or not cur_runs:
+    steps = min(recorded_steps(base_runs), recorded_steps(cur_runs))
+    if steps < PHASE_MIN_STEPS:
         return ()
     keys = {key for run in base_runs + cur_runs for key in run.ops}
+    phases = [key for key in keys if key[0] == "phase"]
+    operators = [key for key in keys if key[0] != "phase"] if steps >= OP_MIN_STEPS else []
+    return _changes(base_runs, cur_runs, phases, confidence, len(phases)) + _changes(
+        base_runs, cur_runs, operators, confidence, top
+    )
+
+
+def _changes(
+    base_runs: list[OpSteps], cur_runs: list[OpSteps], keys: list[tuple[str, str]], confidence: float, top: int
+) -> tuple[OpChange, ...]:
+    """The `top` keys by absolute change of their mean per step, each with its interval of the difference."""
 
     def series(runs: list[OpSteps], key: tuple[str, str]) -> list[list[list[float]]]:
         return [[list(run.ops.get(key, (0.0,) * len(run.steps)))] for run in runs]
@@ -102,6 +154,8 @@ def attribute(
     for delta, key in deltas[:top]:
         if delta == 0:
             break
-        change = estimate_change(series(base_runs, key), series(cur_runs, key), "mean", confidence=confidence)
+        change = estimate_change(
+            series(base_runs, key), series(cur_runs, key), "mean", confidence=confidence, log_scale=False
+        )
         changes.append(OpChange(key[0], key[1], change.baseline, change.current, change.low, change.high))
     return tuple(changes)

@@ -10,6 +10,7 @@ The work lives in one module per concern; this one wires them and keeps the name
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -92,6 +93,7 @@ def compare_main(
 
     base = load_side([baseline] if isinstance(baseline, str) else list(baseline))
     cur = load_side([current] if isinstance(current, str) else list(current))
+    op_changes, why_not = _attribution(base, cur, level)
     comparison = decide(
         base,
         cur,
@@ -101,8 +103,10 @@ def compare_main(
         confidence=level,
         skip_steps=skip_steps,
         strict=strict,
-        op_changes=_attribution(base, cur, level),
+        op_changes=op_changes,
     )
+    if why_not:
+        comparison = dataclasses.replace(comparison, notes=(*comparison.notes, why_not))
 
     from stepcli.fmt import visible_all
 
@@ -112,9 +116,9 @@ def compare_main(
         sys.stdout.write(markdown)
         sys.stdout.flush()
     else:
-        from rich.console import Console
+        from stepcli.pipeconsole import pipe_console
 
-        render_console(comparison, Console())
+        render_console(comparison, pipe_console())
         if markdown_path:
             try:
                 Path(markdown_path).write_text(markdown, encoding="utf-8")
@@ -128,9 +132,12 @@ def compare_main(
     return comparison.exit_code
 
 
-def _attribution(baseline: Measurement, current: Measurement, confidence: float) -> tuple[OpChange, ...]:
-    """Per-operator changes with intervals when both sides have traces; () otherwise (never fails the gate)."""
-    from stepcli.compare.attribution import attribute, op_steps_from_traces
+def _attribution(
+    baseline: Measurement, current: Measurement, confidence: float
+) -> tuple[tuple[OpChange, ...], str | None]:
+    """Per-phase and per-operator changes with intervals when both sides have traces, and a note when there were
+    too few recorded steps for them; () otherwise (never fails the gate)."""
+    from stepcli.compare.attribution import attribute, attribution_note, op_steps_from_traces
 
     sides: list[tuple[OpSteps, ...]] = []
     for side in (baseline, current):
@@ -148,14 +155,14 @@ def _attribution(baseline: Measurement, current: Measurement, confidence: float)
                 )
             except StepcliError as exc:  # a trace deleted or damaged since the run: the verdict still stands
                 print(f"stepcli: warning: no per-operator attribution: {exc.message}", file=sys.stderr)
-                return ()
+                return (), None
         else:
-            return ()
+            return (), None
     try:
-        return attribute(sides[0], sides[1], confidence=confidence)
+        return attribute(sides[0], sides[1], confidence=confidence), attribution_note(sides[0], sides[1])
     except Exception as exc:  # attribution only explains the verdict; a failure there must not lose the verdict
         print(f"stepcli: warning: no per-operator attribution: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return ()
+        return (), None
 
 
 def _append_step_summary(markdown: str) -> None:

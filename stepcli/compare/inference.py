@@ -11,6 +11,12 @@ Why a bootstrap, and which one:
   With one run per side that variation cannot be seen; callers say so.
 - Every process of a run (ranks) is resampled with the same step positions, so ranks that move together in a
   synchronous job are not counted as independent evidence.
+- Step times are positive and a slowdown is a ratio, so the interval of a step-time change is made on the log scale:
+  the percentiles of log(current / baseline) over the resamples, mapped back to a relative change. Its lower end
+  can never pass -100%, and a noisy side widens it multiplicatively, not into negative times. (Per-operator
+  attribution keeps the plain difference of means: an operator's self time can be 0 on one side.)
+- Too few step positions to resample (MIN_STEPS) give no interval at all: the verdict is inconclusive, not a huge
+  interval.
 
 Everything is seeded: the same inputs give the same interval and so the same verdict. numpy does the resampling
 (the CLI side only, never the agent): a pure-Python median of 2,000 resamples of 3,000 steps took about 2 s per
@@ -31,6 +37,9 @@ DEFAULT_RESAMPLES = 2000
 DEFAULT_SEED = 20240613
 METHOD_STEPS = "block bootstrap over steps"
 METHOD_RUNS = "two-level bootstrap (runs, then blocks of steps)"
+# Fewer step positions than this on a side (steps of one process; ranks that step together count once) decide
+# nothing: a bootstrap of 3 values spans their range and says little about the next run.
+MIN_STEPS = 10
 MSER_BATCH = 5  # MSER-5: warm-up detection on batch means of 5 steps
 _CELLS_PER_CHUNK = 4_000_000  # resample values held at once (32 MB of float64)
 
@@ -186,23 +195,33 @@ def estimate_change(
     confidence: float = 0.95,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = DEFAULT_SEED,
+    log_scale: bool = True,
 ) -> Change:
-    """The change of `metric` from baseline to current runs, with a percentile bootstrap interval."""
+    """The change of `metric` from baseline to current runs, with a percentile bootstrap interval.
+
+    log_scale: the interval of the ratio current/baseline (from log values), as ms of change from the baseline's
+    estimate, so it respects positivity; False: the plain difference (values that may be 0, such as an operator's
+    self time on a side that does not run it).
+    """
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be between 0 and 1; got {confidence!r}")
     rng = np.random.default_rng(seed)
     base_all, cur_all = pooled(baseline), pooled(current)
     if not base_all.size or not cur_all.size:
         raise ValueError("both sides need step times")
-    diffs = replicates(current, metric, resamples=resamples, rng=rng) - replicates(
-        baseline, metric, resamples=resamples, rng=rng
-    )
+    cur_reps = replicates(current, metric, resamples=resamples, rng=rng)
+    base_reps = replicates(baseline, metric, resamples=resamples, rng=rng)
+    base_value = float(statistic(base_all, metric))
     tail = (1 - confidence) / 2 * 100
-    low, high = np.percentile(diffs, [tail, 100 - tail])
+    if log_scale and base_value > 0 and bool((cur_reps > 0).all()) and bool((base_reps > 0).all()):
+        log_low, log_high = np.percentile(np.log(cur_reps) - np.log(base_reps), [tail, 100 - tail])
+        low, high = base_value * math.expm1(float(log_low)), base_value * math.expm1(float(log_high))
+    else:
+        low, high = (float(v) for v in np.percentile(cur_reps - base_reps, [tail, 100 - tail]))
     several = len(baseline) > 1 or len(current) > 1
     return Change(
         metric=metric,
-        baseline=float(statistic(base_all, metric)),
+        baseline=base_value,
         current=float(statistic(cur_all, metric)),
         low=float(low),
         high=float(high),
@@ -214,6 +233,11 @@ def estimate_change(
         baseline_runs=len(baseline),
         current_runs=len(current),
     )
+
+
+def step_positions(runs: Sequence[Run]) -> int:
+    """Independent step positions of a side: per run, its longest process (ranks step together)."""
+    return sum(max((len(p) for p in run), default=0) for run in runs)
 
 
 def warmup_length(times: Sequence[float], batch: int = MSER_BATCH) -> int:

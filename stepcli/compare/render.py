@@ -5,8 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from stepcli.compare.attribution import OpChange
-from stepcli.compare.verdict import Comparison, OpRow, StepRow, _ci, _fmt_level, _fmt_ms, _pct, _signed
+from stepcli.compare.attribution import PHASE_LABELS, OpChange
+from stepcli.compare.populations import StepRow
+from stepcli.compare.verdict import Comparison, OpRow
+from stepcli.compare.wording import ci as _ci
+from stepcli.compare.wording import fmt_level as _fmt_level
+from stepcli.compare.wording import fmt_ms as _fmt_ms
+from stepcli.compare.wording import pct as _pct
+from stepcli.compare.wording import signed as _signed
 from stepcli.stats import percentile
 from stepcli.traces.render import NAME_WIDTH, shorten
 
@@ -96,34 +102,85 @@ def histogram(
     return lines
 
 
+# Below this many characters for names, a table would squeeze them (`aten::con…kward` at 80 columns): each row is
+# printed as its name on a line of its own, then its numbers indented below.
+STACK_BELOW = 40
+
+
 def _name_width(console: Console, cells: Sequence[Sequence[str]], headers: Sequence[str]) -> int:
-    """Room left for operator names: they are shortened in the middle, as `table` and `run` do, never wrapped."""
+    """Room left for operator names in a table: shortened in the middle, as `table` and `run` do, never wrapped."""
     fixed = sum(max([len(h), *(len(str(row[i])) for row in cells)]) for i, h in enumerate(headers))
-    return max(12, min(NAME_WIDTH, console.width - fixed - 3 * (len(headers) + 1) - 1))
+    return console.width - fixed - 3 * (len(headers) + 1) - 1
 
 
-def render_console(comparison: Comparison, console: Console) -> None:
-    """The human report: sides, interval and steps used, tables, distributions, notes, verdict line last."""
+def _print_rows(
+    console: Console,
+    title: str,
+    headers: Sequence[tuple[str, str]],
+    rows: Sequence[tuple[str, Sequence[str], str]],
+    caption: str | None = None,
+) -> None:
+    """A titled table of (name, cells, stacked line) rows: a table when names get enough room, else each name on
+    a line of its own (the full width) with its numbers indented below."""
     from rich.table import Table
     from rich.text import Text
 
-    c = comparison
+    longest = max(len(name) for name, _, _ in rows)
+    width = _name_width(console, [cells for _, cells, _ in rows], [h for h, _ in headers])
+    if width >= min(longest, STACK_BELOW):
+        # Titles and captions as plain lines: rich pads them to the table's width, trailing spaces on a pipe.
+        _plain(console, title)
+        table = Table()
+        table.add_column("operator", justify="left", no_wrap=True)
+        for name, justify in headers:
+            table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        for name, cells, _ in rows:
+            table.add_row(Text(shorten(name, min(NAME_WIDTH, width))), *cells)
+        console.print(table)
+        if caption:
+            _plain(console, caption)
+        return
+    _plain(console, title + (f" ({caption})" if caption else ""))
+    for name, _, line in rows:
+        _plain(console, "  " + shorten(name, max(12, console.width - 2)))
+        _plain(console, "      " + line)
 
-    def plain(line: str) -> None:
-        # Plain lines never wrap (soft_wrap): CI logs are grepped for the verdict and paths.
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
-    plain(f"baseline: {c.baseline.label} ({c.baseline.description})")
-    plain(f"current:  {c.current.label} ({c.current.description})")
+def _plain(console: Console, line: str) -> None:
+    # Plain lines never wrap (soft_wrap): CI logs are grepped for the verdict and paths.
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _change_line(change: OpChange, level: str) -> str:
+    sig = ", significant" if change.significant else ""
+    return (
+        f"{_fmt_ms(change.baseline_ms)} -> {_fmt_ms(change.current_ms)} ms, {_signed(change.delta_ms)} "
+        f"({level} CI {_signed(change.low)} .. {_signed(change.high)}){sig}"
+    )
+
+
+def _op_line(row: OpRow) -> str:
+    baseline, current, delta, percent, status = _op_cells(row)
+    return f"{baseline} -> {current} ms, {delta} ({percent})" + (f", {status}" if status else "")
+
+
+def _print_header(c: Comparison, console: Console) -> None:
+    _plain(console, f"baseline: {c.baseline.label} ({c.baseline.description})")
+    _plain(console, f"current:  {c.current.label} ({c.current.description})")
     line = interval_line(c)
     if line:
-        plain(f"change:   {line}")
+        _plain(console, f"change:   {line}")
     if c.method:
-        plain(f"method:   {c.method}")
+        _plain(console, f"method:   {c.method}")
     for used in c.steps_used:
-        plain(f"steps:    {used}")
+        _plain(console, f"steps:    {used}")
 
-    steps = Table(title="Step time (ms)", title_justify="left")
+
+def _print_steps(c: Comparison, console: Console) -> None:
+    from rich.table import Table
+
+    _plain(console, "Step time (ms)")
+    steps = Table()
     for name, justify in (
         ("steps", "left"),
         ("stat", "left"),
@@ -144,60 +201,61 @@ def render_console(comparison: Comparison, console: Console) -> None:
             style="bold" if decides else None,
         )
     console.print(steps)
-
     lines = histogram(c.baseline_samples, c.current_samples)
     if lines:
-        plain("Step-time distribution (deciding steps, share of each side's steps)")
+        _plain(console, "Step-time distribution (deciding steps, share of each side's steps)")
         for line in lines:
-            plain(line)
+            _plain(console, line)
 
-    if c.op_changes:
-        ops = Table(
-            title=f"Operators whose self time per step changed most (ms per step, {_fmt_level(c.confidence)} CI)",
-            title_justify="left",
+
+def _change_rows(changes: Sequence[OpChange], level: str) -> list[tuple[str, Sequence[str], str]]:
+    rows: list[tuple[str, Sequence[str], str]] = []
+    for change in changes:
+        name = PHASE_LABELS.get(change.name, change.name) if change.kind == "phase" else change.name
+        if change.kind == "device":
+            name += " [device]"
+        rows.append(
+            (name, [*_change_cells(change)[1:-1], "yes" if change.significant else "no"], _change_line(change, level))
         )
-        # Fits 80 columns: the kind rides on device names ("[gpu]"), "sig" says whether the interval excludes 0;
-        # numbers are never cut, names are shortened in the middle as `table` does.
-        for name, justify in (
-            ("operator", "left"),
-            ("baseline", "right"),
-            ("current", "right"),
-            ("delta", "right"),
-            ("interval", "right"),
-            ("sig", "left"),
-        ):
-            ops.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-        change_cells = [_change_cells(change)[1:] for change in c.op_changes]
-        width = _name_width(console, change_cells, ("baseline", "current", "delta", "interval", "sig"))
-        for change, cells in zip(c.op_changes, change_cells):
-            suffix = "" if change.kind == "cpu" else f" [{change.kind}]"
-            name = shorten(change.name, max(6, width - len(suffix))) + suffix
-            ops.add_row(Text(name), *cells[:-1], "yes" if change.significant else "no")
-        console.print(ops)
+    return rows
+
+
+_CHANGE_HEADERS = (
+    ("baseline", "right"),
+    ("current", "right"),
+    ("delta", "right"),
+    ("interval", "right"),
+    ("sig", "left"),
+)
+
+
+def _print_operators(c: Comparison, console: Console) -> None:
+    level = _fmt_level(c.confidence)
+    phases = [change for change in c.op_changes if change.kind == "phase"]
+    operators = [change for change in c.op_changes if change.kind != "phase"]
+    if phases:
+        title = f"Step phases whose time per step changed most (ms per step, {level} CI)"
+        _print_rows(console, title, _CHANGE_HEADERS, _change_rows(phases, level))
+    if operators:
+        title = f"Operators whose self time per step changed most (ms per step, {level} CI)"
+        _print_rows(console, title, _CHANGE_HEADERS, _change_rows(operators, level))
     elif c.op_rows:
-        ops = Table(
-            title="Top operators by self time (ms)",
-            caption="totals over each side's recorded steps",
-            title_justify="left",
-            caption_justify="left",
-        )
-        for name, justify in (
-            ("operator", "left"),
-            ("baseline", "right"),
-            ("current", "right"),
-            ("delta", "right"),
-            ("delta %", "right"),
-            ("", "left"),
-        ):
-            ops.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-        op_cells = [_op_cells(op) for op in c.op_rows]
-        width = _name_width(console, op_cells, ("baseline", "current", "delta", "delta %", ""))
-        for op, cells in zip(c.op_rows, op_cells):
-            ops.add_row(Text(shorten(op.name, width)), *cells)
-        console.print(ops)
+        headers = (("baseline", "right"), ("current", "right"), ("delta", "right"), ("delta %", "right"), ("", "left"))
+        rows = [(op.name, _op_cells(op), _op_line(op)) for op in c.op_rows]
+        title = "Top operators by self time (ms)"
+        _print_rows(console, title, headers, rows, caption="totals over each side's recorded steps")
 
+
+def render_console(comparison: Comparison, console: Console) -> None:
+    """The human report: sides, interval and steps used, tables, distributions, notes, verdict line last."""
+    from rich.text import Text
+
+    c = comparison
+    _print_header(c, console)
+    _print_steps(c, console)
+    _print_operators(c, console)
     for note in c.notes:
-        plain(f"note: {note}")
+        _plain(console, f"note: {note}")
     style = {
         "no_change": "bold green",
         "improvement": "bold green",
@@ -251,17 +309,26 @@ def render_markdown(comparison: Comparison) -> str:
             *bars,
             "```",
         ]
-    if c.op_changes:
+    level = _fmt_level(c.confidence)
+    for kind, title in (
+        ("phase", f"Step phases whose time per step changed most (ms per step, {level} CI)"),
+        ("op", f"Operators whose self time per step changed most (ms per step, {level} CI)"),
+    ):
+        changes = [ch for ch in c.op_changes if (ch.kind == "phase") == (kind == "phase")]
+        if not changes:
+            continue
+        first = "phase" if kind == "phase" else "operator"
         lines += [
             "",
-            f"**Operators whose self time per step changed most (ms per step, {_fmt_level(c.confidence)} CI)**",
+            f"**{title}**",
             "",
-            "| operator | kind | baseline | current | delta | interval | significant |",
+            f"| {first} | kind | baseline | current | delta | interval | significant |",
             "| --- | --- | ---: | ---: | ---: | ---: | --- |",
         ]
-        for change in c.op_changes:
-            lines.append(_md_row([f"`{_md_code(change.name, in_table=True)}`", *_change_cells(change)]))
-    elif c.op_rows:
+        for change in changes:
+            name = PHASE_LABELS.get(change.name, change.name) if change.kind == "phase" else change.name
+            lines.append(_md_row([f"`{_md_code(name, in_table=True)}`", *_change_cells(change)]))
+    if not any(ch.kind != "phase" for ch in c.op_changes) and c.op_rows:
         lines += [
             "",
             "**Top operators by self time (ms, totals over each side's recorded steps)**",

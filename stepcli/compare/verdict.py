@@ -22,6 +22,8 @@ Verdict rules (the contract the tests pin down):
   * trace vs trace: the recorded `ProfilerStep#N` steps ("recorded"): that is all a trace has.
   * run summary vs trace: the run's "profiled" steps against the trace's recorded ones, so both sides ran
     under the profiler (like with like); the report names both populations.
+- Too little data decides nothing: fewer than MIN_STEPS step positions on a side (stepcli.compare.inference) is
+  inconclusive, without an interval, and says how many steps are needed.
 - A side that measured nothing (0 steps, 0 events, no step statistics, an empty trace folder) gives
   EXIT_NOTHING_MEASURED, never a pass. Bad input raises StepcliError (exit 2) before anything is decided.
 """
@@ -37,15 +39,25 @@ from stepcli.compare.attribution import OpChange
 from stepcli.compare.budgets import exceeds
 from stepcli.compare.inference import (
     DEFAULT_RESAMPLES,
+    MIN_STEPS,
     Change,
     block_length,
     estimate_change,
     more_needed,
-    warmup_length,
+    pooled,
+    statistic,
+    step_positions,
 )
 from stepcli.compare.model import Measurement
+from stepcli.compare.populations import StepRow, UsedRuns, choose_populations, first_steps, step_rows, steps_used, used
+from stepcli.compare.wording import ci as _ci
+from stepcli.compare.wording import fmt_level as _fmt_level
+from stepcli.compare.wording import fmt_ms as _fmt_ms
+from stepcli.compare.wording import fmt_pct as _fmt_pct
+from stepcli.compare.wording import pct as _pct
+from stepcli.compare.wording import signed as _signed
 from stepcli.errors import EXIT_INCONCLUSIVE, EXIT_NOTHING_MEASURED, EXIT_OK, EXIT_REGRESSION
-from stepcli.stats import STAT_NAMES, Stats, describe
+from stepcli.stats import Stats
 
 METRICS = ("median", "mean", "p90", "min", "max")
 TOP_OPS = 10
@@ -58,17 +70,6 @@ HEADLINES = {
     "inconclusive": "INCONCLUSIVE",
     "nothing_measured": "NOTHING MEASURED",
 }
-
-
-@dataclass(frozen=True)
-class StepRow:
-    """One statistic of one step population, both sides."""
-
-    population: str  # "untouched", "profiled", "recorded" or "profiled/recorded"
-    stat: str
-    baseline: float | None
-    current: float | None
-    decides: bool
 
 
 @dataclass(frozen=True)
@@ -168,31 +169,69 @@ def parse_confidence(text: str | float) -> float:
 # --------------------------------------------------------------------------- verdict
 
 
-def choose_populations(baseline: Measurement, current: Measurement) -> tuple[list[tuple[str, str]], list[str]]:
-    """The step populations to show, deciding pair first, and notes explaining any fallback.
+def _check_arguments(metric: str, tolerance: float, min_delta_ms: float, confidence: float) -> None:
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance must be a finite fraction >= 0; got {tolerance!r}")
+    if not (math.isfinite(min_delta_ms) and min_delta_ms >= 0):
+        raise ValueError(f"min_delta_ms must be finite and >= 0; got {min_delta_ms!r}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be between 0 and 1; got {confidence!r}")
 
-    See the module docstring for why each pairing is the like-with-like one.
-    """
-    notes: list[str] = []
-    if baseline.kind == "trace" and current.kind == "trace":
-        return [("recorded", "recorded")], notes
-    if baseline.kind == "run" and current.kind == "run":
-        missing = [m.label for m in (baseline, current) if m.populations.get("untouched") is None]
-        if missing and baseline.populations.get("profiled") and current.populations.get("profiled"):
-            notes.append(
-                f"no untouched steps in {', '.join(missing)}: compared the profiled (warmup+recorded) steps, "
-                "which include profiler overhead"
+
+@dataclass
+class _Sides:
+    """Both sides' deciding populations, their first steps and the (step, ms) they keep."""
+
+    baseline: Measurement
+    current: Measurement
+    pops: tuple[str, str]
+    skip_steps: int | None
+    with_samples: bool
+    first: tuple[dict[int, int], dict[int, int]] = ({}, {})
+    runs: tuple[UsedRuns, UsedRuns] = ([], [])
+
+    def __post_init__(self) -> None:
+        if self.with_samples:
+            b_pop, c_pop = self.pops
+            self.first = (
+                first_steps(self.baseline, b_pop, self.skip_steps),
+                first_steps(self.current, c_pop, self.skip_steps),
             )
-            return [("profiled", "profiled"), ("untouched", "untouched")], notes
-        return [("untouched", "untouched"), ("profiled", "profiled")], notes
-    run_side = "baseline" if baseline.kind == "run" else "current"
-    notes.append(
-        f"the {run_side} is a run summary and the other side a trace: compared the run's profiled "
-        "(warmup+recorded) steps with the trace's recorded steps, since a trace has nothing else"
-    )
-    if baseline.kind == "run":
-        return [("profiled", "recorded")], notes
-    return [("recorded", "profiled")], notes
+            self.runs = (used(self.baseline, b_pop, self.first[0]), used(self.current, c_pop, self.first[1]))
+
+    @property
+    def population(self) -> str:
+        b_pop, c_pop = self.pops
+        return b_pop if b_pop == c_pop else f"{b_pop}/{c_pop}"
+
+    def nothing_measured(self) -> list[tuple[str, Measurement, str]]:
+        """(side, measurement, why) for each side that gives nothing to compare."""
+        sides = (("baseline", self.baseline), ("current", self.current))
+        empty = [(side, m, reason) for side, m in sides if (reason := m.nothing_measured())]
+        if empty:
+            return empty
+        stats = (self.baseline.populations.get(self.pops[0]), self.current.populations.get(self.pops[1]))
+        if None in stats:  # each side measured something, but not the steps this comparison needs
+            return [(side, m, f"no {pop} steps") for (side, m), pop, st in zip(sides, self.pops, stats) if st is None]
+        if self.with_samples and not all(self.runs):
+            skip = self.skip_steps
+            return [
+                (side, m, f"no {pop} steps from step {skip} on (--skip-steps {skip})")
+                for (side, m), pop, runs in zip(sides, self.pops, self.runs)
+                if not runs
+            ]
+        return []
+
+    def steps_used(self) -> tuple[str, ...]:
+        return tuple(steps_used("baseline", self.baseline, self.pops[0], self.first[0], self.skip_steps)) + tuple(
+            steps_used("current", self.current, self.pops[1], self.first[1], self.skip_steps)
+        )
+
+    def samples(self, index: int) -> tuple[float, ...]:
+        """The deciding step times of one side (0 baseline, 1 current), for the distributions."""
+        return tuple(ms for run in self.runs[index] for p in run for _, ms in p)
 
 
 def decide(
@@ -210,22 +249,9 @@ def decide(
     resamples: int = DEFAULT_RESAMPLES,
 ) -> Comparison:
     """The verdict of `current` against `baseline`; no I/O, no printing."""
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
-    if not (math.isfinite(tolerance) and tolerance >= 0):
-        raise ValueError(f"tolerance must be a finite fraction >= 0; got {tolerance!r}")
-    if not (math.isfinite(min_delta_ms) and min_delta_ms >= 0):
-        raise ValueError(f"min_delta_ms must be finite and >= 0; got {min_delta_ms!r}")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be between 0 and 1; got {confidence!r}")
-
+    _check_arguments(metric, tolerance, min_delta_ms, confidence)
     pairs, notes = choose_populations(baseline, current)
-    b_pop, c_pop = pairs[0]
-    with_samples = bool(baseline.runs and current.runs)
-    b_first = _first_steps(baseline, b_pop, skip_steps) if with_samples else {}
-    c_first = _first_steps(current, c_pop, skip_steps) if with_samples else {}
-    step_rows = _step_rows(baseline, current, pairs, (b_first, c_first) if with_samples else None)
-    op_rows = _op_rows(baseline, current, top)
+    sides = _Sides(baseline, current, pairs[0], skip_steps, bool(baseline.runs and current.runs))
     for side in (baseline, current):
         if side.exit_status not in (None, 0):
             notes.append(f"{side.label}: the profiled program exited with status {side.exit_status}")
@@ -235,30 +261,12 @@ def decide(
         metric=metric,
         tolerance=tolerance,
         min_delta_ms=min_delta_ms,
-        step_rows=step_rows,
-        op_rows=op_rows,
+        step_rows=step_rows(baseline, current, pairs, sides.first if sides.with_samples else None, skip_steps),
+        op_rows=_op_rows(baseline, current, top),
         confidence=confidence,
         op_changes=tuple(op_changes),
     )
-
-    sides = (("baseline", baseline), ("current", current))
-    empty = [(side, m, reason) for side, m in sides if (reason := m.nothing_measured())]
-    b_stats, c_stats = baseline.populations.get(b_pop), current.populations.get(c_pop)
-    if not empty and (b_stats is None or c_stats is None):
-        # Each side measured something, but not the steps this comparison needs.
-        empty = [
-            (side, m, f"no {pop} steps")
-            for (side, m), pop, stats in zip(sides, (b_pop, c_pop), (b_stats, c_stats))
-            if stats is None
-        ]
-    b_runs = _used(baseline, b_pop, b_first) if with_samples else []
-    c_runs = _used(current, c_pop, c_first) if with_samples else []
-    if not empty and with_samples and not (b_runs and c_runs):
-        empty = [
-            (side, m, f"no {pop} steps from step {skip_steps} on (--skip-steps {skip_steps})")
-            for (side, m), pop, runs in zip(sides, (b_pop, c_pop), (b_runs, c_runs))
-            if not runs
-        ]
+    empty = sides.nothing_measured()
     if empty:
         why = "; ".join(f"{side} {m.label} has {reason}" for side, m, reason in empty)
         return Comparison(
@@ -268,40 +276,76 @@ def decide(
             notes=tuple(notes),
             **common,
         )
+    b_stats, c_stats = baseline.populations.get(sides.pops[0]), current.populations.get(sides.pops[1])
     assert b_stats is not None and c_stats is not None
-    population = b_pop if b_pop == c_pop else f"{b_pop}/{c_pop}"
-    if not with_samples:
-        return _decide_on_statistics(b_stats, c_stats, population, notes, common)
-
+    if not sides.with_samples:
+        return _decide_on_statistics(b_stats, c_stats, sides.population, notes, common)
+    positions = (step_positions(_times(sides.runs[0])), step_positions(_times(sides.runs[1])))
+    if min(positions) < MIN_STEPS:
+        return _too_few_steps(sides, positions, notes, strict, common)
     change = estimate_change(
-        [[[ms for _, ms in p] for p in run] for run in b_runs],
-        [[[ms for _, ms in p] for p in run] for run in c_runs],
-        metric,
-        confidence=confidence,
-        resamples=resamples,
+        _times(sides.runs[0]), _times(sides.runs[1]), metric, confidence=confidence, resamples=resamples
     )
-    base, cur, delta = change.baseline, change.current, change.delta
-    limit = max(tolerance * base, min_delta_ms)
+    limit = max(tolerance * change.baseline, min_delta_ms)
+    verdict = _interval_verdict(change, limit)
+    numbers = (
+        f"{_fmt_ms(change.baseline)} ms -> {_fmt_ms(change.current)} ms ({_signed(change.delta)} ms, "
+        f"{_pct(change.delta, change.baseline)}, {_fmt_level(confidence)} CI "
+        f"{_ci(change.low, change.high, change.baseline)})"
+    )
+    return Comparison(
+        verdict=verdict,
+        exit_code=_exit_code(verdict, strict),
+        message=f"{metric} step time ({sides.population} steps) {numbers} {_clause(verdict, change, limit, common)}",
+        baseline_population=sides.pops[0],
+        current_population=sides.pops[1],
+        baseline_value=change.baseline,
+        current_value=change.current,
+        limit_ms=limit,
+        notes=tuple(notes),
+        change=change,
+        method=_method(change, sides.runs[0] + sides.runs[1]),
+        steps_used=sides.steps_used(),
+        baseline_samples=sides.samples(0),
+        current_samples=sides.samples(1),
+        **common,
+    )
+
+
+def _times(runs: UsedRuns) -> list[list[list[float]]]:
+    return [[[ms for _, ms in p] for p in run] for run in runs]
+
+
+def _interval_verdict(change: Change, limit: float) -> Verdict:
+    """Where the interval lies against +-limit (see the module docstring)."""
     if exceeds(change.low, limit):
-        verdict: Verdict = "regression"
-    elif exceeds(-change.high, limit):
-        verdict = "improvement"
-    elif exceeds(change.high, limit):
-        verdict = "inconclusive"
-    else:
-        verdict = "no_change"
-    for label, count in (("baseline", change.baseline_steps), ("current", change.current_steps)):
-        if count < 10:
-            notes.append(f"only {count} step(s) on the {label} side decide; the interval is rough")
-    interval = f"{_fmt_level(confidence)} CI {_ci(change.low, change.high, base)}"
-    numbers = f"{_fmt_ms(base)} ms -> {_fmt_ms(cur)} ms ({_signed(delta)} ms, {_pct(delta, base)}, {interval})"
-    allowed = _allowed(limit, tolerance, base, min_delta_ms)
-    clause = {
+        return "regression"
+    if exceeds(-change.high, limit):
+        return "improvement"
+    if exceeds(change.high, limit):
+        return "inconclusive"
+    return "no_change"
+
+
+def _exit_code(verdict: Verdict, strict: bool) -> int:
+    return {
+        "regression": EXIT_REGRESSION,
+        "inconclusive": EXIT_INCONCLUSIVE if strict else EXIT_OK,
+    }.get(verdict, EXIT_OK)
+
+
+def _clause(verdict: Verdict, change: Change, limit: float, common: dict[str, Any]) -> str:
+    allowed = _allowed(limit, common["tolerance"], change.baseline, common["min_delta_ms"])
+    return {
         "regression": f"exceeds {allowed}, all of its interval",
         "improvement": f"is faster by more than {allowed.replace('the allowed +', 'the allowed ')}, all of its interval",
         "no_change": f"is within {allowed}",
         "inconclusive": f"may or may not exceed {allowed}: {_more_data(change, limit)}",
     }[verdict]
+
+
+def _method(change: Change, runs: UsedRuns) -> str:
+    """How the interval was made, in words: resampling scheme, block lengths, resamples, the log scale."""
     runs_text = (
         f"runs resampled ({change.baseline_runs} baseline, {change.current_runs} current), then "
         if change.baseline_runs > 1 or change.current_runs > 1
@@ -312,30 +356,40 @@ def decide(
         if change.baseline_runs == 1 and change.current_runs == 1
         else ""
     )
-    blocks = sorted({block_length(len(p)) for run in b_runs + c_runs for p in run})
-    method = (
-        f"{change.method}: {runs_text}circular blocks of {'/'.join(map(str, blocks))} steps, "
-        f"{change.resamples} resamples, fixed seed{one_run}"
+    blocks = sorted({block_length(len(p)) for run in runs for p in run})
+    unit = "step" if blocks == [1] else "steps"
+    return (
+        f"{change.method}: {runs_text}circular blocks of {'/'.join(map(str, blocks))} {unit}, "
+        f"{change.resamples} resamples, ratio interval on log step times, fixed seed{one_run}"
+    )
+
+
+def _too_few_steps(
+    sides: _Sides, positions: tuple[int, int], notes: list[str], strict: bool, common: dict[str, Any]
+) -> Comparison:
+    """Inconclusive without an interval: too few steps for a bootstrap to mean anything."""
+    metric = common["metric"]
+    base = float(statistic(pooled(_times(sides.runs[0])), metric))
+    cur = float(statistic(pooled(_times(sides.runs[1])), metric))
+    counts = " and ".join(f"{n} {label}" for n, label in zip(positions, ("baseline", "current")))
+    message = (
+        f"{metric} step time ({sides.population} steps) {_fmt_ms(base)} ms -> {_fmt_ms(cur)} ms "
+        f"({_signed(cur - base)} ms, {_pct(cur - base, base)}): too few steps to decide ({counts} step "
+        f"positions; at least {MIN_STEPS} per side needed, ranks that step together count once)"
     )
     return Comparison(
-        verdict=verdict,
-        exit_code={
-            "regression": EXIT_REGRESSION,
-            "inconclusive": EXIT_INCONCLUSIVE if strict else EXIT_OK,
-        }.get(verdict, EXIT_OK),
-        message=f"{metric} step time ({population} steps) {numbers} {clause}",
-        baseline_population=b_pop,
-        current_population=c_pop,
+        verdict="inconclusive",
+        exit_code=_exit_code("inconclusive", strict),
+        message=message,
+        baseline_population=sides.pops[0],
+        current_population=sides.pops[1],
         baseline_value=base,
         current_value=cur,
-        limit_ms=limit,
+        limit_ms=max(common["tolerance"] * base, common["min_delta_ms"]),
         notes=tuple(notes),
-        change=change,
-        method=method,
-        steps_used=tuple(_steps_used("baseline", baseline, b_pop, b_first, skip_steps))
-        + tuple(_steps_used("current", current, c_pop, c_first, skip_steps)),
-        baseline_samples=tuple(ms for run in b_runs for p in run for _, ms in p),
-        current_samples=tuple(ms for run in c_runs for p in run for _, ms in p),
+        steps_used=sides.steps_used(),
+        baseline_samples=sides.samples(0),
+        current_samples=sides.samples(1),
         **common,
     )
 
@@ -401,86 +455,6 @@ def _more_data(change: Change, limit: float) -> str:
     return f"about {max(1, math.ceil(steps * (factor - 1)))} more steps per side (or more runs) would decide it"
 
 
-def _first_steps(m: Measurement, population: str, skip_steps: int | None) -> dict[int, int]:
-    """Per run (by index), the first step used: `--skip-steps`, else the end of the warm-up MSER-5 finds."""
-    out: dict[int, int] = {}
-    for index, run in enumerate(m.runs):
-        if skip_steps is not None:
-            out[index] = skip_steps
-            continue
-        series = run.population(population)
-        if not series:
-            out[index] = 0
-            continue
-        # One value per position: the mean over processes, so ranks that move together count once.
-        longest = max(series, key=len)
-        means = [
-            sum(p[i][1] for p in series if i < len(p)) / sum(1 for p in series if i < len(p))
-            for i in range(len(longest))
-        ]
-        cut = warmup_length(means)
-        out[index] = longest[cut][0] if cut else 0
-    return out
-
-
-def _used(m: Measurement, population: str, first: dict[int, int]) -> list[list[list[tuple[int, float]]]]:
-    """Per run, per process, the (step, ms) that decide; runs left with no step are dropped."""
-    runs = [run.population(population, first.get(index, 0)) for index, run in enumerate(m.runs)]
-    return [run for run in runs if run]
-
-
-def _steps_used(side: str, m: Measurement, population: str, first: dict[int, int], skip: int | None) -> list[str]:
-    lines = []
-    for index, run in enumerate(m.runs[:4]):
-        kept = [step for p in run.population(population, first.get(index, 0)) for step, _ in p]
-        if not kept:
-            lines.append(f"{side} {run.label}: no {population} steps left")
-            continue
-        text = f"{side} {run.label}: {population} steps {min(kept)}-{max(kept)} ({len(kept)} step times)"
-        all_steps = [step for p in run.population(population) for step, _ in p]
-        cut = [s for s in all_steps if s < first.get(index, 0)]
-        if cut:
-            why = f"--skip-steps {skip}" if skip is not None else "warm-up detected (MSER-5)"
-            text += f"; steps {min(cut)}-{max(cut)} left out: {why}"
-        lines.append(text)
-    if len(m.runs) > 4:
-        lines.append(f"{side}: +{len(m.runs) - 4} more runs")
-    return lines
-
-
-def _step_rows(
-    baseline: Measurement,
-    current: Measurement,
-    pairs: list[tuple[str, str]],
-    first: tuple[dict[int, int], dict[int, int]] | None = None,
-) -> tuple[StepRow, ...]:
-    rows: list[StepRow] = []
-    for index, (b_pop, c_pop) in enumerate(pairs):
-        if first is None:
-            b_stats, c_stats = baseline.populations.get(b_pop), current.populations.get(c_pop)
-        else:  # the steps actually used, so the table agrees with the verdict
-            b_stats = _describe_used(baseline, b_pop, first[0])
-            c_stats = _describe_used(current, c_pop, first[1])
-        if index > 0 and b_stats is None and c_stats is None:
-            continue
-        population = b_pop if b_pop == c_pop else f"{b_pop}/{c_pop}"
-        for stat in STAT_NAMES:
-            rows.append(
-                StepRow(
-                    population=population,
-                    stat=stat,
-                    baseline=None if b_stats is None else float(b_stats[stat]),  # type: ignore[literal-required]
-                    current=None if c_stats is None else float(c_stats[stat]),  # type: ignore[literal-required]
-                    decides=index == 0,
-                )
-            )
-    return tuple(rows)
-
-
-def _describe_used(m: Measurement, population: str, first: dict[int, int]) -> Stats | None:
-    return describe(ms for run in _used(m, population, first) for p in run for _, ms in p)
-
-
 def _op_rows(baseline: Measurement, current: Measurement, top: int) -> tuple[OpRow, ...]:
     """Operators matched by name, the `top` with the largest self time on either side."""
     before = {op.name: op.self_ms for op in baseline.ops}
@@ -496,37 +470,3 @@ def _op_rows(baseline: Measurement, current: Measurement, top: int) -> tuple[OpR
             status = ""
         rows.append(OpRow(name=name, baseline_ms=before.get(name), current_ms=after.get(name), status=status))
     return tuple(rows)
-
-
-# --------------------------------------------------------------------------- numbers in words
-
-
-def _fmt_ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
-def _signed(value: float | None) -> str:
-    return "-" if value is None else f"{value:+.3f}"
-
-
-def _pct(delta: float | None, base: float | None) -> str:
-    if delta is None or base is None:
-        return "-"
-    if base == 0:
-        return "n/a"
-    return f"{delta / base * 100:+.1f}%"
-
-
-def _fmt_pct(fraction: float) -> str:
-    return f"{fraction * 100:g}%"
-
-
-def _fmt_level(confidence: float) -> str:
-    return f"{confidence * 100:g}%"
-
-
-def _ci(low: float, high: float, base: float) -> str:
-    """`+5.1% .. +9.3%`, or in ms when the baseline is 0."""
-    if base == 0:
-        return f"{_signed(low)} .. {_signed(high)} ms"
-    return f"{_pct(low, base)} .. {_pct(high, base)}"

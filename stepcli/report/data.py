@@ -21,6 +21,7 @@ from stepcli.run.advice import Advice, Evidence, advise
 from stepcli.run.compiles import compiled_steps
 from stepcli.run.deviceadvice import advise_device
 from stepcli.stats import Stats, describe
+from stepcli.traces.shares import overlap_note
 
 if TYPE_CHECKING:
     from stepcli.traces.model import FilePart
@@ -191,6 +192,7 @@ class ReportData:
     device_ranks: list[dict[str, Any]] = field(default_factory=list)  # ranks[] entries, each with its `device`
     cpu_ops: list[dict[str, Any]] = field(default_factory=list)
     outside_note: str | None = None  # host events outside every recorded step, left out of cpu_ops
+    overlap_note: str | None = None  # the CPU table's Self % adds up to over 100% (other threads), and why
     kernels: list[dict[str, Any]] = field(default_factory=list)
     shape_ops: list[dict[str, Any]] = field(default_factory=list)
     memory_peaks: list[tuple[str, int | None, int | None]] = field(default_factory=list)
@@ -322,15 +324,16 @@ def build(
 
     # Distribution: untouched steps (no profiler overhead) when there are any, else the recorded ones.
     untouched = [v for p in processes for s, v, c in zip(p.steps, p.values_ms, p.phases) if c == "0" and s != 0]
-    recorded = [v for p in processes for s, v, c in zip(p.steps, p.values_ms, p.phases) if c in "23" and s != 0]
+    # The profiled steps (warmup + recorded): the set and the name of the run summary's terminal and --json.
+    recorded = [v for p in processes for s, v, c in zip(p.steps, p.values_ms, p.phases) if c in "123" and s != 0]
     if untouched:
         data.distribution, data.distribution_label = (
             untouched,
             "untouched steps (no profiler running), start-up left out",
         )
     elif recorded:
-        data.distribution, data.distribution_label = recorded, "recorded steps"
-    for label, values in (("untouched steps", untouched), ("recorded steps", recorded)):
+        data.distribution, data.distribution_label = recorded, "profiled steps"
+    for label, values in (("untouched steps", untouched), ("profiled steps", recorded)):
         stats = describe(values)
         if stats:
             data.stats.append((label, stats))
@@ -368,9 +371,11 @@ def build(
             data.breakdowns.append(("recorded steps", summary["breakdown_ms"]))
         if summary.get("slowest_rank") is not None:
             data.slowest = f"rank {summary['slowest_rank']}"
-    # Straggler evidence over every step the ranks have in common: the whole run when the step logs are there.
+    # The slowest rank is the straggler of stepcli.traces.ranks or nobody: the terminal and --json say the same.
+    straggler = (analysis or summary or {}).get("straggler")
+    ranks_analysed = len((analysis or summary or {}).get("ranks") or []) > 1
     rank_steps = _rank_steps(processes)
-    if rank_steps:
+    if not ranks_analysed and rank_steps:  # step logs alone: the advice's step-time rule speaks for the ranks
         means = {rank: sum(times) / len(times) for rank, times in rank_steps.items()}
         data.slowest = f"rank {max(sorted(means), key=lambda r: means[r])}"
 
@@ -406,12 +411,17 @@ def build(
         kernels=data.kernels,
         recorded_steps=recorded_steps,
         rank_steps=rank_steps,
+        straggler=straggler,
+        ranks_analysed=ranks_analysed,
         untouched_ms=[(s, v) for s, v, c in zip(lead.steps, lead.values_ms, lead.phases) if c == "0" and s != 0]
         if lead
         else (),
         device=data.device,
     )
     data.advice = advise(evidence) + advise_device(evidence)
+    if not ranks_analysed and not any(a.rule == "straggler" for a in data.advice):
+        data.slowest = None  # a balanced run has no slowest rank
+    data.overlap_note = overlap_note(data.cpu_ops)  # over every row, before the cut
     data.cpu_ops = data.cpu_ops[:TOP_ROWS]
     data.kernels = data.kernels[:TOP_ROWS]
     return data

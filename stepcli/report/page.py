@@ -251,10 +251,8 @@ def render(data: ReportData, report_path: str) -> str:
             if data.device and data.device.get("busy_share")
             else None
         )
-        # The bars are the recorded steps: outline the rank slowest over those (the timeline marks the whole run's).
-        slowest_bar = (
-            max(data.breakdowns, key=lambda row: sum(row[1].values()))[0] if len(data.breakdowns) > 1 else None
-        )
+        # Outline the straggler (stepcli.traces.ranks), the rank the terminal and --json name, or none.
+        slowest_bar = data.slowest if len(data.breakdowns) > 1 else None
         add(svg.breakdown_chart(data.breakdowns, highlight=slowest_bar, device_busy=busy))
         add(_legend([(k, _BREAKDOWN_COLORS[k]) for k in svg.BREAKDOWN_ORDER]))
     else:
@@ -265,6 +263,8 @@ def render(data: ReportData, report_path: str) -> str:
     add(_ops_table(data.cpu_ops, "cpu-ops"))
     if data.outside_note:
         add(f'<p class="muted" id="outside-steps">{escape(data.outside_note)}</p>')
+    if data.overlap_note:
+        add(f'<p class="muted" id="self-share-overlap">{escape(data.overlap_note)}.</p>')
     if data.kernels:
         add('<h2 id="kernels">Top device kernels</h2>')
         add(_ops_table(data.kernels, "kernels"))

@@ -92,6 +92,10 @@ class Evidence:
     kernels: Sequence[Mapping[str, Any]] = ()
     recorded_steps: int = 0
     rank_steps: Mapping[int, Sequence[float]] = field(default_factory=dict)  # rank -> step times, step-aligned
+    # The straggler of stepcli.traces.ranks (its to_dict), when the ranks' traces were analysed: then that is the
+    # one definition (None: nobody stands out), and step times, which synchronous collectives make equal, are not.
+    straggler: Mapping[str, Any] | None = None
+    ranks_analysed: bool = False
     untouched_ms: Sequence[tuple[int, float]] = ()  # (step number, ms) of one process
     device: Mapping[str, Any] | None = None  # the summary's `device` figures (stepcli.run.deviceadvice reads them)
 
@@ -217,7 +221,9 @@ def recompilations(ev: Evidence) -> Advice | None:
 
 
 def straggler(ev: Evidence) -> Advice | None:
-    """One rank's steps take longer than the others', step after step."""
+    """One rank's steps take longer than the others', step after step (by compute per step when traces say)."""
+    if ev.ranks_analysed:
+        return _traced_straggler(ev.straggler)
     if len(ev.rank_steps) < 2:
         return None
     common = min(len(times) for times in ev.rank_steps.values())
@@ -239,6 +245,19 @@ def straggler(ev: Evidence) -> Advice | None:
         evidence=f"rank {slowest} averages {means[slowest]:.2f} ms per step, {ratio:.2f}× the other ranks' median "
         f"of {typical:.2f} ms, and is the slowest in {_pct(slowest_in)} of {common} steps",
         threshold=f"≥ {STRAGGLER_RATIO:.2f}× and slowest in ≥ {_pct(STRAGGLER_CONSISTENCY)} of ≥ {STRAGGLER_MIN_STEPS} steps",
+        suggestion="Compare that rank's trace with another's (stepcli table on both): uneven data shards or "
+        "sequence lengths, a slower or shared device, or extra work on that rank (logging, checkpoints).",
+    )
+
+
+def _traced_straggler(found: Mapping[str, Any] | None) -> Advice | None:
+    if not found:
+        return None
+    return Advice(
+        rule="straggler",
+        title=f"Rank {found['rank']} is slower than the others",
+        evidence=str(found["evidence"]),
+        threshold=str(found.get("threshold") or ""),
         suggestion="Compare that rank's trace with another's (stepcli table on both): uneven data shards or "
         "sequence lengths, a slower or shared device, or extra work on that rank (logging, checkpoints).",
     )

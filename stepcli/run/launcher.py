@@ -55,6 +55,8 @@ class RunRequest:
     on_demand: bool = False
     report: bool = True
     verbose: bool = False
+    hang_timeout: float | None = None  # --hang-timeout, seconds (stepcli/run/hang.py)
+    on_hang: str = "keep"
     memory_entries: int = 0  # --memory: CUDA allocator history entries per process (0: off)
     slow_trigger: dict[str, Any] | None = None  # --capture-on-slow (stepcli/agent/slowrule.py)
 
@@ -80,6 +82,8 @@ class RunRequest:
         on_demand: bool = False,
         report: bool = True,
         verbose: bool = False,
+        hang_timeout: float | None = None,
+        on_hang: str | None = None,
         memory_entries: int = 0,
         capture_on_slow: str | None = None,
         capture_steps: int = 3,
@@ -97,6 +101,9 @@ class RunRequest:
                     f"--step-on {spec}: the script's own __main__ cannot be hooked before it runs; "
                     "name a function in an importable module"
                 )
+        from stepcli.run.hang import check_options
+
+        on_hang = check_options(hang_timeout, on_hang)
         argv, label = _child_command(target, module_mode, command_mode)
         from stepcli.run.slowoptions import slow_trigger
 
@@ -117,6 +124,8 @@ class RunRequest:
             on_demand=on_demand,
             report=report,
             verbose=verbose,
+            hang_timeout=hang_timeout,
+            on_hang=on_hang,
             memory_entries=memory_entries,
             slow_trigger=slow_trigger(capture_on_slow, capture_steps, max_captures),
         )
@@ -367,6 +376,7 @@ def run_program(request: RunRequest) -> int:
         use_gzip=request.use_gzip,
         quiet=request.quiet,
         on_demand=request.on_demand,
+        hang_timeout=request.hang_timeout or 0.0,
         memory_entries=request.memory_entries,
         slow_trigger=request.slow_trigger,
         **request.profiler_options,
@@ -395,18 +405,25 @@ def run_program(request: RunRequest) -> int:
             ondemand.close_control(config.out_dir, config.run_id)
             raise StepcliError(f"could not start {request.argv[0]}: {exc.strerror or exc}") from None
         watchdog = start_watchdog(proc.pid, os.getpgrp() if foreground else proc.pid)
+        from stepcli.run.hang import start_hang_watch
+
+        hang_watch = start_hang_watch(request.hang_timeout, request.on_hang, config, proc)
         try:
             with _SignalForwarder(proc, foreground) as forwarder:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # held signals are forwarded now
                 returncode = proc.wait()
                 forwarder.reap_orphans()
         finally:
+            if hang_watch is not None:
+                hang_watch.stop()
             if watchdog is not None:
                 watchdog.release()
             ondemand.close_control(config.out_dir, config.run_id)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     status = exit_status(returncode)
+    if hang_watch is not None and hang_watch.killed:
+        status = hang_watch.exit_status
 
     if request.quiet and not request.json_path and not request.fail_over and not request.report:
         return status  # nothing would show the summary: don't spend time reading traces

@@ -26,6 +26,7 @@ from stepcli.agent.schedule import NONE
 from stepcli.agent.tracker import FOREIGN
 from stepcli.errors import StepcliError
 from stepcli.run.compiles import compile_lines, compile_summary, compiled_steps
+from stepcli.run.hangreport import hang_summary
 from stepcli.stats import describe
 
 if TYPE_CHECKING:
@@ -294,6 +295,7 @@ def build_run_summary(
         "flops": (analysis or {}).get("flops"),
         "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
         "compile": compile_summary(logs),
+        "hang": hang_summary(config.out_dir, started_at),  # --hang-timeout reports (stepcli/run/hangreport.py)
         "notes": notes,
     }
 
@@ -359,16 +361,15 @@ def sparkline(values: list[float], phases: str, width: int = 60) -> str:
 
 def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, report_path: str | None = None) -> None:
     """The summary on stderr after the program exits (stdout belongs to the program)."""
-    from rich.console import Console
-
-    from stepcli.fmt import visible_all
-
-    summary, advice = visible_all(summary), visible_all(advice)  # names from traces: control characters shown
-    report_path = visible_all(report_path)
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console(stderr=True, highlight=False)
+    from stepcli.fmt import visible_all
+    from stepcli.pipeconsole import pipe_console
+
+    summary, advice = visible_all(summary), visible_all(advice)  # names from traces: control characters shown
+    report_path = visible_all(report_path)
+    console = pipe_console(stderr=True, highlight=False)  # no trailing spaces in CI logs
     overview = Table.grid(padding=(0, 2))
     overview.add_column(style="bold")
     overview.add_column()
@@ -417,12 +418,12 @@ def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, 
     # Paths on lines of their own, never cut or wrapped, so they can be copied from any terminal or CI log.
     for window in summary["windows"]:
         steps = (
-            f"{window['first_step']}-{window['last_step']}"
+            f"steps {window['first_step']}-{window['last_step']}"
             if window["first_step"] != window["last_step"]
-            else f"{window['first_step']}"
+            else f"step {window['first_step']}"
         )
         extra = "" if window["complete"] else f" [yellow]({window.get('note', 'incomplete')})[/]"
-        console.print(f"[bold]trace[/] steps {steps} {window['worker']} ({_bytes(window['bytes'])}){extra}:")
+        console.print(f"[bold]trace[/] {steps} {window['worker']} ({_bytes(window['bytes'])}){extra}:")
         console.print(f"  {window['trace']}", markup=False, soft_wrap=True)
 
     if summary["top_operators"] or summary["top_kernels"]:

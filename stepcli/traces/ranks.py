@@ -7,24 +7,43 @@ its windows are listed inside, labelled by their steps. Step numbers of differen
 Under synchronous collectives every rank's step takes the same time; the slow rank is the one that waits least. So
 each step is split into communication wait (collective operators and kernels: c10d, gloo, NCCL) and compute (the
 rest), and the straggler is the rank whose compute per step stands out from the others' median.
+
+This is the one definition of "the slowest rank": the terminal, `--json` (`slowest_rank`, `straggler`), report.html
+and the advice all show what `find_straggler` returns, and nothing when it returns None. Communication is not a
+clean measure of waiting (gloo runs DDP's all-reduce on its own thread, overlapping the backward pass, and that
+counts as communication), so no rank is named without evidence: at least STRAGGLER_MIN_STEPS steps that every rank
+recorded, the rank computing more than the others' median in most of them (STRAGGLER_CONSISTENCY), by more
+than the step-to-step noise (the mean of the per-step differences over NOISE_SE standard errors) and by a share of
+the step that matters (STRAGGLER_MIN_SHARE), besides the factor and floor below. A balanced run names nobody.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from stepcli.stats import Stats, describe
 
+T = TypeVar("T")
 _WORKER = re.compile(r"^(.+?)\.\d+\.pt\.trace\.json(\.gz)?$")
 # Names of CPU events and device kernels that are collective communication (or waiting for it).
 _COMM_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms", "ncclKernel", "ncclDevKernel")
 # A rank is a straggler when its compute per step exceeds the others' median by this factor ...
 STRAGGLER_FACTOR = 1.25
-# ... and by at least this many milliseconds (noise on tiny steps is not a straggler).
+# ... and by at least this many milliseconds (noise on tiny steps is not a straggler) ...
 STRAGGLER_MIN_MS = 0.02
+# ... over at least this many steps every rank recorded, computing more than the others' median in at least this
+# share of them, the mean per-step difference above this many standard errors of it.
+STRAGGLER_MIN_STEPS = 10
+STRAGGLER_CONSISTENCY = 0.75
+NOISE_SE = 3.0
+# ... and by at least this share of its step time: a rank that holds the others back by less is not worth naming
+# (on a shared machine one rank is often descheduled a little more than another).
+STRAGGLER_MIN_SHARE = 0.25
 
 
 def is_communication(name: str) -> bool:
@@ -51,6 +70,21 @@ def steps_label(steps: list[int]) -> str:
     if steps == list(range(steps[0], steps[-1] + 1)):
         return f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
     return "steps " + ", ".join(map(str, steps))
+
+
+def first_per_process(rows: Sequence[T], limit: int | None, process: Callable[[T], str]) -> list[T]:
+    """The first `limit` rows of each process (every row without a limit), in their order: a cut table shows
+    every process, not the first process's steps alone."""
+    if limit is None:
+        return list(rows)
+    seen: dict[str, int] = {}
+    out = []
+    for row in rows:
+        key = process(row)
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] <= limit:
+            out.append(row)
+    return out
 
 
 @dataclass
@@ -87,6 +121,10 @@ class ProcessRow:
         values = [d - c for w in self.windows for d, c in zip(w.dur_ms, w.comm_ms)]
         return sum(values) / len(values) if values else None
 
+    def compute_by_step(self) -> dict[int, float]:
+        """Time outside communication of each recorded step, by step number."""
+        return {s: d - c for w in self.windows for s, d, c in zip(w.steps, w.dur_ms, w.comm_ms)}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "process": self.process,
@@ -122,16 +160,26 @@ class Straggler:
     compute_ms: float
     others_median_ms: float
     others_wait_ms: float | None
+    steps: int = 0  # steps every rank recorded
+    ahead_in: int = 0  # of those, the steps in which this rank computed more than the others' median
 
     @property
     def evidence(self) -> str:
         text = (
             f"rank {self.rank}: compute {self.compute_ms:.3g} ms/step vs median {self.others_median_ms:.3g} ms "
-            "of the other ranks"
+            f"of the other ranks, more in {self.ahead_in} of {self.steps} common steps"
         )
         if self.others_wait_ms:
             text += f"; the others wait {self.others_wait_ms:.3g} ms/step in collectives for it"
         return text
+
+    @property
+    def threshold(self) -> str:
+        return (
+            f"≥ {STRAGGLER_FACTOR:.2f}× the others' median compute and ≥ {STRAGGLER_MIN_SHARE:.0%} of the step "
+            f"more, more in ≥ {STRAGGLER_CONSISTENCY:.0%} of "
+            f"≥ {STRAGGLER_MIN_STEPS} common steps, beyond {NOISE_SE:g} standard errors of the step-to-step noise"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -139,7 +187,10 @@ class Straggler:
             "compute_ms": self.compute_ms,
             "others_median_compute_ms": self.others_median_ms,
             "others_wait_ms": self.others_wait_ms,
+            "steps": self.steps,
+            "ahead_in": self.ahead_in,
             "evidence": self.evidence,
+            "threshold": self.threshold,
         }
 
 
@@ -150,15 +201,32 @@ def _median(values: list[float]) -> float:
 
 
 def find_straggler(rows: list[ProcessRow]) -> Straggler | None:
-    """The rank whose compute per step stands out (STRAGGLER_FACTOR over the others' median), if one does."""
-    ranked = [(r.rank, r.compute_ms, r.comm_ms) for r in rows if r.rank is not None and r.compute_ms is not None]
+    """The rank whose compute per step stands out from the others', with evidence (module docstring), or None."""
+    ranked = [r for r in rows if r.rank is not None and r.compute_ms is not None]
     if len(ranked) < 2:
         return None
-    rank, compute, _ = max(ranked, key=lambda item: (item[1], -(item[0] or 0)))
-    others = [c for r, c, _ in ranked if r != rank]
-    median = _median([c for c in others if c is not None])
-    if compute < median * STRAGGLER_FACTOR or compute - median < STRAGGLER_MIN_MS:
+    by_step = {r.rank: r.compute_by_step() for r in ranked}
+    common = sorted(set.intersection(*(set(steps) for steps in by_step.values())))
+    if len(common) < STRAGGLER_MIN_STEPS:
         return None
-    waits = [w for r, _, w in ranked if r != rank and w is not None]
+    means = {rank: sum(by_step[rank][s] for s in common) / len(common) for rank in by_step}
+    durations = {s: d for r in ranked for w in r.windows for s, d in zip(w.steps, w.dur_ms)}  # any rank's
+    step_ms = sum(durations[s] for s in common) / len(common)
+    rank = max(sorted(means, key=lambda r: r or 0), key=lambda r: means[r])
+    others = [r for r in by_step if r != rank]
+    # Per step: this rank's compute minus the others' median that step (ranks that step together are paired).
+    diffs = [by_step[rank][s] - _median([by_step[o][s] for o in others]) for s in common]
+    median = _median([means[o] for o in others])
+    mean_diff = sum(diffs) / len(diffs)
+    spread = math.sqrt(sum((d - mean_diff) ** 2 for d in diffs) / (len(diffs) - 1))
+    ahead = sum(1 for d in diffs if d > 0)
+    if (
+        means[rank] < median * STRAGGLER_FACTOR
+        or means[rank] - median < max(STRAGGLER_MIN_MS, STRAGGLER_MIN_SHARE * step_ms)
+        or ahead < STRAGGLER_CONSISTENCY * len(common)
+        or mean_diff <= NOISE_SE * spread / math.sqrt(len(diffs))
+    ):
+        return None
+    waits = [w for r in ranked if r.rank != rank and (w := r.comm_ms) is not None]
     assert rank is not None
-    return Straggler(rank, compute, median, _median(waits) if waits else None)
+    return Straggler(rank, means[rank], median, _median(waits) if waits else None, len(common), ahead)

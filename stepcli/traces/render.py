@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, Callable
 
 from stepcli.fmt import visible_all
+from stepcli.pipeconsole import pipe_console
+from stepcli.traces.ranks import first_per_process
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -98,13 +100,13 @@ def ops_table(
     from rich.table import Table
     from rich.text import Text
 
-    from stepcli.traces.shares import share_caption
+    from stepcli.traces.shares import overlap_note, share_caption
 
     shown = sort_rows(rows, sort_by, limit)
     with_shape = any("shape" in r for r in shown)
     caption = f"{len(shown)} of {len(rows)} rows, sorted by {sort_by}" if len(rows) > len(shown) else None
     if share_of is not None:
-        caption = "; ".join(filter(None, (caption, share_caption(share_of))))
+        caption = "; ".join(filter(None, (caption, share_caption(share_of), overlap_note(rows))))
     headers = ("Calls", "Self ms", "Self %", "Total ms", "Avg ms")
     numbers = [
         [f"{r['calls']:,}", _ms(r["self_ms"]), _pct(r["self_share"]), _ms(r["total_ms"]), _ms(r["avg_ms"])]
@@ -308,7 +310,7 @@ def _pipe_console(file: IO[str] | None) -> Console:
             self.quiet = True  # drop whatever is still buffered; nothing can reach the reader now
             raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
-    return _Console(file=file) if file is not None else _Console()
+    return pipe_console(_Console, file=file) if file is not None else pipe_console(_Console)
 
 
 def _discard_output(out: IO[str]) -> None:
@@ -410,7 +412,7 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequ
 
 def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: int | None = 20) -> str:
     """GitHub-flavoured Markdown (e.g. for $GITHUB_STEP_SUMMARY): steps, ranks, breakdown and operator tables."""
-    from stepcli.traces.shares import share_caption
+    from stepcli.traces.shares import overlap_note, share_caption
 
     lines: list[str] = ["## stepcli table", ""]
     stats = data.get("step_ms")
@@ -425,13 +427,15 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
     lines.append("")
     if data["steps"]:
         lines += ["### Steps", ""]
-        steps = data["steps"] if limit is None else data["steps"][: limit * max(1, len(data["ranks"]))]
+        steps = first_per_process(data["steps"], limit, _process_label)
         lines += _md_table(
             ("Process", "Step", "ms"),
             [(_process_label(s), s["step"], _ms(s["dur_ms"])) for s in steps],
             (False, True, True),
         )
         lines.append("")
+        if len(steps) < len(data["steps"]):  # never cut silently
+            lines += [f"First {limit} steps of each process shown ({len(steps)} of {len(data['steps'])}, --limit).", ""]
     if data["ranks"]:
         slowest = data.get("slowest_rank")
         lines += ["### Ranks", ""]
@@ -489,6 +493,7 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
             ("Name", "Calls", "Self ms", "Self %", "Total ms", "Avg ms"), rows, (False, True, True, True, True, True)
         )
         lines += ["", f"{share_caption(data.get('share_of'))}.", ""]
+        lines += [f"{note}.", ""] if (note := overlap_note(rows_in)) else []
         outside = outside_note(data.get("outside_steps")) if title == "CPU operators" else None
         if outside:
             lines += [f"{outside[0].upper()}{outside[1:]}.", ""]

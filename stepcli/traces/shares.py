@@ -12,6 +12,8 @@ the step, so the shares of a table can add up to more than 100%.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 STEP_KEY = "ProfilerStep*"  # key_averages() folds every ProfilerStep#N into this one row
 
@@ -28,6 +30,18 @@ def share_basis(step_ns: int, steps: int, self_ns_without_steps: int) -> tuple[i
 def share_caption(share_of: str | None) -> str:
     """The caption line an operator table carries, so its Self % column says what it is a share of."""
     return f"Self % = share of {share_of or 'recorded step time'}"
+
+
+def overlap_note(rows: Iterable[Mapping[str, Any]]) -> str | None:
+    """The note under an operator table whose Self % adds up to more than 100% (all its rows, shown or not), or
+    None: without it a column summing to 124% reads as a bug."""
+    total = sum(float(r.get("self_share") or 0.0) for r in rows)
+    if total <= 1.0 + 1e-9:
+        return None
+    return (
+        f"Self % adds up to {total * 100:.0f}% over all rows: operators on other threads (autograd, gloo or NCCL "
+        "communication, DataLoader workers) run at the same time as the step's main thread, so their shares overlap"
+    )
 
 
 def stable_name(name: str) -> str:

@@ -129,7 +129,7 @@ STRAGGLER = """
     model = torch.nn.Linear(512, 512)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(256, 512)
-    for _ in range(6):
+    for _ in range(16):
         opt.zero_grad()
         for _ in range(5 if rank == 1 else 1):  # rank 1 does 5x the compute; all_reduce makes rank 0 wait
             model(x).square().mean().backward()
@@ -148,7 +148,7 @@ def test_straggler_is_the_rank_that_computes_most(tmp_path: Path) -> None:
     result = run_stepcli(
         "run",
         "--active",
-        "2",
+        "12",  # recorded steps 2-13: a straggler needs 10 common steps of evidence
         "-o",
         tmp_path / "out",
         "--json",

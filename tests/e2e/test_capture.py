@@ -72,6 +72,8 @@ DDP_LOOP = """
     while not rank0_sees("end"):
         time.sleep(0.1)
     dist.barrier()
+    del model, opt  # DDP's reducer holds gloo's group: freed here, not at exit, where torch 2.13 can abort
+    import gc; gc.collect()
     dist.destroy_process_group()
 """
 

@@ -14,7 +14,8 @@ import pytest
 from conftest import markdown_tables, run_stepcli, stepcli_env, write_script
 
 # Plain torch.profiler with a schedule, as a user's script does it without stepcli: wait 1, warmup 1,
-# active 3, so ProfilerStep#2..#4 are recorded. The slow variant sleeps inside each step.
+# active 10, so ProfilerStep#2..#11 are recorded (10 steps: the fewest compare decides on). The slow variant
+# sleeps inside each step.
 MAKE_TRACES = """
     import sys
     import time
@@ -29,10 +30,10 @@ MAKE_TRACES = """
         data = torch.randn(32, 16)
         with profile(
             activities=[ProfilerActivity.CPU],
-            schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
+            schedule=schedule(wait=1, warmup=1, active=10, repeat=1),
             on_trace_ready=tensorboard_trace_handler(folder, worker_name=worker),
         ) as prof:
-            for _ in range(6):
+            for _ in range(13):
                 opt.zero_grad()
                 model(data).square().mean().backward()
                 opt.step()
@@ -55,9 +56,8 @@ MAKE_TRACES = """
     unscheduled(f"{root}/nosteps")
 """
 
-# Jitter of sub-millisecond CPU steps stays below this floor even on a loaded runner (tens of ms seen); the 100 ms sleep is far above it. With three
-# recorded steps per side the interval spans about the range of the samples, so the sleep must dominate even the
-# tens of ms a step can take on a loaded 2-core runner.
+# Jitter of sub-millisecond CPU steps stays below this floor even on a loaded runner (tens of ms seen); the 100 ms
+# sleep is far above it, even against the tens of ms a step can take on a loaded 2-core runner.
 FLOOR = ("--min-delta-ms", "50")
 
 
@@ -104,8 +104,8 @@ def verdict(stdout: str) -> str:
 
 
 def test_trace_against_itself_passes(traces: Path) -> None:
-    # GIVEN one plain torch.profiler trace WHEN compared with itself THEN exit 0, never a regression. Three
-    # recorded steps cannot narrow the interval below 10%, so it may say so (inconclusive, a warning on stderr).
+    # GIVEN one plain torch.profiler trace WHEN compared with itself THEN exit 0, never a regression. Ten
+    # recorded steps may not narrow the interval below 10%, so it may say so (inconclusive, a warning on stderr).
     trace = one_trace(traces / "fast")
     result = run_stepcli("compare", trace, trace)
     assert result.returncode == 0, result.stderr
@@ -132,7 +132,7 @@ def test_folder_vs_folder(traces: Path) -> None:
     # Two separate runs of the same program stay within the floor; the slow folder does not.
     same = run_stepcli("compare", traces / "fast", traces / "fast2", *FLOOR)
     assert same.returncode == 0, same.stdout + same.stderr
-    assert "trace, 6 steps" in same.stdout  # 3 recorded steps x 2 ranks
+    assert "trace, 20 steps" in same.stdout  # 10 recorded steps x 2 ranks
     slower = run_stepcli("compare", traces / "fast", traces / "slow", *FLOOR)
     assert slower.returncode == 1, slower.stdout + slower.stderr
     assert verdict(slower.stdout).startswith("REGRESSION")

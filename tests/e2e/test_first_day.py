@@ -75,10 +75,13 @@ def test_table_and_compare_fit_80_columns_and_shorten_names_alike(
     for text in (table.stdout, compare.stdout):
         rows = _table_lines(text)
         assert rows and all(len(row) <= 80 for row in rows), text
-        # the long name is shortened in the middle (both ends kept), never wrapped onto a second line
-        named = [row for row in rows if LONG_NAME[:10] in row]
-        assert len(named) == 1 and "…" in named[0] and LONG_NAME[-4:] in named[0], text
-        assert not [row for row in rows if LONG_NAME[-12:-4] in row and LONG_NAME[:10] not in row]
+    # table: the long name is shortened in the middle (both ends kept), never wrapped onto a second line
+    rows = _table_lines(table.stdout)
+    named = [row for row in rows if LONG_NAME[:10] in row]
+    assert len(named) == 1 and "…" in named[0] and LONG_NAME[-4:] in named[0], table.stdout
+    assert not [row for row in rows if LONG_NAME[-12:-4] in row and LONG_NAME[:10] not in row]
+    # compare: where a table would squeeze names, each name gets a line of its own, whole when it fits in 80
+    assert f"  {LONG_NAME}" in compare.stdout.splitlines(), compare.stdout
 
 
 def test_options_after_the_script_are_explained(tmp_path: Path) -> None:

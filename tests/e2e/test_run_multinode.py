@@ -24,7 +24,9 @@ DDP_SCRIPT = """
         model(torch.randn(8, 16)).sum().backward()
         opt.step()
         opt.zero_grad()
-    dist.barrier()  # torch 2.13's gloo can abort when one rank tears down while the other still runs
+    dist.barrier()
+    del model, opt  # DDP's reducer holds gloo's group: freed here, not at exit, where torch 2.13 can abort
+    import gc; gc.collect()
     dist.destroy_process_group()
 """
 

@@ -23,7 +23,9 @@ _DDP = """
     for _ in range(10):
         model(torch.randn(4, 8)).sum().backward()
         opt.step()
-    dist.barrier()  # torch 2.13's gloo can abort when one rank tears down while the other still runs
+    dist.barrier()
+    del model, opt  # DDP's reducer holds gloo's group: freed here, not at exit, where torch 2.13 can abort
+    import gc; gc.collect()
     dist.destroy_process_group()
 """
 

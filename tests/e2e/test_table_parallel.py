@@ -29,7 +29,7 @@ def test_parallel_equals_serial_on_a_rank_folder(rank_folder: Path) -> None:
     assert two_jobs == serial
     assert [r["rank"] for r in two_jobs["ranks"]] == list(range(RANKS))
     assert len(two_jobs["steps"]) == 2 * RANKS
-    assert two_jobs["slowest_rank"] == 2
+    assert two_jobs["slowest_rank"] is None  # 2 steps per rank are no evidence of a straggler (traces.ranks)
     ops = {row["name"]: row for row in two_jobs["cpu_ops"]}
     assert (
         ops["aten::addmm"]["calls"]

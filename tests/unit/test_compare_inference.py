@@ -187,3 +187,76 @@ def test_more_needed_scales_with_the_square_of_the_interval() -> None:
     half = change.high - change.delta
     assert more_needed(change, half / 2) == pytest.approx(4.0)
     assert more_needed(change, change.delta) is None
+
+
+# ---------------------------------------------------------------- intervals that respect positivity (issue 19.12)
+
+
+def test_a_ratio_interval_never_passes_minus_100_percent() -> None:
+    # GIVEN two runs per side whose levels differ a hundredfold (another machine, a neighbour's job)
+    rng = random.Random(8)
+    base = [series(rng, 1.0, 0.05, 12), series(rng, 100.0, 0.05, 12)]
+    cur = [series(rng, 1.0, 0.05, 12), series(rng, 90.0, 0.05, 12)]
+    # WHEN the change gets its interval
+    change = estimate_change([[r] for r in base], [[r] for r in cur])
+    # THEN a step cannot become faster than instant: the interval stays above -100% (a ratio, from log times)
+    assert change.low > -change.baseline, change
+    assert change.low <= change.delta <= change.high
+    assert "log step times" in (decide(side(*base), side(*cur), tolerance=0.1, min_delta_ms=0.0).method or "")
+
+
+def test_too_few_steps_are_inconclusive_without_an_interval() -> None:
+    # GIVEN 3 steps per side (the issue's 2 runs of a few steps gave -1141.6% .. +1102.4%)
+    base, cur = side([10.0, 11.0, 10.5]), side([10.2, 10.9, 10.4])
+    result = decide(base, cur, tolerance=0.1, min_delta_ms=0.0)
+    # THEN inconclusive, no interval, and the message says how many are needed
+    assert result.verdict == "inconclusive" and result.change is None and "CI" not in result.message
+    assert "too few steps to decide (3 baseline and 3 current step positions; at least 10 per side" in result.message
+    # ranks that step together count once: two processes of 3 steps are still 3 positions
+    two = Measurement(
+        label="two",
+        kind="run",
+        steps=6,
+        runs=(
+            RunSteps(
+                "r", None, tuple(ProcessSteps(p, (0, 1, 2, 3), (9.0, 10.0, 10.0, 10.0), "0000") for p in "ab"), True
+            ),
+        ),
+        populations={"untouched": describe([10.0] * 6), "profiled": None},
+    )
+    assert decide(two, two, tolerance=0.1, min_delta_ms=0.0).verdict == "inconclusive"
+
+
+def test_warmup_cut_of_untouched_steps_leaves_the_profiled_rows_their_steps() -> None:
+    # GIVEN runs whose untouched steps start slow (warm-up detected) after 4 profiled steps (steps 1-4)
+    rng = random.Random(9)
+    slow_start = [40.0, 30.0, 25.0, 20.0, 18.0, 16.0, 14.0, 12.0, 11.0, 11.0]
+
+    def run(times: list[float]) -> Measurement:
+        every = [10.0, 12.0, 12.0, 12.0, 12.0, *times]  # step 0 start-up, steps 1-4 profiled
+        phases = "0" + "1233" + "0" * len(times)
+        steps = tuple(range(len(every)))
+        return Measurement(
+            label="run",
+            kind="run",
+            steps=len(every),
+            runs=(RunSteps("run", None, (ProcessSteps("p", steps, tuple(every), phases),), True),),
+            populations={"untouched": describe(times), "profiled": describe([12.0] * 4)},
+        )
+
+    base, cur = run([*slow_start, *series(rng, 10.0, 0.02, 60)]), run(series(rng, 10.0, 0.02, 70))
+    result = decide(base, cur, tolerance=0.1, min_delta_ms=0.0)
+    assert "warm-up detected" in result.steps_used[0]
+    # THEN the profiled rows still show the 4 profiled steps of each side, not `-`
+    profiled = {row.stat: row for row in result.step_rows if row.population == "profiled"}
+    assert profiled["count"].baseline == 4 and profiled["count"].current == 4
+    assert profiled["median"].baseline == 12.0
+
+
+def test_method_says_blocks_of_1_step_in_the_singular() -> None:
+    # GIVEN four runs of 3 steps per side: 12 step positions, blocks of n^(1/3) = 1 step
+    rng = random.Random(10)
+    base = side(*[series(rng, 10.0, 0.02, 3) for _ in range(4)])
+    cur = side(*[series(rng, 10.0, 0.02, 3) for _ in range(4)])
+    method = decide(base, cur, tolerance=0.1, min_delta_ms=0.0).method or ""
+    assert "circular blocks of 1 step, " in method, method

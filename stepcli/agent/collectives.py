@@ -1,0 +1,128 @@
+"""The last `torch.distributed` collective this process entered, for hang dumps (`stepcli run --hang-timeout`).
+
+Runs inside the target: standard library only. torch.distributed's Python collectives (all_reduce, barrier, ...)
+are wrapped once, when torch.distributed is imported, only in runs with `--hang-timeout`: each call numbers itself
+(the n-th collective this process entered; every rank of a data-parallel job enters the same ones in the same
+order, so equal numbers are the same collective) and notes when it entered and whether it returned. That is a few
+attribute stores per collective, nothing per step. Collectives issued from C++ (DDP's bucketed all-reduce) and those
+inside torch.compile'd code (compiled from the original function) are not seen; the stacks still show where every
+thread is.
+"""
+
+from __future__ import annotations
+
+import time
+
+TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any, Callable
+
+# The collectives and point-to-point calls of torch.distributed's Python API that can block on other ranks.
+HOOKED = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "monitored_barrier",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+    "send",
+    "recv",
+)
+
+
+class LastCollective:
+    """What the dump reports: the last collective entered (name, number, wall time), and whether it returned."""
+
+    __slots__ = ("name", "seq", "entered_at", "returned_at", "depth", "async_op", "group")
+
+    def __init__(self) -> None:
+        self.name = ""
+        self.seq = 0
+        self.entered_at = 0.0
+        self.returned_at = 0.0
+        self.depth = 0  # > 0 while inside a hooked call: collectives it makes itself are not counted again
+        self.async_op = False
+        self.group: Any = None  # the `group=` it was given (None: the default group), named only when dumped
+
+    def to_dict(self, now: float) -> dict[str, Any] | None:
+        if not self.seq:
+            return None
+        returned = self.returned_at >= self.entered_at and self.depth == 0
+        return {
+            "name": self.name,
+            "seq": self.seq,
+            "entered_s_ago": round(now - self.entered_at, 3),
+            "returned": returned,
+            "returned_s_ago": round(now - self.returned_at, 3) if returned else None,
+            "async_op": self.async_op,
+            "group": _group_name(self.group),
+        }
+
+
+def _group_name(group: Any) -> str:
+    if group is None:
+        return "default"
+    try:
+        return str(group.group_name)
+    except Exception:
+        return repr(group)[:100]
+
+
+LAST = LastCollective()
+
+
+def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    last = LAST
+
+    def stepcli_collective(*args: Any, **kwargs: Any) -> Any:
+        if last.depth:
+            return original(*args, **kwargs)
+        last.seq += 1
+        last.name = name
+        last.async_op = bool(kwargs.get("async_op"))
+        last.group = kwargs.get("group")
+        last.entered_at = time.time()
+        last.depth = 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            last.depth = 0
+            last.returned_at = time.time()
+
+    stepcli_collective.__name__ = getattr(original, "__name__", name)
+    stepcli_collective.__qualname__ = getattr(original, "__qualname__", name)
+    stepcli_collective.__doc__ = getattr(original, "__doc__", None)
+    # torch.compile unwraps it and traces the original (as a functional collective): one graph, not a graph break
+    stepcli_collective.__wrapped__ = original  # type: ignore[attr-defined]
+    stepcli_collective._stepcli = True  # type: ignore[attr-defined]
+    return stepcli_collective
+
+
+def hook_collectives(dist: ModuleType) -> None:
+    """Wrap the collectives of `torch.distributed` and of `torch.distributed.distributed_c10d` (same objects)."""
+    import sys
+
+    modules = [dist, sys.modules.get("torch.distributed.distributed_c10d")]
+    wrapped: dict[int, Callable[..., Any]] = {}
+    for module in modules:
+        if module is None:
+            continue
+        for name in HOOKED:
+            original = getattr(module, name, None)
+            if original is None or getattr(original, "_stepcli", False):
+                continue
+            if id(original) not in wrapped:
+                wrapped[id(original)] = _wrap(name, original)
+            setattr(module, name, wrapped[id(original)])

@@ -1,0 +1,39 @@
+"""Numbers in words for `stepcli compare`'s verdict line and reports: ms, signed deltas, percentages, intervals."""
+
+from __future__ import annotations
+
+
+def fmt_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def signed(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.3f}"
+
+
+def pct(delta: float | None, base: float | None) -> str:
+    if delta is None or base is None:
+        return "-"
+    if base == 0:
+        return "n/a"
+    return f"{delta / base * 100:+.1f}%"
+
+
+def fmt_pct(fraction: float) -> str:
+    return f"{fraction * 100:g}%"
+
+
+def fmt_level(confidence: float) -> str:
+    return f"{confidence * 100:g}%"
+
+
+def ci(low: float, high: float, base: float) -> str:
+    """`+5.1% .. +9.3%`, or in ms when the baseline is 0."""
+    if base == 0:
+        return f"{signed(low)} .. {signed(high)} ms"
+    return f"{pct(low, base)} .. {pct(high, base)}"
+
+
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """`1 step`, `4 steps`."""
+    return f"{count} {noun if count == 1 else many or noun + 's'}"

@@ -1,0 +1,438 @@
+"""The hang doctor, launcher side: `stepcli run --hang-timeout/--on-hang` and `stepcli capture --stacks`.
+
+Every stepping process registers for stack dumps in the run's control folder and, with a hang timeout, marks
+itself stalled after that long without a step (stepcli/agent/stacks.py). A watch thread in the launcher calls a
+hang when every live registered process is stalled, asks each process on this host for its stacks (a request file
+naming `OUT/hang-<n>/`, then the dump signal), and prints one block: who waits in which collective, who is
+elsewhere and where. The block itself is built in stepcli/run/hangreport.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stepcli.agent import controlfiles
+from stepcli.agent.config import atomic_write_json
+from stepcli.agent.stacks import (
+    ALIVE_PREFIX,
+    PROBE_FILE,
+    REGISTER_PREFIX,
+    REQUEST_PREFIX,
+    SCHEMA,
+    STALL_PREFIX,
+    dump_signal,
+    fault_signal,
+    process_start_ticks,
+)
+from stepcli.errors import EXIT_NOTHING_MEASURED, StepcliError
+from stepcli.run.hangreport import describe_dumps, parse_faulthandler, read_dumps
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from stepcli.agent.config import AgentConfig
+
+ON_HANG_CHOICES = ("keep", "kill")
+EXIT_HANG = 124  # `--on-hang kill`: the job was ended after its hang dump (timeout(1)'s status for "timed out")
+MAX_REPORTS = 3  # dumps per hang with `--on-hang keep`: one when it is called, then one per timeout while it lasts
+DUMP_WAIT_S = 15.0  # how long the launcher waits for every process's stacks file
+TERM_GRACE_S = 5.0  # `--on-hang kill`: SIGTERM, then SIGKILL this much later
+PROBE_WAIT_S = 10.0  # a process whose Python can run answers a probe well within this, even on a loaded host
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """`10s`, `2m`, `1.5h`, `500ms`, or bare seconds (`30`) -> seconds; ValueError with the reason otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*", text)
+    if not match:
+        raise ValueError(f"{text!r} is not a duration: use e.g. 30s, 10m, 1h (a number with s, m, h or ms)")
+    seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    if seconds < 1.0:
+        raise ValueError(f"{text!r} is too short: a hang timeout is at least 1s")
+    return seconds
+
+
+def check_options(hang_timeout: float | None, on_hang: str | None) -> str:
+    """`--on-hang` only means something with `--hang-timeout`; returns the action (keep by default)."""
+    if on_hang is not None and hang_timeout is None:
+        raise StepcliError(f"--on-hang {on_hang} needs --hang-timeout DURATION")
+    return on_hang or "keep"
+
+
+# -- the control folder ------------------------------------------------------------------------------------------
+def _tag(document: dict[str, Any]) -> str:
+    return f"{document.get('host')}.{document.get('pid')}.json"
+
+
+_MAX_CONTROL_BYTES = 1 << 20
+
+
+def _documents(folder: str, prefix: str) -> dict[str, dict[str, Any]]:
+    """The files `<prefix><host>.<pid>.json` of the control folder, by `<host>.<pid>.json`; only regular files of
+    this user in the real control folder are read (stepcli/agent/controlfiles.py), never a link or a FIFO."""
+    found: dict[str, dict[str, Any]] = {}
+    try:
+        fd = controlfiles.open_folder(folder)
+    except OSError:
+        return found
+    try:
+        for name in os.listdir(fd):
+            if name.startswith(prefix) and name.endswith(".json"):
+                try:
+                    document = controlfiles.read_json(fd, name, _MAX_CONTROL_BYTES)
+                except (OSError, ValueError):
+                    continue
+                if isinstance(document, dict):
+                    found[name[len(prefix) :]] = document
+    finally:
+        os.close(fd)
+    return found
+
+
+def _write_control(folder: str, name: str, document: dict[str, Any] | None) -> None:
+    """Write (or, with None, remove) `name` in the control folder, through its descriptor."""
+    fd = controlfiles.open_folder(folder)
+    try:
+        if document is None:
+            controlfiles.unlink(fd, name)
+        else:
+            controlfiles.write_json(fd, name, document)
+    finally:
+        os.close(fd)
+
+
+def local(process: dict[str, Any]) -> bool:
+    return process.get("host") == socket.gethostname()
+
+
+def _alive(process: dict[str, Any]) -> bool:
+    """Still the process that registered (same pid and start time), not a zombie; other hosts' are trusted."""
+    if not local(process):
+        return True
+    try:
+        pid = int(process.get("pid", 0))
+    except (TypeError, ValueError):
+        return False
+    started = process_start_ticks(pid)
+    if started is None or started != process.get("start_ticks"):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def registered(folder: str) -> list[dict[str, Any]]:
+    """The live processes that can dump their stacks."""
+    return [p for p in _documents(folder, REGISTER_PREFIX).values() if _alive(p)]
+
+
+def _new_folder(out_dir: str, kind: str) -> Path:
+    """`OUT/<kind>-<n>/` with the first n not used yet: an earlier dump is never overwritten."""
+    for n in range(1, 100_000):
+        path = Path(out_dir) / f"{kind}-{n}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise StepcliError(f"cannot create {path}: {exc.strerror or exc}") from None
+    raise StepcliError(f"{out_dir}: no free {kind}-<n> folder")
+
+
+def request_stacks(
+    folder: str, out_dir: str, kind: str, processes: list[dict[str, Any]], wait_s: float = DUMP_WAIT_S
+) -> tuple[Path, list[dict[str, Any]], list[dict[str, Any]]]:
+    """Ask every process on this host for its stacks into a new `OUT/<kind>-<n>/`; (folder, dumps, silent ones).
+
+    Processes of other hosts are dumped by their own host's `stepcli run` (it sees the same control folder)."""
+    target = _new_folder(out_dir, kind)
+    request = f"{REQUEST_PREFIX}{target.name}.{os.getpid()}.json"
+    _write_control(folder, request, {"id": target.name, "dir": str(target), "asked_at": time.time()})
+    expected = [p for p in processes if local(p) and p.get("signal") == dump_signal()]
+    offsets = {_key(p): _fault_read(folder, p)[0] for p in expected}
+    try:
+        for process in expected:
+            for signum in (process.get("fault_signal"), process["signal"]):
+                if signum is None or signum not in (fault_signal(), dump_signal()):
+                    continue
+                try:
+                    os.kill(int(process["pid"]), int(signum))
+                except (ProcessLookupError, PermissionError, KeyError, ValueError):
+                    continue
+        started = time.monotonic()
+        while True:
+            written = {_key(p) for p in read_dumps(target)}
+            waiting = [p for p in expected if _key(p) not in written and _alive(p)]
+            elapsed = time.monotonic() - started
+            if not waiting or elapsed >= wait_s:
+                break
+            time.sleep(0.1)
+    finally:
+        try:
+            _write_control(folder, request, None)
+        except OSError:
+            pass
+    written = {_key(p) for p in read_dumps(target)}
+    for process in expected:
+        if _key(process) not in written:
+            _fallback_dump(process, folder, offsets.get(_key(process), 0), target)
+    dumps = read_dumps(target)
+    written = {_key(p) for p in dumps}
+    silent = [p for p in expected if _key(p) not in written]
+    return target, dumps, silent
+
+
+def _key(process: dict[str, Any]) -> str:
+    return f"{process.get('host')}.{process.get('pid')}"
+
+
+def _fault_read(folder: str, process: dict[str, Any], offset: int | None = None) -> tuple[int, str]:
+    """(size of the process's fault file, its text from `offset`; none when `offset` is None), read through the
+    control folder's descriptor: a regular file of this user, never a link or a FIFO."""
+    name = process.get("fault_file")
+    if not isinstance(name, str) or "/" in name or not name.startswith("fault."):
+        return 0, ""
+    try:
+        folder_fd = controlfiles.open_folder(folder)
+        try:
+            fd, info = controlfiles.open_regular(folder_fd, name)
+        finally:
+            os.close(folder_fd)
+    except OSError:
+        return 0, ""
+    try:
+        if offset is None or info.st_size <= offset:
+            return info.st_size, ""
+        os.lseek(fd, offset, os.SEEK_SET)
+        return info.st_size, os.read(fd, _MAX_CONTROL_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return 0, ""
+    finally:
+        os.close(fd)
+
+
+def _fallback_dump(process: dict[str, Any], folder: str, offset: int, target: Path) -> None:
+    """A process that wrote no stacks file (its Python threads cannot run): faulthandler's text, written by its C
+    signal handler into its fault file, becomes its stacks file."""
+    _, text = _fault_read(folder, process, offset)
+    threads = parse_faulthandler(text, process.get("main_thread"))
+    if not threads:
+        return
+    worker = str(process.get("worker") or f"{process.get('host')}_{process.get('pid')}")
+    document = {
+        "schema": SCHEMA,
+        "request": target.name,
+        "source": "faulthandler",
+        "pid": process.get("pid"),
+        "host": process.get("host"),
+        "rank": process.get("rank"),
+        "worker": worker,
+        "time": time.time(),
+        "step": None,
+        "last_step_s_ago": None,
+        "collective": None,
+        "collectives_hooked": False,
+        "threads": threads,
+        "faulthandler": text,
+    }
+    atomic_write_json(str(target / f"{worker}.{process.get('host')}.{process.get('pid')}.json"), document)
+
+
+# -- `stepcli run --hang-timeout` -------------------------------------------------------------------------------
+class HangWatch:
+    """A launcher thread: calls a hang when every live stepping process is stalled, dumps, maybe ends the job."""
+
+    def __init__(self, config: AgentConfig, timeout_s: float, on_hang: str, proc: subprocess.Popen[bytes]) -> None:
+        from stepcli.agent.ondemand import control_dir
+
+        self.folder = control_dir(config.out_dir, config.run_id)
+        self.out_dir = config.out_dir
+        self.timeout_s = timeout_s
+        self.on_hang = on_hang
+        self.proc = proc
+        self.killed = False
+        self.exit_status = EXIT_HANG
+        self.reports = 0
+        self._probes = 0
+        self._probed: tuple[frozenset[str], bool, float] = (frozenset(), False, 0.0)  # (whom, all silent, until)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stepcli-hang-watch", daemon=True)
+
+    def start(self) -> HangWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=DUMP_WAIT_S + TERM_GRACE_S + 5)
+        try:
+            _write_control(self.folder, PROBE_FILE, None)
+        except OSError:
+            pass
+
+    def hung(self) -> tuple[float, list[dict[str, Any]]] | None:
+        """(when the last step ended, the processes) while every live registered process is stalled, or stalled
+        processes wait and every other one is stuck where its Python cannot run (it answers no probe)."""
+        processes = registered(self.folder)
+        stalls = _documents(self.folder, STALL_PREFIX)
+        stalled = [p for p in processes if _tag(p) in stalls]
+        quiet = [p for p in processes if _tag(p) not in stalls]
+        if not stalled or (quiet and not self._silent(quiet)):
+            return None
+        return max(float(stalls[_tag(p)].get("last_step_at", 0.0)) for p in stalled), processes
+
+    def _silent(self, quiet: list[dict[str, Any]]) -> bool:
+        """Whether none of `quiet` (processes not marked stalled) answers a probe: each is stuck in C code that
+        holds the GIL, so it cannot step either. Probed at most once per timeout; the answer is kept till then."""
+        if any(not local(p) for p in quiet):
+            return False  # another host's process cannot be probed from here: it may be stepping
+        whom = frozenset(_tag(p) for p in quiet)
+        cached_whom, cached, until = self._probed
+        if whom == cached_whom and time.monotonic() < until:
+            return cached
+        self._probes += 1
+        probe = f"{os.getpid()}-{self._probes}"
+        try:
+            _write_control(self.folder, PROBE_FILE, {"id": probe})
+        except OSError:
+            return False
+        for process in quiet:
+            if process.get("signal") != dump_signal():
+                continue
+            try:
+                os.kill(int(process["pid"]), int(process["signal"]))
+            except (ProcessLookupError, PermissionError, KeyError, ValueError, TypeError):
+                continue
+        deadline = time.monotonic() + PROBE_WAIT_S
+        silent = True
+        while silent and time.monotonic() < deadline and not self._stopped.is_set():
+            answers = _documents(self.folder, ALIVE_PREFIX)
+            silent = not any(answers.get(tag, {}).get("probe") == probe for tag in whom)
+            if silent:
+                time.sleep(0.1)
+        self._probed = (whom, silent, time.monotonic() + self.timeout_s)
+        return silent
+
+    def _run(self) -> None:
+        tick = min(0.5, self.timeout_s / 10)
+        episode, reports, next_at = None, 0, 0.0
+        while not self._stopped.wait(tick):
+            try:
+                state = self.hung()
+            except Exception:
+                state = None
+            if state is None:
+                episode = None
+                continue
+            since, processes = state
+            if since != episode:
+                episode, reports, next_at = since, 0, 0.0
+            if reports >= MAX_REPORTS or time.monotonic() < next_at:
+                continue
+            reports += 1
+            self.reports += 1
+            try:
+                self._report(since, processes, reports)
+            except Exception as exc:  # the job must not lose its launcher to a bug here
+                _say(f"hang dump failed: {type(exc).__name__}: {exc}")
+            next_at = time.monotonic() + self.timeout_s
+            if self.on_hang == "kill":
+                self.killed = True
+                _say(f"--on-hang kill: ending the job (exit status {EXIT_HANG})")
+                terminate_job(self.proc)
+                return
+
+    def _report(self, since: float, processes: list[dict[str, Any]], repeat: int) -> None:
+        target, dumps, silent = request_stacks(self.folder, self.out_dir, "hang", processes)
+        idle = time.time() - since
+        again = f" (still hung: report {repeat} of {MAX_REPORTS})" if repeat > 1 else ""
+        headline = f"hang: no process completed a step for {idle:.1f} s{again}; stacks in {_short(target)}/"
+        for line in [headline, *describe_dumps(dumps, silent)]:
+            _say(line)
+
+
+def start_hang_watch(
+    timeout_s: float | None, on_hang: str, config: AgentConfig, proc: subprocess.Popen[bytes]
+) -> HangWatch | None:
+    if timeout_s is None:
+        return None
+    return HangWatch(config, timeout_s, on_hang, proc).start()
+
+
+def terminate_job(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the program and every process it started, SIGKILL to those left after TERM_GRACE_S. Nothing is
+    reaped here (the launcher's wait() does that for its child): a zombie counts as gone."""
+    import psutil
+
+    try:
+        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.Error:
+        return
+    for process in family:
+        _quietly(process.terminate)
+    deadline = time.monotonic() + TERM_GRACE_S
+    while time.monotonic() < deadline and any(_running(p) for p in family):
+        time.sleep(0.05)
+    for process in family:
+        if _running(process):
+            _quietly(process.kill)
+
+
+def _running(process: Any) -> bool:
+    import psutil
+
+    try:
+        return bool(process.is_running() and process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def _quietly(call: Any) -> None:
+    try:
+        call()
+    except Exception:
+        pass
+
+
+# -- `stepcli capture --stacks` ----------------------------------------------------------------------------------
+def capture_stacks(target: str, timeout: float, as_json: bool) -> int:
+    """Dump the stacks of a running `stepcli run` now into `OUT/stacks-<n>/`; exit 3 when no process answered."""
+    from stepcli.run.liverun import find_run
+
+    run = find_run(target)
+    out_dir = str(Path(run.folder).parents[2])  # <out>/.stepcli/<run-id>/control
+    processes = registered(run.folder)
+    if not any(local(p) for p in processes):
+        _say(f"{target}: no stepping process of the run on this host can dump its stacks (none has stepped yet?)")
+        return EXIT_NOTHING_MEASURED
+    folder, dumps, silent = request_stacks(run.folder, out_dir, "stacks", processes, wait_s=min(timeout, DUMP_WAIT_S))
+    if as_json:
+        print(json.dumps({"folder": str(folder), "stacks": dumps, "silent": silent}, indent=1))
+    else:
+        print(f"stacks of {len(dumps)} process{'es' if len(dumps) != 1 else ''} in {_short(folder)}/")
+        for line in describe_dumps(dumps, silent):
+            print(line)
+    return 0 if dumps else EXIT_NOTHING_MEASURED
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(f"stepcli: {message}\n")
+    sys.stderr.flush()
+
+
+def _short(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,205 @@
+"""What a hang dump says: the printed block (which processes wait in which collective, which is elsewhere, and
+where) and the run summary's `hang` section, from the stacks files (stepcli/agent/stacks.py).
+
+The block and the verdict are pure (documents in, lines out), so they are unit tested alone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+INNERMOST_FRAMES = 5
+_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?+) in (.*)$')
+
+
+def parse_faulthandler(text: str, main_thread: int | None) -> list[dict[str, Any]]:
+    """faulthandler's text (`Thread 0x... (most recent call first):` then `  File "f", line N in func`) as the
+    stacks file's `threads`: innermost frame first, as faulthandler prints them; the last dump in `text` only."""
+    threads: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        thread = _THREAD.match(line)
+        if thread:
+            ident = int(thread.group(2), 16)
+            if any(t["id"] == ident for t in threads):
+                threads = []  # a second dump appended to the file: keep the newest
+            threads.append({"id": ident, "name": f"thread {ident:#x}", "main": ident == main_thread, "frames": []})
+            continue
+        frame = _FRAME.match(line)
+        if frame and threads:
+            number = frame.group(2)
+            threads[-1]["frames"].append(
+                {"function": frame.group(3), "file": frame.group(1), "line": int(number) if number.isdigit() else None}
+            )
+    return threads
+
+
+def label(process: dict[str, Any]) -> str:
+    """`rank 1 (pid 4242)`, or `pid 4242 on host` for a process without a rank."""
+    rank = process.get("rank")
+    if rank is not None:
+        return f"rank {rank} (pid {process.get('pid')})"
+    return f"pid {process.get('pid')} on {process.get('host')}"
+
+
+def order(process: dict[str, Any]) -> tuple[Any, ...]:
+    rank = process.get("rank")
+    return (rank is None, rank if rank is not None else 0, str(process.get("host")), int(process.get("pid") or 0))
+
+
+def in_collective(dump: dict[str, Any]) -> bool:
+    """Entered a collective that has not returned yet."""
+    collective = dump.get("collective")
+    return isinstance(collective, dict) and not collective.get("returned")
+
+
+def collective_name(collective: dict[str, Any]) -> str:
+    return f"{collective.get('name')} #{collective.get('seq')}"
+
+
+def main_frames(dump: dict[str, Any]) -> list[dict[str, Any]]:
+    """The main thread's frames, innermost first (the first thread's if the main thread is not there)."""
+    threads = [t for t in dump.get("threads") or [] if isinstance(t, dict)]
+    main = next((t for t in threads if t.get("main")), threads[0] if threads else None)
+    return list(main.get("frames") or []) if main is not None else []
+
+
+def _library_paths() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple({paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths})
+
+
+def own_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The innermost frame in the program's own code (not the standard library or an installed package)."""
+    libraries = _library_paths()
+    for frame in frames:
+        if not str(frame.get("file", "")).startswith(libraries):
+            return frame
+    return frames[0] if frames else None
+
+
+def where(frame: dict[str, Any]) -> str:
+    return f"{frame.get('function')} ({frame.get('file')}:{frame.get('line')})"
+
+
+def _collective_line(dump: dict[str, Any]) -> str:
+    collective = dump["collective"]
+    return (
+        f"{label(dump)}: waits in {collective_name(collective)} (entered {collective.get('entered_s_ago', 0):.1f} s "
+        f"ago), step {dump.get('step')}"
+    )
+
+
+def _elsewhere_lines(dump: dict[str, Any]) -> list[str]:
+    collective = dump.get("collective")
+    if isinstance(collective, dict):
+        state = f"not in a collective (its last, {collective_name(collective)}, returned)"
+    elif dump.get("collectives_hooked"):
+        state = "not in a collective (entered none)"
+    else:
+        state = "collectives not recorded (run with --hang-timeout)"
+    if dump.get("source") == "faulthandler":
+        state = "its Python threads could not run (C code holding the GIL?); faulthandler's stacks"
+    step = f", step {dump['step']}" if dump.get("step") is not None else ""
+    lines = [f"{label(dump)}: {state}{step}; innermost frames of its main thread:"]
+    frames = main_frames(dump)
+    lines += [f"    {where(frame)}" for frame in frames[:INNERMOST_FRAMES]]
+    if not frames:
+        lines.append("    (no Python frame)")
+    return lines
+
+
+def verdict(dumps: list[dict[str, Any]]) -> str | None:
+    """One line naming the process(es) the others wait for, when the dumps say it."""
+    waiting = [d for d in dumps if in_collective(d)]
+    elsewhere = [d for d in dumps if not in_collective(d)]
+    if waiting and elsewhere:
+        blocked = []
+        for dump in sorted(elsewhere, key=order):
+            frame = own_frame(main_frames(dump))
+            blocked.append(f"{label(dump)} is in {where(frame)}" if frame else f"{label(dump)} has no Python frame")
+        names = sorted({collective_name(d["collective"]) for d in waiting})
+        return (
+            f"-> {'; '.join(blocked)} while {len(waiting)} process{'es' if len(waiting) > 1 else ''} "
+            f"wait{'' if len(waiting) > 1 else 's'} in {', '.join(names)}: "
+            f"{'it holds' if len(elsewhere) == 1 else 'they hold'} the job back"
+        )
+    if waiting:
+        numbers = {collective_name(d["collective"]) for d in waiting}
+        if len(numbers) == 1:
+            return f"-> every process waits in {numbers.pop()}: a peer outside this dump, or the transport, is stuck"
+        return f"-> processes wait in different collectives ({', '.join(sorted(numbers))}): mismatched collectives"
+    return None
+
+
+def describe_dumps(dumps: list[dict[str, Any]], silent: list[dict[str, Any]]) -> list[str]:
+    """The block's lines (without the headline): one entry per process, then the verdict."""
+    lines: list[str] = []
+    for dump in sorted(dumps, key=order):
+        if in_collective(dump):
+            lines.append("  " + _collective_line(dump))
+        else:
+            lines += ["  " + line for line in _elsewhere_lines(dump)]
+    for process in sorted(silent, key=order):
+        lines.append(f"  {label(process)}: wrote no stacks (exited while asked, or its signal handler could not write)")
+    conclusion = verdict(dumps)
+    if conclusion:
+        lines.append(conclusion)
+    return lines
+
+
+def read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return document if isinstance(document, dict) else None
+
+
+def read_dumps(target: Path) -> list[dict[str, Any]]:
+    """The stacks files of one dump folder, each with its file name."""
+    dumps = []
+    for path in sorted(target.glob("*.json")):
+        document = read_json(str(path))
+        if document is not None:
+            document["file"] = path.name
+            dumps.append(document)
+    return dumps
+
+
+def hang_summary(out_dir: str, since: float) -> dict[str, Any] | None:
+    """The run summary's `hang` section: every `OUT/hang-<n>/` this run wrote (not an earlier run's), or None."""
+    reports = []
+    folders = [p for p in Path(out_dir).glob("hang-*") if p.is_dir() and p.name[5:].isdigit()]
+    for folder in sorted(folders, key=lambda p: int(p.name[5:])):
+        dumps = [d for d in read_dumps(folder) if float(d.get("time", 0.0)) >= since]
+        if not dumps:
+            continue
+        reports.append(
+            {
+                "folder": str(folder),
+                "processes": [_process_entry(dump) for dump in sorted(dumps, key=order)],
+                "verdict": verdict(dumps),
+            }
+        )
+    return {"reports": reports} if reports else None
+
+
+def _process_entry(dump: dict[str, Any]) -> dict[str, Any]:
+    frame = own_frame(main_frames(dump))
+    return {
+        "worker": dump.get("worker"),
+        "rank": dump.get("rank"),
+        "pid": dump.get("pid"),
+        "host": dump.get("host"),
+        "step": dump.get("step"),
+        "collective": dump.get("collective"),
+        "waiting": in_collective(dump),
+        "where": where(frame) if frame is not None else None,
+        "file": dump.get("file"),
+    }

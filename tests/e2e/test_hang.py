@@ -1,0 +1,358 @@
+"""The hang doctor: `stepcli run --hang-timeout/--on-hang` and `stepcli capture --stacks`, on real processes (gloo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TRAIN_LOOP, load_trace, profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
+
+from stepcli.run.hang import EXIT_HANG
+
+# Rank 1 blocks forever in `stuck_forever` before the all-reduce of step 5 (after the default window, steps 2-4,
+# was saved) and writes the time it did so; rank 0 enters that all-reduce. gloo's own timeout (600 s) never fires.
+HANG = """
+    import datetime
+    import sys
+    import threading
+    import time
+    from pathlib import Path
+    import torch
+    import torch.distributed as dist
+
+    def stuck_forever(marker):
+        marker.write_text(repr(time.time()))
+        threading.Event().wait()
+
+    def main():
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+        rank = dist.get_rank()
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for step in range(8):
+            model(torch.randn(4, 8)).sum().backward()
+            if step == 5 and rank == 1:
+                stuck_forever(Path(sys.argv[1]))
+            dist.all_reduce(torch.ones(1))
+            opt.step()
+        dist.destroy_process_group()
+
+    main()
+"""
+
+# Steps three times, says so in a file, then sleeps (blocked in C) in `napping` until killed.
+NAP = """
+    import sys
+    import time
+    from pathlib import Path
+    import torch
+
+    def napping():
+        time.sleep(600)
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    Path(sys.argv[1]).write_text("stepped")
+    napping()
+"""
+
+# The same, but then spins in the regular-expression engine, C code that holds the GIL: no Python thread runs.
+SPIN = NAP.replace("time.sleep(600)", 're.match(r"(a+)+$", "a" * 60 + "b")').replace("import sys", "import re, sys")
+
+# Rank 1 spins in the regular-expression engine (C code holding the GIL) before the all-reduce of step 5.
+HANG_HOLDING_THE_GIL = HANG.replace("threading.Event().wait()", 're.match(r"(a+)+$", "a" * 60 + "b")').replace(
+    "import datetime", "import datetime, re"
+)
+
+LIMIT_S = 180.0  # a generous upper bound for anything to appear on a busy 2-core machine
+
+
+def _torchrun() -> str:
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    assert torchrun, "torchrun comes with torch"
+    return torchrun
+
+
+def _start(args: list[str], cwd: Path, log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as handle:
+        return subprocess.Popen(
+            [sys.executable, "-m", "stepcli", *args],
+            cwd=cwd,
+            env=stepcli_env(),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def _wait_until(condition: Any, proc: subprocess.Popen[bytes] | None, log: Path, what: str) -> None:
+    deadline = time.monotonic() + LIMIT_S
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before {what}:\n{log.read_text()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {LIMIT_S} s:\n{log.read_text()}")
+        time.sleep(0.1)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _dumps(folder: Path) -> dict[str, dict[str, Any]]:
+    return {path.name.split(".")[0]: json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))}
+
+
+def _functions(dump: dict[str, Any]) -> list[str]:
+    main = next(t for t in dump["threads"] if t["main"])
+    return [frame["function"] for frame in main["frames"]]
+
+
+def _block(log: Path) -> list[str]:
+    return [line for line in log.read_text().splitlines() if line.startswith("stepcli:")]
+
+
+@pytest.fixture
+def hung_job(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, Path, Path]]:
+    """A 2-rank job under `stepcli run --hang-timeout 10s` (keep) whose rank 1 hangs; killed at the end."""
+    script = write_script(tmp_path, "hang.py", HANG)
+    marker, log, out = tmp_path / "stuck_at", tmp_path / "log", tmp_path / "out"
+    args = ["run", "--hang-timeout", "10s", "-o", out, "--", _torchrun(), "--standalone", "--nproc-per-node", "2"]
+    proc = _start([*map(str, args), str(script), str(marker)], tmp_path, log)
+    try:
+        yield proc, marker, log, out
+    finally:
+        _stop(proc)
+
+
+def test_a_hang_is_dumped_naming_the_blocked_rank_and_the_collective_the_other_waits_in(
+    hung_job: tuple[subprocess.Popen[bytes], Path, Path, Path],
+) -> None:
+    proc, marker, log, out = hung_job
+    _wait_until(lambda: len(list(out.glob("hang-1/*.json"))) == 2, proc, log, "hang dump of both ranks")
+    dumps = _dumps(out / "hang-1")
+    stuck_at = float(marker.read_text())
+    written = max(p.stat().st_mtime for p in (out / "hang-1").glob("*.json"))
+    assert 9.0 <= written - stuck_at <= 20.0, written - stuck_at  # timeout 10 s (from its last step): within 20 s
+    assert set(dumps) == {"rank0", "rank1"}
+    assert "source" not in dumps["rank1"], log.read_text()  # written by its own thread, not the fallback
+    assert "stuck_forever" in _functions(dumps["rank1"])  # blocked in C (a lock's wait), yet dumped
+    assert "stuck_forever" in dumps["rank1"]["faulthandler"]
+    assert dumps["rank1"]["collective"] == {**dumps["rank1"]["collective"], "name": "all_reduce", "seq": 5}
+    assert dumps["rank1"]["collective"]["returned"] is True
+    assert dumps["rank0"]["collective"]["name"] == "all_reduce" and dumps["rank0"]["collective"]["seq"] == 6
+    assert dumps["rank0"]["collective"]["returned"] is False
+    assert all(d["step"] == 5 for d in dumps.values())
+    _wait_until(lambda: any("holds the job back" in line for line in _block(log)), proc, log, "the hang block")
+    block = _block(log)
+    waiting = next(line for line in block if "rank 0" in line and "waits in" in line)
+    assert "waits in all_reduce #6" in waiting
+    verdict = next(line for line in block if "holds the job back" in line)
+    assert "rank 1" in verdict and "stuck_forever" in verdict and "all_reduce #6" in verdict
+    # --on-hang keep (the default): the job keeps running and is reported again while it stays hung
+    _wait_until(lambda: len(list(out.glob("hang-2/*.json"))) == 2, proc, log, "the second hang dump")
+    assert proc.poll() is None
+    assert _dumps(out / "hang-1") == dumps  # the first dump is kept as it was
+
+
+def test_on_hang_kill_ends_the_job_with_its_status_and_the_saved_traces_stay_intact(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "hang.py", HANG)
+    out = tmp_path / "out"
+    result = run_stepcli(
+        "run",
+        "--hang-timeout",
+        "10s",
+        "--on-hang",
+        "kill",
+        "-o",
+        out,
+        "--json",
+        tmp_path / "run.json",
+        "--",
+        _torchrun(),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        script,
+        tmp_path / "stuck_at",
+        cwd=tmp_path,
+        timeout=LIMIT_S + 60,
+    )
+    assert result.returncode == EXIT_HANG == 124, result.stderr
+    assert f"--on-hang kill: ending the job (exit status {EXIT_HANG})" in result.stderr
+    dumps = _dumps(out / "hang-1")
+    assert set(dumps) == {"rank0", "rank1"} and "stuck_forever" in _functions(dumps["rank1"])
+    traces = trace_files(out)
+    assert sorted(t.name.split(".")[0] for t in traces) == ["rank0", "rank1"]
+    for trace in traces:
+        assert load_trace(trace)["traceEvents"]  # valid JSON
+        assert profiler_steps(trace) == [2, 3, 4]
+    assert not list(out.glob("hang-2"))  # killed after the first dump
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert summary["exit_status"] == EXIT_HANG
+    (report,) = summary["hang"]["reports"]
+    assert report["folder"] == str(out / "hang-1")
+    assert [(p["rank"], p["waiting"]) for p in report["processes"]] == [(0, True), (1, False)]
+    assert (
+        report["processes"][0]["collective"]["name"] == "all_reduce"
+        and report["processes"][0]["collective"]["seq"] == 6
+    )
+    assert report["processes"][1]["where"].startswith("stuck_forever (")
+    assert "rank 1" in report["verdict"] and "holds the job back" in report["verdict"]
+
+
+def test_a_healthy_run_with_a_hang_timeout_prints_nothing_extra(tmp_path: Path) -> None:
+    """The run lasts longer than the timeout (60 steps of at least 0.1 s), its steps a small fraction of it."""
+    script = write_script(tmp_path, "train.py", TRAIN_LOOP.replace("opt.step()", "opt.step(); time.sleep(0.1)"))
+    script.write_text("import time\n" + script.read_text())
+    plain = run_stepcli("run", "-o", tmp_path / "plain", script, "60", cwd=tmp_path)
+    watched = run_stepcli(
+        "run",
+        "--hang-timeout",
+        "5s",
+        "-o",
+        tmp_path / "watched",
+        "--json",
+        tmp_path / "run.json",
+        script,
+        "60",
+        cwd=tmp_path,
+    )
+    assert plain.returncode == watched.returncode == 0, watched.stderr
+    assert watched.stdout == plain.stdout
+    said = [line for line in watched.stderr.splitlines() if line.startswith("stepcli:")]
+    extra = [line for line in said if any(word in line for word in ("hang:", "stacks", "waits in", "frames", "->"))]
+    assert not extra and said[0].startswith("stepcli: recording steps 2-4"), said
+    assert not list((tmp_path / "watched").glob("hang-*"))
+    assert json.loads((tmp_path / "run.json").read_text())["hang"] is None
+
+
+def test_capture_stacks_dumps_a_process_blocked_in_a_sleep(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "nap.py", NAP)
+    marker, log, out = tmp_path / "stepped", tmp_path / "log", tmp_path / "out"
+    proc = _start(["run", "-o", str(out), str(script), str(marker)], tmp_path, log)
+    try:
+        _wait_until(marker.exists, proc, log, "three steps")
+        result = run_stepcli("capture", out, "--stacks", cwd=tmp_path, timeout=LIMIT_S)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("stacks of 1 process in out/stacks-1/")
+        assert "napping" in result.stdout
+        (dump,) = _dumps(out / "stacks-1").values()
+        assert _functions(dump)[:2] == ["napping", "<module>"]
+        assert dump["step"] == 3 and dump["collective"] is None, (dump.get("source"), log.read_text(), result.stderr)
+        assert proc.poll() is None  # the run goes on
+        again = run_stepcli("capture", str(proc.pid), "--stacks", "--json", cwd=tmp_path, timeout=LIMIT_S)
+        assert again.returncode == 0, again.stderr
+        document = json.loads(again.stdout)
+        assert document["folder"].endswith("stacks-2") and len(document["stacks"]) == 1
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--hang-timeout", "soon"], "'soon' is not a duration"),
+        (["--hang-timeout", "0s"], "too short"),
+        (["--hang-timeout", "10x"], "'10x' is not a duration"),
+        (["--on-hang", "kill"], "--on-hang kill needs --hang-timeout"),
+        (["--hang-timeout", "1m", "--on-hang", "stop"], "'stop' is not one of"),
+    ],
+)
+def test_bad_hang_options_exit_2_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    script = write_script(tmp_path, "train.py", TRAIN_LOOP)
+    result = run_stepcli("run", *args, script, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    assert not list(tmp_path.glob("stepcli-runs"))
+
+
+def test_capture_stacks_refuses_window_options(tmp_path: Path) -> None:
+    result = run_stepcli("capture", tmp_path, "--stacks", "--active", "2", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "--stacks records no window: drop --active" in result.stderr
+
+
+def test_capture_stacks_of_a_process_whose_threads_cannot_run_comes_from_faulthandler(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "spin.py", SPIN)
+    marker, log, out = tmp_path / "stepped", tmp_path / "log", tmp_path / "out"
+    proc = _start(["run", "-o", str(out), str(script), str(marker)], tmp_path, log)
+    try:
+        _wait_until(marker.exists, proc, log, "three steps")
+        result = run_stepcli("capture", out, "--stacks", "--timeout", "5", cwd=tmp_path, timeout=LIMIT_S)
+        assert result.returncode == 0, result.stderr
+        assert "could not run (C code holding the GIL?)" in result.stdout
+        (dump,) = _dumps(out / "stacks-1").values()
+        assert dump["source"] == "faulthandler" and "napping" in dump["faulthandler"]
+        assert _functions(dump)[:3] == ["match", "napping", "<module>"]  # re.match, in C, holding the GIL
+    finally:
+        _stop(proc)
+
+
+def test_numbered_collectives_still_compile_in_one_graph(tmp_path: Path) -> None:
+    """torch.compile(fullgraph=True) of a function with dist.all_reduce traces through stepcli's wrapper."""
+    script = write_script(
+        tmp_path,
+        "compiled.py",
+        """
+        import os
+        import torch
+        import torch.distributed as dist
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+        dist.init_process_group("gloo", rank=0, world_size=1)
+
+        def f(x):
+            y = x * 2
+            dist.all_reduce(y)
+            return y + 1
+
+        g = torch.compile(f, fullgraph=True, backend="eager")
+        model = torch.nn.Linear(2, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            print(g(torch.ones(2)).tolist())
+            opt.step()
+        print(getattr(dist.all_reduce, "_stepcli", False))
+        dist.destroy_process_group()
+        """,
+    )
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    result = run_stepcli("run", "-q", "--hang-timeout", "30s", script, cwd=tmp_path, env={"PORT": port})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[3.0, 3.0]"] * 3 + ["True"]  # the wrapper was there, and compiled
+
+
+def test_a_rank_stuck_in_c_code_holding_the_gil_is_found_by_a_probe_and_dumped_by_faulthandler(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "hang.py", HANG_HOLDING_THE_GIL)
+    out = tmp_path / "out"
+    args = ["--", _torchrun(), "--standalone", "--nproc-per-node", "2", script, tmp_path / "stuck_at"]
+    result = run_stepcli(
+        "run", "--hang-timeout", "5s", "--on-hang", "kill", "-o", out, *args, cwd=tmp_path, timeout=LIMIT_S + 60
+    )
+    assert result.returncode == EXIT_HANG, result.stderr
+    dumps = _dumps(out / "hang-1")
+    assert dumps["rank1"]["source"] == "faulthandler"  # its Python could not run: faulthandler's C handler wrote it
+    assert _functions(dumps["rank1"])[:2] == ["match", "stuck_forever"]
+    assert dumps["rank0"]["collective"]["seq"] == 6 and not dumps["rank0"]["collective"]["returned"]
+    verdict = next(line for line in result.stderr.splitlines() if "holds the job back" in line)
+    assert "rank 1" in verdict and "stuck_forever" in verdict and "all_reduce #6" in verdict

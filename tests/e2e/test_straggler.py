@@ -1,0 +1,117 @@
+"""The slowest rank under DDP (issue 19.11): one definition (stepcli.traces.ranks) shown identically by the
+terminal, `--json` and report.html, and nobody named without evidence. Real 2-rank gloo torchrun runs on the CPU."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_stepcli, write_script
+
+# DDP over gloo: its all-reduce runs on gloo's own thread, overlapping the backward pass. `extra` matrix products
+# per step on rank 1 only make rank 1 the straggler; 0 is a balanced run.
+DDP = """
+    import os
+    import sys
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    extra = int(sys.argv[1])
+    # Both ranks on one core: a neighbour's load (2 shared cores) then slows both alike, instead of starving one
+    # rank into a real straggler of a "balanced" run.
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(64, 256)
+    big = torch.randn(384, 384)
+    for _ in range(18):
+        opt.zero_grad()
+        if rank == 1:
+            for _ in range(extra):
+                big = torch.tanh(big @ big)
+        model(x).square().mean().backward()
+        opt.step()
+    dist.barrier()
+    del model, opt  # DDP's reducer holds gloo's group: freed here, not at exit, where torch 2.13 can abort
+    import gc; gc.collect()
+    dist.destroy_process_group()
+"""
+ACTIVE = 14  # recorded steps 2-15: more than the 10 common steps the evidence rule needs
+
+
+def ddp_run(tmp_path: Path, extra: int) -> tuple[str, dict, str, str]:
+    """(run's terminal summary, its --json, `table` on its folder, report.html) of one 2-rank run."""
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    assert torchrun, "torchrun comes with torch"
+    script = write_script(tmp_path, "ddp.py", DDP)
+    out = tmp_path / "out"
+    result = run_stepcli(
+        "run", "--active", str(ACTIVE), "-o", out, "--json", tmp_path / "run.json", "--",
+        torchrun, "--standalone", "--nproc-per-node", "2", script, str(extra),
+        timeout=400, cwd=tmp_path, env={"OMP_NUM_THREADS": "1", "COLUMNS": "80"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    table = run_stepcli("table", out, "--limit", "3", cwd=tmp_path, env={"COLUMNS": "80"})
+    assert table.returncode == 0, table.stderr
+    return (
+        result.stderr,
+        json.loads((tmp_path / "run.json").read_text()),
+        table.stdout,
+        (out / "report.html").read_text(),
+    )
+
+
+def test_a_balanced_ddp_run_names_no_straggler_anywhere(tmp_path: Path) -> None:
+    # GIVEN two ranks doing the same work (gloo's all-reduce overlapping the backward pass on its own thread)
+    terminal, doc, table, html = ddp_run(tmp_path, extra=0)
+    # THEN no output names a slowest rank: not the terminal, not --json, not `table`, not the report or its advice
+    assert doc["slowest_rank"] is None and doc["straggler"] is None, doc["ranks"]
+    for text in (terminal, table):
+        assert "slowest" not in text, text
+    assert "(slowest)" not in html and 'data-rule="straggler"' not in html
+
+
+def test_self_shares_over_100_percent_under_ddp_carry_a_note_everywhere(tmp_path: Path) -> None:
+    # GIVEN a DDP run: gloo's all-reduce runs on its own thread while the step's main thread computes
+    _terminal, _doc, table, html = ddp_run(tmp_path, extra=0)
+    out = tmp_path / "out"
+    doc = json.loads(run_stepcli("table", out, "--json", cwd=tmp_path).stdout)
+    total = sum(row["self_share"] for row in doc["cpu_ops"])
+    assert total > 1.0, total  # the premise: the CPU operators' Self % adds up to more than 100%
+    # THEN the terminal (80 columns, a pipe), the Markdown and the report say why, with the sum
+    note = f"Self % adds up to {total * 100:.0f}% over all rows: operators on other threads"
+    assert note in " ".join(table.split()), table
+    markdown = run_stepcli("table", out, "--markdown", cwd=tmp_path).stdout
+    assert note in markdown
+    # (the report's table leaves the ProfilerStep* row out, so its sum is its own)
+    shown = re.search(
+        r'id="self-share-overlap">Self % adds up to (\d+)% over all rows: operators on other threads', html
+    )
+    assert shown and int(shown.group(1)) > 100
+
+
+@pytest.mark.parametrize("extra", [6])
+def test_the_rank_doing_more_matrix_work_is_named_in_all_three_outputs(tmp_path: Path, extra: int) -> None:
+    # GIVEN rank 1 doing extra matrix products each step (rank 0 waits for it in DDP's all-reduce)
+    terminal, doc, table, html = ddp_run(tmp_path, extra=extra)
+    # THEN --json, the terminal, `table` and report.html all name rank 1, with the same evidence
+    assert doc["slowest_rank"] == 1, doc["ranks"]
+    evidence = doc["straggler"]["evidence"]
+    assert re.match(
+        r"rank 1: compute [\d.]+ ms/step vs median [\d.]+ ms of the other ranks, more in \d+ of \d+", evidence
+    )
+    words = " ".join(terminal.split())  # 80 columns: the summary wraps long lines
+    assert f"slowest rank: {evidence}" in words and "rank 1 (slowest)" in terminal
+    assert f"advice: Rank 1 is slower than the others: {evidence}" in words  # the advice fires under DDP
+    assert f"slowest rank: {evidence}" in " ".join(table.split()) and "rank 1 (slowest)" in table
+    assert "rank 1 (slowest)" in html and "rank 0 (slowest)" not in html
+    assert 'data-rule="straggler"' in html and "Rank 1 is slower than the others" in html

@@ -1,0 +1,167 @@
+"""The hang doctor's pure parts: durations, the printed block, collective numbering, the stall marker."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stepcli.agent import collectives
+from stepcli.agent.stacks import STALL_PREFIX, StackDumper
+from stepcli.agent.tracker import StepTracker
+from stepcli.errors import StepcliError
+from stepcli.run.hang import check_options, parse_duration
+from stepcli.run.hangreport import describe_dumps, parse_faulthandler, verdict
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("10s", 10.0), ("2m", 120.0), ("1.5h", 5400.0), ("1500ms", 1.5), ("30", 30.0)]
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "s", "10x", "-5s", "1e3", "ten seconds", "0.5s", "999ms"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+def test_on_hang_needs_a_timeout_and_keeps_by_default() -> None:
+    assert check_options(10.0, None) == "keep"
+    assert check_options(10.0, "kill") == "kill"
+    with pytest.raises(StepcliError, match="needs --hang-timeout"):
+        check_options(None, "kill")
+
+
+def _dump(rank: int, collective: dict[str, Any] | None, frames: list[tuple[str, str]]) -> dict[str, Any]:
+    return {
+        "rank": rank,
+        "pid": 100 + rank,
+        "host": "h",
+        "step": 5,
+        "collective": collective,
+        "collectives_hooked": True,
+        "threads": [
+            {"name": "Thread-1", "main": False, "frames": [{"function": "spin", "file": "/x/t.py", "line": 1}]},
+            {
+                "name": "MainThread",
+                "main": True,
+                "frames": [{"function": f, "file": path, "line": i + 1} for i, (f, path) in enumerate(frames)],
+            },
+        ],
+    }
+
+
+def _waiting(seq: int, name: str = "all_reduce") -> dict[str, Any]:
+    return {"name": name, "seq": seq, "entered_s_ago": 12.0, "returned": False}
+
+
+def test_the_block_names_who_waits_in_what_and_where_the_other_is() -> None:
+    stdlib = str(Path(json.__file__).parent.parent / "threading.py")
+    dumps = [
+        _dump(1, {"name": "all_reduce", "seq": 5, "returned": True}, [("wait", stdlib), ("stuck", "/app/train.py")]),
+        _dump(0, _waiting(6), [("all_reduce", "/x/c10d.py")]),
+    ]
+    lines = describe_dumps(dumps, [{"rank": 2, "pid": 102, "host": "h"}])
+    assert lines[0] == "  rank 0 (pid 100): waits in all_reduce #6 (entered 12.0 s ago), step 5"
+    assert lines[1].startswith("  rank 1 (pid 101): not in a collective (its last, all_reduce #5, returned)")
+    assert lines[2:4] == [f"      wait ({stdlib}:1)", "      stuck (/app/train.py:2)"]  # main thread, innermost first
+    assert lines[4].startswith("  rank 2 (pid 102): wrote no stacks")
+    # the verdict skips the standard library's frames: the program's own function is where it is stuck
+    assert lines[5] == (
+        "-> rank 1 (pid 101) is in stuck (/app/train.py:2) while 1 process waits in all_reduce #6: "
+        "it holds the job back"
+    )
+
+
+def test_verdicts_when_everybody_waits() -> None:
+    assert verdict([_dump(0, _waiting(6), []), _dump(1, _waiting(6), [])]) == (
+        "-> every process waits in all_reduce #6: a peer outside this dump, or the transport, is stuck"
+    )
+    mismatched = verdict([_dump(0, _waiting(6), []), _dump(1, _waiting(6, "barrier"), [])])
+    assert mismatched is not None and "different collectives (all_reduce #6, barrier #6)" in mismatched
+    assert verdict([_dump(0, None, [("f", "/a.py")])]) is None
+
+
+def test_collectives_are_numbered_once_each_and_marked_returned() -> None:
+    calls: list[str] = []
+    fake = types.ModuleType("fake_dist")
+
+    def all_reduce(tensor: Any, group: Any = None, async_op: bool = False) -> str:
+        calls.append("all_reduce")
+        return "done"
+
+    def all_gather_object(out: Any, obj: Any) -> None:
+        calls.append("all_gather_object")
+        fake.all_reduce(obj)  # an object collective that makes another collective: counted once
+
+    def barrier() -> None:
+        raise RuntimeError("peer gone")
+
+    fake.all_reduce, fake.all_gather_object, fake.barrier = all_reduce, all_gather_object, barrier  # type: ignore[attr-defined]
+    last = collectives.LAST
+    saved = {name: getattr(last, name) for name in last.__slots__}
+    try:
+        last.seq = 0
+        collectives.hook_collectives(fake)
+        collectives.hook_collectives(fake)  # twice: not wrapped twice
+        assert fake.all_reduce(1, async_op=True, group=types.SimpleNamespace(group_name="tp")) == "done"
+        assert (last.to_dict(0.0) or {})["group"] == "tp" and (last.to_dict(0.0) or {})["async_op"] is True
+        assert last.to_dict(last.entered_at) == {**last.to_dict(last.entered_at), "name": "all_reduce", "seq": 1}  # type: ignore[dict-item]
+        fake.all_gather_object([], 2)
+        assert (last.name, last.seq) == ("all_gather_object", 2)
+        assert calls == ["all_reduce", "all_gather_object", "all_reduce"]
+        with pytest.raises(RuntimeError):
+            fake.barrier()
+        state = last.to_dict(last.returned_at)
+        assert state is not None and state["name"] == "barrier" and state["seq"] == 3 and state["returned"]
+        last.depth = 1  # inside a call: not returned
+        inside = last.to_dict(last.entered_at)
+        assert inside is not None and inside["returned"] is False
+        assert fake.all_reduce.__wrapped__ is all_reduce  # type: ignore[attr-defined]
+    finally:
+        for name, value in saved.items():
+            setattr(last, name, value)
+
+
+def test_a_process_marks_itself_stalled_after_the_timeout_and_unmarks_when_it_steps(tmp_path: Path) -> None:
+    tracker = StepTracker()
+    agent = types.SimpleNamespace(tracker=tracker)
+    dumper = StackDumper(agent, str(tmp_path), 0, hang_timeout=10.0)  # type: ignore[arg-type]
+    marker = tmp_path / f"{STALL_PREFIX}{dumper.tag}"
+    dumper._watch_steps()
+    assert not marker.exists()
+    dumper._step_mono -= 11.0  # eleven seconds without a step
+    dumper._watch_steps()
+    assert json.loads(marker.read_text())["step"] == 0 and dumper.stalled
+    tracker.step("opt")
+    dumper._watch_steps()
+    assert not marker.exists() and not dumper.stalled
+    dumper.forked()  # closes its pipe
+
+
+FAULTHANDLER_TEXT = """Thread 0x00007f0000000002 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 327 in wait
+  File "/app/worker.py", line 9 in loop
+
+Current thread 0x00007f0000000001 (most recent call first):
+  File "/app/train.py", line 12 in spin
+  File "/app/train.py", line 20 in <module>
+"""
+
+
+def test_faulthandler_text_becomes_threads_innermost_first() -> None:
+    threads = parse_faulthandler(FAULTHANDLER_TEXT, main_thread=0x7F0000000001)
+    assert [(t["id"], t["main"]) for t in threads] == [(0x7F0000000002, False), (0x7F0000000001, True)]
+    assert threads[1]["frames"] == [
+        {"function": "spin", "file": "/app/train.py", "line": 12},
+        {"function": "<module>", "file": "/app/train.py", "line": 20},
+    ]
+    # two dumps appended to the same file: the newest is kept
+    assert len(parse_faulthandler(FAULTHANDLER_TEXT + FAULTHANDLER_TEXT.replace("12", "13"), None)) == 2
+    assert parse_faulthandler(FAULTHANDLER_TEXT * 2, None)[1]["frames"][0]["line"] == 12
+    assert parse_faulthandler("", None) == []
