@@ -11,11 +11,11 @@ import click
 
 from stepcli import __version__
 from stepcli.agent.request import MAX_ACTIVE, MAX_WAIT, MAX_WARMUP
+from stepcli.cliparse import parse_activities, parse_duration, parse_fail_over, parse_step_on
 from stepcli.errors import EXIT_INTERNAL, EXIT_USAGE, StepcliError
 from stepcli.run.slowoptions import check_slow_options, slow_options
 from stepcli.run.topcli import top
-
-_ACTIVITIES = ("cpu", "cuda", "xpu", "mtia", "hpu")
+from stepcli.stats import METRICS
 
 
 class _RunCommand(click.Command):
@@ -29,52 +29,7 @@ class _RunCommand(click.Command):
         return rest
 
 
-def _parse_activities(_ctx: click.Context, _param: click.Parameter, value: str | None) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    names = tuple(part.strip().lower() for part in value.split(",") if part.strip())
-    unknown = [n for n in names if n not in _ACTIVITIES]
-    if not names or unknown:
-        raise click.BadParameter(f"expected a comma-separated list of {', '.join(_ACTIVITIES)}; got {value!r}")
-    return names
-
-
-def _parse_step_on(_ctx: click.Context, _param: click.Parameter, value: Sequence[str]) -> tuple[str, ...]:
-    for spec in value:
-        module, sep, qualname = spec.partition(":")
-        if (
-            not sep
-            or not module
-            or not qualname
-            or not all(part.isidentifier() for part in module.split(".") + qualname.split("."))
-        ):
-            raise click.BadParameter(f"expected MODULE:QUALNAME such as mypkg.infer:Model.forward; got {spec!r}")
-    return tuple(value)
-
-
-def _parse_fail_over(
-    _ctx: click.Context, _param: click.Parameter, value: Sequence[str]
-) -> tuple[tuple[str, float], ...]:
-    from stepcli.compare.budgets import parse_budget
-
-    try:
-        return tuple(parse_budget(spec) for spec in value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
 _FROM_CLI = click.core.ParameterSource.COMMANDLINE
-
-
-def _parse_duration(_ctx: click.Context, _param: click.Parameter, value: str | None) -> float | None:
-    if value is None:
-        return None
-    from stepcli.run.hang import parse_duration
-
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -118,14 +73,14 @@ def cli() -> None:
 @click.option("--with-modules", is_flag=True, help="Record the nn.Module hierarchy.")
 @click.option(
     "--activities",
-    callback=_parse_activities,
+    callback=parse_activities,
     metavar="LIST",
     help="Comma-separated, e.g. cpu,cuda [default: all torch supports].",
 )
 @click.option(
     "--step-on",
     multiple=True,
-    callback=_parse_step_on,
+    callback=parse_step_on,
     metavar="MODULE:QUALNAME",
     help="Count each call of this function as a step (repeatable).",
 )
@@ -143,7 +98,7 @@ def cli() -> None:
 @click.option(
     "--fail-over",
     multiple=True,
-    callback=_parse_fail_over,
+    callback=parse_fail_over,
     metavar="STAT=MS",
     help="Exit non-zero when a step-time statistic exceeds a budget, e.g. p50=25 (repeatable).",
 )
@@ -151,7 +106,7 @@ def cli() -> None:
 @click.option("--on-demand", is_flag=True, help="Open no scheduled window; record when `stepcli capture OUT` asks.")
 @click.option(
     "--hang-timeout",
-    callback=_parse_duration,
+    callback=parse_duration,
     metavar="DURATION",
     help="When no process completes a step for this long (e.g. 10m), dump every process's stacks to OUT/hang-<n>/.",
 )
@@ -313,7 +268,7 @@ def table(
 )
 @click.option(
     "--metric",
-    type=click.Choice(["median", "mean", "p90", "min", "max"]),
+    type=click.Choice(METRICS),
     default="median",
     show_default=True,
     help="Step-time statistic that decides.",
@@ -471,7 +426,7 @@ def report(paths: tuple[str, ...], output: str | None) -> int:
 
     PATHS: a `stepcli run` output folder, a run summary (--json), traces, or folders of traces.
     """
-    from stepcli.report import report_main
+    from stepcli.run.htmlreport import report_main
 
     click.echo(report_main(list(paths), output))
     return 0

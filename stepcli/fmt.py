@@ -1,4 +1,9 @@
-"""Text that stepcli shows: control characters made visible.
+"""How stepcli writes things for people: durations, sizes, shares, one-line messages, and control characters.
+
+One home, so the terminal, the tables and report.html round alike. Sizes are binary (1 KiB = 1024 bytes) and
+labelled KiB/MiB/GiB, never KB/MB. JSON documents keep raw numbers (`*_bytes`, `*_ms`); only rendering uses this.
+The agent (inside the profiled program, standard library only, importing nothing of stepcli outside itself) keeps
+its own copy of `size` in stepcli/agent/output.py; tests/unit/test_fmt.py checks that the two agree.
 
 Operator, kernel, file and process names come from traces and programs stepcli does not control; a name holding
 ESC sequences would clear or rewrite the terminal of whoever reads the table, BEL would ring, bidi overrides would
@@ -11,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import re
+import sys
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -55,3 +61,83 @@ def _visible_all(value: Any) -> Any:
         changes = {f.name: _visible_all(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
         return dataclasses.replace(value, **changes)
     return value
+
+
+_SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def ms(value: float | None) -> str:
+    """A duration given in milliseconds, with its unit and about 3-4 significant digits: `0.412 ms`, `12.3 ms`,
+    `1.25 s`; `-` for none."""
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0 ms"
+    if abs(value) >= 1000:
+        return f"{value / 1000:.2f} s"
+    if abs(value) >= 100:
+        return f"{value:.0f} ms"
+    if abs(value) >= 10:
+        return f"{value:.1f} ms"
+    if abs(value) >= 1:
+        return f"{value:.2f} ms"
+    return f"{value:.3f} ms"
+
+
+def ms_cell(value: float | None) -> str:
+    """A millisecond number for a table column whose header names the unit: `1,234.5`, `12.35`, `0.412`."""
+    if value is None:
+        return "-"
+    if abs(value) >= 100:
+        return f"{value:,.1f}"
+    if abs(value) >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def ms_fixed(value: float | None) -> str:
+    """A millisecond number to the microsecond, for differences read side by side: `10.000`, `+0.412` comes from
+    the caller's sign; `-` for none."""
+    return "-" if value is None else f"{value:.3f}"
+
+
+def seconds(value: float) -> str:
+    """A duration given in seconds: `1.42 s`, or `40.0 ms` below a tenth of a second."""
+    return f"{value:.2f} s" if value >= 0.1 else f"{value * 1000:.1f} ms"
+
+
+def ms_exact(value: float) -> str:
+    """A millisecond number as a user would type it back: 25.0 -> `25`, 31.25 -> `31.25` (budgets, limits)."""
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    text = f"{value:.3f}".rstrip("0").rstrip(".")
+    return text if text not in ("0", "-0") or value == 0 else f"{value:.3g}"
+
+
+def size(count: float) -> str:
+    """A size in bytes, binary units: `512 B`, `1.5 KiB`, `349.2 MiB`, `2.0 GiB`."""
+    value = float(count)
+    for unit in _SIZE_UNITS:
+        if abs(value) < 1024 or unit == _SIZE_UNITS[-1]:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{count} B"  # unreachable: the last unit takes any value
+
+
+def size_or_dash(count: float | None) -> str:
+    """`size`, or `-` when nothing was measured (None or 0)."""
+    return size(count) if count else "-"
+
+
+def percent(share: float, digits: int = 0) -> str:
+    """A share (0.25) as a percentage: `25%`, or `25.0%` with `digits=1`."""
+    return f"{share * 100:.{digits}f}%"
+
+
+def say(message: str) -> None:
+    """One `stepcli: ...` line on stderr (stdout belongs to the program, or to the command's output)."""
+    try:
+        sys.stderr.write(f"stepcli: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass  # stderr closed: nothing more can be said

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from stepcli.errors import TraceError
+from stepcli.fmt import size as _size
 
 GZIP_MAGIC = b"\x1f\x8b"
 # The most bytes stepcli reads from one input, after decompression. Decoding holds the text plus the events it
@@ -31,13 +32,6 @@ def input_limit() -> int:
     except ValueError:
         return DEFAULT_LIMIT_BYTES
     return value if value > 0 else DEFAULT_LIMIT_BYTES
-
-
-def _size(count: int) -> str:
-    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if count >= scale:
-            return f"{count / scale:.1f} {unit}"
-    return f"{count} bytes"
 
 
 def _too_big(path: str, what: str, limit: int) -> TraceError:

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import TypedDict
 
 STAT_NAMES = ("count", "mean", "median", "p90", "min", "max")
+METRICS = ("median", "mean", "p90", "min", "max")  # the statistics `compare --metric` can decide on
 
 
 class Stats(TypedDict):

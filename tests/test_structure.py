@@ -49,3 +49,79 @@ def test_no_import_cycles() -> None:
     for start in sorted(graph):
         visit(start, [])
     assert not cycles, cycles[0]
+
+
+# The shared leaf modules every package may use: errors, reading untrusted files, statistics, formatting, the
+# console that writes no trailing spaces to pipes.
+_LEAVES = {"stepcli", "stepcli.errors", "stepcli.inputs", "stepcli.stats", "stepcli.fmt", "stepcli.pipeconsole"}
+# The constants of the files the agent writes (step-log version, trace metadata key) live with the agent, which may
+# import nothing outside itself; the trace reader reads that one module of it, the file format, nothing else.
+_AGENT_FILE_FORMAT = {"stepcli.agent.config"}
+
+
+def _package_imports(package: str) -> dict[str, set[str]]:
+    """Every module of `package` (a folder or a single module) -> the stepcli modules it imports."""
+    folder = PACKAGE / package.replace("stepcli.", "", 1).replace(".", "/")
+    files = sorted(folder.rglob("*.py")) if folder.is_dir() else [folder.with_suffix(".py")]
+    return {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts): _imports(p) for p in files}
+
+
+def _outside(package: str, allowed: set[str], allowed_packages: tuple[str, ...] = ()) -> list[str]:
+    """`module -> import` for every import of `package` that is neither allowed nor inside an allowed package."""
+    inside = (package, *allowed_packages)
+    return [
+        f"{module} -> {name}"
+        for module, names in _package_imports(package).items()
+        for name in sorted(names)
+        if name not in allowed and not any(name == p or name.startswith(p + ".") for p in inside)
+    ]
+
+
+def test_agent_imports_nothing_of_stepcli_outside_the_agent() -> None:
+    # It runs inside the profiled program: standard library only, import-light.
+    assert _outside("stepcli.agent", {"stepcli"}) == []
+
+
+def test_traces_import_only_the_shared_leaves() -> None:
+    assert _outside("stepcli.traces", _LEAVES | _AGENT_FILE_FORMAT) == []
+
+
+def test_compare_imports_only_the_leaves_traces_and_the_run_summary() -> None:
+    assert _outside("stepcli.compare", _LEAVES, ("stepcli.traces", "stepcli.runsummary")) == []
+
+
+def test_report_never_imports_run_or_compare() -> None:
+    # The page renders a run summary and traces; the run summary (and its advice) is built in stepcli.run.
+    forbidden = ("stepcli.run", "stepcli.compare", "stepcli.agent")
+    imports = _package_imports("stepcli.report")
+    found = [
+        f"{m} -> {n}"
+        for m, names in imports.items()
+        for n in names
+        for f in forbidden
+        if n == f or n.startswith(f + ".")
+    ]
+    assert found == []
+
+
+def test_run_summary_model_imports_no_package() -> None:
+    # run/ writes it, report/ and compare/ read it: it depends on none of them (nor on traces or the agent).
+    assert _outside("stepcli.runsummary", _LEAVES) == []
+    assert _outside("stepcli.steptimes", _LEAVES | {"stepcli.runsummary"}) == []
+    assert _outside("stepcli.fmt", _LEAVES) == []
+
+
+def test_report_reads_files_only_through_inputs() -> None:
+    # Regular files only, bounded in size, never blocking (stepcli.inputs): no raw open() or json parsing in report/.
+    found = []
+    for path in sorted((PACKAGE / "report").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
+                found.append(f"{path.name}:{node.lineno} open()")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "read_text":
+                found.append(f"{path.name}:{node.lineno} read_text()")
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
+                found += [f"{path.name}:{node.lineno} import {n}" for n in names if n in ("json", "orjson")]
+    assert found == []

@@ -183,9 +183,10 @@ def _name_final_file(tmp_json: str, final: str) -> None:
 
 
 def human_size(size: int) -> str:
+    """Binary units labelled KiB/MiB/GiB, as stepcli.fmt.size writes them (this module may not import it)."""
     value = float(size)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1024 or unit == "GB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{size} B"

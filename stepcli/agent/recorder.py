@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from .config import AgentConfig
+from .config import INCOMPLETE_STEP_KEY, AgentConfig
 from .output import cause, export_trace, human_size, say, trace_folder, worker_name, write_failed
 from .schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP
 from .tracker import FOREIGN, NEVER, StepTracker
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from typing import Any, Callable
 
 _ACTIVITY_NAMES = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mtia": "MTIA", "hpu": "HPU"}
-INCOMPLETE_STEP_KEY = "stepcli_incomplete_step"  # trace metadata: the ProfilerStep#N that only just began
 # With --with-flops, beside each trace `NAME.pt.trace.json[.gz]`: `NAME.flops`, the window's FLOPs from
 # key_averages() (torch puts none into the exported trace on CPU), read back by stepcli.traces.flops. The name
 # ends in neither .json nor holds .pt.trace.json, so nothing that lists traces takes it for one.

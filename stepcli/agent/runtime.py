@@ -16,7 +16,7 @@ import time
 import weakref
 
 from . import hooks
-from .config import HELLO_PREFIX, STEP_LOG_SUFFIX, AgentConfig, atomic_write_json
+from .config import HELLO_PREFIX, STEP_LOG_SUFFIX, STEP_LOG_VERSION, AgentConfig, atomic_write_json
 from .tracker import StepTracker
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from .recorder import Recorder
     from .stacks import StackDumper
 
-STEP_LOG_VERSION = 1
 _STEP_LOG_MIN_INTERVAL_S = 10.0
 
 _agent: Agent | None = None

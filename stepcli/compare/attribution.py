@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from stepcli.compare.inference import estimate_change
 from stepcli.compare.model import OpSteps
+from stepcli.traces.shares import STEP_KEY, STEP_PREFIX
 
 if TYPE_CHECKING:
     from stepcli.traces.reader import Trace
@@ -36,8 +37,6 @@ PHASE_LABELS = {
     "optimizer": "optimizer",
     "other": "other (Python, outside any phase)",
 }
-_STEP_PREFIX = "ProfilerStep#"
-_STEP_ROW = "ProfilerStep*"  # the step annotation itself, not work
 
 
 @dataclass(frozen=True)
@@ -71,19 +70,19 @@ def op_steps_from_traces(traces: Sequence[Trace], label: str) -> OpSteps:
         events = sorted(trace.events, key=lambda e: e.ts)
         starts = [e.ts for e in events]
         windows = sorted(
-            (e.ts, e.ts + e.dur, int(e.name[len(_STEP_PREFIX) :]))
+            (e.ts, e.ts + e.dur, int(e.name[len(STEP_PREFIX) :]))
             for e in events
             if e.cat == "user_annotation"
-            and e.name.startswith(_STEP_PREFIX)
-            and e.name[len(_STEP_PREFIX) :].isdecimal()
-            and int(e.name[len(_STEP_PREFIX) :]) != trace.incomplete_step
+            and e.name.startswith(STEP_PREFIX)
+            and e.name[len(STEP_PREFIX) :].isdecimal()
+            and int(e.name[len(STEP_PREFIX) :]) != trace.incomplete_step
         )
         for index, (start, end, step) in enumerate(windows):
             # Up to the next step's start: kernels a step launched may run after its CPU side ended.
             stop = windows[index + 1][0] if index + 1 < len(windows) else end
             subset = events[bisect.bisect_left(starts, start) : bisect.bisect_left(starts, max(stop, end))]
             summary = summarize([TraceType.from_events(subset, path=trace.path)])
-            times = {("cpu", op.name): op.self_ms for op in summary.cpu_ops if op.name != _STEP_ROW}
+            times = {("cpu", op.name): op.self_ms for op in summary.cpu_ops if op.name != STEP_KEY}
             times.update({("device", op.name): op.self_ms for op in summary.device_kernels})
             if summary.breakdown_ms is not None:
                 times.update({("phase", label): ms for label, ms in summary.breakdown_ms.to_dict().items()})

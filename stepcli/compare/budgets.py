@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from stepcli.fmt import ms_exact as _ms  # budgets read back the way the user typed them
 from stepcli.stats import Stats
 
 # Names a user may type -> the Stats key they mean. p50 is what most CI dashboards call the median.
@@ -76,11 +77,3 @@ def check_budgets(budgets: Sequence[tuple[str, float]], stats: Stats | None, *, 
                 f"(over {stats['count']} steps)"
             )
     return failures
-
-
-def _ms(value: float) -> str:
-    """25.0 -> "25", 31.25 -> "31.25": budgets read back the way the user typed them."""
-    if not math.isfinite(value):
-        return str(value)
-    text = f"{value:.3f}".rstrip("0").rstrip(".")
-    return text if text not in ("0", "-0") or value == 0 else f"{value:.3g}"

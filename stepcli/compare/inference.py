@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-METRICS = ("median", "mean", "p90", "min", "max")
+from stepcli.stats import METRICS  # the one list of decidable statistics
+
 DEFAULT_RESAMPLES = 2000
 DEFAULT_SEED = 20240613
 METHOD_STEPS = "block bootstrap over steps"

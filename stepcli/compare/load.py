@@ -16,118 +16,135 @@ from typing import TYPE_CHECKING, Any
 
 from stepcli.compare.model import Measurement, OpSteps, OpTime, ProcessSteps, RunSteps
 from stepcli.errors import EXIT_USAGE, StepcliError
+from stepcli.runsummary import READABLE_VERSIONS as RUN_SCHEMA_VERSIONS  # noqa: F401 (re-exported by compare.command)
+from stepcli.runsummary import SCHEMA as RUN_SCHEMA
+from stepcli.runsummary import RunSummary, invalid, load_run_summary, read_run_summary
 from stepcli.stats import STAT_NAMES, Stats, describe
 from stepcli.traces.shares import STEP_KEY
 
 if TYPE_CHECKING:
+    from stepcli.traces.model import TraceSummary
     from stepcli.traces.reader import Trace
 
-RUN_SCHEMA = "stepcli.run"
-RUN_SCHEMA_VERSIONS = (1, 2)
+_NEEDED = ("schema_version", "steps", "step_time_ms")  # what a verdict cannot do without
 
 
 def measurement_from_run(doc: Mapping[str, Any], label: str) -> Measurement:
-    """A run summary document (`stepcli run --json`) as a Measurement; StepcliError if malformed."""
-    version = doc.get("schema_version")
-    if isinstance(version, bool) or version not in RUN_SCHEMA_VERSIONS:
-        supported = ", ".join(map(str, RUN_SCHEMA_VERSIONS))
-        raise StepcliError(
-            f"{label}: unsupported run summary schema_version {version!r} (this stepcli reads {supported}); "
-            "re-create it with this stepcli's `run --json`",
-            EXIT_USAGE,
-        )
-    steps_doc = doc.get("steps")
-    steps = steps_doc.get("global") if isinstance(steps_doc, Mapping) else None
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise _invalid_run(label, "steps.global is not a non-negative integer")
-    times = doc.get("step_time_ms")
-    if not isinstance(times, Mapping):
-        raise _invalid_run(label, "step_time_ms is missing")
-    populations = {
-        name: _stats_or_none(times.get(name), label, f"step_time_ms.{name}") for name in ("untouched", "profiled")
+    """A run summary document (`stepcli run --json`) as a Measurement; StepcliError (exit 2) if malformed."""
+    summary = load_run_summary(dict(doc), label, required=_NEEDED)
+    times = summary["step_time_ms"]
+    populations: dict[str, Stats | None] = {
+        "untouched": _counted(times.get("untouched")),
+        "profiled": _counted(times.get("profiled")),
     }
-    exit_status = doc.get("exit_status")
-    if isinstance(exit_status, bool) or not isinstance(exit_status, (int, type(None))):
-        raise _invalid_run(label, "exit_status is not an integer")
-    from stepcli.inputs import run_paths_problem
-
-    paths_problem = run_paths_problem(dict(doc))
-    if paths_problem:
-        raise _invalid_run(label, paths_problem)
-    processes = _run_processes(doc, label)
-    run_id = doc.get("run_id")
-    traces = doc.get("traces")
-    trace_files = (
-        tuple(p for p in traces if isinstance(p, str) and os.path.isfile(p)) if isinstance(traces, list) else ()
-    )
+    processes = _run_processes(summary, label)
+    run_id = summary.get("run_id")
+    trace_files = tuple(p for p in summary.get("traces") or [] if os.path.isfile(p))
     return Measurement(
         label=label,
         kind="run",
-        steps=steps,
+        steps=summary["steps"]["global"],
         populations=populations,
-        ops=_ops(doc.get("top_operators") or [], label, "top_operators")
-        + _ops(doc.get("top_kernels") or [], label, "top_kernels"),
+        ops=_ops(summary.get("top_operators") or []) + _ops(summary.get("top_kernels") or []),
         ops_complete=False,
-        exit_status=exit_status,
-        runs=(RunSteps(label, run_id if isinstance(run_id, str) else None, processes, True),) if processes else (),
+        exit_status=summary.get("exit_status"),
+        runs=(RunSteps(label, run_id, processes, True),) if processes else (),
         trace_files=(trace_files,) if trace_files else (),
     )
 
 
-def _run_processes(doc: Mapping[str, Any], label: str) -> tuple[ProcessSteps, ...]:
+def _counted(stats: Stats | None) -> Stats | None:
+    """Validated statistics, None when they count no step."""
+    if stats is None or stats["count"] == 0:
+        return None
+    return Stats(**{**stats, "count": int(stats["count"])})
+
+
+def _run_processes(summary: RunSummary, label: str) -> tuple[ProcessSteps, ...]:
     """Every step of every process: `step_times` (schema 2), else the primary process's timeline (schema 1)."""
-    entries = doc.get("step_times")
-    where = "step_times"
+    entries = summary.get("step_times")
     if entries is None:
-        if "timeline_ms" not in doc:
+        if "timeline_ms" not in summary:
             return ()  # statistics only: compare falls back to them and says so
-        entries = [{"worker": "primary", "durations_ms": doc.get("timeline_ms"), "phases": doc.get("timeline_phases")}]
-        where = "timeline_ms"
-    if not isinstance(entries, list):
-        raise _invalid_run(label, f"{where} is not a list")
+        timeline, phases = summary["timeline_ms"], summary.get("timeline_phases")
+        if not isinstance(phases, str) or len(phases) != len(timeline):
+            raise invalid(label, "timeline_ms[0] needs durations_ms and one phase digit per step")
+        entries = [{"worker": "primary", "rank": None, "pid": None, "durations_ms": timeline, "phases": phases}]
     processes = []
     for index, entry in enumerate(entries):
-        times = entry.get("durations_ms") if isinstance(entry, Mapping) else None
-        phases = entry.get("phases") if isinstance(entry, Mapping) else None
-        if not isinstance(times, list) or not isinstance(phases, str) or len(phases) != len(times):
-            raise _invalid_run(label, f"{where}[{index}] needs durations_ms and one phase digit per step")
-        if not all(
-            isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0 for t in times
-        ):
-            raise _invalid_run(label, f"{where}[{index}].durations_ms has a value that is not a non-negative number")
+        times = entry["durations_ms"]
         if times:
             name = str(entry.get("worker") or f"process{index}")
-            processes.append(ProcessSteps(name, tuple(range(len(times))), tuple(map(float, times)), phases))
+            processes.append(ProcessSteps(name, tuple(range(len(times))), tuple(map(float, times)), entry["phases"]))
     return tuple(processes)
 
 
 def measurement_from_summary(
     summary: Mapping[str, Any], label: str, op_steps: tuple[OpSteps, ...] | None = None
 ) -> Measurement:
-    """A trace summary (`stepcli.traces.analysis.summarize(...).to_dict()`) as a Measurement."""
+    """A trace summary document (`stepcli table --json`, `TraceSummary.to_dict()`) as a Measurement, checked."""
     stats = _stats_or_none(summary.get("step_ms"), label, "step_ms")
     steps_list = summary.get("steps") or []
-    steps = len(steps_list) if isinstance(steps_list, list) else 0
-    if stats is not None:
-        steps = max(steps, stats["count"])
     events = summary.get("events")
-    ops = _ops(summary.get("cpu_ops") or [], label, "cpu_ops") + _ops(
-        summary.get("device_kernels") or [], label, "device_kernels"
+    rows = [*_named_rows(summary.get("cpu_ops") or [], label, "cpu_ops")]
+    rows += _named_rows(summary.get("device_kernels") or [], label, "device_kernels")
+    return _trace_measurement(
+        label,
+        stats,
+        [r for r in steps_list if isinstance(r, Mapping)] if isinstance(steps_list, list) else [],
+        _ops(rows),
+        int(events) if isinstance(events, (int, float)) and not isinstance(events, bool) else None,
+        op_steps,
     )
-    processes = _trace_processes(steps_list if isinstance(steps_list, list) else [])
+
+
+def measurement_from_trace_summary(
+    summary: TraceSummary, label: str, op_steps: tuple[OpSteps, ...] | None = None
+) -> Measurement:
+    """The typed summary of traces just read (nothing to re-check) as a Measurement."""
+    ops = tuple(
+        OpTime(row.name, row.calls, row.self_ms, row.total_ms)
+        for row in (*summary.cpu_ops, *summary.device_kernels)
+        if row.name != STEP_KEY
+    )
+    steps = [{"rank": row.rank, "step": row.step, "dur_ms": row.dur_ms} for row in summary.steps]
+    return _trace_measurement(label, _counted(summary.step_ms), steps, ops, summary.events, op_steps)
+
+
+def _trace_measurement(
+    label: str,
+    stats: Stats | None,
+    step_rows: Sequence[Mapping[str, Any]],
+    ops: tuple[OpTime, ...],
+    events: int | None,
+    op_steps: tuple[OpSteps, ...] | None,
+) -> Measurement:
+    steps = max(len(step_rows), stats["count"]) if stats is not None else len(step_rows)
+    processes = _trace_processes(step_rows)
     return Measurement(
         label=label,
         kind="trace",
         steps=steps,
         populations={"recorded": stats},
         ops=ops,
-        events=int(events) if isinstance(events, (int, float)) and not isinstance(events, bool) else None,
+        events=events,
         runs=(RunSteps(label, None, processes, False),) if processes else (),
         op_steps=op_steps,
     )
 
 
-def _trace_processes(rows: list[Any]) -> tuple[ProcessSteps, ...]:
+def _named_rows(rows: Any, label: str, where: str) -> list[Mapping[str, Any]]:
+    if not isinstance(rows, list):
+        raise invalid(label, f"{where} is not a list")
+    for row in rows:
+        if not isinstance(row, Mapping) or not isinstance(row.get("name"), str):
+            raise invalid(label, f"{where} has an entry without a name")
+        if not all(isinstance(row.get(k, 0), (int, float)) for k in ("calls", "self_ms", "total_ms")):
+            raise invalid(label, f"{where}: {row['name']!r} has non-numeric times")
+    return rows
+
+
+def _trace_processes(rows: Sequence[Any]) -> tuple[ProcessSteps, ...]:
     """ProfilerStep#N durations per rank; traces without a rank that repeat a step number are separate processes."""
     series: dict[tuple[Any, int], list[tuple[int, float]]] = defaultdict(list)
     seen: dict[tuple[Any, int], int] = defaultdict(int)
@@ -258,13 +275,7 @@ def load_measurement(path: str) -> Measurement:
                 f"{path}: unknown document schema {str(schema)[:80]!r}; expected a {RUN_SCHEMA!r} run summary or a trace",
                 EXIT_USAGE,
             )
-        import orjson
-
-        try:
-            doc = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise StepcliError(f"{path}: not valid JSON ({exc})", EXIT_USAGE) from None
-        return measurement_from_run(doc, path)
+        return measurement_from_run(read_run_summary(data, path, required=_NEEDED), path)
     if kind in ("trace", "broken"):
         del data  # the trace reader reads it again and names any JSON problem precisely
         return _load_traces(path)
@@ -281,12 +292,12 @@ def _load_traces(label: str, files: Sequence[str] | None = None) -> Measurement:
     from stepcli.traces.reader import load_paths
 
     traces: list[Trace] = load_paths(list(files or [label]))
-    summary = summarize(traces).to_dict()
+    summary = summarize(traces)
     try:
         op_steps: tuple[OpSteps, ...] | None = (op_steps_from_traces(traces, label),)
     except Exception:  # per-operator attribution only explains a verdict; without it the verdict still stands
         op_steps = None
-    return measurement_from_summary(summary, label, op_steps)
+    return measurement_from_trace_summary(summary, label, op_steps)
 
 
 def _json_files(folder: Path) -> list[str]:
@@ -338,21 +349,17 @@ def _read_run_summary(path: str) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) and doc.get("schema") == RUN_SCHEMA else None
 
 
-def _invalid_run(label: str, problem: str) -> StepcliError:
-    return StepcliError(f"{label}: not a valid stepcli run summary: {problem}", EXIT_USAGE)
-
-
 def _stats_or_none(value: Any, label: str, where: str) -> Stats | None:
     """Validated Stats, so a hand-edited or corrupt file fails with a line instead of a NaN verdict."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
-        raise _invalid_run(label, f"{where} is neither null nor an object")
+        raise invalid(label, f"{where} is neither null nor an object")
     out: dict[str, Any] = {}
     for key in STAT_NAMES:
         number = value.get(key)
         if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) or number < 0:
-            raise _invalid_run(label, f"{where}.{key} is not a non-negative number")
+            raise invalid(label, f"{where}.{key} is not a non-negative number")
         out[key] = number
     if out["count"] == 0:
         return None
@@ -360,24 +367,18 @@ def _stats_or_none(value: Any, label: str, where: str) -> Stats | None:
     return Stats(**out)  # type: ignore[typeddict-item]
 
 
-def _ops(rows: Any, label: str, where: str) -> tuple[OpTime, ...]:
-    if not isinstance(rows, list):
-        raise _invalid_run(label, f"{where} is not a list")
+def _ops(rows: Sequence[Mapping[str, Any]]) -> tuple[OpTime, ...]:
+    """Operator rows (already validated) as OpTimes, one per name."""
     merged: dict[str, OpTime] = {}
     for row in rows:
-        if not isinstance(row, Mapping) or not isinstance(row.get("name"), str):
-            raise _invalid_run(label, f"{where} has an entry without a name")
         if row["name"] == STEP_KEY:
             continue  # the step annotation, not an operator: the run summary leaves it out too (stepcli.traces.shares)
-        try:
-            op = OpTime(
-                name=row["name"],
-                calls=int(row.get("calls") or 0),
-                self_ms=float(row.get("self_ms") or 0.0),
-                total_ms=float(row.get("total_ms") or 0.0),
-            )
-        except (TypeError, ValueError):
-            raise _invalid_run(label, f"{where}: {row['name']!r} has non-numeric times") from None
+        op = OpTime(
+            name=row["name"],
+            calls=int(row.get("calls") or 0),
+            self_ms=float(row.get("self_ms") or 0.0),
+            total_ms=float(row.get("total_ms") or 0.0),
+        )
         old = merged.get(op.name)
         if old is not None:  # e.g. the same op on several ranks: one row per name
             op = OpTime(op.name, old.calls + op.calls, old.self_ms + op.self_ms, old.total_ms + op.total_ms)

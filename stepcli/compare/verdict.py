@@ -57,9 +57,8 @@ from stepcli.compare.wording import fmt_pct as _fmt_pct
 from stepcli.compare.wording import pct as _pct
 from stepcli.compare.wording import signed as _signed
 from stepcli.errors import EXIT_INCONCLUSIVE, EXIT_NOTHING_MEASURED, EXIT_OK, EXIT_REGRESSION
-from stepcli.stats import Stats
+from stepcli.stats import METRICS, Stats
 
-METRICS = ("median", "mean", "p90", "min", "max")
 TOP_OPS = 10
 
 Verdict = Literal["regression", "improvement", "no_change", "inconclusive", "nothing_measured"]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from stepcli.fmt import ms_fixed as fmt_ms  # re-exported: compare's ms numbers come from stepcli.fmt
 
-def fmt_ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
+__all__ = ["fmt_ms"]
 
 
 def signed(value: float | None) -> str:

@@ -1,18 +1,23 @@
-"""`stepcli report`: one self-contained HTML page (charts, tables, advice) for a run, a run summary or traces."""
+"""`stepcli report`: one self-contained HTML page (charts, tables, advice) for a run, a run summary or traces.
+
+Owns the page only: `data` (what the page shows, from a RunSummary and the traces), `page` (HTML), `svg` (charts).
+It renders and computes nothing new: the run summary, its advice, and finding the inputs of `stepcli report PATH`
+belong to stepcli.run (stepcli.run.htmlreport).
+May import: stepcli.errors, stepcli.inputs, stepcli.stats, stepcli.fmt, stepcli.runsummary, stepcli.traces; never
+stepcli.run or stepcli.compare.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import sys
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from stepcli.errors import StepcliError
 
 if TYPE_CHECKING:
-    from stepcli.traces.readonce import RunTraces
+    from stepcli.report.data import ReportData
 
 REPORT_NAME = "report.html"
 GENERATOR = '<meta name="generator" content="stepcli">'  # marks pages stepcli may overwrite
@@ -32,19 +37,20 @@ def write_html(html: str, path: str) -> None:
         raise StepcliError(f"{path}: cannot write the report: {exc.strerror or exc}") from None
 
 
-def report_main(paths: Sequence[str], out: str | None) -> str:
-    """Build the page for PATHs and write it; returns the path written."""
-    from stepcli.report.data import gather
+def write_page(data: ReportData, path: str) -> str:
+    """Render the page for `data` and write it to `path`; returns the path."""
     from stepcli.report.page import render
 
-    data = gather(paths)
-    out = out or default_output(paths[0])
+    write_html(render(data, path), path)
+    return path
+
+
+def check_output(out: str) -> None:
+    """`-o FILE.html` may not be a folder, nor a page stepcli did not write (nothing the user had is lost)."""
     if os.path.isdir(out):
         raise StepcliError(f"{out}: is a folder; give -o FILE.html")
     if os.path.exists(out) and not _made_by_stepcli(out):
         raise StepcliError(f"{out}: exists and was not written by stepcli; give another -o FILE.html")
-    write_html(render(data, out), out)
-    return out
 
 
 def default_output(first: str) -> str:
@@ -59,40 +65,13 @@ def default_output(first: str) -> str:
 
 
 def _made_by_stepcli(path: str) -> bool:
+    """Whether `path` is a page stepcli wrote (a regular file, read without blocking: never a FIFO's writer)."""
+    from stepcli.inputs import read_input
+
     try:
-        with open(path, "rb") as handle:
-            return GENERATOR.encode() in handle.read(2048)
-    except OSError:
+        return GENERATOR.encode() in read_input(path, gunzip=False)[:2048]
+    except StepcliError:
         return False
-
-
-def write_run_report(summary: dict[str, Any], log_dir: str, traces: RunTraces | None = None) -> tuple[str, list[str]]:
-    """After `stepcli run`: report.html in the output folder, plus the advice lines for the terminal summary.
-
-    The summary is also saved beside the step logs so `stepcli report OUT_DIR` can rebuild the same page later.
-    `traces`: what the run summary already read (stepcli.traces.readonce), so no trace is read a second time.
-    """
-    from stepcli.report.data import SUMMARY_FILE, build, step_logs
-    from stepcli.report.page import render
-    from stepcli.run.summary import write_run_summary
-
-    out_dir = str(summary["out_dir"])
-    try:
-        write_run_summary(summary, os.path.join(log_dir, SUMMARY_FILE))
-    except StepcliError as exc:  # its message names --json, which this file is not
-        raise StepcliError(f"cannot save the run summary in {log_dir}: {exc.message.rsplit(': ', 1)[-1]}") from None
-    paths = [p for p in summary.get("traces") or [] if os.path.exists(p)]
-    data = build(summary, step_logs(Path(log_dir)), paths, traces=traces)
-    path = run_report_path(out_dir)
-    html = render(data, path)
-    if os.path.basename(path) == REPORT_NAME:
-        write_html(html, path)
-    else:
-        _write_new_file(html, path)
-        sys.stderr.write(
-            f"stepcli: {REPORT_NAME} in {out_dir} was not written by stepcli: kept, this run's page is {path}\n"
-        )
-    return path, [advice.line() for advice in data.advice]
 
 
 def run_report_path(out_dir: str) -> str:
@@ -108,7 +87,7 @@ def run_report_path(out_dir: str) -> str:
     return os.path.join(out_dir, f"{stem}-{number}{suffix}")
 
 
-def _write_new_file(html: str, path: str) -> None:
+def write_new_file(html: str, path: str) -> None:
     """Write `path` only if nothing is there yet, even a file that appeared a moment ago (a hard link never
     replaces an existing name)."""
     target = Path(path)

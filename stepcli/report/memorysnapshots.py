@@ -10,7 +10,8 @@ from typing import Any
 
 from stepcli.errors import StepcliError
 from stepcli.fmt import html_escape as escape
-from stepcli.report.svg import WIDTH, fmt_bytes, nice_max
+from stepcli.fmt import size as fmt_bytes
+from stepcli.report.svg import WIDTH, nice_max
 from stepcli.snapshots.advice import advise, size
 from stepcli.snapshots.analysis import analyze
 from stepcli.snapshots.categories import CATEGORIES, LABELS

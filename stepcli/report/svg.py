@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from stepcli import fmt
 from stepcli.fmt import html_escape as escape
 
 WIDTH = 960
@@ -49,26 +50,6 @@ def phase_class(code: str) -> str:
         "4": "ph-foreign",
         "c": "ph-compile",
     }.get(code, "ph-other")
-
-
-def fmt_ms(value: float) -> str:
-    if value == 0:
-        return "0"
-    if value >= 1000:
-        return f"{value / 1000:.2f} s"
-    if value >= 100:
-        return f"{value:.0f} ms"
-    if value >= 10:
-        return f"{value:.1f} ms"
-    return f"{value:.2f} ms"
-
-
-def fmt_bytes(value: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(value) < 1024 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TB"
 
 
 def nice_max(value: float) -> float:
@@ -194,7 +175,7 @@ def timeline_chart(curves: Sequence[Curve], title: str = "Step time over the run
         y = y_of(tick)
         out.append(f'<line class="grid" x1="{left}" x2="{WIDTH - right}" y1="{_num(y)}" y2="{_num(y)}"/>')
         out.append(
-            f'<text class="axis" x="{left - 6}" y="{_num(y + 4)}" text-anchor="end">{escape(fmt_ms(tick))}</text>'
+            f'<text class="axis" x="{left - 6}" y="{_num(y + 4)}" text-anchor="end">{escape(fmt.ms(tick))}</text>'
         )
     for step in _step_ticks(first, last):
         x = x_of(step)
@@ -214,14 +195,14 @@ def timeline_chart(curves: Sequence[Curve], title: str = "Step time over the run
                 name = "start-up" if step == 0 and code == "0" else PHASE_NAMES.get(code, f"phase {code}")
                 out.append(
                     f'<circle class="dot {kind}" cx="{_num(x_of(step))}" cy="{_num(y_of(value))}" r="3.2">'
-                    f"<title>{escape(curve.label)} step {step} ({escape(name)}): {escape(fmt_ms(value))}</title></circle>"
+                    f"<title>{escape(curve.label)} step {step} ({escape(name)}): {escape(fmt.ms(value))}</title></circle>"
                 )
         for step, value in zip(curve.steps, curve.values):
             if value > y_max and index == 0:
                 x = x_of(step)
                 out.append(
                     f'<text class="clip" x="{_num(x + 6)}" y="{top + 11}">{"start-up " if step == 0 else ""}step {step}: '
-                    f"{escape(fmt_ms(value))} ↑</text>"
+                    f"{escape(fmt.ms(value))} ↑</text>"
                 )
                 break
     out.append(f'<line class="axisline" x1="{left}" x2="{WIDTH - right}" y1="{top + plot_h}" y2="{top + plot_h}"/>')
@@ -264,14 +245,14 @@ def histogram_chart(values: Sequence[float], median: float, p90: float, title: s
         out.append(
             f'<rect class="bar" x="{_num(left + i * bar_w + 0.5)}" y="{_num(top + plot_h - h)}" '
             f'width="{_num(max(1.0, bar_w - 1))}" height="{_num(h)}"><title>{count} steps, '
-            f"{escape(fmt_ms(lo_edge))} to {escape(fmt_ms(hi_edge))}{more}</title></rect>"
+            f"{escape(fmt.ms(lo_edge))} to {escape(fmt.ms(hi_edge))}{more}</title></rect>"
         )
     for i in range(0, 5):
         value = low + (high - low) * i / 4
         x = x_of(value)
         anchor = "start" if i == 0 else "end" if i == 4 else "middle"
         out.append(
-            f'<text class="axis" x="{_num(x)}" y="{top + plot_h + 17}" text-anchor="{anchor}">{escape(fmt_ms(value))}</text>'
+            f'<text class="axis" x="{_num(x)}" y="{top + plot_h + 17}" text-anchor="{anchor}">{escape(fmt.ms(value))}</text>'
         )
     for row, (label, value, cls) in enumerate((("median", median, "marker-median"), ("p90", p90, "marker-p90"))):
         x = x_of(value)
@@ -280,7 +261,7 @@ def histogram_chart(values: Sequence[float], median: float, p90: float, title: s
         anchor, dx = ("end", -4) if x > WIDTH - right - 140 else ("start", 4)
         out.append(
             f'<text class="{cls}-label" x="{_num(x + dx)}" y="{top + 6 + row * 14}" text-anchor="{anchor}">{label} '
-            f"{escape(fmt_ms(value))}</text>"
+            f"{escape(fmt.ms(value))}</text>"
         )
     out.append(f'<line class="axisline" x1="{left}" x2="{WIDTH - right}" y1="{top + plot_h}" y2="{top + plot_h}"/>')
     return _frame(title, height, out)
@@ -321,7 +302,7 @@ def breakdown_chart(
             share = ms / total if total else 0.0
             out.append(
                 f'<rect class="seg bd-{phase}" x="{_num(x)}" y="{y}" width="{_num(max(0.5, w))}" height="{row_h}">'
-                f"<title>{escape(label)} {phase}: {escape(fmt_ms(ms))} per step ({share:.0%})</title></rect>"
+                f"<title>{escape(label)} {phase}: {escape(fmt.ms(ms))} per step ({share:.0%})</title></rect>"
             )
             if w > 70:
                 out.append(
@@ -333,19 +314,19 @@ def breakdown_chart(
             out.append(
                 f'<rect class="outline" x="{left - 2}" y="{y - 2}" width="{_num(total * scale + 4)}" height="{row_h + 4}"/>'
             )
-        out.append(f'<text class="axis" x="{_num(x + 6)}" y="{y + row_h / 2 + 4}">{escape(fmt_ms(total))}</text>')
+        out.append(f'<text class="axis" x="{_num(x + 6)}" y="{y + row_h / 2 + 4}">{escape(fmt.ms(total))}</text>')
         y += row_h + gap
     if device_busy:
         busy, span = device_busy
         out.append(f'<text class="axis" x="{left - 8}" y="{y + row_h / 2 + 4}" text-anchor="end">device</text>')
         out.append(
             f'<rect class="seg dev-busy" x="{left}" y="{y}" width="{_num(max(0.5, busy * scale))}" height="{row_h}">'
-            f"<title>device busy {escape(fmt_ms(busy))} per step ({busy / span if span else 0:.0%})</title></rect>"
+            f"<title>device busy {escape(fmt.ms(busy))} per step ({busy / span if span else 0:.0%})</title></rect>"
         )
         out.append(
             f'<rect class="seg dev-idle" x="{_num(left + busy * scale)}" y="{y}" '
             f'width="{_num(max(0.0, (span - busy) * scale))}" height="{row_h}"><title>device idle '
-            f"{escape(fmt_ms(max(0.0, span - busy)))} per step</title></rect>"
+            f"{escape(fmt.ms(max(0.0, span - busy)))} per step</title></rect>"
         )
         out.append(
             f'<text class="axis" x="{_num(left + span * scale + 6)}" y="{y + row_h / 2 + 4}">busy '
@@ -378,10 +359,10 @@ def memory_peaks_chart(
         )
         out.append(
             f'<rect class="seg mem-{kind.lower()}" x="{left}" y="{y}" width="{_num(max(0.5, value * scale))}" '
-            f'height="{row_h}"><title>{escape(label)} peak {kind} {escape(fmt_bytes(value))}</title></rect>'
+            f'height="{row_h}"><title>{escape(label)} peak {kind} {escape(fmt.size(value))}</title></rect>'
         )
         out.append(
-            f'<text class="axis" x="{_num(left + value * scale + 6)}" y="{y + row_h - 3}">{escape(fmt_bytes(value))}</text>'
+            f'<text class="axis" x="{_num(left + value * scale + 6)}" y="{y + row_h - 3}">{escape(fmt.size(value))}</text>'
         )
         y += row_h + 6
     return _frame(title, height, out)
@@ -410,11 +391,11 @@ def memory_curve_chart(
         y = y_of(tick)
         out.append(f'<line class="grid" x1="{left}" x2="{WIDTH - right}" y1="{_num(y)}" y2="{_num(y)}"/>')
         out.append(
-            f'<text class="axis" x="{left - 6}" y="{_num(y + 4)}" text-anchor="end">{escape(fmt_bytes(tick))}</text>'
+            f'<text class="axis" x="{left - 6}" y="{_num(y + 4)}" text-anchor="end">{escape(fmt.size(tick))}</text>'
         )
     for tick in _ticks(t_max, 6):
         out.append(
-            f'<text class="axis" x="{_num(x_of(tick))}" y="{top + plot_h + 17}" text-anchor="middle">{escape(fmt_ms(tick))}</text>'
+            f'<text class="axis" x="{_num(x_of(tick))}" y="{top + plot_h + 17}" text-anchor="middle">{escape(fmt.ms(tick))}</text>'
         )
     for index, (label, pts) in enumerate(curves):
         if not pts:

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from stepcli.fmt import percent as _pct
+from stepcli.runsummary import Advice
 from stepcli.stats import percentile
 
 # Data loading above this share of the step, and at least this long per step: the training loop waits for input.
@@ -49,32 +51,9 @@ SYNC_NAMES = (
     "hipDeviceSynchronize",
     "hipEventSynchronize",
 )
-# Bounded digits: any program can name a record_function so, and int() refuses over 4,300 digits.
+# Frame and compile ids stay far below 10 digits; a longer number (any program can name a record_function so) is
+# not torch.compile's, and int() of thousands of digits would raise.
 _COMPILED_REGION = re.compile(r"Torch-Compiled Region: (\d{1,9})/(\d{1,9})(?!\d)")
-
-
-@dataclass(frozen=True)
-class Advice:
-    """One recommendation: what was seen (with numbers), the threshold it crossed, and what to try."""
-
-    rule: str
-    title: str
-    evidence: str
-    threshold: str
-    suggestion: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {
-            "rule": self.rule,
-            "title": self.title,
-            "evidence": self.evidence,
-            "threshold": self.threshold,
-            "suggestion": self.suggestion,
-        }
-
-    def line(self) -> str:
-        """One line for the terminal."""
-        return f"{self.title}: {self.evidence} (threshold {self.threshold}). {self.suggestion}"
 
 
 @dataclass(frozen=True)
@@ -98,10 +77,6 @@ class Evidence:
     ranks_analysed: bool = False
     untouched_ms: Sequence[tuple[int, float]] = ()  # (step number, ms) of one process
     device: Mapping[str, Any] | None = None  # the summary's `device` figures (stepcli.run.deviceadvice reads them)
-
-
-def _pct(share: float) -> str:
-    return f"{share * 100:.0f}%"
 
 
 def _share(breakdown: Mapping[str, float], key: str) -> float | None:

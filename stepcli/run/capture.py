@@ -17,15 +17,15 @@ import json
 import os
 import signal
 import socket
-import sys
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from stepcli.agent.ondemand import FINAL, PING_LEASE_S, POLL_INTERVAL_S
-from stepcli.agent.output import human_size
 from stepcli.errors import EXIT_NOTHING_MEASURED
+from stepcli.fmt import say as _say
+from stepcli.fmt import size
 from stepcli.run.captureplan import MARGIN_S, Request, fresh, patience, plan_request
 from stepcli.run.controldir import locked, read_control, read_processes, run_alive, still_wanted, write_requests
 from stepcli.run.liverun import LiveRun, find_run
@@ -414,7 +414,7 @@ def _print(document: dict[str, Any], as_json: bool) -> int:
             first, last = trace["first_step"], trace["last_step"]
             steps = f"step {first}" if first == last else f"steps {first}-{last}"
             extra = "" if trace["complete"] else f"  ({trace.get('note') or 'incomplete'})"
-            print(f"{trace['worker']:<{width}}  {steps}  {trace['path']}  {human_size(trace['bytes'])}{extra}")
+            print(f"{trace['worker']:<{width}}  {steps}  {trace['path']}  {size(trace['bytes'])}{extra}")
         if document["traces"]:  # with none, the one line below says why
             for miss in document["not_captured"]:
                 _say(f"{miss['worker']}: no trace: {miss['reason']}")
@@ -422,8 +422,3 @@ def _print(document: dict[str, Any], as_json: bool) -> int:
         _say(f"nothing captured: {document['reason']}")
         return EXIT_NOTHING_MEASURED
     return 0
-
-
-def _say(message: str) -> None:
-    sys.stderr.write(f"stepcli: {message}\n")
-    sys.stderr.flush()

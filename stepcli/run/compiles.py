@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stepcli.fmt import seconds as _seconds
 from stepcli.stats import describe
 
 MAX_LISTED_STEPS = 5
@@ -48,10 +49,6 @@ def describe_step(step: int, events: list[dict[str, Any]]) -> str:
         parts.append(f"{breaks} graph break(s)")
     seconds = sum(float(e.get("seconds") or 0.0) for e in events)
     return f"step {step}: {', '.join(parts)}, {_seconds(seconds)}"
-
-
-def _seconds(value: float) -> str:
-    return f"{value:.2f} s" if value >= 0.1 else f"{value * 1000:.1f} ms"
 
 
 def compile_summary(logs: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import platform
 import socket
-import sys
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from stepcli import __version__
 from stepcli.errors import EXIT_INTERNAL, StepcliError
+from stepcli.fmt import say
+from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, RunSummary
 
 if TYPE_CHECKING:
     from typing import Protocol
@@ -30,10 +31,8 @@ if TYPE_CHECKING:
 
 def fallback_summary(
     config: AgentConfig, *, command: list[str], status: int, started: float, duration_s: float, error: str
-) -> dict[str, Any]:
+) -> RunSummary:
     """A valid `stepcli.run` document that measured nothing (so `compare` says exit 3), with the error in notes."""
-    from stepcli.run.summary import SCHEMA, SCHEMA_VERSION
-
     return {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
@@ -63,6 +62,7 @@ def fallback_summary(
         "device": None,
         "peak_memory": {"rss_bytes": None, "cuda_bytes": None},
         "notes": [f"stepcli could not summarize this run: {error}; the traces are in {config.out_dir}"],
+        "advice": [],
     }
 
 
@@ -81,21 +81,16 @@ def summary_failed(
     from stepcli.run.summary import write_run_summary
 
     error = f"{type(exc).__name__}: {exc}"
-    _say(f"internal error while summarizing the run ({error}); traces are in {config.out_dir}")
+    say(f"internal error while summarizing the run ({error}); traces are in {config.out_dir}")
     if request.json_path and not json_written:
         document = fallback_summary(
             config, command=command, status=status, started=started, duration_s=duration_s, error=error
         )
         try:
             write_run_summary(document, request.json_path)
-            _say(f"wrote {request.json_path} without measurements (it says why in its notes)")
+            say(f"wrote {request.json_path} without measurements (it says why in its notes)")
         except StepcliError as write_error:
-            _say(f"warning: {write_error.message}")
+            say(f"warning: {write_error.message}")
     if status != 0:
         return status  # the program's own failure says more
     return EXIT_INTERNAL
-
-
-def _say(message: str) -> None:
-    sys.stderr.write(f"stepcli: {message}\n")
-    sys.stderr.flush()

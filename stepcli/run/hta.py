@@ -11,8 +11,10 @@ import os
 import shlex
 from typing import Any
 
+from stepcli.runsummary import RunSummary
 
-def hta_command(summary: dict[str, Any], relative: Any = os.path.relpath) -> str | None:
+
+def hta_command(summary: RunSummary, relative: Any = os.path.relpath) -> str | None:
     """`python -c "...TraceAnalysis(trace_dir=...)..."` for the run's first window, or None without traces."""
     windows = [w for w in summary.get("windows", []) if w.get("trace") in summary.get("traces", [])]
     if not windows:

@@ -24,8 +24,12 @@ from stepcli.agent import ondemand
 from stepcli.agent.config import CONFIG_ENV, AgentConfig
 from stepcli.agent.schedule import Schedule
 from stepcli.errors import EXIT_REGRESSION, StepcliError
+from stepcli.fmt import say
+from stepcli.run.signals import SignalForwarder, child_setup, in_terminal_foreground
+from stepcli.runsummary import SUMMARY_FILE
 
 if TYPE_CHECKING:
+    from stepcli.runsummary import RunSummary
     from stepcli.traces.readonce import RunTraces
 
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent.parent / "_bootstrap")
@@ -233,124 +237,6 @@ def child_environment(config: AgentConfig, base: dict[str, str] | None = None, v
     return env
 
 
-class _SignalForwarder:
-    """Signals meant for the program reach it exactly once.
-
-    In a terminal's foreground the program shares stepcli's process group, so the terminal's Ctrl-C (SIGINT,
-    SIGQUIT) reaches it directly and is not forwarded. Anywhere else (CI, a scheduler, the background) the
-    program gets a process group of its own, so a signal sent to stepcli's group reaches stepcli alone and is
-    forwarded: SIGINT/SIGQUIT to the program's whole group, as a terminal would; SIGTERM, SIGHUP and SIGUSR1/2
-    (schedulers' pre-emption notices) to the program. A repeated SIGTERM/SIGHUP kills the whole tree."""
-
-    FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGQUIT)
-    FROM_TERMINAL = (signal.SIGINT, signal.SIGQUIT)
-    FATAL = (signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self, proc: subprocess.Popen[bytes], terminal_foreground: bool) -> None:
-        self.proc = proc
-        self.received: list[int] = []
-        self.descendants: list[Any] = []
-        self._previous: dict[int, Any] = {}
-        self._terminal_foreground = terminal_foreground
-
-    def __enter__(self) -> _SignalForwarder:
-        # Installed only after the child started: an ignored SIGINT at exec time would be inherited.
-        for signum in self.FORWARDED:
-            self._previous[signum] = signal.signal(signum, self._forward)
-        return self
-
-    def __exit__(self, *_exc: Any) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _forward(self, signum: int, _frame: Any) -> None:
-        if signum in self.FROM_TERMINAL and self._terminal_foreground:
-            return  # the terminal sent it to the program too
-        repeated = signum in self.FATAL and signum in self.received
-        self.received.append(signum)
-        if signum in self.FATAL:
-            self._snapshot_descendants()
-        try:
-            if repeated:
-                for process in [*self.descendants]:
-                    _quietly(process.kill)
-                self.proc.kill()
-            elif signum in self.FROM_TERMINAL:
-                os.killpg(self.proc.pid, signum)
-            else:
-                self.proc.send_signal(signum)
-        except ProcessLookupError:
-            pass
-
-    def _snapshot_descendants(self) -> None:
-        try:
-            import psutil
-
-            known = {p.pid for p in self.descendants}
-            self.descendants += [
-                p for p in psutil.Process(self.proc.pid).children(recursive=True) if p.pid not in known
-            ]
-        except Exception:
-            pass
-
-    def reap_orphans(self, grace_s: float = 5.0) -> None:
-        """After a forwarded SIGTERM/SIGHUP, no process the program started may outlive it."""
-        if not any(signum in self.FATAL for signum in self.received):
-            return
-        alive = [p for p in self.descendants if _quietly(p.is_running)]
-        for process in alive:
-            _quietly(process.terminate)
-        try:
-            import psutil
-
-            _, still = psutil.wait_procs(alive, timeout=grace_s)
-            for process in still:
-                _quietly(process.kill)
-        except Exception:
-            pass
-
-
-def _child_setup(terminal_foreground: bool, signal_mask: Any = None) -> Any:
-    """What the child does between fork and exec: outside a terminal's foreground, take its own process group
-    (see _SignalForwarder); on Linux, get SIGTERM if stepcli dies, even of SIGKILL, so it is never orphaned."""
-    prctl = None
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork: nothing to import after it
-        except (OSError, AttributeError):
-            prctl = None
-
-    def setup() -> None:
-        if signal_mask is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, signal_mask)  # the program gets stepcli's original mask
-        if not terminal_foreground:
-            os.setpgid(0, 0)
-        if prctl is not None:
-            prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-    return setup
-
-
-def _in_terminal_foreground() -> bool:
-    """True when stepcli runs in the foreground of a terminal, whose Ctrl-C reaches the program directly."""
-    for fd in (0, 1, 2):
-        try:
-            if os.isatty(fd):
-                return os.tcgetpgrp(fd) == os.getpgrp()
-        except OSError:
-            continue
-    return False
-
-
-def _quietly(call: Any) -> Any:
-    try:
-        return call()
-    except Exception:
-        return None
-
-
 def exit_status(returncode: int) -> int:
     """Killed by signal N -> 128+N, as a shell reports it."""
     return 128 - returncode if returncode < 0 else returncode
@@ -387,20 +273,20 @@ def run_program(request: RunRequest) -> int:
             if request.on_demand
             else request.schedule.describe()
         )
-        _say(f"{plan}; output in {_short(out_dir)}")
+        say(f"{plan}; output in {_short(out_dir)}")
     _open_control(config)
     started = time.time()
     start = time.perf_counter()
-    foreground = _in_terminal_foreground()
+    foreground = in_terminal_foreground()
     from stepcli.run.watchdog import start_watchdog
 
     # A signal that arrives between starting the program and installing the forwarder (a scheduler's kill -INT
     # right after the program's first output) must be forwarded, not kill stepcli: hold it until then.
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SignalForwarder.FORWARDED)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, SignalForwarder.FORWARDED)
     try:
         try:
             env = child_environment(config, verbose=request.verbose)
-            proc = subprocess.Popen(request.argv, env=env, preexec_fn=_child_setup(foreground, mask))
+            proc = subprocess.Popen(request.argv, env=env, preexec_fn=child_setup(foreground, mask))
         except OSError as exc:
             ondemand.close_control(config.out_dir, config.run_id)
             raise StepcliError(f"could not start {request.argv[0]}: {exc.strerror or exc}") from None
@@ -409,7 +295,7 @@ def run_program(request: RunRequest) -> int:
 
         hang_watch = start_hang_watch(request.hang_timeout, request.on_hang, config, proc)
         try:
-            with _SignalForwarder(proc, foreground) as forwarder:
+            with SignalForwarder(proc, foreground) as forwarder:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # held signals are forwarded now
                 returncode = proc.wait()
                 forwarder.reap_orphans()
@@ -433,7 +319,8 @@ def run_program(request: RunRequest) -> int:
 def _report(request: RunRequest, config: AgentConfig, status: int, started: float, duration_s: float) -> int:
     """Summary, --json and --fail-over after the program exited. The program's status wins, except that a
     budget that was exceeded, or could not be checked, fails a run that succeeded."""
-    from stepcli.run.summary import analysis_progress, build_run_summary, print_run_summary, write_run_summary
+    from stepcli.run.console import print_run_summary
+    from stepcli.run.summary import analysis_progress, build_run_summary, write_run_summary
     from stepcli.traces.readonce import RunTraces
 
     display = ["python", *request.argv[1:]] if request.argv[0] == sys.executable else request.argv
@@ -455,20 +342,27 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
 
         attach(summary, config.log_dir, config.run_key)  # the whole run's step times and the triggered captures
     except Exception as exc:
-        _say(f"warning: the whole-run step times could not be read: {type(exc).__name__}: {exc}")
+        say(f"warning: the whole-run step times could not be read: {type(exc).__name__}: {exc}")
     if request.json_path:  # before printing: a failure to print must not lose the file
         try:
             write_run_summary(summary, request.json_path)
         except StepcliError as exc:
-            _say(f"warning: {exc.message}")
-    report_path, advice = _html_report(request, config, summary, traces)
+            say(f"warning: {exc.message}")
+    try:  # beside the step logs, for `stepcli report OUT` later (with --no-report too)
+        write_run_summary(summary, os.path.join(config.log_dir, SUMMARY_FILE))
+    except StepcliError as exc:  # its message names --json, which this file is not
+        reason = exc.message.rsplit(": ", 1)[-1]
+        summary["notes"].append(f"cannot save the run summary in {config.log_dir}: {reason}")
+        if request.quiet:
+            say(f"could not save the run summary in {config.log_dir}: {reason}")
+    report_path = _html_report(request, config, summary, traces)
     if not request.quiet:
         try:
-            print_run_summary(summary, advice=advice, report_path=report_path)
+            print_run_summary(summary, report_path=report_path)
             from stepcli.run.steprecord import lines
 
             for line in lines(summary):
-                _say(line)
+                say(line)
         except OSError:
             pass  # stderr closed: nothing more to say
         except Exception as exc:
@@ -488,10 +382,10 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
         from stepcli.compare.budgets import check_budgets
 
         times = summary["step_time_ms"]
-        population = "untouched" if times["untouched"] else "profiled"
-        failures = check_budgets(list(request.fail_over), times[population], what=f"{population} step time")
+        population, stats = ("untouched", times["untouched"]) if times["untouched"] else ("profiled", times["profiled"])
+        failures = check_budgets(list(request.fail_over), stats, what=f"{population} step time")
         for failure in failures:
-            _say(f"--fail-over: {failure}")
+            say(f"--fail-over: {failure}")
         if failures and status == 0:
             return EXIT_REGRESSION
     return status
@@ -511,27 +405,25 @@ def _open_control(config: AgentConfig) -> None:
     try:
         ondemand.open_control(config.out_dir, config.run_id, document)
     except OSError as exc:
-        _say(f"warning: on-demand capture unavailable: {exc.strerror or exc}")
+        say(f"warning: on-demand capture unavailable: {exc.strerror or exc}")
 
 
 def _html_report(
-    request: RunRequest, config: AgentConfig, summary: dict[str, Any], traces: RunTraces | None = None
-) -> tuple[str | None, list[str]]:
-    """report.html in the output folder (unless --no-report) and the advice lines for the summary; `traces` is what
-    the summary read, reused."""
+    request: RunRequest, config: AgentConfig, summary: RunSummary, traces: RunTraces | None = None
+) -> str | None:
+    """report.html in the output folder (unless --no-report), or None; `traces` is what the summary read, reused."""
     if not request.report or not (summary["traces"] or summary["steps"]["global"]):
-        return None, []
+        return None
     try:
-        from stepcli.report import write_run_report
+        from stepcli.run.htmlreport import write_run_report
 
-        path, advice = write_run_report(summary, config.log_dir, traces)
-        return path, advice
+        return write_run_report(summary, traces)
     except Exception as exc:  # the program's result and the terminal summary must survive a bug in the page
         reason = exc.message if isinstance(exc, StepcliError) else f"{type(exc).__name__}: {exc}"
         summary["notes"].append(f"report.html not written: {reason}")  # a full or read-only folder, say
         if request.quiet:
-            _say(f"could not write report.html: {reason}")
-        return None, []
+            say(f"could not write report.html: {reason}")
+        return None
 
 
 def _check_json_path(path: str) -> None:
@@ -553,11 +445,6 @@ def _host_label() -> str:
     import socket
 
     return re.sub(r"[^A-Za-z0-9_.]+", "_", socket.gethostname())[:64] or "host"
-
-
-def _say(message: str) -> None:
-    sys.stderr.write(f"stepcli: {message}\n")
-    sys.stderr.flush()
 
 
 def _short(path: Path) -> str:

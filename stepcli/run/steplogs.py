@@ -16,12 +16,11 @@ import re
 import stat
 from typing import Any, Callable
 
-from stepcli.agent.config import STEP_LOG_SUFFIX, AgentConfig
+from stepcli.agent.config import STEP_LOG_SUFFIX, STEP_LOG_VERSION, AgentConfig
 from stepcli.agent.signing import SIGNATURE_KEY, signature_matches
 from stepcli.errors import StepcliError
 from stepcli.inputs import read_input
 
-STEP_LOG_VERSION = 1
 _WORKER = re.compile(r"[A-Za-z0-9_.\-]{1,200}\Z")
 _MAX_INT = 2**63 - 1
 _MAX_SHOWN = 3

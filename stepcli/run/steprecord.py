@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from stepcli.agent.signing import SIGNATURE_KEY, signature_matches
 from stepcli.agent.steprecord import BUCKETS_PER_DOUBLING, SCHEMA, SUFFIX
+from stepcli.runsummary import RunSummary
 
 _MAX_BYTES = 4 << 20
 _QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
@@ -67,7 +69,7 @@ def stats(record: dict[str, Any]) -> dict[str, float | int]:
     return result
 
 
-def attach(summary: dict[str, Any], log_dir: str, key: str | None = None) -> None:
+def attach(summary: RunSummary, log_dir: str, key: str | None = None) -> None:
     """Add `step_record` (per process) and `triggered` (each --capture-on-slow window) to the run summary."""
     summary["step_record"] = [
         {
@@ -97,7 +99,7 @@ def slowest_first(records: list[dict[str, Any]], limit: int) -> list[dict[str, A
     return [r for r in records if id(r) in keep]
 
 
-def lines(summary: dict[str, Any]) -> list[str]:
+def lines(summary: Mapping[str, Any]) -> list[str]:
     """The summary's lines for the whole run's step times and the triggered captures."""
     out = []
     records = [r for r in summary.get("step_record") or [] if r["ms"].get("count")]

@@ -1,7 +1,8 @@
 """The run summary: step logs + traces of one `stepcli run` -> a versioned document, printed and/or saved.
 
-The document (schema "stepcli.run", documented field by field in README) is what `--json` writes and what
-`stepcli compare` reads, so building it is kept apart from rendering it.
+The document (schema "stepcli.run", typed in stepcli.runsummary, documented field by field in README) is what
+`--json` writes and what `stepcli compare` and `stepcli report` read, so building it (here, advice included) is
+kept apart from rendering it (stepcli.run.console for the terminal, stepcli.report for the page).
 """
 
 from __future__ import annotations
@@ -10,30 +11,29 @@ import contextlib
 import json
 import os
 import platform
-import shlex
 import socket
 import sys
 import uuid
 from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from stepcli import __version__
 from stepcli.agent.config import HELLO_PREFIX, AgentConfig
-from stepcli.agent.output import human_size
 from stepcli.agent.schedule import NONE
 from stepcli.agent.tracker import FOREIGN
 from stepcli.errors import StepcliError
-from stepcli.run.compiles import compile_lines, compile_summary, compiled_steps
+from stepcli.run.compiles import compile_summary, compiled_steps
 from stepcli.run.hangreport import hang_summary
+from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, AdviceItem, Process, RunSummary, Window
 from stepcli.stats import describe
+from stepcli.steptimes import process_steps
+from stepcli.traces.shares import STEP_KEY
 
 if TYPE_CHECKING:
     from stepcli.traces.readonce import RunTraces
 
-SCHEMA = "stepcli.run"
-SCHEMA_VERSION = 2  # 2: run_id and step_times (every step of every process); readers still accept 1
 TOP_N = 20
 
 
@@ -170,9 +170,9 @@ def build_run_summary(
     started_at: float,
     duration_s: float,
     traces: RunTraces | None = None,
-) -> dict[str, Any]:
-    """Everything the run measured, as a JSON-able document (schema `stepcli.run`, version 2). With `traces`, the
-    trace files are read through it (and kept there for report.html)."""
+) -> RunSummary:
+    """Everything the run measured, as a JSON-able document (schema `stepcli.run`, version 2), its advice
+    included. With `traces`, the trace files are read through it (and kept there for report.html)."""
     from stepcli.run.steplogs import load_step_logs
 
     logs, refused = load_step_logs(config, since=started_at)  # signed, schema-checked, traces inside out_dir
@@ -225,7 +225,7 @@ def build_run_summary(
     rss = [log["peak_rss_bytes"] for log in logs if log.get("peak_rss_bytes")]
     cuda = [log["cuda_peak_bytes"] for log in logs if log.get("cuda_peak_bytes")]
     torch_version = next((log.get("torch") for log in logs if log.get("torch")), None)
-    return {
+    summary: RunSummary = {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "stepcli_version": __version__,
@@ -263,27 +263,11 @@ def build_run_summary(
             }
             for log in logs
         ],
-        "processes": [
-            {
-                key: log.get(key)
-                for key in (
-                    "worker",
-                    "rank",
-                    "pid",
-                    "argv",
-                    "global_steps",
-                    "exit",
-                    "peak_rss_bytes",
-                    "cuda_peak_bytes",
-                )
-            }
-            | {"requesters": {r["name"]: r["calls"] for r in log.get("requesters", [])}}
-            for log in logs
-        ],
-        "windows": windows,
+        "processes": [process_entry(log) for log in logs],
+        "windows": cast("list[Window]", windows),
         "traces": trace_paths,
         # ProfilerStep* is the step annotation itself, not work: it would always top the list.
-        "top_operators": [op for op in (analysis or {}).get("cpu_ops", []) if op["name"] != "ProfilerStep*"][:TOP_N],
+        "top_operators": [op for op in (analysis or {}).get("cpu_ops", []) if op["name"] != STEP_KEY][:TOP_N],
         "top_kernels": (analysis or {}).get("device_kernels", [])[:TOP_N],
         "ranks": (analysis or {}).get("ranks", []),
         "slowest_rank": (analysis or {}).get("slowest_rank"),
@@ -297,6 +281,34 @@ def build_run_summary(
         "compile": compile_summary(logs),
         "hang": hang_summary(config.out_dir, started_at),  # --hang-timeout reports (stepcli/run/hangreport.py)
         "notes": notes,
+    }
+    summary["advice"] = _advice(summary, analysis)
+    return summary
+
+
+def _advice(summary: RunSummary, analysis: dict[str, Any] | None) -> list[AdviceItem]:
+    """The run's advice; a bug in a rule must not hide what the run measured (it becomes a note)."""
+    from stepcli.run.advising import advise_run
+
+    try:
+        return [item.to_dict() for item in advise_run(summary, analysis, process_steps(summary))]
+    except Exception as exc:
+        summary["notes"].append(f"could not compute the advice: {type(exc).__name__}: {exc}")
+        return []
+
+
+def process_entry(log: dict[str, Any]) -> Process:
+    """One entry of `processes` from a process's step log."""
+    return {
+        "worker": log.get("worker"),
+        "rank": log.get("rank"),
+        "pid": log.get("pid"),
+        "argv": log.get("argv"),
+        "global_steps": log.get("global_steps"),
+        "exit": log.get("exit"),
+        "peak_rss_bytes": log.get("peak_rss_bytes"),
+        "cuda_peak_bytes": log.get("cuda_peak_bytes"),
+        "requesters": {r["name"]: r["calls"] for r in log.get("requesters", [])},
     }
 
 
@@ -314,7 +326,7 @@ def analysis_progress(enabled: bool = True) -> AbstractContextManager[Any]:
     return Console(stderr=True).status("stepcli: reading the traces ...", spinner="dots")
 
 
-def write_run_summary(summary: dict[str, Any], path: str) -> None:
+def write_run_summary(summary: RunSummary, path: str) -> None:
     """`--json PATH`, written atomically."""
     import orjson
 
@@ -328,158 +340,3 @@ def write_run_summary(summary: dict[str, Any], path: str) -> None:
         with contextlib.suppress(OSError):  # on a read-only folder even this fails
             tmp.unlink(missing_ok=True)
         raise StepcliError(f"--json {path}: {exc.strerror or exc}") from None
-
-
-def _ms(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.3f} ms" if value < 10 else f"{value:.1f} ms" if value < 1000 else f"{value / 1000:.2f} s"
-
-
-def _bytes(value: int | None) -> str:
-    return human_size(value) if value else "-"
-
-
-_BLOCKS = "▁▂▃▄▅▆▇█"
-
-
-def sparkline(values: list[float], phases: str, width: int = 60) -> str:
-    """A compact step-time chart; profiled steps are drawn in a second colour by the caller's markup."""
-    if not values:
-        return ""
-    buckets = max(1, -(-len(values) // width))
-    points = [max(values[i : i + buckets]) for i in range(0, len(values), buckets)]
-    marks = [any(p not in "0" for p in phases[i : i + buckets]) for i in range(0, len(values), buckets)]
-    low, high = min(points), max(points)
-    span = (high - low) or 1.0
-    chars = []
-    for point, profiled in zip(points, marks):
-        block = _BLOCKS[min(len(_BLOCKS) - 1, int((point - low) / span * (len(_BLOCKS) - 1)))]
-        chars.append(f"[magenta]{block}[/]" if profiled else block)
-    return "".join(chars)
-
-
-def print_run_summary(summary: dict[str, Any], advice: list[str] | None = None, report_path: str | None = None) -> None:
-    """The summary on stderr after the program exits (stdout belongs to the program)."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    from stepcli.fmt import visible_all
-    from stepcli.pipeconsole import pipe_console
-
-    summary, advice = visible_all(summary), visible_all(advice)  # names from traces: control characters shown
-    report_path = visible_all(report_path)
-    console = pipe_console(stderr=True, highlight=False)  # no trailing spaces in CI logs
-    overview = Table.grid(padding=(0, 2))
-    overview.add_column(style="bold")
-    overview.add_column()
-    status = summary["exit_status"]
-    # The command on a line of its own (never cut or wrapped inside the grid), its outcome in the grid.
-    console.print("[bold]stepcli summary[/]")
-    console.print(f"[bold]command[/] {escape(shlex.join(summary['command']))}", soft_wrap=True)
-    overview.add_row("status", f"[{'green' if status == 0 else 'red'}]exit {status}[/], {summary['duration_s']:.1f} s")
-    named = list(summary["steps"]["requesters"].items())
-    requesters = ", ".join(f"{name} {count}" for name, count in named[:6])
-    if len(named) > 6:  # e.g. a new optimizer per epoch
-        requesters += f", +{len(named) - 6} more"
-    overview.add_row("steps", f"{summary['steps']['global']}" + (f"  ({requesters})" if requesters else ""))
-    if len(summary["processes"]) > 1:
-        overview.add_row(
-            "processes", ", ".join(f"{p['worker']} {p['global_steps']} steps" for p in summary["processes"])
-        )
-    times = summary["step_time_ms"]
-    for label, key in (("untouched steps", "untouched"), ("profiled steps", "profiled")):
-        stats = times[key]
-        if stats:
-            overview.add_row(
-                label,
-                f"n={stats['count']}  median {_ms(stats['median'])}  p90 {_ms(stats['p90'])}  "
-                f"min {_ms(stats['min'])}  max {_ms(stats['max'])}",
-            )
-    if times["first_step"]:
-        overview.add_row("first step", f"{_ms(times['first_step']['max'])} (start-up, not in the statistics)")
-    for index, text in enumerate(compile_lines(summary.get("compile"), len(summary["processes"]))):
-        overview.add_row("compile" if index == 0 else "", text)
-    timeline = summary["timeline_ms"][1:]
-    scale = f"  {_ms(min(timeline))} .. {_ms(max(timeline))}" if timeline else ""
-    line = sparkline(timeline, summary["timeline_phases"][1:], width=max(10, min(60, console.width - 40)))
-    if line:
-        if not console.no_color and console.color_system and "[magenta]" in line:
-            scale += "  [dim](magenta: profiled)[/]"
-        overview.add_row("timeline", line + scale)
-    memory = summary["peak_memory"]
-    if memory["rss_bytes"] or memory["cuda_bytes"]:
-        overview.add_row(
-            "peak memory",
-            f"RSS {_bytes(memory['rss_bytes'])}"
-            + (f"  CUDA {_bytes(memory['cuda_bytes'])}" if memory["cuda_bytes"] else ""),
-        )
-    console.print(overview)
-    # Paths on lines of their own, never cut or wrapped, so they can be copied from any terminal or CI log.
-    for window in summary["windows"]:
-        steps = (
-            f"steps {window['first_step']}-{window['last_step']}"
-            if window["first_step"] != window["last_step"]
-            else f"step {window['first_step']}"
-        )
-        extra = "" if window["complete"] else f" [yellow]({window.get('note', 'incomplete')})[/]"
-        console.print(f"[bold]trace[/] {steps} {window['worker']} ({_bytes(window['bytes'])}){extra}:")
-        console.print(f"  {window['trace']}", markup=False, soft_wrap=True)
-
-    if summary["top_operators"] or summary["top_kernels"]:
-        from stepcli.traces import render
-        from stepcli.traces.devicerender import print_device_section
-
-        width = console.width
-        share_of = summary.get("share_of") or "recorded step time"
-        if summary["top_operators"]:
-            title = "Top CPU operators by self time (recorded steps)"
-            console.print(render.ops_table(summary["top_operators"], title, 10, width=width, share_of=share_of))
-            outside = render.outside_note(summary.get("outside_steps"))
-            if outside:
-                console.print(outside, markup=False, highlight=False, soft_wrap=True)
-        if summary["top_kernels"]:
-            console.print(
-                render.ops_table(
-                    summary["top_kernels"], "Top device kernels by self time", 10, width=width, share_of=share_of
-                )
-            )
-        if summary.get("breakdown_ms"):
-            console.print(render.breakdown_table(summary["breakdown_ms"], summary.get("device")))
-        print_device_section(summary, console)
-        if len(summary.get("ranks", [])) > 1:
-            title = "Recorded step time per rank"
-            console.print(render.ranks_table(summary["ranks"], summary.get("slowest_rank"), title=title, width=width))
-            if summary.get("straggler"):
-                console.print(f"slowest rank: {summary['straggler']['evidence']}", markup=False, highlight=False)
-    for note in summary["notes"]:
-        console.print(f"[yellow]note:[/] {note}")
-    for line in advice or ():
-        from rich.markup import escape
-
-        console.print(f"[bold cyan]advice:[/] {escape(line)}")
-    if summary["traces"]:
-        out = summary["out_dir"]
-        # One command per line, never wrapped in the middle: each can be copied as it is.
-        console.print("next:")
-        console.print(f"  stepcli table {shlex.quote(_relative(out))}", markup=False, soft_wrap=True)
-        if report_path:
-            console.print(f"  open {shlex.quote(_relative(report_path))} in a browser", markup=False, soft_wrap=True)
-        console.print(f"  tensorboard --logdir {shlex.quote(_relative(out))}", markup=False, soft_wrap=True)
-        console.print("  or open a trace in https://ui.perfetto.dev", markup=False, soft_wrap=True)
-        from stepcli.run.hta import hta_command
-
-        hta = hta_command(summary, _relative)
-        if hta:  # one window's folder: HTA keeps one trace per rank from a folder
-            console.print("  Holistic Trace Analysis of one window:", markup=False)
-            console.print(f"  {hta}", markup=False, soft_wrap=True)
-    elif report_path:
-        console.print("next:")
-        console.print(f"  open {shlex.quote(_relative(report_path))} in a browser", markup=False, soft_wrap=True)
-
-
-def _relative(path: str) -> str:
-    try:
-        return os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
-    except ValueError:
-        return path

@@ -28,10 +28,12 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from stepcli.agent.config import INCOMPLETE_STEP_KEY  # the file format the agent writes
 from stepcli.errors import TraceError
 from stepcli.inputs import read_input
 from stepcli.traces.files import list_trace_files, rank_from_name
 from stepcli.traces.jsonvalues import as_id, as_text, as_time, is_int64
+from stepcli.traces.shares import STEP_PREFIX
 
 # Kineto categories whose events run on a CPU thread and that torch's `key_averages()` counts as operators
 # (it also nests python_function events with ops, so they must take part in self-time accounting).
@@ -76,13 +78,10 @@ _TRACE_EVENTS_KEY = re.compile(rb'(?<!\\)"traceEvents"\s*:\s*\[')
 _BARE_CONSTANT = re.compile(rb"-?(?:NaN|Infinity)")
 _MAX_RANK = 2**31 - 1
 _MAX_STEP = 2**63 - 1
-_STEP_PREFIX = "ProfilerStep#"
 
 # Largest |ts| and |dur| accepted, in microseconds (~31,700 years): epoch timestamps fit with room to spare, and
 # nanosecond arithmetic on anything within it stays finite. NaN fails every comparison, so it is out of range too.
 MAX_TIME_US = 1e18
-# The top-level metadata key stepcli's agent writes into a trace whose window was cut short.
-INCOMPLETE_STEP_KEY = "stepcli_incomplete_step"
 
 
 class Event(msgspec.Struct, gc=False):
@@ -188,9 +187,9 @@ def _rank_number(info: Any) -> int | None:
 
 def _usable_name(name: str) -> bool:
     """False for a `ProfilerStep#N` whose N no step count reaches (it could not be reported as an integer)."""
-    if not name.startswith(_STEP_PREFIX):
+    if not name.startswith(STEP_PREFIX):
         return True
-    number = name[len(_STEP_PREFIX) :]
+    number = name[len(STEP_PREFIX) :]
     return not (number.isdecimal() and (len(number) > 19 or int(number) > _MAX_STEP))
 
 

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, Callable
 
+from stepcli.fmt import ms_cell as _ms
 from stepcli.fmt import visible_all
 from stepcli.pipeconsole import pipe_console
 from stepcli.traces.ranks import first_per_process
@@ -50,16 +51,6 @@ def shorten(name: str, width: int = NAME_WIDTH) -> str:
     head = (width - 1) * 2 // 3
     tail = width - 1 - head
     return f"{name[:head]}…{name[-tail:]}" if tail > 0 else name[: width - 1] + "…"
-
-
-def _ms(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value >= 100:
-        return f"{value:,.1f}"
-    if value >= 1:
-        return f"{value:.2f}"
-    return f"{value:.3f}"
 
 
 def _pct(share: float) -> str:

@@ -51,6 +51,8 @@ DDP = """
         model(torch.randn(4, 8)).sum().backward()
         opt.step()
     dist.barrier()
+    del model, opt  # DDP's reducer holds gloo's group: freed here, not at exit, where torch 2.13 can abort
+    import gc; gc.collect()
     dist.destroy_process_group()
 """
 
@@ -358,6 +360,81 @@ def test_no_report_flag(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert trace_files(tmp_path / "out") and not (tmp_path / "out" / "report.html").exists()
     assert "report.html" not in result.stderr
+
+
+def test_no_report_keeps_the_advice_in_the_terminal_and_the_json(tmp_path: Path) -> None:
+    # GIVEN the slow DataLoader of the test above WHEN run with --no-report
+    script = write_script(tmp_path, "slow_loader.py", SLOW_LOADER)
+    out = tmp_path / "out"
+    args = ("--wait", "2", "--warmup", "1", "--active", "3", "--no-report", "-o", out, "--json", tmp_path / "run.json")
+    result = run_stepcli("run", *args, script)
+    assert result.returncode == 0, result.stderr
+    # THEN no page is written, yet the terminal still gives the data-loading advice with its evidence
+    assert not (out / "report.html").exists()
+    advice_lines = [line for line in result.stderr.splitlines() if line.startswith("advice:")]
+    assert advice_lines and "Data loading slows the step" in advice_lines[0], result.stderr
+    # AND the run summary carries it, for the page `stepcli report` builds later and for CI
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert [item["rule"] for item in summary["advice"]] == ["data-loading"]
+    assert set(summary["advice"][0]) == {"rule", "title", "evidence", "threshold", "suggestion"}
+    # AND `stepcli report OUT` later gives the run's page: its command, its facts and the same advice
+    again = run_stepcli("report", out)
+    assert again.returncode == 0, again.stderr
+    html = (out / "report.html").read_text()
+    assert "slow_loader.py" in html and "exit status" in html and _advice_rules(html) == ["data-loading"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("command", [1, 2]), ("processes", "abc"), ("schedule", [1]), ("notes", {"a": 1})]
+)
+def test_run_summary_with_wrong_types_is_bad_input(tmp_path: Path, field: str, value: Any) -> None:
+    # GIVEN a run summary whose field has the wrong type (hand-edited, or from a hostile source)
+    document: dict[str, Any] = {
+        "schema": "stepcli.run",
+        "schema_version": 2,
+        "command": ["python", "train.py"],
+        "exit_status": 0,
+        "out_dir": str(tmp_path),
+        "steps": {"global": 3, "requesters": {"SGD#0": 3}},
+        "step_time_ms": {"untouched": None, "profiled": None, "first_step": None},
+        "timeline_ms": [5.0, 1.0, 1.0],
+        "timeline_phases": "000",
+        "processes": [],
+        "traces": [],
+        field: value,
+    }
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(document))
+    # WHEN `stepcli report` (and `stepcli compare`) read it THEN exit 2 with one line naming the file and the field
+    for result in (run_stepcli("report", path), run_stepcli("compare", path, path)):
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr and result.stderr.strip().count("\n") == 0, result.stderr
+        assert str(path) in result.stderr and field in result.stderr
+    assert not (tmp_path / "run.report.html").exists()
+
+
+HUGE_REGION = """
+    import torch
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(4):
+        with torch.profiler.record_function("Torch-Compiled Region: 0/" + "9" * 4400):
+            model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+"""
+
+
+def test_operator_named_like_a_compiled_region_with_a_huge_id(tmp_path: Path) -> None:
+    # GIVEN a program whose record_function looks like torch.compile's region with a 4,400-digit compile id
+    script = write_script(tmp_path, "huge.py", HUGE_REGION)
+    out = tmp_path / "out"
+    # WHEN it runs and its page is rebuilt THEN both succeed: the name is an operator, not a recompilation
+    result = run_stepcli("run", "--wait", "1", "--active", "2", "-o", out, "--json", tmp_path / "run.json", script)
+    assert result.returncode == 0 and "internal error" not in result.stderr, result.stderr
+    assert (out / "report.html").is_file() and "could not" not in result.stderr, result.stderr
+    again = run_stepcli("report", out, "-o", tmp_path / "again.html")
+    assert again.returncode == 0, again.stderr
+    assert json.loads((tmp_path / "run.json").read_text())["advice"] == []
 
 
 def test_reused_output_folder_reports_only_the_latest_run(tmp_path: Path) -> None:

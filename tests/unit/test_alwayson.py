@@ -94,12 +94,14 @@ def test_top_marks_the_slowest_and_a_rank_that_stopped() -> None:
 def test_the_summary_gives_a_line_to_the_slowest_processes_only() -> None:
     from stepcli.run.steprecord import lines
 
-    records = [
-        {"worker": f"rank{i}", "ms": {"count": 9, "p50": 10.0, "p90": 11.0, "p99": 12.0 + i, "max": 20.0 + i}}
+    records: list[dict[str, object]] = [
+        {
+            "worker": f"rank{i}",
+            "ms": {"count": 9, "p50": 10.0, "p90": 11.0, "p99": 12.0 + i, "max": 20.0 + i},
+            "slowest": [[5, 20_000]],
+        }
         for i in range(10)
     ]
-    for record in records:
-        record["slowest"] = [[5, 20_000]]
     text = lines({"step_record": records, "triggered": []})
     assert [line.split(":")[0] for line in text[:4]] == [f"whole run rank{i}" for i in (6, 7, 8, 9)]
     assert text[4] == "whole run: 6 more processes in --json and report.html"

@@ -10,8 +10,8 @@ from typing import Any
 
 from conftest import REPO
 
-from stepcli.report import default_output, report_main, svg
-from stepcli.report.data import build
+from stepcli.report import default_output, svg
+from stepcli.run.htmlreport import build, report_main
 
 
 def _bench_module() -> Any:

@@ -127,6 +127,7 @@ def test_run_end_reads_each_trace_once_and_the_page_equals_stepcli_report(
     """The launcher's end of run in this process (the program itself is a real child), readers counted."""
     import stepcli.report.data as report_data
     from stepcli.cli import main
+    from stepcli.run.htmlreport import gather
 
     built: list[report_data.ReportData] = []
     real_build = report_data.build
@@ -176,6 +177,6 @@ def test_run_end_reads_each_trace_once_and_the_page_equals_stepcli_report(
     assert run_end.shape_ops and run_end.cpu_ops and bool(run_end.memory_curves) == memory
     # AND `stepcli report OUT` afterwards builds the same page data from the folder
     counted_decodes.clear()
-    again = report_data.gather([str(out)])
+    again = gather([str(out)])
     assert counted_decodes == Counter({path: 1 for path in traces})
     assert dataclasses.asdict(again) == dataclasses.asdict(run_end)

@@ -1,0 +1,183 @@
+"""The run summary on the terminal after `stepcli run`: an overview grid, the traces, the tables of `stepcli table`,
+notes, advice and the commands to run next. It renders a RunSummary; nothing here computes a figure.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from typing import TYPE_CHECKING
+
+from stepcli.fmt import ms, size_or_dash
+from stepcli.run.compiles import compile_lines
+from stepcli.runsummary import RunSummary
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+_BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], phases: str, width: int = 60) -> str:
+    """A compact step-time chart; profiled steps are drawn in a second colour by the caller's markup."""
+    if not values:
+        return ""
+    buckets = max(1, -(-len(values) // width))
+    points = [max(values[i : i + buckets]) for i in range(0, len(values), buckets)]
+    marks = [any(p not in "0" for p in phases[i : i + buckets]) for i in range(0, len(values), buckets)]
+    low, high = min(points), max(points)
+    span = (high - low) or 1.0
+    chars = []
+    for point, profiled in zip(points, marks):
+        block = _BLOCKS[min(len(_BLOCKS) - 1, int((point - low) / span * (len(_BLOCKS) - 1)))]
+        chars.append(f"[magenta]{block}[/]" if profiled else block)
+    return "".join(chars)
+
+
+def print_run_summary(summary: RunSummary, report_path: str | None = None) -> None:
+    """The summary on stderr after the program exits (stdout belongs to the program)."""
+    from rich.markup import escape
+
+    from stepcli.fmt import visible_all
+    from stepcli.pipeconsole import pipe_console
+    from stepcli.runsummary import advice_line
+
+    summary = visible_all(summary)  # names from traces: control characters shown
+    report_path = visible_all(report_path)
+
+    console = pipe_console(stderr=True, highlight=False)  # no trailing spaces in CI logs
+    # The command on a line of its own (never cut or wrapped inside the grid), its outcome in the grid.
+    console.print("[bold]stepcli summary[/]")
+    console.print(f"[bold]command[/] {escape(shlex.join(summary['command']))}", soft_wrap=True)
+    console.print(_overview(summary, console))
+    _print_windows(summary, console)
+    _print_tables(summary, console)
+    for note in summary["notes"]:
+        console.print(f"[yellow]note:[/] {note}")
+    for item in summary.get("advice") or ():
+        console.print(f"[bold cyan]advice:[/] {escape(advice_line(item))}")
+    _print_next(summary, report_path, console)
+
+
+def _overview(summary: RunSummary, console: Console) -> Table:
+    """The grid of the run's outcome: status, steps, step times, compile, timeline, peak memory."""
+    from rich.table import Table
+
+    overview = Table.grid(padding=(0, 2))
+    overview.add_column(style="bold")
+    overview.add_column()
+    status = summary["exit_status"]
+    overview.add_row("status", f"[{'green' if status == 0 else 'red'}]exit {status}[/], {summary['duration_s']:.1f} s")
+    named = list(summary["steps"]["requesters"].items())
+    requesters = ", ".join(f"{name} {count}" for name, count in named[:6])
+    if len(named) > 6:  # e.g. a new optimizer per epoch
+        requesters += f", +{len(named) - 6} more"
+    overview.add_row("steps", f"{summary['steps']['global']}" + (f"  ({requesters})" if requesters else ""))
+    if len(summary["processes"]) > 1:
+        overview.add_row(
+            "processes", ", ".join(f"{p['worker']} {p['global_steps']} steps" for p in summary["processes"])
+        )
+    times = summary["step_time_ms"]
+    for label, stats in (("untouched steps", times["untouched"]), ("profiled steps", times["profiled"])):
+        if stats:
+            overview.add_row(
+                label,
+                f"n={stats['count']}  median {ms(stats['median'])}  p90 {ms(stats['p90'])}  "
+                f"min {ms(stats['min'])}  max {ms(stats['max'])}",
+            )
+    if times["first_step"]:
+        overview.add_row("first step", f"{ms(times['first_step']['max'])} (start-up, not in the statistics)")
+    for index, text in enumerate(compile_lines(summary.get("compile"), len(summary["processes"]))):
+        overview.add_row("compile" if index == 0 else "", text)
+    _add_timeline(overview, summary, console)
+    memory = summary["peak_memory"]
+    if memory["rss_bytes"] or memory["cuda_bytes"]:
+        overview.add_row(
+            "peak memory",
+            f"RSS {size_or_dash(memory['rss_bytes'])}"
+            + (f"  CUDA {size_or_dash(memory['cuda_bytes'])}" if memory["cuda_bytes"] else ""),
+        )
+    return overview
+
+
+def _add_timeline(overview: Table, summary: RunSummary, console: Console) -> None:
+    timeline = summary["timeline_ms"][1:]
+    scale = f"  {ms(min(timeline))} .. {ms(max(timeline))}" if timeline else ""
+    line = sparkline(timeline, summary["timeline_phases"][1:], width=max(10, min(60, console.width - 40)))
+    if line:
+        if not console.no_color and console.color_system and "[magenta]" in line:
+            scale += "  [dim](magenta: profiled)[/]"
+        overview.add_row("timeline", line + scale)
+
+
+def _print_windows(summary: RunSummary, console: Console) -> None:
+    """Each trace with its size; paths on lines of their own, never cut or wrapped, so they can be copied."""
+    for window in summary["windows"]:
+        steps = (
+            f"steps {window['first_step']}-{window['last_step']}"
+            if window["first_step"] != window["last_step"]
+            else f"step {window['first_step']}"
+        )
+        extra = "" if window["complete"] else f" [yellow]({window.get('note', 'incomplete')})[/]"
+        console.print(f"[bold]trace[/] {steps} {window['worker']} ({size_or_dash(window['bytes'])}){extra}:")
+        console.print(f"  {window['trace']}", markup=False, soft_wrap=True)
+
+
+def _print_tables(summary: RunSummary, console: Console) -> None:
+    """Top operators and kernels, the step breakdown and the ranks, as `stepcli table` shows them."""
+    if not (summary["top_operators"] or summary["top_kernels"]):
+        return
+    from stepcli.traces import render
+    from stepcli.traces.devicerender import print_device_section
+
+    width = console.width
+    share_of = summary.get("share_of") or "recorded step time"
+    if summary["top_operators"]:
+        title = "Top CPU operators by self time (recorded steps)"
+        console.print(render.ops_table(summary["top_operators"], title, 10, width=width, share_of=share_of))
+        outside = render.outside_note(summary.get("outside_steps"))
+        if outside:
+            console.print(outside, markup=False, highlight=False, soft_wrap=True)
+    if summary["top_kernels"]:
+        title = "Top device kernels by self time"
+        console.print(render.ops_table(summary["top_kernels"], title, 10, width=width, share_of=share_of))
+    breakdown = summary.get("breakdown_ms")
+    if breakdown:
+        console.print(render.breakdown_table(breakdown, summary.get("device")))
+    print_device_section(summary, console)
+    if len(summary.get("ranks", [])) > 1:
+        title = "Recorded step time per rank"
+        console.print(render.ranks_table(summary["ranks"], summary.get("slowest_rank"), title=title, width=width))
+        straggler = summary.get("straggler")
+        if straggler:
+            console.print(f"slowest rank: {straggler['evidence']}", markup=False, highlight=False)
+
+
+def _print_next(summary: RunSummary, report_path: str | None, console: Console) -> None:
+    """The commands to run next, one per line, never wrapped in the middle: each can be copied as it is."""
+    lines = []
+    if summary["traces"]:
+        out = summary["out_dir"]
+        lines.append(f"  stepcli table {shlex.quote(_relative(out))}")
+    if report_path:
+        lines.append(f"  open {shlex.quote(_relative(report_path))} in a browser")
+    if summary["traces"]:
+        lines.append(f"  tensorboard --logdir {shlex.quote(_relative(out))}")
+        lines.append("  or open a trace in https://ui.perfetto.dev")
+        from stepcli.run.hta import hta_command
+
+        hta = hta_command(summary, _relative)
+        if hta:  # one window's folder: HTA keeps one trace per rank from a folder
+            lines += ["  Holistic Trace Analysis of one window:", f"  {hta}"]
+    if lines:
+        console.print("next:")
+    for line in lines:
+        console.print(line, markup=False, soft_wrap=True)
+
+
+def _relative(path: str) -> str:
+    try:
+        return os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
+    except ValueError:
+        return path

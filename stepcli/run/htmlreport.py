@@ -1,0 +1,256 @@
+"""`stepcli report PATH...` and the report.html written at the end of `stepcli run`: find the inputs, hand the page
+a run summary with its advice.
+
+PATHs name one run (its output folder or its `--json` summary) and any traces. A run folder's summary is the one
+`stepcli run` saved beside the step logs (`.stepcli/<run id>/summary.json`); a folder without one (an older run)
+gets a summary rebuilt from its step logs. Inputs that carry no advice (plain traces, older summaries) get it
+computed here, by the same rules and from the same numbers as `stepcli run` (stepcli.run.advice). Every file is
+read through stepcli.inputs: regular files only, bounded in size, never blocking.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from stepcli.agent.config import STEP_LOG_SUFFIX
+from stepcli.errors import StepcliError, TraceError
+from stepcli.inputs import outline, read_input
+from stepcli.runsummary import (
+    SCHEMA,
+    SCHEMA_VERSION,
+    SUMMARY_FILE,
+    AdviceItem,
+    RunSummary,
+    StepTimes,
+    read_run_summary,
+)
+from stepcli.steptimes import process_steps, trace_process_steps
+
+if TYPE_CHECKING:
+    from stepcli.report.data import ReportData
+    from stepcli.traces.readonce import RunTraces
+
+
+def run_dirs(out_dir: str) -> list[Path]:
+    """The step-log folders of a run folder (`.stepcli/<run id>/`), newest run first. A folder given to `-o` more
+    than once holds one per run; the run id starts with its start time."""
+    found = [p for p in Path(out_dir, ".stepcli").glob("*/") if p.is_dir()]
+    return sorted(found, key=lambda p: (p.name[:15], p.stat().st_mtime), reverse=True)
+
+
+def step_logs(run_dir: Path) -> list[dict[str, Any]]:
+    """The per-process step logs of one run (`<run dir>/*.steps.json`), in rank order; unreadable ones skipped."""
+    import orjson
+
+    logs: list[dict[str, Any]] = []
+    for path in sorted(run_dir.glob(f"*{STEP_LOG_SUFFIX}")):
+        try:
+            log = orjson.loads(read_input(str(path), gunzip=False))
+        except (StepcliError, orjson.JSONDecodeError):
+            continue
+        if isinstance(log, dict):
+            logs.append(log)
+    logs.sort(key=lambda log: (log.get("rank") is None, log.get("rank") or 0, log.get("pid", 0)))
+    return logs
+
+
+def _saved_summary(run_dir: Path) -> RunSummary | None:
+    """The run summary `stepcli run` saved beside the step logs, validated; None when there is none."""
+    path = run_dir / SUMMARY_FILE
+    if not path.exists():
+        return None
+    return read_run_summary(read_input(str(path), gunzip=False), str(path))
+
+
+def _logs_for_summary(summary: RunSummary) -> list[dict[str, Any]]:
+    """The step logs of the run a summary describes: the newest run in its folder whose processes are the same."""
+    pids = {p.get("pid") for p in summary.get("processes") or [] if p.get("pid") is not None}
+    out_dir = summary.get("out_dir")
+    if not out_dir or not pids:
+        return []
+    for run_dir in run_dirs(out_dir):
+        logs = step_logs(run_dir)
+        if pids <= {log.get("pid") for log in logs}:
+            return logs
+    return []
+
+
+def _run_traces(summary: RunSummary | None, logs: list[dict[str, Any]]) -> list[str]:
+    """The traces this run wrote that still exist (a reused folder also holds older runs' traces)."""
+    named = list((summary or {}).get("traces") or []) or [w["trace"] for log in logs for w in log.get("windows") or []]
+    return [path for path in named if isinstance(path, str) and os.path.exists(path)]
+
+
+@dataclass
+class _Inputs:
+    summary: RunSummary | None = None
+    logs: list[dict[str, Any]] = field(default_factory=list)
+    trace_paths: list[str] = field(default_factory=list)
+    runs: int = 0
+
+
+def _add_folder(inputs: _Inputs, path: str) -> None:
+    """A stepcli run folder (its newest run and that run's traces), else a folder of traces."""
+    from stepcli.traces.reader import list_trace_files
+
+    newest = next(iter(run_dirs(path)), None)
+    if newest is not None:
+        inputs.runs += 1
+        inputs.logs = step_logs(newest)
+        inputs.summary = _saved_summary(newest) or inputs.summary
+        own = _run_traces(inputs.summary, inputs.logs)
+        if own:
+            inputs.trace_paths.extend(own)
+            return
+    try:
+        inputs.trace_paths.extend(list_trace_files([path]))
+    except TraceError:
+        if newest is None:
+            raise StepcliError(f"{path}: neither a stepcli run folder nor a folder of traces") from None
+
+
+def _add_file(inputs: _Inputs, path: str) -> None:
+    """A run summary (by its content), else a trace (the trace reader names the problem if it is neither)."""
+    name = os.path.basename(path)
+    if ".pt.trace.json" in name or name.endswith(".gz"):
+        inputs.trace_paths.append(path)
+        return
+    data = read_input(path)  # a regular file of bounded size, or one line saying why not
+    if outline(data)[0] != "run":
+        inputs.trace_paths.append(path)
+        return
+    inputs.runs += 1
+    inputs.summary = read_run_summary(data, path)
+
+
+def _classify(paths: Sequence[str]) -> _Inputs:
+    """Sort the command line's PATHs into one run (summary and/or run folder) and any number of traces."""
+    inputs = _Inputs()
+    for path in paths:
+        if os.path.isdir(path):
+            _add_folder(inputs, path)
+        elif not os.path.exists(path):
+            raise StepcliError(f"{path}: no such file or folder")
+        else:
+            _add_file(inputs, path)
+    if inputs.runs > 1:
+        raise StepcliError("one run per report: give one run folder or run summary (plus any traces)")
+    if inputs.summary is not None and not inputs.logs:
+        inputs.logs = _logs_for_summary(inputs.summary)
+    if inputs.summary is not None and not inputs.trace_paths:
+        inputs.trace_paths = _run_traces(inputs.summary, [])
+    return inputs
+
+
+def _step_times(logs: list[dict[str, Any]]) -> list[StepTimes]:
+    return [
+        {
+            "worker": log.get("worker"),
+            "rank": log.get("rank"),
+            "pid": log.get("pid"),
+            "durations_ms": [d / 1000.0 for d in log.get("durations_us") or []],
+            "phases": str(log.get("phases") or "").ljust(len(log.get("durations_us") or []), "0"),
+        }
+        for log in logs
+    ]
+
+
+def with_step_logs(summary: RunSummary | None, logs: list[dict[str, Any]]) -> RunSummary | None:
+    """The summary the page shows: the run's own, with every process's step times from the step logs when it
+    lacks them (schema 1); without one, a summary rebuilt from the step logs (no command: the page says which
+    inputs it read instead)."""
+    if not logs or (summary is not None and summary.get("step_times")):
+        return summary
+    from stepcli.run.compiles import compile_summary
+    from stepcli.run.summary import process_entry
+
+    rebuilt: RunSummary = (
+        cast(RunSummary, dict(summary)) if summary is not None else {"schema": SCHEMA, "schema_version": SCHEMA_VERSION}
+    )
+    rebuilt["step_times"] = _step_times(logs)
+    if summary is None:
+        rebuilt["processes"] = [process_entry(log) for log in logs]
+        rebuilt["traces"] = _run_traces(None, logs)
+    if not rebuilt.get("compile"):
+        rebuilt["compile"] = compile_summary(logs)
+    return rebuilt
+
+
+def page_advice(summary: RunSummary | None, trace_paths: Sequence[str], traces: RunTraces) -> list[AdviceItem]:
+    """The summary's advice, or (inputs that carry none) the advice `stepcli run` would have given them."""
+    if summary is not None and "advice" in summary:
+        return summary["advice"]
+    from stepcli.run.advising import advise_run
+    from stepcli.traces.analysis import merge_parts
+
+    analysis = None
+    if trace_paths:
+        try:
+            analysis = merge_parts([p[0] for p in traces.parts(list(trace_paths), shapes=True)]).to_dict()
+        except StepcliError:
+            analysis = None  # the page says why in a note
+    processes = process_steps(summary) if summary is not None else []
+    if not processes and analysis:
+        processes = trace_process_steps(analysis["steps"])
+    return [item.to_dict() for item in advise_run(summary, analysis, processes)]
+
+
+def build(
+    summary: RunSummary | None,
+    logs: list[dict[str, Any]],
+    trace_paths: Sequence[str],
+    *,
+    sources: Sequence[str] = (),
+    traces: RunTraces | None = None,
+) -> ReportData:
+    """The page's data for a run summary (or None), its step logs (may be empty) and trace files (may be none)."""
+    from stepcli.report.data import build as page_data
+    from stepcli.traces.readonce import RunTraces
+
+    traces = traces if traces is not None else RunTraces()
+    shown = with_step_logs(summary, logs)
+    advice = page_advice(shown, trace_paths, traces)
+    return page_data(shown, trace_paths, advice=advice, sources=sources, traces=traces)
+
+
+def gather(paths: Sequence[str]) -> ReportData:
+    """`stepcli report PATH...`: read the inputs and compute the page's data."""
+    inputs = _classify(paths)
+    return build(inputs.summary, inputs.logs, inputs.trace_paths, sources=list(paths))
+
+
+def report_main(paths: Sequence[str], out: str | None) -> str:
+    """`stepcli report`: build the page for PATHs and write it; returns the path written."""
+    from stepcli.report import check_output, default_output, write_page
+
+    data = gather(paths)
+    out = out or default_output(paths[0])
+    check_output(out)
+    return write_page(data, out)
+
+
+def write_run_report(summary: RunSummary, traces: RunTraces | None = None) -> str:
+    """After `stepcli run`: report.html in the output folder (report-N.html when the user's own report.html is
+    there: it is never overwritten); returns its path.
+
+    The launcher has saved the summary beside the step logs, so `stepcli report OUT_DIR` rebuilds the same page.
+    `traces`: what the run summary already read (stepcli.traces.readonce), so no trace is read a second time.
+    """
+    from stepcli.fmt import say
+    from stepcli.report import REPORT_NAME, run_report_path, write_new_file, write_page
+    from stepcli.report.data import build as page_data
+    from stepcli.report.page import render
+
+    paths = [p for p in summary.get("traces") or [] if os.path.exists(p)]
+    data = page_data(summary, paths, traces=traces)
+    out_dir = summary["out_dir"]
+    path = run_report_path(out_dir)
+    if os.path.basename(path) == REPORT_NAME:
+        return write_page(data, path)
+    write_new_file(render(data, path), path)  # the user's own report.html is kept
+    say(f"{REPORT_NAME} in {out_dir} was not written by stepcli: kept, this run's page is {path}")
+    return path

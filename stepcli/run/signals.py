@@ -1,0 +1,131 @@
+"""Signals between stepcli run and the program: forwarded once, never lost, no process left behind.
+
+The program runs in a process group of its own outside a terminal's foreground (so a scheduler's signal to
+stepcli's group reaches stepcli alone and is forwarded once) and gets SIGTERM if stepcli dies.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+
+class SignalForwarder:
+    """Signals meant for the program reach it exactly once.
+
+    In a terminal's foreground the program shares stepcli's process group, so the terminal's Ctrl-C (SIGINT,
+    SIGQUIT) reaches it directly and is not forwarded. Anywhere else (CI, a scheduler, the background) the
+    program gets a process group of its own, so a signal sent to stepcli's group reaches stepcli alone and is
+    forwarded: SIGINT/SIGQUIT to the program's whole group, as a terminal would; SIGTERM, SIGHUP and SIGUSR1/2
+    (schedulers' pre-emption notices) to the program. A repeated SIGTERM/SIGHUP kills the whole tree."""
+
+    FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGQUIT)
+    FROM_TERMINAL = (signal.SIGINT, signal.SIGQUIT)
+    FATAL = (signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, proc: subprocess.Popen[bytes], terminal_foreground: bool) -> None:
+        self.proc = proc
+        self.received: list[int] = []
+        self.descendants: list[Any] = []
+        self._previous: dict[int, Any] = {}
+        self._terminal_foreground = terminal_foreground
+
+    def __enter__(self) -> SignalForwarder:
+        # Installed only after the child started: an ignored SIGINT at exec time would be inherited.
+        for signum in self.FORWARDED:
+            self._previous[signum] = signal.signal(signum, self._forward)
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _forward(self, signum: int, _frame: Any) -> None:
+        if signum in self.FROM_TERMINAL and self._terminal_foreground:
+            return  # the terminal sent it to the program too
+        repeated = signum in self.FATAL and signum in self.received
+        self.received.append(signum)
+        if signum in self.FATAL:
+            self._snapshot_descendants()
+        try:
+            if repeated:
+                for process in [*self.descendants]:
+                    _quietly(process.kill)
+                self.proc.kill()
+            elif signum in self.FROM_TERMINAL:
+                os.killpg(self.proc.pid, signum)
+            else:
+                self.proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    def _snapshot_descendants(self) -> None:
+        try:
+            import psutil
+
+            known = {p.pid for p in self.descendants}
+            self.descendants += [
+                p for p in psutil.Process(self.proc.pid).children(recursive=True) if p.pid not in known
+            ]
+        except Exception:
+            pass
+
+    def reap_orphans(self, grace_s: float = 5.0) -> None:
+        """After a forwarded SIGTERM/SIGHUP, no process the program started may outlive it."""
+        if not any(signum in self.FATAL for signum in self.received):
+            return
+        alive = [p for p in self.descendants if _quietly(p.is_running)]
+        for process in alive:
+            _quietly(process.terminate)
+        try:
+            import psutil
+
+            _, still = psutil.wait_procs(alive, timeout=grace_s)
+            for process in still:
+                _quietly(process.kill)
+        except Exception:
+            pass
+
+
+def child_setup(terminal_foreground: bool, signal_mask: Any = None) -> Any:
+    """What the child does between fork and exec: outside a terminal's foreground, take its own process group
+    (see SignalForwarder); on Linux, get SIGTERM if stepcli dies, even of SIGKILL, so it is never orphaned."""
+    prctl = None
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork: nothing to import after it
+        except (OSError, AttributeError):
+            prctl = None
+
+    def setup() -> None:
+        if signal_mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, signal_mask)  # the program gets stepcli's original mask
+        if not terminal_foreground:
+            os.setpgid(0, 0)
+        if prctl is not None:
+            prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    return setup
+
+
+def in_terminal_foreground() -> bool:
+    """True when stepcli runs in the foreground of a terminal, whose Ctrl-C reaches the program directly."""
+    for fd in (0, 1, 2):
+        try:
+            if os.isatty(fd):
+                return os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:
+            continue
+    return False
+
+
+def _quietly(call: Any) -> Any:
+    try:
+        return call()
+    except Exception:
+        return None

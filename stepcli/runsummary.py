@@ -1,0 +1,452 @@
+"""The run summary document (schema "stepcli.run"): its typed model and the one loader that validates it.
+
+`stepcli run` writes it (`--json`, and `summary.json` beside the step logs); `stepcli report` and `stepcli compare`
+read it. A file is untrusted input (hand-edited, from another version, or hostile), so `load_run_summary` checks
+every field it holds once, at the edge, and every reader then trusts the types below: a wrong type is one line and
+exit 2, never a crash deep in a renderer. The document's fields are documented one by one in README.
+
+This module imports no stepcli package (only the shared top-level modules), so run/, report/ and compare/ can
+all depend on it without depending on each other. stepcli.steptimes reads its step times per process.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NotRequired, TypedDict, cast
+
+from stepcli.errors import EXIT_USAGE, StepcliError
+from stepcli.stats import STAT_NAMES, Stats
+
+SCHEMA = "stepcli.run"
+SCHEMA_VERSION = 2  # 2: run_id and step_times (every step of every process); readers still accept 1
+READABLE_VERSIONS = (1, 2)
+SUMMARY_FILE = "summary.json"  # written by `stepcli run` next to the step logs, so `stepcli report DIR` has it all
+
+
+# `steps`: the primary process's global steps and its step calls per requester ("global" is a Python keyword).
+Steps = TypedDict("Steps", {"global": int, "requesters": dict[str, int]})
+
+
+class StepTimeMs(TypedDict):
+    """`step_time_ms`: statistics of untouched, profiled and start-up steps (None when there are none)."""
+
+    untouched: Stats | None
+    profiled: Stats | None
+    first_step: Stats | None
+
+
+class StepTimes(TypedDict):
+    """One entry of `step_times`: every step of one process, with one phase digit per step."""
+
+    worker: str | None
+    rank: int | None
+    pid: int | None
+    durations_ms: list[float]
+    phases: str
+
+
+class Process(TypedDict, total=False):
+    """One entry of `processes`."""
+
+    worker: str | None
+    rank: int | None
+    pid: int | None
+    argv: list[str] | None
+    global_steps: int | None
+    exit: str | None
+    peak_rss_bytes: int | None
+    cuda_peak_bytes: int | None
+    requesters: dict[str, int]
+    # Read (never written) for hand-made summaries that keep each process's step times with the process:
+    step_times_ms: list[float]
+    durations_ms: list[float]
+    timeline_ms: list[float]
+    phases: str | None
+
+
+class Window(TypedDict):
+    """One entry of `windows`: a saved trace."""
+
+    worker: str
+    first_step: int
+    last_step: int
+    trace: str
+    bytes: int
+    complete: bool
+    note: NotRequired[str]
+    capture: NotRequired[str]
+    trigger: NotRequired[dict[str, Any]]  # --capture-on-slow: what placed this window
+
+
+class OpRow(TypedDict):
+    """One row of `top_operators` / `top_kernels`."""
+
+    name: str
+    calls: int
+    self_ms: float
+    total_ms: float
+    avg_ms: float
+    self_share: float
+
+
+class PeakMemory(TypedDict):
+    rss_bytes: int | None
+    cuda_bytes: int | None
+
+
+class AdviceItem(TypedDict):
+    """One entry of `advice` (stepcli.run.advice.Advice.to_dict)."""
+
+    rule: str
+    title: str
+    evidence: str
+    threshold: str
+    suggestion: str
+
+
+class RunSummary(TypedDict, total=False):
+    """The whole document. Every field may be missing from a file (schema 1, a hand-made summary); `stepcli run`
+    writes them all."""
+
+    schema: str
+    schema_version: int
+    stepcli_version: str
+    run_id: str
+    command: list[str]
+    exit_status: int | None
+    started_at: str
+    duration_s: float
+    host: str
+    platform: str
+    python: str | None
+    torch: str | None
+    out_dir: str
+    schedule: dict[str, int]
+    on_demand: bool
+    steps: Steps
+    step_time_ms: StepTimeMs
+    timeline_ms: list[float]
+    timeline_phases: str
+    step_times: list[StepTimes]
+    processes: list[Process]
+    windows: list[Window]
+    traces: list[str]
+    top_operators: list[OpRow]
+    top_kernels: list[OpRow]
+    ranks: list[dict[str, Any]]
+    slowest_rank: int | None
+    straggler: dict[str, Any] | None
+    share_of: str | None
+    outside_steps: dict[str, Any] | None
+    breakdown_ms: dict[str, float] | None
+    device: dict[str, Any] | None
+    flops: dict[str, Any] | None
+    peak_memory: PeakMemory
+    compile: dict[str, Any] | None
+    hang: dict[str, Any] | None
+    step_record: list[dict[str, Any]]  # the whole run's step times per process (stepcli/run/steprecord.py)
+    triggered: list[dict[str, Any]]  # the windows --capture-on-slow placed, with their trigger
+    notes: list[str]
+    advice: list[AdviceItem]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation: one check per field, each returning why the value is wrong (or None).
+
+Check = Callable[[Any], "str | None"]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _simple(test: Callable[[Any], bool], what: str) -> Check:
+    return lambda value: None if test(value) else f"is not {what}"
+
+
+_STR = _simple(lambda v: isinstance(v, str), "a string")
+_INT = _simple(_is_int, "an integer")
+_COUNT = _simple(lambda v: _is_int(v) and v >= 0, "a non-negative integer")
+_NUMBER = _simple(_is_number, "a number")
+_AMOUNT = _simple(lambda v: _is_number(v) and v >= 0, "a non-negative number")
+_BOOL = _simple(lambda v: isinstance(v, bool), "true or false")
+_PHASES = _simple(lambda v: isinstance(v, str) and v.isascii(), "a string of phase digits")
+
+
+def _at(where: str, problem: str) -> str:
+    """`key` + `.sub is ...` -> `key.sub is ...`; `key` + `is ...` -> `key is ...`."""
+    return f"{where}{problem}" if problem[:1] in ".[" else f"{where} {problem}"
+
+
+def _optional(check: Check) -> Check:
+    return lambda value: None if value is None else check(value)
+
+
+def _list_of(check: Check) -> Check:
+    def checked(value: Any) -> str | None:
+        if not isinstance(value, list):
+            return "is not a list"
+        for index, item in enumerate(value):
+            problem = check(item)
+            if problem:
+                return _at(f"[{index}]", problem)
+        return None
+
+    return checked
+
+
+def _map_of(check: Check) -> Check:
+    def checked(value: Any) -> str | None:
+        if not isinstance(value, dict):
+            return "is not an object"
+        for key, item in value.items():
+            problem = check(item)
+            if problem:
+                return _at(f".{_shown(key)}", problem)
+        return None
+
+    return checked
+
+
+def _shown(key: str) -> str:
+    """A key of a hostile document as it can be shown in a one-line message (printable, at most 40 characters)."""
+    return key if key.isprintable() and len(key) <= 40 else repr(key[:40])
+
+
+def _object(fields: Mapping[str, Check], required: Sequence[str] = ()) -> Check:
+    """An object whose listed fields, where present, pass their checks (other keys are kept as they are)."""
+
+    def checked(value: Any) -> str | None:
+        if not isinstance(value, dict):
+            return "is not an object"
+        for key in required:
+            if key not in value:
+                return f".{key} is missing"
+        for key, check in fields.items():
+            if key in value:
+                problem = check(value[key])
+                if problem:
+                    return _at(f".{key}", problem)
+        return None
+
+    return checked
+
+
+def _stats(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        return "is neither null nor an object"
+    for key in STAT_NAMES:
+        if not _is_number(value.get(key)) or value[key] < 0:
+            return f".{key} is not a non-negative number"
+    return None
+
+
+def _step_times(value: Any) -> str | None:
+    problem = _object(
+        {"worker": _optional(_STR), "rank": _optional(_INT), "pid": _optional(_INT)}, ("durations_ms", "phases")
+    )(value)
+    if problem:
+        return problem
+    times, phases = value["durations_ms"], value["phases"]
+    if not isinstance(times, list) or not isinstance(phases, str) or len(phases) != len(times):
+        return "needs durations_ms and one phase digit per step"
+    if not all(_is_number(t) and t >= 0 for t in times):
+        return ".durations_ms has a value that is not a non-negative number"
+    return None
+
+
+_OP_FIELDS = _object(
+    {
+        "calls": _AMOUNT,
+        "self_ms": _NUMBER,
+        "total_ms": _NUMBER,
+        "avg_ms": _NUMBER,
+        "self_share": _optional(_NUMBER),
+    }
+)
+
+
+def _op_row(value: Any) -> str | None:
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return "has an entry without a name"
+    problem = _OP_FIELDS(value)
+    return _at(f"[{value['name'][:80]!r}]", problem) if problem else None  # repr: one printable line
+
+
+def _op_rows(value: Any) -> str | None:
+    if not isinstance(value, list):
+        return "is not a list"
+    return next((problem for row in value if (problem := _op_row(row))), None)
+
+
+_REQUESTERS = _map_of(_COUNT)
+_FIELDS: dict[str, Check] = {
+    "schema_version": _INT,
+    "stepcli_version": _optional(_STR),
+    "run_id": _optional(_STR),
+    "command": _list_of(_STR),
+    "exit_status": _optional(_INT),
+    "started_at": _optional(_STR),
+    "duration_s": _optional(_AMOUNT),
+    "host": _optional(_STR),
+    "platform": _optional(_STR),
+    "python": _optional(_STR),
+    "torch": _optional(_STR),
+    "out_dir": _optional(_STR),
+    "schedule": _map_of(_optional(_NUMBER)),
+    "on_demand": _optional(_BOOL),
+    "steps": _object({"global": _COUNT, "requesters": _REQUESTERS}, ("global",)),
+    "step_time_ms": _object({"untouched": _stats, "profiled": _stats, "first_step": _stats}),
+    "timeline_ms": _list_of(_AMOUNT),
+    "timeline_phases": _optional(_PHASES),
+    "step_times": _optional(_list_of(_step_times)),
+    "processes": _list_of(
+        _object(
+            {
+                "worker": _optional(_STR),
+                "rank": _optional(_INT),
+                "pid": _optional(_INT),
+                "argv": _optional(_list_of(_STR)),
+                "global_steps": _optional(_COUNT),
+                "exit": _optional(_STR),
+                "peak_rss_bytes": _optional(_COUNT),
+                "cuda_peak_bytes": _optional(_COUNT),
+                "requesters": _REQUESTERS,
+                "step_times_ms": _list_of(_AMOUNT),
+                "durations_ms": _list_of(_AMOUNT),
+                "timeline_ms": _list_of(_AMOUNT),
+                "phases": _optional(_PHASES),
+            }
+        )
+    ),
+    "windows": _list_of(
+        _object(
+            {
+                "worker": _STR,
+                "first_step": _INT,
+                "last_step": _INT,
+                "trace": _STR,
+                "bytes": _optional(_COUNT),
+                "complete": _BOOL,
+                "note": _optional(_STR),
+            }
+        )
+    ),
+    "traces": _list_of(_STR),
+    "top_operators": _op_rows,
+    "top_kernels": _op_rows,
+    "ranks": _list_of(_object({"rank": _optional(_INT), "step_ms": _stats})),
+    "slowest_rank": _optional(_INT),
+    "straggler": _optional(_object({"evidence": _optional(_STR)})),
+    "share_of": _optional(_STR),
+    "outside_steps": _optional(_object({"events": _COUNT, "self_ms": _NUMBER})),
+    "breakdown_ms": _optional(_map_of(_NUMBER)),
+    "device": _optional(_object({"busy_ms": _NUMBER, "busy_share": _NUMBER})),
+    "flops": _optional(_object({})),
+    "peak_memory": _object({"rss_bytes": _optional(_COUNT), "cuda_bytes": _optional(_COUNT)}),
+    "compile": _optional(_object({"by_step": _list_of(_object({"worker": _optional(_STR), "step": _INT}))})),
+    "hang": _optional(_object({})),
+    "notes": _list_of(_STR),
+    "advice": _list_of(_object({key: _STR for key in AdviceItem.__annotations__}, tuple(AdviceItem.__annotations__))),
+}
+
+
+def invalid(label: str, problem: str) -> StepcliError:
+    """The one-line error for a document that is not a valid run summary (exit 2)."""
+    return StepcliError(f"{label}: not a valid stepcli run summary: {problem}", EXIT_USAGE)
+
+
+def load_run_summary(document: Any, label: str, *, required: Sequence[str] = ()) -> RunSummary:
+    """`document` (decoded JSON) as a RunSummary, or StepcliError (exit 2) naming the first wrong field.
+
+    Every field present must have its documented type; `required` names fields a reader cannot do without
+    (`compare` needs `schema_version`, `steps` and `step_time_ms`). Trace paths must lie inside `out_dir`.
+    """
+    if not isinstance(document, dict):
+        raise invalid(label, "not a JSON object")
+    if document.get("schema") != SCHEMA:
+        raise StepcliError(
+            f"{label}: unknown document schema {str(document.get('schema'))[:80]!r}; expected a {SCHEMA!r} run summary",
+            EXIT_USAGE,
+        )
+    version = document.get("schema_version")
+    if (version is not None or "schema_version" in required) and (
+        isinstance(version, bool) or version not in READABLE_VERSIONS
+    ):
+        supported = ", ".join(map(str, READABLE_VERSIONS))
+        raise StepcliError(
+            f"{label}: unsupported run summary schema_version {version!r} (this stepcli reads {supported}); "
+            "re-create it with this stepcli's `run --json`",
+            EXIT_USAGE,
+        )
+    for key in required:
+        if document.get(key) is None:
+            raise invalid(label, f"{key} is missing")
+    for key, check in _FIELDS.items():
+        if key in document:
+            problem = check(document[key])
+            if problem:
+                raise invalid(label, _at(key, problem))
+    from stepcli.inputs import run_paths_problem
+
+    problem = run_paths_problem(document)
+    if problem:
+        raise invalid(label, problem)
+    return cast(RunSummary, document)
+
+
+def read_run_summary(data: bytes | bytearray, label: str, *, required: Sequence[str] = ()) -> RunSummary:
+    """Decode and validate the bytes of a run summary file (read with stepcli.inputs.read_input)."""
+    import orjson
+
+    try:
+        document = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise StepcliError(f"{label}: not valid JSON ({exc})", EXIT_USAGE) from None
+    return load_run_summary(document, label, required=required)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The advice entries, as the terminal and the page show them.
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One recommendation: what was seen (with numbers), the threshold it crossed, and what to try
+    (computed by stepcli.run.advice; an entry of `advice`)."""
+
+    rule: str
+    title: str
+    evidence: str
+    threshold: str
+    suggestion: str
+
+    def to_dict(self) -> AdviceItem:
+        return {
+            "rule": self.rule,
+            "title": self.title,
+            "evidence": self.evidence,
+            "threshold": self.threshold,
+            "suggestion": self.suggestion,
+        }
+
+    @classmethod
+    def from_dict(cls, item: AdviceItem) -> Advice:
+        return cls(item["rule"], item["title"], item["evidence"], item["threshold"], item["suggestion"])
+
+    def line(self) -> str:
+        """One line for the terminal."""
+        return advice_line(self.to_dict())
+
+
+def advice_line(item: AdviceItem) -> str:
+    """One advice entry as one line for the terminal."""
+    return f"{item['title']}: {item['evidence']} (threshold {item['threshold']}). {item['suggestion']}"

@@ -1,0 +1,45 @@
+"""stepcli.runsummary: the one loader of run summaries names the first wrong field in one line (exit 2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stepcli.errors import EXIT_USAGE, StepcliError
+from stepcli.runsummary import load_run_summary
+
+
+def _doc(**fields: Any) -> dict[str, Any]:
+    return {"schema": "stepcli.run", "schema_version": 2, "command": ["python", "t.py"], **fields}
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"command": [1, 2]}, "command[0] is not a string"),
+        ({"processes": "abc"}, "processes is not a list"),
+        ({"schedule": [1]}, "schedule is not an object"),
+        ({"processes": [{"rank": "0"}]}, "processes[0].rank is not an integer"),
+        ({"step_times": [{"durations_ms": [1.0], "phases": ""}]}, "step_times[0] needs durations_ms"),
+        ({"windows": [{"trace": 3}]}, "windows[0].trace is not a string"),
+        ({"advice": [{"rule": "x"}]}, "advice[0].title is missing"),
+        ({"schedule": {"a\nb" * 30: "x"}}, "schedule.'a\\nb"),
+        ({"traces": ["/etc/passwd"], "out_dir": "/tmp/run"}, "outside its out_dir"),
+    ],
+)
+def test_wrong_types_are_one_line(fields: dict[str, Any], problem: str) -> None:
+    with pytest.raises(StepcliError) as info:
+        load_run_summary(_doc(**fields), "run.json")
+    assert info.value.exit_code == EXIT_USAGE and "\n" not in info.value.message
+    assert (
+        info.value.message.startswith("run.json: not a valid stepcli run summary: ") and problem in info.value.message
+    )
+
+
+def test_missing_fields_are_fine_unless_required() -> None:
+    assert load_run_summary(_doc(), "run.json")["command"] == ["python", "t.py"]
+    with pytest.raises(StepcliError, match="step_time_ms is missing"):
+        load_run_summary(_doc(), "run.json", required=("step_time_ms",))
+    with pytest.raises(StepcliError, match="unknown document schema 'other'"):
+        load_run_summary({"schema": "other"}, "run.json")
