@@ -249,7 +249,7 @@ class OnDemand:
             asked.add(rid)
             if rid not in self.responses:
                 if "trigger" in entry:  # placed by a rank's --capture-on-slow
-                    from .slowtrigger import clean_trigger
+                    from .triggerinfo import clean_trigger
 
                     self.triggers[rid] = clean_trigger(entry["trigger"]) or {}
                 self._consider(rid, open_at, first, last, step)
@@ -328,7 +328,7 @@ class OnDemand:
             if record is not None:
                 record["capture"] = rid
                 if rid in self.triggers:
-                    from .slowtrigger import save_trigger
+                    from .triggerinfo import save_trigger
 
                     record["trigger"] = self.triggers[rid]
                     save_trigger(record["trace"], record["trigger"])

@@ -41,8 +41,6 @@ COOLDOWN_STEPS = 10  # after a window's last step, before a slow step may place 
 MAX_PERIOD = 10_000  # a predicted slow step further ahead than this is not waited for
 MARGIN_S = POLL_INTERVAL_S + 0.5  # every rank hears of a request within a poll interval
 LOCK_FILE = "capture.lock"
-TRIGGER_FILE = "trigger.json"
-TRIGGER_KEYS = ("rank", "step", "ms", "baseline_ms", "threshold_ms", "rule", "predicted_step", "period")
 
 
 class SlowTrigger:
@@ -193,30 +191,6 @@ class SlowTrigger:
             f"{worker_name()}: step {trigger['step']} took {trigger['ms']:.1f} ms (baseline {trigger['baseline_ms']:.1f} ms,"
             f" rule {self.text}): recording {steps}{where}"
         )
-
-
-def clean_trigger(value: Any) -> dict[str, Any] | None:
-    """The trigger of a request read from requests.json, keeping only known keys with plain values."""
-    if not isinstance(value, dict):
-        return None
-    kept: dict[str, Any] = {}
-    for key in TRIGGER_KEYS:
-        item = value.get(key)
-        if isinstance(item, (int, float)) or item is None and key in value:
-            kept[key] = item
-        elif isinstance(item, str):
-            kept[key] = item[:32]
-    return kept
-
-
-def save_trigger(trace: str, trigger: dict[str, Any]) -> None:
-    """trigger.json next to the trace (a triggered window has a folder of its own)."""
-    from .config import atomic_write_json
-
-    try:
-        atomic_write_json(os.path.join(os.path.dirname(os.path.abspath(trace)), TRIGGER_FILE), trigger)
-    except OSError:
-        pass  # the step log and the summary still say it
 
 
 def _world_size() -> int:

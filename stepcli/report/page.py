@@ -185,7 +185,7 @@ def render(data: ReportData, report_path: str) -> str:
         _advice(data),
         _step_times(data),
         _distribution(data),
-        [step_record_section(data.out_dir)],  # stepcli/report/steprecord.py: "" without whole-run records
+        [step_record_section(data.step_record, data.triggered)],  # stepcli/report/steprecord.py
         _breakdown(data),
         _operators(data),
         _memory(data),
