@@ -16,6 +16,7 @@ from stepcli.errors import EXIT_INTERNAL, EXIT_USAGE, StepcliError
 from stepcli.run.slowoptions import check_slow_options, slow_options
 from stepcli.run.topcli import top
 from stepcli.stats import METRICS
+from stepcli.traces.merge import merge_main  # light: it imports the trace reader only when a merge runs
 
 
 class _RunCommand(click.Command):
@@ -430,6 +431,14 @@ def report(paths: tuple[str, ...], output: str | None) -> int:
 
     click.echo(report_main(list(paths), output))
     return 0
+
+
+@cli.command(short_help="Merge the ranks' traces into one, clocks aligned, culprits marked.")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Write here (never over others).")
+def merge(paths: tuple[str, ...], output: str) -> None:
+    """One Chrome trace of the ranks in PATHS (run folders, traces), clocks aligned, each collective's culprit marked."""
+    click.echo(merge_main(list(paths), output))
 
 
 @cli.command(

@@ -138,6 +138,7 @@ class RunSummary(TypedDict, total=False):
     ranks: list[dict[str, Any]]
     slowest_rank: int | None
     straggler: dict[str, Any] | None
+    culprit: dict[str, Any] | None  # stepcli.traces.culprit via stepcli.run.culprit (None without 2+ ranks)
     share_of: str | None
     outside_steps: dict[str, Any] | None
     breakdown_ms: dict[str, float] | None
@@ -346,6 +347,7 @@ _FIELDS: dict[str, Check] = {
     "ranks": _list_of(_object({"rank": _optional(_INT), "step_ms": _stats})),
     "slowest_rank": _optional(_INT),
     "straggler": _optional(_object({"evidence": _optional(_STR)})),
+    "culprit": _optional(_object({})),
     "share_of": _optional(_STR),
     "outside_steps": _optional(_object({"events": _COUNT, "self_ms": _NUMBER})),
     "breakdown_ms": _optional(_map_of(_NUMBER)),

@@ -17,6 +17,7 @@ import weakref
 
 from . import hooks
 from .config import HELLO_PREFIX, STEP_LOG_SUFFIX, STEP_LOG_VERSION, AgentConfig, atomic_write_json
+from .gcpauses import GcPauses
 from .tracker import StepTracker
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
@@ -60,10 +61,12 @@ class Agent:
         self._last_log_write = 0.0
         self._wall_start = time.time()
         self.hooks = hooks.PostImportHooks(self._hook_failed)
+        self.gc_pauses = GcPauses()
 
     # -- start-up ---------------------------------------------------------------------------------------------
     def install(self) -> None:
         os.register_at_fork(after_in_child=self._forked)
+        self.gc_pauses.install()
         self.hooks.when_imported("torch", self._torch_imported)
         for spec in self.config.step_on:
             module_name, _, qualname = spec.partition(":")
@@ -83,6 +86,7 @@ class Agent:
             self._write_hello()  # so a later SIGKILL still shows torch was imported
         if self.tracker.global_step == 0:
             self.tracker.restart_clock()  # step 0 starts when torch is imported
+        self.gc_pauses.torch_imported(torch, lambda: not self.foreign and self.window_open())
         compiler = getattr(torch, "compiler", None)
         self.is_compiling = getattr(compiler, "is_compiling", _never)
         from .patches import patch_optimizers, patch_profilers
@@ -358,6 +362,7 @@ class Agent:
             "peak_rss_bytes": _peak_rss_bytes(),
             "cuda_peak_bytes": _cuda_peak_bytes(),
             "compile": self.compiles.to_log() if self.compiles is not None else None,
+            "gc": self.gc_pauses.to_log(),
         }
         if self.config.run_key:
             from .signing import SIGNATURE_KEY, sign

@@ -50,6 +50,7 @@ class ReportData:
     memory_peaks: list[tuple[str, int | None, int | None]] = field(default_factory=list)
     memory_curves: list[tuple[str, list[tuple[float, float]]]] = field(default_factory=list)
     advice: list[Advice] = field(default_factory=list)
+    culprit: dict[str, Any] | None = None  # the `culprit` section (stepcli.traces.culprit)
     out_dir: str | None = None  # the run's output folder, where `stepcli run --memory` leaves oom-*.pickle
     step_record: list[dict[str, Any]] = field(default_factory=list)  # whole-run step times (report/steprecord.py)
     triggered: list[dict[str, Any]] = field(default_factory=list)  # the windows --capture-on-slow placed
@@ -95,6 +96,7 @@ def build(
     data.files = [("trace", str(path)) for path in trace_paths]
     if summary is None and not trace_paths and not data.processes:
         raise StepcliError("nothing to report: no steps and no traces in the inputs")
+    data.culprit = (summary or {}).get("culprit") or (analysis or {}).get("culprit")
     data.advice = [
         Advice.from_dict(item) for item in (advice if advice is not None else (summary or {}).get("advice") or [])
     ]

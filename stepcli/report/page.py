@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 from stepcli import __version__, fmt
 from stepcli.fmt import html_escape as escape
-from stepcli.report import GENERATOR, svg
+from stepcli.report import GENERATOR, lateness, svg
 from stepcli.report.data import ReportData
 from stepcli.report.gpu import gpu_section
 from stepcli.report.memorysnapshots import snapshot_section
@@ -187,6 +187,7 @@ def render(data: ReportData, report_path: str) -> str:
         _distribution(data),
         [step_record_section(data.step_record, data.triggered)],  # stepcli/report/steprecord.py
         _breakdown(data),
+        [lateness.section(data.culprit)],  # stepcli/report/lateness.py: '' without collectives on 2+ ranks
         _operators(data),
         _memory(data),
         _facts(data, base),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from stepcli.fmt import percent as _pct
+from stepcli.run.culprit import culprit_advice
 from stepcli.runsummary import Advice
 from stepcli.stats import percentile
 
@@ -77,6 +78,7 @@ class Evidence:
     ranks_analysed: bool = False
     untouched_ms: Sequence[tuple[int, float]] = ()  # (step number, ms) of one process
     device: Mapping[str, Any] | None = None  # the summary's `device` figures (stepcli.run.deviceadvice reads them)
+    culprit: Mapping[str, Any] | None = None  # the `culprit` section (stepcli.run.culprit)
 
 
 def _share(breakdown: Mapping[str, float], key: str) -> float | None:
@@ -262,6 +264,12 @@ def stalls(ev: Evidence) -> Advice | None:
     )
 
 
+def culprit(ev: Evidence) -> Advice | None:
+    """A rank the others wait for at collectives, with the cause of its lateness (stepcli.run.culprit)."""
+    fields = culprit_advice(ev.culprit)
+    return Advice(**fields) if fields else None
+
+
 RULES: tuple[Callable[[Evidence], Advice | None], ...] = (
     data_loading,
     launch_bound,
@@ -269,6 +277,7 @@ RULES: tuple[Callable[[Evidence], Advice | None], ...] = (
     slow_optimizer,
     recompilations,
     straggler,
+    culprit,
     stalls,
 )
 

@@ -47,5 +47,6 @@ def advise_run(
         device=device,
         straggler=(analysis if analysis is not None else kept).get("straggler"),
         ranks_analysed=len((analysis if analysis is not None else kept).get("ranks") or []) > 1,
+        culprit=kept.get("culprit") or (analysis or {}).get("culprit"),
     )
     return advise(evidence) + advise_device(evidence)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from stepcli.fmt import ms, size_or_dash
 from stepcli.run.compiles import compile_lines
+from stepcli.run.culprit import print_culprit
 from stepcli.runsummary import RunSummary
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
     console.print(_overview(summary, console))
     _print_windows(summary, console)
     _print_tables(summary, console)
+    print_culprit(console, summary.get("culprit"), summary.get("out_dir"))
     for note in summary["notes"]:
         console.print(f"[yellow]note:[/] {note}")
     for item in summary.get("advice") or ():

@@ -25,6 +25,7 @@ from stepcli.agent.schedule import NONE
 from stepcli.agent.tracker import FOREIGN
 from stepcli.errors import StepcliError
 from stepcli.run.compiles import compile_summary, compiled_steps
+from stepcli.run.culprit import culprit_section
 from stepcli.run.hangreport import hang_summary
 from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, AdviceItem, Process, RunSummary, Window
 from stepcli.stats import describe
@@ -272,6 +273,7 @@ def build_run_summary(
         "ranks": (analysis or {}).get("ranks", []),
         "slowest_rank": (analysis or {}).get("slowest_rank"),
         "straggler": (analysis or {}).get("straggler"),
+        "culprit": culprit_section((analysis or {}).get("culprit"), logs),
         "share_of": (analysis or {}).get("share_of"),
         "outside_steps": (analysis or {}).get("outside_steps"),
         "breakdown_ms": (analysis or {}).get("breakdown_ms"),

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from stepcli.stats import describe
 from stepcli.traces.collectives import Transfers, measure_transfers
+from stepcli.traces.culprit import from_parts, rank_arrivals
 from stepcli.traces.device import (
     DeviceTimes,
     Within,
@@ -168,7 +169,7 @@ def _analyze_columns(
     }
     # The phase spans and the steps' children feed the per-window reference (`step_phases`); with the totals
     # already measured on arrays, only communication spans are still needed.
-    with_phase = np.nonzero(phase == COMM if phase_totals is not None else phase)[0]
+    with_phase = np.nonzero(phase == COMM if phase_totals is not None else (phase > 0) & (phase <= COMM))[0]
     for p, s, e, pid in zip(
         phase[with_phase].tolist(), start[with_phase].tolist(), end[with_phase].tolist(), pid_code[with_phase].tolist()
     ):
@@ -314,10 +315,8 @@ def summarize_columns(
     try:
         cpu_rows, device_rows, result = _analyze_columns(columns, group_by_shape, incomplete_step)
     except TooLarge:
-        measure_busy, within = (
-            device_busy,
-            within_lists,
-        )  # times past 64-bit nanoseconds: the per-event reference, on Python integers
+        # times past 64-bit nanoseconds: the per-event reference, on Python integers
+        measure_busy, within = device_busy, within_lists
         cpu, device = Accumulator(), Accumulator()
         was_enabled = gc.isenabled()
         gc.disable()
@@ -365,6 +364,7 @@ def summarize_columns(
         outside_events=result.outside_events,
         outside_ns=result.outside_ns,
         **_flops_of(path),
+        arrivals=rank_arrivals(columns, rank, incomplete_step),
     )
 
 
@@ -496,4 +496,5 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
         straggler=straggler.to_dict() if straggler else None,
         outside_events=sum(p.outside_events for p in parts),
         outside_ms=sum(p.outside_ns for p in parts) / NS_PER_MS,
+        culprit=from_parts(parts, steps),
     )

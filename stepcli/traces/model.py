@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from stepcli.stats import Stats
+from stepcli.traces.arrivals import RankArrivals
 from stepcli.traces.device import DeviceTimes
 from stepcli.traces.ranks import ProcessRow
 
@@ -102,6 +103,7 @@ class TraceSummary:
     outside_ms: float = 0.0  # their self time
     rank_devices: dict[str, DeviceTimes] = field(default_factory=dict)  # per process label (ranks[].process)
     flops: dict[str, Any] | None = None  # FLOPs per step, FLOP/s, MFU (stepcli.traces.flops); None without counts
+    culprit: dict[str, Any] | None = None  # the rank the others wait for at collectives (stepcli.traces.culprit)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -120,6 +122,7 @@ class TraceSummary:
             "straggler": self.straggler,
             "outside_steps": {"events": self.outside_events, "self_ms": self.outside_ms},
             "flops": self.flops,
+            "culprit": self.culprit,
         }
 
     def _rank_dict(self, row: ProcessRow) -> dict[str, Any]:
@@ -150,6 +153,7 @@ class FilePart:
     outside_ns: int = 0
     flops: int | None = None  # the window's FLOPs written beside the trace (stepcli.traces.flops), if any
     flops_device: str | None = None
+    arrivals: RankArrivals | None = None  # its collectives, for the culprit (stepcli.traces.culprit)
 
 
 class TraceFacts(Protocol):

@@ -16,6 +16,7 @@ from stepcli.traces.steps import (
     DATALOADER,
     DEVICE_CATEGORIES,
     OPTIMIZER,
+    PAUSE,
     Accumulator,
     StepSpans,
     TraceResult,
@@ -73,6 +74,7 @@ class _Nesting:
             OPTIMIZER: [],
             BACKWARD: [],
             COMM: [],
+            PAUSE: [],
         }
         # name -> (row key unless it is a step, phase, could be a ProfilerStep#N): computed once per distinct name
         self.name_info: dict[str, tuple[str, int, bool]] = {}

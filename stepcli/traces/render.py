@@ -13,6 +13,7 @@ from typing import IO, TYPE_CHECKING, Any, Callable
 from stepcli.fmt import ms_cell as _ms
 from stepcli.fmt import visible_all
 from stepcli.pipeconsole import pipe_console
+from stepcli.traces.culprit import culprit_lines
 from stepcli.traces.ranks import first_per_process
 
 if TYPE_CHECKING:
@@ -72,8 +73,6 @@ def outside_note(outside: Mapping[str, Any] | None) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------------ rich tables
-
-
 def ops_table(
     rows: Sequence[Mapping[str, Any]],
     title: str,
@@ -257,8 +256,6 @@ def breakdown_table(
 
 
 # ------------------------------------------------------------------------------------------------ reports
-
-
 def print_table_report(
     summary: TraceSummary, *, sort_by: str, limit: int, fmt: str, file: IO[str] | None = None
 ) -> None:
@@ -350,6 +347,8 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
             console.print(f"slowest rank: {straggler['evidence']}", highlight=False, markup=False)
         elif data.get("slowest_rank") is not None:
             console.print(f"slowest rank: {data['slowest_rank']}", highlight=False)
+        for line in culprit_lines(data.get("culprit")):
+            console.print(line, highlight=False, markup=False)
     if data["steps"]:
         console.print(steps_table(data["steps"], limit, width=console.width))
     if data.get("breakdown_ms"):
@@ -456,6 +455,7 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
         lines.append("")
         if data.get("straggler"):
             lines += [f"Slowest rank: {data['straggler']['evidence']}.", ""]
+        lines += [f"C{line[1:]}" for line in culprit_lines(data.get("culprit"))] + [""] * bool(data.get("culprit"))
     breakdown = data.get("breakdown_ms")
     if breakdown:
         total = sum(breakdown.values())

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from stepcli.traces.arrivals import GC_PREFIX
 from stepcli.traces.model import NS_PER_MS, STEP_PREFIX, OpRow
 from stepcli.traces.ranks import is_communication
 from stepcli.traces.shares import STEP_KEY
@@ -21,6 +22,7 @@ from stepcli.traces.shares import STEP_KEY
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 DATALOADER, OPTIMIZER, BACKWARD = 1, 2, 3
 COMM = 4  # collective communication: never forward; in `other` unless inside another phase
+PAUSE = 5  # a Python garbage-collection pause the agent marked (stepcli.agent.gcpauses): never forward, `other`
 PHASE_PREFIXES = (
     ("enumerate(DataLoader)", DATALOADER),
     ("Optimizer.step#", OPTIMIZER),
@@ -91,6 +93,8 @@ def phase_of(name: str) -> int:
     for prefix, phase in PHASE_PREFIXES:
         if name.startswith(prefix):
             return phase
+    if name.startswith(GC_PREFIX):
+        return PAUSE
     return COMM if is_communication(name) else 0
 
 

@@ -1,0 +1,225 @@
+"""Each rank's collectives from its own trace: when it arrived, when it left, and what it did before arriving.
+
+Read from the columns the summary already decoded (stepcli.traces.columns), so no trace is read twice. Pure.
+
+- **Arrival**: the host-side start of a collective in the process that runs the steps: the outermost `c10d::*`,
+  `record_param_comms` or `nccl:*` event of any of its threads (DDP on CUDA calls collectives from the autograd
+  engine's thread), or `gloo:*` on the steps' thread (on other threads, `gloo:*` is gloo's worker doing the work).
+- **Departure**: when the collective finished: the end of its matching `gloo:*` event on a gloo worker thread, or
+  of its NCCL kernel on the device (the k-th collective of the window pairs with the k-th of those when the counts
+  agree); else the end of the host-side call (a synchronous collective).
+- **Key**: (step, collective name, its order among the step's collectives of that name): collectives of the same
+  step are matched across ranks by the order in which every rank issues them.
+- **Gap before arrival**: from the later of the previous collective's host-side end and its departure (time spent
+  waiting for the others is not the rank's own work) to this arrival, split into causes (`CAUSES`) over the
+  process's threads (gloo's workers left out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stepcli.traces import arrays as col
+
+_HOST_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "gloo:")
+_STEP_PREFIX = "ProfilerStep#"
+# The agent's annotation of a Python garbage collection (stepcli.agent.gcpauses).
+GC_PREFIX = "python gc (gen "
+_DATALOADER_PREFIX = "enumerate(DataLoader)"
+_COPY_PREFIXES = ("cudaMemcpy", "cuMemcpy", "hipMemcpy", "Memcpy HtoD")
+_COMPILE_MARKERS = ("compile_inner", "call_user_compiler", "compile_fx", "TorchDynamo Cache Lookup")
+# Why a rank arrived late, most specific first (the order breaks ties).
+CAUSES = ("gc", "dataloader", "host_to_device", "compile", "cpu_operators", "no_operator")
+_TOP_DETAIL = 8  # operator names kept per gap
+
+
+@dataclass
+class RankArrivals:
+    """One rank's collectives in one trace, in the order it issued them; small and picklable (a FilePart field)."""
+
+    rank: int | None
+    keys: list[tuple[int, str, int]] = field(default_factory=list)
+    arrive_us: list[float] = field(default_factory=list)  # the trace's own clock
+    depart_us: list[float] = field(default_factory=list)
+    gaps: list[dict[str, float]] = field(default_factory=list)  # cause -> µs in the gap before arrival
+    details: list[dict[str, float]] = field(default_factory=list)  # operator or gc annotation name -> µs
+
+
+def _category(names: list[str]) -> np.ndarray:
+    """Per name code: 0 operator, 1 gc, 2 dataloader, 3 host-to-device copy, 4 compilation, 5 step, 6 collective."""
+
+    def one(name: str) -> int:
+        if name.startswith(_STEP_PREFIX):
+            return 5
+        if name.startswith(_HOST_PREFIXES):
+            return 6
+        if name.startswith(GC_PREFIX):
+            return 1
+        if name.startswith(_DATALOADER_PREFIX):
+            return 2
+        if name.startswith(_COPY_PREFIXES):
+            return 3
+        if any(marker in name for marker in _COMPILE_MARKERS):
+            return 4
+        return 0
+
+    return np.array([one(n) for n in names] or [0], np.int8)
+
+
+def _outermost(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Positions (of spans sorted by start, longer first) not inside an earlier one."""
+    if not len(start):
+        return np.zeros(0, np.int64)
+    reach = np.maximum.accumulate(end)
+    keep = np.ones(len(start), bool)
+    keep[1:] = start[1:] >= reach[:-1]
+    return np.nonzero(keep)[0]
+
+
+def _outermost_per_thread(columns: col.Columns, events: np.ndarray, thread: np.ndarray) -> np.ndarray:
+    """The events (sorted by start, longer first) inside no other event of their thread, sorted by start."""
+    kept = []
+    for code in np.unique(thread[events]).tolist():
+        mine = events[thread[events] == code]
+        kept.append(mine[_outermost(columns.ts[mine], columns.ts[mine] + columns.dur[mine])])
+    out = np.concatenate(kept) if kept else np.zeros(0, np.int64)
+    return out[np.argsort(columns.ts[out], kind="stable")]
+
+
+def _departures(columns: col.Columns, gloo_work: np.ndarray, host_end: np.ndarray) -> np.ndarray:
+    """The end of each host collective's completion event (gloo worker thread, NCCL kernel) when they pair up."""
+    name_is_nccl = np.array(["nccl" in n[:16].lower() for n in columns.names] or [False], bool)
+    gloo = np.nonzero(gloo_work)[0]
+    kernels = np.nonzero((columns.kind == col.DEVICE) & name_is_nccl[columns.name])[0]
+    for done in (gloo, kernels):
+        if len(done) == len(host_end) and len(done):
+            done = done[np.argsort(columns.ts[done], kind="stable")]
+            return np.maximum(columns.ts[done] + columns.dur[done], host_end)
+    return host_end
+
+
+def rank_arrivals(columns: col.Columns, rank: int | None, incomplete_step: int | None = None) -> RankArrivals | None:
+    """The rank's collectives inside its complete steps, or None when the trace has none."""
+    if not len(columns) or rank is None:
+        return None
+    category = _category(columns.names)[columns.name]
+    cpu = (columns.kind == col.OTHER_CPU) | (columns.kind == col.USER_ANNOTATION)
+    steps = np.nonzero(cpu & (category == 5))[0]
+    if not steps.size or not np.any(category == 6):
+        return None
+    thread = columns.pid.astype(np.int64) * max(len(columns.ids), 1) + columns.tid
+    main_thread = np.bincount(thread[steps]).argmax()
+    main_pid = columns.pid[steps[thread[steps] == main_thread][0]]
+    # Every CPU event of the process that runs the steps, by start (longer first): DDP on CUDA calls its
+    # collectives from the autograd engine's thread, so they are looked for on every thread of the process.
+    events = np.nonzero(cpu & (columns.pid == main_pid))[0]
+    events = events[col.thread_order(np.zeros(len(events), np.int64), columns.ts[events], columns.dur[events])]
+    is_gloo = np.array([n.startswith("gloo:") for n in columns.names] or [False], bool)[columns.name]
+    gloo_work = cpu & is_gloo & (thread != main_thread)  # gloo's worker threads: the collectives' completion
+    host = events[(category[events] == 6) & ~gloo_work[events]]
+    host = _outermost_per_thread(columns, host, thread)
+    if not host.size:
+        return None
+    arrive = columns.ts[host]
+    host_end = arrive + columns.dur[host]
+    depart = _departures(columns, gloo_work, host_end)
+    step_numbers, step_start, step_end = _step_table(columns, steps, incomplete_step)
+    where = np.searchsorted(step_start, arrive, side="right") - 1
+    inside = (where >= 0) & (arrive < step_end[np.maximum(where, 0)])
+    out = RankArrivals(rank)
+    previous_done = np.concatenate(([step_start[0] if len(step_start) else arrive[0]], np.maximum(host_end, depart)))
+    gap_from = np.minimum(previous_done[:-1], arrive)
+    causes, details = _gaps(columns, events[~gloo_work[events]], category, thread, gap_from, arrive)
+    seen: dict[tuple[int, str], int] = {}
+    for i in np.nonzero(inside)[0].tolist():
+        step = step_numbers[where[i]]
+        if step < 0:
+            continue
+        name = columns.names[columns.name[host[i]]]
+        order = seen.get((step, name), 0)
+        seen[(step, name)] = order + 1
+        out.keys.append((step, name, order))
+        out.arrive_us.append(float(arrive[i]))
+        out.depart_us.append(float(depart[i]))
+        out.gaps.append(causes[i])
+        out.details.append(details[i])
+    return out if out.keys else None
+
+
+def _step_table(
+    columns: col.Columns, steps: np.ndarray, incomplete_step: int | None
+) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """Step numbers (-1: unusable or incomplete), starts and ends of the step annotations, by start."""
+    steps = steps[np.argsort(columns.ts[steps], kind="stable")]
+    numbers = []
+    for index in steps.tolist():
+        text = columns.names[columns.name[index]][len(_STEP_PREFIX) :]
+        number = int(text) if text.isdecimal() else -1
+        numbers.append(-1 if number == incomplete_step else number)
+    return numbers, columns.ts[steps], columns.ts[steps] + columns.dur[steps]
+
+
+def _union(columns: col.Columns, events: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    start = columns.ts[events]
+    return col.union_arrays(start, start + columns.dur[events])
+
+
+def _covered(union: tuple[np.ndarray, np.ndarray], lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    starts, ends = union
+    if not len(starts):
+        return np.zeros(len(lo))
+    before = np.concatenate(([0.0], np.cumsum(ends - starts)))
+
+    def length_before(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(starts, t, side="right")
+        prev = np.maximum(k - 1, 0)
+        return np.where(k > 0, before[prev] + np.minimum(t, ends[prev]) - starts[prev], 0.0)
+
+    return np.asarray(length_before(hi) - length_before(lo))
+
+
+def _gaps(
+    columns: col.Columns, events: np.ndarray, category: np.ndarray, thread: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """Per gap [lo, hi) in the process: µs per cause and the top-level operator (or gc) names by their time."""
+    work = events[(category[events] != 5) & (category[events] != 6)]  # steps and collectives are no work
+    cause_of = {1: "gc", 2: "dataloader", 3: "host_to_device", 4: "compile"}
+    per_cause = {label: _covered(_union(columns, work[category[work] == c]), lo, hi) for c, label in cause_of.items()}
+    special = work[(category[work] >= 1) & (category[work] <= 4)]
+    special_union = _union(columns, special)
+    # Operators, and gc pauses; an annotation's own time is Python code between operators: no operator.
+    ops = work[((category[work] == 0) & (columns.kind[work] == col.OTHER_CPU)) | (category[work] == 1)]
+    busy = _covered(_union(columns, np.concatenate([ops, special])), lo, hi)
+    # Top-level operators (and gc pauses) only, by their time in the gap: the calls the rank's Python code made,
+    # and without nesting to resolve. The gaps are sorted and disjoint: each falls in at most one (binary search).
+    ops = _outermost_per_thread(columns, ops, thread)
+    start = columns.ts[ops]
+    gap_of = np.searchsorted(lo, start, side="right") - 1
+    in_gap = (gap_of >= 0) & (start < hi[np.maximum(gap_of, 0)])
+    ops, gap_of, start = ops[in_gap], gap_of[in_gap], start[in_gap]
+    end = start + columns.dur[ops]
+    inside_special = _covered(special_union, start, np.maximum(end, start + 1e-3)) > 0
+    is_gc = category[ops] == 1
+    inside = ~inside_special | is_gc
+    value = np.minimum(end, hi[gap_of]) - start
+    gap_of, name_of, value_of = gap_of[inside], columns.name[ops][inside], value[inside]
+    is_gc = is_gc[inside]
+    operators = np.bincount(gap_of, weights=value_of * ~is_gc, minlength=len(lo))
+    n_names = max(len(columns.names), 1)
+    pairs, where = np.unique(gap_of.astype(np.int64) * n_names + name_of, return_inverse=True)
+    pair_sums = np.bincount(where.reshape(-1), weights=value_of, minlength=len(pairs))
+    by_gap: list[list[tuple[float, int]]] = [[] for _ in range(len(lo))]
+    for pair, value in zip(pairs.tolist(), pair_sums.tolist()):
+        by_gap[pair // n_names].append((value, pair % n_names))
+    causes: list[dict[str, float]] = []
+    details: list[dict[str, float]] = []
+    for i in range(len(lo)):
+        gap = {label: float(values[i]) for label, values in per_cause.items()}
+        gap["cpu_operators"] = float(operators[i])
+        gap["no_operator"] = float(max(0.0, (hi[i] - lo[i]) - busy[i]))
+        causes.append(gap)
+        top = sorted(by_gap[i], key=lambda item: -item[0])[:_TOP_DETAIL]
+        details.append({columns.names[name]: round(value, 3) for value, name in top if value > 0})
+    return causes, details

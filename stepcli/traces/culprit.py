@@ -1,0 +1,322 @@
+"""Which rank holds the job back at its collectives, by how much, and why (README "Culprit").
+
+Under synchronous collectives every rank's step takes the same time: the rank that makes the others wait looks no
+different from its victims. But it arrives last. From each rank's arrivals and departures
+(stepcli.traces.arrivals), matched across ranks by (step, collective name, order in the step):
+
+- **Clocks** are aligned by the collectives themselves: a collective ends at nearly the same instant on every
+  rank, so a rank's offset to the reference (lowest) rank is the median difference of their departures, and the
+  alignment error is half the spread (10th to 90th percentile) of those differences (at least 1 µs).
+- Per collective, on aligned clocks: the **culprit** is the last rank to arrive; its **lateness** is its arrival
+  minus the arrival of the rank before it; every other rank **waits** the culprit's arrival minus its own.
+- Per rank: times last, lateness ms/step, wait caused to others ms/step, own wait ms/step, and its median **lead**
+  (its arrival minus the latest other rank's, over every collective).
+- A culprit is named only when it is a finding, not noise: last in at least `MIN_LAST_SHARE` of the collectives
+  and more often than chance would make it (at most `MAX_CHANCE`), lateness of at least `MIN_LATENESS_MS` and
+  `MIN_STEP_SHARE` of the median step time per step, and its median lead above both the alignment error and
+  `JITTER_FACTOR` times the lead's own jitter (a robust standard deviation over the collectives): late by a
+  consistent margin, not by scheduling noise.
+- Its **cause**: over the collectives it arrived last at, its gap before arriving minus the median of the other
+  ranks' same gap, per cause (stepcli.traces.arrivals.CAUSES); the largest extra is the cause, with the operator
+  (or garbage collection) names that account for it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stepcli.stats import percentile
+from stepcli.traces.arrivals import CAUSES, GC_PREFIX, RankArrivals
+from stepcli.traces.arrivals import rank_arrivals as rank_arrivals  # (for the summary's one import)
+
+MIN_LAST_SHARE = 0.6
+MAX_CHANCE = 0.05  # ... and a share chance would give at most this often (last at random: 1 / ranks)
+MIN_LATENESS_MS = 1.0
+MIN_STEP_SHARE = 0.05
+MIN_ERROR_US = 1.0
+JITTER_FACTOR = 2.0  # the median lead must also exceed this many times its own jitter from collective to collective
+_MAX_LISTED = 1000  # collectives listed one by one in the JSON
+CAUSE_WORDS = {
+    "gc": "Python garbage collection",
+    "dataloader": "data loading",
+    "host_to_device": "host-to-device copies",
+    "compile": "compilation",
+    "cpu_operators": "CPU operators",
+    "no_operator": "time with no operator (Python code, I/O, sleeps)",
+}
+_GENERATION = re.compile(r"gen (\d)")
+
+
+def _median(values: list[float]) -> float:
+    return percentile(sorted(values), 50)
+
+
+@dataclass
+class _Matched:
+    """The collectives every rank issued, as rows of per-rank values (ranks in order)."""
+
+    ranks: list[int]
+    keys: list[tuple[int, str, int]]
+    arrive: list[list[float]]  # [collective][rank index], µs, each rank's own clock
+    depart: list[list[float]]
+    gaps: list[list[dict[str, float]]]
+    details: list[list[dict[str, float]]]
+
+
+def _match(parts: list[RankArrivals]) -> _Matched | None:
+    by_rank: dict[int, dict[tuple[int, str, int], tuple[RankArrivals, int]]] = {}
+    for part in parts:
+        if part.rank is not None:
+            index = by_rank.setdefault(part.rank, {})
+            for i, key in enumerate(part.keys):
+                index.setdefault(key, (part, i))  # a key seen twice (two windows of one step): the first
+    ranks = sorted(by_rank)
+    if len(ranks) < 2:
+        return None
+    keys = sorted(set.intersection(*(set(by_rank[r]) for r in ranks)))
+    if not keys:
+        return None
+    rows = [[by_rank[r][key] for r in ranks] for key in keys]
+    return _Matched(
+        ranks,
+        keys,
+        [[p.arrive_us[i] for p, i in row] for row in rows],
+        [[p.depart_us[i] for p, i in row] for row in rows],
+        [[p.gaps[i] for p, i in row] for row in rows],
+        [[p.details[i] for p, i in row] for row in rows],
+    )
+
+
+def align(arrive: list[list[float]], depart: list[list[float]]) -> tuple[list[float], list[float]]:
+    """Per rank (column): its clock's offset to rank column 0 and the error of that estimate, µs.
+
+    The estimate is the median difference of departures. Causality bounds it: no rank leaves a collective before
+    the last rank arrived, so offset >= arrive_j - depart_0 and offset <= depart_j - arrive_0 for every collective;
+    the estimate is kept inside those bounds, and its error is the smaller of half the departures' spread (10th to
+    90th percentile) and its distance to the farther bound."""
+    offsets, errors = [0.0], [0.0]
+    for j in range(1, len(depart[0]) if depart else 0):
+        diffs = sorted(row[j] - row[0] for row in depart)
+        low = max(a[j] - d[0] for a, d in zip(arrive, depart))
+        high = min(d[j] - a[0] for a, d in zip(arrive, depart))
+        estimate = percentile(diffs, 50)
+        spread = (percentile(diffs, 90) - percentile(diffs, 10)) / 2
+        if low <= high:
+            estimate = min(max(estimate, low), high)
+            spread = min(spread, max(estimate - low, high - estimate))
+        offsets.append(estimate)
+        errors.append(max(MIN_ERROR_US, spread))
+    return offsets, errors
+
+
+def from_parts(parts: Sequence[Any], steps: Sequence[Any]) -> dict[str, Any] | None:
+    """`analyze` over the file parts' arrivals (stepcli.traces.model.FilePart) and their steps' median time."""
+    durations = [step.dur_ms for step in steps]
+    return analyze([p.arrivals for p in parts if p.arrivals], _median(durations) if durations else None)
+
+
+def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> dict[str, Any] | None:
+    """The `culprit` section of `table --json` and the run summary, or None without collectives on 2+ ranks."""
+    matched = _match(parts)
+    if matched is None:
+        return None
+    ranks, n = matched.ranks, len(matched.ranks)
+    offsets, errors = align(matched.arrive, matched.depart)
+    error_us = sum(sorted(errors)[-2:])  # two ranks' arrivals carry both their errors
+    steps = sorted({key[0] for key in matched.keys})
+    late_us = [0.0] * n
+    caused_us = [0.0] * n
+    waited_us = [0.0] * n
+    times_last = [0] * n
+    leads: list[list[float]] = [[] for _ in range(n)]
+    last_at: list[int] = []
+    per_step: dict[int, list[float]] = {step: [0.0] * n for step in steps}
+    listed: list[dict[str, Any]] = []
+    for key, arrive in zip(matched.keys, matched.arrive):
+        aligned = [a - offsets[j] for j, a in enumerate(arrive)]
+        order = sorted(range(n), key=lambda j: aligned[j])
+        last = order[-1]
+        lateness = aligned[last] - aligned[order[-2]]
+        waits = [aligned[last] - a for a in aligned]
+        times_last[last] += 1
+        late_us[last] += lateness
+        caused_us[last] += sum(waits)
+        for j in range(n):
+            waited_us[j] += waits[j]
+            leads[j].append(aligned[j] - max(a for i, a in enumerate(aligned) if i != j))
+        per_step[key[0]][last] += lateness
+        last_at.append(last)
+        if len(listed) < _MAX_LISTED:
+            listed.append(
+                {
+                    "step": key[0],
+                    "name": key[1],
+                    "order": key[2],
+                    "last_rank": ranks[last],
+                    "lateness_ms": round(lateness / 1000, 3),
+                    "waits_ms": {str(ranks[j]): round(waits[j] / 1000, 3) for j in range(n) if j != last},
+                    # arrivals on the reference rank's clock (the trace's µs), for `stepcli merge`
+                    "arrive_us": {str(ranks[j]): round(aligned[j], 3) for j in range(n)},
+                }
+            )
+    count, n_steps = len(matched.keys), len(steps)
+    rows = [
+        {
+            "rank": ranks[j],
+            "times_last": times_last[j],
+            "last_share": times_last[j] / count,
+            "lateness_ms_per_step": late_us[j] / 1000 / n_steps,
+            "wait_caused_ms_per_step": caused_us[j] / 1000 / n_steps,
+            "waited_ms_per_step": waited_us[j] / 1000 / n_steps,
+            "lead_median_ms": _median(leads[j]) / 1000,
+            "lead_jitter_ms": _jitter(leads[j]) / 1000,
+        }
+        for j in range(n)
+    ]
+    candidate = max(range(n), key=lambda j: (late_us[j], -j))
+    min_lead_us = max(error_us, JITTER_FACTOR * rows[candidate]["lead_jitter_ms"] * 1000)
+    finding = _is_finding(rows[candidate], min_lead_us, median_step_ms, count, n)
+    return {
+        "collectives": count,
+        "steps": n_steps,
+        "alignment": {
+            "reference_rank": ranks[0],
+            "offsets_ms": {str(r): round(o / 1000, 4) for r, o in zip(ranks, offsets)},
+            "errors_ms": {str(r): round(e / 1000, 4) for r, e in zip(ranks, errors)},
+            "error_ms": round(error_us / 1000, 4),
+        },
+        "thresholds": {
+            "min_last_share": MIN_LAST_SHARE,
+            "max_chance": MAX_CHANCE,
+            "min_lateness_ms_per_step": MIN_LATENESS_MS,
+            "min_step_share": MIN_STEP_SHARE,
+            "min_lead_ms": round(min_lead_us / 1000, 4),
+        },
+        "ranks": rows,
+        "culprit": _cause(matched, candidate, last_at, rows[candidate], n_steps) if finding else None,
+        "per_step": [
+            {
+                "step": step,
+                "last_rank": ranks[max(range(n), key=lambda j: values[j])],  # the latest, summed over the step
+                "lateness_ms": {str(r): round(v / 1000, 3) for r, v in zip(ranks, values)},
+            }
+            for step, values in per_step.items()
+        ],
+        "per_collective": listed,
+    }
+
+
+def chance_of_last(times: int, count: int, ranks: int) -> float:
+    """How likely a rank is last at `times` or more of `count` collectives when the last one is drawn at random."""
+    p = 1.0 / ranks
+    if times <= 0 or p >= 1.0:
+        return 1.0
+
+    def term(i: int) -> float:
+        log = math.lgamma(count + 1) - math.lgamma(i + 1) - math.lgamma(count - i + 1)
+        return math.exp(log + i * math.log(p) + (count - i) * math.log1p(-p))
+
+    return min(1.0, sum(term(i) for i in range(times, count + 1)))
+
+
+def _jitter(values: list[float]) -> float:
+    """A robust standard deviation: 1.4826 times the median absolute deviation."""
+    middle = _median(values)
+    return 1.4826 * _median([abs(v - middle) for v in values])
+
+
+def _is_finding(row: dict[str, Any], min_lead_us: float, median_step_ms: float | None, count: int, ranks: int) -> bool:
+    floor = max(MIN_LATENESS_MS, MIN_STEP_SHARE * (median_step_ms or 0.0))
+    return bool(
+        row["last_share"] >= MIN_LAST_SHARE
+        and chance_of_last(row["times_last"], count, ranks) <= MAX_CHANCE
+        and row["lead_median_ms"] * 1000 > min_lead_us
+        and row["lateness_ms_per_step"] >= floor
+    )
+
+
+def _cause(matched: _Matched, culprit: int, last_at: list[int], row: dict[str, Any], n_steps: int) -> dict[str, Any]:
+    """What the culprit did longer than the others before the collectives it arrived last at."""
+    extra = dict.fromkeys(CAUSES, 0.0)
+    names: dict[str, float] = {}
+    for c, last in enumerate(last_at):
+        if last != culprit:
+            continue
+        gaps, details = matched.gaps[c], matched.details[c]
+        others = [j for j in range(len(gaps)) if j != culprit]
+        for cause in CAUSES:
+            extra[cause] += gaps[culprit].get(cause, 0.0) - _median([gaps[j].get(cause, 0.0) for j in others])
+        for name in set(details[culprit]):
+            names[name] = (
+                names.get(name, 0.0) + details[culprit][name] - _median([details[j].get(name, 0.0) for j in others])
+            )
+    per_step = {cause: value / 1000 / n_steps for cause, value in extra.items()}
+    cause = max(CAUSES, key=lambda c: (per_step[c], -CAUSES.index(c)))
+    wanted = (
+        (lambda name: name.startswith(GC_PREFIX)) if cause == "gc" else (lambda name: not name.startswith(GC_PREFIX))
+    )
+    # (names that account for at least 0.05 ms per step)
+    top = sorted(((v / 1000 / n_steps, k) for k, v in names.items() if wanted(k) and v >= 50 * n_steps), reverse=True)
+    top = top[:3]
+    rank = matched.ranks[culprit]
+    result = {
+        "rank": rank,
+        "last_share": row["last_share"],
+        "lateness_ms_per_step": row["lateness_ms_per_step"],
+        "wait_caused_ms_per_step": row["wait_caused_ms_per_step"],
+        "cause": cause,
+        "cause_ms_per_step": per_step[cause],
+        "causes_ms_per_step": {c: round(v, 3) for c, v in per_step.items()},
+        "top": [{"name": name, "ms_per_step": round(ms, 3)} for ms, name in top]
+        if cause in ("gc", "cpu_operators")
+        else [],
+    }
+    result["evidence"] = evidence(result)
+    return result
+
+
+def cause_words(found: dict[str, Any]) -> str:
+    """The cause in words, with the generation of a gc pause or the top operators, e.g. `Python garbage
+    collection (gen 2)` or `CPU operators (aten::matmul 15.1 ms, aten::tanh 10.7 ms)`."""
+    cause = found["cause"]
+    top = found.get("top") or []
+    if cause == "gc" and top:
+        generation = _GENERATION.search(top[0]["name"])
+        return f"Python garbage collection (gen {generation.group(1) if generation else '?'})"
+    if top:
+        return f"{CAUSE_WORDS[cause]} (" + ", ".join(f"{t['name']} {t['ms_per_step']:.1f} ms" for t in top) + ")"
+    return CAUSE_WORDS[cause]
+
+
+def evidence(found: dict[str, Any]) -> str:
+    """One sentence: who arrives last, how often, how late, and why."""
+    return (
+        f"rank {found['rank']} arrives last at {found['last_share']:.0%} of the collectives, "
+        f"{found['lateness_ms_per_step']:.1f} ms/step late, making the others wait "
+        f"{found['wait_caused_ms_per_step']:.1f} ms/step; its extra time before arriving is {cause_words(found)}, "
+        f"{found['cause_ms_per_step']:.1f} ms/step more than the other ranks"
+    )
+
+
+def summary_line(section: dict[str, Any] | None) -> str | None:
+    """The terminal line of `table` and the run summary."""
+    if not section:
+        return None
+    found = section.get("culprit")
+    error = section["alignment"]["error_ms"]
+    if found:
+        return f"culprit: {found['evidence']} (clock alignment error {error:.2f} ms)"
+    return (
+        f"culprit: none: no rank arrives last consistently enough at {section['collectives']} collectives "
+        f"(clock alignment error {error:.2f} ms)"
+    )
+
+
+def culprit_lines(section: dict[str, Any] | None) -> list[str]:
+    """The terminal line of `table`, as a list (none without collectives on two or more ranks)."""
+    line = summary_line(section)
+    return [line] if line else []

@@ -1,0 +1,270 @@
+"""`stepcli merge`: the traces of every rank as one Chrome trace (Perfetto, chrome://tracing, HTA), one process per
+rank and trace process, on one clock, with each collective's last-arriving rank marked.
+
+Clocks are aligned as the culprit analysis aligns them (stepcli.traces.culprit: by the collectives' ends); without
+collectives, by each trace's `baseTimeNanoseconds`. Ids that must stay unique across the ranks (flow ids,
+correlation and external ids) are moved into a per-rank range. The output's first key is `stepcli_merged`, so an
+existing -o file is overwritten only when stepcli wrote it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from stepcli.errors import StepcliError, TraceError
+
+# (cli.py imports this module at start-up: json, tempfile and the trace reader are imported when a merge runs)
+
+MARKER = "stepcli_merged"
+_ID_STRIDE = 1 << 40  # per-rank range of flow, correlation and external ids
+_PID_STRIDE = 1000  # new pid = rank * _PID_STRIDE + the trace process's order of appearance
+_ID_ARGS = ("correlation", "External id", "external id")
+_HEAD_BYTES = 4096
+_FLOW_BASE = 1 << 60  # flow ids of the culprit arrows: above every rank's moved ids
+
+
+def check_output(path: str) -> None:
+    """Refuse to replace a file stepcli merge did not write (or anything that is not a regular file)."""
+    if not os.path.lexists(path):
+        return
+    if os.path.islink(path) or not os.path.isfile(path):
+        raise StepcliError(f"{path}: exists and is not a regular file; choose another -o")
+    with open(path, "rb") as handle:
+        head = handle.read(_HEAD_BYTES)
+    if f'"{MARKER}"'.encode() not in head:
+        raise StepcliError(f"{path}: exists and was not written by stepcli merge; choose another -o or remove it")
+
+
+def _load(path: str) -> dict[str, Any]:
+    import json
+
+    from stepcli.inputs import read_input
+
+    try:
+        document = json.loads(read_input(path))
+    except (ValueError, RecursionError):
+        raise TraceError(path, "not a JSON trace") from None
+    if not isinstance(document, dict) or not isinstance(document.get("traceEvents"), list):
+        raise TraceError(path, "no traceEvents list: not a profiler trace")
+    if MARKER in document:
+        raise TraceError(path, "is already a merged trace (stepcli merge output)")
+    return document
+
+
+def _rank_of(document: dict[str, Any], path: str) -> int | None:
+    from stepcli.traces.reader import rank_from_name
+
+    info = document.get("distributedInfo")
+    rank = info.get("rank") if isinstance(info, dict) else None
+    if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 2**31:
+        return rank
+    return rank_from_name(path)
+
+
+def _main_thread(events: list[Any]) -> tuple[Any, Any] | None:
+    """(pid, tid) of the thread that runs the steps: where the ProfilerStep#N annotations are."""
+    counts = Counter(
+        (e.get("pid"), e.get("tid"))
+        for e in events
+        if isinstance(e, dict) and str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X"
+    )
+    return counts.most_common(1)[0][0] if counts else None
+
+
+class _Rewriter:
+    """One trace's events moved onto the merged clock, pids and id ranges."""
+
+    def __init__(self, rank: int, slot: int, shift_us: float) -> None:
+        self.rank, self.slot, self.shift_us = rank, slot, shift_us
+        self.pids: dict[Any, int] = {}
+        self.main_pid: Any = None  # the trace's process that ran the steps
+
+    def pid(self, original: Any) -> int:
+        if original not in self.pids:
+            self.pids[original] = self.slot * _PID_STRIDE + len(self.pids)
+        return self.pids[original]
+
+    def event(self, event: dict[str, Any]) -> dict[str, Any]:
+        out = dict(event)
+        if "pid" in out:
+            out["pid"] = self.pid(out["pid"])
+        ts = out.get("ts")
+        if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+            out["ts"] = round(ts - self.shift_us, 3)
+        ident = out.get("id")
+        if isinstance(ident, int) and not isinstance(ident, bool):
+            out["id"] = ident + self.slot * _ID_STRIDE
+        args = out.get("args")
+        if isinstance(args, dict):
+            args = dict(args)
+            for key in _ID_ARGS:
+                value = args.get(key)
+                if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                    args[key] = value + self.slot * _ID_STRIDE
+            if out.get("ph") == "M" and out.get("name") == "process_name" and "name" in args:
+                args["name"] = f"rank {self.rank}: {args['name']}"
+            out["args"] = args
+        return out
+
+    def names(self) -> list[dict[str, Any]]:
+        """Name and order every process of this trace by rank (Perfetto shows them in this order)."""
+        out = []
+        for original, pid in self.pids.items():
+            out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+            out.append(
+                {"ph": "M", "name": "process_labels", "pid": pid, "tid": 0, "args": {"labels": f"rank {self.rank}"}}
+            )
+            if original == self.main_pid:
+                out.append(
+                    {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"rank {self.rank}"}}
+                )
+        return out
+
+
+def _flows(collective: dict[str, Any], mains: dict[int, tuple[int, Any]], ids: Iterator[int]) -> list[dict[str, Any]]:
+    """A flow arrow from each waiting rank's arrival to the last rank's: who waited for whom (Perfetto draws it
+    between the collectives' slices, which start at those instants)."""
+    last = collective["last_rank"]
+    arrivals = collective.get("arrive_us", {})
+    out: list[dict[str, Any]] = []
+    for rank_text in collective["waits_ms"]:
+        source, target = mains.get(int(rank_text)), mains.get(last)
+        if source is None or target is None or rank_text not in arrivals or str(last) not in arrivals:
+            continue
+        common = {"cat": "stepcli_culprit", "name": f"waits for rank {last}", "id": next(ids), "bp": "e"}
+        out.append({"ph": "s", "pid": source[0], "tid": source[1], "ts": arrivals[rank_text], **common})
+        out.append({"ph": "f", "pid": target[0], "tid": target[1], "ts": arrivals[str(last)], **common})
+    return out
+
+
+def _culprit_marks(culprit: dict[str, Any] | None, mains: dict[int, tuple[int, Any]]) -> list[dict[str, Any]]:
+    """An instant event on the last-arriving rank's step thread at each collective, and arrows to it from the
+    ranks that waited."""
+    if not culprit:
+        return []
+    marks: list[dict[str, Any]] = []
+    ids = itertools.count(_FLOW_BASE)
+    for collective in culprit.get("per_collective", []):
+        rank = collective["last_rank"]
+        where = mains.get(rank)
+        at = collective.get("arrive_us", {}).get(str(rank))
+        if where is None or at is None:
+            continue
+        waits = ", ".join(f"rank {r} {ms:.2f} ms" for r, ms in collective["waits_ms"].items())
+        marks.extend(_flows(collective, mains, ids))
+        marks.append(
+            {
+                "ph": "i",
+                "s": "t",
+                "cat": "stepcli_culprit",
+                "name": f"last to arrive: rank {rank} at {collective['name']} (+{collective['lateness_ms']:.2f} ms)",
+                "pid": where[0],
+                "tid": where[1],
+                "ts": at,
+                "args": {
+                    "step": collective["step"],
+                    "collective": collective["name"],
+                    "order": collective["order"],
+                    "lateness_ms": collective["lateness_ms"],
+                    "waits": waits,
+                },
+            }
+        )
+    return marks
+
+
+def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
+    """Write the merged trace of `paths` to `output`; return what it holds (ranks, alignment, marks)."""
+    from stepcli.traces.engine import summarize_paths
+    from stepcli.traces.reader import list_trace_files
+
+    check_output(output)
+    files = [f for f in list_trace_files(paths) if os.path.realpath(f) != os.path.realpath(output)]
+    if not files:
+        raise StepcliError("no trace files to merge")
+    culprit = summarize_paths(files).culprit
+    offsets = (culprit or {}).get("alignment", {}).get("offsets_ms", {})
+    documents = [(path, _load(path)) for path in files]
+    ranks = [_rank_of(document, path) for path, document in documents]
+    if len(files) > 1 and any(rank is None for rank in ranks):
+        missing = files[ranks.index(None)]
+        raise StepcliError(f"{missing}: no rank (distributedInfo.rank or rank<N> in the name); cannot merge ranks")
+    bases = [document.get("baseTimeNanoseconds") for _, document in documents]
+    reference_base = next((b for b in bases if isinstance(b, int)), 0)
+    events: list[dict[str, Any]] = []
+    mains: dict[int, tuple[int, Any]] = {}
+    slots: dict[int, int] = {}
+    for (_path, document), rank, base in zip(documents, ranks, bases):
+        rank = rank if rank is not None else 0
+        slot = slots.setdefault(rank, len(slots))
+        if str(rank) in offsets:
+            shift = offsets[str(rank)] * 1000
+        else:
+            shift = -((base - reference_base) / 1000 if isinstance(base, int) else 0.0)
+        rewriter = _Rewriter(rank, slot, shift)
+        main = _main_thread(document["traceEvents"])
+        rewriter.main_pid = main[0] if main else None
+        events.extend(rewriter.event(e) for e in document["traceEvents"] if isinstance(e, dict))
+        if main is not None and rank not in mains:
+            mains[rank] = (rewriter.pid(main[0]), main[1])
+        events.extend(rewriter.names())
+    marks = _culprit_marks(culprit, mains)
+    events.extend(marks)
+    facts = {
+        "ranks": sorted(slots),
+        "files": list(files),
+        "alignment": (culprit or {}).get("alignment"),
+        "culprit": (culprit or {}).get("culprit"),
+        "marks": sum(1 for mark in marks if mark["ph"] == "i"),
+    }
+    document = {MARKER: facts, "displayTimeUnit": "ms", "baseTimeNanoseconds": reference_base, "traceEvents": events}
+    _write(output, document)
+    return facts
+
+
+def _write(path: str, document: dict[str, Any]) -> None:
+    import json
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, temporary = tempfile.mkstemp(prefix=".merge-", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise StepcliError(f"{path}: cannot write there: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(document, handle, separators=(",", ":"))
+        check_output(path)  # again: something may have appeared there meanwhile
+        os.replace(temporary, path)
+    except OSError as exc:
+        _remove(temporary)
+        raise StepcliError(f"{path}: cannot write there: {exc.strerror or exc}") from None
+    except BaseException:
+        _remove(temporary)
+        raise
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def merge_main(paths: Sequence[str], output: str) -> str:
+    """The command: merge, then one line saying what was written."""
+    facts = merge_traces(paths, output)
+    alignment = facts["alignment"]
+    clock = (
+        f"clocks aligned by collectives (error {alignment['error_ms']:.2f} ms)"
+        if alignment
+        else "clocks from the traces' base times (no collectives to align by)"
+    )
+    found = facts["culprit"]
+    who = f"; culprit rank {found['rank']}" if found else ""
+    ranks = ", ".join(map(str, facts["ranks"]))
+    return f"wrote {output}: ranks {ranks} from {len(facts['files'])} trace(s), {clock}, {facts['marks']} marks{who}"

@@ -1,0 +1,269 @@
+"""The rank the others wait for at collectives, and why: real 2-rank torchrun runs (gloo, CPU) under `stepcli run`,
+one per way of being late, each shared by the tests of this module."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser import artifacts_dir
+from conftest import load_trace, run_stepcli, trace_files, write_script
+
+RANKS_SCRIPT = """
+    import gc, sys, time
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    mode = sys.argv[1]
+    dist.init_process_group("gloo")
+    late = dist.get_rank() == 1
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    graph = [[{"i": i}, [i]] for i in range(60_000)] if mode == "gc" and late else []
+    extra = torch.randn(256, 256)
+    for _ in range(12):
+        if mode == "gc" and late:
+            gc.collect()
+        if mode == "matmul" and late:
+            for _ in range(25):
+                extra = torch.tanh(extra @ extra)
+        loss = model(torch.randn(32, 64)).sum()
+        if mode == "sleep" and late:
+            time.sleep(0.06)
+        loss.backward()
+        opt.step()
+    dist.barrier()
+    del model, opt, graph  # DDP's reducer holds gloo's group: freed here, not at exit, where torch 2.13 can abort
+    gc.collect()
+    dist.destroy_process_group()
+"""
+
+
+def _torchrun_run(tmp_path_factory: pytest.TempPathFactory, mode: str) -> dict[str, Any]:
+    """`stepcli run --active 8 -- torchrun --nproc-per-node 2 ranks.py MODE`: its summary, stderr and folder (8
+    recorded steps: enough collectives that a rank last at random is not taken for a culprit)."""
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    assert torchrun, "torchrun comes with torch"
+    tmp = tmp_path_factory.mktemp(mode)
+    script = write_script(tmp, "ranks.py", RANKS_SCRIPT)
+    out = tmp / "out"
+    result = run_stepcli(
+        "run",
+        "--active",
+        "8",
+        "-o",
+        out,
+        "--json",
+        tmp / "run.json",
+        "--",
+        torchrun,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        script,
+        mode,
+        env={"OMP_NUM_THREADS": "1"},
+        timeout=400,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {"summary": json.loads((tmp / "run.json").read_text()), "stderr": result.stderr, "out": out}
+
+
+@pytest.fixture(scope="module")
+def sleep_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _torchrun_run(tmp_path_factory, "sleep")
+
+
+@pytest.fixture(scope="module")
+def gc_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _torchrun_run(tmp_path_factory, "gc")
+
+
+@pytest.fixture(scope="module")
+def matmul_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _torchrun_run(tmp_path_factory, "matmul")
+
+
+@pytest.fixture(scope="module")
+def equal_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _torchrun_run(tmp_path_factory, "equal")
+
+
+def _table(*args: Any) -> dict[str, Any]:
+    proc = run_stepcli("table", "--json", *args)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_rank_sleeping_before_backward_is_the_culprit(sleep_run: dict[str, Any]) -> None:
+    # GIVEN rank 1 sleeps 60 ms in Python before each backward pass (DDP all-reduces in the backward pass)
+    summary = sleep_run["summary"]
+    # THEN the run summary names rank 1, late for time with no operator at all
+    found = summary["culprit"]["culprit"]
+    assert found["rank"] == 1 and found["last_share"] >= 0.8
+    assert found["cause"] == "no_operator"
+    assert found["lateness_ms_per_step"] >= 40
+    # AND rank 0's wait in the collectives (measured on its own trace) equals rank 1's lateness within 20%
+    rank0 = next(r for r in summary["ranks"] if r["rank"] == 0)
+    assert rank0["comm_ms"] == pytest.approx(found["lateness_ms_per_step"], rel=0.2)
+    assert "culprit: rank 1 arrives last" in " ".join(sleep_run["stderr"].split())
+    assert "Rank 1 holds the others back at collectives" in sleep_run["stderr"]  # advice
+    assert f"stepcli merge {sleep_run['out']} -o all-ranks.json" in sleep_run["stderr"]
+    # AND `table` on the folder of ranks says the same, in JSON and on the terminal
+    table = _table(sleep_run["out"])
+    assert table["culprit"]["culprit"]["rank"] == 1 and table["culprit"]["culprit"]["cause"] == "no_operator"
+    text = run_stepcli("table", sleep_run["out"])
+    assert text.returncode == 0 and "culprit: rank 1 arrives last" in " ".join(text.stdout.split())
+
+
+def test_garbage_collection_is_named_as_the_cause(gc_run: dict[str, Any]) -> None:
+    # GIVEN rank 1 keeps a large object graph and calls gc.collect() every step
+    section = gc_run["summary"]["culprit"]
+    found = section["culprit"]
+    assert found["rank"] == 1 and found["cause"] == "gc"
+    assert "garbage collection (gen 2)" in found["evidence"]
+    # AND the whole run's collections are counted per rank: rank 1 ran a gen-2 collection every step
+    gc_rows = {row["rank"]: row for row in section["gc"]}
+    assert gc_rows[1]["collections"][2] >= gc_rows[0]["collections"][2] + 10
+    assert gc_rows[1]["pause_ms"][2] > gc_rows[0]["pause_ms"][2]
+    # AND each pause inside the window is in rank 1's trace
+    rank1 = next(p for p in trace_files(gc_run["out"]) if p.name.startswith("rank1"))
+    names = [e.get("name") for e in load_trace(rank1)["traceEvents"]]
+    assert names.count("python gc (gen 2)") >= 5
+
+
+def test_more_matrix_work_is_named_by_its_operators(matmul_run: dict[str, Any]) -> None:
+    found = matmul_run["summary"]["culprit"]["culprit"]
+    assert found["rank"] == 1 and found["cause"] == "cpu_operators"
+    assert {t["name"] for t in found["top"][:2]} == {"aten::matmul", "aten::tanh"}  # the calls rank 1 made
+
+
+def test_equal_ranks_name_no_culprit(equal_run: dict[str, Any]) -> None:
+    section = equal_run["summary"]["culprit"]
+    assert section["collectives"] >= 5 and section["culprit"] is None
+    assert "culprit: none" in equal_run["stderr"]
+    assert "holds the others back" not in equal_run["stderr"]
+
+
+def test_shifted_clock_leaves_the_skew_unchanged(sleep_run: dict[str, Any], tmp_path: Path) -> None:
+    # GIVEN the same traces, rank 1's rewritten as if its host's clock ran 7 s ahead
+    _shifted_copy(sleep_run, tmp_path, 7_000_000.0)
+    plain, shifted = _table(sleep_run["out"])["culprit"], _table(tmp_path)["culprit"]
+    # THEN the offset is found and every collective's lateness is what it was
+    offset = shifted["alignment"]["offsets_ms"]["1"] - plain["alignment"]["offsets_ms"]["1"]
+    assert offset == pytest.approx(7000.0, abs=0.01)
+    late = [c["lateness_ms"] for c in plain["per_collective"]]
+    assert [c["lateness_ms"] for c in shifted["per_collective"]] == pytest.approx(late, abs=0.01)
+    assert shifted["culprit"]["rank"] == 1
+
+
+def _shifted_copy(run: dict[str, Any], folder: Path, shift_us: float) -> Path:
+    """The run's traces, rank 1's rewritten as if its host's clock ran `shift_us` ahead."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in trace_files(run["out"]):
+        document = load_trace(path)
+        if path.name.startswith("rank1"):
+            for event in document["traceEvents"]:
+                if isinstance(event.get("ts"), (int, float)):
+                    event["ts"] += shift_us
+        (folder / path.name).write_text(json.dumps(document))
+    return folder
+
+
+def test_merge_aligns_ranks_and_opens_in_hta(sleep_run: dict[str, Any], tmp_path: Path) -> None:
+    # GIVEN two ranks' traces, rank 1's clock 7 s ahead
+    shifted = _shifted_copy(sleep_run, tmp_path / "shifted", 7_000_000.0)
+    merged = tmp_path / "merged" / "all.json"
+    merged.parent.mkdir()
+    # WHEN they are merged
+    proc = run_stepcli("merge", shifted, "-o", merged)
+    assert proc.returncode == 0, proc.stderr
+    assert "culprit rank 1" in proc.stdout
+    # THEN one valid Chrome trace holds both ranks as processes, with the culprit marked at each collective
+    document = json.loads(merged.read_text())
+    events = document["traceEvents"]
+    assert all(isinstance(e.get("ph"), str) and "pid" in e for e in events)
+    assert all(isinstance(e["ts"], (int, float)) and e.get("dur", 0) >= 0 for e in events if e["ph"] in "Xi")
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert {"rank 0", "rank 1"} <= names
+    marks = [e for e in events if e.get("cat") == "stepcli_culprit"]
+    instants = [e for e in marks if e["ph"] == "i"]
+    assert len(instants) >= 5 and all(e["name"].startswith("last to arrive: rank 1") for e in instants)
+    # AND an arrow from rank 0's arrival to rank 1's at each: who waited for whom
+    starts = {e["id"]: e for e in marks if e["ph"] == "s"}
+    ends = {e["id"]: e for e in marks if e["ph"] == "f"}
+    assert set(starts) == set(ends) and len(starts) == len(instants)
+    rank_pid = {e["args"]["name"]: e["pid"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert all(starts[i]["pid"] == rank_pid["rank 0"] and ends[i]["pid"] == rank_pid["rank 1"] for i in starts)
+    assert all(ends[i]["ts"] - starts[i]["ts"] > 40_000 for i in starts)  # rank 1 came 60 ms later
+    # AND HTA reads it, with the same steps of both ranks lined up despite the clocks
+    from hta.trace_analysis import TraceAnalysis
+
+    analysis = TraceAnalysis(trace_files={0: merged.name}, trace_dir=str(merged.parent))
+    frame = analysis.t.get_trace(0)
+    symbols = analysis.t.symbol_table.get_sym_table()
+    frame = frame.assign(label=[symbols[i] for i in frame["name"]])
+    steps = frame[frame["label"].str.startswith("ProfilerStep#")]
+    by_step = steps.groupby("label")
+    lined_up = [group for _, group in by_step if group["pid"].nunique() == 2]
+    assert len(lined_up) >= 3
+    for group in lined_up:
+        assert group["ts"].max() - group["ts"].min() < 0.25 * group["dur"].median()
+
+
+def test_merge_bad_input_and_foreign_output(sleep_run: dict[str, Any], tmp_path: Path) -> None:
+    # a path that does not exist: one line, exit 2
+    proc = run_stepcli("merge", tmp_path / "missing", "-o", tmp_path / "all.json")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "missing" in proc.stderr
+    # an -o in a folder that does not exist
+    proc = run_stepcli("merge", sleep_run["out"], "-o", tmp_path / "nowhere" / "all.json")
+    assert proc.returncode == 2 and proc.stderr.startswith("stepcli: error:") and "cannot write there" in proc.stderr
+    # an -o file stepcli did not write is never overwritten
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"mine": true}')
+    proc = run_stepcli("merge", sleep_run["out"], "-o", mine)
+    assert proc.returncode == 2 and "not written by stepcli merge" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert mine.read_text() == '{"mine": true}'
+    # its own output is replaced, and refused as an input
+    merged = tmp_path / "all.json"
+    assert run_stepcli("merge", sleep_run["out"], "-o", merged).returncode == 0
+    assert run_stepcli("merge", sleep_run["out"], "-o", merged).returncode == 0
+    proc = run_stepcli("merge", merged, "-o", tmp_path / "again.json")
+    assert proc.returncode == 2 and "already a merged trace" in proc.stderr
+
+
+def test_report_charts_each_ranks_lateness(gc_run: dict[str, Any], browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    from selenium.webdriver.common.by import By
+
+    # GIVEN the report.html `stepcli run` wrote for the run where rank 1 collects garbage every step
+    page = gc_run["out"] / "report.html"
+    browser.get_log("browser")
+    browser.get(page.resolve().as_uri())
+    assert [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")] == []
+    # THEN the culprit is named with its cause
+    finding = browser.find_element(By.ID, "culprit-finding").text
+    assert "Rank 1 holds the others back" in finding and "garbage collection" in finding
+    # AND the chart has one bar per rank and step: rank 1's drawn, rank 0's empty
+    heights = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#lateness-chart rect.late')).map("
+        "e => [e.dataset.rank, e.getBBox().height]);"
+    )
+    steps = len(gc_run["summary"]["culprit"]["per_step"])
+    assert len(heights) == 2 * steps and steps >= 5
+    assert all(h > 20 for rank, h in heights if rank == "1")
+    assert all(h < 1 for rank, h in heights if rank == "0")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#culprit-ranks tbody tr")
+    assert [r.find_element(By.TAG_NAME, "td").text for r in rows] == ["0", "1"]
+    section = browser.find_element(By.ID, "culprit")
+    browser.execute_script("arguments[0].scrollIntoView()", section)
+    shot = artifacts_dir(tmp_path) / "report-culprit.png"
+    browser.save_screenshot(str(shot))
+    print(f"screenshot: {shot}")
+    assert shot.stat().st_size > 10_000

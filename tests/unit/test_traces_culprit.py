@@ -1,0 +1,185 @@
+"""The culprit analysis (stepcli.traces.arrivals, stepcli.traces.culprit) on hand-made traces: who arrives last,
+how late, why, clock alignment, and no finding from noise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stepcli.traces.arrays import columns_from_events
+from stepcli.traces.arrivals import RankArrivals, rank_arrivals
+from stepcli.traces.culprit import align, analyze, chance_of_last
+from stepcli.traces.reader import Event
+
+MAIN, WORKER = 10, 20
+
+
+STEPS = 6
+
+
+def _rank_trace(
+    late_us: float, *, offset: float = 0.0, extra: list[Event] | None = None, late_steps: int = STEPS
+) -> list[Event]:
+    """Six 100 ms steps; in each the rank works 5 ms (aten::mm), idles `late_us`, then all-reduces; the
+    collective ends 1 ms after rank 1 arrives (rank 1 idles 30 ms: the lateness the others wait for)."""
+    events: list[Event] = []
+    for step in range(STEPS):
+        t0 = step * 100_000.0 + offset
+        events.append(Event(f"ProfilerStep#{step}", "user_annotation", "X", 1, MAIN, t0, 90_000.0))
+        events.append(Event("aten::mm", "cpu_op", "X", 1, MAIN, t0 + 100, 5_000.0))
+        arrive = t0 + 5_200 + (late_us if step < late_steps else -1_000.0)  # early after `late_steps`
+        events.append(Event("c10d::allreduce_", "cpu_op", "X", 1, MAIN, arrive, 50.0))
+        done = t0 + 5_200 + 30_000 + 1_000
+        events.append(Event("gloo:all_reduce", "user_annotation", "X", 1, WORKER, arrive + 60, done - arrive - 60))
+    events.extend(extra or [])
+    events.sort(key=lambda e: e.ts)
+    return events
+
+
+def _arrivals(events: list[Event], rank: int) -> RankArrivals:
+    found = rank_arrivals(columns_from_events(events), rank)
+    assert found is not None
+    return found
+
+
+def test_arrivals_keys_gaps_and_departures() -> None:
+    arrivals = _arrivals(_rank_trace(30_000), 1)
+    assert arrivals.keys == [(step, "c10d::allreduce_", 0) for step in range(STEPS)]
+    assert arrivals.arrive_us[0] == pytest.approx(35_200)
+    assert arrivals.depart_us[0] == pytest.approx(36_200)  # the gloo worker's end, not the host call's
+    gap = arrivals.gaps[0]
+    assert gap["cpu_operators"] == pytest.approx(5_000)
+    assert gap["no_operator"] == pytest.approx(30_200)
+    assert arrivals.details[0] == {"aten::mm": pytest.approx(5_000)}
+
+
+def test_sleeping_rank_is_the_culprit_and_its_cause_is_no_operator() -> None:
+    section = analyze([_arrivals(_rank_trace(0), 0), _arrivals(_rank_trace(30_000), 1)], 90.0)
+    assert section is not None
+    found = section["culprit"]
+    assert found["rank"] == 1 and found["last_share"] == 1.0
+    assert found["lateness_ms_per_step"] == pytest.approx(30.0, abs=0.01)
+    assert found["wait_caused_ms_per_step"] == pytest.approx(30.0, abs=0.01)
+    assert found["cause"] == "no_operator" and found["cause_ms_per_step"] == pytest.approx(30.0, abs=0.01)
+    rank0 = section["ranks"][0]
+    assert rank0["waited_ms_per_step"] == pytest.approx(30.0, abs=0.01) and rank0["times_last"] == 0
+    assert [s["lateness_ms"]["1"] for s in section["per_step"]] == pytest.approx([30.0] * STEPS)
+    assert [s["last_rank"] for s in section["per_step"]] == [1] * STEPS
+
+
+def test_gc_and_operator_causes_are_named() -> None:
+    gcs = [
+        Event("python gc (gen 2)", "user_annotation", "X", 1, MAIN, s * 100_000.0 + 5_200, 30_000.0)
+        for s in range(STEPS)
+    ]
+    mms = [Event("aten::addmm", "cpu_op", "X", 1, MAIN, s * 100_000.0 + 5_200, 30_000.0) for s in range(STEPS)]
+    cases = (
+        (gcs, "gc", "python gc (gen 2)", "garbage collection (gen 2)"),
+        (mms, "cpu_operators", "aten::addmm", "aten::addmm"),
+    )
+    for extra, cause, name, words in cases:
+        section = analyze([_arrivals(_rank_trace(0), 0), _arrivals(_rank_trace(30_000, extra=extra), 1)], 90.0)
+        assert section is not None
+        found = section["culprit"]
+        assert found["cause"] == cause
+        assert found["top"][0]["name"] == name and found["top"][0]["ms_per_step"] == pytest.approx(30.0, abs=0.01)
+        assert words in found["evidence"]
+
+
+def test_equal_ranks_name_no_culprit() -> None:
+    # 0.3 ms apart, alternately: noise, not a finding
+    ranks = [_arrivals(_rank_trace(300 if r == 0 else 0), r) for r in (0, 1)]
+    section = analyze(ranks, 90.0)
+    assert section is not None and section["culprit"] is None
+    assert section["ranks"][0]["times_last"] == STEPS  # last every time, but by less than MIN_LATENESS_MS
+
+
+def test_clock_offset_leaves_the_skew_unchanged() -> None:
+    plain = analyze([_arrivals(_rank_trace(0), 0), _arrivals(_rank_trace(30_000), 1)], 90.0)
+    shifted = analyze([_arrivals(_rank_trace(0), 0), _arrivals(_rank_trace(30_000, offset=-250_000.0), 1)], 90.0)
+    assert plain is not None and shifted is not None
+    assert shifted["alignment"]["offsets_ms"]["1"] == pytest.approx(-250.0, abs=1e-6)
+
+    def skew(section: dict[str, Any]) -> list[float]:
+        return [c["lateness_ms"] for c in section["per_collective"]]
+
+    assert skew(shifted) == pytest.approx(skew(plain), abs=1e-6)
+    assert shifted["culprit"]["rank"] == 1
+
+
+def test_alignment_error_from_the_spread_of_departures() -> None:
+    # rank 1's clock is 1000 µs ahead; its departures jitter by ±100 µs
+    depart = [[0.0, 1000.0 + d] for d in (-100, 0, 100, 0, 0)]
+    arrive = [[-50_000.0, -50_000.0 + 1000.0] for _ in depart]
+    offsets, errors = align(arrive, depart)
+    assert offsets[1] == pytest.approx(1000.0)
+    assert 50.0 <= errors[1] <= 100.0
+
+
+def test_lateness_within_alignment_error_is_no_finding() -> None:
+    # rank 1 is 2 ms late but the departures disagree by ±5 ms
+    r0 = _arrivals(_rank_trace(0), 0)
+    r1 = _arrivals(_rank_trace(2_000), 1)
+    r1.depart_us = [d + jitter for d, jitter in zip(r1.depart_us, (-5_000.0, 0.0, 5_000.0) * 2)]
+    section = analyze([r0, r1])  # no step time: only the 1 ms floor and the alignment error apply
+    assert section is not None and section["alignment"]["error_ms"] >= 2.0
+    assert section["culprit"] is None
+
+
+def test_one_rank_or_no_collectives_gives_no_section() -> None:
+    assert analyze([_arrivals(_rank_trace(0), 0)]) is None
+    plain = [Event("ProfilerStep#1", "user_annotation", "X", 1, MAIN, 0.0, 10.0)]
+    assert rank_arrivals(columns_from_events(plain), 0) is None
+
+
+def test_last_no_more_often_than_chance_is_no_finding() -> None:
+    # rank 1 is 30 ms late at 4 of 6 collectives: as likely as 11 in 32 by chance with 2 ranks
+    late4 = analyze([_arrivals(_rank_trace(0), 0), _arrivals(_rank_trace(30_000, late_steps=4), 1)], 90.0)
+    assert late4 is not None and late4["ranks"][1]["times_last"] >= 4
+    assert late4["culprit"] is None
+    assert chance_of_last(4, 6, 2) == pytest.approx(22 / 64)
+    assert chance_of_last(6, 6, 2) == pytest.approx(1 / 64) and chance_of_last(0, 6, 2) == 1.0
+
+
+def test_a_gc_pause_in_a_step_is_other_time_not_forward() -> None:
+    from stepcli.traces.analysis import summarize
+    from stepcli.traces.reader import Trace
+
+    events = [
+        Event("ProfilerStep#1", "user_annotation", "X", 1, MAIN, 1000.0, 100.0),
+        Event("aten::mm", "cpu_op", "X", 1, MAIN, 1001.0, 10.0),
+        Event("python gc (gen 2)", "user_annotation", "X", 1, MAIN, 1020.0, 50.0),
+    ]
+    breakdown = summarize([Trace.from_events(events)]).to_dict()["breakdown_ms"]
+    assert breakdown["forward"] == pytest.approx(0.01) and breakdown["other"] == pytest.approx(0.09)
+
+
+def test_collectives_called_from_another_thread_are_found() -> None:
+    # DDP on CUDA: the backward pass and its all-reduces run on the autograd engine's thread, not the steps' thread
+    autograd = 30
+
+    def moved(events: list[Event]) -> list[Event]:
+        return [
+            Event(e.name, e.cat, e.ph, e.pid, autograd, e.ts, e.dur) if e.name.startswith(("c10d", "aten")) else e
+            for e in events
+        ]
+
+    section = analyze([_arrivals(moved(_rank_trace(0)), 0), _arrivals(moved(_rank_trace(30_000)), 1)], 90.0)
+    assert section is not None and section["collectives"] == STEPS
+    assert section["culprit"]["rank"] == 1 and section["culprit"]["cause"] == "no_operator"
+
+
+def test_nccl_kernels_are_the_departures_and_nested_host_events_one_collective() -> None:
+    # NCCL: c10d::allreduce_ wraps record_param_comms on the host; the collective ends with its kernel on the device
+    events: list[Event] = []
+    for step in range(STEPS):
+        t0 = step * 100_000.0
+        events.append(Event(f"ProfilerStep#{step}", "user_annotation", "X", 1, MAIN, t0, 90_000.0))
+        events.append(Event("c10d::allreduce_", "cpu_op", "X", 1, MAIN, t0 + 1_000, 40.0))
+        events.append(Event("record_param_comms", "cpu_op", "X", 1, MAIN, t0 + 1_005, 30.0))
+        events.append(Event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", "X", 0, 7, t0 + 1_100, 2_000.0))
+    events.sort(key=lambda e: e.ts)
+    arrivals = _arrivals(events, 0)
+    assert [k[1] for k in arrivals.keys] == ["c10d::allreduce_"] * STEPS
+    assert arrivals.depart_us[0] == pytest.approx(3_100.0)
