@@ -81,6 +81,28 @@ def write_script(directory: Path, name: str, source: str) -> Path:
     return path
 
 
+def ddp_script(steps: int = 6) -> str:
+    """The one small DDP training script (gloo, CPU) for torchrun tests: `steps` optimizer steps per rank.
+
+    The model is freed before destroy_process_group(): DDP's reducer holds gloo's process group, and torch 2.13
+    can abort at interpreter exit when that group is destroyed there (1 in 25 plain torchrun runs here)."""
+    return f"""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range({steps}):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+    dist.barrier()
+    del model, opt
+    import gc; gc.collect()
+    dist.destroy_process_group()
+"""
+
+
 def trace_files(directory: Path) -> list[Path]:
     """Every trace a run wrote under `directory`, sorted by name."""
     return sorted(p for p in directory.rglob("*.pt.trace.json*") if not p.name.startswith("."))

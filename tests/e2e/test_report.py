@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from browser import artifacts_dir
-from conftest import REPO, run_stepcli, trace_files, write_script
+from conftest import REPO, ddp_script, run_stepcli, trace_files, write_script
 
 FIXTURE_TRACE = REPO / "tests" / "data" / "train_cpu.pt.trace.json"
 # Real CUDA traces (scripts/make_cuda_fixture_traces.py says how they were recorded and what they hold).
@@ -40,21 +40,7 @@ SLOW_LOADER = """
         opt.step()
 """
 
-DDP = """
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    dist.init_process_group("gloo")
-    model = DDP(torch.nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for _ in range(6):
-        model(torch.randn(4, 8)).sum().backward()
-        opt.step()
-    dist.barrier()
-    del model, opt  # DDP's reducer holds gloo's group: freed here, not at exit, where torch 2.13 can abort
-    import gc; gc.collect()
-    dist.destroy_process_group()
-"""
+DDP = ddp_script(6)
 
 
 def _advice_rules(html: str) -> list[str]:

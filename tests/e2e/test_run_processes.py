@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
+from conftest import ddp_script, profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
 
 from stepcli.run.launcher import BOOTSTRAP_DIR
 
@@ -52,21 +52,7 @@ def test_torchrun_writes_one_trace_per_rank(tmp_path: Path) -> None:
     script = write_script(
         tmp_path,
         "ddp.py",
-        """
-        import torch
-        import torch.distributed as dist
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        dist.init_process_group("gloo")
-        model = DDP(torch.nn.Linear(8, 1))
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        for _ in range(6):
-            model(torch.randn(4, 8)).sum().backward()
-            opt.step()
-        dist.barrier()
-        del model, opt  # DDP's reducer holds gloo's group: freed here, not at exit, where torch 2.13 can abort
-        import gc; gc.collect()
-        dist.destroy_process_group()
-    """,
+        ddp_script(6),
     )
     out = tmp_path / "out"
     result = run_stepcli(

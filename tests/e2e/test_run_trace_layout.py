@@ -11,23 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import load_trace, profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
+from conftest import ddp_script, load_trace, profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
 
-_DDP = """
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    dist.init_process_group("gloo")
-    model = DDP(torch.nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for _ in range(10):
-        model(torch.randn(4, 8)).sum().backward()
-        opt.step()
-    dist.barrier()
-    del model, opt  # DDP's reducer holds gloo's group: freed here, not at exit, where torch 2.13 can abort
-    import gc; gc.collect()
-    dist.destroy_process_group()
-"""
+_DDP = ddp_script(10)
 
 
 @pytest.fixture(scope="module")
