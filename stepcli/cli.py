@@ -13,6 +13,8 @@ from stepcli import __version__
 from stepcli.agent.request import MAX_ACTIVE, MAX_WAIT, MAX_WARMUP
 from stepcli.cliparse import parse_activities, parse_duration, parse_fail_over, parse_step_on
 from stepcli.errors import EXIT_INTERNAL, EXIT_USAGE, StepcliError
+from stepcli.run.slowoptions import check_slow_options, slow_options
+from stepcli.run.topcli import top
 from stepcli.stats import METRICS
 from stepcli.traces.merge import merge_main  # light: it imports the trace reader only when a merge runs
 
@@ -139,6 +141,7 @@ def cli() -> None:
     metavar="N",
     help="With --memory: allocator events kept per process (a ring; older ones are dropped).",
 )
+@slow_options
 @click.option("-m", "module_mode", is_flag=True, help="Run a module like python -m: stepcli run -m pkg.mod ARGS.")
 @click.argument(
     "target",
@@ -174,6 +177,7 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
     if not memory and ctx.get_parameter_source("memory_entries") == click.core.ParameterSource.COMMANDLINE:
         raise click.UsageError("--memory-entries needs --memory")
     options["memory_entries"] = options["memory_entries"] if memory else 0
+    check_slow_options(ctx, options)
     request = RunRequest.from_cli(
         target=list(target),
         module_mode=module_mode,
@@ -402,6 +406,9 @@ def capture(
     from stepcli.run.capture import capture_main
 
     return capture_main(target, wait=wait, warmup=warmup, active=active, timeout=timeout, as_json=as_json)
+
+
+cli.add_command(top)  # stepcli/run/topcli.py
 
 
 @cli.command(short_help="What filled CUDA memory: a snapshot's peak or out-of-memory error, split and advice.")
