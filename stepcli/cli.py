@@ -373,14 +373,8 @@ def compare(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON document.")
 @click.option("--stacks", is_flag=True, help="Dump every process's Python stacks now (to OUT/stacks-<n>/) instead.")
-@click.option(
-    "--memory-snapshot",
-    is_flag=True,
-    help="Dump every process's CUDA memory snapshot now (to OUT/memory-<worker>-<n>.pickle) instead.",
-)
-def capture(
-    target: str, wait: int, warmup: int, active: int, timeout: float, as_json: bool, stacks: bool, memory_snapshot: bool
-) -> int:
+@click.option("--memory-snapshot", is_flag=True, help="Dump every process's CUDA memory now (OUT/memory-*.pickle).")
+def capture(target: str, wait: int, warmup: int, active: int, timeout: float, as_json: bool, **now: bool) -> int:
     """Record one window of a running `stepcli run` on every process, starting at the same global step.
 
     TARGET is the run's -o folder or the pid of one of its processes. Exit 0 traces saved, 2 TARGET is not a
@@ -388,21 +382,12 @@ def capture(
     now (exit 0 written, 3 no process answered). With --memory-snapshot: every process's CUDA memory snapshot, now
     (exit 0 one written, 3 none: no process answered or none uses CUDA).
     """
-    if stacks or memory_snapshot:
+    if now["stacks"] or now["memory_snapshot"]:
+        from stepcli.run.memsnap import capture_now
+
         ctx = click.get_current_context()
-        flag = "--stacks" if stacks else "--memory-snapshot"
-        if stacks and memory_snapshot:
-            raise click.UsageError("--stacks and --memory-snapshot: give one")
         given = [f"--{name}" for name in ("wait", "warmup", "active") if ctx.get_parameter_source(name) == _FROM_CLI]
-        if given:
-            raise click.UsageError(f"{flag} records no window: drop {', '.join(given)}")
-        if memory_snapshot:
-            from stepcli.run.memsnap import capture_memory
-
-            return capture_memory(target, timeout=timeout, as_json=as_json)
-        from stepcli.run.hang import capture_stacks
-
-        return capture_stacks(target, timeout=timeout, as_json=as_json)
+        return capture_now(target, given, timeout=timeout, as_json=as_json, **now)
     from stepcli.run.capture import capture_main
 
     return capture_main(target, wait=wait, warmup=warmup, active=active, timeout=timeout, as_json=as_json)

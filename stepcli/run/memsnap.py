@@ -23,6 +23,24 @@ from stepcli.run.hang import DUMP_WAIT_S, _alive, _key, _new_folder, _write_cont
 _MAX_ANSWER = 64 * 1024
 
 
+def capture_now(
+    target: str, given: list[str], timeout: float, as_json: bool, stacks: bool, memory_snapshot: bool
+) -> int:
+    """`capture --stacks` or `--memory-snapshot`: both answer now and record no window (`given`: window options)."""
+    import click
+
+    flag = "--stacks" if stacks else "--memory-snapshot"
+    if stacks and memory_snapshot:
+        raise click.UsageError("--stacks and --memory-snapshot: give one")
+    if given:
+        raise click.UsageError(f"{flag} records no window: drop {', '.join(given)}")
+    if memory_snapshot:
+        return capture_memory(target, timeout=timeout, as_json=as_json)
+    from stepcli.run.hang import capture_stacks
+
+    return capture_stacks(target, timeout=timeout, as_json=as_json)
+
+
 def capture_memory(target: str, timeout: float, as_json: bool) -> int:
     """Ask every process for a CUDA memory snapshot; exit 0 when one was written, 3 when none was."""
     from stepcli.run.liverun import find_run
