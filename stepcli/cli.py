@@ -13,6 +13,8 @@ from stepcli import __version__
 from stepcli.agent.request import MAX_ACTIVE, MAX_WAIT, MAX_WARMUP
 from stepcli.cliparse import parse_activities, parse_duration, parse_fail_over, parse_step_on
 from stepcli.errors import EXIT_INTERNAL, EXIT_USAGE, StepcliError
+from stepcli.run.slowoptions import check_slow_options, slow_options
+from stepcli.run.topcli import top
 from stepcli.stats import METRICS
 from stepcli.traces.merge import merge_main  # light: it imports the trace reader only when a merge runs
 
@@ -139,6 +141,7 @@ def cli() -> None:
     metavar="N",
     help="With --memory: allocator events kept per process (a ring; older ones are dropped).",
 )
+@slow_options
 @click.option("-m", "module_mode", is_flag=True, help="Run a module like python -m: stepcli run -m pkg.mod ARGS.")
 @click.argument(
     "target",
@@ -174,6 +177,7 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
     if not memory and ctx.get_parameter_source("memory_entries") == click.core.ParameterSource.COMMANDLINE:
         raise click.UsageError("--memory-entries needs --memory")
     options["memory_entries"] = options["memory_entries"] if memory else 0
+    check_slow_options(ctx, options)
     request = RunRequest.from_cli(
         target=list(target),
         module_mode=module_mode,
@@ -369,25 +373,27 @@ def compare(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON document.")
 @click.option("--stacks", is_flag=True, help="Dump every process's Python stacks now (to OUT/stacks-<n>/) instead.")
-def capture(target: str, wait: int, warmup: int, active: int, timeout: float, as_json: bool, stacks: bool) -> int:
+@click.option("--memory-snapshot", is_flag=True, help="Dump every process's CUDA memory now (OUT/memory-*.pickle).")
+def capture(target: str, wait: int, warmup: int, active: int, timeout: float, as_json: bool, **now: bool) -> int:
     """Record one window of a running `stepcli run` on every process, starting at the same global step.
 
     TARGET is the run's -o folder or the pid of one of its processes. Exit 0 traces saved, 2 TARGET is not a
     running stepcli run, 3 nothing captured before --timeout. With --stacks: every process's Python stacks instead,
-    now (exit 0 written, 3 no process answered).
+    now (exit 0 written, 3 no process answered). With --memory-snapshot: every process's CUDA memory snapshot, now
+    (exit 0 one written, 3 none: no process answered or none uses CUDA).
     """
-    if stacks:
-        from stepcli.run.hang import capture_stacks
+    if now["stacks"] or now["memory_snapshot"]:
+        from stepcli.run.memsnap import capture_now
 
         ctx = click.get_current_context()
         given = [f"--{name}" for name in ("wait", "warmup", "active") if ctx.get_parameter_source(name) == _FROM_CLI]
-        if given:
-            raise click.UsageError(f"--stacks records no window: drop {', '.join(given)}")
-
-        return capture_stacks(target, timeout=timeout, as_json=as_json)
+        return capture_now(target, given, timeout=timeout, as_json=as_json, **now)
     from stepcli.run.capture import capture_main
 
     return capture_main(target, wait=wait, warmup=warmup, active=active, timeout=timeout, as_json=as_json)
+
+
+cli.add_command(top)  # stepcli/run/topcli.py
 
 
 @cli.command(short_help="What filled CUDA memory: a snapshot's peak or out-of-memory error, split and advice.")

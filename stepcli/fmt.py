@@ -17,7 +17,7 @@ import dataclasses
 import html
 import re
 import sys
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -44,7 +44,7 @@ def html_escape(text: str) -> str:
 def visible_all(value: T) -> T:
     """`value` with `visible` applied to every string inside it: dict keys and values, lists, tuples and
     dataclass fields, at any depth; everything else is returned as it is."""
-    return _visible_all(value)
+    return cast(T, _visible_all(value))  # the same shape back: each string replaced by a string
 
 
 def _visible_all(value: Any) -> Any:

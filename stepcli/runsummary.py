@@ -77,6 +77,7 @@ class Window(TypedDict):
     complete: bool
     note: NotRequired[str]
     capture: NotRequired[str]
+    trigger: NotRequired[dict[str, Any]]  # --capture-on-slow: what placed this window
 
 
 class OpRow(TypedDict):
@@ -146,6 +147,8 @@ class RunSummary(TypedDict, total=False):
     peak_memory: PeakMemory
     compile: dict[str, Any] | None
     hang: dict[str, Any] | None
+    step_record: list[dict[str, Any]]  # the whole run's step times per process (stepcli/run/steprecord.py)
+    triggered: list[dict[str, Any]]  # the windows --capture-on-slow placed, with their trigger
     notes: list[str]
     advice: list[AdviceItem]
 

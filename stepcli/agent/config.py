@@ -43,6 +43,7 @@ class AgentConfig:
         "quiet": False,
         "run_key": "",  # signs the step logs (agent/signing.py); only the run's processes get it
         "on_demand": False,
+        "slow_trigger": None,  # --capture-on-slow: {"kind", "value", "text", "steps", "max"} (slowrule.py)
         "hang_timeout": 0.0,  # seconds without a step before a hang dump (stepcli/agent/stacks.py); 0 = never
         "memory_entries": 0,  # --memory: CUDA allocator history entries kept per process; 0 = off
         "version": CONFIG_VERSION,
@@ -65,6 +66,7 @@ class AgentConfig:
     on_demand: bool  # no scheduled window: only `stepcli capture` opens one
     hang_timeout: float
     memory_entries: int
+    slow_trigger: dict[str, Any] | None
     version: int
 
     def __init__(

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 
 SNAPSHOT_PREFIX = "oom-"
+ON_DEMAND_PREFIX = "memory-"  # `stepcli capture --memory-snapshot`: memory-<worker>-<n>.pickle
 SNAPSHOT_SUFFIX = ".pickle"
 STEP_TAG = "stepcli:step="  # each allocation's `user_metadata` in the snapshot: the global step it was made in
 SNAPSHOT_KEY = "stepcli"  # extra top-level key of the pickled snapshot: step, phase, rank, the failed request
@@ -173,6 +174,62 @@ def _write_snapshot(out_dir: str, snapshot: dict[str, Any]) -> str:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def dump_now(agent: Agent, torch: ModuleType | None) -> dict[str, Any]:
+    """`stepcli capture --memory-snapshot`, on this process's dump thread: the allocator's snapshot now, in the OOM
+    snapshot's layout, as `memory-<worker>-<n>.pickle` in the run folder. Never starts CUDA: a process that has not
+    used it answers that it has no CUDA memory. Returns the answer: snapshot path (or None), history, reason."""
+    answer: dict[str, Any] = {"snapshot": None, "history": False, "reason": None, "step": agent.tracker.global_step}
+    if torch is None or not hasattr(torch._C, "_cuda_record_memory_history"):
+        answer["reason"] = "no CUDA memory (its torch has no CUDA)" if torch is not None else "no CUDA memory"
+        return answer
+    if not torch.cuda.is_initialized():
+        answer["reason"] = "no CUDA memory (it has not used CUDA)"
+        return answer
+    try:
+        snapshot = torch.cuda.memory._snapshot()
+        snapshot[SNAPSHOT_KEY] = {
+            "version": 1,
+            "on_demand": True,
+            "step": agent.tracker.global_step,
+            "phase": current_phase(getattr(agent, "in_step", set())),
+            "pid": os.getpid(),
+            "argv": list(sys.argv),
+            "max_entries": getattr(agent.config, "memory_entries", 0),
+        }
+        answer["history"] = any(bool(trace) for trace in snapshot.get("device_traces") or [])
+        answer["phase"] = snapshot[SNAPSHOT_KEY]["phase"]
+        answer["snapshot"] = _write_numbered(agent.config.out_dir, snapshot)
+    except Exception as exc:
+        answer["reason"] = f"could not take the snapshot: {type(exc).__name__}: {exc}"
+    return answer
+
+
+def _write_numbered(out_dir: str, snapshot: dict[str, Any]) -> str:
+    """`memory-<worker>-<n>.pickle` with the first n free: written once under a temporary name, then hard-linked
+    to a name that does not exist yet (a link never replaces a file), so nothing is ever overwritten."""
+    import pickle
+
+    from .output import worker_name
+
+    worker = worker_name()
+    snapshot[SNAPSHOT_KEY]["worker"] = worker
+    tmp = os.path.join(out_dir, f".{ON_DEMAND_PREFIX}{worker}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as handle:
+            pickle.dump(snapshot, handle, protocol=pickle.DEFAULT_PROTOCOL)
+        for n in range(1, 1_000_000):
+            path = os.path.join(out_dir, f"{ON_DEMAND_PREFIX}{worker}-{n}{SNAPSHOT_SUFFIX}")
+            try:
+                os.link(tmp, path)
+                return path
+            except FileExistsError:
+                continue
+        raise OSError(f"{out_dir}: no free {ON_DEMAND_PREFIX}{worker}-<n>{SNAPSHOT_SUFFIX} name")
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _say(message: str) -> None:

@@ -112,6 +112,8 @@ class OnDemand:
         self.proc_path = os.path.join(self.folder, self.proc_name)
         self.schedule = WindowSchedule(None if config.on_demand else config.schedule)
         self.responses: dict[str, dict[str, Any]] = {}
+        self.triggers: dict[str, dict[str, Any]] = {}  # id -> what triggered it (--capture-on-slow)
+        self.own: set[str] = set()  # windows this process's --capture-on-slow placed: no capture withdraws them
         self.pending: dict[str, tuple[int, int, int, int]] = {}  # id -> (first, last step, windows, notes before)
         self._written_step = -1
         self._dirty = True  # the first poll (the first step) writes the heartbeat: capture can find the process
@@ -246,6 +248,10 @@ class OnDemand:
                 continue
             asked.add(rid)
             if rid not in self.responses:
+                if "trigger" in entry:  # placed by a rank's --capture-on-slow
+                    from .triggerinfo import clean_trigger
+
+                    self.triggers[rid] = clean_trigger(entry["trigger"]) or {}
                 self._consider(rid, open_at, first, last, step)
         self._withdraw_missing(asked, step)
 
@@ -301,7 +307,7 @@ class OnDemand:
     def _withdraw_missing(self, asked: set[str], step: int) -> None:
         """Drop the windows whose request left the file: their capture gave up (its timeout) or re-planned, and
         nobody waits for them. One that records is closed unsaved, so it stops costing time and memory."""
-        for rid in [rid for rid in self.pending if rid not in asked]:
+        for rid in [rid for rid in self.pending if rid not in asked and rid not in self.own]:
             first, last, _, _ = self.pending[rid]
             window = self.schedule.remove(first, last)
             recorder = self.agent.recorder
@@ -321,6 +327,11 @@ class OnDemand:
                     break
             if record is not None:
                 record["capture"] = rid
+                if rid in self.triggers:
+                    from .triggerinfo import save_trigger
+
+                    record["trigger"] = self.triggers[rid]
+                    save_trigger(record["trace"], record["trigger"])
                 self._answer(
                     rid,
                     "saved",
@@ -351,6 +362,8 @@ class OnDemand:
         self.responses[rid] = {"status": status, "time": time.time(), **fields}
         if status in FINAL:
             self.pending.pop(rid, None)
+            self.triggers.pop(rid, None)
+            self.own.discard(rid)
         finals = [key for key, answer in self.responses.items() if answer["status"] in FINAL]
         for key in finals[: max(0, len(finals) - KEPT_ANSWERS)]:
             del self.responses[key]  # bounded: a long run with many captures keeps a small heartbeat
@@ -366,6 +379,19 @@ class OnDemand:
         elif now - self._mark[1] >= POLL_INTERVAL_S / 2:
             self._rate = (step - self._mark[0]) / (now - self._mark[1])
             self._mark = (step, now)
+
+    def _step_times(self) -> dict[str, Any]:
+        """The last step's time, the median of the recent ones and whether a window records: for `stepcli top`.
+        Computed only when the heartbeat is written (somebody listens)."""
+        durations = self.agent.tracker.durations_ns
+        recent = durations[max(1, len(durations) - 64) :].tolist()
+        recent.sort()
+        recorder = self.agent.recorder
+        return {
+            "last_ms": round(durations[-1] / 1e6, 3) if len(durations) > 1 else None,
+            "median_ms": round(recent[len(recent) // 2] / 1e6, 3) if recent else None,
+            "recording": recorder is not None and recorder.prof is not None,
+        }
 
     def _write(self, step: int) -> None:
         from .output import current_rank, worker_name
@@ -385,6 +411,7 @@ class OnDemand:
             "pings": self._pings,
             "writes": self._writes,
             "responses": self.responses,
+            **self._step_times(),
         }
         controlfiles.write_json(self.folder_fd, self.proc_name, document)
         self._written_step = step

@@ -159,6 +159,10 @@ class Agent:
             from .ondemand import OnDemand
 
             self.ondemand = OnDemand(self)  # first: it owns the schedule the recorder follows
+            if self.config.slow_trigger:
+                from .slowtrigger import SlowTrigger
+
+                SlowTrigger(self, self.ondemand, self.config.slow_trigger)
             from .stacks import start_stacks
 
             self.stacks = start_stacks(self)  # `capture --stacks` and --hang-timeout dumps
@@ -276,6 +280,7 @@ class Agent:
         self._forked_child = True
         self.tracker.set_listener(None)
         self.tracker.set_poller(None)
+        self.tracker.watch_slow(None)  # --capture-on-slow belongs to the parent, like its windows
         self.recorder = None
         self.ondemand = None
 
@@ -366,6 +371,15 @@ class Agent:
         # Named by host and pid, not worker: the worker name changes when a rank appears.
         name = f"{document['host']}.{self.pid}{STEP_LOG_SUFFIX}"  # hosts may share -o and reuse pids
         atomic_write_json(os.path.join(self.config.log_dir, name), document)
+        if self.exit_reason:  # the whole run's step times, compact (steprecord.py): once, at exit
+            from . import steprecord
+
+            record = steprecord.build(self.tracker.durations_ns, worker, current_rank())
+            if self.config.run_key:
+                from .signing import SIGNATURE_KEY, sign
+
+                record[SIGNATURE_KEY] = sign(self.config.run_key, record)
+            steprecord.write(self.config.log_dir, _hostname(), self.pid, record)
 
     def _write_hello(self) -> None:
         """The launcher's own child says it ran, so "no steps" can be told apart from "the hook never loaded"."""

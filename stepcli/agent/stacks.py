@@ -56,6 +56,7 @@ PROBE_FILE = "probe.json"  # the launcher's: {"id"}; a woken thread answers in a
 ALIVE_PREFIX = "alive."
 FAULT_PREFIX = "fault."  # fault.<host>.<pid>.txt: faulthandler's text for FAULT_SIGNAL, appended by the C handler
 SCHEMA = "stepcli.stacks"
+MEMORY_SCHEMA = "stepcli.memory-answer"  # a process's answer to `capture --memory-snapshot` (a `kind: memory` request)
 MAX_FRAMES = 60  # per thread, innermost first: enough for any real stack, bounded for a runaway recursion
 _QUIET_S = 0.1  # faulthandler writes its text in one go: this long without more bytes ends it
 _MAX_TEXT = 1 << 20
@@ -260,11 +261,31 @@ class StackDumper:
             except (OSError, ValueError, KeyError, TypeError):  # gone, or not ours (controlfiles.Refused)
                 continue
             self.answered.add(name)
-            document = self.snapshot(text, str(request.get("id", name)))
+            if request.get("kind") == "memory":  # `stepcli capture --memory-snapshot`
+                document = self.memory_answer(str(request.get("id", name)))
+            else:
+                document = self.snapshot(text, str(request.get("id", name)))
             try:
                 atomic_write_json(os.path.join(target, f"{document['worker']}.{self.host}.{self.pid}.json"), document)
             except OSError:
                 continue  # the folder is gone (a request left by a launcher that died): the others still get theirs
+
+    def memory_answer(self, request_id: str) -> dict[str, Any]:
+        """The CUDA memory snapshot now, written into the run folder (stepcli/agent/cudamemory.py), and the answer."""
+        from .cudamemory import dump_now
+        from .output import current_rank, worker_name
+
+        answer = dump_now(self.agent, sys.modules.get("torch"))  # type: ignore[arg-type]
+        answer.update(
+            schema=MEMORY_SCHEMA,
+            request=request_id,
+            pid=self.pid,
+            host=self.host,
+            rank=current_rank(),
+            worker=worker_name(),
+            time=time.time(),
+        )
+        return answer
 
     def snapshot(self, text: str, request_id: str) -> dict[str, Any]:
         """Every Python thread's stack now (innermost frame first), the step, and the last collective."""

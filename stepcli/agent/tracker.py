@@ -66,6 +66,9 @@ class StepTracker:
         self._poll_interval_ns = 1_000_000_000
         self._poller: Callable[[int], None] | None = None
         self._lock = threading.Lock()  # requesters may step from several threads (--step-on in a server)
+        self._slow_ns = NEVER  # a step longer than this calls `_slow_watch` (--capture-on-slow)
+        self._slow_check_at = NEVER  # the step at which `_slow_watch` next recomputes its baseline
+        self._slow_watch: Callable[[int, int], tuple[int, int]] | None = None
 
     def restart_clock(self) -> None:
         """Make the current step start now."""
@@ -82,6 +85,13 @@ class StepTracker:
         self._poller = poller
         self._poll_interval_ns = int(interval_s * 1e9)
         self._poll_at = 0 if poller is not None else NEVER
+
+    def watch_slow(self, watch: Callable[[int, int], tuple[int, int]] | None, first_check: int = 0) -> None:
+        """Call `watch(new_step, duration_ns)` before the listener when the step that just ended was longer than
+        the threshold, or at the step it asked to be called at; it returns (the new threshold, the next such step).
+        The per-step cost is one compare of numbers the step already has (--capture-on-slow)."""
+        self._slow_watch = watch
+        self._slow_ns, self._slow_check_at = (NEVER, first_check) if watch is not None else (NEVER, NEVER)
 
     def wake_at_step(self, step: int) -> None:
         """Make the listener run at the start of `step` at the latest (a window asked for on demand)."""
@@ -138,9 +148,15 @@ class StepTracker:
 
     def _advance(self, new_step: int) -> None:
         now = self._clock()
-        self.durations_ns.append(now - self._step_start)
+        duration = now - self._step_start
+        self.durations_ns.append(duration)
         self.phases.append(self._phase)
         self.global_step = new_step
+        if duration > self._slow_ns or new_step >= self._slow_check_at:
+            watch = self._slow_watch
+            if watch is not None:
+                self._slow_ns, self._slow_check_at = watch(new_step, duration)
+                now = self._clock()  # like the poll's, its work (rare: a slow step) is charged to no step
         if now >= self._poll_at:
             self._poll(now, new_step)
             now = self._clock()  # the poll's file work is charged to no step, like the listener's

@@ -19,26 +19,26 @@ from pathlib import Path
 
 from stepcli.compare.attribution import OpChange
 from stepcli.compare.load import (
-    RUN_SCHEMA,
-    RUN_SCHEMA_VERSIONS,
     load_measurement,
     load_side,
     measurement_from_run,
     measurement_from_summary,
 )
 from stepcli.compare.model import Measurement, OpSteps, OpTime
+from stepcli.compare.populations import StepRow
 from stepcli.compare.render import render_console, render_markdown
 from stepcli.compare.verdict import (
-    METRICS,
     TOP_OPS,
     Comparison,
     OpRow,
-    StepRow,
     decide,
     parse_confidence,
     parse_tolerance,
 )
 from stepcli.errors import EXIT_USAGE, StepcliError
+from stepcli.runsummary import READABLE_VERSIONS as RUN_SCHEMA_VERSIONS
+from stepcli.runsummary import SCHEMA as RUN_SCHEMA
+from stepcli.stats import METRICS
 
 __all__ = [
     "METRICS",

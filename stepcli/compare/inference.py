@@ -77,7 +77,7 @@ class Change:
 
 def block_length(steps: int) -> int:
     """Blocks of about n^(1/3) steps: the usual rate for a block bootstrap of a variance or quantile."""
-    return max(1, round(steps ** (1.0 / 3.0)))
+    return max(1, round(math.pow(steps, 1.0 / 3.0)))
 
 
 def _percentile_rows(values: FloatArray, q: float) -> FloatArray:
@@ -96,7 +96,8 @@ def _percentile_rows(values: FloatArray, q: float) -> FloatArray:
             part = np.partition(values, low, axis=1)
             low_values = part[:, low]
             high_values = part[:, low + 1 :].min(axis=1) if low + 1 < n else low_values
-        return low_values + (high_values - low_values) * (position - low)
+        interpolated: FloatArray = low_values + (high_values - low_values) * (position - low)
+        return interpolated
     ordered = np.sort(values, axis=1)  # NaN sorts last
     counts = (~np.isnan(values)).sum(axis=1)
     positions = (counts - 1) * q / 100.0
@@ -104,7 +105,8 @@ def _percentile_rows(values: FloatArray, q: float) -> FloatArray:
     highs = np.minimum(lows + 1, counts - 1)
     low_values = np.take_along_axis(ordered, lows[:, None], axis=1)[:, 0]
     high_values = np.take_along_axis(ordered, highs[:, None], axis=1)[:, 0]
-    return low_values + (high_values - low_values) * (positions - lows)
+    per_row: FloatArray = low_values + (high_values - low_values) * (positions - lows)
+    return per_row
 
 
 def statistic(values: FloatArray, metric: str, axis: int | None = None) -> FloatArray | float:
@@ -116,13 +118,16 @@ def statistic(values: FloatArray, metric: str, axis: int | None = None) -> Float
         return _percentile_rows(values, 50)
     if metric == "p90":
         return _percentile_rows(values, 90)
+    reduced: FloatArray
     if metric == "mean":
-        return (np.nanmean if nan else np.mean)(values, axis=axis)
-    if metric == "min":
-        return (np.nanmin if nan else np.min)(values, axis=axis)
-    if metric == "max":
-        return (np.nanmax if nan else np.max)(values, axis=axis)
-    raise ValueError(f"unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
+        reduced = (np.nanmean if nan else np.mean)(values, axis=axis)
+    elif metric == "min":
+        reduced = (np.nanmin if nan else np.min)(values, axis=axis)
+    elif metric == "max":
+        reduced = (np.nanmax if nan else np.max)(values, axis=axis)
+    else:
+        raise ValueError(f"unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
+    return reduced
 
 
 def _as_matrix(run: Run) -> FloatArray:

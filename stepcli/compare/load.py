@@ -12,11 +12,10 @@ import os
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from stepcli.compare.model import Measurement, OpSteps, OpTime, ProcessSteps, RunSteps
 from stepcli.errors import EXIT_USAGE, StepcliError
-from stepcli.runsummary import READABLE_VERSIONS as RUN_SCHEMA_VERSIONS  # noqa: F401 (re-exported by compare.command)
 from stepcli.runsummary import SCHEMA as RUN_SCHEMA
 from stepcli.runsummary import RunSummary, invalid, load_run_summary, read_run_summary
 from stepcli.stats import STAT_NAMES, Stats, describe
@@ -364,7 +363,7 @@ def _stats_or_none(value: Any, label: str, where: str) -> Stats | None:
     if out["count"] == 0:
         return None
     out["count"] = int(out["count"])
-    return Stats(**out)  # type: ignore[typeddict-item]
+    return cast(Stats, out)  # every key of Stats checked above, so the JSON object is one
 
 
 def _ops(rows: Sequence[Mapping[str, Any]]) -> tuple[OpTime, ...]:

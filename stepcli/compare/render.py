@@ -24,13 +24,16 @@ HISTOGRAM_WIDTH = 30
 _EIGHTHS = " ▏▎▍▌▋▊▉"
 
 
+def _count_cell(value: float | None) -> str:
+    return "-" if value is None else str(int(value))
+
+
 def _step_cells(row: StepRow) -> list[str]:
     if row.stat == "count":
-        fmt = lambda v: "-" if v is None else str(int(v))  # noqa: E731
         delta = None if row.baseline is None or row.current is None else row.current - row.baseline
         return [
-            fmt(row.baseline),
-            fmt(row.current),
+            _count_cell(row.baseline),
+            _count_cell(row.current),
             "-" if delta is None else f"{int(delta):+d}",
             _pct(delta, row.baseline),
         ]

@@ -52,6 +52,8 @@ class ReportData:
     advice: list[Advice] = field(default_factory=list)
     culprit: dict[str, Any] | None = None  # the `culprit` section (stepcli.traces.culprit)
     out_dir: str | None = None  # the run's output folder, where `stepcli run --memory` leaves oom-*.pickle
+    step_record: list[dict[str, Any]] = field(default_factory=list)  # whole-run step times (report/steprecord.py)
+    triggered: list[dict[str, Any]] = field(default_factory=list)  # the windows --capture-on-slow placed
 
 
 def build(
@@ -69,6 +71,8 @@ def build(
 
     traces = traces if traces is not None else RunTraces()
     data = ReportData(title="stepcli report", out_dir=(summary or {}).get("out_dir"))
+    data.step_record = list((summary or {}).get("step_record") or [])
+    data.triggered = list((summary or {}).get("triggered") or [])
     parts = _trace_parts(data, traces, trace_paths, summary is not None)
     analysis = _merged(parts)
     if summary is not None and summary.get("command") is not None:

@@ -95,7 +95,7 @@ class _Inputs:
 
 def _add_folder(inputs: _Inputs, path: str) -> None:
     """A stepcli run folder (its newest run and that run's traces), else a folder of traces."""
-    from stepcli.traces.reader import list_trace_files
+    from stepcli.traces.files import list_trace_files
 
     newest = next(iter(run_dirs(path)), None)
     if newest is not None:

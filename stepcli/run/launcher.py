@@ -62,6 +62,7 @@ class RunRequest:
     hang_timeout: float | None = None  # --hang-timeout, seconds (stepcli/run/hang.py)
     on_hang: str = "keep"
     memory_entries: int = 0  # --memory: CUDA allocator history entries per process (0: off)
+    slow_trigger: dict[str, Any] | None = None  # --capture-on-slow (stepcli/agent/slowrule.py)
 
     @classmethod
     def from_cli(
@@ -88,6 +89,9 @@ class RunRequest:
         hang_timeout: float | None = None,
         on_hang: str | None = None,
         memory_entries: int = 0,
+        capture_on_slow: str | None = None,
+        capture_steps: int = 3,
+        max_captures: int = 3,
         **profiler_options: bool,
     ) -> RunRequest:
         """Validate everything that can be checked before the program starts (usage errors exit 2)."""
@@ -105,6 +109,8 @@ class RunRequest:
 
         on_hang = check_options(hang_timeout, on_hang)
         argv, label = _child_command(target, module_mode, command_mode)
+        from stepcli.run.slowoptions import slow_trigger
+
         if json_path is not None:
             _check_writable(json_path)
         return cls(
@@ -125,6 +131,7 @@ class RunRequest:
             hang_timeout=hang_timeout,
             on_hang=on_hang,
             memory_entries=memory_entries,
+            slow_trigger=slow_trigger(capture_on_slow, capture_steps, max_captures),
         )
 
 
@@ -257,6 +264,7 @@ def run_program(request: RunRequest) -> int:
         on_demand=request.on_demand,
         hang_timeout=request.hang_timeout or 0.0,
         memory_entries=request.memory_entries,
+        slow_trigger=request.slow_trigger,
         **request.profiler_options,
     )
     if not request.quiet:
@@ -329,6 +337,12 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
         return summary_failed(
             exc, request, config, command=display, status=status, started=started, duration_s=duration_s
         )
+    try:
+        from stepcli.run.steprecord import attach
+
+        attach(summary, config.log_dir, config.run_key)  # the whole run's step times and the triggered captures
+    except Exception as exc:
+        say(f"warning: the whole-run step times could not be read: {type(exc).__name__}: {exc}")
     if request.json_path:  # before printing: a failure to print must not lose the file
         try:
             write_run_summary(summary, request.json_path)
@@ -345,6 +359,10 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
     if not request.quiet:
         try:
             print_run_summary(summary, report_path=report_path)
+            from stepcli.run.steprecord import lines
+
+            for line in lines(summary):
+                say(line)
         except OSError:
             pass  # stderr closed: nothing more to say
         except Exception as exc:

@@ -17,7 +17,7 @@ def memory_main(path: str, *, as_json: bool, top: int) -> int:
     if not files:
         raise StepcliError(
             f"{path}: no memory snapshot here (oom-*.pickle is written by `stepcli run --memory` when a process "
-            "runs out of CUDA memory)",
+            "runs out of CUDA memory, memory-*.pickle by `stepcli capture --memory-snapshot`)",
             EXIT_NOTHING_MEASURED,
         )
     reports = []

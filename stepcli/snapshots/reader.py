@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from stepcli.agent.cudamemory import SNAPSHOT_KEY, SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX, STEP_TAG
+from stepcli.agent.cudamemory import ON_DEMAND_PREFIX, SNAPSHOT_KEY, SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX, STEP_TAG
 from stepcli.errors import TraceError
 from stepcli.inputs import GZIP_MAGIC, input_limit
 
@@ -116,7 +116,8 @@ class _Capped(io.RawIOBase):
 
 
 def find_snapshots(path: str) -> list[str]:
-    """The snapshot files PATH names: itself, or the `oom-*.pickle[.gz]` files of a run folder."""
+    """The snapshot files PATH names: itself, or the `oom-*.pickle[.gz]` and `memory-*.pickle[.gz]` files of a run
+    folder (out-of-memory and `capture --memory-snapshot` snapshots)."""
     target = Path(path)
     if target.is_dir():
         try:
@@ -124,7 +125,8 @@ def find_snapshots(path: str) -> list[str]:
         except OSError as exc:
             raise TraceError(path, f"cannot list the folder: {exc.strerror or exc}") from None
         wanted = (SNAPSHOT_SUFFIX, SNAPSHOT_SUFFIX + ".gz")
-        return sorted(str(target / n) for n in names if n.startswith(SNAPSHOT_PREFIX) and n.endswith(wanted))
+        prefixes = (SNAPSHOT_PREFIX, ON_DEMAND_PREFIX)
+        return sorted(str(target / n) for n in names if n.startswith(prefixes) and n.endswith(wanted))
     if not target.exists() and not target.is_symlink():
         raise TraceError(path, "no such file or folder")
     return [path]

@@ -307,7 +307,8 @@ def first_index_order(codes: np.ndarray) -> np.ndarray:
         present = np.nonzero(first < len(codes))[0]
         rank = np.zeros(len(first), np.int64)
         rank[present[np.argsort(first[present], kind="stable")]] = np.arange(len(present))
-        return rank[codes]
+        ranks: np.ndarray = rank[codes]
+        return ranks
     unique, first_index = np.unique(codes, return_index=True)
     rank = np.empty(len(unique), np.int64)
     rank[np.argsort(first_index, kind="stable")] = np.arange(len(unique))

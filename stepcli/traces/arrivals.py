@@ -96,7 +96,8 @@ def _departures(columns: col.Columns, gloo_work: np.ndarray, host_end: np.ndarra
     for done in (gloo, kernels):
         if len(done) == len(host_end) and len(done):
             done = done[np.argsort(columns.ts[done], kind="stable")]
-            return np.maximum(columns.ts[done] + columns.dur[done], host_end)
+            paired: np.ndarray = np.maximum(columns.ts[done] + columns.dur[done], host_end)
+            return paired
     return host_end
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from stepcli.traces.arrays import DEVICE, Columns, kind_of
+from stepcli.traces.files import rank_from_name
 from stepcli.traces.reader import (
     FILTERED_NAMES,
     KEPT_CATEGORIES,
@@ -22,7 +23,6 @@ from stepcli.traces.reader import (
     _Keeper,
     _read,
     _usable_name,
-    rank_from_name,
     transfer_args,
 )
 

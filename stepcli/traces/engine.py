@@ -21,8 +21,8 @@ from typing import Any, Callable, TypeVar
 from stepcli.errors import StepcliError, TraceError
 from stepcli.traces.analysis import merge_parts, summarize_read
 from stepcli.traces.columns import ColumnTrace, load_columns
+from stepcli.traces.files import list_trace_files
 from stepcli.traces.model import FilePart, TraceSummary
-from stepcli.traces.reader import list_trace_files
 
 _T = TypeVar("_T")
 

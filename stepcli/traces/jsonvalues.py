@@ -4,7 +4,7 @@ NaN or inf (so its event is skipped and counted), a name or id that is no string
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 
 def as_time(value: Any) -> float:
@@ -20,7 +20,7 @@ def as_time(value: Any) -> float:
         return math.nan
 
 
-def is_int64(value: Any) -> bool:
+def is_int64(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
 
 

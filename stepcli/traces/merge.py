@@ -56,7 +56,7 @@ def _load(path: str) -> dict[str, Any]:
 
 
 def _rank_of(document: dict[str, Any], path: str) -> int | None:
-    from stepcli.traces.reader import rank_from_name
+    from stepcli.traces.files import rank_from_name
 
     info = document.get("distributedInfo")
     rank = info.get("rank") if isinstance(info, dict) else None
@@ -180,7 +180,7 @@ def _culprit_marks(culprit: dict[str, Any] | None, mains: dict[int, tuple[int, A
 def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
     """Write the merged trace of `paths` to `output`; return what it holds (ranks, alignment, marks)."""
     from stepcli.traces.engine import summarize_paths
-    from stepcli.traces.reader import list_trace_files
+    from stepcli.traces.files import list_trace_files
 
     check_output(output)
     files = [f for f in list_trace_files(paths) if os.path.realpath(f) != os.path.realpath(output)]

@@ -20,7 +20,8 @@ import numpy as np
 from stepcli.inputs import GZIP_MAGIC, input_limit
 from stepcli.traces.arrays import Columns
 from stepcli.traces.columns import ColumnTrace
-from stepcli.traces.reader import _EVENT_SEPARATOR, _TRACE_EVENTS_KEY, rank_from_name
+from stepcli.traces.files import rank_from_name
+from stepcli.traces.reader import _EVENT_SEPARATOR, _TRACE_EVENTS_KEY
 
 MIN_PIECE_BYTES = 32 * 1024 * 1024  # smaller files gain less from more processes than starting them costs
 FIRST_EXTRA = 0.25  # the first range's extra share (a worker starts ~0.15 s late, ~20% of a 150 MB range's decode)

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from stepcli.agent.config import AgentConfig
-from stepcli.agent.cudamemory import SNAPSHOT_KEY, STEP_TAG, _write_snapshot, current_phase, install
+from stepcli.agent.cudamemory import SNAPSHOT_KEY, STEP_TAG, _write_snapshot, current_phase, dump_now, install
 from stepcli.agent.tracker import StepTracker
-from stepcli.snapshots.reader import load_snapshot
+from stepcli.snapshots.reader import find_snapshots, load_snapshot
 
 
 def test_phase_from_the_stack_in_forward_backward_and_outside() -> None:
@@ -167,3 +167,47 @@ def test_a_failing_snapshot_is_one_line_and_never_raises(tmp_path: Path, capsys:
     fake.observer(0, 1, 2, 3)  # type: ignore[operator]
     assert "--memory: could not save the CUDA memory snapshot: RuntimeError" in capsys.readouterr().err
     assert not list(tmp_path.glob("oom-*"))
+
+
+def _cuda_torch(snapshot: dict[str, object], initialized: bool = True) -> SimpleNamespace:
+    """The CUDA calls `capture --memory-snapshot` makes, stubbed: a CPU-only build has none of them."""
+    return SimpleNamespace(
+        _C=SimpleNamespace(_cuda_record_memory_history=object()),
+        cuda=SimpleNamespace(
+            is_initialized=lambda: initialized, memory=SimpleNamespace(_snapshot=lambda: dict(snapshot))
+        ),
+    )
+
+
+def test_memory_snapshot_on_demand_is_written_with_step_and_never_overwritten(tmp_path: Path) -> None:
+    builder, _info = fx.oom_in_forward()
+    agent = _agent(tmp_path)
+    agent.tracker.register("opt", "SGD#0")
+    for _ in range(4):
+        agent.tracker.step("opt")
+    torch_ = _cuda_torch(builder.snapshot())
+    first = dump_now(agent, torch_)  # type: ignore[arg-type]
+    second = dump_now(agent, torch_)  # type: ignore[arg-type]
+    worker = load_snapshot(first["snapshot"]).info["worker"]  # type: ignore[index]
+    assert Path(first["snapshot"]).name == f"memory-{worker}-1.pickle"
+    assert Path(second["snapshot"]).name == f"memory-{worker}-2.pickle"
+    assert sorted(p.name for p in tmp_path.glob("*.pickle")) == [
+        f"memory-{worker}-1.pickle",
+        f"memory-{worker}-2.pickle",
+    ]
+    assert not list(tmp_path.glob("*.tmp"))  # no temporary file left
+    info = load_snapshot(first["snapshot"]).info
+    assert info is not None and (info["step"], info["phase"], info["on_demand"]) == (4, "other", True)
+    assert first["history"] is True and first["reason"] is None
+    assert find_snapshots(str(tmp_path)) == [first["snapshot"], second["snapshot"]]  # `stepcli memory RUN` reads them
+
+
+def test_memory_snapshot_on_demand_without_history_or_cuda(tmp_path: Path) -> None:
+    agent = _agent(tmp_path)
+    plain = dump_now(agent, _cuda_torch({"segments": [], "device_traces": [[]]}))  # type: ignore[arg-type]
+    assert plain["snapshot"] and plain["history"] is False  # started without --memory: segments, no history
+    unused = dump_now(agent, _cuda_torch({}, initialized=False))  # type: ignore[arg-type]
+    assert unused["snapshot"] is None and unused["reason"] == "no CUDA memory (it has not used CUDA)"
+    cpu = dump_now(agent, torch)  # the real CPU-only torch: never initializes CUDA
+    assert cpu["snapshot"] is None and cpu["reason"].startswith("no CUDA memory")
+    assert len(list(tmp_path.glob("memory-*.pickle"))) == 1

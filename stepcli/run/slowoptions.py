@@ -1,0 +1,63 @@
+"""`stepcli run --capture-on-slow RULE --capture-steps K --max-captures N`: the options and their check, kept out
+of cli.py and the launcher (the rule itself is stepcli/agent/slowrule.py, shared with the profiled processes)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import click
+
+from stepcli.errors import StepcliError
+
+_OPTIONS = (
+    click.option(
+        "--capture-on-slow",
+        metavar="RULE",
+        default=None,
+        help="Trace the next steps on every rank when a step is slow: 3x (the rolling median), +50ms, or z4.",
+    ),
+    click.option(
+        "--capture-steps",
+        type=click.IntRange(1, 100),
+        default=3,
+        show_default=True,
+        metavar="K",
+        help="With --capture-on-slow: steps recorded per triggered window.",
+    ),
+    click.option(
+        "--max-captures",
+        type=click.IntRange(1, 8),
+        default=3,
+        show_default=True,
+        metavar="N",
+        help="With --capture-on-slow: triggered windows per run at most.",
+    ),
+)
+
+
+def slow_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    """The three options, on `stepcli run`."""
+    for option in reversed(_OPTIONS):
+        function = option(function)
+    return function
+
+
+def check_slow_options(ctx: click.Context, options: dict[str, Any]) -> None:
+    """--capture-steps and --max-captures mean nothing without a rule: a usage error."""
+    if options["capture_on_slow"] is None:
+        for name in ("capture_steps", "max_captures"):
+            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+                raise click.UsageError(f"--{name.replace('_', '-')} needs --capture-on-slow")
+
+
+def slow_trigger(rule: str | None, steps: int, max_captures: int) -> dict[str, Any] | None:
+    """The agent's `slow_trigger` config from the options; StepcliError (one line, exit 2) for a bad rule."""
+    if rule is None:
+        return None
+    from stepcli.agent.slowrule import parse
+
+    try:
+        kind, value = parse(rule)
+    except ValueError as exc:
+        raise StepcliError(str(exc)) from None
+    return {"kind": kind, "value": value, "text": rule.strip(), "steps": steps, "max": max_captures}

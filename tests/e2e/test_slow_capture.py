@@ -1,0 +1,160 @@
+"""`stepcli run --capture-on-slow`: a slow step traces the next steps, on every rank, said and bounded."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import profiler_steps, run_stepcli, trace_files, write_script
+
+# argv: iterations, the slow steps ("40,41" or ""), every Nth step slow (0: none), and optionally the seconds every
+# other step sleeps (0.01). A slow step sleeps 0.3 s.
+SLOW_LOOP = """
+    import sys
+    import time
+    import torch
+
+    iterations, slow, every = int(sys.argv[1]), {int(s) for s in sys.argv[2].split(",") if s}, int(sys.argv[3])
+    base = float(sys.argv[4]) if len(sys.argv) > 4 else 0.01
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.randn(32, 16)
+    for i in range(iterations):
+        opt.zero_grad()
+        model(data).square().mean().backward()
+        time.sleep(0.3 if i in slow or (every and i and i % every == 0) else base)
+        opt.step()
+"""
+
+# Two ranks in lockstep (DDP): rank 1 sleeps 0.5 s in step 30, so both ranks see that step (or the next) slow.
+DDP_SLOW = """
+    import sys
+    import time
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = DDP(torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i in range(int(sys.argv[1])):
+        model(torch.randn(4, 8)).sum().backward()
+        time.sleep(0.5 if rank == 1 and i == 30 else 0.03)
+        opt.step()
+        opt.zero_grad()
+    dist.barrier()
+    dist.destroy_process_group()
+"""
+
+# One rule for the tests: a slow step here is 0.3 s longer than the others, far beyond any noise of a busy machine.
+RULE = "+150ms"
+
+
+def _run(tmp_path: Path, *args: str, rule: str = RULE, report: bool = False) -> tuple[Any, dict[str, Any], Path]:
+    script = write_script(tmp_path, "slow.py", SLOW_LOOP)
+    out, summary = tmp_path / "out", tmp_path / "summary.json"
+    flags = [] if report else ["--no-report"]
+    result = run_stepcli(
+        "run", "--on-demand", *flags, "--capture-on-slow", rule, "-o", out, "--json", summary, script, *args
+    )
+    assert result.returncode == 0, result.stderr
+    return result, json.loads(summary.read_text()), out
+
+
+def test_one_slow_step_records_the_next_three_and_names_the_trigger(tmp_path: Path) -> None:
+    result, summary, out = _run(tmp_path, "60", "40", "0", report=True)
+    traces = trace_files(out)
+    assert len(traces) == 1, result.stderr
+    assert profiler_steps(traces[0]) == [41, 42, 43]
+    trigger = json.loads((traces[0].parent / "trigger.json").read_text())
+    assert trigger["step"] == 40
+    assert trigger["ms"] >= 300
+    assert 0 < trigger["baseline_ms"] < trigger["ms"] - 150
+    assert trigger["rule"] == RULE
+    [window] = summary["windows"]
+    assert window["trigger"] == trigger
+    assert "step 40 took" in result.stderr and "recording steps 41-43" in result.stderr
+    assert "triggered capture steps 41-43" in result.stderr
+
+
+def test_the_whole_run_is_recorded_compactly_in_summary_and_report(tmp_path: Path) -> None:
+    result, summary, out = _run(tmp_path, "60", "40", "0", report=True)
+    [record] = summary["step_record"]
+    assert record["steps"] == 60
+    assert sum(record["histogram"].values()) == 59  # every step but the first (start-up)
+    slowest = max(record["slowest"], key=lambda s: s[1])
+    assert slowest[0] == 40 and slowest[1] >= 300_000
+    assert record["ms"]["max"] >= 300 and record["ms"]["p50"] < 300
+    [file] = out.glob(".stepcli/*/*.steptimes.json")
+    assert file.stat().st_size < 64 * 1024
+    assert "whole run" in result.stderr
+    html = (out / "report.html").read_text()
+    assert "Whole run: every step, every rank" in html
+    assert "40 (" in html and "Captures triggered by slow steps" in html
+
+
+def test_a_steady_run_records_nothing(tmp_path: Path) -> None:
+    # Steps of 100 ms: a busy machine's hiccups (a few ms to tens of ms) stay far from 3x the median.
+    result, summary, out = _run(tmp_path, "40", "", "0", "0.1", rule="3x")
+    assert trace_files(out) == [], result.stderr
+    assert summary["windows"] == []
+    assert "took" not in result.stderr
+
+
+def test_a_periodic_slowdown_is_caught_by_a_predicted_window(tmp_path: Path) -> None:
+    result, summary, out = _run(tmp_path, "200", "", "25")
+    windows = summary["windows"]
+    assert 1 <= len(windows) <= 3, result.stderr
+    recorded = [set(profiler_steps(Path(w["trace"]))) for w in windows]
+    slow = {s for s in range(25, 200, 25)}
+    assert any(steps & slow for steps in recorded), (recorded, result.stderr)
+    predicted = [w["trigger"] for w in windows if "predicted_step" in w["trigger"]]
+    assert predicted and all(t["predicted_step"] % 25 == 0 and t["period"] % 25 == 0 for t in predicted)
+
+
+def test_max_captures_bounds_the_windows(tmp_path: Path) -> None:
+    result, summary, _ = _run(tmp_path, "120", "20,40,60,80,100", "0", rule=RULE)
+    assert len(summary["windows"]) <= 3
+    bounded = run_stepcli(
+        "run", "--on-demand", "--no-report", "--capture-on-slow", RULE, "--max-captures", "1", "-o",
+        tmp_path / "one", tmp_path / "slow.py", "120", "20,40,60,80,100", "0",
+    )  # fmt: skip
+    assert bounded.returncode == 0, bounded.stderr
+    assert len(trace_files(tmp_path / "one")) == 1
+
+
+@pytest.mark.parametrize("rule", ["3", "x3", "1x", "+ms", "+-5ms", "z0", "zz", "fast"])
+def test_a_bad_rule_is_one_line_and_exit_2(tmp_path: Path, rule: str) -> None:
+    script = write_script(tmp_path, "s.py", "print('ran')\n")
+    result = run_stepcli("run", "--capture-on-slow", rule, "-o", tmp_path / "out", script)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "--capture-on-slow" in result.stderr and "expected 3x" in result.stderr  # it says the syntax
+    assert "ran" not in result.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_two_ranks_record_the_same_steps_after_rank_1_was_slow(tmp_path: Path) -> None:
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    assert torchrun, "torchrun comes with torch"
+    script = write_script(tmp_path, "ddp.py", DDP_SLOW)
+    out, summary_path = tmp_path / "out", tmp_path / "summary.json"
+    result = run_stepcli(
+        "run", "--on-demand", "--no-report", "--capture-on-slow", "+300ms", "-o", out, "--json", summary_path,
+        "--", torchrun, "--standalone", "--nproc-per-node", "2", script, "130",
+        timeout=400,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(summary_path.read_text())
+    windows = summary["windows"]
+    assert len(windows) == 2, (windows, result.stderr)
+    steps = [profiler_steps(Path(w["trace"])) for w in windows]
+    assert steps[0] == steps[1] and len(steps[0]) == 3 and steps[0][0] > 31, result.stderr
+    assert {w["trigger"]["step"] for w in windows} <= {30, 31}
+    assert len({json.dumps(w["trigger"], sort_keys=True) for w in windows}) == 1  # one trigger, said by both
