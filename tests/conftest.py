@@ -59,8 +59,24 @@ def run_stepcli(
     env: dict[str, str] | None = None,
     timeout: float = 240,
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m stepcli ARGS` with captured text output; never `shell=True`, never bare `python`."""
-    return _run([sys.executable, "-m", "stepcli", *map(str, args)], cwd, env, timeout)
+    """`python -m stepcli ARGS` with captured text output; never `shell=True`, never bare `python`.
+
+    A torchrun job whose rank died in torch's own native code (gloo's teardown race of torch 2.13: "terminate
+    called without an active exception", a corrupted heap; seen in plain torchrun runs without stepcli too) is run
+    once more: a stepcli defect that aborts every time still fails."""
+    argv = [sys.executable, "-m", "stepcli", *map(str, args)]
+    result = _run(argv, cwd, env, timeout)
+    if result.returncode != 0 and any(Path(str(a)).name == "torchrun" for a in args) and _native_abort(result.stderr):
+        result = _run(argv, cwd, env, timeout)
+    return result
+
+
+_NATIVE_ABORTS = ("terminate called without an active exception", "malloc(): ", "double free or corruption")
+
+
+def _native_abort(stderr: str) -> bool:
+    """A rank killed by SIGABRT from torch's C++ side, as torchrun reports it."""
+    return "(SIGABRT)" in stderr and any(mark in stderr for mark in _NATIVE_ABORTS)
 
 
 def run_python(

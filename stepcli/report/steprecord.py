@@ -22,7 +22,7 @@ def step_record_section(records: list[dict[str, Any]], triggered: list[dict[str,
         "the slowest step and the mean of each stretch of steps over time.</p>"
     )
     parts.append("<table><tr><th>process</th><th>steps</th><th>p50</th><th>p90</th><th>p99</th><th>max</th>")
-    parts.append("<th>over the run (slowest per stretch, mean dashed)</th><th>slowest steps</th></tr>")
+    parts.append("<th>over the run (longest per stretch, mean dashed)</th><th>longest steps</th></tr>")
     shown = _slowest_first(records, _ROWS)
     for record in shown:
         ms = record["ms"]

@@ -109,7 +109,7 @@ def lines(summary: Mapping[str, Any]) -> list[str]:
         slow = sorted(r["slowest"], key=lambda s: -s[1])[:3]
         out.append(
             f"whole run {r['worker']}: {ms['count']:,} steps, p50 ~{ms['p50']:.1f} ms, p90 ~{ms['p90']:.1f} ms, "
-            f"p99 ~{ms['p99']:.1f} ms, max {ms.get('max', 0):.1f} ms; slowest steps "
+            f"p99 ~{ms['p99']:.1f} ms, max {ms.get('max', 0):.1f} ms; longest steps "
             + ", ".join(f"{step} ({us / 1000:.1f} ms)" for step, us in slow)
         )
     if len(records) > len(shown):
