@@ -55,8 +55,9 @@ def test_no_import_cycles() -> None:
 # console that writes no trailing spaces to pipes.
 _LEAVES = {"stepcli", "stepcli.errors", "stepcli.inputs", "stepcli.stats", "stepcli.fmt", "stepcli.pipeconsole"}
 # The constants of the files the agent writes (step-log version, trace metadata key) live with the agent, which may
-# import nothing outside itself; the trace reader reads that one module of it, the file format, nothing else.
-_AGENT_FILE_FORMAT = {"stepcli.agent.config"}
+# import nothing outside itself; the trace reader reads the file format of it (those constants, and the repair of
+# the names PyTorch writes with bare quotes), nothing else.
+_AGENT_FILE_FORMAT = {"stepcli.agent.config", "stepcli.agent.tracenames"}
 
 
 def _package_imports(package: str) -> dict[str, set[str]]:

@@ -92,6 +92,9 @@ def export_trace(prof: Any, out_dir: str, use_gzip: bool) -> tuple[str, int]:
         if not os.path.isfile(tmp_json):  # Kineto reports a failed write only in its own (silenced) log
             raise folder_problem(out_dir) or OSError(0, "the profiler wrote no trace file")
         _name_final_file(tmp_json, final)
+        from .tracenames import repair_file
+
+        repair_file(tmp_json)  # names with bare quotes (a PyTorch bug) would make the whole file invalid JSON
         if use_gzip:
             import gzip
             import shutil

@@ -45,6 +45,7 @@ EXIT_HANG = 124  # `--on-hang kill`: the job was ended after its hang dump (time
 MAX_REPORTS = 3  # dumps per hang with `--on-hang keep`: one when it is called, then one per timeout while it lasts
 DUMP_WAIT_S = 15.0  # how long the launcher waits for every process's stacks file
 TERM_GRACE_S = 5.0  # `--on-hang kill`: SIGTERM, then SIGKILL this much later
+FAULT_WAIT_S = 3.0  # faulthandler's C handler writes the fault file at once; past this, the dump is asked anyway
 PROBE_WAIT_S = 10.0  # a process whose Python can run answers a probe well within this, even on a loaded host
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -162,14 +163,23 @@ def request_stacks(
     expected = [p for p in processes if local(p) and p.get("signal") == dump_signal()]
     offsets = {_key(p): _fault_read(folder, p)[0] for p in expected}
     try:
+        # faulthandler drops a dump asked while another is being written (its handler is not reentrant), so the
+        # Python-free dump into the fault file is asked first and let finish before the one the thread answers.
+        sizes = {_key(p): offsets[_key(p)] for p in expected if _signal(p, p.get("fault_signal"), fault_signal())}
+        deadline = time.monotonic() + FAULT_WAIT_S
+        while sizes and time.monotonic() < deadline:
+            time.sleep(0.05)
+            for process in expected:
+                key = _key(process)
+                if key in sizes:
+                    size = _fault_read(folder, process)[0]
+                    # written, and nothing more since the last look: the handler is done
+                    if (offsets[key] < size == sizes[key]) or not _alive(process):
+                        del sizes[key]
+                    else:
+                        sizes[key] = size
         for process in expected:
-            for signum in (process.get("fault_signal"), process["signal"]):
-                if signum is None or signum not in (fault_signal(), dump_signal()):
-                    continue
-                try:
-                    os.kill(int(process["pid"]), int(signum))
-                except (ProcessLookupError, PermissionError, KeyError, ValueError):
-                    continue
+            _signal(process, process.get("signal"), dump_signal())
         started = time.monotonic()
         while True:
             written = {_key(p) for p in read_dumps(target)}
@@ -191,6 +201,17 @@ def request_stacks(
     written = {_key(p) for p in dumps}
     silent = [p for p in expected if _key(p) not in written]
     return target, dumps, silent
+
+
+def _signal(process: dict[str, Any], signum: Any, expected: int | None) -> bool:
+    """Send `signum` to the process when it is the signal this stepcli registers for (`expected`); whether sent."""
+    if signum is None or signum != expected:
+        return False
+    try:
+        os.kill(int(process["pid"]), int(signum))
+    except (ProcessLookupError, PermissionError, KeyError, ValueError, TypeError):
+        return False
+    return True
 
 
 def _key(process: dict[str, Any]) -> str:

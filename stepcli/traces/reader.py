@@ -11,6 +11,8 @@ One rule for malformed input, shared by `table`, `compare` and the run summary (
   included: no JSON reader, Perfetto's or TensorBoard's, accepts them), is nested too deeply, is truncated, or
   has no `traceEvents` list. A `distributedInfo.rank` that is not an integer from 0 to 2**31-1 is ignored (the
   rank then comes from the file name, as for traces without distributedInfo).
+- One flaw is forgiven: event names holding bare double quotes, as PyTorch writes them with `with_stack`
+  (stepcli.agent.tracenames), are read as if the quotes were escaped.
 
 A trace saved by stepcli when its window was cut short carries the top-level string field
 `"stepcli_incomplete_step": "N"` (written with `prof.add_metadata`): ProfilerStep#N holds only the start of that
@@ -29,6 +31,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from stepcli.agent.config import INCOMPLETE_STEP_KEY  # the file format the agent writes
+from stepcli.agent.tracenames import escape_names
 from stepcli.errors import TraceError
 from stepcli.inputs import read_input
 from stepcli.traces.files import list_trace_files, rank_from_name
@@ -425,7 +428,13 @@ def _decode_whole(
     except msgspec.ValidationError:
         return _decode_lenient(path, data, shapes, keeper_type)
     except msgspec.DecodeError as exc:
-        raise TraceError(path, _describe_decode_error(data, exc)) from None
+        repaired = escape_names(data)  # PyTorch leaves quotes inside event names bare (stepcli.agent.tracenames)
+        if repaired is None:
+            raise TraceError(path, _describe_decode_error(data, exc)) from None
+        try:
+            return _decode_whole(path, repaired, shapes, keeper_type)
+        except TraceError:
+            raise TraceError(path, _describe_decode_error(data, exc)) from None
     keeper = keeper_type(shapes)
     keeper.add(events)
     return meta, keeper

@@ -214,7 +214,7 @@ def test_demo_extra_installs_numpy_and_ci_cleans_up() -> None:
     assert re.search(r"""trap 'rm -rf "\$smoke"' EXIT""", ci)
     readme = (REPO / "README.md").read_text()
     assert "--index-url https://download.pytorch.org/whl/cpu" in readme
-    assert "about 5 minutes on 2 cores" in readme
+    assert re.search(r"\d+ minutes on 2 cores", readme), "README says how long the suite takes on 2 cores"
 
 
 def test_every_rich_renderer_fits_80_columns_with_many_ranks() -> None:

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from conftest import (
+    TRAIN_LOOP,
     load_trace,
     profiler_steps,
     run_python,
@@ -72,8 +73,22 @@ def test_skip_first_is_honoured(tmp_path: Path, train_script: Path) -> None:
     assert [profiler_steps(t) for t in trace_files(out)] == [[4, 5]]
 
 
-def test_window_at_step_zero_and_profiler_flags(tmp_path: Path, train_script: Path) -> None:
+# Generated code (dataclasses, torch.compile, exec) can have a filename holding double quotes; PyTorch writes such a
+# frame's name into the trace unescaped (pytorch/pytorch#146900), which stepcli repairs before the trace is named.
+QUOTED_FRAME = """
+    namespace = {}
+    exec(compile("def generated(x):\\n    return x\\n", '{"device": "cpu"}/gen.py', "exec"), namespace)
+    torch.nn.Linear.forward = (lambda forward: lambda self, x: namespace["generated"](forward(self, x)))(
+        torch.nn.Linear.forward
+    )
+"""
+
+
+def test_window_at_step_zero_and_profiler_flags(tmp_path: Path) -> None:
     out = tmp_path / "out"
+    train_script = write_script(
+        tmp_path, "train.py", TRAIN_LOOP.replace("\n    def main", QUOTED_FRAME + "\n    def main", 1)
+    )
     result = run_stepcli(
         "run",
         "--wait",
@@ -96,6 +111,11 @@ def test_window_at_step_zero_and_profiler_flags(tmp_path: Path, train_script: Pa
     assert profiler_steps(trace) == [0, 1]
     ops = [e for e in load_trace(trace)["traceEvents"] if e.get("cat") == "cpu_op"]
     assert any("Input Dims" in e.get("args", {}) for e in ops)  # --record-shapes reached torch.profiler
+    # --with-stack reached it too, and the frame with quotes in its name left the trace valid JSON (load_trace)
+    frames = {e["name"] for e in load_trace(trace)["traceEvents"] if e.get("cat") == "python_function"}
+    assert '{"device": "cpu"}/gen.py(1): generated' in frames
+    assert "could not summarize" not in result.stderr, result.stderr
+    assert not list(out.rglob("*.tmp*"))
 
 
 def test_default_out_dir_is_new_per_run_and_json_summary(tmp_path: Path, train_script: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import types
 from pathlib import Path
 from typing import Any
@@ -165,3 +166,34 @@ def test_faulthandler_text_becomes_threads_innermost_first() -> None:
     assert len(parse_faulthandler(FAULTHANDLER_TEXT + FAULTHANDLER_TEXT.replace("12", "13"), None)) == 2
     assert parse_faulthandler(FAULTHANDLER_TEXT * 2, None)[1]["frames"][0]["line"] == 12
     assert parse_faulthandler("", None) == []
+
+
+def test_the_dump_is_asked_only_once_the_fault_text_is_written(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """faulthandler drops a dump asked while it writes another: the two signals must never overlap."""
+    from stepcli.agent.stacks import dump_signal, fault_signal
+    from stepcli.run import hang
+
+    if fault_signal() is None:
+        pytest.skip("no real-time signals on this platform")
+    sent: list[tuple[int, int]] = []  # (signal, fault file size when it was sent)
+    fault = {"size": 0, "writes": 0}
+
+    def kill(pid: int, signum: int) -> None:
+        sent.append((signum, fault["size"]))
+
+    def fault_read(folder: str, process: dict[str, Any], offset: int | None = None) -> tuple[int, str]:
+        if any(s == fault_signal() for s, _ in sent) and fault["writes"] < 4:  # the handler writes in pieces
+            fault["writes"] += 1
+            fault["size"] += 100
+        return fault["size"], ""
+
+    process = {"pid": 4242, "host": socket.gethostname(), "signal": dump_signal(), "fault_signal": fault_signal()}
+    monkeypatch.setattr(hang.os, "kill", kill)
+    monkeypatch.setattr(hang, "_fault_read", fault_read)
+    monkeypatch.setattr(hang, "_alive", lambda p: True)
+    monkeypatch.setattr(hang, "_write_control", lambda *args: None)
+    monkeypatch.setattr(
+        hang, "read_dumps", lambda target: [{"host": process["host"], "pid": 4242}] if len(sent) > 1 else []
+    )
+    hang.request_stacks(str(tmp_path), str(tmp_path), "stacks", [process], wait_s=1.0)
+    assert sent == [(fault_signal(), 0), (dump_signal(), 400)]
