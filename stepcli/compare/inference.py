@@ -56,7 +56,7 @@ class Change:
     metric: str
     baseline: float
     current: float
-    low: float  # interval of current - baseline
+    low: float  # interval of current - baseline (ms), from the bootstrap of the difference
     high: float
     confidence: float
     method: str
@@ -65,6 +65,10 @@ class Change:
     current_steps: int
     baseline_runs: int
     current_runs: int
+    # interval of current / baseline - 1, from the bootstrap of log ratios (it respects positivity: never below
+    # -100%); None when a side has zeros (then percentages come from the ms interval)
+    ratio_low: float | None = None
+    ratio_high: float | None = None
 
     @property
     def delta(self) -> float:
@@ -73,6 +77,15 @@ class Change:
     def relative(self, value: float) -> float | None:
         """`value` (a delta in ms) as a fraction of the baseline, or None when the baseline is 0."""
         return value / self.baseline if self.baseline else None
+
+    def relative_interval(self) -> tuple[float, float] | None:
+        """The interval of the change as fractions of the baseline (ratio interval when there is one), or None
+        when the baseline is 0."""
+        if self.ratio_low is not None and self.ratio_high is not None:
+            return self.ratio_low, self.ratio_high
+        if not self.baseline:
+            return None
+        return self.low / self.baseline, self.high / self.baseline
 
 
 def block_length(steps: int) -> int:
@@ -205,9 +218,11 @@ def estimate_change(
 ) -> Change:
     """The change of `metric` from baseline to current runs, with a percentile bootstrap interval.
 
-    log_scale: the interval of the ratio current/baseline (from log values), as ms of change from the baseline's
-    estimate, so it respects positivity; False: the plain difference (values that may be 0, such as an operator's
-    self time on a side that does not run it).
+    The ms interval bootstraps the difference itself. With `log_scale`, the relative interval bootstraps the ratio
+    current/baseline on log values, so it respects positivity; it is not turned into ms, because scaling a ratio
+    drawn from resamples with a large baseline by the observed baseline understates a change far past the
+    baseline's noise. False: no ratio interval (values that may be 0, such as an operator's self time on a side
+    that does not run it).
     """
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be between 0 and 1; got {confidence!r}")
@@ -219,11 +234,11 @@ def estimate_change(
     base_reps = replicates(baseline, metric, resamples=resamples, rng=rng)
     base_value = float(statistic(base_all, metric))
     tail = (1 - confidence) / 2 * 100
+    ratio: tuple[float, float] | tuple[None, None] = (None, None)
     if log_scale and base_value > 0 and bool((cur_reps > 0).all()) and bool((base_reps > 0).all()):
         log_low, log_high = np.percentile(np.log(cur_reps) - np.log(base_reps), [tail, 100 - tail])
-        low, high = base_value * math.expm1(float(log_low)), base_value * math.expm1(float(log_high))
-    else:
-        low, high = (float(v) for v in np.percentile(cur_reps - base_reps, [tail, 100 - tail]))
+        ratio = (math.expm1(float(log_low)), math.expm1(float(log_high)))
+    low, high = (float(v) for v in np.percentile(cur_reps - base_reps, [tail, 100 - tail]))
     several = len(baseline) > 1 or len(current) > 1
     return Change(
         metric=metric,
@@ -238,6 +253,8 @@ def estimate_change(
         current_steps=int(cur_all.size),
         baseline_runs=len(baseline),
         current_runs=len(current),
+        ratio_low=ratio[0],
+        ratio_high=ratio[1],
     )
 
 

@@ -63,7 +63,7 @@ def interval_line(c: Comparison) -> str | None:
         return None
     ch = c.change
     return (
-        f"{c.metric} {_pct(ch.delta, ch.baseline)} ({_fmt_level(c.confidence)} CI {_ci(ch.low, ch.high, ch.baseline)}), "
+        f"{c.metric} {_pct(ch.delta, ch.baseline)} ({_fmt_level(c.confidence)} CI {_ci(ch)}), "
         f"{_signed(ch.delta)} ms ({_signed(ch.low)} .. {_signed(ch.high)} ms)"
     )
 

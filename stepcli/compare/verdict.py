@@ -4,7 +4,9 @@ Verdict rules (the contract the tests pin down):
 - The deciding number is one statistic (`--metric`, default median) of step durations in ms. Its change from
   baseline to current gets a bootstrap confidence interval (stepcli.compare.inference) over every step of every run.
 - The allowed change is `limit = max(tolerance * baseline, min_delta_ms)`; a change equal to it (to float
-  rounding) is within it.
+  rounding) is within it. Each part is judged in its own scale: the tolerance on the interval of the ratio
+  current/baseline (log step times), the floor on the interval of the difference in ms; "beyond the limit"
+  means beyond both.
   * regression: the whole interval lies above +limit: the slowdown is significantly beyond both the tolerance
     and --min-delta-ms (so a change within the tolerance is called a regression at most (1-confidence)/2 of
     the time, however noisy the steps);
@@ -286,11 +288,11 @@ def decide(
         _times(sides.runs[0]), _times(sides.runs[1]), metric, confidence=confidence, resamples=resamples
     )
     limit = max(tolerance * change.baseline, min_delta_ms)
-    verdict = _interval_verdict(change, limit)
+    verdict = _interval_verdict(change, tolerance, min_delta_ms)
     numbers = (
         f"{_fmt_ms(change.baseline)} ms -> {_fmt_ms(change.current)} ms ({_signed(change.delta)} ms, "
         f"{_pct(change.delta, change.baseline)}, {_fmt_level(confidence)} CI "
-        f"{_ci(change.low, change.high, change.baseline)})"
+        f"{_ci(change)})"
     )
     return Comparison(
         verdict=verdict,
@@ -315,13 +317,26 @@ def _times(runs: UsedRuns) -> list[list[list[float]]]:
     return [[[ms for _, ms in p] for p in run] for run in runs]
 
 
-def _interval_verdict(change: Change, limit: float) -> Verdict:
-    """Where the interval lies against +-limit (see the module docstring)."""
-    if exceeds(change.low, limit):
+def _interval_verdict(change: Change, tolerance: float, min_delta_ms: float) -> Verdict:
+    """Where the intervals lie against the limit (see the module docstring): the tolerance is a share of the
+    baseline, judged on the relative interval; the floor is in ms, judged on the ms interval. A change passes the
+    limit, the larger of the two, when it passes both."""
+    relative = change.relative_interval()
+    low, high = (
+        (change.low, change.high)
+        if relative is None
+        else (relative[0] * change.baseline, relative[1] * change.baseline)
+    )
+    by_share = tolerance * change.baseline
+
+    def beyond(share_end: float, ms_end: float) -> bool:
+        return exceeds(share_end, by_share) and exceeds(ms_end, min_delta_ms)
+
+    if beyond(low, change.low):
         return "regression"
-    if exceeds(-change.high, limit):
+    if beyond(-high, -change.high):
         return "improvement"
-    if exceeds(change.high, limit):
+    if beyond(high, change.high):
         return "inconclusive"
     return "no_change"
 
@@ -359,7 +374,8 @@ def _method(change: Change, runs: UsedRuns) -> str:
     unit = "step" if blocks == [1] else "steps"
     return (
         f"{change.method}: {runs_text}circular blocks of {'/'.join(map(str, blocks))} {unit}, "
-        f"{change.resamples} resamples, ratio interval on log step times, fixed seed{one_run}"
+        f"{change.resamples} resamples, ratio interval on log step times, ms interval on the difference, "
+        f"fixed seed{one_run}"
     )
 
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from stepcli.fmt import ms_fixed as fmt_ms  # re-exported: compare's ms numbers come from stepcli.fmt
+
+if TYPE_CHECKING:
+    from stepcli.compare.inference import Change
 
 __all__ = ["fmt_ms"]
 
@@ -27,11 +32,12 @@ def fmt_level(confidence: float) -> str:
     return f"{confidence * 100:g}%"
 
 
-def ci(low: float, high: float, base: float) -> str:
-    """`+5.1% .. +9.3%`, or in ms when the baseline is 0."""
-    if base == 0:
-        return f"{signed(low)} .. {signed(high)} ms"
-    return f"{pct(low, base)} .. {pct(high, base)}"
+def ci(change: Change) -> str:
+    """`+5.1% .. +9.3%` (the ratio interval when there is one), or in ms when the baseline is 0."""
+    relative = change.relative_interval()
+    if relative is None:
+        return f"{signed(change.low)} .. {signed(change.high)} ms"
+    return f"{pct(relative[0], 1.0)} .. {pct(relative[1], 1.0)}"
 
 
 def plural(count: int, noun: str, many: str | None = None) -> str:

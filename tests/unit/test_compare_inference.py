@@ -200,7 +200,9 @@ def test_a_ratio_interval_never_passes_minus_100_percent() -> None:
     # WHEN the change gets its interval
     change = estimate_change([[r] for r in base], [[r] for r in cur])
     # THEN a step cannot become faster than instant: the interval stays above -100% (a ratio, from log times)
-    assert change.low > -change.baseline, change
+    relative = change.relative_interval()
+    assert relative is not None and relative[0] > -1.0, change
+    assert relative[0] <= change.delta / change.baseline <= relative[1]
     assert change.low <= change.delta <= change.high
     assert "log step times" in (decide(side(*base), side(*cur), tolerance=0.1, min_delta_ms=0.0).method or "")
 
@@ -260,3 +262,16 @@ def test_method_says_blocks_of_1_step_in_the_singular() -> None:
     cur = side(*[series(rng, 10.0, 0.02, 3) for _ in range(4)])
     method = decide(base, cur, tolerance=0.1, min_delta_ms=0.0).method or ""
     assert "circular blocks of 1 step, " in method, method
+
+
+def test_a_change_far_past_a_noisy_baseline_is_judged_in_ms_on_the_difference() -> None:
+    # GIVEN a baseline of ~0.8 ms steps with two slow outliers, and a current side of ~101 ms steps (a 100 ms sleep
+    # added): every current step is 90 ms slower than every baseline step (CI saw this, on a loaded machine)
+    base = [0.82, 0.63, 0.80, 5.91, 9.5, 0.84, 11.40, 0.70, 0.90, 0.78]
+    cur = [101.5, 101.7, 101.4, 102.2, 101.6, 106.3, 101.5, 101.8, 101.6, 101.9]
+    change = estimate_change([[base]], [[cur]])
+    # THEN the ms interval is the difference's own (a ratio scaled by the observed baseline said +15.9 ms)
+    assert change.low > 90.0, change
+    # AND a 50 ms floor is passed by the whole interval (the old one started at +13.4 ms): a regression, not "inconclusive"
+    result = decide(side(base), side(cur), tolerance=0.1, min_delta_ms=50.0)
+    assert result.verdict == "regression", result
