@@ -10,11 +10,17 @@ each one's wall time, CPU time (user + system) and peak RSS (the run with the le
 ratios HTA / stepcli (the goal: at least 10x on traces of 100k events and more; on a machine shared with other
 work, the CPU ratio is the steadier one), and the overlap each reports as a sanity check (HTA over the whole trace minus
 its last step, stepcli over the recorded steps, so they differ a little).
+
+Both run from compiled bytecode, as installed packages do: pip compiled HTA and its dependencies when it installed
+them, and this script compiles the checkout's stepcli first (with PYTHONDONTWRITEBYTECODE=1, as set on the project's
+machines, a checkout would compile every module it imports at every start: 0.05-0.1 s that no installed stepcli
+spends).
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import subprocess
 import sys
@@ -122,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_gpu: no traces at {args.traces}", file=sys.stderr)
         return 2
     targets = sorted(p for p in args.traces.iterdir() if p.name.endswith(".json.gz") or p.is_dir())
+    # An installed stepcli has its modules compiled (pip writes the .pyc files), as HTA's are; a checkout run with
+    # PYTHONDONTWRITEBYTECODE=1 would compile them at every start, which no user pays (as scripts/bench_table.py).
+    compileall.compile_dir(str(REPO / "stepcli"), quiet=1)
     header = (
         "trace",
         "events",

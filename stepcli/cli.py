@@ -235,11 +235,14 @@ def table(
     if len(chosen) > 1:
         raise click.UsageError(f"--{chosen[0]} and --{chosen[1]} cannot be used together: choose one output format")
     fmt = chosen[0] if chosen else None
-    from stepcli.traces.engine import summarize_paths
-    from stepcli.traces.render import print_table_report
+    from stepcli.traces.shortrun import short_run
 
-    summary = summarize_paths(paths, group_by_shape=group_by_shape, jobs=jobs, scheduler=scheduler)
-    print_table_report(summary, sort_by=sort_by, limit=limit, fmt=fmt or "rich")
+    with short_run():  # before numpy is imported: no spinning OpenBLAS threads, no cyclic GC
+        from stepcli.traces.engine import summarize_paths
+        from stepcli.traces.render import print_table_report
+
+        summary = summarize_paths(paths, group_by_shape=group_by_shape, jobs=jobs, scheduler=scheduler)
+        print_table_report(summary, sort_by=sort_by, limit=limit, fmt=fmt or "rich")
     if group_by_shape and not any(row.shape for row in summary.cpu_ops):
         click.echo("stepcli: note: --group-by-shape: these traces have no input shapes; record them with "
                    "`stepcli run --record-shapes` (torch.profiler: record_shapes=True)", err=True)  # fmt: skip

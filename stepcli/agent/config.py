@@ -5,7 +5,6 @@ Runs inside the target: standard library only.
 
 from __future__ import annotations
 
-import json
 import os
 
 from .schedule import Schedule
@@ -94,10 +93,14 @@ class AgentConfig:
         return data
 
     def to_env(self) -> str:
+        import json  # (here, not at the top: `stepcli table` imports this module for its constants only)
+
         return json.dumps(self.to_dict(), separators=(",", ":"))
 
     @classmethod
     def from_env(cls, text: str) -> AgentConfig:
+        import json
+
         data = json.loads(text)
         if not isinstance(data, dict) or data.get("version") != CONFIG_VERSION:
             version = data.get("version") if isinstance(data, dict) else None
@@ -108,6 +111,8 @@ class AgentConfig:
 
 def atomic_write_json(path: str, document: Any) -> None:
     """Write JSON next to `path` under a temporary name and rename it, so readers never see half a file."""
+    import json
+
     folder, name = os.path.split(path)
     tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
     # Created new and never through a link: whatever sits at the temporary name is not written through.

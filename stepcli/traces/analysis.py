@@ -48,7 +48,6 @@ from stepcli.traces.model import (
     TraceSummary,
 )
 from stepcli.traces.ranks import WindowFacts, find_straggler, group_processes, is_communication, process_key
-from stepcli.traces.reference import analyze_events
 from stepcli.traces.shares import STEP_KEY, share_basis, stable_name
 from stepcli.traces.steps import (
     BACKWARD,
@@ -175,7 +174,7 @@ def _analyze_columns(
     ):
         phase_spans[p].append((s, e, ids[pid]))
     if by_row and phase_totals is None:
-        under = np.nonzero(np.isin(parent, np.fromiter(by_row, np.int64, len(by_row))))[0]
+        under = np.nonzero(col.isin(parent, np.fromiter(by_row, np.int64, len(by_row))))[0]
         for p, s, e, ph in zip(
             parent[under].tolist(), start[under].tolist(), end[under].tolist(), phase[under].tolist()
         ):
@@ -315,7 +314,9 @@ def summarize_columns(
     try:
         cpu_rows, device_rows, result = _analyze_columns(columns, group_by_shape, incomplete_step)
     except TooLarge:
-        # times past 64-bit nanoseconds: the per-event reference, on Python integers
+        # times past 64-bit nanoseconds: the per-event reference, on Python integers (imported only then)
+        from stepcli.traces.reference import analyze_events
+
         measure_busy, within = device_busy, within_lists
         cpu, device = Accumulator(), Accumulator()
         was_enabled = gc.isenabled()

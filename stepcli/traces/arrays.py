@@ -258,6 +258,28 @@ def step_phases(
 _DENSE_KEYS = 1 << 24  # keys below this are counted in a table indexed by key (no sort)
 
 
+def unique(values: np.ndarray) -> np.ndarray:
+    """The sorted distinct values of a 1-D integer array, as np.unique(values) gives them: np.unique without
+    return_index/return_inverse imports numpy.ma (10-30 ms of a `stepcli table` run) to check for a masked array."""
+    ordered = np.sort(values)
+    if len(ordered) < 2:
+        return ordered
+    keep = np.empty(len(ordered), bool)
+    keep[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
+    out: np.ndarray = ordered[keep]
+    return out
+
+
+def isin(values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """np.isin(values, wanted) for integer arrays, by binary search (np.isin may call np.unique, see unique)."""
+    table = unique(wanted)
+    if not len(table):
+        return np.zeros(len(values), bool)
+    found: np.ndarray = table[np.minimum(np.searchsorted(table, values), len(table) - 1)] == values
+    return found
+
+
 def group_sums(keys: np.ndarray, values: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
     """Unique keys and, per key, the count and the integer sum of each value array."""
     if len(keys) and 0 <= keys.min() and keys.max() < _DENSE_KEYS:

@@ -81,7 +81,7 @@ def _outermost(start: np.ndarray, end: np.ndarray) -> np.ndarray:
 def _outermost_per_thread(columns: col.Columns, events: np.ndarray, thread: np.ndarray) -> np.ndarray:
     """The events (sorted by start, longer first) inside no other event of their thread, sorted by start."""
     kept = []
-    for code in np.unique(thread[events]).tolist():
+    for code in col.unique(thread[events]).tolist():
         mine = events[thread[events] == code]
         kept.append(mine[_outermost(columns.ts[mine], columns.ts[mine] + columns.dur[mine])])
     out = np.concatenate(kept) if kept else np.zeros(0, np.int64)

@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import multiprocessing
 import os
 import sys
 import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from stepcli.errors import StepcliError, TraceError
 from stepcli.traces.analysis import merge_parts, summarize_read
 from stepcli.traces.columns import ColumnTrace, load_columns
 from stepcli.traces.files import list_trace_files
 from stepcli.traces.model import FilePart, TraceSummary
+
+if TYPE_CHECKING:  # multiprocessing and concurrent.futures cost ~20 ms to import: only where a pool is made
+    import multiprocessing.context
+    from concurrent.futures import ProcessPoolExecutor
 
 _T = TypeVar("_T")
 
@@ -132,11 +133,15 @@ def _split_parts(path: str, groupings: tuple[bool, ...], shapes: bool, cores: in
     """One large trace decoded by `cores` processes (stepcli.traces.splitread); None when it is not split."""
     from stepcli.traces.splitread import FIRST_EXTRA, plan, read_split
 
-    context = _context()
-    forked = context.get_start_method() == "fork"  # workers begin at once: no head start for this process
-    ranges = plan(path, cores * _PIECES_PER_CORE, head_start=0.0 if forked else FIRST_EXTRA)
+    # Forked workers begin at once: no head start for this process. (The pool's context is made only for a file
+    # that is cut, so reading a .gz or small file imports no multiprocessing.)
+    ranges = plan(path, cores * _PIECES_PER_CORE, head_start=0.0 if _may_fork() else FIRST_EXTRA)
     if ranges is None:
         return None
+    from concurrent.futures.process import BrokenProcessPool
+
+    context = _context()
+    forked = context.get_start_method() == "fork"
     try:
         with _worker_pool(min(cores - 1, len(ranges) - 1), context) as pool:
             trace = read_split(path, ranges, shapes, pool, submit_aside=not forked)
@@ -157,6 +162,8 @@ def _worker_pool(
     forking pool starts all its workers at the first task; if one fork is refused (a container's process limit),
     those already forked wait for work forever, and the pool's shutdown and this process's exit wait for them.
     `gzip_at_once`: at most that many workers inflate a .gz trace at the same time."""
+    from concurrent.futures import ProcessPoolExecutor
+
     gate = context.BoundedSemaphore(gzip_at_once) if gzip_at_once is not None and gzip_at_once < workers else None
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_set_gzip_gate, initargs=(gate,))
     try:
@@ -176,13 +183,20 @@ def _kill(pool: ProcessPoolExecutor) -> None:
             pass
 
 
+def _may_fork() -> bool:
+    """Whether worker processes may be forked from this one (see _context)."""
+    return sys.platform.startswith("linux") and threading.active_count() == 1
+
+
 def _context() -> multiprocessing.context.BaseContext:
     """How worker processes start. A fork is the cheapest (a worker is decoding within milliseconds and shares the
     parent's imports), but it is only safe while this process runs one thread (`stepcli table` does; a launcher
     with a spinner on the terminal does not). Otherwise forkserver on Linux (workers from a small clean process),
     spawn elsewhere."""
+    import multiprocessing
+
     if sys.platform.startswith("linux"):
-        if threading.active_count() == 1:
+        if _may_fork():
             # A forked worker flushes the standard streams it inherited when it exits: empty them first, or text
             # this process had buffered would be printed twice.
             for stream in (sys.stdout, sys.stderr):
@@ -231,6 +245,8 @@ def map_files(function: Callable[[str], _T], files: Sequence[str], jobs: int | N
     else in this process. If no worker can start, the files are done here, one after another."""
     workers = worker_count(jobs, len(files))
     if workers > 1:
+        from concurrent.futures.process import BrokenProcessPool
+
         try:
             with _worker_pool(workers, _context(), gzip_slots(files, workers)) as pool:
                 return list(pool.map(functools.partial(_gated, function), files))

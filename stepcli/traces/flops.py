@@ -10,7 +10,6 @@ device is unknown (CPU included).
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -42,6 +41,8 @@ def read_flops(trace: str) -> tuple[int, str | None] | None:
     try:
         if os.path.getsize(path) > _MAX_BYTES:
             return None
+        import json  # (only when the file is there: most traces have none)
+
         with open(path, encoding="utf-8") as f:
             document = json.load(f)
     except (OSError, ValueError):

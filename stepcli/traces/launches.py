@@ -120,6 +120,8 @@ def measure_launches(
     `device`: the indices of its device events; `spans`: the disjoint spans measured (the steps)."""
     import numpy as np
 
+    from stepcli.traces.arrays import unique
+
     out = LaunchTimes(steps=steps)
     lo = np.array([s for s, _ in spans], np.int64)
     hi = np.array([e for _, e in spans], np.int64)
@@ -141,13 +143,13 @@ def measure_launches(
         return out
     call_end = start[their_call] + dur[their_call]
     delays = np.maximum(start[linked] - call_end, 0)
-    unique_calls = np.unique(their_call)
+    unique_calls = unique(their_call)
     graph = kinds[columns.name[their_call]] == 2
     out.kernels = len(linked)
     out.launch_calls = len(unique_calls)
     out.launch_ns = int(dur[unique_calls].sum())
     out.short_kernels = int(np.count_nonzero(dur[linked] < dur[their_call]))
-    out.graph_replays = len(np.unique(their_call[graph]))
+    out.graph_replays = len(unique(their_call[graph]))
     out.graph_kernels = int(np.count_nonzero(graph))
     out.delays_ns = delays.tolist()
     return out

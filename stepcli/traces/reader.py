@@ -399,15 +399,42 @@ def _decode_chunked(data: bytes | bytearray, shapes: bool, keeper_type: type[_Ke
         list[_ShapedEvent] if shapes else list[_DecodedEvent]
     )
     keeper = keeper_type(shapes)
-    previous = start
-    for comma in splits:
-        keeper.add(decoder.decode(b"".join((b"[", view[previous:comma], b"]"))))
-        previous = comma + 1
+    if isinstance(data, bytearray) and not shapes:
+        _decode_in_place(data, view, start, splits, decoder, keeper)
+    else:  # (with shapes, msgspec.Raw values may keep a view of their input: each slice is a copy)
+        previous = start
+        for comma in splits:
+            keeper.add(decoder.decode(b"".join((b"[", view[previous:comma], b"]"))))
+            previous = comma + 1
+    previous = splits[-1] + 1
     # The last slice goes back into the document with everything before and after traceEvents, so the
     # header (distributedInfo, stepcli's metadata) and the closing brackets are decoded and validated too.
     meta, last = _decode_document(b"".join((view[:start], view[previous:])), shapes)
     keeper.add(last)
     return meta, keeper
+
+
+def _decode_in_place(
+    data: bytearray,
+    view: memoryview,
+    start: int,
+    splits: list[int],
+    decoder: msgspec.json.Decoder[list[Any]],
+    keeper: _Keeper,
+) -> None:
+    """Decode the slices where they lie, without copying them: each cut's comma becomes the "]" that closes its
+    slice, then the "[" that opens the next (the first opens on traceEvents' own "["). Every comma is put back,
+    also when a slice fails, so the caller can decode the data whole."""
+    opening = start - 1  # the "[" of traceEvents
+    try:
+        for comma in splits:
+            data[comma] = 0x5D  # "]"
+            keeper.add(decoder.decode(view[opening : comma + 1]))
+            data[comma] = 0x5B  # "["
+            opening = comma
+    finally:
+        for comma in splits:
+            data[comma] = 0x2C  # ","
 
 
 def _decode_document(data: bytes | bytearray, shapes: bool) -> tuple[_Meta, list[Any]]:

@@ -12,8 +12,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
-from concurrent.futures import Executor, Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +21,9 @@ from stepcli.traces.arrays import Columns
 from stepcli.traces.columns import ColumnTrace
 from stepcli.traces.files import rank_from_name
 from stepcli.traces.reader import _EVENT_SEPARATOR, _TRACE_EVENTS_KEY
+
+if TYPE_CHECKING:  # (planning a read of a file that is not cut imports no concurrent.futures)
+    from concurrent.futures import Executor, Future
 
 MIN_PIECE_BYTES = 32 * 1024 * 1024  # smaller files gain less from more processes than starting them costs
 FIRST_EXTRA = 0.25  # the first range's extra share (a worker starts ~0.15 s late, ~20% of a 150 MB range's decode)

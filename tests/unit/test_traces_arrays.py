@@ -286,3 +286,17 @@ def test_parents_equal_the_definition_on_random_threads(seed: int) -> None:
     need = end + (dur == 0)
     expected = [max((j for j in range(first[i], i) if end[j] >= need[i]), default=-1) for i in range(n)]
     assert columnar.parents(start, end, dur, first).tolist() == expected
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_unique_and_isin_equal_numpys(seed: int) -> None:
+    # GIVEN integer arrays as the analysis has them: empty, one value, repeats, negatives, wide ranges
+    rng = np.random.default_rng(seed)
+    n, m = int(rng.integers(0, 50)), int(rng.integers(0, 50))
+    high = int(rng.choice([1, 5, 10**6, 2**62]))
+    values = rng.integers(-high, high, n, dtype=np.int64)
+    wanted = np.concatenate([rng.integers(-high, high, m, dtype=np.int64), values[: m // 2]])
+    # THEN the sort-based helpers (no numpy.ma import) answer as np.unique and np.isin do
+    assert columnar.unique(values).tolist() == np.unique(values).tolist()
+    assert columnar.unique(values).dtype == values.dtype
+    assert columnar.isin(values, wanted).tolist() == np.isin(values, wanted).tolist()

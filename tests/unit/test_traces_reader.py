@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 import stepcli.traces.reader as traces
@@ -55,6 +56,27 @@ def test_sliced_decoding_matches_whole_decoding(monkeypatch: pytest.MonkeyPatch,
     tricky = load_trace(str(tmp_path / "tricky.json"))
     monkeypatch.setattr(traces, "_CHUNK_BYTES", 1 << 30)
     assert fields(tricky.events) == fields(load_trace(str(tmp_path / "tricky.json")).events)
+
+
+def test_slices_are_decoded_in_place_and_the_text_is_put_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a trace's text in a buffer, decoded in slices where it lies (without shapes: no copy of a slice)
+    monkeypatch.setattr(traces, "_CHUNK_BYTES", 2048)
+    text = REAL.read_bytes()
+    data = bytearray(text)
+    result = traces._decode_chunked(data, False, traces._Keeper)
+    # THEN the events are the whole-document decode's, and the buffer holds the same text again
+    assert result is not None
+    assert fields(result[1].events) == fields(traces._decode_whole(str(REAL), text, False, traces._Keeper)[1].events)
+    assert data == text
+    # AND a cut inside a string (a slice that is not JSON) leaves the text as it was, for the whole-document decode
+    doc = json.loads(text)
+    for event in doc["traceEvents"]:
+        event["name"] = event["name"] + ' }, {"ph": "X"'
+    tricky = json.dumps(doc).encode()
+    data = bytearray(tricky)
+    with pytest.raises(msgspec.DecodeError):
+        traces._decode_chunked(data, False, traces._Keeper)
+    assert data == tricky
 
 
 def test_rank_from_distributed_info_wins_over_file_name(tmp_path: Path) -> None:

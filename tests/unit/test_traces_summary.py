@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -233,6 +234,21 @@ def test_to_dict_has_the_contract_keys_and_is_json() -> None:
     assert data["events"] == 2 and data["skipped_events"] == 0
     assert data["outside_steps"] == {"events": 0, "self_ms": 0.0}
     json.dumps(data)
+
+
+def test_table_json_text_is_what_orjson_wrote() -> None:
+    # GIVEN summaries of real traces (CPU; CUDA with device figures) and one with odd names and numbers
+    import orjson
+
+    from stepcli.traces.render import json_text
+
+    odd = Trace.from_events([step(1, 0, 10), ev('op \x1b[2J \u202e é "q" \\ </script>', 1, 2)])
+    summaries = [
+        summarize([load_trace(str(DATA / name))]) for name in ("train_cpu.pt.trace.json", "cuda_small.pt.trace.json.gz")
+    ]
+    for data in [s.to_dict() for s in [*summaries, summarize([odd])]] + [{"nan": math.nan, "big": 2**63, "tiny": 1e-7}]:
+        # THEN `table --json` (msgspec, no orjson import) writes the text orjson wrote, byte for byte
+        assert json_text(data) == orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n"
 
 
 def test_empty_input() -> None:
