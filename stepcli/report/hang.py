@@ -102,9 +102,7 @@ def hang_section(hang: Any, base: str, exit_status: Any = None) -> str:
     outcome = ""
     if hang.get("ended_job") is True:
         status = f", exit status {_text(exit_status)}" if exit_status is not None else ""
-        outcome = (
-            f' <span id="hang-outcome"><b>stepcli ended the job after the dump</b> (--on-hang kill{status}).</span>'
-        )
+        outcome = f' <span id="hang-outcome"><strong>stepcli ended the job after the dump</strong> (--on-hang kill{status}).</span>'
     elif hang.get("on_hang") == "keep":
         outcome = ' <span id="hang-outcome">The job was left running (--on-hang keep).</span>'
     parts = ['<h2 id="hang">Hang</h2>']

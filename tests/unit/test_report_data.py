@@ -224,7 +224,7 @@ def test_the_hang_section_comes_first_verdict_first_everything_escaped(tmp_path:
     )
     assert verdict.group(2) == (  # when, and what --on-hang did
         "The hang was called at step 5: no process completed a step for 10.4 s (--hang-timeout 10 s). "
-        '<span id="hang-outcome"><b>stepcli ended the job after the dump</b> (--on-hang kill, exit status 124).</span>'
+        '<span id="hang-outcome"><strong>stepcli ended the job after the dump</strong> (--on-hang kill, exit status 124).</span>'
     )
     assert '<a href="hang-1/"><code>' in section  # relative to the page, so the folder opens from it
     rows = [
