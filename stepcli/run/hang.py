@@ -151,11 +151,18 @@ def _new_folder(out_dir: str, kind: str) -> Path:
 
 
 def request_stacks(
-    folder: str, out_dir: str, kind: str, processes: list[dict[str, Any]], wait_s: float = DUMP_WAIT_S
+    folder: str,
+    out_dir: str,
+    kind: str,
+    processes: list[dict[str, Any]],
+    wait_s: float = DUMP_WAIT_S,
+    unanswering: frozenset[str] = frozenset(),
 ) -> tuple[Path, list[dict[str, Any]], list[dict[str, Any]]]:
     """Ask every process on this host for its stacks into a new `OUT/<kind>-<n>/`; (folder, dumps, silent ones).
 
-    Processes of other hosts are dumped by their own host's `stepcli run` (it sees the same control folder)."""
+    Processes of other hosts are dumped by their own host's `stepcli run` (it sees the same control folder).
+    `unanswering`: tags of processes known not to run Python (they answered no probe): nobody waits for their
+    own dump, faulthandler's text stands in for it at once."""
     target = _new_folder(out_dir, kind)
     request = f"{REQUEST_PREFIX}{target.name}.{os.getpid()}.json"
     _write_control(folder, request, {"id": target.name, "dir": str(target), "asked_at": time.time()})
@@ -182,7 +189,7 @@ def request_stacks(
         started = time.monotonic()
         while True:
             written = {_key(p) for p in read_dumps(target)}
-            waiting = [p for p in expected if _key(p) not in written and _alive(p)]
+            waiting = [p for p in expected if _key(p) not in written and _tag(p) not in unanswering and _alive(p)]
             elapsed = time.monotonic() - started
             if not waiting or elapsed >= wait_s:
                 break
@@ -334,7 +341,7 @@ class HangWatch:
                 os.kill(int(process["pid"]), int(process["signal"]))
             except (ProcessLookupError, PermissionError, KeyError, ValueError, TypeError):
                 continue
-        deadline = time.monotonic() + PROBE_WAIT_S
+        deadline = time.monotonic() + min(PROBE_WAIT_S, max(2.0, self.timeout_s))  # no longer than a step may take
         silent = True
         while silent and time.monotonic() < deadline and not self._stopped.is_set():
             answers = _documents(self.folder, ALIVE_PREFIX)
@@ -374,7 +381,9 @@ class HangWatch:
                 return
 
     def _report(self, since: float, processes: list[dict[str, Any]], repeat: int) -> None:
-        target, dumps, silent = request_stacks(self.folder, self.out_dir, "hang", processes)
+        whom, silent_then, _ = self._probed
+        unanswering = whom if silent_then else frozenset()  # a probe just found their Python unable to run
+        target, dumps, silent = request_stacks(self.folder, self.out_dir, "hang", processes, unanswering=unanswering)
         idle = time.time() - since
         again = f" (still hung: report {repeat} of {MAX_REPORTS})" if repeat > 1 else ""
         headline = f"hang: no process completed a step for {idle:.1f} s{again}; stacks in {_short(target)}/"

@@ -325,7 +325,6 @@ def test_a_healthy_run_with_a_hang_timeout_prints_nothing_extra(tmp_path: Path) 
     """The run lasts longer than the timeout (60 steps of at least 0.1 s), its steps a small fraction of it."""
     script = write_script(tmp_path, "train.py", TRAIN_LOOP.replace("opt.step()", "opt.step(); time.sleep(0.1)"))
     script.write_text("import time\n" + script.read_text())
-    plain = run_stepcli("run", "-o", tmp_path / "plain", script, "60", cwd=tmp_path)
     watched = run_stepcli(
         "run",
         "--hang-timeout",
@@ -338,8 +337,8 @@ def test_a_healthy_run_with_a_hang_timeout_prints_nothing_extra(tmp_path: Path) 
         "60",
         cwd=tmp_path,
     )
-    assert plain.returncode == watched.returncode == 0, watched.stderr
-    assert watched.stdout == plain.stdout
+    assert watched.returncode == 0, watched.stderr
+    assert watched.stdout == "".join(f"iter {i}\n" for i in range(60))  # the program's own output, untouched
     said = [line for line in watched.stderr.splitlines() if line.startswith("stepcli:")]
     extra = [line for line in said if any(word in line for word in ("hang:", "stacks", "waits in", "frames", "->"))]
     assert not extra and said[0].startswith("stepcli: recording steps 2-4"), said
