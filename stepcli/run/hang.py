@@ -33,7 +33,7 @@ from stepcli.agent.stacks import (
     process_start_ticks,
 )
 from stepcli.errors import EXIT_NOTHING_MEASURED, StepcliError
-from stepcli.run.hangreport import describe_dumps, parse_faulthandler, read_dumps
+from stepcli.run.hangreport import EXIT_HANG, describe_dumps, parse_faulthandler, read_dumps
 
 if TYPE_CHECKING:
     import subprocess
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from stepcli.agent.config import AgentConfig
 
 ON_HANG_CHOICES = ("keep", "kill")
-EXIT_HANG = 124  # `--on-hang kill`: the job was ended after its hang dump (timeout(1)'s status for "timed out")
 MAX_REPORTS = 3  # dumps per hang with `--on-hang keep`: one when it is called, then one per timeout while it lasts
 DUMP_WAIT_S = 15.0  # how long the launcher waits for every process's stacks file
 TERM_GRACE_S = 5.0  # `--on-hang kill`: SIGTERM, then SIGKILL this much later
