@@ -54,6 +54,8 @@ class ReportData:
     out_dir: str | None = None  # the run's output folder, where `stepcli run --memory` leaves oom-*.pickle
     step_record: list[dict[str, Any]] = field(default_factory=list)  # whole-run step times (report/steprecord.py)
     triggered: list[dict[str, Any]] = field(default_factory=list)  # the windows --capture-on-slow placed
+    hang: dict[str, Any] | None = None  # the `hang` section (--hang-timeout reports), shown by report/hang.py
+    exit_status: int | None = None  # the run's, which the hang section says when --on-hang kill ended the job
 
 
 def build(
@@ -73,6 +75,8 @@ def build(
     data = ReportData(title="stepcli report", out_dir=(summary or {}).get("out_dir"))
     data.step_record = list((summary or {}).get("step_record") or [])
     data.triggered = list((summary or {}).get("triggered") or [])
+    data.hang = (summary or {}).get("hang")
+    data.exit_status = (summary or {}).get("exit_status")
     parts = _trace_parts(data, traces, trace_paths, summary is not None)
     analysis = _merged(parts)
     if summary is not None and summary.get("command") is not None:

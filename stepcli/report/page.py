@@ -16,6 +16,7 @@ from stepcli.fmt import html_escape as escape
 from stepcli.report import GENERATOR, lateness, svg
 from stepcli.report.data import ReportData
 from stepcli.report.gpu import gpu_section
+from stepcli.report.hang import hang_section
 from stepcli.report.memorysnapshots import snapshot_section
 from stepcli.report.steprecord import step_record_section
 from stepcli.traces.render import shorten
@@ -69,6 +70,8 @@ table.sortable th{cursor:pointer;user-select:none}
 table.sortable th:after{content:" \\2195";color:#98a2b3}
 table.sortable th[aria-sort=ascending]:after{content:" \\2191";color:var(--fg)}
 table.sortable th[aria-sort=descending]:after{content:" \\2193";color:var(--fg)}
+table.hang th,table.hang td{text-align:left;white-space:normal;word-break:normal} table.hang td.where{word-break:break-all}
+table.hang th:first-child,table.hang td:first-child{white-space:nowrap}
 td.share{min-width:110px} th.shape,td.shape{text-align:left;white-space:normal}
 td.share span{display:inline-block;height:8px;background:#748ffc;border-radius:2px;margin-right:6px;vertical-align:0}
 dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:4px 16px;margin:0}
@@ -182,6 +185,7 @@ def render(data: ReportData, report_path: str) -> str:
     base = os.path.dirname(os.path.abspath(report_path))
     sections = (
         _header(data),
+        [hang_section(data.hang, base, data.exit_status)],  # stepcli/report/hang.py: '' without a hang
         _advice(data),
         _step_times(data),
         _distribution(data),

@@ -52,6 +52,7 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
     console.print("[bold]stepcli summary[/]")
     console.print(f"[bold]command[/] {escape(shlex.join(summary['command']))}", soft_wrap=True)
     console.print(_overview(summary, console))
+    _print_hang(summary, console)
     _print_windows(summary, console)
     _print_tables(summary, console)
     print_culprit(console, summary.get("culprit"), summary.get("out_dir"))
@@ -111,6 +112,15 @@ def _add_timeline(overview: Table, summary: RunSummary, console: Console) -> Non
         if not console.no_color and console.color_system and "[magenta]" in line:
             scale += "  [dim](magenta: profiled)[/]"
         overview.add_row("timeline", line + scale)
+
+
+def _print_hang(summary: RunSummary, console: Console) -> None:
+    """The hang block (stepcli/run/hangreport.py) under the outcome it explains: as it is (names from the
+    program are no markup), never re-wrapped (its lines fit 80 columns; a long folder path stays whole)."""
+    from stepcli.run.hangreport import summary_lines
+
+    for line in summary_lines(summary.get("hang"), _relative):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _print_windows(summary: RunSummary, console: Console) -> None:

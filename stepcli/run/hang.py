@@ -33,7 +33,7 @@ from stepcli.agent.stacks import (
     process_start_ticks,
 )
 from stepcli.errors import EXIT_NOTHING_MEASURED, StepcliError
-from stepcli.run.hangreport import describe_dumps, parse_faulthandler, read_dumps
+from stepcli.run.hangreport import EXIT_HANG, describe_dumps, parse_faulthandler, read_dumps
 
 if TYPE_CHECKING:
     import subprocess
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from stepcli.agent.config import AgentConfig
 
 ON_HANG_CHOICES = ("keep", "kill")
-EXIT_HANG = 124  # `--on-hang kill`: the job was ended after its hang dump (timeout(1)'s status for "timed out")
 MAX_REPORTS = 3  # dumps per hang with `--on-hang keep`: one when it is called, then one per timeout while it lasts
 DUMP_WAIT_S = 15.0  # how long the launcher waits for every process's stacks file
 TERM_GRACE_S = 5.0  # `--on-hang kill`: SIGTERM, then SIGKILL this much later
@@ -152,11 +151,18 @@ def _new_folder(out_dir: str, kind: str) -> Path:
 
 
 def request_stacks(
-    folder: str, out_dir: str, kind: str, processes: list[dict[str, Any]], wait_s: float = DUMP_WAIT_S
+    folder: str,
+    out_dir: str,
+    kind: str,
+    processes: list[dict[str, Any]],
+    wait_s: float = DUMP_WAIT_S,
+    unanswering: frozenset[str] = frozenset(),
 ) -> tuple[Path, list[dict[str, Any]], list[dict[str, Any]]]:
     """Ask every process on this host for its stacks into a new `OUT/<kind>-<n>/`; (folder, dumps, silent ones).
 
-    Processes of other hosts are dumped by their own host's `stepcli run` (it sees the same control folder)."""
+    Processes of other hosts are dumped by their own host's `stepcli run` (it sees the same control folder).
+    `unanswering`: tags of processes known not to run Python (they answered no probe): nobody waits for their
+    own dump, faulthandler's text stands in for it at once."""
     target = _new_folder(out_dir, kind)
     request = f"{REQUEST_PREFIX}{target.name}.{os.getpid()}.json"
     _write_control(folder, request, {"id": target.name, "dir": str(target), "asked_at": time.time()})
@@ -183,7 +189,7 @@ def request_stacks(
         started = time.monotonic()
         while True:
             written = {_key(p) for p in read_dumps(target)}
-            waiting = [p for p in expected if _key(p) not in written and _alive(p)]
+            waiting = [p for p in expected if _key(p) not in written and _tag(p) not in unanswering and _alive(p)]
             elapsed = time.monotonic() - started
             if not waiting or elapsed >= wait_s:
                 break
@@ -335,7 +341,7 @@ class HangWatch:
                 os.kill(int(process["pid"]), int(process["signal"]))
             except (ProcessLookupError, PermissionError, KeyError, ValueError, TypeError):
                 continue
-        deadline = time.monotonic() + PROBE_WAIT_S
+        deadline = time.monotonic() + min(PROBE_WAIT_S, max(2.0, self.timeout_s))  # no longer than a step may take
         silent = True
         while silent and time.monotonic() < deadline and not self._stopped.is_set():
             answers = _documents(self.folder, ALIVE_PREFIX)
@@ -375,7 +381,9 @@ class HangWatch:
                 return
 
     def _report(self, since: float, processes: list[dict[str, Any]], repeat: int) -> None:
-        target, dumps, silent = request_stacks(self.folder, self.out_dir, "hang", processes)
+        whom, silent_then, _ = self._probed
+        unanswering = whom if silent_then else frozenset()  # a probe just found their Python unable to run
+        target, dumps, silent = request_stacks(self.folder, self.out_dir, "hang", processes, unanswering=unanswering)
         idle = time.time() - since
         again = f" (still hung: report {repeat} of {MAX_REPORTS})" if repeat > 1 else ""
         headline = f"hang: no process completed a step for {idle:.1f} s{again}; stacks in {_short(target)}/"

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 INNERMOST_FRAMES = 5
+EXIT_HANG = 124  # `--on-hang kill`: the job was ended after its hang dump (timeout(1)'s status for "timed out")
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?+) in (.*)$')
 
@@ -70,11 +71,14 @@ def main_frames(dump: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _library_paths() -> tuple[str, ...]:
     paths = sysconfig.get_paths()
-    return tuple({paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths})
+    libraries = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
+    # stepcli's own frames (its collective wrapper) too, wherever it is installed from (an editable install)
+    package = Path(__file__).parents[1]
+    return (*sorted(libraries), f"{package}/", f"{package.resolve()}/")
 
 
 def own_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The innermost frame in the program's own code (not the standard library or an installed package)."""
+    """The innermost frame in the program's own code (not the standard library, an installed package or stepcli)."""
     libraries = _library_paths()
     for frame in frames:
         if not str(frame.get("file", "")).startswith(libraries):
@@ -172,22 +176,35 @@ def read_dumps(target: Path) -> list[dict[str, Any]]:
     return dumps
 
 
-def hang_summary(out_dir: str, since: float) -> dict[str, Any] | None:
-    """The run summary's `hang` section: every `OUT/hang-<n>/` this run wrote (not an earlier run's), or None."""
+def hang_summary(
+    out_dir: str,
+    since: float,
+    *,
+    timeout_s: float | None = None,
+    on_hang: str | None = None,
+    ended_job: bool = False,
+) -> dict[str, Any] | None:
+    """The run summary's `hang` section: every `OUT/hang-<n>/` this run wrote (not an earlier run's), the timeout,
+    and what `--on-hang` did (`ended_job`: the launcher killed the job after the dump); None without a report."""
     reports = []
     folders = [p for p in Path(out_dir).glob("hang-*") if p.is_dir() and p.name[5:].isdigit()]
     for folder in sorted(folders, key=lambda p: int(p.name[5:])):
         dumps = [d for d in read_dumps(folder) if float(d.get("time", 0.0)) >= since]
         if not dumps:
             continue
+        # "no process completed a step for": the most recent last step of any process, as the printed block says
+        idle = [float(d["last_step_s_ago"]) for d in dumps if isinstance(d.get("last_step_s_ago"), (int, float))]
         reports.append(
             {
                 "folder": str(folder),
+                "idle_s": round(min(idle), 1) if idle else None,
                 "processes": [_process_entry(dump) for dump in sorted(dumps, key=order)],
                 "verdict": verdict(dumps),
             }
         )
-    return {"reports": reports} if reports else None
+    if not reports:
+        return None
+    return {"reports": reports, "timeout_s": timeout_s, "on_hang": on_hang, "ended_job": ended_job}
 
 
 def _process_entry(dump: dict[str, Any]) -> dict[str, Any]:
@@ -201,5 +218,130 @@ def _process_entry(dump: dict[str, Any]) -> dict[str, Any]:
         "collective": dump.get("collective"),
         "waiting": in_collective(dump),
         "where": where(frame) if frame is not None else None,
+        "frame": {key: frame.get(key) for key in ("function", "file", "line")} if frame is not None else None,
+        "source": dump.get("source", "python"),  # "faulthandler": its Python could not run (C code holding the GIL)
         "file": dump.get("file"),
     }
+
+
+# -- the end-of-run summary's hang block (stepcli/run/console.py) -----------------------------------------------
+SUMMARY_WIDTH = 80  # the block's lines fit 80 columns; a folder path too long for that is never cut
+MAX_NAMED = 4  # processes named one by one per report; the others counted
+
+
+def _numbers(values: list[int]) -> str:
+    """`0, 2-5, 7`: sorted integers with runs joined."""
+    runs: list[list[int]] = []
+    for value in sorted(set(values)):
+        if runs and value == runs[-1][-1] + 1:
+            runs[-1].append(value)
+        else:
+            runs.append([value])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def _who(processes: list[dict[str, Any]]) -> str:
+    """`rank 1`, `ranks 0, 2-7`, or `pid 4242` for processes without a rank."""
+    ranks = [p["rank"] for p in processes if isinstance(p.get("rank"), int) and not isinstance(p.get("rank"), bool)]
+    if len(ranks) == len(processes):
+        return f"rank{'s' if len(ranks) > 1 else ''} {_numbers(ranks)}"
+    return ", ".join(f"rank {p['rank']}" if p.get("rank") is not None else f"pid {p.get('pid')}" for p in processes)
+
+
+def _short_where(process: dict[str, Any]) -> str:
+    """The innermost frame in the program's own code, its file by name only (the stacks files hold the path)."""
+    frame = process.get("frame")
+    if isinstance(frame, dict) and frame.get("function") is not None:
+        name = str(frame.get("file") or "?").rsplit("/", 1)[-1]
+        return f"{frame['function']} ({name}:{frame.get('line')})"
+    return str(process["where"]) if process.get("where") else "no Python frame"
+
+
+def _collective(process: dict[str, Any]) -> str:
+    collective = process.get("collective")
+    return collective_name(collective) if isinstance(collective, dict) else "a collective"
+
+
+def _plural(processes: list[dict[str, Any]], one: str, many: str) -> str:
+    return one if len(processes) == 1 else many
+
+
+def _report_facts(processes: list[dict[str, Any]]) -> list[str]:
+    """Who holds the job back and why, and who waits in which collective: one sentence each, not yet wrapped."""
+    waiting = [p for p in processes if p.get("waiting") is True]
+    elsewhere = [p for p in processes if p.get("waiting") is not True]
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for process in waiting:
+        groups.setdefault(_collective(process), []).append(process)
+    waits = [f"{_who(g)} {_plural(g, 'waits', 'wait')} in {name}" for name, g in sorted(groups.items())]
+    facts: list[str] = []
+    if waiting and elsewhere:
+        for process in elsewhere[:MAX_NAMED]:
+            why = (
+                "stuck in C code that holds the GIL (its Python could not run)"
+                if process.get("source") == "faulthandler"
+                else "not in a collective"
+            )
+            facts.append(f"{_who([process])} holds the job back: in {_short_where(process)}, {why}")
+        if len(elsewhere) > MAX_NAMED:
+            facts.append(f"{len(elsewhere) - MAX_NAMED} more processes outside a collective hold it back too")
+        return facts + waits[:MAX_NAMED]
+    if waiting and len(groups) == 1:
+        return [f"every process waits in {next(iter(groups))}: a peer outside this dump, or the transport, is stuck"]
+    if waiting:
+        return ["the processes wait in different collectives: mismatched collectives", *waits[:MAX_NAMED]]
+    facts = ["no process waits in a collective"]
+    facts += [f"{_who([p])} is in {_short_where(p)}" for p in elsewhere[:MAX_NAMED]]
+    return facts
+
+
+def _wrap(text: str, first: str, rest: str) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, SUMMARY_WIDTH, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False) or [
+        first.rstrip()
+    ]
+
+
+def summary_lines(section: Any, short: Any = str) -> list[str]:
+    """The end-of-run summary's hang block from the run summary's `hang` section, or [] without one: per report
+    when the hang was called (step, time without a step), who holds the job back and why, who waits in which
+    collective, where the stacks are (`short` shortens the folder); then what `--on-hang` did. Lines fit 80
+    columns, except a folder path too long for that, which is never cut. A report that says what the one before
+    it said is one line."""
+    if not isinstance(section, dict):
+        return []
+    lines: list[str] = []
+    previous: list[str] | None = None
+    for report in section.get("reports") or []:
+        if not isinstance(report, dict):
+            continue
+        processes = [p for p in report.get("processes") or [] if isinstance(p, dict)]
+        steps = sorted({p["step"] for p in processes if isinstance(p.get("step"), int)})
+        at = "" if not steps else f"at step {steps[0]}, " if len(steps) == 1 else f"at steps {steps[0]}-{steps[-1]}, "
+        idle, timeout = report.get("idle_s"), section.get("timeout_s")
+        if isinstance(idle, (int, float)):
+            stalled = f"no process completed a step for {idle:.1f} s"
+        elif isinstance(timeout, (int, float)):
+            stalled = f"no process completed a step for {timeout:g} s or more"
+        else:
+            stalled = "no process completed a step"
+        facts = _report_facts(processes)
+        same = facts == previous
+        lines += _wrap(f"hang: {at}{stalled}" + (", as above" if same else ""), "", "  ")
+        if not same:
+            for fact in facts:
+                lines += _wrap(fact, "  ", "    ")
+        previous = facts
+        folder = f"{short(str(report.get('folder')))}/"
+        if len(f"  stacks of every process: {folder}") <= SUMMARY_WIDTH:
+            lines.append(f"  stacks of every process: {folder}")
+        else:
+            lines += ["  stacks of every process:", f"  {folder}"]
+    if not lines:
+        return []
+    if section.get("ended_job") is True:
+        lines.append(f"  --on-hang kill ended the job: exit status {EXIT_HANG}")
+    elif section.get("on_hang") == "keep":
+        lines.append("  --on-hang keep: the job was left running")
+    return lines

@@ -313,12 +313,16 @@ def run_program(request: RunRequest) -> int:
 
     if request.quiet and not request.json_path and not request.fail_over and not request.report:
         return status  # nothing would show the summary: don't spend time reading traces
-    return _report(request, config, status, started, time.perf_counter() - start)
+    hang_ended = hang_watch is not None and hang_watch.killed
+    return _report(request, config, status, started, time.perf_counter() - start, hang_ended=hang_ended)
 
 
-def _report(request: RunRequest, config: AgentConfig, status: int, started: float, duration_s: float) -> int:
+def _report(
+    request: RunRequest, config: AgentConfig, status: int, started: float, duration_s: float, hang_ended: bool = False
+) -> int:
     """Summary, --json and --fail-over after the program exited. The program's status wins, except that a
-    budget that was exceeded, or could not be checked, fails a run that succeeded."""
+    budget that was exceeded, or could not be checked, fails a run that succeeded. `hang_ended`: `--on-hang kill`
+    ended the job."""
     from stepcli.run.console import print_run_summary
     from stepcli.run.summary import analysis_progress, build_run_summary, write_run_summary
     from stepcli.traces.readonce import RunTraces
@@ -329,7 +333,14 @@ def _report(request: RunRequest, config: AgentConfig, status: int, started: floa
     try:
         with analysis_progress(not request.quiet):
             summary = build_run_summary(
-                config, command=display, exit_status=status, started_at=started, duration_s=duration_s, traces=traces
+                config,
+                command=display,
+                exit_status=status,
+                started_at=started,
+                duration_s=duration_s,
+                traces=traces,
+                on_hang=request.on_hang,
+                hang_ended=hang_ended,
             )
     except Exception as exc:  # the program's result, and the --json file CI reads next, must survive a bug here
         from stepcli.run.guard import summary_failed

@@ -171,9 +171,12 @@ def build_run_summary(
     started_at: float,
     duration_s: float,
     traces: RunTraces | None = None,
+    on_hang: str | None = None,
+    hang_ended: bool = False,
 ) -> RunSummary:
     """Everything the run measured, as a JSON-able document (schema `stepcli.run`, version 2), its advice
-    included. With `traces`, the trace files are read through it (and kept there for report.html)."""
+    included. With `traces`, the trace files are read through it (and kept there for report.html). `on_hang` and
+    `hang_ended` (the launcher ended the job after a hang dump) go into the `hang` section."""
     from stepcli.run.steplogs import load_step_logs
 
     logs, refused = load_step_logs(config, since=started_at)  # signed, schema-checked, traces inside out_dir
@@ -281,7 +284,13 @@ def build_run_summary(
         "flops": (analysis or {}).get("flops"),
         "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
         "compile": compile_summary(logs),
-        "hang": hang_summary(config.out_dir, started_at),  # --hang-timeout reports (stepcli/run/hangreport.py)
+        "hang": hang_summary(  # --hang-timeout reports (stepcli/run/hangreport.py)
+            config.out_dir,
+            started_at,
+            timeout_s=config.hang_timeout or None,
+            on_hang=on_hang if config.hang_timeout else None,
+            ended_job=hang_ended,
+        ),
         "notes": notes,
     }
     summary["advice"] = _advice(summary, analysis)

@@ -214,7 +214,8 @@ def test_merge_aligns_ranks_and_opens_in_hta(sleep_run: dict[str, Any], tmp_path
     lined_up = [group for _, group in by_step if group["pid"].nunique() == 2]
     assert len(lined_up) >= 3
     for group in lined_up:
-        assert group["ts"].max() - group["ts"].min() < 0.25 * group["dur"].median()
+        # unaligned they would be 7 s apart; aligned, a loaded machine may still start one rank's step late
+        assert group["ts"].max() - group["ts"].min() < 1_000_000, group
 
 
 def test_merge_bad_input_and_foreign_output(sleep_run: dict[str, Any], tmp_path: Path) -> None:

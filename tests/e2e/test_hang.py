@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from browser import artifacts_dir
 from conftest import TRAIN_LOOP, load_trace, profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
 
 from stepcli.run.hang import EXIT_HANG
@@ -76,6 +79,8 @@ HANG_HOLDING_THE_GIL = HANG.replace("threading.Event().wait()", 're.match(r"(a+)
     "import datetime", "import datetime, re"
 )
 
+# The line of hang.py (HANG as written) where rank 1 blocks: the frame the summary and the report name.
+STUCK_LINE = textwrap.dedent(HANG).lstrip().splitlines().index("    threading.Event().wait()") + 1
 LIMIT_S = 180.0  # a generous upper bound for anything to appear on a busy 2-core machine
 
 
@@ -170,7 +175,11 @@ def test_a_hang_is_dumped_naming_the_blocked_rank_and_the_collective_the_other_w
     assert _dumps(out / "hang-1") == dumps  # the first dump is kept as it was
 
 
-def test_on_hang_kill_ends_the_job_with_its_status_and_the_saved_traces_stay_intact(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def killed_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One 2-rank job under `--hang-timeout 10s --on-hang kill` whose rank 1 hangs: its result, folders and the
+    run summary, shared by the tests that read what it left (one torchrun run for all of them)."""
+    tmp_path = tmp_path_factory.mktemp("killed")
     script = write_script(tmp_path, "hang.py", HANG)
     out = tmp_path / "out"
     result = run_stepcli(
@@ -193,6 +202,14 @@ def test_on_hang_kill_ends_the_job_with_its_status_and_the_saved_traces_stay_int
         cwd=tmp_path,
         timeout=LIMIT_S + 60,
     )
+    summary = json.loads((tmp_path / "run.json").read_text()) if (tmp_path / "run.json").exists() else None
+    return {"result": result, "out": out, "summary": summary}
+
+
+def test_on_hang_kill_ends_the_job_with_its_status_and_the_saved_traces_stay_intact(
+    killed_job: dict[str, Any],
+) -> None:
+    result, out = killed_job["result"], killed_job["out"]
     assert result.returncode == EXIT_HANG == 124, result.stderr
     assert f"--on-hang kill: ending the job (exit status {EXIT_HANG})" in result.stderr
     dumps = _dumps(out / "hang-1")
@@ -203,7 +220,7 @@ def test_on_hang_kill_ends_the_job_with_its_status_and_the_saved_traces_stay_int
         assert load_trace(trace)["traceEvents"]  # valid JSON
         assert profiler_steps(trace) == [2, 3, 4]
     assert not list(out.glob("hang-2"))  # killed after the first dump
-    summary = json.loads((tmp_path / "run.json").read_text())
+    summary = killed_job["summary"]
     assert summary["exit_status"] == EXIT_HANG
     (report,) = summary["hang"]["reports"]
     assert report["folder"] == str(out / "hang-1")
@@ -213,14 +230,101 @@ def test_on_hang_kill_ends_the_job_with_its_status_and_the_saved_traces_stay_int
         and report["processes"][0]["collective"]["seq"] == 6
     )
     assert report["processes"][1]["where"].startswith("stuck_forever (")
+    assert report["processes"][0]["where"].startswith("main (")  # the program's frame, not stepcli's wrapper
     assert "rank 1" in report["verdict"] and "holds the job back" in report["verdict"]
+    assert 10.0 <= report["idle_s"] <= 30.0
+    assert {k: summary["hang"][k] for k in ("timeout_s", "on_hang", "ended_job")} == {
+        "timeout_s": 10.0,
+        "on_hang": "kill",
+        "ended_job": True,
+    }
+
+
+def test_the_run_summary_on_the_terminal_says_where_the_job_hung_and_that_it_was_ended(
+    killed_job: dict[str, Any],
+) -> None:
+    lines = killed_job["result"].stderr.splitlines()
+    start = lines.index("stepcli summary")
+    status = next(i for i in range(start, len(lines)) if lines[i].startswith("status "))
+    first = next(i for i in range(start, len(lines)) if lines[i].startswith("hang: "))
+    assert re.fullmatch(r"hang: at step 5, no process completed a step for \d+\.\d s", lines[first]), lines[first]
+    block = lines[first : first + 5]
+    assert block[1:] == [
+        f"  rank 1 holds the job back: in stuck_forever (hang.py:{STUCK_LINE}), not in a collective",
+        "  rank 0 waits in all_reduce #6",
+        "  stacks of every process: out/hang-1/",
+        "  --on-hang kill ended the job: exit status 124",
+    ], block
+    assert status < first < lines.index("next:")  # under the outcome it explains
+    assert lines[first + 5].startswith("trace ")  # and nothing more
+    assert all(len(line) <= 80 and line == line.rstrip() for line in block)  # a pipe: no trailing spaces
+
+
+def _hang_section(page: str) -> str:
+    start = page.index('<h2 id="hang">Hang</h2>')
+    return page[start : page.index("<h2", start + 1)]
+
+
+def test_report_html_has_a_hang_section_verdict_first(killed_job: dict[str, Any]) -> None:
+    page = (killed_job["out"] / "report.html").read_text()
+    section = _hang_section(page)
+    assert page.index('<h2 id="hang">') < page.index('<h2 id="advice">')  # the first thing after the figures
+    verdict = re.search(r'id="hang-verdict-1"><b>(.*?)</b>(.*?)</div>', section)
+    assert verdict is not None and section.index("hang-verdict-1") < section.index("<table")
+    assert re.fullmatch(
+        rf"rank 1 \(pid \d+\) is in stuck_forever \(.*/hang\.py:{STUCK_LINE}\) while 1 process waits in "
+        r"all_reduce #6: it holds the job back",
+        verdict.group(1),
+    ), verdict.group(1)
+    said = re.sub(r"<[^>]+>", "", verdict.group(2))
+    assert re.fullmatch(
+        r"The hang was called at step 5: no process completed a step for \d+\.\d s \(--hang-timeout 10 s\)\. "
+        r"stepcli ended the job after the dump \(--on-hang kill, exit status 124\)\.",
+        said,
+    ), said
+    assert '<a href="hang-1/"><code>' in section
+    rows = [
+        (kind, [re.sub(r"<[^>]+>", "", cell) for cell in re.findall(r"<td[^>]*>(.*?)</td>", cells)])
+        for kind, cells in re.findall(r'<tr class="(\w+)">(.*?)</tr>', section)
+    ]
+    # process, pid, host, step, waiting, collective, where
+    assert [(kind, cells[0], cells[3], cells[4]) for kind, cells in rows] == [
+        ("waiting", "rank 0", "5", "waits in a collective"),
+        ("elsewhere", "rank 1", "5", "not in a collective"),
+    ]
+    assert re.fullmatch(r"all_reduce #6 entered \d+\.\d s before the dump", rows[0][1][5])
+    assert rows[1][1][5] == "all_reduce #5 returned"
+    assert re.fullmatch(r"main \(.*/hang\.py:\d+\)", rows[0][1][6])
+    assert re.fullmatch(rf"stuck_forever \(.*/hang\.py:{STUCK_LINE}\)", rows[1][1][6])
+
+
+def test_the_hang_section_is_visible_in_a_browser(killed_job: dict[str, Any], browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    from selenium.webdriver.common.by import By
+
+    browser.get_log("browser")
+    browser.get((killed_job["out"] / "report.html").resolve().as_uri())
+    assert [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")] == []
+    section = browser.find_element(By.ID, "hang")
+    verdict = browser.find_element(By.ID, "hang-verdict-1")
+    table = browser.find_element(By.ID, "hang-processes-1")
+    assert section.is_displayed() and verdict.is_displayed() and table.is_displayed()
+    assert "holds the job back" in verdict.text and "stuck_forever" in verdict.text
+    assert "stepcli ended the job after the dump" in verdict.text
+    # on screen without scrolling (the page opens on the figures, then the hang), the table within the page's width
+    top = browser.execute_script("return arguments[0].getBoundingClientRect().top", section)
+    assert 0 < top < browser.execute_script("return window.innerHeight"), top
+    width = browser.execute_script("return [arguments[0].scrollWidth, document.body.clientWidth]", table)
+    assert width[0] <= width[1], width
+    shot = artifacts_dir(tmp_path) / "report-hang.png"
+    browser.save_screenshot(str(shot))
+    print(f"screenshot: {shot}")
+    assert shot.stat().st_size > 10_000
 
 
 def test_a_healthy_run_with_a_hang_timeout_prints_nothing_extra(tmp_path: Path) -> None:
     """The run lasts longer than the timeout (60 steps of at least 0.1 s), its steps a small fraction of it."""
     script = write_script(tmp_path, "train.py", TRAIN_LOOP.replace("opt.step()", "opt.step(); time.sleep(0.1)"))
     script.write_text("import time\n" + script.read_text())
-    plain = run_stepcli("run", "-o", tmp_path / "plain", script, "60", cwd=tmp_path)
     watched = run_stepcli(
         "run",
         "--hang-timeout",
@@ -233,13 +337,15 @@ def test_a_healthy_run_with_a_hang_timeout_prints_nothing_extra(tmp_path: Path) 
         "60",
         cwd=tmp_path,
     )
-    assert plain.returncode == watched.returncode == 0, watched.stderr
-    assert watched.stdout == plain.stdout
+    assert watched.returncode == 0, watched.stderr
+    assert watched.stdout == "".join(f"iter {i}\n" for i in range(60))  # the program's own output, untouched
     said = [line for line in watched.stderr.splitlines() if line.startswith("stepcli:")]
     extra = [line for line in said if any(word in line for word in ("hang:", "stacks", "waits in", "frames", "->"))]
     assert not extra and said[0].startswith("stepcli: recording steps 2-4"), said
     assert not list((tmp_path / "watched").glob("hang-*"))
     assert json.loads((tmp_path / "run.json").read_text())["hang"] is None
+    assert not any(line.startswith("hang") for line in watched.stderr.splitlines())  # no block in the summary
+    assert 'id="hang"' not in (tmp_path / "watched" / "report.html").read_text()  # no section in the page
 
 
 def test_capture_stacks_dumps_a_process_blocked_in_a_sleep(tmp_path: Path) -> None:
@@ -356,3 +462,15 @@ def test_a_rank_stuck_in_c_code_holding_the_gil_is_found_by_a_probe_and_dumped_b
     assert dumps["rank0"]["collective"]["seq"] == 6 and not dumps["rank0"]["collective"]["returned"]
     verdict = next(line for line in result.stderr.splitlines() if "holds the job back" in line)
     assert "rank 1" in verdict and "stuck_forever" in verdict and "all_reduce #6" in verdict
+    # the run summary says it too: the rank, where, and why (its Python could not run)
+    lines = result.stderr.splitlines()
+    first = lines.index("stepcli summary") + next(
+        i for i, line in enumerate(lines[lines.index("stepcli summary") :]) if line.startswith("hang: ")
+    )
+    block = lines[first : lines.index("  stacks of every process: out/hang-1/", first)]
+    said = " ".join(line.strip() for line in block)
+    assert (
+        f"rank 1 holds the job back: in stuck_forever (hang.py:{STUCK_LINE}), stuck in C code that holds the GIL "
+        "(its Python could not run) rank 0 waits in all_reduce #6"
+    ) in said, block
+    assert all(len(line) <= 80 for line in block)

@@ -159,3 +159,92 @@ def test_memory_curves_read_in_worker_processes_equal_the_serial_read(tmp_path: 
     assert memory_curves(paths, jobs=3) == serial
     assert [label for label, _ in serial] == [f"host_{r} {d}" for r in range(3) for d in ("CPU", "CUDA:0")]
     assert serial[2][1][0] == (0.0, 1000.0) and len(serial[5][1]) == 26
+
+
+def _hang_summary(tmp_path: Path, hang: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "schema": "stepcli.run",
+        "command": ["torchrun", "t.py"],
+        "exit_status": 124,
+        "out_dir": str(tmp_path / "out"),
+        "processes": [{"worker": "rank0", "rank": 0, "step_times_ms": [100.0, 10.0, 10.0], "phases": "000"}],
+        "hang": hang,
+    }
+
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+def test_the_hang_section_comes_first_verdict_first_everything_escaped(tmp_path: Path) -> None:
+    from stepcli.report.page import render
+
+    stuck = {"function": f"stuck{HOSTILE}", "file": f"/w/{HOSTILE}.py", "line": 12}
+    hang = {
+        "reports": [
+            {
+                "folder": str(tmp_path / "out" / "hang-1"),
+                "idle_s": 10.4,
+                "verdict": f"-> rank 1 (pid 101) is in stuck{HOSTILE} (/w/{HOSTILE}.py:12) while 1 process waits in "
+                "all_reduce #6: it holds the job back",
+                "processes": [
+                    {
+                        "rank": 0,
+                        "pid": 100,
+                        "host": "h",
+                        "step": 5,
+                        "waiting": True,
+                        "collective": {"name": "all_reduce", "seq": 6, "entered_s_ago": 10.2, "returned": False},
+                        "where": "main (/w/t.py:20)",
+                    },
+                    {
+                        "rank": 1,
+                        "pid": 101,
+                        "host": "h",
+                        "step": 5,
+                        "waiting": False,
+                        "collective": {"name": "all_reduce", "seq": 5, "returned": True},
+                        "where": f"{stuck['function']} ({stuck['file']}:12)",
+                        "frame": stuck,
+                        "source": "faulthandler",
+                    },
+                ],
+            }
+        ],
+        "timeout_s": 10.0,
+        "on_hang": "kill",
+        "ended_job": True,
+    }
+    page = render(build(_hang_summary(tmp_path, hang), [], []), str(tmp_path / "out" / "report.html"))
+    assert HOSTILE not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    section = page[page.index('<h2 id="hang">') : page.index('<h2 id="advice">')]  # before the advice
+    verdict = re.search(r'<div class="card advice hang-verdict" id="hang-verdict-1"><b>(.*?)</b>(.*?)</div>', section)
+    assert verdict and section.index("hang-verdict-1") < section.index("<table")  # the verdict first
+    assert verdict.group(1).startswith("rank 1 (pid 101) is in stuck&lt;img") and "holds the job back" in verdict.group(
+        1
+    )
+    assert verdict.group(2) == (  # when, and what --on-hang did
+        "The hang was called at step 5: no process completed a step for 10.4 s (--hang-timeout 10 s). "
+        '<span id="hang-outcome"><strong>stepcli ended the job after the dump</strong> (--on-hang kill, exit status 124).</span>'
+    )
+    assert '<a href="hang-1/"><code>' in section  # relative to the page, so the folder opens from it
+    rows = [
+        (kind, re.findall(r"<td[^>]*>(.*?)</td>", cells))
+        for kind, cells in re.findall(r'<tr class="(\w+)">(.*?)</tr>', section)
+    ]
+    # process, pid, host, step, waiting, collective, where
+    assert [(kind, cells[0], cells[3]) for kind, cells in rows] == [
+        ("waiting", "rank 0", "5"),
+        ("elsewhere", "rank 1", "5"),
+    ]
+    assert rows[0][1][5] == "<code>all_reduce #6</code> entered 10.2 s before the dump"
+    assert rows[1][1][4] == "<b>not in a collective</b>" and rows[1][1][5] == "<code>all_reduce #5</code> returned"
+    assert rows[1][1][6].startswith("<code>stuck&lt;img src=x onerror=alert(1)&gt; (/w/&lt;img")
+    assert "C code holding the GIL" in section
+
+
+def test_no_hang_no_section(tmp_path: Path) -> None:
+    from stepcli.report.page import render
+
+    for hang in (None, {"reports": []}, {"reports": ["junk"]}):
+        page = render(build(_hang_summary(tmp_path, hang), [], []), str(tmp_path / "report.html"))
+        assert 'id="hang"' not in page and "hang-verdict" not in page

@@ -15,7 +15,7 @@ from stepcli.agent.stacks import STALL_PREFIX, StackDumper
 from stepcli.agent.tracker import StepTracker
 from stepcli.errors import StepcliError
 from stepcli.run.hang import check_options, parse_duration
-from stepcli.run.hangreport import describe_dumps, parse_faulthandler, verdict
+from stepcli.run.hangreport import describe_dumps, own_frame, parse_faulthandler, summary_lines, verdict
 
 
 @pytest.mark.parametrize(
@@ -197,3 +197,134 @@ def test_the_dump_is_asked_only_once_the_fault_text_is_written(monkeypatch: pyte
     )
     hang.request_stacks(str(tmp_path), str(tmp_path), "stacks", [process], wait_s=1.0)
     assert sent == [(fault_signal(), 0), (dump_signal(), 400)]
+
+
+def _entry(rank: int | None, waiting: bool, collective: dict[str, Any] | None, frame: tuple[str, str, int]) -> Any:
+    """One process of the run summary's `hang` report, as hang_summary writes it."""
+    function, file, line = frame
+    return {
+        "worker": f"rank{rank}",
+        "rank": rank,
+        "pid": 100 + (rank or 0),
+        "host": "h",
+        "step": 5,
+        "collective": collective,
+        "waiting": waiting,
+        "where": f"{function} ({file}:{line})",
+        "frame": {"function": function, "file": file, "line": line},
+        "source": "python",
+        "file": f"rank{rank}.h.{100 + (rank or 0)}.json",
+    }
+
+
+HELD_BACK = {
+    "reports": [
+        {
+            "folder": "/runs/out/hang-1",
+            "idle_s": 10.4,
+            "processes": [
+                _entry(0, True, _waiting(6), ("main", "/work/train.py", 20)),
+                _entry(1, False, {"name": "all_reduce", "seq": 5, "returned": True}, ("stuck", "/work/train.py", 12)),
+            ],
+            "verdict": "-> rank 1 (pid 101) is in stuck (/work/train.py:12) while 1 process waits in all_reduce #6: "
+            "it holds the job back",
+        }
+    ],
+    "timeout_s": 10.0,
+    "on_hang": "kill",
+    "ended_job": True,
+}
+
+
+def test_the_summary_block_says_when_who_why_where_and_that_the_job_was_ended() -> None:
+    lines = summary_lines(HELD_BACK, lambda path: path.replace("/runs/", ""))
+    assert lines == [
+        "hang: at step 5, no process completed a step for 10.4 s",
+        "  rank 1 holds the job back: in stuck (train.py:12), not in a collective",
+        "  rank 0 waits in all_reduce #6",
+        "  stacks of every process: out/hang-1/",
+        "  --on-hang kill ended the job: exit status 124",
+    ]
+
+
+def test_the_summary_block_fits_80_columns_and_has_no_trailing_spaces() -> None:
+    long_name = "a_function_with_a_name_long_enough_to_need_a_second_line_of_its_own_" * 2
+    section = json.loads(json.dumps(HELD_BACK))
+    report = section["reports"][0]
+    report["processes"][1]["frame"]["function"] = long_name
+    report["processes"] += [_entry(r, True, _waiting(6), ("main", "/w/t.py", 1)) for r in (2, 3, 4, 6, 7)]
+    report["folder"] = "/a/very/long/output/folder/" + "x" * 80 + "/hang-1"
+    lines = summary_lines(section)
+    path = f"  {report['folder']}/"
+    assert path in lines and lines[lines.index(path) - 1] == "  stacks of every process:"  # never cut
+    assert all(len(line) <= 80 and line == line.rstrip() for line in lines if line != path), lines
+    assert "  ranks 0, 2-4, 6-7 wait in all_reduce #6" in lines
+    assert "".join(lines).replace(" ", "").count(long_name) == 1  # wrapped, not lost
+
+
+def test_the_summary_block_for_other_verdicts_and_repeated_reports() -> None:
+    waiters = [_entry(r, True, _waiting(6), ("main", "/t.py", 1)) for r in (0, 1)]
+    everybody = {
+        "reports": [{"folder": f"o/hang-{n}", "idle_s": 30.0 * n, "processes": waiters} for n in (1, 2)],
+        "on_hang": "keep",
+        "ended_job": False,
+    }
+    assert summary_lines(everybody) == [
+        "hang: at step 5, no process completed a step for 30.0 s",
+        "  every process waits in all_reduce #6: a peer outside this dump, or the",
+        "    transport, is stuck",
+        "  stacks of every process: o/hang-1/",
+        "hang: at step 5, no process completed a step for 60.0 s, as above",
+        "  stacks of every process: o/hang-2/",
+        "  --on-hang keep: the job was left running",
+    ]
+    mismatched = {
+        "reports": [
+            {
+                "folder": "o/hang-1",
+                "idle_s": None,
+                "processes": [
+                    _entry(0, True, _waiting(6), ("m", "/t.py", 1)),
+                    _entry(1, True, _waiting(6, "barrier"), ("m", "/t.py", 1)),
+                ],
+            }
+        ],
+        "timeout_s": 60.0,
+    }
+    assert summary_lines(mismatched)[:4] == [
+        "hang: at step 5, no process completed a step for 60 s or more",
+        "  the processes wait in different collectives: mismatched collectives",
+        "  rank 0 waits in all_reduce #6",
+        "  rank 1 waits in barrier #6",
+    ]
+    gil = json.loads(json.dumps(HELD_BACK))
+    gil["reports"][0]["processes"][1].update(source="faulthandler", step=None, collective=None)
+    assert summary_lines(gil)[1:3] == [
+        "  rank 1 holds the job back: in stuck (train.py:12), stuck in C code that holds",
+        "    the GIL (its Python could not run)",
+    ]
+    alone = {"reports": [{"folder": "o/hang-1", "processes": [_entry(None, False, None, ("nap", "/n.py", 3))]}]}
+    alone["reports"][0]["processes"][0]["step"] = None  # nothing says when: no step, no time, no timeout
+    assert summary_lines(alone) == [
+        "hang: no process completed a step",
+        "  no process waits in a collective",
+        "  pid 100 is in nap (n.py:3)",
+        "  stacks of every process: o/hang-1/",
+    ]
+
+
+@pytest.mark.parametrize("section", [None, {}, {"reports": []}, {"reports": ["junk", 3]}, "junk"])
+def test_no_hang_no_block(section: Any) -> None:
+    assert summary_lines(section) == []
+
+
+def test_the_programs_own_frame_skips_the_standard_library_and_stepcli() -> None:
+    import stepcli.agent.collectives as wrapper
+
+    frames = [
+        {"function": "wait", "file": str(Path(json.__file__).parent.parent / "threading.py"), "line": 1},
+        {"function": "stepcli_collective", "file": wrapper.__file__, "line": 99},  # the collective's wrapper
+        {"function": "main", "file": "/work/train.py", "line": 20},
+    ]
+    assert own_frame(frames) == frames[2]
+    assert own_frame(frames[:2]) == frames[0]  # nothing of the program's: the innermost

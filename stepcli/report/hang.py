@@ -1,0 +1,128 @@
+"""report.html's "Hang" section: the run summary's `hang` section (built by stepcli/run/hangreport.py), shown only
+when `stepcli run --hang-timeout` reported a hang. Per report the verdict comes first (who holds the job back, the
+collective the others wait in) with when the hang was called (after the last report, what `--on-hang` did), then
+where the stacks are and one row per process. Everything in it comes from the program (file paths, function names) or from a file on disk, so
+every value is escaped; nothing is computed here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+from stepcli.fmt import html_escape as escape
+
+
+def _text(value: Any) -> str:
+    return escape(str(value))
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _href(path: str, base: str) -> str:
+    """A link to `path` relative to the page's folder (as the page's trace links are)."""
+    try:
+        relative = os.path.relpath(path, base)
+    except ValueError:
+        relative = path
+    return escape("/".join(quote(part) for part in relative.split(os.sep)) + "/")
+
+
+def _process(process: Mapping[str, Any]) -> str:
+    rank = process.get("rank")
+    return f"rank {_text(rank)}" if rank is not None else f"pid {_text(process.get('pid'))}"
+
+
+def _collective(process: Mapping[str, Any]) -> str:
+    collective = process.get("collective")
+    if not isinstance(collective, Mapping):
+        return '<span class="muted">none entered</span>'
+    name = f"<code>{_text(collective.get('name'))} #{_text(collective.get('seq'))}</code>"
+    entered = _number(collective.get("entered_s_ago"))
+    if process.get("waiting") is True:
+        return name + (f" entered {entered:.1f} s before the dump" if entered is not None else "")
+    return name + " returned"
+
+
+def _where(process: Mapping[str, Any]) -> str:
+    where = process.get("where")
+    cell = f"<code>{_text(where)}</code>" if where else '<span class="muted">no Python frame</span>'
+    if process.get("source") == "faulthandler":
+        cell += ' <span class="muted">(its Python could not run: C code holding the GIL? faulthandler\'s stacks)</span>'
+    return cell
+
+
+def _table(processes: list[Mapping[str, Any]], index: int) -> str:
+    head = (
+        "<tr><th>process</th><th>pid</th><th>host</th><th>step</th><th>waiting</th>"
+        "<th>collective</th><th>where (innermost frame of the program's own code)</th></tr>"
+    )
+    rows = []
+    for process in processes:
+        waiting = process.get("waiting") is True
+        rows.append(
+            f'<tr class="{"waiting" if waiting else "elsewhere"}"><td>{_process(process)}</td>'
+            f"<td>{_text(process.get('pid'))}</td><td>{_text(process.get('host'))}</td>"
+            f"<td>{_text(process.get('step'))}</td>"
+            f"<td>{'waits in a collective' if waiting else '<b>not in a collective</b>'}</td>"
+            f'<td>{_collective(process)}</td><td class="where">{_where(process)}</td></tr>'
+        )
+    return (
+        f'<table class="hang" id="hang-processes-{index}"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
+    )
+
+
+def _called(report: Mapping[str, Any], processes: list[Mapping[str, Any]], timeout: float | None) -> str:
+    steps = sorted({p["step"] for p in processes if isinstance(p.get("step"), int)})
+    at = "" if not steps else f" at step {steps[0]}" if len(steps) == 1 else f" at steps {steps[0]}-{steps[-1]}"
+    idle = _number(report.get("idle_s"))
+    if idle is not None:
+        stalled = f"no process completed a step for {idle:.1f} s"
+    elif timeout is not None:
+        stalled = f"no process completed a step for {timeout:g} s or more"
+    else:
+        stalled = "no process completed a step"
+    limit = f" (--hang-timeout {timeout:g} s)" if timeout is not None else ""
+    return f"The hang was called{at}: {stalled}{limit}."
+
+
+def hang_section(hang: Any, base: str, exit_status: Any = None) -> str:
+    """The whole section, or '' when the run reported no hang. `base`: the page's folder, for the stacks links;
+    `exit_status`: the run's, said when `--on-hang kill` ended the job."""
+    if not isinstance(hang, Mapping):
+        return ""
+    reports = [r for r in hang.get("reports") or [] if isinstance(r, Mapping)]
+    if not reports:
+        return ""
+    timeout = _number(hang.get("timeout_s"))
+    outcome = ""
+    if hang.get("ended_job") is True:
+        status = f", exit status {_text(exit_status)}" if exit_status is not None else ""
+        outcome = f' <span id="hang-outcome"><strong>stepcli ended the job after the dump</strong> (--on-hang kill{status}).</span>'
+    elif hang.get("on_hang") == "keep":
+        outcome = ' <span id="hang-outcome">The job was left running (--on-hang keep).</span>'
+    parts = ['<h2 id="hang">Hang</h2>']
+    for index, report in enumerate(reports, 1):
+        processes = [p for p in report.get("processes") or [] if isinstance(p, Mapping)]
+        folder = str(report.get("folder") or "")
+        if len(reports) > 1:
+            parts.append(f"<h3>{_text(os.path.basename(folder.rstrip('/')))}</h3>")
+        verdict = report.get("verdict")
+        if isinstance(verdict, str) and verdict:
+            finding = _text(verdict.removeprefix("-> "))
+        else:
+            finding = "No verdict: no process waits in a collective. Where each one is, below."
+        parts.append(
+            f'<div class="card advice hang-verdict" id="hang-verdict-{index}"><b>{finding}</b>'
+            f"{_text(_called(report, processes, timeout))}{outcome if index == len(reports) else ''}</div>"
+        )
+        parts.append(
+            f"<p>Stacks of every process (every thread's frames, faulthandler's text, the last collective): "
+            f'<a href="{_href(folder, base)}"><code>{_text(folder)}/</code></a></p>'
+        )
+        parts.append(_table(processes, index))
+    return "\n".join(parts)
