@@ -6,10 +6,10 @@ For each real trace (or folder of ranks) under --traces (default: ../shared/trac
 in separate processes: HTA 0.5.0's temporal breakdown + communication/computation overlap + kernel breakdown
 (`TraceAnalysis(...)`, `get_temporal_breakdown`, `get_comm_comp_overlap`, `get_gpu_kernel_breakdown`), and
 `stepcli table --json` (which also gives idle time by cause, launch statistics and the operator tables). It prints
-each one's wall time, CPU time (user + system) and peak RSS (the run with the least CPU time of --repeat), the
-ratios HTA / stepcli (the goal: at least 10x on traces of 100k events and more; on a machine shared with other
-work, the CPU ratio is the steadier one), and the overlap each reports as a sanity check (HTA over the whole trace minus
-its last step, stepcli over the recorded steps, so they differ a little).
+each one's wall time, CPU time (user + system) and peak RSS (the run with the least CPU time of --repeat, the two
+taking turns), the ratios HTA / stepcli (the goal: at least 10x on traces of 100k events and more; on a machine
+shared with other work, the CPU ratio is the steadier one), and the overlap each reports as a sanity check (HTA over
+the whole trace minus its last step, stepcli over the recorded steps, so they differ a little).
 
 Both run from compiled bytecode, as installed packages do: pip compiled HTA and its dependencies when it installed
 them, and this script compiles the checkout's stepcli first (with PYTHONDONTWRITEBYTECODE=1, as set on the project's
@@ -49,14 +49,16 @@ HTA_SCRIPT = textwrap.dedent(
 
 
 def _events(path: Path) -> int:
-    import gzip
-
-    files = sorted(path.glob("*.json.gz")) if path.is_dir() else [path]
-    total = 0
-    for file in files:
-        with gzip.open(file, "rt") if file.suffix == ".gz" else open(file) as f:
-            total += len(json.load(f)["traceEvents"])
-    return total
+    """Events in a trace (or a folder of them), counted in a child: the measured commands are forked from this
+    process, and a child's peak RSS counts the pages of the parent it was forked from (see bench_table.generate)."""
+    code = (
+        "import gzip, json, sys; from pathlib import Path; p = Path(sys.argv[1]); "
+        "files = sorted(p.glob('*.json.gz')) if p.is_dir() else [p]; "
+        "print(sum(len(json.load(gzip.open(f, 'rt') if f.suffix == '.gz' else open(f))['traceEvents']) for f in files))"
+    )
+    return int(
+        subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True).stdout
+    )
 
 
 def measure(argv: list[str]) -> tuple[float, float, int]:
@@ -85,9 +87,14 @@ def measure(argv: list[str]) -> tuple[float, float, int]:
     return elapsed, usage.ru_utime + usage.ru_stime, max(peak, usage.ru_maxrss * 1024)
 
 
-def _best(argv: list[str], repeat: int) -> tuple[float, float, int]:
-    """The run with the least CPU time of `repeat` (on a shared machine wall time mostly measures the others)."""
-    return min((measure(argv) for _ in range(max(1, repeat))), key=lambda run: run[1])
+def _best_of_rounds(commands: list[list[str]], repeat: int) -> list[tuple[float, float, int]]:
+    """Per command, its run with the least CPU time of `repeat`, the commands taking turns (round-robin), so that
+    a change of load on a shared machine hits them alike (wall time there mostly measures the others)."""
+    runs: list[list[tuple[float, float, int]]] = [[] for _ in commands]
+    for _ in range(max(1, repeat)):
+        for argv, mine in zip(commands, runs):
+            mine.append(measure(argv))
+    return [min(mine, key=lambda run: run[1]) for mine in runs]
 
 
 def bench(target: Path, repeat: int, workdir: Path) -> tuple[str, ...]:
@@ -101,8 +108,10 @@ def bench(target: Path, repeat: int, workdir: Path) -> tuple[str, ...]:
     script = workdir / "hta_bench.py"
     script.write_text(HTA_SCRIPT)
     overlap_file = workdir / "overlap.json"
-    hta_s, hta_cpu, hta_rss = _best([sys.executable, str(script), str(folder), str(overlap_file)], repeat)
-    stepcli_s, stepcli_cpu, stepcli_rss = _best(stepcli_cmd("table", "--json", str(target)), repeat)
+    (hta_s, hta_cpu, hta_rss), (stepcli_s, stepcli_cpu, stepcli_rss) = _best_of_rounds(
+        [[sys.executable, str(script), str(folder), str(overlap_file)], stepcli_cmd("table", "--json", str(target))],
+        repeat,
+    )
     hta_overlap = json.loads(overlap_file.read_text())
     table = subprocess.run(stepcli_cmd("table", "--json", str(target)), capture_output=True, text=True, check=True)
     ranks = json.loads(table.stdout)["ranks"]
