@@ -41,9 +41,11 @@ SLEEPER = """
 """
 # The step: long against the noise a busy machine adds. With two CPU burners on 2 cores, a sleeping process wakes
 # up late by an amount that is absolute (measured: medians of unchanged runs apart by +0.5 ms, +5% of an 8 ms
-# step, with a 95% CI reaching +14%: INCONCLUSIVE); 20 ms makes that about 2%.
-SLEEP_MS = 20.0
-# Steps per run (~3 s of sleeping, all four runs at once): 128 untouched steps decide.
+# step, with a 95% CI reaching +14%: INCONCLUSIVE); 20 ms makes that about 2%. The recorded steps that name the
+# cause are fewer, and all four windows record (and save) at once: there, one run's sleeps were seen 4 ms long
+# beside a CPU burner, a 20 ms sleep's 25% change hidden; 40 ms makes the change 10 ms against that.
+SLEEP_MS = 40.0
+# Steps per run (~6 s of sleeping, all four runs at once): 128 untouched steps decide.
 STEPS = 150
 ACTIVE = 20  # recorded steps 2-21: enough for per-operator attribution (OP_MIN_STEPS); 22-149 stay untouched
 FIRST_UNTOUCHED = ACTIVE + 2
