@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote
 
 from stepcli.fmt import html_escape as escape
+from stepcli.report.links import page_href
 
 
 def _text(value: Any) -> str:
@@ -21,15 +21,6 @@ def _text(value: Any) -> str:
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _href(path: str, base: str) -> str:
-    """A link to `path` relative to the page's folder (as the page's trace links are)."""
-    try:
-        relative = os.path.relpath(path, base)
-    except ValueError:
-        relative = path
-    return escape("/".join(quote(part) for part in relative.split(os.sep)) + "/")
 
 
 def _process(process: Mapping[str, Any]) -> str:
@@ -122,7 +113,7 @@ def hang_section(hang: Any, base: str, exit_status: Any = None) -> str:
         )
         parts.append(
             f"<p>Stacks of every process (every thread's frames, faulthandler's text, the last collective): "
-            f'<a href="{_href(folder, base)}"><code>{_text(folder)}/</code></a></p>'
+            f'<a href="{page_href(folder, base)}/"><code>{_text(folder)}/</code></a></p>'
         )
         parts.append(_table(processes, index))
     return "\n".join(parts)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import quote
 
 from stepcli import __version__, fmt
 from stepcli.fmt import html_escape as escape
@@ -17,6 +16,7 @@ from stepcli.report import GENERATOR, lateness, svg
 from stepcli.report.data import ReportData
 from stepcli.report.gpu import gpu_section
 from stepcli.report.hang import hang_section
+from stepcli.report.links import page_href
 from stepcli.report.memorysnapshots import snapshot_section
 from stepcli.report.steprecord import step_record_section
 from stepcli.traces.render import shorten
@@ -337,12 +337,7 @@ def _facts(data: ReportData, base: str) -> list[str]:
     for label, value in data.facts:
         parts.append(f"<dt>{escape(label)}</dt><dd>{escape(value)}</dd>")
     for label, path in data.files:
-        try:
-            href = os.path.relpath(path, base)
-        except ValueError:
-            href = path
-        href = "/".join(quote(part) for part in href.split(os.sep))  # '#', '?', '%' and spaces in file names
-        parts.append(f'<dt>{escape(label)}</dt><dd><a href="{escape(href)}">{escape(path)}</a></dd>')
+        parts.append(f'<dt>{escape(label)}</dt><dd><a href="{page_href(path, base)}">{escape(path)}</a></dd>')
     parts.append("</dl>")
     if data.files:
         parts.append(

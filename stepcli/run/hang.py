@@ -335,12 +335,7 @@ class HangWatch:
         except OSError:
             return False
         for process in quiet:
-            if process.get("signal") != dump_signal():
-                continue
-            try:
-                os.kill(int(process["pid"]), int(process["signal"]))
-            except (ProcessLookupError, PermissionError, KeyError, ValueError, TypeError):
-                continue
+            _signal(process, process.get("signal"), dump_signal())
         deadline = time.monotonic() + min(PROBE_WAIT_S, max(2.0, self.timeout_s))  # no longer than a step may take
         silent = True
         while silent and time.monotonic() < deadline and not self._stopped.is_set():
