@@ -205,6 +205,16 @@ def _offset_transfers(parts: list[Columns]) -> dict[int, tuple[int, str, int, in
     return out
 
 
+def _offset_groups(parts: list[Columns]) -> dict[int, tuple[str, int, str]]:
+    """The parts' process groups keyed by event index in the joined columns."""
+    out: dict[int, tuple[str, int, str]] = {}
+    offset = 0
+    for part in parts:
+        out.update({offset + i: v for i, v in part.groups.items()})
+        offset += len(part)
+    return out
+
+
 def join(parts: list[Columns]) -> Columns:
     """Columns of consecutive ranges as one, their name, id and shape tables merged (first sight keeps order)."""
     names: dict[str, int] = {}
@@ -231,6 +241,7 @@ def join(parts: list[Columns]) -> Columns:
         shape=np.concatenate(shape),
         corr=np.concatenate([p.corr for p in parts]),
         transfers=_offset_transfers(parts),
+        groups=_offset_groups(parts),
         names=list(names),
         ids=list(ids),
         shapes=list(shapes),
