@@ -13,11 +13,11 @@ order in the step) across all ranks (gloo):
 - Per collective, on aligned clocks, among the members of its process group only: the **culprit** is the last
   rank to arrive; its **lateness** is its arrival minus the arrival of the rank before it; every other member
   **waits** the culprit's arrival minus its own (a rank outside the group is not charged).
-- Per rank: times last, lateness ms/step, wait caused to others ms/step, own wait ms/step, and its median **lead**
-  (its arrival minus the latest other rank's, over every collective).
+- Per rank, over the collectives it is a member of: times last, lateness ms/step, wait caused to others ms/step,
+  own wait ms/step, and its median **lead** (its arrival minus the latest other member's).
 - A culprit is named only when it is a finding, not noise: last in at least `MIN_LAST_SHARE` of its collectives
-  and more often than chance would make it (at most `MAX_CHANCE`; 1 in its groups' size), lateness of at least `MIN_LATENESS_MS` and
-  `MIN_STEP_SHARE` of the median step time per step, and its median lead above both the alignment error and
+  and more often than chance would make it (at most `MAX_CHANCE`; last at random: 1 in its groups' size),
+  lateness of at least `MIN_LATENESS_MS` and `MIN_STEP_SHARE` of the median step time per step, and its median lead above both the alignment error and
   `JITTER_FACTOR` times the lead's own jitter (a robust standard deviation over the collectives): late by a
   consistent margin, not by scheduling noise.
 - Its **cause**: over the collectives it arrived last at, its gap before arriving minus the median of the other
