@@ -17,11 +17,11 @@ order in the step) across all ranks (gloo):
   own wait ms/step, and its median **lead** (its arrival minus the latest other member's).
 - A culprit is named only when it is a finding, not noise: last in at least `MIN_LAST_SHARE` of its collectives
   and more often than chance would make it (at most `MAX_CHANCE`; last at random: 1 in its groups' size),
-  lateness of at least `MIN_LATENESS_MS` and `MIN_STEP_SHARE` of the median step time per step, and its median lead above both the alignment error and
-  `JITTER_FACTOR` times the lead's own jitter (a robust standard deviation over the collectives): late by a
-  consistent margin, not by scheduling noise.
+  lateness of at least `MIN_LATENESS_MS` and `MIN_STEP_SHARE` of the median step time per step, and its median
+  lead above both the alignment error and `JITTER_FACTOR` times the lead's own jitter (a robust standard deviation
+  over the collectives): late by a consistent margin, not by scheduling noise.
 - Its **cause**: over the collectives it arrived last at, its gap before arriving minus the median of the other
-  ranks' same gap, per cause (stepcli.traces.arrivals.CAUSES); the largest extra is the cause, with the operator
+  members' same gap, per cause (stepcli.traces.arrivals.CAUSES); the largest extra is the cause, with the operator
   (or garbage collection) names that account for it.
 """
 
