@@ -1,6 +1,8 @@
 """Synthetic NCCL-style traces of 4 ranks in two kinds of process groups, as torch >= 2.2 writes them: each
 collective is a `c10d::allreduce_` with a nested `record_param_comms` whose args name its process group, the
-group's ranks and its sequence number on the group, and an NCCL kernel on the device.
+group's ranks and its sequence number on the group, and an NCCL kernel on its group's own stream, launched by a
+`cudaLaunchKernel` inside the collective (the same `correlation`) and carrying the group but no `Seq`, as Kineto
+copies it.
 
 Tensor-parallel groups {0, 1} ("1") and {2, 3} ("2"), data-parallel groups {0, 2} ("3") and {1, 3} ("4"). Each
 100 ms step: 5 ms of aten::mm, a TP all-reduce, then a DP all-reduce 0.5 ms after the TP one is done. Rank r
@@ -52,7 +54,11 @@ def _collective(
     if options.get("seq", True):
         meta["Seq"] = seq
     host = {"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1}
-    return [
+    # the kernel's launch and its correlation id, unique per rank, group and sequence number
+    correlation = 1_000 * int(group) + seq
+    kernel_args = {k: v for k, v in meta.items() if k not in ("Seq", "Rank")}
+    kernel_args |= {"correlation": correlation} if options.get("launches", True) else {}
+    events = [
         {**host, "name": "c10d::allreduce_", "ts": arrive, "dur": 60.0, "args": {"External id": seq}},
         {**host, "name": "record_param_comms", "ts": arrive + 5, "dur": 50.0, "args": dict(meta)},
         {**host, "name": "nccl:all_reduce", "ts": arrive + 10, "dur": 30.0},
@@ -60,18 +66,23 @@ def _collective(
             "ph": "X",
             "cat": "kernel",
             "pid": 0,
-            "tid": 7,
+            "tid": 6 + int(group),  # each group's own stream
             "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
             "ts": arrive + 20,
             "dur": depart - arrive - 20,
-            "args": dict(meta),
+            "args": kernel_args,
         },
     ]
+    if options.get("launches", True):
+        launch = {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": arrive + 15, "dur": 10.0}
+        events.append({**host, **launch, "args": {"correlation": correlation}})
+    return events
 
 
 def rank_trace(rank: int, *, late_rank: int = 3, late_us: float = 30_000.0, **options: Any) -> dict[str, Any]:
     """One rank's trace document. Options: offset (µs added to its clock), seq (False: no `Seq` arg, as older
-    torch), ranks_text (member ranks -> the `Process Group Ranks` text)."""
+    torch), ranks_text (member ranks -> the `Process Group Ranks` text), launches (False: no kernel launches and
+    no correlation ids)."""
     offset = options.get("offset", {}).get(rank, 0.0)
     tp, tp_ranks = group_of(rank, TP)
     dp, dp_ranks = group_of(rank, DP)

@@ -5,8 +5,9 @@ Read from the columns the summary already decoded (stepcli.traces.columns), so n
 - **Arrival**: the host-side start of a collective in the process that runs the steps: the outermost `c10d::*`,
   `record_param_comms` or `nccl:*` event of any of its threads (DDP on CUDA calls collectives from the autograd
   engine's thread), or `gloo:*` on the steps' thread (on other threads, `gloo:*` is gloo's worker doing the work).
-- **Departure**: when the collective finished: the end of its matching `gloo:*` event on a gloo worker thread, or
-  of its NCCL kernel on the device (the k-th collective of the window pairs with the k-th of those when the counts
+- **Departure**: when the collective finished: the end of its NCCL kernel on the device, the one whose launch
+  (same `correlation`) sits inside the collective; without correlations, of its matching `gloo:*` event on a gloo
+  worker thread or NCCL kernel (the k-th collective of the window pairs with the k-th of those when the counts
   agree); else the end of the host-side call (a synchronous collective).
 - **Process group**: on NCCL traces torch nests a `record_param_comms` event in each host-side collective whose
   args name its process group (`Process Group Name`), the group's member ranks (`Process Group Ranks`) and the
@@ -97,17 +98,59 @@ def _outermost_per_thread(columns: col.Columns, events: np.ndarray, thread: np.n
     return out[np.argsort(columns.ts[out], kind="stable")]
 
 
-def _departures(columns: col.Columns, gloo_work: np.ndarray, host_end: np.ndarray) -> np.ndarray:
-    """The end of each host collective's completion event (gloo worker thread, NCCL kernel) when they pair up."""
+def _departures(
+    columns: col.Columns, gloo_work: np.ndarray, host: np.ndarray, thread: np.ndarray, host_end: np.ndarray
+) -> np.ndarray:
+    """The end of each host collective's completion event (gloo worker thread, NCCL kernel), else its own end.
+
+    An NCCL kernel belongs to the host collective its launch sits in: the kernel's `correlation` names the launch
+    call, on the collective's thread. With several process groups on different streams, kernels need not start
+    in the order the collectives were issued, so pairing by order would mismatch them. Without correlations
+    (and for gloo's workers), the k-th collective pairs with the k-th completion event when the counts agree."""
     name_is_nccl = np.array(["nccl" in n[:16].lower() for n in columns.names] or [False], bool)
     gloo = np.nonzero(gloo_work)[0]
     kernels = np.nonzero((columns.kind == col.DEVICE) & name_is_nccl[columns.name])[0]
+    launched = _launched_in(columns, kernels, host, thread)
+    if launched is not None:
+        return np.maximum(launched, host_end)
     for done in (gloo, kernels):
         if len(done) == len(host_end) and len(done):
             done = done[np.argsort(columns.ts[done], kind="stable")]
             paired: np.ndarray = np.maximum(columns.ts[done] + columns.dur[done], host_end)
             return paired
     return host_end
+
+
+def _launched_in(columns: col.Columns, kernels: np.ndarray, host: np.ndarray, thread: np.ndarray) -> np.ndarray | None:
+    """Per host collective, the latest end of the NCCL kernels launched inside it (-inf: none), or None when no
+    kernel's launch is found inside one."""
+    kernels = kernels[columns.corr[kernels] >= 0]
+    if not len(kernels) or not len(host):
+        return None
+    wanted = columns.corr[kernels]
+    launches = np.nonzero((columns.kind != col.DEVICE) & (columns.kind != col.MEMORY) & (columns.corr >= 0))[0]
+    launches = launches[np.isin(columns.corr[launches], wanted)]
+    if not len(launches):
+        return None
+    launch_of = dict(zip(columns.corr[launches].tolist()[::-1], launches.tolist()[::-1]))  # the first per id
+    by_thread = np.lexsort((columns.ts[host], thread[host]))  # host collectives by thread, then start
+    host_thread, host_start = thread[host][by_thread], columns.ts[host][by_thread]
+    host_stop = host_start + columns.dur[host][by_thread]
+    out = np.full(len(host), -np.inf)
+    found = False
+    for kernel, corr in zip(kernels.tolist(), wanted.tolist()):
+        launch = launch_of.get(corr)
+        if launch is None:
+            continue
+        lo = np.searchsorted(host_thread, thread[launch], side="left")
+        hi = np.searchsorted(host_thread, thread[launch], side="right")
+        at = lo + np.searchsorted(host_start[lo:hi], columns.ts[launch], side="right") - 1
+        if at < lo or columns.ts[launch] > host_stop[at]:
+            continue
+        i = by_thread[at]
+        out[i] = max(out[i], columns.ts[kernel] + columns.dur[kernel])
+        found = True
+    return out if found else None
 
 
 def rank_arrivals(columns: col.Columns, rank: int | None, incomplete_step: int | None = None) -> RankArrivals | None:
@@ -134,7 +177,7 @@ def rank_arrivals(columns: col.Columns, rank: int | None, incomplete_step: int |
         return None
     arrive = columns.ts[host]
     host_end = arrive + columns.dur[host]
-    depart = _departures(columns, gloo_work, host_end)
+    depart = _departures(columns, gloo_work, host, thread, host_end)
     step_numbers, step_start, step_end = _step_table(columns, steps, incomplete_step)
     where = np.searchsorted(step_start, arrive, side="right") - 1
     inside = (where >= 0) & (arrive < step_end[np.maximum(where, 0)])

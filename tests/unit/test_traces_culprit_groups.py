@@ -183,3 +183,43 @@ def test_without_groups_the_order_among_all_ranks_as_before(tmp_path: Path) -> N
         for collective in section["per_collective"]:
             del collective["group"], collective["seq"]
     assert grouped == plain
+
+
+def test_kernels_pair_with_the_collective_that_launched_them(tmp_path: Path) -> None:
+    """Two groups' collectives issued back to back, each kernel on its group's own stream: the second one's
+    kernel starts first. Each collective leaves when the kernel its launch (same correlation id) started ends,
+    not the kernel that happened to start k-th."""
+    host = {"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1}
+    events: list[dict[str, Any]] = [{**host, "cat": "user_annotation", "name": "ProfilerStep#0", "ts": 0, "dur": 5e3}]
+    # (group, host call start, kernel start, kernel end): TP "1" issued first, its kernel starts last
+    for group, start, kernel_start, kernel_end, corr in (("1", 1000, 1500, 3000, 11), ("3", 1100, 1200, 1400, 12)):
+        meta = {"Process Group Name": group, "Process Group Ranks": str(GROUPS[group]), "Seq": 5}
+        events += [
+            {**host, "name": "c10d::allreduce_", "ts": start, "dur": 60},
+            {**host, "name": "record_param_comms", "ts": start + 5, "dur": 50, "args": meta},
+            {**host, "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": start + 15, "dur": 10}
+            | {"args": {"correlation": corr}},
+            {"ph": "X", "cat": "kernel", "pid": 0, "tid": 6 + int(group), "name": "ncclDevKernel_AllReduce_Sum_f32"}
+            | {"ts": kernel_start, "dur": kernel_end - kernel_start, "args": {"correlation": corr}},
+        ]
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": events}))
+    trace = load_columns(str(path))
+    found = rank_arrivals(trace.columns, trace.rank)
+    assert found is not None
+    assert [found.group_table[g][0] for g in found.groups] == ["1", "3"]
+    assert found.depart_us == [3000, 1400]  # (in start order, the 1400 µs kernel would be taken for TP's)
+    # without correlation ids (no launches recorded), the k-th collective still pairs with the k-th kernel
+    for event in events:
+        event.get("args", {}).pop("correlation", None)
+    path.write_text(json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": events}))
+    trace = load_columns(str(path))
+    again = rank_arrivals(trace.columns, trace.rank)
+    assert again is not None and again.depart_us == [1400, 3000]
+
+
+def test_departures_without_launches_as_before(tmp_path: Path) -> None:
+    """Traces without correlation ids pair kernels by order: the same figures on the synthetic layout."""
+    with_launches = _section(tmp_path / "a")
+    without = _section(tmp_path / "b", launches=False)
+    assert with_launches == without
