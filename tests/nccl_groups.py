@@ -28,12 +28,22 @@ def group_of(rank: int, groups: dict[str, tuple[int, ...]]) -> tuple[str, tuple[
     return next((name, ranks) for name, ranks in groups.items() if rank in ranks)
 
 
-def _times(late_rank: int, late_us: float) -> dict[int, list[tuple[float, float, float, float]]]:
-    """Per rank, per step: (TP arrival, TP departure, DP arrival, DP departure), µs from the step's start."""
-    tp_arrive = {r: 5_200.0 + 10 * r + (late_us if r == late_rank else 0.0) for r in range(4)}
-    tp_depart = {r: max(tp_arrive[m] for m in group_of(r, TP)[1]) + 1_000.0 for r in range(4)}
-    dp_arrive = {r: tp_depart[r] + 500.0 + 10 * r for r in range(4)}
-    dp_depart = {r: max(dp_arrive[m] for m in group_of(r, DP)[1]) + 1_000.0 for r in range(4)}
+def _times(late_rank: int, late_us: float, dp_first: bool = False) -> dict[int, list[tuple[float, ...]]]:
+    """Per rank, per step: (TP arrival, TP departure, DP arrival, DP departure), µs from the step's start.
+
+    dp_first: the DP all-reduce comes first, rank r arriving (3 - r) x 5 µs after the others, then the TP one
+    0.5 ms after it is done (+ r x 10 µs): the late rank is last at its TP all-reduces only, half its collectives."""
+    late = {r: late_us if r == late_rank else 0.0 for r in range(4)}
+    if dp_first:
+        dp_arrive = {r: 5_200.0 + 5 * (3 - r) for r in range(4)}
+        dp_depart = {r: max(dp_arrive[m] for m in group_of(r, DP)[1]) + 1_000.0 for r in range(4)}
+        tp_arrive = {r: dp_depart[r] + 500.0 + 10 * r + late[r] for r in range(4)}
+        tp_depart = {r: max(tp_arrive[m] for m in group_of(r, TP)[1]) + 1_000.0 for r in range(4)}
+    else:
+        tp_arrive = {r: 5_200.0 + 10 * r + late[r] for r in range(4)}
+        tp_depart = {r: max(tp_arrive[m] for m in group_of(r, TP)[1]) + 1_000.0 for r in range(4)}
+        dp_arrive = {r: tp_depart[r] + 500.0 + 10 * r for r in range(4)}
+        dp_depart = {r: max(dp_arrive[m] for m in group_of(r, DP)[1]) + 1_000.0 for r in range(4)}
     return {r: [(tp_arrive[r], tp_depart[r], dp_arrive[r], dp_depart[r])] * STEPS for r in range(4)}
 
 
@@ -82,12 +92,14 @@ def _collective(
 def rank_trace(rank: int, *, late_rank: int = 3, late_us: float = 30_000.0, **options: Any) -> dict[str, Any]:
     """One rank's trace document. Options: offset (µs added to its clock), seq (False: no `Seq` arg, as older
     torch), ranks_text (member ranks -> the `Process Group Ranks` text), launches (False: no kernel launches and
-    no correlation ids)."""
+    no correlation ids), dp_first (the DP all-reduce before the TP one, see `_times`)."""
     offset = options.get("offset", {}).get(rank, 0.0)
     tp, tp_ranks = group_of(rank, TP)
     dp, dp_ranks = group_of(rank, DP)
     events: list[dict[str, Any]] = []
-    for step, (tp_arrive, tp_depart, dp_arrive, dp_depart) in enumerate(_times(late_rank, late_us)[rank]):
+    for step, (tp_arrive, tp_depart, dp_arrive, dp_depart) in enumerate(
+        _times(late_rank, late_us, options.get("dp_first", False))[rank]
+    ):
         t0 = step * 100_000.0 + offset
         events.append(
             {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1, "ts": t0}

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stepcli.traces.culprit import cause_words, summary_line
+from stepcli.traces.culprit import cause_words, group_words, summary_line
 
 # Advice: a culprit (already a finding, stepcli.traces.culprit) making the others wait at least this much per step.
 CULPRIT_MIN_WAIT_MS = 1.0
@@ -93,13 +93,17 @@ def culprit_advice(section: Mapping[str, Any] | None) -> dict[str, str] | None:
     if not found or found["wait_caused_ms_per_step"] < CULPRIT_MIN_WAIT_MS:
         return None
     limits = (section or {}).get("thresholds", {})
+    group = found.get("group")  # judged on one of its process groups: that group's figures
+    figures = group or found
+    where = f"the collectives on {group_words(group)}" if group else "the collectives"
+    judged_on = "the collectives of one of its process groups" if group else "the collectives"
     return {
         "rule": "culprit",
         "title": f"Rank {found['rank']} holds the others back at collectives",
-        "evidence": f"rank {found['rank']} arrives last at {found['last_share']:.0%} of the collectives, "
-        f"{found['lateness_ms_per_step']:.1f} ms/step late; its extra time is {cause_words(found)}, "
+        "evidence": f"rank {found['rank']} arrives last at {figures['last_share']:.0%} of {where}, "
+        f"{figures['lateness_ms_per_step']:.1f} ms/step late; its extra time is {cause_words(found)}, "
         f"{found['cause_ms_per_step']:.1f} ms/step",
-        "threshold": f"last at ≥ {limits.get('min_last_share', 0):.0%} of the collectives and beyond chance "
+        "threshold": f"last at ≥ {limits.get('min_last_share', 0):.0%} of {judged_on} and beyond chance "
         f"(p ≤ {limits.get('max_chance', 0):g}), a lead over the clock alignment error and its own jitter, "
         f"≥ {limits.get('min_lateness_ms_per_step', 0):g} ms/step late, others waiting ≥ {CULPRIT_MIN_WAIT_MS:g} "
         "ms/step",

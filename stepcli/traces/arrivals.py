@@ -112,7 +112,8 @@ def _departures(
     kernels = np.nonzero((columns.kind == col.DEVICE) & name_is_nccl[columns.name])[0]
     launched = _launched_in(columns, kernels, host, thread)
     if launched is not None:
-        return np.maximum(launched, host_end)
+        by_launch: np.ndarray = np.maximum(launched, host_end)
+        return by_launch
     for done in (gloo, kernels):
         if len(done) == len(host_end) and len(done):
             done = done[np.argsort(columns.ts[done], kind="stable")]

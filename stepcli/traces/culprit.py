@@ -19,10 +19,13 @@ order in the step) across all ranks (gloo):
   and more often than chance would make it (at most `MAX_CHANCE`; last at random: 1 in its groups' size),
   lateness of at least `MIN_LATENESS_MS` and `MIN_STEP_SHARE` of the median step time per step, and its median
   lead above both the alignment error and `JITTER_FACTOR` times the lead's own jitter (a robust standard deviation
-  over the collectives): late by a consistent margin, not by scheduling noise.
+  over the collectives): late by a consistent margin, not by scheduling noise. With process groups the same rule
+  is also judged on each of its groups alone (but a group of every rank), over that group's collectives: a rank
+  late only before its tensor-parallel all-reduce is last at half its collectives, and at all of its group's. The
+  finding then names the group (of those that pass, the one with the largest cause).
 - Its **cause**: over the collectives it arrived last at, its gap before arriving minus the median of the other
-  members' same gap, per cause (stepcli.traces.arrivals.CAUSES); the largest extra is the cause, with the operator
-  (or garbage collection) names that account for it.
+  members' same gap, per cause (stepcli.traces.arrivals.CAUSES), on the named group's collectives only when one is
+  named; the largest extra is the cause, with the operator (or garbage collection) names that account for it.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stepcli.stats import percentile
@@ -43,6 +46,7 @@ MIN_LATENESS_MS = 1.0
 MIN_STEP_SHARE = 0.05
 MIN_ERROR_US = 1.0
 JITTER_FACTOR = 2.0  # the median lead must also exceed this many times its own jitter from collective to collective
+_OWN_FIGURES = ("last_share", "lateness_ms_per_step", "wait_caused_ms_per_step")  # the culprit's, per group or not
 _MAX_LISTED = 1000  # collectives listed one by one in the JSON
 CAUSE_WORDS = {
     "gc": "Python garbage collection",
@@ -74,6 +78,29 @@ class _Matched:
     gaps: list[list[dict[str, float]]]
     details: list[list[dict[str, float]]]
     groups: dict[str, list[int]]  # process group name -> its member ranks, for the groups matched
+
+
+@dataclass
+class _GroupFigures:
+    """One rank's figures over the collectives of one of its process groups."""
+
+    size: int  # the group's members
+    taken: int = 0
+    times_last: int = 0
+    late_us: float = 0.0
+    caused_us: float = 0.0
+    leads: list[float] = field(default_factory=list)
+
+    def row(self, n_steps: int) -> dict[str, Any]:
+        """The figures `_is_finding` and `_cause` read, as the rank's row has them."""
+        return {
+            "times_last": self.times_last,
+            "last_share": self.times_last / self.taken,
+            "lateness_ms_per_step": self.late_us / 1000 / n_steps,
+            "wait_caused_ms_per_step": self.caused_us / 1000 / n_steps,
+            "lead_median_ms": _median(self.leads) / 1000,
+            "lead_jitter_ms": _jitter(self.leads) / 1000,
+        }
 
 
 def _match(parts: list[RankArrivals]) -> _Matched | None:
@@ -210,6 +237,8 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
     last_at: list[int] = []
     per_step: dict[int, list[float]] = {step: [0.0] * n for step in steps}
     listed: list[dict[str, Any]] = []
+    # per (rank, process group): collectives, times last, lateness and waits caused there, and the leads
+    in_group: dict[tuple[int, str], _GroupFigures] = {}
     for (group, key), cols, arrive in zip(matched.keys, matched.members, matched.arrive):
         aligned = [a - offsets[j] for j, a in zip(cols, arrive)]
         order = sorted(range(len(cols)), key=lambda k: aligned[k])
@@ -224,6 +253,13 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
             taken[j] += 1
             chance[j] += 1 / len(cols)
             leads[j].append(aligned[k] - max(a for i, a in enumerate(aligned) if i != k))
+            figures = in_group.setdefault((j, group), _GroupFigures(len(cols)))
+            figures.taken += 1
+            figures.leads.append(leads[j][-1])
+        mine = in_group[(last, group)]
+        mine.times_last += 1
+        mine.late_us += lateness
+        mine.caused_us += sum(waits)
         per_step[key[0]][last] += lateness
         last_at.append(last)
         if len(listed) < _MAX_LISTED:
@@ -260,6 +296,33 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
     # a rank last at random: 1 in (the size of its groups), on average over its collectives
     group_size = taken[candidate] / chance[candidate]
     finding = _is_finding(rows[candidate], min_lead_us, median_step_ms, taken[candidate], group_size)
+    # ... or judged on one of its process groups alone (a rank late only before its tensor-parallel all-reduce is
+    # last at half its collectives); a group of every rank is the whole again
+    found_group: tuple[str, dict[str, Any]] | None = None
+    for (j, group), figures in sorted(in_group.items()):
+        if j != candidate or not group or len(matched.groups[group]) == n:
+            continue
+        row = figures.row(n_steps)
+        group_min_lead_us = max(error_us, JITTER_FACTOR * row["lead_jitter_ms"] * 1000)
+        if _is_finding(row, group_min_lead_us, median_step_ms, figures.taken, figures.size):
+            cause = _cause(matched, candidate, last_at, row, n_steps, group)
+            if found_group is None or cause["cause_ms_per_step"] > found_group[1]["cause_ms_per_step"]:
+                found_group = (group, cause)
+    culprit: dict[str, Any] | None = None
+    if found_group is not None:
+        group, culprit = found_group
+        figures = in_group[(candidate, group)]
+        culprit["group"] = {
+            "name": group,
+            "ranks": matched.groups[group],
+            "collectives": figures.taken,
+            "times_last": figures.times_last,
+            **{k: culprit[k] for k in _OWN_FIGURES},
+        }
+        culprit |= {k: rows[candidate][k] for k in _OWN_FIGURES}  # the rank's own, as its row
+        culprit["evidence"] = evidence(culprit)
+    elif finding:
+        culprit = _cause(matched, candidate, last_at, rows[candidate], n_steps)
     return {
         "collectives": count,
         "steps": n_steps,
@@ -278,7 +341,7 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
             "min_lead_ms": round(min_lead_us / 1000, 4),
         },
         "ranks": rows,
-        "culprit": _cause(matched, candidate, last_at, rows[candidate], n_steps) if finding else None,
+        "culprit": culprit,
         "per_step": [
             {
                 "step": step,
@@ -323,12 +386,15 @@ def _is_finding(
     )
 
 
-def _cause(matched: _Matched, culprit: int, last_at: list[int], row: dict[str, Any], n_steps: int) -> dict[str, Any]:
-    """What the culprit did longer than the others before the collectives it arrived last at."""
+def _cause(
+    matched: _Matched, culprit: int, last_at: list[int], row: dict[str, Any], n_steps: int, group: str | None = None
+) -> dict[str, Any]:
+    """What the culprit did longer than the others before the collectives it arrived last at (on `group` only,
+    when given)."""
     extra = dict.fromkeys(CAUSES, 0.0)
     names: dict[str, float] = {}
     for c, last in enumerate(last_at):
-        if last != culprit:
+        if last != culprit or (group is not None and matched.keys[c][0] != group):
             continue
         gaps, details = matched.gaps[c], matched.details[c]
         mine = matched.members[c].index(culprit)
@@ -377,13 +443,22 @@ def cause_words(found: dict[str, Any]) -> str:
     return CAUSE_WORDS[cause]
 
 
+def group_words(group: dict[str, Any]) -> str:
+    """A process group in words, e.g. `process group 2 [ranks 2, 3]`."""
+    return f"process group {group['name']} [ranks {', '.join(str(r) for r in group['ranks'])}]"
+
+
 def evidence(found: dict[str, Any]) -> str:
-    """One sentence: who arrives last, how often, how late, and why."""
+    """One sentence: who arrives last, how often (on which process group, when judged on one), how late, and why."""
+    group = found.get("group")
+    figures = group or found
+    where = f"the collectives on {group_words(group)}" if group else "the collectives"
+    others = "the other members" if group else "the other ranks"
     return (
-        f"rank {found['rank']} arrives last at {found['last_share']:.0%} of the collectives, "
-        f"{found['lateness_ms_per_step']:.1f} ms/step late, making the others wait "
-        f"{found['wait_caused_ms_per_step']:.1f} ms/step; its extra time before arriving is {cause_words(found)}, "
-        f"{found['cause_ms_per_step']:.1f} ms/step more than the other ranks"
+        f"rank {found['rank']} arrives last at {figures['last_share']:.0%} of {where}, "
+        f"{figures['lateness_ms_per_step']:.1f} ms/step late, making the others wait "
+        f"{figures['wait_caused_ms_per_step']:.1f} ms/step; its extra time before arriving is {cause_words(found)}, "
+        f"{found['cause_ms_per_step']:.1f} ms/step more than {others}"
     )
 
 

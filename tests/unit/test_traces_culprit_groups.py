@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from nccl_groups import SEQ_BASE, STEPS, rank_trace, write_group_traces
 
+from stepcli.run.culprit import culprit_advice
 from stepcli.traces.arrays import columns_from_events
 from stepcli.traces.arrivals import RankArrivals, members, rank_arrivals
 from stepcli.traces.columns import load_columns
@@ -223,3 +224,46 @@ def test_departures_without_launches_as_before(tmp_path: Path) -> None:
     with_launches = _section(tmp_path / "a")
     without = _section(tmp_path / "b", launches=False)
     assert with_launches == without
+
+
+def test_late_only_at_its_tensor_parallel_group_is_judged_on_that_group(tmp_path: Path) -> None:
+    """The DP all-reduce first, then rank 3 idles 30 ms before its TP all-reduce: last at every TP all-reduce of
+    group "2" but at no DP one, half its collectives. Judged on group "2" alone it is the culprit."""
+    section = _section(tmp_path, dp_first=True)
+    rows = {row["rank"]: row for row in section["ranks"]}
+    assert rows[3]["last_share"] == 0.5 and rows[3]["times_last"] == STEPS  # below the 60% over all its collectives
+    found = section["culprit"]
+    assert found is not None and found["rank"] == 3
+    assert found["group"] == {
+        "name": "2",
+        "ranks": [2, 3],
+        "collectives": STEPS,
+        "times_last": STEPS,
+        "last_share": 1.0,
+        "lateness_ms_per_step": pytest.approx(30.005, abs=0.001),
+        "wait_caused_ms_per_step": pytest.approx(30.005, abs=0.001),
+    }
+    assert found["last_share"] == 0.5  # (the rank's own figures over all its collectives, as its row)
+    assert found["cause"] == "no_operator" and found["cause_ms_per_step"] == pytest.approx(30.0, abs=0.1)
+    assert found["evidence"].startswith(
+        "rank 3 arrives last at 100% of the collectives on process group 2 [ranks 2, 3], 30.0 ms/step late, "
+        "making the others wait 30.0 ms/step; its extra time before arriving is time with no operator"
+    )
+    assert found["evidence"].endswith("30.0 ms/step more than the other members")
+    advice = culprit_advice(section)
+    assert advice is not None
+    assert advice["evidence"].startswith("rank 3 arrives last at 100% of the collectives on process group 2 [ranks")
+    assert "of the collectives of one of its process groups" in advice["threshold"]
+
+
+def test_a_group_judged_alone_keeps_the_noise_rules(tmp_path: Path) -> None:
+    """Late by 2 ms at a 90 ms step (under 5% of it): last at every TP all-reduce of its group, still no finding."""
+    section = _section(tmp_path, dp_first=True, late_us=2_000.0)
+    assert section["culprit"] is None
+
+
+def test_a_finding_on_every_collective_names_the_group_of_its_cause(tmp_path: Path) -> None:
+    """Rank 3 late before TP is last at its DP all-reduces too (released late): both of its groups pass, and the
+    one where it lost the time itself, TP "2", is named."""
+    found = _section(tmp_path)["culprit"]
+    assert found["group"]["name"] == "2" and found["group"]["lateness_ms_per_step"] == pytest.approx(30.01, abs=0.01)
