@@ -32,6 +32,7 @@ from stepcli.traces.device import (
     Within,
     is_collective_kernel,
     measure,
+    measure_steps,
     union_by_class,
     within_arrays,
 )
@@ -346,7 +347,7 @@ def summarize_columns(
     if busy is not None and result.device_classes is not None:
         spans = measured_spans(result)
         times = measure(busy, len(result.windows) or 1, result.device_classes, spans, within)
-        times.launches, times.transfers = _launches(columns, result, spans, times.steps)
+        times.launches, times.transfers, times.steps_ns = _launches(columns, result, spans, times.steps, ordered)
     return FilePart(
         path=path,
         rank=rank,
@@ -375,10 +376,12 @@ def _flops_of(path: str) -> dict[str, Any]:
 
 
 def _launches(
-    columns: Columns, result: TraceResult, spans: list[tuple[int, int]], steps: int
-) -> tuple[LaunchTimes, Transfers]:
+    columns: Columns, result: TraceResult, spans: list[tuple[int, int]], steps: int, windows: list[Window]
+) -> tuple[LaunchTimes, Transfers, list[tuple[int, ...]]]:
     """Launch statistics and idle time by cause (stepcli.traces.launches), collectives and copies
-    (stepcli.traces.collectives), on either path's result."""
+    (stepcli.traces.collectives), on either path's result; and the device figures of each step window
+    (stepcli.traces.device.measure_steps), on the columnar path only (the reference's times past 64-bit ns have
+    none)."""
     import numpy as np
 
     from stepcli.traces import arrays as col
@@ -388,13 +391,21 @@ def _launches(
         try:
             ns = col.nanoseconds(columns)
         except col.TooLarge:
-            return LaunchTimes(steps=steps), Transfers(steps)
+            return LaunchTimes(steps=steps), Transfers(steps), []
     device = np.nonzero(columns.kind >= col.DEVICE)[0]
     lo = np.array([s for s, _ in spans], np.int64)
     hi = np.array([e for _, e in spans], np.int64)
     inside = in_spans(ns.start[device], lo, hi)
     transfers = measure_transfers(columns, ns.start, ns.dur, device, inside, steps)
-    return measure_launches(columns, ns.start, ns.dur, device, spans, steps), transfers
+    w_lo = np.array([w.start for w in windows], np.int64)
+    w_hi = np.array([w.end for w in windows], np.int64)
+    launches, waits = measure_launches(columns, ns.start, ns.dur, device, spans, steps, (w_lo, w_hi))
+    per_step: list[tuple[int, ...]] = []
+    if windows and result.device_arrays is not None and result.nanoseconds is not None:
+        per_step = measure_steps(
+            [w.step for w in windows], w_lo, w_hi, result.device_arrays, result.device_classes or {}, waits
+        )
+    return launches, transfers, per_step
 
 
 def _device_busy_arrays(result: TraceResult) -> tuple[int, int] | None:
