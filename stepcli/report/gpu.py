@@ -236,7 +236,12 @@ def gpu_section(device: Mapping[str, Any] | None, ranks: Sequence[Mapping[str, A
     )
     if device.get("flops_per_step") is not None:
         facts += f" {device['flops_per_step']:.3g} FLOPs per step, {device['achieved_flops_per_s'] / 1e12:.3g} TFLOP/s"
-        facts += f", MFU {device['mfu']:.1%}." if device.get("mfu") is not None else "."
+        if device.get("mfu") is not None:
+            dtype = str(device.get("mfu_dtype") or "bf16").upper()
+            facts += f", MFU {device['mfu']:.1%} of the dense {dtype} peak"
+            facts += " (dtype assumed)." if device.get("mfu_dtype_assumed") else "."
+        else:
+            facts += "."
     return "".join(
         [
             f"<style>{_CSS}</style>",

@@ -57,6 +57,7 @@ class Columns:
     # event index -> (bytes, collective, in nelems, out nelems, group size, dtype) of the device events that have
     # them (stepcli.traces.reader.transfer_args): copies and collectives only, so a dict, not a column
     transfers: dict[int, tuple[int, str, int, int, int, str]] = field(default_factory=dict)
+    flops: dict[int, int] = field(default_factory=dict)  # event index -> the FLOPs in its args (operators only)
     names: list[str] = field(default_factory=list)
     ids: list[int | str] = field(default_factory=list)
     shapes: list[str] = field(default_factory=lambda: [""])
@@ -118,6 +119,11 @@ def columns_from_events(events: list[Event]) -> Columns:
         shape=np.fromiter((shapes.setdefault(e.shape, len(shapes)) for e in events), np.int32, n),
         corr=np.fromiter((-1 if e.args is None else e.args.correlation for e in events), np.int64, n),
         transfers=_transfers_of(events),
+        flops={
+            i: e.args.flops
+            for i, e in enumerate(events)
+            if e.args is not None and e.args.flops > 0 and kind_of(e.cat) == OTHER_CPU
+        },
         names=list(names),
         ids=list(ids),
         shapes=list(shapes),

@@ -143,21 +143,31 @@ def steps_to_dicts(rows: list[tuple[int, ...]]) -> list[dict[str, Any]]:
 
 
 def measure_steps(
-    steps: list[int], lo: Any, hi: Any, busy: Any, unions: dict[str, Any], waits: Any
+    steps: list[int], lo: Any, hi: Any, busy: Any, unions: dict[str, Any], waits: Any, within: Within
 ) -> list[tuple[int, ...]]:
-    """Per step window (numbers `steps`, bounds `lo`, `hi`: int64 arrays), its STEP_FIELDS: the class unions
-    (sorted (starts, ends) arrays, like `busy`, the device union) measured inside it with prefix sums, and its
-    idle waits by cause (`waits`, an (n, 2) array from stepcli.traces.launches)."""
-    from stepcli.traces.arrays import covered
+    """Per step window (numbers `steps`, bounds `lo`, `hi`: int64 arrays), its STEP_FIELDS: the device union
+    `busy` and the class unions measured inside it, and its idle waits by cause (`waits`, an (n, 2) array from
+    stepcli.traces.launches). `within` as for `measure`: with `within_arrays`, all windows at once (prefix sums)."""
+    import numpy as np
 
-    inside = {label: covered(unions[label][0], unions[label][1], lo, hi) for label in CLASSES}
-    overlap = inside["compute"] + inside["comm"] - inside["comm_or_compute"]
+    if within is within_arrays:
+        from stepcli.traces.arrays import covered
+
+        def inside(union: Any) -> Any:
+            return covered(union[0], union[1], lo, hi)
+    else:
+
+        def inside(union: Any) -> Any:
+            return np.array([within(union, [(a, b)]) for a, b in zip(lo.tolist(), hi.tolist())], np.int64)
+
+    classes = {label: inside(unions[label]) for label in CLASSES}
+    overlap = classes["compute"] + classes["comm"] - classes["comm_or_compute"]
     columns = (
         hi - lo,
-        covered(busy[0], busy[1], lo, hi),
-        inside["compute"],
-        inside["comm"],
-        inside["memory"],
+        inside(busy),
+        classes["compute"],
+        classes["comm"],
+        classes["memory"],
         overlap,
         waits[:, 0],
         waits[:, 1],

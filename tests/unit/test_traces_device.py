@@ -96,7 +96,8 @@ def test_classes_over_two_steps_leave_the_gap_between_them_out(path: str, monkey
     assert device["busy_share"] == pytest.approx(0.30) and device["idle_ms"] == pytest.approx(0.035)
 
 
-def test_each_step_has_its_own_parts_and_they_add_up_to_the_job() -> None:
+@PATHS
+def test_each_step_has_its_own_parts_and_they_add_up_to_the_job(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN three steps: a collective through the first two, a compute kernel the host launched late in the third
     events = [
         step(1, 0, 50),
@@ -110,8 +111,8 @@ def test_each_step_has_its_own_parts_and_they_add_up_to_the_job() -> None:
     ]
     events[-2].args = EventArgs(correlation=5)
     events[-1].args = EventArgs(correlation=5)
-    data = merge_parts([summarize_file(Trace.from_events(events))]).to_dict()
-    steps = {s["step"]: s for s in data["device"]["steps"]}
+    job = device_of(events, path, monkeypatch)
+    steps = {s["step"]: s for s in job["steps"]}
     # THEN, by hand (us): step 1 (0-50): comm 40-50, compute 45-50, so 5 exposed, idle 0-40 with no gap before it
     # (other); step 2 (100-150): comm 100-120, compute 110-115, 15 exposed, idle 120-150 waiting for the host;
     # step 3 (200-300): compute 250-260, idle 200-250 host wait and 260-300 other
@@ -131,7 +132,6 @@ def test_each_step_has_its_own_parts_and_they_add_up_to_the_job() -> None:
             (host, 0.0, other)
         )
     # AND the steps' mean is the job's figure per step
-    job = data["device"]
     for key in ("busy_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "idle_ms"):
         assert sum(s[key] for s in steps.values()) / 3 == pytest.approx(job[key]), key
     assert sum(s["idle_by_cause"]["host_wait_ms"] for s in steps.values()) / 3 == pytest.approx(
@@ -147,11 +147,6 @@ def test_per_step_figures_average_a_step_over_the_ranks_that_recorded_it() -> No
     assert job == {1: (2, pytest.approx(0.075)), 2: (1, pytest.approx(0.0))}
     ranks = {r["rank"]: [s["compute_ms"] for s in r["device"]["steps"]] for r in data["ranks"]}
     assert ranks == {0: pytest.approx([0.1, 0.0]), 1: pytest.approx([0.05])}
-
-
-def test_the_reference_path_has_no_per_step_figures(monkeypatch: pytest.MonkeyPatch) -> None:
-    device = device_of([step(1, 0, 100), ev("gemm", 0, 50)], "reference", monkeypatch)
-    assert device["steps"] == [] and device["compute_ms"] == pytest.approx(0.05)
 
 
 @PATHS
