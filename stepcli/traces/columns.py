@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from stepcli.traces.arrays import DEVICE, OTHER_CPU, Columns, kind_of
+from stepcli.traces.arrays import DEVICE, OTHER_CPU, PARAM_COMMS, Columns, kind_of
 from stepcli.traces.files import rank_from_name
 from stepcli.traces.reader import (
     FILTERED_NAMES,
@@ -23,6 +23,7 @@ from stepcli.traces.reader import (
     _Keeper,
     _read,
     _usable_name,
+    group_of,
     transfer_args,
 )
 
@@ -103,6 +104,7 @@ class ColumnKeeper(_Keeper):
         self._rows = 0  # events kept so far
         self._transfers: dict[int, tuple[int, str, int, int, int, str]] = {}
         self._flops: dict[int, int] = {}
+        self._groups: dict[int, tuple[str, int, str]] = {}
 
     def add(self, decoded: list[Any]) -> None:
         count = len(decoded)
@@ -141,6 +143,7 @@ class ColumnKeeper(_Keeper):
         self._parts.append((names[where], kind[where], pid, tid, ts[where], dur[where], shape, _correlations(kept)))
         self._take_transfers(kept, kind[where])
         self._take_flops(kept, kind[where])
+        self._take_groups(kept, names[where], kind[where])
         self._rows += len(kept)
 
     def _take_flops(self, kept: Sequence[Any], kind: np.ndarray) -> None:
@@ -174,6 +177,17 @@ class ColumnKeeper(_Keeper):
             if found is not None:
                 self._transfers[self._rows + int(device[at])] = found
 
+    def _take_groups(self, kept: Sequence[Any], names: np.ndarray, kind: np.ndarray) -> None:
+        """The process groups of the host `record_param_comms` events (stepcli.traces.reader.group_of): one
+        name lookup per slice when the trace has none."""
+        code = self._name_codes.codes.get(PARAM_COMMS)
+        if code is None:
+            return
+        for at in np.nonzero((names == code) & (kind < DEVICE))[0].tolist():
+            found = group_of(_ARGS(kept[at]))
+            if found is not None:
+                self._groups[self._rows + at] = found
+
     def _rules(self, size: int) -> np.ndarray:
         """The per-name rule array, extended to the names seen so far."""
         have = len(self._name_rule)
@@ -202,6 +216,7 @@ class ColumnKeeper(_Keeper):
             self._parts.append(_encode_again(self, columns))
             self._transfers.update({self._rows + i: v for i, v in columns.transfers.items()})
             self._flops.update({self._rows + i: v for i, v in columns.flops.items()})
+            self._groups.update({self._rows + i: v for i, v in columns.groups.items()})
             self._rows += len(columns)
 
     def columns(self) -> Columns:
@@ -220,6 +235,7 @@ class ColumnKeeper(_Keeper):
             corr=corr,
             transfers=self._transfers,
             flops=self._flops,
+            groups=self._groups,
             names=list(self._name_codes.codes),
             ids=list(self._id_codes.codes),
             shapes=list(self._shape_codes.codes),

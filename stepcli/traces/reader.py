@@ -119,6 +119,11 @@ class EventArgs(msgspec.Struct, gc=False):
     dtype: str = ""
     # an operator's FLOPs, as torch writes them with `with_flops=True` where it exports them (stepcli.traces.flops)
     flops: int = -1
+    # a collective's process group, on `record_param_comms` (torch's ParamCommsUtils): stepcli.traces.arrivals
+    # matches collectives across ranks by them. Any: checked where read (group_of), an odd value is never fatal.
+    pg_name: Any = msgspec.field(default=None, name="Process Group Name")
+    pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
+    seq: Any = msgspec.field(default=None, name="Seq")
 
 
 def transfer_args(args: EventArgs | None) -> tuple[int, str, int, int, int, str] | None:
@@ -126,6 +131,21 @@ def transfer_args(args: EventArgs | None) -> tuple[int, str, int, int, int, str]
     if args is None or (args.bytes < 0 and not args.collective):
         return None
     return (args.bytes, args.collective, args.in_nelems, args.out_nelems, args.group_size, args.dtype)
+
+
+def group_of(args: EventArgs | None) -> tuple[str, int, str] | None:
+    """(process group name, sequence number or -1, member ranks as written) of a collective, or None without a
+    process group name."""
+    if args is None or not isinstance(args.pg_name, (str, int)) or isinstance(args.pg_name, bool):
+        return None
+    name = str(args.pg_name)
+    if not name:
+        return None
+    seq = args.seq if isinstance(args.seq, int) and not isinstance(args.seq, bool) and args.seq >= 0 else -1
+    ranks = args.pg_ranks
+    if isinstance(ranks, list):
+        ranks = "[" + ", ".join(str(r) for r in ranks) + "]"
+    return (name, seq, ranks if isinstance(ranks, str) else "")
 
 
 class _DecodedEvent(Event, gc=False):
@@ -538,6 +558,10 @@ def _decode_lenient(
             event.args = _ShapeArgs(
                 correlation=link if is_int64(link) else -1, flops=flops if is_int64(flops) and flops >= 0 else -1
             )
+            if "Process Group Name" in args:  # (group_of checks the values)
+                event.args.pg_name = args["Process Group Name"]
+                event.args.pg_ranks = args.get("Process Group Ranks")
+                event.args.seq = args.get("Seq")
             if shapes and "Input Dims" in args:
                 event.args.dims = msgspec.Raw(msgspec.json.encode(args["Input Dims"]))
         events.append(event)

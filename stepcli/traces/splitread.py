@@ -202,7 +202,7 @@ def read_split(
 
 
 def _offset(parts: list[Columns], sparse: str) -> dict[int, Any]:
-    """The parts' sparse per-event values (`transfers`, `flops`) keyed by event index in the joined columns."""
+    """The parts' sparse per-event values (`transfers`, `flops`, `groups`) keyed by event index in the joined columns."""
     out: dict[int, Any] = {}
     offset = 0
     for part in parts:
@@ -238,6 +238,7 @@ def join(parts: list[Columns]) -> Columns:
         corr=np.concatenate([p.corr for p in parts]),
         transfers=_offset(parts, "transfers"),
         flops=_offset(parts, "flops"),
+        groups=_offset(parts, "groups"),
         names=list(names),
         ids=list(ids),
         shapes=list(shapes),
