@@ -239,7 +239,7 @@ def gpu_section(device: Mapping[str, Any] | None, ranks: Sequence[Mapping[str, A
         if device.get("mfu") is not None:
             dtype = str(device.get("mfu_dtype") or "bf16").upper()
             facts += f", MFU {device['mfu']:.1%} of the dense {dtype} peak"
-            facts += " (dtype assumed)." if device.get("mfu_dtype_assumed") else "."
+            facts += " (dtype assumed)." if device.get("mfu_dtype_assumed") else " (dtype of its GEMM kernels)."
         else:
             facts += "."
     return "".join(

@@ -36,7 +36,7 @@ from stepcli.traces.device import (
     union_by_class,
     within_arrays,
 )
-from stepcli.traces.flops import flops_figures, read_flops
+from stepcli.traces.flops import DTYPES, flops_figures, gemm_dtype, read_flops
 from stepcli.traces.launches import LaunchTimes, in_spans, measure_launches
 from stepcli.traces.model import (
     NS_PER_MS,
@@ -380,7 +380,8 @@ def _flops_of(
     step of their process (all of them in a trace without steps)."""
     counted = read_flops(path)
     if counted:
-        return {"flops": counted[0], "flops_device": counted[1], "flops_source": "file"}
+        figures = {"flops": counted[0], "flops_device": counted[1] or device, "flops_source": "file"}
+        return figures | _gemm_time(columns, result)
     if not columns.flops:
         return {}
     import numpy as np
@@ -399,7 +400,40 @@ def _flops_of(
             hi = np.array([w.end for w in sorted(mine, key=lambda w: w.start)], lo.dtype)
             inside |= (pid == process) & in_spans(start, lo, hi)
         flops = flops[inside]
-    return {"flops": sum(flops.tolist()), "flops_device": device, "flops_source": "trace"}  # (no int64 overflow)
+    counted_flops = sum(flops.tolist())  # (no int64 overflow)
+    return {"flops": counted_flops, "flops_device": device, "flops_source": "trace", **_gemm_time(columns, result)}
+
+
+def _gemm_time(columns: Columns, result: TraceResult) -> dict[str, Any]:
+    """`gemm_ns`: the time of the GEMM and convolution kernels that start inside the recorded steps (the measured
+    spans), by the dtype their names say (stepcli.traces.flops.gemm_dtype, once per unique kernel name); empty
+    without device work, with no kernel recognised, and for times past 64-bit nanoseconds."""
+    if not result.device_union:
+        return {}
+    import numpy as np
+
+    from stepcli.traces import arrays as col
+
+    ns = result.nanoseconds
+    if ns is None:
+        try:
+            ns = col.nanoseconds(columns)
+        except col.TooLarge:
+            return {}
+    kernels = np.nonzero(columns.kind == col.DEVICE)[0]
+    used = np.unique(columns.name[kernels])
+    code = np.full(len(columns.names) or 1, len(DTYPES), np.int64)  # len(DTYPES): not a recognised GEMM
+    for name in used.tolist():
+        dtype = gemm_dtype(columns.names[name])
+        if dtype is not None:
+            code[name] = DTYPES.index(dtype)
+    spans = measured_spans(result)
+    lo = np.array([s for s, _ in spans], np.int64)
+    hi = np.array([e for _, e in spans], np.int64)
+    kernels = kernels[in_spans(ns.start[kernels], lo, hi)]
+    times = np.bincount(code[columns.name[kernels]], weights=ns.dur[kernels], minlength=len(DTYPES) + 1)
+    gemm_ns = {dtype: int(times[i]) for i, dtype in enumerate(DTYPES) if times[i] > 0}
+    return {"gemm_ns": gemm_ns} if gemm_ns else {}
 
 
 def _launches(
@@ -488,6 +522,7 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
     flops = flops_steps = flops_ns = 0
     flops_devices: set[str] = set()
     flops_sources: set[str] = set()
+    gemm_ns: dict[str, int] = {}
     rank_device: dict[str, DeviceTimes] = {}
     for part in parts:
         _add_rows(cpu.rows, part.cpu_rows)
@@ -510,6 +545,8 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
             flops_ns += sum(part.step_ns)
             flops_devices.add(part.flops_device or "")
             flops_sources.add(part.flops_source or "file")
+            for dtype, ns in part.gemm_ns.items():
+                gemm_ns[dtype] = gemm_ns.get(dtype, 0) + ns
         if part.device_times is not None:
             job_device = part.device_times if job_device is None else job_device + part.device_times
             mine = rank_device.get(process)
@@ -534,7 +571,11 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
         breakdown_ms=breakdown,
         device=job_device,
         rank_devices=rank_device,
-        flops=flops_figures(flops, flops_steps, flops_ns, flops_devices, flops_sources) if flops_devices else None,
+        flops=(
+            flops_figures(flops, flops_steps, flops_ns, flops_devices, flops_sources, gemm_ns)
+            if flops_devices
+            else None
+        ),
         cpu_ops=cpu.rows_out(group_by_shape, basis_ns),
         device_kernels=device.rows_out(group_by_shape, basis_ns),
         events=sum(p.event_count for p in parts),
