@@ -6,11 +6,11 @@ persistent id, is refused before anything is built. The file is streamed (its by
 and the size read (after gunzip for a `.gz`) is capped like every input (STEPCLI_MAX_INPUT_BYTES, 4 GiB).
 
 Memory: stepcli.snapshots.unpickle decodes the pickle opcode by opcode and turns each history entry into a row of
-columns (25 bytes) as soon as it is read, keeping neither its dict nor its frames list, so the peak is the
-columns, the interned stacks and the segments: about a quarter of the file (scripts/bench_memory.py), where
-Python's unpickler holds every entry's dict until the end (about 8x the file). A pickle that decoder does not
-handle (older protocols, a class, a reference back to an entry) is decoded by the restricted C unpickler
-instead, as before: same answers, same errors, 8x the memory.
+columns (25 bytes) as soon as it is read, keeping neither its dict nor its frames list: the peak is the rows, 8
+bytes per frames list and per entry string, the interned stacks, the segments and the replay's per-address state,
+about 1x the file (0.94x for 308 MiB, 4.3M entries: scripts/bench_memory.py), where Python's unpickler holds every
+entry's dict until the end (7.2x). A pickle that decoder does not handle (protocols 0-1, a class, a reference back
+to an entry it let go) is decoded by the restricted C unpickler instead: same answers, same errors, 7-8x memory.
 """
 
 from __future__ import annotations
