@@ -29,6 +29,10 @@ def pytest_configure(config: pytest.Config) -> None:
     import compileall
 
     compileall.compile_dir(str(REPO / "stepcli"), quiet=2)
+    # A suite started in the background by a non-interactive shell inherits SIGINT ignored, and so would every
+    # process it starts: the Ctrl-C tests would then test nothing a terminal does. Give them a terminal's SIGINT.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def stepcli_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -26,6 +26,7 @@ OTHER_CPU, USER_ANNOTATION, PYTHON_FUNCTION, DEVICE, MEMORY = 0, 1, 2, 3, 4
 _KIND_CATEGORY = ("cpu_op", "user_annotation", "python_function", "kernel", "gpu_memcpy")
 _MEMORY = frozenset({"gpu_memcpy", "gpu_memset"})
 _DEVICE_CATEGORIES = _MEMORY | {"kernel"}
+PARAM_COMMS = "record_param_comms"  # torch's host event of a collective, with its metadata in args
 _LIMIT_NS = 2**62  # times and sums past this could overflow int64 or lose float64 exactness: use the reference
 _EXACT_FLOAT = 2**53
 
@@ -57,6 +58,10 @@ class Columns:
     # event index -> (bytes, collective, in nelems, out nelems, group size, dtype) of the device events that have
     # them (stepcli.traces.reader.transfer_args): copies and collectives only, so a dict, not a column
     transfers: dict[int, tuple[int, str, int, int, int, str]] = field(default_factory=dict)
+    flops: dict[int, int] = field(default_factory=dict)  # event index -> the FLOPs in its args (operators only)
+    # event index -> (process group name, sequence number or -1, member ranks as written) of the host events that
+    # carry them (`record_param_comms` on NCCL traces; stepcli.traces.reader.group_of): few, so a dict
+    groups: dict[int, tuple[str, int, str]] = field(default_factory=dict)
     names: list[str] = field(default_factory=list)
     ids: list[int | str] = field(default_factory=list)
     shapes: list[str] = field(default_factory=lambda: [""])
@@ -68,11 +73,21 @@ class Columns:
         """The events again (for the per-event reference)."""
         from stepcli.traces.reader import Event, EventArgs
 
-        def args_of(correlation: int, transfer: tuple[int, str, int, int, int, str] | None) -> EventArgs | None:
-            if transfer is None:
+        def args_of(
+            correlation: int,
+            transfer: tuple[int, str, int, int, int, str] | None,
+            group: tuple[str, int, str] | None,
+        ) -> EventArgs | None:
+            if transfer is None and group is None:
                 return EventArgs(correlation=correlation) if correlation >= 0 else None
-            size, collective, in_nelems, out_nelems, group_size, dtype = transfer
-            return EventArgs(correlation, size, collective, in_nelems, out_nelems, group_size, dtype)
+            args = EventArgs(correlation)
+            if transfer is not None:
+                size, collective, in_nelems, out_nelems, group_size, dtype = transfer
+                args = EventArgs(correlation, size, collective, in_nelems, out_nelems, group_size, dtype)
+            if group is not None:
+                args.pg_name, seq, args.pg_ranks = group
+                args.seq = seq if seq >= 0 else None
+            return args
 
         names, ids, shapes = self.names, self.ids, self.shapes
         return [
@@ -85,7 +100,7 @@ class Columns:
                 ts=s,
                 dur=d,
                 shape=shapes[h],
-                args=args_of(c, self.transfers.get(i)),
+                args=args_of(c, self.transfers.get(i), self.groups.get(i)),
             )
             for i, (n, k, p, t, s, d, h, c) in enumerate(
                 zip(
@@ -118,6 +133,12 @@ def columns_from_events(events: list[Event]) -> Columns:
         shape=np.fromiter((shapes.setdefault(e.shape, len(shapes)) for e in events), np.int32, n),
         corr=np.fromiter((-1 if e.args is None else e.args.correlation for e in events), np.int64, n),
         transfers=_transfers_of(events),
+        flops={
+            i: e.args.flops
+            for i, e in enumerate(events)
+            if e.args is not None and e.args.flops > 0 and kind_of(e.cat) == OTHER_CPU
+        },
+        groups=_groups_of(events),
         names=list(names),
         ids=list(ids),
         shapes=list(shapes),
@@ -132,6 +153,19 @@ def _transfers_of(events: list[Event]) -> dict[int, tuple[int, str, int, int, in
     for index, event in enumerate(events):
         if event.args is not None and event.cat in _DEVICE_CATEGORIES:
             found = transfer_args(event.args)
+            if found is not None:
+                out[index] = found
+    return out
+
+
+def _groups_of(events: list[Event]) -> dict[int, tuple[str, int, str]]:
+    """The process groups of the host `record_param_comms` events (stepcli.traces.reader.group_of)."""
+    from stepcli.traces.reader import group_of
+
+    out = {}
+    for index, event in enumerate(events):
+        if event.name == PARAM_COMMS and event.args is not None and event.cat not in _DEVICE_CATEGORIES:
+            found = group_of(event.args)
             if found is not None:
                 out[index] = found
     return out

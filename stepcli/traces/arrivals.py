@@ -8,8 +8,14 @@ Read from the columns the summary already decoded (stepcli.traces.columns), so n
 - **Departure**: when the collective finished: the end of its matching `gloo:*` event on a gloo worker thread, or
   of its NCCL kernel on the device (the k-th collective of the window pairs with the k-th of those when the counts
   agree); else the end of the host-side call (a synchronous collective).
-- **Key**: (step, collective name, its order among the step's collectives of that name): collectives of the same
-  step are matched across ranks by the order in which every rank issues them.
+- **Process group**: on NCCL traces torch nests a `record_param_comms` event in each host-side collective whose
+  args name its process group (`Process Group Name`), the group's member ranks (`Process Group Ranks`) and the
+  collective's sequence number on that group (`Seq`, the same on every member). The first one inside the
+  collective gives it its group. gloo traces (and older torch) have none.
+- **Key**: (step, collective name, sequence number or -1, order among the step's collectives with the same name,
+  group and sequence number), with the group beside it (`groups`, into `group_table`). With a group, collectives
+  are matched across the group's members by its sequence number (exact, even when a rank's trace lost an event);
+  without one, by the order in which every rank issues the step's collectives of that name.
 - **Gap before arrival**: from the later of the previous collective's host-side end and its departure (time spent
   waiting for the others is not the rank's own work) to this arrival, split into causes (`CAUSES`) over the
   process's threads (gloo's workers left out).
@@ -40,11 +46,14 @@ class RankArrivals:
     """One rank's collectives in one trace, in the order it issued them; small and picklable (a FilePart field)."""
 
     rank: int | None
-    keys: list[tuple[int, str, int]] = field(default_factory=list)
+    keys: list[tuple[int, str, int, int]] = field(default_factory=list)  # (step, name, seq or -1, order)
     arrive_us: list[float] = field(default_factory=list)  # the trace's own clock
     depart_us: list[float] = field(default_factory=list)
     gaps: list[dict[str, float]] = field(default_factory=list)  # cause -> µs in the gap before arrival
     details: list[dict[str, float]] = field(default_factory=list)  # operator or gc annotation name -> µs
+    groups: list[int] = field(default_factory=list)  # per collective: its process group in group_table; -1: none
+    # (process group name, its member ranks; () when the trace does not list them all) of the groups used
+    group_table: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
 
 
 def _category(names: list[str]) -> np.ndarray:
@@ -133,20 +142,61 @@ def rank_arrivals(columns: col.Columns, rank: int | None, incomplete_step: int |
     previous_done = np.concatenate(([step_start[0] if len(step_start) else arrive[0]], np.maximum(host_end, depart)))
     gap_from = np.minimum(previous_done[:-1], arrive)
     causes, details = _gaps(columns, events[~gloo_work[events]], category, thread, gap_from, arrive)
-    seen: dict[tuple[int, str], int] = {}
+    group_at = _host_groups(columns, host, thread)
+    table: dict[tuple[str, tuple[int, ...]], int] = {}
+    seen: dict[tuple[int, int, str, int], int] = {}
     for i in np.nonzero(inside)[0].tolist():
         step = step_numbers[where[i]]
         if step < 0:
             continue
         name = columns.names[columns.name[host[i]]]
-        order = seen.get((step, name), 0)
-        seen[(step, name)] = order + 1
-        out.keys.append((step, name, order))
+        group, seq = -1, -1
+        found = group_at.get(i)
+        if found is not None:
+            entry = (found[0], members(found[2]))
+            group = table.setdefault(entry, len(table))
+            seq = found[1]
+        order = seen.get((step, group, name, seq), 0)
+        seen[(step, group, name, seq)] = order + 1
+        out.keys.append((step, name, seq, order))
+        out.groups.append(group)
         out.arrive_us.append(float(arrive[i]))
         out.depart_us.append(float(depart[i]))
         out.gaps.append(causes[i])
         out.details.append(details[i])
+    out.group_table = list(table)
     return out if out.keys else None
+
+
+def members(text: str) -> tuple[int, ...]:
+    """The ranks of torch's `Process Group Ranks` ("[0, 1, 2, 3]"); () when it is cut short ("[0, 1, ..., 63]",
+    torch lists at most 30) or unreadable."""
+    inner = text.strip()
+    if not (inner.startswith("[") and inner.endswith("]")):
+        return ()
+    items = [item.strip() for item in inner[1:-1].split(",")]
+    if not all(item.isdecimal() for item in items):
+        return ()
+    return tuple(sorted({int(item) for item in items}))
+
+
+def _host_groups(columns: col.Columns, host: np.ndarray, thread: np.ndarray) -> dict[int, tuple[str, int, str]]:
+    """Per host collective (position in `host`): the process group of the first `record_param_comms` with one
+    inside it on its thread (or of itself)."""
+    if not columns.groups or not len(host):
+        return {}
+    carriers = np.array(sorted(columns.groups), np.int64)
+    carriers = carriers[np.lexsort((columns.ts[carriers], thread[carriers]))]
+    carrier_thread, carrier_ts = thread[carriers], columns.ts[carriers]
+    out: dict[int, tuple[str, int, str]] = {}
+    for i, index in enumerate(host.tolist()):
+        lo = np.searchsorted(carrier_thread, thread[index], side="left")
+        hi = np.searchsorted(carrier_thread, thread[index], side="right")
+        start, end = columns.ts[index], columns.ts[index] + columns.dur[index]
+        at = lo + np.searchsorted(carrier_ts[lo:hi], start, side="left")
+        if at < hi and carrier_ts[at] <= end:
+            out[i] = columns.groups[int(carriers[at])]
+    return out
 
 
 def _step_table(

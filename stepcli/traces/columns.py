@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from stepcli.traces.arrays import DEVICE, Columns, kind_of
+from stepcli.traces.arrays import DEVICE, OTHER_CPU, PARAM_COMMS, Columns, kind_of
 from stepcli.traces.files import rank_from_name
 from stepcli.traces.reader import (
     FILTERED_NAMES,
@@ -23,6 +23,7 @@ from stepcli.traces.reader import (
     _Keeper,
     _read,
     _usable_name,
+    group_of,
     transfer_args,
 )
 
@@ -31,6 +32,7 @@ _ARGS = attrgetter("args")
 _CORRELATION = attrgetter("args.correlation")
 _BYTES = attrgetter("args.bytes")
 _COLLECTIVE = attrgetter("args.collective")
+_FLOPS = attrgetter("args.flops")
 
 
 def _correlations(events: Sequence[Any]) -> np.ndarray:
@@ -101,6 +103,8 @@ class ColumnKeeper(_Keeper):
         self._parts: list[tuple[np.ndarray, ...]] = []
         self._rows = 0  # events kept so far
         self._transfers: dict[int, tuple[int, str, int, int, int, str]] = {}
+        self._flops: dict[int, int] = {}
+        self._groups: dict[int, tuple[str, int, str]] = {}
 
     def add(self, decoded: list[Any]) -> None:
         count = len(decoded)
@@ -138,7 +142,23 @@ class ColumnKeeper(_Keeper):
             shape = np.zeros(len(kept), np.int32)
         self._parts.append((names[where], kind[where], pid, tid, ts[where], dur[where], shape, _correlations(kept)))
         self._take_transfers(kept, kind[where])
+        self._take_flops(kept, kind[where])
+        self._take_groups(kept, names[where], kind[where])
         self._rows += len(kept)
+
+    def _take_flops(self, kept: Sequence[Any], kind: np.ndarray) -> None:
+        """The FLOPs torch wrote into the args of operators (`with_flops=True`), of the events that have them."""
+        host = np.nonzero(kind == OTHER_CPU)[0]
+        if not host.size:
+            return
+        events = _subset(kept, host)
+        try:
+            flops = np.fromiter(map(_FLOPS, events), np.int64, len(events))
+        except AttributeError:  # "args": null
+            flops = np.array([-1 if e.args is None else e.args.flops for e in events], np.int64)
+        counted = np.nonzero(flops > 0)[0]
+        if counted.size:
+            self._flops.update(zip((host[counted] + self._rows).tolist(), flops[counted].tolist()))
 
     def _take_transfers(self, kept: Sequence[Any], kind: np.ndarray) -> None:
         """Copy sizes and collective metadata of the device events (stepcli.traces.reader.transfer_args)."""
@@ -156,6 +176,17 @@ class ColumnKeeper(_Keeper):
             found = transfer_args(events[at].args)
             if found is not None:
                 self._transfers[self._rows + int(device[at])] = found
+
+    def _take_groups(self, kept: Sequence[Any], names: np.ndarray, kind: np.ndarray) -> None:
+        """The process groups of the host `record_param_comms` events (stepcli.traces.reader.group_of): one
+        name lookup per slice when the trace has none."""
+        code = self._name_codes.codes.get(PARAM_COMMS)
+        if code is None:
+            return
+        for at in np.nonzero((names == code) & (kind < DEVICE))[0].tolist():
+            found = group_of(_ARGS(kept[at]))
+            if found is not None:
+                self._groups[self._rows + at] = found
 
     def _rules(self, size: int) -> np.ndarray:
         """The per-name rule array, extended to the names seen so far."""
@@ -184,6 +215,8 @@ class ColumnKeeper(_Keeper):
         if len(columns):
             self._parts.append(_encode_again(self, columns))
             self._transfers.update({self._rows + i: v for i, v in columns.transfers.items()})
+            self._flops.update({self._rows + i: v for i, v in columns.flops.items()})
+            self._groups.update({self._rows + i: v for i, v in columns.groups.items()})
             self._rows += len(columns)
 
     def columns(self) -> Columns:
@@ -201,6 +234,8 @@ class ColumnKeeper(_Keeper):
             shape=shape,
             corr=corr,
             transfers=self._transfers,
+            flops=self._flops,
+            groups=self._groups,
             names=list(self._name_codes.codes),
             ids=list(self._id_codes.codes),
             shapes=list(self._shape_codes.codes),
@@ -235,6 +270,7 @@ class ColumnTrace:
     event_count: int
     skipped_events: int = 0
     incomplete_step: int | None = None
+    device_name: str | None = None  # the trace's first GPU (deviceProperties)
 
 
 def load_columns(path: str, *, shapes: bool = False) -> ColumnTrace:
@@ -242,4 +278,4 @@ def load_columns(path: str, *, shapes: bool = False) -> ColumnTrace:
     meta, keeper = _read(path, shapes, ColumnKeeper)
     assert isinstance(keeper, ColumnKeeper)
     rank = meta.rank if meta.rank is not None else rank_from_name(path)
-    return ColumnTrace(path, rank, keeper.columns(), keeper.count, keeper.skipped, meta.incomplete_step)
+    return ColumnTrace(path, rank, keeper.columns(), keeper.count, keeper.skipped, meta.incomplete_step, meta.device)

@@ -2,22 +2,26 @@
 
 Under synchronous collectives every rank's step takes the same time: the rank that makes the others wait looks no
 different from its victims. But it arrives last. From each rank's arrivals and departures
-(stepcli.traces.arrivals), matched across ranks by (step, collective name, order in the step):
+(stepcli.traces.arrivals), matched across ranks: by (process group, step, collective name, the group's sequence
+number) among the group's members when the trace names process groups (NCCL), else by (step, collective name,
+order in the step) across all ranks (gloo):
 
 - **Clocks** are aligned by the collectives themselves: a collective ends at nearly the same instant on every
   rank, so a rank's offset to the reference (lowest) rank is the median difference of their departures, and the
-  alignment error is half the spread (10th to 90th percentile) of those differences (at least 1 µs).
-- Per collective, on aligned clocks: the **culprit** is the last rank to arrive; its **lateness** is its arrival
-  minus the arrival of the rank before it; every other rank **waits** the culprit's arrival minus its own.
-- Per rank: times last, lateness ms/step, wait caused to others ms/step, own wait ms/step, and its median **lead**
-  (its arrival minus the latest other rank's, over every collective).
-- A culprit is named only when it is a finding, not noise: last in at least `MIN_LAST_SHARE` of the collectives
-  and more often than chance would make it (at most `MAX_CHANCE`), lateness of at least `MIN_LATENESS_MS` and
-  `MIN_STEP_SHARE` of the median step time per step, and its median lead above both the alignment error and
-  `JITTER_FACTOR` times the lead's own jitter (a robust standard deviation over the collectives): late by a
-  consistent margin, not by scheduling noise.
+  alignment error is half the spread (10th to 90th percentile) of those differences (at least 1 µs); two ranks
+  that share no process group are aligned through ranks that do, their errors summed.
+- Per collective, on aligned clocks, among the members of its process group only: the **culprit** is the last
+  rank to arrive; its **lateness** is its arrival minus the arrival of the rank before it; every other member
+  **waits** the culprit's arrival minus its own (a rank outside the group is not charged).
+- Per rank, over the collectives it is a member of: times last, lateness ms/step, wait caused to others ms/step,
+  own wait ms/step, and its median **lead** (its arrival minus the latest other member's).
+- A culprit is named only when it is a finding, not noise: last in at least `MIN_LAST_SHARE` of its collectives
+  and more often than chance would make it (at most `MAX_CHANCE`; last at random: 1 in its groups' size),
+  lateness of at least `MIN_LATENESS_MS` and `MIN_STEP_SHARE` of the median step time per step, and its median
+  lead above both the alignment error and `JITTER_FACTOR` times the lead's own jitter (a robust standard deviation
+  over the collectives): late by a consistent margin, not by scheduling noise.
 - Its **cause**: over the collectives it arrived last at, its gap before arriving minus the median of the other
-  ranks' same gap, per cause (stepcli.traces.arrivals.CAUSES); the largest extra is the cause, with the operator
+  members' same gap, per cause (stepcli.traces.arrivals.CAUSES); the largest extra is the cause, with the operator
   (or garbage collection) names that account for it.
 """
 
@@ -55,61 +59,129 @@ def _median(values: list[float]) -> float:
     return percentile(sorted(values), 50)
 
 
+_Key = tuple[str, tuple[int, str, int, int]]  # (process group name or "", the rank's key: step, name, seq, order)
+
+
 @dataclass
 class _Matched:
-    """The collectives every rank issued, as rows of per-rank values (ranks in order)."""
+    """The collectives every member of their process group issued, as rows of the members' values."""
 
     ranks: list[int]
-    keys: list[tuple[int, str, int]]
-    arrive: list[list[float]]  # [collective][rank index], µs, each rank's own clock
+    keys: list[_Key]
+    members: list[list[int]]  # [collective] -> the rank indices (into ranks, ascending) of its group's members
+    arrive: list[list[float]]  # [collective][member], µs, each rank's own clock
     depart: list[list[float]]
     gaps: list[list[dict[str, float]]]
     details: list[list[dict[str, float]]]
+    groups: dict[str, list[int]]  # process group name -> its member ranks, for the groups matched
 
 
 def _match(parts: list[RankArrivals]) -> _Matched | None:
-    by_rank: dict[int, dict[tuple[int, str, int], tuple[RankArrivals, int]]] = {}
+    by_rank: dict[int, dict[_Key, tuple[RankArrivals, int]]] = {}
+    listed: dict[str, tuple[int, ...]] = {}  # group -> its members as a trace lists them
     for part in parts:
-        if part.rank is not None:
-            index = by_rank.setdefault(part.rank, {})
-            for i, key in enumerate(part.keys):
-                index.setdefault(key, (part, i))  # a key seen twice (two windows of one step): the first
-    ranks = sorted(by_rank)
-    if len(ranks) < 2:
+        if part.rank is None:
+            continue
+        index = by_rank.setdefault(part.rank, {})
+        for i, key in enumerate(part.keys):
+            at = part.groups[i] if i < len(part.groups) else -1
+            group, listed_ranks = part.group_table[at] if at >= 0 else ("", ())
+            if listed_ranks:
+                listed.setdefault(group, listed_ranks)
+            index.setdefault((group, key), (part, i))  # a key seen twice (two windows of one step): the first
+    if len(by_rank) < 2:
         return None
-    keys = sorted(set.intersection(*(set(by_rank[r]) for r in ranks)))
+    # A group's members: the ranks it lists (those present), else the ranks whose traces have it; without a
+    # group (gloo, older torch), every rank.
+    present: dict[str, set[int]] = {}
+    for rank, index in by_rank.items():
+        for group, _ in index:
+            present.setdefault(group, set()).add(rank)
+    everyone = set(by_rank)
+    member_sets = {
+        group: everyone if not group else (set(listed[group]) & everyone if group in listed else ranks)
+        for group, ranks in present.items()
+    }
+    candidates = {key for index in by_rank.values() for key in index}
+    keys = sorted(
+        (k for k in candidates if len(member_sets[k[0]]) >= 2 and all(k in by_rank[r] for r in member_sets[k[0]])),
+        key=lambda k: (k[1][0], k[0], k[1][1:]),
+    )
     if not keys:
         return None
-    rows = [[by_rank[r][key] for r in ranks] for key in keys]
+    ranks = sorted(set().union(*(member_sets[k[0]] for k in keys)))
+    column = {rank: j for j, rank in enumerate(ranks)}
+    members = [sorted(column[r] for r in member_sets[k[0]]) for k in keys]
+    rows = [[by_rank[ranks[j]][key] for j in cols] for key, cols in zip(keys, members)]
     return _Matched(
         ranks,
         keys,
+        members,
         [[p.arrive_us[i] for p, i in row] for row in rows],
         [[p.depart_us[i] for p, i in row] for row in rows],
         [[p.gaps[i] for p, i in row] for row in rows],
         [[p.details[i] for p, i in row] for row in rows],
+        {group: sorted(member_sets[group]) for group in sorted({k[0] for k in keys}) if group},
     )
 
 
-def align(arrive: list[list[float]], depart: list[list[float]]) -> tuple[list[float], list[float]]:
+def _pair_offset(arrive: list[tuple[float, float]], depart: list[tuple[float, float]]) -> tuple[float, float]:
+    """The offset of rank b's clock to rank a's, and its error, from the (a, b) arrivals and departures of the
+    collectives they share (see `align`)."""
+    diffs = sorted(b - a for a, b in depart)
+    low = max(arr[1] - dep[0] for arr, dep in zip(arrive, depart))
+    high = min(dep[1] - arr[0] for arr, dep in zip(arrive, depart))
+    estimate = percentile(diffs, 50)
+    spread = (percentile(diffs, 90) - percentile(diffs, 10)) / 2
+    if low <= high:
+        estimate = min(max(estimate, low), high)
+        spread = min(spread, max(estimate - low, high - estimate))
+    return estimate, max(MIN_ERROR_US, spread)
+
+
+def align(
+    arrive: list[list[float]], depart: list[list[float]], members: list[list[int]] | None = None
+) -> tuple[list[float], list[float]]:
     """Per rank (column): its clock's offset to rank column 0 and the error of that estimate, µs.
 
     The estimate is the median difference of departures. Causality bounds it: no rank leaves a collective before
     the last rank arrived, so offset >= arrive_j - depart_0 and offset <= depart_j - arrive_0 for every collective;
     the estimate is kept inside those bounds, and its error is the smaller of half the departures' spread (10th to
-    90th percentile) and its distance to the farther bound."""
-    offsets, errors = [0.0], [0.0]
-    for j in range(1, len(depart[0]) if depart else 0):
-        diffs = sorted(row[j] - row[0] for row in depart)
-        low = max(a[j] - d[0] for a, d in zip(arrive, depart))
-        high = min(d[j] - a[0] for a, d in zip(arrive, depart))
-        estimate = percentile(diffs, 50)
-        spread = (percentile(diffs, 90) - percentile(diffs, 10)) / 2
-        if low <= high:
-            estimate = min(max(estimate, low), high)
-            spread = min(spread, max(estimate - low, high - estimate))
-        offsets.append(estimate)
-        errors.append(max(MIN_ERROR_US, spread))
+    90th percentile) and its distance to the farther bound.
+
+    With process groups (`members`: each row's rank columns; every column by default) two ranks may share no
+    collective (tensor-parallel ranks 0 and 3 of groups {0, 1}, {2, 3} with data-parallel groups {0, 2}, {1, 3}):
+    a rank is aligned through the fewest ranks that do (0 -> 1 -> 3), the errors on the way summed. A rank
+    sharing no collective with column 0 even so is aligned to the lowest rank of its own set (it never meets the
+    others at a collective, so only offsets within the set matter)."""
+    if members is None:
+        members = [list(range(len(row))) for row in arrive]
+    n = max((max(cols) + 1 for cols in members if cols), default=0)
+    where: list[dict[int, int]] = [{} for _ in range(n)]  # column -> {row: position in the row}
+    for r, cols in enumerate(members):
+        for k, j in enumerate(cols):
+            where[j][r] = k
+    offsets, errors = [0.0] * n, [0.0] * n
+    done = [False] * n
+    for root in range(n):
+        if done[root]:
+            continue
+        done[root] = True
+        queue = [root]
+        while queue:
+            a = queue.pop(0)
+            for b in range(n):
+                shared = [] if done[b] else [r for r in where[a] if r in where[b]]
+                if not shared:
+                    continue
+                pairs = [(where[a][r], where[b][r]) for r in shared]
+                offset, error = _pair_offset(
+                    [(arrive[r][i], arrive[r][k]) for r, (i, k) in zip(shared, pairs)],
+                    [(depart[r][i], depart[r][k]) for r, (i, k) in zip(shared, pairs)],
+                )
+                offsets[b], errors[b] = offsets[a] + offset, errors[a] + error
+                done[b] = True
+                queue.append(b)
     return offsets, errors
 
 
@@ -125,29 +197,33 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
     if matched is None:
         return None
     ranks, n = matched.ranks, len(matched.ranks)
-    offsets, errors = align(matched.arrive, matched.depart)
+    offsets, errors = align(matched.arrive, matched.depart, matched.members)
     error_us = sum(sorted(errors)[-2:])  # two ranks' arrivals carry both their errors
-    steps = sorted({key[0] for key in matched.keys})
+    steps = sorted({key[1][0] for key in matched.keys})
     late_us = [0.0] * n
     caused_us = [0.0] * n
     waited_us = [0.0] * n
     times_last = [0] * n
+    taken = [0] * n  # collectives the rank is a member of
+    chance = [0.0] * n  # ... and the sum of 1 / members over them (how often it would be last at random)
     leads: list[list[float]] = [[] for _ in range(n)]
     last_at: list[int] = []
     per_step: dict[int, list[float]] = {step: [0.0] * n for step in steps}
     listed: list[dict[str, Any]] = []
-    for key, arrive in zip(matched.keys, matched.arrive):
-        aligned = [a - offsets[j] for j, a in enumerate(arrive)]
-        order = sorted(range(n), key=lambda j: aligned[j])
-        last = order[-1]
-        lateness = aligned[last] - aligned[order[-2]]
-        waits = [aligned[last] - a for a in aligned]
+    for (group, key), cols, arrive in zip(matched.keys, matched.members, matched.arrive):
+        aligned = [a - offsets[j] for j, a in zip(cols, arrive)]
+        order = sorted(range(len(cols)), key=lambda k: aligned[k])
+        last = cols[order[-1]]
+        lateness = aligned[order[-1]] - aligned[order[-2]]
+        waits = [aligned[order[-1]] - a for a in aligned]
         times_last[last] += 1
         late_us[last] += lateness
         caused_us[last] += sum(waits)
-        for j in range(n):
-            waited_us[j] += waits[j]
-            leads[j].append(aligned[j] - max(a for i, a in enumerate(aligned) if i != j))
+        for k, j in enumerate(cols):
+            waited_us[j] += waits[k]
+            taken[j] += 1
+            chance[j] += 1 / len(cols)
+            leads[j].append(aligned[k] - max(a for i, a in enumerate(aligned) if i != k))
         per_step[key[0]][last] += lateness
         last_at.append(last)
         if len(listed) < _MAX_LISTED:
@@ -155,12 +231,14 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
                 {
                     "step": key[0],
                     "name": key[1],
-                    "order": key[2],
+                    "order": key[3],
+                    "group": group or None,
+                    "seq": key[2] if key[2] >= 0 else None,
                     "last_rank": ranks[last],
                     "lateness_ms": round(lateness / 1000, 3),
-                    "waits_ms": {str(ranks[j]): round(waits[j] / 1000, 3) for j in range(n) if j != last},
+                    "waits_ms": {str(ranks[j]): round(waits[k] / 1000, 3) for k, j in enumerate(cols) if j != last},
                     # arrivals on the reference rank's clock (the trace's µs), for `stepcli merge`
-                    "arrive_us": {str(ranks[j]): round(aligned[j], 3) for j in range(n)},
+                    "arrive_us": {str(ranks[j]): round(aligned[k], 3) for k, j in enumerate(cols)},
                 }
             )
     count, n_steps = len(matched.keys), len(steps)
@@ -168,7 +246,7 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
         {
             "rank": ranks[j],
             "times_last": times_last[j],
-            "last_share": times_last[j] / count,
+            "last_share": times_last[j] / taken[j],
             "lateness_ms_per_step": late_us[j] / 1000 / n_steps,
             "wait_caused_ms_per_step": caused_us[j] / 1000 / n_steps,
             "waited_ms_per_step": waited_us[j] / 1000 / n_steps,
@@ -179,10 +257,13 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
     ]
     candidate = max(range(n), key=lambda j: (late_us[j], -j))
     min_lead_us = max(error_us, JITTER_FACTOR * rows[candidate]["lead_jitter_ms"] * 1000)
-    finding = _is_finding(rows[candidate], min_lead_us, median_step_ms, count, n)
+    # a rank last at random: 1 in (the size of its groups), on average over its collectives
+    group_size = taken[candidate] / chance[candidate]
+    finding = _is_finding(rows[candidate], min_lead_us, median_step_ms, taken[candidate], group_size)
     return {
         "collectives": count,
         "steps": n_steps,
+        "process_groups": matched.groups,
         "alignment": {
             "reference_rank": ranks[0],
             "offsets_ms": {str(r): round(o / 1000, 4) for r, o in zip(ranks, offsets)},
@@ -210,8 +291,9 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
     }
 
 
-def chance_of_last(times: int, count: int, ranks: int) -> float:
-    """How likely a rank is last at `times` or more of `count` collectives when the last one is drawn at random."""
+def chance_of_last(times: int, count: int, ranks: float) -> float:
+    """How likely a rank is last at `times` or more of `count` collectives when the last one is drawn at random
+    among `ranks` (the mean size of its process groups)."""
     p = 1.0 / ranks
     if times <= 0 or p >= 1.0:
         return 1.0
@@ -229,7 +311,9 @@ def _jitter(values: list[float]) -> float:
     return 1.4826 * _median([abs(v - middle) for v in values])
 
 
-def _is_finding(row: dict[str, Any], min_lead_us: float, median_step_ms: float | None, count: int, ranks: int) -> bool:
+def _is_finding(
+    row: dict[str, Any], min_lead_us: float, median_step_ms: float | None, count: int, ranks: float
+) -> bool:
     floor = max(MIN_LATENESS_MS, MIN_STEP_SHARE * (median_step_ms or 0.0))
     return bool(
         row["last_share"] >= MIN_LAST_SHARE
@@ -247,12 +331,13 @@ def _cause(matched: _Matched, culprit: int, last_at: list[int], row: dict[str, A
         if last != culprit:
             continue
         gaps, details = matched.gaps[c], matched.details[c]
-        others = [j for j in range(len(gaps)) if j != culprit]
+        mine = matched.members[c].index(culprit)
+        others = [k for k in range(len(gaps)) if k != mine]  # the other members of its group
         for cause in CAUSES:
-            extra[cause] += gaps[culprit].get(cause, 0.0) - _median([gaps[j].get(cause, 0.0) for j in others])
-        for name in set(details[culprit]):
+            extra[cause] += gaps[mine].get(cause, 0.0) - _median([gaps[k].get(cause, 0.0) for k in others])
+        for name in set(details[mine]):
             names[name] = (
-                names.get(name, 0.0) + details[culprit][name] - _median([details[j].get(name, 0.0) for j in others])
+                names.get(name, 0.0) + details[mine][name] - _median([details[k].get(name, 0.0) for k in others])
             )
     per_step = {cause: value / 1000 / n_steps for cause, value in extra.items()}
     cause = max(CAUSES, key=lambda c: (per_step[c], -CAUSES.index(c)))

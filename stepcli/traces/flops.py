@@ -1,16 +1,23 @@
-"""FLOPs per step, achieved FLOP/s and MFU, from the FLOP counts `stepcli run --with-flops` writes beside each trace.
+"""FLOPs per step, achieved FLOP/s and MFU, from the FLOP counts `stepcli run --with-flops` writes beside each
+trace, or those a trace carries itself.
 
 torch 2.13 estimates FLOPs of matmuls and convolutions (`with_flops=True`) but on CPU writes none into the exported
 trace; only `key_averages()` has them. So the agent writes the window's sum beside the trace `NAME.pt.trace.json`
-as `NAME.flops` ({"flops": N, "device": name or null}, stepcli.agent.recorder). Over the recorded steps of the
-traces that have one: flops_per_step = FLOPs / steps, achieved_flops_per_s = FLOPs / recorded step time, and
-mfu = achieved / the device's dense BF16 tensor peak (PEAKS; README lists them with sources), null when the
-device is unknown (CPU included).
+as `NAME.flops` ({"flops": N, "device": name or null}, stepcli.agent.recorder). A trace recorded elsewhere with
+`with_flops=True` on a GPU carries `"flops": N` in the args of the operators torch counts (aten::mm, addmm, bmm,
+baddbmm, conv2d, mul, add: none calls another, so their sum counts nothing twice); the reader sums them over the
+recorded steps (stepcli.traces.analysis), and the side file wins when both exist. The device is the side file's,
+else the trace's `deviceProperties`. Over the recorded steps of the traces that have counts: flops_per_step =
+FLOPs / steps, achieved_flops_per_s = FLOPs / recorded step time, and mfu = achieved / the device's dense BF16
+tensor peak (PEAKS; README lists them with sources), null when the device is unknown (CPU included). The dtype is
+assumed (`mfu_dtype_assumed`): a trace names its operators' input dtypes only with record_shapes, and reading them
+would slow every such trace's decoding.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 FLOPS_SUFFIX = ".flops"  # as stepcli.agent.recorder writes it
@@ -66,9 +73,11 @@ def peak_of(device: str | None) -> float | None:
     return None
 
 
-def flops_figures(flops: int, steps: int, step_ns: int, devices: set[str]) -> dict[str, Any]:
+def flops_figures(
+    flops: int, steps: int, step_ns: int, devices: set[str], sources: AbstractSet[str] = frozenset({"file"})
+) -> dict[str, Any]:
     """The `flops` figures of a summary: per step, per second of recorded step time, and MFU when one known
-    device ran them all."""
+    device ran them all; where the counts came from, and the dtype whose peak MFU is against."""
     achieved = flops / (step_ns / 1e9) if step_ns > 0 else None
     device = (next(iter(devices)) or None) if len(devices) == 1 else None
     peak = peak_of(device)
@@ -78,4 +87,15 @@ def flops_figures(flops: int, steps: int, step_ns: int, devices: set[str]) -> di
         "mfu": achieved / peak if achieved is not None and peak else None,
         "peak_flops_per_s": peak,
         "device_name": device,
+        "flops_source": "+".join(sorted(sources)),
+        "mfu_dtype": peak_dtype(device) if peak else None,
+        "mfu_dtype_assumed": True if peak else None,
     }
+
+
+def peak_dtype(device: str | None) -> str | None:
+    """The dtype whose peak `peak_of` takes for a device: BF16, else FP16."""
+    for fragment in sorted(PEAKS, key=len, reverse=True):
+        if device and fragment.lower() in device.lower():
+            return MFU_DTYPE if MFU_DTYPE in PEAKS[fragment] else "fp16"
+    return None

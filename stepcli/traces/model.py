@@ -153,6 +153,7 @@ class FilePart:
     outside_ns: int = 0
     flops: int | None = None  # the window's FLOPs written beside the trace (stepcli.traces.flops), if any
     flops_device: str | None = None
+    flops_source: str | None = None  # "file" (NAME.flops) or "trace" (operators' args.flops)
     arrivals: RankArrivals | None = None  # its collectives, for the culprit (stepcli.traces.culprit)
 
 
@@ -169,3 +170,5 @@ class TraceFacts(Protocol):
     def skipped_events(self) -> int: ...
     @property
     def incomplete_step(self) -> int | None: ...
+    @property
+    def device_name(self) -> str | None: ...

@@ -327,3 +327,19 @@ def test_collective_metadata_in_a_trace_file_gives_sizes_and_bus_bandwidth(tmp_p
     # THEN 512 KiB of bf16 over 4 ranks in 1 ms: algbw 0.524 GB/s, busbw x 2*3/4
     assert (row["collective"], row["bytes"], row["ranks"], row["dtype"]) == ("allreduce", 524288, 4, "BFloat16")
     assert row["algbw_gbps"] == pytest.approx(0.524288) and row["busbw_gbps"] == pytest.approx(0.524288 * 1.5)
+
+
+def test_flops_a_trace_carries_reach_table_json_with_mfu(tmp_path: Path) -> None:
+    from tests.unit.test_traces_flops import _flops_trace
+
+    # GIVEN a GPU trace recorded with with_flops=True elsewhere (counts in its operators' args, no NAME.flops)
+    trace = _flops_trace(tmp_path / "gpu.pt.trace.json")
+    result = run_stepcli("table", "--json", trace)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    # THEN table --json has its FLOPs per step and its MFU against the H100 it names, under flops and device
+    total = 4_000_000_000 + 2_000_000_000 + 1000
+    for figures in (data["flops"], data["device"]):
+        assert figures["flops_per_step"] == total / 2 and figures["flops_source"] == "trace"
+        assert figures["mfu"] == pytest.approx(total / 2e-3 / 989e12)
+        assert figures["mfu_dtype"] == "bf16" and figures["mfu_dtype_assumed"] is True

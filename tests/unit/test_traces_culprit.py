@@ -45,7 +45,8 @@ def _arrivals(events: list[Event], rank: int) -> RankArrivals:
 
 def test_arrivals_keys_gaps_and_departures() -> None:
     arrivals = _arrivals(_rank_trace(30_000), 1)
-    assert arrivals.keys == [(step, "c10d::allreduce_", 0) for step in range(STEPS)]
+    assert arrivals.keys == [(step, "c10d::allreduce_", -1, 0) for step in range(STEPS)]
+    assert arrivals.groups == [-1] * STEPS and arrivals.group_table == []  # gloo: no process group
     assert arrivals.arrive_us[0] == pytest.approx(35_200)
     assert arrivals.depart_us[0] == pytest.approx(36_200)  # the gloo worker's end, not the host call's
     gap = arrivals.gaps[0]
