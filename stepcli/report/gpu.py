@@ -1,9 +1,11 @@
 """The report's GPU section: where each rank's device time goes per recorded step (a stacked bar that adds up to
-the step), idle time by cause, and launch statistics. It reads the `device` figures of the trace summary or run
-summary (stepcli.traces.device, .launches; README "Device time by kernel class") and computes nothing new."""
+the step), idle time by cause, and launch statistics; then the same parts step by step, for the job (the mean over
+ranks) or one rank picked from a list. It reads the `device` figures of the trace summary or run summary
+(stepcli.traces.device, .launches; README "Device time by kernel class") and computes nothing new."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
@@ -21,6 +23,9 @@ SEGMENTS = (
 )
 _CSS = "".join(f".gpu-{key}{{fill:{colour}}}" for _label, key, colour in SEGMENTS)
 _BAR_W, _LABEL_W, _ROW_H = 760, 110, 26
+# The per-step chart: plot size, and how many ranks get one (each is pre-drawn: a page must stay small).
+_STEPS_W, _STEPS_H, _STEPS_LEFT, _STEPS_BOTTOM = 800, 170, 56, 22
+MAX_STEP_CHARTS = 64
 
 
 def step_parts(device: Mapping[str, Any]) -> dict[str, float]:
@@ -64,6 +69,83 @@ def _bars(rows: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
                 out.append(f'<text class="seglabel" x="{x + 4:.2f}" y="{y + 14}">{parts[key] / total:.0%}</text>')
             x += width
     out.append("</svg>")
+    return "".join(out)
+
+
+def _nice_ceiling(value: float) -> float:
+    """The smallest round number (1, 1.2, 1.5, 2, ... 8 times a power of ten) at or above `value`: the chart's
+    top, so its bars fill most of the height."""
+    if value <= 0:
+        return 1.0
+    power = 10 ** math.floor(math.log10(value))
+    return next(m * power for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10) if m * power >= value)
+
+
+def _steps_chart(choice: str, steps: Sequence[Mapping[str, Any]], top: float, shown: bool) -> str:
+    """One stacked column per recorded step (height: the step's milliseconds), parts in SEGMENTS order from the
+    bottom; `top`: the y scale's maximum, the same for every chart so ranks compare at a glance."""
+    width, height = _STEPS_LEFT + _STEPS_W + 8, _STEPS_H + _STEPS_BOTTOM + 8
+    style = "" if shown else ' style="display:none"'
+    out = [
+        f'<svg class="chart gpu-steps" data-choice="{escape(choice)}"{style} viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" role="img" aria-label="device time per step: {escape(choice)}">'
+    ]
+    scale = _STEPS_H / top
+    for tick in (0.0, top / 2, top):
+        y = 4 + _STEPS_H - tick * scale
+        out.append(f'<line class="grid" x1="{_STEPS_LEFT}" x2="{_STEPS_LEFT + _STEPS_W}" y1="{y:.1f}" y2="{y:.1f}"/>')
+        out.append(f'<text class="axis" x="{_STEPS_LEFT - 4}" y="{y + 4:.1f}" text-anchor="end">{tick:,.4g} ms</text>')
+    slot = _STEPS_W / max(len(steps), 1)
+    bar = max(min(slot * 0.8, 40.0), 1.0)
+    label_every = max(1, math.ceil(34 / slot))
+    for index, step in enumerate(steps):
+        parts = step_parts(step)
+        x = _STEPS_LEFT + index * slot + (slot - bar) / 2
+        tip = f"step {step['step']}: {step['step_ms']:.3f} ms" + "".join(
+            f"\n{name}: {parts[key]:.3f} ms" for name, key, _colour in SEGMENTS if parts[key] > 0
+        )
+        out.append(f'<g class="gpu-step" data-step="{step["step"]}"><title>{escape(tip)}</title>')
+        y = 4.0 + _STEPS_H
+        for _name, key, _colour in SEGMENTS:
+            h = parts[key] * scale
+            if h <= 0:
+                continue
+            y -= h
+            out.append(f'<rect class="seg gpu-{key}" x="{x:.2f}" y="{y:.2f}" width="{bar:.2f}" height="{h:.2f}"/>')
+        out.append("</g>")
+        if index % label_every == 0:
+            out.append(
+                f'<text class="axis" x="{x + bar / 2:.1f}" y="{4 + _STEPS_H + 15}" text-anchor="middle">'
+                f"{step['step']}</text>"
+            )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _per_step(device: Mapping[str, Any], ranks: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+    """The per-step charts with their picker: the job (mean over ranks per step) and up to MAX_STEP_CHARTS ranks."""
+    job = device.get("steps") or []
+    if not job:
+        return ""
+    charts = [("job", job)] + [(label, d.get("steps") or []) for label, d in ranks[:MAX_STEP_CHARTS]]
+    charts = [(label, steps) for label, steps in charts if steps]
+    top = _nice_ceiling(max(s["step_ms"] for _label, steps in charts for s in steps))
+    out = ['<h3 id="gpu-steps">Step by step</h3>']
+    if len(charts) > 1:
+        options = "".join(
+            f'<option value="{escape(label)}">{escape(label)}{" (mean over ranks)" if i == 0 else ""}</option>'
+            for i, (label, _steps) in enumerate(charts)
+        )
+        out.append(
+            '<p class="muted"><label>Show <select id="gpu-step-choice" data-shows="svg.gpu-steps">'
+            f"{options}</select></label> Hover a column for its milliseconds.</p>"
+        )
+        if len(ranks) > MAX_STEP_CHARTS:
+            out.append(
+                f'<p class="muted">The first {MAX_STEP_CHARTS} of {len(ranks)} ranks have a chart here; '
+                "<code>stepcli table --json</code> has every rank's <code>device.steps</code>.</p>"
+            )
+    out += [_steps_chart(label, steps, top, i == 0) for i, (label, steps) in enumerate(charts)]
     return "".join(out)
 
 
@@ -154,7 +236,12 @@ def gpu_section(device: Mapping[str, Any] | None, ranks: Sequence[Mapping[str, A
     )
     if device.get("flops_per_step") is not None:
         facts += f" {device['flops_per_step']:.3g} FLOPs per step, {device['achieved_flops_per_s'] / 1e12:.3g} TFLOP/s"
-        facts += f", MFU {device['mfu']:.1%}." if device.get("mfu") is not None else "."
+        if device.get("mfu") is not None:
+            dtype = str(device.get("mfu_dtype") or "bf16").upper()
+            facts += f", MFU {device['mfu']:.1%} of the dense {dtype} peak"
+            facts += " (dtype assumed)." if device.get("mfu_dtype_assumed") else " (dtype of its GEMM kernels)."
+        else:
+            facts += "."
     return "".join(
         [
             f"<style>{_CSS}</style>",
@@ -162,6 +249,7 @@ def gpu_section(device: Mapping[str, Any] | None, ranks: Sequence[Mapping[str, A
             f'<p class="muted">{escape(facts)} Hover a segment for its milliseconds.</p>',
             _bars(rows),
             _legend(),
+            _per_step(device, rows[1:]),
             '<h3 id="gpu-launch-stats">Kernel launches</h3>',
             _launch_table(rows),
             _transfer_tables(device),

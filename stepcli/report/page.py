@@ -95,6 +95,11 @@ _JS = """
       });
     });
   });
+  document.querySelectorAll('select[data-shows]').forEach(function(pick){
+    function show(){document.querySelectorAll(pick.getAttribute('data-shows')).forEach(function(el){
+      el.style.display=el.getAttribute('data-choice')===pick.value?'':'none';});}
+    pick.addEventListener('change',show);show();
+  });
 })();
 """
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from stepcli.snapshots import categories
-from stepcli.snapshots.reader import Frame, Snapshot, Stack
+from stepcli.snapshots.reader import Frame, Snapshot, Stack, Trace
 from stepcli.snapshots.replay import Replay, StepFigures
 
 LEAK_MIN_INCREASES = 3  # consecutive steps whose start-of-step allocated memory grew
@@ -19,7 +19,7 @@ def choose_device(snapshot: Snapshot) -> int:
     if isinstance(info.get("device"), int):
         return int(info["device"])
     for device, trace in enumerate(snapshot.traces):
-        if any(entry.action == "oom" for entry in trace):
+        if trace.has_action("oom"):
             return device
     reserved: dict[int, int] = {}
     for segment in snapshot.segments:
@@ -33,7 +33,7 @@ def choose_device(snapshot: Snapshot) -> int:
 def analyze(snapshot: Snapshot, top: int = 10) -> dict[str, Any]:
     """Everything about one snapshot, as plain data (the `--json` document's per-snapshot part)."""
     device = choose_device(snapshot)
-    entries = snapshot.traces[device] if device < len(snapshot.traces) else []
+    entries = snapshot.traces[device] if device < len(snapshot.traces) else Trace([], [None])
     segments = [s for s in snapshot.segments if s.device == device]
     whole = Replay(entries, segments).run()
     info = snapshot.info

@@ -1,13 +1,16 @@
 """Reading CUDA memory snapshots: pickles of `torch.cuda.memory._snapshot()`, from disk, possibly hostile.
 
-A pickle can run any code when loaded, so a snapshot is decoded by an Unpickler that builds plain data only
-(dicts, lists, tuples, strings, bytes, numbers, and the builtins `set` and `frozenset`): any request
-for another class or function, or a persistent id, is refused before anything is built. Memory is the decoded
-snapshot, held once: the file is streamed into Python's C unpickler (its bytes are never held as a whole), the
-size read (after gunzip for a `.gz`) is capped like every input (STEPCLI_MAX_INPUT_BYTES, 4 GiB), and each
-history entry is turned into a small tuple (frames interned, so a stack shared by a million entries is kept once)
-and its dict dropped as it goes. A pickle cannot be analyzed without decoding it: the decoded objects take about
-8x the file (scripts/bench_memory.py), which `--memory-entries` bounds at the source.
+A pickle can run any code when loaded, so a snapshot is only ever decoded into plain data (dicts, lists, tuples,
+strings, bytes, numbers, and the builtins `set` and `frozenset`): any request for another class or function, or a
+persistent id, is refused before anything is built. The file is streamed (its bytes are never held as a whole),
+and the size read (after gunzip for a `.gz`) is capped like every input (STEPCLI_MAX_INPUT_BYTES, 4 GiB).
+
+Memory: stepcli.snapshots.unpickle decodes the pickle opcode by opcode and turns each history entry into a row of
+columns (25 bytes) as soon as it is read, keeping neither its dict nor its frames list: the peak is the rows, 8
+bytes per frames list and per entry string, the interned stacks, the segments and the replay's per-address state,
+about 1x the file (0.94x for 308 MiB, 4.3M entries: scripts/bench_memory.py), where Python's unpickler holds every
+entry's dict until the end (7.2x). A pickle that decoder does not handle (protocols 0-1, a class, a reference back
+to an entry it let go) is decoded by the restricted C unpickler instead: same answers, same errors, 7-8x memory.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import io
 import os
 import pickle
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -25,19 +28,12 @@ from typing import Any, NamedTuple
 from stepcli.agent.cudamemory import ON_DEMAND_PREFIX, SNAPSHOT_KEY, SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX, STEP_TAG
 from stepcli.errors import TraceError
 from stepcli.inputs import GZIP_MAGIC, input_limit
+from stepcli.snapshots.unpickle import Entry as Entry  # the snapshot's model, for its readers
+from stepcli.snapshots.unpickle import Frame as Frame
+from stepcli.snapshots.unpickle import HistoryBuilder, Stack, StreamDecoder, Trace, Truncated, Unsupported
 
 # Older protocols build sets through these names. Not bytearray: `bytearray(10**12)` would be a memory bomb.
 _PLAIN_BUILTINS = {("builtins", "set"): set, ("builtins", "frozenset"): frozenset}
-_FRAME_CACHE_LIMIT = 1 << 20
-
-
-class Frame(NamedTuple):
-    filename: str
-    line: int
-    name: str
-
-
-Stack = tuple[Frame, ...]
 
 
 class Block(NamedTuple):
@@ -57,22 +53,11 @@ class Segment(NamedTuple):
     blocks: tuple[Block, ...]
 
 
-class Entry(NamedTuple):
-    """One allocator event of the history: alloc, free_requested, free_completed, segment_alloc, segment_free,
-    segment_map, segment_unmap, snapshot or oom (whose `addr` is the device's free bytes)."""
-
-    action: str
-    addr: int
-    size: int
-    stack: int
-    step: int | None  # the global step stepcli tagged it with (`user_metadata`), None when untagged
-
-
 @dataclass
 class Snapshot:
     path: str
     segments: list[Segment]
-    traces: list[list[Entry]]  # per device index
+    traces: list[Trace]  # per device index
     stacks: list[Stack] = field(default_factory=lambda: [()])  # index 0: no Python stack recorded
     info: dict[str, Any] | None = None  # what `stepcli run --memory` added: step, phase, the failed request
     allocator_settings: dict[str, Any] = field(default_factory=dict)
@@ -132,20 +117,32 @@ def find_snapshots(path: str) -> list[str]:
     return [path]
 
 
-def load_snapshot(path: str) -> Snapshot:
-    """Decode and check one snapshot, or TraceError saying in one line what is wrong with the file."""
-    data = _unpickle(path)
+def load_snapshot(path: str, streamed: bool = True) -> Snapshot:
+    """Decode and check one snapshot, or TraceError saying in one line what is wrong with the file.
+    `streamed=False`: Python's C unpickler (every entry's dict held at once; the reference the tests compare to)."""
+    if streamed:
+        try:
+            builder = HistoryBuilder(STEP_TAG)
+            decoder = _read(path, lambda stream: StreamDecoder(stream.read, builder).run())
+            data, histories = decoder
+            if isinstance(data, dict) and isinstance(data.get("segments"), list):
+                return _convert(path, data, builder, histories)
+        except (Unsupported, KeyError, TypeError, ValueError, AttributeError, OverflowError):
+            pass  # the C unpickler's reading gives the answer, or the error in its words
+    builder = HistoryBuilder(STEP_TAG)
+    data = _read(path, lambda stream: _PlainDataUnpickler(stream).load())
     if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
         raise TraceError(
             path, "a pickle, but not a CUDA memory snapshot (torch.cuda.memory._snapshot() has 'segments')"
         )
     try:
-        return _convert(path, data)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return _convert(path, data, builder, {})
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise TraceError(path, f"not a CUDA memory snapshot torch writes: {exc}") from None
 
 
-def _unpickle(path: str) -> Any:
+def _read(path: str, decode: Callable[[Any], Any]) -> Any:
+    """decode(a capped, buffered stream of the file's pickle bytes), with the file's problems as TraceError."""
     limit = input_limit()
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
@@ -162,7 +159,7 @@ def _unpickle(path: str) -> Any:
             raw.seek(0)
             stream: Any = gzip.GzipFile(fileobj=raw, mode="rb") if head == GZIP_MAGIC else raw
             capped = io.BufferedReader(_Capped(stream, limit), buffer_size=1 << 20)
-            return _PlainDataUnpickler(capped).load()
+            return decode(capped)
         except _Refused as exc:
             raise TraceError(
                 path,
@@ -173,6 +170,8 @@ def _unpickle(path: str) -> Any:
             raise TraceError(
                 path, f"larger than the {limit} bytes stepcli reads (set STEPCLI_MAX_INPUT_BYTES)"
             ) from None
+        except Truncated:
+            raise TraceError(path, "not a pickle (pickle data was truncated)") from None
         except (gzip.BadGzipFile, EOFError) as exc:
             raise TraceError(path, f"not a complete pickle ({type(exc).__name__}: {exc or 'truncated'})") from None
         except pickle.UnpicklingError as exc:
@@ -183,75 +182,33 @@ def _unpickle(path: str) -> Any:
             raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
 
 
-class _Interner:
-    """Frames and stacks kept once each; stack 0 is the empty stack."""
-
-    def __init__(self) -> None:
-        self.stacks: list[Stack] = [()]
-        self._stack_index: dict[Stack, int] = {(): 0}
-        self._frames: dict[int, tuple[object, Frame]] = {}  # id(frame dict) -> (the dict, kept alive; its Frame)
-        self._by_ids: dict[tuple[int, ...], int] = {}  # ids of a stack's frame dicts (all in _frames) -> stack
-        self._steps: dict[str, int | None] = {}
-
-    def stack(self, frames: Any) -> int:
-        """The index of this stack. torch shares each distinct frame dict among all entries, so the ids of a
-        list's frame dicts (kept alive here, so ids stay unique) find a known stack without reading a field."""
-        if not frames:
-            return 0
-        ids = tuple(map(id, frames))
-        index = self._by_ids.get(ids)
-        if index is not None:
-            return index
-        cache = self._frames
-        if len(cache) > _FRAME_CACHE_LIMIT:  # a writer that never shares frame dicts: start the cache over
-            cache.clear()
-            self._by_ids.clear()
-        out: list[Frame] = []
-        for raw in frames:
-            hit = cache.get(id(raw))
-            if hit is None:
-                hit = cache[id(raw)] = (raw, Frame(str(raw["filename"]), int(raw["line"]), str(raw["name"])))
-            out.append(hit[1])
-        key = tuple(out)
-        index = self._stack_index.get(key)
-        if index is None:
-            index = self._stack_index[key] = len(self.stacks)
-            self.stacks.append(key)
-        self._by_ids[ids] = index
-        return index
-
-    def step(self, metadata: Any) -> int | None:
-        if not metadata:
-            return None
-        try:
-            return self._steps[metadata]
-        except KeyError:
-            text = str(metadata)
-            value = (
-                int(text[len(STEP_TAG) :]) if text.startswith(STEP_TAG) and text[len(STEP_TAG) :].isdigit() else None
-            )
-            self._steps[metadata] = value
-            return value
-
-
-def _convert(path: str, data: dict[str, Any]) -> Snapshot:
-    interner = _Interner()
-    segments = [_segment(raw, interner) for raw in data["segments"]]
-    traces: list[list[Entry]] = []
+def _convert(path: str, data: dict[str, Any], builder: HistoryBuilder, histories: dict[int, Trace]) -> Snapshot:
+    """The snapshot's parts, checked; `histories`: the device traces the streaming decoder already turned into
+    columns (their lists emptied), by id."""
+    segments = [_segment(raw, builder) for raw in data["segments"]]
+    traces: list[Trace] = []
     raw_traces = data.get("device_traces") or []
     if not isinstance(raw_traces, list):
         raise TypeError("'device_traces' is not a list")
     for raw_trace in raw_traces:
         if not isinstance(raw_trace, list):
             raise TypeError("a device trace is not a list")
-        traces.append(list(_entries(raw_trace, interner)))
+        trace = histories.get(id(raw_trace))
+        if trace is None or raw_trace:
+            if trace is not None:
+                raise Unsupported("a history list with items left")
+            trace = builder.new_trace()
+            for index, raw in enumerate(raw_trace):
+                builder.add(trace, raw)
+                raw_trace[index] = None  # each dict released as it goes
+        traces.append(trace)
     info = _plain_info(data.get(SNAPSHOT_KEY))
     settings = data.get("allocator_settings")
     return Snapshot(
         path=path,
         segments=segments,
         traces=traces,
-        stacks=interner.stacks,
+        stacks=builder.stacks,
         info=info,
         allocator_settings=settings if isinstance(settings, dict) else {},
     )
@@ -270,7 +227,7 @@ def _plain_info(raw: Any) -> dict[str, Any] | None:
     return info
 
 
-def _segment(raw: Any, interner: _Interner) -> Segment:
+def _segment(raw: Any, builder: HistoryBuilder) -> Segment:
     blocks = []
     address = int(raw["address"])
     for block in raw["blocks"]:
@@ -281,7 +238,7 @@ def _segment(raw: Any, interner: _Interner) -> Segment:
                 size,
                 int(block.get("requested_size", size)),
                 str(block["state"]),
-                interner.stack(block.get("frames")),
+                builder.stack(block.get("frames")),
             )
         )
         address += size
@@ -293,18 +250,3 @@ def _segment(raw: Any, interner: _Interner) -> Segment:
         bool(raw.get("is_expandable", False)),
         tuple(blocks),
     )
-
-
-def _entries(raw_trace: list[Any], interner: _Interner) -> Iterator[Entry]:
-    """Each entry becomes a tuple and its dict is released at once, so the decoded history is held only once."""
-    for index, raw in enumerate(raw_trace):
-        action = str(raw["action"])
-        addr = raw.get("device_free", 0) if action == "oom" else raw.get("addr", 0)
-        yield Entry(
-            action,
-            int(addr),
-            int(raw["size"]),
-            interner.stack(raw.get("frames")),
-            interner.step(raw.get("user_metadata")),
-        )
-        raw_trace[index] = None

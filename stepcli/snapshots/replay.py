@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stepcli.snapshots.reader import Entry, Segment
+from stepcli.snapshots.reader import Segment, Trace
 
 ALLOCATED_STATES = ("active_allocated",)
 
@@ -33,7 +33,7 @@ class StepFigures:
 class Replay:
     """Totals over the history, and the live allocations at `stop` (an index into the entries)."""
 
-    entries: list[Entry]
+    entries: Trace
     segments: list[Segment]
     stop: int | None = None  # replay entries[:stop]; None: all
     allocated: int = 0
@@ -47,8 +47,8 @@ class Replay:
 
     def run(self) -> Replay:
         """One pass, locals only in the loop: a history of millions of events takes seconds, not minutes."""
-        entries = self.entries if self.stop is None else self.entries[: self.stop]
-        free_action = "free_completed" if any(e.action == "free_completed" for e in self.entries) else "free_requested"
+        entries = self.entries.rows(None, self.stop)
+        free_action = "free_completed" if self.entries.has_action("free_completed") else "free_requested"
         self._initial_state(free_action)
         live, steps = self.live, self.steps
         allocated, reserved = self.allocated, self.reserved
@@ -96,19 +96,23 @@ class Replay:
     def _initial_state(self, free_action: str) -> None:
         """What was allocated and reserved before the history's first event."""
         allocated_in_history: set[int] = set()
-        for entry in self.entries:
-            if entry.action == "alloc":
-                allocated_in_history.add(entry.addr)
-            elif entry.action == free_action and entry.addr not in allocated_in_history and entry.addr not in self.live:
-                self.live[entry.addr] = (entry.size, 0, None)
+        grown = shrunk = 0
+        for action, addr, size, _stack, _step in self.entries.rows():
+            if action == "alloc":
+                allocated_in_history.add(addr)
+            elif action == free_action:
+                if addr not in allocated_in_history and addr not in self.live:
+                    self.live[addr] = (size, 0, None)
+            elif action == "segment_alloc" or action == "segment_map":
+                grown += size
+            elif action == "segment_free" or action == "segment_unmap":
+                shrunk += size
         for segment in self.segments:
             for block in segment.blocks:
                 if block.state in ALLOCATED_STATES and block.address not in allocated_in_history:
                     self.live.setdefault(block.address, (block.size, block.stack, None))
         self.allocated = sum(live[0] for live in self.live.values())
         reserved_end = sum(segment.total_size for segment in self.segments)
-        grown = sum(e.size for e in self.entries if e.action in ("segment_alloc", "segment_map"))
-        shrunk = sum(e.size for e in self.entries if e.action in ("segment_free", "segment_unmap"))
         self.reserved = max(reserved_end - grown + shrunk, 0)
 
     def _step_started(self, step: int, by_step: dict[int, set[int]], complete: bool) -> StepFigures:

@@ -32,10 +32,11 @@ from stepcli.traces.device import (
     Within,
     is_collective_kernel,
     measure,
+    measure_steps,
     union_by_class,
     within_arrays,
 )
-from stepcli.traces.flops import flops_figures, read_flops
+from stepcli.traces.flops import DTYPES, flops_figures, gemm_dtype, read_flops
 from stepcli.traces.launches import LaunchTimes, in_spans, measure_launches
 from stepcli.traces.model import (
     NS_PER_MS,
@@ -293,6 +294,7 @@ def summarize_read(columns: Columns, trace: TraceFacts, *, group_by_shape: bool 
         skipped_events=trace.skipped_events,
         incomplete_step=trace.incomplete_step,
         group_by_shape=group_by_shape,
+        device_name=trace.device_name,
     )
 
 
@@ -305,6 +307,7 @@ def summarize_columns(
     skipped_events: int = 0,
     incomplete_step: int | None = None,
     group_by_shape: bool = False,
+    device_name: str | None = None,
 ) -> FilePart:
     """The part of one trace file read into columns (stepcli.traces.columns.load_columns)."""
     from stepcli.traces.arrays import TooLarge
@@ -346,7 +349,7 @@ def summarize_columns(
     if busy is not None and result.device_classes is not None:
         spans = measured_spans(result)
         times = measure(busy, len(result.windows) or 1, result.device_classes, spans, within)
-        times.launches, times.transfers = _launches(columns, result, spans, times.steps)
+        times.launches, times.transfers, times.steps_ns = _launches(columns, result, spans, times.steps, ordered)
     return FilePart(
         path=path,
         rank=rank,
@@ -364,21 +367,49 @@ def summarize_columns(
         has_shapes=bool(len(columns) and columns.shape.any()),
         outside_events=result.outside_events,
         outside_ns=result.outside_ns,
-        **_flops_of(path),
+        **_flops_of(path, columns, result, ordered, device_name),
         arrivals=rank_arrivals(columns, rank, incomplete_step),
     )
 
 
-def _flops_of(path: str) -> dict[str, Any]:
+def _flops_of(
+    path: str, columns: Columns, result: TraceResult, windows: list[Window], device: str | None
+) -> dict[str, Any]:
+    """The FLOPs of a trace: from the `NAME.flops` file `stepcli run --with-flops` writes beside it, else the sum
+    of the `flops` torch wrote into its operators' args, over the operators that start inside a complete recorded
+    step of their process (all of them in a trace without steps)."""
     counted = read_flops(path)
-    return {"flops": counted[0], "flops_device": counted[1]} if counted else {}
+    if counted:
+        figures = {"flops": counted[0], "flops_device": counted[1] or device, "flops_source": "file"}
+        return figures | _gemm_time(columns, result)
+    if not columns.flops:
+        return {}
+    import numpy as np
+
+    at = np.fromiter(columns.flops, np.int64, len(columns.flops))
+    flops = np.fromiter(columns.flops.values(), np.int64, len(columns.flops))
+    if windows:
+        ns = result.nanoseconds
+        # times past 64-bit ns (the reference path): microseconds, as floats, are precise enough to place an op
+        start = ns.start[at] if ns is not None else columns.ts[at] * 1000.0
+        pid = np.array(columns.ids, dtype=object)[columns.pid[at]] if columns.ids else np.zeros(len(at), object)
+        inside = np.zeros(len(at), bool)
+        for process in {w.pid for w in windows}:
+            mine = [w for w in windows if w.pid == process]
+            lo = np.array(sorted(w.start for w in mine), np.float64 if ns is None else np.int64)
+            hi = np.array([w.end for w in sorted(mine, key=lambda w: w.start)], lo.dtype)
+            inside |= (pid == process) & in_spans(start, lo, hi)
+        flops = flops[inside]
+    counted_flops = sum(flops.tolist())  # (no int64 overflow)
+    return {"flops": counted_flops, "flops_device": device, "flops_source": "trace", **_gemm_time(columns, result)}
 
 
-def _launches(
-    columns: Columns, result: TraceResult, spans: list[tuple[int, int]], steps: int
-) -> tuple[LaunchTimes, Transfers]:
-    """Launch statistics and idle time by cause (stepcli.traces.launches), collectives and copies
-    (stepcli.traces.collectives), on either path's result."""
+def _gemm_time(columns: Columns, result: TraceResult) -> dict[str, Any]:
+    """`gemm_ns`: the time of the GEMM and convolution kernels that start inside the recorded steps (the measured
+    spans), by the dtype their names say (stepcli.traces.flops.gemm_dtype, once per unique kernel name); empty
+    without device work, with no kernel recognised, and for times past 64-bit nanoseconds."""
+    if not result.device_union:
+        return {}
     import numpy as np
 
     from stepcli.traces import arrays as col
@@ -388,13 +419,60 @@ def _launches(
         try:
             ns = col.nanoseconds(columns)
         except col.TooLarge:
-            return LaunchTimes(steps=steps), Transfers(steps)
+            return {}
+    kernels = np.nonzero(columns.kind == col.DEVICE)[0]
+    used = np.unique(columns.name[kernels])
+    code = np.full(len(columns.names) or 1, len(DTYPES), np.int64)  # len(DTYPES): not a recognised GEMM
+    for name in used.tolist():
+        dtype = gemm_dtype(columns.names[name])
+        if dtype is not None:
+            code[name] = DTYPES.index(dtype)
+    spans = measured_spans(result)
+    lo = np.array([s for s, _ in spans], np.int64)
+    hi = np.array([e for _, e in spans], np.int64)
+    kernels = kernels[in_spans(ns.start[kernels], lo, hi)]
+    times = np.bincount(code[columns.name[kernels]], weights=ns.dur[kernels], minlength=len(DTYPES) + 1)
+    gemm_ns = {dtype: int(times[i]) for i, dtype in enumerate(DTYPES) if times[i] > 0}
+    return {"gemm_ns": gemm_ns} if gemm_ns else {}
+
+
+def _launches(
+    columns: Columns, result: TraceResult, spans: list[tuple[int, int]], steps: int, windows: list[Window]
+) -> tuple[LaunchTimes, Transfers, list[tuple[int, ...]]]:
+    """Launch statistics and idle time by cause (stepcli.traces.launches), collectives and copies
+    (stepcli.traces.collectives), on either path's result; and the device figures of each step window
+    (stepcli.traces.device.measure_steps); none for times past 64-bit nanoseconds."""
+    import numpy as np
+
+    from stepcli.traces import arrays as col
+
+    ns = result.nanoseconds
+    if ns is None:
+        try:
+            ns = col.nanoseconds(columns)
+        except col.TooLarge:
+            return LaunchTimes(steps=steps), Transfers(steps), []
     device = np.nonzero(columns.kind >= col.DEVICE)[0]
     lo = np.array([s for s, _ in spans], np.int64)
     hi = np.array([e for _, e in spans], np.int64)
     inside = in_spans(ns.start[device], lo, hi)
     transfers = measure_transfers(columns, ns.start, ns.dur, device, inside, steps)
-    return measure_launches(columns, ns.start, ns.dur, device, spans, steps), transfers
+    w_lo = np.array([w.start for w in windows], np.int64)
+    w_hi = np.array([w.end for w in windows], np.int64)
+    launches, waits = measure_launches(columns, ns.start, ns.dur, device, spans, steps, (w_lo, w_hi))
+    per_step: list[tuple[int, ...]] = []
+    if windows and result.device_classes is not None:
+        arrays = result.device_arrays is not None
+        per_step = measure_steps(
+            [w.step for w in windows],
+            w_lo,
+            w_hi,
+            result.device_arrays if arrays else result.device_union,
+            result.device_classes,
+            waits,
+            within_arrays if arrays else within_lists,
+        )
+    return launches, transfers, per_step
 
 
 def _device_busy_arrays(result: TraceResult) -> tuple[int, int] | None:
@@ -443,6 +521,8 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
     job_device: DeviceTimes | None = None
     flops = flops_steps = flops_ns = 0
     flops_devices: set[str] = set()
+    flops_sources: set[str] = set()
+    gemm_ns: dict[str, int] = {}
     rank_device: dict[str, DeviceTimes] = {}
     for part in parts:
         _add_rows(cpu.rows, part.cpu_rows)
@@ -464,6 +544,9 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
             flops_steps += len(part.step_ns)
             flops_ns += sum(part.step_ns)
             flops_devices.add(part.flops_device or "")
+            flops_sources.add(part.flops_source or "file")
+            for dtype, ns in part.gemm_ns.items():
+                gemm_ns[dtype] = gemm_ns.get(dtype, 0) + ns
         if part.device_times is not None:
             job_device = part.device_times if job_device is None else job_device + part.device_times
             mine = rank_device.get(process)
@@ -488,7 +571,11 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
         breakdown_ms=breakdown,
         device=job_device,
         rank_devices=rank_device,
-        flops=flops_figures(flops, flops_steps, flops_ns, flops_devices) if flops_devices else None,
+        flops=(
+            flops_figures(flops, flops_steps, flops_ns, flops_devices, flops_sources, gemm_ns)
+            if flops_devices
+            else None
+        ),
         cpu_ops=cpu.rows_out(group_by_shape, basis_ns),
         device_kernels=device.rows_out(group_by_shape, basis_ns),
         events=sum(p.event_count for p in parts),

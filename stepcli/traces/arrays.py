@@ -58,6 +58,7 @@ class Columns:
     # event index -> (bytes, collective, in nelems, out nelems, group size, dtype) of the device events that have
     # them (stepcli.traces.reader.transfer_args): copies and collectives only, so a dict, not a column
     transfers: dict[int, tuple[int, str, int, int, int, str]] = field(default_factory=dict)
+    flops: dict[int, int] = field(default_factory=dict)  # event index -> the FLOPs in its args (operators only)
     # event index -> (process group name, sequence number or -1, member ranks as written) of the host events that
     # carry them (`record_param_comms` on NCCL traces; stepcli.traces.reader.group_of): few, so a dict
     groups: dict[int, tuple[str, int, str]] = field(default_factory=dict)
@@ -132,6 +133,11 @@ def columns_from_events(events: list[Event]) -> Columns:
         shape=np.fromiter((shapes.setdefault(e.shape, len(shapes)) for e in events), np.int32, n),
         corr=np.fromiter((-1 if e.args is None else e.args.correlation for e in events), np.int64, n),
         transfers=_transfers_of(events),
+        flops={
+            i: e.args.flops
+            for i, e in enumerate(events)
+            if e.args is not None and e.args.flops > 0 and kind_of(e.cat) == OTHER_CPU
+        },
         groups=_groups_of(events),
         names=list(names),
         ids=list(ids),

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from stepcli.traces.arrays import DEVICE, PARAM_COMMS, Columns, kind_of
+from stepcli.traces.arrays import DEVICE, OTHER_CPU, PARAM_COMMS, Columns, kind_of
 from stepcli.traces.files import rank_from_name
 from stepcli.traces.reader import (
     FILTERED_NAMES,
@@ -32,6 +32,7 @@ _ARGS = attrgetter("args")
 _CORRELATION = attrgetter("args.correlation")
 _BYTES = attrgetter("args.bytes")
 _COLLECTIVE = attrgetter("args.collective")
+_FLOPS = attrgetter("args.flops")
 
 
 def _correlations(events: Sequence[Any]) -> np.ndarray:
@@ -102,6 +103,7 @@ class ColumnKeeper(_Keeper):
         self._parts: list[tuple[np.ndarray, ...]] = []
         self._rows = 0  # events kept so far
         self._transfers: dict[int, tuple[int, str, int, int, int, str]] = {}
+        self._flops: dict[int, int] = {}
         self._groups: dict[int, tuple[str, int, str]] = {}
 
     def add(self, decoded: list[Any]) -> None:
@@ -140,8 +142,23 @@ class ColumnKeeper(_Keeper):
             shape = np.zeros(len(kept), np.int32)
         self._parts.append((names[where], kind[where], pid, tid, ts[where], dur[where], shape, _correlations(kept)))
         self._take_transfers(kept, kind[where])
+        self._take_flops(kept, kind[where])
         self._take_groups(kept, names[where], kind[where])
         self._rows += len(kept)
+
+    def _take_flops(self, kept: Sequence[Any], kind: np.ndarray) -> None:
+        """The FLOPs torch wrote into the args of operators (`with_flops=True`), of the events that have them."""
+        host = np.nonzero(kind == OTHER_CPU)[0]
+        if not host.size:
+            return
+        events = _subset(kept, host)
+        try:
+            flops = np.fromiter(map(_FLOPS, events), np.int64, len(events))
+        except AttributeError:  # "args": null
+            flops = np.array([-1 if e.args is None else e.args.flops for e in events], np.int64)
+        counted = np.nonzero(flops > 0)[0]
+        if counted.size:
+            self._flops.update(zip((host[counted] + self._rows).tolist(), flops[counted].tolist()))
 
     def _take_transfers(self, kept: Sequence[Any], kind: np.ndarray) -> None:
         """Copy sizes and collective metadata of the device events (stepcli.traces.reader.transfer_args)."""
@@ -198,6 +215,7 @@ class ColumnKeeper(_Keeper):
         if len(columns):
             self._parts.append(_encode_again(self, columns))
             self._transfers.update({self._rows + i: v for i, v in columns.transfers.items()})
+            self._flops.update({self._rows + i: v for i, v in columns.flops.items()})
             self._groups.update({self._rows + i: v for i, v in columns.groups.items()})
             self._rows += len(columns)
 
@@ -216,6 +234,7 @@ class ColumnKeeper(_Keeper):
             shape=shape,
             corr=corr,
             transfers=self._transfers,
+            flops=self._flops,
             groups=self._groups,
             names=list(self._name_codes.codes),
             ids=list(self._id_codes.codes),
@@ -251,6 +270,7 @@ class ColumnTrace:
     event_count: int
     skipped_events: int = 0
     incomplete_step: int | None = None
+    device_name: str | None = None  # the trace's first GPU (deviceProperties)
 
 
 def load_columns(path: str, *, shapes: bool = False) -> ColumnTrace:
@@ -258,4 +278,4 @@ def load_columns(path: str, *, shapes: bool = False) -> ColumnTrace:
     meta, keeper = _read(path, shapes, ColumnKeeper)
     assert isinstance(keeper, ColumnKeeper)
     rank = meta.rank if meta.rank is not None else rank_from_name(path)
-    return ColumnTrace(path, rank, keeper.columns(), keeper.count, keeper.skipped, meta.incomplete_step)
+    return ColumnTrace(path, rank, keeper.columns(), keeper.count, keeper.skipped, meta.incomplete_step, meta.device)

@@ -9,6 +9,9 @@ recorded steps, or the extent of the trace's activity when it has no steps), ove
 - overlap: communication while computation also runs (the intersection of the two unions);
 - comm_overlap_share = overlap / comm (None without communication); exposed comm = comm - overlap.
 
+The same figures per recorded step (`steps`): each step window of each process measured alone, then per step
+number the mean over the processes (files) that recorded it.
+
 Times are integer nanoseconds, so figures of several files and ranks add up exactly (`DeviceTimes.__add__`).
 The measuring itself takes a `within` function: array prefix sums on the columnar path, Python integers on the
 per-event reference (times past 64-bit nanoseconds).
@@ -57,6 +60,8 @@ class DeviceTimes:
     overlap_ns: int  # communication with computation beside it
     launches: LaunchTimes = field(default_factory=lambda: LaunchTimes(steps=0))  # and idle time by cause
     transfers: Transfers = field(default_factory=lambda: Transfers(steps=0))  # collectives and copies
+    # per step window: (step number, *STEP_FIELDS) in ns; lists add up by concatenation, in file order
+    steps_ns: list[tuple[int, ...]] = field(default_factory=list)
 
     def __add__(self, other: DeviceTimes) -> DeviceTimes:
         return DeviceTimes(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
@@ -88,7 +93,86 @@ class DeviceTimes:
             "idle_by_cause": self.launches.idle_by_cause(span - self.busy_ns),
             "launch": self.launches.launch_stats(),
             **self.transfers.to_dict(),
+            "steps": steps_to_dicts(self.steps_ns),
         }
+
+
+# The figures of one step window after its step number (integer ns), in the order of DeviceTimes.steps_ns tuples.
+STEP_FIELDS = ("span", "busy", "compute", "comm", "memory", "overlap", "host_wait", "kernel_wait")
+
+
+def steps_to_dicts(rows: list[tuple[int, ...]]) -> list[dict[str, Any]]:
+    """Per step number (ascending), the mean over the windows that recorded it of each figure, in milliseconds and
+    with the job figures' names (the parts a report bar stacks: see stepcli.report.gpu.step_parts)."""
+    sums: dict[int, list[int]] = {}
+    for step, *values in rows:
+        into = sums.get(step)
+        if into is None:
+            sums[step] = [1, *values]
+        else:
+            into[0] += 1
+            for i, value in enumerate(values, 1):
+                into[i] += value
+    out = []
+    for step in sorted(sums):
+        count, span, busy, compute, comm, memory, overlap, host, kernel = sums[step]
+
+        def ms(ns: int, count: int = count) -> float:
+            return ns / count / NS_PER_MS
+
+        idle = span - busy
+        out.append(
+            {
+                "step": step,
+                "windows": count,
+                "step_ms": ms(span),
+                "busy_ms": ms(busy),
+                "compute_ms": ms(compute),
+                "comm_ms": ms(comm),
+                "exposed_comm_ms": ms(comm - overlap),
+                "memory_ms": ms(memory),
+                "idle_ms": ms(idle),
+                "idle_by_cause": {
+                    "host_wait_ms": ms(host),
+                    "kernel_wait_ms": ms(kernel),
+                    "other_ms": ms(idle - host - kernel),
+                },
+            }
+        )
+    return out
+
+
+def measure_steps(
+    steps: list[int], lo: Any, hi: Any, busy: Any, unions: dict[str, Any], waits: Any, within: Within
+) -> list[tuple[int, ...]]:
+    """Per step window (numbers `steps`, bounds `lo`, `hi`: int64 arrays), its STEP_FIELDS: the device union
+    `busy` and the class unions measured inside it, and its idle waits by cause (`waits`, an (n, 2) array from
+    stepcli.traces.launches). `within` as for `measure`: with `within_arrays`, all windows at once (prefix sums)."""
+    import numpy as np
+
+    if within is within_arrays:
+        from stepcli.traces.arrays import covered
+
+        def inside(union: Any) -> Any:
+            return covered(union[0], union[1], lo, hi)
+    else:
+
+        def inside(union: Any) -> Any:
+            return np.array([within(union, [(a, b)]) for a, b in zip(lo.tolist(), hi.tolist())], np.int64)
+
+    classes = {label: inside(unions[label]) for label in CLASSES}
+    overlap = classes["compute"] + classes["comm"] - classes["comm_or_compute"]
+    columns = (
+        hi - lo,
+        inside(busy),
+        classes["compute"],
+        classes["comm"],
+        classes["memory"],
+        overlap,
+        waits[:, 0],
+        waits[:, 1],
+    )
+    return list(zip(steps, *(c.tolist() for c in columns)))
 
 
 Within = Callable[[Any, list[tuple[int, int]]], int]  # (a class's union, disjoint spans) -> its time inside them

@@ -86,7 +86,9 @@ def flops_line(flops: Mapping[str, Any] | None) -> str | None:
     if flops.get("achieved_flops_per_s") is not None:
         text += f", {flops['achieved_flops_per_s'] / 1e12:.3g} TFLOP/s achieved"
     if flops.get("mfu") is not None:
-        text += f", MFU {flops['mfu']:.1%} of {flops['device_name']}'s dense BF16 peak"
+        dtype = str(flops.get("mfu_dtype") or "bf16").upper()
+        assumed = " (dtype assumed)" if flops.get("mfu_dtype_assumed") else " (dtype of its GEMM kernels)"
+        text += f", MFU {flops['mfu']:.1%} of {flops['device_name']}'s dense {dtype} peak{assumed}"
     return text
 
 

@@ -1,33 +1,65 @@
-"""FLOPs per step, achieved FLOP/s and MFU, from the FLOP counts `stepcli run --with-flops` writes beside each trace.
+"""FLOPs per step, achieved FLOP/s and MFU, from the FLOP counts `stepcli run --with-flops` writes beside each
+trace, or those a trace carries itself.
 
 torch 2.13 estimates FLOPs of matmuls and convolutions (`with_flops=True`) but on CPU writes none into the exported
 trace; only `key_averages()` has them. So the agent writes the window's sum beside the trace `NAME.pt.trace.json`
-as `NAME.flops` ({"flops": N, "device": name or null}, stepcli.agent.recorder). Over the recorded steps of the
-traces that have one: flops_per_step = FLOPs / steps, achieved_flops_per_s = FLOPs / recorded step time, and
-mfu = achieved / the device's dense BF16 tensor peak (PEAKS; README lists them with sources), null when the
-device is unknown (CPU included).
+as `NAME.flops` ({"flops": N, "device": name or null}, stepcli.agent.recorder). A trace recorded elsewhere with
+`with_flops=True` on a GPU carries `"flops": N` in the args of the operators torch counts (aten::mm, addmm, bmm,
+baddbmm, conv2d, mul, add: none calls another, so their sum counts nothing twice); the reader sums them over the
+recorded steps (stepcli.traces.analysis), and the side file wins when both exist. The device is the side file's,
+else the trace's `deviceProperties`. Over the recorded steps of the traces that have counts: flops_per_step =
+FLOPs / steps, achieved_flops_per_s = FLOPs / recorded step time, and mfu = achieved / the device's dense tensor
+peak for a dtype (PEAKS; README lists them with sources), null when the device is unknown (CPU included).
+
+The dtype of that peak comes from the GPU's GEMM and convolution kernels' names (`gemm_dtype`: cuBLAS, cuBLASLt,
+CUTLASS, cuDNN, rocBLAS/hipBLASLt's Tensile name their input dtype): the dtype whose kernels ran longest inside
+the recorded steps. Each unique name is read once (names are interned in the columns), so no event costs Python
+time. With no kernel recognised (CPU, Triton kernels, names without a dtype) it stays BF16 and is said to be
+assumed (`mfu_dtype_assumed`): the operators' own `Input type` args exist only with record_shapes, and reading
+them would slow every such trace's decoding.
 """
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 FLOPS_SUFFIX = ".flops"  # as stepcli.agent.recorder writes it
 _MAX_BYTES = 1 << 16
 # Dense (not 2:4 sparse) peak FLOP/s by device-name fragment and dtype, from the vendors' datasheets (README).
 PEAKS: dict[str, dict[str, float]] = {
-    "H200": {"bf16": 989e12, "fp16": 989e12, "tf32": 494.5e12, "fp32": 67e12},
-    "H100 SXM": {"bf16": 989e12, "fp16": 989e12, "tf32": 494.5e12, "fp32": 67e12},
-    "H100 PCIe": {"bf16": 756e12, "fp16": 756e12, "tf32": 378e12, "fp32": 51e12},
-    "H100": {"bf16": 989e12, "fp16": 989e12, "tf32": 494.5e12, "fp32": 67e12},  # H100 80GB HBM3 is the SXM part
+    "H200": {"fp8": 1979e12, "bf16": 989e12, "fp16": 989e12, "tf32": 494.5e12, "fp32": 67e12},
+    "H100 SXM": {"fp8": 1979e12, "bf16": 989e12, "fp16": 989e12, "tf32": 494.5e12, "fp32": 67e12},
+    "H100 PCIe": {"fp8": 1513e12, "bf16": 756e12, "fp16": 756e12, "tf32": 378e12, "fp32": 51e12},
+    # H100 80GB HBM3 is the SXM part
+    "H100": {"fp8": 1979e12, "bf16": 989e12, "fp16": 989e12, "tf32": 494.5e12, "fp32": 67e12},
     "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
-    "L40S": {"bf16": 362.05e12, "fp16": 362.05e12, "tf32": 183e12, "fp32": 91.6e12},
+    "L40S": {"fp8": 733e12, "bf16": 362.05e12, "fp16": 362.05e12, "tf32": 183e12, "fp32": 91.6e12},
     "V100": {"fp16": 125e12, "fp32": 15.7e12},
-    "MI300X": {"bf16": 1307.4e12, "fp16": 1307.4e12, "tf32": 653.7e12, "fp32": 163.4e12},
+    "MI300X": {"fp8": 2614.9e12, "bf16": 1307.4e12, "fp16": 1307.4e12, "tf32": 653.7e12, "fp32": 163.4e12},
     "MI250X": {"bf16": 383e12, "fp16": 383e12, "fp32": 95.7e12},
 }
-MFU_DTYPE = "bf16"  # MFU is against the dense BF16 peak (FP16 where the part has no BF16), as usually reported
+MFU_DTYPE = "bf16"  # without a recognised GEMM kernel: the dense BF16 peak (FP16 where the part has none)
+DTYPES = ("fp8", "bf16", "fp16", "tf32", "fp32")  # what gemm_dtype tells apart; an index is a dtype's code
+
+# A GEMM or convolution kernel: cuBLAS/CUTLASS/cuDNN/MIOpen names (`gemm`, `gemv`, `convolve`, xmma's fprop/dgrad/
+# wgrad, `scudnn`...), rocBLAS/hipBLASLt's Tensile `Cijk_...`; fbgemm_gpu's embedding kernels are not.
+_GEMM = re.compile(r"gemm|gemv|convol|conv[123]d|naive_conv|miopenconv|fprop|dgrad|wgrad|winograd|[0-9s]cudnn|cijk_")
+# Tensile names its types after the index letters: Cijk_Ailk_Bljk_BBS_BH_... (A/B type first: B bf16, H fp16,
+# S fp32, X xf32, F8/B8 fp8; D fp64 and I8 int8 are none of DTYPES).
+_TENSILE = re.compile(r"cijk_a[a-z]+_b[a-z]+_([a-z0-9]+)")
+_TENSILE_TYPES = (("f8", "fp8"), ("b8", "fp8"), ("b", "bf16"), ("h", "fp16"), ("x", "tf32"), ("s", "fp32"))
+# Otherwise the first of these found, in this order: FP8 names may name a BF16 output, "bf16" holds "f16", "tf32"
+# holds "f32", and Turing's fp16 s1688gemm must not be taken for CUTLASS's TF32 s1688gemm (FP32 in, TF32 cores).
+_TOKENS = (
+    ("fp8", re.compile(r"e4m3|e5m2|fp8")),
+    ("bf16", re.compile(r"bf16|bfloat16")),
+    ("fp16", re.compile(r"fp16|f16|float16|half|h884|h1688|h16816|hgemm|hmma")),
+    ("tf32", re.compile(r"tf32|s1688gemm|s1688cudnn")),
+    ("fp32", re.compile(r"f32|sgemm|scudnn|float")),
+)
 
 
 def flops_path(trace: str) -> str:
@@ -55,27 +87,74 @@ def read_flops(trace: str) -> tuple[int, str | None] | None:
     return flops, device if isinstance(device, str) else None
 
 
-def peak_of(device: str | None) -> float | None:
-    """The dense BF16 (else FP16) peak FLOP/s of a device, by the longest name fragment that matches."""
+def gemm_dtype(name: str) -> str | None:
+    """The input dtype of a GEMM or convolution kernel from its name (one of DTYPES), None for any other kernel
+    and for one whose name says no dtype we tell apart (FP64, INT8, Triton's, a bare `gemm`)."""
+    lowered = name.lower().replace("fbgemm", "")
+    if not _GEMM.search(lowered):
+        return None
+    tensile = _TENSILE.search(lowered)
+    if tensile:
+        types = tensile.group(1)
+        return next((dtype for prefix, dtype in _TENSILE_TYPES if types.startswith(prefix)), None)
+    return next((dtype for dtype, token in _TOKENS if token.search(lowered)), None)
+
+
+def _peaks(device: str | None) -> dict[str, float] | None:
+    """The PEAKS row of a device, by the longest name fragment that matches."""
     if not device:
         return None
     for fragment in sorted(PEAKS, key=len, reverse=True):
         if fragment.lower() in device.lower():
-            peaks = PEAKS[fragment]
-            return peaks.get(MFU_DTYPE) or peaks.get("fp16")
+            return PEAKS[fragment]
     return None
 
 
-def flops_figures(flops: int, steps: int, step_ns: int, devices: set[str]) -> dict[str, Any]:
+def peak_of(device: str | None, dtype: str | None = None) -> float | None:
+    """The dense peak FLOP/s of a device for a dtype; without one, BF16 (else FP16)."""
+    peaks = _peaks(device)
+    if peaks is None:
+        return None
+    return peaks.get(dtype) if dtype else peaks.get(MFU_DTYPE) or peaks.get("fp16")
+
+
+def flops_figures(
+    flops: int,
+    steps: int,
+    step_ns: int,
+    devices: set[str],
+    sources: AbstractSet[str] = frozenset({"file"}),
+    gemm_ns: dict[str, int] | None = None,
+) -> dict[str, Any]:
     """The `flops` figures of a summary: per step, per second of recorded step time, and MFU when one known
-    device ran them all."""
+    device ran them all; where the counts came from, and the dtype whose peak MFU is against: the one whose
+    GEMM/convolution kernels took the most time (`gemm_ns`, by dtype), else BF16, assumed."""
     achieved = flops / (step_ns / 1e9) if step_ns > 0 else None
     device = (next(iter(devices)) or None) if len(devices) == 1 else None
-    peak = peak_of(device)
+    dtype = dominant_dtype(gemm_ns or {})
+    peak = peak_of(device, dtype)
+    known = _peaks(device) is not None
     return {
         "flops_per_step": flops / steps if steps else None,
         "achieved_flops_per_s": achieved,
         "mfu": achieved / peak if achieved is not None and peak else None,
         "peak_flops_per_s": peak,
         "device_name": device,
+        "flops_source": "+".join(sorted(sources)),
+        "mfu_dtype": (dtype or peak_dtype(device)) if known else None,
+        "mfu_dtype_assumed": dtype is None if known else None,
     }
+
+
+def dominant_dtype(gemm_ns: dict[str, int]) -> str | None:
+    """The dtype with the most GEMM/convolution kernel time (ties: the first of DTYPES), None without any."""
+    timed = [dtype for dtype in DTYPES if gemm_ns.get(dtype, 0) > 0]
+    return max(timed, key=lambda dtype: gemm_ns[dtype]) if timed else None
+
+
+def peak_dtype(device: str | None) -> str | None:
+    """The dtype whose peak `peak_of` takes for a device without a dtype: BF16, else FP16."""
+    peaks = _peaks(device)
+    if peaks is None:
+        return None
+    return MFU_DTYPE if MFU_DTYPE in peaks else "fp16"

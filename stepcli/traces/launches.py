@@ -115,9 +115,11 @@ def measure_launches(
     device: np.ndarray,
     spans: list[tuple[int, int]],
     steps: int,
-) -> LaunchTimes:
+    windows: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[LaunchTimes, np.ndarray]:
     """Launch statistics and idle by cause of one trace. `start`, `dur`: every event's integer nanoseconds;
-    `device`: the indices of its device events; `spans`: the disjoint spans measured (the steps)."""
+    `device`: the indices of its device events; `spans`: the disjoint spans measured (the steps). Also, per
+    window of `windows` (starts, ends: each recorded step), its host wait and kernel wait ns (an (n, 2) array)."""
     import numpy as np
 
     from stepcli.traces.arrays import unique
@@ -126,21 +128,22 @@ def measure_launches(
     lo = np.array([s for s, _ in spans], np.int64)
     hi = np.array([e for _, e in spans], np.int64)
     corr = columns.corr
+    waits = np.zeros((0 if windows is None else len(windows[0]), 2), np.int64)
     if len(corr) != len(start) or not len(device):
-        return out
+        return out, waits
     host = np.nonzero((columns.kind < DEVICE_KIND) & (corr >= 0))[0]
     # the host event of each device event (its launch call, or the runtime call that queued it; -1: none)
     call = _linked(corr, host, device)
     found = call >= 0
     call_start = np.where(found, start[np.maximum(call, 0)], np.iinfo(np.int64).min)  # none: never host wait
-    _idle_by_cause(out, columns, start, dur, device, call_start, lo, hi)
+    _idle_by_cause(out, columns, start, dur, device, call_start, lo, hi, windows, waits)
     kinds = np.array([_launch_kind(n) for n in columns.names] or [0], np.int8)
     found &= kinds[columns.name[np.maximum(call, 0)]] > 0
     # launch statistics over the device events launched inside the steps
     inside = found & in_spans(call_start, lo, hi)
     linked, their_call = device[inside], call[inside]
     if not len(linked):
-        return out
+        return out, waits
     call_end = start[their_call] + dur[their_call]
     delays = np.maximum(start[linked] - call_end, 0)
     unique_calls = unique(their_call)
@@ -152,7 +155,7 @@ def measure_launches(
     out.graph_replays = len(unique(their_call[graph]))
     out.graph_kernels = int(np.count_nonzero(graph))
     out.delays_ns = delays.tolist()
-    return out
+    return out, waits
 
 
 def _linked(corr: np.ndarray, host: np.ndarray, device: np.ndarray) -> np.ndarray:
@@ -195,12 +198,22 @@ def _idle_by_cause(
     call_start: np.ndarray,
     lo: np.ndarray,
     hi: np.ndarray,
+    windows: tuple[np.ndarray, np.ndarray] | None,
+    waits: np.ndarray,
 ) -> None:
-    """Idle gaps by cause, cut to the steps: of the device as a whole (no stream busy), and per stream."""
+    """Idle gaps by cause, cut to the steps: of the device as a whole (no stream busy), and per stream; and of the
+    device as a whole per window into `waits` (host wait, kernel wait)."""
     import numpy as np
 
+    from stepcli.traces.arrays import covered
+
     begin, end = start[device], start[device] + dur[device]
-    out.host_wait_ns, out.kernel_wait_ns, _ = _gaps_by_cause(begin, end, call_start, lo, hi)
+    gap_lo, gap_hi, host, short = _gaps(begin, end, call_start)
+    counted = covered(lo, hi, gap_lo, gap_hi)
+    out.host_wait_ns, out.kernel_wait_ns = int(counted[host].sum()), int(counted[short].sum())
+    if windows is not None and len(waits):  # the gaps are sorted and disjoint: a union each cause's subset is too
+        waits[:, 0] = covered(gap_lo[host], gap_hi[host], *windows)
+        waits[:, 1] = covered(gap_lo[short], gap_hi[short], *windows)
     stream = columns.tid[device]
     for code in sorted(set(stream.tolist())):
         mine = np.nonzero(stream == code)[0]
@@ -212,15 +225,24 @@ def _gaps_by_cause(
 ) -> tuple[int, int, int]:
     """(host wait, kernel wait, other) ns of the gaps between consecutive intervals (each gap from the end of all
     before to the next start) inside the spans [lo, hi); the cause from the interval that ends the gap."""
-    import numpy as np
-
     from stepcli.traces.arrays import covered
+
+    gap_lo, gap_hi, host, short = _gaps(begin, end, call_start)
+    counted = covered(lo, hi, gap_lo, gap_hi)
+    return int(counted[host].sum()), int(counted[short].sum()), int(counted[~host & ~short].sum())
+
+
+def _gaps(
+    begin: np.ndarray, end: np.ndarray, call_start: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The gaps between consecutive intervals, sorted and disjoint (starts, ends), and which are host wait and
+    which kernel wait (the rest is other)."""
+    import numpy as np
 
     order = np.argsort(begin, kind="stable")
     b, reach = begin[order], np.maximum.accumulate(end[order])
     after = np.nonzero(b[1:] > reach[:-1])[0] + 1  # the intervals that end a gap
     gap_lo, gap_hi = reach[after - 1], b[after]
-    counted = covered(lo, hi, gap_lo, gap_hi)
     host = call_start[order][after] > gap_lo
     short = ~host & (gap_hi - gap_lo < KERNEL_WAIT_NS)
-    return int(counted[host].sum()), int(counted[short].sum()), int(counted[~host & ~short].sum())
+    return gap_lo, gap_hi, host, short

@@ -153,6 +153,9 @@ class FilePart:
     outside_ns: int = 0
     flops: int | None = None  # the window's FLOPs written beside the trace (stepcli.traces.flops), if any
     flops_device: str | None = None
+    flops_source: str | None = None  # "file" (NAME.flops) or "trace" (operators' args.flops)
+    # GEMM/convolution kernel time in the recorded steps by the dtype their names say, for MFU's peak (with FLOPs)
+    gemm_ns: dict[str, int] = field(default_factory=dict)
     arrivals: RankArrivals | None = None  # its collectives, for the culprit (stepcli.traces.culprit)
 
 
@@ -169,3 +172,5 @@ class TraceFacts(Protocol):
     def skipped_events(self) -> int: ...
     @property
     def incomplete_step(self) -> int | None: ...
+    @property
+    def device_name(self) -> str | None: ...

@@ -117,6 +117,8 @@ class EventArgs(msgspec.Struct, gc=False):
     out_nelems: int = msgspec.field(default=-1, name="Out msg nelems")
     group_size: int = msgspec.field(default=-1, name="Group size")
     dtype: str = ""
+    # an operator's FLOPs, as torch writes them with `with_flops=True` where it exports them (stepcli.traces.flops)
+    flops: int = -1
     # a collective's process group, on `record_param_comms` (torch's ParamCommsUtils): stepcli.traces.arrivals
     # matches collectives across ranks by them. Any: checked where read (group_of), an odd value is never fatal.
     pg_name: Any = msgspec.field(default=None, name="Process Group Name")
@@ -174,6 +176,7 @@ class _DistributedInfo(msgspec.Struct):
 class _Header(msgspec.Struct):
     traceEvents: list[_DecodedEvent]
     distributedInfo: _DistributedInfo | None = None
+    deviceProperties: Any = None  # Kineto's list of the GPUs ({"name": ...}); checked by _device_name
     # Any: a malformed value must not send the whole file down the slow lenient path; _step_number checks it.
     incomplete_step: Any = msgspec.field(default=None, name=INCOMPLETE_STEP_KEY)
 
@@ -181,6 +184,7 @@ class _Header(msgspec.Struct):
 class _ShapedHeader(msgspec.Struct):
     traceEvents: list[_ShapedEvent]
     distributedInfo: _DistributedInfo | None = None
+    deviceProperties: Any = None
     incomplete_step: Any = msgspec.field(default=None, name=INCOMPLETE_STEP_KEY)
 
 
@@ -189,6 +193,15 @@ class _Meta(NamedTuple):
 
     rank: int | None = None
     incomplete_step: int | None = None
+    device: str | None = None  # the name of the trace's first GPU (deviceProperties), for MFU
+
+
+def _device_name(properties: Any) -> str | None:
+    """The `name` of the first entry of Kineto's `deviceProperties`, when it is a string; else None."""
+    if isinstance(properties, list) and properties and isinstance(properties[0], dict):
+        name = properties[0].get("name")
+        return name[:200] if isinstance(name, str) and name else None
+    return None
 
 
 def _step_number(value: Any) -> int | None:
@@ -235,6 +248,7 @@ class Trace:
     event_count: int
     skipped_events: int = 0
     incomplete_step: int | None = None
+    device_name: str | None = None  # the trace's first GPU (deviceProperties)
 
     @classmethod
     def from_events(
@@ -281,6 +295,7 @@ def load_trace(path: str, *, shapes: bool = False) -> Trace:
         event_count=keeper.count,
         skipped_events=keeper.skipped,
         incomplete_step=meta.incomplete_step,
+        device_name=meta.device,
     )
 
 
@@ -464,7 +479,12 @@ def _decode_document(data: bytes | bytearray, shapes: bool) -> tuple[_Meta, list
         header = msgspec.json.decode(data, type=_ShapedHeader)
     else:
         header = msgspec.json.decode(data, type=_Header)
-    return _Meta(_rank_number(header.distributedInfo), _step_number(header.incomplete_step)), header.traceEvents
+    meta = _Meta(
+        _rank_number(header.distributedInfo),
+        _step_number(header.incomplete_step),
+        _device_name(header.deviceProperties),
+    )
+    return meta, header.traceEvents
 
 
 def _decode_whole(
@@ -534,7 +554,10 @@ def _decode_lenient(
         args = raw.get("args")
         if isinstance(args, dict):
             link: Any = args.get("correlation")
-            event.args = _ShapeArgs(correlation=link if is_int64(link) else -1)
+            flops: Any = args.get("flops")
+            event.args = _ShapeArgs(
+                correlation=link if is_int64(link) else -1, flops=flops if is_int64(flops) and flops >= 0 else -1
+            )
             if "Process Group Name" in args:  # (group_of checks the values)
                 event.args.pg_name = args["Process Group Name"]
                 event.args.pg_ranks = args.get("Process Group Ranks")
@@ -545,4 +568,5 @@ def _decode_lenient(
     keeper = keeper_type(shapes)
     keeper.add(events)
     keeper.count = len(document["traceEvents"])
-    return _Meta(rank, _step_number(document.get(INCOMPLETE_STEP_KEY))), keeper
+    meta = _Meta(rank, _step_number(document.get(INCOMPLETE_STEP_KEY)), _device_name(document.get("deviceProperties")))
+    return meta, keeper

@@ -191,26 +191,22 @@ def read_split(
     rank = meta.rank if meta.rank is not None else rank_from_name(path)
     columns = join([r[1] for r in results])
     return ColumnTrace(
-        path, rank, columns, sum(r[2] for r in results), sum(r[3] for r in results), meta.incomplete_step
+        path,
+        rank,
+        columns,
+        sum(r[2] for r in results),
+        sum(r[3] for r in results),
+        meta.incomplete_step,
+        meta.device,
     )
 
 
-def _offset_transfers(parts: list[Columns]) -> dict[int, tuple[int, str, int, int, int, str]]:
-    """The parts' transfer arguments keyed by event index in the joined columns."""
-    out: dict[int, tuple[int, str, int, int, int, str]] = {}
+def _offset(parts: list[Columns], sparse: str) -> dict[int, Any]:
+    """The parts' sparse per-event values (`transfers`, `flops`, `groups`) keyed by event index in the joined columns."""
+    out: dict[int, Any] = {}
     offset = 0
     for part in parts:
-        out.update({offset + i: v for i, v in part.transfers.items()})
-        offset += len(part)
-    return out
-
-
-def _offset_groups(parts: list[Columns]) -> dict[int, tuple[str, int, str]]:
-    """The parts' process groups keyed by event index in the joined columns."""
-    out: dict[int, tuple[str, int, str]] = {}
-    offset = 0
-    for part in parts:
-        out.update({offset + i: v for i, v in part.groups.items()})
+        out.update({offset + i: v for i, v in getattr(part, sparse).items()})
         offset += len(part)
     return out
 
@@ -240,8 +236,9 @@ def join(parts: list[Columns]) -> Columns:
         dur=np.concatenate([p.dur for p in parts]),
         shape=np.concatenate(shape),
         corr=np.concatenate([p.corr for p in parts]),
-        transfers=_offset_transfers(parts),
-        groups=_offset_groups(parts),
+        transfers=_offset(parts, "transfers"),
+        flops=_offset(parts, "flops"),
+        groups=_offset(parts, "groups"),
         names=list(names),
         ids=list(ids),
         shapes=list(shapes),

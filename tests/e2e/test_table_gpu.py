@@ -327,3 +327,39 @@ def test_collective_metadata_in_a_trace_file_gives_sizes_and_bus_bandwidth(tmp_p
     # THEN 512 KiB of bf16 over 4 ranks in 1 ms: algbw 0.524 GB/s, busbw x 2*3/4
     assert (row["collective"], row["bytes"], row["ranks"], row["dtype"]) == ("allreduce", 524288, 4, "BFloat16")
     assert row["algbw_gbps"] == pytest.approx(0.524288) and row["busbw_gbps"] == pytest.approx(0.524288 * 1.5)
+
+
+def test_flops_a_trace_carries_reach_table_json_with_mfu(tmp_path: Path) -> None:
+    from tests.unit.test_traces_flops import _flops_trace
+
+    # GIVEN a GPU trace recorded with with_flops=True elsewhere (counts in its operators' args, no NAME.flops)
+    trace = _flops_trace(tmp_path / "gpu.pt.trace.json")
+    result = run_stepcli("table", "--json", trace)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    # THEN table --json has its FLOPs per step and its MFU against the H100 it names, under flops and device
+    total = 4_000_000_000 + 2_000_000_000 + 1000
+    for figures in (data["flops"], data["device"]):
+        assert figures["flops_per_step"] == total / 2 and figures["flops_source"] == "trace"
+        assert figures["mfu"] == pytest.approx(total / 2e-3 / 989e12)
+        assert figures["mfu_dtype"] == "bf16" and figures["mfu_dtype_assumed"] is True
+
+
+def test_mfu_of_a_trace_whose_gemms_run_in_fp32_is_against_the_fp32_peak(tmp_path: Path) -> None:
+    from tests.unit.test_traces_flops import _flops_trace
+
+    # GIVEN a GPU trace with FLOP counts whose GEMM kernels are cuBLAS FP32 sgemms (and a shorter TF32 one)
+    kernels = (("volta_sgemm_128x32_nt", 20, 500), ("ampere_tf32_s1688gemm_tf32_128x128_nn", 1100, 100))
+    trace = _flops_trace(tmp_path / "gpu.pt.trace.json", kernels=kernels)
+    # WHEN summarized by stepcli table
+    result = run_stepcli("table", "--json", trace)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)["flops"]
+    # THEN its MFU is against the H100's dense FP32 peak, the dtype inferred (not assumed)
+    total = 4_000_000_000 + 2_000_000_000 + 1000
+    assert figures["mfu_dtype"] == "fp32" and figures["mfu_dtype_assumed"] is False
+    assert figures["mfu"] == pytest.approx(total / 2e-3 / 67e12)
+    # AND the terminal names the dtype
+    text = run_stepcli("table", trace)
+    assert text.returncode == 0, text.stderr
+    assert "dense FP32 peak (dtype of its GEMM kernels)" in " ".join(text.stdout.split())

@@ -11,7 +11,7 @@ from stepcli.traces import analysis
 from stepcli.traces import arrays as columnar
 from stepcli.traces.analysis import merge_parts, summarize_file
 from stepcli.traces.device import DeviceTimes, class_of, is_collective_kernel
-from stepcli.traces.reader import Event, Trace
+from stepcli.traces.reader import Event, EventArgs, Trace
 
 T0 = 1_700_000_000_000.0  # epoch-sized microseconds, as real traces have
 
@@ -56,7 +56,9 @@ def test_classes_over_one_step_with_several_streams(path: str, monkeypatch: pyte
     device = device_of(events, path, monkeypatch)
     # THEN, by hand: compute 10-40 + 95-100 = 35; comm 20-60 = 40; memory 70-85 = 15;
     # busy 10-60 + 70-85 + 95-100 = 70; comm with compute beside it 20-40 = 20, so 20 exposed; idle 30
-    classes = {k: v for k, v in device.items() if k not in ("idle_by_cause", "launch", "collectives", "copies")}
+    classes = {
+        k: v for k, v in device.items() if k not in ("idle_by_cause", "launch", "collectives", "copies", "steps")
+    }
     assert classes == pytest.approx(
         {
             "busy_ms": 0.070,
@@ -92,6 +94,59 @@ def test_classes_over_two_steps_leave_the_gap_between_them_out(path: str, monkey
     assert device["comm_overlap_share"] == pytest.approx(10 / 30)
     assert device["exposed_comm_ms"] == pytest.approx(0.010)
     assert device["busy_share"] == pytest.approx(0.30) and device["idle_ms"] == pytest.approx(0.035)
+
+
+@PATHS
+def test_each_step_has_its_own_parts_and_they_add_up_to_the_job(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN three steps: a collective through the first two, a compute kernel the host launched late in the third
+    events = [
+        step(1, 0, 50),
+        step(2, 100, 50),
+        step(3, 200, 100),
+        ev("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", 40, 80, tid=20),  # 40-120
+        ev("gemm", 45, 10, tid=7),  # 45-55
+        ev("gemm", 110, 5, tid=7),  # 110-115
+        ev("cudaLaunchKernel", 240, 2, cat="cuda_runtime", pid=100, tid=1),
+        ev("k", 250, 10, tid=7),  # 250-260, launched at 240: the device waited for the host since 120
+    ]
+    events[-2].args = EventArgs(correlation=5)
+    events[-1].args = EventArgs(correlation=5)
+    job = device_of(events, path, monkeypatch)
+    steps = {s["step"]: s for s in job["steps"]}
+    # THEN, by hand (us): step 1 (0-50): comm 40-50, compute 45-50, so 5 exposed, idle 0-40 with no gap before it
+    # (other); step 2 (100-150): comm 100-120, compute 110-115, 15 exposed, idle 120-150 waiting for the host;
+    # step 3 (200-300): compute 250-260, idle 200-250 host wait and 260-300 other
+    expected = {
+        1: (0.050, 0.010, 0.005, 0.010, 0.005, 0.040, 0.0, 0.040),
+        2: (0.050, 0.020, 0.005, 0.020, 0.015, 0.030, 0.030, 0.0),
+        3: (0.100, 0.010, 0.010, 0.0, 0.0, 0.090, 0.050, 0.040),
+    }
+    for number, (span, busy, compute, comm, exposed, idle, host, other) in expected.items():
+        got = steps[number]
+        assert (got["step_ms"], got["busy_ms"], got["compute_ms"], got["comm_ms"]) == pytest.approx(
+            (span, busy, compute, comm)
+        )
+        assert (got["exposed_comm_ms"], got["idle_ms"], got["memory_ms"]) == pytest.approx((exposed, idle, 0.0))
+        causes = got["idle_by_cause"]
+        assert (causes["host_wait_ms"], causes["kernel_wait_ms"], causes["other_ms"]) == pytest.approx(
+            (host, 0.0, other)
+        )
+    # AND the steps' mean is the job's figure per step
+    for key in ("busy_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "idle_ms"):
+        assert sum(s[key] for s in steps.values()) / 3 == pytest.approx(job[key]), key
+    assert sum(s["idle_by_cause"]["host_wait_ms"] for s in steps.values()) / 3 == pytest.approx(
+        job["idle_by_cause"]["host_wait_ms"]
+    )
+
+
+def test_per_step_figures_average_a_step_over_the_ranks_that_recorded_it() -> None:
+    zero = Trace.from_events([step(1, 0, 100), step(2, 100, 100), ev("gemm", 0, 100)], path="rank0.json", rank=0)
+    one = Trace.from_events([step(1, 0, 100), ev("gemm", 0, 50)], path="rank1.json", rank=1)
+    data = merge_parts([summarize_file(zero), summarize_file(one)]).to_dict()
+    job = {s["step"]: (s["windows"], s["compute_ms"]) for s in data["device"]["steps"]}
+    assert job == {1: (2, pytest.approx(0.075)), 2: (1, pytest.approx(0.0))}
+    ranks = {r["rank"]: [s["compute_ms"] for s in r["device"]["steps"]] for r in data["ranks"]}
+    assert ranks == {0: pytest.approx([0.1, 0.0]), 1: pytest.approx([0.05])}
 
 
 @PATHS
