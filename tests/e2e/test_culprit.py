@@ -106,6 +106,7 @@ def test_rank_sleeping_before_backward_is_the_culprit(sleep_run: dict[str, Any])
     summary = sleep_run["summary"]
     # THEN the run summary names rank 1, late for time with no operator at all
     found = summary["culprit"]["culprit"]
+    assert found, _evidence(summary["culprit"])
     assert found["rank"] == 1 and found["last_share"] >= 0.8
     assert found["cause"] == "no_operator"
     assert found["lateness_ms_per_step"] >= 40
@@ -126,6 +127,7 @@ def test_garbage_collection_is_named_as_the_cause(gc_run: dict[str, Any]) -> Non
     # GIVEN rank 1 keeps a large object graph and calls gc.collect() every step
     section = gc_run["summary"]["culprit"]
     found = section["culprit"]
+    assert found, _evidence(section)
     assert found["rank"] == 1 and found["cause"] == "gc"
     assert "garbage collection (gen 2)" in found["evidence"]
     # AND the whole run's collections are counted per rank: rank 1 ran a gen-2 collection every step
@@ -138,15 +140,21 @@ def test_garbage_collection_is_named_as_the_cause(gc_run: dict[str, Any]) -> Non
     assert names.count("python gc (gen 2)") >= 5
 
 
+def _evidence(section: dict[str, Any]) -> str:
+    """What the culprit section says, less its per-collective list: the message of a failed assertion."""
+    return json.dumps({k: v for k, v in section.items() if k != "per_collective"}, indent=1)[:4000]
+
+
 def test_more_matrix_work_is_named_by_its_operators(matmul_run: dict[str, Any]) -> None:
     found = matmul_run["summary"]["culprit"]["culprit"]
+    assert found, _evidence(matmul_run["summary"]["culprit"])
     assert found["rank"] == 1 and found["cause"] == "cpu_operators"
     assert {t["name"] for t in found["top"][:2]} == {"aten::matmul", "aten::tanh"}  # the calls rank 1 made
 
 
 def test_equal_ranks_name_no_culprit(equal_run: dict[str, Any]) -> None:
     section = equal_run["summary"]["culprit"]
-    assert section["collectives"] >= 5 and section["culprit"] is None
+    assert section["collectives"] >= 5 and section["culprit"] is None, _evidence(section)
     assert "culprit: none" in equal_run["stderr"]
     assert "holds the others back" not in equal_run["stderr"]
 
