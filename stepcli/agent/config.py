@@ -21,6 +21,9 @@ STEP_LOG_VERSION = 1  # the step log's schema_version (stepcli.run.steplogs chec
 # The top-level trace metadata key the agent writes into a trace whose window was cut short: the ProfilerStep#N
 # that only just began (stepcli.traces.reader reads it).
 INCOMPLETE_STEP_KEY = "stepcli_incomplete_step"
+# ... and into every trace: the clock its times come from ("HOST BOOT_ID": processes of one boot of one machine
+# share it), so the culprit analysis aligns only ranks of different machines (stepcli.traces.culprit).
+CLOCK_KEY = "stepcli_clock"
 HELLO_PREFIX = "hello."
 
 

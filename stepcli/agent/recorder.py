@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from .config import INCOMPLETE_STEP_KEY, AgentConfig
+from .config import CLOCK_KEY, INCOMPLETE_STEP_KEY, AgentConfig
 from .output import cause, export_trace, human_size, say, trace_folder, worker_name, write_failed
 from .schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP
 from .tracker import FOREIGN, NEVER, StepTracker
@@ -139,6 +139,7 @@ class Recorder:
             phase = self._phase_of(prof)
             if phase >= RECORD and self._window is not None and self._window["first_step"] is None:
                 self._window["first_step"] = step
+                _mark_clock(prof)
             return phase, step + 1
         if self.foreign or self._profiler_already_running():
             if self.schedule.starts_cycle(step):
@@ -220,6 +221,8 @@ class Recorder:
             )
         self.guard_signals(True)
         prof.start()
+        if action.value >= RECORD:
+            _mark_clock(prof)
 
     def _torch_schedule(self, step: int) -> Any:
         import torch.profiler as profiler
@@ -413,6 +416,27 @@ def _asked_for(schedule: Any, step: int) -> bool:
     """Whether `step` belongs to a window asked for on demand (only a WindowSchedule holds those)."""
     on_demand = getattr(schedule, "on_demand", None)
     return bool(on_demand(step)) if on_demand is not None else False
+
+
+_clock: list[str] = []
+
+
+def _mark_clock(prof: Any) -> None:
+    """Say in the trace which clock its times come from (config.CLOCK_KEY): once per recording, while Kineto
+    records (add_metadata is dropped outside that)."""
+    if not _clock:
+        import socket
+
+        try:
+            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+                boot = f.read(64).strip()
+        except OSError:  # not Linux: the host alone
+            boot = ""
+        _clock.append(f"{socket.gethostname()} {boot}".strip())
+    try:
+        prof.add_metadata(CLOCK_KEY, _clock[0])
+    except Exception:  # a trace without it is aligned by its collectives, as any other tool's trace
+        pass
 
 
 def _on_main_thread() -> bool:

@@ -91,8 +91,12 @@ def section(culprit: Mapping[str, Any] | None) -> str:
     parts.append(f'<div class="legend">{legend}</div>')
     note = (
         f"Per step, each rank's lateness summed over the {culprit['collectives']} collectives it arrived last at "
-        f"(arrival minus the next-latest rank's, on clocks aligned by the collectives; alignment error "
-        f"{fmt_ms(error)})."
+        + (
+            "(arrival minus the next-latest rank's, on the one clock of their machine)."
+            if culprit["alignment"].get("one_clock")
+            else "(arrival minus the next-latest rank's, on clocks aligned by the collectives; alignment error "
+            f"{fmt_ms(error)})."
+        )
     )
     if len(culprit["per_step"]) > _MAX_STEPS:
         note += f" The first {_MAX_STEPS} steps are drawn."

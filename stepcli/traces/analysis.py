@@ -295,6 +295,7 @@ def summarize_read(columns: Columns, trace: TraceFacts, *, group_by_shape: bool 
         incomplete_step=trace.incomplete_step,
         group_by_shape=group_by_shape,
         device_name=trace.device_name,
+        clock=trace.clock,
     )
 
 
@@ -308,6 +309,7 @@ def summarize_columns(
     incomplete_step: int | None = None,
     group_by_shape: bool = False,
     device_name: str | None = None,
+    clock: str | None = None,
 ) -> FilePart:
     """The part of one trace file read into columns (stepcli.traces.columns.load_columns)."""
     from stepcli.traces.arrays import TooLarge
@@ -368,7 +370,7 @@ def summarize_columns(
         outside_events=result.outside_events,
         outside_ns=result.outside_ns,
         **_flops_of(path, columns, result, ordered, device_name),
-        arrivals=rank_arrivals(columns, rank, incomplete_step),
+        arrivals=rank_arrivals(columns, rank, incomplete_step, clock),
     )
 
 

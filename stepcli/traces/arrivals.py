@@ -55,6 +55,8 @@ class RankArrivals:
     groups: list[int] = field(default_factory=list)  # per collective: its process group in group_table; -1: none
     # (process group name, its member ranks; () when the trace does not list them all) of the groups used
     group_table: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+    clock: str | None = None  # the clock of its times (host and boot) when stepcli recorded it: ranks sharing one
+    # need no alignment
 
 
 def _category(names: list[str]) -> np.ndarray:
@@ -154,7 +156,9 @@ def _launched_in(columns: col.Columns, kernels: np.ndarray, host: np.ndarray, th
     return out if found else None
 
 
-def rank_arrivals(columns: col.Columns, rank: int | None, incomplete_step: int | None = None) -> RankArrivals | None:
+def rank_arrivals(
+    columns: col.Columns, rank: int | None, incomplete_step: int | None = None, clock: str | None = None
+) -> RankArrivals | None:
     """The rank's collectives inside its complete steps, or None when the trace has none."""
     if not len(columns) or rank is None:
         return None
@@ -182,7 +186,7 @@ def rank_arrivals(columns: col.Columns, rank: int | None, incomplete_step: int |
     step_numbers, step_start, step_end = _step_table(columns, steps, incomplete_step)
     where = np.searchsorted(step_start, arrive, side="right") - 1
     inside = (where >= 0) & (arrive < step_end[np.maximum(where, 0)])
-    out = RankArrivals(rank)
+    out = RankArrivals(rank, clock=clock)
     previous_done = np.concatenate(([step_start[0] if len(step_start) else arrive[0]], np.maximum(host_end, depart)))
     gap_from = np.minimum(previous_done[:-1], arrive)
     causes, details = _gaps(columns, events[~gloo_work[events]], category, thread, gap_from, arrive)

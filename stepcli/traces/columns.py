@@ -271,6 +271,7 @@ class ColumnTrace:
     skipped_events: int = 0
     incomplete_step: int | None = None
     device_name: str | None = None  # the trace's first GPU (deviceProperties)
+    clock: str | None = None  # the clock its times come from (host and boot), when stepcli recorded it
 
 
 def load_columns(path: str, *, shapes: bool = False) -> ColumnTrace:
@@ -278,4 +279,6 @@ def load_columns(path: str, *, shapes: bool = False) -> ColumnTrace:
     meta, keeper = _read(path, shapes, ColumnKeeper)
     assert isinstance(keeper, ColumnKeeper)
     rank = meta.rank if meta.rank is not None else rank_from_name(path)
-    return ColumnTrace(path, rank, keeper.columns(), keeper.count, keeper.skipped, meta.incomplete_step, meta.device)
+    return ColumnTrace(
+        path, rank, keeper.columns(), keeper.count, keeper.skipped, meta.incomplete_step, meta.device, meta.clock
+    )

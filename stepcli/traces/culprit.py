@@ -78,6 +78,7 @@ class _Matched:
     gaps: list[list[dict[str, float]]]
     details: list[list[dict[str, float]]]
     groups: dict[str, list[int]]  # process group name -> its member ranks, for the groups matched
+    clocks: list[str | None]  # [rank index] -> the clock of its times, when the trace says (stepcli recorded it)
 
 
 @dataclass
@@ -106,9 +107,12 @@ class _GroupFigures:
 def _match(parts: list[RankArrivals]) -> _Matched | None:
     by_rank: dict[int, dict[_Key, tuple[RankArrivals, int]]] = {}
     listed: dict[str, tuple[int, ...]] = {}  # group -> its members as a trace lists them
+    clock_of: dict[int, str | None] = {}
     for part in parts:
         if part.rank is None:
             continue
+        clock = getattr(part, "clock", None)  # (arrivals pickled by an older stepcli have none)
+        clock_of[part.rank] = clock if clock_of.get(part.rank, clock) == clock else None
         index = by_rank.setdefault(part.rank, {})
         for i, key in enumerate(part.keys):
             at = part.groups[i] if i < len(part.groups) else -1
@@ -149,6 +153,7 @@ def _match(parts: list[RankArrivals]) -> _Matched | None:
         [[p.gaps[i] for p, i in row] for row in rows],
         [[p.details[i] for p, i in row] for row in rows],
         {group: sorted(member_sets[group]) for group in sorted({k[0] for k in keys}) if group},
+        [clock_of.get(rank) for rank in ranks],
     )
 
 
@@ -167,7 +172,10 @@ def _pair_offset(arrive: list[tuple[float, float]], depart: list[tuple[float, fl
 
 
 def align(
-    arrive: list[list[float]], depart: list[list[float]], members: list[list[int]] | None = None
+    arrive: list[list[float]],
+    depart: list[list[float]],
+    members: list[list[int]] | None = None,
+    clocks: list[str | None] | None = None,
 ) -> tuple[list[float], list[float]]:
     """Per rank (column): its clock's offset to rank column 0 and the error of that estimate, µs.
 
@@ -180,10 +188,27 @@ def align(
     collective (tensor-parallel ranks 0 and 3 of groups {0, 1}, {2, 3} with data-parallel groups {0, 2}, {1, 3}):
     a rank is aligned through the fewest ranks that do (0 -> 1 -> 3), the errors on the way summed. A rank
     sharing no collective with column 0 even so is aligned to the lowest rank of its own set (it never meets the
-    others at a collective, so only offsets within the set matter)."""
+    others at a collective, so only offsets within the set matter).
+
+    Ranks whose traces name the same clock (`clocks`: host and boot, which stepcli records) share it exactly:
+    offset 0 between them, no error added; only ranks of different machines are aligned by collectives."""
     if members is None:
         members = [list(range(len(row))) for row in arrive]
     n = max((max(cols) + 1 for cols in members if cols), default=0)
+    same_clock: dict[str, list[int]] = {}
+    for j, clock in enumerate((clocks or [])[:n]):
+        if clock:
+            same_clock.setdefault(clock, []).append(j)
+
+    def settle(b: int, offset: float, error: float) -> list[int]:
+        """Give b, and every rank on b's clock, this offset and error; the ranks settled."""
+        clock = clocks[b] if clocks and b < len(clocks) else None
+        settled = same_clock.get(clock, [b]) if clock else [b]
+        for j in settled:
+            if not done[j]:
+                offsets[j], errors[j], done[j] = offset, error, True
+        return settled
+
     where: list[dict[int, int]] = [{} for _ in range(n)]  # column -> {row: position in the row}
     for r, cols in enumerate(members):
         for k, j in enumerate(cols):
@@ -193,8 +218,7 @@ def align(
     for root in range(n):
         if done[root]:
             continue
-        done[root] = True
-        queue = [root]
+        queue = settle(root, 0.0, 0.0)
         while queue:
             a = queue.pop(0)
             for b in range(n):
@@ -206,9 +230,7 @@ def align(
                     [(arrive[r][i], arrive[r][k]) for r, (i, k) in zip(shared, pairs)],
                     [(depart[r][i], depart[r][k]) for r, (i, k) in zip(shared, pairs)],
                 )
-                offsets[b], errors[b] = offsets[a] + offset, errors[a] + error
-                done[b] = True
-                queue.append(b)
+                queue.extend(settle(b, offsets[a] + offset, errors[a] + error))
     return offsets, errors
 
 
@@ -224,7 +246,7 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
     if matched is None:
         return None
     ranks, n = matched.ranks, len(matched.ranks)
-    offsets, errors = align(matched.arrive, matched.depart, matched.members)
+    offsets, errors = align(matched.arrive, matched.depart, matched.members, matched.clocks)
     error_us = sum(sorted(errors)[-2:])  # two ranks' arrivals carry both their errors
     steps = sorted({key[1][0] for key in matched.keys})
     late_us = [0.0] * n
@@ -332,6 +354,8 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
             "offsets_ms": {str(r): round(o / 1000, 4) for r, o in zip(ranks, offsets)},
             "errors_ms": {str(r): round(e / 1000, 4) for r, e in zip(ranks, errors)},
             "error_ms": round(error_us / 1000, 4),
+            # every rank's trace names the same clock (one machine): nothing was estimated
+            "one_clock": bool(matched.clocks[0]) and len(set(matched.clocks)) == 1,
         },
         "thresholds": {
             "min_last_share": MIN_LAST_SHARE,
@@ -467,13 +491,15 @@ def summary_line(section: dict[str, Any] | None) -> str | None:
     if not section:
         return None
     found = section.get("culprit")
-    error = section["alignment"]["error_ms"]
-    if found:
-        return f"culprit: {found['evidence']} (clock alignment error {error:.2f} ms)"
-    return (
-        f"culprit: none: no rank arrives last consistently enough at {section['collectives']} collectives "
-        f"(clock alignment error {error:.2f} ms)"
+    alignment = section["alignment"]
+    clocks = (
+        "one clock: all ranks on one machine"
+        if alignment.get("one_clock")
+        else f"clock alignment error {alignment['error_ms']:.2f} ms"
     )
+    if found:
+        return f"culprit: {found['evidence']} ({clocks})"
+    return f"culprit: none: no rank arrives last consistently enough at {section['collectives']} collectives ({clocks})"
 
 
 def culprit_lines(section: dict[str, Any] | None) -> list[str]:

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from stepcli.agent.config import INCOMPLETE_STEP_KEY  # the file format the agent writes
+from stepcli.agent.config import CLOCK_KEY, INCOMPLETE_STEP_KEY  # the file format the agent writes
 from stepcli.agent.tracenames import escape_names
 from stepcli.errors import TraceError
 from stepcli.inputs import read_input
@@ -179,6 +179,7 @@ class _Header(msgspec.Struct):
     deviceProperties: Any = None  # Kineto's list of the GPUs ({"name": ...}); checked by _device_name
     # Any: a malformed value must not send the whole file down the slow lenient path; _step_number checks it.
     incomplete_step: Any = msgspec.field(default=None, name=INCOMPLETE_STEP_KEY)
+    clock: Any = msgspec.field(default=None, name=CLOCK_KEY)  # checked by _clock_id
 
 
 class _ShapedHeader(msgspec.Struct):
@@ -186,6 +187,7 @@ class _ShapedHeader(msgspec.Struct):
     distributedInfo: _DistributedInfo | None = None
     deviceProperties: Any = None
     incomplete_step: Any = msgspec.field(default=None, name=INCOMPLETE_STEP_KEY)
+    clock: Any = msgspec.field(default=None, name=CLOCK_KEY)  # checked by _clock_id
 
 
 class _Meta(NamedTuple):
@@ -194,6 +196,12 @@ class _Meta(NamedTuple):
     rank: int | None = None
     incomplete_step: int | None = None
     device: str | None = None  # the name of the trace's first GPU (deviceProperties), for MFU
+    clock: str | None = None  # the clock its times come from (CLOCK_KEY), when stepcli recorded it
+
+
+def _clock_id(value: Any) -> str | None:
+    """A `stepcli_clock` value, when it is a short string; else None (aligned by collectives, never fatal)."""
+    return value if isinstance(value, str) and 0 < len(value) <= 300 else None
 
 
 def _device_name(properties: Any) -> str | None:
@@ -249,6 +257,7 @@ class Trace:
     skipped_events: int = 0
     incomplete_step: int | None = None
     device_name: str | None = None  # the trace's first GPU (deviceProperties)
+    clock: str | None = None  # the clock its times come from (host and boot), when stepcli recorded it
 
     @classmethod
     def from_events(
@@ -296,6 +305,7 @@ def load_trace(path: str, *, shapes: bool = False) -> Trace:
         skipped_events=keeper.skipped,
         incomplete_step=meta.incomplete_step,
         device_name=meta.device,
+        clock=meta.clock,
     )
 
 
@@ -483,6 +493,7 @@ def _decode_document(data: bytes | bytearray, shapes: bool) -> tuple[_Meta, list
         _rank_number(header.distributedInfo),
         _step_number(header.incomplete_step),
         _device_name(header.deviceProperties),
+        _clock_id(header.clock),
     )
     return meta, header.traceEvents
 
@@ -568,5 +579,10 @@ def _decode_lenient(
     keeper = keeper_type(shapes)
     keeper.add(events)
     keeper.count = len(document["traceEvents"])
-    meta = _Meta(rank, _step_number(document.get(INCOMPLETE_STEP_KEY)), _device_name(document.get("deviceProperties")))
+    meta = _Meta(
+        rank,
+        _step_number(document.get(INCOMPLETE_STEP_KEY)),
+        _device_name(document.get("deviceProperties")),
+        _clock_id(document.get(CLOCK_KEY)),
+    )
     return meta, keeper

@@ -198,6 +198,7 @@ def read_split(
         sum(r[3] for r in results),
         meta.incomplete_step,
         meta.device,
+        meta.clock,
     )
 
 

@@ -169,6 +169,7 @@ def test_shifted_clock_leaves_the_skew_unchanged(sleep_run: dict[str, Any], tmp_
     late = [c["lateness_ms"] for c in plain["per_collective"]]
     assert [c["lateness_ms"] for c in shifted["per_collective"]] == pytest.approx(late, abs=0.01)
     assert shifted["culprit"]["rank"] == 1
+    assert plain["alignment"]["one_clock"] and not shifted["alignment"]["one_clock"]
 
 
 def _shifted_copy(run: dict[str, Any], folder: Path, shift_us: float) -> Path:
@@ -177,6 +178,8 @@ def _shifted_copy(run: dict[str, Any], folder: Path, shift_us: float) -> Path:
     for path in trace_files(run["out"]):
         document = load_trace(path)
         if path.name.startswith("rank1"):
+            assert document["stepcli_clock"]  # one machine's clock, as stepcli records it: now another's
+            document["stepcli_clock"] = "another-host 00000000-0000-0000-0000-000000000000"
             for event in document["traceEvents"]:
                 if isinstance(event.get("ts"), (int, float)):
                     event["ts"] += shift_us

@@ -128,6 +128,35 @@ def test_lateness_within_alignment_error_is_no_finding() -> None:
     assert section["culprit"] is None
 
 
+def test_ranks_on_one_clock_are_not_aligned_and_carry_no_alignment_error() -> None:
+    # the same noisy departures as above, but both traces say they come from one boot of one machine
+    r0 = _arrivals(_rank_trace(0), 0)
+    r1 = _arrivals(_rank_trace(2_000), 1)
+    r1.depart_us = [d + jitter for d, jitter in zip(r1.depart_us, (-5_000.0, 0.0, 5_000.0) * 2)]
+    r0.clock = r1.clock = "node7 4b1f-boot"
+    section = analyze([r0, r1])
+    assert section is not None
+    assert section["alignment"]["offsets_ms"]["1"] == 0.0 and section["alignment"]["error_ms"] == 0.0
+    assert section["alignment"]["one_clock"] is True
+    assert section["culprit"]["rank"] == 1  # 2 ms late every time: a finding once no alignment error hides it
+    assert [c["lateness_ms"] for c in section["per_collective"]] == pytest.approx([2.0] * STEPS, abs=0.01)
+    # another machine's rank is still aligned by the collectives, through the one it meets
+    r1.clock = "node8 9c2e-boot"
+    section = analyze([r0, r1])
+    assert section is not None and section["alignment"]["one_clock"] is False
+    assert section["alignment"]["error_ms"] >= 2.0
+
+
+def test_clock_groups_align_as_one() -> None:
+    # ranks 0, 1 on machine A, ranks 2, 3 on machine B, whose clock runs 500 µs ahead; rank 1 and rank 3 never
+    # share a collective with rank 2 / rank 0 directly in this layout: only through their machine
+    depart = [[0.0, 0.0, 500.0 + d, 500.0 + d] for d in (-40, 0, 40, 0, 0)]
+    arrive = [[-1000.0, -1000.0, -500.0, -500.0] for _ in depart]
+    offsets, errors = align(arrive, depart, clocks=["A", "A", "B", "B"])
+    assert offsets == pytest.approx([0.0, 0.0, 500.0, 500.0])
+    assert errors[0] == errors[1] == 0.0 and errors[2] == errors[3] > 0.0
+
+
 def test_one_rank_or_no_collectives_gives_no_section() -> None:
     assert analyze([_arrivals(_rank_trace(0), 0)]) is None
     plain = [Event("ProfilerStep#1", "user_annotation", "X", 1, MAIN, 0.0, 10.0)]
