@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_stepcli, trace_files, write_script
+from conftest import load_trace, run_stepcli, trace_files, write_script
 
 ACCUMULATE = """
     import sys
@@ -48,24 +49,35 @@ GAN = """
 """
 
 
-def run_json(tmp: Path, name: str, *args: Any) -> dict[str, Any]:
+@dataclass
+class Run:
+    """One `stepcli run --active 2 -o OUT --json ...`: its summary, its terminal output and its folder."""
+
+    summary: dict[str, Any]
+    stderr: str
+    out: Path
+
+
+def run_json(tmp: Path, name: str, *args: Any) -> Run:
     out = tmp / name
     result = run_stepcli("run", "--active", "2", "-o", out, "--json", tmp / f"{name}.json", *args, cwd=tmp)
     assert result.returncode == 0, result.stderr
-    return json.loads((tmp / f"{name}.json").read_text())
+    return Run(json.loads((tmp / f"{name}.json").read_text()), result.stderr, out)
 
 
 @pytest.fixture(scope="module")
-def accumulation(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any]]:
+def accumulation(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Run]:
+    """ACCUMULATE with 1 micro-batch a step, and with 4 recorded --with-stack (Python frames in its trace)."""
     tmp = tmp_path_factory.mktemp("accumulate")
     script = write_script(tmp, "accumulate.py", ACCUMULATE)
-    return run_json(tmp, "one", script, "1"), run_json(tmp, "four", script, "4")
+    return run_json(tmp, "one", script, "1"), run_json(tmp, "four", "--with-stack", script, "4")
 
 
-def test_every_micro_batch_forward_counts(accumulation: tuple[dict[str, Any], dict[str, Any]]) -> None:
+def test_every_micro_batch_forward_counts(accumulation: tuple[Run, Run]) -> None:
     # Timings on a shared CI core are noisy from run to run, so each run is checked against its own trace: the
-    # forward phase holds the forward matmuls (aten::addmm, forward only) of every micro-batch of the step.
-    for micro, run in zip((1, 4), accumulation):
+    # forward phase holds the forward matmuls (aten::addmm, forward only) of every micro-batch of the step
+    # (the run of 4 recorded with Python stacks too).
+    for micro, run in zip((1, 4), (r.summary for r in accumulation)):
         breakdown = run["breakdown_ms"]
         addmm = next(r for r in run["top_operators"] if r["name"] == "aten::addmm")
         assert addmm["calls"] == 2 * micro * 2  # two Linear layers, `micro` forwards a step, two recorded steps
@@ -75,7 +87,7 @@ def test_every_micro_batch_forward_counts(accumulation: tuple[dict[str, Any], di
 
 def test_gan_forwards_of_both_models_count(tmp_path: Path) -> None:
     script = write_script(tmp_path, "gan.py", GAN)
-    run = run_json(tmp_path, "gan", script)
+    run = run_json(tmp_path, "gan", script).summary
     assert run["steps"]["requesters"] == {"Adam#0": 5, "Adam#1": 5}
     breakdown = run["breakdown_ms"]
     step = sum(breakdown.values())
@@ -85,8 +97,8 @@ def test_gan_forwards_of_both_models_count(tmp_path: Path) -> None:
     assert breakdown["other"] < 0.4 * step, breakdown
 
 
-def test_shares_are_of_recorded_step_time_and_add_up(accumulation: tuple[dict[str, Any], dict[str, Any]]) -> None:
-    one, _ = accumulation
+def test_shares_are_of_recorded_step_time_and_add_up(accumulation: tuple[Run, Run]) -> None:
+    one = accumulation[0].summary
     assert one["share_of"] == "recorded step time (2 steps)"
     shares = [r["self_share"] for r in one["top_operators"]]
     assert all(r["name"] != "ProfilerStep*" for r in one["top_operators"])
@@ -94,23 +106,21 @@ def test_shares_are_of_recorded_step_time_and_add_up(accumulation: tuple[dict[st
     assert 0.6 < sum(shares) <= 1.0001, [(r["name"], r["self_share"]) for r in one["top_operators"]]
 
 
-def test_run_summary_and_table_say_what_shares_are_of(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "accumulate.py", ACCUMULATE)
-    result = run_stepcli("run", "--active", "2", "-o", tmp_path / "out", script, "1", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    flat = " ".join(result.stderr.split())  # a caption wraps to its table's width
+def test_run_summary_and_table_say_what_shares_are_of(accumulation: tuple[Run, Run], tmp_path: Path) -> None:
+    one = accumulation[0]
+    flat = " ".join(one.stderr.split())  # a caption wraps to its table's width
     assert "Self % = share of recorded step time (2 steps)" in flat
-    table = run_stepcli("table", tmp_path / "out", cwd=tmp_path)
+    table = run_stepcli("table", one.out, cwd=tmp_path)
     assert table.returncode == 0, table.stderr
     assert "Self % = share of recorded step time (2 steps)" in " ".join(table.stdout.split())
-    md = run_stepcli("table", "--markdown", tmp_path / "out", cwd=tmp_path)
+    md = run_stepcli("table", "--markdown", one.out, cwd=tmp_path)
     assert "Self % = share of recorded step time (2 steps)." in md.stdout
 
 
 def test_compare_run_summary_with_trace_does_not_list_the_step_annotation(
-    accumulation: tuple[dict[str, Any], dict[str, Any]], tmp_path: Path
+    accumulation: tuple[Run, Run], tmp_path: Path
 ) -> None:
-    one, _ = accumulation
+    one = accumulation[0].summary
     summary = tmp_path / "one.json"
     summary.write_text(json.dumps(one))
     result = run_stepcli("compare", summary, one["traces"][0], "--tolerance", "99%", cwd=tmp_path)
@@ -215,9 +225,12 @@ def test_windows_of_one_process_are_grouped_and_runs_in_one_folder_stay_apart(tm
     assert header.count(" ms ") == 2  # one column per process in the Steps table
 
 
-def test_with_stack_keeps_python_frames_out_of_operator_tables(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "accumulate.py", ACCUMULATE)
-    run = run_json(tmp_path, "stack", "--with-stack", script, "1")
+def test_with_stack_keeps_python_frames_out_of_operator_tables(accumulation: tuple[Run, Run], tmp_path: Path) -> None:
+    # GIVEN the run recorded with --with-stack: its trace holds Python frames
+    run = accumulation[1].summary
+    trace = load_trace(Path(run["traces"][0]))
+    assert any(e.get("cat") == "python_function" for e in trace["traceEvents"])
+    # THEN neither `table` nor the run summary lists them as operators
     table = run_stepcli("table", "--json", run["traces"][0], cwd=tmp_path)
     names = [r["name"] for r in json.loads(table.stdout)["cpu_ops"]]
     assert "aten::addmm" in names

@@ -6,9 +6,12 @@ import gzip
 import json
 import os
 import pickle
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import memory_snapshots as fx
+import pytest
 from conftest import TRAIN_LOOP, run_stepcli, write_script
 
 MiB = fx.MiB
@@ -120,12 +123,21 @@ def test_memory_refuses_a_hostile_pickle_without_running_it(tmp_path: Path) -> N
     assert not planted.exists()
 
 
-def test_run_memory_on_cpu_only_torch_says_so_once_and_runs(tmp_path: Path) -> None:
-    """--memory with a torch built without CUDA: one line for the whole run (here two processes import torch),
-    and the program runs as without it."""
-    (tmp_path / "loop.py").write_text(TRAIN_LOOP.replace("\n    ", "\n"))
+@dataclass
+class MemoryRun:
+    result: subprocess.CompletedProcess[str]
+    out: Path
+    snapshots: list[Path]  # the oom-* files in its folder once it ended
+    page: str  # its report.html as the run wrote it
+
+
+@pytest.fixture(scope="module")
+def memory_run(tmp_path_factory: pytest.TempPathFactory) -> MemoryRun:
+    """`stepcli run --memory` of a training loop whose process also starts a second Python that imports torch."""
+    tmp = tmp_path_factory.mktemp("memory")
+    (tmp / "loop.py").write_text(TRAIN_LOOP.replace("\n    ", "\n"))
     script = write_script(
-        tmp_path,
+        tmp,
         "train.py",
         """
         import subprocess, sys
@@ -135,14 +147,22 @@ def test_run_memory_on_cpu_only_torch_says_so_once_and_runs(tmp_path: Path) -> N
         loop.main(int(sys.argv[1]))
         """,
     )
-    out = tmp_path / "out"
-    result = run_stepcli("run", "--memory", "--memory-entries", "5000", "-o", out, "--no-report", script, "6")
+    out = tmp / "out"
+    result = run_stepcli("run", "--memory", "--memory-entries", "5000", "-o", out, script, "6")
+    page = out / "report.html"
+    return MemoryRun(result, out, sorted(out.glob("oom-*")), page.read_text() if page.exists() else "")
+
+
+def test_run_memory_on_cpu_only_torch_says_so_once_and_runs(memory_run: MemoryRun) -> None:
+    """--memory with a torch built without CUDA: one line for the whole run (here two processes import torch),
+    and the program runs as without it."""
+    result = memory_run.result
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("iter ") == 6
     notes = [line for line in result.stderr.splitlines() if "no CUDA memory to record" in line]
     assert len(notes) == 1, result.stderr
     assert notes[0].startswith("stepcli: --memory: this torch (2.13.0+cpu) has no CUDA")
-    assert not list(out.glob("oom-*"))
+    assert memory_run.snapshots == []
     assert "Traceback" not in result.stderr
 
 
@@ -153,12 +173,12 @@ def test_memory_entries_needs_memory(tmp_path: Path) -> None:
     assert "--memory-entries needs --memory" in _one_error_line(result.stderr)
 
 
-def test_report_shows_the_runs_memory_snapshots(tmp_path: Path, train_script: Path) -> None:
-    out = tmp_path / "out"
-    result = run_stepcli("run", "-q", "-o", out, train_script, "6")
-    assert result.returncode == 0, result.stderr
-    page = (out / "report.html").read_text()
-    assert 'id="memory-snapshots"' not in page  # no snapshot, no section
+def test_report_shows_the_runs_memory_snapshots(memory_run: MemoryRun) -> None:
+    # GIVEN a run's folder (here of the --memory run on a CPU-only torch: it wrote no snapshot)
+    out = memory_run.out
+    assert memory_run.result.returncode == 0, memory_run.result.stderr
+    assert "</html>" in memory_run.page and 'id="memory-snapshots"' not in memory_run.page  # no snapshot, no section
+    # WHEN snapshots land in it (one good, one broken) and `stepcli report` runs again
     builder, info = fx.oom_in_forward(steps=4)
     builder.write(out / "oom-rank0.pickle", info)
     (out / "oom-rank1.pickle").write_text("cut short")  # a broken snapshot: one line on the page, not a failure

@@ -8,28 +8,31 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from conftest import ddp_script, profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
 
 from stepcli.run.launcher import BOOTSTRAP_DIR
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])
-def test_dataloader_workers_leave_no_files(tmp_path: Path, start_method: str) -> None:
+def test_dataloader_workers_leave_no_files(tmp_path: Path) -> None:
+    # GIVEN one training loop fed by two DataLoaders at once, one with forked workers and one with spawned workers
+    # (started together before the first step, as one loader's would be), 2 workers each
     script = write_script(
         tmp_path,
         "loader.py",
-        f"""
+        """
         import torch
         from torch.utils.data import DataLoader, TensorDataset
 
         def main():
             data = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
-            loader = DataLoader(data, batch_size=8, num_workers=2, multiprocessing_context="{start_method}")
+            forked, spawned = (
+                iter(DataLoader(data, batch_size=8, num_workers=2, multiprocessing_context=method))
+                for method in ("fork", "spawn")
+            )
             model = torch.nn.Linear(8, 1)
             opt = torch.optim.SGD(model.parameters(), lr=0.01)
-            for x, y in loader:
-                (model(x) - y).square().mean().backward()
+            for (x, y), (x2, y2) in zip(forked, spawned):
+                ((model(x) - y).square().mean() + (model(x2) - y2).square().mean()).backward()
                 opt.step()
 
         if __name__ == "__main__":
@@ -39,6 +42,7 @@ def test_dataloader_workers_leave_no_files(tmp_path: Path, start_method: str) ->
     out = tmp_path / "out"
     result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "2", "-o", out, script)
     assert result.returncode == 0, result.stderr
+    # THEN only the training process wrote anything: its one window, its one step log, the run's page
     traces = trace_files(out)
     assert [profiler_steps(t) for t in traces] == [[2, 3]]
     assert len(list(out.rglob("*.steps.json"))) == 1  # one process traced

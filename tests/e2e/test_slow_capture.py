@@ -67,8 +67,22 @@ def _run(tmp_path: Path, *args: str, rule: str = RULE, report: bool = False) -> 
     return result, json.loads(summary.read_text()), out
 
 
-def test_one_slow_step_records_the_next_three_and_names_the_trigger(tmp_path: Path) -> None:
-    result, summary, out = _run(tmp_path, "60", "40", "0", report=True)
+@pytest.fixture(scope="module")
+def one_slow_step(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, Any], Path]:
+    """60 steps, step 40 slow, with the report: shared by the tests of what one slow step leaves."""
+    return _run(tmp_path_factory.mktemp("one_slow"), "60", "40", "0", report=True)
+
+
+@pytest.fixture(scope="module")
+def every_25th_slow(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, Any], Path]:
+    """200 steps, every 25th slow (7 slow steps), the default --max-captures (3)."""
+    return _run(tmp_path_factory.mktemp("periodic"), "200", "", "25")
+
+
+def test_one_slow_step_records_the_next_three_and_names_the_trigger(
+    one_slow_step: tuple[Any, dict[str, Any], Path],
+) -> None:
+    result, summary, out = one_slow_step
     traces = trace_files(out)
     assert len(traces) == 1, result.stderr
     assert profiler_steps(traces[0]) == [41, 42, 43]
@@ -83,8 +97,10 @@ def test_one_slow_step_records_the_next_three_and_names_the_trigger(tmp_path: Pa
     assert "triggered capture steps 41-43" in result.stderr
 
 
-def test_the_whole_run_is_recorded_compactly_in_summary_and_report(tmp_path: Path) -> None:
-    result, summary, out = _run(tmp_path, "60", "40", "0", report=True)
+def test_the_whole_run_is_recorded_compactly_in_summary_and_report(
+    one_slow_step: tuple[Any, dict[str, Any], Path],
+) -> None:
+    result, summary, out = one_slow_step
     [record] = summary["step_record"]
     assert record["steps"] == 60
     assert sum(record["histogram"].values()) == 59  # every step but the first (start-up)
@@ -107,8 +123,10 @@ def test_a_steady_run_records_nothing(tmp_path: Path) -> None:
     assert "took" not in result.stderr
 
 
-def test_a_periodic_slowdown_is_caught_by_a_predicted_window(tmp_path: Path) -> None:
-    result, summary, out = _run(tmp_path, "200", "", "25")
+def test_a_periodic_slowdown_is_caught_by_a_predicted_window(
+    every_25th_slow: tuple[Any, dict[str, Any], Path],
+) -> None:
+    result, summary, out = every_25th_slow
     windows = summary["windows"]
     assert 1 <= len(windows) <= 3, result.stderr
     recorded = [set(profiler_steps(Path(w["trace"]))) for w in windows]
@@ -118,12 +136,15 @@ def test_a_periodic_slowdown_is_caught_by_a_predicted_window(tmp_path: Path) -> 
     assert predicted and all(t["predicted_step"] % 25 == 0 and t["period"] % 25 == 0 for t in predicted)
 
 
-def test_max_captures_bounds_the_windows(tmp_path: Path) -> None:
-    result, summary, _ = _run(tmp_path, "120", "20,40,60,80,100", "0", rule=RULE)
+def test_max_captures_bounds_the_windows(every_25th_slow: tuple[Any, dict[str, Any], Path], tmp_path: Path) -> None:
+    # GIVEN 7 slow steps under the default --max-captures (3): at most 3 windows
+    _, summary, _ = every_25th_slow
     assert len(summary["windows"]) <= 3
+    # AND 5 slow steps under --max-captures 1: one window
+    script = write_script(tmp_path, "slow.py", SLOW_LOOP)
     bounded = run_stepcli(
         "run", "--on-demand", "--no-report", "--capture-on-slow", RULE, "--max-captures", "1", "-o",
-        tmp_path / "one", tmp_path / "slow.py", "120", "20,40,60,80,100", "0",
+        tmp_path / "one", script, "120", "20,40,60,80,100", "0",
     )  # fmt: skip
     assert bounded.returncode == 0, bounded.stderr
     assert len(trace_files(tmp_path / "one")) == 1

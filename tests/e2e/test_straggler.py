@@ -70,9 +70,16 @@ def ddp_run(tmp_path: Path, extra: int) -> tuple[str, dict, str, str]:
     )
 
 
-def test_a_balanced_ddp_run_names_no_straggler_anywhere(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def balanced(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[str, dict, str, str]]:
+    """(its folder, ddp_run's outputs) of the run where both ranks do the same work: shared by this module."""
+    tmp = tmp_path_factory.mktemp("balanced")
+    return tmp / "out", ddp_run(tmp, extra=0)
+
+
+def test_a_balanced_ddp_run_names_no_straggler_anywhere(balanced: tuple[Path, tuple[str, dict, str, str]]) -> None:
     # GIVEN two ranks doing the same work (gloo's all-reduce overlapping the backward pass on its own thread)
-    terminal, doc, table, html = ddp_run(tmp_path, extra=0)
+    terminal, doc, table, html = balanced[1]
     # THEN no output names a slowest rank: not the terminal, not --json, not `table`, not the report or its advice
     assert doc["slowest_rank"] is None and doc["straggler"] is None, doc["ranks"]
     for text in (terminal, table):
@@ -80,10 +87,11 @@ def test_a_balanced_ddp_run_names_no_straggler_anywhere(tmp_path: Path) -> None:
     assert "(slowest)" not in html and 'data-rule="straggler"' not in html
 
 
-def test_self_shares_over_100_percent_under_ddp_carry_a_note_everywhere(tmp_path: Path) -> None:
+def test_self_shares_over_100_percent_under_ddp_carry_a_note_everywhere(
+    balanced: tuple[Path, tuple[str, dict, str, str]], tmp_path: Path
+) -> None:
     # GIVEN a DDP run: gloo's all-reduce runs on its own thread while the step's main thread computes
-    _terminal, _doc, table, html = ddp_run(tmp_path, extra=0)
-    out = tmp_path / "out"
+    out, (_terminal, _doc, table, html) = balanced
     doc = json.loads(run_stepcli("table", out, "--json", cwd=tmp_path).stdout)
     total = sum(row["self_share"] for row in doc["cpu_ops"])
     assert total > 1.0, total  # the premise: the CPU operators' Self % adds up to more than 100%
