@@ -5,40 +5,69 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
+import pytest
 from conftest import (
     TRAIN_LOOP,
     load_trace,
     profiler_steps,
-    run_python,
     run_stepcli,
     trace_files,
     write_script,
 )
 
+# What TRAIN_LOOP prints over 10 iterations, as plain `python` prints it.
+PROGRAM_STDOUT = "".join(f"iter {i}\n" for i in range(10))
 
-def test_records_exactly_the_scheduled_steps_and_leaves_stdout_alone(tmp_path: Path, train_script: Path) -> None:
-    # GIVEN a 10-iteration one-optimizer loop
-    out = tmp_path / "out"
-    # WHEN it runs under stepcli with wait 1, warmup 1, active 2
-    result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "2", "-o", out, train_script, cwd=tmp_path)
-    plain = run_python(train_script, cwd=tmp_path)
+
+@pytest.fixture(scope="module")
+def scheduled_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The 10-iteration loop under `--wait 1 --warmup 1 --active 2`, with a --fail-over budget it stays far within."""
+    tmp = tmp_path_factory.mktemp("scheduled")
+    script = write_script(tmp, "train.py", TRAIN_LOOP)
+    out = tmp / "out"
+    result = run_stepcli(
+        "run", "--wait", "1", "--warmup", "1", "--active", "2", "--fail-over", "p50=100000", "-o", out, script, cwd=tmp
+    )
+    return {"result": result, "out": out}
+
+
+def test_records_exactly_the_scheduled_steps_and_leaves_stdout_alone(scheduled_run: dict[str, Any]) -> None:
+    # GIVEN a 10-iteration one-optimizer loop WHEN it runs under stepcli with wait 1, warmup 1, active 2
+    result, out = scheduled_run["result"], scheduled_run["out"]
     # THEN one trace holds ProfilerStep#2 and #3 only, stdout is the program's alone, exit 0
     assert result.returncode == 0, result.stderr
     traces = trace_files(out)
     assert len(traces) == 1
     assert profiler_steps(traces[0]) == [2, 3]
-    assert result.stdout == plain.stdout
+    assert result.stdout == PROGRAM_STDOUT
     assert "stepcli: " in result.stderr and "saved trace of steps 2-3" in result.stderr
     assert re.search(r"^steps\s+10\s+\(SGD#0 10\)", result.stderr, re.M)
     assert not list(out.rglob("*.tmp*"))
 
 
-def test_trace_names_follow_tensorboard(tmp_path: Path, train_script: Path) -> None:
-    out = tmp_path / "out"
-    result = run_stepcli("run", "--active", "1", "--gzip", "-o", out, train_script, "6", cwd=tmp_path)
+def test_fail_over_within_budget_passes(scheduled_run: dict[str, Any]) -> None:
+    # GIVEN a healthy program WHEN its median step time is far within the --fail-over budget THEN exit 0, no verdict
+    result = scheduled_run["result"]
     assert result.returncode == 0, result.stderr
-    (trace,) = trace_files(out)
+    assert "--fail-over: " not in result.stderr
+
+
+@pytest.fixture(scope="module")
+def default_folder_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Two runs of the 5-iteration loop without -o from one folder: the first with --json, the second --quiet --gzip."""
+    tmp = tmp_path_factory.mktemp("default_out")
+    script = write_script(tmp, "train.py", TRAIN_LOOP)
+    first = run_stepcli("run", "--active", "1", "--json", tmp / "a.json", script, "5", cwd=tmp)
+    second = run_stepcli("run", "--active", "1", "--quiet", "--gzip", script, "5", cwd=tmp)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    return {"first": first, "second": second, "runs": tmp / "stepcli-runs", "summary": tmp / "a.json"}
+
+
+def test_trace_names_follow_tensorboard(default_folder_runs: dict[str, Any]) -> None:
+    # GIVEN --gzip on the second run THEN its one trace is <worker>.<time_ns>.pt.trace.json.gz, the first's not gzipped
+    (trace,) = [t for t in trace_files(default_folder_runs["runs"]) if t.name.endswith(".gz")]
     worker, stamp, *rest = trace.name.split(".")
     assert rest == ["pt", "trace", "json", "gz"]
     assert stamp.isdigit() and len(stamp) >= 19  # time_ns
@@ -46,13 +75,62 @@ def test_trace_names_follow_tensorboard(tmp_path: Path, train_script: Path) -> N
     assert profiler_steps(trace) == [2]
 
 
-def test_repeat_two_writes_two_traces(tmp_path: Path, train_script: Path) -> None:
+def test_default_out_dir_is_new_per_run(default_folder_runs: dict[str, Any]) -> None:
+    runs = sorted(p for p in default_folder_runs["runs"].iterdir())
+    assert len(runs) == 2 and all(len(trace_files(r)) == 1 for r in runs)
+
+
+def test_quiet_prints_nothing_of_stepcli(default_folder_runs: dict[str, Any]) -> None:
+    assert "stepcli" not in default_folder_runs["second"].stderr  # --quiet: nothing from stepcli (torch may still log)
+
+
+def test_json_summary(default_folder_runs: dict[str, Any]) -> None:
+    summary = json.loads(default_folder_runs["summary"].read_text())
+    assert summary["schema"] == "stepcli.run" and summary["schema_version"] == 2
+    assert len(summary["run_id"]) == 32
+    [process] = summary["step_times"]
+    assert len(process["durations_ms"]) == len(process["phases"]) == 5 and process["phases"][1:3] != "00"
+    assert summary["exit_status"] == 0
+    assert summary["steps"] == {"global": 5, "requesters": {"SGD#0": 5}}
+    assert summary["step_time_ms"]["untouched"]["count"] == 2  # steps 3, 4 (0 is start-up; 1-2 profiled)
+    assert summary["step_time_ms"]["profiled"]["count"] == 2
+    assert [(w["first_step"], w["last_step"]) for w in summary["windows"]] == [(2, 2)]
+    assert summary["traces"] == [w["trace"] for w in summary["windows"]]
+
+
+def test_without_with_flops_no_flops(default_folder_runs: dict[str, Any]) -> None:
+    assert json.loads(default_folder_runs["summary"].read_text())["flops"] is None
+    assert not list(default_folder_runs["runs"].rglob("*.flops"))
+
+
+def test_a_program_that_never_compiles_has_no_compile_section(default_folder_runs: dict[str, Any]) -> None:
+    assert json.loads(default_folder_runs["summary"].read_text())["compile"] is None
+
+
+def test_skip_first_and_repeat_are_honoured(tmp_path: Path, train_script: Path) -> None:
+    # GIVEN 12 iterations WHEN the first 3 steps are skipped, then two cycles of wait 1, warmup 1, active 2 run
     out = tmp_path / "out"
     result = run_stepcli(
-        "run", "--wait", "1", "--warmup", "1", "--active", "2", "--repeat", "2", "-o", out, train_script
+        "run",
+        "--skip-first",
+        "3",
+        "--wait",
+        "1",
+        "--warmup",
+        "1",
+        "--active",
+        "2",
+        "--repeat",
+        "2",
+        "-o",
+        out,
+        train_script,
+        "12",
     )
+    # THEN two traces, each of its cycle's last two steps, counted after the skipped ones (without the skip they
+    # would be 2-3 and 6-7; without the repeat 5-6 alone)
     assert result.returncode == 0, result.stderr
-    assert sorted(profiler_steps(t) for t in trace_files(out)) == [[2, 3], [6, 7]]
+    assert sorted(profiler_steps(t) for t in trace_files(out)) == [[5, 6], [9, 10]]
 
 
 def test_repeat_zero_records_until_the_program_ends(tmp_path: Path, train_script: Path) -> None:
@@ -62,15 +140,6 @@ def test_repeat_zero_records_until_the_program_ends(tmp_path: Path, train_script
     )
     assert result.returncode == 0, result.stderr
     assert sorted(profiler_steps(t) for t in trace_files(out)) == [[1], [3], [5], [7], [9]]
-
-
-def test_skip_first_is_honoured(tmp_path: Path, train_script: Path) -> None:
-    out = tmp_path / "out"
-    result = run_stepcli(
-        "run", "--skip-first", "3", "--wait", "0", "--warmup", "1", "--active", "2", "-o", out, train_script
-    )
-    assert result.returncode == 0, result.stderr
-    assert [profiler_steps(t) for t in trace_files(out)] == [[4, 5]]
 
 
 # Generated code (dataclasses, torch.compile, exec) can have a filename holding double quotes; PyTorch writes such a
@@ -118,26 +187,6 @@ def test_window_at_step_zero_and_profiler_flags(tmp_path: Path) -> None:
     assert not list(out.rglob("*.tmp*"))
 
 
-def test_default_out_dir_is_new_per_run_and_json_summary(tmp_path: Path, train_script: Path) -> None:
-    first = run_stepcli("run", "--active", "1", "--json", tmp_path / "a.json", train_script, "5", cwd=tmp_path)
-    second = run_stepcli("run", "--active", "1", "--quiet", train_script, "5", cwd=tmp_path)
-    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
-    runs = sorted(p for p in (tmp_path / "stepcli-runs").iterdir())
-    assert len(runs) == 2 and all(len(trace_files(r)) == 1 for r in runs)
-    assert "stepcli" not in second.stderr  # --quiet: nothing from stepcli (torch may still log)
-    summary = json.loads((tmp_path / "a.json").read_text())
-    assert summary["schema"] == "stepcli.run" and summary["schema_version"] == 2
-    assert len(summary["run_id"]) == 32
-    [process] = summary["step_times"]
-    assert len(process["durations_ms"]) == len(process["phases"]) == 5 and process["phases"][1:3] != "00"
-    assert summary["exit_status"] == 0
-    assert summary["steps"] == {"global": 5, "requesters": {"SGD#0": 5}}
-    assert summary["step_time_ms"]["untouched"]["count"] == 2  # steps 3, 4 (0 is start-up; 1-2 profiled)
-    assert summary["step_time_ms"]["profiled"]["count"] == 2
-    assert [(w["first_step"], w["last_step"]) for w in summary["windows"]] == [(2, 2)]
-    assert summary["traces"] == [w["trace"] for w in summary["windows"]]
-
-
 def test_no_trace_when_the_program_stops_before_the_window(tmp_path: Path, train_script: Path) -> None:
     out = tmp_path / "out"
     result = run_stepcli("run", "--wait", "5", "-o", out, train_script, "3")
@@ -172,11 +221,10 @@ def test_isolated_interpreter_explains_that_the_hook_never_loaded(tmp_path: Path
 
 def test_fail_over_budget_gates_the_run(tmp_path: Path, train_script: Path) -> None:
     # GIVEN a healthy program; WHEN its median step time is over budget THEN stepcli exits 1 and says why
+    # (a run within its budget: test_fail_over_within_budget_passes)
     over = run_stepcli("run", "--active", "1", "--fail-over", "p50=0.0001", "-o", tmp_path / "a", train_script, "8")
     assert over.returncode == 1
     assert "--fail-over: " in over.stderr and "median" in over.stderr
-    within = run_stepcli("run", "--active", "1", "--fail-over", "p50=100000", "-o", tmp_path / "b", train_script, "8")
-    assert within.returncode == 0, within.stderr
 
 
 def test_fail_over_keeps_the_programs_own_failure(tmp_path: Path) -> None:

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import profiler_steps, run_python, run_stepcli, trace_files, write_script
+from conftest import profiler_steps, run_stepcli, trace_files, write_script
 
 from stepcli.agent.compiles import _short_reason
 from stepcli.run.compiles import compile_lines, compile_summary, compiled_steps, describe_step
 
 COMPILED_LOOP = """
+    import sys
     import torch
+    print("after import torch:", "torch._dynamo" in sys.modules)
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -86,29 +87,11 @@ def test_summary_says_which_step_recompiled_and_why(compiled_run: dict[str, Any]
     assert profiler_steps(trace) == [6]
 
 
-def test_the_agent_imports_dynamo_only_after_the_program_does(tmp_path: Path) -> None:
-    # torch itself imports torch._dynamo when the first optimizer is built (and when a profiler starts):
-    # stepcli attaches then, and never earlier
-    script = write_script(
-        tmp_path,
-        "plain.py",
-        """
-        import sys
-        import torch
-        print("after import torch:", "torch._dynamo" in sys.modules)
-        model = torch.nn.Linear(4, 1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(5):
-            model(torch.randn(2, 4)).sum().backward()
-            opt.step()
-    """,
-    )
-    plain = run_python(script, cwd=tmp_path)
-    profiled = run_stepcli("run", "--json", tmp_path / "run.json", "-o", tmp_path / "out", script, cwd=tmp_path)
-    assert profiled.returncode == 0, profiled.stderr
-    assert profiled.stdout == plain.stdout == "after import torch: False\n"
-    # a program that never compiles has no compile section
-    assert json.loads((tmp_path / "run.json").read_text())["compile"] is None
+def test_the_agent_imports_dynamo_only_after_the_program_does(compiled_run: dict[str, Any]) -> None:
+    # torch itself imports torch._dynamo when the program compiles, builds its first optimizer or starts a profiler:
+    # stepcli attaches then, and never earlier (under plain python the line says False too: stepcli only adds)
+    assert compiled_run["result"].stdout == "after import torch: False\n"
+    # a program that never compiles has no compile section: test_run.py::test_a_program_that_never_compiles_...
 
 
 # -- pure parts ---------------------------------------------------------------------------------------------------

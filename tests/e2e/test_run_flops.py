@@ -57,10 +57,4 @@ def test_with_flops_gives_flops_per_step_of_the_analytic_count(tmp_path: Path) -
     assert f"FLOPs: {flops['flops_per_step']:.3g} per step" in text.stdout
 
 
-def test_without_with_flops_no_flops(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "mlp.py", MLP)
-    out = tmp_path / "out"
-    result = run_stepcli("run", "-o", out, "--json", tmp_path / "s.json", "--", "python", script)
-    assert result.returncode == 0, result.stderr
-    assert json.loads((tmp_path / "s.json").read_text())["flops"] is None
-    assert not list(out.rglob("*.flops"))
+# Without --with-flops: test_run.py::test_without_with_flops_no_flops

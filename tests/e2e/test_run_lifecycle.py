@@ -8,7 +8,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 from conftest import (
     load_trace,
     profiler_steps,
@@ -22,6 +24,23 @@ from conftest import (
 SLOW_LOOP = """
     import sys, time
     import torch
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i in range(1000):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        if i == 3:
+            print("in-window", flush=True)
+        time.sleep(0.05)
+"""
+
+
+# SLOW_LOOP that first starts a long-lived child of its own and leaves its pid in child.pid (in its working folder).
+SLOW_LOOP_WITH_A_CHILD = """
+    import subprocess, sys, time
+    import torch
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    open("child.pid", "w").write(str(child.pid))
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for i in range(1000):
@@ -52,6 +71,7 @@ def start_stepcli(tmp_path: Path, script: Path, *options: str) -> subprocess.Pop
             str(tmp_path / "out"),
             str(script),
         ],
+        cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -103,14 +123,26 @@ def test_exception_during_the_window_keeps_a_valid_trace(tmp_path: Path) -> None
     assert "cut short: the program exited" in result.stderr
 
 
-def test_sigterm_to_stepcli_is_forwarded_and_the_window_saved(tmp_path: Path) -> None:
-    script = write_script(tmp_path, "slow.py", SLOW_LOOP)
-    proc = start_stepcli(tmp_path, script)
+@pytest.fixture(scope="module")
+def sigterm_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A program with a long-lived child of its own, inside its window when stepcli alone gets SIGTERM."""
+    tmp = tmp_path_factory.mktemp("sigterm")
+    script = write_script(tmp, "parent.py", SLOW_LOOP_WITH_A_CHILD)
+    proc = start_stepcli(tmp, script)
     wait_for_window(proc)
+    child_pid = int((tmp / "child.pid").read_text())
     proc.send_signal(signal.SIGTERM)  # to the launcher alone
     _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, stderr
-    assert_partial_trace(tmp_path / "out")
+    deadline = time.time() + 10  # the child is given its 10 s to go here, not after the tests that run between
+    while time.time() < deadline and _alive(child_pid):
+        time.sleep(0.1)
+    return {"returncode": proc.returncode, "stderr": stderr, "out": tmp / "out", "child_alive": _alive(child_pid)}
+
+
+def test_sigterm_to_stepcli_is_forwarded_and_the_window_saved(sigterm_run: dict[str, Any]) -> None:
+    stderr = sigterm_run["stderr"]
+    assert sigterm_run["returncode"] == 128 + signal.SIGTERM, stderr
+    assert_partial_trace(sigterm_run["out"])
     assert "cut short: SIGTERM" in stderr
     assert "stepcli summary" in stderr
 
@@ -175,46 +207,11 @@ def test_forked_child_neither_profiles_nor_writes(tmp_path: Path) -> None:
     assert result.stderr.count("stepcli summary") == 1
 
 
-def test_no_orphan_survives_a_forwarded_sigterm(tmp_path: Path) -> None:
-    # GIVEN a program that started a long-lived child of its own
-    script = write_script(
-        tmp_path,
-        "parent.py",
-        """
-        import subprocess, sys, time
-        import torch
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-        open("child.pid", "w").write(str(child.pid))
-        model = torch.nn.Linear(8, 1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        for i in range(1000):
-            model(torch.randn(4, 8)).sum().backward()
-            opt.step()
-            if i == 3:
-                print("in-window", flush=True)
-            time.sleep(0.05)
-    """,
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stepcli", "run", "--active", "50", "-o", str(tmp_path / "out"), str(script)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=stepcli_env(),
-        start_new_session=True,
-    )
-    wait_for_window(proc)
-    child_pid = int((tmp_path / "child.pid").read_text())
-    # WHEN stepcli alone gets SIGTERM
-    proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=120)
+def test_no_orphan_survives_a_forwarded_sigterm(sigterm_run: dict[str, Any]) -> None:
+    # GIVEN a program that started a long-lived child of its own WHEN stepcli alone gets SIGTERM
     # THEN the program died of it and its child did not outlive it
-    assert proc.returncode == 128 + signal.SIGTERM
-    deadline = time.time() + 10
-    while time.time() < deadline and _alive(child_pid):
-        time.sleep(0.1)
-    assert not _alive(child_pid)
+    assert sigterm_run["returncode"] == 128 + signal.SIGTERM
+    assert not sigterm_run["child_alive"]
 
 
 def _alive(pid: int) -> bool:
