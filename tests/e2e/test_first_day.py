@@ -118,12 +118,14 @@ def test_saving_line_comes_before_the_save(narrow_run: tuple[Path, subprocess.Co
     assert any(line.startswith("stepcli: saved trace of steps 2-3") for line in lines[saving + 1 :])
 
 
-def test_end_of_run_analysis_shows_progress_on_a_terminal_only(tmp_path: Path, train_script: Path) -> None:
-    # GIVEN stderr is a terminal (a pty) WHEN the run ends THEN a spinner says the traces are being read
+def test_end_of_run_analysis_shows_progress_on_a_terminal_only_and_command_mode_names_the_folder(
+    narrow_run: tuple[Path, subprocess.CompletedProcess[str], dict], train_script: Path
+) -> None:
+    # GIVEN a command-mode run (`-- python train.py`, no -o) whose stderr is a terminal (a pty)
     master, slave = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stepcli", "run", "--active", "1", "-o", tmp_path / "out", train_script, "4"],
-        cwd=tmp_path,
+        [sys.executable, "-m", "stepcli", "run", "--active", "1", "--", "python", train_script.name, "4"],
+        cwd=train_script.parent,
         env=stepcli_env({"TERM": "xterm"}),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -141,10 +143,13 @@ def test_end_of_run_analysis_shows_progress_on_a_terminal_only(tmp_path: Path, t
         chunks.append(chunk)
     assert proc.wait(timeout=240) == 0
     os.close(master)
+    # WHEN the run ends THEN a spinner says the traces are being read
     assert "reading the traces" in b"".join(chunks).decode("utf-8", "replace")
-    # and not in a pipe (the other tests' output, read from pipes, never shows it)
-    piped = run_stepcli("run", "--active", "1", "-o", tmp_path / "out2", train_script, "4", cwd=tmp_path)
-    assert piped.returncode == 0 and "reading the traces" not in piped.stderr
+    # and not in a pipe (the narrow run's output, read from a pipe, never shows it)
+    assert "reading the traces" not in narrow_run[1].stderr
+    # AND command mode names the run's folder after the script
+    (folder,) = (train_script.parent / "stepcli-runs").iterdir()
+    assert folder.name.endswith("-train")
 
 
 def test_sparkline_has_a_scale_and_no_colour_legend_without_colour(
@@ -171,31 +176,6 @@ def test_table_formats_are_exclusive(
     result = run_stepcli("table", "--json", "--csv", out, cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == ""
     assert "--json and --csv cannot be used together" in result.stderr
-
-
-def test_demo_passes_options_after_dashdash_to_its_script(tmp_path: Path) -> None:
-    result = run_stepcli(
-        "demo",
-        "--active",
-        "1",
-        "-o",
-        tmp_path / "out",
-        "--json",
-        tmp_path / "d.json",
-        "--",
-        "--iterations",
-        "4",
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr
-    assert json.loads((tmp_path / "d.json").read_text())["steps"]["global"] == 4
-
-
-def test_command_mode_names_the_folder_after_the_script(tmp_path: Path, train_script: Path) -> None:
-    result = run_stepcli("run", "-q", "--", "python", train_script.name, "3", cwd=train_script.parent)
-    assert result.returncode == 0, result.stderr
-    (folder,) = (train_script.parent / "stepcli-runs").iterdir()
-    assert folder.name.endswith("-train")
 
 
 def test_unwritable_json_is_rejected_before_the_program_runs(tmp_path: Path) -> None:

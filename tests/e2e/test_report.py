@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from browser import artifacts_dir
-from conftest import REPO, ddp_script, run_stepcli, trace_files, write_script
+from conftest import REPO, TRAIN_LOOP, ddp_script, run_stepcli, trace_files, write_script
 
 FIXTURE_TRACE = REPO / "tests" / "data" / "train_cpu.pt.trace.json"
 # Real CUDA traces (scripts/make_cuda_fixture_traces.py says how they were recorded and what they hold).
@@ -329,26 +329,39 @@ def test_report_bad_input_is_one_line(tmp_path: Path) -> None:
     assert result.returncode != 0 and mine.read_text() == "<p>my page</p>" and "mine.html" in result.stderr
 
 
-def test_no_report_flag(tmp_path: Path, train_script: Path) -> None:
-    result = run_stepcli("run", "--no-report", "--active", "1", "-o", tmp_path / "out", train_script, "3")
+@pytest.fixture(scope="module")
+def no_report_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The slow DataLoader above run with --no-report; whether a page existed is noted before any test rebuilds it."""
+    base = tmp_path_factory.mktemp("noreport")
+    script = write_script(base, "slow_loader.py", SLOW_LOADER)
+    out = base / "out"
+    args = ("--wait", "2", "--warmup", "1", "--active", "3", "--no-report", "-o", out, "--json", base / "run.json")
+    result = run_stepcli("run", *args, script)
     assert result.returncode == 0, result.stderr
-    assert trace_files(tmp_path / "out") and not (tmp_path / "out" / "report.html").exists()
+    return {
+        "out": out,
+        "result": result,
+        "summary": json.loads((base / "run.json").read_text()),
+        "page_written": (out / "report.html").exists(),
+    }
+
+
+def test_no_report_flag_writes_the_traces_and_no_page(no_report_run: dict[str, Any]) -> None:
+    # GIVEN a run with --no-report THEN its traces are there, no page is written and none is named
+    result = no_report_run["result"]
+    assert trace_files(no_report_run["out"]) and not no_report_run["page_written"]
     assert "report.html" not in result.stderr
 
 
-def test_no_report_keeps_the_advice_in_the_terminal_and_the_json(tmp_path: Path) -> None:
+def test_no_report_keeps_the_advice_in_the_terminal_and_the_json(no_report_run: dict[str, Any]) -> None:
     # GIVEN the slow DataLoader of the test above WHEN run with --no-report
-    script = write_script(tmp_path, "slow_loader.py", SLOW_LOADER)
-    out = tmp_path / "out"
-    args = ("--wait", "2", "--warmup", "1", "--active", "3", "--no-report", "-o", out, "--json", tmp_path / "run.json")
-    result = run_stepcli("run", *args, script)
-    assert result.returncode == 0, result.stderr
+    out, result = no_report_run["out"], no_report_run["result"]
     # THEN no page is written, yet the terminal still gives the data-loading advice with its evidence
-    assert not (out / "report.html").exists()
+    assert not no_report_run["page_written"]
     advice_lines = [line for line in result.stderr.splitlines() if line.startswith("advice:")]
     assert advice_lines and "Data loading slows the step" in advice_lines[0], result.stderr
     # AND the run summary carries it, for the page `stepcli report` builds later and for CI
-    summary = json.loads((tmp_path / "run.json").read_text())
+    summary = no_report_run["summary"]
     assert [item["rule"] for item in summary["advice"]] == ["data-loading"]
     assert set(summary["advice"][0]) == {"rule", "title", "evidence", "threshold", "suggestion"}
     # AND `stepcli report OUT` later gives the run's page: its command, its facts and the same advice
@@ -398,26 +411,47 @@ HUGE_REGION = """
 """
 
 
-def test_operator_named_like_a_compiled_region_with_a_huge_id(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def reused_folder(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Two runs into the same -o folder: HUGE_REGION (4 steps, its page rebuilt before the next run), then the
+    training loop (7 steps)."""
+    base = tmp_path_factory.mktemp("reused")
+    out = base / "out"
+    huge = write_script(base, "huge.py", HUGE_REGION)
+    first = run_stepcli("run", "--wait", "1", "--active", "2", "-o", out, "--json", base / "run.json", huge)
+    first_page = (out / "report.html").is_file()
+    first_rebuilt = run_stepcli("report", out, "-o", base / "again.html")
+    train = write_script(base, "train.py", TRAIN_LOOP)
+    second = run_stepcli("run", "--active", "1", "-o", out, train, "7")
+    return {
+        "out": out,
+        "first": first,
+        "first_page": first_page,
+        "first_rebuilt": first_rebuilt,
+        "first_summary": json.loads((base / "run.json").read_text()) if first.returncode == 0 else None,
+        "second": second,
+    }
+
+
+def test_operator_named_like_a_compiled_region_with_a_huge_id(reused_folder: dict[str, Any]) -> None:
     # GIVEN a program whose record_function looks like torch.compile's region with a 4,400-digit compile id
-    script = write_script(tmp_path, "huge.py", HUGE_REGION)
-    out = tmp_path / "out"
     # WHEN it runs and its page is rebuilt THEN both succeed: the name is an operator, not a recompilation
-    result = run_stepcli("run", "--wait", "1", "--active", "2", "-o", out, "--json", tmp_path / "run.json", script)
+    result = reused_folder["first"]
     assert result.returncode == 0 and "internal error" not in result.stderr, result.stderr
-    assert (out / "report.html").is_file() and "could not" not in result.stderr, result.stderr
-    again = run_stepcli("report", out, "-o", tmp_path / "again.html")
+    assert reused_folder["first_page"] and "could not" not in result.stderr, result.stderr
+    again = reused_folder["first_rebuilt"]
     assert again.returncode == 0, again.stderr
-    assert json.loads((tmp_path / "run.json").read_text())["advice"] == []
+    assert reused_folder["first_summary"]["advice"] == []
 
 
-def test_reused_output_folder_reports_only_the_latest_run(tmp_path: Path, train_script: Path) -> None:
-    # GIVEN two runs into the same -o folder (5 steps, then 7)
-    out = tmp_path / "out"
-    for steps in ("5", "7"):
-        result = run_stepcli("run", "--active", "1", "-o", out, train_script, steps)
+def test_reused_output_folder_reports_only_the_latest_run(reused_folder: dict[str, Any]) -> None:
+    # GIVEN two runs into the same -o folder (the 4-step program above, then 7 steps of training)
+    out = reused_folder["out"]
+    for result in (reused_folder["first"], reused_folder["second"]):
         assert result.returncode == 0, result.stderr
     first_trace, second_trace = sorted(trace_files(out), key=lambda p: p.stat().st_mtime)
+    # THEN the page stepcli wrote is replaced by the second run's, not renamed
+    assert [p.name for p in out.glob("report*.html")] == ["report.html"]
     # WHEN the page is written by the second run, or rebuilt from the folder THEN it shows the second run only
     written = (out / "report.html").read_text()
     result = run_stepcli("report", out)

@@ -53,33 +53,48 @@ _FORGER = """
 """
 
 
-def test_forged_step_logs_and_outside_traces_are_refused(tmp_path: Path) -> None:
-    # GIVEN a trace outside the output folder with an operator name of its own
-    outside = tmp_path / "elsewhere" / "rank9.1.pt.trace.json"
+@pytest.fixture(scope="module")
+def forged_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One run of _FORGER, under umask 000, into an output folder whose .stepcli/ an earlier run left world-writable."""
+    base = tmp_path_factory.mktemp("forged")
+    # a trace outside the output folder with an operator name of its own
+    outside = base / "elsewhere" / "rank9.1.pt.trace.json"
     outside.parent.mkdir()
     outside.write_text((DATA / "train_cpu.pt.trace.json").read_text().replace("aten::addmm", "evil::op"))
-    script = write_script(tmp_path, "forger.py", _FORGER.format(repo=str(REPO)))
-    out = tmp_path / "out"
+    script = write_script(base, "forger.py", _FORGER.format(repo=str(REPO)))
+    out = base / "out"
+    (out / ".stepcli").mkdir(parents=True)
+    os.chmod(out / ".stepcli", 0o777)
+    previous = os.umask(0)  # the child inherits it
+    try:
+        proc = run_stepcli(
+            "run",
+            "-o",
+            out,
+            "--json",
+            out / "s.json",
+            "--wait",
+            "0",
+            "--warmup",
+            "0",
+            "--active",
+            "2",
+            script,
+            outside,
+        )
+    finally:
+        os.umask(previous)
+    return {"out": out, "proc": proc}
+
+
+def test_forged_step_logs_and_outside_traces_are_refused(forged_run: dict[str, Any]) -> None:
+    # GIVEN a trace outside the output folder with an operator name of its own
     # WHEN the program forges step logs in the control folder during its run
-    proc = run_stepcli(
-        "run",
-        "-o",
-        out,
-        "--json",
-        tmp_path / "s.json",
-        "--wait",
-        "0",
-        "--warmup",
-        "0",
-        "--active",
-        "2",
-        script,
-        outside,
-    )
+    proc, out = forged_run["proc"], forged_run["out"]
     # THEN the run and its summary are the program's own, and one note names what was refused
     assert proc.returncode == 0, proc.stderr
     assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
-    summary = json.loads((tmp_path / "s.json").read_text())
+    summary = json.loads((out / "s.json").read_text())
     assert summary["steps"]["global"] == 6 and set(summary["steps"]["requesters"]) == {"SGD#0"}
     assert [p["global_steps"] for p in summary["processes"]] == [6]
     assert summary["traces"] and all(Path(t).parent == out for t in summary["traces"])
@@ -191,33 +206,9 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def test_control_folder_is_private_whatever_the_umask(tmp_path: Path, train_script: Path) -> None:
-    # GIVEN umask 000 and an output folder whose .stepcli/ an earlier run left world-writable
-    out = tmp_path / "out"
-    (out / ".stepcli").mkdir(parents=True)
-    os.chmod(out / ".stepcli", 0o777)
-    argv = [
-        sys.executable,
-        "-m",
-        "stepcli",
-        "run",
-        "-q",
-        "-o",
-        str(out),
-        "--json",
-        str(out / "s.json"),
-        "--wait",
-        "0",
-        "--warmup",
-        "0",
-        "--active",
-        "1",
-        str(train_script),
-    ]
-    # WHEN stepcli runs
-    proc = subprocess.run(
-        argv, env=stepcli_env(), capture_output=True, text=True, timeout=240, preexec_fn=lambda: os.umask(0)
-    )
+def test_control_folder_is_private_whatever_the_umask(forged_run: dict[str, Any]) -> None:
+    # GIVEN umask 000 and an output folder whose .stepcli/ an earlier run left world-writable WHEN stepcli runs
+    proc, out = forged_run["proc"], forged_run["out"]
     assert proc.returncode == 0, proc.stderr
     # THEN the control folder and this run's folder in it are 0700; traces and the summary follow the umask
     control = out / ".stepcli"

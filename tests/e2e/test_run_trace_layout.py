@@ -1,5 +1,6 @@
 """Traces other tools read right: `traceName` names the final file, and with several windows per rank each window
-has a folder of its own (one trace per rank), so Holistic Trace Analysis and TensorBoard open one window at a time."""
+has a folder of its own (one trace per rank), so Holistic Trace Analysis and TensorBoard open one window at a time.
+The same torchrun run checks the summary a two-rank job prints (every section, both ranks)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import ddp_script, load_trace, profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
+from test_run_summary import SECTIONS
 
 _DDP = ddp_script(10)
 
@@ -49,6 +51,20 @@ def two_ranks_two_windows(tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     )
     assert proc.returncode == 0, proc.stderr
     return {"out": out, "stderr": proc.stderr, "summary": json.loads((folder / "run.json").read_text())}
+
+
+def test_summary_shows_every_section_and_both_ranks(two_ranks_two_windows: dict[str, Any]) -> None:
+    # GIVEN a two-rank torchrun run THEN its summary has every section, with both ranks and their 10 steps each
+    stderr = two_ranks_two_windows["stderr"]
+    for section in SECTIONS + ["processes", "Recorded step time per rank"]:
+        assert section in stderr, section
+    assert "rank0 10 steps, rank1 10 steps" in stderr
+    assert "Compute" in stderr and "Wait" in stderr  # each rank's step: compute and collective wait
+    summary = two_ranks_two_windows["summary"]
+    assert sorted(r["rank"] for r in summary["ranks"]) == [0, 1]
+    assert all(r["compute_ms"] > 0 and r["comm_ms"] > 0 for r in summary["ranks"])  # DDP's all_reduce is a wait
+    assert summary["slowest_rank"] in (0, 1, None)  # equal work: a straggler only when one stands out
+    assert summary["steps"] == {"global": 10, "requesters": {"SGD#0": 10}}
 
 
 def test_trace_name_names_the_final_file(two_ranks_two_windows: dict[str, Any]) -> None:
