@@ -35,6 +35,13 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: two workers more than the cores. Many end-to-end tests wait (for a hang timeout, a capture, a
+    slow step) rather than compute; extra workers overlap those waits, and on a busy machine they keep the
+    suite's share of the CPU (measured on 2 cores beside a CPU burner: 4 workers beat 2)."""
+    return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) + 2
+
+
 def stepcli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for a stepcli subprocess: faulthandler on, no colour, no inherited stepcli config."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPCLI_")}
