@@ -87,7 +87,7 @@ def read_input(path: str, *, gunzip: bool = True) -> bytes | bytearray:
     data, error = box[0]
     if error is not None:
         raise error
-    return data
+    return data  # type: ignore[no-any-return]
 
 
 def _read_input(path: str, gunzip: bool) -> bytes | bytearray:
