@@ -235,9 +235,8 @@ def table(
     if len(chosen) > 1:
         raise click.UsageError(f"--{chosen[0]} and --{chosen[1]} cannot be used together: choose one output format")
     fmt = chosen[0] if chosen else None
-    from stepcli.traces.shortrun import prefetch_one, short_run
+    from stepcli.traces.shortrun import short_run
 
-    prefetch_one(paths, scheduler)  # one .gz trace: inflated on a thread while the analysis is imported
     with short_run():  # before numpy is imported: no spinning OpenBLAS threads, no cyclic GC
         from stepcli.traces.engine import summarize_paths
         from stepcli.traces.render import print_table_report

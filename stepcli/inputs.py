@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
-import threading
 import zlib
 from typing import Any
 
@@ -40,57 +38,11 @@ def _too_big(path: str, what: str, limit: int) -> TraceError:
     return TraceError(path, f"{what} is larger than the {_size(limit)} stepcli reads (set {LIMIT_ENV} to raise it)")
 
 
-# path -> (the thread reading it, where it puts (bytes, None) or (None, the exception)); see prefetch
-_prefetched: dict[str, tuple[threading.Thread, list[tuple[Any, BaseException | None]]]] = {}
-_PREFETCH_SWITCH_S = 0.001
-
-
-def prefetch(path: str) -> None:
-    """Start reading (and inflating) a gzip file on a thread, for the read_input that will ask for it.
-
-    zlib inflates without the GIL: while the main thread imports numpy and the analysis (~0.15 s), the file is
-    inflated beside it (~0.1 s per 35 MB of trace) on the second core. The thread takes the GIL back between 1 MB
-    pieces, so the interpreter's switch interval is shortened while it works.
-    """
-    if not path.endswith(".gz") or not os.path.isfile(path):
-        return
-    key = os.path.realpath(path)
-    if key in _prefetched:
-        return
-    box: list[tuple[Any, BaseException | None]] = []
-    usual = sys.getswitchinterval()
-
-    def work() -> None:
-        try:
-            box.append((_read_input(path, True), None))
-        except BaseException as exc:  # handed to read_input, which raises it in the main thread
-            box.append((None, exc))
-        finally:
-            sys.setswitchinterval(usual)
-
-    thread = threading.Thread(target=work, name="stepcli-prefetch", daemon=True)
-    _prefetched[key] = (thread, box)
-    sys.setswitchinterval(_PREFETCH_SWITCH_S)
-    thread.start()
-
-
 def read_input(path: str, *, gunzip: bool = True) -> bytes | bytearray:
     """The bytes of a regular file (decompressed when it is gzip), or TraceError naming the problem.
 
     Opened non-blocking, so a FIFO is refused instead of waiting for a writer forever.
     """
-    pending = _prefetched.pop(os.path.realpath(path), None) if gunzip and _prefetched else None
-    if pending is None:
-        return _read_input(path, gunzip)
-    thread, box = pending
-    thread.join()
-    data, error = box[0]
-    if error is not None:
-        raise error
-    return data  # type: ignore[no-any-return]
-
-
-def _read_input(path: str, gunzip: bool) -> bytes | bytearray:
     limit = input_limit()
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:

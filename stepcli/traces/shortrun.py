@@ -8,8 +8,6 @@
   modules it imports and the summary it builds (20-40 ms) would free nothing.
 
 Both are put back on exit, for callers in the same process (tests); numpy, once imported, keeps its one thread.
-
-And it uses the second core while it imports: one .gz trace is inflated on a thread meanwhile (prefetch_one).
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 BLAS_THREADS = "OPENBLAS_NUM_THREADS"
 
@@ -38,12 +36,3 @@ def short_run() -> Iterator[None]:
             gc.enable()
         if set_blas:
             os.environ.pop(BLAS_THREADS, None)
-
-
-def prefetch_one(paths: Sequence[str], scheduler: str | None) -> None:
-    """When the command reads exactly one .gz file here (not on a cluster), start inflating it now
-    (stepcli.inputs.prefetch): a folder or several files are read by worker processes instead."""
-    if len(paths) == 1 and scheduler is None:
-        from stepcli.inputs import prefetch
-
-        prefetch(paths[0])
