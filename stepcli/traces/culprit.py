@@ -22,7 +22,9 @@ order in the step) across all ranks (gloo):
   over the collectives): late by a consistent margin, not by scheduling noise. With process groups the same rule
   is also judged on each of its groups alone (but a group of every rank), over that group's collectives: a rank
   late only before its tensor-parallel all-reduce is last at half its collectives, and at all of its group's. The
-  finding then names the group (of those that pass, the one with the largest cause).
+  finding then names the group (of those that pass, the one with the largest cause). And its own extra time
+  before arriving (its cause, below) must be at least `MIN_LATENESS_MS` per step: a rank that only leaves each
+  collective later (gloo's ring completes on the ranks in turn) arrives later without doing anything longer.
 - Its **cause**: over the collectives it arrived last at, its gap before arriving minus the median of the other
   members' same gap, per cause (stepcli.traces.arrivals.CAUSES), on the named group's collectives only when one is
   named; the largest extra is the cause, with the operator (or garbage collection) names that account for it.
@@ -328,6 +330,8 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
         group_min_lead_us = max(error_us, JITTER_FACTOR * row["lead_jitter_ms"] * 1000)
         if _is_finding(row, group_min_lead_us, median_step_ms, figures.taken, figures.size):
             cause = _cause(matched, candidate, last_at, row, n_steps, group)
+            if cause["cause_ms_per_step"] < MIN_LATENESS_MS:
+                continue  # late, but not by any work of its own (see below)
             if found_group is None or cause["cause_ms_per_step"] > found_group[1]["cause_ms_per_step"]:
                 found_group = (group, cause)
     culprit: dict[str, Any] | None = None
@@ -345,6 +349,10 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
         culprit["evidence"] = evidence(culprit)
     elif finding:
         culprit = _cause(matched, candidate, last_at, rows[candidate], n_steps)
+        # Late, but doing nothing longer than the others before arriving: it left the previous collective later
+        # (gloo's ring completes on the ranks in turn), which is the collective's doing, not the rank's.
+        if culprit["cause_ms_per_step"] < MIN_LATENESS_MS:
+            culprit = None
     return {
         "collectives": count,
         "steps": n_steps,
@@ -363,6 +371,7 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
             "min_lateness_ms_per_step": MIN_LATENESS_MS,
             "min_step_share": MIN_STEP_SHARE,
             "min_lead_ms": round(min_lead_us / 1000, 4),
+            "min_cause_ms_per_step": MIN_LATENESS_MS,
         },
         "ranks": rows,
         "culprit": culprit,

@@ -147,6 +147,37 @@ def test_ranks_on_one_clock_are_not_aligned_and_carry_no_alignment_error() -> No
     assert section["alignment"]["error_ms"] >= 2.0
 
 
+def _steady(rank: int, arrive_late_us: float, own_us: float) -> RankArrivals:
+    """Six collectives 100 ms apart on one clock; the rank arrives `arrive_late_us` late after `own_us` of operators
+    since the previous one."""
+    from stepcli.traces.arrivals import CAUSES
+
+    return RankArrivals(
+        rank,
+        keys=[(step, "c10d::allreduce_", -1, 0) for step in range(STEPS)],
+        arrive_us=[step * 100_000.0 + 5_000.0 + arrive_late_us for step in range(STEPS)],
+        depart_us=[step * 100_000.0 + 9_000.0 for step in range(STEPS)],
+        gaps=[dict.fromkeys(CAUSES, 0.0) | {"cpu_operators": own_us} for _ in range(STEPS)],
+        details=[{"aten::mm": own_us} for _ in range(STEPS)],
+        clock="node7 4b1f-boot",
+    )
+
+
+def test_a_rank_late_without_doing_more_is_no_culprit() -> None:
+    # GIVEN rank 1 arrives 2 ms after rank 0 at every collective, after the same 4 ms of its own work (it left the
+    # previous collective later: gloo's ring completes on the ranks in turn)
+    section = analyze([_steady(0, 0.0, 4_000.0), _steady(1, 2_000.0, 4_000.0)], 20.0)
+    # THEN it is last every time and 2 ms/step late, but not the culprit: nothing of its own made it late
+    assert section is not None and section["ranks"][1]["last_share"] == 1.0
+    assert section["ranks"][1]["lateness_ms_per_step"] == pytest.approx(2.0)
+    assert section["culprit"] is None and section["thresholds"]["min_cause_ms_per_step"] == 1.0
+    # AND with 2 ms more work of its own before arriving, it is
+    section = analyze([_steady(0, 0.0, 4_000.0), _steady(1, 2_000.0, 6_000.0)], 20.0)
+    assert section is not None and section["culprit"]["rank"] == 1
+    assert section["culprit"]["cause"] == "cpu_operators"
+    assert section["culprit"]["cause_ms_per_step"] == pytest.approx(2.0)
+
+
 def test_clock_groups_align_as_one() -> None:
     # ranks 0, 1 on machine A, ranks 2, 3 on machine B, whose clock runs 500 µs ahead; rank 1 and rank 3 never
     # share a collective with rank 2 / rank 0 directly in this layout: only through their machine
