@@ -18,8 +18,8 @@ order in the step) across all ranks (gloo):
 - A culprit is named only when it is a finding, not noise: last in at least `MIN_LAST_SHARE` of its collectives
   and more often than chance would make it (at most `MAX_CHANCE`; last at random: 1 in its groups' size),
   lateness of at least `MIN_LATENESS_MS` and `MIN_STEP_SHARE` of the median step time per step, and its median
-  lead above both the alignment error and `JITTER_FACTOR` times the lead's own jitter (a robust standard deviation
-  over the collectives): late by a consistent margin, not by scheduling noise. With process groups the same rule
+  lead above both the alignment error and `JITTER_FACTOR` standard errors of that median (from the lead's jitter,
+  a robust standard deviation over the collectives): late by a consistent margin, not by scheduling noise. With process groups the same rule
   is also judged on each of its groups alone (but a group of every rank), over that group's collectives: a rank
   late only before its tensor-parallel all-reduce is last at half its collectives, and at all of its group's. The
   finding then names the group (of those that pass, the one with the largest cause). And its own extra time
@@ -47,7 +47,7 @@ MAX_CHANCE = 0.05  # ... and a share chance would give at most this often (last 
 MIN_LATENESS_MS = 1.0
 MIN_STEP_SHARE = 0.05
 MIN_ERROR_US = 1.0
-JITTER_FACTOR = 2.0  # the median lead must also exceed this many times its own jitter from collective to collective
+JITTER_FACTOR = 2.0  # the median lead must also exceed this many standard errors of itself (from its jitter)
 _OWN_FIGURES = ("last_share", "lateness_ms_per_step", "wait_caused_ms_per_step")  # the culprit's, per group or not
 _MAX_LISTED = 1000  # collectives listed one by one in the JSON
 CAUSE_WORDS = {
@@ -316,7 +316,7 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
         for j in range(n)
     ]
     candidate = max(range(n), key=lambda j: (late_us[j], -j))
-    min_lead_us = max(error_us, JITTER_FACTOR * rows[candidate]["lead_jitter_ms"] * 1000)
+    min_lead_us = _lead_floor(error_us, rows[candidate]["lead_jitter_ms"], taken[candidate])
     # a rank last at random: 1 in (the size of its groups), on average over its collectives
     group_size = taken[candidate] / chance[candidate]
     finding = _is_finding(rows[candidate], min_lead_us, median_step_ms, taken[candidate], group_size)
@@ -327,7 +327,7 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
         if j != candidate or not group or len(matched.groups[group]) == n:
             continue
         row = figures.row(n_steps)
-        group_min_lead_us = max(error_us, JITTER_FACTOR * row["lead_jitter_ms"] * 1000)
+        group_min_lead_us = _lead_floor(error_us, row["lead_jitter_ms"], figures.taken)
         if _is_finding(row, group_min_lead_us, median_step_ms, figures.taken, figures.size):
             cause = _cause(matched, candidate, last_at, row, n_steps, group)
             if cause["cause_ms_per_step"] < MIN_LATENESS_MS:
@@ -399,6 +399,13 @@ def chance_of_last(times: int, count: int, ranks: float) -> float:
         return math.exp(log + i * math.log(p) + (count - i) * math.log1p(-p))
 
     return min(1.0, sum(term(i) for i in range(times, count + 1)))
+
+
+def _lead_floor(error_us: float, jitter_ms: float, count: int) -> float:
+    """The median lead a finding needs, µs: above the alignment error and `JITTER_FACTOR` standard errors of the
+    median (1.2533 x jitter / sqrt(collectives)). A rank last every time by 80 +- 40 ms (a loaded machine) is late
+    by a consistent margin; 2 +- 5 ms over a few collectives is not."""
+    return max(error_us, JITTER_FACTOR * 1.2533 * jitter_ms * 1000 / math.sqrt(max(count, 1)))
 
 
 def _jitter(values: list[float]) -> float:

@@ -178,6 +178,21 @@ def test_a_rank_late_without_doing_more_is_no_culprit() -> None:
     assert section["culprit"]["cause_ms_per_step"] == pytest.approx(2.0)
 
 
+def test_a_rank_always_last_by_a_varying_margin_is_the_culprit() -> None:
+    # GIVEN rank 1 arrives 40-130 ms late at every collective after as much more work of its own (a loaded machine
+    # stretches its matrix work unevenly)
+    late_ms = [40.0, 120.0, 50.0, 130.0, 60.0, 110.0]
+    r0, r1 = _steady(0, 0.0, 4_000.0), _steady(1, 0.0, 4_000.0)
+    r1.arrive_us = [a + ms * 1000 for a, ms in zip(r1.arrive_us, late_ms)]
+    r1.gaps = [g | {"cpu_operators": 4_000.0 + ms * 1000} for g, ms in zip(r1.gaps, late_ms)]
+    section = analyze([r0, r1], 300.0)
+    # THEN its lead (median 85 ms, jitter 52 ms) is judged against the median's standard error, not one
+    # collective's spread: it is the culprit
+    assert section is not None and section["ranks"][1]["lead_jitter_ms"] > 40.0
+    assert section["thresholds"]["min_lead_ms"] < 85.0
+    assert section["culprit"]["rank"] == 1 and section["culprit"]["cause"] == "cpu_operators"
+
+
 def test_clock_groups_align_as_one() -> None:
     # ranks 0, 1 on machine A, ranks 2, 3 on machine B, whose clock runs 500 µs ahead; rank 1 and rank 3 never
     # share a collective with rank 2 / rank 0 directly in this layout: only through their machine
