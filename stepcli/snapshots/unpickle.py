@@ -650,29 +650,20 @@ class StreamDecoder:
                     elif key in ("addr", "size", "device_free"):
                         ok = False  # a number named again: the slow way reads it
                         break
-                elif op == LONG1:
-                    n = data[pos + 1]
-                    value = _from_bytes(data[pos + 2 : pos + 2 + n], "little", signed=True)
-                    pos += 2 + n
-                    if key == "addr":
-                        addr = value
-                    elif key == "size":
-                        size = value
-                    elif key == "device_free":
-                        free = value
-                    elif key in _NOT_NUMBERS:
-                        ok = False
-                        break
-                elif op == BININT1 or op == BININT2 or op == BININT:
+                elif op == LONG1 or op == BININT1 or op == BININT2 or op == BININT:
                     if op == BININT1:
                         value = data[pos + 1]
                         pos += 2
                     elif op == BININT2:
                         value = unpack_H(data, pos + 1)[0]
                         pos += 3
-                    else:
+                    elif op == BININT:
                         value = unpack_i(data, pos + 1)[0]
                         pos += 5
+                    else:
+                        n = data[pos + 1]
+                        value = _from_bytes(data[pos + 2 : pos + 2 + n], "little", signed=True)
+                        pos += 2 + n
                     if key == "addr":
                         addr = value
                     elif key == "size":

@@ -36,20 +36,13 @@ SLOW_LOOP = """
 
 
 # SLOW_LOOP that first starts a long-lived child of its own and leaves its pid in child.pid (in its working folder).
-SLOW_LOOP_WITH_A_CHILD = """
-    import subprocess, sys, time
-    import torch
+SLOW_LOOP_WITH_A_CHILD = (
+    """
+    import subprocess, sys
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-    open("child.pid", "w").write(str(child.pid))
-    model = torch.nn.Linear(8, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for i in range(1000):
-        model(torch.randn(4, 8)).sum().backward()
-        opt.step()
-        if i == 3:
-            print("in-window", flush=True)
-        time.sleep(0.05)
-"""
+    open("child.pid", "w").write(str(child.pid))"""
+    + SLOW_LOOP
+)
 
 
 def start_stepcli(tmp_path: Path, script: Path, *options: str) -> subprocess.Popen[str]:
