@@ -354,7 +354,7 @@ def stepcli_cmd(*args: str) -> list[str]:
     return [
         sys.executable,
         "-c",
-        f"import sys; sys.path.insert(0, {str(REPO)!r}); from stepcli.cli import main; sys.exit(main())",
+        f"import sys; sys.path.insert(0, {str(REPO)!r}); from stepcli.cli import entry; entry()",
         *args,
     ]
 

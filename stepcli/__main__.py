@@ -1,7 +1,5 @@
 """`python -m stepcli`."""
 
-import sys
+from stepcli.cli import entry
 
-from stepcli.cli import main
-
-sys.exit(main())
+entry()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -462,6 +462,14 @@ def demo(run_options: tuple[str, ...]) -> int:
         at = options.index("--")
         options, script_options = options[:at], options[at + 1 :]
     return main(["run", *options, *demo_argv(), *script_options])
+
+
+def entry() -> NoReturn:
+    """The `stepcli` command (and `python -m stepcli`): main(), then an exit without the interpreter's teardown
+    (stepcli.quickexit)."""
+    from stepcli.quickexit import quick_exit
+
+    quick_exit(main())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,6 +20,7 @@ from stepcli.traces.reader import (
     FILTERED_NAMES,
     KEPT_CATEGORIES,
     MAX_TIME_US,
+    Decode,
     _Keeper,
     _read,
     _usable_name,
@@ -209,9 +210,12 @@ class ColumnKeeper(_Keeper):
 
     def absorb(self, other: ColumnKeeper) -> None:
         """Append what another keeper (of the events after this one's) kept, counted and skipped."""
-        self.count += other.count
-        self.skipped += other.skipped
-        columns = other.columns()
+        self.absorb_columns(other.columns(), other.count, other.skipped)
+
+    def absorb_columns(self, columns: Columns, count: int, skipped: int) -> None:
+        """Append the columns another keeper kept of the events after this one's (`count` read, `skipped`)."""
+        self.count += count
+        self.skipped += skipped
         if len(columns):
             self._parts.append(_encode_again(self, columns))
             self._transfers.update({self._rows + i: v for i, v in columns.transfers.items()})
@@ -274,9 +278,10 @@ class ColumnTrace:
     clock: str | None = None  # the clock its times come from (host and boot), when stepcli recorded it
 
 
-def load_columns(path: str, *, shapes: bool = False) -> ColumnTrace:
-    """Read one trace file into columns: the same events, checks and errors as load_trace."""
-    meta, keeper = _read(path, shapes, ColumnKeeper)
+def load_columns(path: str, *, shapes: bool = False, decode: Decode | None = None) -> ColumnTrace:
+    """Read one trace file into columns: the same events, checks and errors as load_trace (`decode`: how its data
+    is decoded, e.g. stepcli.traces.twoprocess.decode_in_two)."""
+    meta, keeper = _read(path, shapes, ColumnKeeper, decode)
     assert isinstance(keeper, ColumnKeeper)
     rank = meta.rank if meta.rank is not None else rank_from_name(path)
     return ColumnTrace(

@@ -20,6 +20,7 @@ from stepcli.traces.analysis import merge_parts, summarize_read
 from stepcli.traces.columns import ColumnTrace, load_columns
 from stepcli.traces.files import list_trace_files
 from stepcli.traces.model import FilePart, TraceSummary
+from stepcli.traces.reader import Decode
 
 if TYPE_CHECKING:  # multiprocessing and concurrent.futures cost ~20 ms to import: only where a pool is made
     import multiprocessing.context
@@ -107,10 +108,12 @@ class _Failed:
         self.problem = problem
 
 
-def _part_of(path: str, groupings: tuple[bool, ...], shapes: bool) -> list[FilePart] | _Failed:
+def _part_of(
+    path: str, groupings: tuple[bool, ...], shapes: bool, decode: Decode | None = None
+) -> list[FilePart] | _Failed:
     """Read one file and summarize it once per grouping (plain, by shape); runs in a worker or in-process."""
     try:
-        trace = load_columns(path, shapes=shapes)
+        trace = load_columns(path, shapes=shapes, decode=decode)
     except TraceError as exc:
         return _Failed(exc.path, exc.problem)
     return _summarized(trace, groupings)
@@ -236,6 +239,10 @@ def file_parts(
         split = _split_parts(files[0], groupings, shapes, cores)
         if split is not None:
             return [split]
+        if _may_fork():  # a .gz or smaller file: read into memory, decoded by this process and a forked one
+            from stepcli.traces.twoprocess import decode_in_two
+
+            return _checked([_part_of(files[0], groupings, shapes, decode_in_two)])
     return _checked(map_files(functools.partial(_part_of, groupings=groupings, shapes=shapes), files, cores))
 
 

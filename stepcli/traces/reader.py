@@ -24,7 +24,7 @@ from __future__ import annotations
 import gc
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -309,7 +309,11 @@ def load_trace(path: str, *, shapes: bool = False) -> Trace:
     )
 
 
-def _read(path: str, shapes: bool, keeper_type: type[_Keeper]) -> tuple[_Meta, _Keeper]:
+Decode = Callable[[str, "bytes | bytearray", bool, "type[_Keeper]"], "tuple[_Meta, _Keeper]"]
+
+
+def _read(path: str, shapes: bool, keeper_type: type[_Keeper], decode: Decode | None = None) -> tuple[_Meta, _Keeper]:
+    """Read and decode one trace file (`decode`: how its data is decoded, _decode by default)."""
     data = read_input(path)
     if not data or data.isspace():
         raise TraceError(path, "empty file")
@@ -317,7 +321,7 @@ def _read(path: str, shapes: bool, keeper_type: type[_Keeper]) -> tuple[_Meta, _
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _decode(path, data, shapes, keeper_type)
+        return (decode or _decode)(path, data, shapes, keeper_type)
     except UnicodeDecodeError as exc:
         bad = exc.object[exc.start : exc.start + 1].hex() if isinstance(exc.object, bytes) else "?"
         raise TraceError(path, f"not UTF-8 text (a string holds the invalid byte 0x{bad})") from None
@@ -418,18 +422,29 @@ class _Keeper:
 
 
 def _decode_chunked(data: bytes | bytearray, shapes: bool, keeper_type: type[_Keeper]) -> tuple[_Meta, _Keeper] | None:
-    """Decode traceEvents in ~8 MB slices split between two events, plus one small document for the rest.
+    """Decode traceEvents in ~1 MB slices split between two events, plus one small document for the rest.
 
     A split can only be wrong if it falls inside a string or a nested value, and then the slice on its left is
     not a complete JSON array, so the decoder rejects it and the caller falls back to decoding the whole file.
     """
+    layout = slice_layout(data)
+    if layout is None:
+        return None
+    keeper = keeper_type(shapes)
+    decode_slices(data, layout, 0, len(layout[1]), shapes, keeper)
+    return decode_rest(data, layout, shapes, keeper)
+
+
+def slice_layout(data: bytes | bytearray) -> tuple[int, list[int]] | None:
+    """Where traceEvents' list starts (just after its "[") and the commas between two events that cut it into
+    ~1 MB slices; None for data too small to slice. Raises _NotChunkable without a traceEvents key."""
     if len(data) < 2 * _CHUNK_BYTES:
         return None
     key = _TRACE_EVENTS_KEY.search(data)
     if key is None:
         raise _NotChunkable
-    start = key.end()  # just after the "[" that opens traceEvents
-    splits: list[int] = []  # positions of the comma between two events
+    start = key.end()
+    splits: list[int] = []
     position = start + _CHUNK_BYTES
     while position < len(data):
         match = _EVENT_SEPARATOR.search(data, position)
@@ -437,24 +452,40 @@ def _decode_chunked(data: bytes | bytearray, shapes: bool, keeper_type: type[_Ke
             break
         splits.append(data.index(b",", match.start()))
         position = match.end() + _CHUNK_BYTES
-    if not splits:
-        return None
-    view = memoryview(data)
+    return (start, splits) if splits else None
+
+
+def decode_slices(
+    data: bytes | bytearray, layout: tuple[int, list[int]], first: int, stop: int, shapes: bool, keeper: _Keeper
+) -> None:
+    """Decode slices `first` to `stop - 1` of the layout into `keeper` (slice i ends at the layout's i-th comma;
+    raises msgspec errors)."""
+    start, splits = layout
     decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(
         list[_ShapedEvent] if shapes else list[_DecodedEvent]
     )
-    keeper = keeper_type(shapes)
+    view = memoryview(data)
     if isinstance(data, bytearray) and not shapes:
-        _decode_in_place(data, view, start, splits, decoder, keeper)
-    else:  # (with shapes, msgspec.Raw values may keep a view of their input: each slice is a copy)
-        previous = start
-        for comma in splits:
-            keeper.add(decoder.decode(b"".join((b"[", view[previous:comma], b"]"))))
-            previous = comma + 1
-    previous = splits[-1] + 1
-    # The last slice goes back into the document with everything before and after traceEvents, so the
-    # header (distributedInfo, stepcli's metadata) and the closing brackets are decoded and validated too.
-    meta, last = _decode_document(b"".join((view[:start], view[previous:])), shapes)
+        _decode_in_place(
+            data, view, start - 1 if first == 0 else splits[first - 1], splits[first:stop], decoder, keeper
+        )
+        return
+    # (with shapes, msgspec.Raw values may keep a view of their input: each slice is a copy)
+    previous = start if first == 0 else splits[first - 1] + 1
+    for comma in splits[first:stop]:
+        keeper.add(decoder.decode(b"".join((b"[", view[previous:comma], b"]"))))
+        previous = comma + 1
+
+
+def decode_rest(
+    data: bytes | bytearray, layout: tuple[int, list[int]], shapes: bool, keeper: _Keeper
+) -> tuple[_Meta, _Keeper]:
+    """The events after the layout's last comma, decoded back inside the document with everything before and after
+    traceEvents, so the header (distributedInfo, stepcli's metadata) and the closing brackets are decoded and
+    validated too; with the document's metadata."""
+    start, splits = layout
+    view = memoryview(data)
+    meta, last = _decode_document(b"".join((view[:start], view[splits[-1] + 1 :])), shapes)
     keeper.add(last)
     return meta, keeper
 
@@ -462,15 +493,17 @@ def _decode_chunked(data: bytes | bytearray, shapes: bool, keeper_type: type[_Ke
 def _decode_in_place(
     data: bytearray,
     view: memoryview,
-    start: int,
+    opening: int,
     splits: list[int],
     decoder: msgspec.json.Decoder[list[Any]],
     keeper: _Keeper,
 ) -> None:
-    """Decode the slices where they lie, without copying them: each cut's comma becomes the "]" that closes its
-    slice, then the "[" that opens the next (the first opens on traceEvents' own "["). Every comma is put back,
-    also when a slice fails, so the caller can decode the data whole."""
-    opening = start - 1  # the "[" of traceEvents
+    """Decode the slices where they lie, without copying them: the byte at `opening` (traceEvents' own "[", or
+    the comma that ends the slice before) opens the first slice; each cut's comma becomes the "]" that closes its
+    slice, then the "[" that opens the next. Every byte is put back, also when a slice fails, so the caller can
+    decode the data whole."""
+    first, was = opening, data[opening]
+    data[first] = 0x5B  # "["
     try:
         for comma in splits:
             data[comma] = 0x5D  # "]"
@@ -480,6 +513,7 @@ def _decode_in_place(
     finally:
         for comma in splits:
             data[comma] = 0x2C  # ","
+        data[first] = was
 
 
 def _decode_document(data: bytes | bytearray, shapes: bool) -> tuple[_Meta, list[Any]]:

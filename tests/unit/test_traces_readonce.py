@@ -28,9 +28,9 @@ def counted_decodes(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     calls: Counter[str] = Counter()
     real = engine.load_columns
 
-    def counting(path: str, *, shapes: bool = False) -> Any:
+    def counting(path: str, *, shapes: bool = False, decode: Any = None) -> Any:
         calls[path] += 1
-        return real(path, shapes=shapes)
+        return real(path, shapes=shapes, decode=decode)
 
     monkeypatch.setattr(engine, "load_columns", counting)
     monkeypatch.setattr(engine, "available_cores", lambda: 1)

@@ -1,0 +1,145 @@
+"""stepcli.traces.twoprocess: one in-memory trace decoded by this process and a forked child gives exactly the
+one-process columns, and every failure of the child falls back to the ordinary read."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from stepcli.errors import TraceError
+from stepcli.traces import reader, twoprocess
+from stepcli.traces.columns import ColumnTrace, load_columns
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the child is forked (Linux)")
+
+REAL = Path(__file__).resolve().parent.parent / "data" / "train_cpu.pt.trace.json"
+
+
+def _facts(trace: ColumnTrace) -> tuple[object, ...]:
+    events = [(e.name, e.cat, e.pid, e.tid, e.ts, e.dur, e.shape) for e in trace.columns.to_events()]
+    columns = trace.columns
+    return (
+        events,
+        trace.event_count,
+        trace.skipped_events,
+        trace.rank,
+        trace.incomplete_step,
+        trace.device_name,
+        columns.transfers,
+        columns.flops,
+        columns.groups,
+        columns.corr.tolist(),
+    )
+
+
+@pytest.fixture
+def sliced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slices of 2 KB and no minimum size, so the small real trace is decoded in many slices, half by a child."""
+    monkeypatch.setattr(reader, "_CHUNK_BYTES", 2048)
+    monkeypatch.setattr(twoprocess, "MIN_BYTES", 0)
+
+
+@pytest.fixture
+def forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pids of the children forked by the module under test."""
+    pids: list[int] = []
+    real_fork = os.fork
+
+    def fork() -> int:
+        pid = real_fork()
+        if pid:
+            pids.append(pid)
+        return pid
+
+    monkeypatch.setattr(twoprocess.os, "fork", fork)
+    return pids
+
+
+@pytest.mark.parametrize("shapes", [False, True])
+@pytest.mark.usefixtures("sliced")
+def test_two_processes_give_the_one_process_columns(tmp_path: Path, forks: list[int], shapes: bool) -> None:
+    gz = tmp_path / "trace.json.gz"
+    gz.write_bytes(gzip.compress(REAL.read_bytes()))
+    for path in (str(REAL), str(gz)):
+        whole = load_columns(path, shapes=shapes)
+        halves = load_columns(path, shapes=shapes, decode=twoprocess.decode_in_two)
+        assert _facts(halves) == _facts(whole)
+    assert len(forks) == 2  # one child per read, really forked
+
+
+@pytest.mark.usefixtures("sliced")
+def test_a_child_that_fails_or_dies_falls_back_to_one_process(
+    monkeypatch: pytest.MonkeyPatch, forks: list[int]
+) -> None:
+    whole = _facts(load_columns(str(REAL)))
+
+    def dies(*args: object) -> object:
+        os._exit(9)
+
+    def fails(*args: object) -> object:
+        raise MemoryError
+
+    for broken in (dies, fails):
+        monkeypatch.setattr(twoprocess, "decode_rest", broken)  # (only the child decodes the rest through it)
+        assert _facts(load_columns(str(REAL), decode=twoprocess.decode_in_two)) == whole
+    assert len(forks) == 2
+
+
+@pytest.mark.usefixtures("sliced")
+def test_no_fork_decodes_in_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(twoprocess.os, "fork", refused)
+    fds = len(os.listdir("/proc/self/fd"))
+    assert _facts(load_columns(str(REAL), decode=twoprocess.decode_in_two)) == _facts(load_columns(str(REAL)))
+    assert len(os.listdir("/proc/self/fd")) == fds  # the pipe is closed
+
+
+@pytest.mark.usefixtures("sliced")
+def test_a_cut_inside_a_string_and_a_truncated_trace(tmp_path: Path, forks: list[int]) -> None:
+    # GIVEN names holding the text between two events, so some slices are not JSON lists
+    doc = json.loads(REAL.read_text())
+    for event in doc["traceEvents"][::5]:
+        event["name"] = event["name"] + ' }, {"ph": "X"'
+    tricky = tmp_path / "tricky.json"
+    tricky.write_text(json.dumps(doc))
+    # THEN the events are still the ordinary read's
+    assert _facts(load_columns(str(tricky), decode=twoprocess.decode_in_two)) == _facts(load_columns(str(tricky)))
+    # AND a truncated trace gets the ordinary one-line error
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(REAL.read_bytes()[: REAL.stat().st_size * 3 // 4])
+    with pytest.raises(TraceError) as ordinary:
+        load_columns(str(cut))
+    with pytest.raises(TraceError) as halves:
+        load_columns(str(cut), decode=twoprocess.decode_in_two)
+    assert halves.value.problem == ordinary.value.problem
+    # AND no child is left: every forked one was waited for
+    for pid in forks:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def test_small_data_is_decoded_in_one_process(forks: list[int]) -> None:
+    # the real trace is far below MIN_BYTES: no fork
+    assert _facts(load_columns(str(REAL), decode=twoprocess.decode_in_two)) == _facts(load_columns(str(REAL)))
+    assert forks == []
+
+
+GPU_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "dlrm_control.rank3.pt.trace.json.gz"
+
+
+@pytest.mark.skipif(not GPU_TRACE.is_file(), reason=f"no real GPU trace at {GPU_TRACE}")
+def test_a_real_gpu_trace_read_by_two_processes(forks: list[int]) -> None:
+    # GIVEN a real NCCL trace (35 MB inflated: forked with the default sizes) THEN every column and table is the
+    # one-process read's, copies' and collectives' args included
+    halves = load_columns(str(GPU_TRACE), decode=twoprocess.decode_in_two)
+    assert len(forks) == 1
+    whole = load_columns(str(GPU_TRACE))
+    assert halves.columns.transfers and halves.columns.groups is not None
+    assert _facts(halves) == _facts(whole)
