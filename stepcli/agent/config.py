@@ -24,6 +24,9 @@ INCOMPLETE_STEP_KEY = "stepcli_incomplete_step"
 # ... and into every trace: the clock its times come from ("HOST BOOT_ID": processes of one boot of one machine
 # share it), so the culprit analysis aligns only ranks of different machines (stepcli.traces.culprit).
 CLOCK_KEY = "stepcli_clock"
+# ... and per recorded step, the steps' thread's time on a CPU and time waiting for one, ms ({"12": [3.1, 0.4]}:
+# stepcli.agent.cpuwait).
+CPU_TIME_KEY = "stepcli_cpu_ms"
 HELLO_PREFIX = "hello."
 
 

@@ -18,6 +18,7 @@ import sys
 import threading
 
 from .config import CLOCK_KEY, INCOMPLETE_STEP_KEY, AgentConfig
+from .cpuwait import CpuWait
 from .output import cause, export_trace, human_size, say, trace_folder, worker_name, write_failed
 from .schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP
 from .tracker import FOREIGN, NEVER, StepTracker
@@ -68,6 +69,7 @@ class Recorder:
         self._pending_cut = ""  # a cut asked for on another thread, done by the main thread at its next step
         self._abandoned: list[Any] = []
         self._window: dict[str, Any] | None = None
+        self._cpu_time = CpuWait()  # the recorded steps' time on and waiting for a CPU, into the trace
         self._cut_reason = ""
         self._discard = False
         self._dropping = False  # the open window is being closed unsaved (its capture withdrew it)
@@ -130,6 +132,7 @@ class Recorder:
             if self._pending_cut:
                 self.stop(self._pending_cut)
                 return (FOREIGN if self.foreign else NONE), self.next_cycle_start(step + 1)
+            self._cpu_time.end(prof)  # (before step(), which may stop the profiler)
             if prof.current_action.value == RECORD_AND_SAVE:
                 self._announce_save(step - 1)  # this step() stops the profiler and saves: a pause worth a line
             prof.step()
@@ -139,7 +142,10 @@ class Recorder:
             phase = self._phase_of(prof)
             if phase >= RECORD and self._window is not None and self._window["first_step"] is None:
                 self._window["first_step"] = step
+                self._cpu_time.reset()
                 _mark_clock(prof)
+            if phase >= RECORD:
+                self._cpu_time.begin(step)
             return phase, step + 1
         if self.foreign or self._profiler_already_running():
             if self.schedule.starts_cycle(step):
@@ -221,8 +227,10 @@ class Recorder:
             )
         self.guard_signals(True)
         prof.start()
+        self._cpu_time.reset()
         if action.value >= RECORD:
             _mark_clock(prof)
+            self._cpu_time.begin(step)
 
     def _torch_schedule(self, step: int) -> Any:
         import torch.profiler as profiler

@@ -19,6 +19,8 @@ _SUGGESTIONS = {
     "compile": "Compile before timing (warm-up steps), or mark dynamic shapes so that rank stops recompiling",
     "cpu_operators": "Give the ranks the same work: uneven shards or sequence lengths, or extra work on that rank",
     "no_operator": "Look at the Python code that runs only on that rank (logging, checkpoints, I/O, sleeps)",
+    "cpu_wait": "Give each rank its own cores: fewer threads per rank (OMP_NUM_THREADS, torch.set_num_threads, "
+    "DataLoader workers), pin ranks to cores (numactl, taskset), or move other jobs off the machine",
 }
 
 

@@ -296,6 +296,7 @@ def summarize_read(columns: Columns, trace: TraceFacts, *, group_by_shape: bool 
         group_by_shape=group_by_shape,
         device_name=trace.device_name,
         clock=trace.clock,
+        cpu_time=trace.cpu_time,
     )
 
 
@@ -310,6 +311,7 @@ def summarize_columns(
     group_by_shape: bool = False,
     device_name: str | None = None,
     clock: str | None = None,
+    cpu_time: dict[int, tuple[float, float]] | None = None,
 ) -> FilePart:
     """The part of one trace file read into columns (stepcli.traces.columns.load_columns)."""
     from stepcli.traces.arrays import TooLarge
@@ -370,7 +372,7 @@ def summarize_columns(
         outside_events=result.outside_events,
         outside_ns=result.outside_ns,
         **_flops_of(path, columns, result, ordered, device_name),
-        arrivals=rank_arrivals(columns, rank, incomplete_step, clock),
+        arrivals=rank_arrivals(columns, rank, incomplete_step, clock, cpu_time),
     )
 
 

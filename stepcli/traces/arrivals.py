@@ -57,6 +57,8 @@ class RankArrivals:
     group_table: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
     clock: str | None = None  # the clock of its times (host and boot) when stepcli recorded it: ranks sharing one
     # need no alignment
+    # step -> (ms on a CPU, ms waiting for one) of its steps' thread, when stepcli recorded the trace (Linux)
+    cpu_time: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
 def _category(names: list[str]) -> np.ndarray:
@@ -157,7 +159,11 @@ def _launched_in(columns: col.Columns, kernels: np.ndarray, host: np.ndarray, th
 
 
 def rank_arrivals(
-    columns: col.Columns, rank: int | None, incomplete_step: int | None = None, clock: str | None = None
+    columns: col.Columns,
+    rank: int | None,
+    incomplete_step: int | None = None,
+    clock: str | None = None,
+    cpu_time: dict[int, tuple[float, float]] | None = None,
 ) -> RankArrivals | None:
     """The rank's collectives inside its complete steps, or None when the trace has none."""
     if not len(columns) or rank is None:
@@ -186,7 +192,7 @@ def rank_arrivals(
     step_numbers, step_start, step_end = _step_table(columns, steps, incomplete_step)
     where = np.searchsorted(step_start, arrive, side="right") - 1
     inside = (where >= 0) & (arrive < step_end[np.maximum(where, 0)])
-    out = RankArrivals(rank, clock=clock)
+    out = RankArrivals(rank, clock=clock, cpu_time=cpu_time or {})
     previous_done = np.concatenate(([step_start[0] if len(step_start) else arrive[0]], np.maximum(host_end, depart)))
     gap_from = np.minimum(previous_done[:-1], arrive)
     causes, details = _gaps(columns, events[~gloo_work[events]], category, thread, gap_from, arrive)

@@ -276,6 +276,9 @@ class ColumnTrace:
     incomplete_step: int | None = None
     device_name: str | None = None  # the trace's first GPU (deviceProperties)
     clock: str | None = None  # the clock its times come from (host and boot), when stepcli recorded it
+    cpu_time: dict[int, tuple[float, float]] | None = (
+        None  # step -> (ms on a CPU, ms waiting for one) of the steps' thread
+    )
 
 
 def load_columns(path: str, *, shapes: bool = False, decode: Decode | None = None) -> ColumnTrace:
@@ -285,5 +288,13 @@ def load_columns(path: str, *, shapes: bool = False, decode: Decode | None = Non
     assert isinstance(keeper, ColumnKeeper)
     rank = meta.rank if meta.rank is not None else rank_from_name(path)
     return ColumnTrace(
-        path, rank, keeper.columns(), keeper.count, keeper.skipped, meta.incomplete_step, meta.device, meta.clock
+        path,
+        rank,
+        keeper.columns(),
+        keeper.count,
+        keeper.skipped,
+        meta.incomplete_step,
+        meta.device,
+        meta.clock,
+        meta.cpu_time,
     )

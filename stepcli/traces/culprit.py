@@ -28,6 +28,10 @@ order in the step) across all ranks (gloo):
 - Its **cause**: over the collectives it arrived last at, its gap before arriving minus the median of the other
   members' same gap, per cause (stepcli.traces.arrivals.CAUSES), on the named group's collectives only when one is
   named; the largest extra is the cause, with the operator (or garbage collection) names that account for it.
+  But when its steps' thread waited for a CPU (runnable, not running: stepcli.agent.cpuwait writes that and its
+  time on a CPU per step into the traces it records) longer than its own work explains (the others' wait per ms
+  on a CPU, times its own) by at least `CPU_WAIT_SHARE` of its lateness, the cause is `cpu_wait`: the wait
+  stretched whatever the trace shows the time spent in.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ MAX_CHANCE = 0.05  # ... and a share chance would give at most this often (last 
 MIN_LATENESS_MS = 1.0
 MIN_STEP_SHARE = 0.05
 MIN_ERROR_US = 1.0
+CPU_WAIT_SHARE = 0.5  # waiting for a CPU is the cause when it explains at least this share of the lateness
 JITTER_FACTOR = 2.0  # the median lead must also exceed this many standard errors of itself (from its jitter)
 _OWN_FIGURES = ("last_share", "lateness_ms_per_step", "wait_caused_ms_per_step")  # the culprit's, per group or not
 _MAX_LISTED = 1000  # collectives listed one by one in the JSON
@@ -57,6 +62,7 @@ CAUSE_WORDS = {
     "compile": "compilation",
     "cpu_operators": "CPU operators",
     "no_operator": "time with no operator (Python code, I/O, sleeps)",
+    "cpu_wait": "time waiting for a CPU (more busy threads than cores)",
 }
 _GENERATION = re.compile(r"gen (\d)")
 
@@ -81,6 +87,7 @@ class _Matched:
     details: list[list[dict[str, float]]]
     groups: dict[str, list[int]]  # process group name -> its member ranks, for the groups matched
     clocks: list[str | None]  # [rank index] -> the clock of its times, when the trace says (stepcli recorded it)
+    cpu_time: list[dict[int, tuple[float, float]]]  # [rank index] -> step -> (ms on a CPU, ms waiting for one)
 
 
 @dataclass
@@ -110,11 +117,13 @@ def _match(parts: list[RankArrivals]) -> _Matched | None:
     by_rank: dict[int, dict[_Key, tuple[RankArrivals, int]]] = {}
     listed: dict[str, tuple[int, ...]] = {}  # group -> its members as a trace lists them
     clock_of: dict[int, str | None] = {}
+    time_of: dict[int, dict[int, tuple[float, float]]] = {}
     for part in parts:
         if part.rank is None:
             continue
         clock = getattr(part, "clock", None)  # (arrivals pickled by an older stepcli have none)
         clock_of[part.rank] = clock if clock_of.get(part.rank, clock) == clock else None
+        time_of.setdefault(part.rank, {}).update(getattr(part, "cpu_time", None) or {})
         index = by_rank.setdefault(part.rank, {})
         for i, key in enumerate(part.keys):
             at = part.groups[i] if i < len(part.groups) else -1
@@ -156,6 +165,7 @@ def _match(parts: list[RankArrivals]) -> _Matched | None:
         [[p.details[i] for p, i in row] for row in rows],
         {group: sorted(member_sets[group]) for group in sorted({k[0] for k in keys}) if group},
         [clock_of.get(rank) for rank in ranks],
+        [time_of.get(rank, {}) for rank in ranks],
     )
 
 
@@ -447,6 +457,12 @@ def _cause(
             )
     per_step = {cause: value / 1000 / n_steps for cause, value in extra.items()}
     cause = max(CAUSES, key=lambda c: (per_step[c], -CAUSES.index(c)))
+    cpu_wait = _cpu_wait_excess(matched, culprit, group)
+    # Time waiting for a CPU stretches whatever the thread was doing (an operator, Python code): when it explains
+    # most of the lateness, it is the cause, whatever the trace shows the time spent in.
+    if cpu_wait is not None and cpu_wait >= max(MIN_LATENESS_MS, CPU_WAIT_SHARE * row["lateness_ms_per_step"]):
+        cause = "cpu_wait"
+        per_step["cpu_wait"] = cpu_wait
     wanted = (
         (lambda name: name.startswith(GC_PREFIX)) if cause == "gc" else (lambda name: not name.startswith(GC_PREFIX))
     )
@@ -461,13 +477,37 @@ def _cause(
         "wait_caused_ms_per_step": row["wait_caused_ms_per_step"],
         "cause": cause,
         "cause_ms_per_step": per_step[cause],
-        "causes_ms_per_step": {c: round(v, 3) for c, v in per_step.items()},
+        "causes_ms_per_step": {c: round(v, 3) for c, v in per_step.items() if c != "cpu_wait"}
+        | {"cpu_wait": None if cpu_wait is None else round(cpu_wait, 3)},
         "top": [{"name": name, "ms_per_step": round(ms, 3)} for ms, name in top]
         if cause in ("gc", "cpu_operators")
         else [],
     }
     result["evidence"] = evidence(result)
     return result
+
+
+def _cpu_wait_excess(matched: _Matched, culprit: int, group: str | None) -> float | None:
+    """Per step, how much longer the culprit's steps' thread waited for a CPU than its own work explains: its wait
+    minus its time on a CPU times the other members' wait per ms on a CPU (the median of theirs). On a machine
+    evenly short of cores every rank waits in proportion to its work, and a rank with more work is late for that
+    work, not for the wait; a rank starved of CPU waits more per ms of work than the others. Over the analyzed
+    steps every member measured; None when not all of them did (a trace not recorded by stepcli, or not on Linux)."""
+    members = matched.groups[group] if group else matched.ranks
+    columns = [matched.ranks.index(rank) for rank in members if rank in matched.ranks]
+    steps = sorted({key[1][0] for key in matched.keys})
+    times = matched.cpu_time
+    measured = [s for s in steps if all(s in times[j] for j in columns)]
+    if not measured or culprit not in columns or len(columns) < 2:
+        return None
+    others = [j for j in columns if j != culprit]
+
+    def totals(j: int) -> tuple[float, float]:
+        return sum(times[j][s][0] for s in measured), sum(times[j][s][1] for s in measured)
+
+    ran, waited = totals(culprit)
+    rate = _median([w / r if r > 0 else 0.0 for r, w in map(totals, others)])
+    return (waited - ran * rate) / len(measured)
 
 
 def cause_words(found: dict[str, Any]) -> str:

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from stepcli.agent.config import CLOCK_KEY, INCOMPLETE_STEP_KEY  # the file format the agent writes
+from stepcli.agent.config import CLOCK_KEY, CPU_TIME_KEY, INCOMPLETE_STEP_KEY  # the file format the agent writes
 from stepcli.agent.tracenames import escape_names
 from stepcli.errors import TraceError
 from stepcli.inputs import read_input
@@ -180,6 +180,7 @@ class _Header(msgspec.Struct):
     # Any: a malformed value must not send the whole file down the slow lenient path; _step_number checks it.
     incomplete_step: Any = msgspec.field(default=None, name=INCOMPLETE_STEP_KEY)
     clock: Any = msgspec.field(default=None, name=CLOCK_KEY)  # checked by _clock_id
+    cpu_time: Any = msgspec.field(default=None, name=CPU_TIME_KEY)  # checked by _cpu_time
 
 
 class _ShapedHeader(msgspec.Struct):
@@ -188,6 +189,7 @@ class _ShapedHeader(msgspec.Struct):
     deviceProperties: Any = None
     incomplete_step: Any = msgspec.field(default=None, name=INCOMPLETE_STEP_KEY)
     clock: Any = msgspec.field(default=None, name=CLOCK_KEY)  # checked by _clock_id
+    cpu_time: Any = msgspec.field(default=None, name=CPU_TIME_KEY)  # checked by _cpu_time
 
 
 class _Meta(NamedTuple):
@@ -197,11 +199,29 @@ class _Meta(NamedTuple):
     incomplete_step: int | None = None
     device: str | None = None  # the name of the trace's first GPU (deviceProperties), for MFU
     clock: str | None = None  # the clock its times come from (CLOCK_KEY), when stepcli recorded it
+    cpu_time: dict[int, tuple[float, float]] | None = None  # step -> (ms on a CPU, ms waiting for one) (CPU_TIME_KEY)
 
 
 def _clock_id(value: Any) -> str | None:
     """A `stepcli_clock` value, when it is a short string; else None (aligned by collectives, never fatal)."""
     return value if isinstance(value, str) and 0 < len(value) <= 300 else None
+
+
+def _cpu_time(value: Any) -> dict[int, tuple[float, float]] | None:
+    """A `stepcli_cpu_ms` value ({"12": [3.1, 0.4], ...}) as step -> (ms on a CPU, ms waiting for one); None when
+    it is anything else (never fatal)."""
+    if not isinstance(value, dict) or not value or len(value) > 1_000_000:
+        return None
+    times: dict[int, tuple[float, float]] = {}
+    for key, pair in value.items():
+        if not (isinstance(key, str) and key.isdigit() and len(key) < 19):
+            return None
+        if not (isinstance(pair, list) and len(pair) == 2):
+            return None
+        if any(isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms < 1e9 for ms in pair):
+            return None
+        times[int(key)] = (float(pair[0]), float(pair[1]))
+    return times
 
 
 def _device_name(properties: Any) -> str | None:
@@ -258,6 +278,9 @@ class Trace:
     incomplete_step: int | None = None
     device_name: str | None = None  # the trace's first GPU (deviceProperties)
     clock: str | None = None  # the clock its times come from (host and boot), when stepcli recorded it
+    cpu_time: dict[int, tuple[float, float]] | None = (
+        None  # step -> (ms on a CPU, ms waiting for one) of the steps' thread
+    )
 
     @classmethod
     def from_events(
@@ -306,6 +329,7 @@ def load_trace(path: str, *, shapes: bool = False) -> Trace:
         incomplete_step=meta.incomplete_step,
         device_name=meta.device,
         clock=meta.clock,
+        cpu_time=meta.cpu_time,
     )
 
 
@@ -528,6 +552,7 @@ def _decode_document(data: bytes | bytearray, shapes: bool) -> tuple[_Meta, list
         _step_number(header.incomplete_step),
         _device_name(header.deviceProperties),
         _clock_id(header.clock),
+        _cpu_time(header.cpu_time),
     )
     return meta, header.traceEvents
 
@@ -618,5 +643,6 @@ def _decode_lenient(
         _step_number(document.get(INCOMPLETE_STEP_KEY)),
         _device_name(document.get("deviceProperties")),
         _clock_id(document.get(CLOCK_KEY)),
+        _cpu_time(document.get(CPU_TIME_KEY)),
     )
     return meta, keeper

@@ -199,6 +199,7 @@ def read_split(
         meta.incomplete_step,
         meta.device,
         meta.clock,
+        meta.cpu_time,
     )
 
 

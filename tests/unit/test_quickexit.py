@@ -37,8 +37,9 @@ def test_quick_exit_keeps_the_status_the_output_and_the_atexit_handlers(threads:
 
 def test_the_command_ends_through_it() -> None:
     # `python -m stepcli` and the console script both go through entry() (pyproject's [project.scripts])
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     assert project["project"]["scripts"]["stepcli"] == "stepcli.cli:entry"

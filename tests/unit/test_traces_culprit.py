@@ -259,3 +259,40 @@ def test_nccl_kernels_are_the_departures_and_nested_host_events_one_collective()
     arrivals = _arrivals(events, 0)
     assert [k[1] for k in arrivals.keys] == ["c10d::allreduce_"] * STEPS
     assert arrivals.depart_us[0] == pytest.approx(3_100.0)
+
+
+def _with_cpu_time(arrivals: RankArrivals, ran_ms: float, waited_ms: float) -> RankArrivals:
+    """The rank's steps' thread ran `ran_ms` on a CPU and waited `waited_ms` for one in each step."""
+    arrivals.cpu_time = {step: (ran_ms, waited_ms) for step in range(STEPS)}
+    return arrivals
+
+
+def test_waiting_for_a_cpu_is_the_cause_only_beyond_what_its_work_explains() -> None:
+    # GIVEN rank 1 arrives 10 ms late at every collective after 10 ms more of operators (as the trace shows them)
+    def ranks(waited_0: float, ran_1: float, waited_1: float) -> list[RankArrivals]:
+        return [
+            _with_cpu_time(_steady(0, 0.0, 4_000.0), 4.0, waited_0),
+            _with_cpu_time(_steady(1, 10_000.0, 14_000.0), ran_1, waited_1),
+        ]
+
+    # WHEN its thread ran as long as rank 0's but waited 9 ms more for a CPU (starved: the operators were stretched)
+    section = analyze(ranks(1.0, 4.0, 10.0), 30.0)
+    # THEN the cause is waiting for a CPU: 10 - 4 x (1 / 4) = 9 ms/step that its own work does not explain
+    assert section is not None
+    found = section["culprit"]
+    assert found["rank"] == 1 and found["cause"] == "cpu_wait"
+    assert found["cause_ms_per_step"] == pytest.approx(9.0) and found["causes_ms_per_step"]["cpu_wait"] == 9.0
+    assert "time waiting for a CPU (more busy threads than cores), 9.0 ms/step" in found["evidence"]
+    # BUT WHEN every rank waits in proportion to its work (a machine evenly short of cores) and rank 1 ran 10 ms more
+    section = analyze(ranks(4.0, 14.0, 14.0), 30.0)
+    # THEN its own work is the cause: its wait is what any rank's would be for that much work
+    assert section is not None and section["culprit"]["cause"] == "cpu_operators"
+    assert section["culprit"]["causes_ms_per_step"]["cpu_wait"] == pytest.approx(0.0)
+    # AND a wait under half the lateness is not the cause either
+    section = analyze(ranks(0.0, 4.0, 4.0), 30.0)
+    assert section is not None and section["culprit"]["cause"] == "cpu_operators"
+    assert section["culprit"]["causes_ms_per_step"]["cpu_wait"] == pytest.approx(4.0)
+    # AND without CPU times in every trace (not recorded by stepcli), there is no such cause
+    section = analyze([_steady(0, 0.0, 4_000.0), _with_cpu_time(_steady(1, 10_000.0, 14_000.0), 4.0, 10.0)], 30.0)
+    assert section is not None and section["culprit"]["cause"] == "cpu_operators"
+    assert section["culprit"]["causes_ms_per_step"]["cpu_wait"] is None

@@ -236,3 +236,27 @@ def test_reader_and_summary_do_not_import_rich() -> None:
     code = "import sys, stepcli.traces.reader, stepcli.traces.analysis; print(sorted({'rich', 'click', 'torch'} & set(sys.modules)))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ({"3": [2.5, 0.5], "4": [2, 0]}, {3: (2.5, 0.5), 4: (2.0, 0.0)}),
+        ({"3": [2.5]}, None),
+        ({"3": [2.5, -1]}, None),
+        ({"x": [1, 1]}, None),
+        ({"3": [True, 1]}, None),
+        ([1, 2], None),
+        ("3", None),
+    ],
+)
+def test_cpu_times_stepcli_records_are_read_and_odd_values_ignored(
+    tmp_path: Path, value: object, expected: object
+) -> None:
+    from stepcli.traces.columns import load_columns
+
+    path = tmp_path / "t.json"
+    event = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1.0, "dur": 2.0}
+    path.write_text(json.dumps({"traceEvents": [event], "stepcli_cpu_ms": value}))
+    assert load_trace(str(path)).cpu_time == expected
+    assert load_columns(str(path)).cpu_time == expected
