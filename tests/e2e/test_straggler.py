@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import run_stepcli, write_script
 
+from stepcli.traces.shares import STEP_KEY
+
 # DDP over gloo: its all-reduce runs on gloo's own thread, overlapping the backward pass. `extra` matrix products
 # per step on rank 1 only make rank 1 the straggler; 0 is a balanced run.
 DDP = """
@@ -100,11 +102,16 @@ def test_self_shares_over_100_percent_under_ddp_carry_a_note_everywhere(
     assert note in " ".join(table.split()), table
     markdown = run_stepcli("table", out, "--markdown", cwd=tmp_path).stdout
     assert note in markdown
-    # (the report's table leaves the ProfilerStep* row out, so its sum is its own)
+    # (the report's table leaves the ProfilerStep* row out, so its sum is its own: on a loaded machine it can be
+    # 100% or less, and then the report has no note)
+    own = sum(row["self_share"] for row in doc["cpu_ops"] if row["name"] != STEP_KEY) * 100
     shown = re.search(
         r'id="self-share-overlap">Self % adds up to (\d+)% over all rows: operators on other threads', html
     )
-    assert shown and int(shown.group(1)) > 100
+    if own > 100.5:
+        assert shown and int(shown.group(1)) == pytest.approx(own, abs=1), (own, shown)
+    elif own <= 99.5:
+        assert shown is None and "self-share-overlap" not in html, own
 
 
 @pytest.mark.parametrize("extra", [6])
