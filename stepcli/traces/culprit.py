@@ -30,8 +30,9 @@ order in the step) across all ranks (gloo):
   named; the largest extra is the cause, with the operator (or garbage collection) names that account for it.
   But when its steps' thread waited for a CPU (runnable, not running: stepcli.agent.cpuwait writes that and its
   time on a CPU per step into the traces it records) longer than its own work explains (the others' wait per ms
-  on a CPU, times its own) by at least `CPU_WAIT_SHARE` of its lateness, the cause is `cpu_wait`: the wait
-  stretched whatever the trace shows the time spent in.
+  on a CPU, times its own) by at least `CPU_WAIT_SHARE` of its lateness, and it did no more work than the others
+  (its time on a CPU at most `SAME_WORK_SHARE` of it, or 1 ms, longer than theirs), the cause is `cpu_wait`: the
+  wait stretched whatever the trace shows the time in.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ MIN_LATENESS_MS = 1.0
 MIN_STEP_SHARE = 0.05
 MIN_ERROR_US = 1.0
 CPU_WAIT_SHARE = 0.5  # waiting for a CPU is the cause when it explains at least this share of the lateness
+SAME_WORK_SHARE = 0.25  # ... and the rank ran on a CPU no more than this share (or 1 ms) longer than the others
 JITTER_FACTOR = 2.0  # the median lead must also exceed this many standard errors of itself (from its jitter)
 _OWN_FIGURES = ("last_share", "lateness_ms_per_step", "wait_caused_ms_per_step")  # the culprit's, per group or not
 _MAX_LISTED = 1000  # collectives listed one by one in the JSON
@@ -457,12 +459,20 @@ def _cause(
             )
     per_step = {cause: value / 1000 / n_steps for cause, value in extra.items()}
     cause = max(CAUSES, key=lambda c: (per_step[c], -CAUSES.index(c)))
-    cpu_wait = _cpu_wait_excess(matched, culprit, group)
-    # Time waiting for a CPU stretches whatever the thread was doing (an operator, Python code): when it explains
-    # most of the lateness, it is the cause, whatever the trace shows the time spent in.
-    if cpu_wait is not None and cpu_wait >= max(MIN_LATENESS_MS, CPU_WAIT_SHARE * row["lateness_ms_per_step"]):
+    excess = _cpu_excess(matched, culprit, group)
+    cpu_wait = excess[1] if excess is not None else None
+    # Time waiting for a CPU stretches whatever the thread was doing (an operator, Python code): when the rank did
+    # no more work than the others and the wait explains most of its lateness, the wait is the cause, whatever the
+    # trace shows the time spent in. (A rank with more work waits more too, and far more per ms of work than ranks
+    # that sleep in collectives, which the scheduler favours when they wake: then its work is the cause.)
+    lateness = row["lateness_ms_per_step"]
+    if (
+        excess is not None
+        and excess[0] <= max(MIN_LATENESS_MS, SAME_WORK_SHARE * excess[2])
+        and excess[1] >= max(MIN_LATENESS_MS, CPU_WAIT_SHARE * lateness)
+    ):
         cause = "cpu_wait"
-        per_step["cpu_wait"] = cpu_wait
+        per_step["cpu_wait"] = excess[1]
     wanted = (
         (lambda name: name.startswith(GC_PREFIX)) if cause == "gc" else (lambda name: not name.startswith(GC_PREFIX))
     )
@@ -487,12 +497,13 @@ def _cause(
     return result
 
 
-def _cpu_wait_excess(matched: _Matched, culprit: int, group: str | None) -> float | None:
-    """Per step, how much longer the culprit's steps' thread waited for a CPU than its own work explains: its wait
-    minus its time on a CPU times the other members' wait per ms on a CPU (the median of theirs). On a machine
-    evenly short of cores every rank waits in proportion to its work, and a rank with more work is late for that
-    work, not for the wait; a rank starved of CPU waits more per ms of work than the others. Over the analyzed
-    steps every member measured; None when not all of them did (a trace not recorded by stepcli, or not on Linux)."""
+def _cpu_excess(matched: _Matched, culprit: int, group: str | None) -> tuple[float, float, float] | None:
+    """Per step: how much longer the culprit's steps' thread ran on a CPU than the other members' (their median),
+    how much longer it waited for one than its own work explains, and its own time on a CPU. The wait its work
+    does not explain: its wait minus its time on a CPU times the
+    other members' wait per ms on a CPU (their median; on a machine evenly short of cores every rank waits in
+    proportion to its work). Over the analyzed steps every member measured; None when not all of them did (a
+    trace not recorded by stepcli, or not on Linux)."""
     members = matched.groups[group] if group else matched.ranks
     columns = [matched.ranks.index(rank) for rank in members if rank in matched.ranks]
     steps = sorted({key[1][0] for key in matched.keys})
@@ -507,7 +518,8 @@ def _cpu_wait_excess(matched: _Matched, culprit: int, group: str | None) -> floa
 
     ran, waited = totals(culprit)
     rate = _median([w / r if r > 0 else 0.0 for r, w in map(totals, others)])
-    return (waited - ran * rate) / len(measured)
+    ran_more = ran - _median([totals(j)[0] for j in others])
+    return ran_more / len(measured), (waited - ran * rate) / len(measured), ran / len(measured)
 
 
 def cause_words(found: dict[str, Any]) -> str:

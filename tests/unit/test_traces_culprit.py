@@ -288,6 +288,11 @@ def test_waiting_for_a_cpu_is_the_cause_only_beyond_what_its_work_explains() -> 
     # THEN its own work is the cause: its wait is what any rank's would be for that much work
     assert section is not None and section["culprit"]["cause"] == "cpu_operators"
     assert section["culprit"]["causes_ms_per_step"]["cpu_wait"] == pytest.approx(0.0)
+    # AND WHEN it ran 10 ms more and waited far more than that work explains (a busy thread waits more per ms than
+    # one that sleeps in collectives) THEN its work is still the cause: the wait only stretched it
+    section = analyze(ranks(1.0, 14.0, 30.0), 30.0)
+    assert section is not None and section["culprit"]["cause"] == "cpu_operators"
+    assert section["culprit"]["causes_ms_per_step"]["cpu_wait"] == pytest.approx(30.0 - 14.0 / 4.0)
     # AND a wait under half the lateness is not the cause either
     section = analyze(ranks(0.0, 4.0, 4.0), 30.0)
     assert section is not None and section["culprit"]["cause"] == "cpu_operators"
