@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import stat
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -38,10 +39,14 @@ def _too_big(path: str, what: str, limit: int) -> TraceError:
     return TraceError(path, f"{what} is larger than the {_size(limit)} stepcli reads (set {LIMIT_ENV} to raise it)")
 
 
-def read_input(path: str, *, gunzip: bool = True) -> bytes | bytearray:
+def read_input(
+    path: str, *, gunzip: bool = True, midway: Callable[[bytearray], None] | None = None
+) -> bytes | bytearray:
     """The bytes of a regular file (decompressed when it is gzip), or TraceError naming the problem.
 
-    Opened non-blocking, so a FIFO is refused instead of waiting for a writer forever.
+    Opened non-blocking, so a FIFO is refused instead of waiting for a writer forever. `midway` is called once
+    with the inflated text so far when a gzip file is about half inflated (its trailer says its size), so work on
+    the first half can begin while the rest inflates.
     """
     limit = input_limit()
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -68,7 +73,8 @@ def read_input(path: str, *, gunzip: bool = True) -> bytes | bytearray:
         os.close(fd)
     if gunzip and (path.endswith(".gz") or data[:2] == GZIP_MAGIC):
         try:
-            return gunzip_bounded(data, limit, path)
+            half = int.from_bytes(data[-4:], "little") // 2 if midway is not None else 0  # (ISIZE, mod 4 GiB)
+            return gunzip_bounded(data, limit, path, midway, half)
         except EOFError:
             raise TraceError(path, "corrupt gzip: the compressed stream is truncated") from None
         except (OSError, zlib.error) as exc:
@@ -99,8 +105,15 @@ def _read_regular(fd: int, size: int, limit: int, path: str) -> bytearray:
     return buffer
 
 
-def gunzip_bounded(data: bytes | bytearray, limit: int, path: str = "<memory>") -> bytearray:
-    """Decompress every gzip member into one buffer, refusing output past `limit` (a gzip bomb).
+def gunzip_bounded(
+    data: bytes | bytearray,
+    limit: int,
+    path: str = "<memory>",
+    midway: Callable[[bytearray], None] | None = None,
+    midway_at: int = 0,
+) -> bytearray:
+    """Decompress every gzip member into one buffer, refusing output past `limit` (a gzip bomb); `midway(out)`
+    once the output reaches `midway_at` bytes (see read_input).
 
     Compressed input goes in 1 MB pieces and output comes out in 1 MB pieces, so neither side is ever held
     twice (gzip.decompress joins a list of pieces at the end, holding the output twice at its peak).
@@ -119,6 +132,9 @@ def gunzip_bounded(data: bytes | bytearray, limit: int, path: str = "<memory>") 
                 out += inflater.decompress(pending, _INFLATE_STEP)
                 if len(out) > limit:
                     raise _too_big(path, "the decompressed content", limit)
+                if midway is not None and len(out) >= midway_at:
+                    midway(out)
+                    midway = None
                 if inflater.eof or not inflater.unconsumed_tail:
                     break
                 pending = inflater.unconsumed_tail

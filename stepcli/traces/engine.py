@@ -240,9 +240,9 @@ def file_parts(
         if split is not None:
             return [split]
         if _may_fork():  # a .gz or smaller file: read into memory, decoded by this process and a forked one
-            from stepcli.traces.twoprocess import decode_in_two
+            from stepcli.traces.twoprocess import DecodeInTwo
 
-            return _checked([_part_of(files[0], groupings, shapes, decode_in_two)])
+            return _checked([_part_of(files[0], groupings, shapes, DecodeInTwo(shapes))])
     return _checked(map_files(functools.partial(_part_of, groupings=groupings, shapes=shapes), files, cores))
 
 

@@ -337,8 +337,15 @@ Decode = Callable[[str, "bytes | bytearray", bool, "type[_Keeper]"], "tuple[_Met
 
 
 def _read(path: str, shapes: bool, keeper_type: type[_Keeper], decode: Decode | None = None) -> tuple[_Meta, _Keeper]:
-    """Read and decode one trace file (`decode`: how its data is decoded, _decode by default)."""
-    data = read_input(path)
+    """Read and decode one trace file (`decode`: how its data is decoded, _decode by default; one with a `midway`
+    method also sees the text half inflated, see stepcli.inputs.read_input)."""
+    midway = getattr(decode, "midway", None)
+    try:
+        data = read_input(path, midway=midway)
+    except BaseException:
+        if midway is not None:
+            decode.abandon()  # type: ignore[union-attr]  # (a child started at midway)
+        raise
     if not data or data.isspace():
         raise TraceError(path, "empty file")
     # Millions of gc=False structs are allocated below; a cyclic collection pass over them buys nothing.
@@ -459,17 +466,22 @@ def _decode_chunked(data: bytes | bytearray, shapes: bool, keeper_type: type[_Ke
     return decode_rest(data, layout, shapes, keeper)
 
 
-def slice_layout(data: bytes | bytearray) -> tuple[int, list[int]] | None:
+def slice_layout(data: bytes | bytearray, prefix: tuple[int, list[int]] | None = None) -> tuple[int, list[int]] | None:
     """Where traceEvents' list starts (just after its "[") and the commas between two events that cut it into
-    ~1 MB slices; None for data too small to slice. Raises _NotChunkable without a traceEvents key."""
-    if len(data) < 2 * _CHUNK_BYTES:
-        return None
-    key = _TRACE_EVENTS_KEY.search(data)
-    if key is None:
-        raise _NotChunkable
-    start = key.end()
-    splits: list[int] = []
-    position = start + _CHUNK_BYTES
+    ~1 MB slices; None for data too small to slice. Raises _NotChunkable without a traceEvents key. With `prefix`,
+    the layout of a beginning of `data`, it is continued (the slices already cut stay as they are)."""
+    if prefix is not None and prefix[1]:
+        start, splits = prefix[0], list(prefix[1])
+        position = splits[-1] + 1 + _CHUNK_BYTES
+    else:
+        if len(data) < 2 * _CHUNK_BYTES:
+            return None
+        key = _TRACE_EVENTS_KEY.search(data)
+        if key is None:
+            raise _NotChunkable
+        start = key.end()
+        splits = []
+        position = start + _CHUNK_BYTES
     while position < len(data):
         match = _EVENT_SEPARATOR.search(data, position)
         if match is None:

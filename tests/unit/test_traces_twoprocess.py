@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import pickle
 import sys
 from pathlib import Path
 
@@ -143,3 +144,66 @@ def test_a_real_gpu_trace_read_by_two_processes(forks: list[int]) -> None:
     whole = load_columns(str(GPU_TRACE))
     assert halves.columns.transfers and halves.columns.groups is not None
     assert _facts(halves) == _facts(whole)
+
+
+@pytest.mark.parametrize("shapes", [False, True])
+@pytest.mark.usefixtures("sliced")
+def test_a_gz_trace_gets_its_child_half_inflated(
+    tmp_path: Path, forks: list[int], monkeypatch: pytest.MonkeyPatch, shapes: bool
+) -> None:
+    # GIVEN a .gz trace, inflated in small pieces so that its half is reached well before its end
+    from stepcli import inputs
+
+    monkeypatch.setattr(inputs, "_INFLATE_STEP", 4096)
+    gz = tmp_path / "trace.json.gz"
+    gz.write_bytes(gzip.compress(REAL.read_bytes()))
+    seen: list[int] = []
+    decoder = twoprocess.DecodeInTwo(shapes)
+    real_midway = decoder.midway
+
+    def midway(prefix: bytearray) -> None:
+        seen.append(len(prefix))
+        real_midway(prefix)
+
+    decoder.midway = midway  # type: ignore[method-assign]
+    # WHEN read with the two-process decoder THEN the child starts at half the text, and the columns are the
+    # one-process read's
+    halves = load_columns(str(gz), shapes=shapes, decode=decoder)
+    size = REAL.stat().st_size
+    assert len(seen) == 1 and size // 2 <= seen[0] < size // 2 + 8192
+    assert len(forks) == 1
+    assert _facts(halves) == _facts(load_columns(str(gz), shapes=shapes))
+
+
+@pytest.mark.usefixtures("sliced")
+def test_a_gz_trace_corrupt_after_its_half_stops_the_child(
+    tmp_path: Path, forks: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stepcli import inputs
+
+    monkeypatch.setattr(inputs, "_INFLATE_STEP", 4096)
+    # GIVEN a .gz trace whose last quarter is cut off (its trailer lost: the half is guessed from garbage bytes)
+    # and one whose child fails
+    whole = gzip.compress(REAL.read_bytes())
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(whole[: len(whole) * 3 // 4] + whole[-8:])  # the trailer kept: the child starts at half
+    with pytest.raises(TraceError) as ordinary:
+        load_columns(str(cut))
+    with pytest.raises(TraceError) as halves:
+        load_columns(str(cut), decode=twoprocess.DecodeInTwo(False))
+    assert halves.value.problem == ordinary.value.problem
+    assert len(forks) == 1
+    for pid in forks:  # waited for
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+    gz = tmp_path / "trace.json.gz"
+    gz.write_bytes(whole)
+
+    def fails(*args: object) -> object:
+        raise MemoryError
+
+    monkeypatch.setattr(
+        twoprocess, "pickle", type("P", (), {"dumps": fails, "loads": pickle.loads, "HIGHEST_PROTOCOL": 5})
+    )
+    assert _facts(load_columns(str(gz), decode=twoprocess.DecodeInTwo(False))) == _facts(load_columns(str(gz)))
+    assert len(forks) == 2
