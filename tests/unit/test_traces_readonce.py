@@ -106,10 +106,10 @@ def counted_file_reads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     calls: Counter[str] = Counter()
     real = inputs.read_input
 
-    def counting(path: str, *, gunzip: bool = True) -> Any:
+    def counting(path: str, *, gunzip: bool = True, midway: Any = None) -> Any:
         if ".pt.trace.json" in str(path):
             calls[str(path)] += 1
-        return real(path, gunzip=gunzip)
+        return real(path, gunzip=gunzip, midway=midway)
 
     monkeypatch.setattr(inputs, "read_input", counting)
     monkeypatch.setattr(traces, "read_input", counting)
