@@ -276,9 +276,8 @@ class ColumnTrace:
     incomplete_step: int | None = None
     device_name: str | None = None  # the trace's first GPU (deviceProperties)
     clock: str | None = None  # the clock its times come from (host and boot), when stepcli recorded it
-    cpu_time: dict[int, tuple[float, float]] | None = (
-        None  # step -> (ms on a CPU, ms waiting for one) of the steps' thread
-    )
+    # step -> (ms on a CPU, ms waiting for one) of the steps' thread, when stepcli recorded it
+    cpu_time: dict[int, tuple[float, float]] | None = None
 
 
 def load_columns(path: str, *, shapes: bool = False, decode: Decode | None = None) -> ColumnTrace:

@@ -472,7 +472,7 @@ def _cause(
         and excess[1] >= max(MIN_LATENESS_MS, CPU_WAIT_SHARE * lateness)
     ):
         cause = "cpu_wait"
-        per_step["cpu_wait"] = excess[1]
+    cause_ms = excess[1] if cause == "cpu_wait" and excess is not None else per_step.get(cause, 0.0)
     wanted = (
         (lambda name: name.startswith(GC_PREFIX)) if cause == "gc" else (lambda name: not name.startswith(GC_PREFIX))
     )
@@ -486,8 +486,8 @@ def _cause(
         "lateness_ms_per_step": row["lateness_ms_per_step"],
         "wait_caused_ms_per_step": row["wait_caused_ms_per_step"],
         "cause": cause,
-        "cause_ms_per_step": per_step[cause],
-        "causes_ms_per_step": {c: round(v, 3) for c, v in per_step.items() if c != "cpu_wait"}
+        "cause_ms_per_step": cause_ms,
+        "causes_ms_per_step": {c: round(v, 3) for c, v in per_step.items()}
         | {"cpu_wait": None if cpu_wait is None else round(cpu_wait, 3)},
         "top": [{"name": name, "ms_per_step": round(ms, 3)} for ms, name in top]
         if cause in ("gc", "cpu_operators")
@@ -499,11 +499,10 @@ def _cause(
 
 def _cpu_excess(matched: _Matched, culprit: int, group: str | None) -> tuple[float, float, float] | None:
     """Per step: how much longer the culprit's steps' thread ran on a CPU than the other members' (their median),
-    how much longer it waited for one than its own work explains, and its own time on a CPU. The wait its work
-    does not explain: its wait minus its time on a CPU times the
-    other members' wait per ms on a CPU (their median; on a machine evenly short of cores every rank waits in
-    proportion to its work). Over the analyzed steps every member measured; None when not all of them did (a
-    trace not recorded by stepcli, or not on Linux)."""
+    how much longer it waited for one than its own work explains (its wait minus its time on a CPU times the other
+    members' median wait per ms on a CPU: on a machine evenly short of cores every rank waits in proportion to its
+    work), and its own time on a CPU. Over the analyzed steps every member measured; None when not all of them did
+    (a trace not recorded by stepcli, or not on Linux)."""
     members = matched.groups[group] if group else matched.ranks
     columns = [matched.ranks.index(rank) for rank in members if rank in matched.ranks]
     steps = sorted({key[1][0] for key in matched.keys})

@@ -278,9 +278,8 @@ class Trace:
     incomplete_step: int | None = None
     device_name: str | None = None  # the trace's first GPU (deviceProperties)
     clock: str | None = None  # the clock its times come from (host and boot), when stepcli recorded it
-    cpu_time: dict[int, tuple[float, float]] | None = (
-        None  # step -> (ms on a CPU, ms waiting for one) of the steps' thread
-    )
+    # step -> (ms on a CPU, ms waiting for one) of the steps' thread, when stepcli recorded it
+    cpu_time: dict[int, tuple[float, float]] | None = None
 
     @classmethod
     def from_events(
@@ -339,12 +338,12 @@ Decode = Callable[[str, "bytes | bytearray", bool, "type[_Keeper]"], "tuple[_Met
 def _read(path: str, shapes: bool, keeper_type: type[_Keeper], decode: Decode | None = None) -> tuple[_Meta, _Keeper]:
     """Read and decode one trace file (`decode`: how its data is decoded, _decode by default; one with a `midway`
     method also sees the text half inflated, see stepcli.inputs.read_input)."""
-    midway = getattr(decode, "midway", None)
     try:
-        data = read_input(path, midway=midway)
+        data = read_input(path, midway=getattr(decode, "midway", None))
     except BaseException:
-        if midway is not None:
-            decode.abandon()  # type: ignore[union-attr]  # (a child started at midway)
+        abandon = getattr(decode, "abandon", None)  # (a child started at midway is stopped)
+        if abandon is not None:
+            abandon()
         raise
     if not data or data.isspace():
         raise TraceError(path, "empty file")
