@@ -235,8 +235,9 @@ def table(
     if len(chosen) > 1:
         raise click.UsageError(f"--{chosen[0]} and --{chosen[1]} cannot be used together: choose one output format")
     fmt = chosen[0] if chosen else None
-    from stepcli.traces.shortrun import short_run
+    from stepcli.traces.shortrun import read_ahead_one, short_run
 
+    read_ahead_one(paths, jobs, scheduler)
     with short_run():  # before numpy is imported: no spinning OpenBLAS threads, no cyclic GC
         from stepcli.traces.engine import summarize_paths
         from stepcli.traces.render import print_table_report

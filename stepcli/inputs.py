@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import stat
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -49,6 +49,20 @@ def read_input(
     the first half can begin while the rest inflates.
     """
     limit = input_limit()
+    data = read_file(path, limit)
+    if gunzip and (path.endswith(".gz") or data[:2] == GZIP_MAGIC):
+        try:
+            half = int.from_bytes(data[-4:], "little") // 2 if midway is not None else 0  # (ISIZE, mod 4 GiB)
+            return gunzip_bounded(data, limit, path, midway, half)
+        except EOFError:
+            raise TraceError(path, "corrupt gzip: the compressed stream is truncated") from None
+        except (OSError, zlib.error) as exc:
+            raise TraceError(path, f"corrupt gzip: {exc}") from None
+    return data
+
+
+def read_file(path: str, limit: int) -> bytearray:
+    """The bytes of a regular file as they are (see read_input), or TraceError."""
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
@@ -71,14 +85,6 @@ def read_input(
         raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
-    if gunzip and (path.endswith(".gz") or data[:2] == GZIP_MAGIC):
-        try:
-            half = int.from_bytes(data[-4:], "little") // 2 if midway is not None else 0  # (ISIZE, mod 4 GiB)
-            return gunzip_bounded(data, limit, path, midway, half)
-        except EOFError:
-            raise TraceError(path, "corrupt gzip: the compressed stream is truncated") from None
-        except (OSError, zlib.error) as exc:
-            raise TraceError(path, f"corrupt gzip: {exc}") from None
     return data
 
 
@@ -119,8 +125,19 @@ def gunzip_bounded(
     twice (gzip.decompress joins a list of pieces at the end, holding the output twice at its peak).
     """
     out = bytearray()
+    for piece in inflated_pieces(data, limit, path):
+        out += piece
+        if midway is not None and len(out) >= midway_at:
+            midway(out)
+            midway = None
+    return out
+
+
+def inflated_pieces(data: bytes | bytearray, limit: int, path: str = "<memory>") -> Iterator[bytes]:
+    """The decompressed text of every gzip member, in ~1 MB pieces; TraceError once it passes `limit`, OSError,
+    EOFError or zlib.error for data that is not (whole) gzip."""
     view = memoryview(data)
-    position = 0
+    position = total = 0
     while True:
         if bytes(view[position : position + 2]) != GZIP_MAGIC:
             raise OSError("not a gzip file" if position == 0 else "unexpected data after the last member")
@@ -129,12 +146,11 @@ def gunzip_bounded(
             piece = view[position : position + _READ_STEP]
             pending: bytes | memoryview = piece
             while True:
-                out += inflater.decompress(pending, _INFLATE_STEP)
-                if len(out) > limit:
+                out = inflater.decompress(pending, _INFLATE_STEP)
+                total += len(out)
+                if total > limit:
                     raise _too_big(path, "the decompressed content", limit)
-                if midway is not None and len(out) >= midway_at:
-                    midway(out)
-                    midway = None
+                yield out
                 if inflater.eof or not inflater.unconsumed_tail:
                     break
                 pending = inflater.unconsumed_tail
@@ -144,7 +160,7 @@ def gunzip_bounded(
             raise EOFError
         # Like gzip itself: further members follow, or only zero padding is left.
         if data.count(b"\0", position) == len(data) - position:
-            return out
+            return
 
 
 class _Outline(msgspec.Struct):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import math
+import mmap
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from stepcli.errors import TraceError
 from stepcli.inputs import read_input
 from stepcli.traces.files import list_trace_files, rank_from_name
 from stepcli.traces.jsonvalues import as_id, as_text, as_time, is_int64
+from stepcli.traces.readahead import take as take_read_ahead
 from stepcli.traces.shares import STEP_PREFIX
 
 # Kineto categories whose events run on a CPU thread and that torch's `key_averages()` counts as operators
@@ -79,6 +81,7 @@ _CHUNK_BYTES = 1024 * 1024  # decoded objects of a slice stay in the CPU's cache
 _EVENT_SEPARATOR = re.compile(rb"\}\s*,\s*\{")
 _TRACE_EVENTS_KEY = re.compile(rb'(?<!\\)"traceEvents"\s*:\s*\[')
 _BARE_CONSTANT = re.compile(rb"-?(?:NaN|Infinity)")
+_BLANK = re.compile(rb"[ \t\n\r\x0b\x0c]*")  # what bytes.isspace() calls space, for any buffer
 _MAX_RANK = 2**31 - 1
 _MAX_STEP = 2**63 - 1
 
@@ -332,20 +335,24 @@ def load_trace(path: str, *, shapes: bool = False) -> Trace:
     )
 
 
-Decode = Callable[[str, "bytes | bytearray", bool, "type[_Keeper]"], "tuple[_Meta, _Keeper]"]
+# A trace's text: read into memory, or mapped copy-on-write where stepcli.traces.readahead inflated it.
+Text = bytes | bytearray | mmap.mmap
+Decode = Callable[[str, Text, bool, "type[_Keeper]"], "tuple[_Meta, _Keeper]"]
 
 
 def _read(path: str, shapes: bool, keeper_type: type[_Keeper], decode: Decode | None = None) -> tuple[_Meta, _Keeper]:
     """Read and decode one trace file (`decode`: how its data is decoded, _decode by default; one with a `midway`
     method also sees the text half inflated, see stepcli.inputs.read_input)."""
-    try:
-        data = read_input(path, midway=getattr(decode, "midway", None))
-    except BaseException:
-        abandon = getattr(decode, "abandon", None)  # (a child started at midway is stopped)
-        if abandon is not None:
-            abandon()
-        raise
-    if not data or data.isspace():
+    data: Text | None = take_read_ahead(path)
+    if data is None:
+        try:
+            data = read_input(path, midway=getattr(decode, "midway", None))
+        except BaseException:
+            abandon = getattr(decode, "abandon", None)  # (a child started at midway is stopped)
+            if abandon is not None:
+                abandon()
+            raise
+    if not data or _BLANK.fullmatch(data):
         raise TraceError(path, "empty file")
     # Millions of gc=False structs are allocated below; a cyclic collection pass over them buys nothing.
     was_enabled = gc.isenabled()
@@ -364,9 +371,7 @@ def _read(path: str, shapes: bool, keeper_type: type[_Keeper], decode: Decode | 
             gc.enable()
 
 
-def _decode(
-    path: str, data: bytes | bytearray, shapes: bool, keeper: type[_Keeper] | None = None
-) -> tuple[_Meta, _Keeper]:
+def _decode(path: str, data: Text, shapes: bool, keeper: type[_Keeper] | None = None) -> tuple[_Meta, _Keeper]:
     """Decode in slices when the layout allows it (checked by the decoder itself), else in one piece."""
     try:
         chunked = _decode_chunked(data, shapes, keeper or _Keeper)
@@ -374,7 +379,7 @@ def _decode(
         chunked = None  # fall back: the whole-document decode below gives the precise error, if any
     if chunked is not None:
         return chunked
-    return _decode_whole(path, data, shapes, keeper or _Keeper)
+    return _decode_whole(path, data[:] if isinstance(data, mmap.mmap) else data, shapes, keeper or _Keeper)
 
 
 class _NotChunkable(Exception):
@@ -451,7 +456,7 @@ class _Keeper:
         event.shape = key
 
 
-def _decode_chunked(data: bytes | bytearray, shapes: bool, keeper_type: type[_Keeper]) -> tuple[_Meta, _Keeper] | None:
+def _decode_chunked(data: Text, shapes: bool, keeper_type: type[_Keeper]) -> tuple[_Meta, _Keeper] | None:
     """Decode traceEvents in ~1 MB slices split between two events, plus one small document for the rest.
 
     A split can only be wrong if it falls inside a string or a nested value, and then the slice on its left is
@@ -465,7 +470,7 @@ def _decode_chunked(data: bytes | bytearray, shapes: bool, keeper_type: type[_Ke
     return decode_rest(data, layout, shapes, keeper)
 
 
-def slice_layout(data: bytes | bytearray, prefix: tuple[int, list[int]] | None = None) -> tuple[int, list[int]] | None:
+def slice_layout(data: Text, prefix: tuple[int, list[int]] | None = None) -> tuple[int, list[int]] | None:
     """Where traceEvents' list starts (just after its "[") and the commas between two events that cut it into
     ~1 MB slices; None for data too small to slice. Raises _NotChunkable without a traceEvents key. With `prefix`,
     the layout of a beginning of `data`, it is continued (the slices already cut stay as they are)."""
@@ -485,13 +490,13 @@ def slice_layout(data: bytes | bytearray, prefix: tuple[int, list[int]] | None =
         match = _EVENT_SEPARATOR.search(data, position)
         if match is None:
             break
-        splits.append(data.index(b",", match.start()))
+        splits.append(data.find(b",", match.start()))  # (the separator holds one)
         position = match.end() + _CHUNK_BYTES
     return (start, splits) if splits else None
 
 
 def decode_slices(
-    data: bytes | bytearray, layout: tuple[int, list[int]], first: int, stop: int, shapes: bool, keeper: _Keeper
+    data: Text, layout: tuple[int, list[int]], first: int, stop: int, shapes: bool, keeper: _Keeper
 ) -> None:
     """Decode slices `first` to `stop - 1` of the layout into `keeper` (slice i ends at the layout's i-th comma;
     raises msgspec errors)."""
@@ -500,7 +505,7 @@ def decode_slices(
         list[_ShapedEvent] if shapes else list[_DecodedEvent]
     )
     view = memoryview(data)
-    if isinstance(data, bytearray) and not shapes:
+    if isinstance(data, (bytearray, mmap.mmap)) and not shapes:
         _decode_in_place(
             data, view, start - 1 if first == 0 else splits[first - 1], splits[first:stop], decoder, keeper
         )
@@ -512,9 +517,7 @@ def decode_slices(
         previous = comma + 1
 
 
-def decode_rest(
-    data: bytes | bytearray, layout: tuple[int, list[int]], shapes: bool, keeper: _Keeper
-) -> tuple[_Meta, _Keeper]:
+def decode_rest(data: Text, layout: tuple[int, list[int]], shapes: bool, keeper: _Keeper) -> tuple[_Meta, _Keeper]:
     """The events after the layout's last comma, decoded back inside the document with everything before and after
     traceEvents, so the header (distributedInfo, stepcli's metadata) and the closing brackets are decoded and
     validated too; with the document's metadata."""
@@ -526,7 +529,7 @@ def decode_rest(
 
 
 def _decode_in_place(
-    data: bytearray,
+    data: bytearray | mmap.mmap,
     view: memoryview,
     opening: int,
     splits: list[int],

@@ -8,6 +8,9 @@
   modules it imports and the summary it builds (20-40 ms) would free nothing.
 
 Both are put back on exit, for callers in the same process (tests); numpy, once imported, keeps its one thread.
+
+And what it starts early: one .gz trace is read and inflated by a forked process (stepcli.traces.readahead) while the
+command imports numpy and the analysis.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 BLAS_THREADS = "OPENBLAS_NUM_THREADS"
 
@@ -36,3 +39,19 @@ def short_run() -> Iterator[None]:
             gc.enable()
         if set_blas:
             os.environ.pop(BLAS_THREADS, None)
+
+
+def read_ahead_one(paths: Sequence[str], jobs: int | None, scheduler: str | None) -> None:
+    """Start reading the trace now when `paths` is one .gz file read here on more than one core (not with
+    `--jobs 1`, which asks for one core, nor with a cluster, whose workers read it)."""
+    if len(paths) != 1 or jobs == 1 or scheduler is not None or not paths[0].endswith(".gz"):
+        return
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        cores = os.cpu_count() or 1
+    if cores < 2 or not os.path.isfile(paths[0]):
+        return
+    from stepcli.traces.readahead import read_ahead
+
+    read_ahead(paths[0])

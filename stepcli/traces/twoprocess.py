@@ -24,7 +24,16 @@ import sys
 from typing import Any
 
 from stepcli.traces.columns import ColumnKeeper
-from stepcli.traces.reader import _decode, _Keeper, _Meta, _NotChunkable, decode_rest, decode_slices, slice_layout
+from stepcli.traces.reader import (
+    Text,
+    _decode,
+    _Keeper,
+    _Meta,
+    _NotChunkable,
+    decode_rest,
+    decode_slices,
+    slice_layout,
+)
 
 MIN_BYTES = 8 * 1024 * 1024  # below this, a fork and a pipe cost about what the child would save
 
@@ -54,9 +63,7 @@ class DecodeInTwo:
             os.close(early[1])
             _stop(early[0])
 
-    def __call__(
-        self, path: str, data: bytes | bytearray, shapes: bool, keeper_type: type[_Keeper]
-    ) -> tuple[_Meta, _Keeper]:
+    def __call__(self, path: str, data: Text, shapes: bool, keeper_type: type[_Keeper]) -> tuple[_Meta, _Keeper]:
         early, self._early = self._early, None
         if early is None:
             return decode_in_two(path, data, shapes, keeper_type)
@@ -82,9 +89,7 @@ class DecodeInTwo:
         return meta, whole
 
 
-def decode_in_two(
-    path: str, data: bytes | bytearray, shapes: bool, keeper_type: type[_Keeper]
-) -> tuple[_Meta, _Keeper]:
+def decode_in_two(path: str, data: Text, shapes: bool, keeper_type: type[_Keeper]) -> tuple[_Meta, _Keeper]:
     """Decode `data` like stepcli.traces.reader._decode does, its later half in a forked child."""
     layout = _layout(data, MIN_BYTES) if keeper_type is ColumnKeeper else None
     if layout is None:
@@ -109,7 +114,7 @@ def decode_in_two(
     return meta, keeper
 
 
-def _layout(data: bytes | bytearray, min_bytes: int) -> _Layout | None:
+def _layout(data: Text, min_bytes: int) -> _Layout | None:
     """The data's slices when it is worth a second process (at least two slices), else None."""
     if len(data) < min_bytes:
         return None
@@ -121,7 +126,7 @@ def _layout(data: bytes | bytearray, min_bytes: int) -> _Layout | None:
 
 
 def _start_child(
-    data: bytes | bytearray, layout: _Layout, first: int, stop: int, shapes: bool, with_rest: bool
+    data: Text, layout: _Layout, first: int, stop: int, shapes: bool, with_rest: bool
 ) -> tuple[int, int] | None:
     """Fork the child that decodes slices `first` to `stop - 1` (and the document's rest: `with_rest`); (its pid,
     the pipe's reading end), or None when it cannot start."""
