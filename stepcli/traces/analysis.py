@@ -284,8 +284,11 @@ def summarize_file(trace: Trace, *, group_by_shape: bool = False) -> FilePart:
     return summarize_read(columns_from_events(trace.events), trace, group_by_shape=group_by_shape)
 
 
-def summarize_read(columns: Columns, trace: TraceFacts, *, group_by_shape: bool = False) -> FilePart:
-    """The part of one trace file, from its columns and what the reader found out about it."""
+def summarize_read(
+    columns: Columns, trace: TraceFacts, *, group_by_shape: bool = False, arrivals: bool = True
+) -> FilePart:
+    """The part of one trace file, from its columns and what the reader found out about it (`arrivals`: see
+    summarize_columns)."""
     return summarize_columns(
         columns,
         path=trace.path,
@@ -297,6 +300,7 @@ def summarize_read(columns: Columns, trace: TraceFacts, *, group_by_shape: bool 
         device_name=trace.device_name,
         clock=trace.clock,
         cpu_time=trace.cpu_time,
+        arrivals=arrivals,
     )
 
 
@@ -312,8 +316,11 @@ def summarize_columns(
     device_name: str | None = None,
     clock: str | None = None,
     cpu_time: dict[int, tuple[float, float]] | None = None,
+    arrivals: bool = True,
 ) -> FilePart:
-    """The part of one trace file read into columns (stepcli.traces.columns.load_columns)."""
+    """The part of one trace file read into columns (stepcli.traces.columns.load_columns). Without `arrivals`, its
+    collectives' arrivals are left out: they only serve to compare ranks (the culprit), so a part that will be
+    summarized alone needs none."""
     from stepcli.traces.arrays import TooLarge
 
     measure_busy = _device_busy_arrays
@@ -372,7 +379,7 @@ def summarize_columns(
         outside_events=result.outside_events,
         outside_ns=result.outside_ns,
         **_flops_of(path, columns, result, ordered, device_name),
-        arrivals=rank_arrivals(columns, rank, incomplete_step, clock, cpu_time),
+        arrivals=rank_arrivals(columns, rank, incomplete_step, clock, cpu_time) if arrivals else None,
     )
 
 

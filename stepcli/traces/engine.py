@@ -109,14 +109,14 @@ class _Failed:
 
 
 def _part_of(
-    path: str, groupings: tuple[bool, ...], shapes: bool, decode: Decode | None = None
+    path: str, groupings: tuple[bool, ...], shapes: bool, decode: Decode | None = None, arrivals: bool = True
 ) -> list[FilePart] | _Failed:
     """Read one file and summarize it once per grouping (plain, by shape); runs in a worker or in-process."""
     try:
         trace = load_columns(path, shapes=shapes, decode=decode)
     except TraceError as exc:
         return _Failed(exc.path, exc.problem)
-    return _summarized(trace, groupings)
+    return _summarized(trace, groupings, arrivals)
 
 
 def _gated(function: Callable[[str], _T], path: str) -> _T:
@@ -127,9 +127,10 @@ def _gated(function: Callable[[str], _T], path: str) -> _T:
         return function(path)
 
 
-def _summarized(trace: ColumnTrace, groupings: tuple[bool, ...]) -> list[FilePart]:
-    """One part per grouping (plain, by shape) of a trace read into columns, whole or in ranges."""
-    return [summarize_read(trace.columns, trace, group_by_shape=by_shape) for by_shape in groupings]
+def _summarized(trace: ColumnTrace, groupings: tuple[bool, ...], arrivals: bool = True) -> list[FilePart]:
+    """One part per grouping (plain, by shape) of a trace read into columns, whole or in ranges (`arrivals`: see
+    stepcli.traces.analysis.summarize_columns)."""
+    return [summarize_read(trace.columns, trace, group_by_shape=g, arrivals=arrivals) for g in groupings]
 
 
 def _split_parts(path: str, groupings: tuple[bool, ...], shapes: bool, cores: int) -> list[FilePart] | None:
@@ -154,7 +155,7 @@ def _split_parts(path: str, groupings: tuple[bool, ...], shapes: bool, cores: in
         return None
     if trace is None:
         return None
-    return _summarized(trace, groupings)
+    return _summarized(trace, groupings, arrivals=False)  # (one file alone: one rank)
 
 
 @contextlib.contextmanager
@@ -242,8 +243,10 @@ def file_parts(
         if _may_fork():  # a .gz or smaller file: read into memory, decoded by this process and a forked one
             from stepcli.traces.twoprocess import DecodeInTwo
 
-            return _checked([_part_of(files[0], groupings, shapes, DecodeInTwo(shapes))])
-    return _checked(map_files(functools.partial(_part_of, groupings=groupings, shapes=shapes), files, cores))
+            return _checked([_part_of(files[0], groupings, shapes, DecodeInTwo(shapes), arrivals=False)])
+    # One file alone is one rank: no other to compare its collectives' arrivals with (the culprit).
+    part_of = functools.partial(_part_of, groupings=groupings, shapes=shapes, arrivals=len(files) > 1)
+    return _checked(map_files(part_of, files, cores))
 
 
 def map_files(function: Callable[[str], _T], files: Sequence[str], jobs: int | None = None) -> list[_T]:
