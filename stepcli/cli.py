@@ -240,9 +240,10 @@ def table(
     read_ahead_one(paths, jobs, scheduler)
     with short_run():  # before numpy is imported: no spinning OpenBLAS threads, no cyclic GC
         from stepcli.traces.engine import summarize_paths
-        from stepcli.traces.render import print_table_report
 
         summary = summarize_paths(paths, group_by_shape=group_by_shape, jobs=jobs, scheduler=scheduler)
+        from stepcli.traces.render import print_table_report
+
         print_table_report(summary, sort_by=sort_by, limit=limit, fmt=fmt or "rich")
     if group_by_shape and not any(row.shape for row in summary.cpu_ops):
         click.echo("stepcli: note: --group-by-shape: these traces have no input shapes; record them with "

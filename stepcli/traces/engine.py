@@ -16,15 +16,15 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from stepcli.errors import StepcliError, TraceError
-from stepcli.traces.analysis import merge_parts, summarize_read
 from stepcli.traces.columns import ColumnTrace, load_columns
 from stepcli.traces.files import list_trace_files
-from stepcli.traces.model import FilePart, TraceSummary
 from stepcli.traces.reader import Decode
 
 if TYPE_CHECKING:  # multiprocessing and concurrent.futures cost ~20 ms to import: only where a pool is made
     import multiprocessing.context
     from concurrent.futures import ProcessPoolExecutor
+
+    from stepcli.traces.model import FilePart, TraceSummary
 
 _T = TypeVar("_T")
 
@@ -130,7 +130,16 @@ def _gated(function: Callable[[str], _T], path: str) -> _T:
 def _summarized(trace: ColumnTrace, groupings: tuple[bool, ...], arrivals: bool = True) -> list[FilePart]:
     """One part per grouping (plain, by shape) of a trace read into columns, whole or in ranges (`arrivals`: see
     stepcli.traces.analysis.summarize_columns)."""
+    from stepcli.traces.analysis import summarize_read
+
     return [summarize_read(trace.columns, trace, group_by_shape=g, arrivals=arrivals) for g in groupings]
+
+
+def load_analysis() -> None:
+    """Import the analysis now (~35 ms, numpy's own import aside). The reading code does not need it, so on one
+    file this is done while a forked child decodes (stepcli.traces.twoprocess); before worker processes are forked,
+    so that they share it instead of each importing it."""
+    import stepcli.traces.analysis  # noqa: F401
 
 
 def _split_parts(path: str, groupings: tuple[bool, ...], shapes: bool, cores: int) -> list[FilePart] | None:
@@ -168,6 +177,7 @@ def _worker_pool(
     `gzip_at_once`: at most that many workers inflate a .gz trace at the same time."""
     from concurrent.futures import ProcessPoolExecutor
 
+    load_analysis()  # (forked workers share it)
     gate = context.BoundedSemaphore(gzip_at_once) if gzip_at_once is not None and gzip_at_once < workers else None
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_set_gzip_gate, initargs=(gate,))
     try:
@@ -211,7 +221,9 @@ def _context() -> multiprocessing.context.BaseContext:
             return multiprocessing.get_context("fork")
         context = multiprocessing.get_context("forkserver")
         # The server imports the reader once; each worker forked from it starts with it loaded.
-        context.set_forkserver_preload(["stepcli.traces.engine", "stepcli.traces.columns", "stepcli.traces.splitread"])
+        context.set_forkserver_preload(
+            ["stepcli.traces.engine", "stepcli.traces.analysis", "stepcli.traces.columns", "stepcli.traces.splitread"]
+        )
         return context
     return multiprocessing.get_context("spawn")
 
@@ -243,7 +255,8 @@ def file_parts(
         if _may_fork():  # a .gz or smaller file: read into memory, decoded by this process and a forked one
             from stepcli.traces.twoprocess import DecodeInTwo
 
-            return _checked([_part_of(files[0], groupings, shapes, DecodeInTwo(shapes), arrivals=False)])
+            decode = DecodeInTwo(shapes, meanwhile=load_analysis)
+            return _checked([_part_of(files[0], groupings, shapes, decode, arrivals=False)])
     # One file alone is one rank: no other to compare its collectives' arrivals with (the culprit).
     part_of = functools.partial(_part_of, groupings=groupings, shapes=shapes, arrivals=len(files) > 1)
     return _checked(map_files(part_of, files, cores))
@@ -284,4 +297,6 @@ def summarize_paths(
 ) -> TraceSummary:
     """`summarize(load_paths(paths))`, with files read in parallel and never all in memory at once."""
     parts = file_parts(paths, groupings=(group_by_shape,), shapes=group_by_shape, jobs=jobs, scheduler=scheduler)
+    from stepcli.traces.analysis import merge_parts
+
     return merge_parts([p[0] for p in parts], group_by_shape=group_by_shape)

@@ -207,3 +207,41 @@ def test_a_gz_trace_corrupt_after_its_half_stops_the_child(
     )
     assert _facts(load_columns(str(gz), decode=twoprocess.DecodeInTwo(False))) == _facts(load_columns(str(gz)))
     assert len(forks) == 2
+
+
+@pytest.mark.usefixtures("sliced")
+def test_work_done_meanwhile_runs_once_and_this_process_decodes_its_share(
+    tmp_path: Path, forks: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a decoder with work for this process to do while the child decodes (stepcli table: its imports)
+    calls: list[int] = []
+    mine: list[tuple[int, int]] = []
+    real_slices = twoprocess.decode_slices
+
+    def slices(data: object, layout: object, first: int, stop: int, *rest: object) -> None:
+        if os.getpid() == parent:
+            mine.append((first, stop))
+        real_slices(data, layout, first, stop, *rest)  # type: ignore[arg-type]
+
+    parent = os.getpid()
+    monkeypatch.setattr(twoprocess, "decode_slices", slices)
+    whole = _facts(load_columns(str(REAL)))
+    # WHEN a plain trace is read with it THEN the work ran once, in this process, and the columns are the ordinary
+    # read's; this process decoded the first MEANWHILE_SHARE of the slices, the child the rest
+    decoder = twoprocess.DecodeInTwo(False, meanwhile=lambda: calls.append(os.getpid()))
+    assert _facts(load_columns(str(REAL), decode=decoder)) == whole
+    assert calls == [parent] and len(forks) == 1
+    count = len(reader.slice_layout(bytearray(REAL.read_bytes()))[1])  # type: ignore[index]
+    assert mine == [(0, round(count * twoprocess.MEANWHILE_SHARE))]
+    # AND a .gz trace read with a child started at half inflation runs it once too
+    gz = tmp_path / "trace.json.gz"
+    gz.write_bytes(gzip.compress(REAL.read_bytes()))
+    decoder = twoprocess.DecodeInTwo(False, meanwhile=lambda: calls.append(os.getpid()))
+    assert _facts(load_columns(str(gz), decode=decoder)) == whole
+    assert calls == [parent, parent] and len(forks) == 2
+    # AND work that fails stops the child and leaves the ordinary read
+    decoder = twoprocess.DecodeInTwo(False, meanwhile=lambda: 1 / 0)
+    assert _facts(load_columns(str(REAL), decode=decoder)) == whole
+    for pid in forks:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
