@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,14 @@ def _facts(trace: ColumnTrace) -> tuple[object, ...]:
         columns.groups,
         columns.corr.tolist(),
     )
+
+
+@pytest.fixture(autouse=True)
+def reaped() -> Iterator[None]:
+    """Each test starts and ends with no child of an earlier read still to be waited for."""
+    twoprocess.reap_children()
+    yield
+    twoprocess.reap_children()
 
 
 @pytest.fixture
@@ -210,7 +219,7 @@ def test_a_gz_trace_corrupt_after_its_half_stops_the_child(
 
 
 @pytest.mark.usefixtures("sliced")
-def test_work_done_meanwhile_runs_once_and_this_process_decodes_its_share(
+def test_work_done_meanwhile_runs_once_and_the_slices_are_shared_as_they_go(
     tmp_path: Path, forks: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # GIVEN a decoder with work for this process to do while the child decodes (stepcli table: its imports)
@@ -226,22 +235,56 @@ def test_work_done_meanwhile_runs_once_and_this_process_decodes_its_share(
     parent = os.getpid()
     monkeypatch.setattr(twoprocess, "decode_slices", slices)
     whole = _facts(load_columns(str(REAL)))
+    count = len(reader.slice_layout(bytearray(REAL.read_bytes()))[1])  # type: ignore[index]
     # WHEN a plain trace is read with it THEN the work ran once, in this process, and the columns are the ordinary
-    # read's; this process decoded the first MEANWHILE_SHARE of the slices, the child the rest
+    # read's; this process decoded slices from the front, one claim at a time, and the child the others
     decoder = twoprocess.DecodeInTwo(False, meanwhile=lambda: calls.append(os.getpid()))
     assert _facts(load_columns(str(REAL), decode=decoder)) == whole
     assert calls == [parent] and len(forks) == 1
-    count = len(reader.slice_layout(bytearray(REAL.read_bytes()))[1])  # type: ignore[index]
-    assert mine == [(0, round(count * twoprocess.MEANWHILE_SHARE))]
+    assert mine == [(i, i + 1) for i in range(len(mine))] and len(mine) < count
+    # AND when this process is busy until the child has ended, the child decodes every slice
+    mine.clear()
+    busy = twoprocess.DecodeInTwo(False, meanwhile=lambda: os.waitpid(forks[-1], 0))
+    assert _facts(load_columns(str(REAL), decode=busy)) == whole
+    assert mine == [] and len(forks) == 2
     # AND a .gz trace read with a child started at half inflation runs it once too
     gz = tmp_path / "trace.json.gz"
     gz.write_bytes(gzip.compress(REAL.read_bytes()))
     decoder = twoprocess.DecodeInTwo(False, meanwhile=lambda: calls.append(os.getpid()))
     assert _facts(load_columns(str(gz), decode=decoder)) == whole
-    assert calls == [parent, parent] and len(forks) == 2
-    # AND work that fails stops the child and leaves the ordinary read
+    assert calls == [parent, parent] and len(forks) == 3
+    # AND work that fails stops the child (killed and waited for) and leaves the ordinary read
     decoder = twoprocess.DecodeInTwo(False, meanwhile=lambda: 1 / 0)
     assert _facts(load_columns(str(REAL), decode=decoder)) == whole
+    with pytest.raises(ChildProcessError):
+        os.waitpid(forks[3], os.WNOHANG)
+    # AND the children that sent their columns were left to exit on their own, and are waited for later (at exit)
+    assert sorted(twoprocess._exiting) == sorted(forks[:3])  # (the second was waited for by its `meanwhile`)
+    twoprocess.reap_children()
+    assert twoprocess._exiting == []
     for pid in forks:
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
+
+
+@pytest.mark.parametrize("memfd", [True, False])
+@pytest.mark.usefixtures("sliced")
+def test_the_columns_come_back_through_an_in_memory_file_or_the_pipe(
+    monkeypatch: pytest.MonkeyPatch, forks: list[int], memfd: bool
+) -> None:
+    # GIVEN a system with in-memory files (the columns' way back; the pipe carries their length), or without
+    made: list[int] = []
+    real_memfd = os.memfd_create
+
+    def memfd_create(name: str, flags: int = 0) -> int:
+        if not memfd:
+            raise OSError(38, "Function not implemented")
+        made.append(real_memfd(name, flags))
+        return made[-1]
+
+    monkeypatch.setattr(twoprocess.os, "memfd_create", memfd_create)
+    fds = len(os.listdir("/proc/self/fd"))
+    # THEN the columns are the one-process read's either way, and no descriptor is left open
+    assert _facts(load_columns(str(REAL), decode=twoprocess.decode_in_two)) == _facts(load_columns(str(REAL)))
+    assert len(made) == (1 if memfd else 0) and len(forks) == 1
+    assert len(os.listdir("/proc/self/fd")) == fds
