@@ -6,10 +6,12 @@ For each real trace (or folder of ranks) under --traces (default: ../shared/trac
 in separate processes: HTA 0.5.0's temporal breakdown + communication/computation overlap + kernel breakdown
 (`TraceAnalysis(...)`, `get_temporal_breakdown`, `get_comm_comp_overlap`, `get_gpu_kernel_breakdown`), and
 `stepcli table --json` (which also gives idle time by cause, launch statistics and the operator tables). It prints
-each one's wall time, CPU time (user + system) and peak RSS (the run with the least CPU time of --repeat, the two
-taking turns), the ratios HTA / stepcli (the goal: at least 10x on traces of 100k events and more; on a machine
-shared with other work, the CPU ratio is the steadier one), and the overlap each reports as a sanity check (HTA over
-the whole trace minus its last step, stepcli over the recorded steps, so they differ a little).
+each one's best wall time and best CPU time (user + system) of --repeat runs, the two taking turns, and its peak
+memory (PSS summed over its processes, in a run of its own, so that the sampling takes no CPU from the timed runs);
+the ratios HTA / stepcli of the best wall times, of the best CPU times, and the median of the rounds' wall ratios
+(the goal: at least 10x on traces of 100k events and more; on a machine shared with other work the median is the
+steadier one); and the overlap each reports as a sanity check (HTA over the whole trace minus its last step,
+stepcli over the recorded steps, so they differ a little).
 
 Both run from compiled bytecode, as installed packages do: pip compiled HTA and its dependencies when it installed
 them, and this script compiles the checkout's stepcli first (with PYTHONDONTWRITEBYTECODE=1, as set on the project's
@@ -61,40 +63,59 @@ def _events(path: Path) -> int:
     )
 
 
-def measure(argv: list[str]) -> tuple[float, float, int]:
-    """Wall seconds, CPU seconds (user + system, the command and the processes it waited for) and peak RSS bytes
-    (the peak of the sum over its process tree, sampled every 5 ms) of one command; exits on a failure."""
+def measure(argv: list[str]) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system, the command and the processes it waited for) of one command,
+    with nothing else of this script running meanwhile (a sampler would take CPU from a command using both cores);
+    exits on a failure."""
+    import os
+    import time
+
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    stderr = proc.stderr.read() if proc.stderr else b""
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed: {' '.join(argv)}\n{stderr.decode()}")
+    return elapsed, usage.ru_utime + usage.ru_stime
+
+
+def peak_memory(argv: list[str]) -> int:
+    """Peak proportional set size (PSS) in bytes of a command's process tree, summed and sampled every 5 ms in a
+    run of its own: pages the processes share (stepcli's forked children, libraries) count once, not per process."""
     import os
     import time
 
     import psutil
 
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     root, peak = psutil.Process(proc.pid), 0
     while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        pid, _, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             break
         try:
-            peak = max(peak, sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]))
+            peak = max(peak, sum(p.memory_full_info().pss for p in [root, *root.children(recursive=True)]))
         except psutil.Error:
             pass
         time.sleep(0.005)
-    elapsed = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"failed: {' '.join(argv)}\n{proc.stderr.read().decode() if proc.stderr else ''}")
-    return elapsed, usage.ru_utime + usage.ru_stime, max(peak, usage.ru_maxrss * 1024)
+    return peak or usage.ru_maxrss * 1024
 
 
-def _best_of_rounds(commands: list[list[str]], repeat: int) -> list[tuple[float, float, int]]:
-    """Per command, its run with the least CPU time of `repeat`, the commands taking turns (round-robin), so that
-    a change of load on a shared machine hits them alike (wall time there mostly measures the others)."""
-    runs: list[list[tuple[float, float, int]]] = [[] for _ in commands]
+def _rounds(commands: list[list[str]], repeat: int) -> list[list[tuple[float, float]]]:
+    """Per command, its (wall, CPU) in each of `repeat` rounds, the commands taking turns (round-robin), so that a
+    change of load on a shared machine hits them alike."""
+    runs: list[list[tuple[float, float]]] = [[] for _ in commands]
     for _ in range(max(1, repeat)):
         for argv, mine in zip(commands, runs):
             mine.append(measure(argv))
-    return [min(mine, key=lambda run: run[1]) for mine in runs]
+    return runs
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def bench(target: Path, repeat: int, workdir: Path) -> tuple[str, ...]:
@@ -108,10 +129,15 @@ def bench(target: Path, repeat: int, workdir: Path) -> tuple[str, ...]:
     script = workdir / "hta_bench.py"
     script.write_text(HTA_SCRIPT)
     overlap_file = workdir / "overlap.json"
-    (hta_s, hta_cpu, hta_rss), (stepcli_s, stepcli_cpu, stepcli_rss) = _best_of_rounds(
-        [[sys.executable, str(script), str(folder), str(overlap_file)], stepcli_cmd("table", "--json", str(target))],
-        repeat,
-    )
+    commands = [
+        [sys.executable, str(script), str(folder), str(overlap_file)],
+        stepcli_cmd("table", "--json", str(target)),
+    ]
+    hta, ours_runs = _rounds(commands, repeat)
+    hta_s, hta_cpu = min(w for w, _ in hta), min(c for _, c in hta)
+    stepcli_s, stepcli_cpu = min(w for w, _ in ours_runs), min(c for _, c in ours_runs)
+    median_ratio = _median([h[0] / o[0] for h, o in zip(hta, ours_runs)])
+    hta_rss, stepcli_rss = (peak_memory(argv) for argv in commands)
     hta_overlap = json.loads(overlap_file.read_text())
     table = subprocess.run(stepcli_cmd("table", "--json", str(target)), capture_output=True, text=True, check=True)
     ranks = json.loads(table.stdout)["ranks"]
@@ -123,7 +149,7 @@ def bench(target: Path, repeat: int, workdir: Path) -> tuple[str, ...]:
         f"{_events(target):,}",
         f"{hta_s:.2f} s / {hta_cpu:.2f} s / {hta_rss / 2**20:.0f} MB",
         f"{stepcli_s:.2f} s / {stepcli_cpu:.2f} s / {stepcli_rss / 2**20:.0f} MB",
-        f"{hta_s / stepcli_s:.1f}x / {hta_cpu / stepcli_cpu:.1f}x",
+        f"{hta_s / stepcli_s:.1f}x / {hta_cpu / stepcli_cpu:.1f}x / {median_ratio:.1f}x",
         f"rank {first}: {hta_overlap[first]:.1f}% vs {ours * 100:.1f}%" if ours is not None else "-",
     )
 
@@ -131,7 +157,7 @@ def bench(target: Path, repeat: int, workdir: Path) -> tuple[str, ...]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", type=Path, default=REPO.parent / "shared" / "traces")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per measurement; the best is reported")
+    parser.add_argument("--repeat", type=int, default=1, help="timed rounds per trace; the best are reported")
     args = parser.parse_args(argv)
     if not args.traces.is_dir():
         print(f"bench_gpu: no traces at {args.traces}", file=sys.stderr)
@@ -143,9 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     header = (
         "trace",
         "events",
-        "HTA (wall / CPU / peak RSS)",
+        "HTA (wall / CPU / peak PSS)",
         "stepcli table --json (same)",
-        "HTA/stepcli wall / CPU",
+        "HTA/stepcli wall / CPU / median",
         "overlap HTA vs stepcli",
     )
     rows = [header]
