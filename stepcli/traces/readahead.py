@@ -18,8 +18,9 @@ import atexit
 import mmap
 import os
 import signal
-import sys
 import threading
+
+from stepcli.traces.forked import fork_child
 
 MIN_BYTES = 4 * 1024 * 1024  # the inflated size (from the gzip trailer) from which a fork costs less than it saves
 MAX_BYTES = 1024**3  # and up to which (the mapped text is held in memory, as the ordinary read's)
@@ -36,15 +37,13 @@ class _ForkedRead:
         except OSError:
             os.close(self._memfd)
             raise
+        memfd = self._memfd
         try:
-            pid = os.fork()
+            pid = fork_child(lambda: _inflate(path, memfd, writing, reading))
         except OSError:
-            for fd in (reading, writing, self._memfd):
+            for fd in (reading, writing, memfd):
                 os.close(fd)
             raise
-        if pid == 0:
-            os.close(reading)
-            _child(path, self._memfd, writing)
         os.close(writing)
         self._pid: int | None = pid
         self._pipe: int | None = reading
@@ -56,9 +55,9 @@ class _ForkedRead:
         try:
             with open(self._pipe, "rb", closefd=False) as pipe:
                 report = pipe.read()
-            assert self._pid is not None
-            status = os.waitpid(self._pid, 0)[1]
-            self._pid = None
+            pid, self._pid = self._pid, None  # (waited for below, or never: not to be killed after)
+            assert pid is not None
+            status = os.waitpid(pid, 0)[1]
             if os.waitstatus_to_exitcode(status) != 0 or len(report) != _REPORT:
                 return None
             length = int.from_bytes(report, "little")
@@ -85,25 +84,22 @@ class _ForkedRead:
             self._pipe = None
 
 
-def _child(path: str, memfd: int, pipe: int) -> None:
-    """In the forked child: inflate `path` into `memfd`, report the length, exit (never returns)."""
-    status = 1
-    try:
-        from stepcli.inputs import inflated_pieces, input_limit, read_file
+def _inflate(path: str, memfd: int, pipe: int, parents_end: int) -> None:
+    """In the forked child: inflate `path` into `memfd`, then report the length. A text past MAX_BYTES (the
+    trailer's size is mod 4 GiB, and only the last member's) is left to the ordinary read: no report."""
+    os.close(parents_end)
+    from stepcli.inputs import inflated_pieces, input_limit, read_file
 
-        limit = input_limit()
-        total = 0
-        for piece in inflated_pieces(read_file(path, limit), limit, path):
-            with memoryview(piece) as view:
-                while view:
-                    view = view[os.write(memfd, view) :]
-            total += len(piece)
-        os.write(pipe, total.to_bytes(_REPORT, "little"))
-        status = 0
-    except BaseException:  # (Ctrl-C too) the parent reads the file itself, which names any problem
-        pass
-    finally:
-        os._exit(status)
+    limit = input_limit()
+    total = 0
+    for piece in inflated_pieces(read_file(path, limit), limit, path):
+        with memoryview(piece) as view:
+            while view:
+                view = view[os.write(memfd, view) :]
+        total += len(piece)
+        if total > MAX_BYTES:
+            return
+    os.write(pipe, total.to_bytes(_REPORT, "little"))
 
 
 _reads: dict[str, _ForkedRead] = {}
@@ -117,11 +113,6 @@ def read_ahead(path: str) -> None:
     size = _inflated_size(path)
     if size is None or not MIN_BYTES <= size <= MAX_BYTES:
         return
-    for stream in (sys.stdout, sys.stderr):  # a forked process must not inherit text this one still buffers
-        try:
-            stream.flush()
-        except (AttributeError, OSError, ValueError):
-            pass
     try:
         _reads[path] = _ForkedRead(path)
     except OSError:  # no memfd, a process limit: the ordinary read

@@ -26,11 +26,11 @@ import mmap
 import os
 import pickle
 import signal
-import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from stepcli.traces.columns import ColumnKeeper
+from stepcli.traces.forked import fork_child
 from stepcli.traces.reader import (
     Text,
     _decode,
@@ -84,15 +84,20 @@ class DecodeInTwo:
             assert layout is not None
             decode_slices(data, layout, stop, len(layout[1]), shapes, keeper)
             meta, _ = decode_rest(data, layout, shapes, keeper)
-        except Exception:  # the ordinary way names the problem
+        except BaseException as exc:  # the ordinary way names the problem; an interrupt stops the child too
             child.stop()
+            if not isinstance(exc, Exception):
+                raise
             return _decode(path, data, shapes, keeper_type)
         result = child.collect()
         whole = ColumnKeeper(shapes)
-        if result is None:  # the child failed: its slices are decoded here
-            decode_slices(data, layout, 0, stop, shapes, whole)
-        else:
-            whole.absorb_columns(*result[1:4])
+        try:
+            if result is None:  # the child failed: its slices are decoded here
+                decode_slices(data, layout, 0, stop, shapes, whole)
+            else:
+                whole.absorb_columns(*result[1:4])
+        except Exception:  # (a slice the child could not decode either)
+            return _decode(path, data, shapes, keeper_type)
         whole.absorb(keeper)
         return meta, whole
 
@@ -122,8 +127,10 @@ def decode_in_two(
             while os.read(claims, 1):
                 decode_slices(data, layout, mine, mine + 1, shapes, keeper)
                 mine += 1
-        except Exception:  # a slice that does not decode: the ordinary way below names the problem
-            child.stop()
+        except BaseException as exc:  # a slice that does not decode: the ordinary way names the problem
+            child.stop()  # (an interrupt stops the child too)
+            if not isinstance(exc, Exception):
+                raise
             return _decode(path, data, shapes, keeper_type)
     finally:
         os.close(claims)
@@ -191,11 +198,6 @@ def _start_child(
 
     The columns (~2 MB for a 35 MB trace) go through an in-memory file (memfd) and only their length through the
     pipe: through a 64 KB pipe they took 15 ms of back-and-forth between the two processes."""
-    for stream in (sys.stdout, sys.stderr):  # a forked process must not inherit text this one still buffers
-        try:
-            stream.flush()
-        except (AttributeError, OSError, ValueError):
-            pass
     try:
         reading, writing = os.pipe()
     except OSError:
@@ -204,18 +206,8 @@ def _start_child(
         memfd: int | None = os.memfd_create("stepcli-columns", os.MFD_CLOEXEC)
     except (AttributeError, OSError):  # (no memfd: the columns come through the pipe)
         memfd = None
-    try:
-        pid = os.fork()
-    except OSError:  # a process limit: decode here alone
-        for fd in (reading, writing, memfd):
-            if fd is not None:
-                os.close(fd)
-        return None
-    if pid:
-        os.close(writing)
-        return _Child(pid, reading, memfd)
-    status = 1
-    try:  # the child: never returns, never runs the parent's exit handlers
+
+    def work() -> None:
         os.close(reading)
         if claims is None:
             keeper = ColumnKeeper(shapes)
@@ -231,11 +223,16 @@ def _start_child(
             payload = len(payload).to_bytes(_LENGTH, "little")
         _write_all(writing, payload)
         os.close(writing)  # the parent's end of file now, not after this process's exit has torn down its memory
-        status = 0
-    except BaseException:  # (Ctrl-C too) the parent sees a failed child and decodes its part itself
-        pass
-    finally:
-        os._exit(status)
+
+    try:
+        pid = fork_child(work)
+    except OSError:  # a process limit: decode here alone
+        for fd in (reading, writing, memfd):
+            if fd is not None:
+                os.close(fd)
+        return None
+    os.close(writing)
+    return _Child(pid, reading, memfd)
 
 
 def _decode_claimed(

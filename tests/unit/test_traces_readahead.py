@@ -146,10 +146,10 @@ def test_a_child_that_dies_leaves_the_ordinary_read(gz: Path, forks: list[int]) 
 def test_a_child_that_fails_leaves_the_ordinary_read(
     gz: Path, forks: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def failing(path: str, memfd: int, pipe: int) -> None:
-        os._exit(1)
+    def failing(path: str, memfd: int, pipe: int, parents_end: int) -> None:
+        raise MemoryError
 
-    monkeypatch.setattr(readahead, "_child", failing)
+    monkeypatch.setattr(readahead, "_inflate", failing)
     ordinary = _facts(load_columns(str(gz)))
     readahead.read_ahead(str(gz))
     assert len(forks) == 1
@@ -215,11 +215,11 @@ def test_the_child_is_forked_before_numpy_would_be_needed(gz: Path) -> None:
         "import sys, os\n"
         "import stepcli.traces.readahead as r\n"
         "r.MIN_BYTES = 0\n"
-        "def child(path, memfd, pipe, real=r._child):\n"
+        "def child(path, memfd, pipe, parents_end, real=r._inflate):\n"
         "    import stepcli.inputs\n"
         "    os.write(2, repr(sorted(m for m in ('numpy', 'stepcli.traces.analysis') if m in sys.modules)).encode())\n"
-        "    real(path, memfd, pipe)\n"
-        "r._child = child\n"
+        "    real(path, memfd, pipe, parents_end)\n"
+        "r._inflate = child\n"
         "r.read_ahead(sys.argv[1])\n"
         "print(len(r.take(sys.argv[1])))\n"
     )
@@ -227,3 +227,19 @@ def test_the_child_is_forked_before_numpy_would_be_needed(gz: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stderr == "[]"
     assert int(done.stdout) == REAL.stat().st_size
+
+
+def test_a_text_past_the_read_ahead_size_is_left_to_the_ordinary_read(
+    tmp_path: Path, forks: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a gzip file of two members whose trailer (the last member's) gives a size far below its text's
+    text = REAL.read_bytes()
+    path = tmp_path / "two_members.json.gz"
+    path.write_bytes(gzip.compress(text[:-100]) + gzip.compress(text[-100:]))
+    monkeypatch.setattr(readahead, "MAX_BYTES", len(text) // 2)
+    ordinary = _facts(load_columns(str(path)))
+    # WHEN it is read ahead THEN the child stops past MAX_BYTES, and the ordinary read gives the same columns
+    readahead.read_ahead(str(path))
+    assert len(forks) == 1
+    assert readahead.take(str(path)) is None
+    assert _facts(load_columns(str(path))) == ordinary

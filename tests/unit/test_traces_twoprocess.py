@@ -288,3 +288,40 @@ def test_the_columns_come_back_through_an_in_memory_file_or_the_pipe(
     assert _facts(load_columns(str(REAL), decode=twoprocess.decode_in_two)) == _facts(load_columns(str(REAL)))
     assert len(made) == (1 if memfd else 0) and len(forks) == 1
     assert len(os.listdir("/proc/self/fd")) == fds
+
+
+@pytest.mark.usefixtures("sliced")
+def test_a_first_half_that_does_not_decode_gives_the_ordinary_error(tmp_path: Path, forks: list[int]) -> None:
+    # GIVEN a .gz trace whose first half holds a bare word where a number belongs (its child, started at half
+    # inflation, fails on it)
+    from stepcli import inputs
+
+    text = REAL.read_text()
+    at = text.index('"dur":', len(text) // 8)
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(gzip.compress((text[:at] + '"dur": tru' + text[at + len('"dur":') :]).encode()))
+    with pytest.raises(TraceError) as ordinary:
+        load_columns(str(bad))
+    # WHEN read with the two-process decoder THEN the error is the ordinary read's, word for word
+    real_step = inputs._INFLATE_STEP
+    try:
+        inputs._INFLATE_STEP = 4096
+        with pytest.raises(TraceError) as halves:
+            load_columns(str(bad), decode=twoprocess.DecodeInTwo(False))
+    finally:
+        inputs._INFLATE_STEP = real_step
+    assert halves.value.problem == ordinary.value.problem and "invalid JSON" in halves.value.problem
+    assert len(forks) == 1
+
+
+@pytest.mark.usefixtures("sliced")
+def test_an_interrupt_while_decoding_stops_the_child(forks: list[int]) -> None:
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        load_columns(str(REAL), decode=twoprocess.DecodeInTwo(False, meanwhile=interrupted))
+    assert len(forks) == 1
+    with pytest.raises(ChildProcessError):  # killed and waited for
+        os.waitpid(forks[0], os.WNOHANG)
+    assert twoprocess._exiting == []
