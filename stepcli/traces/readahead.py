@@ -20,6 +20,7 @@ import os
 import signal
 import threading
 
+from stepcli.inputs import inflated_pieces, input_limit, read_file  # (imported before the fork: the child has it)
 from stepcli.traces.forked import fork_child
 
 MIN_BYTES = 4 * 1024 * 1024  # the inflated size (from the gzip trailer) from which a fork costs less than it saves
@@ -88,8 +89,6 @@ def _inflate(path: str, memfd: int, pipe: int, parents_end: int) -> None:
     """In the forked child: inflate `path` into `memfd`, then report the length. A text past MAX_BYTES (the
     trailer's size is mod 4 GiB, and only the last member's) is left to the ordinary read: no report."""
     os.close(parents_end)
-    from stepcli.inputs import inflated_pieces, input_limit, read_file
-
     limit = input_limit()
     total = 0
     for piece in inflated_pieces(read_file(path, limit), limit, path):
