@@ -230,6 +230,22 @@ def _no_leaked_config(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
+@pytest.fixture
+def forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pids of the children this process forks during the test (os.fork is wrapped for every module)."""
+    pids: list[int] = []
+    real_fork = os.fork
+
+    def fork() -> int:
+        pid = real_fork()
+        if pid:
+            pids.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", fork)
+    return pids
+
+
 @pytest.fixture(scope="session")
 def rank_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Four ranks of a real torch trace, each slowed by its own factor (rank 2 the most), rank 3 gzipped."""

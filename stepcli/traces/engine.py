@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from stepcli.errors import StepcliError, TraceError
 from stepcli.traces.columns import ColumnTrace, load_columns
 from stepcli.traces.files import list_trace_files
+from stepcli.traces.forked import available_cores
 from stepcli.traces.reader import Decode
 
 if TYPE_CHECKING:  # multiprocessing and concurrent.futures cost ~20 ms to import: only where a pool is made
@@ -27,14 +28,6 @@ if TYPE_CHECKING:  # multiprocessing and concurrent.futures cost ~20 ms to impor
     from stepcli.traces.model import FilePart, TraceSummary
 
 _T = TypeVar("_T")
-
-
-def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity, which a job scheduler or taskset narrows)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # macOS has no sched_getaffinity
-        return max(1, os.cpu_count() or 1)
 
 
 def worker_count(jobs: int | None, files: int) -> int:

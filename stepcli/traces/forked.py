@@ -3,7 +3,8 @@
 `stepcli table` forks helpers of its own (stepcli.traces.readahead, stepcli.traces.twoprocess). A child must never
 unwind into click, print a second "Aborted!", run the parent's exit handlers or flush output the parent still
 buffers: it ends with os._exit whatever happens. SIGINT is blocked across the fork and unblocked inside the
-child's guard, so a Ctrl-C cannot land in the moment between the fork and the guard.
+child's guard, so a Ctrl-C cannot land in the moment between the fork and the guard. Also how many cores such
+processes (and the engine's workers) have to run on.
 """
 
 from __future__ import annotations
@@ -12,6 +13,15 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a job scheduler or taskset narrows): how many
+    processes, helpers or workers, can usefully run at once."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS has no sched_getaffinity
+        return max(1, os.cpu_count() or 1)
 
 
 def fork_child(work: Callable[[], object]) -> int:
@@ -40,3 +50,15 @@ def fork_child(work: Callable[[], object]) -> int:
         pass
     finally:
         os._exit(status)
+
+
+def stop_child(pid: int) -> None:
+    """Kill a child of fork_child and wait for it (it has not been waited for, so its pid is still its own)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass

@@ -17,11 +17,10 @@ from __future__ import annotations
 import atexit
 import mmap
 import os
-import signal
 import threading
 
 from stepcli.inputs import inflated_pieces, input_limit, read_file  # (imported before the fork: the child has it)
-from stepcli.traces.forked import fork_child
+from stepcli.traces.forked import fork_child, stop_child
 
 MIN_BYTES = 4 * 1024 * 1024  # the inflated size (from the gzip trailer) from which a fork costs less than it saves
 MAX_BYTES = 1024**3  # and up to which (the mapped text is held in memory, as the ordinary read's)
@@ -74,11 +73,7 @@ class _ForkedRead:
         """Kill and reap the child if it still runs; close the pipe and the in-memory file."""
         if self._pid is not None:
             pid, self._pid = self._pid, None
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except OSError:
-                pass
+            stop_child(pid)
         if self._pipe is not None:
             os.close(self._pipe)
             os.close(self._memfd)

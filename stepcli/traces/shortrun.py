@@ -46,11 +46,9 @@ def read_ahead_one(paths: Sequence[str], jobs: int | None, scheduler: str | None
     `--jobs 1`, which asks for one core, nor with a cluster, whose workers read it)."""
     if len(paths) != 1 or jobs == 1 or scheduler is not None or not paths[0].endswith(".gz"):
         return
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        cores = os.cpu_count() or 1
-    if cores < 2 or not os.path.isfile(paths[0]):
+    from stepcli.traces.forked import available_cores
+
+    if available_cores() < 2 or not os.path.isfile(paths[0]):
         return
     from stepcli.traces.readahead import read_ahead
 

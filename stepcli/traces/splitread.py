@@ -143,16 +143,7 @@ def _fill(file: Any, block: bytearray, start: int, end: int) -> int:
     size = end - start
     block[0] = _OPEN
     block[size + 1] = _CLOSE
-    with memoryview(block) as whole:
-        view = whole[1 : size + 1]
-        file.seek(start)
-        done = 0
-        while done < size:
-            got = file.readinto(view[done:])
-            if not got:
-                raise EOFError("the file got shorter while it was read")
-            done += got
-        view.release()
+    _read_range(file, block, 1, start, size)
     return size + 2
 
 
@@ -162,16 +153,20 @@ def _read_into(file: Any, before: bytes, start: int, end: int, after: bytes) -> 
     buffer = bytearray(len(before) + size + len(after))
     buffer[: len(before)] = before
     buffer[len(before) + size :] = after
-    view = memoryview(buffer)[len(before) : len(before) + size]
-    file.seek(start)
-    done = 0
-    while done < size:
-        got = file.readinto(view[done:])
-        if not got:
-            raise EOFError("the file got shorter while it was read")
-        done += got
-    view.release()
+    _read_range(file, buffer, len(before), start, size)
     return buffer
+
+
+def _read_range(file: Any, buffer: bytearray, at: int, start: int, size: int) -> None:
+    """`file[start:start + size]` read straight into `buffer[at:]`; EOFError if the file is shorter now."""
+    with memoryview(buffer) as whole, whole[at : at + size] as view:
+        file.seek(start)
+        done = 0
+        while done < size:
+            got = file.readinto(view[done:])
+            if not got:
+                raise EOFError("the file got shorter while it was read")
+            done += got
 
 
 def read_split(

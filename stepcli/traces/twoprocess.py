@@ -25,12 +25,11 @@ import atexit
 import mmap
 import os
 import pickle
-import signal
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from stepcli.traces.columns import ColumnKeeper
-from stepcli.traces.forked import fork_child
+from stepcli.traces.forked import fork_child, stop_child
 from stepcli.traces.reader import (
     Text,
     _decode,
@@ -169,7 +168,7 @@ class _Child(NamedTuple):
         for fd in (self.pipe, self.memfd):
             if fd is not None:
                 os.close(fd)
-        _stop(self.pid)
+        stop_child(self.pid)
 
 
 def _claims(slices: int) -> int | None:
@@ -283,7 +282,7 @@ def _collect(pid: int, pipe: int, memfd: int | None) -> Any:
         if memfd is not None:
             os.close(memfd)
         if result is None:
-            _stop(pid)
+            stop_child(pid)
         else:
             _exiting.append(pid)
             if len(_exiting) == 1:
@@ -301,15 +300,3 @@ def reap_children() -> None:
             os.waitpid(_exiting.pop(), 0)
         except ChildProcessError:
             pass
-
-
-def _stop(pid: int) -> None:
-    """Kill the child and wait for it (it has not been waited for, so its pid is still its own)."""
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass

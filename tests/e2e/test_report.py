@@ -193,9 +193,15 @@ def test_run_writes_report_and_points_to_it(demo_run: dict[str, Any], browser: A
     assert after_next[1].strip() == f"open {out / 'report.html'} in a browser", after_next
     html = page.read_text()
     _assert_self_contained(html)
-    # AND no advice fires on the demo (nothing in its numbers crosses a threshold)
-    assert _advice_rules(html) == [] and "advice:" not in result.stderr
-    assert "No rule fired" in html
+    # AND no advice fires on the demo (nothing in its numbers crosses a threshold), unless a loaded machine pushed
+    # its data loading (~0.7 ms of ~3 ms steps) past the rule's own thresholds, as a loaded CI machine once did
+    from stepcli.run.advice import DATALOADER_MIN_MS, DATALOADER_SHARE
+
+    breakdown = demo_run["summary"]["breakdown_ms"]
+    loading = breakdown["dataloader"]
+    slowed = loading / sum(breakdown.values()) > DATALOADER_SHARE and loading >= DATALOADER_MIN_MS
+    assert _advice_rules(html) == (["data-loading"] if slowed else []), result.stderr
+    assert ("advice:" in result.stderr) == slowed and ("No rule fired" in html) == (not slowed)
     # AND the page shows the run's facts, its trace as a relative link, and the shapes table (--record-shapes)
     assert "exit status" in html and 'id="shape-ops"' in html
     trace = trace_files(out)[0]

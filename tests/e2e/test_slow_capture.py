@@ -117,11 +117,14 @@ def test_the_whole_run_is_recorded_compactly_in_summary_and_report(
 
 
 def test_a_steady_run_records_nothing(tmp_path: Path) -> None:
-    # Steps of 100 ms: a busy machine's hiccups (a few ms to a few hundred) stay far from 5x the median.
+    # Steps of 100 ms: a busy machine's hiccups (a few ms to a few hundred) mostly stay far from 5x the median.
     result, summary, out = _run(tmp_path, "40", "", "0", "0.1", rule="5x")
-    assert trace_files(out) == [], result.stderr
-    assert summary["windows"] == []
-    assert "took" not in result.stderr
+    # A hiccup that did pass it (a 766 ms step among 143 ms ones was seen on a loaded CI machine) is a step the
+    # rule rightly calls slow: every window stepcli recorded has such a trigger, and nothing else is recorded.
+    windows = summary["windows"]
+    assert all(w["trigger"]["ms"] >= 5 * w["trigger"]["baseline_ms"] for w in windows), (windows, result.stderr)
+    assert len(trace_files(out)) == len(windows), result.stderr
+    assert result.stderr.count(" took ") == len(windows), result.stderr
 
 
 def test_a_periodic_slowdown_is_caught_by_a_predicted_window(

@@ -50,22 +50,6 @@ def gz(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The pids of the children read_ahead forks."""
-    pids: list[int] = []
-    real_fork = os.fork
-
-    def fork() -> int:
-        pid = real_fork()
-        if pid:
-            pids.append(pid)
-        return pid
-
-    monkeypatch.setattr(readahead.os, "fork", fork)
-    return pids
-
-
 def _reaped(pid: int) -> bool:
     try:
         os.waitpid(pid, os.WNOHANG)

@@ -54,22 +54,6 @@ def sliced(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(twoprocess, "MIN_BYTES", 0)
 
 
-@pytest.fixture
-def forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The pids of the children forked by the module under test."""
-    pids: list[int] = []
-    real_fork = os.fork
-
-    def fork() -> int:
-        pid = real_fork()
-        if pid:
-            pids.append(pid)
-        return pid
-
-    monkeypatch.setattr(twoprocess.os, "fork", fork)
-    return pids
-
-
 @pytest.mark.parametrize("shapes", [False, True])
 @pytest.mark.usefixtures("sliced")
 def test_two_processes_give_the_one_process_columns(tmp_path: Path, forks: list[int], shapes: bool) -> None:
