@@ -21,6 +21,7 @@ from .config import CLOCK_KEY, INCOMPLETE_STEP_KEY, AgentConfig
 from .cpuwait import CpuWait
 from .output import cause, export_trace, human_size, say, trace_folder, worker_name, write_failed
 from .schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP
+from .torchquiet import QuietProfiler, ask_cupti_teardown
 from .tracker import FOREIGN, NEVER, StepTracker
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
@@ -135,7 +136,8 @@ class Recorder:
             self._cpu_time.end(prof)  # (before step(), which may stop the profiler)
             if prof.current_action.value == RECORD_AND_SAVE:
                 self._announce_save(step - 1)  # this step() stops the profiler and saves: a pause worth a line
-            prof.step()
+            with QuietProfiler():
+                prof.step()
             if prof.current_action.value == NONE or self.disabled:  # disabled: saving its last cycle failed
                 self._close()
                 return NONE, NEVER if self.disabled else self.next_cycle_start(step + 1)
@@ -199,17 +201,19 @@ class Recorder:
 
         action: Any = profiler.ProfilerAction(self.schedule.action(step))
         self.building = True
+        ask_cupti_teardown()
         try:
-            prof = profiler.profile(
-                activities=self._activities(profiler),
-                schedule=self._torch_schedule,
-                on_trace_ready=self._on_trace_ready,
-                record_shapes=self.config.record_shapes,
-                profile_memory=self.config.profile_memory,
-                with_stack=self.config.with_stack,
-                with_flops=self.config.with_flops,
-                with_modules=self.config.with_modules,
-            )
+            with QuietProfiler():
+                prof = profiler.profile(
+                    activities=self._activities(profiler),
+                    schedule=self._torch_schedule,
+                    on_trace_ready=self._on_trace_ready,
+                    record_shapes=self.config.record_shapes,
+                    profile_memory=self.config.profile_memory,
+                    with_stack=self.config.with_stack,
+                    with_flops=self.config.with_flops,
+                    with_modules=self.config.with_modules,
+                )
         finally:
             self.building = False
         # Start the object at the global step instead of 0, so ProfilerStep#N numbers global steps.
@@ -226,7 +230,8 @@ class Recorder:
                 + (f" (warming up from step {step})" if step < first_record else "")
             )
         self.guard_signals(True)
-        prof.start()
+        with QuietProfiler():
+            prof.start()
         self._cpu_time.reset()
         if action.value >= RECORD:
             _mark_clock(prof)
@@ -240,7 +245,8 @@ class Recorder:
     def _close(self) -> None:
         # prof stays `self.prof` during stop(), so the start/stop hooks recognize it as ours.
         try:
-            self.prof.stop()
+            with QuietProfiler():
+                self.prof.stop()
         finally:
             self.prof = None
             self._window = None
@@ -388,7 +394,8 @@ class Recorder:
         if prof is not None and _on_main_thread():
             self._discard, self._cut_reason = True, "profiling was disabled"
             try:
-                prof.stop()
+                with QuietProfiler():
+                    prof.stop()
             except Exception:
                 pass
             finally:
