@@ -9,14 +9,18 @@ baddbmm, conv2d, mul, add: none calls another, so their sum counts nothing twice
 recorded steps (stepcli.traces.analysis), and the side file wins when both exist. The device is the side file's,
 else the trace's `deviceProperties`. Over the recorded steps of the traces that have counts: flops_per_step =
 FLOPs / steps, achieved_flops_per_s = FLOPs / recorded step time, and mfu = achieved / the device's dense tensor
-peak for a dtype (PEAKS; README lists them with sources), null when the device is unknown (CPU included).
+peak for a dtype (PEAKS; README lists them with sources), null when the device is unknown (CPU included); `pace`
+"recorded", the same figures under `*_recorded`. `stepcli run` then puts them at the untouched steps' pace
+(at_untouched_pace: FLOPs per step / their median time), the profiler's cost left out.
 
 The dtype of that peak comes from the GPU's GEMM and convolution kernels' names (`gemm_dtype`: cuBLAS, cuBLASLt,
 CUTLASS, cuDNN, rocBLAS/hipBLASLt's Tensile name their input dtype): the dtype whose kernels ran longest inside
 the recorded steps. Each unique name is read once (names are interned in the columns), so no event costs Python
-time. With no kernel recognised (CPU, Triton kernels, names without a dtype) it stays BF16 and is said to be
-assumed (`mfu_dtype_assumed`): the operators' own `Input type` args exist only with record_shapes, and reading
-them would slow every such trace's decoding.
+time. A GEMM kernel whose name says no dtype (cuBLAS 12.8+'s `nvjet_*`, `undtyped_gemm`) takes its launching
+operator's (`op_dtype`: FP8 for the scaled matmuls, else the operator's first `Input type`, recorded with
+record_shapes), matched by the `External id` both carry; the reader keeps those ids and dtypes only for GEMM
+operators and such kernels (stepcli.traces.columns). With no kernel recognised (CPU, Triton kernels, an nvjet
+kernel whose operator says no dtype) it stays BF16 and is said to be assumed (`mfu_dtype_assumed`).
 """
 
 from __future__ import annotations
