@@ -241,3 +241,65 @@ def fragmented() -> tuple[SnapshotBuilder, dict[str, Any]]:
     b.oom(32 * MiB, 1 * MiB, [user(44)])
     info = {"step": 1, "phase": "forward", "requested_bytes": 32 * MiB, "device_free_bytes": MiB}
     return b, info
+
+
+def batch_doubling(
+    steps: int = 5, params: int = 8 * MiB, batch: int = 4 * MiB, layers: int = 4
+) -> tuple[SnapshotBuilder, dict[str, Any]]:
+    """A batch that doubles every step until forward runs out of memory. Each step's input batch (train.py:16)
+    and output (train.py:24) stay alive into the next step, until the names are bound again, so memory at each
+    step's start grows with the batch; yet nothing a step makes outlives the step after it: no leak."""
+    b = SnapshotBuilder()
+    b.step(0)
+    for _ in range(layers):
+        b.alloc(params // layers, to_device(12))
+    grads: list[int] = []
+    kept: list[int] = []  # the previous step's batch and output
+    for step in range(steps + 1):
+        b.step(step)
+        size = batch << step
+        x = b.alloc(size, [user(16)])
+        for addr in kept:  # `x = ...` and `out = model(x)` drop the previous step's
+            b.free(addr)
+        acts = [b.alloc(2 * size, forward(20 + i)) for i in range(layers)]
+        if step == steps:
+            request = 4 * size
+            b.oom(request, MiB, forward(20))
+            info = {"step": steps, "phase": "forward", "requested_bytes": request, "device_total_bytes": 8 << 30}
+            info["device_free_bytes"] = MiB
+            return b, info
+        out = b.alloc(size // 4, forward(24))
+        for a in reversed(acts):
+            b.free(a)
+        for g in grads:
+            b.free(g)
+        grads = [b.alloc(params // layers, []) for _ in range(layers)]
+        kept = [x, out]
+    raise AssertionError("unreachable")
+
+
+def leak_until_oom(steps: int = 8, kept: int = 48 * MiB) -> tuple[SnapshotBuilder, dict[str, Any]]:
+    """`outputs.append(model(x))` (train.py:24) keeps each step's forward output (`kept` bytes, allocated inside
+    the model's forward: activations) alive until forward runs out of memory: the leak holds most of it."""
+    b = SnapshotBuilder()
+    b.step(0)
+    params, layers, activation = 8 * MiB, 4, 64 * MiB
+    for _ in range(layers):
+        b.alloc(params // layers, to_device(12))
+    grads: list[int] = []
+    for step in range(steps + 1):
+        b.step(step)
+        acts = [b.alloc(activation // layers, forward(20 + i)) for i in range(layers)]
+        if step == steps:
+            request = 256 * MiB
+            b.oom(request, MiB, forward(24))
+            info = {"step": steps, "phase": "forward", "requested_bytes": request, "device_total_bytes": 8 << 30}
+            info["device_free_bytes"] = MiB
+            return b, info
+        b.alloc(kept, forward(24))  # kept in the list: never freed
+        for a in reversed(acts):
+            b.free(a)
+        for g in grads:
+            b.free(g)
+        grads = [b.alloc(params // layers, []) for _ in range(layers)]
+    raise AssertionError("unreachable")

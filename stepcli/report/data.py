@@ -87,6 +87,7 @@ def build(
     _add_step_times(data, summary, analysis)
     if analysis:
         _add_trace_tables(data, analysis, parts)
+        data.device = _at_the_runs_pace(data.device, summary)
     elif summary is not None:
         _add_summary_tables(data, summary)
     # The slowest rank is the straggler of stepcli.traces.ranks or nobody: the terminal and --json say the same.
@@ -180,6 +181,15 @@ def _add_trace_tables(data: ReportData, analysis: dict[str, Any], parts: list[li
         data.shape_ops = [op for op in shaped_ops if op["name"] != STEP_KEY][:TOP_ROWS]
     if analysis.get("skipped_events"):
         data.notes.append(f"{analysis['skipped_events']} trace event(s) had unusable times and were left out")
+
+
+def _at_the_runs_pace(device: dict[str, Any] | None, summary: RunSummary | None) -> dict[str, Any] | None:
+    """The traces' device figures with the run summary's FLOP/s and MFU when the summary took them at the
+    untouched steps' pace (stepcli.run.summary): the traces alone only know the recorded steps' pace."""
+    flops = (summary or {}).get("flops")
+    if not device or not flops or flops.get("pace") != "untouched":
+        return device
+    return device | {key: flops[key] for key in flops if key in device}
 
 
 def _add_summary_tables(data: ReportData, summary: RunSummary) -> None:

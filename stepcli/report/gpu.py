@@ -235,13 +235,14 @@ def gpu_section(device: Mapping[str, Any] | None, ranks: Sequence[Mapping[str, A
         + f"memory {device['memory_share']:.1%}, idle {device['idle_share']:.1%}."
     )
     if device.get("flops_per_step") is not None:
+        from stepcli.traces.devicerender import pace_text
+
         facts += f" {device['flops_per_step']:.3g} FLOPs per step, {device['achieved_flops_per_s'] / 1e12:.3g} TFLOP/s"
         if device.get("mfu") is not None:
             dtype = str(device.get("mfu_dtype") or "bf16").upper()
             facts += f", MFU {device['mfu']:.1%} of the dense {dtype} peak"
-            facts += " (dtype assumed)." if device.get("mfu_dtype_assumed") else " (dtype of its GEMM kernels)."
-        else:
-            facts += "."
+            facts += " (dtype assumed)" if device.get("mfu_dtype_assumed") else " (dtype of its GEMM kernels)"
+        facts += pace_text(device) + "."
     return "".join(
         [
             f"<style>{_CSS}</style>",

@@ -226,6 +226,7 @@ def build_run_summary(
         notes.append(f"{foreign} step(s) ran under the program's own profiler and are left out of the statistics")
 
     analysis = _trace_analysis(trace_paths, notes, traces)
+    flops, device = _at_program_pace(analysis, untouched)
     rss = [log["peak_rss_bytes"] for log in logs if log.get("peak_rss_bytes")]
     cuda = [log["cuda_peak_bytes"] for log in logs if log.get("cuda_peak_bytes")]
     torch_version = next((log.get("torch") for log in logs if log.get("torch")), None)
@@ -280,8 +281,8 @@ def build_run_summary(
         "share_of": (analysis or {}).get("share_of"),
         "outside_steps": (analysis or {}).get("outside_steps"),
         "breakdown_ms": (analysis or {}).get("breakdown_ms"),
-        "device": (analysis or {}).get("device"),
-        "flops": (analysis or {}).get("flops"),
+        "device": device,
+        "flops": flops,
         "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
         "compile": compile_summary(logs),
         "hang": hang_summary(  # --hang-timeout reports (stepcli/run/hangreport.py)
@@ -295,6 +296,22 @@ def build_run_summary(
     }
     summary["advice"] = _advice(summary, analysis)
     return summary
+
+
+def _at_program_pace(
+    analysis: dict[str, Any] | None, untouched: list[float]
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The `flops` and `device` sections with achieved FLOP/s and MFU at the untouched steps' pace (their median
+    time: the program's own, without the profiler's cost) when there are untouched steps; the recorded steps'
+    figures stay under `achieved_flops_per_s_recorded` and `mfu_recorded` (stepcli.traces.flops.at_untouched_pace)."""
+    from stepcli.traces.flops import at_untouched_pace
+
+    flops, device = (analysis or {}).get("flops"), (analysis or {}).get("device")
+    stats = describe(untouched)
+    paced = at_untouched_pace(flops, stats["median"] if stats else None)
+    if paced is not flops and paced is not None and device is not None:
+        device = device | {key: paced[key] for key in flops or {} if key in device}
+    return paced, device
 
 
 def _advice(summary: RunSummary, analysis: dict[str, Any] | None) -> list[AdviceItem]:

@@ -8,6 +8,7 @@ ACTIVATIONS_SHARE = 0.5  # activations at least half of the allocated memory at 
 OPTIMIZER_SHARE = 0.4  # optimizer state at least 40%
 FRAGMENTED_SHARE = 0.3  # reserved but unallocated at least 30% of reserved ...
 FRAGMENTED_MIN_BYTES = 256 << 20  # ... and at least 256 MiB
+LEAK_HOLDS_SHARE = 0.5  # a leak holding at least half of the allocated memory at the moment comes first
 
 
 def size(count: float | None) -> str:
@@ -29,20 +30,29 @@ def where(report: dict[str, Any]) -> str:
 
 
 def advise(report: dict[str, Any]) -> list[dict[str, str]]:
-    """`rule`, `text` (what to try) and `evidence` (the figures and threshold) per rule that fires."""
+    """`rule`, `text` (what to try) and `evidence` (the figures and threshold) per rule that fires; a leak that
+    holds most of the memory at the moment first (nothing else helps before it is fixed)."""
     found: list[dict[str, str]] = []
     allocated = report["moment"]["allocated_bytes"]
     split = report["split"]
+    leak = report.get("leak")
+    held = (leak or {}).get("held_bytes") or 0
+    holds = allocated > 0 and held / allocated >= LEAK_HOLDS_SHARE
+    leak_item = _leak(report, leak, holds) if leak else None
+    if leak_item is not None and holds:
+        found.append(leak_item)
     if allocated > 0:
         share = split["activations"] / allocated
         if share >= ACTIVATIONS_SHARE:
+            kept = (leak or {}).get("held_activation_bytes") or 0
+            by_leak = f"; {size(kept)} of them kept alive by the leak" if kept else ""
             found.append(
                 {
                     "rule": "activations",
                     "text": "activations dominate: use activation checkpointing (torch.utils.checkpoint) on the "
                     "largest blocks, or a smaller micro-batch (with gradient accumulation to keep the batch size)",
                     "evidence": f"activations are {share:.0%} ({size(split['activations'])}) of the "
-                    f"{size(allocated)} allocated {where(report)}; threshold {ACTIVATIONS_SHARE:.0%}",
+                    f"{size(allocated)} allocated {where(report)}{by_leak}; threshold {ACTIVATIONS_SHARE:.0%}",
                 }
             )
         share = split["optimizer_state"] / allocated
@@ -59,24 +69,38 @@ def advise(report: dict[str, Any]) -> list[dict[str, str]]:
     fragmentation = _fragmentation(report)
     if fragmentation is not None:
         found.append(fragmentation)
-    leak = report.get("leak")
-    if leak:
-        site = leak["site"]
-        named = f"{site['file']}:{site['line']} ({site['function']})" if site else "no single site"
-        grows = (
-            f"; the site keeps {size(leak['site_bytes_per_step'])} more per step" if leak["site_bytes_per_step"] else ""
-        )
-        found.append(
-            {
-                "rule": "leak",
-                "text": f"memory grows step over step: the allocation site that grows is {named}; something keeps "
-                "its tensors alive across steps (e.g. a loss summed without .item() or .detach(), a list of outputs)",
-                "evidence": f"allocated memory at the start of steps {leak['first_step']}-{leak['last_step']} grew "
-                f"{size(leak['growth_bytes'])} (+{size(leak['per_step_bytes'])} per step{grows}); threshold: "
-                "3 consecutive increases, 1 MiB in all",
-            }
-        )
+    if leak_item is not None and not holds:
+        found.append(leak_item)
     return found
+
+
+def _leak(report: dict[str, Any], leak: dict[str, Any], holds: bool) -> dict[str, str]:
+    """The leak's advice: tensors made in earlier steps kept alive (stepcli.snapshots.analysis.find_leak)."""
+    site = leak["site"]
+    named = f"{site['file']}:{site['line']} ({site['function']})" if site else "no single site"
+    grows = f"; the site keeps {size(leak['site_bytes_per_step'])} more per step" if leak["site_bytes_per_step"] else ""
+    allocated = report["moment"]["allocated_bytes"]
+    held = leak.get("held_bytes")
+    first = ""
+    if holds:
+        first = (
+            f"a leak holds most of the memory ({held / allocated:.0%}): fix it first, no other advice helps before; "
+        )
+    holding = (
+        f"; tensors of earlier steps from that site hold {size(held)} of the {size(allocated)} allocated "
+        f"{where(report)} (first when ≥ {LEAK_HOLDS_SHARE:.0%})"
+        if held
+        else ""
+    )
+    return {
+        "rule": "leak",
+        "text": f"{first}tensors made in earlier steps stay alive and pile up: the allocation site is {named}; "
+        "something keeps its tensors alive across steps (e.g. a loss summed without .item() or .detach(), a list "
+        "of outputs)",
+        "evidence": f"allocated memory at the start of steps {leak['first_step']}-{leak['last_step']} grew "
+        f"{size(leak['growth_bytes'])} (+{size(leak['per_step_bytes'])} per step{grows}), and each of those steps "
+        f"left tensors alive two steps on{holding}; threshold: 3 consecutive increases, 1 MiB in all",
+    }
 
 
 def _fragmentation(report: dict[str, Any]) -> dict[str, str] | None:

@@ -72,7 +72,7 @@ def analyze(snapshot: Snapshot, top: int = 10) -> dict[str, Any]:
         },
         "top_sites": _sites(snapshot.stacks, at, top),
         "steps": [_step_json(f) for f in sorted(whole.steps.values(), key=lambda f: f.step)],
-        "leak": find_leak(whole.steps, whole.survivors, snapshot.stacks),
+        "leak": find_leak(whole.steps, whole.survivors, snapshot.stacks, at, moment["step"]),
     }
 
 
@@ -163,11 +163,19 @@ def _step_json(figures: StepFigures) -> dict[str, Any]:
 
 
 def find_leak(
-    steps: dict[int, StepFigures], survivors: dict[int, dict[int, int]], stacks: list[Stack]
+    steps: dict[int, StepFigures],
+    survivors: dict[int, dict[int, int]],
+    stacks: list[Stack],
+    at: Replay | None = None,
+    moment_step: int | None = None,
 ) -> dict[str, Any] | None:
-    """Allocated memory at the start of a step (the same phase every step) that grew over the last
-    LEAK_MIN_INCREASES+ consecutive steps by LEAK_MIN_BYTES+ in all, and the site whose allocations outlive
-    their step by the most bytes in every one of those steps."""
+    """Tensors made in earlier steps, still alive and piling up: allocated memory at the start of a step (the same
+    phase every step) that grew over the last LEAK_MIN_INCREASES+ consecutive steps by LEAK_MIN_BYTES+ in all,
+    while every one of those steps (whose fate is known) left allocations alive two steps on, LEAK_MIN_BYTES+ in
+    all. A start-of-step figure that only grows with the batch (each step's tensors freed in the next one) is no
+    leak. With it, the site whose allocations outlive their step by the most bytes in every one of those steps,
+    and (`at`: the moment's replay) the bytes that site's allocations of earlier steps than the moment's
+    (`moment_step`) hold then, `held_bytes`."""
     series = [f for f in sorted(steps.values(), key=lambda f: f.step) if f.complete]
     if not series:
         return None
@@ -180,15 +188,19 @@ def find_leak(
     growth = run[-1].start_allocated - run[0].start_allocated
     if len(run) <= LEAK_MIN_INCREASES or growth < LEAK_MIN_BYTES:
         return None
-    per_site: dict[Frame | None, dict[int, int]] = {}
     checked = [f.step for f in run[:-1] if f.step in survivors]
+    kept = [sum(survivors[step].values()) for step in checked]
+    if not checked or min(kept) <= 0 or sum(kept) < LEAK_MIN_BYTES:
+        return None  # nothing made in those steps stays alive: memory grew with the work, not with kept tensors
+    per_site: dict[Frame | None, dict[int, int]] = {}
     for step in checked:
         for stack, size in survivors[step].items():
             frame, _via = categories.site(stacks[stack])
             bucket = per_site.setdefault(frame, {})
             bucket[step] = bucket.get(step, 0) + size
-    steady = {frame: sizes for frame, sizes in per_site.items() if checked and len(sizes) == len(checked)}
+    steady = {frame: sizes for frame, sizes in per_site.items() if len(sizes) == len(checked)}
     grows = max(steady, key=lambda f: sum(steady[f].values()), default=None) if steady else None
+    held, held_activations = _held(stacks, at, grows, moment_step) if grows is not None else (None, None)
     return {
         "first_step": run[0].step,
         "last_step": run[-1].step,
@@ -197,4 +209,22 @@ def find_leak(
         "per_step_bytes": growth // (len(run) - 1),
         "site": _frame_json(grows),
         "site_bytes_per_step": (sum(steady[grows].values()) // len(checked)) if grows in steady else None,
+        "held_bytes": held,
+        "held_activation_bytes": held_activations,
     }
+
+
+def _held(
+    stacks: list[Stack], at: Replay | None, site: Frame, moment_step: int | None
+) -> tuple[int | None, int | None]:
+    """(bytes, of which activations) alive at the moment that the leak's site allocated in steps before the
+    moment's (tensors of the moment's own step are not kept yet); (None, None) without a moment or its step."""
+    if at is None or moment_step is None:
+        return None, None
+    held = activations = 0
+    for size, stack, step in at.live.values():
+        if step is not None and step < moment_step and categories.site(stacks[stack])[0] == site:
+            held += size
+            if categories.category(stacks[stack], True) == "activations":
+                activations += size
+    return held, activations

@@ -442,9 +442,29 @@ def _gemm_time(columns: Columns, result: TraceResult) -> dict[str, Any]:
     lo = np.array([s for s, _ in spans], np.int64)
     hi = np.array([e for _, e in spans], np.int64)
     kernels = kernels[in_spans(ns.start[kernels], lo, hi)]
-    times = np.bincount(code[columns.name[kernels]], weights=ns.dur[kernels], minlength=len(DTYPES) + 1)
+    codes = code[columns.name[kernels]]
+    if columns.gemm_kernels and columns.gemm_ops:
+        _operator_dtypes(columns, kernels, codes)
+    times = np.bincount(codes, weights=ns.dur[kernels], minlength=len(DTYPES) + 1)
     gemm_ns = {dtype: int(times[i]) for i, dtype in enumerate(DTYPES) if times[i] > 0}
     return {"gemm_ns": gemm_ns} if gemm_ns else {}
+
+
+def _operator_dtypes(columns: Columns, kernels: Any, codes: Any) -> None:
+    """Give the GEMM kernels among `kernels` whose names say no dtype (cuBLAS 12.8+'s nvjet_*) the dtype of the
+    operator that launched them, matched by `External id` (a kernel's is its innermost operator's), in `codes`;
+    only these few kernels and operators are looked at."""
+    import numpy as np
+
+    rows = np.fromiter(columns.gemm_kernels, np.int64, len(columns.gemm_kernels))
+    externals = np.fromiter(columns.gemm_kernels.values(), np.int64, len(rows))
+    at = np.searchsorted(kernels, rows)
+    mine = (at < len(kernels)) & (kernels[np.minimum(at, len(kernels) - 1)] == rows) if len(kernels) else at < 0
+    if not mine.any():
+        return
+    dtype_of = {external: DTYPES.index(dtype) for external, dtype in columns.gemm_ops.values()}
+    unknown = len(DTYPES)
+    codes[at[mine]] = [dtype_of.get(external, unknown) for external in externals[mine].tolist()]
 
 
 def _launches(

@@ -62,6 +62,11 @@ class Columns:
     # event index -> (process group name, sequence number or -1, member ranks as written) of the host events that
     # carry them (`record_param_comms` on NCCL traces; stepcli.traces.reader.group_of): few, so a dict
     groups: dict[int, tuple[str, int, str]] = field(default_factory=dict)
+    # event index -> (External id, dtype) of the GEMM operators whose kernels' dtype is known from the operator
+    # (stepcli.traces.flops.op_dtype), and event index -> External id of the GEMM kernels whose names say no
+    # dtype (nvjet_*): the kernel's dtype is its operator's. Few, so dicts.
+    gemm_ops: dict[int, tuple[int, str]] = field(default_factory=dict)
+    gemm_kernels: dict[int, int] = field(default_factory=dict)
     names: list[str] = field(default_factory=list)
     ids: list[int | str] = field(default_factory=list)
     shapes: list[str] = field(default_factory=lambda: [""])
@@ -139,6 +144,7 @@ def columns_from_events(events: list[Event]) -> Columns:
             if e.args is not None and e.args.flops > 0 and kind_of(e.cat) == OTHER_CPU
         },
         groups=_groups_of(events),
+        **_gemm_links(events),
         names=list(names),
         ids=list(ids),
         shapes=list(shapes),
@@ -156,6 +162,27 @@ def _transfers_of(events: list[Event]) -> dict[int, tuple[int, str, int, int, in
             if found is not None:
                 out[index] = found
     return out
+
+
+def _gemm_links(events: list[Event]) -> dict[str, Any]:
+    """`gemm_ops` and `gemm_kernels` of events (as stepcli.traces.columns.ColumnKeeper takes them)."""
+    from stepcli.traces.flops import gemm_op, op_dtype, undtyped_gemm
+
+    ops: dict[int, tuple[int, str]] = {}
+    kernels: dict[int, int] = {}
+    for index, event in enumerate(events):
+        args = event.args
+        if args is None or args.external < 0:
+            continue
+        if event.cat in _DEVICE_CATEGORIES:
+            if event.cat == "kernel" and undtyped_gemm(event.name):
+                kernels[index] = args.external
+        elif gemm_op(event.name):
+            types = getattr(args, "types", None)
+            dtype = op_dtype(event.name, types.first if types is not None else None)
+            if dtype is not None:
+                ops[index] = (args.external, dtype)
+    return {"gemm_ops": ops, "gemm_kernels": kernels}
 
 
 def _groups_of(events: list[Event]) -> dict[int, tuple[str, int, str]]:

@@ -16,6 +16,7 @@ import numpy as np
 
 from stepcli.traces.arrays import DEVICE, OTHER_CPU, PARAM_COMMS, Columns, kind_of
 from stepcli.traces.files import rank_from_name
+from stepcli.traces.flops import gemm_op, op_dtype, undtyped_gemm
 from stepcli.traces.reader import (
     FILTERED_NAMES,
     KEPT_CATEGORIES,
@@ -34,6 +35,7 @@ _CORRELATION = attrgetter("args.correlation")
 _BYTES = attrgetter("args.bytes")
 _COLLECTIVE = attrgetter("args.collective")
 _FLOPS = attrgetter("args.flops")
+_EXTERNAL = attrgetter("args.external")
 
 
 def _correlations(events: Sequence[Any]) -> np.ndarray:
@@ -76,6 +78,7 @@ class _Codes:
 
 
 _MAX_CATEGORIES = 256
+_GEMM_OP, _UNDTYPED_GEMM = 1, 2  # GEMM roles of a name (ColumnKeeper._gemm_roles)
 
 
 class _Kinds(dict[Any, int]):
@@ -101,11 +104,16 @@ class ColumnKeeper(_Keeper):
         self._category = _Kinds()
         # Per name code: 1 kept, 0 dropped silently (utility names), -1 skipped and counted (unusable step number).
         self._name_rule = np.zeros(0, np.int8)
+        # Per name code: _GEMM_OP a GEMM operator, _UNDTYPED_GEMM a GEMM kernel whose name says no dtype, else 0.
+        self._name_gemm = np.zeros(0, np.int8)
         self._parts: list[tuple[np.ndarray, ...]] = []
         self._rows = 0  # events kept so far
         self._transfers: dict[int, tuple[int, str, int, int, int, str]] = {}
         self._flops: dict[int, int] = {}
         self._groups: dict[int, tuple[str, int, str]] = {}
+        self._gemm_ops: dict[int, tuple[int, str]] = {}
+        self._gemm_kernels: dict[int, int] = {}
+        self._name_codes_list: list[str] = []  # the names of the codes _name_gemm covers, in code order
 
     def add(self, decoded: list[Any]) -> None:
         count = len(decoded)
@@ -145,7 +153,38 @@ class ColumnKeeper(_Keeper):
         self._take_transfers(kept, kind[where])
         self._take_flops(kept, kind[where])
         self._take_groups(kept, names[where], kind[where])
+        self._take_gemms(kept, names[where], kind[where])
         self._rows += len(kept)
+
+    def _take_gemms(self, kept: Sequence[Any], names: np.ndarray, kind: np.ndarray) -> None:
+        """The External id and dtype of the GEMM operators, and the External id of the GEMM kernels whose names
+        say no dtype (stepcli.traces.flops.op_dtype): one array lookup per slice, Python only for those events."""
+        role = self._gemm_roles(len(self._name_codes.codes))[names]
+        found = np.nonzero(role)[0]
+        if not found.size:
+            return
+        role, device = role[found].tolist(), (kind[found] >= DEVICE).tolist()
+        for at, is_op, on_device in zip(found.tolist(), role, device):
+            args = kept[at].args
+            if args is None or args.external < 0:
+                continue
+            if is_op == _GEMM_OP and not on_device:
+                types = getattr(args, "types", None)
+                dtype = op_dtype(self._name_codes_list[names[at]], types.first if types is not None else None)
+                if dtype is not None:
+                    self._gemm_ops[self._rows + at] = (args.external, dtype)
+            elif is_op == _UNDTYPED_GEMM and on_device:
+                self._gemm_kernels[self._rows + at] = args.external
+
+    def _gemm_roles(self, size: int) -> np.ndarray:
+        """The per-name GEMM role array (`_name_gemm`), extended to the names seen so far."""
+        have = len(self._name_gemm)
+        if have < size:
+            new = list(self._name_codes.codes)[have:size]
+            self._name_codes_list.extend(new)
+            roles = [_GEMM_OP if gemm_op(n) else (_UNDTYPED_GEMM if undtyped_gemm(n) else 0) for n in new]
+            self._name_gemm = np.concatenate([self._name_gemm, np.array(roles, np.int8)])
+        return self._name_gemm
 
     def _take_flops(self, kept: Sequence[Any], kind: np.ndarray) -> None:
         """The FLOPs torch wrote into the args of operators (`with_flops=True`), of the events that have them."""
@@ -221,6 +260,8 @@ class ColumnKeeper(_Keeper):
             self._transfers.update({self._rows + i: v for i, v in columns.transfers.items()})
             self._flops.update({self._rows + i: v for i, v in columns.flops.items()})
             self._groups.update({self._rows + i: v for i, v in columns.groups.items()})
+            self._gemm_ops.update({self._rows + i: v for i, v in columns.gemm_ops.items()})
+            self._gemm_kernels.update({self._rows + i: v for i, v in columns.gemm_kernels.items()})
             self._rows += len(columns)
 
     def columns(self) -> Columns:
@@ -240,6 +281,8 @@ class ColumnKeeper(_Keeper):
             transfers=self._transfers,
             flops=self._flops,
             groups=self._groups,
+            gemm_ops=self._gemm_ops,
+            gemm_kernels=self._gemm_kernels,
             names=list(self._name_codes.codes),
             ids=list(self._id_codes.codes),
             shapes=list(self._shape_codes.codes),

@@ -79,7 +79,8 @@ def _us(value: float) -> str:
 
 
 def flops_line(flops: Mapping[str, Any] | None) -> str | None:
-    """FLOPs per step, achieved FLOP/s and MFU (with --with-flops), or None without counts."""
+    """FLOPs per step, achieved FLOP/s and MFU (with --with-flops), at the pace they were taken at, or None
+    without counts."""
     if not flops or flops.get("flops_per_step") is None:
         return None
     text = f"FLOPs: {flops['flops_per_step']:.3g} per step"
@@ -89,6 +90,24 @@ def flops_line(flops: Mapping[str, Any] | None) -> str | None:
         dtype = str(flops.get("mfu_dtype") or "bf16").upper()
         assumed = " (dtype assumed)" if flops.get("mfu_dtype_assumed") else " (dtype of its GEMM kernels)"
         text += f", MFU {flops['mfu']:.1%} of {flops['device_name']}'s dense {dtype} peak{assumed}"
+    return text + pace_text(flops)
+
+
+def pace_text(flops: Mapping[str, Any]) -> str:
+    """Which steps' pace achieved FLOP/s and MFU are taken at: the untouched steps' (the program's own, the
+    recorded steps' figures then follow), or the recorded steps' (the profiler's cost included); '' without a
+    rate."""
+    if flops.get("achieved_flops_per_s") is None:
+        return ""
+    step_ms = flops.get("pace_step_ms")
+    if flops.get("pace") != "untouched":
+        return ", at the recorded steps' pace (the profiler's cost included)"
+    text = ", at the untouched steps' pace" + (f" (median step {step_ms:.3g} ms)" if step_ms else "")
+    recorded = flops.get("achieved_flops_per_s_recorded")
+    if recorded is not None:
+        text += f"; at the recorded steps' pace {recorded / 1e12:.3g} TFLOP/s"
+        if flops.get("mfu_recorded") is not None:
+            text += f", MFU {flops['mfu_recorded']:.1%}"
     return text
 
 

@@ -127,6 +127,8 @@ class EventArgs(msgspec.Struct, gc=False):
     pg_name: Any = msgspec.field(default=None, name="Process Group Name")
     pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
     seq: Any = msgspec.field(default=None, name="Seq")
+    # the id torch gives an operator and the device work it launches (a kernel's is its innermost operator's)
+    external: int = msgspec.field(default=-1, name="External id")
 
 
 def transfer_args(args: EventArgs | None) -> tuple[int, str, int, int, int, str] | None:
@@ -151,15 +153,29 @@ def group_of(args: EventArgs | None) -> tuple[str, int, str] | None:
     return (name, seq, ranks if isinstance(ranks, str) else "")
 
 
+class InputTypes(msgspec.Struct, array_like=True, gc=False):
+    """An operator's `Input type` list (record_shapes), of which only the first entry is decoded: the rest is
+    skipped by the decoder, so reading it costs one small struct per operator (the dtype of a GEMM whose kernel
+    names none, stepcli.traces.flops.op_dtype). Any: an odd value is checked where read, never fatal."""
+
+    first: Any = ""
+
+
+class DecodedArgs(EventArgs, gc=False):
+    """What the reader decodes of args: EventArgs and the first `Input type`."""
+
+    types: InputTypes | None = msgspec.field(default=None, name="Input type")
+
+
 class _DecodedEvent(Event, gc=False):
     """Decoding-only variant: a missing `ts` or `dur` reads as NaN, so the event is skipped and counted."""
 
     ts: float = math.nan
     dur: float = math.nan
-    args: EventArgs | None = None
+    args: DecodedArgs | None = None
 
 
-class _ShapeArgs(EventArgs, gc=False):
+class _ShapeArgs(DecodedArgs, gc=False):
     dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
 
 
@@ -639,8 +655,13 @@ def _decode_lenient(
         if isinstance(args, dict):
             link: Any = args.get("correlation")
             flops: Any = args.get("flops")
+            external: Any = args.get("External id")
+            types: Any = args.get("Input type")
             event.args = _ShapeArgs(
-                correlation=link if is_int64(link) else -1, flops=flops if is_int64(flops) and flops >= 0 else -1
+                correlation=link if is_int64(link) else -1,
+                flops=flops if is_int64(flops) and flops >= 0 else -1,
+                external=external if is_int64(external) else -1,
+                types=InputTypes(types[0]) if isinstance(types, list) and types else None,
             )
             if "Process Group Name" in args:  # (group_of checks the values)
                 event.args.pg_name = args["Process Group Name"]

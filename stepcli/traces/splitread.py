@@ -221,7 +221,8 @@ def read_split(
 
 
 def _offset(parts: list[Columns], sparse: str) -> dict[int, Any]:
-    """The parts' sparse per-event values (`transfers`, `flops`, `groups`) keyed by event index in the joined columns."""
+    """The parts' sparse per-event values (`transfers`, `flops`, `groups`, `gemm_ops`, `gemm_kernels`) keyed by
+    event index in the joined columns."""
     out: dict[int, Any] = {}
     offset = 0
     for part in parts:
@@ -258,6 +259,8 @@ def join(parts: list[Columns]) -> Columns:
         transfers=_offset(parts, "transfers"),
         flops=_offset(parts, "flops"),
         groups=_offset(parts, "groups"),
+        gemm_ops=_offset(parts, "gemm_ops"),
+        gemm_kernels=_offset(parts, "gemm_kernels"),
         names=list(names),
         ids=list(ids),
         shapes=list(shapes),

@@ -121,6 +121,47 @@ def test_no_leak_in_a_steady_loop_too_few_steps_or_too_little(tmp_path: Path, st
     assert "leak" not in _rules(report)
 
 
+def test_a_batch_that_doubles_until_oom_is_no_leak(tmp_path: Path) -> None:
+    # GIVEN a batch that doubles every step until forward runs out of memory: memory at each step's start grows
+    # with the batch (the previous step's input and output are alive until rebound), nothing piles up
+    builder, info = fx.batch_doubling(steps=5)
+    report = _report(tmp_path, builder, info)
+    starts = [s["start_allocated_bytes"] for s in report["steps"] if s["step"] >= 1]
+    assert len(starts) >= 5 and all(a < b for a, b in zip(starts, starts[1:]))  # the start-of-step figure grows
+    # THEN no leak is reported, and no advice says memory grows step over step
+    assert report["leak"] is None
+    assert "leak" not in _rules(report)
+    assert not any("step over step" in item["text"] or "no single site" in item["text"] for item in report["advice"])
+    assert _rules(report)[0] == "activations"
+
+
+def test_a_leak_that_holds_most_memory_comes_first_and_says_so(tmp_path: Path) -> None:
+    # GIVEN a list that keeps each step's forward output (train.py:24) until forward runs out of memory
+    builder, info = fx.leak_until_oom(steps=8, kept=48 * MiB)
+    report = _report(tmp_path, builder, info)
+    leak = report["leak"]
+    # THEN the leak and its site are found, with the bytes its earlier steps' tensors hold at the error
+    assert leak is not None and leak["site"] == {"file": fx.SCRIPT, "line": 24, "function": "main"}
+    assert leak["held_bytes"] == 8 * 48 * MiB and leak["held_activation_bytes"] == 8 * 48 * MiB
+    allocated = report["moment"]["allocated_bytes"]
+    assert leak["held_bytes"] / allocated > 0.5
+    # AND the leak's advice comes first, saying it holds most of the memory, before activation checkpointing
+    assert _rules(report) == ["leak", "activations"]
+    first = report["advice"][0]
+    assert first["text"].startswith("a leak holds most of the memory (")
+    assert "train.py:24 (main)" in first["text"]
+    assert "384.00 MiB of the" in first["evidence"]
+    assert "384.00 MiB of them kept alive by the leak" in report["advice"][1]["evidence"]
+
+
+def test_a_small_leak_comes_after_the_other_advice(tmp_path: Path) -> None:
+    # GIVEN the fixture's small leak (2 MiB a step) beside activations that dominate at the peak
+    report = _report(tmp_path, fx.training(steps=6, leak=2 * MiB, activation=400 * MiB, adam=False))
+    # THEN the leak is found, last
+    assert report["leak"] is not None and _rules(report)[-1] == "leak"
+    assert not report["advice"][-1]["text"].startswith("a leak holds most")
+
+
 def test_history_that_lost_its_start_still_adds_up(tmp_path: Path) -> None:
     """The ring dropped the first events: what was allocated then is known from the segments and the frees (its
     stack only for memory still allocated at the end; the rest counts as other)."""

@@ -35,6 +35,8 @@ def _facts(trace: ColumnTrace) -> tuple[object, ...]:
         columns.transfers,
         columns.flops,
         columns.groups,
+        columns.gemm_ops,
+        columns.gemm_kernels,
         columns.corr.tolist(),
     )
 
