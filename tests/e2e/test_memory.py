@@ -192,3 +192,16 @@ def test_report_shows_the_runs_memory_snapshots(memory_run: MemoryRun) -> None:
     assert "/work/train.py:20 main" in section
     assert 'data-rule="memory-activations"' in section
     assert "oom-rank1.pickle: not a pickle" in section
+
+
+def test_real_h200_leak_snapshot_puts_the_leak_first(tmp_path: Path) -> None:
+    """A snapshot recorded by scripts/gpu_check.py on an H200 (torch 2.11, CUDA 13): a loop that keeps each step's
+    forward output in a list until it runs out of memory. The leak holds 74% of the memory: its advice comes first,
+    before activation checkpointing (which would not help), and names the line that made the kept tensors."""
+    snapshot = Path(__file__).parent.parent / "data" / "gpu" / "h200_leak_oom.pickle"
+    result = run_stepcli("memory", snapshot, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    advice = [line for line in result.stdout.splitlines() if line.startswith("advice:")]
+    assert advice and advice[0].startswith("advice: a leak holds most of the memory (74%)"), result.stdout
+    assert "leak.py:11" in advice[0]
+    assert any("activation checkpointing" in line for line in advice[1:])
