@@ -205,3 +205,15 @@ def test_real_h200_leak_snapshot_puts_the_leak_first(tmp_path: Path) -> None:
     assert advice and advice[0].startswith("advice: a leak holds most of the memory (74%)"), result.stdout
     assert "leak.py:11" in advice[0]
     assert any("activation checkpointing" in line for line in advice[1:])
+
+
+def test_real_h200_batch_doubling_is_no_leak(tmp_path: Path) -> None:
+    """Recorded by scripts/gpu_check.py on an H200: the batch doubles every step until forward runs out of memory.
+    Memory at each step's start grows with the batch, but nothing of an earlier step stays alive: no leak advice."""
+    snapshot = Path(__file__).parent.parent / "data" / "gpu" / "h200_batch_doubling_oom.pickle"
+    result = run_stepcli("memory", snapshot, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "out of memory at step 9, in forward" in result.stdout
+    advice = [line for line in result.stdout.splitlines() if line.startswith("advice:")]
+    assert advice and advice[0].startswith("advice: activations dominate"), result.stdout
+    assert not any("leak" in line or "step over step" in line for line in advice), advice
