@@ -346,7 +346,7 @@ class StackDumper:
 
     def snapshot(self, text: str, request_id: str) -> dict[str, Any]:
         """Every Python thread's stack now (innermost frame first), the step, and the last collective."""
-        from .collectives import LAST
+        from .collectives import LAST, in_flight
         from .output import current_rank, worker_name
 
         now = time.time()
@@ -381,6 +381,7 @@ class StackDumper:
             "last_step_s_ago": round(now - self._last_step_wall(), 3) if self.hang_timeout > 0 else None,
             "collective": LAST.to_dict(now),
             "collectives_hooked": self.hang_timeout > 0,
+            "in_flight": in_flight(now),  # None: unknown (no flight recorder here)
             "threads": threads,
             "faulthandler": text,
         }
