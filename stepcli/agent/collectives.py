@@ -147,7 +147,9 @@ def in_flight(now: float) -> list[dict[str, Any]] | None:
     try:
         if dist is None or c10d is None or not dist.is_available() or not dist.is_initialized():
             return None
-        if not any(int(os.environ.get(name) or 0) > 0 for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")):
+        if not any(
+            int(os.environ.get(name) or 0) > 0 for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+        ):
             return None  # off: an empty recorder would read as "nothing in flight"
         dump = getattr(c10d, "_dump_fr_trace_json", None)
         if dump is None:

@@ -39,7 +39,7 @@ def _collective(process: Mapping[str, Any]) -> str:
             name
             + f" of process group {_text(collective.get('group'))}, in flight"
             + (f", started {entered:.1f} s before the dump" if entered is not None else "")
-            + ' <span class="muted">(issued from C++: DDP\'s reducer or the like; torch\'s flight recorder)</span>'
+            + " <span class=\"muted\">(issued from C++: DDP's reducer or the like; torch's flight recorder)</span>"
         )
     if process.get("waiting") is True:
         return name + (f" entered {entered:.1f} s before the dump" if entered is not None else "")

@@ -182,7 +182,9 @@ def verdict(dumps: list[dict[str, Any]]) -> str | None:
         return f"-> processes wait in different collectives ({', '.join(sorted(numbers))}): mismatched collectives"
     if dumps and not all(collectives_known(d) for d in dumps):
         backward = [d for d in sorted(dumps, key=order) if in_backward(main_frames(d))]
-        where_ = f"; {_who_dumps(backward)} in backward() (autograd's C++ engine, where DDP all-reduces)" if backward else ""
+        where_ = (
+            f"; {_who_dumps(backward)} in backward() (autograd's C++ engine, where DDP all-reduces)" if backward else ""
+        )
         return (
             "-> no process waits in a collective called from Python; whether one waits in a collective issued from "
             f"C++ is unknown (no flight recorder){where_}"
