@@ -146,7 +146,9 @@ def test_a_program_that_exits_with_an_error_keeps_every_step(tmp_path: Path) -> 
         "fails.py",
         STEPS_THEN_NAP.replace("time.sleep(600)", "sys.exit(3)"),
     )
-    result = run_stepcli("run", "-o", tmp_path / "out", "--json", tmp_path / "run.json", script, tmp_path / "m")
+    result = run_stepcli(
+        "run", "-o", tmp_path / "out", "--json", tmp_path / "run.json", script, tmp_path / "m", cwd=tmp_path
+    )
     assert result.returncode == 3, result.stderr
     summary = json.loads((tmp_path / "run.json").read_text())
     assert summary["steps"]["global"] == 20 and [r["steps"] for r in summary["step_record"]] == [20]

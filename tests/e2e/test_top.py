@@ -73,12 +73,12 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seen]:
         )
     try:
         _wait(lambda: len(list(out.glob(".stepcli/*/control/proc.*.json"))) == 2, "both ranks stepping", proc, log)
-        running_text = run_stepcli("top", "--once", out, timeout=120)
-        running_json = run_stepcli("top", "--json", out, timeout=120)
+        running_text = run_stepcli("top", "--once", out, cwd=tmp, timeout=120)
+        running_json = run_stepcli("top", "--json", out, cwd=tmp, timeout=120)
         requests_left = any(out.glob(".stepcli/*/control/requests.json"))
         (tmp / "end").touch()
         assert proc.wait(timeout=180) == 0, log.read_text()
-        finished = run_stepcli("top", "--once", out, timeout=120)
+        finished = run_stepcli("top", "--once", out, cwd=tmp, timeout=120)
         yield Seen(out, running_text, running_json, requests_left, finished)
     finally:
         if proc.poll() is None:
@@ -203,8 +203,8 @@ def test_top_on_a_hung_job_shows_the_step_of_the_hang_and_names_nobody(tmp_path:
         dumps = [json.loads(path.read_text()) for path in sorted(out.glob("hang-1/*.json"))]
         assert [d["step"] for d in dumps] == [30, 30]
         # WHEN top looks
-        once = run_stepcli("top", "--once", out, timeout=120)
-        document = json.loads(run_stepcli("top", "--json", out, timeout=120).stdout)
+        once = run_stepcli("top", "--once", out, cwd=tmp_path, timeout=120)
+        document = json.loads(run_stepcli("top", "--json", out, cwd=tmp_path, timeout=120).stdout)
     finally:
         _kill(proc)
     # THEN it shows the step the hang analysis shows, the last step's time, and that no step came since
@@ -227,7 +227,7 @@ def test_top_names_the_rank_the_culprit_analysis_names_every_time(tmp_path: Path
     try:
         _wait(lambda: len(list(out.glob("rank*.pt.trace.json"))) == 2, "both traces", proc, log)
         # WHEN top looks five times
-        snapshots = [json.loads(run_stepcli("top", "--json", out, timeout=120).stdout) for _ in range(5)]
+        snapshots = [json.loads(run_stepcli("top", "--json", out, cwd=tmp_path, timeout=120).stdout) for _ in range(5)]
         (tmp_path / "end").touch()
         assert proc.wait(timeout=180) == 0, log.read_text()
     finally:
