@@ -152,3 +152,31 @@ def test_a_program_that_exits_with_an_error_keeps_every_step(tmp_path: Path) -> 
     assert result.returncode == 3, result.stderr
     summary = json.loads((tmp_path / "run.json").read_text())
     assert summary["steps"]["global"] == 20 and [r["steps"] for r in summary["step_record"]] == [20]
+
+
+def test_a_process_killed_with_sigkill_after_it_stalled_still_counts_its_steps(tmp_path: Path) -> None:
+    # GIVEN a process that stopped stepping after 20 steps, its hang reported (--on-hang keep)
+    script = write_script(tmp_path, "nap.py", STEPS_THEN_NAP)
+    log, out = tmp_path / "log", tmp_path / "out"
+    argv = [sys.executable, "-m", "stepcli", "run", "--hang-timeout", "2s", "-o", str(out)]
+    argv += ["--json", str(tmp_path / "run.json"), str(script), str(tmp_path / "stepped")]
+    with open(log, "wb") as handle:
+        proc = subprocess.Popen(
+            argv, cwd=tmp_path, env=stepcli_env(), stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        _wait_until(lambda: len(list(out.glob("hang-1/*.json"))) == 1, proc, log, "the hang dump")
+        (dump,) = [json.loads(path.read_text()) for path in out.glob("hang-1/*.json")]
+        # WHEN it is killed where no handler can run
+        os.kill(int(dump["pid"]), signal.SIGKILL)
+        proc.wait(timeout=LIMIT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # THEN the step log its stacks thread saved when it stalled counts every step, and the note says so
+    assert proc.returncode == 128 + signal.SIGKILL, log.read_text()
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert summary["steps"]["global"] == 20, (summary["steps"], log.read_text())
+    assert [r["steps"] for r in summary["step_record"]] == [20]
+    assert any("saved when the process stopped stepping, at step 20" in note for note in summary["notes"]), summary
