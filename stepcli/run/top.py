@@ -26,7 +26,7 @@ from stepcli.agent.config import LOG_FOLDER
 from stepcli.agent.ondemand import CONTROL_FOLDER
 from stepcli.errors import StepcliError
 from stepcli.run.capture import Ping, _ping, _renewer, _withdraw, await_heartbeats
-from stepcli.run.captureplan import fresh, patience
+from stepcli.run.captureplan import fresh, step_time
 from stepcli.run.controldir import read_processes, run_alive
 from stepcli.run.liverun import LiveRun, find_run
 
@@ -45,13 +45,7 @@ def snapshot(
         answers = list(answers.values()) if isinstance(answers, dict) else []
         pending = len([a for a in answers if isinstance(a, dict) and a.get("status") == "accepted"])
         ended = str(process.get("ended") or "")
-        stalled = not ended and running and not fresh(process, now)
-        idle = process.get("no_step_for_s")  # written for a main thread that makes no step (stepcli/agent/ondemand.py)
-        if not ended and running and isinstance(idle, (int, float)) and not isinstance(idle, bool):
-            idle = float(idle) + max(0.0, now - _number(process.get("time")))
-            stalled = stalled or idle > patience(process)
-        else:
-            idle = None
+        stalled = not ended and running and not fresh(process, now)  # counted from its last step (step_time)
         rows.append(
             {
                 "rank": process.get("rank"),
@@ -63,9 +57,7 @@ def snapshot(
                 "recording": bool(process.get("recording")),
                 "pending": pending,
                 "ended": ended,
-                "no_step_for_s": (
-                    round(idle if idle is not None else now - _number(process.get("time")), 1) if stalled else None
-                ),
+                "no_step_for_s": round(now - step_time(process), 1) if stalled else None,
                 "slowest": False,
             }
         )
