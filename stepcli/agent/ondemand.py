@@ -163,13 +163,14 @@ class OnDemand:
         with self._lock:
             self._no_step_for_s = no_step_for_s
             self._written_step = -1  # written at every poll while somebody listens, like a stepping process
-            self._poll(step)
+            self._poll(step, pace=False)  # the pace stays the one it stepped at: `no_step_for_s` says it stopped
 
-    def _poll(self, step: int) -> None:
+    def _poll(self, step: int, pace: bool = True) -> None:
         try:
             listening = self._read_requests(step)
             self._settle(step)
-            self._pace(step)
+            if pace:
+                self._pace(step)
             if self._dirty or ((listening or self._writes < 2) and step != self._written_step):
                 self._write(step)
             self._failures = 0

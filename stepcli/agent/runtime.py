@@ -67,6 +67,7 @@ class Agent:
         self._signal_handled = 0  # the signal whose handler the main thread entered (stacks.py waits for it)
         self._write_lock = threading.RLock()  # the stacks thread and the main thread both save the step log
         self._saved_steps = -1  # global step of the last step log written
+        self._saved_stalled = False  # ... written when the process stopped stepping (its steps are whole)
         self._progress_due = 0.0  # time.monotonic() before which no periodic save is made
         self._forked_child = False
         self._last_log_write = 0.0
@@ -372,7 +373,8 @@ class Agent:
         now = time.monotonic()
         if self._flushed or not self.trains or not self.enabled or self._forked_child or os.getpid() != self.pid:
             return False
-        if self.tracker.global_step == self._saved_steps or (not stalled and now < self._progress_due):
+        saved = self.tracker.global_step == self._saved_steps
+        if (saved and (not stalled or self._saved_stalled)) or (not stalled and now < self._progress_due):
             return False
         with self._write_lock:
             if self._flushed:
@@ -446,6 +448,7 @@ class Agent:
         name = f"{document['host']}.{self.pid}{STEP_LOG_SUFFIX}"  # hosts may share -o and reuse pids
         atomic_write_json(os.path.join(self.config.log_dir, name), document)
         self._saved_steps = steps
+        self._saved_stalled = progress == "stalled"
         if self.exit_reason or progress:  # the whole run's step times, compact (steprecord.py): at exit
             from . import steprecord
 

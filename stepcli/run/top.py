@@ -51,7 +51,7 @@ def snapshot(
                 "rank": process.get("rank"),
                 "worker": str(process.get("worker") or f"{process.get('host')}_{process.get('pid')}"),
                 "step": process.get("step"),
-                "steps_per_s": process.get("steps_per_s"),
+                "steps_per_s": 0.0 if stalled else process.get("steps_per_s"),
                 "last_ms": process.get("last_ms"),
                 "median_ms": process.get("median_ms"),
                 "recording": bool(process.get("recording")),
