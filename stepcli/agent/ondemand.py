@@ -129,6 +129,11 @@ class OnDemand:
         self._said: set[str] = set()
         self.active = False
         self.folder_fd = -1
+        self._last_poll = time.monotonic()  # when the main thread last polled (at a step boundary)
+        self._no_step_for_s: float | None = None  # written by beat_off_main: the main thread makes no step
+        import threading
+
+        self._lock = threading.RLock()  # the stacks thread polls too while the main thread makes no step
         if agent.recorder is not None:
             agent.recorder.schedule = self.schedule  # type: ignore[assignment]
         try:
@@ -144,10 +149,28 @@ class OnDemand:
     # -- called by the tracker (at most once a second) and by the agent ----------------------------------------
     def poll(self, step: int) -> None:
         """At a step boundary: read requests (only when they changed) and write the heartbeat if anybody listens."""
+        self._last_poll = time.monotonic()
+        with self._lock:
+            self._no_step_for_s = None
+            self._poll(step)
+
+    def beat_off_main(self, step: int, no_step_for_s: float) -> None:
+        """From the stacks thread, once a second: while the main thread makes no step (no poll for two
+        intervals: blocked in C, a hang, a long step), poll for it, so a capture or `stepcli top` listening now
+        hears this process's real step and how long it has made none (`no_step_for_s`), not a stale heartbeat."""
+        if not self.active or time.monotonic() - self._last_poll < 2 * POLL_INTERVAL_S:
+            return
+        with self._lock:
+            self._no_step_for_s = no_step_for_s
+            self._written_step = -1  # written at every poll while somebody listens, like a stepping process
+            self._poll(step, pace=False)  # the pace stays the one it stepped at: `no_step_for_s` says it stopped
+
+    def _poll(self, step: int, pace: bool = True) -> None:
         try:
             listening = self._read_requests(step)
             self._settle(step)
-            self._pace(step)
+            if pace:
+                self._pace(step)
             if self._dirty or ((listening or self._writes < 2) and step != self._written_step):
                 self._write(step)
             self._failures = 0
@@ -162,6 +185,10 @@ class OnDemand:
         """A window was saved (or dropped): answer at once, not at the next poll."""
         if not self.pending:
             return
+        with self._lock:
+            self._window_saved()
+
+    def _window_saved(self) -> None:
         try:
             step = self.agent.tracker.global_step
             self._settle(step)
@@ -176,6 +203,10 @@ class OnDemand:
         """The process exits (after its open window was saved): answer every pending request, say we ended."""
         if not self.active:
             return
+        with self._lock:
+            self._finish(reason)
+
+    def _finish(self, reason: str) -> None:
         try:
             step = self.agent.tracker.global_step
             self._settle(step)
@@ -411,6 +442,7 @@ class OnDemand:
             "pings": self._pings,
             "writes": self._writes,
             "responses": self.responses,
+            "no_step_for_s": self._no_step_for_s,
             **self._step_times(),
         }
         controlfiles.write_json(self.folder_fd, self.proc_name, document)

@@ -39,6 +39,11 @@ DEFAULT_RUNS_DIR = "stepcli-runs"
 # at 6 it prints nothing, its rare ERROR lines included. `stepcli run --verbose` leaves Kineto's default.
 KINETO_LOG_LEVEL_ENV = "KINETO_LOG_LEVEL"
 KINETO_QUIET_LEVEL = "6"
+# With --hang-timeout: torch's flight recorder (gloo and NCCL) keeps the last N collectives of every process group,
+# so a hang dump names the collective a process waits in even when C++ issued it (DDP's reducer, FSDP), which no
+# Python hook sees (stepcli/agent/collectives.py, in_flight). A value the user set (or the older NCCL name) is kept.
+FLIGHT_RECORDER_ENV = "TORCH_FR_BUFFER_SIZE"
+FLIGHT_RECORDER_ENTRIES = "2000"
 
 
 @dataclass(frozen=True)
@@ -234,6 +239,8 @@ def child_environment(config: AgentConfig, base: dict[str, str] | None = None, v
     entries = [p for p in existing.split(os.pathsep) if p != BOOTSTRAP_DIR] if existing else []
     env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *entries])
     env[CONFIG_ENV] = config.to_env()
+    if config.hang_timeout and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
+        env.setdefault(FLIGHT_RECORDER_ENV, FLIGHT_RECORDER_ENTRIES)
     return env
 
 
