@@ -53,7 +53,15 @@ def test_no_import_cycles() -> None:
 
 # The shared leaf modules every package may use: errors, reading untrusted files, statistics, formatting, the
 # console that writes no trailing spaces to pipes.
-_LEAVES = {"stepcli", "stepcli.errors", "stepcli.inputs", "stepcli.stats", "stepcli.fmt", "stepcli.pipeconsole"}
+_LEAVES = {
+    "stepcli",
+    "stepcli.errors",
+    "stepcli.inputs",
+    "stepcli.stats",
+    "stepcli.fmt",
+    "stepcli.pipeconsole",
+    "stepcli.safefile",
+}
 # The constants of the files the agent writes (step-log version, trace metadata key) live with the agent, which may
 # import nothing outside itself; the trace reader reads the file format of it (those constants, and the repair of
 # the names PyTorch writes with bare quotes), nothing else.
@@ -80,7 +88,16 @@ def _outside(package: str, allowed: set[str], allowed_packages: tuple[str, ...] 
 
 def test_agent_imports_nothing_of_stepcli_outside_the_agent() -> None:
     # It runs inside the profiled program: standard library only, import-light.
-    assert _outside("stepcli.agent", {"stepcli"}) == []
+    # Files are created through stepcli.safefile, itself standard library only (checked below).
+    assert _outside("stepcli.agent", {"stepcli", "stepcli.safefile"}) == []
+
+
+def test_safefile_imports_only_light_standard_modules() -> None:
+    # Every file stepcli creates goes through it, the agent's included: no stepcli module, nothing heavy.
+    tree = ast.parse((PACKAGE / "safefile.py").read_text())
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    names |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert names <= {"__future__", "errno", "os", "stat", "typing"}, names
 
 
 def test_traces_import_only_the_shared_leaves() -> None:

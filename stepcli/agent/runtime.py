@@ -370,7 +370,7 @@ class Agent:
             document[SIGNATURE_KEY] = sign(self.config.run_key, document)
         # Named by host and pid, not worker: the worker name changes when a rank appears.
         name = f"{document['host']}.{self.pid}{STEP_LOG_SUFFIX}"  # hosts may share -o and reuse pids
-        atomic_write_json(os.path.join(self.config.log_dir, name), document)
+        atomic_write_json(os.path.join(self.config.log_dir, name), document, 0o600, private_folder=True)
         if self.exit_reason:  # the whole run's step times, compact (steprecord.py): once, at exit
             from . import steprecord
 
@@ -393,6 +393,8 @@ class Agent:
                     "torch_imported": self.torch_imported,
                     "steps": self.tracker.global_step,
                 },
+                0o600,
+                private_folder=True,
             )
         except Exception:
             pass

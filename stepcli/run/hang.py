@@ -273,7 +273,7 @@ def _fallback_dump(process: dict[str, Any], folder: str, offset: int, target: Pa
         "threads": threads,
         "faulthandler": text,
     }
-    atomic_write_json(str(target / f"{worker}.{process.get('host')}.{process.get('pid')}.json"), document)
+    atomic_write_json(str(target / f"{worker}.{process.get('host')}.{process.get('pid')}.json"), document, 0o600)
 
 
 # -- `stepcli run --hang-timeout` -------------------------------------------------------------------------------
@@ -291,6 +291,7 @@ class HangWatch:
         self.killed = False
         self.exit_status = EXIT_HANG
         self.reports = 0
+        self.folders: list[str] = []  # the OUT/hang-<n>/ folders this watch wrote: the summary reads only those
         self._probes = 0
         self._probed: tuple[frozenset[str], bool, float] = (frozenset(), False, 0.0)  # (whom, all silent, until)
         self._stopped = threading.Event()
@@ -379,6 +380,7 @@ class HangWatch:
         whom, silent_then, _ = self._probed
         unanswering = whom if silent_then else frozenset()  # a probe just found their Python unable to run
         target, dumps, silent = request_stacks(self.folder, self.out_dir, "hang", processes, unanswering=unanswering)
+        self.folders.append(str(target))
         idle = time.time() - since
         again = f" (still hung: report {repeat} of {MAX_REPORTS})" if repeat > 1 else ""
         headline = f"hang: no process completed a step for {idle:.1f} s{again}; stacks in {_short(target)}/"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -177,18 +178,18 @@ def read_dumps(target: Path) -> list[dict[str, Any]]:
 
 
 def hang_summary(
-    out_dir: str,
+    folders: Sequence[str],
     since: float,
     *,
     timeout_s: float | None = None,
     on_hang: str | None = None,
     ended_job: bool = False,
 ) -> dict[str, Any] | None:
-    """The run summary's `hang` section: every `OUT/hang-<n>/` this run wrote (not an earlier run's), the timeout,
-    and what `--on-hang` did (`ended_job`: the launcher killed the job after the dump); None without a report."""
+    """The run summary's `hang` section: the `OUT/hang-<n>/` folders this run's hang watch wrote (`folders`, never
+    one found in the output folder: an earlier run's, or one planted there), the timeout, and what `--on-hang` did
+    (`ended_job`: the launcher killed the job after the dump); None without a report."""
     reports = []
-    folders = [p for p in Path(out_dir).glob("hang-*") if p.is_dir() and p.name[5:].isdigit()]
-    for folder in sorted(folders, key=lambda p: int(p.name[5:])):
+    for folder in map(Path, folders):
         dumps = [d for d in read_dumps(folder) if float(d.get("time", 0.0)) >= since]
         if not dumps:
             continue

@@ -125,20 +125,46 @@ def load_snapshot(path: str, streamed: bool = True) -> Snapshot:
             builder = HistoryBuilder(STEP_TAG)
             decoder = _read(path, lambda stream: StreamDecoder(stream.read, builder).run())
             data, histories = decoder
-            if isinstance(data, dict) and isinstance(data.get("segments"), list):
-                return _convert(path, data, builder, histories)
+            if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
+                raise TraceError(path, _NOT_A_SNAPSHOT)  # decoded completely: the C unpickler would say the same
+            return _convert(path, data, builder, histories)
         except (Unsupported, KeyError, TypeError, ValueError, AttributeError, OverflowError):
             pass  # the C unpickler's reading gives the answer, or the error in its words
     builder = HistoryBuilder(STEP_TAG)
+    _read(path, _check_memo_indexes)  # the C unpickler sizes its memo from the largest index it is given
     data = _read(path, lambda stream: _PlainDataUnpickler(stream).load())
     if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
-        raise TraceError(
-            path, "a pickle, but not a CUDA memory snapshot (torch.cuda.memory._snapshot() has 'segments')"
-        )
+        raise TraceError(path, _NOT_A_SNAPSHOT)
     try:
         return _convert(path, data, builder, {})
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise TraceError(path, f"not a CUDA memory snapshot torch writes: {exc}") from None
+
+
+_NOT_A_SNAPSHOT = "a pickle, but not a CUDA memory snapshot (torch.cuda.memory._snapshot() has 'segments')"
+_PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
+
+
+class _MemoBomb(Exception):
+    """A memo index past the objects built so far: a pickle made to take memory (the C unpickler's memo is an
+    array as long as the largest index: `K\x01r\xff\xff\xff\x7f.`, 10 bytes, would take 16 GB)."""
+
+
+def _check_memo_indexes(stream: Any) -> None:
+    """Read the pickle's opcodes (building nothing) and refuse any memo index larger than the opcodes read so far:
+    a pickler numbers what it memoizes 0, 1, 2, ..., one object per opcode at most."""
+    import pickletools
+
+    class _Reader:  # read() only: genops asks a stream that has tell() for its position, which this one lacks
+        read = stream.read
+        readline = stream.readline
+
+    try:
+        for count, (opcode, argument, _) in enumerate(pickletools.genops(_Reader())):
+            if opcode.name in _PUTS and int(argument) > count:
+                raise _MemoBomb(argument)
+    except (ValueError, EOFError, UnicodeDecodeError):
+        return  # not a pickle from here on: the unpickler says so in its own words, before reaching it
 
 
 def _read(path: str, decode: Callable[[Any], Any]) -> Any:
@@ -165,6 +191,12 @@ def _read(path: str, decode: Callable[[Any], Any]) -> Any:
                 path,
                 f"refused: the pickle asks to build {exc}, which is not plain data (a snapshot holds only dicts, "
                 "lists, strings and numbers; loading a pickle that names a class or function can run any code)",
+            ) from None
+        except _MemoBomb as exc:
+            raise TraceError(
+                path,
+                f"refused: memo index {exc} is past the objects built so far (a pickle made to take memory, "
+                "not one torch writes)",
             ) from None
         except _TooBig:
             raise TraceError(

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from stepcli.errors import StepcliError, TraceError
 
-# (cli.py imports this module at start-up: json, tempfile and the trace reader are imported when a merge runs)
+# (cli.py imports this module at start-up: json and the trace reader are imported when a merge runs)
 
 MARKER = "stepcli_merged"
 _ID_STRIDE = 1 << 40  # per-rank range of flow, correlation and external ids
@@ -31,11 +32,20 @@ def check_output(path: str) -> None:
     """Refuse to replace a file stepcli merge did not write (or anything that is not a regular file)."""
     if not os.path.lexists(path):
         return
-    if os.path.islink(path) or not os.path.isfile(path):
-        raise StepcliError(f"{path}: exists and is not a regular file; choose another -o")
-    with open(path, "rb") as handle:
-        head = handle.read(_HEAD_BYTES)
-    if f'"{MARKER}"'.encode() not in head:
+    from stepcli import safefile
+
+    try:
+        fd, _ = safefile.open_regular(path)  # a link is not followed, a FIFO never blocks
+    except OSError:
+        raise StepcliError(f"{path}: exists and is not a regular file; choose another -o") from None
+    try:
+        head = os.read(fd, _HEAD_BYTES)
+    except OSError as exc:
+        raise StepcliError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    # Its first key, not merely the word somewhere in it (a note that quotes it is not a merged trace).
+    if re.match(rb'\s*\{\s*"' + MARKER.encode() + rb'"\s*:', head) is None:
         raise StepcliError(f"{path}: exists and was not written by stepcli merge; choose another -o or remove it")
 
 
@@ -228,31 +238,15 @@ def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
 
 def _write(path: str, document: dict[str, Any]) -> None:
     import json
-    import tempfile
 
-    folder = os.path.dirname(os.path.abspath(path))
+    from stepcli import safefile
+
     try:
-        fd, temporary = tempfile.mkstemp(prefix=".merge-", suffix=".tmp", dir=folder)
+        with safefile.NewFile(os.path.abspath(path)) as handle:
+            handle.write(json.dumps(document, separators=(",", ":")).encode("utf-8"))
+            check_output(path)  # again: something may have appeared there meanwhile
     except OSError as exc:
         raise StepcliError(f"{path}: cannot write there: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(document, handle, separators=(",", ":"))
-        check_output(path)  # again: something may have appeared there meanwhile
-        os.replace(temporary, path)
-    except OSError as exc:
-        _remove(temporary)
-        raise StepcliError(f"{path}: cannot write there: {exc.strerror or exc}") from None
-    except BaseException:
-        _remove(temporary)
-        raise
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def merge_main(paths: Sequence[str], output: str) -> str:
