@@ -127,16 +127,16 @@ class NewFile:
 
     def __exit__(self, kind: object, value: object, traceback: object) -> None:
         handle, self._handle = self._handle, None
+        published = False
         try:
             if handle is not None:
-                handle.close()
+                handle.close()  # (a full disk may say so only here)
             if kind is None:
                 publish(self.tmp, self.path, replace=self.replace, dir_fd=self.dir_fd)
-                return
+                published = self.replace
         finally:
-            if kind is not None or self.replace is False:
-                remove(self.tmp, dir_fd=self.dir_fd)  # (after a successful link too: the final name holds it)
-        return
+            if not published:  # failed, or linked (the final name holds the data): the temporary name goes
+                remove(self.tmp, dir_fd=self.dir_fd)
 
 
 def write_bytes(

@@ -23,7 +23,7 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import IO, Any, NamedTuple, cast
 
 from stepcli.agent.cudamemory import ON_DEMAND_PREFIX, SNAPSHOT_KEY, SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX, STEP_TAG
 from stepcli.errors import TraceError
@@ -160,8 +160,8 @@ def _check_memo_indexes(stream: Any) -> None:
         readline = stream.readline
 
     try:
-        for count, (opcode, argument, _) in enumerate(pickletools.genops(_Reader())):
-            if opcode.name in _PUTS and int(argument) > count:
+        for count, (opcode, argument, _) in enumerate(pickletools.genops(cast("IO[bytes]", _Reader()))):
+            if opcode.name in _PUTS and isinstance(argument, int) and argument > count:
                 raise _MemoBomb(argument)
     except (ValueError, EOFError, UnicodeDecodeError):
         return  # not a pickle from here on: the unpickler says so in its own words, before reaching it
