@@ -150,6 +150,9 @@ def current_phase(in_step: set[int], frame: FrameType | None = None) -> str:
     return phase
 
 
+WRITTEN: list[str] = []  # the snapshot files this process wrote (names in the output folder), for its step log
+
+
 def snapshot_name(worker: str) -> str:
     """`oom-rank<N>.pickle` in distributed runs, else `oom-<host>_<pid>.pickle`."""
     return f"{SNAPSHOT_PREFIX}{worker}{SNAPSHOT_SUFFIX}"
@@ -180,6 +183,7 @@ def _write_snapshot(out_dir: str, snapshot: dict[str, Any]) -> str:
             safefile.publish(tmp, path, replace=False)
     finally:
         safefile.remove(tmp)
+    WRITTEN.append(os.path.basename(path))
     return path
 
 
@@ -232,6 +236,7 @@ def _write_numbered(out_dir: str, snapshot: dict[str, Any]) -> str:
             path = os.path.join(out_dir, f"{ON_DEMAND_PREFIX}{worker}-{n}{SNAPSHOT_SUFFIX}")
             try:
                 os.link(tmp, path, follow_symlinks=False)
+                WRITTEN.append(os.path.basename(path))
                 return path
             except FileExistsError:
                 continue

@@ -363,6 +363,8 @@ class Agent:
             "cuda_peak_bytes": _cuda_peak_bytes(),
             "compile": self.compiles.to_log() if self.compiles is not None else None,
             "gc": self.gc_pauses.to_log(),
+            # the CUDA memory snapshots it wrote (--memory; the module is loaded only then)
+            "memory_snapshots": list(getattr(sys.modules.get(f"{__package__}.cudamemory"), "WRITTEN", [])),
         }
         if self.config.run_key:
             from .signing import SIGNATURE_KEY, sign

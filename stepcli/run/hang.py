@@ -33,6 +33,7 @@ from stepcli.agent.stacks import (
     process_start_ticks,
 )
 from stepcli.errors import EXIT_NOTHING_MEASURED, StepcliError
+from stepcli.fmt import visible
 from stepcli.run.hangreport import EXIT_HANG, describe_dumps, parse_faulthandler, read_dumps
 
 if TYPE_CHECKING:
@@ -446,14 +447,14 @@ def capture_stacks(target: str, timeout: float, as_json: bool) -> int:
     if as_json:
         print(json.dumps({"folder": str(folder), "stacks": dumps, "silent": silent}, indent=1))
     else:
-        print(f"stacks of {len(dumps)} process{'es' if len(dumps) != 1 else ''} in {_short(folder)}/")
+        print(visible(f"stacks of {len(dumps)} process{'es' if len(dumps) != 1 else ''} in {_short(folder)}/"))
         for line in describe_dumps(dumps, silent):
-            print(line)
+            print(visible(line))  # frame paths and names come from the program: no ESC/OSC/BEL or bidi
     return 0 if dumps else EXIT_NOTHING_MEASURED
 
 
 def _say(message: str) -> None:
-    sys.stderr.write(f"stepcli: {message}\n")
+    sys.stderr.write(f"stepcli: {visible(message)}\n")  # frame paths and names: no ESC/OSC/BEL or bidi
     sys.stderr.flush()
 
 

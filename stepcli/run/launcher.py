@@ -308,8 +308,8 @@ def run_program(request: RunRequest) -> int:
     if hang_watch is not None and hang_watch.killed:
         status = hang_watch.exit_status
 
-    if request.quiet and not request.json_path and not request.fail_over and not request.report:
-        return status  # nothing would show the summary: don't spend time reading traces
+    # Even with -q --no-report and nothing else to show it: summary.json is saved beside the step logs, for a
+    # `stepcli report OUT` later.
     hang_ended = hang_watch is not None and hang_watch.killed
     hang_folders = list(hang_watch.folders) if hang_watch is not None else []
     return _report(

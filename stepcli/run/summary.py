@@ -287,6 +287,7 @@ def build_run_summary(
         "flops": (analysis or {}).get("flops"),
         "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
         "compile": compile_summary(logs),
+        "memory_snapshots": run_snapshots(logs, config.out_dir),
         "hang": hang_summary(  # --hang-timeout reports (stepcli/run/hangreport.py)
             hang_folders,
             started_at,
@@ -309,6 +310,26 @@ def _advice(summary: RunSummary, analysis: dict[str, Any] | None) -> list[Advice
     except Exception as exc:
         summary["notes"].append(f"could not compute the advice: {type(exc).__name__}: {exc}")
         return []
+
+
+def run_snapshots(logs: list[dict[str, Any]], out_dir: str) -> list[str]:
+    """The CUDA memory snapshots this run's processes say they wrote (their signed step logs), each still a
+    regular file of this user's in the output folder (not a link): a snapshot planted there is never read."""
+    import stat
+
+    names: list[str] = []
+    for log in logs:
+        listed = log.get("memory_snapshots")
+        for name in listed if isinstance(listed, list) else []:
+            if not isinstance(name, str) or "/" in name or name.startswith(".") or not name.endswith(".pickle"):
+                continue
+            try:
+                info = os.lstat(os.path.join(out_dir, name))
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode) and (not hasattr(os, "getuid") or info.st_uid == os.getuid()):
+                names.append(name)
+    return sorted(set(names))
 
 
 def process_entry(log: dict[str, Any]) -> Process:
