@@ -87,6 +87,7 @@ def export_trace(prof: Any, out_dir: str, use_gzip: bool, own_folder: bool = Fal
     from stepcli import safefile
 
     worker, suffix = worker_name(), ".pt.trace.json" + (".gz" if use_gzip else "")
+    os.makedirs(os.path.dirname(out_dir) if own_folder else out_dir, exist_ok=True)
     if own_folder:
         safefile.make_folder(out_dir)  # a link planted at window-step<N> is refused, never followed
     folder_fd = safefile.open_folder(out_dir)
