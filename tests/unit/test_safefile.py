@@ -98,9 +98,7 @@ WRITERS: dict[str, tuple[Callable[[Path], object], list[str], str]] = {
 
 
 @pytest.mark.parametrize("what", sorted(WRITERS))
-def test_a_link_planted_at_a_temporary_name_is_never_written_through(
-    tmp_path: Path, victim: Path, what: str
-) -> None:
+def test_a_link_planted_at_a_temporary_name_is_never_written_through(tmp_path: Path, victim: Path, what: str) -> None:
     # GIVEN links planted at the names the writer used to open by name
     write, planted, final = WRITERS[what]
     folder = tmp_path / "out"
