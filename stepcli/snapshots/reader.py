@@ -128,7 +128,7 @@ def load_snapshot(path: str, streamed: bool = True) -> Snapshot:
             if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
                 raise TraceError(path, _NOT_A_SNAPSHOT)  # decoded completely: the C unpickler would say the same
             return _convert(path, data, builder, histories)
-        except (Unsupported, KeyError, TypeError, ValueError, AttributeError, OverflowError):
+        except (Unsupported, KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError):
             pass  # the C unpickler's reading gives the answer, or the error in its words
     builder = HistoryBuilder(STEP_TAG)
     _read(path, _check_memo_indexes)  # the C unpickler sizes its memo from the largest index it is given
@@ -137,6 +137,8 @@ def load_snapshot(path: str, streamed: bool = True) -> Snapshot:
         raise TraceError(path, _NOT_A_SNAPSHOT)
     try:
         return _convert(path, data, builder, {})
+    except RecursionError:
+        raise TraceError(path, "not a CUDA memory snapshot torch writes: nested too deeply") from None
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise TraceError(path, f"not a CUDA memory snapshot torch writes: {exc}") from None
 

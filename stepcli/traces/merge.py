@@ -65,6 +65,11 @@ def _load(path: str) -> dict[str, Any]:
     return document
 
 
+def _base_time(document: dict[str, Any]) -> int | None:
+    base = document.get("baseTimeNanoseconds")
+    return base if isinstance(base, int) and not isinstance(base, bool) and abs(base) < 2**63 else None
+
+
 def _rank_of(document: dict[str, Any], path: str) -> int | None:
     from stepcli.traces.files import rank_from_name
 
@@ -88,15 +93,25 @@ def _main_thread(events: list[Any]) -> tuple[Any, Any] | None:
 class _Rewriter:
     """One trace's events moved onto the merged clock, pids and id ranges."""
 
-    def __init__(self, rank: int, slot: int, shift_us: float) -> None:
-        self.rank, self.slot, self.shift_us = rank, slot, shift_us
+    def __init__(self, rank: int, slot: int, shift_us: float, path: str = "") -> None:
+        self.rank, self.slot, self.shift_us, self.path = rank, slot, shift_us, path
         self.pids: dict[Any, int] = {}
         self.main_pid: Any = None  # the trace's process that ran the steps
 
     def pid(self, original: Any) -> int:
+        if not isinstance(original, (int, float, str)):  # a list or an object: `table` reads it as text too
+            original = repr(original)
         if original not in self.pids:
+            if len(self.pids) >= _PID_STRIDE:  # the next one would take the next rank's first pid
+                raise TraceError(self.path, f"more than {_PID_STRIDE} processes in one trace: cannot merge it")
             self.pids[original] = self.slot * _PID_STRIDE + len(self.pids)
         return self.pids[original]
+
+    def moved(self, ident: int) -> int:
+        """An id in this rank's range: only ids below the stride keep the ranks' ranges apart (and within int64)."""
+        if not 0 <= ident < _ID_STRIDE:
+            raise TraceError(self.path, f"id {ident} is outside 0..2^40: the ranks' ids could not be kept apart")
+        return ident + self.slot * _ID_STRIDE
 
     def event(self, event: dict[str, Any]) -> dict[str, Any]:
         out = dict(event)
@@ -104,17 +119,19 @@ class _Rewriter:
             out["pid"] = self.pid(out["pid"])
         ts = out.get("ts")
         if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+            if isinstance(ts, int) and abs(ts) >= 2**63:  # (a float cannot hold it: OverflowError)
+                raise TraceError(self.path, f"timestamp {str(ts)[:30]}... is not a time")
             out["ts"] = round(ts - self.shift_us, 3)
         ident = out.get("id")
         if isinstance(ident, int) and not isinstance(ident, bool):
-            out["id"] = ident + self.slot * _ID_STRIDE
+            out["id"] = self.moved(ident)
         args = out.get("args")
         if isinstance(args, dict):
             args = dict(args)
             for key in _ID_ARGS:
                 value = args.get(key)
                 if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-                    args[key] = value + self.slot * _ID_STRIDE
+                    args[key] = self.moved(value)
             if out.get("ph") == "M" and out.get("name") == "process_name" and "name" in args:
                 args["name"] = f"rank {self.rank}: {args['name']}"
             out["args"] = args
@@ -203,7 +220,8 @@ def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
     if len(files) > 1 and any(rank is None for rank in ranks):
         missing = files[ranks.index(None)]
         raise StepcliError(f"{missing}: no rank (distributedInfo.rank or rank<N> in the name); cannot merge ranks")
-    bases = [document.get("baseTimeNanoseconds") for _, document in documents]
+    # A base time is nanoseconds since the epoch: anything past int64 (10**400, say) is not one.
+    bases = [_base_time(document) for _, document in documents]
     reference_base = next((b for b in bases if isinstance(b, int)), 0)
     events: list[dict[str, Any]] = []
     mains: dict[int, tuple[int, Any]] = {}
@@ -215,7 +233,7 @@ def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
             shift = offsets[str(rank)] * 1000
         else:
             shift = -((base - reference_base) / 1000 if isinstance(base, int) else 0.0)
-        rewriter = _Rewriter(rank, slot, shift)
+        rewriter = _Rewriter(rank, slot, shift, _path)
         main = _main_thread(document["traceEvents"])
         rewriter.main_pid = main[0] if main else None
         events.extend(rewriter.event(e) for e in document["traceEvents"] if isinstance(e, dict))
