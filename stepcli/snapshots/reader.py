@@ -82,18 +82,49 @@ class _PlainDataUnpickler(pickle.Unpickler):
         raise _Refused("a persistent object")
 
 
-class _Capped(io.RawIOBase):
-    """A readable stream that fails past `limit` bytes: a gzip bomb or a growing file stops at the cap."""
+class _Amplified(Exception):
+    """The decoding holds far more memory than the bytes it has read could explain (a flood of empty lists, a
+    gzip bomb of them): refused before it takes the machine's memory."""
 
-    def __init__(self, stream: Any, limit: int) -> None:
+
+# Memory the decoding may add, per byte of pickle read, above a fixed allowance: the streaming decoder keeps about
+# 1x the file (README), Python's C unpickler 7-8x; a pickle made of 1-byte EMPTY_LIST opcodes would take 64-160x.
+_GROWTH_ALLOWANCE = 128 << 20
+STREAMED_GROWTH = 4
+UNPICKLER_GROWTH = 12
+
+
+def _resident_bytes() -> int | None:
+    """This process's resident memory now (Linux: /proc/self/statm), or None where it cannot be read."""
+    try:
+        with open("/proc/self/statm", "rb") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class _Capped(io.RawIOBase):
+    """A readable stream that fails past `limit` bytes (a gzip bomb or a growing file stops at the cap), and
+    when, at a read, the process has grown by more than `growth` times the bytes read so far (plus an allowance):
+    memory bounded by what the pickle's size explains, whatever its opcodes build."""
+
+    def __init__(self, stream: Any, limit: int, growth: int = 0) -> None:
         self._stream = stream
         self._left = limit
+        self._growth = growth
+        self._read = 0
+        self._start = _resident_bytes() if growth else None
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
+        if self._start is not None:
+            now = _resident_bytes()
+            if now is not None and now - self._start > _GROWTH_ALLOWANCE + self._growth * self._read:
+                raise _Amplified(f"{(now - self._start) >> 20} MiB built from {self._read >> 10} KiB of pickle")
         count: int = self._stream.readinto(buffer)
+        self._read += count
         self._left -= count
         if self._left < 0:
             raise _TooBig
@@ -123,7 +154,7 @@ def load_snapshot(path: str, streamed: bool = True) -> Snapshot:
     if streamed:
         try:
             builder = HistoryBuilder(STEP_TAG)
-            decoder = _read(path, lambda stream: StreamDecoder(stream.read, builder).run())
+            decoder = _read(path, lambda stream: StreamDecoder(stream.read, builder).run(), STREAMED_GROWTH)
             data, histories = decoder
             if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
                 raise TraceError(path, _NOT_A_SNAPSHOT)  # decoded completely: the C unpickler would say the same
@@ -132,7 +163,7 @@ def load_snapshot(path: str, streamed: bool = True) -> Snapshot:
             pass  # the C unpickler's reading gives the answer, or the error in its words
     builder = HistoryBuilder(STEP_TAG)
     _read(path, _check_memo_indexes)  # the C unpickler sizes its memo from the largest index it is given
-    data = _read(path, lambda stream: _PlainDataUnpickler(stream).load())
+    data = _read(path, lambda stream: _PlainDataUnpickler(stream).load(), UNPICKLER_GROWTH)
     if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
         raise TraceError(path, _NOT_A_SNAPSHOT)
     try:
@@ -169,8 +200,9 @@ def _check_memo_indexes(stream: Any) -> None:
         return  # not a pickle from here on: the unpickler says so in its own words, before reaching it
 
 
-def _read(path: str, decode: Callable[[Any], Any]) -> Any:
-    """decode(a capped, buffered stream of the file's pickle bytes), with the file's problems as TraceError."""
+def _read(path: str, decode: Callable[[Any], Any], growth: int = 0) -> Any:
+    """decode(a capped, buffered stream of the file's pickle bytes), with the file's problems as TraceError.
+    `growth`: the memory the decoding may add per byte read (0: not watched)."""
     limit = input_limit()
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
@@ -186,13 +218,18 @@ def _read(path: str, decode: Callable[[Any], Any]) -> Any:
             head = raw.read(2)
             raw.seek(0)
             stream: Any = gzip.GzipFile(fileobj=raw, mode="rb") if head == GZIP_MAGIC else raw
-            capped = io.BufferedReader(_Capped(stream, limit), buffer_size=1 << 20)
+            capped = io.BufferedReader(_Capped(stream, limit, growth), buffer_size=1 << 20)
             return decode(capped)
         except _Refused as exc:
             raise TraceError(
                 path,
                 f"refused: the pickle asks to build {exc}, which is not plain data (a snapshot holds only dicts, "
                 "lists, strings and numbers; loading a pickle that names a class or function can run any code)",
+            ) from None
+        except _Amplified as exc:
+            raise TraceError(
+                path,
+                f"refused: its decoding outgrew what the file's size explains ({exc}): not a snapshot torch writes",
             ) from None
         except _MemoBomb as exc:
             raise TraceError(
