@@ -109,3 +109,22 @@ def test_a_memo_index_bomb_is_refused_without_its_memo(tmp_path: Path, data: byt
     finally:
         tracemalloc.stop()
     assert peak < 16 << 20, peak
+
+
+@pytest.mark.parametrize("gzipped", [False, True], ids=["plain", "gzip-bomb"])
+def test_an_empty_list_flood_is_refused_before_it_takes_memory(tmp_path: Path, gzipped: bool) -> None:
+    # (item 3) 1-byte EMPTY_LIST opcodes: 4.8 MB of them took 788 MB; a 5 MB gzip of them, gigabytes
+    import gzip
+    import resource
+
+    if not Path("/proc/self/statm").exists():
+        pytest.skip("the decoder's memory watch reads /proc/self/statm (Linux)")
+    body = b"\x80\x04" + b"]" * (5 << 20 if not gzipped else 256 << 20) + b"."
+    path = tmp_path / ("flood.pickle.gz" if gzipped else "flood.pickle")
+    path.write_bytes(gzip.compress(body, 1) if gzipped else body)
+    del body
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+    with pytest.raises(TraceError, match="outgrew what the file's size explains"):
+        load_snapshot(str(path))
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10) - before
+    assert grown < 400 << 20, grown  # the allowance (128 MiB) and a few MiB read, not 5-250 million lists
