@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "stepcli"
@@ -142,4 +143,39 @@ def test_report_reads_files_only_through_inputs() -> None:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
                 found += [f"{path.name}:{node.lineno} import {n}" for n in names if n in ("json", "orjson")]
+    assert found == []
+
+
+# Files created without stepcli.safefile, each for a reason: appending to a file the CI system made, the trace
+# export's own files inside the private scratch folder it just created, lock and fault files opened for append or
+# locking (O_NOFOLLOW, in the private control folder).
+_CREATES_OUTSIDE_SAFEFILE = {
+    ("compare/command.py", 'open(target, "a"'),  # $GITHUB_STEP_SUMMARY
+    ("agent/output.py", 'gzip.open(tmp_gz, "wb"'),  # inside the private scratch folder
+    ("agent/output.py", 'open(tmp_json, "r+b")'),  # the same
+    ("agent/stacks.py", "os.O_CREAT | os.O_APPEND"),  # the fault-handler file, control folder
+    ("agent/slowtrigger.py", "os.O_RDWR | os.O_CREAT"),  # a lock, control folder
+    ("run/controldir.py", "os.O_RDWR | os.O_CREAT"),  # a lock, control folder
+    ("agent/cudamemory.py", "os.link(tmp, path"),  # a safefile temporary file linked to the first free name
+    ("agent/cudamemory.py", 'open(fd, "wb")'),  # the descriptor of that safefile temporary file
+}
+_CREATING = re.compile(
+    r"""(\.write_text\(|(?<!safefile)\.write_bytes\(|os\.replace\(|os\.rename\(|tempfile|os\.link\(|O_CREAT"""
+    r"""|open\([^)]*["'](w|a|x|r\+)b?["'])"""
+)
+
+
+def test_every_file_is_created_through_safefile() -> None:
+    # Issue 30: new, never through a link, under a name nobody can guess; one helper for all.
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = str(path.relative_to(PACKAGE))
+        if relative == "safefile.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if _CREATING.search(code) and not any(
+                relative == where and marker in code for where, marker in _CREATES_OUTSIDE_SAFEFILE
+            ):
+                found.append(f"{relative}:{number}: {line.strip()}")
     assert found == []
