@@ -225,10 +225,12 @@ def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
     reference_base = next((b for b in bases if isinstance(b, int)), 0)
     events: list[dict[str, Any]] = []
     mains: dict[int, tuple[int, Any]] = {}
-    slots: dict[int, int] = {}
+    per_rank: Counter[int] = Counter()
     for (_path, document), rank, base in zip(documents, ranks, bases):
         rank = rank if rank is not None else 0
-        slot = slots.setdefault(rank, len(slots))
+        # One pid and id range per file: two traces of one rank (two windows, or a copy) never share ids or pids.
+        slot = sum(per_rank.values())
+        per_rank[rank] += 1
         if str(rank) in offsets:
             shift = offsets[str(rank)] * 1000
         else:
@@ -243,7 +245,8 @@ def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
     marks = _culprit_marks(culprit, mains)
     events.extend(marks)
     facts = {
-        "ranks": sorted(slots),
+        "ranks": sorted(per_rank),
+        "repeated_ranks": {rank: count for rank, count in sorted(per_rank.items()) if count > 1},
         "files": list(files),
         "alignment": (culprit or {}).get("alignment"),
         "culprit": (culprit or {}).get("culprit"),
@@ -279,4 +282,8 @@ def merge_main(paths: Sequence[str], output: str) -> str:
     found = facts["culprit"]
     who = f"; culprit rank {found['rank']}" if found else ""
     ranks = ", ".join(map(str, facts["ranks"]))
-    return f"wrote {output}: ranks {ranks} from {len(facts['files'])} trace(s), {clock}, {facts['marks']} marks{who}"
+    repeated = "".join(f"; rank {r} in {n} traces (kept apart)" for r, n in facts["repeated_ranks"].items())
+    return (
+        f"wrote {output}: ranks {ranks} from {len(facts['files'])} trace(s), {clock}, {facts['marks']} marks{who}"
+        f"{repeated}"
+    )

@@ -128,3 +128,21 @@ def test_an_empty_list_flood_is_refused_before_it_takes_memory(tmp_path: Path, g
         load_snapshot(str(path))
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10) - before
     assert grown < 400 << 20, grown  # the allowance (128 MiB) and a few MiB read, not 5-250 million lists
+
+
+def test_merge_keeps_two_traces_of_one_rank_apart_and_says_so(tmp_path: Path) -> None:
+    # (item 14) two files both rank 0: their pids and ids no longer land on each other, and the line says it
+    from stepcli.traces.merge import merge_main
+
+    trace = json.loads(DATA.read_text())
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "rank0.json").write_text(json.dumps(trace))
+    (tmp_path / "b" / "rank0.json").write_text(json.dumps(trace))
+    line = merge_main(
+        [str(tmp_path / "a" / "rank0.json"), str(tmp_path / "b" / "rank0.json")], str(tmp_path / "m.json")
+    )
+    assert "rank 0 in 2 traces" in line
+    merged = json.loads((tmp_path / "m.json").read_text())
+    pids = {e["pid"] for e in merged["traceEvents"] if e.get("ph") == "X"}
+    assert any(p < 1000 for p in pids) and any(1000 <= p < 2000 for p in pids)
