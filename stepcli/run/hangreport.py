@@ -118,10 +118,22 @@ def _elsewhere_lines(dump: dict[str, Any]) -> list[str]:
     return lines
 
 
-def verdict(dumps: list[dict[str, Any]]) -> str | None:
-    """One line naming the process(es) the others wait for, when the dumps say it."""
+def verdict(dumps: list[dict[str, Any]], stopped: Sequence[dict[str, Any]] = ()) -> str | None:
+    """One line naming the process(es) the others wait for, when the dumps (and `stopped`: processes of this host
+    that wrote no stacks because they are stopped) say it."""
     waiting = [d for d in dumps if in_collective(d)]
     elsewhere = [d for d in dumps if not in_collective(d)]
+    if stopped:
+        who = ", ".join(label(p) for p in sorted(stopped, key=order))
+        names = sorted({collective_name(d["collective"]) for d in waiting})
+        waits = (
+            f" while {len(waiting)} process{'es' if len(waiting) > 1 else ''} wait{'' if len(waiting) > 1 else 's'} "
+            f"in {', '.join(names)}"
+            if waiting
+            else ""
+        )
+        one = len(stopped) == 1
+        return f"-> {who} {'is' if one else 'are'} stopped{waits}: {'it holds' if one else 'they hold'} the job back"
     if waiting and elsewhere:
         blocked = []
         for dump in sorted(elsewhere, key=order):
@@ -141,6 +153,20 @@ def verdict(dumps: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def is_stopped(process: dict[str, Any]) -> bool:
+    """Whether a process of this host is stopped (state T or t in /proc: SIGSTOP, or a tracer holds it)."""
+    import socket
+
+    if process.get("host") != socket.gethostname():
+        return False
+    try:
+        with open(f"/proc/{int(process['pid'])}/stat", "rb") as handle:
+            state = handle.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False
+    return state in (b"T", b"t")
+
+
 def describe_dumps(dumps: list[dict[str, Any]], silent: list[dict[str, Any]]) -> list[str]:
     """The block's lines (without the headline): one entry per process, then the verdict."""
     lines: list[str] = []
@@ -149,9 +175,15 @@ def describe_dumps(dumps: list[dict[str, Any]], silent: list[dict[str, Any]]) ->
             lines.append("  " + _collective_line(dump))
         else:
             lines += ["  " + line for line in _elsewhere_lines(dump)]
+    stopped = [p for p in silent if is_stopped(p)]
     for process in sorted(silent, key=order):
-        lines.append(f"  {label(process)}: wrote no stacks (exited while asked, or its signal handler could not write)")
-    conclusion = verdict(dumps)
+        if process in stopped:
+            lines.append(f"  {label(process)}: stopped (SIGSTOP, or held by a debugger): it can neither run nor answer")
+        else:
+            lines.append(
+                f"  {label(process)}: wrote no stacks (exited while asked, or its signal handler could not write)"
+            )
+    conclusion = verdict(dumps, stopped)
     if conclusion:
         lines.append(conclusion)
     return lines
