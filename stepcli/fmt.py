@@ -138,7 +138,7 @@ def percent(share: float, digits: int = 0) -> str:
 def say(message: str) -> None:
     """One `stepcli: ...` line on stderr (stdout belongs to the program, or to the command's output)."""
     try:
-        sys.stderr.write(f"stepcli: {message}\n")
+        sys.stderr.write(f"stepcli: {visible(message)}\n")  # names from programs and files: no ESC, no bidi
         sys.stderr.flush()
     except (OSError, ValueError):
         pass  # stderr closed: nothing more can be said

@@ -80,7 +80,7 @@ def open_control(out_dir: str, run_id: str, document: dict[str, Any]) -> str:
     os.makedirs(os.path.dirname(folder), exist_ok=True)
     os.mkdir(folder, 0o700)
     os.chmod(folder, 0o700)  # whatever the umask: nobody else may write requests
-    atomic_write_json(os.path.join(folder, RUN_FILE), document)
+    atomic_write_json(os.path.join(folder, RUN_FILE), document, 0o600, private_folder=True)
     return folder
 
 

@@ -278,7 +278,7 @@ class Recorder:
             # A window asked for on demand gets a folder of its own, like each window of --repeat.
             several = self.config.schedule.repeat != 1 or _asked_for(self.schedule, first)
             folder = trace_folder(self.config.out_dir, first, several)
-            path, size = export_trace(prof, folder, self.config.use_gzip)
+            path, size = export_trace(prof, folder, self.config.use_gzip, own_folder=several)
         except Exception as exc:
             self.stop_after_write_failure(f"could not save the trace of {steps} in {folder}: {cause(exc)}")
             return
@@ -302,7 +302,6 @@ class Recorder:
         """The window's estimated FLOPs (the sum of key_averages()' flops), written beside the trace as
         `NAME.flops` (flops_path) with the device's name; None when torch could not count them."""
         import json
-        import os
 
         try:
             flops = int(sum(event.flops for event in prof.key_averages()))
@@ -314,9 +313,9 @@ class Recorder:
             document = {"schema": "stepcli.flops", "version": 1, "flops": flops, "device": device}
             document["first_step"], document["last_step"] = first, last
             final = flops_path(trace)
-            with open(final + ".tmp", "w") as f:
-                json.dump(document, f)
-            os.replace(final + ".tmp", final)
+            from stepcli import safefile
+
+            safefile.write_bytes(final, json.dumps(document).encode("utf-8"))
             return flops
         except Exception as exc:
             self.notes.append(f"FLOPs of steps {first}-{last} not saved: {type(exc).__name__}: {exc}")

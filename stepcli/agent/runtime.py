@@ -439,6 +439,8 @@ class Agent:
             "cuda_peak_bytes": _cuda_peak_bytes(),
             "compile": self.compiles.to_log() if self.compiles is not None else None,
             "gc": self.gc_pauses.to_log(),
+            # the CUDA memory snapshots it wrote (--memory; the module is loaded only then)
+            "memory_snapshots": list(getattr(sys.modules.get(f"{__package__}.cudamemory"), "WRITTEN", [])),
         }
         if self.config.run_key:
             from .signing import SIGNATURE_KEY, sign
@@ -446,7 +448,7 @@ class Agent:
             document[SIGNATURE_KEY] = sign(self.config.run_key, document)
         # Named by host and pid, not worker: the worker name changes when a rank appears.
         name = f"{document['host']}.{self.pid}{STEP_LOG_SUFFIX}"  # hosts may share -o and reuse pids
-        atomic_write_json(os.path.join(self.config.log_dir, name), document)
+        atomic_write_json(os.path.join(self.config.log_dir, name), document, 0o600, private_folder=True)
         self._saved_steps = steps
         self._saved_stalled = progress == "stalled"
         if self.exit_reason or progress:  # the whole run's step times, compact (steprecord.py): at exit
@@ -471,6 +473,8 @@ class Agent:
                     "torch_imported": self.torch_imported,
                     "steps": self.tracker.global_step,
                 },
+                0o600,
+                private_folder=True,
             )
         except Exception:
             pass

@@ -323,7 +323,9 @@ class StackDumper:
             else:
                 document = self.snapshot(text, str(request.get("id", name)))
             try:
-                atomic_write_json(os.path.join(target, f"{document['worker']}.{self.host}.{self.pid}.json"), document)
+                atomic_write_json(
+                    os.path.join(target, f"{document['worker']}.{self.host}.{self.pid}.json"), document, 0o600
+                )
             except OSError:
                 continue  # the folder is gone (a request left by a launcher that died): the others still get theirs
 

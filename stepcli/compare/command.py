@@ -15,7 +15,6 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from stepcli.compare.attribution import OpChange
 from stepcli.compare.load import (
@@ -121,7 +120,9 @@ def compare_main(
         render_console(comparison, pipe_console())
         if markdown_path:
             try:
-                Path(markdown_path).write_text(markdown, encoding="utf-8")
+                from stepcli import safefile
+
+                safefile.write_bytes(markdown_path, markdown.encode("utf-8"))
             except OSError as exc:
                 raise StepcliError(
                     f"{markdown_path}: cannot write the Markdown report ({exc.strerror or exc})", EXIT_USAGE

@@ -52,6 +52,8 @@ class ReportData:
     advice: list[Advice] = field(default_factory=list)
     culprit: dict[str, Any] | None = None  # the `culprit` section (stepcli.traces.culprit)
     out_dir: str | None = None  # the run's output folder, where `stepcli run --memory` leaves oom-*.pickle
+    # the snapshot files of the run (names in out_dir) its summary lists; None for a summary from before it did
+    memory_snapshots: list[str] | None = None
     step_record: list[dict[str, Any]] = field(default_factory=list)  # whole-run step times (report/steprecord.py)
     triggered: list[dict[str, Any]] = field(default_factory=list)  # the windows --capture-on-slow placed
     hang: dict[str, Any] | None = None  # the `hang` section (--hang-timeout reports), shown by report/hang.py
@@ -73,6 +75,7 @@ def build(
 
     traces = traces if traces is not None else RunTraces()
     data = ReportData(title="stepcli report", out_dir=(summary or {}).get("out_dir"))
+    data.memory_snapshots = (summary or {}).get("memory_snapshots")
     data.step_record = list((summary or {}).get("step_record") or [])
     data.triggered = list((summary or {}).get("triggered") or [])
     data.hang = (summary or {}).get("hang")

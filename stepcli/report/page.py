@@ -332,7 +332,9 @@ def _memory(data: ReportData) -> list[str]:
         parts.append(
             '<p class="muted">No memory measured (run with stepcli run; add --profile-memory for a curve).</p>'
         )
-    parts.append(snapshot_section(data.out_dir))  # stepcli/report/memorysnapshots.py: "" without oom-*.pickle
+    parts.append(
+        snapshot_section(data.out_dir, data.memory_snapshots)
+    )  # stepcli/report/memorysnapshots.py: "" without oom-*.pickle
     return parts
 
 

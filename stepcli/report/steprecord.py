@@ -4,8 +4,9 @@ and the windows --capture-on-slow recorded, from the run summary's `step_record`
 
 from __future__ import annotations
 
-from html import escape
 from typing import Any
+
+from stepcli.fmt import html_escape as escape
 
 _W, _H = 360, 60
 _ROWS = 16  # processes drawn; with more, the slowest at p99

@@ -8,7 +8,7 @@ import os
 import shlex
 from typing import TYPE_CHECKING
 
-from stepcli.fmt import ms, size_or_dash
+from stepcli.fmt import ms, size_or_dash, visible
 from stepcli.run.compiles import compile_lines
 from stepcli.run.culprit import print_culprit
 from stepcli.runsummary import RunSummary
@@ -120,7 +120,7 @@ def _print_hang(summary: RunSummary, console: Console) -> None:
     from stepcli.run.hangreport import summary_lines
 
     for line in summary_lines(summary.get("hang"), _relative):
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
+        console.print(visible(line), markup=False, highlight=False, soft_wrap=True)
 
 
 def _print_windows(summary: RunSummary, console: Console) -> None:

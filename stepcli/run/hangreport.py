@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -160,10 +161,22 @@ def _elsewhere_lines(dump: dict[str, Any]) -> list[str]:
     return lines
 
 
-def verdict(dumps: list[dict[str, Any]]) -> str | None:
-    """One line naming the process(es) the others wait for, when the dumps say it."""
+def verdict(dumps: list[dict[str, Any]], stopped: Sequence[dict[str, Any]] = ()) -> str | None:
+    """One line naming the process(es) the others wait for, when the dumps (and `stopped`: processes of this host
+    that wrote no stacks because they are stopped) say it."""
     waiting = [d for d in dumps if in_collective(d)]
     elsewhere = [d for d in dumps if not in_collective(d)]
+    if stopped:
+        who = ", ".join(label(p) for p in sorted(stopped, key=order))
+        names = sorted({collective_name(d["collective"]) for d in waiting})
+        waits = (
+            f" while {len(waiting)} process{'es' if len(waiting) > 1 else ''} wait{'' if len(waiting) > 1 else 's'} "
+            f"in {', '.join(names)}"
+            if waiting
+            else ""
+        )
+        one = len(stopped) == 1
+        return f"-> {who} {'is' if one else 'are'} stopped{waits}: {'it holds' if one else 'they hold'} the job back"
     if waiting and elsewhere:
         blocked = []
         for dump in sorted(elsewhere, key=order):
@@ -196,6 +209,20 @@ def _who_dumps(dumps: list[dict[str, Any]]) -> str:
     return ", ".join(label(d) for d in dumps) + (" is" if len(dumps) == 1 else " are")
 
 
+def is_stopped(process: dict[str, Any]) -> bool:
+    """Whether a process of this host is stopped (state T or t in /proc: SIGSTOP, or a tracer holds it)."""
+    import socket
+
+    if process.get("host") != socket.gethostname():
+        return False
+    try:
+        with open(f"/proc/{int(process['pid'])}/stat", "rb") as handle:
+            state = handle.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False
+    return state in (b"T", b"t")
+
+
 def describe_dumps(dumps: list[dict[str, Any]], silent: list[dict[str, Any]]) -> list[str]:
     """The block's lines (without the headline): one entry per process, then the verdict."""
     lines: list[str] = []
@@ -204,9 +231,15 @@ def describe_dumps(dumps: list[dict[str, Any]], silent: list[dict[str, Any]]) ->
             lines.append("  " + _collective_line(dump))
         else:
             lines += ["  " + line for line in _elsewhere_lines(dump)]
+    stopped = [p for p in silent if is_stopped(p)]
     for process in sorted(silent, key=order):
-        lines.append(f"  {label(process)}: wrote no stacks (exited while asked, or its signal handler could not write)")
-    conclusion = verdict(dumps)
+        if process in stopped:
+            lines.append(f"  {label(process)}: stopped (SIGSTOP, or held by a debugger): it can neither run nor answer")
+        else:
+            lines.append(
+                f"  {label(process)}: wrote no stacks (exited while asked, or its signal handler could not write)"
+            )
+    conclusion = verdict(dumps, stopped)
     if conclusion:
         lines.append(conclusion)
     return lines
@@ -233,18 +266,18 @@ def read_dumps(target: Path) -> list[dict[str, Any]]:
 
 
 def hang_summary(
-    out_dir: str,
+    folders: Sequence[str],
     since: float,
     *,
     timeout_s: float | None = None,
     on_hang: str | None = None,
     ended_job: bool = False,
 ) -> dict[str, Any] | None:
-    """The run summary's `hang` section: every `OUT/hang-<n>/` this run wrote (not an earlier run's), the timeout,
-    and what `--on-hang` did (`ended_job`: the launcher killed the job after the dump); None without a report."""
+    """The run summary's `hang` section: the `OUT/hang-<n>/` folders this run's hang watch wrote (`folders`, never
+    one found in the output folder: an earlier run's, or one planted there), the timeout, and what `--on-hang` did
+    (`ended_job`: the launcher killed the job after the dump); None without a report."""
     reports = []
-    folders = [p for p in Path(out_dir).glob("hang-*") if p.is_dir() and p.name[5:].isdigit()]
-    for folder in sorted(folders, key=lambda p: int(p.name[5:])):
+    for folder in map(Path, folders):
         dumps = [d for d in read_dumps(folder) if float(d.get("time", 0.0)) >= since]
         if not dumps:
             continue

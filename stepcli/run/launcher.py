@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stepcli import safefile
 from stepcli.agent import ondemand
 from stepcli.agent.config import CONFIG_ENV, AgentConfig
 from stepcli.agent.schedule import Schedule
@@ -185,12 +186,10 @@ def _check_writable(path: str) -> None:
     folder = target.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
-    probe = folder / f".stepcli-json-test-{os.getpid()}"
     try:
         if not folder.is_dir():
             raise NotADirectoryError(20, "not a folder")
-        probe.write_bytes(b"")
-        probe.unlink()
+        safefile.probe_writable(str(folder), "stepcli-json-test")
     except OSError as exc:
         raise StepcliError(f"--json {path}: cannot write in {folder}: {exc.strerror or exc}") from None
 
@@ -214,9 +213,7 @@ def _prepare_out_dir(out_dir: str | None, label: str) -> Path:
                     break
                 except FileExistsError:
                     continue
-        probe = path / f".stepcli-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        safefile.probe_writable(str(path), "stepcli-write-test")
     except StepcliError:
         raise
     except OSError as exc:
@@ -318,14 +315,23 @@ def run_program(request: RunRequest) -> int:
     if hang_watch is not None and hang_watch.killed:
         status = hang_watch.exit_status
 
-    if request.quiet and not request.json_path and not request.fail_over and not request.report:
-        return status  # nothing would show the summary: don't spend time reading traces
+    # Even with -q --no-report and nothing else to show it: summary.json is saved beside the step logs, for a
+    # `stepcli report OUT` later.
     hang_ended = hang_watch is not None and hang_watch.killed
-    return _report(request, config, status, started, time.perf_counter() - start, hang_ended=hang_ended)
+    hang_folders = list(hang_watch.folders) if hang_watch is not None else []
+    return _report(
+        request, config, status, started, time.perf_counter() - start, hang_ended=hang_ended, hang_folders=hang_folders
+    )
 
 
 def _report(
-    request: RunRequest, config: AgentConfig, status: int, started: float, duration_s: float, hang_ended: bool = False
+    request: RunRequest,
+    config: AgentConfig,
+    status: int,
+    started: float,
+    duration_s: float,
+    hang_ended: bool = False,
+    hang_folders: list[str] | None = None,
 ) -> int:
     """Summary, --json and --fail-over after the program exited. The program's status wins, except that a
     budget that was exceeded, or could not be checked, fails a run that succeeded. `hang_ended`: `--on-hang kill`
@@ -348,6 +354,7 @@ def _report(
                 traces=traces,
                 on_hang=request.on_hang,
                 hang_ended=hang_ended,
+                hang_folders=hang_folders or [],
             )
     except Exception as exc:  # the program's result, and the --json file CI reads next, must survive a bug here
         from stepcli.run.guard import summary_failed
@@ -367,7 +374,7 @@ def _report(
         except StepcliError as exc:
             say(f"warning: {exc.message}")
     try:  # beside the step logs, for `stepcli report OUT` later (with --no-report too)
-        write_run_summary(summary, os.path.join(config.log_dir, SUMMARY_FILE))
+        write_run_summary(summary, os.path.join(config.log_dir, SUMMARY_FILE), private_folder=True)
     except StepcliError as exc:  # its message names --json, which this file is not
         reason = exc.message.rsplit(": ", 1)[-1]
         summary["notes"].append(f"cannot save the run summary in {config.log_dir}: {reason}")

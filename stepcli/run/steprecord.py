@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from stepcli import safefile
 from stepcli.agent.signing import SIGNATURE_KEY, signature_matches
 from stepcli.agent.steprecord import BUCKETS_PER_DOUBLING, SCHEMA, SUFFIX
 from stepcli.runsummary import RunSummary
@@ -33,8 +34,9 @@ def load(log_dir: str, key: str | None = None) -> list[dict[str, Any]]:
         if not name.endswith(SUFFIX) or name.startswith("."):
             continue
         try:
-            with open(os.path.join(log_dir, name), "rb") as handle:
-                record = json.loads(handle.read(_MAX_BYTES + 1)[:_MAX_BYTES])
+            # Not followed if a link, never blocking on a FIFO, only a regular file of this user's: the control
+            # folder may have been swapped for someone else's (stepcli.safefile).
+            record = json.loads(safefile.read_regular(os.path.join(log_dir, name), _MAX_BYTES, own=True))
             if not isinstance(record, dict):
                 continue
             signature = record.pop(SIGNATURE_KEY, None)

@@ -25,6 +25,7 @@ from typing import Any
 from stepcli.agent.config import LOG_FOLDER
 from stepcli.agent.ondemand import CONTROL_FOLDER
 from stepcli.errors import StepcliError
+from stepcli.fmt import visible
 from stepcli.run.capture import Ping, _ping, _renewer, _withdraw, await_heartbeats
 from stepcli.run.captureplan import fresh, step_time
 from stepcli.run.controldir import read_processes, run_alive
@@ -159,21 +160,26 @@ def _state(row: dict[str, Any]) -> str:
 
 
 def render(document: dict[str, Any]) -> Any:
-    """A rich table of the snapshot; the slowest rank in bold red."""
+    """A rich table of the snapshot; the slowest rank in bold red. What the heartbeats say is shown as text: never
+    read as rich markup (`[bold red]`), control characters (ESC, bidi overrides) shown as escapes."""
     from rich.table import Table
+    from rich.text import Text
+
+    def cell(value: Any) -> Text:
+        return Text(visible(str(value)))
 
     status = "running" if document["running"] else "finished"
-    table = Table(title=f"stepcli top: run {document['run_id']} ({status})", title_justify="left")
+    table = Table(title=cell(f"stepcli top: run {document['run_id']} ({status})"), title_justify="left")
     for name in ("rank", "step", "steps/s", "last ms", "median ms", "windows / state", ""):
         table.add_column(name, justify="left" if name in ("rank", "windows / state", "") else "right")
     for row in document["ranks"]:
         table.add_row(
-            row["worker"],
-            str(row["step"]),
+            cell(row["worker"]),
+            cell(row["step"]),
             _fmt(row["steps_per_s"], ".1f"),
             _fmt(row["last_ms"], ".1f"),
             _fmt(row["median_ms"], ".1f"),
-            _state(row),
+            cell(_state(row)),
             "slowest" if row["slowest"] else "",
             style="bold red" if row["slowest"] else None,
         )
@@ -258,7 +264,7 @@ def _print(document: dict[str, Any], as_json: bool) -> None:
             highlight=False,
         )
     if not document["running"]:
-        console.print(f"run {document['run_id']} has finished")
+        console.print(f"run {visible(str(document['run_id']))} has finished", markup=False, highlight=False)
 
 
 def _terminate(signum: int, _frame: Any) -> None:

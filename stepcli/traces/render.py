@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, Callable
 
 from stepcli.fmt import ms_cell as _ms
-from stepcli.fmt import visible_all
+from stepcli.fmt import visible, visible_all
 from stepcli.pipeconsole import pipe_console
 from stepcli.traces.culprit import culprit_lines
 from stepcli.traces.ranks import first_per_process
@@ -395,8 +395,15 @@ def csv_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: int | N
     return buffer.getvalue()
 
 
+def _md_text(value: Any) -> str:
+    """Text from traces for Markdown: HTML special characters as entities (a name holding `<img ...>` is shown,
+    not rendered), control characters as escapes (stepcli.fmt.visible)."""
+    text = visible(str(value))
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def _md_cell(value: Any) -> str:
-    return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    return _md_text(str(value).replace("\n", " ")).replace("\\", "\\\\").replace("|", "\\|")
 
 
 def _md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[bool]) -> list[str]:
@@ -460,8 +467,9 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
         )
         lines.append("")
         if data.get("straggler"):
-            lines += [f"Slowest rank: {data['straggler']['evidence']}.", ""]
-        lines += [f"C{line[1:]}" for line in culprit_lines(data.get("culprit"))] + [""] * bool(data.get("culprit"))
+            lines += [f"Slowest rank: {_md_text(data['straggler']['evidence'])}.", ""]
+        culprit = culprit_lines(data.get("culprit"))
+        lines += [_md_text(f"C{line[1:]}") for line in culprit] + [""] * bool(culprit)
     breakdown = data.get("breakdown_ms")
     if breakdown:
         total = sum(breakdown.values())

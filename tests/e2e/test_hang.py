@@ -156,6 +156,8 @@ def test_a_hang_is_dumped_naming_the_blocked_rank_and_the_collective_the_other_w
     assert 9.0 <= written - stuck_at <= 20.0, written - stuck_at  # timeout 10 s (from its last step): within 20 s
     assert set(dumps) == {"rank0", "rank1"}
     assert "source" not in dumps["rank1"], log.read_text()  # written by its own thread, not the fallback
+    # stack frames and argv: private to the user whatever the umask (issue 30, item 17)
+    assert {p.stat().st_mode & 0o777 for p in (out / "hang-1").glob("*.json")} == {0o600}
     assert "stuck_forever" in _functions(dumps["rank1"])  # blocked in C (a lock's wait), yet dumped
     assert "stuck_forever" in dumps["rank1"]["faulthandler"]
     assert dumps["rank1"]["collective"] == {**dumps["rank1"]["collective"], "name": "all_reduce", "seq": 5}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import types
 from pathlib import Path
@@ -350,3 +351,33 @@ def test_the_programs_own_frame_skips_the_standard_library_and_stepcli() -> None
     ]
     assert own_frame(frames) == frames[2]
     assert own_frame(frames[:2]) == frames[0]  # nothing of the program's: the innermost
+
+
+def test_a_stopped_rank_is_named_as_the_one_holding_the_job_back() -> None:
+    # (issue 30, item 15) a SIGSTOPped rank writes no stacks: say it is stopped, and that it holds the others back
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from stepcli.run.hangreport import is_stopped
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        os.kill(child.pid, signal.SIGSTOP)
+        process = {"rank": 1, "pid": child.pid, "host": socket.gethostname()}
+        deadline = time.monotonic() + 30
+        while not is_stopped(process) and time.monotonic() < deadline:  # the state changes as the signal lands
+            time.sleep(0.01)
+        lines = describe_dumps([_dump(0, _waiting(7), [("all_reduce", "/x/c10d.py")])], [process])
+    finally:
+        child.kill()
+        child.wait()
+    assert (
+        lines[1]
+        == f"  rank 1 (pid {child.pid}): stopped (SIGSTOP, or held by a debugger): it can neither run nor answer"
+    )
+    assert (
+        lines[-1]
+        == f"-> rank 1 (pid {child.pid}) is stopped while 1 process waits in all_reduce #7: it holds the job back"
+    )
