@@ -288,7 +288,14 @@ def table(
     default=None,
     help="Leave out steps before this step number in every run [default: detect warm-up].",
 )
-@click.option("--strict", is_flag=True, help="Exit 4 when the result is inconclusive (default: exit 0 with a warning).")
+@click.option(
+    "--allow-inconclusive",
+    is_flag=True,
+    help="Exit 0 (with a warning) when the result is inconclusive [default: exit 4, the gate fails].",
+)
+@click.option(
+    "--strict", is_flag=True, hidden=True, help="Exit 4 when inconclusive: the default now, kept for scripts."
+)
 @click.option(
     "--markdown",
     "markdown_path",
@@ -305,14 +312,15 @@ def compare(
     metric: str,
     confidence: str,
     skip_steps: int | None,
+    allow_inconclusive: bool,
     strict: bool,
     markdown_path: str | None,
 ) -> int:
     """Compare BASELINE and CURRENT: run summaries (--json of run), traces, or folders of either.
 
     Several runs per side: --baseline A1 --baseline A2 --current B1 ... (or folders of run summaries).
-    Exit 0 no change, improvement or inconclusive (with a warning), 1 regression, 2 bad input, 3 nothing
-    measured on a side, 4 inconclusive with --strict.
+    A run folder (-o of run) is read through the run summary saved in it. Exit 0 no change or improvement, 1
+    regression, 2 bad input, 3 nothing measured on a side, 4 inconclusive (0 with --allow-inconclusive).
     """
     from stepcli.compare.command import compare_main, parse_confidence, parse_tolerance
 
@@ -342,7 +350,7 @@ def compare(
         markdown_path=markdown_path,
         confidence=level,
         skip_steps=skip_steps,
-        strict=strict,
+        allow_inconclusive=allow_inconclusive and not strict,
     )
 
 
