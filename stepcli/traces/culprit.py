@@ -16,7 +16,11 @@ order in the step) across all ranks (gloo):
 - Per rank, over the collectives it is a member of: times last, lateness ms/step, wait caused to others ms/step,
   own wait ms/step, and its median **lead** (its arrival minus the latest other member's).
 - A culprit is named only when it is a finding, not noise: last in at least `MIN_LAST_SHARE` of its collectives
-  and more often than chance would make it (at most `MAX_CHANCE`; last at random: 1 in its groups' size),
+  and more often than chance would make it (at most `MAX_CHANCE`; last at random: 1 in its groups' size), or,
+  since a sign alone cannot decide from few collectives (last at 3 of 3 on two ranks happens 1 time in 8), last
+  at every one of them by a lead so large against its own spread that a rank whose leads average zero would show it at most
+  `MAX_CHANCE` / (the ranks that could be the candidate) of the time (a one-sided Student t-test of its leads,
+  mean over standard error, `lead_t_chance`; ranks, since the candidate is the latest of them),
   lateness of at least `MIN_LATENESS_MS` and `MIN_STEP_SHARE` of the median step time per step, and its median
   lead above both the alignment error and `JITTER_FACTOR` standard errors of that median (from the lead's jitter,
   a robust standard deviation over the collectives): late by a consistent margin, not by scheduling noise. With process groups the same rule
@@ -331,7 +335,9 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
     min_lead_us = _lead_floor(error_us, rows[candidate]["lead_jitter_ms"], taken[candidate])
     # a rank last at random: 1 in (the size of its groups), on average over its collectives
     group_size = taken[candidate] / chance[candidate]
-    finding = _is_finding(rows[candidate], min_lead_us, median_step_ms, taken[candidate], group_size)
+    finding = _is_finding(
+        rows[candidate], min_lead_us, median_step_ms, taken[candidate], group_size, leads[candidate], n
+    )
     # ... or judged on one of its process groups alone (a rank late only before its tensor-parallel all-reduce is
     # last at half its collectives); a group of every rank is the whole again
     found_group: tuple[str, dict[str, Any]] | None = None
@@ -340,7 +346,9 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
             continue
         row = figures.row(n_steps)
         group_min_lead_us = _lead_floor(error_us, row["lead_jitter_ms"], figures.taken)
-        if _is_finding(row, group_min_lead_us, median_step_ms, figures.taken, figures.size):
+        if _is_finding(
+            row, group_min_lead_us, median_step_ms, figures.taken, figures.size, figures.leads, figures.size
+        ):
             cause = _cause(matched, candidate, last_at, row, n_steps, group)
             if cause["cause_ms_per_step"] < MIN_LATENESS_MS:
                 continue  # late, but not by any work of its own (see below)
@@ -383,6 +391,9 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
             "min_lateness_ms_per_step": MIN_LATENESS_MS,
             "min_step_share": MIN_STEP_SHARE,
             "min_lead_ms": round(min_lead_us / 1000, 4),
+            # the lead test (or the sign test above): one-sided t-test chance of the candidate's leads, at most
+            # max_chance / ranks
+            "lead_t_chance": round(lead_t_chance(leads[candidate]), 6),
             "min_cause_ms_per_step": MIN_LATENESS_MS,
         },
         "ranks": rows,
@@ -427,15 +438,62 @@ def _jitter(values: list[float]) -> float:
 
 
 def _is_finding(
-    row: dict[str, Any], min_lead_us: float, median_step_ms: float | None, count: int, ranks: float
+    row: dict[str, Any],
+    min_lead_us: float,
+    median_step_ms: float | None,
+    count: int,
+    ranks: float,
+    leads: Sequence[float] = (),
+    candidates: int = 2,
 ) -> bool:
     floor = max(MIN_LATENESS_MS, MIN_STEP_SHARE * (median_step_ms or 0.0))
+    by_sign = chance_of_last(row["times_last"], count, ranks) <= MAX_CHANCE
+    # last every time (consistent), by leads that large against their spread; the candidate is the latest of the
+    # ranks: a chance that small for any of them
+    by_size = row["times_last"] == count and lead_t_chance(leads) <= MAX_CHANCE / max(candidates, 1)
     return bool(
         row["last_share"] >= MIN_LAST_SHARE
-        and chance_of_last(row["times_last"], count, ranks) <= MAX_CHANCE
+        and (by_sign or by_size)
         and row["lead_median_ms"] * 1000 > min_lead_us
         and row["lateness_ms_per_step"] >= floor
     )
+
+
+def lead_t_chance(leads: Sequence[float]) -> float:
+    """How likely leads this large against their spread are when the rank's true lead is zero: the one-sided
+    p-value of a one-sample Student t-test (mean over its standard error, n - 1 degrees of freedom). 1.0 with
+    fewer than 2 leads or a mean not above zero; 0.0 for identical positive leads."""
+    n = len(leads)
+    if n < 2:
+        return 1.0
+    mean = sum(leads) / n
+    if mean <= 0:
+        return 1.0
+    sd = math.sqrt(sum((v - mean) ** 2 for v in leads) / (n - 1))
+    if sd <= 0:
+        return 0.0
+    return student_t_sf(mean / (sd / math.sqrt(n)), n - 1)
+
+
+def student_t_sf(t: float, df: int) -> float:
+    """P(T > t) for Student's t with integer `df` >= 1, exactly (Abramowitz & Stegun 26.7.3-4), no scipy."""
+    if t < 0:
+        return 1.0 - student_t_sf(-t, df)
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:  # odd: A = 2/pi (theta + sin cos (1 + 2/3 c2 + 2*4/(3*5) c2^2 + ...)), up to c^(df-3)
+        series, term = 0.0, 1.0
+        for k in range(1, (df - 1) // 2 + 1):
+            series += term
+            term *= c2 * (2 * k) / (2 * k + 1)
+        inside = 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * series) if df > 1 else 2 * theta / math.pi
+    else:  # even: A = sin (1 + 1/2 c2 + 1*3/(2*4) c2^2 + ...), up to c^(df-2)
+        series, term = 0.0, 1.0
+        for k in range(1, df // 2 + 1):
+            series += term
+            term *= c2 * (2 * k - 1) / (2 * k)
+        inside = math.sin(theta) * series
+    return max(0.0, (1.0 - inside) / 2)
 
 
 def _cause(
