@@ -487,6 +487,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from stepcli.fmt import visible  # error lines name files and values the user or a trace chose
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["demo"] and "--" in args:
+        # `stepcli demo [RUN OPTIONS] -- DEMO OPTIONS`: split here, on the raw words, since click drops a `--`
+        # that follows a flag or comes first, and the demo's options would then reach `run` (No such option).
+        from stepcli.demo import demo_argv
+
+        at = args.index("--")
+        if not {"--help", "-h"} & set(args[1:at]):
+            return main(["run", *args[1:at], *demo_argv(), *args[at + 1 :]])
     try:
         result = cli.main(args=args, prog_name="stepcli", standalone_mode=False)
     except click.exceptions.Abort:

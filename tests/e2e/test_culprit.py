@@ -145,6 +145,9 @@ def test_default_window_names_an_overwhelmingly_late_rank(matmul_default_window:
     assert found and found["rank"] == 1 and found["cause"] == "cpu_operators", _evidence(section)
     assert section["thresholds"]["lead_t_chance"] <= 0.025, _evidence(section)
     assert "culprit: rank 1 arrives last at 100% of the collectives" in matmul_default_window["stderr"]
+    # AND report.html gives the same answer: rank 1 holds the others back
+    html = (matmul_default_window["out"] / "report.html").read_text()
+    assert '<div class="card advice" id="culprit-finding"><b>Rank 1 holds the others back' in html
 
 
 def test_default_window_names_nobody_when_ranks_are_equal(equal_default_window: dict[str, Any]) -> None:
