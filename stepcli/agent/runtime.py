@@ -358,6 +358,8 @@ class Agent:
             "windows": recorder.windows if recorder else [],
             "skipped_windows": recorder.skipped_windows if recorder else 0,
             "notes": recorder.notes if recorder else [],
+            # --capture-on-slow windows placed but not recorded here (the job ended first, a rank was past them)
+            "triggers_not_recorded": self.ondemand.not_recorded if self.ondemand is not None else [],
             "exit": self.exit_reason or "running",
             "peak_rss_bytes": _peak_rss_bytes(),
             "cuda_peak_bytes": _cuda_peak_bytes(),

@@ -25,7 +25,7 @@ import math
 import os
 
 from . import controlfiles
-from .ondemand import POLL_INTERVAL_S, REQUESTS_FILE
+from .ondemand import REQUESTS_FILE
 from .request import MAX_CONTROL_BYTES, MAX_ENTRIES, MAX_WARMUP
 from .schedule import NONE
 from .slowrule import BASELINE_STEPS, MIN_STEPS, REFRESH_STEPS, baseline, threshold_ns
@@ -39,7 +39,11 @@ if TYPE_CHECKING:
 
 COOLDOWN_STEPS = 10  # after a window's last step, before a slow step may place another
 MAX_PERIOD = 10_000  # a predicted slow step further ahead than this is not waited for
-MARGIN_S = POLL_INTERVAL_S + 0.5  # every rank hears of a request within a poll interval
+# With several ranks, every process polls requests.json this often (instead of once a second), so a triggered
+# window can start soon after the slow step: every rank hears of it within a poll interval, plus a little for
+# the write to show on the other ranks and the step boundary the poll waits for (the 2 steps added in _plan).
+SLOW_POLL_INTERVAL_S = 0.2
+MARGIN_S = SLOW_POLL_INTERVAL_S + 0.3
 LOCK_FILE = "capture.lock"
 
 
@@ -56,6 +60,8 @@ class SlowTrigger:
         self.check_at = MIN_STEPS + 1
         self.slow_steps: list[int] = []  # the last few slow steps, for the period
         self.world = _world_size()
+        if self.world > 1 and ondemand.active:
+            agent.tracker.set_poller(ondemand.poll, SLOW_POLL_INTERVAL_S)
         agent.tracker.watch_slow(self.watch, self.check_at)
 
     def watch(self, new_step: int, duration: int) -> tuple[int, int]:
@@ -66,6 +72,10 @@ class SlowTrigger:
             if new_step >= self.check_at:  # every REFRESH_STEPS steps at first, then every BASELINE_STEPS
                 self.check_at = new_step + (REFRESH_STEPS if new_step < 2 * BASELINE_STEPS else BASELINE_STEPS)
                 self.threshold = self._refresh()
+                if self.threshold == NEVER and new_step < 4 * BASELINE_STEPS:
+                    # fewer than MIN_STEPS known outside windows (the schedule's window took some): try again at
+                    # the next step, so the first slow step after MIN_STEPS ordinary ones triggers
+                    self.check_at = new_step + 1
             return self.threshold, self.check_at
         except Exception as exc:  # stepcli's own bug must never cost the program its run
             from .output import say
@@ -117,6 +127,7 @@ class SlowTrigger:
         self.placed += 1
         self.cooldown_until = last + 1 + COOLDOWN_STEPS
         self.ondemand.triggers[rid] = trigger
+        self.ondemand.trigger_steps[rid] = (first, last)
         self.ondemand.own.add(rid)
         self.ondemand._consider(rid, first, first, last, next_step)
         answer = self.ondemand.responses.get(rid, {})
