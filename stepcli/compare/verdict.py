@@ -445,13 +445,19 @@ def _too_few_steps(
     verdict: Verdict
     if separated is not None:
         verdict, chance = separated
-        allowed = _allowed(limit, common["tolerance"], base, common["min_delta_ms"])
+        b_ms, c_ms = (max(b_means), min(c_means)) if verdict == "regression" else (min(b_means), max(c_means))
         slower = "slower" if verdict == "regression" else "faster"
+        edge = (
+            ("fastest current", "slowest baseline")
+            if verdict == "regression"
+            else ("slowest current", "fastest baseline")
+        )
         message = (
             f"{numbers}: every one of the {len(c_means)} current steps is {slower} than every one of the "
-            f"{len(b_means)} baseline steps by more than {allowed.replace('the allowed +', 'the allowed ')}; too few "
-            f"steps for an interval (at least {MIN_STEPS} per side), but a separation this complete happens by "
-            f"chance with probability 1/{round(1 / chance)} at most"
+            f"{len(b_means)} baseline steps by more than tolerance {_fmt_pct(common['tolerance'])} and --min-delta-ms "
+            f"{_fmt_ms(common['min_delta_ms'])} ({edge[0]} {_fmt_ms(c_ms)} ms, {edge[1]} {_fmt_ms(b_ms)} ms); too few "
+            f"steps for an interval (at least {MIN_STEPS} per side), but a separation this complete happens by chance "
+            f"with probability 1/{round(1 / chance)} at most"
         )
     else:
         verdict = "inconclusive"

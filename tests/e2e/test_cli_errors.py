@@ -78,10 +78,10 @@ def test_json_into_a_missing_folder_fails_in_one_line_and_creates_nothing(tmp_pa
     assert not (tmp_path / "nonexistent").exists() and not (tmp_path / "started").exists()
 
 
-@pytest.mark.parametrize("before", [[], ["-q"], ["--active", "2"], ["-q", "--no-report"]])
+@pytest.mark.parametrize("before", [[], ["-q"], ["-o", "out", "--no-report"], ["-o", "out"]])
 def test_demo_options_after_the_double_dash_reach_the_demo_script(tmp_path: Path, before: list[str]) -> None:
-    # GIVEN README's `stepcli demo -- --iterations N`, after no option, a flag, or an option with a value
-    result = run_stepcli("demo", *before, "-o", tmp_path / "out", "--", "--iterations", "30", cwd=tmp_path)
+    # GIVEN README's `stepcli demo -- --iterations N`, the `--` first, after a flag, or after an option's value
+    result = run_stepcli("demo", *before, "--", "--iterations", "30", cwd=tmp_path)
     # THEN the demo script gets --iterations (30, not its default 12: it prints every 4th, up to iteration 28)
     assert result.returncode == 0, result.stderr
     assert "No such option" not in result.stderr
