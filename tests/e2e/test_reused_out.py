@@ -1,8 +1,10 @@
-"""Two `stepcli run`s into one `-o` folder stay apart: `table`, `merge` and `report` read the newest run."""
+"""Two `stepcli run`s into one `-o` folder stay apart (README: two runs into one folder stay two columns), also when
+their traces carry the same rank."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from conftest import run_stepcli, trace_files, write_script
@@ -18,26 +20,25 @@ STEPPER = """
 """
 
 
-def test_two_runs_into_one_folder_stay_apart(tmp_path: Path) -> None:
+def test_two_runs_of_rank_0_into_one_folder_stay_two_processes(tmp_path: Path) -> None:
     # GIVEN two runs of a rank-0 process (RANK=0 names its traces rank0.*) into the same -o folder
     script = write_script(tmp_path, "stepper.py", STEPPER)
     out = tmp_path / "reuse"
     for _ in range(2):
-        done = run_stepcli("run", "-q", "--no-report", "-o", out, script, env={"RANK": "0"})
+        done = run_stepcli("run", "-q", "--no-report", "-o", out, script, env={"RANK": "0"}, cwd=tmp_path)
         assert done.returncode == 0, done.stderr
     assert len(trace_files(out)) == 2 and all(p.name.startswith("rank0.") for p in trace_files(out))
-    newest = sorted((out / ".stepcli").iterdir())[-1].name
-    # WHEN the folder is summarized THEN rank 0's recorded steps 2-4 appear once each, from the newest run, and
-    # one line says the older run's trace was left out
-    result = run_stepcli("table", "--json", out)
+    # WHEN the folder is summarized THEN rank 0 is two processes (one per run, told apart by pid), each with its
+    # own window of steps 2-4 and its own value for every step, not one process with "steps 2-4" twice
+    result = run_stepcli("table", "--json", out, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    steps = [(row["rank"], row["step"]) for row in json.loads(result.stdout)["steps"]]
-    assert steps == [(0, 2), (0, 3), (0, 4)], steps
-    note = [line for line in result.stderr.splitlines() if "runs in this folder" in line]
-    assert len(note) == 1 and newest in note[0] and "1 trace(s) of older runs left out" in note[0], result.stderr
-    # AND the terminal table lists one window for rank 0
-    text = run_stepcli("table", out)
-    assert text.returncode == 0 and text.stdout.count("2-4") <= 1, text.stdout
-    # AND each trace file given by name is still read
-    both = run_stepcli("table", "--json", *trace_files(out))
-    assert len(json.loads(both.stdout)["steps"]) == 6
+    doc = json.loads(result.stdout)
+    processes = [row["process"] for row in doc["ranks"]]
+    assert len(processes) == 2 and all(re.fullmatch(r"rank 0 \(pid \d+\)", p) for p in processes), processes
+    assert all(len(row["windows"]) == 1 and row["windows"][0]["steps"] == "steps 2-4" for row in doc["ranks"])
+    by_process = {p: sorted(s["step"] for s in doc["steps"] if s["process"] == p) for p in processes}
+    assert all(steps == [2, 3, 4] for steps in by_process.values()), by_process
+    # AND the terminal's Steps table has a column per run
+    text = run_stepcli("table", out, cwd=tmp_path, env={"COLUMNS": "200"})
+    header = next(line for line in text.stdout.splitlines() if line.startswith("┃ Step"))
+    assert all(f"{p} ms" in header for p in processes), header
