@@ -7,12 +7,13 @@ the last BASELINE_STEPS steps outside any window (a sort of 64 numbers, shared a
 A slow step (not one a window recorded) places a window through the machinery of `stepcli capture`
 (stepcli/agent/ondemand.py): this process accepts it as if a capture had asked, and, when the job has several
 ranks (WORLD_SIZE > 1), adds the same request to the control folder's requests.json, under capture's lock, so that
-every rank picks it up at its next poll (within a second) and records the same global steps. Alone, the window
-starts at the very next step; with other ranks, far enough ahead (the steps this process makes in a poll interval
-and a half, at its median pace) that they hear of it in time. Bounded: `--max-captures` windows per run (counted in
+every rank picks it up at its next poll (every SLOW_POLL_INTERVAL_S with several ranks) and records the same global
+steps. Alone, the window starts at the very next step; with other ranks, far enough ahead (the steps this process
+makes in MARGIN_S, at its median pace, plus 2) that they hear of it in time, and soon (half a second). Bounded: `--max-captures` windows per run (counted in
 requests.json across ranks), none while another window records or waits, and a cool-down of COOLDOWN_STEPS after
 each. The request carries the trigger (rank, step, its time, the baseline); every rank saves it as trigger.json
-next to its trace, and it is in the step log's window, hence the run summary.
+next to its trace and in the trace's own metadata, and it is in the step log's window, hence the run summary; a
+window a process did not record (the job ended first) is in its step log too, with why.
 
 A periodic slowdown (every 50th step a checkpoint) is caught by prediction: once a window was placed, the next
 slow step s, with the previous slow step p, places the window on the step predicted next, s + (s - p), starting
