@@ -114,6 +114,9 @@ class OnDemand:
         self.responses: dict[str, dict[str, Any]] = {}
         self.triggers: dict[str, dict[str, Any]] = {}  # id -> what triggered it (--capture-on-slow)
         self.own: set[str] = set()  # windows this process's --capture-on-slow placed: no capture withdraws them
+        self.trigger_steps: dict[str, tuple[int, int]] = {}  # id -> (first, last step) of a triggered window
+        # the triggered windows this process did not record, and why (its step log, hence the run summary)
+        self.not_recorded: list[dict[str, Any]] = []
         self.pending: dict[str, tuple[int, int, int, int]] = {}  # id -> (first, last step, windows, notes before)
         self._written_step = -1
         self._dirty = True  # the first poll (the first step) writes the heartbeat: capture can find the process
@@ -136,6 +139,7 @@ class OnDemand:
         self._lock = threading.RLock()  # the stacks thread polls too while the main thread makes no step
         if agent.recorder is not None:
             agent.recorder.schedule = self.schedule  # type: ignore[assignment]
+            agent.recorder.trigger_at = self.trigger_at
         try:
             self.folder_fd = controlfiles.open_folder(self.folder)
         except FileNotFoundError:  # a run started by an older launcher has none: nobody can ask
@@ -283,6 +287,7 @@ class OnDemand:
                     from .triggerinfo import clean_trigger
 
                     self.triggers[rid] = clean_trigger(entry["trigger"]) or {}
+                    self.trigger_steps[rid] = (first, last)
                 self._consider(rid, open_at, first, last, step)
         self._withdraw_missing(asked, step)
 
@@ -388,10 +393,31 @@ class OnDemand:
             return "no window opened (steps on a thread other than the main thread?)"
         return "no trace was saved"
 
+    def trigger_at(self, step: int) -> dict[str, Any] | None:
+        """What triggered the waiting window that records `step` (--capture-on-slow), with its steps; None when
+        no triggered window holds it."""
+        for rid, (first, last, _, _) in self.pending.items():
+            trigger = self.triggers.get(rid)
+            if trigger is not None and first <= step <= last:
+                return {**trigger, "first_step": first, "last_step": last}
+        return None
+
     def _answer(self, rid: str, status: str, **fields: Any) -> None:
         self.responses.pop(rid, None)  # re-inserted last: the oldest answers come first, and go first
         self.responses[rid] = {"status": status, "time": time.time(), **fields}
         if status in FINAL:
+            trigger = self.triggers.get(rid)
+            steps = self.trigger_steps.pop(rid, None)
+            if trigger is not None and status != "saved" and steps is not None and len(self.not_recorded) < 16:
+                self.not_recorded.append(
+                    {
+                        "first_step": steps[0],
+                        "last_step": steps[1],
+                        **trigger,
+                        "recorded": False,
+                        "reason": str(fields.get("reason") or status)[:200],
+                    }
+                )
             self.pending.pop(rid, None)
             self.triggers.pop(rid, None)
             self.own.discard(rid)

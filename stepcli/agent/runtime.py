@@ -432,6 +432,8 @@ class Agent:
             "windows": list(recorder.windows) if recorder else [],
             "skipped_windows": recorder.skipped_windows if recorder else 0,
             "notes": list(recorder.notes) if recorder else [],
+            # --capture-on-slow windows placed but not recorded here (the job ended first, a rank was past them)
+            "triggers_not_recorded": list(self.ondemand.not_recorded) if self.ondemand is not None else [],
             "exit": self.exit_reason or "running",
             "saved_at": time.time(),
             "progress": progress if not self.exit_reason else "",

@@ -72,7 +72,7 @@ def compare_main(
     markdown_path: str | None = None,
     confidence: str | float = 0.95,
     skip_steps: int | None = None,
-    strict: bool = False,
+    allow_inconclusive: bool = False,
 ) -> int:
     """`stepcli compare`: load, decide, print; returns the exit code (StepcliError for bad input)."""
     try:
@@ -101,7 +101,7 @@ def compare_main(
         metric=metric,
         confidence=level,
         skip_steps=skip_steps,
-        strict=strict,
+        allow_inconclusive=allow_inconclusive,
         op_changes=op_changes,
     )
     if why_not:
@@ -129,7 +129,12 @@ def compare_main(
                 ) from None
     _append_step_summary(markdown)
     if comparison.verdict == "inconclusive":
-        print(f"stepcli: warning: inconclusive: {comparison.message}", file=sys.stderr)
+        outcome = (
+            "exit 0: --allow-inconclusive"
+            if allow_inconclusive
+            else "exit 4: a gate that cannot decide fails; --allow-inconclusive passes it"
+        )
+        print(f"stepcli: warning: inconclusive: {comparison.message} ({outcome})", file=sys.stderr)
     return comparison.exit_code
 
 

@@ -284,6 +284,8 @@ def _distribution(data: ReportData) -> list[str]:
 
 def _breakdown(data: ReportData) -> list[str]:
     parts = ['<h2 id="breakdown">Step breakdown (recorded steps, mean per step)</h2>']
+    if data.slowest_evidence:  # the terminal's `slowest rank:` line, word for word
+        parts.append(f'<p id="slowest-rank"><b>Slowest rank:</b> {escape(data.slowest_evidence)}</p>')
     if not data.breakdowns:
         return [*parts, '<p class="muted">No recorded steps with ProfilerStep annotations.</p>']
     device = data.device

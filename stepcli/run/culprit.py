@@ -106,7 +106,7 @@ def culprit_advice(section: Mapping[str, Any] | None) -> dict[str, str] | None:
         f"{figures['lateness_ms_per_step']:.1f} ms/step late; its extra time is {cause_words(found)}, "
         f"{found['cause_ms_per_step']:.1f} ms/step",
         "threshold": f"last at ≥ {limits.get('min_last_share', 0):.0%} of {judged_on} and beyond chance "
-        f"(p ≤ {limits.get('max_chance', 0):g}), a lead over the clock alignment error and its own jitter, "
+        f"(p ≤ {limits.get('max_chance', 0):g}; or last at every one by a lead far beyond the others' noise), a lead over the clock alignment error and its own jitter, "
         f"≥ {limits.get('min_lateness_ms_per_step', 0):g} ms/step late, others waiting ≥ {CULPRIT_MIN_WAIT_MS:g} "
         "ms/step",
         "suggestion": _SUGGESTIONS[found["cause"]] + ".",

@@ -184,8 +184,8 @@ def _check_writable(path: str) -> None:
     if target.is_dir():
         raise StepcliError(f"--json {path}: is a folder")
     folder = target.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
+    if not folder.exists():  # never created: a typo must not make folders (as root, at the filesystem root)
+        raise StepcliError(f"--json {path}: folder {folder} does not exist (create it first)")
     try:
         if not folder.is_dir():
             raise NotADirectoryError(20, "not a folder")
@@ -454,10 +454,8 @@ def _html_report(
 def _check_json_path(path: str) -> None:
     """--json must be writable before the program runs, not after an hour of training."""
     target = Path(path).resolve()
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StepcliError(f"--json {path}: cannot create folder {target.parent}: {exc.strerror or exc}") from None
+    if not target.parent.is_dir():
+        raise StepcliError(f"--json {path}: folder {target.parent} does not exist (create it first)")
     if target.is_dir():
         raise StepcliError(f"--json {path}: is a folder")
     if not os.access(target.parent, os.W_OK):

@@ -86,11 +86,20 @@ def attach(summary: RunSummary, log_dir: str, key: str | None = None) -> None:
         }
         for r in load(log_dir, key)
     ]
-    summary["triggered"] = [
-        {"worker": w.get("worker"), "first_step": w["first_step"], "last_step": w["last_step"], **w["trigger"]}
+    recorded = [
+        {
+            "worker": w.get("worker"),
+            "first_step": w["first_step"],
+            "last_step": w["last_step"],
+            **w["trigger"],
+            "recorded": True,
+        }
         for w in summary.get("windows") or []
         if isinstance(w.get("trigger"), dict)
     ]
+    # placed, but not recorded by a process (the job ended first, or it was past those steps): said, not dropped
+    missed = [t for t in summary.get("triggered") or [] if t.get("recorded") is False]
+    summary["triggered"] = sorted(recorded + missed, key=lambda t: (t["first_step"], str(t.get("worker"))))
 
 
 def slowest_first(records: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
@@ -120,8 +129,9 @@ def lines(summary: Mapping[str, Any]) -> list[str]:
         steps = f"steps {t['first_step']}-{t['last_step']}"
         rank = f"rank {t['rank']} " if t.get("rank") is not None else ""
         predicted = f", placed on predicted slow step {t['predicted_step']}" if t.get("predicted_step") else ""
+        missed = f"; NOT recorded: {t.get('reason')}" if t.get("recorded") is False else ""
         out.append(
             f"triggered capture {steps} ({t['worker']}): {rank}step {t['step']} took {t['ms']:.1f} ms, baseline "
-            f"{t['baseline_ms']:.1f} ms, rule {t['rule']}{predicted}"
+            f"{t['baseline_ms']:.1f} ms, rule {t['rule']}{predicted}{missed}"
         )
     return out

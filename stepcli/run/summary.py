@@ -273,6 +273,13 @@ def build_run_summary(
         ],
         "processes": [process_entry(log) for log in logs],
         "windows": cast("list[Window]", windows),
+        # --capture-on-slow windows a process did not record (stepcli.run.steprecord.attach adds the recorded ones)
+        "triggered": [
+            dict(t, worker=log["worker"])
+            for log in logs
+            for t in log.get("triggers_not_recorded") or []
+            if isinstance(t, dict) and isinstance(t.get("first_step"), int) and isinstance(t.get("last_step"), int)
+        ],
         "traces": trace_paths,
         # ProfilerStep* is the step annotation itself, not work: it would always top the list.
         "top_operators": [op for op in (analysis or {}).get("cpu_ops", []) if op["name"] != STEP_KEY][:TOP_N],

@@ -70,7 +70,8 @@ def test_table_and_compare_fit_80_columns_and_shorten_names_alike(
     out, _, summary = narrow_run
     table = run_stepcli("table", out, env=NARROW, cwd=tmp_path)
     assert table.returncode == 0, table.stderr
-    compare = run_stepcli("compare", out, out, env=NARROW, cwd=tmp_path)
+    # (a run against itself, 5 steps: too few to decide; inconclusive passes here, this test is about the columns)
+    compare = run_stepcli("compare", "--allow-inconclusive", out, out, env=NARROW, cwd=tmp_path)
     assert compare.returncode == 0, compare.stdout + compare.stderr
     for text in (table.stdout, compare.stdout):
         rows = _table_lines(text)
