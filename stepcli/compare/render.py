@@ -154,6 +154,14 @@ def _plain(console: Console, line: str) -> None:
     console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
+def _wrapped(console: Console, line: str, indent: str) -> None:
+    """A long plain line wrapped to the console's width between clauses, continuation lines indented."""
+    from stepcli.fmt import wrap_clauses
+
+    for part in wrap_clauses(line, max(40, console.width), indent):
+        _plain(console, part)
+
+
 def _change_line(change: OpChange, level: str) -> str:
     sig = ", significant" if change.significant else ""
     return (
@@ -174,9 +182,9 @@ def _print_header(c: Comparison, console: Console) -> None:
     if line:
         _plain(console, f"change:   {line}")
     if c.method:
-        _plain(console, f"method:   {c.method}")
+        _wrapped(console, f"method:   {c.method}", " " * 10)
     for used in c.steps_used:
-        _plain(console, f"steps:    {used}")
+        _wrapped(console, f"steps:    {used}", " " * 10)
 
 
 def _print_steps(c: Comparison, console: Console) -> None:
@@ -253,12 +261,14 @@ def render_console(comparison: Comparison, console: Console) -> None:
     """The human report: sides, interval and steps used, tables, distributions, notes, verdict line last."""
     from rich.text import Text
 
+    from stepcli.fmt import wrap_clauses
+
     c = comparison
     _print_header(c, console)
     _print_steps(c, console)
     _print_operators(c, console)
     for note in c.notes:
-        _plain(console, f"note: {note}")
+        _wrapped(console, f"note: {note}", "  ")
     style = {
         "no_change": "bold green",
         "improvement": "bold green",
@@ -266,7 +276,9 @@ def render_console(comparison: Comparison, console: Console) -> None:
         "inconclusive": "bold yellow",
         "nothing_measured": "bold yellow",
     }[c.verdict]
-    console.print(Text(c.verdict_line, style=style), soft_wrap=True)
+    # Wrapped to the width; its first line starts with the verdict word (CI logs grep for it), the rest indented.
+    for part in wrap_clauses(c.verdict_line, max(40, console.width), "  "):
+        console.print(Text(part, style=style), soft_wrap=True)
 
 
 def render_markdown(comparison: Comparison) -> str:

@@ -56,11 +56,23 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
     _print_windows(summary, console)
     _print_tables(summary, console)
     print_culprit(console, summary.get("culprit"), summary.get("out_dir"))
+    from stepcli.run.steprecord import lines as whole_run_lines
+
+    for line in whole_run_lines(summary):  # before the notes, the advice and `next:`, wrapped to the width
+        print_wrapped(console, line)
     for note in summary["notes"]:
         console.print(f"[yellow]note:[/] {note}")
     for item in summary.get("advice") or ():
         console.print(f"[bold cyan]advice:[/] {escape(advice_line(item))}")
     _print_next(summary, report_path, console)
+
+
+def print_wrapped(console: Console, line: str, indent: str = "  ") -> None:
+    """A long line of plain text (no markup) wrapped to the console's width by `wrap_clauses`."""
+    from stepcli.fmt import wrap_clauses
+
+    for part in wrap_clauses(line, max(40, console.width), indent):
+        console.print(part, markup=False, highlight=False, soft_wrap=True)
 
 
 def _overview(summary: RunSummary, console: Console) -> Table:
@@ -175,8 +187,8 @@ def _print_next(summary: RunSummary, report_path: str | None, console: Console) 
     if report_path:
         lines.append(f"  open {shlex.quote(_relative(report_path))} in a browser")
     if summary["traces"]:
-        lines.append(f"  tensorboard --logdir {shlex.quote(_relative(out))}")
-        lines.append("  or open a trace in https://ui.perfetto.dev")
+        # Not TensorBoard: it shows nothing of a trace without the deprecated torch-tb-profiler plugin.
+        lines.append("  open a trace in https://ui.perfetto.dev or chrome://tracing")
         from stepcli.run.hta import hta_command
 
         hta = hta_command(summary, _relative)

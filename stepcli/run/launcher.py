@@ -370,10 +370,6 @@ def _report(
     if not request.quiet:
         try:
             print_run_summary(summary, report_path=report_path)
-            from stepcli.run.steprecord import lines
-
-            for line in lines(summary):
-                say(line)
         except OSError:
             pass  # stderr closed: nothing more to say
         except Exception as exc:
