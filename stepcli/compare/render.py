@@ -141,9 +141,9 @@ def _print_rows(
             table.add_row(Text(shorten(name, min(NAME_WIDTH, width))), *cells)
         console.print(table)
         if caption:
-            _plain(console, caption)
+            _wrapped(console, caption, "  ")
         return
-    _plain(console, title + (f" ({caption})" if caption else ""))
+    _wrapped(console, title + (f" ({caption})" if caption else ""), "  ")
     for name, _, line in rows:
         _plain(console, "  " + shorten(name, max(12, console.width - 2)))
         _plain(console, "      " + line)
@@ -170,9 +170,10 @@ def _change_line(change: OpChange, level: str) -> str:
     )
 
 
-def _op_line(row: OpRow) -> str:
+def _op_line(row: OpRow, *, judged: bool = True) -> str:
     baseline, current, delta, percent, status = _op_cells(row)
-    return f"{baseline} -> {current} ms, {delta} ({percent})" + (f", {status}" if status else "")
+    change = f", {delta} ({percent})" if judged else ""
+    return f"{baseline} -> {current} ms{change}" + (f", {status}" if status else "")
 
 
 def _print_header(c: Comparison, console: Console) -> None:
@@ -250,6 +251,12 @@ def _print_operators(c: Comparison, console: Console) -> None:
     if operators:
         title = f"Operators whose self time per step changed most (ms per step, {level} CI)"
         _print_rows(console, title, _CHANGE_HEADERS, _change_rows(operators, level))
+    elif c.op_rows and not c.ops_judged:  # too few steps: totals only, no change that would read as a finding
+        headers = (("baseline", "right"), ("current", "right"), ("", "left"))
+        rows = [(op.name, _op_cells(op)[:2] + [op.status], _op_line(op, judged=False)) for op in c.op_rows]
+        title = "Top operators by self time (ms)"
+        caption = "totals over each side's recorded steps; too few steps to judge a change, see the note"
+        _print_rows(console, title, headers, rows, caption=caption)
     elif c.op_rows:
         headers = (("baseline", "right"), ("current", "right"), ("delta", "right"), ("delta %", "right"), ("", "left"))
         rows = [(op.name, _op_cells(op), _op_line(op)) for op in c.op_rows]
@@ -352,7 +359,12 @@ def render_markdown(comparison: Comparison) -> str:
             "| --- | ---: | ---: | ---: | ---: | --- |",
         ]
         for op in c.op_rows:
-            lines.append(_md_row([f"`{_md_code(op.name, in_table=True)}`", *_op_cells(op)]))
+            cells = _op_cells(op)
+            if not c.ops_judged:  # too few steps to judge a change: totals only
+                cells = [cells[0], cells[1], "-", "-", cells[4]]
+            lines.append(_md_row([f"`{_md_code(op.name, in_table=True)}`", *cells]))
+        if not c.ops_judged:
+            lines += ["", "Too few recorded steps to judge an operator's change (see the note): totals only."]
     lines.append("")
     for note in c.notes:
         lines += [f"> note: {_md_escape(note)}", ""]
