@@ -181,7 +181,7 @@ def _print_header(c: Comparison, console: Console) -> None:
     _plain(console, f"current:  {c.current.label} ({c.current.description})")
     line = interval_line(c)
     if line:
-        _plain(console, f"change:   {line}")
+        _wrapped(console, f"change:   {line}", " " * 10)
     if c.method:
         _wrapped(console, f"method:   {c.method}", " " * 10)
     for used in c.steps_used:
@@ -252,11 +252,11 @@ def _print_operators(c: Comparison, console: Console) -> None:
         title = f"Operators whose self time per step changed most (ms per step, {level} CI)"
         _print_rows(console, title, _CHANGE_HEADERS, _change_rows(operators, level))
     elif c.op_rows and not c.ops_judged:  # too few steps: totals only, no change that would read as a finding
-        headers = (("baseline", "right"), ("current", "right"), ("", "left"))
+        totals: tuple[tuple[str, str], ...] = (("baseline", "right"), ("current", "right"), ("", "left"))
         rows = [(op.name, _op_cells(op)[:2] + [op.status], _op_line(op, judged=False)) for op in c.op_rows]
         title = "Top operators by self time (ms)"
         caption = "totals over each side's recorded steps; too few steps to judge a change, see the note"
-        _print_rows(console, title, headers, rows, caption=caption)
+        _print_rows(console, title, totals, rows, caption=caption)
     elif c.op_rows:
         headers = (("baseline", "right"), ("current", "right"), ("delta", "right"), ("delta %", "right"), ("", "left"))
         rows = [(op.name, _op_cells(op), _op_line(op)) for op in c.op_rows]

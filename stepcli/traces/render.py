@@ -521,7 +521,9 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
         lines += _md_table(
             ("Name", "Calls", "Self ms", "Self %", "Total ms", "Avg ms"), rows, (False, True, True, True, True, True)
         )
-        shown = f"{len(rows)} of {len(rows_in)} rows, sorted by {sort_by} (--limit). " if len(rows) < len(rows_in) else ""
+        shown = (
+            f"{len(rows)} of {len(rows_in)} rows, sorted by {sort_by} (--limit). " if len(rows) < len(rows_in) else ""
+        )
         lines += ["", f"{shown}{share_caption(data.get('share_of'))}.", ""]
         lines += [f"{note}.", ""] if (note := overlap_note(rows_in)) else []
         outside = outside_note(data.get("outside_steps")) if title == "CPU operators" else None
