@@ -55,7 +55,8 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
     _print_hang(summary, console)
     _print_windows(summary, console)
     _print_tables(summary, console)
-    print_culprit(console, summary.get("culprit"), summary.get("out_dir"))
+    out_dir = summary.get("out_dir")
+    print_culprit(console, summary.get("culprit"), _relative(out_dir) if out_dir else None)
     from stepcli.run.steprecord import lines as whole_run_lines
 
     for line in whole_run_lines(summary):  # before the notes, the advice and `next:`, wrapped to the width
