@@ -47,6 +47,15 @@ def install() -> None:
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        if _launcher_stopped(kind):  # torchrun stopped by a signal: one line, not 30 of torchrun's own frames
+            sigval = getattr(value, "sigval", None)
+            name = getattr(sigval, "name", None) or str(sigval)
+            try:
+                sys.stderr.write(f"{kind.__name__}: {value} ({name}; torchrun's traceback left out by stepcli)\n")
+                sys.stderr.flush()
+                return
+            except Exception:
+                pass
         try:
             seen: set[int] = set()
             current: BaseException | None = value
@@ -60,3 +69,10 @@ def install() -> None:
         previous(kind, value, tb)
 
     sys.excepthook = hook
+
+
+def _launcher_stopped(kind: type[BaseException]) -> bool:
+    """torch.distributed.elastic's SignalException: torchrun's agent got SIGTERM/SIGINT/SIGHUP (from `--on-hang
+    kill`, a forwarded signal, a scheduler). It is the launcher's own shutdown, never the program's error: its
+    traceback only lists torchrun's frames."""
+    return kind.__name__ == "SignalException" and kind.__module__.startswith("torch.distributed.elastic")

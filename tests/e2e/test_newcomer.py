@@ -218,3 +218,33 @@ def test_two_ranks_at_80_columns_merge_hint_and_gc_line(tmp_path: Path) -> None:
     assert "python gc over each whole process (start-up and imports included): rank 0 " in gc, lines
     wide = [line for line in lines if len(line) > 80 and not re.match(r"  (/|python -c )|command ", line)]
     assert not wide, wide
+
+
+def test_on_hang_kill_condenses_torchruns_signal_traceback(tmp_path: Path) -> None:
+    # GIVEN a torchrun job that hangs after 3 steps, ended by --on-hang kill
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    assert torchrun, "torchrun comes with torch"
+    script = write_script(
+        tmp_path,
+        "hang.py",
+        """
+        import time
+        import torch
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            model(torch.randn(1, 2)).sum().backward()
+            opt.step()
+        time.sleep(600)
+        """,
+    )
+    result = run_stepcli(
+        "run", "--hang-timeout", "5s", "--on-hang", "kill", "-o", "out", "--",
+        torchrun, "--standalone", "--nproc-per-node", "1", script,
+        cwd=tmp_path, env=PIPE_80, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 124, result.stderr[-3000:]
+    # THEN between stepcli's kill line and the summary, torchrun's SignalException is one line, not a traceback
+    between = result.stderr.split("--on-hang kill: ending the job", 1)[1].split("stepcli summary", 1)[0]
+    assert "Traceback" not in between and "File " not in between, between
+    assert re.search(r"^SignalException: Process \d+ got signal: 15 \(SIGTERM; ", between, re.M), between
