@@ -122,15 +122,18 @@ def _print_rows(
     headers: Sequence[tuple[str, str]],
     rows: Sequence[tuple[str, Sequence[str], str]],
     caption: str | None = None,
+    whole_names: bool = False,
 ) -> None:
     """A titled table of (name, cells, stacked line) rows: a table when names get enough room, else each name on
-    a line of its own (the full width) with its numbers indented below."""
+    a line of its own (the full width) with its numbers indented below. With `whole_names`, a name the table
+    would shorten also means lines of their own (the totals-only table is narrow: it would otherwise cut
+    names the stacked lines show whole)."""
     from rich.table import Table
     from rich.text import Text
 
     longest = max(len(name) for name, _, _ in rows)
     width = _name_width(console, [cells for _, cells, _ in rows], [h for h, _ in headers])
-    if width >= min(longest, STACK_BELOW):
+    if width >= min(longest, STACK_BELOW) and not (whole_names and width < longest):
         # Titles and captions as plain lines: rich pads them to the table's width, trailing spaces on a pipe.
         _plain(console, title)
         table = Table()
@@ -256,7 +259,7 @@ def _print_operators(c: Comparison, console: Console) -> None:
         rows = [(op.name, _op_cells(op)[:2] + [op.status], _op_line(op, judged=False)) for op in c.op_rows]
         title = "Top operators by self time (ms)"
         caption = "totals over each side's recorded steps; too few steps to judge a change, see the note"
-        _print_rows(console, title, totals, rows, caption=caption)
+        _print_rows(console, title, totals, rows, caption=caption, whole_names=True)
     elif c.op_rows:
         headers = (("baseline", "right"), ("current", "right"), ("delta", "right"), ("delta %", "right"), ("", "left"))
         rows = [(op.name, _op_cells(op), _op_line(op)) for op in c.op_rows]
