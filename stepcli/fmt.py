@@ -200,3 +200,9 @@ def wrap_clauses(line: str, width: int, indent: str = "  ") -> list[str]:
     if current:
         out.append(current)
     return [part.replace(_GLUE, " ") for part in out]
+
+
+def print_wrapped(console: Any, line: str, indent: str = "  ") -> None:
+    """A long line of plain text (no markup) on a rich Console, wrapped to its width by `wrap_clauses`."""
+    for part in wrap_clauses(line, max(40, console.width), indent):
+        console.print(part, markup=False, highlight=False, soft_wrap=True)

@@ -8,7 +8,7 @@ import os
 import shlex
 from typing import TYPE_CHECKING
 
-from stepcli.fmt import ms, size_or_dash
+from stepcli.fmt import ms, print_wrapped, size_or_dash
 from stepcli.run.compiles import compile_lines
 from stepcli.run.culprit import print_culprit
 from stepcli.runsummary import RunSummary
@@ -66,14 +66,6 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
     for item in summary.get("advice") or ():
         console.print(f"[bold cyan]advice:[/] {escape(advice_line(item))}")
     _print_next(summary, report_path, console)
-
-
-def print_wrapped(console: Console, line: str, indent: str = "  ") -> None:
-    """A long line of plain text (no markup) wrapped to the console's width by `wrap_clauses`."""
-    from stepcli.fmt import wrap_clauses
-
-    for part in wrap_clauses(line, max(40, console.width), indent):
-        console.print(part, markup=False, highlight=False, soft_wrap=True)
 
 
 def _overview(summary: RunSummary, console: Console) -> Table:

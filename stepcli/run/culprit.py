@@ -80,7 +80,7 @@ def culprit_lines(section: Mapping[str, Any] | None) -> list[str]:
 def print_culprit(console: Any, section: Mapping[str, Any] | None, out_dir: str | None = None) -> None:
     """The culprit lines on the run summary's console (rich), as they are: no markup in names from traces; and,
     with collectives, the command that shows every rank on one timeline."""
-    from stepcli.run.console import print_wrapped
+    from stepcli.fmt import print_wrapped
 
     for line in culprit_lines(section):
         print_wrapped(console, line)
