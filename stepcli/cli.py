@@ -196,9 +196,15 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
     show_default=True,
     help="Order of operator rows: self time, total time (with children), calls, average time per call, or name.",
 )
-@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Rows per operator table.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Rows per operator table (default: 20 on the terminal and with --markdown; every row with --csv; "
+    "--json is always whole).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
-@click.option("--csv", "as_csv", is_flag=True, help="CSV on stdout.")
+@click.option("--csv", "as_csv", is_flag=True, help="CSV on stdout, every operator unless --limit.")
 @click.option("--markdown", "as_markdown", is_flag=True, help="Markdown tables on stdout.")
 @click.option(
     "--group-by-shape", is_flag=True, help="One operator row per input shape (traces recorded with --record-shapes)."
@@ -219,7 +225,7 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
 def table(
     paths: tuple[str, ...],
     sort_by: str,
-    limit: int,
+    limit: int | None,
     as_json: bool,
     as_csv: bool,
     as_markdown: bool,

@@ -78,6 +78,9 @@ class Agent:
     # -- start-up ---------------------------------------------------------------------------------------------
     def install(self) -> None:
         os.register_at_fork(after_in_child=self._forked)
+        from .tracebacks import install as plain_tracebacks
+
+        plain_tracebacks()  # the program's tracebacks without stepcli's wrapper frames
         self.gc_pauses.install()
         self.hooks.when_imported("torch", self._torch_imported)
         for spec in self.config.step_on:

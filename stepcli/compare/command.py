@@ -106,6 +106,10 @@ def compare_main(
     )
     if why_not:
         comparison = dataclasses.replace(comparison, notes=(*comparison.notes, why_not))
+        if comparison.op_rows and not any(change.kind != "phase" for change in op_changes):
+            # Too few recorded steps to judge an operator: their totals' changes would read as findings (+66%)
+            # and be noise. The totals are shown without changes; the note says why and how to get them.
+            comparison = dataclasses.replace(comparison, ops_judged=False)
 
     from stepcli.fmt import visible_all
 

@@ -120,6 +120,8 @@ class Comparison:
     baseline_samples: tuple[float, ...] = ()  # the deciding steps, for the distributions
     current_samples: tuple[float, ...] = ()
     op_changes: tuple[OpChange, ...] = ()
+    # False when too few recorded steps to judge an operator: op_rows are shown as totals only, without changes
+    ops_judged: bool = True
 
     @property
     def delta_ms(self) -> float | None:

@@ -110,6 +110,15 @@ def slowest_first(records: list[dict[str, Any]], limit: int) -> list[dict[str, A
     return [r for r in records if id(r) in keep]
 
 
+def _steps(record: Mapping[str, Any], ms: Mapping[str, Any]) -> str:
+    """The process's step count, as report.html and `step_record[].steps` give it; the percentiles leave out the
+    first step (start-up), and say so."""
+    steps = record.get("steps")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps == ms["count"]:
+        return f"{ms['count']:,} steps,"
+    return f"{steps:,} steps; after the first (start-up):"
+
+
 def lines(summary: Mapping[str, Any]) -> list[str]:
     """The summary's lines for the whole run's step times and the triggered captures."""
     out = []
@@ -119,7 +128,7 @@ def lines(summary: Mapping[str, Any]) -> list[str]:
         ms = r["ms"]
         slow = sorted(r["slowest"], key=lambda s: -s[1])[:3]
         out.append(
-            f"whole run {r['worker']}: {ms['count']:,} steps, p50 ~{ms['p50']:.1f} ms, p90 ~{ms['p90']:.1f} ms, "
+            f"whole run {r['worker']}: {_steps(r, ms)} p50 ~{ms['p50']:.1f} ms, p90 ~{ms['p90']:.1f} ms, "
             f"p99 ~{ms['p99']:.1f} ms, max {ms.get('max', 0):.1f} ms; longest steps "
             + ", ".join(f"{step} ({us / 1000:.1f} ms)" for step, us in slow)
         )

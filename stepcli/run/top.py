@@ -254,7 +254,9 @@ def _print(document: dict[str, Any], as_json: bool) -> None:
         return
     from rich.console import Console
 
-    console = Console(width=max(100, Console().width))
+    from stepcli.pipeconsole import pipe_console
+
+    console = pipe_console(width=max(100, Console().width))  # on a pipe: no trailing spaces (the title's)
     console.print(render(document))
     basis = document.get("culprit") or {}
     if basis.get("why"):

@@ -91,9 +91,11 @@ def assert_bad_input(result: subprocess.CompletedProcess[str], *mentions: str) -
 
 
 def verdict(stdout: str) -> str:
+    """The verdict, its lines wrapped to the width joined again (continuation lines are indented)."""
+    text = re.sub(r"\n  (?=\S)", " ", stdout)
     lines = [
         line
-        for line in stdout.splitlines()
+        for line in text.splitlines()
         if re.match(r"(NO CHANGE|IMPROVEMENT|INCONCLUSIVE|REGRESSION|NOTHING MEASURED): ", line)
     ]
     assert len(lines) == 1, stdout

@@ -97,9 +97,11 @@ def record(root: Path, script: Path, name: str, sleep_ms: float, seed: int) -> s
 
 
 def verdict(stdout: str) -> str:
+    """The verdict, its lines wrapped to the width joined again (continuation lines are indented)."""
+    text = re.sub(r"\n  (?=\S)", " ", stdout)
     lines = [
         line
-        for line in stdout.splitlines()
+        for line in text.splitlines()
         if re.match(r"(NO CHANGE|IMPROVEMENT|INCONCLUSIVE|REGRESSION|NOTHING MEASURED): ", line)
     ]
     assert len(lines) == 1, stdout

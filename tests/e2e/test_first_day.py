@@ -58,7 +58,11 @@ def test_run_summary_fits_80_columns_and_keeps_paths_whole(
     assert len(trace) > 80
     assert f"  {trace}" in lines  # the path, whole, on a line of its own
     relative = os.path.relpath(out, out.parent.parent)  # relative to the run's working folder
-    assert f"  stepcli table {relative}" in lines and f"  tensorboard --logdir {relative}" in lines
+    assert (
+        f"  stepcli table {relative}" in lines
+        and "  open a trace in https://ui.perfetto.dev or chrome://tracing" in lines
+    )
+    assert not [line for line in lines if "tensorboard" in line]  # TensorBoard shows nothing without its plugin
     assert any(line.startswith("command python ") and line.endswith("annotated.py") for line in lines)
     assert _table_lines(result.stderr) and all(len(line) <= 80 for line in _table_lines(result.stderr))
     assert not [line for line in lines if "…" in line and "/" in line]  # no path is cut
