@@ -196,9 +196,15 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
     show_default=True,
     help="Order of operator rows: self time, total time (with children), calls, average time per call, or name.",
 )
-@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Rows per operator table.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Rows per operator table (default: 20 on the terminal and with --markdown; every row with --csv; "
+    "--json is always whole).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
-@click.option("--csv", "as_csv", is_flag=True, help="CSV on stdout.")
+@click.option("--csv", "as_csv", is_flag=True, help="CSV on stdout, every operator unless --limit.")
 @click.option("--markdown", "as_markdown", is_flag=True, help="Markdown tables on stdout.")
 @click.option(
     "--group-by-shape", is_flag=True, help="One operator row per input shape (traces recorded with --record-shapes)."
@@ -219,7 +225,7 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
 def table(
     paths: tuple[str, ...],
     sort_by: str,
-    limit: int,
+    limit: int | None,
     as_json: bool,
     as_csv: bool,
     as_markdown: bool,
@@ -288,7 +294,14 @@ def table(
     default=None,
     help="Leave out steps before this step number in every run [default: detect warm-up].",
 )
-@click.option("--strict", is_flag=True, help="Exit 4 when the result is inconclusive (default: exit 0 with a warning).")
+@click.option(
+    "--allow-inconclusive",
+    is_flag=True,
+    help="Exit 0 (with a warning) when the result is inconclusive [default: exit 4, the gate fails].",
+)
+@click.option(
+    "--strict", is_flag=True, hidden=True, help="Exit 4 when inconclusive: the default now, kept for scripts."
+)
 @click.option(
     "--markdown",
     "markdown_path",
@@ -305,14 +318,15 @@ def compare(
     metric: str,
     confidence: str,
     skip_steps: int | None,
+    allow_inconclusive: bool,
     strict: bool,
     markdown_path: str | None,
 ) -> int:
     """Compare BASELINE and CURRENT: run summaries (--json of run), traces, or folders of either.
 
     Several runs per side: --baseline A1 --baseline A2 --current B1 ... (or folders of run summaries).
-    Exit 0 no change, improvement or inconclusive (with a warning), 1 regression, 2 bad input, 3 nothing
-    measured on a side, 4 inconclusive with --strict.
+    A run folder (-o of run) is read through the run summary saved in it. Exit 0 no change or improvement, 1
+    regression, 2 bad input, 3 nothing measured on a side, 4 inconclusive (0 with --allow-inconclusive).
     """
     from stepcli.compare.command import compare_main, parse_confidence, parse_tolerance
 
@@ -342,7 +356,7 @@ def compare(
         markdown_path=markdown_path,
         confidence=level,
         skip_steps=skip_steps,
-        strict=strict,
+        allow_inconclusive=allow_inconclusive and not strict,
     )
 
 
@@ -479,6 +493,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from stepcli.fmt import visible  # error lines name files and values the user or a trace chose
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["demo"] and "--" in args:
+        # `stepcli demo [RUN OPTIONS] -- DEMO OPTIONS`: split here, on the raw words, since click drops a `--`
+        # that follows a flag or comes first, and the demo's options would then reach `run` (No such option).
+        from stepcli.demo import demo_argv
+
+        at = args.index("--")
+        if not {"--help", "-h"} & set(args[1:at]):
+            return main(["run", *args[1:at], *demo_argv(), *args[at + 1 :]])
     try:
         result = cli.main(args=args, prog_name="stepcli", standalone_mode=False)
     except click.exceptions.Abort:

@@ -138,7 +138,71 @@ def percent(share: float, digits: int = 0) -> str:
 def say(message: str) -> None:
     """One `stepcli: ...` line on stderr (stdout belongs to the program, or to the command's output)."""
     try:
-        sys.stderr.write(f"stepcli: {message}\n")
+        sys.stderr.write(f"stepcli: {visible(message)}\n")  # names from programs and files: no ESC, no bidi
         sys.stderr.flush()
     except (OSError, ValueError):
         pass  # stderr closed: nothing more can be said
+
+
+_GLUE = "\x1f"  # holds a figure and its unit together while wrapping (never in the text: control characters are shown)
+_UNIT = re.compile(r"(?<=\d) (?=(?:ms|s|%|KiB|MiB|GiB|B|steps?|x)\b)")
+
+
+def _clauses(line: str) -> list[str]:
+    """`line` cut after each `, `, `; ` and `: ` outside brackets (a colon only after words: not `REGRESSION:`)."""
+    parts: list[str] = []
+    depth, start = 0, 0
+    for index, char in enumerate(line):
+        if char in "([":
+            depth += 1
+        elif char in ")]":
+            depth = max(0, depth - 1)
+        elif depth == 0 and char in ",;:" and line[index + 1 : index + 2] == " ":
+            if char == ":" and " " not in line[start:index]:
+                continue
+            parts.append(line[start : index + 1])
+            start = index + 2
+    parts.append(line[start:])
+    return [part for part in parts if part]
+
+
+def wrap_clauses(line: str, width: int, indent: str = "  ") -> list[str]:
+    """`line` cut into lines of at most `width` characters (where its words allow): between clauses (after `, `,
+    `; ` or `: ` outside brackets) where it can, else between words, never between a figure and its unit;
+    continuation lines indented. A word longer than the width (a path, a command) stays whole."""
+    import textwrap
+
+    if len(line) <= width:
+        return [line]
+    glued = _UNIT.sub(_GLUE, line)
+    out: list[str] = []
+    current = ""
+    for clause in _clauses(glued):
+        joined = f"{current} {clause}" if current else clause
+        if len(joined) <= width:
+            current = joined
+            continue
+        if current.strip() and len(indent + clause) <= width:  # the clause fits a line of its own
+            out.append(current)
+            current = indent + clause
+            continue
+        pieces = textwrap.wrap(  # too long for any line: between words, from where the line stands
+            joined,
+            width=width,
+            subsequent_indent=indent,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+        if out or current.startswith(indent):  # textwrap drops the indent of a continuation line
+            pieces[0] = indent + pieces[0] if not pieces[0].startswith(indent) else pieces[0]
+        out += pieces[:-1]
+        current = pieces[-1]
+    if current:
+        out.append(current)
+    return [part.replace(_GLUE, " ") for part in out]
+
+
+def print_wrapped(console: Any, line: str, indent: str = "  ") -> None:
+    """A long line of plain text (no markup) on a rich Console, wrapped to its width by `wrap_clauses`."""
+    for part in wrap_clauses(line, max(40, console.width), indent):
+        console.print(part, markup=False, highlight=False, soft_wrap=True)

@@ -147,6 +147,9 @@ class RunSummary(TypedDict, total=False):
     peak_memory: PeakMemory
     compile: dict[str, Any] | None
     hang: dict[str, Any] | None
+    # The CUDA memory snapshots this run's processes wrote (file names in out_dir, from their signed step logs):
+    # the page reads these and no other file of the folder.
+    memory_snapshots: list[str]
     step_record: list[dict[str, Any]]  # the whole run's step times per process (stepcli/run/steprecord.py)
     triggered: list[dict[str, Any]]  # the windows --capture-on-slow placed, with their trigger
     notes: list[str]
@@ -356,6 +359,12 @@ _FIELDS: dict[str, Check] = {
     "peak_memory": _object({"rss_bytes": _optional(_COUNT), "cuda_bytes": _optional(_COUNT)}),
     "compile": _optional(_object({"by_step": _list_of(_object({"worker": _optional(_STR), "step": _INT}))})),
     "hang": _optional(_object({})),
+    "memory_snapshots": _list_of(
+        _simple(
+            lambda v: isinstance(v, str) and "/" not in v and "\\" not in v and v.endswith(".pickle") and v[:1] != ".",
+            "a snapshot file name",
+        )
+    ),
     "notes": _list_of(_STR),
     "advice": _list_of(_object({key: _STR for key in AdviceItem.__annotations__}, tuple(AdviceItem.__annotations__))),
 }

@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,12 +84,33 @@ def run_stepcli(
 
     A torchrun job whose rank died in torch's own native code (gloo's teardown race of torch 2.13: "terminate
     called without an active exception", a corrupted heap; seen in plain torchrun runs without stepcli too) is run
-    once more: a stepcli defect that aborts every time still fails."""
+    once more: a stepcli defect that aborts every time still fails. The retry starts clean: the output folders
+    and files the first attempt was given (`-o/--out`, `--json`) are removed first, so none of its traces stay."""
     argv = [sys.executable, "-m", "stepcli", *map(str, args)]
     result = _run(argv, cwd, env, timeout)
     if result.returncode != 0 and any(Path(str(a)).name == "torchrun" for a in args) and _native_abort(result.stderr):
+        for output in _outputs(argv, cwd):
+            if output.is_dir() and not output.is_symlink():
+                shutil.rmtree(output)
+            elif output.exists() or output.is_symlink():
+                output.unlink()
         result = _run(argv, cwd, env, timeout)
     return result
+
+
+def _outputs(argv: list[str], cwd: object) -> list[Path]:
+    """The paths a stepcli command line writes to (`-o DIR`, `--out DIR`, `--out=DIR`, `--json PATH`), up to the
+    program's own arguments (from `--` or the torchrun command on)."""
+    base = Path(str(cwd)) if cwd is not None else Path.cwd()
+    found: list[Path] = []
+    for index, arg in enumerate(argv):
+        if arg == "--" or Path(arg).name == "torchrun":
+            break
+        if arg in ("-o", "--out", "--json") and index + 1 < len(argv):
+            found.append(base / argv[index + 1])
+        elif arg.startswith(("--out=", "--json=")):
+            found.append(base / arg.split("=", 1)[1])
+    return found
 
 
 _NATIVE_ABORTS = ("terminate called without an active exception", "malloc(): ", "double free or corruption")

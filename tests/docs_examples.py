@@ -152,6 +152,7 @@ _MASKS = (
     (re.compile(r"\b\d{8}-\d{6}-[\w.-]+-\d+\b"), "<RUN>"),  # run ids
     (re.compile(r"[0-9a-f]{32}"), "<ID>"),
     (re.compile(r"\d+(?:[.,]\d+)*"), "<N>"),  # numbers: counts, times, sizes, ratios
+    (re.compile(r"<N>\s*(?:ns|µs|us|ms|s|min|h|B|KiB|MiB|GiB|TiB)\b"), "<Q>"),  # a quantity, whatever its unit
     (re.compile(r"\s+"), " "),
 )
 

@@ -79,7 +79,7 @@ def parse_only(argv: list[str], mention: bool = False) -> None:
             pass
 
 
-DEMOS = [(where, argv) for where, argv in COPY_ME_COMMANDS if argv[0] == "demo"]
+DEMOS = list({tuple(argv): (where, argv) for where, argv in COPY_ME_COMMANDS if argv[0] == "demo"}.values())
 
 
 @pytest.mark.parametrize(("where", "argv"), DEMOS, ids=[w for w, _ in DEMOS])
@@ -146,8 +146,10 @@ CONSOLE_PAGES = sorted({b.path for b in ALL_BLOCKS if b.lang == "console" and no
 
 @pytest.mark.parametrize("page", CONSOLE_PAGES, ids=[str(p.relative_to(REPO)) for p in CONSOLE_PAGES])
 def test_console_sessions_run_as_shown(page: Path, tmp_path: Path) -> None:
-    """Each page's sessions run in order in one scratch folder holding `train.py` (stepcli's demo script)."""
+    """Each page's sessions run in order in one scratch folder holding `train.py` (stepcli's demo script) and the
+    documentation's example files (`docs/examples/`)."""
     shutil.copy(REPO / "stepcli" / "demo" / "train.py", tmp_path / "train.py")
+    shutil.copytree(REPO / "docs" / "examples", tmp_path / "docs" / "examples")
     env = stepcli_env({"COLUMNS": "80"})
     for block in (b for b in blocks(page) if b.lang == "console" and not b.illustrative):
         for step in sessions(block):

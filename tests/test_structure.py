@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "stepcli"
@@ -53,7 +54,15 @@ def test_no_import_cycles() -> None:
 
 # The shared leaf modules every package may use: errors, reading untrusted files, statistics, formatting, the
 # console that writes no trailing spaces to pipes.
-_LEAVES = {"stepcli", "stepcli.errors", "stepcli.inputs", "stepcli.stats", "stepcli.fmt", "stepcli.pipeconsole"}
+_LEAVES = {
+    "stepcli",
+    "stepcli.errors",
+    "stepcli.inputs",
+    "stepcli.stats",
+    "stepcli.fmt",
+    "stepcli.pipeconsole",
+    "stepcli.safefile",
+}
 # The constants of the files the agent writes (step-log version, trace metadata key) live with the agent, which may
 # import nothing outside itself; the trace reader reads the file format of it (those constants, and the repair of
 # the names PyTorch writes with bare quotes), nothing else.
@@ -80,7 +89,16 @@ def _outside(package: str, allowed: set[str], allowed_packages: tuple[str, ...] 
 
 def test_agent_imports_nothing_of_stepcli_outside_the_agent() -> None:
     # It runs inside the profiled program: standard library only, import-light.
-    assert _outside("stepcli.agent", {"stepcli"}) == []
+    # Files are created through stepcli.safefile, itself standard library only (checked below).
+    assert _outside("stepcli.agent", {"stepcli", "stepcli.safefile"}) == []
+
+
+def test_safefile_imports_only_light_standard_modules() -> None:
+    # Every file stepcli creates goes through it, the agent's included: no stepcli module, nothing heavy.
+    tree = ast.parse((PACKAGE / "safefile.py").read_text())
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    names |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert names <= {"__future__", "errno", "os", "stat", "typing"}, names
 
 
 def test_traces_import_only_the_shared_leaves() -> None:
@@ -125,4 +143,39 @@ def test_report_reads_files_only_through_inputs() -> None:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
                 found += [f"{path.name}:{node.lineno} import {n}" for n in names if n in ("json", "orjson")]
+    assert found == []
+
+
+# Files created without stepcli.safefile, each for a reason: appending to a file the CI system made, the trace
+# export's own files inside the private scratch folder it just created, lock and fault files opened for append or
+# locking (O_NOFOLLOW, in the private control folder).
+_CREATES_OUTSIDE_SAFEFILE = {
+    ("compare/command.py", 'open(target, "a"'),  # $GITHUB_STEP_SUMMARY
+    ("agent/output.py", 'gzip.open(tmp_gz, "wb"'),  # inside the private scratch folder
+    ("agent/output.py", 'open(tmp_json, "r+b")'),  # the same
+    ("agent/stacks.py", "os.O_CREAT | os.O_APPEND"),  # the fault-handler file, control folder
+    ("agent/slowtrigger.py", "os.O_RDWR | os.O_CREAT"),  # a lock, control folder
+    ("run/controldir.py", "os.O_RDWR | os.O_CREAT"),  # a lock, control folder
+    ("agent/cudamemory.py", "os.link(tmp, path"),  # a safefile temporary file linked to the first free name
+    ("agent/cudamemory.py", 'open(fd, "wb")'),  # the descriptor of that safefile temporary file
+}
+_CREATING = re.compile(
+    r"""(\.write_text\(|(?<!safefile)\.write_bytes\(|os\.replace\(|os\.rename\(|tempfile|os\.link\(|O_CREAT"""
+    r"""|open\([^)]*["'](w|a|x|r\+)b?["'])"""
+)
+
+
+def test_every_file_is_created_through_safefile() -> None:
+    # Issue 30: new, never through a link, under a name nobody can guess; one helper for all.
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = str(path.relative_to(PACKAGE))
+        if relative == "safefile.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if _CREATING.search(code) and not any(
+                relative == where and marker in code for where, marker in _CREATES_OUTSIDE_SAFEFILE
+            ):
+                found.append(f"{relative}:{number}: {line.strip()}")
     assert found == []

@@ -4,9 +4,10 @@ Runs inside the target: standard library only. torch.distributed's Python collec
 are wrapped once, when torch.distributed is imported, only in runs with `--hang-timeout`: each call numbers itself
 (the n-th collective this process entered; every rank of a data-parallel job enters the same ones in the same
 order, so equal numbers are the same collective) and notes when it entered and whether it returned. That is a few
-attribute stores per collective, nothing per step. Collectives issued from C++ (DDP's bucketed all-reduce) and those
-inside torch.compile'd code (compiled from the original function) are not seen; the stacks still show where every
-thread is.
+attribute stores per collective, nothing per step. Collectives issued from C++ (DDP's bucketed all-reduce, FSDP) and
+those inside torch.compile'd code (compiled from the original function) are not seen by the wrappers: for them the
+dump asks torch's flight recorder (`in_flight`), which `stepcli run --hang-timeout` turns on for the program
+(TORCH_FR_BUFFER_SIZE, gloo and NCCL): the work every process group of this process started and has not finished.
 """
 
 from __future__ import annotations
@@ -126,3 +127,60 @@ def hook_collectives(dist: ModuleType) -> None:
             if id(original) not in wrapped:
                 wrapped[id(original)] = _wrap(name, original)
             setattr(module, name, wrapped[id(original)])
+
+
+FR_MAX_ENTRIES = 8  # in-flight works listed per dump (a hang has one or a few; DDP buckets may add some)
+_FR_MAX_BYTES = 16 << 20
+
+
+def in_flight(now: float) -> list[dict[str, Any]] | None:
+    """The collectives this process's process groups started and have not finished, oldest first, from torch's
+    flight recorder (`_dump_fr_trace_json`): name, the group's sequence number (equal on every rank for the same
+    collective), group, sizes, how long ago it was started. None when that cannot be known: torch.distributed
+    not initialized here, a torch without the recorder, or the recorder off (no TORCH_FR_BUFFER_SIZE)."""
+    import json
+    import os
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    c10d = sys.modules.get("torch._C._distributed_c10d")
+    try:
+        if dist is None or c10d is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        if not any(
+            int(os.environ.get(name) or 0) > 0 for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+        ):
+            return None  # off: an empty recorder would read as "nothing in flight"
+        dump = getattr(c10d, "_dump_fr_trace_json", None)
+        if dump is None:
+            return None
+        data = dump(True, True)
+        if len(data) > _FR_MAX_BYTES:
+            return None
+        document = json.loads(data)
+    except Exception:
+        return None
+    entries = document.get("entries") if isinstance(document, dict) else None
+    if not isinstance(entries, list):
+        return [] if isinstance(document, dict) else None
+    found = []
+    for entry in entries:
+        if not isinstance(entry, dict) or entry.get("retired") is not False:
+            continue
+        name = str(entry.get("profiling_name") or "?").rsplit(":", 1)[-1]
+        p2p = bool(entry.get("is_p2p"))
+        group = entry.get("process_group")
+        created = entry.get("time_created_ns")
+        found.append(
+            {
+                "name": name,
+                "seq": entry.get("p2p_seq_id" if p2p else "collective_seq_id"),
+                "group": str(group[1]) if isinstance(group, list) and len(group) > 1 else str(entry.get("pg_id")),
+                "p2p": p2p,
+                "sizes": entry.get("input_sizes"),
+                "dtypes": entry.get("input_dtypes"),
+                "state": entry.get("state"),
+                "entered_s_ago": round(now - created / 1e9, 3) if isinstance(created, int) and created > 0 else None,
+            }
+        )
+    return found[:FR_MAX_ENTRIES]

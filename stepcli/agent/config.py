@@ -115,26 +115,24 @@ class AgentConfig:
         return cls(**data)
 
 
-def atomic_write_json(path: str, document: Any) -> None:
-    """Write JSON next to `path` under a temporary name and rename it, so readers never see half a file."""
+def atomic_write_json(path: str, document: Any, mode: int = 0o666, *, private_folder: bool = False) -> None:
+    """Write JSON next to `path` under a temporary name and rename it, so readers never see half a file. Created
+    new under a random name and never through a link (stepcli.safefile). `mode` 0o600 for files that hold stacks
+    or argv. `private_folder`: the folder must be this user's own private one (the run's control folder), checked
+    on its descriptor, so nothing is written into a folder someone else put in its place (OSError otherwise)."""
     import json
 
+    from stepcli import safefile
+
+    data = json.dumps(document, separators=(",", ":")).encode("utf-8")
+    if not private_folder:
+        safefile.write_bytes(path, data, mode)
+        return
+    from .controlfiles import open_folder
+
     folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
-    # Created new and never through a link: whatever sits at the temporary name is not written through.
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = open_folder(folder)
     try:
-        fd = os.open(tmp, flags, 0o666)
-    except FileExistsError:  # left by a process that died mid-write with the same pid
-        os.unlink(tmp)
-        fd = os.open(tmp, flags, 0o666)
-    try:
-        with open(fd, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, separators=(",", ":"))
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        safefile.write_bytes(name, data, mode, dir_fd=fd)
+    finally:
+        os.close(fd)

@@ -24,7 +24,6 @@ _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_NOFOLLOW | _O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC
-_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC
 _LINK_ERRNOS = (errno.ELOOP, errno.EMLINK)  # what O_NOFOLLOW answers for a link (Linux, BSD)
 
 
@@ -115,28 +114,11 @@ def parse_json(data: bytes) -> Any:
 
 def write_json(folder_fd: int, name: str, document: Any) -> None:
     """Write `name` in the folder under a temporary name, then rename it: readers never see half a file. The
-    temporary file is created new (O_EXCL, O_NOFOLLOW): nothing that was there is written through."""
-    tmp = f".{name}.{os.getpid()}.tmp"
-    data = json.dumps(document, separators=(",", ":")).encode("utf-8")
-    try:
-        fd = os.open(tmp, _WRITE_FLAGS, 0o600, dir_fd=folder_fd)
-    except FileExistsError:  # left by a process that died mid-write with the same pid
-        os.unlink(tmp, dir_fd=folder_fd)
-        fd = os.open(tmp, _WRITE_FLAGS, 0o600, dir_fd=folder_fd)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-        os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=folder_fd)
-        except OSError:
-            pass
-        raise
+    temporary file is created new under a random name (stepcli.safefile): nothing that was there is written
+    through."""
+    from stepcli import safefile
+
+    safefile.write_bytes(name, json.dumps(document, separators=(",", ":")).encode("utf-8"), 0o600, dir_fd=folder_fd)
 
 
 def unlink(folder_fd: int, name: str) -> None:

@@ -64,7 +64,9 @@ class MemoryHistory:
     def _say_no_cuda(self) -> None:
         """One line for the whole run, whichever process imports torch first (an exclusive marker file)."""
         try:
-            fd = os.open(os.path.join(self.agent.config.log_dir, NO_CUDA_MARKER), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            from stepcli import safefile
+
+            fd = safefile.create_new(os.path.join(self.agent.config.log_dir, NO_CUDA_MARKER), safefile.PRIVATE)
         except OSError:
             return
         os.close(fd)
@@ -148,31 +150,40 @@ def current_phase(in_step: set[int], frame: FrameType | None = None) -> str:
     return phase
 
 
+WRITTEN: list[str] = []  # the snapshot files this process wrote (names in the output folder), for its step log
+
+
 def snapshot_name(worker: str) -> str:
     """`oom-rank<N>.pickle` in distributed runs, else `oom-<host>_<pid>.pickle`."""
     return f"{SNAPSHOT_PREFIX}{worker}{SNAPSHOT_SUFFIX}"
 
 
 def _write_snapshot(out_dir: str, snapshot: dict[str, Any]) -> str:
-    """Pickle under a temporary name, then rename: a reader never sees half a file; an existing file is kept."""
+    """Pickle into a new private file (0600: it holds allocation stacks and argv) under a random temporary name,
+    then link it to its name, which never replaces anything: a reader never sees half a file; an existing file is
+    kept (a restarted rank writing into the same folder gets a name with the time)."""
     import pickle
     import time
+
+    from stepcli import safefile
 
     from .output import worker_name
 
     worker = worker_name()
     snapshot[SNAPSHOT_KEY]["worker"] = worker
-    path = os.path.join(out_dir, snapshot_name(worker))
-    if os.path.exists(path):  # a restarted rank writing into the same folder: never overwrite
-        path = os.path.join(out_dir, snapshot_name(f"{worker}.{time.time_ns()}"))
-    tmp = os.path.join(out_dir, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    fd, tmp = safefile.create_temp(out_dir, snapshot_name(worker), safefile.PRIVATE)
     try:
-        with open(tmp, "wb") as handle:
+        with open(fd, "wb") as handle:
             pickle.dump(snapshot, handle, protocol=pickle.DEFAULT_PROTOCOL)
-        os.replace(tmp, path)
+        path = os.path.join(out_dir, snapshot_name(worker))
+        try:
+            safefile.publish(tmp, path, replace=False)
+        except FileExistsError:
+            path = os.path.join(out_dir, snapshot_name(f"{worker}.{time.time_ns()}"))
+            safefile.publish(tmp, path, replace=False)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        safefile.remove(tmp)
+    WRITTEN.append(os.path.basename(path))
     return path
 
 
@@ -211,25 +222,27 @@ def _write_numbered(out_dir: str, snapshot: dict[str, Any]) -> str:
     to a name that does not exist yet (a link never replaces a file), so nothing is ever overwritten."""
     import pickle
 
+    from stepcli import safefile
+
     from .output import worker_name
 
     worker = worker_name()
     snapshot[SNAPSHOT_KEY]["worker"] = worker
-    tmp = os.path.join(out_dir, f".{ON_DEMAND_PREFIX}{worker}.{os.getpid()}.tmp")
+    fd, tmp = safefile.create_temp(out_dir, f"{ON_DEMAND_PREFIX}{worker}", safefile.PRIVATE)  # 0600: stacks, argv
     try:
-        with open(tmp, "wb") as handle:
+        with open(fd, "wb") as handle:
             pickle.dump(snapshot, handle, protocol=pickle.DEFAULT_PROTOCOL)
         for n in range(1, 1_000_000):
             path = os.path.join(out_dir, f"{ON_DEMAND_PREFIX}{worker}-{n}{SNAPSHOT_SUFFIX}")
             try:
-                os.link(tmp, path)
+                os.link(tmp, path, follow_symlinks=False)
+                WRITTEN.append(os.path.basename(path))
                 return path
             except FileExistsError:
                 continue
         raise OSError(f"{out_dir}: no free {ON_DEMAND_PREFIX}{worker}-<n>{SNAPSHOT_SUFFIX} name")
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        safefile.remove(tmp)
 
 
 def _say(message: str) -> None:

@@ -80,7 +80,7 @@ def open_control(out_dir: str, run_id: str, document: dict[str, Any]) -> str:
     os.makedirs(os.path.dirname(folder), exist_ok=True)
     os.mkdir(folder, 0o700)
     os.chmod(folder, 0o700)  # whatever the umask: nobody else may write requests
-    atomic_write_json(os.path.join(folder, RUN_FILE), document)
+    atomic_write_json(os.path.join(folder, RUN_FILE), document, 0o600, private_folder=True)
     return folder
 
 
@@ -114,6 +114,9 @@ class OnDemand:
         self.responses: dict[str, dict[str, Any]] = {}
         self.triggers: dict[str, dict[str, Any]] = {}  # id -> what triggered it (--capture-on-slow)
         self.own: set[str] = set()  # windows this process's --capture-on-slow placed: no capture withdraws them
+        self.trigger_steps: dict[str, tuple[int, int]] = {}  # id -> (first, last step) of a triggered window
+        # the triggered windows this process did not record, and why (its step log, hence the run summary)
+        self.not_recorded: list[dict[str, Any]] = []
         self.pending: dict[str, tuple[int, int, int, int]] = {}  # id -> (first, last step, windows, notes before)
         self._written_step = -1
         self._dirty = True  # the first poll (the first step) writes the heartbeat: capture can find the process
@@ -129,8 +132,14 @@ class OnDemand:
         self._said: set[str] = set()
         self.active = False
         self.folder_fd = -1
+        self._last_poll = time.monotonic()  # when the main thread last polled (at a step boundary)
+        self._no_step_for_s: float | None = None  # written by beat_off_main: the main thread makes no step
+        import threading
+
+        self._lock = threading.RLock()  # the stacks thread polls too while the main thread makes no step
         if agent.recorder is not None:
             agent.recorder.schedule = self.schedule  # type: ignore[assignment]
+            agent.recorder.trigger_at = self.trigger_at
         try:
             self.folder_fd = controlfiles.open_folder(self.folder)
         except FileNotFoundError:  # a run started by an older launcher has none: nobody can ask
@@ -144,10 +153,28 @@ class OnDemand:
     # -- called by the tracker (at most once a second) and by the agent ----------------------------------------
     def poll(self, step: int) -> None:
         """At a step boundary: read requests (only when they changed) and write the heartbeat if anybody listens."""
+        self._last_poll = time.monotonic()
+        with self._lock:
+            self._no_step_for_s = None
+            self._poll(step)
+
+    def beat_off_main(self, step: int, no_step_for_s: float) -> None:
+        """From the stacks thread, once a second: while the main thread makes no step (no poll for two
+        intervals: blocked in C, a hang, a long step), poll for it, so a capture or `stepcli top` listening now
+        hears this process's real step and how long it has made none (`no_step_for_s`), not a stale heartbeat."""
+        if not self.active or time.monotonic() - self._last_poll < 2 * POLL_INTERVAL_S:
+            return
+        with self._lock:
+            self._no_step_for_s = no_step_for_s
+            self._written_step = -1  # written at every poll while somebody listens, like a stepping process
+            self._poll(step, pace=False)  # the pace stays the one it stepped at: `no_step_for_s` says it stopped
+
+    def _poll(self, step: int, pace: bool = True) -> None:
         try:
             listening = self._read_requests(step)
             self._settle(step)
-            self._pace(step)
+            if pace:
+                self._pace(step)
             if self._dirty or ((listening or self._writes < 2) and step != self._written_step):
                 self._write(step)
             self._failures = 0
@@ -162,6 +189,10 @@ class OnDemand:
         """A window was saved (or dropped): answer at once, not at the next poll."""
         if not self.pending:
             return
+        with self._lock:
+            self._window_saved()
+
+    def _window_saved(self) -> None:
         try:
             step = self.agent.tracker.global_step
             self._settle(step)
@@ -176,6 +207,10 @@ class OnDemand:
         """The process exits (after its open window was saved): answer every pending request, say we ended."""
         if not self.active:
             return
+        with self._lock:
+            self._finish(reason)
+
+    def _finish(self, reason: str) -> None:
         try:
             step = self.agent.tracker.global_step
             self._settle(step)
@@ -252,6 +287,7 @@ class OnDemand:
                     from .triggerinfo import clean_trigger
 
                     self.triggers[rid] = clean_trigger(entry["trigger"]) or {}
+                    self.trigger_steps[rid] = (first, last)
                 self._consider(rid, open_at, first, last, step)
         self._withdraw_missing(asked, step)
 
@@ -357,10 +393,31 @@ class OnDemand:
             return "no window opened (steps on a thread other than the main thread?)"
         return "no trace was saved"
 
+    def trigger_at(self, step: int) -> dict[str, Any] | None:
+        """What triggered the waiting window that records `step` (--capture-on-slow), with its steps; None when
+        no triggered window holds it."""
+        for rid, (first, last, _, _) in self.pending.items():
+            trigger = self.triggers.get(rid)
+            if trigger is not None and first <= step <= last:
+                return {**trigger, "first_step": first, "last_step": last}
+        return None
+
     def _answer(self, rid: str, status: str, **fields: Any) -> None:
         self.responses.pop(rid, None)  # re-inserted last: the oldest answers come first, and go first
         self.responses[rid] = {"status": status, "time": time.time(), **fields}
         if status in FINAL:
+            trigger = self.triggers.get(rid)
+            steps = self.trigger_steps.pop(rid, None)
+            if trigger is not None and status != "saved" and steps is not None and len(self.not_recorded) < 16:
+                self.not_recorded.append(
+                    {
+                        "first_step": steps[0],
+                        "last_step": steps[1],
+                        **trigger,
+                        "recorded": False,
+                        "reason": str(fields.get("reason") or status)[:200],
+                    }
+                )
             self.pending.pop(rid, None)
             self.triggers.pop(rid, None)
             self.own.discard(rid)
@@ -411,6 +468,7 @@ class OnDemand:
             "pings": self._pings,
             "writes": self._writes,
             "responses": self.responses,
+            "no_step_for_s": self._no_step_for_s,
             **self._step_times(),
         }
         controlfiles.write_json(self.folder_fd, self.proc_name, document)

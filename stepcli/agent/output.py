@@ -76,42 +76,63 @@ def trace_folder(out_dir: str, first_step: int, several_windows: bool) -> str:
     return os.path.join(out_dir, f"{WINDOW_FOLDER_PREFIX}{first_step}")
 
 
-def export_trace(prof: Any, out_dir: str, use_gzip: bool) -> tuple[str, int]:
-    """Export `prof`'s last cycle as `<worker>.<time_ns>.pt.trace.json[.gz]` via a temporary name and a rename."""
+def export_trace(prof: Any, out_dir: str, use_gzip: bool, own_folder: bool = False) -> tuple[str, int]:
+    """Export `prof`'s last cycle as `<worker>.<time_ns>.pt.trace.json[.gz]` via a temporary name and a rename.
+
+    The output folder may be writable by others (a shared scratch folder): the folder is opened once without
+    following a link (`own_folder`, a window folder: created here, or one of this user's), the profiler writes
+    into a new private folder inside it (it opens its files by name: nothing can be planted in a folder only
+    this user can enter), addressed through that descriptor, and the finished trace is linked to its final
+    name, which never replaces anything."""
+    from stepcli import safefile
+
     worker, suffix = worker_name(), ".pt.trace.json" + (".gz" if use_gzip else "")
-    name = f"{worker}.{time.time_ns()}{suffix}"
-    os.makedirs(out_dir, exist_ok=True)
-    while os.path.exists(os.path.join(out_dir, name)):  # another node or launch sharing the folder: never overwrite
-        name = f"{worker}.{time.time_ns() + 1}{suffix}"
-    final = os.path.join(out_dir, name)
-    tmp_json = os.path.join(out_dir, f".{name}.{os.getpid()}.tmp.json")
-    tmp_gz = tmp_json + ".gz"
-    kineto_tmp = tmp_json + ".tmp"  # Kineto writes here and renames; a failed write leaves it behind
+    os.makedirs(os.path.dirname(out_dir) if own_folder else out_dir, exist_ok=True)
+    if own_folder:
+        safefile.make_folder(out_dir)  # a link planted at window-step<N> is refused, never followed
+    folder_fd = safefile.open_folder(out_dir)
+    scratch = ""
     try:
+        scratch = safefile.temp_name("stepcli-export")
+        os.mkdir(scratch, 0o700, dir_fd=folder_fd)
+        base = f"/proc/self/fd/{folder_fd}" if os.path.isdir(f"/proc/self/fd/{folder_fd}") else out_dir
+        tmp_json = os.path.join(base, scratch, "trace.json")
+        tmp_gz = tmp_json + ".gz"
+        name = f"{worker}.{time.time_ns()}{suffix}"
         prof.export_chrome_trace(tmp_json)
         if not os.path.isfile(tmp_json):  # Kineto reports a failed write only in its own (silenced) log
             raise folder_problem(out_dir) or OSError(0, "the profiler wrote no trace file")
-        _name_final_file(tmp_json, final)
+        _name_final_file(tmp_json, os.path.join(out_dir, name))
         from .tracenames import repair_file
 
         repair_file(tmp_json)  # names with bare quotes (a PyTorch bug) would make the whole file invalid JSON
+        ready = "trace.json"
         if use_gzip:
             import gzip
             import shutil
 
             with open(tmp_json, "rb") as source, gzip.open(tmp_gz, "wb", compresslevel=6) as target:
                 shutil.copyfileobj(source, target, 1 << 20)
-            os.unlink(tmp_json)
-            os.replace(tmp_gz, final)
-        else:
-            os.replace(tmp_json, final)
-    finally:
-        for leftover in (tmp_json, tmp_gz, kineto_tmp):
+            ready = "trace.json.gz"
+        for attempt in range(1000):  # another node or launch sharing the folder: never overwrite
             try:
-                os.unlink(leftover)
+                safefile.publish(f"{scratch}/{ready}", name, replace=False, dir_fd=folder_fd)
+                break
+            except FileExistsError:
+                name = f"{worker}.{time.time_ns() + attempt + 1}{suffix}"
+        else:
+            raise FileExistsError(17, "no free trace name", out_dir)
+        size = os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_size
+    finally:
+        if scratch:
+            for leftover in ("trace.json", "trace.json.gz", "trace.json.tmp"):  # (Kineto's own temporary name)
+                safefile.remove(f"{scratch}/{leftover}", dir_fd=folder_fd)
+            try:
+                os.rmdir(scratch, dir_fd=folder_fd)
             except OSError:
                 pass
-    return final, os.path.getsize(final)
+        os.close(folder_fd)
+    return os.path.join(out_dir, name), size
 
 
 _PROBE_BYTES = 64 * 1024
@@ -122,9 +143,10 @@ def folder_problem(folder: str) -> OSError | None:
     probe file there and removing it; None when the probe could be written."""
     import errno
 
-    probe = os.path.join(folder, f".stepcli-probe.{os.getpid()}.tmp")
+    from stepcli import safefile
+
     try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+        fd, probe = safefile.create_temp(folder, "stepcli-probe", safefile.PRIVATE)
     except OSError as exc:
         return exc
     try:

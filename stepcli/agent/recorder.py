@@ -77,6 +77,8 @@ class Recorder:
         self._pending_drop = ""  # ... asked for on another thread, done by the main thread at its next step
         # Set by the agent: will the program's idle profiler start collecting within this many of its steps?
         self.program_profiler_due: Callable[[int], bool] = lambda steps: False
+        # Set by on-demand capture: what triggered the window recording from this step (--capture-on-slow), if any
+        self.trigger_at: Callable[[int], dict[str, Any] | None] = lambda step: None
 
     # -- schedule ---------------------------------------------------------------------------------------------
     def next_cycle_start(self, step: int) -> int:
@@ -146,6 +148,7 @@ class Recorder:
                 self._window["first_step"] = step
                 self._cpu_time.reset()
                 _mark_clock(prof)
+                self._mark_trigger(prof, step)
             if phase >= RECORD:
                 self._cpu_time.begin(step)
             return phase, step + 1
@@ -235,6 +238,7 @@ class Recorder:
         self._cpu_time.reset()
         if action.value >= RECORD:
             _mark_clock(prof)
+            self._mark_trigger(prof, step)
             self._cpu_time.begin(step)
 
     def _torch_schedule(self, step: int) -> Any:
@@ -278,7 +282,7 @@ class Recorder:
             # A window asked for on demand gets a folder of its own, like each window of --repeat.
             several = self.config.schedule.repeat != 1 or _asked_for(self.schedule, first)
             folder = trace_folder(self.config.out_dir, first, several)
-            path, size = export_trace(prof, folder, self.config.use_gzip)
+            path, size = export_trace(prof, folder, self.config.use_gzip, own_folder=several)
         except Exception as exc:
             self.stop_after_write_failure(f"could not save the trace of {steps} in {folder}: {cause(exc)}")
             return
@@ -302,7 +306,6 @@ class Recorder:
         """The window's estimated FLOPs (the sum of key_averages()' flops), written beside the trace as
         `NAME.flops` (flops_path) with the device's name; None when torch could not count them."""
         import json
-        import os
 
         try:
             flops = int(sum(event.flops for event in prof.key_averages()))
@@ -314,13 +317,28 @@ class Recorder:
             document = {"schema": "stepcli.flops", "version": 1, "flops": flops, "device": device}
             document["first_step"], document["last_step"] = first, last
             final = flops_path(trace)
-            with open(final + ".tmp", "w") as f:
-                json.dump(document, f)
-            os.replace(final + ".tmp", final)
+            from stepcli import safefile
+
+            safefile.write_bytes(final, json.dumps(document).encode("utf-8"))
             return flops
         except Exception as exc:
             self.notes.append(f"FLOPs of steps {first}-{last} not saved: {type(exc).__name__}: {exc}")
             return None
+
+    def _mark_trigger(self, prof: Any, step: int) -> None:
+        """A window --capture-on-slow placed says why it exists in its own trace (TRIGGER_KEY, as trigger.json
+        beside it has it), so a trace passed on keeps its reason. While Kineto records: add_metadata is dropped
+        outside that."""
+        try:
+            trigger = self.trigger_at(step)
+            if trigger:
+                import json
+
+                from .triggerinfo import TRIGGER_KEY
+
+                prof.add_metadata_json(TRIGGER_KEY, json.dumps(trigger))
+        except Exception:  # trigger.json and the step log still say it
+            pass
 
     def stop(self, reason: str) -> None:
         """Close an open window now, saving its completed steps (program exit, or the program's own profiler).

@@ -32,6 +32,12 @@ if TYPE_CHECKING:
     from .stacks import StackDumper
 
 _STEP_LOG_MIN_INTERVAL_S = 10.0
+# The stacks thread saves the step log while the process trains (`save_progress`), so a process killed where no
+# handler can run (SIGKILL, or blocked in C past its launcher's grace) still leaves every step it made: when it
+# stops stepping (--hang-timeout) and at most this often otherwise, stretched so one save costs at most
+# 1/_PROGRESS_COST_SHARE of the time between saves (the log is O(steps) to write).
+PROGRESS_INTERVAL_S = 30.0
+_PROGRESS_COST_SHARE = 100.0
 
 _agent: Agent | None = None
 
@@ -55,8 +61,14 @@ class Agent:
         self.torch_imported = False
         self.trains = False
         self.exit_reason = ""
+        self._signals_guarded = False  # SIGTERM/SIGHUP save first for the whole run, not only during windows
         self._names: dict[str, int] = {}
         self._flushed = False
+        self._signal_handled = 0  # the signal whose handler the main thread entered (stacks.py waits for it)
+        self._write_lock = threading.RLock()  # the stacks thread and the main thread both save the step log
+        self._saved_steps = -1  # global step of the last step log written
+        self._saved_stalled = False  # ... written when the process stopped stepping (its steps are whole)
+        self._progress_due = 0.0  # time.monotonic() before which no periodic save is made
         self._forked_child = False
         self._last_log_write = 0.0
         self._wall_start = time.time()
@@ -66,6 +78,9 @@ class Agent:
     # -- start-up ---------------------------------------------------------------------------------------------
     def install(self) -> None:
         os.register_at_fork(after_in_child=self._forked)
+        from .tracebacks import install as plain_tracebacks
+
+        plain_tracebacks()  # the program's tracebacks without stepcli's wrapper frames
         self.gc_pauses.install()
         self.hooks.when_imported("torch", self._torch_imported)
         for spec in self.config.step_on:
@@ -167,6 +182,10 @@ class Agent:
 
             self.stacks = start_stacks(self)  # `capture --stacks` and --hang-timeout dumps
             self.tracker.set_listener(self.recorder.on_step, self.recorder.next_cycle_start(self.tracker.global_step))
+            self._guard_signals(True)  # for the whole run: SIGTERM/SIGHUP save the step log first
+            self._signals_guarded = True
+            if self.stacks is not None:
+                self.stacks.watch_signals(self._on_signal)  # ... even while the main thread is blocked in C
             self.tracker.begin()
         except Exception as exc:
             self.fail("starting the recorder", exc)
@@ -230,12 +249,17 @@ class Agent:
 
     # -- exit, signals, fork ----------------------------------------------------------------------------------
     def _guard_signals(self, on: bool) -> None:
-        """While a window is open, SIGTERM/SIGHUP (which skip atexit) first save it, then kill as before.
+        """SIGTERM/SIGHUP (which skip atexit) first save the open window and the step log, then kill as before.
 
-        Only then: a Python-level handler cannot run while the main thread is blocked in C (a collective
-        waiting for a dead peer), so outside windows, where there is nothing to lose, the default stays.
+        Installed once the process trains, for the whole run (and around each window, for a process that armed
+        on another thread). A Python-level handler cannot run while the main thread is blocked in C (a
+        collective waiting for a dead peer): the stacks thread sees the signal too (StackDumper.watch_signals)
+        and, when the main thread has not taken it within a second, saves the step log itself and ends the
+        process of that signal, as without stepcli.
         """
         if threading.current_thread() is not threading.main_thread():
+            return
+        if not on and self._signals_guarded:
             return
         for signum in (signal.SIGTERM, signal.SIGHUP):
             try:
@@ -248,6 +272,7 @@ class Agent:
                 pass
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._signal_handled = signum
         recorder = self.recorder
         if recorder is not None and recorder.busy:  # mid-export, mid-transition or mid-flush: finish that first
             recorder.deferred_signal = signum
@@ -284,11 +309,27 @@ class Agent:
         self.recorder = None
         self.ondemand = None
 
-    def flush(self, reason: str) -> None:
-        """Save an open window and the step log, once, and only in the process that made them."""
+    def die_off_main_thread(self, signum: int) -> None:
+        """The stacks thread's end of a SIGTERM/SIGHUP the main thread could not take (blocked in C): save the
+        step log (an open window cannot be saved from this thread: it is named in the notes), then die of the
+        same signal, so the exit status says what killed the process."""
+        try:
+            self.flush(signal.Signals(signum).name, blocked=True)
+        finally:
+            _die_now(signum)
+
+    def flush(self, reason: str, blocked: bool = False) -> None:
+        """Save an open window and the step log, once, and only in the process that made them. `blocked`: the
+        main thread cannot run (saved by the stacks thread)."""
         if self._flushed or os.getpid() != self.pid or self._forked_child:
             return
-        self._flushed = True
+        with self._write_lock:
+            if self._flushed:
+                return
+            self._flushed = True
+            self._flush(reason, blocked)
+
+    def _flush(self, reason: str, blocked: bool) -> None:
         self.exit_reason = reason
         recorder = self.recorder
         busy = recorder.busy if recorder is not None else False
@@ -299,7 +340,8 @@ class Agent:
                 recorder.stop("cut short: the program exited" if reason == "exit" else f"cut short: {reason}")
                 if recorder.prof is not None:
                     recorder.notes.append(
-                        f"the window open at {reason} could not be saved: it exited from another thread"
+                        f"the window open at {reason} could not be saved: "
+                        + ("the main thread was blocked" if blocked else "it exited from another thread")
                     )
             if self.ondemand is not None:
                 self.ondemand.finish(reason)
@@ -320,9 +362,34 @@ class Agent:
         if now - self._last_log_write >= _STEP_LOG_MIN_INTERVAL_S:  # bounded cost with --repeat 0
             self._last_log_write = now
             try:
-                self._write_step_log()
+                with self._write_lock:
+                    if not self._flushed:
+                        self._write_step_log()
             except Exception as exc:
                 self._step_log_failed(exc)
+
+    def save_progress(self, stalled: bool = False) -> bool:
+        """From the stacks thread: save the step log and the whole-run record as they are now, when steps were
+        made since the last save and the process has not saved its final one; `stalled`: it stopped stepping
+        (--hang-timeout), saved at once. Otherwise at most every PROGRESS_INTERVAL_S (stretched for long logs).
+        Whether it saved. A process killed later (SIGKILL) still leaves every step it made."""
+        now = time.monotonic()
+        if self._flushed or not self.trains or not self.enabled or self._forked_child or os.getpid() != self.pid:
+            return False
+        saved = self.tracker.global_step == self._saved_steps
+        if (saved and (not stalled or self._saved_stalled)) or (not stalled and now < self._progress_due):
+            return False
+        with self._write_lock:
+            if self._flushed:
+                return False
+            started = time.monotonic()
+            try:
+                self._write_step_log(progress="stalled" if stalled else "running")
+            except Exception:
+                return False  # the exit save says it, once, if it fails too
+            cost = time.monotonic() - started
+            self._progress_due = time.monotonic() + max(PROGRESS_INTERVAL_S, cost * _PROGRESS_COST_SHARE)
+            return True
 
     def _step_log_failed(self, exc: BaseException) -> None:
         """One line naming the cause (stepcli.agent.output.write_failed), and profiling stops in this process."""
@@ -335,12 +402,20 @@ class Agent:
             write_failed(message)
 
     # -- files ------------------------------------------------------------------------------------------------
-    def _write_step_log(self) -> None:
+    def _write_step_log(self, progress: str = "") -> None:
+        """The step log (and at exit, or with `progress`, the whole-run record). Called from the main thread,
+        or from the stacks thread (`progress`, or a signal the main thread could not take): the step arrays
+        are copied first (each copy is one C call, whole under the GIL) and cut to the same length."""
         from .output import current_rank, worker_name
 
         os.makedirs(self.config.log_dir, mode=0o700, exist_ok=True)  # the launcher made it already, private
         worker = worker_name()
         recorder = self.recorder
+        tracker = self.tracker
+        durations, phases = tracker.durations_ns[:], bytes(tracker.phases)
+        count = min(len(durations), len(phases))
+        del durations[count:]
+        steps = max(tracker.global_step, count - 1)
         document = {
             "schema_version": STEP_LOG_VERSION,
             "worker": worker,
@@ -351,18 +426,26 @@ class Agent:
             "python": sys.version.split()[0],
             "torch": getattr(sys.modules.get("torch"), "__version__", None),
             "started_at": self._wall_start,
-            "global_steps": self.tracker.global_step,
-            "requesters": [{"name": r.name, "calls": r.calls, "first_step": r.start} for r in self.tracker.order],
-            "durations_us": [d // 1000 for d in self.tracker.durations_ns],
-            "phases": "".join(map(str, self.tracker.phases)),
-            "windows": recorder.windows if recorder else [],
+            "global_steps": steps,
+            "requesters": [
+                {"name": r.name, "calls": r.calls, "first_step": min(r.start, steps)} for r in list(tracker.order)
+            ],
+            "durations_us": [d // 1000 for d in durations],
+            "phases": "".join(map(str, phases[:count])),
+            "windows": list(recorder.windows) if recorder else [],
             "skipped_windows": recorder.skipped_windows if recorder else 0,
-            "notes": recorder.notes if recorder else [],
+            "notes": list(recorder.notes) if recorder else [],
+            # --capture-on-slow windows placed but not recorded here (the job ended first, a rank was past them)
+            "triggers_not_recorded": list(self.ondemand.not_recorded) if self.ondemand is not None else [],
             "exit": self.exit_reason or "running",
+            "saved_at": time.time(),
+            "progress": progress if not self.exit_reason else "",
             "peak_rss_bytes": _peak_rss_bytes(),
             "cuda_peak_bytes": _cuda_peak_bytes(),
             "compile": self.compiles.to_log() if self.compiles is not None else None,
             "gc": self.gc_pauses.to_log(),
+            # the CUDA memory snapshots it wrote (--memory; the module is loaded only then)
+            "memory_snapshots": list(getattr(sys.modules.get(f"{__package__}.cudamemory"), "WRITTEN", [])),
         }
         if self.config.run_key:
             from .signing import SIGNATURE_KEY, sign
@@ -370,11 +453,13 @@ class Agent:
             document[SIGNATURE_KEY] = sign(self.config.run_key, document)
         # Named by host and pid, not worker: the worker name changes when a rank appears.
         name = f"{document['host']}.{self.pid}{STEP_LOG_SUFFIX}"  # hosts may share -o and reuse pids
-        atomic_write_json(os.path.join(self.config.log_dir, name), document)
-        if self.exit_reason:  # the whole run's step times, compact (steprecord.py): once, at exit
+        atomic_write_json(os.path.join(self.config.log_dir, name), document, 0o600, private_folder=True)
+        self._saved_steps = steps
+        self._saved_stalled = progress == "stalled"
+        if self.exit_reason or progress:  # the whole run's step times, compact (steprecord.py): at exit
             from . import steprecord
 
-            record = steprecord.build(self.tracker.durations_ns, worker, current_rank())
+            record = steprecord.build(durations, worker, current_rank())
             if self.config.run_key:
                 from .signing import SIGNATURE_KEY, sign
 
@@ -393,6 +478,8 @@ class Agent:
                     "torch_imported": self.torch_imported,
                     "steps": self.tracker.global_step,
                 },
+                0o600,
+                private_folder=True,
             )
         except Exception:
             pass
@@ -400,6 +487,23 @@ class Agent:
 
 def _never() -> bool:
     return False
+
+
+def _die_now(signum: int) -> None:
+    """End this process of `signum` from any thread: Python's own handler (which only the blocked main thread
+    could run) is replaced by the default action through libc, then the signal is sent; SIGKILL if that fails."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+        libc.signal(signum, None)  # SIG_DFL
+        os.kill(os.getpid(), signum)
+        time.sleep(1.0)  # delivered to some thread at once; the default action ends every thread
+    except Exception:
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _say(message: str) -> None:

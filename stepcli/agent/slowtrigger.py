@@ -7,12 +7,13 @@ the last BASELINE_STEPS steps outside any window (a sort of 64 numbers, shared a
 A slow step (not one a window recorded) places a window through the machinery of `stepcli capture`
 (stepcli/agent/ondemand.py): this process accepts it as if a capture had asked, and, when the job has several
 ranks (WORLD_SIZE > 1), adds the same request to the control folder's requests.json, under capture's lock, so that
-every rank picks it up at its next poll (within a second) and records the same global steps. Alone, the window
-starts at the very next step; with other ranks, far enough ahead (the steps this process makes in a poll interval
-and a half, at its median pace) that they hear of it in time. Bounded: `--max-captures` windows per run (counted in
+every rank picks it up at its next poll (every SLOW_POLL_INTERVAL_S with several ranks) and records the same global
+steps. Alone, the window starts at the very next step; with other ranks, far enough ahead (the steps this process
+makes in MARGIN_S, at its median pace, plus 2) that they hear of it in time, and soon (half a second). Bounded: `--max-captures` windows per run (counted in
 requests.json across ranks), none while another window records or waits, and a cool-down of COOLDOWN_STEPS after
 each. The request carries the trigger (rank, step, its time, the baseline); every rank saves it as trigger.json
-next to its trace, and it is in the step log's window, hence the run summary.
+next to its trace and in the trace's own metadata, and it is in the step log's window, hence the run summary; a
+window a process did not record (the job ended first) is in its step log too, with why.
 
 A periodic slowdown (every 50th step a checkpoint) is caught by prediction: once a window was placed, the next
 slow step s, with the previous slow step p, places the window on the step predicted next, s + (s - p), starting
@@ -25,7 +26,7 @@ import math
 import os
 
 from . import controlfiles
-from .ondemand import POLL_INTERVAL_S, REQUESTS_FILE
+from .ondemand import REQUESTS_FILE
 from .request import MAX_CONTROL_BYTES, MAX_ENTRIES, MAX_WARMUP
 from .schedule import NONE
 from .slowrule import BASELINE_STEPS, MIN_STEPS, REFRESH_STEPS, baseline, threshold_ns
@@ -39,7 +40,11 @@ if TYPE_CHECKING:
 
 COOLDOWN_STEPS = 10  # after a window's last step, before a slow step may place another
 MAX_PERIOD = 10_000  # a predicted slow step further ahead than this is not waited for
-MARGIN_S = POLL_INTERVAL_S + 0.5  # every rank hears of a request within a poll interval
+# With several ranks, every process polls requests.json this often (instead of once a second), so a triggered
+# window can start soon after the slow step: every rank hears of it within a poll interval, plus a little for
+# the write to show on the other ranks and the step boundary the poll waits for (the 2 steps added in _plan).
+SLOW_POLL_INTERVAL_S = 0.2
+MARGIN_S = SLOW_POLL_INTERVAL_S + 0.3
 LOCK_FILE = "capture.lock"
 
 
@@ -56,6 +61,8 @@ class SlowTrigger:
         self.check_at = MIN_STEPS + 1
         self.slow_steps: list[int] = []  # the last few slow steps, for the period
         self.world = _world_size()
+        if self.world > 1 and ondemand.active:
+            agent.tracker.set_poller(ondemand.poll, SLOW_POLL_INTERVAL_S)
         agent.tracker.watch_slow(self.watch, self.check_at)
 
     def watch(self, new_step: int, duration: int) -> tuple[int, int]:
@@ -66,6 +73,10 @@ class SlowTrigger:
             if new_step >= self.check_at:  # every REFRESH_STEPS steps at first, then every BASELINE_STEPS
                 self.check_at = new_step + (REFRESH_STEPS if new_step < 2 * BASELINE_STEPS else BASELINE_STEPS)
                 self.threshold = self._refresh()
+                if self.threshold == NEVER and new_step < 4 * BASELINE_STEPS:
+                    # fewer than MIN_STEPS known outside windows (the schedule's window took some): try again at
+                    # the next step, so the first slow step after MIN_STEPS ordinary ones triggers
+                    self.check_at = new_step + 1
             return self.threshold, self.check_at
         except Exception as exc:  # stepcli's own bug must never cost the program its run
             from .output import say
@@ -117,6 +128,7 @@ class SlowTrigger:
         self.placed += 1
         self.cooldown_until = last + 1 + COOLDOWN_STEPS
         self.ondemand.triggers[rid] = trigger
+        self.ondemand.trigger_steps[rid] = (first, last)
         self.ondemand.own.add(rid)
         self.ondemand._consider(rid, first, first, last, next_step)
         answer = self.ondemand.responses.get(rid, {})

@@ -8,10 +8,16 @@ JSON file: every Python thread's stack (`sys._current_frames()`), faulthandler's
 collective entered (stepcli/agent/collectives.py). The launcher or `stepcli capture --stacks` say where to write
 in a request file (`dump.<id>.json`) of the run's private control folder before they send the signal.
 
-With `--hang-timeout T` the same thread also wakes every T/10 (at most a second) and reads the tracker's step
-count (one attribute read; the step path itself is untouched): after T without a step it writes
-`stall.<host>.<pid>.json`, and removes it when steps resume. The launcher calls a hang when every live stepping
-process has one. Files, in `<out>/.stepcli/<run-id>/control/`:
+The same thread wakes every second (every T/10 with `--hang-timeout T`) and reads the tracker's step count (one
+attribute read; the step path itself is untouched). With `--hang-timeout T`, after T without a step it writes
+`stall.<host>.<pid>.json` and saves the step log (stepcli/agent/runtime.py, `save_progress`: every step made so
+far, for a process killed later), and removes the stall file when steps resume. The launcher calls a hang when
+every live stepping process has one. In any run it saves the step log now and then (PROGRESS_INTERVAL_S), and
+keeps the heartbeat (stepcli/agent/ondemand.py) answering `stepcli top`/`capture` while the main thread makes no
+step (blocked in C): the step, and how long since the last one. It also watches SIGTERM/SIGHUP (`watch_signals`):
+faulthandler writes into a pipe of its own in C, then Python's handler is chained; when the main thread has not
+entered that handler within SIGNAL_GRACE_S (blocked in C, where no Python handler runs), this thread saves the
+step log and ends the process of that signal. Files, in `<out>/.stepcli/<run-id>/control/`:
 
   stacks.<host>.<pid>.json   this process can dump: pid, start time (so a reused pid is never signalled), signal
   stall.<host>.<pid>.json    no step for T: the step, and when the last one ended (wall clock)
@@ -61,6 +67,8 @@ MAX_FRAMES = 60  # per thread, innermost first: enough for any real stack, bound
 _QUIET_S = 0.1  # faulthandler writes its text in one go: this long without more bytes ends it
 _MAX_TEXT = 1 << 20
 _MAX_REQUEST = 64 * 1024  # a request or probe file is a few dozen bytes
+SIGNAL_GRACE_S = 2.0  # a main thread that can run Python enters its SIGTERM handler well within this
+_TICK_S = 1.0
 
 
 def dump_signal() -> int | None:
@@ -118,6 +126,7 @@ class StackDumper:
         )
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)  # a full pipe drops text; never blocks the signal handler
+        self._signal_pipes: dict[int, tuple[int, int]] = {}  # signum -> (read, write): watch_signals
         self._stop = False
 
     def start(self) -> None:
@@ -155,12 +164,34 @@ class StackDumper:
             },
         )
 
+    def watch_signals(self, handler: Any) -> None:
+        """SIGTERM/SIGHUP whose Python handler is `handler` (the agent's) also wake this thread, from C: when the
+        main thread cannot take them (blocked in C), this thread saves and ends the process (see the module)."""
+        import faulthandler
+        import signal
+
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            try:
+                if signal.getsignal(signum) != handler:
+                    continue  # the program's own handler: its business
+                read_fd, write_fd = os.pipe()
+                os.set_blocking(write_fd, False)
+                faulthandler.register(signum, file=write_fd, all_threads=False, chain=True)
+                self._signal_pipes[int(signum)] = (read_fd, write_fd)
+            except (OSError, ValueError, RuntimeError):
+                continue
+
     def forked(self) -> None:
         """In a forked child (a DataLoader worker): no thread here, and the parent's pipe is not ours."""
         import faulthandler
 
         self._stop = True
         try:
+            for signum, fds in self._signal_pipes.items():
+                faulthandler.unregister(signum)
+                os.close(fds[0])
+                os.close(fds[1])
+            self._signal_pipes = {}
             faulthandler.unregister(self.signum)
             fallback = fault_signal()
             if fallback is not None:
@@ -184,17 +215,21 @@ class StackDumper:
     def _run(self) -> None:
         import select
 
-        tick = min(1.0, self.hang_timeout / 10) if self.hang_timeout > 0 else None
+        tick = min(_TICK_S, self.hang_timeout / 10) if self.hang_timeout > 0 else _TICK_S
         while not self._stop:
             try:
-                ready, _, _ = select.select([self._read_fd], [], [], tick)
+                watched = {fds[0]: signum for signum, fds in self._signal_pipes.items()}
+                ready, _, _ = select.select([self._read_fd, *watched], [], [], tick)
                 if self._stop:
                     return
-                if ready:
+                for fd in ready:
+                    if fd in watched:
+                        os.read(fd, 1 << 16)
+                        self._signalled(watched[fd])
+                if self._read_fd in ready:
                     self._answer(self._read_text())
                     self._answer_probe()
-                if tick is not None:
-                    self._watch_steps()
+                self._watch_steps()
             except Exception as exc:  # never take the program down; say it once, keep answering
                 if not self._failed:
                     self._failed = True
@@ -218,6 +253,18 @@ class StackDumper:
             size += len(chunk)
         return b"".join(chunks).decode("utf-8", "replace")
 
+    def _signalled(self, signum: int) -> None:
+        """SIGTERM/SIGHUP arrived: the main thread's handler saves and ends the process; when it has not begun
+        within SIGNAL_GRACE_S (the main thread is blocked in C), this thread does (agent.die_off_main_thread)."""
+        deadline = time.monotonic() + SIGNAL_GRACE_S
+        while time.monotonic() < deadline:
+            if getattr(self.agent, "_signal_handled", 0) or getattr(self.agent, "_flushed", False):
+                return
+            time.sleep(0.02)
+        die = getattr(self.agent, "die_off_main_thread", None)
+        if die is not None:
+            die(signum)
+
     def _watch_steps(self) -> None:
         step = self.agent.tracker.global_step
         now = time.monotonic()
@@ -226,14 +273,24 @@ class StackDumper:
             if self.stalled:
                 self.stalled = False
                 _unlink(self.folder_fd, STALL_PREFIX + self.tag)
+            self._save(False)
             return
-        if not self.stalled and now - self._step_mono >= self.hang_timeout:
+        ondemand = getattr(self.agent, "ondemand", None)
+        if ondemand is not None:  # `stepcli top` and capture still hear a process whose main thread is stuck
+            ondemand.beat_off_main(step, round(time.time() - self._step_wall, 1))
+        if self.hang_timeout > 0 and not self.stalled and now - self._step_mono >= self.hang_timeout:
             self.stalled = True
+            self._save(True)  # before the stall file: the launcher may end the job as soon as it sees it
             controlfiles.write_json(
                 self.folder_fd,
                 STALL_PREFIX + self.tag,
                 {"pid": self.pid, "host": self.host, "step": step, "last_step_at": self._step_wall},
             )
+
+    def _save(self, stalled: bool) -> None:
+        save = getattr(self.agent, "save_progress", None)
+        if save is not None:
+            save(stalled)
 
     def _answer_probe(self) -> None:
         """The launcher asks whether this process's Python can run: say so, with the step."""
@@ -266,7 +323,9 @@ class StackDumper:
             else:
                 document = self.snapshot(text, str(request.get("id", name)))
             try:
-                atomic_write_json(os.path.join(target, f"{document['worker']}.{self.host}.{self.pid}.json"), document)
+                atomic_write_json(
+                    os.path.join(target, f"{document['worker']}.{self.host}.{self.pid}.json"), document, 0o600
+                )
             except OSError:
                 continue  # the folder is gone (a request left by a launcher that died): the others still get theirs
 
@@ -289,7 +348,7 @@ class StackDumper:
 
     def snapshot(self, text: str, request_id: str) -> dict[str, Any]:
         """Every Python thread's stack now (innermost frame first), the step, and the last collective."""
-        from .collectives import LAST
+        from .collectives import LAST, in_flight
         from .output import current_rank, worker_name
 
         now = time.time()
@@ -324,6 +383,7 @@ class StackDumper:
             "last_step_s_ago": round(now - self._last_step_wall(), 3) if self.hang_timeout > 0 else None,
             "collective": LAST.to_dict(now),
             "collectives_hooked": self.hang_timeout > 0,
+            "in_flight": in_flight(now),  # None: unknown (no flight recorder here)
             "threads": threads,
             "faulthandler": text,
         }

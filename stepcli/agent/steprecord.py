@@ -61,4 +61,4 @@ def build(durations_ns: array[int], worker: str, rank: int | None) -> dict[str, 
 
 
 def write(log_dir: str, host: str, pid: int, record: dict[str, Any]) -> None:
-    atomic_write_json(os.path.join(log_dir, f"{host}.{pid}{SUFFIX}"), record)
+    atomic_write_json(os.path.join(log_dir, f"{host}.{pid}{SUFFIX}"), record, 0o600, private_folder=True)

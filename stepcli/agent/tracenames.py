@@ -77,20 +77,13 @@ def repair_file(path: str) -> int:
             lines = list(_repairs(data))
             if not lines:
                 return 0
-            fixed = f"{path}.names.tmp"
-            try:
-                with open(fixed, "wb") as out:
-                    done = 0
-                    for start, end, line in lines:
-                        out.write(data[done:start])
-                        out.write(line)
-                        done = end
-                    out.write(data[done:])
-                os.replace(fixed, path)
-            except BaseException:
-                try:
-                    os.unlink(fixed)
-                except OSError:
-                    pass
-                raise
+            from stepcli import safefile
+
+            with safefile.NewFile(path) as out:  # a new file under a random name, renamed over `path`
+                done = 0
+                for start, end, line in lines:
+                    out.write(data[done:start])
+                    out.write(line)
+                    done = end
+                out.write(data[done:])
     return len(lines)

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 TRIGGER_FILE = "trigger.json"
+TRIGGER_KEY = "stepcli_trigger"  # the same, in the trace's own top-level metadata
 TRIGGER_KEYS = ("rank", "step", "ms", "baseline_ms", "threshold_ms", "rule", "predicted_step", "period")
 
 

@@ -106,11 +106,11 @@ def attribution_note(baseline: Sequence[OpSteps], current: Sequence[OpSteps]) ->
     if steps >= PHASE_MIN_STEPS:
         return (
             f"attributed by phase only: {steps} recorded steps on the smaller side, operators need at least "
-            f"{OP_MIN_STEPS} per side (record more with --active)"
+            f"{OP_MIN_STEPS} per side, so no operator change is judged (record more with --active)"
         )
     return (
         f"no attribution: {steps} recorded steps on the smaller side, phases need at least {PHASE_MIN_STEPS} and "
-        f"operators {OP_MIN_STEPS} per side (record more with --active)"
+        f"operators {OP_MIN_STEPS} per side, so no phase or operator change is judged (record more with --active)"
     )
 
 

@@ -15,7 +15,6 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from stepcli.compare.attribution import OpChange
 from stepcli.compare.load import (
@@ -73,7 +72,7 @@ def compare_main(
     markdown_path: str | None = None,
     confidence: str | float = 0.95,
     skip_steps: int | None = None,
-    strict: bool = False,
+    allow_inconclusive: bool = False,
 ) -> int:
     """`stepcli compare`: load, decide, print; returns the exit code (StepcliError for bad input)."""
     try:
@@ -102,11 +101,15 @@ def compare_main(
         metric=metric,
         confidence=level,
         skip_steps=skip_steps,
-        strict=strict,
+        allow_inconclusive=allow_inconclusive,
         op_changes=op_changes,
     )
     if why_not:
         comparison = dataclasses.replace(comparison, notes=(*comparison.notes, why_not))
+        if comparison.op_rows and not any(change.kind != "phase" for change in op_changes):
+            # Too few recorded steps to judge an operator: their totals' changes would read as findings (+66%)
+            # and be noise. The totals are shown without changes; the note says why and how to get them.
+            comparison = dataclasses.replace(comparison, ops_judged=False)
 
     from stepcli.fmt import visible_all
 
@@ -121,14 +124,21 @@ def compare_main(
         render_console(comparison, pipe_console())
         if markdown_path:
             try:
-                Path(markdown_path).write_text(markdown, encoding="utf-8")
+                from stepcli import safefile
+
+                safefile.write_bytes(markdown_path, markdown.encode("utf-8"))
             except OSError as exc:
                 raise StepcliError(
                     f"{markdown_path}: cannot write the Markdown report ({exc.strerror or exc})", EXIT_USAGE
                 ) from None
     _append_step_summary(markdown)
     if comparison.verdict == "inconclusive":
-        print(f"stepcli: warning: inconclusive: {comparison.message}", file=sys.stderr)
+        outcome = (
+            "exit 0: --allow-inconclusive"
+            if allow_inconclusive
+            else "exit 4: a gate that cannot decide fails; --allow-inconclusive passes it"
+        )
+        print(f"stepcli: warning: inconclusive: {comparison.message} ({outcome})", file=sys.stderr)
     return comparison.exit_code
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from stepcli.compare.model import Measurement, OpSteps, OpTime, ProcessSteps, RunSteps
 from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.runsummary import SCHEMA as RUN_SCHEMA
-from stepcli.runsummary import RunSummary, invalid, load_run_summary, read_run_summary
+from stepcli.runsummary import SUMMARY_FILE, RunSummary, invalid, load_run_summary, read_run_summary
 from stepcli.stats import STAT_NAMES, Stats, describe
 from stepcli.traces.shares import STEP_KEY
 
@@ -241,6 +241,9 @@ def load_measurement(path: str) -> Measurement:
     if not target.exists():
         raise StepcliError(f"{path}: no such file or directory", EXIT_USAGE)
     if target.is_dir():
+        run = _run_folder_summary(target)
+        if run is not None:
+            return measurement_from_run(run[1], run[0])
         summaries = _folder_run_summaries(target)
         if summaries:
             if len(summaries) == 1:
@@ -297,6 +300,31 @@ def _load_traces(label: str, files: Sequence[str] | None = None) -> Measurement:
     except Exception:  # per-operator attribution only explains a verdict; without it the verdict still stands
         op_steps = None
     return measurement_from_trace_summary(summary, label, op_steps)
+
+
+def _run_folder_summary(folder: Path) -> tuple[str, dict[str, Any]] | None:
+    """A stepcli run folder (`-o`): the run summary `stepcli run` saved beside its newest run's step logs
+    (`.stepcli/<run id>/summary.json`), as `stepcli report` reads it; None for any other folder. A summary has every
+    step of every process, the folder's traces only the recorded ones: read as traces, a run folder would be
+    decided on 3 steps. A run folder whose newest run has no saved summary (it never finished writing one) is
+    refused in one line rather than silently judged on its traces."""
+    from stepcli.run.htmlreport import run_dirs
+
+    newest = next(iter(run_dirs(str(folder))), None)
+    if newest is None:
+        return None
+    path = newest / SUMMARY_FILE
+    if not path.is_file():
+        raise StepcliError(
+            f"{folder}: a stepcli run folder whose newest run ({newest.name}) saved no run summary ({path} is "
+            "missing); give that run's `--json` file, or its traces",
+            EXIT_USAGE,
+        )
+    from stepcli.inputs import read_input
+
+    label = f"{folder} (run {newest.name})"
+    doc = read_run_summary(read_input(str(path), gunzip=False), str(path), required=_NEEDED)
+    return label, dict(doc)
 
 
 def _json_files(folder: Path) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepcli.compare.inference import warmup_length
+from stepcli.compare.inference import MIN_STEPS, warmup_length
 from stepcli.compare.model import Measurement
 from stepcli.stats import STAT_NAMES, Stats, describe
 
@@ -42,6 +42,15 @@ def choose_populations(baseline: Measurement, current: Measurement) -> tuple[lis
                 "which include profiler overhead"
             )
             return [("profiled", "profiled"), ("untouched", "untouched")], notes
+        few = [(m.label, positions(m, "untouched")) for m in (baseline, current)]
+        few = [(label, n) for label, n in few if n < MIN_STEPS]
+        if few and min(positions(m, "profiled") for m in (baseline, current)) > min(n for _, n in few):
+            notes.append(
+                f"too few untouched steps in {', '.join(f'{label} ({n})' for label, n in few)} (at least "
+                f"{MIN_STEPS} per side decide): compared the profiled (warmup+recorded) steps, which include "
+                "profiler overhead on both sides"
+            )
+            return [("profiled", "profiled"), ("untouched", "untouched")], notes
         return [("untouched", "untouched"), ("profiled", "profiled")], notes
     run_side = "baseline" if baseline.kind == "run" else "current"
     notes.append(
@@ -51,6 +60,15 @@ def choose_populations(baseline: Measurement, current: Measurement) -> tuple[lis
     if baseline.kind == "run":
         return [("profiled", "recorded")], notes
     return [("recorded", "profiled")], notes
+
+
+def positions(m: Measurement, population: str) -> int:
+    """Step positions of one population of a side (per run, its longest process: ranks step together), or the
+    statistics' count when the side has no per-step times."""
+    if m.runs:
+        return sum(max((len(p) for p in run.population(population)), default=0) for run in m.runs)
+    stats = m.populations.get(population)
+    return 0 if stats is None else int(stats["count"])
 
 
 def first_steps(m: Measurement, population: str, skip_steps: int | None) -> dict[int, int]:

@@ -122,15 +122,18 @@ def _print_rows(
     headers: Sequence[tuple[str, str]],
     rows: Sequence[tuple[str, Sequence[str], str]],
     caption: str | None = None,
+    whole_names: bool = False,
 ) -> None:
     """A titled table of (name, cells, stacked line) rows: a table when names get enough room, else each name on
-    a line of its own (the full width) with its numbers indented below."""
+    a line of its own (the full width) with its numbers indented below. With `whole_names`, a name the table
+    would shorten also means lines of their own (the totals-only table is narrow: it would otherwise cut
+    names the stacked lines show whole)."""
     from rich.table import Table
     from rich.text import Text
 
     longest = max(len(name) for name, _, _ in rows)
     width = _name_width(console, [cells for _, cells, _ in rows], [h for h, _ in headers])
-    if width >= min(longest, STACK_BELOW):
+    if width >= min(longest, STACK_BELOW) and not (whole_names and width < longest):
         # Titles and captions as plain lines: rich pads them to the table's width, trailing spaces on a pipe.
         _plain(console, title)
         table = Table()
@@ -141,9 +144,9 @@ def _print_rows(
             table.add_row(Text(shorten(name, min(NAME_WIDTH, width))), *cells)
         console.print(table)
         if caption:
-            _plain(console, caption)
+            _wrapped(console, caption, "  ")
         return
-    _plain(console, title + (f" ({caption})" if caption else ""))
+    _wrapped(console, title + (f" ({caption})" if caption else ""), "  ")
     for name, _, line in rows:
         _plain(console, "  " + shorten(name, max(12, console.width - 2)))
         _plain(console, "      " + line)
@@ -154,6 +157,14 @@ def _plain(console: Console, line: str) -> None:
     console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
+def _wrapped(console: Console, line: str, indent: str) -> None:
+    """A long plain line wrapped to the console's width between clauses, continuation lines indented."""
+    from stepcli.fmt import wrap_clauses
+
+    for part in wrap_clauses(line, max(40, console.width), indent):
+        _plain(console, part)
+
+
 def _change_line(change: OpChange, level: str) -> str:
     sig = ", significant" if change.significant else ""
     return (
@@ -162,9 +173,10 @@ def _change_line(change: OpChange, level: str) -> str:
     )
 
 
-def _op_line(row: OpRow) -> str:
+def _op_line(row: OpRow, *, judged: bool = True) -> str:
     baseline, current, delta, percent, status = _op_cells(row)
-    return f"{baseline} -> {current} ms, {delta} ({percent})" + (f", {status}" if status else "")
+    change = f", {delta} ({percent})" if judged else ""
+    return f"{baseline} -> {current} ms{change}" + (f", {status}" if status else "")
 
 
 def _print_header(c: Comparison, console: Console) -> None:
@@ -172,11 +184,11 @@ def _print_header(c: Comparison, console: Console) -> None:
     _plain(console, f"current:  {c.current.label} ({c.current.description})")
     line = interval_line(c)
     if line:
-        _plain(console, f"change:   {line}")
+        _wrapped(console, f"change:   {line}", " " * 10)
     if c.method:
-        _plain(console, f"method:   {c.method}")
+        _wrapped(console, f"method:   {c.method}", " " * 10)
     for used in c.steps_used:
-        _plain(console, f"steps:    {used}")
+        _wrapped(console, f"steps:    {used}", " " * 10)
 
 
 def _print_steps(c: Comparison, console: Console) -> None:
@@ -242,6 +254,12 @@ def _print_operators(c: Comparison, console: Console) -> None:
     if operators:
         title = f"Operators whose self time per step changed most (ms per step, {level} CI)"
         _print_rows(console, title, _CHANGE_HEADERS, _change_rows(operators, level))
+    elif c.op_rows and not c.ops_judged:  # too few steps: totals only, no change that would read as a finding
+        totals: tuple[tuple[str, str], ...] = (("baseline", "right"), ("current", "right"), ("", "left"))
+        rows = [(op.name, _op_cells(op)[:2] + [op.status], _op_line(op, judged=False)) for op in c.op_rows]
+        title = "Top operators by self time (ms)"
+        caption = "totals over each side's recorded steps; too few steps to judge a change, see the note"
+        _print_rows(console, title, totals, rows, caption=caption, whole_names=True)
     elif c.op_rows:
         headers = (("baseline", "right"), ("current", "right"), ("delta", "right"), ("delta %", "right"), ("", "left"))
         rows = [(op.name, _op_cells(op), _op_line(op)) for op in c.op_rows]
@@ -253,12 +271,14 @@ def render_console(comparison: Comparison, console: Console) -> None:
     """The human report: sides, interval and steps used, tables, distributions, notes, verdict line last."""
     from rich.text import Text
 
+    from stepcli.fmt import wrap_clauses
+
     c = comparison
     _print_header(c, console)
     _print_steps(c, console)
     _print_operators(c, console)
     for note in c.notes:
-        _plain(console, f"note: {note}")
+        _wrapped(console, f"note: {note}", "  ")
     style = {
         "no_change": "bold green",
         "improvement": "bold green",
@@ -266,7 +286,9 @@ def render_console(comparison: Comparison, console: Console) -> None:
         "inconclusive": "bold yellow",
         "nothing_measured": "bold yellow",
     }[c.verdict]
-    console.print(Text(c.verdict_line, style=style), soft_wrap=True)
+    # Wrapped to the width; its first line starts with the verdict word (CI logs grep for it), the rest indented.
+    for part in wrap_clauses(c.verdict_line, max(40, console.width), "  "):
+        console.print(Text(part, style=style), soft_wrap=True)
 
 
 def render_markdown(comparison: Comparison) -> str:
@@ -340,7 +362,12 @@ def render_markdown(comparison: Comparison) -> str:
             "| --- | ---: | ---: | ---: | ---: | --- |",
         ]
         for op in c.op_rows:
-            lines.append(_md_row([f"`{_md_code(op.name, in_table=True)}`", *_op_cells(op)]))
+            cells = _op_cells(op)
+            if not c.ops_judged:  # too few steps to judge a change: totals only
+                cells = [cells[0], cells[1], "-", "-", cells[4]]
+            lines.append(_md_row([f"`{_md_code(op.name, in_table=True)}`", *cells]))
+        if not c.ops_judged:
+            lines += ["", "Too few recorded steps to judge an operator's change (see the note): totals only."]
     lines.append("")
     for note in c.notes:
         lines += [f"> note: {_md_escape(note)}", ""]

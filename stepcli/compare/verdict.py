@@ -24,8 +24,18 @@ Verdict rules (the contract the tests pin down):
   * trace vs trace: the recorded `ProfilerStep#N` steps ("recorded"): that is all a trace has.
   * run summary vs trace: the run's "profiled" steps against the trace's recorded ones, so both sides ran
     under the profiler (like with like); the report names both populations.
-- Too little data decides nothing: fewer than MIN_STEPS step positions on a side (stepcli.compare.inference) is
-  inconclusive, without an interval, and says how many steps are needed.
+  * run summary vs run summary with fewer than MIN_STEPS untouched step positions on a side (a short run) and more
+    profiled ones on both: the profiled steps decide, and the report says so (they include profiler overhead,
+    which is the same on both sides).
+- Too little data for an interval: fewer than MIN_STEPS step positions on a side (stepcli.compare.inference) give
+  no interval. Overwhelming evidence still decides (`separation`): when every current step (per position, ranks
+  averaged) is slower than every baseline step by more than the limit in both scales (the smallest current step
+  above the largest baseline one x (1 + tolerance), and beyond it by more than --min-delta-ms), and a separation
+  that complete has a chance of at most (1-confidence)/2 when nothing changed (1 / C(n+m, n), the exact
+  Mann-Whitney tail: 4 vs 4 steps is 1/70, enough at 95%; 3 vs 4 is 1/35, not), it is a regression; the mirror image an improvement. Anything
+  else is inconclusive and says how many steps are needed.
+- Inconclusive exits EXIT_INCONCLUSIVE: a gate that cannot decide does not pass, unless the caller allows it
+  (`--allow-inconclusive`, exit 0 with a warning).
 - A side that measured nothing (0 steps, 0 events, no step statistics, an empty trace folder) gives
   EXIT_NOTHING_MEASURED, never a pass. Bad input raises StepcliError (exit 2) before anything is decided.
 """
@@ -110,6 +120,8 @@ class Comparison:
     baseline_samples: tuple[float, ...] = ()  # the deciding steps, for the distributions
     current_samples: tuple[float, ...] = ()
     op_changes: tuple[OpChange, ...] = ()
+    # False when too few recorded steps to judge an operator: op_rows are shown as totals only, without changes
+    ops_judged: bool = True
 
     @property
     def delta_ms(self) -> float | None:
@@ -245,7 +257,7 @@ def decide(
     top: int = TOP_OPS,
     confidence: float = 0.95,
     skip_steps: int | None = None,
-    strict: bool = False,
+    allow_inconclusive: bool = False,
     op_changes: Sequence[OpChange] = (),
     resamples: int = DEFAULT_RESAMPLES,
 ) -> Comparison:
@@ -283,7 +295,7 @@ def decide(
         return _decide_on_statistics(b_stats, c_stats, sides.population, notes, common)
     positions = (step_positions(_times(sides.runs[0])), step_positions(_times(sides.runs[1])))
     if min(positions) < MIN_STEPS:
-        return _too_few_steps(sides, positions, notes, strict, common)
+        return _too_few_steps(sides, positions, notes, allow_inconclusive, common)
     change = estimate_change(
         _times(sides.runs[0]), _times(sides.runs[1]), metric, confidence=confidence, resamples=resamples
     )
@@ -296,7 +308,7 @@ def decide(
     )
     return Comparison(
         verdict=verdict,
-        exit_code=_exit_code(verdict, strict),
+        exit_code=_exit_code(verdict, allow_inconclusive),
         message=f"{metric} step time ({sides.population} steps) {numbers} {_clause(verdict, change, limit, common)}",
         baseline_population=sides.pops[0],
         current_population=sides.pops[1],
@@ -341,10 +353,10 @@ def _interval_verdict(change: Change, tolerance: float, min_delta_ms: float) -> 
     return "no_change"
 
 
-def _exit_code(verdict: Verdict, strict: bool) -> int:
+def _exit_code(verdict: Verdict, allow_inconclusive: bool) -> int:
     return {
         "regression": EXIT_REGRESSION,
-        "inconclusive": EXIT_INCONCLUSIVE if strict else EXIT_OK,
+        "inconclusive": EXIT_OK if allow_inconclusive else EXIT_INCONCLUSIVE,
     }.get(verdict, EXIT_OK)
 
 
@@ -379,28 +391,92 @@ def _method(change: Change, runs: UsedRuns) -> str:
     )
 
 
+def position_means(runs: UsedRuns) -> list[float]:
+    """One value per step position of a side: per run, the mean over its processes at each position (ranks that
+    step together count once, as in step_positions)."""
+    out: list[float] = []
+    for run in runs:
+        series = [[ms for _, ms in p] for p in run]
+        longest = max((len(p) for p in series), default=0)
+        for i in range(longest):
+            values = [p[i] for p in series if i < len(p)]
+            out.append(sum(values) / len(values))
+    return out
+
+
+def separation(
+    baseline: Sequence[float], current: Sequence[float], tolerance: float, min_delta_ms: float, confidence: float
+) -> tuple[Verdict, float] | None:
+    """("regression" | "improvement", chance) when the two samples are completely separated beyond the limit and a
+    separation that complete has at most (1-confidence)/2 chance without a change (1 / C(n+m, n)); else None.
+
+    Beyond the limit in both of its scales: the smallest current step over the largest baseline step x (1 +
+    tolerance) and more than --min-delta-ms above it (the mirror image for an improvement, with (1 - tolerance)).
+    Shifting every current step back by the limit still leaves them all above the baseline, so the exact
+    Mann-Whitney test of "no more than the limit" rejects at that chance.
+    """
+    if len(baseline) < 2 or len(current) < 2:
+        return None
+    chance = 1.0 / math.comb(len(baseline) + len(current), len(baseline))
+    if chance > (1 - confidence) / 2 * (1 + 1e-9):  # 1/20 at 90% is at the level, not above it
+        return None
+    low_b, high_b, low_c, high_c = min(baseline), max(baseline), min(current), max(current)
+    if exceeds(low_c, high_b * (1 + tolerance)) and exceeds(low_c - high_b, min_delta_ms):
+        return "regression", chance
+    if exceeds(low_b * (1 - tolerance), high_c) and exceeds(low_b - high_c, min_delta_ms):
+        return "improvement", chance
+    return None
+
+
 def _too_few_steps(
-    sides: _Sides, positions: tuple[int, int], notes: list[str], strict: bool, common: dict[str, Any]
+    sides: _Sides, positions: tuple[int, int], notes: list[str], allow_inconclusive: bool, common: dict[str, Any]
 ) -> Comparison:
-    """Inconclusive without an interval: too few steps for a bootstrap to mean anything."""
+    """Too few steps for a bootstrap to mean anything: decided only by a complete separation far beyond the limit
+    (see `separation`), else inconclusive without an interval."""
     metric = common["metric"]
     base = float(statistic(pooled(_times(sides.runs[0])), metric))
     cur = float(statistic(pooled(_times(sides.runs[1])), metric))
+    limit = max(common["tolerance"] * base, common["min_delta_ms"])
     counts = " and ".join(f"{n} {label}" for n, label in zip(positions, ("baseline", "current")))
-    message = (
+    numbers = (
         f"{metric} step time ({sides.population} steps) {_fmt_ms(base)} ms -> {_fmt_ms(cur)} ms "
-        f"({_signed(cur - base)} ms, {_pct(cur - base, base)}): too few steps to decide ({counts} step "
-        f"positions; at least {MIN_STEPS} per side needed, ranks that step together count once)"
+        f"({_signed(cur - base)} ms, {_pct(cur - base, base)})"
     )
+    b_means, c_means = position_means(sides.runs[0]), position_means(sides.runs[1])
+    separated = separation(b_means, c_means, common["tolerance"], common["min_delta_ms"], common["confidence"])
+    verdict: Verdict
+    if separated is not None:
+        verdict, chance = separated
+        b_ms, c_ms = (max(b_means), min(c_means)) if verdict == "regression" else (min(b_means), max(c_means))
+        slower = "slower" if verdict == "regression" else "faster"
+        edge = (
+            ("fastest current", "slowest baseline")
+            if verdict == "regression"
+            else ("slowest current", "fastest baseline")
+        )
+        message = (
+            f"{numbers}: every one of the {len(c_means)} current steps is {slower} than every one of the "
+            f"{len(b_means)} baseline steps by more than tolerance {_fmt_pct(common['tolerance'])} and --min-delta-ms "
+            f"{_fmt_ms(common['min_delta_ms'])} ({edge[0]} {_fmt_ms(c_ms)} ms, {edge[1]} {_fmt_ms(b_ms)} ms); too few "
+            f"steps for an interval (at least {MIN_STEPS} per side), but a separation this complete happens by chance "
+            f"with probability 1/{round(1 / chance)} at most"
+        )
+    else:
+        verdict = "inconclusive"
+        message = (
+            f"{numbers}: too few steps to decide ({counts} step positions; at least {MIN_STEPS} per side needed, "
+            "ranks that step together count once, unless every step of one side is beyond the limit from every "
+            "step of the other)"
+        )
     return Comparison(
-        verdict="inconclusive",
-        exit_code=_exit_code("inconclusive", strict),
+        verdict=verdict,
+        exit_code=_exit_code(verdict, allow_inconclusive),
         message=message,
         baseline_population=sides.pops[0],
         current_population=sides.pops[1],
         baseline_value=base,
         current_value=cur,
-        limit_ms=max(common["tolerance"] * base, common["min_delta_ms"]),
+        limit_ms=limit,
         notes=tuple(notes),
         steps_used=sides.steps_used(),
         baseline_samples=sides.samples(0),

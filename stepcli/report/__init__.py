@@ -10,11 +10,11 @@ stepcli.run or stepcli.compare.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from stepcli import safefile
 from stepcli.errors import StepcliError
 
 if TYPE_CHECKING:
@@ -25,16 +25,13 @@ GENERATOR = '<meta name="generator" content="stepcli">'  # marks pages stepcli m
 
 
 def write_html(html: str, path: str) -> None:
-    """Write atomically: a temporary name in the same folder, then rename."""
+    """Write atomically: a new file under a random temporary name in the same folder, then a rename
+    (stepcli.safefile: nothing planted at either name is written through)."""
     target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(html, encoding="utf-8")
-        os.replace(tmp, target)
+        safefile.write_bytes(str(target), html.encode("utf-8"))
     except OSError as exc:
-        with contextlib.suppress(OSError):  # on a read-only folder even this fails
-            tmp.unlink(missing_ok=True)
         raise StepcliError(f"{path}: cannot write the report: {exc.strerror or exc}") from None
 
 
@@ -91,13 +88,7 @@ def run_report_path(out_dir: str) -> str:
 def write_new_file(html: str, path: str) -> None:
     """Write `path` only if nothing is there yet, even a file that appeared a moment ago (a hard link never
     replaces an existing name)."""
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(html, encoding="utf-8")
-        os.link(tmp, target)
+        safefile.write_bytes(path, html.encode("utf-8"), replace=False)
     except OSError as exc:
         raise StepcliError(f"{path}: cannot write the report: {exc.strerror or exc}") from None
-    finally:
-        with contextlib.suppress(OSError):  # on a read-only folder even this fails
-            tmp.unlink(missing_ok=True)

@@ -36,6 +36,7 @@ class ReportData:
     notes: list[str] = field(default_factory=list)
     processes: list[ProcessSteps] = field(default_factory=list)
     slowest: str | None = None
+    slowest_evidence: str | None = None  # the straggler's evidence, the sentence the terminal prints
     distribution: list[float] = field(default_factory=list)
     distribution_label: str = ""
     stats: list[tuple[str, Stats]] = field(default_factory=list)
@@ -52,6 +53,8 @@ class ReportData:
     advice: list[Advice] = field(default_factory=list)
     culprit: dict[str, Any] | None = None  # the `culprit` section (stepcli.traces.culprit)
     out_dir: str | None = None  # the run's output folder, where `stepcli run --memory` leaves oom-*.pickle
+    # the snapshot files of the run (names in out_dir) its summary lists; None for a summary from before it did
+    memory_snapshots: list[str] | None = None
     step_record: list[dict[str, Any]] = field(default_factory=list)  # whole-run step times (report/steprecord.py)
     triggered: list[dict[str, Any]] = field(default_factory=list)  # the windows --capture-on-slow placed
     hang: dict[str, Any] | None = None  # the `hang` section (--hang-timeout reports), shown by report/hang.py
@@ -73,6 +76,7 @@ def build(
 
     traces = traces if traces is not None else RunTraces()
     data = ReportData(title="stepcli report", out_dir=(summary or {}).get("out_dir"))
+    data.memory_snapshots = (summary or {}).get("memory_snapshots")
     data.step_record = list((summary or {}).get("step_record") or [])
     data.triggered = list((summary or {}).get("triggered") or [])
     data.hang = (summary or {}).get("hang")
@@ -107,6 +111,8 @@ def build(
     ]
     if not ranks_analysed and not any(a.rule == "straggler" for a in data.advice):
         data.slowest = None  # a balanced run has no slowest rank
+    if ranks_analysed:
+        _one_slowest_rank(data, summary, analysis)
     data.overlap_note = overlap_note(data.cpu_ops)  # over every row, before the cut
     data.cpu_ops = data.cpu_ops[:TOP_ROWS]
     data.kernels = data.kernels[:TOP_ROWS]
@@ -190,6 +196,19 @@ def _at_the_runs_pace(device: dict[str, Any] | None, summary: RunSummary | None)
     if not device or not flops or flops.get("pace") != "untouched":
         return device
     return device | {key: flops[key] for key in flops if key in device}
+
+
+def _one_slowest_rank(data: ReportData, summary: RunSummary | None, analysis: dict[str, Any] | None) -> None:
+    """The slowest rank and its evidence as the terminal and --json have them: the run summary's own answer when
+    there is one (`slowest_rank`, `straggler`: what `stepcli run` printed), else the traces' analysis; nobody when
+    that answer is nobody. One answer, shown the same everywhere (never a second computation that could differ)."""
+    source: Mapping[str, Any] | None = summary if summary is not None and "slowest_rank" in summary else analysis
+    if source is None:
+        return
+    rank = source.get("slowest_rank")
+    straggler = source.get("straggler") or {}
+    data.slowest = f"rank {rank}" if rank is not None else None
+    data.slowest_evidence = straggler.get("evidence") if rank is not None else None
 
 
 def _add_summary_tables(data: ReportData, summary: RunSummary) -> None:

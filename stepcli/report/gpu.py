@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from html import escape
 from typing import Any
+
+from stepcli.fmt import html_escape as escape
 
 # The parts of a step, in bar order; together they are the whole step (README): compute alone, communication
 # with compute beside it, communication alone (exposed), memory alone, and idle time by cause.

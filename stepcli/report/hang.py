@@ -34,6 +34,13 @@ def _collective(process: Mapping[str, Any]) -> str:
         return '<span class="muted">none entered</span>'
     name = f"<code>{_text(collective.get('name'))} #{_text(collective.get('seq'))}</code>"
     entered = _number(collective.get("entered_s_ago"))
+    if process.get("waiting") is True and collective.get("source") == "flight_recorder":
+        return (
+            name
+            + f" of process group {_text(collective.get('group'))}, in flight"
+            + (f", started {entered:.1f} s before the dump" if entered is not None else "")
+            + " <span class=\"muted\">(issued from C++: DDP's reducer or the like; torch's flight recorder)</span>"
+        )
     if process.get("waiting") is True:
         return name + (f" entered {entered:.1f} s before the dump" if entered is not None else "")
     return name + " returned"
@@ -105,8 +112,13 @@ def hang_section(hang: Any, base: str, exit_status: Any = None) -> str:
         verdict = report.get("verdict")
         if isinstance(verdict, str) and verdict:
             finding = _text(verdict.removeprefix("-> "))
+        elif all(p.get("collectives_known") is True for p in processes):
+            finding = "No verdict: no process waits in a collective (none in flight). Where each one is, below."
         else:
-            finding = "No verdict: no process waits in a collective. Where each one is, below."
+            finding = (
+                "No verdict: no process waits in a collective called from Python; whether one waits in a "
+                "collective issued from C++ (DDP's reducer) is unknown. Where each one is, below."
+            )
         parts.append(
             f'<div class="card advice hang-verdict" id="hang-verdict-{index}"><b>{finding}</b>'
             f"{_text(_called(report, processes, timeout))}{outcome if index == len(reports) else ''}</div>"

@@ -4,9 +4,9 @@ was last at (stepcli.traces.culprit), the culprit named with its cause and evide
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from html import escape
 from typing import Any
 
+from stepcli.fmt import html_escape as escape
 from stepcli.fmt import ms as fmt_ms
 from stepcli.report.svg import WIDTH, nice_max
 from stepcli.traces.culprit import CAUSE_WORDS

@@ -5,6 +5,7 @@ and the advice, from the same analysis as `stepcli memory`."""
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,23 +33,31 @@ LINES = (
 )
 
 
-def snapshot_section(out_dir: str | None) -> str:
-    """The section's HTML, or "" when the run folder holds no snapshot (the page then has no such section)."""
+def snapshot_section(out_dir: str | None, names: Sequence[str] | None = None) -> str:
+    """The section's HTML, or "" when the run wrote no snapshot (the page then has no such section). `names`: the
+    snapshot files the run summary lists (those this run's processes wrote); only a summary from before it listed
+    them (None) has the folder's `oom-*`/`memory-*` files read instead. A link is never followed."""
     if not out_dir or not os.path.isdir(out_dir):
         return ""
-    try:
-        files = find_snapshots(out_dir)
-    except StepcliError:
-        return ""
+    if names is not None:
+        files = [os.path.join(out_dir, n) for n in names if os.path.basename(n) == n and not n.startswith(".")]
+    else:
+        try:
+            files = find_snapshots(out_dir)
+        except StepcliError:
+            return ""
     if not files:
         return ""
     parts = ['<h2 id="memory-snapshots">CUDA memory snapshots</h2>']
     for path in files:
         name = escape(os.path.basename(path))
         try:
-            bytes_on_disk = os.path.getsize(path)
-        except OSError:  # gone since it was listed, or a dangling link: the page goes on without it
+            info = os.lstat(path)
+        except OSError:  # gone since it was listed: the page goes on without it
             continue
+        if not stat.S_ISREG(info.st_mode):  # a link (to a file only root may read, say) is not read
+            continue
+        bytes_on_disk = info.st_size
         if bytes_on_disk > MAX_REPORT_SNAPSHOT_BYTES:
             parts.append(
                 f'<p class="muted">{name}: {size(bytes_on_disk)}, read it with <code>stepcli memory</code>.</p>'

@@ -284,6 +284,8 @@ def _distribution(data: ReportData) -> list[str]:
 
 def _breakdown(data: ReportData) -> list[str]:
     parts = ['<h2 id="breakdown">Step breakdown (recorded steps, mean per step)</h2>']
+    if data.slowest_evidence:  # the terminal's `slowest rank:` line, word for word
+        parts.append(f'<p id="slowest-rank"><b>Slowest rank:</b> {escape(data.slowest_evidence)}</p>')
     if not data.breakdowns:
         return [*parts, '<p class="muted">No recorded steps with ProfilerStep annotations.</p>']
     device = data.device
@@ -332,7 +334,9 @@ def _memory(data: ReportData) -> list[str]:
         parts.append(
             '<p class="muted">No memory measured (run with stepcli run; add --profile-memory for a curve).</p>'
         )
-    parts.append(snapshot_section(data.out_dir))  # stepcli/report/memorysnapshots.py: "" without oom-*.pickle
+    parts.append(
+        snapshot_section(data.out_dir, data.memory_snapshots)
+    )  # stepcli/report/memorysnapshots.py: "" without oom-*.pickle
     return parts
 
 

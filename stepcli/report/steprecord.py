@@ -4,8 +4,9 @@ and the windows --capture-on-slow recorded, from the run summary's `step_record`
 
 from __future__ import annotations
 
-from html import escape
 from typing import Any
+
+from stepcli.fmt import html_escape as escape
 
 _W, _H = 360, 60
 _ROWS = 16  # processes drawn; with more, the slowest at p99
@@ -40,9 +41,10 @@ def step_record_section(records: list[dict[str, Any]], triggered: list[dict[str,
         parts.append("<h3>Captures triggered by slow steps (--capture-on-slow)</h3><ul>")
         for t in triggered:
             who = f"rank {t['rank']} " if isinstance(t.get("rank"), int) else ""
+            done = "recorded" if t.get("recorded") is not False else f"NOT recorded ({t.get('reason')}), placed"
             parts.append(
                 f"<li>{escape(str(t.get('worker')))}: steps {escape(str(t.get('first_step')))}-"
-                f"{escape(str(t.get('last_step')))} recorded after {escape(who)}step {escape(str(t.get('step')))} "
+                f"{escape(str(t.get('last_step')))} {escape(done)} after {escape(who)}step {escape(str(t.get('step')))} "
                 f"took {escape(_ms(t.get('ms')))} (baseline {escape(_ms(t.get('baseline_ms')))}, rule "
                 f"{escape(str(t.get('rule')))})</li>"
             )

@@ -26,7 +26,7 @@ from stepcli.agent.ondemand import FINAL, PING_LEASE_S, POLL_INTERVAL_S
 from stepcli.errors import EXIT_NOTHING_MEASURED
 from stepcli.fmt import say as _say
 from stepcli.fmt import size
-from stepcli.run.captureplan import MARGIN_S, Request, fresh, patience, plan_request
+from stepcli.run.captureplan import MARGIN_S, Request, fresh, patience, plan_request, step_time
 from stepcli.run.controldir import locked, read_control, read_processes, run_alive, still_wanted, write_requests
 from stepcli.run.liverun import LiveRun, find_run
 
@@ -305,8 +305,11 @@ def _why_nothing(
 
 
 def _time_of(process: dict[str, Any], default: float = 0.0) -> float:
+    """When the process last stepped (its heartbeat's time, less the time without a step it reports)."""
     value = process.get("time")
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return default
+    return step_time(process)
 
 
 # -- the command ---------------------------------------------------------------------------------------------------

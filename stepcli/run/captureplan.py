@@ -49,8 +49,16 @@ def patience(process: dict[str, Any], slack_steps: float = 3.0) -> float:
 
 def fresh(process: dict[str, Any], now: float, slack_steps: float = 3.0) -> bool:
     """Still stepping: its heartbeat is no older than a poll interval plus a few of its steps (while a capture
-    listens, a stepping process writes its heartbeat at every poll)."""
-    return now - _number(process.get("time")) <= patience(process, slack_steps)
+    listens, a stepping process writes its heartbeat at every poll), counted from its last step."""
+    return now - step_time(process) <= patience(process, slack_steps)
+
+
+def step_time(process: dict[str, Any]) -> float:
+    """When the process last stepped, by its heartbeat: the heartbeat's time, less `no_step_for_s` when its stacks
+    thread wrote it for a main thread that makes no step (stepcli/agent/ondemand.py, beat_off_main)."""
+    idle = process.get("no_step_for_s")
+    idle = float(idle) if isinstance(idle, (int, float)) and not isinstance(idle, bool) and idle > 0 else 0.0
+    return _number(process.get("time")) - idle
 
 
 def _number(value: Any) -> float:
@@ -81,7 +89,7 @@ def plan_request(
     top, rate = 0.0, 0.0
     for process in live:
         speed = _rate(process)
-        age = max(0.0, min(now - _number(process.get("time")), patience(process))) if fresh(process, now) else 0.0
+        age = max(0.0, min(now - step_time(process), patience(process))) if fresh(process, now) else 0.0
         top = max(top, _number(process.get("step")) + speed * age)
         rate = max(rate, speed)
     open_at = math.ceil(top) + math.ceil(rate * margin_s) + 2 + wait

@@ -8,7 +8,7 @@ import os
 import shlex
 from typing import TYPE_CHECKING
 
-from stepcli.fmt import ms, size_or_dash
+from stepcli.fmt import ms, print_wrapped, size_or_dash, visible
 from stepcli.run.compiles import compile_lines
 from stepcli.run.culprit import print_culprit
 from stepcli.runsummary import RunSummary
@@ -55,7 +55,12 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
     _print_hang(summary, console)
     _print_windows(summary, console)
     _print_tables(summary, console)
-    print_culprit(console, summary.get("culprit"), summary.get("out_dir"))
+    out_dir = summary.get("out_dir")
+    print_culprit(console, summary.get("culprit"), _relative(out_dir) if out_dir else None)
+    from stepcli.run.steprecord import lines as whole_run_lines
+
+    for line in whole_run_lines(summary):  # before the notes, the advice and `next:`, wrapped to the width
+        print_wrapped(console, line)
     for note in summary["notes"]:
         console.print(f"[yellow]note:[/] {note}")
     for item in summary.get("advice") or ():
@@ -120,7 +125,7 @@ def _print_hang(summary: RunSummary, console: Console) -> None:
     from stepcli.run.hangreport import summary_lines
 
     for line in summary_lines(summary.get("hang"), _relative):
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
+        console.print(visible(line), markup=False, highlight=False, soft_wrap=True)
 
 
 def _print_windows(summary: RunSummary, console: Console) -> None:
@@ -175,8 +180,8 @@ def _print_next(summary: RunSummary, report_path: str | None, console: Console) 
     if report_path:
         lines.append(f"  open {shlex.quote(_relative(report_path))} in a browser")
     if summary["traces"]:
-        lines.append(f"  tensorboard --logdir {shlex.quote(_relative(out))}")
-        lines.append("  or open a trace in https://ui.perfetto.dev")
+        # Not TensorBoard: it shows nothing of a trace without the deprecated torch-tb-profiler plugin.
+        lines.append("  open a trace in https://ui.perfetto.dev or chrome://tracing")
         from stepcli.run.hta import hta_command
 
         hta = hta_command(summary, _relative)

@@ -72,20 +72,24 @@ def culprit_lines(section: Mapping[str, Any] | None) -> list[str]:
             parts.append(
                 f"rank {row['rank']} {sum(row['collections'])} ({pause:.1f} ms, gen 2: {row['collections'][2]})"
             )
-        lines.append("python gc: " + ", ".join(parts))
+        # Counted by a gc callback from the interpreter's start: torch's import and the set-up are in it too.
+        lines.append("python gc over each whole process (start-up and imports included): " + ", ".join(parts))
     return lines
 
 
 def print_culprit(console: Any, section: Mapping[str, Any] | None, out_dir: str | None = None) -> None:
     """The culprit lines on the run summary's console (rich), as they are: no markup in names from traces; and,
     with collectives, the command that shows every rank on one timeline."""
+    from stepcli.fmt import print_wrapped
+
     for line in culprit_lines(section):
-        console.print(line, markup=False, highlight=False)
+        print_wrapped(console, line)
     if section and section.get("collectives") and out_dir:
         import shlex
 
-        command = f"stepcli merge {shlex.quote(out_dir)} -o all-ranks.json"
-        console.print(f"every rank on one timeline, culprits marked: {command}", markup=False, soft_wrap=True)
+        # The command on a line of its own, whole: it can be copied as it is.
+        console.print("every rank on one timeline, culprits marked:", markup=False, highlight=False)
+        console.print(f"  stepcli merge {shlex.quote(out_dir)} -o all-ranks.json", markup=False, soft_wrap=True)
 
 
 def culprit_advice(section: Mapping[str, Any] | None) -> dict[str, str] | None:
@@ -106,7 +110,7 @@ def culprit_advice(section: Mapping[str, Any] | None) -> dict[str, str] | None:
         f"{figures['lateness_ms_per_step']:.1f} ms/step late; its extra time is {cause_words(found)}, "
         f"{found['cause_ms_per_step']:.1f} ms/step",
         "threshold": f"last at ≥ {limits.get('min_last_share', 0):.0%} of {judged_on} and beyond chance "
-        f"(p ≤ {limits.get('max_chance', 0):g}), a lead over the clock alignment error and its own jitter, "
+        f"(p ≤ {limits.get('max_chance', 0):g}; or last at every one by a lead far beyond the others' noise), a lead over the clock alignment error and its own jitter, "
         f"≥ {limits.get('min_lateness_ms_per_step', 0):g} ms/step late, others waiting ≥ {CULPRIT_MIN_WAIT_MS:g} "
         "ms/step",
         "suggestion": _SUGGESTIONS[found["cause"]] + ".",

@@ -33,6 +33,7 @@ from stepcli.agent.stacks import (
     process_start_ticks,
 )
 from stepcli.errors import EXIT_NOTHING_MEASURED, StepcliError
+from stepcli.fmt import visible
 from stepcli.run.hangreport import EXIT_HANG, describe_dumps, parse_faulthandler, read_dumps
 
 if TYPE_CHECKING:
@@ -273,7 +274,7 @@ def _fallback_dump(process: dict[str, Any], folder: str, offset: int, target: Pa
         "threads": threads,
         "faulthandler": text,
     }
-    atomic_write_json(str(target / f"{worker}.{process.get('host')}.{process.get('pid')}.json"), document)
+    atomic_write_json(str(target / f"{worker}.{process.get('host')}.{process.get('pid')}.json"), document, 0o600)
 
 
 # -- `stepcli run --hang-timeout` -------------------------------------------------------------------------------
@@ -291,6 +292,7 @@ class HangWatch:
         self.killed = False
         self.exit_status = EXIT_HANG
         self.reports = 0
+        self.folders: list[str] = []  # the OUT/hang-<n>/ folders this watch wrote: the summary reads only those
         self._probes = 0
         self._probed: tuple[frozenset[str], bool, float] = (frozenset(), False, 0.0)  # (whom, all silent, until)
         self._stopped = threading.Event()
@@ -379,6 +381,7 @@ class HangWatch:
         whom, silent_then, _ = self._probed
         unanswering = whom if silent_then else frozenset()  # a probe just found their Python unable to run
         target, dumps, silent = request_stacks(self.folder, self.out_dir, "hang", processes, unanswering=unanswering)
+        self.folders.append(str(target))
         idle = time.time() - since
         again = f" (still hung: report {repeat} of {MAX_REPORTS})" if repeat > 1 else ""
         headline = f"hang: no process completed a step for {idle:.1f} s{again}; stacks in {_short(target)}/"
@@ -444,14 +447,14 @@ def capture_stacks(target: str, timeout: float, as_json: bool) -> int:
     if as_json:
         print(json.dumps({"folder": str(folder), "stacks": dumps, "silent": silent}, indent=1))
     else:
-        print(f"stacks of {len(dumps)} process{'es' if len(dumps) != 1 else ''} in {_short(folder)}/")
+        print(visible(f"stacks of {len(dumps)} process{'es' if len(dumps) != 1 else ''} in {_short(folder)}/"))
         for line in describe_dumps(dumps, silent):
-            print(line)
+            print(visible(line))  # frame paths and names come from the program: no ESC/OSC/BEL or bidi
     return 0 if dumps else EXIT_NOTHING_MEASURED
 
 
 def _say(message: str) -> None:
-    sys.stderr.write(f"stepcli: {message}\n")
+    sys.stderr.write(f"stepcli: {visible(message)}\n")  # frame paths and names: no ESC/OSC/BEL or bidi
     sys.stderr.flush()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +53,45 @@ def order(process: dict[str, Any]) -> tuple[Any, ...]:
     return (rank is None, rank if rank is not None else 0, str(process.get("host")), int(process.get("pid") or 0))
 
 
-def in_collective(dump: dict[str, Any]) -> bool:
-    """Entered a collective that has not returned yet."""
+FROM_CPP = "issued from C++, not a torch.distributed call of the program: DDP's reducer, FSDP or the like"
+BACKWARD_FUNCTIONS = ("_engine_run_backward", "run_backward")  # torch.autograd's entry into its C++ engine
+
+
+def waiting_in(dump: dict[str, Any]) -> dict[str, Any] | None:
+    """The collective the process waits in: a Python collective it entered and that has not returned, else the
+    oldest one its process groups started and have not finished (torch's flight recorder: also collectives issued
+    from C++, such as DDP's gradient all-reduce, marked `source: flight_recorder`); None when neither shows one."""
     collective = dump.get("collective")
-    return isinstance(collective, dict) and not collective.get("returned")
+    if isinstance(collective, dict) and not collective.get("returned"):
+        return collective
+    flights = [entry for entry in dump.get("in_flight") or [] if isinstance(entry, dict)]
+    if not flights:
+        return None
+    first = flights[0]
+    return {
+        "name": first.get("name"),
+        "seq": first.get("seq"),
+        "group": first.get("group"),
+        "entered_s_ago": first.get("entered_s_ago"),
+        "returned": False,
+        "source": "flight_recorder",
+        "in_flight": len(flights),
+    }
+
+
+def in_collective(dump: dict[str, Any]) -> bool:
+    """Waits in a collective: entered one that has not returned, or its process groups have one in flight."""
+    return waiting_in(dump) is not None
+
+
+def collectives_known(dump: dict[str, Any]) -> bool:
+    """Whether the dump can tell "in no collective" from "in one issued from C++": the flight recorder answered."""
+    return isinstance(dump.get("in_flight"), list)
+
+
+def in_backward(frames: list[dict[str, Any]]) -> bool:
+    """The main thread is inside autograd's C++ engine (loss.backward()), where DDP's reducer all-reduces."""
+    return any(frame.get("function") in BACKWARD_FUNCTIONS for frame in frames[:INNERMOST_FRAMES])
 
 
 def collective_name(collective: dict[str, Any]) -> str:
@@ -91,19 +127,27 @@ def where(frame: dict[str, Any]) -> str:
 
 
 def _collective_line(dump: dict[str, Any]) -> str:
-    collective = dump["collective"]
-    return (
-        f"{label(dump)}: waits in {collective_name(collective)} (entered {collective.get('entered_s_ago', 0):.1f} s "
-        f"ago), step {dump.get('step')}"
-    )
+    collective = waiting_in(dump) or {}
+    ago = collective.get("entered_s_ago")
+    when = f"{ago:.1f} s ago" if isinstance(ago, (int, float)) else "when unknown"
+    if collective.get("source") == "flight_recorder":
+        return (
+            f"{label(dump)}: waits in {collective_name(collective)} of process group {collective.get('group')} "
+            f"(in flight, started {when}; {FROM_CPP}), step {dump.get('step')}"
+        )
+    return f"{label(dump)}: waits in {collective_name(collective)} (entered {when}), step {dump.get('step')}"
 
 
 def _elsewhere_lines(dump: dict[str, Any]) -> list[str]:
     collective = dump.get("collective")
+    known = collectives_known(dump)
     if isinstance(collective, dict):
-        state = f"not in a collective (its last, {collective_name(collective)}, returned)"
+        state = f"not in a collective (its last, {collective_name(collective)}, returned"
+        state += "; none in flight)" if known else "; collectives issued from C++ are not seen)"
+    elif known:
+        state = "not in a collective (none in flight in its process groups)"
     elif dump.get("collectives_hooked"):
-        state = "not in a collective (entered none)"
+        state = "not in a collective called from Python (entered none; collectives issued from C++ are not seen)"
     else:
         state = "collectives not recorded (run with --hang-timeout)"
     if dump.get("source") == "faulthandler":
@@ -117,27 +161,66 @@ def _elsewhere_lines(dump: dict[str, Any]) -> list[str]:
     return lines
 
 
-def verdict(dumps: list[dict[str, Any]]) -> str | None:
-    """One line naming the process(es) the others wait for, when the dumps say it."""
+def verdict(dumps: list[dict[str, Any]], stopped: Sequence[dict[str, Any]] = ()) -> str | None:
+    """One line naming the process(es) the others wait for, when the dumps (and `stopped`: processes of this host
+    that wrote no stacks because they are stopped) say it."""
     waiting = [d for d in dumps if in_collective(d)]
     elsewhere = [d for d in dumps if not in_collective(d)]
+    if stopped:
+        who = ", ".join(label(p) for p in sorted(stopped, key=order))
+        names = sorted({collective_name(d["collective"]) for d in waiting})
+        waits = (
+            f" while {len(waiting)} process{'es' if len(waiting) > 1 else ''} wait{'' if len(waiting) > 1 else 's'} "
+            f"in {', '.join(names)}"
+            if waiting
+            else ""
+        )
+        one = len(stopped) == 1
+        return f"-> {who} {'is' if one else 'are'} stopped{waits}: {'it holds' if one else 'they hold'} the job back"
     if waiting and elsewhere:
         blocked = []
         for dump in sorted(elsewhere, key=order):
             frame = own_frame(main_frames(dump))
             blocked.append(f"{label(dump)} is in {where(frame)}" if frame else f"{label(dump)} has no Python frame")
-        names = sorted({collective_name(d["collective"]) for d in waiting})
+        names = sorted({collective_name(waiting_in(d) or {}) for d in waiting})
         return (
             f"-> {'; '.join(blocked)} while {len(waiting)} process{'es' if len(waiting) > 1 else ''} "
             f"wait{'' if len(waiting) > 1 else 's'} in {', '.join(names)}: "
             f"{'it holds' if len(elsewhere) == 1 else 'they hold'} the job back"
         )
     if waiting:
-        numbers = {collective_name(d["collective"]) for d in waiting}
+        numbers = {collective_name(waiting_in(d) or {}) for d in waiting}
         if len(numbers) == 1:
             return f"-> every process waits in {numbers.pop()}: a peer outside this dump, or the transport, is stuck"
         return f"-> processes wait in different collectives ({', '.join(sorted(numbers))}): mismatched collectives"
+    if dumps and not all(collectives_known(d) for d in dumps):
+        backward = [d for d in sorted(dumps, key=order) if in_backward(main_frames(d))]
+        where_ = (
+            f"; {_who_dumps(backward)} in backward() (autograd's C++ engine, where DDP all-reduces)" if backward else ""
+        )
+        return (
+            "-> no process waits in a collective called from Python; whether one waits in a collective issued from "
+            f"C++ is unknown (no flight recorder){where_}"
+        )
     return None
+
+
+def _who_dumps(dumps: list[dict[str, Any]]) -> str:
+    return ", ".join(label(d) for d in dumps) + (" is" if len(dumps) == 1 else " are")
+
+
+def is_stopped(process: dict[str, Any]) -> bool:
+    """Whether a process of this host is stopped (state T or t in /proc: SIGSTOP, or a tracer holds it)."""
+    import socket
+
+    if process.get("host") != socket.gethostname():
+        return False
+    try:
+        with open(f"/proc/{int(process['pid'])}/stat", "rb") as handle:
+            state = handle.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False
+    return state in (b"T", b"t")
 
 
 def describe_dumps(dumps: list[dict[str, Any]], silent: list[dict[str, Any]]) -> list[str]:
@@ -148,9 +231,15 @@ def describe_dumps(dumps: list[dict[str, Any]], silent: list[dict[str, Any]]) ->
             lines.append("  " + _collective_line(dump))
         else:
             lines += ["  " + line for line in _elsewhere_lines(dump)]
+    stopped = [p for p in silent if is_stopped(p)]
     for process in sorted(silent, key=order):
-        lines.append(f"  {label(process)}: wrote no stacks (exited while asked, or its signal handler could not write)")
-    conclusion = verdict(dumps)
+        if process in stopped:
+            lines.append(f"  {label(process)}: stopped (SIGSTOP, or held by a debugger): it can neither run nor answer")
+        else:
+            lines.append(
+                f"  {label(process)}: wrote no stacks (exited while asked, or its signal handler could not write)"
+            )
+    conclusion = verdict(dumps, stopped)
     if conclusion:
         lines.append(conclusion)
     return lines
@@ -177,18 +266,18 @@ def read_dumps(target: Path) -> list[dict[str, Any]]:
 
 
 def hang_summary(
-    out_dir: str,
+    folders: Sequence[str],
     since: float,
     *,
     timeout_s: float | None = None,
     on_hang: str | None = None,
     ended_job: bool = False,
 ) -> dict[str, Any] | None:
-    """The run summary's `hang` section: every `OUT/hang-<n>/` this run wrote (not an earlier run's), the timeout,
-    and what `--on-hang` did (`ended_job`: the launcher killed the job after the dump); None without a report."""
+    """The run summary's `hang` section: the `OUT/hang-<n>/` folders this run's hang watch wrote (`folders`, never
+    one found in the output folder: an earlier run's, or one planted there), the timeout, and what `--on-hang` did
+    (`ended_job`: the launcher killed the job after the dump); None without a report."""
     reports = []
-    folders = [p for p in Path(out_dir).glob("hang-*") if p.is_dir() and p.name[5:].isdigit()]
-    for folder in sorted(folders, key=lambda p: int(p.name[5:])):
+    for folder in map(Path, folders):
         dumps = [d for d in read_dumps(folder) if float(d.get("time", 0.0)) >= since]
         if not dumps:
             continue
@@ -208,15 +297,18 @@ def hang_summary(
 
 
 def _process_entry(dump: dict[str, Any]) -> dict[str, Any]:
-    frame = own_frame(main_frames(dump))
+    frames = main_frames(dump)
+    frame = own_frame(frames)
     return {
         "worker": dump.get("worker"),
         "rank": dump.get("rank"),
         "pid": dump.get("pid"),
         "host": dump.get("host"),
         "step": dump.get("step"),
-        "collective": dump.get("collective"),
+        "collective": waiting_in(dump) or dump.get("collective"),
         "waiting": in_collective(dump),
+        "collectives_known": collectives_known(dump),  # the flight recorder answered: C++ collectives are seen
+        "in_backward": in_backward(frames),
         "where": where(frame) if frame is not None else None,
         "frame": {key: frame.get(key) for key in ("function", "file", "line")} if frame is not None else None,
         "source": dump.get("source", "python"),  # "faulthandler": its Python could not run (C code holding the GIL)
@@ -262,6 +354,14 @@ def _collective(process: dict[str, Any]) -> str:
     return collective_name(collective) if isinstance(collective, dict) else "a collective"
 
 
+def _source(processes: list[dict[str, Any]]) -> str:
+    """How the collective was seen, when not from a Python call: torch's flight recorder (issued from C++)."""
+    collective = processes[0].get("collective") if processes else None
+    if isinstance(collective, dict) and collective.get("source") == "flight_recorder":
+        return " (in flight in its process group, issued from C++: DDP's reducer or the like)"
+    return ""
+
+
 def _plural(processes: list[dict[str, Any]], one: str, many: str) -> str:
     return one if len(processes) == 1 else many
 
@@ -273,7 +373,7 @@ def _report_facts(processes: list[dict[str, Any]]) -> list[str]:
     groups: dict[str, list[dict[str, Any]]] = {}
     for process in waiting:
         groups.setdefault(_collective(process), []).append(process)
-    waits = [f"{_who(g)} {_plural(g, 'waits', 'wait')} in {name}" for name, g in sorted(groups.items())]
+    waits = [f"{_who(g)} {_plural(g, 'waits', 'wait')} in {name}" + _source(g) for name, g in sorted(groups.items())]
     facts: list[str] = []
     if waiting and elsewhere:
         for process in elsewhere[:MAX_NAMED]:
@@ -287,11 +387,22 @@ def _report_facts(processes: list[dict[str, Any]]) -> list[str]:
             facts.append(f"{len(elsewhere) - MAX_NAMED} more processes outside a collective hold it back too")
         return facts + waits[:MAX_NAMED]
     if waiting and len(groups) == 1:
-        return [f"every process waits in {next(iter(groups))}: a peer outside this dump, or the transport, is stuck"]
+        name, group = next(iter(groups.items()))
+        return [f"every process waits in {name}{_source(group)}: a peer outside this dump, or the transport, is stuck"]
     if waiting:
         return ["the processes wait in different collectives: mismatched collectives", *waits[:MAX_NAMED]]
-    facts = ["no process waits in a collective"]
-    facts += [f"{_who([p])} is in {_short_where(p)}" for p in elsewhere[:MAX_NAMED]]
+    if all(p.get("collectives_known") is True for p in elsewhere):
+        facts = ["no process waits in a collective (the flight recorder shows none in flight)"]
+    else:  # a collective issued from C++ (DDP's reducer) is not seen without the flight recorder: unknown
+        facts = ["no process waits in a collective called from Python; collectives issued from C++ are unknown"]
+    for process in elsewhere[:MAX_NAMED]:
+        if process.get("in_backward") is True and process.get("collectives_known") is not True:
+            facts.append(
+                f"{_who([process])} is in backward() from {_short_where(process)}: autograd's C++ engine, where "
+                "DDP all-reduces gradients (whether it waits there is unknown)"
+            )
+        else:
+            facts.append(f"{_who([process])} is in {_short_where(process)}")
     return facts
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stepcli import safefile
 from stepcli.agent import ondemand
 from stepcli.agent.config import CONFIG_ENV, AgentConfig
 from stepcli.agent.schedule import Schedule
@@ -39,6 +40,11 @@ DEFAULT_RUNS_DIR = "stepcli-runs"
 # at 6 it prints nothing, its rare ERROR lines included. `stepcli run --verbose` leaves Kineto's default.
 KINETO_LOG_LEVEL_ENV = "KINETO_LOG_LEVEL"
 KINETO_QUIET_LEVEL = "6"
+# With --hang-timeout: torch's flight recorder (gloo and NCCL) keeps the last N collectives of every process group,
+# so a hang dump names the collective a process waits in even when C++ issued it (DDP's reducer, FSDP), which no
+# Python hook sees (stepcli/agent/collectives.py, in_flight). A value the user set (or the older NCCL name) is kept.
+FLIGHT_RECORDER_ENV = "TORCH_FR_BUFFER_SIZE"
+FLIGHT_RECORDER_ENTRIES = "2000"
 
 
 @dataclass(frozen=True)
@@ -178,14 +184,12 @@ def _check_writable(path: str) -> None:
     if target.is_dir():
         raise StepcliError(f"--json {path}: is a folder")
     folder = target.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    probe = folder / f".stepcli-json-test-{os.getpid()}"
+    if not folder.exists():  # never created: a typo must not make folders (as root, at the filesystem root)
+        raise StepcliError(f"--json {path}: folder {folder} does not exist (create it first)")
     try:
         if not folder.is_dir():
             raise NotADirectoryError(20, "not a folder")
-        probe.write_bytes(b"")
-        probe.unlink()
+        safefile.probe_writable(str(folder), "stepcli-json-test")
     except OSError as exc:
         raise StepcliError(f"--json {path}: cannot write in {folder}: {exc.strerror or exc}") from None
 
@@ -209,9 +213,7 @@ def _prepare_out_dir(out_dir: str | None, label: str) -> Path:
                     break
                 except FileExistsError:
                     continue
-        probe = path / f".stepcli-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        safefile.probe_writable(str(path), "stepcli-write-test")
     except StepcliError:
         raise
     except OSError as exc:
@@ -234,6 +236,8 @@ def child_environment(config: AgentConfig, base: dict[str, str] | None = None, v
     entries = [p for p in existing.split(os.pathsep) if p != BOOTSTRAP_DIR] if existing else []
     env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *entries])
     env[CONFIG_ENV] = config.to_env()
+    if config.hang_timeout and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
+        env.setdefault(FLIGHT_RECORDER_ENV, FLIGHT_RECORDER_ENTRIES)
     return env
 
 
@@ -311,14 +315,23 @@ def run_program(request: RunRequest) -> int:
     if hang_watch is not None and hang_watch.killed:
         status = hang_watch.exit_status
 
-    if request.quiet and not request.json_path and not request.fail_over and not request.report:
-        return status  # nothing would show the summary: don't spend time reading traces
+    # Even with -q --no-report and nothing else to show it: summary.json is saved beside the step logs, for a
+    # `stepcli report OUT` later.
     hang_ended = hang_watch is not None and hang_watch.killed
-    return _report(request, config, status, started, time.perf_counter() - start, hang_ended=hang_ended)
+    hang_folders = list(hang_watch.folders) if hang_watch is not None else []
+    return _report(
+        request, config, status, started, time.perf_counter() - start, hang_ended=hang_ended, hang_folders=hang_folders
+    )
 
 
 def _report(
-    request: RunRequest, config: AgentConfig, status: int, started: float, duration_s: float, hang_ended: bool = False
+    request: RunRequest,
+    config: AgentConfig,
+    status: int,
+    started: float,
+    duration_s: float,
+    hang_ended: bool = False,
+    hang_folders: list[str] | None = None,
 ) -> int:
     """Summary, --json and --fail-over after the program exited. The program's status wins, except that a
     budget that was exceeded, or could not be checked, fails a run that succeeded. `hang_ended`: `--on-hang kill`
@@ -341,6 +354,7 @@ def _report(
                 traces=traces,
                 on_hang=request.on_hang,
                 hang_ended=hang_ended,
+                hang_folders=hang_folders or [],
             )
     except Exception as exc:  # the program's result, and the --json file CI reads next, must survive a bug here
         from stepcli.run.guard import summary_failed
@@ -360,20 +374,18 @@ def _report(
         except StepcliError as exc:
             say(f"warning: {exc.message}")
     try:  # beside the step logs, for `stepcli report OUT` later (with --no-report too)
-        write_run_summary(summary, os.path.join(config.log_dir, SUMMARY_FILE))
+        write_run_summary(summary, os.path.join(config.log_dir, SUMMARY_FILE), private_folder=True)
     except StepcliError as exc:  # its message names --json, which this file is not
         reason = exc.message.rsplit(": ", 1)[-1]
         summary["notes"].append(f"cannot save the run summary in {config.log_dir}: {reason}")
         if request.quiet:
             say(f"could not save the run summary in {config.log_dir}: {reason}")
     report_path = _html_report(request, config, summary, traces)
+    if not summary["traces"] and not report_path:
+        _leave_a_note(summary)
     if not request.quiet:
         try:
             print_run_summary(summary, report_path=report_path)
-            from stepcli.run.steprecord import lines
-
-            for line in lines(summary):
-                say(line)
         except OSError:
             pass  # stderr closed: nothing more to say
         except Exception as exc:
@@ -440,10 +452,8 @@ def _html_report(
 def _check_json_path(path: str) -> None:
     """--json must be writable before the program runs, not after an hour of training."""
     target = Path(path).resolve()
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StepcliError(f"--json {path}: cannot create folder {target.parent}: {exc.strerror or exc}") from None
+    if not target.parent.is_dir():
+        raise StepcliError(f"--json {path}: folder {target.parent} does not exist (create it first)")
     if target.is_dir():
         raise StepcliError(f"--json {path}: is a folder")
     if not os.access(target.parent, os.W_OK):
@@ -463,3 +473,27 @@ def _short(path: Path) -> str:
         return str(path.relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+NOTHING_MEASURED = "NOTHING-MEASURED.txt"
+
+
+def _leave_a_note(summary: RunSummary) -> None:
+    """A run that measured nothing leaves a folder holding only the hidden `.stepcli/`: it would look empty, as if
+    stepcli had failed to write. One visible file says what happened (the summary's notes) and what is there."""
+    out = summary.get("out_dir")
+    if not out or not os.path.isdir(out):
+        return
+    notes = "\n".join(f"- {note}" for note in summary.get("notes") or []) or "- no step was recorded"
+    text = (
+        f"stepcli run: {shlex.join(summary['command'])}\n"
+        f"exit status {summary['exit_status']}, {summary['steps']['global']} steps: no trace was recorded.\n\n"
+        f"{notes}\n\n"
+        "stepcli's own records (step logs, the run summary) are in the hidden folder .stepcli/:\n"
+        f"`stepcli report {shlex.quote(out)}` still writes an HTML page of what they hold.\n"
+    )
+    try:
+        with open(os.path.join(out, NOTHING_MEASURED), "x", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError:
+        pass  # a read-only or full folder: the summary on the terminal says the same

@@ -28,6 +28,7 @@ class LiveRun:
     run_id: str
     folder: str  # the control folder
     schedule: Schedule | None  # None with --on-demand
+    started_at: float = 0.0  # the launcher's clock when the run started (its traces are no older)
 
 
 def find_run(target: str) -> LiveRun:
@@ -56,7 +57,12 @@ def find_run(target: str) -> LiveRun:
         schedule = None if document.get("on_demand") else Schedule(**document["schedule"])
     except (KeyError, TypeError, ValueError):
         raise StepcliError(f"{target}: the run's {RUN_FILE} is not one this version of stepcli understands") from None
-    return LiveRun(run_id=str(document["run_id"]), folder=str(folder), schedule=schedule)
+    return LiveRun(
+        run_id=str(document["run_id"]),
+        folder=str(folder),
+        schedule=schedule,
+        started_at=_number(document.get("started_at")),
+    )
 
 
 def _owner(folder: Path) -> int | None:

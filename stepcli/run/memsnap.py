@@ -18,6 +18,7 @@ from typing import Any
 
 from stepcli.agent.stacks import MEMORY_SCHEMA, REQUEST_PREFIX, dump_signal
 from stepcli.errors import EXIT_NOTHING_MEASURED
+from stepcli.fmt import visible
 from stepcli.run.hang import DUMP_WAIT_S, _alive, _key, _new_folder, _write_control, local, registered
 
 _MAX_ANSWER = 64 * 1024
@@ -56,7 +57,7 @@ def capture_memory(target: str, timeout: float, as_json: bool) -> int:
         print(json.dumps({"snapshots": answers, "silent": silent}, indent=1))
     else:
         for line in describe(answers, silent, min(timeout, DUMP_WAIT_S)):
-            print(line)
+            print(visible(line))
     return 0 if written else EXIT_NOTHING_MEASURED
 
 
@@ -124,7 +125,7 @@ def describe(answers: list[dict[str, Any]], silent: list[dict[str, Any]], wait_s
 
 
 def _say(message: str) -> None:
-    sys.stderr.write(f"stepcli: {message}\n")
+    sys.stderr.write(f"stepcli: {visible(message)}\n")
     sys.stderr.flush()
 
 

@@ -172,6 +172,11 @@ def stale_log_note(log: dict[str, Any], config: AgentConfig, since: float) -> st
         if problem is not None
         else "was never written (the process was killed, or could not write it)"
     )
+    if log.get("progress") == "stalled" and problem is None:  # saved by its stacks thread when it stopped stepping
+        return (
+            f"{log['worker']}: its final step log was never written (the process was killed), but it was saved when "
+            f"the process stopped stepping, at step {log['global_steps']}: every step it made is counted"
+        )
     listed = {os.path.realpath(w["trace"]) for w in log["windows"]}
     unlisted = [path for path in _traces_of(log["worker"], config.out_dir, since) if path not in listed]
     more = (

@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from stepcli import safefile
 from stepcli.agent.signing import SIGNATURE_KEY, signature_matches
 from stepcli.agent.steprecord import BUCKETS_PER_DOUBLING, SCHEMA, SUFFIX
 from stepcli.runsummary import RunSummary
@@ -33,8 +34,9 @@ def load(log_dir: str, key: str | None = None) -> list[dict[str, Any]]:
         if not name.endswith(SUFFIX) or name.startswith("."):
             continue
         try:
-            with open(os.path.join(log_dir, name), "rb") as handle:
-                record = json.loads(handle.read(_MAX_BYTES + 1)[:_MAX_BYTES])
+            # Not followed if a link, never blocking on a FIFO, only a regular file of this user's: the control
+            # folder may have been swapped for someone else's (stepcli.safefile).
+            record = json.loads(safefile.read_regular(os.path.join(log_dir, name), _MAX_BYTES, own=True))
             if not isinstance(record, dict):
                 continue
             signature = record.pop(SIGNATURE_KEY, None)
@@ -84,11 +86,20 @@ def attach(summary: RunSummary, log_dir: str, key: str | None = None) -> None:
         }
         for r in load(log_dir, key)
     ]
-    summary["triggered"] = [
-        {"worker": w.get("worker"), "first_step": w["first_step"], "last_step": w["last_step"], **w["trigger"]}
+    recorded = [
+        {
+            "worker": w.get("worker"),
+            "first_step": w["first_step"],
+            "last_step": w["last_step"],
+            **w["trigger"],
+            "recorded": True,
+        }
         for w in summary.get("windows") or []
         if isinstance(w.get("trigger"), dict)
     ]
+    # placed, but not recorded by a process (the job ended first, or it was past those steps): said, not dropped
+    missed = [t for t in summary.get("triggered") or [] if t.get("recorded") is False]
+    summary["triggered"] = sorted(recorded + missed, key=lambda t: (t["first_step"], str(t.get("worker"))))
 
 
 def slowest_first(records: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
@@ -97,6 +108,15 @@ def slowest_first(records: list[dict[str, Any]], limit: int) -> list[dict[str, A
         return records
     keep = {id(r) for r in sorted(records, key=lambda r: -float(r["ms"].get("p99", 0)))[:limit]}
     return [r for r in records if id(r) in keep]
+
+
+def _steps(record: Mapping[str, Any], ms: Mapping[str, Any]) -> str:
+    """The process's step count, as report.html and `step_record[].steps` give it; the percentiles leave out the
+    first step (start-up), and say so."""
+    steps = record.get("steps")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps == ms["count"]:
+        return f"{ms['count']:,} steps,"
+    return f"{steps:,} steps; after the first (start-up):"
 
 
 def lines(summary: Mapping[str, Any]) -> list[str]:
@@ -108,7 +128,7 @@ def lines(summary: Mapping[str, Any]) -> list[str]:
         ms = r["ms"]
         slow = sorted(r["slowest"], key=lambda s: -s[1])[:3]
         out.append(
-            f"whole run {r['worker']}: {ms['count']:,} steps, p50 ~{ms['p50']:.1f} ms, p90 ~{ms['p90']:.1f} ms, "
+            f"whole run {r['worker']}: {_steps(r, ms)} p50 ~{ms['p50']:.1f} ms, p90 ~{ms['p90']:.1f} ms, "
             f"p99 ~{ms['p99']:.1f} ms, max {ms.get('max', 0):.1f} ms; longest steps "
             + ", ".join(f"{step} ({us / 1000:.1f} ms)" for step, us in slow)
         )
@@ -118,8 +138,9 @@ def lines(summary: Mapping[str, Any]) -> list[str]:
         steps = f"steps {t['first_step']}-{t['last_step']}"
         rank = f"rank {t['rank']} " if t.get("rank") is not None else ""
         predicted = f", placed on predicted slow step {t['predicted_step']}" if t.get("predicted_step") else ""
+        missed = f"; NOT recorded: {t.get('reason')}" if t.get("recorded") is False else ""
         out.append(
             f"triggered capture {steps} ({t['worker']}): {rank}step {t['step']} took {t['ms']:.1f} ms, baseline "
-            f"{t['baseline_ms']:.1f} ms, rule {t['rule']}{predicted}"
+            f"{t['baseline_ms']:.1f} ms, rule {t['rule']}{predicted}{missed}"
         )
     return out

@@ -14,6 +14,7 @@ import platform
 import socket
 import sys
 import uuid
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -173,10 +174,12 @@ def build_run_summary(
     traces: RunTraces | None = None,
     on_hang: str | None = None,
     hang_ended: bool = False,
+    hang_folders: Sequence[str] = (),
 ) -> RunSummary:
     """Everything the run measured, as a JSON-able document (schema `stepcli.run`, version 2), its advice
     included. With `traces`, the trace files are read through it (and kept there for report.html). `on_hang` and
-    `hang_ended` (the launcher ended the job after a hang dump) go into the `hang` section."""
+    `hang_ended` (the launcher ended the job after a hang dump) go into the `hang` section, read from
+    `hang_folders` only: the OUT/hang-<n>/ folders this run's hang watch wrote."""
     from stepcli.run.steplogs import load_step_logs
 
     logs, refused = load_step_logs(config, since=started_at)  # signed, schema-checked, traces inside out_dir
@@ -270,6 +273,13 @@ def build_run_summary(
         ],
         "processes": [process_entry(log) for log in logs],
         "windows": cast("list[Window]", windows),
+        # --capture-on-slow windows a process did not record (stepcli.run.steprecord.attach adds the recorded ones)
+        "triggered": [
+            dict(t, worker=log["worker"])
+            for log in logs
+            for t in log.get("triggers_not_recorded") or []
+            if isinstance(t, dict) and isinstance(t.get("first_step"), int) and isinstance(t.get("last_step"), int)
+        ],
         "traces": trace_paths,
         # ProfilerStep* is the step annotation itself, not work: it would always top the list.
         "top_operators": [op for op in (analysis or {}).get("cpu_ops", []) if op["name"] != STEP_KEY][:TOP_N],
@@ -285,8 +295,9 @@ def build_run_summary(
         "flops": flops,
         "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
         "compile": compile_summary(logs),
+        "memory_snapshots": run_snapshots(logs, config.out_dir),
         "hang": hang_summary(  # --hang-timeout reports (stepcli/run/hangreport.py)
-            config.out_dir,
+            hang_folders,
             started_at,
             timeout_s=config.hang_timeout or None,
             on_hang=on_hang if config.hang_timeout else None,
@@ -325,6 +336,26 @@ def _advice(summary: RunSummary, analysis: dict[str, Any] | None) -> list[Advice
         return []
 
 
+def run_snapshots(logs: list[dict[str, Any]], out_dir: str) -> list[str]:
+    """The CUDA memory snapshots this run's processes say they wrote (their signed step logs), each still a
+    regular file of this user's in the output folder (not a link): a snapshot planted there is never read."""
+    import stat
+
+    names: list[str] = []
+    for log in logs:
+        listed = log.get("memory_snapshots")
+        for name in listed if isinstance(listed, list) else []:
+            if not isinstance(name, str) or "/" in name or name.startswith(".") or not name.endswith(".pickle"):
+                continue
+            try:
+                info = os.lstat(os.path.join(out_dir, name))
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode) and (not hasattr(os, "getuid") or info.st_uid == os.getuid()):
+                names.append(name)
+    return sorted(set(names))
+
+
 def process_entry(log: dict[str, Any]) -> Process:
     """One entry of `processes` from a process's step log."""
     return {
@@ -354,17 +385,25 @@ def analysis_progress(enabled: bool = True) -> AbstractContextManager[Any]:
     return Console(stderr=True).status("stepcli: reading the traces ...", spinner="dots")
 
 
-def write_run_summary(summary: RunSummary, path: str) -> None:
-    """`--json PATH`, written atomically."""
+def write_run_summary(summary: RunSummary, path: str, *, private_folder: bool = False) -> None:
+    """`--json PATH`, written atomically through a new file (stepcli.safefile). `private_folder`: `path` is in the
+    run's control folder, which must still be this user's private folder (not one put in its place)."""
     import orjson
 
+    from stepcli import safefile
+    from stepcli.agent.controlfiles import open_folder
+
+    data = orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
     target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-        os.replace(tmp, target)
+        if private_folder:
+            fd = open_folder(str(target.parent))
+            try:
+                safefile.write_bytes(target.name, data, safefile.PRIVATE, dir_fd=fd)
+            finally:
+                os.close(fd)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            safefile.write_bytes(str(target), data)
     except OSError as exc:
-        with contextlib.suppress(OSError):  # on a read-only folder even this fails
-            tmp.unlink(missing_ok=True)
         raise StepcliError(f"--json {path}: {exc.strerror or exc}") from None

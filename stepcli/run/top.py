@@ -5,7 +5,12 @@ Those are written only while somebody listens, so top pings the run the way `ste
 requests.json, renewed while it watches, withdrawn when it returns, however it returns): while nobody watches,
 the job writes nothing more than it does today. Per rank: its global step, steps/s, the last and the median of
 its recent step times, windows recording or pending, and "no step for N s" when a rank that should be heard
-stopped stepping (a hang, a pause, a dead rank). The rank with the largest median step time is marked slowest.
+stopped stepping (a hang, a pause, a dead rank). A process whose main thread makes no step (blocked in C) is still
+heard: its stacks thread writes the heartbeat for it, with its real step and how long it has made none.
+
+The rank marked slowest is the culprit of the culprit analysis (stepcli.traces.culprit: who arrives last at the
+collectives, with its thresholds) over the traces the run has saved so far, or nobody: under synchronous
+collectives every rank's step takes the same time, so step times name noise (often a waiting rank).
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from typing import Any
 from stepcli.agent.config import LOG_FOLDER
 from stepcli.agent.ondemand import CONTROL_FOLDER
 from stepcli.errors import StepcliError
+from stepcli.fmt import visible
 from stepcli.run.capture import Ping, _ping, _renewer, _withdraw, await_heartbeats
-from stepcli.run.captureplan import fresh
+from stepcli.run.captureplan import fresh, step_time
 from stepcli.run.controldir import read_processes, run_alive
 from stepcli.run.liverun import LiveRun, find_run
 
@@ -29,35 +35,110 @@ SCHEMA = "stepcli.top"
 _FIRST_LOOK_S = 15.0  # the longest top waits for the first fresh heartbeats
 
 
-def snapshot(processes: list[dict[str, Any]], run_id: str, running: bool, now: float) -> dict[str, Any]:
-    """Pure: the heartbeats in, one row per process and the slowest rank out."""
+def snapshot(
+    processes: list[dict[str, Any]], run_id: str, running: bool, now: float, culprit: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Pure: the heartbeats and the culprit analysis of the saved traces (`culprit_of`) in, one row per process
+    and the slowest rank (the culprit, or None) out."""
     rows: list[dict[str, Any]] = []
     for process in sorted(processes, key=_order):
         answers = process.get("responses")
         answers = list(answers.values()) if isinstance(answers, dict) else []
         pending = len([a for a in answers if isinstance(a, dict) and a.get("status") == "accepted"])
         ended = str(process.get("ended") or "")
-        stalled = not ended and running and not fresh(process, now)
+        stalled = not ended and running and not fresh(process, now)  # counted from its last step (step_time)
         rows.append(
             {
                 "rank": process.get("rank"),
                 "worker": str(process.get("worker") or f"{process.get('host')}_{process.get('pid')}"),
                 "step": process.get("step"),
-                "steps_per_s": process.get("steps_per_s"),
+                "steps_per_s": 0.0 if stalled else process.get("steps_per_s"),
                 "last_ms": process.get("last_ms"),
                 "median_ms": process.get("median_ms"),
                 "recording": bool(process.get("recording")),
                 "pending": pending,
                 "ended": ended,
-                "no_step_for_s": round(now - _number(process.get("time")), 1) if stalled else None,
+                "no_step_for_s": round(now - step_time(process), 1) if stalled else None,
                 "slowest": False,
             }
         )
-    timed = [r for r in rows if isinstance(r["median_ms"], (int, float)) and not r["ended"]]
-    if len(timed) > 1:
-        max(timed, key=lambda r: float(r["median_ms"]))["slowest"] = True
-    slowest = next((r["rank"] if r["rank"] is not None else r["worker"] for r in rows if r["slowest"]), None)
-    return {"schema": SCHEMA, "run_id": run_id, "running": running, "ranks": rows, "slowest": slowest}
+    found = (culprit or {}).get("culprit")
+    rank = found.get("rank") if isinstance(found, dict) else None
+    for row in rows:
+        row["slowest"] = rank is not None and row["rank"] == rank
+    slowest = rank if any(row["slowest"] for row in rows) else None
+    return {
+        "schema": SCHEMA,
+        "run_id": run_id,
+        "running": running,
+        "ranks": rows,
+        "slowest": slowest,
+        "culprit": _culprit_basis(culprit, slowest),
+    }
+
+
+def _culprit_basis(culprit: dict[str, Any] | None, slowest: Any) -> dict[str, Any]:
+    """What `slowest` rests on: the culprit analysis of the saved traces (its evidence), or why nobody is named."""
+    if not culprit or not culprit.get("collectives"):
+        return {"rank": None, "collectives": 0, "why": "no saved trace with collectives on two or more ranks yet"}
+    found = culprit.get("culprit")
+    if slowest is not None and isinstance(found, dict):
+        return {"rank": slowest, "collectives": culprit["collectives"], "why": str(found.get("evidence") or "")}
+    return {
+        "rank": None,
+        "collectives": culprit["collectives"],
+        "why": f"no rank arrives last consistently enough at {culprit['collectives']} collectives",
+    }
+
+
+def run_traces(out_dir: Path, since: float) -> list[str]:
+    """The traces a run has saved so far in its output folder (and its window folders), none older than the run."""
+    found = []
+    for pattern in ("*.pt.trace.json", "*.pt.trace.json.gz", "*/*.pt.trace.json", "*/*.pt.trace.json.gz"):
+        for path in out_dir.glob(pattern):
+            try:
+                if path.is_file() and path.stat().st_mtime >= since - 2.0 and not path.name.startswith("."):
+                    found.append(str(path))
+            except OSError:
+                continue
+    return sorted(found)
+
+
+class CulpritWatch:
+    """The culprit analysis of a run's saved traces, computed again only when the set of traces changes."""
+
+    def __init__(self, out_dir: Path, since: float) -> None:
+        self.out_dir = out_dir
+        self.since = since
+        self._key: tuple[tuple[str, int], ...] | None = None
+        self._culprit: dict[str, Any] | None = None
+
+    def __call__(self) -> dict[str, Any] | None:
+        paths = run_traces(self.out_dir, self.since)
+        key = tuple((path, _size(path)) for path in paths)
+        if key != self._key:
+            self._key, self._culprit = key, culprit_of(paths)
+        return self._culprit
+
+
+def _size(path: str) -> int:
+    try:
+        return Path(path).stat().st_size
+    except OSError:
+        return -1
+
+
+def culprit_of(paths: list[str]) -> dict[str, Any] | None:
+    """The culprit section of the traces' analysis (stepcli.traces.culprit), or None (no traces, or unreadable)."""
+    if len(paths) < 2:
+        return None
+    try:
+        from stepcli.traces.engine import summarize_paths
+
+        section = summarize_paths(paths).to_dict().get("culprit")
+    except Exception:  # a trace still being written, or one the analysis refuses: nobody is named
+        return None
+    return section if isinstance(section, dict) else None
 
 
 def _order(process: dict[str, Any]) -> tuple[Any, ...]:
@@ -79,21 +160,26 @@ def _state(row: dict[str, Any]) -> str:
 
 
 def render(document: dict[str, Any]) -> Any:
-    """A rich table of the snapshot; the slowest rank in bold red."""
+    """A rich table of the snapshot; the slowest rank in bold red. What the heartbeats say is shown as text: never
+    read as rich markup (`[bold red]`), control characters (ESC, bidi overrides) shown as escapes."""
     from rich.table import Table
+    from rich.text import Text
+
+    def cell(value: Any) -> Text:
+        return Text(visible(str(value)))
 
     status = "running" if document["running"] else "finished"
-    table = Table(title=f"stepcli top: run {document['run_id']} ({status})", title_justify="left")
+    table = Table(title=cell(f"stepcli top: run {document['run_id']} ({status})"), title_justify="left")
     for name in ("rank", "step", "steps/s", "last ms", "median ms", "windows / state", ""):
         table.add_column(name, justify="left" if name in ("rank", "windows / state", "") else "right")
     for row in document["ranks"]:
         table.add_row(
-            row["worker"],
-            str(row["step"]),
+            cell(row["worker"]),
+            cell(row["step"]),
             _fmt(row["steps_per_s"], ".1f"),
             _fmt(row["last_ms"], ".1f"),
             _fmt(row["median_ms"], ".1f"),
-            _state(row),
+            cell(_state(row)),
             "slowest" if row["slowest"] else "",
             style="bold red" if row["slowest"] else None,
         )
@@ -112,7 +198,9 @@ def _finished_run(target: str) -> dict[str, Any]:
         raise StepcliError(f"{target}: not a stepcli run folder (no {LOG_FOLDER}/ run inside)")
     control = max(controls, key=lambda folder: folder.stat().st_mtime)
     processes = read_processes(str(control))
-    return snapshot(processes, control.parent.name, False, time.time())
+    since = min((_number(p.get("time")) for p in processes), default=0.0) - 3600.0
+    culprit = culprit_of(run_traces(path, since))
+    return snapshot(processes, control.parent.name, False, time.time(), culprit)
 
 
 def top_main(target: str, *, once: bool, as_json: bool, interval: float = 1.0) -> int:
@@ -130,10 +218,11 @@ def top_main(target: str, *, once: bool, as_json: bool, interval: float = 1.0) -
         _ping(run, ping)
         renew = _renewer(run, ping)
         processes = await_heartbeats(run, ping, time.time() + _FIRST_LOOK_S, renew)
+        culprit = CulpritWatch(Path(run.folder).parents[2], run.started_at)  # <out>/.stepcli/<run-id>/control
         if once or as_json:
-            _print(snapshot(processes, run.run_id, run_alive(run.folder), time.time()), as_json)
+            _print(snapshot(processes, run.run_id, run_alive(run.folder), time.time(), culprit()), as_json)
             return 0
-        _live(run, renew, interval)
+        _live(run, renew, interval, culprit)
         return 0
     except KeyboardInterrupt:
         return 0
@@ -142,12 +231,12 @@ def top_main(target: str, *, once: bool, as_json: bool, interval: float = 1.0) -
         _withdraw(run, ping, None)
 
 
-def _live(run: LiveRun, renew: Any, interval: float) -> None:
+def _live(run: LiveRun, renew: Any, interval: float, culprit: CulpritWatch) -> None:
     from rich.live import Live
 
-    with Live(render(_now(run)), auto_refresh=False) as live:
+    with Live(render(_now(run, culprit)), auto_refresh=False) as live:
         while True:
-            document = _now(run)
+            document = _now(run, culprit)
             live.update(render(document), refresh=True)
             if not document["running"]:
                 return
@@ -155,8 +244,8 @@ def _live(run: LiveRun, renew: Any, interval: float) -> None:
             time.sleep(interval)
 
 
-def _now(run: LiveRun) -> dict[str, Any]:
-    return snapshot(read_processes(run.folder), run.run_id, run_alive(run.folder), time.time())
+def _now(run: LiveRun, culprit: CulpritWatch) -> dict[str, Any]:
+    return snapshot(read_processes(run.folder), run.run_id, run_alive(run.folder), time.time(), culprit())
 
 
 def _print(document: dict[str, Any], as_json: bool) -> None:
@@ -165,10 +254,19 @@ def _print(document: dict[str, Any], as_json: bool) -> None:
         return
     from rich.console import Console
 
-    console = Console(width=max(100, Console().width))
+    from stepcli.pipeconsole import pipe_console
+
+    console = pipe_console(width=max(100, Console().width))  # on a pipe: no trailing spaces (the title's)
     console.print(render(document))
+    basis = document.get("culprit") or {}
+    if basis.get("why"):
+        console.print(
+            f"slowest: {'rank ' + str(basis['rank']) if basis.get('rank') is not None else 'nobody'} ({basis['why']})",
+            markup=False,
+            highlight=False,
+        )
     if not document["running"]:
-        console.print(f"run {document['run_id']} has finished")
+        console.print(f"run {visible(str(document['run_id']))} has finished", markup=False, highlight=False)
 
 
 def _terminate(signum: int, _frame: Any) -> None:

@@ -23,7 +23,7 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import IO, Any, NamedTuple, cast
 
 from stepcli.agent.cudamemory import ON_DEMAND_PREFIX, SNAPSHOT_KEY, SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX, STEP_TAG
 from stepcli.errors import TraceError
@@ -82,18 +82,49 @@ class _PlainDataUnpickler(pickle.Unpickler):
         raise _Refused("a persistent object")
 
 
-class _Capped(io.RawIOBase):
-    """A readable stream that fails past `limit` bytes: a gzip bomb or a growing file stops at the cap."""
+class _Amplified(Exception):
+    """The decoding holds far more memory than the bytes it has read could explain (a flood of empty lists, a
+    gzip bomb of them): refused before it takes the machine's memory."""
 
-    def __init__(self, stream: Any, limit: int) -> None:
+
+# Memory the decoding may add, per byte of pickle read, above a fixed allowance: the streaming decoder keeps about
+# 1x the file (README), Python's C unpickler 7-8x; a pickle made of 1-byte EMPTY_LIST opcodes would take 64-160x.
+_GROWTH_ALLOWANCE = 128 << 20
+STREAMED_GROWTH = 4
+UNPICKLER_GROWTH = 12
+
+
+def _resident_bytes() -> int | None:
+    """This process's resident memory now (Linux: /proc/self/statm), or None where it cannot be read."""
+    try:
+        with open("/proc/self/statm", "rb") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class _Capped(io.RawIOBase):
+    """A readable stream that fails past `limit` bytes (a gzip bomb or a growing file stops at the cap), and
+    when, at a read, the process has grown by more than `growth` times the bytes read so far (plus an allowance):
+    memory bounded by what the pickle's size explains, whatever its opcodes build."""
+
+    def __init__(self, stream: Any, limit: int, growth: int = 0) -> None:
         self._stream = stream
         self._left = limit
+        self._growth = growth
+        self._read = 0
+        self._start = _resident_bytes() if growth else None
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
+        if self._start is not None:
+            now = _resident_bytes()
+            if now is not None and now - self._start > _GROWTH_ALLOWANCE + self._growth * self._read:
+                raise _Amplified(f"{(now - self._start) >> 20} MiB built from {self._read >> 10} KiB of pickle")
         count: int = self._stream.readinto(buffer)
+        self._read += count
         self._left -= count
         if self._left < 0:
             raise _TooBig
@@ -123,26 +154,55 @@ def load_snapshot(path: str, streamed: bool = True) -> Snapshot:
     if streamed:
         try:
             builder = HistoryBuilder(STEP_TAG)
-            decoder = _read(path, lambda stream: StreamDecoder(stream.read, builder).run())
+            decoder = _read(path, lambda stream: StreamDecoder(stream.read, builder).run(), STREAMED_GROWTH)
             data, histories = decoder
-            if isinstance(data, dict) and isinstance(data.get("segments"), list):
-                return _convert(path, data, builder, histories)
-        except (Unsupported, KeyError, TypeError, ValueError, AttributeError, OverflowError):
+            if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
+                raise TraceError(path, _NOT_A_SNAPSHOT)  # decoded completely: the C unpickler would say the same
+            return _convert(path, data, builder, histories)
+        except (Unsupported, KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError):
             pass  # the C unpickler's reading gives the answer, or the error in its words
     builder = HistoryBuilder(STEP_TAG)
-    data = _read(path, lambda stream: _PlainDataUnpickler(stream).load())
+    _read(path, _check_memo_indexes)  # the C unpickler sizes its memo from the largest index it is given
+    data = _read(path, lambda stream: _PlainDataUnpickler(stream).load(), UNPICKLER_GROWTH)
     if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
-        raise TraceError(
-            path, "a pickle, but not a CUDA memory snapshot (torch.cuda.memory._snapshot() has 'segments')"
-        )
+        raise TraceError(path, _NOT_A_SNAPSHOT)
     try:
         return _convert(path, data, builder, {})
+    except RecursionError:
+        raise TraceError(path, "not a CUDA memory snapshot torch writes: nested too deeply") from None
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise TraceError(path, f"not a CUDA memory snapshot torch writes: {exc}") from None
 
 
-def _read(path: str, decode: Callable[[Any], Any]) -> Any:
-    """decode(a capped, buffered stream of the file's pickle bytes), with the file's problems as TraceError."""
+_NOT_A_SNAPSHOT = "a pickle, but not a CUDA memory snapshot (torch.cuda.memory._snapshot() has 'segments')"
+_PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
+
+
+class _MemoBomb(Exception):
+    """A memo index past the objects built so far: a pickle made to take memory (the C unpickler's memo is an
+    array as long as the largest index: `K\x01r\xff\xff\xff\x7f.`, 10 bytes, would take 16 GB)."""
+
+
+def _check_memo_indexes(stream: Any) -> None:
+    """Read the pickle's opcodes (building nothing) and refuse any memo index larger than the opcodes read so far:
+    a pickler numbers what it memoizes 0, 1, 2, ..., one object per opcode at most."""
+    import pickletools
+
+    class _Reader:  # read() only: genops asks a stream that has tell() for its position, which this one lacks
+        read = stream.read
+        readline = stream.readline
+
+    try:
+        for count, (opcode, argument, _) in enumerate(pickletools.genops(cast("IO[bytes]", _Reader()))):
+            if opcode.name in _PUTS and isinstance(argument, int) and argument > count:
+                raise _MemoBomb(argument)
+    except (ValueError, EOFError, UnicodeDecodeError):
+        return  # not a pickle from here on: the unpickler says so in its own words, before reaching it
+
+
+def _read(path: str, decode: Callable[[Any], Any], growth: int = 0) -> Any:
+    """decode(a capped, buffered stream of the file's pickle bytes), with the file's problems as TraceError.
+    `growth`: the memory the decoding may add per byte read (0: not watched)."""
     limit = input_limit()
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
@@ -158,13 +218,24 @@ def _read(path: str, decode: Callable[[Any], Any]) -> Any:
             head = raw.read(2)
             raw.seek(0)
             stream: Any = gzip.GzipFile(fileobj=raw, mode="rb") if head == GZIP_MAGIC else raw
-            capped = io.BufferedReader(_Capped(stream, limit), buffer_size=1 << 20)
+            capped = io.BufferedReader(_Capped(stream, limit, growth), buffer_size=1 << 20)
             return decode(capped)
         except _Refused as exc:
             raise TraceError(
                 path,
                 f"refused: the pickle asks to build {exc}, which is not plain data (a snapshot holds only dicts, "
                 "lists, strings and numbers; loading a pickle that names a class or function can run any code)",
+            ) from None
+        except _Amplified as exc:
+            raise TraceError(
+                path,
+                f"refused: its decoding outgrew what the file's size explains ({exc}): not a snapshot torch writes",
+            ) from None
+        except _MemoBomb as exc:
+            raise TraceError(
+                path,
+                f"refused: memo index {exc} is past the objects built so far (a pickle made to take memory, "
+                "not one torch writes)",
             ) from None
         except _TooBig:
             raise TraceError(

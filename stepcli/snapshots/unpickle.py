@@ -122,6 +122,14 @@ class Trace(Sequence[Entry]):
         return action in self.names and self.names.index(action) in self.actions
 
 
+def _text(value: Any) -> str:
+    """A frame's file or function name: a string in every snapshot torch writes. Anything else is refused rather
+    than turned into text (a list nested 200,000 deep would take the whole stack to print)."""
+    if type(value) is not str:
+        raise TypeError(f"a frame's name is a {type(value).__name__}, not a string")
+    return value
+
+
 class HistoryBuilder:
     """Stacks interned (frame dicts kept once), steps and actions coded, entries appended to `Trace` columns."""
 
@@ -158,7 +166,7 @@ class HistoryBuilder:
         for raw in frames:
             hit = cache.get(id(raw))
             if hit is None:
-                hit = cache[id(raw)] = (raw, Frame(str(raw["filename"]), int(raw["line"]), str(raw["name"])))
+                hit = cache[id(raw)] = (raw, Frame(_text(raw["filename"]), int(raw["line"]), _text(raw["name"])))
             out.append(hit[1])
         key = tuple(out)
         index = self._stack_index.get(key)

@@ -48,7 +48,7 @@ from stepcli.traces.model import (
     TraceFacts,
     TraceSummary,
 )
-from stepcli.traces.ranks import WindowFacts, find_straggler, group_processes, is_communication, process_key
+from stepcli.traces.ranks import WindowFacts, find_straggler, group_processes, is_communication, process_keys
 from stepcli.traces.shares import STEP_KEY, share_basis, stable_name
 from stepcli.traces.steps import (
     BACKWARD,
@@ -555,10 +555,10 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
     flops_sources: set[str] = set()
     gemm_ns: dict[str, int] = {}
     rank_device: dict[str, DeviceTimes] = {}
-    for part in parts:
+    labels = process_keys([(part.rank, part.path, part.main_pid) for part in parts])
+    for part, (_key, process) in zip(parts, labels):
         _add_rows(cpu.rows, part.cpu_rows)
         _add_rows(device.rows, part.device_rows)
-        _key, process = process_key(part.rank, part.path, part.main_pid)
         trace_steps = [
             StepRow(rank=part.rank, step=step, dur_ms=ns / NS_PER_MS, process=process)
             for step, ns in zip(part.steps, part.step_ns)

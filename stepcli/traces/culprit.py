@@ -16,7 +16,12 @@ order in the step) across all ranks (gloo):
 - Per rank, over the collectives it is a member of: times last, lateness ms/step, wait caused to others ms/step,
   own wait ms/step, and its median **lead** (its arrival minus the latest other member's).
 - A culprit is named only when it is a finding, not noise: last in at least `MIN_LAST_SHARE` of its collectives
-  and more often than chance would make it (at most `MAX_CHANCE`; last at random: 1 in its groups' size),
+  and more often than chance would make it (at most `MAX_CHANCE`; last at random: 1 in its groups' size), or,
+  since a sign alone cannot decide from few collectives (last at 3 of 3 on two ranks happens 1 time in 8), last
+  at every one of them by a mean lead so far beyond the noise (its leads' own spread, or the spread of the other
+  members' own gaps before arriving, which a lead is the difference of when all do the same work: whichever
+  is smaller, the chance doubled) that a rank doing what the others do would show it at most `MAX_CHANCE` / (the
+  ranks that could be the candidate) of the time: a one-sided Student t-test (`lead_t_chance`),
   lateness of at least `MIN_LATENESS_MS` and `MIN_STEP_SHARE` of the median step time per step, and its median
   lead above both the alignment error and `JITTER_FACTOR` standard errors of that median (from the lead's jitter,
   a robust standard deviation over the collectives): late by a consistent margin, not by scheduling noise. With process groups the same rule
@@ -102,6 +107,7 @@ class _GroupFigures:
     late_us: float = 0.0
     caused_us: float = 0.0
     leads: list[float] = field(default_factory=list)
+    others_gaps: list[float] = field(default_factory=list)
 
     def row(self, n_steps: int) -> dict[str, Any]:
         """The figures `_is_finding` and `_cause` read, as the rank's row has them."""
@@ -270,12 +276,13 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
     taken = [0] * n  # collectives the rank is a member of
     chance = [0.0] * n  # ... and the sum of 1 / members over them (how often it would be last at random)
     leads: list[list[float]] = [[] for _ in range(n)]
+    others_gaps: list[list[float]] = [[] for _ in range(n)]  # the other members' median gap, per collective
     last_at: list[int] = []
     per_step: dict[int, list[float]] = {step: [0.0] * n for step in steps}
     listed: list[dict[str, Any]] = []
     # per (rank, process group): collectives, times last, lateness and waits caused there, and the leads
     in_group: dict[tuple[int, str], _GroupFigures] = {}
-    for (group, key), cols, arrive in zip(matched.keys, matched.members, matched.arrive):
+    for (group, key), cols, arrive, gaps in zip(matched.keys, matched.members, matched.arrive, matched.gaps):
         aligned = [a - offsets[j] for j, a in zip(cols, arrive)]
         order = sorted(range(len(cols)), key=lambda k: aligned[k])
         last = cols[order[-1]]
@@ -292,6 +299,8 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
             figures = in_group.setdefault((j, group), _GroupFigures(len(cols)))
             figures.taken += 1
             figures.leads.append(leads[j][-1])
+            others_gaps[j].append(_others_gap(gaps, k))
+            figures.others_gaps.append(others_gaps[j][-1])
         mine = in_group[(last, group)]
         mine.times_last += 1
         mine.late_us += lateness
@@ -331,7 +340,15 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
     min_lead_us = _lead_floor(error_us, rows[candidate]["lead_jitter_ms"], taken[candidate])
     # a rank last at random: 1 in (the size of its groups), on average over its collectives
     group_size = taken[candidate] / chance[candidate]
-    finding = _is_finding(rows[candidate], min_lead_us, median_step_ms, taken[candidate], group_size)
+    finding = _is_finding(
+        rows[candidate],
+        min_lead_us,
+        median_step_ms,
+        taken[candidate],
+        group_size,
+        (leads[candidate], others_gaps[candidate]),
+        n,
+    )
     # ... or judged on one of its process groups alone (a rank late only before its tensor-parallel all-reduce is
     # last at half its collectives); a group of every rank is the whole again
     found_group: tuple[str, dict[str, Any]] | None = None
@@ -340,7 +357,15 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
             continue
         row = figures.row(n_steps)
         group_min_lead_us = _lead_floor(error_us, row["lead_jitter_ms"], figures.taken)
-        if _is_finding(row, group_min_lead_us, median_step_ms, figures.taken, figures.size):
+        if _is_finding(
+            row,
+            group_min_lead_us,
+            median_step_ms,
+            figures.taken,
+            figures.size,
+            (figures.leads, figures.others_gaps),
+            figures.size,
+        ):
             cause = _cause(matched, candidate, last_at, row, n_steps, group)
             if cause["cause_ms_per_step"] < MIN_LATENESS_MS:
                 continue  # late, but not by any work of its own (see below)
@@ -383,6 +408,9 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
             "min_lateness_ms_per_step": MIN_LATENESS_MS,
             "min_step_share": MIN_STEP_SHARE,
             "min_lead_ms": round(min_lead_us / 1000, 4),
+            # the size test (or the sign test above): one-sided t-test chance of the candidate's mean lead against
+            # the others' noise, a finding at most max_chance / ranks
+            "lead_t_chance": round(lead_t_chance(leads[candidate], others_gaps[candidate]), 6),
             "min_cause_ms_per_step": MIN_LATENESS_MS,
         },
         "ranks": rows,
@@ -427,15 +455,80 @@ def _jitter(values: list[float]) -> float:
 
 
 def _is_finding(
-    row: dict[str, Any], min_lead_us: float, median_step_ms: float | None, count: int, ranks: float
+    row: dict[str, Any],
+    min_lead_us: float,
+    median_step_ms: float | None,
+    count: int,
+    ranks: float,
+    leads: tuple[Sequence[float], Sequence[float]] = ((), ()),
+    candidates: int = 2,
 ) -> bool:
     floor = max(MIN_LATENESS_MS, MIN_STEP_SHARE * (median_step_ms or 0.0))
+    by_sign = chance_of_last(row["times_last"], count, ranks) <= MAX_CHANCE
+    # last every time (consistent), by a mean lead far beyond the others' noise; the candidate is the latest of the
+    # ranks: a chance that small for any of them
+    by_size = row["times_last"] == count and lead_t_chance(*leads) <= MAX_CHANCE / max(candidates, 1)
     return bool(
         row["last_share"] >= MIN_LAST_SHARE
-        and chance_of_last(row["times_last"], count, ranks) <= MAX_CHANCE
+        and (by_sign or by_size)
         and row["lead_median_ms"] * 1000 > min_lead_us
         and row["lateness_ms_per_step"] >= floor
     )
+
+
+def _others_gap(gaps: list[dict[str, float]], k: int) -> float:
+    """The other members' median gap before arriving (µs), at one collective."""
+    return _median([sum(gap.values()) for i, gap in enumerate(gaps) if i != k])
+
+
+def lead_t_chance(leads: Sequence[float], others_gaps: Sequence[float]) -> float:
+    """How likely a mean lead this large is when the rank does what the others do: the one-sided p-value of a
+    Student t-test of the mean lead over n collectives (n - 1 degrees of freedom), against two estimates of the
+    noise, the better of the two taken and doubled (Bonferroni: either may decide):
+
+    - the leads' own spread (a consistent lead: 14 +- 2 ms at 3 collectives);
+    - the other members' own gaps before arriving, over the collectives, x sqrt(2): under "the same work" a lead is
+      the difference of two such gaps, and the noise of the others is untouched by the culprit's own uneven
+      lateness (a warm-up collective twice as late: 36, 17, 18 ms).
+
+    1.0 with fewer than 2 collectives or a mean lead not above zero; 0.0 when a noise estimate is exactly 0."""
+    n = len(leads)
+    if n < 2:
+        return 1.0
+    mean = sum(leads) / n
+    if mean <= 0:
+        return 1.0
+
+    def sd(values: Sequence[float], factor: float) -> float:
+        middle = sum(values) / len(values)
+        return math.sqrt(factor * sum((v - middle) ** 2 for v in values) / (len(values) - 1))
+
+    noises = [sd(leads, 1.0)] + ([sd(others_gaps, 2.0)] if len(others_gaps) == n else [])
+    best = min(noises)
+    if best <= 0:
+        return 0.0
+    return min(1.0, 2 * student_t_sf(mean / (best / math.sqrt(n)), n - 1))
+
+
+def student_t_sf(t: float, df: int) -> float:
+    """P(T > t) for Student's t with integer `df` >= 1, exactly (Abramowitz & Stegun 26.7.3-4), no scipy."""
+    if t < 0:
+        return 1.0 - student_t_sf(-t, df)
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:  # odd: A = 2/pi (theta + sin cos (1 + 2/3 c2 + 2*4/(3*5) c2^2 + ...)), up to c^(df-3)
+        series, term = 0.0, 1.0
+        for k in range(1, (df - 1) // 2 + 1):
+            series += term
+            term *= c2 * (2 * k) / (2 * k + 1)
+        inside = 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * series) if df > 1 else 2 * theta / math.pi
+    else:  # even: A = sin (1 + 1/2 c2 + 1*3/(2*4) c2^2 + ...), up to c^(df-2)
+        series, term = 0.0, 1.0
+        for k in range(1, df // 2 + 1):
+            series += term
+            term *= c2 * (2 * k - 1) / (2 * k)
+        inside = math.sin(theta) * series
+    return max(0.0, (1.0 - inside) / 2)
 
 
 def _cause(

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from stepcli.errors import StepcliError, TraceError
 
-# (cli.py imports this module at start-up: json, tempfile and the trace reader are imported when a merge runs)
+# (cli.py imports this module at start-up: json and the trace reader are imported when a merge runs)
 
 MARKER = "stepcli_merged"
 _ID_STRIDE = 1 << 40  # per-rank range of flow, correlation and external ids
@@ -31,11 +32,20 @@ def check_output(path: str) -> None:
     """Refuse to replace a file stepcli merge did not write (or anything that is not a regular file)."""
     if not os.path.lexists(path):
         return
-    if os.path.islink(path) or not os.path.isfile(path):
-        raise StepcliError(f"{path}: exists and is not a regular file; choose another -o")
-    with open(path, "rb") as handle:
-        head = handle.read(_HEAD_BYTES)
-    if f'"{MARKER}"'.encode() not in head:
+    from stepcli import safefile
+
+    try:
+        fd, _ = safefile.open_regular(path)  # a link is not followed, a FIFO never blocks
+    except OSError:
+        raise StepcliError(f"{path}: exists and is not a regular file; choose another -o") from None
+    try:
+        head = os.read(fd, _HEAD_BYTES)
+    except OSError as exc:
+        raise StepcliError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    # Its first key, not merely the word somewhere in it (a note that quotes it is not a merged trace).
+    if re.match(rb'\s*\{\s*"' + MARKER.encode() + rb'"\s*:', head) is None:
         raise StepcliError(f"{path}: exists and was not written by stepcli merge; choose another -o or remove it")
 
 
@@ -53,6 +63,11 @@ def _load(path: str) -> dict[str, Any]:
     if MARKER in document:
         raise TraceError(path, "is already a merged trace (stepcli merge output)")
     return document
+
+
+def _base_time(document: dict[str, Any]) -> int | None:
+    base = document.get("baseTimeNanoseconds")
+    return base if isinstance(base, int) and not isinstance(base, bool) and abs(base) < 2**63 else None
 
 
 def _rank_of(document: dict[str, Any], path: str) -> int | None:
@@ -78,15 +93,25 @@ def _main_thread(events: list[Any]) -> tuple[Any, Any] | None:
 class _Rewriter:
     """One trace's events moved onto the merged clock, pids and id ranges."""
 
-    def __init__(self, rank: int, slot: int, shift_us: float) -> None:
-        self.rank, self.slot, self.shift_us = rank, slot, shift_us
+    def __init__(self, rank: int, slot: int, shift_us: float, path: str = "") -> None:
+        self.rank, self.slot, self.shift_us, self.path = rank, slot, shift_us, path
         self.pids: dict[Any, int] = {}
         self.main_pid: Any = None  # the trace's process that ran the steps
 
     def pid(self, original: Any) -> int:
+        if not isinstance(original, (int, float, str)):  # a list or an object: `table` reads it as text too
+            original = repr(original)
         if original not in self.pids:
+            if len(self.pids) >= _PID_STRIDE:  # the next one would take the next rank's first pid
+                raise TraceError(self.path, f"more than {_PID_STRIDE} processes in one trace: cannot merge it")
             self.pids[original] = self.slot * _PID_STRIDE + len(self.pids)
         return self.pids[original]
+
+    def moved(self, ident: int) -> int:
+        """An id in this rank's range: only ids below the stride keep the ranks' ranges apart (and within int64)."""
+        if not 0 <= ident < _ID_STRIDE:
+            raise TraceError(self.path, f"id {ident} is outside 0..2^40: the ranks' ids could not be kept apart")
+        return ident + self.slot * _ID_STRIDE
 
     def event(self, event: dict[str, Any]) -> dict[str, Any]:
         out = dict(event)
@@ -94,17 +119,19 @@ class _Rewriter:
             out["pid"] = self.pid(out["pid"])
         ts = out.get("ts")
         if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+            if isinstance(ts, int) and abs(ts) >= 2**63:  # (a float cannot hold it: OverflowError)
+                raise TraceError(self.path, f"timestamp {str(ts)[:30]}... is not a time")
             out["ts"] = round(ts - self.shift_us, 3)
         ident = out.get("id")
         if isinstance(ident, int) and not isinstance(ident, bool):
-            out["id"] = ident + self.slot * _ID_STRIDE
+            out["id"] = self.moved(ident)
         args = out.get("args")
         if isinstance(args, dict):
             args = dict(args)
             for key in _ID_ARGS:
                 value = args.get(key)
                 if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-                    args[key] = value + self.slot * _ID_STRIDE
+                    args[key] = self.moved(value)
             if out.get("ph") == "M" and out.get("name") == "process_name" and "name" in args:
                 args["name"] = f"rank {self.rank}: {args['name']}"
             out["args"] = args
@@ -193,19 +220,22 @@ def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
     if len(files) > 1 and any(rank is None for rank in ranks):
         missing = files[ranks.index(None)]
         raise StepcliError(f"{missing}: no rank (distributedInfo.rank or rank<N> in the name); cannot merge ranks")
-    bases = [document.get("baseTimeNanoseconds") for _, document in documents]
+    # A base time is nanoseconds since the epoch: anything past int64 (10**400, say) is not one.
+    bases = [_base_time(document) for _, document in documents]
     reference_base = next((b for b in bases if isinstance(b, int)), 0)
     events: list[dict[str, Any]] = []
     mains: dict[int, tuple[int, Any]] = {}
-    slots: dict[int, int] = {}
+    per_rank: Counter[int] = Counter()
     for (_path, document), rank, base in zip(documents, ranks, bases):
         rank = rank if rank is not None else 0
-        slot = slots.setdefault(rank, len(slots))
+        # One pid and id range per file: two traces of one rank (two windows, or a copy) never share ids or pids.
+        slot = sum(per_rank.values())
+        per_rank[rank] += 1
         if str(rank) in offsets:
             shift = offsets[str(rank)] * 1000
         else:
             shift = -((base - reference_base) / 1000 if isinstance(base, int) else 0.0)
-        rewriter = _Rewriter(rank, slot, shift)
+        rewriter = _Rewriter(rank, slot, shift, _path)
         main = _main_thread(document["traceEvents"])
         rewriter.main_pid = main[0] if main else None
         events.extend(rewriter.event(e) for e in document["traceEvents"] if isinstance(e, dict))
@@ -215,7 +245,8 @@ def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
     marks = _culprit_marks(culprit, mains)
     events.extend(marks)
     facts = {
-        "ranks": sorted(slots),
+        "ranks": sorted(per_rank),
+        "repeated_ranks": {rank: count for rank, count in sorted(per_rank.items()) if count > 1},
         "files": list(files),
         "alignment": (culprit or {}).get("alignment"),
         "culprit": (culprit or {}).get("culprit"),
@@ -228,31 +259,15 @@ def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
 
 def _write(path: str, document: dict[str, Any]) -> None:
     import json
-    import tempfile
 
-    folder = os.path.dirname(os.path.abspath(path))
+    from stepcli import safefile
+
     try:
-        fd, temporary = tempfile.mkstemp(prefix=".merge-", suffix=".tmp", dir=folder)
+        with safefile.NewFile(os.path.abspath(path)) as handle:
+            handle.write(json.dumps(document, separators=(",", ":")).encode("utf-8"))
+            check_output(path)  # again: something may have appeared there meanwhile
     except OSError as exc:
         raise StepcliError(f"{path}: cannot write there: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(document, handle, separators=(",", ":"))
-        check_output(path)  # again: something may have appeared there meanwhile
-        os.replace(temporary, path)
-    except OSError as exc:
-        _remove(temporary)
-        raise StepcliError(f"{path}: cannot write there: {exc.strerror or exc}") from None
-    except BaseException:
-        _remove(temporary)
-        raise
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def merge_main(paths: Sequence[str], output: str) -> str:
@@ -267,4 +282,8 @@ def merge_main(paths: Sequence[str], output: str) -> str:
     found = facts["culprit"]
     who = f"; culprit rank {found['rank']}" if found else ""
     ranks = ", ".join(map(str, facts["ranks"]))
-    return f"wrote {output}: ranks {ranks} from {len(facts['files'])} trace(s), {clock}, {facts['marks']} marks{who}"
+    repeated = "".join(f"; rank {r} in {n} traces (kept apart)" for r, n in facts["repeated_ranks"].items())
+    return (
+        f"wrote {output}: ranks {ranks} from {len(facts['files'])} trace(s), {clock}, {facts['marks']} marks{who}"
+        f"{repeated}"
+    )

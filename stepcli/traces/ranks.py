@@ -63,6 +63,23 @@ def process_key(rank: int | None, path: str, pid: int | str | None) -> tuple[str
     return f"3:{path}", os.path.basename(path)
 
 
+def process_keys(items: Sequence[tuple[int | None, str, int | str | None]]) -> list[tuple[str, str]]:
+    """`process_key` of every trace, (rank, path, pid) each, where one rank seen with several OS pids is several
+    processes: two runs into one folder (`-o` given twice), or a restarted rank, stay apart as `rank 0 (pid N)`,
+    never one process whose step 2 is two runs' step 2."""
+    pids: dict[int, set[int | str]] = {}
+    for rank, _path, pid in items:
+        if rank is not None and pid is not None:
+            pids.setdefault(rank, set()).add(pid)
+    out = []
+    for rank, path, pid in items:
+        key, label = process_key(rank, path, pid)
+        if rank is not None and pid is not None and len(pids.get(rank, ())) > 1:
+            key, label = f"{key}:{pid}", f"{label} (pid {pid})"
+        out.append((key, label))
+    return out
+
+
 def steps_label(steps: list[int]) -> str:
     """`steps 3-5` for a window; `steps 3, 7` when they are not consecutive; `no steps`."""
     if not steps:
@@ -143,8 +160,8 @@ class ProcessRow:
 def group_processes(items: list[tuple[int | None, str, int | str | None, WindowFacts]]) -> list[ProcessRow]:
     """(rank, path, pid, window) of every trace -> one row per process, in rank order, windows by first step."""
     rows: dict[str, ProcessRow] = {}
-    for rank, path, pid, window in items:
-        key, label = process_key(rank, path, pid)
+    keys = process_keys([(rank, path, pid) for rank, path, pid, _ in items])
+    for (rank, _path, _pid, window), (key, label) in zip(items, keys):
         rows.setdefault(key, ProcessRow(label, rank)).windows.append(window)
     out = [rows[key] for key in sorted(rows)]
     for row in out:

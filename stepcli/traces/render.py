@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, Callable
 
 from stepcli.fmt import ms_cell as _ms
-from stepcli.fmt import visible_all
+from stepcli.fmt import visible, visible_all
 from stepcli.pipeconsole import pipe_console
 from stepcli.traces.culprit import culprit_lines
 from stepcli.traces.ranks import first_per_process
@@ -108,18 +108,32 @@ def ops_table(
     room = (width or 120) - fixed - 3 * columns - 1
     shape_width = max(len("Input shapes"), min(30, max(map(len, shapes), default=0), room // 3)) if with_shape else 0
     name_width = max(12, min(NAME_WIDTH, room - shape_width))
+    # Too narrow for names and shapes side by side (80 columns): each shape goes under its name, both getting the
+    # whole room, so rows that differ only in their shapes can still be told apart.
+    stacked = with_shape and (
+        max((len(r["name"]) for r in shown), default=0) > name_width or max(map(len, shapes), default=0) > shape_width
+    )
+    if stacked:
+        room += 3  # one column fewer
+        name_width = max(12, min(NAME_WIDTH, room))
+        shape_width = max(12, room - 2)
 
     table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
-    table.add_column("Name", no_wrap=True)
-    if with_shape:
+    table.add_column("Name / input shapes" if stacked else "Name", no_wrap=True)
+    if with_shape and not stacked:
         table.add_column("Input shapes", no_wrap=True)
     for header in headers:
         table.add_column(header, justify="right", no_wrap=True)
     for index, row in enumerate(shown):
         # Text, not str: names and shapes are data, and "[...]" in them must not be read as rich markup.
-        cells: list[Text | str] = [Text(shorten(row["name"], name_width))]
-        if with_shape:
-            cells.append(Text(shorten(shapes[index], shape_width)))
+        name = shorten(row["name"], name_width)
+        if stacked:
+            shape = shapes[index]
+            cells: list[Text | str] = [Text(name + (f"\n  {shorten(shape, shape_width)}" if shape else ""))]
+        else:
+            cells = [Text(name)]
+            if with_shape:
+                cells.append(Text(shorten(shapes[index], shape_width)))
         table.add_row(*cells, *numbers[index])
     return table
 
@@ -256,8 +270,11 @@ def breakdown_table(
 
 
 # ------------------------------------------------------------------------------------------------ reports
+DEFAULT_LIMIT = 20  # operator rows on the terminal and in --markdown without --limit
+
+
 def print_table_report(
-    summary: TraceSummary, *, sort_by: str, limit: int, fmt: str, file: IO[str] | None = None
+    summary: TraceSummary, *, sort_by: str, limit: int | None, fmt: str, file: IO[str] | None = None
 ) -> None:
     """Write the report for `stepcli table` to stdout (or `file`) in one of FORMATS.
 
@@ -273,12 +290,15 @@ def print_table_report(
     try:
         if fmt == "json":
             out.write(json_text(data))
-        elif fmt == "csv":
+        elif fmt == "csv":  # a machine format: every row unless --limit, and a cut said on stderr
             out.write(csv_report(data, sort_by=sort_by, limit=limit))
+            cut = csv_cut_note(data, limit)
+            if cut:
+                print(f"stepcli: note: {cut}", file=sys.stderr)
         elif fmt == "markdown":
-            out.write(markdown_report(data, sort_by=sort_by, limit=limit))
+            out.write(markdown_report(data, sort_by=sort_by, limit=limit or DEFAULT_LIMIT))
         else:
-            print_rich_report(data, _pipe_console(file), sort_by=sort_by, limit=limit)
+            print_rich_report(data, _pipe_console(file), sort_by=sort_by, limit=limit or DEFAULT_LIMIT)
         out.flush()  # inside the try: a closed pipe must surface here, not in the interpreter's final flush
     except BrokenPipeError:
         _discard_output(out)
@@ -395,8 +415,27 @@ def csv_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: int | N
     return buffer.getvalue()
 
 
+def _md_text(value: Any) -> str:
+    """Text from traces for Markdown: HTML special characters as entities (a name holding `<img ...>` is shown,
+    not rendered), control characters as escapes (stepcli.fmt.visible)."""
+    text = visible(str(value))
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def csv_cut_note(data: Mapping[str, Any], limit: int | None) -> str | None:
+    """What `--limit` left out of the CSV, or None when it holds every row."""
+    if limit is None:
+        return None
+    cut = [
+        f"{min(limit, len(rows))} of {len(rows)} {what}"
+        for what, rows in (("CPU operators", data["cpu_ops"]), ("device kernels", data["device_kernels"]))
+        if len(rows) > limit
+    ]
+    return f"the CSV holds {' and '.join(cut)} (--limit {limit})" if cut else None
+
+
 def _md_cell(value: Any) -> str:
-    return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    return _md_text(str(value).replace("\n", " ")).replace("\\", "\\\\").replace("|", "\\|")
 
 
 def _md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[bool]) -> list[str]:
@@ -460,8 +499,9 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
         )
         lines.append("")
         if data.get("straggler"):
-            lines += [f"Slowest rank: {data['straggler']['evidence']}.", ""]
-        lines += [f"C{line[1:]}" for line in culprit_lines(data.get("culprit"))] + [""] * bool(data.get("culprit"))
+            lines += [f"Slowest rank: {_md_text(data['straggler']['evidence'])}.", ""]
+        culprit = culprit_lines(data.get("culprit"))
+        lines += [_md_text(f"C{line[1:]}") for line in culprit] + [""] * bool(culprit)
     breakdown = data.get("breakdown_ms")
     if breakdown:
         total = sum(breakdown.values())
@@ -489,7 +529,10 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
         lines += _md_table(
             ("Name", "Calls", "Self ms", "Self %", "Total ms", "Avg ms"), rows, (False, True, True, True, True, True)
         )
-        lines += ["", f"{share_caption(data.get('share_of'))}.", ""]
+        shown = (
+            f"{len(rows)} of {len(rows_in)} rows, sorted by {sort_by} (--limit). " if len(rows) < len(rows_in) else ""
+        )
+        lines += ["", f"{shown}{share_caption(data.get('share_of'))}.", ""]
         lines += [f"{note}.", ""] if (note := overlap_note(rows_in)) else []
         outside = outside_note(data.get("outside_steps")) if title == "CPU operators" else None
         if outside:

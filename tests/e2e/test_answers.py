@@ -125,7 +125,9 @@ def test_compare_run_summary_with_trace_does_not_list_the_step_annotation(
     one = accumulation[0].summary
     summary = tmp_path / "one.json"
     summary.write_text(json.dumps(one))
-    result = run_stepcli("compare", summary, one["traces"][0], "--tolerance", "99%", cwd=tmp_path)
+    result = run_stepcli(
+        "compare", summary, one["traces"][0], "--tolerance", "99%", "--allow-inconclusive", cwd=tmp_path
+    )
     assert result.returncode in (0, 1), result.stderr
     assert "ProfilerStep" not in result.stdout
     assert "aten::addmm" in result.stdout

@@ -66,3 +66,23 @@ def test_help_and_version() -> None:
     assert result.returncode == 0 and "passed to the program untouched" in " ".join(result.stdout.split())
     version = run_stepcli("--version")
     assert version.returncode == 0 and "stepcli" in version.stdout
+
+
+def test_json_into_a_missing_folder_fails_in_one_line_and_creates_nothing(tmp_path: Path) -> None:
+    # GIVEN --json naming a file in a folder that does not exist (README: its folder must exist)
+    (tmp_path / "x.py").write_text("open('started', 'w').close()\n")
+    target = tmp_path / "nonexistent" / "dir" / "x.json"
+    result = run_stepcli("run", "-q", "--json", target, "x.py", cwd=tmp_path)
+    # THEN one line, exit 2, the program never started, and no folder was created
+    assert_one_line_error(result, 2, f"--json {target}", "does not exist")
+    assert not (tmp_path / "nonexistent").exists() and not (tmp_path / "started").exists()
+
+
+@pytest.mark.parametrize("before", [[], ["-q"], ["-o", "out", "--no-report"], ["-o", "out"]])
+def test_demo_options_after_the_double_dash_reach_the_demo_script(tmp_path: Path, before: list[str]) -> None:
+    # GIVEN README's `stepcli demo -- --iterations N`, the `--` first, after a flag, or after an option's value
+    result = run_stepcli("demo", *before, "--", "--iterations", "30", cwd=tmp_path)
+    # THEN the demo script gets --iterations (30, not its default 12: it prints every 4th, up to iteration 28)
+    assert result.returncode == 0, result.stderr
+    assert "No such option" not in result.stderr
+    assert "iteration  28  loss" in result.stdout, result.stdout

@@ -97,9 +97,11 @@ def record(root: Path, script: Path, name: str, sleep_ms: float, seed: int) -> s
 
 
 def verdict(stdout: str) -> str:
+    """The verdict, its lines wrapped to the width joined again (continuation lines are indented)."""
+    text = re.sub(r"\n  (?=\S)", " ", stdout)
     lines = [
         line
-        for line in stdout.splitlines()
+        for line in text.splitlines()
         if re.match(r"(NO CHANGE|IMPROVEMENT|INCONCLUSIVE|REGRESSION|NOTHING MEASURED): ", line)
     ]
     assert len(lines) == 1, stdout
@@ -243,7 +245,7 @@ def v2_summary(times: list[float]) -> dict[str, Any]:
     }
 
 
-def test_inconclusive_warns_and_strict_exits_4(tmp_path: Path) -> None:
+def test_inconclusive_fails_the_gate_unless_allowed(tmp_path: Path) -> None:
     import random
 
     rng = random.Random(0)
@@ -251,11 +253,18 @@ def test_inconclusive_warns_and_strict_exits_4(tmp_path: Path) -> None:
     base, cur = tmp_path / "b.json", tmp_path / "c.json"
     base.write_text(json.dumps(v2_summary(noisy[0])))
     cur.write_text(json.dumps(v2_summary(noisy[1])))
+    # GIVEN a verdict the gate cannot reach WHEN compared with the defaults THEN the gate fails (exit 4) and says
+    # how to let it pass
     result = run_stepcli("compare", base, cur)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 4, result.stdout + result.stderr
     assert verdict(result.stdout).startswith("INCONCLUSIVE: ")
     assert "more steps per side" in verdict(result.stdout)
     assert result.stderr.startswith("stepcli: warning: inconclusive: median step time")
+    assert "--allow-inconclusive passes it" in result.stderr and len(result.stderr.splitlines()) == 1
+    # AND --allow-inconclusive passes it with a warning; --strict (the old way to ask for exit 4) still works
+    allowed = run_stepcli("compare", base, cur, "--allow-inconclusive")
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+    assert allowed.stderr.startswith("stepcli: warning: inconclusive: median step time")
     assert run_stepcli("compare", base, cur, "--strict").returncode == 4
 
 
@@ -351,8 +360,8 @@ def test_too_few_steps_are_inconclusive_and_intervals_stay_above_minus_100_perce
         "--current",
         files["c2"],
     )
-    # THEN inconclusive (exit 0 with a warning), no impossible interval such as -1141.6% .. +1102.4%
-    assert result.returncode == 0, result.stdout + result.stderr
+    # THEN inconclusive (exit 4 with a warning), no impossible interval such as -1141.6% .. +1102.4%
+    assert result.returncode == 4, result.stdout + result.stderr
     line = verdict(result.stdout)
     assert line.startswith("INCONCLUSIVE: ") and "too few steps to decide (6 baseline and 6 current" in line, line
     assert "CI" not in line and "change:" not in result.stdout
@@ -375,3 +384,88 @@ def test_too_few_steps_are_inconclusive_and_intervals_stay_above_minus_100_perce
     )
     low = re.search(r"95% CI ([+-][\d.]+)% \.\. ", verdict(result.stdout))
     assert low and float(low.group(1)) > -100, result.stdout
+
+
+# ---------------------------------------------------------------- run folders; overwhelming evidence from few steps
+
+
+def test_a_run_folder_is_read_through_its_run_summary(runs: dict[str, Path]) -> None:
+    # GIVEN the `-o` folders of two runs (traces of 20 recorded steps beside the summary stepcli saved there)
+    base, slow = runs["base1"].with_suffix(""), runs["slow"].with_suffix("")
+    assert (base / ".stepcli").is_dir() and list(base.glob("*.pt.trace.json"))
+    # WHEN compared as folders THEN they are read as the run summaries inside them: every step, the untouched
+    # ones decide (as their --json files do), not the traces' recorded steps
+    result = run_stepcli("compare", base, slow)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert verdict(result.stdout).startswith("REGRESSION: median step time (untouched steps) "), result.stdout
+    assert re.search(
+        rf"steps:    baseline {re.escape(str(base))} \(run \S+\): untouched steps \d+-{STEPS - 1}", result.stdout
+    )
+
+
+# The issue's case: 14 iterations, a short window (10 recorded steps), the current side 13x slower.
+SHORT = """
+    import sys
+    import time
+
+    import torch
+
+    sleep_ms, steps = float(sys.argv[1]), int(sys.argv[2])
+    weight = torch.nn.Parameter(torch.zeros(4))
+    opt = torch.optim.SGD([weight], lr=0.1)
+    for _ in range(steps):
+        time.sleep(sleep_ms / 1000.0)
+        weight.grad = torch.ones(4)
+        opt.step()
+"""
+
+
+@pytest.fixture(scope="module")
+def short_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Run folders (with --json beside) of 14 steps: fast (3 ms sleeps) and slow (43 ms), window of 10, and the
+    same programs with the default window (3 recorded steps)."""
+    root = tmp_path_factory.mktemp("short")
+    script = write_script(root, "short.py", SHORT)
+    plan = [
+        (f"{speed}{window}", ms, active)
+        for speed, ms in (("fast", 3.0), ("slow", 43.0))
+        for window, active in (("10", "10"), ("3", "3"))
+    ]
+
+    def one(name: str, ms: float, active: str) -> subprocess.CompletedProcess[str]:
+        out = root / name
+        return run_stepcli("run", "-q", "--active", active, "-o", out, "--json", f"{out}.json", script, str(ms), "14")
+
+    with ThreadPoolExecutor(2) as pool:
+        done = dict(zip([p[0] for p in plan], pool.map(lambda p: one(*p), plan)))
+    for name, result in done.items():
+        assert result.returncode == 0, (name, result.stderr)
+    return {name: root / name for name in done}
+
+
+def test_overwhelming_slowdown_fails_the_gate_with_few_steps(short_runs: dict[str, Path]) -> None:
+    # GIVEN 10 recorded and 2 untouched steps per side (step 0 is start-up), every current step ~14x slower than every baseline step
+    for folder in (short_runs["fast10"], short_runs["slow10"]):
+        doc = json.loads(Path(f"{folder}.json").read_text())
+        assert doc["steps"]["global"] == 14 and doc["step_time_ms"]["untouched"]["count"] == 2
+    # WHEN compared (run summaries, and the same runs' folders) THEN REGRESSION, exit 1: the recorded steps count
+    # when the untouched ones are too few, and a complete separation far beyond the tolerance decides
+    for base, cur in (
+        (f"{short_runs['fast10']}.json", f"{short_runs['slow10']}.json"),
+        (short_runs["fast10"], short_runs["slow10"]),
+    ):
+        result = run_stepcli("compare", base, cur)
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert verdict(result.stdout).startswith("REGRESSION: median step time (profiled steps) "), result.stdout
+        assert "too few untouched steps" in result.stdout
+    # AND with the default window (3 recorded steps, 9 untouched): too few for an interval, but every current step
+    # is far beyond every baseline step: REGRESSION, and the verdict says why
+    result = run_stepcli("compare", short_runs["fast3"], short_runs["slow3"])
+    assert result.returncode == 1, result.stdout + result.stderr
+    line = verdict(result.stdout)
+    assert line.startswith("REGRESSION: median step time (untouched steps) "), line
+    assert "current steps is slower than every one of the" in line and "by chance with probability 1/" in line
+    # AND the mirror image is an improvement (exit 0); the unchanged program against itself is never a regression
+    assert run_stepcli("compare", short_runs["slow3"], short_runs["fast3"]).returncode == 0
+    same = run_stepcli("compare", short_runs["fast3"], short_runs["fast3"])
+    assert same.returncode in (0, 4) and not verdict(same.stdout).startswith("REGRESSION"), same.stdout

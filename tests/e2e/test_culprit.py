@@ -70,18 +70,18 @@ RANKS_SCRIPT = """
 """
 
 
-def _torchrun_run(tmp_path_factory: pytest.TempPathFactory, mode: str) -> dict[str, Any]:
+def _torchrun_run(tmp_path_factory: pytest.TempPathFactory, mode: str, active: str | None = "8") -> dict[str, Any]:
     """`stepcli run --active 8 -- torchrun --nproc-per-node 2 ranks.py MODE`: its summary, stderr and folder (8
-    recorded steps: enough collectives that a rank last at random is not taken for a culprit)."""
+    recorded steps: enough collectives that a rank last at random is not taken for a culprit); `active` None: the
+    default window (3 recorded steps)."""
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
     assert torchrun, "torchrun comes with torch"
-    tmp = tmp_path_factory.mktemp(mode)
+    tmp = tmp_path_factory.mktemp(f"{mode}{active or ''}")
     script = write_script(tmp, "ranks.py", RANKS_SCRIPT)
     out = tmp / "out"
     result = run_stepcli(
         "run",
-        "--active",
-        "8",
+        *(("--active", active) if active else ()),
         "-o",
         out,
         "--json",
@@ -123,6 +123,39 @@ def starved_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def equal_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return _torchrun_run(tmp_path_factory, "equal")
+
+
+@pytest.fixture(scope="module")
+def matmul_default_window(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _torchrun_run(tmp_path_factory, "matmul", None)
+
+
+@pytest.fixture(scope="module")
+def equal_default_window(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _torchrun_run(tmp_path_factory, "equal", None)
+
+
+def test_default_window_names_an_overwhelmingly_late_rank(matmul_default_window: dict[str, Any]) -> None:
+    # GIVEN 2 ranks, the default window (3 recorded steps: one DDP all-reduce each), rank 1 doing ~40 ms more CPU
+    # work per step: last at every collective, but 3 of 3 happens 1 time in 8 at random (the sign alone)
+    section = matmul_default_window["summary"]["culprit"]
+    assert section["steps"] == 3, _evidence(section)
+    # THEN the size and consistency of its lead name it, with its cause, in the JSON and the terminal
+    found = section["culprit"]
+    assert found and found["rank"] == 1 and found["cause"] == "cpu_operators", _evidence(section)
+    assert section["thresholds"]["lead_t_chance"] <= 0.025, _evidence(section)
+    assert "culprit: rank 1 arrives last at 100% of the collectives" in matmul_default_window["stderr"]
+    # AND report.html gives the same answer: rank 1 holds the others back
+    html = (matmul_default_window["out"] / "report.html").read_text()
+    assert '<div class="card advice" id="culprit-finding"><b>Rank 1 holds the others back' in html
+
+
+def test_default_window_names_nobody_when_ranks_are_equal(equal_default_window: dict[str, Any]) -> None:
+    # GIVEN the same work on both ranks, the default window THEN nobody is blamed for work of its own (waiting for a
+    # CPU on a machine with more busy processes than cores may be named, as with more steps)
+    section = equal_default_window["summary"]["culprit"]
+    found = section["culprit"]
+    assert found is None or found["cause"] == "cpu_wait", _evidence(section)
 
 
 def _table(*args: Any) -> dict[str, Any]:

@@ -58,7 +58,11 @@ def test_run_summary_fits_80_columns_and_keeps_paths_whole(
     assert len(trace) > 80
     assert f"  {trace}" in lines  # the path, whole, on a line of its own
     relative = os.path.relpath(out, out.parent.parent)  # relative to the run's working folder
-    assert f"  stepcli table {relative}" in lines and f"  tensorboard --logdir {relative}" in lines
+    assert (
+        f"  stepcli table {relative}" in lines
+        and "  open a trace in https://ui.perfetto.dev or chrome://tracing" in lines
+    )
+    assert not [line for line in lines if "tensorboard" in line]  # TensorBoard shows nothing without its plugin
     assert any(line.startswith("command python ") and line.endswith("annotated.py") for line in lines)
     assert _table_lines(result.stderr) and all(len(line) <= 80 for line in _table_lines(result.stderr))
     assert not [line for line in lines if "…" in line and "/" in line]  # no path is cut
@@ -70,7 +74,8 @@ def test_table_and_compare_fit_80_columns_and_shorten_names_alike(
     out, _, summary = narrow_run
     table = run_stepcli("table", out, env=NARROW, cwd=tmp_path)
     assert table.returncode == 0, table.stderr
-    compare = run_stepcli("compare", out, out, env=NARROW, cwd=tmp_path)
+    # (a run against itself, 5 steps: too few to decide; inconclusive passes here, this test is about the columns)
+    compare = run_stepcli("compare", "--allow-inconclusive", out, out, env=NARROW, cwd=tmp_path)
     assert compare.returncode == 0, compare.stdout + compare.stderr
     for text in (table.stdout, compare.stdout):
         rows = _table_lines(text)

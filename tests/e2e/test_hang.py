@@ -156,6 +156,8 @@ def test_a_hang_is_dumped_naming_the_blocked_rank_and_the_collective_the_other_w
     assert 9.0 <= written - stuck_at <= 20.0, written - stuck_at  # timeout 10 s (from its last step): within 20 s
     assert set(dumps) == {"rank0", "rank1"}
     assert "source" not in dumps["rank1"], log.read_text()  # written by its own thread, not the fallback
+    # stack frames and argv: private to the user whatever the umask (issue 30, item 17)
+    assert {p.stat().st_mode & 0o777 for p in (out / "hang-1").glob("*.json")} == {0o600}
     assert "stuck_forever" in _functions(dumps["rank1"])  # blocked in C (a lock's wait), yet dumped
     assert "stuck_forever" in dumps["rank1"]["faulthandler"]
     assert dumps["rank1"]["collective"] == {**dumps["rank1"]["collective"], "name": "all_reduce", "seq": 5}
@@ -474,3 +476,130 @@ def test_a_rank_stuck_in_c_code_holding_the_gil_is_found_by_a_probe_and_dumped_b
         "(its Python could not run) rank 0 waits in all_reduce #6"
     ) in said, block
     assert all(len(line) <= 80 for line in block)
+
+
+# DDP: rank 1 blocks in `stuck_forever` before the forward of step 20; rank 0 runs its backward, where DDP's reducer
+# (C++, called from autograd, not from Python) all-reduces the gradients and waits for rank 1 forever.
+DDP_HANG = """
+    import datetime
+    import sys
+    import threading
+    import time
+    from pathlib import Path
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def stuck_forever(marker):
+        marker.write_text(repr(time.time()))
+        threading.Event().wait()
+
+    def main():
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+        rank = dist.get_rank()
+        model = DDP(torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for step in range(40):
+            if step == 20 and rank == 1:
+                stuck_forever(Path(sys.argv[1]))
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+        dist.destroy_process_group()
+
+    main()
+"""
+
+
+def _ddp_killed(tmp_path: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    script = write_script(tmp_path, "ddp.py", DDP_HANG)
+    out = tmp_path / "out"
+    result = run_stepcli(
+        "run",
+        "--hang-timeout",
+        "5s",
+        "--on-hang",
+        "kill",
+        "-o",
+        out,
+        "--json",
+        tmp_path / "run.json",
+        "--",
+        _torchrun(),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        script,
+        tmp_path / "stuck_at",
+        cwd=tmp_path,
+        env=env,
+        timeout=LIMIT_S + 60,
+    )
+    summary = json.loads((tmp_path / "run.json").read_text()) if (tmp_path / "run.json").exists() else None
+    return {"result": result, "out": out, "summary": summary}
+
+
+@pytest.fixture(scope="module")
+def ddp_killed_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One 2-rank DDP job hung in DDP's reducer at step 20, ended by `--on-hang kill`."""
+    return _ddp_killed(tmp_path_factory.mktemp("ddp_killed"))
+
+
+def test_on_hang_kill_of_a_ddp_job_keeps_every_step_of_every_rank(ddp_killed_job: dict[str, Any]) -> None:
+    result, summary = ddp_killed_job["result"], ddp_killed_job["summary"]
+    assert result.returncode == EXIT_HANG, result.stderr
+    # every step before the hang is counted and timed (not the 5 of the last saved window)
+    assert summary["steps"]["global"] == 20, (summary["steps"], result.stderr)
+    lines = result.stderr.splitlines()
+    steps_line = next(line for line in lines[lines.index("stepcli summary") :] if line.startswith("steps "))
+    assert steps_line.split()[1] == "20", steps_line
+    assert [(p["rank"], p["global_steps"]) for p in summary["processes"]] == [(0, 20), (1, 20)]
+    # both ranks wrote their final step log on the SIGTERM, rank 0 from its stacks thread (its main thread was
+    # blocked in the reducer's C++ wait, where no Python signal handler runs)
+    assert [p["exit"] for p in summary["processes"]] == ["SIGTERM", "SIGTERM"], summary["processes"]
+    assert summary["step_time_ms"]["untouched"]["count"] >= 2 * 14
+    assert sorted((r["rank"], r["steps"]) for r in summary["step_record"]) == [(0, 20), (1, 20)]
+    assert not [note for note in summary["notes"] if "never written" in note], summary["notes"]
+    assert "hang: at step 20" in result.stderr
+
+
+def test_a_hang_in_ddps_reducer_names_the_collective_in_flight(ddp_killed_job: dict[str, Any]) -> None:
+    result, summary, out = ddp_killed_job["result"], ddp_killed_job["summary"], ddp_killed_job["out"]
+    dumps = _dumps(out / "hang-1")
+    assert dumps["rank0"]["collective"] is None  # no Python collective was ever called: the reducer's is C++
+    assert [e["name"] for e in dumps["rank0"]["in_flight"]][:1] == ["all_reduce"], dumps["rank0"]["in_flight"]
+    assert dumps["rank1"]["in_flight"] == []  # known: none in flight
+    (report,) = summary["hang"]["reports"]
+    rank0, rank1 = report["processes"]
+    assert rank0["waiting"] is True and rank1["waiting"] is False
+    assert rank0["collective"]["name"] == "all_reduce" and rank0["collective"]["source"] == "flight_recorder"
+    seq = rank0["collective"]["seq"]
+    assert report["verdict"].startswith("-> rank 1 (pid ")
+    assert "stuck_forever" in report["verdict"] and f"all_reduce #{seq}" in report["verdict"], report["verdict"]
+    assert "holds the job back" in report["verdict"]
+    block = result.stderr[result.stderr.index("hang: at step 20") :]
+    assert "no process waits in a collective" not in result.stderr
+    assert "rank 1 holds the job back: in stuck_forever (ddp.py:" in block
+    assert f"rank 0 waits in all_reduce #{seq}" in block
+    page = (out / "report.html").read_text()
+    section = _hang_section(page)
+    assert "No verdict" not in section and "holds the job back" in section
+    assert "issued from C++" in section
+
+
+def test_without_the_flight_recorder_a_reducer_hang_is_said_unknown_not_elsewhere(tmp_path: Path) -> None:
+    # GIVEN the flight recorder turned off by the user WHEN rank 0 hangs in DDP's reducer
+    job = _ddp_killed(tmp_path, env={"TORCH_FR_BUFFER_SIZE": "0"})
+    result, summary = job["result"], job["summary"]
+    assert result.returncode == EXIT_HANG, result.stderr
+    (report,) = summary["hang"]["reports"]
+    # THEN nobody is said to be outside every collective: that is unknown, and rank 0 is said to be in backward()
+    assert [p["collectives_known"] for p in report["processes"]] == [False, False]
+    assert "unknown" in report["verdict"] and "rank 0 (pid" in report["verdict"] and "backward()" in report["verdict"]
+    lines = result.stderr.splitlines()
+    block = lines[next(i for i, line in enumerate(lines) if line.startswith("hang: at step 20")) :][:8]
+    text = " ".join(line.strip() for line in block)
+    assert "no process waits in a collective called from Python; collectives issued from C++ are unknown" in text
+    assert "rank 0 is in backward() from main (ddp.py:" in text
+    assert "rank 0 is in main" not in text
+    section = _hang_section((job["out"] / "report.html").read_text())
+    assert "is unknown" in section

@@ -182,6 +182,15 @@ def test_report_shows_the_runs_memory_snapshots(memory_run: MemoryRun) -> None:
     builder, info = fx.oom_in_forward(steps=4)
     builder.write(out / "oom-rank0.pickle", info)
     (out / "oom-rank1.pickle").write_text("cut short")  # a broken snapshot: one line on the page, not a failure
+    # (files the run did not write are never read: its saved summary lists none, so none is shown yet)
+    result = run_stepcli("report", out)
+    assert result.returncode == 0, result.stderr
+    assert 'id="memory-snapshots"' not in (out / "report.html").read_text()
+    # ... as if the run's processes had written them: its saved summary names them
+    (saved,) = out.glob(".stepcli/*/summary.json")
+    summary = json.loads(saved.read_text())
+    summary["memory_snapshots"] = ["oom-rank0.pickle", "oom-rank1.pickle"]
+    saved.write_text(json.dumps(summary))
     result = run_stepcli("report", out)
     assert result.returncode == 0, result.stderr
     page = (out / "report.html").read_text()

@@ -59,6 +59,9 @@ def test_oom_snapshot_names_step_phase_and_site(tmp_path: Path) -> None:
     snapshots = list(out.glob("oom-*.pickle"))
     assert len(snapshots) == 1, result.stderr
     assert "out of CUDA memory at step 3 (forward)" in result.stderr
+    assert snapshots[0].stat().st_mode & 0o777 == 0o600  # allocation stacks and argv: the user's only
+    (saved,) = out.glob(".stepcli/*/summary.json")  # the run names the snapshot its process wrote
+    assert json.loads(saved.read_text())["memory_snapshots"] == [snapshots[0].name]
     done = run_stepcli("memory", "--json", out)
     assert done.returncode == 0, done.stderr
     (report,) = json.loads(done.stdout)["snapshots"]

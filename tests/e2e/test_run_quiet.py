@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,13 @@ def test_cupti_is_released_after_a_window_unless_the_user_says(
     assert result.returncode == 0, result.stderr
     assert len(trace_files(tmp_path / "out")) == 1
     assert f"TEARDOWN_CUPTI={expected}" in result.stdout
+
+
+def test_quiet_without_a_report_still_saves_the_run_summary(tmp_path: Path, train_script: Path) -> None:
+    # (issue 30, item 18) nothing shows the summary, but `stepcli report OUT` later needs it
+    out = tmp_path / "out"
+    result = run_stepcli("run", "-q", "--no-report", "--active", "1", "-o", out, train_script, "4")
+    assert result.returncode == 0 and "stepcli" not in result.stderr, result.stderr
+    (saved,) = out.glob(".stepcli/*/summary.json")
+    assert json.loads(saved.read_text())["steps"]["global"] == 4
+    assert not (out / "report.html").exists()

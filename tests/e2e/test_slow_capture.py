@@ -57,13 +57,13 @@ DDP_SLOW = """
 RULE = "+600ms"
 
 
-def _run(tmp_path: Path, *args: str, rule: str = RULE, report: bool = False) -> tuple[Any, dict[str, Any], Path]:
+def _run(
+    tmp_path: Path, *args: str, rule: str = RULE, report: bool = False, flags: tuple[str, ...] = ("--on-demand",)
+) -> tuple[Any, dict[str, Any], Path]:
     script = write_script(tmp_path, "slow.py", SLOW_LOOP)
     out, summary = tmp_path / "out", tmp_path / "summary.json"
-    flags = [] if report else ["--no-report"]
-    result = run_stepcli(
-        "run", "--on-demand", *flags, "--capture-on-slow", rule, "-o", out, "--json", summary, script, *args
-    )
+    extra = [*flags] if report else [*flags, "--no-report"]
+    result = run_stepcli("run", *extra, "--capture-on-slow", rule, "-o", out, "--json", summary, script, *args)
     assert result.returncode == 0, result.stderr
     return result, json.loads(summary.read_text()), out
 
@@ -181,5 +181,47 @@ def test_two_ranks_record_the_same_steps_after_rank_1_was_slow(tmp_path: Path) -
     assert len(windows) == 2, (windows, result.stderr)
     steps = [profiler_steps(Path(w["trace"])) for w in windows]
     assert steps[0] == steps[1] and len(steps[0]) == 3 and steps[0][0] > 31, result.stderr
+    # soon after the trigger: the ranks poll requests.json 5 times a second, so the window is placed half a second
+    # of steps ahead (~17 steps of 30 ms), not a second and a half (~52 steps)
+    assert steps[0][0] - max(w["trigger"]["step"] for w in windows) <= 30, (steps, result.stderr)
     assert {w["trigger"]["step"] for w in windows} <= {30, 31}
     assert len({json.dumps(w["trigger"], sort_keys=True) for w in windows}) == 1  # one trigger, said by both
+
+
+def test_the_first_slow_step_after_8_ordinary_ones_triggers_and_its_trace_says_why(tmp_path: Path) -> None:
+    # GIVEN the default schedule (steps 2-4 recorded, so steps 5-19 are the known ordinary ones) and step 20 slow
+    result, summary, out = _run(tmp_path, "30", "20", "0", flags=())
+    # THEN it triggers: the next three steps are recorded in a window of their own
+    triggered = [w for w in summary["windows"] if w.get("trigger")]
+    assert len(triggered) == 1, result.stderr
+    [window] = triggered
+    assert profiler_steps(Path(window["trace"])) == [21, 22, 23]
+    assert window["trigger"]["step"] == 20 and "step 20 took" in result.stderr
+    # AND the trace itself says what triggered it (a trace passed on keeps its reason), as trigger.json does
+    trace = json.loads(Path(window["trace"]).read_text())
+    saved = json.loads((Path(window["trace"]).parent / "trigger.json").read_text())
+    assert trace["stepcli_trigger"] == {**saved, "first_step": 21, "last_step": 23}, trace.get("stepcli_trigger")
+
+
+def test_a_window_placed_after_the_job_ended_is_reported(tmp_path: Path) -> None:
+    # GIVEN two ranks, rank 1 slow at step 30 of 40: the window is placed ahead for the other rank to hear of it
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    assert torchrun, "torchrun comes with torch"
+    script = write_script(tmp_path, "ddp.py", DDP_SLOW)
+    out, summary_path = tmp_path / "out", tmp_path / "summary.json"
+    result = run_stepcli(
+        "run", "--on-demand", "--no-report", "--capture-on-slow", "+600ms", "-o", out, "--json", summary_path,
+        "--", torchrun, "--standalone", "--nproc-per-node", "2", script, "40",
+        timeout=400,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(summary_path.read_text())
+    # WHEN the job ends before the window's steps THEN nothing is recorded, and the summary, its JSON and the
+    # terminal say so: every rank's window, not recorded, and why
+    assert summary["windows"] == [], result.stderr
+    missed = summary["triggered"]
+    assert missed and all(t["recorded"] is False for t in missed), (missed, result.stderr)
+    assert {t["worker"] for t in missed} == {"rank0", "rank1"}, missed
+    assert all(t["step"] in (30, 31) and t["first_step"] >= 40 for t in missed), missed
+    assert all("exited" in t["reason"] for t in missed), missed
+    assert "NOT recorded: the process exited" in result.stderr, result.stderr

@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import sys
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,7 @@ def test_a_balanced_ddp_run_names_no_straggler_anywhere(balanced: tuple[Path, tu
     assert doc["slowest_rank"] is None and doc["straggler"] is None, doc["ranks"]
     for text in (terminal, table):
         assert "slowest" not in text, text
-    assert "(slowest)" not in html and 'data-rule="straggler"' not in html
+    assert "(slowest)" not in html and 'data-rule="straggler"' not in html and "Slowest rank" not in html
 
 
 def test_self_shares_over_100_percent_under_ddp_carry_a_note_everywhere(
@@ -129,4 +130,6 @@ def test_the_rank_doing_more_matrix_work_is_named_in_all_three_outputs(tmp_path:
     assert f"advice: Rank 1 is slower than the others: {evidence}" in words  # the advice fires under DDP
     assert f"slowest rank: {evidence}" in " ".join(table.split()) and "rank 1 (slowest)" in table
     assert "rank 1 (slowest)" in html and "rank 0 (slowest)" not in html
+    # the report says it in the terminal's words, not only as a mark on a chart
+    assert f'<p id="slowest-rank"><b>Slowest rank:</b> {escape(evidence)}</p>' in html, html[:3000]
     assert 'data-rule="straggler"' in html and "Rank 1 is slower than the others" in html

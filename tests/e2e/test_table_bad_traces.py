@@ -195,7 +195,7 @@ def test_big_run_summary_is_read_as_a_summary(
     assert path.stat().st_size > 8 * 1024 * 1024
     # WHEN compared with itself THEN it is read as a run summary, by content
     code, out, err = _cli(capsys, "compare", str(path), str(path))
-    assert code == 0 and "run summary, 6 steps" in out and "REGRESSION" not in out, (out, err)
+    assert code in (0, 4) and "run summary, 6 steps" in out and "REGRESSION" not in out, (out, err)
 
 
 @pytest.mark.parametrize("field", ["traces", "windows"])
@@ -215,4 +215,4 @@ def test_run_summary_naming_files_outside_its_folder_is_refused(
         code, _, err = _cli(capsys, "compare", str(good), str(path))
         assert code == 2 and "outside its out_dir" in _one_line(err), err
     code, _, err = _cli(capsys, "compare", str(good), str(good))
-    assert code == 0, err
+    assert code in (0, 4), err  # read and decided (a few steps against themselves: inconclusive), not refused

@@ -181,7 +181,7 @@ def test_mutated_traces_never_crash_in_process(
     commands: list[tuple[str, Callable[[str], list[str]], set[int]]] = [
         ("table", lambda p: ["table", p], {0, 2}),
         ("table --json", lambda p: ["table", "--json", p], {0, 2}),
-        ("compare", lambda p: ["compare", str(baseline), p], {0, 1, 2, 3}),
+        ("compare", lambda p: ["compare", str(baseline), p], {0, 1, 2, 3, 4}),
     ]
     codes: dict[int, int] = {}
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -76,7 +76,7 @@ def test_the_whole_run_record_of_a_million_steps_is_small_and_keeps_the_slow_one
     assert 9.5 * 0.95 < ms["p50"] < 10.5 * 1.05 and ms["max"] == 400.0 and ms["p99"] <= 11.0 * 1.05
 
 
-def test_top_marks_the_slowest_and_a_rank_that_stopped() -> None:
+def test_top_marks_the_culprit_only_and_a_rank_that_stopped() -> None:
     now = 1000.0
     beat = {"steps_per_s": 10.0, "ended": "", "responses": {}}
     processes = [
@@ -86,7 +86,23 @@ def test_top_marks_the_slowest_and_a_rank_that_stopped() -> None:
     ]
     document = snapshot(processes, "run", True, now)
     assert [r["rank"] for r in document["ranks"]] == [0, 1, 2]
-    assert document["slowest"] == 1
+    assert document["slowest"] is None  # step times name nobody: only the culprit analysis does
+    assert document["culprit"] == {
+        "rank": None,
+        "collectives": 0,
+        "why": "no saved trace with collectives on two or more ranks yet",
+    }
+    culprit = {"collectives": 12, "culprit": {"rank": 0, "evidence": "rank 0 arrives last at 100% of 12 collectives"}}
+    named = snapshot(processes, "run", True, now, culprit)
+    assert named["slowest"] == 0 and [r["slowest"] for r in named["ranks"]] == [True, False, False]
+    assert named["culprit"]["why"].startswith("rank 0 arrives last")
+    nobody = snapshot(processes, "run", True, now, {"collectives": 3, "culprit": None})
+    assert nobody["slowest"] is None and nobody["culprit"]["why"].endswith("consistently enough at 3 collectives")
+    # a main thread that makes no step is still heard (its stacks thread writes the heartbeat): stalled, not fresh-looking
+    stuck = snapshot(
+        [beat | {"rank": 0, "worker": "rank0", "step": 30, "time": now, "no_step_for_s": 12.0}], "r", True, now
+    )
+    assert stuck["ranks"][0]["no_step_for_s"] == 12.0 and stuck["ranks"][0]["step"] == 30
     assert document["ranks"][2]["no_step_for_s"] == 60.0
     assert document["ranks"][0]["no_step_for_s"] is None
 

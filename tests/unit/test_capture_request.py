@@ -129,4 +129,7 @@ def test_a_write_never_goes_through_a_link_at_its_temporary_name(tmp_path: Path,
     controlfiles.write_json(folder, "proc.json", {"step": 3})
     assert victim.read_text() == "keep"
     assert controlfiles.read_json(folder, "proc.json", 100) == {"step": 3}
-    assert sorted(p.name for p in (tmp_path / "control").iterdir()) == ["proc.json"]
+    # the link is left as it was (the temporary name is random now: never the planted one), nothing else is left
+    planted = f".proc.json.{os.getpid()}.tmp"
+    assert sorted(p.name for p in (tmp_path / "control").iterdir()) == [planted, "proc.json"]
+    assert (tmp_path / "control" / planted).is_symlink()

@@ -162,13 +162,13 @@ def test_warmup_steps_are_left_out_of_the_verdict_and_named() -> None:
     )
 
 
-def test_inconclusive_exits_0_or_4_with_strict_and_says_what_would_decide() -> None:
+def test_inconclusive_exits_4_or_0_when_allowed_and_says_what_would_decide() -> None:
     rng = random.Random(4)
     base, cur = side(series(rng, 10.0, 0.3, 20)), side(series(rng, 10.3, 0.3, 20))
     result = decide(base, cur, tolerance=0.1, min_delta_ms=0.0)
-    assert (result.verdict, result.exit_code) == ("inconclusive", EXIT_OK)
+    assert (result.verdict, result.exit_code) == ("inconclusive", EXIT_INCONCLUSIVE)
     assert "more steps per side" in result.message and "95% CI" in result.message
-    assert decide(base, cur, tolerance=0.1, min_delta_ms=0.0, strict=True).exit_code == EXIT_INCONCLUSIVE
+    assert decide(base, cur, tolerance=0.1, min_delta_ms=0.0, allow_inconclusive=True).exit_code == EXIT_OK
     # A floor far above the noise decides it.
     assert decide(base, cur, tolerance=0.1, min_delta_ms=20.0).verdict == "no_change"
 
@@ -275,3 +275,66 @@ def test_a_change_far_past_a_noisy_baseline_is_judged_in_ms_on_the_difference() 
     # AND a 50 ms floor is passed by the whole interval (the old one started at +13.4 ms): a regression, not "inconclusive"
     result = decide(side(base), side(cur), tolerance=0.1, min_delta_ms=50.0)
     assert result.verdict == "regression", result
+
+
+# ---------------------------------------------------------------- overwhelming evidence from few steps
+
+
+def test_complete_separation_far_beyond_the_limit_decides_with_few_steps() -> None:
+    # GIVEN 4 steps per side (after start-up), every current step 13x slower than every baseline step
+    base = side([3.1, 3.0, 3.2, 3.1])
+    cur = side([42.7, 41.9, 43.5, 42.0])
+    result = decide(base, cur, tolerance=0.1, min_delta_ms=0.0)
+    # THEN a regression (exit 1) without an interval, saying why
+    assert (result.verdict, result.exit_code) == ("regression", EXIT_REGRESSION), result.message
+    assert result.change is None and "every one of the 4 current steps is slower" in result.message
+    assert "probability 1/70" in result.message
+    # AND the mirror image is an improvement
+    assert decide(cur, base, tolerance=0.1, min_delta_ms=0.0).verdict == "improvement"
+
+
+def test_separation_needs_the_whole_gap_beyond_the_limit_and_enough_steps() -> None:
+    # Separated, but the smallest current step is within 10% of the largest baseline one: inconclusive.
+    base, cur = side([3.0, 3.1, 3.2, 3.3]), side([3.5, 3.6, 3.7, 3.8])
+    assert decide(base, cur, tolerance=0.1, min_delta_ms=0.0).verdict == "inconclusive"
+    # Far apart but within --min-delta-ms: inconclusive.
+    far = side([30.0, 31.0, 32.0, 33.0])
+    assert decide(base, far, tolerance=0.1, min_delta_ms=40.0).verdict == "inconclusive"
+    # 3 steps per side: a complete separation happens by chance 1 time in 20 > 2.5%: inconclusive.
+    assert decide(side([3.0, 3.1, 3.2]), side([42.0, 43.0, 44.0]), tolerance=0.1, min_delta_ms=0.0).verdict == (
+        "inconclusive"
+    )
+    # One overlapping step: no separation, inconclusive.
+    assert decide(base, side([3.2, 40.0, 41.0, 42.0]), tolerance=0.1, min_delta_ms=0.0).verdict == "inconclusive"
+
+
+def test_separation_chance_is_the_exact_mann_whitney_tail() -> None:
+    from stepcli.compare.verdict import separation
+
+    assert separation([1.0, 1.0, 1.0, 1.0], [9.0, 9.0, 9.0, 9.0], 0.1, 0.0, 0.95) == ("regression", 1 / 70)
+    assert separation([1.0, 1.0, 1.0], [9.0, 9.0, 9.0, 9.0], 0.1, 0.0, 0.95) is None  # 1/35 > 0.025
+    assert separation([1.0, 1.0, 1.0], [9.0, 9.0, 9.0, 9.0], 0.1, 0.0, 0.9) == ("regression", 1 / 35)
+    assert separation([1.0, 1.0, 1.0], [9.0, 9.0, 9.0], 0.1, 0.0, 0.9) == ("regression", 1 / 20)
+    assert separation([9.0] * 4, [1.0] * 4, 0.1, 0.0, 0.95) == ("improvement", 1 / 70)
+
+
+def test_short_runs_compare_their_profiled_steps_when_untouched_ones_are_too_few() -> None:
+    # GIVEN run summaries of 14 steps: 11 profiled (phases 1/2), 2 untouched after them, step 0 start-up
+    def run(level: float, seed: int) -> Measurement:
+        rng = random.Random(seed)
+        times = [level * 3] + [level * (1 + rng.uniform(-0.05, 0.05)) for _ in range(13)]
+        phases = "0" + "1" + "2" * 10 + "00"
+        process = ProcessSteps("w", tuple(range(14)), tuple(times), phases)
+        return Measurement(
+            label=f"run{seed}",
+            kind="run",
+            steps=14,
+            runs=(RunSteps(f"run{seed}", None, (process,), True),),
+            populations={"untouched": describe(times[12:]), "profiled": describe(times[1:12])},
+        )
+
+    result = decide(run(3.1, 1), run(42.7, 2), tolerance=0.1, min_delta_ms=0.0)
+    # THEN the profiled steps decide, the report says why, and 13x slower is a regression
+    assert result.verdict == "regression", result.message
+    assert result.baseline_population == "profiled"
+    assert any("too few untouched steps" in note for note in result.notes), result.notes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import types
 from pathlib import Path
@@ -69,7 +70,7 @@ def test_the_block_names_who_waits_in_what_and_where_the_other_is() -> None:
     ]
     lines = describe_dumps(dumps, [{"rank": 2, "pid": 102, "host": "h"}])
     assert lines[0] == "  rank 0 (pid 100): waits in all_reduce #6 (entered 12.0 s ago), step 5"
-    assert lines[1].startswith("  rank 1 (pid 101): not in a collective (its last, all_reduce #5, returned)")
+    assert lines[1].startswith("  rank 1 (pid 101): not in a collective (its last, all_reduce #5, returned; ")
     assert lines[2:4] == [f"      wait ({stdlib}:1)", "      stuck (/app/train.py:2)"]  # main thread, innermost first
     assert lines[4].startswith("  rank 2 (pid 102): wrote no stacks")
     # the verdict skips the standard library's frames: the program's own function is where it is stuck
@@ -85,7 +86,28 @@ def test_verdicts_when_everybody_waits() -> None:
     )
     mismatched = verdict([_dump(0, _waiting(6), []), _dump(1, _waiting(6, "barrier"), [])])
     assert mismatched is not None and "different collectives (all_reduce #6, barrier #6)" in mismatched
-    assert verdict([_dump(0, None, [("f", "/a.py")])]) is None
+    # without the flight recorder, a collective issued from C++ (DDP's reducer) cannot be seen: said unknown
+    assert verdict([_dump(0, None, [("f", "/a.py")])]) == (
+        "-> no process waits in a collective called from Python; whether one waits in a collective issued from C++ "
+        "is unknown (no flight recorder)"
+    )
+    assert verdict([{**_dump(0, None, [("f", "/a.py")]), "in_flight": []}]) is None  # known: none in flight
+
+
+def test_a_collective_in_flight_in_the_process_group_is_waited_in() -> None:
+    flight = {"name": "all_reduce", "seq": 26, "group": "default_pg", "entered_s_ago": 4.2}
+    reducer = {**_dump(0, None, [("_engine_run_backward", "/torch/autograd/graph.py"), ("main", "/t.py")])}
+    reducer["in_flight"] = [flight]
+    elsewhere = {**_dump(1, None, [("stuck", "/t.py")]), "in_flight": []}
+    block = describe_dumps([reducer, elsewhere], [])
+    assert block[0].startswith("  rank 0 (pid 100): waits in all_reduce #26 of process group default_pg (in flight,")
+    assert "issued from C++" in block[0]
+    assert block[-1].startswith("-> rank 1 (pid 101) is in stuck (/t.py:")
+    assert block[-1].endswith("while 1 process waits in all_reduce #26: it holds the job back")
+    unknown = verdict([{**reducer, "in_flight": None}, {**elsewhere, "in_flight": None}])
+    assert unknown is not None and unknown.endswith(
+        "; rank 0 (pid 100) is in backward() (autograd's C++ engine, where DDP all-reduces)"
+    )
 
 
 def test_collectives_are_numbered_once_each_and_marked_returned() -> None:
@@ -307,7 +329,8 @@ def test_the_summary_block_for_other_verdicts_and_repeated_reports() -> None:
     alone["reports"][0]["processes"][0]["step"] = None  # nothing says when: no step, no time, no timeout
     assert summary_lines(alone) == [
         "hang: no process completed a step",
-        "  no process waits in a collective",
+        "  no process waits in a collective called from Python; collectives issued from",
+        "    C++ are unknown",
         "  pid 100 is in nap (n.py:3)",
         "  stacks of every process: o/hang-1/",
     ]
@@ -328,3 +351,33 @@ def test_the_programs_own_frame_skips_the_standard_library_and_stepcli() -> None
     ]
     assert own_frame(frames) == frames[2]
     assert own_frame(frames[:2]) == frames[0]  # nothing of the program's: the innermost
+
+
+def test_a_stopped_rank_is_named_as_the_one_holding_the_job_back() -> None:
+    # (issue 30, item 15) a SIGSTOPped rank writes no stacks: say it is stopped, and that it holds the others back
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from stepcli.run.hangreport import is_stopped
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        os.kill(child.pid, signal.SIGSTOP)
+        process = {"rank": 1, "pid": child.pid, "host": socket.gethostname()}
+        deadline = time.monotonic() + 30
+        while not is_stopped(process) and time.monotonic() < deadline:  # the state changes as the signal lands
+            time.sleep(0.01)
+        lines = describe_dumps([_dump(0, _waiting(7), [("all_reduce", "/x/c10d.py")])], [process])
+    finally:
+        child.kill()
+        child.wait()
+    assert (
+        lines[1]
+        == f"  rank 1 (pid {child.pid}): stopped (SIGSTOP, or held by a debugger): it can neither run nor answer"
+    )
+    assert (
+        lines[-1]
+        == f"-> rank 1 (pid {child.pid}) is stopped while 1 process waits in all_reduce #7: it holds the job back"
+    )

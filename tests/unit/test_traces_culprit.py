@@ -301,3 +301,53 @@ def test_waiting_for_a_cpu_is_the_cause_only_beyond_what_its_work_explains() -> 
     section = analyze([_steady(0, 0.0, 4_000.0), _with_cpu_time(_steady(1, 10_000.0, 14_000.0), 4.0, 10.0)], 30.0)
     assert section is not None and section["culprit"]["cause"] == "cpu_operators"
     assert section["culprit"]["causes_ms_per_step"]["cpu_wait"] is None
+
+
+def test_last_at_3_of_3_by_a_lead_far_beyond_its_spread_is_a_finding() -> None:
+    # GIVEN 2 ranks, 3 collectives (the default window), rank 1 last at each by ~59 ms with ~11 ms of jitter: the
+    # sign alone (1 in 8 at random) cannot name it
+    period = 85_200.0  # each step: work (5 ms + extra), all-reduce until 80 ms after the step's first arrival
+
+    def trace(extra_ms: list[float]) -> list[Event]:
+        events: list[Event] = []
+        for step, extra in enumerate(extra_ms):
+            t0 = step * period
+            events.append(Event(f"ProfilerStep#{step}", "user_annotation", "X", 1, MAIN, t0, period - 100))
+            events.append(Event("aten::mm", "cpu_op", "X", 1, MAIN, t0 + 100, 5_000.0 + extra * 1000))
+            arrive = t0 + 5_200 + extra * 1000
+            done = t0 + 5_200 + 80_000
+            events.append(Event("c10d::allreduce_", "cpu_op", "X", 1, MAIN, arrive, 50.0))
+            events.append(Event("gloo:all_reduce", "user_annotation", "X", 1, WORKER, arrive + 60, done - arrive - 60))
+        return events
+
+    section = analyze([_arrivals(trace([0.0, 0.4, 0.1]), 0), _arrivals(trace([59.0, 48.0, 70.0]), 1)], 85.0)
+    assert section is not None and section["ranks"][1]["times_last"] == 3
+    assert chance_of_last(3, 3, 2) == pytest.approx(1 / 8)
+    # THEN named, for its extra CPU operators, by the size of its lead against rank 0's own noise
+    found = section["culprit"]
+    assert found and found["rank"] == 1 and found["cause"] == "cpu_operators", section
+    assert section["thresholds"]["lead_t_chance"] < 0.025
+    # AND a balanced pair (leads of both signs, a few ms) names nobody
+    balanced = analyze([_arrivals(trace([0.0, 3.0, 0.0]), 0), _arrivals(trace([2.0, 0.0, 4.0]), 1)], 30.0)
+    assert balanced is not None and balanced["culprit"] is None
+    # AND a rank last 3 times by leads (3, 2.5, 0.5 ms) within their own spread and rank 0's own noise (its work
+    # varies by ~2 ms) names nobody, though every other floor is passed (lateness 2 ms/step >= 5% of a 30 ms step)
+    noisy = analyze([_arrivals(trace([0.0, 4.0, 1.0]), 0), _arrivals(trace([3.0, 6.5, 1.5]), 1)], 30.0)
+    assert noisy is not None and noisy["ranks"][1]["times_last"] == 3
+    assert noisy["thresholds"]["lead_t_chance"] > 0.05 and noisy["culprit"] is None, noisy["thresholds"]
+
+
+def test_student_t_tail_matches_the_tables() -> None:
+    from stepcli.traces.culprit import lead_t_chance, student_t_sf
+
+    # one-sided 5% critical values of Student's t for 1..5 and 10 degrees of freedom
+    for df, t in ((1, 6.314), (2, 2.920), (3, 2.353), (4, 2.132), (5, 2.015), (10, 1.812)):
+        assert student_t_sf(t, df) == pytest.approx(0.05, abs=2e-4)
+    assert student_t_sf(0.0, 3) == pytest.approx(0.5) and student_t_sf(-2.92, 2) == pytest.approx(0.95, abs=2e-4)
+    # the mean lead against the others' gaps' noise: 20 ms late where the others' gaps vary by ~1 ms is a finding
+    assert lead_t_chance([36.0, 17.0, 18.0], [5.0, 6.0, 5.5]) < 0.01
+    # ... and against its own spread: 14 +- 2 ms, though the others' gaps vary by 10 ms
+    assert lead_t_chance([13.6, 14.4, 16.9], [5.0, 25.0, 8.0]) < 0.01
+    assert lead_t_chance([3.0, 2.5, 0.5], [5.0, 9.0, 6.0]) > 0.05  # a lead within both noises is not
+    assert lead_t_chance([1.0], [1.0]) == 1.0 and lead_t_chance([-5.0, -6.0], [1.0, 2.0]) == 1.0
+    assert lead_t_chance([2.0, 2.0], [3.0, 3.0]) == 0.0

@@ -1,0 +1,182 @@
+"""A job that ends badly keeps everything it did: SIGTERM, SIGHUP, `--on-hang kill` (also with `--on-demand`) and a
+program's own exit leave every process's final step log and whole-run record, and the summary counts every step
+that ran, not the steps up to the last saved window."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run_stepcli, stepcli_env, write_script
+
+LIMIT_S = 180.0  # a generous bound for anything to appear on a busy 2-core machine
+
+# Steps until it is killed; after each step it writes how many it has made (before the next one starts).
+ENDLESS = """
+    import os, sys, time
+    from pathlib import Path
+    import torch
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    done = Path(sys.argv[1])
+    for i in range(10**9):
+        model(torch.randn(8, 16)).sum().backward()
+        opt.step()
+        done.with_suffix(".tmp").write_text(str(i + 1))
+        os.replace(done.with_suffix(".tmp"), done)  # never seen half-written
+        time.sleep(0.002)
+"""
+
+# 20 steps, then blocks in a sleep (its Python can run: a signal's handler runs at once).
+STEPS_THEN_NAP = """
+    import sys, time
+    from pathlib import Path
+    import torch
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i in range(20):
+        model(torch.randn(8, 16)).sum().backward()
+        opt.step()
+    Path(sys.argv[1]).write_text("20")
+    time.sleep(600)
+"""
+
+
+def _wait_until(condition: Any, proc: subprocess.Popen[bytes], log: Path, what: str) -> None:
+    deadline = time.monotonic() + LIMIT_S
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before {what}:\n{log.read_text()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {LIMIT_S} s:\n{log.read_text()}")
+        time.sleep(0.05)
+
+
+def _steps_done(path: Path) -> int:
+    try:
+        return int(path.read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _summary_line(stderr: str, name: str) -> str:
+    return next(line for line in stderr.splitlines() if line.startswith(name + " "))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_to_stepcli_after_the_window_keeps_every_step(tmp_path: Path, signum: int) -> None:
+    # GIVEN a program past its window (steps 2-4) by far WHEN stepcli alone gets SIGTERM or SIGHUP (a scheduler)
+    script = write_script(tmp_path, "endless.py", ENDLESS)
+    done, log, out = tmp_path / "done", tmp_path / "log", tmp_path / "out"
+    with open(log, "wb") as handle:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "stepcli", "run", "-o", str(out), "--json", str(tmp_path / "run.json")]
+            + [str(script), str(done)],
+            cwd=tmp_path,
+            env=stepcli_env(),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    try:
+        _wait_until(lambda: _steps_done(done) >= 60, proc, log, "60 steps")
+        proc.send_signal(signum)  # to the launcher alone, forwarded to the program
+        proc.wait(timeout=LIMIT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    made = _steps_done(done)
+    stderr = log.read_text()
+    # THEN the program died of that signal, and the summary counts every step it made (not the 5 of the window)
+    assert proc.returncode == 128 + signum, stderr
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert made <= summary["steps"]["global"] <= made + 1, (made, summary["steps"], stderr)
+    assert summary["step_time_ms"]["untouched"]["count"] >= made - 6, summary["step_time_ms"]
+    (process,) = summary["processes"]
+    assert process["exit"] == signal.Signals(signum).name
+    (record,) = summary["step_record"]  # the whole-run record was written too
+    assert made <= record["steps"] <= made + 1
+    assert not [note for note in summary["notes"] if "never written" in note], summary["notes"]
+    assert _summary_line(stderr, "steps").split()[1] == str(summary["steps"]["global"])
+    assert any(line.startswith("stepcli: whole run ") for line in stderr.splitlines()), stderr
+
+
+def test_on_demand_run_killed_after_a_hang_counts_its_steps(tmp_path: Path) -> None:
+    # GIVEN --on-demand (no window ever saved) WHEN the job hangs after 20 steps and --on-hang kill ends it
+    script = write_script(tmp_path, "nap.py", STEPS_THEN_NAP)
+    result = run_stepcli(
+        "run",
+        "--on-demand",
+        "--hang-timeout",
+        "2s",
+        "--on-hang",
+        "kill",
+        "-o",
+        tmp_path / "out",
+        "--json",
+        tmp_path / "run.json",
+        script,
+        tmp_path / "stepped",
+        cwd=tmp_path,
+        timeout=LIMIT_S,
+    )
+    assert result.returncode == 124, result.stderr
+    summary = json.loads((tmp_path / "run.json").read_text())
+    # THEN its 20 steps are counted and timed (not "steps 0"), with its whole-run record
+    assert summary["steps"]["global"] == 20, (summary["steps"], result.stderr)
+    assert _summary_line(result.stderr, "steps").split()[1] == "20"
+    assert summary["step_time_ms"]["untouched"]["count"] == 19  # every step but the first (start-up)
+    assert [r["steps"] for r in summary["step_record"]] == [20]
+    assert not any("no steps observed" in note for note in summary["notes"]), summary["notes"]
+    assert "hang: at step 20" in result.stderr
+
+
+def test_a_program_that_exits_with_an_error_keeps_every_step(tmp_path: Path) -> None:
+    script = write_script(
+        tmp_path,
+        "fails.py",
+        STEPS_THEN_NAP.replace("time.sleep(600)", "sys.exit(3)"),
+    )
+    result = run_stepcli(
+        "run", "-o", tmp_path / "out", "--json", tmp_path / "run.json", script, tmp_path / "m", cwd=tmp_path
+    )
+    assert result.returncode == 3, result.stderr
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert summary["steps"]["global"] == 20 and [r["steps"] for r in summary["step_record"]] == [20]
+
+
+def test_a_process_killed_with_sigkill_after_it_stalled_still_counts_its_steps(tmp_path: Path) -> None:
+    # GIVEN a process that stopped stepping after 20 steps, its hang reported (--on-hang keep)
+    script = write_script(tmp_path, "nap.py", STEPS_THEN_NAP)
+    log, out = tmp_path / "log", tmp_path / "out"
+    argv = [sys.executable, "-m", "stepcli", "run", "--hang-timeout", "2s", "-o", str(out)]
+    argv += ["--json", str(tmp_path / "run.json"), str(script), str(tmp_path / "stepped")]
+    with open(log, "wb") as handle:
+        proc = subprocess.Popen(
+            argv, cwd=tmp_path, env=stepcli_env(), stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        _wait_until(lambda: len(list(out.glob("hang-1/*.json"))) == 1, proc, log, "the hang dump")
+        (dump,) = [json.loads(path.read_text()) for path in out.glob("hang-1/*.json")]
+        # WHEN it is killed where no handler can run
+        os.kill(int(dump["pid"]), signal.SIGKILL)
+        proc.wait(timeout=LIMIT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # THEN the step log its stacks thread saved when it stalled counts every step, and the note says so
+    assert proc.returncode == 128 + signal.SIGKILL, log.read_text()
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert summary["steps"]["global"] == 20, (summary["steps"], log.read_text())
+    assert [r["steps"] for r in summary["step_record"]] == [20]
+    assert any("saved when the process stopped stepping, at step 20" in note for note in summary["notes"]), summary
