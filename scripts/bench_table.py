@@ -20,7 +20,8 @@ the table shows its wall time and peak RSS (summed over its process tree), best 
 temporary `git worktree`; on the same generated traces (the one large file and the folder of --ranks), `stepcli
 table --json` of REV and of the working tree run side by side, taking turns (the order flips every round), each
 with PYTHONPATH at its own tree, and so does the run end's single read of its traces (REV's and the working tree's
-own `scripts/bench_run_end.py` `after`, on the folder). Printed: each side's median wall and CPU time over --repeat
+own `scripts/bench_run_end.py` `after`, on the folder); --with REV2 puts revision REV2 in the working tree's
+place (to find which commit made a difference). Printed: each side's median wall and CPU time over --repeat
 rounds, the median and range of the rounds' ratios (working tree / REV: above 1.0x is slower), and whether the two
 `--json` answers are byte-identical.
 """
@@ -33,6 +34,7 @@ import copy
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -456,8 +458,9 @@ sys.path[:0] = [tree, os.path.join(tree, "scripts")]
 from bench_run_end import after
 idle = threading.Event()
 threading.Thread(target=idle.wait, daemon=True).start()  # as the launcher's watchdog: workers start by forkserver
-os.chdir(tempfile.mkdtemp(prefix="stepcli-bench-run-end-"))
-after(sys.argv[2:])
+with tempfile.TemporaryDirectory(prefix="stepcli-bench-run-end-") as out:
+    os.chdir(out)  # (report.html goes here)
+    after(sys.argv[2:])
 idle.set()
 """
 
@@ -480,9 +483,8 @@ def timed(argv: list[str], tree: Path) -> tuple[float, float, bytes]:
     return wall, cpu, proc.stdout
 
 
-def checkout(rev: str, where: Path) -> Path:
+def checkout(rev: str, tree: Path) -> Path:
     """REV in a detached temporary worktree of this repository, its modules compiled as an install has them."""
-    tree = where / "against"
     subprocess.run(
         ["git", "-C", str(REPO), "worktree", "add", "--detach", "--quiet", str(tree), rev],
         check=True,
@@ -497,14 +499,22 @@ def remove_checkout(tree: Path) -> None:
     shutil.rmtree(tree, ignore_errors=True)
 
 
-def against(rev: str, cases: dict[str, list[str]], repeat: int, workdir: Path) -> None:
-    """Each case's command of REV and of the working tree, taking turns; medians, paired ratios, same answers."""
-    label = subprocess.run(
+def short(rev: str) -> str:
+    return subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True, capture_output=True, text=True
     ).stdout.strip()
-    tree = checkout(rev, workdir)
+
+
+def against(rev: str, cases: dict[str, list[str]], repeat: int, workdir: Path, other: str | None = None) -> None:
+    """Each case's command of REV and of the working tree (or of revision `other`), taking turns; medians, paired
+    ratios, same answers."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # (the temporary worktrees are removed)
+    label = short(rev)
+    tree = checkout(rev, workdir / "against")
+    work = "work" if other is None else short(other)
+    mine = REPO if other is None else checkout(other, workdir / "with")
     try:
-        sides = {label: tree, "work": REPO}
+        sides = {label: tree, work: mine}
         has_run_end = (tree / "scripts" / "bench_run_end.py").exists()
         results: dict[tuple[str, str], list[tuple[float, float]]] = {}
         answers: dict[tuple[str, str], set[bytes]] = {}
@@ -519,17 +529,19 @@ def against(rev: str, cases: dict[str, list[str]], repeat: int, workdir: Path) -
                     results.setdefault((case, side), []).append((wall, cpu))
                     if not case.startswith("run end"):
                         answers.setdefault((case, side), set()).add(out)
-        print(f"against {rev} ({label}): {max(1, repeat)} rounds, taking turns; medians; ratio = work / {label}")
-        print(f"{'':34}{label + ' wall':>11}{'work wall':>11}{label + ' CPU':>11}{'work CPU':>11}  ratio (range)")
+        print(
+            f"{work} against {rev} ({label}): {max(1, repeat)} rounds, taking turns; medians; ratio = {work} / {label}"
+        )
+        print(f"{'':34}{label + ' wall':>11}{work + ' wall':>11}{label + ' CPU':>11}{work + ' CPU':>11}  ratio (range)")
         for case in cases:
-            old, new = results.get((case, label)), results.get((case, "work"))
+            old, new = results.get((case, label)), results.get((case, work))
             if not old or not new:
                 print(f"{case:34}  (not in {label})")
                 continue
             ratios = sorted(n[0] / o[0] for o, n in zip(old, new))
             same = ""
             if (case, label) in answers:
-                a, b = answers[(case, label)], answers[(case, "work")]
+                a, b = answers[(case, label)], answers[(case, work)]
                 same = "  same answers" if len(a) == 1 and a == b else "  ANSWERS DIFFER"
             print(
                 f"{case:34}{statistics.median(o[0] for o in old):11.2f}{statistics.median(n[0] for n in new):11.2f}"
@@ -538,6 +550,8 @@ def against(rev: str, cases: dict[str, list[str]], repeat: int, workdir: Path) -
             )
     finally:
         remove_checkout(tree)
+        if other is not None:
+            remove_checkout(mine)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -553,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-folder", action="store_true")
     parser.add_argument("--generate-only", action="store_true", help="write the trace (needs --trace) and exit")
     parser.add_argument("--against", metavar="REV", help="time REV (a temporary git worktree) and this tree in turns")
+    parser.add_argument("--with", dest="other", metavar="REV2", help="with --against: REV2 instead of this tree")
     args = parser.parse_args(argv)
     if args.generate_only:
         if args.trace is None:
@@ -594,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
                     str(files[0].parent),
                 ]
                 cases[f"run end, {len(files)} ranks (one read)"] = [str(f) for f in files]
-            against(args.against, cases, args.repeat, workdir)
+            against(args.against, cases, args.repeat, workdir, args.other)
             return 0
         if not args.skip_one_file:
             trace = args.trace or workdir / "big.pt.trace.json"
