@@ -40,10 +40,12 @@ def culprit_of(folder: Path) -> int | None:
     return rank if isinstance(rank, int) else None
 
 
-def best(argv: list[str], repeat: int) -> tuple[float, int]:
-    """Best wall time and that run's peak RSS of `repeat` runs (exits on a failure)."""
+def best(argv: list[str], repeat: int, output: Path) -> tuple[float, int]:
+    """Best wall time and that run's peak RSS of `repeat` runs (exits on a failure); `output` is removed before
+    each (merge never writes over a file)."""
     runs = []
     for _ in range(max(1, repeat)):
+        output.unlink(missing_ok=True)
         wall, rss, code = measure(argv)
         if code != 0:
             raise SystemExit(f"{' '.join(argv[3:6])}: exit {code}")
@@ -79,16 +81,17 @@ def main(argv: list[str] | None = None) -> int:
             "merge": stepcli_cmd("merge", str(folder / "traces"), "-o", str(folder / "merged.json")),
             "report": stepcli_cmd("report", str(folder / "traces"), "-o", str(folder / "report.html")),
         }
+        merged = 0
         for label, cmd in commands.items():
-            for stale in (folder / "merged.json", folder / "report.html"):
-                stale.unlink(missing_ok=True)  # merge never writes over a file
-            wall, rss = best(cmd, args.repeat)
+            wall, rss = best(cmd, args.repeat, folder / ("report.html" if label == "report" else "merged.json"))
+            if label == "merge":
+                merged = (folder / "merged.json").stat().st_size
             print(
                 f"{ranks:6}{size / MIB:10.1f}  {label:8}{wall:8.2f}{rss / MIB:14.0f}{rss / size:10.2f}"
                 f"  {verdict if label == 'table' else ''}",
                 flush=True,
             )
-        print(f"{'':6}(written in {made:.1f} s; merged trace {(folder / 'merged.json').stat().st_size / MIB:.0f} MiB)")
+        print(f"{'':6}(written in {made:.1f} s; the merged trace {merged / MIB:.0f} MiB)")
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
     return 0

@@ -532,7 +532,7 @@ def against(rev: str, cases: dict[str, list[str]], repeat: int, workdir: Path, o
         print(
             f"{work} against {rev} ({label}): {max(1, repeat)} rounds, taking turns; medians; ratio = {work} / {label}"
         )
-        print(f"{'':34}{label + ' wall':>11}{work + ' wall':>11}{label + ' CPU':>11}{work + ' CPU':>11}  ratio (range)")
+        print(f"{'':34}{label + ' wall':>13}{work + ' wall':>13}{label + ' CPU':>13}{work + ' CPU':>13}  ratio (range)")
         for case in cases:
             old, new = results.get((case, label)), results.get((case, work))
             if not old or not new:
@@ -544,8 +544,8 @@ def against(rev: str, cases: dict[str, list[str]], repeat: int, workdir: Path, o
                 a, b = answers[(case, label)], answers[(case, work)]
                 same = "  same answers" if len(a) == 1 and a == b else "  ANSWERS DIFFER"
             print(
-                f"{case:34}{statistics.median(o[0] for o in old):11.2f}{statistics.median(n[0] for n in new):11.2f}"
-                f"{statistics.median(o[1] for o in old):11.2f}{statistics.median(n[1] for n in new):11.2f}"
+                f"{case:34}{statistics.median(o[0] for o in old):13.2f}{statistics.median(n[0] for n in new):13.2f}"
+                f"{statistics.median(o[1] for o in old):13.2f}{statistics.median(n[1] for n in new):13.2f}"
                 f"  {statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}){same}"
             )
     finally:

@@ -12,8 +12,8 @@ tensor-parallel groups, 21 for data-parallel ones), running from the launch unti
 arrived, plus the transfer time. Rounds alternate between the rank's tensor-parallel group (T consecutive ranks)
 and its data-parallel group (the ranks with the same position in theirs).
 
-Planted: the late rank (--late-rank, default N // 3) computes --late-ms longer before the first collective of
-every step, so the members of its groups wait for it, and so on down the job; the shifted rank's clock
+Planted: the late rank (--late-rank, default N // 3) computes --late-ms a step longer (spread over its rounds, as
+a slower GPU or host would), so the members of its groups wait for it at every round; the shifted rank's clock
 (--shifted-rank, default the last rank) is --shift-s seconds ahead, as on another host, so ranks can only be
 compared once clocks are aligned by the collectives. Times are deterministic (a few microseconds of per-rank
 jitter, no ties). Small files on purpose (~70 KB a rank at the defaults), so 1,024 ranks fit in ~100 MB.
@@ -51,7 +51,7 @@ def timeline(ranks: int, steps: int, collectives: int, tp: int, late_rank: int, 
     """Per rank, step and round: arrival and departure (µs, on a common clock), and each step's start and end.
 
     A collective departs TRANSFER_US after its group's last member arrives; a rank arrives COMPUTE_US (+ a few
-    µs of its own jitter, + late_us for the late rank at a step's first round) after it departed the previous one."""
+    µs of its own jitter, + late_us / collectives for the late rank) after it departed the previous one."""
     jitter = (np.arange(ranks) * 7919 % 997) / 100.0  # 0-10 µs, distinct per rank (no exact ties)
     grid = (ranks // tp, tp)
     arrive = np.zeros((steps, collectives, ranks))
@@ -64,8 +64,7 @@ def timeline(ranks: int, steps: int, collectives: int, tp: int, late_rank: int, 
         t = t + 100.0
         for c in range(collectives):
             a = t + COMPUTE_US + jitter
-            if c == 0:
-                a[late_rank] += late_us
+            a[late_rank] += late_us / collectives
             shaped = a.reshape(grid)
             last = shaped.max(axis=1, keepdims=True) if c % 2 == 0 else shaped.max(axis=0, keepdims=True)
             d = np.broadcast_to(last + TRANSFER_US, grid).reshape(ranks)
