@@ -20,7 +20,8 @@ the table shows its wall time and peak RSS (summed over its process tree), best 
 temporary `git worktree`; on the same generated traces (the one large file and the folder of --ranks), `stepcli
 table --json` of REV and of the working tree run side by side, taking turns (the order flips every round), each
 with PYTHONPATH at its own tree, and so does the run end's single read of its traces (REV's and the working tree's
-own `scripts/bench_run_end.py` `after`, on the folder); --with REV2 puts revision REV2 in the working tree's
+own `scripts/bench_run_end.py` `after`, on the folder), and reading plus analysing the large file in one process
+(its own CPU time, steadier than wall time on a busy machine); --with REV2 puts revision REV2 in the working tree's
 place (to find which commit made a difference). Printed: each side's median wall and CPU time over --repeat
 rounds, the median and range of the rounds' ratios (working tree / REV: above 1.0x is slower), and whether the two
 `--json` answers are byte-identical.
@@ -464,6 +465,23 @@ with tempfile.TemporaryDirectory(prefix="stepcli-bench-run-end-") as out:
 idle.set()
 """
 
+# The CPU time of reading one file into columns and analysing it, in one process (no worker, no forked helper):
+# steadier than wall time on a busy machine. Trees without stepcli.traces.columns (before 2026-11-24) skip it.
+_ONE_PROCESS = """
+import sys, time, gc
+try:
+    from stepcli.traces.columns import load_columns
+    from stepcli.traces.analysis import summarize_read
+except ImportError:
+    print("nan"); sys.exit(0)
+gc.disable()
+start = time.process_time()
+trace = load_columns(sys.argv[1])
+read = time.process_time()
+summarize_read(trace.columns, trace)
+print(time.process_time() - start, read - start)
+"""
+
 
 def timed(argv: list[str], tree: Path) -> tuple[float, float, bytes]:
     """Wall seconds, CPU seconds (the command's process tree, as far as it was reaped: RUSAGE_CHILDREN) and stdout
@@ -524,10 +542,19 @@ def against(rev: str, cases: dict[str, list[str]], repeat: int, workdir: Path, o
                 if case.startswith("run end") and not has_run_end:
                     continue
                 for side, root in order:
-                    cmd = [sys.executable, "-c", _RUN_END, str(root), *argv] if case.startswith("run end") else argv
+                    if case.startswith("run end"):
+                        cmd = [sys.executable, "-c", _RUN_END, str(root), *argv]
+                    elif case.startswith("one process"):
+                        cmd = [sys.executable, "-c", _ONE_PROCESS, *argv]
+                    else:
+                        cmd = argv
                     wall, cpu, out = timed(cmd, root)
+                    if case.startswith("one process"):
+                        cpu = float(out.split()[0])  # its own CPU time (read + analysis)
+                        if cpu != cpu:  # nan: not in this tree
+                            continue
                     results.setdefault((case, side), []).append((wall, cpu))
-                    if not case.startswith("run end"):
+                    if case.startswith("table"):
                         answers.setdefault((case, side), set()).add(out)
         print(
             f"{work} against {rev} ({label}): {max(1, repeat)} rounds, taking turns; medians; ratio = {work} / {label}"
@@ -598,6 +625,7 @@ def main(argv: list[str] | None = None) -> int:
                     "--json",
                     str(trace),
                 ]
+                cases["one process: read + analysis"] = [str(trace)]
             if not args.skip_folder:
                 files = make_folder(args.folder or workdir / "ranks", args.ranks, args.rank_mb, workdir)
                 cases[f"table --json, {len(files)} ranks"] = [
