@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 from typing import Any
 
-import msgspec
 import numpy as np
 
 from stepcli.traces.arrays import DEVICE, OTHER_CPU, PARAM_COMMS, Columns, kind_of
@@ -22,11 +21,8 @@ from stepcli.traces.reader import (
     FILTERED_NAMES,
     KEPT_CATEGORIES,
     MAX_TIME_US,
-    NO_ARGS,
     Decode,
-    DecodedArgs,
     _Keeper,
-    _RawArgsEvent,
     _read,
     _usable_name,
     group_of,
@@ -35,13 +31,19 @@ from stepcli.traces.reader import (
 
 _NAME, _CAT, _PH, _PID, _TID, _TS, _DUR = (attrgetter(f) for f in ("name", "cat", "ph", "pid", "tid", "ts", "dur"))
 _ARGS = attrgetter("args")
-_CORRELATION = attrgetter("correlation")
-_BYTES = attrgetter("bytes")
-_COLLECTIVE = attrgetter("collective")
-_FLOPS = attrgetter("flops")
-_ARGS_DECODER = msgspec.json.Decoder(list[DecodedArgs | None])
-# Keys whose presence in the args of an operator or annotation makes them read (an escape could spell any key).
-_HOST_KEYS = (b'"correlation"', b'"flops"', b"\\u")
+_CORRELATION = attrgetter("args.correlation")
+_BYTES = attrgetter("args.bytes")
+_COLLECTIVE = attrgetter("args.collective")
+_FLOPS = attrgetter("args.flops")
+_EXTERNAL = attrgetter("args.external")
+
+
+def _correlations(events: Sequence[Any]) -> np.ndarray:
+    """The events' `args.correlation` (-1 where an event has none), in C unless some `args` is null."""
+    try:
+        return np.fromiter(map(_CORRELATION, events), np.int64, len(events))
+    except AttributeError:  # "args": null
+        return np.array([-1 if e.args is None else e.args.correlation for e in events], np.int64)
 
 
 def _subset(items: Sequence[Any], where: np.ndarray) -> Sequence[Any]:
@@ -79,21 +81,12 @@ _MAX_CATEGORIES = 256
 _GEMM_OP, _UNDTYPED_GEMM = 1, 2  # GEMM roles of a name (ColumnKeeper._gemm_roles)
 
 
-# Kept categories whose events' args are always read (launch correlations, copies, collectives): every one but
-# operators and annotations, of which only a few names need theirs (process groups, GEMM dtypes).
-_ARGS_READ = 8
-_HOST_CATEGORIES = frozenset({"cpu_op", "user_annotation", "python_function"})
-
-
 class _Kinds(dict[Any, int]):
-    """Category -> column kind (+ _ARGS_READ when its events' args are always read), or -1 for a category not
-    kept; filled at first sight, so the per-event lookup is one C-level dict access (no default argument to
-    pass)."""
+    """Category -> column kind, or -1 for a category not kept; filled at first sight, so the per-event lookup is
+    one C-level dict access (no default argument to pass)."""
 
     def __missing__(self, category: Any) -> int:
         kind = kind_of(category) if category in KEPT_CATEGORIES else -1
-        if kind >= 0 and category not in _HOST_CATEGORIES:
-            kind += _ARGS_READ
         if kind >= 0 or len(self) < _MAX_CATEGORIES:  # a trace with a new category per event does not fill it
             self[category] = kind
         return kind
@@ -101,8 +94,6 @@ class _Kinds(dict[Any, int]):
 
 class ColumnKeeper(_Keeper):
     """The columns of the kept events of every slice added, in file order."""
-
-    event_type = _RawArgsEvent
 
     def __init__(self, shapes: bool) -> None:
         super().__init__(shapes)
@@ -123,15 +114,14 @@ class ColumnKeeper(_Keeper):
         self._gemm_ops: dict[int, tuple[int, str]] = {}
         self._gemm_kernels: dict[int, int] = {}
         self._name_codes_list: list[str] = []  # the names of the codes _name_gemm covers, in code order
-        self._name_needs = np.zeros(0, bool)  # per name code: its operators' args are read (_needs_args)
 
     def add(self, decoded: list[Any]) -> None:
         count = len(decoded)
         self.count += count
         if not count:
             return
-        code = np.fromiter(map(self._category.__getitem__, map(_CAT, decoded)), np.int8, count)
-        candidate = np.nonzero(code >= 0)[0]
+        kind = np.fromiter(map(self._category.__getitem__, map(_CAT, decoded)), np.int8, count)
+        candidate = np.nonzero(kind >= 0)[0]
         chosen = _subset(decoded, candidate)
         phases = list(map(_PH, chosen))
         if phases.count("X") != len(phases):  # (rare: kept categories are complete events; one C loop checks it)
@@ -140,8 +130,7 @@ class ColumnKeeper(_Keeper):
             chosen = _subset(chosen, np.nonzero(is_x)[0])
         if not candidate.size:
             return
-        code = code[candidate]
-        kind = code & (_ARGS_READ - 1)
+        kind = kind[candidate]
         names = self._name_codes.encode(map(_NAME, chosen), len(chosen))
         rule = self._rules(len(self._name_codes.codes))[names]
         ts = np.fromiter(map(_TS, chosen), np.float64, len(chosen))
@@ -160,56 +149,14 @@ class ColumnKeeper(_Keeper):
             shape = self._shape_codes.encode([self._shape_of(e) for e in kept])
         else:
             shape = np.zeros(len(kept), np.int32)
-        names, kind = names[where], kind[where]
-        read, args = self._args_of(kept, names, code[where] >= _ARGS_READ)
-        correlation = np.full(len(kept), -1, np.int64)
-        if read.size:
-            correlation[read] = np.fromiter(map(_CORRELATION, args), np.int64, len(args))
-        self._parts.append((names, kind, pid, tid, ts[where], dur[where], shape, correlation))
-        if read.size:
-            kind_read, names_read = kind[read], names[read]
-            self._take_transfers(read, args, kind_read)
-            self._take_flops(read, args, kind_read)
-            self._take_groups(read, args, names_read, kind_read)
-            self._take_gemms(read, args, names_read, kind_read)
+        self._parts.append((names[where], kind[where], pid, tid, ts[where], dur[where], shape, _correlations(kept)))
+        self._take_transfers(kept, kind[where])
+        self._take_flops(kept, kind[where])
+        self._take_groups(kept, names[where], kind[where])
+        self._take_gemms(kept, names[where], kind[where])
         self._rows += len(kept)
 
-    def _args_of(self, kept: Sequence[Any], names: np.ndarray, always: np.ndarray) -> tuple[np.ndarray, list[Any]]:
-        """The positions of the kept events whose args stepcli reads, and their args (EventArgs; NO_ARGS for none).
-
-        Events decoded with their args as text (_RawArgsEvent): those of launches, device work and copies, of
-        `record_param_comms` and of GEMM operators are decoded, in one call; an operator's or annotation's args
-        only when one of them holds a key read of every event (a correlation id, FLOPs; or an escape). A value of
-        the wrong type fails this decode as it would have failed the slice's, so the file is read leniently."""
-        if not kept or type(kept[0]) is not _RawArgsEvent:  # (a document's events: args already decoded)
-            found = [NO_ARGS if a is None else a for a in map(_ARGS, kept)]
-            return np.arange(len(kept)), found
-        raws = list(map(_ARGS, kept))
-        named = self._needs_args(len(self._name_codes.codes))[names]
-        rest = np.nonzero(~(always | named))[0]
-        if rest.size:
-            text = b"".join(_subset(raws, rest)) if rest.size < len(raws) else b"".join(raws)
-            if any(key in text for key in _HOST_KEYS):
-                rest = rest[:0]  # every event's args are read
-        read = np.nonzero(always | named)[0] if rest.size else np.arange(len(kept))
-        if not read.size:
-            return read, []
-        chosen = _subset(raws, read)
-        decoded = _ARGS_DECODER.decode(b"".join((b"[", b",".join(chosen), b"]")))
-        return read, [NO_ARGS if a is None else a for a in decoded]
-
-    def _needs_args(self, size: int) -> np.ndarray:
-        """Per name code: whether the args of an operator of that name are read (`record_param_comms`, GEMMs)."""
-        roles = self._gemm_roles(size)
-        if len(self._name_needs) < size:
-            code = self._name_codes.codes.get(PARAM_COMMS)
-            needs = roles != 0
-            if code is not None and code < size:
-                needs[code] = True
-            self._name_needs = needs
-        return self._name_needs
-
-    def _take_gemms(self, read: np.ndarray, args: list[Any], names: np.ndarray, kind: np.ndarray) -> None:
+    def _take_gemms(self, kept: Sequence[Any], names: np.ndarray, kind: np.ndarray) -> None:
         """The External id and dtype of the GEMM operators, and the External id of the GEMM kernels whose names
         say no dtype (stepcli.traces.flops.op_dtype): one array lookup per slice, Python only for those events."""
         role = self._gemm_roles(len(self._name_codes.codes))[names]
@@ -217,18 +164,17 @@ class ColumnKeeper(_Keeper):
         if not found.size:
             return
         role, device = role[found].tolist(), (kind[found] >= DEVICE).tolist()
-        rows = (read[found] + self._rows).tolist()
-        for at, row, is_op, on_device in zip(found.tolist(), rows, role, device):
-            found_args = args[at]
-            if found_args.external < 0:
+        for at, is_op, on_device in zip(found.tolist(), role, device):
+            args = kept[at].args
+            if args is None or args.external < 0:
                 continue
             if is_op == _GEMM_OP and not on_device:
-                types = getattr(found_args, "types", None)
+                types = getattr(args, "types", None)
                 dtype = op_dtype(self._name_codes_list[names[at]], types.first if types is not None else None)
                 if dtype is not None:
-                    self._gemm_ops[row] = (found_args.external, dtype)
+                    self._gemm_ops[self._rows + at] = (args.external, dtype)
             elif is_op == _UNDTYPED_GEMM and on_device:
-                self._gemm_kernels[row] = found_args.external
+                self._gemm_kernels[self._rows + at] = args.external
 
     def _gemm_roles(self, size: int) -> np.ndarray:
         """The per-name GEMM role array (`_name_gemm`), extended to the names seen so far."""
@@ -240,39 +186,47 @@ class ColumnKeeper(_Keeper):
             self._name_gemm = np.concatenate([self._name_gemm, np.array(roles, np.int8)])
         return self._name_gemm
 
-    def _take_flops(self, read: np.ndarray, args: list[Any], kind: np.ndarray) -> None:
+    def _take_flops(self, kept: Sequence[Any], kind: np.ndarray) -> None:
         """The FLOPs torch wrote into the args of operators (`with_flops=True`), of the events that have them."""
         host = np.nonzero(kind == OTHER_CPU)[0]
         if not host.size:
             return
-        flops = np.fromiter(map(_FLOPS, _subset(args, host)), np.int64, len(host))
+        events = _subset(kept, host)
+        try:
+            flops = np.fromiter(map(_FLOPS, events), np.int64, len(events))
+        except AttributeError:  # "args": null
+            flops = np.array([-1 if e.args is None else e.args.flops for e in events], np.int64)
         counted = np.nonzero(flops > 0)[0]
         if counted.size:
-            self._flops.update(zip((read[host[counted]] + self._rows).tolist(), flops[counted].tolist()))
+            self._flops.update(zip((host[counted] + self._rows).tolist(), flops[counted].tolist()))
 
-    def _take_transfers(self, read: np.ndarray, args: list[Any], kind: np.ndarray) -> None:
+    def _take_transfers(self, kept: Sequence[Any], kind: np.ndarray) -> None:
         """Copy sizes and collective metadata of the device events (stepcli.traces.reader.transfer_args)."""
         device = np.nonzero(kind >= DEVICE)[0]
         if not device.size:
             return
-        mine = _subset(args, device)
-        sizes = np.fromiter(map(_BYTES, mine), np.int64, len(mine))
-        named = np.fromiter(map(bool, map(_COLLECTIVE, mine)), bool, len(mine))
+        events = _subset(kept, device)
+        try:
+            sizes = np.fromiter(map(_BYTES, events), np.int64, len(events))
+            named = np.fromiter(map(bool, map(_COLLECTIVE, events)), bool, len(events))
+        except AttributeError:  # "args": null
+            sizes = np.array([-1 if e.args is None else e.args.bytes for e in events], np.int64)
+            named = np.array([e.args is not None and bool(e.args.collective) for e in events], bool)
         for at in np.nonzero((sizes >= 0) | named)[0].tolist():
-            found = transfer_args(mine[at])
+            found = transfer_args(events[at].args)
             if found is not None:
-                self._transfers[self._rows + int(read[device[at]])] = found
+                self._transfers[self._rows + int(device[at])] = found
 
-    def _take_groups(self, read: np.ndarray, args: list[Any], names: np.ndarray, kind: np.ndarray) -> None:
+    def _take_groups(self, kept: Sequence[Any], names: np.ndarray, kind: np.ndarray) -> None:
         """The process groups of the host `record_param_comms` events (stepcli.traces.reader.group_of): one
         name lookup per slice when the trace has none."""
         code = self._name_codes.codes.get(PARAM_COMMS)
         if code is None:
             return
         for at in np.nonzero((names == code) & (kind < DEVICE))[0].tolist():
-            found = group_of(args[at])
+            found = group_of(_ARGS(kept[at]))
             if found is not None:
-                self._groups[self._rows + int(read[at])] = found
+                self._groups[self._rows + at] = found
 
     def _rules(self, size: int) -> np.ndarray:
         """The per-name rule array, extended to the names seen so far."""

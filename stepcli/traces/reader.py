@@ -175,20 +175,6 @@ class _DecodedEvent(Event, gc=False):
     args: DecodedArgs | None = None
 
 
-NO_ARGS = DecodedArgs()  # what an event without args (or without any field stepcli reads) reads as
-_NULL_ARGS = msgspec.Raw(b"null")
-
-
-class _RawArgsEvent(Event, gc=False):
-    """Decoding-only variant for the column reader: `args` kept as its JSON text (a Raw view of the input, one
-    small object), so the args of the events that need none (most operators) are never built into structs; the
-    others are decoded afterwards in one call per slice (stepcli.traces.columns.ColumnKeeper)."""
-
-    ts: float = math.nan
-    dur: float = math.nan
-    args: msgspec.Raw = _NULL_ARGS
-
-
 class _ShapeArgs(DecodedArgs, gc=False):
     dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
 
@@ -422,8 +408,6 @@ _BAD_NAME = "\0unusable"  # the interning table's marker for names whose events 
 class _Keeper:
     """Filters decoded events to the kept subset and interns repeated strings, one slice at a time."""
 
-    event_type: type[Event] = _DecodedEvent  # what slices are decoded into (without shapes)
-
     def __init__(self, shapes: bool) -> None:
         self.events: list[Event] = []
         self.count = 0
@@ -534,7 +518,7 @@ def decode_slices(
     raises msgspec errors)."""
     start, splits = layout
     decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(
-        list[_ShapedEvent] if shapes else list[keeper.event_type]  # type: ignore[name-defined]
+        list[_ShapedEvent] if shapes else list[_DecodedEvent]
     )
     view = memoryview(data)
     if isinstance(data, (bytearray, mmap.mmap)) and not shapes:

@@ -77,11 +77,11 @@ def read_piece(path: str, start: int, end: int, header_end: int, last: bool, sha
     import msgspec
 
     from stepcli.traces.columns import ColumnKeeper
-    from stepcli.traces.reader import _CHUNK_BYTES, _decode, _Meta, _RawArgsEvent, _ShapedEvent
+    from stepcli.traces.reader import _CHUNK_BYTES, _decode, _DecodedEvent, _Meta, _ShapedEvent
 
     keeper = ColumnKeeper(shapes)
     decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(
-        list[_ShapedEvent] if shapes else list[_RawArgsEvent]  # (ColumnKeeper.event_type)
+        list[_ShapedEvent] if shapes else list[_DecodedEvent]
     )
     meta = _Meta()
     # One buffer for every block: a new 8 MB buffer per block had each of its pages faulted in again (~1 ms per MB
