@@ -1,7 +1,7 @@
 """Benchmark `stepcli table` on a large realistic trace, and on a folder of rank traces, against references.
 
 Usage: python scripts/bench_table.py [--size-mb 300] [--trace PATH] [--repeat N] [--ranks 8] [--rank-mb 40]
-       [--folder DIR] [--skip-one-file] [--skip-folder]
+       [--folder DIR] [--skip-one-file] [--skip-folder] [--against REV]
 
 One file: `stepcli table --json` against the reference (msgspec's typed decode of the 7 needed fields plus a
 straight Python aggregation of per-name sums, in one process), plus typed decoding alone and reading the bytes;
@@ -15,6 +15,16 @@ kernels and flow events added so the event mix looks like a GPU training trace, 
 layout (one field per line), so 300 MB holds about as many events (~800k) as a real trace of that size.
 With --trace PATH the trace is kept there (and reused when it exists). Each command runs in its own process;
 the table shows its wall time and peak RSS (summed over its process tree), best of --repeat runs.
+
+--against REV: a regression check before landing a change to the reader or the analyses. REV is checked out in a
+temporary `git worktree`; on the same generated traces (the one large file and the folder of --ranks), `stepcli
+table --json` of REV and of the working tree run side by side, taking turns (the order flips every round), each
+with PYTHONPATH at its own tree, and so does the run end's single read of its traces (REV's and the working tree's
+own `scripts/bench_run_end.py` `after`, on the folder), and reading plus analysing the large file in one process
+(its own CPU time, steadier than wall time on a busy machine); --with REV2 puts revision REV2 in the working tree's
+place (to find which commit made a difference). Printed: each side's median wall and CPU time over --repeat
+rounds, the median and range of the rounds' ratios (working tree / REV: above 1.0x is slower), and whether the two
+`--json` answers are byte-identical.
 """
 
 from __future__ import annotations
@@ -24,6 +34,9 @@ import compileall
 import copy
 import json
 import os
+import shutil
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -438,6 +451,136 @@ def folder_run(files: list[Path], repeat: int) -> None:
     )
 
 
+# The run end of a tree, as that tree's own scripts/bench_run_end.py defines it (one read shared by summary and page).
+_RUN_END = """
+import sys, threading, os, tempfile
+tree = sys.argv[1]
+sys.path[:0] = [tree, os.path.join(tree, "scripts")]
+from bench_run_end import after
+idle = threading.Event()
+threading.Thread(target=idle.wait, daemon=True).start()  # as the launcher's watchdog: workers start by forkserver
+with tempfile.TemporaryDirectory(prefix="stepcli-bench-run-end-") as out:
+    os.chdir(out)  # (report.html goes here)
+    after(sys.argv[2:])
+idle.set()
+"""
+
+# The CPU time of reading one file into columns and analysing it, in one process (no worker, no forked helper):
+# steadier than wall time on a busy machine. Trees without stepcli.traces.columns (before 2026-11-24) skip it.
+_ONE_PROCESS = """
+import sys, time, gc
+try:
+    from stepcli.traces.columns import load_columns
+    from stepcli.traces.analysis import summarize_read
+except ImportError:
+    print("nan"); sys.exit(0)
+gc.disable()
+start = time.process_time()
+trace = load_columns(sys.argv[1])
+read = time.process_time()
+summarize_read(trace.columns, trace)
+print(time.process_time() - start, read - start)
+"""
+
+
+def timed(argv: list[str], tree: Path) -> tuple[float, float, bytes]:
+    """Wall seconds, CPU seconds (the command's process tree, as far as it was reaped: RUSAGE_CHILDREN) and stdout
+    of one command run with PYTHONPATH at `tree` and in `tree` (so `python -m stepcli` imports that tree's code)."""
+    import resource
+
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, cwd=tree, env=env, check=False)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr.decode(errors="replace"))
+        raise SystemExit(f"{' '.join(argv[:4])} ... in {tree}: exit {proc.returncode}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, proc.stdout
+
+
+def checkout(rev: str, tree: Path) -> Path:
+    """REV in a detached temporary worktree of this repository, its modules compiled as an install has them."""
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "add", "--detach", "--quiet", str(tree), rev],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    compileall.compile_dir(str(tree / "stepcli"), quiet=1)
+    return tree
+
+
+def remove_checkout(tree: Path) -> None:
+    subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
+    shutil.rmtree(tree, ignore_errors=True)
+
+
+def short(rev: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def against(rev: str, cases: dict[str, list[str]], repeat: int, workdir: Path, other: str | None = None) -> None:
+    """Each case's command of REV and of the working tree (or of revision `other`), taking turns; medians, paired
+    ratios, same answers."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # (the temporary worktrees are removed)
+    label = short(rev)
+    tree = checkout(rev, workdir / "against")
+    work = "work" if other is None else short(other)
+    mine = REPO if other is None else checkout(other, workdir / "with")
+    try:
+        sides = {label: tree, work: mine}
+        has_run_end = (tree / "scripts" / "bench_run_end.py").exists()
+        results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        answers: dict[tuple[str, str], set[bytes]] = {}
+        for k in range(max(1, repeat)):
+            order = list(sides.items()) if k % 2 == 0 else list(sides.items())[::-1]
+            for case, argv in cases.items():
+                if case.startswith("run end") and not has_run_end:
+                    continue
+                for side, root in order:
+                    if case.startswith("run end"):
+                        cmd = [sys.executable, "-c", _RUN_END, str(root), *argv]
+                    elif case.startswith("one process"):
+                        cmd = [sys.executable, "-c", _ONE_PROCESS, *argv]
+                    else:
+                        cmd = argv
+                    wall, cpu, out = timed(cmd, root)
+                    if case.startswith("one process"):
+                        cpu = float(out.split()[0])  # its own CPU time (read + analysis)
+                        if cpu != cpu:  # nan: not in this tree
+                            continue
+                    results.setdefault((case, side), []).append((wall, cpu))
+                    if case.startswith("table"):
+                        answers.setdefault((case, side), set()).add(out)
+        print(
+            f"{work} against {rev} ({label}): {max(1, repeat)} rounds, taking turns; medians; ratio = {work} / {label}"
+        )
+        print(f"{'':34}{label + ' wall':>13}{work + ' wall':>13}{label + ' CPU':>13}{work + ' CPU':>13}  ratio (range)")
+        for case in cases:
+            old, new = results.get((case, label)), results.get((case, work))
+            if not old or not new:
+                print(f"{case:34}  (not in {label})")
+                continue
+            ratios = sorted(n[0] / o[0] for o, n in zip(old, new))
+            same = ""
+            if (case, label) in answers:
+                a, b = answers[(case, label)], answers[(case, work)]
+                same = "  same answers" if len(a) == 1 and a == b else "  ANSWERS DIFFER"
+            print(
+                f"{case:34}{statistics.median(o[0] for o in old):13.2f}{statistics.median(n[0] for n in new):13.2f}"
+                f"{statistics.median(o[1] for o in old):13.2f}{statistics.median(n[1] for n in new):13.2f}"
+                f"  {statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}){same}"
+            )
+    finally:
+        remove_checkout(tree)
+        if other is not None:
+            remove_checkout(mine)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Generate (or reuse) the traces and print both tables and their ratios."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -450,6 +593,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-one-file", action="store_true")
     parser.add_argument("--skip-folder", action="store_true")
     parser.add_argument("--generate-only", action="store_true", help="write the trace (needs --trace) and exit")
+    parser.add_argument("--against", metavar="REV", help="time REV (a temporary git worktree) and this tree in turns")
+    parser.add_argument("--with", dest="other", metavar="REV2", help="with --against: REV2 instead of this tree")
     args = parser.parse_args(argv)
     if args.generate_only:
         if args.trace is None:
@@ -465,6 +610,35 @@ def main(argv: list[str] | None = None) -> int:
     compileall.compile_dir(str(REPO / "stepcli"), quiet=1)
     with tempfile.TemporaryDirectory(prefix="stepcli-bench-") as tmp:
         workdir = Path(tmp)
+        if args.against:
+            cases: dict[str, list[str]] = {}
+            if not args.skip_one_file:
+                trace = args.trace or workdir / "big.pt.trace.json"
+                if not trace.exists():
+                    generate(trace, args.size_mb)
+                mib = trace.stat().st_size / 1024 / 1024
+                cases[f"table --json, one {mib:,.0f} MiB file"] = [
+                    sys.executable,
+                    "-m",
+                    "stepcli",
+                    "table",
+                    "--json",
+                    str(trace),
+                ]
+                cases["one process: read + analysis"] = [str(trace)]
+            if not args.skip_folder:
+                files = make_folder(args.folder or workdir / "ranks", args.ranks, args.rank_mb, workdir)
+                cases[f"table --json, {len(files)} ranks"] = [
+                    sys.executable,
+                    "-m",
+                    "stepcli",
+                    "table",
+                    "--json",
+                    str(files[0].parent),
+                ]
+                cases[f"run end, {len(files)} ranks (one read)"] = [str(f) for f in files]
+            against(args.against, cases, args.repeat, workdir, args.other)
+            return 0
         if not args.skip_one_file:
             trace = args.trace or workdir / "big.pt.trace.json"
             if not trace.exists():

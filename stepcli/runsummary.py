@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NotRequired, TypedDict, cast
 
 from stepcli.errors import EXIT_USAGE, StepcliError
@@ -23,6 +24,13 @@ SCHEMA = "stepcli.run"
 SCHEMA_VERSION = 2  # 2: run_id and step_times (every step of every process); readers still accept 1
 READABLE_VERSIONS = (1, 2)
 SUMMARY_FILE = "summary.json"  # written by `stepcli run` next to the step logs, so `stepcli report DIR` has it all
+
+
+def run_dirs(out_dir: str) -> list[Path]:
+    """The step-log folders of a run folder (`.stepcli/<run id>/`), newest run first. A folder given to `-o` more
+    than once holds one per run; the run id starts with its start time."""
+    found = [p for p in Path(out_dir, ".stepcli").glob("*/") if p.is_dir()]
+    return sorted(found, key=lambda p: (p.name[:15], p.stat().st_mtime), reverse=True)
 
 
 # `steps`: the primary process's global steps and its step calls per requester ("global" is a Python keyword).

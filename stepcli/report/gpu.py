@@ -11,6 +11,12 @@ from typing import Any
 
 from stepcli.fmt import html_escape as escape
 
+
+def _tip(text: str) -> str:
+    """A tooltip of several lines: each line escaped (control characters from traces shown), the line breaks kept."""
+    return "\n".join(escape(line) for line in text.split("\n"))
+
+
 # The parts of a step, in bar order; together they are the whole step (README): compute alone, communication
 # with compute beside it, communication alone (exposed), memory alone, and idle time by cause.
 SEGMENTS = (
@@ -64,7 +70,7 @@ def _bars(rows: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
             tip = f"{name}: {parts[key]:.3f} ms/step ({parts[key] / total:.1%})"
             out.append(
                 f'<rect class="seg gpu-{key}" x="{x:.2f}" y="{y}" width="{width:.2f}" height="{_ROW_H - 6}">'
-                f"<title>{escape(tip)}</title></rect>"
+                f"<title>{_tip(tip)}</title></rect>"
             )
             if width > 46:
                 out.append(f'<text class="seglabel" x="{x + 4:.2f}" y="{y + 14}">{parts[key] / total:.0%}</text>')
@@ -105,7 +111,7 @@ def _steps_chart(choice: str, steps: Sequence[Mapping[str, Any]], top: float, sh
         tip = f"step {step['step']}: {step['step_ms']:.3f} ms" + "".join(
             f"\n{name}: {parts[key]:.3f} ms" for name, key, _colour in SEGMENTS if parts[key] > 0
         )
-        out.append(f'<g class="gpu-step" data-step="{step["step"]}"><title>{escape(tip)}</title>')
+        out.append(f'<g class="gpu-step" data-step="{step["step"]}"><title>{_tip(tip)}</title>')
         y = 4.0 + _STEPS_H
         for _name, key, _colour in SEGMENTS:
             h = parts[key] * scale

@@ -27,19 +27,13 @@ from stepcli.runsummary import (
     RunSummary,
     StepTimes,
     read_run_summary,
+    run_dirs,
 )
 from stepcli.steptimes import process_steps, trace_process_steps
 
 if TYPE_CHECKING:
     from stepcli.report.data import ReportData
     from stepcli.traces.readonce import RunTraces
-
-
-def run_dirs(out_dir: str) -> list[Path]:
-    """The step-log folders of a run folder (`.stepcli/<run id>/`), newest run first. A folder given to `-o` more
-    than once holds one per run; the run id starts with its start time."""
-    found = [p for p in Path(out_dir, ".stepcli").glob("*/") if p.is_dir()]
-    return sorted(found, key=lambda p: (p.name[:15], p.stat().st_mtime), reverse=True)
 
 
 def step_logs(run_dir: Path) -> list[dict[str, Any]]:

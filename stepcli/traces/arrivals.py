@@ -168,7 +168,10 @@ def rank_arrivals(
     """The rank's collectives inside its complete steps, or None when the trace has none."""
     if not len(columns) or rank is None:
         return None
-    category = _category(columns.names)[columns.name]
+    by_name = _category(columns.names)
+    if not np.any(by_name == 6):  # no collective's name: nothing to look at per event
+        return None
+    category = by_name[columns.name]
     cpu = (columns.kind == col.OTHER_CPU) | (columns.kind == col.USER_ANNOTATION)
     steps = np.nonzero(cpu & (category == 5))[0]
     if not steps.size or not np.any(category == 6):

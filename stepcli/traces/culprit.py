@@ -291,11 +291,13 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
         times_last[last] += 1
         late_us[last] += lateness
         caused_us[last] += sum(waits)
+        # the latest arrival of the others: the last's for everyone but the last, the second last's for it
+        first_out, second_out = aligned[order[-1]], aligned[order[-2]]
         for k, j in enumerate(cols):
             waited_us[j] += waits[k]
             taken[j] += 1
             chance[j] += 1 / len(cols)
-            leads[j].append(aligned[k] - max(a for i, a in enumerate(aligned) if i != k))
+            leads[j].append(aligned[k] - (second_out if k == order[-1] else first_out))
             figures = in_group.setdefault((j, group), _GroupFigures(len(cols)))
             figures.taken += 1
             figures.leads.append(leads[j][-1])

@@ -14,7 +14,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from stepcli.errors import StepcliError, TraceError
 
@@ -204,8 +204,22 @@ def _culprit_marks(culprit: dict[str, Any] | None, mains: dict[int, tuple[int, A
     return marks
 
 
+class _Plan(NamedTuple):
+    """What the first pass learns of one file, so the second can write its events as it reads them."""
+
+    path: str
+    rank: int
+    slot: int
+    base: Any  # baseTimeNanoseconds as written
+    main: tuple[Any, Any] | None
+
+
 def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
-    """Write the merged trace of `paths` to `output`; return what it holds (ranks, alignment, marks)."""
+    """Write the merged trace of `paths` to `output`; return what it holds (ranks, alignment, marks).
+
+    The merged trace is written as a stream, one rank's file at a time, so memory holds one file's events, not
+    the job's: a first pass reads each file for its rank, base time and main thread (and the new pid of that
+    thread, needed by the culprit marks in the header's count), the second reads it again to write its events."""
     from stepcli.traces.engine import summarize_paths
     from stepcli.traces.files import list_trace_files
 
@@ -215,35 +229,34 @@ def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
         raise StepcliError("no trace files to merge")
     culprit = summarize_paths(files).culprit
     offsets = (culprit or {}).get("alignment", {}).get("offsets_ms", {})
-    documents = [(path, _load(path)) for path in files]
-    ranks = [_rank_of(document, path) for path, document in documents]
-    if len(files) > 1 and any(rank is None for rank in ranks):
-        missing = files[ranks.index(None)]
-        raise StepcliError(f"{missing}: no rank (distributedInfo.rank or rank<N> in the name); cannot merge ranks")
-    # A base time is nanoseconds since the epoch: anything past int64 (10**400, say) is not one.
-    bases = [_base_time(document) for _, document in documents]
-    reference_base = next((b for b in bases if isinstance(b, int)), 0)
-    events: list[dict[str, Any]] = []
+    plans: list[_Plan] = []
     mains: dict[int, tuple[int, Any]] = {}
     per_rank: Counter[int] = Counter()
-    for (_path, document), rank, base in zip(documents, ranks, bases):
-        rank = rank if rank is not None else 0
+    missing: str | None = None
+    for path in files:
+        document = _load(path)
+        found = _rank_of(document, path)
+        if found is None and missing is None:
+            missing = path
+        rank = found if found is not None else 0
         # One pid and id range per file: two traces of one rank (two windows, or a copy) never share ids or pids.
         slot = sum(per_rank.values())
         per_rank[rank] += 1
-        if str(rank) in offsets:
-            shift = offsets[str(rank)] * 1000
-        else:
-            shift = -((base - reference_base) / 1000 if isinstance(base, int) else 0.0)
-        rewriter = _Rewriter(rank, slot, shift, _path)
-        main = _main_thread(document["traceEvents"])
-        rewriter.main_pid = main[0] if main else None
-        events.extend(rewriter.event(e) for e in document["traceEvents"] if isinstance(e, dict))
+        events = document["traceEvents"]
+        main = _main_thread(events)
         if main is not None and rank not in mains:
+            rewriter = _Rewriter(rank, slot, 0.0, path)
+            for event in events:
+                if isinstance(event, dict) and "pid" in event:
+                    rewriter.pid(event["pid"])
             mains[rank] = (rewriter.pid(main[0]), main[1])
-        events.extend(rewriter.names())
+        # A base time is nanoseconds since the epoch: anything past int64 (10**400, say) is not one.
+        plans.append(_Plan(path, rank, slot, _base_time(document), main))
+        del document, events
+    if len(files) > 1 and missing is not None:
+        raise StepcliError(f"{missing}: no rank (distributedInfo.rank or rank<N> in the name); cannot merge ranks")
+    reference_base = next((p.base for p in plans if isinstance(p.base, int)), 0)
     marks = _culprit_marks(culprit, mains)
-    events.extend(marks)
     facts = {
         "ranks": sorted(per_rank),
         "repeated_ranks": {rank: count for rank, count in sorted(per_rank.items()) if count > 1},
@@ -252,19 +265,52 @@ def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
         "culprit": (culprit or {}).get("culprit"),
         "marks": sum(1 for mark in marks if mark["ph"] == "i"),
     }
-    document = {MARKER: facts, "displayTimeUnit": "ms", "baseTimeNanoseconds": reference_base, "traceEvents": events}
-    _write(output, document)
+    head = {MARKER: facts, "displayTimeUnit": "ms", "baseTimeNanoseconds": reference_base}
+    _write(output, head, _merged_events(plans, offsets, reference_base, marks))
     return facts
 
 
-def _write(path: str, document: dict[str, Any]) -> None:
+def _merged_events(
+    plans: list[_Plan], offsets: dict[str, Any], reference_base: int, marks: list[dict[str, Any]]
+) -> Iterator[list[dict[str, Any]]]:
+    """The merged events, one file's at a time (then the culprit marks)."""
+    named: set[int] = set()
+    for plan in plans:
+        if str(plan.rank) in offsets:
+            shift = offsets[str(plan.rank)] * 1000
+        else:
+            base = plan.base
+            shift = -((base - reference_base) / 1000 if isinstance(base, int) else 0.0)
+        rewriter = _Rewriter(plan.rank, plan.slot, shift, plan.path)
+        rewriter.main_pid = plan.main[0] if plan.main else None
+        events = _load(plan.path)["traceEvents"]
+        chunk = [rewriter.event(e) for e in events if isinstance(e, dict)]
+        del events
+        if plan.main is not None and plan.rank not in named:
+            named.add(plan.rank)
+            rewriter.pid(plan.main[0])
+        chunk.extend(rewriter.names())
+        yield chunk
+    yield marks
+
+
+def _write(path: str, head: dict[str, Any], chunks: Iterator[list[dict[str, Any]]]) -> None:
+    """`head` with a `traceEvents` list of the chunks' events, as json.dump writes it, a chunk at a time, into a
+    file created new beside `path` and renamed over it (stepcli.safefile)."""
     import json
 
     from stepcli import safefile
 
+    encode = json.JSONEncoder(separators=(",", ":")).encode
     try:
         with safefile.NewFile(os.path.abspath(path)) as handle:
-            handle.write(json.dumps(document, separators=(",", ":")).encode("utf-8"))
+            handle.write((encode(head)[:-1] + ',"traceEvents":[').encode("utf-8"))
+            first = True
+            for chunk in chunks:
+                if chunk:
+                    handle.write((("" if first else ",") + ",".join(map(encode, chunk))).encode("utf-8"))
+                    first = False
+            handle.write(b"]}")
             check_output(path)  # again: something may have appeared there meanwhile
     except OSError as exc:
         raise StepcliError(f"{path}: cannot write there: {exc.strerror or exc}") from None

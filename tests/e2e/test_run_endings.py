@@ -107,7 +107,7 @@ def test_a_signal_to_stepcli_after_the_window_keeps_every_step(tmp_path: Path, s
     assert made <= record["steps"] <= made + 1
     assert not [note for note in summary["notes"] if "never written" in note], summary["notes"]
     assert _summary_line(stderr, "steps").split()[1] == str(summary["steps"]["global"])
-    assert any(line.startswith("stepcli: whole run ") for line in stderr.splitlines()), stderr
+    assert any(line.startswith("whole run ") for line in stderr.splitlines()), stderr
 
 
 def test_on_demand_run_killed_after_a_hang_counts_its_steps(tmp_path: Path) -> None:
