@@ -215,9 +215,15 @@ def test_top_on_a_hung_job_shows_the_step_of_the_hang_and_names_nobody(tmp_path:
         assert row["no_step_for_s"] is not None and row["no_step_for_s"] >= 4.0, row
     rows = [line for line in once.stdout.splitlines() if "rank0" in line or "rank1" in line]
     assert len(rows) == 2 and all(" 30 " in line and "no step for" in line for line in rows), once.stdout
-    # the recorded steps 2-4 were balanced: the culprit analysis names nobody, and neither does top
-    assert document["slowest"] is None and not any(row["slowest"] for row in document["ranks"]), document
-    assert "slowest" not in "".join(rows)
+    # top names whom the culprit analysis of the saved traces names (steps 2-4 are balanced by design, but on a
+    # loaded machine one rank can be consistently late there, and then both name it), never a step-time guess
+    table = run_stepcli("table", "--json", out, cwd=tmp_path, timeout=120)
+    found = (json.loads(table.stdout).get("culprit") or {}).get("culprit")
+    expected = found["rank"] if found else None
+    assert document["slowest"] == expected, (document, found)
+    assert [row["rank"] for row in document["ranks"] if row["slowest"]] == ([] if expected is None else [expected])
+    if expected is None:
+        assert "slowest" not in "".join(rows)
 
 
 def test_top_names_the_rank_the_culprit_analysis_names_every_time(tmp_path: Path) -> None:
