@@ -49,6 +49,8 @@ def _collective(process: Mapping[str, Any]) -> str:
 def _where(process: Mapping[str, Any]) -> str:
     where = process.get("where")
     cell = f"<code>{_text(where)}</code>" if where else '<span class="muted">no Python frame</span>'
+    if process.get("source") == "stopped":
+        return '<span class="muted">stopped (SIGSTOP, or held by a debugger): it could neither run nor answer</span>'
     if process.get("source") == "faulthandler":
         cell += ' <span class="muted">(its Python could not run: C code holding the GIL? faulthandler\'s stacks)</span>'
     return cell

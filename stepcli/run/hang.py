@@ -34,7 +34,7 @@ from stepcli.agent.stacks import (
 )
 from stepcli.errors import EXIT_NOTHING_MEASURED, StepcliError
 from stepcli.fmt import visible
-from stepcli.run.hangreport import EXIT_HANG, describe_dumps, parse_faulthandler, read_dumps
+from stepcli.run.hangreport import EXIT_HANG, describe_dumps, is_stopped, parse_faulthandler, read_dumps
 
 if TYPE_CHECKING:
     import subprocess
@@ -163,11 +163,14 @@ def request_stacks(
 
     Processes of other hosts are dumped by their own host's `stepcli run` (it sees the same control folder).
     `unanswering`: tags of processes known not to run Python (they answered no probe): nobody waits for their
-    own dump, faulthandler's text stands in for it at once."""
+    own dump, faulthandler's text stands in for it at once. A stopped process (SIGSTOP, a debugger) is not
+    signalled (the signals would wait until it runs again, and dump then); its file says it is stopped."""
     target = _new_folder(out_dir, kind)
     request = f"{REQUEST_PREFIX}{target.name}.{os.getpid()}.json"
     _write_control(folder, request, {"id": target.name, "dir": str(target), "asked_at": time.time()})
     expected = [p for p in processes if local(p) and p.get("signal") == dump_signal()]
+    stopped = [p for p in expected if is_stopped(p)]
+    expected = [p for p in expected if p not in stopped]
     offsets = {_key(p): _fault_read(folder, p)[0] for p in expected}
     try:
         # faulthandler drops a dump asked while another is being written (its handler is not reentrant), so the
@@ -204,6 +207,8 @@ def request_stacks(
     for process in expected:
         if _key(process) not in written:
             _fallback_dump(process, folder, offsets.get(_key(process), 0), target)
+    for process in stopped:
+        _stopped_dump(process, target)
     dumps = read_dumps(target)
     written = {_key(p) for p in dumps}
     silent = [p for p in expected if _key(p) not in written]
@@ -277,6 +282,29 @@ def _fallback_dump(process: dict[str, Any], folder: str, offset: int, target: Pa
     atomic_write_json(str(target / f"{worker}.{process.get('host')}.{process.get('pid')}.json"), document, 0o600)
 
 
+def _stopped_dump(process: dict[str, Any], target: Path) -> None:
+    """A stopped process (SIGSTOP, or held by a debugger) can write nothing: its file says who it is and that it
+    is stopped (`"source": "stopped"`, no threads), so the summary and the report name it."""
+    worker = str(process.get("worker") or f"{process.get('host')}_{process.get('pid')}")
+    document: dict[str, Any] = {
+        "schema": SCHEMA,
+        "request": target.name,
+        "source": "stopped",
+        "pid": process.get("pid"),
+        "host": process.get("host"),
+        "rank": process.get("rank"),
+        "worker": worker,
+        "time": time.time(),
+        "step": None,
+        "last_step_s_ago": None,
+        "collective": None,
+        "collectives_hooked": False,
+        "threads": [],
+        "faulthandler": None,
+    }
+    atomic_write_json(str(target / f"{worker}.{process.get('host')}.{process.get('pid')}.json"), document, 0o600)
+
+
 # -- `stepcli run --hang-timeout` -------------------------------------------------------------------------------
 class HangWatch:
     """A launcher thread: calls a hang when every live stepping process is stalled, dumps, maybe ends the job."""
@@ -295,6 +323,7 @@ class HangWatch:
         self.folders: list[str] = []  # the OUT/hang-<n>/ folders this watch wrote: the summary reads only those
         self._probes = 0
         self._probed: tuple[frozenset[str], bool, float] = (frozenset(), False, 0.0)  # (whom, all silent, until)
+        self._seen_stopped: dict[str, float] = {}  # tag -> wall time this watch first saw the process stopped
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stepcli-hang-watch", daemon=True)
 
@@ -312,20 +341,34 @@ class HangWatch:
 
     def hung(self) -> tuple[float, list[dict[str, Any]]] | None:
         """(when the last step ended, the processes) while every live registered process is stalled, or stalled
-        processes wait and every other one is stuck where its Python cannot run (it answers no probe)."""
+        processes wait and every other one is stuck where its Python cannot run (it answers no probe).
+
+        A stopped process (SIGSTOP, a debugger) cannot mark itself stalled: once this watch has seen it stopped for
+        the timeout it counts as stalled since it was first seen so (its last step came before: a lower bound).
+        """
         processes = registered(self.folder)
         stalls = _documents(self.folder, STALL_PREFIX)
-        stalled = [p for p in processes if _tag(p) in stalls]
-        quiet = [p for p in processes if _tag(p) not in stalls]
+        now = time.time()
+        stopped = {_tag(p) for p in processes if is_stopped(p)}
+        self._seen_stopped = {tag: self._seen_stopped.get(tag, now) for tag in stopped}
+        last_step = {tag: float(stall.get("last_step_at", 0.0)) for tag, stall in stalls.items()}
+        for tag, since in self._seen_stopped.items():
+            if tag not in last_step and now - since >= self.timeout_s:
+                last_step[tag] = since
+        stalled = [p for p in processes if _tag(p) in last_step]
+        quiet = [p for p in processes if _tag(p) not in last_step]
         if not stalled or (quiet and not self._silent(quiet)):
             return None
-        return max(float(stalls[_tag(p)].get("last_step_at", 0.0)) for p in stalled), processes
+        return max(last_step[_tag(p)] for p in stalled), processes
 
     def _silent(self, quiet: list[dict[str, Any]]) -> bool:
         """Whether none of `quiet` (processes not marked stalled) answers a probe: each is stuck in C code that
         holds the GIL, so it cannot step either. Probed at most once per timeout; the answer is kept till then."""
         if any(not local(p) for p in quiet):
             return False  # another host's process cannot be probed from here: it may be stepping
+        quiet = [p for p in quiet if _tag(p) not in self._seen_stopped]  # a stopped one cannot answer, nor step
+        if not quiet:
+            return True
         whom = frozenset(_tag(p) for p in quiet)
         cached_whom, cached, until = self._probed
         if whom == cached_whom and time.monotonic() < until:
@@ -398,38 +441,22 @@ def start_hang_watch(
 
 
 def terminate_job(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the program and every process it started, SIGKILL to those left after TERM_GRACE_S. Nothing is
-    reaped here (the launcher's wait() does that for its child): a zombie counts as gone."""
+    """SIGTERM to the program, every process it started and every orphan of the job stepcli adopted as their child
+    subreaper (stepcli/run/subreaper.py: a daemonized grandchild), SIGCONT to the stopped ones (so they act on it),
+    SIGKILL to those left after TERM_GRACE_S. The program's status is left to the launcher's wait(); the adopted
+    ones are reaped here (WNOHANG, by pid). A zombie counts as gone."""
     import psutil
 
-    try:
-        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.Error:
-        return
-    for process in family:
-        _quietly(process.terminate)
-    deadline = time.monotonic() + TERM_GRACE_S
-    while time.monotonic() < deadline and any(_running(p) for p in family):
-        time.sleep(0.05)
-    for process in family:
-        if _running(process):
-            _quietly(process.kill)
+    from stepcli.run import subreaper
 
-
-def _running(process: Any) -> bool:
-    import psutil
-
-    try:
-        return bool(process.is_running() and process.status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False
-
-
-def _quietly(call: Any) -> None:
-    try:
-        call()
-    except Exception:
-        pass
+    family: list[Any] = []
+    for pid in [proc.pid, *subreaper.adopted()]:
+        try:
+            family += [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        except psutil.Error:
+            continue
+    subreaper.terminate(family, TERM_GRACE_S)
+    subreaper.end_adopted(TERM_GRACE_S)  # any the job forked or orphaned meanwhile
 
 
 # -- `stepcli capture --stacks` ----------------------------------------------------------------------------------

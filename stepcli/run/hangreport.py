@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 INNERMOST_FRAMES = 5
+STOPPED = "stopped"  # a stacks file's `source` for a process that was stopped (SIGSTOP, a debugger): no threads
+STOPPED_WHY = "stopped (SIGSTOP, or held by a debugger)"
 EXIT_HANG = 124  # `--on-hang kill`: the job was ended after its hang dump (timeout(1)'s status for "timed out")
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?+) in (.*)$')
@@ -168,7 +170,7 @@ def verdict(dumps: list[dict[str, Any]], stopped: Sequence[dict[str, Any]] = ())
     elsewhere = [d for d in dumps if not in_collective(d)]
     if stopped:
         who = ", ".join(label(p) for p in sorted(stopped, key=order))
-        names = sorted({collective_name(d["collective"]) for d in waiting})
+        names = sorted({collective_name(waiting_in(d) or {}) for d in waiting})
         waits = (
             f" while {len(waiting)} process{'es' if len(waiting) > 1 else ''} wait{'' if len(waiting) > 1 else 's'} "
             f"in {', '.join(names)}"
@@ -226,15 +228,17 @@ def is_stopped(process: dict[str, Any]) -> bool:
 def describe_dumps(dumps: list[dict[str, Any]], silent: list[dict[str, Any]]) -> list[str]:
     """The block's lines (without the headline): one entry per process, then the verdict."""
     lines: list[str] = []
+    stopped = [d for d in dumps if d.get("source") == STOPPED]  # files the launcher wrote for stopped processes
+    dumps = [d for d in dumps if d.get("source") != STOPPED]
     for dump in sorted(dumps, key=order):
         if in_collective(dump):
             lines.append("  " + _collective_line(dump))
         else:
             lines += ["  " + line for line in _elsewhere_lines(dump)]
-    stopped = [p for p in silent if is_stopped(p)]
-    for process in sorted(silent, key=order):
+    stopped += [p for p in silent if is_stopped(p)]
+    for process in sorted([*silent, *(d for d in stopped if d not in silent)], key=order):
         if process in stopped:
-            lines.append(f"  {label(process)}: stopped (SIGSTOP, or held by a debugger): it can neither run nor answer")
+            lines.append(f"  {label(process)}: {STOPPED_WHY}: it can neither run nor answer")
         else:
             lines.append(
                 f"  {label(process)}: wrote no stacks (exited while asked, or its signal handler could not write)"
@@ -283,12 +287,13 @@ def hang_summary(
             continue
         # "no process completed a step for": the most recent last step of any process, as the printed block says
         idle = [float(d["last_step_s_ago"]) for d in dumps if isinstance(d.get("last_step_s_ago"), (int, float))]
+        stopped = [d for d in dumps if d.get("source") == STOPPED]
         reports.append(
             {
                 "folder": str(folder),
                 "idle_s": round(min(idle), 1) if idle else None,
                 "processes": [_process_entry(dump) for dump in sorted(dumps, key=order)],
-                "verdict": verdict(dumps),
+                "verdict": verdict([d for d in dumps if d not in stopped], stopped),
             }
         )
     if not reports:
@@ -311,7 +316,8 @@ def _process_entry(dump: dict[str, Any]) -> dict[str, Any]:
         "in_backward": in_backward(frames),
         "where": where(frame) if frame is not None else None,
         "frame": {key: frame.get(key) for key in ("function", "file", "line")} if frame is not None else None,
-        "source": dump.get("source", "python"),  # "faulthandler": its Python could not run (C code holding the GIL)
+        # "faulthandler": its Python could not run (C code holding the GIL); "stopped": SIGSTOP or a debugger
+        "source": dump.get("source", "python"),
         "file": dump.get("file"),
     }
 
@@ -368,6 +374,12 @@ def _plural(processes: list[dict[str, Any]], one: str, many: str) -> str:
 
 def _report_facts(processes: list[dict[str, Any]]) -> list[str]:
     """Who holds the job back and why, and who waits in which collective: one sentence each, not yet wrapped."""
+    stopped = [p for p in processes if p.get("source") == STOPPED]
+    if stopped:
+        held = [f"{_who([p])} holds the job back: {STOPPED_WHY}" for p in stopped[:MAX_NAMED]]
+        if len(stopped) > MAX_NAMED:
+            held.append(f"{len(stopped) - MAX_NAMED} more stopped processes hold it back too")
+        return held + _others_facts([p for p in processes if p not in stopped])
     waiting = [p for p in processes if p.get("waiting") is True]
     elsewhere = [p for p in processes if p.get("waiting") is not True]
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -404,6 +416,18 @@ def _report_facts(processes: list[dict[str, Any]]) -> list[str]:
         else:
             facts.append(f"{_who([process])} is in {_short_where(process)}")
     return facts
+
+
+def _others_facts(processes: list[dict[str, Any]]) -> list[str]:
+    """Beside stopped processes: which of the others wait in which collective, where the rest are."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for process in processes:
+        if process.get("waiting") is True:
+            groups.setdefault(_collective(process), []).append(process)
+    facts = [f"{_who(g)} {_plural(g, 'waits', 'wait')} in {name}" + _source(g) for name, g in sorted(groups.items())]
+    elsewhere = [p for p in processes if p.get("waiting") is not True]
+    facts += [f"{_who([p])} is in {_short_where(p)}" for p in elsewhere]
+    return facts[:MAX_NAMED]
 
 
 def _wrap(text: str, first: str, rest: str) -> list[str]:

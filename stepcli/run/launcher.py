@@ -282,7 +282,10 @@ def run_program(request: RunRequest) -> int:
     started = time.time()
     start = time.perf_counter()
     foreground = in_terminal_foreground()
+    from stepcli.run import subreaper
     from stepcli.run.watchdog import start_watchdog
+
+    subreaper.become_subreaper()  # the job's orphans (a daemonized grandchild) become stepcli's children
 
     # A signal that arrives between starting the program and installing the forwarder (a scheduler's kill -INT
     # right after the program's first output) must be forwarded, not kill stepcli: hold it until then.
@@ -294,7 +297,10 @@ def run_program(request: RunRequest) -> int:
         except OSError as exc:
             ondemand.close_control(config.out_dir, config.run_id)
             raise StepcliError(f"could not start {request.argv[0]}: {exc.strerror or exc}") from None
+        subreaper.own(proc.pid)
         watchdog = start_watchdog(proc.pid, os.getpgrp() if foreground else proc.pid)
+        if watchdog is not None:
+            subreaper.own(watchdog.pid)
         from stepcli.run.hang import start_hang_watch
 
         hang_watch = start_hang_watch(request.hang_timeout, request.on_hang, config, proc)
@@ -303,6 +309,8 @@ def run_program(request: RunRequest) -> int:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # held signals are forwarded now
                 returncode = proc.wait()
                 forwarder.reap_orphans()
+                if hang_watch is not None and hang_watch.killed:
+                    subreaper.end_adopted()  # nothing of a job stepcli ended survives it (a daemonized grandchild)
         finally:
             if hang_watch is not None:
                 hang_watch.stop()

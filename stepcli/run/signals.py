@@ -37,6 +37,11 @@ class SignalForwarder:
         # Installed only after the child started: an ignored SIGINT at exec time would be inherited.
         for signum in self.FORWARDED:
             self._previous[signum] = signal.signal(signum, self._forward)
+        if hasattr(signal, "SIGCHLD"):
+            from stepcli.run.subreaper import reap_adopted
+
+            # the job's orphans stepcli adopted (stepcli/run/subreaper.py) are reaped as they exit, by pid
+            self._previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, reap_adopted)
         return self
 
     def __exit__(self, *_exc: Any) -> None:
@@ -74,20 +79,15 @@ class SignalForwarder:
             pass
 
     def reap_orphans(self, grace_s: float = 5.0) -> None:
-        """After a forwarded SIGTERM/SIGHUP, no process the program started may outlive it."""
+        """After a forwarded SIGTERM/SIGHUP, no process the program started may outlive it: neither those of its
+        tree nor the orphans stepcli adopted as their child subreaper (a daemonized grandchild)."""
         if not any(signum in self.FATAL for signum in self.received):
             return
-        alive = [p for p in self.descendants if _quietly(p.is_running)]
-        for process in alive:
-            _quietly(process.terminate)
-        try:
-            import psutil
+        from stepcli.run import subreaper
 
-            _, still = psutil.wait_procs(alive, timeout=grace_s)
-            for process in still:
-                _quietly(process.kill)
-        except Exception:
-            pass
+        alive = [p for p in self.descendants if _quietly(p.is_running)]
+        subreaper.terminate(alive, grace_s)
+        subreaper.end_adopted(grace_s)
 
 
 def child_setup(terminal_foreground: bool, signal_mask: Any = None) -> Any:

@@ -603,3 +603,168 @@ def test_without_the_flight_recorder_a_reducer_hang_is_said_unknown_not_elsewher
     assert "rank 0 is in main" not in text
     section = _hang_section((job["out"] / "report.html").read_text())
     assert "is unknown" in section
+
+
+# Steps three times, writes its pid, then stops itself: a one-process job that can neither step nor answer.
+STOPS_ITSELF = """
+    import os
+    import signal
+    import sys
+    from pathlib import Path
+    import torch
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    Path(sys.argv[1]).write_text(str(os.getpid()))
+    os.kill(os.getpid(), signal.SIGSTOP)
+    import time
+    time.sleep(600)
+"""
+
+# Steps three times, then double-forks a sleeper in a session of its own (a daemon: its parent exits at once, so
+# it is nobody's child in the program's tree), writes the sleeper's pid, then hangs in `napping`.
+DAEMONIZES = """
+    import os
+    import sys
+    import time
+    from pathlib import Path
+    import torch
+
+    def napping():
+        time.sleep(600)
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    read_fd, write_fd = os.pipe()
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.close(read_fd)
+            os.write(write_fd, str(os.getpid()).encode())
+            os.close(write_fd)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):  # a daemon holds nobody's pipes open
+                os.dup2(devnull, fd)
+            os.execvp("sleep", ["sleep", "600"])
+        os._exit(0)
+    os.close(write_fd)
+    pid = b""
+    while chunk := os.read(read_fd, 32):
+        pid += chunk
+    os.wait()
+    Path(sys.argv[1]).write_text(pid.decode())
+    napping()
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _run_until_done(args: list[str], cwd: Path, log: Path) -> int:
+    """`stepcli ARGS` to its end (a generous deadline: on failure the whole session is killed and the test fails)."""
+    proc = _start(args, cwd, log)
+    try:
+        proc.wait(timeout=LIMIT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGCONT)
+        raise AssertionError(f"the run did not end within {LIMIT_S} s:\n{log.read_text()}") from None
+    finally:
+        _stop(proc)
+    return proc.returncode
+
+
+def test_a_stopped_one_process_job_is_called_hung_and_on_hang_kill_ends_it(tmp_path: Path) -> None:
+    # (issue 30, item 15) a SIGSTOPped process writes no stall file: alone, it was never called hung
+    script = write_script(tmp_path, "stops.py", STOPS_ITSELF)
+    log, marker = tmp_path / "log.txt", tmp_path / "pid"
+    status = _run_until_done(
+        [
+            "run",
+            "--hang-timeout",
+            "2s",
+            "--on-hang",
+            "kill",
+            "-o",
+            "out",
+            "--json",
+            "run.json",
+            str(script),
+            str(marker),
+        ],
+        tmp_path,
+        log,
+    )
+    text = log.read_text()
+    assert status == EXIT_HANG, text
+    pid = int(marker.read_text())
+    assert not _running(pid)
+    block = _block(log)
+    assert any(line.startswith("stepcli: hang: no process completed a step for ") for line in block), block
+    assert f"stepcli:   pid {pid} on {os.uname().nodename}: stopped (SIGSTOP, or held by a debugger)" in text, block
+    assert any(line.startswith(f"stepcli: -> pid {pid} on ") and "is stopped" in line for line in block), block
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert summary["exit_status"] == EXIT_HANG and summary["hang"]["ended_job"] is True
+    (report,) = summary["hang"]["reports"]
+    assert [(p["pid"], p["source"]) for p in report["processes"]] == [(pid, "stopped")]
+    assert "is stopped" in report["verdict"]
+    assert summary["steps"]["global"] == 3  # continued after its SIGTERM, it saved its step log
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("hang: "))
+    assert lines[first + 1] == f"  pid {pid} holds the job back: stopped (SIGSTOP, or held by a debugger)", lines
+
+
+def test_on_hang_kill_leaves_no_daemonized_descendant_running(tmp_path: Path) -> None:
+    # (issue 30, item 16) a double-forked `setsid` sleeper is outside the program's tree: it outlived exit 124
+    script = write_script(tmp_path, "daemon.py", DAEMONIZES)
+    log, marker = tmp_path / "log.txt", tmp_path / "pid"
+    try:
+        status = _run_until_done(
+            ["run", "--hang-timeout", "2s", "--on-hang", "kill", "-o", "out", str(script), str(marker)], tmp_path, log
+        )
+        assert status == EXIT_HANG, log.read_text()
+        sleeper = int(marker.read_text())
+        assert not _running(sleeper), log.read_text()
+    finally:
+        if marker.exists() and marker.read_text() and _running(int(marker.read_text())):
+            os.kill(int(marker.read_text()), signal.SIGKILL)
+
+
+def test_a_job_ended_by_a_forwarded_sigterm_leaves_no_daemonized_descendant_running(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "daemon.py", DAEMONIZES)
+    log, marker = tmp_path / "log.txt", tmp_path / "pid"
+    proc = _start(["run", "-o", "out", str(script), str(marker)], tmp_path, log)
+    try:
+        _wait_until(lambda: marker.exists() and marker.read_text(), proc, log, "the sleeper's pid")
+        proc.send_signal(signal.SIGTERM)  # a scheduler's pre-emption: to stepcli alone, forwarded to the program
+        proc.wait(timeout=LIMIT_S)
+        assert proc.returncode == 128 + signal.SIGTERM, log.read_text()
+        assert not _running(int(marker.read_text())), log.read_text()
+    finally:
+        _stop(proc)
+        if marker.exists() and marker.read_text() and _running(int(marker.read_text())):
+            os.kill(int(marker.read_text()), signal.SIGKILL)
+
+
+def test_a_daemon_the_program_leaves_on_purpose_outlives_a_successful_run(tmp_path: Path) -> None:
+    # as without stepcli: a program that exits 0 keeps the server it daemonized
+    script = write_script(tmp_path, "daemon.py", DAEMONIZES.replace("napping()\n", "").rstrip() + "\n")
+    marker = tmp_path / "pid"
+    try:
+        result = run_stepcli("run", "-q", "--no-report", "-o", tmp_path / "out", script, marker, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert _running(int(marker.read_text()))
+    finally:
+        if marker.exists() and marker.read_text() and _running(int(marker.read_text())):
+            os.kill(int(marker.read_text()), signal.SIGKILL)

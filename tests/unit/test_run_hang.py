@@ -381,3 +381,29 @@ def test_a_stopped_rank_is_named_as_the_one_holding_the_job_back() -> None:
         lines[-1]
         == f"-> rank 1 (pid {child.pid}) is stopped while 1 process waits in all_reduce #7: it holds the job back"
     )
+
+
+def test_a_stopped_process_s_file_names_it_in_the_block_the_summary_and_the_verdict(tmp_path: Path) -> None:
+    # (issue 30, item 15) the launcher writes a file for a stopped process ("source": "stopped", no threads)
+    from stepcli.run.hangreport import hang_summary
+
+    stopped = {"rank": 1, "pid": 4243, "host": "h", "source": "stopped", "threads": [], "step": None, "time": 1.0}
+    waiting = _dump(0, _waiting(7), [("all_reduce", "/x/c10d.py")])
+    lines = describe_dumps([waiting, stopped], [])
+    assert "  rank 1 (pid 4243): stopped (SIGSTOP, or held by a debugger): it can neither run nor answer" in lines
+    assert lines[-1] == "-> rank 1 (pid 4243) is stopped while 1 process waits in all_reduce #7: it holds the job back"
+    alone = {k: v for k, v in stopped.items() if k != "rank"}
+    assert describe_dumps([alone], [])[-1] == "-> pid 4243 on h is stopped: it holds the job back"
+    folder = tmp_path / "hang-1"
+    folder.mkdir()
+    (folder / "p.h.4243.json").write_text(json.dumps(alone))
+    section = hang_summary([str(folder)], 0.0, timeout_s=2.0, on_hang="kill", ended_job=True)
+    assert section is not None
+    (report,) = section["reports"]
+    assert report["verdict"] == "-> pid 4243 on h is stopped: it holds the job back"
+    assert summary_lines(section, lambda path: "out/hang-1") == [
+        "hang: no process completed a step for 2 s or more",
+        "  pid 4243 holds the job back: stopped (SIGSTOP, or held by a debugger)",
+        "  stacks of every process: out/hang-1/",
+        "  --on-hang kill ended the job: exit status 124",
+    ]
