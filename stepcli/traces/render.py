@@ -127,15 +127,22 @@ def ops_table(
     for index, row in enumerate(shown):
         # Text, not str: names and shapes are data, and "[...]" in them must not be read as rich markup.
         name = shorten(row["name"], name_width)
-        if stacked:
+        if stacked:  # whole, over as many lines as it takes: two rows must never shorten to the same text
             shape = shapes[index]
-            cells: list[Text | str] = [Text(name + (f"\n  {shorten(shape, shape_width)}" if shape else ""))]
+            lines = _pieces(str(row["name"]), name_width) + [f"  {piece}" for piece in _pieces(shape, shape_width - 2)]
+            cells: list[Text | str] = [Text("\n".join(lines))]
         else:
             cells = [Text(name)]
             if with_shape:
                 cells.append(Text(shorten(shapes[index], shape_width)))
         table.add_row(*cells, *numbers[index])
     return table
+
+
+def _pieces(text: str, width: int) -> list[str]:
+    """`text` cut into lines of at most `width` characters (none for an empty text)."""
+    width = max(1, width)
+    return [text[at : at + width] for at in range(0, len(text), width)]
 
 
 def _process_label(row: Mapping[str, Any]) -> str:
