@@ -262,11 +262,24 @@ def _fallback_dump(process: dict[str, Any], folder: str, offset: int, target: Pa
     threads = parse_faulthandler(text, process.get("main_thread"))
     if not threads:
         return
+    _write_launcher_dump(process, target, "faulthandler", threads, text)
+
+
+def _stopped_dump(process: dict[str, Any], target: Path) -> None:
+    """A stopped process (SIGSTOP, or held by a debugger) can write nothing: its file says who it is and that it
+    is stopped (`"source": "stopped"`, no threads), so the summary and the report name it."""
+    _write_launcher_dump(process, target, "stopped", [], None)
+
+
+def _write_launcher_dump(
+    process: dict[str, Any], target: Path, source: str, threads: list[Any], text: str | None
+) -> None:
+    """The stacks file the launcher writes for a process that wrote none itself (`source` says why)."""
     worker = str(process.get("worker") or f"{process.get('host')}_{process.get('pid')}")
-    document = {
+    document: dict[str, Any] = {
         "schema": SCHEMA,
         "request": target.name,
-        "source": "faulthandler",
+        "source": source,
         "pid": process.get("pid"),
         "host": process.get("host"),
         "rank": process.get("rank"),
@@ -278,29 +291,6 @@ def _fallback_dump(process: dict[str, Any], folder: str, offset: int, target: Pa
         "collectives_hooked": False,
         "threads": threads,
         "faulthandler": text,
-    }
-    atomic_write_json(str(target / f"{worker}.{process.get('host')}.{process.get('pid')}.json"), document, 0o600)
-
-
-def _stopped_dump(process: dict[str, Any], target: Path) -> None:
-    """A stopped process (SIGSTOP, or held by a debugger) can write nothing: its file says who it is and that it
-    is stopped (`"source": "stopped"`, no threads), so the summary and the report name it."""
-    worker = str(process.get("worker") or f"{process.get('host')}_{process.get('pid')}")
-    document: dict[str, Any] = {
-        "schema": SCHEMA,
-        "request": target.name,
-        "source": "stopped",
-        "pid": process.get("pid"),
-        "host": process.get("host"),
-        "rank": process.get("rank"),
-        "worker": worker,
-        "time": time.time(),
-        "step": None,
-        "last_step_s_ago": None,
-        "collective": None,
-        "collectives_hooked": False,
-        "threads": [],
-        "faulthandler": None,
     }
     atomic_write_json(str(target / f"{worker}.{process.get('host')}.{process.get('pid')}.json"), document, 0o600)
 
