@@ -466,12 +466,12 @@ idle.set()
 """
 
 # The CPU time of reading one file into columns and analysing it, in one process (no worker, no forked helper):
-# steadier than wall time on a busy machine. Trees without stepcli.traces.columns (before 2026-11-24) skip it.
+# steadier than wall time on a busy machine. Trees without stepcli.traces.read.columns (before 2026-11-24) skip it.
 _ONE_PROCESS = """
 import sys, time, gc
 try:
-    from stepcli.traces.columns import load_columns
-    from stepcli.traces.analysis import summarize_read
+    from stepcli.traces.read.columns import load_columns
+    from stepcli.traces.analyses.analysis import summarize_read
 except ImportError:
     print("nan"); sys.exit(0)
 gc.disable()

@@ -241,14 +241,14 @@ def table(
     if len(chosen) > 1:
         raise click.UsageError(f"--{chosen[0]} and --{chosen[1]} cannot be used together: choose one output format")
     fmt = chosen[0] if chosen else None
-    from stepcli.traces.shortrun import read_ahead_one, short_run
+    from stepcli.traces.read.shortrun import read_ahead_one, short_run
 
     read_ahead_one(paths, jobs, scheduler)
     with short_run():  # before numpy is imported: no spinning OpenBLAS threads, no cyclic GC
         from stepcli.traces.engine import summarize_paths
 
         summary = summarize_paths(paths, group_by_shape=group_by_shape, jobs=jobs, scheduler=scheduler)
-        from stepcli.traces.render import print_table_report
+        from stepcli.traces.render.table import print_table_report
 
         print_table_report(summary, sort_by=sort_by, limit=limit, fmt=fmt or "rich")
     if group_by_shape and not any(row.shape for row in summary.cpu_ops):

@@ -146,7 +146,7 @@ class RunSummary(TypedDict, total=False):
     ranks: list[dict[str, Any]]
     slowest_rank: int | None
     straggler: dict[str, Any] | None
-    culprit: dict[str, Any] | None  # stepcli.traces.culprit via stepcli.run.culprit (None without 2+ ranks)
+    culprit: dict[str, Any] | None  # stepcli.traces.analyses.culprit via stepcli.run.culprit (None without 2+ ranks)
     share_of: str | None
     outside_steps: dict[str, Any] | None
     breakdown_ms: dict[str, float] | None

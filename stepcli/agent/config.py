@@ -19,10 +19,10 @@ LOG_FOLDER = ".stepcli"  # hidden, so trace viewers and `stepcli table DIR` skip
 STEP_LOG_SUFFIX = ".steps.json"
 STEP_LOG_VERSION = 1  # the step log's schema_version (stepcli.run.steplogs checks it)
 # The top-level trace metadata key the agent writes into a trace whose window was cut short: the ProfilerStep#N
-# that only just began (stepcli.traces.reader reads it).
+# that only just began (stepcli.traces.read.reader reads it).
 INCOMPLETE_STEP_KEY = "stepcli_incomplete_step"
 # ... and into every trace: the clock its times come from ("HOST BOOT_ID": processes of one boot of one machine
-# share it), so the culprit analysis aligns only ranks of different machines (stepcli.traces.culprit).
+# share it), so the culprit analysis aligns only ranks of different machines (stepcli.traces.analyses.culprit).
 CLOCK_KEY = "stepcli_clock"
 # ... and per recorded step, the steps' thread's time on a CPU and time waiting for one, ms ({"12": [3.1, 0.4]}:
 # stepcli.agent.cpuwait).

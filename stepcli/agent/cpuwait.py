@@ -5,7 +5,7 @@ rank's OpenMP threads) arrives late at each collective with no work of its own t
 extra time looks like Python code. Linux counts that time per thread (/proc/thread-self/schedstat: nanoseconds on
 a CPU, nanoseconds runnable but waiting in a run queue). The recorder samples it at the boundaries of each
 recorded step and writes both times of the steps into the trace (config.CPU_TIME_KEY), where the culprit
-analysis (stepcli.traces.culprit) weighs the wait that the rank's own work does not explain as a cause. Two reads of a small /proc file per recorded step (~10 µs each),
+analysis (stepcli.traces.analyses.culprit) weighs the wait that the rank's own work does not explain as a cause. Two reads of a small /proc file per recorded step (~10 µs each),
 none outside windows; nothing where the file does not exist.
 """
 

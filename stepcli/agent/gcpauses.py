@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any, Callable
 
-# The trace annotation's name prefix (stepcli.traces.arrivals.GC_PREFIX reads it back).
+# The trace annotation's name prefix (stepcli.traces.analyses.arrivals.GC_PREFIX reads it back).
 ANNOTATION = "python gc (gen {})"
 
 

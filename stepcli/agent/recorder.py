@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 _ACTIVITY_NAMES = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mtia": "MTIA", "hpu": "HPU"}
 # With --with-flops, beside each trace `NAME.pt.trace.json[.gz]`: `NAME.flops`, the window's FLOPs from
-# key_averages() (torch puts none into the exported trace on CPU), read back by stepcli.traces.flops. The name
+# key_averages() (torch puts none into the exported trace on CPU), read back by stepcli.traces.analyses.flops. The name
 # ends in neither .json nor holds .pt.trace.json, so nothing that lists traces takes it for one.
 FLOPS_SUFFIX = ".flops"
 

@@ -3,7 +3,7 @@ time per step, each with its own bootstrap interval, so a regression names its c
 
 Needs traces on both sides (trace inputs, or the traces a run summary lists). Each recorded ProfilerStep#N is one
 sample: its phase breakdown and the self time of every operator whose events start inside that step, summarized
-exactly as `stepcli table` does (stepcli.traces.analysis), so the numbers agree with the tables.
+exactly as `stepcli table` does (stepcli.traces.analyses.analysis), so the numbers agree with the tables.
 
 Phases first: five numbers per step (data loading, forward, backward, optimizer, other/Python) whose sum is the
 step, so a change anywhere shows in one of them, a `time.sleep` outside any operator included. Operators only with
@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 from stepcli.compare.inference import estimate_change
 from stepcli.compare.model import OpSteps
-from stepcli.traces.shares import STEP_KEY, STEP_PREFIX
+from stepcli.traces.analyses.shares import STEP_KEY, STEP_PREFIX
 
 if TYPE_CHECKING:
-    from stepcli.traces.reader import Trace
+    from stepcli.traces.read.reader import Trace
 
 TOP_CHANGES = 8
 # Recorded steps per side (distinct steps per run, summed over runs) before phases, and before operators, are
@@ -61,8 +61,8 @@ class OpChange:
 
 def op_steps_from_traces(traces: Sequence[Trace], label: str) -> OpSteps:
     """Self time per operator in each recorded step of each trace."""
-    from stepcli.traces.analysis import summarize
-    from stepcli.traces.reader import Trace as TraceType
+    from stepcli.traces.analyses.analysis import summarize
+    from stepcli.traces.read.reader import Trace as TraceType
 
     columns: list[tuple[int | None, int]] = []
     per_step: list[dict[tuple[str, str], float]] = []

@@ -154,7 +154,7 @@ def _attribution(
         if side.op_steps is not None:
             sides.append(side.op_steps)
         elif side.trace_files:
-            from stepcli.traces.reader import load_paths
+            from stepcli.traces.read.reader import load_paths
 
             try:
                 sides.append(

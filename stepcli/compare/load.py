@@ -19,11 +19,11 @@ from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.runsummary import SCHEMA as RUN_SCHEMA
 from stepcli.runsummary import SUMMARY_FILE, RunSummary, invalid, load_run_summary, read_run_summary
 from stepcli.stats import STAT_NAMES, Stats, describe
-from stepcli.traces.shares import STEP_KEY
+from stepcli.traces.analyses.shares import STEP_KEY
 
 if TYPE_CHECKING:
-    from stepcli.traces.model import TraceSummary
-    from stepcli.traces.reader import Trace
+    from stepcli.traces.analyses.model import TraceSummary
+    from stepcli.traces.read.reader import Trace
 
 _NEEDED = ("schema_version", "steps", "step_time_ms")  # what a verdict cannot do without
 
@@ -290,8 +290,8 @@ def load_measurement(path: str) -> Measurement:
 def _load_traces(label: str, files: Sequence[str] | None = None) -> Measurement:
     # Lazy: the trace reader and summarizer are only needed for trace inputs.
     from stepcli.compare.attribution import op_steps_from_traces
-    from stepcli.traces.analysis import summarize
-    from stepcli.traces.reader import load_paths
+    from stepcli.traces.analyses.analysis import summarize
+    from stepcli.traces.read.reader import load_paths
 
     traces: list[Trace] = load_paths(list(files or [label]))
     summary = summarize(traces)
@@ -399,7 +399,7 @@ def _ops(rows: Sequence[Mapping[str, Any]]) -> tuple[OpTime, ...]:
     merged: dict[str, OpTime] = {}
     for row in rows:
         if row["name"] == STEP_KEY:
-            continue  # the step annotation, not an operator: the run summary leaves it out too (stepcli.traces.shares)
+            continue  # the step annotation, not an operator: the run summary leaves it out too (stepcli.traces.analyses.shares)
         op = OpTime(
             name=row["name"],
             calls=int(row.get("calls") or 0),

@@ -17,10 +17,10 @@ from stepcli.errors import StepcliError
 from stepcli.runsummary import Advice, AdviceItem, RunSummary
 from stepcli.stats import Stats, describe
 from stepcli.steptimes import ProcessSteps, process_steps, slowest_by_steps, trace_process_steps, worker_label
-from stepcli.traces.shares import STEP_KEY, overlap_note
+from stepcli.traces.analyses.shares import STEP_KEY, overlap_note
 
 if TYPE_CHECKING:
-    from stepcli.traces.model import FilePart
+    from stepcli.traces.analyses.model import FilePart
     from stepcli.traces.readonce import RunTraces
 
 TOP_ROWS = 25  # operator rows per table in the page (sortable); the terminal shows 10
@@ -51,7 +51,7 @@ class ReportData:
     memory_peaks: list[tuple[str, int | None, int | None]] = field(default_factory=list)
     memory_curves: list[tuple[str, list[tuple[float, float]]]] = field(default_factory=list)
     advice: list[Advice] = field(default_factory=list)
-    culprit: dict[str, Any] | None = None  # the `culprit` section (stepcli.traces.culprit)
+    culprit: dict[str, Any] | None = None  # the `culprit` section (stepcli.traces.analyses.culprit)
     out_dir: str | None = None  # the run's output folder, where `stepcli run --memory` leaves oom-*.pickle
     # the snapshot files of the run (names in out_dir) its summary lists; None for a summary from before it did
     memory_snapshots: list[str] | None = None
@@ -94,7 +94,7 @@ def build(
         data.device = _at_the_runs_pace(data.device, summary)
     elif summary is not None:
         _add_summary_tables(data, summary)
-    # The slowest rank is the straggler of stepcli.traces.ranks or nobody: the terminal and --json say the same.
+    # The slowest rank is the straggler of stepcli.traces.analyses.ranks or nobody: the terminal and --json say the same.
     ranks_analysed = len((analysis or summary or {}).get("ranks") or []) > 1
     slowest = slowest_by_steps(data.processes)
     if not ranks_analysed and slowest is not None:  # step logs alone: the advice's step-time rule speaks for them
@@ -134,7 +134,7 @@ def _trace_parts(data: ReportData, traces: RunTraces, paths: Sequence[str], run:
 
 
 def _merged(parts: list[list[FilePart]]) -> dict[str, Any] | None:
-    from stepcli.traces.analysis import merge_parts
+    from stepcli.traces.analyses.analysis import merge_parts
 
     return merge_parts([p[0] for p in parts]).to_dict() if parts else None
 
@@ -162,8 +162,8 @@ def _add_step_times(data: ReportData, summary: RunSummary | None, analysis: dict
 
 def _add_trace_tables(data: ReportData, analysis: dict[str, Any], parts: list[list[FilePart]]) -> None:
     """Breakdown, operator tables and shapes from the traces: every operator, one breakdown bar per rank."""
-    from stepcli.traces.analysis import merge_parts
-    from stepcli.traces.render import outside_note
+    from stepcli.traces.analyses.analysis import merge_parts
+    from stepcli.traces.render.table import outside_note
 
     data.cpu_ops = [op for op in analysis["cpu_ops"] if op["name"] != STEP_KEY]
     data.outside_note = outside_note(analysis.get("outside_steps"))

@@ -1,7 +1,7 @@
 """The report's GPU section: where each rank's device time goes per recorded step (a stacked bar that adds up to
 the step), idle time by cause, and launch statistics; then the same parts step by step, for the job (the mean over
 ranks) or one rank picked from a list. It reads the `device` figures of the trace summary or run summary
-(stepcli.traces.device, .launches; README "Device time by kernel class") and computes nothing new."""
+(stepcli.traces.analyses.device, .launches; README "Device time by kernel class") and computes nothing new."""
 
 from __future__ import annotations
 
@@ -242,7 +242,7 @@ def gpu_section(device: Mapping[str, Any] | None, ranks: Sequence[Mapping[str, A
         + f"memory {device['memory_share']:.1%}, idle {device['idle_share']:.1%}."
     )
     if device.get("flops_per_step") is not None:
-        from stepcli.traces.devicerender import pace_text
+        from stepcli.traces.render.device import pace_text
 
         facts += f" {device['flops_per_step']:.3g} FLOPs per step, {device['achieved_flops_per_s'] / 1e12:.3g} TFLOP/s"
         if device.get("mfu") is not None:

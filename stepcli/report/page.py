@@ -19,7 +19,7 @@ from stepcli.report.hang import hang_section
 from stepcli.report.links import page_href
 from stepcli.report.memorysnapshots import snapshot_section
 from stepcli.report.steprecord import step_record_section
-from stepcli.traces.render import shorten
+from stepcli.traces.render.table import shorten
 
 NAME_CHARS = 110  # longer operator and kernel names are cut in the middle; the full name is the cell's tooltip
 
@@ -292,7 +292,7 @@ def _breakdown(data: ReportData) -> list[str]:
     busy = (
         (device["busy_ms"], device["busy_ms"] / device["busy_share"]) if device and device.get("busy_share") else None
     )
-    # Outline the straggler (stepcli.traces.ranks), the rank the terminal and --json name, or none.
+    # Outline the straggler (stepcli.traces.analyses.ranks), the rank the terminal and --json name, or none.
     slowest_bar = data.slowest if len(data.breakdowns) > 1 else None
     return [
         *parts,

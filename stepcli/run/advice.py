@@ -72,7 +72,7 @@ class Evidence:
     kernels: Sequence[Mapping[str, Any]] = ()
     recorded_steps: int = 0
     rank_steps: Mapping[int, Sequence[float]] = field(default_factory=dict)  # rank -> step times, step-aligned
-    # The straggler of stepcli.traces.ranks (its to_dict), when the ranks' traces were analysed: then that is the
+    # The straggler of stepcli.traces.analyses.ranks (its to_dict), when the ranks' traces were analysed: then that is the
     # one definition (None: nobody stands out), and step times, which synchronous collectives make equal, are not.
     straggler: Mapping[str, Any] | None = None
     ranks_analysed: bool = False

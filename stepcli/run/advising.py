@@ -11,7 +11,7 @@ from stepcli.run.advice import Advice, Evidence, advise
 from stepcli.run.deviceadvice import advise_device
 from stepcli.runsummary import RunSummary
 from stepcli.steptimes import ProcessSteps, rank_steps
-from stepcli.traces.shares import STEP_KEY
+from stepcli.traces.analyses.shares import STEP_KEY
 
 
 def advise_run(

@@ -145,8 +145,8 @@ def _print_tables(summary: RunSummary, console: Console) -> None:
     """Top operators and kernels, the step breakdown and the ranks, as `stepcli table` shows them."""
     if not (summary["top_operators"] or summary["top_kernels"]):
         return
-    from stepcli.traces import render
-    from stepcli.traces.devicerender import print_device_section
+    from stepcli.traces.render import table as render
+    from stepcli.traces.render.device import print_device_section
 
     width = console.width
     share_of = summary.get("share_of") or "recorded step time"

@@ -1,4 +1,4 @@
-"""The run summary's `culprit` section: the traces' culprit analysis (stepcli.traces.culprit) plus each process's
+"""The run summary's `culprit` section: the traces' culprit analysis (stepcli.traces.analyses.culprit) plus each process's
 Python garbage collections over the whole run (from its step log, stepcli.agent.gcpauses), its terminal lines and
 its advice rule."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stepcli.traces.culprit import cause_words, group_words, summary_line
+from stepcli.traces.analyses.culprit import cause_words, group_words, summary_line
 
-# Advice: a culprit (already a finding, stepcli.traces.culprit) making the others wait at least this much per step.
+# Advice: a culprit (already a finding, stepcli.traces.analyses.culprit) making the others wait at least this much per step.
 CULPRIT_MIN_WAIT_MS = 1.0
 _SUGGESTIONS = {
     "gc": "Schedule garbage collection: gc.freeze() after set-up, gc.disable() and gc.collect(1) every N steps "

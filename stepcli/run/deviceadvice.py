@@ -1,4 +1,4 @@
-"""Advice from the device figures (stepcli.traces.device, .launches): exposed communication, a device waiting for
+"""Advice from the device figures (stepcli.traces.analyses.device, .launches): exposed communication, a device waiting for
 its host, pageable copies. Same contract as stepcli.run.advice: each rule names its evidence and threshold and
 stays silent without them; the thresholds are module constants so tests check both sides."""
 

@@ -89,7 +89,7 @@ class _Inputs:
 
 def _add_folder(inputs: _Inputs, path: str) -> None:
     """A stepcli run folder (its newest run and that run's traces), else a folder of traces."""
-    from stepcli.traces.files import list_trace_files
+    from stepcli.traces.read.files import list_trace_files
 
     newest = next(iter(run_dirs(path)), None)
     if newest is not None:
@@ -179,7 +179,7 @@ def page_advice(summary: RunSummary | None, trace_paths: Sequence[str], traces: 
     if summary is not None and "advice" in summary:
         return summary["advice"]
     from stepcli.run.advising import advise_run
-    from stepcli.traces.analysis import merge_parts
+    from stepcli.traces.analyses.analysis import merge_parts
 
     analysis = None
     if trace_paths:

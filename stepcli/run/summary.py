@@ -31,7 +31,7 @@ from stepcli.run.hangreport import hang_summary
 from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, AdviceItem, Process, RunSummary, Window
 from stepcli.stats import describe
 from stepcli.steptimes import process_steps
-from stepcli.traces.shares import STEP_KEY
+from stepcli.traces.analyses.shares import STEP_KEY
 
 if TYPE_CHECKING:
     from stepcli.traces.readonce import RunTraces
@@ -151,7 +151,7 @@ def _trace_analysis(trace_paths: list[str], notes: list[str], traces: RunTraces 
         return None
     try:
         if traces is not None:
-            from stepcli.traces.analysis import merge_parts
+            from stepcli.traces.analyses.analysis import merge_parts
 
             return merge_parts([parts[0] for parts in traces.parts(trace_paths)]).to_dict()
         from stepcli.traces.engine import summarize_paths
@@ -314,8 +314,8 @@ def _at_program_pace(
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """The `flops` and `device` sections with achieved FLOP/s and MFU at the untouched steps' pace (their median
     time: the program's own, without the profiler's cost) when there are untouched steps; the recorded steps'
-    figures stay under `achieved_flops_per_s_recorded` and `mfu_recorded` (stepcli.traces.flops.at_untouched_pace)."""
-    from stepcli.traces.flops import at_untouched_pace
+    figures stay under `achieved_flops_per_s_recorded` and `mfu_recorded` (stepcli.traces.analyses.flops.at_untouched_pace)."""
+    from stepcli.traces.analyses.flops import at_untouched_pace
 
     flops, device = (analysis or {}).get("flops"), (analysis or {}).get("device")
     stats = describe(untouched)

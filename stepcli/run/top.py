@@ -8,7 +8,7 @@ its recent step times, windows recording or pending, and "no step for N s" when 
 stopped stepping (a hang, a pause, a dead rank). A process whose main thread makes no step (blocked in C) is still
 heard: its stacks thread writes the heartbeat for it, with its real step and how long it has made none.
 
-The rank marked slowest is the culprit of the culprit analysis (stepcli.traces.culprit: who arrives last at the
+The rank marked slowest is the culprit of the culprit analysis (stepcli.traces.analyses.culprit: who arrives last at the
 collectives, with its thresholds) over the traces the run has saved so far, or nobody: under synchronous
 collectives every rank's step takes the same time, so step times name noise (often a waiting rank).
 """
@@ -129,7 +129,7 @@ def _size(path: str) -> int:
 
 
 def culprit_of(paths: list[str]) -> dict[str, Any] | None:
-    """The culprit section of the traces' analysis (stepcli.traces.culprit), or None (no traces, or unreadable)."""
+    """The culprit section of the traces' analysis (stepcli.traces.analyses.culprit), or None (no traces, or unreadable)."""
     if len(paths) < 2:
         return None
     try:

@@ -1,9 +1,13 @@
 """Trace files -> summaries: everything `stepcli table` does, and what the run summary and report read.
 
-Owns reading Kineto/Chrome traces (reader, columns, splitread; on two cores: twoprocess, readahead, forked), the
-operator analysis (arrays, summary), reading many files (engine, cluster), per-rank and share figures (ranks,
-shares), memory curves (memory), the run end's single read of its traces (readonce), and rendering of `table`
-(render).
-May import: stepcli.errors, stepcli.fmt, stepcli.inputs, stepcli.stats; of agent/ only agent.config, for the
-constants of the files the agent writes (the incomplete-step metadata key). Never run/, compare/ or report/.
+Three layers, each importing only those below it:
+- read/: the bytes of Kineto/Chrome traces -> events and typed columns (reader, columns; one large file on several
+  cores: splitread, twoprocess, readahead, forked).
+- analyses/: the figures computed over those columns (operators, steps, device classes, launches, collectives,
+  arrivals and the culprit rank, FLOPs and MFU, ranks and shares) and the result types (model).
+- render/: `stepcli table` on a terminal, and in JSON, CSV and Markdown.
+Beside them, at this level: reading many files at once in worker processes (engine, cluster), the run end's single
+read of its traces (readonce), memory curves (memory) and `stepcli merge` (merge).
+May import: stepcli.errors, stepcli.fmt, stepcli.inputs, stepcli.stats, stepcli.pipeconsole, stepcli.safefile; of
+agent/ only agent.config and agent.tracenames, for the file format the agent writes. Never run/, compare/ or report/.
 """

@@ -1,5 +1,5 @@
 """Summarizing many trace files at once: each file is read and summarized on its own, in worker processes when
-there are several files and cores, and only the small per-file parts (stepcli.traces.model.FilePart) come back to be
+there are several files and cores, and only the small per-file parts (stepcli.traces.analyses.model.FilePart) come back to be
 merged. Peak memory is a few files (one per worker), not the folder; the answers equal the serial path's.
 
 `table`, `report` and the run summary after `stepcli run` all go through `summarize_paths` / `file_parts`.
@@ -16,16 +16,16 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from stepcli.errors import StepcliError, TraceError
-from stepcli.traces.columns import ColumnTrace, load_columns
-from stepcli.traces.files import list_trace_files
-from stepcli.traces.forked import available_cores
-from stepcli.traces.reader import Decode
+from stepcli.traces.read.columns import ColumnTrace, load_columns
+from stepcli.traces.read.files import list_trace_files
+from stepcli.traces.read.forked import available_cores
+from stepcli.traces.read.reader import Decode
 
 if TYPE_CHECKING:  # multiprocessing and concurrent.futures cost ~20 ms to import: only where a pool is made
     import multiprocessing.context
     from concurrent.futures import ProcessPoolExecutor
 
-    from stepcli.traces.model import FilePart, TraceSummary
+    from stepcli.traces.analyses.model import FilePart, TraceSummary
 
 _T = TypeVar("_T")
 
@@ -122,22 +122,22 @@ def _gated(function: Callable[[str], _T], path: str) -> _T:
 
 def _summarized(trace: ColumnTrace, groupings: tuple[bool, ...], arrivals: bool = True) -> list[FilePart]:
     """One part per grouping (plain, by shape) of a trace read into columns, whole or in ranges (`arrivals`: see
-    stepcli.traces.analysis.summarize_columns)."""
-    from stepcli.traces.analysis import summarize_read
+    stepcli.traces.analyses.analysis.summarize_columns)."""
+    from stepcli.traces.analyses.analysis import summarize_read
 
     return [summarize_read(trace.columns, trace, group_by_shape=g, arrivals=arrivals) for g in groupings]
 
 
 def load_analysis() -> None:
     """Import the analysis now (~35 ms, numpy's own import aside). The reading code does not need it, so on one
-    file this is done while a forked child decodes (stepcli.traces.twoprocess); before worker processes are forked,
+    file this is done while a forked child decodes (stepcli.traces.read.twoprocess); before worker processes are forked,
     so that they share it instead of each importing it."""
-    import stepcli.traces.analysis  # noqa: F401
+    import stepcli.traces.analyses.analysis  # noqa: F401
 
 
 def _split_parts(path: str, groupings: tuple[bool, ...], shapes: bool, cores: int) -> list[FilePart] | None:
-    """One large trace decoded by `cores` processes (stepcli.traces.splitread); None when it is not split."""
-    from stepcli.traces.splitread import FIRST_EXTRA, plan, read_split
+    """One large trace decoded by `cores` processes (stepcli.traces.read.splitread); None when it is not split."""
+    from stepcli.traces.read.splitread import FIRST_EXTRA, plan, read_split
 
     # Forked workers begin at once: no head start for this process. (The pool's context is made only for a file
     # that is cut, so reading a .gz or small file imports no multiprocessing.)
@@ -215,7 +215,12 @@ def _context() -> multiprocessing.context.BaseContext:
         context = multiprocessing.get_context("forkserver")
         # The server imports the reader once; each worker forked from it starts with it loaded.
         context.set_forkserver_preload(
-            ["stepcli.traces.engine", "stepcli.traces.analysis", "stepcli.traces.columns", "stepcli.traces.splitread"]
+            [
+                "stepcli.traces.engine",
+                "stepcli.traces.analyses.analysis",
+                "stepcli.traces.read.columns",
+                "stepcli.traces.read.splitread",
+            ]
         )
         return context
     return multiprocessing.get_context("spawn")
@@ -229,7 +234,7 @@ def file_parts(
     jobs: int | None = None,
     scheduler: str | None = None,
 ) -> list[list[FilePart]]:
-    """Per file named by `paths` (files or folders, as stepcli.traces.reader.load_paths reads them), in that order: its
+    """Per file named by `paths` (files or folders, as stepcli.traces.read.reader.load_paths reads them), in that order: its
     parts, one per grouping. `jobs` worker processes at most (default: the available cores); 1 reads in-process.
     With `scheduler`, a Dask distributed cluster's workers read the files instead (stepcli.traces.cluster).
 
@@ -246,7 +251,7 @@ def file_parts(
         if split is not None:
             return [split]
         if _may_fork():  # a .gz or smaller file: read into memory, decoded by this process and a forked one
-            from stepcli.traces.twoprocess import DecodeInTwo
+            from stepcli.traces.read.twoprocess import DecodeInTwo
 
             decode = DecodeInTwo(shapes, meanwhile=load_analysis)
             return _checked([_part_of(files[0], groupings, shapes, decode, arrivals=False)])
@@ -290,6 +295,6 @@ def summarize_paths(
 ) -> TraceSummary:
     """`summarize(load_paths(paths))`, with files read in parallel and never all in memory at once."""
     parts = file_parts(paths, groupings=(group_by_shape,), shapes=group_by_shape, jobs=jobs, scheduler=scheduler)
-    from stepcli.traces.analysis import merge_parts
+    from stepcli.traces.analyses.analysis import merge_parts
 
     return merge_parts([p[0] for p in parts], group_by_shape=group_by_shape)

@@ -1,7 +1,7 @@
 """`stepcli merge`: the traces of every rank as one Chrome trace (Perfetto, chrome://tracing, HTA), one process per
 rank and trace process, on one clock, with each collective's last-arriving rank marked.
 
-Clocks are aligned as the culprit analysis aligns them (stepcli.traces.culprit: by the collectives' ends); without
+Clocks are aligned as the culprit analysis aligns them (stepcli.traces.analyses.culprit: by the collectives' ends); without
 collectives, by each trace's `baseTimeNanoseconds`. Ids that must stay unique across the ranks (flow ids,
 correlation and external ids) are moved into a per-rank range. The output's first key is `stepcli_merged`, so an
 existing -o file is overwritten only when stepcli wrote it.
@@ -71,7 +71,7 @@ def _base_time(document: dict[str, Any]) -> int | None:
 
 
 def _rank_of(document: dict[str, Any], path: str) -> int | None:
-    from stepcli.traces.files import rank_from_name
+    from stepcli.traces.read.files import rank_from_name
 
     info = document.get("distributedInfo")
     rank = info.get("rank") if isinstance(info, dict) else None
@@ -221,7 +221,7 @@ def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
     the job's: a first pass reads each file for its rank, base time and main thread (and the new pid of that
     thread, needed by the culprit marks in the header's count), the second reads it again to write its events."""
     from stepcli.traces.engine import summarize_paths
-    from stepcli.traces.files import list_trace_files
+    from stepcli.traces.read.files import list_trace_files
 
     check_output(output)
     files = [f for f in list_trace_files(paths) if os.path.realpath(f) != os.path.realpath(output)]

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 from stepcli.errors import StepcliError
 
 if TYPE_CHECKING:
-    from stepcli.traces.model import FilePart
+    from stepcli.traces.analyses.model import FilePart
 
 MemoryCurves = list[tuple[str, list[tuple[float, float]]]]
 
 
 class RunTraces:
-    """Per-file parts (stepcli.traces.model.FilePart) and memory curves of a list of traces, read on first demand and
+    """Per-file parts (stepcli.traces.analyses.model.FilePart) and memory curves of a list of traces, read on first demand and
     kept for the next caller that asks about the same files.
 
     `shapes`: read `Input Dims` on the first read even if the first caller needs only plain parts, because a

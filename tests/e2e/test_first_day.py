@@ -208,9 +208,9 @@ def test_every_rich_renderer_fits_80_columns_with_many_ranks() -> None:
 
     from rich.console import Console
 
-    from stepcli.traces.analysis import summarize
-    from stepcli.traces.reader import Event, Trace
-    from stepcli.traces.render import print_rich_report
+    from stepcli.traces.analyses.analysis import summarize
+    from stepcli.traces.read.reader import Event, Trace
+    from stepcli.traces.render.table import print_rich_report
 
     traces = []
     for rank in range(8):

@@ -272,8 +272,8 @@ def test_report_command_rebuilds_the_page_from_a_run_folder_or_summary(
 
 def test_report_from_plain_torch_profiler_traces(browser: Any, tmp_path: Path) -> None:  # noqa: F811
     # GIVEN a trace from plain torch.profiler (no stepcli) and a folder of two rank traces
-    from stepcli.traces.analysis import summarize
-    from stepcli.traces.reader import load_paths
+    from stepcli.traces.analyses.analysis import summarize
+    from stepcli.traces.read.reader import load_paths
 
     top_op = next(op.name for op in summarize(load_paths([str(FIXTURE_TRACE)])).cpu_ops if op.name != "ProfilerStep*")
     single = tmp_path / "single.html"
@@ -303,8 +303,8 @@ def test_cuda_trace_shows_kernels_device_time_and_device_advice(browser: Any, tm
     assert "cudaStreamSynchronize ×" in html
     # AND the page has the kernel table and the device busy/idle bar
     assert 'id="kernels"' in html and 'class="seg dev-busy"' in html and 'class="seg dev-idle"' in html
-    from stepcli.traces.analysis import summarize
-    from stepcli.traces.reader import load_paths
+    from stepcli.traces.analyses.analysis import summarize
+    from stepcli.traces.read.reader import load_paths
 
     top_op = next(op.name for op in summarize(load_paths([str(CUDA_SMALL)])).cpu_ops if op.name != "ProfilerStep*")
     _check_in_browser(browser, page, top_op, artifacts_dir(tmp_path), "report-cuda")

@@ -1,4 +1,4 @@
-"""The slowest rank under DDP (issue 19.11): one definition (stepcli.traces.ranks) shown identically by the
+"""The slowest rank under DDP (issue 19.11): one definition (stepcli.traces.analyses.ranks) shown identically by the
 terminal, `--json` and report.html, and nobody named without evidence. Real 2-rank gloo torchrun runs on the CPU."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import run_stepcli, write_script
 
-from stepcli.traces.shares import STEP_KEY
+from stepcli.traces.analyses.shares import STEP_KEY
 
 # DDP over gloo: its all-reduce runs on gloo's own thread, overlapping the backward pass. `extra` matrix products
 # per step on rank 1 only make rank 1 the straggler; 0 is a balanced run.

@@ -63,7 +63,7 @@ TWO_RANKS = """
     model = torch.nn.Linear(16, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(8, 16)
-    # active=10: a straggler is named from 10 common steps or more (stepcli.traces.ranks)
+    # active=10: a straggler is named from 10 common steps or more (stepcli.traces.analyses.ranks)
     with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=10, repeat=1),
                  on_trace_ready=tensorboard_trace_handler(sys.argv[1], worker_name=f"rank{rank}")) as prof:
         for _ in range(12):
@@ -147,7 +147,7 @@ UNUSED_BY_TABLE_JSON = (
     "zoneinfo",
     "json",
     "html",
-    "stepcli.traces.reference",
+    "stepcli.traces.analyses.reference",
     "rich",
 )
 
@@ -273,9 +273,9 @@ def test_one_bad_file_among_good_ones_fails(plain_trace: Path, tmp_path: Path) -
 
 
 def test_render_treats_names_as_text_and_shortens_in_the_middle() -> None:
-    from stepcli.traces.analysis import summarize
-    from stepcli.traces.reader import Event, Trace
-    from stepcli.traces.render import print_table_report, shorten
+    from stepcli.traces.analyses.analysis import summarize
+    from stepcli.traces.read.reader import Event, Trace
+    from stepcli.traces.render.table import print_table_report, shorten
 
     long_name = "void at::native::elementwise_kernel<" + "x" * 200 + ">(int, functor)"
     events = [

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import run_stepcli
 
-from stepcli.traces.analysis import summarize
-from stepcli.traces.reader import load_paths
+from stepcli.traces.analyses.analysis import summarize
+from stepcli.traces.read.reader import load_paths
 
 
 @pytest.fixture(scope="module")

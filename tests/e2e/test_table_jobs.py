@@ -55,8 +55,8 @@ def test_jobs_10000_works_and_forks_no_more_than_the_cores(tmp_path: Path) -> No
 
 def _big_gz_trace(path: Path) -> bytes:
     """A .gz trace of ~9 MB of text (the real CPU trace's events, 80 times over, each copy later in time), over
-    the sizes from which `table` reads one .gz trace ahead (stepcli.traces.readahead, 4 MB) and decodes it in two
-    processes (stepcli.traces.twoprocess, 8 MB); its bytes."""
+    the sizes from which `table` reads one .gz trace ahead (stepcli.traces.read.readahead, 4 MB) and decodes it in two
+    processes (stepcli.traces.read.twoprocess, 8 MB); its bytes."""
     document = json.loads((DATA / "train_cpu.pt.trace.json").read_text())
     events = document["traceEvents"]
     times = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]

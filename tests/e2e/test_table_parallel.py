@@ -11,9 +11,9 @@ import pytest
 from conftest import RANKS, run_stepcli
 
 from stepcli.errors import TraceError
-from stepcli.traces.analysis import summarize
+from stepcli.traces.analyses.analysis import summarize
 from stepcli.traces.engine import available_cores, file_parts, summarize_paths
-from stepcli.traces.reader import load_paths
+from stepcli.traces.read.reader import load_paths
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 REAL = DATA / "train_cpu.pt.trace.json"
@@ -42,7 +42,7 @@ def test_shape_groupings_come_from_one_read(rank_folder: Path) -> None:
     # GIVEN the folder WHEN each file is read once for both groupings in workers
     parts = file_parts([str(rank_folder)], groupings=(False, True), shapes=True, jobs=2)
     # THEN each grouping equals summarizing the loaded traces that way
-    from stepcli.traces.analysis import merge_parts
+    from stepcli.traces.analyses.analysis import merge_parts
 
     traces = load_paths([str(rank_folder)], shapes=True)
     assert merge_parts([p[0] for p in parts]).to_dict() == summarize(traces).to_dict()
@@ -88,7 +88,8 @@ def test_default_jobs_are_the_available_cores() -> None:
 
 
 def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from stepcli.traces import engine, splitread
+    from stepcli.traces import engine
+    from stepcli.traces.read import splitread
 
     # GIVEN the real trace, ranges small enough that it is cut in three, and three cores (jobs never exceed them)
     monkeypatch.setattr(splitread, "MIN_PIECE_BYTES", 20_000)
@@ -101,8 +102,8 @@ def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.Mo
     # AND the columns joined from the ranges are the file's columns
     from concurrent.futures import ThreadPoolExecutor
 
-    from stepcli.traces import reader as traces
-    from stepcli.traces.columns import load_columns
+    from stepcli.traces.read import reader as traces
+    from stepcli.traces.read.columns import load_columns
 
     whole = load_columns(str(REAL), shapes=True)
     # each range read in one block and decoded in one slice; in one block of many slices; in many blocks
@@ -128,7 +129,7 @@ def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.Mo
 
 
 def test_a_cut_inside_a_string_falls_back_to_the_whole_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from stepcli.traces import splitread
+    from stepcli.traces.read import splitread
 
     # GIVEN a trace whose names hold "}, {" (a cut can land inside a string) WHEN read cut in ranges
     monkeypatch.setattr(splitread, "MIN_PIECE_BYTES", 2_000)
@@ -173,7 +174,7 @@ def test_a_refused_fork_leaves_no_worker_behind(rank_folder: Path) -> None:
     code = f"""
 import os, sys
 sys.path.insert(0, {str(Path(__file__).resolve().parent.parent.parent)!r})
-from stepcli.traces import splitread
+from stepcli.traces.read import splitread
 splitread.MIN_PIECE_BYTES = 20_000
 real, calls = os.fork, [0]
 def fork():

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from stepcli.traces.flops import at_untouched_pace, flops_figures
+from stepcli.traces.analyses.flops import at_untouched_pace, flops_figures
 
 H200 = {"NVIDIA H200"}
 # The H200 run: 6.186e12 FLOPs per step, 3 recorded steps of 58 ms mean, untouched median 50.3 ms.
@@ -69,7 +69,7 @@ def test_the_run_summary_is_at_the_untouched_steps_pace() -> None:
 
 def test_the_terminal_and_the_page_say_the_pace() -> None:
     from stepcli.report.gpu import gpu_section
-    from stepcli.traces.devicerender import flops_line
+    from stepcli.traces.render.device import flops_line
 
     recorded = _recorded()
     line = flops_line(recorded)

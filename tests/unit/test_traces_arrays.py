@@ -1,4 +1,4 @@
-"""The array pass (stepcli.traces.arrays) equals the per-event reference (summary._analyze) on real and random traces."""
+"""The array pass (stepcli.traces.analyses.arrays) equals the per-event reference (summary._analyze) on real and random traces."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepcli.traces import analysis as summary_module
-from stepcli.traces import arrays as columnar
-from stepcli.traces.analysis import merge_parts, summarize_columns, summarize_file
-from stepcli.traces.columns import load_columns
-from stepcli.traces.model import FilePart
-from stepcli.traces.reader import Event, Trace, load_trace
+from stepcli.traces.analyses import analysis as summary_module
+from stepcli.traces.analyses import arrays as columnar
+from stepcli.traces.analyses.analysis import merge_parts, summarize_columns, summarize_file
+from stepcli.traces.analyses.model import FilePart
+from stepcli.traces.read.columns import load_columns
+from stepcli.traces.read.reader import Event, Trace, load_trace
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 REAL = [DATA / "train_cpu.pt.trace.json", DATA / "cuda_small.pt.trace.json.gz", DATA / "cuda_compile.pt.trace.json.gz"]

@@ -1,4 +1,4 @@
-"""Collectives and copies (stepcli.traces.collectives): sizes, nccl-tests' bus bandwidth, pageable vs pinned."""
+"""Collectives and copies (stepcli.traces.analyses.collectives): sizes, nccl-tests' bus bandwidth, pageable vs pinned."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from stepcli.traces.analysis import merge_parts, summarize_file
-from stepcli.traces.collectives import bus_factor, collective_of
-from stepcli.traces.reader import Event, EventArgs, Trace
+from stepcli.traces.analyses.analysis import merge_parts, summarize_file
+from stepcli.traces.analyses.collectives import bus_factor, collective_of
+from stepcli.traces.read.reader import Event, EventArgs, Trace
 
 T0 = 1_700_000_000_000.0
 

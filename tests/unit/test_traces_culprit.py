@@ -1,4 +1,4 @@
-"""The culprit analysis (stepcli.traces.arrivals, stepcli.traces.culprit) on hand-made traces: who arrives last,
+"""The culprit analysis (stepcli.traces.analyses.arrivals, stepcli.traces.analyses.culprit) on hand-made traces: who arrives last,
 how late, why, clock alignment, and no finding from noise."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from stepcli.traces.arrays import columns_from_events
-from stepcli.traces.arrivals import RankArrivals, rank_arrivals
-from stepcli.traces.culprit import align, analyze, chance_of_last
-from stepcli.traces.reader import Event
+from stepcli.traces.analyses.arrays import columns_from_events
+from stepcli.traces.analyses.arrivals import RankArrivals, rank_arrivals
+from stepcli.traces.analyses.culprit import align, analyze, chance_of_last
+from stepcli.traces.read.reader import Event
 
 MAIN, WORKER = 10, 20
 
@@ -150,7 +150,7 @@ def test_ranks_on_one_clock_are_not_aligned_and_carry_no_alignment_error() -> No
 def _steady(rank: int, arrive_late_us: float, own_us: float) -> RankArrivals:
     """Six collectives 100 ms apart on one clock; the rank arrives `arrive_late_us` late after `own_us` of operators
     since the previous one."""
-    from stepcli.traces.arrivals import CAUSES
+    from stepcli.traces.analyses.arrivals import CAUSES
 
     return RankArrivals(
         rank,
@@ -219,8 +219,8 @@ def test_last_no_more_often_than_chance_is_no_finding() -> None:
 
 
 def test_a_gc_pause_in_a_step_is_other_time_not_forward() -> None:
-    from stepcli.traces.analysis import summarize
-    from stepcli.traces.reader import Trace
+    from stepcli.traces.analyses.analysis import summarize
+    from stepcli.traces.read.reader import Trace
 
     events = [
         Event("ProfilerStep#1", "user_annotation", "X", 1, MAIN, 1000.0, 100.0),
@@ -338,7 +338,7 @@ def test_last_at_3_of_3_by_a_lead_far_beyond_its_spread_is_a_finding() -> None:
 
 
 def test_student_t_tail_matches_the_tables() -> None:
-    from stepcli.traces.culprit import lead_t_chance, student_t_sf
+    from stepcli.traces.analyses.culprit import lead_t_chance, student_t_sf
 
     # one-sided 5% critical values of Student's t for 1..5 and 10 degrees of freedom
     for df, t in ((1, 6.314), (2, 2.920), (3, 2.353), (4, 2.132), (5, 2.015), (10, 1.812)):

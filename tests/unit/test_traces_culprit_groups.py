@@ -1,4 +1,4 @@
-"""Collectives matched by process group (stepcli.traces.arrivals, stepcli.traces.culprit) on synthetic NCCL-style
+"""Collectives matched by process group (stepcli.traces.analyses.arrivals, stepcli.traces.analyses.culprit) on synthetic NCCL-style
 traces of 4 ranks in tensor- and data-parallel groups (tests/nccl_groups.py): each collective is matched among its
 group's members only, the culprit is found inside its group, and ranks outside a group are never charged a wait."""
 
@@ -12,12 +12,12 @@ import pytest
 from nccl_groups import SEQ_BASE, STEPS, rank_trace, write_group_traces
 
 from stepcli.run.culprit import culprit_advice
-from stepcli.traces.arrays import columns_from_events
-from stepcli.traces.arrivals import RankArrivals, members, rank_arrivals
-from stepcli.traces.columns import load_columns
-from stepcli.traces.culprit import analyze
-from stepcli.traces.reader import load_trace
-from stepcli.traces.splitread import join
+from stepcli.traces.analyses.arrays import columns_from_events
+from stepcli.traces.analyses.arrivals import RankArrivals, members, rank_arrivals
+from stepcli.traces.analyses.culprit import analyze
+from stepcli.traces.read.columns import load_columns
+from stepcli.traces.read.reader import load_trace
+from stepcli.traces.read.splitread import join
 
 GROUPS = {"1": [0, 1], "2": [2, 3], "3": [0, 2], "4": [1, 3]}
 

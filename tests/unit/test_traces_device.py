@@ -1,4 +1,4 @@
-"""Device time by kernel class (stepcli.traces.device) against intervals computed by hand, on both analysis paths
+"""Device time by kernel class (stepcli.traces.analyses.device) against intervals computed by hand, on both analysis paths
 (the columnar pass and the per-event reference)."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from stepcli.traces import analysis
-from stepcli.traces import arrays as columnar
-from stepcli.traces.analysis import merge_parts, summarize_file
-from stepcli.traces.device import DeviceTimes, class_of, is_collective_kernel
-from stepcli.traces.reader import Event, EventArgs, Trace
+from stepcli.traces.analyses import analysis
+from stepcli.traces.analyses import arrays as columnar
+from stepcli.traces.analyses.analysis import merge_parts, summarize_file
+from stepcli.traces.analyses.device import DeviceTimes, class_of, is_collective_kernel
+from stepcli.traces.read.reader import Event, EventArgs, Trace
 
 T0 = 1_700_000_000_000.0  # epoch-sized microseconds, as real traces have
 

@@ -1,4 +1,4 @@
-"""FLOPs per step, FLOP/s and MFU (stepcli.traces.flops) from the counts written beside traces."""
+"""FLOPs per step, FLOP/s and MFU (stepcli.traces.analyses.flops) from the counts written beside traces."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stepcli.traces.flops import flops_figures, flops_path, gemm_dtype, peak_of, read_flops
+from stepcli.traces.analyses.flops import flops_figures, flops_path, gemm_dtype, peak_of, read_flops
 
 
 @pytest.mark.parametrize(

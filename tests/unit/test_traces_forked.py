@@ -1,4 +1,4 @@
-"""stepcli.traces.forked: a forked helper ends with its own status and never runs the parent's code after it."""
+"""stepcli.traces.read.forked: a forked helper ends with its own status and never runs the parent's code after it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="st
 
 _SCRIPT = """
 import atexit, os, sys
-from stepcli.traces.forked import fork_child
+from stepcli.traces.read.forked import fork_child
 atexit.register(lambda: print("parent exit handler", flush=True))
 print("buffered before the fork", end="")
 
@@ -41,7 +41,7 @@ def test_a_refused_fork_raises_and_leaves_ctrl_c_unblocked(monkeypatch: pytest.M
     import os
     import signal
 
-    from stepcli.traces import forked
+    from stepcli.traces.read import forked
 
     def refused() -> int:
         raise BlockingIOError(11, "Resource temporarily unavailable")

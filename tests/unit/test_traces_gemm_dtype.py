@@ -1,5 +1,5 @@
 """The dtype of MFU's peak when the GEMM kernels' names say none (cuBLAS 12.8+'s `nvjet_*` on Hopper and Blackwell):
-the dtype of the operator that launched them, matched by `External id` (stepcli.traces.flops.op_dtype).
+the dtype of the operator that launched them, matched by `External id` (stepcli.traces.analyses.flops.op_dtype).
 
 The real fixture `tests/data/h200_gpt_bf16.pt.trace.json.gz` (with its `.flops`) is
 ../shared/traces/h200_gpt_bf16/: `stepcli run --with-flops --gzip` of a GPT training step in bf16 autocast on one
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from stepcli.traces.flops import gemm_dtype, gemm_op, op_dtype, peak_of, undtyped_gemm
+from stepcli.traces.analyses.flops import gemm_dtype, gemm_op, op_dtype, peak_of, undtyped_gemm
 
 H200_TRACE = Path(__file__).resolve().parent.parent / "data" / "h200_gpt_bf16.pt.trace.json.gz"
 NVJET = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"
@@ -197,15 +197,15 @@ def _trace(
 def test_the_dtype_of_undtyped_gemm_kernels_is_their_operators(
     tmp_path: Path, device: str, kernel: str, op: str, input_type: str | None, dtype: str, peak: float, read: str
 ) -> None:
-    from stepcli.traces.analysis import summarize_file
+    from stepcli.traces.analyses.analysis import summarize_file
     from stepcli.traces.engine import summarize_paths
-    from stepcli.traces.reader import load_trace
+    from stepcli.traces.read.reader import load_trace
 
     # GIVEN a trace whose longest GEMM kernel's name says no dtype, launched by an operator that does
     trace = _trace(tmp_path / "gpu.pt.trace.json", device, kernel, op, input_type, odd_time=read == "lenient")
     # WHEN summarized (typed columns, the per-event objects, or the lenient decoding of odd field types)
     if read == "events":
-        from stepcli.traces.analysis import merge_parts
+        from stepcli.traces.analyses.analysis import merge_parts
 
         flops = merge_parts([summarize_file(load_trace(str(trace)))]).to_dict()["flops"]
     else:
@@ -243,7 +243,7 @@ def test_the_real_h200_trace_has_bf16_gemms(jobs: int) -> None:
 
 
 def test_every_nvjet_kernel_of_the_real_h200_trace_finds_its_bf16_operator() -> None:
-    from stepcli.traces.columns import load_columns
+    from stepcli.traces.read.columns import load_columns
 
     columns = load_columns(str(H200_TRACE)).columns
     kernels = [i for i in range(len(columns)) if columns.names[columns.name[i]].startswith("nvjet_")]

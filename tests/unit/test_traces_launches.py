@@ -1,4 +1,4 @@
-"""Launch statistics and idle time by cause (stepcli.traces.launches) against figures computed by hand."""
+"""Launch statistics and idle time by cause (stepcli.traces.analyses.launches) against figures computed by hand."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from stepcli.traces.analysis import merge_parts, summarize_file
-from stepcli.traces.reader import Event, EventArgs, Trace
+from stepcli.traces.analyses.analysis import merge_parts, summarize_file
+from stepcli.traces.read.reader import Event, EventArgs, Trace
 
 T0 = 1_700_000_000_000.0
 

@@ -1,4 +1,4 @@
-"""stepcli.traces.readahead: a .gz trace inflated by a forked process gives exactly the columns of the ordinary read, and
+"""stepcli.traces.read.readahead: a .gz trace inflated by a forked process gives exactly the columns of the ordinary read, and
 every surprise (a corrupt or oversized file, a failed child, other threads) leaves the ordinary read and its error."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 
 from stepcli.errors import TraceError
 from stepcli.inputs import LIMIT_ENV
-from stepcli.traces import readahead, reader, twoprocess
-from stepcli.traces.columns import ColumnTrace, load_columns
-from stepcli.traces.shortrun import read_ahead_one
+from stepcli.traces.read import readahead, reader, twoprocess
+from stepcli.traces.read.columns import ColumnTrace, load_columns
+from stepcli.traces.read.shortrun import read_ahead_one
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="the text goes through a memfd (Linux)")
 
@@ -197,11 +197,11 @@ def test_the_child_is_forked_before_numpy_would_be_needed(gz: Path) -> None:
 
     code = (
         "import sys, os\n"
-        "import stepcli.traces.readahead as r\n"
+        "import stepcli.traces.read.readahead as r\n"
         "r.MIN_BYTES = 0\n"
         "def child(path, memfd, pipe, parents_end, real=r._inflate):\n"
         "    import stepcli.inputs\n"
-        "    os.write(2, repr(sorted(m for m in ('numpy', 'stepcli.traces.analysis') if m in sys.modules)).encode())\n"
+        "    os.write(2, repr(sorted(m for m in ('numpy', 'stepcli.traces.analyses.analysis') if m in sys.modules)).encode())\n"
         "    real(path, memfd, pipe, parents_end)\n"
         "r._inflate = child\n"
         "r.read_ahead(sys.argv[1])\n"

@@ -12,9 +12,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-import stepcli.traces.reader as traces
+import stepcli.traces.read.reader as traces
 from stepcli.errors import TraceError
-from stepcli.traces.reader import Event, Trace, load_paths, load_trace
+from stepcli.traces.read.reader import Event, Trace, load_paths, load_trace
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 REAL = DATA / "train_cpu.pt.trace.json"
@@ -233,7 +233,7 @@ def test_incomplete_step_metadata_is_read(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 
 def test_reader_and_summary_do_not_import_rich() -> None:
-    code = "import sys, stepcli.traces.reader, stepcli.traces.analysis; print(sorted({'rich', 'click', 'torch'} & set(sys.modules)))"
+    code = "import sys, stepcli.traces.read.reader, stepcli.traces.analyses.analysis; print(sorted({'rich', 'click', 'torch'} & set(sys.modules)))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"
 
@@ -253,7 +253,7 @@ def test_reader_and_summary_do_not_import_rich() -> None:
 def test_cpu_times_stepcli_records_are_read_and_odd_values_ignored(
     tmp_path: Path, value: object, expected: object
 ) -> None:
-    from stepcli.traces.columns import load_columns
+    from stepcli.traces.read.columns import load_columns
 
     path = tmp_path / "t.json"
     event = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1.0, "dur": 2.0}

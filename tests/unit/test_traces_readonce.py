@@ -13,7 +13,7 @@ import pytest
 from conftest import TRAIN_LOOP, trace_files, write_script
 
 from stepcli.errors import TraceError
-from stepcli.traces.analysis import merge_parts
+from stepcli.traces.analyses.analysis import merge_parts
 from stepcli.traces.engine import summarize_paths
 from stepcli.traces.readonce import RunTraces
 
@@ -101,7 +101,7 @@ def test_memory_curves_need_no_read_when_memory_was_not_recorded(monkeypatch: py
 def counted_file_reads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """Every time a trace file's bytes are read in this process (traces' and the memory curves' reader)."""
     import stepcli.inputs as inputs
-    import stepcli.traces.reader as traces
+    import stepcli.traces.read.reader as traces
 
     calls: Counter[str] = Counter()
     real = inputs.read_input

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import assert_matches_key_averages
 
-from stepcli.traces.analysis import summarize
-from stepcli.traces.reader import Event, Trace, load_trace, rank_from_name
+from stepcli.traces.analyses.analysis import summarize
+from stepcli.traces.read.reader import Event, Trace, load_trace, rank_from_name
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 T0 = 1_790_000_000_000.0  # an epoch-sized timestamp in microseconds, like real Kineto traces
@@ -240,7 +240,7 @@ def test_table_json_text_is_what_orjson_wrote() -> None:
     # GIVEN summaries of real traces (CPU; CUDA with device figures) and one with odd names and numbers
     import orjson
 
-    from stepcli.traces.render import json_text
+    from stepcli.traces.render.table import json_text
 
     odd = Trace.from_events([step(1, 0, 10), ev('op \x1b[2J \u202e é "q" \\ </script>', 1, 2)])
     summaries = [

@@ -1,4 +1,4 @@
-"""stepcli.traces.twoprocess: one in-memory trace decoded by this process and a forked child gives exactly the
+"""stepcli.traces.read.twoprocess: one in-memory trace decoded by this process and a forked child gives exactly the
 one-process columns, and every failure of the child falls back to the ordinary read."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from stepcli.errors import TraceError
-from stepcli.traces import reader, twoprocess
-from stepcli.traces.columns import ColumnTrace, load_columns
+from stepcli.traces.read import reader, twoprocess
+from stepcli.traces.read.columns import ColumnTrace, load_columns
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the child is forked (Linux)")
 

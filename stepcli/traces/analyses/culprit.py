@@ -2,7 +2,7 @@
 
 Under synchronous collectives every rank's step takes the same time: the rank that makes the others wait looks no
 different from its victims. But it arrives last. From each rank's arrivals and departures
-(stepcli.traces.arrivals), matched across ranks: by (process group, step, collective name, the group's sequence
+(stepcli.traces.analyses.arrivals), matched across ranks: by (process group, step, collective name, the group's sequence
 number) among the group's members when the trace names process groups (NCCL), else by (step, collective name,
 order in the step) across all ranks (gloo):
 
@@ -31,7 +31,7 @@ order in the step) across all ranks (gloo):
   before arriving (its cause, below) must be at least `MIN_LATENESS_MS` per step: a rank that only leaves each
   collective later (gloo's ring completes on the ranks in turn) arrives later without doing anything longer.
 - Its **cause**: over the collectives it arrived last at, its gap before arriving minus the median of the other
-  members' same gap, per cause (stepcli.traces.arrivals.CAUSES), on the named group's collectives only when one is
+  members' same gap, per cause (stepcli.traces.analyses.arrivals.CAUSES), on the named group's collectives only when one is
   named; the largest extra is the cause, with the operator (or garbage collection) names that account for it.
   But when its steps' thread waited for a CPU (runnable, not running: stepcli.agent.cpuwait writes that and its
   time on a CPU per step into the traces it records) longer than its own work explains (the others' wait per ms
@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepcli.stats import percentile
-from stepcli.traces.arrivals import CAUSES, GC_PREFIX, RankArrivals
-from stepcli.traces.arrivals import rank_arrivals as rank_arrivals  # (for the summary's one import)
+from stepcli.traces.analyses.arrivals import CAUSES, GC_PREFIX, RankArrivals
+from stepcli.traces.analyses.arrivals import rank_arrivals as rank_arrivals  # (for the summary's one import)
 
 MIN_LAST_SHARE = 0.6
 MAX_CHANCE = 0.05  # ... and a share chance would give at most this often (last at random: 1 / ranks)
@@ -255,7 +255,7 @@ def align(
 
 
 def from_parts(parts: Sequence[Any], steps: Sequence[Any]) -> dict[str, Any] | None:
-    """`analyze` over the file parts' arrivals (stepcli.traces.model.FilePart) and their steps' median time."""
+    """`analyze` over the file parts' arrivals (stepcli.traces.analyses.model.FilePart) and their steps' median time."""
     durations = [step.dur_ms for step in steps]
     return analyze([p.arrivals for p in parts if p.arrivals], _median(durations) if durations else None)
 

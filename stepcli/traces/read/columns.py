@@ -1,4 +1,4 @@
-"""Decoded trace events into typed columns, one decoded slice at a time, with the reader's rules (stepcli.traces.reader).
+"""Decoded trace events into typed columns, one decoded slice at a time, with the reader's rules (stepcli.traces.read.reader).
 
 The per-event work is done by C loops (`map` over attribute getters and dict lookups, numpy masks), never by a
 Python statement per event: the same filter as `_Keeper.add` (complete events of kept categories, utility names
@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from stepcli.traces.arrays import DEVICE, OTHER_CPU, PARAM_COMMS, Columns, kind_of
-from stepcli.traces.files import rank_from_name
-from stepcli.traces.flops import gemm_op, op_dtype, undtyped_gemm
-from stepcli.traces.reader import (
+from stepcli.traces.analyses.arrays import DEVICE, OTHER_CPU, PARAM_COMMS, Columns, kind_of
+from stepcli.traces.analyses.flops import gemm_op, op_dtype, undtyped_gemm
+from stepcli.traces.read.files import rank_from_name
+from stepcli.traces.read.reader import (
     FILTERED_NAMES,
     KEPT_CATEGORIES,
     MAX_TIME_US,
@@ -158,7 +158,7 @@ class ColumnKeeper(_Keeper):
 
     def _take_gemms(self, kept: Sequence[Any], names: np.ndarray, kind: np.ndarray) -> None:
         """The External id and dtype of the GEMM operators, and the External id of the GEMM kernels whose names
-        say no dtype (stepcli.traces.flops.op_dtype): one array lookup per slice, Python only for those events."""
+        say no dtype (stepcli.traces.analyses.flops.op_dtype): one array lookup per slice, Python only for those events."""
         role = self._gemm_roles(len(self._name_codes.codes))[names]
         found = np.nonzero(role)[0]
         if not found.size:
@@ -201,7 +201,7 @@ class ColumnKeeper(_Keeper):
             self._flops.update(zip((host[counted] + self._rows).tolist(), flops[counted].tolist()))
 
     def _take_transfers(self, kept: Sequence[Any], kind: np.ndarray) -> None:
-        """Copy sizes and collective metadata of the device events (stepcli.traces.reader.transfer_args)."""
+        """Copy sizes and collective metadata of the device events (stepcli.traces.read.reader.transfer_args)."""
         device = np.nonzero(kind >= DEVICE)[0]
         if not device.size:
             return
@@ -218,7 +218,7 @@ class ColumnKeeper(_Keeper):
                 self._transfers[self._rows + int(device[at])] = found
 
     def _take_groups(self, kept: Sequence[Any], names: np.ndarray, kind: np.ndarray) -> None:
-        """The process groups of the host `record_param_comms` events (stepcli.traces.reader.group_of): one
+        """The process groups of the host `record_param_comms` events (stepcli.traces.read.reader.group_of): one
         name lookup per slice when the trace has none."""
         code = self._name_codes.codes.get(PARAM_COMMS)
         if code is None:
@@ -309,7 +309,7 @@ def _encode_again(keeper: ColumnKeeper, columns: Columns) -> tuple[np.ndarray, .
 
 @dataclass
 class ColumnTrace:
-    """One trace file read straight into typed columns (stepcli.traces.arrays), without an object per event."""
+    """One trace file read straight into typed columns (stepcli.traces.analyses.arrays), without an object per event."""
 
     path: str
     rank: int | None
@@ -325,7 +325,7 @@ class ColumnTrace:
 
 def load_columns(path: str, *, shapes: bool = False, decode: Decode | None = None) -> ColumnTrace:
     """Read one trace file into columns: the same events, checks and errors as load_trace (`decode`: how its data
-    is decoded, e.g. stepcli.traces.twoprocess.decode_in_two)."""
+    is decoded, e.g. stepcli.traces.read.twoprocess.decode_in_two)."""
     meta, keeper = _read(path, shapes, ColumnKeeper, decode)
     assert isinstance(keeper, ColumnKeeper)
     rank = meta.rank if meta.rank is not None else rank_from_name(path)

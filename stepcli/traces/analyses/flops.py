@@ -6,7 +6,7 @@ trace; only `key_averages()` has them. So the agent writes the window's sum besi
 as `NAME.flops` ({"flops": N, "device": name or null}, stepcli.agent.recorder). A trace recorded elsewhere with
 `with_flops=True` on a GPU carries `"flops": N` in the args of the operators torch counts (aten::mm, addmm, bmm,
 baddbmm, conv2d, mul, add: none calls another, so their sum counts nothing twice); the reader sums them over the
-recorded steps (stepcli.traces.analysis), and the side file wins when both exist. The device is the side file's,
+recorded steps (stepcli.traces.analyses.analysis), and the side file wins when both exist. The device is the side file's,
 else the trace's `deviceProperties`. Over the recorded steps of the traces that have counts: flops_per_step =
 FLOPs / steps, achieved_flops_per_s = FLOPs / recorded step time, and mfu = achieved / the device's dense tensor
 peak for a dtype (PEAKS; README lists them with sources), null when the device is unknown (CPU included); `pace`
@@ -19,7 +19,7 @@ the recorded steps. Each unique name is read once (names are interned in the col
 time. A GEMM kernel whose name says no dtype (cuBLAS 12.8+'s `nvjet_*`, `undtyped_gemm`) takes its launching
 operator's (`op_dtype`: FP8 for the scaled matmuls, else the operator's first `Input type`, recorded with
 record_shapes), matched by the `External id` both carry; the reader keeps those ids and dtypes only for GEMM
-operators and such kernels (stepcli.traces.columns). With no kernel recognised (CPU, Triton kernels, an nvjet
+operators and such kernels (stepcli.traces.read.columns). With no kernel recognised (CPU, Triton kernels, an nvjet
 kernel whose operator says no dtype) it stays BF16 and is said to be assumed (`mfu_dtype_assumed`).
 """
 

@@ -9,7 +9,7 @@
 
 Both are put back on exit, for callers in the same process (tests); numpy, once imported, keeps its one thread.
 
-And what it starts early: one .gz trace is read and inflated by a forked process (stepcli.traces.readahead) while the
+And what it starts early: one .gz trace is read and inflated by a forked process (stepcli.traces.read.readahead) while the
 command imports numpy and the analysis.
 """
 
@@ -46,10 +46,10 @@ def read_ahead_one(paths: Sequence[str], jobs: int | None, scheduler: str | None
     `--jobs 1`, which asks for one core, nor with a cluster, whose workers read it)."""
     if len(paths) != 1 or jobs == 1 or scheduler is not None or not paths[0].endswith(".gz"):
         return
-    from stepcli.traces.forked import available_cores
+    from stepcli.traces.read.forked import available_cores
 
     if available_cores() < 2 or not os.path.isfile(paths[0]):
         return
-    from stepcli.traces.readahead import read_ahead
+    from stepcli.traces.read.readahead import read_ahead
 
     read_ahead(paths[0])

@@ -35,10 +35,10 @@ from stepcli.agent.config import CLOCK_KEY, CPU_TIME_KEY, INCOMPLETE_STEP_KEY  #
 from stepcli.agent.tracenames import escape_names
 from stepcli.errors import TraceError
 from stepcli.inputs import read_input
-from stepcli.traces.files import list_trace_files, rank_from_name
-from stepcli.traces.jsonvalues import as_id, as_text, as_time, is_int64
-from stepcli.traces.readahead import take as take_read_ahead
-from stepcli.traces.shares import STEP_PREFIX
+from stepcli.traces.analyses.shares import STEP_PREFIX
+from stepcli.traces.read.files import list_trace_files, rank_from_name
+from stepcli.traces.read.jsonvalues import as_id, as_text, as_time, is_int64
+from stepcli.traces.read.readahead import take as take_read_ahead
 
 # Kineto categories whose events run on a CPU thread and that torch's `key_averages()` counts as operators
 # (it also nests python_function events with ops, so they must take part in self-time accounting).
@@ -113,16 +113,16 @@ class EventArgs(msgspec.Struct, gc=False):
     """The few `args` fields stepcli reads (decoding more of args costs time on every event)."""
 
     correlation: int = -1
-    # a copy's size, and a collective's (NCCL metadata torch records): stepcli.traces.collectives reads them
+    # a copy's size, and a collective's (NCCL metadata torch records): stepcli.traces.analyses.collectives reads them
     bytes: int = -1
     collective: str = msgspec.field(default="", name="Collective name")
     in_nelems: int = msgspec.field(default=-1, name="In msg nelems")
     out_nelems: int = msgspec.field(default=-1, name="Out msg nelems")
     group_size: int = msgspec.field(default=-1, name="Group size")
     dtype: str = ""
-    # an operator's FLOPs, as torch writes them with `with_flops=True` where it exports them (stepcli.traces.flops)
+    # an operator's FLOPs, as torch writes them with `with_flops=True` where it exports them (stepcli.traces.analyses.flops)
     flops: int = -1
-    # a collective's process group, on `record_param_comms` (torch's ParamCommsUtils): stepcli.traces.arrivals
+    # a collective's process group, on `record_param_comms` (torch's ParamCommsUtils): stepcli.traces.analyses.arrivals
     # matches collectives across ranks by them. Any: checked where read (group_of), an odd value is never fatal.
     pg_name: Any = msgspec.field(default=None, name="Process Group Name")
     pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
@@ -156,7 +156,7 @@ def group_of(args: EventArgs | None) -> tuple[str, int, str] | None:
 class InputTypes(msgspec.Struct, array_like=True, gc=False):
     """An operator's `Input type` list (record_shapes), of which only the first entry is decoded: the rest is
     skipped by the decoder, so reading it costs one small struct per operator (the dtype of a GEMM whose kernel
-    names none, stepcli.traces.flops.op_dtype). Any: an odd value is checked where read, never fatal."""
+    names none, stepcli.traces.analyses.flops.op_dtype). Any: an odd value is checked where read, never fatal."""
 
     first: Any = ""
 
@@ -351,7 +351,7 @@ def load_trace(path: str, *, shapes: bool = False) -> Trace:
     )
 
 
-# A trace's text: read into memory, or mapped copy-on-write where stepcli.traces.readahead inflated it.
+# A trace's text: read into memory, or mapped copy-on-write where stepcli.traces.read.readahead inflated it.
 Text = bytes | bytearray | mmap.mmap
 Decode = Callable[[str, Text, bool, "type[_Keeper]"], "tuple[_Meta, _Keeper]"]
 

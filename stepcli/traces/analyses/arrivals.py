@@ -1,6 +1,6 @@
 """Each rank's collectives from its own trace: when it arrived, when it left, and what it did before arriving.
 
-Read from the columns the summary already decoded (stepcli.traces.columns), so no trace is read twice. Pure.
+Read from the columns the summary already decoded (stepcli.traces.read.columns), so no trace is read twice. Pure.
 
 - **Arrival**: the host-side start of a collective in the process that runs the steps: the outermost `c10d::*`,
   `record_param_comms` or `nccl:*` event of any of its threads (DDP on CUDA calls collectives from the autograd
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stepcli.traces import arrays as col
+from stepcli.traces.analyses import arrays as col
 
 _HOST_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "gloo:")
 _STEP_PREFIX = "ProfilerStep#"

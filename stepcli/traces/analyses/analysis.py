@@ -4,8 +4,8 @@ The CPU operator table follows torch's `key_averages()` so the two can be compar
 annotations (`ProfilerStep*`, `enumerate(DataLoader)#...`, `Optimizer.step#...`) are rows like any operator, and
 every ProfilerStep#N is folded into `ProfilerStep*`. Python frames of traces recorded with stacks
 (`python_function` events) are no operators: they are left out of the tables and of the nesting, and memory
-addresses are stripped from the names used as keys (see stepcli.traces.shares). Shares are defined in stepcli.traces.shares,
-processes and the straggler in stepcli.traces.ranks.
+addresses are stripped from the names used as keys (see stepcli.traces.analyses.shares). Shares are defined in stepcli.traces.analyses.shares,
+processes and the straggler in stepcli.traces.analyses.ranks.
 
 A trace's incomplete step (`Trace.incomplete_step`, from a window stepcli cut short) holds only the start of that
 step, so it is left out of step times, step statistics, per-rank statistics and the step breakdown; its events
@@ -25,9 +25,9 @@ import gc
 from typing import TYPE_CHECKING, Any
 
 from stepcli.stats import describe
-from stepcli.traces.collectives import Transfers, measure_transfers
-from stepcli.traces.culprit import from_parts, rank_arrivals
-from stepcli.traces.device import (
+from stepcli.traces.analyses.collectives import Transfers, measure_transfers
+from stepcli.traces.analyses.culprit import from_parts, rank_arrivals
+from stepcli.traces.analyses.device import (
     DeviceTimes,
     Within,
     is_collective_kernel,
@@ -36,9 +36,9 @@ from stepcli.traces.device import (
     union_by_class,
     within_arrays,
 )
-from stepcli.traces.flops import DTYPES, flops_figures, gemm_dtype, read_flops
-from stepcli.traces.launches import LaunchTimes, in_spans, measure_launches
-from stepcli.traces.model import (
+from stepcli.traces.analyses.flops import DTYPES, flops_figures, gemm_dtype, read_flops
+from stepcli.traces.analyses.launches import LaunchTimes, in_spans, measure_launches
+from stepcli.traces.analyses.model import (
     NS_PER_MS,
     PHASES,
     STEP_PREFIX,
@@ -48,9 +48,9 @@ from stepcli.traces.model import (
     TraceFacts,
     TraceSummary,
 )
-from stepcli.traces.ranks import WindowFacts, find_straggler, group_processes, is_communication, process_keys
-from stepcli.traces.shares import STEP_KEY, share_basis, stable_name
-from stepcli.traces.steps import (
+from stepcli.traces.analyses.ranks import WindowFacts, find_straggler, group_processes, is_communication, process_keys
+from stepcli.traces.analyses.shares import STEP_KEY, share_basis, stable_name
+from stepcli.traces.analyses.steps import (
     BACKWARD,
     COMM,
     DATALOADER,
@@ -71,18 +71,18 @@ from stepcli.traces.steps import (
 )
 
 if TYPE_CHECKING:
-    from stepcli.traces.arrays import Columns
-    from stepcli.traces.reader import Trace
+    from stepcli.traces.analyses.arrays import Columns
+    from stepcli.traces.read.reader import Trace
 
 
 def _analyze_columns(
     columns: Columns, by_shape: bool, incomplete_step: int | None = None
 ) -> tuple[dict[Any, list[int]], dict[Any, list[int]], TraceResult]:
-    """`_analyze` over typed arrays (stepcli.traces.arrays): CPU rows, device rows and the trace result, equal to the
+    """`_analyze` over typed arrays (stepcli.traces.analyses.arrays): CPU rows, device rows and the trace result, equal to the
     reference's. Raises columnar.TooLarge for times past 64-bit nanoseconds."""
     import numpy as np
 
-    from stepcli.traces import arrays as col
+    from stepcli.traces.analyses import arrays as col
 
     ns = col.nanoseconds(columns)
     names = columns.names
@@ -118,7 +118,7 @@ def _analyze_columns(
         if is_comm.any():
             comm_spans["device"] = list(zip(d_start[is_comm].tolist(), d_end[is_comm].tolist()))
 
-    # CPU operators: nesting, folding, self time (stepcli.traces.arrays), then rows keyed like the reference's.
+    # CPU operators: nesting, folding, self time (stepcli.traces.analyses.arrays), then rows keyed like the reference's.
     a = col.analysis_arrays(columns, ns)
     index, start, end, parent = a["index"], a["start"], a["end"], a["parent"]
     name = columns.name[index]
@@ -238,11 +238,11 @@ def _phase_totals_arrays(
     rows: list[int], start: Any, end: Any, phase: Any, pid_code: Any, parent: Any
 ) -> tuple[dict[str, int], int] | None:
     """`step_phases` summed over the windows (the step events at `rows`), with array operations per process
-    (stepcli.traces.arrays.step_phases) instead of a Python step per span. None when two windows of one process
+    (stepcli.traces.analyses.arrays.step_phases) instead of a Python step per span. None when two windows of one process
     overlap: the per-window reference measures those."""
     import numpy as np
 
-    from stepcli.traces import arrays as col
+    from stepcli.traces.analyses import arrays as col
 
     totals = dict.fromkeys(PHASES, 0)
     if not rows:
@@ -279,7 +279,7 @@ def _phase_totals_arrays(
 
 def summarize_file(trace: Trace, *, group_by_shape: bool = False) -> FilePart:
     """The part of one trace file; `merge_parts` of the parts of several files equals `summarize` of them."""
-    from stepcli.traces.arrays import columns_from_events
+    from stepcli.traces.analyses.arrays import columns_from_events
 
     return summarize_read(columns_from_events(trace.events), trace, group_by_shape=group_by_shape)
 
@@ -318,10 +318,10 @@ def summarize_columns(
     cpu_time: dict[int, tuple[float, float]] | None = None,
     arrivals: bool = True,
 ) -> FilePart:
-    """The part of one trace file read into columns (stepcli.traces.columns.load_columns). Without `arrivals`, its
+    """The part of one trace file read into columns (stepcli.traces.read.columns.load_columns). Without `arrivals`, its
     collectives' arrivals are left out: they only serve to compare ranks (the culprit), so a part that will be
     summarized alone needs none."""
-    from stepcli.traces.arrays import TooLarge
+    from stepcli.traces.analyses.arrays import TooLarge
 
     measure_busy = _device_busy_arrays
     within: Within = within_arrays
@@ -329,7 +329,7 @@ def summarize_columns(
         cpu_rows, device_rows, result = _analyze_columns(columns, group_by_shape, incomplete_step)
     except TooLarge:
         # times past 64-bit nanoseconds: the per-event reference, on Python integers (imported only then)
-        from stepcli.traces.reference import analyze_events
+        from stepcli.traces.analyses.reference import analyze_events
 
         measure_busy, within = device_busy, within_lists
         cpu, device = Accumulator(), Accumulator()
@@ -417,13 +417,13 @@ def _flops_of(
 
 def _gemm_time(columns: Columns, result: TraceResult) -> dict[str, Any]:
     """`gemm_ns`: the time of the GEMM and convolution kernels that start inside the recorded steps (the measured
-    spans), by the dtype their names say (stepcli.traces.flops.gemm_dtype, once per unique kernel name); empty
+    spans), by the dtype their names say (stepcli.traces.analyses.flops.gemm_dtype, once per unique kernel name); empty
     without device work, with no kernel recognised, and for times past 64-bit nanoseconds."""
     if not result.device_union:
         return {}
     import numpy as np
 
-    from stepcli.traces import arrays as col
+    from stepcli.traces.analyses import arrays as col
 
     ns = result.nanoseconds
     if ns is None:
@@ -470,12 +470,12 @@ def _operator_dtypes(columns: Columns, kernels: Any, codes: Any) -> None:
 def _launches(
     columns: Columns, result: TraceResult, spans: list[tuple[int, int]], steps: int, windows: list[Window]
 ) -> tuple[LaunchTimes, Transfers, list[tuple[int, ...]]]:
-    """Launch statistics and idle time by cause (stepcli.traces.launches), collectives and copies
-    (stepcli.traces.collectives), on either path's result; and the device figures of each step window
-    (stepcli.traces.device.measure_steps); none for times past 64-bit nanoseconds."""
+    """Launch statistics and idle time by cause (stepcli.traces.analyses.launches), collectives and copies
+    (stepcli.traces.analyses.collectives), on either path's result; and the device figures of each step window
+    (stepcli.traces.analyses.device.measure_steps); none for times past 64-bit nanoseconds."""
     import numpy as np
 
-    from stepcli.traces import arrays as col
+    from stepcli.traces.analyses import arrays as col
 
     ns = result.nanoseconds
     if ns is None:

@@ -1,5 +1,5 @@
-"""Step windows, step phases and interval arithmetic shared by the columnar analysis (stepcli.traces.analysis)
-and its per-event reference (stepcli.traces.reference).
+"""Step windows, step phases and interval arithmetic shared by the columnar analysis (stepcli.traces.analyses.analysis)
+and its per-event reference (stepcli.traces.analyses.reference).
 
 Times are integer nanoseconds relative to the trace's first kept event: the Chrome format stores microseconds
 with three decimals, and at epoch-sized timestamps a float cannot tell two nanoseconds apart, while torch builds
@@ -13,12 +13,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from stepcli.traces.arrivals import GC_PREFIX
-from stepcli.traces.model import NS_PER_MS, STEP_PREFIX, OpRow
-from stepcli.traces.ranks import is_communication
-from stepcli.traces.shares import STEP_KEY
+from stepcli.traces.analyses.arrivals import GC_PREFIX
+from stepcli.traces.analyses.model import NS_PER_MS, STEP_PREFIX, OpRow
+from stepcli.traces.analyses.ranks import is_communication
+from stepcli.traces.analyses.shares import STEP_KEY
 
-# Same categories as stepcli.traces.reader (not imported at run time so this module stays free of the decoder).
+# Same categories as stepcli.traces.read.reader (not imported at run time so this module stays free of the decoder).
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 DATALOADER, OPTIMIZER, BACKWARD = 1, 2, 3
 COMM = 4  # collective communication: never forward; in `other` unless inside another phase
@@ -55,10 +55,12 @@ class TraceResult:
     # (phase totals, steps) over the windows when measured on arrays; else `step_phases` measures them
     phase_totals: tuple[dict[str, int], int] | None = None
     device_arrays: Any = None  # the device union as (starts, ends) arrays, when measured on arrays
-    # per kernel class (stepcli.traces.device.CLASSES), its union: (starts, ends) arrays on the columnar path,
+    # per kernel class (stepcli.traces.analyses.device.CLASSES), its union: (starts, ends) arrays on the columnar path,
     # a list of (start, end) on the reference
     device_classes: dict[str, Any] | None = None
-    nanoseconds: Any = None  # every event's integer ns (stepcli.traces.arrays.Nanoseconds), on the columnar path
+    nanoseconds: Any = (
+        None  # every event's integer ns (stepcli.traces.analyses.arrays.Nanoseconds), on the columnar path
+    )
 
 
 class Accumulator:

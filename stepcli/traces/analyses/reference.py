@@ -1,16 +1,16 @@
 """The per-event reference analysis: one Python step per event, written to be read. The columnar analysis
-(stepcli.traces.analysis) must equal it; it still runs for traces whose times pass 64-bit nanoseconds.
+(stepcli.traces.analyses.analysis) must equal it; it still runs for traces whose times pass 64-bit nanoseconds.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from stepcli.traces.device import MEMORY_CATEGORIES, class_of
-from stepcli.traces.model import STEP_PREFIX
-from stepcli.traces.ranks import is_communication
-from stepcli.traces.shares import STEP_KEY, stable_name
-from stepcli.traces.steps import (
+from stepcli.traces.analyses.device import MEMORY_CATEGORIES, class_of
+from stepcli.traces.analyses.model import STEP_PREFIX
+from stepcli.traces.analyses.ranks import is_communication
+from stepcli.traces.analyses.shares import STEP_KEY, stable_name
+from stepcli.traces.analyses.steps import (
     BACKWARD,
     COMM,
     DATALOADER,
@@ -28,7 +28,7 @@ from stepcli.traces.steps import (
 )
 
 if TYPE_CHECKING:
-    from stepcli.traces.reader import Event
+    from stepcli.traces.read.reader import Event
 
 
 def analyze_events(

@@ -1,8 +1,8 @@
 """One trace held in memory decoded by this process and one forked child at once.
 
-A .gz trace, or a plain one too small to be cut into ranges read by several processes (stepcli.traces.splitread),
-is held in memory (read, or inflated ahead by stepcli.traces.readahead) and decoded in ~1 MB slices
-(stepcli.traces.reader). Here a forked child decodes part of the slices from its copy-on-write view of the same
+A .gz trace, or a plain one too small to be cut into ranges read by several processes (stepcli.traces.read.splitread),
+is held in memory (read, or inflated ahead by stepcli.traces.read.readahead) and decoded in ~1 MB slices
+(stepcli.traces.read.reader). Here a forked child decodes part of the slices from its copy-on-write view of the same
 text and sends its columns back (through an in-memory file), while this process decodes the rest. Decoding is most
 of `stepcli table`'s time on one file, so on two cores this takes about half of it off the wall clock
 (`scripts/bench_gpu.py`):
@@ -28,9 +28,9 @@ import pickle
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from stepcli.traces.columns import ColumnKeeper
-from stepcli.traces.forked import fork_child, stop_child
-from stepcli.traces.reader import (
+from stepcli.traces.read.columns import ColumnKeeper
+from stepcli.traces.read.forked import fork_child, stop_child
+from stepcli.traces.read.reader import (
     Text,
     _decode,
     _Keeper,
@@ -47,7 +47,7 @@ _Layout = tuple[int, list[int]]
 
 
 class DecodeInTwo:
-    """The decoder of one file (stepcli.traces.reader.Decode), with the `midway` hook that starts the child early."""
+    """The decoder of one file (stepcli.traces.read.reader.Decode), with the `midway` hook that starts the child early."""
 
     def __init__(self, shapes: bool, meanwhile: Callable[[], object] | None = None) -> None:
         self.shapes = shapes
@@ -104,7 +104,7 @@ class DecodeInTwo:
 def decode_in_two(
     path: str, data: Text, shapes: bool, keeper_type: type[_Keeper], meanwhile: Callable[[], object] | None = None
 ) -> tuple[_Meta, _Keeper]:
-    """Decode `data` like stepcli.traces.reader._decode does, shared with a forked child as they go (_claims): this
+    """Decode `data` like stepcli.traces.read.reader._decode does, shared with a forked child as they go (_claims): this
     process takes slices from the front, after `meanwhile()`; the child the document's rest, then slices from the
     back. Whichever runs faster (the other core may be busy, the child's first writes copy pages) decodes more."""
     layout = _layout(data, MIN_BYTES) if keeper_type is ColumnKeeper else None

@@ -13,15 +13,15 @@ from typing import IO, TYPE_CHECKING, Any, Callable
 from stepcli.fmt import ms_cell as _ms
 from stepcli.fmt import visible, visible_all
 from stepcli.pipeconsole import pipe_console
-from stepcli.traces.culprit import culprit_lines
-from stepcli.traces.ranks import first_per_process
+from stepcli.traces.analyses.culprit import culprit_lines
+from stepcli.traces.analyses.ranks import first_per_process
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    from stepcli.traces.model import TraceSummary
+    from stepcli.traces.analyses.model import TraceSummary
 
 SORT_KEYS = ("self", "total", "calls", "avg", "name")
 FORMATS = ("rich", "json", "csv", "markdown")
@@ -64,7 +64,7 @@ def _skipped_note(count: int) -> str:
 
 def outside_note(outside: Mapping[str, Any] | None) -> str | None:
     """The line under an operator table when host events outside every recorded step were left out of it
-    (stepcli.traces.analysis: their time is no step's, so it gets no share of step time); None when there were none."""
+    (stepcli.traces.analyses.analysis: their time is no step's, so it gets no share of step time); None when there were none."""
     if not outside or not outside.get("events"):
         return None
     count = outside["events"]
@@ -85,12 +85,12 @@ def ops_table(
     """Operator (or kernel) table like key_averages().table(): the top `limit` rows by `sort_by`.
 
     `width` is the space the table may take (the console width): names are shortened in the middle to fit.
-    `share_of` (stepcli.traces.shares) goes into the caption: what the Self % column is a share of.
+    `share_of` (stepcli.traces.analyses.shares) goes into the caption: what the Self % column is a share of.
     """
     from rich.table import Table
     from rich.text import Text
 
-    from stepcli.traces.shares import overlap_note, share_caption
+    from stepcli.traces.analyses.shares import overlap_note, share_caption
 
     shown = sort_rows(rows, sort_by, limit)
     with_shape = any("shape" in r for r in shown)
@@ -388,7 +388,7 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
         console.print(breakdown_table(data["breakdown_ms"], data.get("device")))
     elif data.get("device"):
         console.print(breakdown_table(None, data["device"], title="Device activity"))
-    from stepcli.traces.devicerender import print_device_section
+    from stepcli.traces.render.device import print_device_section
 
     print_device_section(data, console)
     share_of = data.get("share_of")
@@ -454,7 +454,7 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequ
 
 def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: int | None = 20) -> str:
     """GitHub-flavoured Markdown (e.g. for $GITHUB_STEP_SUMMARY): steps, ranks, breakdown and operator tables."""
-    from stepcli.traces.shares import overlap_note, share_caption
+    from stepcli.traces.analyses.shares import overlap_note, share_caption
 
     lines: list[str] = ["## stepcli table", ""]
     stats = data.get("step_ms")

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stepcli.inputs import GZIP_MAGIC, input_limit
-from stepcli.traces.arrays import Columns
-from stepcli.traces.columns import ColumnTrace
-from stepcli.traces.files import rank_from_name
-from stepcli.traces.reader import _EVENT_SEPARATOR, _TRACE_EVENTS_KEY
+from stepcli.traces.analyses.arrays import Columns
+from stepcli.traces.read.columns import ColumnTrace
+from stepcli.traces.read.files import rank_from_name
+from stepcli.traces.read.reader import _EVENT_SEPARATOR, _TRACE_EVENTS_KEY
 
 if TYPE_CHECKING:  # (planning a read of a file that is not cut imports no concurrent.futures)
     from concurrent.futures import Executor, Future
@@ -76,8 +76,8 @@ def read_piece(path: str, start: int, end: int, header_end: int, last: bool, sha
     which also checks the file's end and gives its metadata."""
     import msgspec
 
-    from stepcli.traces.columns import ColumnKeeper
-    from stepcli.traces.reader import _CHUNK_BYTES, _decode, _DecodedEvent, _Meta, _ShapedEvent
+    from stepcli.traces.read.columns import ColumnKeeper
+    from stepcli.traces.read.reader import _CHUNK_BYTES, _decode, _DecodedEvent, _Meta, _ShapedEvent
 
     keeper = ColumnKeeper(shapes)
     decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(

@@ -25,7 +25,7 @@ from stepcli.stats import percentile
 if TYPE_CHECKING:
     import numpy as np
 
-    from stepcli.traces.arrays import Columns
+    from stepcli.traces.analyses.arrays import Columns
 
 KERNEL_LAUNCHES = frozenset(
     {
@@ -45,7 +45,7 @@ KERNEL_LAUNCHES = frozenset(
 GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch"})
 KERNEL_WAIT_NS = 30_000  # HTA's consecutive_kernel_delay default (30, applied to its microsecond times)
 NS_PER_MS = 1_000_000.0
-DEVICE_KIND = 3  # stepcli.traces.arrays.DEVICE: kinds from it on are device work
+DEVICE_KIND = 3  # stepcli.traces.analyses.arrays.DEVICE: kinds from it on are device work
 
 
 @dataclass
@@ -122,7 +122,7 @@ def measure_launches(
     window of `windows` (starts, ends: each recorded step), its host wait and kernel wait ns (an (n, 2) array)."""
     import numpy as np
 
-    from stepcli.traces.arrays import unique
+    from stepcli.traces.analyses.arrays import unique
 
     out = LaunchTimes(steps=steps)
     lo = np.array([s for s, _ in spans], np.int64)
@@ -205,7 +205,7 @@ def _idle_by_cause(
     device as a whole per window into `waits` (host wait, kernel wait)."""
     import numpy as np
 
-    from stepcli.traces.arrays import covered
+    from stepcli.traces.analyses.arrays import covered
 
     begin, end = start[device], start[device] + dur[device]
     gap_lo, gap_hi, host, short = _gaps(begin, end, call_start)
@@ -225,7 +225,7 @@ def _gaps_by_cause(
 ) -> tuple[int, int, int]:
     """(host wait, kernel wait, other) ns of the gaps between consecutive intervals (each gap from the end of all
     before to the next start) inside the spans [lo, hi); the cause from the interval that ends the gap."""
-    from stepcli.traces.arrays import covered
+    from stepcli.traces.analyses.arrays import covered
 
     gap_lo, gap_hi, host, short = _gaps(begin, end, call_start)
     counted = covered(lo, hi, gap_lo, gap_hi)

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from stepcli.traces.collectives import Transfers
-from stepcli.traces.launches import LaunchTimes
+from stepcli.traces.analyses.collectives import Transfers
+from stepcli.traces.analyses.launches import LaunchTimes
 
 NS_PER_MS = 1_000_000.0
 # The unions a trace result carries, by class; "comm_or_compute" measures the overlap (|A| + |B| - |A u B|).
@@ -147,11 +147,11 @@ def measure_steps(
 ) -> list[tuple[int, ...]]:
     """Per step window (numbers `steps`, bounds `lo`, `hi`: int64 arrays), its STEP_FIELDS: the device union
     `busy` and the class unions measured inside it, and its idle waits by cause (`waits`, an (n, 2) array from
-    stepcli.traces.launches). `within` as for `measure`: with `within_arrays`, all windows at once (prefix sums)."""
+    stepcli.traces.analyses.launches). `within` as for `measure`: with `within_arrays`, all windows at once (prefix sums)."""
     import numpy as np
 
     if within is within_arrays:
-        from stepcli.traces.arrays import covered
+        from stepcli.traces.analyses.arrays import covered
 
         def inside(union: Any) -> Any:
             return covered(union[0], union[1], lo, hi)
@@ -200,7 +200,7 @@ def within_arrays(union: Any, spans: list[tuple[int, int]]) -> int:
     """The time of a union given as sorted (starts, ends) arrays inside disjoint spans (array prefix sums)."""
     import numpy as np
 
-    from stepcli.traces.arrays import covered
+    from stepcli.traces.analyses.arrays import covered
 
     starts, ends = union
     lo = np.array([s for s, _ in spans], np.int64)
@@ -211,7 +211,7 @@ def within_arrays(union: Any, spans: list[tuple[int, int]]) -> int:
 def union_by_class(starts: Any, ends: Any, classes: Any) -> dict[str, Any]:
     """Per class (CLASSES), the union of the device intervals as (starts, ends) arrays; `classes` holds 0 for
     compute, 1 for comm, 2 for memory per interval."""
-    from stepcli.traces.arrays import union_arrays
+    from stepcli.traces.analyses.arrays import union_arrays
 
     out = {}
     for label, mask in (

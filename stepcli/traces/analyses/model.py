@@ -1,7 +1,7 @@
 """The result types of trace analysis: what `stepcli table` reports (TraceSummary and its rows), and what one
 file contributes to it (FilePart), the small picklable part that worker processes send back.
 
-Definitions of the figures are in stepcli.traces.analysis (and the README); this module holds data only.
+Definitions of the figures are in stepcli.traces.analyses.analysis (and the README); this module holds data only.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from stepcli.stats import Stats
-from stepcli.traces.arrivals import RankArrivals
-from stepcli.traces.device import DeviceTimes
-from stepcli.traces.ranks import ProcessRow
+from stepcli.traces.analyses.arrivals import RankArrivals
+from stepcli.traces.analyses.device import DeviceTimes
+from stepcli.traces.analyses.ranks import ProcessRow
 
 STEP_PREFIX = "ProfilerStep#"
 # Step phases, from the annotations torch writes. The order is the priority when phases overlap in time.
@@ -59,7 +59,7 @@ class StepRow:
         return {"rank": self.rank, "process": self.process, "step": self.step, "dur_ms": self.dur_ms}
 
 
-RankRow = ProcessRow  # one row per process (rank), its windows inside: see stepcli.traces.ranks
+RankRow = ProcessRow  # one row per process (rank), its windows inside: see stepcli.traces.analyses.ranks
 
 
 @dataclass(frozen=True)
@@ -90,20 +90,24 @@ class TraceSummary:
     step_ms: Stats | None
     steps: list[StepRow]
     ranks: list[ProcessRow]
-    slowest_rank: int | None  # the straggler by compute (stepcli.traces.ranks), not the longest step time
+    slowest_rank: int | None  # the straggler by compute (stepcli.traces.analyses.ranks), not the longest step time
     breakdown_ms: Breakdown | None
-    device: DeviceTimes | None  # device time by kernel class over the recorded steps (stepcli.traces.device)
+    device: DeviceTimes | None  # device time by kernel class over the recorded steps (stepcli.traces.analyses.device)
     cpu_ops: list[OpRow]
     device_kernels: list[OpRow]
     events: int
     skipped_events: int = 0  # events left out because their ts/dur was infinite, NaN or absurdly large
-    share_of: str = "recorded step time"  # what every self_share is a share of (stepcli.traces.shares)
+    share_of: str = "recorded step time"  # what every self_share is a share of (stepcli.traces.analyses.shares)
     straggler: dict[str, Any] | None = None  # the evidence behind slowest_rank
     outside_events: int = 0  # host operator calls outside every recorded step, left out of cpu_ops (module docstring)
     outside_ms: float = 0.0  # their self time
     rank_devices: dict[str, DeviceTimes] = field(default_factory=dict)  # per process label (ranks[].process)
-    flops: dict[str, Any] | None = None  # FLOPs per step, FLOP/s, MFU (stepcli.traces.flops); None without counts
-    culprit: dict[str, Any] | None = None  # the rank the others wait for at collectives (stepcli.traces.culprit)
+    flops: dict[str, Any] | None = (
+        None  # FLOPs per step, FLOP/s, MFU (stepcli.traces.analyses.flops); None without counts
+    )
+    culprit: dict[str, Any] | None = (
+        None  # the rank the others wait for at collectives (stepcli.traces.analyses.culprit)
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -151,16 +155,16 @@ class FilePart:
     has_shapes: bool = False
     outside_events: int = 0  # host operator calls outside every step of their process, in no row
     outside_ns: int = 0
-    flops: int | None = None  # the window's FLOPs written beside the trace (stepcli.traces.flops), if any
+    flops: int | None = None  # the window's FLOPs written beside the trace (stepcli.traces.analyses.flops), if any
     flops_device: str | None = None
     flops_source: str | None = None  # "file" (NAME.flops) or "trace" (operators' args.flops)
     # GEMM/convolution kernel time in the recorded steps by the dtype their names say, for MFU's peak (with FLOPs)
     gemm_ns: dict[str, int] = field(default_factory=dict)
-    arrivals: RankArrivals | None = None  # its collectives, for the culprit (stepcli.traces.culprit)
+    arrivals: RankArrivals | None = None  # its collectives, for the culprit (stepcli.traces.analyses.culprit)
 
 
 class TraceFacts(Protocol):
-    """What a read trace says of itself besides its events (stepcli.traces.reader.Trace, columnkeeper.ColumnTrace)."""
+    """What a read trace says of itself besides its events (stepcli.traces.read.reader.Trace, columnkeeper.ColumnTrace)."""
 
     @property
     def path(self) -> str: ...

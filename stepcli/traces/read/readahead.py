@@ -6,7 +6,7 @@ faults and the imports' library loading contend in one address space (both ran ~
 the gain lost). So a process forked while stepcli is still small (before numpy) reads and inflates the file into
 an in-memory file (memfd) and reports the length; the trace reader maps that file copy-on-write (MAP_PRIVATE) and
 decodes it where it lies: no copy (copying 35 MB into this process took 25-40 ms of page faults on these machines,
-mapping it 4 ms), and the reader's in-place edits (stepcli.traces.reader) stay private to the process making them.
+mapping it 4 ms), and the reader's in-place edits (stepcli.traces.read.reader) stay private to the process making them.
 
 Any surprise (no memfd or fork, a read error, a corrupt file, a child that dies) leaves nothing to take: the reader
 then reads the file itself, which gives the exact error, so answers and messages are those of an ordinary read.
@@ -20,7 +20,7 @@ import os
 import threading
 
 from stepcli.inputs import inflated_pieces, input_limit, read_file  # (imported before the fork: the child has it)
-from stepcli.traces.forked import fork_child, stop_child
+from stepcli.traces.read.forked import fork_child, stop_child
 
 MIN_BYTES = 4 * 1024 * 1024  # the inflated size (from the gzip trailer) from which a fork costs less than it saves
 MAX_BYTES = 1024**3  # and up to which (the mapped text is held in memory, as the ordinary read's)

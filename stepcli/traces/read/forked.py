@@ -1,6 +1,6 @@
 """A forked child that does one piece of work and leaves, never returning into the code that forked it.
 
-`stepcli table` forks helpers of its own (stepcli.traces.readahead, stepcli.traces.twoprocess). A child must never
+`stepcli table` forks helpers of its own (stepcli.traces.read.readahead, stepcli.traces.read.twoprocess). A child must never
 unwind into click, print a second "Aborted!", run the parent's exit handlers or flush output the parent still
 buffers: it ends with os._exit whatever happens. SIGINT is blocked across the fork and unblocked inside the
 child's guard, so a Ctrl-C cannot land in the moment between the fork and the guard. Also how many cores such

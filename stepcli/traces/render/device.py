@@ -1,5 +1,5 @@
 """The terminal's GPU section of `stepcli table` and the run summary: device time by class per rank (and for the
-job), idle by cause and launch statistics, in 80 columns (the figures: stepcli.traces.device, .launches)."""
+job), idle by cause and launch statistics, in 80 columns (the figures: stepcli.traces.analyses.device, .launches)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ was popped by a later event that also contains everything it would have containe
 search on end times, done here for every event at once by binary lifting over range maxima. torch's
 `_remove_dup_nodes` (an only child with its parent's name is folded into the parent) is then a few array passes.
 
-`stepcli.traces.reference.analyze_events` is the readable per-event reference this must equal; it is still used for traces whose
+`stepcli.traces.analyses.reference.analyze_events` is the readable per-event reference this must equal; it is still used for traces whose
 times do not fit 64-bit nanoseconds (the reference uses Python integers).
 """
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 if TYPE_CHECKING:
-    from stepcli.traces.reader import Event
+    from stepcli.traces.read.reader import Event
 
 # Category kinds (the reference only tells these apart). DEVICE and MEMORY are device work: a kernel, a copy or set.
 OTHER_CPU, USER_ANNOTATION, PYTHON_FUNCTION, DEVICE, MEMORY = 0, 1, 2, 3, 4
@@ -56,14 +56,14 @@ class Columns:
     shape: np.ndarray  # int32 index into shapes
     corr: np.ndarray  # int64 correlation id (launch call <-> device work), -1: none
     # event index -> (bytes, collective, in nelems, out nelems, group size, dtype) of the device events that have
-    # them (stepcli.traces.reader.transfer_args): copies and collectives only, so a dict, not a column
+    # them (stepcli.traces.read.reader.transfer_args): copies and collectives only, so a dict, not a column
     transfers: dict[int, tuple[int, str, int, int, int, str]] = field(default_factory=dict)
     flops: dict[int, int] = field(default_factory=dict)  # event index -> the FLOPs in its args (operators only)
     # event index -> (process group name, sequence number or -1, member ranks as written) of the host events that
-    # carry them (`record_param_comms` on NCCL traces; stepcli.traces.reader.group_of): few, so a dict
+    # carry them (`record_param_comms` on NCCL traces; stepcli.traces.read.reader.group_of): few, so a dict
     groups: dict[int, tuple[str, int, str]] = field(default_factory=dict)
     # event index -> (External id, dtype) of the GEMM operators whose kernels' dtype is known from the operator
-    # (stepcli.traces.flops.op_dtype), and event index -> External id of the GEMM kernels whose names say no
+    # (stepcli.traces.analyses.flops.op_dtype), and event index -> External id of the GEMM kernels whose names say no
     # dtype (nvjet_*): the kernel's dtype is its operator's. Few, so dicts.
     gemm_ops: dict[int, tuple[int, str]] = field(default_factory=dict)
     gemm_kernels: dict[int, int] = field(default_factory=dict)
@@ -76,7 +76,7 @@ class Columns:
 
     def to_events(self) -> list[Event]:
         """The events again (for the per-event reference)."""
-        from stepcli.traces.reader import Event, EventArgs
+        from stepcli.traces.read.reader import Event, EventArgs
 
         def args_of(
             correlation: int,
@@ -123,7 +123,7 @@ class Columns:
 
 
 def columns_from_events(events: list[Event]) -> Columns:
-    """Columns of events already filtered to the kept subset (stepcli.traces.reader.Trace.events)."""
+    """Columns of events already filtered to the kept subset (stepcli.traces.read.reader.Trace.events)."""
     names: dict[str, int] = {}
     ids: dict[int | str, int] = {}
     shapes: dict[str, int] = {"": 0}
@@ -152,8 +152,8 @@ def columns_from_events(events: list[Event]) -> Columns:
 
 
 def _transfers_of(events: list[Event]) -> dict[int, tuple[int, str, int, int, int, str]]:
-    """Copy sizes and collective metadata of the device events (stepcli.traces.reader.transfer_args)."""
-    from stepcli.traces.reader import transfer_args
+    """Copy sizes and collective metadata of the device events (stepcli.traces.read.reader.transfer_args)."""
+    from stepcli.traces.read.reader import transfer_args
 
     out = {}
     for index, event in enumerate(events):
@@ -165,8 +165,8 @@ def _transfers_of(events: list[Event]) -> dict[int, tuple[int, str, int, int, in
 
 
 def _gemm_links(events: list[Event]) -> dict[str, Any]:
-    """`gemm_ops` and `gemm_kernels` of events (as stepcli.traces.columns.ColumnKeeper takes them)."""
-    from stepcli.traces.flops import gemm_op, op_dtype, undtyped_gemm
+    """`gemm_ops` and `gemm_kernels` of events (as stepcli.traces.read.columns.ColumnKeeper takes them)."""
+    from stepcli.traces.analyses.flops import gemm_op, op_dtype, undtyped_gemm
 
     ops: dict[int, tuple[int, str]] = {}
     kernels: dict[int, int] = {}
@@ -186,8 +186,8 @@ def _gemm_links(events: list[Event]) -> dict[str, Any]:
 
 
 def _groups_of(events: list[Event]) -> dict[int, tuple[str, int, str]]:
-    """The process groups of the host `record_param_comms` events (stepcli.traces.reader.group_of)."""
-    from stepcli.traces.reader import group_of
+    """The process groups of the host `record_param_comms` events (stepcli.traces.read.reader.group_of)."""
+    from stepcli.traces.read.reader import group_of
 
     out = {}
     for index, event in enumerate(events):
