@@ -105,6 +105,15 @@ def test_traces_import_only_the_shared_leaves() -> None:
     assert _outside("stepcli.traces", _LEAVES | _AGENT_FILE_FORMAT) == []
 
 
+def test_trace_layers_import_only_downward() -> None:
+    # read/ (bytes -> columns) < analyses/ (figures) < render/ (tables); the files-at-once engine, merge and the run
+    # end's read sit above them in stepcli.traces itself.
+    leaves = _LEAVES | _AGENT_FILE_FORMAT
+    assert _outside("stepcli.traces.read", leaves) == []
+    assert _outside("stepcli.traces.analyses", leaves, ("stepcli.traces.read",)) == []
+    assert _outside("stepcli.traces.render", leaves, ("stepcli.traces.analyses", "stepcli.traces.read")) == []
+
+
 def test_compare_imports_only_the_leaves_traces_and_the_run_summary() -> None:
     assert _outside("stepcli.compare", _LEAVES, ("stepcli.traces", "stepcli.runsummary")) == []
 

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 from stepcli.compare.inference import estimate_change
 from stepcli.compare.model import OpSteps
-from stepcli.traces.analyses.shares import STEP_KEY, STEP_PREFIX
+from stepcli.traces.analyses.shares import STEP_KEY
+from stepcli.traces.read.names import STEP_PREFIX
 
 if TYPE_CHECKING:
     from stepcli.traces.read.reader import Trace

@@ -12,12 +12,12 @@ import pytest
 from nccl_groups import SEQ_BASE, STEPS, rank_trace, write_group_traces
 
 from stepcli.run.culprit import culprit_advice
-from stepcli.traces.analyses.arrays import columns_from_events
 from stepcli.traces.analyses.arrivals import RankArrivals, members, rank_arrivals
 from stepcli.traces.analyses.culprit import analyze
 from stepcli.traces.read.columns import load_columns
 from stepcli.traces.read.reader import load_trace
 from stepcli.traces.read.splitread import join
+from stepcli.traces.read.typedcolumns import columns_from_events
 
 GROUPS = {"1": [0, 1], "2": [2, 3], "3": [0, 2], "4": [1, 3]}
 

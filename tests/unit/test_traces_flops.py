@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from stepcli.traces.analyses.flops import flops_figures, flops_path, gemm_dtype, peak_of, read_flops
+from stepcli.traces.analyses.flops import flops_figures, flops_path, peak_of, read_flops
+from stepcli.traces.read.names import gemm_dtype
 
 
 @pytest.mark.parametrize(

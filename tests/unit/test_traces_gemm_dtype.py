@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from stepcli.traces.analyses.flops import gemm_dtype, gemm_op, op_dtype, peak_of, undtyped_gemm
+from stepcli.traces.analyses.flops import peak_of
+from stepcli.traces.read.names import gemm_dtype, gemm_op, op_dtype, undtyped_gemm
 
 H200_TRACE = Path(__file__).resolve().parent.parent / "data" / "h200_gpt_bf16.pt.trace.json.gz"
 NVJET = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"

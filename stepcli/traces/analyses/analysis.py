@@ -36,12 +36,11 @@ from stepcli.traces.analyses.device import (
     union_by_class,
     within_arrays,
 )
-from stepcli.traces.analyses.flops import DTYPES, flops_figures, gemm_dtype, read_flops
+from stepcli.traces.analyses.flops import flops_figures, read_flops
 from stepcli.traces.analyses.launches import LaunchTimes, in_spans, measure_launches
 from stepcli.traces.analyses.model import (
     NS_PER_MS,
     PHASES,
-    STEP_PREFIX,
     Breakdown,
     FilePart,
     StepRow,
@@ -69,10 +68,11 @@ from stepcli.traces.analyses.steps import (
     union,
     within_lists,
 )
+from stepcli.traces.read.names import DTYPES, STEP_PREFIX, gemm_dtype
 
 if TYPE_CHECKING:
-    from stepcli.traces.analyses.arrays import Columns
     from stepcli.traces.read.reader import Trace
+    from stepcli.traces.read.typedcolumns import Columns
 
 
 def _analyze_columns(
@@ -83,6 +83,7 @@ def _analyze_columns(
     import numpy as np
 
     from stepcli.traces.analyses import arrays as col
+    from stepcli.traces.read import typedcolumns
 
     ns = col.nanoseconds(columns)
     names = columns.names
@@ -104,12 +105,12 @@ def _analyze_columns(
     # Device work: one row per kernel name, its busy time, and collective kernels as communication.
     device_rows: dict[Any, list[int]] = {}
     comm_spans: dict[int | str, list[tuple[int, int]]] = {}
-    dev = np.nonzero(kind >= col.DEVICE)[0]
+    dev = np.nonzero(kind >= typedcolumns.DEVICE)[0]
     d_start, d_dur = ns.start[dev], ns.dur[dev]
     d_end = d_start + d_dur
     device_arrays = col.union_arrays(d_start, d_end)
     collective = np.array([is_collective_kernel(n) for n in names] or [False], np.int8)
-    d_class = np.where(kind[dev] == col.MEMORY, 2, collective[columns.name[dev]])
+    d_class = np.where(kind[dev] == typedcolumns.MEMORY, 2, collective[columns.name[dev]])
     device_classes = union_by_class(d_start, d_end, d_class)
     device_union = list(zip(device_arrays[0].tolist(), device_arrays[1].tolist()))
     if dev.size:
@@ -123,7 +124,7 @@ def _analyze_columns(
     index, start, end, parent = a["index"], a["start"], a["end"], a["parent"]
     name = columns.name[index]
     step_name = np.array([n.startswith(STEP_PREFIX) for n in names] or [False], bool)
-    is_step = step_name[name] & (kind[index] == col.USER_ANNOTATION)
+    is_step = step_name[name] & (kind[index] == typedcolumns.USER_ANNOTATION)
     row_key = np.where(is_step, step_key, name_key[name])
     kept = a["kept"]
     # Host events outside every step of their process: no rows (not even empty ones), only the outside count.
@@ -279,7 +280,7 @@ def _phase_totals_arrays(
 
 def summarize_file(trace: Trace, *, group_by_shape: bool = False) -> FilePart:
     """The part of one trace file; `merge_parts` of the parts of several files equals `summarize` of them."""
-    from stepcli.traces.analyses.arrays import columns_from_events
+    from stepcli.traces.read.typedcolumns import columns_from_events
 
     return summarize_read(columns_from_events(trace.events), trace, group_by_shape=group_by_shape)
 
@@ -424,6 +425,7 @@ def _gemm_time(columns: Columns, result: TraceResult) -> dict[str, Any]:
     import numpy as np
 
     from stepcli.traces.analyses import arrays as col
+    from stepcli.traces.read import typedcolumns
 
     ns = result.nanoseconds
     if ns is None:
@@ -431,7 +433,7 @@ def _gemm_time(columns: Columns, result: TraceResult) -> dict[str, Any]:
             ns = col.nanoseconds(columns)
         except col.TooLarge:
             return {}
-    kernels = np.nonzero(columns.kind == col.DEVICE)[0]
+    kernels = np.nonzero(columns.kind == typedcolumns.DEVICE)[0]
     used = np.unique(columns.name[kernels])
     code = np.full(len(columns.names) or 1, len(DTYPES), np.int64)  # len(DTYPES): not a recognised GEMM
     for name in used.tolist():
@@ -476,6 +478,7 @@ def _launches(
     import numpy as np
 
     from stepcli.traces.analyses import arrays as col
+    from stepcli.traces.read import typedcolumns
 
     ns = result.nanoseconds
     if ns is None:
@@ -483,7 +486,7 @@ def _launches(
             ns = col.nanoseconds(columns)
         except col.TooLarge:
             return LaunchTimes(steps=steps), Transfers(steps), []
-    device = np.nonzero(columns.kind >= col.DEVICE)[0]
+    device = np.nonzero(columns.kind >= typedcolumns.DEVICE)[0]
     lo = np.array([s for s, _ in spans], np.int64)
     hi = np.array([e for _, e in spans], np.int64)
     inside = in_spans(ns.start[device], lo, hi)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stepcli.traces.analyses import arrays as col
+from stepcli.traces.read import typedcolumns
 
 _HOST_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "gloo:")
 _STEP_PREFIX = "ProfilerStep#"
@@ -92,7 +93,7 @@ def _outermost(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     return np.nonzero(keep)[0]
 
 
-def _outermost_per_thread(columns: col.Columns, events: np.ndarray, thread: np.ndarray) -> np.ndarray:
+def _outermost_per_thread(columns: typedcolumns.Columns, events: np.ndarray, thread: np.ndarray) -> np.ndarray:
     """The events (sorted by start, longer first) inside no other event of their thread, sorted by start."""
     kept = []
     for code in col.unique(thread[events]).tolist():
@@ -103,7 +104,7 @@ def _outermost_per_thread(columns: col.Columns, events: np.ndarray, thread: np.n
 
 
 def _departures(
-    columns: col.Columns, gloo_work: np.ndarray, host: np.ndarray, thread: np.ndarray, host_end: np.ndarray
+    columns: typedcolumns.Columns, gloo_work: np.ndarray, host: np.ndarray, thread: np.ndarray, host_end: np.ndarray
 ) -> np.ndarray:
     """The end of each host collective's completion event (gloo worker thread, NCCL kernel), else its own end.
 
@@ -113,7 +114,7 @@ def _departures(
     (and for gloo's workers), the k-th collective pairs with the k-th completion event when the counts agree."""
     name_is_nccl = np.array(["nccl" in n[:16].lower() for n in columns.names] or [False], bool)
     gloo = np.nonzero(gloo_work)[0]
-    kernels = np.nonzero((columns.kind == col.DEVICE) & name_is_nccl[columns.name])[0]
+    kernels = np.nonzero((columns.kind == typedcolumns.DEVICE) & name_is_nccl[columns.name])[0]
     launched = _launched_in(columns, kernels, host, thread)
     if launched is not None:
         by_launch: np.ndarray = np.maximum(launched, host_end)
@@ -126,14 +127,18 @@ def _departures(
     return host_end
 
 
-def _launched_in(columns: col.Columns, kernels: np.ndarray, host: np.ndarray, thread: np.ndarray) -> np.ndarray | None:
+def _launched_in(
+    columns: typedcolumns.Columns, kernels: np.ndarray, host: np.ndarray, thread: np.ndarray
+) -> np.ndarray | None:
     """Per host collective, the latest end of the NCCL kernels launched inside it (-inf: none), or None when no
     kernel's launch is found inside one."""
     kernels = kernels[columns.corr[kernels] >= 0]
     if not len(kernels) or not len(host):
         return None
     wanted = columns.corr[kernels]
-    launches = np.nonzero((columns.kind != col.DEVICE) & (columns.kind != col.MEMORY) & (columns.corr >= 0))[0]
+    launches = np.nonzero(
+        (columns.kind != typedcolumns.DEVICE) & (columns.kind != typedcolumns.MEMORY) & (columns.corr >= 0)
+    )[0]
     launches = launches[np.isin(columns.corr[launches], wanted)]
     if not len(launches):
         return None
@@ -159,7 +164,7 @@ def _launched_in(columns: col.Columns, kernels: np.ndarray, host: np.ndarray, th
 
 
 def rank_arrivals(
-    columns: col.Columns,
+    columns: typedcolumns.Columns,
     rank: int | None,
     incomplete_step: int | None = None,
     clock: str | None = None,
@@ -172,7 +177,7 @@ def rank_arrivals(
     if not np.any(by_name == 6):  # no collective's name: nothing to look at per event
         return None
     category = by_name[columns.name]
-    cpu = (columns.kind == col.OTHER_CPU) | (columns.kind == col.USER_ANNOTATION)
+    cpu = (columns.kind == typedcolumns.OTHER_CPU) | (columns.kind == typedcolumns.USER_ANNOTATION)
     steps = np.nonzero(cpu & (category == 5))[0]
     if not steps.size or not np.any(category == 6):
         return None
@@ -237,7 +242,9 @@ def members(text: str) -> tuple[int, ...]:
     return tuple(sorted({int(item) for item in items}))
 
 
-def _host_groups(columns: col.Columns, host: np.ndarray, thread: np.ndarray) -> dict[int, tuple[str, int, str]]:
+def _host_groups(
+    columns: typedcolumns.Columns, host: np.ndarray, thread: np.ndarray
+) -> dict[int, tuple[str, int, str]]:
     """Per host collective (position in `host`): the process group of the first `record_param_comms` with one
     inside it on its thread (or of itself)."""
     if not columns.groups or not len(host):
@@ -257,7 +264,7 @@ def _host_groups(columns: col.Columns, host: np.ndarray, thread: np.ndarray) -> 
 
 
 def _step_table(
-    columns: col.Columns, steps: np.ndarray, incomplete_step: int | None
+    columns: typedcolumns.Columns, steps: np.ndarray, incomplete_step: int | None
 ) -> tuple[list[int], np.ndarray, np.ndarray]:
     """Step numbers (-1: unusable or incomplete), starts and ends of the step annotations, by start."""
     steps = steps[np.argsort(columns.ts[steps], kind="stable")]
@@ -269,7 +276,7 @@ def _step_table(
     return numbers, columns.ts[steps], columns.ts[steps] + columns.dur[steps]
 
 
-def _union(columns: col.Columns, events: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _union(columns: typedcolumns.Columns, events: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     start = columns.ts[events]
     return col.union_arrays(start, start + columns.dur[events])
 
@@ -289,7 +296,12 @@ def _covered(union: tuple[np.ndarray, np.ndarray], lo: np.ndarray, hi: np.ndarra
 
 
 def _gaps(
-    columns: col.Columns, events: np.ndarray, category: np.ndarray, thread: np.ndarray, lo: np.ndarray, hi: np.ndarray
+    columns: typedcolumns.Columns,
+    events: np.ndarray,
+    category: np.ndarray,
+    thread: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
 ) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
     """Per gap [lo, hi) in the process: µs per cause and the top-level operator (or gc) names by their time."""
     work = events[(category[events] != 5) & (category[events] != 6)]  # steps and collectives are no work
@@ -298,7 +310,7 @@ def _gaps(
     special = work[(category[work] >= 1) & (category[work] <= 4)]
     special_union = _union(columns, special)
     # Operators, and gc pauses; an annotation's own time is Python code between operators: no operator.
-    ops = work[((category[work] == 0) & (columns.kind[work] == col.OTHER_CPU)) | (category[work] == 1)]
+    ops = work[((category[work] == 0) & (columns.kind[work] == typedcolumns.OTHER_CPU)) | (category[work] == 1)]
     busy = _covered(_union(columns, np.concatenate([ops, special])), lo, hi)
     # Top-level operators (and gc pauses) only, by their time in the gap: the calls the rank's Python code made,
     # and without nesting to resolve. The gaps are sorted and disjoint: each falls in at most one (binary search).

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-    from stepcli.traces.analyses.arrays import Columns
+    from stepcli.traces.read.typedcolumns import Columns
 
 _ALGORITHMS = ("RING", "TREE", "COLLNET", "COLLNETDIRECT", "COLLNETCHAIN", "NVLS", "NVLSTREE", "PAT")
 _PROTOCOLS = ("LL", "LL128", "SIMPLE")

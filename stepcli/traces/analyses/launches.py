@@ -25,7 +25,7 @@ from stepcli.stats import percentile
 if TYPE_CHECKING:
     import numpy as np
 
-    from stepcli.traces.analyses.arrays import Columns
+    from stepcli.traces.read.typedcolumns import Columns
 
 KERNEL_LAUNCHES = frozenset(
     {

@@ -14,7 +14,6 @@ from stepcli.traces.analyses.arrivals import RankArrivals
 from stepcli.traces.analyses.device import DeviceTimes
 from stepcli.traces.analyses.ranks import ProcessRow
 
-STEP_PREFIX = "ProfilerStep#"
 # Step phases, from the annotations torch writes. The order is the priority when phases overlap in time.
 PHASES = ("dataloader", "optimizer", "backward", "forward", "other")
 NS_PER_MS = 1_000_000.0

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from stepcli.traces.analyses.device import MEMORY_CATEGORIES, class_of
-from stepcli.traces.analyses.model import STEP_PREFIX
 from stepcli.traces.analyses.ranks import is_communication
 from stepcli.traces.analyses.shares import STEP_KEY, stable_name
 from stepcli.traces.analyses.steps import (
@@ -26,6 +25,7 @@ from stepcli.traces.analyses.steps import (
     step_spans_of,
     union,
 )
+from stepcli.traces.read.names import STEP_PREFIX
 
 if TYPE_CHECKING:
     from stepcli.traces.read.reader import Event

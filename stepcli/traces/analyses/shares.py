@@ -15,7 +15,6 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-STEP_PREFIX = "ProfilerStep#"  # torch.profiler's step annotation, ProfilerStep#N: the one definition of a step
 STEP_KEY = "ProfilerStep*"  # key_averages() folds every ProfilerStep#N into this one row
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepcli.traces.analyses.arrivals import GC_PREFIX
-from stepcli.traces.analyses.model import NS_PER_MS, STEP_PREFIX, OpRow
+from stepcli.traces.analyses.model import NS_PER_MS, OpRow
 from stepcli.traces.analyses.ranks import is_communication
 from stepcli.traces.analyses.shares import STEP_KEY
+from stepcli.traces.read.names import STEP_PREFIX
 
 # Same categories as stepcli.traces.read.reader (not imported at run time so this module stays free of the decoder).
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})

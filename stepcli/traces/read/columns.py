@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from stepcli.traces.analyses.arrays import DEVICE, OTHER_CPU, PARAM_COMMS, Columns, kind_of
-from stepcli.traces.analyses.flops import gemm_op, op_dtype, undtyped_gemm
 from stepcli.traces.read.files import rank_from_name
+from stepcli.traces.read.names import gemm_op, op_dtype, undtyped_gemm
 from stepcli.traces.read.reader import (
     FILTERED_NAMES,
     KEPT_CATEGORIES,
@@ -28,6 +27,7 @@ from stepcli.traces.read.reader import (
     group_of,
     transfer_args,
 )
+from stepcli.traces.read.typedcolumns import DEVICE, OTHER_CPU, PARAM_COMMS, Columns, kind_of
 
 _NAME, _CAT, _PH, _PID, _TID, _TS, _DUR = (attrgetter(f) for f in ("name", "cat", "ph", "pid", "tid", "ts", "dur"))
 _ARGS = attrgetter("args")

@@ -35,9 +35,9 @@ from stepcli.agent.config import CLOCK_KEY, CPU_TIME_KEY, INCOMPLETE_STEP_KEY  #
 from stepcli.agent.tracenames import escape_names
 from stepcli.errors import TraceError
 from stepcli.inputs import read_input
-from stepcli.traces.analyses.shares import STEP_PREFIX
 from stepcli.traces.read.files import list_trace_files, rank_from_name
 from stepcli.traces.read.jsonvalues import as_id, as_text, as_time, is_int64
+from stepcli.traces.read.names import STEP_PREFIX
 from stepcli.traces.read.readahead import take as take_read_ahead
 
 # Kineto categories whose events run on a CPU thread and that torch's `key_averages()` counts as operators

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stepcli.inputs import GZIP_MAGIC, input_limit
-from stepcli.traces.analyses.arrays import Columns
 from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.files import rank_from_name
 from stepcli.traces.read.reader import _EVENT_SEPARATOR, _TRACE_EVENTS_KEY
+from stepcli.traces.read.typedcolumns import Columns
 
 if TYPE_CHECKING:  # (planning a read of a file that is not cut imports no concurrent.futures)
     from concurrent.futures import Executor, Future
