@@ -15,7 +15,8 @@ from conftest import run_stepcli
 from stepcli.traces.analyses import analysis as summary_module
 from stepcli.traces.analyses import arrays as columnar
 from stepcli.traces.analyses.analysis import merge_parts, summarize_file
-from stepcli.traces.read.reader import Event, Trace
+from stepcli.traces.read.events import Event
+from stepcli.traces.read.reader import Trace
 from stepcli.traces.render.table import markdown_report, outside_note
 
 T0 = 1_790_000_000_000.0  # an epoch-sized timestamp in microseconds, like real Kineto traces

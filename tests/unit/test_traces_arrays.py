@@ -14,7 +14,8 @@ from stepcli.traces.analyses import arrays as columnar
 from stepcli.traces.analyses.analysis import merge_parts, summarize_columns, summarize_file
 from stepcli.traces.analyses.model import FilePart
 from stepcli.traces.read.columns import load_columns
-from stepcli.traces.read.reader import Event, Trace, load_trace
+from stepcli.traces.read.events import Event
+from stepcli.traces.read.reader import Trace, load_trace
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 REAL = [DATA / "train_cpu.pt.trace.json", DATA / "cuda_small.pt.trace.json.gz", DATA / "cuda_compile.pt.trace.json.gz"]

@@ -8,7 +8,8 @@ import pytest
 
 from stepcli.traces.analyses.analysis import merge_parts, summarize_file
 from stepcli.traces.analyses.collectives import bus_factor, collective_of
-from stepcli.traces.read.reader import Event, EventArgs, Trace
+from stepcli.traces.read.events import Event, EventArgs
+from stepcli.traces.read.reader import Trace
 
 T0 = 1_700_000_000_000.0
 

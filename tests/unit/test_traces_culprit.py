@@ -9,7 +9,7 @@ import pytest
 
 from stepcli.traces.analyses.arrivals import RankArrivals, rank_arrivals
 from stepcli.traces.analyses.culprit import align, analyze, chance_of_last
-from stepcli.traces.read.reader import Event
+from stepcli.traces.read.events import Event
 from stepcli.traces.read.typedcolumns import columns_from_events
 
 MAIN, WORKER = 10, 20

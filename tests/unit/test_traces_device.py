@@ -11,7 +11,8 @@ from stepcli.traces.analyses import analysis
 from stepcli.traces.analyses import arrays as columnar
 from stepcli.traces.analyses.analysis import merge_parts, summarize_file
 from stepcli.traces.analyses.device import DeviceTimes, class_of, is_collective_kernel
-from stepcli.traces.read.reader import Event, EventArgs, Trace
+from stepcli.traces.read.events import Event, EventArgs
+from stepcli.traces.read.reader import Trace
 
 T0 = 1_700_000_000_000.0  # epoch-sized microseconds, as real traces have
 

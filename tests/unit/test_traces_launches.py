@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from stepcli.traces.analyses.analysis import merge_parts, summarize_file
-from stepcli.traces.read.reader import Event, EventArgs, Trace
+from stepcli.traces.read.events import Event, EventArgs
+from stepcli.traces.read.reader import Trace
 
 T0 = 1_700_000_000_000.0
 

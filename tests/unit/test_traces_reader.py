@@ -14,7 +14,8 @@ import pytest
 
 import stepcli.traces.read.reader as traces
 from stepcli.errors import TraceError
-from stepcli.traces.read.reader import Event, Trace, load_paths, load_trace
+from stepcli.traces.read.events import Event
+from stepcli.traces.read.reader import Trace, load_paths, load_trace
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 REAL = DATA / "train_cpu.pt.trace.json"

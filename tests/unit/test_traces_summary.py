@@ -10,7 +10,8 @@ import pytest
 from conftest import assert_matches_key_averages
 
 from stepcli.traces.analyses.analysis import summarize
-from stepcli.traces.read.reader import Event, Trace, load_trace, rank_from_name
+from stepcli.traces.read.events import Event
+from stepcli.traces.read.reader import Trace, load_trace, rank_from_name
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 T0 = 1_790_000_000_000.0  # an epoch-sized timestamp in microseconds, like real Kineto traces

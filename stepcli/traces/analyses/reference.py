@@ -28,7 +28,7 @@ from stepcli.traces.analyses.steps import (
 from stepcli.traces.read.names import STEP_PREFIX
 
 if TYPE_CHECKING:
-    from stepcli.traces.read.reader import Event
+    from stepcli.traces.read.events import Event
 
 
 def analyze_events(

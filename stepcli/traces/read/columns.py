@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from stepcli.traces.read.events import group_of, transfer_args
 from stepcli.traces.read.files import rank_from_name
 from stepcli.traces.read.names import gemm_op, op_dtype, undtyped_gemm
 from stepcli.traces.read.reader import (
@@ -24,8 +25,6 @@ from stepcli.traces.read.reader import (
     _Keeper,
     _read,
     _usable_name,
-    group_of,
-    transfer_args,
 )
 from stepcli.traces.read.typedcolumns import DEVICE, OTHER_CPU, PARAM_COMMS, Columns, kind_of
 

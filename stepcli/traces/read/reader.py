@@ -22,21 +22,37 @@ step. It is read into `Trace.incomplete_step` so summaries can leave that step o
 from __future__ import annotations
 
 import gc
-import math
 import mmap
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 
-from stepcli.agent.config import CLOCK_KEY, CPU_TIME_KEY, INCOMPLETE_STEP_KEY  # the file format the agent writes
 from stepcli.agent.tracenames import escape_names
 from stepcli.errors import TraceError
 from stepcli.inputs import read_input
+from stepcli.traces.read.document import (
+    MAX_STEP,
+    clock_id,
+    cpu_time_of,
+    decode_lenient,
+    describe_decode_error,
+    device_name,
+    rank_number,
+    step_number,
+)
+from stepcli.traces.read.events import (
+    NO_DIMS,
+    DecodedEvent,
+    Event,
+    Header,
+    Meta,
+    ShapedEvent,
+    ShapedHeader,
+)
 from stepcli.traces.read.files import list_trace_files, rank_from_name
-from stepcli.traces.read.jsonvalues import as_id, as_text, as_time, is_int64
 from stepcli.traces.read.names import STEP_PREFIX
 from stepcli.traces.read.readahead import take as take_read_ahead
 
@@ -80,192 +96,11 @@ FILTERED_NAMES = frozenset(
 _CHUNK_BYTES = 1024 * 1024  # decoded objects of a slice stay in the CPU's caches (measured: 1 MB beats 8 MB)
 _EVENT_SEPARATOR = re.compile(rb"\}\s*,\s*\{")
 _TRACE_EVENTS_KEY = re.compile(rb'(?<!\\)"traceEvents"\s*:\s*\[')
-_BARE_CONSTANT = re.compile(rb"-?(?:NaN|Infinity)")
 _BLANK = re.compile(rb"[ \t\n\r\x0b\x0c]*")  # what bytes.isspace() calls space, for any buffer
-_MAX_RANK = 2**31 - 1
-_MAX_STEP = 2**63 - 1
 
 # Largest |ts| and |dur| accepted, in microseconds (~31,700 years): epoch timestamps fit with room to spare, and
 # nanosecond arithmetic on anything within it stays finite. NaN fails every comparison, so it is out of range too.
 MAX_TIME_US = 1e18
-
-
-class Event(msgspec.Struct, gc=False):
-    """One trace event with only the fields stepcli reads; times in microseconds, as in the Chrome trace format.
-
-    `shape` is not a trace field: the loader fills it from `args["Input Dims"]` when shapes are asked for. `args`
-    holds only what stepcli reads of the event's args (EventArgs: the correlation id linking a launch call to the
-    device work it queued, a copy's size, a collective's metadata), or None.
-    """
-
-    name: str = ""
-    cat: str = ""
-    ph: str = "X"
-    pid: int | str = 0
-    tid: int | str = 0
-    ts: float = 0.0
-    dur: float = 0.0
-    args: Any = None  # EventArgs or None
-    shape: str = msgspec.field(default="", name="__stepcli_shape__")
-
-
-class EventArgs(msgspec.Struct, gc=False):
-    """The few `args` fields stepcli reads (decoding more of args costs time on every event)."""
-
-    correlation: int = -1
-    # a copy's size, and a collective's (NCCL metadata torch records): stepcli.traces.analyses.collectives reads them
-    bytes: int = -1
-    collective: str = msgspec.field(default="", name="Collective name")
-    in_nelems: int = msgspec.field(default=-1, name="In msg nelems")
-    out_nelems: int = msgspec.field(default=-1, name="Out msg nelems")
-    group_size: int = msgspec.field(default=-1, name="Group size")
-    dtype: str = ""
-    # an operator's FLOPs, as torch writes them with `with_flops=True` where it exports them (stepcli.traces.analyses.flops)
-    flops: int = -1
-    # a collective's process group, on `record_param_comms` (torch's ParamCommsUtils): stepcli.traces.analyses.arrivals
-    # matches collectives across ranks by them. Any: checked where read (group_of), an odd value is never fatal.
-    pg_name: Any = msgspec.field(default=None, name="Process Group Name")
-    pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
-    seq: Any = msgspec.field(default=None, name="Seq")
-    # the id torch gives an operator and the device work it launches (a kernel's is its innermost operator's)
-    external: int = msgspec.field(default=-1, name="External id")
-
-
-def transfer_args(args: EventArgs | None) -> tuple[int, str, int, int, int, str] | None:
-    """(bytes, collective, in nelems, out nelems, group size, dtype) of a device event, or None without any."""
-    if args is None or (args.bytes < 0 and not args.collective):
-        return None
-    return (args.bytes, args.collective, args.in_nelems, args.out_nelems, args.group_size, args.dtype)
-
-
-def group_of(args: EventArgs | None) -> tuple[str, int, str] | None:
-    """(process group name, sequence number or -1, member ranks as written) of a collective, or None without a
-    process group name."""
-    if args is None or not isinstance(args.pg_name, (str, int)) or isinstance(args.pg_name, bool):
-        return None
-    name = str(args.pg_name)
-    if not name:
-        return None
-    seq = args.seq if isinstance(args.seq, int) and not isinstance(args.seq, bool) and args.seq >= 0 else -1
-    ranks = args.pg_ranks
-    if isinstance(ranks, list):
-        ranks = "[" + ", ".join(str(r) for r in ranks) + "]"
-    return (name, seq, ranks if isinstance(ranks, str) else "")
-
-
-class InputTypes(msgspec.Struct, array_like=True, gc=False):
-    """An operator's `Input type` list (record_shapes), of which only the first entry is decoded: the rest is
-    skipped by the decoder, so reading it costs one small struct per operator (the dtype of a GEMM whose kernel
-    names none, stepcli.traces.analyses.flops.op_dtype). Any: an odd value is checked where read, never fatal."""
-
-    first: Any = ""
-
-
-class DecodedArgs(EventArgs, gc=False):
-    """What the reader decodes of args: EventArgs and the first `Input type`."""
-
-    types: InputTypes | None = msgspec.field(default=None, name="Input type")
-
-
-class _DecodedEvent(Event, gc=False):
-    """Decoding-only variant: a missing `ts` or `dur` reads as NaN, so the event is skipped and counted."""
-
-    ts: float = math.nan
-    dur: float = math.nan
-    args: DecodedArgs | None = None
-
-
-class _ShapeArgs(DecodedArgs, gc=False):
-    dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
-
-
-_NO_DIMS = msgspec.Raw(b"")
-
-
-class _ShapedEvent(_DecodedEvent, gc=False):
-    """Decoding-only variant that also reads `args["Input Dims"]` (kept as raw JSON text, never parsed)."""
-
-    args: _ShapeArgs | None = None
-
-
-class _DistributedInfo(msgspec.Struct):
-    rank: Any = None  # checked by _rank_number: a bad rank is ignored, never fatal
-
-
-class _Header(msgspec.Struct):
-    traceEvents: list[_DecodedEvent]
-    distributedInfo: _DistributedInfo | None = None
-    deviceProperties: Any = None  # Kineto's list of the GPUs ({"name": ...}); checked by _device_name
-    # Any: a malformed value must not send the whole file down the slow lenient path; _step_number checks it.
-    incomplete_step: Any = msgspec.field(default=None, name=INCOMPLETE_STEP_KEY)
-    clock: Any = msgspec.field(default=None, name=CLOCK_KEY)  # checked by _clock_id
-    cpu_time: Any = msgspec.field(default=None, name=CPU_TIME_KEY)  # checked by _cpu_time
-
-
-class _ShapedHeader(msgspec.Struct):
-    traceEvents: list[_ShapedEvent]
-    distributedInfo: _DistributedInfo | None = None
-    deviceProperties: Any = None
-    incomplete_step: Any = msgspec.field(default=None, name=INCOMPLETE_STEP_KEY)
-    clock: Any = msgspec.field(default=None, name=CLOCK_KEY)  # checked by _clock_id
-    cpu_time: Any = msgspec.field(default=None, name=CPU_TIME_KEY)  # checked by _cpu_time
-
-
-class _Meta(NamedTuple):
-    """What the trace document says about itself, outside traceEvents."""
-
-    rank: int | None = None
-    incomplete_step: int | None = None
-    device: str | None = None  # the name of the trace's first GPU (deviceProperties), for MFU
-    clock: str | None = None  # the clock its times come from (CLOCK_KEY), when stepcli recorded it
-    cpu_time: dict[int, tuple[float, float]] | None = None  # step -> (ms on a CPU, ms waiting for one) (CPU_TIME_KEY)
-
-
-def _clock_id(value: Any) -> str | None:
-    """A `stepcli_clock` value, when it is a short string; else None (aligned by collectives, never fatal)."""
-    return value if isinstance(value, str) and 0 < len(value) <= 300 else None
-
-
-def _cpu_time(value: Any) -> dict[int, tuple[float, float]] | None:
-    """A `stepcli_cpu_ms` value ({"12": [3.1, 0.4], ...}) as step -> (ms on a CPU, ms waiting for one); None when
-    it is anything else (never fatal)."""
-    if not isinstance(value, dict) or not value or len(value) > 1_000_000:
-        return None
-    times: dict[int, tuple[float, float]] = {}
-    for key, pair in value.items():
-        if not (isinstance(key, str) and key.isdigit() and len(key) < 19):
-            return None
-        if not (isinstance(pair, list) and len(pair) == 2):
-            return None
-        if any(isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms < 1e9 for ms in pair):
-            return None
-        times[int(key)] = (float(pair[0]), float(pair[1]))
-    return times
-
-
-def _device_name(properties: Any) -> str | None:
-    """The `name` of the first entry of Kineto's `deviceProperties`, when it is a string; else None."""
-    if isinstance(properties, list) and properties and isinstance(properties[0], dict):
-        name = properties[0].get("name")
-        return name[:200] if isinstance(name, str) and name else None
-    return None
-
-
-def _step_number(value: Any) -> int | None:
-    """The step N of a `stepcli_incomplete_step` value ("N", as add_metadata writes it, or N); else None."""
-    if isinstance(value, str) and value.strip().isdecimal() and len(value.strip()) <= 18:
-        return int(value)
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_STEP:
-        return value
-    return None
-
-
-def _rank_number(info: Any) -> int | None:
-    """`distributedInfo.rank` when it is an integer from 0 to 2**31-1, else None (the file name decides)."""
-    rank = info.get("rank") if isinstance(info, dict) else getattr(info, "rank", None)
-    if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank <= _MAX_RANK:
-        return rank
-    return None
 
 
 def _usable_name(name: str) -> bool:
@@ -273,7 +108,7 @@ def _usable_name(name: str) -> bool:
     if not name.startswith(STEP_PREFIX):
         return True
     number = name[len(STEP_PREFIX) :]
-    return not (number.isdecimal() and (len(number) > 19 or int(number) > _MAX_STEP))
+    return not (number.isdecimal() and (len(number) > 19 or int(number) > MAX_STEP))
 
 
 def _usable_time(ts: float, dur: float) -> bool:
@@ -353,10 +188,10 @@ def load_trace(path: str, *, shapes: bool = False) -> Trace:
 
 # A trace's text: read into memory, or mapped copy-on-write where stepcli.traces.read.readahead inflated it.
 Text = bytes | bytearray | mmap.mmap
-Decode = Callable[[str, Text, bool, "type[_Keeper]"], "tuple[_Meta, _Keeper]"]
+Decode = Callable[[str, Text, bool, "type[_Keeper]"], "tuple[Meta, _Keeper]"]
 
 
-def _read(path: str, shapes: bool, keeper_type: type[_Keeper], decode: Decode | None = None) -> tuple[_Meta, _Keeper]:
+def _read(path: str, shapes: bool, keeper_type: type[_Keeper], decode: Decode | None = None) -> tuple[Meta, _Keeper]:
     """Read and decode one trace file (`decode`: how its data is decoded, _decode by default; one with a `midway`
     method also sees the text half inflated, see stepcli.inputs.read_input)."""
     data: Text | None = take_read_ahead(path)
@@ -387,7 +222,7 @@ def _read(path: str, shapes: bool, keeper_type: type[_Keeper], decode: Decode | 
             gc.enable()
 
 
-def _decode(path: str, data: Text, shapes: bool, keeper: type[_Keeper] | None = None) -> tuple[_Meta, _Keeper]:
+def _decode(path: str, data: Text, shapes: bool, keeper: type[_Keeper] | None = None) -> tuple[Meta, _Keeper]:
     """Decode in slices when the layout allows it (checked by the decoder itself), else in one piece."""
     try:
         chunked = _decode_chunked(data, shapes, keeper or _Keeper)
@@ -460,19 +295,19 @@ class _Keeper:
                 self._take_shape(event)
             keep(event)
 
-    def _take_shape(self, event: _ShapedEvent) -> None:
+    def _take_shape(self, event: ShapedEvent) -> None:
         args = event.args
         if args is None or not args.dims:
             return
         raw = bytes(args.dims)
-        args.dims = _NO_DIMS  # the text is interned below: the event keeps its key, not the raw JSON
+        args.dims = NO_DIMS  # the text is interned below: the event keeps its key, not the raw JSON
         key = self._shape_keys.get(raw)
         if key is None:
             key = self._shape_keys[raw] = " ".join(raw.decode("utf-8", "replace").split())
         event.shape = key
 
 
-def _decode_chunked(data: Text, shapes: bool, keeper_type: type[_Keeper]) -> tuple[_Meta, _Keeper] | None:
+def _decode_chunked(data: Text, shapes: bool, keeper_type: type[_Keeper]) -> tuple[Meta, _Keeper] | None:
     """Decode traceEvents in ~1 MB slices split between two events, plus one small document for the rest.
 
     A split can only be wrong if it falls inside a string or a nested value, and then the slice on its left is
@@ -517,9 +352,7 @@ def decode_slices(
     """Decode slices `first` to `stop - 1` of the layout into `keeper` (slice i ends at the layout's i-th comma;
     raises msgspec errors)."""
     start, splits = layout
-    decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(
-        list[_ShapedEvent] if shapes else list[_DecodedEvent]
-    )
+    decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(list[ShapedEvent] if shapes else list[DecodedEvent])
     view = memoryview(data)
     if isinstance(data, (bytearray, mmap.mmap)) and not shapes:
         _decode_in_place(
@@ -533,7 +366,7 @@ def decode_slices(
         previous = comma + 1
 
 
-def decode_rest(data: Text, layout: tuple[int, list[int]], shapes: bool, keeper: _Keeper) -> tuple[_Meta, _Keeper]:
+def decode_rest(data: Text, layout: tuple[int, list[int]], shapes: bool, keeper: _Keeper) -> tuple[Meta, _Keeper]:
     """The events after the layout's last comma, decoded back inside the document with everything before and after
     traceEvents, so the header (distributedInfo, stepcli's metadata) and the closing brackets are decoded and
     validated too; with the document's metadata."""
@@ -570,114 +403,40 @@ def _decode_in_place(
         data[first] = was
 
 
-def _decode_document(data: bytes | bytearray, shapes: bool) -> tuple[_Meta, list[Any]]:
+def _decode_document(data: bytes | bytearray, shapes: bool) -> tuple[Meta, list[Any]]:
     """Header fields and events of a whole trace document (raises msgspec errors)."""
-    header: _Header | _ShapedHeader
+    header: Header | ShapedHeader
     if shapes:
-        header = msgspec.json.decode(data, type=_ShapedHeader)
+        header = msgspec.json.decode(data, type=ShapedHeader)
     else:
-        header = msgspec.json.decode(data, type=_Header)
-    meta = _Meta(
-        _rank_number(header.distributedInfo),
-        _step_number(header.incomplete_step),
-        _device_name(header.deviceProperties),
-        _clock_id(header.clock),
-        _cpu_time(header.cpu_time),
+        header = msgspec.json.decode(data, type=Header)
+    meta = Meta(
+        rank_number(header.distributedInfo),
+        step_number(header.incomplete_step),
+        device_name(header.deviceProperties),
+        clock_id(header.clock),
+        cpu_time_of(header.cpu_time),
     )
     return meta, header.traceEvents
 
 
-def _decode_whole(
-    path: str, data: bytes | bytearray, shapes: bool, keeper_type: type[_Keeper]
-) -> tuple[_Meta, _Keeper]:
+def _decode_whole(path: str, data: bytes | bytearray, shapes: bool, keeper_type: type[_Keeper]) -> tuple[Meta, _Keeper]:
     try:
         meta, events = _decode_document(data, shapes)
     except msgspec.ValidationError:
-        return _decode_lenient(path, data, shapes, keeper_type)
+        meta, events, count = decode_lenient(path, data, shapes)
+        keeper = keeper_type(shapes)
+        keeper.add(events)
+        keeper.count = count
+        return meta, keeper
     except msgspec.DecodeError as exc:
         repaired = escape_names(data)  # PyTorch leaves quotes inside event names bare (stepcli.agent.tracenames)
         if repaired is None:
-            raise TraceError(path, _describe_decode_error(data, exc)) from None
+            raise TraceError(path, describe_decode_error(data, exc)) from None
         try:
             return _decode_whole(path, repaired, shapes, keeper_type)
         except TraceError:
-            raise TraceError(path, _describe_decode_error(data, exc)) from None
+            raise TraceError(path, describe_decode_error(data, exc)) from None
     keeper = keeper_type(shapes)
     keeper.add(events)
-    return meta, keeper
-
-
-def _describe_decode_error(data: bytes | bytearray, exc: msgspec.DecodeError) -> str:
-    message = str(exc)
-    if "truncated" in message:
-        return "truncated JSON (the file ends in the middle of the trace; was it still being written?)"
-    if data.lstrip()[:1] not in (b"{", b"["):
-        return "not JSON (is this a profiler trace?)"
-    where = re.search(r"\(byte (\d+)\)", message)
-    if where:
-        position = int(where.group(1))
-        if position > 0 and data[position - 1 : position] == b"-":  # the decoder stops after the sign
-            position -= 1
-        token = _BARE_CONSTANT.match(data, position)
-        if token:
-            return (
-                f"invalid JSON: bare {token.group().decode()} at byte {position} is not JSON (write null or a number)"
-            )
-    return f"invalid JSON: {message}"
-
-
-def _decode_lenient(
-    path: str, data: bytes | bytearray, shapes: bool, keeper_type: type[_Keeper]
-) -> tuple[_Meta, _Keeper]:
-    """Slow path for valid JSON whose fields have unexpected types: check it is a trace, coerce what can be."""
-    # float_hook: a number out of float range (1e400) becomes inf, skipped below, instead of failing the decode.
-    try:
-        document = msgspec.json.Decoder(float_hook=float).decode(data)
-    except msgspec.DecodeError as exc:  # malformed after the point where the typed decode gave up
-        raise TraceError(path, _describe_decode_error(data, exc)) from None
-    if not isinstance(document, dict) or not isinstance(document.get("traceEvents"), list):
-        raise TraceError(path, "not a profiler trace (no traceEvents list)")
-    rank = _rank_number(document.get("distributedInfo"))
-    events: list[Any] = []
-    for raw in document["traceEvents"]:
-        if not isinstance(raw, dict):
-            continue
-        event = _ShapedEvent(
-            name=as_text(raw.get("name", "")),
-            cat=as_text(raw.get("cat", "")),
-            ph=as_text(raw.get("ph", "X")),
-            pid=as_id(raw.get("pid", 0)),
-            tid=as_id(raw.get("tid", 0)),
-            ts=as_time(raw.get("ts")),
-            dur=as_time(raw.get("dur")),
-        )
-        args = raw.get("args")
-        if isinstance(args, dict):
-            link: Any = args.get("correlation")
-            flops: Any = args.get("flops")
-            external: Any = args.get("External id")
-            types: Any = args.get("Input type")
-            event.args = _ShapeArgs(
-                correlation=link if is_int64(link) else -1,
-                flops=flops if is_int64(flops) and flops >= 0 else -1,
-                external=external if is_int64(external) else -1,
-                types=InputTypes(types[0]) if isinstance(types, list) and types else None,
-            )
-            if "Process Group Name" in args:  # (group_of checks the values)
-                event.args.pg_name = args["Process Group Name"]
-                event.args.pg_ranks = args.get("Process Group Ranks")
-                event.args.seq = args.get("Seq")
-            if shapes and "Input Dims" in args:
-                event.args.dims = msgspec.Raw(msgspec.json.encode(args["Input Dims"]))
-        events.append(event)
-    keeper = keeper_type(shapes)
-    keeper.add(events)
-    keeper.count = len(document["traceEvents"])
-    meta = _Meta(
-        rank,
-        _step_number(document.get(INCOMPLETE_STEP_KEY)),
-        _device_name(document.get("deviceProperties")),
-        _clock_id(document.get(CLOCK_KEY)),
-        _cpu_time(document.get(CPU_TIME_KEY)),
-    )
     return meta, keeper

@@ -77,13 +77,12 @@ def read_piece(path: str, start: int, end: int, header_end: int, last: bool, sha
     import msgspec
 
     from stepcli.traces.read.columns import ColumnKeeper
-    from stepcli.traces.read.reader import _CHUNK_BYTES, _decode, _DecodedEvent, _Meta, _ShapedEvent
+    from stepcli.traces.read.events import DecodedEvent, Meta, ShapedEvent
+    from stepcli.traces.read.reader import _CHUNK_BYTES, _decode
 
     keeper = ColumnKeeper(shapes)
-    decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(
-        list[_ShapedEvent] if shapes else list[_DecodedEvent]
-    )
-    meta = _Meta()
+    decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(list[ShapedEvent] if shapes else list[DecodedEvent])
+    meta = Meta()
     # One buffer for every block: a new 8 MB buffer per block had each of its pages faulted in again (~1 ms per MB
     # on these VMs, a fifth of decoding it).
     block = bytearray(max(_BLOCK_BYTES, 2 * _CHUNK_BYTES) + 2)

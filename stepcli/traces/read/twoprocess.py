@@ -29,17 +29,9 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from stepcli.traces.read.columns import ColumnKeeper
+from stepcli.traces.read.events import Meta
 from stepcli.traces.read.forked import fork_child, stop_child
-from stepcli.traces.read.reader import (
-    Text,
-    _decode,
-    _Keeper,
-    _Meta,
-    _NotChunkable,
-    decode_rest,
-    decode_slices,
-    slice_layout,
-)
+from stepcli.traces.read.reader import Text, _decode, _Keeper, _NotChunkable, decode_rest, decode_slices, slice_layout
 
 MIN_BYTES = 8 * 1024 * 1024  # below this, a fork and a pipe cost about what the child would save
 
@@ -69,7 +61,7 @@ class DecodeInTwo:
         if early is not None:
             early[0].stop()
 
-    def __call__(self, path: str, data: Text, shapes: bool, keeper_type: type[_Keeper]) -> tuple[_Meta, _Keeper]:
+    def __call__(self, path: str, data: Text, shapes: bool, keeper_type: type[_Keeper]) -> tuple[Meta, _Keeper]:
         early, self._early = self._early, None
         if early is None:
             return decode_in_two(path, data, shapes, keeper_type, self.meanwhile)
@@ -103,7 +95,7 @@ class DecodeInTwo:
 
 def decode_in_two(
     path: str, data: Text, shapes: bool, keeper_type: type[_Keeper], meanwhile: Callable[[], object] | None = None
-) -> tuple[_Meta, _Keeper]:
+) -> tuple[Meta, _Keeper]:
     """Decode `data` like stepcli.traces.read.reader._decode does, shared with a forked child as they go (_claims): this
     process takes slices from the front, after `meanwhile()`; the child the document's rest, then slices from the
     back. Whichever runs faster (the other core may be busy, the child's first writes copy pages) decodes more."""
@@ -236,7 +228,7 @@ def _start_child(
 
 def _decode_claimed(
     data: Text, layout: _Layout, stop: int, shapes: bool, claims: int
-) -> tuple[_Meta, ColumnKeeper, int]:
+) -> tuple[Meta, ColumnKeeper, int]:
     """In the child: the document's rest, then each slice it claims from `stop - 1` down, each into its own keeper,
     joined in file order; (the document's meta, the columns, how many slices it claimed)."""
     rest = ColumnKeeper(shapes)

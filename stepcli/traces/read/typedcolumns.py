@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from stepcli.traces.read.reader import Event
+    from stepcli.traces.read.events import Event
 
 # Category kinds (the reference only tells these apart). DEVICE and MEMORY are device work: a kernel, a copy or set.
 OTHER_CPU, USER_ANNOTATION, PYTHON_FUNCTION, DEVICE, MEMORY = 0, 1, 2, 3, 4
@@ -67,7 +67,7 @@ class Columns:
 
     def to_events(self) -> list[Event]:
         """The events again (for the per-event reference)."""
-        from stepcli.traces.read.reader import Event, EventArgs
+        from stepcli.traces.read.events import Event, EventArgs
 
         def args_of(
             correlation: int,
@@ -144,7 +144,7 @@ def columns_from_events(events: list[Event]) -> Columns:
 
 def _transfers_of(events: list[Event]) -> dict[int, tuple[int, str, int, int, int, str]]:
     """Copy sizes and collective metadata of the device events (stepcli.traces.read.reader.transfer_args)."""
-    from stepcli.traces.read.reader import transfer_args
+    from stepcli.traces.read.events import transfer_args
 
     out = {}
     for index, event in enumerate(events):
@@ -178,7 +178,7 @@ def _gemm_links(events: list[Event]) -> dict[str, Any]:
 
 def _groups_of(events: list[Event]) -> dict[int, tuple[str, int, str]]:
     """The process groups of the host `record_param_comms` events (stepcli.traces.read.reader.group_of)."""
-    from stepcli.traces.read.reader import group_of
+    from stepcli.traces.read.events import group_of
 
     out = {}
     for index, event in enumerate(events):
