@@ -29,6 +29,11 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
 
 
+def median(values: Iterable[float]) -> float:
+    """The median of values in any order (NaN without any)."""
+    return percentile(sorted(values), 50)
+
+
 def describe(values: Iterable[float]) -> Stats | None:
     """count/mean/median/p90/min/max of the values, or None when there are none."""
     ordered = sorted(values)

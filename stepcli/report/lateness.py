@@ -9,7 +9,7 @@ from typing import Any
 from stepcli.fmt import html_escape as escape
 from stepcli.fmt import ms as fmt_ms
 from stepcli.report.svg import WIDTH, nice_max
-from stepcli.traces.analyses.culprit import CAUSE_WORDS
+from stepcli.traces.analyses.culpritwords import CAUSE_WORDS
 
 COLORS = ("#3b5bdb", "#e8590c", "#2f9e44", "#ae3ec9", "#1098ad", "#c92a2a", "#5c940d", "#862e9c")
 _MAX_STEPS = 200  # bars drawn; later steps are left out (said under the chart)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stepcli.traces.analyses.culprit import cause_words, group_words, summary_line
+from stepcli.traces.analyses.culpritwords import cause_words, group_words, summary_line
 
 # Advice: a culprit (already a finding, stepcli.traces.analyses.culprit) making the others wait at least this much per step.
 CULPRIT_MIN_WAIT_MS = 1.0

@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
+from stepcli.traces.analyses.alignment import align
 from stepcli.traces.analyses.arrivals import RankArrivals, rank_arrivals
-from stepcli.traces.analyses.culprit import align, analyze, chance_of_last
+from stepcli.traces.analyses.culprit import analyze
+from stepcli.traces.analyses.significance import chance_of_last
 from stepcli.traces.read.events import Event
 from stepcli.traces.read.typedcolumns import columns_from_events
 
@@ -338,7 +340,7 @@ def test_last_at_3_of_3_by_a_lead_far_beyond_its_spread_is_a_finding() -> None:
 
 
 def test_student_t_tail_matches_the_tables() -> None:
-    from stepcli.traces.analyses.culprit import lead_t_chance, student_t_sf
+    from stepcli.traces.analyses.significance import lead_t_chance, student_t_sf
 
     # one-sided 5% critical values of Student's t for 1..5 and 10 degrees of freedom
     for df, t in ((1, 6.314), (2, 2.920), (3, 2.353), (4, 2.132), (5, 2.015), (10, 1.812)):

@@ -43,58 +43,26 @@ order in the step) across all ranks (gloo):
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepcli.stats import percentile
+from stepcli.stats import median
+from stepcli.traces.analyses.alignment import Matched, align, match_collectives
 from stepcli.traces.analyses.arrivals import CAUSES, GC_PREFIX, RankArrivals
 from stepcli.traces.analyses.arrivals import rank_arrivals as rank_arrivals  # (for the summary's one import)
+from stepcli.traces.analyses.culpritwords import evidence
+from stepcli.traces.analyses.significance import chance_of_last, jitter, lead_t_chance
 
 MIN_LAST_SHARE = 0.6
 MAX_CHANCE = 0.05  # ... and a share chance would give at most this often (last at random: 1 / ranks)
 MIN_LATENESS_MS = 1.0
 MIN_STEP_SHARE = 0.05
-MIN_ERROR_US = 1.0
 CPU_WAIT_SHARE = 0.5  # waiting for a CPU is the cause when it explains at least this share of the lateness
 SAME_WORK_SHARE = 0.25  # ... and the rank ran on a CPU no more than this share (or 1 ms) longer than the others
 JITTER_FACTOR = 2.0  # the median lead must also exceed this many standard errors of itself (from its jitter)
 _OWN_FIGURES = ("last_share", "lateness_ms_per_step", "wait_caused_ms_per_step")  # the culprit's, per group or not
 _MAX_LISTED = 1000  # collectives listed one by one in the JSON
-CAUSE_WORDS = {
-    "gc": "Python garbage collection",
-    "dataloader": "data loading",
-    "host_to_device": "host-to-device copies",
-    "compile": "compilation",
-    "cpu_operators": "CPU operators",
-    "no_operator": "time with no operator (Python code, I/O, sleeps)",
-    "cpu_wait": "time waiting for a CPU (more busy threads than cores)",
-}
-_GENERATION = re.compile(r"gen (\d)")
-
-
-def _median(values: list[float]) -> float:
-    return percentile(sorted(values), 50)
-
-
-_Key = tuple[str, tuple[int, str, int, int]]  # (process group name or "", the rank's key: step, name, seq, order)
-
-
-@dataclass
-class _Matched:
-    """The collectives every member of their process group issued, as rows of the members' values."""
-
-    ranks: list[int]
-    keys: list[_Key]
-    members: list[list[int]]  # [collective] -> the rank indices (into ranks, ascending) of its group's members
-    arrive: list[list[float]]  # [collective][member], µs, each rank's own clock
-    depart: list[list[float]]
-    gaps: list[list[dict[str, float]]]
-    details: list[list[dict[str, float]]]
-    groups: dict[str, list[int]]  # process group name -> its member ranks, for the groups matched
-    clocks: list[str | None]  # [rank index] -> the clock of its times, when the trace says (stepcli recorded it)
-    cpu_time: list[dict[int, tuple[float, float]]]  # [rank index] -> step -> (ms on a CPU, ms waiting for one)
 
 
 @dataclass
@@ -116,153 +84,20 @@ class _GroupFigures:
             "last_share": self.times_last / self.taken,
             "lateness_ms_per_step": self.late_us / 1000 / n_steps,
             "wait_caused_ms_per_step": self.caused_us / 1000 / n_steps,
-            "lead_median_ms": _median(self.leads) / 1000,
-            "lead_jitter_ms": _jitter(self.leads) / 1000,
+            "lead_median_ms": median(self.leads) / 1000,
+            "lead_jitter_ms": jitter(self.leads) / 1000,
         }
-
-
-def _match(parts: list[RankArrivals]) -> _Matched | None:
-    by_rank: dict[int, dict[_Key, tuple[RankArrivals, int]]] = {}
-    listed: dict[str, tuple[int, ...]] = {}  # group -> its members as a trace lists them
-    clock_of: dict[int, str | None] = {}
-    time_of: dict[int, dict[int, tuple[float, float]]] = {}
-    for part in parts:
-        if part.rank is None:
-            continue
-        clock = getattr(part, "clock", None)  # (arrivals pickled by an older stepcli have none)
-        clock_of[part.rank] = clock if clock_of.get(part.rank, clock) == clock else None
-        time_of.setdefault(part.rank, {}).update(getattr(part, "cpu_time", None) or {})
-        index = by_rank.setdefault(part.rank, {})
-        for i, key in enumerate(part.keys):
-            at = part.groups[i] if i < len(part.groups) else -1
-            group, listed_ranks = part.group_table[at] if at >= 0 else ("", ())
-            if listed_ranks:
-                listed.setdefault(group, listed_ranks)
-            index.setdefault((group, key), (part, i))  # a key seen twice (two windows of one step): the first
-    if len(by_rank) < 2:
-        return None
-    # A group's members: the ranks it lists (those present), else the ranks whose traces have it; without a
-    # group (gloo, older torch), every rank.
-    present: dict[str, set[int]] = {}
-    for rank, index in by_rank.items():
-        for group, _ in index:
-            present.setdefault(group, set()).add(rank)
-    everyone = set(by_rank)
-    member_sets = {
-        group: everyone if not group else (set(listed[group]) & everyone if group in listed else ranks)
-        for group, ranks in present.items()
-    }
-    candidates = {key for index in by_rank.values() for key in index}
-    keys = sorted(
-        (k for k in candidates if len(member_sets[k[0]]) >= 2 and all(k in by_rank[r] for r in member_sets[k[0]])),
-        key=lambda k: (k[1][0], k[0], k[1][1:]),
-    )
-    if not keys:
-        return None
-    ranks = sorted(set().union(*(member_sets[k[0]] for k in keys)))
-    column = {rank: j for j, rank in enumerate(ranks)}
-    members = [sorted(column[r] for r in member_sets[k[0]]) for k in keys]
-    rows = [[by_rank[ranks[j]][key] for j in cols] for key, cols in zip(keys, members)]
-    return _Matched(
-        ranks,
-        keys,
-        members,
-        [[p.arrive_us[i] for p, i in row] for row in rows],
-        [[p.depart_us[i] for p, i in row] for row in rows],
-        [[p.gaps[i] for p, i in row] for row in rows],
-        [[p.details[i] for p, i in row] for row in rows],
-        {group: sorted(member_sets[group]) for group in sorted({k[0] for k in keys}) if group},
-        [clock_of.get(rank) for rank in ranks],
-        [time_of.get(rank, {}) for rank in ranks],
-    )
-
-
-def _pair_offset(arrive: list[tuple[float, float]], depart: list[tuple[float, float]]) -> tuple[float, float]:
-    """The offset of rank b's clock to rank a's, and its error, from the (a, b) arrivals and departures of the
-    collectives they share (see `align`)."""
-    diffs = sorted(b - a for a, b in depart)
-    low = max(arr[1] - dep[0] for arr, dep in zip(arrive, depart))
-    high = min(dep[1] - arr[0] for arr, dep in zip(arrive, depart))
-    estimate = percentile(diffs, 50)
-    spread = (percentile(diffs, 90) - percentile(diffs, 10)) / 2
-    if low <= high:
-        estimate = min(max(estimate, low), high)
-        spread = min(spread, max(estimate - low, high - estimate))
-    return estimate, max(MIN_ERROR_US, spread)
-
-
-def align(
-    arrive: list[list[float]],
-    depart: list[list[float]],
-    members: list[list[int]] | None = None,
-    clocks: list[str | None] | None = None,
-) -> tuple[list[float], list[float]]:
-    """Per rank (column): its clock's offset to rank column 0 and the error of that estimate, µs.
-
-    The estimate is the median difference of departures. Causality bounds it: no rank leaves a collective before
-    the last rank arrived, so offset >= arrive_j - depart_0 and offset <= depart_j - arrive_0 for every collective;
-    the estimate is kept inside those bounds, and its error is the smaller of half the departures' spread (10th to
-    90th percentile) and its distance to the farther bound.
-
-    With process groups (`members`: each row's rank columns; every column by default) two ranks may share no
-    collective (tensor-parallel ranks 0 and 3 of groups {0, 1}, {2, 3} with data-parallel groups {0, 2}, {1, 3}):
-    a rank is aligned through the fewest ranks that do (0 -> 1 -> 3), the errors on the way summed. A rank
-    sharing no collective with column 0 even so is aligned to the lowest rank of its own set (it never meets the
-    others at a collective, so only offsets within the set matter).
-
-    Ranks whose traces name the same clock (`clocks`: host and boot, which stepcli records) share it exactly:
-    offset 0 between them, no error added; only ranks of different machines are aligned by collectives."""
-    if members is None:
-        members = [list(range(len(row))) for row in arrive]
-    n = max((max(cols) + 1 for cols in members if cols), default=0)
-    same_clock: dict[str, list[int]] = {}
-    for j, clock in enumerate((clocks or [])[:n]):
-        if clock:
-            same_clock.setdefault(clock, []).append(j)
-
-    def settle(b: int, offset: float, error: float) -> list[int]:
-        """Give b, and every rank on b's clock, this offset and error; the ranks settled."""
-        clock = clocks[b] if clocks and b < len(clocks) else None
-        settled = same_clock.get(clock, [b]) if clock else [b]
-        for j in settled:
-            if not done[j]:
-                offsets[j], errors[j], done[j] = offset, error, True
-        return settled
-
-    where: list[dict[int, int]] = [{} for _ in range(n)]  # column -> {row: position in the row}
-    for r, cols in enumerate(members):
-        for k, j in enumerate(cols):
-            where[j][r] = k
-    offsets, errors = [0.0] * n, [0.0] * n
-    done = [False] * n
-    for root in range(n):
-        if done[root]:
-            continue
-        queue = settle(root, 0.0, 0.0)
-        while queue:
-            a = queue.pop(0)
-            for b in range(n):
-                shared = [] if done[b] else [r for r in where[a] if r in where[b]]
-                if not shared:
-                    continue
-                pairs = [(where[a][r], where[b][r]) for r in shared]
-                offset, error = _pair_offset(
-                    [(arrive[r][i], arrive[r][k]) for r, (i, k) in zip(shared, pairs)],
-                    [(depart[r][i], depart[r][k]) for r, (i, k) in zip(shared, pairs)],
-                )
-                queue.extend(settle(b, offsets[a] + offset, errors[a] + error))
-    return offsets, errors
 
 
 def from_parts(parts: Sequence[Any], steps: Sequence[Any]) -> dict[str, Any] | None:
     """`analyze` over the file parts' arrivals (stepcli.traces.analyses.model.FilePart) and their steps' median time."""
     durations = [step.dur_ms for step in steps]
-    return analyze([p.arrivals for p in parts if p.arrivals], _median(durations) if durations else None)
+    return analyze([p.arrivals for p in parts if p.arrivals], median(durations) if durations else None)
 
 
 def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> dict[str, Any] | None:
     """The `culprit` section of `table --json` and the run summary, or None without collectives on 2+ ranks."""
-    matched = _match(parts)
+    matched = match_collectives(parts)
     if matched is None:
         return None
     ranks, n = matched.ranks, len(matched.ranks)
@@ -333,8 +168,8 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
             "lateness_ms_per_step": late_us[j] / 1000 / n_steps,
             "wait_caused_ms_per_step": caused_us[j] / 1000 / n_steps,
             "waited_ms_per_step": waited_us[j] / 1000 / n_steps,
-            "lead_median_ms": _median(leads[j]) / 1000,
-            "lead_jitter_ms": _jitter(leads[j]) / 1000,
+            "lead_median_ms": median(leads[j]) / 1000,
+            "lead_jitter_ms": jitter(leads[j]) / 1000,
         }
         for j in range(n)
     ]
@@ -429,31 +264,11 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
     }
 
 
-def chance_of_last(times: int, count: int, ranks: float) -> float:
-    """How likely a rank is last at `times` or more of `count` collectives when the last one is drawn at random
-    among `ranks` (the mean size of its process groups)."""
-    p = 1.0 / ranks
-    if times <= 0 or p >= 1.0:
-        return 1.0
-
-    def term(i: int) -> float:
-        log = math.lgamma(count + 1) - math.lgamma(i + 1) - math.lgamma(count - i + 1)
-        return math.exp(log + i * math.log(p) + (count - i) * math.log1p(-p))
-
-    return min(1.0, sum(term(i) for i in range(times, count + 1)))
-
-
 def _lead_floor(error_us: float, jitter_ms: float, count: int) -> float:
     """The median lead a finding needs, µs: above the alignment error and `JITTER_FACTOR` standard errors of the
     median (1.2533 x jitter / sqrt(collectives)). A rank last every time by 80 +- 40 ms (a loaded machine) is late
     by a consistent margin; 2 +- 5 ms over a few collectives is not."""
     return max(error_us, JITTER_FACTOR * 1.2533 * jitter_ms * 1000 / math.sqrt(max(count, 1)))
-
-
-def _jitter(values: list[float]) -> float:
-    """A robust standard deviation: 1.4826 times the median absolute deviation."""
-    middle = _median(values)
-    return 1.4826 * _median([abs(v - middle) for v in values])
 
 
 def _is_finding(
@@ -482,61 +297,11 @@ def _is_finding(
 
 def _others_gap(gaps: list[dict[str, float]], k: int) -> float:
     """The other members' median gap before arriving (µs), at one collective."""
-    return _median([sum(gap.values()) for i, gap in enumerate(gaps) if i != k])
-
-
-def lead_t_chance(leads: Sequence[float], others_gaps: Sequence[float]) -> float:
-    """How likely a mean lead this large is when the rank does what the others do: the one-sided p-value of a
-    Student t-test of the mean lead over n collectives (n - 1 degrees of freedom), against two estimates of the
-    noise, the better of the two taken and doubled (Bonferroni: either may decide):
-
-    - the leads' own spread (a consistent lead: 14 +- 2 ms at 3 collectives);
-    - the other members' own gaps before arriving, over the collectives, x sqrt(2): under "the same work" a lead is
-      the difference of two such gaps, and the noise of the others is untouched by the culprit's own uneven
-      lateness (a warm-up collective twice as late: 36, 17, 18 ms).
-
-    1.0 with fewer than 2 collectives or a mean lead not above zero; 0.0 when a noise estimate is exactly 0."""
-    n = len(leads)
-    if n < 2:
-        return 1.0
-    mean = sum(leads) / n
-    if mean <= 0:
-        return 1.0
-
-    def sd(values: Sequence[float], factor: float) -> float:
-        middle = sum(values) / len(values)
-        return math.sqrt(factor * sum((v - middle) ** 2 for v in values) / (len(values) - 1))
-
-    noises = [sd(leads, 1.0)] + ([sd(others_gaps, 2.0)] if len(others_gaps) == n else [])
-    best = min(noises)
-    if best <= 0:
-        return 0.0
-    return min(1.0, 2 * student_t_sf(mean / (best / math.sqrt(n)), n - 1))
-
-
-def student_t_sf(t: float, df: int) -> float:
-    """P(T > t) for Student's t with integer `df` >= 1, exactly (Abramowitz & Stegun 26.7.3-4), no scipy."""
-    if t < 0:
-        return 1.0 - student_t_sf(-t, df)
-    theta = math.atan(t / math.sqrt(df))
-    c2 = math.cos(theta) ** 2
-    if df % 2:  # odd: A = 2/pi (theta + sin cos (1 + 2/3 c2 + 2*4/(3*5) c2^2 + ...)), up to c^(df-3)
-        series, term = 0.0, 1.0
-        for k in range(1, (df - 1) // 2 + 1):
-            series += term
-            term *= c2 * (2 * k) / (2 * k + 1)
-        inside = 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * series) if df > 1 else 2 * theta / math.pi
-    else:  # even: A = sin (1 + 1/2 c2 + 1*3/(2*4) c2^2 + ...), up to c^(df-2)
-        series, term = 0.0, 1.0
-        for k in range(1, df // 2 + 1):
-            series += term
-            term *= c2 * (2 * k - 1) / (2 * k)
-        inside = math.sin(theta) * series
-    return max(0.0, (1.0 - inside) / 2)
+    return median([sum(gap.values()) for i, gap in enumerate(gaps) if i != k])
 
 
 def _cause(
-    matched: _Matched, culprit: int, last_at: list[int], row: dict[str, Any], n_steps: int, group: str | None = None
+    matched: Matched, culprit: int, last_at: list[int], row: dict[str, Any], n_steps: int, group: str | None = None
 ) -> dict[str, Any]:
     """What the culprit did longer than the others before the collectives it arrived last at (on `group` only,
     when given)."""
@@ -549,10 +314,10 @@ def _cause(
         mine = matched.members[c].index(culprit)
         others = [k for k in range(len(gaps)) if k != mine]  # the other members of its group
         for cause in CAUSES:
-            extra[cause] += gaps[mine].get(cause, 0.0) - _median([gaps[k].get(cause, 0.0) for k in others])
+            extra[cause] += gaps[mine].get(cause, 0.0) - median([gaps[k].get(cause, 0.0) for k in others])
         for name in set(details[mine]):
             names[name] = (
-                names.get(name, 0.0) + details[mine][name] - _median([details[k].get(name, 0.0) for k in others])
+                names.get(name, 0.0) + details[mine][name] - median([details[k].get(name, 0.0) for k in others])
             )
     per_step = {cause: value / 1000 / n_steps for cause, value in extra.items()}
     cause = max(CAUSES, key=lambda c: (per_step[c], -CAUSES.index(c)))
@@ -594,7 +359,7 @@ def _cause(
     return result
 
 
-def _cpu_excess(matched: _Matched, culprit: int, group: str | None) -> tuple[float, float, float] | None:
+def _cpu_excess(matched: Matched, culprit: int, group: str | None) -> tuple[float, float, float] | None:
     """Per step: how much longer the culprit's steps' thread ran on a CPU than the other members' (their median),
     how much longer it waited for one than its own work explains (its wait minus its time on a CPU times the other
     members' median wait per ms on a CPU: on a machine evenly short of cores every rank waits in proportion to its
@@ -613,60 +378,6 @@ def _cpu_excess(matched: _Matched, culprit: int, group: str | None) -> tuple[flo
         return sum(times[j][s][0] for s in measured), sum(times[j][s][1] for s in measured)
 
     ran, waited = totals(culprit)
-    rate = _median([w / r if r > 0 else 0.0 for r, w in map(totals, others)])
-    ran_more = ran - _median([totals(j)[0] for j in others])
+    rate = median([w / r if r > 0 else 0.0 for r, w in map(totals, others)])
+    ran_more = ran - median([totals(j)[0] for j in others])
     return ran_more / len(measured), (waited - ran * rate) / len(measured), ran / len(measured)
-
-
-def cause_words(found: dict[str, Any]) -> str:
-    """The cause in words, with the generation of a gc pause or the top operators, e.g. `Python garbage
-    collection (gen 2)` or `CPU operators (aten::matmul 15.1 ms, aten::tanh 10.7 ms)`."""
-    cause = found["cause"]
-    top = found.get("top") or []
-    if cause == "gc" and top:
-        generation = _GENERATION.search(top[0]["name"])
-        return f"Python garbage collection (gen {generation.group(1) if generation else '?'})"
-    if top:
-        return f"{CAUSE_WORDS[cause]} (" + ", ".join(f"{t['name']} {t['ms_per_step']:.1f} ms" for t in top) + ")"
-    return CAUSE_WORDS[cause]
-
-
-def group_words(group: dict[str, Any]) -> str:
-    """A process group in words, e.g. `process group 2 [ranks 2, 3]`."""
-    return f"process group {group['name']} [ranks {', '.join(str(r) for r in group['ranks'])}]"
-
-
-def evidence(found: dict[str, Any]) -> str:
-    """One sentence: who arrives last, how often (on which process group, when judged on one), how late, and why."""
-    group = found.get("group")
-    figures = group or found
-    where = f"the collectives on {group_words(group)}" if group else "the collectives"
-    others = "the other members" if group else "the other ranks"
-    return (
-        f"rank {found['rank']} arrives last at {figures['last_share']:.0%} of {where}, "
-        f"{figures['lateness_ms_per_step']:.1f} ms/step late, making the others wait "
-        f"{figures['wait_caused_ms_per_step']:.1f} ms/step; its extra time before arriving is {cause_words(found)}, "
-        f"{found['cause_ms_per_step']:.1f} ms/step more than {others}"
-    )
-
-
-def summary_line(section: dict[str, Any] | None) -> str | None:
-    """The terminal line of `table` and the run summary."""
-    if not section:
-        return None
-    found = section.get("culprit")
-    alignment = section["alignment"]
-    clocks = (
-        "one clock: all ranks on one machine"
-        if alignment.get("one_clock")
-        else f"clock alignment error {alignment['error_ms']:.2f} ms"
-    )
-    if found:
-        return f"culprit: {found['evidence']} ({clocks})"
-    return f"culprit: none: no rank arrives last consistently enough at {section['collectives']} collectives ({clocks})"
-
-
-def culprit_lines(section: dict[str, Any] | None) -> list[str]:
-    """The terminal line of `table`, as a list (none without collectives on two or more ranks)."""
-    line = summary_line(section)
-    return [line] if line else []

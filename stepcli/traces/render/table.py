@@ -13,7 +13,7 @@ from typing import IO, TYPE_CHECKING, Any, Callable
 from stepcli.fmt import ms_cell as _ms
 from stepcli.fmt import visible, visible_all
 from stepcli.pipeconsole import pipe_console
-from stepcli.traces.analyses.culprit import culprit_lines
+from stepcli.traces.analyses.culpritwords import culprit_lines
 from stepcli.traces.analyses.ranks import first_per_process
 
 if TYPE_CHECKING:

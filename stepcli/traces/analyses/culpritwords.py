@@ -1,0 +1,73 @@
+"""The culprit in words: its cause, its process group, the evidence sentence the JSON and the report carry, and the
+terminal line of `table` and the run summary (stepcli.traces.analyses.culprit computes what they say).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+CAUSE_WORDS = {
+    "gc": "Python garbage collection",
+    "dataloader": "data loading",
+    "host_to_device": "host-to-device copies",
+    "compile": "compilation",
+    "cpu_operators": "CPU operators",
+    "no_operator": "time with no operator (Python code, I/O, sleeps)",
+    "cpu_wait": "time waiting for a CPU (more busy threads than cores)",
+}
+_GENERATION = re.compile(r"gen (\d)")
+
+
+def cause_words(found: dict[str, Any]) -> str:
+    """The cause in words, with the generation of a gc pause or the top operators, e.g. `Python garbage
+    collection (gen 2)` or `CPU operators (aten::matmul 15.1 ms, aten::tanh 10.7 ms)`."""
+    cause = found["cause"]
+    top = found.get("top") or []
+    if cause == "gc" and top:
+        generation = _GENERATION.search(top[0]["name"])
+        return f"Python garbage collection (gen {generation.group(1) if generation else '?'})"
+    if top:
+        return f"{CAUSE_WORDS[cause]} (" + ", ".join(f"{t['name']} {t['ms_per_step']:.1f} ms" for t in top) + ")"
+    return CAUSE_WORDS[cause]
+
+
+def group_words(group: dict[str, Any]) -> str:
+    """A process group in words, e.g. `process group 2 [ranks 2, 3]`."""
+    return f"process group {group['name']} [ranks {', '.join(str(r) for r in group['ranks'])}]"
+
+
+def evidence(found: dict[str, Any]) -> str:
+    """One sentence: who arrives last, how often (on which process group, when judged on one), how late, and why."""
+    group = found.get("group")
+    figures = group or found
+    where = f"the collectives on {group_words(group)}" if group else "the collectives"
+    others = "the other members" if group else "the other ranks"
+    return (
+        f"rank {found['rank']} arrives last at {figures['last_share']:.0%} of {where}, "
+        f"{figures['lateness_ms_per_step']:.1f} ms/step late, making the others wait "
+        f"{figures['wait_caused_ms_per_step']:.1f} ms/step; its extra time before arriving is {cause_words(found)}, "
+        f"{found['cause_ms_per_step']:.1f} ms/step more than {others}"
+    )
+
+
+def summary_line(section: dict[str, Any] | None) -> str | None:
+    """The terminal line of `table` and the run summary."""
+    if not section:
+        return None
+    found = section.get("culprit")
+    alignment = section["alignment"]
+    clocks = (
+        "one clock: all ranks on one machine"
+        if alignment.get("one_clock")
+        else f"clock alignment error {alignment['error_ms']:.2f} ms"
+    )
+    if found:
+        return f"culprit: {found['evidence']} ({clocks})"
+    return f"culprit: none: no rank arrives last consistently enough at {section['collectives']} collectives ({clocks})"
+
+
+def culprit_lines(section: dict[str, Any] | None) -> list[str]:
+    """The terminal line of `table`, as a list (none without collectives on two or more ranks)."""
+    line = summary_line(section)
+    return [line] if line else []
