@@ -46,7 +46,7 @@ def after(paths: list[str], memory: bool = False) -> None:
     """The end of a run now: one read, shared by the summary and the page."""
     from stepcli.report.page import render
     from stepcli.run.htmlreport import build
-    from stepcli.traces.analyses.analysis import merge_parts
+    from stepcli.traces.analyses.mergeparts import merge_parts
     from stepcli.traces.readonce import RunTraces
 
     traces = RunTraces(shapes=True, memory=memory)

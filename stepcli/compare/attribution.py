@@ -62,7 +62,7 @@ class OpChange:
 
 def op_steps_from_traces(traces: Sequence[Trace], label: str) -> OpSteps:
     """Self time per operator in each recorded step of each trace."""
-    from stepcli.traces.analyses.analysis import summarize
+    from stepcli.traces.analyses.mergeparts import summarize
     from stepcli.traces.read.reader import Trace as TraceType
 
     columns: list[tuple[int | None, int]] = []

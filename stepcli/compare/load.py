@@ -290,7 +290,7 @@ def load_measurement(path: str) -> Measurement:
 def _load_traces(label: str, files: Sequence[str] | None = None) -> Measurement:
     # Lazy: the trace reader and summarizer are only needed for trace inputs.
     from stepcli.compare.attribution import op_steps_from_traces
-    from stepcli.traces.analyses.analysis import summarize
+    from stepcli.traces.analyses.mergeparts import summarize
     from stepcli.traces.read.reader import load_paths
 
     traces: list[Trace] = load_paths(list(files or [label]))

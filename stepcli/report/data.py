@@ -134,7 +134,7 @@ def _trace_parts(data: ReportData, traces: RunTraces, paths: Sequence[str], run:
 
 
 def _merged(parts: list[list[FilePart]]) -> dict[str, Any] | None:
-    from stepcli.traces.analyses.analysis import merge_parts
+    from stepcli.traces.analyses.mergeparts import merge_parts
 
     return merge_parts([p[0] for p in parts]).to_dict() if parts else None
 
@@ -162,7 +162,7 @@ def _add_step_times(data: ReportData, summary: RunSummary | None, analysis: dict
 
 def _add_trace_tables(data: ReportData, analysis: dict[str, Any], parts: list[list[FilePart]]) -> None:
     """Breakdown, operator tables and shapes from the traces: every operator, one breakdown bar per rank."""
-    from stepcli.traces.analyses.analysis import merge_parts
+    from stepcli.traces.analyses.mergeparts import merge_parts
     from stepcli.traces.render.table import outside_note
 
     data.cpu_ops = [op for op in analysis["cpu_ops"] if op["name"] != STEP_KEY]

@@ -179,7 +179,7 @@ def page_advice(summary: RunSummary | None, trace_paths: Sequence[str], traces: 
     if summary is not None and "advice" in summary:
         return summary["advice"]
     from stepcli.run.advising import advise_run
-    from stepcli.traces.analyses.analysis import merge_parts
+    from stepcli.traces.analyses.mergeparts import merge_parts
 
     analysis = None
     if trace_paths:

@@ -295,6 +295,6 @@ def summarize_paths(
 ) -> TraceSummary:
     """`summarize(load_paths(paths))`, with files read in parallel and never all in memory at once."""
     parts = file_parts(paths, groupings=(group_by_shape,), shapes=group_by_shape, jobs=jobs, scheduler=scheduler)
-    from stepcli.traces.analyses.analysis import merge_parts
+    from stepcli.traces.analyses.mergeparts import merge_parts
 
     return merge_parts([p[0] for p in parts], group_by_shape=group_by_shape)

@@ -208,7 +208,7 @@ def test_every_rich_renderer_fits_80_columns_with_many_ranks() -> None:
 
     from rich.console import Console
 
-    from stepcli.traces.analyses.analysis import summarize
+    from stepcli.traces.analyses.mergeparts import summarize
     from stepcli.traces.read.events import Event
     from stepcli.traces.read.reader import Trace
     from stepcli.traces.render.table import print_rich_report

@@ -272,7 +272,7 @@ def test_report_command_rebuilds_the_page_from_a_run_folder_or_summary(
 
 def test_report_from_plain_torch_profiler_traces(browser: Any, tmp_path: Path) -> None:  # noqa: F811
     # GIVEN a trace from plain torch.profiler (no stepcli) and a folder of two rank traces
-    from stepcli.traces.analyses.analysis import summarize
+    from stepcli.traces.analyses.mergeparts import summarize
     from stepcli.traces.read.reader import load_paths
 
     top_op = next(op.name for op in summarize(load_paths([str(FIXTURE_TRACE)])).cpu_ops if op.name != "ProfilerStep*")
@@ -303,7 +303,7 @@ def test_cuda_trace_shows_kernels_device_time_and_device_advice(browser: Any, tm
     assert "cudaStreamSynchronize ×" in html
     # AND the page has the kernel table and the device busy/idle bar
     assert 'id="kernels"' in html and 'class="seg dev-busy"' in html and 'class="seg dev-idle"' in html
-    from stepcli.traces.analyses.analysis import summarize
+    from stepcli.traces.analyses.mergeparts import summarize
     from stepcli.traces.read.reader import load_paths
 
     top_op = next(op.name for op in summarize(load_paths([str(CUDA_SMALL)])).cpu_ops if op.name != "ProfilerStep*")

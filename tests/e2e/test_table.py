@@ -273,7 +273,7 @@ def test_one_bad_file_among_good_ones_fails(plain_trace: Path, tmp_path: Path) -
 
 
 def test_render_treats_names_as_text_and_shortens_in_the_middle() -> None:
-    from stepcli.traces.analyses.analysis import summarize
+    from stepcli.traces.analyses.mergeparts import summarize
     from stepcli.traces.read.events import Event
     from stepcli.traces.read.reader import Trace
     from stepcli.traces.render.table import print_table_report, shorten

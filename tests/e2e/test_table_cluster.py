@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import run_stepcli
 
-from stepcli.traces.analyses.analysis import summarize
+from stepcli.traces.analyses.mergeparts import summarize
 from stepcli.traces.read.reader import load_paths
 
 

@@ -14,7 +14,8 @@ from conftest import run_stepcli
 
 from stepcli.traces.analyses import analysis as summary_module
 from stepcli.traces.analyses import arrays as columnar
-from stepcli.traces.analyses.analysis import merge_parts, summarize_file
+from stepcli.traces.analyses.analysis import summarize_file
+from stepcli.traces.analyses.mergeparts import merge_parts
 from stepcli.traces.read.events import Event
 from stepcli.traces.read.reader import Trace
 from stepcli.traces.render.table import markdown_report, outside_note

@@ -11,7 +11,7 @@ import pytest
 from conftest import RANKS, run_stepcli
 
 from stepcli.errors import TraceError
-from stepcli.traces.analyses.analysis import summarize
+from stepcli.traces.analyses.mergeparts import summarize
 from stepcli.traces.engine import available_cores, file_parts, summarize_paths
 from stepcli.traces.read.reader import load_paths
 
@@ -42,7 +42,7 @@ def test_shape_groupings_come_from_one_read(rank_folder: Path) -> None:
     # GIVEN the folder WHEN each file is read once for both groupings in workers
     parts = file_parts([str(rank_folder)], groupings=(False, True), shapes=True, jobs=2)
     # THEN each grouping equals summarizing the loaded traces that way
-    from stepcli.traces.analyses.analysis import merge_parts
+    from stepcli.traces.analyses.mergeparts import merge_parts
 
     traces = load_paths([str(rank_folder)], shapes=True)
     assert merge_parts([p[0] for p in parts]).to_dict() == summarize(traces).to_dict()

@@ -11,7 +11,8 @@ import pytest
 
 from stepcli.traces.analyses import analysis as summary_module
 from stepcli.traces.analyses import arrays as columnar
-from stepcli.traces.analyses.analysis import merge_parts, summarize_columns, summarize_file
+from stepcli.traces.analyses.analysis import summarize_columns, summarize_file
+from stepcli.traces.analyses.mergeparts import merge_parts
 from stepcli.traces.analyses.model import FilePart
 from stepcli.traces.read.columns import load_columns
 from stepcli.traces.read.events import Event

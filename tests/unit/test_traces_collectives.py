@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from stepcli.traces.analyses.analysis import merge_parts, summarize_file
+from stepcli.traces.analyses.analysis import summarize_file
 from stepcli.traces.analyses.collectives import bus_factor, collective_of
+from stepcli.traces.analyses.mergeparts import merge_parts
 from stepcli.traces.read.events import Event, EventArgs
 from stepcli.traces.read.reader import Trace
 

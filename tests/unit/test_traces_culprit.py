@@ -221,7 +221,7 @@ def test_last_no_more_often_than_chance_is_no_finding() -> None:
 
 
 def test_a_gc_pause_in_a_step_is_other_time_not_forward() -> None:
-    from stepcli.traces.analyses.analysis import summarize
+    from stepcli.traces.analyses.mergeparts import summarize
     from stepcli.traces.read.reader import Trace
 
     events = [

@@ -9,8 +9,9 @@ import pytest
 
 from stepcli.traces.analyses import analysis
 from stepcli.traces.analyses import arrays as columnar
-from stepcli.traces.analyses.analysis import merge_parts, summarize_file
+from stepcli.traces.analyses.analysis import summarize_file
 from stepcli.traces.analyses.device import DeviceTimes, class_of, is_collective_kernel
+from stepcli.traces.analyses.mergeparts import merge_parts
 from stepcli.traces.read.events import Event, EventArgs
 from stepcli.traces.read.reader import Trace
 

@@ -206,7 +206,7 @@ def test_the_dtype_of_undtyped_gemm_kernels_is_their_operators(
     trace = _trace(tmp_path / "gpu.pt.trace.json", device, kernel, op, input_type, odd_time=read == "lenient")
     # WHEN summarized (typed columns, the per-event objects, or the lenient decoding of odd field types)
     if read == "events":
-        from stepcli.traces.analyses.analysis import merge_parts
+        from stepcli.traces.analyses.mergeparts import merge_parts
 
         flops = merge_parts([summarize_file(load_trace(str(trace)))]).to_dict()["flops"]
     else:

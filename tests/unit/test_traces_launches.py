@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from stepcli.traces.analyses.analysis import merge_parts, summarize_file
+from stepcli.traces.analyses.analysis import summarize_file
+from stepcli.traces.analyses.mergeparts import merge_parts
 from stepcli.traces.read.events import Event, EventArgs
 from stepcli.traces.read.reader import Trace
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import TRAIN_LOOP, trace_files, write_script
 
 from stepcli.errors import TraceError
-from stepcli.traces.analyses.analysis import merge_parts
+from stepcli.traces.analyses.mergeparts import merge_parts
 from stepcli.traces.engine import summarize_paths
 from stepcli.traces.readonce import RunTraces
 

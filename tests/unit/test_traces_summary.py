@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import assert_matches_key_averages
 
-from stepcli.traces.analyses.analysis import summarize
+from stepcli.traces.analyses.mergeparts import summarize
 from stepcli.traces.read.events import Event
 from stepcli.traces.read.reader import Trace, load_trace, rank_from_name
 

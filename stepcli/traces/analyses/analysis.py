@@ -24,31 +24,22 @@ from __future__ import annotations
 import gc
 from typing import TYPE_CHECKING, Any
 
-from stepcli.stats import describe
-from stepcli.traces.analyses.collectives import Transfers, measure_transfers
-from stepcli.traces.analyses.culprit import from_parts, rank_arrivals
+from stepcli.traces.analyses.culprit import rank_arrivals
 from stepcli.traces.analyses.device import (
-    DeviceTimes,
     Within,
     is_collective_kernel,
     measure,
-    measure_steps,
     union_by_class,
     within_arrays,
 )
-from stepcli.traces.analyses.flops import flops_figures, read_flops
-from stepcli.traces.analyses.launches import LaunchTimes, in_spans, measure_launches
+from stepcli.traces.analyses.devicefigures import device_busy_arrays, device_launches, flops_of
 from stepcli.traces.analyses.model import (
-    NS_PER_MS,
     PHASES,
-    Breakdown,
     FilePart,
-    StepRow,
     TraceFacts,
-    TraceSummary,
 )
-from stepcli.traces.analyses.ranks import WindowFacts, find_straggler, group_processes, is_communication, process_keys
-from stepcli.traces.analyses.shares import STEP_KEY, share_basis, stable_name
+from stepcli.traces.analyses.ranks import is_communication
+from stepcli.traces.analyses.shares import STEP_KEY, stable_name
 from stepcli.traces.analyses.steps import (
     BACKWARD,
     COMM,
@@ -68,7 +59,7 @@ from stepcli.traces.analyses.steps import (
     union,
     within_lists,
 )
-from stepcli.traces.read.names import DTYPES, STEP_PREFIX, gemm_dtype
+from stepcli.traces.read.names import STEP_PREFIX
 
 if TYPE_CHECKING:
     from stepcli.traces.read.reader import Trace
@@ -324,7 +315,7 @@ def summarize_columns(
     summarized alone needs none."""
     from stepcli.traces.analyses.arrays import TooLarge
 
-    measure_busy = _device_busy_arrays
+    measure_busy = device_busy_arrays
     within: Within = within_arrays
     try:
         cpu_rows, device_rows, result = _analyze_columns(columns, group_by_shape, incomplete_step)
@@ -361,7 +352,7 @@ def summarize_columns(
     if busy is not None and result.device_classes is not None:
         spans = measured_spans(result)
         times = measure(busy, len(result.windows) or 1, result.device_classes, spans, within)
-        times.launches, times.transfers, times.steps_ns = _launches(columns, result, spans, times.steps, ordered)
+        times.launches, times.transfers, times.steps_ns = device_launches(columns, result, spans, times.steps, ordered)
     return FilePart(
         path=path,
         rank=rank,
@@ -379,244 +370,6 @@ def summarize_columns(
         has_shapes=bool(len(columns) and columns.shape.any()),
         outside_events=result.outside_events,
         outside_ns=result.outside_ns,
-        **_flops_of(path, columns, result, ordered, device_name),
+        **flops_of(path, columns, result, ordered, device_name),
         arrivals=rank_arrivals(columns, rank, incomplete_step, clock, cpu_time) if arrivals else None,
-    )
-
-
-def _flops_of(
-    path: str, columns: Columns, result: TraceResult, windows: list[Window], device: str | None
-) -> dict[str, Any]:
-    """The FLOPs of a trace: from the `NAME.flops` file `stepcli run --with-flops` writes beside it, else the sum
-    of the `flops` torch wrote into its operators' args, over the operators that start inside a complete recorded
-    step of their process (all of them in a trace without steps)."""
-    counted = read_flops(path)
-    if counted:
-        figures = {"flops": counted[0], "flops_device": counted[1] or device, "flops_source": "file"}
-        return figures | _gemm_time(columns, result)
-    if not columns.flops:
-        return {}
-    import numpy as np
-
-    at = np.fromiter(columns.flops, np.int64, len(columns.flops))
-    flops = np.fromiter(columns.flops.values(), np.int64, len(columns.flops))
-    if windows:
-        ns = result.nanoseconds
-        # times past 64-bit ns (the reference path): microseconds, as floats, are precise enough to place an op
-        start = ns.start[at] if ns is not None else columns.ts[at] * 1000.0
-        pid = np.array(columns.ids, dtype=object)[columns.pid[at]] if columns.ids else np.zeros(len(at), object)
-        inside = np.zeros(len(at), bool)
-        for process in {w.pid for w in windows}:
-            mine = [w for w in windows if w.pid == process]
-            lo = np.array(sorted(w.start for w in mine), np.float64 if ns is None else np.int64)
-            hi = np.array([w.end for w in sorted(mine, key=lambda w: w.start)], lo.dtype)
-            inside |= (pid == process) & in_spans(start, lo, hi)
-        flops = flops[inside]
-    counted_flops = sum(flops.tolist())  # (no int64 overflow)
-    return {"flops": counted_flops, "flops_device": device, "flops_source": "trace", **_gemm_time(columns, result)}
-
-
-def _gemm_time(columns: Columns, result: TraceResult) -> dict[str, Any]:
-    """`gemm_ns`: the time of the GEMM and convolution kernels that start inside the recorded steps (the measured
-    spans), by the dtype their names say (stepcli.traces.analyses.flops.gemm_dtype, once per unique kernel name); empty
-    without device work, with no kernel recognised, and for times past 64-bit nanoseconds."""
-    if not result.device_union:
-        return {}
-    import numpy as np
-
-    from stepcli.traces.analyses import arrays as col
-    from stepcli.traces.read import typedcolumns
-
-    ns = result.nanoseconds
-    if ns is None:
-        try:
-            ns = col.nanoseconds(columns)
-        except col.TooLarge:
-            return {}
-    kernels = np.nonzero(columns.kind == typedcolumns.DEVICE)[0]
-    used = np.unique(columns.name[kernels])
-    code = np.full(len(columns.names) or 1, len(DTYPES), np.int64)  # len(DTYPES): not a recognised GEMM
-    for name in used.tolist():
-        dtype = gemm_dtype(columns.names[name])
-        if dtype is not None:
-            code[name] = DTYPES.index(dtype)
-    spans = measured_spans(result)
-    lo = np.array([s for s, _ in spans], np.int64)
-    hi = np.array([e for _, e in spans], np.int64)
-    kernels = kernels[in_spans(ns.start[kernels], lo, hi)]
-    codes = code[columns.name[kernels]]
-    if columns.gemm_kernels and columns.gemm_ops:
-        _operator_dtypes(columns, kernels, codes)
-    times = np.bincount(codes, weights=ns.dur[kernels], minlength=len(DTYPES) + 1)
-    gemm_ns = {dtype: int(times[i]) for i, dtype in enumerate(DTYPES) if times[i] > 0}
-    return {"gemm_ns": gemm_ns} if gemm_ns else {}
-
-
-def _operator_dtypes(columns: Columns, kernels: Any, codes: Any) -> None:
-    """Give the GEMM kernels among `kernels` whose names say no dtype (cuBLAS 12.8+'s nvjet_*) the dtype of the
-    operator that launched them, matched by `External id` (a kernel's is its innermost operator's), in `codes`;
-    only these few kernels and operators are looked at."""
-    import numpy as np
-
-    rows = np.fromiter(columns.gemm_kernels, np.int64, len(columns.gemm_kernels))
-    externals = np.fromiter(columns.gemm_kernels.values(), np.int64, len(rows))
-    at = np.searchsorted(kernels, rows)
-    mine = (at < len(kernels)) & (kernels[np.minimum(at, len(kernels) - 1)] == rows) if len(kernels) else at < 0
-    if not mine.any():
-        return
-    dtype_of = {external: DTYPES.index(dtype) for external, dtype in columns.gemm_ops.values()}
-    unknown = len(DTYPES)
-    codes[at[mine]] = [dtype_of.get(external, unknown) for external in externals[mine].tolist()]
-
-
-def _launches(
-    columns: Columns, result: TraceResult, spans: list[tuple[int, int]], steps: int, windows: list[Window]
-) -> tuple[LaunchTimes, Transfers, list[tuple[int, ...]]]:
-    """Launch statistics and idle time by cause (stepcli.traces.analyses.launches), collectives and copies
-    (stepcli.traces.analyses.collectives), on either path's result; and the device figures of each step window
-    (stepcli.traces.analyses.device.measure_steps); none for times past 64-bit nanoseconds."""
-    import numpy as np
-
-    from stepcli.traces.analyses import arrays as col
-    from stepcli.traces.read import typedcolumns
-
-    ns = result.nanoseconds
-    if ns is None:
-        try:
-            ns = col.nanoseconds(columns)
-        except col.TooLarge:
-            return LaunchTimes(steps=steps), Transfers(steps), []
-    device = np.nonzero(columns.kind >= typedcolumns.DEVICE)[0]
-    lo = np.array([s for s, _ in spans], np.int64)
-    hi = np.array([e for _, e in spans], np.int64)
-    inside = in_spans(ns.start[device], lo, hi)
-    transfers = measure_transfers(columns, ns.start, ns.dur, device, inside, steps)
-    w_lo = np.array([w.start for w in windows], np.int64)
-    w_hi = np.array([w.end for w in windows], np.int64)
-    launches, waits = measure_launches(columns, ns.start, ns.dur, device, spans, steps, (w_lo, w_hi))
-    per_step: list[tuple[int, ...]] = []
-    if windows and result.device_classes is not None:
-        arrays = result.device_arrays is not None
-        per_step = measure_steps(
-            [w.step for w in windows],
-            w_lo,
-            w_hi,
-            result.device_arrays if arrays else result.device_union,
-            result.device_classes,
-            waits,
-            within_arrays if arrays else within_lists,
-        )
-    return launches, transfers, per_step
-
-
-def _device_busy_arrays(result: TraceResult) -> tuple[int, int] | None:
-    """`device_busy` with array operations: the device time inside each span is F(end) - F(start), where F(t)
-    is the device union's length before t (prefix sums and a binary search), instead of a Python step per
-    kernel interval."""
-    if not result.device_union:
-        return None
-    import numpy as np
-
-    merged = measured_spans(result)
-    if result.device_arrays is not None:
-        starts, ends = result.device_arrays
-    else:
-        pairs = np.array(result.device_union, dtype=np.int64)
-        starts, ends = pairs[:, 0], pairs[:, 1]
-    return within_arrays((starts, ends), merged), sum(e - s for s, e in merged)
-
-
-def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSummary:
-    """Summarize one or more traces (e.g. all ranks of a run) into the tables `stepcli table` prints."""
-    return merge_parts(
-        [summarize_file(t, group_by_shape=group_by_shape) for t in traces], group_by_shape=group_by_shape
-    )
-
-
-def _add_rows(into: dict[Any, list[int]], rows: dict[Any, list[int]]) -> None:
-    for key, (calls, self_ns, total_ns) in rows.items():
-        row = into.get(key)
-        if row is None:
-            into[key] = [calls, self_ns, total_ns]
-        else:
-            row[0] += calls
-            row[1] += self_ns
-            row[2] += total_ns
-
-
-def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> TraceSummary:
-    """The summary of several files from their parts (in file order), equal to summarizing them together."""
-    cpu = Accumulator()
-    device = Accumulator()
-    steps: list[StepRow] = []
-    windows: list[tuple[int | None, str, int | str | None, WindowFacts]] = []
-    phase_totals = dict.fromkeys(PHASES, 0)
-    phase_steps = 0
-    job_device: DeviceTimes | None = None
-    flops = flops_steps = flops_ns = 0
-    flops_devices: set[str] = set()
-    flops_sources: set[str] = set()
-    gemm_ns: dict[str, int] = {}
-    rank_device: dict[str, DeviceTimes] = {}
-    labels = process_keys([(part.rank, part.path, part.main_pid) for part in parts])
-    for part, (_key, process) in zip(parts, labels):
-        _add_rows(cpu.rows, part.cpu_rows)
-        _add_rows(device.rows, part.device_rows)
-        trace_steps = [
-            StepRow(rank=part.rank, step=step, dur_ms=ns / NS_PER_MS, process=process)
-            for step, ns in zip(part.steps, part.step_ns)
-        ]
-        steps.extend(trace_steps)
-        comm_ms = [ns / NS_PER_MS for ns in part.comm_ns]
-        facts = WindowFacts(part.path, list(part.steps), [s.dur_ms for s in trace_steps], comm_ms)
-        windows.append((part.rank, part.path, part.main_pid, facts))
-        for label, ns in part.phase_totals.items():
-            phase_totals[label] += ns
-        phase_steps += part.phase_steps
-        if part.flops is not None:
-            flops += part.flops
-            flops_steps += len(part.step_ns)
-            flops_ns += sum(part.step_ns)
-            flops_devices.add(part.flops_device or "")
-            flops_sources.add(part.flops_source or "file")
-            for dtype, ns in part.gemm_ns.items():
-                gemm_ns[dtype] = gemm_ns.get(dtype, 0) + ns
-        if part.device_times is not None:
-            job_device = part.device_times if job_device is None else job_device + part.device_times
-            mine = rank_device.get(process)
-            rank_device[process] = part.device_times if mine is None else mine + part.device_times
-
-    processes = group_processes(windows)
-    order = {row.process: index for index, row in enumerate(processes)}
-    steps.sort(key=lambda s: (order.get(s.process, 0), s.step))
-    breakdown = None
-    if phase_steps:
-        mean = {label: ns / phase_steps / NS_PER_MS for label, ns in phase_totals.items()}
-        breakdown = Breakdown(**mean)
-    step_ns = round(sum(s.dur_ms for s in steps) * NS_PER_MS)
-    basis_ns, share_of = share_basis(step_ns, len(steps), cpu.self_ns_without_steps(group_by_shape))
-    straggler = find_straggler(processes)
-    return TraceSummary(
-        files=[p.path for p in parts],
-        step_ms=describe(s.dur_ms for s in steps),
-        steps=steps,
-        ranks=processes,
-        slowest_rank=straggler.rank if straggler else None,
-        breakdown_ms=breakdown,
-        device=job_device,
-        rank_devices=rank_device,
-        flops=(
-            flops_figures(flops, flops_steps, flops_ns, flops_devices, flops_sources, gemm_ns)
-            if flops_devices
-            else None
-        ),
-        cpu_ops=cpu.rows_out(group_by_shape, basis_ns),
-        device_kernels=device.rows_out(group_by_shape, basis_ns),
-        events=sum(p.event_count for p in parts),
-        skipped_events=sum(p.skipped_events for p in parts),
-        share_of=share_of,
-        straggler=straggler.to_dict() if straggler else None,
-        outside_events=sum(p.outside_events for p in parts),
-        outside_ms=sum(p.outside_ns for p in parts) / NS_PER_MS,
-        culprit=from_parts(parts, steps),
     )
