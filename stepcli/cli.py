@@ -248,7 +248,7 @@ def table(
         from stepcli.traces.engine import summarize_paths
 
         summary = summarize_paths(paths, group_by_shape=group_by_shape, jobs=jobs, scheduler=scheduler)
-        from stepcli.traces.render.table import print_table_report
+        from stepcli.traces.render.formats import print_table_report
 
         print_table_report(summary, sort_by=sort_by, limit=limit, fmt=fmt or "rich")
     if group_by_shape and not any(row.shape for row in summary.cpu_ops):

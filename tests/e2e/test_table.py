@@ -276,7 +276,8 @@ def test_render_treats_names_as_text_and_shortens_in_the_middle() -> None:
     from stepcli.traces.analyses.mergeparts import summarize
     from stepcli.traces.read.events import Event
     from stepcli.traces.read.reader import Trace
-    from stepcli.traces.render.table import print_table_report, shorten
+    from stepcli.traces.render.formats import print_table_report
+    from stepcli.traces.render.table import shorten
 
     long_name = "void at::native::elementwise_kernel<" + "x" * 200 + ">(int, functor)"
     events = [

@@ -18,7 +18,8 @@ from stepcli.traces.analyses.analysis import summarize_file
 from stepcli.traces.analyses.mergeparts import merge_parts
 from stepcli.traces.read.events import Event
 from stepcli.traces.read.reader import Trace
-from stepcli.traces.render.table import markdown_report, outside_note
+from stepcli.traces.render.formats import markdown_report
+from stepcli.traces.render.table import outside_note
 
 T0 = 1_790_000_000_000.0  # an epoch-sized timestamp in microseconds, like real Kineto traces
 

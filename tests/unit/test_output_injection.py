@@ -19,7 +19,7 @@ from stepcli.run import hang
 from stepcli.run.console import _print_hang
 from stepcli.run.hangreport import hang_summary
 from stepcli.run.top import render
-from stepcli.traces.render.table import markdown_report
+from stepcli.traces.render.formats import markdown_report
 
 HOSTILE = "\x1b]8;;http://evil.example\x07click\x1b]8;;\x07\x1b[2J\u202eyp.niart"
 RAW = ("\x1b", "\x07", "\u202e")

@@ -241,7 +241,7 @@ def test_table_json_text_is_what_orjson_wrote() -> None:
     # GIVEN summaries of real traces (CPU; CUDA with device figures) and one with odd names and numbers
     import orjson
 
-    from stepcli.traces.render.table import json_text
+    from stepcli.traces.render.formats import json_text
 
     odd = Trace.from_events([step(1, 0, 10), ev('op \x1b[2J \u202e é "q" \\ </script>', 1, 2)])
     summaries = [

@@ -1,27 +1,22 @@
-"""Presentation of trace summaries: rich tables for terminals, and JSON, CSV and Markdown for machines and CI."""
+"""`stepcli table` on a terminal: the operator, step, rank and breakdown tables (rich), shortened names, and the notes
+under them; the other formats and the choice among them are stepcli.traces.render.formats's."""
 
 from __future__ import annotations
 
-import csv
 import errno
-import io
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, Callable
 
 from stepcli.fmt import ms_cell as _ms
-from stepcli.fmt import visible, visible_all
 from stepcli.pipeconsole import pipe_console
 from stepcli.traces.analyses.culpritwords import culprit_lines
-from stepcli.traces.analyses.ranks import first_per_process
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    from stepcli.traces.analyses.model import TraceSummary
 
 SORT_KEYS = ("self", "total", "calls", "avg", "name")
 FORMATS = ("rich", "json", "csv", "markdown")
@@ -54,11 +49,11 @@ def shorten(name: str, width: int = NAME_WIDTH) -> str:
     return f"{name[:head]}…{name[-tail:]}" if tail > 0 else name[: width - 1] + "…"
 
 
-def _pct(share: float) -> str:
+def pct(share: float) -> str:
     return f"{share * 100:.1f}%"
 
 
-def _skipped_note(count: int) -> str:
+def skipped_note(count: int) -> str:
     return f"skipped {count:,} event{'s' if count != 1 else ''} with a missing, non-numeric, negative or out-of-range ts/dur (see README)"
 
 
@@ -99,7 +94,7 @@ def ops_table(
         caption = "; ".join(filter(None, (caption, share_caption(share_of), overlap_note(rows))))
     headers = ("Calls", "Self ms", "Self %", "Total ms", "Avg ms")
     numbers = [
-        [f"{r['calls']:,}", _ms(r["self_ms"]), _pct(r["self_share"]), _ms(r["total_ms"]), _ms(r["avg_ms"])]
+        [f"{r['calls']:,}", _ms(r["self_ms"]), pct(r["self_share"]), _ms(r["total_ms"]), _ms(r["avg_ms"])]
         for r in shown
     ]
     shapes = [str(r.get("shape") or "") for r in shown] if with_shape else []
@@ -145,7 +140,7 @@ def _pieces(text: str, width: int) -> list[str]:
     return [text[at : at + width] for at in range(0, len(text), width)]
 
 
-def _process_label(row: Mapping[str, Any]) -> str:
+def process_label(row: Mapping[str, Any]) -> str:
     """A step's or a rank row's process: `rank 1`, `host_123`; older documents only carry the rank."""
     if row.get("process"):
         return str(row["process"])
@@ -160,12 +155,12 @@ def steps_table(
     `width`, one row per process and step instead."""
     from rich.table import Table
 
-    processes = list(dict.fromkeys(_process_label(s) for s in steps))
+    processes = list(dict.fromkeys(process_label(s) for s in steps))
     if len(processes) > 1 and 9 + sum(len(p) + 6 for p in processes) > (width or 80):
         return _steps_long_table(steps, processes, limit, title)
     numbers = sorted({s["step"] for s in steps})
     shown = numbers if limit is None else numbers[:limit]
-    cell = {(_process_label(s), s["step"]): s["dur_ms"] for s in steps}
+    cell = {(process_label(s), s["step"]): s["dur_ms"] for s in steps}
     caption = f"first {len(shown)} of {len(numbers)} steps" if len(shown) < len(numbers) else None
     table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
     table.add_column("Step", justify="right")
@@ -194,7 +189,7 @@ def _steps_long_table(steps: Sequence[Mapping[str, Any]], processes: list[str], 
     table.add_column("ms", justify="right")
     cut = False
     for process in processes:
-        mine = sorted((s for s in steps if _process_label(s) == process), key=lambda s: s["step"])
+        mine = sorted((s for s in steps if process_label(s) == process), key=lambda s: s["step"])
         cut = cut or (limit is not None and len(mine) > limit)
         for step in mine if limit is None else mine[:limit]:
             table.add_row(Text(process), str(step["step"]), _ms(step["dur_ms"]))
@@ -224,7 +219,7 @@ def ranks_table(
         stats = row.get("step_ms") or {}
         slow = slowest_rank is not None and row.get("rank") == slowest_rank
         table.add_row(
-            Text(_process_label(row) + (" (slowest)" if slow else "")),
+            Text(process_label(row) + (" (slowest)" if slow else "")),
             str(stats.get("count", 0)),
             _ms(stats.get("mean")),
             _ms(stats.get("p90")),
@@ -270,9 +265,9 @@ def breakdown_table(
         if breakdown_ms is None:
             break
         value = breakdown_ms.get(phase, 0.0)
-        table.add_row(phase, _ms(value), _pct(value / total) if total else "-")
+        table.add_row(phase, _ms(value), pct(value / total) if total else "-")
     if device is not None:
-        table.add_row("device busy", _ms(device["busy_ms"]), _pct(device["busy_share"]), style="italic")
+        table.add_row("device busy", _ms(device["busy_ms"]), pct(device["busy_share"]), style="italic")
     return table
 
 
@@ -280,46 +275,7 @@ def breakdown_table(
 DEFAULT_LIMIT = 20  # operator rows on the terminal and in --markdown without --limit
 
 
-def print_table_report(
-    summary: TraceSummary, *, sort_by: str, limit: int | None, fmt: str, file: IO[str] | None = None
-) -> None:
-    """Write the report for `stepcli table` to stdout (or `file`) in one of FORMATS.
-
-    A reader that stops early (`stepcli table T | head -1`) ends the report quietly, as it does for other Unix
-    tools: the rest is discarded and the command still succeeds.
-    """
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    out = file if file is not None else sys.stdout
-    data = summary.to_dict()
-    if fmt != "json":  # names from traces: control characters shown, never sent to the terminal (JSON escapes them)
-        data = visible_all(data)
-    try:
-        if fmt == "json":
-            out.write(json_text(data))
-        elif fmt == "csv":  # a machine format: every row unless --limit, and a cut said on stderr
-            out.write(csv_report(data, sort_by=sort_by, limit=limit))
-            cut = csv_cut_note(data, limit)
-            if cut:
-                print(f"stepcli: note: {cut}", file=sys.stderr)
-        elif fmt == "markdown":
-            out.write(markdown_report(data, sort_by=sort_by, limit=limit or DEFAULT_LIMIT))
-        else:
-            print_rich_report(data, _pipe_console(file), sort_by=sort_by, limit=limit or DEFAULT_LIMIT)
-        out.flush()  # inside the try: a closed pipe must surface here, not in the interpreter's final flush
-    except BrokenPipeError:
-        _discard_output(out)
-
-
-def json_text(data: Any) -> str:
-    """`data` as indented JSON text, a newline at the end. msgspec (the trace reader's, already imported) writes
-    it: orjson's import would cost `table --json` ~10 ms (it imports zoneinfo); the text is the same."""
-    import msgspec
-
-    return msgspec.json.format(msgspec.json.encode(data), indent=2).decode() + "\n"
-
-
-def _pipe_console(file: IO[str] | None) -> Console:
+def pipe_console_for(file: IO[str] | None) -> Console:
     """A rich Console that raises BrokenPipeError when its reader is gone.
 
     rich's own handling redirects stdout and calls `sys.exit(1)`, which would make `| head` look like a failure.
@@ -334,26 +290,6 @@ def _pipe_console(file: IO[str] | None) -> Console:
     return pipe_console(_Console, file=file) if file is not None else pipe_console(_Console)
 
 
-def _discard_output(out: IO[str]) -> None:
-    """After a broken pipe on stdout, point its descriptor at /dev/null so that the interpreter's last flush of
-    what is still buffered succeeds silently instead of printing "Exception ignored ... BrokenPipeError"."""
-    try:
-        fd = out.fileno()
-    except (OSError, ValueError):
-        return
-    try:
-        stdout_fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):
-        stdout_fd = 1
-    if fd != stdout_fd:
-        return  # a stream the caller opened: closing it is theirs to handle
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
-
-
 def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str = "self", limit: int = 20) -> None:
     """The terminal report: what was read, step times, ranks, breakdown, CPU operators, device kernels."""
     files = data["files"]
@@ -363,7 +299,7 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
         head += f": {files[0]}"
     console.print(head, highlight=False, soft_wrap=True, markup=False)
     if data.get("skipped_events"):
-        console.print(_skipped_note(data["skipped_events"]), highlight=False, soft_wrap=True, markup=False)
+        console.print(skipped_note(data["skipped_events"]), highlight=False, soft_wrap=True, markup=False)
     if stats:
         console.print(
             f"step time over {stats['count']} step{'s' if stats['count'] != 1 else ''}: mean {_ms(stats['mean'])} ms, "
@@ -404,144 +340,3 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
                 data["device_kernels"], "Device kernels", limit, sort_by=sort_by, width=console.width, share_of=share_of
             )
         )
-
-
-_CSV_FIELDS = ("kind", "name", "calls", "self_ms", "total_ms", "avg_ms", "self_share")
-
-
-def csv_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: int | None = None) -> str:
-    """One CSV table of operator rows, CPU then device, with a `kind` column; names are never shortened."""
-    buffer = io.StringIO()
-    with_shape = any("shape" in r for r in [*data["cpu_ops"], *data["device_kernels"]])
-    fields = (*_CSV_FIELDS, "shape") if with_shape else _CSV_FIELDS
-    writer = csv.DictWriter(buffer, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for kind, rows in (("cpu", data["cpu_ops"]), ("device", data["device_kernels"])):
-        for row in sort_rows(rows, sort_by, limit):
-            writer.writerow({"kind": kind, **row})
-    return buffer.getvalue()
-
-
-def _md_text(value: Any) -> str:
-    """Text from traces for Markdown: HTML special characters as entities (a name holding `<img ...>` is shown,
-    not rendered), control characters as escapes (stepcli.fmt.visible)."""
-    text = visible(str(value))
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def csv_cut_note(data: Mapping[str, Any], limit: int | None) -> str | None:
-    """What `--limit` left out of the CSV, or None when it holds every row."""
-    if limit is None:
-        return None
-    cut = [
-        f"{min(limit, len(rows))} of {len(rows)} {what}"
-        for what, rows in (("CPU operators", data["cpu_ops"]), ("device kernels", data["device_kernels"]))
-        if len(rows) > limit
-    ]
-    return f"the CSV holds {' and '.join(cut)} (--limit {limit})" if cut else None
-
-
-def _md_cell(value: Any) -> str:
-    return _md_text(str(value).replace("\n", " ")).replace("\\", "\\\\").replace("|", "\\|")
-
-
-def _md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[bool]) -> list[str]:
-    lines = ["| " + " | ".join(_md_cell(h) for h in headers) + " |"]
-    lines.append("|" + "|".join("---:" if r else "---" for r in right) + "|")
-    lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
-    return lines
-
-
-def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: int | None = 20) -> str:
-    """GitHub-flavoured Markdown (e.g. for $GITHUB_STEP_SUMMARY): steps, ranks, breakdown and operator tables."""
-    from stepcli.traces.analyses.shares import overlap_note, share_caption
-
-    lines: list[str] = ["## stepcli table", ""]
-    stats = data.get("step_ms")
-    lines.append(f"{len(data['files'])} trace file(s), {data['events']:,} events.")
-    if data.get("skipped_events"):
-        lines[-1] += f" {_skipped_note(data['skipped_events']).capitalize()}."
-    if stats:
-        lines.append(
-            f"Step time over {stats['count']} steps: mean {_ms(stats['mean'])} ms, median {_ms(stats['median'])} ms, "
-            f"p90 {_ms(stats['p90'])} ms, max {_ms(stats['max'])} ms."
-        )
-    lines.append("")
-    if data["steps"]:
-        lines += ["### Steps", ""]
-        steps = first_per_process(data["steps"], limit, _process_label)
-        lines += _md_table(
-            ("Process", "Step", "ms"),
-            [(_process_label(s), s["step"], _ms(s["dur_ms"])) for s in steps],
-            (False, True, True),
-        )
-        lines.append("")
-        if len(steps) < len(data["steps"]):  # never cut silently
-            lines += [f"First {limit} steps of each process shown ({len(steps)} of {len(data['steps'])}, --limit).", ""]
-    if data["ranks"]:
-        slowest = data.get("slowest_rank")
-        lines += ["### Ranks", ""]
-        rows: list[Sequence[Any]] = []
-        for r in data["ranks"]:
-            st = r.get("step_ms") or {}
-            mark = " (slowest)" if slowest is not None and r["rank"] == slowest else ""
-            files = ", ".join(r.get("files") or [r.get("file") or ""])
-            rows.append(
-                (
-                    _process_label(r) + mark,
-                    files,
-                    st.get("count", 0),
-                    _ms(st.get("mean")),
-                    _ms(st.get("median")),
-                    _ms(st.get("p90")),
-                    _ms(st.get("max")),
-                    _ms(r.get("compute_ms")),
-                    _ms(r.get("comm_ms")),
-                )
-            )
-        lines += _md_table(
-            ("Process", "Files", "Steps", "Mean ms", "Median ms", "P90 ms", "Max ms", "Compute ms", "Wait ms"),
-            rows,
-            (False, False, True, True, True, True, True, True, True),
-        )
-        lines.append("")
-        if data.get("straggler"):
-            lines += [f"Slowest rank: {_md_text(data['straggler']['evidence'])}.", ""]
-        culprit = culprit_lines(data.get("culprit"))
-        lines += [_md_text(f"C{line[1:]}") for line in culprit] + [""] * bool(culprit)
-    breakdown = data.get("breakdown_ms")
-    if breakdown:
-        total = sum(breakdown.values())
-        lines += ["### Step breakdown (mean per step)", ""]
-        rows = [(p, _ms(breakdown[p]), _pct(breakdown[p] / total) if total else "-") for p in PHASE_ORDER]
-        if data.get("device"):
-            rows.append(("device busy", _ms(data["device"]["busy_ms"]), _pct(data["device"]["busy_share"])))
-        lines += _md_table(("Phase", "ms / step", "Share"), rows, (False, True, True))
-        lines.append("")
-    for title, rows_in in (("CPU operators", data["cpu_ops"]), ("Device kernels", data["device_kernels"])):
-        if not rows_in and title == "Device kernels":
-            continue
-        lines += [f"### {title}", ""]
-        rows = [
-            (
-                f"`{r['name']}`" if "`" not in r["name"] else r["name"],
-                r["calls"],
-                _ms(r["self_ms"]),
-                _pct(r["self_share"]),
-                _ms(r["total_ms"]),
-                _ms(r["avg_ms"]),
-            )
-            for r in sort_rows(rows_in, sort_by, limit)
-        ]
-        lines += _md_table(
-            ("Name", "Calls", "Self ms", "Self %", "Total ms", "Avg ms"), rows, (False, True, True, True, True, True)
-        )
-        shown = (
-            f"{len(rows)} of {len(rows_in)} rows, sorted by {sort_by} (--limit). " if len(rows) < len(rows_in) else ""
-        )
-        lines += ["", f"{shown}{share_caption(data.get('share_of'))}.", ""]
-        lines += [f"{note}.", ""] if (note := overlap_note(rows_in)) else []
-        outside = outside_note(data.get("outside_steps")) if title == "CPU operators" else None
-        if outside:
-            lines += [f"{outside[0].upper()}{outside[1:]}.", ""]
-    return "\n".join(lines)

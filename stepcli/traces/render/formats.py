@@ -1,0 +1,233 @@
+"""`stepcli table`'s report in the format asked for (print_table_report): the terminal's rich tables
+(stepcli.traces.render.table), or for machines and CI JSON, CSV of every row, and a Markdown report (for a pull
+request or $GITHUB_STEP_SUMMARY).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any
+
+from stepcli.fmt import ms_cell as _ms
+from stepcli.fmt import visible, visible_all
+from stepcli.traces.analyses.culpritwords import culprit_lines
+from stepcli.traces.analyses.ranks import first_per_process
+from stepcli.traces.render.table import (
+    DEFAULT_LIMIT,
+    FORMATS,
+    PHASE_ORDER,
+    outside_note,
+    pct,
+    pipe_console_for,
+    print_rich_report,
+    process_label,
+    skipped_note,
+    sort_rows,
+)
+
+if TYPE_CHECKING:
+    from stepcli.traces.analyses.model import TraceSummary
+
+
+def json_text(data: Any) -> str:
+    """`data` as indented JSON text, a newline at the end. msgspec (the trace reader's, already imported) writes
+    it: orjson's import would cost `table --json` ~10 ms (it imports zoneinfo); the text is the same."""
+    import msgspec
+
+    return msgspec.json.format(msgspec.json.encode(data), indent=2).decode() + "\n"
+
+
+_CSV_FIELDS = ("kind", "name", "calls", "self_ms", "total_ms", "avg_ms", "self_share")
+
+
+def csv_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: int | None = None) -> str:
+    """One CSV table of operator rows, CPU then device, with a `kind` column; names are never shortened."""
+    buffer = io.StringIO()
+    with_shape = any("shape" in r for r in [*data["cpu_ops"], *data["device_kernels"]])
+    fields = (*_CSV_FIELDS, "shape") if with_shape else _CSV_FIELDS
+    writer = csv.DictWriter(buffer, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for kind, rows in (("cpu", data["cpu_ops"]), ("device", data["device_kernels"])):
+        for row in sort_rows(rows, sort_by, limit):
+            writer.writerow({"kind": kind, **row})
+    return buffer.getvalue()
+
+
+def _md_text(value: Any) -> str:
+    """Text from traces for Markdown: HTML special characters as entities (a name holding `<img ...>` is shown,
+    not rendered), control characters as escapes (stepcli.fmt.visible)."""
+    text = visible(str(value))
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def csv_cut_note(data: Mapping[str, Any], limit: int | None) -> str | None:
+    """What `--limit` left out of the CSV, or None when it holds every row."""
+    if limit is None:
+        return None
+    cut = [
+        f"{min(limit, len(rows))} of {len(rows)} {what}"
+        for what, rows in (("CPU operators", data["cpu_ops"]), ("device kernels", data["device_kernels"]))
+        if len(rows) > limit
+    ]
+    return f"the CSV holds {' and '.join(cut)} (--limit {limit})" if cut else None
+
+
+def _md_cell(value: Any) -> str:
+    return _md_text(str(value).replace("\n", " ")).replace("\\", "\\\\").replace("|", "\\|")
+
+
+def _md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[bool]) -> list[str]:
+    lines = ["| " + " | ".join(_md_cell(h) for h in headers) + " |"]
+    lines.append("|" + "|".join("---:" if r else "---" for r in right) + "|")
+    lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: int | None = 20) -> str:
+    """GitHub-flavoured Markdown (e.g. for $GITHUB_STEP_SUMMARY): steps, ranks, breakdown and operator tables."""
+    from stepcli.traces.analyses.shares import overlap_note, share_caption
+
+    lines: list[str] = ["## stepcli table", ""]
+    stats = data.get("step_ms")
+    lines.append(f"{len(data['files'])} trace file(s), {data['events']:,} events.")
+    if data.get("skipped_events"):
+        lines[-1] += f" {skipped_note(data['skipped_events']).capitalize()}."
+    if stats:
+        lines.append(
+            f"Step time over {stats['count']} steps: mean {_ms(stats['mean'])} ms, median {_ms(stats['median'])} ms, "
+            f"p90 {_ms(stats['p90'])} ms, max {_ms(stats['max'])} ms."
+        )
+    lines.append("")
+    if data["steps"]:
+        lines += ["### Steps", ""]
+        steps = first_per_process(data["steps"], limit, process_label)
+        lines += _md_table(
+            ("Process", "Step", "ms"),
+            [(process_label(s), s["step"], _ms(s["dur_ms"])) for s in steps],
+            (False, True, True),
+        )
+        lines.append("")
+        if len(steps) < len(data["steps"]):  # never cut silently
+            lines += [f"First {limit} steps of each process shown ({len(steps)} of {len(data['steps'])}, --limit).", ""]
+    if data["ranks"]:
+        slowest = data.get("slowest_rank")
+        lines += ["### Ranks", ""]
+        rows: list[Sequence[Any]] = []
+        for r in data["ranks"]:
+            st = r.get("step_ms") or {}
+            mark = " (slowest)" if slowest is not None and r["rank"] == slowest else ""
+            files = ", ".join(r.get("files") or [r.get("file") or ""])
+            rows.append(
+                (
+                    process_label(r) + mark,
+                    files,
+                    st.get("count", 0),
+                    _ms(st.get("mean")),
+                    _ms(st.get("median")),
+                    _ms(st.get("p90")),
+                    _ms(st.get("max")),
+                    _ms(r.get("compute_ms")),
+                    _ms(r.get("comm_ms")),
+                )
+            )
+        lines += _md_table(
+            ("Process", "Files", "Steps", "Mean ms", "Median ms", "P90 ms", "Max ms", "Compute ms", "Wait ms"),
+            rows,
+            (False, False, True, True, True, True, True, True, True),
+        )
+        lines.append("")
+        if data.get("straggler"):
+            lines += [f"Slowest rank: {_md_text(data['straggler']['evidence'])}.", ""]
+        culprit = culprit_lines(data.get("culprit"))
+        lines += [_md_text(f"C{line[1:]}") for line in culprit] + [""] * bool(culprit)
+    breakdown = data.get("breakdown_ms")
+    if breakdown:
+        total = sum(breakdown.values())
+        lines += ["### Step breakdown (mean per step)", ""]
+        rows = [(p, _ms(breakdown[p]), pct(breakdown[p] / total) if total else "-") for p in PHASE_ORDER]
+        if data.get("device"):
+            rows.append(("device busy", _ms(data["device"]["busy_ms"]), pct(data["device"]["busy_share"])))
+        lines += _md_table(("Phase", "ms / step", "Share"), rows, (False, True, True))
+        lines.append("")
+    for title, rows_in in (("CPU operators", data["cpu_ops"]), ("Device kernels", data["device_kernels"])):
+        if not rows_in and title == "Device kernels":
+            continue
+        lines += [f"### {title}", ""]
+        rows = [
+            (
+                f"`{r['name']}`" if "`" not in r["name"] else r["name"],
+                r["calls"],
+                _ms(r["self_ms"]),
+                pct(r["self_share"]),
+                _ms(r["total_ms"]),
+                _ms(r["avg_ms"]),
+            )
+            for r in sort_rows(rows_in, sort_by, limit)
+        ]
+        lines += _md_table(
+            ("Name", "Calls", "Self ms", "Self %", "Total ms", "Avg ms"), rows, (False, True, True, True, True, True)
+        )
+        shown = (
+            f"{len(rows)} of {len(rows_in)} rows, sorted by {sort_by} (--limit). " if len(rows) < len(rows_in) else ""
+        )
+        lines += ["", f"{shown}{share_caption(data.get('share_of'))}.", ""]
+        lines += [f"{note}.", ""] if (note := overlap_note(rows_in)) else []
+        outside = outside_note(data.get("outside_steps")) if title == "CPU operators" else None
+        if outside:
+            lines += [f"{outside[0].upper()}{outside[1:]}.", ""]
+    return "\n".join(lines)
+
+
+def print_table_report(
+    summary: TraceSummary, *, sort_by: str, limit: int | None, fmt: str, file: IO[str] | None = None
+) -> None:
+    """Write the report for `stepcli table` to stdout (or `file`) in one of FORMATS.
+
+    A reader that stops early (`stepcli table T | head -1`) ends the report quietly, as it does for other Unix
+    tools: the rest is discarded and the command still succeeds.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    out = file if file is not None else sys.stdout
+    data = summary.to_dict()
+    if fmt != "json":  # names from traces: control characters shown, never sent to the terminal (JSON escapes them)
+        data = visible_all(data)
+    try:
+        if fmt == "json":
+            out.write(json_text(data))
+        elif fmt == "csv":  # a machine format: every row unless --limit, and a cut said on stderr
+            out.write(csv_report(data, sort_by=sort_by, limit=limit))
+            cut = csv_cut_note(data, limit)
+            if cut:
+                print(f"stepcli: note: {cut}", file=sys.stderr)
+        elif fmt == "markdown":
+            out.write(markdown_report(data, sort_by=sort_by, limit=limit or DEFAULT_LIMIT))
+        else:
+            print_rich_report(data, pipe_console_for(file), sort_by=sort_by, limit=limit or DEFAULT_LIMIT)
+        out.flush()  # inside the try: a closed pipe must surface here, not in the interpreter's final flush
+    except BrokenPipeError:
+        _discard_output(out)
+
+
+def _discard_output(out: IO[str]) -> None:
+    """After a broken pipe on stdout, point its descriptor at /dev/null so that the interpreter's last flush of
+    what is still buffered succeeds silently instead of printing "Exception ignored ... BrokenPipeError"."""
+    try:
+        fd = out.fileno()
+    except (OSError, ValueError):
+        return
+    try:
+        stdout_fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        stdout_fd = 1
+    if fd != stdout_fd:
+        return  # a stream the caller opened: closing it is theirs to handle
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
