@@ -113,7 +113,7 @@ def main() -> int:
     parser.add_argument("--keep", help="build the run folder here and keep it")
     args = parser.parse_args()
 
-    from stepcli.run.htmlreport import report_main
+    from stepcli.run.summary.htmlreport import report_main
 
     folder = Path(args.keep or tempfile.mkdtemp(prefix="stepcli-bench-report-"))
     make_synthetic_run(folder, args.steps, args.ranks)

@@ -6,7 +6,7 @@ Builds (or reuses, with --folder) --ranks rank traces of --rank-mb each with scr
 then times, in this one process and alternately, the two ways the end of a run can read them:
 
   before: the run summary summarizes the traces (stepcli.traces.engine.summarize_paths), then the page reads them again
-          (stepcli.run.htmlreport.build with no RunTraces: by-shape parts, plus a scan of every file for memory events);
+          (stepcli.run.summary.htmlreport.build with no RunTraces: by-shape parts, plus a scan of every file for memory events);
   after:  one stepcli.traces.readonce.RunTraces read (plain and by-shape parts), the summary merged from its plain
           parts and the page built from the same parts (a run without --profile-memory scans no file for memory).
 
@@ -35,7 +35,7 @@ from bench_table import make_folder  # noqa: E402 (the generator lives beside th
 def before(paths: list[str]) -> None:
     """The end of a run as it was: two reads of every trace (plus a memory-event scan)."""
     from stepcli.report.page import render
-    from stepcli.run.htmlreport import build
+    from stepcli.run.summary.htmlreport import build
     from stepcli.traces.engine import summarize_paths
 
     summarize_paths(paths).to_dict()
@@ -45,7 +45,7 @@ def before(paths: list[str]) -> None:
 def after(paths: list[str], memory: bool = False) -> None:
     """The end of a run now: one read, shared by the summary and the page."""
     from stepcli.report.page import render
-    from stepcli.run.htmlreport import build
+    from stepcli.run.summary.htmlreport import build
     from stepcli.traces.analyses.mergeparts import merge_parts
     from stepcli.traces.readonce import RunTraces
 

@@ -13,8 +13,8 @@ from stepcli import __version__
 from stepcli.agent.request import MAX_ACTIVE, MAX_WAIT, MAX_WARMUP
 from stepcli.cliparse import parse_activities, parse_duration, parse_fail_over, parse_step_on
 from stepcli.errors import EXIT_INTERNAL, EXIT_USAGE, StepcliError
+from stepcli.run.live.topcli import top
 from stepcli.run.slowoptions import check_slow_options, slow_options
-from stepcli.run.topcli import top
 from stepcli.stats import METRICS
 from stepcli.traces.merge import merge_main  # light: it imports the trace reader only when a merge runs
 
@@ -402,17 +402,17 @@ def capture(target: str, wait: int, warmup: int, active: int, timeout: float, as
     (exit 0 one written, 3 none: no process answered or none uses CUDA).
     """
     if now["stacks"] or now["memory_snapshot"]:
-        from stepcli.run.memsnap import capture_now
+        from stepcli.run.live.memsnap import capture_now
 
         ctx = click.get_current_context()
         given = [f"--{name}" for name in ("wait", "warmup", "active") if ctx.get_parameter_source(name) == _FROM_CLI]
         return capture_now(target, given, timeout=timeout, as_json=as_json, **now)
-    from stepcli.run.capture import capture_main
+    from stepcli.run.live.capture import capture_main
 
     return capture_main(target, wait=wait, warmup=warmup, active=active, timeout=timeout, as_json=as_json)
 
 
-cli.add_command(top)  # stepcli/run/topcli.py
+cli.add_command(top)  # stepcli/run/live/topcli.py
 
 
 @cli.command(short_help="What filled CUDA memory: a snapshot's peak or out-of-memory error, split and advice.")
@@ -445,7 +445,7 @@ def report(paths: tuple[str, ...], output: str | None) -> int:
 
     PATHS: a `stepcli run` output folder, a run summary (--json), traces, or folders of traces.
     """
-    from stepcli.run.htmlreport import report_main
+    from stepcli.run.summary.htmlreport import report_main
 
     click.echo(report_main(list(paths), output))
     return 0

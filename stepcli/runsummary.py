@@ -105,7 +105,7 @@ class PeakMemory(TypedDict):
 
 
 class AdviceItem(TypedDict):
-    """One entry of `advice` (stepcli.run.advice.Advice.to_dict)."""
+    """One entry of `advice` (stepcli.advice.rules.Advice.to_dict)."""
 
     rule: str
     title: str
@@ -146,7 +146,9 @@ class RunSummary(TypedDict, total=False):
     ranks: list[dict[str, Any]]
     slowest_rank: int | None
     straggler: dict[str, Any] | None
-    culprit: dict[str, Any] | None  # stepcli.traces.analyses.culprit via stepcli.run.culprit (None without 2+ ranks)
+    culprit: (
+        dict[str, Any] | None
+    )  # stepcli.traces.analyses.culprit via stepcli.run.summary.culprit (None without 2+ ranks)
     share_of: str | None
     outside_steps: dict[str, Any] | None
     breakdown_ms: dict[str, float] | None
@@ -158,7 +160,7 @@ class RunSummary(TypedDict, total=False):
     # The CUDA memory snapshots this run's processes wrote (file names in out_dir, from their signed step logs):
     # the page reads these and no other file of the folder.
     memory_snapshots: list[str]
-    step_record: list[dict[str, Any]]  # the whole run's step times per process (stepcli/run/steprecord.py)
+    step_record: list[dict[str, Any]]  # the whole run's step times per process (stepcli/run/summary/steprecord.py)
     triggered: list[dict[str, Any]]  # the windows --capture-on-slow placed, with their trigger
     notes: list[str]
     advice: list[AdviceItem]
@@ -440,7 +442,7 @@ def read_run_summary(data: bytes | bytearray, label: str, *, required: Sequence[
 @dataclass(frozen=True)
 class Advice:
     """One recommendation: what was seen (with numbers), the threshold it crossed, and what to try
-    (computed by stepcli.run.advice; an entry of `advice`)."""
+    (computed by stepcli.advice.rules; an entry of `advice`)."""
 
     rule: str
     title: str

@@ -17,7 +17,7 @@ CONFIG_ENV = "STEPCLI_CONFIG"
 CONFIG_VERSION = 1
 LOG_FOLDER = ".stepcli"  # hidden, so trace viewers and `stepcli table DIR` skip it
 STEP_LOG_SUFFIX = ".steps.json"
-STEP_LOG_VERSION = 1  # the step log's schema_version (stepcli.run.steplogs checks it)
+STEP_LOG_VERSION = 1  # the step log's schema_version (stepcli.run.summary.steplogs checks it)
 # The top-level trace metadata key the agent writes into a trace whose window was cut short: the ProfilerStep#N
 # that only just began (stepcli.traces.read.reader reads it).
 INCOMPLETE_STEP_KEY = "stepcli_incomplete_step"

@@ -3,7 +3,7 @@
 Owns the page only: `data` (what the page shows, from a RunSummary and the traces), `page` (HTML), `svg` (charts),
 `links` (hrefs to files beside the page).
 It renders and computes nothing new: the run summary, its advice, and finding the inputs of `stepcli report PATH`
-belong to stepcli.run (stepcli.run.htmlreport).
+belong to stepcli.run (stepcli.run.summary.htmlreport).
 May import: stepcli.errors, stepcli.inputs, stepcli.stats, stepcli.fmt, stepcli.runsummary, stepcli.traces; never
 stepcli.run or stepcli.compare.
 """

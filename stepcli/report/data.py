@@ -3,7 +3,7 @@
 The page renders a RunSummary (stepcli.runsummary: its step times, tables, notes and advice, all computed by
 `stepcli run`) plus what only the traces hold (operators by input shape, one breakdown bar per rank, the memory
 curve), read through stepcli.traces. Finding the inputs of `stepcli report PATH` and computing the advice of
-inputs that carry none is stepcli.run.htmlreport's job.
+inputs that carry none is stepcli.run.summary.htmlreport's job.
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ def _add_trace_tables(data: ReportData, analysis: dict[str, Any], parts: list[li
 
 def _at_the_runs_pace(device: dict[str, Any] | None, summary: RunSummary | None) -> dict[str, Any] | None:
     """The traces' device figures with the run summary's FLOP/s and MFU when the summary took them at the
-    untouched steps' pace (stepcli.run.summary): the traces alone only know the recorded steps' pace."""
+    untouched steps' pace (stepcli.run.summary.build): the traces alone only know the recorded steps' pace."""
     flops = (summary or {}).get("flops")
     if not device or not flops or flops.get("pace") != "untouched":
         return device

@@ -1,4 +1,4 @@
-"""report.html's "Hang" section: the run summary's `hang` section (built by stepcli/run/hangreport.py), shown only
+"""report.html's "Hang" section: the run summary's `hang` section (built by stepcli/run/summary/hangreport.py), shown only
 when `stepcli run --hang-timeout` reported a hang. Per report the verdict comes first (who holds the job back, the
 collective the others wait in) with when the hang was called (after the last report, what `--on-hang` did), then
 where the stacks are and one row per process. Everything in it comes from the program (file paths, function names) or from a file on disk, so

@@ -1,11 +1,12 @@
 """`stepcli run` and `stepcli capture`, from the launcher's side: everything outside the profiled process.
 
-Owns the child command and its signals (launcher, signals, watchdog), the run's private control folder
-(controldir), the step logs the agent writes (steplogs), on-demand capture of a running job (capture; liverun finds
-the run a TARGET names, captureplan places the window), hang dumps (hang, hangreport), building the run summary
-document and its advice (summary, compiles, advice, deviceadvice, advising, hta, guard), showing it on the terminal
-(console), and the inputs of the HTML page (htmlreport: `stepcli report PATH`, report.html at the run's end).
+At this level, the launch: the child command and its signals (launcher, signals, watchdog, subreaper: no orphan
+outlives the run), the run's private control folder (controldir), the `--capture-on-slow` options (slowoptions),
+and what happens when the summary fails (guard). Below it:
+- live/: reaching into the running job (capture, top, the hang doctor, memory snapshots);
+- summary/: what the run says when it ends (the run summary, the terminal, report.html's inputs).
+Advice rules are stepcli.advice's.
 May import: stepcli.errors, stepcli.fmt, stepcli.inputs, stepcli.stats, stepcli.runsummary, stepcli.steptimes,
-stepcli.agent (its shared constants, config and output helpers), stepcli.traces, stepcli.compare (budgets) and
-stepcli.report.
+stepcli.agent (its shared constants, config and output helpers), stepcli.traces, stepcli.advice, stepcli.compare
+(budgets) and stepcli.report.
 """

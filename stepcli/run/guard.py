@@ -78,7 +78,7 @@ def summary_failed(
     json_written: bool = False,
 ) -> int:
     """Say what failed in one line, make sure `--json` exists, and return stepcli's exit status."""
-    from stepcli.run.summary import write_run_summary
+    from stepcli.run.summary.build import write_run_summary
 
     error = f"{type(exc).__name__}: {exc}"
     say(f"internal error while summarizing the run ({error}); traces are in {config.out_dir}")

@@ -65,7 +65,7 @@ class RunRequest:
     on_demand: bool = False
     report: bool = True
     verbose: bool = False
-    hang_timeout: float | None = None  # --hang-timeout, seconds (stepcli/run/hang.py)
+    hang_timeout: float | None = None  # --hang-timeout, seconds (stepcli/run/live/hang.py)
     on_hang: str = "keep"
     memory_entries: int = 0  # --memory: CUDA allocator history entries per process (0: off)
     slow_trigger: dict[str, Any] | None = None  # --capture-on-slow (stepcli/agent/slowrule.py)
@@ -111,7 +111,7 @@ class RunRequest:
                     f"--step-on {spec}: the script's own __main__ cannot be hooked before it runs; "
                     "name a function in an importable module"
                 )
-        from stepcli.run.hang import check_options
+        from stepcli.run.live.hang import check_options
 
         on_hang = check_options(hang_timeout, on_hang)
         argv, label = _child_command(target, module_mode, command_mode)
@@ -301,7 +301,7 @@ def run_program(request: RunRequest) -> int:
         watchdog = start_watchdog(proc.pid, os.getpgrp() if foreground else proc.pid)
         if watchdog is not None:
             subreaper.own(watchdog.pid)
-        from stepcli.run.hang import start_hang_watch
+        from stepcli.run.live.hang import start_hang_watch
 
         hang_watch = start_hang_watch(request.hang_timeout, request.on_hang, config, proc)
         try:
@@ -344,8 +344,8 @@ def _report(
     """Summary, --json and --fail-over after the program exited. The program's status wins, except that a
     budget that was exceeded, or could not be checked, fails a run that succeeded. `hang_ended`: `--on-hang kill`
     ended the job."""
-    from stepcli.run.console import print_run_summary
-    from stepcli.run.summary import analysis_progress, build_run_summary, write_run_summary
+    from stepcli.run.summary.build import analysis_progress, build_run_summary, write_run_summary
+    from stepcli.run.summary.console import print_run_summary
     from stepcli.traces.readonce import RunTraces
 
     display = ["python", *request.argv[1:]] if request.argv[0] == sys.executable else request.argv
@@ -371,7 +371,7 @@ def _report(
             exc, request, config, command=display, status=status, started=started, duration_s=duration_s
         )
     try:
-        from stepcli.run.steprecord import attach
+        from stepcli.run.summary.steprecord import attach
 
         attach(summary, config.log_dir, config.run_key)  # the whole run's step times and the triggered captures
     except Exception as exc:
@@ -446,7 +446,7 @@ def _html_report(
     if not request.report or not (summary["traces"] or summary["steps"]["global"]):
         return None
     try:
-        from stepcli.run.htmlreport import write_run_report
+        from stepcli.run.summary.htmlreport import write_run_report
 
         return write_run_report(summary, traces)
     except Exception as exc:  # the program's result and the terminal summary must survive a bug in the page

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
+from stepcli.advice.memory import advise
 from stepcli.errors import EXIT_NOTHING_MEASURED, EXIT_OK, StepcliError
-from stepcli.snapshots.advice import advise
 from stepcli.snapshots.analysis import analyze
 from stepcli.snapshots.reader import find_snapshots, load_snapshot
 from stepcli.snapshots.render import to_json, to_text

@@ -1,6 +1,6 @@
 """The traces of one run end, read at most once.
 
-After `stepcli run`, the run summary (stepcli.run.summary) and report.html (stepcli.report.data) need the same
+After `stepcli run`, the run summary (stepcli.run.summary.build) and report.html (stepcli.report.data) need the same
 traces: the summary their plain per-file parts, the page those parts, the by-shape parts and the memory curves.
 Both ask one `RunTraces`, which reads every file once (with shapes when a page will follow) and hands the same
 parts to both, so a torchrun job's large per-rank traces are decoded once, not once per consumer.

@@ -195,7 +195,7 @@ def test_run_writes_report_and_points_to_it(demo_run: dict[str, Any], browser: A
     _assert_self_contained(html)
     # AND no advice fires on the demo (nothing in its numbers crosses a threshold), unless a loaded machine pushed
     # its data loading (~0.7 ms of ~3 ms steps) past the rule's own thresholds, as a loaded CI machine once did
-    from stepcli.run.advice import DATALOADER_MIN_MS, DATALOADER_SHARE
+    from stepcli.advice.rules import DATALOADER_MIN_MS, DATALOADER_SHARE
 
     breakdown = demo_run["summary"]["breakdown_ms"]
     loading = breakdown["dataloader"]

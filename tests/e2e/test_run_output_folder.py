@@ -114,7 +114,7 @@ def test_forged_step_logs_and_outside_traces_are_refused(forged_run: dict[str, A
 def test_only_traces_this_run_wrote_inside_the_output_folder_count(tmp_path: Path) -> None:
     from stepcli.agent.config import AgentConfig
     from stepcli.agent.signing import sign
-    from stepcli.run.steplogs import load_step_logs
+    from stepcli.run.summary.steplogs import load_step_logs
 
     # GIVEN a signed step log whose windows name a good trace, one outside the output folder, a link inside the
     # folder that points outside, a trace whose size is not what the agent recorded, and one older than the run
@@ -179,7 +179,7 @@ def test_a_failing_summary_keeps_the_json_file_and_a_nonzero_exit(
     from stepcli.agent.schedule import Schedule
     from stepcli.cli import main
     from stepcli.run import launcher
-    from stepcli.run import summary as runreport
+    from stepcli.run.summary import build as runreport
 
     # GIVEN a run whose summary building raises (a bug), after a program that succeeded
     def broken(*_args: Any, **_kwargs: Any) -> dict[str, Any]:

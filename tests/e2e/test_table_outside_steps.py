@@ -291,7 +291,7 @@ def test_table_says_what_it_left_out_and_shares_stay_within_step_time(tmp_path: 
 
 
 def test_run_summary_says_it_under_the_top_operators(capsys: pytest.CaptureFixture[str]) -> None:
-    from stepcli.run.console import print_run_summary
+    from stepcli.run.summary.console import print_run_summary
 
     # GIVEN the analysis of a window whose trace has an event after its last step, as the run summary holds it
     events = [step(1, 0, 100), ev("aten::mm", 10, 80), ev("cudaDeviceSynchronize", 150, 1234, cat="cuda_runtime")]

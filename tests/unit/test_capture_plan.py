@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from stepcli.agent.schedule import NONE, RECORD, WARMUP, Schedule, WindowSchedule
-from stepcli.run.captureplan import plan_request
+from stepcli.run.live.captureplan import plan_request
 
 
 @pytest.fixture

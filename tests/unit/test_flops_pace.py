@@ -50,7 +50,7 @@ def _analysis() -> dict[str, Any]:
 
 
 def test_the_run_summary_is_at_the_untouched_steps_pace() -> None:
-    from stepcli.run.summary import _at_program_pace
+    from stepcli.run.summary.build import _at_program_pace
 
     # GIVEN the traces' figures (recorded pace) and untouched steps of a median 50.3 ms
     flops, device = _at_program_pace(_analysis(), [50.1, 50.3, 61.0, 49.0, 50.4])

@@ -15,10 +15,10 @@ from rich.console import Console
 from stepcli.agent.stacks import SCHEMA as STACKS_SCHEMA
 from stepcli.fmt import say
 from stepcli.report import lateness
-from stepcli.run import hang
-from stepcli.run.console import _print_hang
-from stepcli.run.hangreport import hang_summary
-from stepcli.run.top import render
+from stepcli.run.live import hang
+from stepcli.run.live.top import render
+from stepcli.run.summary.console import _print_hang
+from stepcli.run.summary.hangreport import hang_summary
 from stepcli.traces.render.formats import markdown_report
 
 HOSTILE = "\x1b]8;;http://evil.example\x07click\x1b]8;;\x07\x1b[2J\u202eyp.niart"

@@ -11,7 +11,7 @@ from typing import Any
 from conftest import REPO
 
 from stepcli.report import default_output, svg
-from stepcli.run.htmlreport import build, report_main
+from stepcli.run.summary.htmlreport import build, report_main
 
 
 def _bench_module() -> Any:

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from stepcli.run import advice
-from stepcli.run.advice import Evidence, advise
+from stepcli.advice import rules as advice
+from stepcli.advice.rules import Evidence, advise
 
 
 def _breakdown(**shares: float) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""Device advice rules (stepcli.run.deviceadvice): each fires just above its threshold, stays silent just below it,
+"""Device advice rules (stepcli.advice.device): each fires just above its threshold, stays silent just below it,
 and stays silent without its evidence."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from stepcli.run import deviceadvice
-from stepcli.run.advice import Evidence
-from stepcli.run.deviceadvice import advise_device
+from stepcli.advice import device as deviceadvice
+from stepcli.advice.device import advise_device
+from stepcli.advice.rules import Evidence
 
 
 def device(**figures: Any) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from stepcli.agent import collectives
 from stepcli.agent.stacks import STALL_PREFIX, StackDumper
 from stepcli.agent.tracker import StepTracker
 from stepcli.errors import StepcliError
-from stepcli.run.hang import check_options, parse_duration
-from stepcli.run.hangreport import describe_dumps, own_frame, parse_faulthandler, summary_lines, verdict
+from stepcli.run.live.hang import check_options, parse_duration
+from stepcli.run.summary.hangreport import describe_dumps, own_frame, parse_faulthandler, summary_lines, verdict
 
 
 @pytest.mark.parametrize(
@@ -193,7 +193,7 @@ def test_faulthandler_text_becomes_threads_innermost_first() -> None:
 def test_the_dump_is_asked_only_once_the_fault_text_is_written(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """faulthandler drops a dump asked while it writes another: the two signals must never overlap."""
     from stepcli.agent.stacks import dump_signal, fault_signal
-    from stepcli.run import hang
+    from stepcli.run.live import hang
 
     if fault_signal() is None:
         pytest.skip("no real-time signals on this platform")
@@ -360,7 +360,7 @@ def test_a_stopped_rank_is_named_as_the_one_holding_the_job_back() -> None:
     import sys
     import time
 
-    from stepcli.run.hangreport import is_stopped
+    from stepcli.run.summary.hangreport import is_stopped
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
@@ -385,7 +385,7 @@ def test_a_stopped_rank_is_named_as_the_one_holding_the_job_back() -> None:
 
 def test_a_stopped_process_s_file_names_it_in_the_block_the_summary_and_the_verdict(tmp_path: Path) -> None:
     # (issue 30, item 15) the launcher writes a file for a stopped process ("source": "stopped", no threads)
-    from stepcli.run.hangreport import hang_summary
+    from stepcli.run.summary.hangreport import hang_summary
 
     stopped = {"rank": 1, "pid": 4243, "host": "h", "source": "stopped", "threads": [], "step": None, "time": 1.0}
     waiting = _dump(0, _waiting(7), [("all_reduce", "/x/c10d.py")])

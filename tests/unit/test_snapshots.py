@@ -12,9 +12,9 @@ import memory_snapshots as fx
 import pytest
 import torch.cuda._memory_viz as memory_viz
 
+from stepcli.advice.memory import advise
 from stepcli.errors import TraceError
 from stepcli.snapshots import categories
-from stepcli.snapshots.advice import advise
 from stepcli.snapshots.analysis import analyze
 from stepcli.snapshots.reader import load_snapshot
 

@@ -127,7 +127,7 @@ def test_run_end_reads_each_trace_once_and_the_page_equals_stepcli_report(
     """The launcher's end of run in this process (the program itself is a real child), readers counted."""
     import stepcli.report.data as report_data
     from stepcli.cli import main
-    from stepcli.run.htmlreport import gather
+    from stepcli.run.summary.htmlreport import gather
 
     built: list[report_data.ReportData] = []
     real_build = report_data.build

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from stepcli.fmt import percent as _pct
-from stepcli.run.culprit import culprit_advice
+from stepcli.run.summary.culprit import culprit_advice
 from stepcli.runsummary import Advice
 from stepcli.stats import percentile
 
@@ -77,8 +77,8 @@ class Evidence:
     straggler: Mapping[str, Any] | None = None
     ranks_analysed: bool = False
     untouched_ms: Sequence[tuple[int, float]] = ()  # (step number, ms) of one process
-    device: Mapping[str, Any] | None = None  # the summary's `device` figures (stepcli.run.deviceadvice reads them)
-    culprit: Mapping[str, Any] | None = None  # the `culprit` section (stepcli.run.culprit)
+    device: Mapping[str, Any] | None = None  # the summary's `device` figures (stepcli.advice.device reads them)
+    culprit: Mapping[str, Any] | None = None  # the `culprit` section (stepcli.run.summary.culprit)
 
 
 def _share(breakdown: Mapping[str, float], key: str) -> float | None:
@@ -265,7 +265,7 @@ def stalls(ev: Evidence) -> Advice | None:
 
 
 def culprit(ev: Evidence) -> Advice | None:
-    """A rank the others wait for at collectives, with the cause of its lateness (stepcli.run.culprit)."""
+    """A rank the others wait for at collectives, with the cause of its lateness (stepcli.run.summary.culprit)."""
     fields = culprit_advice(ev.culprit)
     return Advice(**fields) if fields else None
 

@@ -9,8 +9,8 @@ import shlex
 from typing import TYPE_CHECKING
 
 from stepcli.fmt import ms, print_wrapped, size_or_dash, visible
-from stepcli.run.compiles import compile_lines
-from stepcli.run.culprit import print_culprit
+from stepcli.run.summary.compiles import compile_lines
+from stepcli.run.summary.culprit import print_culprit
 from stepcli.runsummary import RunSummary
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
     _print_tables(summary, console)
     out_dir = summary.get("out_dir")
     print_culprit(console, summary.get("culprit"), _relative(out_dir) if out_dir else None)
-    from stepcli.run.steprecord import lines as whole_run_lines
+    from stepcli.run.summary.steprecord import lines as whole_run_lines
 
     for line in whole_run_lines(summary):  # before the notes, the advice and `next:`, wrapped to the width
         print_wrapped(console, line)
@@ -120,9 +120,9 @@ def _add_timeline(overview: Table, summary: RunSummary, console: Console) -> Non
 
 
 def _print_hang(summary: RunSummary, console: Console) -> None:
-    """The hang block (stepcli/run/hangreport.py) under the outcome it explains: as it is (names from the
+    """The hang block (stepcli/run/summary/hangreport.py) under the outcome it explains: as it is (names from the
     program are no markup), never re-wrapped (its lines fit 80 columns; a long folder path stays whole)."""
-    from stepcli.run.hangreport import summary_lines
+    from stepcli.run.summary.hangreport import summary_lines
 
     for line in summary_lines(summary.get("hang"), _relative):
         console.print(visible(line), markup=False, highlight=False, soft_wrap=True)
@@ -182,7 +182,7 @@ def _print_next(summary: RunSummary, report_path: str | None, console: Console) 
     if summary["traces"]:
         # Not TensorBoard: it shows nothing of a trace without the deprecated torch-tb-profiler plugin.
         lines.append("  open a trace in https://ui.perfetto.dev or chrome://tracing")
-        from stepcli.run.hta import hta_command
+        from stepcli.run.summary.hta import hta_command
 
         hta = hta_command(summary, _relative)
         if hta:  # one window's folder: HTA keeps one trace per rank from a folder

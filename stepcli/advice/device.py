@@ -1,5 +1,5 @@
 """Advice from the device figures (stepcli.traces.analyses.device, .launches): exposed communication, a device waiting for
-its host, pageable copies. Same contract as stepcli.run.advice: each rule names its evidence and threshold and
+its host, pageable copies. Same contract as stepcli.advice.rules: each rule names its evidence and threshold and
 stays silent without them; the thresholds are module constants so tests check both sides."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from stepcli.run.advice import Advice, Evidence, launch_bound
+from stepcli.advice.rules import Advice, Evidence, launch_bound
 
 # Exposed communication: collectives with no computation beside them take at least this share of the step...
 EXPOSED_COMM_SHARE = 0.10

@@ -2,7 +2,7 @@
 
 The document (schema "stepcli.run", typed in stepcli.runsummary, documented field by field in README) is what
 `--json` writes and what `stepcli compare` and `stepcli report` read, so building it (here, advice included) is
-kept apart from rendering it (stepcli.run.console for the terminal, stepcli.report for the page).
+kept apart from rendering it (stepcli.run.summary.console for the terminal, stepcli.report for the page).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from stepcli.agent.config import HELLO_PREFIX, AgentConfig
 from stepcli.agent.schedule import NONE
 from stepcli.agent.tracker import FOREIGN
 from stepcli.errors import StepcliError
-from stepcli.run.compiles import compile_summary, compiled_steps
-from stepcli.run.culprit import culprit_section
-from stepcli.run.hangreport import hang_summary
+from stepcli.run.summary.compiles import compile_summary, compiled_steps
+from stepcli.run.summary.culprit import culprit_section
+from stepcli.run.summary.hangreport import hang_summary
 from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, AdviceItem, Process, RunSummary, Window
 from stepcli.stats import describe
 from stepcli.steptimes import process_steps
@@ -180,7 +180,7 @@ def build_run_summary(
     included. With `traces`, the trace files are read through it (and kept there for report.html). `on_hang` and
     `hang_ended` (the launcher ended the job after a hang dump) go into the `hang` section, read from
     `hang_folders` only: the OUT/hang-<n>/ folders this run's hang watch wrote."""
-    from stepcli.run.steplogs import load_step_logs
+    from stepcli.run.summary.steplogs import load_step_logs
 
     logs, refused = load_step_logs(config, since=started_at)  # signed, schema-checked, traces inside out_dir
     logs.sort(key=lambda log: (log.get("rank") is None, log.get("rank") or 0, log.get("pid", 0)))
@@ -273,7 +273,7 @@ def build_run_summary(
         ],
         "processes": [process_entry(log) for log in logs],
         "windows": cast("list[Window]", windows),
-        # --capture-on-slow windows a process did not record (stepcli.run.steprecord.attach adds the recorded ones)
+        # --capture-on-slow windows a process did not record (stepcli.run.summary.steprecord.attach adds the recorded ones)
         "triggered": [
             dict(t, worker=log["worker"])
             for log in logs
@@ -296,7 +296,7 @@ def build_run_summary(
         "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
         "compile": compile_summary(logs),
         "memory_snapshots": run_snapshots(logs, config.out_dir),
-        "hang": hang_summary(  # --hang-timeout reports (stepcli/run/hangreport.py)
+        "hang": hang_summary(  # --hang-timeout reports (stepcli/run/summary/hangreport.py)
             hang_folders,
             started_at,
             timeout_s=config.hang_timeout or None,
@@ -327,7 +327,7 @@ def _at_program_pace(
 
 def _advice(summary: RunSummary, analysis: dict[str, Any] | None) -> list[AdviceItem]:
     """The run's advice; a bug in a rule must not hide what the run measured (it becomes a note)."""
-    from stepcli.run.advising import advise_run
+    from stepcli.advice.gather import advise_run
 
     try:
         return [item.to_dict() for item in advise_run(summary, analysis, process_steps(summary))]

@@ -4,7 +4,7 @@ The request goes through the run's private control folder (see stepcli/agent/ond
 their heartbeat only when somebody listens, so capture first pings them (a "ping" in requests.json, renewed while
 it waits) and waits for a fresh heartbeat from every process that has not ended: a process that does not answer
 within a few of its poll intervals is not stepping (paused, hung or killed). From the fresh heartbeats it names a
-first global step every rank can still meet (stepcli/run/captureplan.py), writes the request, and waits for each
+first global step every rank can still meet (stepcli/run/live/captureplan.py), writes the request, and waits for each
 process to answer with a saved trace or a reason. A process already past those steps says so: then the request is
 withdrawn (processes that accepted it drop its window) and a new one placed further ahead, a few times at most.
 Its ping and request are withdrawn when it returns, however it returns: a window nobody waits for any more is
@@ -26,9 +26,9 @@ from stepcli.agent.ondemand import FINAL, PING_LEASE_S, POLL_INTERVAL_S
 from stepcli.errors import EXIT_NOTHING_MEASURED
 from stepcli.fmt import say as _say
 from stepcli.fmt import size
-from stepcli.run.captureplan import MARGIN_S, Request, fresh, patience, plan_request, step_time
 from stepcli.run.controldir import locked, read_control, read_processes, run_alive, still_wanted, write_requests
-from stepcli.run.liverun import LiveRun, find_run
+from stepcli.run.live.captureplan import MARGIN_S, Request, fresh, patience, plan_request, step_time
+from stepcli.run.live.liverun import LiveRun, find_run
 
 SCHEMA = "stepcli.capture"
 _TICK_S = 0.2

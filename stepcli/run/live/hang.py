@@ -4,7 +4,7 @@ Every stepping process registers for stack dumps in the run's control folder and
 itself stalled after that long without a step (stepcli/agent/stacks.py). A watch thread in the launcher calls a
 hang when every live registered process is stalled, asks each process on this host for its stacks (a request file
 naming `OUT/hang-<n>/`, then the dump signal), and prints one block: who waits in which collective, who is
-elsewhere and where. The block itself is built in stepcli/run/hangreport.py.
+elsewhere and where. The block itself is built in stepcli/run/summary/hangreport.py.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from stepcli.agent.stacks import (
 )
 from stepcli.errors import EXIT_NOTHING_MEASURED, StepcliError
 from stepcli.fmt import visible
-from stepcli.run.hangreport import EXIT_HANG, describe_dumps, is_stopped, parse_faulthandler, read_dumps
+from stepcli.run.summary.hangreport import EXIT_HANG, describe_dumps, is_stopped, parse_faulthandler, read_dumps
 
 if TYPE_CHECKING:
     import subprocess
@@ -452,7 +452,7 @@ def terminate_job(proc: subprocess.Popen[bytes]) -> None:
 # -- `stepcli capture --stacks` ----------------------------------------------------------------------------------
 def capture_stacks(target: str, timeout: float, as_json: bool) -> int:
     """Dump the stacks of a running `stepcli run` now into `OUT/stacks-<n>/`; exit 3 when no process answered."""
-    from stepcli.run.liverun import find_run
+    from stepcli.run.live.liverun import find_run
 
     run = find_run(target)
     out_dir = str(Path(run.folder).parents[2])  # <out>/.stepcli/<run-id>/control

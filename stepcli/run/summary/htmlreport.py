@@ -4,7 +4,7 @@ a run summary with its advice.
 PATHs name one run (its output folder or its `--json` summary) and any traces. A run folder's summary is the one
 `stepcli run` saved beside the step logs (`.stepcli/<run id>/summary.json`); a folder without one (an older run)
 gets a summary rebuilt from its step logs. Inputs that carry no advice (plain traces, older summaries) get it
-computed here, by the same rules and from the same numbers as `stepcli run` (stepcli.run.advice). Every file is
+computed here, by the same rules and from the same numbers as `stepcli run` (stepcli.advice.rules). Every file is
 read through stepcli.inputs: regular files only, bounded in size, never blocking.
 """
 
@@ -159,8 +159,8 @@ def with_step_logs(summary: RunSummary | None, logs: list[dict[str, Any]]) -> Ru
     inputs it read instead)."""
     if not logs or (summary is not None and summary.get("step_times")):
         return summary
-    from stepcli.run.compiles import compile_summary
-    from stepcli.run.summary import process_entry
+    from stepcli.run.summary.build import process_entry
+    from stepcli.run.summary.compiles import compile_summary
 
     rebuilt: RunSummary = (
         cast(RunSummary, dict(summary)) if summary is not None else {"schema": SCHEMA, "schema_version": SCHEMA_VERSION}
@@ -178,7 +178,7 @@ def page_advice(summary: RunSummary | None, trace_paths: Sequence[str], traces: 
     """The summary's advice, or (inputs that carry none) the advice `stepcli run` would have given them."""
     if summary is not None and "advice" in summary:
         return summary["advice"]
-    from stepcli.run.advising import advise_run
+    from stepcli.advice.gather import advise_run
     from stepcli.traces.analyses.mergeparts import merge_parts
 
     analysis = None

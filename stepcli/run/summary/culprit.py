@@ -93,7 +93,7 @@ def print_culprit(console: Any, section: Mapping[str, Any] | None, out_dir: str 
 
 
 def culprit_advice(section: Mapping[str, Any] | None) -> dict[str, str] | None:
-    """The fields of the `culprit` advice (stepcli.run.advice.Advice): a rank that arrives last at the collectives,
+    """The fields of the `culprit` advice (stepcli.advice.rules.Advice): a rank that arrives last at the collectives,
     with the cause of its lateness; None below the threshold."""
     found = (section or {}).get("culprit")
     if not found or found["wait_caused_ms_per_step"] < CULPRIT_MIN_WAIT_MS:

@@ -322,7 +322,7 @@ def _process_entry(dump: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# -- the end-of-run summary's hang block (stepcli/run/console.py) -----------------------------------------------
+# -- the end-of-run summary's hang block (stepcli/run/summary/console.py) -----------------------------------------------
 SUMMARY_WIDTH = 80  # the block's lines fit 80 columns; a folder path too long for that is never cut
 MAX_NAMED = 4  # processes named one by one per report; the others counted
 
