@@ -118,6 +118,28 @@ def test_compare_imports_only_the_leaves_traces_and_the_run_summary() -> None:
     assert _outside("stepcli.compare", _LEAVES, ("stepcli.traces", "stepcli.runsummary")) == []
 
 
+def test_advice_imports_only_the_leaves_the_summary_models_and_traces() -> None:
+    # One home for advice rules, shared by run/, report/ and snapshots/: it imports none of them.
+    models = {"stepcli.runsummary", "stepcli.steptimes"}
+    assert _outside("stepcli.advice", _LEAVES | models, ("stepcli.traces",)) == []
+
+
+def test_run_layers_import_only_downward() -> None:
+    # The launcher (stepcli.run itself) may use live/ and summary/; live/ may use summary/ and the launch's two
+    # shared pieces (the control folder, the subreaper); summary/ uses nothing else of run/.
+    def run_imports(package: str) -> list[str]:
+        return [
+            f"{m} -> {n}"
+            for m, names in _package_imports(package).items()
+            for n in sorted(names)
+            if n == "stepcli.run" or n.startswith("stepcli.run.")
+        ]
+
+    assert [i for i in run_imports("stepcli.run.summary") if "-> stepcli.run.summary" not in i] == []
+    allowed = ("stepcli.run.live", "stepcli.run.summary", "stepcli.run.controldir", "stepcli.run.subreaper")
+    assert [i for i in run_imports("stepcli.run.live") if not i.split(" -> ")[1].startswith(allowed)] == []
+
+
 def test_report_never_imports_run_or_compare() -> None:
     # The page renders a run summary and traces; the run summary (and its advice) is built in stepcli.run.
     forbidden = ("stepcli.run", "stepcli.compare", "stepcli.agent")

@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from stepcli.advice.culprit import culprit_advice
 from stepcli.fmt import percent as _pct
-from stepcli.run.summary.culprit import culprit_advice
 from stepcli.runsummary import Advice
 from stepcli.stats import percentile
 

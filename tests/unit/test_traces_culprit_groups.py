@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from nccl_groups import SEQ_BASE, STEPS, rank_trace, write_group_traces
 
-from stepcli.run.summary.culprit import culprit_advice
+from stepcli.advice.culprit import culprit_advice
 from stepcli.traces.analyses.arrivals import RankArrivals, members, rank_arrivals
 from stepcli.traces.analyses.culprit import analyze
 from stepcli.traces.read.columns import load_columns
