@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stepcli import safefile
 from stepcli.agent import ondemand
 from stepcli.agent.config import CONFIG_ENV, AgentConfig
 from stepcli.agent.schedule import Schedule
 from stepcli.errors import EXIT_REGRESSION, StepcliError
 from stepcli.fmt import say
+from stepcli.run.outputs import check_json_writable, prepare_out_dir
 from stepcli.run.signals import SignalForwarder, child_setup, in_terminal_foreground
 from stepcli.runsummary import SUMMARY_FILE
 
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from stepcli.traces.readonce import RunTraces
 
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent.parent / "_bootstrap")
-DEFAULT_RUNS_DIR = "stepcli-runs"
 # torch 2.13's Kineto prints `USDT:... profiler_start`/`profiler_stop` on stderr at every window, between the
 # program's own lines. Its only knob is KINETO_LOG_LEVEL, read when torch starts (0 verbose .. 4 error, 5 USDT);
 # at 6 it prints nothing, its rare ERROR lines included. `stepcli run --verbose` leaves Kineto's default.
@@ -118,7 +117,7 @@ class RunRequest:
         from stepcli.run.slowoptions import slow_trigger
 
         if json_path is not None:
-            _check_writable(json_path)
+            check_json_writable(json_path)
         return cls(
             argv=argv,
             label=label,
@@ -178,51 +177,6 @@ def _command_label(first: str, rest: list[str]) -> str:
     return Path(first).name
 
 
-def _check_writable(path: str) -> None:
-    """`--json PATH` must be writable before the program runs, not found unwritable after a long run."""
-    target = Path(path).absolute()
-    if target.is_dir():
-        raise StepcliError(f"--json {path}: is a folder")
-    folder = target.parent
-    if not folder.exists():  # never created: a typo must not make folders (as root, at the filesystem root)
-        raise StepcliError(f"--json {path}: folder {folder} does not exist (create it first)")
-    try:
-        if not folder.is_dir():
-            raise NotADirectoryError(20, "not a folder")
-        safefile.probe_writable(str(folder), "stepcli-json-test")
-    except OSError as exc:
-        raise StepcliError(f"--json {path}: cannot write in {folder}: {exc.strerror or exc}") from None
-
-
-def _prepare_out_dir(out_dir: str | None, label: str) -> Path:
-    """Create the output folder: the one asked for, or a new one per run that never reuses an old folder."""
-    try:
-        if out_dir is not None:
-            path = Path(out_dir).resolve()
-            if path.exists() and not path.is_dir():
-                raise StepcliError(f"output folder {out_dir}: exists and is not a folder")
-            path.mkdir(parents=True, exist_ok=True)
-        else:
-            base = Path(DEFAULT_RUNS_DIR).resolve()
-            base.mkdir(parents=True, exist_ok=True)
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            for attempt in range(1, 1000):
-                path = base / (f"{stamp}-{label}" if attempt == 1 else f"{stamp}-{label}-{attempt}")
-                try:
-                    path.mkdir()
-                    break
-                except FileExistsError:
-                    continue
-        safefile.probe_writable(str(path), "stepcli-write-test")
-    except StepcliError:
-        raise
-    except OSError as exc:
-        raise StepcliError(
-            f"cannot write to output folder {out_dir or DEFAULT_RUNS_DIR}: {exc.strerror or exc}"
-        ) from None
-    return path
-
-
 def child_environment(config: AgentConfig, base: dict[str, str] | None = None, verbose: bool = False) -> dict[str, str]:
     """A copy of the environment with the bootstrap first on PYTHONPATH and the config in one variable.
 
@@ -249,8 +203,8 @@ def exit_status(returncode: int) -> int:
 def run_program(request: RunRequest) -> int:
     """Run the program under the agent, then print/write the run summary. Returns stepcli's exit status."""
     if request.json_path:
-        _check_json_path(request.json_path)
-    out_dir = _prepare_out_dir(request.out_dir, request.label)
+        check_json_writable(request.json_path)
+    out_dir = prepare_out_dir(request.out_dir, request.label)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{_host_label()}-{os.getpid()}"  # nodes may share -o and pids
     from stepcli.run.controldir import prepare_control_dir
 
@@ -455,17 +409,6 @@ def _html_report(
         if request.quiet:
             say(f"could not write report.html: {reason}")
         return None
-
-
-def _check_json_path(path: str) -> None:
-    """--json must be writable before the program runs, not after an hour of training."""
-    target = Path(path).resolve()
-    if not target.parent.is_dir():
-        raise StepcliError(f"--json {path}: folder {target.parent} does not exist (create it first)")
-    if target.is_dir():
-        raise StepcliError(f"--json {path}: is a folder")
-    if not os.access(target.parent, os.W_OK):
-        raise StepcliError(f"--json {path}: folder {target.parent} is not writable")
 
 
 def _host_label() -> str:

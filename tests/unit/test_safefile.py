@@ -26,7 +26,7 @@ from stepcli.agent.controlfiles import Refused
 from stepcli.agent.output import export_trace, worker_name
 from stepcli.errors import StepcliError
 from stepcli.report import write_html, write_new_file
-from stepcli.run import launcher
+from stepcli.run import outputs
 from stepcli.run.summary.build import write_run_summary
 from stepcli.traces.merge import check_output
 
@@ -77,9 +77,9 @@ WRITERS: dict[str, tuple[Callable[[Path], object], list[str], str]] = {
         "report-2.html",
     ),
     "--json": (lambda d: write_run_summary({}, str(d / "run.json")), [f".run.json.{PID}.tmp"], "run.json"),
-    "--json probe": (lambda d: launcher._check_writable(str(d / "run.json")), [f".stepcli-json-test-{PID}"], ""),
+    "--json probe": (lambda d: outputs.check_json_writable(str(d / "run.json")), [f".stepcli-json-test-{PID}"], ""),
     "output folder probe": (
-        lambda d: launcher._prepare_out_dir(str(d), "x"),
+        lambda d: outputs.prepare_out_dir(str(d), "x"),
         [f".stepcli-write-test-{PID}"],
         "",
     ),

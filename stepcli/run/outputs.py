@@ -1,0 +1,59 @@
+"""Where a run writes, checked before the program starts: the output folder (the one asked for, or a new one per
+run that never reuses an old folder) and the `--json` path, so a typo or a read-only folder fails in a second,
+not after an hour of training.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from stepcli import safefile
+from stepcli.errors import StepcliError
+
+DEFAULT_RUNS_DIR = "stepcli-runs"
+
+
+def check_json_writable(path: str) -> None:
+    """`--json PATH` must be writable before the program runs, not found unwritable after a long run."""
+    target = Path(path).absolute()
+    if target.is_dir():
+        raise StepcliError(f"--json {path}: is a folder")
+    folder = target.parent
+    if not folder.exists():  # never created: a typo must not make folders (as root, at the filesystem root)
+        raise StepcliError(f"--json {path}: folder {folder} does not exist (create it first)")
+    try:
+        if not folder.is_dir():
+            raise NotADirectoryError(20, "not a folder")
+        safefile.probe_writable(str(folder), "stepcli-json-test")
+    except OSError as exc:
+        raise StepcliError(f"--json {path}: cannot write in {folder}: {exc.strerror or exc}") from None
+
+
+def prepare_out_dir(out_dir: str | None, label: str) -> Path:
+    """Create the output folder: the one asked for, or a new one per run that never reuses an old folder."""
+    try:
+        if out_dir is not None:
+            path = Path(out_dir).resolve()
+            if path.exists() and not path.is_dir():
+                raise StepcliError(f"output folder {out_dir}: exists and is not a folder")
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            base = Path(DEFAULT_RUNS_DIR).resolve()
+            base.mkdir(parents=True, exist_ok=True)
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            for attempt in range(1, 1000):
+                path = base / (f"{stamp}-{label}" if attempt == 1 else f"{stamp}-{label}-{attempt}")
+                try:
+                    path.mkdir()
+                    break
+                except FileExistsError:
+                    continue
+        safefile.probe_writable(str(path), "stepcli-write-test")
+    except StepcliError:
+        raise
+    except OSError as exc:
+        raise StepcliError(
+            f"cannot write to output folder {out_dir or DEFAULT_RUNS_DIR}: {exc.strerror or exc}"
+        ) from None
+    return path
