@@ -47,7 +47,7 @@ def parse_fail_over(
 def parse_duration(_ctx: click.Context, _param: click.Parameter, value: str | None) -> float | None:
     if value is None:
         return None
-    from stepcli.run.live.hang import parse_duration
+    from stepcli.run.live.hangdoctor import parse_duration
 
     try:
         return parse_duration(value)

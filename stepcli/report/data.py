@@ -55,7 +55,7 @@ class ReportData:
     out_dir: str | None = None  # the run's output folder, where `stepcli run --memory` leaves oom-*.pickle
     # the snapshot files of the run (names in out_dir) its summary lists; None for a summary from before it did
     memory_snapshots: list[str] | None = None
-    step_record: list[dict[str, Any]] = field(default_factory=list)  # whole-run step times (report/steprecord.py)
+    step_record: list[dict[str, Any]] = field(default_factory=list)  # whole-run step times (report/wholerun.py)
     triggered: list[dict[str, Any]] = field(default_factory=list)  # the windows --capture-on-slow placed
     hang: dict[str, Any] | None = None  # the `hang` section (--hang-timeout reports), shown by report/hang.py
     exit_status: int | None = None  # the run's, which the hang section says when --on-hang kill ended the job

@@ -18,7 +18,7 @@ from stepcli.report.gpu import gpu_section
 from stepcli.report.hang import hang_section
 from stepcli.report.links import page_href
 from stepcli.report.memorysnapshots import snapshot_section
-from stepcli.report.steprecord import step_record_section
+from stepcli.report.wholerun import step_record_section
 from stepcli.traces.render.table import shorten
 
 NAME_CHARS = 110  # longer operator and kernel names are cut in the middle; the full name is the cell's tooltip
@@ -194,7 +194,7 @@ def render(data: ReportData, report_path: str) -> str:
         _advice(data),
         _step_times(data),
         _distribution(data),
-        [step_record_section(data.step_record, data.triggered)],  # stepcli/report/steprecord.py
+        [step_record_section(data.step_record, data.triggered)],  # stepcli/report/wholerun.py
         _breakdown(data),
         [lateness.section(data.culprit)],  # stepcli/report/lateness.py: '' without collectives on 2+ ranks
         _operators(data),

@@ -64,7 +64,7 @@ class RunRequest:
     on_demand: bool = False
     report: bool = True
     verbose: bool = False
-    hang_timeout: float | None = None  # --hang-timeout, seconds (stepcli/run/live/hang.py)
+    hang_timeout: float | None = None  # --hang-timeout, seconds (stepcli/run/live/hangdoctor.py)
     on_hang: str = "keep"
     memory_entries: int = 0  # --memory: CUDA allocator history entries per process (0: off)
     slow_trigger: dict[str, Any] | None = None  # --capture-on-slow (stepcli/agent/slowrule.py)
@@ -110,7 +110,7 @@ class RunRequest:
                     f"--step-on {spec}: the script's own __main__ cannot be hooked before it runs; "
                     "name a function in an importable module"
                 )
-        from stepcli.run.live.hang import check_options
+        from stepcli.run.live.hangdoctor import check_options
 
         on_hang = check_options(hang_timeout, on_hang)
         argv, label = _child_command(target, module_mode, command_mode)
@@ -255,7 +255,7 @@ def run_program(request: RunRequest) -> int:
         watchdog = start_watchdog(proc.pid, os.getpgrp() if foreground else proc.pid)
         if watchdog is not None:
             subreaper.own(watchdog.pid)
-        from stepcli.run.live.hang import start_hang_watch
+        from stepcli.run.live.hangdoctor import start_hang_watch
 
         hang_watch = start_hang_watch(request.hang_timeout, request.on_hang, config, proc)
         try:

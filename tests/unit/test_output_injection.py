@@ -15,7 +15,7 @@ from rich.console import Console
 from stepcli.agent.stacks import SCHEMA as STACKS_SCHEMA
 from stepcli.fmt import say
 from stepcli.report import lateness
-from stepcli.run.live import hang
+from stepcli.run.live import hangdoctor as hang
 from stepcli.run.live.top import render
 from stepcli.run.summary.console import _print_hang
 from stepcli.run.summary.hangreport import hang_summary

@@ -15,7 +15,7 @@ from stepcli.agent import collectives
 from stepcli.agent.stacks import STALL_PREFIX, StackDumper
 from stepcli.agent.tracker import StepTracker
 from stepcli.errors import StepcliError
-from stepcli.run.live.hang import check_options, parse_duration
+from stepcli.run.live.hangdoctor import check_options, parse_duration
 from stepcli.run.summary.hangreport import describe_dumps, own_frame, parse_faulthandler, summary_lines, verdict
 
 
@@ -193,7 +193,7 @@ def test_faulthandler_text_becomes_threads_innermost_first() -> None:
 def test_the_dump_is_asked_only_once_the_fault_text_is_written(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """faulthandler drops a dump asked while it writes another: the two signals must never overlap."""
     from stepcli.agent.stacks import dump_signal, fault_signal
-    from stepcli.run.live import hang
+    from stepcli.run.live import hangdoctor as hang
 
     if fault_signal() is None:
         pytest.skip("no real-time signals on this platform")

@@ -1,5 +1,5 @@
 """Reaching into a job while it runs: `stepcli capture` (a window, stacks or a memory snapshot on demand; captureplan
-places the window), `stepcli top`, the hang doctor's launcher side (hang) and finding the run a TARGET names
+places the window), `stepcli top`, the hang doctor's launcher side (hangdoctor) and finding the run a TARGET names
 (liverun), all through the run's private control folder (stepcli.run.controldir).
 
 May import: stepcli.run.summary (the hang section it reports), stepcli.run.controldir and stepcli.run.subreaper, the

@@ -1,6 +1,6 @@
 """`stepcli capture RUN --memory-snapshot`: every process of a running run dumps its CUDA allocator snapshot now.
 
-Rides on the stack-dump channel (stepcli/agent/stacks.py, stepcli/run/live/hang.py): a `dump.<id>.json` request with
+Rides on the stack-dump channel (stepcli/agent/stacks.py, stepcli/run/live/hangdoctor.py): a `dump.<id>.json` request with
 `kind: memory` in the run's control folder, then the dump signal to each registered process of this host. Each
 process's dump thread writes `memory-<worker>-<n>.pickle` into the run folder (stepcli/agent/cudamemory.py) and
 answers in a private folder of the control folder, which this removes once read.
@@ -19,7 +19,7 @@ from typing import Any
 from stepcli.agent.stacks import MEMORY_SCHEMA, REQUEST_PREFIX, dump_signal
 from stepcli.errors import EXIT_NOTHING_MEASURED
 from stepcli.fmt import visible
-from stepcli.run.live.hang import DUMP_WAIT_S, _alive, _key, _new_folder, _write_control, local, registered
+from stepcli.run.live.hangdoctor import DUMP_WAIT_S, _alive, _key, _new_folder, _write_control, local, registered
 
 _MAX_ANSWER = 64 * 1024
 
@@ -37,7 +37,7 @@ def capture_now(
         raise click.UsageError(f"{flag} records no window: drop {', '.join(given)}")
     if memory_snapshot:
         return capture_memory(target, timeout=timeout, as_json=as_json)
-    from stepcli.run.live.hang import capture_stacks
+    from stepcli.run.live.hangdoctor import capture_stacks
 
     return capture_stacks(target, timeout=timeout, as_json=as_json)
 
