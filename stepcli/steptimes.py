@@ -137,3 +137,12 @@ def slowest_by_steps(processes: Sequence[ProcessSteps]) -> int | None:
         return None
     means = {rank: sum(times) / len(times) for rank, times in steps.items()}
     return max(sorted(means), key=lambda r: means[r])
+
+
+def slowest_first(records: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """The whole-run step records (the run summary's `step_record`) to show: all of them when there are at most
+    `limit`, else the `limit` slowest at p99, in rank order; the terminal and report.html show the same ones."""
+    if len(records) <= limit:
+        return records
+    keep = {id(r) for r in sorted(records, key=lambda r: -float(r["ms"].get("p99") or 0))[:limit]}
+    return [r for r in records if id(r) in keep]

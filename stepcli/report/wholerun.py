@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from stepcli.fmt import html_escape as escape
+from stepcli.steptimes import slowest_first
 
 _W, _H = 360, 60
 _ROWS = 16  # processes drawn; with more, the slowest at p99
@@ -24,7 +25,7 @@ def step_record_section(records: list[dict[str, Any]], triggered: list[dict[str,
     )
     parts.append("<table><tr><th>process</th><th>steps</th><th>p50</th><th>p90</th><th>p99</th><th>max</th>")
     parts.append("<th>over the run (longest per stretch, mean dashed)</th><th>longest steps</th></tr>")
-    shown = _slowest_first(records, _ROWS)
+    shown = slowest_first(records, _ROWS)
     for record in shown:
         ms = record["ms"]
         cells = [f'<span style="white-space:nowrap">{escape(str(record.get("worker")))}</span>']
@@ -60,13 +61,6 @@ def _pairs(value: Any) -> list[tuple[int, float]]:
     if not isinstance(value, list):
         return []
     return [(int(p[0]), float(p[1])) for p in value if isinstance(p, list) and len(p) == 2]
-
-
-def _slowest_first(records: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
-    if len(records) <= limit:
-        return records
-    keep = {id(r) for r in sorted(records, key=lambda r: -float(r["ms"].get("p99") or 0))[:limit]}
-    return [r for r in records if id(r) in keep]
 
 
 def _sparkline(raw: list[Any]) -> str:

@@ -16,6 +16,7 @@ from stepcli import safefile
 from stepcli.agent.signing import SIGNATURE_KEY, signature_matches
 from stepcli.agent.steprecord import BUCKETS_PER_DOUBLING, SCHEMA, SUFFIX
 from stepcli.runsummary import RunSummary
+from stepcli.steptimes import slowest_first
 
 _MAX_BYTES = 4 << 20
 _QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
@@ -100,14 +101,6 @@ def attach(summary: RunSummary, log_dir: str, key: str | None = None) -> None:
     # placed, but not recorded by a process (the job ended first, or it was past those steps): said, not dropped
     missed = [t for t in summary.get("triggered") or [] if t.get("recorded") is False]
     summary["triggered"] = sorted(recorded + missed, key=lambda t: (t["first_step"], str(t.get("worker"))))
-
-
-def slowest_first(records: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
-    """All records when there are at most `limit`, else the `limit` slowest at p99, in rank order."""
-    if len(records) <= limit:
-        return records
-    keep = {id(r) for r in sorted(records, key=lambda r: -float(r["ms"].get("p99", 0)))[:limit]}
-    return [r for r in records if id(r) in keep]
 
 
 def _steps(record: Mapping[str, Any], ms: Mapping[str, Any]) -> str:
