@@ -6,7 +6,8 @@ The work lives in one module per concern; this one wires them and keeps the name
 - stepcli.compare.attribution: per-operator changes with intervals, from the traces of both sides;
 - stepcli.compare.verdict: the pure verdict and its rules (read its docstring for the contract); the verdicts made
   without an interval in stepcli.compare.nointerval, the result in stepcli.compare.comparison;
-- stepcli.compare.render: terminal and Markdown reports.
+- stepcli.compare.render: terminal and Markdown reports;
+- stepcli.compare.comparecli: the command's click arguments and options (loaded with the CLI: light).
 """
 
 from __future__ import annotations
