@@ -1,9 +1,11 @@
 """Parsing of `stepcli run`'s option values for click (kept out of cli.py, which stays wiring only): each callback
-turns a value into what the run needs, or raises click.BadParameter with one line."""
+turns a value into what the run needs, or raises click.BadParameter with one line; `check_run_options` refuses the
+combinations of options that contradict each other, with a usage error."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import click
 
@@ -53,3 +55,22 @@ def parse_duration(_ctx: click.Context, _param: click.Parameter, value: str | No
         return parse_duration(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+def check_run_options(ctx: click.Context, options: dict[str, Any]) -> None:
+    """The option combinations `stepcli run` refuses (schedule options with --on-demand, --memory-entries without
+    --memory); `--memory` is taken out of `options`, its meaning left in memory_entries (0: off)."""
+    if options["on_demand"]:
+        given = [
+            f"--{name.replace('_', '-')}"
+            for name in ("skip_first", "wait", "warmup", "active", "repeat")
+            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+        ]
+        if given:
+            raise click.UsageError(
+                f"--on-demand opens no scheduled window: drop {', '.join(given)} (capture takes its own)"
+            )
+    memory = options.pop("memory")
+    if not memory and ctx.get_parameter_source("memory_entries") == click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("--memory-entries needs --memory")
+    options["memory_entries"] = options["memory_entries"] if memory else 0

@@ -1,4 +1,5 @@
-"""The agent of one profiled process: activation, requesters, exit/signal/fork guards, the step log.
+"""The agent of one profiled process: activation, requesters, exit/signal/fork guards, when to save the step log
+(steplog.py writes it).
 
 Runs inside the target: standard library only. `activate()` is all the bootstrap calls; it does almost nothing
 until the program imports torch, and nothing costly until the process proves it trains (an optimizer, a
@@ -16,7 +17,7 @@ import time
 import weakref
 
 from . import hooks
-from .config import HELLO_PREFIX, STEP_LOG_SUFFIX, STEP_LOG_VERSION, AgentConfig, atomic_write_json
+from .config import HELLO_PREFIX, AgentConfig, atomic_write_json
 from .gcpauses import GcPauses
 from .tracker import StepTracker
 
@@ -66,12 +67,12 @@ class Agent:
         self._flushed = False
         self._signal_handled = 0  # the signal whose handler the main thread entered (stacks.py waits for it)
         self._write_lock = threading.RLock()  # the stacks thread and the main thread both save the step log
-        self._saved_steps = -1  # global step of the last step log written
-        self._saved_stalled = False  # ... written when the process stopped stepping (its steps are whole)
+        self.saved_steps = -1  # global step of the last step log written (steplog.py)
+        self.saved_stalled = False  # ... written when the process stopped stepping (its steps are whole)
         self._progress_due = 0.0  # time.monotonic() before which no periodic save is made
         self._forked_child = False
         self._last_log_write = 0.0
-        self._wall_start = time.time()
+        self.wall_start = time.time()
         self.hooks = hooks.PostImportHooks(self._hook_failed)
         self.gc_pauses = GcPauses()
 
@@ -327,33 +328,9 @@ class Agent:
             if self._flushed:
                 return
             self._flushed = True
-            self._flush(reason, blocked)
+            from .steplog import save_at_exit
 
-    def _flush(self, reason: str, blocked: bool) -> None:
-        self.exit_reason = reason
-        recorder = self.recorder
-        busy = recorder.busy if recorder is not None else False
-        if recorder is not None:
-            recorder.busy = True  # a SIGTERM arriving mid-save waits for the save
-        try:
-            if recorder is not None:
-                recorder.stop("cut short: the program exited" if reason == "exit" else f"cut short: {reason}")
-                if recorder.prof is not None:
-                    recorder.notes.append(
-                        f"the window open at {reason} could not be saved: "
-                        + ("the main thread was blocked" if blocked else "it exited from another thread")
-                    )
-            if self.ondemand is not None:
-                self.ondemand.finish(reason)
-            if self.tracker.global_step or (recorder and recorder.windows):
-                self._write_step_log()
-        except Exception as exc:
-            self._step_log_failed(exc)
-        finally:
-            if recorder is not None:
-                recorder.busy = busy
-                if not busy:
-                    recorder.deliver_deferred_signal()
+            save_at_exit(self, reason, blocked)
 
     def _window_saved(self) -> None:
         if self.ondemand is not None:
@@ -361,12 +338,14 @@ class Agent:
         now = time.monotonic()
         if now - self._last_log_write >= _STEP_LOG_MIN_INTERVAL_S:  # bounded cost with --repeat 0
             self._last_log_write = now
+            from . import steplog
+
             try:
                 with self._write_lock:
                     if not self._flushed:
-                        self._write_step_log()
+                        steplog.write_step_log(self)
             except Exception as exc:
-                self._step_log_failed(exc)
+                steplog.step_log_failed(self, exc)
 
     def save_progress(self, stalled: bool = False) -> bool:
         """From the stacks thread: save the step log and the whole-run record as they are now, when steps were
@@ -376,96 +355,24 @@ class Agent:
         now = time.monotonic()
         if self._flushed or not self.trains or not self.enabled or self._forked_child or os.getpid() != self.pid:
             return False
-        saved = self.tracker.global_step == self._saved_steps
-        if (saved and (not stalled or self._saved_stalled)) or (not stalled and now < self._progress_due):
+        saved = self.tracker.global_step == self.saved_steps
+        if (saved and (not stalled or self.saved_stalled)) or (not stalled and now < self._progress_due):
             return False
         with self._write_lock:
             if self._flushed:
                 return False
+            from .steplog import write_step_log
+
             started = time.monotonic()
             try:
-                self._write_step_log(progress="stalled" if stalled else "running")
+                write_step_log(self, progress="stalled" if stalled else "running")
             except Exception:
                 return False  # the exit save says it, once, if it fails too
             cost = time.monotonic() - started
             self._progress_due = time.monotonic() + max(PROGRESS_INTERVAL_S, cost * _PROGRESS_COST_SHARE)
             return True
 
-    def _step_log_failed(self, exc: BaseException) -> None:
-        """One line naming the cause (stepcli.agent.output.write_failed), and profiling stops in this process."""
-        from .output import cause, write_failed
-
-        message = f"could not write the step log in {self.config.log_dir}: {cause(exc)}"
-        if self.recorder is not None:
-            self.recorder.stop_after_write_failure(message)
-        else:
-            write_failed(message)
-
     # -- files ------------------------------------------------------------------------------------------------
-    def _write_step_log(self, progress: str = "") -> None:
-        """The step log (and at exit, or with `progress`, the whole-run record). Called from the main thread,
-        or from the stacks thread (`progress`, or a signal the main thread could not take): the step arrays
-        are copied first (each copy is one C call, whole under the GIL) and cut to the same length."""
-        from .output import current_rank, worker_name
-
-        os.makedirs(self.config.log_dir, mode=0o700, exist_ok=True)  # the launcher made it already, private
-        worker = worker_name()
-        recorder = self.recorder
-        tracker = self.tracker
-        durations, phases = tracker.durations_ns[:], bytes(tracker.phases)
-        count = min(len(durations), len(phases))
-        del durations[count:]
-        steps = max(tracker.global_step, count - 1)
-        document = {
-            "schema_version": STEP_LOG_VERSION,
-            "worker": worker,
-            "rank": current_rank(),
-            "pid": self.pid,
-            "host": _hostname(),
-            "argv": list(sys.argv),
-            "python": sys.version.split()[0],
-            "torch": getattr(sys.modules.get("torch"), "__version__", None),
-            "started_at": self._wall_start,
-            "global_steps": steps,
-            "requesters": [
-                {"name": r.name, "calls": r.calls, "first_step": min(r.start, steps)} for r in list(tracker.order)
-            ],
-            "durations_us": [d // 1000 for d in durations],
-            "phases": "".join(map(str, phases[:count])),
-            "windows": list(recorder.windows) if recorder else [],
-            "skipped_windows": recorder.skipped_windows if recorder else 0,
-            "notes": list(recorder.notes) if recorder else [],
-            # --capture-on-slow windows placed but not recorded here (the job ended first, a rank was past them)
-            "triggers_not_recorded": list(self.ondemand.not_recorded) if self.ondemand is not None else [],
-            "exit": self.exit_reason or "running",
-            "saved_at": time.time(),
-            "progress": progress if not self.exit_reason else "",
-            "peak_rss_bytes": _peak_rss_bytes(),
-            "cuda_peak_bytes": _cuda_peak_bytes(),
-            "compile": self.compiles.to_log() if self.compiles is not None else None,
-            "gc": self.gc_pauses.to_log(),
-            # the CUDA memory snapshots it wrote (--memory; the module is loaded only then)
-            "memory_snapshots": list(getattr(sys.modules.get(f"{__package__}.cudamemory"), "WRITTEN", [])),
-        }
-        if self.config.run_key:
-            from .signing import SIGNATURE_KEY, sign
-
-            document[SIGNATURE_KEY] = sign(self.config.run_key, document)
-        # Named by host and pid, not worker: the worker name changes when a rank appears.
-        name = f"{document['host']}.{self.pid}{STEP_LOG_SUFFIX}"  # hosts may share -o and reuse pids
-        atomic_write_json(os.path.join(self.config.log_dir, name), document, 0o600, private_folder=True)
-        self._saved_steps = steps
-        self._saved_stalled = progress == "stalled"
-        if self.exit_reason or progress:  # the whole run's step times, compact (steprecord.py): at exit
-            from . import steprecord
-
-            record = steprecord.build(durations, worker, current_rank())
-            if self.config.run_key:
-                from .signing import SIGNATURE_KEY, sign
-
-                record[SIGNATURE_KEY] = sign(self.config.run_key, record)
-            steprecord.write(self.config.log_dir, _hostname(), self.pid, record)
-
     def _write_hello(self) -> None:
         """The launcher's own child says it ran, so "no steps" can be told apart from "the hook never loaded"."""
         try:
@@ -510,32 +417,6 @@ def _say(message: str) -> None:
     from .output import say
 
     say(message)
-
-
-def _hostname() -> str:
-    import socket
-
-    return socket.gethostname()
-
-
-def _peak_rss_bytes() -> int | None:
-    try:
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak if sys.platform == "darwin" else peak * 1024
-    except Exception:
-        return None
-
-
-def _cuda_peak_bytes() -> int | None:
-    torch = sys.modules.get("torch")
-    try:
-        if torch is not None and torch.cuda.is_initialized():
-            return int(torch.cuda.max_memory_allocated())
-    except Exception:
-        pass
-    return None
 
 
 def activate(config_text: str) -> Agent | None:

@@ -4,8 +4,10 @@ The work lives in one module per concern; this one wires them and keeps the name
 - stepcli.compare.load: inputs -> Measurement (run summaries of schema 1 or 2, traces, folders, several runs per side);
 - stepcli.compare.inference: bootstrap intervals and warm-up detection (pure statistics);
 - stepcli.compare.attribution: per-operator changes with intervals, from the traces of both sides;
-- stepcli.compare.verdict: the pure verdict and its rules (read its docstring for the contract);
-- stepcli.compare.render: terminal and Markdown reports.
+- stepcli.compare.verdict: the pure verdict and its rules (read its docstring for the contract); the verdicts made
+  without an interval in stepcli.compare.nointerval, the result in stepcli.compare.comparison;
+- stepcli.compare.render: terminal and Markdown reports;
+- stepcli.compare.comparecli: the command's click arguments and options (loaded with the CLI: light).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from stepcli.compare.attribution import OpChange
+from stepcli.compare.comparison import Comparison, OpRow
 from stepcli.compare.load import (
     load_measurement,
     load_side,
@@ -26,14 +29,7 @@ from stepcli.compare.load import (
 from stepcli.compare.model import Measurement, OpSteps, OpTime
 from stepcli.compare.populations import StepRow
 from stepcli.compare.render import render_console, render_markdown
-from stepcli.compare.verdict import (
-    TOP_OPS,
-    Comparison,
-    OpRow,
-    decide,
-    parse_confidence,
-    parse_tolerance,
-)
+from stepcli.compare.verdict import TOP_OPS, decide, parse_confidence, parse_tolerance
 from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.runsummary import READABLE_VERSIONS as RUN_SCHEMA_VERSIONS
 from stepcli.runsummary import SCHEMA as RUN_SCHEMA

@@ -1,5 +1,6 @@
 """Which steps decide a comparison: the step population of each side (untouched, profiled, recorded), the first
-step used after warm-up, and the Step time table's rows (pure: no I/O).
+step used after warm-up, the Step time table's rows, and both sides' deciding steps together (`Sides`; pure: no
+I/O).
 
 The pairing rules are verdict.py's contract (see its docstring): like with like, so profiler overhead never decides
 when untouched steps exist on both sides. Warm-up is found per run and per population: the untouched steps' warm-up
@@ -158,3 +159,62 @@ def step_rows(
                 )
             )
     return tuple(rows)
+
+
+@dataclass
+class Sides:
+    """Both sides' deciding populations, their first steps and the (step, ms) they keep."""
+
+    baseline: Measurement
+    current: Measurement
+    pops: tuple[str, str]
+    skip_steps: int | None
+    with_samples: bool
+    first: tuple[dict[int, int], dict[int, int]] = ({}, {})
+    runs: tuple[UsedRuns, UsedRuns] = ([], [])
+
+    def __post_init__(self) -> None:
+        if self.with_samples:
+            b_pop, c_pop = self.pops
+            self.first = (
+                first_steps(self.baseline, b_pop, self.skip_steps),
+                first_steps(self.current, c_pop, self.skip_steps),
+            )
+            self.runs = (used(self.baseline, b_pop, self.first[0]), used(self.current, c_pop, self.first[1]))
+
+    @property
+    def population(self) -> str:
+        b_pop, c_pop = self.pops
+        return b_pop if b_pop == c_pop else f"{b_pop}/{c_pop}"
+
+    def nothing_measured(self) -> list[tuple[str, Measurement, str]]:
+        """(side, measurement, why) for each side that gives nothing to compare."""
+        sides = (("baseline", self.baseline), ("current", self.current))
+        empty = [(side, m, reason) for side, m in sides if (reason := m.nothing_measured())]
+        if empty:
+            return empty
+        stats = (self.baseline.populations.get(self.pops[0]), self.current.populations.get(self.pops[1]))
+        if None in stats:  # each side measured something, but not the steps this comparison needs
+            return [(side, m, f"no {pop} steps") for (side, m), pop, st in zip(sides, self.pops, stats) if st is None]
+        if self.with_samples and not all(self.runs):
+            skip = self.skip_steps
+            return [
+                (side, m, f"no {pop} steps from step {skip} on (--skip-steps {skip})")
+                for (side, m), pop, runs in zip(sides, self.pops, self.runs)
+                if not runs
+            ]
+        return []
+
+    def steps_used(self) -> tuple[str, ...]:
+        return tuple(steps_used("baseline", self.baseline, self.pops[0], self.first[0], self.skip_steps)) + tuple(
+            steps_used("current", self.current, self.pops[1], self.first[1], self.skip_steps)
+        )
+
+    def samples(self, index: int) -> tuple[float, ...]:
+        """The deciding step times of one side (0 baseline, 1 current), for the distributions."""
+        return tuple(ms for run in self.runs[index] for p in run for _, ms in p)
+
+
+def times_ms(runs: UsedRuns) -> list[list[list[float]]]:
+    """The step times alone of `UsedRuns`: per run, per process, the ms."""
+    return [[[ms for _, ms in p] for p in run] for run in runs]

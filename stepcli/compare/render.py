@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from stepcli.compare.attribution import PHASE_LABELS, OpChange
+from stepcli.compare.comparison import Comparison, OpRow
 from stepcli.compare.populations import StepRow
-from stepcli.compare.verdict import Comparison, OpRow
 from stepcli.compare.wording import ci as _ci
 from stepcli.compare.wording import fmt_level as _fmt_level
 from stepcli.compare.wording import fmt_ms as _fmt_ms

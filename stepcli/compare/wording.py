@@ -43,3 +43,10 @@ def ci(change: Change) -> str:
 def plural(count: int, noun: str, many: str | None = None) -> str:
     """`1 step`, `4 steps`."""
     return f"{count} {noun if count == 1 else many or noun + 's'}"
+
+
+def allowed(limit: float, tolerance: float, base: float, min_delta_ms: float) -> str:
+    return (
+        f"the allowed +{fmt_ms(limit)} ms (larger of tolerance {fmt_pct(tolerance)} of baseline "
+        f"= {fmt_ms(tolerance * base)} ms and --min-delta-ms {fmt_ms(min_delta_ms)})"
+    )

@@ -28,9 +28,10 @@ from typing import IO, Any, NamedTuple, cast
 from stepcli.agent.cudamemory import ON_DEMAND_PREFIX, SNAPSHOT_KEY, SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX, STEP_TAG
 from stepcli.errors import TraceError
 from stepcli.inputs import GZIP_MAGIC, input_limit
-from stepcli.snapshots.unpickle import Entry as Entry  # the snapshot's model, for its readers
-from stepcli.snapshots.unpickle import Frame as Frame
-from stepcli.snapshots.unpickle import HistoryBuilder, Stack, StreamDecoder, Trace, Truncated, Unsupported
+from stepcli.snapshots.history import Entry as Entry  # the snapshot's model, for its readers
+from stepcli.snapshots.history import Frame as Frame
+from stepcli.snapshots.history import HistoryBuilder, Stack, Trace, Truncated, Unsupported
+from stepcli.snapshots.unpickle import StreamDecoder
 
 # Older protocols build sets through these names. Not bytearray: `bytearray(10**12)` would be a memory bomb.
 _PLAIN_BUILTINS = {("builtins", "set"): set, ("builtins", "frozenset"): frozenset}

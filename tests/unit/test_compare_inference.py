@@ -309,7 +309,7 @@ def test_separation_needs_the_whole_gap_beyond_the_limit_and_enough_steps() -> N
 
 
 def test_separation_chance_is_the_exact_mann_whitney_tail() -> None:
-    from stepcli.compare.verdict import separation
+    from stepcli.compare.nointerval import separation
 
     assert separation([1.0, 1.0, 1.0, 1.0], [9.0, 9.0, 9.0, 9.0], 0.1, 0.0, 0.95) == ("regression", 1 / 70)
     assert separation([1.0, 1.0, 1.0], [9.0, 9.0, 9.0, 9.0], 0.1, 0.0, 0.95) is None  # 1/35 > 0.025

@@ -1,5 +1,6 @@
-"""stepcli/snapshots/unpickle.py: the streaming reader gives what the C unpickler's reading gives, on every layout
-torch (and pickle) writes, without keeping the history's dicts; what it does not handle falls back, still safe."""
+"""stepcli/snapshots/unpickle.py and fastentries.py: the streaming reader gives what the C unpickler's reading gives,
+on every layout torch (and pickle) writes, without keeping the history's dicts; what it does not handle falls back,
+still safe."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from stepcli.agent.cudamemory import STEP_TAG
 from stepcli.errors import TraceError
 from stepcli.snapshots import reader
 from stepcli.snapshots.analysis import analyze
+from stepcli.snapshots.history import HistoryBuilder, Truncated, Unsupported
 from stepcli.snapshots.reader import load_snapshot
-from stepcli.snapshots.unpickle import HistoryBuilder, StreamDecoder, Truncated, Unsupported
+from stepcli.snapshots.unpickle import StreamDecoder
 
 MiB = fx.MiB
 

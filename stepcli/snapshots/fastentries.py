@@ -1,0 +1,324 @@
+"""The streaming decoder's state (its buffer, its memo, what it let go of) and its fast path.
+
+Most history entries torch writes share one layout: memo references for keys, numbers, short strings, a frames
+list of memo references. `FastEntryDecoder` reads those straight from the bytes into a `Trace`, building no dict
+and no frames list and keeping nothing in the memo; the first byte it does not expect hands over to the opcode
+loop of stepcli.snapshots.unpickle (`StreamDecoder`, which extends this class).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from array import array
+from bisect import bisect_left
+from collections.abc import Callable
+from typing import Any
+
+from stepcli.snapshots.history import _FRAME_CACHE_LIMIT, HistoryBuilder, Trace
+from stepcli.snapshots.opcodes import (
+    APPEND,
+    BINGET,
+    BININT,
+    BININT1,
+    BININT2,
+    EMPTY_DICT,
+    EMPTY_LIST,
+    LONG1,
+    LONG_BINGET,
+    MARK,
+    MEMOIZE,
+    NEWFALSE,
+    NEWTRUE,
+    NONE,
+    SETITEMS,
+    SHORT_BINUNICODE,
+    _from_bytes,
+    _unpack_H,
+    _unpack_I,
+    _unpack_i,
+)
+
+CHUNK = 1 << 20
+_REFS = re.compile(rb"(?:h.|j....)*e", re.DOTALL)  # a frames list's items: memo references, then APPENDS
+_NOT_NUMBERS = ("action", "user_metadata", "frames")  # keys whose value the fast loop reads only as a string/list
+_NOT_STRINGS = ("action", "addr", "size", "device_free", "frames")
+
+
+class _Dropped:
+    """What the memo holds in place of an entry's dict or frames list it let go: naming one again is unsupported."""
+
+
+class FastEntryDecoder:
+    """The buffer and memo of one pickle read from `read` (a function like a file's), and the fast path that reads
+    history entries of the common layout into their `Trace`."""
+
+    def __init__(self, read: Callable[[int], bytes], builder: HistoryBuilder) -> None:
+        self._read = read
+        self.builder = builder
+        self.histories: dict[int, Trace] = {}  # id(history list) -> its columns
+        self._history_lists: list[list[Any]] = []  # kept alive, so their ids stay theirs
+        self._not_histories: set[int] = set()  # lists seen with items that are not history entries
+        self._memo: dict[int, Any] = {}
+        self._memo_next = 0  # MEMOIZE's index: how many objects were memoized, dropped ones included
+        self._containers: dict[int, int] = {}  # id(dict or list in the memo) -> its index, to drop entries
+        # Dropped frames lists, by memo index (increasing) -> their stack: 8 bytes each where the list took ~200
+        self._list_indexes = array("I")
+        self._list_stacks = array("I")
+        self._string_indexes = array("I")  # dropped strings of single entries, by memo index -> their step code
+        self._string_steps = array("I")
+        self._stacks_by_refs: dict[bytes, int] = {}  # a frames list's bytes (memo references) -> stack index
+        self._key_names: dict[bytes, str] = {}  # a key's memo reference bytes -> the key
+        self._data = b""
+        self._pos = 0
+        self._eof = False
+        self._seen_memoize = False
+        self._seen_put = False
+
+    # -- the buffer -----------------------------------------------------------------------------------------------
+    def _fill(self, data: bytes, pos: int, need: int) -> tuple[bytes, int]:
+        """At least `need` bytes from pos on (fewer only at the end of the file)."""
+        parts = [data[pos:]]
+        have = len(parts[0])
+        while have < need and not self._eof:
+            chunk = self._read(max(CHUNK, min(need - have, 1 << 26)))
+            if not chunk:
+                self._eof = True
+                break
+            parts.append(chunk)
+            have += len(chunk)
+        return b"".join(parts), 0
+
+    # -- the fast path -------------------------------------------------------------------------------------------------
+    def _fast_entries(self, trace: Trace) -> None:
+        """History entries in the common layout, read straight from the bytes: no dict, no frames list, nothing
+        kept in the memo (each MEMOIZE only counted). Stops at the first byte it does not expect, where the
+        slow loop takes over (the end of a batch, a frame boundary, a new string or frame, an odd layout)."""
+        if self._seen_put:
+            return
+        try:
+            self._fast_loop(trace)
+        except (IndexError, struct.error):  # an entry past the bytes at hand: the slow loop reads it
+            pass
+
+    def _fast_loop(self, trace: Trace) -> None:  # noqa: C901 (one function: a call per field would cost ~20%)
+        data, pos = self._data, self._pos
+        memo = self._memo
+        key_names = self._key_names
+        stacks_by_refs = self._stacks_by_refs
+        builder = self.builder
+        action_code, step_code = builder.action_code, builder.step_code
+        add_action, add_addr, add_size = trace.actions.append, trace.addrs.append, trace.sizes.append
+        add_stack, add_step = trace.stacks.append, trace.steps.append
+        unpack_I, unpack_H, unpack_i = _unpack_I, _unpack_H, _unpack_i
+        memo_next = self._memo_next
+        list_indexes, list_stacks = self._list_indexes, self._list_stacks
+        string_indexes, string_steps = self._string_indexes, self._string_steps
+        new_strings: list[tuple[int, int]] = []
+        codes: dict[Any, int] = {}  # action value's bytes -> action code
+        while True:
+            if len(data) - pos < 65536 and not self._eof:
+                data, pos = self._fill(data, pos, 65536)
+                self._data, self._pos = data, pos
+            if data[pos] != EMPTY_DICT or data[pos + 1] != MEMOIZE or data[pos + 2] != MARK:
+                break
+            memo_next += 1
+            pos += 3
+            action = b""
+            new_list = -1
+            if new_strings:
+                new_strings = []
+            addr = free = 0
+            size = -1
+            stack = 0
+            step = 0
+            ok = True
+            while True:
+                op = data[pos]
+                if op == SETITEMS:
+                    pos += 1
+                    break
+                if op == BINGET:
+                    key_ref = data[pos : pos + 2]
+                    pos += 2
+                elif op == LONG_BINGET:
+                    key_ref = data[pos : pos + 5]
+                    pos += 5
+                else:
+                    ok = False
+                    break
+                key = key_names.get(key_ref)
+                if key is None:
+                    index = key_ref[1] if op == BINGET else unpack_I(key_ref, 1)[0]
+                    found = memo.get(index)
+                    if type(found) is not str:
+                        ok = False
+                        break
+                    key = key_names[key_ref] = found
+                op = data[pos]
+                if op == BINGET or op == LONG_BINGET:  # a memoized value: the action, "", a shared string
+                    width = 2 if op == BINGET else 5
+                    value_ref = data[pos : pos + width]
+                    pos += width
+                    if key == "action":
+                        action = value_ref
+                    elif key == "user_metadata":
+                        index = value_ref[1] if width == 2 else unpack_I(value_ref, 1)[0]
+                        found = memo.get(index, _Dropped)
+                        if found is _Dropped:
+                            at = bisect_left(string_indexes, index)
+                            if at == len(string_indexes) or string_indexes[at] != index:
+                                ok = False
+                                break
+                            step = string_steps[at]
+                        elif type(found) is str:
+                            step = step_code(found)
+                        else:
+                            ok = False
+                            break
+                    elif key == "frames":  # a list named again: a block's, or an earlier event's of this allocation
+                        index = value_ref[1] if width == 2 else unpack_I(value_ref, 1)[0]
+                        found = memo.get(index, _Dropped)
+                        if found is _Dropped:
+                            if not list_indexes or list_indexes[-1] < index:
+                                ok = False
+                                break
+                            at = bisect_left(list_indexes, index)
+                            if list_indexes[at] != index:
+                                ok = False
+                                break
+                            stack = list_stacks[at]
+                        elif type(found) is list:
+                            stack = builder.stack(found)
+                        else:
+                            ok = False
+                            break
+                    elif key in ("addr", "size", "device_free"):
+                        ok = False  # a number named again: the slow way reads it
+                        break
+                elif op == LONG1 or op == BININT1 or op == BININT2 or op == BININT:
+                    if op == BININT1:
+                        value = data[pos + 1]
+                        pos += 2
+                    elif op == BININT2:
+                        value = unpack_H(data, pos + 1)[0]
+                        pos += 3
+                    elif op == BININT:
+                        value = unpack_i(data, pos + 1)[0]
+                        pos += 5
+                    else:
+                        n = data[pos + 1]
+                        value = _from_bytes(data[pos + 2 : pos + 2 + n], "little", signed=True)
+                        pos += 2 + n
+                    if key == "addr":
+                        addr = value
+                    elif key == "size":
+                        size = value
+                    elif key == "device_free":
+                        free = value
+                    elif key in _NOT_NUMBERS:
+                        ok = False
+                        break
+                elif op == SHORT_BINUNICODE:  # a string made for this entry (user_metadata, compile_context)
+                    n = data[pos + 1]
+                    text = data[pos + 2 : pos + 2 + n]
+                    pos += 2 + n
+                    if key in _NOT_STRINGS:
+                        ok = False
+                        break
+                    text_step = step_code(text)
+                    if key == "user_metadata":
+                        step = text_step
+                    if data[pos] == MEMOIZE:  # torch makes this string for this entry alone: its step is kept
+                        new_strings.append((memo_next, text_step))
+                        memo_next += 1
+                        pos += 1
+                elif op == EMPTY_LIST and key == "frames":
+                    if data[pos + 1] != MEMOIZE:
+                        ok = False
+                        break
+                    list_index = memo_next
+                    memo_next += 1
+                    pos += 2
+                    op = data[pos]
+                    if op == MARK:
+                        found = _REFS.match(data, pos + 1)
+                        if found is None:
+                            ok = False
+                            break
+                        refs = data[pos + 1 : found.end() - 1]
+                        pos = found.end()
+                    elif op == BINGET and data[pos + 2] == APPEND:
+                        refs = data[pos : pos + 2]
+                        pos += 3
+                    elif op == LONG_BINGET and data[pos + 5] == APPEND:
+                        refs = data[pos : pos + 5]
+                        pos += 6
+                    else:
+                        refs = b""
+                    if refs:
+                        hit = stacks_by_refs.get(refs)
+                        if hit is None:
+                            hit = self._stack_of_refs(refs)
+                            if hit is None:
+                                ok = False
+                                break
+                        stack = hit
+                    new_list = list_index
+                elif op == NONE or op == NEWTRUE or op == NEWFALSE:
+                    pos += 1
+                    if key in ("action", "addr", "size", "device_free", "frames", "user_metadata"):
+                        ok = False
+                        break
+                else:
+                    ok = False
+                    break
+            if not ok or size < 0 or not action:
+                break
+            code = codes.get(action)
+            if code is None:
+                named = memo.get(action[1] if len(action) == 2 else unpack_I(action, 1)[0], _Dropped)
+                if type(named) is not str:
+                    break
+                code = codes[action] = action_code(named)
+            name = builder.names[code]
+            add_action(code)
+            add_addr(free if name == "oom" else addr)
+            add_size(size)
+            add_stack(stack)
+            add_step(step)
+            if new_list >= 0:
+                list_indexes.append(new_list)
+                list_stacks.append(stack)
+            for index, text_step in new_strings:
+                string_indexes.append(index)
+                string_steps.append(text_step)
+            self._pos, self._memo_next = pos, memo_next  # this entry is done, whatever happens to the next
+
+    def _stack_of_refs(self, refs: bytes) -> int | None:
+        """The stack a frames list of memo references names; None when the bytes are not only references."""
+        frames = []
+        pos = 0
+        memo = self._memo
+        while pos < len(refs):
+            if refs[pos] == BINGET:
+                index = refs[pos + 1]
+                pos += 2
+            elif refs[pos] == LONG_BINGET:
+                index = _unpack_I(refs, pos + 1)[0]
+                pos += 5
+            else:
+                return None
+            found = memo.get(index, _Dropped)
+            if type(found) is not dict:
+                return None
+            frames.append(found)
+        if pos != len(refs):
+            return None
+        try:
+            index = self.builder.stack(frames)
+        except (KeyError, TypeError, ValueError):
+            return None
+        if len(self._stacks_by_refs) < _FRAME_CACHE_LIMIT:
+            self._stacks_by_refs[refs] = index
+        return index
