@@ -210,3 +210,11 @@ def test_every_file_is_created_through_safefile() -> None:
             ):
                 found.append(f"{relative}:{number}: {line.strip()}")
     assert found == []
+
+
+def test_no_module_over_500_lines() -> None:
+    # A module that grows past this holds more than one concern: split it by concern, as the layout shows.
+    long = {
+        str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 500
+    }
+    assert long == {}
