@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import stepcli
+
 INNERMOST_FRAMES = 5
 STOPPED = "stopped"  # a stacks file's `source` for a process that was stopped (SIGSTOP, a debugger): no threads
 STOPPED_WHY = "stopped (SIGSTOP, or held by a debugger)"
@@ -111,7 +113,7 @@ def _library_paths() -> tuple[str, ...]:
     paths = sysconfig.get_paths()
     libraries = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
     # stepcli's own frames (its collective wrapper) too, wherever it is installed from (an editable install)
-    package = Path(__file__).parents[1]
+    package = Path(stepcli.__file__).parent
     return (*sorted(libraries), f"{package}/", f"{package.resolve()}/")
 
 
