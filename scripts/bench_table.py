@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import contextlib
 import copy
 import json
 import os
@@ -324,14 +325,26 @@ msgspec.json.decode(open(sys.argv[1], 'rb').read(), type=T)
 """
 
 
-def measure(argv: list[str]) -> tuple[float, int, int]:
-    """Wall seconds, peak RSS bytes and exit status of one command. The RSS is the peak of the sum over the
-    command's process tree (its worker processes included), sampled every 5 ms, or the command's own peak
-    (os.wait4) if that is larger."""
+def measure(argv: list[str], out: Path | None = None) -> tuple[float, int, int]:
+    """Wall seconds, peak RSS bytes and exit status of one command (its standard output into `out`, else
+    dropped). The RSS is the peak of the sum over the command's process tree (its worker processes included),
+    sampled every 5 ms, or the command's own peak (os.wait4) if that is larger. That own peak counts the pages of
+    the process it was started from (Linux keeps the high-water mark across the fork and exec): start it from a
+    small one (scripts/bench_job.py's `measure_apart`)."""
     import psutil
 
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with open(out, "wb") if out is not None else contextlib.nullcontext(subprocess.DEVNULL) as sink:
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.PIPE)
+        peak = _peak_rss(proc, psutil)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr.read().decode() if proc.stderr else "")
+    return elapsed, peak, proc.returncode
+
+
+def _peak_rss(proc: subprocess.Popen[bytes], psutil: Any) -> int:
+    """Wait for `proc` (its exit status set on it) and return its tree's peak RSS (see measure)."""
     peak = 0
     root = psutil.Process(proc.pid)
     while True:
@@ -343,12 +356,8 @@ def measure(argv: list[str]) -> tuple[float, int, int]:
         except psutil.Error:
             pass
         time.sleep(0.005)
-    elapsed = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
-    peak = max(peak, usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024))
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr.read().decode() if proc.stderr else "")
-    return elapsed, peak, proc.returncode
+    return max(peak, usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024))
 
 
 def best_of(cmd: list[str], repeat: int) -> tuple[float, int]:
