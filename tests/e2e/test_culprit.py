@@ -29,12 +29,11 @@ RANKS_SCRIPT = """
     extra = torch.randn(256, 256)
     if mode == "starved" and late:
         # rank 1 runs only when a process on its core, busy 45 ms out of every 50, leaves the core free (SCHED_IDLE:
-        # it never preempts that process); rank 0 runs free
+        # it never preempts that process); rank 0 runs free. The busy process is started first: a child inherits
+        # its parent's scheduling policy, and a SCHED_IDLE one would share the core with rank 1 as an equal.
         import os, subprocess
 
         core = max(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {core})
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         busy = chr(10).join(
             [
                 "import os, time",
@@ -47,6 +46,8 @@ RANKS_SCRIPT = """
         )
         hog = subprocess.Popen([sys.executable, "-c", busy])
         os.sched_setaffinity(hog.pid, {core})
+        os.sched_setaffinity(0, {core})
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     for _ in range(12):
         if mode == "gc" and late:
             gc.collect()
