@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from conftest import load_trace, run_stepcli, trace_files, write_script
 
-from stepcli.traces import ranks as straggler_rule
-from stepcli.traces.analysis import summarize_file
-from stepcli.traces.reader import load_trace as read_trace
+from stepcli.traces.analyses import ranks as straggler_rule
+from stepcli.traces.analyses.analysis import summarize_file
+from stepcli.traces.read.reader import load_trace as read_trace
 
 ACCUMULATE = """
     import sys
@@ -209,7 +209,7 @@ def test_straggler_is_the_rank_that_computes_most(tmp_path: Path) -> None:
 
 
 def _straggler_by_the_data(out: Path) -> dict[str, Any]:
-    """The straggler the rule (stepcli.traces.ranks) names from the compute per step measured in the saved traces
+    """The straggler the rule (stepcli.traces.analyses.ranks) names from the compute per step measured in the saved traces
     (each step's time less its communication), worked out here from the rule's thresholds: the rank computing most
     on average over the steps every rank recorded, `rank` None where it crosses not every threshold (`failed`
     says which)."""

@@ -15,10 +15,10 @@ import pytest
 from browser import artifacts_dir
 from conftest import load_trace, run_stepcli, trace_files, write_script
 
-from stepcli.traces.analysis import summarize_file
-from stepcli.traces.arrivals import CAUSES
-from stepcli.traces.culprit import CPU_WAIT_SHARE, SAME_WORK_SHARE
-from stepcli.traces.reader import load_trace as read_trace
+from stepcli.traces.analyses.analysis import summarize_file
+from stepcli.traces.analyses.arrivals import CAUSES
+from stepcli.traces.analyses.culprit import CPU_WAIT_SHARE, SAME_WORK_SHARE
+from stepcli.traces.read.reader import load_trace as read_trace
 
 RANKS_SCRIPT = """
     import gc, sys, time
@@ -164,7 +164,7 @@ def test_default_window_names_an_overwhelmingly_late_rank(matmul_default_window:
     assert '<div class="card advice" id="culprit-finding"><b>Rank 1 holds the others back' in html
 
 
-def test_default_window_names_nobody_when_ranks_are_equal(equal_default_window: dict[str, Any]) -> None:
+def test_default_window_with_equal_ranks_names_whom_the_data_names(equal_default_window: dict[str, Any]) -> None:
     # GIVEN the same work on both ranks, the default window (3 recorded steps)
     _equal_ranks_are_judged_on_their_data(equal_default_window)
 
@@ -329,7 +329,7 @@ def test_more_matrix_work_is_named_by_its_operators(matmul_run: dict[str, Any]) 
     assert {t["name"] for t in found["top"][:2]} == {"aten::matmul", "aten::tanh"}, found["top"]
 
 
-def test_equal_ranks_name_no_culprit(equal_run: dict[str, Any]) -> None:
+def test_equal_ranks_name_whom_the_data_names(equal_run: dict[str, Any]) -> None:
     # GIVEN two ranks doing the same work, 8 recorded steps
     section = equal_run["summary"]["culprit"]
     assert section["collectives"] >= 5, _evidence(section)
