@@ -42,19 +42,22 @@ SLEEPER = """
 # The step: long against the noise a busy machine adds. With two CPU burners on 2 cores, a sleeping process wakes
 # up late by an amount that is absolute (measured: medians of unchanged runs apart by +0.5 ms, +5% of an 8 ms
 # step, with a 95% CI reaching +14%: INCONCLUSIVE); 20 ms makes that about 2%. The recorded steps that name the
-# cause are fewer, and all four windows record (and save) at once: there, one run's sleeps were seen 4 ms long
-# beside a CPU burner, a 20 ms sleep's 25% change hidden; 40 ms makes the change 10 ms against that.
+# cause are fewer: beside a CPU burner one run's recorded sleeps were seen 4 ms long, a 20 ms sleep's 25% change
+# hidden; 40 ms makes the change 10 ms against that.
 SLEEP_MS = 40.0
-# Steps per run (~6 s of sleeping, all four runs at once): 128 untouched steps decide.
+# Steps per run (~6 s of sleeping, all four runs at once): 128 untouched steps decide, the same number on every run.
 STEPS = 150
-ACTIVE = 20  # recorded steps 2-21: enough for per-operator attribution (OP_MIN_STEPS); 22-149 stay untouched
+ACTIVE = 20  # base1's recorded steps 2-21: enough for per-operator attribution (OP_MIN_STEPS); 22-149 untouched
 FIRST_UNTOUCHED = ACTIVE + 2
 OP_NAME = "time.sleep inside the training loop"
-PLAN = (  # name, sleep ms, seed
-    ("base1", SLEEP_MS, 1),
-    ("base2", SLEEP_MS, 2),
-    ("same", SLEEP_MS, 3),
-    ("slow", SLEEP_MS * 1.25, 4),
+# The runs' recorded windows (--wait: the first recorded step is WAIT + 1) come one after another, ~25 steps apart:
+# a window recorded while the other runs record and save theirs saw steps 80-170 ms long beside a CPU burner (a
+# 25% change of a 40 ms sleep hidden in the attribution's interval), where each window alone sees only the burner.
+PLAN = (  # name, sleep ms, seed, --wait
+    ("base1", SLEEP_MS, 1, 1),
+    ("base2", SLEEP_MS, 2, 125),
+    ("same", SLEEP_MS, 3, 90),
+    ("slow", SLEEP_MS * 1.25, 4, 45),
 )
 
 
@@ -70,17 +73,21 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     script = write_script(root, "sleeper.py", SLEEPER)
     (root / "barrier").mkdir()
     with ThreadPoolExecutor(len(PLAN)) as pool:
-        done = dict(zip([name for name, _, _ in PLAN], pool.map(lambda item: record(root, script, *item), PLAN)))
+        done = dict(zip([name for name, *_ in PLAN], pool.map(lambda item: record(root, script, *item), PLAN)))
     for name, result in done.items():
         assert result.returncode == 0, (name, result.stderr)
     return {name: root / f"{name}.json" for name in done}
 
 
-def record(root: Path, script: Path, name: str, sleep_ms: float, seed: int) -> subprocess.CompletedProcess[str]:
+def record(
+    root: Path, script: Path, name: str, sleep_ms: float, seed: int, wait: int
+) -> subprocess.CompletedProcess[str]:
     """One `stepcli run --json` of the sleeper."""
     return run_stepcli(
         "run",
         "-q",
+        "--wait",
+        str(wait),
         "--active",
         str(ACTIVE),
         "-o",
