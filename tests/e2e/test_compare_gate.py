@@ -43,21 +43,22 @@ SLEEPER = """
 # up late by an amount that is absolute (measured: medians of unchanged runs apart by +0.5 ms, +5% of an 8 ms
 # step, with a 95% CI reaching +14%: INCONCLUSIVE); 20 ms makes that about 2%. The recorded steps that name the
 # cause are fewer: beside a CPU burner one run's recorded sleeps were seen 4 ms long, a 20 ms sleep's 25% change
-# hidden; 40 ms makes the change 10 ms against that.
-SLEEP_MS = 40.0
-# Steps per run (~6 s of sleeping, all four runs at once): 128 untouched steps decide, the same number on every run.
-STEPS = 150
-ACTIVE = 20  # base1's recorded steps 2-21: enough for per-operator attribution (OP_MIN_STEPS); 22-149 untouched
+# hidden; and on a CI machine with more busy processes than cores a 40 ms sleep's recorded steps were seen 86-92 ms
+# long, its 10 ms change inside the interval. 60 ms makes the change 15 ms, over 30 recorded steps.
+SLEEP_MS = 60.0
+# Steps per run (~11 s of sleeping, all four runs at once): 138 untouched steps decide, the same number on every run.
+STEPS = 170
+ACTIVE = 30  # base1's recorded steps 2-31: over per-operator attribution's OP_MIN_STEPS; 32-169 untouched
 FIRST_UNTOUCHED = ACTIVE + 2
 OP_NAME = "time.sleep inside the training loop"
-# The runs' recorded windows (--wait: the first recorded step is WAIT + 1) come one after another, ~25 steps apart:
+# The runs' recorded windows (--wait: the first recorded step is WAIT + 1) come one after another, 5-25 steps apart:
 # a window recorded while the other runs record and save theirs saw steps 80-170 ms long beside a CPU burner (a
 # 25% change of a 40 ms sleep hidden in the attribution's interval), where each window alone sees only the burner.
 PLAN = (  # name, sleep ms, seed, --wait
     ("base1", SLEEP_MS, 1, 1),
-    ("base2", SLEEP_MS, 2, 125),
-    ("same", SLEEP_MS, 3, 90),
-    ("slow", SLEEP_MS * 1.25, 4, 45),
+    ("base2", SLEEP_MS, 2, 135),
+    ("same", SLEEP_MS, 3, 100),
+    ("slow", SLEEP_MS * 1.25, 4, 55),
 )
 
 
@@ -221,11 +222,12 @@ def test_schema_1_summary_still_compares(runs: dict[str, Path], tmp_path: Path) 
 
 
 def test_skip_steps_and_confidence(runs: dict[str, Path]) -> None:
-    result = run_stepcli("compare", runs["base1"], runs["same"], "--skip-steps", "30", "--confidence", "99%")
+    skip = FIRST_UNTOUCHED + 8
+    result = run_stepcli("compare", runs["base1"], runs["same"], "--skip-steps", str(skip), "--confidence", "99%")
     assert result.returncode == 0, result.stdout + result.stderr
     assert (
-        f"untouched steps 30-{STEPS - 1} ({STEPS - 30} step times); steps {FIRST_UNTOUCHED}-29 left out: --skip-steps 30"
-        in result.stdout
+        f"untouched steps {skip}-{STEPS - 1} ({STEPS - skip} step times); steps {FIRST_UNTOUCHED}-{skip - 1} left out: "
+        f"--skip-steps {skip}" in result.stdout
     )
     assert "99% CI" in verdict(result.stdout)
     nothing = run_stepcli("compare", runs["base1"], runs["same"], "--skip-steps", "1000")
