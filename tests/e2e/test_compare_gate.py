@@ -41,24 +41,26 @@ SLEEPER = """
 """
 # The step: long against the noise a busy machine adds. With two CPU burners on 2 cores, a sleeping process wakes
 # up late by an amount that is absolute (measured: medians of unchanged runs apart by +0.5 ms, +5% of an 8 ms
-# step, with a 95% CI reaching +14%: INCONCLUSIVE); 20 ms makes that about 2%. The recorded steps that name the
-# cause are fewer: beside a CPU burner one run's recorded sleeps were seen 4 ms long, a 20 ms sleep's 25% change
-# hidden; and on a CI machine with more busy processes than cores a 40 ms sleep's recorded steps were seen 86-92 ms
-# long, its 10 ms change inside the interval. 60 ms makes the change 15 ms, over 30 recorded steps.
-SLEEP_MS = 60.0
-# Steps per run (~11 s of sleeping, all four runs at once): 138 untouched steps decide, the same number on every run.
-STEPS = 170
-ACTIVE = 30  # base1's recorded steps 2-31: over per-operator attribution's OP_MIN_STEPS; 32-169 untouched
+# step, with a 95% CI reaching +14%: INCONCLUSIVE). The recorded steps that name the cause are fewer, and the load
+# of the moment falls on each window alone: on a CI machine with more busy processes than cores a 40 ms sleep's
+# recorded steps were seen 86-92 ms long; beside a CPU burner and three other test workers, one 60 ms window's
+# sleeps were 10.6 ms longer than nominal and the other's 2.4 ms, and the 15 ms change (25% of 60) fell inside the
+# attribution's interval (-1.0 .. +15.6 ms). 120 ms makes the change 30 ms, over 30 recorded steps.
+SLEEP_MS = 120.0
+# Steps per run (~21 s of sleeping, ~26 s for the slow run; all four at once): the untouched steps decide.
+STEPS = 160
+ACTIVE = 30  # base1's recorded steps 2-31: over per-operator attribution's OP_MIN_STEPS; 32-159 untouched
 FIRST_UNTOUCHED = ACTIVE + 2
 OP_NAME = "time.sleep inside the training loop"
-# The runs' recorded windows (--wait: the first recorded step is WAIT + 1) come one after another, 5-25 steps apart:
-# a window recorded while the other runs record and save theirs saw steps 80-170 ms long beside a CPU burner (a
-# 25% change of a 40 ms sleep hidden in the attribution's interval), where each window alone sees only the burner.
+# The runs' recorded windows (--wait: the first recorded step is WAIT + 1) come one after another in time, each
+# starting ~0.5 s after the one before has been saved, with ~20 ms a step to spare for a loaded machine's late
+# wake-ups: a window recorded while other runs record and save theirs saw steps 80-170 ms long beside a CPU burner
+# (a 25% change of a 40 ms sleep hidden in the attribution's interval); each window alone sees only the burner.
 PLAN = (  # name, sleep ms, seed, --wait
-    ("base1", SLEEP_MS, 1, 1),
-    ("base2", SLEEP_MS, 2, 135),
-    ("same", SLEEP_MS, 3, 100),
-    ("slow", SLEEP_MS * 1.25, 4, 55),
+    ("base1", SLEEP_MS, 1, 1),  # steps 2-31 of ~132 ms: 0.1-4.1 s
+    ("slow", SLEEP_MS * 1.25, 4, 30),  # steps 31-60 of ~165 ms: 5.1-9.9 s
+    ("same", SLEEP_MS, 3, 81),  # 10.7-14.7 s
+    ("base2", SLEEP_MS, 2, 117),  # 15.4-19.4 s
 )
 
 

@@ -126,7 +126,7 @@ def test_top_on_something_that_is_not_a_run_is_one_line_and_exit_2(tmp_path: Pat
 
 
 # Two DDP ranks; rank 1 sleeps 15 ms more per step before its forward (it arrives last at the gradient
-# all-reduce). They stop when <control>/end appears.
+# all-reduce). They stop together, at the first step after <control>/end appears.
 DDP_LATE_RANK = """
     import sys
     import time
@@ -140,12 +140,17 @@ DDP_LATE_RANK = """
     control = Path(sys.argv[1])
     model = DDP(torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    while not (control / "end").exists():
+    while True:
+        # both ranks stop at the same step: one that saw `end` alone would wait in a barrier for the other's
+        # gradient all-reduce, and the job would hang
+        stop = torch.tensor([float((control / "end").exists())])
+        dist.all_reduce(stop)
+        if stop.item():
+            break
         time.sleep(0.02 if rank == 1 else 0.005)
         model(torch.randn(4, 8)).sum().backward()
         opt.step()
         opt.zero_grad()
-    dist.barrier()
     del model, opt
     dist.destroy_process_group()
 """
