@@ -82,7 +82,7 @@ def build(
     data.hang = (summary or {}).get("hang")
     data.exit_status = (summary or {}).get("exit_status")
     parts = _trace_parts(data, traces, trace_paths, summary is not None)
-    analysis = _merged(parts)
+    analysis = traces.summary(list(trace_paths)).to_dict() if parts else None
     if summary is not None and summary.get("command") is not None:
         _add_run_facts(data, summary)
     else:  # traces only, or a run folder without its summary
@@ -133,12 +133,6 @@ def _trace_parts(data: ReportData, traces: RunTraces, paths: Sequence[str], run:
         return []
 
 
-def _merged(parts: list[list[FilePart]]) -> dict[str, Any] | None:
-    from stepcli.traces.analyses.mergeparts import merge_parts
-
-    return merge_parts([p[0] for p in parts]).to_dict() if parts else None
-
-
 def _add_step_times(data: ReportData, summary: RunSummary | None, analysis: dict[str, Any] | None) -> None:
     """Step times over the run (every process the summary holds, else the traces' recorded steps) and their
     distribution: untouched steps (no profiler overhead) when there are any, else the recorded ones."""
@@ -162,7 +156,7 @@ def _add_step_times(data: ReportData, summary: RunSummary | None, analysis: dict
 
 def _add_trace_tables(data: ReportData, analysis: dict[str, Any], parts: list[list[FilePart]]) -> None:
     """Breakdown, operator tables and shapes from the traces: every operator, one breakdown bar per rank."""
-    from stepcli.traces.analyses.mergeparts import merge_parts
+    from stepcli.traces.analyses.mergeparts import breakdown_of, merge_parts
     from stepcli.traces.render.table import outside_note
 
     data.cpu_ops = [op for op in analysis["cpu_ops"] if op["name"] != STEP_KEY]
@@ -175,9 +169,9 @@ def _add_trace_tables(data: ReportData, analysis: dict[str, Any], parts: list[li
         by_rank.setdefault(plain.rank, []).append(plain)
     if len(by_rank) > 1:  # one bar per rank (all its windows), so the slowest rank stands out
         for rank, rank_parts in sorted(by_rank.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
-            per = merge_parts(rank_parts).to_dict()
-            if per["breakdown_ms"]:
-                data.breakdowns.append((f"rank {rank}" if rank is not None else "no rank", per["breakdown_ms"]))
+            per = breakdown_of(rank_parts)
+            if per is not None:
+                data.breakdowns.append((f"rank {rank}" if rank is not None else "no rank", per.to_dict()))
     elif analysis["breakdown_ms"]:
         data.breakdowns.append(("all steps" if len(parts) == 1 else "all traces", analysis["breakdown_ms"]))
     if analysis["slowest_rank"] is not None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from stepcli.errors import StepcliError
 
 if TYPE_CHECKING:
-    from stepcli.traces.analyses.model import FilePart
+    from stepcli.traces.analyses.model import FilePart, TraceSummary
 
 MemoryCurves = list[tuple[str, list[tuple[float, float]]]]
 
@@ -38,6 +38,7 @@ class RunTraces:
         self._parts: list[list[FilePart]] = []
         self._problem: StepcliError | None = None
         self._curves: dict[tuple[str, ...], MemoryCurves] = {}
+        self._summary: TraceSummary | None = None
 
     def parts(self, paths: Sequence[str], *, shapes: bool = False) -> list[list[FilePart]]:
         """Per file: its plain part, then its by-shape part when the files were read with shapes (always when
@@ -50,10 +51,22 @@ class RunTraces:
             raise self._problem
         return self._parts
 
+    def summary(self, paths: Sequence[str]) -> TraceSummary:
+        """The files' plain parts merged (stepcli.traces.analyses.mergeparts), once: the run summary, the page's
+        advice and the page all show it, and at 1,024 ranks one merge (its culprit alignment) takes seconds.
+        Callers take `.to_dict()` of it, each their own copy. Raises as `parts` does."""
+        parts = self.parts(paths)
+        if self._summary is None:
+            from stepcli.traces.analyses.mergeparts import merge_parts
+
+            self._summary = merge_parts([p[0] for p in parts])
+        return self._summary
+
     def _read(self, key: tuple[str, ...], shapes: bool) -> None:
         from stepcli.traces.engine import file_parts
 
         self._key, self._shaped, self._parts, self._problem = None, False, [], None
+        self._summary = None
         groupings = (False, True) if shapes else (False,)
         try:
             self._parts = file_parts(list(key), groupings=groupings, shapes=shapes, jobs=self.jobs)

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import REPO
 
 from stepcli.report import default_output, svg
@@ -159,6 +160,40 @@ def test_memory_curves_read_in_worker_processes_equal_the_serial_read(tmp_path: 
     assert memory_curves(paths, jobs=3) == serial
     assert [label for label, _ in serial] == [f"host_{r} {d}" for r in range(3) for d in ("CPU", "CUDA:0")]
     assert serial[2][1][0] == (0.0, 1000.0) and len(serial[5][1]) == 26
+
+
+def test_traces_without_memory_events_are_not_read_again_for_curves(tmp_path: Path, monkeypatch: Any) -> None:
+    import gzip
+    import os
+
+    import stepcli.traces.engine as engine
+    from stepcli.traces import memory
+
+    # GIVEN a job's traces recorded without --profile-memory (plain JSON), an empty file, a FIFO and a folder
+    event = {"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}
+    plain = [tmp_path / f"rank{r}.pt.trace.json" for r in range(4)]
+    for path in plain:
+        path.write_text(json.dumps({"traceEvents": [event] * 100}))
+    (tmp_path / "empty.json").write_bytes(b"")
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "folder.json").mkdir()
+    odd = [str(tmp_path / name) for name in ("empty.json", "fifo.json", "folder.json", "missing.json")]
+    # WHEN their memory curves are asked THEN no file is read again (no worker, no read_curves): none can have one
+    monkeypatch.setattr(engine, "map_files", lambda *a, **k: pytest.fail("read again"))
+    assert memory.memory_curves([str(p) for p in plain] + odd, jobs=2) == []
+    # AND a file that holds the marker, or a compressed one (whose marker cannot be seen), is read
+    marked = tmp_path / "marked.json"
+    marked.write_text(json.dumps({"traceEvents": [dict(event, name="[memory]", ph="i")]}))
+    packed = tmp_path / "packed.json.gz"
+    packed.write_bytes(gzip.compress(plain[0].read_bytes()))
+    unnamed = tmp_path / "packed_without_suffix.json"
+    unnamed.write_bytes(gzip.compress(plain[0].read_bytes()))
+    assert [memory._may_hold_memory_events(str(p)) for p in (marked, packed, unnamed, plain[0])] == [
+        True,
+        True,
+        True,
+        False,
+    ]
 
 
 def _hang_summary(tmp_path: Path, hang: dict[str, Any] | None) -> dict[str, Any]:

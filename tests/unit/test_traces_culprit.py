@@ -353,3 +353,26 @@ def test_student_t_tail_matches_the_tables() -> None:
     assert lead_t_chance([3.0, 2.5, 0.5], [5.0, 9.0, 6.0]) > 0.05  # a lead within both noises is not
     assert lead_t_chance([1.0], [1.0]) == 1.0 and lead_t_chance([-5.0, -6.0], [1.0, 2.0]) == 1.0
     assert lead_t_chance([2.0, 2.0], [3.0, 3.0]) == 0.0
+
+
+def test_the_others_median_gap_equals_the_median_over_the_others() -> None:
+    # GIVEN collectives of 1-12 members with tied, zero and random gaps (and one with a NaN gap)
+    import math
+    import random
+
+    from stepcli.stats import median
+    from stepcli.traces.analyses.culprit import _OthersGap
+
+    rng = random.Random(7)
+    cases = [
+        [{"cpu": rng.choice([0.0, 1.5, 2.0, rng.random() * 100]), "gc": rng.random()} for _ in range(n)]
+        for n in [rng.randint(1, 12) for _ in range(500)]
+    ]
+    cases.append([{"cpu": 1.0}, {"cpu": math.nan}, {"cpu": 3.0}])
+    for gaps in cases:
+        others = _OthersGap(gaps)
+        for k in range(len(gaps)):
+            # WHEN each member's others' median is asked THEN it is the median of the others' summed gaps, exactly
+            expected = median([sum(g.values()) for i, g in enumerate(gaps) if i != k])
+            got = others(k)
+            assert got == expected or (math.isnan(got) and math.isnan(expected)), (gaps, k)

@@ -151,9 +151,7 @@ def _trace_analysis(trace_paths: list[str], notes: list[str], traces: RunTraces 
         return None
     try:
         if traces is not None:
-            from stepcli.traces.analyses.mergeparts import merge_parts
-
-            return merge_parts([parts[0] for parts in traces.parts(trace_paths)]).to_dict()
+            return traces.summary(trace_paths).to_dict()
         from stepcli.traces.engine import summarize_paths
 
         return summarize_paths(trace_paths).to_dict()

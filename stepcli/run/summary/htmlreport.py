@@ -179,12 +179,12 @@ def page_advice(summary: RunSummary | None, trace_paths: Sequence[str], traces: 
     if summary is not None and "advice" in summary:
         return summary["advice"]
     from stepcli.advice.gather import advise_run
-    from stepcli.traces.analyses.mergeparts import merge_parts
 
     analysis = None
     if trace_paths:
         try:
-            analysis = merge_parts([p[0] for p in traces.parts(list(trace_paths), shapes=True)]).to_dict()
+            traces.parts(list(trace_paths), shapes=True)  # read once, with the shapes the page will want
+            analysis = traces.summary(list(trace_paths)).to_dict()
         except StepcliError:
             analysis = None  # the page says why in a note
     processes = process_steps(summary) if summary is not None else []

@@ -43,6 +43,7 @@ order in the step) across all ranks (gloo):
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,6 +129,7 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
         caused_us[last] += sum(waits)
         # the latest arrival of the others: the last's for everyone but the last, the second last's for it
         first_out, second_out = aligned[order[-1]], aligned[order[-2]]
+        others_gap = _OthersGap(gaps)
         for k, j in enumerate(cols):
             waited_us[j] += waits[k]
             taken[j] += 1
@@ -136,7 +138,7 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
             figures = in_group.setdefault((j, group), _GroupFigures(len(cols)))
             figures.taken += 1
             figures.leads.append(leads[j][-1])
-            others_gaps[j].append(_others_gap(gaps, k))
+            others_gaps[j].append(others_gap(k))
             figures.others_gaps.append(others_gaps[j][-1])
         mine = in_group[(last, group)]
         mine.times_last += 1
@@ -295,9 +297,30 @@ def _is_finding(
     )
 
 
-def _others_gap(gaps: list[dict[str, float]], k: int) -> float:
-    """The other members' median gap before arriving (µs), at one collective."""
-    return median([sum(gap.values()) for i, gap in enumerate(gaps) if i != k])
+class _OthersGap:
+    """The other members' median gap before arriving (µs), at one collective, for each member in turn: the
+    members' gaps are summed and sorted once, and each member's answer is the median of that list without it
+    (the same numbers as stepcli.stats.median over the others: the same two elements, the same arithmetic). A
+    group of 128 ranks took 128 x 128 sums per collective before, 1.1 s of a 1,024-rank job's merge."""
+
+    def __init__(self, gaps: list[dict[str, float]]) -> None:
+        self.totals = [sum(gap.values()) for gap in gaps]
+        self.ordered = sorted(self.totals)
+        self.exact = all(t == t for t in self.totals)  # a NaN has no place in a sorted list: then the long way
+
+    def __call__(self, k: int) -> float:
+        if not self.exact:
+            return median([t for i, t in enumerate(self.totals) if i != k])
+        ordered, size = self.ordered, len(self.ordered) - 1  # the list without member k
+        if size <= 0:
+            return math.nan
+        gone = bisect_left(ordered, self.totals[k])
+        position = (size - 1) * 50 / 100.0  # stepcli.stats.percentile(..., 50) of the shorter list
+        low = math.floor(position)
+        high = min(low + 1, size - 1)
+        at_low = ordered[low if low < gone else low + 1]
+        at_high = ordered[high if high < gone else high + 1]
+        return at_low + (at_high - at_low) * (position - low)
 
 
 def _cause(

@@ -50,14 +50,26 @@ def _add_rows(into: dict[Any, list[int]], rows: dict[Any, list[int]]) -> None:
             row[2] += total_ns
 
 
+def breakdown_of(parts: list[FilePart]) -> Breakdown | None:
+    """The mean time per step in each phase over the parts' steps (merge_parts' `breakdown_ms`), alone: the page's
+    bar per rank needs only this, not a whole merge (with its culprit and straggler) per rank."""
+    phase_totals = dict.fromkeys(PHASES, 0)
+    phase_steps = 0
+    for part in parts:
+        for label, ns in part.phase_totals.items():
+            phase_totals[label] += ns
+        phase_steps += part.phase_steps
+    if not phase_steps:
+        return None
+    return Breakdown(**{label: ns / phase_steps / NS_PER_MS for label, ns in phase_totals.items()})
+
+
 def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> TraceSummary:
     """The summary of several files from their parts (in file order), equal to summarizing them together."""
     cpu = Accumulator()
     device = Accumulator()
     steps: list[StepRow] = []
     windows: list[tuple[int | None, str, int | str | None, WindowFacts]] = []
-    phase_totals = dict.fromkeys(PHASES, 0)
-    phase_steps = 0
     job_device: DeviceTimes | None = None
     flops = flops_steps = flops_ns = 0
     flops_devices: set[str] = set()
@@ -76,9 +88,6 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
         comm_ms = [ns / NS_PER_MS for ns in part.comm_ns]
         facts = WindowFacts(part.path, list(part.steps), [s.dur_ms for s in trace_steps], comm_ms)
         windows.append((part.rank, part.path, part.main_pid, facts))
-        for label, ns in part.phase_totals.items():
-            phase_totals[label] += ns
-        phase_steps += part.phase_steps
         if part.flops is not None:
             flops += part.flops
             flops_steps += len(part.step_ns)
@@ -95,10 +104,7 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
     processes = group_processes(windows)
     order = {row.process: index for index, row in enumerate(processes)}
     steps.sort(key=lambda s: (order.get(s.process, 0), s.step))
-    breakdown = None
-    if phase_steps:
-        mean = {label: ns / phase_steps / NS_PER_MS for label, ns in phase_totals.items()}
-        breakdown = Breakdown(**mean)
+    breakdown = breakdown_of(parts)
     step_ns = round(sum(s.dur_ms for s in steps) * NS_PER_MS)
     basis_ns, share_of = share_basis(step_ns, len(steps), cpu.self_ns_without_steps(group_by_shape))
     straggler = find_straggler(processes)
