@@ -19,6 +19,8 @@ from stepcli.errors import StepcliError
 
 _INSTALL = "--scheduler needs Dask's distributed package: pip install 'stepcli[dask]'"
 CONNECT_TIMEOUT_S = 10.0  # the whole check: name lookup, TCP connection and the scheduler's first message
+TASKS_PER_THREAD = 4  # tasks per worker thread: a slow file or worker holds back a quarter of a thread's share
+MIN_TASKS = 16  # a cluster still scaling up (no worker yet) gets work it can spread
 _MAX_HANDSHAKE_BYTES = 1 << 20  # a scheduler's greeting is a few hundred bytes
 _ADDRESS = re.compile(r"(?:tcp://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>[0-9]{1,5})/?")
 
@@ -124,14 +126,37 @@ def cluster_results(
         sys.unraisablehook = _silent  # the half-built Client's __del__ would print a traceback at exit
         raise StepcliError(f"cannot use the Dask scheduler at {scheduler}: {type(exc).__name__}: {exc}") from None
     try:
-        futures = client.map(work, absolute, groupings=groupings, shapes=shapes, pure=False)
-        results = client.gather(futures)
+        threads = sum(client.nthreads().values())
+        batches = batched(absolute, threads)
+        futures = client.map(_each, batches, per_file=work, groupings=groupings, shapes=shapes, pure=False)
+        results = [result for batch in client.gather(futures) for result in batch]
     finally:
         client.close()
     for given, result in zip(files, results):  # name the files as the user gave them, like the local engine
         for part in result if isinstance(result, list) else [result]:
             part.path = given
     return list(results)
+
+
+def batched(files: list[str], threads: int) -> list[list[str]]:
+    """The files in order, in `TASKS_PER_THREAD` runs of neighbours per worker thread (at least `MIN_TASKS`, at
+    most one file each). A task costs a worker ~3 ms and the scheduler ~1.4 ms besides its reading (~4 ms for one
+    rank of a 1,024-rank job): one task per file spent more on the cluster than on the files."""
+    count = min(len(files), max(MIN_TASKS, TASKS_PER_THREAD * threads))
+    if count <= 0:
+        return []
+    size, extra = divmod(len(files), count)
+    out, start = [], 0
+    for index in range(count):
+        end = start + size + (1 if index < extra else 0)
+        out.append(files[start:end])
+        start = end
+    return out
+
+
+def _each(files: list[str], per_file: Callable[..., Any], groupings: tuple[bool, ...], shapes: bool) -> list[Any]:
+    """One task: `per_file` for each of a batch of files, on a worker."""
+    return [per_file(path, groupings=groupings, shapes=shapes) for path in files]
 
 
 def _silent(unraisable: Any) -> None:

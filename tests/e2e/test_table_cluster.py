@@ -34,6 +34,28 @@ def test_cluster_gives_the_local_answers(scheduler: str, rank_folder: Path) -> N
     assert [r["rank"] for r in local["ranks"]] == [0, 1, 2, 3]
 
 
+def test_a_folder_of_more_files_than_tasks_gives_the_local_answers(
+    scheduler: str, rank_folder: Path, tmp_path: Path
+) -> None:
+    # GIVEN 40 rank traces (the four ranks, each as ten ranks): more files than the cluster's tasks (16), so each
+    # task reads a run of neighbouring files
+    import shutil
+
+    from stepcli.traces.cluster import MIN_TASKS
+
+    sources = sorted(rank_folder.iterdir())
+    for copy in range(10):
+        for source in sources:
+            shutil.copy(source, tmp_path / source.name.replace("host_", f"host{copy}_"))
+    assert len(list(tmp_path.iterdir())) == 40 > MIN_TASKS
+    # WHEN read on the cluster and locally THEN the answers are the same, byte for byte
+    remote = run_stepcli("table", "--json", "--scheduler", scheduler, tmp_path)
+    local = run_stepcli("table", "--json", tmp_path)
+    assert remote.returncode == local.returncode == 0, remote.stderr + local.stderr
+    assert remote.stdout == local.stdout
+    assert len(json.loads(local.stdout)["files"]) == 40
+
+
 def test_cluster_names_a_bad_file_in_one_line(scheduler: str, tmp_path: Path) -> None:
     (tmp_path / "rank0.json").write_text('{"traceEvents": [')
     result = run_stepcli("table", "--scheduler", scheduler, tmp_path)

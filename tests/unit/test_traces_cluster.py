@@ -34,3 +34,17 @@ def test_a_greeting_must_be_framed_as_dask_frames_it() -> None:
     assert not cluster._is_framed(greeting, len(greeting) + 1)
     assert not cluster._is_framed(b"\x07" * 100, 100)
     assert not cluster._is_framed(b"", 0)
+
+
+def test_files_go_to_the_cluster_in_runs_of_neighbours_in_order() -> None:
+    from stepcli.traces.cluster import MIN_TASKS, TASKS_PER_THREAD, batched
+
+    for count in (0, 1, 7, MIN_TASKS, MIN_TASKS + 1, 100, 1024):
+        files = [f"rank{i}.json" for i in range(count)]
+        for threads in (0, 1, 2, 64):
+            batches = batched(files, threads)
+            # every file once, in order; no empty task; as many tasks as threads x TASKS_PER_THREAD (at least
+            # MIN_TASKS) allow, never more than the files; sizes at most one apart
+            assert [f for batch in batches for f in batch] == files
+            assert all(batches) and len(batches) == min(count, max(MIN_TASKS, TASKS_PER_THREAD * threads))
+            assert not batches or max(map(len, batches)) - min(map(len, batches)) <= 1
