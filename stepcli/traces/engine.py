@@ -122,10 +122,15 @@ def _gated(function: Callable[[str], _T], path: str) -> _T:
 
 def _summarized(trace: ColumnTrace, groupings: tuple[bool, ...], arrivals: bool = True) -> list[FilePart]:
     """One part per grouping (plain, by shape) of a trace read into columns, whole or in ranges (`arrivals`: see
-    stepcli.traces.analyses.analysis.summarize_columns)."""
+    stepcli.traces.analyses.analysis.summarize_columns). Only the first part carries the collectives' arrivals:
+    the culprit is found from it, and a second copy (the page's by-shape part) cost every rank's file their
+    computing, pickling and memory again for nothing."""
     from stepcli.traces.analyses.analysis import summarize_read
 
-    return [summarize_read(trace.columns, trace, group_by_shape=g, arrivals=arrivals) for g in groupings]
+    return [
+        summarize_read(trace.columns, trace, group_by_shape=g, arrivals=arrivals and i == 0)
+        for i, g in enumerate(groupings)
+    ]
 
 
 def load_analysis() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import stat
 import subprocess
 import sys
@@ -138,8 +139,12 @@ def test_snapshots_are_private_and_never_replace_a_planted_name(tmp_path: Path, 
 
 
 def test_temporary_names_cannot_be_guessed(tmp_path: Path) -> None:
+    # 100 names: each a fresh 16-hex-digit tag (64 random bits), none repeated, none the process id. (Not "the
+    # pid's digits appear nowhere in the tag": a random tag holds a 3-digit pid by chance ~1 time in 300.)
     names = {safefile.temp_name("report.html") for _ in range(100)}
-    assert len(names) == 100 and all(str(PID) not in n.split(".")[-2] for n in names)
+    tags = [n.split(".")[-2] for n in names]
+    assert len(names) == 100 and all(re.fullmatch(r"[0-9a-f]{16}", t) for t in tags)
+    assert str(PID) not in tags and f"{PID:x}" not in tags
 
 
 def test_a_window_folder_planted_as_a_link_receives_nothing(tmp_path: Path, victim: Path) -> None:
