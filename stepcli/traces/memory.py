@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 
 from stepcli.errors import TraceError
-from stepcli.inputs import GZIP_MAGIC
+from stepcli.inputs import GZIP_MAGIC, input_limit
 
 MAX_CURVE_POINTS = 4000  # per device per trace, before the chart's own reduction
 _MARKER = b'"[memory]"'
@@ -124,8 +124,8 @@ def _may_hold_memory_events(path: str) -> bool:
         return False  # read_curves would find no curve in it either
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
-            return False
+        if not stat.S_ISREG(info.st_mode) or info.st_size == 0 or info.st_size > input_limit():
+            return False  # nothing to draw, or a file read_curves refuses (a huge sparse one is not scanned)
         with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as view:
             return view[:2] == GZIP_MAGIC or view.find(_MARKER) >= 0
     except (OSError, ValueError):

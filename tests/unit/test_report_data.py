@@ -194,6 +194,9 @@ def test_traces_without_memory_events_are_not_read_again_for_curves(tmp_path: Pa
         True,
         False,
     ]
+    # AND a file over the input limit is not searched (read_curves refuses it): a huge sparse file costs nothing
+    monkeypatch.setenv("STEPCLI_MAX_INPUT_BYTES", str(marked.stat().st_size - 1))
+    assert not memory._may_hold_memory_events(str(marked))
 
 
 def _hang_summary(tmp_path: Path, hang: dict[str, Any] | None) -> dict[str, Any]:
