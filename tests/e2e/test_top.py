@@ -126,7 +126,9 @@ def test_top_on_something_that_is_not_a_run_is_one_line_and_exit_2(tmp_path: Pat
 
 
 # Two DDP ranks; rank 1 sleeps 15 ms more per step before its forward (it arrives last at the gradient
-# all-reduce). They stop together, at the first step after <control>/end appears.
+# all-reduce, the only collective of a step). They stop together: when <control>/end appears, rank 0 names a step
+# 5 ahead in the job's store (no collective: one where both arrive together would halve rank 1's share of last
+# arrivals), and both stop there. A rank that stopped on seeing `end` alone would leave the other in an all-reduce.
 DDP_LATE_RANK = """
     import sys
     import time
@@ -138,19 +140,21 @@ DDP_LATE_RANK = """
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     control = Path(sys.argv[1])
+    store = dist.distributed_c10d._get_default_store()
     model = DDP(torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    while True:
-        # both ranks stop at the same step: one that saw `end` alone would wait in a barrier for the other's
-        # gradient all-reduce, and the job would hang
-        stop = torch.tensor([float((control / "end").exists())])
-        dist.all_reduce(stop)
-        if stop.item():
-            break
+    step, stop_at = 0, None
+    while stop_at is None or step < stop_at:
+        if stop_at is None:
+            if rank == 0 and (control / "end").exists():
+                store.set("stop_at", str(step + 5))
+            if store.check(["stop_at"]):
+                stop_at = int(store.get("stop_at"))
         time.sleep(0.02 if rank == 1 else 0.005)
         model(torch.randn(4, 8)).sum().backward()
         opt.step()
         opt.zero_grad()
+        step += 1
     del model, opt
     dist.destroy_process_group()
 """
