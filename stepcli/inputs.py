@@ -61,11 +61,14 @@ def read_input(
     return data
 
 
+# How an input is opened: non-blocking, so a FIFO is refused (after fstat) instead of waiting for a writer.
+READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
 def read_file(path: str, limit: int) -> bytearray:
     """The bytes of a regular file as they are (see read_input), or TraceError."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, READ_FLAGS)
     except FileNotFoundError:
         raise TraceError(path, "no such file") from None
     except IsADirectoryError:

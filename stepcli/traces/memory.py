@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 
 from stepcli.errors import TraceError
-from stepcli.inputs import GZIP_MAGIC, input_limit
+from stepcli.inputs import GZIP_MAGIC, READ_FLAGS, input_limit
 
 MAX_CURVE_POINTS = 4000  # per device per trace, before the chart's own reduction
 _MARKER = b'"[memory]"'
@@ -119,7 +119,7 @@ def _may_hold_memory_events(path: str) -> bool:
     if path.endswith(".gz"):
         return True
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, READ_FLAGS)
     except OSError:
         return False  # read_curves would find no curve in it either
     try:

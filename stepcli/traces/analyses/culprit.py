@@ -48,7 +48,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepcli.stats import median
+from stepcli.stats import median, percentile
 from stepcli.traces.analyses.alignment import Matched, align, match_collectives
 from stepcli.traces.analyses.arrivals import CAUSES, GC_PREFIX, RankArrivals
 from stepcli.traces.analyses.arrivals import rank_arrivals as rank_arrivals  # (for the summary's one import)
@@ -299,9 +299,9 @@ def _is_finding(
 
 class _OthersGap:
     """The other members' median gap before arriving (µs), at one collective, for each member in turn: the
-    members' gaps are summed and sorted once, and each member's answer is the median of that list without it
-    (the same numbers as stepcli.stats.median over the others: the same two elements, the same arithmetic). A
-    group of 128 ranks took 128 x 128 sums per collective before, 1.1 s of a 1,024-rank job's merge."""
+    members' gaps are summed and sorted once, and each member's answer is the percentile of that list without
+    it (a slice, not a sum per member: a group of 128 ranks took 128 x 128 sums per collective, 1.1 s of a
+    1,024-rank job's merge)."""
 
     def __init__(self, gaps: list[dict[str, float]]) -> None:
         self.totals = [sum(gap.values()) for gap in gaps]
@@ -311,16 +311,8 @@ class _OthersGap:
     def __call__(self, k: int) -> float:
         if not self.exact:
             return median([t for i, t in enumerate(self.totals) if i != k])
-        ordered, size = self.ordered, len(self.ordered) - 1  # the list without member k
-        if size <= 0:
-            return math.nan
-        gone = bisect_left(ordered, self.totals[k])
-        position = (size - 1) * 50 / 100.0  # stepcli.stats.percentile(..., 50) of the shorter list
-        low = math.floor(position)
-        high = min(low + 1, size - 1)
-        at_low = ordered[low if low < gone else low + 1]
-        at_high = ordered[high if high < gone else high + 1]
-        return at_low + (at_high - at_low) * (position - low)
+        gone = bisect_left(self.ordered, self.totals[k])
+        return percentile(self.ordered[:gone] + self.ordered[gone + 1 :], 50)
 
 
 def _cause(
