@@ -96,6 +96,11 @@ def test_demo_examples_run(where: str, argv: list[str], tmp_path: Path) -> None:
         stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 0, f"{where}: `stepcli {' '.join(argv)}` exited {done.returncode}\n{done.stderr}"
+    # AND the demo script got `--iterations N` (it prints every 4th iteration: the last one shown says so)
+    if "--" in argv and "--iterations" in argv[argv.index("--") :]:
+        iterations = int(argv[argv.index("--iterations") + 1])
+        assert f"iteration {(iterations - 1) // 4 * 4:3d}  loss" in done.stdout, f"{where}\n{done.stdout}"
+        assert f"iteration {(iterations - 1) // 4 * 4 + 4:3d}  loss" not in done.stdout, f"{where}\n{done.stdout}"
 
 
 def _takes_value(command_name: str, option: str) -> bool:

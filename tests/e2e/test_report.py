@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from browser import artifacts_dir
-from conftest import REPO, TRAIN_LOOP, ddp_script, run_stepcli, trace_files, write_script
+from conftest import REPO, TRAIN_LOOP, ddp_script, profiler_steps, run_stepcli, trace_files, write_script
 
 FIXTURE_TRACE = REPO / "tests" / "data" / "train_cpu.pt.trace.json"
 # Real CUDA traces (scripts/make_cuda_fixture_traces.py says how they were recorded and what they hold).
@@ -224,6 +224,15 @@ def test_slow_dataloader_gets_advice_in_terminal_and_page(
     assert "Allocated memory over the recorded window" in html
     top_op = slow_loader_run["summary"]["top_operators"][0]["name"]
     _check_in_browser(browser, out / "report.html", top_op, artifacts_dir(tmp_path), "report-slow-loader")
+
+
+def test_torchrun_writes_one_trace_per_rank(torchrun_run: dict[str, Any]) -> None:
+    # GIVEN `stepcli run --wait 1 --warmup 1 --active 2 -- torchrun --standalone --nproc-per-node 2 ddp.py`
+    # THEN each rank wrote one trace of exactly steps 2 and 3, and the processes are the ranks (not torchrun's agent)
+    traces = trace_files(torchrun_run["out"])
+    assert sorted(t.name.split(".")[0] for t in traces) == ["rank0", "rank1"]
+    assert all(profiler_steps(t) == [2, 3] for t in traces)
+    assert sorted(p["worker"] for p in torchrun_run["summary"]["processes"]) == ["rank0", "rank1"]
 
 
 def test_torchrun_report_has_every_rank(torchrun_run: dict[str, Any], browser: Any, tmp_path: Path) -> None:  # noqa: F811

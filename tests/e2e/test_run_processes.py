@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ddp_script, profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
+from conftest import profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
 
 from stepcli.run.launcher import BOOTSTRAP_DIR
 
@@ -48,43 +47,6 @@ def test_dataloader_workers_leave_no_files(tmp_path: Path) -> None:
     assert len(list(out.rglob("*.steps.json"))) == 1  # one process traced
     names = {p.name for p in out.iterdir()}
     assert names == {traces[0].name, ".stepcli", "report.html"}  # report.html: the run's page
-
-
-def test_torchrun_writes_one_trace_per_rank(tmp_path: Path) -> None:
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
-    assert torchrun, "torchrun comes with torch"
-    script = write_script(
-        tmp_path,
-        "ddp.py",
-        ddp_script(6),
-    )
-    out = tmp_path / "out"
-    result = run_stepcli(
-        "run",
-        "--wait",
-        "1",
-        "--warmup",
-        "1",
-        "--active",
-        "2",
-        "-o",
-        out,
-        "--json",
-        tmp_path / "run.json",
-        "--",
-        torchrun,
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        script,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    traces = trace_files(out)
-    assert sorted(t.name.split(".")[0] for t in traces) == ["rank0", "rank1"]
-    assert all(profiler_steps(t) == [2, 3] for t in traces)
-    summary = json.loads((tmp_path / "run.json").read_text())
-    assert sorted(p["worker"] for p in summary["processes"]) == ["rank0", "rank1"]  # not torchrun's agent
 
 
 def test_multiprocessing_spawn_ranks_each_write_their_trace(tmp_path: Path) -> None:

@@ -21,37 +21,6 @@ def _kineto_prints_usdt(folder: Path) -> bool:
     return "USDT" in run_python(write_script(folder, "probe.py", PROBE)).stderr
 
 
-@pytest.mark.parametrize(
-    ("flags", "env", "usdt_expected"),
-    [
-        ([], {}, False),  # the default: silenced
-        (["--verbose"], {}, True),  # --verbose gives Kineto's lines back
-        ([], {"KINETO_LOG_LEVEL": "5"}, True),  # a level the user chose is kept
-    ],
-    ids=["default", "verbose", "user-knob"],
-)
-def test_kineto_usdt_lines_only_when_asked(
-    tmp_path: Path,
-    train_script: Path,
-    flags: list[str],
-    env: dict[str, str],
-    usdt_expected: bool,
-) -> None:
-    out = tmp_path / "out"
-    result = run_stepcli("run", "--active", "1", *flags, "-o", out, train_script, "4", cwd=tmp_path, env=env)
-    assert result.returncode == 0, result.stderr
-    assert len(trace_files(out)) == 1  # a window was recorded: Kineto started and stopped
-    usdt = [line for line in result.stderr.splitlines() if "USDT" in line]
-    if usdt_expected:
-        # (only where none came back: is it this torch, whose Kineto prints none even under plain python?)
-        if not usdt and not _kineto_prints_usdt(tmp_path):
-            pytest.skip("this torch's Kineto prints no USDT lines even under plain python: nothing to give back")
-        assert any("profiler_start" in line for line in usdt), result.stderr
-    else:
-        assert usdt == [], result.stderr
-        assert "stepcli: saved trace" in result.stderr  # stepcli's own lines are still there
-
-
 # A program that records back-to-back windows (--wait 0: torch's object goes straight on to the next cycle, which
 # makes torch warn "Profiler clears events" once, as on every GPU run), warns once itself, then runs its own
 # profiler over two cycles, where torch's warning is the program's own and must still reach its stderr.
@@ -93,17 +62,37 @@ def test_stepcli_windows_never_warn_but_the_programs_warnings_stay(tmp_path: Pat
     assert "Profiler clears events" in result.stderr
 
 
-@pytest.mark.parametrize(("env", "expected"), [({}, "1"), ({"TEARDOWN_CUPTI": "0"}, "0")], ids=["default", "user-set"])
-def test_cupti_is_released_after_a_window_unless_the_user_says(
-    tmp_path: Path, env: dict[str, str], expected: str
+@pytest.mark.parametrize(
+    ("flags", "env", "usdt_expected", "teardown"),
+    [
+        ([], {}, False, "1"),  # the default: Kineto silenced, CUPTI released
+        (["--verbose"], {}, True, "1"),  # --verbose gives Kineto's lines back
+        ([], {"KINETO_LOG_LEVEL": "5", "TEARDOWN_CUPTI": "0"}, True, "0"),  # values the user chose are kept
+    ],
+    ids=["default", "verbose", "user-set"],
+)
+def test_kineto_lines_only_when_asked_and_cupti_released_unless_the_user_says(
+    tmp_path: Path, flags: list[str], env: dict[str, str], usdt_expected: bool, teardown: str
 ) -> None:
-    """Kineto leaves CUPTI subscribed after a session unless TEARDOWN_CUPTI=1, and the steps after a window then
-    cost 1.27x on a GPU (scripts/gpu_check.py on an H200: 0.97x with the teardown); a value the user set is kept."""
+    """Kineto prints `USDT:` lines around every session (silenced unless asked); and it leaves CUPTI subscribed after
+    a session unless TEARDOWN_CUPTI=1, and the steps after a window then cost 1.27x on a GPU (scripts/gpu_check.py
+    on an H200: 0.97x with the teardown). (The two knobs are set apart, in stepcli.run.launcher and
+    stepcli.agent.torchquiet: one run checks both.)"""
     script = write_script(tmp_path, "back_to_back.py", BACK_TO_BACK)
-    result = run_stepcli("run", "--active", "1", "-o", tmp_path / "out", script, "6", cwd=tmp_path, env=env)
+    out = tmp_path / "out"
+    result = run_stepcli("run", "--active", "1", *flags, "-o", out, script, "6", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
-    assert len(trace_files(tmp_path / "out")) == 1
-    assert f"TEARDOWN_CUPTI={expected}" in result.stdout
+    assert len(trace_files(out)) == 1  # a window was recorded: Kineto started and stopped
+    assert f"TEARDOWN_CUPTI={teardown}" in result.stdout
+    usdt = [line for line in result.stderr.splitlines() if "USDT" in line]
+    if usdt_expected:
+        # (only where none came back: is it this torch, whose Kineto prints none even under plain python?)
+        if not usdt and not _kineto_prints_usdt(tmp_path):
+            pytest.skip("this torch's Kineto prints no USDT lines even under plain python: nothing to give back")
+        assert any("profiler_start" in line for line in usdt), result.stderr
+    else:
+        assert usdt == [], result.stderr
+        assert "stepcli: saved trace" in result.stderr  # stepcli's own lines are still there
 
 
 def test_quiet_without_a_report_still_saves_the_run_summary(tmp_path: Path, train_script: Path) -> None:
