@@ -53,7 +53,12 @@ def own(pid: int) -> None:
 
 
 def children() -> list[int]:
-    """This process's children, from /proc/self/task/*/children (each thread's), or psutil where that is missing."""
+    """This process's children, from /proc/self/task/*/children (each thread's), or psutil where that is missing.
+
+    Read as bytes: a text file would look up its codec, and from the SIGCHLD handler (reap_adopted) that lookup
+    could interrupt the same lookup half done (two children exiting at once: the handler runs again inside
+    itself), find the codec's module half imported and have Python remember the codec as unknown for the rest
+    of the launcher's life ("LookupError: unknown encoding: ascii" at the run's end, with DataLoader workers)."""
     found: set[int] = set()
     try:
         tasks = os.listdir("/proc/self/task")
@@ -62,7 +67,7 @@ def children() -> list[int]:
     listed = False
     for task in tasks:
         try:
-            with open(f"/proc/self/task/{task}/children", encoding="ascii") as handle:
+            with open(f"/proc/self/task/{task}/children", "rb") as handle:
                 found.update(int(pid) for pid in handle.read().split())
             listed = True
         except (OSError, ValueError):
@@ -96,8 +101,13 @@ def reap(pids: Iterable[int]) -> None:
 
 
 def reap_adopted(*_args: object) -> None:
-    """Reap the adopted processes that have exited (a SIGCHLD handler while the program runs)."""
-    reap(adopted())
+    """Reap the adopted processes that have exited (a SIGCHLD handler while the program runs). Never raises: it
+    runs between any two steps of the launcher's own code, which must not see its errors (one not reaped now is
+    reaped at the next SIGCHLD, or becomes init's when stepcli exits)."""
+    try:
+        reap(adopted())
+    except Exception:
+        pass
 
 
 def end_adopted(grace_s: float = TERM_GRACE_S) -> list[int]:
