@@ -20,6 +20,7 @@ from stepcli.traces.read.columns import ColumnTrace, load_columns
 from stepcli.traces.read.files import list_trace_files
 from stepcli.traces.read.forked import available_cores
 from stepcli.traces.read.reader import Decode
+from stepcli.traces.read.splitread import read_blocked
 
 if TYPE_CHECKING:  # multiprocessing and concurrent.futures cost ~20 ms to import: only where a pool is made
     import multiprocessing.context
@@ -106,7 +107,10 @@ def _part_of(
 ) -> list[FilePart] | _Failed:
     """Read one file and summarize it once per grouping (plain, by shape); runs in a worker or in-process."""
     try:
-        trace = load_columns(path, shapes=shapes, decode=decode)
+        # (a plain file of a few MB or more: a block at a time through this process's buffer)
+        trace = read_blocked(path, shapes) if decode is None else None
+        if trace is None:
+            trace = load_columns(path, shapes=shapes, decode=decode)
     except TraceError as exc:
         return _Failed(exc.path, exc.problem)
     return _summarized(trace, groupings, arrivals)

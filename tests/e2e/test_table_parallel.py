@@ -128,6 +128,63 @@ def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.Mo
             ]
 
 
+def test_a_file_read_a_block_at_a_time_gives_the_same_columns(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from stepcli.traces.read import reader as traces
+    from stepcli.traces.read import splitread
+    from stepcli.traces.read.columns import load_columns
+
+    # GIVEN the real trace, read as one range in many blocks of many slices (as a rank file of tens of MB is)
+    monkeypatch.setattr(splitread, "MIN_BLOCKED_BYTES", 1_000)
+    monkeypatch.setattr(traces, "_CHUNK_BYTES", 3_000)
+    monkeypatch.setattr(splitread, "_BLOCK_BYTES", 10_000)
+    monkeypatch.setattr(splitread, "_spare_blocks", [])
+    for shapes in (True, False):
+        whole = load_columns(str(REAL), shapes=shapes)
+        blocked = splitread.read_blocked(str(REAL), shapes)
+        # THEN it holds the whole read's events, counts and metadata
+        assert blocked is not None
+        assert (blocked.event_count, blocked.skipped_events, blocked.rank, blocked.incomplete_step) == (
+            whole.event_count,
+            whole.skipped_events,
+            whole.rank,
+            whole.incomplete_step,
+        )
+        assert blocked.columns.to_events() == whole.columns.to_events()
+    # AND one block buffer served both reads (its pages stay faulted in)
+    assert len(splitread._spare_blocks) == 1
+    # AND the table read in-process this way gives the answers of the ordinary read
+    assert summarize_paths([str(REAL)], jobs=1).to_dict() == summarize(load_paths([str(REAL)])).to_dict()
+
+
+def test_files_not_fit_for_a_blocked_read_are_read_whole(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import gzip
+    import os
+
+    from stepcli.traces.read import reader as traces
+    from stepcli.traces.read import splitread
+
+    monkeypatch.setattr(splitread, "MIN_BLOCKED_BYTES", 1_000)
+    monkeypatch.setattr(traces, "_CHUNK_BYTES", 3_000)  # (slices: the quoted names' slice fails to decode)
+    text = REAL.read_bytes()
+    # GIVEN a gzip trace, a file under the threshold, a FIFO (no writer), a truncated trace and one whose names hold
+    # bare quotes (PyTorch's with_stack): THEN none is read a block at a time (and the FIFO is not waited on)
+    (tmp_path / "t.json.gz").write_bytes(gzip.compress(text))
+    (tmp_path / "small.json").write_bytes(b'{"traceEvents": []}')
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "cut.json").write_bytes(text[: len(text) * 2 // 3])
+    quoted = text.replace(b'"name": "aten::mm"', b'"name": "aten::mm("a")"', 1)
+    assert quoted != text
+    (tmp_path / "quotes.json").write_bytes(quoted)
+    for name in ("t.json.gz", "small.json", "fifo.json", "cut.json", "quotes.json"):
+        assert splitread.read_blocked(str(tmp_path / name), False) is None, name
+    # AND the table reads the gzip and the quoted names as ever, and names the truncated file
+    expected = summarize(load_paths([str(REAL)])).to_dict()
+    assert summarize_paths([str(tmp_path / "t.json.gz")], jobs=1).to_dict()["cpu_ops"] == expected["cpu_ops"]
+    assert summarize_paths([str(tmp_path / "quotes.json")], jobs=1).to_dict()["steps"] == expected["steps"]
+    with pytest.raises(TraceError, match="cut.json"):
+        summarize_paths([str(tmp_path / "cut.json")], jobs=1)
+
+
 def test_a_cut_inside_a_string_falls_back_to_the_whole_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from stepcli.traces.read import splitread
 

@@ -5,6 +5,11 @@ trace use more than one core.
 
 A cut can only be wrong when it falls inside a string or a nested value; then a range is not a complete JSON
 list, its decode fails, and the caller reads the file whole the ordinary way (which also gives the exact error).
+
+A file too small to cut is still read this way, as one range, by the process that summarizes it (`read_blocked`):
+a block at a time through one buffer the process keeps, instead of into a new buffer of the file's size, whose
+every page the kernel faults in and zeroes again (a folder of 8 rank traces of 39 MiB: about a tenth of the
+CPU of reading them).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stepcli.inputs import GZIP_MAGIC, input_limit
+from stepcli.inputs import GZIP_MAGIC, READ_FLAGS, input_limit
 from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.files import rank_from_name
 from stepcli.traces.read.reader import _EVENT_SEPARATOR, _TRACE_EVENTS_KEY
@@ -30,41 +35,92 @@ FIRST_EXTRA = 0.25  # the first range's extra share (a worker starts ~0.15 s lat
 _BLOCK_BYTES = 8 * 1024 * 1024  # read at once by a range's process, then decoded in slices
 _LOOK = 1 << 20  # bytes searched for the traceEvents key, and after each cut for the gap between two events
 _OPEN, _CLOSE = ord("["), ord("]")
+MIN_BLOCKED_BYTES = 4 * 1024 * 1024  # below this, a file's own buffer costs a few ms at most: it is read whole
+# Block buffers of this process not in use: kept between ranges and files, so their pages stay faulted in.
+_spare_blocks: list[bytearray] = []
 
 
 def plan(path: str, pieces: int, head_start: float = FIRST_EXTRA) -> list[tuple[int, int]] | None:
     """Byte ranges [start, end) of about equal size, each holding whole events; the last runs to the end of the
     file (with the document's closing part). The first range is `head_start` larger, for the process that begins
     reading it while workers still start. None when the file is not worth or not fit for cutting."""
+    if pieces < 2:
+        return None
+    found = _list_start(path, 2 * MIN_PIECE_BYTES)
+    if found is None:
+        return None
+    size, start = found
+    pieces = min(pieces, size // MIN_PIECE_BYTES)
+    cuts: list[int] = []
+    weights = [1.0 + head_start, *([1.0] * (pieces - 1))]
+    total = sum(weights)
     try:
-        info = os.stat(path)
+        with _opened(path) as file:
+            for k in range(1, pieces):
+                target = start + int((size - start) * sum(weights[:k]) / total)
+                file.seek(target)
+                window = file.read(_LOOK)
+                gap = _EVENT_SEPARATOR.search(window)
+                if gap is None:
+                    return None
+                comma = target + window.index(b",", gap.start())
+                if cuts and comma <= cuts[-1]:
+                    return None
+                cuts.append(comma)
     except OSError:
         return None
-    size = info.st_size
-    if pieces < 2 or not stat.S_ISREG(info.st_mode) or size > input_limit() or size < 2 * MIN_PIECE_BYTES:
-        return None
-    pieces = min(pieces, size // MIN_PIECE_BYTES)
-    with open(path, "rb") as file:
-        head = file.read(_LOOK)
-        key = _TRACE_EVENTS_KEY.search(head)
-        if head[:2] == GZIP_MAGIC or key is None:
-            return None
-        start = key.end()
-        cuts: list[int] = []
-        weights = [1.0 + head_start, *([1.0] * (pieces - 1))]
-        total = sum(weights)
-        for k in range(1, pieces):
-            target = start + int((size - start) * sum(weights[:k]) / total)
-            file.seek(target)
-            window = file.read(_LOOK)
-            gap = _EVENT_SEPARATOR.search(window)
-            if gap is None:
-                return None
-            comma = target + window.index(b",", gap.start())
-            if cuts and comma <= cuts[-1]:
-                return None
-            cuts.append(comma)
     return [(start, cuts[0]), *[(a + 1, b) for a, b in zip(cuts, cuts[1:])], (cuts[-1] + 1, size)]
+
+
+def _list_start(path: str, least: int) -> tuple[int, int] | None:
+    """(size, where traceEvents' list starts) of a plain regular file of at least `least` bytes within the input
+    limit whose first MB holds the traceEvents key; else None."""
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode) or not least <= info.st_size <= input_limit():
+            return None
+        with _opened(path) as file:
+            head = file.read(_LOOK)
+    except OSError:
+        return None
+    key = _TRACE_EVENTS_KEY.search(head)
+    if head[:2] == GZIP_MAGIC or key is None:
+        return None
+    return info.st_size, key.end()
+
+
+def _opened(path: str) -> Any:
+    """The file, opened without waiting (a FIFO put in a regular file's place is refused, not waited on)."""
+    fd = os.open(path, READ_FLAGS)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path}: not a regular file")
+        return open(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_blocked(path: str, shapes: bool) -> ColumnTrace | None:
+    """The columns of one plain trace file of at least MIN_BLOCKED_BYTES, read as one range a block at a time
+    (read_piece); None for any other file and for any surprise (the caller reads it the ordinary way, which also
+    gives the exact error)."""
+    found = _list_start(path, MIN_BLOCKED_BYTES)
+    if found is None:
+        return None
+    size, start = found
+    result = read_piece(path, start, size, start, True, shapes)
+    return None if result is None else _trace_of(path, [result])
+
+
+def _take_block(size: int) -> bytearray:
+    """A block buffer of `size` bytes: a spare one of that size, else a new one (the first, or one in use by
+    another thread)."""
+    while _spare_blocks:
+        block = _spare_blocks.pop()
+        if len(block) == size:
+            return block
+    return bytearray(size)
 
 
 def read_piece(path: str, start: int, end: int, header_end: int, last: bool, shapes: bool) -> Any:
@@ -83,11 +139,11 @@ def read_piece(path: str, start: int, end: int, header_end: int, last: bool, sha
     keeper = ColumnKeeper(shapes)
     decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(list[ShapedEvent] if shapes else list[DecodedEvent])
     meta = Meta()
-    # One buffer for every block: a new 8 MB buffer per block had each of its pages faulted in again (~1 ms per MB
-    # on these VMs, a fifth of decoding it).
-    block = bytearray(max(_BLOCK_BYTES, 2 * _CHUNK_BYTES) + 2)
+    # One buffer for every block, kept for the next range or file: a new 8 MB buffer per block had each of its
+    # pages faulted in again (~1 ms per MB on these VMs, a fifth of decoding it).
+    block = _take_block(max(_BLOCK_BYTES, 2 * _CHUNK_BYTES) + 2)
     try:
-        with open(path, "rb") as file:
+        with _opened(path) as file:
             fd = file.fileno()
             position = start
             stop = end - 2 * _CHUNK_BYTES if last else end  # the last range keeps its final slices for the document
@@ -122,6 +178,8 @@ def read_piece(path: str, start: int, end: int, header_end: int, last: bool, sha
                 keeper.absorb(rest)
     except Exception:  # any surprise: the caller reads the file whole, the ordinary way
         return None
+    finally:
+        _spare_blocks.append(block)
     return meta, keeper.columns(), keeper.count, keeper.skipped
 
 
@@ -203,9 +261,14 @@ def read_split(
     results = [done[i] if i in done else futures[i - 1].result() for i in range(len(ranges))]
     if any(r is None for r in results):
         return None
+    return _trace_of(path, results)
+
+
+def _trace_of(path: str, results: list[Any]) -> ColumnTrace:
+    """The trace of a file's ranges read by read_piece, in file order (the last one's metadata is the file's)."""
     meta = results[-1][0]
     rank = meta.rank if meta.rank is not None else rank_from_name(path)
-    columns = join([r[1] for r in results])
+    columns = results[0][1] if len(results) == 1 else join([r[1] for r in results])
     return ColumnTrace(
         path,
         rank,
