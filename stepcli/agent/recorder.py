@@ -461,8 +461,10 @@ def _mark_clock(prof: Any) -> None:
         import socket
 
         try:
-            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-                boot = f.read(64).strip()
+            # (bytes: a text file looks up its codec in the registry, which a program's own signal handler can
+            # leave unable to find "ascii"; bytes.decode("ascii") never asks it, stepcli.run.subreaper.children)
+            with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+                boot = f.read(64).decode("ascii", "replace").strip()
         except OSError:  # not Linux: the host alone
             boot = ""
         _clock.append(f"{socket.gethostname()} {boot}".strip())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,11 @@ def test_records_exactly_the_scheduled_steps_and_leaves_stdout_alone(scheduled_r
     assert "stepcli: " in result.stderr and "saved trace of steps 2-3" in result.stderr
     assert re.search(r"^steps\s+10\s+\(SGD#0 10\)", result.stderr, re.M)
     assert not list(out.rglob("*.tmp*"))
+    # AND the trace says which clock its times come from: this host and this boot (aligning ranks of one machine)
+    boot_id = Path("/proc/sys/kernel/random/boot_id")
+    if boot_id.exists():
+        clock = json.loads(traces[0].read_text())["stepcli_clock"]
+        assert clock == f"{socket.gethostname()} {boot_id.read_text().strip()}", clock
 
 
 def test_fail_over_within_budget_passes(scheduled_run: dict[str, Any]) -> None:
