@@ -128,7 +128,7 @@ def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.Mo
             ]
 
 
-def test_a_file_read_a_block_at_a_time_gives_the_same_columns(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_file_read_a_block_at_a_time_gives_the_same_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     from stepcli.traces.read import reader as traces
     from stepcli.traces.read import splitread
     from stepcli.traces.read.columns import load_columns

@@ -76,17 +76,17 @@ def _list_start(path: str, least: int) -> tuple[int, int] | None:
     """(size, where traceEvents' list starts) of a plain regular file of at least `least` bytes within the input
     limit whose first MB holds the traceEvents key; else None."""
     try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode) or not least <= info.st_size <= input_limit():
-            return None
         with _opened(path) as file:
+            size = os.fstat(file.fileno()).st_size
+            if not least <= size <= input_limit():
+                return None
             head = file.read(_LOOK)
     except OSError:
         return None
     key = _TRACE_EVENTS_KEY.search(head)
     if head[:2] == GZIP_MAGIC or key is None:
         return None
-    return info.st_size, key.end()
+    return size, key.end()
 
 
 def _opened(path: str) -> Any:
