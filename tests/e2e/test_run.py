@@ -62,11 +62,12 @@ def test_fail_over_within_budget_passes(scheduled_run: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def default_folder_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Two runs of the 5-iteration loop without -o from one folder: the first with --json, the second --quiet --gzip."""
+    """Two runs of the 5-iteration loop without -o from one folder: the first with --json, the second --quiet --gzip
+    --no-report."""
     tmp = tmp_path_factory.mktemp("default_out")
     script = write_script(tmp, "train.py", TRAIN_LOOP)
     first = run_stepcli("run", "--active", "1", "--json", tmp / "a.json", script, "5", cwd=tmp)
-    second = run_stepcli("run", "--active", "1", "--quiet", "--gzip", script, "5", cwd=tmp)
+    second = run_stepcli("run", "--active", "1", "--quiet", "--gzip", "--no-report", script, "5", cwd=tmp)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     return {"first": first, "second": second, "runs": tmp / "stepcli-runs", "summary": tmp / "a.json"}
 
@@ -88,6 +89,17 @@ def test_default_out_dir_is_new_per_run(default_folder_runs: dict[str, Any]) -> 
 
 def test_quiet_prints_nothing_of_stepcli(default_folder_runs: dict[str, Any]) -> None:
     assert "stepcli" not in default_folder_runs["second"].stderr  # --quiet: nothing from stepcli (torch may still log)
+
+
+def test_quiet_without_a_report_still_saves_the_run_summary(default_folder_runs: dict[str, Any]) -> None:
+    # (issue 30, item 18) nothing shows the summary, but `stepcli report OUT` later needs it
+    (trace,) = [t for t in trace_files(default_folder_runs["runs"]) if t.name.endswith(".gz")]
+    out = trace.parent
+    (saved,) = out.glob(".stepcli/*/summary.json")
+    assert json.loads(saved.read_text())["steps"]["global"] == 5
+    assert not (out / "report.html").exists()
+    (first,) = [r for r in default_folder_runs["runs"].iterdir() if r != out]
+    assert (first / "report.html").exists()  # (the run without --no-report wrote its report)
 
 
 def test_json_summary(default_folder_runs: dict[str, Any]) -> None:

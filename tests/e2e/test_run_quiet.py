@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -93,13 +92,3 @@ def test_kineto_lines_only_when_asked_and_cupti_released_unless_the_user_says(
     else:
         assert usdt == [], result.stderr
         assert "stepcli: saved trace" in result.stderr  # stepcli's own lines are still there
-
-
-def test_quiet_without_a_report_still_saves_the_run_summary(tmp_path: Path, train_script: Path) -> None:
-    # (issue 30, item 18) nothing shows the summary, but `stepcli report OUT` later needs it
-    out = tmp_path / "out"
-    result = run_stepcli("run", "-q", "--no-report", "--active", "1", "-o", out, train_script, "4")
-    assert result.returncode == 0 and "stepcli" not in result.stderr, result.stderr
-    (saved,) = out.glob(".stepcli/*/summary.json")
-    assert json.loads(saved.read_text())["steps"]["global"] == 4
-    assert not (out / "report.html").exists()
