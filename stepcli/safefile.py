@@ -23,7 +23,7 @@ import stat
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
-    from typing import IO
+    from typing import IO, Callable
 
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -232,6 +232,28 @@ def open_regular(path: str, *, dir_fd: int | None = None, own: bool = False) -> 
         os.close(fd)
         raise
     return fd, info
+
+
+NOT_OURS = "exists and was not written by stepcli"
+
+
+def why_not_replace(path: str, ours: Callable[[bytes], bool], head: int = 4096) -> str | None:
+    """Why an output may not replace what is at `path` (a few words), or None when nothing is there or it is a
+    regular file, not a link, whose first `head` bytes `ours` recognizes as this command's own earlier output. So
+    the user's files, the command's own inputs, a link, a FIFO or a device are never replaced."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        fd, _ = open_regular(path)  # a link is not followed, a FIFO never blocks
+    except OSError:
+        return "exists and is not a regular file"
+    try:
+        first = os.read(fd, head)
+    except OSError as exc:
+        return f"exists and cannot be read ({exc.strerror or exc})"
+    finally:
+        os.close(fd)
+    return None if ours(first) else NOT_OURS
 
 
 def read_regular(path: str, limit: int, *, dir_fd: int | None = None, own: bool = False) -> bytes:

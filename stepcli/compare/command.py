@@ -58,6 +58,25 @@ __all__ = [
 ]
 
 
+MARKDOWN_HEADING = b"### stepcli compare: "  # the first line of every Markdown report (render_markdown)
+
+
+def check_markdown_output(path: str) -> None:
+    """`--markdown PATH` replaces only a report compare wrote there before (a CI job's previous run), never the
+    user's own file (the baseline itself, say), a link, a FIFO or a device; checked before anything is read."""
+    from stepcli import safefile
+
+    if os.path.isdir(path):
+        raise StepcliError(f"{path}: is a folder; give --markdown FILE", EXIT_USAGE)
+    problem = safefile.why_not_replace(path, lambda head: head.startswith(MARKDOWN_HEADING))
+    if problem == safefile.NOT_OURS:
+        problem += " compare; give another --markdown FILE or remove it"
+    elif problem is not None:
+        problem += "; give another --markdown FILE"
+    if problem is not None:
+        raise StepcliError(f"{path}: {problem}", EXIT_USAGE)
+
+
 def compare_main(
     baseline: str | Sequence[str],
     current: str | Sequence[str],
@@ -85,6 +104,8 @@ def compare_main(
         raise StepcliError(f"--metric: expected one of {', '.join(METRICS)}; got {metric!r}", EXIT_USAGE)
     if skip_steps is not None and skip_steps < 0:
         raise StepcliError(f"--skip-steps must be >= 0; got {skip_steps}", EXIT_USAGE)
+    if markdown_path and markdown_path != "-":
+        check_markdown_output(markdown_path)
 
     base = load_side([baseline] if isinstance(baseline, str) else list(baseline))
     cur = load_side([current] if isinstance(current, str) else list(current))

@@ -24,29 +24,19 @@ MARKER = "stepcli_merged"
 _ID_STRIDE = 1 << 40  # per-rank range of flow, correlation and external ids
 _PID_STRIDE = 1000  # new pid = rank * _PID_STRIDE + the trace process's order of appearance
 _ID_ARGS = ("correlation", "External id", "external id")
-_HEAD_BYTES = 4096
 _FLOW_BASE = 1 << 60  # flow ids of the culprit arrows: above every rank's moved ids
 
 
 def check_output(path: str) -> None:
     """Refuse to replace a file stepcli merge did not write (or anything that is not a regular file)."""
-    if not os.path.lexists(path):
-        return
     from stepcli import safefile
 
-    try:
-        fd, _ = safefile.open_regular(path)  # a link is not followed, a FIFO never blocks
-    except OSError:
-        raise StepcliError(f"{path}: exists and is not a regular file; choose another -o") from None
-    try:
-        head = os.read(fd, _HEAD_BYTES)
-    except OSError as exc:
-        raise StepcliError(f"{path}: cannot read it: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
     # Its first key, not merely the word somewhere in it (a note that quotes it is not a merged trace).
-    if re.match(rb'\s*\{\s*"' + MARKER.encode() + rb'"\s*:', head) is None:
-        raise StepcliError(f"{path}: exists and was not written by stepcli merge; choose another -o or remove it")
+    problem = safefile.why_not_replace(path, re.compile(rb'\s*\{\s*"' + MARKER.encode() + rb'"\s*:').match)
+    if problem == safefile.NOT_OURS:
+        raise StepcliError(f"{path}: {problem} merge; choose another -o or remove it")
+    if problem is not None:
+        raise StepcliError(f"{path}: {problem}; choose another -o")
 
 
 def _load(path: str) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import subprocess
 import sys
@@ -347,6 +348,39 @@ def test_markdown_file_is_valid_tables(summaries: dict[str, Path], tmp_path: Pat
     assert operators[0][0] == "operator"
     assert ["`aten::sleepy`", "-", "40.000", "-", "-", "not in baseline top"] in operators
     assert "**REGRESSION**: median step time" in text
+
+
+def test_markdown_replaces_only_a_report_compare_wrote(summaries: dict[str, Path], tmp_path: Path) -> None:
+    # GIVEN a report compare wrote before (a CI job run again) WHEN written again THEN it is replaced
+    report = tmp_path / "report.md"
+    assert run_stepcli("compare", summaries["base"], summaries["slow"], "--markdown", report).returncode == 1
+    assert run_stepcli("compare", summaries["base"], summaries["base"], "--markdown", report).returncode == 0
+    assert report.read_text().startswith("### stepcli compare: NO CHANGE")
+    # GIVEN anything else at the path: the user's note, the baseline itself, a link to a file, a FIFO, a folder
+    note = tmp_path / "notes.md"
+    note.write_text("# my notes\n")
+    baseline = tmp_path / "baseline.json"
+    baseline.write_bytes(summaries["base"].read_bytes())
+    link = tmp_path / "link.md"
+    link.symlink_to(report)
+    fifo = tmp_path / "fifo.md"
+    os.mkfifo(fifo)
+    before = {
+        p: (p.lstat().st_mode, p.read_bytes() if p.is_file() and not p.is_symlink() else b"")
+        for p in (note, baseline, link, fifo)
+    }
+    for target in (note, baseline, link, fifo):
+        # WHEN it is the --markdown path THEN one line, exit 2, before anything is compared, and nothing replaced
+        result = run_stepcli("compare", baseline, summaries["slow"], "--markdown", target, timeout=60)
+        assert_bad_input(result, f"{target}: ", "--markdown FILE")
+    assert_bad_input(run_stepcli("compare", baseline, summaries["slow"], "--markdown", tmp_path), "--markdown")
+    assert (
+        "was not written by stepcli compare"
+        in run_stepcli("compare", baseline, baseline, "--markdown", baseline).stderr
+    )
+    after = {p: (p.lstat().st_mode, p.read_bytes() if p.is_file() and not p.is_symlink() else b"") for p in before}
+    assert after == before
+    assert os.readlink(link) == str(report)
 
 
 def test_markdown_to_stdout(summaries: dict[str, Path]) -> None:
