@@ -144,6 +144,47 @@ def test_rank_past_64_bits_is_ignored_and_json_still_works(tmp_path: Path, capsy
     assert code == 0 and json.loads(out)["skipped_events"] == 1
 
 
+def test_args_past_64_bits_read_as_missing_in_every_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN a launch, its kernel (a collective with a copy size) and an operator with FLOPs, where one of the ids or
+    # counts numpy holds in 64 bits is past them (a hostile file's)
+    def trace(field: str, value: int | None) -> Path:
+        def args(**fields: Any) -> dict[str, Any]:
+            return {k: v for k, v in fields.items() if k != field} | ({} if value is None else {field: value})
+
+        events = [
+            {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 1000, "dur": 100},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1001, "dur": 5,
+             "args": args(flops=1000, **{"External id": 5})},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 1002, "dur": 5,
+             "args": args(correlation=7)},
+            {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce", "pid": 0, "tid": 7, "ts": 1010, "dur": 5,
+             "args": args(correlation=7, bytes=4096, **{"Collective name": "allreduce", "External id": 5})},
+        ]  # fmt: skip
+        path = tmp_path / f"{field}_{value}.pt.trace.json"
+        path.write_text(json.dumps({"traceEvents": events}))
+        return path
+
+    for field in ("correlation", "bytes", "flops", "External id"):
+        without = trace(field, None)
+        missing = _cli(capsys, "table", "--json", str(without))
+        assert missing[0] == 0, missing
+        expected = json.loads(missing[1].replace(json.dumps(str(without)), '"FILE"'))
+        for value in (2**63, 2**64, -(2**64)):
+            path = trace(field, value)
+            # WHEN any command reads it THEN no internal error: the value reads as missing
+            code, out, err = _cli(capsys, "table", "--json", str(path))
+            assert (code, err) == (0, ""), (field, value, err)
+            assert json.loads(out.replace(json.dumps(str(path)), '"FILE"')) == expected, (field, value)
+            assert _cli(capsys, "compare", str(path), str(path))[0] in (0, 4), (field, value)
+            code, _, err = _cli(capsys, "merge", str(path), "-o", str(tmp_path / "merged.json"))
+            if code == 2:  # an id merge moves (a positive one) must fit (merge.md): one line, exit 2
+                assert field in ("correlation", "External id") and value > 0, (field, value, err)
+                assert "is outside 0..2^40" in _one_line(err), (field, value, err)
+            else:
+                assert code == 0, (field, value, err)
+            assert _cli(capsys, "report", str(path), "-o", str(tmp_path / "page.html"))[0] == 0, (field, value)
+
+
 def test_not_regular_files_are_refused_without_blocking(tmp_path: Path) -> None:
     fifo = tmp_path / "pipe.pt.trace.json"
     os.mkfifo(fifo)

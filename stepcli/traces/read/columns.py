@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from stepcli.traces.read.events import group_of, transfer_args
+from stepcli.traces.read.events import group_of, int64_or_none, transfer_args
 from stepcli.traces.read.files import rank_from_name
 from stepcli.traces.read.names import gemm_op, op_dtype, undtyped_gemm
 from stepcli.traces.read.reader import (
@@ -38,11 +38,18 @@ _EXTERNAL = attrgetter("args.external")
 
 
 def _correlations(events: Sequence[Any]) -> np.ndarray:
-    """The events' `args.correlation` (-1 where an event has none), in C unless some `args` is null."""
+    """The events' `args.correlation` (-1 where an event has none)."""
+    return _arg_ints(_CORRELATION, events)
+
+
+def _arg_ints(getter: Any, events: Sequence[Any]) -> np.ndarray:
+    """An integer field of the events' args, -1 where an event has no args: in C, unless some `args` is null or a
+    value does not fit in 64 bits (a hostile file: then it reads as none, -1, as a missing one does)."""
     try:
-        return np.fromiter(map(_CORRELATION, events), np.int64, len(events))
-    except AttributeError:  # "args": null
-        return np.array([-1 if e.args is None else e.args.correlation for e in events], np.int64)
+        return np.fromiter(map(getter, events), np.int64, len(events))
+    except (AttributeError, OverflowError):
+        values = (-1 if e.args is None else int64_or_none(getter(e)) for e in events)
+        return np.fromiter(values, np.int64, len(events))
 
 
 def _subset(items: Sequence[Any], where: np.ndarray) -> Sequence[Any]:
@@ -191,10 +198,7 @@ class ColumnKeeper(_Keeper):
         if not host.size:
             return
         events = _subset(kept, host)
-        try:
-            flops = np.fromiter(map(_FLOPS, events), np.int64, len(events))
-        except AttributeError:  # "args": null
-            flops = np.array([-1 if e.args is None else e.args.flops for e in events], np.int64)
+        flops = _arg_ints(_FLOPS, events)
         counted = np.nonzero(flops > 0)[0]
         if counted.size:
             self._flops.update(zip((host[counted] + self._rows).tolist(), flops[counted].tolist()))
@@ -205,11 +209,10 @@ class ColumnKeeper(_Keeper):
         if not device.size:
             return
         events = _subset(kept, device)
+        sizes = _arg_ints(_BYTES, events)
         try:
-            sizes = np.fromiter(map(_BYTES, events), np.int64, len(events))
             named = np.fromiter(map(bool, map(_COLLECTIVE, events)), bool, len(events))
         except AttributeError:  # "args": null
-            sizes = np.array([-1 if e.args is None else e.args.bytes for e in events], np.int64)
             named = np.array([e.args is not None and bool(e.args.collective) for e in events], bool)
         for at in np.nonzero((sizes >= 0) | named)[0].tolist():
             found = transfer_args(events[at].args)

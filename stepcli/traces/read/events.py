@@ -59,7 +59,29 @@ def transfer_args(args: EventArgs | None) -> tuple[int, str, int, int, int, str]
     """(bytes, collective, in nelems, out nelems, group size, dtype) of a device event, or None without any."""
     if args is None or (args.bytes < 0 and not args.collective):
         return None
-    return (args.bytes, args.collective, args.in_nelems, args.out_nelems, args.group_size, args.dtype)
+    return (
+        _count(args.bytes),
+        args.collective,
+        _count(args.in_nelems),
+        _count(args.out_nelems),
+        _count(args.group_size),
+        args.dtype,
+    )
+
+
+INT64_END = 1 << 63
+
+
+def int64_or_none(value: int) -> int:
+    """An id or count read from args, or -1 (none) for one outside 64 bits (a hostile file's: numpy's arrays of
+    them would overflow)."""
+    return value if -INT64_END <= value < INT64_END else -1
+
+
+def _count(value: int) -> int:
+    """A size or count as read, or -1 (none) for one no trace can hold (negative, or past 2^62: a hostile file's,
+    which would overflow the arrays it is summed in)."""
+    return value if 0 <= value < 1 << 62 else -1
 
 
 def group_of(args: EventArgs | None) -> tuple[str, int, str] | None:

@@ -115,6 +115,8 @@ class Columns:
 
 def columns_from_events(events: list[Event]) -> Columns:
     """Columns of events already filtered to the kept subset (stepcli.traces.read.reader.Trace.events)."""
+    from stepcli.traces.read.events import INT64_END, int64_or_none
+
     names: dict[str, int] = {}
     ids: dict[int | str, int] = {}
     shapes: dict[str, int] = {"": 0}
@@ -127,12 +129,12 @@ def columns_from_events(events: list[Event]) -> Columns:
         ts=np.fromiter((e.ts for e in events), np.float64, n),
         dur=np.fromiter((e.dur for e in events), np.float64, n),
         shape=np.fromiter((shapes.setdefault(e.shape, len(shapes)) for e in events), np.int32, n),
-        corr=np.fromiter((-1 if e.args is None else e.args.correlation for e in events), np.int64, n),
+        corr=np.fromiter((-1 if e.args is None else int64_or_none(e.args.correlation) for e in events), np.int64, n),
         transfers=_transfers_of(events),
         flops={
             i: e.args.flops
             for i, e in enumerate(events)
-            if e.args is not None and e.args.flops > 0 and kind_of(e.cat) == OTHER_CPU
+            if e.args is not None and 0 < e.args.flops < INT64_END and kind_of(e.cat) == OTHER_CPU
         },
         groups=_groups_of(events),
         **_gemm_links(events),
