@@ -10,6 +10,7 @@ existing -o file is overwritten only when stepcli wrote it.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import re
 from collections import Counter
@@ -17,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from stepcli.errors import StepcliError, TraceError
+from stepcli.traces.read.jsonvalues import as_id, as_time
 
 # (cli.py imports this module at start-up: json and the trace reader are imported when a merge runs)
 
@@ -73,7 +75,7 @@ def _rank_of(document: dict[str, Any], path: str) -> int | None:
 def _main_thread(events: list[Any]) -> tuple[Any, Any] | None:
     """(pid, tid) of the thread that runs the steps: where the ProfilerStep#N annotations are."""
     counts = Counter(
-        (e.get("pid"), e.get("tid"))
+        (as_id(e.get("pid")), as_id(e.get("tid")))
         for e in events
         if isinstance(e, dict) and str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X"
     )
@@ -89,8 +91,7 @@ class _Rewriter:
         self.main_pid: Any = None  # the trace's process that ran the steps
 
     def pid(self, original: Any) -> int:
-        if not isinstance(original, (int, float, str)):  # a list or an object: `table` reads it as text too
-            original = repr(original)
+        original = as_id(original)  # a list or an object as text, as `table` reads it
         if original not in self.pids:
             if len(self.pids) >= _PID_STRIDE:  # the next one would take the next rank's first pid
                 raise TraceError(self.path, f"more than {_PID_STRIDE} processes in one trace: cannot merge it")
@@ -107,6 +108,10 @@ class _Rewriter:
         out = dict(event)
         if "pid" in out:
             out["pid"] = self.pid(out["pid"])
+        for key in ("ts", "dur"):  # a numeric string is a number, as `table` reads it: moved and written as one
+            value = out.get(key)
+            if isinstance(value, str) and math.isfinite(as_time(value)):
+                out[key] = as_time(value)
         ts = out.get("ts")
         if isinstance(ts, (int, float)) and not isinstance(ts, bool):
             if isinstance(ts, int) and abs(ts) >= 2**63:  # (a float cannot hold it: OverflowError)

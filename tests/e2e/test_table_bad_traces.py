@@ -185,6 +185,44 @@ def test_args_past_64_bits_read_as_missing_in_every_command(tmp_path: Path, caps
             assert _cli(capsys, "report", str(path), "-o", str(tmp_path / "page.html"))[0] == 0, (field, value)
 
 
+def test_merge_reads_odd_values_as_table_does(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN two ranks of a real trace, rank 1 later by 500 us, as numbers; then rank 1's times as numeric strings
+    def job(name: str, change: Any = None) -> tuple[int, dict[str, Any]]:
+        folder = tmp_path / name
+        folder.mkdir()
+        for rank in (0, 1):
+            doc = _real()
+            doc["distributedInfo"] = {"rank": rank}
+            for event in doc["traceEvents"]:
+                if rank == 1 and isinstance(event.get("ts"), (int, float)):
+                    event["ts"] += 500
+                if rank == 1 and change is not None:
+                    change(event)
+            (folder / f"rank{rank}.pt.trace.json").write_text(json.dumps(doc))
+        code, _, err = _cli(capsys, "merge", str(folder), "-o", str(tmp_path / f"{name}.json"))
+        assert code == 0, err
+        return code, json.loads((tmp_path / f"{name}.json").read_text())
+
+    def as_strings(event: dict[str, Any]) -> None:
+        for key in ("ts", "dur"):
+            if isinstance(event.get(key), (int, float)):
+                event[key] = repr(float(event[key]))
+
+    _, numbers = job("numbers")
+    # WHEN merged THEN the strings are read as numbers, moved onto the merged clock and written as numbers
+    _, strings = job("strings", as_strings)
+    assert strings["traceEvents"] == numbers["traceEvents"]
+    # AND a pid or tid that is a list (an object, a bool) is taken as text, as table takes it: no internal error
+    _, lists = job("lists", lambda e: e.update(pid=[e.get("pid")], tid={"t": e.get("tid")}) if "pid" in e else None)
+    names = [e["args"]["name"] for e in lists["traceEvents"] if e.get("name") == "process_name"]
+    assert "rank 1" in names
+
+    def timed(doc: dict[str, Any]) -> list[tuple[Any, Any]]:
+        return [(e.get("ts"), e.get("name")) for e in doc["traceEvents"] if e.get("ph") != "M"]
+
+    assert timed(lists) == timed(numbers)
+
+
 def test_not_regular_files_are_refused_without_blocking(tmp_path: Path) -> None:
     fifo = tmp_path / "pipe.pt.trace.json"
     os.mkfifo(fifo)
