@@ -237,7 +237,7 @@ def open_regular(path: str, *, dir_fd: int | None = None, own: bool = False) -> 
 NOT_OURS = "exists and was not written by stepcli"
 
 
-def why_not_replace(path: str, ours: Callable[[bytes], bool], head: int = 4096) -> str | None:
+def why_not_replace(path: str, ours: Callable[[bytes], object], head: int = 4096) -> str | None:
     """Why an output may not replace what is at `path` (a few words), or None when nothing is there or it is a
     regular file, not a link, whose first `head` bytes `ours` recognizes as this command's own earlier output. So
     the user's files, the command's own inputs, a link, a FIFO or a device are never replaced."""

@@ -308,23 +308,23 @@ def _run_folder_summary(folder: Path) -> tuple[str, dict[str, Any]] | None:
     step of every process, the folder's traces only the recorded ones: read as traces, a run folder would be
     decided on 3 steps. A run folder whose newest run has no saved summary (it never finished writing one) is
     refused in one line rather than silently judged on its traces."""
-    from stepcli.runsummary import run_dirs
+    from stepcli.runsummary import read_saved, rerooted, run_dirs
 
     newest = next(iter(run_dirs(str(folder))), None)
     if newest is None:
         return None
     path = newest / SUMMARY_FILE
-    if not path.is_file():
+    data = read_saved(path)
+    if data is None:
+        why = "is not a regular file of yours" if os.path.lexists(path) else "is missing"
         raise StepcliError(
-            f"{folder}: a stepcli run folder whose newest run ({newest.name}) saved no run summary ({path} is "
-            "missing); give that run's `--json` file, or its traces",
+            f"{folder}: a stepcli run folder whose newest run ({newest.name}) saved no run summary ({path} {why}); "
+            "give that run's `--json` file, or its traces",
             EXIT_USAGE,
         )
-    from stepcli.inputs import read_input
-
     label = f"{folder} (run {newest.name})"
-    doc = read_run_summary(read_input(str(path), gunzip=False), str(path), required=_NEEDED)
-    return label, dict(doc)
+    doc = read_run_summary(data, str(path), required=_NEEDED)
+    return label, dict(rerooted(doc, str(folder)))
 
 
 def _json_files(folder: Path) -> list[str]:

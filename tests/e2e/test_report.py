@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 from browser import artifacts_dir
-from conftest import REPO, TRAIN_LOOP, ddp_script, profiler_steps, run_stepcli, trace_files, write_script
+from conftest import DATA, REPO, TRAIN_LOOP, ddp_script, profiler_steps, run_stepcli, trace_files, write_script
 
 FIXTURE_TRACE = REPO / "tests" / "data" / "train_cpu.pt.trace.json"
 # Real CUDA traces (scripts/make_cuda_fixture_traces.py says how they were recorded and what they hold).
@@ -277,6 +278,67 @@ def test_report_command_rebuilds_the_page_from_a_run_folder_or_summary(
     assert result.returncode == 0, result.stderr
     html = target.read_text()
     assert demo_run["summary"]["top_operators"][0]["name"] in html and "exit status" in html
+
+
+def test_a_run_folder_is_read_where_it_lies_and_only_what_this_user_wrote_there(
+    demo_run: dict[str, Any], tmp_path: Path
+) -> None:
+    # GIVEN the run folder moved elsewhere (a CI artifact downloaded), its summary naming the old out_dir
+    moved = tmp_path / "artifact"
+    shutil.copytree(demo_run["out"], moved, symlinks=True)
+    (saved,) = moved.glob(".stepcli/*/summary.json")
+    assert json.loads(saved.read_text())["out_dir"] == str(demo_run["out"])
+    top = demo_run["summary"]["top_operators"][0]["name"]
+    # WHEN report and compare read it THEN the run's own traces and summary are found inside it
+    result = run_stepcli("report", moved, "-o", moved / "page.html")
+    assert result.returncode == 0, result.stderr
+    page = (moved / "page.html").read_text()
+    assert "exit status" in page and top in page
+    assert run_stepcli("compare", moved, moved).returncode in (0, 4)
+
+    # GIVEN a hostile summary naming out_dir "/" and a trace outside the folder, with an operator of its own
+    outside = tmp_path / "elsewhere" / "secret.pt.trace.json"
+    outside.parent.mkdir()
+    doc = json.loads((DATA / "train_cpu.pt.trace.json").read_text())
+    for event in doc["traceEvents"]:
+        if event.get("cat") == "cpu_op":
+            event["name"] = "aten::secret_of_another_folder"
+    outside.write_text(json.dumps(doc))
+    hostile = json.loads(saved.read_text()) | {"out_dir": "/", "traces": [str(outside)]}
+    hostile["windows"] = [w | {"trace": str(outside)} for w in hostile["windows"]]
+    saved.write_text(json.dumps(hostile))
+    # WHEN the folder is read THEN nothing outside it is: the named trace is looked for inside the folder
+    result = run_stepcli("report", moved, "-o", moved / "page.html")
+    assert result.returncode == 0, result.stderr
+    assert "secret_of_another_folder" not in (moved / "page.html").read_text()
+    compared = run_stepcli("compare", moved, moved)
+    assert "secret_of_another_folder" not in compared.stdout + compared.stderr
+
+    # GIVEN the summary replaced by a link to a summary elsewhere, then `.stepcli` itself a link
+    elsewhere = tmp_path / "elsewhere" / "summary.json"
+    elsewhere.write_text(json.dumps(demo_run["summary"]))
+    saved.unlink()
+    saved.symlink_to(elsewhere)
+    # WHEN read THEN the link is not followed: report has no run summary, compare says so in one line
+    assert run_stepcli("report", moved, "-o", moved / "page.html").returncode == 0
+    assert "exit status" not in (moved / "page.html").read_text()
+    refused = run_stepcli("compare", moved, moved)
+    assert refused.returncode == 2 and "is not a regular file of yours" in refused.stderr, refused.stderr
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / ".stepcli").symlink_to(demo_run["out"] / ".stepcli")
+    for trace in demo_run["out"].glob("*.pt.trace.json*"):
+        shutil.copy(trace, linked)
+    assert run_stepcli("report", linked, "-o", linked / "page.html").returncode == 0
+    assert "exit status" not in (linked / "page.html").read_text()  # read as a folder of traces
+    if os.getuid() == 0:  # (only root can give a folder to another user)
+        # GIVEN a run's folder in `.stepcli` that belongs to another user THEN it is left out too
+        foreign = tmp_path / "foreign"
+        shutil.copytree(demo_run["out"], foreign, symlinks=True)
+        for path in foreign.glob(".stepcli/*"):
+            os.chown(path, 65534, 65534)
+        assert run_stepcli("report", foreign, "-o", foreign / "page.html").returncode == 0
+        assert "exit status" not in (foreign / "page.html").read_text()
 
 
 def test_report_from_plain_torch_profiler_traces(browser: Any, tmp_path: Path) -> None:  # noqa: F811

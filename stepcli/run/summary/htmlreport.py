@@ -27,6 +27,8 @@ from stepcli.runsummary import (
     RunSummary,
     StepTimes,
     read_run_summary,
+    read_saved,
+    rerooted,
     run_dirs,
 )
 from stepcli.steptimes import process_steps, trace_process_steps
@@ -42,9 +44,10 @@ def step_logs(run_dir: Path) -> list[dict[str, Any]]:
 
     logs: list[dict[str, Any]] = []
     for path in sorted(run_dir.glob(f"*{STEP_LOG_SUFFIX}")):
+        data = read_saved(path)  # (a link, or a file of another user's: left out)
         try:
-            log = orjson.loads(read_input(str(path), gunzip=False))
-        except (StepcliError, orjson.JSONDecodeError):
+            log = orjson.loads(data) if data is not None else None
+        except orjson.JSONDecodeError:
             continue
         if isinstance(log, dict):
             logs.append(log)
@@ -52,12 +55,14 @@ def step_logs(run_dir: Path) -> list[dict[str, Any]]:
     return logs
 
 
-def _saved_summary(run_dir: Path) -> RunSummary | None:
-    """The run summary `stepcli run` saved beside the step logs, validated; None when there is none."""
+def _saved_summary(run_dir: Path, folder: str) -> RunSummary | None:
+    """The run summary `stepcli run` saved beside the step logs in the run folder `folder`, validated, its paths
+    inside `folder` (runsummary.rerooted); None when there is none of this user's (a link is not followed)."""
     path = run_dir / SUMMARY_FILE
-    if not path.exists():
+    data = read_saved(path)
+    if data is None:
         return None
-    return read_run_summary(read_input(str(path), gunzip=False), str(path))
+    return rerooted(read_run_summary(data, str(path)), folder)
 
 
 def _logs_for_summary(summary: RunSummary) -> list[dict[str, Any]]:
@@ -95,7 +100,7 @@ def _add_folder(inputs: _Inputs, path: str) -> None:
     if newest is not None:
         inputs.runs += 1
         inputs.logs = step_logs(newest)
-        inputs.summary = _saved_summary(newest) or inputs.summary
+        inputs.summary = _saved_summary(newest, path) or inputs.summary
         own = _run_traces(inputs.summary, inputs.logs)
         if own:
             inputs.trace_paths.extend(own)
