@@ -243,6 +243,16 @@ _INT = _simple(_is_int, "an integer")
 _COUNT = _simple(lambda v: _is_int(v) and v >= 0, "a non-negative integer")
 _NUMBER = _simple(_is_number, "a number")
 _AMOUNT = _simple(lambda v: _is_number(v) and v >= 0, "a non-negative number")
+# A step's time: none is under a nanosecond or over the trace reader's cap (10^18 us); such values (5e-324, 1e308)
+# are a hostile file's, and would overflow the statistics and the charts built on them.
+_MIN_STEP_MS, _MAX_STEP_MS = 1e-6, 1e15
+
+
+def _is_step_ms(value: Any) -> bool:
+    return _is_number(value) and (value == 0 or _MIN_STEP_MS <= value <= _MAX_STEP_MS)
+
+
+_STEP_MS = _simple(_is_step_ms, "a step time in ms (0, or 0.000001 to 10^15)")
 _BOOL = _simple(lambda v: isinstance(v, bool), "true or false")
 _PHASES = _simple(lambda v: isinstance(v, str) and v.isascii(), "a string of phase digits")
 
@@ -326,8 +336,8 @@ def _step_times(value: Any) -> str | None:
     times, phases = value["durations_ms"], value["phases"]
     if not isinstance(times, list) or not isinstance(phases, str) or len(phases) != len(times):
         return "needs durations_ms and one phase digit per step"
-    if not all(_is_number(t) and t >= 0 for t in times):
-        return ".durations_ms has a value that is not a non-negative number"
+    if not all(_is_step_ms(t) for t in times):
+        return ".durations_ms has a value that is not a step time in ms (0, or 0.000001 to 10^15)"
     return None
 
 
@@ -373,7 +383,7 @@ _FIELDS: dict[str, Check] = {
     "on_demand": _optional(_BOOL),
     "steps": _object({"global": _COUNT, "requesters": _REQUESTERS}, ("global",)),
     "step_time_ms": _object({"untouched": _stats, "profiled": _stats, "first_step": _stats}),
-    "timeline_ms": _list_of(_AMOUNT),
+    "timeline_ms": _list_of(_STEP_MS),
     "timeline_phases": _optional(_PHASES),
     "step_times": _optional(_list_of(_step_times)),
     "processes": _list_of(
@@ -389,8 +399,8 @@ _FIELDS: dict[str, Check] = {
                 "cuda_peak_bytes": _optional(_COUNT),
                 "requesters": _REQUESTERS,
                 "step_times_ms": _list_of(_AMOUNT),
-                "durations_ms": _list_of(_AMOUNT),
-                "timeline_ms": _list_of(_AMOUNT),
+                "durations_ms": _list_of(_STEP_MS),
+                "timeline_ms": _list_of(_STEP_MS),
                 "phases": _optional(_PHASES),
             }
         )

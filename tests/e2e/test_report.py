@@ -449,7 +449,17 @@ def test_no_report_keeps_the_advice_in_the_terminal_and_the_json(no_report_run: 
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("command", [1, 2]), ("processes", "abc"), ("schedule", [1]), ("notes", {"a": 1})]
+    ("field", "value"),
+    [
+        ("command", [1, 2]),
+        ("processes", "abc"),
+        ("schedule", [1]),
+        ("notes", {"a": 1}),
+        # step times no run has (they overflowed the statistics and the charts: internal errors)
+        ("timeline_ms", [5e-324, 5e-324, 5e-324]),
+        ("timeline_ms", [1e308, 1e308, 1e308]),
+        ("step_times", [{"durations_ms": [5e-324] * 3, "phases": "000"}]),
+    ],
 )
 def test_run_summary_with_wrong_types_is_bad_input(tmp_path: Path, field: str, value: Any) -> None:
     # GIVEN a run summary whose field has the wrong type (hand-edited, or from a hostile source)
