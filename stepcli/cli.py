@@ -393,10 +393,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("stepcli: aborted", err=True)
         return 130
+    except click.exceptions.NoArgsIsHelpError as exc:  # bare `stepcli`: the usage, as written, not as one line
+        click.echo(exc.ctx.get_help() if exc.ctx else "Usage: stepcli [OPTIONS] COMMAND [ARGS]...", err=True)
+        return EXIT_USAGE
     except click.UsageError as exc:
-        hint = (
-            f" (see 'stepcli {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else " (see 'stepcli --help')"
+        # (an option's missing value is raised before the command's context exists: the command is the first word)
+        command = (
+            exc.ctx.info_name
+            if exc.ctx and exc.ctx.parent
+            else args[0]
+            if args[:1] and args[0] in cli.commands
+            else None
         )
+        hint = f" (see 'stepcli {command} --help')" if command else " (see 'stepcli --help')"
         click.echo(visible(f"stepcli: error: {exc.format_message()}{hint}"), err=True)
         return EXIT_USAGE
     except click.ClickException as exc:

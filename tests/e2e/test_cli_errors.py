@@ -33,6 +33,9 @@ def assert_one_line_error(result: object, status: int, *fragments: str) -> None:
         (["run", "--", "no-such-command-xyz"], "command not found"),
         (["run", "--fail-over", "p50", "x.py"], "fail-over"),
         (["bogus"], "bogus"),
+        # an option's missing value points at that command's help
+        (["compare", "--tolerance"], "(see 'stepcli compare --help')"),
+        (["merge", "x.json", "-o"], "(see 'stepcli merge --help')"),
     ],
 )
 def test_usage_errors_exit_2_before_anything_starts(tmp_path: Path, args: list[str], fragment: str) -> None:
@@ -58,6 +61,14 @@ def test_output_folder_that_is_a_file(tmp_path: Path) -> None:
     result = run_stepcli("run", "-o", "out", "x.py", cwd=tmp_path)
     assert_one_line_error(result, 2, "out", "is a file")
     assert (tmp_path / "out").read_text() == "keep me"
+
+
+def test_bare_stepcli_shows_the_usage_as_written() -> None:
+    result = run_stepcli()
+    assert result.returncode == 2 and not result.stdout
+    lines = result.stderr.splitlines()
+    assert lines[0] == "Usage: stepcli [OPTIONS] COMMAND [ARGS]..." and "Commands:" in lines, result.stderr
+    assert "\\x0a" not in result.stderr and any(line.strip().startswith("run ") for line in lines)
 
 
 def test_help_and_version() -> None:
