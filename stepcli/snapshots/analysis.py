@@ -97,14 +97,22 @@ def _moment(snapshot: Snapshot, at: Replay, entry: Any, oom: bool) -> dict[str, 
 
 def _request(info: dict[str, Any] | None, entry: Any) -> dict[str, Any] | None:
     """What the failed allocation asked for: from the agent's record, else from the history's `oom` event."""
-    if info is not None and isinstance(info.get("requested_bytes"), int):
+    if info is not None and _byte_count(info.get("requested_bytes")) is not None:
         return {
             "requested_bytes": info["requested_bytes"],
-            "device_free_bytes": info.get("device_free_bytes"),
-            "device_total_bytes": info.get("device_total_bytes"),
+            "device_free_bytes": _byte_count(info.get("device_free_bytes")),
+            "device_total_bytes": _byte_count(info.get("device_total_bytes")),
         }
     if entry is not None:
         return {"requested_bytes": entry.size, "device_free_bytes": entry.addr, "device_total_bytes": None}
+    return None
+
+
+def _byte_count(value: Any) -> int | None:
+    """A count of bytes from the agent's record, or None for anything else (a snapshot is untrusted input: a
+    string, a float, NaN or a negative number there is no figure to show)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63:
+        return value
     return None
 
 

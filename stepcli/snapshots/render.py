@@ -66,6 +66,8 @@ def _moment_lines(report: dict[str, Any]) -> list[str]:
             free = request.get("device_free_bytes")
             total = request.get("device_total_bytes")
             of = f" of {size(total)}" if total else ""
+            if total and free is not None and free > total:  # torch reports the cap there, the device's free memory
+                of = f", of which this process may use {size(total)} (a memory fraction is set)"
             lines.append(
                 f"failed request: {size(request['requested_bytes'])}, with {size(free)} free on the device{of}"
             )

@@ -40,6 +40,33 @@ def test_memory_of_an_oom_snapshot(tmp_path: Path) -> None:
     assert result.stderr == ""
 
 
+def test_odd_figures_in_the_agents_record_are_shown_as_unknown(tmp_path: Path) -> None:
+    # GIVEN the agent's record in a snapshot with free or total memory that is no count of bytes (untrusted input)
+    for bad in ("a", float("nan"), -5, True, 2**70, [1]):
+        builder, info = fx.oom_in_forward(steps=4)
+        path = builder.write(
+            tmp_path / "oom-rank0.pickle", info | {"device_free_bytes": bad, "device_total_bytes": bad}
+        )
+        # WHEN shown and written as JSON THEN "?" in the text, null in valid JSON, never an internal error
+        result = run_stepcli("memory", path, cwd=tmp_path)
+        assert result.returncode == 0 and result.stderr == "", (bad, result.stderr)
+        assert "failed request: 512.00 MiB, with ? free on the device\n" in result.stdout, (bad, result.stdout)
+        result = run_stepcli("memory", "--json", path, cwd=tmp_path)
+        assert result.returncode == 0, (bad, result.stderr)
+        (report,) = json.loads(result.stdout, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))["snapshots"]
+        assert report["oom"] == {
+            "requested_bytes": 512 * MiB,
+            "device_free_bytes": None,
+            "device_total_bytes": None,
+        }
+    # GIVEN more free on the device than the total torch reported (its cap under set_per_process_memory_fraction)
+    builder, info = fx.oom_in_forward(steps=4)
+    path = builder.write(tmp_path / "oom-rank0.pickle", info | {"device_free_bytes": 100 << 30})
+    result = run_stepcli("memory", path, cwd=tmp_path)
+    # THEN the total is said to be what this process may use
+    assert "with 100.00 GiB free on the device, of which this process may use 8.00 GiB" in result.stdout
+
+
 def test_memory_json_of_a_run_folder_with_every_rank(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
