@@ -389,6 +389,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not {"--help", "-h"} & set(args[1:at]):
             return main(["run", *args[1:at], *demo_argv(), *args[at + 1 :]])
     try:
+        from stepcli.limits import check_input_limit
+
+        check_input_limit()
         result = cli.main(args=args, prog_name="stepcli", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("stepcli: aborted", err=True)

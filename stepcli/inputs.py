@@ -16,23 +16,11 @@ import msgspec
 
 from stepcli.errors import TraceError
 from stepcli.fmt import size as _size
+from stepcli.limits import LIMIT_ENV, input_limit  # (input_limit: read_input bounds every read)
 
 GZIP_MAGIC = b"\x1f\x8b"
-# The most bytes stepcli reads from one input, after decompression. Decoding holds the text plus the events it
-# keeps, so this bounds memory at a few times the limit. Real traces are well below it; raise it on purpose.
-LIMIT_ENV = "STEPCLI_MAX_INPUT_BYTES"
-DEFAULT_LIMIT_BYTES = 4 * 1024**3
 _READ_STEP = 1 << 20
 _INFLATE_STEP = 1 << 20  # inflated pieces that stay in the CPU's caches until appended (4 MB: +20% gunzip time)
-
-
-def input_limit() -> int:
-    """The size limit for one input: $STEPCLI_MAX_INPUT_BYTES when it is a positive integer, else 4 GiB."""
-    try:
-        value = int(os.environ.get(LIMIT_ENV, ""))
-    except ValueError:
-        return DEFAULT_LIMIT_BYTES
-    return value if value > 0 else DEFAULT_LIMIT_BYTES
 
 
 def _too_big(path: str, what: str, limit: int) -> TraceError:

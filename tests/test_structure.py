@@ -58,6 +58,7 @@ _LEAVES = {
     "stepcli",
     "stepcli.errors",
     "stepcli.inputs",
+    "stepcli.limits",
     "stepcli.stats",
     "stepcli.fmt",
     "stepcli.pipeconsole",
@@ -115,7 +116,7 @@ def test_trace_layers_import_only_downward() -> None:
 
 
 def test_compare_imports_only_the_leaves_traces_and_the_run_summary() -> None:
-    assert _outside("stepcli.compare", _LEAVES, ("stepcli.traces", "stepcli.runsummary")) == []
+    assert _outside("stepcli.compare", _LEAVES, ("stepcli.traces", "stepcli.runsummary", "stepcli.runfolder")) == []
 
 
 def test_advice_imports_only_the_leaves_the_summary_models_and_traces() -> None:
@@ -158,6 +159,7 @@ def test_run_summary_model_imports_no_package() -> None:
     # run/ writes it, report/ and compare/ read it: it depends on none of them (nor on traces or the agent).
     assert _outside("stepcli.runsummary", _LEAVES) == []
     assert _outside("stepcli.steptimes", _LEAVES | {"stepcli.runsummary"}) == []
+    assert _outside("stepcli.runfolder", _LEAVES | {"stepcli.runsummary"}) == []
     assert _outside("stepcli.fmt", _LEAVES) == []
 
 

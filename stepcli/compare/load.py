@@ -308,7 +308,7 @@ def _run_folder_summary(folder: Path) -> tuple[str, dict[str, Any]] | None:
     step of every process, the folder's traces only the recorded ones: read as traces, a run folder would be
     decided on 3 steps. A run folder whose newest run has no saved summary (it never finished writing one) is
     refused in one line rather than silently judged on its traces."""
-    from stepcli.runsummary import read_saved, rerooted, run_dirs
+    from stepcli.runfolder import read_saved, rerooted, run_dirs
 
     newest = next(iter(run_dirs(str(folder))), None)
     if newest is None:

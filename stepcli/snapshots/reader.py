@@ -27,7 +27,8 @@ from typing import IO, Any, NamedTuple, cast
 
 from stepcli.agent.cudamemory import ON_DEMAND_PREFIX, SNAPSHOT_KEY, SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX, STEP_TAG
 from stepcli.errors import TraceError
-from stepcli.inputs import GZIP_MAGIC, input_limit
+from stepcli.inputs import GZIP_MAGIC
+from stepcli.limits import input_limit
 from stepcli.snapshots.history import Entry as Entry  # the snapshot's model, for its readers
 from stepcli.snapshots.history import Frame as Frame
 from stepcli.snapshots.history import HistoryBuilder, Stack, Trace, Truncated, Unsupported

@@ -48,7 +48,7 @@ def gzip_slots(files: Sequence[str], workers: int, memory: int | None = None) ->
     least one (a file too large for the memory is read alone), at most `workers`. The inflated size comes from each
     file's gzip trailer, bounded by the input limit (stepcli.inputs): a trailer that lies only ever reaches the
     limit, which every read enforces."""
-    from stepcli.inputs import input_limit
+    from stepcli.limits import input_limit
 
     sizes = [_inflated_size_hint(f) for f in files if f.endswith(".gz")]
     memory = _memory_available() if memory is None else memory

@@ -15,7 +15,8 @@ from pathlib import Path
 import msgspec
 
 from stepcli.errors import TraceError
-from stepcli.inputs import GZIP_MAGIC, READ_FLAGS, input_limit
+from stepcli.inputs import GZIP_MAGIC, READ_FLAGS
+from stepcli.limits import input_limit
 
 MAX_CURVE_POINTS = 4000  # per device per trace, before the chart's own reduction
 _MARKER = b'"[memory]"'

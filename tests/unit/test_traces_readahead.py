@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from stepcli.errors import TraceError
-from stepcli.inputs import LIMIT_ENV
+from stepcli.limits import LIMIT_ENV
 from stepcli.traces.read import readahead, reader, twoprocess
 from stepcli.traces.read.columns import ColumnTrace, load_columns
 from stepcli.traces.read.shortrun import read_ahead_one

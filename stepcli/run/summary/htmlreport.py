@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 from stepcli.agent.config import STEP_LOG_SUFFIX
 from stepcli.errors import StepcliError, TraceError
 from stepcli.inputs import outline, read_input
+from stepcli.runfolder import read_saved, rerooted, run_dirs
 from stepcli.runsummary import (
     SCHEMA,
     SCHEMA_VERSION,
@@ -27,9 +28,6 @@ from stepcli.runsummary import (
     RunSummary,
     StepTimes,
     read_run_summary,
-    read_saved,
-    rerooted,
-    run_dirs,
 )
 from stepcli.steptimes import process_steps, trace_process_steps
 

@@ -19,7 +19,8 @@ import mmap
 import os
 import threading
 
-from stepcli.inputs import inflated_pieces, input_limit, read_file  # (imported before the fork: the child has it)
+from stepcli.inputs import inflated_pieces, read_file  # (imported before the fork: the child has it)
+from stepcli.limits import input_limit
 from stepcli.traces.read.forked import fork_child, stop_child
 
 MIN_BYTES = 4 * 1024 * 1024  # the inflated size (from the gzip trailer) from which a fork costs less than it saves

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stepcli.inputs import GZIP_MAGIC, READ_FLAGS, input_limit
+from stepcli.inputs import GZIP_MAGIC, READ_FLAGS
+from stepcli.limits import input_limit
 from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.files import rank_from_name
 from stepcli.traces.read.reader import _EVENT_SEPARATOR, _TRACE_EVENTS_KEY
