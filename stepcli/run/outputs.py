@@ -5,6 +5,7 @@ not after an hour of training.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -28,6 +29,16 @@ def check_json_writable(path: str) -> None:
         safefile.probe_writable(str(folder), "stepcli-json-test")
     except OSError as exc:
         raise StepcliError(f"--json {path}: cannot write in {folder}: {exc.strerror or exc}") from None
+    # It replaces only a run summary written before (a job run again), never the user's own file (the script!), a
+    # link, a FIFO or a device.
+    problem = safefile.why_not_replace(str(target), _RUN_SUMMARY.match)
+    if problem == safefile.NOT_OURS:
+        raise StepcliError(f"--json {path}: {problem} run; give another --json FILE or remove it")
+    if problem is not None:
+        raise StepcliError(f"--json {path}: {problem}; give another --json FILE")
+
+
+_RUN_SUMMARY = re.compile(rb'\s*\{\s*"schema"\s*:\s*"stepcli\.run"')  # how every run summary begins
 
 
 def prepare_out_dir(out_dir: str | None, label: str) -> Path:

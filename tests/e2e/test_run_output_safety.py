@@ -4,7 +4,9 @@ missing."""
 
 from __future__ import annotations
 
+import json
 import os
+import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +56,32 @@ def _stepcli_lines(stderr: str) -> list[str]:
 
 def _leftovers(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if p.is_file() and ".tmp" in p.name]
+
+
+def test_json_replaces_only_a_run_summary_written_before(tmp_path: Path) -> None:
+    # GIVEN files at the --json path: the script itself, the user's notes, a link to them, a FIFO
+    script = tmp_path / "job.py"
+    script.write_text("open('started', 'a').close()\n")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    link = tmp_path / "link.json"
+    link.symlink_to(notes)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    for target in (script, notes, link, fifo):
+        # WHEN stepcli run --json names it THEN one line, exit 2, the program never starts, nothing is replaced
+        result = run_stepcli("run", "-o", tmp_path / "out", "--json", target, script, cwd=tmp_path, timeout=60)
+        assert result.returncode == 2, (target, result.stderr)
+        assert result.stderr.startswith(f"stepcli: error: --json {target}: ") and "--json FILE" in result.stderr
+        assert result.stderr.count("\n") == 1 and not (tmp_path / "started").exists()
+    assert script.read_text() == "open('started', 'a').close()\n" and notes.read_text() == "my notes\n"
+    assert os.readlink(link) == str(notes) and stat.S_ISFIFO(fifo.lstat().st_mode)
+    # GIVEN a run summary written before (the same job run again) THEN it is replaced
+    previous = tmp_path / "run.json"
+    previous.write_text('{\n  "schema": "stepcli.run",\n  "schema_version": 2, "old": true}')
+    result = run_stepcli("run", "-o", tmp_path / "out", "--json", previous, script, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(previous.read_text())["schema"] == "stepcli.run" and "old" not in json.loads(previous.read_text())
 
 
 def test_a_full_output_folder_is_one_line_and_a_summary_that_says_so(tiny_fs: Path, tmp_path: Path) -> None:
