@@ -12,6 +12,8 @@ from __future__ import annotations
 import gc
 import time
 
+from .interrupts import redeliver
+
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
     from types import ModuleType
@@ -75,6 +77,8 @@ class GcPauses:
             self.collected[generation] += int(info.get("collected", 0))
         except Exception:  # never let accounting break the program's collections
             self._open = None
+        except KeyboardInterrupt:  # Python drops what a gc callback raises: Ctrl-C would never reach the program
+            redeliver()
 
     def _mark_start(self, generation: int) -> None:
         if self._enter is not None:

@@ -19,6 +19,7 @@ import threading
 
 from .config import CLOCK_KEY, INCOMPLETE_STEP_KEY, AgentConfig
 from .cpuwait import CpuWait
+from .interrupts import Held
 from .output import cause, export_trace, human_size, say, trace_folder, worker_name, write_failed
 from .schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP
 from .torchquiet import QuietProfiler, ask_cupti_teardown
@@ -95,14 +96,16 @@ class Recorder:
         if not _on_main_thread():
             return self._off_main_thread(step)
         self.busy = True  # signal handlers run on the main thread: one arriving now waits for this work
-        try:
-            return self._on_step(step)
-        except Exception as exc:  # the program must never die of its profiler
-            self._disable(f"profiling stopped after an error in torch.profiler: {type(exc).__name__}: {exc}")
-            return NONE, NEVER
-        finally:
-            self.busy = False
-            self.deliver_deferred_signal()
+        # (Ctrl-C too: in the middle of stopping the profiler or saving its trace it would lose the window)
+        with Held():
+            try:
+                return self._on_step(step)
+            except Exception as exc:  # the program must never die of its profiler
+                self._disable(f"profiling stopped after an error in torch.profiler: {type(exc).__name__}: {exc}")
+                return NONE, NEVER
+            finally:
+                self.busy = False
+                self.deliver_deferred_signal()
 
     def deliver_deferred_signal(self) -> None:
         if self.deferred_signal and _on_main_thread():

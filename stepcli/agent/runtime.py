@@ -19,6 +19,7 @@ import weakref
 from . import hooks
 from .config import HELLO_PREFIX, AgentConfig, atomic_write_json
 from .gcpauses import GcPauses
+from .interrupts import Held
 from .tracker import StepTracker
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
@@ -330,7 +331,8 @@ class Agent:
             self._flushed = True
             from .steplog import save_at_exit
 
-            save_at_exit(self, reason, blocked)
+            with Held():  # a Ctrl-C at exit (a second one, say) would cut the last window's trace in half
+                save_at_exit(self, reason, blocked)
 
     def _window_saved(self) -> None:
         if self.ondemand is not None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_stepcli, stepcli_env, write_script
+from conftest import profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
 
 LIMIT_S = 180.0  # a generous bound for anything to appear on a busy 2-core machine
 
@@ -180,3 +180,48 @@ def test_a_process_killed_with_sigkill_after_it_stalled_still_counts_its_steps(t
     assert summary["steps"]["global"] == 20, (summary["steps"], log.read_text())
     assert [r["steps"] for r in summary["step_record"]] == [20]
     assert any("saved when the process stopped stepping, at step 20" in note for note in summary["notes"]), summary
+
+
+# Ctrl-C (SIGINT) arrives while stepcli saves the window's trace: a thread of the program sends it the moment the
+# export's temporary folder appears in the output folder, so it always lands mid-save.
+CTRL_C_MID_SAVE = """
+    import os, signal, sys, threading, time
+    import torch
+    out = sys.argv[1]
+
+    def watch():
+        while True:
+            try:
+                if any(name.startswith(".stepcli-export") for name in os.listdir(out)):
+                    os.kill(os.getpid(), signal.SIGINT)
+                    return
+            except OSError:
+                pass
+            time.sleep(0.0002)
+
+    threading.Thread(target=watch, daemon=True).start()
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(20)])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i in range(60):
+        model(torch.randn(32, 64)).sum().backward()
+        opt.step()
+    print("the interrupt never came", file=sys.stderr)
+"""
+
+
+def test_ctrl_c_while_a_trace_is_saved_keeps_the_trace_and_reaches_the_program(tmp_path: Path) -> None:
+    # GIVEN a window of 30 steps recorded with Python stacks (a save that takes a moment)
+    script = write_script(tmp_path, "train.py", CTRL_C_MID_SAVE)
+    out = tmp_path / "out"
+    # WHEN Ctrl-C comes in the middle of saving it
+    result = run_stepcli("run", "--active", "30", "--with-stack", "-o", out, script, out, cwd=tmp_path, timeout=300)
+    # THEN the program still gets its KeyboardInterrupt (exit 130), at its own line, after the save
+    assert result.returncode == 130, result.stderr
+    assert "the interrupt never came" not in result.stderr
+    tail = result.stderr[result.stderr.index("Traceback (most recent call last):") :]
+    assert "KeyboardInterrupt" in tail and "train.py" in tail and "stepcli" not in tail.split("KeyboardInterrupt")[0]
+    # AND the window's trace is whole: every step of it, and the summary names it
+    (trace,) = [t for t in trace_files(out)]
+    assert profiler_steps(trace) == list(range(2, 32))
+    assert "saved trace of steps 2-31" in result.stderr
+    assert not [p for p in out.iterdir() if p.name.startswith(".stepcli-export")]

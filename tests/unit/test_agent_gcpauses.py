@@ -4,6 +4,7 @@ advice built on it (stepcli.run.summary.culprit)."""
 from __future__ import annotations
 
 import gc
+import time
 from typing import Any
 
 import pytest
@@ -87,3 +88,27 @@ def test_culprit_lines_and_advice_threshold() -> None:
     assert [a.rule for a in advice] == ["culprit"] and "Schedule garbage collection" in advice[0].suggestion
     small = {**section, "culprit": {**found, "wait_caused_ms_per_step": 0.5}}
     assert advise(Evidence(culprit=small)) == []
+
+
+def test_a_ctrl_c_inside_the_callback_reaches_the_program() -> None:
+    # GIVEN Ctrl-C arriving while stepcli's gc callback runs (Python drops what a gc callback raises)
+    calls: list[int] = []
+
+    def interrupted() -> int:  # Ctrl-C arrives once, during the first clock read
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return 0
+
+    pauses = GcPauses(clock=interrupted)
+    pauses.install()
+    # WHEN a collection runs THEN the program still gets its KeyboardInterrupt, just after
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            gc.collect(0)
+            pauses.uninstall()
+            deadline = time.monotonic() + 30  # (delivered from another thread, at the next check after the callback)
+            while time.monotonic() < deadline:
+                pass
+    finally:
+        pauses.uninstall()

@@ -1,0 +1,85 @@
+"""Ctrl-C held back while stepcli's own work must not be cut in half, then delivered to the program as it came.
+
+Runs inside the target: standard library only. A SIGINT raises KeyboardInterrupt wherever the main thread is. When
+that is inside torch.profiler's stop or the trace's export (seconds, the moment a user sees the program pause and
+presses Ctrl-C), the profiler is left half stopped and the window's trace is lost. So while stepcli's driver works
+(`Held`), a program's Python-level SIGINT handler (the default's KeyboardInterrupt, or the program's own) is swapped
+for one that only notes the signal; afterwards the handler is put back and the signal raised again, so the program
+gets it once, just after. A SIGINT that is ignored or left to the system is not touched. `redeliver` does the same
+for one raised where Python drops it (a gc callback).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+if TYPE_CHECKING:
+    from types import FrameType, TracebackType
+    from typing import Any
+
+
+class Held:
+    """`with Held():` SIGINT waits until the block is done (on the main thread; elsewhere it does nothing)."""
+
+    __slots__ = ("_previous", "_arrived")
+
+    def __init__(self) -> None:
+        self._previous: Any = None
+        self._arrived = False
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        self._arrived = True
+
+    def __enter__(self) -> Held:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        try:
+            previous = signal.getsignal(signal.SIGINT)
+            if callable(previous):  # a Python handler: KeyboardInterrupt's, or the program's own
+                signal.signal(signal.SIGINT, self._note)
+                self._previous = previous
+        except (ValueError, OSError):  # (an interpreter without signals)
+            pass
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        previous, self._previous = self._previous, None
+        if previous is None:
+            return
+        try:
+            if signal.getsignal(signal.SIGINT) == self._note:  # (the program may have set its own meanwhile)
+                signal.signal(signal.SIGINT, previous)
+        except (ValueError, OSError):
+            return
+        if self._arrived:
+            self._arrived = False
+            redeliver()
+
+
+def redeliver() -> None:
+    """Raise SIGINT again, a moment later from a thread of its own: the program's handler runs on the main thread
+    at its next check, after stepcli's code has returned (raised at once, it would run inside it: a gc callback
+    drops it again, and a step's bookkeeping would be cut; one still caught there is passed on again). Raised where
+    it is when no thread can start (at exit)."""
+    try:
+        threading.Thread(target=_raise_soon, name="stepcli-sigint", daemon=True).start()
+    except RuntimeError:
+        _raise()
+
+
+def _raise_soon() -> None:
+    time.sleep(_AFTER_S)
+    _raise()
+
+
+_AFTER_S = 0.002  # stepcli's code around a gc callback or a step returns within microseconds
+
+
+def _raise() -> None:
+    try:
+        signal.raise_signal(signal.SIGINT)
+    except (ValueError, OSError):
+        pass
