@@ -409,3 +409,30 @@ def test_an_agent_error_during_a_window_never_crashes_the_program(tmp_path: Path
     assert result.stdout == "finished\n"
     assert "profiling disabled in this process after an error in a test: RuntimeError: boom" in result.stderr
     assert summary is not None and summary["steps"]["global"] == 3
+
+
+def test_stepcli_lines_never_land_in_what_the_program_made_of_stderr(tmp_path: Path) -> None:
+    # GIVEN a program that captures its stderr in a buffer, as a test harness or a logging setup does
+    script = write_script(
+        tmp_path,
+        "captures.py",
+        """
+        import io, sys
+        import torch
+        mine = io.StringIO()
+        sys.stderr = mine
+        model = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(6):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+        print("the program's own line", file=sys.stderr)
+        sys.stderr = sys.__stderr__
+        print("captured: " + repr(mine.getvalue()), file=sys.stderr)
+        """,
+    )
+    # WHEN run THEN stepcli's progress lines reach the launcher's terminal, and the program's buffer holds only its own
+    result = run_stepcli("run", "--active", "1", "-o", tmp_path / "out", script, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "stepcli: saved trace of step 2" in result.stderr
+    assert 'captured: "the program\'s own line\\n"' in result.stderr, result.stderr
