@@ -11,9 +11,16 @@ import click
 
 from stepcli import __version__
 from stepcli.agent.request import MAX_ACTIVE, MAX_WAIT, MAX_WARMUP
-from stepcli.cliparse import check_run_options, parse_activities, parse_duration, parse_fail_over, parse_step_on
+from stepcli.cliparse import (
+    check_run_options,
+    parse_activities,
+    parse_duration,
+    parse_fail_over,
+    parse_step_on,
+)
 from stepcli.compare.comparecli import compare
 from stepcli.errors import EXIT_INTERNAL, EXIT_USAGE, StepcliError
+from stepcli.pathparam import PathParam
 from stepcli.run.live.topcli import top
 from stepcli.run.slowoptions import check_slow_options, slow_options
 from stepcli.traces.merge import merge_main  # light: it imports the trace reader only when a merge runs
@@ -89,13 +96,11 @@ def cli() -> None:
     "-o",
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False),
+    type=PathParam(file_okay=False),
     help="Folder for traces and logs [default: a new folder under ./stepcli-runs/].",
 )
 @click.option("--gzip", "use_gzip", is_flag=True, help="Write .json.gz traces.")
-@click.option(
-    "--json", "json_path", type=click.Path(dir_okay=False), help="Write the run summary as JSON to this file."
-)
+@click.option("--json", "json_path", type=PathParam(dir_okay=False), help="Write the run summary as JSON to this file.")
 @click.option(
     "--fail-over",
     multiple=True,
@@ -175,7 +180,7 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
 
 
 @cli.command(short_help="Summarize PyTorch profiler trace files.")
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.argument("paths", nargs=-1, required=True, type=PathParam())
 @click.option(
     "--sort-by",
     type=click.Choice(["self", "total", "calls", "avg", "name"]),
@@ -303,7 +308,7 @@ cli.add_command(top)  # stepcli/run/live/topcli.py
 
 
 @cli.command(short_help="What filled CUDA memory: a snapshot's peak or out-of-memory error, split and advice.")
-@click.argument("path", type=click.Path())
+@click.argument("path", type=PathParam())
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Allocation sites listed.")
 def memory(path: str, as_json: bool, top: int) -> int:
@@ -319,12 +324,12 @@ def memory(path: str, as_json: bool, top: int) -> int:
 
 
 @cli.command(short_help="Write a self-contained HTML report with charts and advice.")
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.argument("paths", nargs=-1, required=True, type=PathParam())
 @click.option(
     "-o",
     "--output",
     "output",
-    type=click.Path(dir_okay=False),
+    type=PathParam(dir_okay=False),
     help="HTML file to write [default: report.html in the run folder, or NAME.report.html beside the file].",
 )
 def report(paths: tuple[str, ...], output: str | None) -> int:
@@ -339,8 +344,8 @@ def report(paths: tuple[str, ...], output: str | None) -> int:
 
 
 @cli.command(short_help="Merge the ranks' traces into one, clocks aligned, culprits marked.")
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Write here (never over others).")
+@click.argument("paths", nargs=-1, required=True, type=PathParam())
+@click.option("-o", "--output", required=True, type=PathParam(dir_okay=False), help="Write here (never over others).")
 def merge(paths: tuple[str, ...], output: str) -> None:
     """One Chrome trace of the ranks in PATHS (run folders, traces), clocks aligned, each collective's culprit marked."""
     click.echo(merge_main(list(paths), output))

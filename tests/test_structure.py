@@ -59,6 +59,7 @@ _LEAVES = {
     "stepcli.errors",
     "stepcli.inputs",
     "stepcli.limits",
+    "stepcli.pathparam",
     "stepcli.stats",
     "stepcli.fmt",
     "stepcli.pipeconsole",

@@ -5,21 +5,22 @@ from __future__ import annotations
 
 import click
 
+from stepcli.pathparam import PathParam
 from stepcli.stats import METRICS
 
 
 @click.command(short_help="Compare runs with confidence intervals; exit 1 on a step-time regression.")
-@click.argument("baseline", required=False, type=click.Path())
-@click.argument("current", required=False, type=click.Path())
+@click.argument("baseline", required=False, type=PathParam())
+@click.argument("current", required=False, type=PathParam())
 @click.option(
     "--baseline",
     "baselines",
     multiple=True,
-    type=click.Path(),
+    type=PathParam(),
     help="A baseline run (repeatable), instead of BASELINE.",
 )
 @click.option(
-    "--current", "currents", multiple=True, type=click.Path(), help="A current run (repeatable), instead of CURRENT."
+    "--current", "currents", multiple=True, type=PathParam(), help="A current run (repeatable), instead of CURRENT."
 )
 @click.option("--tolerance", default="10%", show_default=True, help="Allowed relative slowdown, e.g. 10% or 0.1.")
 @click.option(
@@ -56,7 +57,7 @@ from stepcli.stats import METRICS
 @click.option(
     "--markdown",
     "markdown_path",
-    type=click.Path(dir_okay=False),
+    type=PathParam(dir_okay=False),
     help="Also write a Markdown report here (- for stdout).",
 )
 def compare(

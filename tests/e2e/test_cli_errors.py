@@ -36,6 +36,10 @@ def assert_one_line_error(result: object, status: int, *fragments: str) -> None:
         # an option's missing value points at that command's help
         (["compare", "--tolerance"], "(see 'stepcli compare --help')"),
         (["merge", "x.json", "-o"], "(see 'stepcli merge --help')"),
+        # an empty path is no name: never the current folder or the default file
+        (["run", "-o", "", "x.py"], "an empty path"),
+        (["report", "x.py", "-o", ""], "an empty path"),
+        (["run", "--json", "", "x.py"], "an empty path"),
     ],
 )
 def test_usage_errors_exit_2_before_anything_starts(tmp_path: Path, args: list[str], fragment: str) -> None:
