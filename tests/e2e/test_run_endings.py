@@ -155,10 +155,10 @@ def test_a_program_that_exits_with_an_error_keeps_every_step(tmp_path: Path) -> 
 
 
 def test_a_process_killed_with_sigkill_after_it_stalled_still_counts_its_steps(tmp_path: Path) -> None:
-    # GIVEN a process that stopped stepping after 20 steps, its hang reported (--on-hang keep)
+    # GIVEN a process that stopped stepping after 20 steps, its hang reported (--on-hang keep), inside its window
     script = write_script(tmp_path, "nap.py", STEPS_THEN_NAP)
     log, out = tmp_path / "log", tmp_path / "out"
-    argv = [sys.executable, "-m", "stepcli", "run", "--hang-timeout", "2s", "-o", str(out)]
+    argv = [sys.executable, "-m", "stepcli", "run", "--hang-timeout", "2s", "--active", "100", "-o", str(out)]
     argv += ["--json", str(tmp_path / "run.json"), str(script), str(tmp_path / "stepped")]
     with open(log, "wb") as handle:
         proc = subprocess.Popen(
@@ -180,6 +180,9 @@ def test_a_process_killed_with_sigkill_after_it_stalled_still_counts_its_steps(t
     assert summary["steps"]["global"] == 20, (summary["steps"], log.read_text())
     assert [r["steps"] for r in summary["step_record"]] == [20]
     assert any("saved when the process stopped stepping, at step 20" in note for note in summary["notes"]), summary
+    # AND the window it was killed in is said to be lost to the kill, not to a schedule the program never reached
+    assert summary["traces"] == [] and not any("lower --wait" in note for note in summary["notes"]), summary
+    assert any("ended (exit 137) at step 20, inside the window of steps 2-101" in n for n in summary["notes"]), summary
 
 
 # Ctrl-C (SIGINT) arrives while stepcli saves the window's trace: a thread of the program sends it the moment the

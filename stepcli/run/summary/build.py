@@ -205,10 +205,17 @@ def build_run_summary(
         elif not windows:
             steps = primary.get("global_steps", 0)
             first_window = next(config.schedule.windows(1), None)
-            if first_window and steps <= first_window[2]:
+            if first_window and steps < first_window[1]:
                 notes.append(
                     f"no trace: the program made {steps} steps, and the first window records steps "
                     f"{first_window[1]}-{first_window[2]}; lower --wait/--skip-first/--warmup"
+                )
+            elif first_window and steps <= first_window[2]:  # it ended inside the window, with no time to save it
+                notes.append(
+                    f"no trace: the program ended (exit {exit_status}) at step {steps}, inside the window of steps "
+                    f"{first_window[1]}-{first_window[2]}, before its trace could be saved (SIGKILL or a hard crash "
+                    "leaves no time; SIGTERM, Ctrl-C and an ordinary exit save what was recorded); a shorter "
+                    "--active is saved sooner"
                 )
     stepped = {r["name"] for log in logs for r in log.get("requesters", []) if r["calls"]}
     for spec in config.step_on:
