@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import stat
 import sys
 from collections.abc import Sequence
 
@@ -198,8 +199,17 @@ def _append_step_summary(markdown: str) -> None:
     if not target:
         return
     try:
-        with open(target, "a", encoding="utf-8") as handle:
-            handle.write("\n" + markdown)
+        # Opened without blocking and only as a regular file: a FIFO there with no reader must not hang the gate.
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(0, "not a regular file")
+            os.set_blocking(fd, True)
+            data = ("\n" + markdown).encode("utf-8")
+            while data:
+                data = data[os.write(fd, data) :]
+        finally:
+            os.close(fd)
     except OSError as exc:
         # The verdict is the product; a summary we cannot write only costs the pretty report.
         print(

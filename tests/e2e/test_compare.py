@@ -383,6 +383,16 @@ def test_markdown_replaces_only_a_report_compare_wrote(summaries: dict[str, Path
     assert os.readlink(link) == str(report)
 
 
+def test_a_fifo_as_the_github_job_summary_never_hangs_the_gate(summaries: dict[str, Path], tmp_path: Path) -> None:
+    fifo = tmp_path / "summary"
+    os.mkfifo(fifo)  # no reader: an ordinary open for writing would wait forever
+    result = run_stepcli(
+        "compare", summaries["base"], summaries["slow"], env={"GITHUB_STEP_SUMMARY": str(fifo)}, timeout=60
+    )
+    assert result.returncode == 1, result.stderr  # the verdict is unchanged
+    assert "could not append to GITHUB_STEP_SUMMARY" in result.stderr
+
+
 def test_markdown_to_stdout(summaries: dict[str, Path]) -> None:
     result = run_stepcli("compare", summaries["base"], summaries["base"], "--markdown", "-")
     assert result.returncode == 0
