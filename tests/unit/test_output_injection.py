@@ -4,6 +4,7 @@ page and the Markdown as visible escapes or entities."""
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 from pathlib import Path
@@ -19,7 +20,7 @@ from stepcli.run.live import hangdoctor as hang
 from stepcli.run.live.top import render
 from stepcli.run.summary.console import _print_hang
 from stepcli.run.summary.hangreport import hang_summary
-from stepcli.traces.render.formats import markdown_report
+from stepcli.traces.render.formats import csv_report, markdown_report
 
 HOSTILE = "\x1b]8;;http://evil.example\x07click\x1b]8;;\x07\x1b[2J\u202eyp.niart"
 RAW = ("\x1b", "\x07", "\u202e")
@@ -119,3 +120,20 @@ def test_table_markdown_shows_html_from_traces_as_text() -> None:
     assert "Culprit: " in markdown and "a&lt;b&gt;.json" in markdown
     _clean(markdown)
     assert "<img" not in markdown and "&lt;img" in markdown
+
+
+def _op(name: str) -> dict[str, Any]:
+    return {"name": name, "calls": 1, "self_ms": 1.0, "total_ms": 1.0, "avg_ms": 1.0, "self_share": 0.5}
+
+
+def test_operator_names_are_never_links_images_or_formulas() -> None:
+    linky = "a`b ![img](http://evil.example/x.png) [click](http://evil.example)"
+    formula = '=HYPERLINK("http://evil.example","x")'
+    data = {"files": ["a.json"], "ranks": [], "events": 2, "steps": [], "cpu_ops": [_op(linky), _op(formula)]}
+    data["device_kernels"] = []
+    # Markdown: a name with a backtick is still one code span (a longer fence), so nothing in it renders
+    markdown = markdown_report(data)
+    assert f"| `` {linky} `` |" in markdown
+    # CSV: a name a spreadsheet would run as a formula starts with an apostrophe; others are as written
+    rows = list(csv.DictReader(io.StringIO(csv_report(data))))
+    assert sorted(r["name"] for r in rows) == sorted([linky, "'" + formula])

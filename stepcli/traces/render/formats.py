@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
@@ -53,8 +54,17 @@ def csv_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: int | N
     writer.writeheader()
     for kind, rows in (("cpu", data["cpu_ops"]), ("device", data["device_kernels"])):
         for row in sort_rows(rows, sort_by, limit):
-            writer.writerow({"kind": kind, **row})
+            writer.writerow({"kind": kind, **row, "name": _csv_text(row["name"])})
     return buffer.getvalue()
+
+
+def _csv_text(name: str) -> str:
+    """A name as a spreadsheet shows it, never runs it: one starting with = + - @ or a tab or carriage return (a
+    formula to Excel or LibreOffice: `=HYPERLINK(...)` from a hostile trace) gets a leading apostrophe."""
+    return "'" + name if name[:1] in _FORMULA_STARTS else name
+
+
+_FORMULA_STARTS = frozenset("=+-@\t\r")
 
 
 def _md_text(value: Any) -> str:
@@ -74,6 +84,15 @@ def csv_cut_note(data: Mapping[str, Any], limit: int | None) -> str | None:
         if len(rows) > limit
     ]
     return f"the CSV holds {' and '.join(cut)} (--limit {limit})" if cut else None
+
+
+def _code_span(name: str) -> str:
+    """A name as a Markdown code span, fenced by more backticks than it holds in a row (CommonMark), so a name
+    with backticks is still shown as written: never a link, an image or emphasis (`[x](http://...)` from a
+    hostile trace)."""
+    longest = max((len(run) for run in re.findall("`+", name)), default=0)
+    fence = "`" * (longest + 1)
+    return f"{fence} {name} {fence}" if longest else f"`{name}`"
 
 
 def _md_cell(value: Any) -> str:
@@ -159,7 +178,7 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
         lines += [f"### {title}", ""]
         rows = [
             (
-                f"`{r['name']}`" if "`" not in r["name"] else r["name"],
+                _code_span(r["name"]),
                 r["calls"],
                 _ms(r["self_ms"]),
                 pct(r["self_share"]),
