@@ -217,32 +217,15 @@ def human_size(size: int) -> str:
     return f"{size} B"
 
 
-_terminal_fd: int | None = None  # a copy of the stderr the process started with (remember_terminal)
-
-
-def remember_terminal() -> None:
-    """Keep a copy of the process's stderr as it started (the launcher's terminal or log), so stepcli's lines go
-    there even after the program points `sys.stderr` (or file descriptor 2) at its own log or a buffer."""
-    global _terminal_fd
-    if _terminal_fd is None:
-        try:
-            _terminal_fd = os.dup(2)  # (not inherited by the program's subprocesses)
-        except OSError:
-            _terminal_fd = None
-
-
 def say(message: str) -> None:
-    """One `stepcli:`-prefixed line on the launcher's terminal: the stderr the process started with, never into
-    what the program made of `sys.stderr` (its log file, a StringIO it captures)."""
+    """One `stepcli:`-prefixed line on the launcher's terminal: the stderr Python opened at start
+    (`sys.__stderr__`), never what the program made of `sys.stderr` (a StringIO it captures, its log file)."""
+    stream = sys.__stderr__
     try:
-        if sys.__stderr__ is not None:
-            sys.__stderr__.flush()  # the program's own lines so far come first
-    except Exception:
-        pass
-    data = f"stepcli: {message}\n".encode("utf-8", "backslashreplace")
-    fd = 2 if _terminal_fd is None else _terminal_fd
-    try:
-        while data:
-            data = data[os.write(fd, data) :]
-    except OSError:  # a closed stderr must not break the program
+        if stream is not None:
+            stream.write(f"stepcli: {message}\n")
+            stream.flush()
+        else:  # (no stderr at start: a daemon; fd 2 may still be open)
+            os.write(2, f"stepcli: {message}\n".encode("utf-8", "backslashreplace"))
+    except Exception:  # a closed stderr must not break the program
         pass

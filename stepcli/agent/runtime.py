@@ -48,9 +48,6 @@ class Agent:
     """Owns the tracker and recorder of this process; every hook is a no-op once `enabled` is False."""
 
     def __init__(self, config: AgentConfig) -> None:
-        from .output import remember_terminal
-
-        remember_terminal()  # stepcli's lines go where the process's stderr pointed when it started
         self.config = config
         self.pid = os.getpid()
         self.enabled = True

@@ -1041,7 +1041,7 @@ def _answers(path: Path) -> dict[str, Any]:
 
 
 def test_a_forged_request_is_refused_and_said_once_and_capture_goes_on(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     process, path = _listening_process(tmp_path, _Recorder())
     requests = path.parent / "requests.json"
@@ -1058,7 +1058,7 @@ def test_a_forged_request_is_refused_and_said_once_and_capture_goes_on(
     answers = _answers(path)
     assert answers["back"] == ("refused", "malformed request: it needs open_at <= first_step <= last_step")
     assert answers["huge"] == ("refused", "malformed request: it records more than 1000 steps")
-    err = capsys.readouterr().err.splitlines()
+    err = capfd.readouterr().err.splitlines()
     assert err == [
         "stepcli: on-demand capture: ignoring a malformed request: its id is not a string of 1 to 64 letters, "
         "digits, '-', '_' or '.'",

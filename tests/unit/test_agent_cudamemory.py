@@ -134,7 +134,7 @@ def test_history_starts_at_first_cuda_use_before_the_observer_and_tags_steps(tmp
 
 
 def test_out_of_memory_writes_one_snapshot_with_step_and_phase(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     builder, _info = fx.oom_in_forward()
     fake = _Recorder(builder.snapshot())
@@ -154,18 +154,18 @@ def test_out_of_memory_writes_one_snapshot_with_step_and_phase(
     assert info is not None
     assert (info["step"], info["phase"], info["requested_bytes"]) == (3, "other", 512 * fx.MiB)
     assert (info["device_free_bytes"], info["device_total_bytes"], info["max_entries"]) == (3 * fx.MiB, 8 << 30, 5000)
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err
     assert err.count("out of CUDA memory at step 3 (other): memory snapshot saved to") == 1
 
 
-def test_a_failing_snapshot_is_one_line_and_never_raises(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_failing_snapshot_is_one_line_and_never_raises(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     fake = _Recorder({})
     fake.fail_snapshot = True
     agent = _agent(tmp_path)
     install(agent, fake.torch, 5000)  # type: ignore[arg-type]
     fake.queued[0]()
     fake.observer(0, 1, 2, 3)  # type: ignore[operator]
-    assert "--memory: could not save the CUDA memory snapshot: RuntimeError" in capsys.readouterr().err
+    assert "--memory: could not save the CUDA memory snapshot: RuntimeError" in capfd.readouterr().err
     assert not list(tmp_path.glob("oom-*"))
 
 
