@@ -16,7 +16,7 @@ from typing import cast
 
 from stepcli.runsummary import RunSummary
 
-__all__ = ["read_saved", "rerooted", "run_dirs"]
+__all__ = ["contained", "read_saved", "rerooted", "run_dirs", "run_dirs_readable"]
 
 
 def run_dirs(out_dir: str) -> list[Path]:
@@ -33,6 +33,11 @@ def run_dirs(out_dir: str) -> list[Path]:
         return []
     found.sort(key=lambda item: (item[0].name[:15], item[1].st_mtime), reverse=True)
     return [p for p, _ in found]
+
+
+def run_dirs_readable(out_dir: str) -> bool:
+    """Whether `.stepcli` in `out_dir` is a real folder of this user's (run_dirs reads nothing in any other)."""
+    return _own_folder(Path(out_dir, ".stepcli")) is not None
 
 
 def _own_folder(path: Path) -> os.stat_result | None:
@@ -73,6 +78,13 @@ def rerooted(summary: RunSummary, folder: str) -> RunSummary:
 
     out = cast(RunSummary, dict(summary))
     out["out_dir"] = os.path.abspath(folder)
-    out["traces"] = [inside(p) for p in summary.get("traces") or []]
+    out["traces"] = [t for p in summary.get("traces") or [] if contained(t := inside(p), folder)]
     out["windows"] = [w | {"trace": inside(w["trace"])} if "trace" in w else w for w in summary.get("windows") or []]
     return out
+
+
+def contained(path: str, folder: str) -> bool:
+    """Whether `path`, its links followed, lies inside `folder` (its links followed too): a link in a run folder
+    (an unpacked artifact can hold one) must not lead a reader out of it."""
+    real, root = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([real, root]) == root and real != root

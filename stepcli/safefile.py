@@ -253,7 +253,7 @@ def why_not_replace(path: str, ours: Callable[[bytes], object], head: int = 4096
         return f"exists and cannot be read ({exc.strerror or exc})"
     finally:
         os.close(fd)
-    return None if ours(first) else NOT_OURS
+    return None if not first or ours(first) else NOT_OURS  # (an empty file holds nothing to lose: `mktemp`'s)
 
 
 def read_regular(path: str, limit: int, *, dir_fd: int | None = None, own: bool = False) -> bytes:

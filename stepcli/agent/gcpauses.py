@@ -77,8 +77,8 @@ class GcPauses:
             self.collected[generation] += int(info.get("collected", 0))
         except Exception:  # never let accounting break the program's collections
             self._open = None
-        except KeyboardInterrupt:  # Python drops what a gc callback raises: Ctrl-C would never reach the program
-            redeliver()
+        except (KeyboardInterrupt, SystemExit):  # a Ctrl-C (or a handler's sys.exit): Python drops what a gc
+            redeliver()  # callback raises, so it would never reach the program
 
     def _mark_start(self, generation: int) -> None:
         if self._enter is not None:

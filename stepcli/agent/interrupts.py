@@ -38,7 +38,11 @@ class Held:
             return self
         try:
             previous = signal.getsignal(signal.SIGINT)
-            if callable(previous):  # a Python handler: KeyboardInterrupt's, or the program's own
+            # (a program that takes signals through the wakeup fd, asyncio's add_signal_handler, gets the first one
+            # there whatever the handler: holding it would have it run twice)
+            wakeup = signal.set_wakeup_fd(-1)
+            signal.set_wakeup_fd(wakeup)
+            if callable(previous) and wakeup == -1:  # a Python handler: KeyboardInterrupt's, or the program's own
                 signal.signal(signal.SIGINT, self._note)
                 self._previous = previous
         except (ValueError, OSError):  # (an interpreter without signals)
@@ -79,7 +83,12 @@ _AFTER_S = 0.002  # stepcli's code around a gc callback or a step returns within
 
 
 def _raise() -> None:
+    """SIGINT to the main thread itself, so a main thread blocked in a sleep, a lock or a read is woken (EINTR) as
+    by a real Ctrl-C, which a signal raised on this thread would not do."""
     try:
-        signal.raise_signal(signal.SIGINT)
-    except (ValueError, OSError):
-        pass
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+    except (ValueError, OSError, AttributeError):
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except (ValueError, OSError):
+            pass

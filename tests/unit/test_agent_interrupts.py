@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -72,3 +73,28 @@ def test_an_ignored_sigint_and_other_threads_are_left_alone() -> None:
     thread.start()
     thread.join()
     assert seen == [signal.default_int_handler]
+
+
+def test_a_program_taking_signals_through_the_wakeup_fd_is_not_held() -> None:
+    # asyncio's add_signal_handler reads the wakeup fd, which the C handler writes whatever the Python handler:
+    # holding would have the program's handler run twice
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    previous = signal.set_wakeup_fd(write)
+    try:
+        with Held():
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(read)
+        os.close(write)
+
+
+def test_the_redelivered_ctrl_c_wakes_a_main_thread_that_blocks() -> None:
+    # a Ctrl-C noted while held reaches a main thread then waiting in a sleep (or a lock, a read) at once
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        with Held():
+            signal.raise_signal(signal.SIGINT)
+        time.sleep(20)
+    assert time.monotonic() - started < 10

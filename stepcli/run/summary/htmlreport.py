@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 from stepcli.agent.config import STEP_LOG_SUFFIX
 from stepcli.errors import StepcliError, TraceError
 from stepcli.inputs import outline, read_input
-from stepcli.runfolder import read_saved, rerooted, run_dirs
+from stepcli.runfolder import contained, read_saved, rerooted, run_dirs
 from stepcli.runsummary import (
     SCHEMA,
     SCHEMA_VERSION,
@@ -76,10 +76,15 @@ def _logs_for_summary(summary: RunSummary) -> list[dict[str, Any]]:
     return []
 
 
-def _run_traces(summary: RunSummary | None, logs: list[dict[str, Any]]) -> list[str]:
-    """The traces this run wrote that still exist (a reused folder also holds older runs' traces)."""
+def _run_traces(summary: RunSummary | None, logs: list[dict[str, Any]], folder: str | None = None) -> list[str]:
+    """The traces this run wrote that still exist (a reused folder also holds older runs' traces); with `folder`
+    (a run folder read back), only those inside it, links followed: what a step log names is not trusted."""
     named = list((summary or {}).get("traces") or []) or [w["trace"] for log in logs for w in log.get("windows") or []]
-    return [path for path in named if isinstance(path, str) and os.path.exists(path)]
+    return [
+        path
+        for path in named
+        if isinstance(path, str) and os.path.exists(path) and (folder is None or contained(path, folder))
+    ]
 
 
 @dataclass
@@ -99,7 +104,7 @@ def _add_folder(inputs: _Inputs, path: str) -> None:
         inputs.runs += 1
         inputs.logs = step_logs(newest)
         inputs.summary = _saved_summary(newest, path) or inputs.summary
-        own = _run_traces(inputs.summary, inputs.logs)
+        own = _run_traces(inputs.summary, inputs.logs, path)
         if own:
             inputs.trace_paths.extend(own)
             return
