@@ -79,7 +79,7 @@ def _raise_soon() -> None:
     _raise()
 
 
-_AFTER_S = 0.002  # stepcli's code around a gc callback or a step returns within microseconds
+_AFTER_S = 0.02  # stepcli's code around a gc callback or a step returns within microseconds, even on a busy machine
 
 
 def _raise() -> None:
