@@ -67,8 +67,6 @@ def check_markdown_output(path: str) -> None:
     user's own file (the baseline itself, say), a link, a FIFO or a device; checked before anything is read."""
     from stepcli import safefile
 
-    if os.path.isdir(path):
-        raise StepcliError(f"{path}: is a folder; give --markdown FILE", EXIT_USAGE)
     problem = safefile.why_not_replace(path, lambda head: head.startswith(MARKDOWN_HEADING))
     if problem == safefile.NOT_OURS:
         problem += " compare; give another --markdown FILE or remove it"

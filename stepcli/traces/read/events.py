@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from stepcli.agent.config import CLOCK_KEY, CPU_TIME_KEY, INCOMPLETE_STEP_KEY  # the file format the agent writes
+from stepcli.traces.read.jsonvalues import is_int64
 
 
 class Event(msgspec.Struct, gc=False):
@@ -69,13 +70,10 @@ def transfer_args(args: EventArgs | None) -> tuple[int, str, int, int, int, str]
     )
 
 
-INT64_END = 1 << 63
-
-
 def int64_or_none(value: int) -> int:
     """An id or count read from args, or -1 (none) for one outside 64 bits (a hostile file's: numpy's arrays of
     them would overflow)."""
-    return value if -INT64_END <= value < INT64_END else -1
+    return value if is_int64(value) else -1
 
 
 def _count(value: int) -> int:

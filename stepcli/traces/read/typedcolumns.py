@@ -115,7 +115,7 @@ class Columns:
 
 def columns_from_events(events: list[Event]) -> Columns:
     """Columns of events already filtered to the kept subset (stepcli.traces.read.reader.Trace.events)."""
-    from stepcli.traces.read.events import INT64_END, int64_or_none
+    from stepcli.traces.read.events import int64_or_none
 
     names: dict[str, int] = {}
     ids: dict[int | str, int] = {}
@@ -134,7 +134,7 @@ def columns_from_events(events: list[Event]) -> Columns:
         flops={
             i: e.args.flops
             for i, e in enumerate(events)
-            if e.args is not None and 0 < e.args.flops < INT64_END and kind_of(e.cat) == OTHER_CPU
+            if e.args is not None and int64_or_none(e.args.flops) > 0 and kind_of(e.cat) == OTHER_CPU
         },
         groups=_groups_of(events),
         **_gemm_links(events),
