@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from stepcli.compare.inference import estimate_change
 from stepcli.compare.model import OpSteps
 from stepcli.traces.analyses.shares import STEP_KEY
-from stepcli.traces.read.names import STEP_PREFIX
+from stepcli.traces.read.names import step_of
 
 if TYPE_CHECKING:
     from stepcli.traces.read.reader import Trace
@@ -70,13 +70,11 @@ def op_steps_from_traces(traces: Sequence[Trace], label: str) -> OpSteps:
     for trace in traces:
         events = sorted(trace.events, key=lambda e: e.ts)
         starts = [e.ts for e in events]
+        numbered = ((e, step_of(e.name)) for e in events if e.cat == "user_annotation")
         windows = sorted(
-            (e.ts, e.ts + e.dur, int(e.name[len(STEP_PREFIX) :]))
-            for e in events
-            if e.cat == "user_annotation"
-            and e.name.startswith(STEP_PREFIX)
-            and e.name[len(STEP_PREFIX) :].isdecimal()
-            and int(e.name[len(STEP_PREFIX) :]) != trace.incomplete_step
+            (e.ts, e.ts + e.dur, number)
+            for e, number in numbered
+            if number is not None and number != trace.incomplete_step
         )
         for index, (start, end, step) in enumerate(windows):
             # Up to the next step's start: kernels a step launched may run after its CPU side ended.

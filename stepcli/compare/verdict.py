@@ -91,6 +91,8 @@ def parse_tolerance(text: str | float) -> float:
     percent = raw.endswith("%")
     number = raw[:-1].strip() if percent else raw
     try:
+        if not number.isascii() or "_" in number:  # float() would take "1_0" and other scripts' digits
+            raise ValueError(number)
         value = float(number)
     except ValueError:
         raise ValueError(f"{hint}; got {raw!r}") from None

@@ -261,3 +261,28 @@ def test_cpu_times_stepcli_records_are_read_and_odd_values_ignored(
     path.write_text(json.dumps({"traceEvents": [event], "stepcli_cpu_ms": value}))
     assert load_trace(str(path)).cpu_time == expected
     assert load_columns(str(path)).cpu_time == expected
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-16-le", "utf-32"])
+def test_a_trace_saved_with_a_byte_order_mark_or_in_utf16_reads_the_same(tmp_path: Path, encoding: str) -> None:
+    # GIVEN the real trace re-saved by an editor: with a UTF-8 byte order mark, or as UTF-16/32 (json.loads reads all)
+    path = tmp_path / "saved.json"
+    path.write_bytes(REAL.read_text().encode(encoding))
+    # THEN it reads as the original does
+    assert fields(load_trace(str(path)).events) == fields(load_trace(str(REAL)).events)
+
+
+def test_step_numbers_are_ascii_digits_only(tmp_path: Path) -> None:
+    # GIVEN step annotations numbered in ASCII, in Arabic-Indic digits (int() reads them), and past 19 digits
+    from stepcli.traces.analyses.mergeparts import summarize
+    from stepcli.traces.read.names import step_of
+
+    assert step_of("ProfilerStep#12") == 12 and step_of("ProfilerStep#\u0661\u0662") is None
+    assert step_of("ProfilerStep#" + "9" * 20) is None and step_of("ProfilerStep#") is None and step_of("mm") is None
+    step = '{{"ph": "X", "cat": "user_annotation", "name": "{0}", "pid": 1, "tid": 1, "ts": {1}, "dur": 10}}'
+    events = [step.format("ProfilerStep#3", 0), step.format("ProfilerStep#\u0664", 20), _kept("aten::mm", 1, 5)]
+    path = tmp_path / "t.json"
+    path.write_text('{"traceEvents": [' + ", ".join(events) + "]}", encoding="utf-8")
+    # THEN only the ASCII-numbered one is a step; the other stays an ordinary annotation
+    summary = summarize([load_trace(str(path))])
+    assert [row.step for row in summary.steps] == [3]

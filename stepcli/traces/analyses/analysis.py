@@ -59,7 +59,7 @@ from stepcli.traces.analyses.steps import (
     union,
     within_lists,
 )
-from stepcli.traces.read.names import STEP_PREFIX
+from stepcli.traces.read.names import STEP_PREFIX, step_of
 
 if TYPE_CHECKING:
     from stepcli.traces.read.reader import Trace
@@ -147,9 +147,9 @@ def _analyze_columns(
     windows: list[Window] = []
     by_row: dict[int, Window] = {}
     for row in step_rows.tolist():
-        number = names[int(name[row])][len(STEP_PREFIX) :]
-        if number.isdecimal() and int(number) != incomplete_step:
-            window = by_row[row] = Window(int(number), ids[int(pid_code[row])], int(start[row]), int(end[row]), [])
+        number = step_of(names[int(name[row])])
+        if number is not None and number != incomplete_step:
+            window = by_row[row] = Window(number, ids[int(pid_code[row])], int(start[row]), int(end[row]), [])
             windows.append(window)
     phase_totals = _phase_totals_arrays(list(by_row), start, end, phase, pid_code, parent)
 

@@ -30,9 +30,9 @@ import numpy as np
 
 from stepcli.traces.analyses import arrays as col
 from stepcli.traces.read import typedcolumns
+from stepcli.traces.read.names import STEP_PREFIX, step_of
 
 _HOST_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "gloo:")
-_STEP_PREFIX = "ProfilerStep#"
 # The agent's annotation of a Python garbage collection (stepcli.agent.gcpauses).
 GC_PREFIX = "python gc (gen "
 _DATALOADER_PREFIX = "enumerate(DataLoader)"
@@ -66,7 +66,7 @@ def _category(names: list[str]) -> np.ndarray:
     """Per name code: 0 operator, 1 gc, 2 dataloader, 3 host-to-device copy, 4 compilation, 5 step, 6 collective."""
 
     def one(name: str) -> int:
-        if name.startswith(_STEP_PREFIX):
+        if name.startswith(STEP_PREFIX):
             return 5
         if name.startswith(_HOST_PREFIXES):
             return 6
@@ -237,7 +237,7 @@ def members(text: str) -> tuple[int, ...]:
     if not (inner.startswith("[") and inner.endswith("]")):
         return ()
     items = [item.strip() for item in inner[1:-1].split(",")]
-    if not all(item.isdecimal() for item in items):
+    if not all(item.isascii() and item.isdecimal() and len(item) <= 10 for item in items):
         return ()
     return tuple(sorted({int(item) for item in items}))
 
@@ -270,8 +270,8 @@ def _step_table(
     steps = steps[np.argsort(columns.ts[steps], kind="stable")]
     numbers = []
     for index in steps.tolist():
-        text = columns.names[columns.name[index]][len(_STEP_PREFIX) :]
-        number = int(text) if text.isdecimal() else -1
+        found = step_of(columns.names[columns.name[index]])
+        number = -1 if found is None else found
         numbers.append(-1 if number == incomplete_step else number)
     return numbers, columns.ts[steps], columns.ts[steps] + columns.dur[steps]
 

@@ -173,7 +173,7 @@ def _linked(corr: np.ndarray, host: np.ndarray, device: np.ndarray) -> np.ndarra
 
 
 def _stream_key(stream: str) -> tuple[int, str]:
-    return (0, f"{int(stream):020d}") if stream.isdecimal() else (1, stream)
+    return (0, f"{int(stream):020d}") if stream.isascii() and stream.isdecimal() and len(stream) <= 20 else (1, stream)
 
 
 def in_spans(t: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -25,7 +25,7 @@ from stepcli.traces.analyses.steps import (
     step_spans_of,
     union,
 )
-from stepcli.traces.read.names import STEP_PREFIX
+from stepcli.traces.read.names import STEP_PREFIX, step_of
 
 if TYPE_CHECKING:
     from stepcli.traces.read.events import Event
@@ -190,9 +190,9 @@ class _Nesting:
         window = None
         if info[2] and event.cat == "user_annotation":
             row_key = STEP_KEY
-            number = name[len(STEP_PREFIX) :]
-            if number.isdecimal() and int(number) != self.incomplete_step:
-                window = Window(int(number), pid, start, end, [])
+            number = step_of(name)
+            if number is not None and number != self.incomplete_step:
+                window = Window(number, pid, start, end, [])
                 self.windows.append(window)
         if self.by_shape:
             row_key = (row_key, event.shape)

@@ -17,7 +17,7 @@ from stepcli.traces.analyses.arrivals import GC_PREFIX
 from stepcli.traces.analyses.model import NS_PER_MS, OpRow
 from stepcli.traces.analyses.ranks import is_communication
 from stepcli.traces.analyses.shares import STEP_KEY
-from stepcli.traces.read.names import STEP_PREFIX
+from stepcli.traces.read.names import step_of
 
 # Same categories as stepcli.traces.read.reader (not imported at run time so this module stays free of the decoder).
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -110,10 +110,10 @@ def step_spans_of(steps: Iterable[tuple[int | str, str, int, int]], incomplete_s
     by_pid: dict[int | str, list[tuple[int, int]]] = {}
     complete = False
     for pid, name, start, end in steps:
-        number = name[len(STEP_PREFIX) :]
-        if number.isdecimal():
+        number = step_of(name)
+        if number is not None:
             by_pid.setdefault(pid, []).append((start, end))
-            complete = complete or int(number) != incomplete_step
+            complete = complete or number != incomplete_step
     if not complete:
         return None
     unions = {pid: union(spans) for pid, spans in by_pid.items()}

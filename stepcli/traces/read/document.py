@@ -6,6 +6,7 @@ stepcli.traces.read.reader's.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -53,7 +54,7 @@ def device_name(properties: Any) -> str | None:
 
 def step_number(value: Any) -> int | None:
     """The step N of a `stepcli_incomplete_step` value ("N", as add_metadata writes it, or N); else None."""
-    if isinstance(value, str) and value.strip().isdecimal() and len(value.strip()) <= 18:
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdecimal() and len(value.strip()) <= 18:
         return int(value)
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP:
         return value
@@ -66,6 +67,21 @@ def rank_number(info: Any) -> int | None:
     if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank <= MAX_RANK:
         return rank
     return None
+
+
+def as_utf8(data: bytes | bytearray) -> bytes | None:
+    """The text as plain UTF-8 when it is JSON in another encoding a JSON reader accepts (UTF-8 with a byte order
+    mark, as Windows editors save it; UTF-16 or UTF-32, as Python's json detects them); None when it is plain UTF-8
+    already or does not decode."""
+    encoding = json.detect_encoding(bytes(data[:4]))
+    if encoding == "utf-8":
+        return None
+    if encoding == "utf-8-sig":
+        return bytes(data[3:])
+    try:
+        return bytes(data).decode(encoding).encode("utf-8", "surrogatepass")
+    except UnicodeError:
+        return None
 
 
 def describe_decode_error(data: bytes | bytearray, exc: msgspec.DecodeError) -> str:

@@ -10,6 +10,18 @@ import re
 from typing import Any
 
 STEP_PREFIX = "ProfilerStep#"  # torch.profiler's step annotation, ProfilerStep#N: the one definition of a step
+
+
+def step_of(name: str) -> int | None:
+    """N of a `ProfilerStep#N` annotation, None for any other name. ASCII digits only, as torch writes them:
+    Python's int() would also read other scripts' digits ("ProfilerStep#١٢" as 12). More than 19 digits is no
+    step (the reader drops such names)."""
+    if not name.startswith(STEP_PREFIX):
+        return None
+    number = name[len(STEP_PREFIX) :]
+    return int(number) if number.isascii() and number.isdecimal() and len(number) <= 19 else None
+
+
 DTYPES = ("fp8", "bf16", "fp16", "tf32", "fp32")  # what gemm_dtype tells apart; an index is a dtype's code
 
 # A GEMM or convolution kernel: cuBLAS/CUTLASS/cuDNN/MIOpen names (`gemm`, `gemv`, `convolve`, xmma's fprop/dgrad/

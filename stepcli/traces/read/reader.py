@@ -35,6 +35,7 @@ from stepcli.errors import TraceError
 from stepcli.inputs import read_input
 from stepcli.traces.read.document import (
     MAX_STEP,
+    as_utf8,
     clock_id,
     cpu_time_of,
     decode_lenient,
@@ -108,7 +109,9 @@ def _usable_name(name: str) -> bool:
     if not name.startswith(STEP_PREFIX):
         return True
     number = name[len(STEP_PREFIX) :]
-    return not (number.isdecimal() and (len(number) > 19 or int(number) > MAX_STEP))
+    if not (number.isascii() and number.isdecimal()):
+        return True  # an ordinary name (names.step_of)
+    return len(number) <= 19 and int(number) <= MAX_STEP
 
 
 def _usable_time(ts: float, dur: float) -> bool:
@@ -420,7 +423,9 @@ def _decode_document(data: bytes | bytearray, shapes: bool) -> tuple[Meta, list[
     return meta, header.traceEvents
 
 
-def _decode_whole(path: str, data: bytes | bytearray, shapes: bool, keeper_type: type[_Keeper]) -> tuple[Meta, _Keeper]:
+def _decode_whole(
+    path: str, data: bytes | bytearray, shapes: bool, keeper_type: type[_Keeper], transcoded: bool = False
+) -> tuple[Meta, _Keeper]:
     try:
         meta, events = _decode_document(data, shapes)
     except msgspec.ValidationError:
@@ -430,6 +435,9 @@ def _decode_whole(path: str, data: bytes | bytearray, shapes: bool, keeper_type:
         keeper.count = count
         return meta, keeper
     except msgspec.DecodeError as exc:
+        utf8 = None if transcoded else as_utf8(data)
+        if utf8 is not None:  # a byte order mark, UTF-16 or UTF-32: read as any JSON reader would
+            return _decode_whole(path, utf8, shapes, keeper_type, transcoded=True)
         repaired = escape_names(data)  # PyTorch leaves quotes inside event names bare (stepcli.agent.tracenames)
         if repaired is None:
             raise TraceError(path, describe_decode_error(data, exc)) from None
