@@ -286,3 +286,26 @@ def test_step_numbers_are_ascii_digits_only(tmp_path: Path) -> None:
     # THEN only the ASCII-numbered one is a step; the other stays an ordinary annotation
     summary = summarize([load_trace(str(path))])
     assert [row.step for row in summary.steps] == [3]
+
+
+def test_ids_of_thousands_of_digits_do_not_stop_the_analysis(tmp_path: Path) -> None:
+    # GIVEN a kernel whose stream and thread, and a collective whose group member, are 5,000-digit strings
+    # (Python's int() refuses to convert them: ValueError past 4,300 digits)
+    from stepcli.traces.analyses.mergeparts import summarize
+
+    big = "7" * 5000
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 10, "dur": 5,
+         "args": {"correlation": 1}},
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": big, "ts": 20, "dur": 30,
+         "args": {"correlation": 1, "stream": big, "device": 0}},
+        {"ph": "X", "cat": "user_annotation", "name": "nccl:all_reduce", "pid": 1, "tid": 1, "ts": 60, "dur": 5,
+         "args": {"Process Group Ranks": f"[{big}]"}},
+    ]  # fmt: skip
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    # THEN it is summarized: the step and the kernel's device time are there
+    summary = summarize([load_trace(str(path))])
+    assert [row.step for row in summary.steps] == [1]
+    assert summary.device is not None
