@@ -305,7 +305,7 @@ def test_ids_of_thousands_of_digits_do_not_stop_the_analysis(tmp_path: Path) -> 
     ]  # fmt: skip
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": events}))
-    # THEN it is summarized: the step and the kernel's device time are there
+    # THEN it is summarized and written out as `table --json` writes it: the step and the kernel's device time
     summary = summarize([load_trace(str(path))])
     assert [row.step for row in summary.steps] == [1]
-    assert summary.device is not None
+    assert summary.device is not None and json.dumps(summary.to_dict())
