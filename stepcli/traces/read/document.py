@@ -6,7 +6,6 @@ stepcli.traces.read.reader's.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -72,7 +71,9 @@ def rank_number(info: Any) -> int | None:
 def as_utf8(data: bytes | bytearray) -> bytes | None:
     """The text as plain UTF-8 when it is JSON in another encoding a JSON reader accepts (UTF-8 with a byte order
     mark, as Windows editors save it; UTF-16 or UTF-32, as Python's json detects them); None when it is plain UTF-8
-    already or does not decode."""
+    already or does not decode. (Only a failed decode asks: `table --json` imports no `json`.)"""
+    import json
+
     encoding = json.detect_encoding(bytes(data[:4]))
     if encoding == "utf-8":
         return None
