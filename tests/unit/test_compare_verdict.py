@@ -291,7 +291,8 @@ def test_parse_tolerance(text: str, value: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "%", "ten", "10", "1.5", "-5%", "-0.1", "nan", "inf%", "10%%", "0.1ms", "1_0%", "\u0661\u0660%", "0.\u0661"]
+    "text",
+    ["", "%", "ten", "10", "1.5", "-5%", "-0.1", "nan", "inf%", "10%%", "0.1ms", "1_0%", "\u0661\u0660%", "0.\u0661"],
 )
 def test_parse_tolerance_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="10% or a fraction"):
