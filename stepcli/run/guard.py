@@ -86,7 +86,12 @@ def summary_failed(
         document = fallback_summary(
             config, command=command, status=status, started=started, duration_s=duration_s, error=error
         )
+        from stepcli.run.outputs import json_taken
+
         try:
+            taken = json_taken(request.json_path)
+            if taken:
+                raise StepcliError(taken)
             write_run_summary(document, request.json_path)
             say(f"wrote {request.json_path} without measurements (it says why in its notes)")
         except StepcliError as write_error:

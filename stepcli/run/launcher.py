@@ -25,7 +25,7 @@ from stepcli.agent.config import CONFIG_ENV, AgentConfig
 from stepcli.agent.schedule import Schedule
 from stepcli.errors import EXIT_REGRESSION, StepcliError
 from stepcli.fmt import say
-from stepcli.run.outputs import check_json_writable, prepare_out_dir
+from stepcli.run.outputs import check_json_writable, json_taken, prepare_out_dir
 from stepcli.run.signals import SignalForwarder, child_setup, in_terminal_foreground
 from stepcli.runsummary import SUMMARY_FILE
 
@@ -331,7 +331,10 @@ def _report(
     except Exception as exc:
         say(f"warning: the whole-run step times could not be read: {type(exc).__name__}: {exc}")
     if request.json_path:  # before printing: a failure to print must not lose the file
+        taken = json_taken(request.json_path)
         try:
+            if taken:
+                raise StepcliError(f"{taken}; `stepcli compare {config.out_dir}` reads the run summary saved there")
             write_run_summary(summary, request.json_path)
         except StepcliError as exc:
             say(f"warning: {exc.message}")

@@ -38,6 +38,15 @@ def check_json_writable(path: str) -> None:
         raise StepcliError(f"--json {path}: {problem}; give another --json FILE")
 
 
+def json_taken(path: str) -> str | None:
+    """Checked again when the run ends, before `--json` is written: what the user (or their program) put at the
+    path while it ran is theirs, and is not replaced. None when the path may be written."""
+    problem = safefile.why_not_replace(str(Path(path).absolute()), _RUN_SUMMARY.match)
+    if problem is None:
+        return None
+    return f"--json {path}: {problem} (it appeared while the program ran); left as it is"
+
+
 _RUN_SUMMARY = re.compile(rb'\s*\{\s*"schema"\s*:\s*"stepcli\.run"')  # how every run summary begins
 
 

@@ -82,6 +82,18 @@ def test_json_replaces_only_a_run_summary_written_before(tmp_path: Path) -> None
     result = run_stepcli("run", "-o", tmp_path / "out", "--json", previous, script, cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr
     assert json.loads(previous.read_text())["schema"] == "stepcli.run" and "old" not in json.loads(previous.read_text())
+    # GIVEN a program that writes its own file at the --json path while it runs (the path was free at the start)
+    metrics = tmp_path / "metrics.json"
+    writer = tmp_path / "writer.py"
+    writer.write_text("open('metrics.json', 'w').write('{\"loss\": 1}')\n")
+    result = run_stepcli("run", "-o", tmp_path / "out2", "--json", metrics, writer, cwd=tmp_path, timeout=120)
+    # THEN the program's file stays, and a line says so and where the run summary is
+    assert result.returncode == 0, result.stderr
+    assert metrics.read_text() == '{"loss": 1}'
+    assert (
+        f"--json {metrics}: exists and was not written by stepcli (it appeared while the program ran)" in result.stderr
+    )
+    assert f"stepcli compare {tmp_path / 'out2'}" in result.stderr
 
 
 def test_a_full_output_folder_is_one_line_and_a_summary_that_says_so(tiny_fs: Path, tmp_path: Path) -> None:
