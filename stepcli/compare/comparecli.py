@@ -91,6 +91,10 @@ def compare(
         raise click.UsageError(
             "missing runs: give BASELINE CURRENT, or at least one --baseline and one --current", ctx=ctx
         )
+    if strict and allow_inconclusive:
+        raise click.UsageError(
+            "--strict fails an inconclusive verdict, --allow-inconclusive passes it: give one", ctx=ctx
+        )
     try:
         fraction = parse_tolerance(tolerance)
     except ValueError as exc:
@@ -108,5 +112,5 @@ def compare(
         markdown_path=markdown_path,
         confidence=level,
         skip_steps=skip_steps,
-        allow_inconclusive=allow_inconclusive and not strict,
+        allow_inconclusive=allow_inconclusive,
     )

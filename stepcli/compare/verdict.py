@@ -77,14 +77,15 @@ TOP_OPS = 10
 
 
 def parse_tolerance(text: str | float) -> float:
-    """`10%` -> 0.1 and `0.1` -> 0.1; raises ValueError otherwise.
+    """`10%` -> 0.1 and `0.1` -> 0.1 (and `150%` -> 1.5); raises ValueError otherwise.
 
-    A bare number above 1 is refused rather than guessed: `10` could mean 10% or 1000%.
+    A bare number above 1 in text is refused rather than guessed: `10` could mean 10% or 1000%. A number (the
+    Python API, or the command line's already parsed value) is a fraction: 1.5 is 150%.
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
-        if not math.isfinite(value) or not 0 <= value <= 1:
-            raise ValueError(f"expected a fraction between 0 and 1; got {text!r}")
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"expected a fraction >= 0 (1.5 is 150%); got {text!r}")
         return value
     raw = str(text).strip()
     hint = "expected a percentage such as 10% or a fraction such as 0.1"
@@ -99,7 +100,7 @@ def parse_tolerance(text: str | float) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{hint}; got {raw!r}")
     if percent:
-        return value / 100.0
+        return round(value / 100.0, 15)  # (99.9% is 0.999, not 0.9990000000000001)
     if value > 1:
         raise ValueError(f"{hint}; got {raw!r} (did you mean {raw}%?)")
     return value

@@ -286,6 +286,7 @@ def test_inconclusive_fails_the_gate_unless_allowed(tmp_path: Path) -> None:
         (["--confidence", "0.2"], "--confidence"),
         (["--skip-steps", "-1"], "--skip-steps"),
         (["--baseline", "x.json"], "not a mix"),
+        (["--strict", "--allow-inconclusive"], "give one"),
     ],
 )
 def test_bad_gate_options_are_usage_errors(tmp_path: Path, args: list[str], mention: str) -> None:
@@ -295,6 +296,18 @@ def test_bad_gate_options_are_usage_errors(tmp_path: Path, args: list[str], ment
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith("stepcli: error: ") and mention in result.stderr
     assert len(result.stderr.splitlines()) == 1
+
+
+def test_tolerances_past_100_percent_and_the_highest_confidence_are_accepted(tmp_path: Path) -> None:
+    # GIVEN every current step twice as long as every baseline step (a 100% slowdown)
+    base, cur = tmp_path / "b.json", tmp_path / "c.json"
+    base.write_text(json.dumps(v2_summary([10.0 + i % 3 * 0.1 for i in range(30)])))
+    cur.write_text(json.dumps(v2_summary([20.0 + i % 3 * 0.2 for i in range(30)])))
+    # THEN it is a regression within 50% and not within 150%; 99.9% (the documented top) is a confidence level
+    assert run_stepcli("compare", base, cur, "--tolerance", "50%").returncode == 1
+    within = run_stepcli("compare", base, cur, "--tolerance", "150%", "--confidence", "99.9%")
+    assert within.returncode == 0, within.stdout + within.stderr
+    assert verdict(within.stdout).startswith("NO CHANGE: "), within.stdout
 
 
 def test_only_flags_without_a_current_is_a_usage_error(tmp_path: Path) -> None:

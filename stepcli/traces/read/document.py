@@ -104,6 +104,24 @@ def describe_decode_error(data: bytes | bytearray, exc: msgspec.DecodeError) -> 
     return f"invalid JSON: {message}"
 
 
+def _decode_huge_integers(path: str, data: bytes | bytearray, exc: msgspec.DecodeError) -> Any:
+    """The document through Python's json, for an integer of thousands of digits (more than Python converts, so
+    msgspec refuses it): such an integer reads as a float (inf), an unusable time skipped and counted like 1e400.
+    Rare, so the slow reader is fine; a bare NaN or Infinity stays invalid JSON."""
+    import json
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(constant)
+
+    def integer(text: str) -> int | float:
+        return int(text) if len(text) <= 4000 else float(text)
+
+    try:
+        return json.loads(bytes(data), parse_int=integer, parse_constant=refuse)
+    except (ValueError, RecursionError):
+        raise TraceError(path, describe_decode_error(data, exc)) from None
+
+
 def decode_lenient(path: str, data: bytes | bytearray, shapes: bool) -> tuple[Meta, list[Any], int]:
     """Slow path for valid JSON whose fields have unexpected types: check it is a trace, coerce what can be; its
     header, its events and the count of every event in the file."""
@@ -111,7 +129,9 @@ def decode_lenient(path: str, data: bytes | bytearray, shapes: bool) -> tuple[Me
     try:
         document = msgspec.json.Decoder(float_hook=float).decode(data)
     except msgspec.DecodeError as exc:  # malformed after the point where the typed decode gave up
-        raise TraceError(path, describe_decode_error(data, exc)) from None
+        if "Integer value out of range" not in str(exc):
+            raise TraceError(path, describe_decode_error(data, exc)) from None
+        document = _decode_huge_integers(path, data, exc)
     if not isinstance(document, dict) or not isinstance(document.get("traceEvents"), list):
         raise TraceError(path, "not a profiler trace (no traceEvents list)")
     rank = rank_number(document.get("distributedInfo"))

@@ -437,6 +437,8 @@ def _decode_whole(
     except msgspec.DecodeError as exc:
         utf8 = None if transcoded else as_utf8(data)
         if utf8 is not None:  # a byte order mark, UTF-16 or UTF-32: read as any JSON reader would
+            if _BLANK.fullmatch(utf8):
+                raise TraceError(path, "empty file") from None
             return _decode_whole(path, utf8, shapes, keeper_type, transcoded=True)
         repaired = escape_names(data)  # PyTorch leaves quotes inside event names bare (stepcli.agent.tracenames)
         if repaired is None:
