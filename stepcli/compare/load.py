@@ -353,16 +353,30 @@ def _folder_traces(folder: Path) -> list[str]:
 
 
 def _folder_run_summaries(folder: Path) -> list[tuple[str, dict[str, Any]]]:
-    """The run summaries in a folder (recursively): each is one run. They win over traces beside them, since a
-    summary has every step, a trace only the recorded ones; a summary's traces still serve attribution."""
-    out = []
+    """The run summaries in a folder (recursively): each is one run, from a run folder (`-o`) inside it or a
+    `--json` file. They win over traces beside them, since a summary has every step, a trace only the recorded ones;
+    a summary's traces still serve attribution. A run found both ways (`-o r1 --json r1.json`, both kept) counts
+    once."""
+    out = [run for run in map(_run_folder_summary, _run_folders_inside(folder)) if run is not None]
+    runs = {doc.get("run_id") for _, doc in out} - {None}
     for path in _json_files(folder):
         if ".pt.trace.json" in os.path.basename(path):
             continue
         doc = _read_run_summary(path)
-        if doc is not None:
+        if doc is not None and doc.get("run_id") not in runs:
             out.append((path, doc))
     return out
+
+
+def _run_folders_inside(folder: Path) -> list[Path]:
+    """The stepcli run folders (a `.stepcli` inside) below `folder`, not itself: a folder of downloaded `-o`
+    folders is a folder of runs, not of traces. Hidden folders and links are not followed."""
+    found: list[Path] = []
+    for dirpath, dirnames, _ in os.walk(folder):
+        if dirpath != str(folder) and ".stepcli" in dirnames:
+            found.append(Path(dirpath))
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+    return found
 
 
 def _read_run_summary(path: str) -> dict[str, Any] | None:

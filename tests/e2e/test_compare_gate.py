@@ -208,6 +208,16 @@ def test_several_runs_per_side(runs: dict[str, Path], tmp_path: Path) -> None:
     slow = run_stepcli("compare", folder, runs["slow"])
     assert slow.returncode == 1, slow.stdout + slow.stderr
     assert f"baseline: {folder} (2 runs) (2 run summaries" in slow.stdout
+    # So is a folder of `-o` run folders (downloaded CI artifacts), each read through the summary saved in it,
+    # not as a heap of traces; a run whose --json file lies beside its folder counts once
+    folders = tmp_path / "artifacts"
+    for name in ("base1", "base2"):
+        shutil.copytree(runs[name].with_suffix(""), folders / name, symlinks=True)
+    shutil.copy(runs["base1"], folders / "base1.json")
+    slow = run_stepcli("compare", folders, runs["slow"])
+    assert slow.returncode == 1, slow.stdout + slow.stderr
+    assert f"baseline: {folders} (2 runs) (2 run summaries" in slow.stdout
+    assert verdict(slow.stdout).startswith("REGRESSION: median step time (untouched steps)")
 
 
 def test_schema_1_summary_still_compares(runs: dict[str, Path], tmp_path: Path) -> None:
