@@ -18,11 +18,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from stepcli.errors import StepcliError, TraceError
+from stepcli.traces.read.files import MERGED_MARKER as MARKER
 from stepcli.traces.read.jsonvalues import as_id, as_time
 
 # (cli.py imports this module at start-up: json and the trace reader are imported when a merge runs)
 
-MARKER = "stepcli_merged"
 _ID_STRIDE = 1 << 40  # per-rank range of flow, correlation and external ids
 _PID_STRIDE = 1000  # new pid = rank * _PID_STRIDE + the trace process's order of appearance
 _ID_ARGS = ("correlation", "External id", "external id")

@@ -9,11 +9,14 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import run_stepcli
+
+from stepcli.traces.read.files import MERGED_PROBLEM
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 REAL = DATA / "train_cpu.pt.trace.json"
@@ -295,3 +298,23 @@ def test_run_summary_naming_files_outside_its_folder_is_refused(
         assert code == 2 and "outside its out_dir" in _one_line(err), err
     code, _, err = _cli(capsys, "compare", str(good), str(good))
     assert code in (0, 4), err  # read and decided (a few steps against themselves: inconclusive), not refused
+
+
+def test_a_merged_trace_is_refused_by_name_and_left_out_of_its_folder(rank_folder: Path, tmp_path: Path) -> None:
+    # GIVEN the four rank traces and `stepcli merge`'s output of them in the same folder (as `-o` puts it there)
+    folder = tmp_path / "ranks"
+    shutil.copytree(rank_folder, folder)
+    merged = folder / "merged.pt.trace.json"
+    assert run_stepcli("merge", folder, "-o", merged).returncode == 0
+    (tmp_path / "merged.json.gz").write_bytes(gzip.compress(merged.read_bytes()))
+    # WHEN the folder is summarized THEN the merged file is left out: the answer is the ranks' own
+    alone = json.loads(run_stepcli("table", "--json", rank_folder).stdout)
+    beside = json.loads(run_stepcli("table", "--json", folder).stdout)
+    assert len(beside["files"]) == len(alone["files"]) == 4
+    assert beside["step_ms"] == alone["step_ms"] and len(beside["steps"]) == len(alone["steps"])
+    # AND named, plain or gzipped, it is refused in one line (read as one process, every rank's steps were one's)
+    for path in (merged, tmp_path / "merged.json.gz"):
+        for command in (["table"], ["compare", path], ["report", "-o", tmp_path / "r.html"]):
+            result = run_stepcli(*command, path)
+            assert result.returncode == 2, (command, result.stderr)
+            assert result.stderr == f"stepcli: error: {path}: {MERGED_PROBLEM}\n", command

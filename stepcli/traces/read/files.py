@@ -5,19 +5,33 @@ from __future__ import annotations
 
 import os
 import re
+import stat
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from stepcli.errors import TraceError
 
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+MERGED_MARKER = "stepcli_merged"  # the first key of `stepcli merge`'s output (stepcli.traces.merge)
+_MERGED_HEAD = re.compile(rb'\s*\{\s*"' + MERGED_MARKER.encode() + rb'"\s*:')
+MERGED_PROBLEM = (
+    "a merged trace (stepcli merge output: every rank in one file, for a viewer); give the rank traces it was made from"
+)
 
 
 def list_trace_files(paths: Sequence[str]) -> list[str]:
-    """The trace files `paths` name (files, or folders searched recursively), in a stable order, each once."""
+    """The trace files `paths` name (files, or folders searched recursively), in a stable order, each once. A
+    merged trace (`stepcli merge -o`) is refused when named, and left out of a folder (where it repeats the rank
+    traces beside it): read as one process, its ranks' steps would be taken for one rank's."""
     files: list[str] = []
     for path in paths:
-        files.extend(_expand(path))
+        if os.path.isdir(path):
+            files.extend(file for file in _expand(path) if not is_merged(file))
+        else:
+            files.extend(_expand(path))
+            if is_merged(path):
+                raise TraceError(path, MERGED_PROBLEM)
     seen: set[str] = set()
     unique: list[str] = []
     for file in files:
@@ -52,6 +66,26 @@ def _walk(root: Path) -> Iterator[str]:
                 continue
             if name.endswith(".json") or name.endswith(".json.gz"):
                 yield os.path.join(dirpath, name)
+
+
+def is_merged(path: str) -> bool:
+    """Whether the file begins as `stepcli merge` output does (its first bytes only, inflated when gzipped). Only a
+    regular file is looked at (a FIFO is never waited on: the reader refuses it in one line)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        head = os.read(fd, 4096)
+        if head[:2] == b"\x1f\x8b":
+            head = zlib.decompressobj(31).decompress(head, 256)
+    except (OSError, zlib.error):
+        return False
+    finally:
+        os.close(fd)
+    return _MERGED_HEAD.match(head) is not None
 
 
 def rank_from_name(path: str) -> int | None:
