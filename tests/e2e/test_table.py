@@ -272,6 +272,24 @@ def test_one_bad_file_among_good_ones_fails(plain_trace: Path, tmp_path: Path) -
     assert proc.returncode != 0 and "bad.pt.trace.json" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_step_number_repeated_in_one_process_shows_every_duration(tmp_path: Path) -> None:
+    # GIVEN one process whose trace holds ProfilerStep#1 twice (a profiler restarted inside one trace), 1 ms and 5 ms
+    events = [
+        {"name": "ProfilerStep#1", "ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": 0, "dur": 1000},
+        {"name": "aten::mm", "ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 10, "dur": 500},
+        {"name": "ProfilerStep#1", "ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": 2000, "dur": 5000},
+        {"name": "aten::mm", "ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 2010, "dur": 4000},
+    ]
+    trace = tmp_path / "restarted.pt.trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    proc = run_stepcli("table", trace)
+    assert proc.returncode == 0, proc.stderr
+    # THEN the steps table has a row for each (one cell per step number would have kept only the last)
+    steps = proc.stdout[proc.stdout.index("Steps") : proc.stdout.index("Step breakdown")]
+    rows = [line.split("│")[1:4] for line in steps.splitlines() if line.startswith("│")]
+    assert [[cell.strip() for cell in row] for row in rows] == [["pid 1", "1", "1.00"], ["pid 1", "1", "5.00"]], steps
+
+
 def test_render_treats_names_as_text_and_shortens_in_the_middle() -> None:
     from stepcli.traces.analyses.mergeparts import summarize
     from stepcli.traces.read.events import Event

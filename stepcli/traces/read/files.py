@@ -16,7 +16,8 @@ _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 MERGED_MARKER = "stepcli_merged"  # the first key of `stepcli merge`'s output (stepcli.traces.merge)
 _MERGED_HEAD = re.compile(rb'\s*\{\s*"' + MERGED_MARKER.encode() + rb'"\s*:')
 MERGED_PROBLEM = (
-    "a merged trace (stepcli merge output: every rank in one file, for a viewer); give the rank traces it was made from"
+    "already a merged trace (stepcli merge output: every rank in one file, for a viewer);"
+    " give the rank traces it was made from"
 )
 
 

@@ -152,15 +152,16 @@ def steps_table(
 ) -> Table:
     """ProfilerStep durations: one column per process (rank) when there are several, so a slow one stands out per
     step, and steps of different processes that share numbers are never merged. When the columns would not fit in
-    `width`, one row per process and step instead."""
+    `width`, or when a process repeats a step number (one cell could not show both), one row per process and step
+    instead."""
     from rich.table import Table
 
     processes = list(dict.fromkeys(process_label(s) for s in steps))
-    if len(processes) > 1 and 9 + sum(len(p) + 6 for p in processes) > (width or 80):
+    cell = {(process_label(s), s["step"]): s["dur_ms"] for s in steps}
+    if len(cell) < len(steps) or (len(processes) > 1 and 9 + sum(len(p) + 6 for p in processes) > (width or 80)):
         return _steps_long_table(steps, processes, limit, title)
     numbers = sorted({s["step"] for s in steps})
     shown = numbers if limit is None else numbers[:limit]
-    cell = {(process_label(s), s["step"]): s["dur_ms"] for s in steps}
     caption = f"first {len(shown)} of {len(numbers)} steps" if len(shown) < len(numbers) else None
     table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
     table.add_column("Step", justify="right")
