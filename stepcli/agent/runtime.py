@@ -68,6 +68,8 @@ class Agent:
         self._flushed = False
         self._signal_handled = 0  # the signal whose handler the main thread entered (stacks.py waits for it)
         self._write_lock = threading.RLock()  # the stacks thread and the main thread both save the step log
+        self._saving_on: int | None = None  # the thread now writing the final save (flush), while it does
+        self._pending_signal = 0  # a SIGTERM/SIGHUP that arrived during this thread's own final save
         self.saved_steps = -1  # global step of the last step log written (steplog.py)
         self.saved_stalled = False  # ... written when the process stopped stepping (its steps are whole)
         self._progress_due = 0.0  # time.monotonic() before which no periodic save is made
@@ -282,7 +284,18 @@ class Agent:
         self._die_of(signum)
 
     def _die_of(self, signum: int) -> None:
-        """Save, then die of the same signal, so the exit status still says what killed the program."""
+        """Save, then die of the same signal, so the exit status still says what killed the program.
+
+        The final save may be under way already: on this thread (a second SIGTERM, from torchrun forwarding the
+        scheduler's, lands inside the first one's save) the signal waits for it; on the stacks thread (it took a
+        signal the blocked main thread could not) this one waits until the save is written. Dying at once would
+        cut the step log short and leave the last progress save saying "running"."""
+        saving = self._saving_on
+        if saving == threading.get_ident():
+            self._pending_signal = signum
+            return
+        if saving is not None:
+            self._write_lock.acquire(timeout=_SAVE_WAIT_S)
         self.flush(signal.Signals(signum).name)
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
@@ -329,10 +342,18 @@ class Agent:
             if self._flushed:
                 return
             self._flushed = True
+            self._saving_on = threading.get_ident()
             from .steplog import save_at_exit
 
-            with Held():  # a Ctrl-C at exit (a second one, say) would cut the last window's trace in half
-                save_at_exit(self, reason, blocked)
+            try:
+                with Held():  # a Ctrl-C at exit (a second one, say) would cut the last window's trace in half
+                    save_at_exit(self, reason, blocked)
+            finally:
+                self._saving_on = None
+        pending, self._pending_signal = self._pending_signal, 0
+        if pending:  # it arrived mid-save (at exit, say): delivered now, as it would have been without stepcli
+            signal.signal(pending, signal.SIG_DFL)
+            os.kill(os.getpid(), pending)
 
     def _window_saved(self) -> None:
         if self.ondemand is not None:
@@ -396,6 +417,9 @@ class Agent:
 
 def _never() -> bool:
     return False
+
+
+_SAVE_WAIT_S = 30.0  # a signal waits this long at most for another thread's final save
 
 
 def _die_now(signum: int) -> None:

@@ -110,6 +110,47 @@ def test_a_signal_to_stepcli_after_the_window_keeps_every_step(tmp_path: Path, s
     assert any(line.startswith("whole run ") for line in stderr.splitlines()), stderr
 
 
+# 12 steps, then SIGTERM to itself; a second SIGTERM lands as stepcli's save begins (torchrun forwarding the
+# scheduler's signal to a worker that already got it from the scheduler's cgroup-wide kill).
+SECOND_SIGTERM_MID_SAVE = """
+    import os, signal, time
+    import torch
+    import _stepcli_agent.steplog as steplog  # the hook loads stepcli.agent under this name
+
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(12):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+    save = steplog.save_at_exit
+
+    def second_signal_first(agent, reason, blocked):
+        if reason == "SIGTERM":
+            os.kill(os.getpid(), signal.SIGTERM)  # its Python handler runs on this thread, before the save
+            for _ in range(1000):
+                pass
+        return save(agent, reason, blocked)
+
+    steplog.save_at_exit = second_signal_first
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(600)
+"""
+
+
+def test_a_second_sigterm_during_the_save_waits_for_it(tmp_path: Path) -> None:
+    # GIVEN a process that gets SIGTERM again just as its SIGTERM's save begins
+    script = write_script(tmp_path, "twice.py", SECOND_SIGTERM_MID_SAVE)
+    result = run_stepcli("run", "-o", tmp_path / "out", "--json", tmp_path / "run.json", script, cwd=tmp_path)
+    # THEN it still dies of SIGTERM, and only after its step log and whole-run record were written
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    summary = json.loads((tmp_path / "run.json").read_text())
+    (process,) = summary["processes"]
+    assert (process["exit"], process["global_steps"]) == ("SIGTERM", 12), summary["processes"]
+    (record,) = summary["step_record"]
+    assert record["steps"] == 12
+    assert not [note for note in summary["notes"] if "running" in note or "never written" in note], summary["notes"]
+
+
 def test_on_demand_run_killed_after_a_hang_counts_its_steps(tmp_path: Path) -> None:
     # GIVEN --on-demand (no window ever saved) WHEN the job hangs after 20 steps and --on-hang kill ends it
     script = write_script(tmp_path, "nap.py", STEPS_THEN_NAP)

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 ON_HANG_CHOICES = ("keep", "kill")
 MAX_REPORTS = 3  # dumps per hang with `--on-hang keep`: one when it is called, then one per timeout while it lasts
 DUMP_WAIT_S = 15.0  # how long the launcher waits for every process's stacks file
-TERM_GRACE_S = 5.0  # `--on-hang kill`: SIGTERM, then SIGKILL this much later
+TERM_GRACE_S = 15.0  # `--on-hang kill`: SIGTERM, then SIGKILL this much later (time to save on a loaded host)
 FAULT_WAIT_S = 3.0  # faulthandler's C handler writes the fault file at once; past this, the dump is asked anyway
 PROBE_WAIT_S = 10.0  # a process whose Python can run answers a probe well within this, even on a loaded host
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
