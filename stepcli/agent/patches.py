@@ -128,7 +128,11 @@ def patch_profilers(agent: Agent, torch: ModuleType) -> None:
     _patch_profile_lifetime(agent, profile)
     _patch_profile_step(agent, profile)
     _patch_collecting(agent, kineto_profile)
-    _patch_legacy_profiler(agent, torch.autograd.profiler.profile)
+    autograd_profiler = torch.autograd.profiler
+    legacy = getattr(torch.autograd, "profiler_legacy", None)
+    for name in ("profile", "emit_itt", "emit_nvtx"):  # each turns on a profiler of its own: one per thread
+        _patch_legacy_profiler(agent, getattr(autograd_profiler, name, None))
+    _patch_legacy_profiler(agent, getattr(legacy, "profile", None))
 
 
 def _mark(*wrappers: Any) -> None:
@@ -219,7 +223,11 @@ def _patch_collecting(agent: Agent, kineto_profile: Any) -> None:
 
 
 def _patch_legacy_profiler(agent: Agent, legacy: Any) -> None:
-    """The legacy autograd profiler opens a Kineto session too: nesting it in ours would empty ours."""
+    """The autograd profiler (and its legacy, ITT and NVTX forms) turns on torch's one profiler per thread: opened
+    inside our window it raised "Profiler is already enabled on this thread" in the program, and a Kineto one
+    would have emptied ours. Our window is saved and steps aside first, as for the program's torch.profiler."""
+    if legacy is None or getattr(legacy.__enter__, "_stepcli", False):
+        return
     legacy_enter, legacy_exit = legacy.__enter__, legacy.__exit__
 
     @functools.wraps(legacy_enter)
@@ -236,6 +244,7 @@ def _patch_legacy_profiler(agent: Agent, legacy: Any) -> None:
             if agent.enabled:
                 agent.foreign_profiler_stopped(id(self))
 
+    _mark(stepcli_legacy_enter, stepcli_legacy_exit)
     legacy.__enter__, legacy.__exit__ = stepcli_legacy_enter, stepcli_legacy_exit
 
 

@@ -180,8 +180,13 @@ def _op_line(row: OpRow, *, judged: bool = True) -> str:
 
 
 def _print_header(c: Comparison, console: Console) -> None:
-    _plain(console, f"baseline: {c.baseline.label} ({c.baseline.description})")
-    _plain(console, f"current:  {c.current.label} ({c.current.description})")
+    for name, side in (("baseline:", c.baseline), ("current: ", c.current)):
+        whole = f"{name} {side.label} ({side.description})"
+        if len(whole) <= console.width:
+            _plain(console, whole)
+        else:  # the path whole on its own line (to copy, to grep), what was read wrapped below it
+            _plain(console, f"{name} {side.label}")
+            _wrapped(console, f"{' ' * 10}({side.description})", " " * 10)
     line = interval_line(c)
     if line:
         _wrapped(console, f"change:   {line}", " " * 10)

@@ -207,7 +207,7 @@ def test_several_runs_per_side(runs: dict[str, Path], tmp_path: Path) -> None:
         shutil.copy(runs[name], folder / f"{name}.json")
     slow = run_stepcli("compare", folder, runs["slow"])
     assert slow.returncode == 1, slow.stdout + slow.stderr
-    assert f"baseline: {folder} (2 runs) (2 run summaries" in slow.stdout
+    assert _header(slow.stdout, "baseline:").startswith(f"baseline: {folder} (2 runs) (2 run summaries")
     # So is a folder of `-o` run folders (downloaded CI artifacts), each read through the summary saved in it,
     # not as a heap of traces; a run whose --json file lies beside its folder counts once
     folders = tmp_path / "artifacts"
@@ -216,8 +216,32 @@ def test_several_runs_per_side(runs: dict[str, Path], tmp_path: Path) -> None:
     shutil.copy(runs["base1"], folders / "base1.json")
     slow = run_stepcli("compare", folders, runs["slow"])
     assert slow.returncode == 1, slow.stdout + slow.stderr
-    assert f"baseline: {folders} (2 runs) (2 run summaries" in slow.stdout
+    assert _header(slow.stdout, "baseline:").startswith(f"baseline: {folders} (2 runs) (2 run summaries")
+    # on a pipe of 80 columns only a line that holds a path, whole, may be longer
+    narrow = run_stepcli("compare", folders, runs["slow"], env={"COLUMNS": "80"})
+    assert narrow.returncode == 1 and f"baseline: {folders} (2 runs)\n" in narrow.stdout, narrow.stdout
+    paths = (str(tmp_path), str(runs["slow"].parent))
+    assert all(len(line) <= 80 or any(p in line for p in paths) for line in narrow.stdout.splitlines()), narrow.stdout
     assert verdict(slow.stdout).startswith("REGRESSION: median step time (untouched steps)")
+
+
+def test_a_run_compared_with_itself_is_said_so(runs: dict[str, Path]) -> None:
+    # GIVEN one path given as both sides (a CI variable left unset) WHEN compared THEN it passes, with a warning
+    same = run_stepcli("compare", runs["base1"], runs["base1"])
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "stepcli: warning: baseline and current are the same files: nothing was compared" in same.stderr
+    other = run_stepcli("compare", runs["base1"], runs["base2"])
+    assert "the same files" not in other.stderr
+
+
+def _header(stdout: str, name: str) -> str:
+    """compare's header line for one side, its wrapped continuation lines (80 columns on a pipe) joined."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(name))
+    rest = [line.strip() for line in lines[start + 1 :]][
+        : next((i for i, line in enumerate(lines[start + 1 :]) if not line.startswith(" " * 10)), 0)
+    ]
+    return " ".join([lines[start], *rest])
 
 
 def test_schema_1_summary_still_compares(runs: dict[str, Path], tmp_path: Path) -> None:

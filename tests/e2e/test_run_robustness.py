@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import (
     profiler_steps,
     run_python,
@@ -86,6 +87,38 @@ def test_legacy_profiler_started_before_the_optimizer_is_not_emptied(tmp_path: P
     assert int(result.stdout) > 100 and abs(int(result.stdout) - int(plain.stdout)) < 50
     assert trace_files(tmp_path / "out") == []
     assert summary is not None and summary["steps"]["global"] == 8
+
+
+@pytest.mark.parametrize("opener", ["torch.autograd.profiler.emit_itt()", "torch.autograd.profiler_legacy.profile()"])
+def test_a_profiler_the_program_opens_inside_the_window_never_fails_it(tmp_path: Path, opener: str) -> None:
+    # GIVEN a program that opens torch's ITT emitter or the legacy profiler in step 3, inside stepcli's window
+    # (steps 2-3)
+    script = write_script(
+        tmp_path,
+        "opens.py",
+        f"""
+        import torch
+        model = torch.nn.Linear(16, 16)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        def train(n):
+            for _ in range(n):
+                model(torch.randn(4, 16)).sum().backward(); opt.step()
+        train(3)
+        with {opener}:
+            train(3)
+        train(4)
+        print("done")
+    """,
+    )
+    result, summary = run_json(tmp_path, script)
+    # THEN the program runs to its end (it raised "Profiler is already enabled on this thread"), stepcli's window
+    # is saved up to there, and every step is counted
+    assert result.returncode == 0 and result.stdout == "done\n", result.stderr
+    assert "Traceback" not in result.stderr
+    (trace,) = trace_files(tmp_path / "out")
+    assert profiler_steps(trace) == [2, 3]  # step 2 whole, the start of step 3 up to the program's profiler
+    assert "cut short: the program started its own profiler" in result.stderr
+    assert summary is not None and summary["steps"]["global"] == 10
 
 
 def test_an_agent_failure_never_reaches_the_program(tmp_path: Path) -> None:
@@ -356,7 +389,7 @@ def test_a_step_on_another_thread_ends_the_window_cleanly(tmp_path: Path) -> Non
     result, summary = run_json(tmp_path, script, "--active", "4", "--step-on", "worklib:step")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "done\n"
-    assert summary is not None and summary["steps"]["global"] == 10
+    assert summary is not None and summary["steps"]["global"] == 9
     (window,) = summary["windows"]
     assert (window["first_step"], window["last_step"], window["complete"]) == (2, 3, False)
     assert "another thread" in window["note"]

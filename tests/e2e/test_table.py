@@ -288,6 +288,12 @@ def test_a_step_number_repeated_in_one_process_shows_every_duration(tmp_path: Pa
     steps = proc.stdout[proc.stdout.index("Steps") : proc.stdout.index("Step breakdown")]
     rows = [line.split("│")[1:4] for line in steps.splitlines() if line.startswith("│")]
     assert [[cell.strip() for cell in row] for row in rows] == [["pid 1", "1", "1.00"], ["pid 1", "1", "5.00"]], steps
+    # and on a pipe (80 columns) the long path of the one file read stands whole on its own line
+    deep = tmp_path / ("x" * 60) / trace.name
+    deep.parent.mkdir()
+    trace.rename(deep)
+    lines = run_stepcli("table", deep, env={"COLUMNS": "80"}).stdout.splitlines()
+    assert lines[:2] == ["1 trace file, 4 events:", str(deep)], lines[:3]
 
 
 def test_render_treats_names_as_text_and_shortens_in_the_middle() -> None:

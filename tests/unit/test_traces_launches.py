@@ -91,3 +91,21 @@ def test_without_correlation_ids_there_are_no_launch_statistics() -> None:
     assert device["idle_by_cause"]["host_wait_ms"] == 0.0
     assert device["idle_by_cause"]["kernel_wait_ms"] == pytest.approx(0.005)  # 20-25
     assert device["idle_by_cause"]["other_ms"] == pytest.approx(0.100 - 0.030 - 0.005)
+
+
+def test_the_launch_line_rounds_per_step_means_as_people_read_them() -> None:
+    from stepcli.traces.render.device import launch_line
+
+    launch = {
+        "kernels_per_step": 420.0,
+        "delay_us": {"p50": 12.0, "p90": 40.0},
+        "cpu_launch_us_per_kernel": 4.5,
+        "short_kernel_share": 0.25,
+        "graph_replays_per_step": 12 / 19,
+        "graph_kernels_per_step": 5046 / 19,
+    }
+    idle = {"host_wait_ms": 1.0, "kernel_wait_ms": 0.5, "other_ms": 0.25}
+    line = launch_line({"launch": launch, "idle_by_cause": idle})
+    assert line is not None and "0.63 graph replays/step (266 kernels)" in line, line
+    launch["graph_replays_per_step"], launch["graph_kernels_per_step"] = 3.0, 1234.0
+    assert "3 graph replays/step (1,234 kernels)" in (launch_line({"launch": launch, "idle_by_cause": idle}) or "")

@@ -65,13 +65,21 @@ def launch_line(device: Mapping[str, Any]) -> str | None:
     )
     if launch["graph_replays_per_step"]:
         text += (
-            f", {launch['graph_replays_per_step']:g} graph replays/step ({launch['graph_kernels_per_step']:g} kernels)"
+            f", {_per_step(launch['graph_replays_per_step'])} graph replays/step"
+            f" ({_per_step(launch['graph_kernels_per_step'])} kernels)"
         )
     text += (
         f"; idle: host wait {idle['host_wait_ms']:.2f}, kernel wait {idle['kernel_wait_ms']:.2f}, "
         f"other {idle['other_ms']:.2f} ms/step"
     )
     return text
+
+
+def _per_step(value: float) -> str:
+    """A per-step mean as people read it: 3, 0.63, 1.5, 266 (never 0.631579 or 1e+03)."""
+    if value >= 10 or value == int(value):
+        return f"{value:,.0f}"
+    return f"{value:.2f}" if value < 1 else f"{value:.1f}"
 
 
 def _us(value: float) -> str:

@@ -296,8 +296,10 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
     files = data["files"]
     stats = data.get("step_ms")
     head = f"{len(files)} trace file{'s' if len(files) != 1 else ''}, {data['events']:,} events"
-    if len(files) == 1:
+    if len(files) == 1 and len(head) + 2 + len(files[0]) <= console.width:
         head += f": {files[0]}"
+    elif len(files) == 1:  # the path whole on its own line, not wrapped in the middle nor past the width
+        head += f":\n{files[0]}"
     console.print(head, highlight=False, soft_wrap=True, markup=False)
     if data.get("skipped_events"):
         console.print(skipped_note(data["skipped_events"]), highlight=False, soft_wrap=True, markup=False)
