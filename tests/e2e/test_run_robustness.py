@@ -389,7 +389,7 @@ def test_a_step_on_another_thread_ends_the_window_cleanly(tmp_path: Path) -> Non
     result, summary = run_json(tmp_path, script, "--active", "4", "--step-on", "worklib:step")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "done\n"
-    assert summary is not None and summary["steps"]["global"] == 9
+    assert summary is not None and summary["steps"]["global"] == 10
     (window,) = summary["windows"]
     assert (window["first_step"], window["last_step"], window["complete"]) == (2, 3, False)
     assert "another thread" in window["note"]
