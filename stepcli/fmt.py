@@ -65,6 +65,7 @@ def _visible_all(value: Any) -> Any:
 
 
 _SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+_HUGE_MS = 1e9  # 11.6 days: a longer "duration" is a broken or hostile number, shown in scientific notation
 
 
 def ms(value: float | None) -> str:
@@ -74,6 +75,8 @@ def ms(value: float | None) -> str:
         return "-"
     if value == 0:
         return "0 ms"
+    if not abs(value) < _HUGE_MS:  # a broken or hostile trace: keep the line readable (and inf/nan as such)
+        return f"{value / 1000:.3g} s"
     if abs(value) >= 1000:
         return f"{value / 1000:.2f} s"
     if abs(value) >= 100:
@@ -89,6 +92,8 @@ def ms_cell(value: float | None) -> str:
     """A millisecond number for a table column whose header names the unit: `1,234.5`, `12.35`, `0.412`."""
     if value is None:
         return "-"
+    if not abs(value) < _HUGE_MS:
+        return f"{value:.3g}"
     if abs(value) >= 100:
         return f"{value:,.1f}"
     if abs(value) >= 1:
@@ -99,7 +104,9 @@ def ms_cell(value: float | None) -> str:
 def ms_fixed(value: float | None) -> str:
     """A millisecond number to the microsecond, for differences read side by side: `10.000`, `+0.412` comes from
     the caller's sign; `-` for none."""
-    return "-" if value is None else f"{value:.3f}"
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if abs(value) < _HUGE_MS else f"{value:.6g}"
 
 
 def seconds(value: float) -> str:
@@ -109,8 +116,8 @@ def seconds(value: float) -> str:
 
 def ms_exact(value: float) -> str:
     """A millisecond number as a user would type it back: 25.0 -> `25`, 31.25 -> `31.25` (budgets, limits)."""
-    if value != value or value in (float("inf"), float("-inf")):
-        return str(value)
+    if not abs(value) < _HUGE_MS:
+        return f"{value:.6g}"
     text = f"{value:.3f}".rstrip("0").rstrip(".")
     return text if text not in ("0", "-0") or value == 0 else f"{value:.3g}"
 
@@ -133,6 +140,11 @@ def size_or_dash(count: float | None) -> str:
 def percent(share: float, digits: int = 0) -> str:
     """A share (0.25) as a percentage: `25%`, or `25.0%` with `digits=1`."""
     return f"{share * 100:.{digits}f}%"
+
+
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """`1 step`, `4 steps`, `1,024 steps`: a count and its noun, agreeing."""
+    return f"{count:,} {noun if count == 1 else many or noun + 's'}"
 
 
 def say(message: str) -> None:

@@ -179,16 +179,28 @@ def _patch_profile_step(agent: Agent, profile: Any) -> None:
     @functools.wraps(original_step)
     def stepcli_profile_step(self: Any) -> None:
         if agent.enabled and not own(self):
-            _without_step_annotation(agent, self, original_step)
-            key = id(self)
-            if key not in agent.tracker.requesters:
-                _guarded(agent, "a profiler", lambda: agent.requester_created(key, "profiler", self))
-            agent.tracker.step(key)
+            self._stepcli_step_pending = True  # counted when step() returns, or earlier if it starts collecting
+            try:
+                _without_step_annotation(agent, self, original_step)
+            except BaseException:
+                self._stepcli_step_pending = False
+                raise
+            if self._stepcli_step_pending:
+                count_profiler_step(agent, self)
         else:
             original_step(self)
 
     _mark(stepcli_profile_step)
     profile.step = stepcli_profile_step
+
+
+def count_profiler_step(agent: Agent, prof: Any) -> None:
+    """One step of the program's profiler, counted once (see `_patch_collecting` for the early count)."""
+    prof._stepcli_step_pending = False
+    key = id(prof)
+    if key not in agent.tracker.requesters:
+        _guarded(agent, "a profiler", lambda: agent.requester_created(key, "profiler", prof))
+    agent.tracker.step(key)
 
 
 def _patch_collecting(agent: Agent, kineto_profile: Any) -> None:
@@ -203,6 +215,14 @@ def _patch_collecting(agent: Agent, kineto_profile: Any) -> None:
             return
         if getattr(self, "_stepcli_hidden", False):
             self.record_steps = True  # it collects from this step on: its ProfilerStep#N is its own again
+        if getattr(self, "_stepcli_step_pending", False):
+            # Its step() starts it collecting: that step boundary is ours too, and comes first. Counted after
+            # the start, it would cut our window inside a step that had already ended (a whole window saved short)
+            self._stepcli_starting = True  # not a window to open at this step: it starts collecting now
+            try:
+                count_profiler_step(agent, self)
+            finally:
+                self._stepcli_starting = False
         agent.foreign_profiler_started(id(self))  # saves an open window of ours first
         try:
             original_prepare(self)

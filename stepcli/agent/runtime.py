@@ -245,7 +245,8 @@ class Agent:
                 continue
             try:
                 schedule, step_num = prof.schedule, int(prof.step_num)
-                if any(schedule(step_num + ahead).value != NONE for ahead in range(1, steps + 1)):
+                now = int(bool(getattr(prof, "_stepcli_starting", False)))  # inside the step() that starts it
+                if any(schedule(step_num + ahead - now).value != NONE for ahead in range(1, steps + 1)):
                     return True
             except Exception:  # a schedule of the program's that cannot be asked: assume it stays idle
                 continue
@@ -315,7 +316,14 @@ class Agent:
         os._exit = stepcli_os_exit
 
     def _forked(self) -> None:
-        """A forked child (e.g. a DataLoader worker) never profiles or flushes its parent's state."""
+        """A child forked from a process that trains (a DataLoader worker) never profiles or flushes its parent's
+        state. One forked before its parent trained (`torch.multiprocessing` with the fork start method, a
+        fork-per-rank launcher) has no parent state to inherit: it is a process of its own, as a spawned one is."""
+        if self.enabled and not self.trains and self.recorder is None:
+            self.pid = os.getpid()
+            self._top_level = False  # its parent, not the launcher, started it
+            self.tracker.restart_clock()
+            return
         self.enabled = False
         self._forked_child = True
         self.tracker.set_listener(None)

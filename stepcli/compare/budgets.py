@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 
 from stepcli.fmt import ms_exact as _ms  # budgets read back the way the user typed them
+from stepcli.fmt import plural
 from stepcli.stats import Stats
 
 # Names a user may type -> the Stats key they mean. p50 is what most CI dashboards call the median.
@@ -74,6 +75,6 @@ def check_budgets(budgets: Sequence[tuple[str, float]], stats: Stats | None, *, 
         if exceeds(value, limit):
             failures.append(
                 f"{stat_label(stat)} {what} {_ms(value)} ms exceeds the --fail-over budget of {_ms(limit)} ms "
-                f"(over {stats['count']} steps)"
+                f"(over {plural(stats['count'], 'step')})"
             )
     return failures

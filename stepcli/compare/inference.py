@@ -85,7 +85,9 @@ class Change:
             return self.ratio_low, self.ratio_high
         if not self.baseline:
             return None
-        return self.low / self.baseline, self.high / self.baseline
+        # a step time cannot fall below zero: -100% is the floor (the ms interval, over the baseline's own
+        # uncertainty, can reach past the point baseline when the current side's steps take no time)
+        return max(-1.0, self.low / self.baseline), max(-1.0, self.high / self.baseline)
 
 
 def block_length(steps: int) -> int:

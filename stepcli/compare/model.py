@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from stepcli.fmt import plural
 from stepcli.stats import Stats
 
 Kind = Literal["run", "trace"]
@@ -97,7 +98,7 @@ class Measurement:
                 f"{len(self.runs)} {what.replace('summary', 'summaries') if self.kind == 'run' else 'runs of traces'}"
             )
         extra = f", {self.events} events" if self.events is not None else ""
-        return f"{what}, {self.steps} steps{extra}"
+        return f"{what}, {plural(self.steps, 'step')}{extra}"
 
     def nothing_measured(self) -> str | None:
         """Why this side cannot be compared at all, or None when it measured something."""

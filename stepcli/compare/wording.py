@@ -40,11 +40,6 @@ def ci(change: Change) -> str:
     return f"{pct(relative[0], 1.0)} .. {pct(relative[1], 1.0)}"
 
 
-def plural(count: int, noun: str, many: str | None = None) -> str:
-    """`1 step`, `4 steps`."""
-    return f"{count} {noun if count == 1 else many or noun + 's'}"
-
-
 def allowed(limit: float, tolerance: float, base: float, min_delta_ms: float) -> str:
     return (
         f"the allowed +{fmt_ms(limit)} ms (larger of tolerance {fmt_pct(tolerance)} of baseline "

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from stepcli.errors import StepcliError
+from stepcli.fmt import plural
 from stepcli.runsummary import Advice, AdviceItem, RunSummary
 from stepcli.stats import Stats, describe
 from stepcli.steptimes import ProcessSteps, process_steps, slowest_by_steps, trace_process_steps, worker_label
@@ -248,7 +249,12 @@ def _add_run_facts(data: ReportData, summary: RunSummary) -> None:
         facts.append(("steps", f"{steps.get('global', 0)}" + (f" ({requesters})" if requesters else "")))
     processes = summary.get("processes") or []
     if len(processes) > 1:
-        facts.append(("processes", ", ".join(f"{worker_label(p)}: {p.get('global_steps')} steps" for p in processes)))
+        facts.append(
+            (
+                "processes",
+                ", ".join(f"{worker_label(p)}: {plural(p.get('global_steps') or 0, 'step')}" for p in processes),
+            )
+        )
     if summary.get("out_dir"):
         facts.append(("output folder", str(summary["out_dir"])))
     data.notes.extend(str(n) for n in summary.get("notes") or [])

@@ -24,7 +24,7 @@ from stepcli.agent import ondemand
 from stepcli.agent.config import CONFIG_ENV, AgentConfig
 from stepcli.agent.schedule import Schedule
 from stepcli.errors import EXIT_REGRESSION, StepcliError
-from stepcli.fmt import say
+from stepcli.fmt import plural, say
 from stepcli.run.outputs import check_json_writable, json_taken, prepare_out_dir
 from stepcli.run.signals import SignalForwarder, child_setup, in_terminal_foreground
 from stepcli.runsummary import SUMMARY_FILE
@@ -441,7 +441,7 @@ def _leave_a_note(summary: RunSummary) -> None:
     notes = "\n".join(f"- {note}" for note in summary.get("notes") or []) or "- no step was recorded"
     text = (
         f"stepcli run: {shlex.join(summary['command'])}\n"
-        f"exit status {summary['exit_status']}, {summary['steps']['global']} steps: no trace was recorded.\n\n"
+        f"exit status {summary['exit_status']}, {plural(summary['steps']['global'], 'step')}: no trace was recorded.\n\n"
         f"{notes}\n\n"
         "stepcli's own records (step logs, the run summary) are in the hidden folder .stepcli/:\n"
         f"`stepcli report {shlex.quote(out)}` still writes an HTML page of what they hold.\n"

@@ -207,10 +207,10 @@ def test_window_at_step_zero_and_profiler_flags(tmp_path: Path) -> None:
 
 def test_no_trace_when_the_program_stops_before_the_window(tmp_path: Path, train_script: Path) -> None:
     out = tmp_path / "out"
-    result = run_stepcli("run", "--wait", "5", "-o", out, train_script, "3")
+    result = run_stepcli("run", "--wait", "5", "-o", out, train_script, "1")
     assert result.returncode == 0, result.stderr
     assert trace_files(out) == []
-    assert "the program made 3 steps" in result.stderr
+    assert "the program made 1 step, and the first window records steps 6-" in result.stderr  # not "1 steps"
 
 
 def test_script_without_torch_runs_normally_with_a_clear_note(tmp_path: Path) -> None:

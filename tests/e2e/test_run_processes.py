@@ -102,6 +102,54 @@ def test_multiprocessing_spawn_ranks_each_write_their_trace(tmp_path: Path) -> N
     assert len(summary["windows"]) == 2
 
 
+def test_ranks_forked_before_their_parent_trains_each_write_their_trace(tmp_path: Path) -> None:
+    # GIVEN torch.multiprocessing with the fork start method: two trainers forked from a parent that never steps
+    script = write_script(
+        tmp_path,
+        "mpfork.py",
+        """
+        import torch
+        import torch.multiprocessing as mp
+
+        def train(index):
+            model = torch.nn.Linear(8, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            for _ in range(5):
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+
+        if __name__ == "__main__":
+            mp.start_processes(train, nprocs=2, start_method="fork")
+            print("done")
+    """,
+    )
+    out = tmp_path / "out"
+    result = run_stepcli(
+        "run",
+        "--wait",
+        "1",
+        "--warmup",
+        "1",
+        "--active",
+        "2",
+        "-o",
+        out,
+        "--json",
+        tmp_path / "run.json",
+        script,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0 and result.stdout == "done\n", result.stderr
+    # THEN each is a process of its own, as a spawned one is: a trace of steps 2-3 and a step log each (they were
+    # dropped as DataLoader-like children, and the run said nothing was measured)
+    traces = trace_files(out)
+    assert [profiler_steps(t) for t in traces] == [[2, 3], [2, 3]]
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert [p["global_steps"] for p in summary["processes"]] == [5, 5]
+    assert len({p["worker"] for p in summary["processes"]}) == 2
+    assert not (out / "NOTHING-MEASURED.txt").exists()
+
+
 def test_existing_sitecustomize_still_runs(tmp_path: Path, train_script: Path) -> None:
     write_script(tmp_path, "site_dir/sitecustomize.py", "import os\nos.environ['USER_SITECUSTOMIZE'] = 'ran'\n")
     check = write_script(

@@ -131,6 +131,55 @@ def test_program_profiler_leaving_idle_mid_window_cuts_ours_short_and_both_trace
     assert "aten::addmm" in _ops(own)
 
 
+def test_a_window_ending_where_the_programs_profiler_starts_is_saved_whole(tmp_path: Path) -> None:
+    # GIVEN a loop stepped only by its own profiler (no optimizer), which starts warming up at its step 5, the
+    # step right after stepcli's window of steps 2-4
+    script = write_script(
+        tmp_path,
+        "infer.py",
+        """
+        import torch
+        from torch.profiler import profile, schedule, tensorboard_trace_handler
+        model = torch.nn.Linear(16, 4)
+        with profile(schedule=schedule(wait=5, warmup=1, active=1, repeat=1),
+                     on_trace_ready=tensorboard_trace_handler("own", worker_name="mine")) as prof:
+            for i in range(8):
+                with torch.no_grad():
+                    model(torch.randn(8, 16))
+                prof.step()
+    """,
+    )
+    out = tmp_path / "out"
+    result = run_stepcli(
+        "run",
+        "--wait",
+        "1",
+        "--warmup",
+        "1",
+        "--active",
+        "3",
+        "-o",
+        out,
+        "--json",
+        tmp_path / "run.json",
+        script,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    # THEN the step() that ends step 4 ends our window first: it is saved whole (it was cut at step 3, the start of
+    # step 4 counted as cut off), and the program's profiler then records its step 6
+    (ours,) = trace_files(out)
+    assert profiler_steps(ours) == [2, 3, 4]
+    assert "stepcli_incomplete_step" not in load_trace(ours)
+    summary = json.loads((tmp_path / "run.json").read_text())
+    (window,) = summary["windows"]
+    assert (window["first_step"], window["last_step"], window["complete"]) == (2, 4, True)
+    assert summary["steps"]["global"] == 8
+    (own,) = trace_files(tmp_path / "own")
+    assert profiler_steps(own) == [6]
+    assert "aten::addmm" in _ops(own)
+
+
 def test_window_is_not_opened_when_the_programs_profiler_is_about_to_collect(tmp_path: Path) -> None:
     # GIVEN a program profiler that starts recording at its step 1, when stepcli's first window would warm up
     script = write_script(

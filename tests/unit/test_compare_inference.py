@@ -338,3 +338,14 @@ def test_short_runs_compare_their_profiled_steps_when_untouched_ones_are_too_few
     assert result.verdict == "regression", result.message
     assert result.baseline_population == "profiled"
     assert any("too few untouched steps" in note for note in result.notes), result.notes
+
+
+def test_a_current_side_of_zero_time_steps_is_never_more_than_100_percent_faster() -> None:
+    # GIVEN a baseline of 1.0-1.2 ms steps and a current side whose steps all took no time (no ratio interval:
+    # log 0), whose ms interval reaches past the point baseline
+    base = [1.0, 1.2, 1.2, 1.0, 1.0, 1.2] * 2  # median 1.1, resampled medians up to 1.2
+    change = estimate_change([[base]], [[[0.0] * 12]])
+    assert change.ratio_low is None and change.low < -change.baseline
+    # THEN the change in percent stops at -100%: a step time cannot fall below zero
+    interval = change.relative_interval()
+    assert interval is not None and interval[0] == -1.0 and interval[1] <= 0.0

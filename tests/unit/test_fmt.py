@@ -78,3 +78,16 @@ class _Row:
 def test_visible_all_reaches_every_string_at_any_depth() -> None:
     value = {"k\x07": [("a\x1b", 1), _Row("b\x07", 2)], "n": 3.5, "none": None}
     assert visible_all(value) == {"k\\x07": [("a\\x1b", 1), _Row("b\\x07", 2)], "n": 3.5, "none": None}
+
+
+@pytest.mark.parametrize("value", [1e17, 1e308, -1e12, float("inf")])
+def test_an_absurd_duration_stays_short_in_every_format(value: float) -> None:
+    # A hostile trace's `dur` of 1e17 broke the table's columns; `--min-delta-ms 1e308` printed 309 digits.
+    for text in (fmt.ms(value), fmt.ms_cell(value), fmt.ms_fixed(value), fmt.ms_exact(value)):
+        assert len(text) <= 10, text
+    assert fmt.ms_cell(123_456.789) == "123,456.8" and fmt.ms_fixed(2.5) == "2.500"  # ordinary ones unchanged
+
+
+@pytest.mark.parametrize(("count", "text"), [(0, "0 steps"), (1, "1 step"), (2, "2 steps"), (1024, "1,024 steps")])
+def test_a_count_agrees_with_its_noun(count: int, text: str) -> None:
+    assert fmt.plural(count, "step") == text

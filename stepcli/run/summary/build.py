@@ -25,6 +25,7 @@ from stepcli.agent.config import HELLO_PREFIX, AgentConfig
 from stepcli.agent.schedule import NONE
 from stepcli.agent.tracker import FOREIGN
 from stepcli.errors import StepcliError
+from stepcli.fmt import plural
 from stepcli.run.summary.compiles import compile_summary, compiled_steps
 from stepcli.run.summary.culprit import culprit_section
 from stepcli.run.summary.hangreport import hang_summary
@@ -198,7 +199,7 @@ def build_run_summary(
             busiest = max(together, key=lambda r: r["calls"])
             notes.append(
                 f"requesters stepped unequally; the global step follows the busiest ({busiest['name']}, "
-                f"{busiest['calls']} steps), as KinetoStepTracker does"
+                f"{plural(busiest['calls'], 'step')}), as KinetoStepTracker does"
             )
         if not windows and config.on_demand:
             notes.append("no trace: no `stepcli capture` asked for a window while the run stepped (--on-demand)")
@@ -207,7 +208,7 @@ def build_run_summary(
             first_window = next(config.schedule.windows(1), None)
             if first_window and steps < first_window[1]:
                 notes.append(
-                    f"no trace: the program made {steps} steps, and the first window records steps "
+                    f"no trace: the program made {plural(steps, 'step')}, and the first window records steps "
                     f"{first_window[1]}-{first_window[2]}; lower --wait/--skip-first/--warmup"
                 )
             elif first_window and steps <= first_window[2]:  # it ended inside the window, with no time to save it

@@ -8,7 +8,7 @@ import os
 import shlex
 from typing import TYPE_CHECKING
 
-from stepcli.fmt import ms, print_wrapped, size_or_dash, visible
+from stepcli.fmt import ms, plural, print_wrapped, size_or_dash, visible
 from stepcli.run.summary.compiles import compile_lines
 from stepcli.run.summary.culprit import print_culprit
 from stepcli.runsummary import RunSummary
@@ -84,7 +84,8 @@ def _overview(summary: RunSummary, console: Console) -> Table:
     overview.add_row("steps", f"{summary['steps']['global']}" + (f"  ({requesters})" if requesters else ""))
     if len(summary["processes"]) > 1:
         overview.add_row(
-            "processes", ", ".join(f"{p['worker']} {p['global_steps']} steps" for p in summary["processes"])
+            "processes",
+            ", ".join(f"{p['worker']} {plural(p['global_steps'] or 0, 'step')}" for p in summary["processes"]),
         )
     times = summary["step_time_ms"]
     for label, stats in (("untouched steps", times["untouched"]), ("profiled steps", times["profiled"])):

@@ -15,6 +15,7 @@ from typing import Any
 from stepcli import safefile
 from stepcli.agent.signing import SIGNATURE_KEY, signature_matches
 from stepcli.agent.steprecord import BUCKETS_PER_DOUBLING, SCHEMA, SUFFIX
+from stepcli.fmt import plural
 from stepcli.runsummary import RunSummary
 from stepcli.steptimes import slowest_first
 
@@ -108,8 +109,8 @@ def _steps(record: Mapping[str, Any], ms: Mapping[str, Any]) -> str:
     first step (start-up), and say so."""
     steps = record.get("steps")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps == ms["count"]:
-        return f"{ms['count']:,} steps,"
-    return f"{steps:,} steps; after the first (start-up):"
+        return f"{plural(ms['count'], 'step')},"
+    return f"{plural(steps, 'step')}; after the first (start-up):"
 
 
 def lines(summary: Mapping[str, Any]) -> list[str]:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from stepcli.fmt import ms_cell as _ms
-from stepcli.fmt import visible, visible_all
+from stepcli.fmt import plural, visible, visible_all
 from stepcli.traces.analyses.culpritwords import culprit_lines
 from stepcli.traces.analyses.ranks import first_per_process
 from stepcli.traces.render.table import (
@@ -117,7 +117,7 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
         lines[-1] += f" {skipped_note(data['skipped_events']).capitalize()}."
     if stats:
         lines.append(
-            f"Step time over {stats['count']} steps: mean {_ms(stats['mean'])} ms, median {_ms(stats['median'])} ms, "
+            f"Step time over {plural(stats['count'], 'step')}: mean {_ms(stats['mean'])} ms, median {_ms(stats['median'])} ms, "
             f"p90 {_ms(stats['p90'])} ms, max {_ms(stats['max'])} ms."
         )
     lines.append("")
