@@ -38,6 +38,9 @@ class _RunCommand(click.Command):
 
 
 _FROM_CLI = click.core.ParameterSource.COMMANDLINE
+# No program makes 2^40 steps (a trillion); larger schedule values are refused up front, not after the program
+# ran (2^64 overflowed the run summary's JSON at the end: no summary, and the program's status lost).
+_MAX_STEPS = 2**40
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -53,23 +56,35 @@ def cli() -> None:
 )
 @click.option(
     "--skip-first",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=_MAX_STEPS),
     default=0,
     show_default=True,
     help="Steps to skip before the first cycle.",
 )
 @click.option(
-    "--wait", type=click.IntRange(min=0), default=1, show_default=True, help="Steps to wait at the start of each cycle."
+    "--wait",
+    type=click.IntRange(min=0, max=_MAX_STEPS),
+    default=1,
+    show_default=True,
+    help="Steps to wait at the start of each cycle.",
 )
 @click.option(
-    "--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Steps the profiler runs but discards."
+    "--warmup",
+    type=click.IntRange(min=0, max=_MAX_STEPS),
+    default=1,
+    show_default=True,
+    help="Steps the profiler runs but discards.",
 )
 @click.option(
-    "--active", type=click.IntRange(min=1), default=3, show_default=True, help="Steps recorded in each trace."
+    "--active",
+    type=click.IntRange(min=1, max=_MAX_STEPS),
+    default=3,
+    show_default=True,
+    help="Steps recorded in each trace.",
 )
 @click.option(
     "--repeat",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=_MAX_STEPS),
     default=1,
     show_default=True,
     help="Cycles to record; 0 = until the program ends.",

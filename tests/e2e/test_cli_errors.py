@@ -23,6 +23,8 @@ def assert_one_line_error(result: object, status: int, *fragments: str) -> None:
     [
         (["run", "--active", "0", "x.py"], "--active"),
         (["run", "--wait", "-1", "x.py"], "--wait"),
+        (["run", "--repeat", str(2**64), "x.py"], "--repeat"),  # it ran the program, then failed with exit 70
+        (["run", "--skip-first", str(2**64), "x.py"], "--skip-first"),
         (["run", "--warmpu", "1", "x.py"], "--warmpu"),
         (["run", "missing.py"], "missing.py"),
         (["run"], "SCRIPT"),
