@@ -408,6 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         at = args.index("--")
         if not {"--help", "-h"} & set(args[1:at]):
             return main(["run", *args[1:at], *demo_argv(), *args[at + 1 :]])
+    from stepcli.pipeconsole import guard_stdout
+
+    stdout = guard_stdout()  # a closed or full stdout: one error line, not "internal error"
     try:
         from stepcli.limits import check_input_limit
 
@@ -447,6 +450,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             err=True,
         )
         return EXIT_INTERNAL
+    finally:
+        sys.stdout = stdout
     if isinstance(result, int):
         return result
     return 0

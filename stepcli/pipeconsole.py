@@ -1,15 +1,25 @@
-"""A rich Console for output that may go to a pipe: no trailing spaces on lines that are not for a terminal.
+"""A command's output on stdout, and a rich Console for output that may go to a pipe.
 
 rich pads table titles, captions and grid rows with spaces to the table's width; on a terminal that is invisible,
 in a CI log or a file it is noise that `diff`, `grep 'x$'` and editors trip over. Lines for a terminal are left as
 rich draws them.
+
+A reader that goes away (`stepcli table T | head -1`) is not an error: the console raises BrokenPipeError (rich's
+own handling would `sys.exit(1)`), and the command ends quietly with its own status (compare's verdict survives a
+`| head`). Output that cannot be written at all (stdout closed by `>&-`, a full disk, `> /dev/full`) is not a bug in
+stepcli either: `guard_stdout` turns it into one `stepcli: error:` line and exit 2, said once.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
+
+from stepcli.errors import EXIT_USAGE, StepcliError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -30,9 +40,98 @@ def pipe_console(base: type[Console] | None = None, **options: Any) -> Console:
     parent = base or RichConsole
 
     class _PipeConsole(parent):  # type: ignore[valid-type,misc]
+        def on_broken_pipe(self) -> None:
+            self.quiet = True  # drop whatever is still buffered; nothing can reach the reader now
+            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
         def _render_buffer(self, buffer: Iterable[Segment]) -> str:
             text = super()._render_buffer(buffer)
             return text if self.is_terminal else strip_trailing(text)
 
     console: Console = _PipeConsole(**options)
     return console
+
+
+class StdoutError(StepcliError):
+    """stdout cannot take the command's output (closed, a full disk, an I/O error): the user's setup, not a bug."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"cannot write the output to stdout: {reason}", EXIT_USAGE)
+
+
+class _GuardedStdout:
+    """sys.stdout for a command: a failed write or flush raises StdoutError once, then output is dropped."""
+
+    def __init__(self, stream: IO[str] | None) -> None:
+        self._stream = stream
+        self._failed = False
+
+    def _fail(self, reason: str) -> None:
+        if not self._failed:
+            self._failed = True
+            raise StdoutError(reason)
+
+    def write(self, text: str) -> int:
+        if self._failed:
+            return len(text)
+        if self._stream is None:
+            self._fail("it is closed")
+            return 0
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except (OSError, ValueError) as exc:
+            self._fail(getattr(exc, "strerror", None) or str(exc))
+            return 0
+
+    def flush(self) -> None:
+        if self._failed or self._stream is None:
+            return
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except (OSError, ValueError) as exc:
+            self._fail(getattr(exc, "strerror", None) or str(exc))
+
+    def isatty(self) -> bool:
+        return self._stream is not None and self._stream.isatty()
+
+    def fileno(self) -> int:
+        if self._stream is None:
+            raise OSError(errno.EBADF, "stdout is closed")
+        return self._stream.fileno()
+
+    def __getattr__(self, name: str) -> Any:
+        if self._stream is None:
+            raise AttributeError(name)
+        return getattr(self._stream, name)
+
+
+def guard_stdout() -> Any:
+    """Put a guarded stdout in place of sys.stdout; returns the one it replaced, for `sys.stdout = ...` after."""
+    before = sys.stdout
+    sys.stdout = _GuardedStdout(before)
+    return before
+
+
+def discard_stdout(out: IO[str] | None = None) -> None:
+    """After a broken pipe on stdout, point its descriptor at /dev/null so that the interpreter's last flush of
+    what is still buffered succeeds silently instead of printing "Exception ignored ... BrokenPipeError"."""
+    target = out if out is not None else sys.stdout
+    try:
+        fd = target.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    try:
+        stdout_fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        stdout_fd = 1
+    if fd != stdout_fd:
+        return  # a stream the caller opened: closing it is theirs to handle
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)

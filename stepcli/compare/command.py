@@ -133,22 +133,25 @@ def compare_main(
 
     comparison = visible_all(comparison)  # names from traces and run summaries: control characters shown
     markdown = render_markdown(comparison)
-    if markdown_path == "-":
-        sys.stdout.write(markdown)
-        sys.stdout.flush()
-    else:
-        from stepcli.pipeconsole import pipe_console
+    from stepcli.pipeconsole import discard_stdout, pipe_console
 
-        render_console(comparison, pipe_console())
-        if markdown_path:
-            try:
-                from stepcli import safefile
+    try:
+        if markdown_path == "-":
+            sys.stdout.write(markdown)
+            sys.stdout.flush()
+        else:
+            render_console(comparison, pipe_console())
+    except BrokenPipeError:  # `compare ... | head`: the reader has seen enough; the verdict still decides the exit
+        discard_stdout()
+    if markdown_path and markdown_path != "-":
+        try:
+            from stepcli import safefile
 
-                safefile.write_bytes(markdown_path, markdown.encode("utf-8"))
-            except OSError as exc:
-                raise StepcliError(
-                    f"{markdown_path}: cannot write the Markdown report ({exc.strerror or exc})", EXIT_USAGE
-                ) from None
+            safefile.write_bytes(markdown_path, markdown.encode("utf-8"))
+        except OSError as exc:
+            raise StepcliError(
+                f"{markdown_path}: cannot write the Markdown report ({exc.strerror or exc})", EXIT_USAGE
+            ) from None
     _append_step_summary(markdown)
     if {os.path.realpath(p) for p in base_paths} == {os.path.realpath(p) for p in cur_paths}:
         # a CI gate handed one path twice (a variable unset, an artifact not downloaded) passes whatever happened

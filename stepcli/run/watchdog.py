@@ -4,7 +4,14 @@ On Linux the program already gets SIGTERM when stepcli dies (PR_SET_PDEATHSIG, s
 open window; but processes the program started (a `sleep 300`, a data server) would be left running under init.
 A tiny forked watchdog holds the read end of a pipe whose write end only stepcli holds: the kernel closes it when
 stepcli dies, however it dies. Seeing end-of-file without the "done" byte, the watchdog gives the program time
-to save its trace, then sends SIGTERM and, after a grace period, SIGKILL to the program's process group.
+to save its trace, then sends SIGTERM and, after a grace period, SIGKILL to the program's processes.
+
+Which processes: in the background the program leads a process group of its own, and that group is the job. In a
+terminal's foreground the program shares stepcli's group, and so the group of whoever started stepcli: a shell
+script run from a terminal is in it. There the watchdog ends the program's tree (its descendants, found from
+/proc) and the group's members that were orphaned on the way (re-parented out of the group, to init or a
+subreaper outside it), never a member that descends from a process older than the program (the calling script
+and what else it runs).
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import os
 import signal
 import sys
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 SAVE_GRACE_S = 30.0  # time for the program to save its open window after stepcli died
 TERM_GRACE_S = 5.0  # time for the group to exit on SIGTERM before SIGKILL
@@ -66,8 +73,9 @@ def start_watchdog(program_pid: int, program_pgid: int) -> Watchdog | None:
                 signal.signal(signum, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.pthread_sigmask(signal.SIG_SETMASK, set())  # stepcli blocks signals while it starts the program
+            program_start = _start_time(program_pid) if sys.platform.startswith("linux") else None
             if _wait_for_eof(read_fd) != _DONE:
-                _take_down(program_pid, program_pgid)
+                _take_down(program_pid, program_pgid, program_start)
         except BaseException:
             status = 1
         finally:
@@ -99,25 +107,121 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _take_down(program_pid: int, program_pgid: int) -> None:
+def _take_down(program_pid: int, program_pgid: int, program_start: int | None) -> None:
     if not sys.platform.startswith("linux"):
         _signal(lambda: os.kill(program_pid, signal.SIGTERM))  # no PR_SET_PDEATHSIG there: send it ourselves
     deadline = time.monotonic() + SAVE_GRACE_S
     while _alive(program_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if not _signal(lambda: os.killpg(program_pgid, signal.SIGTERM)):
+    if program_pgid == program_pid:  # the program leads its own group: the group is the job
+        _end_group(program_pgid)
+    elif program_start is not None:  # a group shared with stepcli's caller: only the program's processes
+        _end_each(lambda: job_processes(program_pid, program_pgid, program_start))
+    else:
+        _end_each(lambda: [program_pid] if _alive(program_pid) else [])
+
+
+def _end_group(pgid: int) -> None:
+    if not _signal(lambda: os.killpg(pgid, signal.SIGTERM)):
         return  # the group is gone already
     deadline = time.monotonic() + TERM_GRACE_S
     while time.monotonic() < deadline:
         try:
-            os.killpg(program_pgid, 0)
+            os.killpg(pgid, 0)
         except ProcessLookupError:
             return
         time.sleep(0.05)
-    _signal(lambda: os.killpg(program_pgid, signal.SIGKILL))
+    _signal(lambda: os.killpg(pgid, signal.SIGKILL))
+
+
+def _end_each(find: Callable[[], list[int]]) -> None:
+    """SIGTERM to each process `find()` names (looked up again as they fork), SIGKILL to those left after the grace."""
+    deadline = time.monotonic() + TERM_GRACE_S
+    termed: set[int] = set()
+    while time.monotonic() < deadline:
+        pids = find()
+        if not pids:
+            return
+        for pid in pids:
+            if pid not in termed:
+                termed.add(pid)
+                _kill(pid, signal.SIGTERM)
+        time.sleep(0.05)
+    for pid in find():
+        _kill(pid, signal.SIGKILL)
+
+
+class _Proc(NamedTuple):
+    ppid: int
+    pgid: int
+    start: int  # clock ticks since boot
+
+
+def _stat(pid: int) -> _Proc | None:
+    """Parent, process group and start time of `pid` from /proc/PID/stat; None when it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[-1].split()
+        if fields[0] == b"Z":
+            return None
+        return _Proc(int(fields[1]), int(fields[2]), int(fields[19]))
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _start_time(pid: int) -> int | None:
+    found = _stat(pid)
+    return found.start if found is not None else None
+
+
+def job_processes(program_pid: int, pgid: int, program_start: int) -> list[int]:
+    """The live processes of the program's job when it shares process group `pgid` with stepcli's caller.
+
+    A process belongs to the job when its chain of parents reaches the program, or leaves the group (an orphan
+    re-parented to init) before it meets a group member older than the program (the caller's own processes)."""
+    procs: dict[int, _Proc] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if entry.isdigit():
+            found = _stat(int(entry))
+            if found is not None:
+                procs[int(entry)] = found
+    procs.pop(os.getpid(), None)
+    return [pid for pid in procs if _of_job(pid, procs, program_pid, pgid, program_start)]
+
+
+def _of_job(pid: int, procs: dict[int, _Proc], program_pid: int, pgid: int, program_start: int) -> bool:
+    in_group_below = False  # a group member younger than the program was met on the way up
+    seen: set[int] = set()
+    while pid not in seen:
+        seen.add(pid)
+        proc = procs.get(pid)
+        if proc is None:
+            return False
+        if pid == program_pid:
+            return proc.start == program_start  # not a reused pid
+        if proc.pgid == pgid:
+            if proc.start < program_start:  # the caller, or something it started before stepcli
+                return False
+            in_group_below = True
+        elif in_group_below:  # a member re-parented out of the group: an orphan of the job
+            return True
+        pid = proc.ppid
+    return False
+
+
+def _kill(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except OSError:
+        pass
 
 
 def _signal(send: Callable[[], None]) -> bool:
+    """Send a signal; False when its target is gone."""
     try:
         send()
     except ProcessLookupError:

@@ -222,8 +222,9 @@ def test_program_does_not_outlive_a_killed_stepcli(tmp_path: Path) -> None:
         tmp_path,
         "sleeper.py",
         """
-        import os, time
-        print(os.getpid(), flush=True)
+        import os, subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"])
+        print(os.getpid(), child.pid, flush=True)
         time.sleep(120)
     """,
     )
@@ -236,7 +237,7 @@ def test_program_does_not_outlive_a_killed_stepcli(tmp_path: Path) -> None:
         start_new_session=True,
     )
     assert proc.stdout is not None
-    program_pid = int(proc.stdout.readline())
+    program_pid, child_pid = (int(pid) for pid in proc.stdout.readline().split())
     proc.kill()
     proc.wait(timeout=30)
     # THEN the program is told to stop too (Linux parent-death signal), instead of running on as an orphan
@@ -244,3 +245,91 @@ def test_program_does_not_outlive_a_killed_stepcli(tmp_path: Path) -> None:
     while time.time() < deadline and _alive(program_pid):
         time.sleep(0.1)
     assert not _alive(program_pid)
+    # AND the watchdog ends its process group: the child that ignores SIGTERM gets SIGKILL after the grace
+    deadline = time.time() + 60
+    while time.time() < deadline and _alive(child_pid):
+        time.sleep(0.1)
+    assert not _alive(child_pid)
+
+
+# The program of a job started from a shell script in a terminal: it starts a child, and a daemon (double fork)
+# that the launcher adopts; it leaves its own pid, stepcli's, its child's and the daemon's in pids.txt.
+_JOB_WITH_A_DAEMON = """
+    import os, subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    reader, writer = os.pipe()
+    if os.fork() == 0:
+        if os.fork() == 0:
+            os.write(writer, str(os.getpid()).encode())
+            time.sleep(120)
+        os._exit(0)
+    os.close(writer)
+    daemon = int(os.read(reader, 32))
+    with open("pids.tmp", "w") as handle:
+        handle.write(f"{os.getpid()} {os.getppid()} {child.pid} {daemon}")
+    os.rename("pids.tmp", "pids.txt")
+    time.sleep(120)
+"""
+
+
+def _read_when_there(path: Path, timeout: float = 120.0) -> str:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if path.exists():
+            return path.read_text()
+        time.sleep(0.05)
+    raise AssertionError(f"{path.name} never appeared")
+
+
+def test_a_killed_stepcli_ends_the_program_but_not_the_script_that_called_it(tmp_path: Path) -> None:
+    # GIVEN a shell script in a terminal's foreground that runs stepcli (so stepcli, its program and the script share
+    # one process group), and that starts a process of its own while the program runs
+    import fcntl
+    import pty
+    import termios
+
+    script = write_script(tmp_path, "job.py", _JOB_WITH_A_DAEMON)
+    stepcli = f"{sys.executable} -m stepcli run -q -o out {script.name}"
+    shell = (
+        f"{stepcli} & job=$!; while [ ! -e pids.txt ]; do sleep 0.05; done; "
+        'sleep 120 & echo $! > mine.tmp; mv mine.tmp mine.txt; wait "$job"; echo "went on after exit $?" > after.txt; '
+        'while [ ! -e done.txt ]; do sleep 0.05; done; kill "$(cat mine.txt)"'
+    )
+    master, slave = pty.openpty()
+
+    def controlling_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    caller = subprocess.Popen(
+        ["bash", "-c", shell],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        cwd=tmp_path,
+        env=stepcli_env(),
+        preexec_fn=controlling_terminal,
+    )
+    os.close(slave)
+    try:
+        program, launcher, child, daemon = (int(pid) for pid in _read_when_there(tmp_path / "pids.txt").split())
+        mine = int(_read_when_there(tmp_path / "mine.txt"))
+        assert os.getpgid(launcher) == os.getpgid(caller.pid) == os.getpgid(program)  # one group, as in a terminal
+        # WHEN stepcli itself is SIGKILLed
+        os.kill(launcher, signal.SIGKILL)
+        # THEN the program, its child and its daemon are ended, while the script runs on
+        deadline = time.time() + 60
+        while time.time() < deadline and any(_alive(pid) for pid in (program, child, daemon)):
+            time.sleep(0.1)
+        assert [pid for pid in (program, child, daemon) if _alive(pid)] == []
+        assert _read_when_there(tmp_path / "after.txt").strip() == f"went on after exit {128 + signal.SIGKILL}"
+        # AND what the script started itself is not stepcli's to end (a wrong SIGTERM went out with the child's)
+        assert caller.poll() is None and _alive(mine)
+        (tmp_path / "done.txt").write_text("")
+        assert caller.wait(timeout=60) == 0
+    finally:
+        try:
+            os.killpg(caller.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        os.close(master)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -15,6 +14,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from stepcli.fmt import ms_cell as _ms
 from stepcli.fmt import plural, visible, visible_all
+from stepcli.pipeconsole import discard_stdout, pipe_console
 from stepcli.traces.analyses.culpritwords import culprit_lines
 from stepcli.traces.analyses.ranks import first_per_process
 from stepcli.traces.render.table import (
@@ -23,7 +23,6 @@ from stepcli.traces.render.table import (
     PHASE_ORDER,
     outside_note,
     pct,
-    pipe_console_for,
     print_rich_report,
     process_label,
     skipped_note,
@@ -226,27 +225,12 @@ def print_table_report(
         elif fmt == "markdown":
             out.write(markdown_report(data, sort_by=sort_by, limit=limit or DEFAULT_LIMIT))
         else:
-            print_rich_report(data, pipe_console_for(file), sort_by=sort_by, limit=limit or DEFAULT_LIMIT)
+            print_rich_report(
+                data,
+                pipe_console(file=file) if file is not None else pipe_console(),
+                sort_by=sort_by,
+                limit=limit or DEFAULT_LIMIT,
+            )
         out.flush()  # inside the try: a closed pipe must surface here, not in the interpreter's final flush
     except BrokenPipeError:
-        _discard_output(out)
-
-
-def _discard_output(out: IO[str]) -> None:
-    """After a broken pipe on stdout, point its descriptor at /dev/null so that the interpreter's last flush of
-    what is still buffered succeeds silently instead of printing "Exception ignored ... BrokenPipeError"."""
-    try:
-        fd = out.fileno()
-    except (OSError, ValueError):
-        return
-    try:
-        stdout_fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):
-        stdout_fd = 1
-    if fd != stdout_fd:
-        return  # a stream the caller opened: closing it is theirs to handle
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
+        discard_stdout(out)

@@ -3,13 +3,10 @@ under them; the other formats and the choice among them are stepcli.traces.rende
 
 from __future__ import annotations
 
-import errno
-import os
 from collections.abc import Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from stepcli.fmt import ms_cell as _ms
-from stepcli.pipeconsole import pipe_console
 from stepcli.traces.analyses.culpritwords import culprit_lines
 
 if TYPE_CHECKING:
@@ -274,21 +271,6 @@ def breakdown_table(
 
 # ------------------------------------------------------------------------------------------------ reports
 DEFAULT_LIMIT = 20  # operator rows on the terminal and in --markdown without --limit
-
-
-def pipe_console_for(file: IO[str] | None) -> Console:
-    """A rich Console that raises BrokenPipeError when its reader is gone.
-
-    rich's own handling redirects stdout and calls `sys.exit(1)`, which would make `| head` look like a failure.
-    """
-    from rich.console import Console
-
-    class _Console(Console):
-        def on_broken_pipe(self) -> None:
-            self.quiet = True  # drop whatever is still buffered; nothing can reach the reader now
-            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
-
-    return pipe_console(_Console, file=file) if file is not None else pipe_console(_Console)
 
 
 def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str = "self", limit: int = 20) -> None:

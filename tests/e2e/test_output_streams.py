@@ -1,0 +1,129 @@
+"""stdout and stderr that cannot take stepcli's output: a reader gone keeps the command's status, a stream that
+cannot be written at all (closed, a full disk) is one error line and exit 2, never "internal error"."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import stepcli_env, write_script
+
+
+def _steps_trace(path: Path, step_ms: float, steps: int = 12) -> Path:
+    """A trace of `steps` ProfilerStep#N spans of `step_ms` each, one operator inside each."""
+    events = []
+    for step in range(steps):
+        ts = step * (step_ms + 1) * 1000
+        events.append(
+            {
+                "name": f"ProfilerStep#{step}",
+                "ph": "X",
+                "cat": "user_annotation",
+                "pid": 1,
+                "tid": 1,
+                "ts": ts,
+                "dur": step_ms * 1000,
+            }
+        )
+        events.append(
+            {"name": "aten::mm", "ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": ts + 1, "dur": step_ms * 900}
+        )
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def slower(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("streams")
+    return _steps_trace(root / "base.json", 10.0), _steps_trace(root / "current.json", 20.0)
+
+
+def _stepcli(args: list[str], **streams: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "stepcli", *args],
+        text=True,
+        env=stepcli_env(),
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+        **streams,  # type: ignore[call-overload]
+    )
+
+
+def _close_stdout() -> None:
+    os.close(1)
+
+
+@pytest.mark.parametrize("command", ["table", "table --json", "compare", "compare --markdown -"])
+@pytest.mark.parametrize("stdout", ["full", "closed"])
+def test_stdout_that_takes_nothing_is_one_error_line(slower: tuple[Path, Path], command: str, stdout: str) -> None:
+    # GIVEN stdout on a full disk (/dev/full) or closed (`>&-`)
+    words = command.split()
+    paths = [str(slower[0])] if words[0] == "table" else [str(p) for p in slower]
+    if stdout == "full":
+        with open("/dev/full", "w") as full:
+            result = _stepcli([*words, *paths], stdout=full, stderr=subprocess.PIPE)
+    else:
+        result = _stepcli([*words, *paths], stderr=subprocess.PIPE, preexec_fn=_close_stdout)
+    # THEN one line says so, exit 2: the user's setup, not a bug in stepcli (it was "internal error", exit 70)
+    reason = "No space left on device" if stdout == "full" else "it is closed"
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [f"stepcli: error: cannot write the output to stdout: {reason}"]
+
+
+@pytest.mark.parametrize("markdown", [False, True])
+def test_compare_keeps_its_verdict_when_the_reader_goes_away(slower: tuple[Path, Path], markdown: bool) -> None:
+    # GIVEN a regression (10 ms -> 20 ms steps) WHEN compare's reader has gone before it writes (`| head -0`)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        args = ["compare", *(["--markdown", "-"] if markdown else []), str(slower[0]), str(slower[1])]
+        result = _stepcli(args, stdout=write_end, stderr=subprocess.PIPE)
+    finally:
+        os.close(write_end)
+    # THEN the gate still fails on the regression (a CI job with pipefail sees it), without a traceback
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+
+
+_EXITS_3 = """
+    import sys
+    import torch
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(6):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("program_status, fail_over, expected", [(3, [], 3), (0, ["--fail-over", "p50=1e9"], 0)])
+def test_run_keeps_the_programs_status_when_stderr_goes_away(
+    tmp_path: Path, program_status: int, fail_over: list[str], expected: int
+) -> None:
+    # GIVEN stepcli's stderr a pipe whose reader has gone (`stepcli run ... 2>&1 >/dev/null | head -1`)
+    script = write_script(tmp_path, "train.py", _EXITS_3)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        args = ["run", "--wait", "1", "--warmup", "0", "--active", "2", *fail_over, "-o", "out", str(script)]
+        result = subprocess.run(
+            [sys.executable, "-m", "stepcli", *args, str(program_status)],
+            cwd=tmp_path,
+            env=stepcli_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=write_end,
+            timeout=300,
+        )
+    finally:
+        os.close(write_end)
+    # THEN stepcli exits with the program's status (rich's broken-pipe handling made it 1), the budget still checked
+    assert result.returncode == expected
+    # AND the traces and the run summary were written all the same
+    assert list((tmp_path / "out").rglob("*.pt.trace.json*"))
+    assert list((tmp_path / "out").rglob("summary.json"))
