@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -114,6 +116,39 @@ def test_exception_during_the_window_keeps_a_valid_trace(tmp_path: Path) -> None
     (trace,) = trace_files(tmp_path / "out")
     assert load_trace(trace)["stepcli_incomplete_step"] == "5"  # step 5 only began: table/compare skip it
     assert "cut short: the program exited" in result.stderr
+
+
+
+def test_work_after_the_last_step_of_a_cut_window_gets_no_share_of_step_time(tmp_path: Path) -> None:
+    # GIVEN a program that exits inside its window, after heavy work past its last optimizer step (an evaluation)
+    script = write_script(
+        tmp_path,
+        "then_eval.py",
+        """
+        import torch
+        model = torch.nn.Linear(32, 32)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for i in range(4):
+            model(torch.randn(8, 32)).sum().backward()
+            opt.step()
+        y = torch.randn(300, 300)
+        for _ in range(40):
+            y = y @ y / 300
+    """,
+    )
+    out = tmp_path / "out"
+    result = run_stepcli("run", "--wait", "1", "--warmup", "0", "--active", "10", "-o", out, script)
+    assert result.returncode == 0, result.stderr
+    # THEN the recorded steps' operator shares are shares of their time: the matmuls of the cut step are not among
+    # them (they were counted over 3 steps' time: Self % of hundreds)
+    table = run_stepcli("table", "--json", out)
+    data = json.loads(table.stdout)
+    assert data["step_ms"]["count"] == 3
+    calls = {row["name"]: row["calls"] for row in data["cpu_ops"]}
+    assert calls["ProfilerStep*"] == 3 and calls["aten::mm"] < 40
+    assert sum(row["self_ms"] for row in data["cpu_ops"]) <= data["step_ms"]["mean"] * 3 * 1.01
+    shares = re.findall(r"│ +([0-9.]+)% │", result.stderr.split("Top CPU operators", 1)[1].split("Step breakdown")[0])
+    assert shares and max(float(share) for share in shares) <= 100.0, result.stderr
 
 
 @pytest.fixture(scope="module")

@@ -142,14 +142,16 @@ def test_steps_of_one_process_do_not_cover_another_process(monkeypatch: pytest.M
     assert data["outside_steps"]["events"] == 2
 
 
-def test_the_incomplete_step_still_holds_its_events(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_incomplete_step_is_outside_the_recorded_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN a complete step 1, and step 2 cut short (only begun) with an op inside it and one after it
     events = [step(1, 0, 100), ev("a", 10, 10), step(2, 100, 20), ev("in_cut_step", 105, 10), ev("after", 130, 5)]
     data = both(events, monkeypatch, incomplete_step=2)
-    # THEN step 2 is no step time, but its events still count (as before); only the event after it is left out
+    # THEN step 2 is no step time, and no operator time either: it, its op and the op after it are left out, so
+    # that shares stay shares of the recorded steps' time (the cut step's ops had made them 100x)
     assert [s["step"] for s in data["steps"]] == [1]
-    assert calls(data) == {"ProfilerStep*": 2, "a": 1, "in_cut_step": 1}
-    assert data["outside_steps"]["events"] == 1
+    assert calls(data) == {"ProfilerStep*": 1, "a": 1}
+    assert data["outside_steps"]["events"] == 3
+    assert sum(row["self_ms"] for row in data["cpu_ops"]) <= data["step_ms"]["mean"] * 1.0000001
 
 
 def test_only_an_incomplete_step_leaves_out_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

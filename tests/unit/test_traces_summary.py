@@ -195,8 +195,9 @@ def test_incomplete_step_is_left_out_of_step_times() -> None:
     assert data["step_ms"]["count"] == 2 and data["step_ms"]["min"] == pytest.approx(0.1)
     assert data["ranks"][0]["step_ms"] == data["step_ms"]
     assert sum(data["breakdown_ms"].values()) == pytest.approx(0.1)
-    # AND the operator tables still count every event
-    assert ops(data)["aten::mm"]["calls"] == 3 and ops(data)["ProfilerStep*"]["calls"] == 3
+    # AND the operator tables count the recorded steps' events only: step 4 and its operator are outside them
+    assert ops(data)["aten::mm"]["calls"] == 2 and ops(data)["ProfilerStep*"]["calls"] == 2
+    assert data["outside_steps"]["events"] == 2
     # Another rank's step 4 is complete: only the marked trace loses it
     other = Trace.from_events([step(3, 0, 100), step(4, 100, 100)], path="rank1.json", rank=1)
     both = summarize([Trace.from_events(events, path="rank0.json", rank=0, incomplete_step=4), other]).to_dict()

@@ -8,12 +8,12 @@ addresses are stripped from the names used as keys (see stepcli.traces.analyses.
 processes and the straggler in stepcli.traces.analyses.ranks.
 
 A trace's incomplete step (`Trace.incomplete_step`, from a window stepcli cut short) holds only the start of that
-step, so it is left out of step times, step statistics, per-rank statistics and the step breakdown; its events
-still count in the operator tables. Events the reader skipped for unusable times are counted in `skipped_events`.
+step, so it is left out of step times, step statistics, per-rank statistics, the step breakdown and the operator
+tables (its events are time outside the recorded steps). Events the reader skipped for unusable times are counted
+in `skipped_events`.
 
-When a trace has recorded steps, host events that overlap no ProfilerStep#N of their own process (the incomplete
-step included) are time outside every step: they are left out of the operator tables, whose shares are of step
-time, and counted in `outside_events`/`outside_ns` instead (e.g. the `cudaDeviceSynchronize` the profiler itself
+When a trace has recorded steps, host events that overlap no complete ProfilerStep#N of their own process are time
+outside every step: they are left out of the operator tables, whose shares are of step time, and counted in `outside_events`/`outside_ns` instead (e.g. the `cudaDeviceSynchronize` the profiler itself
 calls after the last step). An event that overlaps a step even in part is kept whole. Device kernels are all kept:
 a kernel launched inside a step belongs to it even when it runs after the step's CPU side ended. A trace without
 recorded steps keeps every event, as key_averages() does.

@@ -37,8 +37,8 @@ def analyze_events(
     """Nest CPU events per (pid, tid) exactly as torch's _populate_cpu_children/_remove_dup_nodes do, and
     collect what the step breakdown and device-busy figures need.
 
-    ProfilerStep#`incomplete_step` still counts as an operator row but opens no step window. Host events
-    outside every step of their process are counted in the result's `outside_*`, not in `cpu` (module docstring).
+    ProfilerStep#`incomplete_step` is no step: it opens no step window, and it and its events are outside
+    the steps, as time after the last step is. Host events outside every step of their process are counted in the result's `outside_*`, not in `cpu` (module docstring).
     """
     nesting = _Nesting(events, cpu, device, by_shape, incomplete_step)
     nesting.sort_events(events)

@@ -105,16 +105,17 @@ StepSpans = dict[Any, tuple[list[tuple[int, int]], list[int]]]  # pid -> (union 
 
 
 def step_spans_of(steps: Iterable[tuple[int | str, str, int, int]], incomplete_step: int | None) -> StepSpans | None:
-    """Per process, the union of its ProfilerStep#N annotations (pid, name, start, end), the incomplete step
-    included, and that union's ends (for bisect); None when no step is complete: nothing is then left out."""
+    """Per process, the union of its complete ProfilerStep#N annotations (pid, name, start, end), and that
+    union's ends (for bisect); None when no step is complete: nothing is then left out.
+
+    The incomplete step (a window cut short) is no recorded step: what ran in it is no step's time, like the time
+    after the last step, and giving it a share of the complete steps' time made shares of 100x."""
     by_pid: dict[int | str, list[tuple[int, int]]] = {}
-    complete = False
     for pid, name, start, end in steps:
         number = step_of(name)
-        if number is not None:
+        if number is not None and number != incomplete_step:
             by_pid.setdefault(pid, []).append((start, end))
-            complete = complete or number != incomplete_step
-    if not complete:
+    if not by_pid:
         return None
     unions = {pid: union(spans) for pid, spans in by_pid.items()}
     return {pid: (union, [e for _, e in union]) for pid, union in unions.items()}
