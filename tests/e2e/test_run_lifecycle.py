@@ -118,7 +118,6 @@ def test_exception_during_the_window_keeps_a_valid_trace(tmp_path: Path) -> None
     assert "cut short: the program exited" in result.stderr
 
 
-
 def test_work_after_the_last_step_of_a_cut_window_gets_no_share_of_step_time(tmp_path: Path) -> None:
     # GIVEN a program that exits inside its window, after heavy work past its last optimizer step (an evaluation)
     script = write_script(
