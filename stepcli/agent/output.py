@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 
@@ -217,9 +218,26 @@ def human_size(size: int) -> str:
     return f"{size} B"
 
 
+# stepcli.fmt.visible's characters (the agent imports nothing of stepcli outside itself; tests/unit/test_fmt.py
+# checks that the two agree): C0 and C1 controls, DEL, bidi embeddings, overrides and isolates.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def visible(text: str) -> str:
+    """`text` with every control character shown as `\\xNN` (`\\uNNNN` for bidi controls), as stepcli.fmt does."""
+    return _CONTROL.sub(_escape, text)
+
+
 def say(message: str) -> None:
     """One `stepcli:`-prefixed line on the launcher's terminal: the stderr Python opened at start
-    (`sys.__stderr__`), never what the program made of `sys.stderr` (a StringIO it captures, its log file)."""
+    (`sys.__stderr__`), never what the program made of `sys.stderr` (a StringIO it captures, its log file).
+    Paths and names in it (an output folder named with ESC sequences) are shown as escapes, never sent raw."""
+    message = visible(message)
     stream = sys.__stderr__
     try:
         if stream is not None:

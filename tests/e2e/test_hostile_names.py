@@ -34,6 +34,7 @@ _SCRIPT = f"""
 RENAMES = {"Optimizer.step#SGD.step": ESC_NAME, "aten::addmm": BEL_NAME, "Optimizer.zero_grad#SGD.zero_grad": BIDI_NAME}
 
 RAW = ("\x1b", "\x07", "\u202e")
+OUT = "out\x1b[31m"  # the output folder's name: the agent's `saved trace ...: PATH` lines and the summary name it
 
 
 def _assert_clean(text: str, where: str) -> None:
@@ -43,11 +44,12 @@ def _assert_clean(text: str, where: str) -> None:
 
 @pytest.fixture(scope="module")
 def hostile_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run whose program emits the huge region name and whose command line holds ESC and BEL; then `hostile/`,
+    """A run whose program emits the huge region name, whose command line holds ESC and BEL and whose output
+    folder's name ESC; then `hostile/`,
     its trace with operators renamed to ESC_NAME, BEL_NAME and BIDI_NAME."""
     tmp = tmp_path_factory.mktemp("hostile")
     script = write_script(tmp, "names.py", _SCRIPT)
-    out = tmp / "out"
+    out = tmp / OUT
     result = run_stepcli("run", "--active", "2", "-o", out, script, ESC_NAME, BEL_NAME)
     assert result.returncode == 0, result.stderr
     (tmp / "run.stderr").write_text(result.stderr)
@@ -64,15 +66,17 @@ def test_run_summary_and_report_html_survive_hostile_names(hostile_run: Path) ->
     stderr = (hostile_run / "run.stderr").read_text()
     _assert_clean(stderr, "run summary")
     assert "\\x1b[2J\\x1b[H" in stderr and "ring\\x07bell" in stderr
+    # AND the output folder's name too, in the agent's lines (from inside the program) and in the launcher's
+    assert stderr.count("out\\x1b[31m") >= 2 and "saved trace of steps" in stderr
     # AND report.html is written despite the huge region number
-    page = hostile_run / "out" / "report.html"
+    page = hostile_run / OUT / "report.html"
     assert page.is_file(), stderr
     assert "Torch-Compiled Region: 0/1111" in page.read_text()
 
 
 def test_report_with_a_huge_compiled_region_number(hostile_run: Path) -> None:
     # WHEN the page is rebuilt from the run folder
-    result = run_stepcli("report", hostile_run / "out", "-o", hostile_run / "page.html")
+    result = run_stepcli("report", hostile_run / OUT, "-o", hostile_run / "page.html")
     assert result.returncode == 0, result.stderr
     assert "Torch-Compiled Region: 0/1111" in (hostile_run / "page.html").read_text()
     result = run_stepcli("report", hostile_run / "hostile", "-o", hostile_run / "page.html")
@@ -80,7 +84,7 @@ def test_report_with_a_huge_compiled_region_number(hostile_run: Path) -> None:
     assert result.returncode == 0, result.stderr
     html = (hostile_run / "page.html").read_text()
     _assert_clean(html, "report")
-    _assert_clean((hostile_run / "out" / "report.html").read_text(), "run's report.html")
+    _assert_clean((hostile_run / OUT / "report.html").read_text(), "run's report.html")
     assert "\\x1b[2J" in html and "ring\\x07bell" in html
 
 

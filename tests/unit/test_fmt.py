@@ -91,3 +91,12 @@ def test_an_absurd_duration_stays_short_in_every_format(value: float) -> None:
 @pytest.mark.parametrize(("count", "text"), [(0, "0 steps"), (1, "1 step"), (2, "2 steps"), (1024, "1,024 steps")])
 def test_a_count_agrees_with_its_noun(count: int, text: str) -> None:
     assert fmt.plural(count, "step") == text
+
+
+def test_the_agent_shows_control_characters_as_stepcli_does() -> None:
+    # The agent's `saved trace of steps ...: PATH` lines name the output folder, which may hold ESC sequences
+    from stepcli.agent.output import visible
+
+    every = "".join(chr(code) for code in range(0x3000)) + "\u2066\u2069"
+    assert visible(every) == fmt.visible(every)
+    assert visible("out\x1b[2J") == "out\\x1b[2J"
