@@ -291,6 +291,10 @@ def _without_step_annotation(agent: Agent, prof: Any, call: Any) -> None:
 _CO_GENERATOR, _CO_COROUTINE, _CO_ASYNC_GENERATOR = 0x20, 0x80, 0x200
 
 
+class StepOnError(Exception):
+    """A `--step-on` target that is missing or cannot be wrapped: said in stepcli's words, without a type name."""
+
+
 def patch_step_on(agent: Agent, module: ModuleType, spec: str, qualname: str) -> None:
     """`--step-on MODULE:QUALNAME`: each completed call of that function or method is a step.
 
@@ -303,7 +307,7 @@ def patch_step_on(agent: Agent, module: ModuleType, spec: str, qualname: str) ->
         return
     flags = getattr(getattr(function, "__code__", None), "co_flags", 0)
     if not callable(function) or flags & (_CO_GENERATOR | _CO_ASYNC_GENERATOR):
-        raise TypeError(f"{spec} is not a plain or async function (generators are not supported)")
+        raise StepOnError(f"{spec} is not a plain or async function (generators are not supported)")
     key = ("step-on", spec)
     counter = _OutermostCalls(agent, key, spec)
     wrapper = _async_step_on(agent, function, counter) if flags & _CO_COROUTINE else _step_on(agent, function, counter)
@@ -316,8 +320,12 @@ def _step_on_target(module: ModuleType, qualname: str) -> tuple[Any, str, Any, A
     """(owner, attribute, staticmethod/classmethod or None, the function itself) that QUALNAME names."""
     *owner_path, attr = qualname.split(".")
     owner: Any = module
-    for part in owner_path:
-        owner = getattr(owner, part)
+    where = module.__name__
+    for part in [*owner_path, attr]:  # our own words: the module is still importing, and Python's would blame a
+        if not hasattr(owner, part):  # circular import for a name it simply lacks
+            raise StepOnError(f"{where} has no attribute {part!r} (after the module's code ran)")
+        if part != attr:
+            owner, where = getattr(owner, part), f"{where}.{part}"
     raw = owner.__dict__[attr] if isinstance(owner, type) and attr in owner.__dict__ else getattr(owner, attr)
     kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
     return owner, attr, kind, raw.__func__ if kind is not None else raw

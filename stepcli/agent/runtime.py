@@ -63,6 +63,7 @@ class Agent:
         self.torch_imported = False
         self.trains = False
         self.exit_reason = ""
+        self.hook_notes: list[str] = []  # --step-on targets that could not be hooked, for the run summary
         self._signals_guarded = False  # SIGTERM/SIGHUP save first for the whole run, not only during windows
         self._names: dict[str, int] = {}
         self._flushed = False
@@ -137,7 +138,12 @@ class Agent:
         return patch
 
     def _hook_failed(self, name: str, exc: BaseException) -> None:
-        _say(f"could not hook {name} ({type(exc).__name__}: {exc}); it will not count steps")
+        from .patches import StepOnError
+
+        reason = str(exc) if isinstance(exc, StepOnError) else f"{type(exc).__name__}: {exc}"
+        message = f"could not hook {name} ({reason}); it will not count steps"
+        self.hook_notes.append(message)
+        _say(message)
 
     # -- requesters -------------------------------------------------------------------------------------------
     def requester_created(self, key: Hashable, base_name: str, owner: object = None, arm: bool = True) -> None:

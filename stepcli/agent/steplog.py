@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         compiles: CompileWatcher | None
         gc_pauses: GcPauses
         exit_reason: str
+        hook_notes: list[str]  # --step-on targets that could not be hooked
         wall_start: float  # time.time() when the agent started
         saved_steps: int  # global step of the last step log written
         saved_stalled: bool  # ... written when the process stopped stepping (its steps are whole)
@@ -118,7 +119,7 @@ def write_step_log(agent: Agent, progress: str = "") -> None:
         "phases": "".join(map(str, phases[:count])),
         "windows": list(recorder.windows) if recorder else [],
         "skipped_windows": recorder.skipped_windows if recorder else 0,
-        "notes": list(recorder.notes) if recorder else [],
+        "notes": [*agent.hook_notes, *(recorder.notes if recorder else [])],
         # --capture-on-slow windows placed but not recorded here (the job ended first, a rank was past them)
         "triggers_not_recorded": list(agent.ondemand.not_recorded) if agent.ondemand is not None else [],
         "exit": agent.exit_reason or "running",

@@ -213,6 +213,17 @@ def test_no_trace_when_the_program_stops_before_the_window(tmp_path: Path, train
     assert "the program made 1 step, and the first window records steps 6-" in result.stderr  # not "1 steps"
 
 
+def test_no_trace_when_the_program_ends_as_the_window_opens(tmp_path: Path, train_script: Path) -> None:
+    # GIVEN a program that makes 2 steps, and a window of steps 2-3: it opens as the program exits normally
+    out = tmp_path / "out"
+    result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "2", "-o", out, train_script, "2")
+    assert result.returncode == 0, result.stderr
+    assert trace_files(out) == []
+    # THEN the note says that no step of the window ran, not that a SIGKILL or a crash lost its trace
+    assert "the program made 2 steps, and the first window records steps 2-3" in result.stderr
+    assert "SIGKILL" not in result.stderr and "hard crash" not in result.stderr
+
+
 def test_script_without_torch_runs_normally_with_a_clear_note(tmp_path: Path) -> None:
     script = write_script(tmp_path, "plain.py", "print('hello')\n")
     result = run_stepcli("run", "-o", tmp_path / "out", script)

@@ -176,6 +176,29 @@ def test_step_on_in_threads_counts_every_call(tmp_path: Path) -> None:
     assert summary is not None and summary["steps"]["global"] == 200
 
 
+def test_step_on_a_name_the_module_lacks_says_so(tmp_path: Path) -> None:
+    # GIVEN --step-on naming a class the imported module does not have (a typo), in a program that still trains
+    write_script(tmp_path, "servelib.py", "def serve(x):\n    return x\n")
+    script = write_script(
+        tmp_path,
+        "typo.py",
+        """
+        import torch, servelib
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        for _ in range(4):
+            servelib.serve(1)
+            opt.step()
+    """,
+    )
+    result, summary = run_json(tmp_path, script, "--step-on", "servelib:Nope.serve")
+    assert result.returncode == 0, result.stderr
+    # THEN one line names what is missing, in stepcli's words: not Python's "partially initialized module ...
+    # (most likely due to a circular import)", nor a guess that the module was never imported
+    assert "could not hook servelib (servelib has no attribute 'Nope'" in result.stderr
+    assert "circular" not in result.stderr and "never imported" not in result.stderr
+    assert summary is not None and any("no attribute 'Nope'" in note for note in summary["notes"])
+
+
 def test_step_on_async_function_stays_a_coroutine_function(tmp_path: Path) -> None:
     write_script(
         tmp_path,

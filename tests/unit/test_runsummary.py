@@ -43,3 +43,15 @@ def test_missing_fields_are_fine_unless_required() -> None:
         load_run_summary(_doc(), "run.json", required=("step_time_ms",))
     with pytest.raises(StepcliError, match="unknown document schema 'other'"):
         load_run_summary({"schema": "other"}, "run.json")
+
+
+def test_a_process_that_said_why_its_window_was_lost_is_not_contradicted() -> None:
+    # The launcher guesses "a SIGKILL or a hard crash" only when no process said why its window was not saved
+    from stepcli.run.summary.build import _window_loss_explained
+
+    blocked = {"notes": ["the window open at SIGTERM could not be saved: the main thread was blocked"]}
+    cut = {
+        "notes": ["the window from step 2 was not saved (cut short: the program exited before it held a whole step)"]
+    }
+    assert _window_loss_explained([{"notes": []}, blocked]) and _window_loss_explained([cut])
+    assert not _window_loss_explained([{"notes": ["requesters stepped unequally"]}, {}])

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import platform
+import signal
 import socket
 import sys
 import uuid
@@ -111,6 +112,14 @@ _RUN_OPTIONS = frozenset(
 )
 
 
+def _window_loss_explained(logs: list[dict[str, Any]]) -> bool:
+    """Whether a process's own notes say why its window was not saved (the main thread blocked at a SIGTERM, the
+    program exiting from another thread): then the launcher's guess at a cause would contradict them."""
+    return any(
+        "window" in note and "saved" in note for log in logs for note in log.get("notes", []) if isinstance(note, str)
+    )
+
+
 def _why_no_steps(config: AgentConfig, exit_status: int, command: list[str] | None = None) -> str:
     hellos = _load_json_files(config.log_dir, lambda n: n.startswith(HELLO_PREFIX))
     if not hellos:
@@ -206,21 +215,28 @@ def build_run_summary(
         elif not windows:
             steps = primary.get("global_steps", 0)
             first_window = next(config.schedule.windows(1), None)
-            if first_window and steps < first_window[1]:
+            if first_window and steps <= first_window[1]:  # step N is the N+1st: none of the window's ended
                 notes.append(
                     f"no trace: the program made {plural(steps, 'step')}, and the first window records steps "
                     f"{first_window[1]}-{first_window[2]}; lower --wait/--skip-first/--warmup"
                 )
-            elif first_window and steps <= first_window[2]:  # it ended inside the window, with no time to save it
+            elif first_window and steps <= first_window[2] and not _window_loss_explained(logs):
+                # it ended inside the window with no time to save it, and said nothing of it
+                cause = (
+                    "SIGKILL leaves no time"
+                    if exit_status == 128 + signal.SIGKILL
+                    else "a SIGKILL or a hard crash leaves no time; SIGTERM, Ctrl-C and an ordinary exit save what "
+                    "was recorded"
+                )
                 notes.append(
                     f"no trace: the program ended (exit {exit_status}) at step {steps}, inside the window of steps "
-                    f"{first_window[1]}-{first_window[2]}, before its trace could be saved (SIGKILL or a hard crash "
-                    "leaves no time; SIGTERM, Ctrl-C and an ordinary exit save what was recorded); a shorter "
+                    f"{first_window[1]}-{first_window[2]}, before its trace could be saved ({cause}); a shorter "
                     "--active is saved sooner"
                 )
     stepped = {r["name"] for log in logs for r in log.get("requesters", []) if r["calls"]}
+    unhooked = " ".join(note for log in logs for note in log.get("notes", []) if isinstance(note, str))
     for spec in config.step_on:
-        if spec not in stepped:
+        if spec not in stepped and f"could not hook {spec.partition(':')[0]} " not in unhooked:
             notes.append(
                 f"--step-on {spec} never completed a call: its module was never imported, the function never "
                 "called, or it runs as __main__ (with -m, or as the script itself)"
