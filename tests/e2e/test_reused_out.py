@@ -42,3 +42,32 @@ def test_two_runs_of_rank_0_into_one_folder_stay_two_processes(tmp_path: Path) -
     text = run_stepcli("table", out, cwd=tmp_path, env={"COLUMNS": "200"})
     header = next(line for line in text.stdout.splitlines() if line.startswith("┃ Step"))
     assert all(f"{p} ms" in header for p in processes), header
+
+
+def test_two_rankless_runs_with_the_same_pid_stay_two_processes(tmp_path: Path) -> None:
+    # GIVEN two rankless runs of two windows each into one folder, from containers: each program PID 1 on a host of
+    # the same name, so their traces are all `box_1.<ns>.pt.trace.json` with pid 1 inside
+    script = write_script(tmp_path, "stepper.py", STEPPER.replace("range(8)", "range(10)"))
+    out = tmp_path / "containers"
+    for run in ("first", "second"):
+        done = run_stepcli("run", "-q", "--no-report", "--repeat", "2", "-o", tmp_path / run, script, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        for trace in trace_files(tmp_path / run):
+            document = json.loads(trace.read_text())
+            pids = {event.get("pid") for event in document["traceEvents"] if isinstance(event.get("pid"), int)}
+            for event in document["traceEvents"]:
+                if event.get("pid") in pids:
+                    event["pid"] = 1
+            out.mkdir(exist_ok=True)
+            clock = trace.name.split(".")[1]
+            (out / f"box_1.{clock}.pt.trace.json").write_text(json.dumps(document))
+    assert len(trace_files(out)) == 4
+    # WHEN the folder is summarized THEN the runs are two processes, each with its windows of steps 2-4 and 7-9,
+    # never one process with every step twice
+    result = run_stepcli("table", "--json", out, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert [row["process"] for row in doc["ranks"]] == ["box_1 #1", "box_1 #2"]
+    assert all([w["steps"] for w in row["windows"]] == ["steps 2-4", "steps 7-9"] for row in doc["ranks"])
+    by_process = {p: sorted(s["step"] for s in doc["steps"] if s["process"] == p) for p in ("box_1 #1", "box_1 #2")}
+    assert all(steps == [2, 3, 4, 7, 8, 9] for steps in by_process.values()), by_process

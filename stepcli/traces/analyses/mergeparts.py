@@ -76,7 +76,7 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
     flops_sources: set[str] = set()
     gemm_ns: dict[str, int] = {}
     rank_device: dict[str, DeviceTimes] = {}
-    labels = process_keys([(part.rank, part.path, part.main_pid) for part in parts])
+    labels = process_keys([(part.rank, part.path, part.main_pid, part.steps) for part in parts])
     for part, (_key, process) in zip(parts, labels):
         _add_rows(cpu.rows, part.cpu_rows)
         _add_rows(device.rows, part.device_rows)

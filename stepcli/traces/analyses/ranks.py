@@ -63,21 +63,63 @@ def process_key(rank: int | None, path: str, pid: int | str | None) -> tuple[str
     return f"3:{path}", os.path.basename(path)
 
 
-def process_keys(items: Sequence[tuple[int | None, str, int | str | None]]) -> list[tuple[str, str]]:
-    """`process_key` of every trace, (rank, path, pid) each, where one rank seen with several OS pids is several
-    processes: two runs into one folder (`-o` given twice), or a restarted rank, stay apart as `rank 0 (pid N)`,
-    never one process whose step 2 is two runs' step 2."""
+def process_keys(items: Sequence[tuple[int | None, str, int | str | None, Sequence[int]]]) -> list[tuple[str, str]]:
+    """`process_key` of every trace, (rank, path, pid, its step numbers) each. Two runs into one folder (`-o` given
+    twice), or a restarted rank, stay apart, never one process whose step 2 is two runs' step 2:
+
+    - one rank seen with several OS pids is several processes, `rank 0 (pid N)`;
+    - traces that would be one process but hold the same step (rankless runs in containers, where every program
+      is PID 1 on a host of the same name) are told apart by time: taken in the order their file names' clock
+      says (tensorboard_trace_handler's `<worker>.<ns>.pt.trace.json`), each trace joins the first of the
+      process's runs whose steps all came before its own, and the runs are labelled `vm_1 #1`, `vm_1 #2`."""
     pids: dict[int, set[int | str]] = {}
-    for rank, _path, pid in items:
+    for rank, _path, pid, _steps in items:
         if rank is not None and pid is not None:
             pids.setdefault(rank, set()).add(pid)
     out = []
-    for rank, path, pid in items:
+    for rank, path, pid, _steps in items:
         key, label = process_key(rank, path, pid)
         if rank is not None and pid is not None and len(pids.get(rank, ())) > 1:
             key, label = f"{key}:{pid}", f"{label} (pid {pid})"
         out.append((key, label))
+    return _split_reused(out, [(path, steps) for _rank, path, _pid, steps in items])
+
+
+_CLOCK = re.compile(r"\.(\d+)\.pt\.trace\.json(?:\.gz)?$")
+
+
+def _split_reused(keys: list[tuple[str, str]], traces: list[tuple[str, Sequence[int]]]) -> list[tuple[str, str]]:
+    """`keys` with each process whose traces repeat a step number split into runs (see process_keys)."""
+    by_key: dict[str, list[int]] = {}
+    for index, (key, _label) in enumerate(keys):
+        by_key.setdefault(key, []).append(index)
+    out = list(keys)
+    for key, indexes in by_key.items():
+        if len(indexes) < 2:
+            continue
+        counted = sum(len(set(traces[i][1])) for i in indexes)
+        if len(set().union(*(traces[i][1] for i in indexes))) == counted:
+            continue  # no step twice: one process
+        runs: list[tuple[int, list[int]]] = []  # (last step, trace indexes) per run
+        for i in sorted(indexes, key=lambda i: (_clock_of(traces[i][0]), i)):
+            steps = traces[i][1]
+            first, last = (min(steps), max(steps)) if steps else (None, None)
+            for n, (run_last, members) in enumerate(runs):
+                if first is None or first > run_last:
+                    members.append(i)
+                    runs[n] = (max(run_last, last if last is not None else run_last), members)
+                    break
+            else:
+                runs.append((last if last is not None else -1, [i]))
+        for n, (_last, members) in enumerate(runs, 1):
+            for i in members:
+                out[i] = (f"{key}#{n:06d}", f"{keys[i][1]} #{n}")
     return out
+
+
+def _clock_of(path: str) -> int:
+    found = _CLOCK.search(os.path.basename(path))
+    return int(found.group(1)) if found else 0
 
 
 def steps_label(steps: list[int]) -> str:
@@ -160,7 +202,7 @@ class ProcessRow:
 def group_processes(items: list[tuple[int | None, str, int | str | None, WindowFacts]]) -> list[ProcessRow]:
     """(rank, path, pid, window) of every trace -> one row per process, in rank order, windows by first step."""
     rows: dict[str, ProcessRow] = {}
-    keys = process_keys([(rank, path, pid) for rank, path, pid, _ in items])
+    keys = process_keys([(rank, path, pid, window.steps) for rank, path, pid, window in items])
     for (rank, _path, _pid, window), (key, label) in zip(items, keys):
         rows.setdefault(key, ProcessRow(label, rank)).windows.append(window)
     out = [rows[key] for key in sorted(rows)]
