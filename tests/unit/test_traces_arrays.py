@@ -47,6 +47,7 @@ def random_trace(seed: int) -> Trace:
         "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
         "autograd::engine::evaluate_function: AddBackward0",
         "aten::copy_",
+        "## backward ##",  # a user's wrapper: around a phase, its children stand in for it
     ]
     events: list[Event] = []
     t0 = 1_790_000_000_000.0 + rng.random()

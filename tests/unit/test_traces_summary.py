@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import assert_matches_key_averages
 
+from stepcli.traces.analyses import analysis as analysis_module
 from stepcli.traces.analyses.mergeparts import summarize
 from stepcli.traces.read.events import Event
 from stepcli.traces.read.reader import Trace, load_trace, rank_from_name
@@ -112,6 +113,33 @@ def test_breakdown_on_one_thread() -> None:
         {"dataloader": 0.010, "forward": 0.021, "backward": 0.020, "optimizer": 0.022, "other": 0.027}
     )
     assert data["device"] is None
+
+
+@pytest.mark.parametrize("engine", ["arrays", "reference"])
+def test_annotating_a_phase_moves_none_of_its_time_to_forward(monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
+    # GIVEN the step of test_breakdown_on_one_thread, with the user's `## forward ##`, `## backward ##` (around the
+    # backward and its gaps, two deep) and `## optimizer ##` annotations, as the PyTorch profiler recipe writes them
+    events = [
+        step(1, 0, 100),
+        ev("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 1, 10, cat="user_annotation"),
+        ev("## forward ##", 14, 23, cat="user_annotation"),
+        ev("aten::linear", 15, 20),
+        ev("aten::addmm", 16, 10),
+        ev("## backward ##", 38, 30, cat="user_annotation"),
+        ev("loss_scaler", 39, 28, cat="user_annotation"),
+        ev("autograd::engine::evaluate_function: AddmmBackward0", 40, 20),
+        ev("aten::mm", 41, 5),
+        ev("aten::ones_like", 62, 2),  # no phase of its own, inside the wrapper: an operator of its own
+        ev("## optimizer ##", 69, 30, cat="user_annotation"),
+        ev("Optimizer.step#SGD.step", 70, 20, cat="user_annotation"),
+    ]
+    if engine == "reference":
+        monkeypatch.setattr(analysis_module, "_analyze_columns", _step_aside)
+    data = summarize([Trace.from_events(events)]).to_dict()
+    # THEN backward's and the optimizer's wrappers hold no forward: only `## forward ##` (23) and ones_like (2)
+    assert data["breakdown_ms"] == pytest.approx(
+        {"dataloader": 0.010, "forward": 0.025, "backward": 0.020, "optimizer": 0.020, "other": 0.025}
+    )
 
 
 def test_breakdown_with_backward_on_the_autograd_thread_and_device_busy() -> None:
@@ -355,3 +383,9 @@ def test_straggler_is_named_by_compute_not_step_time() -> None:
     )
     # the wait is neither forward nor any other phase
     assert data["breakdown_ms"]["other"] == pytest.approx((0.08 + 0.01) / 2)
+
+
+def _step_aside(*_args: object, **_kwargs: object) -> None:
+    from stepcli.traces.analyses import arrays
+
+    raise arrays.TooLarge

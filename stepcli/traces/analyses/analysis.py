@@ -151,7 +151,8 @@ def _analyze_columns(
         if number is not None and number != incomplete_step:
             window = by_row[row] = Window(number, ids[int(pid_code[row])], int(start[row]), int(end[row]), [])
             windows.append(window)
-    phase_totals = _phase_totals_arrays(list(by_row), start, end, phase, pid_code, parent)
+    forward, forward_row = _forward_candidates(parent, phase, list(by_row))
+    phase_totals = _phase_totals_arrays(list(by_row), start, end, phase, pid_code, forward, forward_row)
 
     phase_spans: dict[int, list[tuple[int, int, int | str]]] = {
         DATALOADER: [],
@@ -167,11 +168,8 @@ def _analyze_columns(
     ):
         phase_spans[p].append((s, e, ids[pid]))
     if by_row and phase_totals is None:
-        under = np.nonzero(col.isin(parent, np.fromiter(by_row, np.int64, len(by_row))))[0]
-        for p, s, e, ph in zip(
-            parent[under].tolist(), start[under].tolist(), end[under].tolist(), phase[under].tolist()
-        ):
-            by_row[p].children.append((s, e, ph))
+        for row, s, e in zip(forward_row.tolist(), start[forward].tolist(), end[forward].tolist()):
+            by_row[row].children.append((s, e, 0))
 
     cpu_span = None
     if device_union and not windows and len(index):
@@ -226,12 +224,43 @@ def _in_steps_array(spans: StepSpans, pid: Any, start: Any, end: Any) -> Any:
     return inside
 
 
+def _forward_candidates(parent: Any, phase: Any, rows: list[int]) -> tuple[Any, Any]:
+    """The steps' forward candidates (`step_phases`): the events, and the step event (at `rows`) of each.
+
+    A step's top-level operator that is no phase is forward. A wrapper around a phase (a user's `## backward ##`
+    around the autograd engine's events, Lightning's `[pl][profile]...backward`) is no operator of its own: its
+    children stand in its place, so that naming a phase never moves the time between its events to forward."""
+    import numpy as np
+
+    n = len(parent)
+    contains = np.zeros(n, bool)  # holds a dataloader, optimizer or backward event somewhere below it
+    below = np.nonzero((phase >= DATALOADER) & (phase <= BACKWARD))[0]
+    while below.size:
+        up = parent[below]
+        up = up[up >= 0]
+        up = up[~contains[up]]
+        contains[up] = True
+        below = up
+    owner = np.full(n, -1, np.int64)  # the step event an event is a candidate of, through wrappers
+    owner[np.array(rows, np.int64)] = np.array(rows, np.int64)
+    is_row = owner >= 0
+    # Parents come before their children in this order: one pass over the wrappers (few) reaches every depth.
+    for wrapper in np.nonzero(contains & (phase == 0) & ~is_row)[0].tolist():
+        up = int(parent[wrapper])
+        if up >= 0 and owner[up] >= 0:
+            owner[wrapper] = owner[up]
+    candidate = np.nonzero((parent >= 0) & (phase == 0) & ~contains)[0]
+    candidate = candidate[owner[parent[candidate]] >= 0]
+    return candidate, owner[parent[candidate]]
+
+
 def _phase_totals_arrays(
-    rows: list[int], start: Any, end: Any, phase: Any, pid_code: Any, parent: Any
+    rows: list[int], start: Any, end: Any, phase: Any, pid_code: Any, forward: Any, forward_row: Any
 ) -> tuple[dict[str, int], int] | None:
-    """`step_phases` summed over the windows (the step events at `rows`), with array operations per process
-    (stepcli.traces.analyses.arrays.step_phases) instead of a Python step per span. None when two windows of one process
-    overlap: the per-window reference measures those."""
+    """`step_phases` summed over the windows (the step events at `rows`; `forward` the forward candidates and
+    `forward_row` the step of each, from _forward_candidates), with array operations per process
+    (stepcli.traces.analyses.arrays.step_phases) instead of a Python step per span. None when two windows of one
+    process overlap: the per-window reference measures those."""
     import numpy as np
 
     from stepcli.traces.analyses import arrays as col
@@ -243,10 +272,7 @@ def _phase_totals_arrays(
     window_pid, window_start, window_end = pid_code[at], start[at], end[at]
     window_of = np.full(len(start), -1, np.int64)
     window_of[at] = np.arange(len(at))
-    # Forward candidates: the steps' own top-level operators that are no other phase, clipped to their step.
-    child = np.nonzero((parent >= 0) & (phase == 0))[0]
-    child = child[window_of[parent[child]] >= 0]
-    child_window = window_of[parent[child]]
+    child, child_window = forward, window_of[forward_row]
     for pid in sorted(set(window_pid.tolist())):  # (np.unique would import numpy.ma: 10 ms)
         mine = np.nonzero(window_pid == pid)[0]
         by_start = mine[np.argsort(window_start[mine], kind="stable")]
@@ -255,14 +281,14 @@ def _phase_totals_arrays(
         of_pid = pid_code == pid
         spans = [np.nonzero(of_pid & (phase == p))[0] for p in (DATALOADER, OPTIMIZER, BACKWARD)]
         of_window = window_pid[child_window] == pid
-        forward, forward_events = child_window[of_window], child[of_window]
+        forward_of, forward_events = child_window[of_window], child[of_window]
         parts = col.step_phases(
             window_start[mine],
             window_end[mine],
             [start[e] for e in spans],
             [end[e] for e in spans],
-            np.maximum(start[forward_events], window_start[forward]),
-            np.minimum(end[forward_events], window_end[forward]),
+            np.maximum(start[forward_events], window_start[forward_of]),
+            np.minimum(end[forward_events], window_end[forward_of]),
         )
         for label, values in zip(PHASES, parts):
             totals[label] += int(values.sum())

@@ -162,23 +162,32 @@ class _Nesting:
         """Build one thread's operator tree with a stack of open frames, counting each frame as it closes."""
         items.sort()
         # frame: [end, row key, dur, children's dur, number of children, last child, name, step window or None,
-        #         counted: inside a step of the process, or the trace has no steps]
+        #         counted: inside a step of the process, or the trace has no steps, phase, holds a dataloader,
+        #         optimizer or backward event below it, forward candidates below it (see hand_up)]
         stack: list[list[Any]] = []
+
+        def close() -> None:
+            frame = stack.pop()
+            self.finish(frame)
+            if frame[7] is not None:
+                frame[7].children = [(s, e, 0) for s, e in frame[11]]
+            if stack:
+                hand_up(frame, stack[-1])
+
         for start, neg_dur, _index, event in items:
             end = start - neg_dur
             while stack and (start >= stack[-1][0] or end > stack[-1][0]):
-                self.finish(stack.pop())
+                close()
             frame, phase = self.frame_for(pid, event, start, end)
+            frame += [phase, False, []]
             if stack:
                 parent = stack[-1]
                 parent[3] += frame[2]
                 parent[4] += 1
                 parent[5] = frame
-                if parent[7] is not None:
-                    parent[7].children.append((start, end, phase))
             stack.append(frame)
         while stack:
-            self.finish(stack.pop())
+            close()
 
     def frame_for(self, pid: int | str, event: Event, start: int, end: int) -> tuple[list[Any], int]:
         """A new frame for `event`, and its phase; opens a step window for a complete ProfilerStep#N."""
@@ -235,3 +244,18 @@ class _Nesting:
         unions = {label: union(spans[label]) for label in ("compute", "comm", "memory")}
         unions["comm_or_compute"] = union(spans["compute"] + spans["comm"])
         return unions
+
+
+def hand_up(frame: list[Any], parent: list[Any]) -> None:
+    """Pass a closed frame's forward candidates to its parent (stepcli.traces.analyses.analysis._forward_candidates):
+    an operator that is no phase is one; a wrapper around a dataloader, optimizer or backward event (a user's
+    `## backward ##`) is none: its own candidates stand in its place."""
+    phase, holds = frame[9], frame[10]
+    if holds or DATALOADER <= phase <= BACKWARD:
+        parent[10] = True
+    if phase:
+        return  # a phase, communication or a pause: never forward
+    if not holds:
+        parent[11].append((frame[0] - frame[2], frame[0]))
+    elif frame[7] is None:
+        parent[11].extend(frame[11])
