@@ -196,6 +196,13 @@ class Sides:
         stats = (self.baseline.populations.get(self.pops[0]), self.current.populations.get(self.pops[1]))
         if None in stats:  # each side measured something, but not the steps this comparison needs
             return [(side, m, f"no {pop} steps") for (side, m), pop, st in zip(sides, self.pops, stats) if st is None]
+        zero = [
+            (side, m, f"only {pop} steps of 0 ms (a trace without time, or a broken clock)")
+            for (side, m), pop, st in zip(sides, self.pops, stats)
+            if st is not None and not st["max"] > 0
+        ]
+        if zero:  # no time to compare: a ratio of 0 ms, or a change of +0 ms "within tolerance", would be invented
+            return zero
         if self.with_samples and not all(self.runs):
             skip = self.skip_steps
             return [

@@ -414,3 +414,22 @@ def test_github_step_summary_is_appended(summaries: dict[str, Path], tmp_path: P
     assert text.startswith("# Earlier step\n\nkeep me\n")
     assert text.index("### stepcli compare: NO CHANGE") < text.index("### stepcli compare: NOTHING MEASURED")
     assert len(markdown_tables(text)) >= 3
+
+
+def test_steps_without_time_are_nothing_measured(tmp_path: Path) -> None:
+    # GIVEN traces whose 12 steps all last 0 us (a clock that did not move), and one whose steps take 10 us
+    def steps_trace(name: str, dur: float) -> Path:
+        events = []
+        for step in range(12):
+            events.append({"name": f"ProfilerStep#{step}", "ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1})
+            events[-1].update(ts=step * 100, dur=dur)
+        path = tmp_path / name
+        path.write_text(json.dumps({"traceEvents": events}))
+        return path
+
+    frozen, other, timed = steps_trace("frozen.json", 0), steps_trace("other.json", 0), steps_trace("timed.json", 10)
+    # WHEN compared THEN nothing was measured (exit 3), never NO CHANGE (+0 ms within tolerance) nor a -100% change
+    for base, current in ((frozen, other), (timed, frozen)):
+        result = run_stepcli("compare", base, current)
+        assert result.returncode == 3, result.stdout
+        assert "NOTHING MEASURED" in result.stdout and "only recorded steps of 0 ms" in result.stdout

@@ -129,7 +129,8 @@ def test_zero_tolerance_and_zero_floor_fail_any_slowdown() -> None:
 
 
 def test_zero_baseline_uses_floor_and_reports_no_percentage() -> None:
-    result = decide(run(0.0), run(0.3), tolerance=0.1, min_delta_ms=0.5)
+    # (a median of 0 ms among steps that took time: all-zero steps are nothing measured)
+    result = decide(run(0.0, high=0.2), run(0.3), tolerance=0.1, min_delta_ms=0.5)
     assert result.verdict == "no_change"
     assert "n/a" in result.message
 
@@ -176,6 +177,9 @@ def test_unknown_metric_is_rejected() -> None:
         (run(10.0, profiled=12.0), trace(None, events=0), "0 trace events"),
         # Each side measured something, but not what a run-vs-trace comparison needs.
         (run(10.0), trace(10.0), "baseline run.json has no profiled steps"),
+        # Steps without time (a trace whose clock did not move): no ratio, no "+0 ms within tolerance"
+        (trace(0.0, high=0.0), trace(0.0, high=0.0), "baseline trace.json has only recorded steps of 0 ms"),
+        (trace(10.0), trace(0.0, high=0.0), "current trace.json has only recorded steps of 0 ms"),
     ],
 )
 def test_nothing_measured(baseline: Measurement, current: Measurement, why: str) -> None:
