@@ -122,6 +122,9 @@ def compare_main(
         allow_inconclusive=allow_inconclusive,
         op_changes=op_changes,
     )
+    different = different_programs(base, cur)
+    if different:
+        comparison = dataclasses.replace(comparison, notes=(*comparison.notes, different))
     if why_not:
         comparison = dataclasses.replace(comparison, notes=(*comparison.notes, why_not))
         if comparison.op_rows and not any(change.kind != "phase" for change in op_changes):
@@ -156,6 +159,8 @@ def compare_main(
     if {os.path.realpath(p) for p in base_paths} == {os.path.realpath(p) for p in cur_paths}:
         # a CI gate handed one path twice (a variable unset, an artifact not downloaded) passes whatever happened
         print("stepcli: warning: baseline and current are the same files: nothing was compared", file=sys.stderr)
+    if different:  # stdout may be a file the CI job never shows: the log sees it too
+        print(f"stepcli: warning: {different}", file=sys.stderr)
     if comparison.verdict == "inconclusive":
         outcome = (
             "exit 0: --allow-inconclusive"
@@ -164,6 +169,22 @@ def compare_main(
         )
         print(f"stepcli: warning: inconclusive: {comparison.message} ({outcome})", file=sys.stderr)
     return comparison.exit_code
+
+
+def different_programs(baseline: Measurement, current: Measurement) -> str | None:
+    """Why the two sides look like different programs (a CI gate handed the wrong artifact), or None.
+
+    Run summaries name their program (`python train.py` vs `python eval.py`); traces show it in their operators:
+    whole operator tables with no operator in common are not one program's."""
+    if baseline.programs and current.programs and not baseline.programs & current.programs:
+        return (
+            f"baseline and current ran different programs ({', '.join(sorted(baseline.programs))} vs "
+            f"{', '.join(sorted(current.programs))}): their step times may not be comparable"
+        )
+    names = [{op.name for op in side.ops} for side in (baseline, current)]
+    if baseline.ops_complete and current.ops_complete and all(names) and not names[0] & names[1]:
+        return "baseline and current have no operator in common: they look like different programs"
+    return None
 
 
 def _attribution(

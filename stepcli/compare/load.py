@@ -49,7 +49,19 @@ def measurement_from_run(doc: Mapping[str, Any], label: str) -> Measurement:
         exit_status=summary.get("exit_status"),
         runs=(RunSteps(label, run_id, processes, True),) if processes else (),
         trace_files=(trace_files,) if trace_files else (),
+        programs=frozenset(filter(None, [program_of(summary.get("command"))])),
     )
+
+
+def program_of(command: Any) -> str | None:
+    """The program a run's command ran, for telling two different programs apart: the module of `-m`, else the
+    first Python file's name (`python train.py`, `torchrun ... train.py`), else the command's name."""
+    if not isinstance(command, list) or not command or not all(isinstance(word, str) for word in command):
+        return None
+    if "-m" in command[:-1]:
+        return f"-m {command[command.index('-m') + 1]}"
+    script = next((word for word in command[1:] if word.endswith(".py")), None)
+    return os.path.basename(script or command[0]) or None
 
 
 def _counted(stats: Stats | None) -> Stats | None:
@@ -232,6 +244,7 @@ def combine(measurements: Sequence[Measurement], label: str) -> Measurement:
         if all(m.trace_files for m in measured)
         else (),
         op_steps=op_steps,
+        programs=frozenset().union(*(m.programs for m in measured)),
     )
 
 

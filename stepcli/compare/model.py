@@ -89,6 +89,7 @@ class Measurement:
     # Traces behind each run (for per-operator attribution) and, once read, their per-step operator times.
     trace_files: tuple[tuple[str, ...], ...] = ()
     op_steps: tuple[OpSteps, ...] | None = None
+    programs: frozenset[str] = frozenset()  # run summaries: the program each run ran (train.py, -m pkg.train)
 
     @property
     def description(self) -> str:

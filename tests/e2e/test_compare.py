@@ -433,3 +433,20 @@ def test_steps_without_time_are_nothing_measured(tmp_path: Path) -> None:
         result = run_stepcli("compare", base, current)
         assert result.returncode == 3, result.stdout
         assert "NOTHING MEASURED" in result.stdout and "only recorded steps of 0 ms" in result.stdout
+
+
+def test_traces_with_no_operator_in_common_are_said_to_be_different_programs(tmp_path: Path) -> None:
+    def trace_of(name: str, op: str) -> Path:
+        events = []
+        for step in range(12):
+            events.append({"name": f"ProfilerStep#{step}", "ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1})
+            events[-1].update(ts=step * 100, dur=50)
+            events.append({"name": op, "ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": step * 100 + 1, "dur": 40})
+        path = tmp_path / name
+        path.write_text(json.dumps({"traceEvents": events}))
+        return path
+
+    train, serve = trace_of("train.json", "aten::mm"), trace_of("serve.json", "aten::conv2d")
+    result = run_stepcli("compare", train, serve)
+    assert "stepcli: warning: baseline and current have no operator in common" in result.stderr
+    assert "no operator in common" not in run_stepcli("compare", train, trace_of("again.json", "aten::mm")).stderr

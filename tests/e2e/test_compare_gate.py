@@ -234,6 +234,22 @@ def test_a_run_compared_with_itself_is_said_so(runs: dict[str, Path]) -> None:
     assert "the same files" not in other.stderr
 
 
+def test_runs_of_different_programs_are_said_so(runs: dict[str, Path], tmp_path: Path) -> None:
+    # GIVEN the baseline run, and the same run saved as if it had run another script (the wrong CI artifact)
+    doc = json.loads(runs["same"].read_text())
+    assert doc["command"][1].endswith("sleeper.py")
+    doc["command"][1] = doc["command"][1].replace("sleeper.py", "evaluate.py")
+    other = tmp_path / "evaluate.json"
+    other.write_text(json.dumps(doc))
+    # WHEN compared THEN the verdict stands, with a warning naming both programs, on stderr and in the report
+    result = run_stepcli("compare", runs["base1"], other)
+    warning = "baseline and current ran different programs (sleeper.py vs evaluate.py)"
+    assert f"stepcli: warning: {warning}" in result.stderr
+    assert warning in " ".join(result.stdout.split())
+    # AND runs of one program, with other arguments, are one program
+    assert "different programs" not in run_stepcli("compare", runs["base1"], runs["slow"]).stderr
+
+
 def _header(stdout: str, name: str) -> str:
     """compare's header line for one side, its wrapped continuation lines (80 columns on a pipe) joined."""
     lines = stdout.splitlines()
