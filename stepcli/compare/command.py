@@ -132,6 +132,30 @@ def compare_main(
             # and be noise. The totals are shown without changes; the note says why and how to get them.
             comparison = dataclasses.replace(comparison, ops_judged=False)
 
+    _show(comparison, markdown_path)
+    warnings = []
+    if {os.path.realpath(p) for p in base_paths} == {os.path.realpath(p) for p in cur_paths}:
+        # a CI gate handed one path twice (a variable unset, an artifact not downloaded) passes whatever happened
+        warnings.append("baseline and current are the same files: nothing was compared")
+    if different:  # stdout may be a file the CI job never shows: the log sees it too
+        warnings.append(different)
+    if comparison.verdict == "inconclusive":
+        outcome = (
+            "exit 0: --allow-inconclusive"
+            if allow_inconclusive
+            else "exit 4: a gate that cannot decide fails; --allow-inconclusive passes it"
+        )
+        warnings.append(f"inconclusive: {comparison.message} ({outcome})")
+    from stepcli.fmt import visible
+
+    for warning in warnings:  # names from traces and run summaries: control characters shown
+        print(f"stepcli: warning: {visible(warning)}", file=sys.stderr)
+    return comparison.exit_code
+
+
+def _show(comparison: Comparison, markdown_path: str | None) -> None:
+    """The comparison on stdout (the console's, or Markdown with `--markdown -`), the Markdown file, and the
+    GitHub step summary. A reader gone (`| head`) ends the output, not the verdict."""
     from stepcli.fmt import visible_all
 
     comparison = visible_all(comparison)  # names from traces and run summaries: control characters shown
@@ -156,19 +180,6 @@ def compare_main(
                 f"{markdown_path}: cannot write the Markdown report ({exc.strerror or exc})", EXIT_USAGE
             ) from None
     _append_step_summary(markdown)
-    if {os.path.realpath(p) for p in base_paths} == {os.path.realpath(p) for p in cur_paths}:
-        # a CI gate handed one path twice (a variable unset, an artifact not downloaded) passes whatever happened
-        print("stepcli: warning: baseline and current are the same files: nothing was compared", file=sys.stderr)
-    if different:  # stdout may be a file the CI job never shows: the log sees it too
-        print(f"stepcli: warning: {different}", file=sys.stderr)
-    if comparison.verdict == "inconclusive":
-        outcome = (
-            "exit 0: --allow-inconclusive"
-            if allow_inconclusive
-            else "exit 4: a gate that cannot decide fails; --allow-inconclusive passes it"
-        )
-        print(f"stepcli: warning: inconclusive: {comparison.message} ({outcome})", file=sys.stderr)
-    return comparison.exit_code
 
 
 def different_programs(baseline: Measurement, current: Measurement) -> str | None:
