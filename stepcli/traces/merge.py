@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from stepcli.errors import StepcliError, TraceError
+from stepcli.fmt import plural
 from stepcli.traces.read.files import MERGED_MARKER as MARKER
 from stepcli.traces.read.jsonvalues import as_id, as_time
 
@@ -253,7 +254,7 @@ def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
     reference_base = next((p.base for p in plans if isinstance(p.base, int)), 0)
     marks = _culprit_marks(culprit, mains)
     facts = {
-        "ranks": sorted(per_rank),
+        "ranks": sorted(per_rank) if missing is None else [],  # one trace without a rank is no rank 0
         "repeated_ranks": {rank: count for rank, count in sorted(per_rank.items()) if count > 1},
         "files": list(files),
         "alignment": (culprit or {}).get("alignment"),
@@ -322,9 +323,9 @@ def merge_main(paths: Sequence[str], output: str) -> str:
     )
     found = facts["culprit"]
     who = f"; culprit rank {found['rank']}" if found else ""
-    ranks = ", ".join(map(str, facts["ranks"]))
     repeated = "".join(f"; rank {r} in {n} traces (kept apart)" for r, n in facts["repeated_ranks"].items())
-    return (
-        f"wrote {output}: ranks {ranks} from {len(facts['files'])} trace(s), {clock}, {facts['marks']} marks{who}"
-        f"{repeated}"
+    traces = plural(len(facts["files"]), "trace")
+    held = (
+        f"ranks {', '.join(map(str, facts['ranks']))} from {traces}" if facts["ranks"] else f"{traces} without a rank"
     )
+    return f"wrote {output}: {held}, {clock}, {plural(facts['marks'], 'mark')}{who}{repeated}"

@@ -414,6 +414,7 @@ def test_merge_aligns_ranks_and_opens_in_hta(sleep_run: dict[str, Any], tmp_path
     proc = run_stepcli("merge", shifted, "-o", merged)
     assert proc.returncode == 0, proc.stderr
     assert "culprit rank 1" in proc.stdout, proc.stdout
+    assert proc.stdout.startswith(f"wrote {merged}: ranks 0, 1 from 2 traces, clocks aligned by collectives")
     # THEN one valid Chrome trace holds both ranks as processes, with the culprit marked at each collective
     document = json.loads(merged.read_text())
     events = document["traceEvents"]
@@ -467,6 +468,14 @@ def test_merge_bad_input_and_foreign_output(sleep_run: dict[str, Any], tmp_path:
     assert run_stepcli("merge", sleep_run["out"], "-o", merged).returncode == 0
     proc = run_stepcli("merge", merged, "-o", tmp_path / "again.json")
     assert proc.returncode == 2 and "already a merged trace" in proc.stderr
+    # one trace without a rank merges as what it is, not as "ranks 0"
+    rankless = tmp_path / "single.json"
+    rankless.write_text(
+        json.dumps({"traceEvents": [{"name": "aten::mm", "ph": "X", "pid": 1, "tid": 1, "ts": 1, "dur": 2}]})
+    )
+    proc = run_stepcli("merge", rankless, "-o", tmp_path / "single-merged.json")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"wrote {tmp_path / 'single-merged.json'}: 1 trace without a rank, "), proc.stdout
 
 
 def test_report_charts_each_ranks_lateness(gc_run: dict[str, Any], browser: Any, tmp_path: Path) -> None:  # noqa: F811

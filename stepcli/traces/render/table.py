@@ -51,7 +51,7 @@ def pct(share: float) -> str:
 
 
 def skipped_note(count: int) -> str:
-    return f"skipped {count:,} event{'s' if count != 1 else ''} with a missing, non-numeric, negative or out-of-range ts/dur (see README)"
+    return f"skipped {count:,} event{'s' if count != 1 else ''} with a missing, non-numeric, negative or out-of-range ts/dur (left out of every figure)"
 
 
 def outside_note(outside: Mapping[str, Any] | None) -> str | None:
