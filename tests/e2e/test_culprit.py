@@ -405,6 +405,31 @@ def _shifted_copy(run: dict[str, Any], folder: Path, shift_us: float) -> Path:
     return folder
 
 
+def test_two_runs_in_one_folder_name_no_culprit_across_them(sleep_run: dict[str, Any], tmp_path: Path) -> None:
+    # GIVEN the folder of the run where rank 1 is late, and a second run of the same job copied into it (other pids)
+    folder = tmp_path / "two-runs"
+    folder.mkdir()
+    for path in trace_files(sleep_run["out"]):
+        document = load_trace(path)
+        (folder / path.name).write_text(json.dumps(document))
+        pids = {e["pid"] for e in document["traceEvents"] if isinstance(e.get("pid"), int) and e["pid"] > 0}
+        for event in document["traceEvents"]:
+            if event.get("pid") in pids:
+                event["pid"] += 100_000
+        rank, rest = path.name.split(".", 1)
+        (folder / f"{rank}.9{rest}").write_text(json.dumps(document))
+    # WHEN summarized THEN each rank is two processes, and nobody is named across runs (rank 0 of one run cannot be
+    # said to wait for rank 1 of the other), with the reason on the terminal
+    data = json.loads(run_stepcli("table", "--json", folder).stdout)
+    assert len(data["ranks"]) == 4 and data["repeated_ranks"] == {"0": 2, "1": 2}
+    assert data["culprit"] is None and data["slowest_rank"] is None
+    text = " ".join(run_stepcli("table", folder).stdout.split())
+    assert "ranks in several processes (rank 0 in 2, rank 1 in 2): several runs in one folder" in text
+    # AND one run's folder still names its culprit
+    alone = json.loads(run_stepcli("table", "--json", sleep_run["out"]).stdout)
+    assert alone["repeated_ranks"] == {} and alone["culprit"]["culprit"]["rank"] == 1
+
+
 def test_merge_aligns_ranks_and_opens_in_hta(sleep_run: dict[str, Any], tmp_path: Path) -> None:
     # GIVEN two ranks' traces, rank 1's clock 7 s ahead
     shifted = _shifted_copy(sleep_run, tmp_path / "shifted", 7_000_000.0)

@@ -107,7 +107,13 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
     breakdown = breakdown_of(parts)
     step_ns = round(sum(s.dur_ms for s in steps) * NS_PER_MS)
     basis_ns, share_of = share_basis(step_ns, len(steps), cpu.self_ns_without_steps(group_by_shape))
-    straggler = find_straggler(processes)
+    seen: dict[int, int] = {}
+    for row in processes:
+        if row.rank is not None:
+            seen[row.rank] = seen.get(row.rank, 0) + 1
+    repeated = {rank: count for rank, count in sorted(seen.items()) if count > 1}
+    # Several processes of one rank: which rank 0 waited for which rank 1 cannot be told; name nobody.
+    straggler = None if repeated else find_straggler(processes)
     return TraceSummary(
         files=[p.path for p in parts],
         step_ms=describe(s.dur_ms for s in steps),
@@ -130,5 +136,6 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
         straggler=straggler.to_dict() if straggler else None,
         outside_events=sum(p.outside_events for p in parts),
         outside_ms=sum(p.outside_ns for p in parts) / NS_PER_MS,
-        culprit=from_parts(parts, steps),
+        culprit=None if repeated else from_parts(parts, steps),
+        repeated_ranks=repeated,
     )

@@ -107,6 +107,9 @@ class TraceSummary:
     culprit: dict[str, Any] | None = (
         None  # the rank the others wait for at collectives (stepcli.traces.analyses.culprit)
     )
+    # rank -> processes, for ranks seen in several (several runs in one folder, a restarted job): no straggler and
+    # no culprit is named then, since no job's ranks can be told from another's
+    repeated_ranks: dict[int, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -126,6 +129,7 @@ class TraceSummary:
             "outside_steps": {"events": self.outside_events, "self_ms": self.outside_ms},
             "flops": self.flops,
             "culprit": self.culprit,
+            "repeated_ranks": {str(rank): count for rank, count in self.repeated_ranks.items()},
         }
 
     def _rank_dict(self, row: ProcessRow) -> dict[str, Any]:

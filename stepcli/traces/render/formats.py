@@ -25,6 +25,7 @@ from stepcli.traces.render.table import (
     pct,
     print_rich_report,
     process_label,
+    repeated_note,
     skipped_note,
     sort_rows,
 )
@@ -162,6 +163,9 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
             lines += [f"Slowest rank: {_md_text(data['straggler']['evidence'])}.", ""]
         culprit = culprit_lines(data.get("culprit"))
         lines += [_md_text(f"C{line[1:]}") for line in culprit] + [""] * bool(culprit)
+        repeated = repeated_note(data.get("repeated_ranks"))
+        if repeated:
+            lines += [_md_text(f"{repeated[0].upper()}{repeated[1:]}."), ""]
     breakdown = data.get("breakdown_ms")
     if breakdown:
         total = sum(breakdown.values())

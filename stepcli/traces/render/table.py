@@ -64,6 +64,17 @@ def outside_note(outside: Mapping[str, Any] | None) -> str | None:
     return f"{events} ({_ms(outside['self_ms'])} ms) outside recorded steps left out"
 
 
+def repeated_note(repeated: Mapping[str, int] | None) -> str | None:
+    """The line saying why no slowest rank or culprit is named when ranks appear in several processes."""
+    if not repeated:
+        return None
+    ranks = ", ".join(f"rank {rank} in {count}" for rank, count in repeated.items())
+    return (
+        f"ranks in several processes ({ranks}): several runs in one folder, or a restarted job; no slowest rank "
+        "and no culprit is named across them (summarize one run's traces for those)"
+    )
+
+
 # ------------------------------------------------------------------------------------------------ rich tables
 def ops_table(
     rows: Sequence[Mapping[str, Any]],
@@ -303,6 +314,9 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
             console.print(f"slowest rank: {data['slowest_rank']}", highlight=False)
         for line in culprit_lines(data.get("culprit")):
             console.print(line, highlight=False, markup=False)
+        repeated = repeated_note(data.get("repeated_ranks"))
+        if repeated:
+            console.print(repeated, highlight=False, markup=False)
     if data["steps"]:
         console.print(steps_table(data["steps"], limit, width=console.width))
     if data.get("breakdown_ms"):
