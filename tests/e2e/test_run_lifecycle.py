@@ -172,6 +172,7 @@ def test_sigterm_to_stepcli_is_forwarded_and_the_window_saved(sigterm_run: dict[
     assert_partial_trace(sigterm_run["out"])
     assert "cut short: SIGTERM" in stderr
     assert "stepcli summary" in stderr
+    assert re.search(r"status +exit 143 \(SIGTERM\), ", stderr), stderr  # the status, and what it means
 
 
 def test_ctrl_c_reaches_the_program_and_stepcli_still_reports(tmp_path: Path) -> None:

@@ -68,6 +68,18 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
     _print_next(summary, report_path, console)
 
 
+def _killed_by(status: int | None) -> str:
+    """` (SIGTERM)` for 143: the name of the signal an exit status of 128+N says the program died of."""
+    import signal
+
+    if status is not None and 128 < status < 128 + 65:
+        try:
+            return f" ({signal.Signals(status - 128).name})"
+        except ValueError:
+            return ""
+    return ""
+
+
 def _overview(summary: RunSummary, console: Console) -> Table:
     """The grid of the run's outcome: status, steps, step times, compile, timeline, peak memory."""
     from rich.table import Table
@@ -76,7 +88,10 @@ def _overview(summary: RunSummary, console: Console) -> Table:
     overview.add_column(style="bold")
     overview.add_column()
     status = summary["exit_status"]
-    overview.add_row("status", f"[{'green' if status == 0 else 'red'}]exit {status}[/], {summary['duration_s']:.1f} s")
+    overview.add_row(
+        "status",
+        f"[{'green' if status == 0 else 'red'}]exit {status}{_killed_by(status)}[/], {summary['duration_s']:.1f} s",
+    )
     named = list(summary["steps"]["requesters"].items())
     requesters = ", ".join(f"{name} {count}" for name, count in named[:6])
     if len(named) > 6:  # e.g. a new optimizer per epoch
