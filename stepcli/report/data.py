@@ -158,7 +158,7 @@ def _add_step_times(data: ReportData, summary: RunSummary | None, analysis: dict
 def _add_trace_tables(data: ReportData, analysis: dict[str, Any], parts: list[list[FilePart]]) -> None:
     """Breakdown, operator tables and shapes from the traces: every operator, one breakdown bar per rank."""
     from stepcli.traces.analyses.mergeparts import breakdown_of, merge_parts
-    from stepcli.traces.render.table import outside_note
+    from stepcli.traces.render.table import outside_note, repeated_note
 
     data.cpu_ops = [op for op in analysis["cpu_ops"] if op["name"] != STEP_KEY]
     data.outside_note = outside_note(analysis.get("outside_steps"))
@@ -182,6 +182,9 @@ def _add_trace_tables(data: ReportData, analysis: dict[str, Any], parts: list[li
         data.shape_ops = [op for op in shaped_ops if op["name"] != STEP_KEY][:TOP_ROWS]
     if analysis.get("skipped_events"):
         data.notes.append(f"{analysis['skipped_events']} trace event(s) had unusable times and were left out")
+    repeated = repeated_note(analysis.get("repeated_ranks"))
+    if repeated:
+        data.notes.append(repeated)
 
 
 def _at_the_runs_pace(device: dict[str, Any] | None, summary: RunSummary | None) -> dict[str, Any] | None:

@@ -425,6 +425,9 @@ def test_two_runs_in_one_folder_name_no_culprit_across_them(sleep_run: dict[str,
     assert data["culprit"] is None and data["slowest_rank"] is None
     text = " ".join(run_stepcli("table", folder).stdout.split())
     assert "ranks in several processes (rank 0 in 2, rank 1 in 2): several runs in one folder" in text
+    page = tmp_path / "two-runs.html"
+    assert run_stepcli("report", folder, "-o", page).returncode == 0
+    assert "ranks in several processes (rank 0 in 2, rank 1 in 2)" in page.read_text()  # the page says it too
     # AND one run's folder still names its culprit
     alone = json.loads(run_stepcli("table", "--json", sleep_run["out"]).stdout)
     assert alone["repeated_ranks"] == {} and alone["culprit"]["culprit"]["rank"] == 1
