@@ -101,18 +101,15 @@ _EXITS_3 = """
 """
 
 
-@pytest.mark.parametrize("program_status, fail_over, expected", [(3, [], 3), (0, ["--fail-over", "p50=1e9"], 0)])
-def test_run_keeps_the_programs_status_when_stderr_goes_away(
-    tmp_path: Path, program_status: int, fail_over: list[str], expected: int
-) -> None:
+def test_run_keeps_the_programs_status_when_stderr_goes_away(tmp_path: Path) -> None:
     # GIVEN stepcli's stderr a pipe whose reader has gone (`stepcli run ... 2>&1 >/dev/null | head -1`)
     script = write_script(tmp_path, "train.py", _EXITS_3)
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        args = ["run", "--wait", "1", "--warmup", "0", "--active", "2", *fail_over, "-o", "out", str(script)]
+        args = ["run", "--wait", "1", "--warmup", "0", "--active", "2", "--fail-over", "p50=1e9", "-o", "out"]
         result = subprocess.run(
-            [sys.executable, "-m", "stepcli", *args, str(program_status)],
+            [sys.executable, "-m", "stepcli", *args, str(script), "3"],
             cwd=tmp_path,
             env=stepcli_env(),
             stdin=subprocess.DEVNULL,
@@ -122,8 +119,9 @@ def test_run_keeps_the_programs_status_when_stderr_goes_away(
         )
     finally:
         os.close(write_end)
-    # THEN stepcli exits with the program's status (rich's broken-pipe handling made it 1), the budget still checked
-    assert result.returncode == expected
+    # THEN stepcli exits with the program's status (rich's broken-pipe handling made it 1), the budget checked
+    # without a crash on the way
+    assert result.returncode == 3
     # AND the traces and the run summary were written all the same
     assert list((tmp_path / "out").rglob("*.pt.trace.json*"))
     assert list((tmp_path / "out").rglob("summary.json"))

@@ -47,20 +47,21 @@ def test_two_runs_of_rank_0_into_one_folder_stay_two_processes(tmp_path: Path) -
 def test_two_rankless_runs_with_the_same_pid_stay_two_processes(tmp_path: Path) -> None:
     # GIVEN two rankless runs of two windows each into one folder, from containers: each program PID 1 on a host of
     # the same name, so their traces are all `box_1.<ns>.pt.trace.json` with pid 1 inside
+    # (the second run is the first again, an hour later by its file names' clock)
     script = write_script(tmp_path, "stepper.py", STEPPER.replace("range(8)", "range(10)"))
     out = tmp_path / "containers"
-    for run in ("first", "second"):
-        done = run_stepcli("run", "-q", "--no-report", "--repeat", "2", "-o", tmp_path / run, script, cwd=tmp_path)
-        assert done.returncode == 0, done.stderr
-        for trace in trace_files(tmp_path / run):
-            document = json.loads(trace.read_text())
-            pids = {event.get("pid") for event in document["traceEvents"] if isinstance(event.get("pid"), int)}
-            for event in document["traceEvents"]:
-                if event.get("pid") in pids:
-                    event["pid"] = 1
-            out.mkdir(exist_ok=True)
-            clock = trace.name.split(".")[1]
-            (out / f"box_1.{clock}.pt.trace.json").write_text(json.dumps(document))
+    out.mkdir()
+    done = run_stepcli("run", "-q", "--no-report", "--repeat", "2", "-o", tmp_path / "run", script, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for trace in trace_files(tmp_path / "run"):
+        document = json.loads(trace.read_text())
+        pids = {event.get("pid") for event in document["traceEvents"] if isinstance(event.get("pid"), int)}
+        for event in document["traceEvents"]:
+            if event.get("pid") in pids:
+                event["pid"] = 1
+        clock = int(trace.name.split(".")[1])
+        for later in (0, 3600 * 10**9):
+            (out / f"box_1.{clock + later}.pt.trace.json").write_text(json.dumps(document))
     assert len(trace_files(out)) == 4
     # WHEN the folder is summarized THEN the runs are two processes, each with its windows of steps 2-4 and 7-9,
     # never one process with every step twice
