@@ -64,6 +64,7 @@ class Recorder:
         self.deferred_signal = 0
         self.prof: Any = None
         self.building = False  # true while our own profile object is being constructed
+        self.started_once = False
         self.windows: list[dict[str, Any]] = []
         self.notes: list[str] = []
         self.skipped_windows = 0
@@ -238,6 +239,7 @@ class Recorder:
         self.guard_signals(True)
         with QuietProfiler():
             prof.start()
+        self.started_once = True  # Kineto's threads now exist in this process (agent/forkexit.py)
         self._cpu_time.reset()
         if action.value >= RECORD:
             _mark_clock(prof)

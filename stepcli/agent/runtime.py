@@ -75,6 +75,7 @@ class Agent:
         self.saved_stalled = False  # ... written when the process stopped stepping (its steps are whole)
         self._progress_due = 0.0  # time.monotonic() before which no periodic save is made
         self._forked_child = False
+        self.profiler_started = False  # a profiler (ours or the program's) has run here: see forkexit.py
         self._last_log_write = 0.0
         self.wall_start = time.time()
         self.hooks = hooks.PostImportHooks(self._hook_failed)
@@ -232,6 +233,7 @@ class Agent:
 
     def program_profiler_entered(self, prof: Any) -> None:
         self.entered.add(prof)
+        self.profiler_started = True
 
     def program_profiler_left(self, prof: Any) -> None:
         self.entered.discard(prof)
@@ -324,7 +326,12 @@ class Agent:
     def _forked(self) -> None:
         """A child forked from a process that trains (a DataLoader worker) never profiles or flushes its parent's
         state. One forked before its parent trained (`torch.multiprocessing` with the fork start method, a
-        fork-per-rank launcher) has no parent state to inherit: it is a process of its own, as a spawned one is."""
+        fork-per-rank launcher) has no parent state to inherit: it is a process of its own, as a spawned one is.
+        Either way, a child of a process where a profiler ran must not hang in Kineto at exit (forkexit.py)."""
+        if self.profiler_started or (self.recorder is not None and self.recorder.started_once):
+            from .forkexit import skip_inherited_native_exit_handlers
+
+            skip_inherited_native_exit_handlers()
         if self.enabled and not self.trains and self.recorder is None:
             self.pid = os.getpid()
             self._top_level = False  # its parent, not the launcher, started it

@@ -208,28 +208,45 @@ def test_os_exit_in_the_window_still_saves(tmp_path: Path) -> None:
     assert assert_partial_trace(tmp_path / "out") == [2, 3, 4]
 
 
-def test_forked_child_neither_profiles_nor_writes(tmp_path: Path) -> None:
+def test_forked_child_neither_profiles_nor_writes_and_exits_as_it_says(tmp_path: Path) -> None:
+    # GIVEN a program that forks helpers which end the way Python programs end: sys.exit() inside the window,
+    # an uncaught exception after it (a profiler has run in their parent: torch's Kineto hangs such a child at
+    # exit on its own, plain torch.profiler too)
     script = write_script(
         tmp_path,
         "forks.py",
         """
-        import os
+        import atexit, os, sys
         import torch
         model = torch.nn.Linear(8, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        statuses = []
         for i in range(8):
             model(torch.randn(4, 8)).sum().backward()
             opt.step()
-            if i == 2:  # inside the window
+            if i in (2, 6):  # inside the window, then after it was saved
                 pid = os.fork()
                 if pid == 0:
                     opt.step(); opt.step()
-                    os._exit(0)
-                os.waitpid(pid, 0)
+                    atexit.register(lambda: open(f"atexit-{i}", "w").close())
+                    print(f"child {i} done")
+                    if i == 2:
+                        sys.exit(5)
+                    raise RuntimeError("the helper failed")
+                statuses.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        print("statuses", statuses)
     """,
     )
-    result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "3", "-o", tmp_path / "out", script)
+    result = run_stepcli(
+        "run", "--wait", "1", "--warmup", "1", "--active", "3", "-o", tmp_path / "out", script, cwd=tmp_path, timeout=90
+    )
+    # THEN the children exit with their own statuses after their Python exit work (atexit, buffered prints) ran
     assert result.returncode == 0, result.stderr
+    assert "statuses [5, 1]" in result.stdout
+    assert "child 2 done" in result.stdout and "child 6 done" in result.stdout
+    assert (tmp_path / "atexit-2").exists() and (tmp_path / "atexit-6").exists()
+    assert "RuntimeError: the helper failed" in result.stderr
+    # AND they neither profile nor write: one trace of the parent's window, one step log, one summary
     assert [profiler_steps(t) for t in trace_files(tmp_path / "out")] == [[2, 3, 4]]
     assert len(list((tmp_path / "out" / ".stepcli").rglob("*.steps.json"))) == 1
     assert result.stderr.count("stepcli summary") == 1
