@@ -415,7 +415,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from stepcli.limits import check_input_limit
 
         check_input_limit()
-        result = cli.main(args=args, prog_name="stepcli", standalone_mode=False)
+        # make_context/invoke, not cli.main: click's main turns a broken pipe into exit 1 and a traceback at exit
+        with cli.make_context("stepcli", args) as ctx:
+            result = cli.invoke(ctx)
+        sys.stdout.flush()  # what print() left buffered fails here, inside the guard, not at the exit's flush
+    except click.exceptions.Exit as exc:  # --help, --version
+        sys.stdout.flush()
+        return exc.exit_code
     except click.exceptions.Abort:
         click.echo("stepcli: aborted", err=True)
         return 130
@@ -440,7 +446,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StepcliError as exc:
         click.echo(visible(f"stepcli: error: {exc.message}"), err=True)
         return exc.exit_code
-    except BrokenPipeError:
+    except BrokenPipeError:  # the reader went away (`| head`): what it wanted, it got
+        from stepcli.pipeconsole import discard_stdout
+
+        discard_stdout(stdout)
         return 0
     except Exception as exc:  # a bug in stepcli: still one line, the traceback only on request
         if os.environ.get("STEPCLI_DEBUG"):

@@ -72,7 +72,9 @@ class _GuardedStdout:
             raise StdoutError(reason)
 
     def write(self, text: str) -> int:
-        if self._failed:
+        if not isinstance(text, str):  # click probes for a binary stream with write(b""): this one is text
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        if self._failed or not text:  # (an empty write, click's other probe, proves nothing either way)
             return len(text)
         if self._stream is None:
             self._fail("it is closed")

@@ -57,21 +57,57 @@ def _close_stdout() -> None:
     os.close(1)
 
 
-@pytest.mark.parametrize("command", ["table", "table --json", "compare", "compare --markdown -"])
-@pytest.mark.parametrize("stdout", ["full", "closed"])
-def test_stdout_that_takes_nothing_is_one_error_line(slower: tuple[Path, Path], command: str, stdout: str) -> None:
-    # GIVEN stdout on a full disk (/dev/full) or closed (`>&-`)
+def _argv(command: str, traces: tuple[Path, Path], tmp_path: Path) -> list[str]:
+    """`command`'s words and its inputs: traces for table and compare, a file to write for report and merge."""
     words = command.split()
-    paths = [str(slower[0])] if words[0] == "table" else [str(p) for p in slower]
+    if words[0] in ("report", "merge"):
+        return [
+            *words,
+            "-o",
+            str(tmp_path / ("report.html" if words[0] == "report" else "merged.json")),
+            str(traces[0]),
+        ]
+    if words[0] == "table":
+        return [*words, str(traces[0])]
+    return [*words, *map(str, traces)] if words[0] == "compare" else words
+
+
+# table, compare and top write through rich or print(); report, merge, --help and --version through click.echo
+_COMMANDS = ["table", "table --json", "compare", "compare --markdown -", "report", "merge", "--help", "--version"]
+
+
+@pytest.mark.parametrize("command", _COMMANDS)
+@pytest.mark.parametrize("stdout", ["full", "closed"])
+def test_stdout_that_takes_nothing_is_one_error_line(
+    slower: tuple[Path, Path], command: str, stdout: str, tmp_path: Path
+) -> None:
+    # GIVEN stdout on a full disk (/dev/full) or closed (`>&-`)
+    argv = _argv(command, slower, tmp_path)
     if stdout == "full":
         with open("/dev/full", "w") as full:
-            result = _stepcli([*words, *paths], stdout=full, stderr=subprocess.PIPE)
+            result = _stepcli(argv, stdout=full, stderr=subprocess.PIPE)
     else:
-        result = _stepcli([*words, *paths], stderr=subprocess.PIPE, preexec_fn=_close_stdout)
-    # THEN one line says so, exit 2: the user's setup, not a bug in stepcli (it was "internal error", exit 70)
+        result = _stepcli(argv, stderr=subprocess.PIPE, preexec_fn=_close_stdout)
+    # THEN one line says so, exit 2: the user's setup, not a bug in stepcli (it was "internal error", exit 70;
+    # click.echo's commands said nothing and exited 0)
     reason = "No space left on device" if stdout == "full" else "it is closed"
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [f"stepcli: error: cannot write the output to stdout: {reason}"]
+
+
+@pytest.mark.parametrize("command", ["report", "merge", "--help"])
+def test_a_reader_gone_is_not_an_error(slower: tuple[Path, Path], command: str, tmp_path: Path) -> None:
+    # GIVEN stdout a pipe whose reader has gone (`stepcli --help | head -1` once head has its line)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = _stepcli(_argv(command, slower, tmp_path), stdout=write_end, stderr=subprocess.PIPE)
+    finally:
+        os.close(write_end)
+    # THEN the command's own status, and nothing on stderr (it was exit 1 and "Exception ignored ... BrokenPipeError")
+    assert (result.returncode, result.stderr) == (0, "")
+    if command != "--help":
+        assert any(tmp_path.iterdir()), "the file was not written"
 
 
 @pytest.mark.parametrize("markdown", [False, True])
