@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from stepcli import __version__
 from stepcli.errors import EXIT_INTERNAL, StepcliError
 from stepcli.fmt import say
-from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, RunSummary
+from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, SUMMARY_FILE, RunSummary
 
 if TYPE_CHECKING:
     from typing import Protocol
@@ -64,6 +64,49 @@ def fallback_summary(
         "notes": [f"stepcli could not summarize this run: {error}; the traces are in {config.out_dir}"],
         "advice": [],
     }
+
+
+def summary_cut(
+    signum: int,
+    request: RunRequest,
+    config: AgentConfig,
+    *,
+    command: list[str],
+    status: int,
+    started: float,
+    duration_s: float,
+    json_written: bool,
+) -> int:
+    """A signal cut the summary short after the program ended: say so, keep `--json` and the saved summary (a
+    summary that measured nothing, with the reason in its notes, where none was written yet), and return the
+    program's status, or the signal's (128+N) for a program that succeeded: the run was stopped."""
+    import os
+    import signal
+
+    from stepcli.run.summary.build import write_run_summary
+
+    name = signal.Signals(signum).name
+    say(f"{name}: the summary was cut short (the program had ended: exit {status}); the traces are in {config.out_dir}")
+    error = f"{name} arrived while the traces were read, after the program ended"
+    document = fallback_summary(
+        config, command=command, status=status, started=started, duration_s=duration_s, error=error
+    )
+    targets = [] if json_written or not request.json_path else [(request.json_path, False)]
+    saved = os.path.join(config.log_dir, SUMMARY_FILE)
+    if not os.path.lexists(saved):
+        targets.append((saved, True))
+    for path, private in targets:
+        try:
+            if not private:
+                from stepcli.run.outputs import json_taken
+
+                taken = json_taken(path)
+                if taken:
+                    raise StepcliError(taken)
+            write_run_summary(document, path, private_folder=private)
+        except StepcliError as write_error:
+            say(f"warning: {write_error.message}")
+    return status if status != 0 else 128 + signum
 
 
 def summary_failed(

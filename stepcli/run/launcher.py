@@ -26,7 +26,7 @@ from stepcli.agent.schedule import Schedule
 from stepcli.errors import EXIT_REGRESSION, StepcliError
 from stepcli.fmt import plural, say
 from stepcli.run.outputs import check_json_writable, json_taken, prepare_out_dir
-from stepcli.run.signals import SignalForwarder, child_setup, in_terminal_foreground
+from stepcli.run.signals import CUT_SIGNALS, SignalForwarder, child_setup, in_terminal_foreground
 from stepcli.runsummary import SUMMARY_FILE
 
 if TYPE_CHECKING:
@@ -244,6 +244,7 @@ def run_program(request: RunRequest) -> int:
     # A signal that arrives between starting the program and installing the forwarder (a scheduler's kill -INT
     # right after the program's first output) must be forwarded, not kill stepcli: hold it until then.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, SignalForwarder.FORWARDED)
+    ended = False
     try:
         try:
             env = child_environment(config, verbose=request.verbose)
@@ -262,6 +263,10 @@ def run_program(request: RunRequest) -> int:
             with SignalForwarder(proc, foreground) as forwarder:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # held signals are forwarded now
                 returncode = proc.wait()
+                # from here a SIGTERM/SIGHUP/SIGINT is stepcli's to handle (it cuts the summary short): held
+                # until _report listens for it, with the program's status known
+                signal.pthread_sigmask(signal.SIG_BLOCK, CUT_SIGNALS)
+                ended = True
                 forwarder.reap_orphans()
                 if hang_watch is not None and hang_watch.killed:
                     subreaper.end_adopted()  # nothing of a job stepcli ended survives it (a daemonized grandchild)
@@ -272,7 +277,7 @@ def run_program(request: RunRequest) -> int:
                 watchdog.release()
             ondemand.close_control(config.out_dir, config.run_id)
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.pthread_sigmask(signal.SIG_SETMASK, {*mask, *CUT_SIGNALS} if ended else mask)
     status = exit_status(returncode)
     if hang_watch is not None and hang_watch.killed:
         status = hang_watch.exit_status
@@ -297,7 +302,41 @@ def _report(
 ) -> int:
     """Summary, --json and --fail-over after the program exited. The program's status wins, except that a
     budget that was exceeded, or could not be checked, fails a run that succeeded. `hang_ended`: `--on-hang kill`
-    ended the job."""
+    ended the job. A SIGTERM/SIGHUP/SIGINT meanwhile (a scheduler's time limit, a Ctrl-C on a long read) cuts the
+    summary short but keeps the program's status and the `--json` file (stepcli.run.guard.summary_cut)."""
+    from stepcli.run.signals import SummaryCut, cut_by_signals
+
+    written: set[str] = set()
+    try:
+        with cut_by_signals(unblock=True):
+            return _summarize(request, config, status, started, duration_s, hang_ended, hang_folders, written)
+    except SummaryCut as cut:
+        from stepcli.run.guard import summary_cut
+
+        display = ["python", *request.argv[1:]] if request.argv[0] == sys.executable else request.argv
+        return summary_cut(
+            cut.signum,
+            request,
+            config,
+            command=display,
+            status=status,
+            started=started,
+            duration_s=duration_s,
+            json_written="json" in written,
+        )
+
+
+def _summarize(
+    request: RunRequest,
+    config: AgentConfig,
+    status: int,
+    started: float,
+    duration_s: float,
+    hang_ended: bool,
+    hang_folders: list[str] | None,
+    written: set[str],
+) -> int:
+    """_report's work; `written` collects what is already saved ("json")."""
     from stepcli.run.summary.build import analysis_progress, build_run_summary, write_run_summary
     from stepcli.run.summary.console import print_run_summary
     from stepcli.traces.readonce import RunTraces
@@ -336,6 +375,7 @@ def _report(
             if taken:
                 raise StepcliError(f"{taken}; `stepcli compare {config.out_dir}` reads the run summary saved there")
             write_run_summary(summary, request.json_path)
+            written.add("json")
         except StepcliError as exc:
             say(f"warning: {exc.message}")
     try:  # beside the step logs, for `stepcli report OUT` later (with --no-report too)

@@ -10,6 +10,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -88,6 +90,42 @@ class SignalForwarder:
         alive = [p for p in self.descendants if _quietly(p.is_running)]
         subreaper.terminate(alive, grace_s)
         subreaper.end_adopted(grace_s)
+
+
+class SummaryCut(BaseException):
+    """A SIGTERM, SIGHUP or SIGINT reached stepcli after the program ended, while it read the traces: the
+    summary is cut short (a BaseException, so no `except Exception` on the way takes it for a bug)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+CUT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+@contextmanager
+def cut_by_signals(unblock: bool = False) -> Iterator[None]:
+    """While the run is summarized: the first SIGTERM/SIGHUP/SIGINT raises SummaryCut (the program's status and the
+    files CI reads next are kept, stepcli/run/guard.py); a second one acts as it would have without stepcli.
+    `unblock`: the launcher held them since the program ended; one that arrived meanwhile is taken now."""
+    wanted = CUT_SIGNALS
+    previous = {signum: signal.getsignal(signum) for signum in wanted}
+
+    def cut(signum: int, _frame: Any) -> None:
+        for each in wanted:
+            signal.signal(each, signal.SIG_DFL if each != signal.SIGINT else signal.default_int_handler)
+        raise SummaryCut(signum)
+
+    for signum in wanted:
+        signal.signal(signum, cut)
+    try:
+        if unblock:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, wanted)
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def child_setup(terminal_foreground: bool, signal_mask: Any = None) -> Any:

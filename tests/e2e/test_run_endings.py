@@ -269,3 +269,67 @@ def test_ctrl_c_while_a_trace_is_saved_keeps_the_trace_and_reaches_the_program(t
     assert profiler_steps(trace) == list(range(2, 32))
     assert "saved trace of steps 2-31" in result.stderr
     assert not [p for p in out.iterdir() if p.name.startswith(".stepcli-export")]
+
+
+def test_a_sigterm_after_the_program_ended_keeps_its_status_and_the_json(tmp_path: Path) -> None:
+    # GIVEN a program that fails (exit 3) after a window of many operators (seconds of trace reading on a busy
+    # machine), and a scheduler whose time limit strikes the moment the program has gone
+    script = write_script(
+        tmp_path,
+        "fails.py",
+        """
+        import os, sys
+        import torch
+        model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(40)])
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(40):
+            model(torch.randn(4, 16)).sum().backward()
+            opt.step()
+        print(os.getpid(), flush=True)
+        sys.exit(3)
+    """,
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "stepcli",
+        "run",
+        "-q",
+        "--active",
+        "30",
+        "--record-shapes",
+        "-o",
+        str(tmp_path / "out"),
+    ]
+    proc = subprocess.Popen(
+        [*argv, "--json", str(tmp_path / "run.json"), str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=stepcli_env(),
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        program = int(proc.stdout.readline())
+        deadline = time.monotonic() + LIMIT_S
+        while _running(program) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=LIMIT_S)
+    finally:
+        proc.kill()
+    # THEN stepcli exits with the program's status (it was 143, "Terminated", and no --json for the CI step after)
+    assert proc.returncode == 3, err
+    document = json.loads((tmp_path / "run.json").read_text())
+    assert document["exit_status"] == 3
+    assert "Traceback" not in err
+
+
+def _running(pid: int) -> bool:
+    """The process exists and has not exited (a zombie has: stepcli reaps it at once)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
