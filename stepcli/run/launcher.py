@@ -253,7 +253,8 @@ def run_program(request: RunRequest) -> int:
             ondemand.close_control(config.out_dir, config.run_id)
             raise StepcliError(f"could not start {request.argv[0]}: {exc.strerror or exc}") from None
         subreaper.own(proc.pid)
-        watchdog = start_watchdog(proc.pid, os.getpgrp() if foreground else proc.pid)
+        marker = f"{CONFIG_ENV}={env[CONFIG_ENV]}".encode()  # in the environment of the job's processes only
+        watchdog = start_watchdog(proc.pid, os.getpgrp() if foreground else proc.pid, marker)
         if watchdog is not None:
             subreaper.own(watchdog.pid)
         from stepcli.run.live.hangdoctor import start_hang_watch

@@ -10,8 +10,9 @@ Which processes: in the background the program leads a process group of its own,
 terminal's foreground the program shares stepcli's group, and so the group of whoever started stepcli: a shell
 script run from a terminal is in it. There the watchdog ends the program's tree (its descendants, found from
 /proc) and the group's members that were orphaned on the way (re-parented out of the group, to init or a
-subreaper outside it), never a member that descends from a process older than the program (the calling script
-and what else it runs).
+subreaper outside it) and carry the run's own `STEPCLI_CONFIG` in their environment, never a member that descends
+from a process older than the program (the calling script and what else it runs), nor an orphan the calling script
+made itself while the program ran (`( helper & )`), which has no such environment.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ class Watchdog:
             pass
 
 
-def start_watchdog(program_pid: int, program_pgid: int) -> Watchdog | None:
-    """Fork the watchdog for the program started as `program_pid` in process group `program_pgid`."""
+def start_watchdog(program_pid: int, program_pgid: int, job_marker: bytes | None = None) -> Watchdog | None:
+    """Fork the watchdog for the program started as `program_pid` in process group `program_pgid`. `job_marker`:
+    the environment entry (`NAME=value`) the program was started with, that marks its job's orphans."""
     if not hasattr(os, "fork"):
         return None
     read_fd, write_fd = os.pipe()
@@ -75,7 +77,7 @@ def start_watchdog(program_pid: int, program_pgid: int) -> Watchdog | None:
             signal.pthread_sigmask(signal.SIG_SETMASK, set())  # stepcli blocks signals while it starts the program
             program_start = _start_time(program_pid) if sys.platform.startswith("linux") else None
             if _wait_for_eof(read_fd) != _DONE:
-                _take_down(program_pid, program_pgid, program_start)
+                _take_down(program_pid, program_pgid, program_start, job_marker)
         except BaseException:
             status = 1
         finally:
@@ -107,7 +109,7 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _take_down(program_pid: int, program_pgid: int, program_start: int | None) -> None:
+def _take_down(program_pid: int, program_pgid: int, program_start: int | None, job_marker: bytes | None) -> None:
     if not sys.platform.startswith("linux"):
         _signal(lambda: os.kill(program_pid, signal.SIGTERM))  # no PR_SET_PDEATHSIG there: send it ourselves
     deadline = time.monotonic() + SAVE_GRACE_S
@@ -116,7 +118,7 @@ def _take_down(program_pid: int, program_pgid: int, program_start: int | None) -
     if program_pgid == program_pid:  # the program leads its own group: the group is the job
         _end_group(program_pgid)
     elif program_start is not None:  # a group shared with stepcli's caller: only the program's processes
-        _end_each(lambda: job_processes(program_pid, program_pgid, program_start))
+        _end_each(lambda: job_processes(program_pid, program_pgid, program_start, job_marker))
     else:
         _end_each(lambda: [program_pid] if _alive(program_pid) else [])
 
@@ -174,11 +176,12 @@ def _start_time(pid: int) -> int | None:
     return found.start if found is not None else None
 
 
-def job_processes(program_pid: int, pgid: int, program_start: int) -> list[int]:
+def job_processes(program_pid: int, pgid: int, program_start: int, marker: bytes | None = None) -> list[int]:
     """The live processes of the program's job when it shares process group `pgid` with stepcli's caller.
 
     A process belongs to the job when its chain of parents reaches the program, or leaves the group (an orphan
-    re-parented to init) before it meets a group member older than the program (the caller's own processes)."""
+    re-parented to init) before it meets a group member older than the program (the caller's own processes) and
+    its environment holds `marker` (the caller's own orphans do not: they never descended from the program)."""
     procs: dict[int, _Proc] = {}
     try:
         entries = os.listdir("/proc")
@@ -190,27 +193,46 @@ def job_processes(program_pid: int, pgid: int, program_start: int) -> list[int]:
             if found is not None:
                 procs[int(entry)] = found
     procs.pop(os.getpid(), None)
-    return [pid for pid in procs if _of_job(pid, procs, program_pid, pgid, program_start)]
+    found = []
+    for pid in procs:
+        how = _of_job(pid, procs, program_pid, pgid, program_start)
+        if how == _DESCENDANT or (how == _ORPHAN and (marker is None or _has_entry(pid, marker))):
+            found.append(pid)
+    return found
 
 
-def _of_job(pid: int, procs: dict[int, _Proc], program_pid: int, pgid: int, program_start: int) -> bool:
+def _has_entry(pid: int, entry: bytes) -> bool:
+    """Whether `entry` (`NAME=value`) is in the environment `pid` was started with (False when unreadable)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return entry in handle.read().split(b"\0")
+    except OSError:
+        return False
+
+
+_DESCENDANT, _ORPHAN = "descendant", "orphan"
+
+
+def _of_job(pid: int, procs: dict[int, _Proc], program_pid: int, pgid: int, program_start: int) -> str:
+    """_DESCENDANT: its parents reach the program; _ORPHAN: they leave the group below members younger than the
+    program (re-parented to init: the job's daemon, or one the caller made itself); "" otherwise."""
     in_group_below = False  # a group member younger than the program was met on the way up
     seen: set[int] = set()
     while pid not in seen:
         seen.add(pid)
         proc = procs.get(pid)
         if proc is None:
-            return False
+            return ""
         if pid == program_pid:
-            return proc.start == program_start  # not a reused pid
+            return _DESCENDANT if proc.start == program_start else ""  # not a reused pid
         if proc.pgid == pgid:
             if proc.start < program_start:  # the caller, or something it started before stepcli
-                return False
+                return ""
             in_group_below = True
-        elif in_group_below:  # a member re-parented out of the group: an orphan of the job
-            return True
+        elif in_group_below:  # a member re-parented out of the group
+            return _ORPHAN
         pid = proc.ppid
-    return False
+    return ""
 
 
 def _kill(pid: int, signum: int) -> None:

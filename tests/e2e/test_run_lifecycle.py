@@ -335,7 +335,7 @@ def _read_when_there(path: Path, timeout: float = 120.0) -> str:
 
 def test_a_killed_stepcli_ends_the_program_but_not_the_script_that_called_it(tmp_path: Path) -> None:
     # GIVEN a shell script in a terminal's foreground that runs stepcli (so stepcli, its program and the script share
-    # one process group), and that starts a process of its own while the program runs
+    # one process group), and that starts processes of its own while the program runs
     import fcntl
     import pty
     import termios
@@ -344,8 +344,10 @@ def test_a_killed_stepcli_ends_the_program_but_not_the_script_that_called_it(tmp
     stepcli = f"{sys.executable} -m stepcli run -q -o out {script.name}"
     shell = (
         f"{stepcli} & job=$!; while [ ! -e pids.txt ]; do sleep 0.05; done; "
-        'sleep 120 & echo $! > mine.tmp; mv mine.tmp mine.txt; wait "$job"; echo "went on after exit $?" > after.txt; '
-        'while [ ! -e done.txt ]; do sleep 0.05; done; kill "$(cat mine.txt)"'
+        "sleep 120 & echo $! > mine.tmp; mv mine.tmp mine.txt; "
+        "( sleep 120 & echo $! > orphan.tmp; mv orphan.tmp orphan.txt ); "  # a helper it orphans on purpose
+        'wait "$job"; echo "went on after exit $?" > after.txt; '
+        'while [ ! -e done.txt ]; do sleep 0.05; done; kill "$(cat mine.txt)" "$(cat orphan.txt)"'
     )
     master, slave = pty.openpty()
 
@@ -366,6 +368,7 @@ def test_a_killed_stepcli_ends_the_program_but_not_the_script_that_called_it(tmp
     try:
         program, launcher, child, daemon = (int(pid) for pid in _read_when_there(tmp_path / "pids.txt").split())
         mine = int(_read_when_there(tmp_path / "mine.txt"))
+        orphan = int(_read_when_there(tmp_path / "orphan.txt"))
         assert os.getpgid(launcher) == os.getpgid(caller.pid) == os.getpgid(program)  # one group, as in a terminal
         # WHEN stepcli itself is SIGKILLed
         os.kill(launcher, signal.SIGKILL)
@@ -375,8 +378,9 @@ def test_a_killed_stepcli_ends_the_program_but_not_the_script_that_called_it(tmp
             time.sleep(0.1)
         assert [pid for pid in (program, child, daemon) if _alive(pid)] == []
         assert _read_when_there(tmp_path / "after.txt").strip() == f"went on after exit {128 + signal.SIGKILL}"
-        # AND what the script started itself is not stepcli's to end (a wrong SIGTERM went out with the child's)
-        assert caller.poll() is None and _alive(mine)
+        # AND what the script started itself is not stepcli's to end (a wrong SIGTERM went out with the child's),
+        # not even a helper it orphaned while the program ran (it looked like one of the job's daemons)
+        assert caller.poll() is None and _alive(mine) and _alive(orphan)
         (tmp_path / "done.txt").write_text("")
         assert caller.wait(timeout=60) == 0
     finally:
