@@ -193,12 +193,12 @@ def job_processes(program_pid: int, pgid: int, program_start: int, marker: bytes
             if found is not None:
                 procs[int(entry)] = found
     procs.pop(os.getpid(), None)
-    found = []
+    members = []
     for pid in procs:
         how = _of_job(pid, procs, program_pid, pgid, program_start)
         if how == _DESCENDANT or (how == _ORPHAN and (marker is None or _has_entry(pid, marker))):
-            found.append(pid)
-    return found
+            members.append(pid)
+    return members
 
 
 def _has_entry(pid: int, entry: bytes) -> bool:
