@@ -70,8 +70,11 @@ def process_keys(items: Sequence[tuple[int | None, str, int | str | None, Sequen
     - one rank seen with several OS pids is several processes, `rank 0 (pid N)`;
     - traces that would be one process but hold the same step (rankless runs in containers, where every program
       is PID 1 on a host of the same name) are told apart by time: taken in the order their file names' clock
-      says (tensorboard_trace_handler's `<worker>.<ns>.pt.trace.json`), each trace joins the first of the
-      process's runs whose steps all came before its own, and the runs are labelled `vm_1 #1`, `vm_1 #2`."""
+      says (tensorboard_trace_handler's `<worker>.<ns>.pt.trace.json`), each trace joins the run it continues:
+      of the process's runs whose steps all came before its own, the one a trace joined last (runs follow each
+      other in time: run A's steps 2-4, then run B's 2-4 and 7-9, make B 2-4 and 7-9, not A 2-4 and 7-9). The
+      runs are labelled `vm_1 #1`, `vm_1 #2`. (Two profiler sessions of one process, each counting from 0, look the
+      same and are shown the same way.)"""
     pids: dict[int, set[int | str]] = {}
     for rank, _path, pid, _steps in items:
         if rank is not None and pid is not None:
@@ -101,16 +104,21 @@ def _split_reused(keys: list[tuple[str, str]], traces: list[tuple[str, Sequence[
         if len(set().union(*(traces[i][1] for i in indexes))) == counted:
             continue  # no step twice: one process
         runs: list[tuple[int, list[int]]] = []  # (last step, trace indexes) per run
+        latest: list[int] = []  # the runs, the one a trace joined last at the end
         for i in sorted(indexes, key=lambda i: (_clock_of(traces[i][0]), i)):
             steps = traces[i][1]
             first, last = (min(steps), max(steps)) if steps else (None, None)
-            for n, (run_last, members) in enumerate(runs):
+            for n in reversed(latest):  # runs follow each other in time: the latest one it can continue
+                run_last, members = runs[n]
                 if first is None or first > run_last:
                     members.append(i)
                     runs[n] = (max(run_last, last if last is not None else run_last), members)
+                    latest.remove(n)
                     break
             else:
+                n = len(runs)
                 runs.append((last if last is not None else -1, [i]))
+            latest.append(n)
         for n, (_last, members) in enumerate(runs, 1):
             for i in members:
                 out[i] = (f"{key}#{n:06d}", f"{keys[i][1]} #{n}")
