@@ -303,3 +303,59 @@ def test_unique_and_isin_equal_numpys(seed: int) -> None:
     assert columnar.unique(values).tolist() == np.unique(values).tolist()
     assert columnar.unique(values).dtype == values.dtype
     assert columnar.isin(values, wanted).tolist() == np.isin(values, wanted).tolist()
+
+
+def _cut_gpu_trace() -> Trace:
+    """Steps 1 and 2 complete, step 3 cut short; each step launches one kernel that runs after its launch (the
+    kernel of step 2 runs on into step 3's time); step 3's kernel is a long one."""
+    from stepcli.traces.read.events import EventArgs
+
+    events: list[Event] = []
+    for step, kernel_ms in ((1, 1.0), (2, 1.0), (3, 40.0)):
+        start = step * 10_000.0
+        events.append(
+            Event(
+                name=f"ProfilerStep#{step}",
+                cat="user_annotation",
+                pid=1,
+                tid=1,
+                ts=start,
+                dur=10_000.0 if step < 3 else 500.0,
+            )
+        )
+        events.append(
+            Event(
+                name="cudaLaunchKernel",
+                cat="cuda_runtime",
+                pid=1,
+                tid=1,
+                ts=start + 100,
+                dur=5.0,
+                args=EventArgs(correlation=step),
+            )
+        )
+        events.append(
+            Event(
+                name="volta_sgemm",
+                cat="kernel",
+                pid=0,
+                tid=7,
+                ts=start + (9_900.0 if step == 2 else 200.0),  # step 2's kernel ends inside step 3's time
+                dur=kernel_ms * 1000,
+                args=EventArgs(correlation=step),
+            )
+        )
+    return Trace.from_events(events, incomplete_step=3)
+
+
+def test_kernels_launched_in_the_cut_step_are_in_no_figure(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a GPU trace whose window was cut short in step 3, which launched a 40 ms kernel
+    trace = _cut_gpu_trace()
+    # WHEN summarized
+    data = merge_parts([summarize_file(trace)]).to_dict()
+    # THEN only the two recorded steps' kernels count (it was 3 calls, 42 ms: 210% of the steps' 20 ms),
+    # the one of step 2 that ran on into step 3's time among them: the launch decides, not the time
+    (row,) = [r for r in data["device_kernels"] if r["name"] == "volta_sgemm"]
+    assert (row["calls"], row["self_ms"]) == (2, 2.0)
+    # AND the per-event reference agrees
+    assert merge_parts([reference_part(trace, monkeypatch)]).to_dict() == data

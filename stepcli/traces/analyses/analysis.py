@@ -62,8 +62,33 @@ from stepcli.traces.analyses.steps import (
 from stepcli.traces.read.names import STEP_PREFIX, step_of
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from stepcli.traces.read.reader import Trace
     from stepcli.traces.read.typedcolumns import Columns
+
+
+def _recorded_device_work(
+    columns: Columns, start: np.ndarray, dur: np.ndarray, dev: np.ndarray, incomplete_step: int | None
+) -> np.ndarray:
+    """`dev` less the device events launched inside the incomplete step (as the reference's launched_in_cut_step)."""
+    import numpy as np
+
+    if incomplete_step is None or not dev.size:
+        return dev
+    from stepcli.traces.read import typedcolumns
+
+    target = f"{STEP_PREFIX}{incomplete_step}"
+    codes = [code for code, name in enumerate(columns.names) if name == target]
+    cut_steps = np.nonzero(np.isin(columns.name, codes) & (columns.kind == typedcolumns.USER_ANNOTATION))[0]
+    host = np.nonzero((columns.kind < typedcolumns.DEVICE) & (columns.corr >= 0))[0]
+    inside = np.zeros(len(host), bool)
+    for at in cut_steps.tolist():
+        lo, hi = start[at], start[at] + dur[at]
+        inside |= (columns.pid[host] == columns.pid[at]) & (start[host] >= lo) & (start[host] < hi)
+    launched = columns.corr[host[inside]]
+    kept: np.ndarray = dev[~(np.isin(columns.corr[dev], launched) & (columns.corr[dev] >= 0))]
+    return kept
 
 
 def _analyze_columns(
@@ -97,6 +122,7 @@ def _analyze_columns(
     device_rows: dict[Any, list[int]] = {}
     comm_spans: dict[int | str, list[tuple[int, int]]] = {}
     dev = np.nonzero(kind >= typedcolumns.DEVICE)[0]
+    dev = _recorded_device_work(columns, ns.start, ns.dur, dev, incomplete_step)
     d_start, d_dur = ns.start[dev], ns.dur[dev]
     d_end = d_start + d_dur
     device_arrays = col.union_arrays(d_start, d_end)

@@ -90,9 +90,11 @@ class _Nesting:
         last_tid: int | str | None = None
         bucket: Thread = []
         step_events: list[Event] = []
+        cut = self.launched_in_cut_step(events) if self.incomplete_step is not None else set()
         for index, event in enumerate(events):
             if event.cat in DEVICE_CATEGORIES:
-                self.add_device(event)
+                if not cut or event.args is None or event.args.correlation not in cut:
+                    self.add_device(event)
                 continue
             if event.cat == "python_function":
                 continue  # a Python frame: a stack view's business, not an operator (see the module docstring)
@@ -109,6 +111,23 @@ class _Nesting:
         self.step_spans = step_spans_of(
             ((e.pid, e.name, s, s + round(e.dur * 1000)) for e, s in zip(step_events, starts)), self.incomplete_step
         )
+
+    def launched_in_cut_step(self, events: list[Event]) -> set[int]:
+        """Correlation ids of the launches made inside the incomplete step: their device work belongs to no
+        recorded step (a kernel of the last complete step may still run then: the launch decides, not the time)."""
+        name = f"{STEP_PREFIX}{self.incomplete_step}"
+        spans: dict[int | str, list[tuple[int, int]]] = {}
+        for event in events:
+            if event.cat == "user_annotation" and event.name == name:
+                start = self.ns(event.ts)
+                spans.setdefault(event.pid, []).append((start, start + round(event.dur * 1000)))
+        found: set[int] = set()
+        for event in events if spans else ():
+            if event.cat in DEVICE_CATEGORIES or event.args is None or event.args.correlation is None:
+                continue
+            if any(lo <= self.ns(event.ts) < hi for lo, hi in spans.get(event.pid, ())):
+                found.add(event.args.correlation)
+        return found
 
     def add_device(self, event: Event) -> None:
         start = self.ns(event.ts)
