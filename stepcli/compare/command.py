@@ -137,6 +137,8 @@ def compare_main(
     if {os.path.realpath(p) for p in base_paths} == {os.path.realpath(p) for p in cur_paths}:
         # a CI gate handed one path twice (a variable unset, an artifact not downloaded) passes whatever happened
         warnings.append("baseline and current are the same files: nothing was compared")
+    elif same_runs(base, cur):  # ... or one run twice, as its folder and its --json
+        warnings.append("baseline and current are the same run (its folder and its --json, say): nothing was compared")
     if different:  # stdout may be a file the CI job never shows: the log sees it too
         warnings.append(different)
     if comparison.verdict == "inconclusive":
@@ -180,6 +182,12 @@ def _show(comparison: Comparison, markdown_path: str | None) -> None:
                 f"{markdown_path}: cannot write the Markdown report ({exc.strerror or exc})", EXIT_USAGE
             ) from None
     _append_step_summary(markdown)
+
+
+def same_runs(baseline: Measurement, current: Measurement) -> bool:
+    """Whether both sides are the same run(s), by the run_id their run summaries carry."""
+    base, cur = ({run.run_id for run in side.runs} for side in (baseline, current))
+    return bool(base) and base == cur and all(base)  # every run known by its id, and the same ones
 
 
 def different_programs(baseline: Measurement, current: Measurement) -> str | None:

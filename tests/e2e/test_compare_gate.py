@@ -231,7 +231,11 @@ def test_a_run_compared_with_itself_is_said_so(runs: dict[str, Path]) -> None:
     assert same.returncode == 0, same.stdout + same.stderr
     assert "stepcli: warning: baseline and current are the same files: nothing was compared" in same.stderr
     other = run_stepcli("compare", runs["base1"], runs["base2"])
-    assert "the same files" not in other.stderr
+    assert "the same files" not in other.stderr and "the same run" not in other.stderr
+    # nor may one run given twice as its folder and its --json file
+    folder = run_stepcli("compare", runs["base1"].with_suffix(""), runs["base1"])
+    assert folder.returncode == 0, folder.stdout + folder.stderr
+    assert "stepcli: warning: baseline and current are the same run" in folder.stderr
 
 
 def test_runs_of_different_programs_are_said_so(runs: dict[str, Path], tmp_path: Path) -> None:
