@@ -400,7 +400,9 @@ class Agent:
         if self._flushed or not self.trains or not self.enabled or self._forked_child or os.getpid() != self.pid:
             return False
         saved = self.tracker.global_step == self.saved_steps
-        if (saved and (not stalled or self.saved_stalled)) or (not stalled and now < self._progress_due):
+        # (a saved log that says "stalled" is wrong once steps resume: it is replaced at once, not 30 s later)
+        due = now >= self._progress_due or self.saved_stalled
+        if (saved and (not stalled or self.saved_stalled)) or (not stalled and not due):
             return False
         with self._write_lock:
             if self._flushed:

@@ -333,3 +333,51 @@ def _running(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_process_killed_mid_window_is_not_told_to_lower_wait(tmp_path: Path) -> None:
+    # GIVEN a program that stalls at step 5 (its step log saved then, --hang-timeout), steps on, and is SIGKILLed
+    # (an out-of-memory kill, say) at step 30, inside the window of steps 2-101, before any final step log: the
+    # last log it saved holds an earlier count
+    script = write_script(
+        tmp_path,
+        "oom.py",
+        """
+        import glob, json, os, signal, sys, time
+        import torch
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def saved(test):
+            while True:  # the step log stepcli saved, once it passes `test`
+                for path in glob.glob(os.path.join(sys.argv[1], ".stepcli", "*", "*.steps.json")):
+                    try:
+                        log = json.load(open(path))
+                    except ValueError:
+                        continue
+                    if test(log):
+                        return
+                time.sleep(0.01)
+
+        for i in range(100):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            if i == 4:
+                saved(lambda log: log.get("progress") == "stalled")
+            if i == 5:
+                saved(lambda log: log.get("progress") != "stalled" and log["global_steps"] >= 6)
+            if i == 29:
+                os.kill(os.getpid(), signal.SIGKILL)
+    """,
+    )
+    out = tmp_path / "out"
+    result = run_stepcli(
+        "run", "--active", "100", "--hang-timeout", "1s", "-o", out, "--json", tmp_path / "run.json", script, out
+    )
+    assert result.returncode == 128 + signal.SIGKILL, result.stderr
+    notes = json.loads((tmp_path / "run.json").read_text())["notes"]
+    # THEN the note gives that count as a lower bound and blames the kill, not a schedule it never reached
+    assert not any("lower --wait" in note for note in notes), notes
+    (note,) = [note for note in notes if note.startswith("no trace:")]
+    assert "(exit 137) at step 6 or later (its last saved count)" in note, note
+    assert "window of steps 2-101, before its trace could be saved (SIGKILL leaves no time)" in note, note

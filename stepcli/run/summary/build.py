@@ -215,7 +215,9 @@ def build_run_summary(
         elif not windows:
             steps = primary.get("global_steps", 0)
             first_window = next(config.schedule.windows(1), None)
-            if first_window and steps <= first_window[1]:  # step N is the N+1st: none of the window's ended
+            # a log not written at the process's end (it was killed) holds the count of its last periodic save
+            final = primary.get("exit", "running") != "running" or primary.get("progress") == "stalled"
+            if first_window and steps <= first_window[1] and final:  # step N is the N+1st: none of the window's ended
                 notes.append(
                     f"no trace: the program made {plural(steps, 'step')}, and the first window records steps "
                     f"{first_window[1]}-{first_window[2]}; lower --wait/--skip-first/--warmup"
@@ -228,8 +230,13 @@ def build_run_summary(
                     else "a SIGKILL or a hard crash leaves no time; SIGTERM, Ctrl-C and an ordinary exit save what "
                     "was recorded"
                 )
+                where = (
+                    f"at step {steps}, inside the window of steps"
+                    if final
+                    else f"at step {steps} or later (its last saved count), in or before the window of steps"
+                )
                 notes.append(
-                    f"no trace: the program ended (exit {exit_status}) at step {steps}, inside the window of steps "
+                    f"no trace: the program ended (exit {exit_status}) {where} "
                     f"{first_window[1]}-{first_window[2]}, before its trace could be saved ({cause}); a shorter "
                     "--active is saved sooner"
                 )
