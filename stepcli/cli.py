@@ -422,7 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.exceptions.Exit as exc:  # --help, --version
         sys.stdout.flush()
         return exc.exit_code
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt, EOFError):  # (what click's own main turns into Abort)
         click.echo("stepcli: aborted", err=True)
         return 130
     except click.exceptions.NoArgsIsHelpError as exc:  # bare `stepcli`: the usage, as written, not as one line

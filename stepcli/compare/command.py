@@ -185,9 +185,10 @@ def _show(comparison: Comparison, markdown_path: str | None) -> None:
 
 
 def same_runs(baseline: Measurement, current: Measurement) -> bool:
-    """Whether both sides are the same run(s), by the run_id their run summaries carry."""
-    base, cur = ({run.run_id for run in side.runs} for side in (baseline, current))
-    return bool(base) and base == cur and all(base)  # every run known by its id, and the same ones
+    """Whether both sides are the same run(s): the run_ids their run summaries carry, and the steps they hold (a
+    hand-made summary may reuse an id; a run's folder and its --json hold the same steps)."""
+    base, cur = ({(run.run_id, run.processes) for run in side.runs} for side in (baseline, current))
+    return bool(base) and base == cur and all(run_id for run_id, _ in base)
 
 
 def different_programs(baseline: Measurement, current: Measurement) -> str | None:
