@@ -152,7 +152,7 @@ class RunSummary(TypedDict, total=False):
     # The CUDA memory snapshots this run's processes wrote (file names in out_dir, from their signed step logs):
     # the page reads these and no other file of the folder.
     memory_snapshots: list[str]
-    step_record: list[dict[str, Any]]  # the whole run's step times per process (stepcli/run/summary/steprecord.py)
+    step_record: list[dict[str, Any]]  # the whole run's step times per process (stepcli/run/summary/recordreader.py)
     triggered: list[dict[str, Any]]  # the windows --capture-on-slow placed, with their trigger
     notes: list[str]
     advice: list[AdviceItem]

@@ -4,7 +4,7 @@ The bootstrap loads this package under a private name (`_stepcli_agent`) straigh
 works when the program runs in another Python environment where stepcli itself is not installed.
 Importing the package does nothing; `runtime.activate()` starts the agent.
 
-A module here that writes a file the launcher reads shares its name with the launcher's module that reads it, one
-concept on the two sides of the process boundary that this package may not cross: steprecord and compiles
-(stepcli.run.summary.steprecord, .compiles), the step logs' format in config and output (stepcli.run.summary.steplogs).
+A module here that writes a file the launcher reads has one reader there, named for what it reads, across the
+process boundary that this package may not cross: steprecord (read by stepcli.run.summary.recordreader), compiles
+(stepcli.run.summary.compilesteps), the step logs' format in config and output (stepcli.run.summary.steplogs).
 """

@@ -365,7 +365,7 @@ def _summarize(
             exc, request, config, command=display, status=status, started=started, duration_s=duration_s
         )
     try:
-        from stepcli.run.summary.steprecord import attach
+        from stepcli.run.summary.recordreader import attach
 
         attach(summary, config.log_dir, config.run_key)  # the whole run's step times and the triggered captures
     except Exception as exc:

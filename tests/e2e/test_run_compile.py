@@ -10,7 +10,7 @@ import pytest
 from conftest import profiler_steps, run_stepcli, trace_files, write_script
 
 from stepcli.agent.compiles import _short_reason
-from stepcli.run.summary.compiles import compile_lines, compile_summary, compiled_steps, describe_step
+from stepcli.run.summary.compilesteps import compile_lines, compile_summary, compiled_steps, describe_step
 
 COMPILED_LOOP = """
     import sys

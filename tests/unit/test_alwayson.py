@@ -12,7 +12,7 @@ from stepcli.agent.slowrule import baseline, parse, threshold_ns
 from stepcli.agent.steprecord import build
 from stepcli.agent.tracker import NEVER, StepTracker
 from stepcli.run.live.top import snapshot
-from stepcli.run.summary.steprecord import stats
+from stepcli.run.summary.recordreader import stats
 
 
 @pytest.mark.parametrize(
@@ -108,7 +108,7 @@ def test_top_marks_the_culprit_only_and_a_rank_that_stopped() -> None:
 
 
 def test_the_summary_gives_a_line_to_the_slowest_processes_only() -> None:
-    from stepcli.run.summary.steprecord import lines
+    from stepcli.run.summary.recordreader import lines
 
     records: list[dict[str, object]] = [
         {

@@ -27,7 +27,7 @@ from stepcli.agent.schedule import NONE
 from stepcli.agent.tracker import FOREIGN
 from stepcli.errors import StepcliError
 from stepcli.fmt import plural
-from stepcli.run.summary.compiles import compile_summary, compiled_steps
+from stepcli.run.summary.compilesteps import compile_summary, compiled_steps
 from stepcli.run.summary.culprit import culprit_section
 from stepcli.run.summary.hangreport import hang_summary
 from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, AdviceItem, Process, RunSummary, Window
@@ -302,7 +302,7 @@ def build_run_summary(
         ],
         "processes": [process_entry(log) for log in logs],
         "windows": cast("list[Window]", windows),
-        # --capture-on-slow windows a process did not record (stepcli.run.summary.steprecord.attach adds the recorded ones)
+        # --capture-on-slow windows a process did not record (stepcli.run.summary.recordreader.attach adds the recorded ones)
         "triggered": [
             dict(t, worker=log["worker"])
             for log in logs

@@ -9,7 +9,7 @@ import shlex
 from typing import TYPE_CHECKING
 
 from stepcli.fmt import ms, plural, print_wrapped, size_or_dash, visible
-from stepcli.run.summary.compiles import compile_lines
+from stepcli.run.summary.compilesteps import compile_lines
 from stepcli.run.summary.culprit import print_culprit
 from stepcli.runsummary import RunSummary
 
@@ -57,7 +57,7 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
     _print_tables(summary, console)
     out_dir = summary.get("out_dir")
     print_culprit(console, summary.get("culprit"), _relative(out_dir) if out_dir else None)
-    from stepcli.run.summary.steprecord import lines as whole_run_lines
+    from stepcli.run.summary.recordreader import lines as whole_run_lines
 
     for line in whole_run_lines(summary):  # before the notes, the advice and `next:`, wrapped to the width
         print_wrapped(console, line)

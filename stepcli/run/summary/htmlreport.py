@@ -168,7 +168,7 @@ def with_step_logs(summary: RunSummary | None, logs: list[dict[str, Any]]) -> Ru
     if not logs or (summary is not None and summary.get("step_times")):
         return summary
     from stepcli.run.summary.build import process_entry
-    from stepcli.run.summary.compiles import compile_summary
+    from stepcli.run.summary.compilesteps import compile_summary
 
     rebuilt: RunSummary = (
         cast(RunSummary, dict(summary)) if summary is not None else {"schema": SCHEMA, "schema_version": SCHEMA_VERSION}
