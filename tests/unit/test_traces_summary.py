@@ -142,6 +142,30 @@ def test_annotating_a_phase_moves_none_of_its_time_to_forward(monkeypatch: pytes
     )
 
 
+@pytest.mark.parametrize("engine", ["arrays", "reference"])
+def test_a_backward_annotation_with_the_engine_on_its_own_thread_holds_no_forward(
+    monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    # GIVEN (as in CUDA traces) the user's `## backward ##` on the main thread around the engine's work, which runs
+    # on the autograd engine's own thread: nothing of backward is below the annotation
+    events = [
+        step(1, 0, 100),
+        ev("aten::linear", 5, 25),
+        ev("## backward ##", 35, 50, cat="user_annotation"),
+        ev("aten::ones_like", 36, 2),  # the program's own operator inside it: still forward
+        ev("autograd::engine::evaluate_function: MmBackward0", 40, 20, tid=2),
+        ev("autograd::engine::evaluate_function: MmBackward0", 65, 15, tid=2),
+    ]
+    if engine == "reference":
+        monkeypatch.setattr(analysis_module, "_analyze_columns", _step_aside)
+    data = summarize([Trace.from_events(events)]).to_dict()
+    # THEN the gaps between the engine's events inside the annotation are `other`, as without the annotation
+    # (it was forward: 25 + 50 - 35 = 40 us)
+    assert data["breakdown_ms"] == pytest.approx(
+        {"dataloader": 0.0, "forward": 0.027, "backward": 0.035, "optimizer": 0.0, "other": 0.038}
+    )
+
+
 def test_breakdown_with_backward_on_the_autograd_thread_and_device_busy() -> None:
     # GIVEN (as in CUDA traces) backward ops on their own thread, and kernels on the device timeline
     events = [

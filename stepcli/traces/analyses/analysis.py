@@ -58,6 +58,7 @@ from stepcli.traces.analyses.steps import (
     step_spans_of,
     union,
     within_lists,
+    wraps_backward,
 )
 from stepcli.traces.read.names import STEP_PREFIX, step_of
 
@@ -177,7 +178,9 @@ def _analyze_columns(
         if number is not None and number != incomplete_step:
             window = by_row[row] = Window(number, ids[int(pid_code[row])], int(start[row]), int(end[row]), [])
             windows.append(window)
-    forward, forward_row = _forward_candidates(parent, phase, list(by_row))
+    wrapper_name = np.array([wraps_backward(n) for n in names] or [False], bool)
+    named = wrapper_name[name] & (kind[index] == typedcolumns.USER_ANNOTATION) & ~is_step
+    forward, forward_row = _forward_candidates(parent, phase, list(by_row), named)
     phase_totals = _phase_totals_arrays(list(by_row), start, end, phase, pid_code, forward, forward_row)
 
     phase_spans: dict[int, list[tuple[int, int, int | str]]] = {
@@ -250,17 +253,18 @@ def _in_steps_array(spans: StepSpans, pid: Any, start: Any, end: Any) -> Any:
     return inside
 
 
-def _forward_candidates(parent: Any, phase: Any, rows: list[int]) -> tuple[Any, Any]:
+def _forward_candidates(parent: Any, phase: Any, rows: list[int], named: Any) -> tuple[Any, Any]:
     """The steps' forward candidates (`step_phases`): the events, and the step event (at `rows`) of each.
 
     A step's top-level operator that is no phase is forward. A wrapper around a phase (a user's `## backward ##`
     around the autograd engine's events, Lightning's `[pl][profile]...backward`) is no operator of its own: its
-    children stand in its place, so that naming a phase never moves the time between its events to forward."""
+    children stand in its place, so that naming a phase never moves the time between its events to forward.
+    `named`: the user annotations named for backward (steps.wraps_backward), wrappers whatever is below them."""
     import numpy as np
 
     n = len(parent)
-    contains = np.zeros(n, bool)  # holds a dataloader, optimizer or backward event somewhere below it
-    below = np.nonzero((phase >= DATALOADER) & (phase <= BACKWARD))[0]
+    contains = named.copy()  # holds a dataloader, optimizer or backward event somewhere below it (or wraps one)
+    below = np.nonzero(((phase >= DATALOADER) & (phase <= BACKWARD)) | named)[0]
     while below.size:
         up = parent[below]
         up = up[up >= 0]

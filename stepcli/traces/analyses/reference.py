@@ -24,6 +24,7 @@ from stepcli.traces.analyses.steps import (
     phase_of,
     step_spans_of,
     union,
+    wraps_backward,
 )
 from stepcli.traces.read.names import STEP_PREFIX, step_of
 
@@ -77,7 +78,7 @@ class _Nesting:
             PAUSE: [],
         }
         # name -> (row key unless it is a step, phase, could be a ProfilerStep#N): computed once per distinct name
-        self.name_info: dict[str, tuple[str, int, bool]] = {}
+        self.name_info: dict[str, tuple[str, int, bool, bool]] = {}
         self.outside = [0, 0]  # calls, self ns of the host events outside every step
         self.step_spans: StepSpans | None = None
 
@@ -197,8 +198,8 @@ class _Nesting:
             end = start - neg_dur
             while stack and (start >= stack[-1][0] or end > stack[-1][0]):
                 close()
-            frame, phase = self.frame_for(pid, event, start, end)
-            frame += [phase, False, []]
+            frame, phase, wraps = self.frame_for(pid, event, start, end)
+            frame += [phase, wraps, []]
             if stack:
                 parent = stack[-1]
                 parent[3] += frame[2]
@@ -208,12 +209,18 @@ class _Nesting:
         while stack:
             close()
 
-    def frame_for(self, pid: int | str, event: Event, start: int, end: int) -> tuple[list[Any], int]:
-        """A new frame for `event`, and its phase; opens a step window for a complete ProfilerStep#N."""
+    def frame_for(self, pid: int | str, event: Event, start: int, end: int) -> tuple[list[Any], int, bool]:
+        """A new frame for `event`, its phase, and whether it is named for backward (steps.wraps_backward); opens a
+        step window for a complete ProfilerStep#N."""
         name = event.name
         info = self.name_info.get(name)
         if info is None:
-            info = self.name_info[name] = (stable_name(name), phase_of(name), name.startswith(STEP_PREFIX))
+            info = self.name_info[name] = (
+                stable_name(name),
+                phase_of(name),
+                name.startswith(STEP_PREFIX),
+                wraps_backward(name),
+            )
         row_key: Any = info[0]
         window = None
         if info[2] and event.cat == "user_annotation":
@@ -228,7 +235,8 @@ class _Nesting:
         if phase:
             self.phase_spans[phase].append((start, end, pid))
         counted = self.step_spans is None or in_steps(self.step_spans, pid, start, end)
-        return [end, row_key, end - start, 0, 0, None, name, window, counted], phase
+        wraps = info[3] and event.cat == "user_annotation"  # a wrapper of backward, whatever is below it
+        return [end, row_key, end - start, 0, 0, None, name, window, counted], phase, wraps
 
     def result(self) -> TraceResult:
         threads, comm_spans = self.threads, self.comm_spans

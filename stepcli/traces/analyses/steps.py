@@ -17,7 +17,7 @@ from stepcli.traces.analyses.arrivals import GC_PREFIX
 from stepcli.traces.analyses.model import NS_PER_MS, OpRow
 from stepcli.traces.analyses.ranks import is_communication
 from stepcli.traces.analyses.shares import STEP_KEY
-from stepcli.traces.read.names import step_of
+from stepcli.traces.read.names import STEP_PREFIX, step_of
 
 # Same categories as stepcli.traces.read.reader (not imported at run time so this module stays free of the decoder).
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -99,6 +99,13 @@ def phase_of(name: str) -> int:
     if name.startswith(GC_PREFIX):
         return PAUSE
     return COMM if is_communication(name) else 0
+
+
+def wraps_backward(name: str) -> bool:
+    """A user's annotation around the backward pass, by its name (`## backward ##`, Lightning's
+    `[pl][profile]...backward`): a wrapper of that phase even where none of its events are below it, as on a GPU
+    trace, where the autograd engine runs backward on its own threads."""
+    return "backward" in name.lower() and not phase_of(name) and not name.startswith(STEP_PREFIX)
 
 
 StepSpans = dict[Any, tuple[list[tuple[int, int]], list[int]]]  # pid -> (union of its steps, the union's ends)
