@@ -414,3 +414,20 @@ def _step_aside(*_args: object, **_kwargs: object) -> None:
     from stepcli.traces.analyses import arrays
 
     raise arrays.TooLarge
+
+
+@pytest.mark.parametrize("engine", ["arrays", "reference"])
+def test_a_trace_whose_only_step_was_cut_short_shows_its_operators_and_no_step(
+    monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    # GIVEN a window cut short in its first step: ProfilerStep#0 holds only the start of that step
+    events = [step(0, 0, 100), ev("aten::linear", 10, 40), ev("aten::addmm", 12, 30), ev("aten::sum", 60, 20)]
+    if engine == "reference":
+        monkeypatch.setattr(analysis_module, "_analyze_columns", _step_aside)
+    data = summarize([Trace.from_events(events, incomplete_step=0)]).to_dict()
+    # THEN no step figure, and the operators of the whole trace without the cut step itself (it was a
+    # `ProfilerStep*` row of 40 us self time, 133% of the operators' 30 us, and the shares added up to 233%)
+    assert data["steps"] == [] and data["step_ms"] is None
+    assert sorted(ops(data)) == ["aten::addmm", "aten::linear", "aten::sum"]
+    assert sum(row["self_share"] for row in data["cpu_ops"]) == pytest.approx(1.0)
+    assert data["outside_steps"]["events"] == 0

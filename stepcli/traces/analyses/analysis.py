@@ -156,16 +156,17 @@ def _analyze_columns(
         ),
         incomplete_step,
     )
-    outside_events = outside_ns = 0
-    inside = None if step_spans is None else _in_steps_array(step_spans, columns.pid[index], start, end)
-    if inside is None or inside.all():
-        cpu_rows = col.rows_from(keyed(row_key, index), key_of, a["self"], a["dur"], counted=kept)
+    if step_spans is None:  # no complete step: every operator counts, but not the cut steps themselves
+        inside = ~is_step if step_rows.size else None
+        outside_events = outside_ns = 0
     else:
-        cpu_rows = col.rows_from(
-            keyed(row_key[inside], index[inside]), key_of, a["self"][inside], a["dur"][inside], counted=kept[inside]
-        )
+        inside = _in_steps_array(step_spans, columns.pid[index], start, end)
         left_out = kept & ~inside
         outside_events, outside_ns = int(left_out.sum()), int(a["self"][left_out].sum())
+    mine: Any = slice(None) if inside is None or inside.all() else inside  # (a slice: views, no copies)
+    cpu_rows = col.rows_from(
+        keyed(row_key[mine], index[mine]), key_of, a["self"][mine], a["dur"][mine], counted=kept[mine]
+    )
 
     phase_of_name = np.array([phase_of(n) for n in names] or [0], np.int8)
     phase = phase_of_name[name]

@@ -160,12 +160,15 @@ class _Nesting:
         rows, outside = self.rows, self.outside
         while frame[4] == 1 and frame[5][6] == frame[6]:
             child = frame[5]
-            undo = rows[child[1]] if child[8] else outside
-            undo[0] -= 1
-            undo[1] -= child[2] - child[3]
-            if child[8]:
-                undo[2] -= child[2]
+            if child[8] is not None:  # (a cut step, counted nowhere: nothing to undo)
+                undo = rows[child[1]] if child[8] else outside
+                undo[0] -= 1
+                undo[1] -= child[2] - child[3]
+                if child[8]:
+                    undo[2] -= child[2]
             frame[3], frame[4], frame[5] = child[3], child[4], child[5]
+        if frame[8] is None:
+            return
         if not frame[8]:
             outside[0] += 1
             outside[1] += frame[2] - frame[3]
@@ -182,7 +185,8 @@ class _Nesting:
         """Build one thread's operator tree with a stack of open frames, counting each frame as it closes."""
         items.sort()
         # frame: [end, row key, dur, children's dur, number of children, last child, name, step window or None,
-        #         counted: inside a step of the process, or the trace has no steps, phase, holds a dataloader,
+        #         counted: inside a step of the process, or the trace has no complete steps (None: a cut step
+        #         then, counted nowhere), phase, holds a dataloader,
         #         optimizer or backward event below it, forward candidates below it (see hand_up)]
         stack: list[list[Any]] = []
 
@@ -234,7 +238,9 @@ class _Nesting:
         phase = info[1]
         if phase:
             self.phase_spans[phase].append((start, end, pid))
-        counted = self.step_spans is None or in_steps(self.step_spans, pid, start, end)
+        counted: bool | None = self.step_spans is None or in_steps(self.step_spans, pid, start, end)
+        if self.step_spans is None and info[2] and event.cat == "user_annotation":
+            counted = None  # a step cut short where none is complete: no operator, and not outside the steps
         wraps = info[3] and event.cat == "user_annotation"  # a wrapper of backward, whatever is below it
         return [end, row_key, end - start, 0, 0, None, name, window, counted], phase, wraps
 

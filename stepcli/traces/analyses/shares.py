@@ -24,7 +24,7 @@ def share_basis(step_ns: int, steps: int, self_ns_without_steps: int) -> tuple[i
     """(denominator in ns, what it is in words) for the shares of one summary."""
     if steps and step_ns > 0:
         return step_ns, f"recorded step time ({steps} step{'s' if steps != 1 else ''})"
-    return self_ns_without_steps, "total operator self time (no step annotations)"
+    return self_ns_without_steps, "total operator self time (no complete step)"
 
 
 def share_caption(share_of: str | None) -> str:

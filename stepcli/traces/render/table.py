@@ -304,7 +304,7 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
             highlight=False,
         )
     else:
-        console.print("no ProfilerStep#N annotations: step tables skipped", highlight=False)
+        console.print("no complete ProfilerStep#N annotation: step tables skipped", highlight=False)
     if len(data["ranks"]) > 1:
         console.print(ranks_table(data["ranks"], data.get("slowest_rank"), width=console.width))
         straggler = data.get("straggler")
