@@ -239,7 +239,11 @@ class Recorder:
         self.guard_signals(True)
         with QuietProfiler():
             prof.start()
-        self.started_once = True  # Kineto's threads now exist in this process (agent/forkexit.py)
+        if not self.started_once:  # Kineto's threads now exist in this process: a forked child must not hang
+            from .forkexit import prepare
+
+            prepare()
+            self.started_once = True
         self._cpu_time.reset()
         if action.value >= RECORD:
             _mark_clock(prof)

@@ -233,7 +233,11 @@ class Agent:
 
     def program_profiler_entered(self, prof: Any) -> None:
         self.entered.add(prof)
-        self.profiler_started = True
+        if not self.profiler_started:  # Kineto's threads will exist in this process (forkexit.py)
+            from .forkexit import prepare
+
+            prepare()
+            self.profiler_started = True
 
     def program_profiler_left(self, prof: Any) -> None:
         self.entered.discard(prof)

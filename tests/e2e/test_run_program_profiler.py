@@ -206,3 +206,33 @@ def test_window_is_not_opened_when_the_programs_profiler_is_about_to_collect(tmp
     assert "not saved" not in result.stderr
     assert "1 window(s) skipped while the program ran its own profiler" in " ".join(summary["notes"])
     assert int(result.stdout) > 10  # the program's profiler kept its events
+
+
+def test_a_child_forked_after_the_programs_own_profiler_ran_exits(tmp_path: Path) -> None:
+    # GIVEN a program whose own profiler ran (stepcli records nothing: --on-demand), which then forks a helper
+    # that ends with sys.exit(4) (plain torch hangs such a child forever at exit, in Kineto's teardown)
+    script = write_script(
+        tmp_path,
+        "forks.py",
+        """
+        import os, sys
+        import torch
+        from torch.profiler import profile, schedule
+        model = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with profile(schedule=schedule(wait=0, warmup=1, active=2), on_trace_ready=lambda p: None) as prof:
+            for _ in range(4):
+                model(torch.randn(2, 8)).sum().backward()
+                opt.step()
+                prof.step()
+        pid = os.fork()
+        if pid == 0:
+            print("helper done", flush=True)
+            sys.exit(4)
+        print("helper status", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    """,
+    )
+    result = run_stepcli("run", "-q", "--on-demand", "-o", tmp_path / "out", script, timeout=90)
+    # THEN the helper exits with its own status and the run ends
+    assert result.returncode == 0, result.stderr
+    assert "helper done" in result.stdout and "helper status 4" in result.stdout
