@@ -110,6 +110,7 @@ def compare_main(
     cur_paths = [current] if isinstance(current, str) else list(current)
     base = load_side(base_paths)
     cur = load_side(cur_paths)
+    _refuse_a_run_on_both_sides(base, cur, base_paths, cur_paths)
     op_changes, why_not = _attribution(base, cur, level)
     comparison = decide(
         base,
@@ -182,6 +183,33 @@ def _show(comparison: Comparison, markdown_path: str | None) -> None:
                 f"{markdown_path}: cannot write the Markdown report ({exc.strerror or exc})", EXIT_USAGE
             ) from None
     _append_step_summary(markdown)
+
+
+def _refuse_a_run_on_both_sides(
+    baseline: Measurement, current: Measurement, base_paths: list[str], cur_paths: list[str]
+) -> None:
+    """A run given on both sides among others (a CI glob that also picked up the baseline's artifact) would pull
+    the two sides together and water a regression down to INCONCLUSIVE: a usage error. The very same inputs on both
+    sides pass with a warning instead (a CI variable left unset), as the command says after the verdict."""
+    base_files = {os.path.realpath(p) for p in base_paths}
+    cur_files = {os.path.realpath(p) for p in cur_paths}
+    if base_files == cur_files or same_runs(baseline, current):
+        return
+    labels = {run.run_id: run.label for run in baseline.runs if run.run_id}
+    for run in current.runs:
+        if run.run_id and run.run_id in labels:
+            raise StepcliError(
+                f"{run.label}: the same run (run_id {run.run_id[:12]}) as the baseline's {labels[run.run_id]}; "
+                "a run on both sides is compared with itself: give it to one side",
+                EXIT_USAGE,
+            )
+    for path in cur_paths:
+        if os.path.realpath(path) in base_files:
+            raise StepcliError(
+                f"{path}: given as a baseline and as current; a run on both sides is compared with itself: "
+                "give it to one side",
+                EXIT_USAGE,
+            )
 
 
 def same_runs(baseline: Measurement, current: Measurement) -> bool:

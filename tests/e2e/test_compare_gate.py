@@ -236,6 +236,15 @@ def test_a_run_compared_with_itself_is_said_so(runs: dict[str, Path]) -> None:
     folder = run_stepcli("compare", runs["base1"].with_suffix(""), runs["base1"])
     assert folder.returncode == 0, folder.stdout + folder.stderr
     assert "stepcli: warning: baseline and current are the same run" in folder.stderr
+    # AND a run on both sides among others (a CI glob that picked up the baseline's artifact too) is refused: it
+    # would pull the sides together and water a regression down
+    mixed = run_stepcli(
+        "compare", "--baseline", runs["base1"], "--baseline", runs["base2"],
+        "--current", runs["slow"], "--current", runs["base1"].with_suffix(""),
+    )  # fmt: skip
+    assert mixed.returncode == 2, mixed.stdout + mixed.stderr
+    assert "the same run" in mixed.stderr and "give it to one side" in mixed.stderr
+    assert len(mixed.stderr.splitlines()) == 1
 
 
 def test_runs_of_different_programs_are_said_so(runs: dict[str, Path], tmp_path: Path) -> None:
