@@ -120,10 +120,13 @@ class StepTracker:
         self._phase = phase
 
     def begin(self) -> None:
-        """Run the listener for step 0 if it wants it (a window that starts at the very first step)."""
+        """Run the listener for step 0 if it wants it (a window that starts at the very first step). Opening the
+        window is charged to no step; the time step 0 ran before it (since torch was imported) stays its own, so
+        the start-up step measures the same whatever the window."""
         if self._listener is not None and self.global_step >= self._wake_at:
+            before = self._clock()
             self._phase, self._wake_at = self._listener(self.global_step)
-            self._step_start = self._clock()
+            self._step_start += self._clock() - before
 
     def register(self, key: Hashable, name: str) -> Requester:
         """A new requester starts at the current global step (registered when it is created, not at its first step)."""
