@@ -319,6 +319,25 @@ def test_render_treats_names_as_text_and_shortens_in_the_middle() -> None:
     assert long_name in csv_out.getvalue()  # machines get full names
 
 
+def test_names_that_would_shorten_alike_stand_whole() -> None:
+    from rich.console import Console
+
+    from stepcli.traces.analyses.mergeparts import summarize
+    from stepcli.traces.read.events import Event
+    from stepcli.traces.read.reader import Trace
+    from stepcli.traces.render.table import print_rich_report
+
+    # GIVEN two optimizers' zero_grad, whose names differ only in their middle, at 80 columns
+    names = ["Optimizer.zero_grad#Adam.zero_grad", "Optimizer.zero_grad#SGD.zero_grad", "aten::mm"]
+    events = [Event(name=name, cat="cpu_op", ts=10.0 * i, dur=5.0) for i, name in enumerate(names)]
+    out = io.StringIO()
+    print_rich_report(summarize([Trace.from_events(events)]).to_dict(), Console(file=out, width=80), sort_by="name", limit=5)
+    # THEN each can still be told from the other: over two lines, whole (both were `Optimizer.zero_gra….zero_grad`)
+    cells = "".join(line.split("│")[1].strip() for line in out.getvalue().splitlines() if line.startswith("│"))
+    assert "Optimizer.zero_grad#Adam.zero_grad" in cells and "Optimizer.zero_grad#SGD.zero_grad" in cells
+    assert all(len(line) <= 80 for line in out.getvalue().splitlines())
+
+
 @pytest.mark.parametrize("bad", ["1e308", "1e400", "1" + "0" * 400, '"nan"'])
 def test_non_finite_times_are_skipped_not_a_traceback(tmp_path: Path, bad: str) -> None:
     # GIVEN the smallest trace that used to crash (round(inf)), and a trace with steps and one such event

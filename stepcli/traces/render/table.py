@@ -3,6 +3,7 @@ under them; the other formats and the choice among them are stepcli.traces.rende
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -127,9 +128,13 @@ def ops_table(
         table.add_column("Input shapes", no_wrap=True)
     for header in headers:
         table.add_column(header, justify="right", no_wrap=True)
+    short = [shorten(str(row["name"]), name_width) for row in shown]
+    seen = Counter(zip(short, shapes if with_shape and not stacked else [""] * len(shown)))
     for index, row in enumerate(shown):
         # Text, not str: names and shapes are data, and "[...]" in them must not be read as rich markup.
-        name = shorten(row["name"], name_width)
+        name = short[index]
+        if seen[(name, shapes[index] if with_shape and not stacked else "")] > 1:  # two names shorten alike
+            name = "\n".join(_pieces(str(row["name"]), name_width))  # (`…zero_grad#Adam` / `#SGD`): whole
         if stacked:  # whole, over as many lines as it takes: two rows must never shorten to the same text
             shape = shapes[index]
             lines = _pieces(str(row["name"]), name_width) + [f"  {piece}" for piece in _pieces(shape, shape_width - 2)]
