@@ -52,14 +52,37 @@ def separation(
     if len(baseline) < 2 or len(current) < 2:
         return None
     chance = 1.0 / math.comb(len(baseline) + len(current), len(baseline))
-    if chance > (1 - confidence) / 2 * (1 + 1e-9):  # 1/20 at 90% is at the level, not above it
+    if not _within_chance(chance, confidence):
+        return None
+    split = split_beyond(baseline, current, tolerance, min_delta_ms)
+    return None if split is None else (split, chance)
+
+
+def _within_chance(chance: float, confidence: float) -> bool:
+    return chance <= (1 - confidence) / 2 * (1 + 1e-9)  # 1/20 at 90% is at the level, not above it
+
+
+def split_beyond(
+    baseline: Sequence[float], current: Sequence[float], tolerance: float, min_delta_ms: float
+) -> Verdict | None:
+    """ "regression" | "improvement" when every step of one side is beyond the limit from every step of the other,
+    whatever the chance of that; else None."""
+    if not baseline or not current:
         return None
     low_b, high_b, low_c, high_c = min(baseline), max(baseline), min(current), max(current)
     if exceeds(low_c, high_b * (1 + tolerance)) and exceeds(low_c - high_b, min_delta_ms):
-        return "regression", chance
+        return "regression"
     if exceeds(low_b * (1 - tolerance), high_c) and exceeds(low_b - high_c, min_delta_ms):
-        return "improvement", chance
+        return "improvement"
     return None
+
+
+def steps_to_decide(confidence: float) -> int:
+    """The fewest steps per side whose complete separation can decide at `confidence` (4 at 95%: 1/70)."""
+    n = 2
+    while not _within_chance(1.0 / math.comb(2 * n, n), confidence):
+        n += 1
+    return n
 
 
 def too_few_steps(
@@ -97,11 +120,23 @@ def too_few_steps(
         )
     else:
         verdict = "inconclusive"
-        message = (
-            f"{numbers}: too few steps to decide ({counts} step positions; at least {MIN_STEPS} per side needed, "
-            "ranks that step together count once, unless every step of one side is beyond the limit from every "
-            "step of the other)"
-        )
+        split = split_beyond(b_means, c_means, common["tolerance"], common["min_delta_ms"])
+        needed = steps_to_decide(common["confidence"])
+        if split is not None and min(len(b_means), len(c_means)) >= 1:
+            chance = 1.0 / math.comb(len(b_means) + len(c_means), len(b_means))
+            message = (
+                f"{numbers}: every step of one side is beyond the limit ({_fmt_ms(limit)} ms) from every step of the "
+                f"other, but with {counts} step positions such a split happens by chance 1 time in "
+                f"{round(1 / chance)}, more than {_fmt_pct(common['confidence'])} confidence allows; {needed} steps "
+                f"per side would decide it (ranks that step together count once)"
+            )
+        else:
+            message = (
+                f"{numbers}: too few steps to decide ({counts} step positions; at least {MIN_STEPS} per side for an "
+                f"interval, ranks that step together count once; from {needed} per side a split where every step of "
+                f"one side is beyond the limit of {_fmt_ms(limit)} ms from every step of the other decides, and these "
+                "steps are not split so)"
+            )
     return Comparison(
         verdict=verdict,
         exit_code=exit_code(verdict, allow_inconclusive),

@@ -331,7 +331,9 @@ def test_names_that_would_shorten_alike_stand_whole() -> None:
     names = ["Optimizer.zero_grad#Adam.zero_grad", "Optimizer.zero_grad#SGD.zero_grad", "aten::mm"]
     events = [Event(name=name, cat="cpu_op", ts=10.0 * i, dur=5.0) for i, name in enumerate(names)]
     out = io.StringIO()
-    print_rich_report(summarize([Trace.from_events(events)]).to_dict(), Console(file=out, width=80), sort_by="name", limit=5)
+    print_rich_report(
+        summarize([Trace.from_events(events)]).to_dict(), Console(file=out, width=80), sort_by="name", limit=5
+    )
     # THEN each can still be told from the other: over two lines, whole (both were `Optimizer.zero_gra….zero_grad`)
     cells = "".join(line.split("│")[1].strip() for line in out.getvalue().splitlines() if line.startswith("│"))
     assert "Optimizer.zero_grad#Adam.zero_grad" in cells and "Optimizer.zero_grad#SGD.zero_grad" in cells

@@ -207,6 +207,17 @@ def test_a_ratio_interval_never_passes_minus_100_percent() -> None:
     assert "log step times" in (decide(side(*base), side(*cur), tolerance=0.1, min_delta_ms=0.0).method or "")
 
 
+def test_a_complete_split_of_too_few_steps_says_what_would_decide_it() -> None:
+    # GIVEN 3 steps per side, every current step twice every baseline step: a split that 1 time in 20 happens by
+    # chance, more than 95% confidence allows (1 in 40)
+    result = decide(side([10.0, 10.5, 11.0]), side([20.0, 21.0, 22.0]), tolerance=0.1, min_delta_ms=0.0)
+    # THEN inconclusive, and the message says the split is complete, why that is not enough, and what would be
+    # (it said "at least 10 per side ... unless every step of one side is beyond the limit", which these are)
+    assert result.verdict == "inconclusive"
+    assert "every step of one side is beyond the limit (1.050 ms)" in result.message, result.message
+    assert "by chance 1 time in 20" in result.message and "4 steps per side would decide it" in result.message
+
+
 def test_too_few_steps_are_inconclusive_without_an_interval() -> None:
     # GIVEN 3 steps per side (the 2 runs of a few steps gave -1141.6% .. +1102.4%)
     base, cur = side([10.0, 11.0, 10.5]), side([10.2, 10.9, 10.4])
