@@ -434,6 +434,7 @@ class Agent:
                     "argv": list(sys.argv),
                     "torch_imported": self.torch_imported,
                     "steps": self.tracker.global_step,
+                    "hook_notes": list(self.hook_notes),  # a process that never steps writes no step log
                 },
                 0o600,
                 private_folder=True,

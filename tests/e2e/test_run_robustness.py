@@ -176,18 +176,20 @@ def test_step_on_in_threads_counts_every_call(tmp_path: Path) -> None:
     assert summary is not None and summary["steps"]["global"] == 200
 
 
-def test_step_on_a_name_the_module_lacks_says_so(tmp_path: Path) -> None:
-    # GIVEN --step-on naming a class the imported module does not have (a typo), in a program that still trains
+@pytest.mark.parametrize("trains", [True, False])
+def test_step_on_a_name_the_module_lacks_says_so(tmp_path: Path, trains: bool) -> None:
+    # GIVEN --step-on naming a class the imported module does not have (a typo), in a program that still trains,
+    # or in an inference program that has no other step (so no step log: only the launcher's child says it)
     write_script(tmp_path, "servelib.py", "def serve(x):\n    return x\n")
     script = write_script(
         tmp_path,
         "typo.py",
-        """
+        f"""
         import torch, servelib
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
         for _ in range(4):
             servelib.serve(1)
-            opt.step()
+            {"opt.step()" if trains else "pass"}
     """,
     )
     result, summary = run_json(tmp_path, script, "--step-on", "servelib:Nope.serve")
@@ -197,6 +199,8 @@ def test_step_on_a_name_the_module_lacks_says_so(tmp_path: Path) -> None:
     assert "could not hook servelib (servelib has no attribute 'Nope'" in result.stderr
     assert "circular" not in result.stderr and "never imported" not in result.stderr
     assert summary is not None and any("no attribute 'Nope'" in note for note in summary["notes"])
+    notes = " ".join(summary["notes"])
+    assert "never imported" not in notes and "name the step with --step-on" not in notes, notes
 
 
 def test_step_on_async_function_stays_a_coroutine_function(tmp_path: Path) -> None:

@@ -120,6 +120,18 @@ def _window_loss_explained(logs: list[dict[str, Any]]) -> bool:
     )
 
 
+def _hook_notes(config: AgentConfig) -> list[str]:
+    """What the launcher's own child said of `--step-on` targets it could not hook (its hello file: a process that
+    never steps writes no step log)."""
+    hellos = _load_json_files(config.log_dir, lambda n: n.startswith(HELLO_PREFIX)) if config.step_on else []
+    found: list[str] = []
+    for hello in hellos:
+        for note in hello.get("hook_notes") or []:
+            if isinstance(note, str) and note not in found:
+                found.append(note)
+    return found
+
+
 def _why_no_steps(config: AgentConfig, exit_status: int, command: list[str] | None = None) -> str:
     hellos = _load_json_files(config.log_dir, lambda n: n.startswith(HELLO_PREFIX))
     if not hellos:
@@ -149,6 +161,9 @@ def _why_no_steps(config: AgentConfig, exit_status: int, command: list[str] | No
             f"no steps recorded: the program ended with status {exit_status} ({name}?) before stepcli could write "
             "its step log; a SIGKILL or an out-of-memory kill leaves no time to save."
         )
+    failed = _hook_notes(config)
+    if failed:  # the --step-on target the user named is not there: say that, not "name one with --step-on"
+        return f"no steps observed: {failed[0]}"
     return (
         "no steps observed: torch was imported but no optimizer.step(), torch.profiler step() or --step-on "
         "function was called. For inference or custom loops, name the step with --step-on MODULE:QUALNAME."
@@ -242,6 +257,10 @@ def build_run_summary(
                 )
     stepped = {r["name"] for log in logs for r in log.get("requesters", []) if r["calls"]}
     unhooked = " ".join(note for log in logs for note in log.get("notes", []) if isinstance(note, str))
+    hooks_failed = _hook_notes(config)
+    said = " ".join(notes)
+    notes.extend(note for note in hooks_failed if note not in unhooked and note not in said)  # (no step log says it)
+    unhooked += " " + " ".join(hooks_failed)
     for spec in config.step_on:
         if spec not in stepped and f"could not hook {spec.partition(':')[0]} " not in unhooked:
             notes.append(
