@@ -340,6 +340,27 @@ def test_names_that_would_shorten_alike_stand_whole() -> None:
     assert all(len(line) <= 80 for line in out.getvalue().splitlines())
 
 
+@pytest.mark.parametrize("width", [80, 72, 64])
+def test_the_ranks_table_never_cuts_a_figure(width: int) -> None:
+    from rich.console import Console
+
+    from stepcli.traces.render.table import ranks_table
+
+    # GIVEN two ranks with 5-digit figures, the slower one labelled so, on a terminal narrower than 80 columns
+    stats = {"count": 12, "mean": 55.82, "p90": 59.3, "max": 12345.67}
+    ranks = [
+        {"rank": 0, "process": "rank 0", "step_ms": stats, "compute_ms": 4.31, "comm_ms": 51.51},
+        {"rank": 1, "process": "rank 1", "step_ms": stats, "compute_ms": 52.5, "comm_ms": 3.76},
+    ]
+    out = io.StringIO()
+    Console(file=out, width=width).print(ranks_table(ranks, 1))
+    text = out.getvalue()
+    # THEN every figure stands whole (at 72 columns the Wait cell read `51.…`); the label wraps instead
+    for figure in ("55.82", "59.30", "12,345.7", "4.31", "51.51", "52.50", "3.76"):
+        assert figure in text, text
+    assert "…" not in text and all(len(line) <= width for line in text.splitlines())
+
+
 @pytest.mark.parametrize("bad", ["1e308", "1e400", "1" + "0" * 400, '"nan"'])
 def test_non_finite_times_are_skipped_not_a_traceback(tmp_path: Path, bad: str) -> None:
     # GIVEN the smallest trace that used to crash (round(inf)), and a trace with steps and one such event

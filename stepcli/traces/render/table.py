@@ -225,37 +225,26 @@ def ranks_table(
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=title, title_justify="left")
-    table.add_column("Process", no_wrap=True)
-    for name in ("Steps", "Mean ms", "P90 ms", "Max ms", "Compute", "Wait"):
-        table.add_column(name, justify="right", no_wrap=True)
+    rows: list[tuple[Text, list[str], str | None]] = []
     for row in ranks:
         stats = row.get("step_ms") or {}
         slow = slowest_rank is not None and row.get("rank") == slowest_rank
-        table.add_row(
-            Text(process_label(row) + (" (slowest)" if slow else "")),
-            str(stats.get("count", 0)),
-            _ms(stats.get("mean")),
-            _ms(stats.get("p90")),
-            _ms(stats.get("max")),
-            _ms(row.get("compute_ms")),
-            _ms(row.get("comm_ms")),
-            style="bold red" if slow else None,
-        )
+        figures = [str(stats.get("count", 0)), _ms(stats.get("mean")), _ms(stats.get("p90")), _ms(stats.get("max"))]
+        figures += [_ms(row.get("compute_ms")), _ms(row.get("comm_ms"))]
+        rows.append((Text(process_label(row) + (" (slowest)" if slow else "")), figures, "bold red" if slow else None))
         windows = row.get("windows") or []
         if len(windows) > 1:
             for window in windows:
                 w_stats = window.get("step_ms") or {}
-                table.add_row(
-                    Text(f"  {window['steps']}"),
-                    str(w_stats.get("count", 0)),
-                    _ms(w_stats.get("mean")),
-                    _ms(w_stats.get("p90")),
-                    _ms(w_stats.get("max")),
-                    "",
-                    "",
-                    style="dim",
-                )
+                figures = [str(w_stats.get("count", 0)), _ms(w_stats.get("mean")), _ms(w_stats.get("p90"))]
+                rows.append((Text(f"  {window['steps']}"), [*figures, _ms(w_stats.get("max")), "", ""], "dim"))
+    table = Table(title=title, title_justify="left")
+    table.add_column("Process", overflow="fold")  # a narrow terminal wraps the label, never cuts a figure
+    for at, name in enumerate(("Steps", "Mean ms", "P90 ms", "Max ms", "Compute", "Wait")):
+        widest = max((len(figures[at]) for _, figures, _ in rows), default=0)
+        table.add_column(name, justify="right", no_wrap=True, min_width=widest)
+    for label, figures, style in rows:
+        table.add_row(label, *figures, style=style)
     table.caption = "Compute = step time outside collectives; Wait = in collectives (c10d, gloo, NCCL), ms/step"
     table.caption_justify = "left"
     return table
