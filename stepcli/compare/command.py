@@ -195,11 +195,14 @@ def _refuse_a_run_on_both_sides(
     cur_files = {os.path.realpath(p) for p in cur_paths}
     if base_files == cur_files or same_runs(baseline, current):
         return
-    labels = {run.run_id: run.label for run in baseline.runs if run.run_id}
+    # the same run: its id and its steps (a hand-made summary may reuse an id; a run's folder and its --json hold
+    # the same steps)
+    labels = {(run.run_id, run.processes): run.label for run in baseline.runs if run.run_id}
     for run in current.runs:
-        if run.run_id and run.run_id in labels:
+        if run.run_id and (run.run_id, run.processes) in labels:
             raise StepcliError(
-                f"{run.label}: the same run (run_id {run.run_id[:12]}) as the baseline's {labels[run.run_id]}; "
+                f"{run.label}: the same run (run_id {run.run_id[:12]}) as the baseline's "
+                f"{labels[(run.run_id, run.processes)]}; "
                 "a run on both sides is compared with itself: give it to one side",
                 EXIT_USAGE,
             )
