@@ -27,7 +27,7 @@ from stepcli.compare.load import (
     measurement_from_run,
     measurement_from_summary,
 )
-from stepcli.compare.model import Measurement, OpSteps, OpTime
+from stepcli.compare.model import Measurement, OpSteps, OpTime, ProcessSteps
 from stepcli.compare.populations import StepRow
 from stepcli.compare.render import render_console, render_markdown
 from stepcli.compare.verdict import TOP_OPS, decide, parse_confidence, parse_tolerance
@@ -195,14 +195,12 @@ def _refuse_a_run_on_both_sides(
     cur_files = {os.path.realpath(p) for p in cur_paths}
     if base_files == cur_files or same_runs(baseline, current):
         return
-    # the same run: its id and its steps (a hand-made summary may reuse an id; a run's folder and its --json hold
-    # the same steps)
-    labels = {(run.run_id, run.processes): run.label for run in baseline.runs if run.run_id}
-    for run in current.runs:
-        if run.run_id and (run.run_id, run.processes) in labels:
+    labels = _runs(baseline)
+    for key, label in _runs(current).items():
+        run_id = key[0]
+        if run_id and key in labels:
             raise StepcliError(
-                f"{run.label}: the same run (run_id {run.run_id[:12]}) as the baseline's "
-                f"{labels[(run.run_id, run.processes)]}; "
+                f"{label}: the same run (run_id {run_id[:12]}) as the baseline's {labels[key]}; "
                 "a run on both sides is compared with itself: give it to one side",
                 EXIT_USAGE,
             )
@@ -215,10 +213,15 @@ def _refuse_a_run_on_both_sides(
             )
 
 
+def _runs(side: Measurement) -> dict[tuple[str | None, tuple[ProcessSteps, ...]], str]:
+    """A side's runs by what makes a run the same run: its run_id and its steps (a hand-made summary may reuse an
+    id; a run's folder and its --json hold the same steps), with the label of each."""
+    return {(run.run_id, run.processes): run.label for run in side.runs}
+
+
 def same_runs(baseline: Measurement, current: Measurement) -> bool:
-    """Whether both sides are the same run(s): the run_ids their run summaries carry, and the steps they hold (a
-    hand-made summary may reuse an id; a run's folder and its --json hold the same steps)."""
-    base, cur = ({(run.run_id, run.processes) for run in side.runs} for side in (baseline, current))
+    """Whether both sides are the same run(s), every one known by its run_id."""
+    base, cur = _runs(baseline).keys(), _runs(current).keys()
     return bool(base) and base == cur and all(run_id for run_id, _ in base)
 
 

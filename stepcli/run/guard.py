@@ -83,30 +83,35 @@ def summary_cut(
     import os
     import signal
 
-    from stepcli.run.summary.build import write_run_summary
-
     name = signal.Signals(signum).name
     say(f"{name}: the summary was cut short (the program had ended: exit {status}); the traces are in {config.out_dir}")
     error = f"{name} arrived while the traces were read, after the program ended"
     document = fallback_summary(
         config, command=command, status=status, started=started, duration_s=duration_s, error=error
     )
-    targets = [] if json_written or not request.json_path else [(request.json_path, False)]
+    if request.json_path and not json_written:
+        _save(document, request.json_path)
     saved = os.path.join(config.log_dir, SUMMARY_FILE)
     if not os.path.lexists(saved):
-        targets.append((saved, True))
-    for path, private in targets:
-        try:
-            if not private:
-                from stepcli.run.outputs import json_taken
-
-                taken = json_taken(path)
-                if taken:
-                    raise StepcliError(taken)
-            write_run_summary(document, path, private_folder=private)
-        except StepcliError as write_error:
-            say(f"warning: {write_error.message}")
+        _save(document, saved, private_folder=True)
     return status if status != 0 else 128 + signum
+
+
+def _save(document: RunSummary, path: str, private_folder: bool = False) -> bool:
+    """Write a fallback summary where `--json` (or the run's control folder) wants it, never over a file stepcli
+    did not write; a failure is a warning line. Whether it was written."""
+    from stepcli.run.outputs import json_taken
+    from stepcli.run.summary.build import write_run_summary
+
+    try:
+        taken = None if private_folder else json_taken(path)
+        if taken:
+            raise StepcliError(taken)
+        write_run_summary(document, path, private_folder=private_folder)
+    except StepcliError as write_error:
+        say(f"warning: {write_error.message}")
+        return False
+    return True
 
 
 def summary_failed(
@@ -121,24 +126,14 @@ def summary_failed(
     json_written: bool = False,
 ) -> int:
     """Say what failed in one line, make sure `--json` exists, and return stepcli's exit status."""
-    from stepcli.run.summary.build import write_run_summary
-
     error = f"{type(exc).__name__}: {exc}"
     say(f"internal error while summarizing the run ({error}); traces are in {config.out_dir}")
     if request.json_path and not json_written:
         document = fallback_summary(
             config, command=command, status=status, started=started, duration_s=duration_s, error=error
         )
-        from stepcli.run.outputs import json_taken
-
-        try:
-            taken = json_taken(request.json_path)
-            if taken:
-                raise StepcliError(taken)
-            write_run_summary(document, request.json_path)
+        if _save(document, request.json_path):
             say(f"wrote {request.json_path} without measurements (it says why in its notes)")
-        except StepcliError as write_error:
-            say(f"warning: {write_error.message}")
     if status != 0:
         return status  # the program's own failure says more
     return EXIT_INTERNAL

@@ -314,7 +314,7 @@ def _report(
     except SummaryCut as cut:
         from stepcli.run.guard import summary_cut
 
-        display = ["python", *request.argv[1:]] if request.argv[0] == sys.executable else request.argv
+        display = _display(request)
         return summary_cut(
             cut.signum,
             request,
@@ -325,6 +325,11 @@ def _report(
             duration_s=duration_s,
             json_written="json" in written,
         )
+
+
+def _display(request: RunRequest) -> list[str]:
+    """The command as the summary shows it: `python ...` rather than the interpreter's full path."""
+    return ["python", *request.argv[1:]] if request.argv[0] == sys.executable else request.argv
 
 
 def _summarize(
@@ -342,7 +347,7 @@ def _summarize(
     from stepcli.run.summary.console import print_run_summary
     from stepcli.traces.readonce import RunTraces
 
-    display = ["python", *request.argv[1:]] if request.argv[0] == sys.executable else request.argv
+    display = _display(request)
     # One read of the traces for the summary and report.html; shapes only when the page will show them.
     traces = RunTraces(shapes=request.report, memory=config.profile_memory)
     try:
