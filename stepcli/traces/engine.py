@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from stepcli.errors import StepcliError, TraceError
+from stepcli.errors import TraceError
 from stepcli.traces.read.columns import ColumnTrace, load_columns
 from stepcli.traces.read.files import list_trace_files
 from stepcli.traces.read.forked import available_cores
@@ -275,15 +275,21 @@ def map_files(function: Callable[[str], _T], files: Sequence[str], jobs: int | N
     else in this process. If no worker can start, the files are done here, one after another."""
     workers = worker_count(jobs, len(files))
     if workers > 1:
+        gzip_at_once = gzip_slots(files, workers)
+        if _may_fork() and gzip_at_once >= workers:  # no pool: this process and forked children share the files
+            from stepcli.traces.forkmap import forked_map
+
+            load_analysis()  # (the children share it)
+            return forked_map(function, files, workers)
         from concurrent.futures.process import BrokenProcessPool
 
+        from stepcli.traces.forkmap import worker_died
+
         try:
-            with _worker_pool(workers, _context(), gzip_slots(files, workers)) as pool:
+            with _worker_pool(workers, _context(), gzip_at_once) as pool:
                 return list(pool.map(functools.partial(_gated, function), files))
         except BrokenProcessPool:
-            raise StepcliError(
-                f"a worker process reading the traces died (out of memory?); try again with fewer, e.g. --jobs {max(1, workers // 2)}"
-            ) from None
+            raise worker_died(workers) from None
         except OSError:  # no worker could start (a process limit?)
             pass
     return [function(file) for file in files]

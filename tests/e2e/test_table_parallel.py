@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -254,15 +255,60 @@ print(json.dumps([summarize_paths([{str(rank_folder)!r}], jobs=3).to_dict()["cpu
     assert file_ops == summarize(load_paths([str(big)])).to_dict()["cpu_ops"]
 
 
+# A child forked to share the files kills itself once it has taken one; this process, meanwhile, waits in its own
+# file until that child has gone (the marker it leaves), so the child is sure to have taken one.
+_DIES_IN_A_CHILD = """
+import os, signal, sys, time
+sys.path.insert(0, {repo!r})
+from stepcli.errors import StepcliError
+from stepcli.traces.engine import map_files
+me, marker = os.getpid(), {marker!r}
+
+def work(item):
+    if os.getpid() != me:
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return item
+
+try:
+    map_files(work, ["a", "b"], jobs=2)
+except StepcliError as exc:
+    print("error:", exc)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork on Linux only")
+@pytest.mark.skipif(available_cores() < 2, reason="one core: no child is forked")
+def test_a_forked_worker_that_dies_is_one_clear_error(tmp_path: Path) -> None:
+    # GIVEN a single-threaded process sharing files with a forked child that dies (as a killed one would)
+    repo = str(Path(__file__).resolve().parent.parent.parent)
+    code = _DIES_IN_A_CHILD.format(repo=repo, marker=str(tmp_path / "gone"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # THEN the caller gets one line that says so and what to try, not a traceback or a retry in its own process
+    assert done.returncode == 0, done.stderr
+    assert re.fullmatch(r"error: a worker process reading the traces died .*--jobs 1\n", done.stdout), done.stdout
+
+
 @pytest.mark.skipif(not Path("/bin/true").exists(), reason="needs /bin/true")
-def test_a_worker_that_dies_is_one_clear_error() -> None:
+def test_a_pool_worker_that_dies_is_one_clear_error() -> None:
     import functools
     import os
+    import threading
 
     from stepcli.errors import StepcliError
     from stepcli.traces.engine import map_files
 
-    # GIVEN work whose worker process vanishes (replaced by a program that exits at once, as a killed one would)
-    # THEN the caller gets one line that says so and what to try, not a traceback or a retry in its own process
-    with pytest.raises(StepcliError, match=r"a worker process reading the traces died .*--jobs 1"):
-        map_files(functools.partial(os.execl, "/bin/true"), ["a", "b"], jobs=2)
+    # GIVEN a process running a second thread (a launcher's), so its workers come from a pool, and work whose
+    # worker process vanishes (replaced by a program that exits at once, as a killed one would)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    try:
+        # THEN the caller gets one line that says so and what to try
+        with pytest.raises(StepcliError, match=r"a worker process reading the traces died .*--jobs 1"):
+            map_files(functools.partial(os.execl, "/bin/true"), ["a", "b"], jobs=2)
+    finally:
+        stop.set()

@@ -207,6 +207,7 @@ def rank_arrivals(
     group_at = _host_groups(columns, host, thread)
     table: dict[tuple[str, tuple[int, ...]], int] = {}
     seen: dict[tuple[int, int, str, int], int] = {}
+    ranks_of: dict[str, tuple[int, ...]] = {}  # (a group's member list, parsed once: 128 ranks are 128 items)
     for i in np.nonzero(inside)[0].tolist():
         step = step_numbers[where[i]]
         if step < 0:
@@ -215,7 +216,10 @@ def rank_arrivals(
         group, seq = -1, -1
         found = group_at.get(i)
         if found is not None:
-            entry = (found[0], members(found[2]))
+            ranks = ranks_of.get(found[2])
+            if ranks is None:
+                ranks = ranks_of[found[2]] = members(found[2])
+            entry = (found[0], ranks)
             group = table.setdefault(entry, len(table))
             seq = found[1]
         order = seen.get((step, group, name, seq), 0)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from stepcli.traces.read.events import group_of, int64_or_none, transfer_args
+from stepcli.traces.read.events import DecodedArgs, group_of, int64_or_none, transfer_args
 from stepcli.traces.read.files import rank_from_name
 from stepcli.traces.read.names import gemm_op, op_dtype, undtyped_gemm
 from stepcli.traces.read.reader import (
@@ -30,26 +30,28 @@ from stepcli.traces.read.typedcolumns import DEVICE, OTHER_CPU, PARAM_COMMS, Col
 
 _NAME, _CAT, _PH, _PID, _TID, _TS, _DUR = (attrgetter(f) for f in ("name", "cat", "ph", "pid", "tid", "ts", "dur"))
 _ARGS = attrgetter("args")
-_CORRELATION = attrgetter("args.correlation")
-_BYTES = attrgetter("args.bytes")
-_COLLECTIVE = attrgetter("args.collective")
-_FLOPS = attrgetter("args.flops")
-_EXTERNAL = attrgetter("args.external")
+_CORRELATION = attrgetter("correlation")
+_BYTES = attrgetter("bytes")
+_COLLECTIVE = attrgetter("collective")
+_FLOPS = attrgetter("flops")
+_NO_ARGS = DecodedArgs()  # what an event without args reads as: every field its default (-1, "")
 
 
-def _correlations(events: Sequence[Any]) -> np.ndarray:
-    """The events' `args.correlation` (-1 where an event has none)."""
-    return _arg_ints(_CORRELATION, events)
+def _args_of(events: Sequence[Any]) -> list[Any]:
+    """The events' args, an event without any (a user annotation's, often) reading as _NO_ARGS."""
+    args = list(map(_ARGS, events))
+    if None in args:
+        args = [_NO_ARGS if a is None else a for a in args]
+    return args
 
 
-def _arg_ints(getter: Any, events: Sequence[Any]) -> np.ndarray:
-    """An integer field of the events' args, -1 where an event has no args: in C, unless some `args` is null or a
-    value does not fit in 64 bits (a hostile file: then it reads as none, -1, as a missing one does)."""
+def _arg_ints(getter: Any, args: Sequence[Any]) -> np.ndarray:
+    """An integer field of the events' args (_args_of), in C; a value past 64 bits (a hostile file's) reads as
+    none, -1, as a missing one does."""
     try:
-        return np.fromiter(map(getter, events), np.int64, len(events))
-    except (AttributeError, OverflowError):
-        values = (-1 if e.args is None else int64_or_none(getter(e)) for e in events)
-        return np.fromiter(values, np.int64, len(events))
+        return np.fromiter(map(getter, args), np.int64, len(args))
+    except OverflowError:
+        return np.fromiter((int64_or_none(getter(a)) for a in args), np.int64, len(args))
 
 
 def _subset(items: Sequence[Any], where: np.ndarray) -> Sequence[Any]:
@@ -155,9 +157,11 @@ class ColumnKeeper(_Keeper):
             shape = self._shape_codes.encode([self._shape_of(e) for e in kept])
         else:
             shape = np.zeros(len(kept), np.int32)
-        self._parts.append((names[where], kind[where], pid, tid, ts[where], dur[where], shape, _correlations(kept)))
-        self._take_transfers(kept, kind[where])
-        self._take_flops(kept, kind[where])
+        args = _args_of(kept)
+        corr = _arg_ints(_CORRELATION, args)
+        self._parts.append((names[where], kind[where], pid, tid, ts[where], dur[where], shape, corr))
+        self._take_transfers(args, kind[where])
+        self._take_flops(args, kind[where])
         self._take_groups(kept, names[where], kind[where])
         self._take_gemms(kept, names[where], kind[where])
         self._rows += len(kept)
@@ -192,30 +196,26 @@ class ColumnKeeper(_Keeper):
             self._name_gemm = np.concatenate([self._name_gemm, np.array(roles, np.int8)])
         return self._name_gemm
 
-    def _take_flops(self, kept: Sequence[Any], kind: np.ndarray) -> None:
+    def _take_flops(self, args: Sequence[Any], kind: np.ndarray) -> None:
         """The FLOPs torch wrote into the args of operators (`with_flops=True`), of the events that have them."""
         host = np.nonzero(kind == OTHER_CPU)[0]
         if not host.size:
             return
-        events = _subset(kept, host)
-        flops = _arg_ints(_FLOPS, events)
+        flops = _arg_ints(_FLOPS, _subset(args, host))
         counted = np.nonzero(flops > 0)[0]
         if counted.size:
             self._flops.update(zip((host[counted] + self._rows).tolist(), flops[counted].tolist()))
 
-    def _take_transfers(self, kept: Sequence[Any], kind: np.ndarray) -> None:
+    def _take_transfers(self, args: Sequence[Any], kind: np.ndarray) -> None:
         """Copy sizes and collective metadata of the device events (stepcli.traces.read.reader.transfer_args)."""
         device = np.nonzero(kind >= DEVICE)[0]
         if not device.size:
             return
-        events = _subset(kept, device)
-        sizes = _arg_ints(_BYTES, events)
-        try:
-            named = np.fromiter(map(bool, map(_COLLECTIVE, events)), bool, len(events))
-        except AttributeError:  # "args": null
-            named = np.array([e.args is not None and bool(e.args.collective) for e in events], bool)
+        of_device = _subset(args, device)
+        sizes = _arg_ints(_BYTES, of_device)
+        named = np.fromiter(map(bool, map(_COLLECTIVE, of_device)), bool, len(of_device))
         for at in np.nonzero((sizes >= 0) | named)[0].tolist():
-            found = transfer_args(events[at].args)
+            found = transfer_args(of_device[at])
             if found is not None:
                 self._transfers[self._rows + int(device[at])] = found
 

@@ -1,0 +1,137 @@
+"""Many files' work shared by this process and children forked from it, each taking the next file as it is free.
+
+A process pool costs each file a round trip (the task out, its result back, through a queue and a thread) and
+leaves this process idle while its workers read: at 1,024 rank files those round trips were a sixth of `table`'s
+reading. Here the files to do are tokens in a pipe written once before the fork; this process and each child
+read a token (a few bytes, one system call) whenever they are free, so a slow file holds up no one, and each
+child sends all its results back once, at its end. Only for a process that may fork (one thread, Linux: see
+stepcli.traces.engine._context); the pool stays for the rest.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pickle
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from stepcli.errors import StepcliError
+from stepcli.traces.read.forked import fork_child, stop_child
+
+_T = TypeVar("_T")
+_TOKEN = 4  # bytes per token: the first item of a run of items, little-endian
+
+
+def forked_map(function: Callable[[str], _T], items: Sequence[str], processes: int) -> list[_T]:
+    """`function(item)` for each item, in order, done by this process and up to `processes - 1` forked children.
+    A child that cannot be forked (a process limit) leaves its share to the others; one that dies (killed, out of
+    memory) is a StepcliError naming `--jobs`, as a pool's broken worker is; an exception `function` raises in a
+    child is raised here."""
+    claims_read, claims_write = os.pipe()
+    results: dict[int, _T] = {}
+    children: list[tuple[int, int]] = []  # (pid, the read end of its results)
+    try:
+        per_token = _write_tokens(claims_write, len(items))
+        os.close(claims_write)
+        claims_write = -1
+
+        def work() -> list[tuple[int, _T]]:
+            done: list[tuple[int, _T]] = []
+            while True:
+                token = os.read(claims_read, _TOKEN)
+                if len(token) < _TOKEN:
+                    return done
+                first = int.from_bytes(token, "little")
+                for index in range(first, min(first + per_token, len(items))):
+                    done.append((index, function(items[index])))
+
+        for _ in range(processes - 1):
+            child = _fork_worker(work)
+            if child is None:
+                break
+            children.append(child)
+        results.update(work())
+        while children:
+            pid, pipe = children.pop(0)
+            results.update(_collect(pid, pipe, processes))
+    finally:
+        for pid, pipe in children:  # this process failed (Ctrl-C?) while they worked: they stop with it
+            stop_child(pid)
+            os.close(pipe)
+        os.close(claims_read)
+        if claims_write >= 0:
+            os.close(claims_write)
+    return [results[i] for i in range(len(items))]
+
+
+def _write_tokens(pipe: int, count: int) -> int:
+    """Write the tokens of `count` items into the pipe, all at once (its capacity bounds them: past that, each
+    token stands for a run of neighbouring items); the items per token."""
+    try:
+        capacity = fcntl.fcntl(pipe, fcntl.F_GETPIPE_SZ)
+    except (AttributeError, OSError):
+        capacity = 4096  # what every pipe holds (PIPE_BUF)
+    tokens = max(1, capacity // _TOKEN)
+    per_token = max(1, -(-count // tokens))
+    data = b"".join(first.to_bytes(_TOKEN, "little") for first in range(0, count, per_token))
+    written = os.write(pipe, data)
+    if written != len(data):  # (a pipe takes what its capacity holds in one write; never seen short)
+        raise OSError("the work tokens did not fit in their pipe")
+    return per_token
+
+
+def _fork_worker(work: Callable[[], list[tuple[int, _T]]]) -> tuple[int, int] | None:
+    """A child doing `work()` and sending its results (pickled) through a pipe of its own, or None when the
+    fork is refused."""
+    out_read, out_write = os.pipe()
+
+    def child() -> None:
+        os.close(out_read)
+        try:
+            outcome: object = ("done", work())
+        except Exception as exc:  # a bug in `function`: raised in the parent, as a pool would
+            outcome = ("raised", exc)
+        try:
+            data = pickle.dumps(outcome, pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # an unpicklable result or exception
+            data = pickle.dumps(("raised", RuntimeError(f"a worker's result could not be sent back: {exc}")))
+        with open(out_write, "wb") as out:
+            out.write(data)
+
+    try:
+        pid = fork_child(child)
+    except OSError:
+        os.close(out_read)
+        os.close(out_write)
+        return None
+    os.close(out_write)
+    return pid, out_read
+
+
+def _collect(pid: int, pipe: int, processes: int) -> list[tuple[int, _T]]:
+    """A child's results, once it has sent them (the pipe is closed and the child reaped); StepcliError when it
+    died first."""
+    try:
+        with open(pipe, "rb") as source:
+            data = source.read()
+    except BaseException:  # (Ctrl-C while waiting for it)
+        stop_child(pid)
+        raise
+    _, status = os.waitpid(pid, 0)
+    try:
+        kind, value = pickle.loads(data) if status == 0 else (None, None)
+    except Exception:
+        kind, value = None, None
+    if kind == "raised" and isinstance(value, BaseException):
+        raise value
+    if kind != "done" or not isinstance(value, list):
+        raise worker_died(processes)
+    return value
+
+
+def worker_died(processes: int) -> StepcliError:
+    """The one line for a worker process that died while reading (a pool's or forked_map's)."""
+    return StepcliError(
+        f"a worker process reading the traces died (out of memory?); try again with fewer, e.g. --jobs {max(1, processes // 2)}"
+    )
