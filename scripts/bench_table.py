@@ -369,18 +369,25 @@ for pid in children:
 """
 
 
-def measure(argv: list[str], out: Path | None = None) -> tuple[float, int, int]:
+def measure(argv: list[str], out: Path | None = None, sample: bool = True) -> tuple[float, int, int]:
     """Wall seconds, peak RSS bytes and exit status of one command (its standard output into `out`, else
     dropped). The RSS is the peak of the sum over the command's process tree (its worker processes included),
     sampled every 5 ms, or the command's own peak (os.wait4) if that is larger. That own peak counts the pages of
     the process it was started from (Linux keeps the high-water mark across the fork and exec): start it from a
-    small one (scripts/bench_job.py's `measure_apart`)."""
+    small one (scripts/bench_job.py's `measure_apart`). `sample=False`: no sampling, the command's own peak only;
+    for the timed runs, since the sampler reads /proc for the whole tree every 5 ms and takes CPU from a command
+    that uses every core (not from one that uses one: that bias made stepcli's parallel runs look slower)."""
     import psutil
 
     start = time.perf_counter()
     with open(out, "wb") if out is not None else contextlib.nullcontext(subprocess.DEVNULL) as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.PIPE)
-        peak = _peak_rss(proc, psutil)
+        if sample:
+            peak = _peak_rss(proc, psutil)
+        else:
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            peak = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr.read().decode() if proc.stderr else "")
@@ -404,16 +411,28 @@ def _peak_rss(proc: subprocess.Popen[bytes], psutil: Any) -> int:
     return max(peak, usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024))
 
 
-def best_of(cmd: list[str], repeat: int) -> tuple[float, int]:
-    """Best wall time (and that run's peak RSS) of `repeat` runs; exits on a failure."""
-    best: tuple[float, int] | None = None
+def best_wall(cmd: list[str], repeat: int) -> float:
+    """Best wall time of `repeat` unsampled runs (see measure); exits on a failure."""
+    walls = []
     for _ in range(max(1, repeat)):
-        wall, rss, code = measure(cmd)
+        wall, _, code = measure(cmd, sample=False)
         if code != 0:
             raise SystemExit(f"{' '.join(cmd[:3])} ...: exit {code}")
-        best = (wall, rss) if best is None or wall < best[0] else best
-    assert best is not None
-    return best
+        walls.append(wall)
+    return min(walls)
+
+
+def peak_rss(cmd: list[str]) -> int:
+    """The peak RSS of the command's process tree, in a run of its own (sampled, not timed)."""
+    _, rss, code = measure(cmd)
+    if code != 0:
+        raise SystemExit(f"{' '.join(cmd[:3])} ...: exit {code}")
+    return rss
+
+
+def best_of(cmd: list[str], repeat: int) -> tuple[float, int]:
+    """Best wall time of `repeat` unsampled runs, and the peak RSS of one more, sampled."""
+    return best_wall(cmd, repeat), peak_rss(cmd)
 
 
 def stepcli_cmd(*args: str) -> list[str]:
@@ -461,12 +480,12 @@ def one_file(trace: Path, repeat: int) -> None:
         "stepcli table --json": stepcli_cmd("table", "--json", str(trace)),
     }
     # Round-robin: every round runs each command once, so a change of load on a shared machine hits all alike.
-    rounds: dict[str, list[tuple[float, int]]] = {label: [] for label in commands}
+    rounds: dict[str, list[float]] = {label: [] for label in commands}
     for _ in range(max(1, repeat)):
         for label, cmd in commands.items():
-            rounds[label].append(best_of(cmd, 1))
-    results = {label: min(runs) for label, runs in rounds.items()}
-    paired = sorted(a[0] / b[0] for a, b in zip(rounds["stepcli table --json"], rounds["reference (typed+aggr.)"]))
+            rounds[label].append(best_wall(cmd, 1))
+    results = {label: (min(runs), peak_rss(commands[label])) for label, runs in rounds.items()}
+    paired = sorted(a / b for a, b in zip(rounds["stepcli table --json"], rounds["reference (typed+aggr.)"]))
     mb = 1024 * 1024
     print(f"one file: {size / mb:,.0f} MiB, {trace.name}")
     print(f"{'':26}{'wall s':>8}{'peak RSS MiB':>14}{'RSS / file':>12}")
@@ -490,10 +509,19 @@ def folder_run(files: list[Path], repeat: int) -> None:
     """The folder table: one rank file alone (1 job), the folder (default jobs), and the ideal."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     folder = files[0].parent
-    one_wall, one_rss = best_of(stepcli_cmd("table", "--json", "--jobs", "1", str(files[0])), repeat)
-    all_wall, all_rss = best_of(stepcli_cmd("table", "--json", str(folder)), repeat)
+    commands = {
+        "one": stepcli_cmd("table", "--json", "--jobs", "1", str(files[0])),
+        "all": stepcli_cmd("table", "--json", str(folder)),
+        "floor": [sys.executable, "-c", _FLOOR, *map(str, files)],
+    }
+    rounds: dict[str, list[float]] = {label: [] for label in commands}
+    for _ in range(max(1, repeat)):  # round-robin, as one_file does
+        for label, cmd in commands.items():
+            rounds[label].append(best_wall(cmd, 1))
+    one_wall, all_wall, floor_wall = (min(rounds[label]) for label in commands)
+    one_rss, all_rss = peak_rss(commands["one"]), peak_rss(commands["all"])
     serial_wall, serial_rss = best_of(stepcli_cmd("table", "--json", "--jobs", "1", str(folder)), 1)
-    floor_wall, _ = best_of([sys.executable, "-c", _FLOOR, *map(str, files)], repeat)
+    paired = sorted(a * cores / (b * len(files)) for a, b in zip(rounds["all"], rounds["one"]))
     mb = 1024 * 1024
     size = sum(f.stat().st_size for f in files)
     ideal = one_wall * len(files) / cores
@@ -507,6 +535,10 @@ def folder_run(files: list[Path], repeat: int) -> None:
     print(
         f"FOLDER RATIO  stepcli / ideal: {all_wall / ideal:.2f}x (goal <= 0.7x); serial / parallel: {serial_wall / all_wall:.2f}x; "
         f"floor / ideal: {floor_wall / ideal:.2f}x"
+    )
+    print(
+        f"  per round (same round's runs): median {paired[len(paired) // 2]:.2f}x, "
+        f"range {paired[0]:.2f}x-{paired[-1]:.2f}x over {len(paired)} rounds"
     )
 
 
