@@ -6,7 +6,7 @@ Three layers, each importing only those below it:
 - analyses/: the figures computed over those columns (operators, steps, device classes, launches, collectives,
   arrivals and the culprit rank, FLOPs and MFU, ranks and shares) and the result types (model).
 - render/: `stepcli table` on a terminal, and in JSON, CSV and Markdown.
-Beside them, at this level: reading many files at once in worker processes (engine, cluster), the run end's single
+Beside them, at this level: reading many files at once in worker processes (engine, forkmap, cluster), the run end's single
 read of its traces (readonce), memory curves (memory) and `stepcli merge` (merge).
 May import: stepcli.errors, stepcli.fmt, stepcli.inputs, stepcli.stats, stepcli.pipeconsole, stepcli.safefile; of
 agent/ only agent.config and agent.tracenames, for the file format the agent writes. Never run/, compare/ or report/.

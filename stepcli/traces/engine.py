@@ -1,6 +1,8 @@
 """Summarizing many trace files at once: each file is read and summarized on its own, in worker processes when
 there are several files and cores, and only the small per-file parts (stepcli.traces.analyses.model.FilePart) come back to be
-merged. Peak memory is a few files (one per worker), not the folder; the answers equal the serial path's.
+merged. Peak memory is a few files (one per worker), not the folder; the answers equal the serial path's. A
+process that may fork shares the files with forked children (stepcli.traces.forkmap); one that may not (a
+launcher's threads) uses a process pool from a forkserver.
 
 `table`, `report` and the run summary after `stepcli run` all go through `summarize_paths` / `file_parts`.
 """
