@@ -96,8 +96,10 @@ def _fork_worker(work: Callable[[], list[tuple[int, _T]]]) -> tuple[int, int] | 
             data = pickle.dumps(outcome, pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # an unpicklable result or exception
             data = pickle.dumps(("raised", RuntimeError(f"a worker's result could not be sent back: {exc}")))
-        with open(out_write, "wb") as out:
-            out.write(data)
+        view = memoryview(data)
+        while view:  # (a pipe takes a large write in parts)
+            view = view[os.write(out_write, view) :]
+        os.close(out_write)
 
     try:
         pid = fork_child(child)
