@@ -39,17 +39,23 @@ HERE = Path(__file__).resolve().parent
 _LAUNCHER = (
     "import json, resource, sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
     "from bench_table import measure; out = Path(sys.argv[3]) if sys.argv[3] else None; "
-    "wall, rss, code = measure(json.loads(sys.argv[2]), out); use = resource.getrusage(resource.RUSAGE_CHILDREN); "
+    "argv = json.loads(sys.argv[2]); wall, _, code = measure(argv, out, sample=False); "
+    "use = resource.getrusage(resource.RUSAGE_CHILDREN); "
+    "sys.argv[4] and Path(sys.argv[4]).unlink(missing_ok=True); rss = measure(argv, out)[1] if code == 0 else 0; "
     "print(json.dumps([wall, rss, code, use.ru_utime + use.ru_stime]))"
 )
 
 
-def measure_apart(argv: list[str], out: Path | None = None) -> tuple[float, int, int, float]:
+def measure_apart(
+    argv: list[str], out: Path | None = None, written: Path | None = None
+) -> tuple[float, int, int, float]:
     """scripts/bench_table.py's `measure`, run in a small process of its own (a command's own peak RSS, from
     os.wait4, counts the pages of the process it was started from, and this one may hold a Dask scheduler), and
-    the CPU seconds of the command's process tree (it and the workers it waited for)."""
+    the CPU seconds of the command's process tree (it and the workers it waited for). The time and CPU come from
+    an unsampled run, the peak RSS from a second, sampled one (the sampler takes CPU from a command that uses
+    every core); `written`: a file the command writes, removed before the second run."""
     proc = subprocess.run(
-        [sys.executable, "-c", _LAUNCHER, str(HERE), json.dumps(argv), str(out or "")],
+        [sys.executable, "-c", _LAUNCHER, str(HERE), json.dumps(argv), str(out or ""), str(written or "")],
         stdout=subprocess.PIPE,
         check=True,
     )
@@ -75,7 +81,7 @@ def best(argv: list[str], repeat: int, output: Path, keep_stdout: bool = False) 
     runs = []
     for _ in range(max(1, repeat)):
         output.unlink(missing_ok=True)
-        wall, rss, code, cpu = measure_apart(argv, output if keep_stdout else None)
+        wall, rss, code, cpu = measure_apart(argv, output if keep_stdout else None, None if keep_stdout else output)
         if code != 0:
             raise SystemExit(f"{' '.join(argv[3:6])}: exit {code}")
         runs.append((wall, rss, cpu))
