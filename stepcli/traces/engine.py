@@ -282,7 +282,8 @@ def map_files(function: Callable[[str], _T], files: Sequence[str], jobs: int | N
             from stepcli.traces.forkmap import forked_map
 
             load_analysis()  # (the children share it)
-            return forked_map(function, files, workers)
+            shared = forked_map(function, files, workers)
+            return shared if shared is not None else [function(file) for file in files]
         from concurrent.futures.process import BrokenProcessPool
 
         from stepcli.traces.forkmap import worker_died

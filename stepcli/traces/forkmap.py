@@ -23,29 +23,37 @@ _T = TypeVar("_T")
 _TOKEN = 4  # bytes per token: the first item of a run of items, little-endian
 
 
-def forked_map(function: Callable[[str], _T], items: Sequence[str], processes: int) -> list[_T]:
-    """`function(item)` for each item, in order, done by this process and up to `processes - 1` forked children.
-    A child that cannot be forked (a process limit) leaves its share to the others; one that dies (killed, out of
-    memory) is a StepcliError naming `--jobs`, as a pool's broken worker is; an exception `function` raises in a
-    child is raised here."""
-    claims_read, claims_write = os.pipe()
+def forked_map(function: Callable[[str], _T], items: Sequence[str], processes: int) -> list[_T] | None:
+    """`function(item)` for each item, in order, done by this process and up to `processes - 1` forked children;
+    None, before any work, when the pipe of tokens cannot be made (no file descriptor left): the caller does the
+    items itself. A child that cannot be forked (a process limit) leaves its share to the others; one that dies
+    (killed, out of memory) is a StepcliError naming `--jobs`, as a pool's broken worker is; an exception
+    `function` raises in a child is raised here."""
+    try:
+        claims_read, claims_write = os.pipe()
+    except OSError:
+        return None
+    try:
+        per_token = _write_tokens(claims_write, len(items))
+    except OSError:
+        os.close(claims_read)
+        return None
+    finally:
+        os.close(claims_write)
+
+    def work() -> list[tuple[int, _T]]:
+        done: list[tuple[int, _T]] = []
+        while True:
+            token = os.read(claims_read, _TOKEN)
+            if len(token) < _TOKEN:
+                return done
+            first = int.from_bytes(token, "little")
+            for index in range(first, min(first + per_token, len(items))):
+                done.append((index, function(items[index])))
+
     results: dict[int, _T] = {}
     children: list[tuple[int, int]] = []  # (pid, the read end of its results)
     try:
-        per_token = _write_tokens(claims_write, len(items))
-        os.close(claims_write)
-        claims_write = -1
-
-        def work() -> list[tuple[int, _T]]:
-            done: list[tuple[int, _T]] = []
-            while True:
-                token = os.read(claims_read, _TOKEN)
-                if len(token) < _TOKEN:
-                    return done
-                first = int.from_bytes(token, "little")
-                for index in range(first, min(first + per_token, len(items))):
-                    done.append((index, function(items[index])))
-
         for _ in range(processes - 1):
             child = _fork_worker(work)
             if child is None:
@@ -60,8 +68,6 @@ def forked_map(function: Callable[[str], _T], items: Sequence[str], processes: i
             stop_child(pid)
             os.close(pipe)
         os.close(claims_read)
-        if claims_write >= 0:
-            os.close(claims_write)
     return [results[i] for i in range(len(items))]
 
 
@@ -83,8 +89,11 @@ def _write_tokens(pipe: int, count: int) -> int:
 
 def _fork_worker(work: Callable[[], list[tuple[int, _T]]]) -> tuple[int, int] | None:
     """A child doing `work()` and sending its results (pickled) through a pipe of its own, or None when the
-    fork is refused."""
-    out_read, out_write = os.pipe()
+    fork (or its pipe) is refused."""
+    try:
+        out_read, out_write = os.pipe()
+    except OSError:
+        return None
 
     def child() -> None:
         os.close(out_read)

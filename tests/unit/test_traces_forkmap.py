@@ -67,3 +67,12 @@ def test_a_refused_fork_leaves_the_work_to_this_process(monkeypatch: pytest.Monk
     monkeypatch.setattr(os, "fork", refused)
     done = forkmap.forked_map(_who, ["a", "b", "c"], 4)
     assert done == [("a", os.getpid()), ("b", os.getpid()), ("c", os.getpid())]
+
+
+def test_no_pipe_for_the_tokens_leaves_every_item_to_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a process out of file descriptors THEN nothing is done and the caller is told to do the items itself
+    def refused() -> tuple[int, int]:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(forkmap.os, "pipe", refused)
+    assert forkmap.forked_map(_who, ["a", "b"], 2) is None
