@@ -4,20 +4,12 @@ collectives, several traces of one process, shares that add up, and traces recor
 from __future__ import annotations
 
 import json
-import math
-import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import mean, median, stdev
 from typing import Any
 
 import pytest
 from conftest import load_trace, run_stepcli, trace_files, write_script
-
-from stepcli.traces.analyses import ranks as straggler_rule
-from stepcli.traces.analyses.analysis import summarize_file
-from stepcli.traces.read.reader import load_trace as read_trace
 
 ACCUMULATE = """
     import sys
@@ -154,103 +146,6 @@ def test_compare_run_summary_with_trace_does_not_list_the_step_annotation(
     assert result.returncode in (0, 1), result.stderr
     assert "ProfilerStep" not in result.stdout
     assert "aten::addmm" in result.stdout
-
-
-STRAGGLER = """
-    import os
-    import torch
-    import torch.distributed as dist
-
-    # Both ranks on one core: a neighbour's load (2 shared cores) then slows both alike, instead of stalling the
-    # fast rank into as much compute as the planted one.
-    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    torch.manual_seed(0)
-    model = torch.nn.Linear(512, 512)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(256, 512)
-    for _ in range(16):
-        opt.zero_grad()
-        for _ in range(8 if rank == 1 else 1):  # rank 1 does 8x the compute; all_reduce makes rank 0 wait
-            model(x).square().mean().backward()
-        for p in model.parameters():
-            dist.all_reduce(p.grad)
-        opt.step()
-    dist.barrier()
-    dist.destroy_process_group()
-"""
-
-
-def test_straggler_is_the_rank_that_computes_most(tmp_path: Path) -> None:
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
-    assert torchrun
-    script = write_script(tmp_path, "straggler.py", STRAGGLER)
-    result = run_stepcli(
-        "run",
-        "--active",
-        "12",  # recorded steps 2-13: a straggler needs 10 common steps of evidence
-        "-o",
-        tmp_path / "out",
-        "--json",
-        tmp_path / "run.json",
-        "--",
-        torchrun,
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        script,
-        timeout=300,
-        cwd=tmp_path,
-        env={"OMP_NUM_THREADS": "1", "COLUMNS": "80"},
-    )
-    assert result.returncode == 0, result.stderr
-    run = json.loads((tmp_path / "run.json").read_text())
-    ranks = {r["rank"]: r for r in run["ranks"]}
-    assert ranks[1]["compute_ms"] > ranks[0]["compute_ms"]
-    assert ranks[0]["comm_ms"] > ranks[1]["comm_ms"]  # the fast rank waits for the slow one
-    # THEN the slowest rank is the one the rule's thresholds give on the measured compute: rank 1 wherever its
-    # compute crosses them (on a quiet machine, and beside a CPU burner, every time), nobody where a loaded
-    # machine's stalls of rank 0 left it short of one
-    expected = _straggler_by_the_data(tmp_path / "out")
-    assert expected["rank"] in (1, None) and run["slowest_rank"] == expected["rank"], (expected, run["straggler"])
-    if expected["rank"] is None:
-        assert "slowest" not in result.stderr, result.stderr
-        return
-    assert "slowest rank: rank 1: compute" in result.stderr
-    assert "rank 1 (slowest)" in result.stderr
-    boxes = [line.rstrip() for line in result.stderr.splitlines() if line.startswith(tuple("┏┃┡│└"))]
-    assert boxes and all(len(line) <= 80 for line in boxes)  # the per-rank table reads in 80 columns
-    table = run_stepcli("table", tmp_path / "out", cwd=tmp_path)
-    assert "slowest rank: rank 1: compute" in table.stdout
-
-
-def _straggler_by_the_data(out: Path) -> dict[str, Any]:
-    """The straggler the rule (stepcli.traces.analyses.ranks) names from the compute per step measured in the saved traces
-    (each step's time less its communication), worked out here from the rule's thresholds: the rank computing most
-    on average over the steps every rank recorded, `rank` None where it crosses not every threshold (`failed`
-    says which)."""
-    parts = [summarize_file(read_trace(str(path))) for path in trace_files(out)]
-    compute = {p.rank: {s: (ns - c) / 1e6 for s, ns, c in zip(p.steps, p.step_ns, p.comm_ns)} for p in parts}
-    durations = {s: ns / 1e6 for p in parts for s, ns in zip(p.steps, p.step_ns)}
-    common = sorted(set.intersection(*(set(steps) for steps in compute.values())))
-    means = {rank: mean(steps[s] for s in common) for rank, steps in compute.items()}
-    rank = max(sorted(means), key=means.__getitem__)
-    others = [r for r in compute if r != rank]
-    diffs = [compute[rank][s] - median(compute[o][s] for o in others) for s in common]
-    others_ms = median(means[o] for o in others)
-    crossed = {
-        "steps": len(common) >= straggler_rule.STRAGGLER_MIN_STEPS,
-        "factor": means[rank] >= straggler_rule.STRAGGLER_FACTOR * others_ms,
-        "share": means[rank] - others_ms
-        >= max(
-            straggler_rule.STRAGGLER_MIN_MS, straggler_rule.STRAGGLER_MIN_SHARE * mean(durations[s] for s in common)
-        ),
-        "consistency": sum(d > 0 for d in diffs) >= straggler_rule.STRAGGLER_CONSISTENCY * len(common),
-        "noise": mean(diffs) > straggler_rule.NOISE_SE * stdev(diffs) / math.sqrt(len(diffs)),
-    }
-    failed = [name for name, ok in crossed.items() if not ok]
-    return {"rank": None if failed else rank, "failed": failed, "means_ms": means, "diffs_ms": diffs}
 
 
 def test_windows_of_one_process_are_grouped_and_runs_in_one_folder_stay_apart(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ddp_script, run_stepcli, write_script
+from conftest import run_stepcli, write_script
 
 PIPE_80 = {"COLUMNS": "80"}  # run_stepcli's output is a pipe (no TTY)
 
@@ -197,27 +197,6 @@ def test_top_on_a_finished_run_has_no_trailing_spaces_on_a_pipe(run80: tuple[Pat
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("stepcli top: run"), result.stdout
     assert all(line == line.rstrip() for line in result.stdout.splitlines()), result.stdout
-
-
-def test_two_ranks_at_80_columns_merge_hint_and_gc_line(tmp_path: Path) -> None:
-    # GIVEN a 2-rank DDP job (gloo) under torchrun, its summary at 80 columns on a pipe
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
-    assert torchrun, "torchrun comes with torch"
-    script = write_script(tmp_path, "ddp.py", ddp_script(8))
-    result = run_stepcli(
-        "run", "-o", "out", "--", torchrun, "--standalone", "--nproc-per-node", "2", script,
-        cwd=tmp_path, env={**PIPE_80, "OMP_NUM_THREADS": "1"}, timeout=400,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = _summary_lines(result.stderr)
-    # THEN the merge command is on a line of its own, whole, under what it does
-    hint = lines.index("every rank on one timeline, culprits marked:")
-    assert lines[hint + 1] == "  stepcli merge out -o all-ranks.json", lines[hint : hint + 2]
-    # AND the gc counts say they cover each whole process, torch's import included
-    gc = " ".join(line.strip() for line in lines if "python gc" in line or line.startswith("  rank "))
-    assert "python gc over each whole process (start-up and imports included): rank 0 " in gc, lines
-    wide = [line for line in lines if len(line) > 80 and not re.match(r"  (/|python -c )|command ", line)]
-    assert not wide, wide
 
 
 def test_on_hang_kill_condenses_torchruns_signal_traceback(tmp_path: Path) -> None:

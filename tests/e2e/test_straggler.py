@@ -4,16 +4,22 @@ terminal, `--json` and report.html, and nobody named without evidence. Real 2-ra
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import sys
 from html import escape
 from pathlib import Path
+from statistics import mean, median, stdev
+from typing import Any
 
 import pytest
-from conftest import run_stepcli, write_script
+from conftest import run_stepcli, trace_files, write_script
 
+from stepcli.traces.analyses import ranks as straggler_rule
+from stepcli.traces.analyses.analysis import summarize_file
 from stepcli.traces.analyses.shares import STEP_KEY
+from stepcli.traces.read.reader import load_trace as read_trace
 
 # DDP over gloo: its all-reduce runs on gloo's own thread, overlapping the backward pass. `extra` matrix products
 # per step on rank 1 only make rank 1 the straggler; 0 is a balanced run.
@@ -52,13 +58,14 @@ ACTIVE = 14  # recorded steps 2-15: more than the 10 common steps the evidence r
 
 
 def ddp_run(tmp_path: Path, extra: int) -> tuple[str, dict, str, str]:
-    """(run's terminal summary, its --json, `table` on its folder, report.html) of one 2-rank run."""
+    """(run's terminal summary, its --json, `table` on its folder, report.html) of one 2-rank run, at 80 columns on
+    a pipe, into `out` of its working folder."""
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
     assert torchrun, "torchrun comes with torch"
     script = write_script(tmp_path, "ddp.py", DDP)
     out = tmp_path / "out"
     result = run_stepcli(
-        "run", "--active", str(ACTIVE), "-o", out, "--json", tmp_path / "run.json", "--",
+        "run", "--active", str(ACTIVE), "-o", "out", "--json", tmp_path / "run.json", "--",
         torchrun, "--standalone", "--nproc-per-node", "2", script, str(extra),
         timeout=400, cwd=tmp_path, env={"OMP_NUM_THREADS": "1", "COLUMNS": "80"},
     )  # fmt: skip
@@ -135,3 +142,53 @@ def test_the_rank_doing_more_matrix_work_is_named_in_all_three_outputs(tmp_path:
     # the report says it in the terminal's words, not only as a mark on a chart
     assert f'<p id="slowest-rank"><b>Slowest rank:</b> {escape(evidence)}</p>' in html, html[:3000]
     assert 'data-rule="straggler"' in html and "Rank 1 is slower than the others" in html
+    # AND rank 1 computed more while rank 0 waited for it in the all-reduce, and the rank named is the one the
+    # rule's thresholds give on the compute measured in the saved traces
+    ranks = {r["rank"]: r for r in doc["ranks"]}
+    assert ranks[1]["compute_ms"] > ranks[0]["compute_ms"] and ranks[0]["comm_ms"] > ranks[1]["comm_ms"], ranks
+    expected = _straggler_by_the_data(tmp_path / "out")
+    assert expected["rank"] == 1, expected
+    boxes = [line.rstrip() for line in terminal.splitlines() if line.startswith(tuple("┏┃┡│└"))]
+    assert boxes and all(len(line) <= 80 for line in boxes)  # the per-rank table reads in 80 columns
+
+
+def test_two_ranks_at_80_columns_merge_hint_and_gc_line(balanced: tuple[Path, tuple[str, dict, str, str]]) -> None:
+    # GIVEN a 2-rank DDP job (gloo) under torchrun, its summary at 80 columns on a pipe
+    terminal = balanced[1][0]
+    lines = terminal[terminal.index("stepcli summary") :].splitlines()
+    # THEN the merge command is on a line of its own, whole, under what it does
+    hint = lines.index("every rank on one timeline, culprits marked:")
+    assert lines[hint + 1] == "  stepcli merge out -o all-ranks.json", lines[hint : hint + 2]
+    # AND the gc counts say they cover each whole process, torch's import included
+    gc = " ".join(line.strip() for line in lines if "python gc" in line or line.startswith("  rank "))
+    assert "python gc over each whole process (start-up and imports included): rank 0 " in gc, lines
+    wide = [line for line in lines if len(line) > 80 and not re.match(r"  (/|python -c )|command ", line)]
+    assert not wide, wide
+
+
+def _straggler_by_the_data(out: Path) -> dict[str, Any]:
+    """The straggler the rule (stepcli.traces.analyses.ranks) names from the compute per step measured in the saved traces
+    (each step's time less its communication), worked out here from the rule's thresholds: the rank computing most
+    on average over the steps every rank recorded, `rank` None where it crosses not every threshold (`failed`
+    says which)."""
+    parts = [summarize_file(read_trace(str(path))) for path in trace_files(out)]
+    compute = {p.rank: {s: (ns - c) / 1e6 for s, ns, c in zip(p.steps, p.step_ns, p.comm_ns)} for p in parts}
+    durations = {s: ns / 1e6 for p in parts for s, ns in zip(p.steps, p.step_ns)}
+    common = sorted(set.intersection(*(set(steps) for steps in compute.values())))
+    means = {rank: mean(steps[s] for s in common) for rank, steps in compute.items()}
+    rank = max(sorted(means), key=means.__getitem__)
+    others = [r for r in compute if r != rank]
+    diffs = [compute[rank][s] - median(compute[o][s] for o in others) for s in common]
+    others_ms = median(means[o] for o in others)
+    crossed = {
+        "steps": len(common) >= straggler_rule.STRAGGLER_MIN_STEPS,
+        "factor": means[rank] >= straggler_rule.STRAGGLER_FACTOR * others_ms,
+        "share": means[rank] - others_ms
+        >= max(
+            straggler_rule.STRAGGLER_MIN_MS, straggler_rule.STRAGGLER_MIN_SHARE * mean(durations[s] for s in common)
+        ),
+        "consistency": sum(d > 0 for d in diffs) >= straggler_rule.STRAGGLER_CONSISTENCY * len(common),
+        "noise": mean(diffs) > straggler_rule.NOISE_SE * stdev(diffs) / math.sqrt(len(diffs)),
+    }
+    failed = [name for name, ok in crossed.items() if not ok]
+    return {"rank": None if failed else rank, "failed": failed, "means_ms": means, "diffs_ms": diffs}
