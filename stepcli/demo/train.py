@@ -5,18 +5,20 @@ Nothing in it knows about stepcli: it is the kind of unmodified script `stepcli 
 
 import argparse
 
-import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
 
 def main() -> None:
+    # The options are read before torch is imported: `stepcli demo -- --help` answers at once.
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda where torch sees a GPU, else cpu")
     args = parser.parse_args()
 
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     features = torch.randn(args.batch_size * args.iterations, 128)
     labels = (features[:, :10].sum(dim=1) > 0).long()

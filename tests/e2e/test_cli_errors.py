@@ -96,8 +96,8 @@ def test_json_into_a_missing_folder_fails_in_one_line_and_creates_nothing(tmp_pa
 
 
 # (The `--` first is docs/commands/demo.md's `stepcli demo -- --iterations 30`, run by tests/test_docs_examples.py;
-# after an option's value, test_run_summary's demo and demo.md's `--json demo.json -- --iterations 60`.)
-@pytest.mark.parametrize("before", [["-q"], ["-o", "out", "--no-report"]])
+# right after an option's value, test_run_summary's demo and demo.md's `--json demo.json -- --iterations 60`.)
+@pytest.mark.parametrize("before", [["-o", "out", "--no-report"]])
 def test_demo_options_after_the_double_dash_reach_the_demo_script(tmp_path: Path, before: list[str]) -> None:
     # GIVEN README's `stepcli demo -- --iterations N`, the `--` after a flag (alone, or after an option's value)
     result = run_stepcli("demo", *before, "--", "--iterations", "30", cwd=tmp_path)
