@@ -220,8 +220,10 @@ def ranks_table(
     trace file) below it, labelled by their steps. The straggler is marked in words, not only in colour.
 
     File paths are not in the table (a cut path cannot be copied): the reports list them on their own lines.
-    `width` is accepted for the callers' sake: the table holds no free text and fits 80 columns as it is.
+    It fits 80 columns as it is; where `width` is narrower than the boxed table, the box's inner lines go, so the
+    label keeps room to wrap at its spaces instead of folding letter by letter.
     """
+    from rich import box
     from rich.table import Table
     from rich.text import Text
 
@@ -238,14 +240,24 @@ def ranks_table(
                 w_stats = window.get("step_ms") or {}
                 figures = [str(w_stats.get("count", 0)), _ms(w_stats.get("mean")), _ms(w_stats.get("p90"))]
                 rows.append((Text(f"  {window['steps']}"), [*figures, _ms(w_stats.get("max")), "", ""], "dim"))
-    table = Table(title=title, title_justify="left")
+    names = ("Steps", "Mean ms", "P90 ms", "Max ms", "Compute", "Wait")
+    caption = "Compute = step time outside collectives; Wait = in collectives (c10d, gloo, NCCL), ms/step"
+    cells = [[text.plain, *figures] for text, figures, _ in rows]
+    widths = [max([len(name), *(len(row[at]) for row in cells)]) for at, name in enumerate(("Process", *names))]
+    narrow = width is not None and width < sum(widths) + 3 * len(widths) + 1  # "┃ x " per column, and "┃"
+    if narrow:  # no inner lines, one space between columns, the units in the caption
+        names = ("Steps", "Mean", "P90", "Max", "Compute", "Wait")
+        caption = "ms per step; " + caption.removesuffix(", ms/step")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD)
+    if narrow:
+        table.show_edge, table.padding = False, (0, 0)  # (the box puts a space between columns)
     table.add_column("Process", overflow="fold")  # a narrow terminal wraps the label, never cuts a figure
-    for at, name in enumerate(("Steps", "Mean ms", "P90 ms", "Max ms", "Compute", "Wait")):
-        widest = max((len(figures[at]) for _, figures, _ in rows), default=0)
+    for at, name in enumerate(names):
+        widest = max([len(name), *(len(figures[at]) for _, figures, _ in rows)])
         table.add_column(name, justify="right", no_wrap=True, min_width=widest)
-    for label, figures, style in rows:
-        table.add_row(label, *figures, style=style)
-    table.caption = "Compute = step time outside collectives; Wait = in collectives (c10d, gloo, NCCL), ms/step"
+    for text, figures, style in rows:
+        table.add_row(text, *figures, style=style)
+    table.caption = caption
     table.caption_justify = "left"
     return table
 
