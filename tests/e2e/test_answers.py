@@ -1,5 +1,5 @@
-"""Derived answers on real runs: the step breakdown with several forwards per step, the straggler under
-collectives, several traces of one process, shares that add up, and traces recorded with Python stacks."""
+"""Derived answers on real runs: the step breakdown with several forwards per step, several traces of one process,
+shares that add up, and traces recorded with Python stacks (the straggler under collectives: test_straggler.py)."""
 
 from __future__ import annotations
 

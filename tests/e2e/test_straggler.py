@@ -1,5 +1,6 @@
 """The slowest rank under DDP (issue 19.11): one definition (stepcli.traces.analyses.ranks) shown identically by the
-terminal, `--json` and report.html, and nobody named without evidence. Real 2-rank gloo torchrun runs on the CPU."""
+terminal, `--json` and report.html, and nobody named without evidence. Real 2-rank gloo torchrun runs on the CPU,
+at 80 columns on a pipe: the balanced one also checks what a 2-rank summary looks like there."""
 
 from __future__ import annotations
 
