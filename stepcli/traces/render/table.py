@@ -242,9 +242,10 @@ def ranks_table(
                 rows.append((Text(f"  {window['steps']}"), [*figures, _ms(w_stats.get("max")), "", ""], "dim"))
     names = ("Steps", "Mean ms", "P90 ms", "Max ms", "Compute", "Wait")
     caption = "Compute = step time outside collectives; Wait = in collectives (c10d, gloo, NCCL), ms/step"
-    cells = [[text.plain, *figures] for text, figures, _ in rows]
-    widths = [max([len(name), *(len(row[at]) for row in cells)]) for at, name in enumerate(("Process", *names))]
-    narrow = width is not None and width < sum(widths) + 3 * len(widths) + 1  # "┃ x " per column, and "┃"
+    figure_widths = [max((len(figures[at]) for _, figures, _ in rows), default=0) for at in range(len(names))]
+    label = max([len("Process"), *(len(text.plain) for text, _, _ in rows)])
+    boxed = label + sum(map(max, zip(map(len, names), figure_widths))) + 3 * (len(names) + 1) + 1  # "┃ x ", "┃"
+    narrow = width is not None and width < boxed
     if narrow:  # no inner lines, one space between columns, the units in the caption
         names = ("Steps", "Mean", "P90", "Max", "Compute", "Wait")
         caption = "ms per step; " + caption.removesuffix(", ms/step")
@@ -252,9 +253,8 @@ def ranks_table(
     if narrow:
         table.show_edge, table.padding = False, (0, 0)  # (the box puts a space between columns)
     table.add_column("Process", overflow="fold")  # a narrow terminal wraps the label, never cuts a figure
-    for at, name in enumerate(names):
-        widest = max([len(name), *(len(figures[at]) for _, figures, _ in rows)])
-        table.add_column(name, justify="right", no_wrap=True, min_width=widest)
+    for name, widest in zip(names, figure_widths):
+        table.add_column(name, justify="right", no_wrap=True, min_width=max(len(name), widest))
     for text, figures, style in rows:
         table.add_row(text, *figures, style=style)
     table.caption = caption
