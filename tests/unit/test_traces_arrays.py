@@ -291,6 +291,32 @@ def test_parents_equal_the_definition_on_random_threads(seed: int) -> None:
     assert columnar.parents(start, end, dur, first).tolist() == expected
 
 
+@pytest.mark.parametrize("shape", ["staircase", "nest", "siblings", "nest of siblings"])
+def test_parents_equal_the_definition_on_long_chains(shape: str) -> None:
+    # GIVEN 600 events shaped so that finding a parent means looking far back: each overlapping the one before
+    # (no parents), each inside the one before (a deep nest), siblings under one parent, or a nest whose every
+    # level holds siblings with children
+    n = 600
+    idx = np.arange(n, dtype=np.int64)
+    if shape == "staircase":
+        start, dur = idx * 10, np.full(n, 15, np.int64)
+    elif shape == "nest":
+        start, dur = idx, 2 * n - 2 * idx
+    elif shape == "siblings":
+        start, dur = idx * 10, np.r_[10 * n, np.full(n - 1, 5, np.int64)]
+    else:
+        start = np.sort(np.random.default_rng(0).integers(0, 4 * n, n))
+        dur = np.maximum(4 * n - start, 1) * (idx % 3 == 0) + 1
+    order = np.lexsort((-dur, start))
+    start, dur = start[order], dur[order]
+    end = start + dur
+    first = np.zeros(n, np.int64)
+    # THEN each parent is the latest earlier event whose end reaches past the event's
+    need = end + (dur == 0)
+    expected = [max((j for j in range(i) if end[j] >= need[i]), default=-1) for i in range(n)]
+    assert columnar.parents(start, end, dur, first).tolist() == expected
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_unique_and_isin_equal_numpys(seed: int) -> None:
     # GIVEN integer arrays as the analysis has them: empty, one value, repeats, negatives, wide ranges

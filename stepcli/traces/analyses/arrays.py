@@ -52,37 +52,29 @@ def parents(start: np.ndarray, end: np.ndarray, dur: np.ndarray, first: np.ndarr
     """The parent index of each event (-1: none) for events sorted by thread, then (start, -duration).
 
     `first[i]` is the index of the first event of i's thread. The parent is the latest earlier event j of the
-    thread with end[j] > start[i] and end[j] >= end[i] (strictly later end for a zero-length event).
+    thread with end[j] > start[i] and end[j] >= end[i] (strictly later end for a zero-length event). Times are
+    integers (nanoseconds): the search below relies on it.
+
+    Each event's candidate starts as the event just before it (most events are a first child, which it contains)
+    and, while it does not contain the event, jumps to the candidate's own candidate, all at once (pointer
+    doubling, a few rounds over the events still looking). The jump skips only events that fail: those between a
+    candidate c and c's candidate end no later than c does (they fail c), and c ends before the event needs.
     """
     n = len(start)
     if n == 0:
         return np.zeros(0, np.int64)
     need = end + (dur == 0)  # end[j] >= need[i] is containment, given start[j] <= start[i]
-    # levels[k][x] = max(end[x : x + 2**k]), for the x where that range lies inside the array
-    levels = [end]
-    span = 1
-    while span * 2 <= n:
-        prev = levels[-1]
-        levels.append(np.maximum(prev[:-span], prev[span:]))
-        span *= 2
-    parent = np.arange(-1, n - 1, dtype=np.int64)
-    # Most events are a first child: the event just before contains them. Search only for the others.
-    hard = np.nonzero((parent < first) | (end[np.maximum(parent, 0)] < need))[0]
-    pos = hard.copy()  # search: the smallest pos with max(end[pos:i]) < need[i]
-    lowest = first[hard]
-    wanted = need[hard]
-    for k in range(len(levels) - 1, -1, -1):
-        cand = pos - (1 << k)
-        idx = np.nonzero(cand >= lowest)[0]
-        if not idx.size:
-            continue
-        c = cand[idx]
-        move = levels[k][c] < wanted[idx]
-        pos[idx[move]] = c[move]
-    found = pos - 1
-    found[found < lowest] = -1
-    parent[hard] = found
-    return parent
+    candidate = np.arange(-1, n - 1, dtype=np.int64)
+    candidate[candidate < first] = -1  # a thread's first event has no parent
+    looking = np.nonzero(candidate >= 0)[0]
+    looking = looking[end[candidate[looking]] < need[looking]]
+    while looking.size:
+        jumped = candidate[candidate[looking]]
+        candidate[looking] = jumped
+        some = jumped >= 0  # (-1: nothing before it in the thread contains the event)
+        looking, jumped = looking[some], jumped[some]
+        looking = looking[end[jumped] < need[looking]]
+    return candidate
 
 
 def union_arrays(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
