@@ -111,8 +111,27 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     return stepcli_collective
 
 
-def hook_collectives(dist: ModuleType) -> None:
-    """Wrap the collectives of `torch.distributed` and of `torch.distributed.distributed_c10d` (same objects)."""
+def _wrap_join(original: Callable[..., Any], on_join: Callable[[], None]) -> Callable[..., Any]:
+    """`init_process_group` that first tells the agent this process joins a job (before it may block there)."""
+
+    def stepcli_init_process_group(*args: Any, **kwargs: Any) -> Any:
+        try:
+            on_join()
+        except Exception:  # (the agent never raises; the program's call must happen whatever)
+            pass
+        return original(*args, **kwargs)
+
+    stepcli_init_process_group.__name__ = getattr(original, "__name__", "init_process_group")
+    stepcli_init_process_group.__qualname__ = getattr(original, "__qualname__", "init_process_group")
+    stepcli_init_process_group.__doc__ = getattr(original, "__doc__", None)
+    stepcli_init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
+    stepcli_init_process_group._stepcli = True  # type: ignore[attr-defined]
+    return stepcli_init_process_group
+
+
+def hook_collectives(dist: ModuleType, on_join: Callable[[], None] | None = None) -> None:
+    """Wrap the collectives of `torch.distributed` and of `torch.distributed.distributed_c10d` (same objects), and
+    `init_process_group` to call `on_join` (a rank stuck before its first step is then in a hang's dump)."""
     import sys
 
     modules = [dist, sys.modules.get("torch.distributed.distributed_c10d")]
@@ -120,12 +139,17 @@ def hook_collectives(dist: ModuleType) -> None:
     for module in modules:
         if module is None:
             continue
-        for name in HOOKED:
+        for name in (*HOOKED, "init_process_group"):
             original = getattr(module, name, None)
             if original is None or getattr(original, "_stepcli", False):
                 continue
             if id(original) not in wrapped:
-                wrapped[id(original)] = _wrap(name, original)
+                if name != "init_process_group":
+                    wrapped[id(original)] = _wrap(name, original)
+                elif on_join is not None:
+                    wrapped[id(original)] = _wrap_join(original, on_join)
+                else:
+                    continue
             setattr(module, name, wrapped[id(original)])
 
 

@@ -189,9 +189,12 @@ class Agent:
                 from .slowtrigger import SlowTrigger
 
                 SlowTrigger(self, self.ondemand, self.config.slow_trigger)
-            from .stacks import start_stacks
+            if self.stacks is None:
+                from .stacks import start_stacks
 
-            self.stacks = start_stacks(self)  # `capture --stacks` and --hang-timeout dumps
+                self.stacks = start_stacks(self)  # `capture --stacks` and --hang-timeout dumps
+            else:
+                self.stacks.train()  # registered when it joined its job (joined_job)
             self.tracker.set_listener(self.recorder.on_step, self.recorder.next_cycle_start(self.tracker.global_step))
             self._guard_signals(True)  # for the whole run: SIGTERM/SIGHUP save the step log first
             self._signals_guarded = True
@@ -200,6 +203,19 @@ class Agent:
             self.tracker.begin()
         except Exception as exc:
             self.fail("starting the recorder", exc)
+
+    def joined_job(self) -> None:
+        """torch.distributed.init_process_group was called (with --hang-timeout): register for stack dumps now, so
+        that a rank stuck before its first step (loading data, building its model) is in a hang's report while
+        the others wait for it; it counts towards calling a hang only once it trains. Never raises."""
+        if self.stacks is not None or self.trains or not self.enabled:
+            return
+        try:
+            from .stacks import start_stacks
+
+            self.stacks = start_stacks(self, training=False)
+        except Exception as exc:
+            self.fail("registering for stack dumps", exc)
 
     def fail(self, what: str, exc: BaseException) -> None:
         """An error in stepcli's own bookkeeping: say so once and stop profiling; the program carries on."""
@@ -338,6 +354,7 @@ class Agent:
             skip_inherited_native_exit_handlers()
         if self.enabled and not self.trains and self.recorder is None:
             self.pid = os.getpid()
+            self.stacks = None  # its parent's, if it had joined a job (stopped in here): it registers its own
             self._top_level = False  # its parent, not the launcher, started it
             self.tracker.restart_clock()
             return

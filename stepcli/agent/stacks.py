@@ -99,7 +99,7 @@ def process_start_ticks(pid: int | str = "self") -> int | None:
 class StackDumper:
     """This process's dump thread: answers DUMP_SIGNAL with a stacks file; with a hang timeout, watches steps."""
 
-    def __init__(self, agent: Agent, folder: str, signum: int, hang_timeout: float) -> None:
+    def __init__(self, agent: Agent, folder: str, signum: int, hang_timeout: float, training: bool = True) -> None:
         import socket
 
         self.agent = agent
@@ -107,6 +107,8 @@ class StackDumper:
         self.folder_fd = controlfiles.open_folder(folder)  # its files only relative to it (see controlfiles.py)
         self.signum = signum
         self.hang_timeout = hang_timeout
+        # False from joining a distributed job until the first sign of training (`train`): dumped, never stalled
+        self.training = training
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self.tag = f"{self.host}.{self.pid}.json"
@@ -144,6 +146,18 @@ class StackDumper:
             faulthandler.register(fallback, file=self._fault_fd, all_threads=True, chain=False)
         thread = threading.Thread(target=self._run, name="stepcli-stacks", daemon=True)
         thread.start()
+        self._register()
+
+    def train(self) -> None:
+        """The process starts to train (it joined its job earlier): from now on it can stall, counted from now."""
+        if self.training:
+            return
+        self._step = self.agent.tracker.global_step
+        self._step_wall, self._step_mono = time.time(), time.monotonic()
+        self.training = True
+        self._register()
+
+    def _register(self) -> None:
         from .output import current_rank, worker_name
 
         controlfiles.write_json(
@@ -161,6 +175,7 @@ class StackDumper:
                 "worker": worker_name(),
                 "hang_timeout_s": self.hang_timeout,
                 "registered_at": time.time(),
+                "training": self.training,
             },
         )
 
@@ -266,6 +281,8 @@ class StackDumper:
             die(signum)
 
     def _watch_steps(self) -> None:
+        if not self.training:
+            return
         step = self.agent.tracker.global_step
         now = time.monotonic()
         if step != self._step:
@@ -380,6 +397,7 @@ class StackDumper:
             "worker": worker_name(),
             "time": now,
             "step": tracker.global_step,
+            "training": self.training,  # False: joined its job, never started to train (no step, no optimizer)
             "last_step_s_ago": round(now - self._last_step_wall(), 3) if self.hang_timeout > 0 else None,
             "collective": LAST.to_dict(now),
             "collectives_hooked": self.hang_timeout > 0,
@@ -410,8 +428,9 @@ def _unlink(folder_fd: int, name: str) -> None:
         pass
 
 
-def start_stacks(agent: Agent) -> StackDumper | None:
-    """At the process's first sign of training: register for dumps. Never raises; None where it cannot."""
+def start_stacks(agent: Agent, training: bool = True) -> StackDumper | None:
+    """At the process's first sign of training (or, `training` False, when it joins a distributed job): register
+    for dumps. Never raises; None where it cannot."""
     from .ondemand import control_dir
 
     signum = dump_signal()
@@ -419,7 +438,8 @@ def start_stacks(agent: Agent) -> StackDumper | None:
     if signum is None or not os.path.isdir(folder):
         return None
     try:
-        dumper = StackDumper(agent, folder, signum, float(getattr(agent.config, "hang_timeout", 0.0) or 0.0))
+        timeout = float(getattr(agent.config, "hang_timeout", 0.0) or 0.0)
+        dumper = StackDumper(agent, folder, signum, timeout, training)
         dumper.start()
     except Exception as exc:
         from .output import say
@@ -439,4 +459,5 @@ def install_collective_hook(agent: Agent) -> None:
         return
     from .collectives import hook_collectives
 
-    agent.hooks.when_imported("torch.distributed", hook_collectives)
+    joined = getattr(agent, "joined_job", None)
+    agent.hooks.when_imported("torch.distributed", lambda dist: hook_collectives(dist, joined))

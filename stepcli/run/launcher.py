@@ -446,7 +446,7 @@ def _html_report(
     request: RunRequest, config: AgentConfig, summary: RunSummary, traces: RunTraces | None = None
 ) -> str | None:
     """report.html in the output folder (unless --no-report), or None; `traces` is what the summary read, reused."""
-    if not request.report or not (summary["traces"] or summary["steps"]["global"]):
+    if not request.report or not (summary["traces"] or summary["steps"]["global"] or summary.get("hang")):
         return None
     try:
         from stepcli.run.summary.htmlreport import write_run_report

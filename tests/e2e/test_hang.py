@@ -262,6 +262,61 @@ def test_the_run_summary_on_the_terminal_says_where_the_job_hung_and_that_it_was
     assert all(len(line) <= 80 and line == line.rstrip() for line in block)  # a pipe: no trailing spaces
 
 
+# Rank 1 joins the job, then blocks (loading its data, say) before it builds its optimizer: it never trains. Rank 0
+# trains and waits for it in the first all-reduce.
+STUCK_BEFORE_TRAINING = """
+    import datetime
+    import threading
+    import torch
+    import torch.distributed as dist
+
+    def load_data_forever():
+        threading.Event().wait()
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+    model = torch.nn.Linear(8, 1)
+    if dist.get_rank() == 1:
+        load_data_forever()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(8):
+        model(torch.randn(4, 8)).sum().backward()
+        dist.all_reduce(torch.ones(1))
+        opt.step()
+"""
+
+
+def test_a_rank_stuck_before_its_first_step_is_in_the_dump_and_named(tmp_path: Path) -> None:
+    # GIVEN a 2-rank job whose rank 1 never starts to train, under --hang-timeout 3s --on-hang kill
+    script = write_script(tmp_path, "stuck.py", STUCK_BEFORE_TRAINING)
+    args = ["--hang-timeout", "3s", "--on-hang", "kill", "-o", "out", "--json", "run.json", "--"]
+    result = run_stepcli(
+        "run", *args, _torchrun(), "--standalone", "--nproc-per-node", "2", script, cwd=tmp_path, timeout=LIMIT_S
+    )
+    # THEN the hang is called on rank 0 alone, and both ranks are dumped: rank 1 registered when it joined the job
+    assert result.returncode == EXIT_HANG, result.stderr
+    out = tmp_path / "out"
+    dumps = _dumps(out / "hang-1")
+    assert set(dumps) == {"rank0", "rank1"}, result.stderr
+    assert "load_data_forever" in _functions(dumps["rank1"]) and dumps["rank1"]["training"] is False
+    assert dumps["rank0"]["training"] is True and dumps["rank0"]["collective"]["name"] == "all_reduce"
+    # AND the verdict names rank 1 where it is stuck, not "a peer outside this dump"
+    assert re.search(
+        r"-> rank 1 \(pid \d+\) is in load_data_forever \(\S*stuck\.py:\d+\) while 1 process waits in "
+        r"all_reduce #1: it holds the job back",
+        result.stderr,
+    ), result.stderr
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert summary["steps"]["global"] == 0 and summary["hang"]["ended_job"] is True
+    # AND the note says the job hung before the first window (no advice to lower --wait), the page shows the hang
+    assert "no trace: the job hung at step 0, before the first window (steps 2-4), and --on-hang kill ended it" in (
+        " ".join(summary["notes"])
+    )
+    assert not any("lower --wait" in note for note in summary["notes"])
+    page = (out / "report.html").read_text()
+    assert "load_data_forever" in _hang_section(page)
+    assert not (out / "NOTHING-MEASURED.txt").exists()
+
+
 def _hang_section(page: str) -> str:
     start = page.index('<h2 id="hang">Hang</h2>')
     return page[start : page.index("<h2", start + 1)]

@@ -407,3 +407,69 @@ def test_a_stopped_process_s_file_names_it_in_the_block_the_summary_and_the_verd
         "  stacks of every process: out/hang-1/",
         "  --on-hang kill ended the job: exit status 124",
     ]
+
+
+def test_a_process_that_joined_its_job_waits_unstalled_until_it_trains(tmp_path: Path) -> None:
+    # GIVEN a process registered when it joined its job (init_process_group), before any sign of training
+    tracker = StepTracker()
+    dumper = StackDumper(types.SimpleNamespace(tracker=tracker), str(tmp_path), 0, 10.0, training=False)  # type: ignore[arg-type]
+    dumper._register()
+    register = tmp_path / f"stacks.{dumper.tag}"
+    marker = tmp_path / f"{STALL_PREFIX}{dumper.tag}"
+    assert json.loads(register.read_text())["training"] is False
+    # THEN however long it goes without a step, it never marks itself stalled
+    dumper._step_mono -= 100.0
+    dumper._watch_steps()
+    assert not marker.exists() and not dumper.stalled
+    # WHEN it starts to train: its stall clock starts then, and its registration says so
+    dumper.train()
+    assert json.loads(register.read_text())["training"] is True
+    dumper._watch_steps()
+    assert not marker.exists()
+    dumper._step_mono -= 11.0
+    dumper._watch_steps()
+    assert marker.exists() and dumper.stalled
+    dumper.forked()  # closes its pipe
+
+
+def test_a_hang_is_called_without_waiting_for_a_process_that_never_trained(tmp_path: Path) -> None:
+    from stepcli.agent import controlfiles
+    from stepcli.run.live.hangdoctor import HangWatch
+
+    # GIVEN (another host's) rank 0 stalled since t=100 and rank 1 registered when it joined, never training
+    watch = HangWatch(types.SimpleNamespace(out_dir=str(tmp_path), run_id="r"), 5.0, "keep", None)  # type: ignore[arg-type]
+    watch.folder = str(tmp_path)
+    folder = controlfiles.open_folder(str(tmp_path))
+    try:
+        for pid, training in ((1, True), (2, False)):
+            document = {"pid": pid, "host": "node9", "rank": pid - 1, "training": training}
+            controlfiles.write_json(folder, f"stacks.node9.{pid}.json", document)
+        controlfiles.write_json(folder, "stall.node9.1.json", {"pid": 1, "host": "node9", "last_step_at": 100.0})
+        # THEN the hang is called, and both are to be dumped
+        state = watch.hung()
+        assert state is not None and state[0] == 100.0 and sorted(p["pid"] for p in state[1]) == [1, 2]
+        # WHEN rank 1 trains and is not stalled: it may be stepping (another host's), so no hang
+        controlfiles.write_json(folder, "stacks.node9.2.json", {"pid": 2, "host": "node9", "training": True})
+        assert watch.hung() is None
+    finally:
+        os.close(folder)
+
+
+def test_init_process_group_tells_the_agent_before_it_may_block() -> None:
+    order: list[str] = []
+    fake = types.ModuleType("fake_dist")
+
+    def init_process_group(backend: str = "gloo") -> str:
+        order.append(f"init {backend}")
+        return "joined"
+
+    fake.init_process_group = init_process_group  # type: ignore[attr-defined]
+    collectives.hook_collectives(fake, lambda: order.append("joined_job"))
+    collectives.hook_collectives(fake, lambda: order.append("again"))  # twice: not wrapped twice
+    assert fake.init_process_group("nccl") == "joined"
+    assert order == ["joined_job", "init nccl"]
+    assert fake.init_process_group.__wrapped__ is init_process_group  # type: ignore[attr-defined]
+    plain = types.ModuleType("plain_dist")
+    plain.init_process_group = init_process_group  # type: ignore[attr-defined]
+    collectives.hook_collectives(plain)  # no agent to tell: left as it is
+    assert plain.init_process_group is init_process_group  # type: ignore[attr-defined]

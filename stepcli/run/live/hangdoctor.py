@@ -337,16 +337,20 @@ class HangWatch:
         the timeout it counts as stalled since it was first seen so (its last step came before: a lower bound).
         """
         processes = registered(self.folder)
+        # A process that joined its job but never trained (stepcli.agent.stacks.StackDumper.train) is dumped with
+        # the others, never waited for: it cannot stall, and holding the job back before its first step it is
+        # what the dump must show.
+        training = [p for p in processes if p.get("training") is not False]
         stalls = _documents(self.folder, STALL_PREFIX)
         now = time.time()
-        stopped = {_tag(p) for p in processes if is_stopped(p)}
+        stopped = {_tag(p) for p in training if is_stopped(p)}
         self._seen_stopped = {tag: self._seen_stopped.get(tag, now) for tag in stopped}
         last_step = {tag: float(stall.get("last_step_at", 0.0)) for tag, stall in stalls.items()}
         for tag, since in self._seen_stopped.items():
             if tag not in last_step and now - since >= self.timeout_s:
                 last_step[tag] = since
-        stalled = [p for p in processes if _tag(p) in last_step]
-        quiet = [p for p in processes if _tag(p) not in last_step]
+        stalled = [p for p in training if _tag(p) in last_step]
+        quiet = [p for p in training if _tag(p) not in last_step]
         if not stalled or (quiet and not self._silent(quiet)):
             return None
         return max(last_step[_tag(p)] for p in stalled), processes

@@ -232,7 +232,14 @@ def build_run_summary(
             first_window = next(config.schedule.windows(1), None)
             # a log not written at the process's end (it was killed) holds the count of its last periodic save
             final = primary.get("exit", "running") != "running" or primary.get("progress") == "stalled"
-            if first_window and steps <= first_window[1] and final:  # step N is the N+1st: none of the window's ended
+            if first_window and steps <= first_window[1] and hang_folders:  # it hung: the hang said why
+                ended = ", and --on-hang kill ended it" if hang_ended else ""
+                notes.append(
+                    f"no trace: the job hung at step {steps}, before the first window (steps "
+                    f"{first_window[1]}-{first_window[2]}){ended}; what each process was doing is in "
+                    f"{', '.join(os.path.basename(f.rstrip(os.sep)) + '/' for f in hang_folders)}"
+                )
+            elif first_window and steps <= first_window[1] and final:  # step N is the N+1st: none ended
                 notes.append(
                     f"no trace: the program made {plural(steps, 'step')}, and the first window records steps "
                     f"{first_window[1]}-{first_window[2]}; lower --wait/--skip-first/--warmup"
