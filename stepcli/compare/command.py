@@ -137,9 +137,15 @@ def compare_main(
     warnings = []
     if {os.path.realpath(p) for p in base_paths} == {os.path.realpath(p) for p in cur_paths}:
         # a CI gate handed one path twice (a variable unset, an artifact not downloaded) passes whatever happened
-        warnings.append("baseline and current are the same files: nothing was compared")
+        warnings.append(
+            "baseline and current are the same files: the verdict compares them with themselves and says "
+            "nothing about a change (a CI variable left unset?)"
+        )
     elif same_runs(base, cur):  # ... or one run twice, as its folder and its --json
-        warnings.append("baseline and current are the same run (its folder and its --json, say): nothing was compared")
+        warnings.append(
+            "baseline and current are the same run (its folder and its --json, say): the verdict compares it "
+            "with itself and says nothing about a change"
+        )
     if different:  # stdout may be a file the CI job never shows: the log sees it too
         warnings.append(different)
     if comparison.verdict == "inconclusive":

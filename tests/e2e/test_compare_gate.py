@@ -229,7 +229,9 @@ def test_a_run_compared_with_itself_is_said_so(runs: dict[str, Path]) -> None:
     # GIVEN one path given as both sides (a CI variable left unset) WHEN compared THEN it passes, with a warning
     same = run_stepcli("compare", runs["base1"], runs["base1"])
     assert same.returncode == 0, same.stdout + same.stderr
-    assert "stepcli: warning: baseline and current are the same files: nothing was compared" in same.stderr
+    assert "stepcli: warning: baseline and current are the same files: the verdict compares them with themselves" in (
+        same.stderr
+    )
     other = run_stepcli("compare", runs["base1"], runs["base2"])
     assert "the same files" not in other.stderr and "the same run" not in other.stderr
     # nor may one run given twice as its folder and its --json file
