@@ -73,6 +73,7 @@ class Agent:
         self._pending_signal = 0  # a SIGTERM/SIGHUP that arrived during this thread's own final save
         self.saved_steps = -1  # global step of the last step log written (steplog.py)
         self.saved_stalled = False  # ... written when the process stopped stepping (its steps are whole)
+        self.record_saved = False  # a whole-run record was written: every later step log rewrites it too
         self._progress_due = 0.0  # time.monotonic() before which no periodic save is made
         self._forked_child = False
         self.profiler_started = False  # a profiler (ours or the program's) has run here: see forkexit.py

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         wall_start: float  # time.time() when the agent started
         saved_steps: int  # global step of the last step log written
         saved_stalled: bool  # ... written when the process stopped stepping (its steps are whole)
+        record_saved: bool  # a whole-run record was written (write_step_log keeps it as fresh as the log)
 
 
 def save_at_exit(agent: Agent, reason: str, blocked: bool) -> None:
@@ -141,7 +142,9 @@ def write_step_log(agent: Agent, progress: str = "") -> None:
     atomic_write_json(os.path.join(agent.config.log_dir, name), document, 0o600, private_folder=True)
     agent.saved_steps = steps
     agent.saved_stalled = progress == "stalled"
-    if agent.exit_reason or progress:  # the whole run's step times, compact (steprecord.py): at exit
+    # The whole run's step times, compact (steprecord.py): at exit, with each progress save, and, once one was
+    # written, with every log after it (a window's save), so that a process killed later leaves the two agreeing.
+    if agent.exit_reason or progress or agent.record_saved:
         from . import steprecord
 
         record = steprecord.build(durations, worker, current_rank())
@@ -150,6 +153,7 @@ def write_step_log(agent: Agent, progress: str = "") -> None:
 
             record[SIGNATURE_KEY] = sign(agent.config.run_key, record)
         steprecord.write(agent.config.log_dir, _hostname(), agent.pid, record)
+        agent.record_saved = True
 
 
 def _hostname() -> str:

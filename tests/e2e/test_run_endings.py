@@ -381,3 +381,35 @@ def test_a_process_killed_mid_window_is_not_told_to_lower_wait(tmp_path: Path) -
     (note,) = [note for note in notes if note.startswith("no trace:")]
     assert "(exit 137) at step 6 or later (its last saved count)" in note, note
     assert "window of steps 2-101, before its trace could be saved (SIGKILL leaves no time)" in note, note
+
+
+# Steps 3 times, waits for the process's periodic save (step log and whole-run record), steps on past the window of
+# steps 2-4 (saved at step 5, with its step log), then dies of SIGKILL at step 8, before any final save.
+PAUSE_THEN_SIGKILL = """
+    import os, signal, time
+    from pathlib import Path
+    import torch
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i in range(8):
+        model(torch.randn(8, 16)).sum().backward()
+        opt.step()
+        deadline = time.monotonic() + 120
+        while i == 2 and not list(Path("out").glob(".stepcli/*/*.steptimes.json")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_process_killed_after_a_window_gives_one_step_count(tmp_path: Path) -> None:
+    # GIVEN a process SIGKILLed after its window was saved, its whole-run record written earlier by a periodic save
+    script = write_script(tmp_path, "dies.py", PAUSE_THEN_SIGKILL)
+    result = run_stepcli("run", "-o", "out", "--json", "run.json", script, cwd=tmp_path)
+    assert result.returncode == 128 + signal.SIGKILL, result.stderr
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert [w["last_step"] for w in summary["windows"]] == [4], summary["windows"]
+    # THEN the whole-run record was saved with the window's step log: both count the same steps
+    (record,) = summary["step_record"]
+    assert summary["steps"]["global"] >= 5 and record["steps"] == summary["steps"]["global"], result.stderr
+    line = _summary_line(result.stderr, "steps")
+    assert line.split()[1] == str(record["steps"]), line
