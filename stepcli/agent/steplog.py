@@ -66,7 +66,8 @@ def save_at_exit(agent: Agent, reason: str, blocked: bool) -> None:
                 )
         if agent.ondemand is not None:
             agent.ondemand.finish(reason)
-        if agent.tracker.global_step or (recorder and recorder.windows):
+        # (a process that never stepped writes none, unless it saved one already: it stalled at step 0)
+        if agent.tracker.global_step or (recorder and recorder.windows) or agent.record_saved:
             write_step_log(agent)
     except Exception as exc:
         step_log_failed(agent, exc)

@@ -312,6 +312,8 @@ def test_a_rank_stuck_before_its_first_step_is_in_the_dump_and_named(tmp_path: P
         " ".join(summary["notes"])
     )
     assert not any("lower --wait" in note for note in summary["notes"])
+    # AND rank 0, stalled at step 0, saved its final step log at the SIGTERM, as a process with steps does
+    assert not any("never written" in note for note in summary["notes"]), summary["notes"]
     page = (out / "report.html").read_text()
     assert "load_data_forever" in _hang_section(page)
     assert not (out / "NOTHING-MEASURED.txt").exists()

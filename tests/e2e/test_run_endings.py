@@ -226,27 +226,25 @@ def test_a_process_killed_with_sigkill_after_it_stalled_still_counts_its_steps(t
     assert any("ended (exit 137) at step 20, inside the window of steps 2-101" in n for n in summary["notes"]), summary
 
 
-# Ctrl-C (SIGINT) arrives while stepcli saves the window's trace: a thread of the program sends it the moment the
-# export's temporary folder appears in the output folder, so it always lands mid-save.
+# Ctrl-C (SIGINT) arrives while stepcli saves the window's trace: the program's wrapper of the profiler's export
+# sends it to the process as the export begins, inside stepcli's save, so it always lands mid-save (a thread watching
+# for the export's temporary folder missed it on a loaded machine).
 CTRL_C_MID_SAVE = """
-    import os, signal, sys, threading, time
+    import os, signal, sys, time
     import torch
-    out = sys.argv[1]
+    import torch.profiler
 
-    def watch():
-        while True:
-            try:
-                if any(name.startswith(".stepcli-export") for name in os.listdir(out)):
-                    os.kill(os.getpid(), signal.SIGINT)
-                    return
-            except OSError:
-                pass
-            time.sleep(0.0002)
+    export = torch.profiler.profile.export_chrome_trace
 
-    threading.Thread(target=watch, daemon=True).start()
+    def interrupted_export(self, path):
+        os.kill(os.getpid(), signal.SIGINT)
+        return export(self, path)
+
+    torch.profiler.profile.export_chrome_trace = interrupted_export
     model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(20)])
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for i in range(60):
+    deadline = time.monotonic() + 120  # steps on until the interrupt, delivered once the save (a thread's) is done
+    while time.monotonic() < deadline:
         model(torch.randn(32, 64)).sum().backward()
         opt.step()
     print("the interrupt never came", file=sys.stderr)
@@ -386,17 +384,30 @@ def test_a_process_killed_mid_window_is_not_told_to_lower_wait(tmp_path: Path) -
 # Steps 3 times, waits for the process's periodic save (step log and whole-run record), steps on past the window of
 # steps 2-4 (saved at step 5, with its step log), then dies of SIGKILL at step 8, before any final save.
 PAUSE_THEN_SIGKILL = """
-    import os, signal, time
+    import json, os, signal, time
     from pathlib import Path
     import torch
+
+    def saved(pattern, ready):
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for path in Path("out").glob(pattern):
+                try:
+                    if ready(json.loads(path.read_text())):
+                        return
+                except ValueError:
+                    pass
+            time.sleep(0.05)
+
     model = torch.nn.Linear(16, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for i in range(8):
         model(torch.randn(8, 16)).sum().backward()
         opt.step()
-        deadline = time.monotonic() + 120
-        while i == 2 and not list(Path("out").glob(".stepcli/*/*.steptimes.json")) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        if i == 2:
+            saved(".stepcli/*/*.steptimes.json", lambda record: True)
+        if i == 5:
+            saved(".stepcli/*/*.steps.json", lambda log: log["windows"])
     os.kill(os.getpid(), signal.SIGKILL)
 """
 
