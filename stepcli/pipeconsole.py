@@ -48,8 +48,25 @@ def pipe_console(base: type[Console] | None = None, **options: Any) -> Console:
             text = super()._render_buffer(buffer)
             return text if self.is_terminal else strip_trailing(text)
 
+    if "width" not in options:
+        width = _width_for_bad_columns(options)
+        if width is not None:
+            options["width"] = width
     console: Console = _PipeConsole(**options)
     return console
+
+
+def _width_for_bad_columns(options: dict[str, Any]) -> int | None:
+    """The width to use when COLUMNS is set but is no width (`0`, as some shells and CI runners set it, or a
+    negative number): the stream's terminal's, else 80. rich would take `0` as zero columns and draw nothing."""
+    raw = os.environ.get("COLUMNS", "").strip()
+    if not raw.lstrip("-").isdigit() or int(raw) > 0:
+        return None  # unset, a real width, or text rich ignores anyway
+    stream = options.get("file") or (sys.stderr if options.get("stderr") else sys.stdout)
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or 80
+    except (AttributeError, OSError, ValueError):
+        return 80
 
 
 class StdoutError(StepcliError):

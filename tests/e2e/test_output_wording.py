@@ -46,6 +46,16 @@ def test_table_on_a_pipe_at_80_columns_has_no_trailing_spaces(run_folder: tuple[
     assert all(line == line.rstrip() and len(line) <= 80 for line in result.stdout.splitlines()), result.stdout
 
 
+@pytest.mark.parametrize("columns", ["0", "-1"])
+def test_columns_that_are_no_width_read_as_80_on_a_pipe(run_folder: tuple[Path, str], columns: str) -> None:
+    # GIVEN COLUMNS=0, as some shells and CI runners set it: rich alone drew nothing at all, exit 0
+    out, _ = run_folder
+    result = run_stepcli("table", out, env={"COLUMNS": columns})
+    # THEN the output is the one at 80 columns
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == run_stepcli("table", out, env=PIPE_80).stdout and "CPU operators" in result.stdout
+
+
 def test_markdown_limit_says_when_it_cuts_the_steps_table(run_folder: tuple[Path, str]) -> None:
     out, _ = run_folder
     result = run_stepcli("table", out, "--markdown", "--limit", "3")
