@@ -303,6 +303,71 @@ def _op_rows(value: Any) -> str | None:
     return next((problem for row in value if (problem := _op_row(row))), None)
 
 
+def _pair(first: Check, second: Check) -> Check:
+    """A two-item list, such as a slow step's `[step, microseconds]`."""
+
+    def checked(value: Any) -> str | None:
+        if not isinstance(value, list) or len(value) != 2:
+            return "is not a pair"
+        return first(value[0]) or second(value[1])
+
+    return checked
+
+
+# `step_record` and `triggered` (stepcli/run/summary/recordreader.py), and the `hang` section's reports
+# (stepcli/run/summary/hangreport.py): the parts report.html reads item by item.
+_STEP_RECORD = _object(
+    {
+        "worker": _optional(_STR),
+        "rank": _optional(_INT),
+        "steps": _COUNT,
+        "ms": _map_of(_AMOUNT),
+        "block_steps": _optional(_COUNT),
+        "blocks": _list_of(_simple(lambda v: isinstance(v, list) and len(v) == 3, "a [step, max, mean] block")),
+        "slowest": _list_of(_pair(_COUNT, _AMOUNT)),
+        "histogram": _map_of(_COUNT),
+    }
+)
+_TRIGGERED = _object(
+    {
+        "worker": _optional(_STR),
+        "rank": _optional(_INT),
+        "first_step": _INT,
+        "last_step": _INT,
+        "step": _optional(_INT),
+        "ms": _optional(_AMOUNT),
+        "baseline_ms": _optional(_AMOUNT),
+        "rule": _optional(_STR),
+        "recorded": _optional(_BOOL),
+        "reason": _optional(_STR),
+    }
+)
+_HANG_PROCESS = _object(
+    {
+        "rank": _optional(_INT),
+        "pid": _optional(_INT),
+        "step": _optional(_INT),
+        "collective": _optional(_object({})),
+        "waiting": _optional(_BOOL),
+    }
+)
+_HANG = _object(
+    {
+        "reports": _list_of(
+            _object(
+                {
+                    "folder": _optional(_STR),
+                    "idle_s": _optional(_NUMBER),
+                    "verdict": _optional(_STR),
+                    "processes": _list_of(_HANG_PROCESS),
+                }
+            )
+        ),
+        "timeout_s": _optional(_AMOUNT),
+        "on_hang": _optional(_STR),
+        "ended_job": _optional(_BOOL),
+    }
+)
 _REQUESTERS = _map_of(_COUNT)
 _FIELDS: dict[str, Check] = {
     "schema_version": _INT,
@@ -370,7 +435,9 @@ _FIELDS: dict[str, Check] = {
     "flops": _optional(_object({})),
     "peak_memory": _object({"rss_bytes": _optional(_COUNT), "cuda_bytes": _optional(_COUNT)}),
     "compile": _optional(_object({"by_step": _list_of(_object({"worker": _optional(_STR), "step": _INT}))})),
-    "hang": _optional(_object({})),
+    "hang": _optional(_HANG),
+    "step_record": _list_of(_STEP_RECORD),
+    "triggered": _list_of(_TRIGGERED),
     "memory_snapshots": _list_of(
         _simple(
             lambda v: isinstance(v, str) and "/" not in v and "\\" not in v and v.endswith(".pickle") and v[:1] != ".",

@@ -26,6 +26,15 @@ def _doc(**fields: Any) -> dict[str, Any]:
         ({"advice": [{"rule": "x"}]}, "advice[0].title is missing"),
         ({"schedule": {"a\nb" * 30: "x"}}, "schedule.'a\\nb"),
         ({"traces": ["/etc/passwd"], "out_dir": "/tmp/run"}, "outside its out_dir"),
+        # the parts report.html reads item by item: a wrong one was an internal error (exit 70) there
+        ({"triggered": "x"}, "triggered is not a list"),
+        ({"triggered": [None]}, "triggered[0] is not an object"),
+        ({"triggered": [{"first_step": "2"}]}, "triggered[0].first_step is not an integer"),
+        ({"step_record": [{"steps": "x"}]}, "step_record[0].steps is not a non-negative integer"),
+        ({"step_record": [{"slowest": [[3, None]]}]}, "step_record[0].slowest[0] is not a non-negative number"),
+        ({"step_record": [{"blocks": -1}]}, "step_record[0].blocks is not a list"),
+        ({"hang": {"reports": -1}}, "hang.reports is not a list"),
+        ({"hang": {"reports": [{"processes": [3]}]}}, "hang.reports[0].processes[0] is not an object"),
     ],
 )
 def test_wrong_types_are_one_line(fields: dict[str, Any], problem: str) -> None:
