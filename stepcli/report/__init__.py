@@ -32,6 +32,9 @@ def write_html(html: str, path: str) -> None:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         safefile.write_bytes(str(target), html.encode("utf-8"))
+    except FileExistsError:  # mkdir's word when a part of the path is a file: name that part instead
+        blocking = next((p for p in target.parents if os.path.lexists(p) and not os.path.isdir(p)), target.parent)
+        raise StepcliError(f"{path}: cannot write the report: {blocking} is not a folder") from None
     except OSError as exc:
         raise StepcliError(f"{path}: cannot write the report: {exc.strerror or exc}") from None
 
@@ -46,10 +49,14 @@ def write_page(data: ReportData, path: str) -> str:
 
 def check_output(out: str) -> None:
     """`-o FILE.html` may not be a folder, nor a page stepcli did not write (nothing the user had is lost)."""
-    if os.path.isdir(out):
+    if os.path.isdir(out) and not os.path.islink(out):
         raise StepcliError(f"{out}: is a folder; give -o FILE.html")
-    if os.path.exists(out) and not _made_by_stepcli(out):
-        raise StepcliError(f"{out}: exists and was not written by stepcli; give another -o FILE.html")
+    from stepcli import safefile
+
+    # A link (dangling or not) is never replaced by the page, nor written through: merge and compare refuse it too.
+    problem = safefile.why_not_replace(out, lambda head: GENERATOR.encode() in head[:2048])
+    if problem:
+        raise StepcliError(f"{out}: {problem}; give another -o FILE.html")
 
 
 def default_output(first: str) -> str:

@@ -405,6 +405,26 @@ def test_report_bad_input_is_one_line(tmp_path: Path) -> None:
     result = run_stepcli("report", FIXTURE_TRACE, "-o", mine)
     assert result.returncode != 0 and mine.read_text() == "<p>my page</p>" and "mine.html" in result.stderr
 
+    # Nor is a link replaced by the page, dangling or pointing at a page stepcli wrote (merge and compare refuse
+    # links too): it was silently swapped for a regular file.
+    page = tmp_path / "page.html"
+    assert run_stepcli("report", FIXTURE_TRACE, "-o", page).returncode == 0
+    for name, target in (("dangling.html", tmp_path / "nowhere"), ("linked.html", page)):
+        link = tmp_path / name
+        link.symlink_to(target)
+        result = run_stepcli("report", FIXTURE_TRACE, "-o", link)
+        assert result.returncode == 2 and link.is_symlink(), result.stderr
+        assert result.stderr == f"stepcli: error: {link}: exists and is not a regular file; give another -o FILE.html\n"
+
+    # A part of the -o path that is a file is named as such (mkdir's own word was "File exists")
+    result = run_stepcli("report", FIXTURE_TRACE, "-o", tmp_path / "notes.json" / "x.html")
+    assert result.returncode == 2 and result.stderr.endswith(f"cannot write the report: {not_trace} is not a folder\n")
+
+    # A trace that is a link in a loop, or to nothing, is said to be one
+    loop = tmp_path / "loop.json"
+    loop.symlink_to(loop)
+    assert run_stepcli("table", loop).stderr == f"stepcli: error: {loop}: a symbolic link in a loop of links\n"
+
 
 @pytest.fixture(scope="module")
 def no_report_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
