@@ -6,6 +6,7 @@ or read), a gzip bomb. Each is refused with one line before it can hang stepcli 
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import zlib
@@ -53,12 +54,28 @@ def read_input(
 READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
+def broken_link(path: str) -> str | None:
+    """Why `path`, a symbolic link that leads to no file, leads nowhere (a loop, or a missing target); None when
+    it is no link (then it is simply missing)."""
+    if not os.path.islink(path):
+        return None
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symbolic link in a loop of links"
+    try:
+        return f"a symbolic link to {os.readlink(path)[:200]!r}, which does not exist"
+    except OSError:  # (gone meanwhile)
+        return None
+
+
 def read_file(path: str, limit: int) -> bytearray:
     """The bytes of a regular file as they are (see read_input), or TraceError."""
     try:
         fd = os.open(path, READ_FLAGS)
     except FileNotFoundError:
-        raise TraceError(path, "no such file") from None
+        raise TraceError(path, broken_link(path) or "no such file") from None
     except IsADirectoryError:
         raise TraceError(path, "is a folder") from None
     except OSError as exc:

@@ -252,7 +252,9 @@ def load_measurement(path: str) -> Measurement:
     """Read one input: a run summary JSON, a trace file, a folder of run summaries, or a folder of traces."""
     target = Path(path)
     if not target.exists():
-        raise StepcliError(f"{path}: no such file or directory", EXIT_USAGE)
+        from stepcli.inputs import broken_link
+
+        raise StepcliError(f"{path}: {broken_link(path) or 'no such file or directory'}", EXIT_USAGE)
     if target.is_dir():
         run = _run_folder_summary(target)
         if run is not None:

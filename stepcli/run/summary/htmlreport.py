@@ -136,7 +136,9 @@ def _classify(paths: Sequence[str]) -> _Inputs:
         if os.path.isdir(path):
             _add_folder(inputs, path)
         elif not os.path.exists(path):
-            raise StepcliError(f"{path}: no such file or folder")
+            from stepcli.inputs import broken_link
+
+            raise StepcliError(f"{path}: {broken_link(path) or 'no such file or folder'}")
         else:
             _add_file(inputs, path)
     if inputs.runs > 1:

@@ -3,7 +3,6 @@ it; and the rank a file name carries."""
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import stat
@@ -56,23 +55,10 @@ def _expand(path: str) -> list[str]:
             raise TraceError(path, "no .json or .json.gz trace files in this folder")
         return found
     if not os.path.exists(path):
-        raise TraceError(path, _missing(path))
+        from stepcli.inputs import broken_link
+
+        raise TraceError(path, broken_link(path) or "no such file or folder")
     return [path]
-
-
-def _missing(path: str) -> str:
-    """Why a path that does not lead to a file is not one: nothing there, or a link to nothing or in a loop."""
-    if not os.path.islink(path):
-        return "no such file or folder"
-    try:
-        os.stat(path)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return "a symbolic link in a loop of links"
-    try:
-        return f"a symbolic link to {os.readlink(path)[:200]!r}, which does not exist"
-    except OSError:  # (gone meanwhile)
-        return "no such file or folder"
 
 
 def _walk(root: Path) -> Iterator[str]:
