@@ -13,6 +13,7 @@ from stepcli import __version__
 from stepcli.agent.request import MAX_ACTIVE, MAX_WAIT, MAX_WARMUP
 from stepcli.cliparse import (
     check_run_options,
+    finite_seconds,
     parse_activities,
     parse_duration,
     parse_fail_over,
@@ -293,6 +294,7 @@ cli.add_command(compare)  # stepcli/compare/comparecli.py
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
+    callback=finite_seconds,
     default=60.0,
     show_default=True,
     help="Seconds to wait for the traces.",

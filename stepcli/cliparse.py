@@ -4,6 +4,7 @@ combinations of options that contradict each other, with a usage error."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +34,13 @@ def parse_step_on(_ctx: click.Context, _param: click.Parameter, value: Sequence[
         ):
             raise click.BadParameter(f"expected MODULE:QUALNAME such as mypkg.infer:Model.forward; got {spec!r}")
     return tuple(value)
+
+
+def finite_seconds(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
+    """A time limit: click's FloatRange lets `nan` through (every comparison is false), and it would never end."""
+    if not math.isfinite(value):
+        raise click.BadParameter(f"expected a number of seconds above 0; got {value}")
+    return value
 
 
 def parse_fail_over(

@@ -133,7 +133,7 @@ def compare_main(
             # and be noise. The totals are shown without changes; the note says why and how to get them.
             comparison = dataclasses.replace(comparison, ops_judged=False)
 
-    _show(comparison, markdown_path)
+    _show(comparison, markdown_path, [*base_paths, *cur_paths])
     warnings = []
     if {os.path.realpath(p) for p in base_paths} == {os.path.realpath(p) for p in cur_paths}:
         # a CI gate handed one path twice (a variable unset, an artifact not downloaded) passes whatever happened
@@ -162,7 +162,7 @@ def compare_main(
     return comparison.exit_code
 
 
-def _show(comparison: Comparison, markdown_path: str | None) -> None:
+def _show(comparison: Comparison, markdown_path: str | None, inputs: Sequence[str] = ()) -> None:
     """The comparison on stdout (the console's, or Markdown with `--markdown -`), the Markdown file, and the
     GitHub step summary. A reader gone (`| head`) ends the output, not the verdict."""
     from stepcli.fmt import visible_all
@@ -188,7 +188,7 @@ def _show(comparison: Comparison, markdown_path: str | None) -> None:
             raise StepcliError(
                 f"{markdown_path}: cannot write the Markdown report ({exc.strerror or exc})", EXIT_USAGE
             ) from None
-    _append_step_summary(markdown)
+    _append_step_summary(markdown, inputs)
 
 
 def _refuse_a_run_on_both_sides(
@@ -280,11 +280,21 @@ def _attribution(
         return (), None
 
 
-def _append_step_summary(markdown: str) -> None:
-    """Append (never overwrite) to GitHub's job summary file when Actions provides one."""
+def _append_step_summary(markdown: str, inputs: Sequence[str] = ()) -> None:
+    """Append (never overwrite) to GitHub's job summary file when Actions provides one; never to one of the
+    inputs, or into an input folder (a variable pointing at the baseline would make it invalid JSON)."""
     target = os.environ.get("GITHUB_STEP_SUMMARY")
     if not target:
         return
+    real = os.path.realpath(target)
+    for path in inputs:
+        source = os.path.realpath(path)
+        if real == source or (os.path.isdir(source) and real.startswith(source.rstrip(os.sep) + os.sep)):
+            print(
+                f"stepcli: warning: GITHUB_STEP_SUMMARY {target} is one of the inputs ({path}); not appended to",
+                file=sys.stderr,
+            )
+            return
     try:
         # Opened without blocking and only as a regular file: a FIFO there with no reader must not hang the gate.
         fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)

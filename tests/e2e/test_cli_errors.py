@@ -35,6 +35,8 @@ def assert_one_line_error(result: object, status: int, *fragments: str) -> None:
         (["run", "--", "no-such-command-xyz"], "command not found"),
         (["run", "--fail-over", "p50", "x.py"], "fail-over"),
         (["bogus"], "bogus"),
+        (["capture", "out", "--timeout", "nan"], "--timeout"),  # accepted, it waited forever
+        (["capture", "out", "--timeout", "inf"], "--timeout"),
         # an option's missing value points at that command's help
         (["compare", "--tolerance"], "(see 'stepcli compare --help')"),
         (["merge", "x.json", "-o"], "(see 'stepcli merge --help')"),

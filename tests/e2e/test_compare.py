@@ -393,6 +393,17 @@ def test_a_fifo_as_the_github_job_summary_never_hangs_the_gate(summaries: dict[s
     assert "could not append to GITHUB_STEP_SUMMARY" in result.stderr
 
 
+def test_the_github_job_summary_is_never_appended_to_an_input(summaries: dict[str, Path], tmp_path: Path) -> None:
+    # GIVEN GITHUB_STEP_SUMMARY pointing at the baseline itself (a variable mixed up in the job)
+    baseline = tmp_path / "baseline.json"
+    baseline.write_bytes(summaries["base"].read_bytes())
+    result = run_stepcli("compare", baseline, summaries["slow"], env={"GITHUB_STEP_SUMMARY": str(baseline)})
+    # THEN the verdict stands, the baseline is untouched (it stays valid JSON), and a warning says why
+    assert result.returncode == 1, result.stderr
+    assert baseline.read_bytes() == summaries["base"].read_bytes()
+    assert f"GITHUB_STEP_SUMMARY {baseline} is one of the inputs" in result.stderr
+
+
 def test_markdown_to_stdout(summaries: dict[str, Path]) -> None:
     result = run_stepcli("compare", summaries["base"], summaries["base"], "--markdown", "-")
     assert result.returncode == 0

@@ -56,6 +56,16 @@ def test_columns_that_are_no_width_read_as_80_on_a_pipe(run_folder: tuple[Path, 
     assert result.stdout == run_stepcli("table", out, env=PIPE_80).stdout and "CPU operators" in result.stdout
 
 
+def test_table_at_80_columns_wraps_between_clauses_and_captions_to_the_width(run_folder: tuple[Path, str]) -> None:
+    out, _ = run_folder
+    lines = run_stepcli("table", out, "--limit", "3", env=PIPE_80).stdout.splitlines()
+    # THEN no line starts with a unit torn from its figure ("min 0.177" / "ms, max ..."), and the narrow steps
+    # table's caption is one line at the console's width, not folded to the table's ("first 3 of 4" / "steps")
+    assert not [line for line in lines if re.match(r"\s*(ms|%)\b", line)], lines
+    assert any(re.fullmatch(r"first 3 of \d+ steps", line) for line in lines), lines
+    assert all(len(line) <= 80 for line in lines)
+
+
 def test_markdown_limit_says_when_it_cuts_the_steps_table(run_folder: tuple[Path, str]) -> None:
     out, _ = run_folder
     result = run_stepcli("table", out, "--markdown", "--limit", "3")

@@ -473,3 +473,29 @@ def test_init_process_group_tells_the_agent_before_it_may_block() -> None:
     plain.init_process_group = init_process_group  # type: ignore[attr-defined]
     collectives.hook_collectives(plain)  # no agent to tell: left as it is
     assert plain.init_process_group is init_process_group  # type: ignore[attr-defined]
+
+
+def test_a_dump_that_shows_the_job_stepped_on_is_no_hang(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from stepcli.run.live import hangdoctor
+
+    # GIVEN a process whose stall file said step 21, dumped when it had already stepped on to step 22
+    watch = hangdoctor.HangWatch(types.SimpleNamespace(out_dir=str(tmp_path), run_id="r"), 1.0, "kill", None)  # type: ignore[arg-type]
+    watch._stalled_at = {"node9.7.json": 21}
+    target = tmp_path / "hang-1"
+
+    def dumped(*args: Any, **kwargs: Any) -> tuple[Path, list[dict[str, Any]], list[dict[str, Any]]]:
+        target.mkdir()
+        (target / "rank0.node9.7.json").write_text("{}")
+        return target, [{"host": "node9", "pid": 7, "step": step}], []
+
+    monkeypatch.setattr(hangdoctor, "request_stacks", dumped)
+    said: list[str] = []
+    monkeypatch.setattr(hangdoctor, "_say", said.append)
+    # THEN nothing is reported, kept or said (and --on-hang kill ends nothing: _run goes on)
+    step = 22
+    assert watch._report(100.0, [], 1) is False
+    assert not target.exists() and watch.folders == [] and said == []
+    # WHEN the dump shows the step it stalled at: the hang stands
+    step = 21
+    assert watch._report(100.0, [], 1) is True
+    assert watch.folders == [str(target)] and said[0].startswith("hang: no process completed a step")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import sys
 import threading
@@ -314,6 +315,7 @@ class HangWatch:
         self._probes = 0
         self._probed: tuple[frozenset[str], bool, float] = (frozenset(), False, 0.0)  # (whom, all silent, until)
         self._seen_stopped: dict[str, float] = {}  # tag -> wall time this watch first saw the process stopped
+        self._stalled_at: dict[str, Any] = {}  # tag -> the step its stall file gave, as hung() last read them
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stepcli-hang-watch", daemon=True)
 
@@ -351,6 +353,8 @@ class HangWatch:
                 last_step[tag] = since
         stalled = [p for p in training if _tag(p) in last_step]
         quiet = [p for p in training if _tag(p) not in last_step]
+        # the step each was stalled at: a dump showing a later one means the job stepped on meanwhile (_report)
+        self._stalled_at = {tag: stall.get("step") for tag, stall in stalls.items()}
         if not stalled or (quiet and not self._silent(quiet)):
             return None
         return max(last_step[_tag(p)] for p in stalled), processes
@@ -388,6 +392,7 @@ class HangWatch:
     def _run(self) -> None:
         tick = min(0.5, self.timeout_s / 10)
         episode, reports, next_at = None, 0, 0.0
+        moved_on: float | None = None  # the `since` of a hang found over while it was dumped: not dumped again
         while not self._stopped.wait(tick):
             try:
                 state = self.hung()
@@ -397,16 +402,20 @@ class HangWatch:
                 episode = None
                 continue
             since, processes = state
+            if since == moved_on:
+                continue  # (its stall file goes at the process's next look, within a tenth of the timeout)
             if since != episode:
                 episode, reports, next_at = since, 0, 0.0
             if reports >= MAX_REPORTS or time.monotonic() < next_at:
                 continue
-            reports += 1
-            self.reports += 1
             try:
-                self._report(since, processes, reports)
+                if not self._report(since, processes, reports + 1):
+                    moved_on = since  # it stepped on while being dumped: no hang (a long pause, a slow save)
+                    continue
             except Exception as exc:  # the job must not lose its launcher to a bug here
                 _say(f"hang dump failed: {type(exc).__name__}: {exc}")
+            reports += 1
+            self.reports += 1
             next_at = time.monotonic() + self.timeout_s
             if self.on_hang == "kill":
                 self.killed = True
@@ -414,16 +423,32 @@ class HangWatch:
                 terminate_job(self.proc)
                 return
 
-    def _report(self, since: float, processes: list[dict[str, Any]], repeat: int) -> None:
+    def _report(self, since: float, processes: list[dict[str, Any]], repeat: int) -> bool:
+        """Dump and say it; False (and nothing kept or said) when a dump shows a process that stepped after its
+        stall was read: the job moved on while it was being dumped, and stacks taken then show no hang."""
         whom, silent_then, _ = self._probed
         unanswering = whom if silent_then else frozenset()  # a probe just found their Python unable to run
         target, dumps, silent = request_stacks(self.folder, self.out_dir, "hang", processes, unanswering=unanswering)
+        if any(_stepped_since(dump, self._stalled_at.get(_tag(dump))) for dump in dumps):
+            shutil.rmtree(target, ignore_errors=True)  # (made by this dump, just now: nothing of the user's)
+            return False
         self.folders.append(str(target))
         idle = time.time() - since
         again = f" (still hung: report {repeat} of {MAX_REPORTS})" if repeat > 1 else ""
         headline = f"hang: no process completed a step for {idle:.1f} s{again}; stacks in {_short(target)}/"
         for line in [headline, *describe_dumps(dumps, silent)]:
             _say(line)
+        return True
+
+
+def _stepped_since(dump: dict[str, Any], stalled_at: Any) -> bool:
+    """Whether a process's dump shows a later step than the one its stall file gave."""
+    step = dump.get("step")
+    return _is_int(step) and _is_int(stalled_at) and step > stalled_at
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def start_hang_watch(

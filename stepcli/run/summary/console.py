@@ -168,20 +168,23 @@ def _print_tables(summary: RunSummary, console: Console) -> None:
     share_of = summary.get("share_of") or "recorded step time"
     if summary["top_operators"]:
         title = "Top CPU operators by self time (recorded steps)"
-        console.print(render.ops_table(summary["top_operators"], title, 10, width=width, share_of=share_of))
+        render.print_table(
+            console, render.ops_table(summary["top_operators"], title, 10, width=width, share_of=share_of)
+        )
         outside = render.outside_note(summary.get("outside_steps"))
         if outside:
             console.print(outside, markup=False, highlight=False, soft_wrap=True)
     if summary["top_kernels"]:
         title = "Top device kernels by self time"
-        console.print(render.ops_table(summary["top_kernels"], title, 10, width=width, share_of=share_of))
+        render.print_table(console, render.ops_table(summary["top_kernels"], title, 10, width=width, share_of=share_of))
     breakdown = summary.get("breakdown_ms")
     if breakdown:
-        console.print(render.breakdown_table(breakdown, summary.get("device")))
+        render.print_table(console, render.breakdown_table(breakdown, summary.get("device")))
     print_device_section(summary, console)
     if len(summary.get("ranks", [])) > 1:
         title = "Recorded step time per rank"
-        console.print(render.ranks_table(summary["ranks"], summary.get("slowest_rank"), title=title, width=width))
+        ranks = render.ranks_table(summary["ranks"], summary.get("slowest_rank"), title=title, width=width)
+        render.print_table(console, ranks)
         straggler = summary.get("straggler")
         if straggler:
             console.print(f"slowest rank: {straggler['evidence']}", markup=False, highlight=False)

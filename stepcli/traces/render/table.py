@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
 from stepcli.fmt import ms_cell as _ms
+from stepcli.fmt import print_wrapped
 from stepcli.traces.analyses.culpritwords import culprit_lines
 
 if TYPE_CHECKING:
@@ -290,6 +291,21 @@ def breakdown_table(
 DEFAULT_LIMIT = 20  # operator rows on the terminal and in --markdown without --limit
 
 
+def print_table(console: Console, table: Table) -> None:
+    """`table`, its caption under it as a line of the console's width: rich wraps a caption to the table's own
+    width, so a narrow table folded a short one ("first 3 of 4" / "steps") with 80 columns to spare."""
+    caption = table.caption
+    if not isinstance(caption, str):
+        console.print(table)
+        return
+    table.caption = None
+    try:
+        console.print(table)
+    finally:
+        table.caption = caption
+    print_wrapped(console, caption)
+
+
 def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str = "self", limit: int = 20) -> None:
     """The terminal report: what was read, step times, ranks, breakdown, CPU operators, device kernels."""
     files = data["files"]
@@ -303,16 +319,16 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
     if data.get("skipped_events"):
         console.print(skipped_note(data["skipped_events"]), highlight=False, soft_wrap=True, markup=False)
     if stats:
-        console.print(
+        print_wrapped(  # never between a figure and its unit
+            console,
             f"step time over {stats['count']} step{'s' if stats['count'] != 1 else ''}: mean {_ms(stats['mean'])} ms, "
             f"median {_ms(stats['median'])} ms, p90 {_ms(stats['p90'])} ms, min {_ms(stats['min'])} ms, "
             f"max {_ms(stats['max'])} ms",
-            highlight=False,
         )
     else:
         console.print("no complete ProfilerStep#N annotation: step tables skipped", highlight=False)
     if len(data["ranks"]) > 1:
-        console.print(ranks_table(data["ranks"], data.get("slowest_rank"), width=console.width))
+        print_table(console, ranks_table(data["ranks"], data.get("slowest_rank"), width=console.width))
         straggler = data.get("straggler")
         if straggler:
             console.print(f"slowest rank: {straggler['evidence']}", highlight=False, markup=False)
@@ -324,24 +340,26 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
         if repeated:
             console.print(repeated, highlight=False, markup=False)
     if data["steps"]:
-        console.print(steps_table(data["steps"], limit, width=console.width))
+        print_table(console, steps_table(data["steps"], limit, width=console.width))
     if data.get("breakdown_ms"):
-        console.print(breakdown_table(data["breakdown_ms"], data.get("device")))
+        print_table(console, breakdown_table(data["breakdown_ms"], data.get("device")))
     elif data.get("device"):
-        console.print(breakdown_table(None, data["device"], title="Device activity"))
+        print_table(console, breakdown_table(None, data["device"], title="Device activity"))
     from stepcli.traces.render.device import print_device_section
 
     print_device_section(data, console)
     share_of = data.get("share_of")
-    console.print(
-        ops_table(data["cpu_ops"], "CPU operators", limit, sort_by=sort_by, width=console.width, share_of=share_of)
+    print_table(
+        console,
+        ops_table(data["cpu_ops"], "CPU operators", limit, sort_by=sort_by, width=console.width, share_of=share_of),
     )
     outside = outside_note(data.get("outside_steps"))
     if outside:
         console.print(outside, highlight=False, soft_wrap=True, markup=False)
     if data["device_kernels"]:
-        console.print(
+        print_table(
+            console,
             ops_table(
                 data["device_kernels"], "Device kernels", limit, sort_by=sort_by, width=console.width, share_of=share_of
-            )
+            ),
         )
