@@ -60,7 +60,7 @@ def _width_for_bad_columns(options: dict[str, Any]) -> int | None:
     """The width to use when COLUMNS is set but is no width (`0`, as some shells and CI runners set it, or a
     negative number): the stream's terminal's, else 80. rich would take `0` as zero columns and draw nothing."""
     raw = os.environ.get("COLUMNS", "").strip()
-    if not raw.lstrip("-").isdigit() or int(raw) > 0:
+    if not re.fullmatch(r"-?\d+", raw) or int(raw) > 0:
         return None  # unset, a real width, or text rich ignores anyway
     stream = options.get("file") or (sys.stderr if options.get("stderr") else sys.stdout)
     try:

@@ -11,12 +11,28 @@ all depend on it without depending on each other. stepcli.steptimes reads its st
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict, cast
 
 from stepcli.errors import EXIT_USAGE, StepcliError
+from stepcli.jsonchecks import (
+    AMOUNT,
+    BOOL,
+    COUNT,
+    INT,
+    NUMBER,
+    STR,
+    Check,
+    at,
+    is_number,
+    list_of,
+    map_of,
+    object_of,
+    optional,
+    pair,
+    simple,
+)
 from stepcli.stats import STAT_NAMES, Stats
 
 SCHEMA = "stepcli.run"
@@ -161,97 +177,17 @@ class RunSummary(TypedDict, total=False):
 # ---------------------------------------------------------------------------------------------------------------
 # Validation: one check per field, each returning why the value is wrong (or None).
 
-Check = Callable[[Any], "str | None"]
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _simple(test: Callable[[Any], bool], what: str) -> Check:
-    return lambda value: None if test(value) else f"is not {what}"
-
-
-_STR = _simple(lambda v: isinstance(v, str), "a string")
-_INT = _simple(_is_int, "an integer")
-_COUNT = _simple(lambda v: _is_int(v) and v >= 0, "a non-negative integer")
-_NUMBER = _simple(_is_number, "a number")
-_AMOUNT = _simple(lambda v: _is_number(v) and v >= 0, "a non-negative number")
 # A step's time: none is under a nanosecond or over the trace reader's cap (10^18 us); such values (5e-324, 1e308)
 # are a hostile file's, and would overflow the statistics and the charts built on them.
 _MIN_STEP_MS, _MAX_STEP_MS = 1e-6, 1e15
 
 
 def _is_step_ms(value: Any) -> bool:
-    return _is_number(value) and (value == 0 or _MIN_STEP_MS <= value <= _MAX_STEP_MS)
+    return is_number(value) and (value == 0 or _MIN_STEP_MS <= value <= _MAX_STEP_MS)
 
 
-_STEP_MS = _simple(_is_step_ms, "a step time in ms (0, or 0.000001 to 10^15)")
-_BOOL = _simple(lambda v: isinstance(v, bool), "true or false")
-_PHASES = _simple(lambda v: isinstance(v, str) and v.isascii(), "a string of phase digits")
-
-
-def _at(where: str, problem: str) -> str:
-    """`key` + `.sub is ...` -> `key.sub is ...`; `key` + `is ...` -> `key is ...`."""
-    return f"{where}{problem}" if problem[:1] in ".[" else f"{where} {problem}"
-
-
-def _optional(check: Check) -> Check:
-    return lambda value: None if value is None else check(value)
-
-
-def _list_of(check: Check) -> Check:
-    def checked(value: Any) -> str | None:
-        if not isinstance(value, list):
-            return "is not a list"
-        for index, item in enumerate(value):
-            problem = check(item)
-            if problem:
-                return _at(f"[{index}]", problem)
-        return None
-
-    return checked
-
-
-def _map_of(check: Check) -> Check:
-    def checked(value: Any) -> str | None:
-        if not isinstance(value, dict):
-            return "is not an object"
-        for key, item in value.items():
-            problem = check(item)
-            if problem:
-                return _at(f".{_shown(key)}", problem)
-        return None
-
-    return checked
-
-
-def _shown(key: str) -> str:
-    """A key of a hostile document as it can be shown in a one-line message (printable, at most 40 characters)."""
-    return key if key.isprintable() and len(key) <= 40 else repr(key[:40])
-
-
-def _object(fields: Mapping[str, Check], required: Sequence[str] = ()) -> Check:
-    """An object whose listed fields, where present, pass their checks (other keys are kept as they are)."""
-
-    def checked(value: Any) -> str | None:
-        if not isinstance(value, dict):
-            return "is not an object"
-        for key in required:
-            if key not in value:
-                return f".{key} is missing"
-        for key, check in fields.items():
-            if key in value:
-                problem = check(value[key])
-                if problem:
-                    return _at(f".{key}", problem)
-        return None
-
-    return checked
+_STEP_MS = simple(_is_step_ms, "a step time in ms (0, or 0.000001 to 10^15)")
+_PHASES = simple(lambda v: isinstance(v, str) and v.isascii(), "a string of phase digits")
 
 
 def _stats(value: Any) -> str | None:
@@ -260,14 +196,14 @@ def _stats(value: Any) -> str | None:
     if not isinstance(value, dict):
         return "is neither null nor an object"
     for key in STAT_NAMES:
-        if not _is_number(value.get(key)) or value[key] < 0:
+        if not is_number(value.get(key)) or value[key] < 0:
             return f".{key} is not a non-negative number"
     return None
 
 
 def _step_times(value: Any) -> str | None:
-    problem = _object(
-        {"worker": _optional(_STR), "rank": _optional(_INT), "pid": _optional(_INT)}, ("durations_ms", "phases")
+    problem = object_of(
+        {"worker": optional(STR), "rank": optional(INT), "pid": optional(INT)}, ("durations_ms", "phases")
     )(value)
     if problem:
         return problem
@@ -279,13 +215,13 @@ def _step_times(value: Any) -> str | None:
     return None
 
 
-_OP_FIELDS = _object(
+_OP_FIELDS = object_of(
     {
-        "calls": _AMOUNT,
-        "self_ms": _NUMBER,
-        "total_ms": _NUMBER,
-        "avg_ms": _NUMBER,
-        "self_share": _optional(_NUMBER),
+        "calls": AMOUNT,
+        "self_ms": NUMBER,
+        "total_ms": NUMBER,
+        "avg_ms": NUMBER,
+        "self_share": optional(NUMBER),
     }
 )
 
@@ -294,7 +230,7 @@ def _op_row(value: Any) -> str | None:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return "has an entry without a name"
     problem = _OP_FIELDS(value)
-    return _at(f"[{value['name'][:80]!r}]", problem) if problem else None  # repr: one printable line
+    return at(f"[{value['name'][:80]!r}]", problem) if problem else None  # repr: one printable line
 
 
 def _op_rows(value: Any) -> str | None:
@@ -303,149 +239,138 @@ def _op_rows(value: Any) -> str | None:
     return next((problem for row in value if (problem := _op_row(row))), None)
 
 
-def _pair(first: Check, second: Check) -> Check:
-    """A two-item list, such as a slow step's `[step, microseconds]`."""
-
-    def checked(value: Any) -> str | None:
-        if not isinstance(value, list) or len(value) != 2:
-            return "is not a pair"
-        return first(value[0]) or second(value[1])
-
-    return checked
-
-
 # `step_record` and `triggered` (stepcli/run/summary/recordreader.py), and the `hang` section's reports
 # (stepcli/run/summary/hangreport.py): the parts report.html reads item by item.
-_STEP_RECORD = _object(
+_STEP_RECORD = object_of(
     {
-        "worker": _optional(_STR),
-        "rank": _optional(_INT),
-        "steps": _COUNT,
-        "ms": _map_of(_AMOUNT),
-        "block_steps": _optional(_COUNT),
-        "blocks": _list_of(_simple(lambda v: isinstance(v, list) and len(v) == 3, "a [step, max, mean] block")),
-        "slowest": _list_of(_pair(_COUNT, _AMOUNT)),
-        "histogram": _map_of(_COUNT),
+        "worker": optional(STR),
+        "rank": optional(INT),
+        "steps": COUNT,
+        "ms": map_of(AMOUNT),
+        "block_steps": optional(COUNT),
+        "blocks": list_of(simple(lambda v: isinstance(v, list) and len(v) == 3, "a [step, max, mean] block")),
+        "slowest": list_of(pair(COUNT, AMOUNT)),
+        "histogram": map_of(COUNT),
     }
 )
-_TRIGGERED = _object(
+_TRIGGERED = object_of(
     {
-        "worker": _optional(_STR),
-        "rank": _optional(_INT),
-        "first_step": _INT,
-        "last_step": _INT,
-        "step": _optional(_INT),
-        "ms": _optional(_AMOUNT),
-        "baseline_ms": _optional(_AMOUNT),
-        "rule": _optional(_STR),
-        "recorded": _optional(_BOOL),
-        "reason": _optional(_STR),
+        "worker": optional(STR),
+        "rank": optional(INT),
+        "first_step": INT,
+        "last_step": INT,
+        "step": optional(INT),
+        "ms": optional(AMOUNT),
+        "baseline_ms": optional(AMOUNT),
+        "rule": optional(STR),
+        "recorded": optional(BOOL),
+        "reason": optional(STR),
     }
 )
-_HANG_PROCESS = _object(
+_HANG_PROCESS = object_of(
     {
-        "rank": _optional(_INT),
-        "pid": _optional(_INT),
-        "step": _optional(_INT),
-        "collective": _optional(_object({})),
-        "waiting": _optional(_BOOL),
+        "rank": optional(INT),
+        "pid": optional(INT),
+        "step": optional(INT),
+        "collective": optional(object_of({})),
+        "waiting": optional(BOOL),
     }
 )
-_HANG = _object(
+_HANG = object_of(
     {
-        "reports": _list_of(
-            _object(
+        "reports": list_of(
+            object_of(
                 {
-                    "folder": _optional(_STR),
-                    "idle_s": _optional(_NUMBER),
-                    "verdict": _optional(_STR),
-                    "processes": _list_of(_HANG_PROCESS),
+                    "folder": optional(STR),
+                    "idle_s": optional(NUMBER),
+                    "verdict": optional(STR),
+                    "processes": list_of(_HANG_PROCESS),
                 }
             )
         ),
-        "timeout_s": _optional(_AMOUNT),
-        "on_hang": _optional(_STR),
-        "ended_job": _optional(_BOOL),
+        "timeout_s": optional(AMOUNT),
+        "on_hang": optional(STR),
+        "ended_job": optional(BOOL),
     }
 )
-_REQUESTERS = _map_of(_COUNT)
+_REQUESTERS = map_of(COUNT)
 _FIELDS: dict[str, Check] = {
-    "schema_version": _INT,
-    "stepcli_version": _optional(_STR),
-    "run_id": _optional(_STR),
-    "command": _list_of(_STR),
-    "exit_status": _optional(_INT),
-    "started_at": _optional(_STR),
-    "duration_s": _optional(_AMOUNT),
-    "host": _optional(_STR),
-    "platform": _optional(_STR),
-    "python": _optional(_STR),
-    "torch": _optional(_STR),
-    "out_dir": _optional(_STR),
-    "schedule": _map_of(_optional(_NUMBER)),
-    "on_demand": _optional(_BOOL),
-    "steps": _object({"global": _COUNT, "requesters": _REQUESTERS}, ("global",)),
-    "step_time_ms": _object({"untouched": _stats, "profiled": _stats, "first_step": _stats}),
-    "timeline_ms": _list_of(_STEP_MS),
-    "timeline_phases": _optional(_PHASES),
-    "step_times": _optional(_list_of(_step_times)),
-    "processes": _list_of(
-        _object(
+    "schema_version": INT,
+    "stepcli_version": optional(STR),
+    "run_id": optional(STR),
+    "command": list_of(STR),
+    "exit_status": optional(INT),
+    "started_at": optional(STR),
+    "duration_s": optional(AMOUNT),
+    "host": optional(STR),
+    "platform": optional(STR),
+    "python": optional(STR),
+    "torch": optional(STR),
+    "out_dir": optional(STR),
+    "schedule": map_of(optional(NUMBER)),
+    "on_demand": optional(BOOL),
+    "steps": object_of({"global": COUNT, "requesters": _REQUESTERS}, ("global",)),
+    "step_time_ms": object_of({"untouched": _stats, "profiled": _stats, "first_step": _stats}),
+    "timeline_ms": list_of(_STEP_MS),
+    "timeline_phases": optional(_PHASES),
+    "step_times": optional(list_of(_step_times)),
+    "processes": list_of(
+        object_of(
             {
-                "worker": _optional(_STR),
-                "rank": _optional(_INT),
-                "pid": _optional(_INT),
-                "argv": _optional(_list_of(_STR)),
-                "global_steps": _optional(_COUNT),
-                "exit": _optional(_STR),
-                "peak_rss_bytes": _optional(_COUNT),
-                "cuda_peak_bytes": _optional(_COUNT),
+                "worker": optional(STR),
+                "rank": optional(INT),
+                "pid": optional(INT),
+                "argv": optional(list_of(STR)),
+                "global_steps": optional(COUNT),
+                "exit": optional(STR),
+                "peak_rss_bytes": optional(COUNT),
+                "cuda_peak_bytes": optional(COUNT),
                 "requesters": _REQUESTERS,
-                "step_times_ms": _list_of(_AMOUNT),
-                "durations_ms": _list_of(_STEP_MS),
-                "timeline_ms": _list_of(_STEP_MS),
-                "phases": _optional(_PHASES),
+                "step_times_ms": list_of(AMOUNT),
+                "durations_ms": list_of(_STEP_MS),
+                "timeline_ms": list_of(_STEP_MS),
+                "phases": optional(_PHASES),
             }
         )
     ),
-    "windows": _list_of(
-        _object(
+    "windows": list_of(
+        object_of(
             {
-                "worker": _STR,
-                "first_step": _INT,
-                "last_step": _INT,
-                "trace": _STR,
-                "bytes": _optional(_COUNT),
-                "complete": _BOOL,
-                "note": _optional(_STR),
+                "worker": STR,
+                "first_step": INT,
+                "last_step": INT,
+                "trace": STR,
+                "bytes": optional(COUNT),
+                "complete": BOOL,
+                "note": optional(STR),
             }
         )
     ),
-    "traces": _list_of(_STR),
+    "traces": list_of(STR),
     "top_operators": _op_rows,
     "top_kernels": _op_rows,
-    "ranks": _list_of(_object({"rank": _optional(_INT), "step_ms": _stats})),
-    "slowest_rank": _optional(_INT),
-    "straggler": _optional(_object({"evidence": _optional(_STR)})),
-    "culprit": _optional(_object({})),
-    "share_of": _optional(_STR),
-    "outside_steps": _optional(_object({"events": _COUNT, "self_ms": _NUMBER})),
-    "breakdown_ms": _optional(_map_of(_NUMBER)),
-    "device": _optional(_object({"busy_ms": _NUMBER, "busy_share": _NUMBER})),
-    "flops": _optional(_object({})),
-    "peak_memory": _object({"rss_bytes": _optional(_COUNT), "cuda_bytes": _optional(_COUNT)}),
-    "compile": _optional(_object({"by_step": _list_of(_object({"worker": _optional(_STR), "step": _INT}))})),
-    "hang": _optional(_HANG),
-    "step_record": _list_of(_STEP_RECORD),
-    "triggered": _list_of(_TRIGGERED),
-    "memory_snapshots": _list_of(
-        _simple(
+    "ranks": list_of(object_of({"rank": optional(INT), "step_ms": _stats})),
+    "slowest_rank": optional(INT),
+    "straggler": optional(object_of({"evidence": optional(STR)})),
+    "culprit": optional(object_of({})),
+    "share_of": optional(STR),
+    "outside_steps": optional(object_of({"events": COUNT, "self_ms": NUMBER})),
+    "breakdown_ms": optional(map_of(NUMBER)),
+    "device": optional(object_of({"busy_ms": NUMBER, "busy_share": NUMBER})),
+    "flops": optional(object_of({})),
+    "peak_memory": object_of({"rss_bytes": optional(COUNT), "cuda_bytes": optional(COUNT)}),
+    "compile": optional(object_of({"by_step": list_of(object_of({"worker": optional(STR), "step": INT}))})),
+    "hang": optional(_HANG),
+    "step_record": list_of(_STEP_RECORD),
+    "triggered": list_of(_TRIGGERED),
+    "memory_snapshots": list_of(
+        simple(
             lambda v: isinstance(v, str) and "/" not in v and "\\" not in v and v.endswith(".pickle") and v[:1] != ".",
             "a snapshot file name",
         )
     ),
-    "notes": _list_of(_STR),
-    "advice": _list_of(_object({key: _STR for key in AdviceItem.__annotations__}, tuple(AdviceItem.__annotations__))),
+    "notes": list_of(STR),
+    "advice": list_of(object_of({key: STR for key in AdviceItem.__annotations__}, tuple(AdviceItem.__annotations__))),
 }
 
 
@@ -484,7 +409,7 @@ def load_run_summary(document: Any, label: str, *, required: Sequence[str] = ())
         if key in document:
             problem = check(document[key])
             if problem:
-                raise invalid(label, _at(key, problem))
+                raise invalid(label, at(key, problem))
     from stepcli.inputs import run_paths_problem
 
     problem = run_paths_problem(document)

@@ -61,6 +61,7 @@ _LEAVES = {
     "stepcli.limits",
     "stepcli.pathparam",
     "stepcli.stats",
+    "stepcli.jsonchecks",
     "stepcli.fmt",
     "stepcli.pipeconsole",
     "stepcli.safefile",

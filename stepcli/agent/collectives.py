@@ -134,7 +134,8 @@ def hook_collectives(dist: ModuleType, on_join: Callable[[], None] | None = None
     `init_process_group` to call `on_join` (a rank stuck before its first step is then in a hang's dump)."""
     import sys
 
-    modules = [dist, sys.modules.get("torch.distributed.distributed_c10d")]
+    # (device_mesh, imported with torch.distributed, holds its own reference to init_process_group)
+    modules = [dist, *(sys.modules.get(f"torch.distributed.{m}") for m in ("distributed_c10d", "device_mesh"))]
     wrapped: dict[int, Callable[..., Any]] = {}
     for module in modules:
         if module is None:

@@ -350,7 +350,7 @@ class OnDemand:
             if window is not None and recorder is not None and recorder.prof is not None:
                 if window[0] <= step <= last + 1:  # this window is the one open now
                     recorder.drop(WITHDRAWN)
-            self._answer(rid, "not_recorded", reason=WITHDRAWN)
+            self._answer(rid, "not_recorded", reason=WITHDRAWN, at_step=step)
 
     def _settle(self, step: int) -> None:
         """Answer requests whose window was saved, or whose steps went by without one."""

@@ -209,14 +209,10 @@ class Agent:
         """torch.distributed.init_process_group was called (with --hang-timeout): register for stack dumps now, so
         that a rank stuck before its first step (loading data, building its model) is in a hang's report while
         the others wait for it; it counts towards calling a hang only once it trains. Never raises."""
-        if self.stacks is not None or self.trains or not self.enabled:
-            return
-        try:
+        if self.stacks is None and not self.trains and self.enabled:
             from .stacks import start_stacks
 
-            self.stacks = start_stacks(self, training=False)
-        except Exception as exc:
-            self.fail("registering for stack dumps", exc)
+            self.stacks = start_stacks(self, training=False)  # (never raises)
 
     def fail(self, what: str, exc: BaseException) -> None:
         """An error in stepcli's own bookkeeping: say so once and stop profiling; the program carries on."""

@@ -155,7 +155,10 @@ class StackDumper:
         self._step = self.agent.tracker.global_step
         self._step_wall, self._step_mono = time.time(), time.monotonic()
         self.training = True
-        self._register()
+        try:
+            self._register()
+        except OSError:  # (a full disk, say): profiling goes on; the hang watch keeps the old registration
+            pass
 
     def _register(self) -> None:
         from .output import current_rank, worker_name

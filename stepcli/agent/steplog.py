@@ -145,9 +145,14 @@ def write_step_log(agent: Agent, progress: str = "") -> None:
     agent.saved_stalled = progress == "stalled"
     # The whole run's step times, compact (steprecord.py): at exit, with each progress save, and, once one was
     # written, with every log after it (a window's save), so that a process killed later leaves the two agreeing.
+    # On the main thread (a window's save) a long run's record costs too much to build each time: the stale one
+    # is removed instead, until the next progress save or the exit writes it again.
     if agent.exit_reason or progress or agent.record_saved:
         from . import steprecord
 
+        if not (agent.exit_reason or progress) and count > steprecord.REBUILT_WITH_WINDOWS:
+            steprecord.remove(agent.config.log_dir, _hostname(), agent.pid)
+            return
         record = steprecord.build(durations, worker, current_rank())
         if agent.config.run_key:
             from .signing import SIGNATURE_KEY, sign

@@ -27,6 +27,9 @@ RECENT = 1000
 BLOCKS = 200
 SLOWEST = 20
 BUCKETS_PER_DOUBLING = 8
+# Steps up to which a window's save (on the program's main thread) rebuilds the record (about 20 ms at this size on
+# the 2-core VM); past it the stale record is removed (stepcli.agent.steplog.write_step_log)
+REBUILT_WITH_WINDOWS = 100_000
 SUFFIX = ".steptimes.json"
 SCHEMA = "stepcli.steptimes/1"
 
@@ -62,3 +65,10 @@ def build(durations_ns: array[int], worker: str, rank: int | None) -> dict[str, 
 
 def write(log_dir: str, host: str, pid: int, record: dict[str, Any]) -> None:
     atomic_write_json(os.path.join(log_dir, f"{host}.{pid}{SUFFIX}"), record, 0o600, private_folder=True)
+
+
+def remove(log_dir: str, host: str, pid: int) -> None:
+    try:
+        os.unlink(os.path.join(log_dir, f"{host}.{pid}{SUFFIX}"))
+    except OSError:
+        pass

@@ -257,7 +257,7 @@ def run_program(request: RunRequest) -> int:
         watchdog = start_watchdog(proc.pid, os.getpgrp() if foreground else proc.pid, marker)
         if watchdog is not None:
             subreaper.own(watchdog.pid)
-        from stepcli.run.live.hangdoctor import start_hang_watch
+        from stepcli.run.live.hangwatch import start_hang_watch
 
         hang_watch = start_hang_watch(request.hang_timeout, request.on_hang, config, proc)
         try:

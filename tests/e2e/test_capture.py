@@ -944,9 +944,16 @@ def test_a_capture_that_gives_up_leaves_no_window_recording(solo: Solo) -> None:
     assert solo.gave_up_answer == dict(
         solo.gave_up_answer, status="not_recorded", reason="withdrawn: the capture that asked for it gave up"
     )
-    first = json.loads(solo.gave_up.stdout)["request"]["first_step"]
-    assert all(w["first_step"] != first for w in solo.summary["windows"])  # dropped, not saved
-    assert any("withdrawn" in note for note in solo.summary["notes"]), solo.summary["notes"]
+    request = json.loads(solo.gave_up.stdout)["request"]
+    assert all(w["first_step"] != request["first_step"] for w in solo.summary["windows"])  # dropped, not saved
+    # A window open when its capture gave up was closed unsaved, and the notes say so; on a loaded machine the
+    # program may not have reached it yet (withdrawn from the schedule before it opened: nothing to say)
+    withdrawn = [note for note in solo.summary["notes"] if "withdrawn" in note]
+    at, open_at = solo.gave_up_answer["at_step"], request["warmup_from"]
+    if at > open_at:
+        assert len(withdrawn) == 1 and withdrawn[0].endswith(f"was not saved ({ondemand.WITHDRAWN})"), withdrawn
+    elif at < open_at:
+        assert withdrawn == [], withdrawn
 
 
 @pytest.mark.parametrize("bound", [("--active", "1001"), ("--wait", "100001"), ("--warmup", "1001")])

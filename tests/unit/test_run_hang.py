@@ -434,7 +434,7 @@ def test_a_process_that_joined_its_job_waits_unstalled_until_it_trains(tmp_path:
 
 def test_a_hang_is_called_without_waiting_for_a_process_that_never_trained(tmp_path: Path) -> None:
     from stepcli.agent import controlfiles
-    from stepcli.run.live.hangdoctor import HangWatch
+    from stepcli.run.live.hangwatch import HangWatch
 
     # GIVEN (another host's) rank 0 stalled since t=100 and rank 1 registered when it joined, never training
     watch = HangWatch(types.SimpleNamespace(out_dir=str(tmp_path), run_id="r"), 5.0, "keep", None)  # type: ignore[arg-type]
@@ -476,7 +476,7 @@ def test_init_process_group_tells_the_agent_before_it_may_block() -> None:
 
 
 def test_a_dump_that_shows_the_job_stepped_on_is_no_hang(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from stepcli.run.live import hangdoctor
+    from stepcli.run.live import hangwatch as hangdoctor
 
     # GIVEN a process whose stall file said step 21, dumped when it had already stepped on to step 22
     watch = hangdoctor.HangWatch(types.SimpleNamespace(out_dir=str(tmp_path), run_id="r"), 1.0, "kill", None)  # type: ignore[arg-type]
@@ -499,3 +499,35 @@ def test_a_dump_that_shows_the_job_stepped_on_is_no_hang(monkeypatch: pytest.Mon
     step = 21
     assert watch._report(100.0, [], 1) is True
     assert watch.folders == [str(target)] and said[0].startswith("hang: no process completed a step")
+
+
+def test_a_hang_dropped_as_over_is_looked_at_again_when_the_stalled_processes_change(tmp_path: Path) -> None:
+    import threading
+
+    from stepcli.run.live.hangwatch import HangWatch
+
+    # GIVEN A and B stalled since t=100; A steps on while they are dumped (the dump is dropped), then A exits and
+    # B alone stays stalled since t=100: the same `since`, another set of processes
+    watch = HangWatch(types.SimpleNamespace(out_dir=str(tmp_path), run_id="r"), 1.0, "keep", None)  # type: ignore[arg-type]
+    reported: list[frozenset[str]] = []
+    two = threading.Event()
+
+    def hung() -> tuple[float, list[dict[str, Any]]]:
+        watch._stalled_at = {"A": 5, "B": 5} if not reported else {"B": 5}
+        return 100.0, []
+
+    def report(since: float, processes: list[dict[str, Any]], repeat: int) -> bool:
+        reported.append(frozenset(watch._stalled_at))
+        if len(reported) == 2:
+            two.set()
+        return len(reported) > 1  # the first dump showed A past step 5
+
+    watch.hung = hung  # type: ignore[method-assign]
+    watch._report = report  # type: ignore[method-assign]
+    watch.start()
+    try:
+        # THEN B's hang is reported (it was skipped for good when only the time was compared)
+        assert two.wait(30), reported
+    finally:
+        watch.stop()
+    assert reported[:2] == [frozenset({"A", "B"}), frozenset({"B"})]

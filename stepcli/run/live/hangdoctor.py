@@ -1,10 +1,11 @@
 """The hang doctor, launcher side: `stepcli run --hang-timeout/--on-hang` and `stepcli capture --stacks`.
 
 Every stepping process registers for stack dumps in the run's control folder and, with a hang timeout, marks
-itself stalled after that long without a step (stepcli/agent/stacks.py). A watch thread in the launcher calls a
-hang when every live registered process is stalled, asks each process on this host for its stacks (a request file
-naming `OUT/hang-<n>/`, then the dump signal), and prints one block: who waits in which collective, who is
-elsewhere and where. The block itself is built in stepcli/run/summary/hangreport.py.
+itself stalled after that long without a step (stepcli/agent/stacks.py). A watch thread in the launcher
+(stepcli.run.live.hangwatch) calls a hang when every live registered process that trains is stalled; here each
+process on this host is asked for its stacks (a request file naming `OUT/hang-<n>/`, then the dump signal). The
+block printed from them (who waits in which collective, who is elsewhere and where) is built in
+stepcli/run/summary/hangreport.py.
 """
 
 from __future__ import annotations
@@ -12,10 +13,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,24 +22,19 @@ from typing import TYPE_CHECKING, Any
 from stepcli.agent import controlfiles
 from stepcli.agent.config import atomic_write_json
 from stepcli.agent.stacks import (
-    ALIVE_PREFIX,
-    PROBE_FILE,
     REGISTER_PREFIX,
     REQUEST_PREFIX,
     SCHEMA,
-    STALL_PREFIX,
     dump_signal,
     fault_signal,
     process_start_ticks,
 )
 from stepcli.errors import EXIT_NOTHING_MEASURED, StepcliError
 from stepcli.fmt import visible
-from stepcli.run.summary.hangreport import EXIT_HANG, describe_dumps, is_stopped, parse_faulthandler, read_dumps
+from stepcli.run.summary.hangreport import describe_dumps, is_stopped, parse_faulthandler, read_dumps
 
 if TYPE_CHECKING:
-    import subprocess
-
-    from stepcli.agent.config import AgentConfig
+    pass
 
 ON_HANG_CHOICES = ("keep", "kill")
 MAX_REPORTS = 3  # dumps per hang with `--on-hang keep`: one when it is called, then one per timeout while it lasts
@@ -294,188 +288,6 @@ def _write_launcher_dump(
         "faulthandler": text,
     }
     atomic_write_json(str(target / f"{worker}.{process.get('host')}.{process.get('pid')}.json"), document, 0o600)
-
-
-# -- `stepcli run --hang-timeout` -------------------------------------------------------------------------------
-class HangWatch:
-    """A launcher thread: calls a hang when every live stepping process is stalled, dumps, maybe ends the job."""
-
-    def __init__(self, config: AgentConfig, timeout_s: float, on_hang: str, proc: subprocess.Popen[bytes]) -> None:
-        from stepcli.agent.ondemand import control_dir
-
-        self.folder = control_dir(config.out_dir, config.run_id)
-        self.out_dir = config.out_dir
-        self.timeout_s = timeout_s
-        self.on_hang = on_hang
-        self.proc = proc
-        self.killed = False
-        self.exit_status = EXIT_HANG
-        self.reports = 0
-        self.folders: list[str] = []  # the OUT/hang-<n>/ folders this watch wrote: the summary reads only those
-        self._probes = 0
-        self._probed: tuple[frozenset[str], bool, float] = (frozenset(), False, 0.0)  # (whom, all silent, until)
-        self._seen_stopped: dict[str, float] = {}  # tag -> wall time this watch first saw the process stopped
-        self._stalled_at: dict[str, Any] = {}  # tag -> the step its stall file gave, as hung() last read them
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="stepcli-hang-watch", daemon=True)
-
-    def start(self) -> HangWatch:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._thread.join(timeout=DUMP_WAIT_S + TERM_GRACE_S + 5)
-        try:
-            _write_control(self.folder, PROBE_FILE, None)
-        except OSError:
-            pass
-
-    def hung(self) -> tuple[float, list[dict[str, Any]]] | None:
-        """(when the last step ended, the processes) while every live registered process is stalled, or stalled
-        processes wait and every other one is stuck where its Python cannot run (it answers no probe).
-
-        A stopped process (SIGSTOP, a debugger) cannot mark itself stalled: once this watch has seen it stopped for
-        the timeout it counts as stalled since it was first seen so (its last step came before: a lower bound).
-        """
-        processes = registered(self.folder)
-        # A process that joined its job but never trained (stepcli.agent.stacks.StackDumper.train) is dumped with
-        # the others, never waited for: it cannot stall, and holding the job back before its first step it is
-        # what the dump must show.
-        training = [p for p in processes if p.get("training") is not False]
-        stalls = _documents(self.folder, STALL_PREFIX)
-        now = time.time()
-        stopped = {_tag(p) for p in training if is_stopped(p)}
-        self._seen_stopped = {tag: self._seen_stopped.get(tag, now) for tag in stopped}
-        last_step = {tag: float(stall.get("last_step_at", 0.0)) for tag, stall in stalls.items()}
-        for tag, since in self._seen_stopped.items():
-            if tag not in last_step and now - since >= self.timeout_s:
-                last_step[tag] = since
-        stalled = [p for p in training if _tag(p) in last_step]
-        quiet = [p for p in training if _tag(p) not in last_step]
-        # the step each was stalled at: a dump showing a later one means the job stepped on meanwhile (_report)
-        self._stalled_at = {tag: stall.get("step") for tag, stall in stalls.items()}
-        if not stalled or (quiet and not self._silent(quiet)):
-            return None
-        return max(last_step[_tag(p)] for p in stalled), processes
-
-    def _silent(self, quiet: list[dict[str, Any]]) -> bool:
-        """Whether none of `quiet` (processes not marked stalled) answers a probe: each is stuck in C code that
-        holds the GIL, so it cannot step either. Probed at most once per timeout; the answer is kept till then."""
-        if any(not local(p) for p in quiet):
-            return False  # another host's process cannot be probed from here: it may be stepping
-        quiet = [p for p in quiet if _tag(p) not in self._seen_stopped]  # a stopped one cannot answer, nor step
-        if not quiet:
-            return True
-        whom = frozenset(_tag(p) for p in quiet)
-        cached_whom, cached, until = self._probed
-        if whom == cached_whom and time.monotonic() < until:
-            return cached
-        self._probes += 1
-        probe = f"{os.getpid()}-{self._probes}"
-        try:
-            _write_control(self.folder, PROBE_FILE, {"id": probe})
-        except OSError:
-            return False
-        for process in quiet:
-            _signal(process, process.get("signal"), dump_signal())
-        deadline = time.monotonic() + min(PROBE_WAIT_S, max(2.0, self.timeout_s))  # no longer than a step may take
-        silent = True
-        while silent and time.monotonic() < deadline and not self._stopped.is_set():
-            answers = _documents(self.folder, ALIVE_PREFIX)
-            silent = not any(answers.get(tag, {}).get("probe") == probe for tag in whom)
-            if silent:
-                time.sleep(0.1)
-        self._probed = (whom, silent, time.monotonic() + self.timeout_s)
-        return silent
-
-    def _run(self) -> None:
-        tick = min(0.5, self.timeout_s / 10)
-        episode, reports, next_at = None, 0, 0.0
-        moved_on: float | None = None  # the `since` of a hang found over while it was dumped: not dumped again
-        while not self._stopped.wait(tick):
-            try:
-                state = self.hung()
-            except Exception:
-                state = None
-            if state is None:
-                episode = None
-                continue
-            since, processes = state
-            if since == moved_on:
-                continue  # (its stall file goes at the process's next look, within a tenth of the timeout)
-            if since != episode:
-                episode, reports, next_at = since, 0, 0.0
-            if reports >= MAX_REPORTS or time.monotonic() < next_at:
-                continue
-            try:
-                if not self._report(since, processes, reports + 1):
-                    moved_on = since  # it stepped on while being dumped: no hang (a long pause, a slow save)
-                    continue
-            except Exception as exc:  # the job must not lose its launcher to a bug here
-                _say(f"hang dump failed: {type(exc).__name__}: {exc}")
-            reports += 1
-            self.reports += 1
-            next_at = time.monotonic() + self.timeout_s
-            if self.on_hang == "kill":
-                self.killed = True
-                _say(f"--on-hang kill: ending the job (exit status {EXIT_HANG})")
-                terminate_job(self.proc)
-                return
-
-    def _report(self, since: float, processes: list[dict[str, Any]], repeat: int) -> bool:
-        """Dump and say it; False (and nothing kept or said) when a dump shows a process that stepped after its
-        stall was read: the job moved on while it was being dumped, and stacks taken then show no hang."""
-        whom, silent_then, _ = self._probed
-        unanswering = whom if silent_then else frozenset()  # a probe just found their Python unable to run
-        target, dumps, silent = request_stacks(self.folder, self.out_dir, "hang", processes, unanswering=unanswering)
-        if any(_stepped_since(dump, self._stalled_at.get(_tag(dump))) for dump in dumps):
-            shutil.rmtree(target, ignore_errors=True)  # (made by this dump, just now: nothing of the user's)
-            return False
-        self.folders.append(str(target))
-        idle = time.time() - since
-        again = f" (still hung: report {repeat} of {MAX_REPORTS})" if repeat > 1 else ""
-        headline = f"hang: no process completed a step for {idle:.1f} s{again}; stacks in {_short(target)}/"
-        for line in [headline, *describe_dumps(dumps, silent)]:
-            _say(line)
-        return True
-
-
-def _stepped_since(dump: dict[str, Any], stalled_at: Any) -> bool:
-    """Whether a process's dump shows a later step than the one its stall file gave."""
-    step = dump.get("step")
-    return _is_int(step) and _is_int(stalled_at) and step > stalled_at
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def start_hang_watch(
-    timeout_s: float | None, on_hang: str, config: AgentConfig, proc: subprocess.Popen[bytes]
-) -> HangWatch | None:
-    if timeout_s is None:
-        return None
-    return HangWatch(config, timeout_s, on_hang, proc).start()
-
-
-def terminate_job(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the program, every process it started and every orphan of the job stepcli adopted as their child
-    subreaper (stepcli/run/subreaper.py: a daemonized grandchild), SIGCONT to the stopped ones (so they act on it),
-    SIGKILL to those left after TERM_GRACE_S. The program's status is left to the launcher's wait(); the adopted
-    ones are reaped here (WNOHANG, by pid). A zombie counts as gone."""
-    import psutil
-
-    from stepcli.run import subreaper
-
-    family: list[Any] = []
-    for pid in [proc.pid, *subreaper.adopted()]:
-        try:
-            family += [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-        except psutil.Error:
-            continue
-    subreaper.terminate(family, TERM_GRACE_S)
-    subreaper.end_adopted(TERM_GRACE_S)  # any the job forked or orphaned meanwhile
 
 
 # -- `stepcli capture --stacks` ----------------------------------------------------------------------------------
