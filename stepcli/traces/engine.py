@@ -150,11 +150,17 @@ def _split_parts(path: str, groupings: tuple[bool, ...], shapes: bool, cores: in
     """One large trace decoded by `cores` processes (stepcli.traces.read.splitread); None when it is not split."""
     from stepcli.traces.read.splitread import FIRST_EXTRA, plan, read_split
 
-    # Forked workers begin at once: no head start for this process. (The pool's context is made only for a file
-    # that is cut, so reading a .gz or small file imports no multiprocessing.)
-    ranges = plan(path, cores * _PIECES_PER_CORE, head_start=0.0 if _may_fork() else FIRST_EXTRA)
+    # Forked children begin at once: no head start for this process. (A pool, where this process may not fork,
+    # is made only for a file that is cut, so reading a .gz or small file imports no multiprocessing.)
+    forking = _may_fork()
+    ranges = plan(path, cores * _PIECES_PER_CORE, head_start=0.0 if forking else FIRST_EXTRA)
     if ranges is None:
         return None
+    if forking:  # children forked for the ranges, no pool; the analysis is imported while they finish
+        from stepcli.traces.read.splitread import read_split_forked
+
+        trace = read_split_forked(path, ranges, shapes, meanwhile=load_analysis)
+        return None if trace is None else _summarized(trace, groupings, arrivals=False)
     from concurrent.futures.process import BrokenProcessPool
 
     context = _context()

@@ -186,6 +186,28 @@ def test_files_not_fit_for_a_blocked_read_are_read_whole(monkeypatch: pytest.Mon
         summarize_paths([str(tmp_path / "cut.json")], jobs=1)
 
 
+def test_ranges_read_by_forked_children_give_the_file_s_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepcli.traces.read import splitread
+    from stepcli.traces.read.columns import load_columns
+
+    # GIVEN the real trace cut in three ranges, two of them decoded by forked children (columns via an in-memory file)
+    monkeypatch.setattr(splitread, "MIN_PIECE_BYTES", 20_000)
+    ranges = splitread.plan(str(REAL), 3)
+    assert ranges is not None and len(ranges) == 3
+    whole = load_columns(str(REAL))
+    called: list[str] = []
+    joined = splitread.read_split_forked(str(REAL), ranges, False, meanwhile=lambda: called.append("meanwhile"))
+    # THEN the joined columns are the file's, and this process did its other work meanwhile
+    assert joined is not None and called == ["meanwhile"]
+    assert (joined.event_count, joined.skipped_events) == (whole.event_count, whole.skipped_events)
+    assert [(e.name, e.ts, e.dur, e.tid) for e in joined.columns.to_events()] == [
+        (e.name, e.ts, e.dur, e.tid) for e in whole.columns.to_events()
+    ]
+    # WHEN a child's range does not decode (a cut inside a string, say) THEN None: the caller reads the file whole
+    broken = [ranges[0], (ranges[1][0] + 7, ranges[1][1]), ranges[2]]
+    assert splitread.read_split_forked(str(REAL), broken, False) is None
+
+
 def test_a_cut_inside_a_string_falls_back_to_the_whole_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from stepcli.traces.read import splitread
 

@@ -185,21 +185,9 @@ def _start_child(
 ) -> _Child | None:
     """Fork the child that decodes slices `first` to `stop - 1` (and the document's rest: `with_rest`), or with
     `claims` (see _claims) the rest first, then the slices it claims, from `stop - 1` down; None when it cannot
-    start. It sends (meta or None, columns, events read, skipped, slices claimed).
+    start. It sends (meta or None, columns, events read, skipped, slices claimed)."""
 
-    The columns (~2 MB for a 35 MB trace) go through an in-memory file (memfd) and only their length through the
-    pipe: through a 64 KB pipe they took 15 ms of back-and-forth between the two processes."""
-    try:
-        reading, writing = os.pipe()
-    except OSError:
-        return None
-    try:
-        memfd: int | None = os.memfd_create("stepcli-columns", os.MFD_CLOEXEC)
-    except (AttributeError, OSError):  # (no memfd: the columns come through the pipe)
-        memfd = None
-
-    def work() -> None:
-        os.close(reading)
+    def work() -> Any:
         if claims is None:
             keeper = ColumnKeeper(shapes)
             decode_slices(data, layout, first, stop, shapes, keeper)
@@ -207,8 +195,29 @@ def _start_child(
             taken = stop - first
         else:
             meta, keeper, taken = _decode_claimed(data, layout, stop, shapes, claims)
-        columns = keeper.columns()
-        payload = pickle.dumps((meta, columns, keeper.count, keeper.skipped, taken), protocol=pickle.HIGHEST_PROTOCOL)
+        return meta, keeper.columns(), keeper.count, keeper.skipped, taken
+
+    return start_result_child(work)
+
+
+def start_result_child(produce: Callable[[], Any]) -> _Child | None:
+    """Fork a child that sends back what `produce()` returns (pickled); None when it cannot start. Collect it
+    with `.collect()` (None: it failed or died) or end it with `.stop()`.
+
+    The result (~2 MB of columns for a 35 MB trace) goes through an in-memory file (memfd) and only its length
+    through the pipe: through a 64 KB pipe it took 15 ms of back-and-forth between the two processes."""
+    try:
+        reading, writing = os.pipe()
+    except OSError:
+        return None
+    try:
+        memfd: int | None = os.memfd_create("stepcli-columns", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):  # (no memfd: the result comes through the pipe)
+        memfd = None
+
+    def work() -> None:
+        os.close(reading)
+        payload = pickle.dumps(produce(), protocol=pickle.HIGHEST_PROTOCOL)
         if memfd is not None:
             _write_all(memfd, payload)
             payload = len(payload).to_bytes(_LENGTH, "little")
