@@ -103,7 +103,7 @@ def test_demo_examples_run(where: str, argv: list[str], tmp_path: Path) -> None:
         assert f"iteration {(iterations - 1) // 4 * 4 + 4:3d}  loss" not in done.stdout, f"{where}\n{done.stdout}"
     # AND `-- --help` lists the demo script's options, as the page says
     if "--" in argv and "--help" in argv[argv.index("--") :]:
-        assert all(f"--{name}" in done.stdout for name in ("iterations", "batch-size", "device")), done.stdout
+        assert all(f"--{name}" in done.stdout for name in ("iterations", "batch-size", "lr", "device")), done.stdout
 
 
 def _takes_value(command_name: str, option: str) -> bool:

@@ -11,6 +11,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=1e-3, help="AdamW's learning rate")
     parser.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda where torch sees a GPU, else cpu")
     args = parser.parse_args()
 
@@ -26,7 +27,7 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 2)).to(
         args.device
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
 
     for iteration, (x, y) in enumerate(loader):

@@ -350,8 +350,8 @@ def _facts(data: ReportData, base: str) -> list[str]:
     parts.append("</dl>")
     if data.files:
         parts.append(
-            '<p class="muted">Open a trace in Perfetto UI or TensorBoard\'s profiler, or summarize it with '
-            "<code>stepcli table</code>.</p>"
+            '<p class="muted">Open a trace in Perfetto (ui.perfetto.dev) or <code>chrome://tracing</code> as it is, '
+            "or summarize it with <code>stepcli table</code>.</p>"
         )
     return parts
 

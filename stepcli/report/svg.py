@@ -267,6 +267,18 @@ def histogram_chart(values: Sequence[float], median: float, p90: float, title: s
     return _frame(title, height, out)
 
 
+SEGLABEL_CHAR_PX = 7.0  # an upper bound on a character's width at .seglabel's 11px bold (digits, lowercase, %)
+
+
+def segment_label(full: str, short: str, width: float) -> str:
+    """The text that fits inside a bar segment `width` px wide: `full` ("optimizer 10%"), else `short` ("10%"),
+    else nothing (a label wider than its segment spilled into the next one and was cut at the bar's end)."""
+    for text in (full, short):
+        if len(text) * SEGLABEL_CHAR_PX + 6 <= width:
+            return text
+    return ""
+
+
 def breakdown_chart(
     rows: Sequence[tuple[str, dict[str, float]]],
     highlight: str | None = None,
@@ -304,10 +316,11 @@ def breakdown_chart(
                 f'<rect class="seg bd-{phase}" x="{_num(x)}" y="{y}" width="{_num(max(0.5, w))}" height="{row_h}">'
                 f"<title>{escape(label)} {phase}: {escape(fmt.ms(ms))} per step ({share:.0%})</title></rect>"
             )
-            if w > 70:
+            text = segment_label(f"{phase} {share:.0%}", f"{share:.0%}", w)
+            if text:
                 out.append(
                     f'<text class="seglabel" x="{_num(x + w / 2)}" y="{y + row_h / 2 + 4}" text-anchor="middle">'
-                    f"{phase} {share:.0%}</text>"
+                    f"{text}</text>"
                 )
             x += w
         if strong:

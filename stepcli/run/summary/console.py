@@ -205,7 +205,10 @@ def _print_next(summary: RunSummary, report_path: str | None, console: Console) 
 
         hta = hta_command(summary, _relative)
         if hta:  # one window's folder: HTA keeps one trace per rank from a folder
-            lines += ["  Holistic Trace Analysis of one window:", f"  {hta}"]
+            from importlib.util import find_spec
+
+            first = "" if find_spec("hta") else " (pip install HolisticTraceAnalysis first)"
+            lines += [f"  Holistic Trace Analysis of one window{first}:", f"  {hta}"]
     if lines:
         console.print("next:")
     for line in lines:

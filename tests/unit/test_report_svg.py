@@ -1,0 +1,30 @@
+"""stepcli.report.svg: labels drawn inside chart segments fit them."""
+
+from __future__ import annotations
+
+import re
+
+from stepcli.report.svg import SEGLABEL_CHAR_PX, breakdown_chart, segment_label
+
+
+def test_a_segment_label_is_shortened_or_left_out_where_it_does_not_fit() -> None:
+    assert segment_label("optimizer 10%", "10%", 200) == "optimizer 10%"
+    assert segment_label("optimizer 10%", "10%", 80) == "10%"  # the whole label spilled into the next segment
+    assert segment_label("optimizer 10%", "10%", 20) == ""
+
+
+def test_every_breakdown_label_fits_its_segment() -> None:
+    # GIVEN shares like the README's screenshot (a 10-11% segment of ~75 px held "optimizer 10" and lost its "%")
+    parts = {"dataloader": 11.0, "forward": 30.0, "backward": 11.0, "optimizer": 10.0, "other": 38.0}
+    svg = breakdown_chart([("rank 0", parts), ("rank 1", {k: v * 1.1 for k, v in parts.items()})])
+    # (each segment's rect, then its label if it has one)
+    pairs = re.findall(
+        r'<rect class="seg bd-\w+" x="[\d.]+" y="\d+" width="([\d.]+)".*?</rect>(?:<text class="seglabel"[^>]*>([^<]*)</text>)?',
+        svg,
+    )
+    labels = [text for _, text in pairs if text]
+    assert len(pairs) == 10 and labels, svg
+    # THEN each label fits inside its own segment, whole or as its share alone
+    for width, text in pairs:
+        assert not text or len(text) * SEGLABEL_CHAR_PX + 6 <= float(width), (width, text)
+    assert "optimizer 10%" not in labels and "10%" in labels
