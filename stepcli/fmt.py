@@ -68,6 +68,12 @@ _SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 _HUGE_MS = 1e9  # 11.6 days: a longer "duration" is a broken or hostile number, shown in scientific notation
 
 
+def us(value: float) -> str:
+    """A short duration given in microseconds, as the terminal, the page and the advice all write it: `878 µs`,
+    `11.09 ms`."""
+    return f"{value:.0f} µs" if value < 1000 else f"{value / 1000:.2f} ms"
+
+
 def ms(value: float | None) -> str:
     """A duration given in milliseconds, with its unit and about 3-4 significant digits: `0.412 ms`, `12.3 ms`,
     `1.25 s`; `-` for none."""

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from stepcli.advice.rules import Advice, Evidence, launch_bound
+from stepcli.fmt import us
 
 # Exposed communication: collectives with no computation beside them take at least this share of the step...
 EXPOSED_COMM_SHARE = 0.10
@@ -70,7 +71,7 @@ def host_bound(ev: Evidence) -> Advice | None:
         return None
     launch = device.get("launch") or {}
     extra = (
-        f"; launch delay p50 {launch['delay_us']['p50']:.0f} µs, {launch['kernels_per_step']:.0f} kernels per step"
+        f"; launch delay p50 {us(launch['delay_us']['p50'])}, {launch['kernels_per_step']:.0f} kernels per step"
         if launch
         else ""
     )

@@ -14,7 +14,7 @@ from stepcli.compare.wording import fmt_ms as _fmt_ms
 from stepcli.compare.wording import pct as _pct
 from stepcli.compare.wording import signed as _signed
 from stepcli.stats import percentile
-from stepcli.traces.render.table import NAME_WIDTH, shorten
+from stepcli.traces.render.table import NAME_WIDTH, shortened_apart
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -140,15 +140,18 @@ def _print_rows(
         table.add_column("operator", justify="left", no_wrap=True)
         for name, justify in headers:
             table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-        for name, cells, _ in rows:
-            table.add_row(Text(shorten(name, min(NAME_WIDTH, width))), *cells)
+        names = shortened_apart([name for name, _, _ in rows], min(NAME_WIDTH, width))
+        for (_, cells, _), name in zip(rows, names):
+            table.add_row(Text(name), *cells)
         console.print(table)
         if caption:
             _wrapped(console, caption, "  ")
         return
     _wrapped(console, title + (f" ({caption})" if caption else ""), "  ")
-    for name, _, line in rows:
-        _plain(console, "  " + shorten(name, max(12, console.width - 2)))
+    names = shortened_apart([name for name, _, _ in rows], max(12, console.width - 2))
+    for (_, _, line), name in zip(rows, names):
+        for piece in name.split("\n"):
+            _plain(console, "  " + piece)
         _plain(console, "      " + line)
 
 

@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from stepcli import fmt
 from stepcli.fmt import html_escape as escape
 
 
@@ -20,7 +21,7 @@ def _tip(text: str) -> str:
 # The parts of a step, in bar order; together they are the whole step (README): compute alone, communication
 # with compute beside it, communication alone (exposed), memory alone, and idle time by cause.
 SEGMENTS = (
-    ("compute", "compute", "#4c6ef5"),
+    ("compute only", "compute", "#4c6ef5"),
     ("overlapped comm", "overlap", "#15aabf"),
     ("exposed comm", "exposed", "#e8590c"),
     ("memory only", "memory", "#ae3ec9"),
@@ -177,7 +178,7 @@ def _launch_table(rows: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
         delay = launch["delay_us"]
         body.append(
             f"<tr><td>{escape(label)}</td><td>{launch['kernels_per_step']:,.1f}</td>"
-            + "".join(f"<td>{delay[q]:,.1f} µs</td>" for q in ("p50", "p90", "p99"))
+            + "".join(f"<td>{escape(fmt.us(delay[q]))}</td>" for q in ("p50", "p90", "p99"))
             + f"<td>{launch['cpu_launch_us_per_kernel']:.1f}</td><td>{launch['short_kernel_share']:.1%}</td>"
             f"<td>{launch['graph_replays_per_step']:g}</td></tr>"
         )
@@ -233,11 +234,11 @@ def gpu_section(device: Mapping[str, Any] | None, ranks: Sequence[Mapping[str, A
         rows += per_rank
     overlap = device.get("comm_overlap_share")
     facts = (
-        f"compute {device['compute_share']:.1%} of step time, communication {device['comm_share']:.1%} "
+        f"compute {device['compute_share']:.1%} of step time, communication {device['comm_share']:.1%}"
         + (
-            f"({overlap:.1%} of it beside computation, {device['exposed_comm_ms']:.2f} ms/step exposed), "
+            f" ({overlap:.1%} of it beside computation, {device['exposed_comm_ms']:.2f} ms/step exposed), "
             if overlap is not None
-            else ""
+            else ", "
         )
         + f"memory {device['memory_share']:.1%}, idle {device['idle_share']:.1%}."
     )

@@ -9,7 +9,7 @@ from typing import Any
 from stepcli.fmt import html_escape as escape
 from stepcli.fmt import ms as fmt_ms
 from stepcli.report.svg import WIDTH, nice_max
-from stepcli.traces.analyses.culpritwords import CAUSE_WORDS
+from stepcli.traces.analyses.culpritwords import CAUSE_WORDS, summary_line
 
 COLORS = ("#3b5bdb", "#e8590c", "#2f9e44", "#ae3ec9", "#1098ad", "#c92a2a", "#5c940d", "#862e9c")
 _MAX_STEPS = 200  # bars drawn; later steps are left out (said under the chart)
@@ -79,9 +79,9 @@ def section(culprit: Mapping[str, Any] | None) -> str:
             f"{escape(CAUSE_WORDS[found['cause']])}</b> {escape(found['evidence'])}</div>"
         )
     else:
+        words = summary_line(dict(culprit)) or ""  # the terminal's words: `culprit: none: no rank arrives ...`
         parts.append(
-            '<div class="card ok" id="culprit-finding">No culprit: no rank arrives last consistently by more than the '
-            "clock alignment error and the noise thresholds.</div>"
+            f'<div class="card ok" id="culprit-finding">No culprit: {escape(words.removeprefix("culprit: none: "))}.</div>'
         )
     parts.append(lateness_chart(culprit["per_step"], ranks, "Lateness at collectives per step"))
     legend = "".join(
@@ -90,12 +90,12 @@ def section(culprit: Mapping[str, Any] | None) -> str:
     )
     parts.append(f'<div class="legend">{legend}</div>')
     note = (
-        f"Per step, each rank's lateness summed over the {culprit['collectives']} collectives it arrived last at "
+        f"Per step, each rank's lateness summed over the collectives it arrived last at (the table below says at "
+        f"how many, of {culprit['collectives']} matched across the ranks): its arrival minus the next-latest rank's, "
         + (
-            "(arrival minus the next-latest rank's, on the one clock of their machine)."
+            "on the one clock of their machine."
             if culprit["alignment"].get("one_clock")
-            else "(arrival minus the next-latest rank's, on clocks aligned by the collectives; alignment error "
-            f"{fmt_ms(error)})."
+            else f"on clocks aligned by the collectives (alignment error {error:.2f} ms)."
         )
     )
     if len(culprit["per_step"]) > _MAX_STEPS:

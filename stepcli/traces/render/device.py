@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from stepcli.fmt import us
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
@@ -59,8 +61,8 @@ def launch_line(device: Mapping[str, Any]) -> str | None:
     delay = launch["delay_us"]
     idle = device["idle_by_cause"]
     text = (
-        f"launches: {launch['kernels_per_step']:,.0f} kernels/step, delay p50 {_us(delay['p50'])} "
-        f"p90 {_us(delay['p90'])}, {launch['cpu_launch_us_per_kernel']:.1f} µs CPU per kernel, "
+        f"launches: {launch['kernels_per_step']:,.0f} kernels/step, delay p50 {us(delay['p50'])} "
+        f"p90 {us(delay['p90'])}, {launch['cpu_launch_us_per_kernel']:.1f} µs CPU per kernel, "
         f"{launch['short_kernel_share'] * 100:.0f}% shorter than their launch"
     )
     if launch["graph_replays_per_step"]:
@@ -80,10 +82,6 @@ def _per_step(value: float) -> str:
     if value >= 10 or value == int(value):
         return f"{value:,.0f}"
     return f"{value:.2f}" if value < 1 else f"{value:.1f}"
-
-
-def _us(value: float) -> str:
-    return f"{value:.0f} µs" if value < 1000 else f"{value / 1000:.2f} ms"
 
 
 def flops_line(flops: Mapping[str, Any] | None) -> str | None:

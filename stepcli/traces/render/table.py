@@ -48,6 +48,14 @@ def shorten(name: str, width: int = NAME_WIDTH) -> str:
     return f"{name[:head]}…{name[-tail:]}" if tail > 0 else name[: width - 1] + "…"
 
 
+def shortened_apart(names: Sequence[str], width: int) -> list[str]:
+    """Each name shortened to `width` (shorten), except names that would shorten to the same text as another:
+    those whole, cut into lines of `width` (two rows must never read alike: `…2ul>` and `…5ul>` kernels)."""
+    short = [shorten(name, width) for name in names]
+    seen = Counter(short)
+    return [text if seen[text] == 1 else "\n".join(_pieces(name, width)) for name, text in zip(names, short)]
+
+
 def pct(share: float) -> str:
     return f"{share * 100:.1f}%"
 
