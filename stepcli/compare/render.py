@@ -18,6 +18,7 @@ from stepcli.traces.render.table import NAME_WIDTH, shortened_apart
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
 
 HISTOGRAM_BINS = 8
 HISTOGRAM_WIDTH = 30
@@ -96,7 +97,10 @@ def histogram(
     lines = []
     for index in range(bins):
         start, end = low + index * size, low + (index + 1) * size
-        edge = f"{'<' if index == 0 else ' '}{start:9.3f} - {end:9.3f}{'+' if index == bins - 1 else ' '} ms"
+        # the end bins are open: they collect the steps below the 1st percentile and above the 99th
+        low_edge = f"{'...':>9}" if index == 0 else f"{start:9.3f}"
+        high_edge = f"{'...':>9}" if index == bins - 1 else f"{end:9.3f}"
+        edge = f"{low_edge} - {high_edge} ms"
         for name, cs, total in sides:
             eighths = round(cs[index] / total / top * width * 8)
             bar = "█" * (eighths // 8) + (_EIGHTHS[eighths % 8] if eighths % 8 else "")
@@ -199,10 +203,9 @@ def _print_header(c: Comparison, console: Console) -> None:
         _wrapped(console, f"steps:    {used}", " " * 10)
 
 
-def _print_steps(c: Comparison, console: Console) -> None:
+def _steps_table(c: Comparison, marker: str) -> Table:
     from rich.table import Table
 
-    _plain(console, "Step time (ms)")
     steps = Table()
     for name, justify in (
         ("steps", "left"),
@@ -217,13 +220,21 @@ def _print_steps(c: Comparison, console: Console) -> None:
     for row in c.step_rows:
         decides = row.decides and row.stat == c.metric and c.verdict != "nothing_measured"
         steps.add_row(
-            row.population,
-            row.stat,
-            *_step_cells(row),
-            "<- decides" if decides else "",
-            style="bold" if decides else None,
+            row.population, row.stat, *_step_cells(row), marker if decides else "", style="bold" if decides else None
         )
-    console.print(steps)
+    return steps
+
+
+def _print_steps(c: Comparison, console: Console) -> None:
+    _plain(console, "Step time (ms)")
+    steps = _steps_table(c, "<- decides")
+    wanted = console.measure(steps, options=console.options.update_width(10_000)).maximum
+    if wanted > console.width:  # wide figures: the word would wrap onto a row of its own
+        steps = _steps_table(c, "<-")
+        console.print(steps)
+        _plain(console, "<- the statistic that decides")
+    else:
+        console.print(steps)
     lines = histogram(c.baseline_samples, c.current_samples)
     if lines:
         _plain(console, "Step-time distribution (deciding steps, share of each side's steps)")

@@ -404,6 +404,17 @@ def test_the_github_job_summary_is_never_appended_to_an_input(summaries: dict[st
     assert f"GITHUB_STEP_SUMMARY {baseline} is one of the inputs" in result.stderr
 
 
+def test_the_deciding_mark_never_wraps_onto_a_row_of_its_own() -> None:
+    # GIVEN README's own example, whose step times are too wide for "<- decides" at 80 columns
+    examples = Path(__file__).parents[2] / "docs" / "examples"
+    result = run_stepcli("compare", examples / "base.json", examples / "bigbatch.json", env={"COLUMNS": "80"})
+    lines = result.stdout.splitlines()
+    # THEN no table row holds the word alone; the short mark is explained under the table
+    assert not [line for line in lines if line.replace("│", "").split() == ["decides"]], result.stdout
+    assert any(line.endswith("│ <- │") for line in lines) and "<- the statistic that decides" in lines
+    assert all(len(line) <= 80 for line in lines)
+
+
 def test_markdown_to_stdout(summaries: dict[str, Path]) -> None:
     result = run_stepcli("compare", summaries["base"], summaries["base"], "--markdown", "-")
     assert result.returncode == 0
