@@ -53,6 +53,7 @@ svg.chart{display:block;max-width:100%;height:auto;font-size:11px}
 .dot{stroke:#fff;stroke-width:.8} .dot.ph-recorded{fill:#d6336c} .dot.ph-warmup{fill:#f59f00}
 .dot.ph-foreign{fill:#1c7ed6} .dot.ph-compile{fill:#e8590c} .dot.ph-other{fill:#7048e8} .dot.ph-startup{fill:#495057}
 .clip{fill:#495057;font-size:11px}
+.clip,.marker-median-label,.marker-p90-label{paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round}
 .bandlabel{font-size:11px;font-weight:600;opacity:.8} .bandlabel.ph-recorded{fill:#a61e4d}
 .bandlabel.ph-warmup{fill:#d9480f} .bandlabel.ph-foreign{fill:#1864ab} .bandlabel.ph-compile{fill:#d9480f} .bandlabel.ph-other{fill:#5f3dc4}
 .bar{fill:#748ffc}

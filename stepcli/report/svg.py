@@ -182,6 +182,7 @@ def timeline_chart(curves: Sequence[Curve], title: str = "Step time over the run
         out.append(f'<line class="tick" x1="{_num(x)}" x2="{_num(x)}" y1="{top + plot_h}" y2="{top + plot_h + 4}"/>')
         out.append(f'<text class="axis" x="{_num(x)}" y="{top + plot_h + 17}" text-anchor="middle">{step}</text>')
     out.append(f'<text class="axis" x="{WIDTH - right}" y="{height - 3}" text-anchor="end">step</text>')
+    on_top: list[str] = []
     for index, curve in enumerate(curves):
         points = [(x_of(s), y_of(v)) for s, v in envelope(curve.steps, curve.values)]
         if not points:
@@ -200,11 +201,12 @@ def timeline_chart(curves: Sequence[Curve], title: str = "Step time over the run
         for step, value in zip(curve.steps, curve.values):
             if value > y_max and index == 0:
                 x = x_of(step)
-                out.append(
+                on_top.append(  # drawn after every curve, so none runs through it
                     f'<text class="clip" x="{_num(x + 6)}" y="{top + 11}">{"start-up " if step == 0 else ""}step {step}: '
                     f"{escape(fmt.ms(value))} ↑</text>"
                 )
                 break
+    out += on_top
     out.append(f'<line class="axisline" x1="{left}" x2="{WIDTH - right}" y1="{top + plot_h}" y2="{top + plot_h}"/>')
     return _frame(title, height, out)
 

@@ -28,3 +28,17 @@ def test_every_breakdown_label_fits_its_segment() -> None:
     for width, text in pairs:
         assert not text or len(text) * SEGLABEL_CHAR_PX + 6 <= float(width), (width, text)
     assert "optimizer 10%" not in labels and "10%" in labels
+
+
+def test_the_start_up_note_is_drawn_over_every_curve_with_a_halo() -> None:
+    from stepcli.report.page import _CSS as CSS
+    from stepcli.report.svg import Curve, timeline_chart
+
+    # GIVEN two ranks whose start-up step (1.5 s) is far above the axis (their other steps take ~2 ms)
+    values = [1500.0, 3.0, 1.5, 13.0, 1.4, 1.8, 9.0, 1.2]
+    curves = [Curve(f"rank {r}", list(range(8)), [v * (1 + r / 10) for v in values], "01222000") for r in (0, 1)]
+    svg = timeline_chart(curves)
+    # THEN the note comes after both lines (SVG paints in order: no line runs through it), with a white halo
+    assert svg.index('<text class="clip"') > svg.rindex('<path class="line'), svg
+    assert "start-up step 0: 1.50 s ↑" in svg
+    assert re.search(r"\.clip,[^{]*\{paint-order:stroke;stroke:#fff", CSS), "the notes' halo"
