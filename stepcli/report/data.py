@@ -182,9 +182,9 @@ def _add_trace_tables(data: ReportData, analysis: dict[str, Any], parts: list[li
         data.shape_ops = [op for op in shaped_ops if op["name"] != STEP_KEY][:TOP_ROWS]
     if analysis.get("skipped_events"):
         data.notes.append(f"{analysis['skipped_events']} trace event(s) had unusable times and were left out")
-    repeated = repeated_note(analysis.get("repeated_ranks"))
-    if repeated:
-        data.notes.append(repeated)
+    for note in (repeated_note(analysis.get("repeated_ranks")), analysis.get("mixed_jobs")):
+        if note:
+            data.notes.append(note)
 
 
 def _at_the_runs_pace(device: dict[str, Any] | None, summary: RunSummary | None) -> dict[str, Any] | None:

@@ -179,6 +179,27 @@ def test_two_ranks_from_torchrun(two_rank_dir: Path) -> None:
     assert "rank 0 ms" in proc.stdout and "rank 1 ms" in proc.stdout
 
 
+def test_traces_of_jobs_of_different_sizes_name_no_slowest_rank(two_rank_dir: Path, tmp_path: Path) -> None:
+    # GIVEN the two ranks' traces, one of them edited to say it came from a job of 8 ranks (another job's trace)
+    mixed = tmp_path / "mixed"
+    shutil.copytree(two_rank_dir, mixed)
+    rank1 = next(mixed.glob("rank1*.pt.trace.json"))
+    document = json.loads(rank1.read_text())
+    assert document["distributedInfo"]["world_size"] == 2
+    document["distributedInfo"]["world_size"] = 8
+    rank1.write_text(json.dumps(document))
+    # THEN nobody is named across them, and the terminal, --json and Markdown say why
+    data = table_json(mixed)
+    assert data["slowest_rank"] is None and data["straggler"] is None and data["culprit"] is None
+    assert data["mixed_jobs"].startswith("traces of different jobs (world size 2 in rank0")
+    assert "8 in rank1" in data["mixed_jobs"]
+    text = run_stepcli("table", mixed, env={"COLUMNS": "80"}).stdout
+    assert "traces of different jobs (world size 2 in" in text and "slowest rank:" not in text
+    assert "Traces of different jobs" in run_stepcli("table", "--markdown", mixed).stdout
+    # AND one job's traces say nothing of it
+    assert table_json(two_rank_dir)["mixed_jobs"] is None
+
+
 def test_rich_output_plain_when_not_a_terminal(plain_trace: Path) -> None:
     proc = run_stepcli("table", plain_trace, "--limit", "3", env={"COLUMNS": "80"})
     assert proc.returncode == 0, proc.stderr

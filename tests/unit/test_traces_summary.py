@@ -283,6 +283,7 @@ def test_to_dict_has_the_contract_keys_and_is_json() -> None:
         "flops",
         "culprit",
         "repeated_ranks",
+        "mixed_jobs",
     ]
     assert set(data["cpu_ops"][0]) == {"name", "calls", "self_ms", "total_ms", "avg_ms", "self_share"}
     assert set(data["breakdown_ms"]) == {"dataloader", "forward", "backward", "optimizer", "other"}

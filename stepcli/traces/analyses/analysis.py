@@ -350,6 +350,7 @@ def summarize_read(
         clock=trace.clock,
         cpu_time=trace.cpu_time,
         arrivals=arrivals,
+        world_size=getattr(trace, "world_size", None),
     )
 
 
@@ -366,6 +367,7 @@ def summarize_columns(
     clock: str | None = None,
     cpu_time: dict[int, tuple[float, float]] | None = None,
     arrivals: bool = True,
+    world_size: int | None = None,
 ) -> FilePart:
     """The part of one trace file read into columns (stepcli.traces.read.columns.load_columns). Without `arrivals`, its
     collectives' arrivals are left out: they only serve to compare ranks (the culprit), so a part that will be
@@ -429,4 +431,6 @@ def summarize_columns(
         outside_ns=result.outside_ns,
         **flops_of(path, columns, result, ordered, device_name),
         arrivals=rank_arrivals(columns, rank, incomplete_step, clock, cpu_time) if arrivals else None,
+        world_size=world_size,
+        device_name=device_name,
     )

@@ -5,6 +5,8 @@ processes (stepcli.traces.engine), so only this runs over all of them.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from stepcli.stats import describe
@@ -112,8 +114,10 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
         if row.rank is not None:
             seen[row.rank] = seen.get(row.rank, 0) + 1
     repeated = {rank: count for rank, count in sorted(seen.items()) if count > 1}
-    # Several processes of one rank: which rank 0 waited for which rank 1 cannot be told; name nobody.
-    straggler = None if repeated else find_straggler(processes)
+    mixed = mixed_jobs_note(parts)
+    # Several processes of one rank, or traces of jobs of different sizes: which rank waited for which cannot be
+    # told; name nobody.
+    straggler = None if repeated or mixed else find_straggler(processes)
     return TraceSummary(
         files=[p.path for p in parts],
         step_ms=describe(s.dur_ms for s in steps),
@@ -136,6 +140,28 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
         straggler=straggler.to_dict() if straggler else None,
         outside_events=sum(p.outside_events for p in parts),
         outside_ms=sum(p.outside_ns for p in parts) / NS_PER_MS,
-        culprit=None if repeated else from_parts(parts, steps),
+        culprit=None if repeated or mixed else from_parts(parts, steps),
         repeated_ranks=repeated,
+        mixed_jobs=mixed,
+    )
+
+
+def mixed_jobs_note(parts: Sequence[FilePart]) -> str | None:
+    """The line saying that the traces come from jobs of different sizes (their distributedInfo.world_size), with
+    their GPUs where those differ too; None when they agree or do not say."""
+    sizes: dict[int, list[str]] = {}
+    for part in parts:
+        if part.world_size is not None:
+            sizes.setdefault(part.world_size, []).append(os.path.basename(part.path))
+    if len(sizes) < 2:
+        return None
+    each = ", ".join(
+        f"{size} in {', '.join(files[:2])}{f' and {len(files) - 2} more' if len(files) > 2 else ''}"
+        for size, files in sorted(sizes.items())
+    )
+    devices = sorted({part.device_name for part in parts if part.device_name})
+    gpus = f"; GPUs {', '.join(devices)}" if len(devices) > 1 else ""
+    return (
+        f"traces of different jobs (world size {each}{gpus}): no slowest rank and no culprit is named across them "
+        "(summarize one job's traces for those)"
     )

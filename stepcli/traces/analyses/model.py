@@ -110,6 +110,7 @@ class TraceSummary:
     # rank -> processes, for ranks seen in several (several runs in one folder, a restarted job): no straggler and
     # no culprit is named then, since no job's ranks can be told from another's
     repeated_ranks: dict[int, int] = field(default_factory=dict)
+    mixed_jobs: str | None = None  # traces of jobs of different sizes (mergeparts.mixed_jobs_note): nobody named
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -130,6 +131,7 @@ class TraceSummary:
             "flops": self.flops,
             "culprit": self.culprit,
             "repeated_ranks": {str(rank): count for rank, count in self.repeated_ranks.items()},
+            "mixed_jobs": self.mixed_jobs,
         }
 
     def _rank_dict(self, row: ProcessRow) -> dict[str, Any]:
@@ -164,6 +166,8 @@ class FilePart:
     # GEMM/convolution kernel time in the recorded steps by the dtype their names say, for MFU's peak (with FLOPs)
     gemm_ns: dict[str, int] = field(default_factory=dict)
     arrivals: RankArrivals | None = None  # its collectives, for the culprit (stepcli.traces.analyses.culprit)
+    world_size: int | None = None  # its job's size, as the trace says (distributedInfo.world_size)
+    device_name: str | None = None  # its first GPU (deviceProperties)
 
 
 class TraceFacts(Protocol):

@@ -323,6 +323,7 @@ class ColumnTrace:
     clock: str | None = None  # the clock its times come from (host and boot), when stepcli recorded it
     # step -> (ms on a CPU, ms waiting for one) of the steps' thread, when stepcli recorded it
     cpu_time: dict[int, tuple[float, float]] | None = None
+    world_size: int | None = None  # distributedInfo.world_size
 
 
 def load_columns(path: str, *, shapes: bool = False, decode: Decode | None = None) -> ColumnTrace:
@@ -341,4 +342,5 @@ def load_columns(path: str, *, shapes: bool = False, decode: Decode | None = Non
         meta.device,
         meta.clock,
         meta.cpu_time,
+        meta.world_size,
     )

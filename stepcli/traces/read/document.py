@@ -60,6 +60,14 @@ def step_number(value: Any) -> int | None:
     return None
 
 
+def world_size_number(info: Any) -> int | None:
+    """`distributedInfo.world_size` when it is an integer from 1 to 2**31, else None."""
+    size = info.get("world_size") if isinstance(info, dict) else getattr(info, "world_size", None)
+    if isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= MAX_RANK + 1:
+        return size
+    return None
+
+
 def rank_number(info: Any) -> int | None:
     """`distributedInfo.rank` when it is an integer from 0 to 2**31-1, else None (the file name decides)."""
     rank = info.get("rank") if isinstance(info, dict) else getattr(info, "rank", None)
@@ -173,5 +181,6 @@ def decode_lenient(path: str, data: bytes | bytearray, shapes: bool) -> tuple[Me
         device_name(document.get("deviceProperties")),
         clock_id(document.get(CLOCK_KEY)),
         cpu_time_of(document.get(CPU_TIME_KEY)),
+        world_size_number(document.get("distributedInfo")),
     )
     return meta, events, len(document["traceEvents"])

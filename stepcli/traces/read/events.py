@@ -134,6 +134,7 @@ class ShapedEvent(DecodedEvent, gc=False):
 
 class DistributedInfo(msgspec.Struct):
     rank: Any = None  # checked by rank_number (stepcli.traces.read.document): a bad rank is ignored, never fatal
+    world_size: Any = None  # checked alike (world_size_number)
 
 
 class Header(msgspec.Struct):
@@ -163,3 +164,4 @@ class Meta(NamedTuple):
     device: str | None = None  # the name of the trace's first GPU (deviceProperties), for MFU
     clock: str | None = None  # the clock its times come from (CLOCK_KEY), when stepcli recorded it
     cpu_time: dict[int, tuple[float, float]] | None = None  # step -> (ms on a CPU, ms waiting for one) (CPU_TIME_KEY)
+    world_size: int | None = None  # the job's size (distributedInfo.world_size): traces of several jobs differ

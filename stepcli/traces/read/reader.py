@@ -43,6 +43,7 @@ from stepcli.traces.read.document import (
     device_name,
     rank_number,
     step_number,
+    world_size_number,
 )
 from stepcli.traces.read.events import (
     NO_DIMS,
@@ -137,6 +138,7 @@ class Trace:
     clock: str | None = None  # the clock its times come from (host and boot), when stepcli recorded it
     # step -> (ms on a CPU, ms waiting for one) of the steps' thread, when stepcli recorded it
     cpu_time: dict[int, tuple[float, float]] | None = None
+    world_size: int | None = None  # distributedInfo.world_size
 
     @classmethod
     def from_events(
@@ -186,6 +188,7 @@ def load_trace(path: str, *, shapes: bool = False) -> Trace:
         device_name=meta.device,
         clock=meta.clock,
         cpu_time=meta.cpu_time,
+        world_size=meta.world_size,
     )
 
 
@@ -419,6 +422,7 @@ def _decode_document(data: bytes | bytearray, shapes: bool) -> tuple[Meta, list[
         device_name(header.deviceProperties),
         clock_id(header.clock),
         cpu_time_of(header.cpu_time),
+        world_size_number(header.distributedInfo),
     )
     return meta, header.traceEvents
 

@@ -316,6 +316,7 @@ def _trace_of(path: str, results: list[Any]) -> ColumnTrace:
         meta.device,
         meta.clock,
         meta.cpu_time,
+        meta.world_size,
     )
 
 

@@ -163,9 +163,9 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
             lines += [f"Slowest rank: {_md_text(data['straggler']['evidence'])}.", ""]
         culprit = culprit_lines(data.get("culprit"))
         lines += [_md_text(f"C{line[1:]}") for line in culprit] + [""] * bool(culprit)
-        repeated = repeated_note(data.get("repeated_ranks"))
-        if repeated:
-            lines += [_md_text(f"{repeated[0].upper()}{repeated[1:]}."), ""]
+        for note in (repeated_note(data.get("repeated_ranks")), data.get("mixed_jobs")):
+            if note:
+                lines += [_md_text(f"{note[0].upper()}{note[1:]}."), ""]
     breakdown = data.get("breakdown_ms")
     if breakdown:
         total = sum(breakdown.values())

@@ -314,6 +314,21 @@ def print_table(console: Console, table: Table) -> None:
     print_wrapped(console, caption)
 
 
+def _print_ranks(data: Mapping[str, Any], console: Console) -> None:
+    """The ranks table, the slowest rank, the culprit, and why none is named (ranks repeated, several jobs)."""
+    print_table(console, ranks_table(data["ranks"], data.get("slowest_rank"), width=console.width))
+    straggler = data.get("straggler")
+    if straggler:
+        console.print(f"slowest rank: {straggler['evidence']}", highlight=False, markup=False)
+    elif data.get("slowest_rank") is not None:
+        console.print(f"slowest rank: {data['slowest_rank']}", highlight=False)
+    for line in culprit_lines(data.get("culprit")):
+        console.print(line, highlight=False, markup=False)
+    for note in (repeated_note(data.get("repeated_ranks")), data.get("mixed_jobs")):
+        if note:
+            print_wrapped(console, note)
+
+
 def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str = "self", limit: int = 20) -> None:
     """The terminal report: what was read, step times, ranks, breakdown, CPU operators, device kernels."""
     files = data["files"]
@@ -336,17 +351,7 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
     else:
         console.print("no complete ProfilerStep#N annotation: step tables skipped", highlight=False)
     if len(data["ranks"]) > 1:
-        print_table(console, ranks_table(data["ranks"], data.get("slowest_rank"), width=console.width))
-        straggler = data.get("straggler")
-        if straggler:
-            console.print(f"slowest rank: {straggler['evidence']}", highlight=False, markup=False)
-        elif data.get("slowest_rank") is not None:
-            console.print(f"slowest rank: {data['slowest_rank']}", highlight=False)
-        for line in culprit_lines(data.get("culprit")):
-            console.print(line, highlight=False, markup=False)
-        repeated = repeated_note(data.get("repeated_ranks"))
-        if repeated:
-            console.print(repeated, highlight=False, markup=False)
+        _print_ranks(data, console)
     if data["steps"]:
         print_table(console, steps_table(data["steps"], limit, width=console.width))
     if data.get("breakdown_ms"):
