@@ -223,7 +223,8 @@ def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
     files = [f for f in list_trace_files(paths) if os.path.realpath(f) != os.path.realpath(output)]
     if not files:
         raise StepcliError("no trace files to merge")
-    culprit = summarize_paths(files).culprit
+    summary = summarize_paths(files)
+    culprit = summary.culprit  # (none across traces of different jobs: then only base times align them)
     offsets = (culprit or {}).get("alignment", {}).get("offsets_ms", {})
     plans: list[_Plan] = []
     mains: dict[int, tuple[int, Any]] = {}
@@ -260,6 +261,7 @@ def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
         "alignment": (culprit or {}).get("alignment"),
         "culprit": (culprit or {}).get("culprit"),
         "marks": sum(1 for mark in marks if mark["ph"] == "i"),
+        "mixed_jobs": summary.mixed_jobs,
     }
     head = {MARKER: facts, "displayTimeUnit": "ms", "baseTimeNanoseconds": reference_base}
     _write(output, head, _merged_events(plans, offsets, reference_base, marks))
@@ -319,6 +321,8 @@ def merge_main(paths: Sequence[str], output: str) -> str:
     clock = (
         f"clocks aligned by collectives (error {alignment['error_ms']:.2f} ms)"
         if alignment
+        else "clocks from the traces' base times (traces of different jobs: their world sizes differ)"
+        if facts.get("mixed_jobs")
         else "clocks from the traces' base times (no collectives to align by)"
     )
     found = facts["culprit"]

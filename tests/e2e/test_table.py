@@ -196,6 +196,10 @@ def test_traces_of_jobs_of_different_sizes_name_no_slowest_rank(two_rank_dir: Pa
     text = run_stepcli("table", mixed, env={"COLUMNS": "80"}).stdout
     assert "traces of different jobs (world size 2 in" in text and "slowest rank:" not in text
     assert "Traces of different jobs" in run_stepcli("table", "--markdown", mixed).stdout
+    # AND merge aligns them by their base times only, and says why
+    merged = run_stepcli("merge", mixed, "-o", tmp_path / "merged.json")
+    assert merged.returncode == 0, merged.stderr
+    assert "clocks from the traces' base times (traces of different jobs: their world sizes differ)" in merged.stdout
     # AND one job's traces say nothing of it
     assert table_json(two_rank_dir)["mixed_jobs"] is None
 
