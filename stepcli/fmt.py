@@ -71,7 +71,7 @@ _HUGE_MS = 1e9  # 11.6 days: a longer "duration" is a broken or hostile number, 
 def us(value: float) -> str:
     """A short duration given in microseconds, as the terminal, the page and the advice all write it: `878 µs`,
     `11.09 ms`."""
-    return f"{value:.0f} µs" if value < 1000 else f"{value / 1000:.2f} ms"
+    return f"{value:.0f} µs" if abs(value) < 999.5 else f"{value / 1000:.2f} ms"  # (999.6 would read "1000 µs")
 
 
 def ms(value: float | None) -> str:

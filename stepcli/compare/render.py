@@ -229,7 +229,8 @@ def _print_steps(c: Comparison, console: Console) -> None:
     _plain(console, "Step time (ms)")
     steps = _steps_table(c, "<- decides")
     wanted = console.measure(steps, options=console.options.update_width(10_000)).maximum
-    if wanted > console.width:  # wide figures: the word would wrap onto a row of its own
+    decides = any(row.decides and row.stat == c.metric for row in c.step_rows) and c.verdict != "nothing_measured"
+    if wanted > console.width and decides:  # wide figures: the word would wrap onto a row of its own
         steps = _steps_table(c, "<-")
         console.print(steps)
         _plain(console, "<- the statistic that decides")

@@ -100,3 +100,12 @@ def test_the_agent_shows_control_characters_as_stepcli_does() -> None:
     every = "".join(chr(code) for code in range(0x3000)) + "\u2066\u2069"
     assert visible(every) == fmt.visible(every)
     assert visible("out\x1b[2J") == "out\\x1b[2J"
+
+
+@pytest.mark.parametrize(
+    ("us", "shown"),
+    [(878.0, "878 µs"), (999.4, "999 µs"), (999.6, "1.00 ms"), (11091.5, "11.09 ms"), (-1500.0, "-1.50 ms")],
+)
+def test_short_durations_read_alike_everywhere(us: float, shown: str) -> None:
+    # (999.6 µs read "1000 µs": a four-digit microsecond figure where every other reads in ms)
+    assert fmt.us(us) == shown

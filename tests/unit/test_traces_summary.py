@@ -432,3 +432,19 @@ def test_a_trace_whose_only_step_was_cut_short_shows_its_operators_and_no_step(
     assert sorted(ops(data)) == ["aten::addmm", "aten::linear", "aten::sum"]
     assert sum(row["self_share"] for row in data["cpu_ops"]) == pytest.approx(1.0)
     assert data["outside_steps"]["events"] == 0
+
+
+def test_traces_of_different_jobs_are_named_with_their_folders_when_names_repeat() -> None:
+    import types
+
+    from stepcli.traces.analyses.mergeparts import mixed_jobs_note
+
+    def part(path: str, size: int | None) -> types.SimpleNamespace:
+        return types.SimpleNamespace(path=path, world_size=size, device_name=None)
+
+    # GIVEN two runs' folders with the same per-rank file names, of jobs of 2 and 8 ranks
+    note = mixed_jobs_note([part("runA/rank0.json", 2), part("runA/rank1.json", 2), part("runB/rank0.json", 8)])
+    # THEN each size names its files with their folder
+    assert note is not None and "world size 2 in runA/rank0.json, runA/rank1.json, 8 in runB/rank0.json" in note
+    # AND one job (or traces that do not say) is no mix
+    assert mixed_jobs_note([part("a/rank0.json", 2), part("a/rank1.json", None)]) is None

@@ -149,10 +149,13 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
 def mixed_jobs_note(parts: Sequence[FilePart]) -> str | None:
     """The line saying that the traces come from jobs of different sizes (their distributedInfo.world_size), with
     their GPUs where those differ too; None when they agree or do not say."""
+    names = [os.path.basename(part.path) for part in parts]
+    if len(set(names)) < len(names):  # per-rank names repeat across runs' folders: name the folder too
+        names = [os.path.join(os.path.basename(os.path.dirname(part.path)), name) for part, name in zip(parts, names)]
     sizes: dict[int, list[str]] = {}
-    for part in parts:
+    for part, name in zip(parts, names):
         if part.world_size is not None:
-            sizes.setdefault(part.world_size, []).append(os.path.basename(part.path))
+            sizes.setdefault(part.world_size, []).append(name)
     if len(sizes) < 2:
         return None
     each = ", ".join(
