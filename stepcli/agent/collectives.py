@@ -136,21 +136,20 @@ def hook_collectives(dist: ModuleType, on_join: Callable[[], None] | None = None
 
     # (device_mesh, imported with torch.distributed, holds its own reference to init_process_group)
     modules = [dist, *(sys.modules.get(f"torch.distributed.{m}") for m in ("distributed_c10d", "device_mesh"))]
+    names = (*HOOKED, "init_process_group") if on_join is not None else HOOKED
     wrapped: dict[int, Callable[..., Any]] = {}
     for module in modules:
         if module is None:
             continue
-        for name in (*HOOKED, "init_process_group"):
+        for name in names:
             original = getattr(module, name, None)
             if original is None or getattr(original, "_stepcli", False):
                 continue
             if id(original) not in wrapped:
-                if name != "init_process_group":
-                    wrapped[id(original)] = _wrap(name, original)
-                elif on_join is not None:
+                if name == "init_process_group" and on_join is not None:
                     wrapped[id(original)] = _wrap_join(original, on_join)
                 else:
-                    continue
+                    wrapped[id(original)] = _wrap(name, original)
             setattr(module, name, wrapped[id(original)])
 
 

@@ -218,19 +218,25 @@ def _steps_table(c: Comparison, marker: str) -> Table:
     ):
         steps.add_column(name, justify=justify)  # type: ignore[arg-type]
     for row in c.step_rows:
-        decides = row.decides and row.stat == c.metric and c.verdict != "nothing_measured"
+        decides = _decides(c, row)
         steps.add_row(
             row.population, row.stat, *_step_cells(row), marker if decides else "", style="bold" if decides else None
         )
     return steps
 
 
+def _decides(c: Comparison, row: StepRow) -> bool:
+    """Whether `row` holds the statistic the verdict was decided on."""
+    return row.decides and row.stat == c.metric and c.verdict != "nothing_measured"
+
+
 def _print_steps(c: Comparison, console: Console) -> None:
     _plain(console, "Step time (ms)")
     steps = _steps_table(c, "<- decides")
     wanted = console.measure(steps, options=console.options.update_width(10_000)).maximum
-    decides = any(row.decides and row.stat == c.metric for row in c.step_rows) and c.verdict != "nothing_measured"
-    if wanted > console.width and decides:  # wide figures: the word would wrap onto a row of its own
+    if wanted > console.width and any(
+        _decides(c, row) for row in c.step_rows
+    ):  # wide figures: the word would wrap onto a row of its own
         steps = _steps_table(c, "<-")
         console.print(steps)
         _plain(console, "<- the statistic that decides")
@@ -336,7 +342,7 @@ def render_markdown(comparison: Comparison) -> str:
         "| --- | --- | ---: | ---: | ---: | ---: | --- |",
     ]
     for row in c.step_rows:
-        decides = row.decides and row.stat == c.metric and c.verdict != "nothing_measured"
+        decides = _decides(c, row)
         cells = [
             row.population,
             f"**{row.stat}**" if decides else row.stat,

@@ -51,10 +51,8 @@ def check_output(out: str) -> None:
     """`-o FILE.html` may not be a folder, nor a page stepcli did not write (nothing the user had is lost)."""
     if os.path.isdir(out) and not os.path.islink(out):
         raise StepcliError(f"{out}: is a folder; give -o FILE.html")
-    from stepcli import safefile
-
     # A link (dangling or not) is never replaced by the page, nor written through: merge and compare refuse it too.
-    problem = safefile.why_not_replace(out, lambda head: GENERATOR.encode() in head[:2048])
+    problem = safefile.why_not_replace(out, _is_our_page)
     if problem:
         raise StepcliError(f"{out}: {problem}; give another -o FILE.html")
 
@@ -70,21 +68,16 @@ def default_output(first: str) -> str:
     return os.path.join(os.path.dirname(first), f"{name}.report.html")
 
 
-def _made_by_stepcli(path: str) -> bool:
-    """Whether `path` is a page stepcli wrote (a regular file, read without blocking: never a FIFO's writer)."""
-    from stepcli.inputs import read_input
-
-    try:
-        return GENERATOR.encode() in read_input(path, gunzip=False)[:2048]
-    except StepcliError:
-        return False
+def _is_our_page(head: bytes) -> bool:
+    """Whether a file's first bytes are those of a page stepcli wrote (safefile.why_not_replace reads them)."""
+    return GENERATOR.encode() in head[:2048]
 
 
 def run_report_path(out_dir: str) -> str:
     """report.html, unless a file of that name that stepcli did not write is there (the user's own page is never
     overwritten): then the first free report-N.html."""
     path = os.path.join(out_dir, REPORT_NAME)
-    if not os.path.lexists(path) or (os.path.isfile(path) and not os.path.islink(path) and _made_by_stepcli(path)):
+    if safefile.why_not_replace(path, _is_our_page) is None:  # nothing there, or a page stepcli wrote
         return path
     stem, suffix = os.path.splitext(REPORT_NAME)
     number = 2

@@ -9,7 +9,7 @@ from typing import Any
 from stepcli.fmt import html_escape as escape
 from stepcli.fmt import ms as fmt_ms
 from stepcli.report.svg import WIDTH, nice_max
-from stepcli.traces.analyses.culpritwords import CAUSE_WORDS, summary_line
+from stepcli.traces.analyses.culpritwords import CAUSE_WORDS, no_culprit_reason
 
 COLORS = ("#3b5bdb", "#e8590c", "#2f9e44", "#ae3ec9", "#1098ad", "#c92a2a", "#5c940d", "#862e9c")
 _MAX_STEPS = 200  # bars drawn; later steps are left out (said under the chart)
@@ -79,9 +79,8 @@ def section(culprit: Mapping[str, Any] | None) -> str:
             f"{escape(CAUSE_WORDS[found['cause']])}</b> {escape(found['evidence'])}</div>"
         )
     else:
-        words = summary_line(dict(culprit)) or ""  # the terminal's words: `culprit: none: no rank arrives ...`
         parts.append(
-            f'<div class="card ok" id="culprit-finding">No culprit: {escape(words.removeprefix("culprit: none: "))}.</div>'
+            f'<div class="card ok" id="culprit-finding">No culprit: {escape(no_culprit_reason(culprit))}.</div>'
         )
     parts.append(lateness_chart(culprit["per_step"], ranks, "Lateness at collectives per step"))
     legend = "".join(

@@ -350,7 +350,7 @@ def summarize_read(
         clock=trace.clock,
         cpu_time=trace.cpu_time,
         arrivals=arrivals,
-        world_size=getattr(trace, "world_size", None),
+        world_size=trace.world_size,
     )
 
 

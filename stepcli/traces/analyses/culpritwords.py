@@ -5,6 +5,7 @@ terminal line of `table` and the run summary (stepcli.traces.analyses.culprit co
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 CAUSE_WORDS = {
@@ -56,15 +57,21 @@ def summary_line(section: dict[str, Any] | None) -> str | None:
     if not section:
         return None
     found = section.get("culprit")
-    alignment = section["alignment"]
-    clocks = (
-        "one clock: all ranks on one machine"
-        if alignment.get("one_clock")
-        else f"clock alignment error {alignment['error_ms']:.2f} ms"
-    )
     if found:
-        return f"culprit: {found['evidence']} ({clocks})"
-    return f"culprit: none: no rank arrives last consistently enough at {section['collectives']} collectives ({clocks})"
+        return f"culprit: {found['evidence']} ({_clocks(section)})"
+    return f"culprit: none: {no_culprit_reason(section)}"
+
+
+def no_culprit_reason(section: Mapping[str, Any]) -> str:
+    """Why no culprit is named, as the terminal and the page both say it."""
+    return f"no rank arrives last consistently enough at {section['collectives']} collectives ({_clocks(section)})"
+
+
+def _clocks(section: Mapping[str, Any]) -> str:
+    alignment = section["alignment"]
+    if alignment.get("one_clock"):
+        return "one clock: all ranks on one machine"
+    return f"clock alignment error {alignment['error_ms']:.2f} ms"
 
 
 def culprit_lines(section: dict[str, Any] | None) -> list[str]:
