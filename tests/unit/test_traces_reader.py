@@ -313,3 +313,22 @@ def test_ids_of_thousands_of_digits_do_not_stop_the_analysis(tmp_path: Path) -> 
     summary = summarize([load_trace(str(path))])
     assert [row.step for row in summary.steps] == [1]
     assert summary.device is not None and json.dumps(summary.to_dict())
+
+
+def test_not_utf8_is_found_from_the_bytes_whatever_the_decoder_says() -> None:
+    """msgspec 0.23 says "Invalid UTF-8 encoded string" (a DecodeError) where older releases raised
+    UnicodeDecodeError: the words come from the bytes, so every msgspec gives the same line."""
+    import msgspec
+
+    from stepcli.traces.read.document import describe_decode_error, first_invalid_utf8
+
+    text = ("é" * 10).encode() + b"\xff" + b"x"
+    assert all(first_invalid_utf8(text, chunk) == 20 for chunk in (1, 2, 3, 5, 7, 1 << 20))
+    assert first_invalid_utf8("é".encode() * 3, 1) is None
+    document = b'{"traceEvents": [{"name": "\xffaten::mm"}]}'
+    for message in ("Invalid UTF-8 encoded string", "some future wording"):
+        line = describe_decode_error(document, msgspec.DecodeError(message))
+        assert line == "not UTF-8 text (a string holds the invalid byte 0xff)", line
+    # A malformed document whose only non-UTF-8 byte lies far past the error is said to be malformed.
+    late = b'{"traceEvents": [1,,]}' + b" " * 100 + b"\xff"
+    assert describe_decode_error(late, msgspec.DecodeError("JSON is malformed (byte 19)")).startswith("invalid JSON")

@@ -6,6 +6,7 @@ stepcli.traces.read.reader's.
 
 from __future__ import annotations
 
+import codecs
 import re
 from typing import Any
 
@@ -93,6 +94,29 @@ def as_utf8(data: bytes | bytearray) -> bytes | None:
         return None
 
 
+def first_invalid_utf8(data: bytes | bytearray, chunk: int = 1 << 20) -> int | None:
+    """The offset of the first byte that is not UTF-8, or None; decoded in slices, so memory stays bounded."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    view = memoryview(data)
+    for start in range(0, len(data), chunk):
+        pending = len(decoder.getstate()[0])  # bytes of a character split across the slices
+        try:
+            decoder.decode(view[start : start + chunk], final=start + chunk >= len(data))
+        except UnicodeDecodeError as exc:
+            return max(0, start - pending + exc.start)
+    return None
+
+
+def not_utf8(data: bytes | bytearray, before: int | None = None) -> str | None:
+    """ "not UTF-8 ..." when the text holds a byte that is not UTF-8 (at or before `before`, where the decoder
+    stopped), else None. Decided from the bytes, not from the decoder's message: msgspec 0.23 raises a
+    DecodeError saying "Invalid UTF-8 encoded string" where older releases raised UnicodeDecodeError."""
+    bad = first_invalid_utf8(data)
+    if bad is None or (before is not None and bad > before + 4):
+        return None
+    return f"not UTF-8 text (a string holds the invalid byte 0x{bytes(data[bad : bad + 1]).hex()})"
+
+
 def describe_decode_error(data: bytes | bytearray, exc: msgspec.DecodeError) -> str:
     message = str(exc)
     if "truncated" in message:
@@ -100,6 +124,9 @@ def describe_decode_error(data: bytes | bytearray, exc: msgspec.DecodeError) -> 
     if data.lstrip()[:1] not in (b"{", b"["):
         return "not JSON (is this a profiler trace?)"
     where = re.search(r"\(byte (\d+)\)", message)
+    encoding = not_utf8(data, int(where.group(1)) if where else None)
+    if encoding is not None:
+        return encoding
     if where:
         position = int(where.group(1))
         if position > 0 and data[position - 1 : position] == b"-":  # the decoder stops after the sign
