@@ -25,6 +25,7 @@ from stepcli.pathparam import PathParam
 from stepcli.run.live.topcli import top
 from stepcli.run.slowoptions import check_slow_options, slow_options
 from stepcli.traces.merge import merge_main  # light: it imports the trace reader only when a merge runs
+from stepcli.whatif.whatifcli import whatif
 
 
 class _RunCommand(click.Command):
@@ -266,6 +267,7 @@ def table(
 
 
 cli.add_command(compare)  # stepcli/compare/comparecli.py
+cli.add_command(whatif)  # stepcli/whatif/whatifcli.py
 
 
 @cli.command(short_help="Trace a running `stepcli run` now: every rank, the same steps.")

@@ -121,6 +121,10 @@ def test_compare_imports_only_the_leaves_traces_and_the_run_summary() -> None:
     assert _outside("stepcli.compare", _LEAVES, ("stepcli.traces", "stepcli.runsummary", "stepcli.runfolder")) == []
 
 
+def test_whatif_imports_only_the_leaves_traces_and_the_run_folder() -> None:
+    assert _outside("stepcli.whatif", _LEAVES, ("stepcli.traces", "stepcli.runsummary", "stepcli.runfolder")) == []
+
+
 def test_advice_imports_only_the_leaves_the_summary_models_and_traces() -> None:
     # One home for advice rules, shared by run/, report/ and snapshots/: it imports none of them.
     models = {"stepcli.runsummary", "stepcli.steptimes"}

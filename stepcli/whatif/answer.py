@@ -1,0 +1,379 @@
+"""The what-if answer: the replay checked against the measured step, the critical path, each change's prediction
+and the ranked opportunities, as one JSON-ready document (schema `stepcli.whatif/1`, docs/reference/whatif-json.md).
+Pure: the lanes come in, the document goes out (stepcli.whatif.command reads, stepcli.whatif.render prints).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from stepcli.errors import EXIT_USAGE, StepcliError
+from stepcli.whatif.lanes import PHASE_NAMES, RankLane
+from stepcli.whatif.replay import Change, Graph, Replay, ReplayError, Scale, build_graph, replay, step_ms
+
+SCHEMA = "stepcli.whatif/1"
+MAX_REPLAY_ERROR = 0.05  # a replay further than this from the measured step answers nothing
+NEARLY_CRITICAL = 0.01  # a rank waiting less than this share of the step is (nearly) on the critical path
+TOP_OPERATORS = 5  # operator classes offered as opportunities (halved)
+
+
+@dataclass
+class Request:
+    """The changes as typed, in order: ("scale", "SEL=F"), ("comm", "F"), ("idealize", "R")."""
+
+    changes: list[tuple[str, str]]
+    step: int | None = None
+
+
+def usage(message: str) -> StepcliError:
+    return StepcliError(message, EXIT_USAGE)
+
+
+def parse_change(flag: str, value: str, lanes: Sequence[RankLane]) -> Change:
+    """One flag's change, checked against the lanes (a selector matching nothing is a usage error with near names)."""
+    ranks = sorted({lane.rank for lane in lanes if lane.rank is not None})
+    if flag == "comm":
+        if len(lanes) < 2:
+            raise usage("--comm: these traces are one process; collectives between ranks need two or more")
+        return Change(f"--comm {value}", comm=_factor(value, "--comm"))
+    if flag == "idealize":
+        if len(lanes) < 2:
+            raise usage("--idealize-rank: these traces are one process; idealizing a rank needs two or more")
+        try:
+            rank = int(value)
+        except ValueError:
+            raise usage(f"--idealize-rank {value}: not a rank number") from None
+        if rank not in ranks:
+            raise usage(f"--idealize-rank {rank}: no such rank in these traces (ranks {_ranks(ranks)})")
+        return Change(f"--idealize-rank {rank}", idealize=[rank])
+    selector, equals, factor_text = value.rpartition("=")
+    if not equals or not selector:
+        raise usage(f"--scale {value}: expected SELECTOR=FACTOR, e.g. phase:dataloader=0 or aten::mm=0.5")
+    factor = _factor(factor_text, f"--scale {value}")
+    return Change(f"--scale {value}", scales=[_scale(selector, factor, lanes, ranks, value)])
+
+
+def _factor(text: str, where: str) -> float:
+    try:
+        factor = float(text)
+    except ValueError:
+        raise usage(f"{where}: {text!r} is not a number (0 removes it, 0.5 halves it)") from None
+    if not math.isfinite(factor) or factor < 0 or factor > 1000:
+        raise usage(f"{where}: the factor must be a number from 0 to 1000")
+    return factor
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ", ".join(map(str, ranks)) if ranks else "none"
+
+
+def _scale(selector: str, factor: float, lanes: Sequence[RankLane], ranks: Sequence[int], typed: str) -> Scale:
+    rank = None
+    if selector.startswith("rank:"):
+        head, slash, selector = selector[len("rank:") :].partition("/")
+        if not slash or not head.isdecimal() or not selector:
+            raise usage(f"--scale {typed}: expected rank:R/SELECTOR=FACTOR, e.g. rank:1/phase:forward=0.5")
+        rank = int(head)
+        if rank not in ranks:
+            raise usage(f"--scale {typed}: no rank {rank} in these traces (ranks {_ranks(ranks)})")
+    if selector.startswith("phase:"):
+        name = selector[len("phase:") :]
+        if name not in PHASE_NAMES:
+            raise usage(f"--scale {typed}: no phase {name!r}; phases: {', '.join(_phase_order())}")
+        return Scale(rank, PHASE_NAMES.index(name), frozenset(), factor)
+    known = operator_names(lanes, rank)
+    if selector.startswith("re:"):
+        try:
+            pattern = re.compile(selector[3:])
+        except re.error as exc:
+            raise usage(f"--scale {typed}: not a regular expression ({exc})") from None
+        names = frozenset(n for n in known if pattern.search(n))
+    else:
+        names = frozenset([selector]) & frozenset(known)
+    if not names:
+        near = difflib.get_close_matches(selector.removeprefix("re:"), list(known), n=3, cutoff=0.4)
+        hint = f"; near names: {', '.join(near)}" if near else ""
+        raise usage(f"--scale {typed}: matches no operator on the steps' thread of these traces{hint}")
+    return Scale(rank, None, names, factor)
+
+
+def _phase_order() -> list[str]:
+    return ["dataloader", "forward", "backward", "optimizer", "other"]
+
+
+def operator_names(lanes: Sequence[RankLane], rank: int | None = None) -> dict[str, float]:
+    """Operator name -> total µs of its spans on the steps' threads (every depth), most first."""
+    totals: dict[str, float] = {}
+    for lane in lanes:
+        if rank is not None and lane.rank != rank:
+            continue
+        if not len(lane.op_name):
+            continue
+        sums = np.bincount(lane.op_name, weights=lane.op_end - lane.op_start, minlength=len(lane.names))
+        for code in np.nonzero(sums)[0].tolist():
+            totals[lane.names[code]] = totals.get(lane.names[code], 0.0) + float(sums[code])
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
+def top_operators(lanes: Sequence[RankLane], count: int) -> list[str]:
+    """The outermost operators with the most time (the step's own children), by name."""
+    totals: dict[str, float] = {}
+    for lane in lanes:
+        top = lane.op_top
+        if not top.any():
+            continue
+        sums = np.bincount(lane.op_name[top], weights=(lane.op_end - lane.op_start)[top], minlength=len(lane.names))
+        for code in np.nonzero(sums)[0].tolist():
+            totals[lane.names[code]] = totals.get(lane.names[code], 0.0) + float(sums[code])
+    return [name for name, _ in sorted(totals.items(), key=lambda kv: -kv[1])[:count]]
+
+
+def choose_steps(lanes: Sequence[RankLane], step: int | None) -> list[int]:
+    """The steps every lane recorded, the longest run of consecutive ones (or just `step`)."""
+    common = sorted(set.intersection(*(set(lane.steps) for lane in lanes))) if lanes else []
+    if not common:
+        if not any(lane.steps for lane in lanes):
+            raise usage("no complete ProfilerStep in these traces: whatif replays recorded steps")
+        raise usage("the traces share no recorded step: give traces of one run")
+    if step is not None:
+        if step not in common:
+            raise usage(f"--step {step}: not a step every trace recorded (steps {_steps_label(common)})")
+        return [step]
+    best: list[int] = [common[0]]
+    run = [common[0]]
+    for number in common[1:]:
+        run = run + [number] if number == run[-1] + 1 else [number]
+        if len(run) > len(best):
+            best = list(run)
+    return best
+
+
+def _steps_label(steps: Sequence[int]) -> str:
+    if len(steps) > 1 and steps[-1] - steps[0] == len(steps) - 1:
+        return f"{steps[0]}-{steps[-1]}"
+    return ", ".join(map(str, steps))
+
+
+def answer(lanes: Sequence[RankLane], request: Request, untouched_ms: float | None) -> dict[str, Any]:
+    """The whole answer document; `verdict` is "inconclusive" (with `reason`) when the replay cannot be trusted."""
+    lanes = list(lanes)
+    steps = choose_steps(lanes, request.step)
+    changes = [parse_change(flag, value, lanes) for flag, value in request.changes]
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "ranks": sorted(lane.rank for lane in lanes if lane.rank is not None),
+        "steps": steps,
+        "measured_ms": None,
+        "replayed_ms": None,
+        "replay_error": None,
+        "untouched_ms": untouched_ms,
+        "verdict": "inconclusive",
+        "reason": None,
+        "critical_path": None,
+        "nearly_critical_ranks": [],
+        "slack": [],
+        "changes": [],
+        "opportunities": [],
+    }
+    reason = _unmodelled(lanes)
+    graph = None
+    if reason is None:
+        graph = build_graph(lanes, steps)
+        if len(lanes) > 1 and not graph.members:
+            reason = (
+                f"no collective could be matched across the ranks in steps {_steps_label(steps)}: "
+                "without one, the ranks' timelines cannot be joined"
+            )
+    if graph is None or reason is not None:
+        doc["reason"] = reason
+        return doc
+    measured = step_ms(graph)
+    try:
+        base = replay(graph)
+    except ReplayError as exc:
+        doc["reason"] = f"the replay could not finish: {exc}"
+        return doc
+    replayed = step_ms(graph, base)
+    error = (replayed - measured) / measured if measured > 0 else 0.0
+    doc.update(measured_ms=measured, replayed_ms=replayed, replay_error=error)
+    if measured <= 0:
+        doc["reason"] = "the recorded steps take no time"
+        return doc
+    if abs(error) > MAX_REPLAY_ERROR:
+        doc["reason"] = (
+            f"the replay is {error:+.1%} off the measured step (more than {MAX_REPLAY_ERROR:.0%}): the graph does "
+            "not explain the waits (host gaps not explained, or clocks not aligned)"
+        )
+        return doc
+    doc["verdict"] = "ok"
+    doc["critical_path"] = critical_path(graph, base)
+    doc["nearly_critical_ranks"] = nearly_critical(graph, base, measured)
+    doc["slack"] = slack(graph, base)
+
+    def predicted(change: Change) -> dict[str, Any]:
+        ms = step_ms(graph, replay(graph, change))
+        saved = measured - ms
+        return {
+            "change": change.text,
+            "predicted_ms": ms,
+            "predicted_untouched_ms": ms * untouched_ms / measured if untouched_ms is not None else None,
+            "saved_ms": saved,
+            "saved_share": saved / measured,
+        }
+
+    doc["changes"] = [predicted(c) for c in changes]
+    if len(changes) > 1:
+        together = changes[0]
+        for other in changes[1:]:
+            together = together.merged(other, "")
+        together.text = " ".join(c.text for c in changes)
+        doc["changes"].append(predicted(together))
+    if not changes:
+        ranked = [predicted(c) for c in opportunities(graph, base, lanes)]
+        ranked.sort(key=lambda entry: -entry["saved_ms"])
+        doc["opportunities"] = ranked
+    return doc
+
+
+def _unmodelled(lanes: Sequence[RankLane]) -> str | None:
+    """Why these traces cannot be replayed honestly yet, or None."""
+    device = sum(lane.device_events for lane in lanes)
+    if device:
+        return (
+            f"the traces hold GPU work ({device} kernels and copies in the steps): device streams, launches and "
+            "syncs are not in stepcli's graph yet, so no replay of them can be checked"
+        )
+    ranks = sorted(lane.rank for lane in lanes if lane.rank is not None)
+    sizes = {lane.world_size for lane in lanes if lane.world_size}
+    if sizes and max(sizes) > len(lanes):
+        return (
+            f"only rank{'s' if len(ranks) > 1 else ''} {_ranks(ranks)} of a {max(sizes)}-rank job "
+            f"{'were' if len(ranks) > 1 else 'was'} read: the other ranks' traces are needed to replay the waits"
+        )
+    return None
+
+
+def opportunities(graph: Graph, base: Replay, lanes: Sequence[RankLane]) -> list[Change]:
+    """Each phase removed and halved, the top operator classes halved, communication halved, the ranks the others
+    wait for idealized."""
+    out: list[Change] = []
+    for name in _phase_order():
+        code = PHASE_NAMES.index(name)
+        if any(np.any((lane.phase == code) & (np.diff(lane.grid) > 0)) for lane in lanes):
+            for factor, shown in ((0.0, "0"), (0.5, "0.5")):
+                out.append(Change(f"--scale phase:{name}={shown}", [Scale(None, code, frozenset(), factor)]))
+    for name in top_operators(lanes, TOP_OPERATORS):
+        out.append(Change(f"--scale {name}=0.5", [Scale(None, None, frozenset([name]), 0.5)]))
+    if graph.members:
+        out.append(Change("--comm 0.5", comm=0.5))
+        order = np.argsort(base.blocked)
+        for i in order[: min(2, len(lanes) - 1)].tolist():
+            rank = lanes[i].rank
+            if rank is not None:
+                out.append(Change(f"--idealize-rank {rank}", idealize=[rank]))
+    return out
+
+
+def nearly_critical(graph: Graph, base: Replay, measured_ms: float) -> list[int]:
+    """Ranks that wait less than 1% of the step: each is on a (nearly) critical path; with several, making one
+    faster buys little until the others are too."""
+    if len(graph.lanes) < 2:
+        return []
+    per_step = [b / len(graph.steps) / 1000.0 for b in base.blocked]
+    return [
+        lane.rank
+        for lane, waited in zip(graph.lanes, per_step)
+        if lane.rank is not None and waited < NEARLY_CRITICAL * measured_ms
+    ]
+
+
+def critical_path(graph: Graph, rep: Replay) -> dict[str, Any]:
+    """Walk back from the latest end along each stretch's binding predecessor: the lane before it, or for a wait
+    bound by a collective, that collective's transfer and then its last arriver's lane. Segments in time order,
+    merged by (rank, kind, name), in ms per step; their ms add up to the path's."""
+    n_steps = len(graph.steps)
+    i = int(np.argmax(rep.end))
+    k = len(rep.records[i]) - 1
+    walked: list[tuple[int, str, str, float]] = []  # (lane, kind, name, µs), latest first
+    guard = sum(len(r) for r in rep.records) + 1
+    while k >= 0 and guard > 0:
+        guard -= 1
+        record = rep.records[i][k]
+        if record.arrive_row >= 0 or record.end <= record.start:
+            k -= 1
+            continue
+        if record.wait_row >= 0:
+            row = record.wait_row
+            name = graph.names[row]
+            if record.tail > 0:
+                walked.append((i, "wait", f"after {name}", record.tail))
+            m = int(np.argmax(rep.arrive[row]))
+            j = graph.members[row][m]
+            walked.append((j, "collective", name, rep.transfer[row]))
+            found = [x for x, r in enumerate(rep.records[j]) if r.arrive_row == row]
+            if not found:
+                break
+            i, k = j, found[0] - 1
+            continue
+        if record.wait_row < 0 and record.lane_to > record.lane_from and record.arrive_row < 0:
+            walked.extend((i, "cpu", phase, us) for phase, us in _phase_split(graph, rep, i, record))
+        k -= 1
+    merged: dict[tuple[int, str, str], float] = {}
+    for lane, kind, name, us in reversed(walked):
+        merged[(lane, kind, name)] = merged.get((lane, kind, name), 0.0) + us
+    total = sum(merged.values())
+    segments = [
+        {
+            "rank": graph.lanes[lane].rank,
+            "kind": kind,
+            "name": name,
+            "ms": us / n_steps / 1000.0,
+            "share": us / total if total > 0 else 0.0,
+        }
+        for (lane, kind, name), us in merged.items()
+        if us > 0
+    ]
+    return {"ms": total / n_steps / 1000.0, "segments": segments}
+
+
+def _phase_split(graph: Graph, rep: Replay, i: int, record: Any) -> list[tuple[str, float]]:
+    """A compute stretch's replayed time by phase (its measured time by phase, scaled to its replayed length)."""
+    lane = graph.lanes[i]
+    lo, hi = record.lane_from, record.lane_to
+    edges = np.clip(lane.grid, lo, hi)
+    lengths = np.diff(edges)
+    total = float(lengths.sum())
+    if total <= 0:
+        return []
+    scale = (record.end - record.start) / total
+    sums = np.bincount(lane.phase, weights=lengths, minlength=len(PHASE_NAMES))
+    return [(PHASE_NAMES[p], float(sums[p]) * scale) for p in range(len(PHASE_NAMES)) if sums[p] > 0]
+
+
+def slack(graph: Graph, rep: Replay) -> list[dict[str, Any]]:
+    """The top operators' slack: how much longer each could run before the step does (ms per occurrence, the
+    least over ranks): the waits after it on its rank absorb that much."""
+    out = []
+    names = top_operators(graph.lanes, TOP_OPERATORS)
+    for name in names:
+        least = math.inf
+        for i, lane in enumerate(graph.lanes):
+            codes = [c for c, n in enumerate(lane.names) if n == name]
+            if not codes:
+                continue
+            at = lane.op_start[lane.op_top & np.isin(lane.op_name, codes)]
+            if not len(at):
+                continue
+            waits = [(r.lane_from, r.waited) for r in rep.records[i] if r.wait_row >= 0]
+            for t in at.tolist():
+                least = min(least, sum(w for start, w in waits if start >= t))
+        if math.isfinite(least):
+            out.append({"name": name, "slack_ms": least / 1000.0})
+    return out

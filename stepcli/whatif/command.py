@@ -1,0 +1,108 @@
+"""`stepcli whatif`: read each trace into a lane (in worker processes, as `table` reads), answer, print, write.
+
+PATH is a run folder, a folder of traces or one trace. A run folder also gives the untouched steps' median, so
+each prediction is given at the program's own pace too (stepcli.whatif.answer explains the rest).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from stepcli import safefile
+from stepcli.errors import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_USAGE, StepcliError
+from stepcli.whatif.answer import SCHEMA, Request, answer
+from stepcli.whatif.lanes import RankLane
+
+
+def read_lane(path: str) -> RankLane:
+    """One trace file's lane (module level: run in a worker process)."""
+    from stepcli.traces.read.columns import load_columns
+    from stepcli.whatif.lanes import lane_of
+
+    return lane_of(load_columns(path))
+
+
+def untouched_median(paths: Sequence[str]) -> float | None:
+    """The untouched steps' median (ms) of the run folder PATH names, from the run summary `stepcli run` saved in
+    its newest run; None for anything else."""
+    if len(paths) != 1 or not os.path.isdir(paths[0]):
+        return None
+    from stepcli.runfolder import read_saved, run_dirs
+    from stepcli.runsummary import SUMMARY_FILE, read_run_summary
+
+    newest = next(iter(run_dirs(paths[0])), None)
+    if newest is None:
+        return None
+    data = read_saved(newest / SUMMARY_FILE)
+    if data is None:
+        return None
+    try:
+        summary: Any = read_run_summary(data, str(newest / SUMMARY_FILE))
+    except StepcliError:
+        return None
+    untouched = (summary.get("step_time_ms") or {}).get("untouched")
+    median = untouched.get("median") if isinstance(untouched, dict) else None
+    return float(median) if isinstance(median, (int, float)) and median > 0 else None
+
+
+def pick_lanes(lanes: list[RankLane], step: int | None) -> tuple[list[RankLane], list[str]]:
+    """One lane per rank (a folder given twice the same rank: the trace holding `step`, else the one with the most
+    steps), and a note per trace left out."""
+    by_rank: dict[int | None, list[RankLane]] = {}
+    for lane in lanes:
+        by_rank.setdefault(lane.rank, []).append(lane)
+    chosen, notes = [], []
+    for rank, group in by_rank.items():
+        best = max(group, key=lambda lane: (step in lane.steps if step is not None else 0, len(lane.steps)))
+        chosen.append(best)
+        for lane in group:
+            if lane is not best:
+                who = f"rank {rank}" if rank is not None else "the process"
+                notes.append(f"{lane.path}: left out ({who} is read from {best.path})")
+    if len(chosen) > 1 and any(lane.rank is None for lane in chosen):
+        raise StepcliError(
+            "these traces mix a trace without a rank with ranked ones: give one job's traces", EXIT_USAGE
+        )
+    chosen.sort(key=lambda lane: (lane.rank is None, lane.rank or 0))
+    return chosen, notes
+
+
+def whatif_main(
+    paths: Sequence[str],
+    changes: list[tuple[str, str]],
+    step: int | None,
+    json_path: str | None,
+    jobs: int | None = None,
+) -> int:
+    from stepcli.traces.engine import map_files
+    from stepcli.traces.read.files import list_trace_files
+    from stepcli.whatif.render import print_answer
+
+    files = list_trace_files(paths)
+    if not files:
+        raise StepcliError(f"no trace files in {', '.join(paths)}", EXIT_USAGE)
+    lanes, notes = pick_lanes(map_files(read_lane, files, jobs), step)
+    doc = answer(lanes, Request(changes, step), untouched_median(paths))
+    if json_path is not None:
+        write_json(json_path, doc)
+    print_answer(doc, notes)
+    return EXIT_OK if doc["verdict"] == "ok" else EXIT_INCONCLUSIVE
+
+
+_OURS = re.compile(rb'\s*\{\s*"schema"\s*:\s*"' + re.escape(SCHEMA.encode()))
+
+
+def write_json(path: str, doc: dict[str, Any]) -> None:
+    """The answer document at `path`, replacing only an earlier answer (never a user's file or an input)."""
+    import orjson
+
+    problem = safefile.why_not_replace(path, _OURS.match)
+    if problem is not None:
+        raise StepcliError(f"--json {path}: {problem}; not replaced", EXIT_USAGE)
+    try:
+        safefile.write_bytes(path, orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+    except OSError as exc:
+        raise StepcliError(f"--json {path}: cannot write ({exc.strerror or exc})", EXIT_USAGE) from None

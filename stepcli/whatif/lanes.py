@@ -1,0 +1,202 @@
+"""One rank's recorded steps as a lane of the what-if graph, from its trace's columns alone. Pure.
+
+The steps' thread is cut into elementary intervals at every operator boundary (`grid`). Each interval has the
+phase `stepcli table`'s breakdown gives it (dataloader, optimizer, backward, forward, other, in that priority) and
+is covered or not by any operator, so a change (an operator, a phase, a rank made faster) is a speed per interval
+and the lane's replayed time is that speed's integral (stepcli.whatif.replay). The rank's collectives
+(stepcli.traces.analyses.arrivals) are the lane's joints: an arrival is a point on the lane; a departure that
+falls in a wait (host time in no operator, or an operator named for waiting) makes that wait end no earlier than
+the collective, plus the measured tail after it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stepcli.traces.analyses import arrays as col
+from stepcli.traces.analyses.arrivals import RankArrivals, rank_arrivals
+from stepcli.traces.analyses.steps import BACKWARD, DATALOADER, OPTIMIZER, phase_of
+from stepcli.traces.read import typedcolumns
+from stepcli.traces.read.columns import ColumnTrace
+from stepcli.traces.read.names import STEP_PREFIX, step_of
+
+# The phases of a lane's time, as the breakdown names them; the codes index PHASE_NAMES.
+PHASE_NAMES = ("other", "dataloader", "optimizer", "backward", "forward")
+OTHER, FORWARD = 0, 4
+# Host operators that block on something else (a collective, the device, another thread): their time is waiting.
+WAIT_NAME = re.compile(r"wait|synchroni[sz]e|barrier", re.IGNORECASE)
+
+
+@dataclass
+class RankLane:
+    """One rank's steps' thread in its recorded steps; small and picklable (built in a worker per file)."""
+
+    path: str
+    rank: int | None
+    clock: str | None
+    world_size: int | None
+    steps: list[int]  # complete step numbers, by start
+    step_start: list[float]  # µs, the trace's own clock
+    step_end: list[float]
+    grid: np.ndarray  # float64 µs: the elementary intervals' boundaries, from the first step's start to the last's end
+    phase: np.ndarray  # int8 per interval: index into PHASE_NAMES
+    busy: np.ndarray  # bool per interval: inside an operator of the steps' thread
+    names: list[str]  # operator names (codes index it)
+    op_name: np.ndarray  # int32 per operator of the steps' thread inside the steps (every depth)
+    op_start: np.ndarray  # float64 µs
+    op_end: np.ndarray
+    op_top: np.ndarray  # bool: outermost (a child of the step)
+    waits: np.ndarray  # float64 (n, 2): the wait spans, sorted and disjoint
+    device_events: int  # kernels, copies and sets in the steps: device lanes are not modelled yet
+    arrivals: RankArrivals | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else "the process"
+
+
+def lane_of(trace: ColumnTrace) -> RankLane:
+    """The lane of one trace file (raises nothing on a trace without steps: `steps` is then empty)."""
+    columns = trace.columns
+    names = columns.names
+    cpu = (columns.kind == typedcolumns.OTHER_CPU) | (columns.kind == typedcolumns.USER_ANNOTATION)
+    is_step_name = np.array([n.startswith(STEP_PREFIX) for n in names] or [False], bool)
+    step_events = np.nonzero(cpu & is_step_name[columns.name])[0] if len(columns) else np.zeros(0, np.int64)
+    empty = _empty_lane(trace)
+    if not step_events.size:
+        return empty
+    thread = columns.pid.astype(np.int64) * max(len(columns.ids), 1) + columns.tid
+    main = np.bincount(thread[step_events]).argmax()
+    step_events = step_events[thread[step_events] == main]
+    step_events = step_events[np.argsort(columns.ts[step_events], kind="stable")]
+    numbers: list[int] = []
+    starts: list[float] = []
+    ends: list[float] = []
+    for index in step_events.tolist():
+        number = step_of(names[int(columns.name[index])])
+        if number is None or number == trace.incomplete_step:
+            continue
+        if starts and columns.ts[index] < ends[-1]:
+            continue  # overlapping step annotations: the first one stands
+        numbers.append(number)
+        starts.append(float(columns.ts[index]))
+        ends.append(float(columns.ts[index] + columns.dur[index]))
+    if not numbers:
+        return empty
+    lo, hi = starts[0], ends[-1]
+    ops = np.nonzero(cpu & (thread == main) & ~is_step_name[columns.name])[0]
+    o_start = columns.ts[ops]
+    o_end = o_start + columns.dur[ops]
+    inside = (o_end > lo) & (o_start < hi)
+    ops = ops[inside]
+    o_start, o_end = np.maximum(o_start[inside], lo), np.minimum(o_end[inside], hi)
+    order = col.thread_order(np.zeros(len(ops), np.int64), o_start, o_end - o_start)
+    ops, o_start, o_end = ops[order], o_start[order], o_end[order]
+    reach = np.maximum.accumulate(o_end) if len(o_end) else o_end
+    top = np.ones(len(ops), bool)
+    top[1:] = o_start[1:] >= reach[:-1]
+    op_name = columns.name[ops].astype(np.int32)
+    grid = np.unique(np.concatenate(([lo, hi], o_start, o_end, starts, ends)))
+    mid = (grid[:-1] + grid[1:]) / 2
+    busy = covers(o_start[top], o_end[top], mid)
+    phase = _phases(names, op_name, o_start, o_end, top, mid)
+    waits = _waits(names, op_name, o_start, o_end, top, grid, busy)
+    device = columns.kind >= typedcolumns.DEVICE
+    device_events = int(np.count_nonzero(device & (columns.ts < hi) & (columns.ts + columns.dur > lo)))
+    arrivals = rank_arrivals(columns, trace.rank, trace.incomplete_step, trace.clock)
+    return RankLane(
+        trace.path,
+        trace.rank,
+        trace.clock,
+        trace.world_size,
+        numbers,
+        starts,
+        ends,
+        grid,
+        phase,
+        busy,
+        list(names),
+        op_name,
+        o_start,
+        o_end,
+        top,
+        waits,
+        device_events,
+        arrivals,
+    )
+
+
+def _empty_lane(trace: ColumnTrace) -> RankLane:
+    nothing = np.zeros(0)
+    return RankLane(
+        trace.path,
+        trace.rank,
+        trace.clock,
+        trace.world_size,
+        [],
+        [],
+        [],
+        nothing,
+        np.zeros(0, np.int8),
+        np.zeros(0, bool),
+        list(trace.columns.names),
+        np.zeros(0, np.int32),
+        nothing,
+        nothing,
+        np.zeros(0, bool),
+        np.zeros((0, 2)),
+        0,
+    )
+
+
+def covers(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Whether each time in `at` lies inside one of the spans (any order, overlapping allowed)."""
+    if not len(starts):
+        return np.zeros(len(at), bool)
+    u_start, u_end = col.union_arrays(starts, ends)
+    k = np.searchsorted(u_start, at, side="right") - 1
+    return (k >= 0) & (at < u_end[np.maximum(k, 0)])
+
+
+def _phases(
+    names: list[str], op_name: np.ndarray, start: np.ndarray, end: np.ndarray, top: np.ndarray, mid: np.ndarray
+) -> np.ndarray:
+    """Each interval's phase, by the breakdown's priority: dataloader, optimizer, backward (spans at any depth
+    named so), forward (the other outermost operators), other (no operator)."""
+    phase_of_name = np.array([phase_of(n) for n in names] or [0], np.int8)
+    named = phase_of_name[op_name] if len(op_name) else np.zeros(0, np.int8)
+    out = np.full(len(mid), OTHER, np.int8)
+    claimed = np.zeros(len(mid), bool)
+    for code, where in ((1, named == DATALOADER), (2, named == OPTIMIZER), (3, named == BACKWARD), (FORWARD, top)):
+        hit = covers(start[where], end[where], mid) & ~claimed
+        out[hit] = code
+        claimed |= hit
+    return out
+
+
+def _waits(
+    names: list[str],
+    op_name: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    top: np.ndarray,
+    grid: np.ndarray,
+    busy: np.ndarray,
+) -> np.ndarray:
+    """The spans the thread spent waiting: its gaps (no operator) and its outermost operators named for waiting."""
+    free = ~busy
+    edges = np.diff(np.concatenate(([0], free.astype(np.int8), [0])))
+    gaps = np.stack((grid[:-1][edges[:-1] == 1], grid[1:][edges[1:] == -1]), axis=1) if free.any() else np.zeros((0, 2))
+    is_wait = np.array([bool(WAIT_NAME.search(n)) for n in names] or [False], bool)
+    waiting = is_wait[op_name] if len(op_name) else np.zeros(0, bool)
+    if waiting.any():
+        w_start, w_end = col.union_arrays(start[waiting], end[waiting])
+        spans = np.concatenate((gaps, np.stack((w_start, w_end), axis=1)))
+        spans = spans[np.argsort(spans[:, 0], kind="stable")]
+        merged_start, merged_end = col.union_arrays(spans[:, 0], spans[:, 1])
+        return np.stack((merged_start, merged_end), axis=1)
+    return gaps

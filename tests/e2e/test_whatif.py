@@ -1,0 +1,164 @@
+"""`stepcli whatif` end to end: real runs of real torch programs, replayed and answered.
+
+One demo run and one two-rank gloo DDP job with a rank slowed by a known sleep are shared by the file's tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_stepcli, write_script
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "traces"
+SLEEP_MS = 20
+
+SLOW_RANK = f"""
+import time, torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(32, 64)
+for _ in range(8):
+    if dist.get_rank() == 1:
+        time.sleep({SLEEP_MS} / 1000)  # rank 1's extra work, which idealizing it must buy back
+    model(x).sum().backward()
+    opt.step()
+    opt.zero_grad()
+dist.barrier()
+del model, opt
+import gc; gc.collect()
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("whatif") / "demo"
+    result = run_stepcli("demo", "--quiet", "--active", "3", "-o", out, "--", "--iterations", "16")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("whatif_ddp")
+    script = write_script(folder, "slow_rank.py", SLOW_RANK)
+    out = folder / "out"
+    result = run_stepcli(
+        "run", "--quiet", "--active", "3", "-o", out, "--", "torchrun", "--nproc-per-node", "2", script, cwd=folder
+    )
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_a_run_folder_is_replayed_checked_and_ranked(demo_run: Path, tmp_path: Path) -> None:
+    answer = tmp_path / "whatif.json"
+    result = run_stepcli("whatif", demo_run, "--json", answer)
+    assert result.returncode == 0, result.stderr
+    assert "the graph explains the step" in result.stdout and "what would help" in result.stdout
+    assert all(len(line) <= 80 for line in result.stdout.splitlines()), result.stdout
+    doc = json.loads(answer.read_text())
+    assert doc["schema"] == "stepcli.whatif/1" and doc["verdict"] == "ok" and doc["reason"] is None
+    assert doc["ranks"] == [] and doc["steps"] == [2, 3, 4]
+    assert abs(doc["replay_error"]) <= 0.05 and doc["untouched_ms"] > 0
+    path = doc["critical_path"]
+    assert sum(s["ms"] for s in path["segments"]) == pytest.approx(path["ms"])
+    saved = [o["saved_ms"] for o in doc["opportunities"]]
+    assert saved == sorted(saved, reverse=True) and saved[0] > 0
+    removed = {o["change"]: o for o in doc["opportunities"]}["--scale phase:dataloader=0"]
+    assert removed["predicted_ms"] < doc["measured_ms"] and removed["predicted_untouched_ms"] < doc["untouched_ms"]
+    assert doc["changes"] == []
+
+
+def test_changes_are_answered_alone_and_together(demo_run: Path, tmp_path: Path) -> None:
+    answer = tmp_path / "whatif.json"
+    result = run_stepcli(
+        "whatif", demo_run, "--scale", "phase:optimizer=0", "--scale", "re:^aten::=0.5", "--json", answer
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(answer.read_text())
+    assert [c["change"] for c in doc["changes"]] == [
+        "--scale phase:optimizer=0",
+        "--scale re:^aten::=0.5",
+        "--scale phase:optimizer=0 --scale re:^aten::=0.5",
+    ]
+    alone_a, alone_b, both = (c["saved_ms"] for c in doc["changes"])
+    assert 0 < alone_a < both and 0 < alone_b < both
+    assert doc["opportunities"] == []
+    again = run_stepcli("whatif", demo_run, "--scale", "phase:optimizer=0", "--json", answer)
+    assert again.returncode == 0, again.stderr  # its own earlier answer is replaced
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--scale", "aten::mmm=0.5"], "matches no operator on the steps' thread of these traces; near names:"),
+        (["--comm", "0.5"], "these traces are one process"),
+        (["--idealize-rank", "0"], "these traces are one process"),
+        (["--step", "99"], "--step 99: not a step every trace recorded (steps 2-4)"),
+    ],
+)
+def test_bad_changes_get_one_line_and_exit_2(demo_run: Path, argv: list[str], words: str) -> None:
+    result = run_stepcli("whatif", demo_run, *argv)
+    assert result.returncode == 2 and result.stdout == ""
+    assert words in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_whatif_never_replaces_a_users_file(demo_run: Path, tmp_path: Path) -> None:
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"mine": true}')
+    result = run_stepcli("whatif", demo_run, "--json", mine)
+    assert result.returncode == 2 and "not replaced" in result.stderr
+    assert mine.read_text() == '{"mine": true}'
+
+
+def test_a_slow_rank_idealized_buys_its_sleep_back_and_the_fast_one_buys_nothing(ddp_run: Path) -> None:
+    result = run_stepcli("whatif", ddp_run, "--idealize-rank", "1", "--idealize-rank", "0")
+    assert result.returncode in (0, 4), result.stderr
+    assert "2 ranks" in result.stdout
+    if result.returncode == 4:  # a loaded machine can skew a replay: then it must say why, never a number
+        assert "INCONCLUSIVE" in result.stdout and "predicted" not in result.stdout
+        return
+    line = next(s for s in result.stdout.splitlines() if s.strip().startswith("--idealize-rank 1 "))
+    assert "->" in line
+    text = result.stdout
+    assert "critical path" in text and "collective" in text
+
+
+def test_the_ranks_answer_in_json(ddp_run: Path, tmp_path: Path) -> None:
+    answer = tmp_path / "ddp.json"
+    result = run_stepcli("whatif", ddp_run, "--idealize-rank", "1", "--idealize-rank", "0", "--json", answer)
+    if result.returncode == 4:
+        doc = json.loads(answer.read_text())
+        assert doc["verdict"] == "inconclusive" and doc["reason"] and doc["changes"] == []
+        return
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(answer.read_text())
+    assert doc["ranks"] == [0, 1]
+    slow, fast = doc["changes"][0], doc["changes"][1]
+    # rank 1 sleeps 20 ms a step: idealized, most of it comes back; rank 0 idealized buys nothing (it waits).
+    assert slow["saved_ms"] > 0.5 * SLEEP_MS, slow
+    assert fast["saved_ms"] <= 0.05 * doc["measured_ms"], fast
+    assert any(s["kind"] == "collective" for s in doc["critical_path"]["segments"])
+    assert doc["critical_path"]["segments"][0]["rank"] in (0, 1)
+
+
+def test_gpu_traces_and_one_rank_of_a_job_are_inconclusive_with_the_reason() -> None:
+    trace = SHARED / "dlrm_control.rank3.pt.trace.json.gz"
+    if not trace.exists():
+        pytest.skip(f"{trace} not found (../shared/traces beside the checkout)")
+    result = run_stepcli("whatif", trace)
+    assert result.returncode == 4, result.stderr
+    assert "INCONCLUSIVE: the traces hold GPU work" in result.stdout
+
+
+def test_a_trace_without_steps_is_refused_in_one_line(tmp_path: Path) -> None:
+    trace = tmp_path / "nosteps.json"
+    trace.write_text(json.dumps({"traceEvents": [{"name": "aten::mm", "ph": "X", "cat": "cpu_op", "pid": 1,
+                                                  "tid": 1, "ts": 0, "dur": 5}]}))  # fmt: skip
+    result = run_stepcli("whatif", trace)
+    assert result.returncode == 2 and "no complete ProfilerStep" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,135 @@
+"""The what-if graph and replay on constructed traces whose answers are computed by hand (times in µs).
+
+Each trace is built from events as torch writes them (ProfilerStep#N, operators on the steps' thread, the host
+`c10d::allreduce_` that is a rank's arrival and gloo's worker event that is its departure), read into columns as
+any trace is, so the lane builder and the collective matching are the real ones."""
+
+from __future__ import annotations
+
+import pytest
+
+from stepcli.errors import StepcliError
+from stepcli.traces.read.columns import ColumnTrace
+from stepcli.traces.read.events import Event
+from stepcli.traces.read.typedcolumns import columns_from_events
+from stepcli.whatif.answer import Request, answer, parse_change
+from stepcli.whatif.lanes import lane_of
+from stepcli.whatif.replay import build_graph, replay, step_ms
+
+MAIN, WORKER = 1, 2
+
+
+def _trace(rank: int | None, events: list[tuple[str, str, int, float, float]], world: int | None = None) -> ColumnTrace:
+    """events: (name, category, thread, start, end)."""
+    decoded = [Event(name=n, cat=c, pid=7, tid=t, ts=s, dur=e - s) for n, c, t, s, e in events]
+    columns = columns_from_events(decoded)
+    return ColumnTrace(f"rank{rank}.json", rank, columns, len(decoded), clock="host:boot", world_size=world)
+
+
+def _rank(rank: int, forward_end: float, depart: float, world: int = 2) -> ColumnTrace:
+    """One step [0, 100]: forward [0, F), the allreduce called at F (2 µs), a wait until 95, the optimizer [95, 100];
+    gloo's worker ends the collective at `depart`."""
+    f = forward_end
+    return _trace(
+        rank,
+        [
+            ("ProfilerStep#1", "user_annotation", MAIN, 0, 100),
+            ("forward_op", "cpu_op", MAIN, 0, f),
+            ("c10d::allreduce_", "cpu_op", MAIN, f, f + 2),
+            ("gloo:all_reduce", "cpu_op", WORKER, f + 1, depart),
+            ("Optimizer.step#SGD.step", "cpu_op", MAIN, 95, 100),
+        ],
+        world,
+    )
+
+
+def _one_process() -> ColumnTrace:
+    return _trace(
+        None,
+        [
+            ("ProfilerStep#1", "user_annotation", MAIN, 0, 100),
+            ("a_op", "cpu_op", MAIN, 10, 40),
+            ("inner_op", "cpu_op", MAIN, 20, 30),
+            ("b_op", "cpu_op", MAIN, 50, 90),
+        ],
+    )
+
+
+def _predicted(traces: list[ColumnTrace], *changes: tuple[str, str]) -> list[float]:
+    lanes = [lane_of(t) for t in traces]
+    doc = answer(lanes, Request(list(changes)), None)
+    assert doc["verdict"] == "ok", doc["reason"]
+    return [round(entry["predicted_ms"] * 1000, 6) for entry in doc["changes"]]
+
+
+def test_one_process_chain_scales_operators_phases_and_nested_calls() -> None:
+    lanes = [lane_of(_one_process())]
+    graph = build_graph(lanes, [1])
+    assert step_ms(graph) == step_ms(graph, replay(graph)) == pytest.approx(0.1)
+    assert _predicted([_one_process()], ("scale", "a_op=0")) == [70.0]  # its whole span, the nested call too
+    assert _predicted([_one_process()], ("scale", "inner_op=0")) == [90.0]
+    assert _predicted([_one_process()], ("scale", "a_op=0.5"), ("scale", "inner_op=0")) == [85.0, 90.0, 80.0]
+    assert _predicted([_one_process()], ("scale", "phase:other=0")) == [70.0]  # the gaps: 10 + 10 + 10
+    assert _predicted([_one_process()], ("scale", "re:^[ab]_op$=2")) == [170.0]
+
+
+def test_two_ranks_a_late_member_binds_and_a_change_off_the_critical_path_buys_nothing() -> None:
+    # rank 0 arrives at 20, rank 1 at 60; the collective ends at 90 on both: transfer 30 after the last arrival.
+    ranks = [_rank(0, 20, 90), _rank(1, 60, 90)]
+    lanes = [lane_of(t) for t in ranks]
+    graph = build_graph(lanes, [1])
+    assert graph.transfer == [30.0]
+    base = replay(graph)
+    assert base.end == [100.0, 100.0]
+    assert base.blocked == [40.0, 0.0]  # waiting for the other rank to arrive, not for the transfer
+    # the late rank's forward halved: it arrives at 30, the collective ends at 60, both ranks at 60 + 5 + 5.
+    assert _predicted(ranks, ("scale", "rank:1/forward_op=0.5")) == [70.0]
+    assert _predicted(ranks, ("scale", "rank:0/forward_op=0")) == [100.0]  # off the critical path: ~0
+    assert _predicted(ranks, ("comm", "0")) == [70.0]
+    assert _predicted(ranks, ("comm", "2")) == [130.0]
+    # rank 1's compute before each joint as rank 0's: it arrives at 22 - 2 = 20, ends at 20 + 30 + 5 + 5.
+    assert _predicted(ranks, ("idealize", "1")) == [60.0]
+    assert _predicted(ranks, ("idealize", "0")) == [100.0]
+    doc = answer(lanes, Request([]), None)
+    path = doc["critical_path"]
+    assert sum(s["ms"] for s in path["segments"]) == pytest.approx(path["ms"])
+    assert [s["kind"] for s in path["segments"]][:2] == ["cpu", "collective"] and path["segments"][0]["rank"] == 1
+    best = doc["opportunities"][0]
+    assert best["saved_ms"] == max(o["saved_ms"] for o in doc["opportunities"]) > 0
+
+
+def test_clocks_that_disagree_make_the_replay_miss_and_the_answer_inconclusive() -> None:
+    # rank 1 "arrives" at 95 on a clock that says rank 0 left at 90: no collective ends before its last arrival.
+    ranks = [_rank(0, 20, 60), _rank(1, 93, 96)]
+    doc = answer([lane_of(t) for t in ranks], Request([("comm", "0.5")]), None)
+    assert doc["verdict"] == "inconclusive" and "off the measured step" in doc["reason"]
+    assert doc["changes"] == [] and doc["opportunities"] == []
+
+
+def test_one_rank_of_a_job_and_unmatched_ranks_are_inconclusive_with_the_reason() -> None:
+    alone = answer([lane_of(_rank(0, 20, 90, world=2))], Request([]), None)
+    assert alone["verdict"] == "inconclusive" and "only rank 0 of a 2-rank job" in alone["reason"]
+    quiet = [lane_of(_one_process()), lane_of(_one_process())]
+    quiet[0].rank, quiet[1].rank = 0, 1
+    doc = answer(quiet, Request([]), None)
+    assert doc["verdict"] == "inconclusive" and "no collective could be matched" in doc["reason"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "words"),
+    [
+        ("scale", "b_opp=0", "matches no operator on the steps' thread of these traces; near names: b_op"),
+        ("scale", "phase:warmup=0", "no phase 'warmup'"),
+        ("scale", "a_op", "expected SELECTOR=FACTOR"),
+        ("scale", "a_op=-1", "from 0 to 1000"),
+        ("scale", "a_op=nan", "from 0 to 1000"),
+        ("scale", "re:(=0", "not a regular expression"),
+        ("scale", "rank:3/a_op=0", "no rank 3"),
+        ("comm", "0.5", "these traces are one process"),
+        ("idealize", "1", "these traces are one process"),
+    ],
+)
+def test_bad_changes_are_usage_errors_in_one_line(flag: str, value: str, words: str) -> None:
+    with pytest.raises(StepcliError) as caught:
+        parse_change(flag, value, [lane_of(_one_process())])
+    assert words in str(caught.value) and caught.value.exit_code == 2
