@@ -59,9 +59,9 @@ def answer_lines(doc: dict[str, Any], notes: Sequence[str] = ()) -> list[str]:
             f"{len(nearly)} ranks are nearly critical (each waits under 1% of the step): making one faster buys "
             "little until the others are too"
         )
-    if doc["slack"]:
+    if doc["slack"] and len(ranks) > 1:
         lines.append("")
-        lines.append("slack of the top operators (how much longer each could run before the step does)")
+        lines.append("slack: how much longer each top operator could run before the step does")
         for entry in doc["slack"]:
             lines.append(f"  {_cut(visible(entry['name']), 60):<60} {ms(entry['slack_ms']):>10}")
     entries = doc["changes"] or doc["opportunities"]
