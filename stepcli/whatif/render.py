@@ -39,7 +39,7 @@ def answer_lines(doc: dict[str, Any], notes: Sequence[str] = ()) -> list[str]:
     if doc["verdict"] != "ok":
         lines.append(f"INCONCLUSIVE: {doc['reason']}")
         return lines
-    lines.append("the graph explains the step (within 5%): its predictions follow, at the profiler's pace")
+    lines.append("the graph explains the step (within 5%): predictions at the profiler's pace")
     if doc["untouched_ms"] is not None:
         lines.append(f"untouched steps: median {ms(doc['untouched_ms'])} (the program's pace, in brackets below)")
     path = doc["critical_path"]
