@@ -27,7 +27,8 @@ from stepcli.traces.read.names import STEP_PREFIX, step_of
 PHASE_NAMES = ("other", "dataloader", "optimizer", "backward", "forward")
 OTHER, FORWARD = 0, 4
 # Host operators that block on something else (a collective, the device, another thread): their time is waiting.
-WAIT_NAME = re.compile(r"wait|synchroni[sz]e|barrier", re.IGNORECASE)
+# A collective's own host call is one: gloo blocks in it when it runs the collective synchronously.
+WAIT_NAME = re.compile(r"wait|synchroni[sz]e|barrier|^c10d::|^gloo:|^nccl:", re.IGNORECASE)
 
 
 @dataclass

@@ -18,6 +18,9 @@ import numpy as np
 from stepcli.traces.analyses.alignment import Matched, align, match_collectives
 from stepcli.whatif.lanes import PHASE_NAMES, RankLane, covers
 
+LATE_CLOSE_US = 300.0
+RESUMED_SHARE = 0.1
+
 
 @dataclass
 class Scale:
@@ -82,7 +85,7 @@ class Record:
     wait_row: int = -1  # a wait bound by this collective's end; -1: compute, or a wait that did not bind
     tail: float = 0.0  # of a bound wait: the part after the collective's end
     arrive_row: int = -1  # an arrival point (zero length)
-    label: int = -1  # the idealize label of a compute stretch (the joint it leads to)
+    label: int = -1  # of a compute stretch: the collective (row) whose arrival it leads to; -1 after the last
     waited: float = 0.0  # of a bound wait: how long the rank waited for the collective's last member to arrive
 
 
@@ -145,11 +148,35 @@ def _joined(
         member_lanes = [lane_of_rank.get(matched.ranks[c], -1) for c in cols]
         if min(member_lanes) < 0:
             continue
+        aligned = [a - offsets[li] for a, li in zip(a_row, member_lanes)]
+        last = max(aligned)
+        # Where each member's thread resumed: the end of its first wait after arriving that outlasts the last
+        # arrival. gloo's worker closes its event milliseconds after the waiting thread resumed, so its end is
+        # no departure; a host call that blocked (a synchronous collective) is such a wait, and so is a gap.
+        leave = [
+            _resumed(lanes[li], a, last + offsets[li], d) - offsets[li] for a, d, li in zip(a_row, d_row, member_lanes)
+        ]
         rows.append(member_lanes)
-        arrive.append([a - offsets[li] for a, li in zip(a_row, member_lanes)])
-        depart.append([d - offsets[li] for d, li in zip(d_row, member_lanes)])
+        arrive.append(aligned)
+        depart.append(leave)
         names.append(key[1][1])
     return offsets, rows, arrive, depart, names
+
+
+def _resumed(lane: RankLane, arrive: float, last: float, recorded: float) -> float:
+    """When the lane's thread resumed after the collective it joined at `arrive`: the end of its first wait (a gap,
+    or a host call that blocked) after arriving that ends clearly after `last`, the last member's arrival on this
+    lane's clock ("clearly": by a tenth of the span to the recorded departure, so a short enqueue call that
+    returns at once is no wait). The recorded departure where the lane never waited so."""
+    waits = lane.waits
+    if not len(waits):
+        return recorded
+    k = max(0, int(np.searchsorted(waits[:, 0], arrive, side="right")) - 1)
+    if waits[k, 1] <= arrive:
+        k += 1
+    after = last + RESUMED_SHARE * max(0.0, recorded - last)
+    later = np.nonzero(waits[k:, 1] > after)[0]
+    return float(waits[k + later[0], 1]) if len(later) else recorded
 
 
 def _items(
@@ -181,7 +208,9 @@ def _items(
         arrivals.append(Item(at, arrive=(row, m)))
         leave = depart[row][m] + offset
         k = int(np.searchsorted(w_start, leave, side="right")) - 1
-        if k >= 0 and leave <= w_end[k] and w_start[k] >= at:
+        # gloo closes its worker's event a little after the waiting thread resumed: a departure just past a
+        # wait's end is that wait's
+        if k >= 0 and leave <= w_end[k] + LATE_CLOSE_US and w_start[k] >= at:
             item = by_wait.setdefault(k, Item(float(w_start[k]), until=float(w_end[k])))
             item.departs.append((row, m, leave))
         else:
@@ -263,19 +292,19 @@ class _Scheduler:
         """Lane i past its next joint; False when it must wait for a collective not yet resolved."""
         items = self.graph.items[i]
         if self.pos[i] == len(items):
-            self._advance(i, self.graph.end[i], len(items))
+            self._advance(i, self.graph.end[i], -1)
             self.done[i] = True
             return True
         item = items[self.pos[i]]
         if item.arrive is not None:
-            self._advance(i, item.at, self.pos[i])
+            self._advance(i, item.at, item.arrive[0])
             row, m = item.arrive
             self.arrive[row][m] = self.cur[i]
             self.records[i].append(Record(item.at, item.at, self.cur[i], self.cur[i], arrive_row=row))
         else:
             if not all(self._resolve(row) for row, _, _ in item.departs):
                 return False
-            self._advance(i, item.at, self.pos[i])
+            self._advance(i, item.at, _next_arrival(items, self.pos[i]))
             self._wait(i, item)
         self.pos[i] += 1
         return True
@@ -323,30 +352,42 @@ class _Scheduler:
         return True
 
 
+def _next_arrival(items: list[Item], pos: int) -> int:
+    """The row of the first arrival at or after `pos` (-1: none): the interval a compute stretch belongs to."""
+    for item in items[pos:]:
+        if item.arrive is not None:
+            return item.arrive[0]
+    return -1
+
+
+def compute_between(graph: Graph, i: int, integral: np.ndarray) -> dict[int, float]:
+    """Lane i's compute (µs, waits left out) per interval between its collectives: row -> the time leading to its
+    arrival there, -1 -> the time after its last arrival."""
+    lane, out = graph.lanes[i], {}
+    at = graph.start[i]
+    items = graph.items[i]
+    for pos, item in enumerate(items):
+        label = item.arrive[0] if item.arrive is not None else _next_arrival(items, pos)
+        out[label] = out.get(label, 0.0) + _length(lane, integral, at, item.at)
+        at = item.until if item.arrive is None else item.at
+    out[-1] = out.get(-1, 0.0) + _length(lane, integral, at, graph.end[i])
+    return out
+
+
 def _idealized(graph: Graph, integrals: list[np.ndarray], change: Change | None) -> list[dict[int, float]]:
-    """Per lane, label -> multiplier: an idealized rank's compute before each joint becomes the median of the
-    other ranks' compute before the same joint (joints counted in order: the ranks issue the same collectives)."""
+    """Per lane, interval -> multiplier: an idealized rank's compute between its collectives (operators and the
+    gaps between them, not its waits) becomes the other ranks' median for the same interval."""
     out: list[dict[int, float]] = [{} for _ in graph.lanes]
     if change is None or not change.idealize:
         return out
-    stretches: list[list[float]] = []
-    for i, lane in enumerate(graph.lanes):
-        # compute before joint k: from the end of joint k-1 (a wait's until) to joint k's start
-        own, at = [], graph.start[i]
-        for item in graph.items[i]:
-            own.append(_length(lane, integrals[i], at, item.at))
-            at = item.until if item.arrive is None else item.at
-        own.append(_length(lane, integrals[i], at, graph.end[i]))
-        stretches.append(own)
+    between = [compute_between(graph, i, integrals[i]) for i in range(len(graph.lanes))]
     for i, lane in enumerate(graph.lanes):
         if lane.rank not in change.idealize:
             continue
-        others = [s for j, s in enumerate(stretches) if j != i and len(s) == len(stretches[i])]
-        if not others:
-            continue
-        for k, mine in enumerate(stretches[i]):
-            if mine > 0:
-                out[i][k] = float(np.median([s[k] for s in others])) / mine
+        for label, mine in between[i].items():
+            others = [b[label] for j, b in enumerate(between) if j != i and label in b]
+            if mine > 0 and others:
+                out[i][label] = float(np.median(others)) / mine
     return out
 
 

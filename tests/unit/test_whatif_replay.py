@@ -74,20 +74,21 @@ def test_one_process_chain_scales_operators_phases_and_nested_calls() -> None:
 
 
 def test_two_ranks_a_late_member_binds_and_a_change_off_the_critical_path_buys_nothing() -> None:
-    # rank 0 arrives at 20, rank 1 at 60; the collective ends at 90 on both: transfer 30 after the last arrival.
+    # rank 0 arrives at 20, rank 1 at 60; both threads resume at 95 (gloo's worker closes its event at 90, no later
+    # than they do): the transfer is 35 after the last arrival, the wake-up included.
     ranks = [_rank(0, 20, 90), _rank(1, 60, 90)]
     lanes = [lane_of(t) for t in ranks]
     graph = build_graph(lanes, [1])
-    assert graph.transfer == [30.0]
+    assert graph.transfer == [35.0]
     base = replay(graph)
     assert base.end == [100.0, 100.0]
     assert base.blocked == [40.0, 0.0]  # waiting for the other rank to arrive, not for the transfer
-    # the late rank's forward halved: it arrives at 30, the collective ends at 60, both ranks at 60 + 5 + 5.
+    # the late rank's forward halved: it arrives at 30, both resume at 65, end at 70.
     assert _predicted(ranks, ("scale", "rank:1/forward_op=0.5")) == [70.0]
     assert _predicted(ranks, ("scale", "rank:0/forward_op=0")) == [100.0]  # off the critical path: ~0
-    assert _predicted(ranks, ("comm", "0")) == [70.0]
-    assert _predicted(ranks, ("comm", "2")) == [130.0]
-    # rank 1's compute before each joint as rank 0's: it arrives at 22 - 2 = 20, ends at 20 + 30 + 5 + 5.
+    assert _predicted(ranks, ("comm", "0")) == [65.0]
+    assert _predicted(ranks, ("comm", "2")) == [135.0]
+    # rank 1's compute before its arrival as rank 0's: it arrives at 20, both resume at 55, end at 60.
     assert _predicted(ranks, ("idealize", "1")) == [60.0]
     assert _predicted(ranks, ("idealize", "0")) == [100.0]
     doc = answer(lanes, Request([]), None)
@@ -99,10 +100,22 @@ def test_two_ranks_a_late_member_binds_and_a_change_off_the_critical_path_buys_n
 
 
 def test_clocks_that_disagree_make_the_replay_miss_and_the_answer_inconclusive() -> None:
-    # rank 1 "arrives" at 95 on a clock that says rank 0 left at 90: no collective ends before its last arrival.
-    ranks = [_rank(0, 20, 60), _rank(1, 93, 96)]
-    doc = answer([lane_of(t) for t in ranks], Request([("comm", "0.5")]), None)
-    assert doc["verdict"] == "inconclusive" and "off the measured step" in doc["reason"]
+    # rank 0 stops waiting at 50 and computes until 95; rank 1 "arrives" at 93 by a clock that cannot be rank 0's:
+    # no collective completes before its last member arrives, so the replay holds rank 0 until then and misses.
+    early = _trace(
+        0,
+        [
+            ("ProfilerStep#1", "user_annotation", MAIN, 0, 100),
+            ("forward_op", "cpu_op", MAIN, 0, 20),
+            ("c10d::allreduce_", "cpu_op", MAIN, 20, 22),
+            ("gloo:all_reduce", "cpu_op", WORKER, 21, 48),
+            ("late_op", "cpu_op", MAIN, 50, 95),
+            ("Optimizer.step#SGD.step", "cpu_op", MAIN, 95, 100),
+        ],
+        2,
+    )
+    doc = answer([lane_of(early), lane_of(_rank(1, 93, 96))], Request([("comm", "0.5")]), None)
+    assert doc["verdict"] == "inconclusive" and "off the measured step" in doc["reason"], doc
     assert doc["changes"] == [] and doc["opportunities"] == []
 
 
