@@ -363,7 +363,8 @@ def _next_arrival(items: list[Item], pos: int) -> int:
 def compute_between(graph: Graph, i: int, integral: np.ndarray) -> dict[int, float]:
     """Lane i's compute (µs, waits left out) per interval between its collectives: row -> the time leading to its
     arrival there, -1 -> the time after its last arrival."""
-    lane, out = graph.lanes[i], {}
+    lane = graph.lanes[i]
+    out: dict[int, float] = {}
     at = graph.start[i]
     items = graph.items[i]
     for pos, item in enumerate(items):
