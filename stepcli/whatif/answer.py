@@ -161,8 +161,22 @@ def _steps_label(steps: Sequence[int]) -> str:
     return ", ".join(map(str, steps))
 
 
+@dataclass
+class Answer:
+    """The answer document, and the graph and unchanged replay it came from (None when inconclusive early)."""
+
+    doc: dict[str, Any]
+    graph: Graph | None = None
+    base: Replay | None = None
+
+
 def answer(lanes: Sequence[RankLane], request: Request, untouched_ms: float | None) -> dict[str, Any]:
     """The whole answer document; `verdict` is "inconclusive" (with `reason`) when the replay cannot be trusted."""
+    return solve(lanes, request, untouched_ms).doc
+
+
+def solve(lanes: Sequence[RankLane], request: Request, untouched_ms: float | None) -> Answer:
+    """answer(), with the graph and its replay kept for the trace (stepcli.whatif.tracefile)."""
     lanes = list(lanes)
     steps = choose_steps(lanes, request.step)
     changes = [parse_change(flag, value, lanes) for flag, value in request.changes]
@@ -193,25 +207,25 @@ def answer(lanes: Sequence[RankLane], request: Request, untouched_ms: float | No
             )
     if graph is None or reason is not None:
         doc["reason"] = reason
-        return doc
+        return Answer(doc)
     measured = step_ms(graph)
     try:
         base = replay(graph)
     except ReplayError as exc:
         doc["reason"] = f"the replay could not finish: {exc}"
-        return doc
+        return Answer(doc, graph)
     replayed = step_ms(graph, base)
     error = (replayed - measured) / measured if measured > 0 else 0.0
     doc.update(measured_ms=measured, replayed_ms=replayed, replay_error=error)
     if measured <= 0:
         doc["reason"] = "the recorded steps take no time"
-        return doc
+        return Answer(doc, graph, base)
     if abs(error) > MAX_REPLAY_ERROR:
         doc["reason"] = (
             f"the replay is {error:+.1%} off the measured step (more than {MAX_REPLAY_ERROR:.0%}): the graph does "
             "not explain the waits (host gaps not explained, or clocks not aligned)"
         )
-        return doc
+        return Answer(doc, graph, base)
     doc["verdict"] = "ok"
     doc["critical_path"] = critical_path(graph, base)
     doc["nearly_critical_ranks"] = nearly_critical(graph, base, measured)
@@ -239,7 +253,7 @@ def answer(lanes: Sequence[RankLane], request: Request, untouched_ms: float | No
         ranked = [predicted(c) for c in opportunities(graph, base, lanes)]
         ranked.sort(key=lambda entry: -entry["saved_ms"])
         doc["opportunities"] = ranked
-    return doc
+    return Answer(doc, graph, base)
 
 
 def _unmodelled(lanes: Sequence[RankLane]) -> str | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from stepcli import safefile
 from stepcli.errors import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_USAGE, StepcliError
-from stepcli.whatif.answer import SCHEMA, Request, answer
+from stepcli.whatif.answer import SCHEMA, Request, solve
 from stepcli.whatif.lanes import RankLane
 
 
@@ -76,6 +76,7 @@ def whatif_main(
     step: int | None,
     json_path: str | None,
     jobs: int | None = None,
+    trace_path: str | None = None,
 ) -> int:
     from stepcli.traces.engine import map_files
     from stepcli.traces.read.files import list_trace_files
@@ -85,9 +86,17 @@ def whatif_main(
     if not files:
         raise StepcliError(f"no trace files in {', '.join(paths)}", EXIT_USAGE)
     lanes, notes = pick_lanes(map_files(read_lane, files, jobs), step)
-    doc = answer(lanes, Request(changes, step), untouched_median(paths))
+    solved = solve(lanes, Request(changes, step), untouched_median(paths))
+    doc = solved.doc
     if json_path is not None:
         write_json(json_path, doc)
+    if trace_path is not None:
+        if solved.graph is None or solved.base is None or doc["verdict"] != "ok":
+            raise StepcliError(f"--trace {trace_path}: not written: {doc['reason']}", EXIT_INCONCLUSIVE)
+        from stepcli.whatif.answer import walk_critical_path
+        from stepcli.whatif.tracefile import write_trace
+
+        write_trace(trace_path, solved.graph, walk_critical_path(solved.graph, solved.base))
     print_answer(doc, notes)
     return EXIT_OK if doc["verdict"] == "ok" else EXIT_INCONCLUSIVE
 

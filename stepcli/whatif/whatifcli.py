@@ -26,6 +26,13 @@ from stepcli.pathparam import PathParam
 )
 @click.option("--json", "json_path", default=None, type=PathParam(dir_okay=False), help="Write the answer here "
               "(schema stepcli.whatif/1).")  # fmt: skip
+@click.option(
+    "--trace",
+    "trace_path",
+    default=None,
+    type=PathParam(dir_okay=False),
+    help="Write the replayed ranks with the critical path marked, for Perfetto or chrome://tracing.",
+)
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Files read in parallel.")
 def whatif(
     paths: tuple[str, ...],
@@ -34,6 +41,7 @@ def whatif(
     comms: tuple[str, ...],
     idealize: tuple[str, ...],
     json_path: str | None,
+    trace_path: str | None,
     jobs: int | None,
 ) -> int:
     """Replay the recorded steps of every rank from PATHS (a run folder, a folder of traces or one trace), check
@@ -45,4 +53,4 @@ def whatif(
     with short_run():
         from stepcli.whatif.command import whatif_main
 
-        return whatif_main(paths, changes, step, json_path, jobs)
+        return whatif_main(paths, changes, step, json_path, jobs, trace_path)
