@@ -157,6 +157,7 @@ class RunSummary(TypedDict, total=False):
     culprit: (
         dict[str, Any] | None
     )  # stepcli.traces.analyses.culprit via stepcli.run.summary.culprit (None without 2+ ranks)
+    what_would_help: dict[str, Any] | None  # `stepcli whatif` with no change (stepcli.run.summary.whatifline)
     share_of: str | None
     outside_steps: dict[str, Any] | None
     breakdown_ms: dict[str, float] | None
@@ -353,6 +354,32 @@ _FIELDS: dict[str, Check] = {
     "slowest_rank": optional(INT),
     "straggler": optional(object_of({"evidence": optional(STR)})),
     "culprit": optional(object_of({})),
+    "what_would_help": optional(
+        object_of(
+            {
+                "verdict": STR,
+                "reason": optional(STR),
+                "steps": list_of(INT),
+                "measured_ms": optional(NUMBER),
+                "replay_error": optional(NUMBER),
+                "untouched_ms": optional(AMOUNT),
+                "opportunities": list_of(
+                    object_of(
+                        {
+                            "change": STR,
+                            "predicted_ms": NUMBER,
+                            "predicted_untouched_ms": optional(NUMBER),
+                            "saved_ms": NUMBER,
+                            "saved_share": NUMBER,
+                        },
+                        ("change", "predicted_ms", "saved_ms", "saved_share"),
+                    )
+                ),
+                "critical_path": optional(object_of({"ms": AMOUNT, "segments": list_of(object_of({}))})),
+            },
+            ("verdict",),
+        )
+    ),
     "share_of": optional(STR),
     "outside_steps": optional(object_of({"events": COUNT, "self_ms": NUMBER})),
     "breakdown_ms": optional(map_of(NUMBER)),

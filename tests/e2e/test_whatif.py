@@ -35,11 +35,28 @@ dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def demo_result(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("whatif") / "demo"
-    result = run_stepcli("demo", "--quiet", "--active", "3", "-o", out, "--", "--iterations", "16")
+    summary = out.parent / "summary.json"
+    result = run_stepcli("demo", "--active", "3", "-o", out, "--json", summary, "--", "--iterations", "16")
     assert result.returncode == 0, result.stderr
-    return out
+    return out, result.stderr
+
+
+@pytest.fixture(scope="module")
+def demo_run(demo_result: tuple[Path, str]) -> Path:
+    return demo_result[0]
+
+
+def test_the_run_summary_says_what_would_help_most(demo_result: tuple[Path, str]) -> None:
+    out, stderr = demo_result
+    helps = json.loads((out.parent / "summary.json").read_text())["what_would_help"]
+    assert helps["verdict"] == "ok" and abs(helps["replay_error"]) <= 0.05
+    best = helps["opportunities"][0]
+    assert best["saved_ms"] == max(o["saved_ms"] for o in helps["opportunities"])
+    line = next(s for s in stderr.splitlines() if s.startswith("what would help: "))
+    assert line.startswith(f"what would help: {best['change']}: step ") and f"({-best['saved_share']:+.0%})" in line
+    assert f"  stepcli whatif {out}" in stderr.splitlines() or "  stepcli whatif " in stderr
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ from stepcli.fmt import plural
 from stepcli.run.summary.compilesteps import compile_summary, compiled_steps
 from stepcli.run.summary.culprit import culprit_section
 from stepcli.run.summary.hangreport import hang_summary
+from stepcli.run.summary.whatifline import what_would_help
 from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, AdviceItem, Process, RunSummary, Window
 from stepcli.stats import describe
 from stepcli.steptimes import process_steps
@@ -360,6 +361,9 @@ def build_run_summary(
         ),
         "notes": notes,
     }
+    untouched_stats = describe(untouched)
+    median = untouched_stats["median"] if untouched_stats else None
+    summary["what_would_help"] = what_would_help(trace_paths, median, notes)
     summary["advice"] = _advice(summary, analysis)
     return summary
 

@@ -65,6 +65,13 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
         console.print(f"[yellow]note:[/] {note}")
     for item in summary.get("advice") or ():
         console.print(f"[bold cyan]advice:[/] {escape(advice_line(item))}")
+    helps = summary.get("what_would_help")
+    if helps:
+        from stepcli.whatif.render import top_line
+
+        best = top_line(helps)
+        if best:
+            print_wrapped(console, best)
     _print_next(summary, report_path, console)
 
 
@@ -196,6 +203,8 @@ def _print_next(summary: RunSummary, report_path: str | None, console: Console) 
     if summary["traces"]:
         out = summary["out_dir"]
         lines.append(f"  stepcli table {shlex.quote(_relative(out))}")
+        if (summary.get("what_would_help") or {}).get("verdict") == "ok":
+            lines.append(f"  stepcli whatif {shlex.quote(_relative(out))}")
     if report_path:
         lines.append(f"  open {shlex.quote(_relative(report_path))} in a browser")
     if summary["traces"]:

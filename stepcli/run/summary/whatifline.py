@@ -1,0 +1,50 @@
+"""The run summary's `what_would_help`: `stepcli whatif` on the run's traces with no change given, kept short (the
+verdict, the top opportunities, the critical path's segments), for the terminal's one line and report.html's
+section. A run whose traces are large is left to `stepcli whatif DIR` (said in a note): the run's end stays quick.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from stepcli.errors import StepcliError
+
+MAX_TRACE_BYTES = 256 << 20  # beyond this the run's end does not read the traces a second time
+TOP = 5
+
+
+def what_would_help(trace_paths: list[str], untouched_ms: float | None, notes: list[str]) -> dict[str, Any] | None:
+    if not trace_paths:
+        return None
+    try:
+        size = sum(os.path.getsize(p) for p in trace_paths)
+    except OSError:
+        return None
+    if size > MAX_TRACE_BYTES:
+        notes.append("what would help: the traces are large; `stepcli whatif` on the output folder answers it")
+        return None
+    from stepcli.traces.engine import map_files
+    from stepcli.whatif.answer import Request, solve
+    from stepcli.whatif.command import pick_lanes, read_lane
+
+    try:
+        lanes, _ = pick_lanes(map_files(read_lane, trace_paths), None)
+        doc = solve(lanes, Request([]), untouched_ms).doc
+    except StepcliError as exc:
+        notes.append(f"what would help: {exc.message}")
+        return None
+    except Exception as exc:  # a bug in the what-if must not cost the run its summary
+        notes.append(f"what would help: could not replay the steps: {type(exc).__name__}: {exc}")
+        return None
+    path = doc["critical_path"]
+    return {
+        "verdict": doc["verdict"],
+        "reason": doc["reason"],
+        "steps": doc["steps"],
+        "measured_ms": doc["measured_ms"],
+        "replay_error": doc["replay_error"],
+        "untouched_ms": doc["untouched_ms"],
+        "opportunities": doc["opportunities"][:TOP],
+        "critical_path": {"ms": path["ms"], "segments": path["segments"][:12]} if path else None,
+    }
