@@ -60,6 +60,7 @@ class ReportData:
     triggered: list[dict[str, Any]] = field(default_factory=list)  # the windows --capture-on-slow placed
     hang: dict[str, Any] | None = None  # the `hang` section (--hang-timeout reports), shown by report/hang.py
     exit_status: int | None = None  # the run's, which the hang section says when --on-hang kill ended the job
+    what_would_help: dict[str, Any] | None = None  # the run summary's (stepcli whatif's answer, kept short)
 
 
 def build(
@@ -82,6 +83,7 @@ def build(
     data.triggered = list((summary or {}).get("triggered") or [])
     data.hang = (summary or {}).get("hang")
     data.exit_status = (summary or {}).get("exit_status")
+    data.what_would_help = (summary or {}).get("what_would_help")
     parts = _trace_parts(data, traces, trace_paths, summary is not None)
     analysis = traces.summary(list(trace_paths)).to_dict() if parts else None
     if summary is not None and summary.get("command") is not None:

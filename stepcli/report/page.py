@@ -12,7 +12,7 @@ from typing import Any
 
 from stepcli import __version__, fmt
 from stepcli.fmt import html_escape as escape
-from stepcli.report import GENERATOR, lateness, svg
+from stepcli.report import GENERATOR, lateness, svg, whatif
 from stepcli.report.data import ReportData
 from stepcli.report.gpu import gpu_section
 from stepcli.report.hang import hang_section
@@ -193,6 +193,7 @@ def render(data: ReportData, report_path: str) -> str:
         _header(data),
         [hang_section(data.hang, base, data.exit_status)],  # stepcli/report/hang.py: '' without a hang
         _advice(data),
+        [whatif.section(data.what_would_help)],  # stepcli/report/whatif.py: '' without it
         _step_times(data),
         _distribution(data),
         [step_record_section(data.step_record, data.triggered)],  # stepcli/report/wholerun.py

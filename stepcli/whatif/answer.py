@@ -288,7 +288,7 @@ def opportunities(graph: Graph, base: Replay, lanes: Sequence[RankLane]) -> list
     if graph.members:
         out.append(Change("--comm 0.5", comm=0.5))
         order = np.argsort(base.blocked)
-        for i in order[: min(2, len(lanes) - 1)].tolist():
+        for i in order[:4].tolist():
             rank = lanes[i].rank
             if rank is not None:
                 out.append(Change(f"--idealize-rank {rank}", idealize=[rank]))
