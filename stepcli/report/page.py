@@ -193,11 +193,11 @@ def render(data: ReportData, report_path: str) -> str:
         _header(data),
         [hang_section(data.hang, base, data.exit_status)],  # stepcli/report/hang.py: '' without a hang
         _advice(data),
-        [whatif.section(data.what_would_help)],  # stepcli/report/whatif.py: '' without it
         _step_times(data),
         _distribution(data),
         [step_record_section(data.step_record, data.triggered)],  # stepcli/report/wholerun.py
         _breakdown(data),
+        [whatif.section(data.what_would_help)],  # stepcli/report/whatif.py: '' without it
         [lateness.section(data.culprit)],  # stepcli/report/lateness.py: '' without collectives on 2+ ranks
         _operators(data),
         _memory(data),

@@ -203,10 +203,10 @@ def _print_next(summary: RunSummary, report_path: str | None, console: Console) 
     if summary["traces"]:
         out = summary["out_dir"]
         lines.append(f"  stepcli table {shlex.quote(_relative(out))}")
-        if (summary.get("what_would_help") or {}).get("verdict") == "ok":
-            lines.append(f"  stepcli whatif {shlex.quote(_relative(out))}")
     if report_path:
         lines.append(f"  open {shlex.quote(_relative(report_path))} in a browser")
+    if summary["traces"] and (summary.get("what_would_help") or {}).get("verdict") == "ok":
+        lines.append(f"  stepcli whatif {shlex.quote(_relative(summary['out_dir']))}")
     if summary["traces"]:
         # Not TensorBoard: it shows nothing of a trace without the deprecated torch-tb-profiler plugin.
         lines.append("  open a trace in https://ui.perfetto.dev or chrome://tracing")
