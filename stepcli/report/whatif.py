@@ -38,7 +38,9 @@ def section(helps: Mapping[str, Any] | None) -> str:
     if rows:
         parts.append(
             '<table id="whatif-table"><thead><tr><th>change</th><th>step (profiled)</th>'
-            "<th>step (program's pace)</th><th>vs measured</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+            "<th>step (program's pace)</th><th>vs measured</th></tr></thead><tbody>"
+            + "".join(rows)
+            + "</tbody></table>"
         )
     path = helps.get("critical_path")
     if path and path.get("segments"):
