@@ -61,14 +61,12 @@ def gzip_slots(files: Sequence[str], workers: int, memory: int | None = None) ->
 
 
 def _inflated_size_hint(path: str) -> int:
-    """A gzip file's inflated size from its trailer (ISIZE, modulo 4 GiB), never less than its own size."""
-    try:
-        with open(path, "rb") as handle:
-            size = handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, size - 4))
-            return max(size, int.from_bytes(handle.read(4), "little"))
-    except OSError:
-        return 0
+    """A gzip file's inflated size from its trailer (ISIZE, modulo 4 GiB), never less than its own size; 0 for
+    what is no regular gzip file (a FIFO named `*.json.gz` is never waited on: stepcli.inputs.gzip_trailer)."""
+    from stepcli.inputs import gzip_trailer
+
+    found = gzip_trailer(path)
+    return max(found) if found is not None else 0
 
 
 def _memory_available() -> int | None:

@@ -67,6 +67,18 @@ def test_odd_figures_in_the_agents_record_are_shown_as_unknown(tmp_path: Path) -
     assert "with 100.00 GiB free on the device, of which this process may use 8.00 GiB" in result.stdout
 
 
+def test_a_record_naming_a_negative_device_is_one_line(tmp_path: Path) -> None:
+    # GIVEN a snapshot whose stepcli record names device -1, -5 or 2^40 (issue 47, item 13: -5 exited 70 with
+    # IndexError, -1 silently analysed the last device)
+    for device in (-1, -5, 2**40):
+        builder, info = fx.oom_in_forward(steps=4)
+        path = builder.write(tmp_path / "oom-rank0.pickle", info | {"device": device})
+        # WHEN read THEN one line naming it, exit 2
+        result = run_stepcli("memory", path, cwd=tmp_path)
+        assert result.returncode == 2, (device, result.stderr)
+        assert f"names device {device}, which is no device index" in _one_error_line(result.stderr)
+
+
 def test_memory_json_of_a_run_folder_with_every_rank(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()

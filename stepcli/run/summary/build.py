@@ -8,7 +8,6 @@ kept apart from rendering it (stepcli.run.summary.console for the terminal, step
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
 import signal
@@ -25,8 +24,9 @@ from stepcli import __version__
 from stepcli.agent.config import HELLO_PREFIX, AgentConfig
 from stepcli.agent.schedule import NONE
 from stepcli.agent.tracker import FOREIGN
-from stepcli.errors import StepcliError
+from stepcli.errors import StepcliError, TraceError
 from stepcli.fmt import plural
+from stepcli.inputs import read_side_json
 from stepcli.run.summary.compilesteps import compile_summary, compiled_steps
 from stepcli.run.summary.culprit import culprit_section
 from stepcli.run.summary.hangreport import hang_summary
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from stepcli.traces.readonce import RunTraces
 
 TOP_N = 20
+_MAX_HELLO_BYTES = 1 << 20  # a process's hello file: a few notes
 
 
 def _load_json_files(folder: str, predicate: Any) -> list[dict[str, Any]]:
@@ -50,10 +51,11 @@ def _load_json_files(folder: str, predicate: Any) -> list[dict[str, Any]]:
         if name.startswith(".") or not predicate(name):
             continue
         try:
-            with open(os.path.join(folder, name), encoding="utf-8") as handle:
-                documents.append(json.load(handle))
-        except (OSError, ValueError):
+            document = read_side_json(os.path.join(folder, name), _MAX_HELLO_BYTES)  # (never blocking on a FIFO)
+        except TraceError:
             continue
+        if document is not None:
+            documents.append(document)
     return documents
 
 

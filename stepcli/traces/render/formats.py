@@ -14,7 +14,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from stepcli.fmt import ms_cell as _ms
 from stepcli.fmt import plural, visible, visible_all
-from stepcli.pipeconsole import discard_stdout, pipe_console
+from stepcli.pipeconsole import discard_stdout, json_for, pipe_console
 from stepcli.traces.analyses.culpritwords import culprit_lines
 from stepcli.traces.analyses.ranks import first_per_process
 from stepcli.traces.render.table import (
@@ -220,7 +220,7 @@ def print_table_report(
         data = visible_all(data)
     try:
         if fmt == "json":
-            out.write(json_text(data))
+            out.write(json_for(out, json_text(data)))  # (a stdout that is not UTF-8: escapes, never look-alikes)
         elif fmt == "csv":  # a machine format: every row unless --limit, and a cut said on stderr
             out.write(csv_report(data, sort_by=sort_by, limit=limit))
             cut = csv_cut_note(data, limit)
