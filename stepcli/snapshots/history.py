@@ -172,6 +172,8 @@ class HistoryBuilder:
                 continue
             hit = cache.get(id(raw))
             if hit is None:
+                if type(raw) is not dict:
+                    raise TypeError(f"a frame is a {type(raw).__name__}, not a dict")
                 hit = cache[id(raw)] = (raw, self.frame(raw))
             out.append(hit[1])
         key = tuple(out)

@@ -29,7 +29,7 @@ from typing import IO, Any, NamedTuple, cast
 from stepcli.agent.cudamemory import ON_DEMAND_PREFIX, SNAPSHOT_KEY, SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX, STEP_TAG
 from stepcli.errors import TraceError
 from stepcli.inputs import GZIP_MAGIC
-from stepcli.limits import input_limit
+from stepcli.limits import DEFAULT_DECODE_BYTES, input_limit
 from stepcli.snapshots.history import Entry as Entry  # the snapshot's model, for its readers
 from stepcli.snapshots.history import Frame as Frame
 from stepcli.snapshots.history import HistoryBuilder, NotSnapshot, Refused, Stack, Trace, Truncated, Unsupported
@@ -70,7 +70,7 @@ class _TooBig(Exception):
     pass
 
 
-DEFAULT_MAX_MEMORY = 4 << 30  # what decoding one snapshot may add to the process (`stepcli memory --max-memory`)
+DEFAULT_MAX_MEMORY = DEFAULT_DECODE_BYTES  # what decoding one snapshot may add to the process (--max-memory)
 Progress = Callable[[int, int], None]  # (bytes of the file read, the file's size)
 
 

@@ -19,6 +19,7 @@ not (a list of empty lists, a dict of unknown keys in a list, a string of megaby
 
 from __future__ import annotations
 
+import re
 import struct
 from bisect import bisect_left
 from typing import Any
@@ -331,7 +332,7 @@ class StreamDecoder(FastEntryDecoder):
             if data[at : at + 1] == b"\x95":  # FRAME
                 at += 9
         first = data[at : at + 1]
-        if first in (b"}", b"c"):
+        if first == b"}" or (first == b"c" and _GLOBAL.match(data, at)):
             return
         if at == 0:
             raise NotSnapshot(f"not a pickle of protocol 2-5 (it starts with {data[:8]!r})", verbatim=True)
@@ -453,6 +454,7 @@ class StreamDecoder(FastEntryDecoder):
         raise Unsupported(f"a reference to memo {index}, an entry this decoder let go")
 
 
+_GLOBAL = re.compile(rb"c[A-Za-z_][\w.]{0,200}\n[A-Za-z_][\w.]{0,200}\n")  # GLOBAL module\nname\n
 _NOT_A_SNAPSHOT = "a pickle, but not a CUDA memory snapshot (torch.cuda.memory._snapshot() has 'segments')"
 
 
