@@ -17,10 +17,12 @@ from stepcli.cliparse import (
     parse_activities,
     parse_duration,
     parse_fail_over,
+    parse_size,
     parse_step_on,
 )
 from stepcli.compare.comparecli import compare
 from stepcli.errors import EXIT_INTERNAL, EXIT_USAGE, StepcliError
+from stepcli.limits import DEFAULT_DECODE_BYTES
 from stepcli.pathparam import PathParam
 from stepcli.run.live.topcli import top
 from stepcli.run.slowoptions import check_slow_options, slow_options
@@ -330,16 +332,23 @@ cli.add_command(top)  # stepcli/run/live/topcli.py
 @click.argument("path", type=PathParam())
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Allocation sites listed.")
-def memory(path: str, as_json: bool, top: int) -> int:
+@click.option(
+    "--max-memory",
+    default=f"{DEFAULT_DECODE_BYTES >> 30}GiB",
+    show_default=True,
+    callback=parse_size,
+    help="Memory the decoding of one snapshot may take (4GiB, 512MiB...); past it, refused.",
+)
+def memory(path: str, as_json: bool, top: int, max_memory: int) -> int:
     """Read CUDA memory snapshots and say what filled the memory, when, and what to do about it.
 
     PATH is a snapshot (a torch.cuda.memory._snapshot() pickle, .gz too) or a `stepcli run --memory` output
-    folder (its oom-*.pickle files). Exit 0 analyzed, 2 bad input (missing, not a snapshot, a pickle that asks
-    for a class: refused), 3 no snapshot in the folder.
+    folder (its oom-*.pickle files). Exit 0 analyzed, 2 bad input (missing, not a snapshot, not of a snapshot's
+    shape, a pickle that asks for a class, over --max-memory: refused), 3 no snapshot in the folder.
     """
     from stepcli.snapshots.command import memory_main
 
-    return memory_main(path, as_json=as_json, top=top)
+    return memory_main(path, as_json=as_json, top=top, max_memory=max_memory)
 
 
 @cli.command(short_help="Write a self-contained HTML report with charts and advice.")
