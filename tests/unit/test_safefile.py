@@ -162,8 +162,9 @@ def test_a_window_folder_planted_as_a_link_receives_nothing(tmp_path: Path, vict
 
 def test_a_trace_is_exported_through_a_private_folder_and_named_by_its_final_path(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    path, size = export_trace(_FakeProfiler(), str(out / "window-step4"), use_gzip=True, own_folder=True)
-    assert Path(path).parent == out / "window-step4" and path.endswith(".pt.trace.json.gz") and size > 0
+    path, info = export_trace(_FakeProfiler(), str(out / "window-step4"), use_gzip=True, own_folder=True)
+    assert Path(path).parent == out / "window-step4" and path.endswith(".pt.trace.json.gz") and info.st_size > 0
+    assert os.path.samestat(info, os.stat(path))  # the file written, by inode: what the run's end checks
     assert [p.name for p in (out / "window-step4").iterdir()] == [Path(path).name]  # no scratch folder left
     import gzip
 
