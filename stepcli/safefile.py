@@ -36,7 +36,8 @@ PRIVATE = 0o600  # files that hold stack frames, argv or allocation stacks: the 
 SHARED = 0o666  # everything else: the umask decides, as for any file
 
 
-def _uid() -> int:
+def uid() -> int:
+    """This user's id: the owner every file and folder stepcli writes into must have (0 where there is none)."""
     return os.getuid() if hasattr(os, "getuid") else 0
 
 
@@ -172,7 +173,7 @@ def make_folder(path: str, mode: int = 0o777, *, dir_fd: int | None = None) -> N
         raise OSError(errno.ELOOP, "is a link, not a folder: not followed", path)
     if not stat.S_ISDIR(info.st_mode):
         raise NotADirectoryError(errno.ENOTDIR, "exists and is not a folder", path)
-    if info.st_uid != _uid():
+    if info.st_uid != uid():
         raise PermissionError(errno.EPERM, "is a folder of another user: not written into", path)
 
 
@@ -226,7 +227,7 @@ def open_regular(path: str, *, dir_fd: int | None = None, own: bool = False) -> 
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise OSError(errno.EINVAL, "not a regular file (a FIFO or a device?)", path)
-        if own and info.st_uid != _uid():
+        if own and info.st_uid != uid():
             raise PermissionError(errno.EPERM, "belongs to another user", path)
     except BaseException:
         os.close(fd)

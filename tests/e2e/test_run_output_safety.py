@@ -196,3 +196,58 @@ def test_a_step_log_that_cannot_be_written_is_named_in_the_summary(tmp_path: Pat
     summary = " ".join(result.stderr.split("stepcli summary", 1)[1].split())
     assert "its step log is from step" in summary and "could not be written (Read-only file system" in summary
     assert "steps 300 " not in summary
+
+
+def _plant_link_of_another_user(link: Path, target: Path, monkeypatch: pytest.MonkeyPatch | None = None) -> None:
+    """A link at `link` owned by another user: chowned where the tests run as root, else (in-process only) this
+    user is made to look like someone else to stepcli."""
+    link.symlink_to(target)
+    if os.geteuid() == 0:
+        os.lchown(link, 65534, 65534)
+    elif monkeypatch is not None:
+        from stepcli import safefile
+
+        monkeypatch.setattr(safefile, "uid", lambda: os.getuid() + 1)
+    else:
+        pytest.skip("planting a link of another user needs root")
+
+
+@pytest.mark.parametrize("in_process", [True, False])
+def test_run_never_follows_a_link_another_user_planted_at_the_output_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_process: bool
+) -> None:
+    # GIVEN a shared folder where another user planted `out` as a link to a folder of theirs (issue 47, defect 15)
+    shared, theirs = tmp_path / "shared", tmp_path / "theirs"
+    shared.mkdir(mode=0o777)
+    theirs.mkdir()
+    _plant_link_of_another_user(shared / "out", theirs, monkeypatch if in_process else None)
+    # WHEN a run is asked to write to SHARED/out
+    if in_process:
+        from stepcli.errors import StepcliError
+        from stepcli.run.outputs import prepare_out_dir
+
+        with pytest.raises(StepcliError) as refused:
+            prepare_out_dir(str(shared / "out"), "x")
+        message = refused.value.message
+    else:
+        script = write_script(tmp_path, "ran.py", "open('ran', 'w').write('ran')\n")
+        proc = run_stepcli("run", "-o", shared / "out", script, cwd=tmp_path)
+        # THEN it is one line and exit 2, before the program runs
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert not (tmp_path / "ran").exists()
+        message = proc.stderr
+    # THEN the link is named as another user's and not followed: nothing is written where it points
+    assert "is a link of another user" in message and "not followed" in message, message
+    assert list(theirs.iterdir()) == []
+
+
+def test_run_follows_a_link_of_this_user_at_the_output_folder(tmp_path: Path) -> None:
+    # GIVEN `out` as this user's own link to a scratch folder
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (tmp_path / "out").symlink_to(scratch)
+    from stepcli.run.outputs import prepare_out_dir
+
+    # WHEN the output folder is prepared THEN it is the folder the link names, as before
+    assert prepare_out_dir(str(tmp_path / "out"), "x") == scratch.resolve()
