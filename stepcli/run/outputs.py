@@ -49,6 +49,22 @@ def json_taken(path: str) -> str | None:
     return f"--json {path}: {problem} (it appeared while the program ran); left as it is"
 
 
+def drop_stale_json(path: str) -> str:
+    """`--json PATH` could not be written (the disk filled during the run): the previous run's summary must not
+    stay there, complete and valid, for the next `compare` to judge as this run. Removes it (only a run summary
+    stepcli wrote: never the user's file, a link or a FIFO) and says, in a few words, what is left at the path."""
+    target = str(Path(path).absolute())
+    if not os.path.lexists(target):
+        return "no run summary is there"
+    if safefile.why_not_replace(target, _RUN_SUMMARY.match) is not None:
+        return "what is there is not a run summary of stepcli's and is left as it is"
+    try:
+        os.unlink(target)
+    except OSError as exc:
+        return f"the previous run's summary there could not be removed ({exc.strerror or exc}): it is NOT this run's"
+    return "the previous run's summary there was removed"
+
+
 _RUN_SUMMARY = re.compile(rb'\s*\{\s*"schema"\s*:\s*"stepcli\.run"')  # how every run summary begins
 
 

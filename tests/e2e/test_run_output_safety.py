@@ -251,3 +251,43 @@ def test_run_follows_a_link_of_this_user_at_the_output_folder(tmp_path: Path) ->
 
     # WHEN the output folder is prepared THEN it is the folder the link names, as before
     assert prepare_out_dir(str(tmp_path / "out"), "x") == scratch.resolve()
+
+
+def test_a_json_that_cannot_be_written_leaves_no_stale_summary_and_fails_the_run(tiny_fs: Path, tmp_path: Path) -> None:
+    # GIVEN the previous run's summary at the --json path, on a disk the program fills while it runs (issue 47, 9)
+    stale = tiny_fs / "run.json"
+    stale.write_text(json.dumps({"schema": "stepcli.run", "version": 2, "exit_status": 0, "notes": ["old run"]}))
+    script = write_script(
+        tmp_path,
+        "fills.py",
+        f"""
+        try:
+            with open({str(tiny_fs / "filler")!r}, "wb") as filler:
+                filler.write(bytes(1 << 20))
+        except OSError:
+            pass
+        """,
+    )
+    # WHEN the run ends and cannot write its summary there
+    proc = run_stepcli("run", "-o", tmp_path / "out", "--json", stale, script)
+    # THEN the old summary is gone (never judged as this run), one line says so, and the run fails with 74
+    assert proc.returncode == 74, proc.stderr  # stepcli.errors.EXIT_NOT_SAVED, docs/reference/exit-codes.md
+    assert not stale.exists()
+    (line,) = [line for line in proc.stderr.splitlines() if f"--json {stale}" in line]
+    assert "No space left on device" in line and "the previous run's summary there was removed" in line, line
+    assert "Traceback" not in proc.stderr
+
+
+def test_drop_stale_json_removes_only_a_run_summary(tmp_path: Path) -> None:
+    from stepcli.run.outputs import drop_stale_json
+
+    # GIVEN a previous run's summary, the user's own file and a link at --json paths
+    summary, mine, link = tmp_path / "run.json", tmp_path / "mine.json", tmp_path / "link.json"
+    summary.write_text('{"schema": "stepcli.run"}')
+    mine.write_text('{"mine": 1}')
+    link.symlink_to(summary)
+    # WHEN each could not be written over THEN only the run summary is removed
+    assert "was removed" in drop_stale_json(str(summary)) and not summary.exists()
+    assert "left as it is" in drop_stale_json(str(mine)) and mine.exists()
+    assert "left as it is" in drop_stale_json(str(link)) and link.is_symlink()
+    assert drop_stale_json(str(tmp_path / "none.json")) == "no run summary is there"
