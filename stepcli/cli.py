@@ -413,6 +413,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from stepcli.pipeconsole import guard_stdout
 
     stdout = guard_stdout()  # a closed or full stdout: one error line, not "internal error"
+    from stepcli import safefile
+
+    safefile.remove_on_signals()  # SIGTERM/SIGHUP mid-write: no half-written `.NAME.<random>.tmp` is left
     try:
         from stepcli.limits import check_input_limit
 
@@ -425,6 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         return exc.exit_code
     except (click.exceptions.Abort, KeyboardInterrupt, EOFError):  # (what click's own main turns into Abort)
+        safefile.remove_live_temps()
         click.echo("stepcli: aborted", err=True)
         return 130
     except click.exceptions.NoArgsIsHelpError as exc:  # bare `stepcli`: the usage, as written, not as one line
