@@ -233,6 +233,14 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
     default=None,
     help="Read the files on a Dask cluster (tcp://host:8786; stepcli[dask]).",
 )
+@click.option(
+    "--scheduler-wait",
+    callback=parse_duration,
+    metavar="DURATION",
+    default=None,
+    help="With --scheduler: how long the cluster may have no worker to run the work (none joined, or all died) "
+    "before the command gives up in one line (default: 2m).",
+)
 def table(
     paths: tuple[str, ...],
     sort_by: str,
@@ -243,6 +251,7 @@ def table(
     group_by_shape: bool,
     jobs: int | None,
     scheduler: str | None,
+    scheduler_wait: float | None,
 ) -> int:
     """Summarize traces: per-operator, per-step and per-rank tables.
 
@@ -252,13 +261,17 @@ def table(
     if len(chosen) > 1:
         raise click.UsageError(f"--{chosen[0]} and --{chosen[1]} cannot be used together: choose one output format")
     fmt = chosen[0] if chosen else None
+    if scheduler_wait is not None and scheduler is None:
+        raise click.UsageError("--scheduler-wait needs --scheduler ADDRESS")
     from stepcli.traces.read.shortrun import read_ahead_one, short_run
 
     read_ahead_one(paths, jobs, scheduler)
     with short_run():  # before numpy is imported: no spinning OpenBLAS threads, no cyclic GC
         from stepcli.traces.engine import summarize_paths
 
-        summary = summarize_paths(paths, group_by_shape=group_by_shape, jobs=jobs, scheduler=scheduler)
+        summary = summarize_paths(
+            paths, group_by_shape=group_by_shape, jobs=jobs, scheduler=scheduler, scheduler_wait=scheduler_wait
+        )
         from stepcli.traces.render.formats import print_table_report
 
         print_table_report(summary, sort_by=sort_by, limit=limit, fmt=fmt or "rich")
@@ -424,6 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from stepcli.pipeconsole import guard_stdout
 
     stdout = guard_stdout()  # a closed or full stdout: one error line, not "internal error"
+    from stepcli import safefile
+
+    safefile.remove_on_signals()  # SIGTERM/SIGHUP mid-write: no half-written `.NAME.<random>.tmp` is left
     try:
         from stepcli.limits import check_input_limit
 
@@ -436,6 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         return exc.exit_code
     except (click.exceptions.Abort, KeyboardInterrupt, EOFError):  # (what click's own main turns into Abort)
+        safefile.remove_live_temps()
         click.echo("stepcli: aborted", err=True)
         return 130
     except click.exceptions.NoArgsIsHelpError as exc:  # bare `stepcli`: the usage, as written, not as one line

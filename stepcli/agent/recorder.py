@@ -291,7 +291,7 @@ class Recorder:
             # A window asked for on demand gets a folder of its own, like each window of --repeat.
             several = self.config.schedule.repeat != 1 or _asked_for(self.schedule, first)
             folder = trace_folder(self.config.out_dir, first, several)
-            path, size = export_trace(prof, folder, self.config.use_gzip, own_folder=several)
+            path, info = export_trace(prof, folder, self.config.use_gzip, own_folder=several)
         except Exception as exc:
             self.stop_after_write_failure(f"could not save the trace of {steps} in {folder}: {cause(exc)}")
             return
@@ -299,7 +299,9 @@ class Recorder:
             "first_step": first,
             "last_step": last,
             "trace": path,
-            "bytes": size,
+            "bytes": info.st_size,
+            "inode": info.st_ino,  # the file this process wrote: a same-size forgery swapped in is another inode
+            "device": info.st_dev,
             "complete": complete,
         }
         if not complete:
@@ -309,7 +311,7 @@ class Recorder:
         self.windows.append(record)
         if not self.config.quiet:
             extra = "" if complete else f" ({self._cut_reason}; the start of step {last + 1} is in it too)"
-            say(f"saved trace of {steps}{extra}: {path} ({human_size(size)})")
+            say(f"saved trace of {steps}{extra}: {path} ({human_size(info.st_size)})")
 
     def _write_flops(self, prof: Any, trace: str, first: int, last: int) -> int | None:
         """The window's estimated FLOPs (the sum of key_averages()' flops), written beside the trace as

@@ -248,6 +248,7 @@ def file_parts(
     shapes: bool = False,
     jobs: int | None = None,
     scheduler: str | None = None,
+    scheduler_wait: float | None = None,
 ) -> list[list[FilePart]]:
     """Per file named by `paths` (files or folders, as stepcli.traces.read.reader.load_paths reads them), in that order: its
     parts, one per grouping. `jobs` worker processes at most (default: the available cores); 1 reads in-process.
@@ -257,9 +258,10 @@ def file_parts(
     """
     files = list_trace_files(paths)
     if scheduler is not None:
-        from stepcli.traces.cluster import cluster_results
+        from stepcli.traces.cluster import WORKER_WAIT_S, cluster_results
 
-        return _checked(cluster_results(scheduler, _part_of, files, groupings, shapes))
+        wait_s = WORKER_WAIT_S if scheduler_wait is None else scheduler_wait
+        return _checked(cluster_results(scheduler, _part_of, files, groupings, shapes, wait_s))
     cores = worker_count(jobs, len(files)) if len(files) > 1 else min(jobs or available_cores(), available_cores())
     if len(files) == 1 and cores > 1:
         split = _split_parts(files[0], groupings, shapes, cores)
@@ -313,10 +315,22 @@ def _checked(results: Sequence[list[FilePart] | _Failed]) -> list[list[FilePart]
 
 
 def summarize_paths(
-    paths: Sequence[str], *, group_by_shape: bool = False, jobs: int | None = None, scheduler: str | None = None
+    paths: Sequence[str],
+    *,
+    group_by_shape: bool = False,
+    jobs: int | None = None,
+    scheduler: str | None = None,
+    scheduler_wait: float | None = None,
 ) -> TraceSummary:
     """`summarize(load_paths(paths))`, with files read in parallel and never all in memory at once."""
-    parts = file_parts(paths, groupings=(group_by_shape,), shapes=group_by_shape, jobs=jobs, scheduler=scheduler)
+    parts = file_parts(
+        paths,
+        groupings=(group_by_shape,),
+        shapes=group_by_shape,
+        jobs=jobs,
+        scheduler=scheduler,
+        scheduler_wait=scheduler_wait,
+    )
     from stepcli.traces.analyses.mergeparts import merge_parts
 
     return merge_parts([p[0] for p in parts], group_by_shape=group_by_shape)
