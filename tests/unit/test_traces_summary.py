@@ -166,6 +166,59 @@ def test_a_backward_annotation_with_the_engine_on_its_own_thread_holds_no_forwar
     )
 
 
+@pytest.mark.parametrize("engine", ["arrays", "reference"])
+def test_forward_and_backward_in_an_optimizer_closure_are_forward_and_backward(
+    monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    # GIVEN `optimizer.step(closure)` as LBFGS runs it: inside Optimizer.step#, the agent's closure range twice
+    # (zero_grad, forward 20, backward 20 on the main thread), the optimizer's own work (5) between and after
+    closure = "stepcli: optimizer closure"
+    events = [
+        step(1, 0, 100),
+        ev("Optimizer.step#LBFGS.step", 2, 96, cat="user_annotation"),
+        ev(closure, 3, 44, cat="user_annotation"),
+        ev("Optimizer.zero_grad#LBFGS.zero_grad", 4, 1, cat="user_annotation"),
+        ev("aten::linear", 6, 20),
+        ev("aten::addmm", 7, 10),
+        ev("autograd::engine::evaluate_function: AddmmBackward0", 26, 20),
+        ev("aten::dot", 48, 5),  # the optimizer's own work, between the closure's calls
+        ev(closure, 54, 43, cat="user_annotation"),
+        ev("aten::linear", 55, 20),
+        ev("autograd::engine::evaluate_function: AddmmBackward0", 76, 20),
+    ]
+    if engine == "reference":
+        monkeypatch.setattr(analysis_module, "_analyze_columns", _step_aside)
+    data = summarize([Trace.from_events(events)]).to_dict()
+    # THEN (it was optimizer 96, backward 0, forward 0) forward 40, backward 40, the optimizer what is left of its
+    # 96: zero_grad 1 and its own time outside the closures (1 + 1 + 6 + 1 = 9 of it, with the dot)
+    assert data["breakdown_ms"] == pytest.approx(
+        {"dataloader": 0.0, "forward": 0.040, "backward": 0.040, "optimizer": 0.010, "other": 0.010}
+    )
+
+
+@pytest.mark.parametrize("engine", ["arrays", "reference"])
+def test_backward_nested_in_an_optimizer_step_without_the_agent_is_backward(
+    monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    # GIVEN a plain torch.profiler trace of a closure step (no agent range), and a step run from a gradient hook
+    # (an optimizer event inside a backward event: the innermost phase decides)
+    events = [
+        step(1, 0, 100),
+        ev("Optimizer.step#SGD.step", 2, 50, cat="user_annotation"),
+        ev("aten::linear", 6, 20),
+        ev("autograd::engine::evaluate_function: AddmmBackward0", 26, 20),
+        ev("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", 60, 30),
+        ev("Optimizer.step#SGD.step", 62, 20, cat="user_annotation"),
+    ]
+    if engine == "reference":
+        monkeypatch.setattr(analysis_module, "_analyze_columns", _step_aside)
+    data = summarize([Trace.from_events(events)]).to_dict()
+    # THEN the nested backward is backward (it was optimizer); the closure's forward is the optimizer's, unknowable
+    assert data["breakdown_ms"] == pytest.approx(
+        {"dataloader": 0.0, "forward": 0.0, "backward": 0.030, "optimizer": 0.050, "other": 0.020}
+    )
+
+
 def test_breakdown_with_backward_on_the_autograd_thread_and_device_busy() -> None:
     # GIVEN (as in CUDA traces) backward ops on their own thread, and kernels on the device timeline
     events = [
