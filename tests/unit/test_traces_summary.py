@@ -11,6 +11,7 @@ from conftest import assert_matches_key_averages
 
 from stepcli.traces.analyses import analysis as analysis_module
 from stepcli.traces.analyses.mergeparts import summarize
+from stepcli.traces.analyses.model import STUB_WHY
 from stepcli.traces.read.events import Event
 from stepcli.traces.read.reader import Trace, load_trace, rank_from_name
 
@@ -81,7 +82,7 @@ def test_utility_events_torch_filters_count_as_parent_self_time() -> None:
 
 
 def test_steps_are_folded_into_one_row_and_listed_per_step() -> None:
-    trace = Trace.from_events([step(3, 0, 100), step(4, 100, 300), ev("op", 10, 5)], rank=None)
+    trace = Trace.from_events([step(3, 0, 100), step(4, 100, 300), ev("op", 10, 5), ev("op", 110, 5)], rank=None)
     data = summarize([trace]).to_dict()
     assert ops(data)["ProfilerStep*"]["calls"] == 2
     assert data["steps"] == [
@@ -253,6 +254,27 @@ def test_no_steps_means_no_breakdown_but_device_share_over_the_trace() -> None:
     assert data["device"]["busy_share"] == pytest.approx(0.25)
 
 
+@pytest.mark.parametrize("engine", ["arrays", "reference"])
+def test_the_profilers_closing_stub_is_left_out_by_what_it_holds(monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
+    if engine == "reference":
+        monkeypatch.setattr(analysis_module, "_analyze_columns", _step_aside)
+    # GIVEN steps 2 and 3 with the program's operators, and a last step 4 with none (the profiler's stop stub)
+    work = [step(2, 0, 100), ev("aten::mm", 10, 50), step(3, 100, 100), ev("aten::mm", 110, 50)]
+    data = summarize([Trace.from_events([*work, step(4, 200, 0.017)], path="t.json")]).to_dict()
+    # THEN it is in no step figure, and the JSON says so
+    assert [s["step"] for s in data["steps"]] == [2, 3] and data["step_ms"]["min"] == pytest.approx(0.1)
+    assert data["left_out_steps"] == [{"file": "t.json", "step": 4, "why": STUB_WHY}]
+    # BUT a last step as short that holds an operator is a step; so is an empty one while another thread of its
+    # process still works after its start, or when no step holds any operator (nothing says this one lacks any)
+    for events in (
+        [*work, step(4, 200, 0.017), ev("aten::add", 200.001, 0.01)],
+        [*work, step(4, 200, 0.017), ev("aten::add", 201, 5, tid=2)],
+        [step(2, 0, 100), step(3, 100, 100), step(4, 200, 0.017)],
+    ):
+        kept = summarize([Trace.from_events(events, path="t.json")]).to_dict()
+        assert [s["step"] for s in kept["steps"]] == [2, 3, 4] and kept["left_out_steps"] == []
+
+
 def test_ranks_and_slowest_rank() -> None:
     fast = Trace.from_events([step(1, 0, 100), step(2, 100, 100)], path="rank0.json", rank=0)
     slow = Trace.from_events([step(1, 0, 150), step(2, 150, 130)], path="rank1.json", rank=1)
@@ -337,6 +359,7 @@ def test_to_dict_has_the_contract_keys_and_is_json() -> None:
         "culprit",
         "repeated_ranks",
         "mixed_jobs",
+        "left_out_steps",
     ]
     assert set(data["cpu_ops"][0]) == {"name", "calls", "self_ms", "total_ms", "avg_ms", "self_share"}
     assert set(data["breakdown_ms"]) == {"dataloader", "forward", "backward", "optimizer", "other"}

@@ -74,6 +74,16 @@ def outside_note(outside: Mapping[str, Any] | None) -> str | None:
     return f"{events} ({_ms(outside['self_ms'])} ms) outside recorded steps left out"
 
 
+def left_out_notes(data: Mapping[str, Any]) -> list[str]:
+    """One line per step left out of every figure because it is no step of the program's (the profiler's closing
+    stub, stepcli.traces.analyses.analysis.profiler_stub): never dropped silently."""
+    several = len(data.get("files") or ()) > 1
+    return [
+        f"left out ProfilerStep#{entry['step']}" + (f" of {entry['file']}" if several else "") + f": {entry['why']}"
+        for entry in data.get("left_out_steps") or ()
+    ]
+
+
 def repeated_note(repeated: Mapping[str, int] | None) -> str | None:
     """The line saying why no slowest rank or culprit is named when ranks appear in several processes."""
     if not repeated:
@@ -350,6 +360,8 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
         )
     else:
         console.print("no complete ProfilerStep#N annotation: step tables skipped", highlight=False)
+    for note in left_out_notes(data):
+        console.print(note, highlight=False, soft_wrap=True, markup=False)
     if len(data["ranks"]) > 1:
         _print_ranks(data, console)
     if data["steps"]:
