@@ -82,7 +82,7 @@ def test_utility_events_torch_filters_count_as_parent_self_time() -> None:
 
 
 def test_steps_are_folded_into_one_row_and_listed_per_step() -> None:
-    trace = Trace.from_events([step(3, 0, 100), step(4, 100, 300), ev("op", 10, 5), ev("op", 110, 5)], rank=None)
+    trace = Trace.from_events([step(3, 0, 100), step(4, 100, 300), ev("op", 10, 5)], rank=None)
     data = summarize([trace]).to_dict()
     assert ops(data)["ProfilerStep*"]["calls"] == 2
     assert data["steps"] == [
@@ -265,11 +265,13 @@ def test_the_profilers_closing_stub_is_left_out_by_what_it_holds(monkeypatch: py
     assert [s["step"] for s in data["steps"]] == [2, 3] and data["step_ms"]["min"] == pytest.approx(0.1)
     assert data["left_out_steps"] == [{"file": "t.json", "step": 4, "why": STUB_WHY}]
     # BUT a last step as short that holds an operator is a step; so is an empty one while another thread of its
-    # process still works after its start, or when no step holds any operator (nothing says this one lacks any)
+    # process still works after its start, or when no step holds any operator (nothing says this one lacks any),
+    # or one as long as the step before it
     for events in (
         [*work, step(4, 200, 0.017), ev("aten::add", 200.001, 0.01)],
         [*work, step(4, 200, 0.017), ev("aten::add", 201, 5, tid=2)],
         [step(2, 0, 100), step(3, 100, 100), step(4, 200, 0.017)],
+        [*work, step(4, 200, 100)],
     ):
         kept = summarize([Trace.from_events(events, path="t.json")]).to_dict()
         assert [s["step"] for s in kept["steps"]] == [2, 3, 4] and kept["left_out_steps"] == []

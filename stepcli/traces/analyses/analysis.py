@@ -101,14 +101,15 @@ _SYNC_SUFFIX = (
 
 def profiler_stub(columns: Columns) -> int | None:
     """The N of the profiler's closing stub: the trace's last ProfilerStep#N when it holds none of the program's
-    work while the step before it does, else None.
+    work while the step before it, longer, does; else None.
 
     A program's own torch.profiler whose schedule was still recording when the program stopped stepping (its loop
     ended, or `with profile(...)` closed) opens ProfilerStep#N at the last `prof.step()` and closes it at once when
     it stops: a step of microseconds with nothing in it, which would pull the minimum and the mean down. It is
     told by what it holds, not by its length: no host event of its process starts at or after its start (on any
     thread; a device synchronize, the profiler's own, aside), while the step before it holds some, so the program's
-    work is recorded (a trace of steps with no operators in them, as some annotations are, loses nothing). A step of the
+    work is recorded (a trace of steps with no operators in them, as some annotations are, loses nothing), and is
+    longer than it (the stub lasts microseconds; an empty step as long as the program's is left as it is). A step of the
     program's ends where the next begins, so its last operators start inside it."""
     import numpy as np
 
@@ -136,6 +137,8 @@ def profiler_stub(columns: Columns) -> int | None:
         lo, hi = columns.ts[before], columns.ts[before] + columns.dur[before]
         if not np.any((ts >= lo) & (ts < hi)):
             return None  # the step before holds no operator either: nothing says this one lacks any
+        if columns.dur[at] >= columns.dur[before]:
+            return None  # as long as a step of the program's: a step, whatever it holds
     return last
 
 
