@@ -160,7 +160,7 @@ def _add_step_times(data: ReportData, summary: RunSummary | None, analysis: dict
 def _add_trace_tables(data: ReportData, analysis: dict[str, Any], parts: list[list[FilePart]]) -> None:
     """Breakdown, operator tables and shapes from the traces: every operator, one breakdown bar per rank."""
     from stepcli.traces.analyses.mergeparts import breakdown_of, merge_parts
-    from stepcli.traces.render.table import outside_note, repeated_note
+    from stepcli.traces.render.table import left_out_notes, outside_note, repeated_note
 
     data.cpu_ops = [op for op in analysis["cpu_ops"] if op["name"] != STEP_KEY]
     data.outside_note = outside_note(analysis.get("outside_steps"))
@@ -187,6 +187,7 @@ def _add_trace_tables(data: ReportData, analysis: dict[str, Any], parts: list[li
     for note in (repeated_note(analysis.get("repeated_ranks")), analysis.get("mixed_jobs")):
         if note:
             data.notes.append(note)
+    data.notes.extend(left_out_notes(analysis))
 
 
 def _at_the_runs_pace(device: dict[str, Any] | None, summary: RunSummary | None) -> dict[str, Any] | None:

@@ -21,6 +21,7 @@ from stepcli.traces.render.table import (
     DEFAULT_LIMIT,
     FORMATS,
     PHASE_ORDER,
+    left_out_notes,
     outside_note,
     pct,
     print_rich_report,
@@ -120,6 +121,7 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
             f"Step time over {plural(stats['count'], 'step')}: mean {_ms(stats['mean'])} ms, median {_ms(stats['median'])} ms, "
             f"p90 {_ms(stats['p90'])} ms, max {_ms(stats['max'])} ms."
         )
+    lines += [note[0].upper() + note[1:] + "." for note in left_out_notes(data)]
     lines.append("")
     if data["steps"]:
         lines += ["### Steps", ""]
