@@ -46,11 +46,13 @@ Steps = TypedDict("Steps", {"global": int, "requesters": dict[str, int]})
 
 
 class StepTimeMs(TypedDict):
-    """`step_time_ms`: statistics of untouched, profiled and start-up steps (None when there are none)."""
+    """`step_time_ms`: statistics of untouched, profiled and start-up steps (None when there are none), and of the
+    steps set aside after a window (the profiler's stop and save; absent in older summaries)."""
 
     untouched: Stats | None
     profiled: Stats | None
     first_step: Stats | None
+    after_window: NotRequired[Stats | None]
 
 
 class StepTimes(TypedDict):
@@ -310,7 +312,7 @@ _FIELDS: dict[str, Check] = {
     "schedule": map_of(optional(NUMBER)),
     "on_demand": optional(BOOL),
     "steps": object_of({"global": COUNT, "requesters": _REQUESTERS}, ("global",)),
-    "step_time_ms": object_of({"untouched": _stats, "profiled": _stats, "first_step": _stats}),
+    "step_time_ms": object_of({"untouched": _stats, "profiled": _stats, "first_step": _stats, "after_window": _stats}),
     "timeline_ms": list_of(_STEP_MS),
     "timeline_phases": optional(_PHASES),
     "step_times": optional(list_of(_step_times)),

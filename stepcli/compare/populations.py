@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from stepcli.compare.inference import MIN_STEPS, warmup_length
 from stepcli.compare.model import Measurement
+from stepcli.fmt import plural
 from stepcli.stats import STAT_NAMES, Stats, describe
 
 # Per run (by index), per process, the (step, ms) that decide.
@@ -114,6 +115,9 @@ def steps_used(side: str, m: Measurement, population: str, first: dict[int, int]
         if cut:
             why = f"--skip-steps {skip}" if skip is not None else "warm-up detected (MSER-5)"
             text += f"; steps {min(cut)}-{max(cut)} left out: {why}"
+        aside = run.set_aside()
+        if aside and population in ("untouched", "profiled"):
+            text += f"; {plural(aside, 'step time')} after a window set aside (the profiler's stop and save)"
         lines.append(text)
     if len(m.runs) > 4:
         lines.append(f"{side}: +{len(m.runs) - 4} more runs")
