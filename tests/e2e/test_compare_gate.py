@@ -49,8 +49,8 @@ SLEEPER = """
 SLEEP_MS = 120.0
 # Steps per run (~21 s of sleeping, ~26 s for the slow run; all four at once): the untouched steps decide.
 STEPS = 160
-ACTIVE = 30  # base1's recorded steps 2-31: over per-operator attribution's OP_MIN_STEPS; 32-159 untouched
-FIRST_UNTOUCHED = ACTIVE + 2
+ACTIVE = 30  # base1's recorded steps 2-31: over per-operator attribution's OP_MIN_STEPS; 32 after it (set aside), 33-159 untouched
+FIRST_UNTOUCHED = ACTIVE + 3  # step ACTIVE + 2, the first after the window, is set aside
 OP_NAME = "time.sleep inside the training loop"
 # The runs' recorded windows (--wait: the first recorded step is WAIT + 1) come one after another in time, each
 # starting ~0.5 s after the one before has been saved, with ~20 ms a step to spare for a loaded machine's late
@@ -170,7 +170,7 @@ def test_operator_changes_fit_80_columns_on_a_pipe_with_names_and_numbers_whole(
     rows = table.splitlines()
     index = next(i for i, row in enumerate(rows) if OP_NAME in row)
     assert rows[index].strip() == OP_NAME, table
-    assert re.search(r"ms, \+[\d.]+ \(95% CI \+[\d.]+ \.\. \+[\d.]+\), significant$", rows[index + 1]), table
+    assert re.search(r"ms, \+[\d.]+ \([\d.]+% CI \+[\d.]+ \.\. \+[\d.]+\), significant$", rows[index + 1]), table
     assert "…" not in table, table
     # The phases come first: the step's time changed in the phase that holds the sleep.
     phases = result.stdout[result.stdout.index("Step phases whose time per step changed most") :]
