@@ -65,6 +65,24 @@ class StepTimes(TypedDict):
     phases: str
 
 
+class ThreadsHost(TypedDict):
+    """One host of `threads`: its processes' intra-op threads against the cores they may run on."""
+
+    host: str
+    processes: int
+    intra_op_threads: int  # summed over its processes
+    per_process: list[int]  # the distinct counts of its processes
+    cores: int  # the union of its processes' affinity masks
+    oversubscribed: bool  # intra_op_threads > cores
+
+
+class Threads(TypedDict):
+    """`threads`: per host (stepcli.run.summary.threads)."""
+
+    hosts: list[ThreadsHost]
+    oversubscribed: bool
+
+
 class Process(TypedDict, total=False):
     """One entry of `processes`."""
 
@@ -76,6 +94,7 @@ class Process(TypedDict, total=False):
     exit: str | None
     peak_rss_bytes: int | None
     cuda_peak_bytes: int | None
+    intra_op_threads: int | None
     requesters: dict[str, int]
     # Read (never written) for hand-made summaries that keep each process's step times with the process:
     step_times_ms: list[float]
@@ -165,6 +184,7 @@ class RunSummary(TypedDict, total=False):
     device: dict[str, Any] | None
     flops: dict[str, Any] | None
     peak_memory: PeakMemory
+    threads: Threads | None  # per host, intra-op threads against cores (stepcli/run/summary/threads.py)
     compile: dict[str, Any] | None
     hang: dict[str, Any] | None
     # The CUDA memory snapshots this run's processes wrote (file names in out_dir, from their signed step logs):
@@ -296,6 +316,8 @@ _HANG = object_of(
     }
 )
 _REQUESTERS = map_of(COUNT)
+_HOST_COUNTS = {"processes": COUNT, "intra_op_threads": COUNT, "per_process": list_of(COUNT), "cores": COUNT}
+_THREADS_HOST = object_of({"host": STR, **_HOST_COUNTS, "oversubscribed": BOOL}, ("host", "intra_op_threads", "cores"))
 _FIELDS: dict[str, Check] = {
     "schema_version": INT,
     "stepcli_version": optional(STR),
@@ -327,6 +349,7 @@ _FIELDS: dict[str, Check] = {
                 "exit": optional(STR),
                 "peak_rss_bytes": optional(COUNT),
                 "cuda_peak_bytes": optional(COUNT),
+                "intra_op_threads": optional(COUNT),
                 "requesters": _REQUESTERS,
                 "step_times_ms": list_of(AMOUNT),
                 "durations_ms": list_of(_STEP_MS),
@@ -361,6 +384,7 @@ _FIELDS: dict[str, Check] = {
     "device": optional(object_of({"busy_ms": NUMBER, "busy_share": NUMBER})),
     "flops": optional(object_of({})),
     "peak_memory": object_of({"rss_bytes": optional(COUNT), "cuda_bytes": optional(COUNT)}),
+    "threads": optional(object_of({"hosts": list_of(_THREADS_HOST), "oversubscribed": BOOL}, ("hosts",))),
     "compile": optional(object_of({"by_step": list_of(object_of({"worker": optional(STR), "step": INT}))})),
     "hang": optional(_HANG),
     "step_record": list_of(_STEP_RECORD),

@@ -15,6 +15,7 @@ the same program run twice, with scripts/aa_pairs.py; docs/commands/compare.md g
 - each family of rows (the phases; the operators and kernels) is judged at a Bonferroni-corrected level: with m
   candidates (every operator whose change could have been picked for the top rows, not only the rows shown), each
   row's interval is made at 1 - (1 - confidence) / m, so picking the largest changes cannot make noise significant;
+- a job's ranks are resampled at the same steps (as the verdict's are): ranks that move together count once;
 - its whole interval must lie beyond a practical limit, the verdict's own rule applied to the recorded step:
   max(tolerance x the baseline's mean recorded step, --min-delta-ms). With one run per side, the intervals cannot
   see run-to-run variation (the machine's load while one window recorded moves every one of its steps); a change
@@ -171,11 +172,20 @@ def _resamples(level: float) -> int:
 
 
 def _series(runs: list[OpSteps], key: tuple[str, str]) -> list[list[list[float]]]:
-    return [[list(run.ops.get(key, (0.0,) * len(run.steps)))] for run in runs]
+    """Per run, per rank (one process each), the key's time in each recorded step in step order: the ranks of a
+    job are resampled at the same steps, as the verdict's are, so ranks that move together count once."""
+    out = []
+    for run in runs:
+        by_rank: dict[int | None, list[tuple[int, float]]] = {}
+        for (rank, step), value in zip(run.steps, run.ops.get(key, (0.0,) * len(run.steps))):
+            by_rank.setdefault(rank, []).append((step, value))
+        ranks = sorted(by_rank, key=lambda rank: (rank is None, rank or 0))
+        out.append([[value for _, value in sorted(by_rank[rank])] for rank in ranks])
+    return out
 
 
 def _mean(runs: list[OpSteps], key: tuple[str, str]) -> float:
-    values = [v for run in _series(runs, key) for v in run[0]]
+    values = [v for run in _series(runs, key) for process in run for v in process]
     return sum(values) / len(values) if values else 0.0
 
 

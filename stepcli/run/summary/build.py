@@ -30,6 +30,7 @@ from stepcli.fmt import plural
 from stepcli.run.summary.compilesteps import compile_summary, compiled_steps
 from stepcli.run.summary.culprit import culprit_section
 from stepcli.run.summary.hangreport import hang_summary
+from stepcli.run.summary.threads import threads_section
 from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, AdviceItem, Process, RunSummary, Window
 from stepcli.stats import describe
 from stepcli.steptimes import process_steps
@@ -356,6 +357,7 @@ def build_run_summary(
         "device": device,
         "flops": flops,
         "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
+        "threads": threads_section(logs),
         "compile": compile_summary(logs),
         "memory_snapshots": run_snapshots(logs, config.out_dir),
         "hang": hang_summary(  # --hang-timeout reports (stepcli/run/summary/hangreport.py)
@@ -429,6 +431,7 @@ def process_entry(log: dict[str, Any]) -> Process:
         "exit": log.get("exit"),
         "peak_rss_bytes": log.get("peak_rss_bytes"),
         "cuda_peak_bytes": log.get("cuda_peak_bytes"),
+        "intra_op_threads": log.get("intra_op_threads"),
         "requesters": {r["name"]: r["calls"] for r in log.get("requesters", [])},
     }
 

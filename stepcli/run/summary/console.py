@@ -122,6 +122,14 @@ def _overview(summary: RunSummary, console: Console) -> Table:
     for index, text in enumerate(compile_lines(summary.get("compile"), len(summary["processes"]))):
         overview.add_row("compile" if index == 0 else "", text)
     _add_timeline(overview, summary, console)
+    threads = summary.get("threads")
+    for host in threads["hosts"] if threads else []:  # only when they outnumber the cores
+        if host["oversubscribed"]:
+            overview.add_row(
+                "threads",
+                f"{host['intra_op_threads']} intra-op threads in {plural(host['processes'], 'process', 'processes')} "
+                f"on {plural(host['cores'], 'core')} ({host['host']}): oversubscribed, see the advice",
+            )
     memory = summary["peak_memory"]
     if memory["rss_bytes"] or memory["cuda_bytes"]:
         overview.add_row(
