@@ -23,7 +23,7 @@ from .interrupts import Held
 from .output import cause, export_trace, human_size, say, trace_folder, worker_name, write_failed
 from .schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP
 from .torchquiet import QuietProfiler, ask_cupti_teardown
-from .tracker import FOREIGN, NEVER, StepTracker
+from .tracker import AFTER_WINDOW, FOREIGN, NEVER, StepTracker
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
@@ -135,10 +135,10 @@ class Recorder:
             if self._pending_drop:
                 reason, self._pending_drop = self._pending_drop, ""
                 self.drop(reason)
-                return (FOREIGN if self.foreign else NONE), self.next_cycle_start(step + 1)
+                return (FOREIGN, self.next_cycle_start(step + 1)) if self.foreign else (AFTER_WINDOW, step + 1)
             if self._pending_cut:
                 self.stop(self._pending_cut)
-                return (FOREIGN if self.foreign else NONE), self.next_cycle_start(step + 1)
+                return (FOREIGN, self.next_cycle_start(step + 1)) if self.foreign else (AFTER_WINDOW, step + 1)
             self._cpu_time.end(prof)  # (before step(), which may stop the profiler)
             if prof.current_action.value == RECORD_AND_SAVE:
                 self._announce_save(step - 1)  # this step() stops the profiler and saves: a pause worth a line
@@ -146,7 +146,9 @@ class Recorder:
                 prof.step()
             if prof.current_action.value == NONE or self.disabled:  # disabled: saving its last cycle failed
                 self._close()
-                return NONE, NEVER if self.disabled else self.next_cycle_start(step + 1)
+                # This step pays for the stop and save: "after a window", not untouched; woken at the next step
+                # again (to mark it untouched, or open the next window), as an idle recorder would be.
+                return AFTER_WINDOW, step + 1
             phase = self._phase_of(prof)
             if phase >= RECORD and self._window is not None and self._window["first_step"] is None:
                 self._window["first_step"] = step

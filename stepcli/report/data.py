@@ -56,6 +56,7 @@ class ReportData:
     out_dir: str | None = None  # the run's output folder, where `stepcli run --memory` leaves oom-*.pickle
     # the snapshot files of the run (names in out_dir) its summary lists; None for a summary from before it did
     memory_snapshots: list[str] | None = None
+    after_window: int = 0  # steps set aside after a window (phase "5"), all processes
     step_record: list[dict[str, Any]] = field(default_factory=list)  # whole-run step times (report/wholerun.py)
     triggered: list[dict[str, Any]] = field(default_factory=list)  # the windows --capture-on-slow placed
     hang: dict[str, Any] | None = None  # the `hang` section (--hang-timeout reports), shown by report/hang.py
@@ -151,6 +152,8 @@ def _add_step_times(data: ReportData, summary: RunSummary | None, analysis: dict
         data.distribution_label = "untouched steps (no profiler running), start-up left out"
     elif recorded:
         data.distribution, data.distribution_label = recorded, "profiled steps"
+    # The first step after each window pays for its stop and save: neither untouched nor recorded, only counted.
+    data.after_window = sum(1 for p in processes for s, c in zip(p.steps, p.phases) if c == "5" and s != 0)
     for label, values in (("untouched steps", untouched), ("profiled steps", recorded)):
         stats = describe(values)
         if stats:

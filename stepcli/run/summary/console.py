@@ -117,11 +117,26 @@ def _overview(summary: RunSummary, console: Console) -> Table:
                 f"n={stats['count']}  median {ms(stats['median'])}  p90 {ms(stats['p90'])}  "
                 f"min {ms(stats['min'])}  max {ms(stats['max'])}",
             )
+    after = times.get("after_window")
+    if after:  # in neither population: say how many, so the counts add up
+        overview.add_row(
+            "after a window",
+            f"n={after['count']}  median {ms(after['median'])}  max {ms(after['max'])}  (set aside: the first step "
+            "after each window pays for the profiler's stop and save)",
+        )
     if times["first_step"]:
         overview.add_row("first step", f"{ms(times['first_step']['max'])} (start-up, not in the statistics)")
     for index, text in enumerate(compile_lines(summary.get("compile"), len(summary["processes"]))):
         overview.add_row("compile" if index == 0 else "", text)
     _add_timeline(overview, summary, console)
+    threads = summary.get("threads")
+    for host in threads["hosts"] if threads else []:  # only when they outnumber the cores
+        if host["oversubscribed"]:
+            overview.add_row(
+                "threads",
+                f"{host['intra_op_threads']} intra-op threads in {plural(host['processes'], 'process', 'processes')} "
+                f"on {plural(host['cores'], 'core')} ({host['host']}): oversubscribed, see the advice",
+            )
     memory = summary["peak_memory"]
     if memory["rss_bytes"] or memory["cuda_bytes"]:
         overview.add_row(
