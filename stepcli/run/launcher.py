@@ -349,7 +349,7 @@ def _summarize(
 
     display = _display(request)
     # One read of the traces for the summary and report.html; shapes only when the page will show them.
-    traces = RunTraces(shapes=request.report, memory=config.profile_memory)
+    traces = RunTraces(shapes=request.report, memory=config.profile_memory, lanes=True)
     try:
         with analysis_progress(not request.quiet):
             summary = build_run_summary(

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from stepcli.errors import EXIT_USAGE, StepcliError
-from stepcli.whatif.lanes import PHASE_NAMES, RankLane
+from stepcli.traces.analyses.lanes import PHASE_NAMES, RankLane
 from stepcli.whatif.replay import Change, Graph, Record, Replay, ReplayError, Scale, build_graph, replay, step_ms
 
 SCHEMA = "stepcli.whatif/1"

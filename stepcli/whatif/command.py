@@ -13,14 +13,14 @@ from typing import Any
 
 from stepcli import safefile
 from stepcli.errors import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_USAGE, StepcliError
+from stepcli.traces.analyses.lanes import RankLane
 from stepcli.whatif.answer import SCHEMA, Request, solve
-from stepcli.whatif.lanes import RankLane
 
 
 def read_lane(path: str) -> RankLane:
     """One trace file's lane (module level: run in a worker process)."""
+    from stepcli.traces.analyses.lanes import lane_of
     from stepcli.traces.read.columns import load_columns
-    from stepcli.whatif.lanes import lane_of
 
     return lane_of(load_columns(path))
 

@@ -1,7 +1,7 @@
 """The ranks' lanes joined at their collectives and replayed by list scheduling, unchanged or under a change. Pure.
 
 Each rank starts its window where it measured it (clocks aligned by the collectives, stepcli.traces.analyses.
-alignment) and runs its lane: compute at the change's speed (stepcli.whatif.lanes), an arrival at each collective,
+alignment) and runs its lane: compute at the change's speed (stepcli.traces.analyses.lanes), an arrival at each collective,
 and at each wait the later of its own start and the collective's end, plus the measured tail after that end. A
 collective ends at its last member's arrival plus its transfer time (its end minus the latest member's arrival on
 aligned clocks), times `--comm`. Unchanged, the replay gives back the measured window when the graph explains the
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stepcli.traces.analyses.alignment import Matched, align, match_collectives
-from stepcli.whatif.lanes import PHASE_NAMES, RankLane, covers
+from stepcli.traces.analyses.lanes import PHASE_NAMES, RankLane, covers
 
 LATE_CLOSE_US = 300.0
 RESUMED_SHARE = 0.1

@@ -374,7 +374,7 @@ def build_run_summary(
     }
     untouched_stats = describe(untouched)
     median = untouched_stats["median"] if untouched_stats else None
-    summary["what_would_help"] = what_would_help(trace_paths, median, notes)
+    summary["what_would_help"] = what_would_help(trace_paths, median, notes, traces)
     summary["advice"] = _advice(summary, analysis)
     return summary
 

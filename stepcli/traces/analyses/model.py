@@ -173,6 +173,9 @@ class FilePart:
     gemm_ns: dict[str, int] = field(default_factory=dict)
     arrivals: RankArrivals | None = None  # its collectives, for the culprit (stepcli.traces.analyses.culprit)
     world_size: int | None = None  # its job's size, as the trace says (distributedInfo.world_size)
+    # its steps' thread as a lane of `stepcli whatif`'s graph (stepcli.traces.analyses.lanes.RankLane), when the
+    # read asked for it (the run's end does: its summary says what would help, from the same read)
+    lane: Any = None
     device_name: str | None = None  # its first GPU (deviceProperties)
     stub_step: int | None = None  # the N of the profiler's closing stub left out (analysis.profiler_stub), if any
 
