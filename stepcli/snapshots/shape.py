@@ -83,5 +83,5 @@ def check_keys(items: list[Any], target: dict[Any, Any]) -> None:
         raise NotSnapshot(f"a dict of more than {MAX_KEYS} keys: not of a snapshot's shape")
 
 
-def too_many(count: int, limit: int, what: str) -> NotSnapshot:
-    return NotSnapshot(f"more than {limit} {what}: not of a snapshot's shape")
+def too_many(limit: int, what: str) -> NotSnapshot:
+    return NotSnapshot(f"more than {limit} {what}")

@@ -369,10 +369,10 @@ class StreamDecoder(FastEntryDecoder):
         if want == "list":
             self._nested_lists += len(items)
             if self._nested_lists > shape.MAX_NESTED_LISTS:
-                raise shape.too_many(self._nested_lists, shape.MAX_NESTED_LISTS, "lists held in lists")
+                raise shape.too_many(shape.MAX_NESTED_LISTS, "lists held in lists")
         elif want == "scalar":
             if len(target) + len(items) > shape.MAX_SCALARS:
-                raise shape.too_many(len(target), shape.MAX_SCALARS, "strings or numbers in one list")
+                raise shape.too_many(shape.MAX_SCALARS, "strings or numbers in one list")
         elif want in ("segment", "block"):
             for item in items:
                 if id(item) in self._records:
@@ -402,7 +402,7 @@ class StreamDecoder(FastEntryDecoder):
                 indexes.append(index)
                 values.append(made)
         if len(target) + len(items) > shape.MAX_FRAMES:
-            raise shape.too_many(len(target), shape.MAX_FRAMES, "frames in one stack")
+            raise shape.too_many(shape.MAX_FRAMES, "frames in one stack")
         target.extend(items)
 
     def _forget(self, item: Any) -> None:
