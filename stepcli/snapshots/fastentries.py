@@ -84,6 +84,7 @@ class FastEntryDecoder:
         self._inline_indexes = array("I")
         self._inline_stacks = array("I")
         self._nested_lists = 0  # lists held in lists so far (shape.MAX_NESTED_LISTS)
+        self._held = 0  # dicts, lists and sets held in dicts so far (shape.MAX_HELD)
         self._records: set[int] = set()  # ids of the segment and block dicts put in lists (each once)
         self._stacks_by_refs: dict[bytes, int] = {}  # a frames list's bytes (memo references) -> stack index
         self._key_names: dict[bytes, str] = {}  # a key's memo reference bytes -> the key

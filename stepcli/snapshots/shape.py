@@ -25,6 +25,7 @@ MAX_KEYS = 4096  # keys of one dict (torch's have 4 to 16)
 MAX_SCALARS = 1 << 16  # items of a list of strings or numbers (argv)
 MAX_FRAMES = 1 << 16  # frames of one stack (Python's own recursion limit is 1,000)
 MAX_NESTED_LISTS = 4096  # lists held in lists, in all (device_traces: one per device)
+MAX_HELD = 1 << 16  # dicts, lists and sets held in dicts, in all, but `frames` and `blocks` (settings, records)
 
 SCALARS = (str, int, float, bool, bytes, type(None))
 _SEGMENT = frozenset({"total_size", "blocks"})
@@ -83,5 +84,16 @@ def check_keys(items: list[Any], target: dict[Any, Any]) -> None:
         raise NotSnapshot(f"a dict of more than {MAX_KEYS} keys: not of a snapshot's shape")
 
 
-def too_many(count: int, limit: int, what: str) -> NotSnapshot:
-    return NotSnapshot(f"more than {limit} {what}: not of a snapshot's shape")
+def held(items: list[Any]) -> int:
+    """How many of a dict's values (every other item) are dicts, lists or sets, but a `frames` or `blocks` list
+    (those hold frames and blocks, checked as they are filled): a snapshot has a few (its settings, its record);
+    an empty one costs 3 bytes of pickle and 100 of memory, so they count against MAX_HELD."""
+    count = 0
+    for at in range(1, len(items), 2):
+        if type(items[at]) in (dict, list, set) and items[at - 1] not in ("frames", "blocks"):
+            count += 1
+    return count
+
+
+def too_many(limit: int, what: str) -> NotSnapshot:
+    return NotSnapshot(f"more than {limit} {what}")

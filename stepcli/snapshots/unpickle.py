@@ -155,6 +155,7 @@ class StreamDecoder(FastEntryDecoder):
                 if type(target) is not dict:
                     raise NotSnapshot(f"SETITEMS on a {type(target).__name__}")
                 shape.check_keys(items, target)
+                self._count_held(shape.held(items))
                 for i in range(0, len(items), 2):
                     target[items[i]] = items[i + 1]
             elif op == SHORT_BINUNICODE:
@@ -210,6 +211,7 @@ class StreamDecoder(FastEntryDecoder):
                 if type(target) is not dict:
                     raise NotSnapshot(f"SETITEM on a {type(target).__name__}")
                 shape.check_keys([key], target)
+                self._count_held(shape.held([key, value]))
                 target[key] = value
             elif op == 0x85:  # TUPLE1
                 shape.check_scalars(stack[-1:], "tuple")
@@ -369,10 +371,10 @@ class StreamDecoder(FastEntryDecoder):
         if want == "list":
             self._nested_lists += len(items)
             if self._nested_lists > shape.MAX_NESTED_LISTS:
-                raise shape.too_many(self._nested_lists, shape.MAX_NESTED_LISTS, "lists held in lists")
+                raise shape.too_many(shape.MAX_NESTED_LISTS, "lists held in lists")
         elif want == "scalar":
             if len(target) + len(items) > shape.MAX_SCALARS:
-                raise shape.too_many(len(target), shape.MAX_SCALARS, "strings or numbers in one list")
+                raise shape.too_many(shape.MAX_SCALARS, "strings or numbers in one list")
         elif want in ("segment", "block"):
             for item in items:
                 if id(item) in self._records:
@@ -381,6 +383,12 @@ class StreamDecoder(FastEntryDecoder):
         elif want == "event":
             raise NotSnapshot("a history event in a list that holds other things")
         target.extend(items)
+
+    def _count_held(self, count: int) -> None:
+        if count:
+            self._held += count
+            if self._held > shape.MAX_HELD:
+                raise shape.too_many(shape.MAX_HELD, "dicts, lists or sets held in dicts")
 
     def _add_frames(self, target: list[Any], items: list[Any]) -> None:
         """A frames list's items, each an interned Frame; a frame dict leaves the memo (8 bytes in its place)."""
@@ -402,7 +410,7 @@ class StreamDecoder(FastEntryDecoder):
                 indexes.append(index)
                 values.append(made)
         if len(target) + len(items) > shape.MAX_FRAMES:
-            raise shape.too_many(len(target), shape.MAX_FRAMES, "frames in one stack")
+            raise shape.too_many(shape.MAX_FRAMES, "frames in one stack")
         target.extend(items)
 
     def _forget(self, item: Any) -> None:

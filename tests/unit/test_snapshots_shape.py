@@ -73,6 +73,18 @@ def _in_snapshot(body: bytes) -> bytes:
 
 _LISTS_IN_BATCHES = b"]" + (b"(" + b"]" * 1000 + b"e") * 5000  # 5 million empty lists, appended 1,000 at a time
 _TOWER = b"K\x01" + b"\x85" * (5 << 20)  # (((((1,),),),)...): a tuple of a tuple ... 5 million deep
+# 100 dicts of 1,000 keys (references to 1,000 strings) each an empty dict: 100,000 dicts in 300 KB
+_KEYS = b"".join(b"X" + len(k).to_bytes(4, "little") + k + b"\x94" for k in (b"k%d" % i for i in range(1000)))
+_DICTS_OF_DICTS = (
+    b"}(\x8c\x01x]"
+    + _KEYS
+    + b"0" * 1000
+    + b"u"
+    + b"".join(
+        b"\x8c\x03d%02d}(" % n + b"".join(b"j" + (i + 3).to_bytes(4, "little") + b"}" for i in range(1000)) + b"u"
+        for n in range(100)
+    )
+)
 _ENTRY = b"}(\x8c\x06action\x8c\x05alloc\x8c\x04size\x4b\x01\x8c\x06frames](" + b"]" * 1000 + b"eu"
 
 
@@ -91,6 +103,7 @@ _ENTRY = b"}(\x8c\x06action\x8c\x05alloc\x8c\x04size\x4b\x01\x8c\x06frames](" + 
         (b"\x8c\x05posix\x8c\x06system\x93", "the pickle asks to build posix.system"),
         (b"]\x8c\x01a\x8c\x01b\x86a", "a list item is a tuple"),
         (b"](K\x01]e", "a list of both scalars and lists"),
+        (_DICTS_OF_DICTS, "more than 65536 dicts, lists or sets held in dicts"),
     ],
     ids=[
         "5M-empty-lists",
@@ -105,6 +118,7 @@ _ENTRY = b"}(\x8c\x06action\x8c\x05alloc\x8c\x04size\x4b\x01\x8c\x06frames](" + 
         "global",
         "tuples-in-a-list",
         "mixed-lists",
+        "100k-dicts-in-dicts",
     ],
 )
 def test_crafted_pickles_are_refused_at_their_first_odd_object(tmp_path: Path, body: bytes, problem: str) -> None:
