@@ -115,6 +115,7 @@ class Window(TypedDict):
     note: NotRequired[str]
     capture: NotRequired[str]
     trigger: NotRequired[dict[str, Any]]  # --capture-on-slow: what placed this window
+    save_s: NotRequired[float]  # the pause its save put into the program (stopping the profiler, writing the file)
 
 
 class OpRow(TypedDict):
@@ -369,6 +370,7 @@ _FIELDS: dict[str, Check] = {
                 "bytes": optional(COUNT),
                 "complete": BOOL,
                 "note": optional(STR),
+                "save_s": optional(AMOUNT),
             }
         )
     ),

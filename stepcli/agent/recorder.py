@@ -23,6 +23,7 @@ from .interrupts import Held
 from .output import cause, export_trace, human_size, say, trace_folder, worker_name, write_failed
 from .schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP
 from .torchquiet import QuietProfiler, ask_cupti_teardown
+from .tracecost import SaveClock, first_window_cost, took
 from .tracker import AFTER_WINDOW, FOREIGN, NEVER, StepTracker
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
@@ -77,6 +78,7 @@ class Recorder:
         self._discard = False
         self._dropping = False  # the open window is being closed unsaved (its capture withdrew it)
         self._pending_drop = ""  # ... asked for on another thread, done by the main thread at its next step
+        self._save_clock = SaveClock()  # the pause of the open window's save, and lines while it lasts
         # Set by the agent: will the program's idle profiler start collecting within this many of its steps?
         self.program_profiler_due: Callable[[int], bool] = lambda steps: False
         # Set by on-demand capture: what triggered the window recording from this step (--capture-on-slow), if any
@@ -279,6 +281,7 @@ class Recorder:
             self.notes.append(f"the window from step {first} was not saved ({why})")
         else:
             self._save(prof, first, last)
+        self._save_clock.stop()  # (a window not saved: its ticker stops too)
         # With wait=0 the same object goes straight on to the next cycle's warmup.
         self._window = {"first_step": None}
         self.on_saved()
@@ -310,10 +313,20 @@ class Recorder:
             record["note"] = self._cut_reason
         if self.config.with_flops:
             record["flops"] = self._write_flops(prof, path, first, last)
+        if (pause := self._save_clock.stop()) is not None:
+            record["save_s"] = round(pause, 3)  # stopping the profiler and writing the file
         self.windows.append(record)
+        heavy = first_window_cost(self.windows, steps, self.config)  # said now, and a note of the summary
+        self.notes += [heavy] if heavy else []
         if not self.config.quiet:
             extra = "" if complete else f" ({self._cut_reason}; the start of step {last + 1} is in it too)"
+<<<<<<< HEAD
             say(f"saved trace of {steps}{extra}: {path} ({human_size(info.st_size)})")
+=======
+            say(f"saved trace of {steps}{extra}{took(pause)}: {path} ({human_size(size)})")
+            if heavy:
+                say(heavy)
+>>>>>>> h5
 
     def _write_flops(self, prof: Any, trace: str, first: int, last: int) -> int | None:
         """The window's estimated FLOPs (the sum of key_averages()' flops), written beside the trace as
@@ -378,6 +391,7 @@ class Recorder:
         except Exception as exc:
             self.notes.append(f"could not close the profiler: {exc}")
         finally:
+            self._save_clock.stop()
             self._cut_reason = self._pending_cut = ""
             self._discard = False
             self.busy = busy
@@ -402,12 +416,12 @@ class Recorder:
 
     def _announce_save(self, last: int) -> None:
         """`saving trace of steps A-B ...` before torch stops the profiler and writes the file, which can freeze
-        the program for seconds on a large window: the user sees why."""
+        the program for seconds on a large window: the user sees why (every few seconds: SaveTicker); timed from here."""
         first = (self._window or {}).get("first_step")
-        if self.config.quiet or first is None:
-            return
         steps = f"step {first}" if first == last else f"steps {first}-{last}"
-        say(f"saving trace of {steps} ...")
+        self._save_clock.start(None if self.config.quiet or first is None else steps)
+        if not (self.config.quiet or first is None):
+            say(f"saving trace of {steps} ...")
 
     def stop_after_write_failure(self, message: str) -> None:
         """A trace or the step log could not be written (a full or read-only folder): one line, and no window

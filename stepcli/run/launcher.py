@@ -351,7 +351,7 @@ def _summarize(
     # One read of the traces for the summary and report.html; shapes only when the page will show them.
     traces = RunTraces(shapes=request.report, memory=config.profile_memory, lanes=True)
     try:
-        with analysis_progress(not request.quiet):
+        with analysis_progress(not request.quiet, config.out_dir):
             summary = build_run_summary(
                 config,
                 command=display,

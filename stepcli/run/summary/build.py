@@ -442,15 +442,18 @@ def process_entry(log: dict[str, Any]) -> Process:
     }
 
 
-def analysis_progress(enabled: bool = True) -> AbstractContextManager[Any]:
+def analysis_progress(enabled: bool = True, out_dir: str | None = None) -> AbstractContextManager[Any]:
     """A spinner on stderr while the traces are read after the program exits (seconds for large traces), so
-    stepcli is not silent; only on a terminal: pipes and CI logs get no control characters."""
+    stepcli is not silent; on a terminal. Pipes and CI logs get no control characters: for large traces in
+    `out_dir`, progress lines instead (stepcli.slowwork)."""
     try:
         interactive = enabled and sys.stderr.isatty()
     except (AttributeError, ValueError):
         interactive = False
     if not interactive:
-        return contextlib.nullcontext()
+        from stepcli.slowwork import reading
+
+        return reading([out_dir], enabled) if out_dir else contextlib.nullcontext()
     from rich.console import Console
 
     return Console(stderr=True).status("stepcli: reading the traces ...", spinner="dots")

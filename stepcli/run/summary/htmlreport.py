@@ -230,8 +230,10 @@ def gather(paths: Sequence[str]) -> ReportData:
 def report_main(paths: Sequence[str], out: str | None) -> str:
     """`stepcli report`: build the page for PATHs and write it; returns the path written."""
     from stepcli.report import check_output, default_output, write_page
+    from stepcli.slowwork import reading
 
-    data = gather(paths)
+    with reading(paths):  # a large trace takes seconds: said, not silent
+        data = gather(paths)
     out = out or default_output(paths[0])
     check_output(out)
     return write_page(data, out)
