@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 
 from stepcli.errors import StepcliError
+from stepcli.traces.analyses.lanes import lane_of
 from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.events import Event
 from stepcli.traces.read.typedcolumns import columns_from_events
 from stepcli.whatif.answer import Request, answer, parse_change
-from stepcli.traces.analyses.lanes import lane_of
 from stepcli.whatif.replay import build_graph, replay, step_ms
 
 MAIN, WORKER = 1, 2
