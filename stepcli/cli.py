@@ -270,14 +270,10 @@ def table(
         from stepcli.slowwork import reading
         from stepcli.traces.engine import summarize_paths
 
-<<<<<<< HEAD
-        summary = summarize_paths(
-            paths, group_by_shape=group_by_shape, jobs=jobs, scheduler=scheduler, scheduler_wait=scheduler_wait
-        )
-=======
         with reading(paths):  # a large trace takes seconds: said, not silent
-            summary = summarize_paths(paths, group_by_shape=group_by_shape, jobs=jobs, scheduler=scheduler)
->>>>>>> h5
+            summary = summarize_paths(
+                paths, group_by_shape=group_by_shape, jobs=jobs, scheduler=scheduler, scheduler_wait=scheduler_wait
+            )
         from stepcli.traces.render.formats import print_table_report
 
         print_table_report(summary, sort_by=sort_by, limit=limit, fmt=fmt or "rich")

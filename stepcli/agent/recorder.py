@@ -320,13 +320,9 @@ class Recorder:
         self.notes += [heavy] if heavy else []
         if not self.config.quiet:
             extra = "" if complete else f" ({self._cut_reason}; the start of step {last + 1} is in it too)"
-<<<<<<< HEAD
-            say(f"saved trace of {steps}{extra}: {path} ({human_size(info.st_size)})")
-=======
-            say(f"saved trace of {steps}{extra}{took(pause)}: {path} ({human_size(size)})")
+            say(f"saved trace of {steps}{extra}{took(pause)}: {path} ({human_size(info.st_size)})")
             if heavy:
                 say(heavy)
->>>>>>> h5
 
     def _write_flops(self, prof: Any, trace: str, first: int, last: int) -> int | None:
         """The window's estimated FLOPs (the sum of key_averages()' flops), written beside the trace as
