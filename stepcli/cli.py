@@ -440,8 +440,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     stdout = guard_stdout()  # a closed or full stdout: one error line, not "internal error"
     from stepcli import safefile
+    from stepcli.quickexit import remove_temps_on_signals
 
-    safefile.remove_on_signals()  # SIGTERM/SIGHUP mid-write: no half-written `.NAME.<random>.tmp` is left
+    remove_temps_on_signals()  # SIGTERM/SIGHUP mid-write: no half-written `.NAME.<random>.tmp` is left
     try:
         from stepcli.limits import check_input_limit
 

@@ -48,11 +48,16 @@ def visible_all(value: T) -> T:
     return cast(T, _visible_all(value))  # the same shape back: each string replaced by a string
 
 
+_PLAIN = (float, int, bool, type(None))  # no string inside: returned as they are
+
+
 def _visible_all(value: Any) -> Any:
     if isinstance(value, str):
         return visible(value) if _CONTROL.search(value) else value
     if isinstance(value, dict):
         return {_visible_all(k): _visible_all(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and all(type(item) in _PLAIN for item in value):
+        return value  # (a step's numbers, 100,000 of them per operator in `compare`: no call per number)
     if isinstance(value, list):
         return [_visible_all(item) for item in value]
     if isinstance(value, tuple):

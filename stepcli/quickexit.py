@@ -27,3 +27,25 @@ def quick_exit(code: int) -> NoReturn:
         except (AttributeError, OSError, ValueError):  # a closed pipe (`| head`): nothing more to show
             pass
     os._exit(code)
+
+
+def remove_temps_on_signals() -> None:
+    """From now on SIGTERM and SIGHUP (where they would kill the process, not where ignored or handled) first
+    remove the temporary files being written, then end the process by the same signal, as before. Ctrl-C raises
+    KeyboardInterrupt, whose unwinding removes them (safefile.NewFile.__exit__); the command's last words call
+    safefile.remove_live_temps too. For the stepcli command's own process only (never the profiled program)."""
+    import signal
+
+    for signum in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if signum is not None and signal.getsignal(signum) == signal.SIG_DFL:
+            signal.signal(signum, _remove_and_die)
+
+
+def _remove_and_die(signum: int, frame: object) -> None:
+    import signal
+
+    from stepcli.safefile import remove_live_temps
+
+    remove_live_temps()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)

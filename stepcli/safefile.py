@@ -37,8 +37,8 @@ SHARED = 0o666  # everything else: the umask decides, as for any file
 
 
 # The temporary files being written now, by this process: (pid, path, dir_fd) by NewFile. A short command (merge,
-# report -o, compare --markdown, ...) stopped by SIGTERM, SIGHUP or Ctrl-C removes them (remove_on_signals) instead
-# of leaving a half-written `.NAME.<random>.tmp` for good.
+# report -o, compare --markdown, ...) stopped by SIGTERM, SIGHUP or Ctrl-C removes them
+# (stepcli.quickexit.remove_temps_on_signals) instead of leaving a half-written `.NAME.<random>.tmp` for good.
 _LIVE: dict[int, tuple[int, str, int | None]] = {}
 
 
@@ -117,26 +117,6 @@ def remove_live_temps() -> None:
         if owner == pid:
             remove(path, dir_fd=dir_fd)
     _LIVE.clear()
-
-
-def remove_on_signals() -> None:
-    """From now on SIGTERM and SIGHUP (where they would kill the process, not where ignored or handled) first
-    remove the temporary files being written, then end the process by the same signal, as before. Ctrl-C raises
-    KeyboardInterrupt, whose unwinding removes them (NewFile.__exit__); the command's last words call
-    remove_live_temps too. For the stepcli command's own process only (never inside the profiled program)."""
-    import signal
-
-    for signum in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        if signum is not None and signal.getsignal(signum) == signal.SIG_DFL:
-            signal.signal(signum, _remove_and_die)
-
-
-def _remove_and_die(signum: int, frame: object) -> None:
-    import signal
-
-    remove_live_temps()
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
 
 
 class NewFile:

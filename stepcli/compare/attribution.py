@@ -36,6 +36,7 @@ from stepcli.traces.analyses.shares import STEP_KEY
 from stepcli.traces.read.names import step_of
 
 if TYPE_CHECKING:
+    from stepcli.traces.read.events import Event
     from stepcli.traces.read.reader import Trace
 
 TOP_CHANGES = 8
@@ -76,12 +77,17 @@ class OpChange:
 
 
 def op_steps_from_traces(traces: Sequence[Trace], label: str) -> OpSteps:
-    """Self time per operator in each recorded step of each trace."""
-    from stepcli.traces.analyses.mergeparts import summarize
-    from stepcli.traces.read.reader import Trace as TraceType
+    """Self time per operator in each recorded step of each trace: each step's events (from its start up to the
+    next step's start: kernels a step launched may run after its CPU side ended) summarized as `stepcli table`
+    summarizes a trace, all steps of a trace in one array pass (stepcli.traces.analyses.stepops); a step that pass
+    leaves to it, or a trace it cannot take, is summarized alone."""
+    import numpy as np
+
+    from stepcli.traces.analyses.stepops import step_times
 
     columns: list[tuple[int | None, int]] = []
-    per_step: list[dict[tuple[str, str], float]] = []
+    blocks: list[tuple[int, int, dict[tuple[str, str], np.ndarray]]] = []  # (first column, count, times)
+    alone: dict[int, dict[tuple[str, str], float]] = {}  # column -> times of a step summarized alone
     for trace in traces:
         events = sorted(trace.events, key=lambda e: e.ts)
         starts = [e.ts for e in events]
@@ -91,20 +97,45 @@ def op_steps_from_traces(traces: Sequence[Trace], label: str) -> OpSteps:
             for e, number in numbered
             if number is not None and number != trace.incomplete_step
         )
-        for index, (start, end, step) in enumerate(windows):
-            # Up to the next step's start: kernels a step launched may run after its CPU side ended.
+        segments = []
+        for index, (start, end, _step) in enumerate(windows):
             stop = windows[index + 1][0] if index + 1 < len(windows) else end
-            subset = events[bisect.bisect_left(starts, start) : bisect.bisect_left(starts, max(stop, end))]
-            summary = summarize([TraceType.from_events(subset, path=trace.path)])
-            times = {("cpu", op.name): op.self_ms for op in summary.cpu_ops if op.name != STEP_KEY}
-            times.update({("device", op.name): op.self_ms for op in summary.device_kernels})
-            if summary.breakdown_ms is not None:
-                times.update({("phase", label): ms for label, ms in summary.breakdown_ms.to_dict().items()})
+            segments.append((bisect.bisect_left(starts, start), bisect.bisect_left(starts, max(stop, end))))
+        fast = step_times(events, segments) if segments else None
+        first = len(columns)
+        if fast is not None:
+            blocks.append((first, len(segments), fast.times))
+        for index, ((lo, hi), (_start, _end, step)) in enumerate(zip(segments, windows)):
+            if fast is None or index in fast.fallback:
+                alone[first + index] = _step_alone(events[lo:hi], trace.path)
             columns.append((trace.rank, step))
-            per_step.append(times)
-    keys = sorted({key for times in per_step for key in times})
-    ops = {key: tuple(times.get(key, 0.0) for times in per_step) for key in keys}
+    keys = sorted(
+        {key for _first, _count, times in blocks for key in times}
+        | {key for figures in alone.values() for key in figures}
+    )
+    ops = {}
+    for key in keys:
+        values = np.zeros(len(columns))
+        for first, count, times in blocks:
+            if key in times:
+                values[first : first + count] = times[key]
+        for column, figures in alone.items():
+            values[column] = figures.get(key, 0.0)
+        ops[key] = tuple(values.tolist())
     return OpSteps(label=label, steps=tuple(columns), ops=ops)
+
+
+def _step_alone(events: list[Event], path: str) -> dict[tuple[str, str], float]:
+    """One step's figures from its events summarized alone, as `stepcli table` would."""
+    from stepcli.traces.analyses.mergeparts import summarize
+    from stepcli.traces.read.reader import Trace as TraceType
+
+    summary = summarize([TraceType.from_events(events, path=path)])
+    times = {("cpu", op.name): op.self_ms for op in summary.cpu_ops if op.name != STEP_KEY}
+    times.update({("device", op.name): op.self_ms for op in summary.device_kernels})
+    if summary.breakdown_ms is not None:
+        times.update({("phase", label): ms for label, ms in summary.breakdown_ms.to_dict().items()})
+    return times
 
 
 def recorded_steps(runs: Sequence[OpSteps]) -> int:

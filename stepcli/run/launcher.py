@@ -25,7 +25,7 @@ from stepcli.agent.config import CONFIG_ENV, AgentConfig
 from stepcli.agent.schedule import Schedule
 from stepcli.errors import EXIT_NOT_SAVED, EXIT_REGRESSION, StepcliError
 from stepcli.fmt import plural, say
-from stepcli.run.outputs import check_json_writable, drop_stale_json, json_taken, prepare_out_dir
+from stepcli.run.outputs import check_json_writable, prepare_out_dir, write_json
 from stepcli.run.signals import CUT_SIGNALS, SignalForwarder, child_setup, in_terminal_foreground
 from stepcli.runsummary import SUMMARY_FILE
 
@@ -375,7 +375,9 @@ def _summarize(
         attach(summary, config.log_dir, config.run_key)  # the whole run's step times and the triggered captures
     except Exception as exc:
         say(f"warning: the whole-run step times could not be read: {type(exc).__name__}: {exc}")
-    json_lost = not _write_json(request, config, summary, written)  # before printing: that must not lose the file
+    json_lost = not write_json(
+        request.json_path, config.out_dir, summary, written
+    )  # before printing: that must not lose the file
     try:  # beside the step logs, for `stepcli report OUT` later (with --no-report too)
         write_run_summary(summary, os.path.join(config.log_dir, SUMMARY_FILE), private_folder=True)
     except StepcliError as exc:  # its message names --json, which this file is not
@@ -417,29 +419,6 @@ def _summarize(
     if json_lost and status == 0:
         return EXIT_NOT_SAVED
     return status
-
-
-def _write_json(request: RunRequest, config: AgentConfig, summary: RunSummary, written: set[str]) -> bool:
-    """Write `--json`; False when it could not be written (a full disk): then the previous run's summary at that
-    path is removed, so the next `compare` never judges it as this run, and the run fails (EXIT_NOT_SAVED). A file
-    of the user's that appeared there while the program ran is kept, with a warning."""
-    from stepcli.run.summary.build import write_run_summary
-
-    if not request.json_path:
-        return True
-    taken = json_taken(request.json_path)
-    try:
-        if taken:
-            raise StepcliError(f"{taken}; `stepcli compare {config.out_dir}` reads the run summary saved there")
-        write_run_summary(summary, request.json_path)
-        written.add("json")
-    except StepcliError as exc:
-        if taken:
-            say(f"warning: {exc.message}")
-            return True
-        say(f"error: {exc.message}; {drop_stale_json(request.json_path)}")
-        return False
-    return True
 
 
 def _open_control(config: AgentConfig) -> None:

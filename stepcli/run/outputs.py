@@ -10,9 +10,13 @@ import re
 import stat
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stepcli import safefile
 from stepcli.errors import StepcliError
+
+if TYPE_CHECKING:
+    from stepcli.runsummary import RunSummary
 
 DEFAULT_RUNS_DIR = "stepcli-runs"
 
@@ -47,6 +51,30 @@ def json_taken(path: str) -> str | None:
     if problem is None:
         return None
     return f"--json {path}: {problem} (it appeared while the program ran); left as it is"
+
+
+def write_json(json_path: str | None, out_dir: str, summary: RunSummary, written: set[str]) -> bool:
+    """Write `--json` at the run's end; False when it could not be written (a full disk): then the previous run's
+    summary at that path is removed, so the next `compare` never judges it as this run, and the run fails
+    (EXIT_NOT_SAVED). A file of the user's that appeared there while the program ran is kept, with a warning."""
+    from stepcli.fmt import say
+    from stepcli.run.summary.build import write_run_summary
+
+    if not json_path:
+        return True
+    taken = json_taken(json_path)
+    try:
+        if taken:
+            raise StepcliError(f"{taken}; `stepcli compare {out_dir}` reads the run summary saved there")
+        write_run_summary(summary, json_path)
+        written.add("json")
+    except StepcliError as exc:
+        if taken:
+            say(f"warning: {exc.message}")
+            return True
+        say(f"error: {exc.message}; {drop_stale_json(json_path)}")
+        return False
+    return True
 
 
 def drop_stale_json(path: str) -> str:

@@ -189,6 +189,11 @@ def test_only_traces_this_run_wrote_inside_the_output_folder_count(tmp_path: Pat
     assert f"{outside} (outside the output folder)" in note and f"{link} (outside the output folder)" in note
     assert "+2 more" in note  # at most three named, so the note stays one readable line
     assert trace_problem(window(swapped), str(out), started) == "not the file the agent wrote (replaced since)"
+    # a step log of another node: its device number is that node's mount of a shared file system, its inode counts
+    elsewhere = dict(window(good), device=recorded[good].st_dev + 1)
+    assert trace_problem(elsewhere, str(out), started, same_host=False) is None
+    assert trace_problem(elsewhere, str(out), started) == "not the file the agent wrote (replaced since)"
+    assert trace_problem(window(swapped), str(out), started, same_host=False) is not None
     # and a log signed with another key is refused whole
     other = AgentConfig(run_id="r1", out_dir=str(out), launcher_pid=1, run_key="x" * 32)
     logs, notes = load_step_logs(other, since=started)

@@ -230,7 +230,8 @@ def test_new_file_keeps_nothing_on_failure_and_never_replaces_with_replace_false
 _WRITER_STOPPED = """
 import os, sys, time
 from stepcli import safefile
-safefile.remove_on_signals()
+from stepcli.quickexit import remove_temps_on_signals
+remove_temps_on_signals()
 with safefile.NewFile(os.path.join(sys.argv[1], "out.json")) as handle:
     handle.write(b"half")
     handle.flush()

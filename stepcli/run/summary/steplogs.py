@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import stat
 from typing import Any, Callable
 
@@ -107,8 +108,10 @@ def schema_problem(log: Any) -> str | None:
     return None
 
 
-def trace_problem(window: dict[str, Any], out_dir: str, since: float) -> str | None:
-    """Why a window's trace is not the file this run wrote (place, owner, inode, size, time), or None."""
+def trace_problem(window: dict[str, Any], out_dir: str, since: float, same_host: bool = True) -> str | None:
+    """Why a window's trace is not the file this run wrote (place, owner, inode, size, time), or None.
+    `same_host` False (a step log of another node sharing the output folder): its device number is that node's
+    mount of a shared file system, not comparable here; the inode (the server's) still is."""
     path, recorded_bytes = window["trace"], window["bytes"]
     root = os.path.realpath(out_dir)
     try:
@@ -122,7 +125,7 @@ def trace_problem(window: dict[str, Any], out_dir: str, since: float) -> str | N
         return "not a regular file"
     if info.st_uid != os.geteuid():
         return f"owned by uid {info.st_uid}, not this user"
-    if (info.st_ino, info.st_dev) != (window["inode"], window["device"]):
+    if info.st_ino != window["inode"] or (same_host and info.st_dev != window["device"]):
         return "not the file the agent wrote (replaced since)"
     if info.st_size != recorded_bytes:
         return f"{info.st_size} bytes, the agent wrote {recorded_bytes}"
@@ -152,7 +155,7 @@ def load_step_logs(config: AgentConfig, since: float) -> tuple[list[dict[str, An
             continue
         kept = []
         for window in log["windows"]:
-            why = trace_problem(window, config.out_dir, since)
+            why = trace_problem(window, config.out_dir, since, log["host"] == socket.gethostname())
             del window["inode"], window["device"]  # checked: the summary's windows are as documented
             if why is None:
                 kept.append(window)
