@@ -124,18 +124,22 @@ def profiler_stub(columns: Columns) -> int | None:
     numbers = np.array([step_of(names[code]) for code in columns.name[steps].tolist()], np.int64)
     last = int(numbers.max())
     sync = np.array([n.endswith(_SYNC_SUFFIX) for n in names] or [False], bool)
-    host = (columns.kind < typedcolumns.DEVICE) & ~sync[columns.name] & ~is_step
+
+    def work(where: np.ndarray, pid: int) -> np.ndarray:  # the program's host events among `where`, of `pid`
+        keep = (columns.kind[where] < typedcolumns.DEVICE) & ~sync[columns.name[where]] & ~is_step[where]
+        found: np.ndarray = where[keep & (columns.pid[where] == pid)]
+        return found
+
     for at in steps[numbers == last].tolist():
-        pid = columns.pid[at]
-        ts = columns.ts[host & (columns.pid == pid)]  # (a few passes over the events, no sort: once per file)
-        if np.any(ts >= columns.ts[at]):
+        pid = int(columns.pid[at])
+        if work(np.nonzero(columns.ts >= columns.ts[at])[0], pid).size:  # (few events: the trace's last ones)
             return None  # something of the program's starts in it or after it
-        others = steps[(numbers != last) & (columns.pid[steps] == pid)]
-        if not others.size:
+        mine = (numbers != last) & (columns.pid[steps] == pid)
+        if not mine.any():
             return None
-        before = others[np.argmax(numbers[(numbers != last) & (columns.pid[steps] == pid)])]  # the step before it
+        before = steps[mine][np.argmax(numbers[mine])]  # the step before it
         lo, hi = columns.ts[before], columns.ts[before] + columns.dur[before]
-        if not np.any((ts >= lo) & (ts < hi)):
+        if not work(np.nonzero((columns.ts >= lo) & (columns.ts < hi))[0], pid).size:
             return None  # the step before holds no operator either: nothing says this one lacks any
         if columns.dur[at] >= columns.dur[before]:
             return None  # as long as a step of the program's: a step, whatever it holds
