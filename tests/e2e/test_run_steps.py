@@ -84,9 +84,9 @@ def test_a_closure_step_counts_once_and_its_forward_and_backward_are_theirs(tmp_
     breakdown = summary["breakdown_ms"]
     total = sum(breakdown.values())
     assert breakdown["backward"] > 0 and breakdown["forward"] > 0, breakdown
-    assert breakdown["optimizer"] / total < 0.9, breakdown
-    # (shares move with the machine's load; what holds whatever the load: the optimizer's time is its step's
-    # annotation less the closure calls in it, its zero_grad calls given back)
+    # (not a share: on a loaded machine a preemption inside the optimizer's own few operators moves shares by
+    # tens of percent; what holds whatever the load: the optimizer's time is its step's annotation less the
+    # closure calls in it, its zero_grad calls given back)
     table = run_stepcli("table", "--json", tmp_path / "out")
     assert table.returncode == 0, table.stderr
     total_ms = {row["name"]: row["total_ms"] for row in json.loads(table.stdout)["cpu_ops"]}
