@@ -45,14 +45,21 @@ SUMMARY_FILE = "summary.json"  # written by `stepcli run` next to the step logs,
 Steps = TypedDict("Steps", {"global": int, "requesters": dict[str, int]})
 
 
+class PopulationStats(Stats, total=False):
+    """A population's statistics over every process's steps together, and its count in each process (`processes`
+    order; absent from summaries written before it): the terminal says counts per rank."""
+
+    per_process: list[int]
+
+
 class StepTimeMs(TypedDict):
     """`step_time_ms`: statistics of untouched, profiled and start-up steps (None when there are none), and of the
     steps set aside after a window (the profiler's stop and save; absent in older summaries)."""
 
-    untouched: Stats | None
-    profiled: Stats | None
-    first_step: Stats | None
-    after_window: NotRequired[Stats | None]
+    untouched: PopulationStats | None
+    profiled: PopulationStats | None
+    first_step: PopulationStats | None
+    after_window: NotRequired[PopulationStats | None]
 
 
 class StepTimes(TypedDict):
@@ -222,7 +229,8 @@ def _stats(value: Any) -> str | None:
     for key in STAT_NAMES:
         if not is_number(value.get(key)) or value[key] < 0:
             return f".{key} is not a non-negative number"
-    return None
+    problem = list_of(COUNT)(value["per_process"]) if "per_process" in value else None
+    return at(".per_process", problem) if problem else None
 
 
 def _step_times(value: Any) -> str | None:

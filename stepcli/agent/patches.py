@@ -118,8 +118,8 @@ def _closure_marker(agent: Agent, torch: ModuleType) -> Callable[[Any], Any]:
     def mark(closure: Any) -> Any:
         if not callable(closure) or getattr(closure, "_stepcli", False):
             return closure
-        if agent.foreign or not agent.window_open() or not enabled():
-            return closure
+        if agent.foreign or agent.is_compiling() or not agent.window_open() or not enabled():
+            return closure  # (under torch.compile's tracing: nothing of ours in its graph)
 
         @functools.wraps(closure)
         def stepcli_closure(*args: Any, **kwargs: Any) -> Any:

@@ -119,7 +119,8 @@ class Schedule:
         more = (
             "" if self.repeat and self.repeat <= 3 else ", ... until the program ends" if self.repeat == 0 else ", ..."
         )
-        return f"recording steps {', '.join(spans)}{more} (skip-first {self.skip_first}, wait {self.wait}, warmup {self.warmup}, active {self.active}, repeat {self.repeat})"
+        one = len(spans) == 1 and "-" not in spans[0] and not more  # `--active 1`: "recording step 2"
+        return f"recording step{'' if one else 's'} {', '.join(spans)}{more} (skip-first {self.skip_first}, wait {self.wait}, warmup {self.warmup}, active {self.active}, repeat {self.repeat})"
 
     def to_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.FIELDS}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stepcli import fmt
 from stepcli.fmt import html_escape as escape
 from stepcli.steptimes import slowest_first
 
@@ -21,7 +22,8 @@ def step_record_section(records: list[dict[str, Any]], triggered: list[dict[str,
     parts = ['<h2 id="whole-run">Whole run: every step, every rank</h2>']
     parts.append(
         '<p class="muted">From each process\'s compact record: percentiles from a log histogram (within about 5%), '
-        "the slowest step and the mean of each stretch of steps over time.</p>"
+        "the slowest step and the mean of each stretch of steps over time. The percentiles are of every step but "
+        "the first (start-up), profiled steps included, unlike the untouched steps' median above.</p>"
     )
     parts.append("<table><tr><th>process</th><th>steps</th><th>p50</th><th>p90</th><th>p99</th><th>max</th>")
     parts.append("<th>over the run (longest per stretch, mean dashed)</th><th>longest steps</th></tr>")
@@ -33,7 +35,7 @@ def step_record_section(records: list[dict[str, Any]], triggered: list[dict[str,
         cells += [_ms(ms.get(k)) for k in ("p50", "p90", "p99", "max")]
         cells.append(_sparkline(record.get("blocks") or []))
         slow = sorted(_pairs(record.get("slowest")), key=lambda s: -s[1])[:3]
-        cells.append("<br>".join(escape(f"{step} ({us / 1000:.1f} ms)") for step, us in slow))
+        cells.append("<br>".join(escape(f"{step} ({fmt.ms(us / 1000)})") for step, us in slow))
         parts.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     parts.append("</table>")
     if len(records) > len(shown):
@@ -54,7 +56,8 @@ def step_record_section(records: list[dict[str, Any]], triggered: list[dict[str,
 
 
 def _ms(value: Any) -> str:
-    return f"{value:.1f} ms" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+    """A duration in the units the rest of the page uses (fmt.ms: `12.3 ms`, `16.07 s`)."""
+    return fmt.ms(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
 
 
 def _pairs(value: Any) -> list[tuple[int, float]]:

@@ -84,12 +84,21 @@ def test_a_closure_step_counts_once_and_its_forward_and_backward_are_theirs(tmp_
     breakdown = summary["breakdown_ms"]
     total = sum(breakdown.values())
     assert breakdown["backward"] > 0 and breakdown["forward"] > 0, breakdown
-    assert breakdown["optimizer"] / total < 0.6, breakdown
+    # (not a share: on a loaded machine a preemption inside the optimizer's own few operators moves shares by
+    # tens of percent; what holds whatever the load: the optimizer's time is its step's annotation less the
+    # closure calls in it, its zero_grad calls given back)
+    table = run_stepcli("table", "--json", tmp_path / "out")
+    assert table.returncode == 0, table.stderr
+    total_ms = {row["name"]: row["total_ms"] for row in json.loads(table.stdout)["cpu_ops"]}
+    step_ms = next(ms for name, ms in total_ms.items() if name.startswith("Optimizer.step#"))
+    zero_grad_ms = next(ms for name, ms in total_ms.items() if name.startswith("Optimizer.zero_grad#"))
+    own_ms = step_ms - total_ms["stepcli: optimizer closure"] + zero_grad_ms
+    assert 0 < breakdown["optimizer"] * 2 <= own_ms + 0.01, (breakdown, total_ms)
     # ... the terminal's table says the same shares
-    table = stderr.split("Step breakdown", 1)[1]
+    shares = stderr.split("Step breakdown", 1)[1]
     for phase, ms in breakdown.items():
-        shown = re.search(rf"│ {phase} +│ +[0-9.]+ │ +([0-9.]+)% │", table)
-        assert shown is not None and float(shown.group(1)) == pytest.approx(100 * ms / total, abs=0.06), (phase, table)
+        shown = re.search(rf"│ {phase} +│ +[0-9.]+ │ +([0-9.]+)% │", shares)
+        assert shown is not None and float(shown.group(1)) == pytest.approx(100 * ms / total, abs=0.06), (phase, shares)
     # ... and the report's headline names the same largest phase
     largest = max(breakdown, key=lambda phase: breakdown[phase])
     page = (tmp_path / "out" / "report.html").read_text()

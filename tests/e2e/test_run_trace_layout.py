@@ -67,6 +67,25 @@ def test_summary_shows_every_section_and_both_ranks(two_ranks_two_windows: dict[
     assert summary["steps"] == {"global": 10, "requesters": {"SGD#0": 10}}
 
 
+def test_counts_are_per_rank_and_the_convention_is_said_once(two_ranks_two_windows: dict[str, Any]) -> None:
+    # GIVEN 2 ranks of 10 steps, each profiling steps 1-3 and 5-7 (warmup and recorded) and untouched at 4, 8, 9
+    stderr = " ".join(two_ranks_two_windows["stderr"].split())
+    times = two_ranks_two_windows["summary"]["step_time_ms"]
+    # THEN every count is per rank, as `steps 10` is (it was "untouched steps n=6" beside "steps 10"), the JSON
+    # keeps each rank's count beside the pooled one, and the output says the convention once
+    assert times["untouched"]["per_process"] == [3, 3] and times["untouched"]["count"] == 6
+    assert times["profiled"]["per_process"] == [6, 6] and times["profiled"]["count"] == 12
+    assert "untouched steps n=3 per rank median" in stderr and "profiled steps n=6 per rank median" in stderr
+    assert stderr.count("counts are per rank; the statistics pool every rank's steps") == 1
+    assert "untouched steps n=6" not in stderr and "n=12" not in stderr
+    # AND each rank's whole-run line says its percentiles hold the profiled steps (so its p50 is not the untouched
+    # median), in the units its neighbours use; report.html says so too
+    for rank in (0, 1):
+        assert f"whole run rank{rank}: 10 steps; after the first (start-up), profiled ones included: p50 ~" in stderr
+    html = (two_ranks_two_windows["out"] / "report.html").read_text()
+    assert "profiled steps included, unlike the untouched steps' median above" in html
+
+
 def test_trace_name_names_the_final_file(two_ranks_two_windows: dict[str, Any]) -> None:
     traces = trace_files(two_ranks_two_windows["out"])
     assert len(traces) == 4

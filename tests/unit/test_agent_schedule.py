@@ -49,3 +49,10 @@ def test_cycle_starts_and_windows() -> None:
 def test_invalid_values_are_rejected(kwargs: dict[str, int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Schedule(**kwargs)
+
+
+def test_one_recorded_step_is_said_in_the_singular() -> None:
+    assert Schedule(wait=1, warmup=1, active=1, repeat=1).describe().startswith("recording step 2 (")
+    assert Schedule(wait=1, warmup=1, active=2, repeat=1).describe().startswith("recording steps 2-3 (")
+    assert Schedule(wait=1, warmup=1, active=1, repeat=2).describe().startswith("recording steps 2, 5 (")
+    assert Schedule(wait=1, warmup=1, active=1, repeat=0).describe().startswith("recording steps 2, 5, 8, ... until")

@@ -109,6 +109,23 @@ def test_top_marks_the_culprit_only_and_a_rank_that_stopped() -> None:
     assert document["ranks"][0]["no_step_for_s"] is None
 
 
+def test_a_whole_run_line_uses_the_units_of_its_neighbours_and_names_its_population() -> None:
+    from stepcli.run.summary.recordreader import lines
+
+    record = {
+        "worker": "rank0",
+        "steps": 40,
+        "ms": {"count": 39, "p50": 16065.9, "p90": 17100.0, "p99": 17900.0, "max": 18000.0},
+        "slowest": [[7, 18_000_000]],
+    }
+    (line,) = lines({"step_record": [record], "triggered": []})
+    # it was "p50 ~16065.9 ms" beside "first step 4.31 s": fmt.ms's units, and the steps it counts said
+    assert line == (
+        "whole run rank0: 40 steps; after the first (start-up), profiled ones included: p50 ~16.07 s, "
+        "p90 ~17.10 s, p99 ~17.90 s, max 18.00 s; longest steps 7 (18.00 s)"
+    )
+
+
 def test_the_summary_gives_a_line_to_the_slowest_processes_only() -> None:
     from stepcli.run.summary.recordreader import lines
 

@@ -52,6 +52,10 @@ def _tricky(steps: int, seed: int, overlap: bool = False) -> list[dict[str, obje
         add("user_annotation", "## backward ##", t + 140.0, 150.0)
         add("cpu_op", "autograd::engine::evaluate_function: MmBackward0", t + 141.0, 120.0)
         add("user_annotation", "Optimizer.step#SGD.step", t + 300.0, 60.0 + rng.random())
+        if step % 3 == 1:  # optimizer.step(closure): the agent's closure mark, backward inside the optimizer
+            add("user_annotation", "stepcli: optimizer closure", t + 305.0, 40.0)
+            add("cpu_op", "aten::relu", t + 306.0, 10.0)
+            add("cpu_op", "autograd::engine::evaluate_function: ReluBackward0", t + 320.0, 20.0)
         add("cpu_op", "aten::add_", t + 301.0, 10.0, tid=2)  # another thread of the process
         add("cpu_op", "aten::copy_", t + dur + 3.0, 2.0)  # between steps: outside every step
         t += dur + 10 + rng.random()

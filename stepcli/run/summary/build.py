@@ -32,7 +32,7 @@ from stepcli.run.summary.culprit import culprit_section
 from stepcli.run.summary.hangreport import hang_summary
 from stepcli.run.summary.threads import threads_section
 from stepcli.run.summary.whatifline import what_would_help
-from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, AdviceItem, Process, RunSummary, Window
+from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, AdviceItem, Process, RunSummary, StepTimeMs, Window
 from stepcli.stats import describe
 from stepcli.steptimes import process_steps
 from stepcli.traces.analyses.shares import STEP_KEY
@@ -58,6 +58,20 @@ def _load_json_files(folder: str, predicate: Any) -> list[dict[str, Any]]:
         if document is not None:
             documents.append(document)
     return documents
+
+
+def _step_time_ms(
+    logs: list[dict[str, Any]], untouched: list[float], profiled: list[float], first: list[float], after: list[float]
+) -> StepTimeMs:
+    """Each population's statistics over every process's steps together, with `per_process`: its count in each
+    process (in `processes` order), so that a count can be said per rank, as `steps` and the advice say theirs."""
+    counts = [_step_populations([log])[:4] for log in logs]
+    out: dict[str, Any] = {}
+    populations = (("untouched", untouched), ("profiled", profiled), ("first_step", first), ("after_window", after))
+    for index, (key, values) in enumerate(populations):
+        stats = describe(values)
+        out[key] = dict(stats, per_process=[len(c[index]) for c in counts]) if stats else None
+    return cast("StepTimeMs", out)
 
 
 def _step_populations(
@@ -318,12 +332,7 @@ def build_run_summary(
             "global": (primary or {}).get("global_steps", 0),
             "requesters": {r["name"]: r["calls"] for r in (primary or {}).get("requesters", [])},
         },
-        "step_time_ms": {
-            "untouched": describe(untouched),
-            "profiled": describe(profiled),
-            "first_step": describe(first),
-            "after_window": describe(after),
-        },
+        "step_time_ms": _step_time_ms(logs, untouched, profiled, first, after),
         "timeline_ms": [round(us / 1000.0, 3) for us in (primary or {}).get("durations_us", [])][:100_000],
         "timeline_phases": (primary or {}).get("phases", "")[:100_000],
         # Every step of every process, for compare's confidence intervals (one digit per step, as timeline_phases).

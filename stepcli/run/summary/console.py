@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 import shlex
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from stepcli.fmt import ms, plural, print_wrapped, size_or_dash, visible
 from stepcli.run.summary.compilesteps import compile_lines
@@ -104,17 +105,22 @@ def _overview(summary: RunSummary, console: Console) -> Table:
     if len(named) > 6:  # e.g. a new optimizer per epoch
         requesters += f", +{len(named) - 6} more"
     overview.add_row("steps", f"{summary['steps']['global']}" + (f"  ({requesters})" if requesters else ""))
-    if len(summary["processes"]) > 1:
+    processes = summary["processes"]
+    each = "rank" if processes and all(p.get("rank") is not None for p in processes) else "process"
+    if len(processes) > 1:
+        # The one convention, said once: a count is per rank (as `steps` and the advice give theirs); the
+        # statistics beside it pool every rank's steps.
         overview.add_row(
             "processes",
-            ", ".join(f"{p['worker']} {plural(p['global_steps'] or 0, 'step')}" for p in summary["processes"]),
+            ", ".join(f"{p['worker']} {plural(p['global_steps'] or 0, 'step')}" for p in processes)
+            + f" (counts are per {each}; the statistics pool every {each}'s steps)",
         )
     times = summary["step_time_ms"]
     for label, stats in (("untouched steps", times["untouched"]), ("profiled steps", times["profiled"])):
         if stats:
             overview.add_row(
                 label,
-                f"n={stats['count']}  median {ms(stats['median'])}  p90 {ms(stats['p90'])}  "
+                f"{_count(stats, len(processes), each)}  median {ms(stats['median'])}  p90 {ms(stats['p90'])}  "
                 f"min {ms(stats['min'])}  max {ms(stats['max'])}",
             )
     after = times.get("after_window")
@@ -145,6 +151,18 @@ def _overview(summary: RunSummary, console: Console) -> Table:
             + (f"  CUDA {size_or_dash(memory['cuda_bytes'])}" if memory["cuda_bytes"] else ""),
         )
     return overview
+
+
+def _count(stats: Mapping[str, Any], processes: int, each: str) -> str:
+    """A population's count: `n=27` for one process; per rank for several (`n=27 per rank`, `n=26-27 per rank`),
+    from `per_process` (a summary without it: the count over every rank, said so)."""
+    if processes <= 1:
+        return f"n={stats['count']}"
+    counts = stats.get("per_process")
+    if not isinstance(counts, list) or not counts:
+        return f"n={stats['count']} over {processes} {each}s"
+    low, high = min(counts), max(counts)
+    return f"n={low if low == high else f'{low}-{high}'} per {each}"
 
 
 def _add_timeline(overview: Table, summary: RunSummary, console: Console) -> None:

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from stepcli import safefile
+from stepcli import fmt, safefile
 from stepcli.agent.signing import SIGNATURE_KEY, signature_matches
 from stepcli.agent.steprecord import BUCKETS_PER_DOUBLING, SCHEMA, SUFFIX
 from stepcli.fmt import plural
@@ -106,11 +106,11 @@ def attach(summary: RunSummary, log_dir: str, key: str | None = None) -> None:
 
 def _steps(record: Mapping[str, Any], ms: Mapping[str, Any]) -> str:
     """The process's step count, as report.html and `step_record[].steps` give it; the percentiles leave out the
-    first step (start-up), and say so."""
+    first step (start-up) and hold the profiled steps, unlike the untouched steps' median above them: said so."""
     steps = record.get("steps")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps == ms["count"]:
-        return f"{plural(ms['count'], 'step')},"
-    return f"{plural(steps, 'step')}; after the first (start-up):"
+        return f"{plural(ms['count'], 'step')}, profiled ones included:"
+    return f"{plural(steps, 'step')}; after the first (start-up), profiled ones included:"
 
 
 def lines(summary: Mapping[str, Any]) -> list[str]:
@@ -122,9 +122,9 @@ def lines(summary: Mapping[str, Any]) -> list[str]:
         ms = r["ms"]
         slow = sorted(r["slowest"], key=lambda s: -s[1])[:3]
         out.append(
-            f"whole run {r['worker']}: {_steps(r, ms)} p50 ~{ms['p50']:.1f} ms, p90 ~{ms['p90']:.1f} ms, "
-            f"p99 ~{ms['p99']:.1f} ms, max {ms.get('max', 0):.1f} ms; longest steps "
-            + ", ".join(f"{step} ({us / 1000:.1f} ms)" for step, us in slow)
+            f"whole run {r['worker']}: {_steps(r, ms)} p50 ~{fmt.ms(ms['p50'])}, p90 ~{fmt.ms(ms['p90'])}, "
+            f"p99 ~{fmt.ms(ms['p99'])}, max {fmt.ms(ms.get('max', 0))}; longest steps "
+            + ", ".join(f"{step} ({fmt.ms(us / 1000)})" for step, us in slow)
         )
     if len(records) > len(shown):
         out.append(f"whole run: {len(records) - len(shown)} more processes in --json and report.html")

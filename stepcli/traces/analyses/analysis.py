@@ -94,54 +94,6 @@ def _recorded_device_work(
     return kept
 
 
-_SYNC_SUFFIX = (
-    "DeviceSynchronize"  # cudaDeviceSynchronize, hipDeviceSynchronize: the profiler's stop waits for the device
-)
-
-
-def profiler_stub(columns: Columns) -> int | None:
-    """The N of the profiler's closing stub: the trace's last ProfilerStep#N when it holds none of the program's
-    work while the step before it, longer, does; else None.
-
-    A program's own torch.profiler whose schedule was still recording when the program stopped stepping (its loop
-    ended, or `with profile(...)` closed) opens ProfilerStep#N at the last `prof.step()` and closes it at once when
-    it stops: a step of microseconds with nothing in it, which would pull the minimum and the mean down. It is
-    told by what it holds, not by its length: no host event of its process starts at or after its start (on any
-    thread; a device synchronize, the profiler's own, aside), while the step before it holds some, so the program's
-    work is recorded (a trace of steps with no operators in them, as some annotations are, loses nothing), and is
-    longer than it (the stub lasts microseconds; an empty step as long as the program's is left as it is). A step of the
-    program's ends where the next begins, so its last operators start inside it."""
-    import numpy as np
-
-    from stepcli.traces.read import typedcolumns
-
-    names = columns.names
-    is_step_name = np.array([n.startswith(STEP_PREFIX) and step_of(n) is not None for n in names] or [False], bool)
-    is_step = is_step_name[columns.name] & (columns.kind == typedcolumns.USER_ANNOTATION)
-    steps = np.nonzero(is_step)[0]
-    if steps.size < 2:
-        return None
-    numbers = np.array([step_of(names[code]) for code in columns.name[steps].tolist()], np.int64)
-    last = int(numbers.max())
-    sync = np.array([n.endswith(_SYNC_SUFFIX) for n in names] or [False], bool)
-    host = (columns.kind < typedcolumns.DEVICE) & ~sync[columns.name] & ~is_step
-    for at in steps[numbers == last].tolist():
-        pid = columns.pid[at]
-        ts = columns.ts[host & (columns.pid == pid)]  # (a few passes over the events, no sort: once per file)
-        if np.any(ts >= columns.ts[at]):
-            return None  # something of the program's starts in it or after it
-        others = steps[(numbers != last) & (columns.pid[steps] == pid)]
-        if not others.size:
-            return None
-        before = others[np.argmax(numbers[(numbers != last) & (columns.pid[steps] == pid)])]  # the step before it
-        lo, hi = columns.ts[before], columns.ts[before] + columns.dur[before]
-        if not np.any((ts >= lo) & (ts < hi)):
-            return None  # the step before holds no operator either: nothing says this one lacks any
-        if columns.dur[at] >= columns.dur[before]:
-            return None  # as long as a step of the program's: a step, whatever it holds
-    return last
-
-
 def _analyze_columns(
     columns: Columns, by_shape: bool, incomplete_step: int | None = None
 ) -> tuple[dict[Any, list[int]], dict[Any, list[int]], TraceResult]:
@@ -454,6 +406,7 @@ def summarize_columns(
     collectives' arrivals are left out: they only serve to compare ranks (the culprit), so a part that will be
     summarized alone needs none."""
     from stepcli.traces.analyses.arrays import TooLarge
+    from stepcli.traces.analyses.stub import profiler_stub
 
     stub = profiler_stub(columns) if incomplete_step is None else None
     if stub is not None:  # no step: what is left out as a window's cut step is (stepcli.traces.analyses.steps)

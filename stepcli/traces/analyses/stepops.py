@@ -18,7 +18,15 @@ from typing import TYPE_CHECKING
 from stepcli.traces.analyses.analysis import _forward_candidates, _in_steps_array
 from stepcli.traces.analyses.model import NS_PER_MS, PHASES
 from stepcli.traces.analyses.shares import STEP_KEY, stable_name
-from stepcli.traces.analyses.steps import BACKWARD, DATALOADER, OPTIMIZER, phase_of, step_spans_of, wraps_backward
+from stepcli.traces.analyses.steps import (
+    BACKWARD,
+    DATALOADER,
+    OPTIMIZER,
+    is_closure,
+    phase_of,
+    step_spans_of,
+    wraps_backward,
+)
 from stepcli.traces.read.names import STEP_PREFIX, step_of
 
 if TYPE_CHECKING:
@@ -142,8 +150,10 @@ def step_times(events: list[Event], segments: list[tuple[int, int]]) -> StepTime
     # Phases: per window (a complete ProfilerStep#N), as stepcli.traces.analyses.analysis._phase_totals_arrays.
     phase = np.array([phase_of(n) for n in columns.names] or [0], np.int8)[name]
     wrapper = np.array([wraps_backward(n) for n in columns.names] or [False], bool)[name]
-    named = wrapper & (columns.kind[index] == typedcolumns.USER_ANNOTATION) & ~is_step
-    forward, forward_row = _forward_candidates(parent, phase, windows.tolist(), named)
+    annotation = columns.kind[index] == typedcolumns.USER_ANNOTATION
+    named = wrapper & annotation & ~is_step
+    closure = np.array([is_closure(n) for n in columns.names] or [False], bool)[name] & annotation
+    forward, forward_row = _forward_candidates(parent, phase, windows.tolist(), named, closure)
     window_of = np.full(len(index), -1, np.int64)
     window_of[windows] = np.arange(len(windows))
     forward_window = window_of[forward_row]
@@ -154,6 +164,17 @@ def step_times(events: list[Event], segments: list[tuple[int, int]]) -> StepTime
         own = own[~skip[ev_seg[windows[own]]]]
         of_pid = pid_code == pid
         phase_spans = [np.nonzero(of_pid & (phase == p))[0] for p in (DATALOADER, OPTIMIZER, BACKWARD)]
+        phase_start, phase_end = [ev_start[e] for e in phase_spans], [ev_end[e] for e in phase_spans]
+        if len(phase_spans[1]):  # the optimizer's own time, as the table's (steps.optimizer_own)
+            nested = [
+                col.union_arrays(ev_start[e], ev_end[e]) for e in (phase_spans[2], np.nonzero(of_pid & closure)[0])
+            ]
+            phase_start[1], phase_end[1] = col.without_nested(
+                phase_start[1],
+                phase_end[1],
+                np.concatenate([s for s, _ in nested]),
+                np.concatenate([e for _, e in nested]),
+            )
         position = np.full(len(windows), -1, np.int64)
         position[own] = np.arange(len(own))
         of_window = position[forward_window] >= 0
@@ -161,8 +182,8 @@ def step_times(events: list[Event], segments: list[tuple[int, int]]) -> StepTime
         parts = col.step_phases(
             w_start[own],
             w_end[own],
-            [ev_start[e] for e in phase_spans],
-            [ev_end[e] for e in phase_spans],
+            phase_start,
+            phase_end,
             np.maximum(ev_start[fe], w_start[fw]),
             np.minimum(ev_end[fe], w_end[fw]),
         )
