@@ -68,16 +68,18 @@ def test_summary_shows_every_section_and_both_ranks(two_ranks_two_windows: dict[
 
 
 def test_counts_are_per_rank_and_the_convention_is_said_once(two_ranks_two_windows: dict[str, Any]) -> None:
-    # GIVEN 2 ranks of 10 steps, each profiling steps 1-3 and 5-7 (warmup and recorded) and untouched at 4, 8, 9
+    # GIVEN 2 ranks of 10 steps, each profiling steps 1-3 and 5-7 (warmup and recorded); 4 and 8 come right after
+    # a window (set aside: they pay for its stop and save), 9 is untouched
     stderr = " ".join(two_ranks_two_windows["stderr"].split())
     times = two_ranks_two_windows["summary"]["step_time_ms"]
     # THEN every count is per rank, as `steps 10` is (it was "untouched steps n=6" beside "steps 10"), the JSON
     # keeps each rank's count beside the pooled one, and the output says the convention once
-    assert times["untouched"]["per_process"] == [3, 3] and times["untouched"]["count"] == 6
+    assert times["untouched"]["per_process"] == [1, 1] and times["untouched"]["count"] == 2
+    assert times["after_window"]["per_process"] == [2, 2] and times["after_window"]["count"] == 4
     assert times["profiled"]["per_process"] == [6, 6] and times["profiled"]["count"] == 12
-    assert "untouched steps n=3 per rank median" in stderr and "profiled steps n=6 per rank median" in stderr
+    assert "untouched steps n=1 per rank median" in stderr and "profiled steps n=6 per rank median" in stderr
     assert stderr.count("counts are per rank; the statistics pool every rank's steps") == 1
-    assert "untouched steps n=6" not in stderr and "n=12" not in stderr
+    assert "untouched steps n=2" not in stderr and "n=12" not in stderr
     # AND each rank's whole-run line says its percentiles hold the profiled steps (so its p50 is not the untouched
     # median), in the units its neighbours use; report.html says so too
     for rank in (0, 1):
