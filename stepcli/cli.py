@@ -226,6 +226,11 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
     help="Files read in parallel (default: the cores available).",
 )
 @click.option(
+    "--all-runs",
+    is_flag=True,
+    help="A run folder that holds several runs (`-o` given twice): read every run's traces, not only the latest.",
+)
+@click.option(
     "--scheduler",
     metavar="ADDRESS",
     default=None,
@@ -240,18 +245,22 @@ def table(
     as_markdown: bool,
     group_by_shape: bool,
     jobs: int | None,
+    all_runs: bool,
     scheduler: str | None,
 ) -> int:
     """Summarize traces: per-operator, per-step and per-rank tables.
 
-    PATHS are .json or .json.gz traces (from stepcli or plain torch.profiler) or folders of them.
+    PATHS are .json or .json.gz traces (from stepcli or plain torch.profiler) or folders of them. A run folder
+    is read as its latest run; FOLDER/.stepcli/RUN_ID names another.
     """
     chosen = [name for name, on in (("json", as_json), ("csv", as_csv), ("markdown", as_markdown)) if on]
     if len(chosen) > 1:
         raise click.UsageError(f"--{chosen[0]} and --{chosen[1]} cannot be used together: choose one output format")
     fmt = chosen[0] if chosen else None
+    from stepcli.runfolder import runs_to_read
     from stepcli.traces.read.shortrun import read_ahead_one, short_run
 
+    paths = tuple(runs_to_read(paths, all_runs))
     read_ahead_one(paths, jobs, scheduler)
     with short_run():  # before numpy is imported: no spinning OpenBLAS threads, no cyclic GC
         from stepcli.traces.engine import summarize_paths
@@ -365,9 +374,13 @@ def report(paths: tuple[str, ...], output: str | None) -> int:
 @cli.command(short_help="Merge the ranks' traces into one, clocks aligned, culprits marked.")
 @click.argument("paths", nargs=-1, required=True, type=PathParam())
 @click.option("-o", "--output", required=True, type=PathParam(dir_okay=False), help="Write here (never over others).")
-def merge(paths: tuple[str, ...], output: str) -> None:
-    """One Chrome trace of the ranks in PATHS (run folders, traces), clocks aligned, each collective's culprit marked."""
-    click.echo(merge_main(list(paths), output))
+@click.option("--all-runs", is_flag=True, help="A run folder that holds several runs: merge every run's traces.")
+def merge(paths: tuple[str, ...], output: str, all_runs: bool) -> None:
+    """One Chrome trace of the ranks in PATHS (run folders, traces), clocks aligned, each collective's culprit marked.
+    A run folder is read as its latest run; FOLDER/.stepcli/RUN_ID names another."""
+    from stepcli.runfolder import runs_to_read
+
+    click.echo(merge_main(runs_to_read(paths, all_runs), output))
 
 
 @cli.command(

@@ -24,7 +24,7 @@ from stepcli.agent import ondemand
 from stepcli.agent.config import CONFIG_ENV, AgentConfig
 from stepcli.agent.schedule import Schedule
 from stepcli.errors import EXIT_REGRESSION, StepcliError
-from stepcli.fmt import plural, say
+from stepcli.fmt import say
 from stepcli.run.outputs import check_json_writable, json_taken, prepare_out_dir
 from stepcli.run.signals import CUT_SIGNALS, SignalForwarder, child_setup, in_terminal_foreground
 from stepcli.runsummary import SUMMARY_FILE
@@ -392,8 +392,9 @@ def _summarize(
         if request.quiet:
             say(f"could not save the run summary in {config.log_dir}: {reason}")
     report_path = _html_report(request, config, summary, traces)
-    if not summary["traces"] and not report_path:
-        _leave_a_note(summary)
+    from stepcli.run.nothingnote import update_note
+
+    update_note(summary, measured=bool(summary["traces"] or report_path))
     if not request.quiet:
         try:
             print_run_summary(summary, report_path=report_path)
@@ -473,27 +474,3 @@ def _short(path: Path) -> str:
         return str(path.relative_to(Path.cwd()))
     except ValueError:
         return str(path)
-
-
-NOTHING_MEASURED = "NOTHING-MEASURED.txt"
-
-
-def _leave_a_note(summary: RunSummary) -> None:
-    """A run that measured nothing leaves a folder holding only the hidden `.stepcli/`: it would look empty, as if
-    stepcli had failed to write. One visible file says what happened (the summary's notes) and what is there."""
-    out = summary.get("out_dir")
-    if not out or not os.path.isdir(out):
-        return
-    notes = "\n".join(f"- {note}" for note in summary.get("notes") or []) or "- no step was recorded"
-    text = (
-        f"stepcli run: {shlex.join(summary['command'])}\n"
-        f"exit status {summary['exit_status']}, {plural(summary['steps']['global'], 'step')}: no trace was recorded.\n\n"
-        f"{notes}\n\n"
-        "stepcli's own records (step logs, the run summary) are in the hidden folder .stepcli/:\n"
-        f"`stepcli report {shlex.quote(out)}` still writes an HTML page of what they hold.\n"
-    )
-    try:
-        with open(os.path.join(out, NOTHING_MEASURED), "x", encoding="utf-8") as handle:
-            handle.write(text)
-    except OSError:
-        pass  # a read-only or full folder: the summary on the terminal says the same

@@ -27,6 +27,7 @@ from stepcli.pathparam import PathParam
 @click.option("--json", "json_path", default=None, type=PathParam(dir_okay=False), help="Write the answer here "
               "(schema stepcli.whatif/1).")  # fmt: skip
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Files read in parallel.")
+@click.option("--all-runs", is_flag=True, help="A run folder that holds several runs: read every run's traces.")
 def whatif(
     paths: tuple[str, ...],
     step: int | None,
@@ -35,6 +36,7 @@ def whatif(
     idealize: tuple[str, ...],
     json_path: str | None,
     jobs: int | None,
+    all_runs: bool,
 ) -> int:
     """Replay the recorded steps of every rank from PATHS (a run folder, a folder of traces or one trace), check
     the replay against the measured step, and predict the step time under each change (with none: a ranked list
@@ -45,4 +47,4 @@ def whatif(
     with short_run():
         from stepcli.whatif.command import whatif_main
 
-        return whatif_main(paths, changes, step, json_path, jobs)
+        return whatif_main(paths, changes, step, json_path, jobs, all_runs)
