@@ -45,6 +45,26 @@ _FROM_CLI = click.core.ParameterSource.COMMANDLINE
 _MAX_STEPS = 2**40
 
 
+class _Steps(click.IntRange):
+    """A count of steps, bounded by _MAX_STEPS: `--help` shows `x>=1` where 0 is refused, never that bound (a
+    guard against overflow, of no use to a reader: it was on every schedule option)."""
+
+    def __init__(self, min: int) -> None:  # noqa: A002 (click's name)
+        super().__init__(min=min, max=_MAX_STEPS)
+        self.low = min
+
+    name = "integer"  # (`--active INTEGER`, not `INTEGER RANGE`)
+
+    def _describe_range(self) -> str:
+        return f"x>={self.low}" if self.low else ""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.INT.convert(value, param, ctx)
+        if not self.low <= number <= _MAX_STEPS:
+            self.fail(f"{number} is not in the range {self.low}<=x<={_MAX_STEPS}.", param, ctx)
+        return number
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="stepcli")
 def cli() -> None:
@@ -58,35 +78,35 @@ def cli() -> None:
 )
 @click.option(
     "--skip-first",
-    type=click.IntRange(min=0, max=_MAX_STEPS),
+    type=_Steps(min=0),
     default=0,
     show_default=True,
     help="Steps to skip before the first cycle.",
 )
 @click.option(
     "--wait",
-    type=click.IntRange(min=0, max=_MAX_STEPS),
+    type=_Steps(min=0),
     default=1,
     show_default=True,
     help="Steps to wait at the start of each cycle.",
 )
 @click.option(
     "--warmup",
-    type=click.IntRange(min=0, max=_MAX_STEPS),
+    type=_Steps(min=0),
     default=1,
     show_default=True,
     help="Steps the profiler runs but discards.",
 )
 @click.option(
     "--active",
-    type=click.IntRange(min=1, max=_MAX_STEPS),
+    type=_Steps(min=1),
     default=3,
     show_default=True,
     help="Steps recorded in each trace.",
 )
 @click.option(
     "--repeat",
-    type=click.IntRange(min=0, max=_MAX_STEPS),
+    type=_Steps(min=0),
     default=1,
     show_default=True,
     help="Cycles to record; 0 = until the program ends.",
@@ -423,6 +443,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from stepcli.demo import demo_argv
 
         at = args.index("--")
+        if {"--help", "-h"} & set(args[at + 1 :]):  # the demo's own help: no run, no run folder
+            from stepcli.demo import demo_help
+
+            return demo_help()
         if not {"--help", "-h"} & set(args[1:at]):
             return main(["run", *args[1:at], *demo_argv(), *args[at + 1 :]])
     from stepcli.pipeconsole import guard_stdout

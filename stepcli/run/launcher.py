@@ -147,7 +147,8 @@ def _child_command(target: list[str], module_mode: bool, command_mode: bool) -> 
     first, rest = target[0], target[1:]
     if command_mode and not module_mode:
         if shutil.which(first) is None:
-            raise StepcliError(f"command not found: {first}")
+            hint = f"; a script runs as `-- python {shlex.join(target)}`" if first.endswith(".py") else ""
+            raise StepcliError(f"command not found: {first}{hint}")
         return [first, *rest], _command_label(first, rest)
     if module_mode:
         if not all(part.isidentifier() for part in first.split(".")):
@@ -414,13 +415,16 @@ def _summarize(
                 json_written=True,
             )
     if request.fail_over:
-        from stepcli.compare.budgets import check_budgets
+        from stepcli.compare.budgets import budgets_held, check_budgets
 
         times = summary["step_time_ms"]
         population, stats = ("untouched", times["untouched"]) if times["untouched"] else ("profiled", times["profiled"])
         failures = check_budgets(list(request.fail_over), stats, what=f"{population} step time")
         for failure in failures:
             say(f"--fail-over: {failure}")
+        held = budgets_held(list(request.fail_over), stats, what=f"{population} step time")
+        if held:
+            say(f"--fail-over: {held}")
         if failures and status == 0:
             return EXIT_REGRESSION
     return status
