@@ -20,7 +20,7 @@ import threading
 from .config import CLOCK_KEY, INCOMPLETE_STEP_KEY, AgentConfig
 from .cpuwait import CpuWait
 from .interrupts import Held
-from .output import cause, export_trace, human_size, say, trace_folder, worker_name, write_failed
+from .output import cause, current_rank, export_trace, human_size, say, trace_folder, worker_name, write_failed
 from .schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP
 from .torchquiet import QuietProfiler, ask_cupti_teardown
 from .tracker import FOREIGN, NEVER, StepTracker
@@ -309,7 +309,9 @@ class Recorder:
         self.windows.append(record)
         if not self.config.quiet:
             extra = "" if complete else f" ({self._cut_reason}; the start of step {last + 1} is in it too)"
-            say(f"saved trace of {steps}{extra}: {path} ({human_size(size)})")
+            # the path on its own line (kept whole, never wrapped: it can be copied), the rank first on several
+            say(f"{_who()}saved trace of {steps}{extra} ({human_size(size)}):")
+            say(f"  {path}")
 
     def _write_flops(self, prof: Any, trace: str, first: int, last: int) -> int | None:
         """The window's estimated FLOPs (the sum of key_averages()' flops), written beside the trace as
@@ -403,7 +405,7 @@ class Recorder:
         if self.config.quiet or first is None:
             return
         steps = f"step {first}" if first == last else f"steps {first}-{last}"
-        say(f"saving trace of {steps} ...")
+        say(f"{_who()}saving trace of {steps} ...")
 
     def stop_after_write_failure(self, message: str) -> None:
         """A trace or the step log could not be written (a full or read-only folder): one line, and no window
@@ -446,6 +448,12 @@ class Recorder:
                 self.notes.append("a window was abandoned: the program started its own profiler on another thread")
         self.tracker.set_phase(FOREIGN)
         self.tracker.wake_next_step()
+
+
+def _who() -> str:
+    """`rank3: ` in a distributed run, where every rank says the same lines at once; nothing in a lone process."""
+    rank = current_rank()
+    return f"rank{rank}: " if rank is not None else ""
 
 
 def _recorded_span(schedule: Any, step: int) -> tuple[int, int]:

@@ -232,7 +232,12 @@ def run_program(request: RunRequest) -> int:
             if request.on_demand
             else request.schedule.describe()
         )
-        say(f"{plan}; output in {_short(out_dir)}")
+        where = f"output in {_short(out_dir)}"
+        if len(f"stepcli: {plan}; {where}") <= 80:
+            say(f"{plan}; {where}")
+        else:  # two lines rather than one past 80 columns
+            say(plan)
+            say(where)
     _open_control(config)
     started = time.time()
     start = time.perf_counter()
