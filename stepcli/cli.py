@@ -12,6 +12,7 @@ import click
 from stepcli import __version__
 from stepcli.agent.request import MAX_ACTIVE, MAX_WAIT, MAX_WARMUP
 from stepcli.cliparse import (
+    Steps,
     check_run_options,
     finite_seconds,
     parse_activities,
@@ -40,29 +41,6 @@ class _RunCommand(click.Command):
 
 
 _FROM_CLI = click.core.ParameterSource.COMMANDLINE
-# No program makes 2^40 steps (a trillion); larger schedule values are refused up front, not after the program
-# ran (2^64 overflowed the run summary's JSON at the end: no summary, and the program's status lost).
-_MAX_STEPS = 2**40
-
-
-class _Steps(click.IntRange):
-    """A count of steps, bounded by _MAX_STEPS: `--help` shows `x>=1` where 0 is refused, never that bound (a
-    guard against overflow, of no use to a reader: it was on every schedule option)."""
-
-    def __init__(self, min: int) -> None:  # noqa: A002 (click's name)
-        super().__init__(min=min, max=_MAX_STEPS)
-        self.low = min
-
-    name = "integer"  # (`--active INTEGER`, not `INTEGER RANGE`)
-
-    def _describe_range(self) -> str:
-        return f"x>={self.low}" if self.low else ""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = click.INT.convert(value, param, ctx)
-        if not self.low <= number <= _MAX_STEPS:
-            self.fail(f"{number} is not in the range {self.low}<=x<={_MAX_STEPS}.", param, ctx)
-        return number
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -78,35 +56,35 @@ def cli() -> None:
 )
 @click.option(
     "--skip-first",
-    type=_Steps(min=0),
+    type=Steps(min=0),
     default=0,
     show_default=True,
     help="Steps to skip before the first cycle.",
 )
 @click.option(
     "--wait",
-    type=_Steps(min=0),
+    type=Steps(min=0),
     default=1,
     show_default=True,
     help="Steps to wait at the start of each cycle.",
 )
 @click.option(
     "--warmup",
-    type=_Steps(min=0),
+    type=Steps(min=0),
     default=1,
     show_default=True,
     help="Steps the profiler runs but discards.",
 )
 @click.option(
     "--active",
-    type=_Steps(min=1),
+    type=Steps(min=1),
     default=3,
     show_default=True,
     help="Steps recorded in each trace.",
 )
 @click.option(
     "--repeat",
-    type=_Steps(min=0),
+    type=Steps(min=0),
     default=1,
     show_default=True,
     help="Cycles to record; 0 = until the program ends.",
