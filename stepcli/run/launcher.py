@@ -334,8 +334,20 @@ def _report(
 
 
 def _display(request: RunRequest) -> list[str]:
-    """The command as the summary shows it: `python ...` rather than the interpreter's full path."""
-    return ["python", *request.argv[1:]] if request.argv[0] == sys.executable else request.argv
+    """The command as the summary shows it: `python ...` rather than the interpreter's full path, the script
+    relative to the current folder when inside it, and the demo by its module (not its site-packages path)."""
+    if request.argv[0] != sys.executable:
+        return request.argv
+    rest = request.argv[1:]
+    if rest and not rest[0].startswith("-"):
+        from stepcli.demo import DEMO_SCRIPT
+
+        script = Path(rest[0])
+        if script == DEMO_SCRIPT:
+            return ["python", "-m", "stepcli.demo.train", *rest[1:]]
+        if script.is_absolute() and script.is_relative_to(Path.cwd()):
+            rest = [str(script.relative_to(Path.cwd())), *rest[1:]]
+    return ["python", *rest]
 
 
 def _summarize(
