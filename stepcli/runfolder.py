@@ -134,8 +134,8 @@ def other_runs_note(pick: RunPick, all_runs: bool = True) -> str | None:
     if pick.others == 0 or pick.named:
         return None
     one = os.path.join(pick.folder, ".stepcli", "<run id>")
-    how = f"--all-runs reads them all, {one} one" if all_runs else f"{one} reads another"
-    return f"{pick.folder} holds {pick.others + 1} runs: reading the latest ({pick.run_dir.name}); {how}"
+    how = f"--all-runs reads all, {one} one" if all_runs else f"{one} reads another"
+    return f"{pick.folder}: reading the latest of its {pick.others + 1} runs; {how}"
 
 
 def run_traces(pick: RunPick) -> list[str]:

@@ -34,7 +34,7 @@ def rerun(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _note(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if "holds 3 runs" in line]
+    return [line for line in stderr.splitlines() if "runs/base: reading the latest of its 3 runs; " in line]
 
 
 def test_a_later_run_that_measured_removes_the_note_of_one_that_did_not(rerun: dict[str, Any]) -> None:
@@ -51,7 +51,7 @@ def test_table_reads_the_latest_run_and_says_how_to_read_the_others(rerun: dict[
     assert [Path(f).name for f in doc["files"]] == [rerun["latest"].name], doc["files"]
     note = _note(result.stderr)
     assert len(note) == 1, result.stderr
-    assert rerun["runs"][-1] in note[0] and "--all-runs" in note[0] and "runs/base/.stepcli/<run id>" in note[0]
+    assert note[0].endswith("--all-runs reads all, runs/base/.stepcli/<run id> one"), note
 
 
 def test_all_runs_and_one_run_by_its_id(rerun: dict[str, Any]) -> None:
