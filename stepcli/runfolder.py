@@ -147,16 +147,46 @@ def run_traces(pick: RunPick) -> list[str]:
     path = pick.run_dir / SUMMARY_FILE
     data = read_saved(path)
     which = f"run {pick.run_dir.name}" if pick.named else f"its latest run ({pick.run_dir.name})"
-    anyway = "; --all-runs reads every trace in the folder" if pick.others or not pick.named else ""
-    if data is None:
-        raise StepcliError(
-            f"{pick.folder}: {which} saved no run summary, so its traces are unknown{anyway}", EXIT_USAGE
-        )
-    summary = rerooted(read_run_summary(data, str(path)), pick.folder)
-    traces = [t for t in summary.get("traces") or [] if os.path.isfile(t)]
+    anyway = f"; `--all-runs {pick.folder}` reads every trace in the folder"
+    if data is None:  # still running (or stepcli was killed): its traces are those no other run lists
+        traces = _unclaimed_traces(pick)
+        if traces is None:
+            raise StepcliError(
+                f"{pick.folder}: {which} saved no run summary, so its traces are unknown{anyway}", EXIT_USAGE
+            )
+    else:
+        summary = rerooted(read_run_summary(data, str(path)), pick.folder)
+        traces = [t for t in summary.get("traces") or [] if os.path.isfile(t)]
     if not traces:
         raise StepcliError(f"{pick.folder}: {which} recorded no trace{anyway}", EXIT_USAGE)
     return traces
+
+
+def _unclaimed_traces(pick: RunPick) -> list[str] | None:
+    """The traces in the folder (where `stepcli run` writes them: the folder itself and its `window-step<N>/`) that
+    no other run's saved summary lists: those of a run still running. None when another run has no readable
+    summary (then no trace can be told apart)."""
+    from stepcli.runsummary import read_run_summary
+
+    claimed: set[str] = set()
+    for run in run_dirs(pick.folder):
+        if run == pick.run_dir:
+            continue
+        data = read_saved(run / SUMMARY_FILE)
+        if data is None:
+            return None
+        try:
+            summary = rerooted(read_run_summary(data, str(run / SUMMARY_FILE)), pick.folder)
+        except StepcliError:
+            return None
+        claimed |= {os.path.realpath(t) for t in summary.get("traces") or []}
+    root = Path(pick.folder)
+    found = [*root.glob("*.pt.trace.json*"), *root.glob("window-step*/*.pt.trace.json*")]
+    return sorted(
+        str(p)
+        for p in found
+        if p.is_file() and not p.name.startswith(".") and ".tmp" not in p.name and os.path.realpath(p) not in claimed
+    )
 
 
 def runs_to_read(paths: Sequence[str], all_runs: bool) -> list[str]:

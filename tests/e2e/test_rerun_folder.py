@@ -90,3 +90,18 @@ def test_the_hta_one_liner_names_the_latest_runs_trace(rerun: dict[str, Any]) ->
     # HTA reads every trace of a folder and keeps one per rank: the folder alone could load the older run's
     code = shlex.split(line.strip())[-1]
     assert f'trace_files={{0: "{rerun["latest"].name}"}}, trace_dir="runs/base"' in code, code
+
+
+def test_a_latest_run_still_running_is_read_as_the_traces_no_other_run_lists(
+    rerun: dict[str, Any], tmp_path: Path
+) -> None:
+    # GIVEN a copy of the folder whose latest run has saved no summary yet (it is still running)
+    import shutil
+
+    copy = tmp_path / "base"
+    shutil.copytree(rerun["root"] / "runs/base", copy)
+    (copy / ".stepcli" / rerun["runs"][-1] / "summary.json").unlink()
+    # WHEN table reads the folder THEN it reads that run's trace: the one no finished run lists
+    result = run_stepcli("table", "--json", copy)
+    assert result.returncode == 0, result.stderr
+    assert [Path(f).name for f in json.loads(result.stdout)["files"]] == [rerun["latest"].name]
