@@ -2,11 +2,14 @@
 reading (`load_snapshot(streamed=False)`, what stepcli did before) and plain `pickle.load` (what torch's
 `_memory_viz.py` does) of the same file, each in a fresh process.
 
-    python scripts/bench_memory.py [--entries 2000000] [--keep FILE]
+    python scripts/bench_memory.py [--entries 2000000] [--shape shared|torch] [--keep FILE]
 
-The snapshot is built like torch's: each allocation's frames list is shared by its alloc, free_requested and
-free_completed events (torch symbolizes each traceback once), frame dicts are shared by all lists (each
-distinct frame once), 20-frame Python stacks from a few hundred call sites, steps tagged.
+`--shape shared` (the default): each allocation's frames list is shared by its alloc, free_requested and
+free_completed events, frame dicts are shared by all lists (each distinct frame once), 20-frame Python stacks from
+a few hundred call sites, steps tagged. `--shape torch`: what torch 2.11 writes (the H200 snapshots of
+tests/data/gpu): every event and block its own frames list of its own frame dicts, only the strings shared
+(tests/memory_snapshots.py `torch_shaped`); 62,000 events make the 12 MB of issue 47's long job, 500,000 about
+95 MB.
 """
 
 from __future__ import annotations
@@ -21,6 +24,13 @@ import time
 from pathlib import Path
 
 MiB = 1 << 20
+
+
+def build_torch_shaped(entries: int) -> dict[str, object]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import memory_snapshots  # the tests' builder: one definition of torch's layout
+
+    return memory_snapshots.torch_shaped(entries)
 
 
 def build(entries: int) -> dict[str, object]:
@@ -78,20 +88,22 @@ def measure(argv: list[str]) -> tuple[float, float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--entries", type=int, default=2_000_000)
+    parser.add_argument("--shape", choices=("shared", "torch"), default="shared", help="the layout (see above)")
     parser.add_argument("--keep", help="write the snapshot here (and reuse it if it exists)")
     parser.add_argument("--write", help=argparse.SUPPRESS)  # the child that builds the file
     args = parser.parse_args()
     if args.write:
         with open(args.write, "wb") as handle:
-            pickle.dump(build(args.entries), handle)
+            pickle.dump((build_torch_shaped if args.shape == "torch" else build)(args.entries), handle)
         return
     with tempfile.TemporaryDirectory() as folder:
         path = Path(args.keep or Path(folder) / "big.pickle")
         if not path.exists():
             # Built in a child: a forked child starts with its parent's peak RSS, which would hide the figures.
-            subprocess.run([sys.executable, __file__, "--entries", str(args.entries), "--write", str(path)], check=True)
+            child = [sys.executable, __file__, "--entries", str(args.entries), "--shape", args.shape]
+            subprocess.run([*child, "--write", str(path)], check=True)
         size = os.path.getsize(path)
-        print(f"snapshot: {size / MiB:.0f} MiB")
+        print(f"snapshot ({args.shape}-shaped, {args.entries} events): {size / MiB:.0f} MiB")
         old = (
             "import sys; from stepcli.snapshots.analysis import analyze; "
             "from stepcli.snapshots.reader import load_snapshot; analyze(load_snapshot(sys.argv[1], streamed=False))"
@@ -113,7 +125,11 @@ def main() -> None:
             )
         _wall, new_cpu, new_rss = figures["stepcli memory --json (streamed)"]
         _wall, old_cpu, old_rss = figures["C unpickler reader (before)"]
+        _wall, bare_cpu, bare_rss = figures["pickle.load (torch's reading)"]
         print(f"streamed vs before: {new_cpu / old_cpu:.2f}x the CPU time, {new_rss / old_rss:.2f}x the peak RSS")
+        print(
+            f"streamed vs pickle.load: {new_cpu / bare_cpu:.2f}x the CPU time, {new_rss / bare_rss:.2f}x the peak RSS"
+        )
 
 
 if __name__ == "__main__":

@@ -18,10 +18,12 @@ from stepcli.cliparse import (
     parse_activities,
     parse_duration,
     parse_fail_over,
+    parse_size,
     parse_step_on,
 )
 from stepcli.compare.comparecli import compare
 from stepcli.errors import EXIT_INTERNAL, EXIT_USAGE, StepcliError
+from stepcli.limits import DEFAULT_DECODE_BYTES
 from stepcli.pathparam import PathParam
 from stepcli.run.live.topcli import top
 from stepcli.run.slowoptions import check_slow_options, slow_options
@@ -234,6 +236,14 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
     default=None,
     help="Read the files on a Dask cluster (tcp://host:8786; stepcli[dask]).",
 )
+@click.option(
+    "--scheduler-wait",
+    callback=parse_duration,
+    metavar="DURATION",
+    default=None,
+    help="With --scheduler: how long the cluster may have no worker to run the work (none joined, or all died) "
+    "before the command gives up in one line (default: 2m).",
+)
 def table(
     paths: tuple[str, ...],
     sort_by: str,
@@ -245,6 +255,7 @@ def table(
     jobs: int | None,
     all_runs: bool,
     scheduler: str | None,
+    scheduler_wait: float | None,
 ) -> int:
     """Summarize traces: per-operator, per-step and per-rank tables.
 
@@ -255,15 +266,21 @@ def table(
     if len(chosen) > 1:
         raise click.UsageError(f"--{chosen[0]} and --{chosen[1]} cannot be used together: choose one output format")
     fmt = chosen[0] if chosen else None
+    if scheduler_wait is not None and scheduler is None:
+        raise click.UsageError("--scheduler-wait needs --scheduler ADDRESS")
     from stepcli.runfolder import runs_to_read
     from stepcli.traces.read.shortrun import read_ahead_one, short_run
 
     paths = tuple(runs_to_read(paths, all_runs))
     read_ahead_one(paths, jobs, scheduler)
     with short_run():  # before numpy is imported: no spinning OpenBLAS threads, no cyclic GC
+        from stepcli.slowwork import reading
         from stepcli.traces.engine import summarize_paths
 
-        summary = summarize_paths(paths, group_by_shape=group_by_shape, jobs=jobs, scheduler=scheduler)
+        with reading(paths):  # a large trace takes seconds: said, not silent
+            summary = summarize_paths(
+                paths, group_by_shape=group_by_shape, jobs=jobs, scheduler=scheduler, scheduler_wait=scheduler_wait
+            )
         from stepcli.traces.render.formats import print_table_report
 
         print_table_report(summary, sort_by=sort_by, limit=limit, fmt=fmt or "rich")
@@ -337,16 +354,23 @@ cli.add_command(top)  # stepcli/run/live/topcli.py
 @click.argument("path", type=PathParam())
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Allocation sites listed.")
-def memory(path: str, as_json: bool, top: int) -> int:
+@click.option(
+    "--max-memory",
+    default=f"{DEFAULT_DECODE_BYTES >> 30}GiB",
+    show_default=True,
+    callback=parse_size,
+    help="Memory the decoding of one snapshot may take (4GiB, 512MiB...); past it, refused.",
+)
+def memory(path: str, as_json: bool, top: int, max_memory: int) -> int:
     """Read CUDA memory snapshots and say what filled the memory, when, and what to do about it.
 
     PATH is a snapshot (a torch.cuda.memory._snapshot() pickle, .gz too) or a `stepcli run --memory` output
-    folder (its oom-*.pickle files). Exit 0 analyzed, 2 bad input (missing, not a snapshot, a pickle that asks
-    for a class: refused), 3 no snapshot in the folder.
+    folder (its oom-*.pickle files). Exit 0 analyzed, 2 bad input (missing, not a snapshot, not of a snapshot's
+    shape, a pickle that asks for a class, over --max-memory: refused), 3 no snapshot in the folder.
     """
     from stepcli.snapshots.command import memory_main
 
-    return memory_main(path, as_json=as_json, top=top)
+    return memory_main(path, as_json=as_json, top=top, max_memory=max_memory)
 
 
 @cli.command(short_help="Write a self-contained HTML report with charts and advice.")
@@ -430,6 +454,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from stepcli.pipeconsole import guard_stdout
 
     stdout = guard_stdout()  # a closed or full stdout: one error line, not "internal error"
+    from stepcli import safefile
+
+    safefile.remove_on_signals()  # SIGTERM/SIGHUP mid-write: no half-written `.NAME.<random>.tmp` is left
     try:
         from stepcli.limits import check_input_limit
 
@@ -442,6 +469,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         return exc.exit_code
     except (click.exceptions.Abort, KeyboardInterrupt, EOFError):  # (what click's own main turns into Abort)
+        safefile.remove_live_temps()
         click.echo("stepcli: aborted", err=True)
         return 130
     except click.exceptions.NoArgsIsHelpError as exc:  # bare `stepcli`: the usage, as written, not as one line

@@ -90,6 +90,24 @@ def parse_duration(_ctx: click.Context, _param: click.Parameter, value: str | No
         raise click.BadParameter(str(exc)) from None
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
+_SIZE_UNITS.update({"t": 1 << 40, "tib": 1 << 40, "kb": 1000, "mb": 10**6, "gb": 10**9, "tb": 10**12})
+
+
+def parse_size(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
+    """A size in bytes: `4GiB`, `512MiB`, `1.5G` (binary), `2GB` (decimal), `1073741824`."""
+    text = value.strip().lower().replace(" ", "")
+    number = text.rstrip("kmgtib")
+    unit = _SIZE_UNITS.get(text[len(number) :])
+    try:
+        count = float(number) * unit if unit is not None and number else math.nan
+    except ValueError:
+        count = math.nan
+    if not math.isfinite(count) or count < 1 << 20:
+        raise click.BadParameter(f"expected a size of at least 1MiB, such as 4GiB or 512MiB; got {value!r}")
+    return int(count)
+
+
 def check_run_options(ctx: click.Context, options: dict[str, Any]) -> None:
     """The option combinations `stepcli run` refuses (schedule options with --on-demand, --memory-entries without
     --memory); `--memory` is taken out of `options`, its meaning left in memory_entries (0: off)."""

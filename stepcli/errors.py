@@ -9,6 +9,7 @@ EXIT_USAGE = 2
 EXIT_NOTHING_MEASURED = 3
 EXIT_INCONCLUSIVE = 4  # compare --strict: the interval was too wide to decide
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in stepcli itself
+EXIT_NOT_SAVED = 74  # EX_IOERR: run's --json could not be written (a full disk): no summary is left at its path
 
 
 class StepcliError(Exception):

@@ -1,12 +1,16 @@
-"""Reading files stepcli did not write (traces, run summaries): regular files only, bounded in size, never blocking.
+"""Reading files stepcli did not write (traces, run summaries, the small files beside them): regular files only,
+bounded in size, never blocking.
 
 A path given to `table` or `compare` may name anything: `/dev/zero` (endless), a FIFO (blocks forever on open
-or read), a gzip bomb. Each is refused with one line before it can hang stepcli or take all memory.
+or read), a gzip bomb. Each is refused with one line before it can hang stepcli or take all memory. The same holds
+for the side files found beside an input (a trace's `NAME.flops`, read_side_json) and for a glance at a gzip
+trailer (gzip_trailer): a name in a shared folder may be a FIFO or a link to `/dev/zero` planted by anyone.
 """
 
 from __future__ import annotations
 
 import errno
+import math
 import os
 import stat
 import zlib
@@ -24,8 +28,10 @@ _READ_STEP = 1 << 20
 _INFLATE_STEP = 1 << 20  # inflated pieces that stay in the CPU's caches until appended (4 MB: +20% gunzip time)
 
 
-def _too_big(path: str, what: str, limit: int) -> TraceError:
-    return TraceError(path, f"{what} is larger than the {_size(limit)} stepcli reads (set {LIMIT_ENV} to raise it)")
+def _too_big(path: str, what: str, limit: int, raisable: bool = True) -> TraceError:
+    """`raisable`: the limit is the input limit, which the environment raises (a side file's is fixed)."""
+    how = f" (set {LIMIT_ENV} to raise it)" if raisable else " in such a file"
+    return TraceError(path, f"{what} is larger than the {_size(limit)} stepcli reads{how}")
 
 
 def read_input(
@@ -70,8 +76,8 @@ def broken_link(path: str) -> str | None:
         return None
 
 
-def read_file(path: str, limit: int) -> bytearray:
-    """The bytes of a regular file as they are (see read_input), or TraceError."""
+def read_file(path: str, limit: int, *, raisable: bool = True) -> bytearray:
+    """The bytes of a regular file as they are (see read_input), or TraceError (`raisable`: see _too_big)."""
     try:
         fd = os.open(path, READ_FLAGS)
     except FileNotFoundError:
@@ -87,8 +93,8 @@ def read_file(path: str, limit: int) -> bytearray:
         if not stat.S_ISREG(info.st_mode):
             raise TraceError(path, "not a regular file (a device, FIFO or socket); save the data to a file first")
         if info.st_size > limit:
-            raise _too_big(path, f"the file ({_size(info.st_size)})", limit)
-        data = _read_regular(fd, info.st_size, limit, path)
+            raise _too_big(path, f"the file ({_size(info.st_size)})", limit, raisable)
+        data = _read_regular(fd, info.st_size, limit, path, raisable)
     except OSError as exc:
         raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
     finally:
@@ -96,7 +102,55 @@ def read_file(path: str, limit: int) -> bytearray:
     return data
 
 
-def _read_regular(fd: int, size: int, limit: int, path: str) -> bytearray:
+SIDE_FILE_LIMIT = 1 << 16  # a side file stepcli writes holds a few hundred bytes
+
+
+def read_side_json(path: str, limit: int = SIDE_FILE_LIMIT) -> Any:
+    """The JSON document of a small file read beside an input (a trace's FLOPs), None when nothing is at `path`;
+    TraceError when what is there is not a regular file of at most `limit` bytes (a FIFO is refused, never waited
+    on; a link to `/dev/zero` is never read) holding JSON whose every number is finite (`1e400` and `NaN` are no
+    counts; an integer of thousands of digits is refused by Python's own limit)."""
+    if not os.path.lexists(path):
+        return None
+    data = read_file(path, limit, raisable=False)
+    import json  # (only when a side file is there: most inputs have none)
+
+    def finite(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            raise ValueError(f"the number {text[:20]} is out of range")
+        return value
+
+    def constant(text: str) -> Any:
+        raise ValueError(f"{text} is not a number JSON allows")
+
+    try:
+        return json.loads(data, parse_float=finite, parse_constant=constant)
+    except (ValueError, RecursionError) as exc:
+        problem = str(exc) if isinstance(exc, ValueError) else "nested too deeply"
+        raise TraceError(path, f"not valid JSON: {problem[:120]}") from None
+
+
+def gzip_trailer(path: str) -> tuple[int, int] | None:
+    """(file size, inflated size from the trailer: ISIZE, modulo 4 GiB) of a regular gzip file; None for anything
+    else. Opened non-blocking and checked with fstat before a byte is read, so a FIFO named `*.json.gz` never
+    blocks the caller (which only estimates; the reader refuses such a file in one line later)."""
+    try:
+        fd = os.open(path, READ_FLAGS)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size < 6 or os.pread(fd, 2, 0) != GZIP_MAGIC:
+            return None
+        return info.st_size, int.from_bytes(os.pread(fd, 4, info.st_size - 4), "little")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_regular(fd: int, size: int, limit: int, path: str, raisable: bool = True) -> bytearray:
     """Read the whole file into one buffer of its size (held once, as `read()` would), and never past `limit`
     when the file grows while it is read."""
     buffer = bytearray(size + 1)  # one spare byte tells a file that grew
@@ -115,7 +169,7 @@ def _read_regular(fd: int, size: int, limit: int, path: str) -> bytearray:
                 break
             buffer += piece
             if len(buffer) > limit:
-                raise _too_big(path, "the file", limit)
+                raise _too_big(path, "the file", limit, raisable)
     return buffer
 
 

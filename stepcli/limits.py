@@ -13,8 +13,12 @@ from stepcli.errors import EXIT_USAGE, StepcliError
 
 LIMIT_ENV = "STEPCLI_MAX_INPUT_BYTES"
 DEFAULT_LIMIT_BYTES = 4 * 1024**3
+# What decoding one memory snapshot may add to the process (`stepcli memory --max-memory`): a real snapshot takes
+# about as much as its events and frames (tens of MiB for a 10 MB pickle), so this is room for snapshots of
+# millions of events, and a bound on what a crafted one can take.
+DEFAULT_DECODE_BYTES = 4 * 1024**3
 
-__all__ = ["DEFAULT_LIMIT_BYTES", "LIMIT_ENV", "check_input_limit", "input_limit"]
+__all__ = ["DEFAULT_DECODE_BYTES", "DEFAULT_LIMIT_BYTES", "LIMIT_ENV", "check_input_limit", "input_limit"]
 
 
 def input_limit() -> int:

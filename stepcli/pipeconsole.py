@@ -8,10 +8,16 @@ A reader that goes away (`stepcli table T | head -1`) is not an error: the conso
 own handling would `sys.exit(1)`), and the command ends quietly with its own status (compare's verdict survives a
 `| head`). Output that cannot be written at all (stdout closed by `>&-`, a full disk, `> /dev/full`) is not a bug in
 stepcli either: `guard_stdout` turns it into one `stepcli: error:` line and exit 2, said once.
+
+A stdout whose encoding lacks a character (`PYTHONIOENCODING=latin-1`, a Latin-1 or ASCII locale) is no failure:
+the characters stepcli draws with (`…`, `≥`, `×`, bars) are written as ASCII look-alikes and any other as a
+`\\uXXXX` escape, JSON output (json_for) with escapes only, so it reads back the same; the command's exit status,
+compare's verdict included, is what it would be on a UTF-8 terminal.
 """
 
 from __future__ import annotations
 
+import codecs
 import errno
 import os
 import re
@@ -69,6 +75,71 @@ def _width_for_bad_columns(options: dict[str, Any]) -> int | None:
         return 80
 
 
+# ASCII look-alikes of the characters stepcli's own output uses, for a stdout whose encoding lacks them.
+_LOOKALIKES = {
+    "…": "...",
+    "≥": ">=",
+    "≤": "<=",
+    "×": "x",
+    "µ": "u",
+    "·": ".",
+    "↑": "^",
+    "→": "->",
+    "←": "<-",
+    "—": "-",
+    "–": "-",
+    "─": "-",
+    "│": "|",
+    "┃": "|",
+    **dict.fromkeys("▁▂▃▄▅▆▇█▉▊▋▌▍▎▏", "#"),
+}
+_FALLBACK = "stepcli-lookalike"
+
+
+_JSON_ESCAPES = "stepcli-json-escapes"
+
+
+def _lookalike(error: UnicodeError, lookalikes: dict[str, str] = _LOOKALIKES) -> tuple[str, int]:
+    """Codec error handler: each character the encoding lacks as its ASCII look-alike, else as `\\uXXXX` (a
+    surrogate pair beyond the BMP, as JSON writes it)."""
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    out = []
+    for char in error.object[error.start : error.end]:
+        code = ord(char)
+        if char in lookalikes:
+            out.append(lookalikes[char])
+        elif code <= 0xFFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            code -= 0x10000
+            out.append(f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}")
+    return "".join(out), error.end
+
+
+codecs.register_error(_FALLBACK, _lookalike)
+codecs.register_error(_JSON_ESCAPES, lambda error: _lookalike(error, {}))
+
+
+def json_for(stream: object, text: str) -> str:
+    """JSON `text` as `stream` can take it: unchanged, or each character its encoding lacks as a `\\uXXXX` escape
+    (the document reads back the same; a look-alike would change a name)."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        return text.encode(encoding, _JSON_ESCAPES).decode(encoding)
+    except LookupError:  # (an encoding Python does not know: the stream itself will say so)
+        pass
+    return text
+
+
+def _encodable(text: str, encoding: str | None) -> str:
+    """`text` with what `encoding` cannot write replaced (_lookalike)."""
+    encoding = encoding or "utf-8"
+    return text.encode(encoding, _FALLBACK).decode(encoding)
+
+
 class StdoutError(StepcliError):
     """stdout cannot take the command's output (closed, a full disk, an I/O error): the user's setup, not a bug."""
 
@@ -97,7 +168,11 @@ class _GuardedStdout:
             self._fail("it is closed")
             return 0
         try:
-            return self._stream.write(text)
+            try:
+                return self._stream.write(text)
+            except UnicodeEncodeError:  # (raised before anything is written)
+                self._stream.write(_encodable(text, getattr(self._stream, "encoding", None)))
+                return len(text)
         except BrokenPipeError:
             raise
         except (OSError, ValueError) as exc:

@@ -46,11 +46,13 @@ Steps = TypedDict("Steps", {"global": int, "requesters": dict[str, int]})
 
 
 class StepTimeMs(TypedDict):
-    """`step_time_ms`: statistics of untouched, profiled and start-up steps (None when there are none)."""
+    """`step_time_ms`: statistics of untouched, profiled and start-up steps (None when there are none), and of the
+    steps set aside after a window (the profiler's stop and save; absent in older summaries)."""
 
     untouched: Stats | None
     profiled: Stats | None
     first_step: Stats | None
+    after_window: NotRequired[Stats | None]
 
 
 class StepTimes(TypedDict):
@@ -61,6 +63,24 @@ class StepTimes(TypedDict):
     pid: int | None
     durations_ms: list[float]
     phases: str
+
+
+class ThreadsHost(TypedDict):
+    """One host of `threads`: its processes' intra-op threads against the cores they may run on."""
+
+    host: str
+    processes: int
+    intra_op_threads: int  # summed over its processes
+    per_process: list[int]  # the distinct counts of its processes
+    cores: int  # the union of its processes' affinity masks
+    oversubscribed: bool  # intra_op_threads > cores
+
+
+class Threads(TypedDict):
+    """`threads`: per host (stepcli.run.summary.threads)."""
+
+    hosts: list[ThreadsHost]
+    oversubscribed: bool
 
 
 class Process(TypedDict, total=False):
@@ -74,6 +94,7 @@ class Process(TypedDict, total=False):
     exit: str | None
     peak_rss_bytes: int | None
     cuda_peak_bytes: int | None
+    intra_op_threads: int | None
     requesters: dict[str, int]
     # Read (never written) for hand-made summaries that keep each process's step times with the process:
     step_times_ms: list[float]
@@ -94,6 +115,7 @@ class Window(TypedDict):
     note: NotRequired[str]
     capture: NotRequired[str]
     trigger: NotRequired[dict[str, Any]]  # --capture-on-slow: what placed this window
+    save_s: NotRequired[float]  # the pause its save put into the program (stopping the profiler, writing the file)
 
 
 class OpRow(TypedDict):
@@ -157,12 +179,14 @@ class RunSummary(TypedDict, total=False):
     culprit: (
         dict[str, Any] | None
     )  # stepcli.traces.analyses.culprit via stepcli.run.summary.culprit (None without 2+ ranks)
+    what_would_help: dict[str, Any] | None  # `stepcli whatif` with no change (stepcli.run.summary.whatifline)
     share_of: str | None
     outside_steps: dict[str, Any] | None
     breakdown_ms: dict[str, float] | None
     device: dict[str, Any] | None
     flops: dict[str, Any] | None
     peak_memory: PeakMemory
+    threads: Threads | None  # per host, intra-op threads against cores (stepcli/run/summary/threads.py)
     compile: dict[str, Any] | None
     hang: dict[str, Any] | None
     # The CUDA memory snapshots this run's processes wrote (file names in out_dir, from their signed step logs):
@@ -294,6 +318,8 @@ _HANG = object_of(
     }
 )
 _REQUESTERS = map_of(COUNT)
+_HOST_COUNTS = {"processes": COUNT, "intra_op_threads": COUNT, "per_process": list_of(COUNT), "cores": COUNT}
+_THREADS_HOST = object_of({"host": STR, **_HOST_COUNTS, "oversubscribed": BOOL}, ("host", "intra_op_threads", "cores"))
 _FIELDS: dict[str, Check] = {
     "schema_version": INT,
     "stepcli_version": optional(STR),
@@ -310,7 +336,7 @@ _FIELDS: dict[str, Check] = {
     "schedule": map_of(optional(NUMBER)),
     "on_demand": optional(BOOL),
     "steps": object_of({"global": COUNT, "requesters": _REQUESTERS}, ("global",)),
-    "step_time_ms": object_of({"untouched": _stats, "profiled": _stats, "first_step": _stats}),
+    "step_time_ms": object_of({"untouched": _stats, "profiled": _stats, "first_step": _stats, "after_window": _stats}),
     "timeline_ms": list_of(_STEP_MS),
     "timeline_phases": optional(_PHASES),
     "step_times": optional(list_of(_step_times)),
@@ -325,6 +351,7 @@ _FIELDS: dict[str, Check] = {
                 "exit": optional(STR),
                 "peak_rss_bytes": optional(COUNT),
                 "cuda_peak_bytes": optional(COUNT),
+                "intra_op_threads": optional(COUNT),
                 "requesters": _REQUESTERS,
                 "step_times_ms": list_of(AMOUNT),
                 "durations_ms": list_of(_STEP_MS),
@@ -343,6 +370,7 @@ _FIELDS: dict[str, Check] = {
                 "bytes": optional(COUNT),
                 "complete": BOOL,
                 "note": optional(STR),
+                "save_s": optional(AMOUNT),
             }
         )
     ),
@@ -353,12 +381,39 @@ _FIELDS: dict[str, Check] = {
     "slowest_rank": optional(INT),
     "straggler": optional(object_of({"evidence": optional(STR)})),
     "culprit": optional(object_of({})),
+    "what_would_help": optional(
+        object_of(
+            {
+                "verdict": STR,
+                "reason": optional(STR),
+                "steps": list_of(INT),
+                "measured_ms": optional(NUMBER),
+                "replay_error": optional(NUMBER),
+                "untouched_ms": optional(AMOUNT),
+                "opportunities": list_of(
+                    object_of(
+                        {
+                            "change": STR,
+                            "predicted_ms": NUMBER,
+                            "predicted_untouched_ms": optional(NUMBER),
+                            "saved_ms": NUMBER,
+                            "saved_share": NUMBER,
+                        },
+                        ("change", "predicted_ms", "saved_ms", "saved_share"),
+                    )
+                ),
+                "critical_path": optional(object_of({"ms": AMOUNT, "segments": list_of(object_of({}))})),
+            },
+            ("verdict",),
+        )
+    ),
     "share_of": optional(STR),
     "outside_steps": optional(object_of({"events": COUNT, "self_ms": NUMBER})),
     "breakdown_ms": optional(map_of(NUMBER)),
     "device": optional(object_of({"busy_ms": NUMBER, "busy_share": NUMBER})),
     "flops": optional(object_of({})),
     "peak_memory": object_of({"rss_bytes": optional(COUNT), "cuda_bytes": optional(COUNT)}),
+    "threads": optional(object_of({"hosts": list_of(_THREADS_HOST), "oversubscribed": BOOL}, ("hosts",))),
     "compile": optional(object_of({"by_step": list_of(object_of({"worker": optional(STR), "step": INT}))})),
     "hang": optional(_HANG),
     "step_record": list_of(_STEP_RECORD),

@@ -36,7 +36,14 @@ PRIVATE = 0o600  # files that hold stack frames, argv or allocation stacks: the 
 SHARED = 0o666  # everything else: the umask decides, as for any file
 
 
-def _uid() -> int:
+# The temporary files being written now, by this process: (pid, path, dir_fd) by NewFile. A short command (merge,
+# report -o, compare --markdown, ...) stopped by SIGTERM, SIGHUP or Ctrl-C removes them (remove_on_signals) instead
+# of leaving a half-written `.NAME.<random>.tmp` for good.
+_LIVE: dict[int, tuple[int, str, int | None]] = {}
+
+
+def uid() -> int:
+    """This user's id: the owner every file and folder stepcli writes into must have (0 where there is none)."""
     return os.getuid() if hasattr(os, "getuid") else 0
 
 
@@ -56,12 +63,17 @@ def create_new(path: str, mode: int = SHARED, *, dir_fd: int | None = None) -> i
     return os.open(path, NEW_FILE_FLAGS, mode, dir_fd=dir_fd)
 
 
-def create_temp(folder: str, name: str, mode: int = SHARED, *, dir_fd: int | None = None) -> tuple[int, str]:
+def create_temp(
+    folder: str, name: str, mode: int = SHARED, *, dir_fd: int | None = None, track: object = None
+) -> tuple[int, str]:
     """(descriptor, path) of a new temporary file for `name` in `folder` (with `dir_fd`, the path is relative
-    to it and `folder` is ignored)."""
+    to it and `folder` is ignored). `track`: the writer; its file is listed in _LIVE before it exists, so a
+    signal at any moment after finds it."""
     for _ in range(100):
         tmp = temp_name(name)
         path = tmp if dir_fd is not None else os.path.join(folder, tmp)
+        if track is not None:
+            _LIVE[id(track)] = (os.getpid(), path, dir_fd)
         try:
             return create_new(path, mode, dir_fd=dir_fd), path
         except FileExistsError:  # 64 random bits taken: someone plants names; try another
@@ -97,6 +109,36 @@ def remove(path: str, *, dir_fd: int | None = None) -> None:
         pass
 
 
+def remove_live_temps() -> None:
+    """Remove every temporary file this process is writing now (a child forked meanwhile removes none of its
+    parent's: the pid is checked)."""
+    pid = os.getpid()
+    for owner, path, dir_fd in list(_LIVE.values()):
+        if owner == pid:
+            remove(path, dir_fd=dir_fd)
+    _LIVE.clear()
+
+
+def remove_on_signals() -> None:
+    """From now on SIGTERM and SIGHUP (where they would kill the process, not where ignored or handled) first
+    remove the temporary files being written, then end the process by the same signal, as before. Ctrl-C raises
+    KeyboardInterrupt, whose unwinding removes them (NewFile.__exit__); the command's last words call
+    remove_live_temps too. For the stepcli command's own process only (never inside the profiled program)."""
+    import signal
+
+    for signum in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if signum is not None and signal.getsignal(signum) == signal.SIG_DFL:
+            signal.signal(signum, _remove_and_die)
+
+
+def _remove_and_die(signum: int, frame: object) -> None:
+    import signal
+
+    remove_live_temps()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
 class NewFile:
     """`with NewFile(path) as handle:` writes a binary file created new under a temporary name beside `path`,
     renamed to `path` when the block ends without an exception (and removed when it raises).
@@ -111,17 +153,21 @@ class NewFile:
 
     def __enter__(self) -> IO[bytes]:
         folder, name = os.path.split(self.path)
-        if self.dir_fd is not None:
-            fd, self.tmp = create_temp("", name, self.mode, dir_fd=self.dir_fd)
-            if folder:
-                raise ValueError("with dir_fd, the path is a bare name")
-        else:
-            fd, self.tmp = create_temp(folder, name, self.mode)
+        if self.dir_fd is not None and folder:
+            raise ValueError("with dir_fd, the path is a bare name")
+        try:
+            fd, self.tmp = create_temp(folder, name, self.mode, dir_fd=self.dir_fd, track=self)
+        except BaseException:  # a Ctrl-C just after the file was made, too: it goes
+            entry = _LIVE.pop(id(self), None)
+            if entry is not None and entry[0] == os.getpid():
+                remove(entry[1], dir_fd=entry[2])
+            raise
         try:
             self._handle = open(fd, "wb")  # noqa: SIM115 (closed in __exit__)
         except BaseException:
             os.close(fd)
             remove(self.tmp, dir_fd=self.dir_fd)
+            _LIVE.pop(id(self), None)
             raise
         return self._handle
 
@@ -137,6 +183,7 @@ class NewFile:
         finally:
             if not published:  # failed, or linked (the final name holds the data): the temporary name goes
                 remove(self.tmp, dir_fd=self.dir_fd)
+            _LIVE.pop(id(self), None)
 
 
 def write_bytes(
@@ -172,7 +219,7 @@ def make_folder(path: str, mode: int = 0o777, *, dir_fd: int | None = None) -> N
         raise OSError(errno.ELOOP, "is a link, not a folder: not followed", path)
     if not stat.S_ISDIR(info.st_mode):
         raise NotADirectoryError(errno.ENOTDIR, "exists and is not a folder", path)
-    if info.st_uid != _uid():
+    if info.st_uid != uid():
         raise PermissionError(errno.EPERM, "is a folder of another user: not written into", path)
 
 
@@ -226,7 +273,7 @@ def open_regular(path: str, *, dir_fd: int | None = None, own: bool = False) -> 
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise OSError(errno.EINVAL, "not a regular file (a FIFO or a device?)", path)
-        if own and info.st_uid != _uid():
+        if own and info.st_uid != uid():
             raise PermissionError(errno.EPERM, "belongs to another user", path)
     except BaseException:
         os.close(fd)

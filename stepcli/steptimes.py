@@ -2,7 +2,8 @@
 slowest-rank outline all read, so they agree.
 
 Steps are numbered from 0 (start-up); phase digits are those of `timeline_phases` (0 untouched, 1 warmup, 2/3
-recorded, 4 under the program's own profiler), plus "c" for an untouched step in which torch compiled.
+recorded, 4 under the program's own profiler, 5 the first step after a window, which pays for its stop and save),
+plus "c" for an untouched step in which torch compiled.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ def worker_label(process: Mapping[str, Any]) -> str:
 
 
 def mark_compiles(phases: str, compiled: set[int]) -> str:
-    """Untouched steps in which torch compiled get their own code, "c", so the step-time chart shows them apart
-    (the statistics already leave them out). Step 0, start-up, keeps its own look."""
-    return "".join("c" if code == "0" and 0 < step and step in compiled else code for step, code in enumerate(phases))
+    """Untouched steps (and steps after a window) in which torch compiled get their own code, "c", so the step-time
+    chart shows them apart (the statistics already leave them out, as compile steps first). Step 0, start-up, keeps
+    its own look."""
+    return "".join("c" if code in "05" and 0 < step and step in compiled else code for step, code in enumerate(phases))
 
 
 def compiled_by_worker(summary: RunSummary) -> dict[str, set[int]]:

@@ -303,3 +303,89 @@ def leak_until_oom(steps: int = 8, kept: int = 48 * MiB) -> tuple[SnapshotBuilde
             b.free(g)
         grads = [b.alloc(params // layers, []) for _ in range(layers)]
     raise AssertionError("unreachable")
+
+
+# -- snapshots the size of a long job's, shaped like torch's ---------------------------------------------------------
+def torch_shaped(events: int, stack_depth: int = 12, sites: int = 300, device: int = 0) -> dict[str, Any]:
+    """A snapshot laid out as torch 2.11 writes one (the H200 snapshot in /work/shared/snapshots, and
+    tests/data/gpu): every event and block has its own frames list of its own frame dicts (torch shares the
+    strings, not the dicts), keys in torch's order, steps tagged, with `allocator_settings`,
+    `external_annotations` and stepcli's record. `events` allocator events (alloc / free_requested /
+    free_completed, a segment_alloc per 64 allocations, an oom at the end) from `sites` call sites whose stacks
+    are up to `stack_depth` frames: about 200 bytes of pickle an event at the default depth."""
+    torch_files = [f"{TORCH}/nn/modules/{name}.py" for name in ("module", "linear", "container", "activation")]
+    names = ["forward", "_call_impl", "_wrapped_call_impl", "relu", "convert", "_apply", "step", "_init_group"]
+
+    def stack(site: int) -> list[tuple[str, str, int]]:
+        depth = 1 + (site * 7) % stack_depth
+        inner = [
+            (names[(site + k) % len(names)], torch_files[(site + k) % 4], 100 + (site * 13 + k) % 1700)
+            for k in range(depth - 1)
+        ]
+        return [*inner, ("<module>", SCRIPT, 10 + site)]
+
+    stacks = [stack(s) for s in range(sites)]
+
+    def frames(site: int) -> Frames:  # new dicts, shared strings: what torch's frame symbolizer returns
+        return [{"name": n, "filename": f, "line": line} for n, f, line in stacks[site]]
+
+    trace: list[dict[str, Any]] = []
+    live: list[tuple[int, int, int]] = []
+    address, base, time_us, step, allocations = 0x7F0000000000, 0x7F0000000000, 1_795_760_558_917_849, 0, 0
+    tags = [f"stepcli:step={n}" for n in range(events // 1000 + 2)]
+    while len(trace) < events - 1:
+        time_us += 11
+        if len(trace) % 1000 == 0:
+            step += 1
+        common = {"stream": 0, "time_us": time_us, "compile_context": "N/A", "user_metadata": tags[step]}
+        if live and (len(live) > 64 or allocations % 3 == 2):
+            addr, size, site = live.pop(0)
+            for action in ("free_requested", "free_completed"):
+                trace.append({"action": action, "addr": addr, "size": size, **common, "frames": frames(site)})
+            allocations += 1
+            continue
+        allocations += 1
+        site = (allocations * 31) % sites
+        size = 512 << (allocations % 12)
+        if allocations % 64 == 1:
+            trace.append({"action": "segment_alloc", "addr": base, "size": 2 * MiB, **common, "frames": frames(site)})
+            base += 2 * MiB
+        address += size
+        live.append((address, size, site))
+        trace.append({"action": "alloc", "addr": address, "size": size, **common, "frames": frames(site)})
+    common = {"stream": 0, "time_us": time_us + 1, "compile_context": "N/A", "user_metadata": tags[step]}
+    trace.append({"action": "oom", "device_free": MiB, "size": 1 << 34, **common, "frames": frames(0)})
+    blocks = [
+        {"address": addr, "size": size, "requested_size": size, "state": "active_allocated", "frames": frames(site)}
+        for addr, size, site in live
+    ]
+    segment = {
+        "device": device,
+        "address": 0x7F0000000000,
+        "total_size": 1 << 40,
+        "allocated_size": sum(b["size"] for b in blocks),
+        "active_size": sum(b["size"] for b in blocks),
+        "requested_size": sum(b["size"] for b in blocks),
+        "stream": 0,
+        "segment_type": "large",
+        "segment_pool_id": (0, 0),
+        "is_expandable": False,
+        "blocks": blocks,
+        "frames": frames(1),
+    }
+    annotations = [
+        {"stage": stage, "name": f"ProfilerStep#{n}", "device": device, "time_us": n}
+        for n in range(step)
+        for stage in ("START", "END")
+    ]
+    settings = {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1, "garbage_collection_threshold": 0.0}
+    settings["roundup_power2_divisions"] = {str(1 << n): 0 for n in range(16)}
+    record = {"version": 1, "step": step, "phase": "forward", "device": device, "requested_bytes": 1 << 34}
+    record.update(device_total_bytes=150 << 30, device_free_bytes=MiB, pid=644, argv=["/work/train.py"])
+    return {
+        "segments": [segment],
+        "device_traces": [trace],
+        "allocator_settings": settings,
+        "external_annotations": annotations,
+        "stepcli": record,
+    }

@@ -48,5 +48,6 @@ def advise_run(
         straggler=(analysis if analysis is not None else kept).get("straggler"),
         ranks_analysed=len((analysis if analysis is not None else kept).get("ranks") or []) > 1,
         culprit=kept.get("culprit") or (analysis or {}).get("culprit"),
+        threads=kept.get("threads"),
     )
     return advise(evidence) + advise_device(evidence)

@@ -38,6 +38,10 @@ PER_TENSOR_OPS = ("aten::addcdiv_", "aten::lerp_", "aten::addcmul_")
 STRAGGLER_RATIO = 1.10
 STRAGGLER_CONSISTENCY = 0.75
 STRAGGLER_MIN_STEPS = 10
+# Threads: a host's processes run more intra-op threads (torch's pool: OMP_NUM_THREADS, torch.set_num_threads) than
+# the cores they may use. Any excess counts: OpenMP threads spin while they wait, so an operator waits for a core
+# (on 2 cores, 2 ranks x 2 threads ran their operators 8-10x slower than with OMP_NUM_THREADS=1).
+THREADS_PER_CORE = 1.0
 # Stalls: untouched steps (after start-up) slower than this multiple of their median, with enough steps to judge.
 STALL_FACTOR = 3.0
 STALL_MIN_STEPS = 20
@@ -79,6 +83,7 @@ class Evidence:
     untouched_ms: Sequence[tuple[int, float]] = ()  # (step number, ms) of one process
     device: Mapping[str, Any] | None = None  # the summary's `device` figures (stepcli.advice.device reads them)
     culprit: Mapping[str, Any] | None = None  # the `culprit` section (stepcli.run.summary.culprit)
+    threads: Mapping[str, Any] | None = None  # the `threads` section (stepcli.run.summary.threads)
 
 
 def _share(breakdown: Mapping[str, float], key: str) -> float | None:
@@ -264,6 +269,31 @@ def stalls(ev: Evidence) -> Advice | None:
     )
 
 
+def threads(ev: Evidence) -> Advice | None:
+    """More intra-op threads than cores on a host (the summary's `threads` section): operators wait for a core."""
+    every = list((ev.threads or {}).get("hosts") or [])
+    hosts = [host for host in every if host["intra_op_threads"] > THREADS_PER_CORE * host["cores"]]
+    if not hosts:
+        return None
+    worst = max(hosts, key=lambda host: host["intra_op_threads"] / host["cores"])
+    processes, cores = worst["processes"], worst["cores"]
+    each = worst["per_process"][0] if len(worst["per_process"]) == 1 else None
+    per = f"{processes} processes x {each} intra-op threads" if each and processes > 1 else None
+    counted = f"{per} = {worst['intra_op_threads']}" if per else f"{worst['intra_op_threads']} intra-op threads"
+    where = f" on host {worst['host']}" if len(every) > 1 else ""
+    fit = max(1, cores // processes)
+    return Advice(
+        rule="threads",
+        title="More CPU threads than cores",
+        evidence=f"{counted} on {cores} core{'s' if cores != 1 else ''} stepcli sees{where}: operators wait for a "
+        "core (OpenMP threads spin while they wait)",
+        threshold=f"intra-op threads of a host's processes > {THREADS_PER_CORE:g}× its cores",
+        suggestion=f"Give each process {fit} thread{'s' if fit != 1 else ''}: OMP_NUM_THREADS={fit} in the "
+        f"environment (torchrun sets 1 only when it is unset), or torch.set_num_threads({fit}) at the start of "
+        "each process; or run fewer processes per host.",
+    )
+
+
 def culprit(ev: Evidence) -> Advice | None:
     """A rank the others wait for at collectives, with the cause of its lateness (stepcli.run.summary.culprit)."""
     fields = culprit_advice(ev.culprit)
@@ -278,6 +308,7 @@ RULES: tuple[Callable[[Evidence], Advice | None], ...] = (
     recompilations,
     straggler,
     culprit,
+    threads,
     stalls,
 )
 

@@ -27,6 +27,10 @@ CLOCK_KEY = "stepcli_clock"
 # ... and per recorded step, the steps' thread's time on a CPU and time waiting for one, ms ({"12": [3.1, 0.4]}:
 # stepcli.agent.cpuwait).
 CPU_TIME_KEY = "stepcli_cpu_ms"
+# The trace annotation around each call of an optimizer's closure (`optimizer.step(closure)`, as LBFGS takes),
+# written while a stepcli window records (stepcli.agent.patches): the forward and backward the closure runs are
+# forward and backward, not optimizer (stepcli.traces.analyses.steps reads it back).
+CLOSURE_ANNOTATION = "stepcli: optimizer closure"
 HELLO_PREFIX = "hello."
 
 

@@ -77,8 +77,9 @@ def trace_folder(out_dir: str, first_step: int, several_windows: bool) -> str:
     return os.path.join(out_dir, f"{WINDOW_FOLDER_PREFIX}{first_step}")
 
 
-def export_trace(prof: Any, out_dir: str, use_gzip: bool, own_folder: bool = False) -> tuple[str, int]:
-    """Export `prof`'s last cycle as `<worker>.<time_ns>.pt.trace.json[.gz]` via a temporary name and a rename.
+def export_trace(prof: Any, out_dir: str, use_gzip: bool, own_folder: bool = False) -> tuple[str, os.stat_result]:
+    """Export `prof`'s last cycle as `<worker>.<time_ns>.pt.trace.json[.gz]` via a temporary name and a rename;
+    its path and the file's stat (size, inode, device: what the run's end checks the trace by).
 
     The output folder may be writable by others (a shared scratch folder): the folder is opened once without
     following a link (`own_folder`, a window folder: created here, or one of this user's), the profiler writes
@@ -115,6 +116,8 @@ def export_trace(prof: Any, out_dir: str, use_gzip: bool, own_folder: bool = Fal
             with open(tmp_json, "rb") as source, gzip.open(tmp_gz, "wb", compresslevel=6) as target:
                 shutil.copyfileobj(source, target, 1 << 20)
             ready = "trace.json.gz"
+        # the private scratch file, before it is named: what sits at the public name may soon be another's file
+        info = os.stat(f"{scratch}/{ready}", dir_fd=folder_fd, follow_symlinks=False)
         for attempt in range(1000):  # another node or launch sharing the folder: never overwrite
             try:
                 safefile.publish(f"{scratch}/{ready}", name, replace=False, dir_fd=folder_fd)
@@ -123,7 +126,6 @@ def export_trace(prof: Any, out_dir: str, use_gzip: bool, own_folder: bool = Fal
                 name = f"{worker}.{time.time_ns() + attempt + 1}{suffix}"
         else:
             raise FileExistsError(17, "no free trace name", out_dir)
-        size = os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_size
     finally:
         if scratch:
             for leftover in ("trace.json", "trace.json.gz", "trace.json.tmp"):  # (Kineto's own temporary name)
@@ -133,7 +135,7 @@ def export_trace(prof: Any, out_dir: str, use_gzip: bool, own_folder: bool = Fal
             except OSError:
                 pass
         os.close(folder_fd)
-    return os.path.join(out_dir, name), size
+    return os.path.join(out_dir, name), info
 
 
 _PROBE_BYTES = 64 * 1024

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 
+from .config import CLOSURE_ANNOTATION
+
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
     from collections.abc import Hashable
@@ -70,11 +72,13 @@ def patch_optimizers(agent: Agent, torch: ModuleType) -> None:
     if getattr(original_init, "_stepcli", False):
         return
 
+    mark = _closure_marker(agent, torch)
+
     @functools.wraps(original_init)
     def stepcli_optimizer_init(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
         if agent.enabled:
-            _guarded(agent, "an optimizer", lambda: _register_optimizer(agent, self))
+            _guarded(agent, "an optimizer", lambda: _register_optimizer(agent, self, mark))
 
     stepcli_optimizer_init._stepcli = True  # type: ignore[attr-defined]
     optimizer_cls.__init__ = stepcli_optimizer_init
@@ -94,20 +98,61 @@ def patch_optimizers(agent: Agent, torch: ModuleType) -> None:
         scaler_cls.step = stepcli_scaler_step  # type: ignore[union-attr]
 
 
-def _register_optimizer(agent: Agent, optimizer: Any) -> None:
+def _register_optimizer(agent: Agent, optimizer: Any, mark: Callable[[Any], Any]) -> None:
     agent.requester_created(id(optimizer), type(optimizer).__name__, optimizer)
-    _wrap_step(agent, type(optimizer))
+    _wrap_step(agent, type(optimizer), mark)
 
 
-def _wrap_step(agent: Agent, cls: type) -> None:
+def _closure_marker(agent: Agent, torch: ModuleType) -> Callable[[Any], Any]:
+    """What wraps the closure an optimizer's step() is given, so that each call of it is a `CLOSURE_ANNOTATION`
+    range in the trace: the closure runs the program's forward and backward inside `Optimizer.step#...`, and
+    without the range its forward could not be told from the optimizer's own work. Only while a stepcli window
+    records (the program's own profiler's traces stay as the program made them); otherwise the closure as is."""
+    try:
+        ops = torch.ops.profiler
+        enter, leave = ops._record_function_enter_new, ops._record_function_exit._RecordFunction
+        enabled = torch._C._autograd._profiler_enabled
+    except Exception:
+        return _unchanged
+
+    def mark(closure: Any) -> Any:
+        if not callable(closure) or getattr(closure, "_stepcli", False):
+            return closure
+        if agent.foreign or not agent.window_open() or not enabled():
+            return closure
+
+        @functools.wraps(closure)
+        def stepcli_closure(*args: Any, **kwargs: Any) -> Any:
+            record = enter(CLOSURE_ANNOTATION, None)
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                leave(record)
+
+        stepcli_closure._stepcli = True  # type: ignore[attr-defined]
+        return stepcli_closure
+
+    return mark
+
+
+def _unchanged(closure: Any) -> Any:
+    return closure
+
+
+def _wrap_step(agent: Agent, cls: type, mark: Callable[[Any], Any] = _unchanged) -> None:
     """Count a step when `cls.step` returns: outside torch's own hook wrapper, whose
-    `Optimizer.step#...` annotation must close before the next `ProfilerStep#N` opens."""
+    `Optimizer.step#...` annotation must close before the next `ProfilerStep#N` opens. A closure given to it
+    (`step(closure)`) is marked in the trace (`_closure_marker`)."""
     original = cls.__dict__.get("step") or getattr(cls, "step")  # noqa: B009 (mypy: type has no .step)
     if getattr(original, "_stepcli", False):
         return
 
     @functools.wraps(original)  # copies torch's `hooked` flag too, so torch never wraps over us
     def stepcli_optimizer_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            args = (mark(args[0]), *args[1:])
+        elif "closure" in kwargs:
+            kwargs["closure"] = mark(kwargs["closure"])
         return _counted_call(agent, id(self), self, original, (self, *args), kwargs)
 
     stepcli_optimizer_step._stepcli = True  # type: ignore[attr-defined]

@@ -23,7 +23,8 @@ from .interrupts import Held
 from .output import cause, current_rank, export_trace, human_size, say, trace_folder, worker_name, write_failed
 from .schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP
 from .torchquiet import QuietProfiler, ask_cupti_teardown
-from .tracker import FOREIGN, NEVER, StepTracker
+from .tracecost import SaveClock, first_window_cost, took
+from .tracker import AFTER_WINDOW, FOREIGN, NEVER, StepTracker
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ class Recorder:
         self._discard = False
         self._dropping = False  # the open window is being closed unsaved (its capture withdrew it)
         self._pending_drop = ""  # ... asked for on another thread, done by the main thread at its next step
+        self._save_clock = SaveClock()  # the pause of the open window's save, and lines while it lasts
         # Set by the agent: will the program's idle profiler start collecting within this many of its steps?
         self.program_profiler_due: Callable[[int], bool] = lambda steps: False
         # Set by on-demand capture: what triggered the window recording from this step (--capture-on-slow), if any
@@ -135,10 +137,10 @@ class Recorder:
             if self._pending_drop:
                 reason, self._pending_drop = self._pending_drop, ""
                 self.drop(reason)
-                return (FOREIGN if self.foreign else NONE), self.next_cycle_start(step + 1)
+                return (FOREIGN, self.next_cycle_start(step + 1)) if self.foreign else (AFTER_WINDOW, step + 1)
             if self._pending_cut:
                 self.stop(self._pending_cut)
-                return (FOREIGN if self.foreign else NONE), self.next_cycle_start(step + 1)
+                return (FOREIGN, self.next_cycle_start(step + 1)) if self.foreign else (AFTER_WINDOW, step + 1)
             self._cpu_time.end(prof)  # (before step(), which may stop the profiler)
             if prof.current_action.value == RECORD_AND_SAVE:
                 self._announce_save(step - 1)  # this step() stops the profiler and saves: a pause worth a line
@@ -146,7 +148,9 @@ class Recorder:
                 prof.step()
             if prof.current_action.value == NONE or self.disabled:  # disabled: saving its last cycle failed
                 self._close()
-                return NONE, NEVER if self.disabled else self.next_cycle_start(step + 1)
+                # This step pays for the stop and save: "after a window", not untouched; woken at the next step
+                # again (to mark it untouched, or open the next window), as an idle recorder would be.
+                return AFTER_WINDOW, step + 1
             phase = self._phase_of(prof)
             if phase >= RECORD and self._window is not None and self._window["first_step"] is None:
                 self._window["first_step"] = step
@@ -277,6 +281,7 @@ class Recorder:
             self.notes.append(f"the window from step {first} was not saved ({why})")
         else:
             self._save(prof, first, last)
+        self._save_clock.stop()  # (a window not saved: its ticker stops too)
         # With wait=0 the same object goes straight on to the next cycle's warmup.
         self._window = {"first_step": None}
         self.on_saved()
@@ -291,7 +296,7 @@ class Recorder:
             # A window asked for on demand gets a folder of its own, like each window of --repeat.
             several = self.config.schedule.repeat != 1 or _asked_for(self.schedule, first)
             folder = trace_folder(self.config.out_dir, first, several)
-            path, size = export_trace(prof, folder, self.config.use_gzip, own_folder=several)
+            path, info = export_trace(prof, folder, self.config.use_gzip, own_folder=several)
         except Exception as exc:
             self.stop_after_write_failure(f"could not save the trace of {steps} in {folder}: {cause(exc)}")
             return
@@ -299,19 +304,27 @@ class Recorder:
             "first_step": first,
             "last_step": last,
             "trace": path,
-            "bytes": size,
+            "bytes": info.st_size,
+            "inode": info.st_ino,  # the file this process wrote: a same-size forgery swapped in is another inode
+            "device": info.st_dev,
             "complete": complete,
         }
         if not complete:
             record["note"] = self._cut_reason
         if self.config.with_flops:
             record["flops"] = self._write_flops(prof, path, first, last)
+        if (pause := self._save_clock.stop()) is not None:
+            record["save_s"] = round(pause, 3)  # stopping the profiler and writing the file
         self.windows.append(record)
+        heavy = first_window_cost(self.windows, steps, self.config)  # said now, and a note of the summary
+        self.notes += [heavy] if heavy else []
         if not self.config.quiet:
             extra = "" if complete else f" ({self._cut_reason}; the start of step {last + 1} is in it too)"
             # the path on its own line (kept whole, never wrapped: it can be copied), the rank first on several
-            say(f"{_who()}saved trace of {steps}{extra} ({human_size(size)}):")
+            say(f"{_who()}saved trace of {steps}{extra}{took(pause)} ({human_size(info.st_size)}):")
             say(f"  {path}")
+            if heavy:
+                say(heavy)
 
     def _write_flops(self, prof: Any, trace: str, first: int, last: int) -> int | None:
         """The window's estimated FLOPs (the sum of key_averages()' flops), written beside the trace as
@@ -376,6 +389,7 @@ class Recorder:
         except Exception as exc:
             self.notes.append(f"could not close the profiler: {exc}")
         finally:
+            self._save_clock.stop()
             self._cut_reason = self._pending_cut = ""
             self._discard = False
             self.busy = busy
@@ -400,12 +414,12 @@ class Recorder:
 
     def _announce_save(self, last: int) -> None:
         """`saving trace of steps A-B ...` before torch stops the profiler and writes the file, which can freeze
-        the program for seconds on a large window: the user sees why."""
+        the program for seconds on a large window: the user sees why (every few seconds: SaveTicker); timed from here."""
         first = (self._window or {}).get("first_step")
-        if self.config.quiet or first is None:
-            return
         steps = f"step {first}" if first == last else f"steps {first}-{last}"
-        say(f"{_who()}saving trace of {steps} ...")
+        self._save_clock.start(None if self.config.quiet or first is None else steps)
+        if not (self.config.quiet or first is None):
+            say(f"{_who()}saving trace of {steps} ...")
 
     def stop_after_write_failure(self, message: str) -> None:
         """A trace or the step log could not be written (a full or read-only folder): one line, and no window

@@ -129,6 +129,10 @@ def write_step_log(agent: Agent, progress: str = "") -> None:
         "progress": progress if not agent.exit_reason else "",
         "peak_rss_bytes": _peak_rss_bytes(),
         "cuda_peak_bytes": _cuda_peak_bytes(),
+        # torch's intra-op threads and the CPUs this process may run on: ranks x threads beyond a host's cores
+        # slow every operator (the summary's `threads` section and its advice)
+        "intra_op_threads": _intra_op_threads(),
+        "cpus": _cpus(),
         "compile": agent.compiles.to_log() if agent.compiles is not None else None,
         "gc": agent.gc_pauses.to_log(),
         # the CUDA memory snapshots it wrote (--memory; the module is loaded only then)
@@ -176,6 +180,24 @@ def _peak_rss_bytes() -> int | None:
         return peak if sys.platform == "darwin" else peak * 1024
     except Exception:
         return None
+
+
+def _intra_op_threads() -> int | None:
+    """torch.get_num_threads() of this process (OMP_NUM_THREADS, torch.set_num_threads), if torch is loaded."""
+    torch = sys.modules.get("torch")
+    try:
+        return int(torch.get_num_threads()) if torch is not None else None
+    except Exception:
+        return None
+
+
+def _cpus() -> list[int] | None:
+    """The CPUs this process may run on (its affinity mask; taskset, cgroups' cpusets), else all of them."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        count = os.cpu_count()
+        return list(range(count)) if count else None
 
 
 def _cuda_peak_bytes() -> int | None:

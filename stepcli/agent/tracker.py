@@ -23,8 +23,12 @@ if TYPE_CHECKING:
 
     Listener = Callable[[int], tuple[int, int]]
 
-# Phase codes stored per step: the schedule's actions (0-3) plus one for "the program's own profiler ran".
+# Phase codes stored per step: the schedule's actions (0-3), one for "the program's own profiler ran", and one
+# for the first step after a window closed: the profiler's stop and save are charged to no step, but that step
+# still pays for them (caches refilled, and on several ranks the wait in its first collective for a rank still
+# saving its larger trace), so it is not the program's own time either.
 FOREIGN = 4
+AFTER_WINDOW = 5
 NEVER = sys.maxsize
 
 

@@ -9,16 +9,28 @@ Phases first: five numbers per step (data loading, forward, backward, optimizer,
 step, so a change anywhere shows in one of them, a `time.sleep` outside any operator included. Operators only with
 OP_MIN_STEPS recorded steps per side: picking the largest of a hundred operators' changes from a few steps names
 noise (a +328 ms convolution_backward from 3 steps, for a change that was only a sleep).
+
+A row is marked significant only when it holds the comparison's own false-positive rate (measured on A/A pairs,
+the same program run twice, with scripts/aa_pairs.py; docs/commands/compare.md gives the numbers):
+- each family of rows (the phases; the operators and kernels) is judged at a Bonferroni-corrected level: with m
+  candidates (every operator whose change could have been picked for the top rows, not only the rows shown), each
+  row's interval is made at 1 - (1 - confidence) / m, so picking the largest changes cannot make noise significant;
+- a job's ranks are resampled at the same steps (as the verdict's are): ranks that move together count once;
+- its whole interval must lie beyond a practical limit, the verdict's own rule applied to the recorded step:
+  max(tolerance x the baseline's mean recorded step, --min-delta-ms). With one run per side, the intervals cannot
+  see run-to-run variation (the machine's load while one window recorded moves every one of its steps); a change
+  smaller than the tolerance of the whole step explains no verdict either.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from stepcli.compare.inference import estimate_change
+from stepcli.compare.inference import DEFAULT_RESAMPLES, estimate_change
 from stepcli.compare.model import OpSteps
 from stepcli.traces.analyses.shares import STEP_KEY
 from stepcli.traces.read.names import step_of
@@ -50,6 +62,9 @@ class OpChange:
     current_ms: float
     low: float
     high: float
+    limit_ms: float = 0.0  # the practical limit its interval must lie beyond (module docstring)
+    row_confidence: float = 0.95  # the level of its own interval (Bonferroni over its family)
+    family_size: int = 1  # the rows of its family that were candidates: phases, or operators and kernels
 
     @property
     def delta_ms(self) -> float:
@@ -57,7 +72,7 @@ class OpChange:
 
     @property
     def significant(self) -> bool:
-        return self.low > 0 or self.high < 0
+        return self.low > self.limit_ms or self.high < -self.limit_ms
 
 
 def op_steps_from_traces(traces: Sequence[Trace], label: str) -> OpSteps:
@@ -114,10 +129,17 @@ def attribution_note(baseline: Sequence[OpSteps], current: Sequence[OpSteps]) ->
 
 
 def attribute(
-    baseline: Sequence[OpSteps], current: Sequence[OpSteps], *, confidence: float, top: int = TOP_CHANGES
+    baseline: Sequence[OpSteps],
+    current: Sequence[OpSteps],
+    *,
+    confidence: float,
+    tolerance: float = 0.0,
+    min_delta_ms: float = 0.0,
+    top: int = TOP_CHANGES,
 ) -> tuple[OpChange, ...]:
     """Every phase whose time per step changed, then the `top` operators whose mean self time per step changed most
-    (each only with enough recorded steps, see the module docstring), each with its bootstrap interval.
+    (each only with enough recorded steps), each with its bootstrap interval at its family's corrected level and
+    the practical limit it must pass to be significant (see the module docstring).
 
     Steps are resampled in blocks within each run, and runs are resampled when a side has several (as for the
     step time), so an interval carries the same kinds of noise as the verdict's.
@@ -130,30 +152,68 @@ def attribute(
     keys = {key for run in base_runs + cur_runs for key in run.ops}
     phases = [key for key in keys if key[0] == "phase"]
     operators = [key for key in keys if key[0] != "phase"] if steps >= OP_MIN_STEPS else []
-    return _changes(base_runs, cur_runs, phases, confidence, len(phases)) + _changes(
-        base_runs, cur_runs, operators, confidence, top
+    step_ms = sum(_mean(base_runs, key) for key in phases)  # the phases add up to the recorded step
+    limit = max(min_delta_ms, tolerance * step_ms)
+    return _changes(base_runs, cur_runs, phases, confidence, len(phases), limit) + _changes(
+        base_runs, cur_runs, operators, confidence, top, limit
     )
 
 
+def row_level(confidence: float, candidates: int) -> float:
+    """The confidence of each row's interval in a family of `candidates` rows (Bonferroni): the chance that any
+    row of an unchanged family is called significant stays within 1 - confidence."""
+    return 1 - (1 - confidence) / max(1, candidates)
+
+
+def _resamples(level: float) -> int:
+    """Enough resamples for the interval's tails at `level` (about ten beyond each end), at least the verdict's
+    2,000, at most 100,000 (a row is a few dozen steps: a fraction of a second)."""
+    return min(100_000, max(DEFAULT_RESAMPLES, math.ceil(20 / (1 - level))))
+
+
+def _series(runs: list[OpSteps], key: tuple[str, str]) -> list[list[list[float]]]:
+    """Per run, per rank (one process each), the key's time in each recorded step in step order: the ranks of a
+    job are resampled at the same steps, as the verdict's are, so ranks that move together count once."""
+    out = []
+    for run in runs:
+        by_rank: dict[int | None, list[tuple[int, float]]] = {}
+        for (rank, step), value in zip(run.steps, run.ops.get(key, (0.0,) * len(run.steps))):
+            by_rank.setdefault(rank, []).append((step, value))
+        ranks = sorted(by_rank, key=lambda rank: (rank is None, rank or 0))
+        out.append([[value for _, value in sorted(by_rank[rank])] for rank in ranks])
+    return out
+
+
+def _mean(runs: list[OpSteps], key: tuple[str, str]) -> float:
+    values = [v for run in _series(runs, key) for process in run for v in process]
+    return sum(values) / len(values) if values else 0.0
+
+
 def _changes(
-    base_runs: list[OpSteps], cur_runs: list[OpSteps], keys: list[tuple[str, str]], confidence: float, top: int
+    base_runs: list[OpSteps],
+    cur_runs: list[OpSteps],
+    keys: list[tuple[str, str]],
+    confidence: float,
+    top: int,
+    limit: float,
 ) -> tuple[OpChange, ...]:
-    """The `top` keys by absolute change of their mean per step, each with its interval of the difference."""
-
-    def series(runs: list[OpSteps], key: tuple[str, str]) -> list[list[list[float]]]:
-        return [[list(run.ops.get(key, (0.0,) * len(run.steps)))] for run in runs]
-
-    def mean(runs: list[OpSteps], key: tuple[str, str]) -> float:
-        values = [v for run in series(runs, key) for v in run[0]]
-        return sum(values) / len(values)
-
-    deltas = sorted(((mean(cur_runs, k) - mean(base_runs, k), k) for k in keys), key=lambda d: (-abs(d[0]), d[1]))
+    """The `top` keys by absolute change of their mean per step, each with its interval of the difference at the
+    level corrected for every key of the family (all were candidates for the top)."""
+    level = row_level(confidence, len(keys))
+    deltas = sorted(((_mean(cur_runs, k) - _mean(base_runs, k), k) for k in keys), key=lambda d: (-abs(d[0]), d[1]))
     changes = []
     for delta, key in deltas[:top]:
         if delta == 0:
             break
         change = estimate_change(
-            series(base_runs, key), series(cur_runs, key), "mean", confidence=confidence, log_scale=False
+            _series(base_runs, key),
+            _series(cur_runs, key),
+            "mean",
+            confidence=level,
+            resamples=_resamples(level),
+            log_scale=False,
         )
-        changes.append(OpChange(key[0], key[1], change.baseline, change.current, change.low, change.high))
+        changes.append(
+            OpChange(key[0], key[1], change.baseline, change.current, change.low, change.high, limit, level, len(keys))
+        )
     return tuple(changes)

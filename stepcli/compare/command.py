@@ -76,6 +76,28 @@ def check_markdown_output(path: str) -> None:
         raise StepcliError(f"{path}: {problem}", EXIT_USAGE)
 
 
+def check_json_output(path: str) -> None:
+    """`--json PATH` replaces only a comparison compare wrote there before, as `--markdown` does."""
+    from stepcli import safefile
+    from stepcli.compare.jsonout import JSON_HEAD
+
+    problem = safefile.why_not_replace(path, lambda head: head.startswith(JSON_HEAD))
+    if problem == safefile.NOT_OURS:
+        problem += " compare; give another --json FILE or remove it"
+    elif problem is not None:
+        problem += "; give another --json FILE"
+    if problem is not None:
+        raise StepcliError(f"{path}: {problem}", EXIT_USAGE)
+
+
+def _check_outputs(markdown_path: str | None, json_path: str | None) -> None:
+    """The report files may be written (before anything is compared)."""
+    if markdown_path and markdown_path != "-":
+        check_markdown_output(markdown_path)
+    if json_path and json_path != "-":
+        check_json_output(json_path)
+
+
 def compare_main(
     baseline: str | Sequence[str],
     current: str | Sequence[str],
@@ -84,6 +106,7 @@ def compare_main(
     min_delta_ms: float = 0.0,
     metric: str = "median",
     markdown_path: str | None = None,
+    json_path: str | None = None,
     confidence: str | float = 0.95,
     skip_steps: int | None = None,
     allow_inconclusive: bool = False,
@@ -103,15 +126,14 @@ def compare_main(
         raise StepcliError(f"--metric: expected one of {', '.join(METRICS)}; got {metric!r}", EXIT_USAGE)
     if skip_steps is not None and skip_steps < 0:
         raise StepcliError(f"--skip-steps must be >= 0; got {skip_steps}", EXIT_USAGE)
-    if markdown_path and markdown_path != "-":
-        check_markdown_output(markdown_path)
+    _check_outputs(markdown_path, json_path)
 
     base_paths = [baseline] if isinstance(baseline, str) else list(baseline)
     cur_paths = [current] if isinstance(current, str) else list(current)
     base = load_side(base_paths)
     cur = load_side(cur_paths)
     _refuse_a_run_on_both_sides(base, cur, base_paths, cur_paths)
-    op_changes, why_not = _attribution(base, cur, level)
+    op_changes, why_not = _attribution(base, cur, level, fraction, min_delta_ms)
     comparison = decide(
         base,
         cur,
@@ -133,7 +155,7 @@ def compare_main(
             # and be noise. The totals are shown without changes; the note says why and how to get them.
             comparison = dataclasses.replace(comparison, ops_judged=False)
 
-    _show(comparison, markdown_path, [*base_paths, *cur_paths])
+    _show(comparison, markdown_path, [*base_paths, *cur_paths], json_path)
     warnings = []
     if {os.path.realpath(p) for p in base_paths} == {os.path.realpath(p) for p in cur_paths}:
         # a CI gate handed one path twice (a variable unset, an artifact not downloaded) passes whatever happened
@@ -162,9 +184,17 @@ def compare_main(
     return comparison.exit_code
 
 
-def _show(comparison: Comparison, markdown_path: str | None, inputs: Sequence[str] = ()) -> None:
-    """The comparison on stdout (the console's, or Markdown with `--markdown -`), the Markdown file, and the
-    GitHub step summary. A reader gone (`| head`) ends the output, not the verdict."""
+def _show(
+    comparison: Comparison, markdown_path: str | None, inputs: Sequence[str] = (), json_path: str | None = None
+) -> None:
+    """The comparison on stdout (the console's, Markdown with `--markdown -`, or JSON with `--json -`), the
+    Markdown and JSON files, and the GitHub step summary. A reader gone (`| head`) ends the output, not the
+    verdict."""
+    import json
+
+    from stepcli.compare.jsonout import comparison_document
+
+    document = json.dumps(comparison_document(comparison), indent=2)  # JSON escapes control characters itself
     from stepcli.fmt import visible_all
 
     comparison = visible_all(comparison)  # names from traces and run summaries: control characters shown
@@ -175,10 +205,20 @@ def _show(comparison: Comparison, markdown_path: str | None, inputs: Sequence[st
         if markdown_path == "-":
             sys.stdout.write(markdown)
             sys.stdout.flush()
+        elif json_path == "-":
+            sys.stdout.write(document + "\n")
+            sys.stdout.flush()
         else:
             render_console(comparison, pipe_console())
     except BrokenPipeError:  # `compare ... | head`: the reader has seen enough; the verdict still decides the exit
         discard_stdout()
+    if json_path and json_path != "-":
+        try:
+            from stepcli import safefile
+
+            safefile.write_bytes(json_path, (document + "\n").encode("utf-8"))
+        except OSError as exc:
+            raise StepcliError(f"{json_path}: cannot write the JSON ({exc.strerror or exc})", EXIT_USAGE) from None
     if markdown_path and markdown_path != "-":
         try:
             from stepcli import safefile
@@ -248,7 +288,7 @@ def different_programs(baseline: Measurement, current: Measurement) -> str | Non
 
 
 def _attribution(
-    baseline: Measurement, current: Measurement, confidence: float
+    baseline: Measurement, current: Measurement, confidence: float, tolerance: float, min_delta_ms: float
 ) -> tuple[tuple[OpChange, ...], str | None]:
     """Per-phase and per-operator changes with intervals when both sides have traces, and a note when there were
     too few recorded steps for them; () otherwise (never fails the gate)."""
@@ -274,7 +314,8 @@ def _attribution(
         else:
             return (), None
     try:
-        return attribute(sides[0], sides[1], confidence=confidence), attribution_note(sides[0], sides[1])
+        changes = attribute(sides[0], sides[1], confidence=confidence, tolerance=tolerance, min_delta_ms=min_delta_ms)
+        return changes, attribution_note(sides[0], sides[1])
     except Exception as exc:  # attribution only explains the verdict; a failure there must not lose the verdict
         print(f"stepcli: warning: no per-operator attribution: {type(exc).__name__}: {exc}", file=sys.stderr)
         return (), None

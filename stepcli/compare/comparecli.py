@@ -60,6 +60,12 @@ from stepcli.stats import METRICS
     type=PathParam(dir_okay=False),
     help="Also write a Markdown report here (- for stdout).",
 )
+@click.option(
+    "--json",
+    "json_path",
+    type=PathParam(dir_okay=False),
+    help="Also write the comparison as JSON here (- for stdout, instead of the report).",
+)
 def compare(
     baseline: str | None,
     current: str | None,
@@ -73,6 +79,7 @@ def compare(
     allow_inconclusive: bool,
     strict: bool,
     markdown_path: str | None,
+    json_path: str | None,
 ) -> int:
     """Compare BASELINE and CURRENT: run summaries (--json of run), traces, or folders of either.
 
@@ -91,6 +98,8 @@ def compare(
         raise click.UsageError(
             "missing runs: give BASELINE CURRENT, or at least one --baseline and one --current", ctx=ctx
         )
+    if markdown_path == "-" and json_path == "-":
+        raise click.UsageError("--markdown - and --json - both want stdout: give one of them a FILE", ctx=ctx)
     if strict and allow_inconclusive:
         raise click.UsageError(
             "--strict fails an inconclusive verdict, --allow-inconclusive passes it: give one", ctx=ctx
@@ -110,6 +119,7 @@ def compare(
         min_delta_ms=min_delta_ms,
         metric=metric,
         markdown_path=markdown_path,
+        json_path=json_path,
         confidence=level,
         skip_steps=skip_steps,
         allow_inconclusive=allow_inconclusive,

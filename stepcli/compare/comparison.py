@@ -71,6 +71,10 @@ class Comparison:
             return None
         return self.current_value - self.baseline_value
 
+    def decides(self, row: StepRow) -> bool:
+        """Whether `row` of the Step time table holds the statistic the verdict was decided on."""
+        return row.decides and row.stat == self.metric and self.verdict != "nothing_measured"
+
     @property
     def headline(self) -> str:
         return HEADLINES[self.verdict]

@@ -12,9 +12,11 @@ from stepcli.stats import Stats
 
 Kind = Literal["run", "trace"]
 
-# One digit per step, as the run summary's phases: 0 untouched, 1 warmup, 2/3 recorded, 4 the program's profiler.
+# One digit per step, as the run summary's phases: 0 untouched, 1 warmup, 2/3 recorded, 4 the program's profiler,
+# 5 the first step after a window (it pays for the window's stop and save: in no population, see `set_aside`).
 UNTOUCHED_PHASES = frozenset("0")
 PROFILED_PHASES = frozenset("123")
+AFTER_WINDOW_PHASE = "5"
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,10 @@ class RunSteps:
     run_id: str | None
     processes: tuple[ProcessSteps, ...]
     start_up_step: bool  # run summaries: step 0 holds start-up (import, first allocation), never a sample
+
+    def set_aside(self) -> int:
+        """Steps of all processes left out of every population because a window had just closed (phase 5)."""
+        return sum(process.phases.count(AFTER_WINDOW_PHASE) for process in self.processes)
 
     def population(self, name: str, first_step: int = 0) -> list[list[tuple[int, float]]]:
         """Per process, the (step, ms) of one population ("untouched", "profiled", "recorded") from `first_step`."""

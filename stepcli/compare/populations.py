@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from stepcli.compare.inference import MIN_STEPS, warmup_length
 from stepcli.compare.model import Measurement
+from stepcli.fmt import plural
 from stepcli.stats import STAT_NAMES, Stats, describe
 
 # Per run (by index), per process, the (step, ms) that decide.
@@ -100,20 +101,26 @@ def used(m: Measurement, population: str, first: dict[int, int]) -> UsedRuns:
     return [run for run in runs if run]
 
 
-def steps_used(side: str, m: Measurement, population: str, first: dict[int, int], skip: int | None) -> list[str]:
-    """One line per run (four at most): which steps decided, and which were left out and why."""
+def steps_used(
+    side: str, m: Measurement, population: str, first: dict[int, int], skip: int | None, role: str = ""
+) -> list[str]:
+    """One line per run (four at most): which steps decided (or, with `role`, what they are for), and which were
+    left out and why."""
     lines = []
     for index, run in enumerate(m.runs[:4]):
         kept = [step for p in run.population(population, first.get(index, 0)) for step, _ in p]
         if not kept:
             lines.append(f"{side} {run.label}: no {population} steps left")
             continue
-        text = f"{side} {run.label}: {population} steps {min(kept)}-{max(kept)} ({len(kept)} step times)"
+        text = f"{side} {run.label}: {population} steps {min(kept)}-{max(kept)} ({len(kept)} step times{role})"
         all_steps = [step for p in run.population(population) for step, _ in p]
         cut = [s for s in all_steps if s < first.get(index, 0)]
         if cut:
             why = f"--skip-steps {skip}" if skip is not None else "warm-up detected (MSER-5)"
             text += f"; steps {min(cut)}-{max(cut)} left out: {why}"
+        aside = run.set_aside()
+        if aside and population in ("untouched", "profiled"):
+            text += f"; {plural(aside, 'step time')} after a window set aside (the profiler's stop and save)"
         lines.append(text)
     if len(m.runs) > 4:
         lines.append(f"{side}: +{len(m.runs) - 4} more runs")
@@ -225,3 +232,18 @@ class Sides:
 def times_ms(runs: UsedRuns) -> list[list[list[float]]]:
     """The step times alone of `UsedRuns`: per run, per process, the ms."""
     return [[[ms for _, ms in p] for p in run] for run in runs]
+
+
+def table_steps_used(
+    baseline: Measurement, current: Measurement, pairs: list[tuple[str, str]], skip_steps: int | None
+) -> tuple[str, ...]:
+    """The `steps:` lines of the Step time table's other populations (those that do not decide): which steps its
+    rows hold and which were left out and why (each population's own warm-up), so no count changes unexplained."""
+    lines: list[str] = []
+    for b_pop, c_pop in pairs[1:]:
+        for side, m, pop in (("baseline", baseline, b_pop), ("current", current, c_pop)):
+            if m.populations.get(pop) is None or not m.runs:
+                continue
+            first = first_steps(m, pop, skip_steps)
+            lines += steps_used(side, m, pop, first, skip_steps, role=", in the table only")
+    return tuple(lines)

@@ -30,14 +30,8 @@ def _count_cell(value: float | None) -> str:
 
 
 def _step_cells(row: StepRow) -> list[str]:
-    if row.stat == "count":
-        delta = None if row.baseline is None or row.current is None else row.current - row.baseline
-        return [
-            _count_cell(row.baseline),
-            _count_cell(row.current),
-            "-" if delta is None else f"{int(delta):+d}",
-            _pct(delta, row.baseline),
-        ]
+    if row.stat == "count":  # how many step times each side kept (the `steps:` lines say which): not a change
+        return [_count_cell(row.baseline), _count_cell(row.current), "", ""]
     delta = None if row.baseline is None or row.current is None else row.current - row.baseline
     return [_fmt_ms(row.baseline), _fmt_ms(row.current), _signed(delta), _pct(delta, row.baseline)]
 
@@ -172,11 +166,27 @@ def _wrapped(console: Console, line: str, indent: str) -> None:
         _plain(console, part)
 
 
-def _change_line(change: OpChange, level: str) -> str:
+def _change_line(change: OpChange) -> str:
     sig = ", significant" if change.significant else ""
     return (
         f"{_fmt_ms(change.baseline_ms)} -> {_fmt_ms(change.current_ms)} ms, {_signed(change.delta_ms)} "
-        f"({level} CI {_signed(change.low)} .. {_signed(change.high)}){sig}"
+        f"({row_level(change)} CI {_signed(change.low)} .. {_signed(change.high)}){sig}"
+    )
+
+
+def row_level(change: OpChange) -> str:
+    """The level of one attribution row's own interval: `99%`, `99.96%` (Bonferroni over its family)."""
+    return f"{change.row_confidence * 100:.4g}%"
+
+
+def attribution_caption(changes: Sequence[OpChange], confidence: float, family: str) -> str:
+    """How the rows are judged, in one line: each interval's level, the family it holds the confidence over, and
+    the practical limit a significant row's whole interval lies beyond (stepcli.compare.attribution)."""
+    first = changes[0]
+    return (
+        f"each interval at {row_level(first)}: {_fmt_level(confidence)} over all {first.family_size} {family} "
+        f"(Bonferroni); significant: the whole interval beyond ±{_fmt_ms(first.limit_ms)} ms, the larger of "
+        "the tolerance of the baseline's recorded step and --min-delta-ms"
     )
 
 
@@ -226,8 +236,7 @@ def _steps_table(c: Comparison, marker: str) -> Table:
 
 
 def _decides(c: Comparison, row: StepRow) -> bool:
-    """Whether `row` holds the statistic the verdict was decided on."""
-    return row.decides and row.stat == c.metric and c.verdict != "nothing_measured"
+    return c.decides(row)
 
 
 def _print_steps(c: Comparison, console: Console) -> None:
@@ -249,15 +258,13 @@ def _print_steps(c: Comparison, console: Console) -> None:
             _plain(console, line)
 
 
-def _change_rows(changes: Sequence[OpChange], level: str) -> list[tuple[str, Sequence[str], str]]:
+def _change_rows(changes: Sequence[OpChange]) -> list[tuple[str, Sequence[str], str]]:
     rows: list[tuple[str, Sequence[str], str]] = []
     for change in changes:
         name = PHASE_LABELS.get(change.name, change.name) if change.kind == "phase" else change.name
         if change.kind == "device":
             name += " [device]"
-        rows.append(
-            (name, [*_change_cells(change)[1:-1], "yes" if change.significant else "no"], _change_line(change, level))
-        )
+        rows.append((name, [*_change_cells(change)[1:-1], "yes" if change.significant else "no"], _change_line(change)))
     return rows
 
 
@@ -271,15 +278,16 @@ _CHANGE_HEADERS = (
 
 
 def _print_operators(c: Comparison, console: Console) -> None:
-    level = _fmt_level(c.confidence)
     phases = [change for change in c.op_changes if change.kind == "phase"]
     operators = [change for change in c.op_changes if change.kind != "phase"]
     if phases:
-        title = f"Step phases whose time per step changed most (ms per step, {level} CI)"
-        _print_rows(console, title, _CHANGE_HEADERS, _change_rows(phases, level))
+        title = "Step phases whose time per step changed most (ms per step)"
+        caption = attribution_caption(phases, c.confidence, "phases")
+        _print_rows(console, title, _CHANGE_HEADERS, _change_rows(phases), caption=caption)
     if operators:
-        title = f"Operators whose self time per step changed most (ms per step, {level} CI)"
-        _print_rows(console, title, _CHANGE_HEADERS, _change_rows(operators, level))
+        title = "Operators whose self time per step changed most (ms per step)"
+        caption = attribution_caption(operators, c.confidence, "operators and kernels")
+        _print_rows(console, title, _CHANGE_HEADERS, _change_rows(operators), caption=caption)
     elif c.op_rows and not c.ops_judged:  # too few steps: totals only, no change that would read as a finding
         totals: tuple[tuple[str, str], ...] = (("baseline", "right"), ("current", "right"), ("", "left"))
         rows = [(op.name, _op_cells(op)[:2] + [op.status], _op_line(op, judged=False)) for op in c.op_rows]
@@ -360,18 +368,20 @@ def render_markdown(comparison: Comparison) -> str:
             *bars,
             "```",
         ]
-    level = _fmt_level(c.confidence)
     for kind, title in (
-        ("phase", f"Step phases whose time per step changed most (ms per step, {level} CI)"),
-        ("op", f"Operators whose self time per step changed most (ms per step, {level} CI)"),
+        ("phase", "Step phases whose time per step changed most (ms per step)"),
+        ("op", "Operators whose self time per step changed most (ms per step)"),
     ):
         changes = [ch for ch in c.op_changes if (ch.kind == "phase") == (kind == "phase")]
         if not changes:
             continue
         first = "phase" if kind == "phase" else "operator"
+        family = "phases" if kind == "phase" else "operators and kernels"
         lines += [
             "",
             f"**{title}**",
+            "",
+            _md_escape(attribution_caption(changes, c.confidence, family)),
             "",
             f"| {first} | kind | baseline | current | delta | interval | significant |",
             "| --- | --- | ---: | ---: | ---: | ---: | --- |",

@@ -60,7 +60,14 @@ from stepcli.compare.inference import (
 )
 from stepcli.compare.model import Measurement
 from stepcli.compare.nointerval import decide_on_statistics, too_few_steps
-from stepcli.compare.populations import Sides, UsedRuns, choose_populations, step_rows, times_ms
+from stepcli.compare.populations import (
+    Sides,
+    UsedRuns,
+    choose_populations,
+    step_rows,
+    table_steps_used,
+    times_ms,
+)
 from stepcli.compare.wording import allowed as _allowed
 from stepcli.compare.wording import ci as _ci
 from stepcli.compare.wording import fmt_level as _fmt_level
@@ -202,7 +209,7 @@ def decide(
         notes=tuple(notes),
         change=change,
         method=_method(change, sides.runs[0] + sides.runs[1]),
-        steps_used=sides.steps_used(),
+        steps_used=sides.steps_used() + table_steps_used(baseline, current, pairs, skip_steps),
         baseline_samples=sides.samples(0),
         current_samples=sides.samples(1),
         **common,

@@ -56,10 +56,12 @@ class ReportData:
     out_dir: str | None = None  # the run's output folder, where `stepcli run --memory` leaves oom-*.pickle
     # the snapshot files of the run (names in out_dir) its summary lists; None for a summary from before it did
     memory_snapshots: list[str] | None = None
+    after_window: int = 0  # steps set aside after a window (phase "5"), all processes
     step_record: list[dict[str, Any]] = field(default_factory=list)  # whole-run step times (report/wholerun.py)
     triggered: list[dict[str, Any]] = field(default_factory=list)  # the windows --capture-on-slow placed
     hang: dict[str, Any] | None = None  # the `hang` section (--hang-timeout reports), shown by report/hang.py
     exit_status: int | None = None  # the run's, which the hang section says when --on-hang kill ended the job
+    what_would_help: dict[str, Any] | None = None  # the run summary's (stepcli whatif's answer, kept short)
 
 
 def build(
@@ -82,6 +84,7 @@ def build(
     data.triggered = list((summary or {}).get("triggered") or [])
     data.hang = (summary or {}).get("hang")
     data.exit_status = (summary or {}).get("exit_status")
+    data.what_would_help = (summary or {}).get("what_would_help")
     parts = _trace_parts(data, traces, trace_paths, summary is not None)
     analysis = traces.summary(list(trace_paths)).to_dict() if parts else None
     if summary is not None and summary.get("command") is not None:
@@ -149,6 +152,8 @@ def _add_step_times(data: ReportData, summary: RunSummary | None, analysis: dict
         data.distribution_label = "untouched steps (no profiler running), start-up left out"
     elif recorded:
         data.distribution, data.distribution_label = recorded, "profiled steps"
+    # The first step after each window pays for its stop and save: neither untouched nor recorded, only counted.
+    data.after_window = sum(1 for p in processes for s, c in zip(p.steps, p.phases) if c == "5" and s != 0)
     for label, values in (("untouched steps", untouched), ("profiled steps", recorded)):
         stats = describe(values)
         if stats:
@@ -158,7 +163,7 @@ def _add_step_times(data: ReportData, summary: RunSummary | None, analysis: dict
 def _add_trace_tables(data: ReportData, analysis: dict[str, Any], parts: list[list[FilePart]]) -> None:
     """Breakdown, operator tables and shapes from the traces: every operator, one breakdown bar per rank."""
     from stepcli.traces.analyses.mergeparts import breakdown_of, merge_parts
-    from stepcli.traces.render.table import outside_note, repeated_note
+    from stepcli.traces.render.table import left_out_notes, outside_note, repeated_note
 
     data.cpu_ops = [op for op in analysis["cpu_ops"] if op["name"] != STEP_KEY]
     data.outside_note = outside_note(analysis.get("outside_steps"))
@@ -185,6 +190,7 @@ def _add_trace_tables(data: ReportData, analysis: dict[str, Any], parts: list[li
     for note in (repeated_note(analysis.get("repeated_ranks")), analysis.get("mixed_jobs")):
         if note:
             data.notes.append(note)
+    data.notes.extend(left_out_notes(analysis))
 
 
 def _at_the_runs_pace(device: dict[str, Any] | None, summary: RunSummary | None) -> dict[str, Any] | None:

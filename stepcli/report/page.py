@@ -12,7 +12,7 @@ from typing import Any
 
 from stepcli import __version__, fmt
 from stepcli.fmt import html_escape as escape
-from stepcli.report import GENERATOR, lateness, svg
+from stepcli.report import GENERATOR, lateness, svg, whatif
 from stepcli.report.data import ReportData
 from stepcli.report.gpu import gpu_section
 from stepcli.report.hang import hang_section
@@ -50,6 +50,7 @@ svg.chart{display:block;max-width:100%;height:auto;font-size:11px}
 .s4{stroke:#1098ad}.s5{stroke:#c92a2a}.s6{stroke:#5c940d}.s7{stroke:#862e9c}
 .band.ph-recorded{fill:#d6336c;opacity:.13} .band.ph-warmup{fill:#f59f00;opacity:.16}
 .band.ph-foreign{fill:#1c7ed6;opacity:.13} .band.ph-compile{fill:#e8590c;opacity:.13} .band.ph-other{fill:#7048e8;opacity:.13}
+.band.ph-after{fill:#868e96;opacity:.16} .dot.ph-after{fill:#868e96} .bandlabel.ph-after{fill:#495057}
 .dot{stroke:#fff;stroke-width:.8} .dot.ph-recorded{fill:#d6336c} .dot.ph-warmup{fill:#f59f00}
 .dot.ph-foreign{fill:#1c7ed6} .dot.ph-compile{fill:#e8590c} .dot.ph-other{fill:#7048e8} .dot.ph-startup{fill:#495057}
 .clip{fill:#495057;font-size:11px}
@@ -108,6 +109,7 @@ _PHASE_LEGEND = (  # (label, colour, phase codes that show it)
     ("warmup", "#f59f00", "1"),
     ("recorded", "#d6336c", "23"),
     ("program's own profiler", "#1c7ed6", "4"),
+    ("after a window (set aside)", "#868e96", "5"),
     ("torch.compile", "#e8590c", "c"),
 )
 _BREAKDOWN_COLORS = {
@@ -163,6 +165,8 @@ def _kpis(data: ReportData) -> str:
     for label, stats in data.stats:
         items.append((f"{label}: median", fmt.ms(stats["median"])))
         items.append((f"{label}: p90", fmt.ms(stats["p90"])))
+    if data.after_window:  # the terminal's and --json's `after a window` count, over the same processes
+        items.append(("set aside after a window", fmt.plural(data.after_window, "step")))
     steps = max((len(p.steps) for p in data.processes), default=0)
     if steps:
         items.append(
@@ -197,6 +201,7 @@ def render(data: ReportData, report_path: str) -> str:
         _distribution(data),
         [step_record_section(data.step_record, data.triggered)],  # stepcli/report/wholerun.py
         _breakdown(data),
+        [whatif.section(data.what_would_help)],  # stepcli/report/whatif.py: '' without it
         [lateness.section(data.culprit)],  # stepcli/report/lateness.py: '' without collectives on 2+ ranks
         _operators(data),
         _memory(data),

@@ -24,6 +24,7 @@ PHASE_NAMES = {
     "2": "recorded",
     "3": "recorded",
     "4": "program's own profiler",
+    "5": "after a window",  # the first step after a window: pays for its stop and save, set aside
     "c": "torch.compile",  # not a step-log code: the report marks untouched steps in which torch compiled
 }
 BREAKDOWN_ORDER = ("dataloader", "forward", "backward", "optimizer", "other")
@@ -48,6 +49,7 @@ def phase_class(code: str) -> str:
         "2": "ph-recorded",
         "3": "ph-recorded",
         "4": "ph-foreign",
+        "5": "ph-after",
         "c": "ph-compile",
     }.get(code, "ph-other")
 

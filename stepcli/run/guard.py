@@ -100,16 +100,17 @@ def summary_cut(
 def _save(document: RunSummary, path: str, private_folder: bool = False) -> bool:
     """Write a fallback summary where `--json` (or the run's control folder) wants it, never over a file stepcli
     did not write; a failure is a warning line. Whether it was written."""
-    from stepcli.run.outputs import json_taken
+    from stepcli.run.outputs import drop_stale_json, json_taken
     from stepcli.run.summary.build import write_run_summary
 
+    taken = None if private_folder else json_taken(path)
     try:
-        taken = None if private_folder else json_taken(path)
         if taken:
             raise StepcliError(taken)
         write_run_summary(document, path, private_folder=private_folder)
     except StepcliError as write_error:
-        say(f"warning: {write_error.message}")
+        stale = "" if taken or private_folder else f"; {drop_stale_json(path)}"
+        say(f"warning: {write_error.message}{stale}")
         return False
     return True
 

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 from stepcli.agent import ondemand
 from stepcli.agent.config import CONFIG_ENV, AgentConfig
 from stepcli.agent.schedule import Schedule
-from stepcli.errors import EXIT_REGRESSION, StepcliError
+from stepcli.errors import EXIT_NOT_SAVED, EXIT_REGRESSION, StepcliError
 from stepcli.fmt import say
-from stepcli.run.outputs import check_json_writable, json_taken, prepare_out_dir
+from stepcli.run.outputs import check_json_writable, drop_stale_json, json_taken, prepare_out_dir
 from stepcli.run.signals import CUT_SIGNALS, SignalForwarder, child_setup, in_terminal_foreground
 from stepcli.runsummary import SUMMARY_FILE
 
@@ -367,9 +367,9 @@ def _summarize(
 
     display = _display(request)
     # One read of the traces for the summary and report.html; shapes only when the page will show them.
-    traces = RunTraces(shapes=request.report, memory=config.profile_memory)
+    traces = RunTraces(shapes=request.report, memory=config.profile_memory, lanes=True)
     try:
-        with analysis_progress(not request.quiet):
+        with analysis_progress(not request.quiet, config.out_dir):
             summary = build_run_summary(
                 config,
                 command=display,
@@ -393,15 +393,7 @@ def _summarize(
         attach(summary, config.log_dir, config.run_key)  # the whole run's step times and the triggered captures
     except Exception as exc:
         say(f"warning: the whole-run step times could not be read: {type(exc).__name__}: {exc}")
-    if request.json_path:  # before printing: a failure to print must not lose the file
-        taken = json_taken(request.json_path)
-        try:
-            if taken:
-                raise StepcliError(f"{taken}; `stepcli compare {config.out_dir}` reads the run summary saved there")
-            write_run_summary(summary, request.json_path)
-            written.add("json")
-        except StepcliError as exc:
-            say(f"warning: {exc.message}")
+    json_lost = not _write_json(request, config, summary, written)  # before printing: that must not lose the file
     try:  # beside the step logs, for `stepcli report OUT` later (with --no-report too)
         write_run_summary(summary, os.path.join(config.log_dir, SUMMARY_FILE), private_folder=True)
     except StepcliError as exc:  # its message names --json, which this file is not
@@ -444,7 +436,32 @@ def _summarize(
             say(f"--fail-over: {held}")
         if failures and status == 0:
             return EXIT_REGRESSION
+    if json_lost and status == 0:
+        return EXIT_NOT_SAVED
     return status
+
+
+def _write_json(request: RunRequest, config: AgentConfig, summary: RunSummary, written: set[str]) -> bool:
+    """Write `--json`; False when it could not be written (a full disk): then the previous run's summary at that
+    path is removed, so the next `compare` never judges it as this run, and the run fails (EXIT_NOT_SAVED). A file
+    of the user's that appeared there while the program ran is kept, with a warning."""
+    from stepcli.run.summary.build import write_run_summary
+
+    if not request.json_path:
+        return True
+    taken = json_taken(request.json_path)
+    try:
+        if taken:
+            raise StepcliError(f"{taken}; `stepcli compare {config.out_dir}` reads the run summary saved there")
+        write_run_summary(summary, request.json_path)
+        written.add("json")
+    except StepcliError as exc:
+        if taken:
+            say(f"warning: {exc.message}")
+            return True
+        say(f"error: {exc.message}; {drop_stale_json(request.json_path)}")
+        return False
+    return True
 
 
 def _open_control(config: AgentConfig) -> None:

@@ -5,7 +5,9 @@ not after an hour of training.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import time
 from pathlib import Path
 
@@ -47,6 +49,22 @@ def json_taken(path: str) -> str | None:
     return f"--json {path}: {problem} (it appeared while the program ran); left as it is"
 
 
+def drop_stale_json(path: str) -> str:
+    """`--json PATH` could not be written (the disk filled during the run): the previous run's summary must not
+    stay there, complete and valid, for the next `compare` to judge as this run. Removes it (only a run summary
+    stepcli wrote: never the user's file, a link or a FIFO) and says, in a few words, what is left at the path."""
+    target = str(Path(path).absolute())
+    if not os.path.lexists(target):
+        return "no run summary is there"
+    if safefile.why_not_replace(target, _RUN_SUMMARY.match) is not None:
+        return "what is there is not a run summary of stepcli's and is left as it is"
+    try:
+        os.unlink(target)
+    except OSError as exc:
+        return f"the previous run's summary there could not be removed ({exc.strerror or exc}): it is NOT this run's"
+    return "the previous run's summary there was removed"
+
+
 _RUN_SUMMARY = re.compile(rb'\s*\{\s*"schema"\s*:\s*"stepcli\.run"')  # how every run summary begins
 
 
@@ -54,10 +72,7 @@ def prepare_out_dir(out_dir: str | None, label: str) -> Path:
     """Create the output folder: the one asked for, or a new one per run that never reuses an old folder."""
     try:
         if out_dir is not None:
-            path = Path(out_dir).resolve()
-            if path.exists() and not path.is_dir():
-                raise StepcliError(f"output folder {out_dir}: exists and is not a folder")
-            path.mkdir(parents=True, exist_ok=True)
+            path = _own_out_dir(out_dir)
         else:
             base = Path(DEFAULT_RUNS_DIR).resolve()
             base.mkdir(parents=True, exist_ok=True)
@@ -76,4 +91,33 @@ def prepare_out_dir(out_dir: str | None, label: str) -> Path:
         raise StepcliError(
             f"cannot write to output folder {out_dir or DEFAULT_RUNS_DIR}: {exc.strerror or exc}"
         ) from None
+    return path
+
+
+def _own_out_dir(out_dir: str) -> Path:
+    """`-o DIR` made (with its parents) or found, never through a link another user planted at DIR: in a shared
+    folder they can put one there before the run creates DIR, to have the run written where the link points. The
+    last name is created without following anything (mkdir never does) and looked at without following it; a link
+    is followed only when it is this user's (or root's) own, as one made to a scratch folder is."""
+    given = Path(out_dir).absolute()
+    if given.name in ("", ".", ".."):  # the root, or a name that only moves up: nothing to plant there
+        path = given.resolve()
+    else:
+        path = given.parent.resolve() / given.name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            pass
+        info = os.lstat(path)
+        if stat.S_ISLNK(info.st_mode):
+            if info.st_uid not in (safefile.uid(), 0):
+                raise StepcliError(
+                    f"output folder {out_dir}: is a link of another user (uid {info.st_uid}), not followed; "
+                    "remove it or give another -o DIR"
+                )
+            path = path.resolve()
+    if path.exists() and not path.is_dir():
+        raise StepcliError(f"output folder {out_dir}: exists and is not a folder")
+    path.mkdir(parents=True, exist_ok=True)
     return path

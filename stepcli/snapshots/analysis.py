@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stepcli.errors import TraceError
 from stepcli.snapshots import categories
 from stepcli.snapshots.reader import Frame, Snapshot, Stack, Trace
 from stepcli.snapshots.replay import Replay, StepFigures
@@ -13,11 +14,20 @@ LEAK_MIN_INCREASES = 3  # consecutive steps whose start-of-step allocated memory
 LEAK_MIN_BYTES = 1 << 20  # ... by at least this much in all
 
 
+_MAX_DEVICE = 2**31 - 1  # a CUDA device index is a C int
+
+
 def choose_device(snapshot: Snapshot) -> int:
-    """The device the snapshot is about: the one that ran out of memory, else the one holding the most memory."""
+    """The device the snapshot is about: the one that ran out of memory (as stepcli's record names it, else as the
+    history shows), else the one holding the most memory. A record naming a device no index reaches (-1 would
+    otherwise silently pick the last device) is TraceError."""
     info = snapshot.info or {}
-    if isinstance(info.get("device"), int):
-        return int(info["device"])
+    named = info.get("device")
+    if isinstance(named, int) and not isinstance(named, bool):
+        if not 0 <= named <= _MAX_DEVICE:
+            shown = str(named) if len(str(named)) <= 20 else str(named)[:20] + "..."
+            raise TraceError(snapshot.path, f"stepcli's record in it names device {shown}, which is no device index")
+        return named
     for device, trace in enumerate(snapshot.traces):
         if trace.has_action("oom"):
             return device

@@ -11,11 +11,11 @@ from __future__ import annotations
 import re
 import struct
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from typing import Any
 
-from stepcli.snapshots.history import _FRAME_CACHE_LIMIT, HistoryBuilder, Trace
+from stepcli.snapshots.history import _FRAME_CACHE_LIMIT, Frame, HistoryBuilder, Trace
 from stepcli.snapshots.opcodes import (
     APPEND,
     BINGET,
@@ -41,6 +41,11 @@ from stepcli.snapshots.opcodes import (
 
 CHUNK = 1 << 20
 _REFS = re.compile(rb"(?:h.|j....)*e", re.DOTALL)  # a frames list's items: memo references, then APPENDS
+# A frame dict of its own (what torch writes: new dicts, shared strings): keys and values memo references (a line
+# number an int), memoized; a list of them, then APPENDS; or one, then APPEND.
+_FRAME = rb"\}\x94\((?:(?:h.|j....)(?:h.|j....|K.|M..|J....))*u"
+_INLINE = re.compile(rb"(?:" + _FRAME + rb")+e", re.DOTALL)
+_INLINE1 = re.compile(_FRAME + rb"a", re.DOTALL)
 _NOT_NUMBERS = ("action", "user_metadata", "frames")  # keys whose value the fast loop reads only as a string/list
 _NOT_STRINGS = ("action", "addr", "size", "device_free", "frames")
 
@@ -53,12 +58,17 @@ class FastEntryDecoder:
     """The buffer and memo of one pickle read from `read` (a function like a file's), and the fast path that reads
     history entries of the common layout into their `Trace`."""
 
-    def __init__(self, read: Callable[[int], bytes], builder: HistoryBuilder) -> None:
+    def __init__(
+        self,
+        read: Callable[[int], bytes],
+        builder: HistoryBuilder,
+        keep: bool = False,
+    ) -> None:
         self._read = read
         self.builder = builder
+        self._keep = keep  # True: every entry and frame stays in the memo (a pickle that names one again)
         self.histories: dict[int, Trace] = {}  # id(history list) -> its columns
         self._history_lists: list[list[Any]] = []  # kept alive, so their ids stay theirs
-        self._not_histories: set[int] = set()  # lists seen with items that are not history entries
         self._memo: dict[int, Any] = {}
         self._memo_next = 0  # MEMOIZE's index: how many objects were memoized, dropped ones included
         self._containers: dict[int, int] = {}  # id(dict or list in the memo) -> its index, to drop entries
@@ -67,6 +77,15 @@ class FastEntryDecoder:
         self._list_stacks = array("I")
         self._string_indexes = array("I")  # dropped strings of single entries, by memo index -> their step code
         self._string_steps = array("I")
+        self._frame_indexes = array("I")  # frame dicts let go, by memo index (increasing) -> their Frame
+        self._frame_values: list[Frame] = []
+        # Frames lists of frame dicts of their own the fast path read, by memo index -> their stack: the list's
+        # dicts were memoized right after it, so memo index + k names the stack's k-th frame
+        self._inline_indexes = array("I")
+        self._inline_stacks = array("I")
+        self._nested_lists = 0  # lists held in lists so far (shape.MAX_NESTED_LISTS)
+        self._held = 0  # dicts, lists and sets held in dicts so far (shape.MAX_HELD)
+        self._records: set[int] = set()  # ids of the segment and block dicts put in lists (each once)
         self._stacks_by_refs: dict[bytes, int] = {}  # a frames list's bytes (memo references) -> stack index
         self._key_names: dict[bytes, str] = {}  # a key's memo reference bytes -> the key
         self._data = b""
@@ -74,6 +93,19 @@ class FastEntryDecoder:
         self._eof = False
         self._seen_memoize = False
         self._seen_put = False
+
+    def _frame_at(self, index: int) -> Frame | None:
+        """The Frame of a frame dict at memo `index` that was let go, else None."""
+        at = bisect_left(self._frame_indexes, index)
+        if at < len(self._frame_indexes) and self._frame_indexes[at] == index:
+            return self._frame_values[at]
+        at = bisect_right(self._inline_indexes, index) - 1
+        if at >= 0:
+            frames = self.builder.stacks[self._inline_stacks[at]]
+            offset = index - self._inline_indexes[at] - 1
+            if 0 <= offset < len(frames):
+                return frames[offset]
+        return None
 
     # -- the buffer -----------------------------------------------------------------------------------------------
     def _fill(self, data: bytes, pos: int, need: int) -> tuple[bytes, int]:
@@ -94,7 +126,7 @@ class FastEntryDecoder:
         """History entries in the common layout, read straight from the bytes: no dict, no frames list, nothing
         kept in the memo (each MEMOIZE only counted). Stops at the first byte it does not expect, where the
         slow loop takes over (the end of a batch, a frame boundary, a new string or frame, an odd layout)."""
-        if self._seen_put:
+        if self._seen_put or self._keep:
             return
         try:
             self._fast_loop(trace)
@@ -126,6 +158,7 @@ class FastEntryDecoder:
             pos += 3
             action = b""
             new_list = -1
+            new_inline = False
             if new_strings:
                 new_strings = []
             addr = free = 0
@@ -241,12 +274,22 @@ class FastEntryDecoder:
                     memo_next += 1
                     pos += 2
                     op = data[pos]
+                    inline = None
                     if op == MARK:
-                        found = _REFS.match(data, pos + 1)
+                        found = _REFS.match(data, pos + 1) or _INLINE.match(data, pos + 1)
                         if found is None:
                             ok = False
                             break
                         refs = data[pos + 1 : found.end() - 1]
+                        pos = found.end()
+                        if data[found.start()] == EMPTY_DICT:
+                            inline = refs
+                    elif op == EMPTY_DICT:
+                        found = _INLINE1.match(data, pos)
+                        if found is None:
+                            ok = False
+                            break
+                        refs = inline = data[pos : found.end() - 1]
                         pos = found.end()
                     elif op == BINGET and data[pos + 2] == APPEND:
                         refs = data[pos : pos + 2]
@@ -259,11 +302,14 @@ class FastEntryDecoder:
                     if refs:
                         hit = stacks_by_refs.get(refs)
                         if hit is None:
-                            hit = self._stack_of_refs(refs)
+                            hit = self._stack_of_refs(refs) if inline is None else self._stack_of_inline(inline)
                             if hit is None:
                                 ok = False
                                 break
                         stack = hit
+                        if inline is not None:  # its frame dicts: memoized after the list, one each
+                            memo_next += len(builder.stacks[stack])
+                            new_inline = True
                     new_list = list_index
                 elif op == NONE or op == NEWTRUE or op == NEWFALSE:
                     pos += 1
@@ -290,6 +336,9 @@ class FastEntryDecoder:
             if new_list >= 0:
                 list_indexes.append(new_list)
                 list_stacks.append(stack)
+                if new_inline:
+                    self._inline_indexes.append(new_list)
+                    self._inline_stacks.append(stack)
             for index, text_step in new_strings:
                 string_indexes.append(index)
                 string_steps.append(text_step)
@@ -310,7 +359,9 @@ class FastEntryDecoder:
             else:
                 return None
             found = memo.get(index, _Dropped)
-            if type(found) is not dict:
+            if found is _Dropped:
+                found = self._frame_at(index)
+            if type(found) is not dict and type(found) is not Frame:
                 return None
             frames.append(found)
         if pos != len(refs):
@@ -322,3 +373,44 @@ class FastEntryDecoder:
         if len(self._stacks_by_refs) < _FRAME_CACHE_LIMIT:
             self._stacks_by_refs[refs] = index
         return index
+
+    def _stack_of_inline(self, body: bytes) -> int | None:
+        """The stack of a frames list of frame dicts of their own (each `}\\x94(` key value ... `u`, the keys
+        torch's three); None for any other layout (the slow loop reads it)."""
+        frames = []
+        memo = self._memo
+        pos = 0
+        while pos < len(body):
+            pos += 3  # EMPTY_DICT MEMOIZE MARK
+            fields: dict[str, Any] = {}
+            while body[pos] != SETITEMS:
+                key, pos = self._ref_or_int(body, pos, memo)
+                value, pos = self._ref_or_int(body, pos, memo)
+                if type(key) is not str or key in fields:
+                    return None
+                fields[key] = value
+            pos += 1
+            if len(fields) != 3:
+                return None
+            try:
+                frames.append(self.builder.frame(fields))
+            except (KeyError, TypeError, ValueError):
+                return None
+        index = self.builder.stack(frames)
+        if len(self._stacks_by_refs) < _FRAME_CACHE_LIMIT:
+            self._stacks_by_refs[body] = index
+        return index
+
+    @staticmethod
+    def _ref_or_int(body: bytes, pos: int, memo: dict[int, Any]) -> tuple[Any, int]:
+        """The value at pos (a memo reference or an int) and the position after it; _Dropped when unknown."""
+        op = body[pos]
+        if op == BINGET:
+            return memo.get(body[pos + 1], _Dropped), pos + 2
+        if op == LONG_BINGET:
+            return memo.get(_unpack_I(body, pos + 1)[0], _Dropped), pos + 5
+        if op == BININT1:
+            return body[pos + 1], pos + 2
+        if op == BININT2:
+            return _unpack_H(body, pos + 1)[0], pos + 3
+        return _unpack_i(body, pos + 1)[0], pos + 5

@@ -24,6 +24,20 @@ class Truncated(Exception):
     """The pickle ends before its STOP."""
 
 
+class NotSnapshot(Exception):
+    """The first object that is not of a snapshot's shape (a list of empty lists, a dict of the wrong keys, a
+    string of megabytes): refused as soon as it is read, before the rest is built. `verbatim`: the message is
+    the whole line (not a pickle at all, a pickle of something else)."""
+
+    def __init__(self, reason: str, verbatim: bool = False) -> None:
+        super().__init__(reason)
+        self.verbatim = verbatim
+
+
+class Refused(Exception):
+    """The pickle asks for a class or function (or a persistent object): never built, whatever it is."""
+
+
 class Frame(NamedTuple):
     filename: str
     line: int
@@ -123,6 +137,7 @@ class HistoryBuilder:
 
     def __init__(self, step_tag: str) -> None:
         self.stacks: list[Stack] = [()]
+        self.frames: dict[Frame, Frame] = {}  # each distinct frame once, whatever number of dicts named it
         self._stack_index: dict[Stack, int] = {(): 0}
         self._frames: dict[int, tuple[object, Frame]] = {}  # id(frame dict) -> (the dict, kept alive; its Frame)
         self._by_ids: dict[tuple[int, ...], int] = {}
@@ -152,9 +167,14 @@ class HistoryBuilder:
             self._by_ids.clear()
         out: list[Frame] = []
         for raw in frames:
+            if type(raw) is Frame:  # converted as its dict was read: interned, so its id is stable
+                out.append(raw)
+                continue
             hit = cache.get(id(raw))
             if hit is None:
-                hit = cache[id(raw)] = (raw, Frame(_text(raw["filename"]), int(raw["line"]), _text(raw["name"])))
+                if type(raw) is not dict:
+                    raise TypeError(f"a frame is a {type(raw).__name__}, not a dict")
+                hit = cache[id(raw)] = (raw, self.frame(raw))
             out.append(hit[1])
         key = tuple(out)
         index = self._stack_index.get(key)
@@ -163,6 +183,11 @@ class HistoryBuilder:
             self.stacks.append(key)
         self._by_ids[ids] = index
         return index
+
+    def frame(self, raw: Any) -> Frame:
+        """The interned Frame of a frame dict ({filename, line, name}: torch's keys)."""
+        made = Frame(_text(raw["filename"]), int(raw["line"]), _text(raw["name"]))
+        return self.frames.setdefault(made, made)
 
     def step_code(self, metadata: Any) -> int:
         """The code of the step a `user_metadata` (str, or the bytes of one) names; 0: none."""

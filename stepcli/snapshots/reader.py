@@ -5,12 +5,13 @@ strings, bytes, numbers, and the builtins `set` and `frozenset`): any request fo
 persistent id, is refused before anything is built. The file is streamed (its bytes are never held as a whole),
 and the size read (after gunzip for a `.gz`) is capped like every input (STEPCLI_MAX_INPUT_BYTES, 4 GiB).
 
-Memory: stepcli.snapshots.unpickle decodes the pickle opcode by opcode and turns each history entry into a row of
-columns (25 bytes) as soon as it is read, keeping neither its dict nor its frames list: the peak is the rows, 8
-bytes per frames list and per entry string, the interned stacks, the segments and the replay's per-address state,
-about 1x the file (0.94x for 308 MiB, 4.3M entries: scripts/bench_memory.py), where Python's unpickler holds every
-entry's dict until the end (7.2x). A pickle that decoder does not handle (protocols 0-1, a class, a reference back
-to an entry it let go) is decoded by the restricted C unpickler instead: same answers, same errors, 7-8x memory.
+Shape and memory: stepcli.snapshots.unpickle decodes the pickle opcode by opcode, checks every object against a
+snapshot's shape as it is built (stepcli.snapshots.shape: the first that is not is refused, nothing more is
+built), and turns each history entry into a row of columns (25 bytes) as soon as it is read, keeping neither its
+dict nor its frames list nor its frame dicts: the peak is the rows, the interned stacks and frames, the segments
+and the replay's per-address state (scripts/bench_memory.py). Whatever the file, the decoding never grows the
+process by more than an absolute budget (`max_memory`, 4 GiB by default, `stepcli memory --max-memory`), looked
+at every MiB of pickle read; past it, one line.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from typing import IO, Any, NamedTuple, cast
 from stepcli.agent.cudamemory import ON_DEMAND_PREFIX, SNAPSHOT_KEY, SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX, STEP_TAG
 from stepcli.errors import TraceError
 from stepcli.inputs import GZIP_MAGIC
-from stepcli.limits import input_limit
+from stepcli.limits import DEFAULT_DECODE_BYTES, input_limit
 from stepcli.snapshots.history import Entry as Entry  # the snapshot's model, for its readers
 from stepcli.snapshots.history import Frame as Frame
-from stepcli.snapshots.history import HistoryBuilder, Stack, Trace, Truncated, Unsupported
+from stepcli.snapshots.history import HistoryBuilder, NotSnapshot, Refused, Stack, Trace, Truncated, Unsupported
 from stepcli.snapshots.unpickle import StreamDecoder
 
 # Older protocols build sets through these names. Not bytearray: `bytearray(10**12)` would be a memory bomb.
@@ -65,35 +66,27 @@ class Snapshot:
     allocator_settings: dict[str, Any] = field(default_factory=dict)
 
 
-class _Refused(Exception):
-    """The pickle asked for something that is not plain data."""
-
-
 class _TooBig(Exception):
     pass
+
+
+DEFAULT_MAX_MEMORY = DEFAULT_DECODE_BYTES  # what decoding one snapshot may add to the process (--max-memory)
+Progress = Callable[[int, int], None]  # (bytes of the file read, the file's size)
 
 
 class _PlainDataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         plain = _PLAIN_BUILTINS.get(("builtins" if module == "__builtin__" else module, name))  # protocols 0-2
         if plain is None:
-            raise _Refused(f"{module}.{name}")
+            raise Refused(f"{module}.{name}")
         return plain
 
     def persistent_load(self, pid: Any) -> Any:
-        raise _Refused("a persistent object")
+        raise Refused("a persistent object")
 
 
-class _Amplified(Exception):
-    """The decoding holds far more memory than the bytes it has read could explain (a flood of empty lists, a
-    gzip bomb of them): refused before it takes the machine's memory."""
-
-
-# Memory the decoding may add, per byte of pickle read, above a fixed allowance: the streaming decoder keeps about
-# 1x the file (README), Python's C unpickler 7-8x; a pickle made of 1-byte EMPTY_LIST opcodes would take 64-160x.
-_GROWTH_ALLOWANCE = 128 << 20
-STREAMED_GROWTH = 4
-UNPICKLER_GROWTH = 12
+class _OverBudget(Exception):
+    """The decoding grew the process past the memory budget."""
 
 
 def _resident_bytes() -> int | None:
@@ -106,31 +99,38 @@ def _resident_bytes() -> int | None:
 
 
 class _Capped(io.RawIOBase):
-    """A readable stream that fails past `limit` bytes (a gzip bomb or a growing file stops at the cap), and
-    when, at a read, the process has grown by more than `growth` times the bytes read so far (plus an allowance):
-    memory bounded by what the pickle's size explains, whatever its opcodes build."""
+    """A readable stream that fails past `limit` bytes (a gzip bomb or a growing file stops at the cap) and, when
+    `budget` is set, as soon as the process has grown by more than `budget` bytes since the stream was opened: it
+    looks at every MiB read (a read asks for no more), so a decoding stops within a MiB of pickle of its budget."""
 
-    def __init__(self, stream: Any, limit: int, growth: int = 0) -> None:
+    def __init__(
+        self, stream: Any, limit: int, budget: int | None = None, progress: Callable[[], None] | None = None
+    ) -> None:
         self._stream = stream
         self._left = limit
-        self._growth = growth
-        self._read = 0
-        self._start = _resident_bytes() if growth else None
+        self._budget = budget
+        self._progress = progress
+        self._start = _resident_bytes() if budget else None
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
-        if self._start is not None:
+        if self._start is not None and self._budget is not None:
             now = _resident_bytes()
-            if now is not None and now - self._start > _GROWTH_ALLOWANCE + self._growth * self._read:
-                raise _Amplified(f"{(now - self._start) >> 20} MiB built from {self._read >> 10} KiB of pickle")
-        count: int = self._stream.readinto(buffer)
-        self._read += count
+            if now is not None and now - self._start > self._budget:
+                raise _OverBudget(now - self._start)
+        if self._progress is not None:
+            self._progress()
+        with memoryview(buffer) as view:
+            count: int = self._stream.readinto(view[:_LOOK_EVERY])
         self._left -= count
         if self._left < 0:
             raise _TooBig
         return count
+
+
+_LOOK_EVERY = 1 << 20
 
 
 def find_snapshots(path: str) -> list[str]:
@@ -150,22 +150,41 @@ def find_snapshots(path: str) -> list[str]:
     return [path]
 
 
-def load_snapshot(path: str, streamed: bool = True) -> Snapshot:
-    """Decode and check one snapshot, or TraceError saying in one line what is wrong with the file.
+def load_snapshot(
+    path: str, streamed: bool = True, *, max_memory: int = DEFAULT_MAX_MEMORY, progress: Progress | None = None
+) -> Snapshot:
+    """Decode and check one snapshot, or TraceError saying in one line what is wrong with the file. `max_memory`:
+    what the decoding may add to the process; `progress(read, size)`: called at every MiB of pickle read.
     `streamed=False`: Python's C unpickler (every entry's dict held at once; the reference the tests compare to)."""
-    if streamed:
+    if not streamed:
+        return _load_whole(path, max_memory)
+    for keep in (False, True):  # keep: a pickle that names an entry again, read again keeping them all
+        builder = HistoryBuilder(STEP_TAG)
         try:
-            builder = HistoryBuilder(STEP_TAG)
-            decoder = _read(path, lambda stream: StreamDecoder(stream.read, builder).run(), STREAMED_GROWTH)
-            data, histories = decoder
+            decode = _streamed(builder, keep)
+            data, histories = _read(path, decode, max_memory, progress)
             if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
                 raise TraceError(path, _NOT_A_SNAPSHOT)  # decoded completely: the C unpickler would say the same
             return _convert(path, data, builder, histories)
-        except (Unsupported, KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError):
-            pass  # the C unpickler's reading gives the answer, or the error in its words
+        except Unsupported as exc:
+            if keep:
+                raise TraceError(path, f"not a CUDA memory snapshot torch writes: {exc}") from None
+        except RecursionError:
+            raise TraceError(path, "not a CUDA memory snapshot torch writes: nested too deeply") from None
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise TraceError(path, f"not a CUDA memory snapshot torch writes: {exc}") from None
+    raise AssertionError("unreachable")
+
+
+def _streamed(builder: HistoryBuilder, keep: bool) -> Callable[[Any], tuple[Any, dict[int, Trace]]]:
+    return lambda stream: StreamDecoder(stream.read, builder, keep=keep).run()
+
+
+def _load_whole(path: str, max_memory: int) -> Snapshot:
+    """Python's C unpickler restricted to plain data, its memo indexes checked first: the tests' reference."""
     builder = HistoryBuilder(STEP_TAG)
     _read(path, _check_memo_indexes)  # the C unpickler sizes its memo from the largest index it is given
-    data = _read(path, lambda stream: _PlainDataUnpickler(stream).load(), UNPICKLER_GROWTH)
+    data = _read(path, lambda stream: _PlainDataUnpickler(stream).load(), max_memory)
     if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
         raise TraceError(path, _NOT_A_SNAPSHOT)
     try:
@@ -202,9 +221,9 @@ def _check_memo_indexes(stream: Any) -> None:
         return  # not a pickle from here on: the unpickler says so in its own words, before reaching it
 
 
-def _read(path: str, decode: Callable[[Any], Any], growth: int = 0) -> Any:
+def _read(path: str, decode: Callable[[Any], Any], budget: int | None = None, progress: Progress | None = None) -> Any:
     """decode(a capped, buffered stream of the file's pickle bytes), with the file's problems as TraceError.
-    `growth`: the memory the decoding may add per byte read (0: not watched)."""
+    `budget`: the memory the decoding may add to the process (None: not watched)."""
     limit = input_limit()
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
@@ -220,18 +239,27 @@ def _read(path: str, decode: Callable[[Any], Any], growth: int = 0) -> Any:
             head = raw.read(2)
             raw.seek(0)
             stream: Any = gzip.GzipFile(fileobj=raw, mode="rb") if head == GZIP_MAGIC else raw
-            capped = io.BufferedReader(_Capped(stream, limit, growth), buffer_size=1 << 20)
+            size = os.fstat(fd).st_size
+            told = None if progress is None else (lambda: progress(raw.tell(), size))
+            capped = io.BufferedReader(_Capped(stream, limit, budget, told), buffer_size=1 << 20)
             return decode(capped)
-        except _Refused as exc:
+        except Refused as exc:
             raise TraceError(
                 path,
                 f"refused: the pickle asks to build {exc}, which is not plain data (a snapshot holds only dicts, "
                 "lists, strings and numbers; loading a pickle that names a class or function can run any code)",
             ) from None
-        except _Amplified as exc:
+        except NotSnapshot as exc:
+            if exc.verbatim:
+                raise TraceError(path, str(exc)) from None
+            raise TraceError(
+                path, f"refused: {exc}: not a CUDA memory snapshot torch writes (read no further)"
+            ) from None
+        except _OverBudget as exc:
             raise TraceError(
                 path,
-                f"refused: its decoding outgrew what the file's size explains ({exc}): not a snapshot torch writes",
+                f"refused: decoding it took more than the {_size(budget or 0)} memory budget ({_size(exc.args[0])} "
+                "so far; a real snapshot takes about as much as its events and frames: raise it with --max-memory)",
             ) from None
         except _MemoBomb as exc:
             raise TraceError(
@@ -323,3 +351,9 @@ def _segment(raw: Any, builder: HistoryBuilder) -> Segment:
         bool(raw.get("is_expandable", False)),
         tuple(blocks),
     )
+
+
+def _size(count: int) -> str:
+    from stepcli.fmt import size
+
+    return size(count)

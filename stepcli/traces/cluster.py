@@ -21,6 +21,7 @@ _INSTALL = "--scheduler needs Dask's distributed package: pip install 'stepcli[d
 CONNECT_TIMEOUT_S = 10.0  # the whole check: name lookup, TCP connection and the scheduler's first message
 TASKS_PER_THREAD = 4  # tasks per worker thread: a slow file or worker holds back a quarter of a thread's share
 MIN_TASKS = 16  # a cluster still scaling up (no worker yet) gets work it can spread
+WORKER_WAIT_S = 120.0  # --scheduler-wait: how long a cluster may have no worker (none joined, or all died)
 _MAX_HANDSHAKE_BYTES = 1 << 20  # a scheduler's greeting is a few hundred bytes
 _ADDRESS = re.compile(r"(?:tcp://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>[0-9]{1,5})/?")
 
@@ -107,35 +108,127 @@ def _receive(sock: socket.socket, count: int) -> bytes:
 
 
 def cluster_results(
-    scheduler: str, work: Callable[..., Any], files: list[str], groupings: tuple[bool, ...], shapes: bool
+    scheduler: str,
+    work: Callable[..., Any],
+    files: list[str],
+    groupings: tuple[bool, ...],
+    shapes: bool,
+    wait_s: float = WORKER_WAIT_S,
 ) -> list[Any]:
     """`work` (stepcli.traces.engine's per-file step) for every file on the cluster at `scheduler`, in file order, the
-    results naming the files as given here."""
+    results naming the files as given here. Never waits for ever and never shows Dask's own tracebacks: no worker
+    for `wait_s` seconds (none joined, or they died on the work), a task a worker could not run, a scheduler gone
+    mid-read: each is one StepcliError (exit 2)."""
     host, port = parse_scheduler(scheduler)
     try:
         from distributed import Client
     except ImportError:
         raise StepcliError(_INSTALL) from None
     check_scheduler(scheduler, host, port)
+    _quiet_dask()
     absolute = [os.path.abspath(f) for f in files]
     try:
         client = Client(
             f"tcp://{scheduler.split('://', 1)[-1]}", timeout=f"{CONNECT_TIMEOUT_S:.0f}s", set_as_default=False
         )
     except Exception as exc:  # whatever answered is not a scheduler Dask can use (MemoryError included)
-        sys.unraisablehook = _silent  # the half-built Client's __del__ would print a traceback at exit
         raise StepcliError(f"cannot use the Dask scheduler at {scheduler}: {type(exc).__name__}: {exc}") from None
     try:
-        threads = sum(client.nthreads().values())
+        try:
+            threads = sum(client.nthreads().values())  # none yet: an adaptive cluster scales up on the work
+        except Exception as exc:
+            raise _lost(scheduler, exc) from None
         batches = batched(absolute, threads)
         futures = client.map(_each, batches, per_file=work, groupings=groupings, shapes=shapes, pure=False)
-        results = [result for batch in client.gather(futures) for result in batch]
+        results = [result for batch in _gather(client, futures, scheduler, wait_s) for result in batch]
     finally:
-        client.close()
+        _close(client)
     for given, result in zip(files, results):  # name the files as the user gave them, like the local engine
         for part in result if isinstance(result, list) else [result]:
             part.path = given
     return list(results)
+
+
+def _no_worker(scheduler: str, wait_s: float, seen: bool) -> StepcliError:
+    what = (
+        "lost its workers (they left, or died on stepcli's work: is stepcli installed on them?)"
+        if seen
+        else "has no worker"
+    )
+    return StepcliError(
+        f"the Dask scheduler at {scheduler} {what}, and none ran the work for {wait_s:g} s: start workers that "
+        f"have stepcli installed (`dask worker {scheduler}`), or give a longer --scheduler-wait"
+    )
+
+
+def _gather(client: Any, futures: list[Any], scheduler: str, wait_s: float) -> list[Any]:
+    """The futures' results, in order. Polled rather than awaited whole: a cluster whose workers are all gone
+    (died on the work, or left) for `wait_s` seconds, or a scheduler gone, ends the wait with one line; a task's
+    own error (a bad trace: StepcliError) is raised as it is, any other a worker raised in one line."""
+    alone_since: float | None = None
+    seen = False  # a worker was there: none now means they left, or died on the work (no stepcli on them?)
+    while True:
+        try:
+            if all(f.status != "pending" for f in futures) or any(f.status != "finished" and f.done() for f in futures):
+                return list(client.gather(futures))  # (raises the first error: a bad file is named at once)
+            threads = sum(client.nthreads().values())
+        except StepcliError:
+            raise
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:
+            if client.status != "running" or _is_comm_error(exc):
+                raise _lost(scheduler, exc) from None
+            if type(exc).__name__ == "KilledWorker":
+                raise StepcliError(
+                    f"the Dask workers of {scheduler} died running stepcli's work ({exc}): are stepcli and its "
+                    "dependencies installed on them?"
+                ) from None
+            raise StepcliError(
+                f"a Dask worker of {scheduler} could not run stepcli's work: {type(exc).__name__}: {exc} (stepcli "
+                "must be installed on the workers, the traces at the same paths)"
+            ) from None
+        if threads:
+            alone_since, seen = None, True
+        elif alone_since is None:
+            alone_since = time.monotonic()
+            print(f"stepcli: waiting for a worker of the Dask scheduler at {scheduler} (at most {wait_s:g} s: "
+                  "--scheduler-wait)", file=sys.stderr, flush=True)  # fmt: skip
+        elif time.monotonic() - alone_since >= wait_s:
+            raise _no_worker(scheduler, wait_s, seen)
+        time.sleep(0.1)
+
+
+def _is_comm_error(exc: BaseException) -> bool:
+    """A lost connection to the scheduler, as Dask raises it (CommClosedError, an OSError, a cancelled future)."""
+    names = {type(exc).__name__, *(type(c).__name__ for c in (exc.__cause__, exc.__context__) if c is not None)}
+    return isinstance(exc, (OSError, EOFError)) or bool(
+        names & {"CommClosedError", "CancelledError", "FutureCancelledError", "TimeoutError"}
+    )
+
+
+def _lost(scheduler: str, exc: BaseException) -> StepcliError:
+    text = str(exc).strip()
+    cancelled = "cancelled" in type(exc).__name__.lower() or "connection-lost" in text
+    reason = "the connection to it was lost" if cancelled or not text else text.splitlines()[0]
+    return StepcliError(f"lost the Dask scheduler at {scheduler} while the traces were read: {reason}")
+
+
+def _close(client: Any) -> None:
+    """Close the client without waiting on a scheduler that is gone, and without Dask's words at exit."""
+    try:
+        client.close(timeout=2)
+    except BaseException:  # noqa: S110 (gone already: nothing to close, nothing to say)
+        pass
+
+
+def _quiet_dask() -> None:
+    """Dask reports a lost scheduler, a Ctrl-C or a dead worker through logging and asyncio ("Task exception was
+    never retrieved", tracebacks of its comms) besides raising: stepcli says it in one line instead."""
+    import logging
+
+    logging.disable(logging.CRITICAL)  # (Dask's loggers set their own levels; a short command logs nothing else)
+    sys.unraisablehook = _silent  # a half-built Client's __del__ would print a traceback at exit
 
 
 def batched(files: list[str], threads: int) -> list[list[str]]:

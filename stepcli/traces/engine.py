@@ -61,14 +61,12 @@ def gzip_slots(files: Sequence[str], workers: int, memory: int | None = None) ->
 
 
 def _inflated_size_hint(path: str) -> int:
-    """A gzip file's inflated size from its trailer (ISIZE, modulo 4 GiB), never less than its own size."""
-    try:
-        with open(path, "rb") as handle:
-            size = handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, size - 4))
-            return max(size, int.from_bytes(handle.read(4), "little"))
-    except OSError:
-        return 0
+    """A gzip file's inflated size from its trailer (ISIZE, modulo 4 GiB), never less than its own size; 0 for
+    what is no regular gzip file (a FIFO named `*.json.gz` is never waited on: stepcli.inputs.gzip_trailer)."""
+    from stepcli.inputs import gzip_trailer
+
+    found = gzip_trailer(path)
+    return max(found) if found is not None else 0
 
 
 def _memory_available() -> int | None:
@@ -105,7 +103,12 @@ class _Failed:
 
 
 def _part_of(
-    path: str, groupings: tuple[bool, ...], shapes: bool, decode: Decode | None = None, arrivals: bool = True
+    path: str,
+    groupings: tuple[bool, ...],
+    shapes: bool,
+    decode: Decode | None = None,
+    arrivals: bool = True,
+    lanes: bool = False,
 ) -> list[FilePart] | _Failed:
     """Read one file and summarize it once per grouping (plain, by shape); runs in a worker or in-process."""
     try:
@@ -115,7 +118,7 @@ def _part_of(
             trace = load_columns(path, shapes=shapes, decode=decode)
     except TraceError as exc:
         return _Failed(exc.path, exc.problem)
-    return _summarized(trace, groupings, arrivals)
+    return _summarized(trace, groupings, arrivals, lanes)
 
 
 def _gated(function: Callable[[str], _T], path: str) -> _T:
@@ -126,17 +129,24 @@ def _gated(function: Callable[[str], _T], path: str) -> _T:
         return function(path)
 
 
-def _summarized(trace: ColumnTrace, groupings: tuple[bool, ...], arrivals: bool = True) -> list[FilePart]:
+def _summarized(
+    trace: ColumnTrace, groupings: tuple[bool, ...], arrivals: bool = True, lanes: bool = False
+) -> list[FilePart]:
     """One part per grouping (plain, by shape) of a trace read into columns, whole or in ranges (`arrivals`: see
     stepcli.traces.analyses.analysis.summarize_columns). Only the first part carries the collectives' arrivals:
     the culprit is found from it, and a second copy (the page's by-shape part) cost every rank's file their
     computing, pickling and memory again for nothing."""
     from stepcli.traces.analyses.analysis import summarize_read
 
-    return [
+    parts = [
         summarize_read(trace.columns, trace, group_by_shape=g, arrivals=arrivals and i == 0)
         for i, g in enumerate(groupings)
     ]
+    if lanes and parts:  # `lanes`: the first part also carries the file's what-if lane
+        from stepcli.traces.analyses.lanes import lane_of
+
+        parts[0].lane = lane_of(trace)
+    return parts
 
 
 def load_analysis() -> None:
@@ -146,7 +156,9 @@ def load_analysis() -> None:
     import stepcli.traces.analyses.analysis  # noqa: F401
 
 
-def _split_parts(path: str, groupings: tuple[bool, ...], shapes: bool, cores: int) -> list[FilePart] | None:
+def _split_parts(
+    path: str, groupings: tuple[bool, ...], shapes: bool, cores: int, lanes: bool = False
+) -> list[FilePart] | None:
     """One large trace decoded by `cores` processes (stepcli.traces.read.splitread); None when it is not split."""
     from stepcli.traces.read.splitread import FIRST_EXTRA, plan, read_split
 
@@ -160,7 +172,7 @@ def _split_parts(path: str, groupings: tuple[bool, ...], shapes: bool, cores: in
         from stepcli.traces.read.splitread import read_split_forked
 
         trace = read_split_forked(path, ranges, shapes, meanwhile=load_analysis)
-        return None if trace is None else _summarized(trace, groupings, arrivals=False)
+        return None if trace is None else _summarized(trace, groupings, arrivals=False, lanes=lanes)
     from concurrent.futures.process import BrokenProcessPool
 
     context = _context()
@@ -174,7 +186,7 @@ def _split_parts(path: str, groupings: tuple[bool, ...], shapes: bool, cores: in
         return None
     if trace is None:
         return None
-    return _summarized(trace, groupings, arrivals=False)  # (one file alone: one rank)
+    return _summarized(trace, groupings, arrivals=False, lanes=lanes)  # (one file alone: one rank)
 
 
 @contextlib.contextmanager
@@ -250,30 +262,34 @@ def file_parts(
     shapes: bool = False,
     jobs: int | None = None,
     scheduler: str | None = None,
+    scheduler_wait: float | None = None,
+    lanes: bool = False,
 ) -> list[list[FilePart]]:
     """Per file named by `paths` (files or folders, as stepcli.traces.read.reader.load_paths reads them), in that order: its
     parts, one per grouping. `jobs` worker processes at most (default: the available cores); 1 reads in-process.
     With `scheduler`, a Dask distributed cluster's workers read the files instead (stepcli.traces.cluster).
+    `lanes`: each file's first part also carries its what-if lane (FilePart.lane; not on a cluster).
 
     Raises TraceError for the first file (in order) that is not a readable trace.
     """
     files = list_trace_files(paths)
     if scheduler is not None:
-        from stepcli.traces.cluster import cluster_results
+        from stepcli.traces.cluster import WORKER_WAIT_S, cluster_results
 
-        return _checked(cluster_results(scheduler, _part_of, files, groupings, shapes))
+        wait_s = WORKER_WAIT_S if scheduler_wait is None else scheduler_wait
+        return _checked(cluster_results(scheduler, _part_of, files, groupings, shapes, wait_s))
     cores = worker_count(jobs, len(files)) if len(files) > 1 else min(jobs or available_cores(), available_cores())
     if len(files) == 1 and cores > 1:
-        split = _split_parts(files[0], groupings, shapes, cores)
+        split = _split_parts(files[0], groupings, shapes, cores, lanes)
         if split is not None:
             return [split]
         if _may_fork():  # a .gz or smaller file: read into memory, decoded by this process and a forked one
             from stepcli.traces.read.twoprocess import DecodeInTwo
 
             decode = DecodeInTwo(shapes, meanwhile=load_analysis)
-            return _checked([_part_of(files[0], groupings, shapes, decode, arrivals=False)])
+            return _checked([_part_of(files[0], groupings, shapes, decode, arrivals=False, lanes=lanes)])
     # One file alone is one rank: no other to compare its collectives' arrivals with (the culprit).
-    part_of = functools.partial(_part_of, groupings=groupings, shapes=shapes, arrivals=len(files) > 1)
+    part_of = functools.partial(_part_of, groupings=groupings, shapes=shapes, arrivals=len(files) > 1, lanes=lanes)
     return _checked(map_files(part_of, files, cores))
 
 
@@ -315,10 +331,22 @@ def _checked(results: Sequence[list[FilePart] | _Failed]) -> list[list[FilePart]
 
 
 def summarize_paths(
-    paths: Sequence[str], *, group_by_shape: bool = False, jobs: int | None = None, scheduler: str | None = None
+    paths: Sequence[str],
+    *,
+    group_by_shape: bool = False,
+    jobs: int | None = None,
+    scheduler: str | None = None,
+    scheduler_wait: float | None = None,
 ) -> TraceSummary:
     """`summarize(load_paths(paths))`, with files read in parallel and never all in memory at once."""
-    parts = file_parts(paths, groupings=(group_by_shape,), shapes=group_by_shape, jobs=jobs, scheduler=scheduler)
+    parts = file_parts(
+        paths,
+        groupings=(group_by_shape,),
+        shapes=group_by_shape,
+        jobs=jobs,
+        scheduler=scheduler,
+        scheduler_wait=scheduler_wait,
+    )
     from stepcli.traces.analyses.mergeparts import merge_parts
 
     return merge_parts([p[0] for p in parts], group_by_shape=group_by_shape)

@@ -29,8 +29,11 @@ class RunTraces:
     (torch writes them only with profile_memory); False answers no curves without opening a file.
     """
 
-    def __init__(self, *, shapes: bool = True, memory: bool = True, jobs: int | None = None) -> None:
+    def __init__(
+        self, *, shapes: bool = True, memory: bool = True, jobs: int | None = None, lanes: bool = False
+    ) -> None:
         self.shapes = shapes
+        self.lanes = lanes  # each file's what-if lane too (FilePart.lane), for the run summary's `what_would_help`
         self.memory = memory
         self.jobs = jobs
         self._key: tuple[str, ...] | None = None
@@ -69,7 +72,7 @@ class RunTraces:
         self._summary = None
         groupings = (False, True) if shapes else (False,)
         try:
-            self._parts = file_parts(list(key), groupings=groupings, shapes=shapes, jobs=self.jobs)
+            self._parts = file_parts(list(key), groupings=groupings, shapes=shapes, jobs=self.jobs, lanes=self.lanes)
         except StepcliError as exc:
             self._problem = exc
         # Anything else is a bug: nothing is kept, so the next caller reads again and meets it on its own.

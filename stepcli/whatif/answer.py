@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from stepcli.errors import EXIT_USAGE, StepcliError
-from stepcli.whatif.lanes import PHASE_NAMES, RankLane
-from stepcli.whatif.replay import Change, Graph, Replay, ReplayError, Scale, build_graph, replay, step_ms
+from stepcli.traces.analyses.lanes import PHASE_NAMES, RankLane
+from stepcli.whatif.replay import Change, Graph, Record, Replay, ReplayError, Scale, build_graph, replay, step_ms
 
 SCHEMA = "stepcli.whatif/1"
 MAX_REPLAY_ERROR = 0.05  # a replay further than this from the measured step answers nothing
@@ -161,8 +161,22 @@ def _steps_label(steps: Sequence[int]) -> str:
     return ", ".join(map(str, steps))
 
 
+@dataclass
+class Answer:
+    """The answer document, and the graph and unchanged replay it came from (None when inconclusive early)."""
+
+    doc: dict[str, Any]
+    graph: Graph | None = None
+    base: Replay | None = None
+
+
 def answer(lanes: Sequence[RankLane], request: Request, untouched_ms: float | None) -> dict[str, Any]:
     """The whole answer document; `verdict` is "inconclusive" (with `reason`) when the replay cannot be trusted."""
+    return solve(lanes, request, untouched_ms).doc
+
+
+def solve(lanes: Sequence[RankLane], request: Request, untouched_ms: float | None) -> Answer:
+    """answer(), with the graph and its replay kept for the trace (stepcli.whatif.tracefile)."""
     lanes = list(lanes)
     steps = choose_steps(lanes, request.step)
     changes = [parse_change(flag, value, lanes) for flag, value in request.changes]
@@ -193,25 +207,25 @@ def answer(lanes: Sequence[RankLane], request: Request, untouched_ms: float | No
             )
     if graph is None or reason is not None:
         doc["reason"] = reason
-        return doc
+        return Answer(doc)
     measured = step_ms(graph)
     try:
         base = replay(graph)
     except ReplayError as exc:
         doc["reason"] = f"the replay could not finish: {exc}"
-        return doc
+        return Answer(doc, graph)
     replayed = step_ms(graph, base)
     error = (replayed - measured) / measured if measured > 0 else 0.0
     doc.update(measured_ms=measured, replayed_ms=replayed, replay_error=error)
     if measured <= 0:
         doc["reason"] = "the recorded steps take no time"
-        return doc
+        return Answer(doc, graph, base)
     if abs(error) > MAX_REPLAY_ERROR:
         doc["reason"] = (
             f"the replay is {error:+.1%} off the measured step (more than {MAX_REPLAY_ERROR:.0%}): the graph does "
             "not explain the waits (host gaps not explained, or clocks not aligned)"
         )
-        return doc
+        return Answer(doc, graph, base)
     doc["verdict"] = "ok"
     doc["critical_path"] = critical_path(graph, base)
     doc["nearly_critical_ranks"] = nearly_critical(graph, base, measured)
@@ -239,7 +253,7 @@ def answer(lanes: Sequence[RankLane], request: Request, untouched_ms: float | No
         ranked = [predicted(c) for c in opportunities(graph, base, lanes)]
         ranked.sort(key=lambda entry: -entry["saved_ms"])
         doc["opportunities"] = ranked
-    return doc
+    return Answer(doc, graph, base)
 
 
 def _unmodelled(lanes: Sequence[RankLane]) -> str | None:
@@ -274,7 +288,7 @@ def opportunities(graph: Graph, base: Replay, lanes: Sequence[RankLane]) -> list
     if graph.members:
         out.append(Change("--comm 0.5", comm=0.5))
         order = np.argsort(base.blocked)
-        for i in order[: min(2, len(lanes) - 1)].tolist():
+        for i in order[:4].tolist():
             rank = lanes[i].rank
             if rank is not None:
                 out.append(Change(f"--idealize-rank {rank}", idealize=[rank]))
@@ -294,14 +308,29 @@ def nearly_critical(graph: Graph, base: Replay, measured_ms: float) -> list[int]
     ]
 
 
-def critical_path(graph: Graph, rep: Replay) -> dict[str, Any]:
+@dataclass
+class PathPiece:
+    """One stretch of the critical path: on lane `lane`, from `start` to `end` (replayed, aligned µs); a
+    collective's piece also names the lane that waited for it (`waiter`, -1 otherwise)."""
+
+    lane: int
+    kind: str  # cpu, collective or wait
+    name: str
+    start: float
+    end: float
+    waiter: int = -1
+
+    @property
+    def us(self) -> float:
+        return self.end - self.start
+
+
+def walk_critical_path(graph: Graph, rep: Replay) -> list[PathPiece]:
     """Walk back from the latest end along each stretch's binding predecessor: the lane before it, or for a wait
-    bound by a collective, that collective's transfer and then its last arriver's lane. Segments in time order,
-    merged by (rank, kind, name), in ms per step; their ms add up to the path's."""
-    n_steps = len(graph.steps)
+    bound by a collective, that collective's transfer and then its last arriver's lane. In time order."""
     i = int(np.argmax(rep.end))
     k = len(rep.records[i]) - 1
-    walked: list[tuple[int, str, str, float]] = []  # (lane, kind, name, µs), latest first
+    walked: list[PathPiece] = []
     guard = sum(len(r) for r in rep.records) + 1
     while k >= 0 and guard > 0:
         guard -= 1
@@ -313,21 +342,33 @@ def critical_path(graph: Graph, rep: Replay) -> dict[str, Any]:
             row = record.wait_row
             name = graph.names[row]
             if record.tail > 0:
-                walked.append((i, "wait", f"after {name}", record.tail))
+                walked.append(PathPiece(i, "wait", f"after {name}", record.end - record.tail, record.end))
             m = int(np.argmax(rep.arrive[row]))
             j = graph.members[row][m]
-            walked.append((j, "collective", name, rep.transfer[row]))
+            arrived = rep.arrive[row][m]
+            walked.append(PathPiece(j, "collective", name, arrived, arrived + rep.transfer[row], waiter=i))
             found = [x for x, r in enumerate(rep.records[j]) if r.arrive_row == row]
             if not found:
                 break
             i, k = j, found[0] - 1
             continue
-        if record.wait_row < 0 and record.lane_to > record.lane_from and record.arrive_row < 0:
-            walked.extend((i, "cpu", phase, us) for phase, us in _phase_split(graph, rep, i, record))
+        at = record.end
+        for phase, us in reversed(_phase_split(graph, i, record)):
+            walked.append(PathPiece(i, "cpu", phase, at - us, at))
+            at -= us
         k -= 1
+    walked.reverse()
+    return walked
+
+
+def critical_path(graph: Graph, rep: Replay) -> dict[str, Any]:
+    """The critical path's segments merged by (rank, kind, name) in order of first appearance, in ms per step;
+    their ms add up to the path's."""
+    n_steps = len(graph.steps)
     merged: dict[tuple[int, str, str], float] = {}
-    for lane, kind, name, us in reversed(walked):
-        merged[(lane, kind, name)] = merged.get((lane, kind, name), 0.0) + us
+    for piece in walk_critical_path(graph, rep):
+        key = (piece.lane, piece.kind, piece.name)
+        merged[key] = merged.get(key, 0.0) + piece.us
     total = sum(merged.values())
     segments = [
         {
@@ -343,8 +384,9 @@ def critical_path(graph: Graph, rep: Replay) -> dict[str, Any]:
     return {"ms": total / n_steps / 1000.0, "segments": segments}
 
 
-def _phase_split(graph: Graph, rep: Replay, i: int, record: Any) -> list[tuple[str, float]]:
-    """A compute stretch's replayed time by phase (its measured time by phase, scaled to its replayed length)."""
+def _phase_split(graph: Graph, i: int, record: Record) -> list[tuple[str, float]]:
+    """A compute stretch's replayed time by phase (its measured time by phase, scaled to its replayed length), in
+    the order the phases first appear in it."""
     lane = graph.lanes[i]
     lo, hi = record.lane_from, record.lane_to
     edges = np.clip(lane.grid, lo, hi)
@@ -354,26 +396,27 @@ def _phase_split(graph: Graph, rep: Replay, i: int, record: Any) -> list[tuple[s
         return []
     scale = (record.end - record.start) / total
     sums = np.bincount(lane.phase, weights=lengths, minlength=len(PHASE_NAMES))
-    return [(PHASE_NAMES[p], float(sums[p]) * scale) for p in range(len(PHASE_NAMES)) if sums[p] > 0]
+    first: dict[int, int] = {}
+    for p in lane.phase[lengths > 0].tolist():
+        first.setdefault(p, len(first))
+    return [(PHASE_NAMES[p], float(sums[p]) * scale) for p in sorted(first, key=first.__getitem__)]
 
 
 def slack(graph: Graph, rep: Replay) -> list[dict[str, Any]]:
-    """The top operators' slack: how much longer each could run before the step does (ms per occurrence, the
-    least over ranks): the waits after it on its rank absorb that much."""
+    """The top operators' slack: how much longer each could run before the step does (ms, the least over its
+    occurrences on a rank): the waits for other ranks after it on its rank absorb that much. Per rank, and the
+    least over ranks."""
     out = []
-    names = top_operators(graph.lanes, TOP_OPERATORS)
-    for name in names:
-        least = math.inf
+    for name in top_operators(graph.lanes, TOP_OPERATORS):
+        by_rank: dict[str, float] = {}
         for i, lane in enumerate(graph.lanes):
             codes = [c for c, n in enumerate(lane.names) if n == name]
-            if not codes:
-                continue
-            at = lane.op_start[lane.op_top & np.isin(lane.op_name, codes)]
+            at = lane.op_start[lane.op_top & np.isin(lane.op_name, codes)] if codes else np.zeros(0)
             if not len(at):
                 continue
             waits = [(r.lane_from, r.waited) for r in rep.records[i] if r.wait_row >= 0]
-            for t in at.tolist():
-                least = min(least, sum(w for start, w in waits if start >= t))
-        if math.isfinite(least):
-            out.append({"name": name, "slack_ms": least / 1000.0})
+            least = min(sum(w for start, w in waits if start >= t) for t in at.tolist())
+            by_rank[str(lane.rank) if lane.rank is not None else "-"] = least / 1000.0
+        if by_rank:
+            out.append({"name": name, "slack_ms": min(by_rank.values()), "by_rank": by_rank})
     return out

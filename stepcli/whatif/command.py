@@ -13,14 +13,14 @@ from typing import Any
 
 from stepcli import safefile
 from stepcli.errors import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_USAGE, StepcliError
-from stepcli.whatif.answer import SCHEMA, Request, answer
-from stepcli.whatif.lanes import RankLane
+from stepcli.traces.analyses.lanes import RankLane
+from stepcli.whatif.answer import SCHEMA, Request, solve
 
 
 def read_lane(path: str) -> RankLane:
     """One trace file's lane (module level: run in a worker process)."""
+    from stepcli.traces.analyses.lanes import lane_of
     from stepcli.traces.read.columns import load_columns
-    from stepcli.whatif.lanes import lane_of
 
     return lane_of(load_columns(path))
 
@@ -77,6 +77,7 @@ def whatif_main(
     step: int | None,
     json_path: str | None,
     jobs: int | None = None,
+    trace_path: str | None = None,
     all_runs: bool = False,
 ) -> int:
     from stepcli.runfolder import runs_to_read
@@ -88,9 +89,17 @@ def whatif_main(
     if not files:
         raise StepcliError(f"no trace files in {', '.join(paths)}", EXIT_USAGE)
     lanes, notes = pick_lanes(map_files(read_lane, files, jobs), step)
-    doc = answer(lanes, Request(changes, step), untouched_median(paths, all_runs))
+    solved = solve(lanes, Request(changes, step), untouched_median(paths, all_runs))
+    doc = solved.doc
     if json_path is not None:
         write_json(json_path, doc)
+    if trace_path is not None:
+        if solved.graph is None or solved.base is None or doc["verdict"] != "ok":
+            raise StepcliError(f"--trace {trace_path}: not written: {doc['reason']}", EXIT_INCONCLUSIVE)
+        from stepcli.whatif.answer import walk_critical_path
+        from stepcli.whatif.tracefile import write_trace
+
+        write_trace(trace_path, solved.graph, walk_critical_path(solved.graph, solved.base))
     print_answer(doc, notes)
     return EXIT_OK if doc["verdict"] == "ok" else EXIT_INCONCLUSIVE
 

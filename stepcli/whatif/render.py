@@ -63,7 +63,8 @@ def answer_lines(doc: dict[str, Any], notes: Sequence[str] = ()) -> list[str]:
         lines.append("")
         lines.append("slack: how much longer each top operator could run before the step does")
         for entry in doc["slack"]:
-            lines.append(f"  {_cut(visible(entry['name']), 60):<60} {ms(entry['slack_ms']):>10}")
+            ranks_text = ", ".join(f"{r}: {ms(v)}" for r, v in list(entry["by_rank"].items())[:4])
+            lines.append(f"  {_cut(visible(entry['name']), 44):<44} rank {_cut(ranks_text, 30)}")
     entries = doc["changes"] or doc["opportunities"]
     if entries:
         lines.append("")

@@ -1,7 +1,7 @@
 """The ranks' lanes joined at their collectives and replayed by list scheduling, unchanged or under a change. Pure.
 
 Each rank starts its window where it measured it (clocks aligned by the collectives, stepcli.traces.analyses.
-alignment) and runs its lane: compute at the change's speed (stepcli.whatif.lanes), an arrival at each collective,
+alignment) and runs its lane: compute at the change's speed (stepcli.traces.analyses.lanes), an arrival at each collective,
 and at each wait the later of its own start and the collective's end, plus the measured tail after that end. A
 collective ends at its last member's arrival plus its transfer time (its end minus the latest member's arrival on
 aligned clocks), times `--comm`. Unchanged, the replay gives back the measured window when the graph explains the
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stepcli.traces.analyses.alignment import Matched, align, match_collectives
-from stepcli.whatif.lanes import PHASE_NAMES, RankLane, covers
+from stepcli.traces.analyses.lanes import PHASE_NAMES, RankLane, covers
 
 LATE_CLOSE_US = 300.0
 RESUMED_SHARE = 0.1
@@ -122,9 +122,13 @@ def build_graph(lanes: Sequence[RankLane], steps: list[int]) -> Graph:
     matched = match_collectives(parts) if len(lanes) > 1 and len(parts) == len(lanes) else None
     if matched is not None:
         offsets, rows, arrive, depart, names = _joined(lanes, matched, steps)
+    memberships: list[list[tuple[int, int]]] = [[] for _ in lanes]  # per lane: (row, its place among the members)
+    for row, member_lanes in enumerate(rows):
+        for m, li in enumerate(member_lanes):
+            memberships[li].append((row, m))
     unexplained = 0
     for li, lane in enumerate(lanes):
-        items[li], missed = _items(lane, li, rows, arrive, depart, offsets[li], start[li], end[li])
+        items[li], missed = _items(lane, memberships[li], arrive, depart, offsets[li], start[li], end[li])
         unexplained += missed
     transfer = [max(0.0, min(d) - max(a)) for a, d in zip(arrive, depart)]
     return Graph(lanes, steps, start, end, offsets, items, arrive, depart, rows, names, transfer, unexplained)
@@ -181,8 +185,7 @@ def _resumed(lane: RankLane, arrive: float, last: float, recorded: float) -> flo
 
 def _items(
     lane: RankLane,
-    li: int,
-    rows: list[list[int]],
+    memberships: list[tuple[int, int]],
     arrive: list[list[float]],
     depart: list[list[float]],
     offset: float,
@@ -195,10 +198,7 @@ def _items(
     arrivals: list[Item] = []
     by_wait: dict[int, Item] = {}
     missed = 0
-    for row, member_lanes in enumerate(rows):
-        if li not in member_lanes:
-            continue
-        m = member_lanes.index(li)
+    for row, m in memberships:
         at = arrive[row][m] + offset
         if not lo <= at <= hi:
             continue

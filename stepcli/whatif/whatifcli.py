@@ -26,6 +26,13 @@ from stepcli.pathparam import PathParam
 )
 @click.option("--json", "json_path", default=None, type=PathParam(dir_okay=False), help="Write the answer here "
               "(schema stepcli.whatif/1).")  # fmt: skip
+@click.option(
+    "--trace",
+    "trace_path",
+    default=None,
+    type=PathParam(dir_okay=False),
+    help="Write the replayed ranks with the critical path marked, for Perfetto or chrome://tracing.",
+)
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Files read in parallel.")
 @click.option("--all-runs", is_flag=True, help="A run folder that holds several runs: read every run's traces.")
 def whatif(
@@ -35,6 +42,7 @@ def whatif(
     comms: tuple[str, ...],
     idealize: tuple[str, ...],
     json_path: str | None,
+    trace_path: str | None,
     jobs: int | None,
     all_runs: bool,
 ) -> int:
@@ -47,4 +55,4 @@ def whatif(
     with short_run():
         from stepcli.whatif.command import whatif_main
 
-        return whatif_main(paths, changes, step, json_path, jobs, all_runs)
+        return whatif_main(paths, changes, step, json_path, jobs, trace_path, all_runs)

@@ -25,7 +25,7 @@ from stepcli.agent import controlfiles, ondemand
 from stepcli.agent.config import AgentConfig, atomic_write_json
 from stepcli.agent.ondemand import OnDemand, WindowSchedule
 from stepcli.agent.schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP, Schedule
-from stepcli.agent.tracker import NEVER, StepTracker
+from stepcli.agent.tracker import AFTER_WINDOW, NEVER, StepTracker
 from stepcli.run.controldir import read_control as _read_control
 from stepcli.run.controldir import read_requests as _read_requests
 from stepcli.run.controldir import still_wanted as _still_wanted
@@ -1173,5 +1173,6 @@ def test_a_window_dropped_from_another_thread_is_closed_unsaved_at_the_main_thre
     worker.start()
     worker.join()
     assert recorder.prof is not None and Profile.stopped == 0  # Kineto's session is the main thread's to stop
-    assert recorder.on_step(7)[0] == NONE
+    # (the step after it paid for the stop: "after a window", not untouched)
+    assert recorder.on_step(7)[0] == AFTER_WINDOW
     assert recorder.prof is None and Profile.stopped == 1 and recorder.windows == [] and not recorder.disabled

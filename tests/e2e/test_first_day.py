@@ -196,7 +196,9 @@ def test_demo_extra_installs_numpy_and_ci_cleans_up() -> None:
     # `pip install '.[demo]'` brings numpy (a dependency of stepcli): torch does not warn about it on every run
     assert any(req.startswith("numpy") for req in project["dependencies"])
     ci = (REPO / ".ci" / "run").read_text()
-    assert re.search(r"""trap 'rm -rf "\$smoke"' EXIT""", ci)
+    assert re.search(r"""trap 'rm -rf "\$venv_root" "\$smoke"' EXIT""", ci)
+    # a newcomer's install: a fresh virtual environment, README's test command run inside it
+    assert re.search(r'python3 -m venv "\$venv"\n.*\n\. "\$venv/bin/activate"', ci)
     readme = (REPO / "README.md").read_text()
     assert "--index-url https://download.pytorch.org/whl/cpu" in readme
     assert re.search(r"\d+ minutes on 2 cores", readme), "README says how long the suite takes on 2 cores"

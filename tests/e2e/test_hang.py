@@ -825,3 +825,24 @@ def test_a_daemon_the_program_leaves_on_purpose_outlives_a_successful_run(tmp_pa
     finally:
         if marker.exists() and marker.read_text() and _running(int(marker.read_text())):
             os.kill(int(marker.read_text()), signal.SIGKILL)
+
+
+def test_on_hang_kill_fires_after_the_control_folder_is_renamed_away(tmp_path: Path) -> None:
+    # GIVEN a one-process job that steps, then sleeps for ever, under --hang-timeout 2s --on-hang kill
+    script = write_script(tmp_path, "nap.py", NAP)
+    log, marker = tmp_path / "log.txt", tmp_path / "stepped"
+    args = ["run", "--hang-timeout", "2s", "--on-hang", "kill", "-o", "out", str(script), str(marker)]
+    proc = _start(args, tmp_path, log)
+    try:
+        _wait_until(marker.exists, proc, log, "the program's steps")
+        # WHEN another user renames OUT/.stepcli away (a shared, non-sticky folder) (issue 47, defect 6)
+        os.rename(tmp_path / "out" / ".stepcli", tmp_path / "out" / ".moved-away")
+        # THEN the hang is still called and the job ended, with the hang's exit status
+        proc.wait(timeout=LIMIT_S)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"--on-hang kill never fired:\n{log.read_text()}") from None
+    finally:
+        _stop(proc)
+    text = log.read_text()
+    assert proc.returncode == EXIT_HANG, text
+    assert any(line.startswith("stepcli: hang: no process completed a step for ") for line in _block(log)), text

@@ -67,6 +67,18 @@ def test_odd_figures_in_the_agents_record_are_shown_as_unknown(tmp_path: Path) -
     assert "with 100.00 GiB free on the device, of which this process may use 8.00 GiB" in result.stdout
 
 
+def test_a_record_naming_a_negative_device_is_one_line(tmp_path: Path) -> None:
+    # GIVEN a snapshot whose stepcli record names device -1, -5 or 2^40 (issue 47, item 13: -5 exited 70 with
+    # IndexError, -1 silently analysed the last device)
+    for device in (-1, -5, 2**40):
+        builder, info = fx.oom_in_forward(steps=4)
+        path = builder.write(tmp_path / "oom-rank0.pickle", info | {"device": device})
+        # WHEN read THEN one line naming it, exit 2
+        result = run_stepcli("memory", path, cwd=tmp_path)
+        assert result.returncode == 2, (device, result.stderr)
+        assert f"names device {device}, which is no device index" in _one_error_line(result.stderr)
+
+
 def test_memory_json_of_a_run_folder_with_every_rank(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
@@ -253,3 +265,59 @@ def test_real_h200_batch_doubling_is_no_leak(tmp_path: Path) -> None:
     advice = [line for line in result.stdout.splitlines() if line.startswith("advice:")]
     assert advice and advice[0].startswith("advice: activations dominate"), result.stdout
     assert not any("leak" in line or "step over step" in line for line in advice), advice
+
+
+def test_real_h200_snapshot_of_issue_47_reads_with_what_is_known_of_it(tmp_path: Path) -> None:
+    """/work/shared/snapshots' H200 snapshot (torch 2.11: every event its own frame dicts), what its README says:
+    an OOM at step 10 in forward, allocated bytes equal to the active blocks, activations over 80%, the top site
+    oom.py:10, no leak."""
+    snapshot = Path(__file__).parent.parent / "data" / "gpu" / "h200_batch_doubling_step10_oom.pickle.gz"
+    result = run_stepcli("memory", "--json", snapshot, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (report,) = json.loads(result.stdout)["snapshots"]
+    moment = report["moment"]
+    assert (moment["kind"], moment["step"], moment["phase"]) == ("oom", 10, "forward")
+    raw = pickle.loads(gzip.decompress(snapshot.read_bytes()))  # a fixture we trust: plain pickle
+    active = [b for s in raw["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+    assert moment["allocated_bytes"] == sum(b["requested_size"] for b in active)  # the bytes asked for
+    assert report["split"]["activations"] > 0.8 * moment["allocated_bytes"]
+    assert report["top_sites"][0]["site"] == {"file": "/home/user/train/oom.py", "line": 10, "function": "<module>"}
+    assert report["leak"] is None and [a["rule"] for a in report["advice"]] == ["activations"]
+
+
+@pytest.fixture(scope="module")
+def long_job_snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A snapshot the size of the long H200 job's of issue 47 (62,000 events, 12 MB), shaped like torch's."""
+    path = tmp_path_factory.mktemp("long") / "oom-rank0.pickle"
+    path.write_bytes(pickle.dumps(fx.torch_shaped(62_000)))
+    return path
+
+
+def test_a_long_jobs_snapshot_reads(long_job_snapshot: Path) -> None:
+    # (issue 47) refused after 15 s as "outgrew what the file's size explains": 17x its size is normal
+    result = run_stepcli("memory", "--json", long_job_snapshot)
+    assert result.returncode == 0, result.stderr
+    (report,) = json.loads(result.stdout)["snapshots"]
+    assert report["history_entries"] == 62_000 and report["moment"]["kind"] == "oom"
+    assert all(line.startswith("stepcli: reading oom-rank0.pickle: ") for line in result.stderr.splitlines())
+
+
+def test_max_memory_is_an_absolute_budget(long_job_snapshot: Path) -> None:
+    result = run_stepcli("memory", "--max-memory", "1MiB", long_job_snapshot)
+    assert result.returncode == 2
+    line = _one_error_line(result.stderr)
+    assert "refused: decoding it took more than the 1.0 MiB memory budget" in line and "--max-memory" in line
+    assert run_stepcli("memory", "--max-memory", "64MiB", long_job_snapshot).returncode == 0
+    wrong = run_stepcli("memory", "--max-memory", "lots", long_job_snapshot)
+    assert wrong.returncode == 2 and "expected a size of at least 1MiB" in wrong.stderr
+
+
+def test_memory_refuses_a_flood_of_empty_lists_in_one_line(tmp_path: Path) -> None:
+    # (issue 47) 5 million empty lists in 5 MB of a snapshot's device_traces: ~800 MB before the old guard fired
+    head = pickle.dumps({"segments": [], "device_traces": "PLACEHOLDER"})
+    body = b"]" + (b"(" + b"]" * 1000 + b"e") * 5000
+    path = tmp_path / "oom-rank0.pickle"
+    path.write_bytes(head.replace(b"\x8c\x0bPLACEHOLDER", body))
+    result = run_stepcli("memory", path)
+    assert result.returncode == 2
+    assert "refused: more than 4096 lists held in lists" in _one_error_line(result.stderr)

@@ -125,6 +125,42 @@ def test_compare_keeps_its_verdict_when_the_reader_goes_away(slower: tuple[Path,
     assert "Traceback" not in result.stderr and "internal error" not in result.stderr
 
 
+@pytest.mark.parametrize("encoding", ["latin-1", "ascii"])
+def test_a_stdout_that_is_not_utf8_gets_everything_and_keeps_the_status(
+    slower: tuple[Path, Path], encoding: str, tmp_path: Path
+) -> None:
+    # GIVEN stdout in an encoding without stepcli's characters (…, ≥, bars) and a trace naming an operator in
+    # characters it lacks (issue 47, item 16: table printed nothing and exited 2, compare turned exit 1 into 2)
+    named = tmp_path / "named.json"
+    document = json.loads(slower[0].read_text())
+    for event in document["traceEvents"]:
+        if event["name"] == "aten::mm":
+            event["name"] = "aten::mm→ünï 😀"
+    named.write_text(json.dumps(document))
+    for command in _COMMANDS:
+        argv = _argv(command, slower, tmp_path)
+        utf8 = subprocess.run(
+            [sys.executable, "-m", "stepcli", *argv], capture_output=True, env=stepcli_env(), timeout=120
+        )
+        env = stepcli_env({"PYTHONIOENCODING": encoding})
+        other = subprocess.run([sys.executable, "-m", "stepcli", *argv], capture_output=True, env=env, timeout=120)
+        # THEN the same status (compare's REGRESSION still exits 1) and the whole output, in that encoding
+        assert other.returncode == utf8.returncode, (command, other.stderr)
+        assert b"cannot write" not in other.stderr, (command, other.stderr)
+        assert other.stdout.count(b"\n") == utf8.stdout.count(b"\n") > 0, command
+        other.stdout.decode(encoding)
+    # AND --json reads back the same, the name escaped as JSON escapes it
+    argv = [sys.executable, "-m", "stepcli", "table", "--json", str(named)]
+    utf8 = subprocess.run(argv, capture_output=True, env=stepcli_env(), timeout=120)
+    env = stepcli_env({"PYTHONIOENCODING": encoding})
+    other = subprocess.run(argv, capture_output=True, env=env, timeout=120)
+    assert other.returncode == 0 and json.loads(other.stdout.decode(encoding)) == json.loads(utf8.stdout)
+    assert "aten::mm→ünï 😀" in json.loads(utf8.stdout)["cpu_ops"][0]["name"]
+    # AND the table says the name with what the encoding has
+    table = subprocess.run([*argv[:-2], str(named)], capture_output=True, env=env, timeout=120)
+    assert table.returncode == 0 and "aten::mm->" in table.stdout.decode(encoding), table.stderr
+
+
 _EXITS_3 = """
     import sys
     import torch

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import run_stepcli, stepcli_env
+from conftest import run_stepcli, stepcli_env, write_script
 
 from stepcli.agent.stacks import SCHEMA as STACKS_SCHEMA
 
@@ -122,3 +122,46 @@ def test_files_holding_stacks_are_private_whatever_the_umask(tmp_path: Path) -> 
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert stat.S_IMODE(os.stat(done.stdout.strip()).st_mode) == 0o600
+
+
+# Trains, then (standing in for another user of a shared output folder) plants a FIFO as the FLOPs side file of the
+# run's first trace and a 401-digit count as the second's, once both are written.
+PLANTS_SIDE_FILES = """
+    import glob, os, sys, time
+    import torch
+
+    model = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(8):
+        opt.zero_grad()
+        model(torch.randn(4, 16)).square().mean().backward()
+        opt.step()
+    deadline = time.monotonic() + 120
+    while len(traces := sorted(glob.glob(os.path.join(sys.argv[1], "**", "*.pt.trace.json"), recursive=True))) < 2:
+        assert time.monotonic() < deadline, "no two traces written"
+        time.sleep(0.05)
+    stems = [t[: t.rindex(".pt.trace.json")] for t in traces]
+    os.mkfifo(stems[0] + ".flops")
+    with open(stems[1] + ".flops", "w") as handle:
+        handle.write('{"flops": 1' + "0" * 400 + '}')
+    print("planted")
+"""
+
+
+def test_a_planted_flops_side_file_costs_the_run_nothing(tmp_path: Path) -> None:
+    # GIVEN a run whose two traces get a FIFO and a 401-digit count planted as their FLOPs side files while it
+    # runs (issue 47, items 1 and 3: the end of the run blocked for ever, or exited 70 without report.html)
+    script = write_script(tmp_path, "plants.py", PLANTS_SIDE_FILES)
+    out = tmp_path / "out"
+    args = ("--wait", "2", "--warmup", "0", "--active", "1", "--repeat", "2")
+    # WHEN it ends
+    result = run_stepcli("run", *args, "-o", out, "--json", tmp_path / "run.json", script, out, timeout=180)
+    # THEN it ends as usual: its summary, --json and report.html, each side file left out with one warning
+    assert result.returncode == 0, result.stderr
+    assert "planted" in result.stdout
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+    warnings = [line for line in result.stderr.splitlines() if ".flops" in line]
+    assert len(warnings) == 2 and all("FLOPs are left out" in line for line in warnings), result.stderr
+    assert any("not a regular file" in line for line in warnings), result.stderr
+    assert json.loads((tmp_path / "run.json").read_text())["flops"] is None
+    assert (out / "report.html").is_file()

@@ -245,6 +245,16 @@ def test_torchrun_report_has_every_rank(torchrun_run: dict[str, Any], browser: A
     assert re.search(r">rank 0( \(slowest\))?</text>", html) and re.search(r">rank 1( \(slowest\))?</text>", html)
     top_op = torchrun_run["summary"]["top_operators"][0]["name"]
     _check_in_browser(browser, out / "report.html", top_op, artifacts_dir(tmp_path), "report-torchrun")
+    # "What would help": the run summary's what-if answer, its ranked changes and the critical path over the ranks
+    helps = torchrun_run["summary"]["what_would_help"]
+    assert '<h2 id="whatif">What would help</h2>' in html
+    if helps["verdict"] == "ok":
+        rows = re.findall(r"<tr><td><code>([^<]+)</code>", html.split('id="whatif-table"')[1].split("</table>")[0])
+        assert rows == [o["change"] for o in helps["opportunities"]]
+        chart = html.split('id="whatif-path"')[1].split("</svg>")[0]
+        assert ">rank 0</text>" in chart and ">rank 1</text>" in chart and chart.count("<rect") >= 2
+    else:
+        assert f"Inconclusive: {helps['reason']}" in html
 
 
 def test_run_end_page_equals_stepcli_report_of_the_folder(torchrun_run: dict[str, Any]) -> None:

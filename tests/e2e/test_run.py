@@ -115,7 +115,9 @@ def test_json_summary(default_folder_runs: dict[str, Any]) -> None:
     assert len(process["durations_ms"]) == len(process["phases"]) == 5 and process["phases"][1:3] != "00"
     assert summary["exit_status"] == 0
     assert summary["steps"] == {"global": 5, "requesters": {"SGD#0": 5}}
-    assert summary["step_time_ms"]["untouched"]["count"] == 2  # steps 3, 4 (0 is start-up; 1-2 profiled)
+    # step 4 (0 is start-up; 1-2 profiled; 3, the first after the window, set aside)
+    assert summary["step_time_ms"]["untouched"]["count"] == 1
+    assert summary["step_time_ms"]["after_window"]["count"] == 1
     assert summary["step_time_ms"]["profiled"]["count"] == 2
     assert [(w["first_step"], w["last_step"]) for w in summary["windows"]] == [(2, 2)]
     assert summary["traces"] == [w["trace"] for w in summary["windows"]]

@@ -114,7 +114,7 @@ def test_forged_step_logs_and_outside_traces_are_refused(forged_run: dict[str, A
 def test_only_traces_this_run_wrote_inside_the_output_folder_count(tmp_path: Path) -> None:
     from stepcli.agent.config import AgentConfig
     from stepcli.agent.signing import sign
-    from stepcli.run.summary.steplogs import load_step_logs
+    from stepcli.run.summary.steplogs import load_step_logs, trace_problem
 
     # GIVEN a signed step log whose windows name a good trace, one outside the output folder, a link inside the
     # folder that points outside, a trace whose size is not what the agent recorded, and one older than the run
@@ -133,7 +133,29 @@ def test_only_traces_this_run_wrote_inside_the_output_folder_count(tmp_path: Pat
     old = out / "rank0.4.pt.trace.json"
     old.write_text("{}")
     os.utime(old, (started - 3600, started - 3600))
-    window = {"first_step": 1, "last_step": 1, "bytes": 2, "complete": True}
+    # and one swapped for a same-size forgery with the written file's mtime (another inode: issue 47, defect 5)
+    swapped = out / "rank0.5.pt.trace.json"
+    swapped.write_text("{}")
+    written = os.stat(swapped)
+    forgery = out / "forgery"
+    forgery.write_text("[]")
+    os.utime(forgery, ns=(written.st_atime_ns, written.st_mtime_ns))
+    os.replace(forgery, swapped)
+    recorded = {p: os.stat(p) for p in (good, resized, old)} | {outside: os.stat(outside), swapped: written}
+    recorded[link] = recorded[outside]
+
+    def window(path: Path) -> dict[str, Any]:
+        info = recorded[path]
+        return {
+            "first_step": 1,
+            "last_step": 1,
+            "bytes": 2,
+            "complete": True,
+            "trace": str(path),
+            "inode": info.st_ino,
+            "device": info.st_dev,
+        }  # as the agent records the file it wrote
+
     log: dict[str, Any] = {
         "schema_version": 1,
         "worker": "rank0",
@@ -153,18 +175,20 @@ def test_only_traces_this_run_wrote_inside_the_output_folder_count(tmp_path: Pat
         "exit": "exit",
         "peak_rss_bytes": None,
         "cuda_peak_bytes": None,
-        "windows": [dict(window, trace=str(p)) for p in (good, outside, link, resized, old)],
+        "windows": [window(p) for p in (good, outside, link, resized, old, swapped)],
     }
     log["signature"] = sign(config.run_key, log)
     (Path(config.log_dir) / "h.7.steps.json").write_text(json.dumps(log))
     # WHEN the launcher loads the run's step logs
     logs, notes = load_step_logs(config, since=started)
     note = notes[0]
-    # THEN the log counts with only the good trace, and one note names the four refused
+    # THEN the log counts with only the good trace, and one note names the five refused
     assert [w["trace"] for w in logs[0]["windows"]] == [str(good)]
-    assert note is not None and note.startswith("ignored 4 file(s)")
+    assert set(logs[0]["windows"][0]) == {"first_step", "last_step", "bytes", "complete", "trace"}
+    assert note is not None and note.startswith("ignored 5 file(s)")
     assert f"{outside} (outside the output folder)" in note and f"{link} (outside the output folder)" in note
-    assert "+1 more" in note  # at most three named, so the note stays one readable line
+    assert "+2 more" in note  # at most three named, so the note stays one readable line
+    assert trace_problem(window(swapped), str(out), started) == "not the file the agent wrote (replaced since)"
     # and a log signed with another key is refused whole
     other = AgentConfig(run_id="r1", out_dir=str(out), launcher_pid=1, run_key="x" * 32)
     logs, notes = load_step_logs(other, since=started)
@@ -306,3 +330,41 @@ def test_sigkill_of_stepcli_takes_the_programs_group_down(tmp_path: Path) -> Non
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+# The program plays another user who swaps its saved trace for a forgery of the same size and mtime (a new file
+# renamed over it, so another inode): the run's end must not present the forgery's operator as the run's.
+_SWAPPER = """
+    import json, os
+    import torch
+
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(8):
+        opt.zero_grad(); model(torch.randn(32, 16)).sum().backward(); opt.step()
+    out = json.loads(os.environ["STEPCLI_CONFIG"])["out_dir"]
+    [name] = [n for n in os.listdir(out) if n.endswith(".pt.trace.json")]
+    path = os.path.join(out, name)
+    data, info = open(path, "rb").read(), os.stat(path)
+    assert b"aten::addmm" in data
+    with open(path + ".forged", "wb") as forged:
+        forged.write(data.replace(b"aten::addmm", b"EVIL::addmm"))
+    os.utime(path + ".forged", ns=(info.st_atime_ns, info.st_mtime_ns))
+    os.replace(path + ".forged", path)
+"""
+
+
+def test_a_trace_swapped_for_a_same_size_forgery_is_not_presented(tmp_path: Path) -> None:
+    # GIVEN a program whose trace is replaced by a same-size, same-mtime forgery after it was saved (issue 47, 5)
+    script = write_script(tmp_path, "swap.py", _SWAPPER)
+    out = tmp_path / "out"
+    # WHEN it runs under stepcli
+    proc = run_stepcli("run", "-o", out, "--json", tmp_path / "s.json", script)
+    # THEN the forgery's contents appear nowhere, and one note says the trace was not the file the agent wrote
+    assert proc.returncode == 0, proc.stderr
+    assert "EVIL" not in proc.stdout + proc.stderr
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert "EVIL" not in json.dumps(summary["top_operators"]) and summary["windows"] == []
+    assert any("not the file the agent wrote" in note for note in summary["notes"]), summary["notes"]
+    for page in out.rglob("*.html"):
+        assert "EVIL" not in page.read_text()

@@ -196,3 +196,98 @@ def test_a_step_log_that_cannot_be_written_is_named_in_the_summary(tmp_path: Pat
     summary = " ".join(result.stderr.split("stepcli summary", 1)[1].split())
     assert "its step log is from step" in summary and "could not be written (Read-only file system" in summary
     assert "steps 300 " not in summary
+
+
+def _plant_link_of_another_user(link: Path, target: Path, monkeypatch: pytest.MonkeyPatch | None = None) -> None:
+    """A link at `link` owned by another user: chowned where the tests run as root, else (in-process only) this
+    user is made to look like someone else to stepcli."""
+    link.symlink_to(target)
+    if os.geteuid() == 0:
+        os.lchown(link, 65534, 65534)
+    elif monkeypatch is not None:
+        from stepcli import safefile
+
+        monkeypatch.setattr(safefile, "uid", lambda: os.getuid() + 1)
+    else:
+        pytest.skip("planting a link of another user needs root")
+
+
+@pytest.mark.parametrize("in_process", [True, False])
+def test_run_never_follows_a_link_another_user_planted_at_the_output_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_process: bool
+) -> None:
+    # GIVEN a shared folder where another user planted `out` as a link to a folder of theirs (issue 47, defect 15)
+    shared, theirs = tmp_path / "shared", tmp_path / "theirs"
+    shared.mkdir(mode=0o777)
+    theirs.mkdir()
+    _plant_link_of_another_user(shared / "out", theirs, monkeypatch if in_process else None)
+    # WHEN a run is asked to write to SHARED/out
+    if in_process:
+        from stepcli.errors import StepcliError
+        from stepcli.run.outputs import prepare_out_dir
+
+        with pytest.raises(StepcliError) as refused:
+            prepare_out_dir(str(shared / "out"), "x")
+        message = refused.value.message
+    else:
+        script = write_script(tmp_path, "ran.py", "open('ran', 'w').write('ran')\n")
+        proc = run_stepcli("run", "-o", shared / "out", script, cwd=tmp_path)
+        # THEN it is one line and exit 2, before the program runs
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert not (tmp_path / "ran").exists()
+        message = proc.stderr
+    # THEN the link is named as another user's and not followed: nothing is written where it points
+    assert "is a link of another user" in message and "not followed" in message, message
+    assert list(theirs.iterdir()) == []
+
+
+def test_run_follows_a_link_of_this_user_at_the_output_folder(tmp_path: Path) -> None:
+    # GIVEN `out` as this user's own link to a scratch folder
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (tmp_path / "out").symlink_to(scratch)
+    from stepcli.run.outputs import prepare_out_dir
+
+    # WHEN the output folder is prepared THEN it is the folder the link names, as before
+    assert prepare_out_dir(str(tmp_path / "out"), "x") == scratch.resolve()
+
+
+def test_a_json_that_cannot_be_written_leaves_no_stale_summary_and_fails_the_run(tiny_fs: Path, tmp_path: Path) -> None:
+    # GIVEN the previous run's summary at the --json path, on a disk the program fills while it runs (issue 47, 9)
+    stale = tiny_fs / "run.json"
+    stale.write_text(json.dumps({"schema": "stepcli.run", "version": 2, "exit_status": 0, "notes": ["old run"]}))
+    script = write_script(
+        tmp_path,
+        "fills.py",
+        f"""
+        try:
+            with open({str(tiny_fs / "filler")!r}, "wb") as filler:
+                filler.write(bytes(1 << 20))
+        except OSError:
+            pass
+        """,
+    )
+    # WHEN the run ends and cannot write its summary there
+    proc = run_stepcli("run", "-o", tmp_path / "out", "--json", stale, script)
+    # THEN the old summary is gone (never judged as this run), one line says so, and the run fails with 74
+    assert proc.returncode == 74, proc.stderr  # stepcli.errors.EXIT_NOT_SAVED, docs/reference/exit-codes.md
+    assert not stale.exists()
+    (line,) = [line for line in proc.stderr.splitlines() if f"--json {stale}" in line]
+    assert "No space left on device" in line and "the previous run's summary there was removed" in line, line
+    assert "Traceback" not in proc.stderr
+
+
+def test_drop_stale_json_removes_only_a_run_summary(tmp_path: Path) -> None:
+    from stepcli.run.outputs import drop_stale_json
+
+    # GIVEN a previous run's summary, the user's own file and a link at --json paths
+    summary, mine, link = tmp_path / "run.json", tmp_path / "mine.json", tmp_path / "link.json"
+    summary.write_text('{"schema": "stepcli.run"}')
+    mine.write_text('{"mine": 1}')
+    link.symlink_to(summary)
+    # WHEN each could not be written over THEN only the run summary is removed
+    assert "was removed" in drop_stale_json(str(summary)) and not summary.exists()
+    assert "left as it is" in drop_stale_json(str(mine)) and mine.exists()
+    assert "left as it is" in drop_stale_json(str(link)) and link.is_symlink()
+    assert drop_stale_json(str(tmp_path / "none.json")) == "no run summary is there"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import pytest
 from conftest import load_trace, profiler_steps, run_stepcli, trace_files, write_script
 
 
@@ -50,26 +52,48 @@ def test_two_optimizer_gan_counts_one_step_per_iteration(tmp_path: Path) -> None
     assert [profiler_steps(t) for t in traces] == [[2, 3]]
 
 
-def test_lbfgs_step_with_closure_counts_once_per_call(tmp_path: Path) -> None:
-    script = write_script(
-        tmp_path,
-        "lbfgs.py",
-        """
-        import torch
-        w = torch.nn.Parameter(torch.randn(3))
-        opt = torch.optim.LBFGS([w], max_iter=5)
-        def closure():
-            opt.zero_grad()
-            loss = (w - 1).square().sum()
-            loss.backward()
-            return loss
-        for _ in range(6):
-            opt.step(closure)
-    """,
-    )
-    summary, traces, _ = run_json(tmp_path, script)
+CLOSURE_SCRIPT = """
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.Tanh(), torch.nn.Linear(128, 1))
+    opt = {optimizer}
+    x, y = torch.randn(256, 32), torch.randn(256, 1)
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+    for _ in range(6):
+        opt.step(closure)
+"""
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    ["torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=4)", "torch.optim.SGD(model.parameters(), lr=0.01)"],
+    ids=["lbfgs", "sgd"],
+)
+def test_a_closure_step_counts_once_and_its_forward_and_backward_are_theirs(tmp_path: Path, optimizer: str) -> None:
+    # GIVEN `opt.step(closure)`, the closure running zero_grad, forward and backward inside the optimizer's step
+    script = write_script(tmp_path, "closure.py", CLOSURE_SCRIPT.format(optimizer=optimizer))
+    summary, traces, stderr = run_json(tmp_path, script)
     assert summary["steps"]["global"] == 6
     assert [profiler_steps(t) for t in traces] == [[2, 3]]
+    # THEN the breakdown gives the closure's forward and backward to forward and backward (it was optimizer 95%,
+    # backward 0): the optimizer is what is left
+    breakdown = summary["breakdown_ms"]
+    total = sum(breakdown.values())
+    assert breakdown["backward"] > 0 and breakdown["forward"] > 0, breakdown
+    assert breakdown["optimizer"] / total < 0.6, breakdown
+    # ... the terminal's table says the same shares
+    table = stderr.split("Step breakdown", 1)[1]
+    for phase, ms in breakdown.items():
+        shown = re.search(rf"│ {phase} +│ +[0-9.]+ │ +([0-9.]+)% │", table)
+        assert shown is not None and float(shown.group(1)) == pytest.approx(100 * ms / total, abs=0.06), (phase, table)
+    # ... and the report's headline names the same largest phase
+    largest = max(breakdown, key=lambda phase: breakdown[phase])
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert f"<span>largest phase</span><b>{largest} {breakdown[largest] / total:.0%}</b>" in page
 
 
 def test_wrapped_optimizers_count_once(tmp_path: Path) -> None:

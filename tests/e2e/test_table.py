@@ -517,3 +517,56 @@ def test_a_gpu_trace_without_profiler_steps_is_said_to_be_one_whole_trace(tmp_pa
     assert "the figures below are for the whole trace, not per step" in text
     assert "Device time, whole trace" in text and "Device activity (whole trace)" in text
     assert "/step" not in text and "ms / step" not in text and "per step" not in text.replace("not per step", "")
+
+
+STUB_AT_THE_END = """
+    import sys
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(128, 64), torch.randn(128, 1)
+    # The loop ends while the schedule still records: `with` stops the profiler just after the last step() opened
+    # ProfilerStep#6, which it closes at once with nothing in it.
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=10),
+                 on_trace_ready=tensorboard_trace_handler(sys.argv[1])) as prof:
+        for _ in range(6):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            prof.step()
+"""
+
+
+def test_the_profilers_closing_stub_is_no_step_and_says_it_was_left_out(tmp_path: Path) -> None:
+    # GIVEN a plain torch.profiler trace whose last ProfilerStep#N is the profiler's stub (microseconds, no operator)
+    script = write_script(tmp_path, "stub.py", STUB_AT_THE_END)
+    out = tmp_path / "traces"
+    subprocess.run(
+        [sys.executable, str(script), str(out)], check=True, capture_output=True, timeout=120, env=stepcli_env()
+    )
+    (trace,) = out.glob("*.pt.trace.json")
+    steps = {
+        e["name"]: e["dur"]
+        for e in json.loads(trace.read_text())["traceEvents"]
+        if e.get("name", "").startswith("ProfilerStep#")
+    }
+    assert sorted(steps) == [f"ProfilerStep#{n}" for n in (2, 3, 4, 5, 6)]
+    # WHEN summarized
+    data = table_json(out)
+    # THEN step 6 is in no step figure (the minimum was its 0.01 ms), and the JSON says why it was left out
+    assert [s["step"] for s in data["steps"]] == [2, 3, 4, 5]
+    assert data["step_ms"]["count"] == 4 and data["step_ms"]["min"] * 1000 > steps["ProfilerStep#6"]
+    assert data["left_out_steps"] == [{"file": str(trace), "step": 6, "why": data["left_out_steps"][0]["why"]}]
+    why = data["left_out_steps"][0]["why"]
+    assert "stub" in why
+    # ... and the terminal and the report say the same, once
+    text = run_stepcli("table", out)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.count(f"left out ProfilerStep#6: {why}") == 1
+    assert "step time over 4 steps" in text.stdout
+    page = tmp_path / "page.html"
+    report = run_stepcli("report", "-o", page, out)
+    assert report.returncode == 0, report.stderr
+    assert f"left out ProfilerStep#6: {why}".replace("'", "&#x27;") in page.read_text()

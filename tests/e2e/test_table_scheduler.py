@@ -3,14 +3,18 @@ quickly, no traceback (local listeners on 127.0.0.1 only)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import run_stepcli
+from conftest import run_stepcli, stepcli_env
 
 CONNECT_TIMEOUT_S = 10.0  # as the README promises (stepcli.traces.cluster.CONNECT_TIMEOUT_S)
 
@@ -108,3 +112,127 @@ def test_a_listener_that_never_accepts_is_one_line_within_the_timeout(
     result = run_stepcli("table", "--scheduler", address, rank_folder, timeout=180)
     _assert_one_line(result, "no answer within")
     assert time.monotonic() - started < CONNECT_TIMEOUT_S + 15, result.stderr
+
+
+# -- a scheduler that cannot get the work done (issue 47, defects 10-12): one line, never a wait for ever ----------
+@pytest.fixture
+def lone_scheduler() -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A Dask scheduler (its own process, so a test can kill it) with no worker; its tcp:// address."""
+    dask = Path(sys.executable).parent / "dask"
+    proc = subprocess.Popen(
+        [str(dask), "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard"],
+        env=stepcli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stderr is not None
+        address = ""
+        for line in proc.stderr:  # "... Scheduler at:   tcp://127.0.0.1:PORT"
+            if "Scheduler at:" in line:
+                address = line.split("Scheduler at:", 1)[1].strip()
+                break
+        assert address.startswith("tcp://"), "the scheduler never said where it listens"
+        threading.Thread(target=proc.stderr.read, daemon=True).start()  # (its log must never fill the pipe)
+        yield proc, address
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _table(address: str, folder: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "stepcli", "table", "--scheduler", address, *extra, str(folder)],
+        env=stepcli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _waiting(proc: subprocess.Popen[str]) -> str:
+    """stepcli's first line: that it waits for a worker (a run that waits silently fails here, within a minute)."""
+    assert proc.stderr is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.append(proc.stderr.readline()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    reader.join(60)
+    if not lines:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("table --scheduler waited for a worker without a word")
+    assert lines[0].startswith("stepcli: waiting for a worker of the Dask scheduler at "), lines[0]
+    return lines[0]
+
+
+def test_a_scheduler_without_a_worker_is_given_up_on_after_the_scheduler_wait(
+    lone_scheduler: tuple[subprocess.Popen[str], str], rank_folder: Path
+) -> None:
+    # GIVEN a scheduler no worker ever joins WHEN `table --scheduler --scheduler-wait 2s` reads through it
+    _, address = lone_scheduler
+    result = run_stepcli("table", "--scheduler", address, "--scheduler-wait", "2s", rank_folder, timeout=120)
+    # THEN it waits 2 s, saying so, then gives up in one line, exit 2
+    assert result.returncode == 2, result.stderr
+    waiting, error = result.stderr.strip().splitlines()
+    assert waiting.startswith("stepcli: waiting for a worker") and "at most 2 s" in waiting
+    assert error.startswith(f"stepcli: error: the Dask scheduler at {address} has no worker"), error
+    assert "--scheduler-wait" in error
+
+
+def test_workers_without_stepcli_are_one_line_not_a_wait_for_ever(
+    lone_scheduler: tuple[subprocess.Popen[str], str], rank_folder: Path, tmp_path: Path
+) -> None:
+    # GIVEN a worker that cannot import stepcli (it dies on the first task it is given)
+    _, address = lone_scheduler
+    blocker = tmp_path / "blocked" / "stepcli"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('stepcli is not installed here')\n")
+    worker = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dask"), "worker", address, "--nthreads", "1", "--no-dashboard"],
+        env=stepcli_env({"PYTHONPATH": str(blocker.parent)}),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        # WHEN table reads through that cluster
+        result = run_stepcli("table", "--scheduler", address, "--scheduler-wait", "3s", rank_folder, timeout=180)
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+    # THEN one line says the work could not be run and why to look at the workers, exit 2
+    assert result.returncode == 2, result.stderr
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith(f"stepcli: error: the Dask scheduler at {address}"), result.stderr
+    assert "is stepcli installed on them?" in error or "has no worker" in error, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_scheduler_gone_mid_read_is_one_line(
+    lone_scheduler: tuple[subprocess.Popen[str], str], rank_folder: Path
+) -> None:
+    # GIVEN table's work submitted to a scheduler, waiting there for a worker
+    scheduler, address = lone_scheduler
+    proc = _table(address, rank_folder)
+    _waiting(proc)
+    # WHEN the scheduler goes away
+    scheduler.kill()
+    _, stderr = proc.communicate(timeout=120)
+    # THEN one line says so, exit 2: no exit 70, no Dask log lines or asyncio tracebacks
+    assert proc.returncode == 2, stderr
+    (error,) = stderr.strip().splitlines()
+    assert error.startswith(f"stepcli: error: lost the Dask scheduler at {address} while the traces were read"), error
+
+
+def test_ctrl_c_while_waiting_on_the_scheduler_is_aborted_and_nothing_else(
+    lone_scheduler: tuple[subprocess.Popen[str], str], rank_folder: Path
+) -> None:
+    _, address = lone_scheduler
+    proc = _table(address, rank_folder)
+    _waiting(proc)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert stderr == "stepcli: aborted\n"  # no "Task exception was never retrieved" block

@@ -35,11 +35,28 @@ dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def demo_result(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("whatif") / "demo"
-    result = run_stepcli("demo", "--quiet", "--active", "3", "-o", out, "--", "--iterations", "16")
+    summary = out.parent / "summary.json"
+    result = run_stepcli("demo", "--active", "3", "-o", out, "--json", summary, "--", "--iterations", "16")
     assert result.returncode == 0, result.stderr
-    return out
+    return out, result.stderr
+
+
+@pytest.fixture(scope="module")
+def demo_run(demo_result: tuple[Path, str]) -> Path:
+    return demo_result[0]
+
+
+def test_the_run_summary_says_what_would_help_most(demo_result: tuple[Path, str]) -> None:
+    out, stderr = demo_result
+    helps = json.loads((out.parent / "summary.json").read_text())["what_would_help"]
+    assert helps["verdict"] == "ok" and abs(helps["replay_error"]) <= 0.05
+    best = helps["opportunities"][0]
+    assert best["saved_ms"] == max(o["saved_ms"] for o in helps["opportunities"])
+    line = next(s for s in stderr.splitlines() if s.startswith("what would help: "))
+    assert line.startswith(f"what would help: {best['change']}: step ") and f"({-best['saved_share']:+.0%})" in line
+    assert f"  stepcli whatif {out}" in stderr.splitlines() or "  stepcli whatif " in stderr
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +179,29 @@ def test_a_trace_without_steps_is_refused_in_one_line(tmp_path: Path) -> None:
     result = run_stepcli("whatif", trace)
     assert result.returncode == 2 and "no complete ProfilerStep" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_trace_marks_the_critical_path_over_every_rank(ddp_run: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "critical.json"
+    result = run_stepcli("whatif", ddp_run, "--trace", trace)
+    if result.returncode == 4:  # a loaded machine can skew the replay: then no trace, and it says why
+        assert "--trace" in result.stderr and "not written" in result.stderr and not trace.exists()
+        return
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(trace.read_text())
+    assert next(iter(doc)) == "stepcli_whatif_trace"
+    events = doc["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {"rank 0", "rank 1"}
+    steps = [e for e in events if e["ph"] == "X" and e["name"].startswith("ProfilerStep#")]
+    assert {e["pid"] for e in steps} == {0, 1} and len(steps) == 6
+    path = [e for e in events if e.get("cat") == "stepcli_critical_path" and e["ph"] == "X"]
+    assert path and any(e["name"].startswith("collective: ") for e in path)
+    starts = {e["id"] for e in events if e["ph"] == "s"}
+    assert starts and starts == {e["id"] for e in events if e["ph"] == "f"}
+    again = run_stepcli("whatif", ddp_run, "--trace", trace)  # its own earlier trace is replaced
+    assert again.returncode in (0, 4), again.stderr
+    mine = tmp_path / "mine.json"
+    mine.write_text("{}")
+    refused = run_stepcli("whatif", ddp_run, "--trace", mine)
+    assert refused.returncode == 2 and "not replaced" in refused.stderr and mine.read_text() == "{}"

@@ -98,6 +98,8 @@ def test_top_marks_the_culprit_only_and_a_rank_that_stopped() -> None:
     assert named["culprit"]["why"].startswith("rank 0 arrives last")
     nobody = snapshot(processes, "run", True, now, {"collectives": 3, "culprit": None})
     assert nobody["slowest"] is None and nobody["culprit"]["why"].endswith("consistently enough at 3 collectives")
+    decided = {"collectives": 3, "culprit": None, "no_culprit": {"reason": "chance", "words": "rank 1 arrives last"}}
+    assert snapshot(processes, "run", True, now, decided)["culprit"]["why"] == "rank 1 arrives last"
     # a main thread that makes no step is still heard (its stacks thread writes the heartbeat): stalled, not fresh-looking
     stuck = snapshot(
         [beat | {"rank": 0, "worker": "rank0", "step": 30, "time": now, "no_step_for_s": 12.0}], "r", True, now

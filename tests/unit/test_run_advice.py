@@ -179,3 +179,41 @@ def test_every_rule_names_its_threshold_and_line_is_one_line() -> None:
     for item in found:
         assert item.threshold and item.evidence and item.suggestion
         assert "\n" not in item.line() and item.threshold in item.line()
+
+
+def _threads_logs(threads: list[int], cpus: list[list[int]], host: str = "h") -> list[dict[str, Any]]:
+    return [{"host": host, "intra_op_threads": t, "cpus": c} for t, c in zip(threads, cpus)]
+
+
+@pytest.mark.parametrize(
+    ("threads", "cpus", "fires"),
+    [
+        ([1, 1], [[0, 1], [0, 1]], False),  # 2 ranks x 1 thread on 2 cores: at the threshold
+        ([2, 2], [[0, 1], [0, 1]], True),  # 2 ranks x 2 threads on 2 cores (issue 46.8)
+        ([1, 2], [[0, 1], [0, 1]], True),  # 3 threads on 2 cores
+        ([2, 2], [[0, 1], [2, 3]], False),  # each rank pinned to its own 2 cores: 4 on 4
+        ([2], [[0]], True),  # one process, 2 threads, pinned to 1 core
+        ([4], [[0, 1, 2, 3]], False),
+    ],
+)
+def test_threads_beyond_the_cores(threads: list[int], cpus: list[list[int]], fires: bool) -> None:
+    from stepcli.run.summary.threads import threads_section
+
+    section = threads_section(_threads_logs(threads, cpus))
+    assert section is not None and section["oversubscribed"] is fires
+    assert ("threads" in _rules(Evidence(threads=section))) is fires
+
+
+def test_threads_advice_names_the_setting_that_fixes_it() -> None:
+    from stepcli.run.summary.threads import threads_section
+
+    section = threads_section(_threads_logs([2, 2], [[0, 1], [0, 1]]))
+    (item,) = [a for a in advise(Evidence(threads=section)) if a.rule == "threads"]
+    assert item.evidence.startswith("2 processes x 2 intra-op threads = 4 on 2 cores stepcli sees")
+    assert "OMP_NUM_THREADS=1" in item.suggestion and "torch.set_num_threads(1)" in item.suggestion
+    # AND per host: two hosts, each within its own cores, are fine; the one beyond them is named
+    logs = _threads_logs([1, 1], [[0, 1], [0, 1]], "a") + _threads_logs([4, 4], [[0, 1], [0, 1]], "b")
+    (item,) = [a for a in advise(Evidence(threads=threads_section(logs))) if a.rule == "threads"]
+    assert "= 8 on 2 cores stepcli sees on host b:" in item.evidence and "OMP_NUM_THREADS=1" in item.suggestion
+    # AND nothing without the evidence (older step logs)
+    assert threads_section([{"host": "h", "intra_op_threads": None, "cpus": None}]) is None

@@ -162,8 +162,9 @@ def test_a_window_folder_planted_as_a_link_receives_nothing(tmp_path: Path, vict
 
 def test_a_trace_is_exported_through_a_private_folder_and_named_by_its_final_path(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    path, size = export_trace(_FakeProfiler(), str(out / "window-step4"), use_gzip=True, own_folder=True)
-    assert Path(path).parent == out / "window-step4" and path.endswith(".pt.trace.json.gz") and size > 0
+    path, info = export_trace(_FakeProfiler(), str(out / "window-step4"), use_gzip=True, own_folder=True)
+    assert Path(path).parent == out / "window-step4" and path.endswith(".pt.trace.json.gz") and info.st_size > 0
+    assert os.path.samestat(info, os.stat(path))  # the file written, by inode: what the run's end checks
     assert [p.name for p in (out / "window-step4").iterdir()] == [Path(path).name]  # no scratch folder left
     import gzip
 
@@ -224,3 +225,48 @@ def test_new_file_keeps_nothing_on_failure_and_never_replaces_with_replace_false
     with pytest.raises(FileExistsError):
         safefile.write_bytes(str(target), b"second", replace=False)
     assert target.read_bytes() == b"first" and list(tmp_path.iterdir()) == [target]
+
+
+_WRITER_STOPPED = """
+import os, sys, time
+from stepcli import safefile
+safefile.remove_on_signals()
+with safefile.NewFile(os.path.join(sys.argv[1], "out.json")) as handle:
+    handle.write(b"half")
+    handle.flush()
+    print("writing", flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_a_signal_mid_write_removes_the_temporary_file_and_ends_by_that_signal(tmp_path: Path, name: str) -> None:
+    # GIVEN a process writing through NewFile, with stepcli's short-command signal handling (issue 47, defect 14)
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER_STOPPED, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "writing\n"
+    assert [p.name.endswith(".tmp") for p in tmp_path.iterdir()] == [True]
+    # WHEN the signal arrives
+    proc.send_signal(getattr(signal, name))
+    proc.wait(timeout=60)
+    # THEN it still ends by that signal, and no temporary file is left
+    assert proc.returncode == -getattr(signal, name)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_forked_child_removes_none_of_its_parents_temporary_files(tmp_path: Path) -> None:
+    with safefile.NewFile(str(tmp_path / "out.json")) as handle:
+        handle.write(b"x")
+        pid = os.fork()
+        if pid == 0:
+            safefile.remove_live_temps()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert len(list(tmp_path.iterdir())) == 1  # the parent's temporary file is still there
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]

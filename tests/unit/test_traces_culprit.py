@@ -10,6 +10,7 @@ import pytest
 from stepcli.traces.analyses.alignment import align
 from stepcli.traces.analyses.arrivals import RankArrivals, rank_arrivals
 from stepcli.traces.analyses.culprit import analyze
+from stepcli.traces.analyses.culpritwords import summary_line
 from stepcli.traces.analyses.significance import chance_of_last
 from stepcli.traces.read.events import Event
 from stepcli.traces.read.typedcolumns import columns_from_events
@@ -96,6 +97,8 @@ def test_equal_ranks_name_no_culprit() -> None:
     section = analyze(ranks, 90.0)
     assert section is not None and section["culprit"] is None
     assert section["ranks"][0]["times_last"] == STEPS  # last every time, but by less than MIN_LATENESS_MS
+    assert section["no_culprit"]["reason"] in ("lead_in_noise", "little_lateness")
+    assert section["no_culprit"]["words"].startswith(f"rank 0 arrives last at {STEPS} of {STEPS} collectives, but")
 
 
 def test_clock_offset_leaves_the_skew_unchanged() -> None:
@@ -127,7 +130,8 @@ def test_lateness_within_alignment_error_is_no_finding() -> None:
     r1.depart_us = [d + jitter for d, jitter in zip(r1.depart_us, (-5_000.0, 0.0, 5_000.0) * 2)]
     section = analyze([r0, r1])  # no step time: only the 1 ms floor and the alignment error apply
     assert section is not None and section["alignment"]["error_ms"] >= 2.0
-    assert section["culprit"] is None
+    assert section["culprit"] is None and section["no_culprit"]["reason"] == "lead_in_noise"
+    assert "no more than the noise" in section["no_culprit"]["words"]
 
 
 def test_ranks_on_one_clock_are_not_aligned_and_carry_no_alignment_error() -> None:
@@ -173,6 +177,14 @@ def test_a_rank_late_without_doing_more_is_no_culprit() -> None:
     assert section is not None and section["ranks"][1]["last_share"] == 1.0
     assert section["ranks"][1]["lateness_ms_per_step"] == pytest.approx(2.0)
     assert section["culprit"] is None and section["thresholds"]["min_cause_ms_per_step"] == 1.0
+    # AND the sentence gives that reason, never "no rank arrives last consistently enough" beside its 100%
+    assert section["no_culprit"]["reason"] == "no_extra_work"
+    line = summary_line(section)
+    assert line is not None and "consistently" not in line
+    assert line.startswith(
+        "culprit: none: rank 1 arrives last at 6 of 6 collectives, 2.00 ms/step late, but does no extra work before"
+        " arriving (0.00 ms/step more than the others): it only leaves each collective later"
+    ), line
     # AND with 2 ms more work of its own before arriving, it is
     section = analyze([_steady(0, 0.0, 4_000.0), _steady(1, 2_000.0, 6_000.0)], 20.0)
     assert section is not None and section["culprit"]["rank"] == 1
@@ -216,6 +228,11 @@ def test_last_no_more_often_than_chance_is_no_finding() -> None:
     late4 = analyze([_arrivals(_rank_trace(0), 0), _arrivals(_rank_trace(30_000, late_steps=4), 1)], 90.0)
     assert late4 is not None and late4["ranks"][1]["times_last"] >= 4
     assert late4["culprit"] is None
+    assert late4["no_culprit"]["reason"] == "chance" and late4["no_culprit"]["rank"] == 1
+    assert late4["no_culprit"]["words"].startswith("rank 1 arrives last at 4 of 6 collectives, which ranks doing")
+    late3 = analyze([_arrivals(_rank_trace(0), 0), _arrivals(_rank_trace(30_000, late_steps=3), 1)], 90.0)
+    assert late3 is not None and late3["no_culprit"]["reason"] == "not_last_often"
+    assert late3["no_culprit"]["words"].startswith("no rank arrives last at 60% of its collectives or more: the latest")
     assert chance_of_last(4, 6, 2) == pytest.approx(22 / 64)
     assert chance_of_last(6, 6, 2) == pytest.approx(1 / 64) and chance_of_last(0, 6, 2) == 1.0
 

@@ -11,6 +11,7 @@ from conftest import assert_matches_key_averages
 
 from stepcli.traces.analyses import analysis as analysis_module
 from stepcli.traces.analyses.mergeparts import summarize
+from stepcli.traces.analyses.model import STUB_WHY
 from stepcli.traces.read.events import Event
 from stepcli.traces.read.reader import Trace, load_trace, rank_from_name
 
@@ -166,6 +167,59 @@ def test_a_backward_annotation_with_the_engine_on_its_own_thread_holds_no_forwar
     )
 
 
+@pytest.mark.parametrize("engine", ["arrays", "reference"])
+def test_forward_and_backward_in_an_optimizer_closure_are_forward_and_backward(
+    monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    # GIVEN `optimizer.step(closure)` as LBFGS runs it: inside Optimizer.step#, the agent's closure range twice
+    # (zero_grad, forward 20, backward 20 on the main thread), the optimizer's own work (5) between and after
+    closure = "stepcli: optimizer closure"
+    events = [
+        step(1, 0, 100),
+        ev("Optimizer.step#LBFGS.step", 2, 96, cat="user_annotation"),
+        ev(closure, 3, 44, cat="user_annotation"),
+        ev("Optimizer.zero_grad#LBFGS.zero_grad", 4, 1, cat="user_annotation"),
+        ev("aten::linear", 6, 20),
+        ev("aten::addmm", 7, 10),
+        ev("autograd::engine::evaluate_function: AddmmBackward0", 26, 20),
+        ev("aten::dot", 48, 5),  # the optimizer's own work, between the closure's calls
+        ev(closure, 54, 43, cat="user_annotation"),
+        ev("aten::linear", 55, 20),
+        ev("autograd::engine::evaluate_function: AddmmBackward0", 76, 20),
+    ]
+    if engine == "reference":
+        monkeypatch.setattr(analysis_module, "_analyze_columns", _step_aside)
+    data = summarize([Trace.from_events(events)]).to_dict()
+    # THEN (it was optimizer 96, backward 0, forward 0) forward 40, backward 40, the optimizer what is left of its
+    # 96: zero_grad 1 and its own time outside the closures (1 + 1 + 6 + 1 = 9 of it, with the dot)
+    assert data["breakdown_ms"] == pytest.approx(
+        {"dataloader": 0.0, "forward": 0.040, "backward": 0.040, "optimizer": 0.010, "other": 0.010}
+    )
+
+
+@pytest.mark.parametrize("engine", ["arrays", "reference"])
+def test_backward_nested_in_an_optimizer_step_without_the_agent_is_backward(
+    monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    # GIVEN a plain torch.profiler trace of a closure step (no agent range), and a step run from a gradient hook
+    # (an optimizer event inside a backward event: the innermost phase decides)
+    events = [
+        step(1, 0, 100),
+        ev("Optimizer.step#SGD.step", 2, 50, cat="user_annotation"),
+        ev("aten::linear", 6, 20),
+        ev("autograd::engine::evaluate_function: AddmmBackward0", 26, 20),
+        ev("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", 60, 30),
+        ev("Optimizer.step#SGD.step", 62, 20, cat="user_annotation"),
+    ]
+    if engine == "reference":
+        monkeypatch.setattr(analysis_module, "_analyze_columns", _step_aside)
+    data = summarize([Trace.from_events(events)]).to_dict()
+    # THEN the nested backward is backward (it was optimizer); the closure's forward is the optimizer's, unknowable
+    assert data["breakdown_ms"] == pytest.approx(
+        {"dataloader": 0.0, "forward": 0.0, "backward": 0.030, "optimizer": 0.050, "other": 0.020}
+    )
+
+
 def test_breakdown_with_backward_on_the_autograd_thread_and_device_busy() -> None:
     # GIVEN (as in CUDA traces) backward ops on their own thread, and kernels on the device timeline
     events = [
@@ -198,6 +252,29 @@ def test_no_steps_means_no_breakdown_but_device_share_over_the_trace() -> None:
     data = summarize([Trace.from_events(events)]).to_dict()
     assert data["steps"] == [] and data["step_ms"] is None and data["breakdown_ms"] is None
     assert data["device"]["busy_share"] == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("engine", ["arrays", "reference"])
+def test_the_profilers_closing_stub_is_left_out_by_what_it_holds(monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
+    if engine == "reference":
+        monkeypatch.setattr(analysis_module, "_analyze_columns", _step_aside)
+    # GIVEN steps 2 and 3 with the program's operators, and a last step 4 with none (the profiler's stop stub)
+    work = [step(2, 0, 100), ev("aten::mm", 10, 50), step(3, 100, 100), ev("aten::mm", 110, 50)]
+    data = summarize([Trace.from_events([*work, step(4, 200, 0.017)], path="t.json")]).to_dict()
+    # THEN it is in no step figure, and the JSON says so
+    assert [s["step"] for s in data["steps"]] == [2, 3] and data["step_ms"]["min"] == pytest.approx(0.1)
+    assert data["left_out_steps"] == [{"file": "t.json", "step": 4, "why": STUB_WHY}]
+    # BUT a last step as short that holds an operator is a step; so is an empty one while another thread of its
+    # process still works after its start, or when no step holds any operator (nothing says this one lacks any),
+    # or one as long as the step before it
+    for events in (
+        [*work, step(4, 200, 0.017), ev("aten::add", 200.001, 0.01)],
+        [*work, step(4, 200, 0.017), ev("aten::add", 201, 5, tid=2)],
+        [step(2, 0, 100), step(3, 100, 100), step(4, 200, 0.017)],
+        [*work, step(4, 200, 100)],
+    ):
+        kept = summarize([Trace.from_events(events, path="t.json")]).to_dict()
+        assert [s["step"] for s in kept["steps"]] == [2, 3, 4] and kept["left_out_steps"] == []
 
 
 def test_ranks_and_slowest_rank() -> None:
@@ -284,6 +361,7 @@ def test_to_dict_has_the_contract_keys_and_is_json() -> None:
         "culprit",
         "repeated_ranks",
         "mixed_jobs",
+        "left_out_steps",
     ]
     assert set(data["cpu_ops"][0]) == {"name", "calls", "self_ms", "total_ms", "avg_ms", "self_share"}
     assert set(data["breakdown_ms"]) == {"dataloader", "forward", "backward", "optimizer", "other"}

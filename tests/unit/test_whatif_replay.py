@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 
 from stepcli.errors import StepcliError
+from stepcli.traces.analyses.lanes import lane_of
 from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.events import Event
 from stepcli.traces.read.typedcolumns import columns_from_events
 from stepcli.whatif.answer import Request, answer, parse_change
-from stepcli.whatif.lanes import lane_of
 from stepcli.whatif.replay import build_graph, replay, step_ms
 
 MAIN, WORKER = 1, 2
@@ -146,3 +146,24 @@ def test_bad_changes_are_usage_errors_in_one_line(flag: str, value: str, words: 
     with pytest.raises(StepcliError) as caught:
         parse_change(flag, value, [lane_of(_one_process())])
     assert words in str(caught.value) and caught.value.exit_code == 2
+
+
+def test_a_closure_optimizers_forward_and_backward_are_not_the_optimizers() -> None:
+    """LBFGS runs forward and backward inside `optimizer.step(closure)`: the lane's phases are the breakdown's (the
+    agent marks each closure call), so removing the optimizer removes only its own time."""
+    closure = _trace(
+        None,
+        [
+            ("ProfilerStep#1", "user_annotation", MAIN, 0, 100),
+            ("Optimizer.step#LBFGS.step", "user_annotation", MAIN, 10, 90),
+            ("stepcli: optimizer closure", "user_annotation", MAIN, 20, 70),
+            ("Optimizer.zero_grad#LBFGS.zero_grad", "user_annotation", MAIN, 20, 25),
+            ("aten::linear", "cpu_op", MAIN, 25, 45),
+            ("autograd::engine::evaluate_function: AddmmBackward0", "cpu_op", MAIN, 45, 70),
+        ],
+    )
+    # optimizer: [10, 20) + [20, 25) + [70, 90) = 35; forward: [25, 45) = 20; backward: [45, 70) = 25; other: 20
+    assert _predicted([closure], ("scale", "phase:optimizer=0")) == [65.0]
+    assert _predicted([closure], ("scale", "phase:forward=0")) == [80.0]
+    assert _predicted([closure], ("scale", "phase:backward=0")) == [75.0]
+    assert _predicted([closure], ("scale", "phase:other=0")) == [80.0]

@@ -16,8 +16,10 @@ import re
 import socket
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 from stepcli.agent import controlfiles
 from stepcli.agent.config import atomic_write_json
@@ -71,38 +73,50 @@ def _tag(document: dict[str, Any]) -> str:
 _MAX_CONTROL_BYTES = 1 << 20
 
 
-def _documents(folder: str, prefix: str) -> dict[str, dict[str, Any]]:
+# The control folder by its path, or by a descriptor held since the run made it: the hang watch holds one, so a
+# `.stepcli` renamed away by another user (a shared folder) still leads it to the processes' files.
+Folder = Union[str, int]
+
+
+@contextmanager
+def _opened(folder: Folder) -> Iterator[int]:
+    """The control folder's descriptor: the one held (`folder` an int, left open), or opened and checked now."""
+    if isinstance(folder, int):
+        yield folder
+        return
+    fd = controlfiles.open_folder(folder)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _documents(folder: Folder, prefix: str) -> dict[str, dict[str, Any]]:
     """The files `<prefix><host>.<pid>.json` of the control folder, by `<host>.<pid>.json`; only regular files of
     this user in the real control folder are read (stepcli/agent/controlfiles.py), never a link or a FIFO."""
     found: dict[str, dict[str, Any]] = {}
     try:
-        fd = controlfiles.open_folder(folder)
+        with _opened(folder) as fd:
+            for name in os.listdir(fd):
+                if name.startswith(prefix) and name.endswith(".json"):
+                    try:
+                        document = controlfiles.read_json(fd, name, _MAX_CONTROL_BYTES)
+                    except (OSError, ValueError):
+                        continue
+                    if isinstance(document, dict):
+                        found[name[len(prefix) :]] = document
     except OSError:
-        return found
-    try:
-        for name in os.listdir(fd):
-            if name.startswith(prefix) and name.endswith(".json"):
-                try:
-                    document = controlfiles.read_json(fd, name, _MAX_CONTROL_BYTES)
-                except (OSError, ValueError):
-                    continue
-                if isinstance(document, dict):
-                    found[name[len(prefix) :]] = document
-    finally:
-        os.close(fd)
+        pass
     return found
 
 
-def _write_control(folder: str, name: str, document: dict[str, Any] | None) -> None:
+def _write_control(folder: Folder, name: str, document: dict[str, Any] | None) -> None:
     """Write (or, with None, remove) `name` in the control folder, through its descriptor."""
-    fd = controlfiles.open_folder(folder)
-    try:
+    with _opened(folder) as fd:
         if document is None:
             controlfiles.unlink(fd, name)
         else:
             controlfiles.write_json(fd, name, document)
-    finally:
-        os.close(fd)
 
 
 def local(process: dict[str, Any]) -> bool:
@@ -127,7 +141,7 @@ def _alive(process: dict[str, Any]) -> bool:
         return False
 
 
-def registered(folder: str) -> list[dict[str, Any]]:
+def registered(folder: Folder) -> list[dict[str, Any]]:
     """The live processes that can dump their stacks."""
     return [p for p in _documents(folder, REGISTER_PREFIX).values() if _alive(p)]
 
@@ -147,7 +161,7 @@ def _new_folder(out_dir: str, kind: str) -> Path:
 
 
 def request_stacks(
-    folder: str,
+    folder: Folder,
     out_dir: str,
     kind: str,
     processes: list[dict[str, Any]],
@@ -225,18 +239,15 @@ def _key(process: dict[str, Any]) -> str:
     return f"{process.get('host')}.{process.get('pid')}"
 
 
-def _fault_read(folder: str, process: dict[str, Any], offset: int | None = None) -> tuple[int, str]:
+def _fault_read(folder: Folder, process: dict[str, Any], offset: int | None = None) -> tuple[int, str]:
     """(size of the process's fault file, its text from `offset`; none when `offset` is None), read through the
     control folder's descriptor: a regular file of this user, never a link or a FIFO."""
     name = process.get("fault_file")
     if not isinstance(name, str) or "/" in name or not name.startswith("fault."):
         return 0, ""
     try:
-        folder_fd = controlfiles.open_folder(folder)
-        try:
+        with _opened(folder) as folder_fd:
             fd, info = controlfiles.open_regular(folder_fd, name)
-        finally:
-            os.close(folder_fd)
     except OSError:
         return 0, ""
     try:
@@ -250,7 +261,7 @@ def _fault_read(folder: str, process: dict[str, Any], offset: int | None = None)
         os.close(fd)
 
 
-def _fallback_dump(process: dict[str, Any], folder: str, offset: int, target: Path) -> None:
+def _fallback_dump(process: dict[str, Any], folder: Folder, offset: int, target: Path) -> None:
     """A process that wrote no stacks file (its Python threads cannot run): faulthandler's text, written by its C
     signal handler into its fault file, becomes its stacks file."""
     _, text = _fault_read(folder, process, offset)

@@ -10,12 +10,14 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from stepcli.agent import controlfiles
 from stepcli.agent.stacks import ALIVE_PREFIX, PROBE_FILE, STALL_PREFIX, dump_signal
 from stepcli.run.live.hangdoctor import (
     DUMP_WAIT_S,
     MAX_REPORTS,
     PROBE_WAIT_S,
     TERM_GRACE_S,
+    Folder,
     _documents,
     _say,
     _short,
@@ -40,7 +42,13 @@ class HangWatch:
     def __init__(self, config: AgentConfig, timeout_s: float, on_hang: str, proc: subprocess.Popen[bytes]) -> None:
         from stepcli.agent.ondemand import control_dir
 
-        self.folder = control_dir(config.out_dir, config.run_id)
+        path = control_dir(config.out_dir, config.run_id)
+        # Held from here on, not reopened by path: another user can rename `.stepcli` away in a shared folder, and
+        # the processes keep writing through their own descriptors into the folder wherever it now is.
+        try:
+            self.folder: Folder = controlfiles.open_folder(path)
+        except OSError:
+            self.folder = path  # (made by the launcher just before: gone already, the watch looks by path)
         self.out_dir = config.out_dir
         self.timeout_s = timeout_s
         self.on_hang = on_hang
@@ -67,6 +75,8 @@ class HangWatch:
             _write_control(self.folder, PROBE_FILE, None)
         except OSError:
             pass
+        if isinstance(self.folder, int) and not self._thread.is_alive():
+            os.close(self.folder)
 
     def hung(self) -> tuple[float, list[dict[str, Any]]] | None:
         """(when the last step ended, the processes) while every live registered process is stalled, or stalled

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from stepcli.agent.stacks import MEMORY_SCHEMA, REQUEST_PREFIX, dump_signal
-from stepcli.errors import EXIT_NOTHING_MEASURED
+from stepcli.errors import EXIT_NOTHING_MEASURED, TraceError
 from stepcli.fmt import visible
+from stepcli.inputs import read_side_json
 from stepcli.run.live.hangdoctor import DUMP_WAIT_S, _alive, _key, _new_folder, _write_control, local, registered
 
 _MAX_ANSWER = 64 * 1024
@@ -96,9 +97,8 @@ def _read(folder: Path) -> list[dict[str, Any]]:
     answers = []
     for path in sorted(folder.glob("*.json")):
         try:
-            with open(path, "rb") as handle:
-                document = json.loads(handle.read(_MAX_ANSWER))
-        except (OSError, ValueError):
+            document = read_side_json(str(path), _MAX_ANSWER)  # (never blocking on a FIFO)
+        except TraceError:
             continue
         if isinstance(document, dict) and document.get("schema") == MEMORY_SCHEMA:
             answers.append(document)

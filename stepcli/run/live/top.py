@@ -84,10 +84,14 @@ def _culprit_basis(culprit: dict[str, Any] | None, slowest: Any) -> dict[str, An
     found = culprit.get("culprit")
     if slowest is not None and isinstance(found, dict):
         return {"rank": slowest, "collectives": culprit["collectives"], "why": str(found.get("evidence") or "")}
+    decided = culprit.get("no_culprit")  # the test that decided, in the analysis's own words
+    words = decided.get("words") if isinstance(decided, dict) else None
     return {
         "rank": None,
         "collectives": culprit["collectives"],
-        "why": f"no rank arrives last consistently enough at {culprit['collectives']} collectives",
+        "why": str(words)
+        if words
+        else f"no rank arrives last consistently enough at {culprit['collectives']} collectives",
     }
 
 

@@ -8,7 +8,6 @@ kept apart from rendering it (stepcli.run.summary.console for the terminal, step
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
 import signal
@@ -24,12 +23,15 @@ from typing import TYPE_CHECKING, Any, cast
 from stepcli import __version__
 from stepcli.agent.config import HELLO_PREFIX, AgentConfig
 from stepcli.agent.schedule import NONE
-from stepcli.agent.tracker import FOREIGN
-from stepcli.errors import StepcliError
+from stepcli.agent.tracker import AFTER_WINDOW, FOREIGN
+from stepcli.errors import StepcliError, TraceError
 from stepcli.fmt import plural
+from stepcli.inputs import read_side_json
 from stepcli.run.summary.compilesteps import compile_summary, compiled_steps
 from stepcli.run.summary.culprit import culprit_section
 from stepcli.run.summary.hangreport import hang_summary
+from stepcli.run.summary.threads import threads_section
+from stepcli.run.summary.whatifline import what_would_help
 from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, AdviceItem, Process, RunSummary, Window
 from stepcli.stats import describe
 from stepcli.steptimes import process_steps
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     from stepcli.traces.readonce import RunTraces
 
 TOP_N = 20
+_MAX_HELLO_BYTES = 1 << 20  # a process's hello file: a few notes
 
 
 def _load_json_files(folder: str, predicate: Any) -> list[dict[str, Any]]:
@@ -49,18 +52,23 @@ def _load_json_files(folder: str, predicate: Any) -> list[dict[str, Any]]:
         if name.startswith(".") or not predicate(name):
             continue
         try:
-            with open(os.path.join(folder, name), encoding="utf-8") as handle:
-                documents.append(json.load(handle))
-        except (OSError, ValueError):
+            document = read_side_json(os.path.join(folder, name), _MAX_HELLO_BYTES)  # (never blocking on a FIFO)
+        except TraceError:
             continue
+        if document is not None:
+            documents.append(document)
     return documents
 
 
-def _step_populations(logs: list[dict[str, Any]]) -> tuple[list[float], list[float], list[float], int]:
-    """Untouched and profiled step times (ms) over all processes; step 0 (start-up) is kept apart."""
+def _step_populations(
+    logs: list[dict[str, Any]],
+) -> tuple[list[float], list[float], list[float], list[float], int]:
+    """Untouched, profiled and after-a-window step times (ms) over all processes; step 0 (start-up) is kept
+    apart, and the first step after each window too: it pays for the profiler's stop and save (AFTER_WINDOW)."""
     untouched: list[float] = []
     profiled: list[float] = []
     first: list[float] = []
+    after: list[float] = []
     foreign = 0
     for log in logs:
         compiled = compiled_steps(log)  # torch.compile steps: kept apart like step 0 (see compilereport)
@@ -73,11 +81,13 @@ def _step_populations(logs: list[dict[str, Any]]) -> tuple[list[float], list[flo
                 continue
             elif code == FOREIGN:
                 foreign += 1
+            elif code == AFTER_WINDOW:
+                after.append(millis)
             elif code == NONE:
                 untouched.append(millis)
             else:
                 profiled.append(millis)
-    return untouched, profiled, first, foreign
+    return untouched, profiled, first, after, foreign
 
 
 def _primary(logs: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -210,7 +220,7 @@ def build_run_summary(
     logs, refused = load_step_logs(config, since=started_at)  # signed, schema-checked, traces inside out_dir
     logs.sort(key=lambda log: (log.get("rank") is None, log.get("rank") or 0, log.get("pid", 0)))
     primary = _primary(logs)
-    untouched, profiled, first, foreign = _step_populations(logs)
+    untouched, profiled, first, after, foreign = _step_populations(logs)
     notes: list[str] = list(refused)
     windows = [dict(window, worker=log["worker"]) for log in logs for window in log.get("windows", [])]
     windows.sort(key=lambda w: (w["first_step"], w["worker"]))
@@ -314,6 +324,7 @@ def build_run_summary(
             "untouched": describe(untouched),
             "profiled": describe(profiled),
             "first_step": describe(first),
+            "after_window": describe(after),
         },
         "timeline_ms": [round(us / 1000.0, 3) for us in (primary or {}).get("durations_us", [])][:100_000],
         "timeline_phases": (primary or {}).get("phases", "")[:100_000],
@@ -351,6 +362,7 @@ def build_run_summary(
         "device": device,
         "flops": flops,
         "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
+        "threads": threads_section(logs),
         "compile": compile_summary(logs),
         "memory_snapshots": run_snapshots(logs, config.out_dir),
         "hang": hang_summary(  # --hang-timeout reports (stepcli/run/summary/hangreport.py)
@@ -362,6 +374,9 @@ def build_run_summary(
         ),
         "notes": notes,
     }
+    untouched_stats = describe(untouched)
+    median = untouched_stats["median"] if untouched_stats else None
+    summary["what_would_help"] = what_would_help(trace_paths, median, notes, traces)
     summary["advice"] = _advice(summary, analysis)
     return summary
 
@@ -424,19 +439,23 @@ def process_entry(log: dict[str, Any]) -> Process:
         "exit": log.get("exit"),
         "peak_rss_bytes": log.get("peak_rss_bytes"),
         "cuda_peak_bytes": log.get("cuda_peak_bytes"),
+        "intra_op_threads": log.get("intra_op_threads"),
         "requesters": {r["name"]: r["calls"] for r in log.get("requesters", [])},
     }
 
 
-def analysis_progress(enabled: bool = True) -> AbstractContextManager[Any]:
+def analysis_progress(enabled: bool = True, out_dir: str | None = None) -> AbstractContextManager[Any]:
     """A spinner on stderr while the traces are read after the program exits (seconds for large traces), so
-    stepcli is not silent; only on a terminal: pipes and CI logs get no control characters."""
+    stepcli is not silent; on a terminal. Pipes and CI logs get no control characters: for large traces in
+    `out_dir`, progress lines instead (stepcli.slowwork)."""
     try:
         interactive = enabled and sys.stderr.isatty()
     except (AttributeError, ValueError):
         interactive = False
     if not interactive:
-        return contextlib.nullcontext()
+        from stepcli.slowwork import reading
+
+        return reading([out_dir], enabled) if out_dir else contextlib.nullcontext()
     from rich.console import Console
 
     return Console(stderr=True).status("stepcli: reading the traces ...", spinner="dots")

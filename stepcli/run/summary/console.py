@@ -65,6 +65,13 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
         console.print(f"[yellow]note:[/] {note}")
     for item in summary.get("advice") or ():
         console.print(f"[bold cyan]advice:[/] {escape(advice_line(item))}")
+    helps = summary.get("what_would_help")
+    if helps:
+        from stepcli.whatif.render import top_line
+
+        best = top_line(helps)
+        if best:
+            print_wrapped(console, best)
     _print_next(summary, report_path, console)
 
 
@@ -110,11 +117,26 @@ def _overview(summary: RunSummary, console: Console) -> Table:
                 f"n={stats['count']}  median {ms(stats['median'])}  p90 {ms(stats['p90'])}  "
                 f"min {ms(stats['min'])}  max {ms(stats['max'])}",
             )
+    after = times.get("after_window")
+    if after:  # in neither population: say how many, so the counts add up
+        overview.add_row(
+            "after a window",
+            f"n={after['count']}  median {ms(after['median'])}  max {ms(after['max'])}  (set aside: the first step "
+            "after each window pays for the profiler's stop and save)",
+        )
     if times["first_step"]:
         overview.add_row("first step", f"{ms(times['first_step']['max'])} (start-up, not in the statistics)")
     for index, text in enumerate(compile_lines(summary.get("compile"), len(summary["processes"]))):
         overview.add_row("compile" if index == 0 else "", text)
     _add_timeline(overview, summary, console)
+    threads = summary.get("threads")
+    for host in threads["hosts"] if threads else []:  # only when they outnumber the cores
+        if host["oversubscribed"]:
+            overview.add_row(
+                "threads",
+                f"{host['intra_op_threads']} intra-op threads in {plural(host['processes'], 'process', 'processes')} "
+                f"on {plural(host['cores'], 'core')} ({host['host']}): oversubscribed, see the advice",
+            )
     memory = summary["peak_memory"]
     if memory["rss_bytes"] or memory["cuda_bytes"]:
         overview.add_row(
@@ -198,6 +220,8 @@ def _print_next(summary: RunSummary, report_path: str | None, console: Console) 
         lines.append(f"  stepcli table {shlex.quote(_relative(out))}")
     if report_path:
         lines.append(f"  open {shlex.quote(_relative(report_path))} in a browser")
+    if summary["traces"] and (summary.get("what_would_help") or {}).get("verdict") == "ok":
+        lines.append(f"  stepcli whatif {shlex.quote(_relative(summary['out_dir']))}")
     if summary["traces"]:
         # Not TensorBoard: it shows nothing of a trace without the deprecated torch-tb-profiler plugin.
         lines.append("  open a trace in https://ui.perfetto.dev or chrome://tracing")

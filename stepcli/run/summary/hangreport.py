@@ -6,7 +6,6 @@ The block and the verdict are pure (documents in, lines out), so they are unit t
 
 from __future__ import annotations
 
-import json
 import re
 import sysconfig
 from collections.abc import Sequence
@@ -251,11 +250,18 @@ def describe_dumps(dumps: list[dict[str, Any]], silent: list[dict[str, Any]]) ->
     return lines
 
 
+_MAX_DUMP_BYTES = 64 * 1024 * 1024  # one process's stacks: thousands of threads' frames stay well below
+
+
 def read_json(path: str) -> dict[str, Any] | None:
+    """A stacks file as a dict, or None for anything else: never blocking on a FIFO, never reading `/dev/zero`
+    (stepcli.inputs.read_side_json)."""
+    from stepcli.errors import TraceError
+    from stepcli.inputs import read_side_json
+
     try:
-        with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
-    except (OSError, ValueError):
+        document = read_side_json(path, _MAX_DUMP_BYTES)
+    except TraceError:
         return None
     return document if isinstance(document, dict) else None
 

@@ -238,8 +238,10 @@ def gather(paths: Sequence[str]) -> ReportData:
 def report_main(paths: Sequence[str], out: str | None) -> str:
     """`stepcli report`: build the page for PATHs and write it; returns the path written."""
     from stepcli.report import check_output, default_output, write_page
+    from stepcli.slowwork import reading
 
-    data = gather(paths)
+    with reading(paths):  # a large trace takes seconds: said, not silent
+        data = gather(paths)
     if out is None:
         from stepcli.runfolder import pick_run
 

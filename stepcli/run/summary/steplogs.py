@@ -4,8 +4,9 @@ Anything that can write into `<out>/.stepcli/<run-id>/` during a run could other
 worker with 99 steps, a window naming a trace outside the output folder, or a malformed entry that crashes the
 report. So a step log counts only if it is a regular file signed with this run's key (which only the run's own
 processes get, in their environment) and matches its schema; a window's trace counts only if it is a regular file
-inside the output folder, of the size the agent recorded, written after the run started. Everything refused is
-named in one note.
+inside the output folder, of this user, the very file (inode and device) and size the agent recorded, written after
+the run started: another user can swap a same-size forgery in under its name. Everything refused is named in one
+note.
 """
 
 from __future__ import annotations
@@ -97,15 +98,18 @@ def schema_problem(log: Any) -> str | None:
             and _int(window.get("last_step"), window["first_step"], steps)
             and isinstance(window.get("trace"), str)
             and _int(window.get("bytes"))
+            and _int(window.get("inode"))
+            and _int(window.get("device"))
             and isinstance(window.get("complete"), bool)
             and isinstance(window.get("note", ""), str)
         ):
-            return "a window lacks first_step, last_step, trace, bytes or complete"
+            return "a window lacks first_step, last_step, trace, bytes, inode, device or complete"
     return None
 
 
-def trace_problem(path: str, recorded_bytes: int, out_dir: str, since: float) -> str | None:
-    """Why a window's trace is not one this run wrote, or None."""
+def trace_problem(window: dict[str, Any], out_dir: str, since: float) -> str | None:
+    """Why a window's trace is not the file this run wrote (place, owner, inode, size, time), or None."""
+    path, recorded_bytes = window["trace"], window["bytes"]
     root = os.path.realpath(out_dir)
     try:
         real = os.path.realpath(path)
@@ -116,6 +120,10 @@ def trace_problem(path: str, recorded_bytes: int, out_dir: str, since: float) ->
         return "missing"
     if not stat.S_ISREG(info.st_mode):
         return "not a regular file"
+    if info.st_uid != os.geteuid():
+        return f"owned by uid {info.st_uid}, not this user"
+    if (info.st_ino, info.st_dev) != (window["inode"], window["device"]):
+        return "not the file the agent wrote (replaced since)"
     if info.st_size != recorded_bytes:
         return f"{info.st_size} bytes, the agent wrote {recorded_bytes}"
     if info.st_mtime < since - 2.0:  # 2 s: coarse file-system timestamps
@@ -144,7 +152,8 @@ def load_step_logs(config: AgentConfig, since: float) -> tuple[list[dict[str, An
             continue
         kept = []
         for window in log["windows"]:
-            why = trace_problem(window["trace"], window["bytes"], config.out_dir, since)
+            why = trace_problem(window, config.out_dir, since)
+            del window["inode"], window["device"]  # checked: the summary's windows are as documented
             if why is None:
                 kept.append(window)
             else:

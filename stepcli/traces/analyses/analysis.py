@@ -42,6 +42,7 @@ from stepcli.traces.analyses.ranks import is_communication
 from stepcli.traces.analyses.shares import STEP_KEY, stable_name
 from stepcli.traces.analyses.steps import (
     BACKWARD,
+    CLOSURE,
     COMM,
     DATALOADER,
     OPTIMIZER,
@@ -51,6 +52,7 @@ from stepcli.traces.analyses.steps import (
     Window,
     clip,
     device_busy,
+    is_closure,
     length,
     measured_spans,
     phase_of,
@@ -90,6 +92,54 @@ def _recorded_device_work(
     launched = columns.corr[host[inside]]
     kept: np.ndarray = dev[~(np.isin(columns.corr[dev], launched) & (columns.corr[dev] >= 0))]
     return kept
+
+
+_SYNC_SUFFIX = (
+    "DeviceSynchronize"  # cudaDeviceSynchronize, hipDeviceSynchronize: the profiler's stop waits for the device
+)
+
+
+def profiler_stub(columns: Columns) -> int | None:
+    """The N of the profiler's closing stub: the trace's last ProfilerStep#N when it holds none of the program's
+    work while the step before it, longer, does; else None.
+
+    A program's own torch.profiler whose schedule was still recording when the program stopped stepping (its loop
+    ended, or `with profile(...)` closed) opens ProfilerStep#N at the last `prof.step()` and closes it at once when
+    it stops: a step of microseconds with nothing in it, which would pull the minimum and the mean down. It is
+    told by what it holds, not by its length: no host event of its process starts at or after its start (on any
+    thread; a device synchronize, the profiler's own, aside), while the step before it holds some, so the program's
+    work is recorded (a trace of steps with no operators in them, as some annotations are, loses nothing), and is
+    longer than it (the stub lasts microseconds; an empty step as long as the program's is left as it is). A step of the
+    program's ends where the next begins, so its last operators start inside it."""
+    import numpy as np
+
+    from stepcli.traces.read import typedcolumns
+
+    names = columns.names
+    is_step_name = np.array([n.startswith(STEP_PREFIX) and step_of(n) is not None for n in names] or [False], bool)
+    is_step = is_step_name[columns.name] & (columns.kind == typedcolumns.USER_ANNOTATION)
+    steps = np.nonzero(is_step)[0]
+    if steps.size < 2:
+        return None
+    numbers = np.array([step_of(names[code]) for code in columns.name[steps].tolist()], np.int64)
+    last = int(numbers.max())
+    sync = np.array([n.endswith(_SYNC_SUFFIX) for n in names] or [False], bool)
+    host = (columns.kind < typedcolumns.DEVICE) & ~sync[columns.name] & ~is_step
+    for at in steps[numbers == last].tolist():
+        pid = columns.pid[at]
+        ts = columns.ts[host & (columns.pid == pid)]  # (a few passes over the events, no sort: once per file)
+        if np.any(ts >= columns.ts[at]):
+            return None  # something of the program's starts in it or after it
+        others = steps[(numbers != last) & (columns.pid[steps] == pid)]
+        if not others.size:
+            return None
+        before = others[np.argmax(numbers[(numbers != last) & (columns.pid[steps] == pid)])]  # the step before it
+        lo, hi = columns.ts[before], columns.ts[before] + columns.dur[before]
+        if not np.any((ts >= lo) & (ts < hi)):
+            return None  # the step before holds no operator either: nothing says this one lacks any
+        if columns.dur[at] >= columns.dur[before]:
+            return None  # as long as a step of the program's: a step, whatever it holds
+    return last
 
 
 def _analyze_columns(
@@ -181,22 +231,14 @@ def _analyze_columns(
             windows.append(window)
     wrapper_name = np.array([wraps_backward(n) for n in names] or [False], bool)
     named = wrapper_name[name] & (kind[index] == typedcolumns.USER_ANNOTATION) & ~is_step
-    forward, forward_row = _forward_candidates(parent, phase, list(by_row), named)
-    phase_totals = _phase_totals_arrays(list(by_row), start, end, phase, pid_code, forward, forward_row)
+    closure_name = np.array([is_closure(n) for n in names] or [False], bool)
+    closure = closure_name[name] & (kind[index] == typedcolumns.USER_ANNOTATION)
+    forward, forward_row = _forward_candidates(parent, phase, list(by_row), named, closure)
+    phase_totals = _phase_totals_arrays(list(by_row), start, end, phase, closure, pid_code, forward, forward_row)
 
-    phase_spans: dict[int, list[tuple[int, int, int | str]]] = {
-        DATALOADER: [],
-        OPTIMIZER: [],
-        BACKWARD: [],
-        COMM: [],
-    }
     # The phase spans and the steps' children feed the per-window reference (`step_phases`); with the totals
     # already measured on arrays, only communication spans are still needed.
-    with_phase = np.nonzero(phase == COMM if phase_totals is not None else (phase > 0) & (phase <= COMM))[0]
-    for p, s, e, pid in zip(
-        phase[with_phase].tolist(), start[with_phase].tolist(), end[with_phase].tolist(), pid_code[with_phase].tolist()
-    ):
-        phase_spans[p].append((s, e, ids[pid]))
+    phase_spans = _phase_spans(phase, closure if phase_totals is None else None, start, end, pid_code, ids)
     if by_row and phase_totals is None:
         for row, s, e in zip(forward_row.tolist(), start[forward].tolist(), end[forward].tolist()):
             by_row[row].children.append((s, e, 0))
@@ -239,6 +281,31 @@ def _analyze_columns(
     return cpu_rows, device_rows, result
 
 
+def _phase_spans(
+    phase: Any, closure: Any, start: Any, end: Any, pid_code: Any, ids: list[int | str]
+) -> dict[int, list[tuple[int, int, int | str]]]:
+    """Per phase, its events' (start, end, pid): communication only when `closure` is None (the totals are measured
+    on arrays), else every phase and the closure ranges (steps.CLOSURE), for the per-window `step_phases`."""
+    import numpy as np
+
+    spans: dict[int, list[tuple[int, int, int | str]]] = {
+        DATALOADER: [],
+        OPTIMIZER: [],
+        BACKWARD: [],
+        COMM: [],
+        CLOSURE: [],
+    }
+    with_phase = np.nonzero(phase == COMM if closure is None else (phase > 0) & (phase <= COMM))[0]
+    codes = phase[with_phase].tolist()
+    if closure is not None:
+        at = np.nonzero(closure)[0]
+        with_phase = np.concatenate((with_phase, at))
+        codes += [CLOSURE] * len(at)
+    for p, s, e, pid in zip(codes, start[with_phase].tolist(), end[with_phase].tolist(), pid_code[with_phase].tolist()):
+        spans[p].append((s, e, ids[pid]))
+    return spans
+
+
 def _in_steps_array(spans: StepSpans, pid: Any, start: Any, end: Any) -> Any:
     """`in_steps` for arrays of events (pid codes, as `spans` is keyed): a boolean array."""
     import numpy as np
@@ -254,17 +321,19 @@ def _in_steps_array(spans: StepSpans, pid: Any, start: Any, end: Any) -> Any:
     return inside
 
 
-def _forward_candidates(parent: Any, phase: Any, rows: list[int], named: Any) -> tuple[Any, Any]:
+def _forward_candidates(parent: Any, phase: Any, rows: list[int], named: Any, closure: Any) -> tuple[Any, Any]:
     """The steps' forward candidates (`step_phases`): the events, and the step event (at `rows`) of each.
 
     A step's top-level operator that is no phase is forward. A wrapper around a phase (a user's `## backward ##`
     around the autograd engine's events, Lightning's `[pl][profile]...backward`) is no operator of its own: its
     children stand in its place, so that naming a phase never moves the time between its events to forward.
-    `named`: the user annotations named for backward (steps.wraps_backward), wrappers whatever is below them."""
+    `named`: the user annotations named for backward (steps.wraps_backward), wrappers whatever is below them.
+    `closure`: the agent's ranges around an optimizer's closure (steps.is_closure), wrappers too, and the only
+    events inside an optimizer event whose children can be forward: the optimizer's other operators are its own."""
     import numpy as np
 
     n = len(parent)
-    contains = named.copy()  # holds a dataloader, optimizer or backward event somewhere below it (or wraps one)
+    contains = named | closure  # holds a dataloader, optimizer or backward event somewhere below it (or wraps one)
     below = np.nonzero(((phase >= DATALOADER) & (phase <= BACKWARD)) | named)[0]
     while below.size:
         up = parent[below]
@@ -276,20 +345,23 @@ def _forward_candidates(parent: Any, phase: Any, rows: list[int], named: Any) ->
     owner[np.array(rows, np.int64)] = np.array(rows, np.int64)
     is_row = owner >= 0
     # Parents come before their children in this order: one pass over the wrappers (few) reaches every depth.
-    for wrapper in np.nonzero(contains & (phase == 0) & ~is_row)[0].tolist():
+    # An optimizer event passes its step on only to what is an optimizer event or a closure range below it.
+    passing = (contains & (phase == 0)) | (phase == OPTIMIZER)
+    for wrapper in np.nonzero(passing & ~is_row)[0].tolist():
         up = int(parent[wrapper])
-        if up >= 0 and owner[up] >= 0:
+        if up >= 0 and owner[up] >= 0 and (phase[up] != OPTIMIZER or closure[wrapper] or phase[wrapper] == OPTIMIZER):
             owner[wrapper] = owner[up]
     candidate = np.nonzero((parent >= 0) & (phase == 0) & ~contains)[0]
-    candidate = candidate[owner[parent[candidate]] >= 0]
+    candidate = candidate[(owner[parent[candidate]] >= 0) & (phase[parent[candidate]] == 0)]
     return candidate, owner[parent[candidate]]
 
 
 def _phase_totals_arrays(
-    rows: list[int], start: Any, end: Any, phase: Any, pid_code: Any, forward: Any, forward_row: Any
+    rows: list[int], start: Any, end: Any, phase: Any, closure: Any, pid_code: Any, forward: Any, forward_row: Any
 ) -> tuple[dict[str, int], int] | None:
     """`step_phases` summed over the windows (the step events at `rows`; `forward` the forward candidates and
-    `forward_row` the step of each, from _forward_candidates), with array operations per process
+    `forward_row` the step of each, from _forward_candidates; `closure` the agent's closure ranges, which with the
+    backward nested in an optimizer event are no optimizer time: steps.optimizer_own), with array operations per process
     (stepcli.traces.analyses.arrays.step_phases) instead of a Python step per span. None when two windows of one
     process overlap: the per-window reference measures those."""
     import numpy as np
@@ -311,13 +383,22 @@ def _phase_totals_arrays(
             return None
         of_pid = pid_code == pid
         spans = [np.nonzero(of_pid & (phase == p))[0] for p in (DATALOADER, OPTIMIZER, BACKWARD)]
+        phase_start, phase_end = [start[e] for e in spans], [end[e] for e in spans]
+        if len(spans[1]):
+            nested = [col.union_arrays(start[e], end[e]) for e in (spans[2], np.nonzero(of_pid & closure)[0])]
+            phase_start[1], phase_end[1] = col.without_nested(
+                phase_start[1],
+                phase_end[1],
+                np.concatenate([s for s, _ in nested]),
+                np.concatenate([e for _, e in nested]),
+            )
         of_window = window_pid[child_window] == pid
         forward_of, forward_events = child_window[of_window], child[of_window]
         parts = col.step_phases(
             window_start[mine],
             window_end[mine],
-            [start[e] for e in spans],
-            [end[e] for e in spans],
+            phase_start,
+            phase_end,
             np.maximum(start[forward_events], window_start[forward_of]),
             np.minimum(end[forward_events], window_end[forward_of]),
         )
@@ -374,6 +455,9 @@ def summarize_columns(
     summarized alone needs none."""
     from stepcli.traces.analyses.arrays import TooLarge
 
+    stub = profiler_stub(columns) if incomplete_step is None else None
+    if stub is not None:  # no step: what is left out as a window's cut step is (stepcli.traces.analyses.steps)
+        incomplete_step = stub
     measure_busy = device_busy_arrays
     within: Within = within_arrays
     try:
@@ -433,4 +517,5 @@ def summarize_columns(
         arrivals=rank_arrivals(columns, rank, incomplete_step, clock, cpu_time) if arrivals else None,
         world_size=world_size,
         device_name=device_name,
+        stub_step=stub,
     )

@@ -91,6 +91,37 @@ def union_arrays(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.nda
     return s[heads], reach[tails]
 
 
+def without_nested(
+    outer_start: np.ndarray, outer_end: np.ndarray, inner_start: np.ndarray, inner_end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The union of the outer spans less the inner spans that each lie inside one of its intervals, with the outer
+    spans that lie inside those again: the optimizer's own time without the backward passes and closures nested in
+    it, its zero_grad in a closure included (stepcli.traces.analyses.steps.optimizer_own, which this equals)."""
+    starts, ends = union_arrays(outer_start, outer_end)
+    inside = _inside(starts, ends, inner_start, inner_end)
+    hole_start, hole_end = union_arrays(inner_start[inside], inner_end[inside])
+    if not len(hole_start):
+        return starts, ends
+    # Each hole lies inside one interval and the holes are disjoint: the pieces left are the interval's start to
+    # its first hole, between holes, and its last hole's end to its end; sorted, the two lists pair up.
+    piece_start = np.sort(np.concatenate((starts, hole_end)))
+    piece_end = np.sort(np.concatenate((hole_start, ends)))
+    keep = piece_start < piece_end
+    again = _inside(hole_start, hole_end, outer_start, outer_end)
+    return union_arrays(
+        np.concatenate((piece_start[keep], outer_start[again])), np.concatenate((piece_end[keep], outer_end[again]))
+    )
+
+
+def _inside(starts: np.ndarray, ends: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Which spans [start, end) each lie inside one interval of the sorted disjoint union (`starts`, `ends`)."""
+    if not len(starts):
+        return np.zeros(len(start), bool)
+    at = np.minimum(np.searchsorted(ends, start, side="right"), len(starts) - 1)  # the first ending after start
+    found: np.ndarray = (starts[at] <= start) & (end <= ends[at]) & (start < ends[at])
+    return found
+
+
 def covered(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Per span [lo[i], hi[i]): the time of a sorted disjoint union (`starts`, `ends`) inside it, as F(hi) - F(lo)
     where F(t) is the union's length before t (prefix sums and a binary search, no step per interval)."""

@@ -52,7 +52,7 @@ from stepcli.stats import median, percentile
 from stepcli.traces.analyses.alignment import Matched, align, match_collectives
 from stepcli.traces.analyses.arrivals import CAUSES, GC_PREFIX, RankArrivals
 from stepcli.traces.analyses.arrivals import rank_arrivals as rank_arrivals  # (for the summary's one import)
-from stepcli.traces.analyses.culpritwords import evidence
+from stepcli.traces.analyses.culpritwords import evidence, no_culprit_words
 from stepcli.traces.analyses.significance import chance_of_last, jitter, lead_t_chance
 
 MIN_LAST_SHARE = 0.6
@@ -179,7 +179,7 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
     min_lead_us = _lead_floor(error_us, rows[candidate]["lead_jitter_ms"], taken[candidate])
     # a rank last at random: 1 in (the size of its groups), on average over its collectives
     group_size = taken[candidate] / chance[candidate]
-    finding = _is_finding(
+    why_not = _why_not(
         rows[candidate],
         min_lead_us,
         median_step_ms,
@@ -223,12 +223,28 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
         }
         culprit |= {k: rows[candidate][k] for k in _OWN_FIGURES}  # the rank's own, as its row
         culprit["evidence"] = evidence(culprit)
-    elif finding:
+    elif why_not is None:
         culprit = _cause(matched, candidate, last_at, rows[candidate], n_steps)
         # Late, but doing nothing longer than the others before arriving: it left the previous collective later
         # (gloo's ring completes on the ranks in turn), which is the collective's doing, not the rank's.
         if culprit["cause_ms_per_step"] < MIN_LATENESS_MS:
+            why_not = {"reason": "no_extra_work", "cause_ms_per_step": culprit["cause_ms_per_step"]}
             culprit = None
+    no_culprit = None
+    if culprit is None and why_not is not None:
+        # The test that decided (the first the latest rank failed), with the figures it judged, in words once here:
+        # the terminal, --json and the page all show this sentence.
+        row = rows[candidate]
+        no_culprit = {
+            "rank": ranks[candidate],
+            "times_last": row["times_last"],
+            "collectives": taken[candidate],
+            "last_share": row["last_share"],
+            "lateness_ms_per_step": row["lateness_ms_per_step"],
+            "lead_median_ms": row["lead_median_ms"],
+            **why_not,
+        }
+        no_culprit["words"] = no_culprit_words(no_culprit)
     return {
         "collectives": count,
         "steps": n_steps,
@@ -254,6 +270,7 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
         },
         "ranks": rows,
         "culprit": culprit,
+        "no_culprit": no_culprit,
         "per_step": [
             {
                 "step": step,
@@ -282,19 +299,35 @@ def _is_finding(
     leads: tuple[Sequence[float], Sequence[float]] = ((), ()),
     candidates: int = 2,
 ) -> bool:
-    floor = max(MIN_LATENESS_MS, MIN_STEP_SHARE * (median_step_ms or 0.0))
-    by_sign = chance_of_last(row["times_last"], count, ranks) <= MAX_CHANCE
-    # last most of the time (MIN_LAST_SHARE, below) by a mean lead far beyond the others' noise: its leads are
+    return _why_not(row, min_lead_us, median_step_ms, count, ranks, leads, candidates) is None
+
+
+def _why_not(
+    row: dict[str, Any],
+    min_lead_us: float,
+    median_step_ms: float | None,
+    count: int,
+    ranks: float,
+    leads: tuple[Sequence[float], Sequence[float]] = ((), ()),
+    candidates: int = 2,
+) -> dict[str, Any] | None:
+    """None when the row is a finding, else the first test it fails (`reason`) with the bar it missed: what the
+    no-culprit sentence says (culpritwords.no_culprit_words)."""
+    if row["last_share"] < MIN_LAST_SHARE:
+        return {"reason": "not_last_often", "min_last_share": MIN_LAST_SHARE}
+    chance = chance_of_last(row["times_last"], count, ranks)
+    # last most of the time (MIN_LAST_SHARE, above) by a mean lead far beyond the others' noise: its leads are
     # signed (early at the collectives it was not last at), so a lead of 13 ms at 6 of 8 collectives and -0.5 ms at
     # the other 2 decides where the sign alone (6 of 8: 1 in 7 by chance) cannot; the candidate is the latest of
     # the ranks: a chance that small for any of them
-    by_size = lead_t_chance(*leads) <= MAX_CHANCE / max(candidates, 1)
-    return bool(
-        row["last_share"] >= MIN_LAST_SHARE
-        and (by_sign or by_size)
-        and row["lead_median_ms"] * 1000 > min_lead_us
-        and row["lateness_ms_per_step"] >= floor
-    )
+    if chance > MAX_CHANCE and lead_t_chance(*leads) > MAX_CHANCE / max(candidates, 1):
+        return {"reason": "chance", "chance": chance, "max_chance": MAX_CHANCE}
+    if row["lead_median_ms"] * 1000 <= min_lead_us:
+        return {"reason": "lead_in_noise", "min_lead_ms": min_lead_us / 1000}
+    floor = max(MIN_LATENESS_MS, MIN_STEP_SHARE * (median_step_ms or 0.0))
+    if row["lateness_ms_per_step"] < floor:
+        return {"reason": "little_lateness", "min_lateness_ms_per_step": floor}
+    return None
 
 
 class _OthersGap:

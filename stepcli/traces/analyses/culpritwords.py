@@ -63,8 +63,41 @@ def summary_line(section: dict[str, Any] | None) -> str | None:
 
 
 def no_culprit_reason(section: Mapping[str, Any]) -> str:
-    """Why no culprit is named, as the terminal and the page both say it."""
+    """Why no culprit is named, as the terminal and the page both say it: the test that decided, as the analysis
+    wrote it (`no_culprit.words`)."""
+    decided = section.get("no_culprit")
+    if isinstance(decided, Mapping) and isinstance(decided.get("words"), str):
+        return f"{decided['words']} ({_clocks(section)})"
     return f"no rank arrives last consistently enough at {section['collectives']} collectives ({_clocks(section)})"
+
+
+def no_culprit_words(why: Mapping[str, Any]) -> str:
+    """The sentence of the test that decided no culprit (stepcli.traces.analyses.culprit._why_not), with the latest
+    rank's figures: it must never contradict the table of ranks beside it."""
+    rank, reason = why["rank"], why["reason"]
+    last = f"rank {rank} arrives last at {why['times_last']} of {why['collectives']} collectives"
+    if reason == "not_last_often":
+        return (
+            f"no rank arrives last at {why['min_last_share']:.0%} of its collectives or more: "
+            f"the latest, {last} ({why['last_share']:.0%})"
+        )
+    if reason == "chance":
+        return f"{last}, which ranks doing the same work do {why['chance']:.0%} of the time by chance"
+    if reason == "lead_in_noise":
+        return (
+            f"{last}, but by a median lead of only {why['lead_median_ms']:.2f} ms, no more than the noise "
+            f"({why['min_lead_ms']:.2f} ms: its arrivals' jitter, the clocks' alignment error)"
+        )
+    if reason == "little_lateness":
+        return (
+            f"{last}, but only {why['lateness_ms_per_step']:.2f} ms/step late, under the "
+            f"{why['min_lateness_ms_per_step']:.2f} ms/step that would matter"
+        )
+    return (
+        f"{last}, {why['lateness_ms_per_step']:.2f} ms/step late, but does no extra work before arriving "
+        f"({why['cause_ms_per_step']:.2f} ms/step more than the others): it only leaves each collective later, the "
+        f"order in which the collective completes on the ranks (gloo's ring), not work of its own"
+    )
 
 
 def _clocks(section: Mapping[str, Any]) -> str:

@@ -25,7 +25,6 @@ kernel whose operator says no dtype) it stays BF16 and is said to be assumed (`m
 
 from __future__ import annotations
 
-import os
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -33,6 +32,9 @@ from stepcli.traces.read.names import DTYPES
 
 FLOPS_SUFFIX = ".flops"  # as stepcli.agent.recorder writes it
 _MAX_BYTES = 1 << 16
+# The most FLOPs a side file may count: 10^30 is a million years of an exaFLOP machine, and any sum or ratio of such
+# counts stays a finite float (a 401-digit count made `flops / steps` raise OverflowError: exit 70).
+MAX_FLOPS = 10**30
 # Dense (not 2:4 sparse) peak FLOP/s by device-name fragment and dtype, from the vendors' datasheets (README).
 PEAKS: dict[str, dict[str, float]] = {
     "B200": {"fp8": 4500e12, "bf16": 2250e12, "fp16": 2250e12, "tf32": 1100e12, "fp32": 75e12},
@@ -58,23 +60,40 @@ def flops_path(trace: str) -> str:
 
 
 def read_flops(trace: str) -> tuple[int, str | None] | None:
-    """(FLOPs, device name) written beside `trace`, or None when there is no usable file."""
+    """(FLOPs, device name) written beside `trace`, or None when there is no usable file. A side file that is there
+    but unusable (a FIFO, a link to `/dev/zero`, a huge file, not JSON, a count that is no whole number from 0 to
+    MAX_FLOPS: `1e400`, 401 digits) is left out with one warning, never waited on, never fatal: the trace is
+    still summarized, from the FLOPs its operators carry if any (stepcli.inputs.read_side_json)."""
+    from stepcli.errors import TraceError
+    from stepcli.inputs import read_side_json
+
     path = flops_path(trace)
     try:
-        if os.path.getsize(path) > _MAX_BYTES:
-            return None
-        import json  # (only when the file is there: most traces have none)
+        document = read_side_json(path, _MAX_BYTES)
+    except TraceError as exc:
+        _unusable(path, exc.problem)
+        return None
+    if document is None:
+        return None
+    flops = document.get("flops") if isinstance(document, dict) else None
+    if not isinstance(flops, int) or isinstance(flops, bool) or not 0 <= flops <= MAX_FLOPS:
+        _unusable(path, "no FLOP count from 0 to 10^30 in it")
+        return None
+    device = document.get("device")
+    return flops, device[:200] if isinstance(device, str) else None
 
-        with open(path, encoding="utf-8") as f:
-            document = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(document, dict):
-        return None
-    flops, device = document.get("flops"), document.get("device")
-    if not isinstance(flops, int) or isinstance(flops, bool) or flops < 0:
-        return None
-    return flops, device if isinstance(device, str) else None
+
+_warned: set[str] = set()
+
+
+def _unusable(path: str, problem: str) -> None:
+    """One warning per side file and process: its FLOPs are left out."""
+    if path in _warned:
+        return
+    _warned.add(path)
+    from stepcli.fmt import say
+
+    say(f"warning: {path}: {problem}; its FLOPs are left out")
 
 
 def _peaks(device: str | None) -> dict[str, float] | None:

@@ -143,6 +143,7 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
         culprit=None if repeated or mixed else from_parts(parts, steps),
         repeated_ranks=repeated,
         mixed_jobs=mixed,
+        stub_steps=[(p.path, p.stub_step) for p in parts if p.stub_step is not None],
     )
 
 

@@ -81,6 +81,9 @@ class Breakdown:
         }
 
 
+STUB_WHY = "the profiler's closing stub, with none of the program's work in it"
+
+
 @dataclass(frozen=True)
 class TraceSummary:
     """Everything `stepcli table` reports; `to_dict()` is the JSON contract other commands read back."""
@@ -111,6 +114,8 @@ class TraceSummary:
     # no culprit is named then, since no job's ranks can be told from another's
     repeated_ranks: dict[int, int] = field(default_factory=dict)
     mixed_jobs: str | None = None  # traces of jobs of different sizes (mergeparts.mixed_jobs_note): nobody named
+    # per file with one, the profiler's closing stub step left out of every figure (analysis.profiler_stub)
+    stub_steps: list[tuple[str, int]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -132,6 +137,7 @@ class TraceSummary:
             "culprit": self.culprit,
             "repeated_ranks": {str(rank): count for rank, count in self.repeated_ranks.items()},
             "mixed_jobs": self.mixed_jobs,
+            "left_out_steps": [{"file": path, "step": step, "why": STUB_WHY} for path, step in self.stub_steps],
         }
 
     def _rank_dict(self, row: ProcessRow) -> dict[str, Any]:
@@ -167,7 +173,11 @@ class FilePart:
     gemm_ns: dict[str, int] = field(default_factory=dict)
     arrivals: RankArrivals | None = None  # its collectives, for the culprit (stepcli.traces.analyses.culprit)
     world_size: int | None = None  # its job's size, as the trace says (distributedInfo.world_size)
+    # its steps' thread as a lane of `stepcli whatif`'s graph (stepcli.traces.analyses.lanes.RankLane), when the
+    # read asked for it (the run's end does: its summary says what would help, from the same read)
+    lane: Any = None
     device_name: str | None = None  # its first GPU (deviceProperties)
+    stub_step: int | None = None  # the N of the profiler's closing stub left out (analysis.profiler_stub), if any
 
 
 class TraceFacts(Protocol):

@@ -11,6 +11,7 @@ from stepcli.traces.analyses.ranks import is_communication
 from stepcli.traces.analyses.shares import STEP_KEY, stable_name
 from stepcli.traces.analyses.steps import (
     BACKWARD,
+    CLOSURE,
     COMM,
     DATALOADER,
     DEVICE_CATEGORIES,
@@ -21,6 +22,7 @@ from stepcli.traces.analyses.steps import (
     TraceResult,
     Window,
     in_steps,
+    is_closure,
     phase_of,
     step_spans_of,
     union,
@@ -76,6 +78,7 @@ class _Nesting:
             BACKWARD: [],
             COMM: [],
             PAUSE: [],
+            CLOSURE: [],
         }
         # name -> (row key unless it is a step, phase, could be a ProfilerStep#N): computed once per distinct name
         self.name_info: dict[str, tuple[str, int, bool, bool]] = {}
@@ -187,7 +190,8 @@ class _Nesting:
         # frame: [end, row key, dur, children's dur, number of children, last child, name, step window or None,
         #         counted: inside a step of the process, or the trace has no complete steps (None: a cut step
         #         then, counted nowhere), phase, holds a dataloader,
-        #         optimizer or backward event below it, forward candidates below it (see hand_up)]
+        #         optimizer or backward event below it, forward candidates below it (see hand_up), is the agent's
+        #         range around an optimizer's closure]
         stack: list[list[Any]] = []
 
         def close() -> None:
@@ -203,7 +207,10 @@ class _Nesting:
             while stack and (start >= stack[-1][0] or end > stack[-1][0]):
                 close()
             frame, phase, wraps = self.frame_for(pid, event, start, end)
-            frame += [phase, wraps, []]
+            closure = event.cat == "user_annotation" and is_closure(event.name)
+            if closure:
+                self.phase_spans[CLOSURE].append((start, end, pid))
+            frame += [phase, wraps or closure, [], closure]
             if stack:
                 parent = stack[-1]
                 parent[3] += frame[2]
@@ -282,12 +289,18 @@ class _Nesting:
 def hand_up(frame: list[Any], parent: list[Any]) -> None:
     """Pass a closed frame's forward candidates to its parent (stepcli.traces.analyses.analysis._forward_candidates):
     an operator that is no phase is one; a wrapper around a dataloader, optimizer or backward event (a user's
-    `## backward ##`) is none: its own candidates stand in its place."""
+    `## backward ##`) is none: its own candidates stand in its place. Inside an optimizer event only the agent's
+    closure ranges hold candidates (the closure's forward); the optimizer's other operators are its own work."""
     phase, holds = frame[9], frame[10]
     if holds or DATALOADER <= phase <= BACKWARD:
         parent[10] = True
+    if phase == OPTIMIZER:
+        parent[11].extend(frame[11])  # its closures' forward, nothing else (below)
+        return
     if phase:
         return  # a phase, communication or a pause: never forward
+    if parent[9] == OPTIMIZER and not frame[12]:
+        return  # the optimizer's own work
     if not holds:
         parent[11].append((frame[0] - frame[2], frame[0]))
     elif frame[7] is None:

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from stepcli.agent.config import CLOSURE_ANNOTATION
 from stepcli.traces.analyses.arrivals import GC_PREFIX
 from stepcli.traces.analyses.model import NS_PER_MS, OpRow
 from stepcli.traces.analyses.ranks import is_communication
@@ -24,6 +25,8 @@ DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 DATALOADER, OPTIMIZER, BACKWARD = 1, 2, 3
 COMM = 4  # collective communication: never forward; in `other` unless inside another phase
 PAUSE = 5  # a Python garbage-collection pause the agent marked (stepcli.agent.gcpauses): never forward, `other`
+# Not a phase of any event (phase_of never says it): the key of the closure ranges in TraceResult.phase_spans.
+CLOSURE = 6
 PHASE_PREFIXES = (
     ("enumerate(DataLoader)", DATALOADER),
     ("Optimizer.step#", OPTIMIZER),
@@ -108,6 +111,50 @@ def wraps_backward(name: str) -> bool:
     return "backward" in name.lower() and not phase_of(name) and not name.startswith(STEP_PREFIX)
 
 
+def is_closure(name: str) -> bool:
+    """The agent's range around a call of an optimizer's closure (`optimizer.step(closure)`): no phase of its own
+    and no operator; what runs in it is forward, backward or optimizer as anywhere else in the step."""
+    return name == CLOSURE_ANNOTATION
+
+
+def optimizer_own(optimizer: Iterable[tuple[int, int]], nested: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The optimizer's own time: the union of its spans less the backward passes and closure calls that run
+    inside one of them (`optimizer.step(closure)`: LBFGS runs forward and backward in the closure, up to max_iter
+    times per step), though an optimizer event inside those (the closure's zero_grad) is the optimizer's again. An
+    optimizer span inside a backward span (a step run from a gradient hook) stays the optimizer's: the innermost
+    phase decides."""
+    events = list(optimizer)
+    spans = union(events)
+    holes = union(inside(spans, nested))
+    if not holes:
+        return spans
+    out: list[tuple[int, int]] = []
+    j = 0
+    for s, e in spans:
+        while j < len(holes) and holes[j][1] <= s:
+            j += 1
+        at = s
+        while j < len(holes) and holes[j][0] < e:
+            if holes[j][0] > at:
+                out.append((at, holes[j][0]))
+            at = max(at, holes[j][1])
+            j += 1
+        if at < e:
+            out.append((at, e))
+    return union(out + inside(holes, events))
+
+
+def inside(spans: list[tuple[int, int]], candidates: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The candidates that each lie inside one interval of the disjoint sorted union `spans`."""
+    ends = [e for _, e in spans]
+    out = []
+    for s, e in candidates:
+        i = bisect.bisect_right(ends, s)  # the first interval ending after s
+        if i < len(spans) and spans[i][0] <= s and e <= spans[i][1]:
+            out.append((s, e))
+    return out
+
+
 StepSpans = dict[Any, tuple[list[tuple[int, int]], list[int]]]  # pid -> (union of its steps, the union's ends)
 
 
@@ -164,7 +211,8 @@ def length(spans: list[tuple[int, int]]) -> int:
 
 def step_phases(result: TraceResult) -> list[tuple[Window, dict[str, int]]]:
     """Split each step into phases: union time of dataloader, then optimizer, backward and forward spans, each
-    counting only time not already claimed by the phases before it; the rest of the step is `other`.
+    counting only time not already claimed by the phases before it; the rest of the step is `other`. The
+    optimizer's spans are its own time (`optimizer_own`): without the backward and closures nested in them.
 
     Forward is every top-level operator of the step's thread that is no other phase, wherever it falls in the
     step: gradient accumulation and GANs run several forward passes between backward passes. Backward spans
@@ -176,6 +224,10 @@ def step_phases(result: TraceResult) -> list[tuple[Window, dict[str, int]]]:
             by_pid.setdefault(pid, []).append((s, e))
         for pid, pid_spans in by_pid.items():
             unions[(phase, pid)] = union(pid_spans)
+    for pid in [pid for phase, pid in unions if phase == OPTIMIZER]:
+        nested = unions.get((BACKWARD, pid), []) + unions.get((CLOSURE, pid), [])
+        events = [(s, e) for s, e, of in result.phase_spans[OPTIMIZER] if of == pid]
+        unions[(OPTIMIZER, pid)] = optimizer_own(events, nested)
     ends = {key: [e for _, e in union] for key, union in unions.items()}
 
     out: list[tuple[Window, dict[str, int]]] = []

@@ -19,7 +19,7 @@ import mmap
 import os
 import threading
 
-from stepcli.inputs import inflated_pieces, read_file  # (imported before the fork: the child has it)
+from stepcli.inputs import gzip_trailer, inflated_pieces, read_file  # (imported before the fork: the child has it)
 from stepcli.limits import input_limit
 from stepcli.traces.read.forked import fork_child, stop_child
 
@@ -117,15 +117,10 @@ def read_ahead(path: str) -> None:
 
 
 def _inflated_size(path: str) -> int | None:
-    """The size a gzip file's trailer gives (its last member's, mod 4 GiB), or None if it is not gzip."""
-    try:
-        with open(path, "rb") as file:
-            if file.read(2) != b"\x1f\x8b":
-                return None
-            file.seek(-4, os.SEEK_END)
-            return int.from_bytes(file.read(4), "little")
-    except OSError:
-        return None
+    """The size a gzip file's trailer gives (its last member's, mod 4 GiB), or None if it is not a regular gzip
+    file (a FIFO is never waited on: stepcli.inputs.gzip_trailer)."""
+    found = gzip_trailer(path)
+    return found[1] if found is not None else None
 
 
 def take(path: str) -> mmap.mmap | None:

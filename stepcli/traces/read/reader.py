@@ -327,28 +327,32 @@ def _decode_chunked(data: Text, shapes: bool, keeper_type: type[_Keeper]) -> tup
     return decode_rest(data, layout, shapes, keeper)
 
 
-def slice_layout(data: Text, prefix: tuple[int, list[int]] | None = None) -> tuple[int, list[int]] | None:
+def slice_layout(
+    data: Text, prefix: tuple[int, list[int]] | None = None, chunk: int | None = None
+) -> tuple[int, list[int]] | None:
     """Where traceEvents' list starts (just after its "[") and the commas between two events that cut it into
-    ~1 MB slices; None for data too small to slice. Raises _NotChunkable without a traceEvents key. With `prefix`,
-    the layout of a beginning of `data`, it is continued (the slices already cut stay as they are)."""
+    slices of about `chunk` bytes (_CHUNK_BYTES by default); None for data too small to slice. Raises
+    _NotChunkable without a traceEvents key. With `prefix`, the layout of a beginning of `data`, it is continued
+    (the slices already cut stay as they are)."""
+    chunk = chunk or _CHUNK_BYTES
     if prefix is not None and prefix[1]:
         start, splits = prefix[0], list(prefix[1])
-        position = splits[-1] + 1 + _CHUNK_BYTES
+        position = splits[-1] + 1 + chunk
     else:
-        if len(data) < 2 * _CHUNK_BYTES:
+        if len(data) < 2 * chunk:
             return None
         key = _TRACE_EVENTS_KEY.search(data)
         if key is None:
             raise _NotChunkable
         start = key.end()
         splits = []
-        position = start + _CHUNK_BYTES
+        position = start + chunk
     while position < len(data):
         match = _EVENT_SEPARATOR.search(data, position)
         if match is None:
             break
         splits.append(data.find(b",", match.start()))  # (the separator holds one)
-        position = match.end() + _CHUNK_BYTES
+        position = match.end() + chunk
     return (start, splits) if splits else None
 
 

@@ -14,13 +14,14 @@ from typing import IO, TYPE_CHECKING, Any
 
 from stepcli.fmt import ms_cell as _ms
 from stepcli.fmt import plural, visible, visible_all
-from stepcli.pipeconsole import discard_stdout, pipe_console
+from stepcli.pipeconsole import discard_stdout, json_for, pipe_console
 from stepcli.traces.analyses.culpritwords import culprit_lines
 from stepcli.traces.analyses.ranks import first_per_process
 from stepcli.traces.render.table import (
     DEFAULT_LIMIT,
     FORMATS,
     PHASE_ORDER,
+    left_out_notes,
     outside_note,
     pct,
     print_rich_report,
@@ -130,6 +131,7 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
             f"Step time over {plural(stats['count'], 'step')}: mean {_ms(stats['mean'])} ms, median {_ms(stats['median'])} ms, "
             f"p90 {_ms(stats['p90'])} ms, max {_ms(stats['max'])} ms."
         )
+    lines += [note[0].upper() + note[1:] + "." for note in left_out_notes(data)]
     lines.append("")
     if data["steps"]:
         lines += ["### Steps", ""]
@@ -230,7 +232,7 @@ def print_table_report(
         data = visible_all(data)
     try:
         if fmt == "json":
-            out.write(json_text(data))
+            out.write(json_for(out, json_text(data)))  # (a stdout that is not UTF-8: escapes, never look-alikes)
         elif fmt == "csv":  # a machine format: every row unless --limit, and a cut said on stderr
             out.write(csv_report(data, sort_by=sort_by, limit=limit))
             cut = csv_cut_note(data, limit)

@@ -3,6 +3,7 @@ under them; the other formats and the choice among them are stepcli.traces.rende
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
@@ -72,6 +73,24 @@ def outside_note(outside: Mapping[str, Any] | None) -> str | None:
     count = outside["events"]
     events = f"{count:,} host event{'s' if count != 1 else ''}"
     return f"{events} ({_ms(outside['self_ms'])} ms) outside recorded steps left out"
+
+
+def left_out_notes(data: Mapping[str, Any]) -> list[str]:
+    """The line saying which steps were left out of every figure because they are no steps of the program's (the
+    profiler's closing stub, stepcli.traces.analyses.analysis.profiler_stub): never dropped silently, and one line
+    however many traces have one (the first few named, every one in --json)."""
+    entries = list(data.get("left_out_steps") or ())
+    if not entries:
+        return []
+    why = entries[0]["why"]
+    if len(entries) == 1 and len(data.get("files") or ()) <= 1:
+        return [f"left out ProfilerStep#{entries[0]['step']}: {why}"]
+    named = ", ".join(f"ProfilerStep#{e['step']} of {os.path.basename(e['file'])}" for e in entries[:_NAMED])
+    more = f" and {len(entries) - _NAMED} more (--json: left_out_steps)" if len(entries) > _NAMED else ""
+    return [f"left out {named}{more}: {why}"]
+
+
+_NAMED = 3
 
 
 def repeated_note(repeated: Mapping[str, int] | None) -> str | None:
@@ -358,6 +377,8 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
             "no complete ProfilerStep#N annotation: step tables skipped, and the figures below are for the whole "
             "trace, not per step",
         )
+    for note in left_out_notes(data):
+        print_wrapped(console, note)
     if len(data["ranks"]) > 1:
         _print_ranks(data, console)
     if data["steps"]:

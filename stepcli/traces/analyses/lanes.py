@@ -18,7 +18,7 @@ import numpy as np
 
 from stepcli.traces.analyses import arrays as col
 from stepcli.traces.analyses.arrivals import RankArrivals, rank_arrivals
-from stepcli.traces.analyses.steps import BACKWARD, DATALOADER, OPTIMIZER, phase_of
+from stepcli.traces.analyses.steps import BACKWARD, DATALOADER, OPTIMIZER, is_closure, optimizer_own, phase_of
 from stepcli.traces.read import typedcolumns
 from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.names import STEP_PREFIX, step_of
@@ -166,14 +166,31 @@ def covers(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
 def _phases(
     names: list[str], op_name: np.ndarray, start: np.ndarray, end: np.ndarray, top: np.ndarray, mid: np.ndarray
 ) -> np.ndarray:
-    """Each interval's phase, by the breakdown's priority: dataloader, optimizer, backward (spans at any depth
-    named so), forward (the other outermost operators), other (no operator)."""
+    """Each interval's phase as the breakdown gives it (stepcli.traces.analyses.steps): dataloader, the optimizer's
+    own time (its spans less the backward passes and closure calls inside them: `optimizer.step(closure)`),
+    backward, forward (the other outermost operators, and what runs in a closure call), other (no operator)."""
     phase_of_name = np.array([phase_of(n) for n in names] or [0], np.int8)
+    closure_name = np.array([is_closure(n) for n in names] or [False], bool)
     named = phase_of_name[op_name] if len(op_name) else np.zeros(0, np.int8)
+    closure = closure_name[op_name] if len(op_name) else np.zeros(0, bool)
     out = np.full(len(mid), OTHER, np.int8)
     claimed = np.zeros(len(mid), bool)
-    for code, where in ((1, named == DATALOADER), (2, named == OPTIMIZER), (3, named == BACKWARD), (FORWARD, top)):
-        hit = covers(start[where], end[where], mid) & ~claimed
+
+    def ns(where: np.ndarray) -> list[tuple[int, int]]:
+        return list(zip(np.round(start[where] * 1000).astype(np.int64).tolist(),
+                        np.round(end[where] * 1000).astype(np.int64).tolist()))  # fmt: skip
+
+    own = optimizer_own(ns(named == OPTIMIZER), ns((named == BACKWARD) | closure))
+    own_start = np.array([s for s, _ in own], np.float64) / 1000
+    own_end = np.array([e for _, e in own], np.float64) / 1000
+    spans = (
+        (1, start[named == DATALOADER], end[named == DATALOADER]),
+        (2, own_start, own_end),
+        (3, start[named == BACKWARD], end[named == BACKWARD]),
+        (FORWARD, start[top | closure], end[top | closure]),
+    )
+    for code, lo, hi in spans:
+        hit = covers(lo, hi, mid) & ~claimed
         out[hit] = code
         claimed |= hit
     return out
