@@ -20,7 +20,7 @@ import threading
 from .config import CLOCK_KEY, INCOMPLETE_STEP_KEY, AgentConfig
 from .cpuwait import CpuWait
 from .interrupts import Held
-from .output import cause, current_rank, export_trace, human_size, say, trace_folder, worker_name, write_failed
+from .output import cause, export_trace, human_size, rank_prefix, say, trace_folder, worker_name, write_failed
 from .schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP
 from .torchquiet import QuietProfiler, ask_cupti_teardown
 from .tracecost import SaveClock, first_window_cost, took
@@ -321,7 +321,7 @@ class Recorder:
         if not self.config.quiet:
             extra = "" if complete else f" ({self._cut_reason}; the start of step {last + 1} is in it too)"
             # the path on its own line (kept whole, never wrapped: it can be copied), the rank first on several
-            say(f"{_who()}saved trace of {steps}{extra}{took(pause)} ({human_size(info.st_size)}):")
+            say(f"{rank_prefix()}saved trace of {steps}{extra}{took(pause)} ({human_size(info.st_size)}):")
             say(f"  {path}")
             if heavy:
                 say(heavy)
@@ -419,7 +419,7 @@ class Recorder:
         steps = f"step {first}" if first == last else f"steps {first}-{last}"
         self._save_clock.start(None if self.config.quiet or first is None else steps)
         if not (self.config.quiet or first is None):
-            say(f"{_who()}saving trace of {steps} ...")
+            say(f"{rank_prefix()}saving trace of {steps} ...")
 
     def stop_after_write_failure(self, message: str) -> None:
         """A trace or the step log could not be written (a full or read-only folder): one line, and no window
@@ -462,12 +462,6 @@ class Recorder:
                 self.notes.append("a window was abandoned: the program started its own profiler on another thread")
         self.tracker.set_phase(FOREIGN)
         self.tracker.wake_next_step()
-
-
-def _who() -> str:
-    """`rank3: ` in a distributed run, where every rank says the same lines at once; nothing in a lone process."""
-    rank = current_rank()
-    return f"rank{rank}: " if rank is not None else ""
 
 
 def _recorded_span(schedule: Any, step: int) -> tuple[int, int]:
