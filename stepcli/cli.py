@@ -12,6 +12,7 @@ import click
 from stepcli import __version__
 from stepcli.agent.request import MAX_ACTIVE, MAX_WAIT, MAX_WARMUP
 from stepcli.cliparse import (
+    Steps,
     check_run_options,
     finite_seconds,
     parse_activities,
@@ -42,9 +43,6 @@ class _RunCommand(click.Command):
 
 
 _FROM_CLI = click.core.ParameterSource.COMMANDLINE
-# No program makes 2^40 steps (a trillion); larger schedule values are refused up front, not after the program
-# ran (2^64 overflowed the run summary's JSON at the end: no summary, and the program's status lost).
-_MAX_STEPS = 2**40
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -60,35 +58,35 @@ def cli() -> None:
 )
 @click.option(
     "--skip-first",
-    type=click.IntRange(min=0, max=_MAX_STEPS),
+    type=Steps(min=0),
     default=0,
     show_default=True,
     help="Steps to skip before the first cycle.",
 )
 @click.option(
     "--wait",
-    type=click.IntRange(min=0, max=_MAX_STEPS),
+    type=Steps(min=0),
     default=1,
     show_default=True,
     help="Steps to wait at the start of each cycle.",
 )
 @click.option(
     "--warmup",
-    type=click.IntRange(min=0, max=_MAX_STEPS),
+    type=Steps(min=0),
     default=1,
     show_default=True,
     help="Steps the profiler runs but discards.",
 )
 @click.option(
     "--active",
-    type=click.IntRange(min=1, max=_MAX_STEPS),
+    type=Steps(min=1),
     default=3,
     show_default=True,
     help="Steps recorded in each trace.",
 )
 @click.option(
     "--repeat",
-    type=click.IntRange(min=0, max=_MAX_STEPS),
+    type=Steps(min=0),
     default=1,
     show_default=True,
     help="Cycles to record; 0 = until the program ends.",
@@ -228,6 +226,11 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
     help="Files read in parallel (default: the cores available).",
 )
 @click.option(
+    "--all-runs",
+    is_flag=True,
+    help="A run folder that holds several runs (`-o` given twice): read every run's traces, not only the latest.",
+)
+@click.option(
     "--scheduler",
     metavar="ADDRESS",
     default=None,
@@ -250,12 +253,14 @@ def table(
     as_markdown: bool,
     group_by_shape: bool,
     jobs: int | None,
+    all_runs: bool,
     scheduler: str | None,
     scheduler_wait: float | None,
 ) -> int:
     """Summarize traces: per-operator, per-step and per-rank tables.
 
-    PATHS are .json or .json.gz traces (from stepcli or plain torch.profiler) or folders of them.
+    PATHS are .json or .json.gz traces (from stepcli or plain torch.profiler) or folders of them. A run folder
+    is read as its latest run; FOLDER/.stepcli/RUN_ID names another.
     """
     chosen = [name for name, on in (("json", as_json), ("csv", as_csv), ("markdown", as_markdown)) if on]
     if len(chosen) > 1:
@@ -263,8 +268,10 @@ def table(
     fmt = chosen[0] if chosen else None
     if scheduler_wait is not None and scheduler is None:
         raise click.UsageError("--scheduler-wait needs --scheduler ADDRESS")
+    from stepcli.runfolder import runs_to_read
     from stepcli.traces.read.shortrun import read_ahead_one, short_run
 
+    paths = tuple(runs_to_read(paths, all_runs))
     read_ahead_one(paths, jobs, scheduler)
     with short_run():  # before numpy is imported: no spinning OpenBLAS threads, no cyclic GC
         from stepcli.slowwork import reading
@@ -389,9 +396,13 @@ def report(paths: tuple[str, ...], output: str | None) -> int:
 @cli.command(short_help="Merge the ranks' traces into one, clocks aligned, culprits marked.")
 @click.argument("paths", nargs=-1, required=True, type=PathParam())
 @click.option("-o", "--output", required=True, type=PathParam(dir_okay=False), help="Write here (never over others).")
-def merge(paths: tuple[str, ...], output: str) -> None:
-    """One Chrome trace of the ranks in PATHS (run folders, traces), clocks aligned, each collective's culprit marked."""
-    click.echo(merge_main(list(paths), output))
+@click.option("--all-runs", is_flag=True, help="A run folder that holds several runs: merge every run's traces.")
+def merge(paths: tuple[str, ...], output: str, all_runs: bool) -> None:
+    """One Chrome trace of the ranks in PATHS (run folders, traces), clocks aligned, each collective's culprit marked.
+    A run folder is read as its latest run; FOLDER/.stepcli/RUN_ID names another."""
+    from stepcli.runfolder import runs_to_read
+
+    click.echo(merge_main(runs_to_read(paths, all_runs), output))
 
 
 @cli.command(
@@ -434,6 +445,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from stepcli.demo import demo_argv
 
         at = args.index("--")
+        if {"--help", "-h"} & set(args[at + 1 :]):  # the demo's own help: no run, no run folder
+            from stepcli.demo import demo_help
+
+            return demo_help()
         if not {"--help", "-h"} & set(args[1:at]):
             return main(["run", *args[1:at], *demo_argv(), *args[at + 1 :]])
     from stepcli.pipeconsole import guard_stdout

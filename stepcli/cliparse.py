@@ -10,6 +10,31 @@ from typing import Any
 
 import click
 
+# No program makes 2^40 steps (a trillion); larger schedule values are refused up front, not after the program
+# ran (2^64 overflowed the run summary's JSON at the end: no summary, and the program's status lost).
+_MAX_STEPS = 2**40
+
+
+class Steps(click.IntRange):
+    """A count of steps, bounded by _MAX_STEPS: `--help` shows `x>=1` where 0 is refused, never that bound (a
+    guard against overflow, of no use to a reader: it was on every schedule option)."""
+
+    def __init__(self, min: int) -> None:  # noqa: A002 (click's name)
+        super().__init__(min=min, max=_MAX_STEPS)
+        self.low = min
+
+    name = "integer"  # (`--active INTEGER`, not `INTEGER RANGE`)
+
+    def _describe_range(self) -> str:
+        return f"x>={self.low}" if self.low else ""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.INT.convert(value, param, ctx)
+        if not self.low <= number <= _MAX_STEPS:
+            self.fail(f"{number} is not in the range {self.low}<=x<={_MAX_STEPS}.", param, ctx)
+        return number
+
+
 _ACTIVITIES = ("cpu", "cuda", "xpu", "mtia", "hpu")
 
 

@@ -11,12 +11,25 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from stepcli.runsummary import RunSummary
+from stepcli.errors import EXIT_USAGE, StepcliError
+from stepcli.runsummary import SUMMARY_FILE, RunSummary
 
-__all__ = ["contained", "read_saved", "rerooted", "run_dirs", "run_dirs_readable"]
+__all__ = [
+    "RunPick",
+    "contained",
+    "pick_run",
+    "read_saved",
+    "rerooted",
+    "run_dirs",
+    "run_dirs_readable",
+    "run_traces",
+    "runs_to_read",
+]
 
 
 def run_dirs(out_dir: str) -> list[Path]:
@@ -88,3 +101,108 @@ def contained(path: str, folder: str) -> bool:
     (an unpacked artifact can hold one) must not lead a reader out of it."""
     real, root = os.path.realpath(path), os.path.realpath(folder)
     return os.path.commonpath([real, root]) == root and real != root
+
+
+@dataclass(frozen=True)
+class RunPick:
+    """One run chosen in a run folder: the folder given to `-o`, the run's own `.stepcli/<run id>/`, and the other
+    runs the folder holds (a folder given to `-o` more than once)."""
+
+    folder: str
+    run_dir: Path
+    others: int
+    named: bool  # given by its run id (`FOLDER/.stepcli/<run id>`), not taken as the latest
+
+
+def pick_run(path: str) -> RunPick | None:
+    """The run a path names: `FOLDER/.stepcli/<run id>` names that run, a run folder its latest run; None for
+    anything else (a folder of traces, a file)."""
+    given = Path(path)
+    if given.parent.name == ".stepcli" and _own_folder(given) is not None:
+        folder = str(given.parent.parent)
+        runs = run_dirs(folder)
+        if any(os.path.samefile(given, run) for run in runs):
+            return RunPick(folder, given, len(runs) - 1, named=True)
+        return None
+    runs = run_dirs(path) if os.path.isdir(path) else []
+    return RunPick(path, runs[0], len(runs) - 1, named=False) if runs else None
+
+
+def other_runs_note(pick: RunPick, all_runs: bool = True) -> str | None:
+    """The one line saying a run folder holds other runs, which one is read, and how to read the others; None
+    when there are none, or the run was named."""
+    if pick.others == 0 or pick.named:
+        return None
+    one = os.path.join(pick.folder, ".stepcli", "<run id>")
+    how = f"--all-runs reads all, {one} one" if all_runs else f"{one} reads another"
+    return f"{pick.folder}: reading the latest of its {pick.others + 1} runs; {how}"
+
+
+def run_traces(pick: RunPick) -> list[str]:
+    """The traces the chosen run wrote that are still there, as its saved run summary lists them (inside the
+    folder: rerooted). A run with no saved summary (stepcli itself was killed) or no trace is refused in one
+    line that says how to read the folder's traces anyway."""
+    from stepcli.runsummary import read_run_summary
+
+    path = pick.run_dir / SUMMARY_FILE
+    data = read_saved(path)
+    which = f"run {pick.run_dir.name}" if pick.named else f"its latest run ({pick.run_dir.name})"
+    anyway = f"; `--all-runs {pick.folder}` reads every trace in the folder"
+    if data is None:  # still running (or stepcli was killed): its traces are those no other run lists
+        traces = _unclaimed_traces(pick)
+        if traces is None:
+            raise StepcliError(
+                f"{pick.folder}: {which} saved no run summary, so its traces are unknown{anyway}", EXIT_USAGE
+            )
+    else:
+        summary = rerooted(read_run_summary(data, str(path)), pick.folder)
+        traces = [t for t in summary.get("traces") or [] if os.path.isfile(t)]
+    if not traces:
+        raise StepcliError(f"{pick.folder}: {which} recorded no trace{anyway}", EXIT_USAGE)
+    return traces
+
+
+def _unclaimed_traces(pick: RunPick) -> list[str] | None:
+    """The traces in the folder (where `stepcli run` writes them: the folder itself and its `window-step<N>/`) that
+    no other run's saved summary lists: those of a run still running. None when another run has no readable
+    summary (then no trace can be told apart)."""
+    from stepcli.runsummary import read_run_summary
+
+    claimed: set[str] = set()
+    for run in run_dirs(pick.folder):
+        if run == pick.run_dir:
+            continue
+        data = read_saved(run / SUMMARY_FILE)
+        if data is None:
+            return None
+        try:
+            summary = rerooted(read_run_summary(data, str(run / SUMMARY_FILE)), pick.folder)
+        except StepcliError:
+            return None
+        claimed |= {os.path.realpath(t) for t in summary.get("traces") or []}
+    root = Path(pick.folder)
+    found = [*root.glob("*.pt.trace.json*"), *root.glob("window-step*/*.pt.trace.json*")]
+    return sorted(
+        str(p)
+        for p in found
+        if p.is_file() and not p.name.startswith(".") and ".tmp" not in p.name and os.path.realpath(p) not in claimed
+    )
+
+
+def runs_to_read(paths: Sequence[str], all_runs: bool) -> list[str]:
+    """`paths` with each run folder replaced by its latest run's traces (or, `FOLDER/.stepcli/<run id>`, that run's):
+    a folder given to `-o` twice holds both runs' traces, which read together would look like two ranks. With
+    `all_runs`, a run folder stands for every trace in it, as before. Says on stderr when other runs are left out."""
+    from stepcli.fmt import say
+
+    out: list[str] = []
+    for path in paths:
+        pick = pick_run(path)
+        if pick is None or (all_runs and not pick.named) or (pick.others == 0 and not pick.named):
+            out.append(path)
+            continue
+        out.extend(run_traces(pick))
+        note = other_runs_note(pick)
+        if note:
+            say(note)
+    return out

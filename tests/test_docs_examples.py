@@ -180,3 +180,52 @@ def test_console_sessions_run_as_shown(page: Path, tmp_path: Path) -> None:
             assert done.returncode == step.exit_code, f"{where}: exit {done.returncode}\n{printed}"
             missing = shown_lines_match(step.shown, printed, tmp_path)
             assert missing is None, f"{where}: shown line not printed: {missing!r}\nprinted:\n{printed}"
+
+
+def test_the_ci_gate_job_installs_stepcli_from_a_checkout_and_its_commands_run(tmp_path: Path) -> None:
+    """docs/concepts/ci-gates.md's GitHub Actions job, step by step (issue 49: its `pip install stepcli` failed,
+    stepcli being on no package index): the install names the checkout the job makes, and its stepcli commands
+    run as written, against a baseline recorded the same way."""
+    import re
+    import shlex
+
+    (job,) = [b for b in blocks(REPO / "docs" / "concepts" / "ci-gates.md") if b.lang == "yaml"]
+    runs = [line.split("run: ", 1)[1] for line in job.lines if line.strip().startswith("- run: ")]
+    installs = [shlex.split(r) for r in runs if r.startswith("pip install ")]
+    assert ["pip", "install", "stepcli"] not in installs
+    checkout = next(line for line in job.lines if "repository:" in line)
+    folder = checkout.split("path:", 1)[1].strip(" }")
+    assert ["pip", "install", f"./{folder}"] in installs, (installs, checkout)
+    # (the checkout itself installs: CI's fresh environment does `pip install` from this repository)
+    commands = [shlex.split(r) for r in runs if r.startswith("stepcli ")]
+    assert [c[:2] for c in commands] == [["stepcli", "run"], ["stepcli", "compare"]], commands
+    shutil.copy(REPO / "stepcli" / "demo" / "train.py", tmp_path / "train.py")
+    (tmp_path / "perf").mkdir()
+    env = stepcli_env({"COLUMNS": "80"})
+
+    def stepcli(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable if a == "python" else a for a in argv]
+        return subprocess.run(
+            [sys.executable, "-m", *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+
+    record, gate = commands
+    baseline = [a.replace("current.json", "perf/baseline.json").replace("traces", "base-traces") for a in record]
+    for argv in (baseline, record):
+        done = stepcli(argv)
+        assert done.returncode == 0, done.stderr
+    done = stepcli(gate)
+    assert done.returncode in (0, 1, 4), done.stdout + done.stderr  # a verdict (noise can say INCONCLUSIVE)
+    assert re.search(r"^(NO CHANGE|IMPROVEMENT|REGRESSION|INCONCLUSIVE): ", done.stdout, re.M), done.stdout
+
+
+def test_the_site_starts_with_a_getting_started_page() -> None:
+    # issue 49: the site's index pointed to "the walk-through in README.md", which is not on the site
+    nav = [line.strip() for line in (REPO / "mkdocs.yml").read_text().split("\nnav:\n", 1)[1].splitlines()]
+    assert nav[0] == "- Getting started: getting-started.md", nav[:3]
+    index = (REPO / "docs" / "index.md").read_text()
+    assert "(getting-started.md)" in index and "README.md" not in index
+    page = (REPO / "docs" / "getting-started.md").read_text()
+    headings = [line for line in page.splitlines() if line.startswith("## ")]
+    assert headings[:3] == ["## Install", "## A first run", "## Reading the summary"], headings
+    assert headings[-1] == "## Next steps" and REPO / "docs" / "getting-started.md" in CONSOLE_PAGES

@@ -52,6 +52,12 @@ def _slurm_rank() -> int | None:
     return None
 
 
+def rank_prefix() -> str:
+    """`rank3: ` in a distributed run, where every rank says the same lines at once; nothing in a lone process."""
+    rank = current_rank()
+    return f"rank{rank}: " if rank is not None else ""
+
+
 def worker_name() -> str:
     """TensorBoard's worker part of a trace name: `rank<R>` in distributed runs, else `<host>_<pid>`."""
     rank = current_rank()

@@ -20,7 +20,7 @@ import threading
 from .config import CLOCK_KEY, INCOMPLETE_STEP_KEY, AgentConfig
 from .cpuwait import CpuWait
 from .interrupts import Held
-from .output import cause, export_trace, human_size, say, trace_folder, worker_name, write_failed
+from .output import cause, export_trace, human_size, rank_prefix, say, trace_folder, worker_name, write_failed
 from .schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP
 from .torchquiet import QuietProfiler, ask_cupti_teardown
 from .tracecost import SaveClock, first_window_cost, took
@@ -320,7 +320,9 @@ class Recorder:
         self.notes += [heavy] if heavy else []
         if not self.config.quiet:
             extra = "" if complete else f" ({self._cut_reason}; the start of step {last + 1} is in it too)"
-            say(f"saved trace of {steps}{extra}{took(pause)}: {path} ({human_size(info.st_size)})")
+            # the path on its own line (kept whole, never wrapped: it can be copied), the rank first on several
+            say(f"{rank_prefix()}saved trace of {steps}{extra}{took(pause)} ({human_size(info.st_size)}):")
+            say(f"  {path}")
             if heavy:
                 say(heavy)
 
@@ -417,7 +419,7 @@ class Recorder:
         steps = f"step {first}" if first == last else f"steps {first}-{last}"
         self._save_clock.start(None if self.config.quiet or first is None else steps)
         if not (self.config.quiet or first is None):
-            say(f"saving trace of {steps} ...")
+            say(f"{rank_prefix()}saving trace of {steps} ...")
 
     def stop_after_write_failure(self, message: str) -> None:
         """A trace or the step log could not be written (a full or read-only folder): one line, and no window

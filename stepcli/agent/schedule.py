@@ -120,7 +120,11 @@ class Schedule:
             "" if self.repeat and self.repeat <= 3 else ", ... until the program ends" if self.repeat == 0 else ", ..."
         )
         one = len(spans) == 1 and "-" not in spans[0] and not more  # `--active 1`: "recording step 2"
-        return f"recording step{'' if one else 's'} {', '.join(spans)}{more} (skip-first {self.skip_first}, wait {self.wait}, warmup {self.warmup}, active {self.active}, repeat {self.repeat})"
+        # the options at their defaults (skip-first 0, repeat 1) are left out: the line fits 80 columns
+        options = [f"skip-first {self.skip_first}"] if self.skip_first else []
+        options += [f"wait {self.wait}", f"warmup {self.warmup}", f"active {self.active}"]
+        options += [f"repeat {self.repeat}"] if self.repeat != 1 else []
+        return f"recording step{'' if one else 's'} {', '.join(spans)}{more} ({', '.join(options)})"
 
     def to_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.FIELDS}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 
-from .output import human_size, say
+from .output import human_size, rank_prefix, say
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class SaveTicker:
         waited = 0.0
         while not self._done.wait(TICK_S):
             waited += TICK_S
-            say(f"still saving the trace of {self._steps} ({waited:.0f} s) ...")
+            say(f"{rank_prefix()}still saving the trace of {self._steps} ({waited:.0f} s) ...")
 
     def stop(self) -> None:
         self._done.set()

@@ -78,3 +78,15 @@ def check_budgets(budgets: Sequence[tuple[str, float]], stats: Stats | None, *, 
                 f"(over {plural(stats['count'], 'step')})"
             )
     return failures
+
+
+def budgets_held(budgets: Sequence[tuple[str, float]], stats: Stats | None, *, what: str = "step time") -> str | None:
+    """The one line saying every budget held, with the figures (`stepcli run --fail-over` passing says so, as
+    failing does); None when one did not (check_budgets says which)."""
+    if not budgets or stats is None or stats["count"] == 0 or check_budgets(budgets, stats, what=what):
+        return None
+    held = ", ".join(
+        f"{stat_label(stat)} {what} {_ms(float(stats[stat]))} ms <= {_ms(limit)} ms"  # type: ignore[literal-required]
+        for stat, limit in budgets
+    )
+    return f"passed: {held} (over {plural(stats['count'], 'step')})"

@@ -323,10 +323,11 @@ def _run_folder_summary(folder: Path) -> tuple[str, dict[str, Any]] | None:
     step of every process, the folder's traces only the recorded ones: read as traces, a run folder would be
     decided on 3 steps. A run folder whose newest run has no saved summary (it never finished writing one) is
     refused in one line rather than silently judged on its traces."""
-    from stepcli.runfolder import read_saved, rerooted, run_dirs, run_dirs_readable
+    from stepcli.fmt import say
+    from stepcli.runfolder import other_runs_note, pick_run, read_saved, rerooted, run_dirs_readable
 
-    newest = next(iter(run_dirs(str(folder))), None)
-    if newest is None:
+    pick = pick_run(str(folder))
+    if pick is None:
         if os.path.lexists(folder / ".stepcli") and not run_dirs_readable(str(folder)):
             raise StepcliError(  # a run folder, but not one of this user's own making: said, not judged on traces
                 f"{folder}: its .stepcli/ is a link or another user's, so its run summary is not read; give that "
@@ -334,6 +335,10 @@ def _run_folder_summary(folder: Path) -> tuple[str, dict[str, Any]] | None:
                 EXIT_USAGE,
             )
         return None
+    newest, folder = pick.run_dir, Path(pick.folder)
+    note = other_runs_note(pick, all_runs=False)
+    if note:
+        say(note)
     path = newest / SUMMARY_FILE
     data = read_saved(path)
     if data is None:

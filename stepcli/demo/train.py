@@ -8,7 +8,7 @@ import argparse
 
 def main() -> None:
     # The options are read before torch is imported: `stepcli demo -- --help` answers at once.
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="stepcli demo [RUN OPTIONS] --", description=__doc__)
     parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-3, help="AdamW's learning rate")

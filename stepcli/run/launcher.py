@@ -24,7 +24,7 @@ from stepcli.agent import ondemand
 from stepcli.agent.config import CONFIG_ENV, AgentConfig
 from stepcli.agent.schedule import Schedule
 from stepcli.errors import EXIT_NOT_SAVED, EXIT_REGRESSION, StepcliError
-from stepcli.fmt import plural, say
+from stepcli.fmt import say
 from stepcli.run.outputs import check_json_writable, prepare_out_dir, write_json
 from stepcli.run.signals import CUT_SIGNALS, SignalForwarder, child_setup, in_terminal_foreground
 from stepcli.runsummary import SUMMARY_FILE
@@ -147,7 +147,8 @@ def _child_command(target: list[str], module_mode: bool, command_mode: bool) -> 
     first, rest = target[0], target[1:]
     if command_mode and not module_mode:
         if shutil.which(first) is None:
-            raise StepcliError(f"command not found: {first}")
+            hint = f"; a script runs as `-- python {shlex.join(target)}`" if first.endswith(".py") else ""
+            raise StepcliError(f"command not found: {first}{hint}")
         return [first, *rest], _command_label(first, rest)
     if module_mode:
         if not all(part.isidentifier() for part in first.split(".")):
@@ -231,7 +232,12 @@ def run_program(request: RunRequest) -> int:
             if request.on_demand
             else request.schedule.describe()
         )
-        say(f"{plan}; output in {_short(out_dir)}")
+        where = f"output in {_short(out_dir)}"
+        if len(f"stepcli: {plan}; {where}") <= 80:
+            say(f"{plan}; {where}")
+        else:  # two lines rather than one past 80 columns
+            say(plan)
+            say(where)
     _open_control(config)
     started = time.time()
     start = time.perf_counter()
@@ -328,8 +334,20 @@ def _report(
 
 
 def _display(request: RunRequest) -> list[str]:
-    """The command as the summary shows it: `python ...` rather than the interpreter's full path."""
-    return ["python", *request.argv[1:]] if request.argv[0] == sys.executable else request.argv
+    """The command as the summary shows it: `python ...` rather than the interpreter's full path, the script
+    relative to the current folder when inside it, and the demo by its module (not its site-packages path)."""
+    if request.argv[0] != sys.executable:
+        return request.argv
+    rest = request.argv[1:]
+    if rest and not rest[0].startswith("-"):
+        from stepcli.demo import DEMO_SCRIPT
+
+        script = Path(rest[0])
+        if script == DEMO_SCRIPT:
+            return ["python", "-m", "stepcli.demo.train", *rest[1:]]
+        if script.is_absolute() and script.is_relative_to(Path.cwd()):
+            rest = [str(script.relative_to(Path.cwd())), *rest[1:]]
+    return ["python", *rest]
 
 
 def _summarize(
@@ -386,8 +404,9 @@ def _summarize(
         if request.quiet:
             say(f"could not save the run summary in {config.log_dir}: {reason}")
     report_path = _html_report(request, config, summary, traces)
-    if not summary["traces"] and not report_path:
-        _leave_a_note(summary)
+    from stepcli.run.nothingnote import update_note
+
+    update_note(summary, measured=bool(summary["traces"] or report_path))
     if not request.quiet:
         try:
             print_run_summary(summary, report_path=report_path)
@@ -407,13 +426,16 @@ def _summarize(
                 json_written=True,
             )
     if request.fail_over:
-        from stepcli.compare.budgets import check_budgets
+        from stepcli.compare.budgets import budgets_held, check_budgets
 
         times = summary["step_time_ms"]
         population, stats = ("untouched", times["untouched"]) if times["untouched"] else ("profiled", times["profiled"])
         failures = check_budgets(list(request.fail_over), stats, what=f"{population} step time")
         for failure in failures:
             say(f"--fail-over: {failure}")
+        held = budgets_held(list(request.fail_over), stats, what=f"{population} step time")
+        if held:
+            say(f"--fail-over: {held}")
         if failures and status == 0:
             return EXIT_REGRESSION
     if json_lost and status == 0:
@@ -469,27 +491,3 @@ def _short(path: Path) -> str:
         return str(path.relative_to(Path.cwd()))
     except ValueError:
         return str(path)
-
-
-NOTHING_MEASURED = "NOTHING-MEASURED.txt"
-
-
-def _leave_a_note(summary: RunSummary) -> None:
-    """A run that measured nothing leaves a folder holding only the hidden `.stepcli/`: it would look empty, as if
-    stepcli had failed to write. One visible file says what happened (the summary's notes) and what is there."""
-    out = summary.get("out_dir")
-    if not out or not os.path.isdir(out):
-        return
-    notes = "\n".join(f"- {note}" for note in summary.get("notes") or []) or "- no step was recorded"
-    text = (
-        f"stepcli run: {shlex.join(summary['command'])}\n"
-        f"exit status {summary['exit_status']}, {plural(summary['steps']['global'], 'step')}: no trace was recorded.\n\n"
-        f"{notes}\n\n"
-        "stepcli's own records (step logs, the run summary) are in the hidden folder .stepcli/:\n"
-        f"`stepcli report {shlex.quote(out)}` still writes an HTML page of what they hold.\n"
-    )
-    try:
-        with open(os.path.join(out, NOTHING_MEASURED), "x", encoding="utf-8") as handle:
-            handle.write(text)
-    except OSError:
-        pass  # a read-only or full folder: the summary on the terminal says the same

@@ -474,7 +474,7 @@ def _write(path: str, head: dict[str, Any], chunks: Iterator[list[dict[str, Any]
 
 
 def merge_main(paths: Sequence[str], output: str) -> str:
-    """The command: merge, then one line saying what was written."""
+    """The command: merge, then what was written (a line) and how its clocks were aligned (a second line)."""
     facts = merge_traces(paths, output)
     alignment = facts["alignment"]
     clock = (
@@ -497,4 +497,5 @@ def merge_main(paths: Sequence[str], output: str) -> str:
     held = (
         f"ranks {', '.join(map(str, facts['ranks']))} from {traces}" if facts["ranks"] else f"{traces} without a rank"
     )
-    return f"wrote {output}: {held}, {clock}, {plural(facts['marks'], 'mark')}{who}{repeated}"
+    # two lines: one was up to 113 columns
+    return f"wrote {output}: {held}, {plural(facts['marks'], 'mark')}{who}{repeated}\n  {clock}"

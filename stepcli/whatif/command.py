@@ -25,17 +25,18 @@ def read_lane(path: str) -> RankLane:
     return lane_of(load_columns(path))
 
 
-def untouched_median(paths: Sequence[str]) -> float | None:
-    """The untouched steps' median (ms) of the run folder PATH names, from the run summary `stepcli run` saved in
-    its newest run; None for anything else."""
+def untouched_median(paths: Sequence[str], all_runs: bool = False) -> float | None:
+    """The untouched steps' median (ms) of the run PATH names (a run folder's latest, or FOLDER/.stepcli/RUN_ID),
+    from the run summary `stepcli run` saved there; None for anything else (several runs read together)."""
     if len(paths) != 1 or not os.path.isdir(paths[0]):
         return None
-    from stepcli.runfolder import read_saved, run_dirs
+    from stepcli.runfolder import pick_run, read_saved
     from stepcli.runsummary import SUMMARY_FILE, read_run_summary
 
-    newest = next(iter(run_dirs(paths[0])), None)
-    if newest is None:
+    pick = pick_run(paths[0])
+    if pick is None or (all_runs and pick.others and not pick.named):
         return None
+    newest = pick.run_dir
     data = read_saved(newest / SUMMARY_FILE)
     if data is None:
         return None
@@ -77,16 +78,18 @@ def whatif_main(
     json_path: str | None,
     jobs: int | None = None,
     trace_path: str | None = None,
+    all_runs: bool = False,
 ) -> int:
+    from stepcli.runfolder import runs_to_read
     from stepcli.traces.engine import map_files
     from stepcli.traces.read.files import list_trace_files
     from stepcli.whatif.render import print_answer
 
-    files = list_trace_files(paths)
+    files = list_trace_files(runs_to_read(paths, all_runs))
     if not files:
         raise StepcliError(f"no trace files in {', '.join(paths)}", EXIT_USAGE)
     lanes, notes = pick_lanes(map_files(read_lane, files, jobs), step)
-    solved = solve(lanes, Request(changes, step), untouched_median(paths))
+    solved = solve(lanes, Request(changes, step), untouched_median(paths, all_runs))
     doc = solved.doc
     if json_path is not None:
         write_json(json_path, doc)

@@ -34,6 +34,7 @@ from stepcli.pathparam import PathParam
     help="Write the replayed ranks with the critical path marked, for Perfetto or chrome://tracing.",
 )
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Files read in parallel.")
+@click.option("--all-runs", is_flag=True, help="A run folder that holds several runs: read every run's traces.")
 def whatif(
     paths: tuple[str, ...],
     step: int | None,
@@ -43,6 +44,7 @@ def whatif(
     json_path: str | None,
     trace_path: str | None,
     jobs: int | None,
+    all_runs: bool,
 ) -> int:
     """Replay the recorded steps of every rank from PATHS (a run folder, a folder of traces or one trace), check
     the replay against the measured step, and predict the step time under each change (with none: a ranked list
@@ -53,4 +55,4 @@ def whatif(
     with short_run():
         from stepcli.whatif.command import whatif_main
 
-        return whatif_main(paths, changes, step, json_path, jobs, trace_path)
+        return whatif_main(paths, changes, step, json_path, jobs, trace_path, all_runs)

@@ -447,7 +447,9 @@ def test_merge_aligns_ranks_and_opens_in_hta(sleep_run: dict[str, Any], tmp_path
     proc = run_stepcli("merge", shifted, "-o", merged)
     assert proc.returncode == 0, proc.stderr
     assert "culprit rank 1" in proc.stdout, proc.stdout
-    assert proc.stdout.startswith(f"wrote {merged}: ranks 0, 1 from 2 traces, clocks aligned by collectives")
+    assert proc.stdout.startswith(f"wrote {merged}: ranks 0, 1 from 2 traces, ")
+    assert proc.stdout.splitlines()[1].startswith("  clocks aligned by collectives"), proc.stdout
+    assert all(len(line) <= 80 for line in proc.stdout.replace(str(merged), "OUT").splitlines()), proc.stdout
     # THEN one valid Chrome trace holds both ranks as processes, with the culprit marked at each collective
     document = json.loads(merged.read_text())
     events = document["traceEvents"]

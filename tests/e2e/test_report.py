@@ -279,7 +279,7 @@ def test_report_command_rebuilds_the_page_from_a_run_folder_or_summary(
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(out / "report.html")
     rebuilt = (out / "report.html").read_text()
-    assert "exit status" in rebuilt and "demo/train.py" in rebuilt  # the summary saved with the run was found
+    assert "exit status" in rebuilt and "stepcli.demo.train" in rebuilt  # the summary saved with the run was found
     # AND from the --json summary alone, to a chosen file
     target = tmp_path / "from-summary.html"
     summary_path = tmp_path / "run.json"

@@ -30,7 +30,7 @@ def test_two_runs_of_rank_0_into_one_folder_stay_two_processes(tmp_path: Path) -
     assert len(trace_files(out)) == 2 and all(p.name.startswith("rank0.") for p in trace_files(out))
     # WHEN the folder is summarized THEN rank 0 is two processes (one per run, told apart by pid), each with its
     # own window of steps 2-4 and its own value for every step, not one process with "steps 2-4" twice
-    result = run_stepcli("table", "--json", out, cwd=tmp_path)
+    result = run_stepcli("table", "--json", "--all-runs", out, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     processes = [row["process"] for row in doc["ranks"]]
@@ -39,7 +39,7 @@ def test_two_runs_of_rank_0_into_one_folder_stay_two_processes(tmp_path: Path) -
     by_process = {p: sorted(s["step"] for s in doc["steps"] if s["process"] == p) for p in processes}
     assert all(steps == [2, 3, 4] for steps in by_process.values()), by_process
     # AND the terminal's Steps table has a column per run
-    text = run_stepcli("table", out, cwd=tmp_path, env={"COLUMNS": "200"})
+    text = run_stepcli("table", "--all-runs", out, cwd=tmp_path, env={"COLUMNS": "200"})
     header = next(line for line in text.stdout.splitlines() if line.startswith("┃ Step"))
     assert all(f"{p} ms" in header for p in processes), header
 

@@ -54,10 +54,15 @@ def test_records_exactly_the_scheduled_steps_and_leaves_stdout_alone(scheduled_r
 
 
 def test_fail_over_within_budget_passes(scheduled_run: dict[str, Any]) -> None:
-    # GIVEN a healthy program WHEN its median step time is far within the --fail-over budget THEN exit 0, no verdict
+    # GIVEN a healthy program WHEN its median step time is far within the --fail-over budget THEN exit 0, and one
+    # line saying the budget held, with the figures (issue 49: it said nothing)
     result = scheduled_run["result"]
     assert result.returncode == 0, result.stderr
-    assert "--fail-over: " not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if "--fail-over: " in line]
+    assert len(lines) == 1 and re.fullmatch(
+        r"stepcli: --fail-over: passed: median \(p50\) \w+ step time [\d.,]+ ms <= 100000 ms \(over \d+ steps?\)",
+        lines[0],
+    ), lines
 
 
 @pytest.fixture(scope="module")

@@ -44,6 +44,8 @@ def test_demo_prints_every_section_and_passes_options_after_dashdash_to_its_scri
         assert section in result.stderr, section
     # AND the script took the option: 8 steps, not its default 12
     assert re.search(r"^steps\s+8\s+\(AdamW#0 8\)", result.stderr, re.M), result.stderr
+    # AND the command reads as people could type it, not as the script's path in site-packages (issue 49)
+    assert "\ncommand python -m stepcli.demo.train --iterations 8\n" in result.stderr, result.stderr
     (trace,) = trace_files(tmp_path / "out")
     assert profiler_steps(trace) == [2, 3]
     summary = json.loads((tmp_path / "demo.json").read_text())

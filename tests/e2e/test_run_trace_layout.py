@@ -5,6 +5,7 @@ The same torchrun run checks the summary a two-rank job prints (every section, b
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -170,3 +171,23 @@ print(json.dumps(result))
         assert sorted(ranks) == ["0", "1"]
         assert ranks["0"] == ranks["1"] and ranks["0"] and ranks["0"][0] == first, ranks
         assert result[folder]["steps"] and result[folder]["steps"][0] == first
+
+
+def test_the_ranks_progress_lines_name_their_rank_and_fit_80_columns(two_ranks_two_windows: dict[str, Any]) -> None:
+    # GIVEN the lines both ranks print while the job runs (issue 49: "saving trace ..." said by two ranks at once,
+    # neither named; "saved trace ...: PATH" and "recording steps ..." past 80 columns)
+    out: Path = two_ranks_two_windows["out"]
+    stderr = two_ranks_two_windows["stderr"]
+    lines = [line for line in stderr[: stderr.index("stepcli summary")].splitlines() if line.startswith("stepcli: ")]
+    saving = [line for line in lines if "saving trace" in line]
+    assert len(saving) == 4 and all(
+        re.match(r"stepcli: rank[01]: saving trace of steps \d-\d \.\.\.$", s) for s in saving
+    )
+    saved = [i for i, line in enumerate(lines) if "saved trace" in line]
+    assert len(saved) == 4, lines
+    for i in saved:
+        assert re.fullmatch(r"stepcli: rank[01]: saved trace of steps \d-\d \([\d.]+ KiB\):", lines[i]), lines[i]
+        assert lines[i + 1].startswith(f"stepcli:   {out}/window-step") and lines[i + 1].endswith(".pt.trace.json.gz")
+    # THEN each fits 80 columns, with the output folder's path counted as a short name
+    long = [line for line in lines if len(line.replace(str(out), "OUT")) > 80]
+    assert long == [], long

@@ -230,6 +230,11 @@ def test_csv_parses(plain_trace: Path) -> None:
     assert {r["kind"] for r in rows} == {"cpu"}
     assert len(rows) == len(table_json(plain_trace)["cpu_ops"])
     float(rows[0]["self_ms"]), int(rows[0]["calls"])
+    # times to the microsecond, shares to 6 places: no float noise such as 3.1879690000000003 (issue 49)
+    decimals = {
+        k: max(len(r[k].partition(".")[2]) for r in rows) for k in ("self_ms", "total_ms", "avg_ms", "self_share")
+    }
+    assert all(decimals[k] <= 3 for k in ("self_ms", "total_ms", "avg_ms")) and decimals["self_share"] <= 6, decimals
 
 
 def test_markdown_tables_are_well_formed(two_rank_dir: Path) -> None:
@@ -493,6 +498,25 @@ def test_incomplete_step_of_a_real_trace_is_left_out(tmp_path: Path) -> None:
     assert calls["ProfilerStep*"] == 2
     assert calls["aten::addmm"] == 2  # one forward per recorded step, not the third begun in step 3
     assert data["outside_steps"]["events"] > 0
+
+
+def test_a_gpu_trace_without_profiler_steps_is_said_to_be_one_whole_trace(tmp_path: Path) -> None:
+    # GIVEN a GPU trace with no ProfilerStep#N annotation (a profiler used without step(), HTA's sample traces)
+    with gzip.open(DATA / "cuda_small.pt.trace.json.gz", "rt") as handle:
+        document = json.load(handle)
+    document["traceEvents"] = [
+        e for e in document["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")
+    ]
+    trace = tmp_path / "nostep.json"
+    trace.write_text(json.dumps(document))
+    # WHEN table summarizes it THEN its figures are said to be the whole trace's, never "per step" (issue 49: `host
+    # wait 12,854 ms/step` for the whole trace taken as one step)
+    result = run_stepcli("table", trace, env={"COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "the figures below are for the whole trace, not per step" in text
+    assert "Device time, whole trace" in text and "Device activity (whole trace)" in text
+    assert "/step" not in text and "ms / step" not in text and "per step" not in text.replace("not per step", "")
 
 
 STUB_AT_THE_END = """

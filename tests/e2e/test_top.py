@@ -90,6 +90,8 @@ def test_top_once_shows_both_ranks_and_names_no_slowest_without_the_culprit_anal
     assert seen.running_text.returncode == 0, seen.running_text.stderr
     lines = seen.running_text.stdout.splitlines()
     assert "(running)" in lines[0]
+    header = next(line for line in lines if "windows / state" in line)
+    assert header.split("┃")[-2].strip() == "windows / state", header  # no empty, unlabelled last column
     rank0 = next(line for line in lines if "rank0" in line)
     rank1 = next(line for line in lines if "rank1" in line)
     # no trace saved (--on-demand): the culprit analysis knows nothing, so nobody is named, and top says why

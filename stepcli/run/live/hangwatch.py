@@ -186,8 +186,10 @@ class HangWatch:
         self.folders.append(str(target))
         idle = time.time() - since
         again = f" (still hung: report {repeat} of {MAX_REPORTS})" if repeat > 1 else ""
-        headline = f"hang: no process completed a step for {idle:.1f} s{again}; stacks in {_short(target)}/"
-        for line in [headline, *describe_dumps(dumps, silent)]:
+        headline = [f"hang: no process completed a step for {idle:.1f} s{again}; stacks in {_short(target)}/"]
+        if len(f"stepcli: {headline[0]}") > 80:  # the folder on a line of its own rather than past 80 columns
+            headline = [f"hang: no process completed a step for {idle:.1f} s{again}; stacks in", f"  {_short(target)}/"]
+        for line in [*headline, *describe_dumps(dumps, silent)]:
             _say(line)
         return True
 

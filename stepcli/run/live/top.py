@@ -174,8 +174,10 @@ def render(document: dict[str, Any]) -> Any:
 
     status = "running" if document["running"] else "finished"
     table = Table(title=cell(f"stepcli top: run {document['run_id']} ({status})"), title_justify="left")
-    for name in ("rank", "step", "steps/s", "last ms", "median ms", "windows / state", ""):
-        table.add_column(name, justify="left" if name in ("rank", "windows / state", "") else "right")
+    # the culprit's column only when the analysis names one: never an empty, unlabelled last column
+    named = any(row["slowest"] for row in document["ranks"])
+    for name in ("rank", "step", "steps/s", "last ms", "median ms", "windows / state", *(["culprit"] if named else [])):
+        table.add_column(name, justify="left" if name in ("rank", "windows / state", "culprit") else "right")
     for row in document["ranks"]:
         table.add_row(
             cell(row["worker"]),
@@ -184,7 +186,7 @@ def render(document: dict[str, Any]) -> Any:
             _fmt(row["last_ms"], ".1f"),
             _fmt(row["median_ms"], ".1f"),
             cell(_state(row)),
-            "slowest" if row["slowest"] else "",
+            *(["slowest" if row["slowest"] else ""] if named else []),
             style="bold red" if row["slowest"] else None,
         )
     return table

@@ -181,6 +181,8 @@ def _why_no_steps(config: AgentConfig, exit_status: int, command: list[str] | No
             name = signal.Signals(exit_status - 128).name
         except ValueError:
             name = f"signal {exit_status - 128}"
+        if name in ("SIGINT", "SIGTERM", "SIGHUP"):  # the agent saves on these: no step log means no step yet
+            return f"no steps recorded: the program was interrupted ({name}) before its first step."
         return (
             f"no steps recorded: the program ended with status {exit_status} ({name}?) before stepcli could write "
             "its step log; a SIGKILL or an out-of-memory kill leaves no time to save."

@@ -249,7 +249,7 @@ def _print_next(summary: RunSummary, report_path: str | None, console: Console) 
         if hta:  # one window's folder: HTA keeps one trace per rank from a folder
             from importlib.util import find_spec
 
-            first = "" if find_spec("hta") else " (pip install HolisticTraceAnalysis first)"
+            first = "" if find_spec("hta") else " (pip install HolisticTraceAnalysis)"  # 75 columns
             lines += [f"  Holistic Trace Analysis of one window{first}:", f"  {hta}"]
     if lines:
         console.print("next:")

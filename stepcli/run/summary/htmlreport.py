@@ -96,11 +96,19 @@ class _Inputs:
 
 
 def _add_folder(inputs: _Inputs, path: str) -> None:
-    """A stepcli run folder (its newest run and that run's traces), else a folder of traces."""
+    """A stepcli run folder (its latest run and that run's traces, or the run FOLDER/.stepcli/RUN_ID names), else a
+    folder of traces."""
+    from stepcli.fmt import say
+    from stepcli.runfolder import other_runs_note, pick_run
     from stepcli.traces.read.files import list_trace_files
 
-    newest = next(iter(run_dirs(path)), None)
-    if newest is not None:
+    pick = pick_run(path)
+    newest = pick.run_dir if pick is not None else None
+    if pick is not None and newest is not None:
+        path = pick.folder
+        note = other_runs_note(pick, all_runs=False)
+        if note:
+            say(note)
         inputs.runs += 1
         inputs.logs = step_logs(newest)
         inputs.summary = _saved_summary(newest, path) or inputs.summary
@@ -234,7 +242,17 @@ def report_main(paths: Sequence[str], out: str | None) -> str:
 
     with reading(paths):  # a large trace takes seconds: said, not silent
         data = gather(paths)
-    out = out or default_output(paths[0])
+    if out is None:
+        from stepcli.runfolder import pick_run
+
+        pick = pick_run(paths[0]) if os.path.isdir(paths[0]) else None
+        named = pick is not None and pick.named
+        # a run named by its id gets its own page beside the folder's (never inside the private .stepcli/)
+        out = (
+            os.path.join(pick.folder, f"report-{pick.run_dir.name}.html")
+            if pick and named
+            else default_output(paths[0])
+        )
     check_output(out)
     return write_page(data, out)
 

@@ -32,13 +32,15 @@ def _cell(device: Mapping[str, Any], field: str, kind: str) -> str:
     return f"{value:.2f}" if value < 100 else f"{value:,.0f}"
 
 
-def device_table(device: Mapping[str, Any], ranks: Sequence[Mapping[str, Any]] = ()) -> Table:
+def device_table(device: Mapping[str, Any], ranks: Sequence[Mapping[str, Any]] = (), whole: bool = False) -> Table:
     """One row for the job, and one per rank when there are several: shares of recorded step time, except
     `exposed` (communication with no computation beside it) and `host wait` (idle waiting for the host), in ms
-    per step; `overlap` is the share of communication time with computation beside it."""
+    per step; `overlap` is the share of communication time with computation beside it. `whole`: a trace without
+    steps, its figures for the whole trace."""
     from rich.table import Table
 
-    table = Table(title="Device time per step (recorded steps)", title_justify="left")
+    title = "Device time, whole trace (no recorded step)" if whole else "Device time per step (recorded steps)"
+    table = Table(title=title, title_justify="left")
     table.add_column("process", max_width=12, overflow="ellipsis", no_wrap=True)
     for header, _field, _kind in _COLUMNS:
         table.add_column(header, justify="right")
@@ -48,31 +50,37 @@ def device_table(device: Mapping[str, Any], ranks: Sequence[Mapping[str, Any]] =
         rows += [(str(r["process"]), r["device"]) for r in with_device]
     for label, figures in rows:
         table.add_row(label, *(_cell(figures, field, kind) for _header, field, kind in _COLUMNS))
-    table.caption = "% of step time; exposed comm (no compute beside it), host wait: ms/step; overlap: % of comm"
+    table.caption = (
+        "% of the trace's time; exposed comm (no compute beside it), host wait: ms; overlap: % of comm"
+        if whole
+        else "% of step time; exposed comm (no compute beside it), host wait: ms/step; overlap: % of comm"
+    )
     table.caption_justify = "left"
     return table
 
 
-def launch_line(device: Mapping[str, Any]) -> str | None:
-    """One line of launch statistics and idle causes, or None without launches linked to their kernels."""
+def launch_line(device: Mapping[str, Any], whole: bool = False) -> str | None:
+    """One line of launch statistics and idle causes, or None without launches linked to their kernels. `whole`:
+    a trace without steps, counted over the whole trace."""
     launch = device.get("launch")
     if not launch:
         return None
     delay = launch["delay_us"]
     idle = device["idle_by_cause"]
+    per = "" if whole else "/step"
     text = (
-        f"launches: {launch['kernels_per_step']:,.0f} kernels/step, delay p50 {us(delay['p50'])} "
+        f"launches: {launch['kernels_per_step']:,.0f} kernels{per}, delay p50 {us(delay['p50'])} "
         f"p90 {us(delay['p90'])}, {launch['cpu_launch_us_per_kernel']:.1f} µs CPU per kernel, "
         f"{launch['short_kernel_share'] * 100:.0f}% shorter than their launch"
     )
     if launch["graph_replays_per_step"]:
         text += (
-            f", {_per_step(launch['graph_replays_per_step'])} graph replays/step"
+            f", {_per_step(launch['graph_replays_per_step'])} graph replays{per}"
             f" ({_per_step(launch['graph_kernels_per_step'])} kernels)"
         )
     text += (
         f"; idle: host wait {idle['host_wait_ms']:.2f}, kernel wait {idle['kernel_wait_ms']:.2f}, "
-        f"other {idle['other_ms']:.2f} ms/step"
+        f"other {idle['other_ms']:.2f} ms{per}"
     )
     return text
 
@@ -117,7 +125,7 @@ def pace_text(flops: Mapping[str, Any]) -> str:
     return text
 
 
-def print_device_section(data: Mapping[str, Any], console: Console) -> None:
+def print_device_section(data: Mapping[str, Any], console: Console, whole: bool = False) -> None:
     """The GPU section, when the traces have device work (as the `device` of a summary or run summary), and the
     FLOPs line when there are counts."""
     line = flops_line(data.get("flops"))
@@ -126,7 +134,7 @@ def print_device_section(data: Mapping[str, Any], console: Console) -> None:
     device = data.get("device")
     if not device or "compute_share" not in device:
         return
-    console.print(device_table(device, data.get("ranks") or ()))
-    line = launch_line(device)
+    console.print(device_table(device, data.get("ranks") or (), whole))
+    line = launch_line(device, whole)
     if line:
         console.print(line, highlight=False, markup=False, soft_wrap=False)

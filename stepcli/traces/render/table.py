@@ -269,14 +269,16 @@ def ranks_table(
                 figures = [str(w_stats.get("count", 0)), _ms(w_stats.get("mean")), _ms(w_stats.get("p90"))]
                 rows.append((Text(f"  {window['steps']}"), [*figures, _ms(w_stats.get("max")), "", ""], "dim"))
     names = ("Steps", "Mean ms", "P90 ms", "Max ms", "Compute", "Wait")
-    caption = "Compute = step time outside collectives; Wait = in collectives (c10d, gloo, NCCL), ms/step"
+    whole = not any((row.get("step_ms") or {}).get("count") for row in ranks)  # no ProfilerStep: one span
+    unit = "ms over the whole trace (no recorded step)" if whole else "ms/step"
+    caption = f"Compute = {'time' if whole else 'step time'} outside collectives; Wait = in collectives (c10d, gloo, NCCL), {unit}"
     figure_widths = [max((len(figures[at]) for _, figures, _ in rows), default=0) for at in range(len(names))]
     label = max([len("Process"), *(len(text.plain) for text, _, _ in rows)])
     boxed = label + sum(map(max, zip(map(len, names), figure_widths))) + 3 * (len(names) + 1) + 1  # "┃ x ", "┃"
     narrow = width is not None and width < boxed
     if narrow:  # no inner lines, one space between columns, the units in the caption
         names = ("Steps", "Mean", "P90", "Max", "Compute", "Wait")
-        caption = "ms per step; " + caption.removesuffix(", ms/step")
+        caption = ("ms over the whole trace; " if whole else "ms per step; ") + caption.removesuffix(f", {unit}")
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD)
     if narrow:
         table.show_edge, table.padding = False, (0, 0)  # (the box puts a space between columns)
@@ -295,13 +297,15 @@ def breakdown_table(
     device: Mapping[str, float] | None = None,
     *,
     title: str = "Step breakdown (mean per step)",
+    whole: bool = False,
 ) -> Table:
-    """Where a step's time goes: dataloader, forward, backward, optimizer, other; device busy share if known."""
+    """Where a step's time goes: dataloader, forward, backward, optimizer, other; device busy share if known.
+    `whole`: a trace without steps, its figures for the whole trace (never called "per step")."""
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
     table.add_column("Phase")
-    table.add_column("ms / step", justify="right")
+    table.add_column("ms" if whole else "ms / step", justify="right")
     table.add_column("Share", justify="right")
     total = sum((breakdown_ms or {}).values())
     for phase in PHASE_ORDER:
@@ -368,7 +372,11 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
             f"max {_ms(stats['max'])} ms",
         )
     else:
-        console.print("no complete ProfilerStep#N annotation: step tables skipped", highlight=False)
+        print_wrapped(
+            console,
+            "no complete ProfilerStep#N annotation: step tables skipped, and the figures below are for the whole "
+            "trace, not per step",
+        )
     for note in left_out_notes(data):
         print_wrapped(console, note)
     if len(data["ranks"]) > 1:
@@ -378,10 +386,11 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
     if data.get("breakdown_ms"):
         print_table(console, breakdown_table(data["breakdown_ms"], data.get("device")))
     elif data.get("device"):
-        print_table(console, breakdown_table(None, data["device"], title="Device activity"))
+        title = "Device activity" + ("" if stats else " (whole trace)")
+        print_table(console, breakdown_table(None, data["device"], title=title, whole=not stats))
     from stepcli.traces.render.device import print_device_section
 
-    print_device_section(data, console)
+    print_device_section(data, console, whole=not stats)
     share_of = data.get("share_of")
     print_table(
         console,
