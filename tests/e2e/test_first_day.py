@@ -152,7 +152,7 @@ def test_end_of_run_analysis_shows_progress_on_a_terminal_only_and_command_mode_
     said = b"".join(chunks).decode("utf-8", "replace")
     assert "reading the traces" in said
     # (and --active 1 records one step: "recording step 2", never "recording steps 2")
-    assert "stepcli: recording step 2 (skip-first 0, wait 1, warmup 1, active 1" in said, said
+    assert "stepcli: recording step 2 (wait 1, warmup 1, active 1)" in said, said
     # and not in a pipe (the narrow run's output, read from a pipe, never shows it)
     assert "reading the traces" not in narrow_run[1].stderr
     # AND command mode names the run's folder after the script
