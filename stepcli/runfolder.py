@@ -112,6 +112,9 @@ class RunPick:
     run_dir: Path
     others: int
     named: bool  # given by its run id (`FOLDER/.stepcli/<run id>`), not taken as the latest
+    # runs that ran at the same time as the latest: the other nodes of one job (`stepcli run -o SHARED` on each
+    # node makes a run of its own there), read with it
+    together: tuple[Path, ...] = ()
 
 
 def pick_run(path: str) -> RunPick | None:
@@ -125,7 +128,40 @@ def pick_run(path: str) -> RunPick | None:
             return RunPick(folder, given, len(runs) - 1, named=True)
         return None
     runs = run_dirs(path) if os.path.isdir(path) else []
-    return RunPick(path, runs[0], len(runs) - 1, named=False) if runs else None
+    if not runs:
+        return None
+    together = tuple(_concurrent(runs[0], runs[1:]))
+    return RunPick(path, runs[0], len(runs) - 1 - len(together), named=False, together=together)
+
+
+def _span(run: Path) -> tuple[float, float] | None:
+    """When a run ran (epoch seconds), from its saved summary; None without one."""
+    from datetime import datetime
+
+    from stepcli.runsummary import read_run_summary
+
+    data = read_saved(run / SUMMARY_FILE)
+    if data is None:
+        return None
+    try:
+        summary = read_run_summary(data, str(run / SUMMARY_FILE))
+        start = datetime.fromisoformat(str(summary.get("started_at"))).timestamp()
+    except (StepcliError, ValueError):
+        return None
+    return start, start + float(summary.get("duration_s") or 0.0)
+
+
+def _concurrent(latest: Path, others: Sequence[Path]) -> list[Path]:
+    """The runs that overlapped the latest one in time (within a second): one job's launches on several nodes."""
+    span = _span(latest)
+    if span is None:
+        return []
+    out = []
+    for run in others:
+        other = _span(run)
+        if other is not None and other[0] <= span[1] + 1.0 and other[1] + 1.0 >= span[0]:
+            out.append(run)
+    return out
 
 
 def other_runs_note(pick: RunPick, all_runs: bool = True) -> str | None:
@@ -155,8 +191,13 @@ def run_traces(pick: RunPick) -> list[str]:
                 f"{pick.folder}: {which} saved no run summary, so its traces are unknown{anyway}", EXIT_USAGE
             )
     else:
-        summary = rerooted(read_run_summary(data, str(path)), pick.folder)
-        traces = [t for t in summary.get("traces") or [] if os.path.isfile(t)]
+        traces = []
+        for run in (pick.run_dir, *pick.together):
+            saved = data if run == pick.run_dir else read_saved(run / SUMMARY_FILE)
+            if saved is None:
+                continue
+            summary = rerooted(read_run_summary(saved, str(run / SUMMARY_FILE)), pick.folder)
+            traces += [t for t in summary.get("traces") or [] if os.path.isfile(t)]
     if not traces:
         raise StepcliError(f"{pick.folder}: {which} recorded no trace{anyway}", EXIT_USAGE)
     return traces

@@ -177,16 +177,17 @@ def test_windows_of_one_process_are_grouped_and_runs_in_one_folder_stay_apart(tm
         assert result.returncode == 0, result.stderr
     assert "Recorded step time per rank" not in result.stderr  # one process: no per-rank table
     assert len(trace_files(out)) >= 8
-    table = run_stepcli("table", "--json", out, cwd=tmp_path)
+    table = run_stepcli("table", "--json", "--all-runs", out, cwd=tmp_path)
     data = json.loads(table.stdout)
-    # THEN two processes, each with its windows labelled by their steps; every step of both kept
+    # THEN (both runs read, --all-runs) two processes, each with its windows labelled by their steps; every step of
+    # both kept
     assert len(data["ranks"]) == 2
     assert all(len(r["windows"]) >= 4 for r in data["ranks"])
     assert all(w["steps"].startswith("step ") for r in data["ranks"] for w in r["windows"])
     assert len(data["steps"]) == data["step_ms"]["count"] == sum(r["step_ms"]["count"] for r in data["ranks"])
     processes = {s["process"] for s in data["steps"]}
     assert len(processes) == 2 and all(p.count("_") >= 1 for p in processes)
-    text = run_stepcli("table", out, cwd=tmp_path).stdout
+    text = run_stepcli("table", "--all-runs", out, cwd=tmp_path).stdout
     header = next(line for line in text.splitlines() if line.startswith("┃ Step"))
     assert header.count(" ms ") == 2  # one column per process in the Steps table
 
