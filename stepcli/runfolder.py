@@ -152,14 +152,15 @@ def _span(run: Path) -> tuple[float, float] | None:
 
 
 def _concurrent(latest: Path, others: Sequence[Path]) -> list[Path]:
-    """The runs that overlapped the latest one in time (within a second): one job's launches on several nodes."""
+    """The runs that ran beside the latest one for more than a second: one job's launches on several nodes. (Run
+    summaries give their start to the second: a run started right after another ended overlaps it by less.)"""
     span = _span(latest)
     if span is None:
         return []
     out = []
     for run in others:
         other = _span(run)
-        if other is not None and other[0] <= span[1] + 1.0 and other[1] + 1.0 >= span[0]:
+        if other is not None and min(span[1], other[1]) - max(span[0], other[0]) > 1.0:
             out.append(run)
     return out
 
