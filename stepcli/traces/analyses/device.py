@@ -222,6 +222,3 @@ def union_by_class(starts: Any, ends: Any, classes: Any) -> dict[str, Any]:
     ):
         out[label] = union_arrays(starts[mask], ends[mask])
     return out
-
-
-CLASS_CODES = {"compute": 0, "comm": 1, "memory": 2}

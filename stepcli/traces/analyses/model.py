@@ -58,9 +58,6 @@ class StepRow:
         return {"rank": self.rank, "process": self.process, "step": self.step, "dur_ms": self.dur_ms}
 
 
-RankRow = ProcessRow  # one row per process (rank), its windows inside: see stepcli.traces.analyses.ranks
-
-
 @dataclass(frozen=True)
 class Breakdown:
     """Mean milliseconds per step spent in each phase; the five add up to the mean step time."""
