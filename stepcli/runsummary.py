@@ -3,7 +3,7 @@
 `stepcli run` writes it (`--json`, and `summary.json` beside the step logs); `stepcli report` and `stepcli compare`
 read it. A file is untrusted input (hand-edited, from another version, or hostile), so `load_run_summary` checks
 every field it holds once, at the edge, and every reader then trusts the types below: a wrong type is one line and
-exit 2, never a crash deep in a renderer. The document's fields are documented one by one in README.
+exit 2, never a crash deep in a renderer. The document's fields are documented one by one in docs/reference/summary-json.md.
 
 This module imports no stepcli package (only the shared top-level modules), so run/, report/ and compare/ can
 all depend on it without depending on each other. stepcli.steptimes reads its step times per process.

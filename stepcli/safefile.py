@@ -213,33 +213,6 @@ def open_folder(path: str, *, dir_fd: int | None = None) -> int:
         raise
 
 
-def make_temp_folder(parent: str, prefix: str = "stepcli-tmp") -> str:
-    """A new private (0700) folder `.PREFIX.<random>.tmp` in `parent`, for files written by code that opens them
-    by name itself (the profiler's trace export): nobody else can plant anything inside it."""
-    for _ in range(100):
-        path = os.path.join(parent, temp_name(prefix))
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            continue
-        return path
-    raise FileExistsError(errno.EEXIST, "no free temporary name", parent)
-
-
-def remove_tree(path: str) -> None:
-    """Remove a temporary folder of make_temp_folder and the files in it (no subfolders, links not followed)."""
-    try:
-        names = os.listdir(path)
-    except OSError:
-        return
-    for name in names:
-        remove(os.path.join(path, name))
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
-
-
 def open_regular(path: str, *, dir_fd: int | None = None, own: bool = False) -> tuple[int, os.stat_result]:
     """(read-only descriptor, stat) of the regular file at `path`: a link is not followed, a FIFO never blocks,
     anything else is refused (OSError). `own`: a file of another user is refused too."""

@@ -1,7 +1,7 @@
 """The report's GPU section: where each rank's device time goes per recorded step (a stacked bar that adds up to
 the step), idle time by cause, and launch statistics; then the same parts step by step, for the job (the mean over
 ranks) or one rank picked from a list. It reads the `device` figures of the trace summary or run summary
-(stepcli.traces.analyses.device, .launches; README "Device time by kernel class") and computes nothing new."""
+(stepcli.traces.analyses.device, .launches; docs/concepts/gpu.md) and computes nothing new."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _tip(text: str) -> str:
     return "\n".join(escape(line) for line in text.split("\n"))
 
 
-# The parts of a step, in bar order; together they are the whole step (README): compute alone, communication
+# The parts of a step, in bar order; together they are the whole step (docs/concepts/gpu.md): compute alone, communication
 # with compute beside it, communication alone (exposed), memory alone, and idle time by cause.
 SEGMENTS = (
     ("compute only", "compute", "#4c6ef5"),

@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 import click
 
+from stepcli.agent.slowrule import MAX_CAPTURE_STEPS, MAX_CAPTURES
 from stepcli.errors import StepcliError
 
 _OPTIONS = (
@@ -18,7 +19,7 @@ _OPTIONS = (
     ),
     click.option(
         "--capture-steps",
-        type=click.IntRange(1, 100),
+        type=click.IntRange(1, MAX_CAPTURE_STEPS),
         default=3,
         show_default=True,
         metavar="K",
@@ -26,7 +27,7 @@ _OPTIONS = (
     ),
     click.option(
         "--max-captures",
-        type=click.IntRange(1, 8),
+        type=click.IntRange(1, MAX_CAPTURES),
         default=3,
         show_default=True,
         metavar="N",

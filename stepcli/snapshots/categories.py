@@ -1,4 +1,4 @@
-"""What a block of memory is, from the Python stack that allocated it: the split rules README documents.
+"""What a block of memory is, from the Python stack that allocated it: the split rules docs/commands/memory.md documents.
 
 Checked in this order, the first that matches wins (frames are innermost first, as torch records them):
 

@@ -88,7 +88,7 @@ def test_help_and_version() -> None:
 
 
 def test_json_into_a_missing_folder_fails_in_one_line_and_creates_nothing(tmp_path: Path) -> None:
-    # GIVEN --json naming a file in a folder that does not exist (README: its folder must exist)
+    # GIVEN --json naming a file in a folder that does not exist (docs/commands/run.md: its folder must exist)
     (tmp_path / "x.py").write_text("open('started', 'w').close()\n")
     target = tmp_path / "nonexistent" / "dir" / "x.json"
     result = run_stepcli("run", "-q", "--json", target, "x.py", cwd=tmp_path)

@@ -1,4 +1,4 @@
-"""Two `stepcli run`s into one `-o` folder stay apart (README: two runs into one folder stay two columns), also when
+"""Two `stepcli run`s into one `-o` folder stay apart (docs/commands/table.md: two runs into one folder stay two columns), also when
 their traces carry the same rank."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import run_stepcli, stepcli_env
 
-CONNECT_TIMEOUT_S = 10.0  # as the README promises (stepcli.traces.cluster.CONNECT_TIMEOUT_S)
+CONNECT_TIMEOUT_S = 10.0  # as docs/concepts/culprit.md promises (stepcli.traces.cluster.CONNECT_TIMEOUT_S)
 
 pytest.importorskip("distributed")
 

@@ -12,7 +12,7 @@ def test_addresses_dask_accepts_are_parsed() -> None:
     assert cluster.parse_scheduler("tcp://10.0.0.5:8786") == ("10.0.0.5", 8786)
     assert cluster.parse_scheduler("node-1.cluster:8786") == ("node-1.cluster", 8786)
     assert cluster.parse_scheduler("tcp://[::1]:8786") == ("::1", 8786)
-    assert cluster.CONNECT_TIMEOUT_S == 10.0  # the README's figure
+    assert cluster.CONNECT_TIMEOUT_S == 10.0  # docs/concepts/culprit.md's figure
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 from stepcli.agent import controlfiles
 from stepcli.agent.config import atomic_write_json
@@ -35,10 +35,6 @@ from stepcli.errors import EXIT_NOTHING_MEASURED, StepcliError
 from stepcli.fmt import visible
 from stepcli.run.summary.hangreport import describe_dumps, is_stopped, parse_faulthandler, read_dumps
 
-if TYPE_CHECKING:
-    pass
-
-ON_HANG_CHOICES = ("keep", "kill")
 MAX_REPORTS = 3  # dumps per hang with `--on-hang keep`: one when it is called, then one per timeout while it lasts
 DUMP_WAIT_S = 15.0  # how long the launcher waits for every process's stacks file
 TERM_GRACE_S = 15.0  # `--on-hang kill`: SIGTERM, then SIGKILL this much later (time to save on a loaded host)

@@ -1,6 +1,6 @@
 """The run summary: step logs + traces of one `stepcli run` -> a versioned document, printed and/or saved.
 
-The document (schema "stepcli.run", typed in stepcli.runsummary, documented field by field in README) is what
+The document (schema "stepcli.run", typed in stepcli.runsummary, documented field by field in docs/reference/summary-json.md) is what
 `--json` writes and what `stepcli compare` and `stepcli report` read, so building it (here, advice included) is
 kept apart from rendering it (stepcli.run.summary.console for the terminal, stepcli.report for the page).
 """

@@ -4,7 +4,7 @@ and bus bandwidth (nccl-tests' formulas); per copy direction and host memory (pa
 A device event counts when it starts inside a recorded step. A collective's type, algorithm and protocol come from
 its kernel name (`ncclKernel_AllReduce_RING_LL_Sum_float`, `ncclDevKernel_AllGather_RING_LL`, `rccl...`), its
 size from the NCCL metadata torch records in the kernel's args (`Collective name`, `In msg nelems`, `Out msg
-nelems`, `Group size`, `dtype`) when the trace has them. Bandwidths (README "Collectives and copies"):
+nelems`, `Group size`, `dtype`) when the trace has them. Bandwidths (docs/concepts/gpu.md, "Collectives and copies"):
 algbw = size / mean time; busbw = algbw x factor with n ranks: all-reduce 2(n-1)/n; all-gather, reduce-scatter
 and all-to-all (n-1)/n; broadcast, reduce, send/recv 1 (nccl-tests' PERFORMANCE.md); size is the larger of the
 input and output message.

@@ -1,4 +1,4 @@
-"""Which rank holds the job back at its collectives, by how much, and why (README "Culprit").
+"""Which rank holds the job back at its collectives, by how much, and why (docs/concepts/culprit.md).
 
 Under synchronous collectives every rank's step takes the same time: the rank that makes the others wait looks no
 different from its victims. But it arrives last. From each rank's arrivals and departures

@@ -67,7 +67,7 @@ class DeviceTimes:
         return DeviceTimes(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
     def to_dict(self) -> dict[str, Any]:
-        """The `device` figures of `table --json` and the run summary (README "Device time")."""
+        """The `device` figures of `table --json` and the run summary (docs/concepts/gpu.md)."""
         span, steps = self.span_ns, max(self.steps, 1)
 
         def share(ns: int) -> float:
@@ -222,6 +222,3 @@ def union_by_class(starts: Any, ends: Any, classes: Any) -> dict[str, Any]:
     ):
         out[label] = union_arrays(starts[mask], ends[mask])
     return out
-
-
-CLASS_CODES = {"compute": 0, "comm": 1, "memory": 2}

@@ -9,7 +9,7 @@ baddbmm, conv2d, mul, add: none calls another, so their sum counts nothing twice
 recorded steps (stepcli.traces.analyses.analysis), and the side file wins when both exist. The device is the side file's,
 else the trace's `deviceProperties`. Over the recorded steps of the traces that have counts: flops_per_step =
 FLOPs / steps, achieved_flops_per_s = FLOPs / recorded step time, and mfu = achieved / the device's dense tensor
-peak for a dtype (PEAKS; README lists them with sources), null when the device is unknown (CPU included); `pace`
+peak for a dtype (PEAKS; docs/concepts/gpu.md lists them with sources), null when the device is unknown (CPU included); `pace`
 "recorded", the same figures under `*_recorded`. `stepcli run` then puts them at the untouched steps' pace
 (at_untouched_pace: FLOPs per step / their median time), the profiler's cost left out.
 
@@ -35,7 +35,7 @@ _MAX_BYTES = 1 << 16
 # The most FLOPs a side file may count: 10^30 is a million years of an exaFLOP machine, and any sum or ratio of such
 # counts stays a finite float (a 401-digit count made `flops / steps` raise OverflowError: exit 70).
 MAX_FLOPS = 10**30
-# Dense (not 2:4 sparse) peak FLOP/s by device-name fragment and dtype, from the vendors' datasheets (README).
+# Dense (not 2:4 sparse) peak FLOP/s by device-name fragment and dtype, from the vendors' datasheets (docs/concepts/gpu.md).
 PEAKS: dict[str, dict[str, float]] = {
     "B200": {"fp8": 4500e12, "bf16": 2250e12, "fp16": 2250e12, "tf32": 1100e12, "fp32": 75e12},
     "GB200": {"fp8": 5000e12, "bf16": 2500e12, "fp16": 2500e12, "tf32": 1250e12, "fp32": 80e12},  # per GPU

@@ -1,6 +1,6 @@
 """Kernel launches and device idle time by cause over the recorded steps, from the correlation ids that link a
 launch call on the host (`cudaLaunchKernel`, `hipLaunchKernel`, `cudaGraphLaunch`, ...) to the device work it
-queued. Definitions follow Holistic Trace Analysis (README "Launches and idle time by cause"):
+queued. Definitions follow Holistic Trace Analysis (docs/concepts/gpu.md, "Idle time by cause and launch statistics"):
 
 - launch delay: the device event's start minus the end of its launch call, 0 when negative;
 - CPU launch time per kernel: the launch calls' durations over the device events they queued (a CUDA graph replay

@@ -1,7 +1,7 @@
 """The result types of trace analysis: what `stepcli table` reports (TraceSummary and its rows), and what one
 file contributes to it (FilePart), the small picklable part that worker processes send back.
 
-Definitions of the figures are in stepcli.traces.analyses.analysis (and the README); this module holds data only.
+Definitions of the figures are in stepcli.traces.analyses.analysis (and docs/commands/table.md); this module holds data only.
 """
 
 from __future__ import annotations
@@ -56,9 +56,6 @@ class StepRow:
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "process": self.process, "step": self.step, "dur_ms": self.dur_ms}
-
-
-RankRow = ProcessRow  # one row per process (rank), its windows inside: see stepcli.traces.analyses.ranks
 
 
 @dataclass(frozen=True)

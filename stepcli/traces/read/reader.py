@@ -1,6 +1,6 @@
 """Reading PyTorch profiler traces (.json, .json.gz, folders of them) into the few event fields stepcli analyses.
 
-One rule for malformed input, shared by `table`, `compare` and the run summary (README "Malformed traces"):
+One rule for malformed input, shared by `table`, `compare` and the run summary (docs/commands/table.md, "Malformed traces"):
 - An event stepcli reads (`ph` "X" of a kept category) whose time cannot be placed is skipped and counted in
   `Trace.skipped_events`: `ts` or `dur` missing, not a number (null, a bool, a list, a non-numeric string;
   numeric strings such as "10.5" are read as numbers), infinite or NaN, beyond `MAX_TIME_US` (1e308 or 1e400,
