@@ -201,7 +201,7 @@ def render(data: ReportData, report_path: str) -> str:
         _distribution(data),
         [step_record_section(data.step_record, data.triggered)],  # stepcli/report/wholerun.py
         _breakdown(data),
-        [whatif.section(data.what_would_help)],  # stepcli/report/whatif.py: '' without it
+        [whatif.section(data.what_would_help, _BREAKDOWN_COLORS)],  # stepcli/report/whatif.py: '' without it
         [lateness.section(data.culprit)],  # stepcli/report/lateness.py: '' without collectives on 2+ ranks
         _operators(data),
         _memory(data),

@@ -11,10 +11,10 @@ from stepcli.fmt import html_escape as escape
 from stepcli.fmt import ms as fmt_ms
 from stepcli.report.svg import WIDTH
 
-COLORS = {"cpu": "#3b5bdb", "collective": "#e8590c", "wait": "#adb5bd"}
+COLORS = {"collective": "#e8590c", "wait": "#ced4da"}  # a cpu segment takes its phase's colour (the breakdown's)
 
 
-def section(helps: Mapping[str, Any] | None) -> str:
+def section(helps: Mapping[str, Any] | None, phase_colors: Mapping[str, str]) -> str:
     if not helps:
         return ""
     parts = ['<h2 id="whatif">What would help</h2>']
@@ -45,12 +45,13 @@ def section(helps: Mapping[str, Any] | None) -> str:
     path = helps.get("critical_path")
     if path and path.get("segments"):
         parts.append(f"<h3>Critical path, {escape(fmt_ms(path['ms']))} a step</h3>")
-        parts.append(_path_chart(path["segments"], path["ms"]))
+        parts.append(_path_chart(path["segments"], path["ms"], phase_colors))
     return "\n".join(parts)
 
 
-def _path_chart(segments: list[dict[str, Any]], total: float) -> str:
-    """One row per rank; each segment a bar at its place along the path, coloured by kind, its name in its title."""
+def _path_chart(segments: list[dict[str, Any]], total: float, phase_colors: Mapping[str, str]) -> str:
+    """One row per rank; each segment a bar at its place along the path, coloured by its phase (a collective and a
+    wait by their kind), its name in its title."""
     ranks = sorted({str(s["rank"]) if s["rank"] is not None else "process" for s in segments}, key=_rank_key)
     row_h, left, right, top = 26, 72, 12, 6
     height = top + row_h * len(ranks) + 22
@@ -66,7 +67,7 @@ def _path_chart(segments: list[dict[str, Any]], total: float) -> str:
         rank = str(seg["rank"]) if seg["rank"] is not None else "process"
         y = top + ranks.index(rank) * row_h + 3
         x, w = left + inner * at / total if total else left, inner * seg["ms"] / total if total else 0
-        color = COLORS.get(seg["kind"], "#868e96")
+        color = phase_colors.get(seg["name"], "#868e96") if seg["kind"] == "cpu" else COLORS.get(seg["kind"], "#868e96")
         title = f"{seg['kind']}: {seg['name']}, {fmt_ms(seg['ms'])} ({seg['share']:.0%})"
         out.append(
             f'<rect x="{x:.1f}" y="{y}" width="{max(w, 0.5):.1f}" height="18" fill="{color}">'
@@ -74,15 +75,24 @@ def _path_chart(segments: list[dict[str, Any]], total: float) -> str:
         )
         if w > 60:
             out.append(
-                f'<text x="{x + 4:.1f}" y="{y + 13}" fill="#fff">{escape(str(seg["name"])[: int(w / 7)])}</text>'
+                f'<text x="{x + 4:.1f}" y="{y + 13}" fill="{_ink(color)}">{escape(str(seg["name"])[: int(w / 7)])}</text>'
             )
         at += seg["ms"]
     out.append(f'<text x="{left}" y="{height - 4}" class="muted">0</text>')
     out.append(f'<text x="{WIDTH - right}" y="{height - 4}" text-anchor="end">{escape(fmt_ms(total))}</text>')
     out.append("</svg>")
-    legend = " ".join(f'<span><i style="background:{c}"></i>{escape(k)}</span>' for k, c in COLORS.items())
+    shown = [(name, color) for name, color in phase_colors.items() if any(
+        seg["kind"] == "cpu" and seg["name"] == name for seg in segments)]  # fmt: skip
+    shown += [(kind, color) for kind, color in COLORS.items() if any(seg["kind"] == kind for seg in segments)]
+    legend = " ".join(f'<span><i style="background:{c}"></i>{escape(k)}</span>' for k, c in shown)
     return "\n".join(out) + f'<div class="legend">{legend}</div>'
 
 
 def _rank_key(rank: str) -> tuple[int, int]:
     return (0, int(rank)) if rank.isdecimal() else (1, 0)
+
+
+def _ink(fill: str) -> str:
+    """Text that reads on `fill`: dark on a light fill, white on a dark one."""
+    red, green, blue = (int(fill[i : i + 2], 16) for i in (1, 3, 5))
+    return "#212529" if 0.299 * red + 0.587 * green + 0.114 * blue > 150 else "#fff"
