@@ -22,6 +22,13 @@ def _steps(steps: Sequence[int]) -> str:
     return ("step " if len(steps) == 1 else "steps ") + ", ".join(map(str, steps))
 
 
+def _wrapped(text: str) -> list[str]:
+    """A sentence on lines of at most WIDTH columns, the later ones indented (a path longer than that stays whole)."""
+    import textwrap
+
+    return textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+
+
 def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
@@ -30,14 +37,15 @@ def answer_lines(doc: dict[str, Any], notes: Sequence[str] = ()) -> list[str]:
     ranks = doc["ranks"]
     where = f"{len(ranks)} ranks" if len(ranks) > 1 else (_who(ranks[0]) if ranks else "one process")
     lines = [f"whatif: {where}, {_steps(doc['steps'])}"]
-    lines += [f"note: {visible(note)}" for note in notes]
+    for note in notes:
+        lines += _wrapped(f"note: {visible(note)}")
     if doc["measured_ms"] is not None:
         lines.append(
             f"replay: measured {ms(doc['measured_ms'])}/step, replayed {ms(doc['replayed_ms'])} "
             f"({doc['replay_error']:+.1%})"
         )
     if doc["verdict"] != "ok":
-        lines.append(f"INCONCLUSIVE: {doc['reason']}")
+        lines += _wrapped(f"INCONCLUSIVE: {doc['reason']}")
         return lines
     lines.append("the graph explains the step (within 5%): predictions at the profiler's pace")
     if doc["untouched_ms"] is not None:

@@ -170,6 +170,7 @@ def test_gpu_traces_and_one_rank_of_a_job_are_inconclusive_with_the_reason() -> 
     result = run_stepcli("whatif", trace)
     assert result.returncode == 4, result.stderr
     assert "INCONCLUSIVE: the traces hold GPU work" in result.stdout
+    assert all(len(line) <= 80 for line in result.stdout.splitlines()), result.stdout
 
 
 def test_a_trace_without_steps_is_refused_in_one_line(tmp_path: Path) -> None:
