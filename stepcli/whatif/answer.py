@@ -16,6 +16,7 @@ import numpy as np
 
 from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.traces.analyses.lanes import PHASE_NAMES, RankLane
+from stepcli.traces.analyses.ranks import steps_label
 from stepcli.whatif.replay import Change, Graph, Record, Replay, ReplayError, Scale, build_graph, replay, step_ms
 
 SCHEMA = "stepcli.whatif/1"
@@ -144,7 +145,9 @@ def choose_steps(lanes: Sequence[RankLane], step: int | None) -> list[int]:
         raise usage("the traces share no recorded step: give traces of one run")
     if step is not None:
         if step not in common:
-            raise usage(f"--step {step}: not a step every trace recorded (steps {_steps_label(common)})")
+            raise usage(
+                f"--step {step}: not a step every trace recorded (steps {steps_label(common)[len('steps ') :] if len(common) > 1 else str(common[0])})"
+            )
         return [step]
     best: list[int] = [common[0]]
     run = [common[0]]
@@ -153,12 +156,6 @@ def choose_steps(lanes: Sequence[RankLane], step: int | None) -> list[int]:
         if len(run) > len(best):
             best = list(run)
     return best
-
-
-def _steps_label(steps: Sequence[int]) -> str:
-    if len(steps) > 1 and steps[-1] - steps[0] == len(steps) - 1:
-        return f"{steps[0]}-{steps[-1]}"
-    return ", ".join(map(str, steps))
 
 
 @dataclass
@@ -202,7 +199,7 @@ def solve(lanes: Sequence[RankLane], request: Request, untouched_ms: float | Non
         graph = build_graph(lanes, steps)
         if len(lanes) > 1 and not graph.members:
             reason = (
-                f"no collective could be matched across the ranks in steps {_steps_label(steps)}: "
+                f"no collective could be matched across the ranks in {steps_label(steps)}: "
                 "without one, the ranks' timelines cannot be joined"
             )
     if graph is None or reason is not None:

@@ -8,18 +8,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from stepcli.fmt import ms, visible
+from stepcli.traces.analyses.ranks import steps_label
 
 WIDTH = 80
 
 
 def _who(rank: int | None) -> str:
     return f"rank {rank}" if rank is not None else "process"
-
-
-def _steps(steps: Sequence[int]) -> str:
-    if len(steps) > 1 and steps[-1] - steps[0] == len(steps) - 1:
-        return f"steps {steps[0]}-{steps[-1]}"
-    return ("step " if len(steps) == 1 else "steps ") + ", ".join(map(str, steps))
 
 
 def _wrapped(text: str) -> list[str]:
@@ -36,7 +31,7 @@ def _cut(text: str, width: int) -> str:
 def answer_lines(doc: dict[str, Any], notes: Sequence[str] = ()) -> list[str]:
     ranks = doc["ranks"]
     where = f"{len(ranks)} ranks" if len(ranks) > 1 else (_who(ranks[0]) if ranks else "one process")
-    lines = [f"whatif: {where}, {_steps(doc['steps'])}"]
+    lines = [f"whatif: {where}, {steps_label(doc['steps'])}"]
     for note in notes:
         lines += _wrapped(f"note: {visible(note)}")
     if doc["measured_ms"] is not None:

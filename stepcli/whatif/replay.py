@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stepcli.traces.analyses.alignment import Matched, align, match_collectives
-from stepcli.traces.analyses.lanes import PHASE_NAMES, RankLane, covers
+from stepcli.traces.analyses.lanes import RankLane, covers
 
 LATE_CLOSE_US = 300.0
 RESUMED_SHARE = 0.1
@@ -406,6 +406,3 @@ def step_ms(graph: Graph, times: Replay | None = None) -> float:
     else:
         spans = [e - s for s, e in zip(times.start, times.end)]
     return float(np.mean(spans)) / count / 1000.0 if spans else 0.0
-
-
-PHASES = PHASE_NAMES

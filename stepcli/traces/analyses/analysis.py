@@ -337,12 +337,8 @@ def _phase_totals_arrays(
         spans = [np.nonzero(of_pid & (phase == p))[0] for p in (DATALOADER, OPTIMIZER, BACKWARD)]
         phase_start, phase_end = [start[e] for e in spans], [end[e] for e in spans]
         if len(spans[1]):
-            nested = [col.union_arrays(start[e], end[e]) for e in (spans[2], np.nonzero(of_pid & closure)[0])]
-            phase_start[1], phase_end[1] = col.without_nested(
-                phase_start[1],
-                phase_end[1],
-                np.concatenate([s for s, _ in nested]),
-                np.concatenate([e for _, e in nested]),
+            phase_start[1], phase_end[1] = col.optimizer_own(
+                start, end, spans[1], spans[2], np.nonzero(of_pid & closure)[0]
             )
         of_window = window_pid[child_window] == pid
         forward_of, forward_events = child_window[of_window], child[of_window]

@@ -91,6 +91,20 @@ def union_arrays(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.nda
     return s[heads], reach[tails]
 
 
+def optimizer_own(
+    start: np.ndarray, end: np.ndarray, optimizer: np.ndarray, backward: np.ndarray, closure: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The optimizer's own spans (events at `optimizer`) without the backward passes and closure calls (events at
+    `backward`, `closure`) nested in them: `optimizer.step(closure)` runs forward and backward inside it."""
+    nested = [union_arrays(start[e], end[e]) for e in (backward, closure)]
+    return without_nested(
+        start[optimizer],
+        end[optimizer],
+        np.concatenate([s for s, _ in nested]),
+        np.concatenate([e for _, e in nested]),
+    )
+
+
 def without_nested(
     outer_start: np.ndarray, outer_end: np.ndarray, inner_start: np.ndarray, inner_end: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -18,7 +18,7 @@ import numpy as np
 
 from stepcli.traces.analyses import arrays as col
 from stepcli.traces.analyses.arrivals import RankArrivals, rank_arrivals
-from stepcli.traces.analyses.steps import BACKWARD, DATALOADER, OPTIMIZER, is_closure, optimizer_own, phase_of
+from stepcli.traces.analyses.steps import BACKWARD, DATALOADER, OPTIMIZER, is_closure, phase_of
 from stepcli.traces.read import typedcolumns
 from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.names import STEP_PREFIX, step_of
@@ -105,7 +105,7 @@ def lane_of(trace: ColumnTrace) -> RankLane:
     mid = (grid[:-1] + grid[1:]) / 2
     busy = covers(o_start[top], o_end[top], mid)
     phase = _phases(names, op_name, o_start, o_end, top, mid)
-    waits = _waits(names, op_name, o_start, o_end, top, grid, busy)
+    waits = _waits(names, op_name, o_start, o_end, grid, busy)
     device = columns.kind >= typedcolumns.DEVICE
     device_events = int(np.count_nonzero(device & (columns.ts < hi) & (columns.ts + columns.dur > lo)))
     arrivals = rank_arrivals(columns, trace.rank, trace.incomplete_step, trace.clock)
@@ -176,13 +176,9 @@ def _phases(
     out = np.full(len(mid), OTHER, np.int8)
     claimed = np.zeros(len(mid), bool)
 
-    def ns(where: np.ndarray) -> list[tuple[int, int]]:
-        return list(zip(np.round(start[where] * 1000).astype(np.int64).tolist(),
-                        np.round(end[where] * 1000).astype(np.int64).tolist()))  # fmt: skip
-
-    own = optimizer_own(ns(named == OPTIMIZER), ns((named == BACKWARD) | closure))
-    own_start = np.array([s for s, _ in own], np.float64) / 1000
-    own_end = np.array([e for _, e in own], np.float64) / 1000
+    own_start, own_end = col.optimizer_own(
+        start, end, np.nonzero(named == OPTIMIZER)[0], np.nonzero(named == BACKWARD)[0], np.nonzero(closure)[0]
+    )
     spans = (
         (1, start[named == DATALOADER], end[named == DATALOADER]),
         (2, own_start, own_end),
@@ -201,7 +197,6 @@ def _waits(
     op_name: np.ndarray,
     start: np.ndarray,
     end: np.ndarray,
-    top: np.ndarray,
     grid: np.ndarray,
     busy: np.ndarray,
 ) -> np.ndarray:

@@ -165,15 +165,9 @@ def step_times(events: list[Event], segments: list[tuple[int, int]]) -> StepTime
         of_pid = pid_code == pid
         phase_spans = [np.nonzero(of_pid & (phase == p))[0] for p in (DATALOADER, OPTIMIZER, BACKWARD)]
         phase_start, phase_end = [ev_start[e] for e in phase_spans], [ev_end[e] for e in phase_spans]
-        if len(phase_spans[1]):  # the optimizer's own time, as the table's (steps.optimizer_own)
-            nested = [
-                col.union_arrays(ev_start[e], ev_end[e]) for e in (phase_spans[2], np.nonzero(of_pid & closure)[0])
-            ]
-            phase_start[1], phase_end[1] = col.without_nested(
-                phase_start[1],
-                phase_end[1],
-                np.concatenate([s for s, _ in nested]),
-                np.concatenate([e for _, e in nested]),
+        if len(phase_spans[1]):  # the optimizer's own time, as the table's
+            phase_start[1], phase_end[1] = col.optimizer_own(
+                ev_start, ev_end, phase_spans[1], phase_spans[2], np.nonzero(of_pid & closure)[0]
             )
         position = np.full(len(windows), -1, np.int64)
         position[own] = np.arange(len(own))
