@@ -65,6 +65,9 @@ class TraceResult:
     nanoseconds: Any = (
         None  # every event's integer ns (stepcli.traces.analyses.arrays.Nanoseconds), on the columnar path
     )
+    # of the steps' "other" time, the part inside a host operator that no phase claims (a wrapper's or a closure's
+    # time between its children), when measured on arrays; the rest of "other" is outside every operator
+    other_inside_ns: int | None = None
 
 
 class Accumulator:
