@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from stepcli.fmt import ms, plural, print_wrapped, size_or_dash, visible
 from stepcli.run.summary.compilesteps import compile_lines
@@ -220,6 +220,11 @@ def _print_tables(summary: RunSummary, console: Console) -> None:
     breakdown = summary.get("breakdown_ms")
     if breakdown:
         render.print_table(console, render.breakdown_table(breakdown, summary.get("device")))
+        from stepcli.fmt import print_wrapped
+        from stepcli.traces.render.stacks import other_lines
+
+        for line in other_lines(cast("dict[str, Any]", summary), console.width):
+            print_wrapped(console, line, indent="    ")
     print_device_section(summary, console)
     if len(summary.get("ranks", [])) > 1:
         title = "Recorded step time per rank"
@@ -236,6 +241,11 @@ def _print_next(summary: RunSummary, report_path: str | None, console: Console) 
     if summary["traces"]:
         out = summary["out_dir"]
         lines.append(f"  stepcli table {shlex.quote(_relative(out))}")
+        recorded = summary.get("recorded_with") or {}
+        for flag, why in (("stacks", "the Python stacks"), ("shapes", "one row per input shape")):
+            if recorded.get(flag):
+                option = "--stacks" if flag == "stacks" else "--group-by-shape"
+                lines.append(f"  stepcli table {shlex.quote(_relative(out))} {option}    ({why})")
     if report_path:
         lines.append(f"  open {shlex.quote(_relative(report_path))} in a browser")
     if summary["traces"] and (summary.get("what_would_help") or {}).get("verdict") == "ok":

@@ -180,7 +180,7 @@ def merge_stacks(parts: list[StackPart | None]) -> dict[str, Any] | None:
             if prefix in totals:
                 totals[prefix] += own
     per = max(steps, 1) * NS_PER_MS
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "stack": list(key),
             "self_ms": own / per,
@@ -212,18 +212,28 @@ def short_frame(label: str) -> str:
     return f"{function} ({path.rsplit('/', 1)[-1]}:{line})"
 
 
-def short_stack(stack: list[str], width: int) -> str:
-    """A stack on one line of `width`, innermost frame first (the code that spent the time), callers after it
-    while they fit."""
+def short_stack(stack: list[str], width: int, lines: int = 1) -> str:
+    """A stack in at most `lines` lines of `width`, innermost frame first (the code that spent the time), its
+    callers after it while they fit (`<…`: more callers left out)."""
     frames = [short_frame(f) for f in reversed(stack)] or ["(no frame)"]
-    text = frames[0]
-    if len(text) > width:
-        return text[: max(1, width - 1)] + "…"
-    for caller in frames[1:]:
-        if len(text) + 3 + len(caller) > width:
-            return text + " <…" if len(text) + 3 <= width else text
-        text += " < " + caller
-    return text
+    out: list[str] = []
+    text = ""
+    for frame in frames:
+        piece = frame if not text and not out else ("< " + frame if not text else " < " + frame)
+        if len(text) + len(piece) <= width:
+            text += piece
+            continue
+        if text and len(out) + 1 < lines:  # the next line
+            out.append(text)
+            text = "< " + frame
+            if len(text) <= width:
+                continue
+        if not text:  # one frame wider than the line
+            text = piece[: max(1, width - 1)] + "…"
+        elif len(text) + 3 <= width:
+            text += " <…"
+        break
+    return "\n".join([*out, text[:width] if len(text) > width else text])
 
 
 def top_outside(document: dict[str, Any] | None, count: int = 3) -> list[dict[str, Any]]:

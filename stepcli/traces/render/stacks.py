@@ -16,6 +16,10 @@ if TYPE_CHECKING:
 OTHER_STACKS = 3  # stacks named under the breakdown's "other"
 
 
+def _pct(share: float) -> str:
+    return f"{share * 100:.1f}%"
+
+
 def no_stacks_note() -> str:
     """`table --stacks` on traces without Python frames: how to get them, in one line."""
     return f"stepcli: note: --stacks: these traces have no Python stacks; {HOW_TO_RECORD}"
@@ -37,12 +41,10 @@ def stacks_table(document: Mapping[str, Any], limit: int, width: int) -> Table:
     from rich.table import Table
     from rich.text import Text
 
-    from stepcli.traces.render.table import pct
-
     rows = document["stacks"][:limit]
     steps = document["steps"]
     headers = ("Self ms", "Self %", "Total ms", "Total %")
-    numbers = [[_ms(r["self_ms"]), pct(r["self_share"]), _ms(r["total_ms"]), pct(r["total_share"])] for r in rows]
+    numbers = [[_ms(r["self_ms"]), _pct(r["self_share"]), _ms(r["total_ms"]), _pct(r["total_share"])] for r in rows]
     fixed = sum(max([len(h), *(len(n[i]) for n in numbers)]) for i, h in enumerate(headers))
     room = max(20, width - fixed - 3 * (len(headers) + 1) - 1)
     shown = f"{len(rows)} of {len(document['stacks'])} stacks" if len(document["stacks"]) > len(rows) else None
@@ -59,7 +61,7 @@ def stacks_table(document: Mapping[str, Any], limit: int, width: int) -> Table:
     for header in headers:
         table.add_column(header, justify="right", no_wrap=True)
     for row, cells in zip(rows, numbers):
-        table.add_row(Text(short_stack(row["stack"], room)), *cells)  # Text: names are data, never markup
+        table.add_row(Text(short_stack(row["stack"], room, lines=2)), *cells)  # Text: names are data, never markup
     return table
 
 
@@ -82,19 +84,5 @@ def other_lines(data: Mapping[str, Any], width: int = 80) -> list[str]:
             figure = _ms(row["outside_operators_ms"])
             lines.append(f"  {figure:>7} {short_stack(row['stack'], width - 11)}")
     elif (data.get("recorded_with") or {}).get("stacks") and data.get("python_stacks") is None:
-        lines.append("  by Python stack: add --stacks")
+        lines.append("  by Python stack: stepcli table --stacks")
     return lines
-
-
-def print_stacks(data: Mapping[str, Any], console: Any, limit: int) -> None:
-    """`table --stacks` on a terminal: the table, or the line saying how to record stacks (on stderr)."""
-    import sys
-
-    from stepcli.traces.render.table import print_table
-
-    note = stacks_missing(data)
-    if note:
-        print(note, file=sys.stderr)
-        return
-    document = data["python_stacks"]
-    print_table(console, stacks_table(document, limit, console.width))

@@ -424,6 +424,17 @@ def print_rich_report(
             ),
         )
     if stacks:
-        from stepcli.traces.render.stacks import print_stacks
+        _print_stacks(data, console, stacks)
 
-        print_stacks(data, console, stacks)
+
+def _print_stacks(data: Mapping[str, Any], console: Console, stacks: int) -> None:
+    """--stacks N: the table, or the line saying how to record stacks (on stderr)."""
+    import sys
+
+    from stepcli.traces.render.stacks import stacks_missing, stacks_table
+
+    note = stacks_missing(data)
+    if note:
+        print(note, file=sys.stderr)
+    else:
+        print_table(console, stacks_table(data["python_stacks"], stacks, console.width))
