@@ -47,6 +47,7 @@ from stepcli.traces.analyses.steps import (
     COMM,
     DATALOADER,
     OPTIMIZER,
+    OTHER_INSIDE,
     Accumulator,
     StepSpans,
     TraceResult,
@@ -188,14 +189,13 @@ def _analyze_columns(
     closure = closure_name[name] & (kind[index] == typedcolumns.USER_ANNOTATION)
     forward, forward_row = _forward_candidates(parent, phase, list(by_row), named, closure)
     measured = _phase_totals_arrays(list(by_row), start, end, phase, closure, pid_code, forward, forward_row, parent)
-    phase_totals = measured[:2] if measured is not None else None
+    phase_totals, other_inside = _measured_parts(measured)
 
     # The phase spans and the steps' children feed the per-window reference (`step_phases`); with the totals
     # already measured on arrays, only communication spans are still needed.
     phase_spans = _phase_spans(phase, closure if phase_totals is None else None, start, end, pid_code, ids)
     if by_row and phase_totals is None:
-        for row, s, e in zip(forward_row.tolist(), start[forward].tolist(), end[forward].tolist()):
-            by_row[row].children.append((s, e, 0))
+        _fill_windows(by_row, forward, forward_row, parent, start, end)
 
     cpu_span = None
     if device_union and not windows and len(index):
@@ -231,9 +231,28 @@ def _analyze_columns(
         device_arrays,
         device_classes,
         ns,
-        other_inside_ns=measured[2] if measured is not None else None,
+        other_inside_ns=other_inside,
     )
     return cpu_rows, device_rows, result
+
+
+def _measured_parts(
+    measured: tuple[dict[str, int], int, int] | None,
+) -> tuple[tuple[dict[str, int], int] | None, int | None]:
+    """_phase_totals_arrays' answer as (phase totals and steps, other inside operators), both None unmeasured."""
+    return (None, None) if measured is None else ((measured[0], measured[1]), measured[2])
+
+
+def _fill_windows(by_row: dict[int, Window], forward: Any, forward_row: Any, parent: Any, start: Any, end: Any) -> None:
+    """The windows' forward candidates and top-level events, for the per-window `step_phases`."""
+    import numpy as np
+
+    for row, s, e in zip(forward_row.tolist(), start[forward].tolist(), end[forward].tolist()):
+        by_row[row].children.append((s, e, 0))
+    top = np.nonzero(parent >= 0)[0]
+    for row, s, e in zip(parent[top].tolist(), start[top].tolist(), end[top].tolist()):
+        if row in by_row:
+            by_row[row].tops.append((s, e))
 
 
 def _phase_spans(
@@ -450,12 +469,14 @@ def summarize_columns(
     for w in ordered:
         comm = result.comm_union.get(w.pid, [])
         comm_ns.append(length(clip(comm, [e for _, e in comm], w.start, w.end)))
+    other_inside = result.other_inside_ns
     if result.phase_totals is not None:
         phase_totals, phase_steps = result.phase_totals
     else:
         phase_totals = dict.fromkeys(PHASES, 0)
-        phase_steps = 0
+        phase_steps = other_inside = 0
         for _window, phases in step_phases(result):
+            other_inside += phases.pop(OTHER_INSIDE)
             for label, ns in phases.items():
                 phase_totals[label] += ns
             phase_steps += 1
@@ -487,7 +508,7 @@ def summarize_columns(
         world_size=world_size,
         device_name=device_name,
         stub_step=stub,
-        other_inside_ns=result.other_inside_ns,
+        other_inside_ns=other_inside,
         has_stacks=has_stacks(columns),
         shapes_recorded=bool(len(columns) and columns.shape.any()) or bool(columns.gemm_ops),
     )
