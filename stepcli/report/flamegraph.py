@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stepcli import fmt
-from stepcli.fmt import html_escape as escape
+from stepcli.safetext import html_escape as escape
 from stepcli.traces.analyses.pystacks import HOW_TO_RECORD, short_frame
 
 WIDTH = 960
