@@ -198,7 +198,7 @@ def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **option
 
 
 @cli.command(short_help="Summarize PyTorch profiler trace files.")
-@click.argument("paths", nargs=-1, type=PathParam())
+@click.argument("paths", nargs=-1, type=PathParam(), metavar="PATHS...")  # required: checked by _stacks_option
 @click.option(
     "--sort-by",
     type=click.Choice(["self", "total", "calls", "avg", "name"]),

@@ -322,7 +322,7 @@ def print_table_report(
                 limit=limit or DEFAULT_LIMIT,
                 stacks=stacks,
             )
-        if stacks and fmt in ("json", "csv"):
+        if stacks and fmt in ("json", "csv", "markdown"):
             from stepcli.traces.render.stacks import stacks_missing
 
             note = stacks_missing(data)
