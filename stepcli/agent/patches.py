@@ -12,9 +12,9 @@ from .config import CLOSURE_ANNOTATION
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
-    from collections.abc import Hashable
+    from collections.abc import Callable, Hashable
     from types import ModuleType
-    from typing import Any, Callable, Protocol
+    from typing import Any, Protocol
 
     from .tracker import StepTracker
 

@@ -28,7 +28,8 @@ from .tracker import AFTER_WINDOW, FOREIGN, NEVER, StepTracker
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from collections.abc import Callable
+    from typing import Any
 
 _ACTIVITY_NAMES = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mtia": "MTIA", "hpu": "HPU"}
 # With --with-flops, beside each trace `NAME.pt.trace.json[.gz]`: `NAME.flops`, the window's FLOPs from

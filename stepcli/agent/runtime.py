@@ -24,9 +24,9 @@ from .tracker import StepTracker
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
-    from collections.abc import Hashable
+    from collections.abc import Callable, Hashable
     from types import ModuleType
-    from typing import Any, Callable
+    from typing import Any
 
     from .compiles import CompileWatcher
     from .ondemand import OnDemand
