@@ -77,6 +77,8 @@ def _add_profilers(torch: types.ModuleType) -> None:
             self.collecting = False
 
         def prepare_trace(self) -> None:
+            if getattr(self, "broken", False):
+                raise RuntimeError("Kineto could not start")
             self.collecting = True
 
         def stop_trace(self) -> None:

@@ -115,6 +115,16 @@ def test_the_programs_profiler_is_a_requester_and_stepcli_steps_aside_while_it_c
     ]
 
 
+def test_a_programs_profiler_that_fails_to_start_leaves_stepcli_recording(
+    agent: FakeAgent, torch: types.ModuleType
+) -> None:
+    prof = torch.profiler.profile()
+    prof.broken = True
+    with pytest.raises(RuntimeError):
+        prof.start()
+    assert agent.foreign == set()  # not left stepping aside for a profiler that never ran
+
+
 def test_the_step_that_starts_the_programs_profiler_is_counted_before_it_collects(
     agent: FakeAgent, torch: types.ModuleType
 ) -> None:
