@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NotRequired, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.jsonchecks import (
@@ -34,6 +34,11 @@ from stepcli.jsonchecks import (
     simple,
 )
 from stepcli.stats import STAT_NAMES, Stats
+
+if TYPE_CHECKING:
+    # typing has NotRequired from 3.11, above stepcli's floor (3.10). Annotations here are strings, never evaluated
+    # (`from __future__ import annotations`), so only the type checker needs the name: no runtime dependency.
+    from typing_extensions import NotRequired
 
 SCHEMA = "stepcli.run"
 SCHEMA_VERSION = 2  # 2: run_id and step_times (every step of every process); readers still accept 1
