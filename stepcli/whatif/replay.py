@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stepcli.traces.analyses.alignment import Matched, align, match_collectives
+from stepcli.traces.analyses.devicework import EVENT, LAUNCH, STREAM, node_factors
 from stepcli.traces.analyses.lanes import RankLane, covers
 
 LATE_CLOSE_US = 300.0
@@ -54,6 +55,17 @@ class Item:
     arrive: tuple[int, int] | None = None
     until: float = 0.0
     departs: list[tuple[int, int, float]] = field(default_factory=list)
+    launches: list[int] | None = None  # device nodes (stepcli.traces.analyses.devicework) queued by a call at `at`
+    sync: int = -1  # a host call [at, until) that returned only after this device node ended
+
+    @property
+    def order(self) -> int:
+        """Among joints at one time: launches first (a copy's own sync waits for it), then arrivals, then waits."""
+        if self.launches is not None:
+            return 0
+        if self.arrive is not None:
+            return 1
+        return 2 if self.sync < 0 else 3
 
 
 @dataclass
@@ -87,6 +99,18 @@ class Record:
     arrive_row: int = -1  # an arrival point (zero length)
     label: int = -1  # of a compute stretch: the collective (row) whose arrival it leads to; -1 after the last
     waited: float = 0.0  # of a bound wait: how long the rank waited for the collective's last member to arrive
+    sync_node: int = -1  # a sync on the device: the node it waited for (bound when it ended after `start`)
+
+
+@dataclass
+class DeviceTimes:
+    """A lane's device nodes as replayed: start and end (aligned µs), the edge that bound each start, and the
+    index of the lane's record that ends at its launch (-1: none)."""
+
+    start: list[float]
+    end: list[float]
+    bound: list[int]
+    launch_record: list[int]
 
 
 @dataclass
@@ -98,6 +122,7 @@ class Replay:
     depart: list[list[float]]
     transfer: list[float]  # [row] µs, as replayed
     blocked: list[float]  # per lane: µs spent waiting for other ranks to arrive at collectives, in the window
+    device: list[DeviceTimes | None] = field(default_factory=list)
 
 
 class ReplayError(Exception):
@@ -130,6 +155,8 @@ def build_graph(lanes: Sequence[RankLane], steps: list[int]) -> Graph:
     for li, lane in enumerate(lanes):
         items[li], missed = _items(lane, memberships[li], arrive, depart, offsets[li], start[li], end[li])
         unexplained += missed
+        if lane.device is not None:
+            items[li] = _device_items(lane, items[li], start[li], end[li])
     transfer = [max(0.0, min(d) - max(a)) for a, d in zip(arrive, depart)]
     return Graph(lanes, steps, start, end, offsets, items, arrive, depart, rows, names, transfer, unexplained)
 
@@ -216,8 +243,24 @@ def _items(
         else:
             missed += 1
     joints = arrivals + list(by_wait.values())
-    joints.sort(key=lambda item: (item.at, item.arrive is None))
+    joints.sort(key=lambda item: (item.at, item.order))
     return joints, missed
+
+
+def _device_items(lane: RankLane, joints: list[Item], lo: float, hi: float) -> list[Item]:
+    """The lane's joints with its launches (one per launch time, its nodes in order) and device syncs added."""
+    work = lane.device
+    assert work is not None
+    launch = np.clip(work.launch, lo, hi)
+    if len(launch):
+        cuts = np.nonzero(np.diff(launch) > 0)[0] + 1
+        firsts = np.concatenate(([0], cuts)).tolist()
+        lasts = np.concatenate((cuts, [len(launch)])).tolist()
+        joints = joints + [Item(float(launch[a]), launches=list(range(a, b))) for a, b in zip(firsts, lasts)]
+    for at, until, node in zip(work.sync_at.tolist(), work.sync_until.tolist(), work.sync_node.tolist()):
+        joints.append(Item(at, until=until, sync=node))
+    joints.sort(key=lambda item: (item.at, item.order))
+    return joints
 
 
 def speeds(lane: RankLane, change: Change | None) -> np.ndarray:
@@ -267,6 +310,31 @@ class _Scheduler:
         self.records: list[list[Record]] = [[] for _ in range(n)]
         self.blocked = [0.0] * n
         self.done = [False] * n
+        self.device: list[DeviceTimes | None] = []
+        self.node_factor: list[list[float]] = []
+        for lane in graph.lanes:
+            work = lane.device
+            if work is None:
+                self.device.append(None)
+                self.node_factor.append([])
+                continue
+            count = len(work)
+            self.device.append(DeviceTimes([0.0] * count, [0.0] * count, [LAUNCH] * count, [-1] * count))
+            scales = change.scales if change is not None else []
+            mine = [s for s in scales if s.rank is None or s.rank == lane.rank]
+            self.node_factor.append(node_factors(work, lane.names, lane.grid, lane.phase, mine).tolist())
+        self.node_lists = [
+            (
+                lane.device.prev.tolist(),
+                lane.device.wait_for.tolist(),
+                lane.device.delay.tolist(),
+                lane.device.dur.tolist(),
+                lane.device.sync_until.tolist(),
+            )
+            if lane.device is not None
+            else None
+            for lane in graph.lanes
+        ]
 
     def run(self) -> Replay:
         graph = self.graph
@@ -286,6 +354,7 @@ class _Scheduler:
             self.depart,
             self.transfer,
             self.blocked,
+            self.device,
         )
 
     def _step(self, i: int) -> bool:
@@ -296,7 +365,13 @@ class _Scheduler:
             self.done[i] = True
             return True
         item = items[self.pos[i]]
-        if item.arrive is not None:
+        if item.launches is not None:
+            self._advance(i, item.at, _next_arrival(items, self.pos[i]))
+            self._launch(i, item.launches)
+        elif item.sync >= 0:
+            self._advance(i, item.at, _next_arrival(items, self.pos[i]))
+            self._sync(i, item)
+        elif item.arrive is not None:
             self._advance(i, item.at, item.arrive[0])
             row, m = item.arrive
             self.arrive[row][m] = self.cur[i]
@@ -308,6 +383,40 @@ class _Scheduler:
             self._wait(i, item)
         self.pos[i] += 1
         return True
+
+    def _launch(self, i: int, nodes: list[int]) -> None:
+        """Device nodes queued now: each starts at the latest of its launch, the node before it on its stream and
+        the node its stream waits for, each plus its edge's delay."""
+        times, lists = self.device[i], self.node_lists[i]
+        assert times is not None and lists is not None
+        prev, wait_for, delay, dur, _ = lists
+        factor = self.node_factor[i]
+        record = len(self.records[i]) - 1
+        now = self.cur[i]
+        for k in nodes:
+            d = delay[k]
+            ready, bound = now + d[LAUNCH], LAUNCH
+            p = prev[k]
+            if p >= 0 and times.end[p] + d[STREAM] > ready:
+                ready, bound = times.end[p] + d[STREAM], STREAM
+            w = wait_for[k]
+            if w >= 0 and times.end[w] + d[EVENT] > ready:
+                ready, bound = times.end[w] + d[EVENT], EVENT
+            times.start[k] = ready
+            times.end[k] = ready + dur[k] * factor[k]
+            times.bound[k] = bound
+            times.launch_record[k] = record
+
+    def _sync(self, i: int, item: Item) -> None:
+        """A host call that returned after a device node ended: it returns at the later of reaching it and the
+        node's end, plus the measured time from the node's end to the return."""
+        times, work = self.device[i], self.graph.lanes[i].device
+        assert times is not None and work is not None
+        node = item.sync
+        tail = max(0.0, item.until - float(work.start[node] + work.dur[node]))
+        ready = max(self.cur[i], times.end[node]) + tail
+        self.records[i].append(Record(item.at, item.until, self.cur[i], ready, sync_node=node))
+        self.cur[i], self.prev[i] = ready, item.until
 
     def _wait(self, i: int, item: Item) -> None:
         """A wait ends at the later of its start and each collective's end plus the measured tail after it."""
