@@ -102,7 +102,7 @@ def _scale(selector: str, factor: float, lanes: Sequence[RankLane], ranks: Seque
     if not names:
         near = difflib.get_close_matches(selector.removeprefix("re:"), list(known), n=3, cutoff=0.4)
         hint = f"; near names: {', '.join(near)}" if near else ""
-        raise usage(f"--scale {typed}: matches no operator on the steps' thread and no device work of these traces{hint}")
+        raise usage(f"--scale {typed}: matches no operator on the steps' thread of these traces{hint}")
     return Scale(rank, None, names, factor)
 
 
@@ -262,18 +262,18 @@ def solve(lanes: Sequence[RankLane], request: Request, untouched_ms: float | Non
 
 def _unmodelled(lanes: Sequence[RankLane]) -> str | None:
     """Why these traces cannot be replayed honestly yet, or None."""
-    device = sum(lane.device_events for lane in lanes)
-    if device and len(lanes) > 1:
-        return (
-            f"the traces hold GPU work on {len(lanes)} ranks: NCCL collectives joining device streams across ranks "
-            "are not in stepcli's graph yet, so no replay of them can be checked"
-        )
     ranks = sorted(lane.rank for lane in lanes if lane.rank is not None)
     sizes = {lane.world_size for lane in lanes if lane.world_size}
     if sizes and max(sizes) > len(lanes):
         return (
             f"only rank{'s' if len(ranks) > 1 else ''} {_ranks(ranks)} of a {max(sizes)}-rank job "
             f"{'were' if len(ranks) > 1 else 'was'} read: the other ranks' traces are needed to replay the waits"
+        )
+    device = sum(lane.device_events for lane in lanes)
+    if device and len(lanes) > 1:
+        return (
+            f"the traces hold GPU work on {len(lanes)} ranks: NCCL collectives joining device streams across ranks "
+            "are not in stepcli's graph yet, so no replay of them can be checked"
         )
     return None
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stepcli.traces.analyses.alignment import Matched, align, match_collectives
-from stepcli.traces.analyses.devicework import EVENT, LAUNCH, STREAM, node_factors
+from stepcli.traces.analyses.devicework import EVENT, LAUNCH, STREAM, SYNC_DEVICE, SYNC_STREAM, node_factors
 from stepcli.traces.analyses.lanes import RankLane, covers
 
 LATE_CLOSE_US = 300.0
@@ -312,6 +312,7 @@ class _Scheduler:
         self.done = [False] * n
         self.device: list[DeviceTimes | None] = []
         self.node_factor: list[list[float]] = []
+        self.stream_last: list[dict[int, int]] = [{} for _ in graph.lanes]  # per lane: stream -> last node queued
         for lane in graph.lanes:
             work = lane.device
             if work is None:
@@ -329,7 +330,7 @@ class _Scheduler:
                 lane.device.wait_for.tolist(),
                 lane.device.delay.tolist(),
                 lane.device.dur.tolist(),
-                lane.device.sync_until.tolist(),
+                lane.device.stream.tolist(),
             )
             if lane.device is not None
             else None
@@ -389,7 +390,8 @@ class _Scheduler:
         the node its stream waits for, each plus its edge's delay."""
         times, lists = self.device[i], self.node_lists[i]
         assert times is not None and lists is not None
-        prev, wait_for, delay, dur, _ = lists
+        prev, wait_for, delay, dur, stream = lists
+        last = self.stream_last[i]
         factor = self.node_factor[i]
         record = len(self.records[i]) - 1
         now = self.cur[i]
@@ -406,6 +408,7 @@ class _Scheduler:
             times.end[k] = ready + dur[k] * factor[k]
             times.bound[k] = bound
             times.launch_record[k] = record
+            last[stream[k]] = k
 
     def _sync(self, i: int, item: Item) -> None:
         """A host call that returned after a device node ended: it returns at the later of reaching it and the
@@ -414,6 +417,12 @@ class _Scheduler:
         assert times is not None and work is not None
         node = item.sync
         tail = max(0.0, item.until - float(work.start[node] + work.dur[node]))
+        scope = int(work.sync_scope[int(np.searchsorted(work.sync_at, item.at))])
+        last = self.stream_last[i]
+        if scope == SYNC_DEVICE and last:
+            node = max(last.values(), key=lambda k: times.end[k])
+        elif scope == SYNC_STREAM and int(work.stream[node]) in last:
+            node = last[int(work.stream[node])]
         ready = max(self.cur[i], times.end[node]) + tail
         self.records[i].append(Record(item.at, item.until, self.cur[i], ready, sync_node=node))
         self.cur[i], self.prev[i] = ready, item.until

@@ -31,6 +31,9 @@ SYNC_SLOP_US = 5.0  # a sync may return this long before its work's recorded end
 SYNC_NAME = re.compile(r"synchroni[sz]e|^cudaMemcpy|^cuMemcpy|^cudaFree$|^cuMemFree", re.IGNORECASE)
 NCCL_NAME = re.compile(r"^nccl", re.IGNORECASE)
 LAUNCH, STREAM, EVENT = 0, 1, 2  # which edge bound a kernel's start
+SYNC_NODE, SYNC_STREAM, SYNC_DEVICE = 0, 1, 2  # an event sync, a stream sync or copy, a device sync
+_DEVICE_WIDE = re.compile(r"DeviceSynchronize|CtxSynchronize|^cudaFree$|^cuMemFree", re.IGNORECASE)
+_ONE_NODE = re.compile(r"EventSynchronize", re.IGNORECASE)
 
 
 @dataclass
@@ -62,7 +65,8 @@ class DeviceWork:
     nccl: np.ndarray  # bool: an NCCL kernel
     sync_at: np.ndarray  # float64 per sync: the call's start and end on the steps' thread
     sync_until: np.ndarray
-    sync_node: np.ndarray  # int32: the node whose end it waited for
+    sync_node: np.ndarray  # int32: the node whose end it waited for (the latest to end)
+    sync_scope: np.ndarray  # int8: what it waits for: SYNC_NODE that node, SYNC_STREAM its stream, SYNC_DEVICE all
     sync_name: list[str]
     unexplained_us: float  # the delays left out (longer than UNEXPLAINED_US on a binding edge)
     cross_stream_known: bool  # the trace has the CUDA sync events (cross-stream waits are in the graph)
@@ -126,7 +130,7 @@ def device_work(
     name = columns.name[device].astype(np.int32)
     delay, bound, unexplained = _delays(start, end, launch, prev, wait_for, call >= 0)
     launch_thread = np.where(call >= 0, thread[np.maximum(call, 0)], -1)
-    sync_at, sync_until, sync_node, sync_name = _syncs(columns, thread, main, lo, hi, launch, end, call)
+    sync_at, sync_until, sync_node, sync_scope, sync_name = _syncs(columns, thread, main, lo, hi, launch, end, call)
     cpu = (kind == typedcolumns.OTHER_CPU) | (kind == typedcolumns.USER_ANNOTATION)
     ops = np.nonzero(cpu & (columns.ts < hi) & (columns.ts + columns.dur > lo))[0]
     return DeviceWork(
@@ -145,6 +149,7 @@ def device_work(
         sync_at,
         sync_until,
         sync_node,
+        sync_scope,
         sync_name,
         unexplained,
         stream_waits is not None and len(stream_waits) > 0,
@@ -225,7 +230,7 @@ def _syncs(
     launch: np.ndarray,
     end: np.ndarray,
     call: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """The host calls on the steps' thread that returned only after device work ended: each call [at, until) and
     the node it waited for (the latest-ending node queued by then that ended inside the call)."""
     names = columns.names
@@ -241,6 +246,7 @@ def _syncs(
     at_list: list[float] = []
     until_list: list[float] = []
     node_list: list[int] = []
+    scope_list: list[int] = []
     name_list: list[str] = []
     # a running maximum of the ends in launch order would lose nodes ending after the call; the calls are few
     for c in calls.tolist():
@@ -260,11 +266,14 @@ def _syncs(
         at_list.append(a)
         until_list.append(b)
         node_list.append(node)
-        name_list.append(names[int(columns.name[c])])
+        name = names[int(columns.name[c])]
+        scope_list.append(SYNC_DEVICE if _DEVICE_WIDE.search(name) else SYNC_NODE if _ONE_NODE.search(name) else SYNC_STREAM)
+        name_list.append(name)
     return (
         np.array(at_list, np.float64),
         np.array(until_list, np.float64),
         np.array(node_list, np.int32),
+        np.array(scope_list, np.int8),
         name_list,
     )
 

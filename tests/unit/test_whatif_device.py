@@ -1,0 +1,156 @@
+"""The what-if graph's device part on constructed traces whose answers are computed by hand (times in µs).
+
+Each trace is built from events as torch writes them (ProfilerStep#N and operators on the steps' thread, CUDA
+runtime calls there with correlation ids, kernels on streams of device 0), read into columns as any trace is, so
+the lane builder, the launch matching and the replay are the real ones."""
+
+from __future__ import annotations
+
+from stepcli.traces.analyses.devicework import StreamWait
+from stepcli.traces.analyses.lanes import lane_of
+from stepcli.traces.read.columns import ColumnTrace
+from stepcli.traces.read.events import Event, EventArgs
+from stepcli.traces.read.typedcolumns import columns_from_events
+from stepcli.whatif.answer import Request, answer
+
+MAIN = 1
+STEP = ("ProfilerStep#1", "user_annotation", MAIN, 0.0, 100.0, -1)
+
+
+def _trace(events: list[tuple[str, str, int, float, float, int]]) -> ColumnTrace:
+    """events: (name, category, thread or stream, start, end, correlation id or -1); kernels run on device 0."""
+    decoded = [
+        Event(
+            name=n,
+            cat=c,
+            pid=0 if c == "kernel" else 7,
+            tid=t,
+            ts=s,
+            dur=e - s,
+            args=EventArgs(correlation=corr) if corr >= 0 else None,
+        )
+        for n, c, t, s, e, corr in events
+    ]
+    columns = columns_from_events(decoded)
+    return ColumnTrace("gpu.json", None, columns, len(decoded))
+
+
+def _answer(trace: ColumnTrace, *changes: tuple[str, str], waits: list[StreamWait] | None = None) -> dict:
+    return answer([lane_of(trace, waits)], Request(list(changes)), None)
+
+
+def _saved(doc: dict) -> list[float]:
+    return [round(entry["saved_ms"] * 1000, 3) for entry in doc["changes"]]
+
+
+def _fork() -> ColumnTrace:
+    """Kernel A on stream 7 [15, 60], B on stream 8 [25, 90], both launched (5 µs latency) before a device sync
+    [30, 95) that returns 5 µs after B; an operator [95, 100] ends the step."""
+    return _trace(
+        [
+            STEP,
+            ("cudaLaunchKernel", "cuda_runtime", MAIN, 10, 12, 1),
+            ("cudaLaunchKernel", "cuda_runtime", MAIN, 20, 22, 2),
+            ("cudaDeviceSynchronize", "cuda_runtime", MAIN, 30, 95, 3),
+            ("post_op", "cpu_op", MAIN, 95, 100, -1),
+            ("kern_A", "kernel", 7, 15, 60, 1),
+            ("kern_B", "kernel", 8, 25, 90, 2),
+        ]
+    )
+
+
+def test_a_fork_over_two_streams_waits_for_the_later_stream():
+    doc = _answer(_fork(), ("scale", "kern_A=0.5"), ("scale", "kern_B=0.5"))
+    assert doc["verdict"] == "ok" and doc["replay_error"] == 0.0
+    # A off the critical path: halving it buys nothing. B halved ends at 25 + 32.5 = 57.5, but A ends at 60: the
+    # device sync returns at 60 + 5 and the step is 65 + 5 = 70 µs. Both: B's 57.5 + 5 + 5 = 67.5.
+    assert _saved(doc) == [0.0, 30.0, 32.5]
+    segments = [(seg["kind"], seg["name"]) for seg in doc["critical_path"]["segments"]]
+    assert ("gpu", "stream 8") in segments and ("gpu", "stream 7") not in segments
+    assert ("sync", "cudaDeviceSynchronize") in segments
+
+
+def _waiting() -> ColumnTrace:
+    """A on stream 7 [15, 60]; an event recorded on stream 7 at 22, stream 8 made to wait for it at 24; B launched
+    on stream 8 at 26 runs [62, 80] (2 µs after A); a device sync [30, 85) returns 5 µs after B."""
+    return _trace(
+        [
+            STEP,
+            ("cudaLaunchKernel", "cuda_runtime", MAIN, 10, 12, 1),
+            ("cudaEventRecord", "cuda_runtime", MAIN, 22, 23, 3),
+            ("cudaStreamWaitEvent", "cuda_runtime", MAIN, 24, 25, 4),
+            ("cudaLaunchKernel", "cuda_runtime", MAIN, 26, 28, 5),
+            ("cudaDeviceSynchronize", "cuda_runtime", MAIN, 30, 85, 6),
+            ("post_op", "cpu_op", MAIN, 85, 100, -1),
+            ("kern_A", "kernel", 7, 15, 60, 1),
+            ("kern_B", "kernel", 8, 62, 80, 5),
+        ]
+    )
+
+
+def test_a_cross_stream_wait_passes_a_change_on_to_the_waiting_stream():
+    waits = [StreamWait(wait_corr=4, record_corr=3, stream=8, record_stream=7)]
+    doc = _answer(_waiting(), ("scale", "kern_A=0.5"), waits=waits)
+    assert doc["verdict"] == "ok" and doc["replay_error"] == 0.0
+    # A halved ends at 37.5; B waits for it (2 µs) and runs 18 µs: ends 57.5; the sync returns at 62.5: saved 22.5
+    assert _saved(doc) == [22.5]
+    # Without the CUDA sync events the wait is unknown: B's 36 µs after its launch count as its launch's delay,
+    # so halving A predicts nothing (HTA's graph needs the same events for this edge)
+    assert _saved(_answer(_waiting(), ("scale", "kern_A=0.5"))) == [0.0]
+
+
+def _blocking() -> ColumnTrace:
+    """An operator [5, 12] launches A (call [8, 10]); A runs [14, 90]; a stream sync [30, 95) returns 5 µs after it;
+    an operator [95, 100] ends the step."""
+    return _trace(
+        [
+            STEP,
+            ("model_op", "cpu_op", MAIN, 5, 12, -1),
+            ("cudaLaunchKernel", "cuda_runtime", MAIN, 8, 10, 1),
+            ("cudaStreamSynchronize", "cuda_runtime", MAIN, 30, 95, 2),
+            ("post_op", "cpu_op", MAIN, 95, 100, -1),
+            ("kern_A", "kernel", 7, 14, 90, 1),
+        ]
+    )
+
+
+def test_a_device_sync_blocks_the_host_until_the_kernel_ends():
+    doc = _answer(_blocking(), ("scale", "kern_A=0.5"), ("scale", "model_op=0.5"))
+    assert doc["verdict"] == "ok" and doc["replay_error"] == 0.0
+    # kern_A halved: ends 14 + 38 = 52, the sync returns at 57, the step ends at 62: saved 38.
+    # model_op halved scales its kernel too: the launch moves from 8 to 6.5, A starts 6 µs later (12.5) and runs
+    # 38 µs (ends 50.5); the host reaches the sync at 26.5, it returns at 55.5, the step ends at 60.5: saved 39.5.
+    assert _saved(doc)[:2] == [38.0, 39.5]
+    kinds = [seg["kind"] for seg in doc["critical_path"]["segments"]]
+    assert kinds == ["cpu", "cpu", "launch", "gpu", "sync", "cpu"]  # other [0, 5), forward [5, 8), ...; post_op
+
+
+def test_a_kernel_off_the_critical_path_of_a_cpu_bound_step_buys_nothing():
+    trace = _trace(
+        [
+            STEP,
+            ("cudaLaunchKernel", "cuda_runtime", MAIN, 8, 10, 1),
+            ("cpu_work", "cpu_op", MAIN, 20, 90, -1),
+            ("cudaStreamSynchronize", "cuda_runtime", MAIN, 90, 91, 2),
+            ("kern_A", "kernel", 7, 14, 20, 1),
+        ]
+    )
+    doc = _answer(trace, ("scale", "kern_A=0.5"), ("scale", "cpu_work=0.5"))
+    assert doc["verdict"] == "ok"
+    assert _saved(doc)[:2] == [0.0, 35.0]
+    assert all(seg["kind"] == "cpu" for seg in doc["critical_path"]["segments"])
+
+
+def test_unexplained_device_waits_make_the_answer_inconclusive_with_the_reason():
+    # B starts 600 µs after its launch on an idle stream: nothing in the graph says why (no sync events)
+    trace = _trace(
+        [
+            ("ProfilerStep#1", "user_annotation", MAIN, 0.0, 1000.0, -1),
+            ("cudaLaunchKernel", "cuda_runtime", MAIN, 10, 12, 1),
+            ("cudaStreamSynchronize", "cuda_runtime", MAIN, 20, 990, 2),
+            ("kern_B", "kernel", 8, 610, 985, 1),
+        ]
+    )
+    doc = _answer(trace)
+    assert doc["verdict"] == "inconclusive"
+    assert "no CUDA sync events" in doc["reason"] and "off the measured step" in doc["reason"]
