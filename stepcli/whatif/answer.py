@@ -467,15 +467,18 @@ def _phase_split(graph: Graph, i: int, record: Record) -> list[tuple[str, float]
     the order the phases first appear in it."""
     lane = graph.lanes[i]
     lo, hi = record.lane_from, record.lane_to
-    edges = np.clip(lane.grid, lo, hi)
+    a = max(int(np.searchsorted(lane.grid, lo, side="right")) - 1, 0)
+    b = int(np.searchsorted(lane.grid, hi, side="left")) + 1
+    edges = np.clip(lane.grid[a:b], lo, hi)
     lengths = np.diff(edges)
+    phase = lane.phase[a : a + len(lengths)]
     total = float(lengths.sum())
     if total <= 0:
         return []
     scale = (record.end - record.start) / total
-    sums = np.bincount(lane.phase, weights=lengths, minlength=len(PHASE_NAMES))
+    sums = np.bincount(phase, weights=lengths, minlength=len(PHASE_NAMES))
     first: dict[int, int] = {}
-    for p in lane.phase[lengths > 0].tolist():
+    for p in phase[lengths > 0].tolist():
         first.setdefault(p, len(first))
     return [(PHASE_NAMES[p], float(sums[p]) * scale) for p in sorted(first, key=first.__getitem__)]
 

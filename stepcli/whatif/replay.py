@@ -313,6 +313,7 @@ class _Scheduler:
         self.device: list[DeviceTimes | None] = []
         self.node_factor: list[list[float]] = []
         self.stream_last: list[dict[int, int]] = [{} for _ in graph.lanes]  # per lane: stream -> last node queued
+        self.next_row = [_next_arrivals(items) for items in graph.items]  # per lane, per joint: _next_arrival
         for lane in graph.lanes:
             work = lane.device
             if work is None:
@@ -367,10 +368,10 @@ class _Scheduler:
             return True
         item = items[self.pos[i]]
         if item.launches is not None:
-            self._advance(i, item.at, _next_arrival(items, self.pos[i]))
+            self._advance(i, item.at, self.next_row[i][self.pos[i]])
             self._launch(i, item.launches)
         elif item.sync >= 0:
-            self._advance(i, item.at, _next_arrival(items, self.pos[i]))
+            self._advance(i, item.at, self.next_row[i][self.pos[i]])
             self._sync(i, item)
         elif item.arrive is not None:
             self._advance(i, item.at, item.arrive[0])
@@ -380,7 +381,7 @@ class _Scheduler:
         else:
             if not all(self._resolve(row) for row, _, _ in item.departs):
                 return False
-            self._advance(i, item.at, _next_arrival(items, self.pos[i]))
+            self._advance(i, item.at, self.next_row[i][self.pos[i]])
             self._wait(i, item)
         self.pos[i] += 1
         return True
@@ -468,6 +469,17 @@ class _Scheduler:
             self.depart[row][m] = last + self.transfer[row] + residual
         self.known[row] = True
         return True
+
+
+def _next_arrivals(items: list[Item]) -> list[int]:
+    """_next_arrival at every position, in one pass from the end."""
+    out = [-1] * len(items)
+    row = -1
+    for pos in range(len(items) - 1, -1, -1):
+        if items[pos].arrive is not None:
+            row = items[pos].arrive[0]  # type: ignore[index]
+        out[pos] = row
+    return out
 
 
 def _next_arrival(items: list[Item], pos: int) -> int:

@@ -121,8 +121,10 @@ def test_a_device_sync_blocks_the_host_until_the_kernel_ends():
     # model_op halved scales its kernel too: the launch moves from 8 to 6.5, A starts 6 µs later (12.5) and runs
     # 38 µs (ends 50.5); the host reaches the sync at 26.5, it returns at 55.5, the step ends at 60.5: saved 39.5.
     assert _saved(doc)[:2] == [38.0, 39.5]
-    kinds = [seg["kind"] for seg in doc["critical_path"]["segments"]]
-    assert kinds == ["cpu", "cpu", "launch", "gpu", "sync", "cpu"]  # other [0, 5), forward [5, 8), ...; post_op
+    # host [0, 8) (other, then forward; post_op's forward 5 µs merge into it), the launch's 6 µs delay, the kernel's
+    # 76, the sync's 5 µs return after it
+    path = [(seg["kind"], round(seg["ms"] * 1000, 3)) for seg in doc["critical_path"]["segments"]]
+    assert path == [("cpu", 5.0), ("cpu", 8.0), ("launch", 6.0), ("gpu", 76.0), ("sync", 5.0)]
 
 
 def test_a_kernel_off_the_critical_path_of_a_cpu_bound_step_buys_nothing():

@@ -130,7 +130,9 @@ def device_work(
     name = columns.name[device].astype(np.int32)
     delay, bound, unexplained = _delays(start, end, launch, prev, wait_for, call >= 0)
     launch_thread = np.where(call >= 0, thread[np.maximum(call, 0)], -1)
-    sync_at, sync_until, sync_node, sync_scope, sync_name = _syncs(columns, thread, main, lo, hi, launch, end, call)
+    sync_at, sync_until, sync_node, sync_scope, sync_name = _syncs(
+        columns, thread, main, lo, hi, launch, end, call, stream
+    )
     cpu = (kind == typedcolumns.OTHER_CPU) | (kind == typedcolumns.USER_ANNOTATION)
     ops = np.nonzero(cpu & (columns.ts < hi) & (columns.ts + columns.dur > lo))[0]
     return DeviceWork(
@@ -230,6 +232,7 @@ def _syncs(
     launch: np.ndarray,
     end: np.ndarray,
     call: np.ndarray,
+    stream: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """The host calls on the steps' thread that returned only after device work ended: each call [at, until) and
     the node it waited for (the latest-ending node queued by then that ended inside the call)."""
@@ -261,12 +264,18 @@ def _syncs(
         if not inside.any():
             continue
         node = int(candidates[inside][np.argmax(ends[inside])])
+        # a stream sync or copy returns once its stream's queued work is done: when work queued on that stream
+        # by then ended after the call returned, the call only overlapped a kernel's end (an asynchronous copy)
+        name = names[int(columns.name[c])]
+        if not _DEVICE_WIDE.search(name) and not _ONE_NODE.search(name):
+            on_stream = candidates[stream[candidates] == stream[node]]
+            if float(end[on_stream].max()) > b + SYNC_SLOP_US:
+                continue
         if at_list and a < until_list[-1]:
             continue  # nested in the sync before it (a copy's own sync): that one stands
         at_list.append(a)
         until_list.append(b)
         node_list.append(node)
-        name = names[int(columns.name[c])]
         scope_list.append(SYNC_DEVICE if _DEVICE_WIDE.search(name) else SYNC_NODE if _ONE_NODE.search(name) else SYNC_STREAM)
         name_list.append(name)
     return (
