@@ -64,6 +64,7 @@ _LEAVES = {
     "stepcli.stats",
     "stepcli.jsonchecks",
     "stepcli.fmt",
+    "stepcli.safetext",
     "stepcli.pipeconsole",
     "stepcli.safefile",
 }
@@ -167,7 +168,7 @@ def test_run_summary_model_imports_no_package() -> None:
     assert _outside("stepcli.runsummary", _LEAVES) == []
     assert _outside("stepcli.steptimes", _LEAVES | {"stepcli.runsummary"}) == []
     assert _outside("stepcli.runfolder", _LEAVES | {"stepcli.runsummary"}) == []
-    assert _outside("stepcli.fmt", _LEAVES) == []
+    assert _outside("stepcli.fmt", "stepcli.safetext", _LEAVES) == []
 
 
 def test_report_reads_files_only_through_inputs() -> None:

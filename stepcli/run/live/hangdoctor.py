@@ -32,8 +32,8 @@ from stepcli.agent.stacks import (
     process_start_ticks,
 )
 from stepcli.errors import EXIT_NOTHING_MEASURED, StepcliError
-from stepcli.fmt import visible
 from stepcli.run.summary.hangreport import describe_dumps, is_stopped, parse_faulthandler, read_dumps
+from stepcli.safetext import visible
 
 MAX_REPORTS = 3  # dumps per hang with `--on-hang keep`: one when it is called, then one per timeout while it lasts
 DUMP_WAIT_S = 15.0  # how long the launcher waits for every process's stacks file

@@ -9,10 +9,11 @@ import shlex
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from stepcli.fmt import ms, plural, print_wrapped, size_or_dash, visible
+from stepcli.fmt import ms, plural, print_wrapped, size_or_dash
 from stepcli.run.summary.compilesteps import compile_lines
 from stepcli.run.summary.culprit import print_culprit
 from stepcli.runsummary import RunSummary
+from stepcli.safetext import visible
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -41,9 +42,9 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
     """The summary on stderr after the program exits (stdout belongs to the program)."""
     from rich.markup import escape
 
-    from stepcli.fmt import visible_all
     from stepcli.pipeconsole import pipe_console
     from stepcli.runsummary import advice_line
+    from stepcli.safetext import visible_all
 
     summary = visible_all(summary)  # names from traces: control characters shown
     report_path = visible_all(report_path)

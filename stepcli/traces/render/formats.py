@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from stepcli.fmt import ms_cell as _ms
-from stepcli.fmt import plural, visible, visible_all
+from stepcli.fmt import plural
 from stepcli.pipeconsole import discard_stdout, json_for, pipe_console
+from stepcli.safetext import visible, visible_all
 from stepcli.traces.analyses.culpritwords import culprit_lines
 from stepcli.traces.analyses.ranks import first_per_process
 from stepcli.traces.render.table import (
@@ -80,7 +81,7 @@ _FORMULA_STARTS = frozenset("=+-@\t\r")
 
 def _md_text(value: Any) -> str:
     """Text from traces for Markdown: HTML special characters as entities (a name holding `<img ...>` is shown,
-    not rendered), control characters as escapes (stepcli.fmt.visible)."""
+    not rendered), control characters as escapes (stepcli.safetext.visible)."""
     text = visible(str(value))
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
