@@ -421,7 +421,7 @@ def _walk_device(graph: Graph, i: int, node: int, times: Any, walked: list[PathP
         stream = f"stream {work.streams[int(work.stream[node])]}"
         bound = times.bound[node]
         if bound == LAUNCH:
-            record = times.launch_record[node]
+            record = int(times.launch_record[node])
             launched = _record_end(times, node, work)
             walked.append(PathPiece(i, "gpu", stream, times.start[node], times.end[node], node=node))
             walked.append(PathPiece(i, "launch", "launch latency", launched, times.start[node], node=node))

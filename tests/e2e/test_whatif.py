@@ -196,7 +196,7 @@ def test_kernels_on_the_critical_path_buy_at_most_their_time_there(tmp_path: Pat
     if not trace.exists():
         pytest.skip(f"{trace} not found (../shared/traces beside the checkout)")
     out = tmp_path / "sync.json"
-    result = run_stepcli("whatif", trace, "--scale", "re:^void=0", "--json", out)
+    result = run_stepcli("whatif", trace, "--scale", "re:^(void|Memcpy)=0", "--json", out)
     assert result.returncode == 0, result.stdout + result.stderr
     doc = json.loads(out.read_text())
     assert doc["replay_error"] == pytest.approx(0.0, abs=0.01)

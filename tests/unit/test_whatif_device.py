@@ -6,10 +6,10 @@ the lane builder, the launch matching and the replay are the real ones."""
 
 from __future__ import annotations
 
-from stepcli.traces.analyses.devicework import StreamWait
 from stepcli.traces.analyses.lanes import lane_of
 from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.events import Event, EventArgs
+from stepcli.traces.read.syncevents import StreamWait
 from stepcli.traces.read.typedcolumns import columns_from_events
 from stepcli.whatif.answer import Request, answer
 

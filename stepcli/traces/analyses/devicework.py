@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from stepcli.traces.analyses import arrays as col
 from stepcli.traces.read import typedcolumns
+from stepcli.traces.read.syncevents import StreamWait
 from stepcli.traces.read.typedcolumns import Columns
 
 UNEXPLAINED_US = 100.0  # a delay longer than this on a binding edge is not explained by the graph
@@ -34,17 +37,6 @@ LAUNCH, STREAM, EVENT = 0, 1, 2  # which edge bound a kernel's start
 SYNC_NODE, SYNC_STREAM, SYNC_DEVICE = 0, 1, 2  # an event sync, a stream sync or copy, a device sync
 _DEVICE_WIDE = re.compile(r"DeviceSynchronize|CtxSynchronize|^cudaFree$|^cuMemFree", re.IGNORECASE)
 _ONE_NODE = re.compile(r"EventSynchronize", re.IGNORECASE)
-
-
-@dataclass
-class StreamWait:
-    """A cross-stream wait from the profiler's CUDA sync events: the `cudaStreamWaitEvent` call (correlation
-    `wait_corr`) made stream `stream` wait for what was queued before the `cudaEventRecord` (`record_corr`)."""
-
-    wait_corr: int
-    record_corr: int
-    stream: int
-    record_stream: int = -1  # the stream the event was recorded on (-1: not said)
 
 
 @dataclass
@@ -276,7 +268,9 @@ def _syncs(
         at_list.append(a)
         until_list.append(b)
         node_list.append(node)
-        scope_list.append(SYNC_DEVICE if _DEVICE_WIDE.search(name) else SYNC_NODE if _ONE_NODE.search(name) else SYNC_STREAM)
+        scope_list.append(
+            SYNC_DEVICE if _DEVICE_WIDE.search(name) else SYNC_NODE if _ONE_NODE.search(name) else SYNC_STREAM
+        )
         name_list.append(name)
     return (
         np.array(at_list, np.float64),
@@ -287,7 +281,9 @@ def _syncs(
     )
 
 
-def node_factors(work: DeviceWork, lane_names: list[str], grid: np.ndarray, phase: np.ndarray, scales: list) -> np.ndarray:  # type: ignore[type-arg]
+def node_factors(
+    work: DeviceWork, lane_names: list[str], grid: np.ndarray, phase: np.ndarray, scales: list[Any]
+) -> np.ndarray:
     """Per node, how long it takes under the scales (1: unchanged): a kernel named, a kernel launched inside an
     operator named (on the thread that launched it), or launched in a phase, runs FACTOR times as long."""
     factor = np.ones(len(work))
@@ -322,6 +318,9 @@ def node_factors(work: DeviceWork, lane_names: list[str], grid: np.ndarray, phas
 
 
 def _covers(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
-    from stepcli.traces.analyses.lanes import covers
-
-    return covers(starts, ends, at)
+    """Whether each time in `at` lies inside one of the spans (as stepcli.traces.analyses.lanes.covers)."""
+    if not len(starts):
+        return np.zeros(len(at), bool)
+    u_start, u_end = col.union_arrays(starts, ends)
+    k = np.searchsorted(u_start, at, side="right") - 1
+    return (k >= 0) & (at < u_end[np.maximum(k, 0)])

@@ -18,11 +18,12 @@ import numpy as np
 
 from stepcli.traces.analyses import arrays as col
 from stepcli.traces.analyses.arrivals import RankArrivals, rank_arrivals
-from stepcli.traces.analyses.devicework import DeviceWork, StreamWait, device_work
+from stepcli.traces.analyses.devicework import DeviceWork, device_work
 from stepcli.traces.analyses.steps import BACKWARD, DATALOADER, OPTIMIZER, is_closure, phase_of
 from stepcli.traces.read import typedcolumns
 from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.names import STEP_PREFIX, step_of
+from stepcli.traces.read.syncevents import StreamWait
 
 # The phases of a lane's time, as the breakdown names them; the codes index PHASE_NAMES.
 PHASE_NAMES = ("other", "dataloader", "optimizer", "backward", "forward")
@@ -100,7 +101,9 @@ def lane_of(trace: ColumnTrace, stream_waits: list[StreamWait] | None = None) ->
     o_start, o_end = np.maximum(o_start[inside], lo), np.minimum(o_end[inside], hi)
     device = columns.kind >= typedcolumns.DEVICE
     if device.any():
-        ops, o_start, o_end = _with_handoffs(columns, cpu & ~is_step_name[columns.name], thread, main, ops, o_start, o_end, lo, hi)
+        ops, o_start, o_end = _with_handoffs(
+            columns, cpu & ~is_step_name[columns.name], thread, int(main), ops, o_start, o_end, lo, hi
+        )
     order = col.thread_order(np.zeros(len(ops), np.int64), o_start, o_end - o_start)
     ops, o_start, o_end = ops[order], o_start[order], o_end[order]
     reach = np.maximum.accumulate(o_end) if len(o_end) else o_end

@@ -8,9 +8,21 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 
-from stepcli.traces.analyses.devicework import StreamWait
 from stepcli.traces.read.reader import Text
+
+
+@dataclass
+class StreamWait:
+    """A cross-stream wait from the profiler's CUDA sync events: the `cudaStreamWaitEvent` call (correlation
+    `wait_corr`) made stream `stream` wait for what was queued before the `cudaEventRecord` (`record_corr`)."""
+
+    wait_corr: int
+    record_corr: int
+    stream: int
+    record_stream: int = -1  # the stream the event was recorded on (-1: not said)
+
 
 _CATEGORY = re.compile(rb'"cat"\s*:\s*"cuda_sync"')
 
