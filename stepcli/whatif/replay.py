@@ -251,14 +251,17 @@ def _device_items(lane: RankLane, joints: list[Item], lo: float, hi: float) -> l
     """The lane's joints with its launches (one per launch time, its nodes in order) and device syncs added."""
     work = lane.device
     assert work is not None
-    launch = np.clip(work.launch, lo, hi)
+    # work queued before the window (an earlier step's) is queued at its start and runs where it ran
+    count = int(np.searchsorted(work.launch, hi, side="left"))
+    launch = np.maximum(work.launch[:count], lo)
     if len(launch):
         cuts = np.nonzero(np.diff(launch) > 0)[0] + 1
         firsts = np.concatenate(([0], cuts)).tolist()
         lasts = np.concatenate((cuts, [len(launch)])).tolist()
         joints = joints + [Item(float(launch[a]), launches=list(range(a, b))) for a, b in zip(firsts, lasts)]
     for at, until, node in zip(work.sync_at.tolist(), work.sync_until.tolist(), work.sync_node.tolist()):
-        joints.append(Item(at, until=until, sync=node))
+        if lo <= at < hi:
+            joints.append(Item(at, until=until, sync=node))
     joints.sort(key=lambda item: (item.at, item.order))
     return joints
 
@@ -396,9 +399,15 @@ class _Scheduler:
         factor = self.node_factor[i]
         record = len(self.records[i]) - 1
         now = self.cur[i]
+        work = self.graph.lanes[i].device
+        assert work is not None
+        window_start = self.graph.start[i]
         for k in nodes:
             d = delay[k]
-            ready, bound = now + d[LAUNCH], LAUNCH
+            if work.launch[k] < window_start:  # queued before the window: it starts where it started
+                ready, bound = float(work.start[k]) - self.graph.offset[i], LAUNCH
+            else:
+                ready, bound = now + d[LAUNCH], LAUNCH
             p = prev[k]
             if p >= 0 and times.end[p] + d[STREAM] > ready:
                 ready, bound = times.end[p] + d[STREAM], STREAM
