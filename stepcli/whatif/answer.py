@@ -209,6 +209,11 @@ def solve(lanes: Sequence[RankLane], request: Request, untouched_ms: float | Non
                 f"no collective could be matched across the ranks in {steps_label(steps)}: "
                 "without one, the ranks' timelines cannot be joined"
             )
+        elif len(lanes) > 1 and any(lane.device is not None for lane in lanes) and not any(graph.device_rows):
+            reason = (
+                f"no NCCL kernel could be tied to the ranks' collectives in {steps_label(steps)}: "
+                "without one, the ranks' device streams cannot be joined"
+            )
     if graph is None or reason is not None:
         doc["reason"] = reason
         return Answer(doc)
@@ -268,12 +273,6 @@ def _unmodelled(lanes: Sequence[RankLane]) -> str | None:
         return (
             f"only rank{'s' if len(ranks) > 1 else ''} {_ranks(ranks)} of a {max(sizes)}-rank job "
             f"{'were' if len(ranks) > 1 else 'was'} read: the other ranks' traces are needed to replay the waits"
-        )
-    device = sum(lane.device_events for lane in lanes)
-    if device and len(lanes) > 1:
-        return (
-            f"the traces hold GPU work on {len(lanes)} ranks: NCCL collectives joining device streams across ranks "
-            "are not in stepcli's graph yet, so no replay of them can be checked"
         )
     return None
 
@@ -396,7 +395,7 @@ def walk_critical_path(graph: Graph, rep: Replay) -> list[PathPiece]:
                 assert work is not None
                 sync_name = work.sync_name[int(np.searchsorted(work.sync_at, record.lane_from))]
                 walked.append(PathPiece(i, "sync", sync_name, times.end[node], record.end))
-                k = _walk_device(graph, i, node, times, walked)
+                i, k = _walk_device(graph, rep, i, node, walked)
                 continue
         at = record.end
         for phase, us in reversed(_phase_split(graph, i, record)):
@@ -407,29 +406,46 @@ def walk_critical_path(graph: Graph, rep: Replay) -> list[PathPiece]:
     return walked
 
 
-def _walk_device(graph: Graph, i: int, node: int, times: Any, walked: list[PathPiece]) -> int:
-    """Walk back along lane i's device nodes from `node`, through the edges that bound them (the stream, another
-    stream's node, a launch: a piece of its own), to the launch call on the host: the index of the record that
-    ends there (-1: none, the walk ends)."""
-    from stepcli.traces.analyses.devicework import EVENT, LAUNCH
+def _walk_device(graph: Graph, rep: Replay, i: int, node: int, walked: list[PathPiece]) -> tuple[int, int]:
+    """Walk back along the device nodes from lane i's `node`, through the edges that bound them (the stream,
+    another stream's node, a launch: a piece of its own; an NCCL collective: its transfer, then the last member to
+    arrive, on its lane), to a launch call on a host: (that lane, the index of its record that ends there; -1:
+    none, the walk ends)."""
+    from stepcli.traces.analyses.devicework import COLLECTIVE, EVENT, LAUNCH
 
-    work = graph.lanes[i].device
-    assert work is not None
-    guard = len(work) + 1
+    guard = sum(len(lane.device) for lane in graph.lanes if lane.device is not None) + 1
     while guard > 0:
         guard -= 1
+        work, times = graph.lanes[i].device, rep.device[i]
+        assert work is not None and times is not None
         stream = f"stream {work.streams[int(work.stream[node])]}"
         bound = times.bound[node]
+        end = times.end[node]
+        joined = graph.node_row[i].get(node) if graph.node_row else None
+        if joined is not None:
+            row = joined[0]
+            nodes = graph.device_rows[row]
+            arrivals = [rep.device[graph.members[row][m]].start[n] for m, n in enumerate(nodes)]  # type: ignore[union-attr]
+            m = int(np.argmax(arrivals))
+            j, last_node = graph.members[row][m], nodes[m]
+            walked.append(PathPiece(j, "collective", graph.names[row], arrivals[m], end, waiter=i, node=last_node))
+            i, node, end = j, last_node, arrivals[m]
+            work, times = graph.lanes[i].device, rep.device[i]
+            assert work is not None and times is not None
+            stream = f"stream {work.streams[int(work.stream[node])]}"
+            bound = times.bound[node]
+            if bound == COLLECTIVE:
+                bound = LAUNCH
         if bound == LAUNCH:
             record = int(times.launch_record[node])
             launched = _record_end(times, node, work)
-            walked.append(PathPiece(i, "gpu", stream, times.start[node], times.end[node], node=node))
+            walked.append(PathPiece(i, "gpu", stream, times.start[node], end, node=node))
             walked.append(PathPiece(i, "launch", "launch latency", launched, times.start[node], node=node))
-            return record
+            return i, record
         before = int(work.prev[node]) if bound != EVENT else int(work.wait_for[node])
-        walked.append(PathPiece(i, "gpu", stream, times.end[before], times.end[node], node=node))
+        walked.append(PathPiece(i, "gpu", stream, times.end[before], end, node=node))
         node = before
-    return -1
+    return i, -1
 
 
 def _record_end(times: Any, node: int, work: Any) -> float:

@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stepcli.traces.analyses.alignment import Matched, align, match_collectives
-from stepcli.traces.analyses.devicework import EVENT, LAUNCH, STREAM, SYNC_DEVICE, SYNC_STREAM, node_factors
+from stepcli.traces.analyses.devicework import (
+    COLLECTIVE,
+    EVENT,
+    LAUNCH,
+    STREAM,
+    SYNC_DEVICE,
+    SYNC_STREAM,
+    node_factors,
+)
 from stepcli.traces.analyses.lanes import RankLane, covers
 
 LATE_CLOSE_US = 300.0
@@ -84,6 +92,12 @@ class Graph:
     names: list[str]  # [row] collective name
     transfer: list[float]  # [row] µs: the earliest departure minus the latest arrival (>= 0)
     unexplained: int = 0  # collectives whose departure the rank never waited for visibly (no wait span)
+    # NCCL collectives joined on the device: [row] -> per member its NCCL node on that member's lane (empty: the
+    # row is joined on the host, or not at all); their transfer and each member's residual, from the kernels
+    device_rows: list[list[int]] = field(default_factory=list)
+    device_transfer: list[float] = field(default_factory=list)
+    device_residual: list[list[float]] = field(default_factory=list)
+    node_row: list[dict[int, tuple[int, int]]] = field(default_factory=list)  # per lane: node -> (row, member)
 
 
 @dataclass
@@ -151,14 +165,72 @@ def build_graph(lanes: Sequence[RankLane], steps: list[int]) -> Graph:
     for row, member_lanes in enumerate(rows):
         for m, li in enumerate(member_lanes):
             memberships[li].append((row, m))
+    device_rows = _nccl_nodes(lanes, rows, arrive, offsets, memberships)
     unexplained = 0
     for li, lane in enumerate(lanes):
-        items[li], missed = _items(lane, memberships[li], arrive, depart, offsets[li], start[li], end[li])
+        host_joints = memberships[li] if lane.device is None else []  # a GPU rank joins on its NCCL kernels
+        items[li], missed = _items(lane, host_joints, arrive, depart, offsets[li], start[li], end[li])
         unexplained += missed
         if lane.device is not None:
             items[li] = _device_items(lane, items[li], start[li], end[li])
     transfer = [max(0.0, min(d) - max(a)) for a, d in zip(arrive, depart)]
-    return Graph(lanes, steps, start, end, offsets, items, arrive, depart, rows, names, transfer, unexplained)
+    graph = Graph(lanes, steps, start, end, offsets, items, arrive, depart, rows, names, transfer, unexplained)
+    _join_on_device(graph, device_rows)
+    return graph
+
+
+def _nccl_nodes(
+    lanes: list[RankLane],
+    rows: list[list[int]],
+    arrive: list[list[float]],
+    offsets: list[float],
+    memberships: list[list[tuple[int, int]]],
+) -> list[list[int]]:
+    """Per collective row, each member's NCCL node (the first NCCL kernel its host call launched: the first one
+    queued at or after the call's start), or [] when a member has no device work or no such kernel."""
+    node_of: dict[tuple[int, int], int] = {}
+    for li, lane in enumerate(lanes):
+        work = lane.device
+        if work is None:
+            continue
+        nccl = np.nonzero(work.nccl)[0]
+        used: set[int] = set()
+        for row, m in sorted(memberships[li], key=lambda rm: arrive[rm[0]][rm[1]]):
+            at = arrive[row][m] + offsets[li]
+            k = int(np.searchsorted(work.launch[nccl], at - 1e-3, side="left"))
+            while k < len(nccl) and int(nccl[k]) in used:
+                k += 1
+            if k < len(nccl):
+                node_of[(row, m)] = int(nccl[k])
+                used.add(int(nccl[k]))
+    out: list[list[int]] = []
+    for row, member_lanes in enumerate(rows):
+        nodes = [node_of.get((row, m), -1) for m in range(len(member_lanes))]
+        out.append(nodes if min(nodes, default=-1) >= 0 else [])
+    return out
+
+
+def _join_on_device(graph: Graph, device_rows: list[list[int]]) -> None:
+    """The device-joined collectives' transfer (the earliest member's end less the latest member's start, on
+    aligned clocks) and each member's residual after it."""
+    graph.device_rows = device_rows
+    graph.node_row = [{} for _ in graph.lanes]
+    graph.device_transfer = [0.0] * len(device_rows)
+    graph.device_residual = [[] for _ in device_rows]
+    for row, nodes in enumerate(device_rows):
+        if not nodes:
+            continue
+        starts, ends = [], []
+        for m, node in enumerate(nodes):
+            li = graph.members[row][m]
+            work = graph.lanes[li].device
+            assert work is not None
+            starts.append(float(work.start[node]) - graph.offset[li])
+            ends.append(float(work.start[node] + work.dur[node]) - graph.offset[li])
+            graph.node_row[li][node] = (row, m)
+        transfer = max(0.0, min(ends) - max(starts))
+        graph.device_transfer[row] = transfer
+        graph.device_residual[row] = [max(0.0, e - (max(starts) + transfer)) for e in ends]
 
 
 def _joined(
@@ -315,9 +387,13 @@ class _Scheduler:
         self.done = [False] * n
         self.device: list[DeviceTimes | None] = []
         self.node_factor: list[list[float]] = []
+        self.comm = comm
+        self.d_pos = [0] * n  # per lane: the next device node to resolve
+        self.launched: list[list[float | None]] = [[] for _ in range(n)]  # per lane, per node: its launch, replayed
+        self.device_arrive: list[list[float | None]] = [[None] * len(nodes) for nodes in graph.device_rows]
         self.stream_last: list[dict[int, int]] = [{} for _ in graph.lanes]  # per lane: stream -> last node queued
         self.next_row = [_next_arrivals(items) for items in graph.items]  # per lane, per joint: _next_arrival
-        for lane in graph.lanes:
+        for li, lane in enumerate(graph.lanes):
             work = lane.device
             if work is None:
                 self.device.append(None)
@@ -325,6 +401,7 @@ class _Scheduler:
                 continue
             count = len(work)
             self.device.append(DeviceTimes([0.0] * count, [0.0] * count, [LAUNCH] * count, [-1] * count))
+            self.launched[li] = [None] * count
             scales = change.scales if change is not None else []
             mine = [s for s in scales if s.rank is None or s.rank == lane.rank]
             self.node_factor.append(node_factors(work, lane.names, lane.grid, lane.phase, mine).tolist())
@@ -375,7 +452,8 @@ class _Scheduler:
             self._launch(i, item.launches)
         elif item.sync >= 0:
             self._advance(i, item.at, self.next_row[i][self.pos[i]])
-            self._sync(i, item)
+            if not self._sync(i, item):
+                return False
         elif item.arrive is not None:
             self._advance(i, item.at, item.arrive[0])
             row, m = item.arrive
@@ -390,39 +468,80 @@ class _Scheduler:
         return True
 
     def _launch(self, i: int, nodes: list[int]) -> None:
-        """Device nodes queued now: each starts at the latest of its launch, the node before it on its stream and
-        the node its stream waits for, each plus its edge's delay."""
-        times, lists = self.device[i], self.node_lists[i]
-        assert times is not None and lists is not None
-        prev, wait_for, delay, dur, stream = lists
-        last = self.stream_last[i]
-        factor = self.node_factor[i]
-        record = len(self.records[i]) - 1
-        now = self.cur[i]
-        work = self.graph.lanes[i].device
-        assert work is not None
-        window_start = self.graph.start[i]
+        """Device nodes queued now (on the host's replayed clock); each is resolved as soon as what it waits for is."""
+        times = self.device[i]
+        assert times is not None
+        stream = self.node_lists[i][4]  # type: ignore[index]
+        record, now, last, launched = len(self.records[i]) - 1, self.cur[i], self.stream_last[i], self.launched[i]
         for k in nodes:
-            d = delay[k]
-            if work.launch[k] < window_start:  # queued before the window: it starts where it started
-                ready, bound = float(work.start[k]) - self.graph.offset[i], LAUNCH
-            else:
-                ready, bound = now + d[LAUNCH], LAUNCH
-            p = prev[k]
-            if p >= 0 and times.end[p] + d[STREAM] > ready:
-                ready, bound = times.end[p] + d[STREAM], STREAM
-            w = wait_for[k]
-            if w >= 0 and times.end[w] + d[EVENT] > ready:
-                ready, bound = times.end[w] + d[EVENT], EVENT
-            times.start[k] = ready
-            times.end[k] = ready + dur[k] * factor[k]
-            times.bound[k] = bound
+            launched[k] = now
             times.launch_record[k] = record
             last[stream[k]] = k
+        self._drain(i)
 
-    def _sync(self, i: int, item: Item) -> None:
+    def _drain(self, first: int) -> None:
+        """Resolve device nodes in launch order, lane by lane, as far as each can go: a node starts at the latest of
+        its launch, the node before it on its stream and the node its stream waits for, each plus its edge's
+        delay; an NCCL node that joins a collective ends when its last member has arrived, plus the transfer."""
+        work_list = [first]
+        while work_list:
+            i = work_list.pop()
+            times, lists, work = self.device[i], self.node_lists[i], self.graph.lanes[i].device
+            assert times is not None and lists is not None and work is not None
+            prev, wait_for, delay, dur, _ = lists
+            factor, launched, node_row = self.node_factor[i], self.launched[i], self.graph.node_row[i]
+            window_start = self.graph.start[i]
+            while self.d_pos[i] < len(launched):
+                k = self.d_pos[i]
+                now = launched[k]
+                if now is None:
+                    break
+                d = delay[k]
+                if work.launch[k] < window_start:  # queued before the window: it starts where it started
+                    ready, bound = float(work.start[k]) - self.graph.offset[i], LAUNCH
+                else:
+                    ready, bound = now + d[LAUNCH], LAUNCH
+                p = prev[k]
+                if p >= 0 and times.end[p] + d[STREAM] > ready:
+                    ready, bound = times.end[p] + d[STREAM], STREAM
+                w = wait_for[k]
+                if w >= 0 and times.end[w] + d[EVENT] > ready:
+                    ready, bound = times.end[w] + d[EVENT], EVENT
+                times.start[k] = ready
+                times.bound[k] = bound
+                joined = node_row.get(k)
+                if joined is None:
+                    times.end[k] = ready + dur[k] * factor[k]
+                    self.d_pos[i] += 1
+                    continue
+                row, m = joined
+                self.device_arrive[row][m] = ready
+                if any(a is None for a in self.device_arrive[row]):
+                    break  # the others have not arrived yet: this lane's device waits here
+                work_list.extend(self._finish_collective(row))
+                if self.d_pos[i] == k:
+                    break
+
+    def _finish_collective(self, row: int) -> list[int]:
+        """Every member's NCCL node ends at the last arrival plus the transfer (times `--comm`) plus its residual;
+        the member lanes go on resolving."""
+        graph = self.graph
+        arrivals = [a for a in self.device_arrive[row] if a is not None]
+        last = max(arrivals)
+        lanes = []
+        for m, node in enumerate(graph.device_rows[row]):
+            li = graph.members[row][m]
+            times = self.device[li]
+            assert times is not None
+            times.end[node] = last + graph.device_transfer[row] * self.comm + graph.device_residual[row][m]
+            times.bound[node] = COLLECTIVE if (self.device_arrive[row][m] or 0.0) < last else times.bound[node]
+            self.d_pos[li] += 1
+            lanes.append(li)
+        return lanes
+
+    def _sync(self, i: int, item: Item) -> bool:
         """A host call that returned after a device node ended: it returns at the later of reaching it and the
-        node's end, plus the measured time from the node's end to the return."""
+        node's end, plus the measured time from the node's end to the return; False while that end is unknown."""
         times, work = self.device[i], self.graph.lanes[i].device
         assert times is not None and work is not None
         node = item.sync
@@ -430,12 +549,17 @@ class _Scheduler:
         scope = int(work.sync_scope[int(np.searchsorted(work.sync_at, item.at))])
         last = self.stream_last[i]
         if scope == SYNC_DEVICE and last:
+            if max(last.values()) >= self.d_pos[i]:
+                return False
             node = max(last.values(), key=lambda k: times.end[k])
         elif scope == SYNC_STREAM and int(work.stream[node]) in last:
             node = last[int(work.stream[node])]
+        if node >= self.d_pos[i]:
+            return False
         ready = max(self.cur[i], times.end[node]) + tail
         self.records[i].append(Record(item.at, item.until, self.cur[i], ready, sync_node=node))
         self.cur[i], self.prev[i] = ready, item.until
+        return True
 
     def _wait(self, i: int, item: Item) -> None:
         """A wait ends at the later of its start and each collective's end plus the measured tail after it."""

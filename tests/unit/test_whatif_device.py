@@ -156,3 +156,47 @@ def test_unexplained_device_waits_make_the_answer_inconclusive_with_the_reason()
     doc = _answer(trace)
     assert doc["verdict"] == "inconclusive"
     assert "no CUDA sync events" in doc["reason"] and "off the measured step" in doc["reason"]
+
+
+def _gpu_rank(rank: int, compute_end: float) -> ColumnTrace:
+    """One GPU rank of two: a kernel [10, compute_end] on stream 7, then the NCCL all-reduce its host call (at 20)
+    queues behind it on the same stream; both ranks' NCCL kernels end 20 µs after the later one starts (at 110 on
+    rank 0). A stream sync [30, 135) returns 5 µs after it; an operator [135, 200] ends the step."""
+    events = [
+        ("ProfilerStep#1", "user_annotation", MAIN, 0.0, 200.0, -1),
+        ("fwd_op", "cpu_op", MAIN, 0, 20, -1),
+        ("cudaLaunchKernel", "cuda_runtime", MAIN, 5, 7, 1),
+        ("c10d::allreduce_", "cpu_op", MAIN, 20, 24, -1),
+        ("cudaLaunchKernel", "cuda_runtime", MAIN, 21, 23, 2),
+        ("cudaStreamSynchronize", "cuda_runtime", MAIN, 30, 135, 3),
+        ("post_op", "cpu_op", MAIN, 135, 200, -1),
+        ("compute_kernel", "kernel", 7, 10, compute_end, 1),
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", 7, compute_end, 130, 2),
+    ]
+    decoded = [
+        Event(
+            name=n,
+            cat=c,
+            pid=0 if c == "kernel" else 7,
+            tid=t,
+            ts=s,
+            dur=e - s,
+            args=EventArgs(correlation=corr) if corr >= 0 else None,
+        )
+        for n, c, t, s, e, corr in events
+    ]
+    columns = columns_from_events(decoded)
+    return ColumnTrace(f"rank{rank}.json", rank, columns, len(decoded), clock="host:boot", world_size=2)
+
+
+def test_nccl_collectives_join_the_ranks_device_streams():
+    lanes = [lane_of(_gpu_rank(0, 110)), lane_of(_gpu_rank(1, 60))]
+    changes = [("scale", "rank:0/compute_kernel=0.5"), ("scale", "rank:1/compute_kernel=0.5"), ("comm", "0.5")]
+    doc = answer(lanes, Request(changes), None)
+    assert doc["verdict"] == "ok" and doc["replay_error"] == 0.0, doc["reason"]
+    # rank 0's kernel halved: it ends at 60, both ranks arrive at 60, the all-reduce ends at 80, the syncs return at
+    # 85 and the steps end at 150: saved 50. Rank 1's (which waited for rank 0 anyway): nothing. The transfer
+    # halved: 10 µs sooner everywhere. All three: both arrive at 60 (rank 1's at 35), end at 70, steps at 140.
+    assert _saved(doc) == [50.0, 0.0, 10.0, 60.0]
+    segments = [(seg["rank"], seg["kind"]) for seg in doc["critical_path"]["segments"]]
+    assert (0, "collective") in segments and (0, "gpu") in segments and (1, "gpu") not in segments

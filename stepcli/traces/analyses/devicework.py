@@ -33,7 +33,7 @@ SYNC_SLOP_US = 5.0  # a sync may return this long before its work's recorded end
 # Host calls that can block until device work is done: explicit syncs, and copies (blocking, or to pageable memory).
 SYNC_NAME = re.compile(r"synchroni[sz]e|^cudaMemcpy|^cuMemcpy|^cudaFree$|^cuMemFree", re.IGNORECASE)
 NCCL_NAME = re.compile(r"^nccl", re.IGNORECASE)
-LAUNCH, STREAM, EVENT = 0, 1, 2  # which edge bound a kernel's start
+LAUNCH, STREAM, EVENT, COLLECTIVE = 0, 1, 2, 3  # which edge bound a node's start (its end: a collective's)
 SYNC_NODE, SYNC_STREAM, SYNC_DEVICE = 0, 1, 2  # an event sync, a stream sync or copy, a device sync
 _DEVICE_WIDE = re.compile(r"DeviceSynchronize|CtxSynchronize|^cudaFree$|^cuMemFree", re.IGNORECASE)
 _ONE_NODE = re.compile(r"EventSynchronize", re.IGNORECASE)
