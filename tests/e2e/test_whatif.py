@@ -188,6 +188,13 @@ def test_a_real_gpu_step_is_replayed_and_a_kernel_off_its_critical_path_buys_not
     assert backward["saved_share"] > 0.1, backward
     assert {"gpu", "launch", "sync"} <= {seg["kind"] for seg in doc["critical_path"]["segments"]}
     assert all(len(line) <= 80 for line in result.stdout.splitlines()), result.stdout
+    # step 2 alone begins with 13 ms of device work the host waits for (a device sync): there the GEMMs halved buy
+    result = run_stepcli("whatif", trace, "--step", "2", "--scale", "re:^nvjet=0.5", "--json", out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    doc = json.loads(out.read_text())
+    gpu_ms = sum(seg["ms"] for seg in doc["critical_path"]["segments"] if seg["kind"] == "gpu")
+    assert abs(doc["replay_error"]) <= 0.05 and gpu_ms > 10
+    assert 0.5 < doc["changes"][0]["saved_ms"] < gpu_ms / 2, doc["changes"]
 
 
 def test_kernels_on_the_critical_path_buy_at_most_their_time_there(tmp_path: Path) -> None:
