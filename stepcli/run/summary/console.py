@@ -179,7 +179,7 @@ def _add_timeline(overview: Table, summary: RunSummary, console: Console) -> Non
 def _print_hang(summary: RunSummary, console: Console) -> None:
     """The hang block (stepcli/run/summary/hangreport.py) under the outcome it explains: as it is (names from the
     program are no markup), never re-wrapped (its lines fit 80 columns; a long folder path stays whole)."""
-    from stepcli.run.summary.hangreport import summary_lines
+    from stepcli.run.summary.hangwords import summary_lines
 
     for line in summary_lines(summary.get("hang"), _relative):
         console.print(visible(line), markup=False, highlight=False, soft_wrap=True)
