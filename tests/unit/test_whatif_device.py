@@ -200,3 +200,21 @@ def test_nccl_collectives_join_the_ranks_device_streams():
     assert _saved(doc) == [50.0, 0.0, 10.0, 60.0]
     segments = [(seg["rank"], seg["kind"]) for seg in doc["critical_path"]["segments"]]
     assert (0, "collective") in segments and (0, "gpu") in segments and (1, "gpu") not in segments
+
+
+def test_a_graph_launch_queues_all_its_kernels():
+    # one cudaGraphLaunch (correlation 1) queues K1 [15, 40] and K2 [41, 80] on stream 7; a sync [30, 85) returns
+    # 5 µs after K2. K1 halved ends at 27.5; K2 follows 1 µs later (its stream gap) and ends at 67.5: saved 12.5.
+    trace = _trace(
+        [
+            STEP,
+            ("cudaGraphLaunch", "cuda_runtime", MAIN, 10, 12, 1),
+            ("cudaStreamSynchronize", "cuda_runtime", MAIN, 30, 85, 2),
+            ("post_op", "cpu_op", MAIN, 85, 100, -1),
+            ("K1", "kernel", 7, 15, 40, 1),
+            ("K2", "kernel", 7, 41, 80, 1),
+        ]
+    )
+    doc = _answer(trace, ("scale", "K1=0.5"))
+    assert doc["verdict"] == "ok" and doc["replay_error"] == 0.0
+    assert _saved(doc) == [12.5]
