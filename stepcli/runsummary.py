@@ -172,6 +172,7 @@ class RunSummary(TypedDict, total=False):
     platform: str
     python: str | None
     torch: str | None
+    environment: dict[str, str]
     out_dir: str
     schedule: dict[str, int]
     on_demand: bool
@@ -345,6 +346,7 @@ _FIELDS: dict[str, Check] = {
     "platform": optional(STR),
     "python": optional(STR),
     "torch": optional(STR),
+    "environment": map_of(STR),
     "out_dir": optional(STR),
     "schedule": map_of(optional(NUMBER)),
     "on_demand": optional(BOOL),

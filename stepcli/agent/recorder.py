@@ -209,18 +209,26 @@ class Recorder:
         action: Any = profiler.ProfilerAction(self.schedule.action(step))
         self.building = True
         ask_cupti_teardown()
+        activities = self._activities(profiler)
+        options: dict[str, Any] = dict(
+            activities=activities,
+            schedule=self._torch_schedule,
+            on_trace_ready=self._on_trace_ready,
+            record_shapes=self.config.record_shapes,
+            profile_memory=self.config.profile_memory,
+            with_stack=self.config.with_stack,
+            with_flops=self.config.with_flops,
+            with_modules=self.config.with_modules,
+        )
+        sync_events = cuda_sync_events(profiler, activities)
         try:
             with QuietProfiler():
-                prof = profiler.profile(
-                    activities=self._activities(profiler),
-                    schedule=self._torch_schedule,
-                    on_trace_ready=self._on_trace_ready,
-                    record_shapes=self.config.record_shapes,
-                    profile_memory=self.config.profile_memory,
-                    with_stack=self.config.with_stack,
-                    with_flops=self.config.with_flops,
-                    with_modules=self.config.with_modules,
-                )
+                try:
+                    prof = profiler.profile(**options, **sync_events)
+                except TypeError:  # a torch whose profile() takes no experimental_config
+                    if not sync_events:
+                        raise
+                    prof = profiler.profile(**options)
         finally:
             self.building = False
         # Start the object at the global step instead of 0, so ProfilerStep#N numbers global steps.
@@ -496,3 +504,23 @@ def _mark_clock(prof: Any) -> None:
 
 def _on_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
+
+
+def cuda_sync_events(profiler: Any, activities: list[Any] | None) -> dict[str, Any]:
+    """`experimental_config` turning on the profiler's CUDA sync events (cudaEventRecord -> cudaStreamWaitEvent,
+    the waits `stepcli whatif` joins streams by) when CUDA work is recorded and this torch has them; else nothing,
+    so CPU runs and older torch build the profiler exactly as before."""
+    cuda = getattr(getattr(profiler, "ProfilerActivity", None), "CUDA", None)
+    if cuda is None:
+        return {}
+    try:
+        recorded = activities if activities is not None else list(profiler.supported_activities())
+    except Exception:
+        return {}
+    config_type = getattr(profiler, "_ExperimentalConfig", None)
+    if cuda not in recorded or config_type is None:
+        return {}
+    try:
+        return {"experimental_config": config_type(enable_cuda_sync_events=True)}
+    except Exception:  # (TypeError: a torch without the option)
+        return {}
