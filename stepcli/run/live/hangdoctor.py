@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from stepcli.agent import controlfiles
 from stepcli.agent.config import atomic_write_json
@@ -72,7 +72,7 @@ _MAX_CONTROL_BYTES = 1 << 20
 
 # The control folder by its path, or by a descriptor held since the run made it: the hang watch holds one, so a
 # `.stepcli` renamed away by another user (a shared folder) still leads it to the processes' files.
-Folder = Union[str, int]
+Folder = str | int
 
 
 @contextmanager
