@@ -324,7 +324,7 @@ def _run_folder_summary(folder: Path) -> tuple[str, dict[str, Any]] | None:
     decided on 3 steps. A run folder whose newest run has no saved summary (it never finished writing one) is
     refused in one line rather than silently judged on its traces."""
     from stepcli.fmt import say
-    from stepcli.runfolder import other_runs_note, pick_run, read_saved, rerooted, run_dirs_readable
+    from stepcli.runfolder import other_runs_note, pick_run, read_saved, rerooted, run_dirs_readable, written_traces
 
     pick = pick_run(str(folder))
     if pick is None:
@@ -349,8 +349,10 @@ def _run_folder_summary(folder: Path) -> tuple[str, dict[str, Any]] | None:
             EXIT_USAGE,
         )
     label = f"{folder} (run {newest.name})"
-    doc = read_run_summary(data, str(path), required=_NEEDED)
-    return label, dict(rerooted(doc, str(folder)))
+    doc: dict[str, Any] = dict(rerooted(read_run_summary(data, str(path), required=_NEEDED), str(folder)))
+    listed = [t for t in doc.get("traces") or [] if os.path.lexists(t)]
+    doc["traces"] = written_traces(newest, str(folder), listed)  # the very files the run wrote, and only while so
+    return label, doc
 
 
 def _json_files(folder: Path) -> list[str]:
