@@ -43,6 +43,9 @@ METHOD_RUNS = "two-level bootstrap (runs, then blocks of steps)"
 MIN_STEPS = 10
 MSER_BATCH = 5  # MSER-5: warm-up detection on batch means of 5 steps
 _CELLS_PER_CHUNK = 4_000_000  # resample values held at once (32 MB of float64)
+# From this many values a resample (steps x processes x runs), a mean is resampled from block sums (the same draws,
+# equal to the rounding of a sum): below it, value by value, as always.
+BLOCK_SUMS_FROM = 20_000
 
 FloatArray = npt.NDArray[np.float64]
 # One run: per process, that process's step times (ms) in step order.
@@ -184,6 +187,7 @@ def replicates(
 
     out = np.empty(resamples)
     chunk = max(1, _CELLS_PER_CHUNK // (n_runs * longest * width))
+    sums = _block_sums(data, lengths) if metric == "mean" and n_runs * longest * width >= BLOCK_SUMS_FROM else None
     for first in range(0, resamples, chunk):
         size = min(chunk, resamples - first)
         if n_runs == 1:
@@ -193,6 +197,9 @@ def replicates(
         n = lengths[chosen][..., None]  # (size, runs, 1)
         # Circular blocks: block k of a resample starts at a uniform position of the run it was drawn from.
         starts = np.floor(rng.random((size, n_runs, n_blocks)) * n).astype(np.int64)
+        if sums is not None:  # the same draws, each block's sum from prefix sums instead of its values
+            out[first : first + size] = _mean_of_blocks(sums, chosen, starts, n, blocks, longest)
+            continue
         if same_block:
             start_of_position = np.repeat(starts, int(blocks[0]), axis=2)[..., :longest]
             offset = positions % int(blocks[0])
@@ -206,6 +213,45 @@ def replicates(
             values[np.broadcast_to(positions >= n, rows.shape)] = np.nan  # positions past a shorter run's end
         out[first : first + size] = statistic(values.reshape(size, -1), metric, axis=1)
     return out
+
+
+def _block_sums(data: FloatArray, lengths: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray]:
+    """Per run, the prefix sums of its step values (every process's, NaN left out) and of their count, over the run
+    laid twice end to end: a circular block's sum is then one difference, whatever its start."""
+    n_runs, longest, _ = data.shape
+    values = np.nansum(data, axis=2)
+    counts = (~np.isnan(data)).sum(axis=2).astype(np.float64)
+    twice_values = np.zeros((n_runs, 2 * longest + 1))
+    twice_counts = np.zeros((n_runs, 2 * longest + 1))
+    for run, n in enumerate(lengths.tolist()):
+        twice_values[run, 1 : 2 * n + 1] = np.cumsum(np.concatenate([values[run, :n], values[run, :n]]))
+        twice_counts[run, 1 : 2 * n + 1] = np.cumsum(np.concatenate([counts[run, :n], counts[run, :n]]))
+    return twice_values, twice_counts
+
+
+def _mean_of_blocks(
+    sums: tuple[FloatArray, FloatArray],
+    chosen: npt.NDArray[np.int64],
+    starts: npt.NDArray[np.int64],
+    n: npt.NDArray[np.int64],
+    blocks: npt.NDArray[np.int64],
+    longest: int,
+) -> FloatArray:
+    """The mean of each resample that `replicates` would gather value by value (block k of a drawn run covers its
+    positions k*b to (k+1)*b, none past the run's end, from its start on, circularly), from block sums: resamples x
+    blocks differences instead of resamples x steps values (50 times less work at 100,000 steps)."""
+    twice_values, twice_counts = sums
+    block = blocks[chosen][..., None]  # (size, runs, 1)
+    k = np.arange(starts.shape[2])
+    covered = np.clip(np.minimum((k + 1) * block, np.minimum(n, longest)) - k * block, 0, None)
+    row = chosen[..., None] * twice_values.shape[1]
+    low, high = (row + starts).ravel(), (row + starts + covered).ravel()
+    flat_values, flat_counts = twice_values.ravel(), twice_counts.ravel()
+    total = (flat_values[high] - flat_values[low]).reshape(starts.shape).sum(axis=(1, 2))
+    count = (flat_counts[high] - flat_counts[low]).reshape(starts.shape).sum(axis=(1, 2))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means: FloatArray = total / count
+    return means
 
 
 def estimate_change(

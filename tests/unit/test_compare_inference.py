@@ -360,3 +360,25 @@ def test_a_current_side_of_zero_time_steps_is_never_more_than_100_percent_faster
     # THEN the change in percent stops at -100%: a step time cannot fall below zero
     interval = change.relative_interval()
     assert interval is not None and interval[0] == -1.0 and interval[1] <= 0.0
+
+
+def test_a_long_means_resamples_from_block_sums_equal_its_values_resampled(monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from stepcli.compare import inference
+
+    # GIVEN long runs of several processes, one process shorter, runs of several lengths (issue 47: 100,000 steps)
+    rng = np.random.default_rng(3)
+    runs = [
+        [list(rng.gamma(2.0, 1.0, 3_000)), list(rng.gamma(2.0, 1.0, 2_900))],
+        [list(rng.gamma(2.0, 1.0, 1_200))] * 2,
+        [list(rng.gamma(2.0, 1.0, 4_000))],
+    ]
+    for sides in (runs, runs[:1], [runs[2]]):
+        # WHEN a mean is resampled value by value, and from block sums
+        monkeypatch.setattr(inference, "BLOCK_SUMS_FROM", 10**12)
+        values = inference.replicates(sides, "mean", resamples=700, rng=np.random.default_rng(5))
+        monkeypatch.setattr(inference, "BLOCK_SUMS_FROM", 1)
+        sums = inference.replicates(sides, "mean", resamples=700, rng=np.random.default_rng(5))
+        # THEN every resample's mean is the same, to the rounding of a sum
+        assert np.allclose(values, sums, rtol=1e-12, atol=0)
