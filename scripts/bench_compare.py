@@ -55,8 +55,9 @@ def main() -> int:
         size = base.stat().st_size / 1e6
         print(f"two traces of {args.steps:,} steps ({size:.1f} MB each)")
         trees = {"working tree": REPO}
+        label = short(args.against) if args.against else ""  # (once: a branch may move meanwhile)
         if args.against:
-            trees = {short(args.against): checkout(args.against, work / "against"), **trees}
+            trees = {label: checkout(label, work / "against"), **trees}
         timings: dict[tuple[str, str], list[tuple[float, float]]] = {}
         answers: dict[str, bytes] = {}
         try:
@@ -71,7 +72,7 @@ def main() -> int:
                     answers[label] = answer.read_bytes()
         finally:
             if args.against:
-                remove_checkout(trees[short(args.against)])
+                remove_checkout(trees[label])
     for label in trees:
         cpu = {}
         for command in ("table", "compare"):

@@ -45,7 +45,7 @@ MSER_BATCH = 5  # MSER-5: warm-up detection on batch means of 5 steps
 _CELLS_PER_CHUNK = 4_000_000  # resample values held at once (32 MB of float64)
 # From this many values a resample (steps x processes x runs), a mean is resampled from block sums (the same draws,
 # equal to the rounding of a sum): below it, value by value, as always.
-BLOCK_SUMS_FROM = 20_000
+BLOCK_SUMS_FROM = 10_000
 # A quantile (median, p90) of runs of SUBSAMPLE_FROM steps or more is resampled m out of n: SUBSAMPLE_STEPS
 # positions of each run per resample, the spread scaled to all of them (docs/commands/compare.md says why).
 SUBSAMPLE_FROM = 20_000
