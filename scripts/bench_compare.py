@@ -55,9 +55,9 @@ def main() -> int:
         size = base.stat().st_size / 1e6
         print(f"two traces of {args.steps:,} steps ({size:.1f} MB each)")
         trees = {"working tree": REPO}
-        label = short(args.against) if args.against else ""  # (once: a branch may move meanwhile)
+        against = short(args.against) if args.against else ""  # (once: a branch may move meanwhile)
         if args.against:
-            trees = {label: checkout(label, work / "against"), **trees}
+            trees = {against: checkout(against, work / "against"), **trees}
         timings: dict[tuple[str, str], list[tuple[float, float]]] = {}
         answers: dict[str, bytes] = {}
         try:
@@ -72,7 +72,7 @@ def main() -> int:
                     answers[label] = answer.read_bytes()
         finally:
             if args.against:
-                remove_checkout(trees[label])
+                remove_checkout(trees[against])  # (only REV's temporary tree, never this one)
     for label in trees:
         cpu = {}
         for command in ("table", "compare"):
