@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NotRequired, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.jsonchecks import (
@@ -34,6 +34,11 @@ from stepcli.jsonchecks import (
     simple,
 )
 from stepcli.stats import STAT_NAMES, Stats
+
+if TYPE_CHECKING:
+    # typing has NotRequired from 3.11, above stepcli's floor (3.10). Annotations here are strings, never evaluated
+    # (`from __future__ import annotations`), so only the type checker needs the name: no runtime dependency.
+    from typing_extensions import NotRequired
 
 SCHEMA = "stepcli.run"
 SCHEMA_VERSION = 2  # 2: run_id and step_times (every step of every process); readers still accept 1
@@ -167,6 +172,7 @@ class RunSummary(TypedDict, total=False):
     platform: str
     python: str | None
     torch: str | None
+    environment: dict[str, str]
     out_dir: str
     schedule: dict[str, int]
     on_demand: bool
@@ -190,6 +196,9 @@ class RunSummary(TypedDict, total=False):
     share_of: str | None
     outside_steps: dict[str, Any] | None
     breakdown_ms: dict[str, float] | None
+    # of breakdown_ms["other"]: ms per step outside every operator and inside one of no phase (table's other_ms)
+    other_ms: dict[str, float] | None
+    recorded_with: dict[str, bool] | None  # the traces hold Python stacks, input shapes (table's recorded_with)
     device: dict[str, Any] | None
     flops: dict[str, Any] | None
     peak_memory: PeakMemory
@@ -340,6 +349,7 @@ _FIELDS: dict[str, Check] = {
     "platform": optional(STR),
     "python": optional(STR),
     "torch": optional(STR),
+    "environment": map_of(STR),
     "out_dir": optional(STR),
     "schedule": map_of(optional(NUMBER)),
     "on_demand": optional(BOOL),
@@ -418,6 +428,8 @@ _FIELDS: dict[str, Check] = {
     "share_of": optional(STR),
     "outside_steps": optional(object_of({"events": COUNT, "self_ms": NUMBER})),
     "breakdown_ms": optional(map_of(NUMBER)),
+    "other_ms": optional(object_of({"outside_operators": NUMBER, "inside_operators": NUMBER})),
+    "recorded_with": optional(object_of({"stacks": BOOL, "shapes": BOOL})),
     "device": optional(object_of({"busy_ms": NUMBER, "busy_share": NUMBER})),
     "flops": optional(object_of({})),
     "peak_memory": object_of({"rss_bytes": optional(COUNT), "cuda_bytes": optional(COUNT)}),

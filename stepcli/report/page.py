@@ -11,14 +11,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from stepcli import __version__, fmt
-from stepcli.fmt import html_escape as escape
 from stepcli.report import GENERATOR, lateness, svg, whatif
 from stepcli.report.data import ReportData
+from stepcli.report.flamegraph import other_section, stacks_section
 from stepcli.report.gpu import gpu_section
 from stepcli.report.hang import hang_section
 from stepcli.report.links import page_href
 from stepcli.report.memorysnapshots import snapshot_section
 from stepcli.report.wholerun import step_record_section
+from stepcli.safetext import html_escape as escape
 from stepcli.traces.render.table import shorten
 
 NAME_CHARS = 110  # longer operator and kernel names are cut in the middle; the full name is the cell's tooltip
@@ -304,6 +305,8 @@ def _breakdown(data: ReportData) -> list[str]:
         *parts,
         svg.breakdown_chart(data.breakdowns, highlight=slowest_bar, device_busy=busy),
         _legend([(k, _BREAKDOWN_COLORS[k]) for k in svg.BREAKDOWN_ORDER]),
+        *other_section(data.other_lines),
+        *(stacks_section(data.python_stacks, data.stacks_recorded) if data.stacks_known else []),
     ]
 
 
