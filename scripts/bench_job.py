@@ -1,4 +1,4 @@
-"""`stepcli table` (with its culprit), `merge` and `report` on synthetic jobs of growing size (scripts/make_job.py).
+"""`stepcli table` (with its culprit), `merge`, `report` and `whatif` on synthetic jobs of growing size (scripts/make_job.py).
 
 Usage: python scripts/bench_job.py [--ranks 8 64 256 1024] [--steps 4] [--collectives 8] [--workdir DIR]
        [--repeat 1] [--keep] [--dask]
@@ -198,10 +198,22 @@ def one_size(args: argparse.Namespace, workdir: Path, ranks: int, cluster: Clust
         "table": stepcli_cmd("table", "--json", str(folder / "traces")),
         "merge": stepcli_cmd("merge", str(folder / "traces"), "-o", str(folder / "merged.json")),
         "report": stepcli_cmd("report", str(folder / "traces"), "-o", str(folder / "report.html")),
+        # one change, as a user asks it: the planted late rank idealized (issue 48's goal: at most 2x table)
+        "whatif": stepcli_cmd(
+            "whatif",
+            "--idealize-rank",
+            str(planted["late_rank"]),
+            "--json",
+            str(folder / "whatif.json"),
+            str(folder / "traces"),
+        ),
     }
+    outputs = {"report": "report.html", "merge": "merged.json", "table": "merged.json", "whatif": "whatif.json"}
     merged = 0
+    walls: dict[str, float] = {}
     for label, cmd in commands.items():
-        wall, rss, cpu = best(cmd, args.repeat, folder / ("report.html" if label == "report" else "merged.json"))
+        wall, rss, cpu = best(cmd, args.repeat, folder / outputs[label])
+        walls[label] = wall
         if label == "merge":
             merged = (folder / "merged.json").stat().st_size
         print(
@@ -211,7 +223,10 @@ def one_size(args: argparse.Namespace, workdir: Path, ranks: int, cluster: Clust
         )
     if cluster is not None:
         dask_row(args, folder, ranks, size, local, cluster)
-    print(f"{'':6}(written in {made:.1f} s; the merged trace {merged / MIB:.0f} MiB)")
+    print(
+        f"{'':6}(written in {made:.1f} s; the merged trace {merged / MIB:.0f} MiB; whatif / table:"
+        f" {walls['whatif'] / walls['table']:.2f}x)"
+    )
     if not args.keep:
         shutil.rmtree(folder, ignore_errors=True)
 
