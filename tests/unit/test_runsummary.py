@@ -47,7 +47,7 @@ def test_wrong_types_are_one_line(fields: dict[str, Any], problem: str) -> None:
 
 
 def test_missing_fields_are_fine_unless_required() -> None:
-    assert load_run_summary(_doc(), "run.json")["command"] == ["python", "t.py"]
+    assert load_run_summary(_doc(), "run.json").command == ["python", "t.py"]
     with pytest.raises(StepcliError, match="step_time_ms is missing"):
         load_run_summary(_doc(), "run.json", required=("step_time_ms",))
     with pytest.raises(StepcliError, match="unknown document schema 'other'"):
