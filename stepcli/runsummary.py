@@ -30,6 +30,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.jsonchecks import at, shown
+from stepcli.stats import Stats
 
 SCHEMA = "stepcli.run"
 SCHEMA_VERSION = 2  # 2: run_id and step_times (every step of every process); readers still accept 1
@@ -76,6 +77,12 @@ class PopulationStats(Struct, kw_only=True):
     min: Amount
     max: Amount
     per_process: list[Count] | UnsetType = UNSET
+
+    def stats(self) -> Stats:
+        """The statistics alone, as stepcli.stats and the budgets of `--fail-over` and `compare` take them."""
+        return Stats(
+            count=int(self.count), mean=self.mean, median=self.median, p90=self.p90, min=self.min, max=self.max
+        )
 
 
 class StepTimeMs(Struct, kw_only=True):
@@ -224,7 +231,7 @@ class RunSummary(Struct, kw_only=True):
     top_operators: list[OpRow] = []
     top_kernels: list[OpRow] = []
     ranks: list[Section] = []
-    slowest_rank: Int | None = None
+    slowest_rank: Int | None | UnsetType = UNSET  # absent: a summary that did not say (the traces then do)
     straggler: Section | None = None
     culprit: Section | None = None  # stepcli.traces.analyses.culprit via stepcli.run.summary.culprit
     share_of: Text | None = None
@@ -241,7 +248,7 @@ class RunSummary(Struct, kw_only=True):
     hang: Section | None = None
     notes: list[Text] = []
     what_would_help: Section | None = None  # `stepcli whatif` with no change (stepcli.run.summary.whatifline)
-    advice: list[AdviceItem] = []
+    advice: list[AdviceItem] | UnsetType = UNSET  # absent: written before advice was (report computes it)
     step_record: list[Section] = []  # the whole run's step times per process (stepcli/run/summary/recordreader.py)
 
 

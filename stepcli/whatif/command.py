@@ -44,7 +44,7 @@ def untouched_median(paths: Sequence[str], all_runs: bool = False) -> float | No
         summary: Any = read_run_summary(data, str(newest / SUMMARY_FILE))
     except StepcliError:
         return None
-    untouched = (summary.get("step_time_ms") or {}).get("untouched")
+    untouched = (summary.step_time_ms or {}).get("untouched")
     median = untouched.get("median") if isinstance(untouched, dict) else None
     return float(median) if isinstance(median, (int, float)) and median > 0 else None
 

@@ -18,7 +18,10 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from msgspec import UNSET
 
 from stepcli import __version__
 from stepcli.agent.config import HELLO_PREFIX, AgentConfig
@@ -32,12 +35,28 @@ from stepcli.run.summary.culprit import culprit_section
 from stepcli.run.summary.hangreport import hang_summary
 from stepcli.run.summary.threads import threads_section
 from stepcli.run.summary.whatifline import what_would_help
-from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, AdviceItem, Process, RunSummary, StepTimeMs, Window
+from stepcli.runsummary import (
+    SCHEMA,
+    SCHEMA_VERSION,
+    AdviceItem,
+    OpRow,
+    OutsideSteps,
+    PeakMemory,
+    PopulationStats,
+    Process,
+    RunSummary,
+    Steps,
+    StepTimeMs,
+    StepTimes,
+    Window,
+)
 from stepcli.stats import describe
 from stepcli.steptimes import process_steps
 from stepcli.traces.analyses.shares import STEP_KEY
 
 if TYPE_CHECKING:
+    from stepcli.traces.analyses.model import OpRow as TraceOpRow
+    from stepcli.traces.analyses.model import TraceSummary
     from stepcli.traces.readonce import RunTraces
 
 TOP_N = 20
@@ -66,12 +85,17 @@ def _step_time_ms(
     """Each population's statistics over every process's steps together, with `per_process`: its count in each
     process (in `processes` order), so that a count can be said per rank, as `steps` and the advice say theirs."""
     counts = [_step_populations([log])[:4] for log in logs]
-    out: dict[str, Any] = {}
-    populations = (("untouched", untouched), ("profiled", profiled), ("first_step", first), ("after_window", after))
-    for index, (key, values) in enumerate(populations):
+
+    def population(index: int, values: list[float]) -> PopulationStats | None:
         stats = describe(values)
-        out[key] = dict(stats, per_process=[len(c[index]) for c in counts]) if stats else None
-    return cast("StepTimeMs", out)
+        return PopulationStats(**stats, per_process=[len(c[index]) for c in counts]) if stats else None
+
+    return StepTimeMs(
+        untouched=population(0, untouched),
+        profiled=population(1, profiled),
+        first_step=population(2, first),
+        after_window=population(3, after),
+    )
 
 
 def _step_populations(
@@ -175,8 +199,6 @@ def _why_no_steps(config: AgentConfig, exit_status: int, command: list[str] | No
     if not any(h.get("torch_imported") for h in hellos):
         return "no steps observed: the program never imported torch."
     if exit_status > 128:
-        import signal
-
         try:
             name = signal.Signals(exit_status - 128).name
         except ValueError:
@@ -196,16 +218,16 @@ def _why_no_steps(config: AgentConfig, exit_status: int, command: list[str] | No
     )
 
 
-def _trace_analysis(trace_paths: list[str], notes: list[str], traces: RunTraces | None = None) -> dict[str, Any] | None:
+def _trace_analysis(trace_paths: list[str], notes: list[str], traces: RunTraces | None = None) -> TraceSummary | None:
     """The merged summary of the run's traces; read through `traces` when given, so report.html reuses the read."""
     if not trace_paths:
         return None
     try:
         if traces is not None:
-            return traces.summary(trace_paths).to_dict()
+            return traces.summary(trace_paths)
         from stepcli.traces.engine import summarize_paths
 
-        return summarize_paths(trace_paths).to_dict()
+        return summarize_paths(trace_paths)
     except StepcliError as exc:
         notes.append(f"could not summarize the traces: {exc.message}")
     except Exception as exc:  # a bug in the analysis must not hide what the run measured
@@ -235,63 +257,224 @@ def build_run_summary(
     logs.sort(key=lambda log: (log.get("rank") is None, log.get("rank") or 0, log.get("pid", 0)))
     primary = _primary(logs)
     untouched, profiled, first, after, foreign = _step_populations(logs)
+    windows = _windows(logs)
+    trace_paths = [w.trace for w in windows if os.path.exists(w.trace)]
     notes: list[str] = list(refused)
-    windows = [dict(window, worker=log["worker"]) for log in logs for window in log.get("windows", [])]
-    windows.sort(key=lambda w: (w["first_step"], w["worker"]))
-    trace_paths = [w["trace"] for w in windows if os.path.exists(w["trace"])]
-
     if primary is None:
         notes.append(_why_no_steps(config, exit_status, command))
     else:
-        requesters = [r for r in primary.get("requesters", []) if r["calls"]]
-        together = [r for r in requesters if r["first_step"] == min((q["first_step"] for q in requesters), default=0)]
-        if len({r["calls"] for r in together}) > 1:  # requesters alive together that stepped at different rates
-            busiest = max(together, key=lambda r: r["calls"])
-            notes.append(
-                f"requesters stepped unequally; the global step follows the busiest ({busiest['name']}, "
-                f"{plural(busiest['calls'], 'step')}), as KinetoStepTracker does"
-            )
-        if not windows and config.on_demand:
-            notes.append("no trace: no `stepcli capture` asked for a window while the run stepped (--on-demand)")
-        elif not windows:
-            steps = primary.get("global_steps", 0)
-            first_window = next(config.schedule.windows(1), None)
-            # a log not written at the process's end (it was killed) holds the count of its last periodic save
-            final = primary.get("exit", "running") != "running" or primary.get("progress") == "stalled"
-            if first_window and steps <= first_window[1] and hang_folders:  # it hung: the hang said why
-                ended = ", and --on-hang kill ended it" if hang_ended else ""
-                notes.append(
-                    f"no trace: the job hung at step {steps}, before the first window (steps "
-                    f"{first_window[1]}-{first_window[2]}){ended}; what each process was doing is in "
-                    f"{', '.join(os.path.basename(f.rstrip(os.sep)) + '/' for f in hang_folders)}"
-                )
-            elif first_window and steps <= first_window[1] and final:  # step N is the N+1st: none ended
-                notes.append(
-                    f"no trace: the program made {plural(steps, 'step')}, and the first window records steps "
-                    f"{first_window[1]}-{first_window[2]}; lower --wait/--skip-first/--warmup"
-                )
-            elif first_window and steps <= first_window[2] and not _window_loss_explained(logs):
-                # it ended inside the window with no time to save it, and said nothing of it
-                cause = (
-                    "SIGKILL leaves no time"
-                    if exit_status == 128 + signal.SIGKILL
-                    else "a SIGKILL or a hard crash leaves no time; SIGTERM, Ctrl-C and an ordinary exit save what "
-                    "was recorded"
-                )
-                where = (
-                    f"at step {steps}, inside the window of steps"
-                    if final
-                    else f"at step {steps} or later (its last saved count), in or before the window of steps"
-                )
-                notes.append(
-                    f"no trace: the program ended (exit {exit_status}) {where} "
-                    f"{first_window[1]}-{first_window[2]}, before its trace could be saved ({cause}); a shorter "
-                    "--active is saved sooner"
-                )
+        notes += _primary_notes(config, primary, logs, bool(windows), exit_status, hang_folders, hang_ended)
+    notes += _hook_and_process_notes(config, logs, notes, foreign)
+    analysis = _trace_analysis(trace_paths, notes, traces)
+    summary = RunSummary(
+        schema=SCHEMA,
+        schema_version=SCHEMA_VERSION,
+        stepcli_version=__version__,
+        run_id=uuid.uuid4().hex,  # tells runs apart when several are compared per side
+        command=list(command),
+        exit_status=exit_status,
+        started_at=datetime.fromtimestamp(started_at, timezone.utc).isoformat(timespec="seconds"),
+        duration_s=round(duration_s, 3),
+        host=socket.gethostname(),
+        platform=platform.platform(),
+        python=(primary or {}).get("python") or platform.python_version(),
+        torch=next((log.get("torch") for log in logs if log.get("torch")), None),
+        out_dir=config.out_dir,
+        schedule={key: value for key, value in config.schedule.to_dict().items()},
+        on_demand=config.on_demand,
+        steps=Steps(
+            global_=(primary or {}).get("global_steps", 0),
+            requesters={r["name"]: r["calls"] for r in (primary or {}).get("requesters", [])},
+        ),
+        step_time_ms=_step_time_ms(logs, untouched, profiled, first, after),
+        timeline_ms=_durations_ms(primary or {}),
+        timeline_phases=(primary or {}).get("phases", "")[:_MAX_STEPS],
+        step_times=[_step_times_entry(log) for log in logs],  # every step of every process, for compare's intervals
+        processes=[process_entry(log) for log in logs],
+        windows=windows,
+        triggered=_not_recorded_triggers(logs),
+        traces=trace_paths,
+        peak_memory=_peak_memory(logs),
+        threads=threads_section(logs),
+        compile=compile_summary(logs),
+        memory_snapshots=run_snapshots(logs, config.out_dir),
+        hang=hang_summary(  # --hang-timeout reports (stepcli/run/summary/hangreport.py)
+            hang_folders,
+            started_at,
+            timeout_s=config.hang_timeout or None,
+            on_hang=on_hang if config.hang_timeout else None,
+            ended_job=hang_ended,
+        ),
+        notes=notes,
+    )
+    analysed = _add_trace_sections(summary, analysis, logs, untouched)
+    untouched_stats = describe(untouched)
+    median = untouched_stats["median"] if untouched_stats else None
+    summary.what_would_help = what_would_help(trace_paths, median, notes, traces)
+    summary.advice = _advice(summary, analysed)
+    return summary
+
+
+_MAX_STEPS = 100_000  # steps kept per process: a longer run keeps its first ones (step_record has them all)
+
+
+def _durations_ms(log: dict[str, Any]) -> list[float]:
+    return [round(us / 1000.0, 3) for us in log.get("durations_us", [])][:_MAX_STEPS]
+
+
+def _step_times_entry(log: dict[str, Any]) -> StepTimes:
+    """One entry of `step_times`: one digit per step, as timeline_phases."""
+    return StepTimes(
+        worker=log.get("worker"),
+        rank=log.get("rank"),
+        pid=log.get("pid"),
+        durations_ms=_durations_ms(log),
+        phases=log.get("phases", "")[:_MAX_STEPS],
+    )
+
+
+def _windows(logs: list[dict[str, Any]]) -> list[Window]:
+    """Every process's saved windows, by first step, each with the process's worker name."""
+    windows = [
+        msgspec.convert(dict(window, worker=log["worker"]), Window) for log in logs for window in log.get("windows", [])
+    ]
+    windows.sort(key=lambda w: (w.first_step, w.worker))
+    return windows
+
+
+def _not_recorded_triggers(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """--capture-on-slow windows a process did not record (stepcli.run.summary.recordreader.attach adds the
+    recorded ones)."""
+    return [
+        dict(t, worker=log["worker"])
+        for log in logs
+        for t in log.get("triggers_not_recorded") or []
+        if isinstance(t, dict) and isinstance(t.get("first_step"), int) and isinstance(t.get("last_step"), int)
+    ]
+
+
+def _peak_memory(logs: list[dict[str, Any]]) -> PeakMemory:
+    rss = [log["peak_rss_bytes"] for log in logs if log.get("peak_rss_bytes")]
+    cuda = [log["cuda_peak_bytes"] for log in logs if log.get("cuda_peak_bytes")]
+    return PeakMemory(rss_bytes=max(rss) if rss else None, cuda_bytes=max(cuda) if cuda else None)
+
+
+def _add_trace_sections(
+    summary: RunSummary, analysis: TraceSummary | None, logs: list[dict[str, Any]], untouched: list[float]
+) -> dict[str, Any] | None:
+    """The sections read from the traces (operators, ranks, straggler, culprit, breakdown, device, FLOPs), set on
+    `summary`; the analysis as the advice reads it (None without traces)."""
+    analysed = analysis.to_dict() if analysis is not None else None
+    summary.culprit = culprit_section(analysis.culprit if analysis else None, logs)
+    summary.flops, summary.device = _at_program_pace(analysed, untouched)
+    if analysis is None or analysed is None:
+        return None
+    # ProfilerStep* is the step annotation itself, not work: it would always top the list.
+    summary.top_operators = [_op_row(op) for op in analysis.cpu_ops if op.name != STEP_KEY][:TOP_N]
+    summary.top_kernels = [_op_row(op) for op in analysis.device_kernels[:TOP_N]]
+    summary.ranks = analysed["ranks"]
+    summary.slowest_rank = analysis.slowest_rank
+    summary.straggler = analysis.straggler
+    summary.share_of = analysis.share_of
+    summary.outside_steps = OutsideSteps(events=analysis.outside_events, self_ms=analysis.outside_ms)
+    summary.breakdown_ms = analysis.breakdown_ms.to_dict() if analysis.breakdown_ms else None
+    return analysed
+
+
+def _op_row(row: TraceOpRow) -> OpRow:
+    return OpRow(
+        name=row.name,
+        calls=row.calls,
+        self_ms=row.self_ms,
+        total_ms=row.total_ms,
+        avg_ms=row.avg_ms,
+        self_share=row.self_share,
+        shape=row.shape if row.shape is not None else UNSET,
+    )
+
+
+def _primary_notes(
+    config: AgentConfig,
+    primary: dict[str, Any],
+    logs: list[dict[str, Any]],
+    any_window: bool,
+    exit_status: int,
+    hang_folders: Sequence[str],
+    hang_ended: bool,
+) -> list[str]:
+    """What the primary process says of the run: unequal requesters, and why no trace was saved."""
+    notes: list[str] = []
+    requesters = [r for r in primary.get("requesters", []) if r["calls"]]
+    together = [r for r in requesters if r["first_step"] == min((q["first_step"] for q in requesters), default=0)]
+    if len({r["calls"] for r in together}) > 1:  # requesters alive together that stepped at different rates
+        busiest = max(together, key=lambda r: r["calls"])
+        notes.append(
+            f"requesters stepped unequally; the global step follows the busiest ({busiest['name']}, "
+            f"{plural(busiest['calls'], 'step')}), as KinetoStepTracker does"
+        )
+    if not any_window and config.on_demand:
+        notes.append("no trace: no `stepcli capture` asked for a window while the run stepped (--on-demand)")
+    elif not any_window:
+        note = _no_trace_note(config, primary, logs, exit_status, hang_folders, hang_ended)
+        notes += [note] if note else []
+    return notes
+
+
+def _no_trace_note(
+    config: AgentConfig,
+    primary: dict[str, Any],
+    logs: list[dict[str, Any]],
+    exit_status: int,
+    hang_folders: Sequence[str],
+    hang_ended: bool,
+) -> str | None:
+    """Why a run that stepped saved no trace: it hung, ended before the window, or died inside it."""
+    steps = primary.get("global_steps", 0)
+    first_window = next(config.schedule.windows(1), None)
+    # a log not written at the process's end (it was killed) holds the count of its last periodic save
+    final = primary.get("exit", "running") != "running" or primary.get("progress") == "stalled"
+    if first_window and steps <= first_window[1] and hang_folders:  # it hung: the hang said why
+        ended = ", and --on-hang kill ended it" if hang_ended else ""
+        return (
+            f"no trace: the job hung at step {steps}, before the first window (steps "
+            f"{first_window[1]}-{first_window[2]}){ended}; what each process was doing is in "
+            f"{', '.join(os.path.basename(f.rstrip(os.sep)) + '/' for f in hang_folders)}"
+        )
+    if first_window and steps <= first_window[1] and final:  # step N is the N+1st: none ended
+        return (
+            f"no trace: the program made {plural(steps, 'step')}, and the first window records steps "
+            f"{first_window[1]}-{first_window[2]}; lower --wait/--skip-first/--warmup"
+        )
+    if first_window and steps <= first_window[2] and not _window_loss_explained(logs):
+        # it ended inside the window with no time to save it, and said nothing of it
+        cause = (
+            "SIGKILL leaves no time"
+            if exit_status == 128 + signal.SIGKILL
+            else "a SIGKILL or a hard crash leaves no time; SIGTERM, Ctrl-C and an ordinary exit save what was recorded"
+        )
+        where = (
+            f"at step {steps}, inside the window of steps"
+            if final
+            else f"at step {steps} or later (its last saved count), in or before the window of steps"
+        )
+        return (
+            f"no trace: the program ended (exit {exit_status}) {where} "
+            f"{first_window[1]}-{first_window[2]}, before its trace could be saved ({cause}); a shorter "
+            "--active is saved sooner"
+        )
+    return None
+
+
+def _hook_and_process_notes(
+    config: AgentConfig, logs: list[dict[str, Any]], said_so_far: list[str], foreign: int
+) -> list[str]:
+    """`--step-on` targets never hooked or never called, each process's own notes, and steps under the
+    program's own profiler; a hook failure a process or an earlier note already said is not repeated."""
+    notes: list[str] = []
     stepped = {r["name"] for log in logs for r in log.get("requesters", []) if r["calls"]}
     unhooked = " ".join(note for log in logs for note in log.get("notes", []) if isinstance(note, str))
     hooks_failed = _hook_notes(config)
-    said = " ".join(notes)
+    said = " ".join(said_so_far)
     notes.extend(note for note in hooks_failed if note not in unhooked and note not in said)  # (no step log says it)
     unhooked += " " + " ".join(hooks_failed)
     for spec in config.step_on:
@@ -308,86 +491,7 @@ def build_run_summary(
         notes.extend(f"{log['worker']}: {note}" for note in log.get("notes", []))
     if foreign:
         notes.append(f"{foreign} step(s) ran under the program's own profiler and are left out of the statistics")
-
-    analysis = _trace_analysis(trace_paths, notes, traces)
-    flops, device = _at_program_pace(analysis, untouched)
-    rss = [log["peak_rss_bytes"] for log in logs if log.get("peak_rss_bytes")]
-    cuda = [log["cuda_peak_bytes"] for log in logs if log.get("cuda_peak_bytes")]
-    torch_version = next((log.get("torch") for log in logs if log.get("torch")), None)
-    summary: RunSummary = {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
-        "stepcli_version": __version__,
-        "run_id": uuid.uuid4().hex,  # tells runs apart when several are compared per side
-        "command": list(command),
-        "exit_status": exit_status,
-        "started_at": datetime.fromtimestamp(started_at, timezone.utc).isoformat(timespec="seconds"),
-        "duration_s": round(duration_s, 3),
-        "host": socket.gethostname(),
-        "platform": platform.platform(),
-        "python": (primary or {}).get("python") or platform.python_version(),
-        "torch": torch_version,
-        "out_dir": config.out_dir,
-        "schedule": config.schedule.to_dict(),
-        "on_demand": config.on_demand,
-        "steps": {
-            "global": (primary or {}).get("global_steps", 0),
-            "requesters": {r["name"]: r["calls"] for r in (primary or {}).get("requesters", [])},
-        },
-        "step_time_ms": _step_time_ms(logs, untouched, profiled, first, after),
-        "timeline_ms": [round(us / 1000.0, 3) for us in (primary or {}).get("durations_us", [])][:100_000],
-        "timeline_phases": (primary or {}).get("phases", "")[:100_000],
-        # Every step of every process, for compare's confidence intervals (one digit per step, as timeline_phases).
-        "step_times": [
-            {
-                "worker": log.get("worker"),
-                "rank": log.get("rank"),
-                "pid": log.get("pid"),
-                "durations_ms": [round(us / 1000.0, 3) for us in log.get("durations_us", [])][:100_000],
-                "phases": log.get("phases", "")[:100_000],
-            }
-            for log in logs
-        ],
-        "processes": [process_entry(log) for log in logs],
-        "windows": cast("list[Window]", windows),
-        # --capture-on-slow windows a process did not record (stepcli.run.summary.recordreader.attach adds the recorded ones)
-        "triggered": [
-            dict(t, worker=log["worker"])
-            for log in logs
-            for t in log.get("triggers_not_recorded") or []
-            if isinstance(t, dict) and isinstance(t.get("first_step"), int) and isinstance(t.get("last_step"), int)
-        ],
-        "traces": trace_paths,
-        # ProfilerStep* is the step annotation itself, not work: it would always top the list.
-        "top_operators": [op for op in (analysis or {}).get("cpu_ops", []) if op["name"] != STEP_KEY][:TOP_N],
-        "top_kernels": (analysis or {}).get("device_kernels", [])[:TOP_N],
-        "ranks": (analysis or {}).get("ranks", []),
-        "slowest_rank": (analysis or {}).get("slowest_rank"),
-        "straggler": (analysis or {}).get("straggler"),
-        "culprit": culprit_section((analysis or {}).get("culprit"), logs),
-        "share_of": (analysis or {}).get("share_of"),
-        "outside_steps": (analysis or {}).get("outside_steps"),
-        "breakdown_ms": (analysis or {}).get("breakdown_ms"),
-        "device": device,
-        "flops": flops,
-        "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
-        "threads": threads_section(logs),
-        "compile": compile_summary(logs),
-        "memory_snapshots": run_snapshots(logs, config.out_dir),
-        "hang": hang_summary(  # --hang-timeout reports (stepcli/run/summary/hangreport.py)
-            hang_folders,
-            started_at,
-            timeout_s=config.hang_timeout or None,
-            on_hang=on_hang if config.hang_timeout else None,
-            ended_job=hang_ended,
-        ),
-        "notes": notes,
-    }
-    untouched_stats = describe(untouched)
-    median = untouched_stats["median"] if untouched_stats else None
-    summary["what_would_help"] = what_would_help(trace_paths, median, notes, traces)
-    summary["advice"] = _advice(summary, analysis)
-    return summary
+    return notes
 
 
 def _at_program_pace(
@@ -411,9 +515,9 @@ def _advice(summary: RunSummary, analysis: dict[str, Any] | None) -> list[Advice
     from stepcli.advice.gather import advise_run
 
     try:
-        return [item.to_dict() for item in advise_run(summary, analysis, process_steps(summary))]
+        return [item.to_item() for item in advise_run(summary, analysis, process_steps(summary))]
     except Exception as exc:
-        summary["notes"].append(f"could not compute the advice: {type(exc).__name__}: {exc}")
+        summary.notes.append(f"could not compute the advice: {type(exc).__name__}: {exc}")
         return []
 
 
@@ -439,18 +543,18 @@ def run_snapshots(logs: list[dict[str, Any]], out_dir: str) -> list[str]:
 
 def process_entry(log: dict[str, Any]) -> Process:
     """One entry of `processes` from a process's step log."""
-    return {
-        "worker": log.get("worker"),
-        "rank": log.get("rank"),
-        "pid": log.get("pid"),
-        "argv": log.get("argv"),
-        "global_steps": log.get("global_steps"),
-        "exit": log.get("exit"),
-        "peak_rss_bytes": log.get("peak_rss_bytes"),
-        "cuda_peak_bytes": log.get("cuda_peak_bytes"),
-        "intra_op_threads": log.get("intra_op_threads"),
-        "requesters": {r["name"]: r["calls"] for r in log.get("requesters", [])},
-    }
+    return Process(
+        worker=log.get("worker"),
+        rank=log.get("rank"),
+        pid=log.get("pid"),
+        argv=log.get("argv"),
+        global_steps=log.get("global_steps"),
+        exit=log.get("exit"),
+        peak_rss_bytes=log.get("peak_rss_bytes"),
+        cuda_peak_bytes=log.get("cuda_peak_bytes"),
+        intra_op_threads=log.get("intra_op_threads"),
+        requesters={r["name"]: r["calls"] for r in log.get("requesters", [])},
+    )
 
 
 def analysis_progress(enabled: bool = True, out_dir: str | None = None) -> AbstractContextManager[Any]:
@@ -478,7 +582,9 @@ def write_run_summary(summary: RunSummary, path: str, *, private_folder: bool = 
     from stepcli import safefile
     from stepcli.agent.controlfiles import open_folder
 
-    data = orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+    # orjson writes the builtins msgspec gives (fields in declaration order, UNSET ones left out), so the bytes,
+    # numbers included, are those summaries always had.
+    data = orjson.dumps(msgspec.to_builtins(summary), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
     target = Path(path)
     try:
         if private_folder:
