@@ -66,16 +66,19 @@ Section = dict[str, Any]  # an object shaped by another document, checked agains
 # The document.
 
 
+_STAT = Annotated[Amount, Meta(extra={"missing": "is not a non-negative number"})]
+
+
 class PopulationStats(Struct, kw_only=True):
     """A population's statistics over every process's steps together (stepcli.stats.describe), and its count in
     each process (`processes` order; absent from summaries written before it): the terminal says counts per rank."""
 
-    count: Amount
-    mean: Amount
-    median: Amount
-    p90: Amount
-    min: Amount
-    max: Amount
+    count: _STAT
+    mean: _STAT
+    median: _STAT
+    p90: _STAT
+    min: _STAT
+    max: _STAT
     per_process: list[Count] | UnsetType = UNSET
 
     def stats(self) -> Stats:
@@ -85,14 +88,17 @@ class PopulationStats(Struct, kw_only=True):
         )
 
 
+_NULL_OR_STATS = Meta(description="is neither null nor an object")
+
+
 class StepTimeMs(Struct, kw_only=True):
     """`step_time_ms`: statistics of untouched, profiled and start-up steps (None when there are none), and of the
     steps set aside after a window (the profiler's stop and save; absent in older summaries)."""
 
-    untouched: PopulationStats | None = None
-    profiled: PopulationStats | None = None
-    first_step: PopulationStats | None = None
-    after_window: PopulationStats | None | UnsetType = UNSET
+    untouched: Annotated[PopulationStats | None, _NULL_OR_STATS] = None
+    profiled: Annotated[PopulationStats | None, _NULL_OR_STATS] = None
+    first_step: Annotated[PopulationStats | None, _NULL_OR_STATS] = None
+    after_window: Annotated[PopulationStats | None | UnsetType, _NULL_OR_STATS] = UNSET
 
 
 class Steps(Struct, kw_only=True):
@@ -151,11 +157,11 @@ class Window(Struct, kw_only=True):
 class OpRow(Struct, kw_only=True):
     """One row of `top_operators` / `top_kernels` (stepcli.traces.analyses.model.OpRow)."""
 
-    name: Text
-    calls: Amount
-    self_ms: Number
-    total_ms: Number
-    avg_ms: Number
+    name: Annotated[Text, Meta(extra={"missing": "has an entry without a name"})]
+    calls: Amount = 0
+    self_ms: Number = 0.0
+    total_ms: Number = 0.0
+    avg_ms: Number = 0.0
     self_share: Number | None = None
     shape: Text | UnsetType = UNSET  # with --record-shapes
 
@@ -518,10 +524,69 @@ def _relative_wording(error: msgspec.ValidationError, document: Any, kind: Any) 
         value = _child(value, step)
         shown_path += step if step.startswith("[") else f".{step}"
     if text.startswith("Object missing required field `"):
+        first = _first_wrong_field(_unwrapped(declared), value)
+        if first is not None:
+            return at(f"{shown_path}.{first[0]}", first[1]) if first[0] else at(_path_of(path[:-1]), first[1])
         return f"{shown_path}.{text.split('`')[1]} is missing"
     if text.startswith(("Expected ", "Number out of range")):
-        return at(pair_at or shown_path, f"is not {_description(declared)}")
+        first = _first_wrong_field(_parent_struct(kind, path), _child_of(document, path[:-1]), named_only=True)
+        if first is not None:  # the first wrong field in declaration order, as a reader would check them
+            return at(_path_of(path[:-1]) + f".{first[0]}", first[1]) if first[0] else at(_path_of(path[:-2]), first[1])
+        return at(pair_at or shown_path, _predicate(declared))
     return at(shown_path, text)  # a check of a Struct's own (none yet): its message as it is
+
+
+def _path_of(path: list[str]) -> str:
+    return "".join(step if step.startswith("[") else f".{step}" for step in path)
+
+
+def _child_of(document: Any, path: list[str]) -> Any:
+    for step in path:
+        document = _child(document, step)
+    return document
+
+
+def _parent_struct(kind: Any, path: list[str]) -> Any:
+    """The Struct holding the field at `path` (None when the last step is not a field of one)."""
+    for step in path[:-1]:
+        kind = _item_type(kind, step)
+    parent = _unwrapped(kind)
+    return parent if path and not path[-1].startswith("[") else None
+
+
+def _first_wrong_field(kind: Any, value: Any, *, named_only: bool = False) -> tuple[str, str] | None:
+    """(field, problem) for the first field of Struct `kind` that `value` lacks or gets wrong, in declaration
+    order; field "" when the problem is said of the list holding `value` (a row without a name). `named_only`:
+    a missing field counts only where its type names the wording (a statistic, an operator's name)."""
+    if not (isinstance(kind, type) and issubclass(kind, Struct)) or not isinstance(value, dict):
+        return None
+    for field in msgspec.structs.fields(kind):
+        extra = _meta_extra(field.type)
+        if field.encode_name not in value:
+            if field.required and (extra.get("missing") or not named_only):
+                missing = extra.get("missing", "is missing")
+                return ("", missing) if missing.startswith("has ") else (field.encode_name, missing)
+            continue
+        try:
+            msgspec.convert(value[field.encode_name], field.type)
+        except msgspec.ValidationError:
+            return field.encode_name, _predicate(field.type)
+    return None
+
+
+def _meta_extra(declared: Any) -> dict[str, Any]:
+    while typing.get_origin(declared) is Annotated:
+        for meta in typing.get_args(declared)[1:]:
+            if isinstance(meta, Meta) and meta.extra:
+                return dict(meta.extra)
+        declared = typing.get_args(declared)[0]
+    return {}
+
+
+def _predicate(declared: Any) -> str:
+    """`is not a string`; a description that starts with "is " is the whole predicate."""
+    description = _description(declared)
+    return description if description.startswith("is ") else f"is not {description}"
 
 
 def _steps(where: str) -> list[str]:

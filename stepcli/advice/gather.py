@@ -50,6 +50,6 @@ def advise_run(
         straggler=(analysis if analysis is not None else kept).get("straggler"),
         ranks_analysed=len((analysis if analysis is not None else kept).get("ranks") or []) > 1,
         culprit=kept.get("culprit") or (analysis or {}).get("culprit"),
-        threads=kept.get("threads"),
+        threads=summary.threads if summary is not None else None,
     )
     return advise(evidence) + advise_device(evidence)
