@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Union
+from typing import Annotated, Any
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
@@ -41,15 +41,15 @@ SUMMARY_FILE = "summary.json"  # written by `stepcli run` next to the step logs,
 _FINITE = sys.float_info.max  # a JSON number past it reads as infinity: no run measures that
 Int = Annotated[int, Meta(description="an integer")]
 Count = Annotated[int, Meta(ge=0, description="a non-negative integer")]
-Number = Annotated[Union[int, Annotated[float, Meta(ge=-_FINITE, le=_FINITE)]], Meta(description="a number")]
+Number = Annotated[int | Annotated[float, Meta(ge=-_FINITE, le=_FINITE)], Meta(description="a number")]
 Amount = Annotated[
-    Union[Annotated[int, Meta(ge=0)], Annotated[float, Meta(ge=0, le=_FINITE)]],
+    Annotated[int, Meta(ge=0)] | Annotated[float, Meta(ge=0, le=_FINITE)],
     Meta(description="a non-negative number"),
 ]
 # A step's time: none is under a nanosecond or over the trace reader's cap (10^18 us); such values (5e-324, 1e308)
 # are a hostile file's, and would overflow the statistics and the charts built on them (checked after decoding).
 StepMs = Annotated[
-    Union[Annotated[int, Meta(ge=0)], Annotated[float, Meta(ge=0, le=_FINITE)]],
+    Annotated[int, Meta(ge=0)] | Annotated[float, Meta(ge=0, le=_FINITE)],
     Meta(description="a step time in ms (0, or 0.000001 to 10^15)"),
 ]
 _MIN_STEP_MS, _MAX_STEP_MS = 1e-6, 1e15
@@ -220,6 +220,7 @@ class RunSummary(Struct, kw_only=True):
     platform: Text | None = None
     python: Text | None = None
     torch: Text | None = None
+    environment: dict[str, Text] = {}  # CUDA_DEVICE_MAX_CONNECTIONS and NCCL_* the program started with
     out_dir: Text | None = None
     schedule: dict[str, Number | None] = {}
     on_demand: Flag | None = None

@@ -3,7 +3,8 @@ of cli.py and the launcher (the rule itself is stepcli/agent/slowrule.py, shared
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 

@@ -25,11 +25,11 @@ from typing import Any
 from stepcli.agent.config import LOG_FOLDER
 from stepcli.agent.ondemand import CONTROL_FOLDER
 from stepcli.errors import StepcliError
-from stepcli.fmt import visible
 from stepcli.run.controldir import read_processes, run_alive
 from stepcli.run.live.capture import Ping, _ping, _renewer, _withdraw, await_heartbeats
 from stepcli.run.live.captureplan import fresh, step_time
 from stepcli.run.live.liverun import LiveRun, find_run
+from stepcli.safetext import visible
 
 SCHEMA = "stepcli.top"
 _FIRST_LOOK_S = 15.0  # the longest top waits for the first fresh heartbeats

@@ -16,7 +16,8 @@ import os
 import re
 import socket
 import stat
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from stepcli.agent.config import STEP_LOG_SUFFIX, STEP_LOG_VERSION, AgentConfig
 from stepcli.agent.signing import SIGNATURE_KEY, signature_matches
