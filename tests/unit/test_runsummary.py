@@ -56,7 +56,7 @@ def test_missing_fields_are_fine_unless_required() -> None:
 
 def test_a_process_that_said_why_its_window_was_lost_is_not_contradicted() -> None:
     # The launcher guesses "a SIGKILL or a hard crash" only when no process said why its window was not saved
-    from stepcli.run.summary.build import _window_loss_explained
+    from stepcli.run.summary.runnotes import _window_loss_explained
 
     blocked = {"notes": ["the window open at SIGTERM could not be saved: the main thread was blocked"]}
     cut = {
