@@ -153,15 +153,18 @@ def _item_type(declared: Any, step: str) -> Any:
 def _description(declared: Any) -> str:
     """How a value of `declared` is named in a message: its description, else its JSON kind."""
     while True:
-        while typing.get_origin(declared) is Annotated:
+        if typing.get_origin(declared) is Annotated:
             meta = [m for m in typing.get_args(declared)[1:] if isinstance(m, Meta) and m.description]
             if meta:
                 return str(meta[-1].description)
             declared = typing.get_args(declared)[0]
-        unwrapped = _unwrapped(declared)
-        if unwrapped is declared:
-            break
-        declared = unwrapped
+            continue
+        if typing.get_origin(declared) is Union or isinstance(declared, type(int | None)):
+            kinds = [t for t in typing.get_args(declared) if t not in (type(None), UnsetType)]
+            if len(kinds) == 1:  # an optional value is named by what it is when present
+                declared = kinds[0]
+                continue
+        break
     origin = typing.get_origin(declared)
     if origin in (list, tuple):
         return "a list"

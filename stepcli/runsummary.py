@@ -439,12 +439,12 @@ def read_run_summary(data: bytes | bytearray, label: str, *, required: Sequence[
     except msgspec.DecodeError as exc:
         raise StepcliError(f"{label}: not valid JSON ({exc})", EXIT_USAGE) from None
     if head is None or head.schema != SCHEMA or not _readable(head.schema_version, required):
-        _header_problem(msgspec.json.decode(data), label, required)
+        _header_problem(_RAW.decode(data), label, required)
     try:
         summary = msgspec.json.decode(data, type=RunSummary)
         msgspec.json.decode(data, type=_Sections)
     except msgspec.ValidationError as exc:
-        raise invalid(label, _wording(exc, msgspec.json.decode(data))) from None
+        raise invalid(label, _wording(exc, _RAW.decode(data))) from None
     for key in required:
         if getattr(summary, key.replace("global", "global_"), None) is None:
             raise invalid(label, f"{key} is missing")
@@ -452,6 +452,10 @@ def read_run_summary(data: bytes | bytearray, label: str, *, required: Sequence[
     if problem:
         raise invalid(label, problem)
     return summary
+
+
+# The document as plain objects, to say where a problem is: a number past the float range reads as inf here.
+_RAW = msgspec.json.Decoder(float_hook=float)
 
 
 class _Header(Struct):
