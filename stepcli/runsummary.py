@@ -3,8 +3,9 @@
 `stepcli run` writes it (`--json`, and `summary.json` beside the step logs); `stepcli report`, `compare`, `top`,
 `table` and `whatif` read it. A file is untrusted input (hand-edited, from another version, or hostile), so
 `read_run_summary` decodes it into these types once, at the edge (`msgspec.json.decode(data, type=RunSummary)`),
-then checks what a type cannot say (finite numbers, step-time ranges, trace paths inside `out_dir`): a wrong field
-is one line naming it and exit 2, never a crash deep in a renderer. Each field's wording ("is not a non-negative
+whose constraints hold the numbers finite and the counts non-negative, then checks what a type cannot say (step-time
+ranges, one phase digit per step, trace paths inside `out_dir`): a wrong field is one line naming it and exit 2,
+never a crash deep in a renderer. Each field's wording ("is not a non-negative
 integer") is the `description` of its type below, so the message comes from the declaration too.
 docs/reference/summary-json.md documents every field; tests/unit/test_summary_doc.py holds the two together.
 
