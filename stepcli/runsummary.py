@@ -172,6 +172,20 @@ class OutsideSteps(Struct, kw_only=True):
     self_ms: Number
 
 
+class OtherMs(Struct, kw_only=True):
+    """`other_ms`: the breakdown's `other` per step, outside every operator and inside operators of no phase."""
+
+    outside_operators: Number
+    inside_operators: Number
+
+
+class RecordedWith(Struct, kw_only=True):
+    """`recorded_with`: what the traces hold (`table`'s recorded_with), so `next:` names the option that shows it."""
+
+    stacks: Flag = False  # Python frames (--with-stack)
+    shapes: Flag = False  # input shapes (--record-shapes)
+
+
 class PeakMemory(Struct, kw_only=True):
     rss_bytes: Count | None = None
     cuda_bytes: Count | None = None
@@ -243,6 +257,8 @@ class RunSummary(Struct, kw_only=True):
     share_of: Text | None = None
     outside_steps: OutsideSteps | None = None
     breakdown_ms: dict[str, Number] | None = None
+    other_ms: OtherMs | None = None  # of breakdown_ms["other"]: outside every operator, inside one of no phase
+    recorded_with: RecordedWith | None = None  # the traces hold Python stacks, input shapes
     device: Section | None = None
     flops: Section | None = None
     peak_memory: PeakMemory | None = None

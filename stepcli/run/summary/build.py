@@ -39,10 +39,12 @@ from stepcli.runsummary import (
     SCHEMA_VERSION,
     AdviceItem,
     OpRow,
+    OtherMs,
     OutsideSteps,
     PeakMemory,
     PopulationStats,
     Process,
+    RecordedWith,
     RunSummary,
     Steps,
     StepTimeMs,
@@ -290,6 +292,8 @@ def _add_trace_sections(
     summary.share_of = analysis.share_of
     summary.outside_steps = OutsideSteps(events=analysis.outside_events, self_ms=analysis.outside_ms)
     summary.breakdown_ms = analysis.breakdown_ms.to_dict() if analysis.breakdown_ms else None
+    summary.other_ms = msgspec.convert(analysed["other_ms"], OtherMs) if analysed["other_ms"] else None
+    summary.recorded_with = RecordedWith(stacks=analysis.has_stacks, shapes=analysis.has_shapes)
     return analysed
 
 

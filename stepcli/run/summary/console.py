@@ -13,7 +13,7 @@ import msgspec
 from stepcli.fmt import ms, plural, print_wrapped, size_or_dash
 from stepcli.run.summary.compilesteps import compile_lines
 from stepcli.run.summary.culprit import print_culprit
-from stepcli.runsummary import OpRow, PeakMemory, PopulationStats, RunSummary, Steps, StepTimeMs
+from stepcli.runsummary import OpRow, PeakMemory, PopulationStats, RecordedWith, RunSummary, Steps, StepTimeMs
 from stepcli.safetext import visible
 
 if TYPE_CHECKING:
@@ -226,6 +226,11 @@ def _print_tables(summary: RunSummary, console: Console) -> None:
     breakdown = summary.breakdown_ms
     if breakdown:
         render.print_table(console, render.breakdown_table(breakdown, summary.device))
+        from stepcli.traces.render.stacks import other_lines
+
+        other = {"other_ms": msgspec.to_builtins(summary.other_ms), "breakdown_ms": breakdown}
+        for line in other_lines(other, console.width):
+            print_wrapped(console, line, indent="    ")
     print_device_section({"flops": summary.flops, "device": summary.device, "ranks": summary.ranks}, console)
     if len(summary.ranks) > 1:
         title = "Recorded step time per rank"
@@ -236,11 +241,21 @@ def _print_tables(summary: RunSummary, console: Console) -> None:
             console.print(f"slowest rank: {straggler['evidence']}", markup=False, highlight=False)
 
 
+# (what the traces hold, `table`'s option that shows it, what it shows) for the `next:` lines
+_RECORDED_OPTIONS = (("stacks", "--stacks", "the Python stacks"), ("shapes", "--group-by-shape", "one row per shape"))
+
+
 def _print_next(summary: RunSummary, report_path: str | None, console: Console) -> None:
     """The commands to run next, one per line, never wrapped in the middle: each can be copied as it is."""
     lines = []
     if summary.traces:
-        lines.append(f"  stepcli table {shlex.quote(_relative(summary.out_dir or '.'))}")
+        out = summary.out_dir or "."
+        lines.append(f"  stepcli table {shlex.quote(_relative(out))}")
+        recorded = summary.recorded_with or RecordedWith()
+        for flag, option, why in _RECORDED_OPTIONS:
+            if getattr(recorded, flag):  # what the traces hold, and the option that shows it
+                line = f"  stepcli table {shlex.quote(_relative(out))} {option}"
+                lines.append(f"{line}    ({why})" if len(line) + len(why) + 6 <= 80 else line)
     if report_path:
         lines.append(f"  open {shlex.quote(_relative(report_path))} in a browser")
     if summary.traces and (summary.what_would_help or {}).get("verdict") == "ok":
