@@ -34,7 +34,6 @@ from stepcli.traces.analyses.shares import STEP_KEY
 
 if TYPE_CHECKING:
     from stepcli.traces.analyses.model import TraceSummary
-    from stepcli.traces.read.reader import Trace
 
 _NEEDED = ("schema_version", "steps", "step_time_ms")  # what a verdict cannot do without
 
@@ -319,15 +318,20 @@ def load_measurement(path: str) -> Measurement:
 def _load_traces(label: str, files: Sequence[str] | None = None) -> Measurement:
     # Lazy: the trace reader and summarizer are only needed for trace inputs.
     from stepcli.compare.attribution import op_steps_from_traces
-    from stepcli.traces.analyses.mergeparts import summarize
-    from stepcli.traces.read.reader import load_paths
+    from stepcli.traces.analyses.analysis import summarize_read
+    from stepcli.traces.analyses.mergeparts import merge_parts
+    from stepcli.traces.read.columns import load_columns
+    from stepcli.traces.read.files import list_trace_files
+    from stepcli.traces.read.splitread import read_blocked
 
-    traces: list[Trace] = load_paths(list(files or [label]))
-    summary = summarize(traces)
+    # Each file read once, straight into columns as `stepcli table` reads it (no object per event): its summary
+    # and its steps' figures both come from them.
+    traces = [read_blocked(path, False) or load_columns(path) for path in list_trace_files(list(files or [label]))]
     try:
         op_steps: tuple[OpSteps, ...] | None = (op_steps_from_traces(traces, label),)
     except Exception:  # per-operator attribution only explains a verdict; without it the verdict still stands
         op_steps = None
+    summary = merge_parts([summarize_read(trace.columns, trace) for trace in traces])  # = summarize of the files
     return measurement_from_trace_summary(summary, label, op_steps)
 
 
@@ -338,7 +342,7 @@ def _run_folder_summary(folder: Path) -> tuple[str, RunSummary] | None:
     decided on 3 steps. A run folder whose newest run has no saved summary (it never finished writing one) is
     refused in one line rather than silently judged on its traces."""
     from stepcli.fmt import say
-    from stepcli.runfolder import other_runs_note, pick_run, read_saved, rerooted, run_dirs_readable
+    from stepcli.runfolder import other_runs_note, pick_run, read_saved, rerooted, run_dirs_readable, written_traces
 
     pick = pick_run(str(folder))
     if pick is None:
@@ -363,8 +367,10 @@ def _run_folder_summary(folder: Path) -> tuple[str, RunSummary] | None:
             EXIT_USAGE,
         )
     label = f"{folder} (run {newest.name})"
-    doc = read_run_summary(data, str(path), required=_NEEDED)
-    return label, rerooted(doc, str(folder))
+    summary = rerooted(read_run_summary(data, str(path), required=_NEEDED), str(folder))
+    listed = [t for t in summary.traces if os.path.lexists(t)]
+    summary.traces = written_traces(newest, str(folder), listed)  # the very files the run wrote, and only while so
+    return label, summary
 
 
 def _json_files(folder: Path) -> list[str]:

@@ -208,3 +208,25 @@ def test_report_without_stacks_says_why_in_one_line(tmp_path: Path) -> None:
     assert 'class="chart flame"' not in html and 'id="stacks"' not in html
     line = html[html.index('id="stacks-missing"') :].split("</p>", 1)[0]
     assert "stepcli run --with-stack" in line
+
+
+def test_stepcli_s_own_work_at_a_step_boundary_is_never_inside_a_recorded_step(stack_run: dict[str, Any]) -> None:
+    # The agent's bookkeeping between steps (its CPU-time samples, the `saving trace ...` line and the save
+    # ticker's thread) used to run inside `ProfilerStep#N`, counted as the program's time ("other"): milliseconds
+    # per step on a short step. With Python stacks recorded, every frame of it shows where it ran.
+    from conftest import trace_files
+
+    (trace,) = trace_files(stack_run["out"])
+    events = json.loads(Path(trace).read_text())["traceEvents"]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    assert len(steps) == 2
+    # its bookkeeping: the CPU-time samples, the save's announcement and ticker, the clock and trigger marks
+    bookkeeping = ("/stepcli/agent/cpuwait.py", "/stepcli/agent/tracecost.py", "_announce_save", "_mark_clock")
+    inside = [
+        e["name"]
+        for e in events
+        if e.get("cat") == "python_function"
+        and any(part in str(e.get("name", "")) for part in bookkeeping)
+        and any(start < e["ts"] + e.get("dur", 0) and e["ts"] < end for start, end in steps)  # overlaps a step
+    ]
+    assert inside == [], inside
