@@ -14,7 +14,9 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeGuard, cast
+from typing import TypeGuard
+
+import msgspec
 
 from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.inputs import Written, expect_written, file_problem
@@ -86,7 +88,7 @@ def rerooted(summary: RunSummary, folder: str) -> RunSummary:
     where the run wrote (the folder may since have been moved, or downloaded from CI) or, in a hostile file,
     anywhere ("/"); the traces it names were checked on loading to lie inside that out_dir, and are taken at the same
     place inside `folder`, so nothing outside the folder given is ever read through it."""
-    out_dir = summary.get("out_dir")
+    out_dir = summary.out_dir
     if not isinstance(out_dir, str) or not out_dir:
         return summary
     root = os.path.normpath(out_dir)
@@ -94,11 +96,12 @@ def rerooted(summary: RunSummary, folder: str) -> RunSummary:
     def inside(path: str) -> str:
         return os.path.join(folder, os.path.relpath(os.path.normpath(os.path.join(root, path)), root))
 
-    out = cast(RunSummary, dict(summary))
-    out["out_dir"] = os.path.abspath(folder)
-    out["traces"] = [t for p in summary.get("traces") or [] if contained(t := inside(p), folder)]
-    out["windows"] = [w | {"trace": inside(w["trace"])} if "trace" in w else w for w in summary.get("windows") or []]
-    return out
+    return msgspec.structs.replace(
+        summary,
+        out_dir=os.path.abspath(folder),
+        traces=[t for p in summary.traces if contained(t := inside(p), folder)],
+        windows=[msgspec.structs.replace(w, trace=inside(w.trace)) for w in summary.windows],
+    )
 
 
 def written_traces(run_dir: Path, folder: str, traces: Sequence[str]) -> list[str]:
@@ -222,10 +225,10 @@ def _span(run: Path) -> tuple[float, float] | None:
         return None
     try:
         summary = read_run_summary(data, str(run / SUMMARY_FILE))
-        start = datetime.fromisoformat(str(summary.get("started_at"))).timestamp()
+        start = datetime.fromisoformat(str(summary.started_at)).timestamp()
     except (StepcliError, ValueError):
         return None
-    return start, start + float(summary.get("duration_s") or 0.0)
+    return start, start + float(summary.duration_s or 0.0)
 
 
 def _concurrent(latest: Path, others: Sequence[Path]) -> list[Path]:
@@ -275,7 +278,7 @@ def run_traces(pick: RunPick) -> list[str]:
             if saved is None:
                 continue
             summary = rerooted(read_run_summary(saved, str(run / SUMMARY_FILE)), pick.folder)
-            traces += written_traces(run, pick.folder, [t for t in summary.get("traces") or [] if os.path.lexists(t)])
+            traces += written_traces(run, pick.folder, [t for t in summary.traces if os.path.lexists(t)])
     if not traces:
         raise StepcliError(f"{pick.folder}: {which} recorded no trace{anyway}", EXIT_USAGE)
     return traces
@@ -298,7 +301,7 @@ def _unclaimed_traces(pick: RunPick) -> list[str] | None:
             summary = rerooted(read_run_summary(data, str(run / SUMMARY_FILE)), pick.folder)
         except StepcliError:
             return None
-        claimed |= {os.path.realpath(t) for t in summary.get("traces") or []}
+        claimed |= {os.path.realpath(t) for t in summary.traces or []}
     root = Path(pick.folder)
     found = [*root.glob("*.pt.trace.json*"), *root.glob("window-step*/*.pt.trace.json*")]
     return sorted(

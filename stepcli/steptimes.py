@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stepcli.runsummary import RunSummary
+from stepcli.runsummary import Process, RunSummary, StepTimes
 
 
 @dataclass(frozen=True)
@@ -27,11 +27,11 @@ class ProcessSteps:
     phases: str
 
 
-def worker_label(process: Mapping[str, Any]) -> str:
+def worker_label(process: Process | StepTimes) -> str:
     """`rank N`, else the worker name or pid."""
-    if process.get("rank") is not None:
-        return f"rank {process['rank']}"
-    return str(process.get("worker") or process.get("pid") or "process")
+    if process.rank is not None:
+        return f"rank {process.rank}"
+    return str(process.worker or process.pid or "process")
 
 
 def mark_compiles(phases: str, compiled: set[int]) -> str:
@@ -44,33 +44,31 @@ def mark_compiles(phases: str, compiled: set[int]) -> str:
 def compiled_by_worker(summary: RunSummary) -> dict[str, set[int]]:
     """The steps of each worker during which torch compiled (from `compile.by_step`)."""
     compiled: dict[str, set[int]] = {}
-    for entry in (summary.get("compile") or {}).get("by_step") or []:
+    for entry in (summary.compile or {}).get("by_step") or []:
         compiled.setdefault(str(entry.get("worker")), set()).add(entry["step"])
     return compiled
 
 
-def _process_series(summary: RunSummary) -> list[tuple[Mapping[str, Any], list[float], str]]:
+def _process_series(summary: RunSummary) -> list[tuple[Process | StepTimes, list[float], str]]:
     """(process, step times, phases) per process: `step_times` (schema 2), per-process times kept in `processes`,
     else the primary process's `timeline_ms`."""
-    series: list[tuple[Mapping[str, Any], list[float], str]] = []
-    for entry in summary.get("step_times") or []:
-        if entry["durations_ms"]:
-            series.append((entry, entry["durations_ms"], entry["phases"]))
+    series: list[tuple[Process | StepTimes, list[float], str]] = []
+    for entry in summary.step_times or []:
+        if entry.durations_ms:
+            series.append((entry, entry.durations_ms, entry.phases))
     if series:
         return series
-    for proc in summary.get("processes") or []:
-        values = proc.get("step_times_ms") or proc.get("durations_ms") or proc.get("timeline_ms")
+    for proc in summary.processes or []:
+        values = proc.step_times_ms or proc.durations_ms or proc.timeline_ms
         if values:
-            series.append((proc, values, str(proc.get("phases") or "")))
+            series.append((proc, values, str(proc.phases or "")))
     if series:
         return series
-    timeline = summary.get("timeline_ms") or []
+    timeline = summary.timeline_ms or []
     if timeline:
-        procs: list[Mapping[str, Any]] = list(summary.get("processes") or []) or [{}]
-        primary = next((p for p in procs if p.get("rank") == 0), None) or max(
-            procs, key=lambda p: p.get("global_steps") or 0
-        )
-        series.append((primary, timeline, summary.get("timeline_phases") or ""))
+        procs = list(summary.processes) or [Process()]
+        primary = next((p for p in procs if p.rank == 0), None) or max(procs, key=lambda p: p.global_steps or 0)
+        series.append((primary, timeline, summary.timeline_phases or ""))
     return series
 
 
@@ -79,11 +77,11 @@ def process_steps(summary: RunSummary) -> list[ProcessSteps]:
     compiled = compiled_by_worker(summary)
     out = []
     for proc, values, phases in _process_series(summary):
-        marked = mark_compiles(phases.ljust(len(values), "0"), compiled.get(str(proc.get("worker")), set()))
+        marked = mark_compiles(phases.ljust(len(values), "0"), compiled.get(str(proc.worker), set()))
         out.append(
             ProcessSteps(
                 label=worker_label(proc),
-                rank=proc.get("rank"),
+                rank=proc.rank,
                 steps=list(range(len(values))),
                 values_ms=[float(v) for v in values],
                 phases=marked[: len(values)],

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgspec
+
 from stepcli.advice.device import advise_device
 from stepcli.advice.rules import Advice, Evidence, advise
 from stepcli.runsummary import RunSummary
@@ -23,7 +25,7 @@ def advise_run(
 
     `stepcli run` calls this when it builds the run summary (so the terminal's `advice:` lines do not depend on
     report.html), `stepcli report` when its inputs carry no advice (plain traces, older summaries)."""
-    kept: Mapping[str, Any] = summary or {}
+    kept: Mapping[str, Any] = msgspec.to_builtins(summary) if summary is not None else {}
     if analysis is not None:
         ops = [op for op in analysis["cpu_ops"] if op["name"] != STEP_KEY]
         kernels, breakdown, device = analysis["device_kernels"], analysis["breakdown_ms"], analysis["device"]
@@ -48,6 +50,6 @@ def advise_run(
         straggler=(analysis if analysis is not None else kept).get("straggler"),
         ranks_analysed=len((analysis if analysis is not None else kept).get("ranks") or []) > 1,
         culprit=kept.get("culprit") or (analysis or {}).get("culprit"),
-        threads=kept.get("threads"),
+        threads=summary.threads if summary is not None else None,
     )
     return advise(evidence) + advise_device(evidence)

@@ -13,7 +13,7 @@ from typing import Any
 
 from stepcli.advice.culprit import culprit_advice
 from stepcli.fmt import percent as _pct
-from stepcli.runsummary import Advice
+from stepcli.runsummary import Advice, Threads
 from stepcli.stats import percentile
 
 # Data loading above this share of the step, and at least this long per step: the training loop waits for input.
@@ -83,7 +83,7 @@ class Evidence:
     untouched_ms: Sequence[tuple[int, float]] = ()  # (step number, ms) of one process
     device: Mapping[str, Any] | None = None  # the summary's `device` figures (stepcli.advice.device reads them)
     culprit: Mapping[str, Any] | None = None  # the `culprit` section (stepcli.run.summary.culprit)
-    threads: Mapping[str, Any] | None = None  # the `threads` section (stepcli.run.summary.threads)
+    threads: Threads | None = None  # the `threads` section (stepcli.run.summary.threads)
 
 
 def _share(breakdown: Mapping[str, float], key: str) -> float | None:
@@ -271,16 +271,16 @@ def stalls(ev: Evidence) -> Advice | None:
 
 def threads(ev: Evidence) -> Advice | None:
     """More intra-op threads than cores on a host (the summary's `threads` section): operators wait for a core."""
-    every = list((ev.threads or {}).get("hosts") or [])
-    hosts = [host for host in every if host["intra_op_threads"] > THREADS_PER_CORE * host["cores"]]
+    every = ev.threads.hosts if ev.threads else []
+    hosts = [host for host in every if host.intra_op_threads > THREADS_PER_CORE * host.cores]
     if not hosts:
         return None
-    worst = max(hosts, key=lambda host: host["intra_op_threads"] / host["cores"])
-    processes, cores = worst["processes"], worst["cores"]
-    each = worst["per_process"][0] if len(worst["per_process"]) == 1 else None
+    worst = max(hosts, key=lambda host: host.intra_op_threads / host.cores)
+    processes, cores = worst.processes, worst.cores
+    each = worst.per_process[0] if len(worst.per_process) == 1 else None
     per = f"{processes} processes x {each} intra-op threads" if each and processes > 1 else None
-    counted = f"{per} = {worst['intra_op_threads']}" if per else f"{worst['intra_op_threads']} intra-op threads"
-    where = f" on host {worst['host']}" if len(every) > 1 else ""
+    counted = f"{per} = {worst.intra_op_threads}" if per else f"{worst.intra_op_threads} intra-op threads"
+    where = f" on host {worst.host}" if len(every) > 1 else ""
     fit = max(1, cores // processes)
     return Advice(
         rule="threads",

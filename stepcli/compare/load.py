@@ -14,10 +14,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import msgspec
+
 from stepcli.compare.model import Measurement, OpSteps, OpTime, ProcessSteps, RunSteps
 from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.runsummary import SCHEMA as RUN_SCHEMA
-from stepcli.runsummary import SUMMARY_FILE, RunSummary, invalid, load_run_summary, read_run_summary
+from stepcli.runsummary import (
+    SUMMARY_FILE,
+    OpRow,
+    PopulationStats,
+    RunSummary,
+    StepTimes,
+    invalid,
+    load_run_summary,
+    read_run_summary,
+)
 from stepcli.stats import STAT_NAMES, Stats, describe
 from stepcli.traces.analyses.shares import STEP_KEY
 
@@ -27,28 +38,29 @@ if TYPE_CHECKING:
 _NEEDED = ("schema_version", "steps", "step_time_ms")  # what a verdict cannot do without
 
 
-def measurement_from_run(doc: Mapping[str, Any], label: str) -> Measurement:
-    """A run summary document (`stepcli run --json`) as a Measurement; StepcliError (exit 2) if malformed."""
-    summary = load_run_summary(dict(doc), label, required=_NEEDED)
-    times = summary["step_time_ms"]
+def measurement_from_run(doc: RunSummary | Mapping[str, Any], label: str) -> Measurement:
+    """A run summary (`stepcli run --json`; a decoded document is checked first) as a Measurement; StepcliError
+    (exit 2) if malformed."""
+    summary = doc if isinstance(doc, RunSummary) else load_run_summary(dict(doc), label, required=_NEEDED)
+    times = summary.step_time_ms
     populations: dict[str, Stats | None] = {
-        "untouched": _counted(times.get("untouched")),
-        "profiled": _counted(times.get("profiled")),
+        "untouched": _counted(times.untouched if times else None),
+        "profiled": _counted(times.profiled if times else None),
     }
     processes = _run_processes(summary, label)
-    run_id = summary.get("run_id")
-    trace_files = tuple(p for p in summary.get("traces") or [] if os.path.isfile(p))
+    run_id = summary.run_id
+    trace_files = tuple(p for p in summary.traces or [] if os.path.isfile(p))
     return Measurement(
         label=label,
         kind="run",
-        steps=summary["steps"]["global"],
+        steps=summary.steps.global_ if summary.steps else 0,
         populations=populations,
-        ops=_ops(summary.get("top_operators") or []) + _ops(summary.get("top_kernels") or []),
+        ops=_ops(summary.top_operators or []) + _ops(summary.top_kernels or []),
         ops_complete=False,
-        exit_status=summary.get("exit_status"),
+        exit_status=summary.exit_status,
         runs=(RunSteps(label, run_id, processes, True),) if processes else (),
         trace_files=(trace_files,) if trace_files else (),
-        programs=frozenset(filter(None, [program_of(summary.get("command"))])),
+        programs=frozenset(filter(None, [program_of(summary.command)])),
     )
 
 
@@ -63,8 +75,10 @@ def program_of(command: Any) -> str | None:
     return os.path.basename(script or command[0]) or None
 
 
-def _counted(stats: Stats | None) -> Stats | None:
+def _counted(stats: Stats | PopulationStats | None) -> Stats | None:
     """Validated statistics, None when they count no step."""
+    if isinstance(stats, PopulationStats):
+        stats = stats.stats()
     if stats is None or stats["count"] == 0:
         return None
     return Stats(**{**stats, "count": int(stats["count"])})
@@ -72,20 +86,20 @@ def _counted(stats: Stats | None) -> Stats | None:
 
 def _run_processes(summary: RunSummary, label: str) -> tuple[ProcessSteps, ...]:
     """Every step of every process: `step_times` (schema 2), else the primary process's timeline (schema 1)."""
-    entries = summary.get("step_times")
+    entries = summary.step_times
     if entries is None:
-        if "timeline_ms" not in summary:
+        if not summary.timeline_ms:
             return ()  # statistics only: compare falls back to them and says so
-        timeline, phases = summary["timeline_ms"], summary.get("timeline_phases")
+        timeline, phases = summary.timeline_ms, summary.timeline_phases
         if not isinstance(phases, str) or len(phases) != len(timeline):
             raise invalid(label, "timeline_ms[0] needs durations_ms and one phase digit per step")
-        entries = [{"worker": "primary", "rank": None, "pid": None, "durations_ms": timeline, "phases": phases}]
+        entries = [StepTimes(worker="primary", durations_ms=timeline, phases=phases)]
     processes = []
     for index, entry in enumerate(entries):
-        times = entry["durations_ms"]
+        times = entry.durations_ms
         if times:
-            name = str(entry.get("worker") or f"process{index}")
-            processes.append(ProcessSteps(name, tuple(range(len(times))), tuple(map(float, times)), entry["phases"]))
+            name = str(entry.worker or f"process{index}")
+            processes.append(ProcessSteps(name, tuple(range(len(times))), tuple(map(float, times)), entry.phases))
     return tuple(processes)
 
 
@@ -321,7 +335,7 @@ def _load_traces(label: str, files: Sequence[str] | None = None) -> Measurement:
     return measurement_from_trace_summary(summary, label, op_steps)
 
 
-def _run_folder_summary(folder: Path) -> tuple[str, dict[str, Any]] | None:
+def _run_folder_summary(folder: Path) -> tuple[str, RunSummary] | None:
     """A stepcli run folder (`-o`): the run summary `stepcli run` saved beside its newest run's step logs
     (`.stepcli/<run id>/summary.json`), as `stepcli report` reads it; None for any other folder. A summary has every
     step of every process, the folder's traces only the recorded ones: read as traces, a run folder would be
@@ -353,10 +367,10 @@ def _run_folder_summary(folder: Path) -> tuple[str, dict[str, Any]] | None:
             EXIT_USAGE,
         )
     label = f"{folder} (run {newest.name})"
-    doc: dict[str, Any] = dict(rerooted(read_run_summary(data, str(path), required=_NEEDED), str(folder)))
-    listed = [t for t in doc.get("traces") or [] if os.path.lexists(t)]
-    doc["traces"] = written_traces(newest, str(folder), listed)  # the very files the run wrote, and only while so
-    return label, doc
+    summary = rerooted(read_run_summary(data, str(path), required=_NEEDED), str(folder))
+    listed = [t for t in summary.traces if os.path.lexists(t)]
+    summary.traces = written_traces(newest, str(folder), listed)  # the very files the run wrote, and only while so
+    return label, summary
 
 
 def _json_files(folder: Path) -> list[str]:
@@ -378,13 +392,15 @@ def _folder_traces(folder: Path) -> list[str]:
     return sorted(named or [p for p in found if _read_run_summary(p) is None])
 
 
-def _folder_run_summaries(folder: Path) -> list[tuple[str, dict[str, Any]]]:
+def _folder_run_summaries(folder: Path) -> list[tuple[str, RunSummary | dict[str, Any]]]:
     """The run summaries in a folder (recursively): each is one run, from a run folder (`-o`) inside it or a
     `--json` file. They win over traces beside them, since a summary has every step, a trace only the recorded ones;
     a summary's traces still serve attribution. A run found both ways (`-o r1 --json r1.json`, both kept) counts
     once."""
-    out = [run for run in map(_run_folder_summary, _run_folders_inside(folder)) if run is not None]
-    runs = {doc.get("run_id") for _, doc in out} - {None}
+    out: list[tuple[str, RunSummary | dict[str, Any]]] = [
+        run for run in map(_run_folder_summary, _run_folders_inside(folder)) if run is not None
+    ]
+    runs = {doc.run_id if isinstance(doc, RunSummary) else doc.get("run_id") for _, doc in out} - {None}
     for path in _json_files(folder):
         if ".pt.trace.json" in os.path.basename(path):
             continue
@@ -440,10 +456,10 @@ def _stats_or_none(value: Any, label: str, where: str) -> Stats | None:
     return cast(Stats, out)  # every key of Stats checked above, so the JSON object is one
 
 
-def _ops(rows: Sequence[Mapping[str, Any]]) -> tuple[OpTime, ...]:
+def _ops(rows: Sequence[Mapping[str, Any] | OpRow]) -> tuple[OpTime, ...]:
     """Operator rows (already validated) as OpTimes, one per name."""
     merged: dict[str, OpTime] = {}
-    for row in rows:
+    for row in (msgspec.to_builtins(r) if isinstance(r, OpRow) else r for r in rows):
         if row["name"] == STEP_KEY:
             continue  # the step annotation, not an operator: the run summary leaves it out too (stepcli.traces.analyses.shares)
         op = OpTime(

@@ -9,9 +9,12 @@ inputs that carry none is stepcli.run.summary.htmlreport's job.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from msgspec import UnsetType
 
 from stepcli.errors import StepcliError
 from stepcli.fmt import plural
@@ -82,20 +85,20 @@ def build(
     from stepcli.traces.readonce import RunTraces
 
     traces = traces if traces is not None else RunTraces()
-    data = ReportData(title="stepcli report", out_dir=(summary or {}).get("out_dir"))
-    data.memory_snapshots = (summary or {}).get("memory_snapshots")
-    data.step_record = list((summary or {}).get("step_record") or [])
-    data.triggered = list((summary or {}).get("triggered") or [])
-    data.hang = (summary or {}).get("hang")
-    data.exit_status = (summary or {}).get("exit_status")
-    data.what_would_help = (summary or {}).get("what_would_help")
+    data = ReportData(title="stepcli report", out_dir=(summary.out_dir if summary else None))
+    data.memory_snapshots = summary.memory_snapshots if summary else None
+    data.step_record = list((summary.step_record if summary else None) or [])
+    data.triggered = list((summary.triggered if summary else None) or [])
+    data.hang = summary.hang if summary else None
+    data.exit_status = summary.exit_status if summary else None
+    data.what_would_help = summary.what_would_help if summary else None
     parts = _trace_parts(data, traces, trace_paths, summary is not None)
     analysis = traces.summary(list(trace_paths)).to_dict() if parts else None
-    if summary is not None and summary.get("command") is not None:
+    if summary is not None and summary.command is not None:
         _add_run_facts(data, summary)
     else:  # traces only, or a run folder without its summary
         data.facts.append(("inputs", ", ".join(sources) or ", ".join(trace_paths)))
-        data.notes.extend((summary or {}).get("notes") or [])
+        data.notes.extend((summary.notes if summary else None) or [])
     _add_step_times(data, summary, analysis)
     if analysis:
         _add_trace_tables(data, analysis, parts)
@@ -103,19 +106,20 @@ def build(
     elif summary is not None:
         _add_summary_tables(data, summary)
     # The slowest rank is the straggler of stepcli.traces.analyses.ranks or nobody: the terminal and --json say the same.
-    ranks_analysed = len((analysis or summary or {}).get("ranks") or []) > 1
+    ranks_analysed = len((analysis or {}).get("ranks") or (summary.ranks if summary else None) or []) > 1
     slowest = slowest_by_steps(data.processes)
     if not ranks_analysed and slowest is not None:  # step logs alone: the advice's step-time rule speaks for them
         data.slowest = f"rank {slowest}"
-    memory = (summary or {}).get("processes") or []
-    data.memory_peaks = [(worker_label(p), p.get("peak_rss_bytes"), p.get("cuda_peak_bytes")) for p in memory]
+    memory = (summary.processes if summary else None) or []
+    data.memory_peaks = [(worker_label(p), p.peak_rss_bytes, p.cuda_peak_bytes) for p in memory]
     data.memory_curves = traces.memory_curves(trace_paths)
     data.files = [("trace", str(path)) for path in trace_paths]
     if summary is None and not trace_paths and not data.processes:
         raise StepcliError("nothing to report: no steps and no traces in the inputs")
-    data.culprit = (summary or {}).get("culprit") or (analysis or {}).get("culprit")
+    data.culprit = (summary.culprit if summary else None) or (analysis or {}).get("culprit")
     data.advice = [
-        Advice.from_dict(item) for item in (advice if advice is not None else (summary or {}).get("advice") or [])
+        Advice.from_item(item)
+        for item in (advice if advice is not None else (summary.advice if summary else None) or [])
     ]
     if not ranks_analysed and not any(a.rule == "straggler" for a in data.advice):
         data.slowest = None  # a balanced run has no slowest rank
@@ -205,7 +209,7 @@ def _add_trace_tables(data: ReportData, analysis: dict[str, Any], parts: list[li
 def _at_the_runs_pace(device: dict[str, Any] | None, summary: RunSummary | None) -> dict[str, Any] | None:
     """The traces' device figures with the run summary's FLOP/s and MFU when the summary took them at the
     untouched steps' pace (stepcli.run.summary.build): the traces alone only know the recorded steps' pace."""
-    flops = (summary or {}).get("flops")
+    flops = summary.flops if summary else None
     if not device or not flops or flops.get("pace") != "untouched":
         return device
     return device | {key: flops[key] for key in flops if key in device}
@@ -215,33 +219,34 @@ def _one_slowest_rank(data: ReportData, summary: RunSummary | None, analysis: di
     """The slowest rank and its evidence as the terminal and --json have them: the run summary's own answer when
     there is one (`slowest_rank`, `straggler`: what `stepcli run` printed), else the traces' analysis; nobody when
     that answer is nobody. One answer, shown the same everywhere (never a second computation that could differ)."""
-    source: Mapping[str, Any] | None = summary if summary is not None and "slowest_rank" in summary else analysis
-    if source is None:
+    if summary is not None and not isinstance(summary.slowest_rank, UnsetType):
+        rank, straggler = summary.slowest_rank, summary.straggler or {}
+    elif analysis is not None:
+        rank, straggler = analysis.get("slowest_rank"), analysis.get("straggler") or {}
+    else:
         return
-    rank = source.get("slowest_rank")
-    straggler = source.get("straggler") or {}
     data.slowest = f"rank {rank}" if rank is not None else None
     data.slowest_evidence = straggler.get("evidence") if rank is not None else None
 
 
 def _add_summary_tables(data: ReportData, summary: RunSummary) -> None:
     """Without readable traces: what the run summary kept of them."""
-    data.cpu_ops = [dict(op) for op in summary.get("top_operators") or []]
-    data.kernels = [dict(op) for op in summary.get("top_kernels") or []]
-    data.device = summary.get("device")
-    data.device_ranks = [dict(rank) for rank in summary.get("ranks") or []]
-    breakdown = summary.get("breakdown_ms")
+    data.cpu_ops = [msgspec.to_builtins(op) for op in summary.top_operators]
+    data.kernels = [msgspec.to_builtins(op) for op in summary.top_kernels]
+    data.device = summary.device
+    data.device_ranks = [dict(rank) for rank in summary.ranks or []]
+    breakdown = summary.breakdown_ms
     if breakdown:
         data.breakdowns.append(("recorded steps", breakdown))
-    if summary.get("slowest_rank") is not None:
-        data.slowest = f"rank {summary.get('slowest_rank')}"
+    if isinstance(summary.slowest_rank, int):
+        data.slowest = f"rank {summary.slowest_rank}"
 
 
 def _add_run_facts(data: ReportData, summary: RunSummary) -> None:
     """The run's facts (command, status, where and when, schedule, steps) and its notes."""
-    command = summary.get("command") or []
+    command = summary.command or []
     data.title = f"stepcli report: {shlex.join(command)}" if command else "stepcli report"
-    status = summary.get("exit_status")
+    status = summary.exit_status
     facts = data.facts
     facts.append(("command", shlex.join(command)))
     if status is not None:
@@ -255,24 +260,24 @@ def _add_run_facts(data: ReportData, summary: RunSummary) -> None:
         ("torch", "torch"),
         ("stepcli_version", "stepcli"),
     ):
-        value = cast("Mapping[str, Any]", summary).get(key)
+        value = getattr(summary, key)
         if value is not None:
             facts.append((label, str(value)))
-    schedule = summary.get("schedule") or {}
+    schedule = summary.schedule or {}
     if schedule:
         facts.append(("schedule", ", ".join(f"{k.replace('_', '-')} {v}" for k, v in schedule.items())))
-    steps = summary.get("steps")
+    steps = summary.steps
     if steps:
-        requesters = ", ".join(f"{k} {v}" for k, v in (steps.get("requesters") or {}).items())
-        facts.append(("steps", f"{steps.get('global', 0)}" + (f" ({requesters})" if requesters else "")))
-    processes = summary.get("processes") or []
+        requesters = ", ".join(f"{k} {v}" for k, v in steps.requesters.items())
+        facts.append(("steps", f"{steps.global_}" + (f" ({requesters})" if requesters else "")))
+    processes = summary.processes or []
     if len(processes) > 1:
         facts.append(
             (
                 "processes",
-                ", ".join(f"{worker_label(p)}: {plural(p.get('global_steps') or 0, 'step')}" for p in processes),
+                ", ".join(f"{worker_label(p)}: {plural(p.global_steps or 0, 'step')}" for p in processes),
             )
         )
-    if summary.get("out_dir"):
-        facts.append(("output folder", str(summary["out_dir"])))
-    data.notes.extend(str(n) for n in summary.get("notes") or [])
+    if summary.out_dir:
+        facts.append(("output folder", str(summary.out_dir)))
+    data.notes.extend(str(n) for n in summary.notes or [])

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from stepcli import __version__
 from stepcli.errors import EXIT_INTERNAL, StepcliError
 from stepcli.fmt import say
-from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, SUMMARY_FILE, RunSummary
+from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, SUMMARY_FILE, PeakMemory, RunSummary, Steps, StepTimeMs
 
 if TYPE_CHECKING:
     from typing import Protocol
@@ -33,37 +33,26 @@ def fallback_summary(
     config: AgentConfig, *, command: list[str], status: int, started: float, duration_s: float, error: str
 ) -> RunSummary:
     """A valid `stepcli.run` document that measured nothing (so `compare` says exit 3), with the error in notes."""
-    return {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
-        "stepcli_version": __version__,
-        "command": list(command),
-        "exit_status": status,
-        "started_at": datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds"),
-        "duration_s": round(duration_s, 3),
-        "host": socket.gethostname(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": None,
-        "out_dir": config.out_dir,
-        "schedule": config.schedule.to_dict(),
-        "steps": {"global": 0, "requesters": {}},
-        "step_time_ms": {"untouched": None, "profiled": None, "first_step": None},
-        "timeline_ms": [],
-        "timeline_phases": "",
-        "processes": [],
-        "windows": [],
-        "traces": [],
-        "top_operators": [],
-        "top_kernels": [],
-        "ranks": [],
-        "slowest_rank": None,
-        "breakdown_ms": None,
-        "device": None,
-        "peak_memory": {"rss_bytes": None, "cuda_bytes": None},
-        "notes": [f"stepcli could not summarize this run: {error}; the traces are in {config.out_dir}"],
-        "advice": [],
-    }
+    return RunSummary(
+        schema=SCHEMA,
+        schema_version=SCHEMA_VERSION,
+        stepcli_version=__version__,
+        command=list(command),
+        exit_status=status,
+        started_at=datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds"),
+        duration_s=round(duration_s, 3),
+        host=socket.gethostname(),
+        platform=platform.platform(),
+        python=platform.python_version(),
+        out_dir=config.out_dir,
+        schedule={key: value for key, value in config.schedule.to_dict().items()},
+        steps=Steps(global_=0),
+        step_time_ms=StepTimeMs(),
+        timeline_phases="",
+        peak_memory=PeakMemory(),
+        notes=[f"stepcli could not summarize this run: {error}; the traces are in {config.out_dir}"],
+        advice=[],
+    )
 
 
 def summary_cut(

@@ -415,7 +415,7 @@ def _summarize(
     report_path = _html_report(request, config, summary, traces)
     from stepcli.run.nothingnote import update_note
 
-    update_note(summary, measured=bool(summary["traces"] or report_path))
+    update_note(summary, measured=bool(summary.traces or report_path))
     if not request.quiet:
         try:
             print_run_summary(summary, report_path=report_path)
@@ -451,7 +451,7 @@ def _save_summary(request: RunRequest, config: AgentConfig, summary: RunSummary,
         write_run_summary(summary, os.path.join(config.log_dir, SUMMARY_FILE), private_folder=True)
     except StepcliError as exc:  # its message names --json, which this file is not
         reason = exc.message.rsplit(": ", 1)[-1]
-        summary["notes"].append(f"cannot save the run summary in {config.log_dir}: {reason}")
+        summary.notes.append(f"cannot save the run summary in {config.log_dir}: {reason}")
         if request.quiet:
             say(f"could not save the run summary in {config.log_dir}: {reason}")
     return saved
@@ -462,8 +462,10 @@ def _budgets_held(request: RunRequest, summary: RunSummary) -> bool:
     exceeded, one line when all held; whether all held."""
     from stepcli.compare.budgets import budgets_held, check_budgets
 
-    times = summary["step_time_ms"]
-    population, stats = ("untouched", times["untouched"]) if times["untouched"] else ("profiled", times["profiled"])
+    times = summary.step_time_ms
+    chosen = times.untouched if times and times.untouched else times.profiled if times else None
+    population = "untouched" if times and times.untouched else "profiled"
+    stats = chosen.stats() if chosen else None
     failures = check_budgets(list(request.fail_over), stats, what=f"{population} step time")
     for failure in failures:
         say(f"--fail-over: {failure}")
@@ -494,7 +496,7 @@ def _html_report(
     request: RunRequest, config: AgentConfig, summary: RunSummary, traces: RunTraces | None = None
 ) -> str | None:
     """report.html in the output folder (unless --no-report), or None; `traces` is what the summary read, reused."""
-    if not request.report or not (summary["traces"] or summary["steps"]["global"] or summary.get("hang")):
+    if not request.report or not (summary.traces or (summary.steps and summary.steps.global_) or summary.hang):
         return None
     try:
         from stepcli.run.summary.htmlreport import write_run_report
@@ -502,7 +504,7 @@ def _html_report(
         return write_run_report(summary, traces)
     except Exception as exc:  # the program's result and the terminal summary must survive a bug in the page
         reason = exc.message if isinstance(exc, StepcliError) else f"{type(exc).__name__}: {exc}"
-        summary["notes"].append(f"report.html not written: {reason}")  # a full or read-only folder, say
+        summary.notes.append(f"report.html not written: {reason}")  # a full or read-only folder, say
         if request.quiet:
             say(f"could not write report.html: {reason}")
         return None

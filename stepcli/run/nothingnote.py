@@ -21,7 +21,7 @@ _HEAD = b"stepcli run: "  # how the note begins: only a file that begins so is e
 
 def update_note(summary: RunSummary, measured: bool) -> None:
     """Write the note for a run that measured nothing; remove an earlier run's note when this one measured."""
-    out = summary.get("out_dir")
+    out = summary.out_dir
     if not out or not os.path.isdir(out):
         return
     path = os.path.join(out, NOTHING_MEASURED)
@@ -30,10 +30,10 @@ def update_note(summary: RunSummary, measured: bool) -> None:
     if measured:
         safefile.remove(path)
         return
-    notes = "\n".join(f"- {note}" for note in summary.get("notes") or []) or "- no step was recorded"
+    notes = "\n".join(f"- {note}" for note in summary.notes or []) or "- no step was recorded"
     text = (
-        f"stepcli run: {shlex.join(summary['command'])}\n"
-        f"exit status {summary['exit_status']}, {plural(summary['steps']['global'], 'step')}: no trace was recorded.\n\n"
+        f"stepcli run: {shlex.join(summary.command)}\n"
+        f"exit status {summary.exit_status}, {plural(summary.steps.global_ if summary.steps else 0, 'step')}: no trace was recorded.\n\n"
         f"{notes}\n\n"
         "stepcli's own records (step logs, the run summary) are in the hidden folder .stepcli/:\n"
         f"`stepcli report {shlex.quote(out)}` still writes an HTML page of what they hold.\n"

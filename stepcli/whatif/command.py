@@ -48,12 +48,11 @@ def untouched_median(paths: Sequence[str], all_runs: bool = False) -> float | No
     if data is None:
         return None
     try:
-        summary: Any = read_run_summary(data, str(newest / SUMMARY_FILE))
+        summary = read_run_summary(data, str(newest / SUMMARY_FILE))
     except StepcliError:
         return None
-    untouched = (summary.get("step_time_ms") or {}).get("untouched")
-    median = untouched.get("median") if isinstance(untouched, dict) else None
-    return float(median) if isinstance(median, (int, float)) and median > 0 else None
+    untouched = summary.step_time_ms.untouched if summary.step_time_ms else None
+    return float(untouched.median) if untouched is not None and untouched.median > 0 else None
 
 
 def pick_lanes(lanes: list[RankLane], step: int | None) -> tuple[list[RankLane], list[str]]:

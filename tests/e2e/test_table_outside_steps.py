@@ -294,7 +294,10 @@ def test_table_says_what_it_left_out_and_shares_stay_within_step_time(tmp_path: 
 
 
 def test_run_summary_says_it_under_the_top_operators(capsys: pytest.CaptureFixture[str]) -> None:
+    import msgspec
+
     from stepcli.run.summary.console import print_run_summary
+    from stepcli.runsummary import RunSummary
 
     # GIVEN the analysis of a window whose trace has an event after its last step, as the run summary holds it
     events = [step(1, 0, 100), ev("aten::mm", 10, 80), ev("cudaDeviceSynchronize", 150, 1234, cat="cuda_runtime")]
@@ -321,11 +324,12 @@ def test_run_summary_says_it_under_the_top_operators(capsys: pytest.CaptureFixtu
         "out_dir": "out",
     }
     # WHEN printed THEN the line follows the operator table; without left-out events there is no line
-    print_run_summary(summary)
+    print_run_summary(msgspec.convert(summary, RunSummary))
     err = capsys.readouterr().err
     assert "1 host event (1.23 ms) outside recorded steps left out" in err
     assert err.index("Top CPU operators") < err.index("outside recorded steps")
-    print_run_summary(dict(summary, outside_steps={"events": 0, "self_ms": 0.0}))
+    print_run_summary(msgspec.convert(dict(summary, outside_steps={"events": 0, "self_ms": 0.0}), RunSummary))
     assert "outside recorded steps" not in capsys.readouterr().err
-    print_run_summary({k: v for k, v in summary.items() if k != "outside_steps"})  # a summary saved before this field
+    before = {k: v for k, v in summary.items() if k != "outside_steps"}  # a summary saved before this field
+    print_run_summary(msgspec.convert(before, RunSummary))
     assert "outside recorded steps" not in capsys.readouterr().err

@@ -13,6 +13,7 @@ from stepcli.agent.steprecord import build
 from stepcli.agent.tracker import NEVER, StepTracker
 from stepcli.run.live.top import snapshot
 from stepcli.run.summary.recordreader import stats
+from stepcli.runsummary import RunSummary
 
 
 @pytest.mark.parametrize(
@@ -118,7 +119,7 @@ def test_a_whole_run_line_uses_the_units_of_its_neighbours_and_names_its_populat
         "ms": {"count": 39, "p50": 16065.9, "p90": 17100.0, "p99": 17900.0, "max": 18000.0},
         "slowest": [[7, 18_000_000]],
     }
-    (line,) = lines({"step_record": [record], "triggered": []})
+    (line,) = lines(RunSummary(step_record=[record]))
     # it was "p50 ~16065.9 ms" beside "first step 4.31 s": fmt.ms's units, and the steps it counts said
     assert line == (
         "whole run rank0: 40 steps; after the first (start-up), profiled ones included: p50 ~16.07 s, "
@@ -137,7 +138,7 @@ def test_the_summary_gives_a_line_to_the_slowest_processes_only() -> None:
         }
         for i in range(10)
     ]
-    text = lines({"step_record": records, "triggered": []})
+    text = lines(RunSummary(step_record=records))
     assert [line.split(":")[0] for line in text[:4]] == [f"whole run rank{i}" for i in (6, 7, 8, 9)]
     assert text[4] == "whole run: 6 more processes in --json and report.html"
     assert len(text) == 5

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from stepcli.runsummary import RunSummary
 from stepcli.traces.analyses.flops import at_untouched_pace, flops_figures
 
 H200 = {"NVIDIA H200"}
@@ -96,8 +97,8 @@ def test_the_report_takes_the_run_summarys_pace() -> None:
 
     device = _analysis()["device"]
     paced = at_untouched_pace(_recorded(), 50.3)
-    summary: Any = {"flops": paced}
+    summary = RunSummary(flops=paced)
     mine = _at_the_runs_pace(device, summary)
     assert mine is not None and mine["mfu"] == paced["mfu"] and mine["busy_ms"] == 40.0  # type: ignore[index]
-    assert _at_the_runs_pace(device, {"flops": _recorded()}) is device  # type: ignore[arg-type]
+    assert _at_the_runs_pace(device, RunSummary(flops=_recorded())) is device
     assert _at_the_runs_pace(device, None) is device

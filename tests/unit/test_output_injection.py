@@ -20,6 +20,7 @@ from stepcli.run.live import hangdoctor as hang
 from stepcli.run.live.top import render
 from stepcli.run.summary.console import _print_hang
 from stepcli.run.summary.hangreport import hang_summary
+from stepcli.runsummary import RunSummary
 from stepcli.traces.render.formats import csv_report, markdown_report
 
 HOSTILE = "\x1b]8;;http://evil.example\x07click\x1b]8;;\x07\x1b[2J\u202eyp.niart"
@@ -63,7 +64,7 @@ def test_the_hang_block_of_the_summary_shows_frame_paths_as_escapes(tmp_path: Pa
     section = hang_summary([str(_dump(tmp_path))], 0.0, timeout_s=10.0, on_hang="keep")
     assert section is not None
     out = io.StringIO()
-    _print_hang({"hang": section}, Console(file=out, width=200))  # type: ignore[typeddict-item]
+    _print_hang(RunSummary(hang=section), Console(file=out, width=200))
     _clean(out.getvalue())
     assert "\\x1b" in out.getvalue()
 

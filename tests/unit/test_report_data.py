@@ -8,11 +8,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from conftest import REPO
 
 from stepcli.report import default_output, svg
 from stepcli.run.summary.htmlreport import build, report_main
+from stepcli.runsummary import RunSummary
 
 
 def _bench_module() -> Any:
@@ -70,7 +72,7 @@ def test_summary_without_step_logs_or_traces_still_reports(tmp_path: Path) -> No
         "traces": [],
         "notes": ["a note"],
     }
-    data = build(summary, [], [])
+    data = build(msgspec.convert(summary, RunSummary), [], [])
     assert [p.label for p in data.processes] == ["h_1"] and len(data.processes[0].values_ms) == 31
     assert [a.rule for a in data.advice] == ["data-loading"]
     assert data.memory_peaks == [("h_1", 123456789, None)] and data.notes == ["a note"]
@@ -87,7 +89,7 @@ def test_per_process_step_times_in_the_summary_are_used(tmp_path: Path) -> None:
             {"worker": "rank1", "rank": 1, "step_times_ms": [100.0] + [13.0] * 12, "phases": "0" * 13},
         ],
     }
-    data = build(summary, [], [])
+    data = build(msgspec.convert(summary, RunSummary), [], [])
     assert [p.label for p in data.processes] == ["rank 0", "rank 1"]
     assert data.slowest == "rank 1" and [a.rule for a in data.advice] == ["straggler"]
 
@@ -119,7 +121,7 @@ def test_unreadable_trace_leaves_a_note_not_a_failure(tmp_path: Path) -> None:
         "processes": [{"worker": "w", "rank": None}],
         "traces": [str(broken)],
     }
-    data = build(summary, [], [str(broken)])
+    data = build(msgspec.convert(summary, RunSummary), [], [str(broken)])
     assert any("could not read the traces" in note and "rank0.1.pt.trace.json" in note for note in data.notes)
     assert len(data.processes[0].values_ms) == 3
 
@@ -252,7 +254,9 @@ def test_the_hang_section_comes_first_verdict_first_everything_escaped(tmp_path:
         "on_hang": "kill",
         "ended_job": True,
     }
-    page = render(build(_hang_summary(tmp_path, hang), [], []), str(tmp_path / "out" / "report.html"))
+    page = render(
+        build(msgspec.convert(_hang_summary(tmp_path, hang), RunSummary), [], []), str(tmp_path / "out" / "report.html")
+    )
     assert HOSTILE not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
     section = page[page.index('<h2 id="hang">') : page.index('<h2 id="advice">')]  # before the advice
     verdict = re.search(r'<div class="card advice hang-verdict" id="hang-verdict-1"><b>(.*?)</b>(.*?)</div>', section)
@@ -284,5 +288,7 @@ def test_no_hang_no_section(tmp_path: Path) -> None:
     from stepcli.report.page import render
 
     for hang in (None, {"reports": []}, {"reports": ["junk"]}):
-        page = render(build(_hang_summary(tmp_path, hang), [], []), str(tmp_path / "report.html"))
+        page = render(
+            build(msgspec.convert(_hang_summary(tmp_path, hang), RunSummary), [], []), str(tmp_path / "report.html")
+        )
         assert 'id="hang"' not in page and "hang-verdict" not in page

@@ -200,7 +200,7 @@ def test_threads_beyond_the_cores(threads: list[int], cpus: list[list[int]], fir
     from stepcli.run.summary.threads import threads_section
 
     section = threads_section(_threads_logs(threads, cpus))
-    assert section is not None and section["oversubscribed"] is fires
+    assert section is not None and section.oversubscribed is fires
     assert ("threads" in _rules(Evidence(threads=section))) is fires
 
 

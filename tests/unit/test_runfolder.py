@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
+
+import msgspec
 
 from stepcli.runfolder import contained, rerooted
 from stepcli.runsummary import RunSummary
@@ -25,8 +27,8 @@ def test_a_summary_read_back_names_only_traces_inside_the_folder(tmp_path: Path)
         "traces": [f"{old}/own.pt.trace.json", f"{old}/escape.pt.trace.json", f"{old}/sub/secret.pt.trace.json"],
         "windows": [],
     }
-    moved = rerooted(cast(RunSummary, doc), str(folder))
-    assert moved["traces"] == [str(folder / "own.pt.trace.json")] and moved["out_dir"] == str(folder)
+    moved = rerooted(msgspec.convert(doc, RunSummary), str(folder))
+    assert moved.traces == [str(folder / "own.pt.trace.json")] and moved.out_dir == str(folder)
     assert contained(str(folder / "own.pt.trace.json"), str(folder))
     assert not contained(str(folder / "escape.pt.trace.json"), str(folder)) and not contained(str(folder), str(folder))
 

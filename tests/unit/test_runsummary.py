@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from stepcli.errors import EXIT_USAGE, StepcliError
-from stepcli.runsummary import load_run_summary
+from stepcli.runsummary import load_run_summary, read_run_summary
 
 
 def _doc(**fields: Any) -> dict[str, Any]:
@@ -35,19 +36,37 @@ def _doc(**fields: Any) -> dict[str, Any]:
         ({"step_record": [{"blocks": -1}]}, "step_record[0].blocks is not a list"),
         ({"hang": {"reports": -1}}, "hang.reports is not a list"),
         ({"hang": {"reports": [{"processes": [3]}]}}, "hang.reports[0].processes[0] is not an object"),
+        # a field every reader of an entry needs is declared required: missing, it is said at loading
+        ({"windows": [{"trace": "/tmp/run/a.json"}], "out_dir": "/tmp/run"}, "windows[0].first_step is missing"),
+        ({"outside_steps": {"events": 1}}, "outside_steps.self_ms is missing"),
+        ({"step_time_ms": {"untouched": {"count": 3, "median": "fast"}}}, "step_time_ms.untouched.mean is not a"),
+        ({"top_operators": [{"calls": 1}]}, "top_operators has an entry without a name"),
+        ({"memory_snapshots": ["../x.pickle"]}, "memory_snapshots[0] is not a snapshot file name"),
+        ({"timeline_ms": [5e-324]}, "timeline_ms[0] is not a step time in ms"),
     ],
 )
-def test_wrong_types_are_one_line(fields: dict[str, Any], problem: str) -> None:
+@pytest.mark.parametrize("decoded", [True, False], ids=["decoded", "bytes"])
+def test_wrong_types_are_one_line(fields: dict[str, Any], problem: str, decoded: bool) -> None:
+    # the same message whether the document comes decoded (load_run_summary) or as a file's bytes (read_run_summary)
     with pytest.raises(StepcliError) as info:
-        load_run_summary(_doc(**fields), "run.json")
+        if decoded:
+            load_run_summary(_doc(**fields), "run.json")
+        else:
+            read_run_summary(orjson.dumps(_doc(**fields)), "run.json")
     assert info.value.exit_code == EXIT_USAGE and "\n" not in info.value.message
     assert (
         info.value.message.startswith("run.json: not a valid stepcli run summary: ") and problem in info.value.message
     )
 
 
+def test_a_number_past_the_float_range_is_named_not_a_json_error() -> None:
+    data = b'{"schema": "stepcli.run", "schema_version": 2, "duration_s": 1e400}'
+    with pytest.raises(StepcliError, match=r"summary: duration_s is not a non-negative number$"):
+        read_run_summary(data, "run.json")
+
+
 def test_missing_fields_are_fine_unless_required() -> None:
-    assert load_run_summary(_doc(), "run.json")["command"] == ["python", "t.py"]
+    assert load_run_summary(_doc(), "run.json").command == ["python", "t.py"]
     with pytest.raises(StepcliError, match="step_time_ms is missing"):
         load_run_summary(_doc(), "run.json", required=("step_time_ms",))
     with pytest.raises(StepcliError, match="unknown document schema 'other'"):
@@ -56,7 +75,7 @@ def test_missing_fields_are_fine_unless_required() -> None:
 
 def test_a_process_that_said_why_its_window_was_lost_is_not_contradicted() -> None:
     # The launcher guesses "a SIGKILL or a hard crash" only when no process said why its window was not saved
-    from stepcli.run.summary.build import _window_loss_explained
+    from stepcli.run.summary.runnotes import _window_loss_explained
 
     blocked = {"notes": ["the window open at SIGTERM could not be saved: the main thread was blocked"]}
     cut = {

@@ -11,7 +11,6 @@ import contextlib
 import os
 import platform
 import re
-import signal
 import socket
 import sys
 import uuid
@@ -19,30 +18,49 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from msgspec import UNSET
 
 from stepcli import __version__
-from stepcli.agent.config import HELLO_PREFIX, AgentConfig
+from stepcli.agent.config import AgentConfig
 from stepcli.agent.schedule import NONE
 from stepcli.agent.tracker import AFTER_WINDOW, FOREIGN
-from stepcli.errors import StepcliError, TraceError
-from stepcli.fmt import plural
-from stepcli.inputs import read_side_json
+from stepcli.errors import StepcliError
 from stepcli.run.summary.compilesteps import compile_summary, compiled_steps
 from stepcli.run.summary.culprit import culprit_section
 from stepcli.run.summary.hangreport import hang_summary
+from stepcli.run.summary.runnotes import hook_and_process_notes, primary_notes, why_no_steps
 from stepcli.run.summary.threads import threads_section
 from stepcli.run.summary.whatifline import what_would_help
-from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, AdviceItem, Process, RunSummary, StepTimeMs, Window
+from stepcli.runsummary import (
+    SCHEMA,
+    SCHEMA_VERSION,
+    AdviceItem,
+    OpRow,
+    OtherMs,
+    OutsideSteps,
+    PeakMemory,
+    PopulationStats,
+    Process,
+    RecordedWith,
+    RunSummary,
+    Steps,
+    StepTimeMs,
+    StepTimes,
+    Window,
+)
 from stepcli.stats import describe
 from stepcli.steptimes import process_steps
 from stepcli.traces.analyses.shares import STEP_KEY
 
 if TYPE_CHECKING:
+    from stepcli.traces.analyses.model import OpRow as TraceOpRow
+    from stepcli.traces.analyses.model import TraceSummary
     from stepcli.traces.readonce import RunTraces
 
 TOP_N = 20
-_MAX_HELLO_BYTES = 1 << 20  # a process's hello file: a few notes
 
 
 # What the device's work and its collectives ran under: the hardware queues per device, and NCCL's settings.
@@ -56,34 +74,23 @@ def recorded_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return {name: environ[name][:_MAX_VALUE] for name in sorted(environ) if _RECORDED_ENVIRONMENT.fullmatch(name)}
 
 
-def _load_json_files(folder: str, predicate: Any) -> list[dict[str, Any]]:
-    documents: list[dict[str, Any]] = []
-    if not os.path.isdir(folder):
-        return documents
-    for name in sorted(os.listdir(folder)):
-        if name.startswith(".") or not predicate(name):
-            continue
-        try:
-            document = read_side_json(os.path.join(folder, name), _MAX_HELLO_BYTES)  # (never blocking on a FIFO)
-        except TraceError:
-            continue
-        if document is not None:
-            documents.append(document)
-    return documents
-
-
 def _step_time_ms(
     logs: list[dict[str, Any]], untouched: list[float], profiled: list[float], first: list[float], after: list[float]
 ) -> StepTimeMs:
     """Each population's statistics over every process's steps together, with `per_process`: its count in each
     process (in `processes` order), so that a count can be said per rank, as `steps` and the advice say theirs."""
     counts = [_step_populations([log])[:4] for log in logs]
-    out: dict[str, Any] = {}
-    populations = (("untouched", untouched), ("profiled", profiled), ("first_step", first), ("after_window", after))
-    for index, (key, values) in enumerate(populations):
+
+    def population(index: int, values: list[float]) -> PopulationStats | None:
         stats = describe(values)
-        out[key] = dict(stats, per_process=[len(c[index]) for c in counts]) if stats else None
-    return cast("StepTimeMs", out)
+        return PopulationStats(**stats, per_process=[len(c[index]) for c in counts]) if stats else None
+
+    return StepTimeMs(
+        untouched=population(0, untouched),
+        profiled=population(1, profiled),
+        first_step=population(2, first),
+        after_window=population(3, after),
+    )
 
 
 def _step_populations(
@@ -124,100 +131,16 @@ def _primary(logs: list[dict[str, Any]]) -> dict[str, Any] | None:
     return ranked[0] if ranked else max(logs, key=lambda log: log.get("global_steps", 0))
 
 
-# stepcli run's own options: given after the script, they reach the program instead (and often its argparse).
-_RUN_OPTIONS = frozenset(
-    {
-        "--skip-first",
-        "--wait",
-        "--warmup",
-        "--active",
-        "--repeat",
-        "--record-shapes",
-        "--profile-memory",
-        "--with-stack",
-        "--with-flops",
-        "--with-modules",
-        "--activities",
-        "--step-on",
-        "--out",
-        "--gzip",
-        "--json",
-        "--fail-over",
-        "--quiet",
-    }
-)
-
-
-def _window_loss_explained(logs: list[dict[str, Any]]) -> bool:
-    """Whether a process's own notes say why its window was not saved (the main thread blocked at a SIGTERM, the
-    program exiting from another thread): then the launcher's guess at a cause would contradict them."""
-    return any(
-        "window" in note and "saved" in note for log in logs for note in log.get("notes", []) if isinstance(note, str)
-    )
-
-
-def _hook_notes(config: AgentConfig) -> list[str]:
-    """What the launcher's own child said of `--step-on` targets it could not hook (its hello file: a process that
-    never steps writes no step log)."""
-    hellos = _load_json_files(config.log_dir, lambda n: n.startswith(HELLO_PREFIX)) if config.step_on else []
-    found: list[str] = []
-    for hello in hellos:
-        for note in hello.get("hook_notes") or []:
-            if isinstance(note, str) and note not in found:
-                found.append(note)
-    return found
-
-
-def _why_no_steps(config: AgentConfig, exit_status: int, command: list[str] | None = None) -> str:
-    hellos = _load_json_files(config.log_dir, lambda n: n.startswith(HELLO_PREFIX))
-    if not hellos:
-        return (
-            "no steps observed: stepcli's hook never loaded in the program. Python flags -I, -E or -S skip "
-            "PYTHONPATH/sitecustomize; a command that is not Python, or that resets PYTHONPATH, also hides it."
-        )
-    if 0 < exit_status <= 128:
-        note = f"no steps observed: the program exited with status {exit_status} before its first step"
-        misplaced = [a.split("=", 1)[0] for a in (command or [])[2:] if a.split("=", 1)[0] in _RUN_OPTIONS]
-        if misplaced:
-            note += (
-                f"; {misplaced[0]} came after the script, so it went to the program: stepcli's options go before "
-                "the script (stepcli run --active 2 train.py)"
-            )
-        return note + "."
-    if not any(h.get("torch_imported") for h in hellos):
-        return "no steps observed: the program never imported torch."
-    if exit_status > 128:
-        import signal
-
-        try:
-            name = signal.Signals(exit_status - 128).name
-        except ValueError:
-            name = f"signal {exit_status - 128}"
-        if name in ("SIGINT", "SIGTERM", "SIGHUP"):  # the agent saves on these: no step log means no step yet
-            return f"no steps recorded: the program was interrupted ({name}) before its first step."
-        return (
-            f"no steps recorded: the program ended with status {exit_status} ({name}?) before stepcli could write "
-            "its step log; a SIGKILL or an out-of-memory kill leaves no time to save."
-        )
-    failed = _hook_notes(config)
-    if failed:  # the --step-on target the user named is not there: say that, not "name one with --step-on"
-        return f"no steps observed: {failed[0]}"
-    return (
-        "no steps observed: torch was imported but no optimizer.step(), torch.profiler step() or --step-on "
-        "function was called. For inference or custom loops, name the step with --step-on MODULE:QUALNAME."
-    )
-
-
-def _trace_analysis(trace_paths: list[str], notes: list[str], traces: RunTraces | None = None) -> dict[str, Any] | None:
+def _trace_analysis(trace_paths: list[str], notes: list[str], traces: RunTraces | None = None) -> TraceSummary | None:
     """The merged summary of the run's traces; read through `traces` when given, so report.html reuses the read."""
     if not trace_paths:
         return None
     try:
         if traces is not None:
-            return traces.summary(trace_paths).to_dict()
+            return traces.summary(trace_paths)
         from stepcli.traces.engine import summarize_paths
 
-        return summarize_paths(trace_paths).to_dict()
+        return summarize_paths(trace_paths)
     except StepcliError as exc:
         notes.append(f"could not summarize the traces: {exc.message}")
     except Exception as exc:  # a bug in the analysis must not hide what the run measured
@@ -247,162 +170,143 @@ def build_run_summary(
     logs.sort(key=lambda log: (log.get("rank") is None, log.get("rank") or 0, log.get("pid", 0)))
     primary = _primary(logs)
     untouched, profiled, first, after, foreign = _step_populations(logs)
+    windows = _windows(logs)
+    trace_paths = [w.trace for w in windows if os.path.exists(w.trace)]
     notes: list[str] = list(refused)
-    windows = [dict(window, worker=log["worker"]) for log in logs for window in log.get("windows", [])]
-    windows.sort(key=lambda w: (w["first_step"], w["worker"]))
-    trace_paths = [w["trace"] for w in windows if os.path.exists(w["trace"])]
-
     if primary is None:
-        notes.append(_why_no_steps(config, exit_status, command))
+        notes.append(why_no_steps(config, exit_status, command))
     else:
-        requesters = [r for r in primary.get("requesters", []) if r["calls"]]
-        together = [r for r in requesters if r["first_step"] == min((q["first_step"] for q in requesters), default=0)]
-        if len({r["calls"] for r in together}) > 1:  # requesters alive together that stepped at different rates
-            busiest = max(together, key=lambda r: r["calls"])
-            notes.append(
-                f"requesters stepped unequally; the global step follows the busiest ({busiest['name']}, "
-                f"{plural(busiest['calls'], 'step')}), as KinetoStepTracker does"
-            )
-        if not windows and config.on_demand:
-            notes.append("no trace: no `stepcli capture` asked for a window while the run stepped (--on-demand)")
-        elif not windows:
-            steps = primary.get("global_steps", 0)
-            first_window = next(config.schedule.windows(1), None)
-            # a log not written at the process's end (it was killed) holds the count of its last periodic save
-            final = primary.get("exit", "running") != "running" or primary.get("progress") == "stalled"
-            if first_window and steps <= first_window[1] and hang_folders:  # it hung: the hang said why
-                ended = ", and --on-hang kill ended it" if hang_ended else ""
-                notes.append(
-                    f"no trace: the job hung at step {steps}, before the first window (steps "
-                    f"{first_window[1]}-{first_window[2]}){ended}; what each process was doing is in "
-                    f"{', '.join(os.path.basename(f.rstrip(os.sep)) + '/' for f in hang_folders)}"
-                )
-            elif first_window and steps <= first_window[1] and final:  # step N is the N+1st: none ended
-                notes.append(
-                    f"no trace: the program made {plural(steps, 'step')}, and the first window records steps "
-                    f"{first_window[1]}-{first_window[2]}; lower --wait/--skip-first/--warmup"
-                )
-            elif first_window and steps <= first_window[2] and not _window_loss_explained(logs):
-                # it ended inside the window with no time to save it, and said nothing of it
-                cause = (
-                    "SIGKILL leaves no time"
-                    if exit_status == 128 + signal.SIGKILL
-                    else "a SIGKILL or a hard crash leaves no time; SIGTERM, Ctrl-C and an ordinary exit save what "
-                    "was recorded"
-                )
-                where = (
-                    f"at step {steps}, inside the window of steps"
-                    if final
-                    else f"at step {steps} or later (its last saved count), in or before the window of steps"
-                )
-                notes.append(
-                    f"no trace: the program ended (exit {exit_status}) {where} "
-                    f"{first_window[1]}-{first_window[2]}, before its trace could be saved ({cause}); a shorter "
-                    "--active is saved sooner"
-                )
-    stepped = {r["name"] for log in logs for r in log.get("requesters", []) if r["calls"]}
-    unhooked = " ".join(note for log in logs for note in log.get("notes", []) if isinstance(note, str))
-    hooks_failed = _hook_notes(config)
-    said = " ".join(notes)
-    notes.extend(note for note in hooks_failed if note not in unhooked and note not in said)  # (no step log says it)
-    unhooked += " " + " ".join(hooks_failed)
-    for spec in config.step_on:
-        if spec not in stepped and f"could not hook {spec.partition(':')[0]} " not in unhooked:
-            notes.append(
-                f"--step-on {spec} never completed a call: its module was never imported, the function never "
-                "called, or it runs as __main__ (with -m, or as the script itself)"
-            )
-    for log in logs:
-        if log.get("skipped_windows"):
-            notes.append(
-                f"{log['worker']}: {log['skipped_windows']} window(s) skipped while the program ran its own profiler"
-            )
-        notes.extend(f"{log['worker']}: {note}" for note in log.get("notes", []))
-    if foreign:
-        notes.append(f"{foreign} step(s) ran under the program's own profiler and are left out of the statistics")
-
+        notes += primary_notes(config, primary, logs, bool(windows), exit_status, hang_folders, hang_ended)
+    notes += hook_and_process_notes(config, logs, notes, foreign)
     analysis = _trace_analysis(trace_paths, notes, traces)
-    flops, device = _at_program_pace(analysis, untouched)
-    rss = [log["peak_rss_bytes"] for log in logs if log.get("peak_rss_bytes")]
-    cuda = [log["cuda_peak_bytes"] for log in logs if log.get("cuda_peak_bytes")]
-    torch_version = next((log.get("torch") for log in logs if log.get("torch")), None)
-    summary: RunSummary = {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
-        "stepcli_version": __version__,
-        "run_id": uuid.uuid4().hex,  # tells runs apart when several are compared per side
-        "command": list(command),
-        "exit_status": exit_status,
-        "started_at": datetime.fromtimestamp(started_at, timezone.utc).isoformat(timespec="seconds"),
-        "duration_s": round(duration_s, 3),
-        "host": socket.gethostname(),
-        "platform": platform.platform(),
-        "python": (primary or {}).get("python") or platform.python_version(),
-        "torch": torch_version,
-        "environment": recorded_environment(os.environ),
-        "out_dir": config.out_dir,
-        "schedule": config.schedule.to_dict(),
-        "on_demand": config.on_demand,
-        "steps": {
-            "global": (primary or {}).get("global_steps", 0),
-            "requesters": {r["name"]: r["calls"] for r in (primary or {}).get("requesters", [])},
-        },
-        "step_time_ms": _step_time_ms(logs, untouched, profiled, first, after),
-        "timeline_ms": [round(us / 1000.0, 3) for us in (primary or {}).get("durations_us", [])][:100_000],
-        "timeline_phases": (primary or {}).get("phases", "")[:100_000],
-        # Every step of every process, for compare's confidence intervals (one digit per step, as timeline_phases).
-        "step_times": [
-            {
-                "worker": log.get("worker"),
-                "rank": log.get("rank"),
-                "pid": log.get("pid"),
-                "durations_ms": [round(us / 1000.0, 3) for us in log.get("durations_us", [])][:100_000],
-                "phases": log.get("phases", "")[:100_000],
-            }
-            for log in logs
-        ],
-        "processes": [process_entry(log) for log in logs],
-        "windows": cast("list[Window]", windows),
-        # --capture-on-slow windows a process did not record (stepcli.run.summary.recordreader.attach adds the recorded ones)
-        "triggered": [
-            dict(t, worker=log["worker"])
-            for log in logs
-            for t in log.get("triggers_not_recorded") or []
-            if isinstance(t, dict) and isinstance(t.get("first_step"), int) and isinstance(t.get("last_step"), int)
-        ],
-        "traces": trace_paths,
-        # ProfilerStep* is the step annotation itself, not work: it would always top the list.
-        "top_operators": [op for op in (analysis or {}).get("cpu_ops", []) if op["name"] != STEP_KEY][:TOP_N],
-        "top_kernels": (analysis or {}).get("device_kernels", [])[:TOP_N],
-        "ranks": (analysis or {}).get("ranks", []),
-        "slowest_rank": (analysis or {}).get("slowest_rank"),
-        "straggler": (analysis or {}).get("straggler"),
-        "culprit": culprit_section((analysis or {}).get("culprit"), logs),
-        "share_of": (analysis or {}).get("share_of"),
-        "outside_steps": (analysis or {}).get("outside_steps"),
-        "breakdown_ms": (analysis or {}).get("breakdown_ms"),
-        "other_ms": (analysis or {}).get("other_ms"),
-        "recorded_with": (analysis or {}).get("recorded_with"),
-        "device": device,
-        "flops": flops,
-        "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},
-        "threads": threads_section(logs),
-        "compile": compile_summary(logs),
-        "memory_snapshots": run_snapshots(logs, config.out_dir),
-        "hang": hang_summary(  # --hang-timeout reports (stepcli/run/summary/hangreport.py)
+    summary = RunSummary(
+        schema=SCHEMA,
+        schema_version=SCHEMA_VERSION,
+        stepcli_version=__version__,
+        run_id=uuid.uuid4().hex,  # tells runs apart when several are compared per side
+        command=list(command),
+        exit_status=exit_status,
+        started_at=datetime.fromtimestamp(started_at, timezone.utc).isoformat(timespec="seconds"),
+        duration_s=round(duration_s, 3),
+        host=socket.gethostname(),
+        platform=platform.platform(),
+        python=(primary or {}).get("python") or platform.python_version(),
+        torch=next((log.get("torch") for log in logs if log.get("torch")), None),
+        environment=recorded_environment(os.environ),
+        out_dir=config.out_dir,
+        schedule={key: value for key, value in config.schedule.to_dict().items()},
+        on_demand=config.on_demand,
+        steps=Steps(
+            global_=(primary or {}).get("global_steps", 0),
+            requesters={r["name"]: r["calls"] for r in (primary or {}).get("requesters", [])},
+        ),
+        step_time_ms=_step_time_ms(logs, untouched, profiled, first, after),
+        timeline_ms=_durations_ms(primary or {}),
+        timeline_phases=(primary or {}).get("phases", "")[:_MAX_STEPS],
+        step_times=[_step_times_entry(log) for log in logs],  # every step of every process, for compare's intervals
+        processes=[process_entry(log) for log in logs],
+        windows=windows,
+        triggered=_not_recorded_triggers(logs),
+        traces=trace_paths,
+        peak_memory=_peak_memory(logs),
+        threads=threads_section(logs),
+        compile=compile_summary(logs),
+        memory_snapshots=run_snapshots(logs, config.out_dir),
+        hang=hang_summary(  # --hang-timeout reports (stepcli/run/summary/hangreport.py)
             hang_folders,
             started_at,
             timeout_s=config.hang_timeout or None,
             on_hang=on_hang if config.hang_timeout else None,
             ended_job=hang_ended,
         ),
-        "notes": notes,
-    }
+        notes=notes,
+    )
+    analysed = _add_trace_sections(summary, analysis, logs, untouched)
     untouched_stats = describe(untouched)
     median = untouched_stats["median"] if untouched_stats else None
-    summary["what_would_help"] = what_would_help(trace_paths, median, notes, traces)
-    summary["advice"] = _advice(summary, analysis)
+    summary.what_would_help = what_would_help(trace_paths, median, notes, traces)
+    summary.advice = _advice(summary, analysed)
     return summary
+
+
+_MAX_STEPS = 100_000  # steps kept per process: a longer run keeps its first ones (step_record has them all)
+
+
+def _durations_ms(log: dict[str, Any]) -> list[float]:
+    return [round(us / 1000.0, 3) for us in log.get("durations_us", [])][:_MAX_STEPS]
+
+
+def _step_times_entry(log: dict[str, Any]) -> StepTimes:
+    """One entry of `step_times`: one digit per step, as timeline_phases."""
+    return StepTimes(
+        worker=log.get("worker"),
+        rank=log.get("rank"),
+        pid=log.get("pid"),
+        durations_ms=_durations_ms(log),
+        phases=log.get("phases", "")[:_MAX_STEPS],
+    )
+
+
+def _windows(logs: list[dict[str, Any]]) -> list[Window]:
+    """Every process's saved windows, by first step, each with the process's worker name."""
+    windows = [
+        msgspec.convert(dict(window, worker=log["worker"]), Window) for log in logs for window in log.get("windows", [])
+    ]
+    windows.sort(key=lambda w: (w.first_step, w.worker))
+    return windows
+
+
+def _not_recorded_triggers(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """--capture-on-slow windows a process did not record (stepcli.run.summary.recordreader.attach adds the
+    recorded ones)."""
+    return [
+        dict(t, worker=log["worker"])
+        for log in logs
+        for t in log.get("triggers_not_recorded") or []
+        if isinstance(t, dict) and isinstance(t.get("first_step"), int) and isinstance(t.get("last_step"), int)
+    ]
+
+
+def _peak_memory(logs: list[dict[str, Any]]) -> PeakMemory:
+    rss = [log["peak_rss_bytes"] for log in logs if log.get("peak_rss_bytes")]
+    cuda = [log["cuda_peak_bytes"] for log in logs if log.get("cuda_peak_bytes")]
+    return PeakMemory(rss_bytes=max(rss) if rss else None, cuda_bytes=max(cuda) if cuda else None)
+
+
+def _add_trace_sections(
+    summary: RunSummary, analysis: TraceSummary | None, logs: list[dict[str, Any]], untouched: list[float]
+) -> dict[str, Any] | None:
+    """The sections read from the traces (operators, ranks, straggler, culprit, breakdown, device, FLOPs), set on
+    `summary`; the analysis as the advice reads it (None without traces)."""
+    analysed = analysis.to_dict() if analysis is not None else None
+    summary.culprit = culprit_section(analysis.culprit if analysis else None, logs)
+    summary.flops, summary.device = _at_program_pace(analysed, untouched)
+    if analysis is None or analysed is None:
+        return None
+    # ProfilerStep* is the step annotation itself, not work: it would always top the list.
+    summary.top_operators = [_op_row(op) for op in analysis.cpu_ops if op.name != STEP_KEY][:TOP_N]
+    summary.top_kernels = [_op_row(op) for op in analysis.device_kernels[:TOP_N]]
+    summary.ranks = analysed["ranks"]
+    summary.slowest_rank = analysis.slowest_rank
+    summary.straggler = analysis.straggler
+    summary.share_of = analysis.share_of
+    summary.outside_steps = OutsideSteps(events=analysis.outside_events, self_ms=analysis.outside_ms)
+    summary.breakdown_ms = analysis.breakdown_ms.to_dict() if analysis.breakdown_ms else None
+    summary.other_ms = msgspec.convert(analysed["other_ms"], OtherMs) if analysed["other_ms"] else None
+    summary.recorded_with = RecordedWith(stacks=analysis.has_stacks, shapes=analysis.has_shapes)
+    return analysed
+
+
+def _op_row(row: TraceOpRow) -> OpRow:
+    return OpRow(
+        name=row.name,
+        calls=row.calls,
+        self_ms=row.self_ms,
+        total_ms=row.total_ms,
+        avg_ms=row.avg_ms,
+        self_share=row.self_share,
+        shape=row.shape if row.shape is not None else UNSET,
+    )
 
 
 def _at_program_pace(
@@ -426,9 +330,9 @@ def _advice(summary: RunSummary, analysis: dict[str, Any] | None) -> list[Advice
     from stepcli.advice.gather import advise_run
 
     try:
-        return [item.to_dict() for item in advise_run(summary, analysis, process_steps(summary))]
+        return [item.to_item() for item in advise_run(summary, analysis, process_steps(summary))]
     except Exception as exc:
-        summary["notes"].append(f"could not compute the advice: {type(exc).__name__}: {exc}")
+        summary.notes.append(f"could not compute the advice: {type(exc).__name__}: {exc}")
         return []
 
 
@@ -454,18 +358,18 @@ def run_snapshots(logs: list[dict[str, Any]], out_dir: str) -> list[str]:
 
 def process_entry(log: dict[str, Any]) -> Process:
     """One entry of `processes` from a process's step log."""
-    return {
-        "worker": log.get("worker"),
-        "rank": log.get("rank"),
-        "pid": log.get("pid"),
-        "argv": log.get("argv"),
-        "global_steps": log.get("global_steps"),
-        "exit": log.get("exit"),
-        "peak_rss_bytes": log.get("peak_rss_bytes"),
-        "cuda_peak_bytes": log.get("cuda_peak_bytes"),
-        "intra_op_threads": log.get("intra_op_threads"),
-        "requesters": {r["name"]: r["calls"] for r in log.get("requesters", [])},
-    }
+    return Process(
+        worker=log.get("worker"),
+        rank=log.get("rank"),
+        pid=log.get("pid"),
+        argv=log.get("argv"),
+        global_steps=log.get("global_steps"),
+        exit=log.get("exit"),
+        peak_rss_bytes=log.get("peak_rss_bytes"),
+        cuda_peak_bytes=log.get("cuda_peak_bytes"),
+        intra_op_threads=log.get("intra_op_threads"),
+        requesters={r["name"]: r["calls"] for r in log.get("requesters", [])},
+    )
 
 
 def analysis_progress(enabled: bool = True, out_dir: str | None = None) -> AbstractContextManager[Any]:
@@ -493,7 +397,9 @@ def write_run_summary(summary: RunSummary, path: str, *, private_folder: bool = 
     from stepcli import safefile
     from stepcli.agent.controlfiles import open_folder
 
-    data = orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+    # orjson writes the builtins msgspec gives (fields in declaration order, UNSET ones left out), so the bytes,
+    # numbers included, are those summaries always had.
+    data = orjson.dumps(msgspec.to_builtins(summary), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
     target = Path(path)
     try:
         if private_folder:

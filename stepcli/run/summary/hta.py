@@ -18,12 +18,12 @@ from stepcli.runsummary import RunSummary
 
 def hta_command(summary: RunSummary, relative: Any = os.path.relpath) -> str | None:
     """`python -c "...TraceAnalysis(trace_dir=...)..."` for the run's first window, or None without traces."""
-    windows = [w for w in summary.get("windows", []) if w.get("trace") in summary.get("traces", [])]
+    windows = [w for w in summary.windows if w.trace in summary.traces]
     if not windows:
         return None
-    where = os.path.dirname(windows[0]["trace"])
+    where = os.path.dirname(windows[0].trace)
     folder = relative(where)
-    ours = sorted({os.path.basename(w["trace"]) for w in windows if os.path.dirname(w["trace"]) == where})
+    ours = sorted({os.path.basename(w.trace) for w in windows if os.path.dirname(w.trace) == where})
     args = f"trace_dir={json.dumps(folder)}"
     if set(_traces_in(where)) - set(ours):
         from stepcli.traces.read.files import rank_from_name
@@ -34,7 +34,7 @@ def hta_command(summary: RunSummary, relative: Any = os.path.relpath) -> str | N
         files = ", ".join(f"{rank}: {json.dumps(name)}" for rank, name in zip(ranks, ours, strict=True))
         args = f"trace_files={{{files}}}, {args}"
     # HTA's breakdowns need device kernels; on CPU-only traces they fail, and the steps per rank still help.
-    analysis = "get_temporal_breakdown()" if summary.get("top_kernels") else "get_profiler_steps()"
+    analysis = "get_temporal_breakdown()" if summary.top_kernels else "get_profiler_steps()"
     code = f"from hta.trace_analysis import TraceAnalysis; print(TraceAnalysis({args}).{analysis})"
     return f"python -c {shlex.quote(code)}"
 

@@ -14,7 +14,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from msgspec import UnsetType
 
 from stepcli.agent.config import STEP_LOG_SUFFIX
 from stepcli.errors import StepcliError, TraceError
@@ -65,8 +68,8 @@ def _saved_summary(run_dir: Path, folder: str) -> RunSummary | None:
 
 def _logs_for_summary(summary: RunSummary) -> list[dict[str, Any]]:
     """The step logs of the run a summary describes: the newest run in its folder whose processes are the same."""
-    pids = {p.get("pid") for p in summary.get("processes") or [] if p.get("pid") is not None}
-    out_dir = summary.get("out_dir")
+    pids = {p.pid for p in summary.processes if p.pid is not None}
+    out_dir = summary.out_dir
     if not out_dir or not pids:
         return []
     for run_dir in run_dirs(out_dir):
@@ -79,7 +82,9 @@ def _logs_for_summary(summary: RunSummary) -> list[dict[str, Any]]:
 def _run_traces(summary: RunSummary | None, logs: list[dict[str, Any]], folder: str | None = None) -> list[str]:
     """The traces this run wrote that still exist (a reused folder also holds older runs' traces); with `folder`
     (a run folder read back), only those inside it, links followed: what a step log names is not trusted."""
-    named = list((summary or {}).get("traces") or []) or [w["trace"] for log in logs for w in log.get("windows") or []]
+    named = list((summary.traces if summary else None) or []) or [
+        w["trace"] for log in logs for w in log.get("windows") or []
+    ]
     return [
         path
         for path in named
@@ -162,13 +167,13 @@ def _classify(paths: Sequence[str]) -> _Inputs:
 
 def _step_times(logs: list[dict[str, Any]]) -> list[StepTimes]:
     return [
-        {
-            "worker": log.get("worker"),
-            "rank": log.get("rank"),
-            "pid": log.get("pid"),
-            "durations_ms": [d / 1000.0 for d in log.get("durations_us") or []],
-            "phases": str(log.get("phases") or "").ljust(len(log.get("durations_us") or []), "0"),
-        }
+        StepTimes(
+            worker=log.get("worker"),
+            rank=log.get("rank"),
+            pid=log.get("pid"),
+            durations_ms=[d / 1000.0 for d in log.get("durations_us") or []],
+            phases=str(log.get("phases") or "").ljust(len(log.get("durations_us") or []), "0"),
+        )
         for log in logs
     ]
 
@@ -177,27 +182,30 @@ def with_step_logs(summary: RunSummary | None, logs: list[dict[str, Any]]) -> Ru
     """The summary the page shows: the run's own, with every process's step times from the step logs when it
     lacks them (schema 1); without one, a summary rebuilt from the step logs (no command: the page says which
     inputs it read instead)."""
-    if not logs or (summary is not None and summary.get("step_times")):
+    if not logs or (summary is not None and summary.step_times):
         return summary
     from stepcli.run.summary.build import process_entry
     from stepcli.run.summary.compilesteps import compile_summary
 
-    rebuilt: RunSummary = (
-        cast(RunSummary, dict(summary)) if summary is not None else {"schema": SCHEMA, "schema_version": SCHEMA_VERSION}
-    )
-    rebuilt["step_times"] = _step_times(logs)
     if summary is None:
-        rebuilt["processes"] = [process_entry(log) for log in logs]
-        rebuilt["traces"] = _run_traces(None, logs)
-    if not rebuilt.get("compile"):
-        rebuilt["compile"] = compile_summary(logs)
+        rebuilt = RunSummary(
+            schema=SCHEMA,
+            schema_version=SCHEMA_VERSION,
+            processes=[process_entry(log) for log in logs],
+            traces=_run_traces(None, logs),
+        )
+    else:
+        rebuilt = msgspec.structs.replace(summary)
+    rebuilt.step_times = _step_times(logs)
+    if not rebuilt.compile:
+        rebuilt.compile = compile_summary(logs)
     return rebuilt
 
 
 def page_advice(summary: RunSummary | None, trace_paths: Sequence[str], traces: RunTraces) -> list[AdviceItem]:
     """The summary's advice, or (inputs that carry none) the advice `stepcli run` would have given them."""
-    if summary is not None and "advice" in summary:
-        return summary["advice"]
+    if summary is not None and not isinstance(summary.advice, UnsetType):
+        return summary.advice
     from stepcli.advice.gather import advise_run
 
     analysis = None
@@ -210,7 +218,7 @@ def page_advice(summary: RunSummary | None, trace_paths: Sequence[str], traces: 
     processes = process_steps(summary) if summary is not None else []
     if not processes and analysis:
         processes = trace_process_steps(analysis["steps"])
-    return [item.to_dict() for item in advise_run(summary, analysis, processes)]
+    return [item.to_item() for item in advise_run(summary, analysis, processes)]
 
 
 def build(
@@ -271,10 +279,10 @@ def write_run_report(summary: RunSummary, traces: RunTraces | None = None) -> st
     from stepcli.report.data import build as page_data
     from stepcli.report.page import render
 
-    paths = [p for p in summary.get("traces") or [] if os.path.exists(p)]
+    paths = [p for p in summary.traces or [] if os.path.exists(p)]
     data = page_data(summary, paths, traces=traces)
-    out_dir = summary["out_dir"]
-    path = run_report_path(out_dir)
+    out_dir = summary.out_dir
+    path = run_report_path(out_dir or ".")
     if os.path.basename(path) == REPORT_NAME:
         return write_page(data, path)
     write_new_file(render(data, path), path)  # the user's own report.html is kept

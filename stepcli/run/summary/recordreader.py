@@ -75,7 +75,7 @@ def stats(record: dict[str, Any]) -> dict[str, float | int]:
 
 def attach(summary: RunSummary, log_dir: str, key: str | None = None) -> None:
     """Add `step_record` (per process) and `triggered` (each --capture-on-slow window) to the run summary."""
-    summary["step_record"] = [
+    summary.step_record = [
         {
             "worker": r["worker"],
             "rank": r.get("rank"),
@@ -90,18 +90,18 @@ def attach(summary: RunSummary, log_dir: str, key: str | None = None) -> None:
     ]
     recorded = [
         {
-            "worker": w.get("worker"),
-            "first_step": w["first_step"],
-            "last_step": w["last_step"],
-            **w["trigger"],
+            "worker": w.worker,
+            "first_step": w.first_step,
+            "last_step": w.last_step,
+            **w.trigger,
             "recorded": True,
         }
-        for w in summary.get("windows") or []
-        if isinstance(w.get("trigger"), dict)
+        for w in summary.windows
+        if isinstance(w.trigger, dict)
     ]
     # placed, but not recorded by a process (the job ended first, or it was past those steps): said, not dropped
-    missed = [t for t in summary.get("triggered") or [] if t.get("recorded") is False]
-    summary["triggered"] = sorted(recorded + missed, key=lambda t: (t["first_step"], str(t.get("worker"))))
+    missed = [t for t in summary.triggered or [] if t.get("recorded") is False]
+    summary.triggered = sorted(recorded + missed, key=lambda t: (t["first_step"], str(t.get("worker"))))
 
 
 def _steps(record: Mapping[str, Any], ms: Mapping[str, Any]) -> str:
@@ -113,10 +113,10 @@ def _steps(record: Mapping[str, Any], ms: Mapping[str, Any]) -> str:
     return f"{plural(steps, 'step')}; after the first (start-up), profiled ones included:"
 
 
-def lines(summary: Mapping[str, Any]) -> list[str]:
+def lines(summary: RunSummary) -> list[str]:
     """The summary's lines for the whole run's step times and the triggered captures."""
     out = []
-    records = [r for r in summary.get("step_record") or [] if r["ms"].get("count")]
+    records = [r for r in summary.step_record or [] if r["ms"].get("count")]
     shown = slowest_first(records, SHOWN)
     for r in shown:
         ms = r["ms"]
@@ -128,7 +128,7 @@ def lines(summary: Mapping[str, Any]) -> list[str]:
         )
     if len(records) > len(shown):
         out.append(f"whole run: {len(records) - len(shown)} more processes in --json and report.html")
-    for t in summary.get("triggered") or []:
+    for t in summary.triggered or []:
         steps = f"steps {t['first_step']}-{t['last_step']}"
         rank = f"rank {t['rank']} " if t.get("rank") is not None else ""
         predicted = f", placed on predicted slow step {t['predicted_step']}" if t.get("predicted_step") else ""

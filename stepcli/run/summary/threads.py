@@ -30,15 +30,15 @@ def threads_section(logs: list[dict[str, Any]]) -> Threads | None:
         cores.update(cpus)
     if not hosts:
         return None
-    entries: list[ThreadsHost] = [
-        {
-            "host": host,
-            "processes": len(counts),
-            "intra_op_threads": sum(counts),
-            "per_process": sorted(set(counts)),
-            "cores": len(cores),
-            "oversubscribed": sum(counts) > len(cores),
-        }
+    entries = [
+        ThreadsHost(
+            host=host,
+            processes=len(counts),
+            intra_op_threads=sum(counts),
+            per_process=sorted(set(counts)),
+            cores=len(cores),
+            oversubscribed=sum(counts) > len(cores),
+        )
         for host, (counts, cores) in sorted(hosts.items())
     ]
-    return {"hosts": entries, "oversubscribed": any(entry["oversubscribed"] for entry in entries)}
+    return Threads(hosts=entries, oversubscribed=any(entry.oversubscribed for entry in entries))
