@@ -355,10 +355,16 @@ def test_the_programs_own_frame_skips_the_standard_library_and_stepcli() -> None
     frames = [
         {"function": "wait", "file": str(Path(json.__file__).parent.parent / "threading.py"), "line": 1},
         {"function": "stepcli_collective", "file": wrapper.__file__, "line": 99},  # the collective's wrapper
+        # a package installed outside this interpreter's paths (a .pth file, PYTHONPATH): still not the program's
+        {
+            "function": "all_reduce",
+            "file": "/opt/env/lib/python3.11/site-packages/torch/distributed/c10d.py",
+            "line": 7,
+        },
         {"function": "main", "file": "/work/train.py", "line": 20},
     ]
     typed = [Frame.of(f) for f in frames]
-    assert own_frame(typed) == typed[2]  # type: ignore[arg-type]
+    assert own_frame(typed) == typed[3]  # type: ignore[arg-type]
     assert own_frame(typed[:2]) == typed[0]  # type: ignore[arg-type]  # nothing of the program's: the innermost
 
 

@@ -57,6 +57,9 @@ def in_backward(frames: Sequence[Frame]) -> bool:
     return any(frame.function in BACKWARD_FUNCTIONS for frame in frames[:INNERMOST_FRAMES])
 
 
+_PACKAGE_FOLDERS = ("/site-packages/", "/dist-packages/")
+
+
 def _library_paths() -> tuple[str, ...]:
     paths = sysconfig.get_paths()
     libraries = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
@@ -69,7 +72,9 @@ def own_frame(frames: Sequence[Frame]) -> Frame | None:
     """The innermost frame in the program's own code (not the standard library, an installed package or stepcli)."""
     libraries = _library_paths()
     for frame in frames:
-        if not frame.file.startswith(libraries):
+        # (an installed package found outside this interpreter's own paths, through a .pth file or PYTHONPATH,
+        # still lies in a site-packages folder)
+        if not frame.file.startswith(libraries) and not any(part in frame.file for part in _PACKAGE_FOLDERS):
             return frame
     return frames[0] if frames else None
 
