@@ -27,7 +27,7 @@ from stepcli.limits import DEFAULT_DECODE_BYTES
 from stepcli.pathparam import PathParam
 from stepcli.run.live.topcli import top
 from stepcli.run.slowoptions import check_slow_options, slow_options
-from stepcli.traces.merge import merge_main  # light: it imports the trace reader only when a merge runs
+from stepcli.traces.mergetraces import merge_main  # light: it imports the trace reader only when a merge runs
 from stepcli.whatif.whatifcli import whatif
 
 
@@ -269,7 +269,7 @@ def table(
     if scheduler_wait is not None and scheduler is None:
         raise click.UsageError("--scheduler-wait needs --scheduler ADDRESS")
     from stepcli.runfolder import runs_to_read
-    from stepcli.traces.read.shortrun import read_ahead_one, short_run
+    from stepcli.traces.read.shortcommand import read_ahead_one, short_run
 
     paths = tuple(runs_to_read(paths, all_runs))
     read_ahead_one(paths, jobs, scheduler)
@@ -342,7 +342,7 @@ def capture(target: str, wait: int, warmup: int, active: int, timeout: float, as
         ctx = click.get_current_context()
         given = [f"--{name}" for name in ("wait", "warmup", "active") if ctx.get_parameter_source(name) == _FROM_CLI]
         return capture_now(target, given, timeout=timeout, as_json=as_json, **now)
-    from stepcli.run.live.capture import capture_main
+    from stepcli.run.live.capturewindow import capture_main
 
     return capture_main(target, wait=wait, warmup=warmup, active=active, timeout=timeout, as_json=as_json)
 
@@ -368,7 +368,7 @@ def memory(path: str, as_json: bool, top: int, max_memory: int) -> int:
     folder (its oom-*.pickle files). Exit 0 analyzed, 2 bad input (missing, not a snapshot, not of a snapshot's
     shape, a pickle that asks for a class, over --max-memory: refused), 3 no snapshot in the folder.
     """
-    from stepcli.snapshots.command import memory_main
+    from stepcli.snapshots.memorymain import memory_main
 
     return memory_main(path, as_json=as_json, top=top, max_memory=max_memory)
 

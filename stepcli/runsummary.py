@@ -185,7 +185,7 @@ class RunSummary(TypedDict, total=False):
     straggler: dict[str, Any] | None
     culprit: (
         dict[str, Any] | None
-    )  # stepcli.traces.analyses.culprit via stepcli.run.summary.culprit (None without 2+ ranks)
+    )  # stepcli.traces.analyses.culprit via stepcli.run.summary.culpritsection (None without 2+ ranks)
     what_would_help: dict[str, Any] | None  # `stepcli whatif` with no change (stepcli.run.summary.whatifline)
     share_of: str | None
     outside_steps: dict[str, Any] | None

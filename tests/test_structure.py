@@ -190,7 +190,7 @@ def test_report_reads_files_only_through_inputs() -> None:
 # export's own files inside the private scratch folder it just created, lock and fault files opened for append or
 # locking (O_NOFOLLOW, in the private control folder).
 _CREATES_OUTSIDE_SAFEFILE = {
-    ("compare/command.py", "os.O_APPEND | os.O_CREAT | os.O_NONBLOCK"),  # $GITHUB_STEP_SUMMARY, never blocking
+    ("compare/comparemain.py", "os.O_APPEND | os.O_CREAT | os.O_NONBLOCK"),  # $GITHUB_STEP_SUMMARY, never blocking
     ("agent/output.py", 'gzip.open(tmp_gz, "wb"'),  # inside the private scratch folder
     ("agent/output.py", 'open(tmp_json, "r+b")'),  # the same
     ("agent/stacks.py", "os.O_CREAT | os.O_APPEND"),  # the fault-handler file, control folder

@@ -1,5 +1,5 @@
 """The advice of one run (or of traces): the evidence its rules read, gathered from the run summary and the traces'
-analysis, and every rule applied (stepcli.advice.rules, then the device rules of stepcli.advice.device).
+analysis, and every rule applied (stepcli.advice.rules, then the device rules of stepcli.advice.deviceadvice).
 """
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stepcli.advice.device import advise_device
+from stepcli.advice.deviceadvice import advise_device
 from stepcli.advice.rules import Advice, Evidence, advise
 from stepcli.runsummary import RunSummary
 from stepcli.steptimes import ProcessSteps, rank_steps

@@ -75,7 +75,7 @@ def advise(report: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def _leak(report: dict[str, Any], leak: dict[str, Any], holds: bool) -> dict[str, str]:
-    """The leak's advice: tensors made in earlier steps kept alive (stepcli.snapshots.analysis.find_leak)."""
+    """The leak's advice: tensors made in earlier steps kept alive (stepcli.snapshots.snapshotfigures.find_leak)."""
     site = leak["site"]
     named = f"{site['file']}:{site['line']} ({site['function']})" if site else "no single site"
     grows = f"; the site keeps {size(leak['site_bytes_per_step'])} more per step" if leak["site_bytes_per_step"] else ""

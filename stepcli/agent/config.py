@@ -17,9 +17,9 @@ CONFIG_ENV = "STEPCLI_CONFIG"
 CONFIG_VERSION = 1
 LOG_FOLDER = ".stepcli"  # hidden, so trace viewers and `stepcli table DIR` skip it
 STEP_LOG_SUFFIX = ".steps.json"
-STEP_LOG_VERSION = 1  # the step log's schema_version (stepcli.run.summary.steplogs checks it)
+STEP_LOG_VERSION = 1  # the step log's schema_version (stepcli.run.summary.steplogreader checks it)
 # The top-level trace metadata key the agent writes into a trace whose window was cut short: the ProfilerStep#N
-# that only just began (stepcli.traces.read.reader reads it).
+# that only just began (stepcli.traces.read.tracereader reads it).
 INCOMPLETE_STEP_KEY = "stepcli_incomplete_step"
 # ... and into every trace: the clock its times come from ("HOST BOOT_ID": processes of one boot of one machine
 # share it), so the culprit analysis aligns only ranks of different machines (stepcli.traces.analyses.culprit).

@@ -1,5 +1,5 @@
 """The agent of one profiled process: activation, requesters, exit/signal/fork guards, when to save the step log
-(steplog.py writes it).
+(steplogwriter.py writes it).
 
 Runs inside the target: standard library only. `activate()` is all the bootstrap calls; it does almost nothing
 until the program imports torch, and nothing costly until the process proves it trains (an optimizer, a
@@ -71,7 +71,7 @@ class Agent:
         self._write_lock = threading.RLock()  # the stacks thread and the main thread both save the step log
         self._saving_on: int | None = None  # the thread now writing the final save (flush), while it does
         self._pending_signal = 0  # a SIGTERM/SIGHUP that arrived during this thread's own final save
-        self.saved_steps = -1  # global step of the last step log written (steplog.py)
+        self.saved_steps = -1  # global step of the last step log written (steplogwriter.py)
         self.saved_stalled = False  # ... written when the process stopped stepping (its steps are whole)
         self.record_saved = False  # a whole-run record was written: every later step log rewrites it too
         self._progress_due = 0.0  # time.monotonic() before which no periodic save is made
@@ -382,7 +382,7 @@ class Agent:
                 return
             self._flushed = True
             self._saving_on = threading.get_ident()
-            from .steplog import save_at_exit
+            from .steplogwriter import save_at_exit
 
             try:
                 with Held():  # a Ctrl-C at exit (a second one, say) would cut the last window's trace in half
@@ -400,14 +400,14 @@ class Agent:
         now = time.monotonic()
         if now - self._last_log_write >= _STEP_LOG_MIN_INTERVAL_S:  # bounded cost with --repeat 0
             self._last_log_write = now
-            from . import steplog
+            from . import steplogwriter
 
             try:
                 with self._write_lock:
                     if not self._flushed:
-                        steplog.write_step_log(self)
+                        steplogwriter.write_step_log(self)
             except Exception as exc:
-                steplog.step_log_failed(self, exc)
+                steplogwriter.step_log_failed(self, exc)
 
     def save_progress(self, stalled: bool = False) -> bool:
         """From the stacks thread: save the step log and the whole-run record as they are now, when steps were
@@ -425,7 +425,7 @@ class Agent:
         with self._write_lock:
             if self._flushed:
                 return False
-            from .steplog import write_step_log
+            from .steplogwriter import write_step_log
 
             started = time.monotonic()
             try:

@@ -5,7 +5,7 @@ registers `faulthandler` on DUMP_SIGNAL (a real-time signal no program uses by d
 starts one daemon thread that sleeps on that pipe. The signal is handled in C, so it is delivered even while the
 main thread is blocked in C code (a collective, a sleep, a lock); its bytes wake the thread, which then writes one
 JSON file: every Python thread's stack (`sys._current_frames()`), faulthandler's own text, the step, and the last
-collective entered (stepcli/agent/collectives.py). The launcher or `stepcli capture --stacks` say where to write
+collective entered (stepcli/agent/lastcollective.py). The launcher or `stepcli capture --stacks` say where to write
 in a request file (`dump.<id>.json`) of the run's private control folder before they send the signal.
 
 The same thread wakes every second (every T/10 with `--hang-timeout T`) and reads the tracker's step count (one
@@ -368,7 +368,7 @@ class StackDumper:
 
     def snapshot(self, text: str, request_id: str) -> dict[str, Any]:
         """Every Python thread's stack now (innermost frame first), the step, and the last collective."""
-        from .collectives import LAST, in_flight
+        from .lastcollective import LAST, in_flight
         from .output import current_rank, worker_name
 
         now = time.time()
@@ -457,10 +457,10 @@ def start_stacks(agent: Agent, training: bool = True) -> StackDumper | None:
 
 
 def install_collective_hook(agent: Agent) -> None:
-    """With --hang-timeout: note each torch.distributed collective entered (see stepcli/agent/collectives.py)."""
+    """With --hang-timeout: note each torch.distributed collective entered (see stepcli/agent/lastcollective.py)."""
     if not getattr(agent.config, "hang_timeout", 0.0):
         return
-    from .collectives import hook_collectives
+    from .lastcollective import hook_collectives
 
     joined = getattr(agent, "joined_job", None)
     agent.hooks.when_imported("torch.distributed", lambda dist: hook_collectives(dist, joined))

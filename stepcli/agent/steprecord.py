@@ -28,7 +28,7 @@ BLOCKS = 200
 SLOWEST = 20
 BUCKETS_PER_DOUBLING = 8
 # Steps up to which a window's save (on the program's main thread) rebuilds the record (about 20 ms at this size on
-# the 2-core VM); past it the stale record is removed (stepcli.agent.steplog.write_step_log)
+# the 2-core VM); past it the stale record is removed (stepcli.agent.steplogwriter.write_step_log)
 REBUILT_WITH_WINDOWS = 100_000
 SUFFIX = ".steptimes.json"
 SCHEMA = "stepcli.steptimes/1"

@@ -1,5 +1,5 @@
 """The `stepcli compare` command's arguments and options, and their checks (kept out of cli.py, which adds it to the
-group); the comparison itself is stepcli.compare.command.compare_main, loaded only when the command runs."""
+group); the comparison itself is stepcli.compare.comparemain.compare_main, loaded only when the command runs."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def compare(
     A run folder (-o of run) is read through the run summary saved in it. Exit 0 no change or improvement, 1
     regression, 2 bad input, 3 nothing measured on a side, 4 inconclusive (0 with --allow-inconclusive).
     """
-    from stepcli.compare.command import compare_main, parse_confidence, parse_tolerance
+    from stepcli.compare.comparemain import compare_main, parse_confidence, parse_tolerance
 
     ctx = click.get_current_context()
     if current is None and baseline is not None and not (baselines or currents):

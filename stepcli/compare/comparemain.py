@@ -5,8 +5,8 @@ The work lives in one module per concern; this one wires them and keeps the name
 - stepcli.compare.inference: bootstrap intervals and warm-up detection (pure statistics);
 - stepcli.compare.attribution: per-operator changes with intervals, from the traces of both sides;
 - stepcli.compare.verdict: the pure verdict and its rules (read its docstring for the contract); the verdicts made
-  without an interval in stepcli.compare.nointerval, the result in stepcli.compare.comparison;
-- stepcli.compare.render: terminal and Markdown reports;
+  without an interval in stepcli.compare.withoutinterval, the result in stepcli.compare.comparison;
+- stepcli.compare.comparerender: terminal and Markdown reports;
 - stepcli.compare.comparecli: the command's click arguments and options (loaded with the CLI: light).
 """
 
@@ -20,6 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from stepcli.compare.attribution import OpChange
+from stepcli.compare.comparerender import render_console, render_markdown
 from stepcli.compare.comparison import Comparison, OpRow
 from stepcli.compare.load import (
     load_measurement,
@@ -27,9 +28,8 @@ from stepcli.compare.load import (
     measurement_from_run,
     measurement_from_summary,
 )
-from stepcli.compare.model import Measurement, OpSteps, OpTime, ProcessSteps
+from stepcli.compare.measurement import Measurement, OpSteps, OpTime, ProcessSteps
 from stepcli.compare.populations import StepRow
-from stepcli.compare.render import render_console, render_markdown
 from stepcli.compare.verdict import TOP_OPS, decide, parse_confidence, parse_tolerance
 from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.runsummary import READABLE_VERSIONS as RUN_SCHEMA_VERSIONS
@@ -299,7 +299,7 @@ def _attribution(
         if side.op_steps is not None:
             sides.append(side.op_steps)
         elif side.trace_files:
-            from stepcli.traces.read.reader import load_paths
+            from stepcli.traces.read.tracereader import load_paths
 
             try:
                 sides.append(

@@ -14,7 +14,7 @@ from stepcli.compare.wording import fmt_ms as _fmt_ms
 from stepcli.compare.wording import pct as _pct
 from stepcli.compare.wording import signed as _signed
 from stepcli.stats import percentile
-from stepcli.traces.render.table import NAME_WIDTH, shortened_apart
+from stepcli.traces.render.terminal import NAME_WIDTH, shortened_apart
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -1,7 +1,7 @@
 """The result of `stepcli compare`: the verdict, its exit status, and the rows its reports show.
 
-`decide` (stepcli.compare.verdict, and stepcli.compare.nointerval for the verdicts made without an interval) builds
-a `Comparison`; the renderers (stepcli.compare.render) print it.
+`decide` (stepcli.compare.verdict, and stepcli.compare.withoutinterval for the verdicts made without an interval) builds
+a `Comparison`; the renderers (stepcli.compare.comparerender) print it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Literal
 
 from stepcli.compare.attribution import OpChange
 from stepcli.compare.inference import Change
-from stepcli.compare.model import Measurement
+from stepcli.compare.measurement import Measurement
 from stepcli.compare.populations import StepRow
 from stepcli.errors import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_REGRESSION
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from stepcli.compare.model import Measurement, OpSteps, OpTime, ProcessSteps, RunSteps
+from stepcli.compare.measurement import Measurement, OpSteps, OpTime, ProcessSteps, RunSteps
 from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.runsummary import SCHEMA as RUN_SCHEMA
 from stepcli.runsummary import SUMMARY_FILE, RunSummary, invalid, load_run_summary, read_run_summary
@@ -22,8 +22,8 @@ from stepcli.stats import STAT_NAMES, Stats, describe
 from stepcli.traces.analyses.shares import STEP_KEY
 
 if TYPE_CHECKING:
-    from stepcli.traces.analyses.model import TraceSummary
-    from stepcli.traces.read.reader import Trace
+    from stepcli.traces.analyses.results import TraceSummary
+    from stepcli.traces.read.tracereader import Trace
 
 _NEEDED = ("schema_version", "steps", "step_time_ms")  # what a verdict cannot do without
 
@@ -306,7 +306,7 @@ def _load_traces(label: str, files: Sequence[str] | None = None) -> Measurement:
     # Lazy: the trace reader and summarizer are only needed for trace inputs.
     from stepcli.compare.attribution import op_steps_from_traces
     from stepcli.traces.analyses.mergeparts import summarize
-    from stepcli.traces.read.reader import load_paths
+    from stepcli.traces.read.tracereader import load_paths
 
     traces: list[Trace] = load_paths(list(files or [label]))
     summary = summarize(traces)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stepcli.compare.inference import MIN_STEPS, warmup_length
-from stepcli.compare.model import Measurement
+from stepcli.compare.measurement import Measurement
 from stepcli.fmt import plural
 from stepcli.stats import STAT_NAMES, Stats, describe
 

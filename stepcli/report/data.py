@@ -21,8 +21,8 @@ from stepcli.steptimes import ProcessSteps, process_steps, slowest_by_steps, tra
 from stepcli.traces.analyses.shares import STEP_KEY, overlap_note
 
 if TYPE_CHECKING:
-    from stepcli.traces.analyses.model import FilePart
-    from stepcli.traces.readonce import RunTraces
+    from stepcli.traces.analyses.results import FilePart
+    from stepcli.traces.runtraces import RunTraces
 
 TOP_ROWS = 25  # operator rows per table in the page (sortable); the terminal shows 10
 
@@ -75,7 +75,7 @@ def build(
     """The page's data from a run summary (or None) and trace files (may be none). `advice`: the summary's own
     unless given. `traces` holds what was already read of these files (after `stepcli run`, by the run summary);
     without it they are read here, once."""
-    from stepcli.traces.readonce import RunTraces
+    from stepcli.traces.runtraces import RunTraces
 
     traces = traces if traces is not None else RunTraces()
     data = ReportData(title="stepcli report", out_dir=(summary or {}).get("out_dir"))
@@ -163,7 +163,7 @@ def _add_step_times(data: ReportData, summary: RunSummary | None, analysis: dict
 def _add_trace_tables(data: ReportData, analysis: dict[str, Any], parts: list[list[FilePart]]) -> None:
     """Breakdown, operator tables and shapes from the traces: every operator, one breakdown bar per rank."""
     from stepcli.traces.analyses.mergeparts import breakdown_of, merge_parts
-    from stepcli.traces.render.table import left_out_notes, outside_note, repeated_note
+    from stepcli.traces.render.terminal import left_out_notes, outside_note, repeated_note
 
     data.cpu_ops = [op for op in analysis["cpu_ops"] if op["name"] != STEP_KEY]
     data.outside_note = outside_note(analysis.get("outside_steps"))

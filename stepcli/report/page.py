@@ -19,7 +19,7 @@ from stepcli.report.hang import hang_section
 from stepcli.report.links import page_href
 from stepcli.report.memorysnapshots import snapshot_section
 from stepcli.report.wholerun import step_record_section
-from stepcli.traces.render.table import shorten
+from stepcli.traces.render.terminal import shorten
 
 NAME_CHARS = 110  # longer operator and kernel names are cut in the middle; the full name is the cell's tooltip
 

@@ -1,7 +1,7 @@
 """The control folder `<out>/.stepcli/<run-id>/`: private to the user whatever the umask, never someone else's.
 
 The profiled processes write their step logs there and the launcher trusts what it reads back (after checking it,
-stepcli/run/summary/steplogs.py), so nobody else may create, replace or write into it. Traces and summaries elsewhere in the
+stepcli/run/summary/steplogreader.py), so nobody else may create, replace or write into it. Traces and summaries elsewhere in the
 output folder follow the user's umask, as files usually do.
 
 `stepcli capture`'s side of its `control/` folder is here too: the heartbeats it reads and the requests.json it

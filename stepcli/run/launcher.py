@@ -31,7 +31,7 @@ from stepcli.runsummary import SUMMARY_FILE
 
 if TYPE_CHECKING:
     from stepcli.runsummary import RunSummary
-    from stepcli.traces.readonce import RunTraces
+    from stepcli.traces.runtraces import RunTraces
 
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent.parent / "_bootstrap")
 # torch 2.13's Kineto prints `USDT:... profiler_start`/`profiler_stop` on stderr at every window, between the
@@ -41,7 +41,7 @@ KINETO_LOG_LEVEL_ENV = "KINETO_LOG_LEVEL"
 KINETO_QUIET_LEVEL = "6"
 # With --hang-timeout: torch's flight recorder (gloo and NCCL) keeps the last N collectives of every process group,
 # so a hang dump names the collective a process waits in even when C++ issued it (DDP's reducer, FSDP), which no
-# Python hook sees (stepcli/agent/collectives.py, in_flight). A value the user set (or the older NCCL name) is kept.
+# Python hook sees (stepcli/agent/lastcollective.py, in_flight). A value the user set (or the older NCCL name) is kept.
 FLIGHT_RECORDER_ENV = "TORCH_FR_BUFFER_SIZE"
 FLIGHT_RECORDER_ENTRIES = "2000"
 
@@ -310,7 +310,7 @@ def _report(
     """Summary, --json and --fail-over after the program exited. The program's status wins, except that a
     budget that was exceeded, or could not be checked, fails a run that succeeded. `hang_ended`: `--on-hang kill`
     ended the job. A SIGTERM/SIGHUP/SIGINT meanwhile (a scheduler's time limit, a Ctrl-C on a long read) cuts the
-    summary short but keeps the program's status and the `--json` file (stepcli.run.guard.summary_cut)."""
+    summary short but keeps the program's status and the `--json` file (stepcli.run.summaryfallback.summary_cut)."""
     from stepcli.run.signals import SummaryCut, cut_by_signals
 
     written: set[str] = set()
@@ -318,7 +318,7 @@ def _report(
         with cut_by_signals(unblock=True):
             return _summarize(request, config, status, started, duration_s, hang_ended, hang_folders, written)
     except SummaryCut as cut:
-        from stepcli.run.guard import summary_cut
+        from stepcli.run.summaryfallback import summary_cut
 
         display = _display(request)
         return summary_cut(
@@ -363,7 +363,7 @@ def _summarize(
     """_report's work; `written` collects what is already saved ("json")."""
     from stepcli.run.summary.build import analysis_progress, build_run_summary, write_run_summary
     from stepcli.run.summary.console import print_run_summary
-    from stepcli.traces.readonce import RunTraces
+    from stepcli.traces.runtraces import RunTraces
 
     display = _display(request)
     # One read of the traces for the summary and report.html; shapes only when the page will show them.
@@ -382,7 +382,7 @@ def _summarize(
                 hang_folders=hang_folders or [],
             )
     except Exception as exc:  # the program's result, and the --json file CI reads next, must survive a bug here
-        from stepcli.run.guard import summary_failed
+        from stepcli.run.summaryfallback import summary_failed
 
         return summary_failed(
             exc, request, config, command=display, status=status, started=started, duration_s=duration_s
@@ -413,7 +413,7 @@ def _summarize(
         except OSError:
             pass  # stderr closed: nothing more to say
         except Exception as exc:
-            from stepcli.run.guard import summary_failed
+            from stepcli.run.summaryfallback import summary_failed
 
             return summary_failed(
                 exc,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stepcli.snapshots.reader import Segment, Trace
+from stepcli.snapshots.snapshotreader import Segment, Trace
 
 ALLOCATED_STATES = ("active_allocated",)
 

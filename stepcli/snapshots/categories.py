@@ -17,7 +17,7 @@ Checked in this order, the first that matches wins (frames are innermost first, 
 
 from __future__ import annotations
 
-from stepcli.snapshots.reader import Frame, Stack
+from stepcli.snapshots.snapshotreader import Frame, Stack
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
 LABELS = {

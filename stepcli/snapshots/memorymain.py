@@ -9,12 +9,12 @@ from typing import TextIO
 
 import click
 
-from stepcli.advice.memory import advise
+from stepcli.advice.memoryadvice import advise
 from stepcli.errors import EXIT_NOTHING_MEASURED, EXIT_OK, StepcliError
 from stepcli.limits import DEFAULT_DECODE_BYTES
-from stepcli.snapshots.analysis import analyze
-from stepcli.snapshots.reader import find_snapshots, load_snapshot
-from stepcli.snapshots.render import to_json, to_text
+from stepcli.snapshots.memoryrender import to_json, to_text
+from stepcli.snapshots.snapshotfigures import analyze
+from stepcli.snapshots.snapshotreader import find_snapshots, load_snapshot
 
 PROGRESS_AFTER_S = 2.0  # a read shorter than this says nothing
 PROGRESS_EVERY_S = 10.0  # off a terminal (a CI log): one line this often; on one, the line is redrawn

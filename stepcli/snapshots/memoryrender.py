@@ -6,7 +6,7 @@ import json
 import os
 from typing import Any
 
-from stepcli.advice.memory import size
+from stepcli.advice.memoryadvice import size
 from stepcli.snapshots.categories import CATEGORIES, LABELS, PHASES
 
 SCHEMA = "stepcli.memory"

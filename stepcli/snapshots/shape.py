@@ -9,7 +9,7 @@ line, name}). So: a list holds items of one kind (dicts of one of those shapes, 
 Python's pickler never puts more than 1,000 items (2,000 for a dict) on its stack at once nor nests a snapshot
 more than a few levels. A pickle made to take memory (millions of empty lists in a few MB, a tower of nested
 tuples, a string of gigabytes, a dict of the wrong keys) breaks one of these rules within its first few thousand
-objects. The rest of the memory a decoding may take is the absolute budget (stepcli.snapshots.reader).
+objects. The rest of the memory a decoding may take is the absolute budget (stepcli.snapshots.snapshotreader).
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ from typing import Any
 
 from stepcli.errors import TraceError
 from stepcli.snapshots import categories
-from stepcli.snapshots.reader import Frame, Snapshot, Stack, Trace
-from stepcli.snapshots.replay import Replay, StepFigures
+from stepcli.snapshots.allocatorreplay import Replay, StepFigures
+from stepcli.snapshots.snapshotreader import Frame, Snapshot, Stack, Trace
 
 LEAK_MIN_INCREASES = 3  # consecutive steps whose start-of-step allocated memory grew
 LEAK_MIN_BYTES = 1 << 20  # ... by at least this much in all

@@ -6,7 +6,7 @@ collectives, by each trace's `baseTimeNanoseconds`. Ids that must stay unique ac
 correlation and external ids) are moved into a per-rank range. The output's first key is `stepcli_merged`, so an
 existing -o file is overwritten only when stepcli wrote it.
 
-Each file is read as `table` reads it (stepcli.traces.read.reader.slice_layout): its text once, its events decoded
+Each file is read as `table` reads it (stepcli.traces.read.tracereader.slice_layout): its text once, its events decoded
 ~1 MB of text at a time, rewritten and written before the next piece is decoded, so memory never holds a file's
 events as Python objects (a crafted trace of tiny events took 51x its size that way). An event whose `ts` or `dur`
 is not a finite number (`1e400`) is left out and counted, as `table` skips it, and so is any other non-finite
@@ -77,7 +77,7 @@ class _Trace:
 
     def __init__(self, path: str, sliced: bool = True) -> None:
         from stepcli.inputs import read_input
-        from stepcli.traces.read.reader import _NotChunkable, slice_layout
+        from stepcli.traces.read.tracereader import _NotChunkable, slice_layout
 
         self.path = path
         self.data = read_input(path)

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 from stepcli.errors import StepcliError
 
 if TYPE_CHECKING:
-    from stepcli.traces.analyses.model import FilePart, TraceSummary
+    from stepcli.traces.analyses.results import FilePart, TraceSummary
 
 MemoryCurves = list[tuple[str, list[tuple[float, float]]]]
 
 
 class RunTraces:
-    """Per-file parts (stepcli.traces.analyses.model.FilePart) and memory curves of a list of traces, read on first demand and
+    """Per-file parts (stepcli.traces.analyses.results.FilePart) and memory curves of a list of traces, read on first demand and
     kept for the next caller that asks about the same files.
 
     `shapes`: read `Input Dims` on the first read even if the first caller needs only plain parts, because a
@@ -79,12 +79,12 @@ class RunTraces:
         self._key, self._shaped = key, shapes
 
     def memory_curves(self, paths: Sequence[str]) -> MemoryCurves:
-        """Allocated-memory curves of the traces that have `[memory]` events (stepcli.traces.memory)."""
+        """Allocated-memory curves of the traces that have `[memory]` events (stepcli.traces.memorycurve)."""
         if not self.memory:
             return []
         key = tuple(str(p) for p in paths)
         if key not in self._curves:
-            from stepcli.traces.memory import memory_curves
+            from stepcli.traces.memorycurve import memory_curves
 
             self._curves[key] = memory_curves(key, self.jobs)
         return self._curves[key]

@@ -1,6 +1,6 @@
 """The what-if answer: the replay checked against the measured step, the critical path, each change's prediction
 and the ranked opportunities, as one JSON-ready document (schema `stepcli.whatif/1`, docs/reference/whatif-json.md).
-Pure: the lanes come in, the document goes out (stepcli.whatif.command reads, stepcli.whatif.render prints).
+Pure: the lanes come in, the document goes out (stepcli.whatif.whatifmain reads, stepcli.whatif.whatifrender prints).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.traces.analyses.lanes import PHASE_NAMES, RankLane
 from stepcli.traces.analyses.ranks import steps_label
-from stepcli.whatif.replay import Change, Graph, Record, Replay, ReplayError, Scale, build_graph, replay, step_ms
+from stepcli.whatif.lanereplay import Change, Graph, Record, Replay, ReplayError, Scale, build_graph, replay, step_ms
 
 SCHEMA = "stepcli.whatif/1"
 MAX_REPLAY_ERROR = 0.05  # a replay further than this from the measured step answers nothing

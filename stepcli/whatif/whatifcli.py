@@ -1,5 +1,5 @@
 """The `stepcli whatif` command's arguments and options (kept out of cli.py, which adds it to the group); the answer
-itself is stepcli.whatif.command.whatif_main, loaded only when the command runs."""
+itself is stepcli.whatif.whatifmain.whatif_main, loaded only when the command runs."""
 
 from __future__ import annotations
 
@@ -49,10 +49,10 @@ def whatif(
     """Replay the recorded steps of every rank from PATHS (a run folder, a folder of traces or one trace), check
     the replay against the measured step, and predict the step time under each change (with none: a ranked list
     of opportunities). Exit 4 when the replay cannot be trusted."""
-    from stepcli.traces.read.shortrun import short_run
+    from stepcli.traces.read.shortcommand import short_run
 
     changes = [("scale", v) for v in scales] + [("comm", v) for v in comms] + [("idealize", v) for v in idealize]
     with short_run():
-        from stepcli.whatif.command import whatif_main
+        from stepcli.whatif.whatifmain import whatif_main
 
         return whatif_main(paths, changes, step, json_path, jobs, trace_path, all_runs)

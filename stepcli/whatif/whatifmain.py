@@ -83,7 +83,7 @@ def whatif_main(
     from stepcli.runfolder import runs_to_read
     from stepcli.traces.engine import map_files
     from stepcli.traces.read.files import list_trace_files
-    from stepcli.whatif.render import print_answer
+    from stepcli.whatif.whatifrender import print_answer
 
     files = list_trace_files(runs_to_read(paths, all_runs))
     if not files:

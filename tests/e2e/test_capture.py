@@ -29,8 +29,8 @@ from stepcli.agent.tracker import AFTER_WINDOW, NEVER, StepTracker
 from stepcli.run.controldir import read_control as _read_control
 from stepcli.run.controldir import read_requests as _read_requests
 from stepcli.run.controldir import still_wanted as _still_wanted
-from stepcli.run.live.capture import Ping, _outcome, _ping, _withdraw, await_heartbeats, wait_for_answers
 from stepcli.run.live.captureplan import Request, plan_request
+from stepcli.run.live.capturewindow import Ping, _outcome, _ping, _withdraw, await_heartbeats, wait_for_answers
 from stepcli.run.live.liverun import LiveRun
 
 # Steps until rank 0 sees <control>/pause, then idles (no steps) until <control>/end. Rank 0 decides and
@@ -1107,7 +1107,7 @@ def test_a_capture_the_run_outpaced_asks_again_further_ahead(
     """A job much faster than its last heartbeat said (a loaded machine, a burst): the first placement is
     already behind it. The capture withdraws it and asks for later steps instead of giving up."""
     from stepcli.run.controldir import read_control
-    from stepcli.run.live.capture import capture_main
+    from stepcli.run.live.capturewindow import capture_main
 
     folder = _control(tmp_path, [])
     atomic_write_json(

@@ -11,7 +11,7 @@ import pytest
 from stepcli.agent.slowrule import baseline, parse, threshold_ns
 from stepcli.agent.steprecord import build
 from stepcli.agent.tracker import NEVER, StepTracker
-from stepcli.run.live.top import snapshot
+from stepcli.run.live.liveview import snapshot
 from stepcli.run.summary.recordreader import stats
 
 

@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from stepcli.compare.inference import estimate_change, more_needed, warmup_length
-from stepcli.compare.model import Measurement, ProcessSteps, RunSteps
+from stepcli.compare.measurement import Measurement, ProcessSteps, RunSteps
 from stepcli.compare.verdict import decide
 from stepcli.errors import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_REGRESSION
 from stepcli.stats import describe
@@ -320,7 +320,7 @@ def test_separation_needs_the_whole_gap_beyond_the_limit_and_enough_steps() -> N
 
 
 def test_separation_chance_is_the_exact_mann_whitney_tail() -> None:
-    from stepcli.compare.nointerval import separation
+    from stepcli.compare.withoutinterval import separation
 
     assert separation([1.0, 1.0, 1.0, 1.0], [9.0, 9.0, 9.0, 9.0], 0.1, 0.0, 0.95) == ("regression", 1 / 70)
     assert separation([1.0, 1.0, 1.0], [9.0, 9.0, 9.0, 9.0], 0.1, 0.0, 0.95) is None  # 1/35 > 0.025

@@ -17,7 +17,7 @@ from stepcli.agent.stacks import SCHEMA as STACKS_SCHEMA
 from stepcli.fmt import say
 from stepcli.report import lateness
 from stepcli.run.live import hangdoctor as hang
-from stepcli.run.live.top import render
+from stepcli.run.live.liveview import render
 from stepcli.run.summary.console import _print_hang
 from stepcli.run.summary.hangreport import hang_summary
 from stepcli.traces.render.formats import csv_report, markdown_report

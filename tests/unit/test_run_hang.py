@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from stepcli.agent import collectives
+from stepcli.agent import lastcollective as collectives
 from stepcli.agent.stacks import STALL_PREFIX, StackDumper
 from stepcli.agent.tracker import StepTracker
 from stepcli.errors import StepcliError
@@ -342,7 +342,7 @@ def test_no_hang_no_block(section: Any) -> None:
 
 
 def test_the_programs_own_frame_skips_the_standard_library_and_stepcli() -> None:
-    import stepcli.agent.collectives as wrapper
+    import stepcli.agent.lastcollective as wrapper
 
     frames = [
         {"function": "wait", "file": str(Path(json.__file__).parent.parent / "threading.py"), "line": 1},

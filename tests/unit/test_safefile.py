@@ -29,7 +29,7 @@ from stepcli.errors import StepcliError
 from stepcli.report import write_html, write_new_file
 from stepcli.run import outputs
 from stepcli.run.summary.build import write_run_summary
-from stepcli.traces.merge import check_output
+from stepcli.traces.mergetraces import check_output
 
 SECRET = b"the user's own private file\n"
 

@@ -15,9 +15,9 @@ import pytest
 
 from stepcli.agent.cudamemory import STEP_TAG
 from stepcli.errors import TraceError
-from stepcli.snapshots.analysis import analyze
 from stepcli.snapshots.history import Frame, HistoryBuilder
-from stepcli.snapshots.reader import load_snapshot
+from stepcli.snapshots.snapshotfigures import analyze
+from stepcli.snapshots.snapshotreader import load_snapshot
 from stepcli.snapshots.unpickle import StreamDecoder
 
 

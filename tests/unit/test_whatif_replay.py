@@ -14,7 +14,7 @@ from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.events import Event
 from stepcli.traces.read.typedcolumns import columns_from_events
 from stepcli.whatif.answer import Request, answer, parse_change
-from stepcli.whatif.replay import build_graph, replay, step_ms
+from stepcli.whatif.lanereplay import build_graph, replay, step_ms
 
 MAIN, WORKER = 1, 2
 

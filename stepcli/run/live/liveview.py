@@ -27,8 +27,8 @@ from stepcli.agent.ondemand import CONTROL_FOLDER
 from stepcli.errors import StepcliError
 from stepcli.fmt import visible
 from stepcli.run.controldir import read_processes, run_alive
-from stepcli.run.live.capture import Ping, _ping, _renewer, _withdraw, await_heartbeats
 from stepcli.run.live.captureplan import fresh, step_time
+from stepcli.run.live.capturewindow import Ping, _ping, _renewer, _withdraw, await_heartbeats
 from stepcli.run.live.liverun import LiveRun, find_run
 
 SCHEMA = "stepcli.top"

@@ -1,4 +1,4 @@
-"""The `stepcli top` command's options (kept out of cli.py); the view itself is stepcli/run/live/top.py, loaded when run."""
+"""The `stepcli top` command's options (kept out of cli.py); the view itself is stepcli/run/live/liveview.py, loaded when run."""
 
 from __future__ import annotations
 
@@ -11,6 +11,6 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="One snapshot as JSON on stdout.")
 def top(target: str, once: bool, as_json: bool) -> int:
     """Show a running `stepcli run` (its -o folder or one of its pids) live, one line per rank."""
-    from stepcli.run.live.top import top_main
+    from stepcli.run.live.liveview import top_main
 
     return top_main(target, once=once, as_json=as_json)

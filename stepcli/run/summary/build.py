@@ -28,7 +28,7 @@ from stepcli.errors import StepcliError, TraceError
 from stepcli.fmt import plural
 from stepcli.inputs import read_side_json
 from stepcli.run.summary.compilesteps import compile_summary, compiled_steps
-from stepcli.run.summary.culprit import culprit_section
+from stepcli.run.summary.culpritsection import culprit_section
 from stepcli.run.summary.hangreport import hang_summary
 from stepcli.run.summary.threads import threads_section
 from stepcli.run.summary.whatifline import what_would_help
@@ -38,7 +38,7 @@ from stepcli.steptimes import process_steps
 from stepcli.traces.analyses.shares import STEP_KEY
 
 if TYPE_CHECKING:
-    from stepcli.traces.readonce import RunTraces
+    from stepcli.traces.runtraces import RunTraces
 
 TOP_N = 20
 _MAX_HELLO_BYTES = 1 << 20  # a process's hello file: a few notes
@@ -229,7 +229,7 @@ def build_run_summary(
     included. With `traces`, the trace files are read through it (and kept there for report.html). `on_hang` and
     `hang_ended` (the launcher ended the job after a hang dump) go into the `hang` section, read from
     `hang_folders` only: the OUT/hang-<n>/ folders this run's hang watch wrote."""
-    from stepcli.run.summary.steplogs import load_step_logs
+    from stepcli.run.summary.steplogreader import load_step_logs
 
     logs, refused = load_step_logs(config, since=started_at)  # signed, schema-checked, traces inside out_dir
     logs.sort(key=lambda log: (log.get("rank") is None, log.get("rank") or 0, log.get("pid", 0)))

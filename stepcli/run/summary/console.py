@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from stepcli.fmt import ms, plural, print_wrapped, size_or_dash, visible
 from stepcli.run.summary.compilesteps import compile_lines
-from stepcli.run.summary.culprit import print_culprit
+from stepcli.run.summary.culpritsection import print_culprit
 from stepcli.runsummary import RunSummary
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
         console.print(f"[bold cyan]advice:[/] {escape(advice_line(item))}")
     helps = summary.get("what_would_help")
     if helps:
-        from stepcli.whatif.render import top_line
+        from stepcli.whatif.whatifrender import top_line
 
         best = top_line(helps)
         if best:
@@ -201,8 +201,8 @@ def _print_tables(summary: RunSummary, console: Console) -> None:
     """Top operators and kernels, the step breakdown and the ranks, as `stepcli table` shows them."""
     if not (summary["top_operators"] or summary["top_kernels"]):
         return
-    from stepcli.traces.render import table as render
-    from stepcli.traces.render.device import print_device_section
+    from stepcli.traces.render import terminal as render
+    from stepcli.traces.render.gpusection import print_device_section
 
     width = console.width
     share_of = summary.get("share_of") or "recorded step time"

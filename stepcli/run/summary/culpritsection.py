@@ -1,6 +1,6 @@
 """The run summary's `culprit` section: the traces' culprit analysis (stepcli.traces.analyses.culprit) plus each process's
 Python garbage collections over the whole run (from its step log, stepcli.agent.gcpauses), and its terminal lines
-(its advice rule is stepcli.advice.culprit's)."""
+(its advice rule is stepcli.advice.culpritadvice's)."""
 
 from __future__ import annotations
 

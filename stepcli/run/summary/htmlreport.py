@@ -33,7 +33,7 @@ from stepcli.steptimes import process_steps, trace_process_steps
 
 if TYPE_CHECKING:
     from stepcli.report.data import ReportData
-    from stepcli.traces.readonce import RunTraces
+    from stepcli.traces.runtraces import RunTraces
 
 
 def step_logs(run_dir: Path) -> list[dict[str, Any]]:
@@ -221,7 +221,7 @@ def build(
 ) -> ReportData:
     """The page's data for a run summary (or None), its step logs (may be empty) and trace files (may be none)."""
     from stepcli.report.data import build as page_data
-    from stepcli.traces.readonce import RunTraces
+    from stepcli.traces.runtraces import RunTraces
 
     traces = traces if traces is not None else RunTraces()
     shown = with_step_logs(summary, logs)
@@ -262,7 +262,7 @@ def write_run_report(summary: RunSummary, traces: RunTraces | None = None) -> st
     there: it is never overwritten); returns its path.
 
     The launcher has saved the summary beside the step logs, so `stepcli report OUT_DIR` rebuilds the same page.
-    `traces`: what the run summary already read (stepcli.traces.readonce), so no trace is read a second time.
+    `traces`: what the run summary already read (stepcli.traces.runtraces), so no trace is read a second time.
     """
     from stepcli.fmt import say
     from stepcli.report import REPORT_NAME, run_report_path, write_new_file, write_page

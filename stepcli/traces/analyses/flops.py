@@ -6,7 +6,7 @@ trace; only `key_averages()` has them. So the agent writes the window's sum besi
 as `NAME.flops` ({"flops": N, "device": name or null}, stepcli.agent.recorder). A trace recorded elsewhere with
 `with_flops=True` on a GPU carries `"flops": N` in the args of the operators torch counts (aten::mm, addmm, bmm,
 baddbmm, conv2d, mul, add: none calls another, so their sum counts nothing twice); the reader sums them over the
-recorded steps (stepcli.traces.analyses.analysis), and the side file wins when both exist. The device is the side file's,
+recorded steps (stepcli.traces.analyses.traceanalysis), and the side file wins when both exist. The device is the side file's,
 else the trace's `deviceProperties`. Over the recorded steps of the traces that have counts: flops_per_step =
 FLOPs / steps, achieved_flops_per_s = FLOPs / recorded step time, and mfu = achieved / the device's dense tensor
 peak for a dtype (PEAKS; docs/concepts/gpu.md lists them with sources), null when the device is unknown (CPU included); `pace`

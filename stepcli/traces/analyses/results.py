@@ -1,7 +1,7 @@
 """The result types of trace analysis: what `stepcli table` reports (TraceSummary and its rows), and what one
 file contributes to it (FilePart), the small picklable part that worker processes send back.
 
-Definitions of the figures are in stepcli.traces.analyses.analysis (and docs/commands/table.md); this module holds data only.
+Definitions of the figures are in stepcli.traces.analyses.traceanalysis (and docs/commands/table.md); this module holds data only.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ class FilePart:
 
 
 class TraceFacts(Protocol):
-    """What a read trace says of itself besides its events (stepcli.traces.read.reader.Trace, columnkeeper.ColumnTrace)."""
+    """What a read trace says of itself besides its events (stepcli.traces.read.tracereader.Trace, columnkeeper.ColumnTrace)."""
 
     @property
     def path(self) -> str: ...

@@ -33,12 +33,12 @@ from stepcli.traces.analyses.device import (
     within_arrays,
 )
 from stepcli.traces.analyses.devicefigures import device_busy_arrays, device_launches, flops_of
-from stepcli.traces.analyses.model import (
+from stepcli.traces.analyses.ranks import is_communication
+from stepcli.traces.analyses.results import (
     PHASES,
     FilePart,
     TraceFacts,
 )
-from stepcli.traces.analyses.ranks import is_communication
 from stepcli.traces.analyses.shares import STEP_KEY, stable_name
 from stepcli.traces.analyses.steps import (
     BACKWARD,
@@ -67,7 +67,7 @@ from stepcli.traces.read.names import STEP_PREFIX, step_of
 if TYPE_CHECKING:
     import numpy as np
 
-    from stepcli.traces.read.reader import Trace
+    from stepcli.traces.read.tracereader import Trace
     from stepcli.traces.read.typedcolumns import Columns
 
 

@@ -1,7 +1,7 @@
 """The trace document around its events, and the slow path for an odd one: header values checked one by one (a bad
 value is ignored, never fatal), a decode error said in words, and the lenient decode of valid JSON whose fields
 have unexpected types (coerced where they can be, the event skipped where not). The fast typed decode is
-stepcli.traces.read.reader's.
+stepcli.traces.read.tracereader's.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`stepcli table`'s report in the format asked for (print_table_report): the terminal's rich tables
-(stepcli.traces.render.table), or for machines and CI JSON, CSV of every row, and a Markdown report (for a pull
+(stepcli.traces.render.terminal), or for machines and CI JSON, CSV of every row, and a Markdown report (for a pull
 request or $GITHUB_STEP_SUMMARY).
 """
 
@@ -17,7 +17,7 @@ from stepcli.fmt import plural, visible, visible_all
 from stepcli.pipeconsole import discard_stdout, json_for, pipe_console
 from stepcli.traces.analyses.culpritwords import culprit_lines
 from stepcli.traces.analyses.ranks import first_per_process
-from stepcli.traces.render.table import (
+from stepcli.traces.render.terminal import (
     DEFAULT_LIMIT,
     FORMATS,
     PHASE_ORDER,
@@ -32,7 +32,7 @@ from stepcli.traces.render.table import (
 )
 
 if TYPE_CHECKING:
-    from stepcli.traces.analyses.model import TraceSummary
+    from stepcli.traces.analyses.results import TraceSummary
 
 
 def json_text(data: Any) -> str:

@@ -67,7 +67,7 @@ def skipped_note(count: int) -> str:
 
 def outside_note(outside: Mapping[str, Any] | None) -> str | None:
     """The line under an operator table when host events outside every recorded step were left out of it
-    (stepcli.traces.analyses.analysis: their time is no step's, so it gets no share of step time); None when there were none."""
+    (stepcli.traces.analyses.traceanalysis: their time is no step's, so it gets no share of step time); None when there were none."""
     if not outside or not outside.get("events"):
         return None
     count = outside["events"]
@@ -77,7 +77,7 @@ def outside_note(outside: Mapping[str, Any] | None) -> str | None:
 
 def left_out_notes(data: Mapping[str, Any]) -> list[str]:
     """The line saying which steps were left out of every figure because they are no steps of the program's (the
-    profiler's closing stub, stepcli.traces.analyses.analysis.profiler_stub): never dropped silently, and one line
+    profiler's closing stub, stepcli.traces.analyses.traceanalysis.profiler_stub): never dropped silently, and one line
     however many traces have one (the first few named, every one in --json)."""
     entries = list(data.get("left_out_steps") or ())
     if not entries:
@@ -388,7 +388,7 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
     elif data.get("device"):
         title = "Device activity" + ("" if stats else " (whole trace)")
         print_table(console, breakdown_table(None, data["device"], title=title, whole=not stats))
-    from stepcli.traces.render.device import print_device_section
+    from stepcli.traces.render.gpusection import print_device_section
 
     print_device_section(data, console, whole=not stats)
     share_of = data.get("share_of")
