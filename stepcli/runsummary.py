@@ -62,7 +62,7 @@ class StepTimeMs(TypedDict):
     after_window: NotRequired[PopulationStats | None]
 
 
-class StepTimes(TypedDict):
+class SummaryStepTimes(TypedDict):
     """One entry of `step_times`: every step of one process, with one phase digit per step."""
 
     worker: str | None
@@ -110,7 +110,7 @@ class Process(TypedDict, total=False):
     phases: str | None
 
 
-class Window(TypedDict):
+class SummaryWindow(TypedDict):
     """One entry of `windows`: a saved trace."""
 
     worker: str
@@ -125,7 +125,7 @@ class Window(TypedDict):
     save_s: NotRequired[float]  # the pause its save put into the program (stopping the profiler, writing the file)
 
 
-class OpRow(TypedDict):
+class SummaryOpRow(TypedDict):
     """One row of `top_operators` / `top_kernels`."""
 
     name: str
@@ -174,12 +174,12 @@ class RunSummary(TypedDict, total=False):
     step_time_ms: StepTimeMs
     timeline_ms: list[float]
     timeline_phases: str
-    step_times: list[StepTimes]
+    step_times: list[SummaryStepTimes]
     processes: list[Process]
-    windows: list[Window]
+    windows: list[SummaryWindow]
     traces: list[str]
-    top_operators: list[OpRow]
-    top_kernels: list[OpRow]
+    top_operators: list[SummaryOpRow]
+    top_kernels: list[SummaryOpRow]
     ranks: list[dict[str, Any]]
     slowest_rank: int | None
     straggler: dict[str, Any] | None

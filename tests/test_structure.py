@@ -229,3 +229,26 @@ def test_no_module_over_800_lines() -> None:
     if large:
         warnings.warn(f"modules past 600 lines (one concept each?): {large}", stacklevel=1)
     assert {name: n for name, n in large.items() if n > 800} == {}
+
+
+def _product_modules() -> list[Path]:
+    """Every module of the product (the bootstrap's sitecustomize is named by Python, not by us)."""
+    return sorted(p for p in PACKAGE.rglob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+
+
+def test_module_names_are_unique() -> None:
+    # Issue 50: a name says which module it is without its folder (three culprit.py were three different things).
+    seen: dict[str, list[str]] = {}
+    for path in _product_modules():
+        seen.setdefault(path.stem, []).append(str(path.relative_to(PACKAGE)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+def test_class_names_are_unique() -> None:
+    # Issue 50: one class per name across the package, so that `OpRow` in a traceback or a review names one thing.
+    seen: dict[str, list[str]] = {}
+    for path in _product_modules():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                seen.setdefault(node.name, []).append(str(path.relative_to(PACKAGE)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}

@@ -21,15 +21,15 @@ from collections.abc import Sequence
 
 from stepcli.compare.attribution import OpChange
 from stepcli.compare.comparerender import render_console, render_markdown
-from stepcli.compare.comparison import Comparison, OpRow
+from stepcli.compare.comparison import ComparedOpRow, Comparison
 from stepcli.compare.load import (
     load_measurement,
     load_side,
     measurement_from_run,
     measurement_from_summary,
 )
-from stepcli.compare.measurement import Measurement, OpSteps, OpTime, ProcessSteps
-from stepcli.compare.populations import StepRow
+from stepcli.compare.measurement import MeasuredProcess, Measurement, OpSteps, OpTime
+from stepcli.compare.populations import PopulationRow
 from stepcli.compare.verdict import TOP_OPS, decide, parse_confidence, parse_tolerance
 from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.runsummary import READABLE_VERSIONS as RUN_SCHEMA_VERSIONS
@@ -43,9 +43,9 @@ __all__ = [
     "TOP_OPS",
     "Comparison",
     "Measurement",
-    "OpRow",
+    "ComparedOpRow",
     "OpTime",
-    "StepRow",
+    "PopulationRow",
     "compare_main",
     "decide",
     "load_measurement",
@@ -259,7 +259,7 @@ def _refuse_a_run_on_both_sides(
             )
 
 
-def _runs(side: Measurement) -> dict[tuple[str | None, tuple[ProcessSteps, ...]], str]:
+def _runs(side: Measurement) -> dict[tuple[str | None, tuple[MeasuredProcess, ...]], str]:
     """A side's runs by what makes a run the same run: its run_id and its steps (a hand-made summary may reuse an
     id; a run's folder and its --json hold the same steps), with the label of each."""
     return {(run.run_id, run.processes): run.label for run in side.runs}

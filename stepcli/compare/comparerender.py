@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from stepcli.compare.attribution import PHASE_LABELS, OpChange
-from stepcli.compare.comparison import Comparison, OpRow
-from stepcli.compare.populations import StepRow
+from stepcli.compare.comparison import ComparedOpRow, Comparison
+from stepcli.compare.populations import PopulationRow
 from stepcli.compare.wording import ci as _ci
 from stepcli.compare.wording import fmt_level as _fmt_level
 from stepcli.compare.wording import fmt_ms as _fmt_ms
@@ -29,14 +29,14 @@ def _count_cell(value: float | None) -> str:
     return "-" if value is None else str(int(value))
 
 
-def _step_cells(row: StepRow) -> list[str]:
+def _step_cells(row: PopulationRow) -> list[str]:
     if row.stat == "count":  # how many step times each side kept (the `steps:` lines say which): not a change
         return [_count_cell(row.baseline), _count_cell(row.current), "", ""]
     delta = None if row.baseline is None or row.current is None else row.current - row.baseline
     return [_fmt_ms(row.baseline), _fmt_ms(row.current), _signed(delta), _pct(delta, row.baseline)]
 
 
-def _op_cells(row: OpRow) -> list[str]:
+def _op_cells(row: ComparedOpRow) -> list[str]:
     delta = None if row.baseline_ms is None or row.current_ms is None else row.current_ms - row.baseline_ms
     return [_fmt_ms(row.baseline_ms), _fmt_ms(row.current_ms), _signed(delta), _pct(delta, row.baseline_ms), row.status]
 
@@ -190,7 +190,7 @@ def attribution_caption(changes: Sequence[OpChange], confidence: float, family: 
     )
 
 
-def _op_line(row: OpRow, *, judged: bool = True) -> str:
+def _op_line(row: ComparedOpRow, *, judged: bool = True) -> str:
     baseline, current, delta, percent, status = _op_cells(row)
     change = f", {delta} ({percent})" if judged else ""
     return f"{baseline} -> {current} ms{change}" + (f", {status}" if status else "")
@@ -235,7 +235,7 @@ def _steps_table(c: Comparison, marker: str) -> Table:
     return steps
 
 
-def _decides(c: Comparison, row: StepRow) -> bool:
+def _decides(c: Comparison, row: PopulationRow) -> bool:
     return c.decides(row)
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from stepcli.compare.measurement import Measurement, OpSteps, OpTime, ProcessSteps, RunSteps
+from stepcli.compare.measurement import MeasuredProcess, Measurement, OpSteps, OpTime, RunSteps
 from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.runsummary import SCHEMA as RUN_SCHEMA
 from stepcli.runsummary import SUMMARY_FILE, RunSummary, invalid, load_run_summary, read_run_summary
@@ -71,7 +71,7 @@ def _counted(stats: Stats | None) -> Stats | None:
     return Stats(**{**stats, "count": int(stats["count"])})
 
 
-def _run_processes(summary: RunSummary, label: str) -> tuple[ProcessSteps, ...]:
+def _run_processes(summary: RunSummary, label: str) -> tuple[MeasuredProcess, ...]:
     """Every step of every process: `step_times` (schema 2), else the primary process's timeline (schema 1)."""
     entries = summary.get("step_times")
     if entries is None:
@@ -86,7 +86,7 @@ def _run_processes(summary: RunSummary, label: str) -> tuple[ProcessSteps, ...]:
         times = entry["durations_ms"]
         if times:
             name = str(entry.get("worker") or f"process{index}")
-            processes.append(ProcessSteps(name, tuple(range(len(times))), tuple(map(float, times)), entry["phases"]))
+            processes.append(MeasuredProcess(name, tuple(range(len(times))), tuple(map(float, times)), entry["phases"]))
     return tuple(processes)
 
 
@@ -155,7 +155,7 @@ def _named_rows(rows: Any, label: str, where: str) -> list[Mapping[str, Any]]:
     return rows
 
 
-def _trace_processes(rows: Sequence[Any]) -> tuple[ProcessSteps, ...]:
+def _trace_processes(rows: Sequence[Any]) -> tuple[MeasuredProcess, ...]:
     """ProfilerStep#N durations per rank; traces without a rank that repeat a step number are separate processes."""
     series: dict[tuple[Any, int], list[tuple[int, float]]] = defaultdict(list)
     seen: dict[tuple[Any, int], int] = defaultdict(int)
@@ -170,7 +170,7 @@ def _trace_processes(rows: Sequence[Any]) -> tuple[ProcessSteps, ...]:
     for (rank, copy), items in sorted(series.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, kv[0][1])):
         items.sort()
         name = f"rank{rank}" if rank is not None else f"trace{copy}"
-        out.append(ProcessSteps(name, tuple(s for s, _ in items), tuple(t for _, t in items), "2" * len(items)))
+        out.append(MeasuredProcess(name, tuple(s for s, _ in items), tuple(t for _, t in items), "2" * len(items)))
     return tuple(out)
 
 

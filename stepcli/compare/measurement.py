@@ -30,7 +30,7 @@ class OpTime:
 
 
 @dataclass(frozen=True)
-class ProcessSteps:
+class MeasuredProcess:
     """Every step one process made: its step numbers, times (ms) and phase digits, in step order."""
 
     name: str
@@ -45,7 +45,7 @@ class RunSteps:
 
     label: str
     run_id: str | None
-    processes: tuple[ProcessSteps, ...]
+    processes: tuple[MeasuredProcess, ...]
     start_up_step: bool  # run summaries: step 0 holds start-up (import, first allocation), never a sample
 
     def set_aside(self) -> int:

@@ -48,7 +48,7 @@ from typing import Any
 
 from stepcli.compare.attribution import OpChange
 from stepcli.compare.budgets import exceeds
-from stepcli.compare.comparison import Comparison, OpRow, Verdict, exit_code
+from stepcli.compare.comparison import ComparedOpRow, Comparison, Verdict, exit_code
 from stepcli.compare.inference import (
     DEFAULT_RESAMPLES,
     MIN_STEPS,
@@ -283,7 +283,7 @@ def _more_data(change: Change, limit: float) -> str:
     return f"about {max(1, math.ceil(steps * (factor - 1)))} more steps per side (or more runs) would decide it"
 
 
-def _op_rows(baseline: Measurement, current: Measurement, top: int) -> tuple[OpRow, ...]:
+def _op_rows(baseline: Measurement, current: Measurement, top: int) -> tuple[ComparedOpRow, ...]:
     """Operators matched by name, the `top` with the largest self time on either side."""
     before = {op.name: op.self_ms for op in baseline.ops}
     after = {op.name: op.self_ms for op in current.ops}
@@ -296,5 +296,5 @@ def _op_rows(baseline: Measurement, current: Measurement, top: int) -> tuple[OpR
             status = "removed" if current.ops_complete else "not in current top"
         else:
             status = ""
-        rows.append(OpRow(name=name, baseline_ms=before.get(name), current_ms=after.get(name), status=status))
+        rows.append(ComparedOpRow(name=name, baseline_ms=before.get(name), current_ms=after.get(name), status=status))
     return tuple(rows)

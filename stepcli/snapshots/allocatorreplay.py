@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stepcli.snapshots.snapshotreader import Segment, Trace
+from stepcli.snapshots.snapshotreader import HistoryColumns, Segment
 
 ALLOCATED_STATES = ("active_allocated",)
 
@@ -30,10 +30,10 @@ class StepFigures:
 
 
 @dataclass
-class Replay:
+class AllocatorReplay:
     """Totals over the history, and the live allocations at `stop` (an index into the entries)."""
 
-    entries: Trace
+    entries: HistoryColumns
     segments: list[Segment]
     stop: int | None = None  # replay entries[:stop]; None: all
     allocated: int = 0
@@ -45,7 +45,7 @@ class Replay:
     steps: dict[int, StepFigures] = field(default_factory=dict)
     survivors: dict[int, dict[int, int]] = field(default_factory=dict)  # step -> stack -> bytes alive 2 steps on
 
-    def run(self) -> Replay:
+    def run(self) -> AllocatorReplay:
         """One pass, locals only in the loop: a history of millions of events takes seconds, not minutes."""
         entries = self.entries.rows(None, self.stop)
         free_action = "free_completed" if self.entries.has_action("free_completed") else "free_requested"

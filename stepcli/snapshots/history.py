@@ -34,7 +34,7 @@ class NotSnapshot(Exception):
         self.verbatim = verbatim
 
 
-class Refused(Exception):
+class ClassRefused(Exception):
     """The pickle asks for a class or function (or a persistent object): never built, whatever it is."""
 
 
@@ -71,7 +71,7 @@ class StepRef(NamedTuple):
     code: int
 
 
-class Trace(Sequence[Entry]):
+class HistoryColumns(Sequence[Entry]):
     """One device's history as columns: 25 bytes an entry, where a tuple of Python objects would take ~150."""
 
     def __init__(self, names: list[str], steps: list[int | None]) -> None:
@@ -147,8 +147,8 @@ class HistoryBuilder:
         self._step_codes: dict[Any, int] = {}
         self._tag = step_tag
 
-    def new_trace(self) -> Trace:
-        return Trace(self.names, self.step_values)
+    def new_trace(self) -> HistoryColumns:
+        return HistoryColumns(self.names, self.step_values)
 
     def stack(self, frames: Any) -> int:
         """The index of this stack. torch shares each distinct frame dict among all entries, so the ids of a
@@ -221,7 +221,7 @@ class HistoryBuilder:
             self.names.append(action)
         return code
 
-    def add(self, trace: Trace, raw: Any) -> None:
+    def add(self, trace: HistoryColumns, raw: Any) -> None:
         """One entry's dict (any layout torch writes) -> one row: the fields as `int`/`str` read them."""
         action = raw["action"]
         if type(action) is StepRef or type(action) is StackRef:

@@ -7,8 +7,8 @@ from typing import Any
 
 from stepcli.errors import TraceError
 from stepcli.snapshots import categories
-from stepcli.snapshots.allocatorreplay import Replay, StepFigures
-from stepcli.snapshots.snapshotreader import Frame, Snapshot, Stack, Trace
+from stepcli.snapshots.allocatorreplay import AllocatorReplay, StepFigures
+from stepcli.snapshots.snapshotreader import Frame, HistoryColumns, Snapshot, Stack
 
 LEAK_MIN_INCREASES = 3  # consecutive steps whose start-of-step allocated memory grew
 LEAK_MIN_BYTES = 1 << 20  # ... by at least this much in all
@@ -43,9 +43,9 @@ def choose_device(snapshot: Snapshot) -> int:
 def analyze(snapshot: Snapshot, top: int = 10) -> dict[str, Any]:
     """Everything about one snapshot, as plain data (the `--json` document's per-snapshot part)."""
     device = choose_device(snapshot)
-    entries = snapshot.traces[device] if device < len(snapshot.traces) else Trace([], [None])
+    entries = snapshot.traces[device] if device < len(snapshot.traces) else HistoryColumns([], [None])
     segments = [s for s in snapshot.segments if s.device == device]
-    whole = Replay(entries, segments).run()
+    whole = AllocatorReplay(entries, segments).run()
     info = snapshot.info
     oom = whole.oom_index >= 0 or info is not None
     if whole.oom_index >= 0:
@@ -54,7 +54,7 @@ def analyze(snapshot: Snapshot, top: int = 10) -> dict[str, Any]:
         stop = None
     else:
         stop = whole.peak_index + 1
-    at = Replay(entries, segments, stop=stop).run()
+    at = AllocatorReplay(entries, segments, stop=stop).run()
     moment_entry = (
         entries[whole.oom_index]
         if whole.oom_index >= 0
@@ -86,7 +86,7 @@ def analyze(snapshot: Snapshot, top: int = 10) -> dict[str, Any]:
     }
 
 
-def _moment(snapshot: Snapshot, at: Replay, entry: Any, oom: bool) -> dict[str, Any]:
+def _moment(snapshot: Snapshot, at: AllocatorReplay, entry: Any, oom: bool) -> dict[str, Any]:
     info = snapshot.info or {}
     step = info.get("step") if "step" in info else (entry.step if entry is not None else None)
     if isinstance(info.get("phase"), str):
@@ -126,7 +126,7 @@ def _byte_count(value: Any) -> int | None:
     return None
 
 
-def _split(stacks: list[Stack], at: Replay) -> dict[str, int]:
+def _split(stacks: list[Stack], at: AllocatorReplay) -> dict[str, int]:
     split = dict.fromkeys(categories.CATEGORIES, 0)
     cache: dict[tuple[int, bool], str] = {}
     for size, stack, step in at.live.values():
@@ -148,7 +148,7 @@ def _site_key(stacks: list[Stack], stack: int) -> tuple[Frame | None, Frame | No
     return categories.site(stacks[stack])
 
 
-def _sites(stacks: list[Stack], at: Replay, top: int) -> list[dict[str, Any]]:
+def _sites(stacks: list[Stack], at: AllocatorReplay, top: int) -> list[dict[str, Any]]:
     sites: dict[Frame | None, dict[str, Any]] = {}
     for size, stack, step in at.live.values():
         frame, via = _site_key(stacks, stack)
@@ -184,7 +184,7 @@ def find_leak(
     steps: dict[int, StepFigures],
     survivors: dict[int, dict[int, int]],
     stacks: list[Stack],
-    at: Replay | None = None,
+    at: AllocatorReplay | None = None,
     moment_step: int | None = None,
 ) -> dict[str, Any] | None:
     """Tensors made in earlier steps, still alive and piling up: allocated memory at the start of a step (the same
@@ -233,7 +233,7 @@ def find_leak(
 
 
 def _held(
-    stacks: list[Stack], at: Replay | None, site: Frame, moment_step: int | None
+    stacks: list[Stack], at: AllocatorReplay | None, site: Frame, moment_step: int | None
 ) -> tuple[int | None, int | None]:
     """(bytes, of which activations) alive at the moment that the leak's site allocated in steps before the
     moment's (tensors of the moment's own step are not kept yet); (None, None) without a moment or its step."""

@@ -30,9 +30,17 @@ from stepcli.agent.cudamemory import ON_DEMAND_PREFIX, SNAPSHOT_KEY, SNAPSHOT_PR
 from stepcli.errors import TraceError
 from stepcli.inputs import GZIP_MAGIC
 from stepcli.limits import DEFAULT_DECODE_BYTES, input_limit
+from stepcli.snapshots.history import (
+    ClassRefused,
+    HistoryBuilder,
+    HistoryColumns,
+    NotSnapshot,
+    Stack,
+    Truncated,
+    Unsupported,
+)
 from stepcli.snapshots.history import Entry as Entry  # the snapshot's model, for its readers
 from stepcli.snapshots.history import Frame as Frame
-from stepcli.snapshots.history import HistoryBuilder, NotSnapshot, Refused, Stack, Trace, Truncated, Unsupported
 from stepcli.snapshots.unpickle import StreamDecoder
 
 # Older protocols build sets through these names. Not bytearray: `bytearray(10**12)` would be a memory bomb.
@@ -60,7 +68,7 @@ class Segment(NamedTuple):
 class Snapshot:
     path: str
     segments: list[Segment]
-    traces: list[Trace]  # per device index
+    traces: list[HistoryColumns]  # per device index
     stacks: list[Stack] = field(default_factory=lambda: [()])  # index 0: no Python stack recorded
     info: dict[str, Any] | None = None  # what `stepcli run --memory` added: step, phase, the failed request
     allocator_settings: dict[str, Any] = field(default_factory=dict)
@@ -78,11 +86,11 @@ class _PlainDataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         plain = _PLAIN_BUILTINS.get(("builtins" if module == "__builtin__" else module, name))  # protocols 0-2
         if plain is None:
-            raise Refused(f"{module}.{name}")
+            raise ClassRefused(f"{module}.{name}")
         return plain
 
     def persistent_load(self, pid: Any) -> Any:
-        raise Refused("a persistent object")
+        raise ClassRefused("a persistent object")
 
 
 class _OverBudget(Exception):
@@ -176,7 +184,7 @@ def load_snapshot(
     raise AssertionError("unreachable")
 
 
-def _streamed(builder: HistoryBuilder, keep: bool) -> Callable[[Any], tuple[Any, dict[int, Trace]]]:
+def _streamed(builder: HistoryBuilder, keep: bool) -> Callable[[Any], tuple[Any, dict[int, HistoryColumns]]]:
     return lambda stream: StreamDecoder(stream.read, builder, keep=keep).run()
 
 
@@ -243,7 +251,7 @@ def _read(path: str, decode: Callable[[Any], Any], budget: int | None = None, pr
             told = None if progress is None else (lambda: progress(raw.tell(), size))
             capped = io.BufferedReader(_Capped(stream, limit, budget, told), buffer_size=1 << 20)
             return decode(capped)
-        except Refused as exc:
+        except ClassRefused as exc:
             raise TraceError(
                 path,
                 f"refused: the pickle asks to build {exc}, which is not plain data (a snapshot holds only dicts, "
@@ -283,11 +291,13 @@ def _read(path: str, decode: Callable[[Any], Any], budget: int | None = None, pr
             raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
 
 
-def _convert(path: str, data: dict[str, Any], builder: HistoryBuilder, histories: dict[int, Trace]) -> Snapshot:
+def _convert(
+    path: str, data: dict[str, Any], builder: HistoryBuilder, histories: dict[int, HistoryColumns]
+) -> Snapshot:
     """The snapshot's parts, checked; `histories`: the device traces the streaming decoder already turned into
     columns (their lists emptied), by id."""
     segments = [_segment(raw, builder) for raw in data["segments"]]
-    traces: list[Trace] = []
+    traces: list[HistoryColumns] = []
     raw_traces = data.get("device_traces") or []
     if not isinstance(raw_traces, list):
         raise TypeError("'device_traces' is not a list")

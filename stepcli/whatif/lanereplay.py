@@ -33,7 +33,7 @@ class Scale:
 
 
 @dataclass
-class Change:
+class WhatifChange:
     """What is changed, as typed (`text`), and its parts; several flags together merge into one Change."""
 
     text: str
@@ -41,8 +41,8 @@ class Change:
     comm: float = 1.0
     idealize: list[int] = field(default_factory=list)  # ranks whose compute becomes the others' median
 
-    def merged(self, other: Change, text: str) -> Change:
-        return Change(text, self.scales + other.scales, self.comm * other.comm, self.idealize + other.idealize)
+    def merged(self, other: WhatifChange, text: str) -> WhatifChange:
+        return WhatifChange(text, self.scales + other.scales, self.comm * other.comm, self.idealize + other.idealize)
 
 
 @dataclass
@@ -90,7 +90,7 @@ class Record:
 
 
 @dataclass
-class Replay:
+class LaneReplay:
     start: list[float]  # per lane, aligned
     end: list[float]
     records: list[list[Record]]
@@ -220,7 +220,7 @@ def _items(
     return joints, missed
 
 
-def speeds(lane: RankLane, change: Change | None) -> np.ndarray:
+def speeds(lane: RankLane, change: WhatifChange | None) -> np.ndarray:
     """Per elementary interval of the lane: how long its time takes under the change (1: unchanged)."""
     factor = np.ones(max(len(lane.grid) - 1, 0))
     if change is None or not len(factor):
@@ -240,7 +240,7 @@ def speeds(lane: RankLane, change: Change | None) -> np.ndarray:
     return factor
 
 
-def replay(graph: Graph, change: Change | None = None) -> Replay:
+def replay(graph: Graph, change: WhatifChange | None = None) -> LaneReplay:
     """List scheduling of every lane, rank by rank as far as each can go, until all reach their window's end."""
     return _Scheduler(graph, change).run()
 
@@ -248,7 +248,7 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
 class _Scheduler:
     """The replay's state: each lane's position, its replayed clock, and the collectives' replayed times."""
 
-    def __init__(self, graph: Graph, change: Change | None) -> None:
+    def __init__(self, graph: Graph, change: WhatifChange | None) -> None:
         self.graph = graph
         n = len(graph.lanes)
         self.integrals = []
@@ -268,7 +268,7 @@ class _Scheduler:
         self.blocked = [0.0] * n
         self.done = [False] * n
 
-    def run(self) -> Replay:
+    def run(self) -> LaneReplay:
         graph = self.graph
         while not all(self.done):
             progressed = False
@@ -278,7 +278,7 @@ class _Scheduler:
             if not progressed:
                 stuck = [graph.lanes[i].label for i in range(len(graph.lanes)) if not self.done[i]]
                 raise ReplayError(f"{', '.join(stuck)} wait(s) at a collective that another rank never reaches")
-        return Replay(
+        return LaneReplay(
             [graph.start[i] - graph.offset[i] for i in range(len(graph.lanes))],
             self.cur,
             self.records,
@@ -375,7 +375,7 @@ def compute_between(graph: Graph, i: int, integral: np.ndarray) -> dict[int, flo
     return out
 
 
-def _idealized(graph: Graph, integrals: list[np.ndarray], change: Change | None) -> list[dict[int, float]]:
+def _idealized(graph: Graph, integrals: list[np.ndarray], change: WhatifChange | None) -> list[dict[int, float]]:
     """Per lane, interval -> multiplier: an idealized rank's compute between its collectives (operators and the
     gaps between them, not its waits) becomes the other ranks' median for the same interval."""
     out: list[dict[int, float]] = [{} for _ in graph.lanes]
@@ -398,7 +398,7 @@ def _length(lane: RankLane, integral: np.ndarray, lo: float, hi: float) -> float
     return float(np.interp(hi, lane.grid, integral) - np.interp(lo, lane.grid, integral))
 
 
-def step_ms(graph: Graph, times: Replay | None = None) -> float:
+def step_ms(graph: Graph, times: LaneReplay | None = None) -> float:
     """The mean step time over the lanes (ms): each lane's window over its steps, measured or replayed."""
     count = len(graph.steps)
     if times is None:

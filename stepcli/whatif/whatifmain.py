@@ -14,7 +14,7 @@ from typing import Any
 from stepcli import safefile
 from stepcli.errors import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_USAGE, StepcliError
 from stepcli.traces.analyses.lanes import RankLane
-from stepcli.whatif.answer import SCHEMA, Request, solve
+from stepcli.whatif.answer import SCHEMA, WhatifRequest, solve
 
 
 def read_lane(path: str) -> RankLane:
@@ -89,7 +89,7 @@ def whatif_main(
     if not files:
         raise StepcliError(f"no trace files in {', '.join(paths)}", EXIT_USAGE)
     lanes, notes = pick_lanes(map_files(read_lane, files, jobs), step)
-    solved = solve(lanes, Request(changes, step), untouched_median(paths, all_runs))
+    solved = solve(lanes, WhatifRequest(changes, step), untouched_median(paths, all_runs))
     doc = solved.doc
     if json_path is not None:
         write_json(json_path, doc)

@@ -27,7 +27,7 @@ from stepcli.errors import EXIT_NOTHING_MEASURED
 from stepcli.fmt import say as _say
 from stepcli.fmt import size
 from stepcli.run.controldir import locked, read_control, read_processes, run_alive, still_wanted, write_requests
-from stepcli.run.live.captureplan import MARGIN_S, Request, fresh, patience, plan_request, step_time
+from stepcli.run.live.captureplan import MARGIN_S, CaptureRequest, fresh, patience, plan_request, step_time
 from stepcli.run.live.liverun import LiveRun, find_run
 
 SCHEMA = "stepcli.capture"
@@ -111,7 +111,7 @@ def await_heartbeats(run: LiveRun, ping: Ping, timeout_at: float, renew: Callabl
         time.sleep(_TICK_S)
 
 
-def _place(run: LiveRun, ping: Ping, wait: int, warmup: int, active: int, margin_s: float) -> Request:
+def _place(run: LiveRun, ping: Ping, wait: int, warmup: int, active: int, margin_s: float) -> CaptureRequest:
     """Choose the steps from the freshest heartbeats and add the request to the file, under the lock."""
     with locked(run.folder) as fd:
         others, pings = read_control(run.folder, run.run_id)
@@ -131,7 +131,7 @@ def _place(run: LiveRun, ping: Ping, wait: int, warmup: int, active: int, margin
     return request
 
 
-def _withdraw(run: LiveRun, ping: Ping | None, request: Request | None) -> None:
+def _withdraw(run: LiveRun, ping: Ping | None, request: CaptureRequest | None) -> None:
     """Take back this capture's ping and request: with none left the file goes, and the processes stop writing.
     A process that accepted the request drops its window (it no longer recording is what it costs the job)."""
     mine = {ping.id if ping is not None else "", request.id if request is not None else ""}
@@ -159,13 +159,13 @@ def _order(process: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def _answer(process: dict[str, Any], request: Request) -> dict[str, Any] | None:
+def _answer(process: dict[str, Any], request: CaptureRequest) -> dict[str, Any] | None:
     responses = process.get("responses")
     answer = responses.get(request.id) if isinstance(responses, dict) else None
     return answer if isinstance(answer, dict) else None
 
 
-def too_late(processes: list[dict[str, Any]], request: Request) -> bool:
+def too_late(processes: list[dict[str, Any]], request: CaptureRequest) -> bool:
     """Some process was already past the first step asked for, and none has saved a trace of it yet."""
     answers = [a for p in processes if (a := _answer(p, request)) is not None]
     return any(a.get("late") for a in answers) and not any(a.get("status") == "saved" for a in answers)
@@ -173,7 +173,7 @@ def too_late(processes: list[dict[str, Any]], request: Request) -> bool:
 
 def wait_for_answers(
     run: LiveRun,
-    request: Request,
+    request: CaptureRequest,
     timeout_at: float,
     renew: Callable[[], None] = lambda: None,
 ) -> tuple[list[dict[str, Any]], str]:
@@ -209,7 +209,7 @@ def wait_for_answers(
 
 def _outcome(
     processes: list[dict[str, Any]],
-    request: Request,
+    request: CaptureRequest,
     stop: str,
     timeout: float,
     now: float,
@@ -321,7 +321,7 @@ def capture_main(target: str, *, wait: int, warmup: int, active: int, timeout: f
     # and the request.
     previous = {sig: signal.signal(sig, _terminate) for sig in _ENDING_SIGNALS}
     ping: Ping | None = None
-    placed: list[Request] = []  # the last is withdrawn by `finally` (each earlier one was, when replaced)
+    placed: list[CaptureRequest] = []  # the last is withdrawn by `finally` (each earlier one was, when replaced)
     try:
         why = _await_a_step(run, timeout, timeout_at)
         if why:
@@ -348,8 +348,8 @@ def _ask(
     timeout_at: float,
     window: tuple[int, int, int],
     as_json: bool,
-    placed: list[Request],
-) -> tuple[list[dict[str, Any]], Request, str]:
+    placed: list[CaptureRequest],
+) -> tuple[list[dict[str, Any]], CaptureRequest, str]:
     """Place the request and wait for the answers; when the run was already past its steps, withdraw it (those
     that accepted drop the window) and place a new one twice as far ahead, a few times at most."""
     wait, warmup, active = window
@@ -386,7 +386,7 @@ def _await_a_step(run: LiveRun, timeout: float, timeout_at: float) -> str:
     return f"the run made no step within {timeout:g} s"
 
 
-def _describe(request: Request) -> str:
+def _describe(request: CaptureRequest) -> str:
     first, last = request.first_step, request.last_step
     steps = f"step {first}" if first == last else f"steps {first}-{last}"
     return steps + (f" (warming up from step {request.open_at})" if request.open_at < first else "")

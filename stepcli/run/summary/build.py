@@ -32,7 +32,7 @@ from stepcli.run.summary.culpritsection import culprit_section
 from stepcli.run.summary.hangreport import hang_summary
 from stepcli.run.summary.threads import threads_section
 from stepcli.run.summary.whatifline import what_would_help
-from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, AdviceItem, Process, RunSummary, StepTimeMs, Window
+from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, AdviceItem, Process, RunSummary, StepTimeMs, SummaryWindow
 from stepcli.stats import describe
 from stepcli.steptimes import process_steps
 from stepcli.traces.analyses.shares import STEP_KEY
@@ -349,7 +349,7 @@ def build_run_summary(
             for log in logs
         ],
         "processes": [process_entry(log) for log in logs],
-        "windows": cast("list[Window]", windows),
+        "windows": cast("list[SummaryWindow]", windows),
         # --capture-on-slow windows a process did not record (stepcli.run.summary.recordreader.attach adds the recorded ones)
         "triggered": [
             dict(t, worker=log["worker"])

@@ -26,7 +26,7 @@ from stepcli.runsummary import (
     SUMMARY_FILE,
     AdviceItem,
     RunSummary,
-    StepTimes,
+    SummaryStepTimes,
     read_run_summary,
 )
 from stepcli.steptimes import process_steps, trace_process_steps
@@ -158,7 +158,7 @@ def _classify(paths: Sequence[str]) -> _Inputs:
     return inputs
 
 
-def _step_times(logs: list[dict[str, Any]]) -> list[StepTimes]:
+def _step_times(logs: list[dict[str, Any]]) -> list[SummaryStepTimes]:
     return [
         {
             "worker": log.get("worker"),

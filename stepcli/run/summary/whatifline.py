@@ -24,7 +24,7 @@ def what_would_help(
 ) -> dict[str, Any] | None:
     if not trace_paths:
         return None
-    from stepcli.whatif.answer import Request, solve
+    from stepcli.whatif.answer import WhatifRequest, solve
     from stepcli.whatif.whatifmain import pick_lanes
 
     try:
@@ -32,7 +32,7 @@ def what_would_help(
         if read is None:
             return None
         lanes, _ = pick_lanes(read, None)
-        doc = solve(lanes, Request([]), untouched_ms).doc
+        doc = solve(lanes, WhatifRequest([]), untouched_ms).doc
     except StepcliError as exc:
         notes.append(f"what would help: {exc.message}")
         return None
