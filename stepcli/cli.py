@@ -268,7 +268,7 @@ def table(
     fmt = chosen[0] if chosen else None
     if scheduler_wait is not None and scheduler is None:
         raise click.UsageError("--scheduler-wait needs --scheduler ADDRESS")
-    from stepcli.runfolder import runs_to_read
+    from stepcli.runfolder.runs import runs_to_read
     from stepcli.traces.read.shortcommand import read_ahead_one, short_run
 
     paths = tuple(runs_to_read(paths, all_runs))
@@ -400,7 +400,7 @@ def report(paths: tuple[str, ...], output: str | None) -> int:
 def merge(paths: tuple[str, ...], output: str, all_runs: bool) -> None:
     """One Chrome trace of the ranks in PATHS (run folders, traces), clocks aligned, each collective's culprit marked.
     A run folder is read as its latest run; FOLDER/.stepcli/RUN_ID names another."""
-    from stepcli.runfolder import runs_to_read
+    from stepcli.runfolder.runs import runs_to_read
 
     click.echo(merge_main(runs_to_read(paths, all_runs), output))
 

@@ -1,5 +1,5 @@
 """Checks of decoded JSON from untrusted files: each returns why a value is wrong, in a few words that say where
-(`processes[0].rank is not an integer`), or None; a document's checks are built from these (stepcli.runsummary).
+(`processes[0].rank is not an integer`), or None; a document's checks are built from these (stepcli.runfolder.summaryfile).
 Standard library only."""
 
 from __future__ import annotations

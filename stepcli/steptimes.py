@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stepcli.runsummary import RunSummary
+from stepcli.runfolder.summaryfile import RunSummary
 
 
 @dataclass(frozen=True)

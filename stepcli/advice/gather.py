@@ -9,7 +9,7 @@ from typing import Any
 
 from stepcli.advice.deviceadvice import advise_device
 from stepcli.advice.rules import Advice, Evidence, advise
-from stepcli.runsummary import RunSummary
+from stepcli.runfolder.summaryfile import RunSummary
 from stepcli.steptimes import ProcessSteps, rank_steps
 from stepcli.traces.analyses.shares import STEP_KEY
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from stepcli.advice.culpritadvice import culprit_advice
 from stepcli.fmt import percent as _pct
-from stepcli.runsummary import Advice
+from stepcli.runfolder.summaryfile import Advice
 from stepcli.stats import percentile
 
 # Data loading above this share of the step, and at least this long per step: the training loop waits for input.

@@ -11,7 +11,7 @@ none outside windows; nothing where the file does not exist.
 
 from __future__ import annotations
 
-from .config import CPU_TIME_KEY
+from stepcli.runfolder.layout import CPU_TIME_KEY
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -16,8 +16,10 @@ import threading
 import time
 import weakref
 
+from stepcli.runfolder.layout import HELLO_PREFIX
+
 from . import hooks
-from .config import HELLO_PREFIX, AgentConfig, atomic_write_json
+from .config import AgentConfig, atomic_write_json
 from .gcpauses import GcPauses
 from .interrupts import Held
 from .tracker import StepTracker

@@ -35,6 +35,17 @@ import sys
 import threading
 import time
 
+from stepcli.runfolder.layout import (
+    ALIVE_PREFIX,
+    FAULT_PREFIX,
+    MEMORY_ANSWER_SCHEMA,
+    PROBE_FILE,
+    REGISTER_PREFIX,
+    REQUEST_PREFIX,
+    STACKS_SCHEMA,
+    STALL_PREFIX,
+)
+
 from . import controlfiles
 from .config import atomic_write_json
 
@@ -55,14 +66,6 @@ if TYPE_CHECKING:
         hooks: PostImportHooks
 
 
-REGISTER_PREFIX = "stacks."
-STALL_PREFIX = "stall."
-REQUEST_PREFIX = "dump."
-PROBE_FILE = "probe.json"  # the launcher's: {"id"}; a woken thread answers in alive.<host>.<pid>.json
-ALIVE_PREFIX = "alive."
-FAULT_PREFIX = "fault."  # fault.<host>.<pid>.txt: faulthandler's text for FAULT_SIGNAL, appended by the C handler
-SCHEMA = "stepcli.stacks"
-MEMORY_SCHEMA = "stepcli.memory-answer"  # a process's answer to `capture --memory-snapshot` (a `kind: memory` request)
 MAX_FRAMES = 60  # per thread, innermost first: enough for any real stack, bounded for a runaway recursion
 _QUIET_S = 0.1  # faulthandler writes its text in one go: this long without more bytes ends it
 _MAX_TEXT = 1 << 20
@@ -356,7 +359,7 @@ class StackDumper:
 
         answer = dump_now(self.agent, sys.modules.get("torch"))  # type: ignore[arg-type]
         answer.update(
-            schema=MEMORY_SCHEMA,
+            schema=MEMORY_ANSWER_SCHEMA,
             request=request_id,
             pid=self.pid,
             host=self.host,
@@ -392,7 +395,7 @@ class StackDumper:
         threads.sort(key=lambda t: (not t["main"], str(t["name"])))
         tracker = self.agent.tracker
         return {
-            "schema": SCHEMA,
+            "schema": STACKS_SCHEMA,
             "request": request_id,
             "pid": self.pid,
             "host": self.host,
@@ -434,7 +437,7 @@ def _unlink(folder_fd: int, name: str) -> None:
 def start_stacks(agent: Agent, training: bool = True) -> StackDumper | None:
     """At the process's first sign of training (or, `training` False, when it joins a distributed job): register
     for dumps. Never raises; None where it cannot."""
-    from .ondemand import control_dir
+    from stepcli.runfolder.layout import control_dir
 
     signum = dump_signal()
     folder = control_dir(agent.config.out_dir, agent.config.run_id)

@@ -15,7 +15,9 @@ import os
 import sys
 import time
 
-from .config import STEP_LOG_SUFFIX, STEP_LOG_VERSION, atomic_write_json
+from stepcli.runfolder.layout import STEP_LOG_SUFFIX, STEP_LOG_VERSION
+
+from .config import atomic_write_json
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in profiled processes
 if TYPE_CHECKING:
@@ -139,7 +141,9 @@ def write_step_log(agent: Agent, progress: str = "") -> None:
         "memory_snapshots": list(getattr(sys.modules.get(f"{__package__}.cudamemory"), "WRITTEN", [])),
     }
     if agent.config.run_key:
-        from .signing import SIGNATURE_KEY, sign
+        from stepcli.runfolder.layout import SIGNATURE_KEY
+
+        from .signing import sign
 
         document[SIGNATURE_KEY] = sign(agent.config.run_key, document)
     # Named by host and pid, not worker: the worker name changes when a rank appears.
@@ -159,7 +163,9 @@ def write_step_log(agent: Agent, progress: str = "") -> None:
             return
         record = steprecord.build(durations, worker, current_rank())
         if agent.config.run_key:
-            from .signing import SIGNATURE_KEY, sign
+            from stepcli.runfolder.layout import SIGNATURE_KEY
+
+            from .signing import sign
 
             record[SIGNATURE_KEY] = sign(agent.config.run_key, record)
         steprecord.write(agent.config.log_dir, _hostname(), agent.pid, record)

@@ -4,6 +4,6 @@ Owns loading each side (load) into what compare knows about it (measurement), th
 detection (inference), per-operator attribution (attribution), the verdict rules (verdict, withoutinterval) and the
 result they build (comparison), the `--fail-over` budgets `stepcli run` checks (budgets), compare's terminal
 and Markdown output (comparerender), and the command's click options (comparecli).
-May import: stepcli.errors, stepcli.fmt, stepcli.inputs, stepcli.stats, stepcli.traces, stepcli.runsummary (the
+May import: stepcli.errors, stepcli.fmt, stepcli.inputs, stepcli.stats, stepcli.traces, stepcli.runfolder.summaryfile (the
 run summary document and its loader). Never run/, report/ or agent/.
 """

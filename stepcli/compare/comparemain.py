@@ -32,8 +32,8 @@ from stepcli.compare.measurement import MeasuredProcess, Measurement, OpSteps, O
 from stepcli.compare.populations import PopulationRow
 from stepcli.compare.verdict import TOP_OPS, decide, parse_confidence, parse_tolerance
 from stepcli.errors import EXIT_USAGE, StepcliError
-from stepcli.runsummary import READABLE_VERSIONS as RUN_SCHEMA_VERSIONS
-from stepcli.runsummary import SCHEMA as RUN_SCHEMA
+from stepcli.runfolder.layout import SUMMARY_READABLE_VERSIONS as RUN_SCHEMA_VERSIONS
+from stepcli.runfolder.layout import SUMMARY_SCHEMA as RUN_SCHEMA
 from stepcli.stats import METRICS
 
 __all__ = [

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from stepcli.compare.measurement import MeasuredProcess, Measurement, OpSteps, OpTime, RunSteps
 from stepcli.errors import EXIT_USAGE, StepcliError
-from stepcli.runsummary import SCHEMA as RUN_SCHEMA
-from stepcli.runsummary import SUMMARY_FILE, RunSummary, invalid, load_run_summary, read_run_summary
+from stepcli.runfolder.layout import RUN_FOLDER, SUMMARY_FILE, SUMMARY_SCHEMA
+from stepcli.runfolder.summaryfile import RunSummary, invalid, load_run_summary, read_run_summary
 from stepcli.stats import STAT_NAMES, Stats, describe
 from stepcli.traces.analyses.shares import STEP_KEY
 
@@ -287,9 +287,9 @@ def load_measurement(path: str) -> Measurement:
         raise StepcliError(f"{path}: empty file", EXIT_USAGE)
     kind, schema = outline(data)  # by content, whatever the size
     if kind == "run":
-        if schema != RUN_SCHEMA:
+        if schema != SUMMARY_SCHEMA:
             raise StepcliError(
-                f"{path}: unknown document schema {str(schema)[:80]!r}; expected a {RUN_SCHEMA!r} run summary or a trace",
+                f"{path}: unknown document schema {str(schema)[:80]!r}; expected a {SUMMARY_SCHEMA!r} run summary or a trace",
                 EXIT_USAGE,
             )
         return measurement_from_run(read_run_summary(data, path, required=_NEEDED), path)
@@ -297,7 +297,7 @@ def load_measurement(path: str) -> Measurement:
         del data  # the trace reader reads it again and names any JSON problem precisely
         return _load_traces(path)
     raise StepcliError(
-        f"{path}: neither a stepcli run summary (schema {RUN_SCHEMA!r}) nor a profiler trace (no traceEvents)",
+        f"{path}: neither a stepcli run summary (schema {SUMMARY_SCHEMA!r}) nor a profiler trace (no traceEvents)",
         EXIT_USAGE,
     )
 
@@ -324,13 +324,13 @@ def _run_folder_summary(folder: Path) -> tuple[str, dict[str, Any]] | None:
     decided on 3 steps. A run folder whose newest run has no saved summary (it never finished writing one) is
     refused in one line rather than silently judged on its traces."""
     from stepcli.fmt import say
-    from stepcli.runfolder import other_runs_note, pick_run, read_saved, rerooted, run_dirs_readable
+    from stepcli.runfolder.runs import other_runs_note, pick_run, read_saved, rerooted, run_dirs_readable
 
     pick = pick_run(str(folder))
     if pick is None:
-        if os.path.lexists(folder / ".stepcli") and not run_dirs_readable(str(folder)):
+        if os.path.lexists(folder / RUN_FOLDER) and not run_dirs_readable(str(folder)):
             raise StepcliError(  # a run folder, but not one of this user's own making: said, not judged on traces
-                f"{folder}: its .stepcli/ is a link or another user's, so its run summary is not read; give that "
+                f"{folder}: its {RUN_FOLDER}/ is a link or another user's, so its run summary is not read; give that "
                 "run's `--json` file, or its traces",
                 EXIT_USAGE,
             )
@@ -393,7 +393,7 @@ def _run_folders_inside(folder: Path) -> list[Path]:
     folders is a folder of runs, not of traces. Hidden folders and links are not followed."""
     found: list[Path] = []
     for dirpath, dirnames, _ in os.walk(folder):
-        if dirpath != str(folder) and ".stepcli" in dirnames:
+        if dirpath != str(folder) and RUN_FOLDER in dirnames:
             found.append(Path(dirpath))
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
     return found
@@ -408,12 +408,12 @@ def _read_run_summary(path: str) -> dict[str, Any] | None:
         return None
     try:
         data = read_input(path)
-        if outline(data) != ("run", RUN_SCHEMA):
+        if outline(data) != ("run", SUMMARY_SCHEMA):
             return None  # traces and anything else: the trace reader reports them
         doc = orjson.loads(data)
     except (StepcliError, orjson.JSONDecodeError):
         return None
-    return doc if isinstance(doc, dict) and doc.get("schema") == RUN_SCHEMA else None
+    return doc if isinstance(doc, dict) and doc.get("schema") == SUMMARY_SCHEMA else None
 
 
 def _stats_or_none(value: Any, label: str, where: str) -> Stats | None:

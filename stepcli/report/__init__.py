@@ -5,7 +5,7 @@ Owns the page only: `data` (what the page shows, from a RunSummary and the trace
 wholerun).
 It renders and computes nothing new: the run summary, its advice, and finding the inputs of `stepcli report PATH`
 belong to stepcli.run (stepcli.run.summary.htmlreport).
-May import: stepcli.errors, stepcli.inputs, stepcli.stats, stepcli.fmt, stepcli.runsummary, stepcli.steptimes,
+May import: stepcli.errors, stepcli.inputs, stepcli.stats, stepcli.fmt, stepcli.runfolder.summaryfile, stepcli.steptimes,
 stepcli.traces, stepcli.advice and stepcli.snapshots; never stepcli.run or stepcli.compare.
 """
 

@@ -1,6 +1,6 @@
 """The numbers one report page shows, taken from a run summary and the traces; nothing here computes a new figure.
 
-The page renders a RunSummary (stepcli.runsummary: its step times, tables, notes and advice, all computed by
+The page renders a RunSummary (stepcli.runfolder.summaryfile: its step times, tables, notes and advice, all computed by
 `stepcli run`) plus what only the traces hold (operators by input shape, one breakdown bar per rank, the memory
 curve), read through stepcli.traces. Finding the inputs of `stepcli report PATH` and computing the advice of
 inputs that carry none is stepcli.run.summary.htmlreport's job.
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from stepcli.errors import StepcliError
 from stepcli.fmt import plural
-from stepcli.runsummary import Advice, AdviceItem, RunSummary
+from stepcli.runfolder.summaryfile import Advice, AdviceItem, RunSummary
 from stepcli.stats import Stats, describe
 from stepcli.steptimes import ProcessSteps, process_steps, slowest_by_steps, trace_process_steps, worker_label
 from stepcli.traces.analyses.shares import STEP_KEY, overlap_note

@@ -6,7 +6,7 @@ and what happens when the summary fails (summaryfallback). Below it:
 - live/: reaching into the running job (capturewindow, liveview, the hang doctor: hangdoctor, memory snapshots);
 - summary/: what the run says when it ends (the run summary, the terminal, report.html's inputs).
 Advice rules are stepcli.advice's.
-May import: stepcli.errors, stepcli.fmt, stepcli.inputs, stepcli.stats, stepcli.runsummary, stepcli.steptimes,
+May import: stepcli.errors, stepcli.fmt, stepcli.inputs, stepcli.stats, stepcli.runfolder.summaryfile, stepcli.steptimes,
 stepcli.agent (its shared constants, config and output helpers), stepcli.traces, stepcli.advice, stepcli.compare
 (budgets) and stepcli.report.
 """

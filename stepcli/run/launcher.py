@@ -27,10 +27,10 @@ from stepcli.errors import EXIT_NOT_SAVED, EXIT_REGRESSION, StepcliError
 from stepcli.fmt import say
 from stepcli.run.outputs import check_json_writable, prepare_out_dir, write_json
 from stepcli.run.signals import CUT_SIGNALS, SignalForwarder, child_setup, in_terminal_foreground
-from stepcli.runsummary import SUMMARY_FILE
+from stepcli.runfolder.layout import SUMMARY_FILE
 
 if TYPE_CHECKING:
-    from stepcli.runsummary import RunSummary
+    from stepcli.runfolder.summaryfile import RunSummary
     from stepcli.traces.runtraces import RunTraces
 
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent.parent / "_bootstrap")
@@ -388,7 +388,7 @@ def _summarize(
             exc, request, config, command=display, status=status, started=started, duration_s=duration_s
         )
     try:
-        from stepcli.run.summary.recordreader import attach
+        from stepcli.runfolder.steprecordreader import attach
 
         attach(summary, config.log_dir, config.run_key)  # the whole run's step times and the triggered captures
     except Exception as exc:

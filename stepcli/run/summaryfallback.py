@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from stepcli import __version__
 from stepcli.errors import EXIT_INTERNAL, StepcliError
 from stepcli.fmt import say
-from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, SUMMARY_FILE, RunSummary
+from stepcli.runfolder.layout import SUMMARY_FILE, SUMMARY_SCHEMA, SUMMARY_VERSION
+from stepcli.runfolder.summaryfile import RunSummary
 
 if TYPE_CHECKING:
     from typing import Protocol
@@ -34,8 +35,8 @@ def fallback_summary(
 ) -> RunSummary:
     """A valid `stepcli.run` document that measured nothing (so `compare` says exit 3), with the error in notes."""
     return {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
+        "schema": SUMMARY_SCHEMA,
+        "schema_version": SUMMARY_VERSION,
         "stepcli_version": __version__,
         "command": list(command),
         "exit_status": status,

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import cast
 
 from stepcli.errors import EXIT_USAGE, StepcliError
-from stepcli.runsummary import SUMMARY_FILE, RunSummary
+from stepcli.runfolder.layout import RUN_FOLDER, SUMMARY_FILE, run_dir, runs_dir
+from stepcli.runfolder.summaryfile import RunSummary
 
 __all__ = [
     "RunPick",
@@ -37,7 +38,7 @@ def run_dirs(out_dir: str) -> list[Path]:
     than once holds one per run; the run id starts with its start time. Only folders `stepcli run` could have
     made: `.stepcli` and each run's folder real folders (not links) of this user. Anything else there (planted in a
     shared scratch folder by another user) is left out, as the launcher leaves it out (security.md)."""
-    base = Path(out_dir, ".stepcli")
+    base = Path(runs_dir(out_dir))
     if not _own_folder(base):
         return []
     try:
@@ -50,7 +51,7 @@ def run_dirs(out_dir: str) -> list[Path]:
 
 def run_dirs_readable(out_dir: str) -> bool:
     """Whether `.stepcli` in `out_dir` is a real folder of this user's (run_dirs reads nothing in any other)."""
-    return _own_folder(Path(out_dir, ".stepcli")) is not None
+    return _own_folder(Path(runs_dir(out_dir))) is not None
 
 
 def _own_folder(path: Path) -> os.stat_result | None:
@@ -121,7 +122,7 @@ def pick_run(path: str) -> RunPick | None:
     """The run a path names: `FOLDER/.stepcli/<run id>` names that run, a run folder its latest run; None for
     anything else (a folder of traces, a file)."""
     given = Path(path)
-    if given.parent.name == ".stepcli" and _own_folder(given) is not None:
+    if given.parent.name == RUN_FOLDER and _own_folder(given) is not None:
         folder = str(given.parent.parent)
         runs = run_dirs(folder)
         if any(os.path.samefile(given, run) for run in runs):
@@ -138,7 +139,7 @@ def _span(run: Path) -> tuple[float, float] | None:
     """When a run ran (epoch seconds), from its saved summary; None without one."""
     from datetime import datetime
 
-    from stepcli.runsummary import read_run_summary
+    from stepcli.runfolder.summaryfile import read_run_summary
 
     data = read_saved(run / SUMMARY_FILE)
     if data is None:
@@ -170,7 +171,7 @@ def other_runs_note(pick: RunPick, all_runs: bool = True) -> str | None:
     when there are none, or the run was named."""
     if pick.others == 0 or pick.named:
         return None
-    one = os.path.join(pick.folder, ".stepcli", "<run id>")
+    one = run_dir(pick.folder, "<run id>")
     how = f"--all-runs reads all, {one} one" if all_runs else f"{one} reads another"
     return f"{pick.folder}: reading the latest of its {pick.others + 1} runs; {how}"
 
@@ -179,7 +180,7 @@ def run_traces(pick: RunPick) -> list[str]:
     """The traces the chosen run wrote that are still there, as its saved run summary lists them (inside the
     folder: rerooted). A run with no saved summary (stepcli itself was killed) or no trace is refused in one
     line that says how to read the folder's traces anyway."""
-    from stepcli.runsummary import read_run_summary
+    from stepcli.runfolder.summaryfile import read_run_summary
 
     path = pick.run_dir / SUMMARY_FILE
     data = read_saved(path)
@@ -208,7 +209,7 @@ def _unclaimed_traces(pick: RunPick) -> list[str] | None:
     """The traces in the folder (where `stepcli run` writes them: the folder itself and its `window-step<N>/`) that
     no other run's saved summary lists: those of a run still running. None when another run has no readable
     summary (then no trace can be told apart)."""
-    from stepcli.runsummary import read_run_summary
+    from stepcli.runfolder.summaryfile import read_run_summary
 
     claimed: set[str] = set()
     for run in run_dirs(pick.folder):

@@ -18,10 +18,11 @@ import socket
 import stat
 from typing import Any, Callable
 
-from stepcli.agent.config import STEP_LOG_SUFFIX, STEP_LOG_VERSION, AgentConfig
-from stepcli.agent.signing import SIGNATURE_KEY, signature_matches
+from stepcli.agent.config import AgentConfig
+from stepcli.agent.signing import signature_matches
 from stepcli.errors import StepcliError
 from stepcli.inputs import read_input
+from stepcli.runfolder.layout import SIGNATURE_KEY, STEP_LOG_SUFFIX, STEP_LOG_VERSION
 
 _WORKER = re.compile(r"[A-Za-z0-9_.\-]{1,200}\Z")
 _MAX_INT = 2**63 - 1

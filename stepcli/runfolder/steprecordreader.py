@@ -13,10 +13,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from stepcli import fmt, safefile
-from stepcli.agent.signing import SIGNATURE_KEY, signature_matches
-from stepcli.agent.steprecord import BUCKETS_PER_DOUBLING, SCHEMA, SUFFIX
+from stepcli.agent.signing import signature_matches
 from stepcli.fmt import plural
-from stepcli.runsummary import RunSummary
+from stepcli.runfolder.layout import (
+    SIGNATURE_KEY,
+    STEP_RECORD_BUCKETS_PER_DOUBLING,
+    STEP_RECORD_SCHEMA,
+    STEP_RECORD_SUFFIX,
+)
+from stepcli.runfolder.summaryfile import RunSummary
 from stepcli.steptimes import slowest_first
 
 _MAX_BYTES = 4 << 20
@@ -33,7 +38,7 @@ def load(log_dir: str, key: str | None = None) -> list[dict[str, Any]]:
     except OSError:
         return []
     for name in names:
-        if not name.endswith(SUFFIX) or name.startswith("."):
+        if not name.endswith(STEP_RECORD_SUFFIX) or name.startswith("."):
             continue
         try:
             # Not followed if a link, never blocking on a FIFO, only a regular file of this user's: the control
@@ -44,7 +49,7 @@ def load(log_dir: str, key: str | None = None) -> list[dict[str, Any]]:
             signature = record.pop(SIGNATURE_KEY, None)
             if key is not None and not signature_matches(key, record, signature):
                 continue
-            if record.get("schema") == SCHEMA:
+            if record.get("schema") == STEP_RECORD_SCHEMA:
                 record["ms"] = stats(record)
                 records.append(record)
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
@@ -62,7 +67,7 @@ def stats(record: dict[str, Any]) -> dict[str, float | int]:
         for index, value in buckets:
             seen += value
             if seen >= target:
-                result[name] = round(2 ** ((index + 0.5) / BUCKETS_PER_DOUBLING) / 1000, 3)
+                result[name] = round(2 ** ((index + 0.5) / STEP_RECORD_BUCKETS_PER_DOUBLING) / 1000, 3)
                 break
     slowest = [int(us) for _, us in record.get("slowest") or []]
     if slowest:

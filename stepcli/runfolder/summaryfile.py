@@ -33,13 +33,8 @@ from stepcli.jsonchecks import (
     pair,
     simple,
 )
+from stepcli.runfolder.layout import SUMMARY_READABLE_VERSIONS, SUMMARY_SCHEMA
 from stepcli.stats import STAT_NAMES, Stats
-
-SCHEMA = "stepcli.run"
-SCHEMA_VERSION = 2  # 2: run_id and step_times (every step of every process); readers still accept 1
-READABLE_VERSIONS = (1, 2)
-SUMMARY_FILE = "summary.json"  # written by `stepcli run` next to the step logs, so `stepcli report DIR` has it all
-
 
 # `steps`: the primary process's global steps and its step calls per requester ("global" is a Python keyword).
 Steps = TypedDict("Steps", {"global": int, "requesters": dict[str, int]})
@@ -199,7 +194,7 @@ class RunSummary(TypedDict, total=False):
     # The CUDA memory snapshots this run's processes wrote (file names in out_dir, from their signed step logs):
     # the page reads these and no other file of the folder.
     memory_snapshots: list[str]
-    step_record: list[dict[str, Any]]  # the whole run's step times per process (stepcli/run/summary/recordreader.py)
+    step_record: list[dict[str, Any]]  # the whole run's step times per process (stepcli/runfolder/steprecordreader.py)
     triggered: list[dict[str, Any]]  # the windows --capture-on-slow placed, with their trigger
     notes: list[str]
     advice: list[AdviceItem]
@@ -271,7 +266,7 @@ def _op_rows(value: Any) -> str | None:
     return next((problem for row in value if (problem := _op_row(row))), None)
 
 
-# `step_record` and `triggered` (stepcli/run/summary/recordreader.py), and the `hang` section's reports
+# `step_record` and `triggered` (stepcli/runfolder/steprecordreader.py), and the `hang` section's reports
 # (stepcli/run/summary/hangreport.py): the parts report.html reads item by item.
 _STEP_RECORD = object_of(
     {
@@ -450,16 +445,16 @@ def load_run_summary(document: Any, label: str, *, required: Sequence[str] = ())
     """
     if not isinstance(document, dict):
         raise invalid(label, "not a JSON object")
-    if document.get("schema") != SCHEMA:
+    if document.get("schema") != SUMMARY_SCHEMA:
         raise StepcliError(
-            f"{label}: unknown document schema {str(document.get('schema'))[:80]!r}; expected a {SCHEMA!r} run summary",
+            f"{label}: unknown document schema {str(document.get('schema'))[:80]!r}; expected a {SUMMARY_SCHEMA!r} run summary",
             EXIT_USAGE,
         )
     version = document.get("schema_version")
     if (version is not None or "schema_version" in required) and (
-        isinstance(version, bool) or version not in READABLE_VERSIONS
+        isinstance(version, bool) or version not in SUMMARY_READABLE_VERSIONS
     ):
-        supported = ", ".join(map(str, READABLE_VERSIONS))
+        supported = ", ".join(map(str, SUMMARY_READABLE_VERSIONS))
         raise StepcliError(
             f"{label}: unsupported run summary schema_version {version!r} (this stepcli reads {supported}); "
             "re-create it with this stepcli's `run --json`",

@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NamedTuple, cast
 
-from stepcli.agent.cudamemory import ON_DEMAND_PREFIX, SNAPSHOT_KEY, SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX, STEP_TAG
+from stepcli.agent.cudamemory import STEP_TAG
 from stepcli.errors import TraceError
 from stepcli.inputs import GZIP_MAGIC
 from stepcli.limits import DEFAULT_DECODE_BYTES, input_limit
+from stepcli.runfolder.layout import ON_DEMAND_PREFIX, SNAPSHOT_KEY, SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX
 from stepcli.snapshots.history import (
     ClassRefused,
     HistoryBuilder,

@@ -30,8 +30,9 @@ def untouched_median(paths: Sequence[str], all_runs: bool = False) -> float | No
     from the run summary `stepcli run` saved there; None for anything else (several runs read together)."""
     if len(paths) != 1 or not os.path.isdir(paths[0]):
         return None
-    from stepcli.runfolder import pick_run, read_saved
-    from stepcli.runsummary import SUMMARY_FILE, read_run_summary
+    from stepcli.runfolder.layout import SUMMARY_FILE
+    from stepcli.runfolder.runs import pick_run, read_saved
+    from stepcli.runfolder.summaryfile import read_run_summary
 
     pick = pick_run(paths[0])
     if pick is None or (all_runs and pick.others and not pick.named):
@@ -80,7 +81,7 @@ def whatif_main(
     trace_path: str | None = None,
     all_runs: bool = False,
 ) -> int:
-    from stepcli.runfolder import runs_to_read
+    from stepcli.runfolder.runs import runs_to_read
     from stepcli.traces.engine import map_files
     from stepcli.traces.read.files import list_trace_files
     from stepcli.whatif.whatifrender import print_answer

@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 
 from stepcli.agent import lastcollective as collectives
-from stepcli.agent.stacks import STALL_PREFIX, StackDumper
+from stepcli.agent.stacks import StackDumper
 from stepcli.agent.tracker import StepTracker
 from stepcli.errors import StepcliError
 from stepcli.run.live.hangdoctor import check_options, parse_duration
 from stepcli.run.summary.hangreport import describe_dumps, own_frame, parse_faulthandler, summary_lines, verdict
+from stepcli.runfolder.layout import STALL_PREFIX
 
 
 @pytest.mark.parametrize(

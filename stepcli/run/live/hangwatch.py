@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from stepcli.agent import controlfiles
-from stepcli.agent.stacks import ALIVE_PREFIX, PROBE_FILE, STALL_PREFIX, dump_signal
+from stepcli.agent.stacks import dump_signal
 from stepcli.run.live.hangdoctor import (
     DUMP_WAIT_S,
     MAX_REPORTS,
@@ -29,6 +29,7 @@ from stepcli.run.live.hangdoctor import (
     request_stacks,
 )
 from stepcli.run.summary.hangreport import EXIT_HANG, describe_dumps, is_stopped
+from stepcli.runfolder.layout import ALIVE_PREFIX, PROBE_FILE, STALL_PREFIX
 
 if TYPE_CHECKING:
     import subprocess
@@ -40,7 +41,7 @@ class HangWatch:
     """A launcher thread: calls a hang when every live stepping process is stalled, dumps, maybe ends the job."""
 
     def __init__(self, config: AgentConfig, timeout_s: float, on_hang: str, proc: subprocess.Popen[bytes]) -> None:
-        from stepcli.agent.ondemand import control_dir
+        from stepcli.runfolder.layout import control_dir
 
         path = control_dir(config.out_dir, config.run_id)
         # Held from here on, not reopened by path: another user can rename `.stepcli` away in a shared folder, and

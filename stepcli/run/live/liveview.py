@@ -22,14 +22,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from stepcli.agent.config import LOG_FOLDER
-from stepcli.agent.ondemand import CONTROL_FOLDER
 from stepcli.errors import StepcliError
 from stepcli.fmt import visible
 from stepcli.run.controldir import read_processes, run_alive
 from stepcli.run.live.captureplan import fresh, step_time
 from stepcli.run.live.capturewindow import Ping, _ping, _renewer, _withdraw, await_heartbeats
 from stepcli.run.live.liverun import LiveRun, find_run
+from stepcli.runfolder.layout import CONTROL_FOLDER, RUN_FOLDER, out_of_control_dir
 
 SCHEMA = "stepcli.top"
 _FIRST_LOOK_S = 15.0  # the longest top waits for the first fresh heartbeats
@@ -199,9 +198,9 @@ def _fmt(value: Any, spec: str) -> str:
 def _finished_run(target: str) -> dict[str, Any]:
     """The last heartbeats of the newest run in folder TARGET that is not running; StepcliError if none."""
     path = Path(target)
-    controls = sorted(path.joinpath(LOG_FOLDER).glob(f"*/{CONTROL_FOLDER}")) if path.is_dir() else []
+    controls = sorted(path.joinpath(RUN_FOLDER).glob(f"*/{CONTROL_FOLDER}")) if path.is_dir() else []
     if not controls:
-        raise StepcliError(f"{target}: not a stepcli run folder (no {LOG_FOLDER}/ run inside)")
+        raise StepcliError(f"{target}: not a stepcli run folder (no {RUN_FOLDER}/ run inside)")
     control = max(controls, key=lambda folder: folder.stat().st_mtime)
     processes = read_processes(str(control))
     since = min((_number(p.get("time")) for p in processes), default=0.0) - 3600.0
@@ -224,7 +223,7 @@ def top_main(target: str, *, once: bool, as_json: bool, interval: float = 1.0) -
         _ping(run, ping)
         renew = _renewer(run, ping)
         processes = await_heartbeats(run, ping, time.time() + _FIRST_LOOK_S, renew)
-        culprit = CulpritWatch(Path(run.folder).parents[2], run.started_at)  # <out>/.stepcli/<run-id>/control
+        culprit = CulpritWatch(Path(out_of_control_dir(str(run.folder))), run.started_at)
         if once or as_json:
             _print(snapshot(processes, run.run_id, run_alive(run.folder), time.time(), culprit()), as_json)
             return 0

@@ -16,11 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stepcli.agent.stacks import MEMORY_SCHEMA, REQUEST_PREFIX, dump_signal
+from stepcli.agent.stacks import dump_signal
 from stepcli.errors import EXIT_NOTHING_MEASURED, TraceError
 from stepcli.fmt import visible
 from stepcli.inputs import read_side_json
 from stepcli.run.live.hangdoctor import DUMP_WAIT_S, _alive, _key, _new_folder, _write_control, local, registered
+from stepcli.runfolder.layout import MEMORY_ANSWER_SCHEMA, REQUEST_PREFIX
 
 _MAX_ANSWER = 64 * 1024
 
@@ -100,7 +101,7 @@ def _read(folder: Path) -> list[dict[str, Any]]:
             document = read_side_json(str(path), _MAX_ANSWER)  # (never blocking on a FIFO)
         except TraceError:
             continue
-        if isinstance(document, dict) and document.get("schema") == MEMORY_SCHEMA:
+        if isinstance(document, dict) and document.get("schema") == MEMORY_ANSWER_SCHEMA:
             answers.append(document)
     return answers
 

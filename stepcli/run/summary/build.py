@@ -1,6 +1,6 @@
 """The run summary: step logs + traces of one `stepcli run` -> a versioned document, printed and/or saved.
 
-The document (schema "stepcli.run", typed in stepcli.runsummary, documented field by field in docs/reference/summary-json.md) is what
+The document (schema "stepcli.run", typed in stepcli.runfolder.summaryfile, documented field by field in docs/reference/summary-json.md) is what
 `--json` writes and what `stepcli compare` and `stepcli report` read, so building it (here, advice included) is
 kept apart from rendering it (stepcli.run.summary.console for the terminal, stepcli.report for the page).
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from stepcli import __version__
-from stepcli.agent.config import HELLO_PREFIX, AgentConfig
+from stepcli.agent.config import AgentConfig
 from stepcli.agent.schedule import NONE
 from stepcli.agent.tracker import AFTER_WINDOW, FOREIGN
 from stepcli.errors import StepcliError, TraceError
@@ -32,7 +32,8 @@ from stepcli.run.summary.culpritsection import culprit_section
 from stepcli.run.summary.hangreport import hang_summary
 from stepcli.run.summary.threads import threads_section
 from stepcli.run.summary.whatifline import what_would_help
-from stepcli.runsummary import SCHEMA, SCHEMA_VERSION, AdviceItem, Process, RunSummary, StepTimeMs, SummaryWindow
+from stepcli.runfolder.layout import HELLO_PREFIX, SUMMARY_SCHEMA, SUMMARY_VERSION
+from stepcli.runfolder.summaryfile import AdviceItem, Process, RunSummary, StepTimeMs, SummaryWindow
 from stepcli.stats import describe
 from stepcli.steptimes import process_steps
 from stepcli.traces.analyses.shares import STEP_KEY
@@ -229,7 +230,7 @@ def build_run_summary(
     included. With `traces`, the trace files are read through it (and kept there for report.html). `on_hang` and
     `hang_ended` (the launcher ended the job after a hang dump) go into the `hang` section, read from
     `hang_folders` only: the OUT/hang-<n>/ folders this run's hang watch wrote."""
-    from stepcli.run.summary.steplogreader import load_step_logs
+    from stepcli.runfolder.steplogreader import load_step_logs
 
     logs, refused = load_step_logs(config, since=started_at)  # signed, schema-checked, traces inside out_dir
     logs.sort(key=lambda log: (log.get("rank") is None, log.get("rank") or 0, log.get("pid", 0)))
@@ -315,8 +316,8 @@ def build_run_summary(
     cuda = [log["cuda_peak_bytes"] for log in logs if log.get("cuda_peak_bytes")]
     torch_version = next((log.get("torch") for log in logs if log.get("torch")), None)
     summary: RunSummary = {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
+        "schema": SUMMARY_SCHEMA,
+        "schema_version": SUMMARY_VERSION,
         "stepcli_version": __version__,
         "run_id": uuid.uuid4().hex,  # tells runs apart when several are compared per side
         "command": list(command),
@@ -350,7 +351,7 @@ def build_run_summary(
         ],
         "processes": [process_entry(log) for log in logs],
         "windows": cast("list[SummaryWindow]", windows),
-        # --capture-on-slow windows a process did not record (stepcli.run.summary.recordreader.attach adds the recorded ones)
+        # --capture-on-slow windows a process did not record (stepcli.runfolder.steprecordreader.attach adds the recorded ones)
         "triggered": [
             dict(t, worker=log["worker"])
             for log in logs

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from stepcli.fmt import ms, plural, print_wrapped, size_or_dash, visible
 from stepcli.run.summary.compilesteps import compile_lines
 from stepcli.run.summary.culpritsection import print_culprit
-from stepcli.runsummary import RunSummary
+from stepcli.runfolder.summaryfile import RunSummary
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -43,7 +43,7 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
 
     from stepcli.fmt import visible_all
     from stepcli.pipeconsole import pipe_console
-    from stepcli.runsummary import advice_line
+    from stepcli.runfolder.summaryfile import advice_line
 
     summary = visible_all(summary)  # names from traces: control characters shown
     report_path = visible_all(report_path)
@@ -58,7 +58,7 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
     _print_tables(summary, console)
     out_dir = summary.get("out_dir")
     print_culprit(console, summary.get("culprit"), _relative(out_dir) if out_dir else None)
-    from stepcli.run.summary.recordreader import lines as whole_run_lines
+    from stepcli.runfolder.steprecordreader import lines as whole_run_lines
 
     for line in whole_run_lines(summary):  # before the notes, the advice and `next:`, wrapped to the width
         print_wrapped(console, line)

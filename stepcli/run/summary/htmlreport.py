@@ -16,19 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from stepcli.agent.config import STEP_LOG_SUFFIX
 from stepcli.errors import StepcliError, TraceError
 from stepcli.inputs import outline, read_input
-from stepcli.runfolder import contained, read_saved, rerooted, run_dirs
-from stepcli.runsummary import (
-    SCHEMA,
-    SCHEMA_VERSION,
-    SUMMARY_FILE,
-    AdviceItem,
-    RunSummary,
-    SummaryStepTimes,
-    read_run_summary,
-)
+from stepcli.runfolder.layout import STEP_LOG_SUFFIX, SUMMARY_FILE, SUMMARY_SCHEMA, SUMMARY_VERSION
+from stepcli.runfolder.runs import contained, read_saved, rerooted, run_dirs
+from stepcli.runfolder.summaryfile import AdviceItem, RunSummary, SummaryStepTimes, read_run_summary
 from stepcli.steptimes import process_steps, trace_process_steps
 
 if TYPE_CHECKING:
@@ -99,7 +91,7 @@ def _add_folder(inputs: _Inputs, path: str) -> None:
     """A stepcli run folder (its latest run and that run's traces, or the run FOLDER/.stepcli/RUN_ID names), else a
     folder of traces."""
     from stepcli.fmt import say
-    from stepcli.runfolder import other_runs_note, pick_run
+    from stepcli.runfolder.runs import other_runs_note, pick_run
     from stepcli.traces.read.files import list_trace_files
 
     pick = pick_run(path)
@@ -181,7 +173,9 @@ def with_step_logs(summary: RunSummary | None, logs: list[dict[str, Any]]) -> Ru
     from stepcli.run.summary.compilesteps import compile_summary
 
     rebuilt: RunSummary = (
-        cast(RunSummary, dict(summary)) if summary is not None else {"schema": SCHEMA, "schema_version": SCHEMA_VERSION}
+        cast(RunSummary, dict(summary))
+        if summary is not None
+        else {"schema": SUMMARY_SCHEMA, "schema_version": SUMMARY_VERSION}
     )
     rebuilt["step_times"] = _step_times(logs)
     if summary is None:
@@ -243,7 +237,7 @@ def report_main(paths: Sequence[str], out: str | None) -> str:
     with reading(paths):  # a large trace takes seconds: said, not silent
         data = gather(paths)
     if out is None:
-        from stepcli.runfolder import pick_run
+        from stepcli.runfolder.runs import pick_run
 
         pick = pick_run(paths[0]) if os.path.isdir(paths[0]) else None
         named = pick is not None and pick.named

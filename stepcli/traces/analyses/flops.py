@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+from stepcli.runfolder.layout import flops_path
 from stepcli.traces.read.names import DTYPES
 
-FLOPS_SUFFIX = ".flops"  # as stepcli.agent.recorder writes it
 _MAX_BYTES = 1 << 16
 # The most FLOPs a side file may count: 10^30 is a million years of an exaFLOP machine, and any sum or ratio of such
 # counts stays a finite float (a 401-digit count made `flops / steps` raise OverflowError: exit 70).
@@ -52,11 +52,6 @@ PEAKS: dict[str, dict[str, float]] = {
     "MI250X": {"bf16": 383e12, "fp16": 383e12, "fp32": 95.7e12},
 }
 MFU_DTYPE = "bf16"  # without a recognised GEMM kernel: the dense BF16 peak (FP16 where the part has none)
-
-
-def flops_path(trace: str) -> str:
-    at = trace.rfind(".pt.trace.json")
-    return (trace[:at] if at >= 0 else trace) + FLOPS_SUFFIX
 
 
 def read_flops(trace: str) -> tuple[int, str | None] | None:

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from stepcli.agent.config import CLOSURE_ANNOTATION
+from stepcli.runfolder.layout import CLOSURE_ANNOTATION
 from stepcli.traces.analyses.arrivals import GC_PREFIX
 from stepcli.traces.analyses.ranks import is_communication
 from stepcli.traces.analyses.results import NS_PER_MS, OpRow

@@ -12,8 +12,8 @@ from typing import Any
 
 import msgspec
 
-from stepcli.agent.config import CLOCK_KEY, CPU_TIME_KEY, INCOMPLETE_STEP_KEY  # the file format the agent writes
 from stepcli.errors import TraceError
+from stepcli.runfolder.layout import CLOCK_KEY, CPU_TIME_KEY, INCOMPLETE_STEP_KEY
 from stepcli.traces.read.events import InputTypes, Meta, ShapeArgs, ShapedEvent
 from stepcli.traces.read.jsonvalues import as_id, as_text, as_time, is_int64
 

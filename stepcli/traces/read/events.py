@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from stepcli.agent.config import CLOCK_KEY, CPU_TIME_KEY, INCOMPLETE_STEP_KEY  # the file format the agent writes
+from stepcli.runfolder.layout import CLOCK_KEY, CPU_TIME_KEY, INCOMPLETE_STEP_KEY
 from stepcli.traces.read.jsonvalues import is_int64
 
 
