@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from stepcli.pathparam import PathParam
+from stepcli.commands.pathparam import PathParam
 from stepcli.stats import METRICS
 
 

@@ -1,5 +1,6 @@
-"""`stepcli run --capture-on-slow RULE --capture-steps K --max-captures N`: the options and their check, kept out
-of cli.py and the launcher (the rule itself is stepcli/agent/slowrule.py, shared with the profiled processes)."""
+"""`stepcli run --capture-on-slow RULE --capture-steps K --max-captures N`: the options and their check (the rule
+itself is stepcli/agent/slowrule.py, shared with the profiled processes; the launcher turns the options into the
+agent's config, stepcli.run.launcher.slow_trigger)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from typing import Any, Callable
 import click
 
 from stepcli.agent.slowrule import MAX_CAPTURE_STEPS, MAX_CAPTURES
-from stepcli.errors import StepcliError
 
 _OPTIONS = (
     click.option(
@@ -49,16 +49,3 @@ def check_slow_options(ctx: click.Context, options: dict[str, Any]) -> None:
         for name in ("capture_steps", "max_captures"):
             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
                 raise click.UsageError(f"--{name.replace('_', '-')} needs --capture-on-slow")
-
-
-def slow_trigger(rule: str | None, steps: int, max_captures: int) -> dict[str, Any] | None:
-    """The agent's `slow_trigger` config from the options; StepcliError (one line, exit 2) for a bad rule."""
-    if rule is None:
-        return None
-    from stepcli.agent.slowrule import parse
-
-    try:
-        kind, value = parse(rule)
-    except ValueError as exc:
-        raise StepcliError(str(exc)) from None
-    return {"kind": kind, "value": value, "text": rule.strip(), "steps": steps, "max": max_captures}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from stepcli.pathparam import PathParam
+from stepcli.commands.pathparam import PathParam
 
 
 @click.command(short_help="What would make the step faster: the critical path across ranks, and what-if predictions.")

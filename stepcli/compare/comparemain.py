@@ -7,7 +7,7 @@ The work lives in one module per concern; this one wires them and keeps the name
 - stepcli.compare.verdict: the pure verdict and its rules (read its docstring for the contract); the verdicts made
   without an interval in stepcli.compare.withoutinterval, the result in stepcli.compare.comparison;
 - stepcli.compare.comparerender: terminal and Markdown reports;
-- stepcli.compare.comparecli: the command's click arguments and options (loaded with the CLI: light).
+- stepcli.commands.compare: the command's click arguments and options (loaded with the CLI: light).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any
 
 from stepcli import __version__, fmt
 from stepcli.fmt import html_escape as escape
-from stepcli.report import GENERATOR, lateness, svg, whatif
+from stepcli.report import GENERATOR, lateness, svg, whatifsection
 from stepcli.report.data import ReportData
 from stepcli.report.gpu import gpu_section
 from stepcli.report.hang import hang_section
@@ -201,7 +201,9 @@ def render(data: ReportData, report_path: str) -> str:
         _distribution(data),
         [step_record_section(data.step_record, data.triggered)],  # stepcli/report/wholerun.py
         _breakdown(data),
-        [whatif.section(data.what_would_help, _BREAKDOWN_COLORS)],  # stepcli/report/whatif.py: '' without it
+        [
+            whatifsection.section(data.what_would_help, _BREAKDOWN_COLORS)
+        ],  # stepcli/report/whatifsection.py: '' without it
         [lateness.section(data.culprit)],  # stepcli/report/lateness.py: '' without collectives on 2+ ranks
         _operators(data),
         _memory(data),

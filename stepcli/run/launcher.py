@@ -114,7 +114,6 @@ class RunRequest:
 
         on_hang = check_options(hang_timeout, on_hang)
         argv, label = _child_command(target, module_mode, command_mode)
-        from stepcli.run.slowoptions import slow_trigger
 
         if json_path is not None:
             check_json_writable(json_path)
@@ -491,3 +490,16 @@ def _short(path: Path) -> str:
         return str(path.relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+def slow_trigger(rule: str | None, steps: int, max_captures: int) -> dict[str, Any] | None:
+    """The agent's `slow_trigger` config from the options; StepcliError (one line, exit 2) for a bad rule."""
+    if rule is None:
+        return None
+    from stepcli.agent.slowrule import parse
+
+    try:
+        kind, value = parse(rule)
+    except ValueError as exc:
+        raise StepcliError(str(exc)) from None
+    return {"kind": kind, "value": value, "text": rule.strip(), "steps": steps, "max": max_captures}

@@ -7,10 +7,8 @@ import sys
 import time
 from typing import TextIO
 
-import click
-
 from stepcli.advice.memoryadvice import advise
-from stepcli.errors import EXIT_NOTHING_MEASURED, EXIT_OK, StepcliError
+from stepcli.errors import EXIT_NOTHING_MEASURED, StepcliError
 from stepcli.limits import DEFAULT_DECODE_BYTES
 from stepcli.snapshots.memoryrender import to_json, to_text
 from stepcli.snapshots.snapshotfigures import analyze
@@ -20,8 +18,9 @@ PROGRESS_AFTER_S = 2.0  # a read shorter than this says nothing
 PROGRESS_EVERY_S = 10.0  # off a terminal (a CI log): one line this often; on one, the line is redrawn
 
 
-def memory_main(path: str, *, as_json: bool, top: int, max_memory: int = DEFAULT_DECODE_BYTES) -> int:
-    """Exit 0 analyzed, 2 bad input (StepcliError), 3 a run folder without any snapshot."""
+def memory_main(path: str, *, as_json: bool, top: int, max_memory: int = DEFAULT_DECODE_BYTES) -> str:
+    """The report of every snapshot PATH holds (JSON or text), for the command to print; StepcliError: exit 2 bad
+    input, 3 a run folder without any snapshot."""
     files = find_snapshots(path)
     if not files:
         raise StepcliError(
@@ -40,12 +39,10 @@ def memory_main(path: str, *, as_json: bool, top: int, max_memory: int = DEFAULT
         report["advice"] = advise(report)
         reports.append(report)
     if as_json:
-        click.echo(to_json(reports))
-    else:
-        from stepcli.fmt import visible_all  # file and function names from the snapshot: control characters shown
+        return to_json(reports)
+    from stepcli.fmt import visible_all  # file and function names from the snapshot: control characters shown
 
-        click.echo("\n\n".join(to_text(visible_all(report)) for report in reports))
-    return EXIT_OK
+    return "\n\n".join(to_text(visible_all(report)) for report in reports)
 
 
 class ReadProgress:

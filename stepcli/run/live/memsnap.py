@@ -26,17 +26,9 @@ from stepcli.runfolder.layout import MEMORY_ANSWER_SCHEMA, REQUEST_PREFIX
 _MAX_ANSWER = 64 * 1024
 
 
-def capture_now(
-    target: str, given: list[str], timeout: float, as_json: bool, stacks: bool, memory_snapshot: bool
-) -> int:
-    """`capture --stacks` or `--memory-snapshot`: both answer now and record no window (`given`: window options)."""
-    import click
-
-    flag = "--stacks" if stacks else "--memory-snapshot"
-    if stacks and memory_snapshot:
-        raise click.UsageError("--stacks and --memory-snapshot: give one")
-    if given:
-        raise click.UsageError(f"{flag} records no window: drop {', '.join(given)}")
+def capture_now(target: str, timeout: float, as_json: bool, memory_snapshot: bool) -> int:
+    """`capture --stacks` or `--memory-snapshot` (the command checked that only one was given): both answer now and
+    record no window."""
     if memory_snapshot:
         return capture_memory(target, timeout=timeout, as_json=as_json)
     from stepcli.run.live.hangdoctor import capture_stacks
