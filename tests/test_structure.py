@@ -329,3 +329,22 @@ def test_commands_import_nothing_of_the_group() -> None:
     # `main` through the click context instead).
     assert [f"{m} -> {n}" for m, names in _package_imports("stepcli.commands").items() for n in names
             if n == "stepcli.cli"] == []  # fmt: skip
+
+
+def test_contributing_module_table_matches_the_tree() -> None:
+    # Issue 50: CONTRIBUTING.md's package table is the one list of what owns what; it names every top-level package
+    # and module of stepcli, and nothing that is gone.
+    text = (PACKAGE.parent / "CONTRIBUTING.md").read_text()
+    table = text[text.index("| package | owns | may import |") :].split("\n\n", 1)[0]
+    named = {
+        name.strip("/").removesuffix(".py")
+        for row in table.splitlines()[2:]
+        for name in re.findall(r"`([^`]+)`", row.split("|")[1])
+    }
+    tree = {
+        p.stem if p.suffix == ".py" else p.name
+        for p in PACKAGE.iterdir()
+        if (p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists()) or p.name == "_bootstrap")
+        and p.name not in ("__init__.py", "__main__.py")
+    }
+    assert sorted(named - tree) == [] and sorted(tree - named) == []

@@ -1,5 +1,5 @@
-"""The `stepcli compare` command's arguments and options, and their checks (kept out of cli.py, which adds it to the
-group); the comparison itself is stepcli.compare.comparemain.compare_main, loaded only when the command runs."""
+"""The `stepcli compare` command's arguments and options, and their checks; the
+comparison itself is stepcli.compare.comparemain.compare_main, loaded only when the command runs."""
 
 from __future__ import annotations
 

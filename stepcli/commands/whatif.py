@@ -1,4 +1,4 @@
-"""The `stepcli whatif` command's arguments and options (kept out of cli.py, which adds it to the group); the answer
+"""The `stepcli whatif` command's arguments and options; the answer
 itself is stepcli.whatif.whatifmain.whatif_main, loaded only when the command runs."""
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from stepcli.fmt import plural
 from stepcli.traces.read.files import MERGED_MARKER as MARKER
 from stepcli.traces.read.jsonvalues import as_id, as_time
 
-# (cli.py imports this module at start-up: json and the trace reader are imported when a merge runs)
+# (commands/merge.py imports this module at start-up: json and the trace reader are imported when a merge runs)
 
 _ID_STRIDE = 1 << 40  # per-rank range of flow, correlation and external ids
 _PID_STRIDE = 1000  # new pid = rank * _PID_STRIDE + the trace process's order of appearance
