@@ -45,7 +45,7 @@ def entry() -> NoReturn:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: returns the exit status instead of raising SystemExit."""
-    from stepcli.fmt import visible  # error lines name files and values the user or a trace chose
+    from stepcli.safetext import visible  # error lines name files and values the user or a trace chose
 
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["demo"] and "--" in args:

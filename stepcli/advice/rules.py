@@ -7,9 +7,9 @@ thresholds are module constants so tests can check both sides of each, and the r
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from stepcli.advice.culpritadvice import culprit_advice
 from stepcli.fmt import percent as _pct

@@ -113,15 +113,20 @@ def atomic_write_json(path: str, document: Any, mode: int = 0o666, *, private_fo
 
     from stepcli import safefile
 
-    data = json.dumps(document, separators=(",", ":")).encode("utf-8")
-    if not private_folder:
-        safefile.write_bytes(path, data, mode)
-        return
-    from .controlfiles import open_folder
+    from .interrupts import Held
 
-    folder, name = os.path.split(path)
-    fd = open_folder(folder)
-    try:
-        safefile.write_bytes(name, data, mode, dir_fd=fd)
-    finally:
-        os.close(fd)
+    data = json.dumps(document, separators=(",", ":")).encode("utf-8")
+    # A Ctrl-C meanwhile waits until the file is whole, then reaches the program at its own line, not in these
+    # frames (a step log is written at a step's end, where a redelivered Ctrl-C may land on a busy machine).
+    with Held():
+        if not private_folder:
+            safefile.write_bytes(path, data, mode)
+            return
+        from .controlfiles import open_folder
+
+        folder, name = os.path.split(path)
+        fd = open_folder(folder)
+        try:
+            safefile.write_bytes(name, data, mode, dir_fd=fd)
+        finally:
+            os.close(fd)

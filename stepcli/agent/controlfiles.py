@@ -118,7 +118,10 @@ def write_json(folder_fd: int, name: str, document: Any) -> None:
     through."""
     from stepcli import safefile
 
-    safefile.write_bytes(name, json.dumps(document, separators=(",", ":")).encode("utf-8"), 0o600, dir_fd=folder_fd)
+    from .interrupts import Held
+
+    with Held():  # a Ctrl-C meanwhile reaches the program once the file is whole (stepcli.agent.config)
+        safefile.write_bytes(name, json.dumps(document, separators=(",", ":")).encode("utf-8"), 0o600, dir_fd=folder_fd)
 
 
 def unlink(folder_fd: int, name: str) -> None:

@@ -19,7 +19,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable
+    from collections.abc import Callable
 
 _register: Callable[[], bool] | None = None  # set by prepare(), in the parent
 

@@ -16,8 +16,9 @@ from .interrupts import redeliver
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import ModuleType
-    from typing import Any, Callable
+    from typing import Any
 
 # The trace annotation's name prefix (stepcli.traces.analyses.arrivals.GC_PREFIX reads it back).
 ANNOTATION = "python gc (gen {})"

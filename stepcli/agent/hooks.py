@@ -12,9 +12,9 @@ import sys
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from types import ModuleType
-    from typing import Any, Callable
+    from typing import Any
 
     Callback = Callable[[ModuleType], None]
 

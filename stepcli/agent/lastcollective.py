@@ -16,8 +16,9 @@ import time
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import ModuleType
-    from typing import Any, Callable
+    from typing import Any
 
 # The collectives and point-to-point calls of torch.distributed's Python API that can block on other ranks.
 HOOKED = (

@@ -225,7 +225,7 @@ def human_size(size: int) -> str:
     return f"{size} B"
 
 
-# stepcli.fmt.visible's characters (the agent imports nothing of stepcli outside itself; tests/unit/test_fmt.py
+# stepcli.safetext.visible's characters (the agent imports nothing of stepcli outside itself; tests/unit/test_fmt.py
 # checks that the two agree): C0 and C1 controls, DEL, bidi embeddings, overrides and isolates.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 

@@ -12,35 +12,14 @@ from stepcli.runfolder.layout import CLOSURE_ANNOTATION
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
-    from collections.abc import Hashable
+    from collections.abc import Callable, Hashable
     from types import ModuleType
-    from typing import Any, Callable, Protocol
+    from typing import Any
 
-    from .tracker import StepTracker
-
-    class Agent(Protocol):
-        """What the wrappers need from the process's agent (stepcli.agent.runtime.Agent provides it). Declared
-        here so this module does not refer back to runtime, which imports it: no import circle."""
-
-        enabled: bool
-        trains: bool
-        in_step: set[int]
-        tracker: StepTracker
-        is_compiling: Callable[[], bool]
-        foreign: set[int]
-
-        def fail(self, what: str, exc: BaseException) -> None: ...
-        def arm(self) -> None: ...
-        def is_own_profiler(self, prof: Any) -> bool: ...
-        def foreign_profiler_started(self, key: int) -> None: ...
-        def foreign_profiler_stopped(self, key: int) -> None: ...
-        def requester_created(self, key: Hashable, base_name: str, owner: object = None, arm: bool = True) -> None: ...
-        def program_profiler_entered(self, prof: Any) -> None: ...
-        def program_profiler_left(self, prof: Any) -> None: ...
-        def window_open(self) -> bool: ...
+    from .stephooks import StepHooks
 
 
-def _guarded(agent: Agent, what: str, call: Callable[[], None]) -> None:
+def _guarded(agent: StepHooks, what: str, call: Callable[[], None]) -> None:
     """Run agent bookkeeping from inside a program call: an error disables the agent, never the program."""
     try:
         call()
@@ -48,7 +27,7 @@ def _guarded(agent: Agent, what: str, call: Callable[[], None]) -> None:
         agent.fail(what, exc)
 
 
-def _counted_call(agent: Agent, key: int, owner: Any, function: Any, args: Any, kwargs: Any) -> Any:
+def _counted_call(agent: StepHooks, key: int, owner: Any, function: Any, args: Any, kwargs: Any) -> Any:
     """Call `function` and count one step for requester `key` when it returns (once, however deeply nested:
     a subclass calling super().step(), or GradScaler.step calling optimizer.step)."""
     in_step = agent.in_step
@@ -65,7 +44,7 @@ def _counted_call(agent: Agent, key: int, owner: Any, function: Any, args: Any, 
     return result
 
 
-def patch_optimizers(agent: Agent, torch: ModuleType) -> None:
+def patch_optimizers(agent: StepHooks, torch: ModuleType) -> None:
     """One requester per optimizer instance, registered when it is constructed (lazily would count N+1)."""
     optimizer_cls = torch.optim.Optimizer
     original_init = optimizer_cls.__init__
@@ -98,12 +77,12 @@ def patch_optimizers(agent: Agent, torch: ModuleType) -> None:
         scaler_cls.step = stepcli_scaler_step  # type: ignore[union-attr]
 
 
-def _register_optimizer(agent: Agent, optimizer: Any, mark: Callable[[Any], Any]) -> None:
+def _register_optimizer(agent: StepHooks, optimizer: Any, mark: Callable[[Any], Any]) -> None:
     agent.requester_created(id(optimizer), type(optimizer).__name__, optimizer)
     _wrap_step(agent, type(optimizer), mark)
 
 
-def _closure_marker(agent: Agent, torch: ModuleType) -> Callable[[Any], Any]:
+def _closure_marker(agent: StepHooks, torch: ModuleType) -> Callable[[Any], Any]:
     """What wraps the closure an optimizer's step() is given, so that each call of it is a `CLOSURE_ANNOTATION`
     range in the trace: the closure runs the program's forward and backward inside `Optimizer.step#...`, and
     without the range its forward could not be told from the optimizer's own work. Only while a stepcli window
@@ -139,7 +118,7 @@ def _unchanged(closure: Any) -> Any:
     return closure
 
 
-def _wrap_step(agent: Agent, cls: type, mark: Callable[[Any], Any] = _unchanged) -> None:
+def _wrap_step(agent: StepHooks, cls: type, mark: Callable[[Any], Any] = _unchanged) -> None:
     """Count a step when `cls.step` returns: outside torch's own hook wrapper, whose
     `Optimizer.step#...` annotation must close before the next `ProfilerStep#N` opens. A closure given to it
     (`step(closure)`) is marked in the trace (`_closure_marker`)."""
@@ -159,7 +138,7 @@ def _wrap_step(agent: Agent, cls: type, mark: Callable[[Any], Any] = _unchanged)
     cls.step = stepcli_optimizer_step  # type: ignore[attr-defined]
 
 
-def patch_profilers(agent: Agent, torch: ModuleType) -> None:
+def patch_profilers(agent: StepHooks, torch: ModuleType) -> None:
     """The program's own torch.profiler.profile objects: each is a requester; while one collects, we step aside.
 
     A profile object with a schedule spends most of its life idle (its wait phase, after its last cycle), with
@@ -185,7 +164,7 @@ def _mark(*wrappers: Any) -> None:
         wrapper._stepcli = True
 
 
-def _patch_profile_lifetime(agent: Agent, profile: Any) -> None:
+def _patch_profile_lifetime(agent: StepHooks, profile: Any) -> None:
     """`__init__` makes a requester; `start`/`stop` bracket the time the program's profiler is entered."""
     original_init, original_start, original_stop = profile.__init__, profile.start, profile.stop
     own = agent.is_own_profiler
@@ -216,7 +195,7 @@ def _patch_profile_lifetime(agent: Agent, profile: Any) -> None:
     profile.__init__, profile.start, profile.stop = stepcli_profile_init, stepcli_profile_start, stepcli_profile_stop
 
 
-def _patch_profile_step(agent: Agent, profile: Any) -> None:
+def _patch_profile_step(agent: StepHooks, profile: Any) -> None:
     """Each `step()` of the program's profiler is a step of its requester."""
     original_step = profile.step
     own = agent.is_own_profiler
@@ -239,7 +218,7 @@ def _patch_profile_step(agent: Agent, profile: Any) -> None:
     profile.step = stepcli_profile_step
 
 
-def count_profiler_step(agent: Agent, prof: Any) -> None:
+def count_profiler_step(agent: StepHooks, prof: Any) -> None:
     """One step of the program's profiler, counted once (see `_patch_collecting` for the early count)."""
     prof._stepcli_step_pending = False
     key = id(prof)
@@ -248,7 +227,7 @@ def count_profiler_step(agent: Agent, prof: Any) -> None:
     agent.tracker.step(key)
 
 
-def _patch_collecting(agent: Agent, kineto_profile: Any) -> None:
+def _patch_collecting(agent: StepHooks, kineto_profile: Any) -> None:
     """Between `prepare_trace` and `stop_trace` the program's profiler collects: stepcli steps aside."""
     original_prepare, original_stop_trace = kineto_profile.prepare_trace, kineto_profile.stop_trace
     own = agent.is_own_profiler
@@ -287,7 +266,7 @@ def _patch_collecting(agent: Agent, kineto_profile: Any) -> None:
     kineto_profile.prepare_trace, kineto_profile.stop_trace = stepcli_prepare_trace, stepcli_stop_trace
 
 
-def _patch_legacy_profiler(agent: Agent, legacy: Any) -> None:
+def _patch_legacy_profiler(agent: StepHooks, legacy: Any) -> None:
     """The autograd profiler (and its legacy, ITT and NVTX forms) turns on torch's one profiler per thread: opened
     inside our window it raised "Profiler is already enabled on this thread" in the program, and a Kineto one
     would have emptied ours. Our window is saved and steps aside first, as for the program's torch.profiler."""
@@ -313,7 +292,7 @@ def _patch_legacy_profiler(agent: Agent, legacy: Any) -> None:
     legacy.__enter__, legacy.__exit__ = stepcli_legacy_enter, stepcli_legacy_exit
 
 
-def _without_step_annotation(agent: Agent, prof: Any, call: Any) -> None:
+def _without_step_annotation(agent: StepHooks, prof: Any, call: Any) -> None:
     """Run the program's idle profiler's `start()`/`step()` without its `ProfilerStep#N` annotation while our
     window records: the annotation would land in our trace beside ours, with the program's numbering.
 
@@ -340,7 +319,7 @@ class StepOnError(Exception):
     """A `--step-on` target that is missing or cannot be wrapped: said in stepcli's words, without a type name."""
 
 
-def patch_step_on(agent: Agent, module: ModuleType, spec: str, qualname: str) -> None:
+def patch_step_on(agent: StepHooks, module: ModuleType, spec: str, qualname: str) -> None:
     """`--step-on MODULE:QUALNAME`: each completed call of that function or method is a step.
 
     Nested and recursive calls count once per outermost call, per thread or asyncio task. Inside code torch.compile
@@ -380,7 +359,7 @@ class _OutermostCalls:
     """Counts a step when the outermost call completes. The depth is per context, not per thread: concurrent
     asyncio tasks each have their own, so they never mix up levels."""
 
-    def __init__(self, agent: Agent, key: Hashable, spec: str) -> None:
+    def __init__(self, agent: StepHooks, key: Hashable, spec: str) -> None:
         import contextvars
 
         self.agent = agent
@@ -403,7 +382,7 @@ class _OutermostCalls:
             self.agent.tracker.step(self.key)
 
 
-def _step_on(agent: Agent, function: Any, counter: _OutermostCalls) -> Callable[..., Any]:
+def _step_on(agent: StepHooks, function: Any, counter: _OutermostCalls) -> Callable[..., Any]:
     @functools.wraps(function)
     def stepcli_step_on(*args: Any, **kwargs: Any) -> Any:
         if agent.is_compiling():
@@ -420,7 +399,7 @@ def _step_on(agent: Agent, function: Any, counter: _OutermostCalls) -> Callable[
     return stepcli_step_on
 
 
-def _async_step_on(agent: Agent, function: Any, counter: _OutermostCalls) -> Callable[..., Any]:
+def _async_step_on(agent: StepHooks, function: Any, counter: _OutermostCalls) -> Callable[..., Any]:
     @functools.wraps(function)
     async def stepcli_step_on(*args: Any, **kwargs: Any) -> Any:
         if agent.is_compiling():

@@ -27,10 +27,12 @@ from .schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP
 from .torchquiet import QuietProfiler, ask_cupti_teardown
 from .tracecost import SaveClock, first_window_cost, took
 from .tracker import AFTER_WINDOW, FOREIGN, NEVER, StepTracker
+from .windowstate import WindowState
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from collections.abc import Callable
+    from typing import Any
 
 _ACTIVITY_NAMES = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mtia": "MTIA", "hpu": "HPU"}
 
@@ -63,14 +65,9 @@ class Recorder:
         self.notes: list[str] = []
         self.skipped_windows = 0
         self.disabled = False
-        self._pending_cut = ""  # a cut asked for on another thread, done by the main thread at its next step
         self._abandoned: list[Any] = []
-        self._window: dict[str, Any] | None = None
+        self.window = WindowState()  # open or not, its first recorded step, how it closes, what was asked of it
         self._cpu_time = CpuWait()  # the recorded steps' time on and waiting for a CPU, into the trace
-        self._cut_reason = ""
-        self._discard = False
-        self._dropping = False  # the open window is being closed unsaved (its capture withdrew it)
-        self._pending_drop = ""  # ... asked for on another thread, done by the main thread at its next step
         self._save_clock = SaveClock()  # the pause of the open window's save, and lines while it lasts
         # Set by the agent: will the program's idle profiler start collecting within this many of its steps?
         self.program_profiler_due: Callable[[int], bool] = lambda steps: False
@@ -112,7 +109,7 @@ class Recorder:
         """A step made on another thread. torch records only the thread that started the profiler, so such a
         step would blur `ProfilerStep#N`: an open window ends at the main thread's next step (or at exit)."""
         if self.prof is not None:
-            self._pending_cut = self._pending_cut or "cut short: a step was made on another thread"
+            self.window.ask_cut("cut short: a step was made on another thread")
             return WARMUP, step + 1  # the profiler ran during it: not an untouched step
         if self.foreign:
             return FOREIGN, step + 1
@@ -127,12 +124,11 @@ class Recorder:
     def _on_step(self, step: int) -> tuple[int, int]:
         prof = self.prof
         if prof is not None:
-            if self._pending_drop:
-                reason, self._pending_drop = self._pending_drop, ""
-                self.drop(reason)
+            if self.window.pending_drop:
+                self.drop(self.window.take_drop())
                 return (FOREIGN, self.next_cycle_start(step + 1)) if self.foreign else (AFTER_WINDOW, step + 1)
-            if self._pending_cut:
-                self.stop(self._pending_cut)
+            if self.window.pending_cut:
+                self.stop(self.window.pending_cut)
                 return (FOREIGN, self.next_cycle_start(step + 1)) if self.foreign else (AFTER_WINDOW, step + 1)
             self._cpu_time.end(prof)  # (before step(), which may stop the profiler)
             if prof.current_action.value == RECORD_AND_SAVE:
@@ -145,8 +141,8 @@ class Recorder:
                 # again (to mark it untouched, or open the next window), as an idle recorder would be.
                 return AFTER_WINDOW, step + 1
             phase = self._phase_of(prof)
-            if phase >= RECORD and self._window is not None and self._window["first_step"] is None:
-                self._window["first_step"] = step
+            if phase >= RECORD and self.window.is_open and self.window.first_step is None:
+                self.window.recording_from(step)
                 self._cpu_time.reset()
                 _mark_clock(prof)
                 self._mark_trigger(prof, step)
@@ -206,18 +202,26 @@ class Recorder:
         action: Any = profiler.ProfilerAction(self.schedule.action(step))
         self.building = True
         ask_cupti_teardown()
+        activities = self._activities(profiler)
+        options: dict[str, Any] = dict(
+            activities=activities,
+            schedule=self._torch_schedule,
+            on_trace_ready=self._on_trace_ready,
+            record_shapes=self.config.record_shapes,
+            profile_memory=self.config.profile_memory,
+            with_stack=self.config.with_stack,
+            with_flops=self.config.with_flops,
+            with_modules=self.config.with_modules,
+        )
+        sync_events = cuda_sync_events(profiler, activities)
         try:
             with QuietProfiler():
-                prof = profiler.profile(
-                    activities=self._activities(profiler),
-                    schedule=self._torch_schedule,
-                    on_trace_ready=self._on_trace_ready,
-                    record_shapes=self.config.record_shapes,
-                    profile_memory=self.config.profile_memory,
-                    with_stack=self.config.with_stack,
-                    with_flops=self.config.with_flops,
-                    with_modules=self.config.with_modules,
-                )
+                try:
+                    prof = profiler.profile(**options, **sync_events)
+                except TypeError:  # a torch whose profile() takes no experimental_config
+                    if not sync_events:
+                        raise
+                    prof = profiler.profile(**options)
         finally:
             self.building = False
         # Start the object at the global step instead of 0, so ProfilerStep#N numbers global steps.
@@ -225,7 +229,7 @@ class Recorder:
         prof.current_action = action
         prof._prev_schedule_action = action
         self.prof = prof
-        self._window = {"first_step": step if action.value >= RECORD else None}
+        self.window.open(step if action.value >= RECORD else None)
         if not self.config.quiet:
             first_record, last = _recorded_span(self.schedule, step)
             span = f"step {first_record}" if first_record == last else f"steps {first_record}-{last}"
@@ -259,28 +263,28 @@ class Recorder:
                 self.prof.stop()
         finally:
             self.prof = None
-            self._window = None
+            self.window.close()
             self.guard_signals(False)
 
     def _on_trace_ready(self, prof: Any) -> None:
         """torch calls this when a cycle's recording ends (or at stop with a window open): save it now."""
-        window = self._window or {"first_step": prof.step_num}
+        window = self.window
         # A cycle that ends normally stops at the start of the step after its last; a cut-short one stops
         # inside step `step_num`, which only just began: it is marked so `table`/`compare` leave it out.
         last = prof.step_num - 1
-        first = window["first_step"] if window["first_step"] is not None else prof.step_num
-        if self._discard:
-            why = self._cut_reason if self._dropping else f"{self._cut_reason} before it held a whole step"
+        first = window.first_step if window.first_step is not None else prof.step_num
+        if window.discard:
+            why = window.cut_reason if window.dropping else f"{window.cut_reason} before it held a whole step"
             self.notes.append(f"the window from step {first} was not saved ({why})")
         else:
             self._save(prof, first, last)
         self._save_clock.stop()  # (a window not saved: its ticker stops too)
         # With wait=0 the same object goes straight on to the next cycle's warmup.
-        self._window = {"first_step": None}
+        window.next_cycle()
         self.on_saved()
 
     def _save(self, prof: Any, first: int, last: int) -> None:
-        complete = not self._cut_reason
+        complete = not self.window.cut_reason
         steps = f"step {first}" if first == last else f"steps {first}-{last}"
         if self.disabled:  # a write failed before: nothing more is saved in this process
             return
@@ -303,7 +307,7 @@ class Recorder:
             "complete": complete,
         }
         if not complete:
-            record["note"] = self._cut_reason
+            record["note"] = self.window.cut_reason
         if self.config.with_flops:
             record["flops"] = self._write_flops(prof, path, first, last)
         if (pause := self._save_clock.stop()) is not None:
@@ -312,7 +316,7 @@ class Recorder:
         heavy = first_window_cost(self.windows, steps, self.config)  # said now, and a note of the summary
         self.notes += [heavy] if heavy else []
         if not self.config.quiet:
-            extra = "" if complete else f" ({self._cut_reason}; the start of step {last + 1} is in it too)"
+            extra = "" if complete else f" ({self.window.cut_reason}; the start of step {last + 1} is in it too)"
             # the path on its own line (kept whole, never wrapped: it can be copied), the rank first on several
             say(f"{rank_prefix()}saved trace of {steps}{extra}{took(pause)} ({human_size(info.st_size)}):")
             say(f"  {path}")
@@ -365,13 +369,11 @@ class Recorder:
         if prof is None:
             return
         if not _on_main_thread():
-            self._pending_cut = self._pending_cut or reason
+            self.window.ask_cut(reason)
             return
-        window = self._window or {}
-        first = window.get("first_step")
-        self._cut_reason = reason
-        self._discard = first is None or first > prof.step_num - 1
-        if not self._discard:
+        first = self.window.first_step
+        self.window.closing(reason, discard=first is None or first > prof.step_num - 1)
+        if not self.window.discard:
             self._announce_save(prof.step_num - 1)
         busy, self.busy = self.busy, True
         try:
@@ -383,8 +385,8 @@ class Recorder:
             self.notes.append(f"could not close the profiler: {exc}")
         finally:
             self._save_clock.stop()
-            self._cut_reason = self._pending_cut = ""
-            self._discard = False
+            self.window.closed_early()
+            self.window.pending_cut = ""
             self.busy = busy
 
     def drop(self, reason: str) -> None:
@@ -393,22 +395,22 @@ class Recorder:
         if self.prof is None:
             return
         if not _on_main_thread():
-            self._pending_drop = self._pending_drop or reason
+            self.window.ask_drop(reason)
             return
         busy, self.busy = self.busy, True
-        self._discard, self._dropping, self._cut_reason = True, True, reason
+        self.window.closing(reason, discard=True, dropping=True)
         try:
             self._close()
         except Exception as exc:
             self.notes.append(f"could not close the profiler: {exc}")
         finally:
-            self._discard, self._dropping, self._cut_reason = False, False, ""
+            self.window.closed_early()
             self.busy = busy
 
     def _announce_save(self, last: int) -> None:
         """`saving trace of steps A-B ...` before torch stops the profiler and writes the file, which can freeze
         the program for seconds on a large window: the user sees why (every few seconds: SaveTicker); timed from here."""
-        first = (self._window or {}).get("first_step")
+        first = self.window.first_step
         steps = f"step {first}" if first == last else f"steps {first}-{last}"
         self._save_clock.start(None if self.config.quiet or first is None else steps)
         if not (self.config.quiet or first is None):
@@ -428,7 +430,7 @@ class Recorder:
         say(message)
         prof = self.prof
         if prof is not None and _on_main_thread():
-            self._discard, self._cut_reason = True, "profiling was disabled"
+            self.window.closing("profiling was disabled", discard=True)
             try:
                 with QuietProfiler():
                     prof.stop()
@@ -436,9 +438,9 @@ class Recorder:
                 pass
             finally:
                 self.prof = None
-                self._discard, self._cut_reason = False, ""
+                self.window.closed_early()
         elif prof is not None:
-            self._pending_cut = "profiling was disabled"  # closed by flush on the main thread
+            self.window.pending_cut = "profiling was disabled"  # closed by flush on the main thread
 
     # -- the program's own profilers ---------------------------------------------------------------------------
     def step_aside(self, first: bool) -> None:
@@ -450,7 +452,8 @@ class Recorder:
                 # Ours cannot be stopped from this thread, and stopping it later, after the program's profiler
                 # has run inside it, crashes Kineto: it is abandoned, never stopped, and kept referenced.
                 self._abandoned.append(self.prof)
-                self.prof, self._window = None, None
+                self.prof = None
+                self.window.close()
                 self.guard_signals(False)
                 self.notes.append("a window was abandoned: the program started its own profiler on another thread")
         self.tracker.set_phase(FOREIGN)
@@ -494,3 +497,23 @@ def _mark_clock(prof: Any) -> None:
 
 def _on_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
+
+
+def cuda_sync_events(profiler: Any, activities: list[Any] | None) -> dict[str, Any]:
+    """`experimental_config` turning on the profiler's CUDA sync events (cudaEventRecord -> cudaStreamWaitEvent,
+    the waits `stepcli whatif` joins streams by) when CUDA work is recorded and this torch has them; else nothing,
+    so CPU runs and older torch build the profiler exactly as before."""
+    cuda = getattr(getattr(profiler, "ProfilerActivity", None), "CUDA", None)
+    if cuda is None:
+        return {}
+    try:
+        recorded = activities if activities is not None else list(profiler.supported_activities())
+    except Exception:
+        return {}
+    config_type = getattr(profiler, "_ExperimentalConfig", None)
+    if cuda not in recorded or config_type is None:
+        return {}
+    try:
+        return {"experimental_config": config_type(enable_cuda_sync_events=True)}
+    except Exception:  # (TypeError: a torch without the option)
+        return {}

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import atexit
 import os
-import signal
 import sys
-import threading
 import time
 import weakref
 
@@ -20,15 +18,16 @@ from stepcli.runfolder.layout import HELLO_PREFIX
 
 from . import hooks
 from .config import AgentConfig, atomic_write_json
+from .exitguard import ExitGuard
 from .gcpauses import GcPauses
 from .interrupts import Held
 from .tracker import StepTracker
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
-    from collections.abc import Hashable
+    from collections.abc import Callable, Hashable
     from types import ModuleType
-    from typing import Any, Callable
+    from typing import Any
 
     from .compiles import CompileWatcher
     from .ondemand import OnDemand
@@ -66,13 +65,7 @@ class Agent:
         self.trains = False
         self.exit_reason = ""
         self.hook_notes: list[str] = []  # --step-on targets that could not be hooked, for the run summary
-        self._signals_guarded = False  # SIGTERM/SIGHUP save first for the whole run, not only during windows
         self._names: dict[str, int] = {}
-        self._flushed = False
-        self._signal_handled = 0  # the signal whose handler the main thread entered (stacks.py waits for it)
-        self._write_lock = threading.RLock()  # the stacks thread and the main thread both save the step log
-        self._saving_on: int | None = None  # the thread now writing the final save (flush), while it does
-        self._pending_signal = 0  # a SIGTERM/SIGHUP that arrived during this thread's own final save
         self.saved_steps = -1  # global step of the last step log written (steplogwriter.py)
         self.saved_stalled = False  # ... written when the process stopped stepping (its steps are whole)
         self.record_saved = False  # a whole-run record was written: every later step log rewrites it too
@@ -83,6 +76,8 @@ class Agent:
         self.wall_start = time.time()
         self.hooks = hooks.PostImportHooks(self._hook_failed)
         self.gc_pauses = GcPauses()
+        # SIGTERM/SIGHUP, os._exit and the exit itself save the step log first (once the process trains)
+        self.exits = ExitGuard(self._save_at_exit, self._owns_the_steps, lambda: self.recorder)
 
     # -- start-up ---------------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -179,12 +174,12 @@ class Agent:
             from .recorder import Recorder  # loaded only by processes that train
 
             self.recorder = Recorder(
-                self.config, self.tracker, self.foreign, self._window_saved, self._guard_signals, self._die_of
+                self.config, self.tracker, self.foreign, self._window_saved, self.exits.guard_signals, self.exits.die_of
             )
             self.recorder.program_profiler_due = self.program_profiler_due
             # Registered now, after torch's own atexit handlers, so ours runs first (LIFO).
             atexit.register(self.flush, "exit")
-            self._guard_os_exit()
+            self.exits.guard_os_exit()
             from .ondemand import OnDemand
 
             self.ondemand = OnDemand(self)  # first: it owns the schedule the recorder follows
@@ -199,10 +194,9 @@ class Agent:
             else:
                 self.stacks.train()  # registered when it joined its job (joined_job)
             self.tracker.set_listener(self.recorder.on_step, self.recorder.next_cycle_start(self.tracker.global_step))
-            self._guard_signals(True)  # for the whole run: SIGTERM/SIGHUP save the step log first
-            self._signals_guarded = True
+            self.exits.guard_for_the_run()  # SIGTERM/SIGHUP save the step log first
             if self.stacks is not None:
-                self.stacks.watch_signals(self._on_signal)  # ... even while the main thread is blocked in C
+                self.stacks.watch_signals(self.exits.on_signal)  # ... even while the main thread is blocked in C
             self.tracker.begin()
         except Exception as exc:
             self.fail("starting the recorder", exc)
@@ -280,68 +274,6 @@ class Agent:
         return False
 
     # -- exit, signals, fork ----------------------------------------------------------------------------------
-    def _guard_signals(self, on: bool) -> None:
-        """SIGTERM/SIGHUP (which skip atexit) first save the open window and the step log, then kill as before.
-
-        Installed once the process trains, for the whole run (and around each window, for a process that armed
-        on another thread). A Python-level handler cannot run while the main thread is blocked in C (a
-        collective waiting for a dead peer): the stacks thread sees the signal too (StackDumper.watch_signals)
-        and, when the main thread has not taken it within a second, saves the step log itself and ends the
-        process of that signal, as without stepcli.
-        """
-        if threading.current_thread() is not threading.main_thread():
-            return
-        if not on and self._signals_guarded:
-            return
-        for signum in (signal.SIGTERM, signal.SIGHUP):
-            try:
-                current = signal.getsignal(signum)
-                if on and current == signal.SIG_DFL:
-                    signal.signal(signum, self._on_signal)
-                elif not on and current == self._on_signal:
-                    signal.signal(signum, signal.SIG_DFL)
-            except (ValueError, OSError):
-                pass
-
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        self._signal_handled = signum
-        recorder = self.recorder
-        if recorder is not None and recorder.busy:  # mid-export, mid-transition or mid-flush: finish that first
-            recorder.deferred_signal = signum
-            return
-        self._die_of(signum)
-
-    def _die_of(self, signum: int) -> None:
-        """Save, then die of the same signal, so the exit status still says what killed the program.
-
-        The final save may be under way already: on this thread (a second SIGTERM, from torchrun forwarding the
-        scheduler's, lands inside the first one's save) the signal waits for it; on the stacks thread (it took a
-        signal the blocked main thread could not) this one waits until the save is written. Dying at once would
-        cut the step log short and leave the last progress save saying "running"."""
-        saving = self._saving_on
-        if saving == threading.get_ident():
-            self._pending_signal = signum
-            return
-        if saving is not None:
-            self._write_lock.acquire(timeout=_SAVE_WAIT_S)
-        self.flush(signal.Signals(signum).name)
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-
-    def _guard_os_exit(self) -> None:
-        original = os._exit
-        if getattr(original, "_stepcli", False):
-            return
-        agent = self
-
-        def stepcli_os_exit(status: int) -> Any:
-            if os.getpid() == agent.pid:
-                agent.flush("os._exit")
-            return original(status)
-
-        stepcli_os_exit._stepcli = True  # type: ignore[attr-defined]
-        os._exit = stepcli_os_exit
-
     def _forked(self) -> None:
         """A child forked from a process that trains (a DataLoader worker) never profiles or flushes its parent's
         state. One forked before its parent trained (`torch.multiprocessing` with the fork start method, a
@@ -366,35 +298,22 @@ class Agent:
         self.ondemand = None
 
     def die_off_main_thread(self, signum: int) -> None:
-        """The stacks thread's end of a SIGTERM/SIGHUP the main thread could not take (blocked in C): save the
-        step log (an open window cannot be saved from this thread: it is named in the notes), then die of the
-        same signal, so the exit status says what killed the process."""
-        try:
-            self.flush(signal.Signals(signum).name, blocked=True)
-        finally:
-            _die_now(signum)
+        """The stacks thread's end of a SIGTERM/SIGHUP the blocked main thread could not take (exitguard.py)."""
+        self.exits.die_off_main_thread(signum)
 
     def flush(self, reason: str, blocked: bool = False) -> None:
         """Save an open window and the step log, once, and only in the process that made them. `blocked`: the
         main thread cannot run (saved by the stacks thread)."""
-        if self._flushed or os.getpid() != self.pid or self._forked_child:
-            return
-        with self._write_lock:
-            if self._flushed:
-                return
-            self._flushed = True
-            self._saving_on = threading.get_ident()
-            from .steplogwriter import save_at_exit
+        self.exits.flush(reason, blocked)
 
-            try:
-                with Held():  # a Ctrl-C at exit (a second one, say) would cut the last window's trace in half
-                    save_at_exit(self, reason, blocked)
-            finally:
-                self._saving_on = None
-        pending, self._pending_signal = self._pending_signal, 0
-        if pending:  # it arrived mid-save (at exit, say): delivered now, as it would have been without stepcli
-            signal.signal(pending, signal.SIG_DFL)
-            os.kill(os.getpid(), pending)
+    def _owns_the_steps(self) -> bool:
+        return os.getpid() == self.pid and not self._forked_child
+
+    def _save_at_exit(self, reason: str, blocked: bool) -> None:
+        from .steplogwriter import save_at_exit
+
+        with Held():  # a Ctrl-C at exit (a second one, say) would cut the last window's trace in half
+            save_at_exit(self, reason, blocked)
 
     def _window_saved(self) -> None:
         if self.ondemand is not None:
@@ -405,8 +324,8 @@ class Agent:
             from . import steplogwriter
 
             try:
-                with self._write_lock:
-                    if not self._flushed:
+                with self.exits.lock:
+                    if not self.exits.flushed:
                         steplogwriter.write_step_log(self)
             except Exception as exc:
                 steplogwriter.step_log_failed(self, exc)
@@ -417,15 +336,15 @@ class Agent:
         (--hang-timeout), saved at once. Otherwise at most every PROGRESS_INTERVAL_S (stretched for long logs).
         Whether it saved. A process killed later (SIGKILL) still leaves every step it made."""
         now = time.monotonic()
-        if self._flushed or not self.trains or not self.enabled or self._forked_child or os.getpid() != self.pid:
+        if self.exits.flushed or not self.trains or not self.enabled or not self._owns_the_steps():
             return False
         saved = self.tracker.global_step == self.saved_steps
         # (a saved log that says "stalled" is wrong once steps resume: it is replaced at once, not 30 s later)
         due = now >= self._progress_due or self.saved_stalled
         if (saved and (not stalled or self.saved_stalled)) or (not stalled and not due):
             return False
-        with self._write_lock:
-            if self._flushed:
+        with self.exits.lock:
+            if self.exits.flushed:
                 return False
             from .steplogwriter import write_step_log
 
@@ -461,26 +380,6 @@ class Agent:
 
 def _never() -> bool:
     return False
-
-
-_SAVE_WAIT_S = 30.0  # a signal waits this long at most for another thread's final save
-
-
-def _die_now(signum: int) -> None:
-    """End this process of `signum` from any thread: Python's own handler (which only the blocked main thread
-    could run) is replaced by the default action through libc, then the signal is sent; SIGKILL if that fails."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.signal.restype = ctypes.c_void_p
-        libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
-        libc.signal(signum, None)  # SIG_DFL
-        os.kill(os.getpid(), signum)
-        time.sleep(1.0)  # delivered to some thread at once; the default action ends every thread
-    except Exception:
-        pass
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _say(message: str) -> None:

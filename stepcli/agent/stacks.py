@@ -279,7 +279,8 @@ class StackDumper:
         within SIGNAL_GRACE_S (the main thread is blocked in C), this thread does (agent.die_off_main_thread)."""
         deadline = time.monotonic() + SIGNAL_GRACE_S
         while time.monotonic() < deadline:
-            if getattr(self.agent, "_signal_handled", 0) or getattr(self.agent, "_flushed", False):
+            exits = getattr(self.agent, "exits", None)  # (runtime.Agent's ExitGuard)
+            if exits is not None and (exits.signal_handled or exits.flushed):
                 return
             time.sleep(0.02)
         die = getattr(self.agent, "die_off_main_thread", None)

@@ -18,8 +18,7 @@ from .schedule import NONE
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
-    from collections.abc import Hashable
-    from typing import Callable
+    from collections.abc import Callable, Hashable
 
     Listener = Callable[[int], tuple[int, int]]
 

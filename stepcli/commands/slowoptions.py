@@ -4,7 +4,8 @@ agent's config, stepcli.run.launcher.slow_trigger)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 

@@ -177,7 +177,7 @@ def compare_main(
             else "exit 4: a gate that cannot decide fails; --allow-inconclusive passes it"
         )
         warnings.append(f"inconclusive: {comparison.message} ({outcome})")
-    from stepcli.fmt import visible
+    from stepcli.safetext import visible
 
     for warning in warnings:  # names from traces and run summaries: control characters shown
         print(f"stepcli: warning: {visible(warning)}", file=sys.stderr)
@@ -195,7 +195,7 @@ def _show(
     from stepcli.compare.jsonout import comparison_document
 
     document = json.dumps(comparison_document(comparison), indent=2)  # JSON escapes control characters itself
-    from stepcli.fmt import visible_all
+    from stepcli.safetext import visible_all
 
     comparison = visible_all(comparison)  # names from traces and run summaries: control characters shown
     markdown = render_markdown(comparison)

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stepcli import fmt
-from stepcli.fmt import html_escape as escape
+from stepcli.safetext import html_escape as escape
 
 
 def _tip(text: str) -> str:

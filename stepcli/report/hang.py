@@ -11,8 +11,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from stepcli.fmt import html_escape as escape
 from stepcli.report.links import page_href
+from stepcli.safetext import html_escape as escape
 
 
 def _text(value: Any) -> str:

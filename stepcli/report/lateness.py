@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stepcli.fmt import html_escape as escape
 from stepcli.fmt import ms as fmt_ms
 from stepcli.report.svg import WIDTH, nice_max
+from stepcli.safetext import html_escape as escape
 from stepcli.traces.analyses.culpritwords import CAUSE_WORDS, no_culprit_reason
 
 COLORS = ("#3b5bdb", "#e8590c", "#2f9e44", "#ae3ec9", "#1098ad", "#c92a2a", "#5c940d", "#862e9c")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from urllib.parse import quote
 
-from stepcli.fmt import html_escape
+from stepcli.safetext import html_escape
 
 
 def page_href(path: str, base: str) -> str:

@@ -11,9 +11,9 @@ from typing import Any
 
 from stepcli.advice.memoryadvice import advise, size
 from stepcli.errors import StepcliError
-from stepcli.fmt import html_escape as escape
 from stepcli.fmt import size as fmt_bytes
 from stepcli.report.svg import WIDTH, nice_max
+from stepcli.safetext import html_escape as escape
 from stepcli.snapshots.categories import CATEGORIES, LABELS
 from stepcli.snapshots.snapshotfigures import analyze
 from stepcli.snapshots.snapshotreader import find_snapshots, load_snapshot

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from stepcli import __version__, fmt
-from stepcli.fmt import html_escape as escape
 from stepcli.report import GENERATOR, lateness, svg, whatifsection
 from stepcli.report.data import ReportData
 from stepcli.report.gpu import gpu_section
@@ -19,6 +18,7 @@ from stepcli.report.hang import hang_section
 from stepcli.report.links import page_href
 from stepcli.report.memorysnapshots import snapshot_section
 from stepcli.report.wholerun import step_record_section
+from stepcli.safetext import html_escape as escape
 from stepcli.traces.render.terminal import shorten
 
 NAME_CHARS = 110  # longer operator and kernel names are cut in the middle; the full name is the cell's tooltip

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stepcli import fmt
-from stepcli.fmt import html_escape as escape
+from stepcli.safetext import html_escape as escape
 
 WIDTH = 960
 MAX_POINTS = 1200  # per curve; more than the chart has pixel columns

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from stepcli.fmt import html_escape as escape
 from stepcli.fmt import ms as fmt_ms
 from stepcli.report.svg import WIDTH
+from stepcli.safetext import html_escape as escape
 
 COLORS = {"collective": "#e8590c", "wait": "#ced4da"}  # a cpu segment takes its phase's colour (the breakdown's)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from stepcli import fmt
-from stepcli.fmt import html_escape as escape
+from stepcli.safetext import html_escape as escape
 from stepcli.steptimes import slowest_first
 
 _W, _H = 360, 60

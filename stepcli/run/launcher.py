@@ -30,6 +30,7 @@ from stepcli.run.signals import CUT_SIGNALS, SignalForwarder, child_setup, in_te
 from stepcli.runfolder.layout import SUMMARY_FILE
 
 if TYPE_CHECKING:
+    from stepcli.run.live.hangwatch import HangWatch
     from stepcli.runfolder.summaryfile import RunSummary
     from stepcli.traces.runtraces import RunTraces
 
@@ -209,10 +210,31 @@ def run_program(request: RunRequest) -> int:
     from stepcli.run.controldir import prepare_control_dir
 
     prepare_control_dir(out_dir, run_id)  # private (0700) whatever the umask, before any process writes there
-    config = AgentConfig(
+    config = _agent_config(request, str(out_dir), run_id)
+    if not request.quiet:
+        _say_plan(request, out_dir)
+    _open_control(config)
+    started = time.time()
+    start = time.perf_counter()
+    returncode, hang_watch = _run_job(request, config)
+    status = exit_status(returncode)
+    hang_ended = hang_watch is not None and hang_watch.killed
+    if hang_watch is not None and hang_watch.killed:
+        status = hang_watch.exit_status
+    # Even with -q --no-report and nothing else to show it: summary.json is saved beside the step logs, for a
+    # `stepcli report OUT` later.
+    hang_folders = list(hang_watch.folders) if hang_watch is not None else []
+    return _report(
+        request, config, status, started, time.perf_counter() - start, hang_ended=hang_ended, hang_folders=hang_folders
+    )
+
+
+def _agent_config(request: RunRequest, out_dir: str, run_id: str) -> AgentConfig:
+    """What the agent in every process of the job is told (through the environment), with a fresh run key."""
+    return AgentConfig(
         run_key=secrets.token_hex(16),
         run_id=run_id,
-        out_dir=str(out_dir),
+        out_dir=out_dir,
         launcher_pid=os.getpid(),
         schedule=request.schedule,
         activities=request.activities,
@@ -225,21 +247,27 @@ def run_program(request: RunRequest) -> int:
         slow_trigger=request.slow_trigger,
         **request.profiler_options,
     )
-    if not request.quiet:
-        plan = (
-            f"recording on demand: run `stepcli capture {shlex.quote(_short(out_dir))}` to trace the next steps"
-            if request.on_demand
-            else request.schedule.describe()
-        )
-        where = f"output in {_short(out_dir)}"
-        if len(f"stepcli: {plan}; {where}") <= 80:
-            say(f"{plan}; {where}")
-        else:  # two lines rather than one past 80 columns
-            say(plan)
-            say(where)
-    _open_control(config)
-    started = time.time()
-    start = time.perf_counter()
+
+
+def _say_plan(request: RunRequest, out_dir: Path) -> None:
+    """What will be recorded and where: one line, or two rather than one past 80 columns."""
+    plan = (
+        f"recording on demand: run `stepcli capture {shlex.quote(_short(out_dir))}` to trace the next steps"
+        if request.on_demand
+        else request.schedule.describe()
+    )
+    where = f"output in {_short(out_dir)}"
+    if len(f"stepcli: {plan}; {where}") <= 80:
+        say(f"{plan}; {where}")
+    else:
+        say(plan)
+        say(where)
+
+
+def _run_job(request: RunRequest, config: AgentConfig) -> tuple[int, HangWatch | None]:
+    """Start the program under the agent and wait for it, forwarding signals, with the watchdog and the hang
+    watch beside it; (its return code, the hang watch). On return CUT_SIGNALS are held: from then on a SIGTERM,
+    SIGHUP or SIGINT is stepcli's to handle (it cuts the summary short), taken when _report listens for it."""
     foreground = in_terminal_foreground()
     from stepcli.run import subreaper
     from stepcli.run.watchdog import start_watchdog
@@ -284,17 +312,7 @@ def run_program(request: RunRequest) -> int:
             ondemand.close_control(config.out_dir, config.run_id)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, {*mask, *CUT_SIGNALS} if ended else mask)
-    status = exit_status(returncode)
-    if hang_watch is not None and hang_watch.killed:
-        status = hang_watch.exit_status
-
-    # Even with -q --no-report and nothing else to show it: summary.json is saved beside the step logs, for a
-    # `stepcli report OUT` later.
-    hang_ended = hang_watch is not None and hang_watch.killed
-    hang_folders = list(hang_watch.folders) if hang_watch is not None else []
-    return _report(
-        request, config, status, started, time.perf_counter() - start, hang_ended=hang_ended, hang_folders=hang_folders
-    )
+    return returncode, hang_watch
 
 
 def _report(
@@ -360,7 +378,7 @@ def _summarize(
     written: set[str],
 ) -> int:
     """_report's work; `written` collects what is already saved ("json")."""
-    from stepcli.run.summary.build import analysis_progress, build_run_summary, write_run_summary
+    from stepcli.run.summary.build import analysis_progress, build_run_summary
     from stepcli.run.summary.console import print_run_summary
     from stepcli.traces.runtraces import RunTraces
 
@@ -392,16 +410,7 @@ def _summarize(
         attach(summary, config.log_dir, config.run_key)  # the whole run's step times and the triggered captures
     except Exception as exc:
         say(f"warning: the whole-run step times could not be read: {type(exc).__name__}: {exc}")
-    json_lost = not write_json(
-        request.json_path, config.out_dir, summary, written
-    )  # before printing: that must not lose the file
-    try:  # beside the step logs, for `stepcli report OUT` later (with --no-report too)
-        write_run_summary(summary, os.path.join(config.log_dir, SUMMARY_FILE), private_folder=True)
-    except StepcliError as exc:  # its message names --json, which this file is not
-        reason = exc.message.rsplit(": ", 1)[-1]
-        summary["notes"].append(f"cannot save the run summary in {config.log_dir}: {reason}")
-        if request.quiet:
-            say(f"could not save the run summary in {config.log_dir}: {reason}")
+    json_lost = not _save_summary(request, config, summary, written)  # before printing: that must not lose it
     report_path = _html_report(request, config, summary, traces)
     from stepcli.run.nothingnote import update_note
 
@@ -424,22 +433,43 @@ def _summarize(
                 duration_s=duration_s,
                 json_written=True,
             )
-    if request.fail_over:
-        from stepcli.compare.budgets import budgets_held, check_budgets
-
-        times = summary["step_time_ms"]
-        population, stats = ("untouched", times["untouched"]) if times["untouched"] else ("profiled", times["profiled"])
-        failures = check_budgets(list(request.fail_over), stats, what=f"{population} step time")
-        for failure in failures:
-            say(f"--fail-over: {failure}")
-        held = budgets_held(list(request.fail_over), stats, what=f"{population} step time")
-        if held:
-            say(f"--fail-over: {held}")
-        if failures and status == 0:
-            return EXIT_REGRESSION
+    if request.fail_over and not _budgets_held(request, summary) and status == 0:
+        return EXIT_REGRESSION
     if json_lost and status == 0:
         return EXIT_NOT_SAVED
     return status
+
+
+def _save_summary(request: RunRequest, config: AgentConfig, summary: RunSummary, written: set[str]) -> bool:
+    """`--json` (whether it was written, when asked) and the copy beside the step logs, for `stepcli report OUT`
+    later (with --no-report too); a copy that cannot be saved is a note in the summary (and a line with -q)."""
+    from stepcli.run.summary.build import write_run_summary
+
+    saved = write_json(request.json_path, config.out_dir, summary, written)
+    try:
+        write_run_summary(summary, os.path.join(config.log_dir, SUMMARY_FILE), private_folder=True)
+    except StepcliError as exc:  # its message names --json, which this file is not
+        reason = exc.message.rsplit(": ", 1)[-1]
+        summary["notes"].append(f"cannot save the run summary in {config.log_dir}: {reason}")
+        if request.quiet:
+            say(f"could not save the run summary in {config.log_dir}: {reason}")
+    return saved
+
+
+def _budgets_held(request: RunRequest, summary: RunSummary) -> bool:
+    """`--fail-over` on the untouched step time (the profiled one when there is none): a line per budget
+    exceeded, one line when all held; whether all held."""
+    from stepcli.compare.budgets import budgets_held, check_budgets
+
+    times = summary["step_time_ms"]
+    population, stats = ("untouched", times["untouched"]) if times["untouched"] else ("profiled", times["profiled"])
+    failures = check_budgets(list(request.fail_over), stats, what=f"{population} step time")
+    for failure in failures:
+        say(f"--fail-over: {failure}")
+    held = budgets_held(list(request.fail_over), stats, what=f"{population} step time")
+    if held:
+        say(f"--fail-over: {held}")
+    return not failures
 
 
 def _open_control(config: AgentConfig) -> None:

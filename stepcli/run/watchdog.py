@@ -21,7 +21,8 @@ import os
 import signal
 import sys
 import time
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 SAVE_GRACE_S = 30.0  # time for the program to save its open window after stepcli died
 TERM_GRACE_S = 5.0  # time for the group to exit on SIGTERM before SIGKILL

@@ -16,7 +16,8 @@ import os
 import re
 import socket
 import stat
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from stepcli.agent.config import AgentConfig
 from stepcli.agent.signing import signature_matches

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NotRequired, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.jsonchecks import (
@@ -33,8 +33,15 @@ from stepcli.jsonchecks import (
     pair,
     simple,
 )
-from stepcli.runfolder.layout import SUMMARY_READABLE_VERSIONS, SUMMARY_SCHEMA
+from stepcli.runfolder.layout import SUMMARY_READABLE_VERSIONS as READABLE_VERSIONS
+from stepcli.runfolder.layout import SUMMARY_SCHEMA as SCHEMA
 from stepcli.stats import STAT_NAMES, Stats
+
+if TYPE_CHECKING:
+    # typing has NotRequired from 3.11, above stepcli's floor (3.10). Annotations here are strings, never evaluated
+    # (`from __future__ import annotations`), so only the type checker needs the name: no runtime dependency.
+    from typing_extensions import NotRequired
+
 
 # `steps`: the primary process's global steps and its step calls per requester ("global" is a Python keyword).
 Steps = TypedDict("Steps", {"global": int, "requesters": dict[str, int]})
@@ -162,6 +169,7 @@ class RunSummary(TypedDict, total=False):
     platform: str
     python: str | None
     torch: str | None
+    environment: dict[str, str]
     out_dir: str
     schedule: dict[str, int]
     on_demand: bool
@@ -335,6 +343,7 @@ _FIELDS: dict[str, Check] = {
     "platform": optional(STR),
     "python": optional(STR),
     "torch": optional(STR),
+    "environment": map_of(STR),
     "out_dir": optional(STR),
     "schedule": map_of(optional(NUMBER)),
     "on_demand": optional(BOOL),
@@ -445,16 +454,16 @@ def load_run_summary(document: Any, label: str, *, required: Sequence[str] = ())
     """
     if not isinstance(document, dict):
         raise invalid(label, "not a JSON object")
-    if document.get("schema") != SUMMARY_SCHEMA:
+    if document.get("schema") != SCHEMA:
         raise StepcliError(
-            f"{label}: unknown document schema {str(document.get('schema'))[:80]!r}; expected a {SUMMARY_SCHEMA!r} run summary",
+            f"{label}: unknown document schema {str(document.get('schema'))[:80]!r}; expected a {SCHEMA!r} run summary",
             EXIT_USAGE,
         )
     version = document.get("schema_version")
     if (version is not None or "schema_version" in required) and (
-        isinstance(version, bool) or version not in SUMMARY_READABLE_VERSIONS
+        isinstance(version, bool) or version not in READABLE_VERSIONS
     ):
-        supported = ", ".join(map(str, SUMMARY_READABLE_VERSIONS))
+        supported = ", ".join(map(str, READABLE_VERSIONS))
         raise StepcliError(
             f"{label}: unsupported run summary schema_version {version!r} (this stepcli reads {supported}); "
             "re-create it with this stepcli's `run --json`",

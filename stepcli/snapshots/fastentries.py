@@ -15,7 +15,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from typing import Any
 
-from stepcli.snapshots.history import _FRAME_CACHE_LIMIT, Frame, HistoryBuilder, HistoryColumns
+from stepcli.snapshots.history import _FRAME_CACHE_LIMIT, HistoryBuilder, HistoryColumns, HistoryFrame
 from stepcli.snapshots.opcodes import (
     APPEND,
     BINGET,
@@ -78,7 +78,7 @@ class FastEntryDecoder:
         self._string_indexes = array("I")  # dropped strings of single entries, by memo index -> their step code
         self._string_steps = array("I")
         self._frame_indexes = array("I")  # frame dicts let go, by memo index (increasing) -> their Frame
-        self._frame_values: list[Frame] = []
+        self._frame_values: list[HistoryFrame] = []
         # Frames lists of frame dicts of their own the fast path read, by memo index -> their stack: the list's
         # dicts were memoized right after it, so memo index + k names the stack's k-th frame
         self._inline_indexes = array("I")
@@ -94,7 +94,7 @@ class FastEntryDecoder:
         self._seen_memoize = False
         self._seen_put = False
 
-    def _frame_at(self, index: int) -> Frame | None:
+    def _frame_at(self, index: int) -> HistoryFrame | None:
         """The Frame of a frame dict at memo `index` that was let go, else None."""
         at = bisect_left(self._frame_indexes, index)
         if at < len(self._frame_indexes) and self._frame_indexes[at] == index:
@@ -361,7 +361,7 @@ class FastEntryDecoder:
             found = memo.get(index, _Dropped)
             if found is _Dropped:
                 found = self._frame_at(index)
-            if type(found) is not dict and type(found) is not Frame:
+            if type(found) is not dict and type(found) is not HistoryFrame:
                 return None
             frames.append(found)
         if pos != len(refs):

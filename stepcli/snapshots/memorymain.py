@@ -40,7 +40,7 @@ def memory_main(path: str, *, as_json: bool, top: int, max_memory: int = DEFAULT
         reports.append(report)
     if as_json:
         return to_json(reports)
-    from stepcli.fmt import visible_all  # file and function names from the snapshot: control characters shown
+    from stepcli.safetext import visible_all  # file and function names from the snapshot: control characters shown
 
     return "\n\n".join(to_text(visible_all(report)) for report in reports)
 
@@ -50,7 +50,7 @@ class ReadProgress:
     line redrawn in place (cleared at the end), elsewhere a plain line every PROGRESS_EVERY_S."""
 
     def __init__(self, path: str, out: TextIO) -> None:
-        from stepcli.fmt import visible
+        from stepcli.safetext import visible
 
         self._name = visible(os.path.basename(path))
         self._out = out

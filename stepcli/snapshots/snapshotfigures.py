@@ -8,7 +8,7 @@ from typing import Any
 from stepcli.errors import TraceError
 from stepcli.snapshots import categories
 from stepcli.snapshots.allocatorreplay import AllocatorReplay, StepFigures
-from stepcli.snapshots.snapshotreader import Frame, HistoryColumns, Snapshot, Stack
+from stepcli.snapshots.snapshotreader import HistoryColumns, HistoryFrame, Snapshot, Stack
 
 LEAK_MIN_INCREASES = 3  # consecutive steps whose start-of-step allocated memory grew
 LEAK_MIN_BYTES = 1 << 20  # ... by at least this much in all
@@ -138,18 +138,18 @@ def _split(stacks: list[Stack], at: AllocatorReplay) -> dict[str, int]:
     return split
 
 
-def _frame_json(frame: Frame | None) -> dict[str, Any] | None:
+def _frame_json(frame: HistoryFrame | None) -> dict[str, Any] | None:
     if frame is None:
         return None
     return {"file": frame.filename, "line": frame.line, "function": frame.name}
 
 
-def _site_key(stacks: list[Stack], stack: int) -> tuple[Frame | None, Frame | None]:
+def _site_key(stacks: list[Stack], stack: int) -> tuple[HistoryFrame | None, HistoryFrame | None]:
     return categories.site(stacks[stack])
 
 
 def _sites(stacks: list[Stack], at: AllocatorReplay, top: int) -> list[dict[str, Any]]:
-    sites: dict[Frame | None, dict[str, Any]] = {}
+    sites: dict[HistoryFrame | None, dict[str, Any]] = {}
     for size, stack, step in at.live.values():
         frame, via = _site_key(stacks, stack)
         row = sites.get(frame)
@@ -210,7 +210,7 @@ def find_leak(
     kept = [sum(survivors[step].values()) for step in checked]
     if not checked or min(kept) <= 0 or sum(kept) < LEAK_MIN_BYTES:
         return None  # nothing made in those steps stays alive: memory grew with the work, not with kept tensors
-    per_site: dict[Frame | None, dict[int, int]] = {}
+    per_site: dict[HistoryFrame | None, dict[int, int]] = {}
     for step in checked:
         for stack, size in survivors[step].items():
             frame, _via = categories.site(stacks[stack])
@@ -233,7 +233,7 @@ def find_leak(
 
 
 def _held(
-    stacks: list[Stack], at: AllocatorReplay | None, site: Frame, moment_step: int | None
+    stacks: list[Stack], at: AllocatorReplay | None, site: HistoryFrame, moment_step: int | None
 ) -> tuple[int | None, int | None]:
     """(bytes, of which activations) alive at the moment that the leak's site allocated in steps before the
     moment's (tensors of the moment's own step are not kept yet); (None, None) without a moment or its step."""

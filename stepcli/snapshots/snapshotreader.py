@@ -41,7 +41,7 @@ from stepcli.snapshots.history import (
     Unsupported,
 )
 from stepcli.snapshots.history import Entry as Entry  # the snapshot's model, for its readers
-from stepcli.snapshots.history import Frame as Frame
+from stepcli.snapshots.history import HistoryFrame as HistoryFrame
 from stepcli.snapshots.unpickle import StreamDecoder
 
 # Older protocols build sets through these names. Not bytearray: `bytearray(10**12)` would be a memory bomb.

@@ -28,8 +28,8 @@ from stepcli.snapshots import shape
 from stepcli.snapshots.fastentries import CHUNK, FastEntryDecoder, _Dropped
 from stepcli.snapshots.history import (
     ClassRefused,
-    Frame,
     HistoryColumns,
+    HistoryFrame,
     NotSnapshot,
     StackRef,
     StepRef,
@@ -395,7 +395,7 @@ class StreamDecoder(FastEntryDecoder):
         memo, containers = self._memo, self._containers
         indexes, values = self._frame_indexes, self._frame_values
         for at, item in enumerate(items):
-            if type(item) is Frame:
+            if type(item) is HistoryFrame:
                 continue
             if type(item) is not dict or shape.kind(item) != "frame":
                 raise NotSnapshot("a frames list of other things than frames")
@@ -447,7 +447,7 @@ class StreamDecoder(FastEntryDecoder):
         self._list_stacks.append(stack)
         return True
 
-    def _dropped_list(self, index: int) -> StackRef | StepRef | Frame:
+    def _dropped_list(self, index: int) -> StackRef | StepRef | HistoryFrame:
         """A memo reference to something dropped: a frames list's stack, a string's step, a frame; else
         Unsupported."""
         at = bisect_left(self._list_indexes, index)

@@ -13,7 +13,8 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from stepcli.errors import StepcliError
 
@@ -58,7 +59,7 @@ def check_scheduler(address: str, host: str, port: int, timeout: float = CONNECT
             header = _receive(sock, 8)
             size = int.from_bytes(header, "little") if len(header) == 8 else 0
             greeting = _receive(sock, size) if 0 < size <= _MAX_HANDSHAKE_BYTES else b""
-    except socket.timeout:
+    except TimeoutError:
         raise StepcliError(f"cannot reach {where}: no answer within {timeout:.0f} s") from None
     except OSError as exc:
         raise StepcliError(f"cannot reach {where}: {exc.strerror or exc}") from None

@@ -14,8 +14,8 @@ import functools
 import os
 import sys
 import threading
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stepcli.errors import TraceError
 from stepcli.traces.read.columns import ColumnTrace, load_columns

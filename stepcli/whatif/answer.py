@@ -33,6 +33,7 @@ SCHEMA = "stepcli.whatif/1"
 MAX_REPLAY_ERROR = 0.05  # a replay further than this from the measured step answers nothing
 NEARLY_CRITICAL = 0.01  # a rank waiting less than this share of the step is (nearly) on the critical path
 TOP_OPERATORS = 5  # operator classes offered as opportunities (halved)
+TOP_KERNELS = 3  # device work names offered as opportunities (halved)
 
 
 @dataclass
@@ -120,11 +121,17 @@ def _phase_order() -> list[str]:
 
 
 def operator_names(lanes: Sequence[RankLane], rank: int | None = None) -> dict[str, float]:
-    """Operator name -> total µs of its spans on the steps' threads (every depth), most first."""
+    """Operator name -> total µs of its spans on the steps' threads (every depth), and device work name -> its total
+    µs in the steps, most first."""
     totals: dict[str, float] = {}
     for lane in lanes:
         if rank is not None and lane.rank != rank:
             continue
+        work = lane.device
+        if work is not None and len(work):
+            sums = np.bincount(work.name, weights=work.dur, minlength=len(lane.names))
+            for code in np.nonzero(sums)[0].tolist():
+                totals[lane.names[code]] = totals.get(lane.names[code], 0.0) + float(sums[code])
         if not len(lane.op_name):
             continue
         sums = np.bincount(lane.op_name, weights=lane.op_end - lane.op_start, minlength=len(lane.names))
@@ -212,6 +219,11 @@ def solve(lanes: Sequence[RankLane], request: WhatifRequest, untouched_ms: float
                 f"no collective could be matched across the ranks in {steps_label(steps)}: "
                 "without one, the ranks' timelines cannot be joined"
             )
+        elif len(lanes) > 1 and any(lane.device is not None for lane in lanes) and not any(graph.device_rows):
+            reason = (
+                f"no NCCL kernel could be tied to the ranks' collectives in {steps_label(steps)}: "
+                "without one, the ranks' device streams cannot be joined"
+            )
     if graph is None or reason is not None:
         doc["reason"] = reason
         return Answer(doc)
@@ -230,7 +242,7 @@ def solve(lanes: Sequence[RankLane], request: WhatifRequest, untouched_ms: float
     if abs(error) > MAX_REPLAY_ERROR:
         doc["reason"] = (
             f"the replay is {error:+.1%} off the measured step (more than {MAX_REPLAY_ERROR:.0%}): the graph does "
-            "not explain the waits (host gaps not explained, or clocks not aligned)"
+            f"not explain the waits ({_why_off(graph)})"
         )
         return Answer(doc, graph, base)
     doc["verdict"] = "ok"
@@ -265,12 +277,6 @@ def solve(lanes: Sequence[RankLane], request: WhatifRequest, untouched_ms: float
 
 def _unmodelled(lanes: Sequence[RankLane]) -> str | None:
     """Why these traces cannot be replayed honestly yet, or None."""
-    device = sum(lane.device_events for lane in lanes)
-    if device:
-        return (
-            f"the traces hold GPU work ({device} kernels and copies in the steps): device streams, launches and "
-            "syncs are not in stepcli's graph yet, so no replay of them can be checked"
-        )
     ranks = sorted(lane.rank for lane in lanes if lane.rank is not None)
     sizes = {lane.world_size for lane in lanes if lane.world_size}
     if sizes and max(sizes) > len(lanes):
@@ -279,6 +285,34 @@ def _unmodelled(lanes: Sequence[RankLane]) -> str | None:
             f"{'were' if len(ranks) > 1 else 'was'} read: the other ranks' traces are needed to replay the waits"
         )
     return None
+
+
+def _why_off(graph: Graph) -> str:
+    """The likeliest reason a replay missed: device work that waited for nothing the graph knows, or the host."""
+    waited = sum(lane.device.unexplained_us for lane in graph.lanes if lane.device is not None)
+    if waited > 0:
+        per_step = waited / len(graph.steps) / 1000.0
+        unknown = [lane for lane in graph.lanes if lane.device is not None and not lane.device.cross_stream_known]
+        why = (
+            "the trace has no CUDA sync events (enable_cuda_sync_events), so waits between streams are unknown"
+            if unknown
+            else "a wait the trace does not record"
+        )
+        return f"device work waited {per_step:.2f} ms per step for nothing in the graph: {why}"
+    return "host gaps not explained, or clocks not aligned"
+
+
+def top_kernels(lanes: Sequence[RankLane], count: int) -> list[str]:
+    """The device work names with the most time in the steps (kernels, copies, sets)."""
+    totals: dict[str, float] = {}
+    for lane in lanes:
+        work = lane.device
+        if work is None or not len(work):
+            continue
+        sums = np.bincount(work.name, weights=work.dur, minlength=len(lane.names))
+        for code in np.nonzero(sums)[0].tolist():
+            totals[lane.names[code]] = totals.get(lane.names[code], 0.0) + float(sums[code])
+    return [name for name, _ in sorted(totals.items(), key=lambda kv: -kv[1])[:count]]
 
 
 def opportunities(graph: Graph, base: LaneReplay, lanes: Sequence[RankLane]) -> list[WhatifChange]:
@@ -291,6 +325,8 @@ def opportunities(graph: Graph, base: LaneReplay, lanes: Sequence[RankLane]) -> 
             for factor, shown in ((0.0, "0"), (0.5, "0.5")):
                 out.append(WhatifChange(f"--scale phase:{name}={shown}", [Scale(None, code, frozenset(), factor)]))
     for name in top_operators(lanes, TOP_OPERATORS):
+        out.append(WhatifChange(f"--scale {name}=0.5", [Scale(None, None, frozenset([name]), 0.5)]))
+    for name in top_kernels(lanes, TOP_KERNELS):
         out.append(WhatifChange(f"--scale {name}=0.5", [Scale(None, None, frozenset([name]), 0.5)]))
     if graph.members:
         out.append(WhatifChange("--comm 0.5", comm=0.5))
@@ -321,11 +357,12 @@ class PathPiece:
     collective's piece also names the lane that waited for it (`waiter`, -1 otherwise)."""
 
     lane: int
-    kind: str  # cpu, collective or wait
+    kind: str  # cpu, collective, wait, sync, launch or gpu
     name: str
     start: float
     end: float
     waiter: int = -1
+    node: int = -1  # of a gpu or launch piece: the device node (stepcli.traces.analyses.devicework)
 
     @property
     def us(self) -> float:
@@ -359,6 +396,17 @@ def walk_critical_path(graph: Graph, rep: LaneReplay) -> list[PathPiece]:
                 break
             i, k = j, found[0] - 1
             continue
+        if record.sync_node >= 0 and rep.device and rep.device[i] is not None:
+            times = rep.device[i]
+            assert times is not None
+            node = record.sync_node
+            if times.end[node] >= record.start:
+                work = graph.lanes[i].device
+                assert work is not None
+                sync_name = work.sync_name[int(np.searchsorted(work.sync_at, record.lane_from))]
+                walked.append(PathPiece(i, "sync", sync_name, times.end[node], record.end))
+                i, k = _walk_device(graph, rep, i, node, walked)
+                continue
         at = record.end
         for phase, us in reversed(_phase_split(graph, i, record)):
             walked.append(PathPiece(i, "cpu", phase, at - us, at))
@@ -366,6 +414,55 @@ def walk_critical_path(graph: Graph, rep: LaneReplay) -> list[PathPiece]:
         k -= 1
     walked.reverse()
     return walked
+
+
+def _walk_device(graph: Graph, rep: LaneReplay, i: int, node: int, walked: list[PathPiece]) -> tuple[int, int]:
+    """Walk back along the device nodes from lane i's `node`, through the edges that bound them (the stream,
+    another stream's node, a launch: a piece of its own; an NCCL collective: its transfer, then the last member to
+    arrive, on its lane), to a launch call on a host: (that lane, the index of its record that ends there; -1:
+    none, the walk ends)."""
+    from stepcli.traces.analyses.devicework import COLLECTIVE, EVENT, LAUNCH
+
+    guard = sum(len(lane.device) for lane in graph.lanes if lane.device is not None) + 1
+    while guard > 0:
+        guard -= 1
+        work, times = graph.lanes[i].device, rep.device[i]
+        assert work is not None and times is not None
+        stream = f"stream {work.streams[int(work.stream[node])]}"
+        bound = times.bound[node]
+        end = times.end[node]
+        joined = graph.node_row[i].get(node) if graph.node_row else None
+        if joined is not None:
+            row = joined[0]
+            nodes = graph.device_rows[row]
+            arrivals = [rep.device[graph.members[row][m]].start[n] for m, n in enumerate(nodes)]  # type: ignore[union-attr]
+            m = int(np.argmax(arrivals))
+            j, last_node = graph.members[row][m], nodes[m]
+            walked.append(PathPiece(j, "collective", graph.names[row], arrivals[m], end, waiter=i, node=last_node))
+            i, node, end = j, last_node, arrivals[m]
+            work, times = graph.lanes[i].device, rep.device[i]
+            assert work is not None and times is not None
+            stream = f"stream {work.streams[int(work.stream[node])]}"
+            bound = times.bound[node]
+            if bound == COLLECTIVE:
+                bound = LAUNCH
+        if bound == LAUNCH:
+            record = int(times.launch_record[node])
+            launched = _record_end(times, node, work)
+            walked.append(PathPiece(i, "gpu", stream, times.start[node], end, node=node))
+            walked.append(PathPiece(i, "launch", "launch latency", launched, times.start[node], node=node))
+            return i, record
+        before = int(work.prev[node]) if bound != EVENT else int(work.wait_for[node])
+        walked.append(PathPiece(i, "gpu", stream, times.end[before], end, node=node))
+        node = before
+    return i, -1
+
+
+def _record_end(times: Any, node: int, work: Any) -> float:
+    """When the node's launch was replayed: its start less its launch edge's delay."""
+    from stepcli.traces.analyses.devicework import LAUNCH
+
+    return float(times.start[node] - work.delay[node, LAUNCH])
 
 
 def critical_path(graph: Graph, rep: LaneReplay) -> dict[str, Any]:
@@ -396,15 +493,18 @@ def _phase_split(graph: Graph, i: int, record: Record) -> list[tuple[str, float]
     the order the phases first appear in it."""
     lane = graph.lanes[i]
     lo, hi = record.lane_from, record.lane_to
-    edges = np.clip(lane.grid, lo, hi)
+    a = max(int(np.searchsorted(lane.grid, lo, side="right")) - 1, 0)
+    b = int(np.searchsorted(lane.grid, hi, side="left")) + 1
+    edges = np.clip(lane.grid[a:b], lo, hi)
     lengths = np.diff(edges)
+    phase = lane.phase[a : a + len(lengths)]
     total = float(lengths.sum())
     if total <= 0:
         return []
     scale = (record.end - record.start) / total
-    sums = np.bincount(lane.phase, weights=lengths, minlength=len(PHASE_NAMES))
+    sums = np.bincount(phase, weights=lengths, minlength=len(PHASE_NAMES))
     first: dict[int, int] = {}
-    for p in lane.phase[lengths > 0].tolist():
+    for p in phase[lengths > 0].tolist():
         first.setdefault(p, len(first))
     return [(PHASE_NAMES[p], float(sums[p]) * scale) for p in sorted(first, key=first.__getitem__)]
 

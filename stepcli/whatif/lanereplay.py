@@ -10,12 +10,22 @@ waits; how far it misses is the check every answer passes first.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from stepcli.traces.analyses.alignment import Matched, align, match_collectives
+from stepcli.traces.analyses.devicework import (
+    COLLECTIVE,
+    EVENT,
+    LAUNCH,
+    STREAM,
+    SYNC_DEVICE,
+    SYNC_STREAM,
+    node_factors,
+)
 from stepcli.traces.analyses.lanes import RankLane, covers
 
 LATE_CLOSE_US = 300.0
@@ -54,6 +64,17 @@ class Item:
     arrive: tuple[int, int] | None = None
     until: float = 0.0
     departs: list[tuple[int, int, float]] = field(default_factory=list)
+    launches: list[int] | None = None  # device nodes (stepcli.traces.analyses.devicework) queued by a call at `at`
+    sync: int = -1  # a host call [at, until) that returned only after this device node ended
+
+    @property
+    def order(self) -> int:
+        """Among joints at one time: launches first (a copy's own sync waits for it), then arrivals, then waits."""
+        if self.launches is not None:
+            return 0
+        if self.arrive is not None:
+            return 1
+        return 2 if self.sync < 0 else 3
 
 
 @dataclass
@@ -72,6 +93,12 @@ class Graph:
     names: list[str]  # [row] collective name
     transfer: list[float]  # [row] µs: the earliest departure minus the latest arrival (>= 0)
     unexplained: int = 0  # collectives whose departure the rank never waited for visibly (no wait span)
+    # NCCL collectives joined on the device: [row] -> per member its NCCL node on that member's lane (empty: the
+    # row is joined on the host, or not at all); their transfer and each member's residual, from the kernels
+    device_rows: list[list[int]] = field(default_factory=list)
+    device_transfer: list[float] = field(default_factory=list)
+    device_residual: list[list[float]] = field(default_factory=list)
+    node_row: list[dict[int, tuple[int, int]]] = field(default_factory=list)  # per lane: node -> (row, member)
 
 
 @dataclass
@@ -87,6 +114,18 @@ class Record:
     arrive_row: int = -1  # an arrival point (zero length)
     label: int = -1  # of a compute stretch: the collective (row) whose arrival it leads to; -1 after the last
     waited: float = 0.0  # of a bound wait: how long the rank waited for the collective's last member to arrive
+    sync_node: int = -1  # a sync on the device: the node it waited for (bound when it ended after `start`)
+
+
+@dataclass
+class ReplayDeviceTimes:
+    """A lane's device nodes as replayed: start and end (aligned µs), the edge that bound each start, and the
+    index of the lane's record that ends at its launch (-1: none)."""
+
+    start: list[float]
+    end: list[float]
+    bound: list[int]
+    launch_record: list[int]
 
 
 @dataclass
@@ -98,6 +137,7 @@ class LaneReplay:
     depart: list[list[float]]
     transfer: list[float]  # [row] µs, as replayed
     blocked: list[float]  # per lane: µs spent waiting for other ranks to arrive at collectives, in the window
+    device: list[ReplayDeviceTimes | None] = field(default_factory=list)
 
 
 class ReplayError(Exception):
@@ -126,12 +166,72 @@ def build_graph(lanes: Sequence[RankLane], steps: list[int]) -> Graph:
     for row, member_lanes in enumerate(rows):
         for m, li in enumerate(member_lanes):
             memberships[li].append((row, m))
+    device_rows = _nccl_nodes(lanes, rows, arrive, offsets, memberships)
     unexplained = 0
     for li, lane in enumerate(lanes):
-        items[li], missed = _items(lane, memberships[li], arrive, depart, offsets[li], start[li], end[li])
+        host_joints = memberships[li] if lane.device is None else []  # a GPU rank joins on its NCCL kernels
+        items[li], missed = _items(lane, host_joints, arrive, depart, offsets[li], start[li], end[li])
         unexplained += missed
+        if lane.device is not None:
+            items[li] = _device_items(lane, items[li], start[li], end[li])
     transfer = [max(0.0, min(d) - max(a)) for a, d in zip(arrive, depart)]
-    return Graph(lanes, steps, start, end, offsets, items, arrive, depart, rows, names, transfer, unexplained)
+    graph = Graph(lanes, steps, start, end, offsets, items, arrive, depart, rows, names, transfer, unexplained)
+    _join_on_device(graph, device_rows)
+    return graph
+
+
+def _nccl_nodes(
+    lanes: list[RankLane],
+    rows: list[list[int]],
+    arrive: list[list[float]],
+    offsets: list[float],
+    memberships: list[list[tuple[int, int]]],
+) -> list[list[int]]:
+    """Per collective row, each member's NCCL node (the first NCCL kernel its host call launched: the first one
+    queued at or after the call's start), or [] when a member has no device work or no such kernel."""
+    node_of: dict[tuple[int, int], int] = {}
+    for li, lane in enumerate(lanes):
+        work = lane.device
+        if work is None:
+            continue
+        nccl = np.nonzero(work.nccl)[0]
+        used: set[int] = set()
+        for row, m in sorted(memberships[li], key=lambda rm: arrive[rm[0]][rm[1]]):
+            at = arrive[row][m] + offsets[li]
+            k = int(np.searchsorted(work.launch[nccl], at - 1e-3, side="left"))
+            while k < len(nccl) and int(nccl[k]) in used:
+                k += 1
+            if k < len(nccl):
+                node_of[(row, m)] = int(nccl[k])
+                used.add(int(nccl[k]))
+    out: list[list[int]] = []
+    for row, member_lanes in enumerate(rows):
+        nodes = [node_of.get((row, m), -1) for m in range(len(member_lanes))]
+        out.append(nodes if min(nodes, default=-1) >= 0 else [])
+    return out
+
+
+def _join_on_device(graph: Graph, device_rows: list[list[int]]) -> None:
+    """The device-joined collectives' transfer (the earliest member's end less the latest member's start, on
+    aligned clocks) and each member's residual after it."""
+    graph.device_rows = device_rows
+    graph.node_row = [{} for _ in graph.lanes]
+    graph.device_transfer = [0.0] * len(device_rows)
+    graph.device_residual = [[] for _ in device_rows]
+    for row, nodes in enumerate(device_rows):
+        if not nodes:
+            continue
+        starts, ends = [], []
+        for m, node in enumerate(nodes):
+            li = graph.members[row][m]
+            work = graph.lanes[li].device
+            assert work is not None
+            starts.append(float(work.start[node]) - graph.offset[li])
+            ends.append(float(work.start[node] + work.dur[node]) - graph.offset[li])
+            graph.node_row[li][node] = (row, m)
+        transfer = max(0.0, min(ends) - max(starts))
+        graph.device_transfer[row] = transfer
+        graph.device_residual[row] = [max(0.0, e - (max(starts) + transfer)) for e in ends]
 
 
 def _joined(
@@ -216,8 +316,27 @@ def _items(
         else:
             missed += 1
     joints = arrivals + list(by_wait.values())
-    joints.sort(key=lambda item: (item.at, item.arrive is None))
+    joints.sort(key=lambda item: (item.at, item.order))
     return joints, missed
+
+
+def _device_items(lane: RankLane, joints: list[Item], lo: float, hi: float) -> list[Item]:
+    """The lane's joints with its launches (one per launch time, its nodes in order) and device syncs added."""
+    work = lane.device
+    assert work is not None
+    # work queued before the window (an earlier step's) is queued at its start and runs where it ran
+    count = int(np.searchsorted(work.launch, hi, side="left"))
+    launch = np.maximum(work.launch[:count], lo)
+    if len(launch):
+        cuts = np.nonzero(np.diff(launch) > 0)[0] + 1
+        firsts = np.concatenate(([0], cuts)).tolist()
+        lasts = np.concatenate((cuts, [len(launch)])).tolist()
+        joints = joints + [Item(float(launch[a]), launches=list(range(a, b))) for a, b in zip(firsts, lasts)]
+    for at, until, node in zip(work.sync_at.tolist(), work.sync_until.tolist(), work.sync_node.tolist()):
+        if lo <= at < hi:
+            joints.append(Item(at, until=until, sync=node))
+    joints.sort(key=lambda item: (item.at, item.order))
+    return joints
 
 
 def speeds(lane: RankLane, change: WhatifChange | None) -> np.ndarray:
@@ -256,6 +375,8 @@ class _Scheduler:
             f = speeds(lane, change)
             self.integrals.append(np.concatenate(([0.0], np.cumsum(f * np.diff(lane.grid)))) if len(f) else np.zeros(1))
         self.multipliers = _idealized(graph, self.integrals, change)
+        self.grid_lists: list[list[float]] = [lane.grid.tolist() for lane in graph.lanes]
+        self.integral_lists: list[list[float]] = [integral.tolist() for integral in self.integrals]
         comm = change.comm if change is not None else 1.0
         self.transfer = [t * comm for t in graph.transfer]
         self.arrive: list[list[float | None]] = [[None] * len(r) for r in graph.members]
@@ -267,6 +388,38 @@ class _Scheduler:
         self.records: list[list[Record]] = [[] for _ in range(n)]
         self.blocked = [0.0] * n
         self.done = [False] * n
+        self.device: list[ReplayDeviceTimes | None] = []
+        self.node_factor: list[list[float]] = []
+        self.comm = comm
+        self.d_pos = [0] * n  # per lane: the next device node to resolve
+        self.launched: list[list[float | None]] = [[] for _ in range(n)]  # per lane, per node: its launch, replayed
+        self.device_arrive: list[list[float | None]] = [[None] * len(nodes) for nodes in graph.device_rows]
+        self.stream_last: list[dict[int, int]] = [{} for _ in graph.lanes]  # per lane: stream -> last node queued
+        self.next_row = [_next_arrivals(items) for items in graph.items]  # per lane, per joint: _next_arrival
+        for li, lane in enumerate(graph.lanes):
+            work = lane.device
+            if work is None:
+                self.device.append(None)
+                self.node_factor.append([])
+                continue
+            count = len(work)
+            self.device.append(ReplayDeviceTimes([0.0] * count, [0.0] * count, [LAUNCH] * count, [-1] * count))
+            self.launched[li] = [None] * count
+            scales = change.scales if change is not None else []
+            mine = [s for s in scales if s.rank is None or s.rank == lane.rank]
+            self.node_factor.append(node_factors(work, lane.names, lane.grid, lane.phase, mine).tolist())
+        self.node_lists = [
+            (
+                lane.device.prev.tolist(),
+                lane.device.wait_for.tolist(),
+                lane.device.delay.tolist(),
+                lane.device.dur.tolist(),
+                lane.device.stream.tolist(),
+            )
+            if lane.device is not None
+            else None
+            for lane in graph.lanes
+        ]
 
     def run(self) -> LaneReplay:
         graph = self.graph
@@ -286,6 +439,7 @@ class _Scheduler:
             self.depart,
             self.transfer,
             self.blocked,
+            self.device,
         )
 
     def _step(self, i: int) -> bool:
@@ -296,7 +450,14 @@ class _Scheduler:
             self.done[i] = True
             return True
         item = items[self.pos[i]]
-        if item.arrive is not None:
+        if item.launches is not None:
+            self._advance(i, item.at, self.next_row[i][self.pos[i]])
+            self._launch(i, item.launches)
+        elif item.sync >= 0:
+            self._advance(i, item.at, self.next_row[i][self.pos[i]])
+            if not self._sync(i, item):
+                return False
+        elif item.arrive is not None:
             self._advance(i, item.at, item.arrive[0])
             row, m = item.arrive
             self.arrive[row][m] = self.cur[i]
@@ -304,9 +465,103 @@ class _Scheduler:
         else:
             if not all(self._resolve(row) for row, _, _ in item.departs):
                 return False
-            self._advance(i, item.at, _next_arrival(items, self.pos[i]))
+            self._advance(i, item.at, self.next_row[i][self.pos[i]])
             self._wait(i, item)
         self.pos[i] += 1
+        return True
+
+    def _launch(self, i: int, nodes: list[int]) -> None:
+        """Device nodes queued now (on the host's replayed clock); each is resolved as soon as what it waits for is."""
+        times = self.device[i]
+        assert times is not None
+        stream = self.node_lists[i][4]  # type: ignore[index]
+        record, now, last, launched = len(self.records[i]) - 1, self.cur[i], self.stream_last[i], self.launched[i]
+        for k in nodes:
+            launched[k] = now
+            times.launch_record[k] = record
+            last[stream[k]] = k
+        self._drain(i)
+
+    def _drain(self, first: int) -> None:
+        """Resolve device nodes in launch order, lane by lane, as far as each can go: a node starts at the latest of
+        its launch, the node before it on its stream and the node its stream waits for, each plus its edge's
+        delay; an NCCL node that joins a collective ends when its last member has arrived, plus the transfer."""
+        work_list = [first]
+        while work_list:
+            i = work_list.pop()
+            times, lists, work = self.device[i], self.node_lists[i], self.graph.lanes[i].device
+            assert times is not None and lists is not None and work is not None
+            prev, wait_for, delay, dur, _ = lists
+            factor, launched, node_row = self.node_factor[i], self.launched[i], self.graph.node_row[i]
+            window_start = self.graph.start[i]
+            while self.d_pos[i] < len(launched):
+                k = self.d_pos[i]
+                now = launched[k]
+                if now is None:
+                    break
+                d = delay[k]
+                if work.launch[k] < window_start:  # queued before the window: it starts where it started
+                    ready, bound = float(work.start[k]) - self.graph.offset[i], LAUNCH
+                else:
+                    ready, bound = now + d[LAUNCH], LAUNCH
+                p = prev[k]
+                if p >= 0 and times.end[p] + d[STREAM] > ready:
+                    ready, bound = times.end[p] + d[STREAM], STREAM
+                w = wait_for[k]
+                if w >= 0 and times.end[w] + d[EVENT] > ready:
+                    ready, bound = times.end[w] + d[EVENT], EVENT
+                times.start[k] = ready
+                times.bound[k] = bound
+                joined = node_row.get(k)
+                if joined is None:
+                    times.end[k] = ready + dur[k] * factor[k]
+                    self.d_pos[i] += 1
+                    continue
+                row, m = joined
+                self.device_arrive[row][m] = ready
+                if any(a is None for a in self.device_arrive[row]):
+                    break  # the others have not arrived yet: this lane's device waits here
+                work_list.extend(self._finish_collective(row))
+                if self.d_pos[i] == k:
+                    break
+
+    def _finish_collective(self, row: int) -> list[int]:
+        """Every member's NCCL node ends at the last arrival plus the transfer (times `--comm`) plus its residual;
+        the member lanes go on resolving."""
+        graph = self.graph
+        arrivals = [a for a in self.device_arrive[row] if a is not None]
+        last = max(arrivals)
+        lanes = []
+        for m, node in enumerate(graph.device_rows[row]):
+            li = graph.members[row][m]
+            times = self.device[li]
+            assert times is not None
+            times.end[node] = last + graph.device_transfer[row] * self.comm + graph.device_residual[row][m]
+            times.bound[node] = COLLECTIVE if (self.device_arrive[row][m] or 0.0) < last else times.bound[node]
+            self.d_pos[li] += 1
+            lanes.append(li)
+        return lanes
+
+    def _sync(self, i: int, item: Item) -> bool:
+        """A host call that returned after a device node ended: it returns at the later of reaching it and the
+        node's end, plus the measured time from the node's end to the return; False while that end is unknown."""
+        times, work = self.device[i], self.graph.lanes[i].device
+        assert times is not None and work is not None
+        node = item.sync
+        tail = max(0.0, item.until - float(work.start[node] + work.dur[node]))
+        scope = int(work.sync_scope[int(np.searchsorted(work.sync_at, item.at))])
+        last = self.stream_last[i]
+        if scope == SYNC_DEVICE and last:
+            if max(last.values()) >= self.d_pos[i]:
+                return False
+            node = max(last.values(), key=lambda k: times.end[k])
+        elif scope == SYNC_STREAM and int(work.stream[node]) in last:
+            node = last[int(work.stream[node])]
+        if node >= self.d_pos[i]:
+            return False
+        ready = max(self.cur[i], times.end[node]) + tail
+        self.records[i].append(Record(item.at, item.until, self.cur[i], ready, sync_node=node))
+        self.cur[i], self.prev[i] = ready, item.until
         return True
 
     def _wait(self, i: int, item: Item) -> None:
@@ -324,13 +579,24 @@ class _Scheduler:
         self.records[i].append(record)
         self.cur[i], self.prev[i] = ready, item.until
 
+    def _integral_at(self, i: int, t: float) -> float:
+        """np.interp(t, grid, integral) of lane i, for one time (the replay asks once per joint: a bisection on
+        lists is several times faster than numpy's call overhead there)."""
+        grid, integral = self.grid_lists[i], self.integral_lists[i]
+        k = bisect.bisect_right(grid, t) - 1
+        if k < 0:
+            return integral[0]
+        if k >= len(grid) - 1:
+            return integral[-1]
+        span = grid[k + 1] - grid[k]
+        return integral[k] + (t - grid[k]) * (integral[k + 1] - integral[k]) / span if span > 0 else integral[k]
+
     def _advance(self, i: int, to: float, label: int) -> None:
         """Lane i's compute from where it is to `to` (its own clock), at the change's speed."""
-        lane, prev = self.graph.lanes[i], self.prev[i]
+        prev = self.prev[i]
         if to <= prev:
             return
-        integral = self.integrals[i]
-        length = float(np.interp(to, lane.grid, integral) - np.interp(prev, lane.grid, integral))
+        length = self._integral_at(i, to) - self._integral_at(i, prev)
         length *= self.multipliers[i].get(label, 1.0)
         self.records[i].append(Record(prev, to, self.cur[i], self.cur[i] + length, label=label))
         self.cur[i] += length
@@ -350,6 +616,17 @@ class _Scheduler:
             self.depart[row][m] = last + self.transfer[row] + residual
         self.known[row] = True
         return True
+
+
+def _next_arrivals(items: list[Item]) -> list[int]:
+    """_next_arrival at every position, in one pass from the end."""
+    out = [-1] * len(items)
+    row = -1
+    for pos in range(len(items) - 1, -1, -1):
+        if items[pos].arrive is not None:
+            row = items[pos].arrive[0]  # type: ignore[index]
+        out[pos] = row
+    return out
 
 
 def _next_arrival(items: list[Item], pos: int) -> int:

@@ -21,8 +21,15 @@ def read_lane(path: str) -> RankLane:
     """One trace file's lane (module level: run in a worker process)."""
     from stepcli.traces.analyses.lanes import lane_of
     from stepcli.traces.read.columns import load_columns
+    from stepcli.traces.read.typedcolumns import DEVICE
 
-    return lane_of(load_columns(path))
+    trace = load_columns(path)
+    if not (trace.columns.kind >= DEVICE).any():
+        return lane_of(trace)
+    from stepcli.inputs import read_input
+    from stepcli.traces.read.syncevents import stream_waits
+
+    return lane_of(trace, stream_waits(read_input(path)))  # the cross-stream waits, in a trace that has them
 
 
 def untouched_median(paths: Sequence[str], all_runs: bool = False) -> float | None:

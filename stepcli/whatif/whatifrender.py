@@ -7,7 +7,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from stepcli.fmt import ms, visible
+from stepcli.fmt import ms
+from stepcli.safetext import visible
 from stepcli.traces.analyses.ranks import steps_label
 
 WIDTH = 80

@@ -3,6 +3,7 @@ silent pauses, and the small things around `run`, `table`, `demo` and CI."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import pty
@@ -205,6 +206,25 @@ def test_demo_extra_installs_numpy_and_ci_cleans_up() -> None:
     readme = (REPO / "README.md").read_text()
     assert "--index-url https://download.pytorch.org/whl/cpu" in readme
     assert re.search(r"\d+ minutes on 2 cores", readme), "README says how long the suite takes on 2 cores"
+
+
+def test_python_floor_is_torchs_and_one_number_everywhere() -> None:
+    # the agent runs in the program's Python: stepcli's floor is that of the torch it pins (CONTRIBUTING)
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    floor = re.fullmatch(r">=(3\.\d+)", pyproject["project"]["requires-python"])
+    assert floor, "requires-python is one floor, >=3.N"
+    version = floor.group(1)
+    torch_floor = importlib.metadata.distribution("torch").metadata["Requires-Python"]
+    assert torch_floor.replace(" ", "") == f">={version}", torch_floor
+    # every tool that checks the code checks it at that floor
+    assert pyproject["tool"]["mypy"]["python_version"] == version
+    assert pyproject["tool"]["ruff"]["target-version"] == "py" + version.replace(".", "")
+    ci = (REPO / ".ci" / "run").read_text()
+    assert re.search(rf"^vermin --no-tips --violations --eval-annotations -t={re.escape(version)}- stepcli$", ci, re.M)
+    assert any(req.startswith("vermin==") for req in pyproject["project"]["optional-dependencies"]["test"])
+    # and the install instructions say it
+    assert f"needs Python {version}+ and PyTorch" in (REPO / "README.md").read_text()
+    assert f"needs Python {version} or later" in (REPO / "docs" / "getting-started.md").read_text()
 
 
 def test_every_rich_renderer_fits_80_columns_with_many_ranks() -> None:

@@ -19,7 +19,7 @@ import pytest
 from browser import artifacts_dir
 from conftest import TRAIN_LOOP, load_trace, profiler_steps, run_stepcli, stepcli_env, trace_files, write_script
 
-from stepcli.run.summary.hangreport import EXIT_HANG
+from stepcli.errors import EXIT_HANG
 
 # Rank 1 blocks forever in `stuck_forever` before the all-reduce of step 5 (after the default window, steps 2-4,
 # was saved) and writes the time it did so; rank 0 enters that all-reduce. gloo's own timeout (600 s) never fires.

@@ -12,8 +12,9 @@ import json
 import random
 import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from conftest import run_python, run_stepcli, write_script

@@ -163,14 +163,55 @@ def test_the_ranks_answer_in_json(ddp_run: Path, tmp_path: Path) -> None:
     assert doc["critical_path"]["segments"][0]["rank"] in (0, 1)
 
 
-def test_gpu_traces_and_one_rank_of_a_job_are_inconclusive_with_the_reason() -> None:
+def test_one_rank_of_a_gpu_job_is_inconclusive_with_the_reason() -> None:
     trace = SHARED / "dlrm_control.rank3.pt.trace.json.gz"
     if not trace.exists():
         pytest.skip(f"{trace} not found (../shared/traces beside the checkout)")
     result = run_stepcli("whatif", trace)
     assert result.returncode == 4, result.stderr
-    assert "INCONCLUSIVE: the traces hold GPU work" in result.stdout
+    assert "INCONCLUSIVE: only rank 3 of a 8-rank job was read" in result.stdout
     assert all(len(line) <= 80 for line in result.stdout.splitlines()), result.stdout
+
+
+def test_a_real_gpu_step_is_replayed_and_a_kernel_off_its_critical_path_buys_nothing(tmp_path: Path) -> None:
+    # the H200 GPT step: under the profiler the host launching it is slower than the device running it
+    trace = SHARED / "h200_gpt_bf16" / "gpt_bf16.pt.trace.json.gz"
+    if not trace.exists():
+        pytest.skip(f"{trace} not found (../shared/traces beside the checkout)")
+    out = tmp_path / "gpt.json"
+    result = run_stepcli("whatif", trace, "--scale", "re:^nvjet=0.5", "--scale", "phase:backward=0.5", "--json", out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    doc = json.loads(out.read_text())
+    assert abs(doc["replay_error"]) <= 0.05
+    kernels, backward = doc["changes"][0], doc["changes"][1]
+    assert abs(kernels["saved_share"]) < 0.01, kernels  # the GEMM kernels halved: the host still launches as slowly
+    assert backward["saved_share"] > 0.1, backward
+    assert {"gpu", "launch", "sync"} <= {seg["kind"] for seg in doc["critical_path"]["segments"]}
+    assert all(len(line) <= 80 for line in result.stdout.splitlines()), result.stdout
+    # step 2 alone begins with 13 ms of device work the host waits for (a device sync): there the GEMMs halved buy
+    result = run_stepcli("whatif", trace, "--step", "2", "--scale", "re:^nvjet=0.5", "--json", out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    doc = json.loads(out.read_text())
+    gpu_ms = sum(seg["ms"] for seg in doc["critical_path"]["segments"] if seg["kind"] == "gpu")
+    assert abs(doc["replay_error"]) <= 0.05 and gpu_ms > 10
+    assert 0.5 < doc["changes"][0]["saved_ms"] < gpu_ms / 2, doc["changes"]
+
+
+def test_kernels_on_the_critical_path_buy_at_most_their_time_there(tmp_path: Path) -> None:
+    # HTA's cuda_event_sync fixture: a ProfilerStep whose host waits on the device in an event sync
+    trace = SHARED / "hta_critical_path" / "cuda_event_sync" / "event_sync_trace.json.gz"
+    if not trace.exists():
+        pytest.skip(f"{trace} not found (../shared/traces beside the checkout)")
+    out = tmp_path / "sync.json"
+    result = run_stepcli("whatif", trace, "--scale", "re:^(void|Memcpy)=0", "--json", out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    doc = json.loads(out.read_text())
+    assert doc["replay_error"] == pytest.approx(0.0, abs=0.01)
+    segments = doc["critical_path"]["segments"]
+    on_device = sum(seg["ms"] for seg in segments if seg["kind"] == "gpu")
+    assert on_device > 0
+    # the kernels removed: the step gets shorter by no more than their stretch of the critical path
+    assert 0 < doc["changes"][0]["saved_ms"] <= on_device + 1e-6
 
 
 def test_a_trace_without_steps_is_refused_in_one_line(tmp_path: Path) -> None:

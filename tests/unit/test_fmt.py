@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from stepcli import fmt
+from stepcli import fmt, safetext
 from stepcli.agent.output import human_size
-from stepcli.fmt import html_escape, visible, visible_all
+from stepcli.safetext import html_escape, visible, visible_all
 
 
 @pytest.mark.parametrize(
@@ -98,7 +98,7 @@ def test_the_agent_shows_control_characters_as_stepcli_does() -> None:
     from stepcli.agent.output import visible
 
     every = "".join(chr(code) for code in range(0x3000)) + "\u2066\u2069"
-    assert visible(every) == fmt.visible(every)
+    assert visible(every) == safetext.visible(every)
     assert visible("out\x1b[2J") == "out\\x1b[2J"
 
 

@@ -16,7 +16,10 @@ from stepcli.agent.stacks import StackDumper
 from stepcli.agent.tracker import StepTracker
 from stepcli.errors import StepcliError
 from stepcli.run.live.hangdoctor import check_options, parse_duration
-from stepcli.run.summary.hangreport import describe_dumps, own_frame, parse_faulthandler, summary_lines, verdict
+from stepcli.run.summary.hangdump import Frame, ProcessId, StackDump, parse_faulthandler
+from stepcli.run.summary.hangreport import describe_dumps, verdict
+from stepcli.run.summary.hangverdict import own_frame
+from stepcli.run.summary.hangwords import summary_lines
 from stepcli.runfolder.layout import STALL_PREFIX
 
 
@@ -41,6 +44,7 @@ def test_on_hang_needs_a_timeout_and_keeps_by_default() -> None:
 
 
 def _dump(rank: int, collective: dict[str, Any] | None, frames: list[tuple[str, str]]) -> dict[str, Any]:
+    """A stacks file's document, as stepcli/agent/stacks.py writes it."""
     return {
         "rank": rank,
         "pid": 100 + rank,
@@ -59,6 +63,10 @@ def _dump(rank: int, collective: dict[str, Any] | None, frames: list[tuple[str, 
     }
 
 
+def _typed(documents: list[dict[str, Any]]) -> list[StackDump]:
+    return [StackDump.of(document) for document in documents]
+
+
 def _waiting(seq: int, name: str = "all_reduce") -> dict[str, Any]:
     return {"name": name, "seq": seq, "entered_s_ago": 12.0, "returned": False}
 
@@ -69,7 +77,7 @@ def test_the_block_names_who_waits_in_what_and_where_the_other_is() -> None:
         _dump(1, {"name": "all_reduce", "seq": 5, "returned": True}, [("wait", stdlib), ("stuck", "/app/train.py")]),
         _dump(0, _waiting(6), [("all_reduce", "/x/c10d.py")]),
     ]
-    lines = describe_dumps(dumps, [{"rank": 2, "pid": 102, "host": "h"}])
+    lines = describe_dumps(_typed(dumps), [ProcessId(102, "h", 2)])
     assert lines[0] == "  rank 0 (pid 100): waits in all_reduce #6 (entered 12.0 s ago), step 5"
     assert lines[1].startswith("  rank 1 (pid 101): not in a collective (its last, all_reduce #5, returned; ")
     assert lines[2:4] == [f"      wait ({stdlib}:1)", "      stuck (/app/train.py:2)"]  # main thread, innermost first
@@ -82,17 +90,17 @@ def test_the_block_names_who_waits_in_what_and_where_the_other_is() -> None:
 
 
 def test_verdicts_when_everybody_waits() -> None:
-    assert verdict([_dump(0, _waiting(6), []), _dump(1, _waiting(6), [])]) == (
+    assert verdict(_typed([_dump(0, _waiting(6), []), _dump(1, _waiting(6), [])])) == (
         "-> every process waits in all_reduce #6: a peer outside this dump, or the transport, is stuck"
     )
-    mismatched = verdict([_dump(0, _waiting(6), []), _dump(1, _waiting(6, "barrier"), [])])
+    mismatched = verdict(_typed([_dump(0, _waiting(6), []), _dump(1, _waiting(6, "barrier"), [])]))
     assert mismatched is not None and "different collectives (all_reduce #6, barrier #6)" in mismatched
     # without the flight recorder, a collective issued from C++ (DDP's reducer) cannot be seen: said unknown
-    assert verdict([_dump(0, None, [("f", "/a.py")])]) == (
+    assert verdict(_typed([_dump(0, None, [("f", "/a.py")])])) == (
         "-> no process waits in a collective called from Python; whether one waits in a collective issued from C++ "
         "is unknown (no flight recorder)"
     )
-    assert verdict([{**_dump(0, None, [("f", "/a.py")]), "in_flight": []}]) is None  # known: none in flight
+    assert verdict(_typed([{**_dump(0, None, [("f", "/a.py")]), "in_flight": []}])) is None  # known: none in flight
 
 
 def test_a_collective_in_flight_in_the_process_group_is_waited_in() -> None:
@@ -100,12 +108,12 @@ def test_a_collective_in_flight_in_the_process_group_is_waited_in() -> None:
     reducer = {**_dump(0, None, [("_engine_run_backward", "/torch/autograd/graph.py"), ("main", "/t.py")])}
     reducer["in_flight"] = [flight]
     elsewhere = {**_dump(1, None, [("stuck", "/t.py")]), "in_flight": []}
-    block = describe_dumps([reducer, elsewhere], [])
+    block = describe_dumps(_typed([reducer, elsewhere]), [])
     assert block[0].startswith("  rank 0 (pid 100): waits in all_reduce #26 of process group default_pg (in flight,")
     assert "issued from C++" in block[0]
     assert block[-1].startswith("-> rank 1 (pid 101) is in stuck (/t.py:")
     assert block[-1].endswith("while 1 process waits in all_reduce #26: it holds the job back")
-    unknown = verdict([{**reducer, "in_flight": None}, {**elsewhere, "in_flight": None}])
+    unknown = verdict(_typed([{**reducer, "in_flight": None}, {**elsewhere, "in_flight": None}]))
     assert unknown is not None and unknown.endswith(
         "; rank 0 (pid 100) is in backward() (autograd's C++ engine, where DDP all-reduces)"
     )
@@ -216,7 +224,7 @@ def test_the_dump_is_asked_only_once_the_fault_text_is_written(monkeypatch: pyte
     monkeypatch.setattr(hang, "_alive", lambda p: True)
     monkeypatch.setattr(hang, "_write_control", lambda *args: None)
     monkeypatch.setattr(
-        hang, "read_dumps", lambda target: [{"host": process["host"], "pid": 4242}] if len(sent) > 1 else []
+        hang, "read_dumps", lambda target: _typed([{"host": process["host"], "pid": 4242}]) if len(sent) > 1 else []
     )
     hang.request_stacks(str(tmp_path), str(tmp_path), "stacks", [process], wait_s=1.0)
     assert sent == [(fault_signal(), 0), (dump_signal(), 400)]
@@ -350,8 +358,9 @@ def test_the_programs_own_frame_skips_the_standard_library_and_stepcli() -> None
         {"function": "stepcli_collective", "file": wrapper.__file__, "line": 99},  # the collective's wrapper
         {"function": "main", "file": "/work/train.py", "line": 20},
     ]
-    assert own_frame(frames) == frames[2]
-    assert own_frame(frames[:2]) == frames[0]  # nothing of the program's: the innermost
+    typed = [Frame.of(f) for f in frames]
+    assert own_frame(typed) == typed[2]  # type: ignore[arg-type]
+    assert own_frame(typed[:2]) == typed[0]  # type: ignore[arg-type]  # nothing of the program's: the innermost
 
 
 def test_a_stopped_rank_is_named_as_the_one_holding_the_job_back() -> None:
@@ -361,16 +370,16 @@ def test_a_stopped_rank_is_named_as_the_one_holding_the_job_back() -> None:
     import sys
     import time
 
-    from stepcli.run.summary.hangreport import is_stopped
+    from stepcli.run.summary.hangdump import is_stopped
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         os.kill(child.pid, signal.SIGSTOP)
-        process = {"rank": 1, "pid": child.pid, "host": socket.gethostname()}
+        process = ProcessId(child.pid, socket.gethostname(), 1)
         deadline = time.monotonic() + 30
         while not is_stopped(process) and time.monotonic() < deadline:  # the state changes as the signal lands
             time.sleep(0.01)
-        lines = describe_dumps([_dump(0, _waiting(7), [("all_reduce", "/x/c10d.py")])], [process])
+        lines = describe_dumps(_typed([_dump(0, _waiting(7), [("all_reduce", "/x/c10d.py")])]), [process])
     finally:
         child.kill()
         child.wait()
@@ -390,11 +399,11 @@ def test_a_stopped_process_s_file_names_it_in_the_block_the_summary_and_the_verd
 
     stopped = {"rank": 1, "pid": 4243, "host": "h", "source": "stopped", "threads": [], "step": None, "time": 1.0}
     waiting = _dump(0, _waiting(7), [("all_reduce", "/x/c10d.py")])
-    lines = describe_dumps([waiting, stopped], [])
+    lines = describe_dumps(_typed([waiting, stopped]), [])
     assert "  rank 1 (pid 4243): stopped (SIGSTOP, or held by a debugger): it can neither run nor answer" in lines
     assert lines[-1] == "-> rank 1 (pid 4243) is stopped while 1 process waits in all_reduce #7: it holds the job back"
     alone = {k: v for k, v in stopped.items() if k != "rank"}
-    assert describe_dumps([alone], [])[-1] == "-> pid 4243 on h is stopped: it holds the job back"
+    assert describe_dumps(_typed([alone]), [])[-1] == "-> pid 4243 on h is stopped: it holds the job back"
     folder = tmp_path / "hang-1"
     folder.mkdir()
     (folder / "p.h.4243.json").write_text(json.dumps(alone))
@@ -484,10 +493,10 @@ def test_a_dump_that_shows_the_job_stepped_on_is_no_hang(monkeypatch: pytest.Mon
     watch._stalled_at = {"node9.7.json": 21}
     target = tmp_path / "hang-1"
 
-    def dumped(*args: Any, **kwargs: Any) -> tuple[Path, list[dict[str, Any]], list[dict[str, Any]]]:
+    def dumped(*args: Any, **kwargs: Any) -> tuple[Path, list[StackDump], list[dict[str, Any]]]:
         target.mkdir()
         (target / "rank0.node9.7.json").write_text("{}")
-        return target, [{"host": "node9", "pid": 7, "step": step}], []
+        return target, _typed([{"host": "node9", "pid": 7, "step": step}]), []
 
     monkeypatch.setattr(hangdoctor, "request_stacks", dumped)
     said: list[str] = []

@@ -211,9 +211,9 @@ def test_categories_order() -> None:
 
 
 def _frames(raw: list[dict[str, Any]]) -> list[Any]:
-    from stepcli.snapshots.snapshotreader import Frame
+    from stepcli.snapshots.snapshotreader import HistoryFrame
 
-    return [Frame(f["filename"], f["line"], f["name"]) for f in raw]
+    return [HistoryFrame(f["filename"], f["line"], f["name"]) for f in raw]
 
 
 class _Plant:

@@ -19,8 +19,9 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from stepcli.agent.ondemand import FINAL, PING_LEASE_S, POLL_INTERVAL_S
 from stepcli.errors import EXIT_NOTHING_MEASURED

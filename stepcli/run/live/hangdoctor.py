@@ -19,15 +19,16 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from stepcli.agent import controlfiles
 from stepcli.agent.config import atomic_write_json
 from stepcli.agent.stacks import dump_signal, fault_signal, process_start_ticks
 from stepcli.errors import EXIT_NOTHING_MEASURED, StepcliError
-from stepcli.fmt import visible
-from stepcli.run.summary.hangreport import describe_dumps, is_stopped, parse_faulthandler, read_dumps
+from stepcli.run.summary.hangdump import ProcessId, StackDump, is_stopped, parse_faulthandler, read_dumps
+from stepcli.run.summary.hangreport import describe_dumps
 from stepcli.runfolder.layout import REGISTER_PREFIX, REQUEST_PREFIX, STACKS_SCHEMA, out_of_control_dir
+from stepcli.safetext import visible
 
 MAX_REPORTS = 3  # dumps per hang with `--on-hang keep`: one when it is called, then one per timeout while it lasts
 DUMP_WAIT_S = 15.0  # how long the launcher waits for every process's stacks file
@@ -65,7 +66,7 @@ _MAX_CONTROL_BYTES = 1 << 20
 
 # The control folder by its path, or by a descriptor held since the run made it: the hang watch holds one, so a
 # `.stepcli` renamed away by another user (a shared folder) still leads it to the processes' files.
-Folder = Union[str, int]
+Folder = str | int
 
 
 @contextmanager
@@ -157,7 +158,7 @@ def request_stacks(
     processes: list[dict[str, Any]],
     wait_s: float = DUMP_WAIT_S,
     unanswering: frozenset[str] = frozenset(),
-) -> tuple[Path, list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[Path, list[StackDump], list[dict[str, Any]]]:
     """Ask every process on this host for its stacks into a new `OUT/<kind>-<n>/`; (folder, dumps, silent ones).
 
     Processes of other hosts are dumped by their own host's `stepcli run` (it sees the same control folder).
@@ -168,7 +169,7 @@ def request_stacks(
     request = f"{REQUEST_PREFIX}{target.name}.{os.getpid()}.json"
     _write_control(folder, request, {"id": target.name, "dir": str(target), "asked_at": time.time()})
     expected = [p for p in processes if local(p) and p.get("signal") == dump_signal()]
-    stopped = [p for p in expected if is_stopped(p)]
+    stopped = [p for p in expected if is_stopped(ProcessId.of(p))]
     expected = [p for p in expected if p not in stopped]
     offsets = {_key(p): _fault_read(folder, p)[0] for p in expected}
     try:
@@ -191,7 +192,7 @@ def request_stacks(
             _signal(process, process.get("signal"), dump_signal())
         started = time.monotonic()
         while True:
-            written = {_key(p) for p in read_dumps(target)}
+            written = {dump_key(d) for d in read_dumps(target)}
             waiting = [p for p in expected if _key(p) not in written and _tag(p) not in unanswering and _alive(p)]
             elapsed = time.monotonic() - started
             if not waiting or elapsed >= wait_s:
@@ -202,14 +203,14 @@ def request_stacks(
             _write_control(folder, request, None)
         except OSError:
             pass
-    written = {_key(p) for p in read_dumps(target)}
+    written = {dump_key(d) for d in read_dumps(target)}
     for process in expected:
         if _key(process) not in written:
             _fallback_dump(process, folder, offsets.get(_key(process), 0), target)
     for process in stopped:
         _stopped_dump(process, target)
     dumps = read_dumps(target)
-    written = {_key(p) for p in dumps}
+    written = {dump_key(d) for d in dumps}
     silent = [p for p in expected if _key(p) not in written]
     return target, dumps, silent
 
@@ -227,6 +228,11 @@ def _signal(process: dict[str, Any], signum: Any, expected: int | None) -> bool:
 
 def _key(process: dict[str, Any]) -> str:
     return f"{process.get('host')}.{process.get('pid')}"
+
+
+def dump_key(dump: StackDump) -> str:
+    """The process a stacks file is of, as _key names a registered one."""
+    return f"{dump.process.host}.{dump.process.pid}"
 
 
 def _fault_read(folder: Folder, process: dict[str, Any], offset: int | None = None) -> tuple[int, str]:
@@ -304,10 +310,11 @@ def capture_stacks(target: str, timeout: float, as_json: bool) -> int:
         return EXIT_NOTHING_MEASURED
     folder, dumps, silent = request_stacks(run.folder, out_dir, "stacks", processes, wait_s=min(timeout, DUMP_WAIT_S))
     if as_json:
-        print(json.dumps({"folder": str(folder), "stacks": dumps, "silent": silent}, indent=1))
+        stacks = [dict(d.document) for d in dumps]
+        print(json.dumps({"folder": str(folder), "stacks": stacks, "silent": silent}, indent=1))
     else:
         print(visible(f"stacks of {len(dumps)} process{'es' if len(dumps) != 1 else ''} in {_short(folder)}/"))
-        for line in describe_dumps(dumps, silent):
+        for line in describe_dumps(dumps, [ProcessId.of(p) for p in silent]):
             print(visible(line))  # frame paths and names come from the program: no ESC/OSC/BEL or bidi
     return 0 if dumps else EXIT_NOTHING_MEASURED
 

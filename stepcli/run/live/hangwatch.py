@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from stepcli.agent import controlfiles
 from stepcli.agent.stacks import dump_signal
+from stepcli.errors import EXIT_HANG
 from stepcli.run.live.hangdoctor import (
     DUMP_WAIT_S,
     MAX_REPORTS,
@@ -24,11 +25,13 @@ from stepcli.run.live.hangdoctor import (
     _signal,
     _tag,
     _write_control,
+    dump_key,
     local,
     registered,
     request_stacks,
 )
-from stepcli.run.summary.hangreport import EXIT_HANG, describe_dumps, is_stopped
+from stepcli.run.summary.hangdump import ProcessId, is_stopped
+from stepcli.run.summary.hangreport import describe_dumps
 from stepcli.runfolder.layout import ALIVE_PREFIX, PROBE_FILE, STALL_PREFIX
 
 if TYPE_CHECKING:
@@ -93,7 +96,7 @@ class HangWatch:
         training = [p for p in processes if p.get("training") is not False]
         stalls = _documents(self.folder, STALL_PREFIX)
         now = time.time()
-        stopped = {_tag(p) for p in training if is_stopped(p)}
+        stopped = {_tag(p) for p in training if is_stopped(ProcessId.of(p))}
         self._seen_stopped = {tag: self._seen_stopped.get(tag, now) for tag in stopped}
         last_step = {tag: float(stall.get("last_step_at", 0.0)) for tag, stall in stalls.items()}
         for tag, since in self._seen_stopped.items():
@@ -181,7 +184,7 @@ class HangWatch:
         whom, silent_then, _ = self._probed
         unanswering = whom if silent_then else frozenset()  # a probe just found their Python unable to run
         target, dumps, silent = request_stacks(self.folder, self.out_dir, "hang", processes, unanswering=unanswering)
-        if any(_stepped_since(dump, self._stalled_at.get(_tag(dump))) for dump in dumps):
+        if any(_stepped_since(dump.step, self._stalled_at.get(f"{dump_key(dump)}.json")) for dump in dumps):
             shutil.rmtree(target, ignore_errors=True)  # (made by this dump, just now: nothing of the user's)
             return False
         self.folders.append(str(target))
@@ -190,14 +193,13 @@ class HangWatch:
         headline = [f"hang: no process completed a step for {idle:.1f} s{again}; stacks in {_short(target)}/"]
         if len(f"stepcli: {headline[0]}") > 80:  # the folder on a line of its own rather than past 80 columns
             headline = [f"hang: no process completed a step for {idle:.1f} s{again}; stacks in", f"  {_short(target)}/"]
-        for line in [*headline, *describe_dumps(dumps, silent)]:
+        for line in [*headline, *describe_dumps(dumps, [ProcessId.of(p) for p in silent])]:
             _say(line)
         return True
 
 
-def _stepped_since(dump: dict[str, Any], stalled_at: Any) -> bool:
-    """Whether a process's dump shows a later step than the one its stall file gave."""
-    step = dump.get("step")
+def _stepped_since(step: int | None, stalled_at: Any) -> bool:
+    """Whether a process's dump shows a later step (`step`) than the one its stall file gave."""
     return _is_int(step) and _is_int(stalled_at) and step > stalled_at
 
 

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from stepcli.errors import StepcliError
-from stepcli.fmt import visible
 from stepcli.run.controldir import read_processes, run_alive
 from stepcli.run.live.captureplan import fresh, step_time
 from stepcli.run.live.capturewindow import Ping, _ping, _renewer, _withdraw, await_heartbeats
 from stepcli.run.live.liverun import LiveRun, find_run
 from stepcli.runfolder.layout import CONTROL_FOLDER, RUN_FOLDER, out_of_control_dir
+from stepcli.safetext import visible
 
 SCHEMA = "stepcli.top"
 _FIRST_LOOK_S = 15.0  # the longest top waits for the first fresh heartbeats

@@ -18,10 +18,10 @@ from typing import Any
 
 from stepcli.agent.stacks import dump_signal
 from stepcli.errors import EXIT_NOTHING_MEASURED, TraceError
-from stepcli.fmt import visible
 from stepcli.inputs import read_side_json
 from stepcli.run.live.hangdoctor import DUMP_WAIT_S, _alive, _key, _new_folder, _write_control, local, registered
 from stepcli.runfolder.layout import MEMORY_ANSWER_SCHEMA, REQUEST_PREFIX
+from stepcli.safetext import visible
 
 _MAX_ANSWER = 64 * 1024
 

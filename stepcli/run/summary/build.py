@@ -10,11 +10,12 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import re
 import signal
 import socket
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -43,6 +44,17 @@ if TYPE_CHECKING:
 
 TOP_N = 20
 _MAX_HELLO_BYTES = 1 << 20  # a process's hello file: a few notes
+
+
+# What the device's work and its collectives ran under: the hardware queues per device, and NCCL's settings.
+_RECORDED_ENVIRONMENT = re.compile(r"CUDA_DEVICE_MAX_CONNECTIONS|NCCL_[A-Z0-9_]*")
+_MAX_VALUE = 1000  # characters of a value kept
+
+
+def recorded_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """`CUDA_DEVICE_MAX_CONNECTIONS` and the `NCCL_*` variables the program was started with, by name: they change
+    how streams overlap and how collectives run, so a comparison of two runs must be able to see them."""
+    return {name: environ[name][:_MAX_VALUE] for name in sorted(environ) if _RECORDED_ENVIRONMENT.fullmatch(name)}
 
 
 def _load_json_files(folder: str, predicate: Any) -> list[dict[str, Any]]:
@@ -328,6 +340,7 @@ def build_run_summary(
         "platform": platform.platform(),
         "python": (primary or {}).get("python") or platform.python_version(),
         "torch": torch_version,
+        "environment": recorded_environment(os.environ),
         "out_dir": config.out_dir,
         "schedule": config.schedule.to_dict(),
         "on_demand": config.on_demand,

@@ -9,10 +9,11 @@ import shlex
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from stepcli.fmt import ms, plural, print_wrapped, size_or_dash, visible
+from stepcli.fmt import ms, plural, print_wrapped, size_or_dash
 from stepcli.run.summary.compilesteps import compile_lines
 from stepcli.run.summary.culpritsection import print_culprit
 from stepcli.runfolder.summaryfile import RunSummary
+from stepcli.safetext import visible
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -41,9 +42,9 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
     """The summary on stderr after the program exits (stdout belongs to the program)."""
     from rich.markup import escape
 
-    from stepcli.fmt import visible_all
     from stepcli.pipeconsole import pipe_console
     from stepcli.runfolder.summaryfile import advice_line
+    from stepcli.safetext import visible_all
 
     summary = visible_all(summary)  # names from traces: control characters shown
     report_path = visible_all(report_path)
@@ -178,7 +179,7 @@ def _add_timeline(overview: Table, summary: RunSummary, console: Console) -> Non
 def _print_hang(summary: RunSummary, console: Console) -> None:
     """The hang block (stepcli/run/summary/hangreport.py) under the outcome it explains: as it is (names from the
     program are no markup), never re-wrapped (its lines fit 80 columns; a long folder path stays whole)."""
-    from stepcli.run.summary.hangreport import summary_lines
+    from stepcli.run.summary.hangwords import summary_lines
 
     for line in summary_lines(summary.get("hang"), _relative):
         console.print(visible(line), markup=False, highlight=False, soft_wrap=True)

@@ -13,8 +13,9 @@ times do not fit 64-bit nanoseconds (the reference uses Python integers).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

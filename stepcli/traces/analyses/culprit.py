@@ -101,53 +101,117 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
     matched = match_collectives(parts)
     if matched is None:
         return None
-    ranks, n = matched.ranks, len(matched.ranks)
     offsets, errors = align(matched.arrive, matched.depart, matched.members, matched.clocks)
     error_us = sum(sorted(errors)[-2:])  # two ranks' arrivals carry both their errors
-    steps = sorted({key[1][0] for key in matched.keys})
-    late_us = [0.0] * n
-    caused_us = [0.0] * n
-    waited_us = [0.0] * n
-    times_last = [0] * n
-    taken = [0] * n  # collectives the rank is a member of
-    chance = [0.0] * n  # ... and the sum of 1 / members over them (how often it would be last at random)
-    leads: list[list[float]] = [[] for _ in range(n)]
-    others_gaps: list[list[float]] = [[] for _ in range(n)]  # the other members' median gap, per collective
-    last_at: list[int] = []
-    per_step: dict[int, list[float]] = {step: [0.0] * n for step in steps}
-    listed: list[dict[str, Any]] = []
+    tally = _tally(matched, offsets)
+    n_steps = len(tally.per_step)
+    rows = tally.rows(matched.ranks, n_steps)
+    candidate = max(range(len(matched.ranks)), key=lambda j: (tally.late_us[j], -j))
+    min_lead_us = _lead_floor(error_us, rows[candidate]["lead_jitter_ms"], tally.taken[candidate])
+    culprit, no_culprit = _judge(matched, tally, rows, candidate, error_us, min_lead_us, median_step_ms)
+    return {
+        "collectives": len(matched.keys),
+        "steps": n_steps,
+        "process_groups": matched.groups,
+        "alignment": _alignment(matched, offsets, errors, error_us),
+        "thresholds": {
+            "min_last_share": MIN_LAST_SHARE,
+            "max_chance": MAX_CHANCE,
+            "min_lateness_ms_per_step": MIN_LATENESS_MS,
+            "min_step_share": MIN_STEP_SHARE,
+            "min_lead_ms": round(min_lead_us / 1000, 4),
+            # the size test (or the sign test above): one-sided t-test chance of the candidate's mean lead against
+            # the others' noise, a finding at most max_chance / ranks
+            "lead_t_chance": round(lead_t_chance(tally.leads[candidate], tally.others_gaps[candidate]), 6),
+            "min_cause_ms_per_step": MIN_LATENESS_MS,
+        },
+        "ranks": rows,
+        "culprit": culprit,
+        "no_culprit": no_culprit,
+        "per_step": [
+            {
+                "step": step,
+                "last_rank": matched.ranks[max(range(len(values)), key=lambda j: values[j])],  # the latest, summed
+                "lateness_ms": {str(r): round(v / 1000, 3) for r, v in zip(matched.ranks, values)},
+            }
+            for step, values in tally.per_step.items()
+        ],
+        "per_collective": tally.listed,
+    }
+
+
+@dataclass
+class _Tally:
+    """Per rank, over the collectives it is a member of: what one pass over the matched collectives counts."""
+
+    late_us: list[float]
+    caused_us: list[float]
+    waited_us: list[float]
+    times_last: list[int]
+    taken: list[int]  # collectives the rank is a member of
+    chance: list[float]  # ... and the sum of 1 / members over them (how often it would be last at random)
+    leads: list[list[float]]
+    others_gaps: list[list[float]]  # the other members' median gap, per collective
+    last_at: list[int] = field(default_factory=list)  # per collective: the rank last to arrive
+    per_step: dict[int, list[float]] = field(default_factory=dict)  # lateness per step and rank
+    listed: list[dict[str, Any]] = field(default_factory=list)  # the first _MAX_LISTED collectives, for the JSON
     # per (rank, process group): collectives, times last, lateness and waits caused there, and the leads
-    in_group: dict[tuple[int, str], _GroupFigures] = {}
+    in_group: dict[tuple[int, str], _GroupFigures] = field(default_factory=dict)
+
+    def rows(self, ranks: Sequence[int], n_steps: int) -> list[dict[str, Any]]:
+        """The `ranks` rows of the section."""
+        return [
+            {
+                "rank": ranks[j],
+                "times_last": self.times_last[j],
+                "last_share": self.times_last[j] / self.taken[j],
+                "lateness_ms_per_step": self.late_us[j] / 1000 / n_steps,
+                "wait_caused_ms_per_step": self.caused_us[j] / 1000 / n_steps,
+                "waited_ms_per_step": self.waited_us[j] / 1000 / n_steps,
+                "lead_median_ms": median(self.leads[j]) / 1000,
+                "lead_jitter_ms": jitter(self.leads[j]) / 1000,
+            }
+            for j in range(len(ranks))
+        ]
+
+
+def _tally(matched: Matched, offsets: Sequence[float]) -> _Tally:
+    """One pass over the matched collectives on aligned clocks: who was last, by how much, who waited."""
+    ranks, n = matched.ranks, len(matched.ranks)
+    tally = _Tally(
+        [0.0] * n, [0.0] * n, [0.0] * n, [0] * n, [0] * n, [0.0] * n, [[] for _ in range(n)], [[] for _ in range(n)]
+    )
+    tally.per_step = {step: [0.0] * n for step in sorted({key[1][0] for key in matched.keys})}
     for (group, key), cols, arrive, gaps in zip(matched.keys, matched.members, matched.arrive, matched.gaps):
         aligned = [a - offsets[j] for j, a in zip(cols, arrive)]
         order = sorted(range(len(cols)), key=lambda k: aligned[k])
         last = cols[order[-1]]
         lateness = aligned[order[-1]] - aligned[order[-2]]
         waits = [aligned[order[-1]] - a for a in aligned]
-        times_last[last] += 1
-        late_us[last] += lateness
-        caused_us[last] += sum(waits)
+        tally.times_last[last] += 1
+        tally.late_us[last] += lateness
+        tally.caused_us[last] += sum(waits)
         # the latest arrival of the others: the last's for everyone but the last, the second last's for it
         first_out, second_out = aligned[order[-1]], aligned[order[-2]]
         others_gap = _OthersGap(gaps)
         for k, j in enumerate(cols):
-            waited_us[j] += waits[k]
-            taken[j] += 1
-            chance[j] += 1 / len(cols)
-            leads[j].append(aligned[k] - (second_out if k == order[-1] else first_out))
-            figures = in_group.setdefault((j, group), _GroupFigures(len(cols)))
+            tally.waited_us[j] += waits[k]
+            tally.taken[j] += 1
+            tally.chance[j] += 1 / len(cols)
+            tally.leads[j].append(aligned[k] - (second_out if k == order[-1] else first_out))
+            figures = tally.in_group.setdefault((j, group), _GroupFigures(len(cols)))
             figures.taken += 1
-            figures.leads.append(leads[j][-1])
-            others_gaps[j].append(others_gap(k))
-            figures.others_gaps.append(others_gaps[j][-1])
-        mine = in_group[(last, group)]
+            figures.leads.append(tally.leads[j][-1])
+            tally.others_gaps[j].append(others_gap(k))
+            figures.others_gaps.append(tally.others_gaps[j][-1])
+        mine = tally.in_group[(last, group)]
         mine.times_last += 1
         mine.late_us += lateness
         mine.caused_us += sum(waits)
-        per_step[key[0]][last] += lateness
-        last_at.append(last)
-        if len(listed) < _MAX_LISTED:
-            listed.append(
+        tally.per_step[key[0]][last] += lateness
+        tally.last_at.append(last)
+        if len(tally.listed) < _MAX_LISTED:
+            tally.listed.append(
                 {
                     "step": key[0],
                     "name": key[1],
@@ -161,37 +225,71 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
                     "arrive_us": {str(ranks[j]): round(aligned[k], 3) for k, j in enumerate(cols)},
                 }
             )
-    count, n_steps = len(matched.keys), len(steps)
-    rows = [
-        {
-            "rank": ranks[j],
-            "times_last": times_last[j],
-            "last_share": times_last[j] / taken[j],
-            "lateness_ms_per_step": late_us[j] / 1000 / n_steps,
-            "wait_caused_ms_per_step": caused_us[j] / 1000 / n_steps,
-            "waited_ms_per_step": waited_us[j] / 1000 / n_steps,
-            "lead_median_ms": median(leads[j]) / 1000,
-            "lead_jitter_ms": jitter(leads[j]) / 1000,
-        }
-        for j in range(n)
-    ]
-    candidate = max(range(n), key=lambda j: (late_us[j], -j))
-    min_lead_us = _lead_floor(error_us, rows[candidate]["lead_jitter_ms"], taken[candidate])
+    return tally
+
+
+def _judge(
+    matched: Matched,
+    tally: _Tally,
+    rows: list[dict[str, Any]],
+    candidate: int,
+    error_us: float,
+    min_lead_us: float,
+    median_step_ms: float | None,
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(the culprit, or why the latest rank is none): judged on its process groups alone first, then on all."""
+    n, n_steps = len(matched.ranks), len(tally.per_step)
     # a rank last at random: 1 in (the size of its groups), on average over its collectives
-    group_size = taken[candidate] / chance[candidate]
+    group_size = tally.taken[candidate] / tally.chance[candidate]
     why_not = _why_not(
         rows[candidate],
         min_lead_us,
         median_step_ms,
-        taken[candidate],
+        tally.taken[candidate],
         group_size,
-        (leads[candidate], others_gaps[candidate]),
+        (tally.leads[candidate], tally.others_gaps[candidate]),
         n,
     )
-    # ... or judged on one of its process groups alone (a rank late only before its tensor-parallel all-reduce is
-    # last at half its collectives); a group of every rank is the whole again
-    found_group: tuple[str, dict[str, Any]] | None = None
-    for (j, group), figures in sorted(in_group.items()):
+    culprit = _group_culprit(matched, tally, rows, candidate, error_us, median_step_ms)
+    if culprit is None and why_not is None:
+        culprit = _cause(matched, candidate, tally.last_at, rows[candidate], n_steps)
+        # Late, but doing nothing longer than the others before arriving: it left the previous collective later
+        # (gloo's ring completes on the ranks in turn), which is the collective's doing, not the rank's.
+        if culprit["cause_ms_per_step"] < MIN_LATENESS_MS:
+            why_not = {"reason": "no_extra_work", "cause_ms_per_step": culprit["cause_ms_per_step"]}
+            culprit = None
+    if culprit is not None or why_not is None:
+        return culprit, None
+    # The test that decided (the first the latest rank failed), with the figures it judged, in words once here:
+    # the terminal, --json and the page all show this sentence.
+    row = rows[candidate]
+    no_culprit = {
+        "rank": matched.ranks[candidate],
+        "times_last": row["times_last"],
+        "collectives": tally.taken[candidate],
+        "last_share": row["last_share"],
+        "lateness_ms_per_step": row["lateness_ms_per_step"],
+        "lead_median_ms": row["lead_median_ms"],
+        **why_not,
+    }
+    no_culprit["words"] = no_culprit_words(no_culprit)
+    return None, no_culprit
+
+
+def _group_culprit(
+    matched: Matched,
+    tally: _Tally,
+    rows: list[dict[str, Any]],
+    candidate: int,
+    error_us: float,
+    median_step_ms: float | None,
+) -> dict[str, Any] | None:
+    """The candidate judged on each of its process groups alone (a rank late only before its tensor-parallel
+    all-reduce is last at half its collectives); a group of every rank is the whole again. Of the groups where it
+    is a finding, the one with the largest cause; None when none."""
+    n, n_steps = len(matched.ranks), len(tally.per_step)
+    found: tuple[str, dict[str, Any]] | None = None
+    for (j, group), figures in sorted(tally.in_group.items()):
         if j != candidate or not group or len(matched.groups[group]) == n:
             continue
         row = figures.row(n_steps)
@@ -205,81 +303,36 @@ def analyze(parts: list[RankArrivals], median_step_ms: float | None = None) -> d
             (figures.leads, figures.others_gaps),
             figures.size,
         ):
-            cause = _cause(matched, candidate, last_at, row, n_steps, group)
+            cause = _cause(matched, candidate, tally.last_at, row, n_steps, group)
             if cause["cause_ms_per_step"] < MIN_LATENESS_MS:
                 continue  # late, but not by any work of its own (see below)
-            if found_group is None or cause["cause_ms_per_step"] > found_group[1]["cause_ms_per_step"]:
-                found_group = (group, cause)
-    culprit: dict[str, Any] | None = None
-    if found_group is not None:
-        group, culprit = found_group
-        figures = in_group[(candidate, group)]
-        culprit["group"] = {
-            "name": group,
-            "ranks": matched.groups[group],
-            "collectives": figures.taken,
-            "times_last": figures.times_last,
-            **{k: culprit[k] for k in _OWN_FIGURES},
-        }
-        culprit |= {k: rows[candidate][k] for k in _OWN_FIGURES}  # the rank's own, as its row
-        culprit["evidence"] = evidence(culprit)
-    elif why_not is None:
-        culprit = _cause(matched, candidate, last_at, rows[candidate], n_steps)
-        # Late, but doing nothing longer than the others before arriving: it left the previous collective later
-        # (gloo's ring completes on the ranks in turn), which is the collective's doing, not the rank's.
-        if culprit["cause_ms_per_step"] < MIN_LATENESS_MS:
-            why_not = {"reason": "no_extra_work", "cause_ms_per_step": culprit["cause_ms_per_step"]}
-            culprit = None
-    no_culprit = None
-    if culprit is None and why_not is not None:
-        # The test that decided (the first the latest rank failed), with the figures it judged, in words once here:
-        # the terminal, --json and the page all show this sentence.
-        row = rows[candidate]
-        no_culprit = {
-            "rank": ranks[candidate],
-            "times_last": row["times_last"],
-            "collectives": taken[candidate],
-            "last_share": row["last_share"],
-            "lateness_ms_per_step": row["lateness_ms_per_step"],
-            "lead_median_ms": row["lead_median_ms"],
-            **why_not,
-        }
-        no_culprit["words"] = no_culprit_words(no_culprit)
+            if found is None or cause["cause_ms_per_step"] > found[1]["cause_ms_per_step"]:
+                found = (group, cause)
+    if found is None:
+        return None
+    group, culprit = found
+    figures = tally.in_group[(candidate, group)]
+    culprit["group"] = {
+        "name": group,
+        "ranks": matched.groups[group],
+        "collectives": figures.taken,
+        "times_last": figures.times_last,
+        **{k: culprit[k] for k in _OWN_FIGURES},
+    }
+    culprit |= {k: rows[candidate][k] for k in _OWN_FIGURES}  # the rank's own, as its row
+    culprit["evidence"] = evidence(culprit)
+    return culprit
+
+
+def _alignment(matched: Matched, offsets: Sequence[float], errors: Sequence[float], error_us: float) -> dict[str, Any]:
+    ranks = matched.ranks
     return {
-        "collectives": count,
-        "steps": n_steps,
-        "process_groups": matched.groups,
-        "alignment": {
-            "reference_rank": ranks[0],
-            "offsets_ms": {str(r): round(o / 1000, 4) for r, o in zip(ranks, offsets)},
-            "errors_ms": {str(r): round(e / 1000, 4) for r, e in zip(ranks, errors)},
-            "error_ms": round(error_us / 1000, 4),
-            # every rank's trace names the same clock (one machine): nothing was estimated
-            "one_clock": bool(matched.clocks[0]) and len(set(matched.clocks)) == 1,
-        },
-        "thresholds": {
-            "min_last_share": MIN_LAST_SHARE,
-            "max_chance": MAX_CHANCE,
-            "min_lateness_ms_per_step": MIN_LATENESS_MS,
-            "min_step_share": MIN_STEP_SHARE,
-            "min_lead_ms": round(min_lead_us / 1000, 4),
-            # the size test (or the sign test above): one-sided t-test chance of the candidate's mean lead against
-            # the others' noise, a finding at most max_chance / ranks
-            "lead_t_chance": round(lead_t_chance(leads[candidate], others_gaps[candidate]), 6),
-            "min_cause_ms_per_step": MIN_LATENESS_MS,
-        },
-        "ranks": rows,
-        "culprit": culprit,
-        "no_culprit": no_culprit,
-        "per_step": [
-            {
-                "step": step,
-                "last_rank": ranks[max(range(n), key=lambda j: values[j])],  # the latest, summed over the step
-                "lateness_ms": {str(r): round(v / 1000, 3) for r, v in zip(ranks, values)},
-            }
-            for step, values in per_step.items()
-        ],
-        "per_collective": listed,
+        "reference_rank": ranks[0],
+        "offsets_ms": {str(r): round(o / 1000, 4) for r, o in zip(ranks, offsets)},
+        "errors_ms": {str(r): round(e / 1000, 4) for r, e in zip(ranks, errors)},
+        "error_ms": round(error_us / 1000, 4),
+        # every rank's trace names the same clock (one machine): nothing was estimated
+        "one_clock": bool(matched.clocks[0]) and len(set(matched.clocks)) == 1,
     }
 
 

@@ -18,10 +18,12 @@ import numpy as np
 
 from stepcli.traces.analyses import arrays as col
 from stepcli.traces.analyses.arrivals import RankArrivals, rank_arrivals
+from stepcli.traces.analyses.devicework import DeviceWork, device_work
 from stepcli.traces.analyses.steps import BACKWARD, DATALOADER, OPTIMIZER, is_closure, phase_of
 from stepcli.traces.read import typedcolumns
 from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.names import STEP_PREFIX, step_of
+from stepcli.traces.read.syncevents import StreamWait
 
 # The phases of a lane's time, as the breakdown names them; the codes index PHASE_NAMES.
 PHASE_NAMES = ("other", "dataloader", "optimizer", "backward", "forward")
@@ -51,8 +53,9 @@ class RankLane:
     op_end: np.ndarray
     op_top: np.ndarray  # bool: outermost (a child of the step)
     waits: np.ndarray  # float64 (n, 2): the wait spans, sorted and disjoint
-    device_events: int  # kernels, copies and sets in the steps: device lanes are not modelled yet
+    device_events: int  # kernels, copies and sets in the steps
     arrivals: RankArrivals | None = None
+    device: DeviceWork | None = None  # the device work launched in the steps, its streams and syncs
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -60,8 +63,9 @@ class RankLane:
         return f"rank {self.rank}" if self.rank is not None else "the process"
 
 
-def lane_of(trace: ColumnTrace) -> RankLane:
-    """The lane of one trace file (raises nothing on a trace without steps: `steps` is then empty)."""
+def lane_of(trace: ColumnTrace, stream_waits: list[StreamWait] | None = None) -> RankLane:
+    """The lane of one trace file (raises nothing on a trace without steps: `steps` is then empty); `stream_waits`:
+    the trace's CUDA sync events' cross-stream waits (stepcli.traces.read.syncevents)."""
     columns = trace.columns
     names = columns.names
     cpu = (columns.kind == typedcolumns.OTHER_CPU) | (columns.kind == typedcolumns.USER_ANNOTATION)
@@ -95,6 +99,11 @@ def lane_of(trace: ColumnTrace) -> RankLane:
     inside = (o_end > lo) & (o_start < hi)
     ops = ops[inside]
     o_start, o_end = np.maximum(o_start[inside], lo), np.minimum(o_end[inside], hi)
+    device = columns.kind >= typedcolumns.DEVICE
+    if device.any():
+        ops, o_start, o_end = _with_handoffs(
+            columns, cpu & ~is_step_name[columns.name], thread, int(main), ops, o_start, o_end, lo, hi
+        )
     order = col.thread_order(np.zeros(len(ops), np.int64), o_start, o_end - o_start)
     ops, o_start, o_end = ops[order], o_start[order], o_end[order]
     reach = np.maximum.accumulate(o_end) if len(o_end) else o_end
@@ -106,9 +115,9 @@ def lane_of(trace: ColumnTrace) -> RankLane:
     busy = covers(o_start[top], o_end[top], mid)
     phase = _phases(names, op_name, o_start, o_end, top, mid)
     waits = _waits(names, op_name, o_start, o_end, grid, busy)
-    device = columns.kind >= typedcolumns.DEVICE
     device_events = int(np.count_nonzero(device & (columns.ts < hi) & (columns.ts + columns.dur > lo)))
     arrivals = rank_arrivals(columns, trace.rank, trace.incomplete_step, trace.clock)
+    work = device_work(columns, thread, int(main), lo, hi, stream_waits) if device_events else None
     return RankLane(
         trace.path,
         trace.rank,
@@ -128,6 +137,43 @@ def lane_of(trace: ColumnTrace) -> RankLane:
         waits,
         device_events,
         arrivals,
+        work,
+    )
+
+
+def _with_handoffs(
+    columns: typedcolumns.Columns,
+    cpu: np.ndarray,
+    thread: np.ndarray,
+    main: int,
+    ops: np.ndarray,
+    o_start: np.ndarray,
+    o_end: np.ndarray,
+    lo: float,
+    hi: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The steps' thread's operators and the operators of the process's other threads that run wholly inside its
+    gaps: on a GPU, autograd runs the backward pass on a thread of its own while the steps' thread waits in
+    `backward()`, so that thread's work is the step's time there (its phase, its launches)."""
+    pid = columns.pid
+    main_pid = pid[ops[0]] if len(ops) else -1
+    other = np.nonzero(cpu & (thread != main) & (pid == main_pid) & (columns.ts >= lo))[0]
+    s, e = columns.ts[other], columns.ts[other] + columns.dur[other]
+    keep = e <= hi
+    other, s, e = other[keep], s[keep], e[keep]
+    if not other.size:
+        return ops, o_start, o_end
+    u_start, u_end = col.union_arrays(o_start, o_end)
+    k = np.searchsorted(u_start, s, side="right") - 1
+    # inside a gap: not inside the busy span before it, and ending before the next one starts
+    after_prev = (k < 0) | (s >= u_end[np.maximum(k, 0)])
+    nxt = np.minimum(k + 1, len(u_start) - 1)
+    before_next = (k + 1 >= len(u_start)) | (e <= u_start[nxt])
+    keep = after_prev & before_next if len(u_start) else np.ones(len(other), bool)
+    return (
+        np.concatenate((ops, other[keep])),
+        np.concatenate((o_start, s[keep])),
+        np.concatenate((o_end, e[keep])),
     )
 
 

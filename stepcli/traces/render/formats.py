@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from stepcli.fmt import ms_cell as _ms
-from stepcli.fmt import plural, visible, visible_all
+from stepcli.fmt import plural
 from stepcli.pipeconsole import discard_stdout, json_for, pipe_console
+from stepcli.safetext import visible, visible_all
 from stepcli.traces.analyses.culpritwords import culprit_lines
 from stepcli.traces.analyses.ranks import first_per_process
 from stepcli.traces.render.terminal import (
@@ -80,7 +81,7 @@ _FORMULA_STARTS = frozenset("=+-@\t\r")
 
 def _md_text(value: Any) -> str:
     """Text from traces for Markdown: HTML special characters as entities (a name holding `<img ...>` is shown,
-    not rendered), control characters as escapes (stepcli.fmt.visible)."""
+    not rendered), control characters as escapes (stepcli.safetext.visible)."""
     text = visible(str(value))
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
@@ -119,74 +120,102 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequ
 
 def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: int | None = 20) -> str:
     """GitHub-flavoured Markdown (e.g. for $GITHUB_STEP_SUMMARY): steps, ranks, breakdown and operator tables."""
-    from stepcli.traces.analyses.shares import overlap_note, share_caption
-
     lines: list[str] = ["## stepcli table", ""]
-    stats = data.get("step_ms")
-    lines.append(f"{len(data['files'])} trace file(s), {data['events']:,} events.")
+    lines += _md_overview(data)
+    if data["steps"]:
+        lines += _md_steps(data["steps"], limit)
+    if data["ranks"]:
+        lines += _md_ranks(data)
+    if data.get("breakdown_ms"):
+        lines += _md_breakdown(data["breakdown_ms"], data.get("device"))
+    lines += _md_operators(data, sort_by, limit)
+    return "\n".join(lines)
+
+
+def _md_overview(data: Mapping[str, Any]) -> list[str]:
+    """Files and events, the step time's statistics, what was left out."""
+    lines = [f"{len(data['files'])} trace file(s), {data['events']:,} events."]
     if data.get("skipped_events"):
         lines[-1] += f" {skipped_note(data['skipped_events']).capitalize()}."
+    stats = data.get("step_ms")
     if stats:
         lines.append(
             f"Step time over {plural(stats['count'], 'step')}: mean {_ms(stats['mean'])} ms, median {_ms(stats['median'])} ms, "
             f"p90 {_ms(stats['p90'])} ms, max {_ms(stats['max'])} ms."
         )
     lines += [note[0].upper() + note[1:] + "." for note in left_out_notes(data)]
+    return [*lines, ""]
+
+
+def _md_steps(all_steps: Sequence[Mapping[str, Any]], limit: int | None) -> list[str]:
+    lines = ["### Steps", ""]
+    steps = first_per_process(all_steps, limit, process_label)
+    lines += _md_table(
+        ("Process", "Step", "ms"),
+        [(process_label(s), s["step"], _ms(s["dur_ms"])) for s in steps],
+        (False, True, True),
+    )
     lines.append("")
-    if data["steps"]:
-        lines += ["### Steps", ""]
-        steps = first_per_process(data["steps"], limit, process_label)
-        lines += _md_table(
-            ("Process", "Step", "ms"),
-            [(process_label(s), s["step"], _ms(s["dur_ms"])) for s in steps],
-            (False, True, True),
-        )
-        lines.append("")
-        if len(steps) < len(data["steps"]):  # never cut silently
-            lines += [f"First {limit} steps of each process shown ({len(steps)} of {len(data['steps'])}, --limit).", ""]
-    if data["ranks"]:
-        slowest = data.get("slowest_rank")
-        lines += ["### Ranks", ""]
-        rows: list[Sequence[Any]] = []
-        for r in data["ranks"]:
-            st = r.get("step_ms") or {}
-            mark = " (slowest)" if slowest is not None and r["rank"] == slowest else ""
-            files = ", ".join(r.get("files") or [r.get("file") or ""])
-            rows.append(
-                (
-                    process_label(r) + mark,
-                    files,
-                    st.get("count", 0),
-                    _ms(st.get("mean")),
-                    _ms(st.get("median")),
-                    _ms(st.get("p90")),
-                    _ms(st.get("max")),
-                    _ms(r.get("compute_ms")),
-                    _ms(r.get("comm_ms")),
-                )
+    if len(steps) < len(all_steps):  # never cut silently
+        lines += [f"First {limit} steps of each process shown ({len(steps)} of {len(all_steps)}, --limit).", ""]
+    return lines
+
+
+def _md_ranks(data: Mapping[str, Any]) -> list[str]:
+    """The ranks' table, then the slowest rank, the culprit and the notes on repeated ranks and mixed jobs."""
+    slowest = data.get("slowest_rank")
+    lines = ["### Ranks", ""]
+    rows: list[Sequence[Any]] = []
+    for r in data["ranks"]:
+        st = r.get("step_ms") or {}
+        mark = " (slowest)" if slowest is not None and r["rank"] == slowest else ""
+        files = ", ".join(r.get("files") or [r.get("file") or ""])
+        rows.append(
+            (
+                process_label(r) + mark,
+                files,
+                st.get("count", 0),
+                _ms(st.get("mean")),
+                _ms(st.get("median")),
+                _ms(st.get("p90")),
+                _ms(st.get("max")),
+                _ms(r.get("compute_ms")),
+                _ms(r.get("comm_ms")),
             )
-        lines += _md_table(
-            ("Process", "Files", "Steps", "Mean ms", "Median ms", "P90 ms", "Max ms", "Compute ms", "Wait ms"),
-            rows,
-            (False, False, True, True, True, True, True, True, True),
         )
-        lines.append("")
-        if data.get("straggler"):
-            lines += [f"Slowest rank: {_md_text(data['straggler']['evidence'])}.", ""]
-        culprit = culprit_lines(data.get("culprit"))
-        lines += [_md_text(f"C{line[1:]}") for line in culprit] + [""] * bool(culprit)
-        for note in (repeated_note(data.get("repeated_ranks")), data.get("mixed_jobs")):
-            if note:
-                lines += [_md_text(f"{note[0].upper()}{note[1:]}."), ""]
-    breakdown = data.get("breakdown_ms")
-    if breakdown:
-        total = sum(breakdown.values())
-        lines += ["### Step breakdown (mean per step)", ""]
-        rows = [(p, _ms(breakdown[p]), pct(breakdown[p] / total) if total else "-") for p in PHASE_ORDER]
-        if data.get("device"):
-            rows.append(("device busy", _ms(data["device"]["busy_ms"]), pct(data["device"]["busy_share"])))
-        lines += _md_table(("Phase", "ms / step", "Share"), rows, (False, True, True))
-        lines.append("")
+    lines += _md_table(
+        ("Process", "Files", "Steps", "Mean ms", "Median ms", "P90 ms", "Max ms", "Compute ms", "Wait ms"),
+        rows,
+        (False, False, True, True, True, True, True, True, True),
+    )
+    lines.append("")
+    if data.get("straggler"):
+        lines += [f"Slowest rank: {_md_text(data['straggler']['evidence'])}.", ""]
+    culprit = culprit_lines(data.get("culprit"))
+    lines += [_md_text(f"C{line[1:]}") for line in culprit] + [""] * bool(culprit)
+    for note in (repeated_note(data.get("repeated_ranks")), data.get("mixed_jobs")):
+        if note:
+            lines += [_md_text(f"{note[0].upper()}{note[1:]}."), ""]
+    return lines
+
+
+def _md_breakdown(breakdown: Mapping[str, float], device: Mapping[str, Any] | None) -> list[str]:
+    total = sum(breakdown.values())
+    lines = ["### Step breakdown (mean per step)", ""]
+    rows: list[Sequence[Any]] = [
+        (p, _ms(breakdown[p]), pct(breakdown[p] / total) if total else "-") for p in PHASE_ORDER
+    ]
+    if device:
+        rows.append(("device busy", _ms(device["busy_ms"]), pct(device["busy_share"])))
+    lines += _md_table(("Phase", "ms / step", "Share"), rows, (False, True, True))
+    return [*lines, ""]
+
+
+def _md_operators(data: Mapping[str, Any], sort_by: str, limit: int | None) -> list[str]:
+    """The CPU operators' table and, when there are any, the device kernels', each with its caption."""
+    from stepcli.traces.analyses.shares import overlap_note, share_caption
+
+    lines: list[str] = []
     for title, rows_in in (("CPU operators", data["cpu_ops"]), ("Device kernels", data["device_kernels"])):
         if not rows_in and title == "Device kernels":
             continue
@@ -213,7 +242,7 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
         outside = outside_note(data.get("outside_steps")) if title == "CPU operators" else None
         if outside:
             lines += [f"{outside[0].upper()}{outside[1:]}.", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def print_table_report(

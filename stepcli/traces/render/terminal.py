@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from stepcli.fmt import ms_cell as _ms
 from stepcli.fmt import print_wrapped
