@@ -476,7 +476,7 @@ _clock: list[str] = []
 
 
 def _mark_clock(prof: Any) -> None:
-    """Say in the trace which clock its times come from (config.CLOCK_KEY): once per recording, while Kineto
+    """Say in the trace which clock its times come from (stepcli.runfolder.layout.CLOCK_KEY): once per recording, while Kineto
     records (add_metadata is dropped outside that)."""
     if not _clock:
         import socket
