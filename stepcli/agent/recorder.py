@@ -88,6 +88,8 @@ class Recorder:
             return NONE, NEVER
         if not _on_main_thread():
             return self._off_main_thread(step)
+        if self.prof is not None:
+            _end_step_range(self.prof)  # what stepcli does at a step boundary is never counted in the program's step
         self.busy = True  # signal handlers run on the main thread: one arriving now waits for this work
         # (Ctrl-C too: in the middle of stopping the profiler or saving its trace it would lose the window)
         with Held():
@@ -134,7 +136,7 @@ class Recorder:
             if prof.current_action.value == RECORD_AND_SAVE:
                 self._announce_save(step - 1)  # this step() stops the profiler and saves: a pause worth a line
             with QuietProfiler():
-                prof.step()
+                _step_without_range(prof)
             if prof.current_action.value == NONE or self.disabled:  # disabled: saving its last cycle failed
                 self._close()
                 # This step pays for the stop and save: "after a window", not untouched; woken at the next step
@@ -148,6 +150,7 @@ class Recorder:
                 self._mark_trigger(prof, step)
             if phase >= RECORD:
                 self._cpu_time.begin(step)
+            _begin_step_range(prof)  # the program's step starts now, after stepcli's bookkeeping
             return phase, step + 1
         if self.foreign or self._profiler_already_running():
             if self.schedule.starts_cycle(step):
@@ -493,6 +496,42 @@ def _mark_clock(prof: Any) -> None:
         prof.add_metadata(CLOCK_KEY, _clock[0])
     except Exception:  # a trace without it is aligned by its collectives, as any other tool's trace
         pass
+
+
+def _end_step_range(prof: Any) -> None:
+    """End the profiler's `ProfilerStep#N` range now, before stepcli's bookkeeping of the step (its CPU-time
+    sample, the `saving trace ...` line and the save ticker's thread), which would otherwise be counted in the
+    program's step: torch's step() ends the range only when it is still open (`step_rec_fn` set)."""
+    rec = getattr(prof, "step_rec_fn", None)
+    if rec is None or not getattr(prof, "record_steps", False):
+        return
+    try:
+        rec.__exit__(None, None, None)
+    finally:
+        prof.step_rec_fn = None
+
+
+def _step_without_range(prof: Any) -> None:
+    """torch's step() (the schedule's next action: start, stop, save), without the `ProfilerStep#N` range it
+    opens at its end: _begin_step_range opens it once stepcli's bookkeeping of the step is done."""
+    record_steps = getattr(prof, "record_steps", False)
+    prof.record_steps = False
+    try:
+        prof.step()
+    finally:
+        prof.record_steps = record_steps
+
+
+def _begin_step_range(prof: Any) -> None:
+    """Open `ProfilerStep#N` for the step that begins, as torch's step() does (`step_rec_fn`, which its step()
+    and stop() end)."""
+    if not getattr(prof, "record_steps", False) or getattr(prof, "step_rec_fn", None) is not None:
+        return
+    from torch.autograd import profiler as autograd_profiler
+
+    rec = autograd_profiler.record_function(f"ProfilerStep#{prof.step_num}")
+    rec.__enter__()
+    prof.step_rec_fn = rec
 
 
 def _on_main_thread() -> bool:

@@ -8,9 +8,11 @@ import click
 from stepcli.commands.params import parse_duration
 from stepcli.commands.pathparam import PathParam
 
+STACK_ROWS = 10  # `table --stacks` without N
+
 
 @click.command(short_help="Summarize PyTorch profiler trace files.")
-@click.argument("paths", nargs=-1, required=True, type=PathParam())
+@click.argument("paths", nargs=-1, type=PathParam(), metavar="PATHS...")  # required: checked by _stacks_option
 @click.option(
     "--sort-by",
     type=click.Choice(["self", "total", "calls", "avg", "name"]),
@@ -30,6 +32,14 @@ from stepcli.commands.pathparam import PathParam
 @click.option("--markdown", "as_markdown", is_flag=True, help="Markdown tables on stdout.")
 @click.option(
     "--group-by-shape", is_flag=True, help="One operator row per input shape (traces recorded with --record-shapes)."
+)
+@click.option(
+    "--stacks",
+    metavar="[N]",
+    is_flag=False,
+    flag_value=str(STACK_ROWS),
+    default=None,
+    help=f"The top N Python stacks by CPU time (traces recorded with --with-stack; N: {STACK_ROWS}).",
 )
 @click.option(
     "--jobs",
@@ -65,6 +75,7 @@ def table(
     as_csv: bool,
     as_markdown: bool,
     group_by_shape: bool,
+    stacks: str | None,
     jobs: int | None,
     all_runs: bool,
     scheduler: str | None,
@@ -81,6 +92,9 @@ def table(
     fmt = chosen[0] if chosen else None
     if scheduler_wait is not None and scheduler is None:
         raise click.UsageError("--scheduler-wait needs --scheduler ADDRESS")
+    paths, stack_rows = _stacks_option(paths, stacks)
+    if stack_rows and scheduler is not None:
+        raise click.UsageError("--stacks reads the traces on this machine: leave out --scheduler")
     from stepcli.runfolder.runs import runs_to_read
     from stepcli.traces.read.shortcommand import read_ahead_one, short_run
 
@@ -92,12 +106,30 @@ def table(
 
         with reading(paths):  # a large trace takes seconds: said, not silent
             summary = summarize_paths(
-                paths, group_by_shape=group_by_shape, jobs=jobs, scheduler=scheduler, scheduler_wait=scheduler_wait
+                paths,
+                group_by_shape=group_by_shape,
+                jobs=jobs,
+                scheduler=scheduler,
+                scheduler_wait=scheduler_wait,
+                stacks=bool(stack_rows),
             )
         from stepcli.traces.render.formats import print_table_report
 
-        print_table_report(summary, sort_by=sort_by, limit=limit, fmt=fmt or "rich")
+        print_table_report(summary, sort_by=sort_by, limit=limit, fmt=fmt or "rich", stacks=stack_rows)
     if group_by_shape and not any(row.shape for row in summary.cpu_ops):
         click.echo("stepcli: note: --group-by-shape: these traces have no input shapes; record them with "
                    "`stepcli run --record-shapes` (torch.profiler: record_shapes=True)", err=True)  # fmt: skip
     return 0
+
+
+def _stacks_option(paths: tuple[str, ...], stacks: str | None) -> tuple[tuple[str, ...], int | None]:
+    """(PATHS, rows of --stacks or None). `--stacks` takes an optional N, so `table --stacks runs/base` hands
+    the folder to it: a value that is no number is a path, and N its default."""
+    if stacks is not None and not (stacks.isascii() and stacks.isdecimal()):
+        paths = (PathParam().convert(stacks, None, None), *paths)
+        stacks = str(STACK_ROWS)
+    if not paths:
+        raise click.UsageError("Missing argument 'PATHS...': give trace files or folders")
+    if stacks is not None and int(stacks) < 1:
+        raise click.UsageError(f"--stacks {stacks}: give a number of stacks of 1 or more")
+    return paths, int(stacks) if stacks is not None else None

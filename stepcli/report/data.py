@@ -62,6 +62,10 @@ class ReportData:
     hang: dict[str, Any] | None = None  # the `hang` section (--hang-timeout reports), shown by report/hang.py
     exit_status: int | None = None  # the run's, which the hang section says when --on-hang kill ended the job
     what_would_help: dict[str, Any] | None = None  # the run summary's (stepcli whatif's answer, kept short)
+    python_stacks: dict[str, Any] | None = None  # the flame graph's stacks (stepcli.traces.analyses.pystacks)
+    stacks_recorded: bool = False  # the traces hold Python frames (none may fall inside a step)
+    stacks_known: bool = False  # the traces were read here (a summary alone cannot say)
+    other_lines: list[str] = field(default_factory=list)  # the breakdown's "other" explained (render/stacks.py)
 
 
 def build(
@@ -163,9 +167,14 @@ def _add_step_times(data: ReportData, summary: RunSummary | None, analysis: dict
 def _add_trace_tables(data: ReportData, analysis: dict[str, Any], parts: list[list[FilePart]]) -> None:
     """Breakdown, operator tables and shapes from the traces: every operator, one breakdown bar per rank."""
     from stepcli.traces.analyses.mergeparts import breakdown_of, merge_parts
+    from stepcli.traces.render.stacks import other_lines
     from stepcli.traces.render.terminal import left_out_notes, outside_note, repeated_note
 
     data.cpu_ops = [op for op in analysis["cpu_ops"] if op["name"] != STEP_KEY]
+    data.python_stacks = analysis.get("python_stacks")
+    data.stacks_recorded = bool((analysis.get("recorded_with") or {}).get("stacks"))
+    data.stacks_known = True
+    data.other_lines = other_lines(analysis, width=100)
     data.outside_note = outside_note(analysis.get("outside_steps"))
     data.kernels = analysis["device_kernels"]
     data.device = analysis["device"]

@@ -13,6 +13,7 @@ from typing import Any
 from stepcli import __version__, fmt
 from stepcli.report import GENERATOR, lateness, svg, whatifsection
 from stepcli.report.data import ReportData
+from stepcli.report.flamegraph import other_section, stacks_section
 from stepcli.report.gpu import gpu_section
 from stepcli.report.hang import hang_section
 from stepcli.report.links import page_href
@@ -306,6 +307,8 @@ def _breakdown(data: ReportData) -> list[str]:
         *parts,
         svg.breakdown_chart(data.breakdowns, highlight=slowest_bar, device_busy=busy),
         _legend([(k, _BREAKDOWN_COLORS[k]) for k in svg.BREAKDOWN_ORDER]),
+        *other_section(data.other_lines),
+        *(stacks_section(data.python_stacks, data.stacks_recorded) if data.stacks_known else []),
     ]
 
 

@@ -193,6 +193,9 @@ class RunSummary(TypedDict, total=False):
     share_of: str | None
     outside_steps: dict[str, Any] | None
     breakdown_ms: dict[str, float] | None
+    # of breakdown_ms["other"]: ms per step outside every operator and inside one of no phase (table's other_ms)
+    other_ms: dict[str, float] | None
+    recorded_with: dict[str, bool] | None  # the traces hold Python stacks, input shapes (table's recorded_with)
     device: dict[str, Any] | None
     flops: dict[str, Any] | None
     peak_memory: PeakMemory
@@ -422,6 +425,8 @@ _FIELDS: dict[str, Check] = {
     "share_of": optional(STR),
     "outside_steps": optional(object_of({"events": COUNT, "self_ms": NUMBER})),
     "breakdown_ms": optional(map_of(NUMBER)),
+    "other_ms": optional(object_of({"outside_operators": NUMBER, "inside_operators": NUMBER})),
+    "recorded_with": optional(object_of({"stacks": BOOL, "shapes": BOOL})),
     "device": optional(object_of({"busy_ms": NUMBER, "busy_share": NUMBER})),
     "flops": optional(object_of({})),
     "peak_memory": object_of({"rss_bytes": optional(COUNT), "cuda_bytes": optional(COUNT)}),

@@ -109,6 +109,7 @@ def _part_of(
     decode: Decode | None = None,
     arrivals: bool = True,
     lanes: bool = False,
+    stacks: bool = False,
 ) -> list[FilePart] | _Failed:
     """Read one file and summarize it once per grouping (plain, by shape); runs in a worker or in-process."""
     try:
@@ -118,7 +119,7 @@ def _part_of(
             trace = load_columns(path, shapes=shapes, decode=decode)
     except TraceError as exc:
         return _Failed(exc.path, exc.problem)
-    return _summarized(trace, groupings, arrivals, lanes)
+    return _summarized(trace, groupings, arrivals, lanes, stacks)
 
 
 def _gated(function: Callable[[str], _T], path: str) -> _T:
@@ -130,7 +131,7 @@ def _gated(function: Callable[[str], _T], path: str) -> _T:
 
 
 def _summarized(
-    trace: ColumnTrace, groupings: tuple[bool, ...], arrivals: bool = True, lanes: bool = False
+    trace: ColumnTrace, groupings: tuple[bool, ...], arrivals: bool = True, lanes: bool = False, stacks: bool = False
 ) -> list[FilePart]:
     """One part per grouping (plain, by shape) of a trace read into columns, whole or in ranges (`arrivals`: see
     stepcli.traces.analyses.traceanalysis.summarize_columns). Only the first part carries the collectives' arrivals:
@@ -146,6 +147,11 @@ def _summarized(
         from stepcli.traces.analyses.lanes import lane_of
 
         parts[0].lane = lane_of(trace)
+    if stacks and parts:  # `stacks`: the first part also carries the file's Python stacks (only when asked: slow)
+        from stepcli.traces.analyses.pystacks import stacks_of
+
+        cut = trace.incomplete_step if trace.incomplete_step is not None else parts[0].stub_step
+        parts[0].stacks = stacks_of(trace.columns, cut)
     return parts
 
 
@@ -157,7 +163,7 @@ def load_analysis() -> None:
 
 
 def _split_parts(
-    path: str, groupings: tuple[bool, ...], shapes: bool, cores: int, lanes: bool = False
+    path: str, groupings: tuple[bool, ...], shapes: bool, cores: int, lanes: bool = False, stacks: bool = False
 ) -> list[FilePart] | None:
     """One large trace decoded by `cores` processes (stepcli.traces.read.splitread); None when it is not split."""
     from stepcli.traces.read.splitread import FIRST_EXTRA, plan, read_split
@@ -172,7 +178,7 @@ def _split_parts(
         from stepcli.traces.read.splitread import read_split_forked
 
         trace = read_split_forked(path, ranges, shapes, meanwhile=load_analysis)
-        return None if trace is None else _summarized(trace, groupings, arrivals=False, lanes=lanes)
+        return None if trace is None else _summarized(trace, groupings, arrivals=False, lanes=lanes, stacks=stacks)
     from concurrent.futures.process import BrokenProcessPool
 
     context = _context()
@@ -186,7 +192,7 @@ def _split_parts(
         return None
     if trace is None:
         return None
-    return _summarized(trace, groupings, arrivals=False, lanes=lanes)  # (one file alone: one rank)
+    return _summarized(trace, groupings, arrivals=False, lanes=lanes, stacks=stacks)  # (one file alone: one rank)
 
 
 @contextlib.contextmanager
@@ -264,11 +270,13 @@ def file_parts(
     scheduler: str | None = None,
     scheduler_wait: float | None = None,
     lanes: bool = False,
+    stacks: bool = False,
 ) -> list[list[FilePart]]:
     """Per file named by `paths` (files or folders, as stepcli.traces.read.tracereader.load_paths reads them), in that order: its
     parts, one per grouping. `jobs` worker processes at most (default: the available cores); 1 reads in-process.
     With `scheduler`, a Dask distributed cluster's workers read the files instead (stepcli.traces.cluster).
-    `lanes`: each file's first part also carries its what-if lane (FilePart.lane; not on a cluster).
+    `lanes`: each file's first part also carries its what-if lane (FilePart.lane; not on a cluster). `stacks`: its
+    Python stacks (FilePart.stacks; not on a cluster).
 
     Raises TraceError for the first file (in order) that is not a readable trace.
     """
@@ -280,16 +288,18 @@ def file_parts(
         return _checked(cluster_results(scheduler, _part_of, files, groupings, shapes, wait_s))
     cores = worker_count(jobs, len(files)) if len(files) > 1 else min(jobs or available_cores(), available_cores())
     if len(files) == 1 and cores > 1:
-        split = _split_parts(files[0], groupings, shapes, cores, lanes)
+        split = _split_parts(files[0], groupings, shapes, cores, lanes, stacks)
         if split is not None:
             return [split]
         if _may_fork():  # a .gz or smaller file: read into memory, decoded by this process and a forked one
             from stepcli.traces.read.twoprocess import DecodeInTwo
 
             decode = DecodeInTwo(shapes, meanwhile=load_analysis)
-            return _checked([_part_of(files[0], groupings, shapes, decode, arrivals=False, lanes=lanes)])
+            return _checked([_part_of(files[0], groupings, shapes, decode, arrivals=False, lanes=lanes, stacks=stacks)])
     # One file alone is one rank: no other to compare its collectives' arrivals with (the culprit).
-    part_of = functools.partial(_part_of, groupings=groupings, shapes=shapes, arrivals=len(files) > 1, lanes=lanes)
+    part_of = functools.partial(
+        _part_of, groupings=groupings, shapes=shapes, arrivals=len(files) > 1, lanes=lanes, stacks=stacks
+    )
     return _checked(map_files(part_of, files, cores))
 
 
@@ -337,8 +347,10 @@ def summarize_paths(
     jobs: int | None = None,
     scheduler: str | None = None,
     scheduler_wait: float | None = None,
+    stacks: bool = False,
 ) -> TraceSummary:
-    """`summarize(load_paths(paths))`, with files read in parallel and never all in memory at once."""
+    """`summarize(load_paths(paths))`, with files read in parallel and never all in memory at once; with `stacks`,
+    the Python stacks too (`table --stacks`)."""
     parts = file_parts(
         paths,
         groupings=(group_by_shape,),
@@ -346,6 +358,7 @@ def summarize_paths(
         jobs=jobs,
         scheduler=scheduler,
         scheduler_wait=scheduler_wait,
+        stacks=stacks,
     )
     from stepcli.traces.analyses.mergeparts import merge_parts
 

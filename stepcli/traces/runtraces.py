@@ -72,7 +72,10 @@ class RunTraces:
         self._summary = None
         groupings = (False, True) if shapes else (False,)
         try:
-            self._parts = file_parts(list(key), groupings=groupings, shapes=shapes, jobs=self.jobs, lanes=self.lanes)
+            # Python stacks too: the page's flame graph (nothing is computed for traces without them)
+            self._parts = file_parts(
+                list(key), groupings=groupings, shapes=shapes, jobs=self.jobs, lanes=self.lanes, stacks=True
+            )
         except StepcliError as exc:
             self._problem = exc
         # Anything else is a bug: nothing is kept, so the next caller reads again and meets it on its own.

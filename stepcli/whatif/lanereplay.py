@@ -585,11 +585,11 @@ class _Scheduler:
         grid, integral = self.grid_lists[i], self.integral_lists[i]
         k = bisect.bisect_right(grid, t) - 1
         if k < 0:
-            return integral[0]
+            return float(integral[0])
         if k >= len(grid) - 1:
-            return integral[-1]
+            return float(integral[-1])
         span = grid[k + 1] - grid[k]
-        return integral[k] + (t - grid[k]) * (integral[k + 1] - integral[k]) / span if span > 0 else integral[k]
+        return float(integral[k] + (t - grid[k]) * (integral[k + 1] - integral[k]) / span if span > 0 else integral[k])
 
     def _advance(self, i: int, to: float, label: int) -> None:
         """Lane i's compute from where it is to `to` (its own clock), at the change's speed."""

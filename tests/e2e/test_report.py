@@ -191,7 +191,9 @@ def test_run_writes_report_and_points_to_it(demo_run: dict[str, Any], browser: A
     assert page.is_file()
     lines = result.stderr.splitlines()
     after_next = lines[lines.index("next:") + 1 :]  # one command per line after "next:"
-    assert after_next[1].strip() == f"open {out / 'report.html'} in a browser", after_next
+    # (the demo records shapes: `stepcli table OUT --group-by-shape` comes between table and the page)
+    assert after_next[1].strip().startswith(f"stepcli table {out} --group-by-shape"), after_next
+    assert after_next[2].strip() == f"open {out / 'report.html'} in a browser", after_next
     html = page.read_text()
     _assert_self_contained(html)
     # AND no advice fires on the demo (nothing in its numbers crosses a threshold), unless a loaded machine pushed

@@ -362,6 +362,9 @@ def test_to_dict_has_the_contract_keys_and_is_json() -> None:
         "repeated_ranks",
         "mixed_jobs",
         "left_out_steps",
+        "other_ms",
+        "recorded_with",
+        "python_stacks",
     ]
     assert set(data["cpu_ops"][0]) == {"name", "calls", "self_ms", "total_ms", "avg_ms", "self_share"}
     assert set(data["breakdown_ms"]) == {"dataloader", "forward", "backward", "optimizer", "other"}

@@ -382,6 +382,8 @@ def build_run_summary(
         "share_of": (analysis or {}).get("share_of"),
         "outside_steps": (analysis or {}).get("outside_steps"),
         "breakdown_ms": (analysis or {}).get("breakdown_ms"),
+        "other_ms": (analysis or {}).get("other_ms"),
+        "recorded_with": (analysis or {}).get("recorded_with"),
         "device": device,
         "flops": flops,
         "peak_memory": {"rss_bytes": max(rss) if rss else None, "cuda_bytes": max(cuda) if cuda else None},

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from stepcli.fmt import ms, plural, print_wrapped, size_or_dash
 from stepcli.run.summary.compilesteps import compile_lines
@@ -221,6 +221,10 @@ def _print_tables(summary: RunSummary, console: Console) -> None:
     breakdown = summary.get("breakdown_ms")
     if breakdown:
         render.print_table(console, render.breakdown_table(breakdown, summary.get("device")))
+        from stepcli.traces.render.stacks import other_lines
+
+        for line in other_lines(cast("dict[str, Any]", summary), console.width):
+            print_wrapped(console, line, indent="    ")
     print_device_section(summary, console)
     if len(summary.get("ranks", [])) > 1:
         title = "Recorded step time per rank"
@@ -231,12 +235,21 @@ def _print_tables(summary: RunSummary, console: Console) -> None:
             console.print(f"slowest rank: {straggler['evidence']}", markup=False, highlight=False)
 
 
+# (what the traces hold, `table`'s option that shows it, what it shows) for the `next:` lines
+_RECORDED_OPTIONS = (("stacks", "--stacks", "the Python stacks"), ("shapes", "--group-by-shape", "one row per shape"))
+
+
 def _print_next(summary: RunSummary, report_path: str | None, console: Console) -> None:
     """The commands to run next, one per line, never wrapped in the middle: each can be copied as it is."""
     lines = []
     if summary["traces"]:
         out = summary["out_dir"]
         lines.append(f"  stepcli table {shlex.quote(_relative(out))}")
+        recorded = summary.get("recorded_with") or {}
+        for flag, option, why in _RECORDED_OPTIONS:
+            if recorded.get(flag):  # what the traces hold, and the option that shows it
+                line = f"  stepcli table {shlex.quote(_relative(out))} {option}"
+                lines.append(f"{line}    ({why})" if len(line) + len(why) + 6 <= 80 else line)
     if report_path:
         lines.append(f"  open {shlex.quote(_relative(report_path))} in a browser")
     if summary["traces"] and (summary.get("what_would_help") or {}).get("verdict") == "ok":

@@ -15,6 +15,7 @@ from stepcli.traces.analyses.device import (
     DeviceTimes,
 )
 from stepcli.traces.analyses.flops import flops_figures
+from stepcli.traces.analyses.pystacks import merge_stacks
 from stepcli.traces.analyses.ranks import WindowFacts, find_straggler, group_processes, process_keys
 from stepcli.traces.analyses.results import (
     NS_PER_MS,
@@ -144,7 +145,22 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
         repeated_ranks=repeated,
         mixed_jobs=mixed,
         stub_steps=[(p.path, p.stub_step) for p in parts if p.stub_step is not None],
+        other_ms=other_split(parts, breakdown),
+        has_stacks=any(p.has_stacks for p in parts),
+        has_shapes=any(p.shapes_recorded for p in parts),
+        python_stacks=merge_stacks([p.stacks for p in parts]) if any(p.stacks for p in parts) else None,
     )
+
+
+def other_split(parts: Sequence[FilePart], breakdown: Breakdown | None) -> dict[str, float] | None:
+    """The breakdown's "other" per step split into time outside every operator (Python, the profiler's own work)
+    and time inside one no phase claims; None when a file's split is unknown (measured per window)."""
+    if breakdown is None or any(p.phase_steps and p.other_inside_ns is None for p in parts):
+        return None
+    steps = sum(p.phase_steps for p in parts)
+    inside = sum(p.other_inside_ns or 0 for p in parts) / steps / NS_PER_MS
+    inside = min(inside, breakdown.other)
+    return {"outside_operators": breakdown.other - inside, "inside_operators": inside}
 
 
 def mixed_jobs_note(parts: Sequence[FilePart]) -> str | None:

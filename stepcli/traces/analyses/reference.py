@@ -216,6 +216,8 @@ class _Nesting:
                 parent[3] += frame[2]
                 parent[4] += 1
                 parent[5] = frame
+                if parent[7] is not None:  # a step's own top-level event (steps.Window.tops)
+                    parent[7].tops.append((start, end))
             stack.append(frame)
         while stack:
             close()

@@ -113,6 +113,11 @@ class TraceSummary:
     mixed_jobs: str | None = None  # traces of jobs of different sizes (mergeparts.mixed_jobs_note): nobody named
     # per file with one, the profiler's closing stub step left out of every figure (analysis.profiler_stub)
     stub_steps: list[tuple[str, int]] = field(default_factory=list)
+    # of the breakdown's "other", ms per step outside every operator and inside one no phase claims; None unknown
+    other_ms: dict[str, float] | None = None
+    has_stacks: bool = False  # some trace holds Python frames (recorded with stacks)
+    has_shapes: bool = False  # some trace holds input shapes (recorded with shapes)
+    python_stacks: dict[str, Any] | None = None  # `table --stacks` (stepcli.traces.analyses.pystacks.merge_stacks)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -135,6 +140,9 @@ class TraceSummary:
             "repeated_ranks": {str(rank): count for rank, count in self.repeated_ranks.items()},
             "mixed_jobs": self.mixed_jobs,
             "left_out_steps": [{"file": path, "step": step, "why": STUB_WHY} for path, step in self.stub_steps],
+            "other_ms": self.other_ms,
+            "recorded_with": {"stacks": self.has_stacks, "shapes": self.has_shapes},
+            "python_stacks": self.python_stacks,
         }
 
     def _rank_dict(self, row: ProcessRow) -> dict[str, Any]:
@@ -175,6 +183,11 @@ class FilePart:
     lane: Any = None
     device_name: str | None = None  # its first GPU (deviceProperties)
     stub_step: int | None = None  # the N of the profiler's closing stub left out (analysis.profiler_stub), if any
+    other_inside_ns: int | None = None  # of phase_totals["other"], inside an operator (steps.TraceResult)
+    has_stacks: bool = False  # it holds Python frames (stepcli.traces.analyses.pystacks.has_stacks)
+    # it holds input shapes: read ones, or GEMMs' input types (decoded on every read, shapes or not)
+    shapes_recorded: bool = False
+    stacks: Any = None  # its Python stacks (pystacks.StackPart), when the read asked for them
 
 
 class TraceFacts(Protocol):

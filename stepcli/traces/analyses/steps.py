@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stepcli.runfolder.layout import CLOSURE_ANNOTATION
@@ -44,6 +44,7 @@ class Window:
     start: int
     end: int
     children: list[tuple[int, int, int]]
+    tops: list[tuple[int, int]] = field(default_factory=list)  # every top-level event of the step, any phase
 
 
 @dataclass
@@ -65,6 +66,9 @@ class TraceResult:
     nanoseconds: Any = (
         None  # every event's integer ns (stepcli.traces.analyses.arrays.Nanoseconds), on the columnar path
     )
+    # of the steps' "other" time, the part inside a host operator that no phase claims (a wrapper's or a closure's
+    # time between its children), when measured on arrays; the rest of "other" is outside every operator
+    other_inside_ns: int | None = None
 
 
 class Accumulator:
@@ -209,6 +213,9 @@ def length(spans: list[tuple[int, int]]) -> int:
     return sum(e - s for s, e in union(spans))
 
 
+OTHER_INSIDE = "other inside operators"  # step_phases' figure beside the phases, not one of them
+
+
 def step_phases(result: TraceResult) -> list[tuple[Window, dict[str, int]]]:
     """Split each step into phases: union time of dataloader, then optimizer, backward and forward spans, each
     counting only time not already claimed by the phases before it; the rest of the step is `other`. The
@@ -247,6 +254,9 @@ def step_phases(result: TraceResult) -> list[tuple[Window, dict[str, int]]]:
         now = length(claimed)
         ms["forward"] = now - covered
         ms["other"] = (window.end - window.start) - now
+        # of "other", the part inside a top-level operator no phase claims (TraceResult.other_inside_ns)
+        claimed.extend((max(s, window.start), min(e, window.end)) for s, e in window.tops)
+        ms[OTHER_INSIDE] = length(claimed) - now
         out.append((window, ms))
     return out
 

@@ -33,6 +33,7 @@ from stepcli.traces.analyses.device import (
     within_arrays,
 )
 from stepcli.traces.analyses.devicefigures import device_busy_arrays, device_launches, flops_of
+from stepcli.traces.analyses.pystacks import has_stacks
 from stepcli.traces.analyses.ranks import is_communication
 from stepcli.traces.analyses.results import (
     PHASES,
@@ -46,6 +47,7 @@ from stepcli.traces.analyses.steps import (
     COMM,
     DATALOADER,
     OPTIMIZER,
+    OTHER_INSIDE,
     Accumulator,
     StepSpans,
     TraceResult,
@@ -186,14 +188,14 @@ def _analyze_columns(
     closure_name = np.array([is_closure(n) for n in names] or [False], bool)
     closure = closure_name[name] & (kind[index] == typedcolumns.USER_ANNOTATION)
     forward, forward_row = _forward_candidates(parent, phase, list(by_row), named, closure)
-    phase_totals = _phase_totals_arrays(list(by_row), start, end, phase, closure, pid_code, forward, forward_row)
+    measured = _phase_totals_arrays(list(by_row), start, end, phase, closure, pid_code, forward, forward_row, parent)
+    phase_totals, other_inside = _measured_parts(measured)
 
     # The phase spans and the steps' children feed the per-window reference (`step_phases`); with the totals
     # already measured on arrays, only communication spans are still needed.
     phase_spans = _phase_spans(phase, closure if phase_totals is None else None, start, end, pid_code, ids)
     if by_row and phase_totals is None:
-        for row, s, e in zip(forward_row.tolist(), start[forward].tolist(), end[forward].tolist()):
-            by_row[row].children.append((s, e, 0))
+        _fill_windows(by_row, forward, forward_row, parent, start, end)
 
     cpu_span = None
     if device_union and not windows and len(index):
@@ -229,8 +231,28 @@ def _analyze_columns(
         device_arrays,
         device_classes,
         ns,
+        other_inside_ns=other_inside,
     )
     return cpu_rows, device_rows, result
+
+
+def _measured_parts(
+    measured: tuple[dict[str, int], int, int] | None,
+) -> tuple[tuple[dict[str, int], int] | None, int | None]:
+    """_phase_totals_arrays' answer as (phase totals and steps, other inside operators), both None unmeasured."""
+    return (None, None) if measured is None else ((measured[0], measured[1]), measured[2])
+
+
+def _fill_windows(by_row: dict[int, Window], forward: Any, forward_row: Any, parent: Any, start: Any, end: Any) -> None:
+    """The windows' forward candidates and top-level events, for the per-window `step_phases`."""
+    import numpy as np
+
+    for row, s, e in zip(forward_row.tolist(), start[forward].tolist(), end[forward].tolist()):
+        by_row[row].children.append((s, e, 0))
+    top = np.nonzero(parent >= 0)[0]
+    for row, s, e in zip(parent[top].tolist(), start[top].tolist(), end[top].tolist()):
+        if row in by_row:
+            by_row[row].tops.append((s, e))
 
 
 def _phase_spans(
@@ -309,25 +331,38 @@ def _forward_candidates(parent: Any, phase: Any, rows: list[int], named: Any, cl
 
 
 def _phase_totals_arrays(
-    rows: list[int], start: Any, end: Any, phase: Any, closure: Any, pid_code: Any, forward: Any, forward_row: Any
-) -> tuple[dict[str, int], int] | None:
+    rows: list[int],
+    start: Any,
+    end: Any,
+    phase: Any,
+    closure: Any,
+    pid_code: Any,
+    forward: Any,
+    forward_row: Any,
+    parent: Any,
+) -> tuple[dict[str, int], int, int] | None:
     """`step_phases` summed over the windows (the step events at `rows`; `forward` the forward candidates and
     `forward_row` the step of each, from _forward_candidates; `closure` the agent's closure ranges, which with the
     backward nested in an optimizer event are no optimizer time: steps.optimizer_own), with array operations per process
     (stepcli.traces.analyses.arrays.step_phases) instead of a Python step per span. None when two windows of one
-    process overlap: the per-window reference measures those."""
+    process overlap: the per-window reference measures those. The third figure is the part of "other" inside the
+    steps' top-level operators (`parent`: each event's): what no phase claims of a wrapper or a closure range."""
     import numpy as np
 
     from stepcli.traces.analyses import arrays as col
 
     totals = dict.fromkeys(PHASES, 0)
+    inside = 0
     if not rows:
-        return totals, 0
+        return totals, 0, 0
     at = np.array(rows, np.int64)
     window_pid, window_start, window_end = pid_code[at], start[at], end[at]
     window_of = np.full(len(start), -1, np.int64)
     window_of[at] = np.arange(len(at))
     child, child_window = forward, window_of[forward_row]
+    top = np.nonzero(parent >= 0)[0]
+    top = top[window_of[parent[top]] >= 0]  # the steps' own top-level events, whatever their phase
+    top_window = window_of[parent[top]]
     for pid in sorted(set(window_pid.tolist())):  # (np.unique would import numpy.ma: 10 ms)
         mine = np.nonzero(window_pid == pid)[0]
         by_start = mine[np.argsort(window_start[mine], kind="stable")]
@@ -342,17 +377,21 @@ def _phase_totals_arrays(
             )
         of_window = window_pid[child_window] == pid
         forward_of, forward_events = child_window[of_window], child[of_window]
+        of_top = window_pid[top_window] == pid
+        top_of, top_events = top_window[of_top], top[of_top]
+        # Forward as a fourth phase, then every top-level event: what that claims is "other" inside an operator.
         parts = col.step_phases(
             window_start[mine],
             window_end[mine],
-            phase_start,
-            phase_end,
-            np.maximum(start[forward_events], window_start[forward_of]),
-            np.minimum(end[forward_events], window_end[forward_of]),
+            [*phase_start, np.maximum(start[forward_events], window_start[forward_of])],
+            [*phase_end, np.minimum(end[forward_events], window_end[forward_of])],
+            np.maximum(start[top_events], window_start[top_of]),
+            np.minimum(end[top_events], window_end[top_of]),
         )
-        for label, values in zip(PHASES, parts):
+        for label, values in zip(PHASES, [*parts[:4], parts[4] + parts[5]]):
             totals[label] += int(values.sum())
-    return totals, len(rows)
+        inside += int(parts[4].sum())
+    return totals, len(rows), inside
 
 
 def summarize_file(trace: Trace, *, group_by_shape: bool = False) -> FilePart:
@@ -430,12 +469,14 @@ def summarize_columns(
     for w in ordered:
         comm = result.comm_union.get(w.pid, [])
         comm_ns.append(length(clip(comm, [e for _, e in comm], w.start, w.end)))
+    other_inside = result.other_inside_ns
     if result.phase_totals is not None:
         phase_totals, phase_steps = result.phase_totals
     else:
         phase_totals = dict.fromkeys(PHASES, 0)
-        phase_steps = 0
+        phase_steps = other_inside = 0
         for _window, phases in step_phases(result):
+            other_inside += phases.pop(OTHER_INSIDE)
             for label, ns in phases.items():
                 phase_totals[label] += ns
             phase_steps += 1
@@ -467,4 +508,7 @@ def summarize_columns(
         world_size=world_size,
         device_name=device_name,
         stub_step=stub,
+        other_inside_ns=other_inside,
+        has_stacks=has_stacks(columns),
+        shapes_recorded=bool(len(columns) and columns.shape.any()) or bool(columns.gemm_ops),
     )

@@ -57,6 +57,11 @@ def csv_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: int | N
     for kind, rows in (("cpu", data["cpu_ops"]), ("device", data["device_kernels"])):
         for row in sort_rows(rows, sort_by, limit):
             writer.writerow({"kind": kind, **_csv_rounded(row), "name": _csv_text(row["name"])})
+    # --stacks: a `python_stack` row per stack, its frames outermost first joined by `;` (the folded-stack lines
+    # flame graph tools read), ms per step; no calls
+    for row in ((data.get("python_stacks") or {}).get("stacks") or [])[:limit]:
+        figures = {k: row[k] for k in ("self_ms", "total_ms", "self_share")}
+        writer.writerow({"kind": "python_stack", **_csv_rounded(figures), "name": _csv_text(";".join(row["stack"]))})
     return buffer.getvalue()
 
 
@@ -118,7 +123,9 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequ
     return lines
 
 
-def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: int | None = 20) -> str:
+def markdown_report(
+    data: Mapping[str, Any], *, sort_by: str = "self", limit: int | None = 20, stacks: int | None = None
+) -> str:
     """GitHub-flavoured Markdown (e.g. for $GITHUB_STEP_SUMMARY): steps, ranks, breakdown and operator tables."""
     lines: list[str] = ["## stepcli table", ""]
     lines += _md_overview(data)
@@ -128,7 +135,9 @@ def markdown_report(data: Mapping[str, Any], *, sort_by: str = "self", limit: in
         lines += _md_ranks(data)
     if data.get("breakdown_ms"):
         lines += _md_breakdown(data["breakdown_ms"], data.get("device"))
+        lines += _md_other(data)
     lines += _md_operators(data, sort_by, limit)
+    lines += _md_stacks(data.get("python_stacks"), stacks)
     return "\n".join(lines)
 
 
@@ -245,10 +254,46 @@ def _md_operators(data: Mapping[str, Any], sort_by: str, limit: int | None) -> l
     return lines
 
 
+def _md_other(data: Mapping[str, Any]) -> list[str]:
+    """The line under the breakdown saying what its "other" is made of."""
+    from stepcli.traces.render.stacks import other_lines
+
+    other = other_lines(data)
+    return [_md_text(other[0]) + ".", ""] if other else []
+
+
+def _md_stacks(document: Mapping[str, Any] | None, stacks: int | None) -> list[str]:
+    """`--stacks N` in Markdown: the top N Python stacks, innermost frame first."""
+    if not (stacks and document and document["stacks"]):
+        return []
+    from stepcli.traces.analyses.pystacks import short_frame
+
+    rows = [
+        (
+            _code_span(" < ".join(short_frame(f) for f in reversed(r["stack"]))),
+            _ms(r["self_ms"]),
+            pct(r["self_share"]),
+            _ms(r["total_ms"]),
+            pct(r["total_share"]),
+        )
+        for r in document["stacks"][:stacks]
+    ]
+    headers = ("Stack (innermost first)", "Self ms", "Self %", "Total ms", "Total %")
+    lines = ["### Python stacks by self time", "", *_md_table(headers, rows, (False, True, True, True, True))]
+    return [*lines, "", f"ms per step over {plural(document['steps'], 'recorded step')}.", ""]
+
+
 def print_table_report(
-    summary: TraceSummary, *, sort_by: str, limit: int | None, fmt: str, file: IO[str] | None = None
+    summary: TraceSummary,
+    *,
+    sort_by: str,
+    limit: int | None,
+    fmt: str,
+    file: IO[str] | None = None,
+    stacks: int | None = None,
 ) -> None:
-    """Write the report for `stepcli table` to stdout (or `file`) in one of FORMATS.
+    """Write the report for `stepcli table` to stdout (or `file`) in one of FORMATS; `stacks`: the top Python
+    stacks too (--stacks N; --json and --csv hold every one).
 
     A reader that stops early (`stepcli table T | head -1`) ends the report quietly, as it does for other Unix
     tools: the rest is discarded and the command still succeeds.
@@ -268,14 +313,21 @@ def print_table_report(
             if cut:
                 print(f"stepcli: note: {cut}", file=sys.stderr)
         elif fmt == "markdown":
-            out.write(markdown_report(data, sort_by=sort_by, limit=limit or DEFAULT_LIMIT))
+            out.write(markdown_report(data, sort_by=sort_by, limit=limit or DEFAULT_LIMIT, stacks=stacks))
         else:
             print_rich_report(
                 data,
                 pipe_console(file=file) if file is not None else pipe_console(),
                 sort_by=sort_by,
                 limit=limit or DEFAULT_LIMIT,
+                stacks=stacks,
             )
+        if stacks and fmt in ("json", "csv", "markdown"):
+            from stepcli.traces.render.stacks import stacks_missing
+
+            note = stacks_missing(data)
+            if note:
+                print(note, file=sys.stderr)
         out.flush()  # inside the try: a closed pipe must surface here, not in the interpreter's final flush
     except BrokenPipeError:
         discard_stdout(out)

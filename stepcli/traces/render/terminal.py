@@ -93,6 +93,14 @@ def left_out_notes(data: Mapping[str, Any]) -> list[str]:
 _NAMED = 3
 
 
+def shapes_hint(data: Mapping[str, Any]) -> str | None:
+    """The pointer to --group-by-shape under an operator table of traces that hold input shapes, its rows not yet
+    split by them; None otherwise."""
+    if not (data.get("recorded_with") or {}).get("shapes") or any("shape" in r for r in data.get("cpu_ops") or ()):
+        return None
+    return "input shapes recorded: --group-by-shape gives one row per shape"
+
+
 def repeated_note(repeated: Mapping[str, int] | None) -> str | None:
     """The line saying why no slowest rank or culprit is named when ranks appear in several processes."""
     if not repeated:
@@ -352,7 +360,9 @@ def _print_ranks(data: Mapping[str, Any], console: Console) -> None:
             print_wrapped(console, note)
 
 
-def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str = "self", limit: int = 20) -> None:
+def print_rich_report(
+    data: Mapping[str, Any], console: Console, *, sort_by: str = "self", limit: int = 20, stacks: int | None = None
+) -> None:
     """The terminal report: what was read, step times, ranks, breakdown, CPU operators, device kernels."""
     files = data["files"]
     stats = data.get("step_ms")
@@ -385,6 +395,10 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
         print_table(console, steps_table(data["steps"], limit, width=console.width))
     if data.get("breakdown_ms"):
         print_table(console, breakdown_table(data["breakdown_ms"], data.get("device")))
+        from stepcli.traces.render.stacks import other_lines
+
+        for line in other_lines(data, console.width):  # (the stack lines fit the width already)
+            print_wrapped(console, line, indent="    ")
     elif data.get("device"):
         title = "Device activity" + ("" if stats else " (whole trace)")
         print_table(console, breakdown_table(None, data["device"], title=title, whole=not stats))
@@ -392,10 +406,13 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
 
     print_device_section(data, console, whole=not stats)
     share_of = data.get("share_of")
-    print_table(
-        console,
-        ops_table(data["cpu_ops"], "CPU operators", limit, sort_by=sort_by, width=console.width, share_of=share_of),
+    cpu_table = ops_table(
+        data["cpu_ops"], "CPU operators", limit, sort_by=sort_by, width=console.width, share_of=share_of
     )
+    hint = shapes_hint(data)
+    if hint:
+        cpu_table.caption = "; ".join(filter(None, (cpu_table.caption, hint)))  # type: ignore[arg-type]
+    print_table(console, cpu_table)
     outside = outside_note(data.get("outside_steps"))
     if outside:
         console.print(outside, highlight=False, soft_wrap=True, markup=False)
@@ -406,3 +423,18 @@ def print_rich_report(data: Mapping[str, Any], console: Console, *, sort_by: str
                 data["device_kernels"], "Device kernels", limit, sort_by=sort_by, width=console.width, share_of=share_of
             ),
         )
+    if stacks:
+        _print_stacks(data, console, stacks)
+
+
+def _print_stacks(data: Mapping[str, Any], console: Console, stacks: int) -> None:
+    """--stacks N: the table, or the line saying how to record stacks (on stderr)."""
+    import sys
+
+    from stepcli.traces.render.stacks import stacks_missing, stacks_table
+
+    note = stacks_missing(data)
+    if note:
+        print(note, file=sys.stderr)
+    else:
+        print_table(console, stacks_table(data["python_stacks"], stacks, console.width))
