@@ -65,7 +65,7 @@ class ReportData:
     python_stacks: dict[str, Any] | None = None  # the flame graph's stacks (stepcli.traces.analyses.pystacks)
     stacks_recorded: bool = False  # the traces hold Python frames (none may fall inside a step)
     stacks_known: bool = False  # the traces were read here (a summary alone cannot say)
-    other_lines: list[str] = field(default_factory=list)  # the breakdown's "other" explained (render/stacks.py)
+    other_lines: list[str] = field(default_factory=list)  # the breakdown's "other" explained (render/stacksection.py)
 
 
 def build(
@@ -167,7 +167,7 @@ def _add_step_times(data: ReportData, summary: RunSummary | None, analysis: dict
 def _add_trace_tables(data: ReportData, analysis: dict[str, Any], parts: list[list[FilePart]]) -> None:
     """Breakdown, operator tables and shapes from the traces: every operator, one breakdown bar per rank."""
     from stepcli.traces.analyses.mergeparts import breakdown_of, merge_parts
-    from stepcli.traces.render.stacks import other_lines
+    from stepcli.traces.render.stacksection import other_lines
     from stepcli.traces.render.terminal import left_out_notes, outside_note, repeated_note
 
     data.cpu_ops = [op for op in analysis["cpu_ops"] if op["name"] != STEP_KEY]

@@ -221,7 +221,7 @@ def _print_tables(summary: RunSummary, console: Console) -> None:
     breakdown = summary.get("breakdown_ms")
     if breakdown:
         render.print_table(console, render.breakdown_table(breakdown, summary.get("device")))
-        from stepcli.traces.render.stacks import other_lines
+        from stepcli.traces.render.stacksection import other_lines
 
         for line in other_lines(cast("dict[str, Any]", summary), console.width):
             print_wrapped(console, line, indent="    ")

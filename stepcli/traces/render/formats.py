@@ -256,7 +256,7 @@ def _md_operators(data: Mapping[str, Any], sort_by: str, limit: int | None) -> l
 
 def _md_other(data: Mapping[str, Any]) -> list[str]:
     """The line under the breakdown saying what its "other" is made of."""
-    from stepcli.traces.render.stacks import other_lines
+    from stepcli.traces.render.stacksection import other_lines
 
     other = other_lines(data)
     return [_md_text(other[0]) + ".", ""] if other else []
@@ -323,7 +323,7 @@ def print_table_report(
                 stacks=stacks,
             )
         if stacks and fmt in ("json", "csv", "markdown"):
-            from stepcli.traces.render.stacks import stacks_missing
+            from stepcli.traces.render.stacksection import stacks_missing
 
             note = stacks_missing(data)
             if note:

@@ -395,7 +395,7 @@ def print_rich_report(
         print_table(console, steps_table(data["steps"], limit, width=console.width))
     if data.get("breakdown_ms"):
         print_table(console, breakdown_table(data["breakdown_ms"], data.get("device")))
-        from stepcli.traces.render.stacks import other_lines
+        from stepcli.traces.render.stacksection import other_lines
 
         for line in other_lines(data, console.width):  # (the stack lines fit the width already)
             print_wrapped(console, line, indent="    ")
@@ -431,7 +431,7 @@ def _print_stacks(data: Mapping[str, Any], console: Console, stacks: int) -> Non
     """--stacks N: the table, or the line saying how to record stacks (on stderr)."""
     import sys
 
-    from stepcli.traces.render.stacks import stacks_missing, stacks_table
+    from stepcli.traces.render.stacksection import stacks_missing, stacks_table
 
     note = stacks_missing(data)
     if note:
