@@ -5,6 +5,10 @@ A path given to `table` or `compare` may name anything: `/dev/zero` (endless), a
 or read), a gzip bomb. Each is refused with one line before it can hang stepcli or take all memory. The same holds
 for the side files found beside an input (a trace's `NAME.flops`, read_side_json) and for a glance at a gzip
 trailer (gzip_trailer): a name in a shared folder may be a FIFO or a link to `/dev/zero` planted by anyone.
+
+A trace a run wrote is read only while it is still that file (expect_written): another user can rename a
+forgery over it at any moment, so the check is made on the descriptor the bytes are then read from, never on the
+path before an open.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import math
 import os
 import stat
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -76,18 +81,102 @@ def broken_link(path: str) -> str | None:
         return None
 
 
-def read_file(path: str, limit: int, *, raisable: bool = True) -> bytearray:
-    """The bytes of a regular file as they are (see read_input), or TraceError (`raisable`: see _too_big)."""
+@dataclass(frozen=True)
+class Written:
+    """What a run recorded of a trace it wrote: the file a later read must still find at that path.
+    `device` None: not comparable here (a step log of another node: its mount of a shared file system)."""
+
+    inode: int | None
+    device: int | None
+    size: int
+    uid: int
+
+
+# Traces this process reads only while they are the file the run wrote, by absolute path (expect_written).
+_written: dict[str, Written] = {}
+
+
+def written_problem(info: os.stat_result, written: Written) -> str | None:
+    """Why the file `info` describes (an fstat, or an lstat: a link is no regular file) is not the one `written`
+    records (owner, inode, size), or None. The one check of a run's traces: at the run's end, and when `report`
+    or `compare` read a run folder back."""
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file"
+    if info.st_uid != written.uid:
+        return f"owned by uid {info.st_uid}, not this user"
+    if (written.inode is not None and info.st_ino != written.inode) or (
+        written.device is not None and info.st_dev != written.device
+    ):
+        return "not the file the agent wrote (replaced since)"
+    if info.st_size != written.size:
+        return f"{info.st_size} bytes, the agent wrote {written.size}"
+    return None
+
+
+def file_problem(path: str, written: Written) -> str | None:
+    """Why the file at `path` is not the one `written` records (written_problem, on a descriptor opened without
+    following a link or waiting on a FIFO), "missing" when nothing is there, or None."""
     try:
-        fd = os.open(path, READ_FLAGS)
+        fd = os.open(path, READ_FLAGS | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return "not a regular file" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror or exc})"
+    try:
+        return written_problem(os.fstat(fd), written)
+    finally:
+        os.close(fd)
+
+
+def expect_written(path: str, written: Written) -> None:
+    """From now on (in this process and the workers it starts), `path` is read only while it is the file
+    `written` records: checked on the very descriptor its bytes are read from (open_input), so a forgery renamed
+    over it after any earlier look is refused, never read."""
+    _written[os.path.abspath(path)] = written
+
+
+def expected_files() -> dict[str, Written]:
+    """The files expect_written named, for a worker process that does not inherit this one's memory."""
+    return dict(_written)
+
+
+def restore_expected(files: Mapping[str, Written]) -> None:
+    """In a worker process: expect what its parent expects (expected_files)."""
+    _written.update(files)
+
+
+def open_input(path: str) -> tuple[int, os.stat_result]:
+    """A descriptor of `path` opened without waiting (a FIFO is refused after fstat, never waited on) and its
+    fstat; for a file expect_written named, opened without following a link and refused (TraceError) unless it
+    is still that file. The caller reads from the descriptor and closes it."""
+    written = _written.get(os.path.abspath(path)) if _written else None
+    flags = READ_FLAGS | (getattr(os, "O_NOFOLLOW", 0) if written is not None else 0)
+    try:
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise TraceError(path, broken_link(path) or "no such file") from None
     except IsADirectoryError:
         raise TraceError(path, "is a folder") from None
     except OSError as exc:
+        if written is not None and exc.errno == errno.ELOOP:
+            raise TraceError(path, "not the file the run wrote: a symbolic link") from None
         raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
     try:
         info = os.fstat(fd)
+        problem = written_problem(info, written) if written is not None else None
+    except OSError as exc:
+        os.close(fd)
+        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+    if problem is not None:
+        os.close(fd)
+        raise TraceError(path, f"not the file the run wrote: {problem}")
+    return fd, info
+
+
+def read_file(path: str, limit: int, *, raisable: bool = True) -> bytearray:
+    """The bytes of a regular file as they are (see read_input), or TraceError (`raisable`: see _too_big)."""
+    fd, info = open_input(path)
+    try:
         if stat.S_ISDIR(info.st_mode):
             raise TraceError(path, "is a folder")
         if not stat.S_ISREG(info.st_mode):
@@ -136,11 +225,10 @@ def gzip_trailer(path: str) -> tuple[int, int] | None:
     else. Opened non-blocking and checked with fstat before a byte is read, so a FIFO named `*.json.gz` never
     blocks the caller (which only estimates; the reader refuses such a file in one line later)."""
     try:
-        fd = os.open(path, READ_FLAGS)
-    except OSError:
+        fd, info = open_input(path)
+    except TraceError:
         return None
     try:
-        info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size < 6 or os.pread(fd, 2, 0) != GZIP_MAGIC:
             return None
         return info.st_size, int.from_bytes(os.pread(fd, 4, info.st_size - 4), "little")

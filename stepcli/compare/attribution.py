@@ -36,8 +36,12 @@ from stepcli.traces.analyses.shares import STEP_KEY
 from stepcli.traces.read.names import step_of
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from stepcli.traces.read.columns import ColumnTrace
     from stepcli.traces.read.events import Event
     from stepcli.traces.read.tracereader import Trace
+    from stepcli.traces.read.typedcolumns import Columns
 
 TOP_CHANGES = 8
 # Recorded steps per side (distinct steps per run, summed over runs) before phases, and before operators, are
@@ -76,53 +80,104 @@ class OpChange:
         return self.low > self.limit_ms or self.high < -self.limit_ms
 
 
-def op_steps_from_traces(traces: Sequence[Trace], label: str) -> OpSteps:
+def op_steps_from_traces(traces: Sequence[Trace | ColumnTrace], label: str) -> OpSteps:
     """Self time per operator in each recorded step of each trace: each step's events (from its start up to the
     next step's start: kernels a step launched may run after its CPU side ended) summarized as `stepcli table`
     summarizes a trace, all steps of a trace in one array pass (stepcli.traces.analyses.stepops); a step that pass
-    leaves to it, or a trace it cannot take, is summarized alone."""
+    leaves to it, or a trace it cannot take, is summarized alone. A trace read into columns (ColumnTrace, as
+    `compare` reads them) has its steps found and cut from its columns, with no object per event."""
     import numpy as np
 
     from stepcli.traces.analyses.stepops import step_times
+    from stepcli.traces.read.columns import ColumnTrace
 
-    columns: list[tuple[int | None, int]] = []
+    columns_of: list[tuple[int | None, int]] = []
     blocks: list[tuple[int, int, dict[tuple[str, str], np.ndarray]]] = []  # (first column, count, times)
     alone: dict[int, dict[tuple[str, str], float]] = {}  # column -> times of a step summarized alone
     for trace in traces:
-        events = sorted(trace.events, key=lambda e: e.ts)
-        starts = [e.ts for e in events]
-        numbered = ((e, step_of(e.name)) for e in events if e.cat == "user_annotation")
-        windows = sorted(
-            (e.ts, e.ts + e.dur, number)
-            for e, number in numbered
-            if number is not None and number != trace.incomplete_step
-        )
-        segments = []
-        for index, (start, end, _step) in enumerate(windows):
-            stop = windows[index + 1][0] if index + 1 < len(windows) else end
-            segments.append((bisect.bisect_left(starts, start), bisect.bisect_left(starts, max(stop, end))))
-        fast = step_times(events, segments) if segments else None
-        first = len(columns)
+        source = None
+        events: list[Event] | None = None
+        if isinstance(trace, ColumnTrace):
+            source = (trace.columns, np.argsort(trace.columns.ts, kind="stable"))  # as sorted() orders events
+            windows, segments = _step_segments_of_columns(source, trace.incomplete_step)
+        else:
+            events = sorted(trace.events, key=lambda e: e.ts)
+            windows, segments = _step_segments(events, trace.incomplete_step)
+        fast = step_times(events or [], segments, source) if segments else None
+        first = len(columns_of)
         if fast is not None:
             blocks.append((first, len(segments), fast.times))
         for index, ((lo, hi), (_start, _end, step)) in enumerate(zip(segments, windows)):
             if fast is None or index in fast.fallback:
+                if events is None:  # (a ColumnTrace: its events, for the few steps summarized alone)
+                    events = sorted(_events_of(trace), key=lambda e: e.ts)
                 alone[first + index] = _step_alone(events[lo:hi], trace.path)
-            columns.append((trace.rank, step))
+            columns_of.append((trace.rank, step))
     keys = sorted(
         {key for _first, _count, times in blocks for key in times}
         | {key for figures in alone.values() for key in figures}
     )
     ops = {}
     for key in keys:
-        values = np.zeros(len(columns))
+        values = np.zeros(len(columns_of))
         for first, count, times in blocks:
             if key in times:
                 values[first : first + count] = times[key]
         for column, figures in alone.items():
             values[column] = figures.get(key, 0.0)
         ops[key] = tuple(values.tolist())
-    return OpSteps(label=label, steps=tuple(columns), ops=ops)
+    return OpSteps(label=label, steps=tuple(columns_of), ops=ops)
+
+
+def _events_of(trace: Trace | ColumnTrace) -> list[Event]:
+    from stepcli.traces.read.columns import ColumnTrace
+
+    return trace.columns.to_events() if isinstance(trace, ColumnTrace) else trace.events
+
+
+Windows = list[tuple[float, float, int]]  # each recorded step's (start, end, number), by start
+
+
+def _step_segments(events: list[Event], incomplete: int | None) -> tuple[Windows, list[tuple[int, int]]]:
+    """The recorded steps of events sorted by start, and each one's events: [lo, hi) from its start up to the next
+    step's start (or its own end, when later)."""
+    starts = [e.ts for e in events]
+    numbered = ((e, step_of(e.name)) for e in events if e.cat == "user_annotation")
+    windows = sorted(
+        (e.ts, e.ts + e.dur, number) for e, number in numbered if number is not None and number != incomplete
+    )
+    segments = []
+    for index, (start, end, _step) in enumerate(windows):
+        stop = windows[index + 1][0] if index + 1 < len(windows) else end
+        segments.append((bisect.bisect_left(starts, start), bisect.bisect_left(starts, max(stop, end))))
+    return windows, segments
+
+
+def _step_segments_of_columns(
+    source: tuple[Columns, np.ndarray], incomplete: int | None
+) -> tuple[Windows, list[tuple[int, int]]]:
+    """_step_segments of a trace's columns and the order that sorts them by start: the same windows and segments."""
+    import numpy as np
+
+    from stepcli.traces.read.typedcolumns import USER_ANNOTATION
+
+    columns, order = source
+    starts = columns.ts[order]
+    rows = np.nonzero(columns.kind == USER_ANNOTATION)[0]
+    names = columns.names
+    windows = sorted(
+        (ts, ts + dur, number)
+        for ts, dur, code in zip(columns.ts[rows].tolist(), columns.dur[rows].tolist(), columns.name[rows].tolist())
+        if (number := step_of(names[code])) is not None and number != incomplete
+    )
+    if not windows:
+        return windows, []
+    start = np.array([w[0] for w in windows])
+    end = np.array([w[1] for w in windows])
+    stop = np.append(start[1:], end[-1])
+    lo = np.searchsorted(starts, start, side="left")
+    hi = np.searchsorted(starts, np.maximum(stop, end), side="left")
+    return windows, list(zip(lo.tolist(), hi.tolist()))
 
 
 def _step_alone(events: list[Event], path: str) -> dict[tuple[str, str], float]:

@@ -43,6 +43,14 @@ METHOD_RUNS = "two-level bootstrap (runs, then blocks of steps)"
 MIN_STEPS = 10
 MSER_BATCH = 5  # MSER-5: warm-up detection on batch means of 5 steps
 _CELLS_PER_CHUNK = 4_000_000  # resample values held at once (32 MB of float64)
+# From this many values a resample (steps x processes x runs), a mean is resampled from block sums (the same draws,
+# equal to the rounding of a sum): below it, value by value, as always.
+BLOCK_SUMS_FROM = 10_000
+# A quantile (median, p90) of runs of SUBSAMPLE_FROM steps or more is resampled m out of n: SUBSAMPLE_STEPS
+# positions of each run per resample, the spread scaled to all of them (docs/commands/compare.md says why).
+SUBSAMPLE_FROM = 20_000
+SUBSAMPLE_STEPS = 10_000
+_QUANTILES = ("median", "p90")
 
 FloatArray = npt.NDArray[np.float64]
 # One run: per process, that process's step times (ms) in step order.
@@ -69,6 +77,8 @@ class Change:
     # -100%); None when a side has zeros (then percentages come from the ms interval)
     ratio_low: float | None = None
     ratio_high: float | None = None
+    # steps of each run per resample when long runs were resampled m out of n (a quantile: see subsampled), else None
+    subsample: int | None = None
 
     @property
     def delta(self) -> float:
@@ -162,9 +172,15 @@ def pooled(runs: Sequence[Run]) -> FloatArray:
 
 
 def replicates(
-    runs: Sequence[Run], metric: str, *, resamples: int = DEFAULT_RESAMPLES, rng: np.random.Generator
+    runs: Sequence[Run],
+    metric: str,
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    rng: np.random.Generator,
+    length: int | None = None,
 ) -> FloatArray:
-    """`resamples` bootstrap values of `metric` for one side (see the module docstring for the scheme)."""
+    """`resamples` bootstrap values of `metric` for one side (see the module docstring for the scheme); `length`:
+    step positions per resample (m out of n, in blocks of about m^(1/3)), when fewer than the longest run's."""
     matrices = [m for m in (_as_matrix(run) for run in runs) if m.shape[0]]
     if not matrices:
         raise ValueError("no step times to resample")
@@ -175,15 +191,17 @@ def replicates(
     for index, matrix in enumerate(matrices):
         data[index, : matrix.shape[0], : matrix.shape[1]] = matrix
     lengths = np.array([m.shape[0] for m in matrices])
-    blocks = np.array([block_length(int(n)) for n in lengths])
-    positions = np.arange(longest)
-    n_blocks = -(-longest // int(blocks.min()))
-    ragged = bool((lengths != longest).any())
+    span = min(longest, length) if length is not None else longest  # step positions of a resample
+    blocks = np.array([block_length(min(int(n), span)) for n in lengths])
+    positions = np.arange(span)
+    n_blocks = -(-span // int(blocks.min()))
+    ragged = bool((lengths < span).any())
     same_block = bool((blocks == blocks[0]).all())
     flat = data.reshape(n_runs * longest, width)
 
     out = np.empty(resamples)
-    chunk = max(1, _CELLS_PER_CHUNK // (n_runs * longest * width))
+    chunk = max(1, _CELLS_PER_CHUNK // (n_runs * span * width))
+    sums = _block_sums(data, lengths) if metric == "mean" and n_runs * longest * width >= BLOCK_SUMS_FROM else None
     for first in range(0, resamples, chunk):
         size = min(chunk, resamples - first)
         if n_runs == 1:
@@ -193,8 +211,11 @@ def replicates(
         n = lengths[chosen][..., None]  # (size, runs, 1)
         # Circular blocks: block k of a resample starts at a uniform position of the run it was drawn from.
         starts = np.floor(rng.random((size, n_runs, n_blocks)) * n).astype(np.int64)
+        if sums is not None:  # the same draws, each block's sum from prefix sums instead of its values
+            out[first : first + size] = _mean_of_blocks(sums, chosen, starts, n, blocks, span)
+            continue
         if same_block:
-            start_of_position = np.repeat(starts, int(blocks[0]), axis=2)[..., :longest]
+            start_of_position = np.repeat(starts, int(blocks[0]), axis=2)[..., :span]
             offset = positions % int(blocks[0])
         else:
             block = blocks[chosen][..., None]
@@ -206,6 +227,45 @@ def replicates(
             values[np.broadcast_to(positions >= n, rows.shape)] = np.nan  # positions past a shorter run's end
         out[first : first + size] = statistic(values.reshape(size, -1), metric, axis=1)
     return out
+
+
+def _block_sums(data: FloatArray, lengths: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray]:
+    """Per run, the prefix sums of its step values (every process's, NaN left out) and of their count, over the run
+    laid twice end to end: a circular block's sum is then one difference, whatever its start."""
+    n_runs, longest, _ = data.shape
+    values = np.nansum(data, axis=2)
+    counts = (~np.isnan(data)).sum(axis=2).astype(np.float64)
+    twice_values = np.zeros((n_runs, 2 * longest + 1))
+    twice_counts = np.zeros((n_runs, 2 * longest + 1))
+    for run, n in enumerate(lengths.tolist()):
+        twice_values[run, 1 : 2 * n + 1] = np.cumsum(np.concatenate([values[run, :n], values[run, :n]]))
+        twice_counts[run, 1 : 2 * n + 1] = np.cumsum(np.concatenate([counts[run, :n], counts[run, :n]]))
+    return twice_values, twice_counts
+
+
+def _mean_of_blocks(
+    sums: tuple[FloatArray, FloatArray],
+    chosen: npt.NDArray[np.int64],
+    starts: npt.NDArray[np.int64],
+    n: npt.NDArray[np.int64],
+    blocks: npt.NDArray[np.int64],
+    longest: int,
+) -> FloatArray:
+    """The mean of each resample that `replicates` would gather value by value (block k of a drawn run covers its
+    positions k*b to (k+1)*b, none past the run's end, from its start on, circularly), from block sums: resamples x
+    blocks differences instead of resamples x steps values (50 times less work at 100,000 steps)."""
+    twice_values, twice_counts = sums
+    block = blocks[chosen][..., None]  # (size, runs, 1)
+    k = np.arange(starts.shape[2])
+    covered = np.clip(np.minimum((k + 1) * block, np.minimum(n, longest)) - k * block, 0, None)
+    row = chosen[..., None] * twice_values.shape[1]
+    low, high = (row + starts).ravel(), (row + starts + covered).ravel()
+    flat_values, flat_counts = twice_values.ravel(), twice_counts.ravel()
+    total = (flat_values[high] - flat_values[low]).reshape(starts.shape).sum(axis=(1, 2))
+    count = (flat_counts[high] - flat_counts[low]).reshape(starts.shape).sum(axis=(1, 2))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means: FloatArray = total / count
+    return means
 
 
 def estimate_change(
@@ -232,9 +292,13 @@ def estimate_change(
     base_all, cur_all = pooled(baseline), pooled(current)
     if not base_all.size or not cur_all.size:
         raise ValueError("both sides need step times")
-    cur_reps = replicates(current, metric, resamples=resamples, rng=rng)
-    base_reps = replicates(baseline, metric, resamples=resamples, rng=rng)
+    length = SUBSAMPLE_STEPS if subsampled(baseline, metric) and subsampled(current, metric) else None
+    cur_reps = replicates(current, metric, resamples=resamples, rng=rng, length=length)
+    base_reps = replicates(baseline, metric, resamples=resamples, rng=rng, length=length)
     base_value = float(statistic(base_all, metric))
+    if length is not None:  # m out of n: each side's spread scaled from m steps a run to all of them
+        cur_reps = _scaled(cur_reps, float(statistic(cur_all, metric)), length, current)
+        base_reps = _scaled(base_reps, base_value, length, baseline)
     tail = (1 - confidence) / 2 * 100
     ratio: tuple[float, float] | tuple[None, None] = (None, None)
     if log_scale and base_value > 0 and bool((cur_reps > 0).all()) and bool((base_reps > 0).all()):
@@ -257,7 +321,29 @@ def estimate_change(
         current_runs=len(current),
         ratio_low=ratio[0],
         ratio_high=ratio[1],
+        subsample=length,
     )
+
+
+def _run_lengths(runs: Sequence[Run]) -> list[int]:
+    """Each run's step positions (its longest process's steps)."""
+    return [max((len(p) for p in run), default=0) for run in runs]
+
+
+def subsampled(runs: Sequence[Run], metric: str) -> bool:
+    """Whether a side's quantile is resampled m out of n: every run has SUBSAMPLE_FROM step positions or more."""
+    lengths = _run_lengths(runs)
+    return metric in _QUANTILES and bool(lengths) and min(lengths) >= SUBSAMPLE_FROM
+
+
+def _scaled(reps: FloatArray, value: float, length: int, runs: Sequence[Run]) -> FloatArray:
+    """Replicates of resamples of `length` steps a run, their deviations from the whole side's `value` scaled by
+    sqrt(m / n): a quantile's spread shrinks as 1/sqrt(steps), so the spread of m-step resamples, scaled, is that of
+    n-step ones (the m-out-of-n bootstrap)."""
+    lengths = [length for length in _run_lengths(runs) if length]
+    n = sum(lengths) / len(lengths)
+    out: FloatArray = value + (reps - value) * math.sqrt(length / n)
+    return out
 
 
 def step_positions(runs: Sequence[Run]) -> int:

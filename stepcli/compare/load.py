@@ -23,7 +23,6 @@ from stepcli.traces.analyses.shares import STEP_KEY
 
 if TYPE_CHECKING:
     from stepcli.traces.analyses.results import TraceSummary
-    from stepcli.traces.read.tracereader import Trace
 
 _NEEDED = ("schema_version", "steps", "step_time_ms")  # what a verdict cannot do without
 
@@ -305,15 +304,20 @@ def load_measurement(path: str) -> Measurement:
 def _load_traces(label: str, files: Sequence[str] | None = None) -> Measurement:
     # Lazy: the trace reader and summarizer are only needed for trace inputs.
     from stepcli.compare.attribution import op_steps_from_traces
-    from stepcli.traces.analyses.mergeparts import summarize
-    from stepcli.traces.read.tracereader import load_paths
+    from stepcli.traces.analyses.mergeparts import merge_parts
+    from stepcli.traces.analyses.traceanalysis import summarize_read
+    from stepcli.traces.read.columns import load_columns
+    from stepcli.traces.read.files import list_trace_files
+    from stepcli.traces.read.splitread import read_blocked
 
-    traces: list[Trace] = load_paths(list(files or [label]))
-    summary = summarize(traces)
+    # Each file read once, straight into columns as `stepcli table` reads it (no object per event): its summary
+    # and its steps' figures both come from them.
+    traces = [read_blocked(path, False) or load_columns(path) for path in list_trace_files(list(files or [label]))]
     try:
         op_steps: tuple[OpSteps, ...] | None = (op_steps_from_traces(traces, label),)
     except Exception:  # per-operator attribution only explains a verdict; without it the verdict still stands
         op_steps = None
+    summary = merge_parts([summarize_read(trace.columns, trace) for trace in traces])  # = summarize of the files
     return measurement_from_trace_summary(summary, label, op_steps)
 
 
@@ -324,7 +328,14 @@ def _run_folder_summary(folder: Path) -> tuple[str, dict[str, Any]] | None:
     decided on 3 steps. A run folder whose newest run has no saved summary (it never finished writing one) is
     refused in one line rather than silently judged on its traces."""
     from stepcli.fmt import say
-    from stepcli.runfolder.runs import other_runs_note, pick_run, read_saved, rerooted, run_dirs_readable
+    from stepcli.runfolder.runs import (
+        other_runs_note,
+        pick_run,
+        read_saved,
+        rerooted,
+        run_dirs_readable,
+        written_traces,
+    )
 
     pick = pick_run(str(folder))
     if pick is None:
@@ -349,8 +360,10 @@ def _run_folder_summary(folder: Path) -> tuple[str, dict[str, Any]] | None:
             EXIT_USAGE,
         )
     label = f"{folder} (run {newest.name})"
-    doc = read_run_summary(data, str(path), required=_NEEDED)
-    return label, dict(rerooted(doc, str(folder)))
+    doc: dict[str, Any] = dict(rerooted(read_run_summary(data, str(path), required=_NEEDED), str(folder)))
+    listed = [t for t in doc.get("traces") or [] if os.path.lexists(t)]
+    doc["traces"] = written_traces(newest, str(folder), listed)  # the very files the run wrote, and only while so
+    return label, doc
 
 
 def _json_files(folder: Path) -> list[str]:

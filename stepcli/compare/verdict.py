@@ -264,8 +264,12 @@ def _method(change: Change, runs: UsedRuns) -> str:
     )
     blocks = sorted({block_length(len(p)) for run in runs for p in run})
     unit = "step" if blocks == [1] else "steps"
+    m_of_n = ""
+    if change.subsample is not None:  # long runs: m out of n (stepcli.compare.inference.subsampled)
+        blocks, unit = [block_length(change.subsample)], "steps"
+        m_of_n = f", {change.subsample:,} steps of each run per resample, the spread scaled to all steps"
     return (
-        f"{change.method}: {runs_text}circular blocks of {'/'.join(map(str, blocks))} {unit}, "
+        f"{change.method}: {runs_text}circular blocks of {'/'.join(map(str, blocks))} {unit}{m_of_n}, "
         f"{change.resamples} resamples, ratio interval on log step times, ms interval on the difference, "
         f"fixed seed{one_run}"
     )

@@ -14,9 +14,10 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import TypeGuard, cast
 
 from stepcli.errors import EXIT_USAGE, StepcliError
+from stepcli.inputs import Written, expect_written, file_problem
 from stepcli.runfolder.layout import RUN_FOLDER, SUMMARY_FILE, run_dir, runs_dir
 from stepcli.runfolder.summaryfile import RunSummary
 
@@ -30,7 +31,11 @@ __all__ = [
     "run_dirs_readable",
     "run_traces",
     "runs_to_read",
+    "written_traces",
 ]
+
+# A run's step logs in its private folder (the agent's STEP_LOG_SUFFIX; the agent imports nothing of the readers).
+_STEP_LOGS = "*.steps.json"
 
 
 def run_dirs(out_dir: str) -> list[Path]:
@@ -95,6 +100,78 @@ def rerooted(summary: RunSummary, folder: str) -> RunSummary:
     out["traces"] = [t for p in summary.get("traces") or [] if contained(t := inside(p), folder)]
     out["windows"] = [w | {"trace": inside(w["trace"])} if "trace" in w else w for w in summary.get("windows") or []]
     return out
+
+
+def written_traces(run_dir: Path, folder: str, traces: Sequence[str]) -> list[str]:
+    """Those of `traces` (taken inside the run folder `folder`) that are the very files the run's step logs in
+    `run_dir` record, by the run end's own check (stepcli.inputs.written_problem: a regular file of this user, its
+    inode and size), each then read only while it still is (stepcli.inputs.expect_written); the others are named
+    in one `stepcli: note:` line and left out. Another user can rename a same-size forgery over a trace in a
+    shared folder after the run. A folder read elsewhere than where the run wrote (its saved summary's out_dir)
+    was moved or copied (a CI artifact), and a copy's inodes say nothing: its traces are checked by owner and
+    size."""
+    recorded = _recorded_traces(run_dir, folder)
+    kept: list[str] = []
+    refused: list[str] = []
+    for path in traces:
+        written = recorded.get(os.path.abspath(path))
+        problem = "no step log of the run records it" if written is None else file_problem(path, written)
+        if written is not None and problem is None:
+            expect_written(path, written)
+            kept.append(path)
+        else:
+            refused.append(f"{path} ({problem})")
+    if refused:
+        from stepcli.fmt import say
+
+        shown = "; ".join(refused[:3]) + (f"; +{len(refused) - 3} more" if len(refused) > 3 else "")
+        say(f"note: left out {len(refused)} trace(s) that are not the files the run wrote: {shown}")
+    return kept
+
+
+def _recorded_traces(run_dir: Path, folder: str) -> dict[str, Written]:
+    """What the run's step logs (regular files of this user in its private folder) record of each trace they
+    name, by the trace's absolute path inside `folder` (see written_traces)."""
+    import json
+    import socket
+
+    out_dir = None
+    saved = read_saved(run_dir / SUMMARY_FILE)
+    try:
+        doc = json.loads(saved) if saved is not None else None
+    except (ValueError, RecursionError):
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("out_dir"), str) and os.path.isabs(doc["out_dir"]):
+        out_dir = doc["out_dir"]
+    in_place = out_dir is None or os.path.realpath(out_dir) == os.path.realpath(folder)
+    root = os.path.normpath(out_dir) if out_dir else None
+    found: dict[str, Written] = {}
+    for log_path in sorted(run_dir.glob(_STEP_LOGS)):
+        data = read_saved(log_path)
+        try:
+            log = json.loads(data) if data is not None else None
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(log, dict) or not isinstance(log.get("windows"), list):
+            continue
+        same_host = log.get("host") == socket.gethostname()
+        for window in log["windows"]:
+            if not isinstance(window, dict) or not isinstance(window.get("trace"), str):
+                continue
+            size, inode, device = window.get("bytes"), window.get("inode"), window.get("device")
+            if not (_whole(size) and _whole(inode) and _whole(device)):
+                continue  # (the run end refused such a window: its trace is no trace of the run)
+            path = window["trace"]
+            if root is not None:
+                path = os.path.join(folder, os.path.relpath(os.path.normpath(os.path.join(root, path)), root))
+            found[os.path.abspath(path)] = Written(
+                inode if in_place else None, device if in_place and same_host else None, size, os.geteuid()
+            )
+    return found
+
+
+def _whole(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def contained(path: str, folder: str) -> bool:
@@ -199,7 +276,7 @@ def run_traces(pick: RunPick) -> list[str]:
             if saved is None:
                 continue
             summary = rerooted(read_run_summary(saved, str(run / SUMMARY_FILE)), pick.folder)
-            traces += [t for t in summary.get("traces") or [] if os.path.isfile(t)]
+            traces += written_traces(run, pick.folder, [t for t in summary.get("traces") or [] if os.path.lexists(t)])
     if not traces:
         raise StepcliError(f"{pick.folder}: {which} recorded no trace{anyway}", EXIT_USAGE)
     return traces

@@ -22,7 +22,7 @@ from typing import Any
 from stepcli.agent.config import AgentConfig
 from stepcli.agent.signing import signature_matches
 from stepcli.errors import StepcliError
-from stepcli.inputs import read_input
+from stepcli.inputs import Written, expect_written, file_problem, read_input
 from stepcli.runfolder.layout import SIGNATURE_KEY, STEP_LOG_SUFFIX, STEP_LOG_VERSION
 
 _WORKER = re.compile(r"[A-Za-z0-9_.\-]{1,200}\Z")
@@ -111,28 +111,28 @@ def schema_problem(log: Any) -> str | None:
 
 
 def trace_problem(window: dict[str, Any], out_dir: str, since: float, same_host: bool = True) -> str | None:
-    """Why a window's trace is not the file this run wrote (place, owner, inode, size, time), or None.
-    `same_host` False (a step log of another node sharing the output folder): its device number is that node's
-    mount of a shared file system, not comparable here; the inode (the server's) still is."""
-    path, recorded_bytes = window["trace"], window["bytes"]
+    """Why a window's trace is not the file this run wrote (place, owner, inode, size, time), or None; when it is,
+    every later read of it checks it again on the descriptor it reads (stepcli.inputs.expect_written), so a
+    forgery renamed over it after this look is never read. `same_host` False (a step log of another node sharing
+    the output folder): its device number is that node's mount of a shared file system, not comparable here; the
+    inode (the server's) still is."""
+    path = window["trace"]
     root = os.path.realpath(out_dir)
     try:
-        real = os.path.realpath(path)
-        if os.path.commonpath([root, real]) != root:
+        if os.path.commonpath([root, os.path.realpath(path)]) != root:
             return "outside the output folder"
-        info = os.lstat(path)
     except (OSError, ValueError):
         return "missing"
-    if not stat.S_ISREG(info.st_mode):
-        return "not a regular file"
-    if info.st_uid != os.geteuid():
-        return f"owned by uid {info.st_uid}, not this user"
-    if info.st_ino != window["inode"] or (same_host and info.st_dev != window["device"]):
-        return "not the file the agent wrote (replaced since)"
-    if info.st_size != recorded_bytes:
-        return f"{info.st_size} bytes, the agent wrote {recorded_bytes}"
-    if info.st_mtime < since - 2.0:  # 2 s: coarse file-system timestamps
-        return "older than the run"
+    written = Written(window["inode"], window["device"] if same_host else None, window["bytes"], os.geteuid())
+    problem = file_problem(path, written)
+    if problem is not None:
+        return problem
+    try:
+        if os.lstat(path).st_mtime < since - 2.0:  # 2 s: coarse file-system timestamps
+            return "older than the run"
+    except OSError:
+        return "missing"
+    expect_written(path, written)
     return None
 
 

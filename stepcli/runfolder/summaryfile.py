@@ -33,8 +33,7 @@ from stepcli.jsonchecks import (
     pair,
     simple,
 )
-from stepcli.runfolder.layout import SUMMARY_READABLE_VERSIONS as READABLE_VERSIONS
-from stepcli.runfolder.layout import SUMMARY_SCHEMA as SCHEMA
+from stepcli.runfolder.layout import SUMMARY_READABLE_VERSIONS, SUMMARY_SCHEMA
 from stepcli.stats import STAT_NAMES, Stats
 
 if TYPE_CHECKING:
@@ -459,16 +458,16 @@ def load_run_summary(document: Any, label: str, *, required: Sequence[str] = ())
     """
     if not isinstance(document, dict):
         raise invalid(label, "not a JSON object")
-    if document.get("schema") != SCHEMA:
+    if document.get("schema") != SUMMARY_SCHEMA:
         raise StepcliError(
-            f"{label}: unknown document schema {str(document.get('schema'))[:80]!r}; expected a {SCHEMA!r} run summary",
+            f"{label}: unknown document schema {str(document.get('schema'))[:80]!r}; expected a {SUMMARY_SCHEMA!r} run summary",
             EXIT_USAGE,
         )
     version = document.get("schema_version")
     if (version is not None or "schema_version" in required) and (
-        isinstance(version, bool) or version not in READABLE_VERSIONS
+        isinstance(version, bool) or version not in SUMMARY_READABLE_VERSIONS
     ):
-        supported = ", ".join(map(str, READABLE_VERSIONS))
+        supported = ", ".join(map(str, SUMMARY_READABLE_VERSIONS))
         raise StepcliError(
             f"{label}: unsupported run summary schema_version {version!r} (this stepcli reads {supported}); "
             "re-create it with this stepcli's `run --json`",

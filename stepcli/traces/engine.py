@@ -14,7 +14,7 @@ import functools
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from stepcli.errors import TraceError
@@ -84,10 +84,16 @@ def _memory_available() -> int | None:
         return None
 
 
-def _set_gzip_gate(gate: Any) -> None:
-    """Pool initializer: the shared semaphore this worker takes around each .gz read."""
+def _set_gzip_gate(gate: Any, expected: Mapping[str, Any] | None = None) -> None:
+    """Pool initializer: the shared semaphore this worker takes around each .gz read, and the traces it reads
+    only while they are the files the run wrote (stepcli.inputs.expect_written: a forkserver worker does not
+    inherit them)."""
     global _gzip_gate
     _gzip_gate = gate
+    if expected:
+        from stepcli.inputs import restore_expected
+
+        restore_expected(expected)
 
 
 # Ranges per core when one big file is cut (measured on 2 cores: more ranges cost more than they balance).
@@ -205,9 +211,13 @@ def _worker_pool(
     `gzip_at_once`: at most that many workers inflate a .gz trace at the same time."""
     from concurrent.futures import ProcessPoolExecutor
 
+    from stepcli.inputs import expected_files
+
     load_analysis()  # (forked workers share it)
     gate = context.BoundedSemaphore(gzip_at_once) if gzip_at_once is not None and gzip_at_once < workers else None
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_set_gzip_gate, initargs=(gate,))
+    pool = ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=_set_gzip_gate, initargs=(gate, expected_files())
+    )
     try:
         yield pool
     except BaseException:

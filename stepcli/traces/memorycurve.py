@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 
 from stepcli.errors import TraceError
-from stepcli.inputs import GZIP_MAGIC, READ_FLAGS
+from stepcli.inputs import GZIP_MAGIC, open_input
 from stepcli.limits import input_limit
 
 MAX_CURVE_POINTS = 4000  # per device per trace, before the chart's own reduction
@@ -120,11 +120,10 @@ def _may_hold_memory_events(path: str) -> bool:
     if path.endswith(".gz"):
         return True
     try:
-        fd = os.open(path, READ_FLAGS)
-    except OSError:
+        fd, info = open_input(path)
+    except TraceError:
         return False  # read_curves would find no curve in it either
     try:
-        info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size == 0 or info.st_size > input_limit():
             return False  # nothing to draw, or a file read_curves refuses (a huge sparse one is not scanned)
         with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as view:

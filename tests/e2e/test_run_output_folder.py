@@ -373,3 +373,61 @@ def test_a_trace_swapped_for_a_same_size_forgery_is_not_presented(tmp_path: Path
     assert any("not the file the agent wrote" in note for note in summary["notes"]), summary["notes"]
     for page in out.rglob("*.html"):
         assert "EVIL" not in page.read_text()
+
+
+_TRAINER = """
+    import torch
+
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(26):
+        opt.zero_grad(); model(torch.randn(32, 16)).sum().backward(); opt.step()
+"""
+
+
+def _run_folder(tmp: Path, name: str) -> Path:
+    """A run folder of 22 recorded steps: enough for compare to attribute a change to operators."""
+    out = tmp / name
+    proc = run_stepcli("run", "-o", out, "--active", "22", write_script(tmp, "train.py", _TRAINER))
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def forged_run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run folder whose listed trace another user swapped, after the run, for a same-size, same-mtime forgery
+    (another inode) naming `EVIL::addmm`."""
+    tmp = tmp_path_factory.mktemp("forged")
+    out = _run_folder(tmp, "out")
+    [path] = trace_files(out)
+    data, info = path.read_bytes(), os.stat(path)
+    assert b"aten::addmm" in data
+    forged = out / "forged"
+    forged.write_bytes(data.replace(b"aten::addmm", b"EVIL::addmm"))
+    os.utime(forged, ns=(info.st_atime_ns, info.st_mtime_ns))
+    os.replace(forged, path)
+    return out
+
+
+def test_report_of_a_run_folder_reads_no_trace_swapped_after_the_run(forged_run_folder: Path, tmp_path: Path) -> None:
+    # GIVEN a run folder whose trace was swapped for a forgery after the run (issue 47)
+    # WHEN it is reported on
+    page = tmp_path / "r.html"
+    proc = run_stepcli("report", forged_run_folder, "-o", page)
+    # THEN the page holds nothing of the forgery, and one note says why the trace was left out
+    assert proc.returncode == 0, proc.stderr
+    assert "EVIL" not in page.read_text() and "EVIL" not in proc.stdout + proc.stderr
+    assert "not the file the agent wrote (replaced since)" in proc.stderr
+    assert sum(line.startswith("stepcli: note: left out 1 trace") for line in proc.stderr.splitlines()) == 1
+
+
+def test_compare_of_a_run_folder_reads_no_trace_swapped_after_the_run(forged_run_folder: Path, tmp_path: Path) -> None:
+    # GIVEN the same run folder, and a baseline run of the same program (before this fix, compare attributed the
+    # change to the forgery's `EVIL::addmm`, an operator the baseline never ran)
+    baseline = _run_folder(tmp_path, "baseline")
+    # WHEN the forged run is compared with it (attribution reads the traces each summary lists)
+    proc = run_stepcli("compare", baseline, forged_run_folder, "--allow-inconclusive")
+    # THEN nothing of the forgery is judged or shown, and the trace is named as left out
+    assert proc.returncode == 0, proc.stderr
+    assert "EVIL" not in proc.stdout + proc.stderr
+    assert "not the file the agent wrote (replaced since)" in proc.stderr

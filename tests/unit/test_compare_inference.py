@@ -360,3 +360,53 @@ def test_a_current_side_of_zero_time_steps_is_never_more_than_100_percent_faster
     # THEN the change in percent stops at -100%: a step time cannot fall below zero
     interval = change.relative_interval()
     assert interval is not None and interval[0] == -1.0 and interval[1] <= 0.0
+
+
+def test_a_long_means_resamples_from_block_sums_equal_its_values_resampled(monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from stepcli.compare import inference
+
+    # GIVEN long runs of several processes, one process shorter, runs of several lengths (issue 47: 100,000 steps)
+    rng = np.random.default_rng(3)
+    runs = [
+        [list(rng.gamma(2.0, 1.0, 3_000)), list(rng.gamma(2.0, 1.0, 2_900))],
+        [list(rng.gamma(2.0, 1.0, 1_200))] * 2,
+        [list(rng.gamma(2.0, 1.0, 4_000))],
+    ]
+    for sides in (runs, runs[:1], [runs[2]]):
+        # WHEN a mean is resampled value by value, and from block sums
+        monkeypatch.setattr(inference, "BLOCK_SUMS_FROM", 10**12)
+        values = inference.replicates(sides, "mean", resamples=700, rng=np.random.default_rng(5))
+        monkeypatch.setattr(inference, "BLOCK_SUMS_FROM", 1)
+        sums = inference.replicates(sides, "mean", resamples=700, rng=np.random.default_rng(5))
+        # THEN every resample's mean is the same, to the rounding of a sum
+        assert np.allclose(values, sums, rtol=1e-12, atol=0)
+
+
+def test_a_long_runs_quantile_resampled_m_out_of_n_gives_the_full_bootstraps_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import numpy as np
+
+    from stepcli.compare import inference
+
+    # GIVEN two long runs of correlated, skewed step times (a long window: issue 47), the current 1% slower
+    rng = random.Random(11)
+    noise = np.random.default_rng(11)
+    baseline = [[[t + g for t, g in zip(series(rng, 10.0, 0.1, 25_000, 0.5), noise.gamma(1, 0.2, 25_000))]]]
+    current = [[[t + g for t, g in zip(series(rng, 10.1, 0.1, 25_000, 0.5), noise.gamma(1, 0.2, 25_000))]]]
+    for metric in ("median", "p90"):
+        # WHEN its interval is made from 10,000-step resamples (the default from 20,000 steps) and from all steps
+        sub = estimate_change(baseline, current, metric)
+        monkeypatch.setattr(inference, "SUBSAMPLE_FROM", 10**9)
+        full = estimate_change(baseline, current, metric)
+        monkeypatch.undo()
+        # THEN it is said, and it is the full bootstrap's interval to within a few percent of its width
+        assert sub.subsample == 10_000 and full.subsample is None
+        width = full.high - full.low
+        assert abs(sub.low - full.low) < 0.1 * width and abs(sub.high - full.high) < 0.1 * width, (sub, full)
+        assert None not in (sub.ratio_low, sub.ratio_high, full.ratio_low, full.ratio_high)
+        ratio_width = (full.ratio_high or 0.0) - (full.ratio_low or 0.0)
+        assert abs((sub.ratio_low or 0.0) - (full.ratio_low or 0.0)) < 0.1 * ratio_width
+        assert abs((sub.ratio_high or 0.0) - (full.ratio_high or 0.0)) < 0.1 * ratio_width

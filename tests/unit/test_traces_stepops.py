@@ -66,16 +66,29 @@ def test_the_array_pass_equals_each_step_summarized_alone(tmp_path: Path, monkey
     import json
 
     # GIVEN real traces (CPU, CUDA, an H200 GPT step) and a synthetic one with every awkward case above
+    from stepcli.traces.read.columns import load_columns
+    from stepcli.traces.read.splitread import read_blocked
+
     synthetic = tmp_path / "tricky.pt.trace.json"
     synthetic.write_text(json.dumps({"traceEvents": _tricky(30, 1)}))
+    overlapping = tmp_path / "overlap.pt.trace.json"  # a step left to the lone summary
+    overlapping.write_text(json.dumps({"traceEvents": _tricky(12, 2, overlap=True)}))
     paths = [DATA / "train_cpu.pt.trace.json", DATA / "cuda_small.pt.trace.json.gz"]
-    paths += [DATA / "h200_gpt_bf16.pt.trace.json.gz", synthetic]
+    paths += [DATA / "h200_gpt_bf16.pt.trace.json.gz", synthetic, overlapping]
     for path in paths:
         traces = load_paths([str(path)])
         # WHEN each step's figures come from the array pass THEN they equal each step summarized alone, bit for bit
         fast = op_steps_from_traces(traces, "x")
         assert fast.steps and any(key[0] == "phase" for key in fast.ops), path
         assert _bits(fast) == _bits(_alone(traces, monkeypatch)), path
+        # and so do they when the steps are cut from the trace read into columns (as compare reads it), whole or a
+        # block at a time
+        assert _bits(op_steps_from_traces([load_columns(str(path))], "x")) == _bits(fast), path
+        monkeypatch.setattr("stepcli.traces.read.splitread.MIN_BLOCKED_BYTES", 1)  # (the real traces are small)
+        blocked = read_blocked(str(path), False)
+        assert (blocked is None) == str(path).endswith(".gz"), path
+        if blocked is not None:
+            assert _bits(op_steps_from_traces([blocked], "x")) == _bits(fast), path
 
 
 def test_overlapping_windows_of_one_process_are_left_to_the_lone_summary(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 from stepcli.errors import StepcliError, TraceError
 from stepcli.inputs import outline, read_input
 from stepcli.runfolder.layout import STEP_LOG_SUFFIX, SUMMARY_FILE, SUMMARY_SCHEMA, SUMMARY_VERSION
-from stepcli.runfolder.runs import contained, read_saved, rerooted, run_dirs
+from stepcli.runfolder.runs import contained, read_saved, rerooted, run_dirs, written_traces
 from stepcli.runfolder.summaryfile import AdviceItem, RunSummary, SummaryStepTimes, read_run_summary
 from stepcli.steptimes import process_steps, trace_process_steps
 
@@ -85,6 +85,7 @@ class _Inputs:
     logs: list[dict[str, Any]] = field(default_factory=list)
     trace_paths: list[str] = field(default_factory=list)
     runs: int = 0
+    checked: bool = False  # the run folder's traces were checked (written_traces): none more are taken from it
 
 
 def _add_folder(inputs: _Inputs, path: str) -> None:
@@ -105,8 +106,9 @@ def _add_folder(inputs: _Inputs, path: str) -> None:
         inputs.logs = step_logs(newest)
         inputs.summary = _saved_summary(newest, path) or inputs.summary
         own = _run_traces(inputs.summary, inputs.logs, path)
-        if own:
-            inputs.trace_paths.extend(own)
+        if own:  # (only the very files the run wrote: a forgery renamed over one since is left out, said)
+            inputs.trace_paths.extend(written_traces(newest, path, own))
+            inputs.checked = True
             return
     try:
         inputs.trace_paths.extend(list_trace_files([path]))
@@ -145,7 +147,7 @@ def _classify(paths: Sequence[str]) -> _Inputs:
         raise StepcliError("one run per report: give one run folder or run summary (plus any traces)")
     if inputs.summary is not None and not inputs.logs:
         inputs.logs = _logs_for_summary(inputs.summary)
-    if inputs.summary is not None and not inputs.trace_paths:
+    if inputs.summary is not None and not inputs.trace_paths and not inputs.checked:
         inputs.trace_paths = _run_traces(inputs.summary, [])
     return inputs
 

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from stepcli.traces.read.events import Event
+    from stepcli.traces.read.typedcolumns import Columns
 
 Key = tuple[str, str]  # ("cpu" | "device" | "phase", name)
 
@@ -49,9 +50,14 @@ _LIMIT_NS = 2**62  # as stepcli.traces.analyses.arrays: past this, the per-event
 _EXACT_FLOAT = 2**53
 
 
-def step_times(events: list[Event], segments: list[tuple[int, int]]) -> StepTimes | None:
+def step_times(
+    events: list[Event], segments: list[tuple[int, int]], source: tuple[Columns, np.ndarray] | None = None
+) -> StepTimes | None:
     """The figures of each segment [lo, hi) of `events` (sorted by start; segments in order, disjoint), as
-    `summarize([Trace.from_events(events[lo:hi])])` gives them; None when segments overlap or times are too large."""
+    `summarize([Trace.from_events(events[lo:hi])])` gives them; None when segments overlap or times are too large.
+    `source`: the columns of the trace's events (columns_from_events, file order) and the order that sorts them by
+    start (a stable argsort: `events` is then not looked at): the segments' columns are taken from them, coded as
+    from the events themselves, instead of a pass of Python over every event."""
     import numpy as np
 
     from stepcli.traces.analyses import arrays as col
@@ -63,24 +69,9 @@ def step_times(events: list[Event], segments: list[tuple[int, int]]) -> StepTime
     if not count or np.any(hi[:-1] > lo[1:]) or np.any(hi <= lo):
         return None
     picked = np.concatenate([np.arange(s, e) for s, e in segments]) if count < 64 else _ranges(lo, hi)
-    chosen = [events[i] for i in picked.tolist()]
     seg = np.repeat(np.arange(count, dtype=np.int64), hi - lo)
     first = np.concatenate([[0], np.cumsum(hi - lo)[:-1]]).astype(np.int64)  # each segment's first row
-    names: dict[str, int] = {}
-    ids: dict[int | str, int] = {}
-    n = len(chosen)
-    columns = typedcolumns.Columns(
-        name=np.fromiter((names.setdefault(e.name, len(names)) for e in chosen), np.int32, n),
-        kind=np.fromiter((typedcolumns.kind_of(e.cat) for e in chosen), np.int8, n),
-        pid=np.fromiter((ids.setdefault(e.pid, len(ids)) for e in chosen), np.int32, n),
-        tid=np.fromiter((ids.setdefault(e.tid, len(ids)) for e in chosen), np.int32, n),
-        ts=np.fromiter((e.ts for e in chosen), np.float64, n),
-        dur=np.fromiter((e.dur for e in chosen), np.float64, n),
-        shape=np.zeros(n, np.int32),
-        corr=np.full(n, -1, np.int64),
-        names=list(names),
-        ids=list(ids),
-    )
+    columns = _chosen_columns(events, picked) if source is None else _taken_columns(*source, picked)
     # Nanoseconds as each lone summary computes them (stepcli.traces.analyses.arrays.nanoseconds): from its first event.
     base = np.trunc(columns.ts[first])
     start = np.rint((columns.ts - base[seg]) * 1000)
@@ -193,6 +184,66 @@ def step_times(events: list[Event], segments: list[tuple[int, int]]) -> StepTime
         if has.any():
             times[("phase", label)] = ms
     return StepTimes(times, fallback)
+
+
+def _chosen_columns(events: list[Event], picked: np.ndarray) -> Columns:
+    """The columns of events[picked], names and ids coded in order of first appearance."""
+    import numpy as np
+
+    from stepcli.traces.read import typedcolumns
+
+    chosen = [events[i] for i in picked.tolist()]
+    names: dict[str, int] = {}
+    ids: dict[int | str, int] = {}
+    n = len(chosen)
+    return typedcolumns.Columns(
+        name=np.fromiter((names.setdefault(e.name, len(names)) for e in chosen), np.int32, n),
+        kind=np.fromiter((typedcolumns.kind_of(e.cat) for e in chosen), np.int8, n),
+        pid=np.fromiter((ids.setdefault(e.pid, len(ids)) for e in chosen), np.int32, n),
+        tid=np.fromiter((ids.setdefault(e.tid, len(ids)) for e in chosen), np.int32, n),
+        ts=np.fromiter((e.ts for e in chosen), np.float64, n),
+        dur=np.fromiter((e.dur for e in chosen), np.float64, n),
+        shape=np.zeros(n, np.int32),
+        corr=np.full(n, -1, np.int64),
+        names=list(names),
+        ids=list(ids),
+    )
+
+
+def _taken_columns(columns: Columns, order: np.ndarray, picked: np.ndarray) -> Columns:
+    """_chosen_columns of the events sorted by `order`, from their columns: the same arrays, the same codes."""
+    import numpy as np
+
+    from stepcli.traces.read import typedcolumns
+
+    rows = order[picked]
+    n = len(rows)
+    name, name_codes = _first_seen(columns.name[rows])
+    ids, id_codes = _first_seen(np.concatenate([columns.pid[rows], columns.tid[rows]]))  # one table, pids first
+    return typedcolumns.Columns(
+        name=name.astype(np.int32),
+        kind=columns.kind[rows],
+        pid=ids[:n].astype(np.int32),
+        tid=ids[n:].astype(np.int32),
+        ts=columns.ts[rows],
+        dur=columns.dur[rows],
+        shape=np.zeros(n, np.int32),
+        corr=np.full(n, -1, np.int64),
+        names=[columns.names[k] for k in name_codes.tolist()],
+        ids=[columns.ids[k] for k in id_codes.tolist()],
+    )
+
+
+def _first_seen(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`codes` coded again in order of first appearance (as a dict's setdefault codes them), and the old code of
+    each new one."""
+    import numpy as np
+
+    unique, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+    by_first = np.argsort(first, kind="stable")
+    new = np.empty(len(unique), np.int64)
+    new[by_first] = np.arange(len(unique))
+    return new[inverse.reshape(-1)], unique[by_first]
 
 
 def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -74,12 +74,14 @@ def _walk(root: Path) -> Iterator[str]:
 def is_merged(path: str) -> bool:
     """Whether the file begins as `stepcli merge` output does (its first bytes only, inflated when gzipped). Only a
     regular file is looked at (a FIFO is never waited on: the reader refuses it in one line)."""
+    from stepcli.inputs import open_input
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
+        fd, info = open_input(path)
+    except TraceError:
         return False
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        if not stat.S_ISREG(info.st_mode):
             return False
         head = os.read(fd, 4096)
         if head[:2] == b"\x1f\x8b":

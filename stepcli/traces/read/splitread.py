@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stepcli.inputs import GZIP_MAGIC, READ_FLAGS
+from stepcli.errors import TraceError
+from stepcli.inputs import GZIP_MAGIC, open_input
 from stepcli.limits import input_limit
 from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.files import rank_from_name
@@ -93,9 +94,12 @@ def _list_start(path: str, least: int) -> tuple[int, int] | None:
 
 def _opened(path: str) -> Any:
     """The file, opened without waiting (a FIFO put in a regular file's place is refused, not waited on)."""
-    fd = os.open(path, READ_FLAGS)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        fd, info = open_input(path)  # (a trace the run wrote: only while it is still that file)
+    except TraceError as exc:
+        raise OSError(exc.message) from None
+    try:
+        if not stat.S_ISREG(info.st_mode):
             raise OSError(f"{path}: not a regular file")
         return open(fd, "rb")
     except BaseException:
