@@ -105,8 +105,8 @@ def main() -> None:
         size = os.path.getsize(path)
         print(f"snapshot ({args.shape}-shaped, {args.entries} events): {size / MiB:.0f} MiB")
         old = (
-            "import sys; from stepcli.snapshots.analysis import analyze; "
-            "from stepcli.snapshots.reader import load_snapshot; analyze(load_snapshot(sys.argv[1], streamed=False))"
+            "import sys; from stepcli.snapshots.snapshotfigures import analyze; "
+            "from stepcli.snapshots.snapshotreader import load_snapshot; analyze(load_snapshot(sys.argv[1], streamed=False))"
         )
         runs = {
             "pickle.load (torch's reading)": f"import pickle; pickle.load(open({str(path)!r}, 'rb'))",

@@ -155,7 +155,8 @@ def hang_watch_cost(n: int = 2_000_000) -> tuple[float, float, float, float]:
     import atexit
     import types
 
-    from stepcli.agent import collectives, ondemand
+    from stepcli.agent import lastcollective as collectives
+    from stepcli.agent import ondemand
     from stepcli.agent.config import AgentConfig
     from stepcli.agent.runtime import Agent
 

@@ -7,7 +7,7 @@ then times, in this one process and alternately, the two ways the end of a run c
 
   before: the run summary summarizes the traces (stepcli.traces.engine.summarize_paths), then the page reads them again
           (stepcli.run.summary.htmlreport.build with no RunTraces: by-shape parts, plus a scan of every file for memory events);
-  after:  one stepcli.traces.readonce.RunTraces read (plain and by-shape parts), the summary merged from its plain
+  after:  one stepcli.traces.runtraces.RunTraces read (plain and by-shape parts), the summary merged from its plain
           parts and the page built from the same parts (a run without --profile-memory scans no file for memory).
 
 An idle thread runs meanwhile, as the launcher's watchdog does, so worker processes start as they do at the end
@@ -47,7 +47,7 @@ def after(paths: list[str], memory: bool = False) -> None:
     from stepcli.report.page import render
     from stepcli.run.summary.htmlreport import build
     from stepcli.traces.analyses.mergeparts import merge_parts
-    from stepcli.traces.readonce import RunTraces
+    from stepcli.traces.runtraces import RunTraces
 
     traces = RunTraces(shapes=True, memory=memory)
     merge_parts([parts[0] for parts in traces.parts(paths)]).to_dict()

@@ -562,7 +562,7 @@ _ONE_PROCESS = """
 import sys, time, gc
 try:
     from stepcli.traces.read.columns import load_columns
-    from stepcli.traces.analyses.analysis import summarize_read
+    from stepcli.traces.analyses.traceanalysis import summarize_read
 except ImportError:
     print("nan"); sys.exit(0)
 gc.disable()

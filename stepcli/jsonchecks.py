@@ -2,7 +2,7 @@
 `$.processes[0].rank`` said as stepcli says it, `.processes[0].rank is not an integer`, from the declared type
 (a `Meta(description=...)` names the kind of value; `Meta(extra={"missing": ...})` words a missing field).
 
-A document's types are declared as msgspec Structs (stepcli.runsummary); this module knows none of them.
+A document's types are declared as msgspec Structs (stepcli.runfolder.summaryfile); this module knows none of them.
 """
 
 from __future__ import annotations

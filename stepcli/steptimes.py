@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stepcli.runsummary import Process, RunSummary, StepTimes
+from stepcli.runfolder.summaryfile import Process, RunSummary, SummaryStepTimes
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class ProcessSteps:
     phases: str
 
 
-def worker_label(process: Process | StepTimes) -> str:
+def worker_label(process: Process | SummaryStepTimes) -> str:
     """`rank N`, else the worker name or pid."""
     if process.rank is not None:
         return f"rank {process.rank}"
@@ -49,10 +49,10 @@ def compiled_by_worker(summary: RunSummary) -> dict[str, set[int]]:
     return compiled
 
 
-def _process_series(summary: RunSummary) -> list[tuple[Process | StepTimes, list[float], str]]:
+def _process_series(summary: RunSummary) -> list[tuple[Process | SummaryStepTimes, list[float], str]]:
     """(process, step times, phases) per process: `step_times` (schema 2), per-process times kept in `processes`,
     else the primary process's `timeline_ms`."""
-    series: list[tuple[Process | StepTimes, list[float], str]] = []
+    series: list[tuple[Process | SummaryStepTimes, list[float], str]] = []
     for entry in summary.step_times or []:
         if entry.durations_ms:
             series.append((entry, entry.durations_ms, entry.phases))

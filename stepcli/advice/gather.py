@@ -1,5 +1,5 @@
 """The advice of one run (or of traces): the evidence its rules read, gathered from the run summary and the traces'
-analysis, and every rule applied (stepcli.advice.rules, then the device rules of stepcli.advice.device).
+analysis, and every rule applied (stepcli.advice.rules, then the device rules of stepcli.advice.deviceadvice).
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 
 import msgspec
 
-from stepcli.advice.device import advise_device
+from stepcli.advice.deviceadvice import advise_device
 from stepcli.advice.rules import Advice, Evidence, advise
-from stepcli.runsummary import RunSummary
+from stepcli.runfolder.summaryfile import RunSummary
 from stepcli.steptimes import ProcessSteps, rank_steps
 from stepcli.traces.analyses.shares import STEP_KEY
 

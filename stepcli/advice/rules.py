@@ -11,9 +11,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepcli.advice.culprit import culprit_advice
+from stepcli.advice.culpritadvice import culprit_advice
 from stepcli.fmt import percent as _pct
-from stepcli.runsummary import Advice, Threads
+from stepcli.runfolder.summaryfile import Advice, Threads
 from stepcli.stats import percentile
 
 # Data loading above this share of the step, and at least this long per step: the training loop waits for input.
@@ -81,8 +81,8 @@ class Evidence:
     straggler: Mapping[str, Any] | None = None
     ranks_analysed: bool = False
     untouched_ms: Sequence[tuple[int, float]] = ()  # (step number, ms) of one process
-    device: Mapping[str, Any] | None = None  # the summary's `device` figures (stepcli.advice.device reads them)
-    culprit: Mapping[str, Any] | None = None  # the `culprit` section (stepcli.run.summary.culprit)
+    device: Mapping[str, Any] | None = None  # the summary's `device` figures (stepcli.advice.deviceadvice reads them)
+    culprit: Mapping[str, Any] | None = None  # the `culprit` section (stepcli.run.summary.culpritsection)
     threads: Threads | None = None  # the `threads` section (stepcli.run.summary.threads)
 
 
@@ -295,7 +295,7 @@ def threads(ev: Evidence) -> Advice | None:
 
 
 def culprit(ev: Evidence) -> Advice | None:
-    """A rank the others wait for at collectives, with the cause of its lateness (stepcli.run.summary.culprit)."""
+    """A rank the others wait for at collectives, with the cause of its lateness (stepcli.run.summary.culpritsection)."""
     fields = culprit_advice(ev.culprit)
     return Advice(**fields) if fields else None
 

@@ -5,6 +5,6 @@ works when the program runs in another Python environment where stepcli itself i
 Importing the package does nothing; `runtime.activate()` starts the agent.
 
 A module here that writes a file the launcher reads has one reader there, named for what it reads, across the
-process boundary that this package may not cross: steprecord (read by stepcli.run.summary.recordreader), compiles
-(stepcli.run.summary.compilesteps), the step logs' format in config and output (stepcli.run.summary.steplogs).
+process boundary that this package may not cross: steprecord (read by stepcli.runfolder.steprecordreader), compiles
+(stepcli.run.summary.compilesteps), the step logs' format in config and output (stepcli.runfolder.steplogreader).
 """

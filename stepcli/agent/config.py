@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+from stepcli.runfolder.layout import run_dir
+
 from .schedule import Schedule
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
@@ -15,23 +17,6 @@ if TYPE_CHECKING:
 
 CONFIG_ENV = "STEPCLI_CONFIG"
 CONFIG_VERSION = 1
-LOG_FOLDER = ".stepcli"  # hidden, so trace viewers and `stepcli table DIR` skip it
-STEP_LOG_SUFFIX = ".steps.json"
-STEP_LOG_VERSION = 1  # the step log's schema_version (stepcli.run.summary.steplogs checks it)
-# The top-level trace metadata key the agent writes into a trace whose window was cut short: the ProfilerStep#N
-# that only just began (stepcli.traces.read.reader reads it).
-INCOMPLETE_STEP_KEY = "stepcli_incomplete_step"
-# ... and into every trace: the clock its times come from ("HOST BOOT_ID": processes of one boot of one machine
-# share it), so the culprit analysis aligns only ranks of different machines (stepcli.traces.analyses.culprit).
-CLOCK_KEY = "stepcli_clock"
-# ... and per recorded step, the steps' thread's time on a CPU and time waiting for one, ms ({"12": [3.1, 0.4]}:
-# stepcli.agent.cpuwait).
-CPU_TIME_KEY = "stepcli_cpu_ms"
-# The trace annotation around each call of an optimizer's closure (`optimizer.step(closure)`, as LBFGS takes),
-# written while a stepcli window records (stepcli.agent.patches): the forward and backward the closure runs are
-# forward and backward, not optimizer (stepcli.traces.analyses.steps reads it back).
-CLOSURE_ANNOTATION = "stepcli: optimizer closure"
-HELLO_PREFIX = "hello."
 
 
 class AgentConfig:
@@ -94,7 +79,7 @@ class AgentConfig:
     @property
     def log_dir(self) -> str:
         """Step logs of this run, one per process that made steps."""
-        return os.path.join(self.out_dir, LOG_FOLDER, self.run_id)
+        return run_dir(self.out_dir, self.run_id)
 
     def to_dict(self) -> dict[str, Any]:
         data = {"run_id": self.run_id, "out_dir": self.out_dir, "launcher_pid": self.launcher_pid}

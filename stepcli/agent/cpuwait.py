@@ -4,14 +4,14 @@ A rank that is runnable but not running (more busy threads than cores: another j
 rank's OpenMP threads) arrives late at each collective with no work of its own to show for it: in the trace its
 extra time looks like Python code. Linux counts that time per thread (/proc/thread-self/schedstat: nanoseconds on
 a CPU, nanoseconds runnable but waiting in a run queue). The recorder samples it at the boundaries of each
-recorded step and writes both times of the steps into the trace (config.CPU_TIME_KEY), where the culprit
+recorded step and writes both times of the steps into the trace (stepcli.runfolder.layout.CPU_TIME_KEY), where the culprit
 analysis (stepcli.traces.analyses.culprit) weighs the wait that the rank's own work does not explain as a cause. Two reads of a small /proc file per recorded step (~10 µs each),
 none outside windows; nothing where the file does not exist.
 """
 
 from __future__ import annotations
 
-from .config import CPU_TIME_KEY
+from stepcli.runfolder.layout import CPU_TIME_KEY
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -15,6 +15,8 @@ import os
 import sys
 import threading
 
+from stepcli.runfolder.layout import NO_CUDA_MARKER, ON_DEMAND_PREFIX, SNAPSHOT_KEY, SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX
+
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
     from types import FrameType, ModuleType
@@ -33,12 +35,7 @@ if TYPE_CHECKING:
         in_step: set[int]
 
 
-SNAPSHOT_PREFIX = "oom-"
-ON_DEMAND_PREFIX = "memory-"  # `stepcli capture --memory-snapshot`: memory-<worker>-<n>.pickle
-SNAPSHOT_SUFFIX = ".pickle"
 STEP_TAG = "stepcli:step="  # each allocation's `user_metadata` in the snapshot: the global step it was made in
-SNAPSHOT_KEY = "stepcli"  # extra top-level key of the pickled snapshot: step, phase, rank, the failed request
-NO_CUDA_MARKER = "memory-no-cuda"  # in the run's log folder: the first process to find no CUDA says so, once
 _OPTIMIZER_PATH = "/torch/optim/"
 _BACKWARD_FUNCTIONS = frozenset({"backward", "_engine_run_backward", "run_backward", "grad"})
 

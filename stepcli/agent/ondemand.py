@@ -31,8 +31,10 @@ from __future__ import annotations
 import os
 import time
 
+from stepcli.runfolder.layout import LOCK_FILE, PROC_PREFIX, REQUESTS_FILE, RUN_FILE, control_dir
+
 from . import controlfiles
-from .config import LOG_FOLDER, atomic_write_json
+from .config import atomic_write_json
 from .request import MAX_CONTROL_BYTES, MAX_PENDING, Invalid, check_ping, check_request, entries, request_id
 from .schedule import RECORD, RECORD_AND_SAVE, WARMUP, WindowSchedule
 from .tracker import FOREIGN
@@ -57,21 +59,12 @@ if TYPE_CHECKING:
         tracker: StepTracker
 
 
-CONTROL_FOLDER = "control"
-RUN_FILE = "run.json"
-REQUESTS_FILE = "requests.json"
-LOCK_FILE = "capture.lock"
-PROC_PREFIX = "proc."
 POLL_INTERVAL_S = 1.0
 PING_LEASE_S = 10.0  # how long a process keeps listening after requests.json last changed (capture renews it)
 MAX_IO_FAILURES = 30  # consecutive polls that could not read or write the control folder
 FINAL = ("saved", "refused", "not_recorded")
 KEPT_ANSWERS = 16  # final answers kept in the heartbeat (a capture reads its own while it waits)
 WITHDRAWN = "withdrawn: the capture that asked for it gave up"
-
-
-def control_dir(out_dir: str, run_id: str) -> str:
-    return os.path.join(out_dir, LOG_FOLDER, run_id, CONTROL_FOLDER)
 
 
 def open_control(out_dir: str, run_id: str, document: dict[str, Any]) -> str:

@@ -7,6 +7,8 @@ import re
 import sys
 import time
 
+from stepcli.runfolder.layout import WINDOW_FOLDER_PREFIX
+
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:
     from typing import Any
@@ -66,9 +68,6 @@ def worker_name() -> str:
     import socket  # only processes that save traces pay for it
 
     return f"{socket.gethostname()}_{os.getpid()}"
-
-
-WINDOW_FOLDER_PREFIX = "window-step"
 
 
 def trace_folder(out_dir: str, first_step: int, several_windows: bool) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 
-from .config import CLOSURE_ANNOTATION
+from stepcli.runfolder.layout import CLOSURE_ANNOTATION
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
 if TYPE_CHECKING:

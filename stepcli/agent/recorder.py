@@ -17,7 +17,9 @@ from __future__ import annotations
 import sys
 import threading
 
-from .config import CLOCK_KEY, INCOMPLETE_STEP_KEY, AgentConfig
+from stepcli.runfolder.layout import CLOCK_KEY, INCOMPLETE_STEP_KEY, flops_path
+
+from .config import AgentConfig
 from .cpuwait import CpuWait
 from .interrupts import Held
 from .output import cause, export_trace, human_size, rank_prefix, say, trace_folder, worker_name, write_failed
@@ -33,15 +35,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 _ACTIVITY_NAMES = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mtia": "MTIA", "hpu": "HPU"}
-# With --with-flops, beside each trace `NAME.pt.trace.json[.gz]`: `NAME.flops`, the window's FLOPs from
-# key_averages() (torch puts none into the exported trace on CPU), read back by stepcli.traces.analyses.flops. The name
-# ends in neither .json nor holds .pt.trace.json, so nothing that lists traces takes it for one.
-FLOPS_SUFFIX = ".flops"
-
-
-def flops_path(trace: str) -> str:
-    at = trace.rfind(".pt.trace.json")
-    return (trace[:at] if at >= 0 else trace) + FLOPS_SUFFIX
 
 
 class Recorder:
@@ -486,7 +479,7 @@ _clock: list[str] = []
 
 
 def _mark_clock(prof: Any) -> None:
-    """Say in the trace which clock its times come from (config.CLOCK_KEY): once per recording, while Kineto
+    """Say in the trace which clock its times come from (stepcli.runfolder.layout.CLOCK_KEY): once per recording, while Kineto
     records (add_metadata is dropped outside that)."""
     if not _clock:
         import socket

@@ -1,5 +1,5 @@
 """The agent of one profiled process: activation, requesters, exit/signal/fork guards, when to save the step log
-(steplog.py writes it).
+(steplogwriter.py writes it).
 
 Runs inside the target: standard library only. `activate()` is all the bootstrap calls; it does almost nothing
 until the program imports torch, and nothing costly until the process proves it trains (an optimizer, a
@@ -14,8 +14,10 @@ import sys
 import time
 import weakref
 
+from stepcli.runfolder.layout import HELLO_PREFIX
+
 from . import hooks
-from .config import HELLO_PREFIX, AgentConfig, atomic_write_json
+from .config import AgentConfig, atomic_write_json
 from .exitguard import ExitGuard
 from .gcpauses import GcPauses
 from .interrupts import Held
@@ -64,7 +66,7 @@ class Agent:
         self.exit_reason = ""
         self.hook_notes: list[str] = []  # --step-on targets that could not be hooked, for the run summary
         self._names: dict[str, int] = {}
-        self.saved_steps = -1  # global step of the last step log written (steplog.py)
+        self.saved_steps = -1  # global step of the last step log written (steplogwriter.py)
         self.saved_stalled = False  # ... written when the process stopped stepping (its steps are whole)
         self.record_saved = False  # a whole-run record was written: every later step log rewrites it too
         self._progress_due = 0.0  # time.monotonic() before which no periodic save is made
@@ -308,7 +310,7 @@ class Agent:
         return os.getpid() == self.pid and not self._forked_child
 
     def _save_at_exit(self, reason: str, blocked: bool) -> None:
-        from .steplog import save_at_exit
+        from .steplogwriter import save_at_exit
 
         with Held():  # a Ctrl-C at exit (a second one, say) would cut the last window's trace in half
             save_at_exit(self, reason, blocked)
@@ -319,14 +321,14 @@ class Agent:
         now = time.monotonic()
         if now - self._last_log_write >= _STEP_LOG_MIN_INTERVAL_S:  # bounded cost with --repeat 0
             self._last_log_write = now
-            from . import steplog
+            from . import steplogwriter
 
             try:
                 with self.exits.lock:
                     if not self.exits.flushed:
-                        steplog.write_step_log(self)
+                        steplogwriter.write_step_log(self)
             except Exception as exc:
-                steplog.step_log_failed(self, exc)
+                steplogwriter.step_log_failed(self, exc)
 
     def save_progress(self, stalled: bool = False) -> bool:
         """From the stacks thread: save the step log and the whole-run record as they are now, when steps were
@@ -344,7 +346,7 @@ class Agent:
         with self.exits.lock:
             if self.exits.flushed:
                 return False
-            from .steplog import write_step_log
+            from .steplogwriter import write_step_log
 
             started = time.monotonic()
             try:

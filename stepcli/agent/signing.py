@@ -12,8 +12,6 @@ TYPE_CHECKING = False  # typing is not imported at run time: this module loads i
 if TYPE_CHECKING:
     from typing import Any
 
-SIGNATURE_KEY = "signature"
-
 
 def sign(key: str, document: dict[str, Any]) -> str:
     """HMAC-SHA256 of the document as `json.dumps` writes it compactly (a JSON round trip gives the same text)."""

@@ -25,8 +25,9 @@ from __future__ import annotations
 import math
 import os
 
+from stepcli.runfolder.layout import LOCK_FILE, REQUESTS_FILE
+
 from . import controlfiles
-from .ondemand import REQUESTS_FILE
 from .request import MAX_CONTROL_BYTES, MAX_ENTRIES, MAX_WARMUP
 from .schedule import NONE
 from .slowrule import BASELINE_STEPS, MIN_STEPS, REFRESH_STEPS, baseline, threshold_ns
@@ -45,7 +46,6 @@ MAX_PERIOD = 10_000  # a predicted slow step further ahead than this is not wait
 # the write to show on the other ranks and the step boundary the poll waits for (the 2 steps added in _plan).
 SLOW_POLL_INTERVAL_S = 0.2
 MARGIN_S = SLOW_POLL_INTERVAL_S + 0.3
-LOCK_FILE = "capture.lock"
 
 
 class SlowTrigger:

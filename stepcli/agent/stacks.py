@@ -5,7 +5,7 @@ registers `faulthandler` on DUMP_SIGNAL (a real-time signal no program uses by d
 starts one daemon thread that sleeps on that pipe. The signal is handled in C, so it is delivered even while the
 main thread is blocked in C code (a collective, a sleep, a lock); its bytes wake the thread, which then writes one
 JSON file: every Python thread's stack (`sys._current_frames()`), faulthandler's own text, the step, and the last
-collective entered (stepcli/agent/collectives.py). The launcher or `stepcli capture --stacks` say where to write
+collective entered (stepcli/agent/lastcollective.py). The launcher or `stepcli capture --stacks` say where to write
 in a request file (`dump.<id>.json`) of the run's private control folder before they send the signal.
 
 The same thread wakes every second (every T/10 with `--hang-timeout T`) and reads the tracker's step count (one
@@ -35,6 +35,17 @@ import sys
 import threading
 import time
 
+from stepcli.runfolder.layout import (
+    ALIVE_PREFIX,
+    FAULT_PREFIX,
+    MEMORY_ANSWER_SCHEMA,
+    PROBE_FILE,
+    REGISTER_PREFIX,
+    REQUEST_PREFIX,
+    STACKS_SCHEMA,
+    STALL_PREFIX,
+)
+
 from . import controlfiles
 from .config import atomic_write_json
 
@@ -55,14 +66,6 @@ if TYPE_CHECKING:
         hooks: PostImportHooks
 
 
-REGISTER_PREFIX = "stacks."
-STALL_PREFIX = "stall."
-REQUEST_PREFIX = "dump."
-PROBE_FILE = "probe.json"  # the launcher's: {"id"}; a woken thread answers in alive.<host>.<pid>.json
-ALIVE_PREFIX = "alive."
-FAULT_PREFIX = "fault."  # fault.<host>.<pid>.txt: faulthandler's text for FAULT_SIGNAL, appended by the C handler
-SCHEMA = "stepcli.stacks"
-MEMORY_SCHEMA = "stepcli.memory-answer"  # a process's answer to `capture --memory-snapshot` (a `kind: memory` request)
 MAX_FRAMES = 60  # per thread, innermost first: enough for any real stack, bounded for a runaway recursion
 _QUIET_S = 0.1  # faulthandler writes its text in one go: this long without more bytes ends it
 _MAX_TEXT = 1 << 20
@@ -357,7 +360,7 @@ class StackDumper:
 
         answer = dump_now(self.agent, sys.modules.get("torch"))  # type: ignore[arg-type]
         answer.update(
-            schema=MEMORY_SCHEMA,
+            schema=MEMORY_ANSWER_SCHEMA,
             request=request_id,
             pid=self.pid,
             host=self.host,
@@ -369,7 +372,7 @@ class StackDumper:
 
     def snapshot(self, text: str, request_id: str) -> dict[str, Any]:
         """Every Python thread's stack now (innermost frame first), the step, and the last collective."""
-        from .collectives import LAST, in_flight
+        from .lastcollective import LAST, in_flight
         from .output import current_rank, worker_name
 
         now = time.time()
@@ -393,7 +396,7 @@ class StackDumper:
         threads.sort(key=lambda t: (not t["main"], str(t["name"])))
         tracker = self.agent.tracker
         return {
-            "schema": SCHEMA,
+            "schema": STACKS_SCHEMA,
             "request": request_id,
             "pid": self.pid,
             "host": self.host,
@@ -435,7 +438,7 @@ def _unlink(folder_fd: int, name: str) -> None:
 def start_stacks(agent: Agent, training: bool = True) -> StackDumper | None:
     """At the process's first sign of training (or, `training` False, when it joins a distributed job): register
     for dumps. Never raises; None where it cannot."""
-    from .ondemand import control_dir
+    from stepcli.runfolder.layout import control_dir
 
     signum = dump_signal()
     folder = control_dir(agent.config.out_dir, agent.config.run_id)
@@ -458,10 +461,10 @@ def start_stacks(agent: Agent, training: bool = True) -> StackDumper | None:
 
 
 def install_collective_hook(agent: Agent) -> None:
-    """With --hang-timeout: note each torch.distributed collective entered (see stepcli/agent/collectives.py)."""
+    """With --hang-timeout: note each torch.distributed collective entered (see stepcli/agent/lastcollective.py)."""
     if not getattr(agent.config, "hang_timeout", 0.0):
         return
-    from .collectives import hook_collectives
+    from .lastcollective import hook_collectives
 
     joined = getattr(agent, "joined_job", None)
     agent.hooks.when_imported("torch.distributed", lambda dist: hook_collectives(dist, joined))

@@ -2,7 +2,7 @@
 
 Runs inside the target: standard library only. `<out>/.stepcli/<run-id>/<host>.<pid>.steptimes.json` holds:
   recent     the last RECENT step times exactly (us), from step `recent_from`
-  histogram  every step but the first (start-up) in log buckets, BUCKETS_PER_DOUBLING per doubling of time:
+  histogram  every step but the first (start-up) in log buckets, STEP_RECORD_BUCKETS_PER_DOUBLING per doubling of time:
              {bucket: count}, bucket b holding times from 2**(b/8) us up to the next (a few hundred buckets at most)
   blocks     the run cut into at most BLOCKS equal runs of steps: [first step, max us, mean us] each, so slow
              steps over time show in any run length
@@ -16,6 +16,8 @@ import heapq
 import math
 import os
 
+from stepcli.runfolder.layout import STEP_RECORD_BUCKETS_PER_DOUBLING, STEP_RECORD_SCHEMA, STEP_RECORD_SUFFIX
+
 from .config import atomic_write_json
 
 TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
@@ -26,16 +28,13 @@ if TYPE_CHECKING:
 RECENT = 1000
 BLOCKS = 200
 SLOWEST = 20
-BUCKETS_PER_DOUBLING = 8
 # Steps up to which a window's save (on the program's main thread) rebuilds the record (about 20 ms at this size on
-# the 2-core VM); past it the stale record is removed (stepcli.agent.steplog.write_step_log)
+# the 2-core VM); past it the stale record is removed (stepcli.agent.steplogwriter.write_step_log)
 REBUILT_WITH_WINDOWS = 100_000
-SUFFIX = ".steptimes.json"
-SCHEMA = "stepcli.steptimes/1"
 
 
 def bucket(us: int) -> int:
-    return int(math.log2(us) * BUCKETS_PER_DOUBLING) if us > 1 else 0
+    return int(math.log2(us) * STEP_RECORD_BUCKETS_PER_DOUBLING) if us > 1 else 0
 
 
 def build(durations_ns: array[int], worker: str, rank: int | None) -> dict[str, Any]:
@@ -50,7 +49,7 @@ def build(durations_ns: array[int], worker: str, rank: int | None) -> dict[str, 
     blocks = [[i, max(us[i : i + size]), sum(us[i : i + size]) // len(us[i : i + size])] for i in range(0, n, size)]
     slowest = heapq.nlargest(SLOWEST, range(1, n), key=us.__getitem__)
     return {
-        "schema": SCHEMA,
+        "schema": STEP_RECORD_SCHEMA,
         "worker": worker,
         "rank": rank,
         "steps": n,
@@ -64,11 +63,11 @@ def build(durations_ns: array[int], worker: str, rank: int | None) -> dict[str, 
 
 
 def write(log_dir: str, host: str, pid: int, record: dict[str, Any]) -> None:
-    atomic_write_json(os.path.join(log_dir, f"{host}.{pid}{SUFFIX}"), record, 0o600, private_folder=True)
+    atomic_write_json(os.path.join(log_dir, f"{host}.{pid}{STEP_RECORD_SUFFIX}"), record, 0o600, private_folder=True)
 
 
 def remove(log_dir: str, host: str, pid: int) -> None:
     try:
-        os.unlink(os.path.join(log_dir, f"{host}.{pid}{SUFFIX}"))
+        os.unlink(os.path.join(log_dir, f"{host}.{pid}{STEP_RECORD_SUFFIX}"))
     except OSError:
         pass

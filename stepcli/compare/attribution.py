@@ -3,7 +3,7 @@ time per step, each with its own bootstrap interval, so a regression names its c
 
 Needs traces on both sides (trace inputs, or the traces a run summary lists). Each recorded ProfilerStep#N is one
 sample: its phase breakdown and the self time of every operator whose events start inside that step, summarized
-exactly as `stepcli table` does (stepcli.traces.analyses.analysis), so the numbers agree with the tables.
+exactly as `stepcli table` does (stepcli.traces.analyses.traceanalysis), so the numbers agree with the tables.
 
 Phases first: five numbers per step (data loading, forward, backward, optimizer, other/Python) whose sum is the
 step, so a change anywhere shows in one of them, a `time.sleep` outside any operator included. Operators only with
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from stepcli.compare.inference import DEFAULT_RESAMPLES, estimate_change
-from stepcli.compare.model import OpSteps
+from stepcli.compare.measurement import OpSteps
 from stepcli.traces.analyses.shares import STEP_KEY
 from stepcli.traces.read.names import step_of
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from stepcli.traces.read.columns import ColumnTrace
     from stepcli.traces.read.events import Event
-    from stepcli.traces.read.reader import Trace
+    from stepcli.traces.read.tracereader import Trace
     from stepcli.traces.read.typedcolumns import Columns
 
 TOP_CHANGES = 8
@@ -183,7 +183,7 @@ def _step_segments_of_columns(
 def _step_alone(events: list[Event], path: str) -> dict[tuple[str, str], float]:
     """One step's figures from its events summarized alone, as `stepcli table` would."""
     from stepcli.traces.analyses.mergeparts import summarize
-    from stepcli.traces.read.reader import Trace as TraceType
+    from stepcli.traces.read.tracereader import Trace as TraceType
 
     summary = summarize([TraceType.from_events(events, path=path)])
     times = {("cpu", op.name): op.self_ms for op in summary.cpu_ops if op.name != STEP_KEY}

@@ -1,7 +1,7 @@
 """The result of `stepcli compare`: the verdict, its exit status, and the rows its reports show.
 
-`decide` (stepcli.compare.verdict, and stepcli.compare.nointerval for the verdicts made without an interval) builds
-a `Comparison`; the renderers (stepcli.compare.render) print it.
+`decide` (stepcli.compare.verdict, and stepcli.compare.withoutinterval for the verdicts made without an interval) builds
+a `Comparison`; the renderers (stepcli.compare.comparerender) print it.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Literal
 
 from stepcli.compare.attribution import OpChange
 from stepcli.compare.inference import Change
-from stepcli.compare.model import Measurement
-from stepcli.compare.populations import StepRow
+from stepcli.compare.measurement import Measurement
+from stepcli.compare.populations import PopulationRow
 from stepcli.errors import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_REGRESSION
 
 Verdict = Literal["regression", "improvement", "no_change", "inconclusive", "nothing_measured"]
@@ -26,7 +26,7 @@ HEADLINES = {
 
 
 @dataclass(frozen=True)
-class OpRow:
+class ComparedOpRow:
     """One operator's self-time change; `status` says when the op is missing on one side."""
 
     name: str
@@ -52,8 +52,8 @@ class Comparison:
     baseline_value: float | None = None
     current_value: float | None = None
     limit_ms: float | None = None
-    step_rows: tuple[StepRow, ...] = ()
-    op_rows: tuple[OpRow, ...] = ()
+    step_rows: tuple[PopulationRow, ...] = ()
+    op_rows: tuple[ComparedOpRow, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
     confidence: float = 0.95
     change: Change | None = None  # None: decided on two statistics, without an interval
@@ -71,7 +71,7 @@ class Comparison:
             return None
         return self.current_value - self.baseline_value
 
-    def decides(self, row: StepRow) -> bool:
+    def decides(self, row: PopulationRow) -> bool:
         """Whether `row` of the Step time table holds the statistic the verdict was decided on."""
         return row.decides and row.stat == self.metric and self.verdict != "nothing_measured"
 

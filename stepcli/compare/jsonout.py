@@ -9,7 +9,7 @@ from typing import Any
 
 from stepcli.compare.attribution import PHASE_LABELS
 from stepcli.compare.comparison import Comparison
-from stepcli.compare.model import Measurement
+from stepcli.compare.measurement import Measurement
 
 SCHEMA = "stepcli.compare/1"
 JSON_HEAD = (

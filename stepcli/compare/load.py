@@ -16,15 +16,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
-from stepcli.compare.model import Measurement, OpSteps, OpTime, ProcessSteps, RunSteps
+from stepcli.compare.measurement import MeasuredProcess, Measurement, OpSteps, OpTime, RunSteps
 from stepcli.errors import EXIT_USAGE, StepcliError
-from stepcli.runsummary import SCHEMA as RUN_SCHEMA
-from stepcli.runsummary import (
-    SUMMARY_FILE,
-    OpRow,
+from stepcli.runfolder.layout import RUN_FOLDER, SUMMARY_FILE, SUMMARY_SCHEMA
+from stepcli.runfolder.summaryfile import (
     PopulationStats,
     RunSummary,
-    StepTimes,
+    SummaryOpRow,
+    SummaryStepTimes,
     invalid,
     load_run_summary,
     read_run_summary,
@@ -33,7 +32,7 @@ from stepcli.stats import STAT_NAMES, Stats, describe
 from stepcli.traces.analyses.shares import STEP_KEY
 
 if TYPE_CHECKING:
-    from stepcli.traces.analyses.model import TraceSummary
+    from stepcli.traces.analyses.results import TraceSummary
 
 _NEEDED = ("schema_version", "steps", "step_time_ms")  # what a verdict cannot do without
 
@@ -84,7 +83,7 @@ def _counted(stats: Stats | PopulationStats | None) -> Stats | None:
     return Stats(**{**stats, "count": int(stats["count"])})
 
 
-def _run_processes(summary: RunSummary, label: str) -> tuple[ProcessSteps, ...]:
+def _run_processes(summary: RunSummary, label: str) -> tuple[MeasuredProcess, ...]:
     """Every step of every process: `step_times` (schema 2), else the primary process's timeline (schema 1)."""
     entries = summary.step_times
     if entries is None:
@@ -93,13 +92,13 @@ def _run_processes(summary: RunSummary, label: str) -> tuple[ProcessSteps, ...]:
         timeline, phases = summary.timeline_ms, summary.timeline_phases
         if not isinstance(phases, str) or len(phases) != len(timeline):
             raise invalid(label, "timeline_ms[0] needs durations_ms and one phase digit per step")
-        entries = [StepTimes(worker="primary", durations_ms=timeline, phases=phases)]
+        entries = [SummaryStepTimes(worker="primary", durations_ms=timeline, phases=phases)]
     processes = []
     for index, entry in enumerate(entries):
         times = entry.durations_ms
         if times:
             name = str(entry.worker or f"process{index}")
-            processes.append(ProcessSteps(name, tuple(range(len(times))), tuple(map(float, times)), entry.phases))
+            processes.append(MeasuredProcess(name, tuple(range(len(times))), tuple(map(float, times)), entry.phases))
     return tuple(processes)
 
 
@@ -168,7 +167,7 @@ def _named_rows(rows: Any, label: str, where: str) -> list[Mapping[str, Any]]:
     return rows
 
 
-def _trace_processes(rows: Sequence[Any]) -> tuple[ProcessSteps, ...]:
+def _trace_processes(rows: Sequence[Any]) -> tuple[MeasuredProcess, ...]:
     """ProfilerStep#N durations per rank; traces without a rank that repeat a step number are separate processes."""
     series: dict[tuple[Any, int], list[tuple[int, float]]] = defaultdict(list)
     seen: dict[tuple[Any, int], int] = defaultdict(int)
@@ -183,7 +182,7 @@ def _trace_processes(rows: Sequence[Any]) -> tuple[ProcessSteps, ...]:
     for (rank, copy), items in sorted(series.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, kv[0][1])):
         items.sort()
         name = f"rank{rank}" if rank is not None else f"trace{copy}"
-        out.append(ProcessSteps(name, tuple(s for s, _ in items), tuple(t for _, t in items), "2" * len(items)))
+        out.append(MeasuredProcess(name, tuple(s for s, _ in items), tuple(t for _, t in items), "2" * len(items)))
     return tuple(out)
 
 
@@ -300,9 +299,9 @@ def load_measurement(path: str) -> Measurement:
         raise StepcliError(f"{path}: empty file", EXIT_USAGE)
     kind, schema = outline(data)  # by content, whatever the size
     if kind == "run":
-        if schema != RUN_SCHEMA:
+        if schema != SUMMARY_SCHEMA:
             raise StepcliError(
-                f"{path}: unknown document schema {str(schema)[:80]!r}; expected a {RUN_SCHEMA!r} run summary or a trace",
+                f"{path}: unknown document schema {str(schema)[:80]!r}; expected a {SUMMARY_SCHEMA!r} run summary or a trace",
                 EXIT_USAGE,
             )
         return measurement_from_run(read_run_summary(data, path, required=_NEEDED), path)
@@ -310,7 +309,7 @@ def load_measurement(path: str) -> Measurement:
         del data  # the trace reader reads it again and names any JSON problem precisely
         return _load_traces(path)
     raise StepcliError(
-        f"{path}: neither a stepcli run summary (schema {RUN_SCHEMA!r}) nor a profiler trace (no traceEvents)",
+        f"{path}: neither a stepcli run summary (schema {SUMMARY_SCHEMA!r}) nor a profiler trace (no traceEvents)",
         EXIT_USAGE,
     )
 
@@ -318,8 +317,8 @@ def load_measurement(path: str) -> Measurement:
 def _load_traces(label: str, files: Sequence[str] | None = None) -> Measurement:
     # Lazy: the trace reader and summarizer are only needed for trace inputs.
     from stepcli.compare.attribution import op_steps_from_traces
-    from stepcli.traces.analyses.analysis import summarize_read
     from stepcli.traces.analyses.mergeparts import merge_parts
+    from stepcli.traces.analyses.traceanalysis import summarize_read
     from stepcli.traces.read.columns import load_columns
     from stepcli.traces.read.files import list_trace_files
     from stepcli.traces.read.splitread import read_blocked
@@ -342,13 +341,20 @@ def _run_folder_summary(folder: Path) -> tuple[str, RunSummary] | None:
     decided on 3 steps. A run folder whose newest run has no saved summary (it never finished writing one) is
     refused in one line rather than silently judged on its traces."""
     from stepcli.fmt import say
-    from stepcli.runfolder import other_runs_note, pick_run, read_saved, rerooted, run_dirs_readable, written_traces
+    from stepcli.runfolder.runs import (
+        other_runs_note,
+        pick_run,
+        read_saved,
+        rerooted,
+        run_dirs_readable,
+        written_traces,
+    )
 
     pick = pick_run(str(folder))
     if pick is None:
-        if os.path.lexists(folder / ".stepcli") and not run_dirs_readable(str(folder)):
+        if os.path.lexists(folder / RUN_FOLDER) and not run_dirs_readable(str(folder)):
             raise StepcliError(  # a run folder, but not one of this user's own making: said, not judged on traces
-                f"{folder}: its .stepcli/ is a link or another user's, so its run summary is not read; give that "
+                f"{folder}: its {RUN_FOLDER}/ is a link or another user's, so its run summary is not read; give that "
                 "run's `--json` file, or its traces",
                 EXIT_USAGE,
             )
@@ -415,7 +421,7 @@ def _run_folders_inside(folder: Path) -> list[Path]:
     folders is a folder of runs, not of traces. Hidden folders and links are not followed."""
     found: list[Path] = []
     for dirpath, dirnames, _ in os.walk(folder):
-        if dirpath != str(folder) and ".stepcli" in dirnames:
+        if dirpath != str(folder) and RUN_FOLDER in dirnames:
             found.append(Path(dirpath))
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
     return found
@@ -430,12 +436,12 @@ def _read_run_summary(path: str) -> dict[str, Any] | None:
         return None
     try:
         data = read_input(path)
-        if outline(data) != ("run", RUN_SCHEMA):
+        if outline(data) != ("run", SUMMARY_SCHEMA):
             return None  # traces and anything else: the trace reader reports them
         doc = orjson.loads(data)
     except (StepcliError, orjson.JSONDecodeError):
         return None
-    return doc if isinstance(doc, dict) and doc.get("schema") == RUN_SCHEMA else None
+    return doc if isinstance(doc, dict) and doc.get("schema") == SUMMARY_SCHEMA else None
 
 
 def _stats_or_none(value: Any, label: str, where: str) -> Stats | None:
@@ -456,10 +462,10 @@ def _stats_or_none(value: Any, label: str, where: str) -> Stats | None:
     return cast(Stats, out)  # every key of Stats checked above, so the JSON object is one
 
 
-def _ops(rows: Sequence[Mapping[str, Any] | OpRow]) -> tuple[OpTime, ...]:
+def _ops(rows: Sequence[Mapping[str, Any] | SummaryOpRow]) -> tuple[OpTime, ...]:
     """Operator rows (already validated) as OpTimes, one per name."""
     merged: dict[str, OpTime] = {}
-    for row in (msgspec.to_builtins(r) if isinstance(r, OpRow) else r for r in rows):
+    for row in (msgspec.to_builtins(r) if isinstance(r, SummaryOpRow) else r for r in rows):
         if row["name"] == STEP_KEY:
             continue  # the step annotation, not an operator: the run summary leaves it out too (stepcli.traces.analyses.shares)
         op = OpTime(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stepcli.compare.inference import MIN_STEPS, warmup_length
-from stepcli.compare.model import Measurement
+from stepcli.compare.measurement import Measurement
 from stepcli.fmt import plural
 from stepcli.stats import STAT_NAMES, Stats, describe
 
@@ -21,7 +21,7 @@ UsedRuns = list[list[list[tuple[int, float]]]]
 
 
 @dataclass(frozen=True)
-class StepRow:
+class PopulationRow:
     """One statistic of one step population, both sides."""
 
     population: str  # "untouched", "profiled", "recorded" or "profiled/recorded"
@@ -139,10 +139,10 @@ def step_rows(
     pairs: list[tuple[str, str]],
     deciding_first: tuple[dict[int, int], dict[int, int]] | None = None,
     skip_steps: int | None = None,
-) -> tuple[StepRow, ...]:
+) -> tuple[PopulationRow, ...]:
     """The Step time table: the deciding pair first, over the steps actually used so it agrees with the verdict;
     the other populations over their own steps after their own warm-up (or `--skip-steps`)."""
-    rows: list[StepRow] = []
+    rows: list[PopulationRow] = []
     for index, (b_pop, c_pop) in enumerate(pairs):
         b_first = c_first = None
         if deciding_first is not None:
@@ -157,7 +157,7 @@ def step_rows(
         population = b_pop if b_pop == c_pop else f"{b_pop}/{c_pop}"
         for stat in STAT_NAMES:
             rows.append(
-                StepRow(
+                PopulationRow(
                     population=population,
                     stat=stat,
                     baseline=None if b_stats is None else float(b_stats[stat]),  # type: ignore[literal-required]

@@ -28,7 +28,7 @@ Verdict rules (the contract the tests pin down):
     profiled ones on both: the profiled steps decide, and the report says so (they include profiler overhead,
     which is the same on both sides).
 - Too little data for an interval: fewer than MIN_STEPS step positions on a side (stepcli.compare.inference) give
-  no interval. Overwhelming evidence still decides (`separation`, in stepcli.compare.nointerval): when every
+  no interval. Overwhelming evidence still decides (`separation`, in stepcli.compare.withoutinterval): when every
   current step (per position, ranks averaged) is slower than every baseline step by more than the limit in both
   scales (the smallest current step above the largest baseline one x (1 + tolerance), and beyond it by more than
   --min-delta-ms), and a separation that complete has a chance of at most (1-confidence)/2 when nothing changed
@@ -48,7 +48,7 @@ from typing import Any
 
 from stepcli.compare.attribution import OpChange
 from stepcli.compare.budgets import exceeds
-from stepcli.compare.comparison import Comparison, OpRow, Verdict, exit_code
+from stepcli.compare.comparison import ComparedOpRow, Comparison, Verdict, exit_code
 from stepcli.compare.inference import (
     DEFAULT_RESAMPLES,
     MIN_STEPS,
@@ -58,8 +58,7 @@ from stepcli.compare.inference import (
     more_needed,
     step_positions,
 )
-from stepcli.compare.model import Measurement
-from stepcli.compare.nointerval import decide_on_statistics, too_few_steps
+from stepcli.compare.measurement import Measurement
 from stepcli.compare.populations import (
     Sides,
     UsedRuns,
@@ -68,6 +67,7 @@ from stepcli.compare.populations import (
     table_steps_used,
     times_ms,
 )
+from stepcli.compare.withoutinterval import decide_on_statistics, too_few_steps
 from stepcli.compare.wording import allowed as _allowed
 from stepcli.compare.wording import ci as _ci
 from stepcli.compare.wording import fmt_level as _fmt_level
@@ -287,7 +287,7 @@ def _more_data(change: Change, limit: float) -> str:
     return f"about {max(1, math.ceil(steps * (factor - 1)))} more steps per side (or more runs) would decide it"
 
 
-def _op_rows(baseline: Measurement, current: Measurement, top: int) -> tuple[OpRow, ...]:
+def _op_rows(baseline: Measurement, current: Measurement, top: int) -> tuple[ComparedOpRow, ...]:
     """Operators matched by name, the `top` with the largest self time on either side."""
     before = {op.name: op.self_ms for op in baseline.ops}
     after = {op.name: op.self_ms for op in current.ops}
@@ -300,5 +300,5 @@ def _op_rows(baseline: Measurement, current: Measurement, top: int) -> tuple[OpR
             status = "removed" if current.ops_complete else "not in current top"
         else:
             status = ""
-        rows.append(OpRow(name=name, baseline_ms=before.get(name), current_ms=after.get(name), status=status))
+        rows.append(ComparedOpRow(name=name, baseline_ms=before.get(name), current_ms=after.get(name), status=status))
     return tuple(rows)

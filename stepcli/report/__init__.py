@@ -1,11 +1,11 @@
 """`stepcli report`: one self-contained HTML page (charts, tables, advice) for a run, a run summary or traces.
 
 Owns the page only: `data` (what the page shows, from a RunSummary and the traces), `page` (HTML), `svg` (charts),
-`links` (hrefs to files beside the page), and one module per section (gpu, hang, lateness, memorysnapshots,
+`links` (hrefs to files beside the page), and one module per section (gpu, hang, lateness, memorysnapshots, whatifsection,
 wholerun).
 It renders and computes nothing new: the run summary, its advice, and finding the inputs of `stepcli report PATH`
 belong to stepcli.run (stepcli.run.summary.htmlreport).
-May import: stepcli.errors, stepcli.inputs, stepcli.stats, stepcli.fmt, stepcli.runsummary, stepcli.steptimes,
+May import: stepcli.errors, stepcli.inputs, stepcli.stats, stepcli.fmt, stepcli.runfolder.summaryfile, stepcli.steptimes,
 stepcli.traces, stepcli.advice and stepcli.snapshots; never stepcli.run or stepcli.compare.
 """
 

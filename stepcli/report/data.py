@@ -1,6 +1,6 @@
 """The numbers one report page shows, taken from a run summary and the traces; nothing here computes a new figure.
 
-The page renders a RunSummary (stepcli.runsummary: its step times, tables, notes and advice, all computed by
+The page renders a RunSummary (stepcli.runfolder.summaryfile: its step times, tables, notes and advice, all computed by
 `stepcli run`) plus what only the traces hold (operators by input shape, one breakdown bar per rank, the memory
 curve), read through stepcli.traces. Finding the inputs of `stepcli report PATH` and computing the advice of
 inputs that carry none is stepcli.run.summary.htmlreport's job.
@@ -18,14 +18,14 @@ from msgspec import UnsetType
 
 from stepcli.errors import StepcliError
 from stepcli.fmt import plural
-from stepcli.runsummary import Advice, AdviceItem, RunSummary
+from stepcli.runfolder.summaryfile import Advice, AdviceItem, RunSummary
 from stepcli.stats import Stats, describe
 from stepcli.steptimes import ProcessSteps, process_steps, slowest_by_steps, trace_process_steps, worker_label
 from stepcli.traces.analyses.shares import STEP_KEY, overlap_note
 
 if TYPE_CHECKING:
-    from stepcli.traces.analyses.model import FilePart
-    from stepcli.traces.readonce import RunTraces
+    from stepcli.traces.analyses.results import FilePart
+    from stepcli.traces.runtraces import RunTraces
 
 TOP_ROWS = 25  # operator rows per table in the page (sortable); the terminal shows 10
 
@@ -68,7 +68,7 @@ class ReportData:
     python_stacks: dict[str, Any] | None = None  # the flame graph's stacks (stepcli.traces.analyses.pystacks)
     stacks_recorded: bool = False  # the traces hold Python frames (none may fall inside a step)
     stacks_known: bool = False  # the traces were read here (a summary alone cannot say)
-    other_lines: list[str] = field(default_factory=list)  # the breakdown's "other" explained (render/stacks.py)
+    other_lines: list[str] = field(default_factory=list)  # the breakdown's "other" explained (render/stacksection.py)
 
 
 def build(
@@ -82,7 +82,7 @@ def build(
     """The page's data from a run summary (or None) and trace files (may be none). `advice`: the summary's own
     unless given. `traces` holds what was already read of these files (after `stepcli run`, by the run summary);
     without it they are read here, once."""
-    from stepcli.traces.readonce import RunTraces
+    from stepcli.traces.runtraces import RunTraces
 
     traces = traces if traces is not None else RunTraces()
     data = ReportData(title="stepcli report", out_dir=(summary.out_dir if summary else None))
@@ -171,8 +171,8 @@ def _add_step_times(data: ReportData, summary: RunSummary | None, analysis: dict
 def _add_trace_tables(data: ReportData, analysis: dict[str, Any], parts: list[list[FilePart]]) -> None:
     """Breakdown, operator tables and shapes from the traces: every operator, one breakdown bar per rank."""
     from stepcli.traces.analyses.mergeparts import breakdown_of, merge_parts
-    from stepcli.traces.render.stacks import other_lines
-    from stepcli.traces.render.table import left_out_notes, outside_note, repeated_note
+    from stepcli.traces.render.stacksection import other_lines
+    from stepcli.traces.render.terminal import left_out_notes, outside_note, repeated_note
 
     data.cpu_ops = [op for op in analysis["cpu_ops"] if op["name"] != STEP_KEY]
     data.python_stacks = analysis.get("python_stacks")

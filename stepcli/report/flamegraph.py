@@ -127,7 +127,7 @@ def stacks_section(document: Mapping[str, Any] | None, recorded: bool) -> list[s
 
 
 def other_section(lines: Sequence[str]) -> list[str]:
-    """The breakdown's "other" explained (stepcli.traces.render.stacks.other_lines), as a short paragraph."""
+    """The breakdown's "other" explained (stepcli.traces.render.stacksection.other_lines), as a short paragraph."""
     if not lines:
         return []
     head, *rest = lines

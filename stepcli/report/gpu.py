@@ -243,7 +243,7 @@ def gpu_section(device: Mapping[str, Any] | None, ranks: Sequence[Mapping[str, A
         + f"memory {device['memory_share']:.1%}, idle {device['idle_share']:.1%}."
     )
     if device.get("flops_per_step") is not None:
-        from stepcli.traces.render.device import pace_text
+        from stepcli.traces.render.gpusection import pace_text
 
         facts += f" {device['flops_per_step']:.3g} FLOPs per step, {device['achieved_flops_per_s'] / 1e12:.3g} TFLOP/s"
         if device.get("mfu") is not None:

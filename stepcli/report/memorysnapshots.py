@@ -9,14 +9,14 @@ import stat
 from collections.abc import Sequence
 from typing import Any
 
-from stepcli.advice.memory import advise, size
+from stepcli.advice.memoryadvice import advise, size
 from stepcli.errors import StepcliError
 from stepcli.fmt import size as fmt_bytes
 from stepcli.report.svg import WIDTH, nice_max
 from stepcli.safetext import html_escape as escape
-from stepcli.snapshots.analysis import analyze
 from stepcli.snapshots.categories import CATEGORIES, LABELS
-from stepcli.snapshots.reader import find_snapshots, load_snapshot
+from stepcli.snapshots.snapshotfigures import analyze
+from stepcli.snapshots.snapshotreader import find_snapshots, load_snapshot
 
 MAX_REPORT_SNAPSHOT_BYTES = 256 << 20  # larger snapshots are named, not read, at the end of a run
 SPLIT_COLORS = {

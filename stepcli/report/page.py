@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stepcli import __version__, fmt
-from stepcli.report import GENERATOR, lateness, svg, whatif
+from stepcli.report import GENERATOR, lateness, svg, whatifsection
 from stepcli.report.data import ReportData
 from stepcli.report.flamegraph import other_section, stacks_section
 from stepcli.report.gpu import gpu_section
@@ -20,7 +20,7 @@ from stepcli.report.links import page_href
 from stepcli.report.memorysnapshots import snapshot_section
 from stepcli.report.wholerun import step_record_section
 from stepcli.safetext import html_escape as escape
-from stepcli.traces.render.table import shorten
+from stepcli.traces.render.terminal import shorten
 
 NAME_CHARS = 110  # longer operator and kernel names are cut in the middle; the full name is the cell's tooltip
 
@@ -202,7 +202,9 @@ def render(data: ReportData, report_path: str) -> str:
         _distribution(data),
         [step_record_section(data.step_record, data.triggered)],  # stepcli/report/wholerun.py
         _breakdown(data),
-        [whatif.section(data.what_would_help, _BREAKDOWN_COLORS)],  # stepcli/report/whatif.py: '' without it
+        [
+            whatifsection.section(data.what_would_help, _BREAKDOWN_COLORS)
+        ],  # stepcli/report/whatifsection.py: '' without it
         [lateness.section(data.culprit)],  # stepcli/report/lateness.py: '' without collectives on 2+ ranks
         _operators(data),
         _memory(data),

@@ -1,6 +1,6 @@
 """report.html's "Whole run" section: each process's step-time distribution and its slow steps over the whole run,
 and the windows --capture-on-slow recorded, from the run summary's `step_record` and `triggered`
-(built by stepcli/run/summary/recordreader.py from the compact records every process leaves)."""
+(built by stepcli/runfolder/steprecordreader.py from the compact records every process leaves)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The control folder `<out>/.stepcli/<run-id>/`: private to the user whatever the umask, never someone else's.
 
 The profiled processes write their step logs there and the launcher trusts what it reads back (after checking it,
-stepcli/run/summary/steplogs.py), so nobody else may create, replace or write into it. Traces and summaries elsewhere in the
+stepcli/runfolder/steplogreader.py), so nobody else may create, replace or write into it. Traces and summaries elsewhere in the
 output folder follow the user's umask, as files usually do.
 
 `stepcli capture`'s side of its `control/` folder is here too: the heartbeats it reads and the requests.json it
@@ -19,17 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from stepcli.agent import controlfiles
-from stepcli.agent.config import LOG_FOLDER
-from stepcli.agent.ondemand import LOCK_FILE, PROC_PREFIX, REQUESTS_FILE, RUN_FILE
 from stepcli.agent.request import MAX_CONTROL_BYTES, Invalid, check_request
 from stepcli.errors import StepcliError
+from stepcli.runfolder.layout import LOCK_FILE, PROC_PREFIX, REQUESTS_FILE, RUN_FILE, RUN_FOLDER
 
 PRIVATE_MODE = 0o700
 
 
 def prepare_control_dir(out_dir: Path, run_id: str) -> Path:
     """Create `<out>/.stepcli/` (or check an existing one) and a new `<run-id>/` inside it, both mode 0700."""
-    base = out_dir / LOG_FOLDER
+    base = out_dir / RUN_FOLDER
     run_dir = base / run_id
     try:
         _private_dir(base)

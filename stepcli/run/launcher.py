@@ -27,12 +27,12 @@ from stepcli.errors import EXIT_NOT_SAVED, EXIT_REGRESSION, StepcliError
 from stepcli.fmt import say
 from stepcli.run.outputs import check_json_writable, prepare_out_dir, write_json
 from stepcli.run.signals import CUT_SIGNALS, SignalForwarder, child_setup, in_terminal_foreground
-from stepcli.runsummary import SUMMARY_FILE
+from stepcli.runfolder.layout import SUMMARY_FILE
 
 if TYPE_CHECKING:
     from stepcli.run.live.hangwatch import HangWatch
-    from stepcli.runsummary import RunSummary
-    from stepcli.traces.readonce import RunTraces
+    from stepcli.runfolder.summaryfile import RunSummary
+    from stepcli.traces.runtraces import RunTraces
 
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent.parent / "_bootstrap")
 # torch 2.13's Kineto prints `USDT:... profiler_start`/`profiler_stop` on stderr at every window, between the
@@ -42,7 +42,7 @@ KINETO_LOG_LEVEL_ENV = "KINETO_LOG_LEVEL"
 KINETO_QUIET_LEVEL = "6"
 # With --hang-timeout: torch's flight recorder (gloo and NCCL) keeps the last N collectives of every process group,
 # so a hang dump names the collective a process waits in even when C++ issued it (DDP's reducer, FSDP), which no
-# Python hook sees (stepcli/agent/collectives.py, in_flight). A value the user set (or the older NCCL name) is kept.
+# Python hook sees (stepcli/agent/lastcollective.py, in_flight). A value the user set (or the older NCCL name) is kept.
 FLIGHT_RECORDER_ENV = "TORCH_FR_BUFFER_SIZE"
 FLIGHT_RECORDER_ENTRIES = "2000"
 
@@ -115,7 +115,6 @@ class RunRequest:
 
         on_hang = check_options(hang_timeout, on_hang)
         argv, label = _child_command(target, module_mode, command_mode)
-        from stepcli.run.slowoptions import slow_trigger
 
         if json_path is not None:
             check_json_writable(json_path)
@@ -328,7 +327,7 @@ def _report(
     """Summary, --json and --fail-over after the program exited. The program's status wins, except that a
     budget that was exceeded, or could not be checked, fails a run that succeeded. `hang_ended`: `--on-hang kill`
     ended the job. A SIGTERM/SIGHUP/SIGINT meanwhile (a scheduler's time limit, a Ctrl-C on a long read) cuts the
-    summary short but keeps the program's status and the `--json` file (stepcli.run.guard.summary_cut)."""
+    summary short but keeps the program's status and the `--json` file (stepcli.run.summaryfallback.summary_cut)."""
     from stepcli.run.signals import SummaryCut, cut_by_signals
 
     written: set[str] = set()
@@ -336,7 +335,7 @@ def _report(
         with cut_by_signals(unblock=True):
             return _summarize(request, config, status, started, duration_s, hang_ended, hang_folders, written)
     except SummaryCut as cut:
-        from stepcli.run.guard import summary_cut
+        from stepcli.run.summaryfallback import summary_cut
 
         display = _display(request)
         return summary_cut(
@@ -381,7 +380,7 @@ def _summarize(
     """_report's work; `written` collects what is already saved ("json")."""
     from stepcli.run.summary.build import analysis_progress, build_run_summary
     from stepcli.run.summary.console import print_run_summary
-    from stepcli.traces.readonce import RunTraces
+    from stepcli.traces.runtraces import RunTraces
 
     display = _display(request)
     # One read of the traces for the summary and report.html; shapes only when the page will show them.
@@ -400,13 +399,13 @@ def _summarize(
                 hang_folders=hang_folders or [],
             )
     except Exception as exc:  # the program's result, and the --json file CI reads next, must survive a bug here
-        from stepcli.run.guard import summary_failed
+        from stepcli.run.summaryfallback import summary_failed
 
         return summary_failed(
             exc, request, config, command=display, status=status, started=started, duration_s=duration_s
         )
     try:
-        from stepcli.run.summary.recordreader import attach
+        from stepcli.runfolder.steprecordreader import attach
 
         attach(summary, config.log_dir, config.run_key)  # the whole run's step times and the triggered captures
     except Exception as exc:
@@ -422,7 +421,7 @@ def _summarize(
         except OSError:
             pass  # stderr closed: nothing more to say
         except Exception as exc:
-            from stepcli.run.guard import summary_failed
+            from stepcli.run.summaryfallback import summary_failed
 
             return summary_failed(
                 exc,
@@ -523,3 +522,16 @@ def _short(path: Path) -> str:
         return str(path.relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+def slow_trigger(rule: str | None, steps: int, max_captures: int) -> dict[str, Any] | None:
+    """The agent's `slow_trigger` config from the options; StepcliError (one line, exit 2) for a bad rule."""
+    if rule is None:
+        return None
+    from stepcli.agent.slowrule import parse
+
+    try:
+        kind, value = parse(rule)
+    except ValueError as exc:
+        raise StepcliError(str(exc)) from None
+    return {"kind": kind, "value": value, "text": rule.strip(), "steps": steps, "max": max_captures}

@@ -13,7 +13,8 @@ import shlex
 
 from stepcli import safefile
 from stepcli.fmt import plural
-from stepcli.runsummary import RunSummary
+from stepcli.runfolder.layout import RUN_FOLDER
+from stepcli.runfolder.summaryfile import RunSummary
 
 NOTHING_MEASURED = "NOTHING-MEASURED.txt"
 _HEAD = b"stepcli run: "  # how the note begins: only a file that begins so is ever replaced or removed
@@ -35,7 +36,7 @@ def update_note(summary: RunSummary, measured: bool) -> None:
         f"stepcli run: {shlex.join(summary.command)}\n"
         f"exit status {summary.exit_status}, {plural(summary.steps.global_ if summary.steps else 0, 'step')}: no trace was recorded.\n\n"
         f"{notes}\n\n"
-        "stepcli's own records (step logs, the run summary) are in the hidden folder .stepcli/:\n"
+        f"stepcli's own records (step logs, the run summary) are in the hidden folder {RUN_FOLDER}/:\n"
         f"`stepcli report {shlex.quote(out)}` still writes an HTML page of what they hold.\n"
     )
     try:

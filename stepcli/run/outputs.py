@@ -16,7 +16,7 @@ from stepcli import safefile
 from stepcli.errors import StepcliError
 
 if TYPE_CHECKING:
-    from stepcli.runsummary import RunSummary
+    from stepcli.runfolder.summaryfile import RunSummary
 
 DEFAULT_RUNS_DIR = "stepcli-runs"
 

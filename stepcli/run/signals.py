@@ -107,7 +107,7 @@ CUT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 @contextmanager
 def cut_by_signals(unblock: bool = False) -> Iterator[None]:
     """While the run is summarized: the first SIGTERM/SIGHUP/SIGINT raises SummaryCut (the program's status and the
-    files CI reads next are kept, stepcli/run/guard.py); a second one acts as it would have without stepcli.
+    files CI reads next are kept, stepcli/run/summaryfallback.py); a second one acts as it would have without stepcli.
     `unblock`: the launcher held them since the program ended; one that arrived meanwhile is taken now."""
     wanted = CUT_SIGNALS
     previous = {signum: signal.getsignal(signum) for signum in wanted}

@@ -17,7 +17,7 @@ Checked in this order, the first that matches wins (frames are innermost first, 
 
 from __future__ import annotations
 
-from stepcli.snapshots.reader import Frame, Stack
+from stepcli.snapshots.snapshotreader import HistoryFrame, Stack
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
 LABELS = {
@@ -34,21 +34,21 @@ _MODULE_STATE = frozenset({"_apply", "to", "cuda", "to_empty", "load_state_dict"
 _MODULE_CALL = frozenset({"_call_impl", "_wrapped_call_impl"})
 
 
-def _path(frame: Frame) -> str:
+def _path(frame: HistoryFrame) -> str:
     return frame.filename.replace("\\", "/")
 
 
-def is_optimizer(frame: Frame) -> bool:
+def is_optimizer(frame: HistoryFrame) -> bool:
     path = _path(frame)
     return "/optim/" in path or "/optimizers/" in path
 
 
-def is_backward(frame: Frame) -> bool:
+def is_backward(frame: HistoryFrame) -> bool:
     path = _path(frame)
     return frame.name in _BACKWARD and ("/torch/autograd/" in path or "/torch/_tensor" in path)
 
 
-def is_module_state(frame: Frame) -> bool:
+def is_module_state(frame: HistoryFrame) -> bool:
     path = _path(frame)
     if path.endswith(("/torch/nn/parameter.py", "/torch/nn/init.py")):
         return True
@@ -57,7 +57,7 @@ def is_module_state(frame: Frame) -> bool:
     return "/torch/nn/modules/" in path and frame.name in ("__init__", "reset_parameters")
 
 
-def is_forward(frame: Frame) -> bool:
+def is_forward(frame: HistoryFrame) -> bool:
     path = _path(frame)
     if path.endswith("/torch/nn/modules/module.py"):
         return frame.name in _MODULE_CALL
@@ -90,7 +90,7 @@ def phase(stack: Stack) -> str:
     return "other"
 
 
-def site(stack: Stack) -> tuple[Frame | None, Frame | None]:
+def site(stack: Stack) -> tuple[HistoryFrame | None, HistoryFrame | None]:
     """(the program's own frame closest to the allocation, the innermost frame when that differs): the first
     frame outside torch's package, so a site names the line of the program that asked for the memory."""
     if not stack:

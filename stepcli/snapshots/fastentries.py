@@ -15,7 +15,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from typing import Any
 
-from stepcli.snapshots.history import _FRAME_CACHE_LIMIT, Frame, HistoryBuilder, Trace
+from stepcli.snapshots.history import _FRAME_CACHE_LIMIT, HistoryBuilder, HistoryColumns, HistoryFrame
 from stepcli.snapshots.opcodes import (
     APPEND,
     BINGET,
@@ -67,7 +67,7 @@ class FastEntryDecoder:
         self._read = read
         self.builder = builder
         self._keep = keep  # True: every entry and frame stays in the memo (a pickle that names one again)
-        self.histories: dict[int, Trace] = {}  # id(history list) -> its columns
+        self.histories: dict[int, HistoryColumns] = {}  # id(history list) -> its columns
         self._history_lists: list[list[Any]] = []  # kept alive, so their ids stay theirs
         self._memo: dict[int, Any] = {}
         self._memo_next = 0  # MEMOIZE's index: how many objects were memoized, dropped ones included
@@ -78,7 +78,7 @@ class FastEntryDecoder:
         self._string_indexes = array("I")  # dropped strings of single entries, by memo index -> their step code
         self._string_steps = array("I")
         self._frame_indexes = array("I")  # frame dicts let go, by memo index (increasing) -> their Frame
-        self._frame_values: list[Frame] = []
+        self._frame_values: list[HistoryFrame] = []
         # Frames lists of frame dicts of their own the fast path read, by memo index -> their stack: the list's
         # dicts were memoized right after it, so memo index + k names the stack's k-th frame
         self._inline_indexes = array("I")
@@ -94,7 +94,7 @@ class FastEntryDecoder:
         self._seen_memoize = False
         self._seen_put = False
 
-    def _frame_at(self, index: int) -> Frame | None:
+    def _frame_at(self, index: int) -> HistoryFrame | None:
         """The Frame of a frame dict at memo `index` that was let go, else None."""
         at = bisect_left(self._frame_indexes, index)
         if at < len(self._frame_indexes) and self._frame_indexes[at] == index:
@@ -122,7 +122,7 @@ class FastEntryDecoder:
         return b"".join(parts), 0
 
     # -- the fast path -------------------------------------------------------------------------------------------------
-    def _fast_entries(self, trace: Trace) -> None:
+    def _fast_entries(self, trace: HistoryColumns) -> None:
         """History entries in the common layout, read straight from the bytes: no dict, no frames list, nothing
         kept in the memo (each MEMOIZE only counted). Stops at the first byte it does not expect, where the
         slow loop takes over (the end of a batch, a frame boundary, a new string or frame, an odd layout)."""
@@ -133,7 +133,7 @@ class FastEntryDecoder:
         except (IndexError, struct.error):  # an entry past the bytes at hand: the slow loop reads it
             pass
 
-    def _fast_loop(self, trace: Trace) -> None:  # noqa: C901 (one function: a call per field would cost ~20%)
+    def _fast_loop(self, trace: HistoryColumns) -> None:  # noqa: C901 (one function: a call per field would cost ~20%)
         data, pos = self._data, self._pos
         memo = self._memo
         key_names = self._key_names
@@ -361,7 +361,7 @@ class FastEntryDecoder:
             found = memo.get(index, _Dropped)
             if found is _Dropped:
                 found = self._frame_at(index)
-            if type(found) is not dict and type(found) is not Frame:
+            if type(found) is not dict and type(found) is not HistoryFrame:
                 return None
             frames.append(found)
         if pos != len(refs):

@@ -34,17 +34,17 @@ class NotSnapshot(Exception):
         self.verbatim = verbatim
 
 
-class Refused(Exception):
+class ClassRefused(Exception):
     """The pickle asks for a class or function (or a persistent object): never built, whatever it is."""
 
 
-class Frame(NamedTuple):
+class HistoryFrame(NamedTuple):
     filename: str
     line: int
     name: str
 
 
-Stack = tuple[Frame, ...]
+Stack = tuple[HistoryFrame, ...]
 
 
 class Entry(NamedTuple):
@@ -71,7 +71,7 @@ class StepRef(NamedTuple):
     code: int
 
 
-class Trace(Sequence[Entry]):
+class HistoryColumns(Sequence[Entry]):
     """One device's history as columns: 25 bytes an entry, where a tuple of Python objects would take ~150."""
 
     def __init__(self, names: list[str], steps: list[int | None]) -> None:
@@ -137,9 +137,11 @@ class HistoryBuilder:
 
     def __init__(self, step_tag: str) -> None:
         self.stacks: list[Stack] = [()]
-        self.frames: dict[Frame, Frame] = {}  # each distinct frame once, whatever number of dicts named it
+        self.frames: dict[
+            HistoryFrame, HistoryFrame
+        ] = {}  # each distinct frame once, whatever number of dicts named it
         self._stack_index: dict[Stack, int] = {(): 0}
-        self._frames: dict[int, tuple[object, Frame]] = {}  # id(frame dict) -> (the dict, kept alive; its Frame)
+        self._frames: dict[int, tuple[object, HistoryFrame]] = {}  # id(frame dict) -> (the dict, kept alive; its Frame)
         self._by_ids: dict[tuple[int, ...], int] = {}
         self.names: list[str] = []
         self._codes: dict[str, int] = {}
@@ -147,8 +149,8 @@ class HistoryBuilder:
         self._step_codes: dict[Any, int] = {}
         self._tag = step_tag
 
-    def new_trace(self) -> Trace:
-        return Trace(self.names, self.step_values)
+    def new_trace(self) -> HistoryColumns:
+        return HistoryColumns(self.names, self.step_values)
 
     def stack(self, frames: Any) -> int:
         """The index of this stack. torch shares each distinct frame dict among all entries, so the ids of a
@@ -165,9 +167,9 @@ class HistoryBuilder:
         if len(cache) > _FRAME_CACHE_LIMIT:  # a writer that never shares frame dicts: start the cache over
             cache.clear()
             self._by_ids.clear()
-        out: list[Frame] = []
+        out: list[HistoryFrame] = []
         for raw in frames:
-            if type(raw) is Frame:  # converted as its dict was read: interned, so its id is stable
+            if type(raw) is HistoryFrame:  # converted as its dict was read: interned, so its id is stable
                 out.append(raw)
                 continue
             hit = cache.get(id(raw))
@@ -184,9 +186,9 @@ class HistoryBuilder:
         self._by_ids[ids] = index
         return index
 
-    def frame(self, raw: Any) -> Frame:
+    def frame(self, raw: Any) -> HistoryFrame:
         """The interned Frame of a frame dict ({filename, line, name}: torch's keys)."""
-        made = Frame(_text(raw["filename"]), int(raw["line"]), _text(raw["name"]))
+        made = HistoryFrame(_text(raw["filename"]), int(raw["line"]), _text(raw["name"]))
         return self.frames.setdefault(made, made)
 
     def step_code(self, metadata: Any) -> int:
@@ -221,7 +223,7 @@ class HistoryBuilder:
             self.names.append(action)
         return code
 
-    def add(self, trace: Trace, raw: Any) -> None:
+    def add(self, trace: HistoryColumns, raw: Any) -> None:
         """One entry's dict (any layout torch writes) -> one row: the fields as `int`/`str` read them."""
         action = raw["action"]
         if type(action) is StepRef or type(action) is StackRef:

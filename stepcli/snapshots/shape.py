@@ -9,14 +9,14 @@ line, name}). So: a list holds items of one kind (dicts of one of those shapes, 
 Python's pickler never puts more than 1,000 items (2,000 for a dict) on its stack at once nor nests a snapshot
 more than a few levels. A pickle made to take memory (millions of empty lists in a few MB, a tower of nested
 tuples, a string of gigabytes, a dict of the wrong keys) breaks one of these rules within its first few thousand
-objects. The rest of the memory a decoding may take is the absolute budget (stepcli.snapshots.reader).
+objects. The rest of the memory a decoding may take is the absolute budget (stepcli.snapshots.snapshotreader).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from stepcli.snapshots.history import Frame, NotSnapshot, StackRef, StepRef
+from stepcli.snapshots.history import HistoryFrame, NotSnapshot, StackRef, StepRef
 
 MAX_STACK = 4096  # objects on the pickle's stack at once (Python's pickler: 1,000 list items, 2,000 for a dict)
 MAX_DEPTH = 64  # nested marks (a snapshot nests about 8 deep)
@@ -53,7 +53,7 @@ def dict_kind(item: dict[Any, Any]) -> str:
 
 def kind(item: Any) -> str:
     """The kind of a list's item: items of one list are all of one kind."""
-    if type(item) is Frame:
+    if type(item) is HistoryFrame:
         return "frame"
     if type(item) is dict:
         return dict_kind(item)

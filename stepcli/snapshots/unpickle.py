@@ -27,12 +27,12 @@ from typing import Any
 from stepcli.snapshots import shape
 from stepcli.snapshots.fastentries import CHUNK, FastEntryDecoder, _Dropped
 from stepcli.snapshots.history import (
-    Frame,
+    ClassRefused,
+    HistoryColumns,
+    HistoryFrame,
     NotSnapshot,
-    Refused,
     StackRef,
     StepRef,
-    Trace,
     Truncated,
     Unsupported,
 )
@@ -71,7 +71,7 @@ class StreamDecoder(FastEntryDecoder):
     """One pickle, read from `read` (a function like a file's), its histories turned into `Trace`s as they go."""
 
     # -- the opcode loop ------------------------------------------------------------------------------------------
-    def run(self) -> tuple[Any, dict[int, Trace]]:
+    def run(self) -> tuple[Any, dict[int, HistoryColumns]]:
         """The pickle's object and its histories; a value a conversion refused (KeyError, ValueError...) becomes
         NotSnapshot."""
         try:
@@ -322,7 +322,7 @@ class StreamDecoder(FastEntryDecoder):
                 shape.check_scalars(args[0] if args else (), "set")
                 stack[-1] = stack[-1](*args)
             elif op == 0x50 or op == 0x51:  # PERSID, BINPERSID
-                raise Refused("a persistent object")
+                raise ClassRefused("a persistent object")
             else:
                 raise NotSnapshot(f"opcode {op:#x}, which plain data of protocols 2-5 never uses")
 
@@ -395,7 +395,7 @@ class StreamDecoder(FastEntryDecoder):
         memo, containers = self._memo, self._containers
         indexes, values = self._frame_indexes, self._frame_values
         for at, item in enumerate(items):
-            if type(item) is Frame:
+            if type(item) is HistoryFrame:
                 continue
             if type(item) is not dict or shape.kind(item) != "frame":
                 raise NotSnapshot("a frames list of other things than frames")
@@ -421,7 +421,7 @@ class StreamDecoder(FastEntryDecoder):
         elif index is not None:
             self._containers[id(item)] = index
 
-    def _add_entry(self, trace: Trace, raw: Any) -> None:
+    def _add_entry(self, trace: HistoryColumns, raw: Any) -> None:
         """A history entry built the slow way: a row, and its dict and frames list out of the memo."""
         if type(raw) is not dict:
             raise Unsupported("a history entry that is not a dict")
@@ -447,7 +447,7 @@ class StreamDecoder(FastEntryDecoder):
         self._list_stacks.append(stack)
         return True
 
-    def _dropped_list(self, index: int) -> StackRef | StepRef | Frame:
+    def _dropped_list(self, index: int) -> StackRef | StepRef | HistoryFrame:
         """A memo reference to something dropped: a frames list's stack, a string's step, a frame; else
         Unsupported."""
         at = bisect_left(self._list_indexes, index)
@@ -477,4 +477,4 @@ def _plain_global(module: str, name: str) -> type:
     """`set` or `frozenset` (what protocols 2-3 name to build a set); any other name: Refused, never imported."""
     if module in ("builtins", "__builtin__") and name in ("set", "frozenset"):
         return set if name == "set" else frozenset
-    raise Refused(f"{module}.{name}"[:200])
+    raise ClassRefused(f"{module}.{name}"[:200])

@@ -1,5 +1,5 @@
 """Summarizing many trace files at once: each file is read and summarized on its own, in worker processes when
-there are several files and cores, and only the small per-file parts (stepcli.traces.analyses.model.FilePart) come back to be
+there are several files and cores, and only the small per-file parts (stepcli.traces.analyses.results.FilePart) come back to be
 merged. Peak memory is a few files (one per worker), not the folder; the answers equal the serial path's. A
 process that may fork shares the files with forked children (stepcli.traces.forkmap); one that may not (a
 launcher's threads) uses a process pool from a forkserver.
@@ -21,14 +21,14 @@ from stepcli.errors import TraceError
 from stepcli.traces.read.columns import ColumnTrace, load_columns
 from stepcli.traces.read.files import list_trace_files
 from stepcli.traces.read.forked import available_cores
-from stepcli.traces.read.reader import Decode
 from stepcli.traces.read.splitread import read_blocked
+from stepcli.traces.read.tracereader import Decode
 
 if TYPE_CHECKING:  # multiprocessing and concurrent.futures cost ~20 ms to import: only where a pool is made
     import multiprocessing.context
     from concurrent.futures import ProcessPoolExecutor
 
-    from stepcli.traces.analyses.model import FilePart, TraceSummary
+    from stepcli.traces.analyses.results import FilePart, TraceSummary
 
 _T = TypeVar("_T")
 
@@ -140,10 +140,10 @@ def _summarized(
     trace: ColumnTrace, groupings: tuple[bool, ...], arrivals: bool = True, lanes: bool = False, stacks: bool = False
 ) -> list[FilePart]:
     """One part per grouping (plain, by shape) of a trace read into columns, whole or in ranges (`arrivals`: see
-    stepcli.traces.analyses.analysis.summarize_columns). Only the first part carries the collectives' arrivals:
+    stepcli.traces.analyses.traceanalysis.summarize_columns). Only the first part carries the collectives' arrivals:
     the culprit is found from it, and a second copy (the page's by-shape part) cost every rank's file their
     computing, pickling and memory again for nothing."""
-    from stepcli.traces.analyses.analysis import summarize_read
+    from stepcli.traces.analyses.traceanalysis import summarize_read
 
     parts = [
         summarize_read(trace.columns, trace, group_by_shape=g, arrivals=arrivals and i == 0)
@@ -165,7 +165,7 @@ def load_analysis() -> None:
     """Import the analysis now (~35 ms, numpy's own import aside). The reading code does not need it, so on one
     file this is done while a forked child decodes (stepcli.traces.read.twoprocess); before worker processes are forked,
     so that they share it instead of each importing it."""
-    import stepcli.traces.analyses.analysis  # noqa: F401
+    import stepcli.traces.analyses.traceanalysis  # noqa: F401
 
 
 def _split_parts(
@@ -262,7 +262,7 @@ def _context() -> multiprocessing.context.BaseContext:
         context.set_forkserver_preload(
             [
                 "stepcli.traces.engine",
-                "stepcli.traces.analyses.analysis",
+                "stepcli.traces.analyses.traceanalysis",
                 "stepcli.traces.read.columns",
                 "stepcli.traces.read.splitread",
             ]
@@ -282,7 +282,7 @@ def file_parts(
     lanes: bool = False,
     stacks: bool = False,
 ) -> list[list[FilePart]]:
-    """Per file named by `paths` (files or folders, as stepcli.traces.read.reader.load_paths reads them), in that order: its
+    """Per file named by `paths` (files or folders, as stepcli.traces.read.tracereader.load_paths reads them), in that order: its
     parts, one per grouping. `jobs` worker processes at most (default: the available cores); 1 reads in-process.
     With `scheduler`, a Dask distributed cluster's workers read the files instead (stepcli.traces.cluster).
     `lanes`: each file's first part also carries its what-if lane (FilePart.lane; not on a cluster). `stacks`: its

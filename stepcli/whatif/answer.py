@@ -1,6 +1,6 @@
 """The what-if answer: the replay checked against the measured step, the critical path, each change's prediction
 and the ranked opportunities, as one JSON-ready document (schema `stepcli.whatif/1`, docs/reference/whatif-json.md).
-Pure: the lanes come in, the document goes out (stepcli.whatif.command reads, stepcli.whatif.render prints).
+Pure: the lanes come in, the document goes out (stepcli.whatif.whatifmain reads, stepcli.whatif.whatifrender prints).
 """
 
 from __future__ import annotations
@@ -17,7 +17,17 @@ import numpy as np
 from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.traces.analyses.lanes import PHASE_NAMES, RankLane
 from stepcli.traces.analyses.ranks import steps_label
-from stepcli.whatif.replay import Change, Graph, Record, Replay, ReplayError, Scale, build_graph, replay, step_ms
+from stepcli.whatif.lanereplay import (
+    Graph,
+    LaneReplay,
+    Record,
+    ReplayError,
+    Scale,
+    WhatifChange,
+    build_graph,
+    replay,
+    step_ms,
+)
 
 SCHEMA = "stepcli.whatif/1"
 MAX_REPLAY_ERROR = 0.05  # a replay further than this from the measured step answers nothing
@@ -27,7 +37,7 @@ TOP_KERNELS = 3  # device work names offered as opportunities (halved)
 
 
 @dataclass
-class Request:
+class WhatifRequest:
     """The changes as typed, in order: ("scale", "SEL=F"), ("comm", "F"), ("idealize", "R")."""
 
     changes: list[tuple[str, str]]
@@ -38,13 +48,13 @@ def usage(message: str) -> StepcliError:
     return StepcliError(message, EXIT_USAGE)
 
 
-def parse_change(flag: str, value: str, lanes: Sequence[RankLane]) -> Change:
+def parse_change(flag: str, value: str, lanes: Sequence[RankLane]) -> WhatifChange:
     """One flag's change, checked against the lanes (a selector matching nothing is a usage error with near names)."""
     ranks = sorted({lane.rank for lane in lanes if lane.rank is not None})
     if flag == "comm":
         if len(lanes) < 2:
             raise usage("--comm: these traces are one process; collectives between ranks need two or more")
-        return Change(f"--comm {value}", comm=_factor(value, "--comm"))
+        return WhatifChange(f"--comm {value}", comm=_factor(value, "--comm"))
     if flag == "idealize":
         if len(lanes) < 2:
             raise usage("--idealize-rank: these traces are one process; idealizing a rank needs two or more")
@@ -54,12 +64,12 @@ def parse_change(flag: str, value: str, lanes: Sequence[RankLane]) -> Change:
             raise usage(f"--idealize-rank {value}: not a rank number") from None
         if rank not in ranks:
             raise usage(f"--idealize-rank {rank}: no such rank in these traces (ranks {_ranks(ranks)})")
-        return Change(f"--idealize-rank {rank}", idealize=[rank])
+        return WhatifChange(f"--idealize-rank {rank}", idealize=[rank])
     selector, equals, factor_text = value.rpartition("=")
     if not equals or not selector:
         raise usage(f"--scale {value}: expected SELECTOR=FACTOR, e.g. phase:dataloader=0 or aten::mm=0.5")
     factor = _factor(factor_text, f"--scale {value}")
-    return Change(f"--scale {value}", scales=[_scale(selector, factor, lanes, ranks, value)])
+    return WhatifChange(f"--scale {value}", scales=[_scale(selector, factor, lanes, ranks, value)])
 
 
 def _factor(text: str, where: str) -> float:
@@ -171,15 +181,15 @@ class Answer:
 
     doc: dict[str, Any]
     graph: Graph | None = None
-    base: Replay | None = None
+    base: LaneReplay | None = None
 
 
-def answer(lanes: Sequence[RankLane], request: Request, untouched_ms: float | None) -> dict[str, Any]:
+def answer(lanes: Sequence[RankLane], request: WhatifRequest, untouched_ms: float | None) -> dict[str, Any]:
     """The whole answer document; `verdict` is "inconclusive" (with `reason`) when the replay cannot be trusted."""
     return solve(lanes, request, untouched_ms).doc
 
 
-def solve(lanes: Sequence[RankLane], request: Request, untouched_ms: float | None) -> Answer:
+def solve(lanes: Sequence[RankLane], request: WhatifRequest, untouched_ms: float | None) -> Answer:
     """answer(), with the graph and its replay kept for the trace (stepcli.whatif.tracefile)."""
     lanes = list(lanes)
     steps = choose_steps(lanes, request.step)
@@ -240,7 +250,7 @@ def solve(lanes: Sequence[RankLane], request: Request, untouched_ms: float | Non
     doc["nearly_critical_ranks"] = nearly_critical(graph, base, measured)
     doc["slack"] = slack(graph, base)
 
-    def predicted(change: Change) -> dict[str, Any]:
+    def predicted(change: WhatifChange) -> dict[str, Any]:
         ms = step_ms(graph, replay(graph, change))
         saved = measured - ms
         return {
@@ -305,30 +315,30 @@ def top_kernels(lanes: Sequence[RankLane], count: int) -> list[str]:
     return [name for name, _ in sorted(totals.items(), key=lambda kv: -kv[1])[:count]]
 
 
-def opportunities(graph: Graph, base: Replay, lanes: Sequence[RankLane]) -> list[Change]:
+def opportunities(graph: Graph, base: LaneReplay, lanes: Sequence[RankLane]) -> list[WhatifChange]:
     """Each phase removed and halved, the top operator classes halved, communication halved, the ranks the others
     wait for idealized."""
-    out: list[Change] = []
+    out: list[WhatifChange] = []
     for name in _phase_order():
         code = PHASE_NAMES.index(name)
         if any(np.any((lane.phase == code) & (np.diff(lane.grid) > 0)) for lane in lanes):
             for factor, shown in ((0.0, "0"), (0.5, "0.5")):
-                out.append(Change(f"--scale phase:{name}={shown}", [Scale(None, code, frozenset(), factor)]))
+                out.append(WhatifChange(f"--scale phase:{name}={shown}", [Scale(None, code, frozenset(), factor)]))
     for name in top_operators(lanes, TOP_OPERATORS):
-        out.append(Change(f"--scale {name}=0.5", [Scale(None, None, frozenset([name]), 0.5)]))
+        out.append(WhatifChange(f"--scale {name}=0.5", [Scale(None, None, frozenset([name]), 0.5)]))
     for name in top_kernels(lanes, TOP_KERNELS):
-        out.append(Change(f"--scale {name}=0.5", [Scale(None, None, frozenset([name]), 0.5)]))
+        out.append(WhatifChange(f"--scale {name}=0.5", [Scale(None, None, frozenset([name]), 0.5)]))
     if graph.members:
-        out.append(Change("--comm 0.5", comm=0.5))
+        out.append(WhatifChange("--comm 0.5", comm=0.5))
         order = np.argsort(base.blocked)
         for i in order[:4].tolist():
             rank = lanes[i].rank
             if rank is not None:
-                out.append(Change(f"--idealize-rank {rank}", idealize=[rank]))
+                out.append(WhatifChange(f"--idealize-rank {rank}", idealize=[rank]))
     return out
 
 
-def nearly_critical(graph: Graph, base: Replay, measured_ms: float) -> list[int]:
+def nearly_critical(graph: Graph, base: LaneReplay, measured_ms: float) -> list[int]:
     """Ranks that wait less than 1% of the step: each is on a (nearly) critical path; with several, making one
     faster buys little until the others are too."""
     if len(graph.lanes) < 2:
@@ -359,7 +369,7 @@ class PathPiece:
         return self.end - self.start
 
 
-def walk_critical_path(graph: Graph, rep: Replay) -> list[PathPiece]:
+def walk_critical_path(graph: Graph, rep: LaneReplay) -> list[PathPiece]:
     """Walk back from the latest end along each stretch's binding predecessor: the lane before it, or for a wait
     bound by a collective, that collective's transfer and then its last arriver's lane. In time order."""
     i = int(np.argmax(rep.end))
@@ -406,7 +416,7 @@ def walk_critical_path(graph: Graph, rep: Replay) -> list[PathPiece]:
     return walked
 
 
-def _walk_device(graph: Graph, rep: Replay, i: int, node: int, walked: list[PathPiece]) -> tuple[int, int]:
+def _walk_device(graph: Graph, rep: LaneReplay, i: int, node: int, walked: list[PathPiece]) -> tuple[int, int]:
     """Walk back along the device nodes from lane i's `node`, through the edges that bound them (the stream,
     another stream's node, a launch: a piece of its own; an NCCL collective: its transfer, then the last member to
     arrive, on its lane), to a launch call on a host: (that lane, the index of its record that ends there; -1:
@@ -455,7 +465,7 @@ def _record_end(times: Any, node: int, work: Any) -> float:
     return float(times.start[node] - work.delay[node, LAUNCH])
 
 
-def critical_path(graph: Graph, rep: Replay) -> dict[str, Any]:
+def critical_path(graph: Graph, rep: LaneReplay) -> dict[str, Any]:
     """The critical path's segments merged by (rank, kind, name) in order of first appearance, in ms per step;
     their ms add up to the path's."""
     n_steps = len(graph.steps)
@@ -499,7 +509,7 @@ def _phase_split(graph: Graph, i: int, record: Record) -> list[tuple[str, float]
     return [(PHASE_NAMES[p], float(sums[p]) * scale) for p in sorted(first, key=first.__getitem__)]
 
 
-def slack(graph: Graph, rep: Replay) -> list[dict[str, Any]]:
+def slack(graph: Graph, rep: LaneReplay) -> list[dict[str, Any]]:
     """The top operators' slack: how much longer each could run before the step does (ms, the least over its
     occurrences on a rank): the waits for other ranks after it on its rank absorb that much. Per rank, and the
     least over ranks."""

@@ -29,8 +29,8 @@ from stepcli.agent.tracker import AFTER_WINDOW, NEVER, StepTracker
 from stepcli.run.controldir import read_control as _read_control
 from stepcli.run.controldir import read_requests as _read_requests
 from stepcli.run.controldir import still_wanted as _still_wanted
-from stepcli.run.live.capture import Ping, _outcome, _ping, _withdraw, await_heartbeats, wait_for_answers
-from stepcli.run.live.captureplan import Request, plan_request
+from stepcli.run.live.captureplan import CaptureRequest, plan_request
+from stepcli.run.live.capturewindow import Ping, _outcome, _ping, _withdraw, await_heartbeats, wait_for_answers
 from stepcli.run.live.liverun import LiveRun
 
 # Steps until rank 0 sees <control>/pause, then idles (no steps) until <control>/end. Rank 0 decides and
@@ -495,7 +495,7 @@ def _control(tmp_path: Path, processes: list[dict[str, Any]]) -> Path:
 
 def test_a_rank_that_hangs_does_not_hold_up_the_others(tmp_path: Path) -> None:
     now = time.time()
-    request = Request("r1", 10, 11, 12)
+    request = CaptureRequest("r1", 10, 11, 12)
     saved = {
         "status": "saved",
         "first_step": 11,
@@ -541,9 +541,9 @@ def test_a_rank_that_hangs_does_not_hold_up_the_others(tmp_path: Path) -> None:
 def test_requests_of_captures_that_died_are_dropped(tmp_path: Path) -> None:
     folder = _control(tmp_path, [])
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    mine = dict(Request("a", 1, 2, 3).to_dict())
-    gone = dict(Request("b", 5, 6, 7).to_dict(), pid=int(dead.stdout))
-    elsewhere = dict(Request("c", 8, 9, 9).to_dict(), host="another-node", pid=int(dead.stdout))
+    mine = dict(CaptureRequest("a", 1, 2, 3).to_dict())
+    gone = dict(CaptureRequest("b", 5, 6, 7).to_dict(), pid=int(dead.stdout))
+    elsewhere = dict(CaptureRequest("c", 8, 9, 9).to_dict(), host="another-node", pid=int(dead.stdout))
     (folder / "requests.json").write_text(json.dumps({"run_id": "run1", "requests": [mine, gone, elsewhere]}))
     requests = _read_requests(str(folder), "run1")
     assert [r["id"] for r in requests if _still_wanted(r)] == ["a", "c"]
@@ -703,7 +703,7 @@ def test_capture_waits_for_fresh_heartbeats_but_not_for_ended_or_quiet_processes
 def test_a_run_quiet_since_before_capture_asked_is_said_to_have_stopped_stepping() -> None:
     now = time.time()
     ping = Ping("p1", now - 20)
-    request = Request("r1", 210, 211, 212)
+    request = CaptureRequest("r1", 210, 211, 212)
     quiet = [
         {"rank": r, "worker": f"rank{r}", "step": 1, "time": now - 3600, "steps_per_s": 0.0, "pings": [], "ended": ""}
         for r in (0, 1)
@@ -727,7 +727,7 @@ def test_a_capture_pings_renews_and_withdraws_leaving_no_file(tmp_path: Path) ->
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     gone = dict(Ping("gone", 0.0).to_dict(), pid=int(dead.stdout))  # a capture killed before it could withdraw
     elsewhere = dict(Ping("far", 0.0).to_dict(), host="another-node")
-    request = Request("r1", 5, 6, 7)
+    request = CaptureRequest("r1", 5, 6, 7)
     atomic_write_json(
         str(folder / "requests.json"), {"run_id": "run1", "requests": [request.to_dict()], "pings": [gone, elsewhere]}
     )
@@ -1107,7 +1107,7 @@ def test_a_capture_the_run_outpaced_asks_again_further_ahead(
     """A job much faster than its last heartbeat said (a loaded machine, a burst): the first placement is
     already behind it. The capture withdraws it and asks for later steps instead of giving up."""
     from stepcli.run.controldir import read_control
-    from stepcli.run.live.capture import capture_main
+    from stepcli.run.live.capturewindow import capture_main
 
     folder = _control(tmp_path, [])
     atomic_write_json(

@@ -15,10 +15,10 @@ import pytest
 from browser import artifacts_dir
 from conftest import load_trace, run_stepcli, trace_files, write_script
 
-from stepcli.traces.analyses.analysis import summarize_file
 from stepcli.traces.analyses.arrivals import CAUSES
 from stepcli.traces.analyses.culprit import CPU_WAIT_SHARE, SAME_WORK_SHARE
-from stepcli.traces.read.reader import load_trace as read_trace
+from stepcli.traces.analyses.traceanalysis import summarize_file
+from stepcli.traces.read.tracereader import load_trace as read_trace
 
 RANKS_SCRIPT = """
     import gc, sys, time

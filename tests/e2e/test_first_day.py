@@ -235,8 +235,8 @@ def test_every_rich_renderer_fits_80_columns_with_many_ranks() -> None:
 
     from stepcli.traces.analyses.mergeparts import summarize
     from stepcli.traces.read.events import Event
-    from stepcli.traces.read.reader import Trace
-    from stepcli.traces.render.table import print_rich_report
+    from stepcli.traces.read.tracereader import Trace
+    from stepcli.traces.render.terminal import print_rich_report
 
     traces = []
     for rank in range(8):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from conftest import run_stepcli, stepcli_env, write_script
 
-from stepcli.agent.stacks import SCHEMA as STACKS_SCHEMA
+from stepcli.runfolder.layout import STACKS_SCHEMA
 
 
 def _snapshot(note: str) -> bytes:

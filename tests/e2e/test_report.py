@@ -357,7 +357,7 @@ def test_a_run_folder_is_read_where_it_lies_and_only_what_this_user_wrote_there(
 def test_report_from_plain_torch_profiler_traces(browser: Any, tmp_path: Path) -> None:  # noqa: F811
     # GIVEN a trace from plain torch.profiler (no stepcli) and a folder of two rank traces
     from stepcli.traces.analyses.mergeparts import summarize
-    from stepcli.traces.read.reader import load_paths
+    from stepcli.traces.read.tracereader import load_paths
 
     top_op = next(op.name for op in summarize(load_paths([str(FIXTURE_TRACE)])).cpu_ops if op.name != "ProfilerStep*")
     single = tmp_path / "single.html"
@@ -388,7 +388,7 @@ def test_cuda_trace_shows_kernels_device_time_and_device_advice(browser: Any, tm
     # AND the page has the kernel table and the device busy/idle bar
     assert 'id="kernels"' in html and 'class="seg dev-busy"' in html and 'class="seg dev-idle"' in html
     from stepcli.traces.analyses.mergeparts import summarize
-    from stepcli.traces.read.reader import load_paths
+    from stepcli.traces.read.tracereader import load_paths
 
     top_op = next(op.name for op in summarize(load_paths([str(CUDA_SMALL)])).cpu_ops if op.name != "ProfilerStep*")
     _check_in_browser(browser, page, top_op, artifacts_dir(tmp_path), "report-cuda")

@@ -114,7 +114,7 @@ def test_forged_step_logs_and_outside_traces_are_refused(forged_run: dict[str, A
 def test_only_traces_this_run_wrote_inside_the_output_folder_count(tmp_path: Path) -> None:
     from stepcli.agent.config import AgentConfig
     from stepcli.agent.signing import sign
-    from stepcli.run.summary.steplogs import load_step_logs, trace_problem
+    from stepcli.runfolder.steplogreader import load_step_logs, trace_problem
 
     # GIVEN a signed step log whose windows name a good trace, one outside the output folder, a link inside the
     # folder that points outside, a trace whose size is not what the agent recorded, and one older than the run

@@ -18,9 +18,9 @@ import pytest
 from conftest import run_stepcli, trace_files, write_script
 
 from stepcli.traces.analyses import ranks as straggler_rule
-from stepcli.traces.analyses.analysis import summarize_file
 from stepcli.traces.analyses.shares import STEP_KEY
-from stepcli.traces.read.reader import load_trace as read_trace
+from stepcli.traces.analyses.traceanalysis import summarize_file
+from stepcli.traces.read.tracereader import load_trace as read_trace
 
 # DDP over gloo: its all-reduce runs on gloo's own thread, overlapping the backward pass. `extra` matrix products
 # per step on rank 1 only make rank 1 the straggler; 0 is a balanced run.

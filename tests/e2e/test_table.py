@@ -329,9 +329,9 @@ def test_a_step_number_repeated_in_one_process_shows_every_duration(tmp_path: Pa
 def test_render_treats_names_as_text_and_shortens_in_the_middle() -> None:
     from stepcli.traces.analyses.mergeparts import summarize
     from stepcli.traces.read.events import Event
-    from stepcli.traces.read.reader import Trace
+    from stepcli.traces.read.tracereader import Trace
     from stepcli.traces.render.formats import print_table_report
-    from stepcli.traces.render.table import shorten
+    from stepcli.traces.render.terminal import shorten
 
     long_name = "void at::native::elementwise_kernel<" + "x" * 200 + ">(int, functor)"
     events = [
@@ -354,8 +354,8 @@ def test_names_that_would_shorten_alike_stand_whole() -> None:
 
     from stepcli.traces.analyses.mergeparts import summarize
     from stepcli.traces.read.events import Event
-    from stepcli.traces.read.reader import Trace
-    from stepcli.traces.render.table import print_rich_report
+    from stepcli.traces.read.tracereader import Trace
+    from stepcli.traces.render.terminal import print_rich_report
 
     # GIVEN two optimizers' zero_grad, whose names differ only in their middle, at 80 columns
     names = ["Optimizer.zero_grad#Adam.zero_grad", "Optimizer.zero_grad#SGD.zero_grad", "aten::mm"]
@@ -374,7 +374,7 @@ def test_names_that_would_shorten_alike_stand_whole() -> None:
 def test_the_ranks_table_never_cuts_a_figure(width: int) -> None:
     from rich.console import Console
 
-    from stepcli.traces.render.table import ranks_table
+    from stepcli.traces.render.terminal import ranks_table
 
     # GIVEN two ranks with 5-digit figures, the slower one labelled so, on a terminal narrower than 80 columns
     stats = {"count": 12, "mean": 55.82, "p90": 59.3, "max": 12345.67}

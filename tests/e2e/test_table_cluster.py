@@ -10,7 +10,7 @@ import pytest
 from conftest import run_stepcli
 
 from stepcli.traces.analyses.mergeparts import summarize
-from stepcli.traces.read.reader import load_paths
+from stepcli.traces.read.tracereader import load_paths
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from conftest import run_stepcli
 
-from stepcli.traces.analyses import analysis as summary_module
 from stepcli.traces.analyses import arrays as columnar
-from stepcli.traces.analyses.analysis import summarize_file
+from stepcli.traces.analyses import traceanalysis as summary_module
 from stepcli.traces.analyses.mergeparts import merge_parts
+from stepcli.traces.analyses.traceanalysis import summarize_file
 from stepcli.traces.read.events import Event
-from stepcli.traces.read.reader import Trace
+from stepcli.traces.read.tracereader import Trace
 from stepcli.traces.render.formats import markdown_report
-from stepcli.traces.render.table import outside_note
+from stepcli.traces.render.terminal import outside_note
 
 T0 = 1_790_000_000_000.0  # an epoch-sized timestamp in microseconds, like real Kineto traces
 
@@ -297,7 +297,7 @@ def test_run_summary_says_it_under_the_top_operators(capsys: pytest.CaptureFixtu
     import msgspec
 
     from stepcli.run.summary.console import print_run_summary
-    from stepcli.runsummary import RunSummary
+    from stepcli.runfolder.summaryfile import RunSummary
 
     # GIVEN the analysis of a window whose trace has an event after its last step, as the run summary holds it
     events = [step(1, 0, 100), ev("aten::mm", 10, 80), ev("cudaDeviceSynchronize", 150, 1234, cat="cuda_runtime")]

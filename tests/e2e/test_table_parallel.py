@@ -14,7 +14,7 @@ from conftest import RANKS, run_stepcli
 from stepcli.errors import TraceError
 from stepcli.traces.analyses.mergeparts import summarize
 from stepcli.traces.engine import available_cores, file_parts, summarize_paths
-from stepcli.traces.read.reader import load_paths
+from stepcli.traces.read.tracereader import load_paths
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 REAL = DATA / "train_cpu.pt.trace.json"
@@ -103,7 +103,7 @@ def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.Mo
     # AND the columns joined from the ranges are the file's columns
     from concurrent.futures import ThreadPoolExecutor
 
-    from stepcli.traces.read import reader as traces
+    from stepcli.traces.read import tracereader as traces
     from stepcli.traces.read.columns import load_columns
 
     whole = load_columns(str(REAL), shapes=True)
@@ -130,8 +130,8 @@ def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.Mo
 
 
 def test_a_file_read_a_block_at_a_time_gives_the_same_columns(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stepcli.traces.read import reader as traces
     from stepcli.traces.read import splitread
+    from stepcli.traces.read import tracereader as traces
     from stepcli.traces.read.columns import load_columns
 
     # GIVEN the real trace, read as one range in many blocks of many slices (as a rank file of tens of MB is)
@@ -161,8 +161,8 @@ def test_files_not_fit_for_a_blocked_read_are_read_whole(monkeypatch: pytest.Mon
     import gzip
     import os
 
-    from stepcli.traces.read import reader as traces
     from stepcli.traces.read import splitread
+    from stepcli.traces.read import tracereader as traces
 
     monkeypatch.setattr(splitread, "MIN_BLOCKED_BYTES", 1_000)
     monkeypatch.setattr(traces, "_CHUNK_BYTES", 3_000)  # (slices: the quoted names' slice fails to decode)

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from stepcli.agent.config import AgentConfig
-from stepcli.agent.cudamemory import SNAPSHOT_KEY, STEP_TAG, _write_snapshot, current_phase, dump_now, install
+from stepcli.agent.cudamemory import STEP_TAG, _write_snapshot, current_phase, dump_now, install
 from stepcli.agent.tracker import StepTracker
-from stepcli.snapshots.reader import find_snapshots, load_snapshot
+from stepcli.runfolder.layout import SNAPSHOT_KEY
+from stepcli.snapshots.snapshotreader import find_snapshots, load_snapshot
 
 
 def test_phase_from_the_stack_in_forward_backward_and_outside() -> None:

@@ -1,5 +1,5 @@
 """The agent's garbage-collection accounting (stepcli.agent.gcpauses), and the run summary's culprit section and
-advice built on it (stepcli.run.summary.culprit)."""
+advice built on it (stepcli.run.summary.culpritsection)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from stepcli.advice.rules import Evidence, advise
 from stepcli.agent.gcpauses import GcPauses
-from stepcli.run.summary.culprit import culprit_lines, culprit_section
+from stepcli.run.summary.culpritsection import culprit_lines, culprit_section
 
 
 def test_counts_every_collection_per_generation() -> None:

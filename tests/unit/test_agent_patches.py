@@ -11,8 +11,8 @@ import types
 import pytest
 from fake_torch import FakeAgent, fake_torch
 
-from stepcli.agent.config import CLOSURE_ANNOTATION
 from stepcli.agent.patches import StepOnError, patch_optimizers, patch_profilers, patch_step_on
+from stepcli.runfolder.layout import CLOSURE_ANNOTATION
 
 
 @pytest.fixture

@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 from fake_torch import fake_clock
 
-from stepcli.agent import output, steplog, steprecord
-from stepcli.agent.config import STEP_LOG_SUFFIX, AgentConfig
+from stepcli.agent import output
+from stepcli.agent import steplogwriter as steplog
+from stepcli.agent.config import AgentConfig
 from stepcli.agent.gcpauses import GcPauses
 from stepcli.agent.schedule import NONE, RECORD
-from stepcli.agent.signing import SIGNATURE_KEY, signature_matches
+from stepcli.agent.signing import signature_matches
 from stepcli.agent.tracker import StepTracker
+from stepcli.runfolder.layout import SIGNATURE_KEY, STEP_LOG_SUFFIX, STEP_RECORD_SUFFIX
 
 KEY = "run-key"
 
@@ -93,7 +95,7 @@ def test_the_step_log_holds_every_step_and_is_signed_with_the_run_key(tmp_path: 
     assert signature_matches(KEY, log, signature)
     assert not signature_matches("another run", log, signature)
     assert (agent.saved_steps, agent.saved_stalled, agent.record_saved) == (5, False, True)
-    assert (Path(agent.config.log_dir) / f"{socket.gethostname()}.{agent.pid}{steprecord.SUFFIX}").is_file()
+    assert (Path(agent.config.log_dir) / f"{socket.gethostname()}.{agent.pid}{STEP_RECORD_SUFFIX}").is_file()
     assert oct(Path(agent.config.log_dir).stat().st_mode & 0o777) == "0o700"
 
 

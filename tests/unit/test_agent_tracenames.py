@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from stepcli.agent.tracenames import escape_names, repair_file
-from stepcli.traces.read.reader import load_trace
+from stepcli.traces.read.tracereader import load_trace
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 REAL = DATA / "train_cpu.pt.trace.json"

@@ -11,9 +11,9 @@ import pytest
 from stepcli.agent.slowrule import baseline, parse, threshold_ns
 from stepcli.agent.steprecord import build
 from stepcli.agent.tracker import NEVER, StepTracker
-from stepcli.run.live.top import snapshot
-from stepcli.run.summary.recordreader import stats
-from stepcli.runsummary import RunSummary
+from stepcli.run.live.liveview import snapshot
+from stepcli.runfolder.steprecordreader import stats
+from stepcli.runfolder.summaryfile import RunSummary
 
 
 @pytest.mark.parametrize(
@@ -111,7 +111,7 @@ def test_top_marks_the_culprit_only_and_a_rank_that_stopped() -> None:
 
 
 def test_a_whole_run_line_uses_the_units_of_its_neighbours_and_names_its_population() -> None:
-    from stepcli.run.summary.recordreader import lines
+    from stepcli.runfolder.steprecordreader import lines
 
     record = {
         "worker": "rank0",
@@ -128,7 +128,7 @@ def test_a_whole_run_line_uses_the_units_of_its_neighbours_and_names_its_populat
 
 
 def test_the_summary_gives_a_line_to_the_slowest_processes_only() -> None:
-    from stepcli.run.summary.recordreader import lines
+    from stepcli.runfolder.steprecordreader import lines
 
     records: list[dict[str, object]] = [
         {

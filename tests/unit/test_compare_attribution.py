@@ -14,7 +14,7 @@ from stepcli.compare.attribution import (
     attribution_note,
     row_level,
 )
-from stepcli.compare.model import OpSteps
+from stepcli.compare.measurement import OpSteps
 
 PHASES = ("dataloader", "forward", "backward", "optimizer", "other")
 

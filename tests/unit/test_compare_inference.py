@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from stepcli.compare.inference import estimate_change, more_needed, warmup_length
-from stepcli.compare.model import Measurement, ProcessSteps, RunSteps
+from stepcli.compare.measurement import MeasuredProcess, Measurement, RunSteps
 from stepcli.compare.verdict import decide
 from stepcli.errors import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_REGRESSION
 from stepcli.stats import describe
@@ -35,7 +35,7 @@ def side(*runs: list[float], label: str = "side") -> Measurement:
     """A run-summary side with one process per run and every step untouched (step 0 is start-up)."""
     steps = tuple(
         RunSteps(
-            f"{label}{i}", None, (ProcessSteps("p", tuple(range(len(r) + 1)), (r[0], *r), "0" * (len(r) + 1)),), True
+            f"{label}{i}", None, (MeasuredProcess("p", tuple(range(len(r) + 1)), (r[0], *r), "0" * (len(r) + 1)),), True
         )
         for i, r in enumerate(runs)
     )
@@ -232,7 +232,7 @@ def test_too_few_steps_are_inconclusive_without_an_interval() -> None:
         steps=6,
         runs=(
             RunSteps(
-                "r", None, tuple(ProcessSteps(p, (0, 1, 2, 3), (9.0, 10.0, 10.0, 10.0), "0000") for p in "ab"), True
+                "r", None, tuple(MeasuredProcess(p, (0, 1, 2, 3), (9.0, 10.0, 10.0, 10.0), "0000") for p in "ab"), True
             ),
         ),
         populations={"untouched": describe([10.0] * 6), "profiled": None},
@@ -253,7 +253,7 @@ def test_warmup_cut_of_untouched_steps_leaves_the_profiled_rows_their_steps() ->
             label="run",
             kind="run",
             steps=len(every),
-            runs=(RunSteps("run", None, (ProcessSteps("p", steps, tuple(every), phases),), True),),
+            runs=(RunSteps("run", None, (MeasuredProcess("p", steps, tuple(every), phases),), True),),
             populations={"untouched": describe(times), "profiled": describe([12.0] * 4)},
         )
 
@@ -320,7 +320,7 @@ def test_separation_needs_the_whole_gap_beyond_the_limit_and_enough_steps() -> N
 
 
 def test_separation_chance_is_the_exact_mann_whitney_tail() -> None:
-    from stepcli.compare.nointerval import separation
+    from stepcli.compare.withoutinterval import separation
 
     assert separation([1.0, 1.0, 1.0, 1.0], [9.0, 9.0, 9.0, 9.0], 0.1, 0.0, 0.95) == ("regression", 1 / 70)
     assert separation([1.0, 1.0, 1.0], [9.0, 9.0, 9.0, 9.0], 0.1, 0.0, 0.95) is None  # 1/35 > 0.025
@@ -335,7 +335,7 @@ def test_short_runs_compare_their_profiled_steps_when_untouched_ones_are_too_few
         rng = random.Random(seed)
         times = [level * 3] + [level * (1 + rng.uniform(-0.05, 0.05)) for _ in range(13)]
         phases = "0" + "1" + "2" * 10 + "00"
-        process = ProcessSteps("w", tuple(range(14)), tuple(times), phases)
+        process = MeasuredProcess("w", tuple(range(14)), tuple(times), phases)
         return Measurement(
             label=f"run{seed}",
             kind="run",

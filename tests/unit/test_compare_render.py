@@ -1,4 +1,4 @@
-"""stepcli.compare.render: two operators never read alike, whatever the width."""
+"""stepcli.compare.comparerender: two operators never read alike, whatever the width."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import io
 import pytest
 from rich.console import Console
 
-from stepcli.compare.render import _print_rows
-from stepcli.traces.render.table import shorten, shortened_apart
+from stepcli.compare.comparerender import _print_rows
+from stepcli.traces.render.terminal import shorten, shortened_apart
 
 # Two kernels whose names differ only in the middle (a template argument), as on a real DLRM job
 KERNEL = (

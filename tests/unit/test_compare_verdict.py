@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from conftest import markdown_tables
 
-from stepcli.compare.command import (
+from stepcli.compare.comparemain import (
     Measurement,
     OpTime,
     decide,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from stepcli.runsummary import RunSummary
+from stepcli.runfolder.summaryfile import RunSummary
 from stepcli.traces.analyses.flops import at_untouched_pace, flops_figures
 
 H200 = {"NVIDIA H200"}
@@ -70,7 +70,7 @@ def test_the_run_summary_is_at_the_untouched_steps_pace() -> None:
 
 def test_the_terminal_and_the_page_say_the_pace() -> None:
     from stepcli.report.gpu import gpu_section
-    from stepcli.traces.render.device import flops_line
+    from stepcli.traces.render.gpusection import flops_line
 
     recorded = _recorded()
     line = flops_line(recorded)

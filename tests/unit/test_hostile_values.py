@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from stepcli.errors import StepcliError, TraceError
-from stepcli.snapshots.reader import load_snapshot
-from stepcli.traces.merge import merge_traces
+from stepcli.snapshots.snapshotreader import load_snapshot
+from stepcli.traces.mergetraces import merge_traces
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "train_cpu.pt.trace.json"
 
@@ -132,7 +132,7 @@ def test_an_empty_list_flood_is_refused_before_it_takes_memory(tmp_path: Path, g
 
 def test_merge_keeps_two_traces_of_one_rank_apart_and_says_so(tmp_path: Path) -> None:
     # (item 14) two files both rank 0: their pids and ids no longer land on each other, and the line says it
-    from stepcli.traces.merge import merge_main
+    from stepcli.traces.mergetraces import merge_main
 
     trace = json.loads(DATA.read_text())
     (tmp_path / "a").mkdir()

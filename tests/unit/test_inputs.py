@@ -72,8 +72,8 @@ def test_a_trace_swapped_after_the_run_ends_check_is_never_read(
 
     from stepcli.agent.config import AgentConfig
     from stepcli.agent.signing import sign
-    from stepcli.run.summary.steplogs import load_step_logs
-    from stepcli.traces.readonce import RunTraces
+    from stepcli.runfolder.steplogreader import load_step_logs
+    from stepcli.traces.runtraces import RunTraces
 
     monkeypatch.setattr("stepcli.inputs._written", {})
     # GIVEN a run whose two traces pass the run end's check (issue 47: the check and the read were two opens)

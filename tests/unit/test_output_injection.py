@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from stepcli.agent.stacks import SCHEMA as STACKS_SCHEMA
 from stepcli.fmt import say
 from stepcli.report import lateness
 from stepcli.run.live import hangdoctor as hang
-from stepcli.run.live.top import render
+from stepcli.run.live.liveview import render
 from stepcli.run.summary.console import _print_hang
 from stepcli.run.summary.hangreport import hang_summary
-from stepcli.runsummary import RunSummary
+from stepcli.runfolder.layout import STACKS_SCHEMA
+from stepcli.runfolder.summaryfile import RunSummary
 from stepcli.traces.render.formats import csv_report, markdown_report
 
 HOSTILE = "\x1b]8;;http://evil.example\x07click\x1b]8;;\x07\x1b[2J\u202eyp.niart"

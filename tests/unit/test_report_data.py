@@ -14,7 +14,7 @@ from conftest import REPO
 
 from stepcli.report import default_output, svg
 from stepcli.run.summary.htmlreport import build, report_main
-from stepcli.runsummary import RunSummary
+from stepcli.runfolder.summaryfile import RunSummary
 
 
 def _bench_module() -> Any:
@@ -127,7 +127,7 @@ def test_unreadable_trace_leaves_a_note_not_a_failure(tmp_path: Path) -> None:
 
 
 def test_memory_curves_read_in_worker_processes_equal_the_serial_read(tmp_path: Path) -> None:
-    from stepcli.traces.memory import memory_curves
+    from stepcli.traces.memorycurve import memory_curves
 
     # GIVEN rank traces with torch's [memory] events (two devices), one without any, one cut short
     def memory_trace(rank: int, count: int) -> Path:
@@ -169,7 +169,7 @@ def test_traces_without_memory_events_are_not_read_again_for_curves(tmp_path: Pa
     import os
 
     import stepcli.traces.engine as engine
-    from stepcli.traces import memory
+    from stepcli.traces import memorycurve as memory
 
     # GIVEN a job's traces recorded without --profile-memory (plain JSON), an empty file, a FIFO and a folder
     event = {"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}

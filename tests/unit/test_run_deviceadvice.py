@@ -1,4 +1,4 @@
-"""Device advice rules (stepcli.advice.device): each fires just above its threshold, stays silent just below it,
+"""Device advice rules (stepcli.advice.deviceadvice): each fires just above its threshold, stays silent just below it,
 and stays silent without its evidence."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from stepcli.advice import device as deviceadvice
-from stepcli.advice.device import advise_device
+from stepcli.advice import deviceadvice
+from stepcli.advice.deviceadvice import advise_device
 from stepcli.advice.rules import Evidence
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from stepcli.agent import collectives
-from stepcli.agent.stacks import STALL_PREFIX, StackDumper
+from stepcli.agent import lastcollective as collectives
+from stepcli.agent.stacks import StackDumper
 from stepcli.agent.tracker import StepTracker
 from stepcli.errors import StepcliError
 from stepcli.run.live.hangdoctor import check_options, parse_duration
@@ -20,6 +20,7 @@ from stepcli.run.summary.hangdump import Frame, ProcessId, StackDump, parse_faul
 from stepcli.run.summary.hangreport import describe_dumps, verdict
 from stepcli.run.summary.hangverdict import own_frame
 from stepcli.run.summary.hangwords import summary_lines
+from stepcli.runfolder.layout import STALL_PREFIX
 
 
 @pytest.mark.parametrize(
@@ -350,7 +351,7 @@ def test_no_hang_no_block(section: Any) -> None:
 
 
 def test_the_programs_own_frame_skips_the_standard_library_and_stepcli() -> None:
-    import stepcli.agent.collectives as wrapper
+    import stepcli.agent.lastcollective as wrapper
 
     frames = [
         {"function": "wait", "file": str(Path(json.__file__).parent.parent / "threading.py"), "line": 1},

@@ -17,7 +17,7 @@ from stepcli.agent.config import AgentConfig
 from stepcli.run import launcher
 from stepcli.run.controldir import prepare_control_dir
 from stepcli.run.summary import build
-from stepcli.runsummary import SUMMARY_FILE
+from stepcli.runfolder.layout import SUMMARY_FILE
 
 
 def _signalled_read(signum: int, **_: Any) -> Any:

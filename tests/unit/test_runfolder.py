@@ -1,4 +1,4 @@
-"""A run folder read back (stepcli.runfolder): paths kept inside the folder given, links followed included."""
+"""A run folder read back (stepcli.runfolder.runs): paths kept inside the folder given, links followed included."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import msgspec
 
-from stepcli.runfolder import contained, rerooted
-from stepcli.runsummary import RunSummary
+from stepcli.runfolder.runs import contained, rerooted
+from stepcli.runfolder.summaryfile import RunSummary
 from stepcli.safefile import why_not_replace
 
 

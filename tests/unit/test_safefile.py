@@ -29,7 +29,7 @@ from stepcli.errors import StepcliError
 from stepcli.report import write_html, write_new_file
 from stepcli.run import outputs
 from stepcli.run.summary.build import write_run_summary
-from stepcli.traces.merge import check_output
+from stepcli.traces.mergetraces import check_output
 
 SECRET = b"the user's own private file\n"
 
@@ -194,7 +194,7 @@ def test_a_fifo_planted_as_a_step_record_never_blocks_the_launcher(tmp_path: Pat
     # GIVEN a FIFO named like a process's whole-run step times (item 7)
     os.mkfifo(tmp_path / "host.123.steptimes.json")
     # WHEN the launcher reads the step records: it returns at once, without it
-    code = "import sys; from stepcli.run.summary.recordreader import load; print(load(sys.argv[1]))"
+    code = "import sys; from stepcli.runfolder.steprecordreader import load; print(load(sys.argv[1]))"
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
 

@@ -15,10 +15,10 @@ import pytest
 
 from stepcli.agent.cudamemory import STEP_TAG
 from stepcli.errors import TraceError
-from stepcli.snapshots import reader
-from stepcli.snapshots.analysis import analyze
+from stepcli.snapshots import snapshotreader as reader
 from stepcli.snapshots.history import HistoryBuilder, Truncated, Unsupported
-from stepcli.snapshots.reader import load_snapshot
+from stepcli.snapshots.snapshotfigures import analyze
+from stepcli.snapshots.snapshotreader import load_snapshot
 from stepcli.snapshots.unpickle import StreamDecoder
 
 MiB = fx.MiB

@@ -12,11 +12,11 @@ import memory_snapshots as fx
 import pytest
 import torch.cuda._memory_viz as memory_viz
 
-from stepcli.advice.memory import advise
+from stepcli.advice.memoryadvice import advise
 from stepcli.errors import TraceError
 from stepcli.snapshots import categories
-from stepcli.snapshots.analysis import analyze
-from stepcli.snapshots.reader import load_snapshot
+from stepcli.snapshots.snapshotfigures import analyze
+from stepcli.snapshots.snapshotreader import load_snapshot
 
 MiB = fx.MiB
 
@@ -188,7 +188,7 @@ def test_untagged_snapshot_has_no_steps(tmp_path: Path) -> None:
 
 
 def test_text_of_a_hand_dumped_snapshot_says_what_it_cannot_know(tmp_path: Path) -> None:
-    from stepcli.snapshots.render import to_text
+    from stepcli.snapshots.memoryrender import to_text
 
     builder = fx.training(steps=3, params=400 * MiB, activation=20 * MiB)
     for entry in builder.trace:
@@ -211,9 +211,9 @@ def test_categories_order() -> None:
 
 
 def _frames(raw: list[dict[str, Any]]) -> list[Any]:
-    from stepcli.snapshots.reader import Frame
+    from stepcli.snapshots.snapshotreader import HistoryFrame
 
-    return [Frame(f["filename"], f["line"], f["name"]) for f in raw]
+    return [HistoryFrame(f["filename"], f["line"], f["name"]) for f in raw]
 
 
 class _Plant:

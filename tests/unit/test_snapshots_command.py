@@ -1,4 +1,4 @@
-"""stepcli/snapshots/command.py: the progress of a long read of a snapshot, on stderr (issue 47)."""
+"""stepcli/snapshots/memorymain.py: the progress of a long read of a snapshot, on stderr (issue 47)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from stepcli.snapshots import command
+from stepcli.snapshots import memorymain as command
 
 
 class _Clock:

@@ -15,9 +15,9 @@ import pytest
 
 from stepcli.agent.cudamemory import STEP_TAG
 from stepcli.errors import TraceError
-from stepcli.snapshots.analysis import analyze
-from stepcli.snapshots.history import Frame, HistoryBuilder
-from stepcli.snapshots.reader import load_snapshot
+from stepcli.snapshots.history import HistoryBuilder, HistoryFrame
+from stepcli.snapshots.snapshotfigures import analyze
+from stepcli.snapshots.snapshotreader import load_snapshot
 from stepcli.snapshots.unpickle import StreamDecoder
 
 
@@ -62,7 +62,7 @@ def test_a_large_torch_shaped_snapshot_reads_in_a_small_budget(tmp_path: Path) -
     assert path.stat().st_size > 10 << 20
     snapshot = load_snapshot(str(path), max_memory=64 << 20)
     assert len(snapshot.traces[0]) == 62_000
-    assert all(type(frame) is Frame for stack in snapshot.stacks for frame in stack)
+    assert all(type(frame) is HistoryFrame for stack in snapshot.stacks for frame in stack)
 
 
 def _in_snapshot(body: bytes) -> bytes:

@@ -1,4 +1,4 @@
-"""docs/reference/summary-json.md against the run summary's declaration (stepcli.runsummary): every field it
+"""docs/reference/summary-json.md against the run summary's declaration (stepcli.runfolder.summaryfile): every field it
 documents is declared and every declared field is documented, and its "Types" section is the one generated from
 the declaration. `python tests/unit/test_summary_doc.py` rewrites that section after a change to the Structs."""
 
@@ -13,11 +13,11 @@ from typing import Annotated, Any, Union
 import msgspec
 from msgspec import Meta, Struct, UnsetType
 
-from stepcli import runsummary
-from stepcli.runsummary import RunSummary
+from stepcli.runfolder import summaryfile as runsummary
+from stepcli.runfolder.summaryfile import RunSummary
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reference" / "summary-json.md"
-BEGIN = "<!-- generated from stepcli.runsummary by tests/unit/test_summary_doc.py: do not edit -->"
+BEGIN = "<!-- generated from stepcli.runfolder.summaryfile by tests/unit/test_summary_doc.py: do not edit -->"
 END = "<!-- end of generated types -->"
 
 
@@ -96,8 +96,8 @@ def _documented_keys() -> set[str]:
 def test_every_field_is_documented_and_every_documented_field_declared() -> None:
     declared = {field.encode_name for field in msgspec.structs.fields(RunSummary)}
     documented = _documented_keys()
-    assert declared - documented == set(), "declared in stepcli.runsummary but not in the field table"
-    assert documented - declared == set(), "in the field table but not declared in stepcli.runsummary"
+    assert declared - documented == set(), "declared in stepcli.runfolder.summaryfile but not in the field table"
+    assert documented - declared == set(), "in the field table but not declared in stepcli.runfolder.summaryfile"
 
 
 def test_every_field_of_a_section_is_named_in_its_row() -> None:

@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepcli.traces.analyses import analysis as summary_module
 from stepcli.traces.analyses import arrays as columnar
-from stepcli.traces.analyses.analysis import summarize_columns, summarize_file
+from stepcli.traces.analyses import traceanalysis as summary_module
 from stepcli.traces.analyses.mergeparts import merge_parts
-from stepcli.traces.analyses.model import FilePart
+from stepcli.traces.analyses.results import FilePart
+from stepcli.traces.analyses.traceanalysis import summarize_columns, summarize_file
 from stepcli.traces.read.columns import load_columns
 from stepcli.traces.read.events import Event
-from stepcli.traces.read.reader import Trace, load_trace
+from stepcli.traces.read.tracereader import Trace, load_trace
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 REAL = [DATA / "train_cpu.pt.trace.json", DATA / "cuda_small.pt.trace.json.gz", DATA / "cuda_compile.pt.trace.json.gz"]

@@ -1,4 +1,4 @@
-"""Collectives and copies (stepcli.traces.analyses.collectives): sizes, nccl-tests' bus bandwidth, pageable vs pinned."""
+"""Collectives and copies (stepcli.traces.analyses.collectivestats): sizes, nccl-tests' bus bandwidth, pageable vs pinned."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from stepcli.traces.analyses.analysis import summarize_file
-from stepcli.traces.analyses.collectives import bus_factor, collective_of
+from stepcli.traces.analyses.collectivestats import bus_factor, collective_of
 from stepcli.traces.analyses.mergeparts import merge_parts
+from stepcli.traces.analyses.traceanalysis import summarize_file
 from stepcli.traces.read.events import Event, EventArgs
-from stepcli.traces.read.reader import Trace
+from stepcli.traces.read.tracereader import Trace
 
 T0 = 1_700_000_000_000.0
 

@@ -239,7 +239,7 @@ def test_last_no_more_often_than_chance_is_no_finding() -> None:
 
 def test_a_gc_pause_in_a_step_is_other_time_not_forward() -> None:
     from stepcli.traces.analyses.mergeparts import summarize
-    from stepcli.traces.read.reader import Trace
+    from stepcli.traces.read.tracereader import Trace
 
     events = [
         Event("ProfilerStep#1", "user_annotation", "X", 1, MAIN, 1000.0, 100.0),

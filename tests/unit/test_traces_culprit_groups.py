@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from nccl_groups import SEQ_BASE, STEPS, rank_trace, write_group_traces
 
-from stepcli.advice.culprit import culprit_advice
+from stepcli.advice.culpritadvice import culprit_advice
 from stepcli.traces.analyses.arrivals import RankArrivals, members, rank_arrivals
 from stepcli.traces.analyses.culprit import analyze
 from stepcli.traces.read.columns import load_columns
-from stepcli.traces.read.reader import load_trace
 from stepcli.traces.read.splitread import join
+from stepcli.traces.read.tracereader import load_trace
 from stepcli.traces.read.typedcolumns import columns_from_events
 
 GROUPS = {"1": [0, 1], "2": [2, 3], "3": [0, 2], "4": [1, 3]}

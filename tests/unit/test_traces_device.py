@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from stepcli.traces.analyses import analysis
 from stepcli.traces.analyses import arrays as columnar
-from stepcli.traces.analyses.analysis import summarize_file
+from stepcli.traces.analyses import traceanalysis as analysis
 from stepcli.traces.analyses.device import DeviceTimes, class_of, is_collective_kernel
 from stepcli.traces.analyses.mergeparts import merge_parts
+from stepcli.traces.analyses.traceanalysis import summarize_file
 from stepcli.traces.read.events import Event, EventArgs
-from stepcli.traces.read.reader import Trace
+from stepcli.traces.read.tracereader import Trace
 
 T0 = 1_700_000_000_000.0  # epoch-sized microseconds, as real traces have
 

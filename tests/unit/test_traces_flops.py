@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from stepcli.traces.analyses.flops import flops_figures, flops_path, peak_of, read_flops
+from stepcli.runfolder.layout import flops_path
+from stepcli.traces.analyses.flops import flops_figures, peak_of, read_flops
 from stepcli.traces.read.names import gemm_dtype
 
 

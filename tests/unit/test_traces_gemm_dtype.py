@@ -198,9 +198,9 @@ def _trace(
 def test_the_dtype_of_undtyped_gemm_kernels_is_their_operators(
     tmp_path: Path, device: str, kernel: str, op: str, input_type: str | None, dtype: str, peak: float, read: str
 ) -> None:
-    from stepcli.traces.analyses.analysis import summarize_file
+    from stepcli.traces.analyses.traceanalysis import summarize_file
     from stepcli.traces.engine import summarize_paths
-    from stepcli.traces.read.reader import load_trace
+    from stepcli.traces.read.tracereader import load_trace
 
     # GIVEN a trace whose longest GEMM kernel's name says no dtype, launched by an operator that does
     trace = _trace(tmp_path / "gpu.pt.trace.json", device, kernel, op, input_type, odd_time=read == "lenient")

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from stepcli.traces.analyses.analysis import summarize_file
 from stepcli.traces.analyses.mergeparts import merge_parts
+from stepcli.traces.analyses.traceanalysis import summarize_file
 from stepcli.traces.read.events import Event, EventArgs
-from stepcli.traces.read.reader import Trace
+from stepcli.traces.read.tracereader import Trace
 
 T0 = 1_700_000_000_000.0
 
@@ -94,7 +94,7 @@ def test_without_correlation_ids_there_are_no_launch_statistics() -> None:
 
 
 def test_the_launch_line_rounds_per_step_means_as_people_read_them() -> None:
-    from stepcli.traces.render.device import launch_line
+    from stepcli.traces.render.gpusection import launch_line
 
     launch = {
         "kernels_per_step": 420.0,

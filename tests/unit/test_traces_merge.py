@@ -1,4 +1,4 @@
-"""`stepcli merge`'s pure parts (stepcli.traces.merge): the output guard and the per-rank rewrite."""
+"""`stepcli merge`'s pure parts (stepcli.traces.mergetraces): the output guard and the per-rank rewrite."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from stepcli.errors import StepcliError
-from stepcli.traces.merge import _Rewriter, check_output, merge_main
+from stepcli.traces.mergetraces import _Rewriter, check_output, merge_main
 
 
 def test_merge_never_replaces_a_foreign_file(tmp_path: Path) -> None:
@@ -73,7 +73,7 @@ def test_merge_reads_a_trace_it_cannot_slice_event_by_event(tmp_path: Path) -> N
     document["traceEvents"].insert(3, {"ph": "i", "name": long_name, "pid": 1, "tid": 1, "ts": 5.0})
     (tmp_path / "rank0.json").write_text(json.dumps(document))
     # WHEN merged THEN every event is there as written (the name whole)
-    from stepcli.traces.merge import _survey
+    from stepcli.traces.mergetraces import _survey
 
     merge_main([str(tmp_path / "rank0.json")], str(tmp_path / "m.json"))
     merged = _strict(tmp_path / "m.json")["traceEvents"]

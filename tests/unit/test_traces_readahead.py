@@ -15,9 +15,10 @@ import pytest
 
 from stepcli.errors import TraceError
 from stepcli.limits import LIMIT_ENV
-from stepcli.traces.read import readahead, reader, twoprocess
+from stepcli.traces.read import readahead, twoprocess
+from stepcli.traces.read import tracereader as reader
 from stepcli.traces.read.columns import ColumnTrace, load_columns
-from stepcli.traces.read.shortrun import read_ahead_one
+from stepcli.traces.read.shortcommand import read_ahead_one
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="the text goes through a memfd (Linux)")
 
@@ -201,7 +202,7 @@ def test_the_child_is_forked_before_numpy_would_be_needed(gz: Path) -> None:
         "r.MIN_BYTES = 0\n"
         "def child(path, memfd, pipe, parents_end, real=r._inflate):\n"
         "    import stepcli.inputs\n"
-        "    os.write(2, repr(sorted(m for m in ('numpy', 'stepcli.traces.analyses.analysis') if m in sys.modules)).encode())\n"
+        "    os.write(2, repr(sorted(m for m in ('numpy', 'stepcli.traces.analyses.traceanalysis') if m in sys.modules)).encode())\n"
         "    real(path, memfd, pipe, parents_end)\n"
         "r._inflate = child\n"
         "r.read_ahead(sys.argv[1])\n"

@@ -12,10 +12,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-import stepcli.traces.read.reader as traces
+import stepcli.traces.read.tracereader as traces
 from stepcli.errors import TraceError
 from stepcli.traces.read.events import Event
-from stepcli.traces.read.reader import Trace, load_paths, load_trace
+from stepcli.traces.read.tracereader import Trace, load_paths, load_trace
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 REAL = DATA / "train_cpu.pt.trace.json"
@@ -238,7 +238,7 @@ def test_incomplete_step_metadata_is_read(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 
 def test_reader_and_summary_do_not_import_rich() -> None:
-    code = "import sys, stepcli.traces.read.reader, stepcli.traces.analyses.analysis; print(sorted({'rich', 'click', 'torch'} & set(sys.modules)))"
+    code = "import sys, stepcli.traces.read.tracereader, stepcli.traces.analyses.traceanalysis; print(sorted({'rich', 'click', 'torch'} & set(sys.modules)))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"
 

@@ -1,5 +1,5 @@
 """The end of `stepcli run` reads each trace once: the run summary and report.html share one read
-(stepcli.traces.readonce), and the page equals what `stepcli report` builds from the folder afterwards."""
+(stepcli.traces.runtraces), and the page equals what `stepcli report` builds from the folder afterwards."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from conftest import TRAIN_LOOP, trace_files, write_script
 from stepcli.errors import TraceError
 from stepcli.traces.analyses.mergeparts import merge_parts
 from stepcli.traces.engine import summarize_paths
-from stepcli.traces.readonce import RunTraces
+from stepcli.traces.runtraces import RunTraces
 
 REAL = Path(__file__).resolve().parent.parent / "data" / "train_cpu.pt.trace.json"
 
@@ -86,7 +86,7 @@ def test_a_trace_error_is_read_once_and_given_to_every_caller(tmp_path: Path, co
 
 
 def test_memory_curves_need_no_read_when_memory_was_not_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
-    import stepcli.traces.memory as memory
+    import stepcli.traces.memorycurve as memory
 
     def never(_paths: Any, _jobs: Any = None) -> Any:
         raise AssertionError("memory curves read although the run recorded no memory")
@@ -101,7 +101,7 @@ def test_memory_curves_need_no_read_when_memory_was_not_recorded(monkeypatch: py
 def counted_file_reads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """Every time a trace file's bytes are read in this process (traces' and the memory curves' reader)."""
     import stepcli.inputs as inputs
-    import stepcli.traces.read.reader as traces
+    import stepcli.traces.read.tracereader as traces
 
     calls: Counter[str] = Counter()
     real = inputs.read_input

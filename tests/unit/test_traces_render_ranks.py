@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from stepcli.traces.render.table import ranks_table
+from stepcli.traces.render.terminal import ranks_table
 
 
 def _ranks() -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""`stepcli table`'s short-run settings (stepcli.traces.read.shortrun): one OpenBLAS thread and no cyclic GC, put back after."""
+"""`stepcli table`'s short-run settings (stepcli.traces.read.shortcommand): one OpenBLAS thread and no cyclic GC, put back after."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from stepcli.traces.read.shortrun import BLAS_THREADS, short_run
+from stepcli.traces.read.shortcommand import BLAS_THREADS, short_run
 
 
 def test_one_blas_thread_and_no_cyclic_gc_inside_and_all_put_back(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,7 +46,7 @@ def test_table_imports_numpy_inside_the_short_run() -> None:
     code = (
         "import os, sys\n"
         "from stepcli.cli import main\n"
-        "import stepcli.traces.read.shortrun as s\n"
+        "import stepcli.traces.read.shortcommand as s\n"
         "seen = []\n"
         "class Watch:\n"
         "    def find_spec(self, name, path=None, target=None):\n"

@@ -11,8 +11,8 @@ import pytest
 
 from stepcli.compare import attribution
 from stepcli.compare.attribution import op_steps_from_traces
-from stepcli.compare.model import OpSteps
-from stepcli.traces.read.reader import Trace, load_paths
+from stepcli.compare.measurement import OpSteps
+from stepcli.traces.read.tracereader import Trace, load_paths
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 

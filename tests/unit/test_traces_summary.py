@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from conftest import assert_matches_key_averages
 
-from stepcli.traces.analyses import analysis as analysis_module
+from stepcli.traces.analyses import traceanalysis as analysis_module
 from stepcli.traces.analyses.mergeparts import summarize
-from stepcli.traces.analyses.model import STUB_WHY
+from stepcli.traces.analyses.results import STUB_WHY
 from stepcli.traces.read.events import Event
-from stepcli.traces.read.reader import Trace, load_trace, rank_from_name
+from stepcli.traces.read.tracereader import Trace, load_trace, rank_from_name
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 T0 = 1_790_000_000_000.0  # an epoch-sized timestamp in microseconds, like real Kineto traces

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from stepcli.errors import TraceError
-from stepcli.traces.read import reader, twoprocess
+from stepcli.traces.read import tracereader as reader
+from stepcli.traces.read import twoprocess
 from stepcli.traces.read.columns import ColumnTrace, load_columns
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the child is forked (Linux)")

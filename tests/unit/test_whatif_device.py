@@ -11,7 +11,7 @@ from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.events import Event, EventArgs
 from stepcli.traces.read.syncevents import StreamWait
 from stepcli.traces.read.typedcolumns import columns_from_events
-from stepcli.whatif.answer import Request, answer
+from stepcli.whatif.answer import WhatifRequest, answer
 
 MAIN = 1
 STEP = ("ProfilerStep#1", "user_annotation", MAIN, 0.0, 100.0, -1)
@@ -36,7 +36,7 @@ def _trace(events: list[tuple[str, str, int, float, float, int]]) -> ColumnTrace
 
 
 def _answer(trace: ColumnTrace, *changes: tuple[str, str], waits: list[StreamWait] | None = None) -> dict:
-    return answer([lane_of(trace, waits)], Request(list(changes)), None)
+    return answer([lane_of(trace, waits)], WhatifRequest(list(changes)), None)
 
 
 def _saved(doc: dict) -> list[float]:
@@ -192,7 +192,7 @@ def _gpu_rank(rank: int, compute_end: float) -> ColumnTrace:
 def test_nccl_collectives_join_the_ranks_device_streams():
     lanes = [lane_of(_gpu_rank(0, 110)), lane_of(_gpu_rank(1, 60))]
     changes = [("scale", "rank:0/compute_kernel=0.5"), ("scale", "rank:1/compute_kernel=0.5"), ("comm", "0.5")]
-    doc = answer(lanes, Request(changes), None)
+    doc = answer(lanes, WhatifRequest(changes), None)
     assert doc["verdict"] == "ok" and doc["replay_error"] == 0.0, doc["reason"]
     # rank 0's kernel halved: it ends at 60, both ranks arrive at 60, the all-reduce ends at 80, the syncs return at
     # 85 and the steps end at 150: saved 50. Rank 1's (which waited for rank 0 anyway): nothing. The transfer

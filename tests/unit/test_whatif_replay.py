@@ -13,8 +13,8 @@ from stepcli.traces.analyses.lanes import lane_of
 from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.events import Event
 from stepcli.traces.read.typedcolumns import columns_from_events
-from stepcli.whatif.answer import Request, answer, parse_change
-from stepcli.whatif.replay import build_graph, replay, step_ms
+from stepcli.whatif.answer import WhatifRequest, answer, parse_change
+from stepcli.whatif.lanereplay import build_graph, replay, step_ms
 
 MAIN, WORKER = 1, 2
 
@@ -57,7 +57,7 @@ def _one_process() -> ColumnTrace:
 
 def _predicted(traces: list[ColumnTrace], *changes: tuple[str, str]) -> list[float]:
     lanes = [lane_of(t) for t in traces]
-    doc = answer(lanes, Request(list(changes)), None)
+    doc = answer(lanes, WhatifRequest(list(changes)), None)
     assert doc["verdict"] == "ok", doc["reason"]
     return [round(entry["predicted_ms"] * 1000, 6) for entry in doc["changes"]]
 
@@ -91,7 +91,7 @@ def test_two_ranks_a_late_member_binds_and_a_change_off_the_critical_path_buys_n
     # rank 1's compute before its arrival as rank 0's: it arrives at 20, both resume at 55, end at 60.
     assert _predicted(ranks, ("idealize", "1")) == [60.0]
     assert _predicted(ranks, ("idealize", "0")) == [100.0]
-    doc = answer(lanes, Request([]), None)
+    doc = answer(lanes, WhatifRequest([]), None)
     path = doc["critical_path"]
     assert sum(s["ms"] for s in path["segments"]) == pytest.approx(path["ms"])
     assert [s["kind"] for s in path["segments"]][:2] == ["cpu", "collective"] and path["segments"][0]["rank"] == 1
@@ -114,17 +114,17 @@ def test_clocks_that_disagree_make_the_replay_miss_and_the_answer_inconclusive()
         ],
         2,
     )
-    doc = answer([lane_of(early), lane_of(_rank(1, 93, 96))], Request([("comm", "0.5")]), None)
+    doc = answer([lane_of(early), lane_of(_rank(1, 93, 96))], WhatifRequest([("comm", "0.5")]), None)
     assert doc["verdict"] == "inconclusive" and "off the measured step" in doc["reason"], doc
     assert doc["changes"] == [] and doc["opportunities"] == []
 
 
 def test_one_rank_of_a_job_and_unmatched_ranks_are_inconclusive_with_the_reason() -> None:
-    alone = answer([lane_of(_rank(0, 20, 90, world=2))], Request([]), None)
+    alone = answer([lane_of(_rank(0, 20, 90, world=2))], WhatifRequest([]), None)
     assert alone["verdict"] == "inconclusive" and "only rank 0 of a 2-rank job" in alone["reason"]
     quiet = [lane_of(_one_process()), lane_of(_one_process())]
     quiet[0].rank, quiet[1].rank = 0, 1
-    doc = answer(quiet, Request([]), None)
+    doc = answer(quiet, WhatifRequest([]), None)
     assert doc["verdict"] == "inconclusive" and "no collective could be matched" in doc["reason"]
 
 

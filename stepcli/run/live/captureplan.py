@@ -23,7 +23,7 @@ MARGIN_S = POLL_INTERVAL_S + 0.5  # every process notices a request within one p
 
 
 @dataclass(frozen=True)
-class Request:
+class CaptureRequest:
     id: str
     open_at: int
     first_step: int
@@ -79,7 +79,7 @@ def plan_request(
     active: int,
     now: float,
     margin_s: float = MARGIN_S,
-) -> Request:
+) -> CaptureRequest:
     """The first step every rank can still meet, clear of scheduled windows and of other captures' windows.
 
     Every rank is projected forward from its freshest heartbeat at its own pace; then the steps the fastest makes
@@ -97,7 +97,7 @@ def plan_request(
     for _ in range(2 * len(others) + 8):  # each jump passes one other window or the scheduled cycles in the way
         clash = _clash_end(schedule, others, open_at - 1, open_at + length, length)
         if clash is None:
-            return Request(uuid.uuid4().hex[:12], open_at, open_at + warmup, open_at + length - 1)
+            return CaptureRequest(uuid.uuid4().hex[:12], open_at, open_at + warmup, open_at + length - 1)
         open_at = clash + 2
     raise StepcliError(f"the run's schedule leaves no room for a window of {length} steps")
 

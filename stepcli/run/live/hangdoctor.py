@@ -23,17 +23,11 @@ from typing import Any
 
 from stepcli.agent import controlfiles
 from stepcli.agent.config import atomic_write_json
-from stepcli.agent.stacks import (
-    REGISTER_PREFIX,
-    REQUEST_PREFIX,
-    SCHEMA,
-    dump_signal,
-    fault_signal,
-    process_start_ticks,
-)
+from stepcli.agent.stacks import dump_signal, fault_signal, process_start_ticks
 from stepcli.errors import EXIT_NOTHING_MEASURED, StepcliError
 from stepcli.run.summary.hangdump import ProcessId, StackDump, is_stopped, parse_faulthandler, read_dumps
 from stepcli.run.summary.hangreport import describe_dumps
+from stepcli.runfolder.layout import REGISTER_PREFIX, REQUEST_PREFIX, STACKS_SCHEMA, out_of_control_dir
 from stepcli.safetext import visible
 
 MAX_REPORTS = 3  # dumps per hang with `--on-hang keep`: one when it is called, then one per timeout while it lasts
@@ -285,7 +279,7 @@ def _write_launcher_dump(
     """The stacks file the launcher writes for a process that wrote none itself (`source` says why)."""
     worker = str(process.get("worker") or f"{process.get('host')}_{process.get('pid')}")
     document: dict[str, Any] = {
-        "schema": SCHEMA,
+        "schema": STACKS_SCHEMA,
         "request": target.name,
         "source": source,
         "pid": process.get("pid"),
@@ -309,7 +303,7 @@ def capture_stacks(target: str, timeout: float, as_json: bool) -> int:
     from stepcli.run.live.liverun import find_run
 
     run = find_run(target)
-    out_dir = str(Path(run.folder).parents[2])  # <out>/.stepcli/<run-id>/control
+    out_dir = out_of_control_dir(str(run.folder))
     processes = registered(run.folder)
     if not any(local(p) for p in processes):
         _say(f"{target}: no stepping process of the run on this host can dump its stacks (none has stepped yet?)")

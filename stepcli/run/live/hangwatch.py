@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from stepcli.agent import controlfiles
-from stepcli.agent.stacks import ALIVE_PREFIX, PROBE_FILE, STALL_PREFIX, dump_signal
+from stepcli.agent.stacks import dump_signal
 from stepcli.errors import EXIT_HANG
 from stepcli.run.live.hangdoctor import (
     DUMP_WAIT_S,
@@ -32,6 +32,7 @@ from stepcli.run.live.hangdoctor import (
 )
 from stepcli.run.summary.hangdump import ProcessId, is_stopped
 from stepcli.run.summary.hangreport import describe_dumps
+from stepcli.runfolder.layout import ALIVE_PREFIX, PROBE_FILE, STALL_PREFIX
 
 if TYPE_CHECKING:
     import subprocess
@@ -43,7 +44,7 @@ class HangWatch:
     """A launcher thread: calls a hang when every live stepping process is stalled, dumps, maybe ends the job."""
 
     def __init__(self, config: AgentConfig, timeout_s: float, on_hang: str, proc: subprocess.Popen[bytes]) -> None:
-        from stepcli.agent.ondemand import control_dir
+        from stepcli.runfolder.layout import control_dir
 
         path = control_dir(config.out_dir, config.run_id)
         # Held from here on, not reopened by path: another user can rename `.stepcli` away in a shared folder, and

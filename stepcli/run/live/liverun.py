@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepcli.agent.config import CONFIG_ENV, LOG_FOLDER
+from stepcli.agent.config import CONFIG_ENV
 from stepcli.agent.controlfiles import open_folder, read_json
-from stepcli.agent.ondemand import CONTROL_FOLDER, RUN_FILE, control_dir
 from stepcli.agent.schedule import Schedule
 from stepcli.errors import StepcliError
+from stepcli.runfolder.layout import CONTROL_FOLDER, RUN_FILE, RUN_FOLDER, control_dir
 
 _RUN_FILE_BYTES = 1 << 20
 
@@ -35,7 +35,7 @@ def find_run(target: str) -> LiveRun:
     """The running `stepcli run` that TARGET (an -o folder or a pid) names; StepcliError (exit 2) otherwise."""
     path = Path(target)
     if path.is_dir():
-        folders = sorted(path.joinpath(LOG_FOLDER).glob(f"*/{CONTROL_FOLDER}"))
+        folders = sorted(path.joinpath(RUN_FOLDER).glob(f"*/{CONTROL_FOLDER}"))
     elif target.isdigit():
         out_dir, run_id = _run_of_pid(int(target))
         folders = [Path(control_dir(out_dir, run_id))]

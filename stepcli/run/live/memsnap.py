@@ -16,26 +16,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stepcli.agent.stacks import MEMORY_SCHEMA, REQUEST_PREFIX, dump_signal
+from stepcli.agent.stacks import dump_signal
 from stepcli.errors import EXIT_NOTHING_MEASURED, TraceError
 from stepcli.inputs import read_side_json
 from stepcli.run.live.hangdoctor import DUMP_WAIT_S, _alive, _key, _new_folder, _write_control, local, registered
+from stepcli.runfolder.layout import MEMORY_ANSWER_SCHEMA, REQUEST_PREFIX
 from stepcli.safetext import visible
 
 _MAX_ANSWER = 64 * 1024
 
 
-def capture_now(
-    target: str, given: list[str], timeout: float, as_json: bool, stacks: bool, memory_snapshot: bool
-) -> int:
-    """`capture --stacks` or `--memory-snapshot`: both answer now and record no window (`given`: window options)."""
-    import click
-
-    flag = "--stacks" if stacks else "--memory-snapshot"
-    if stacks and memory_snapshot:
-        raise click.UsageError("--stacks and --memory-snapshot: give one")
-    if given:
-        raise click.UsageError(f"{flag} records no window: drop {', '.join(given)}")
+def capture_now(target: str, timeout: float, as_json: bool, memory_snapshot: bool) -> int:
+    """`capture --stacks` or `--memory-snapshot` (the command checked that only one was given): both answer now and
+    record no window."""
     if memory_snapshot:
         return capture_memory(target, timeout=timeout, as_json=as_json)
     from stepcli.run.live.hangdoctor import capture_stacks
@@ -100,7 +93,7 @@ def _read(folder: Path) -> list[dict[str, Any]]:
             document = read_side_json(str(path), _MAX_ANSWER)  # (never blocking on a FIFO)
         except TraceError:
             continue
-        if isinstance(document, dict) and document.get("schema") == MEMORY_SCHEMA:
+        if isinstance(document, dict) and document.get("schema") == MEMORY_ANSWER_SCHEMA:
             answers.append(document)
     return answers
 

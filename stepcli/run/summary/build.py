@@ -1,6 +1,6 @@
 """The run summary: step logs + traces of one `stepcli run` -> a versioned document, printed and/or saved.
 
-The document (schema "stepcli.run", typed in stepcli.runsummary, documented field by field in docs/reference/summary-json.md) is what
+The document (schema "stepcli.run", typed in stepcli.runfolder.summaryfile, documented field by field in docs/reference/summary-json.md) is what
 `--json` writes and what `stepcli compare` and `stepcli report` read, so building it (here, advice included) is
 kept apart from rendering it (stepcli.run.summary.console for the terminal, stepcli.report for the page).
 """
@@ -29,16 +29,14 @@ from stepcli.agent.schedule import NONE
 from stepcli.agent.tracker import AFTER_WINDOW, FOREIGN
 from stepcli.errors import StepcliError
 from stepcli.run.summary.compilesteps import compile_summary, compiled_steps
-from stepcli.run.summary.culprit import culprit_section
+from stepcli.run.summary.culpritsection import culprit_section
 from stepcli.run.summary.hangreport import hang_summary
 from stepcli.run.summary.runnotes import hook_and_process_notes, primary_notes, why_no_steps
 from stepcli.run.summary.threads import threads_section
 from stepcli.run.summary.whatifline import what_would_help
-from stepcli.runsummary import (
-    SCHEMA,
-    SCHEMA_VERSION,
+from stepcli.runfolder.layout import SUMMARY_SCHEMA, SUMMARY_VERSION
+from stepcli.runfolder.summaryfile import (
     AdviceItem,
-    OpRow,
     OtherMs,
     OutsideSteps,
     PeakMemory,
@@ -48,17 +46,18 @@ from stepcli.runsummary import (
     RunSummary,
     Steps,
     StepTimeMs,
-    StepTimes,
-    Window,
+    SummaryOpRow,
+    SummaryStepTimes,
+    SummaryWindow,
 )
 from stepcli.stats import describe
 from stepcli.steptimes import process_steps
 from stepcli.traces.analyses.shares import STEP_KEY
 
 if TYPE_CHECKING:
-    from stepcli.traces.analyses.model import OpRow as TraceOpRow
-    from stepcli.traces.analyses.model import TraceSummary
-    from stepcli.traces.readonce import RunTraces
+    from stepcli.traces.analyses.results import OpRow as TraceOpRow
+    from stepcli.traces.analyses.results import TraceSummary
+    from stepcli.traces.runtraces import RunTraces
 
 TOP_N = 20
 
@@ -164,7 +163,7 @@ def build_run_summary(
     included. With `traces`, the trace files are read through it (and kept there for report.html). `on_hang` and
     `hang_ended` (the launcher ended the job after a hang dump) go into the `hang` section, read from
     `hang_folders` only: the OUT/hang-<n>/ folders this run's hang watch wrote."""
-    from stepcli.run.summary.steplogs import load_step_logs
+    from stepcli.runfolder.steplogreader import load_step_logs
 
     logs, refused = load_step_logs(config, since=started_at)  # signed, schema-checked, traces inside out_dir
     logs.sort(key=lambda log: (log.get("rank") is None, log.get("rank") or 0, log.get("pid", 0)))
@@ -180,8 +179,8 @@ def build_run_summary(
     notes += hook_and_process_notes(config, logs, notes, foreign)
     analysis = _trace_analysis(trace_paths, notes, traces)
     summary = RunSummary(
-        schema=SCHEMA,
-        schema_version=SCHEMA_VERSION,
+        schema=SUMMARY_SCHEMA,
+        schema_version=SUMMARY_VERSION,
         stepcli_version=__version__,
         run_id=uuid.uuid4().hex,  # tells runs apart when several are compared per side
         command=list(command),
@@ -236,9 +235,9 @@ def _durations_ms(log: dict[str, Any]) -> list[float]:
     return [round(us / 1000.0, 3) for us in log.get("durations_us", [])][:_MAX_STEPS]
 
 
-def _step_times_entry(log: dict[str, Any]) -> StepTimes:
+def _step_times_entry(log: dict[str, Any]) -> SummaryStepTimes:
     """One entry of `step_times`: one digit per step, as timeline_phases."""
-    return StepTimes(
+    return SummaryStepTimes(
         worker=log.get("worker"),
         rank=log.get("rank"),
         pid=log.get("pid"),
@@ -247,17 +246,19 @@ def _step_times_entry(log: dict[str, Any]) -> StepTimes:
     )
 
 
-def _windows(logs: list[dict[str, Any]]) -> list[Window]:
+def _windows(logs: list[dict[str, Any]]) -> list[SummaryWindow]:
     """Every process's saved windows, by first step, each with the process's worker name."""
     windows = [
-        msgspec.convert(dict(window, worker=log["worker"]), Window) for log in logs for window in log.get("windows", [])
+        msgspec.convert(dict(window, worker=log["worker"]), SummaryWindow)
+        for log in logs
+        for window in log.get("windows", [])
     ]
     windows.sort(key=lambda w: (w.first_step, w.worker))
     return windows
 
 
 def _not_recorded_triggers(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """--capture-on-slow windows a process did not record (stepcli.run.summary.recordreader.attach adds the
+    """--capture-on-slow windows a process did not record (stepcli.runfolder.steprecordreader.attach adds the
     recorded ones)."""
     return [
         dict(t, worker=log["worker"])
@@ -297,8 +298,8 @@ def _add_trace_sections(
     return analysed
 
 
-def _op_row(row: TraceOpRow) -> OpRow:
-    return OpRow(
+def _op_row(row: TraceOpRow) -> SummaryOpRow:
+    return SummaryOpRow(
         name=row.name,
         calls=row.calls,
         self_ms=row.self_ms,

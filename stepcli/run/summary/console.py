@@ -12,8 +12,16 @@ import msgspec
 
 from stepcli.fmt import ms, plural, print_wrapped, size_or_dash
 from stepcli.run.summary.compilesteps import compile_lines
-from stepcli.run.summary.culprit import print_culprit
-from stepcli.runsummary import OpRow, PeakMemory, PopulationStats, RecordedWith, RunSummary, Steps, StepTimeMs
+from stepcli.run.summary.culpritsection import print_culprit
+from stepcli.runfolder.summaryfile import (
+    PeakMemory,
+    PopulationStats,
+    RecordedWith,
+    RunSummary,
+    Steps,
+    StepTimeMs,
+    SummaryOpRow,
+)
 from stepcli.safetext import visible
 
 if TYPE_CHECKING:
@@ -44,7 +52,7 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
     from rich.markup import escape
 
     from stepcli.pipeconsole import pipe_console
-    from stepcli.runsummary import advice_line
+    from stepcli.runfolder.summaryfile import advice_line
     from stepcli.safetext import visible_all
 
     summary = visible_all(summary)  # names from traces: control characters shown
@@ -60,7 +68,7 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
     _print_tables(summary, console)
     out_dir = summary.out_dir
     print_culprit(console, summary.culprit, _relative(out_dir) if out_dir else None)
-    from stepcli.run.summary.recordreader import lines as whole_run_lines
+    from stepcli.runfolder.steprecordreader import lines as whole_run_lines
 
     for line in whole_run_lines(summary):  # before the notes, the advice and `next:`, wrapped to the width
         print_wrapped(console, line)
@@ -70,7 +78,7 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
         console.print(f"[bold cyan]advice:[/] {escape(advice_line(item))}")
     helps = summary.what_would_help
     if helps:
-        from stepcli.whatif.render import top_line
+        from stepcli.whatif.whatifrender import top_line
 
         best = top_line(helps)
         if best:
@@ -205,8 +213,8 @@ def _print_tables(summary: RunSummary, console: Console) -> None:
     """Top operators and kernels, the step breakdown and the ranks, as `stepcli table` shows them."""
     if not (summary.top_operators or summary.top_kernels):
         return
-    from stepcli.traces.render import table as render
-    from stepcli.traces.render.device import print_device_section
+    from stepcli.traces.render import terminal as render
+    from stepcli.traces.render.gpusection import print_device_section
 
     width = console.width
     share_of = summary.share_of or "recorded step time"
@@ -226,7 +234,7 @@ def _print_tables(summary: RunSummary, console: Console) -> None:
     breakdown = summary.breakdown_ms
     if breakdown:
         render.print_table(console, render.breakdown_table(breakdown, summary.device))
-        from stepcli.traces.render.stacks import other_lines
+        from stepcli.traces.render.stacksection import other_lines
 
         other = {"other_ms": msgspec.to_builtins(summary.other_ms), "breakdown_ms": breakdown}
         for line in other_lines(other, console.width):
@@ -284,7 +292,7 @@ def _relative(path: str) -> str:
         return path
 
 
-def _rows(rows: list[OpRow]) -> list[dict[str, Any]]:
+def _rows(rows: list[SummaryOpRow]) -> list[dict[str, Any]]:
     """Operator rows as the table renderer (shared with `stepcli table`) takes them."""
     return [msgspec.to_builtins(row) for row in rows]
 

@@ -13,7 +13,7 @@ import os
 import shlex
 from typing import Any
 
-from stepcli.runsummary import RunSummary
+from stepcli.runfolder.summaryfile import RunSummary
 
 
 def hta_command(summary: RunSummary, relative: Any = os.path.relpath) -> str | None:

@@ -19,24 +19,16 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from msgspec import UnsetType
 
-from stepcli.agent.config import STEP_LOG_SUFFIX
 from stepcli.errors import StepcliError, TraceError
 from stepcli.inputs import outline, read_input
-from stepcli.runfolder import contained, read_saved, rerooted, run_dirs, written_traces
-from stepcli.runsummary import (
-    SCHEMA,
-    SCHEMA_VERSION,
-    SUMMARY_FILE,
-    AdviceItem,
-    RunSummary,
-    StepTimes,
-    read_run_summary,
-)
+from stepcli.runfolder.layout import STEP_LOG_SUFFIX, SUMMARY_FILE, SUMMARY_SCHEMA, SUMMARY_VERSION
+from stepcli.runfolder.runs import contained, read_saved, rerooted, run_dirs, written_traces
+from stepcli.runfolder.summaryfile import AdviceItem, RunSummary, SummaryStepTimes, read_run_summary
 from stepcli.steptimes import process_steps, trace_process_steps
 
 if TYPE_CHECKING:
     from stepcli.report.data import ReportData
-    from stepcli.traces.readonce import RunTraces
+    from stepcli.traces.runtraces import RunTraces
 
 
 def step_logs(run_dir: Path) -> list[dict[str, Any]]:
@@ -105,7 +97,7 @@ def _add_folder(inputs: _Inputs, path: str) -> None:
     """A stepcli run folder (its latest run and that run's traces, or the run FOLDER/.stepcli/RUN_ID names), else a
     folder of traces."""
     from stepcli.fmt import say
-    from stepcli.runfolder import other_runs_note, pick_run
+    from stepcli.runfolder.runs import other_runs_note, pick_run
     from stepcli.traces.read.files import list_trace_files
 
     pick = pick_run(path)
@@ -165,9 +157,9 @@ def _classify(paths: Sequence[str]) -> _Inputs:
     return inputs
 
 
-def _step_times(logs: list[dict[str, Any]]) -> list[StepTimes]:
+def _step_times(logs: list[dict[str, Any]]) -> list[SummaryStepTimes]:
     return [
-        StepTimes(
+        SummaryStepTimes(
             worker=log.get("worker"),
             rank=log.get("rank"),
             pid=log.get("pid"),
@@ -189,8 +181,8 @@ def with_step_logs(summary: RunSummary | None, logs: list[dict[str, Any]]) -> Ru
 
     if summary is None:
         rebuilt = RunSummary(
-            schema=SCHEMA,
-            schema_version=SCHEMA_VERSION,
+            schema=SUMMARY_SCHEMA,
+            schema_version=SUMMARY_VERSION,
             processes=[process_entry(log) for log in logs],
             traces=_run_traces(None, logs),
         )
@@ -231,7 +223,7 @@ def build(
 ) -> ReportData:
     """The page's data for a run summary (or None), its step logs (may be empty) and trace files (may be none)."""
     from stepcli.report.data import build as page_data
-    from stepcli.traces.readonce import RunTraces
+    from stepcli.traces.runtraces import RunTraces
 
     traces = traces if traces is not None else RunTraces()
     shown = with_step_logs(summary, logs)
@@ -253,7 +245,7 @@ def report_main(paths: Sequence[str], out: str | None) -> str:
     with reading(paths):  # a large trace takes seconds: said, not silent
         data = gather(paths)
     if out is None:
-        from stepcli.runfolder import pick_run
+        from stepcli.runfolder.runs import pick_run
 
         pick = pick_run(paths[0]) if os.path.isdir(paths[0]) else None
         named = pick is not None and pick.named
@@ -272,7 +264,7 @@ def write_run_report(summary: RunSummary, traces: RunTraces | None = None) -> st
     there: it is never overwritten); returns its path.
 
     The launcher has saved the summary beside the step logs, so `stepcli report OUT_DIR` rebuilds the same page.
-    `traces`: what the run summary already read (stepcli.traces.readonce), so no trace is read a second time.
+    `traces`: what the run summary already read (stepcli.traces.runtraces), so no trace is read a second time.
     """
     from stepcli.fmt import say
     from stepcli.report import REPORT_NAME, run_report_path, write_new_file, write_page

@@ -1,7 +1,7 @@
 """The notes of a run summary that explain what the run did not measure: why no step was seen, why no trace was
 saved, `--step-on` targets never hooked or called, and what each process said of itself.
 
-They read the step logs (as stepcli.run.summary.steplogs loaded them) and the processes' hello files; the summary
+They read the step logs (as stepcli.runfolder.steplogreader loaded them) and the processes' hello files; the summary
 (stepcli.run.summary.build) lists them in its `notes`.
 """
 
@@ -12,10 +12,11 @@ import signal
 from collections.abc import Sequence
 from typing import Any
 
-from stepcli.agent.config import HELLO_PREFIX, AgentConfig
+from stepcli.agent.config import AgentConfig
 from stepcli.errors import TraceError
 from stepcli.fmt import plural
 from stepcli.inputs import read_side_json
+from stepcli.runfolder.layout import HELLO_PREFIX
 
 _MAX_HELLO_BYTES = 1 << 20  # a process's hello file: a few notes
 

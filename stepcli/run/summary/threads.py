@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepcli.runsummary import Threads, ThreadsHost
+from stepcli.runfolder.summaryfile import Threads, ThreadsHost
 
 
 def _int(value: Any, low: int) -> bool:

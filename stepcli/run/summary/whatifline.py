@@ -13,7 +13,7 @@ from stepcli.errors import StepcliError
 
 if TYPE_CHECKING:
     from stepcli.traces.analyses.lanes import RankLane
-    from stepcli.traces.readonce import RunTraces
+    from stepcli.traces.runtraces import RunTraces
 
 MAX_TRACE_BYTES = 256 << 20  # beyond this the run's end does not read the traces a second time
 TOP = 5
@@ -24,15 +24,15 @@ def what_would_help(
 ) -> dict[str, Any] | None:
     if not trace_paths:
         return None
-    from stepcli.whatif.answer import Request, solve
-    from stepcli.whatif.command import pick_lanes
+    from stepcli.whatif.answer import WhatifRequest, solve
+    from stepcli.whatif.whatifmain import pick_lanes
 
     try:
         read = _lanes(trace_paths, traces, notes)
         if read is None:
             return None
         lanes, _ = pick_lanes(read, None)
-        doc = solve(lanes, Request([]), untouched_ms).doc
+        doc = solve(lanes, WhatifRequest([]), untouched_ms).doc
     except StepcliError as exc:
         notes.append(f"what would help: {exc.message}")
         return None
@@ -66,6 +66,6 @@ def _lanes(trace_paths: list[str], traces: RunTraces | None, notes: list[str]) -
         notes.append("what would help: the traces are large; `stepcli whatif` on the output folder answers it")
         return None
     from stepcli.traces.engine import map_files
-    from stepcli.whatif.command import read_lane
+    from stepcli.whatif.whatifmain import read_lane
 
     return map_files(read_lane, trace_paths)

@@ -91,7 +91,7 @@ class _GroupFigures:
 
 
 def from_parts(parts: Sequence[Any], steps: Sequence[Any]) -> dict[str, Any] | None:
-    """`analyze` over the file parts' arrivals (stepcli.traces.analyses.model.FilePart) and their steps' median time."""
+    """`analyze` over the file parts' arrivals (stepcli.traces.analyses.results.FilePart) and their steps' median time."""
     durations = [step.dur_ms for step in steps]
     return analyze([p.arrivals for p in parts if p.arrivals], median(durations) if durations else None)
 

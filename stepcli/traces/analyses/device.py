@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from stepcli.traces.analyses.collectives import Transfers
+from stepcli.traces.analyses.collectivestats import Transfers
 from stepcli.traces.analyses.launches import LaunchTimes
 
 NS_PER_MS = 1_000_000.0

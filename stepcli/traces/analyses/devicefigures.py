@@ -1,4 +1,4 @@
-"""One trace's device figures, for the file summary (stepcli.traces.analyses.analysis.summarize_columns): its FLOPs
+"""One trace's device figures, for the file summary (stepcli.traces.analyses.traceanalysis.summarize_columns): its FLOPs
 and GEMM time by dtype (an undtyped kernel takes its operator's through `External id`), its launches, copies and
 collectives, and the device time inside its recorded steps, each with array operations over the columns.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from stepcli.traces.analyses.collectives import Transfers, measure_transfers
+from stepcli.traces.analyses.collectivestats import Transfers, measure_transfers
 from stepcli.traces.analyses.device import (
     measure_steps,
     within_arrays,
@@ -115,7 +115,7 @@ def device_launches(
     columns: Columns, result: TraceResult, spans: list[tuple[int, int]], steps: int, windows: list[Window]
 ) -> tuple[LaunchTimes, Transfers, list[tuple[int, ...]]]:
     """Launch statistics and idle time by cause (stepcli.traces.analyses.launches), collectives and copies
-    (stepcli.traces.analyses.collectives), on either path's result; and the device figures of each step window
+    (stepcli.traces.analyses.collectivestats), on either path's result; and the device figures of each step window
     (stepcli.traces.analyses.device.measure_steps); none for times past 64-bit nanoseconds."""
     import numpy as np
 

@@ -6,7 +6,7 @@ trace; only `key_averages()` has them. So the agent writes the window's sum besi
 as `NAME.flops` ({"flops": N, "device": name or null}, stepcli.agent.recorder). A trace recorded elsewhere with
 `with_flops=True` on a GPU carries `"flops": N` in the args of the operators torch counts (aten::mm, addmm, bmm,
 baddbmm, conv2d, mul, add: none calls another, so their sum counts nothing twice); the reader sums them over the
-recorded steps (stepcli.traces.analyses.analysis), and the side file wins when both exist. The device is the side file's,
+recorded steps (stepcli.traces.analyses.traceanalysis), and the side file wins when both exist. The device is the side file's,
 else the trace's `deviceProperties`. Over the recorded steps of the traces that have counts: flops_per_step =
 FLOPs / steps, achieved_flops_per_s = FLOPs / recorded step time, and mfu = achieved / the device's dense tensor
 peak for a dtype (PEAKS; docs/concepts/gpu.md lists them with sources), null when the device is unknown (CPU included); `pace`
@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+from stepcli.runfolder.layout import flops_path
 from stepcli.traces.read.names import DTYPES
 
-FLOPS_SUFFIX = ".flops"  # as stepcli.agent.recorder writes it
 _MAX_BYTES = 1 << 16
 # The most FLOPs a side file may count: 10^30 is a million years of an exaFLOP machine, and any sum or ratio of such
 # counts stays a finite float (a 401-digit count made `flops / steps` raise OverflowError: exit 70).
@@ -52,11 +52,6 @@ PEAKS: dict[str, dict[str, float]] = {
     "MI250X": {"bf16": 383e12, "fp16": 383e12, "fp32": 95.7e12},
 }
 MFU_DTYPE = "bf16"  # without a recognised GEMM kernel: the dense BF16 peak (FP16 where the part has none)
-
-
-def flops_path(trace: str) -> str:
-    at = trace.rfind(".pt.trace.json")
-    return (trace[:at] if at >= 0 else trace) + FLOPS_SUFFIX
 
 
 def read_flops(trace: str) -> tuple[int, str | None] | None:

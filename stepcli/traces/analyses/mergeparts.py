@@ -1,4 +1,4 @@
-"""Many files' summaries as one: the per-file parts (stepcli.traces.analyses.model.FilePart) of every rank merged into
+"""Many files' summaries as one: the per-file parts (stepcli.traces.analyses.results.FilePart) of every rank merged into
 the tables, statistics, straggler and culprit `stepcli table` prints; the parts are computed apart, in worker
 processes (stepcli.traces.engine), so only this runs over all of them.
 """
@@ -10,13 +10,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from stepcli.stats import describe
-from stepcli.traces.analyses.analysis import summarize_file
 from stepcli.traces.analyses.culprit import from_parts
 from stepcli.traces.analyses.device import (
     DeviceTimes,
 )
 from stepcli.traces.analyses.flops import flops_figures
-from stepcli.traces.analyses.model import (
+from stepcli.traces.analyses.pystacks import merge_stacks
+from stepcli.traces.analyses.ranks import WindowFacts, find_straggler, group_processes, process_keys
+from stepcli.traces.analyses.results import (
     NS_PER_MS,
     PHASES,
     Breakdown,
@@ -24,15 +25,14 @@ from stepcli.traces.analyses.model import (
     StepRow,
     TraceSummary,
 )
-from stepcli.traces.analyses.pystacks import merge_stacks
-from stepcli.traces.analyses.ranks import WindowFacts, find_straggler, group_processes, process_keys
 from stepcli.traces.analyses.shares import share_basis
 from stepcli.traces.analyses.steps import (
     Accumulator,
 )
+from stepcli.traces.analyses.traceanalysis import summarize_file
 
 if TYPE_CHECKING:
-    from stepcli.traces.read.reader import Trace
+    from stepcli.traces.read.tracereader import Trace
 
 
 def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSummary:

@@ -1,5 +1,5 @@
 """The per-event reference analysis: one Python step per event, written to be read. The columnar analysis
-(stepcli.traces.analyses.analysis) must equal it; it still runs for traces whose times pass 64-bit nanoseconds.
+(stepcli.traces.analyses.traceanalysis) must equal it; it still runs for traces whose times pass 64-bit nanoseconds.
 """
 
 from __future__ import annotations
@@ -289,7 +289,7 @@ class _Nesting:
 
 
 def hand_up(frame: list[Any], parent: list[Any]) -> None:
-    """Pass a closed frame's forward candidates to its parent (stepcli.traces.analyses.analysis._forward_candidates):
+    """Pass a closed frame's forward candidates to its parent (stepcli.traces.analyses.traceanalysis._forward_candidates):
     an operator that is no phase is one; a wrapper around a dataloader, optimizer or backward event (a user's
     `## backward ##`) is none: its own candidates stand in its place. Inside an optimizer event only the agent's
     closure ranges hold candidates (the closure's forward); the optimizer's other operators are its own work."""

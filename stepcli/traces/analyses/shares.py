@@ -5,7 +5,7 @@ every trace), so the rows of a table and the step breakdown speak about the same
 annotation itself, is step time outside any operator: it is no operator's work and is left out of the operator
 tables of the run summary and `compare`. A trace without step annotations has no step time; its shares are then of
 the total self time of its operators. Host events outside every step of their process are no step's time: they are
-in no table (stepcli.traces.analyses.analysis counts them apart). Operators on other threads (autograd, data loading) run alongside
+in no table (stepcli.traces.analyses.traceanalysis counts them apart). Operators on other threads (autograd, data loading) run alongside
 the step, so the shares of a table can add up to more than 100%.
 """
 

@@ -15,8 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from stepcli.traces.analyses.analysis import _forward_candidates, _in_steps_array
-from stepcli.traces.analyses.model import NS_PER_MS, PHASES
+from stepcli.traces.analyses.results import NS_PER_MS, PHASES
 from stepcli.traces.analyses.shares import STEP_KEY, stable_name
 from stepcli.traces.analyses.steps import (
     BACKWARD,
@@ -27,6 +26,7 @@ from stepcli.traces.analyses.steps import (
     step_spans_of,
     wraps_backward,
 )
+from stepcli.traces.analyses.traceanalysis import _forward_candidates, _in_steps_array
 from stepcli.traces.read.names import STEP_PREFIX, step_of
 
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ def step_times(
     kept = a["kept"][mine]
     _add(times, "cpu", key_list, ev_seg[mine], row_key[mine], a["self"][mine] * kept, count)
 
-    # Phases: per window (a complete ProfilerStep#N), as stepcli.traces.analyses.analysis._phase_totals_arrays.
+    # Phases: per window (a complete ProfilerStep#N), as stepcli.traces.analyses.traceanalysis._phase_totals_arrays.
     phase = np.array([phase_of(n) for n in columns.names] or [0], np.int8)[name]
     wrapper = np.array([wraps_backward(n) for n in columns.names] or [False], bool)[name]
     annotation = columns.kind[index] == typedcolumns.USER_ANNOTATION

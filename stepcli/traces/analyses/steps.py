@@ -1,4 +1,4 @@
-"""Step windows, step phases and interval arithmetic shared by the columnar analysis (stepcli.traces.analyses.analysis)
+"""Step windows, step phases and interval arithmetic shared by the columnar analysis (stepcli.traces.analyses.traceanalysis)
 and its per-event reference (stepcli.traces.analyses.reference).
 
 Times are integer nanoseconds relative to the trace's first kept event: the Chrome format stores microseconds
@@ -13,14 +13,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepcli.agent.config import CLOSURE_ANNOTATION
+from stepcli.runfolder.layout import CLOSURE_ANNOTATION
 from stepcli.traces.analyses.arrivals import GC_PREFIX
-from stepcli.traces.analyses.model import NS_PER_MS, OpRow
 from stepcli.traces.analyses.ranks import is_communication
+from stepcli.traces.analyses.results import NS_PER_MS, OpRow
 from stepcli.traces.analyses.shares import STEP_KEY
 from stepcli.traces.read.names import STEP_PREFIX, step_of
 
-# Same categories as stepcli.traces.read.reader (not imported at run time so this module stays free of the decoder).
+# Same categories as stepcli.traces.read.tracereader (not imported at run time so this module stays free of the decoder).
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 DATALOADER, OPTIMIZER, BACKWARD = 1, 2, 3
 COMM = 4  # collective communication: never forward; in `other` unless inside another phase

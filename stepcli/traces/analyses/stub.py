@@ -1,5 +1,5 @@
 """The profiler's closing stub: the last ProfilerStep#N a program's own torch.profiler opens and closes at once when
-it stops, with none of the program's work in it. It is no step (stepcli.traces.analyses.analysis leaves it out as a
+it stops, with none of the program's work in it. It is no step (stepcli.traces.analyses.traceanalysis leaves it out as a
 window's cut step is left out, and says so)."""
 
 from __future__ import annotations

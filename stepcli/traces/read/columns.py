@@ -1,4 +1,4 @@
-"""Decoded trace events into typed columns, one decoded slice at a time, with the reader's rules (stepcli.traces.read.reader).
+"""Decoded trace events into typed columns, one decoded slice at a time, with the reader's rules (stepcli.traces.read.tracereader).
 
 The per-event work is done by C loops (`map` over attribute getters and dict lookups, numpy masks), never by a
 Python statement per event: the same filter as `_Keeper.add` (complete events of kept categories, utility names
@@ -17,7 +17,7 @@ import numpy as np
 from stepcli.traces.read.events import DecodedArgs, group_of, int64_or_none, transfer_args
 from stepcli.traces.read.files import rank_from_name
 from stepcli.traces.read.names import gemm_op, op_dtype, undtyped_gemm
-from stepcli.traces.read.reader import (
+from stepcli.traces.read.tracereader import (
     FILTERED_NAMES,
     KEPT_CATEGORIES,
     MAX_TIME_US,
@@ -207,7 +207,7 @@ class ColumnKeeper(_Keeper):
             self._flops.update(zip((host[counted] + self._rows).tolist(), flops[counted].tolist()))
 
     def _take_transfers(self, args: Sequence[Any], kind: np.ndarray) -> None:
-        """Copy sizes and collective metadata of the device events (stepcli.traces.read.reader.transfer_args)."""
+        """Copy sizes and collective metadata of the device events (stepcli.traces.read.tracereader.transfer_args)."""
         device = np.nonzero(kind >= DEVICE)[0]
         if not device.size:
             return
@@ -220,7 +220,7 @@ class ColumnKeeper(_Keeper):
                 self._transfers[self._rows + int(device[at])] = found
 
     def _take_groups(self, kept: Sequence[Any], names: np.ndarray, kind: np.ndarray) -> None:
-        """The process groups of the host `record_param_comms` events (stepcli.traces.read.reader.group_of): one
+        """The process groups of the host `record_param_comms` events (stepcli.traces.read.tracereader.group_of): one
         name lookup per slice when the trace has none."""
         code = self._name_codes.codes.get(PARAM_COMMS)
         if code is None:

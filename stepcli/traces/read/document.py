@@ -1,7 +1,7 @@
 """The trace document around its events, and the slow path for an odd one: header values checked one by one (a bad
 value is ignored, never fatal), a decode error said in words, and the lenient decode of valid JSON whose fields
 have unexpected types (coerced where they can be, the event skipped where not). The fast typed decode is
-stepcli.traces.read.reader's.
+stepcli.traces.read.tracereader's.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 import msgspec
 
-from stepcli.agent.config import CLOCK_KEY, CPU_TIME_KEY, INCOMPLETE_STEP_KEY  # the file format the agent writes
 from stepcli.errors import TraceError
+from stepcli.runfolder.layout import CLOCK_KEY, CPU_TIME_KEY, INCOMPLETE_STEP_KEY
 from stepcli.traces.read.events import InputTypes, Meta, ShapeArgs, ShapedEvent
 from stepcli.traces.read.jsonvalues import as_id, as_text, as_time, is_int64
 

@@ -1,7 +1,7 @@
 """The typed structs trace events are decoded into (msgspec): only the fields stepcli reads, so the decoder skips
 the rest of every event, and of its args, without building it. `Event` is what the analyses see; the Decoded and
 Shaped variants are the reader's (a missing time reads as NaN so the event is skipped and counted; shapes only when
-asked for); `Header` and `Meta` are the document around the events (stepcli.traces.read.reader).
+asked for); `Header` and `Meta` are the document around the events (stepcli.traces.read.tracereader).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from stepcli.agent.config import CLOCK_KEY, CPU_TIME_KEY, INCOMPLETE_STEP_KEY  # the file format the agent writes
+from stepcli.runfolder.layout import CLOCK_KEY, CPU_TIME_KEY, INCOMPLETE_STEP_KEY
 from stepcli.traces.read.jsonvalues import is_int64
 
 
@@ -38,7 +38,7 @@ class EventArgs(msgspec.Struct, gc=False):
     """The few `args` fields stepcli reads (decoding more of args costs time on every event)."""
 
     correlation: int = -1
-    # a copy's size, and a collective's (NCCL metadata torch records): stepcli.traces.analyses.collectives reads them
+    # a copy's size, and a collective's (NCCL metadata torch records): stepcli.traces.analyses.collectivestats reads them
     bytes: int = -1
     collective: str = msgspec.field(default="", name="Collective name")
     in_nelems: int = msgspec.field(default=-1, name="In msg nelems")

@@ -13,7 +13,7 @@ from pathlib import Path
 from stepcli.errors import TraceError
 
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
-MERGED_MARKER = "stepcli_merged"  # the first key of `stepcli merge`'s output (stepcli.traces.merge)
+MERGED_MARKER = "stepcli_merged"  # the first key of `stepcli merge`'s output (stepcli.traces.mergetraces)
 _MERGED_HEAD = re.compile(rb'\s*\{\s*"' + MERGED_MARKER.encode() + rb'"\s*:')
 MERGED_PROBLEM = (
     "already a merged trace (stepcli merge output: every rank in one file, for a viewer);"

@@ -6,7 +6,7 @@ faults and the imports' library loading contend in one address space (both ran ~
 the gain lost). So a process forked while stepcli is still small (before numpy) reads and inflates the file into
 an in-memory file (memfd) and reports the length; the trace reader maps that file copy-on-write (MAP_PRIVATE) and
 decodes it where it lies: no copy (copying 35 MB into this process took 25-40 ms of page faults on these machines,
-mapping it 4 ms), and the reader's in-place edits (stepcli.traces.read.reader) stay private to the process making them.
+mapping it 4 ms), and the reader's in-place edits (stepcli.traces.read.tracereader) stay private to the process making them.
 
 Any surprise (no memfd or fork, a read error, a corrupt file, a child that dies) leaves nothing to take: the reader
 then reads the file itself, which gives the exact error, so answers and messages are those of an ordinary read.

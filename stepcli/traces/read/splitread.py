@@ -27,7 +27,7 @@ from stepcli.inputs import GZIP_MAGIC, open_input
 from stepcli.limits import input_limit
 from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.files import rank_from_name
-from stepcli.traces.read.reader import _EVENT_SEPARATOR, _TRACE_EVENTS_KEY
+from stepcli.traces.read.tracereader import _EVENT_SEPARATOR, _TRACE_EVENTS_KEY
 from stepcli.traces.read.typedcolumns import Columns
 
 if TYPE_CHECKING:  # (planning a read of a file that is not cut imports no concurrent.futures)
@@ -140,7 +140,7 @@ def read_piece(path: str, start: int, end: int, header_end: int, last: bool, sha
 
     from stepcli.traces.read.columns import ColumnKeeper
     from stepcli.traces.read.events import DecodedEvent, Meta, ShapedEvent
-    from stepcli.traces.read.reader import _CHUNK_BYTES, _decode
+    from stepcli.traces.read.tracereader import _CHUNK_BYTES, _decode
 
     keeper = ColumnKeeper(shapes)
     decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(list[ShapedEvent] if shapes else list[DecodedEvent])

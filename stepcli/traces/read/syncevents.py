@@ -10,7 +10,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from stepcli.traces.read.reader import Text
+from stepcli.traces.read.tracereader import Text
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 A .gz trace, or a plain one too small to be cut into ranges read by several processes (stepcli.traces.read.splitread),
 is held in memory (read, or inflated ahead by stepcli.traces.read.readahead) and decoded in ~1 MB slices
-(stepcli.traces.read.reader). Here a forked child decodes part of the slices from its copy-on-write view of the same
+(stepcli.traces.read.tracereader). Here a forked child decodes part of the slices from its copy-on-write view of the same
 text and sends its columns back (through an in-memory file), while this process decodes the rest. Decoding is most
 of `stepcli table`'s time on one file, so on two cores this takes about half of it off the wall clock
 (`scripts/bench_gpu.py`):
@@ -31,7 +31,15 @@ from typing import Any, NamedTuple
 from stepcli.traces.read.columns import ColumnKeeper
 from stepcli.traces.read.events import Meta
 from stepcli.traces.read.forked import fork_child, stop_child
-from stepcli.traces.read.reader import Text, _decode, _Keeper, _NotChunkable, decode_rest, decode_slices, slice_layout
+from stepcli.traces.read.tracereader import (
+    Text,
+    _decode,
+    _Keeper,
+    _NotChunkable,
+    decode_rest,
+    decode_slices,
+    slice_layout,
+)
 
 MIN_BYTES = 8 * 1024 * 1024  # below this, a fork and a pipe cost about what the child would save
 
@@ -39,7 +47,7 @@ _Layout = tuple[int, list[int]]
 
 
 class DecodeInTwo:
-    """The decoder of one file (stepcli.traces.read.reader.Decode), with the `midway` hook that starts the child early."""
+    """The decoder of one file (stepcli.traces.read.tracereader.Decode), with the `midway` hook that starts the child early."""
 
     def __init__(self, shapes: bool, meanwhile: Callable[[], object] | None = None) -> None:
         self.shapes = shapes
@@ -96,7 +104,7 @@ class DecodeInTwo:
 def decode_in_two(
     path: str, data: Text, shapes: bool, keeper_type: type[_Keeper], meanwhile: Callable[[], object] | None = None
 ) -> tuple[Meta, _Keeper]:
-    """Decode `data` like stepcli.traces.read.reader._decode does, shared with a forked child as they go (_claims): this
+    """Decode `data` like stepcli.traces.read.tracereader._decode does, shared with a forked child as they go (_claims): this
     process takes slices from the front, after `meanwhile()`; the child the document's rest, then slices from the
     back. Whichever runs faster (the other core may be busy, the child's first writes copy pages) decodes more."""
     layout = _layout(data, MIN_BYTES) if keeper_type is ColumnKeeper else None

@@ -47,11 +47,11 @@ class Columns:
     shape: np.ndarray  # int32 index into shapes
     corr: np.ndarray  # int64 correlation id (launch call <-> device work), -1: none
     # event index -> (bytes, collective, in nelems, out nelems, group size, dtype) of the device events that have
-    # them (stepcli.traces.read.reader.transfer_args): copies and collectives only, so a dict, not a column
+    # them (stepcli.traces.read.tracereader.transfer_args): copies and collectives only, so a dict, not a column
     transfers: dict[int, tuple[int, str, int, int, int, str]] = field(default_factory=dict)
     flops: dict[int, int] = field(default_factory=dict)  # event index -> the FLOPs in its args (operators only)
     # event index -> (process group name, sequence number or -1, member ranks as written) of the host events that
-    # carry them (`record_param_comms` on NCCL traces; stepcli.traces.read.reader.group_of): few, so a dict
+    # carry them (`record_param_comms` on NCCL traces; stepcli.traces.read.tracereader.group_of): few, so a dict
     groups: dict[int, tuple[str, int, str]] = field(default_factory=dict)
     # event index -> (External id, dtype) of the GEMM operators whose kernels' dtype is known from the operator
     # (stepcli.traces.analyses.flops.op_dtype), and event index -> External id of the GEMM kernels whose names say no
@@ -114,7 +114,7 @@ class Columns:
 
 
 def columns_from_events(events: list[Event]) -> Columns:
-    """Columns of events already filtered to the kept subset (stepcli.traces.read.reader.Trace.events)."""
+    """Columns of events already filtered to the kept subset (stepcli.traces.read.tracereader.Trace.events)."""
     from stepcli.traces.read.events import int64_or_none
 
     names: dict[str, int] = {}
@@ -145,7 +145,7 @@ def columns_from_events(events: list[Event]) -> Columns:
 
 
 def _transfers_of(events: list[Event]) -> dict[int, tuple[int, str, int, int, int, str]]:
-    """Copy sizes and collective metadata of the device events (stepcli.traces.read.reader.transfer_args)."""
+    """Copy sizes and collective metadata of the device events (stepcli.traces.read.tracereader.transfer_args)."""
     from stepcli.traces.read.events import transfer_args
 
     out = {}
@@ -179,7 +179,7 @@ def _gemm_links(events: list[Event]) -> dict[str, Any]:
 
 
 def _groups_of(events: list[Event]) -> dict[int, tuple[str, int, str]]:
-    """The process groups of the host `record_param_comms` events (stepcli.traces.read.reader.group_of)."""
+    """The process groups of the host `record_param_comms` events (stepcli.traces.read.tracereader.group_of)."""
     from stepcli.traces.read.events import group_of
 
     out = {}

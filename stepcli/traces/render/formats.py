@@ -1,5 +1,5 @@
 """`stepcli table`'s report in the format asked for (print_table_report): the terminal's rich tables
-(stepcli.traces.render.table), or for machines and CI JSON, CSV of every row, and a Markdown report (for a pull
+(stepcli.traces.render.terminal), or for machines and CI JSON, CSV of every row, and a Markdown report (for a pull
 request or $GITHUB_STEP_SUMMARY).
 """
 
@@ -18,7 +18,7 @@ from stepcli.pipeconsole import discard_stdout, json_for, pipe_console
 from stepcli.safetext import visible, visible_all
 from stepcli.traces.analyses.culpritwords import culprit_lines
 from stepcli.traces.analyses.ranks import first_per_process
-from stepcli.traces.render.table import (
+from stepcli.traces.render.terminal import (
     DEFAULT_LIMIT,
     FORMATS,
     PHASE_ORDER,
@@ -33,7 +33,7 @@ from stepcli.traces.render.table import (
 )
 
 if TYPE_CHECKING:
-    from stepcli.traces.analyses.model import TraceSummary
+    from stepcli.traces.analyses.results import TraceSummary
 
 
 def json_text(data: Any) -> str:
@@ -256,7 +256,7 @@ def _md_operators(data: Mapping[str, Any], sort_by: str, limit: int | None) -> l
 
 def _md_other(data: Mapping[str, Any]) -> list[str]:
     """The line under the breakdown saying what its "other" is made of."""
-    from stepcli.traces.render.stacks import other_lines
+    from stepcli.traces.render.stacksection import other_lines
 
     other = other_lines(data)
     return [_md_text(other[0]) + ".", ""] if other else []
@@ -323,7 +323,7 @@ def print_table_report(
                 stacks=stacks,
             )
         if stacks and fmt in ("json", "csv", "markdown"):
-            from stepcli.traces.render.stacks import stacks_missing
+            from stepcli.traces.render.stacksection import stacks_missing
 
             note = stacks_missing(data)
             if note:

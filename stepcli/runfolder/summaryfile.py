@@ -1,0 +1,563 @@
+"""The run summary document (schema "stepcli.run"): declared once, as msgspec Structs, and the one loader that checks it.
+
+`stepcli run` writes it (`--json`, and `summary.json` beside the step logs); `stepcli report`, `compare`, `top`,
+`table` and `whatif` read it. A file is untrusted input (hand-edited, from another version, or hostile), so
+`read_run_summary` decodes it into these types once, at the edge (`msgspec.json.decode(data, type=RunSummary)`),
+whose constraints hold the numbers finite and the counts non-negative, then checks what a type cannot say (step-time
+ranges, one phase digit per step, trace paths inside `out_dir`): a wrong field is one line naming it and exit 2,
+never a crash deep in a renderer. Each field's wording ("is not a non-negative
+integer") is the `description` of its type below, so the message comes from the declaration too.
+docs/reference/summary-json.md documents every field; tests/unit/test_summary_doc.py holds the two together.
+
+Sections shaped by another document (`ranks`, `straggler`, `culprit`, `device`, `flops`, `compile`, `hang`,
+`what_would_help`, `step_record`, `triggered`) are declared here as Structs for checking (`_Sections`) and stay
+plain objects in the summary, in the key order their producers write.
+
+This module imports no stepcli package (only the shared top-level modules), so run/, report/ and compare/ can
+all depend on it without depending on each other. stepcli.steptimes reads its step times per process.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from stepcli.errors import EXIT_USAGE, StepcliError
+from stepcli.jsonchecks import wording
+
+# The schema's name and versions, and the file's name, are the run folder's layout's (one home for them).
+from stepcli.runfolder.layout import SUMMARY_FILE as SUMMARY_FILE
+from stepcli.runfolder.layout import SUMMARY_READABLE_VERSIONS, SUMMARY_SCHEMA
+from stepcli.stats import Stats
+
+# ---------------------------------------------------------------------------------------------------------------
+# The value types. A description is the wording of the one-line error for a value that is not one.
+
+_FINITE = sys.float_info.max  # a JSON number past it reads as infinity: no run measures that
+Int = Annotated[int, Meta(description="an integer")]
+Count = Annotated[int, Meta(ge=0, description="a non-negative integer")]
+Number = Annotated[int | Annotated[float, Meta(ge=-_FINITE, le=_FINITE)], Meta(description="a number")]
+Amount = Annotated[
+    Annotated[int, Meta(ge=0)] | Annotated[float, Meta(ge=0, le=_FINITE)],
+    Meta(description="a non-negative number"),
+]
+# A step's time: none is under a nanosecond or over the trace reader's cap (10^18 us); such values (5e-324, 1e308)
+# are a hostile file's, and would overflow the statistics and the charts built on them (checked after decoding).
+StepMs = Annotated[
+    Annotated[int, Meta(ge=0)] | Annotated[float, Meta(ge=0, le=_FINITE)],
+    Meta(description="a step time in ms (0, or 0.000001 to 10^15)"),
+]
+_MIN_STEP_MS, _MAX_STEP_MS = 1e-6, 1e15
+Phases = Annotated[str, Meta(pattern="^[\x00-\x7f]*$", description="a string of phase digits")]
+Text = Annotated[str, Meta(description="a string")]
+Flag = Annotated[bool, Meta(description="true or false")]
+SnapshotName = Annotated[str, Meta(pattern=r"^[^./\\][^/\\]*\.pickle$", description="a snapshot file name")]
+Section = dict[str, Any]  # an object shaped by another document, checked against its `_Sections` declaration
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The document.
+
+
+_STAT = Annotated[Amount, Meta(extra={"missing": "is not a non-negative number"})]
+
+
+class PopulationStats(Struct, kw_only=True):
+    """A population's statistics over every process's steps together (stepcli.stats.describe), and its count in
+    each process (`processes` order; absent from summaries written before it): the terminal says counts per rank."""
+
+    count: _STAT
+    mean: _STAT
+    median: _STAT
+    p90: _STAT
+    min: _STAT
+    max: _STAT
+    per_process: list[Count] | UnsetType = UNSET
+
+    def stats(self) -> Stats:
+        """The statistics alone, as stepcli.stats and the budgets of `--fail-over` and `compare` take them."""
+        return Stats(
+            count=int(self.count), mean=self.mean, median=self.median, p90=self.p90, min=self.min, max=self.max
+        )
+
+
+_NULL_OR_STATS = Meta(description="is neither null nor an object")
+
+
+class StepTimeMs(Struct, kw_only=True):
+    """`step_time_ms`: statistics of untouched, profiled and start-up steps (None when there are none), and of the
+    steps set aside after a window (the profiler's stop and save; absent in older summaries)."""
+
+    untouched: Annotated[PopulationStats | None, _NULL_OR_STATS] = None
+    profiled: Annotated[PopulationStats | None, _NULL_OR_STATS] = None
+    first_step: Annotated[PopulationStats | None, _NULL_OR_STATS] = None
+    after_window: Annotated[PopulationStats | None | UnsetType, _NULL_OR_STATS] = UNSET
+
+
+class Steps(Struct, kw_only=True):
+    """`steps`: the primary process's global steps and its step calls per requester."""
+
+    global_: Count = msgspec.field(name="global")
+    requesters: dict[str, Count] = {}
+
+
+class SummaryStepTimes(Struct, kw_only=True):
+    """One entry of `step_times`: every step of one process, with one phase digit per step."""
+
+    worker: Text | None = None
+    rank: Int | None = None
+    pid: Int | None = None
+    durations_ms: list[StepMs]
+    phases: Phases
+
+
+class Process(Struct, kw_only=True):
+    """One entry of `processes`."""
+
+    worker: Text | None = None
+    rank: Int | None = None
+    pid: Int | None = None
+    argv: list[Text] | None = None
+    global_steps: Count | None = None
+    exit: Text | None = None
+    peak_rss_bytes: Count | None = None
+    cuda_peak_bytes: Count | None = None
+    intra_op_threads: Count | None = None
+    requesters: dict[str, Count] = {}
+    # Read (never written) for hand-made summaries that keep each process's step times with the process:
+    step_times_ms: list[Amount] | UnsetType = UNSET
+    durations_ms: list[StepMs] | UnsetType = UNSET
+    timeline_ms: list[StepMs] | UnsetType = UNSET
+    phases: Phases | None | UnsetType = UNSET
+
+
+class SummaryWindow(Struct, kw_only=True):
+    """One entry of `windows`: a saved trace (keys in the order the step log writes them, `worker` last)."""
+
+    first_step: Int
+    last_step: Int
+    trace: Text
+    bytes: Count | None = None
+    complete: Flag = True
+    note: Text | None | UnsetType = UNSET  # why it was cut short
+    flops: Count | None | UnsetType = UNSET  # with --with-flops: the FLOPs counted over its steps
+    save_s: Amount | None | UnsetType = UNSET  # the pause its save put into the program (stop, write the file)
+    capture: Text | UnsetType = UNSET  # the `stepcli capture` request that opened it
+    trigger: Section | UnsetType = UNSET  # --capture-on-slow: what placed this window
+    worker: Text = ""
+
+
+class SummaryOpRow(Struct, kw_only=True):
+    """One row of `top_operators` / `top_kernels` (stepcli.traces.analyses.results.OpRow)."""
+
+    name: Annotated[Text, Meta(extra={"missing": "has an entry without a name"})]
+    calls: Amount = 0
+    self_ms: Number = 0.0
+    total_ms: Number = 0.0
+    avg_ms: Number = 0.0
+    self_share: Number | None = None
+    shape: Text | UnsetType = UNSET  # with --record-shapes
+
+
+class OutsideSteps(Struct, kw_only=True):
+    """`outside_steps`: host events outside every recorded step, left out of `top_operators`."""
+
+    events: Count
+    self_ms: Number
+
+
+class OtherMs(Struct, kw_only=True):
+    """`other_ms`: the breakdown's `other` per step, outside every operator and inside operators of no phase."""
+
+    outside_operators: Number
+    inside_operators: Number
+
+
+class RecordedWith(Struct, kw_only=True):
+    """`recorded_with`: what the traces hold (`table`'s recorded_with), so `next:` names the option that shows it."""
+
+    stacks: Flag = False  # Python frames (--with-stack)
+    shapes: Flag = False  # input shapes (--record-shapes)
+
+
+class PeakMemory(Struct, kw_only=True):
+    rss_bytes: Count | None = None
+    cuda_bytes: Count | None = None
+
+
+class ThreadsHost(Struct, kw_only=True):
+    """One host of `threads`: its processes' intra-op threads against the cores they may run on."""
+
+    host: Text
+    processes: Count = 0
+    intra_op_threads: Count  # summed over its processes
+    per_process: list[Count] = []  # the distinct counts of its processes
+    cores: Count  # the union of its processes' affinity masks
+    oversubscribed: Flag = False  # intra_op_threads > cores
+
+
+class Threads(Struct, kw_only=True):
+    """`threads`: per host (stepcli.run.summary.threads)."""
+
+    hosts: list[ThreadsHost]
+    oversubscribed: Flag = False
+
+
+class AdviceItem(Struct, kw_only=True):
+    """One entry of `advice` (stepcli.advice.rules)."""
+
+    rule: Text
+    title: Text
+    evidence: Text
+    threshold: Text
+    suggestion: Text
+
+
+class RunSummary(Struct, kw_only=True):
+    """The whole document, fields in the order `stepcli run` writes them. Every field may be missing from a file
+    (schema 1, a hand-made summary): it then reads as its default; `stepcli run` writes them all."""
+
+    schema: Text = SUMMARY_SCHEMA
+    schema_version: Int | None = None
+    stepcli_version: Text | None = None
+    run_id: Text | None = None
+    command: list[Text] = []
+    exit_status: Int | None = None
+    started_at: Text | None = None
+    duration_s: Amount | None = None
+    host: Text | None = None
+    platform: Text | None = None
+    python: Text | None = None
+    torch: Text | None = None
+    environment: dict[str, Text] = {}  # CUDA_DEVICE_MAX_CONNECTIONS and NCCL_* the program started with
+    out_dir: Text | None = None
+    schedule: dict[str, Number | None] = {}
+    on_demand: Flag | None = None
+    steps: Steps | None = None
+    step_time_ms: StepTimeMs | None = None
+    timeline_ms: list[StepMs] = []
+    timeline_phases: Phases | None = None
+    step_times: list[SummaryStepTimes] | None = None
+    processes: list[Process] = []
+    windows: list[SummaryWindow] = []
+    triggered: list[Section] = []  # the windows --capture-on-slow placed, with their trigger
+    traces: list[Text] = []
+    top_operators: list[SummaryOpRow] = []
+    top_kernels: list[SummaryOpRow] = []
+    ranks: list[Section] = []
+    slowest_rank: Int | None | UnsetType = UNSET  # absent: a summary that did not say (the traces then do)
+    straggler: Section | None = None
+    culprit: Section | None = None  # stepcli.traces.analyses.culprit via stepcli.run.summary.culpritsection
+    share_of: Text | None = None
+    outside_steps: OutsideSteps | None = None
+    breakdown_ms: dict[str, Number] | None = None
+    other_ms: OtherMs | None = None  # of breakdown_ms["other"]: outside every operator, inside one of no phase
+    recorded_with: RecordedWith | None = None  # the traces hold Python stacks, input shapes
+    device: Section | None = None
+    flops: Section | None = None
+    peak_memory: PeakMemory | None = None
+    threads: Threads | None = None  # per host, intra-op threads against cores (stepcli/run/summary/threads.py)
+    compile: Section | None = None
+    # The CUDA memory snapshots this run's processes wrote (file names in out_dir, from their signed step logs):
+    # the page reads these and no other file of the folder.
+    memory_snapshots: list[SnapshotName] = []
+    hang: Section | None = None
+    notes: list[Text] = []
+    what_would_help: Section | None = None  # `stepcli whatif` with no change (stepcli.run.summary.whatifline)
+    advice: list[AdviceItem] | UnsetType = UNSET  # absent: written before advice was (report computes it)
+    step_record: list[Section] = []  # the whole run's step times per process (stepcli/run/summary/recordreader.py)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The sections other modules shape, declared for checking only: the fields report.html and the advice read.
+
+
+class _StatsCheck(Struct, kw_only=True):
+    count: Amount
+    mean: Amount
+    median: Amount
+    p90: Amount
+    min: Amount
+    max: Amount
+
+
+class _StepRecord(Struct, kw_only=True):
+    worker: Text | None = None
+    rank: Int | None = None
+    steps: Count = 0
+    ms: dict[str, Amount] = {}
+    block_steps: Count | None = None
+    blocks: list[Annotated[tuple[Any, Any, Any], Meta(description="a [step, max, mean] block")]] = []
+    slowest: list[tuple[Count, Amount]] = []
+    histogram: dict[str, Count] = {}
+
+
+class _Triggered(Struct, kw_only=True):
+    worker: Text | None = None
+    rank: Int | None = None
+    first_step: Int = 0
+    last_step: Int = 0
+    step: Int | None = None
+    ms: Amount | None = None
+    baseline_ms: Amount | None = None
+    rule: Text | None = None
+    recorded: Flag | None = None
+    reason: Text | None = None
+
+
+class _HangProcess(Struct, kw_only=True):
+    rank: Int | None = None
+    pid: Int | None = None
+    step: Int | None = None
+    collective: Section | None = None
+    waiting: Flag | None = None
+
+
+class _HangReport(Struct, kw_only=True):
+    folder: Text | None = None
+    idle_s: Number | None = None
+    verdict: Text | None = None
+    processes: list[_HangProcess] = []
+
+
+class _Hang(Struct, kw_only=True):
+    reports: list[_HangReport] = []
+    timeout_s: Amount | None = None
+    on_hang: Text | None = None
+    ended_job: Flag | None = None
+
+
+class _Opportunity(Struct, kw_only=True):
+    change: Text
+    predicted_ms: Number
+    saved_ms: Number
+    saved_share: Number
+    predicted_untouched_ms: Number | None = None
+
+
+class _CriticalPath(Struct, kw_only=True):
+    ms: Amount = 0
+    segments: list[Section] = []
+
+
+class _WhatWouldHelp(Struct, kw_only=True):
+    verdict: Text
+    reason: Text | None = None
+    steps: list[Int] = []
+    measured_ms: Number | None = None
+    replay_error: Number | None = None
+    untouched_ms: Amount | None = None
+    opportunities: list[_Opportunity] = []
+    critical_path: _CriticalPath | None = None
+
+
+class _Rank(Struct, kw_only=True):
+    rank: Int | None = None
+    step_ms: _StatsCheck | None = None
+
+
+class _Straggler(Struct, kw_only=True):
+    evidence: Text | None = None
+
+
+class _Device(Struct, kw_only=True):
+    busy_ms: Number = 0
+    busy_share: Number = 0
+
+
+class _CompileStep(Struct, kw_only=True):
+    step: Int
+    worker: Text | None = None
+
+
+class _Compile(Struct, kw_only=True):
+    by_step: list[_CompileStep] = []
+
+
+class _Sections(Struct, kw_only=True):
+    """The sections kept as plain objects, as the checks see them (names as in RunSummary)."""
+
+    triggered: list[_Triggered] = []
+    ranks: list[_Rank] = []
+    straggler: _Straggler | None = None
+    culprit: Section | None = None
+    device: _Device | None = None
+    flops: Section | None = None
+    compile: _Compile | None = None
+    hang: _Hang | None = None
+    what_would_help: _WhatWouldHelp | None = None
+    step_record: list[_StepRecord] = []
+    trigger: Section | None = None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loading: decode into the types above, then the checks a type cannot say; every problem is one line.
+
+
+def invalid(label: str, problem: str) -> StepcliError:
+    """The one-line error for a document that is not a valid run summary (exit 2)."""
+    return StepcliError(f"{label}: not a valid stepcli run summary: {problem}", EXIT_USAGE)
+
+
+def _header_problem(document: Any, label: str, required: Sequence[str]) -> None:
+    """The checks before decoding: an object of this schema, of a version this stepcli reads."""
+    if not isinstance(document, dict):
+        raise invalid(label, "not a JSON object")
+    if document.get("schema") != SUMMARY_SCHEMA:
+        raise StepcliError(
+            f"{label}: unknown document schema {str(document.get('schema'))[:80]!r}; expected a {SUMMARY_SCHEMA!r} run summary",
+            EXIT_USAGE,
+        )
+    version = document.get("schema_version")
+    if (version is not None or "schema_version" in required) and (
+        isinstance(version, bool) or version not in SUMMARY_READABLE_VERSIONS
+    ):
+        supported = ", ".join(map(str, SUMMARY_READABLE_VERSIONS))
+        raise StepcliError(
+            f"{label}: unsupported run summary schema_version {version!r} (this stepcli reads {supported}); "
+            "re-create it with this stepcli's `run --json`",
+            EXIT_USAGE,
+        )
+    for key in required:
+        if document.get(key) is None:
+            raise invalid(label, f"{key} is missing")
+
+
+def load_run_summary(document: Any, label: str, *, required: Sequence[str] = ()) -> RunSummary:
+    """`document` (decoded JSON) as a RunSummary, or StepcliError (exit 2) naming the first wrong field.
+
+    Every field present must have its declared type; `required` names fields a reader cannot do without
+    (`compare` needs `schema_version`, `steps` and `step_time_ms`). Trace paths must lie inside `out_dir`.
+    """
+    _header_problem(document, label, required)
+    try:
+        summary = msgspec.convert(document, RunSummary)
+        msgspec.convert(document, _Sections)
+    except msgspec.ValidationError as exc:
+        raise invalid(label, _wording(exc, document)) from None
+    problem = _value_problem(summary)
+    if problem:
+        raise invalid(label, problem)
+    return summary
+
+
+def read_run_summary(data: bytes | bytearray, label: str, *, required: Sequence[str] = ()) -> RunSummary:
+    """Decode and check the bytes of a run summary file (read with stepcli.inputs.read_input)."""
+    try:
+        head = msgspec.json.decode(data, type=_Header)
+    except msgspec.ValidationError:
+        head = None  # not an object, or a header of the wrong types: the header checks say which
+    except msgspec.DecodeError as exc:
+        raise StepcliError(f"{label}: not valid JSON ({exc})", EXIT_USAGE) from None
+    if head is None or head.schema != SUMMARY_SCHEMA or not _readable(head.schema_version, required):
+        _header_problem(_RAW.decode(data), label, required)
+    try:
+        summary = msgspec.json.decode(data, type=RunSummary)
+        msgspec.json.decode(data, type=_Sections)
+    except msgspec.ValidationError as exc:
+        raise invalid(label, _wording(exc, _RAW.decode(data))) from None
+    for key in required:
+        if getattr(summary, key.replace("global", "global_"), None) is None:
+            raise invalid(label, f"{key} is missing")
+    problem = _value_problem(summary)
+    if problem:
+        raise invalid(label, problem)
+    return summary
+
+
+# The document as plain objects, to say where a problem is: a number past the float range reads as inf here.
+_RAW = msgspec.json.Decoder(float_hook=float)
+
+
+class _Header(Struct):
+    schema: Any = None
+    schema_version: Any = None
+
+
+def _readable(version: Any, required: Sequence[str]) -> bool:
+    if version is None:
+        return "schema_version" not in required
+    return not isinstance(version, bool) and version in SUMMARY_READABLE_VERSIONS
+
+
+def _value_problem(summary: RunSummary) -> str | None:
+    """What the types cannot say: step times in range, one phase digit per step, traces inside `out_dir`."""
+    for index, entry in enumerate(summary.step_times or []):
+        if len(entry.phases) != len(entry.durations_ms):
+            return f"step_times[{index}] needs durations_ms and one phase digit per step"
+    series: list[tuple[str, list[float]]] = [("timeline_ms", summary.timeline_ms)]
+    series += [(f"step_times[{i}].durations_ms", e.durations_ms) for i, e in enumerate(summary.step_times or [])]
+    for i, process in enumerate(summary.processes):
+        series += [(f"processes[{i}].durations_ms", process.durations_ms or [])]
+        series += [(f"processes[{i}].timeline_ms", process.timeline_ms or [])]
+    for where, values in series:
+        wrong = next((j for j, v in enumerate(values) if v != 0 and not _MIN_STEP_MS <= v <= _MAX_STEP_MS), None)
+        if wrong is not None:
+            return f"{where}[{wrong}] is not a step time in ms (0, or 0.000001 to 10^15)"
+    from stepcli.inputs import run_paths_problem
+
+    return run_paths_problem(
+        {
+            "out_dir": summary.out_dir,
+            "traces": summary.traces,
+            "windows": [{"trace": window.trace} for window in summary.windows],
+        }
+    )
+
+
+def _wording(error: msgspec.ValidationError, document: Any) -> str:
+    """msgspec's `Expected `int`, got `str` - at `$.processes[0].rank`` as stepcli says it:
+    `processes[0].rank is not an integer` (the declared type's description)."""
+    problem = wording(error, document, _Sections if _in_sections(error) else RunSummary)
+    return problem[1:] if problem.startswith(".") else problem
+
+
+def _in_sections(error: msgspec.ValidationError) -> bool:
+    where = str(error).partition(" - at `$")[2]
+    return where.startswith(".") and where[1:].split(".")[0].split("[")[0] in _SECTION_NAMES
+
+
+_SECTION_NAMES = frozenset(field.encode_name for field in msgspec.structs.fields(_Sections))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The advice entries, as the terminal and the page show them.
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One recommendation: what was seen (with numbers), the threshold it crossed, and what to try
+    (computed by stepcli.advice.rules; an entry of `advice`)."""
+
+    rule: str
+    title: str
+    evidence: str
+    threshold: str
+    suggestion: str
+
+    def to_item(self) -> AdviceItem:
+        return AdviceItem(
+            rule=self.rule,
+            title=self.title,
+            evidence=self.evidence,
+            threshold=self.threshold,
+            suggestion=self.suggestion,
+        )
+
+    @classmethod
+    def from_item(cls, item: AdviceItem) -> Advice:
+        return cls(item.rule, item.title, item.evidence, item.threshold, item.suggestion)
+
+    def line(self) -> str:
+        """One line for the terminal."""
+        return advice_line(self.to_item())
+
+
+def advice_line(item: AdviceItem) -> str:
+    """One advice entry as one line for the terminal."""
+    return f"{item.title}: {item.evidence} (threshold {item.threshold}). {item.suggestion}"
