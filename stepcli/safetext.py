@@ -36,8 +36,8 @@ def html_escape(text: str) -> str:
 
 
 def visible_all(value: T) -> T:
-    """`value` with `visible` applied to every string inside it: dict keys and values, lists, tuples and
-    dataclass fields, at any depth; everything else is returned as it is."""
+    """`value` with `visible` applied to every string inside it: dict keys and values, lists, tuples,
+    dataclass fields and msgspec Struct fields, at any depth; everything else is returned as it is."""
     return cast(T, _visible_all(value))  # the same shape back: each string replaced by a string
 
 
@@ -56,6 +56,11 @@ def _visible_all(value: Any) -> Any:
     if isinstance(value, tuple):
         items = [_visible_all(item) for item in value]
         return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    fields = getattr(type(value), "__struct_fields__", None)  # a msgspec Struct (the typed run summary)
+    if fields is not None and not isinstance(value, type):
+        import msgspec  # (loaded already: a Struct is here)
+
+        return msgspec.structs.replace(value, **{name: _visible_all(getattr(value, name)) for name in fields})
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         changes = {f.name: _visible_all(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
         return dataclasses.replace(value, **changes)

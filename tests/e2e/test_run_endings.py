@@ -115,7 +115,7 @@ def test_a_signal_to_stepcli_after_the_window_keeps_every_step(tmp_path: Path, s
 SECOND_SIGTERM_MID_SAVE = """
     import os, signal, time
     import torch
-    import _stepcli_agent.steplog as steplog  # the hook loads stepcli.agent under this name
+    import _stepcli_agent.steplogwriter as steplog  # the hook loads stepcli.agent under this name
 
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -190,8 +190,12 @@ def test_injected_code_imports_nothing_heavy(tmp_path: Path) -> None:
         "probe.py",
         """
         import json, sys
-        heavy = {"click", "rich", "orjson", "psutil", "torch", "stepcli", "numpy"}
-        print(json.dumps({"heavy": sorted(heavy & set(sys.modules)), "agent": "_stepcli_agent.runtime" in sys.modules}))
+        heavy = {"click", "rich", "orjson", "psutil", "torch", "numpy", "msgspec"}
+        # of stepcli itself only the run folder's layout (names and keys, standard library only) and its packages
+        light = {"stepcli", "stepcli.runfolder", "stepcli.runfolder.layout"}
+        ours = [m for m in sys.modules if (m == "stepcli" or m.startswith("stepcli.")) and m not in light]
+        found = sorted(heavy & set(sys.modules)) + sorted(ours)
+        print(json.dumps({"heavy": found, "agent": "_stepcli_agent.runtime" in sys.modules}))
     """,
     )
     env = stepcli_env({"PYTHONPATH": BOOTSTRAP_DIR, "STEPCLI_CONFIG": config})

@@ -109,3 +109,13 @@ def test_the_agent_shows_control_characters_as_stepcli_does() -> None:
 def test_short_durations_read_alike_everywhere(us: float, shown: str) -> None:
     # (999.6 µs read "1000 µs": a four-digit microsecond figure where every other reads in ms)
     assert fmt.us(us) == shown
+
+
+def test_visible_all_reaches_into_a_typed_run_summary() -> None:
+    # The run summary is a msgspec Struct: a program named with ESC sequences must not reach the terminal raw.
+    from stepcli.runfolder.summaryfile import RunSummary
+
+    summary = RunSummary(command=["python", "x\x1b[2J.py"])
+    shown = visible_all(summary)
+    assert shown.command == ["python", "x\\x1b[2J.py"]
+    assert summary.command == ["python", "x\x1b[2J.py"]  # the summary itself is left as it is
