@@ -245,6 +245,49 @@ def test_report_reads_files_only_through_inputs() -> None:
     assert found == []
 
 
+# Every file stepcli reads outside the agent goes through stepcli.inputs (files given to it, traces) or
+# stepcli.runfolder.runs (stepcli's own files in a run folder, read_saved / read_saved_json): regular files only,
+# bounded, never blocking, never through a link. What else opens or parses a file, each for a reason:
+_READS_OUTSIDE_INPUTS = {
+    "inputs.py": "the reader of files given to stepcli",
+    "safefile.py": "read_regular: a regular file of this user, opened without following a link",
+    "runfolder/runs.py": "read_saved_json: stepcli's own JSON in a run folder, its one failure policy",
+    "runfolder/summaryfile.py": "decodes the bytes of a run summary already read (inputs or read_saved)",
+    "runfolder/steplogreader.py": "decodes a step log read by inputs.read_input, saying why one is left out",
+    "compare/load.py": "decodes a run summary given on the command line, read by inputs.read_input",
+    "run/live/liverun.py": "decodes STEPCLI_CONFIG, an environment variable's text (no file)",
+    "snapshots/snapshotreader.py": "open(fd): a descriptor opened non-blocking and checked with fstat",
+    "traces/forkmap.py": "open(pipe): the pipe from its own forked child",
+}
+_PROC = ("/proc/",)  # the kernel's files (a process's state, its children, memory): never a user's
+
+
+def test_files_are_read_only_through_inputs_outside_the_agent() -> None:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative.split("/")[0] in ("agent", "_bootstrap") or relative.startswith("traces/read/"):
+            continue  # the agent (standard library only, writes through safefile); the trace reader itself
+        if relative in _READS_OUTSIDE_INPUTS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            if isinstance(func, ast.Name) and func.id == "open":
+                first = node.args[0] if node.args else None
+                text = ast.unparse(first) if first is not None else ""
+                if not any(text.lstrip("f").strip("'\"").startswith(p) for p in _PROC):
+                    found.append(f"{relative}:{node.lineno} open({text})")
+            elif isinstance(func, ast.Attribute) and func.attr in ("read_text", "read_bytes"):
+                found.append(f"{relative}:{node.lineno} {func.attr}()")
+            elif isinstance(func, ast.Attribute) and func.attr in ("load", "loads"):
+                owner = ast.unparse(func.value)
+                if owner in ("json", "orjson", "pickle"):
+                    found.append(f"{relative}:{node.lineno} {owner}.{func.attr}()")
+    assert found == []
+
+
 # Files created without stepcli.safefile, each for a reason: appending to a file the CI system made, the trace
 # export's own files inside the private scratch folder it just created, lock and fault files opened for append or
 # locking (O_NOFOLLOW, in the private control folder).

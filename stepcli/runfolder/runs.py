@@ -14,7 +14,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 import msgspec
 
@@ -28,6 +28,7 @@ __all__ = [
     "contained",
     "pick_run",
     "read_saved",
+    "read_saved_json",
     "rerooted",
     "run_dirs",
     "run_dirs_readable",
@@ -72,16 +73,39 @@ def _own_folder(path: Path) -> os.stat_result | None:
     return info
 
 
-def read_saved(path: Path) -> bytes | None:
+def read_saved(path: Path, limit: int | None = None) -> bytes | None:
     """The bytes of a file `stepcli run` saved in a run's folder (its summary, a step log): a regular file of this
-    user, read without following a link and within the input limit; None for anything else (left out)."""
+    user, read without following a link and within `limit` bytes (the input limit by default); None for anything
+    else (left out)."""
     from stepcli import safefile
     from stepcli.limits import input_limit
 
     try:
-        return safefile.read_regular(str(path), input_limit(), own=True)
+        return safefile.read_regular(str(path), input_limit() if limit is None else limit, own=True)
     except OSError:
         return None
+
+
+def read_saved_json(path: Path, limit: int | None = None) -> dict[str, Any] | None:
+    """stepcli's own JSON saved in a run's folder (its summary, a step log, a step record), with one failure
+    policy: the JSON object of a file read_saved reads, or None for anything else (a link, another user's file,
+    too large, not JSON, not an object): left out, never an error. The readers say what is missing from a run,
+    not why a file of it could not be read; a file given on the command line is read by stepcli.inputs."""
+    import orjson
+
+    data = read_saved(path, limit)
+    if data is None:
+        return None
+    try:
+        document = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        import json  # (NaN, which Python's json writes and orjson refuses)
+
+        try:
+            document = json.loads(data)
+        except (ValueError, RecursionError):
+            return None
+    return document if isinstance(document, dict) else None
 
 
 def rerooted(summary: RunSummary, folder: str) -> RunSummary:
@@ -135,27 +159,18 @@ def written_traces(run_dir: Path, folder: str, traces: Sequence[str]) -> list[st
 def _recorded_traces(run_dir: Path, folder: str) -> dict[str, Written]:
     """What the run's step logs (regular files of this user in its private folder) record of each trace they
     name, by the trace's absolute path inside `folder` (see written_traces)."""
-    import json
     import socket
 
     out_dir = None
-    saved = read_saved(run_dir / SUMMARY_FILE)
-    try:
-        doc = json.loads(saved) if saved is not None else None
-    except (ValueError, RecursionError):
-        doc = None
-    if isinstance(doc, dict) and isinstance(doc.get("out_dir"), str) and os.path.isabs(doc["out_dir"]):
+    doc = read_saved_json(run_dir / SUMMARY_FILE)
+    if doc is not None and isinstance(doc.get("out_dir"), str) and os.path.isabs(doc["out_dir"]):
         out_dir = doc["out_dir"]
     in_place = out_dir is None or os.path.realpath(out_dir) == os.path.realpath(folder)
     root = os.path.normpath(out_dir) if out_dir else None
     found: dict[str, Written] = {}
     for log_path in sorted(run_dir.glob(_STEP_LOGS)):
-        data = read_saved(log_path)
-        try:
-            log = json.loads(data) if data is not None else None
-        except (ValueError, RecursionError):
-            continue
-        if not isinstance(log, dict) or not isinstance(log.get("windows"), list):
+        log = read_saved_json(log_path)
+        if log is None or not isinstance(log.get("windows"), list):
             continue
         same_host = log.get("host") == socket.gethostname()
         for window in log["windows"]:

@@ -7,12 +7,12 @@ about 4.5%), and the triggered captures (--capture-on-slow) from the summary's w
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from stepcli import fmt, safefile
+from stepcli import fmt
 from stepcli.agent.signing import signature_matches
 from stepcli.fmt import plural
 from stepcli.runfolder.layout import (
@@ -21,6 +21,7 @@ from stepcli.runfolder.layout import (
     STEP_RECORD_SCHEMA,
     STEP_RECORD_SUFFIX,
 )
+from stepcli.runfolder.runs import read_saved_json
 from stepcli.runfolder.summaryfile import RunSummary
 from stepcli.steptimes import slowest_first
 
@@ -43,8 +44,8 @@ def load(log_dir: str, key: str | None = None) -> list[dict[str, Any]]:
         try:
             # Not followed if a link, never blocking on a FIFO, only a regular file of this user's: the control
             # folder may have been swapped for someone else's (stepcli.safefile).
-            record = json.loads(safefile.read_regular(os.path.join(log_dir, name), _MAX_BYTES, own=True))
-            if not isinstance(record, dict):
+            record = read_saved_json(Path(log_dir) / name, _MAX_BYTES)
+            if record is None:
                 continue
             signature = record.pop(SIGNATURE_KEY, None)
             if key is not None and not signature_matches(key, record, signature):

@@ -427,7 +427,8 @@ def test_compare_of_a_run_folder_reads_no_trace_swapped_after_the_run(forged_run
     baseline = _run_folder(tmp_path, "baseline")
     # WHEN the forged run is compared with it (attribution reads the traces each summary lists)
     proc = run_stepcli("compare", baseline, forged_run_folder, "--allow-inconclusive")
-    # THEN nothing of the forgery is judged or shown, and the trace is named as left out
-    assert proc.returncode == 0, proc.stderr
+    # THEN nothing of the forgery is judged or shown, and the trace is named as left out (the verdict itself is
+    # the two runs' step times: on a busy machine one may be slower, a regression, exit 1)
+    assert proc.returncode in (0, 1), proc.stderr
     assert "EVIL" not in proc.stdout + proc.stderr
     assert "not the file the agent wrote (replaced since)" in proc.stderr

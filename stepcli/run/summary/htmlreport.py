@@ -22,7 +22,7 @@ from msgspec import UnsetType
 from stepcli.errors import StepcliError, TraceError
 from stepcli.inputs import outline, read_input
 from stepcli.runfolder.layout import STEP_LOG_SUFFIX, SUMMARY_FILE, SUMMARY_SCHEMA, SUMMARY_VERSION
-from stepcli.runfolder.runs import contained, read_saved, rerooted, run_dirs, written_traces
+from stepcli.runfolder.runs import contained, read_saved, read_saved_json, rerooted, run_dirs, written_traces
 from stepcli.runfolder.summaryfile import AdviceItem, RunSummary, SummaryStepTimes, read_run_summary
 from stepcli.steptimes import process_steps, trace_process_steps
 
@@ -33,16 +33,10 @@ if TYPE_CHECKING:
 
 def step_logs(run_dir: Path) -> list[dict[str, Any]]:
     """The per-process step logs of one run (`<run dir>/*.steps.json`), in rank order; unreadable ones skipped."""
-    import orjson
-
     logs: list[dict[str, Any]] = []
     for path in sorted(run_dir.glob(f"*{STEP_LOG_SUFFIX}")):
-        data = read_saved(path)  # (a link, or a file of another user's: left out)
-        try:
-            log = orjson.loads(data) if data is not None else None
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(log, dict):
+        log = read_saved_json(path)  # (a link, or a file of another user's: left out)
+        if log is not None:
             logs.append(log)
     logs.sort(key=lambda log: (log.get("rank") is None, log.get("rank") or 0, log.get("pid", 0)))
     return logs
