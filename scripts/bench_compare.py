@@ -13,32 +13,20 @@ multiple of table's, and whether compare's JSON is byte-identical between the tr
 from __future__ import annotations
 
 import argparse
-import os
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_compare_steps import write_trace  # noqa: E402
+from bench_compare_steps import timed_stepcli, write_trace  # noqa: E402
 from bench_table import REPO, checkout, remove_checkout, short  # noqa: E402
 
 
 def run(tree: Path, argv: list[str]) -> tuple[float, float]:
     """Wall and CPU seconds (the child's and its workers') of `python -m stepcli ARGV` with `tree`'s code."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "COLUMNS": "120", "NO_COLOR": "1"}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "stepcli", *argv], capture_output=True, cwd=tree, env=env)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode not in (0, 1, 4):
-        sys.stderr.write(proc.stderr.decode(errors="replace"))
-        raise SystemExit(f"stepcli {argv[0]} in {tree}: exit {proc.returncode}")
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    wall, cpu, _ = timed_stepcli(tree, argv)
+    return wall, cpu
 
 
 def main() -> int:

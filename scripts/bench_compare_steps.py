@@ -59,11 +59,9 @@ def write_trace(path: Path, steps: int, seed: int, slower: float) -> None:
     path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
 
 
-def run(tree: Path, argv: list[str]) -> tuple[float, float, bytes]:
-    """Wall seconds, CPU seconds (the child's) and the terminal output + Markdown of `python -m stepcli ARGV`
-    with `tree`'s code."""
-    markdown = Path(argv[-1])
-    markdown.unlink(missing_ok=True)
+def timed_stepcli(tree: Path, argv: list[str]) -> tuple[float, float, bytes]:
+    """Wall seconds, CPU seconds (the child's and the workers it waited for) and the output of
+    `python -m stepcli ARGV` with `tree`'s code; exits on a status other than 0, 1 or 4."""
     env = {**os.environ, "PYTHONPATH": str(tree), "COLUMNS": "120", "NO_COLOR": "1"}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
@@ -72,9 +70,17 @@ def run(tree: Path, argv: list[str]) -> tuple[float, float, bytes]:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode not in (0, 1, 4):
         sys.stderr.write(proc.stderr.decode(errors="replace"))
-        raise SystemExit(f"stepcli compare in {tree}: exit {proc.returncode}")
+        raise SystemExit(f"stepcli {argv[0]} in {tree}: exit {proc.returncode}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, proc.stdout + proc.stderr + markdown.read_bytes()
+    return wall, cpu, proc.stdout + proc.stderr
+
+
+def run(tree: Path, argv: list[str]) -> tuple[float, float, bytes]:
+    """timed_stepcli's figures, and the terminal output + Markdown of a `compare ... --markdown FILE`."""
+    markdown = Path(argv[-1])
+    markdown.unlink(missing_ok=True)
+    wall, cpu, output = timed_stepcli(tree, argv)
+    return wall, cpu, output + markdown.read_bytes()
 
 
 def before_array_pass() -> str:

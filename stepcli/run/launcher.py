@@ -219,7 +219,8 @@ def run_program(request: RunRequest) -> int:
     returncode, hang_watch = _run_job(request, config)
     status = exit_status(returncode)
     hang_ended = hang_watch is not None and hang_watch.killed
-    if hang_watch is not None and hang_watch.killed:
+    if hang_ended:
+        assert hang_watch is not None
         status = hang_watch.exit_status
     # Even with -q --no-report and nothing else to show it: summary.json is saved beside the step logs, for a
     # `stepcli report OUT` later.

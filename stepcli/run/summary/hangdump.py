@@ -120,7 +120,7 @@ class StackDump:
         flights = document.get("in_flight")
         threads = [t for t in document.get("threads") or [] if isinstance(t, Mapping)]
         main = next((t for t in threads if t.get("main")), threads[0] if threads else None)
-        frames = [Frame.of(f) for f in (main.get("frames") or []) if main is not None] if main is not None else []
+        frames = [Frame.of(f) for f in main.get("frames") or []] if main is not None else []
         return cls(
             process=ProcessId.of(document),
             time=_number(document.get("time")) or 0.0,

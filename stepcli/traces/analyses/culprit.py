@@ -179,9 +179,16 @@ def _tally(matched: Matched, offsets: Sequence[float]) -> _Tally:
     """One pass over the matched collectives on aligned clocks: who was last, by how much, who waited."""
     ranks, n = matched.ranks, len(matched.ranks)
     tally = _Tally(
-        [0.0] * n, [0.0] * n, [0.0] * n, [0] * n, [0] * n, [0.0] * n, [[] for _ in range(n)], [[] for _ in range(n)]
+        late_us=[0.0] * n,
+        caused_us=[0.0] * n,
+        waited_us=[0.0] * n,
+        times_last=[0] * n,
+        taken=[0] * n,
+        chance=[0.0] * n,
+        leads=[[] for _ in range(n)],
+        others_gaps=[[] for _ in range(n)],
+        per_step={step: [0.0] * n for step in sorted({key[1][0] for key in matched.keys})},
     )
-    tally.per_step = {step: [0.0] * n for step in sorted({key[1][0] for key in matched.keys})}
     for (group, key), cols, arrive, gaps in zip(matched.keys, matched.members, matched.arrive, matched.gaps):
         aligned = [a - offsets[j] for j, a in zip(cols, arrive)]
         order = sorted(range(len(cols)), key=lambda k: aligned[k])
