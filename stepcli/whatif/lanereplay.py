@@ -55,7 +55,7 @@ class WhatifChange:
         return WhatifChange(text, self.scales + other.scales, self.comm * other.comm, self.idealize + other.idealize)
 
 
-@dataclass
+@dataclass(slots=True)
 class Item:
     """A joint of a lane: an arrival at a collective (row, member) at `at`, or a wait [at, until) on collectives
     whose departures (row, member, departure on this rank's clock) fall inside it."""
@@ -99,9 +99,10 @@ class Graph:
     device_transfer: list[float] = field(default_factory=list)
     device_residual: list[list[float]] = field(default_factory=list)
     node_row: list[dict[int, tuple[int, int]]] = field(default_factory=list)  # per lane: node -> (row, member)
+    joint_times: list[list[float]] = field(default_factory=list)  # per lane, sorted: where the replay reads its time
 
 
-@dataclass
+@dataclass(slots=True)
 class Record:
     """What one stretch of a lane did in the replay: compute (lane-bound) or a wait (bound by `row` or not)."""
 
@@ -177,6 +178,10 @@ def build_graph(lanes: Sequence[RankLane], steps: list[int]) -> Graph:
     transfer = [max(0.0, min(d) - max(a)) for a, d in zip(arrive, depart)]
     graph = Graph(lanes, steps, start, end, offsets, items, arrive, depart, rows, names, transfer, unexplained)
     _join_on_device(graph, device_rows)
+    graph.joint_times = [
+        sorted({start[li], end[li], *(item.at for item in joints), *(item.until for item in joints)})
+        for li, joints in enumerate(items)
+    ]
     return graph
 
 
@@ -359,15 +364,17 @@ def speeds(lane: RankLane, change: WhatifChange | None) -> np.ndarray:
     return factor
 
 
-def replay(graph: Graph, change: WhatifChange | None = None) -> LaneReplay:
-    """List scheduling of every lane, rank by rank as far as each can go, until all reach their window's end."""
-    return _Scheduler(graph, change).run()
+def replay(graph: Graph, change: WhatifChange | None = None, records: bool = True) -> LaneReplay:
+    """List scheduling of every lane, rank by rank as far as each can go, until all reach their window's end.
+    `records=False`: the stretches are not kept (LaneReplay.records stays empty): a prediction needs only the
+    lanes' ends, and at 1,024 ranks the records are most of a replay's memory."""
+    return _Scheduler(graph, change, records).run()
 
 
 class _Scheduler:
     """The replay's state: each lane's position, its replayed clock, and the collectives' replayed times."""
 
-    def __init__(self, graph: Graph, change: WhatifChange | None) -> None:
+    def __init__(self, graph: Graph, change: WhatifChange | None, records: bool = True) -> None:
         self.graph = graph
         n = len(graph.lanes)
         self.integrals = []
@@ -375,8 +382,12 @@ class _Scheduler:
             f = speeds(lane, change)
             self.integrals.append(np.concatenate(([0.0], np.cumsum(f * np.diff(lane.grid)))) if len(f) else np.zeros(1))
         self.multipliers = _idealized(graph, self.integrals, change)
-        self.grid_lists: list[list[float]] = [lane.grid.tolist() for lane in graph.lanes]
-        self.integral_lists: list[list[float]] = [integral.tolist() for integral in self.integrals]
+        # the integrals at the joints, where the replay reads them (the whole grid as lists was most of a
+        # replay's memory at 1,024 ranks); the same arithmetic as _interpolated, so the same floats
+        self.at_joints = [
+            _sampled(lane.grid, integral, times)
+            for lane, integral, times in zip(graph.lanes, self.integrals, graph.joint_times)
+        ]
         comm = change.comm if change is not None else 1.0
         self.transfer = [t * comm for t in graph.transfer]
         self.arrive: list[list[float | None]] = [[None] * len(r) for r in graph.members]
@@ -386,6 +397,8 @@ class _Scheduler:
         self.prev = list(graph.start)
         self.pos = [0] * n
         self.records: list[list[Record]] = [[] for _ in range(n)]
+        self.keep_records = records
+        self.recorded = [0] * n  # per lane: the records made so far, kept or not (a launch names its record)
         self.blocked = [0.0] * n
         self.done = [False] * n
         self.device: list[ReplayDeviceTimes | None] = []
@@ -461,7 +474,7 @@ class _Scheduler:
             self._advance(i, item.at, item.arrive[0])
             row, m = item.arrive
             self.arrive[row][m] = self.cur[i]
-            self.records[i].append(Record(item.at, item.at, self.cur[i], self.cur[i], arrive_row=row))
+            self._record(i, Record(item.at, item.at, self.cur[i], self.cur[i], arrive_row=row))
         else:
             if not all(self._resolve(row) for row, _, _ in item.departs):
                 return False
@@ -475,7 +488,7 @@ class _Scheduler:
         times = self.device[i]
         assert times is not None
         stream = self.node_lists[i][4]  # type: ignore[index]
-        record, now, last, launched = len(self.records[i]) - 1, self.cur[i], self.stream_last[i], self.launched[i]
+        record, now, last, launched = self.recorded[i] - 1, self.cur[i], self.stream_last[i], self.launched[i]
         for k in nodes:
             launched[k] = now
             times.launch_record[k] = record
@@ -560,7 +573,7 @@ class _Scheduler:
         if node >= self.d_pos[i]:
             return False
         ready = max(self.cur[i], times.end[node]) + tail
-        self.records[i].append(Record(item.at, item.until, self.cur[i], ready, sync_node=node))
+        self._record(i, Record(item.at, item.until, self.cur[i], ready, sync_node=node))
         self.cur[i], self.prev[i] = ready, item.until
         return True
 
@@ -576,20 +589,22 @@ class _Scheduler:
                 waited = max(0.0, max(arrivals) - (own if own is not None else max(arrivals)))
         self.blocked[i] += waited
         record = Record(item.at, item.until, self.cur[i], ready, wait_row=bound, tail=tail, waited=waited)
-        self.records[i].append(record)
+        self._record(i, record)
         self.cur[i], self.prev[i] = ready, item.until
 
+    def _record(self, i: int, record: Record) -> None:
+        self.recorded[i] += 1
+        if self.keep_records:
+            self.records[i].append(record)
+
     def _integral_at(self, i: int, t: float) -> float:
-        """np.interp(t, grid, integral) of lane i, for one time (the replay asks once per joint: a bisection on
-        lists is several times faster than numpy's call overhead there)."""
-        grid, integral = self.grid_lists[i], self.integral_lists[i]
-        k = bisect.bisect_right(grid, t) - 1
-        if k < 0:
-            return float(integral[0])
-        if k >= len(grid) - 1:
-            return float(integral[-1])
-        span = grid[k + 1] - grid[k]
-        return float(integral[k] + (t - grid[k]) * (integral[k + 1] - integral[k]) / span if span > 0 else integral[k])
+        """np.interp(t, grid, integral) of lane i, for one time: looked up among the joints' (the replay asks once
+        per joint: a bisection on a list is several times faster than numpy's call overhead there)."""
+        times = self.graph.joint_times[i]
+        k = bisect.bisect_left(times, t)
+        if k < len(times) and times[k] == t:
+            return float(self.at_joints[i][k])
+        return _interpolated(self.graph.lanes[i].grid, self.integrals[i], t)
 
     def _advance(self, i: int, to: float, label: int) -> None:
         """Lane i's compute from where it is to `to` (its own clock), at the change's speed."""
@@ -598,7 +613,7 @@ class _Scheduler:
             return
         length = self._integral_at(i, to) - self._integral_at(i, prev)
         length *= self.multipliers[i].get(label, 1.0)
-        self.records[i].append(Record(prev, to, self.cur[i], self.cur[i] + length, label=label))
+        self._record(i, Record(prev, to, self.cur[i], self.cur[i] + length, label=label))
         self.cur[i] += length
         self.prev[i] = to
 
@@ -616,6 +631,35 @@ class _Scheduler:
             self.depart[row][m] = last + self.transfer[row] + residual
         self.known[row] = True
         return True
+
+
+def _interpolated(grid: np.ndarray, integral: np.ndarray, t: float) -> float:
+    """The lane's integral at time t, linear between its grid's boundaries, constant outside."""
+    k = int(np.searchsorted(grid, t, side="right")) - 1
+    if k < 0:
+        return float(integral[0])
+    if k >= len(grid) - 1:
+        return float(integral[-1])
+    span = grid[k + 1] - grid[k]
+    return float(integral[k] + (t - grid[k]) * (integral[k + 1] - integral[k]) / span if span > 0 else integral[k])
+
+
+def _sampled(grid: np.ndarray, integral: np.ndarray, times: list[float]) -> np.ndarray:
+    """_interpolated at each of `times`, at once (element by element the same operations, so the same floats)."""
+    t = np.asarray(times, dtype=np.float64)
+    k = np.searchsorted(grid, t, side="right") - 1
+    out = np.empty(len(t))
+    below, above = k < 0, k >= len(grid) - 1
+    inside = ~below & ~above
+    km = k[inside]
+    lo, hi = integral[km], integral[km + 1]
+    span = grid[km + 1] - grid[km]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = lo + (t[inside] - grid[km]) * (hi - lo) / span
+    out[inside] = np.where(span > 0, value, lo)
+    out[below] = integral[0]
+    out[above] = integral[-1]
+    return out
 
 
 def _next_arrivals(items: list[Item]) -> list[int]:
