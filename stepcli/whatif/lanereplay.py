@@ -63,8 +63,9 @@ class Item:
     at: float
     arrive: tuple[int, int] | None = None
     until: float = 0.0
-    departs: list[tuple[int, int, float]] = field(default_factory=list)
-    launches: list[int] | None = None  # device nodes (stepcli.traces.analyses.devicework) queued by a call at `at`
+    # (a tuple and a range, not lists: a 1,024-rank job's lanes hold ~100,000 joints)
+    departs: tuple[tuple[int, int, float], ...] = ()
+    launches: range | None = None  # device nodes (stepcli.traces.analyses.devicework) queued by a call at `at`
     sync: int = -1  # a host call [at, until) that returned only after this device node ended
 
     @property
@@ -317,7 +318,7 @@ def _items(
         # wait's end is that wait's
         if k >= 0 and leave <= w_end[k] + LATE_CLOSE_US and w_start[k] >= at:
             item = by_wait.setdefault(k, Item(float(w_start[k]), until=float(w_end[k])))
-            item.departs.append((row, m, leave))
+            item.departs += ((row, m, leave),)
         else:
             missed += 1
     joints = arrivals + list(by_wait.values())
@@ -336,7 +337,7 @@ def _device_items(lane: RankLane, joints: list[Item], lo: float, hi: float) -> l
         cuts = np.nonzero(np.diff(launch) > 0)[0] + 1
         firsts = np.concatenate(([0], cuts)).tolist()
         lasts = np.concatenate((cuts, [len(launch)])).tolist()
-        joints = joints + [Item(float(launch[a]), launches=list(range(a, b))) for a, b in zip(firsts, lasts)]
+        joints = joints + [Item(float(launch[a]), launches=range(a, b)) for a, b in zip(firsts, lasts)]
     for at, until, node in zip(work.sync_at.tolist(), work.sync_until.tolist(), work.sync_node.tolist()):
         if lo <= at < hi:
             joints.append(Item(at, until=until, sync=node))
@@ -425,7 +426,7 @@ class _Scheduler:
             (
                 lane.device.prev.tolist(),
                 lane.device.wait_for.tolist(),
-                lane.device.delay.tolist(),
+                lane.device.delay,  # read a node's row at a time (as lists of lists: ~10 KB a lane, each replay)
                 lane.device.dur.tolist(),
                 lane.device.stream.tolist(),
             )
@@ -483,7 +484,7 @@ class _Scheduler:
         self.pos[i] += 1
         return True
 
-    def _launch(self, i: int, nodes: list[int]) -> None:
+    def _launch(self, i: int, nodes: range) -> None:
         """Device nodes queued now (on the host's replayed clock); each is resolved as soon as what it waits for is."""
         times = self.device[i]
         assert times is not None
@@ -512,7 +513,7 @@ class _Scheduler:
                 now = launched[k]
                 if now is None:
                     break
-                d = delay[k]
+                d = delay[k].tolist()
                 if work.launch[k] < window_start:  # queued before the window: it starts where it started
                     ready, bound = float(work.start[k]) - self.graph.offset[i], LAUNCH
                 else:
