@@ -295,3 +295,15 @@ def rank_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
         else:
             (folder / name).write_bytes(text)
     return folder
+
+
+@pytest.fixture(scope="module")
+def scheduler() -> Iterator[str]:
+    """A local Dask cluster of two worker processes (`--scheduler` of `table`, `whatif`), started by the test module
+    that asks for it and closed after it."""
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    try:
+        yield str(cluster.scheduler_address)
+    finally:
+        cluster.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from stepcli.commands.params import parse_duration
+from stepcli.commands.params import check_scheduler_wait, scheduler_options
 from stepcli.commands.pathparam import PathParam
 
 STACK_ROWS = 10  # `table --stacks` without N
@@ -53,20 +53,7 @@ STACK_ROWS = 10  # `table --stacks` without N
     is_flag=True,
     help="A run folder that holds several runs (`-o` given twice): read every run's traces, not only the latest.",
 )
-@click.option(
-    "--scheduler",
-    metavar="ADDRESS",
-    default=None,
-    help="Read the files on a Dask cluster (tcp://host:8786; stepcli[dask]).",
-)
-@click.option(
-    "--scheduler-wait",
-    callback=parse_duration,
-    metavar="DURATION",
-    default=None,
-    help="With --scheduler: how long the cluster may have no worker to run the work (none joined, or all died) "
-    "before the command gives up in one line (default: 2m).",
-)
+@scheduler_options
 def table(
     paths: tuple[str, ...],
     sort_by: str,
@@ -90,8 +77,7 @@ def table(
     if len(chosen) > 1:
         raise click.UsageError(f"--{chosen[0]} and --{chosen[1]} cannot be used together: choose one output format")
     fmt = chosen[0] if chosen else None
-    if scheduler_wait is not None and scheduler is None:
-        raise click.UsageError("--scheduler-wait needs --scheduler ADDRESS")
+    check_scheduler_wait(scheduler, scheduler_wait)
     paths, stack_rows = _stacks_option(paths, stacks)
     if stack_rows and scheduler is not None:
         raise click.UsageError("--stacks reads the traces on this machine: leave out --scheduler")

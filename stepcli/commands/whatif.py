@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from stepcli.commands.params import check_scheduler_wait, scheduler_options
 from stepcli.commands.pathparam import PathParam
 
 
@@ -35,6 +36,7 @@ from stepcli.commands.pathparam import PathParam
 )
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Files read in parallel.")
 @click.option("--all-runs", is_flag=True, help="A run folder that holds several runs: read every run's traces.")
+@scheduler_options
 def whatif(
     paths: tuple[str, ...],
     step: int | None,
@@ -45,14 +47,17 @@ def whatif(
     trace_path: str | None,
     jobs: int | None,
     all_runs: bool,
+    scheduler: str | None,
+    scheduler_wait: float | None,
 ) -> int:
     """Replay the recorded steps of every rank from PATHS (a run folder, a folder of traces or one trace), check
     the replay against the measured step, and predict the step time under each change (with none: a ranked list
     of opportunities). Exit 4 when the replay cannot be trusted."""
+    check_scheduler_wait(scheduler, scheduler_wait)
     from stepcli.traces.read.shortcommand import short_run
 
     changes = [("scale", v) for v in scales] + [("comm", v) for v in comms] + [("idealize", v) for v in idealize]
     with short_run():
         from stepcli.whatif.whatifmain import whatif_main
 
-        return whatif_main(paths, changes, step, json_path, jobs, trace_path, all_runs)
+        return whatif_main(paths, changes, step, json_path, jobs, trace_path, all_runs, scheduler, scheduler_wait)

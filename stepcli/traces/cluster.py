@@ -109,15 +109,10 @@ def _receive(sock: socket.socket, count: int) -> bytes:
 
 
 def cluster_results(
-    scheduler: str,
-    work: Callable[..., Any],
-    files: list[str],
-    groupings: tuple[bool, ...],
-    shapes: bool,
-    wait_s: float = WORKER_WAIT_S,
+    scheduler: str, work: Callable[[str], Any], files: list[str], wait_s: float = WORKER_WAIT_S
 ) -> list[Any]:
-    """`work` (stepcli.traces.engine's per-file step) for every file on the cluster at `scheduler`, in file order, the
-    results naming the files as given here. Never waits for ever and never shows Dask's own tracebacks: no worker
+    """`work(path)` (a per-file step: stepcli.traces.engine's summary of a file, whatif's lane) for every file on the
+    cluster at `scheduler`, in file order, the results naming the files as given here (their `path`). Never waits for ever and never shows Dask's own tracebacks: no worker
     for `wait_s` seconds (none joined, or they died on the work), a task a worker could not run, a scheduler gone
     mid-read: each is one StepcliError (exit 2)."""
     host, port = parse_scheduler(scheduler)
@@ -140,13 +135,14 @@ def cluster_results(
         except Exception as exc:
             raise _lost(scheduler, exc) from None
         batches = batched(absolute, threads)
-        futures = client.map(_each, batches, per_file=work, groupings=groupings, shapes=shapes, pure=False)
+        futures = client.map(_each, batches, per_file=work, pure=False)
         results = [result for batch in _gather(client, futures, scheduler, wait_s) for result in batch]
     finally:
         _close(client)
     for given, result in zip(files, results):  # name the files as the user gave them, like the local engine
         for part in result if isinstance(result, list) else [result]:
-            part.path = given
+            if hasattr(part, "path"):
+                part.path = given
     return list(results)
 
 
@@ -248,9 +244,9 @@ def batched(files: list[str], threads: int) -> list[list[str]]:
     return out
 
 
-def _each(files: list[str], per_file: Callable[..., Any], groupings: tuple[bool, ...], shapes: bool) -> list[Any]:
+def _each(files: list[str], per_file: Callable[[str], Any]) -> list[Any]:
     """One task: `per_file` for each of a batch of files, on a worker."""
-    return [per_file(path, groupings=groupings, shapes=shapes) for path in files]
+    return [per_file(path) for path in files]
 
 
 def _silent(unraisable: Any) -> None:

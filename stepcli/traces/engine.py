@@ -128,6 +128,14 @@ def _part_of(
     return _summarized(trace, groupings, arrivals, lanes, stacks)
 
 
+def _or_failed(function: Callable[[str], _T], path: str) -> _T | _Failed:
+    """`function(path)`, or its TraceError as data (one line that survives pickling: the cluster sends it back)."""
+    try:
+        return function(path)
+    except TraceError as exc:
+        return _Failed(exc.path, exc.problem)
+
+
 def _gated(function: Callable[[str], _T], path: str) -> _T:
     """`function(path)` in a worker, holding the pool's .gz semaphore while a .gz file is read (and its decoded
     data alive)."""
@@ -295,7 +303,8 @@ def file_parts(
         from stepcli.traces.cluster import WORKER_WAIT_S, cluster_results
 
         wait_s = WORKER_WAIT_S if scheduler_wait is None else scheduler_wait
-        return _checked(cluster_results(scheduler, _part_of, files, groupings, shapes, wait_s))
+        per_file = functools.partial(_part_of, groupings=groupings, shapes=shapes)
+        return _checked(cluster_results(scheduler, per_file, files, wait_s))
     cores = worker_count(jobs, len(files)) if len(files) > 1 else min(jobs or available_cores(), available_cores())
     if len(files) == 1 and cores > 1:
         split = _split_parts(files[0], groupings, shapes, cores, lanes, stacks)
@@ -313,10 +322,27 @@ def file_parts(
     return _checked(map_files(part_of, files, cores))
 
 
-def map_files(function: Callable[[str], _T], files: Sequence[str], jobs: int | None = None) -> list[_T]:
+def map_files(
+    function: Callable[[str], _T],
+    files: Sequence[str],
+    jobs: int | None = None,
+    scheduler: str | None = None,
+    scheduler_wait: float | None = None,
+) -> list[_T]:
     """`function(file)` for each file, in order: in worker processes when there are several files and cores
     (`function` must be picklable, e.g. a module-level function or a partial of one, and return picklable data),
-    else in this process. If no worker can start, the files are done here, one after another."""
+    else in this process. If no worker can start, the files are done here, one after another. With `scheduler`,
+    on a Dask distributed cluster's workers (stepcli.traces.cluster), as `file_parts` reads there; the first bad
+    file (in order) raises TraceError here, as locally."""
+    if scheduler is not None:
+        from stepcli.traces.cluster import WORKER_WAIT_S, cluster_results
+
+        wait_s = WORKER_WAIT_S if scheduler_wait is None else scheduler_wait
+        results = cluster_results(scheduler, functools.partial(_or_failed, function), list(files), wait_s)
+        for result in results:
+            if isinstance(result, _Failed):
+                raise TraceError(result.path, result.problem)
+        return results
     workers = worker_count(jobs, len(files))
     if workers > 1:
         gzip_at_once = gzip_slots(files, workers)

@@ -97,7 +97,10 @@ def whatif_main(
     jobs: int | None = None,
     trace_path: str | None = None,
     all_runs: bool = False,
+    scheduler: str | None = None,
+    scheduler_wait: float | None = None,
 ) -> int:
+    """Read each trace into its lane (here, or on the Dask cluster at `scheduler`: the same lanes), answer here."""
     from stepcli.runfolder.runs import runs_to_read
     from stepcli.traces.engine import map_files
     from stepcli.traces.read.files import list_trace_files
@@ -106,7 +109,7 @@ def whatif_main(
     files = list_trace_files(runs_to_read(paths, all_runs))
     if not files:
         raise StepcliError(f"no trace files in {', '.join(paths)}", EXIT_USAGE)
-    lanes, notes = pick_lanes(map_files(read_lane, files, jobs), step)
+    lanes, notes = pick_lanes(map_files(read_lane, files, jobs, scheduler, scheduler_wait), step)
     solved = solve(lanes, WhatifRequest(changes, step), untouched_median(paths, all_runs))
     doc = solved.doc
     if json_path is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,17 +10,6 @@ from conftest import run_stepcli
 
 from stepcli.traces.analyses.mergeparts import summarize
 from stepcli.traces.read.tracereader import load_paths
-
-
-@pytest.fixture(scope="module")
-def scheduler() -> Iterator[str]:
-    """A local cluster of two worker processes, started by this test module and closed after it."""
-    distributed = pytest.importorskip("distributed")
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
-    try:
-        yield str(cluster.scheduler_address)
-    finally:
-        cluster.close()
 
 
 def test_cluster_gives_the_local_answers(scheduler: str, rank_folder: Path) -> None:

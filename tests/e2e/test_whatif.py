@@ -247,3 +247,41 @@ def test_the_trace_marks_the_critical_path_over_every_rank(ddp_run: Path, tmp_pa
     mine.write_text("{}")
     refused = run_stepcli("whatif", ddp_run, "--trace", mine)
     assert refused.returncode == 2 and "not replaced" in refused.stderr and mine.read_text() == "{}"
+
+
+def test_on_a_dask_cluster_the_lanes_are_read_there_and_the_answer_is_the_local_one(
+    scheduler: str, ddp_run: Path, tmp_path: Path
+) -> None:
+    # GIVEN a two-rank gloo job and a cluster WHEN whatif reads its traces there, with a change and without
+    for change in (["--idealize-rank", "1", "--comm", "0.5"], []):
+        local, remote = tmp_path / "local.json", tmp_path / "remote.json"
+        here = run_stepcli("whatif", ddp_run, *change, "--json", local)
+        there = run_stepcli("whatif", ddp_run, *change, "--json", remote, "--scheduler", scheduler)
+        # THEN the answer is the local one, byte for byte, on the terminal and in the document
+        assert there.returncode == here.returncode, there.stderr
+        assert here.returncode in (0, 4), here.stderr
+        assert there.stdout == here.stdout and there.stderr == here.stderr
+        assert remote.read_bytes() == local.read_bytes()
+        assert json.loads(remote.read_text())["ranks"] == [0, 1]
+
+
+def test_on_a_dask_cluster_a_bad_trace_is_named_in_one_line(scheduler: str, tmp_path: Path) -> None:
+    (tmp_path / "rank0.json").write_text('{"traceEvents": [')
+    result = run_stepcli("whatif", "--scheduler", scheduler, tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].endswith(f"{tmp_path / 'rank0.json'}: truncated JSON (the file "
+                                                           "ends in the middle of the trace; was it still being written?)")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--scheduler", "tcp://127.0.0.1:1"], "stepcli: error: cannot reach the Dask scheduler at tcp://127.0.0.1:1"),
+        (["--scheduler-wait", "5s"], "--scheduler-wait needs --scheduler ADDRESS"),
+    ],
+)
+def test_a_scheduler_that_cannot_be_used_is_one_line(demo_run: Path, argv: list[str], words: str) -> None:
+    pytest.importorskip("distributed")
+    result = run_stepcli("whatif", *argv, demo_run, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert words in result.stderr and len(result.stderr.strip().splitlines()) <= 2, result.stderr
