@@ -13,7 +13,8 @@ culprit. Each size's folder is deleted after it is measured, unless --keep.
 each size is also read by `stepcli table --json --scheduler ADDRESS` (row `dask`: the stepcli process tree's wall
 time and peak RSS, as above; then the workers' RSS summed before the command, their peak during it (VmHWM, reset
 before) and after it), and its answer is compared with the local `table --json`'s: byte-identical, or equal once
-parsed, or the JSON paths that differ.
+parsed, or the JSON paths that differ; and by `stepcli whatif --scheduler ADDRESS` with the same change (row
+`dask-wif`, the same figures), its `--json` answer compared with the local whatif's.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ def differences(local: Any, other: Any, where: str = "$") -> list[str]:
 
 
 def answer_check(local: bytes, other: bytes) -> str:
-    """Whether the cluster's `table --json` answer is the local one: byte-identical, equal parsed, or where not."""
+    """Whether the cluster's answer (`table --json`'s, whatif's) is the local one: byte-identical, equal parsed, or
+    where not."""
     if local == other:
         return "byte-identical to the local answer"
     diff = differences(json.loads(local), json.loads(other))
@@ -222,7 +224,7 @@ def one_size(args: argparse.Namespace, workdir: Path, ranks: int, cluster: Clust
             flush=True,
         )
     if cluster is not None:
-        dask_row(args, folder, ranks, size, local, cluster)
+        dask_row(args, folder, ranks, size, local, cluster, planted["late_rank"])
     print(
         f"{'':6}(written in {made:.1f} s; the merged trace {merged / MIB:.0f} MiB; whatif / table:"
         f" {walls['whatif'] / walls['table']:.2f}x)"
@@ -231,17 +233,41 @@ def one_size(args: argparse.Namespace, workdir: Path, ranks: int, cluster: Clust
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def dask_row(args: argparse.Namespace, folder: Path, ranks: int, size: int, local: bytes, cluster: Cluster) -> None:
-    """`table --json --scheduler` on the cluster: its row, the workers' memory and whether its answer is local's."""
+def dask_row(
+    args: argparse.Namespace, folder: Path, ranks: int, size: int, local: bytes, cluster: Cluster, late_rank: int
+) -> None:
+    """`table --json --scheduler` and `whatif --scheduler` on the cluster: their rows, the workers' memory and
+    whether each answer is the local one."""
     cmd = stepcli_cmd("table", "--json", "--scheduler", cluster.address, str(folder / "traces"))
+    cluster_row(args, cluster, "dask", cmd, ranks, size, folder / "dask.json", local, keep_stdout=True)
+    answer = folder / "whatif-dask.json"
+    cmd = stepcli_cmd(
+        "whatif", "--idealize-rank", str(late_rank), "--json", str(answer), "--scheduler", cluster.address,
+        str(folder / "traces"),
+    )  # fmt: skip
+    cluster_row(args, cluster, "dask-wif", cmd, ranks, size, answer, (folder / "whatif.json").read_bytes())
+
+
+def cluster_row(
+    args: argparse.Namespace,
+    cluster: Cluster,
+    label: str,
+    cmd: list[str],
+    ranks: int,
+    size: int,
+    output: Path,
+    local: bytes,
+    keep_stdout: bool = False,
+) -> None:
+    """One command on the cluster: its row, the workers' memory, and whether its answer (`output`) is `local`."""
     before, _, cpu_before = cluster.memory(reset=True)
     here_before = _worker_memory(False)[2]
-    wall, rss, cpu = best(cmd, args.repeat, folder / "dask.json", keep_stdout=True)
+    wall, rss, cpu = best(cmd, args.repeat, output, keep_stdout=keep_stdout)
     after, peak, cpu_after = cluster.memory()
     here_rss, _, here_after = _worker_memory(False)
     print(
-        f"{ranks:6}{size / MIB:10.1f}  {'dask':8}{wall:8.2f}{cpu:7.2f}{rss / MIB:14.0f}{rss / size:10.2f}"
-        f"  {answer_check(local, (folder / 'dask.json').read_bytes())}",
+        f"{ranks:6}{size / MIB:10.1f}  {label:8}{wall:8.2f}{cpu:7.2f}{rss / MIB:14.0f}{rss / size:10.2f}"
+        f"  {answer_check(local, output.read_bytes())}",
         flush=True,
     )
     print(
