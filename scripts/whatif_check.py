@@ -7,7 +7,8 @@ both alike: the original program is run under `stepcli run`, `stepcli whatif` pr
 and the changed program is run under `stepcli run` too. Printed per case: the prediction and the measurement at the
 profiler's pace (the recorded steps: `predicted_ms` against the changed run's own `measured_ms`) and at the
 program's pace (`predicted_untouched_ms` against the changed run's untouched median), as medians over the rounds
-with their range (the noise of repeated runs), and the error of the medians.
+with their range, the error of the medians, and the noise: half the changed program's own range over the rounds,
+relative to its median (an error inside it cannot be told from the machine's drift). `--json` keeps every round.
 
     python scripts/whatif_check.py                 # every case, 3 rounds (~10 minutes on 2 cores)
     python scripts/whatif_check.py --rounds 5 --cases slow_rank,off_path
@@ -87,7 +88,7 @@ REPEAT = """
     a, b = torch.randn(8, 128, 128), torch.randn(8, 128, 128)
     for _ in range({steps}):
         for _ in range(k):
-            a = torch.bmm(a, b).tanh()
+            c = torch.bmm(a, b)
         model(torch.randn(64, 256)).sum().backward()
         opt.step()
         opt.zero_grad()
@@ -102,7 +103,7 @@ class Case:
     before: dict[str, str]  # the original program's knobs
     after: dict[str, str]  # the changed program's
     change: list[str]  # whatif's flags for the same change
-    steps: int = 30
+    steps: int = 60
 
 
 def cases(delays: list[int]) -> list[Case]:
@@ -139,7 +140,7 @@ def cases(delays: list[int]) -> list[Case]:
                 {"ITEM_SLEEP_MS": "1", "WORKERS": str(workers)},
                 {"WORKERS": str(workers)},
                 ["--scale", "phase:dataloader=0"],
-                steps=40,
+                steps=70,
             )
         )
     out.append(Case("bmm_halved", REPEAT, False, {"REPEAT": "8"}, {"REPEAT": "4"}, ["--scale", "aten::bmm=0.5"]))
@@ -147,13 +148,14 @@ def cases(delays: list[int]) -> list[Case]:
 
 
 def run(case: Case, knobs: dict[str, str], folder: Path) -> Path:
-    """The program under `stepcli run` (steps 4-6 recorded), its run folder."""
+    """The program under `stepcli run` (steps 11-20 recorded: past the first steps' warm-up, DDP's bucket rebuild
+    and the allocator's growth; ten steps so that one step's hiccup moves the mean by little), its run folder."""
     script = folder / "program.py"
     script.write_text(textwrap.dedent(case.program.format(steps=case.steps)).lstrip())
     out = folder / f"run{len(list(folder.glob('run*')))}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", **knobs}
     command = ["torchrun", "--nproc-per-node", "2", str(script)] if case.torchrun else ["python", str(script)]
-    argv = [sys.executable, "-m", "stepcli", "run", "--quiet", "--wait", "3", "--active", "3", "-o", str(out), "--"]
+    argv = [sys.executable, "-m", "stepcli", "run", "--quiet", "--wait", "10", "--active", "10", "-o", str(out), "--"]
     subprocess.run(argv + command, env=env, check=True, cwd=folder, stdout=subprocess.DEVNULL)
     return out
 
@@ -171,12 +173,16 @@ def whatif(out: Path, change: list[str]) -> dict:
 
 def check(case: Case, rounds: int) -> dict:
     predicted, predicted_untouched, measured, measured_untouched, replay_errors = [], [], [], [], []
+    raw = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for _ in range(rounds):
             doc = whatif(run(case, case.before, folder), case.change)
             changed = whatif(run(case, case.after, folder), [])
             replay_errors.append(abs(doc["replay_error"] or 0))
+            raw.append({key: doc.get(key) for key in ("verdict", "measured_ms", "untouched_ms", "replay_error")})
+            raw[-1]["change"] = doc["changes"][0] if doc["changes"] else None
+            raw[-1]["changed"] = {key: changed.get(key) for key in ("verdict", "measured_ms", "untouched_ms")}
             if doc["verdict"] != "ok" or changed["measured_ms"] is None:
                 continue
             entry = doc["changes"][0]
@@ -192,10 +198,13 @@ def check(case: Case, rounds: int) -> dict:
         "replay_error_max": max(replay_errors) if replay_errors else None,
         "profiled": _pair(predicted, measured),
         "untouched": _pair(predicted_untouched, measured_untouched),
+        "raw": raw,
     }
 
 
 def _pair(predicted: list[float], measured: list[float]) -> dict:
+    """Medians, ranges, the error of the medians, and the noise: half the changed program's own range over its
+    rounds, relative to its median (an error inside it cannot be told from the machine's drift)."""
     if not predicted:
         return {}
     p, m = statistics.median(predicted), statistics.median(measured)
@@ -205,18 +214,19 @@ def _pair(predicted: list[float], measured: list[float]) -> dict:
         "measured": m,
         "measured_range": (min(measured), max(measured)),
         "error": (p - m) / m,
+        "noise": (max(measured) - min(measured)) / 2 / m,
     }
 
 
 def _row(result: dict, pace: str) -> str:
     pair = result[pace]
     if not pair:
-        return f"| {result['case']} | {pace} | - | - | - |"
+        return f"| {result['case']} | {pace} | - | - | - | - |"
     lo_p, hi_p = pair["predicted_range"]
     lo_m, hi_m = pair["measured_range"]
     return (
         f"| {result['case']} | {pace} | {pair['predicted']:.2f} ({lo_p:.2f}-{hi_p:.2f}) | "
-        f"{pair['measured']:.2f} ({lo_m:.2f}-{hi_m:.2f}) | {pair['error']:+.1%} |"
+        f"{pair['measured']:.2f} ({lo_m:.2f}-{hi_m:.2f}) | {pair['error']:+.1%} | ±{pair['noise']:.1%} |"
     )
 
 
@@ -230,17 +240,20 @@ def main() -> None:
     chosen = [c for c in cases([int(d) for d in args.delays.split(",")]) if not args.cases or
               any(c.name.startswith(p) for p in args.cases.split(","))]  # fmt: skip
     results = []
-    print("| case | pace | predicted ms/step (range) | measured ms/step (range) | error |")
-    print("|---|---|---|---|---|")
+    print("| case | pace | predicted ms/step (range) | measured ms/step (range) | error | noise |")
+    print("|---|---|---|---|---|---|")
     for case in chosen:
         result = check(case, args.rounds)
         results.append(result)
         print(_row(result, "profiled"))
         print(_row(result, "untouched"), flush=True)
-    errors = [abs(r[pace]["error"]) for r in results for pace in ("profiled", "untouched") if r[pace]]
-    if errors:
+    pairs = [r[pace] for r in results for pace in ("profiled", "untouched") if r[pace]]
+    if pairs:
+        errors = [abs(pair["error"]) for pair in pairs]
+        inside = sum(abs(pair["error"]) <= pair["noise"] for pair in pairs)
         print(
-            f"\nwhat-if error: median {statistics.median(errors):.1%}, worst {max(errors):.1%} ({len(errors)} figures)"
+            f"\nwhat-if error: median {statistics.median(errors):.1%}, worst {max(errors):.1%} ({len(errors)} figures);"
+            f" {inside} of them within the changed program's own noise"
         )
     replay = [r["replay_error_max"] for r in results if r["replay_error_max"] is not None]
     if replay:
