@@ -368,6 +368,17 @@ def _row(result: dict, pace: str) -> str:
     )
 
 
+def _floor(results: list[dict]) -> list[float]:
+    """What no prediction can beat on this machine: the changed program measured in one round against the same
+    program in another (|a - b| / b over every ordered pair of rounds, both paces)."""
+    floor = []
+    for result in results:
+        for pace in ("measured_ms", "untouched_ms"):
+            values = [r["changed"][pace] for r in result["raw"] if r["changed"][pace] is not None]
+            floor += [abs(a - b) / b for i, a in enumerate(values) for j, b in enumerate(values) if i != j and b > 0]
+    return floor
+
+
 def replay_examples(rounds: int, names: list[str]) -> list[dict]:
     """Each example program run `rounds` times under `stepcli run` and replayed unchanged: measured vs replayed."""
     results = []
@@ -429,6 +440,12 @@ def main() -> None:
             f"\nwhat-if error: median {statistics.median(errors):.1%}, worst {max(errors):.1%} ({len(errors)} figures);"
             f" {inside} of them within the changed program's own noise"
         )
+        floor = _floor(results)
+        if floor:
+            print(
+                f"the floor (A/A: the same changed program, one round against another): median "
+                f"{statistics.median(floor):.1%}, worst {max(floor):.1%} ({len(floor)} pairs)"
+            )
     replay = [r["replay_error_max"] for r in results if r["replay_error_max"] is not None]
     if replay:
         print(f"replay error (unchanged): worst {max(replay):.1%}")
