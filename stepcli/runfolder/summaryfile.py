@@ -9,9 +9,9 @@ never a crash deep in a renderer. Each field's wording ("is not a non-negative
 integer") is the `description` of its type below, so the message comes from the declaration too.
 docs/reference/summary-json.md documents every field; tests/unit/test_summary_doc.py holds the two together.
 
-Sections shaped by another document (`ranks`, `straggler`, `culprit`, `device`, `flops`, `compile`, `hang`,
-`what_would_help`, `step_record`, `triggered`) are declared here as Structs for checking (`_Sections`) and stay
-plain objects in the summary, in the key order their producers write.
+`hang` and `what_would_help` are declared here and built as these Structs by their modules. Sections of another
+document's shape (`ranks`, `straggler`, `culprit`, `device`, `flops`, `compile`, `step_record`, `triggered`) are
+declared as Structs for checking (`_Sections`) and stay plain objects, in the key order their producers write.
 
 This module imports no stepcli package (only the shared top-level modules), so run/, report/ and compare/ can
 all depend on it without depending on each other. stepcli.steptimes reads its step times per process.
@@ -218,6 +218,91 @@ class AdviceItem(Struct, kw_only=True):
     suggestion: Text
 
 
+# The sections other modules build (stepcli.run.summary.*): declared here, built as these Structs there.
+
+
+class HangFrame(Struct, kw_only=True):
+    """A hang process's `frame`: the innermost frame of the program's own code."""
+
+    function: Text | None = None
+    file: Text | None = None
+    line: Int | None = None
+
+
+class HangProcess(Struct, kw_only=True):
+    """One process of a hang report (stepcli.run.summary.hangreport), its fields in the order it writes them."""
+
+    worker: Text | None = None
+    rank: Int | None = None
+    pid: Int | None = None
+    host: Text | None = None
+    step: Int | None = None
+    collective: Section | None = None  # as the stacks file has it (stepcli/agent/stacks.py)
+    waiting: Flag | None = None  # in a collective that has not returned
+    collectives_known: Flag | None = None  # the flight recorder answered: C++ collectives are seen
+    in_backward: Flag | None = None
+    where: Text | None = None
+    frame: HangFrame | None = None
+    source: Text | None = None  # "python", "faulthandler" (its Python could not run) or "stopped"
+    file: Text | None = None
+
+
+class HangReport(Struct, kw_only=True):
+    """One `hang-<n>` folder this run's hang watch wrote."""
+
+    folder: Text | None = None
+    idle_s: Number | None = None
+    processes: list[HangProcess] = []
+    verdict: Text | None = None
+
+
+class HangSection(Struct, kw_only=True):
+    """`hang`: the reports of `--hang-timeout`, and what `--on-hang` did."""
+
+    reports: list[HangReport] = []
+    timeout_s: Amount | None = None
+    on_hang: Text | None = None
+    ended_job: Flag | None = None
+
+
+class HelpOpportunity(Struct, kw_only=True):
+    """One of `what_would_help`'s opportunities (as in the what-if answer, stepcli.whatif.answer)."""
+
+    change: Text
+    predicted_ms: Number
+    predicted_untouched_ms: Number | None = None
+    saved_ms: Number
+    saved_share: Number
+
+
+class PathSegment(Struct, kw_only=True):
+    """One segment of the critical path: per step, on one rank, of one kind and name."""
+
+    rank: Int | None = None
+    kind: Text
+    name: Text
+    ms: Number
+    share: Number
+
+
+class CriticalPath(Struct, kw_only=True):
+    ms: Amount = 0
+    segments: list[PathSegment] = []
+
+
+class WhatWouldHelp(Struct, kw_only=True):
+    """`what_would_help`: `stepcli whatif` with no change, kept short (stepcli.run.summary.whatifline)."""
+
+    verdict: Text
+    reason: Text | None = None
+    steps: list[Int] = []
+    measured_ms: Number | None = None
+    replay_error: Number | None = None
+    untouched_ms: Amount | None = None
+    opportunities: list[HelpOpportunity] = []
+    critical_path: CriticalPath | None = None
+
+
 class RunSummary(Struct, kw_only=True):
     """The whole document, fields in the order `stepcli run` writes them. Every field may be missing from a file
     (schema 1, a hand-made summary): it then reads as its default; `stepcli run` writes them all."""
@@ -266,9 +351,9 @@ class RunSummary(Struct, kw_only=True):
     # The CUDA memory snapshots this run's processes wrote (file names in out_dir, from their signed step logs):
     # the page reads these and no other file of the folder.
     memory_snapshots: list[SnapshotName] = []
-    hang: Section | None = None
+    hang: HangSection | None = None  # --hang-timeout's reports (stepcli/run/summary/hangreport.py)
     notes: list[Text] = []
-    what_would_help: Section | None = None  # `stepcli whatif` with no change (stepcli.run.summary.whatifline)
+    what_would_help: WhatWouldHelp | None = None  # `stepcli whatif` with no change
     advice: list[AdviceItem] | UnsetType = UNSET  # absent: written before advice was (report computes it)
     step_record: list[Section] = []  # the whole run's step times per process (stepcli/run/summary/recordreader.py)
 
@@ -310,52 +395,6 @@ class _Triggered(Struct, kw_only=True):
     reason: Text | None = None
 
 
-class _HangProcess(Struct, kw_only=True):
-    rank: Int | None = None
-    pid: Int | None = None
-    step: Int | None = None
-    collective: Section | None = None
-    waiting: Flag | None = None
-
-
-class _HangReport(Struct, kw_only=True):
-    folder: Text | None = None
-    idle_s: Number | None = None
-    verdict: Text | None = None
-    processes: list[_HangProcess] = []
-
-
-class _Hang(Struct, kw_only=True):
-    reports: list[_HangReport] = []
-    timeout_s: Amount | None = None
-    on_hang: Text | None = None
-    ended_job: Flag | None = None
-
-
-class _Opportunity(Struct, kw_only=True):
-    change: Text
-    predicted_ms: Number
-    saved_ms: Number
-    saved_share: Number
-    predicted_untouched_ms: Number | None = None
-
-
-class _CriticalPath(Struct, kw_only=True):
-    ms: Amount = 0
-    segments: list[Section] = []
-
-
-class _WhatWouldHelp(Struct, kw_only=True):
-    verdict: Text
-    reason: Text | None = None
-    steps: list[Int] = []
-    measured_ms: Number | None = None
-    replay_error: Number | None = None
-    untouched_ms: Amount | None = None
-    opportunities: list[_Opportunity] = []
-    critical_path: _CriticalPath | None = None
-
-
 class _Rank(Struct, kw_only=True):
     rank: Int | None = None
     step_ms: _StatsCheck | None = None
@@ -389,8 +428,6 @@ class _Sections(Struct, kw_only=True):
     device: _Device | None = None
     flops: Section | None = None
     compile: _Compile | None = None
-    hang: _Hang | None = None
-    what_would_help: _WhatWouldHelp | None = None
     step_record: list[_StepRecord] = []
     trigger: Section | None = None
 
