@@ -9,9 +9,9 @@ never a crash deep in a renderer. Each field's wording ("is not a non-negative
 integer") is the `description` of its type below, so the message comes from the declaration too.
 docs/reference/summary-json.md documents every field; tests/unit/test_summary_doc.py holds the two together.
 
-`hang` and `what_would_help` are declared here and built as these Structs by their modules. Sections of another
-document's shape (`ranks`, `straggler`, `culprit`, `device`, `flops`, `compile`, `step_record`, `triggered`) are
-declared as Structs for checking (`_Sections`) and stay plain objects, in the key order their producers write.
+`hang` and `what_would_help` are declared here and built as these Structs by their modules.
+Sections of another document's shape (`ranks`, `straggler`, `culprit`, `device`, `flops`,
+`compile`, `step_record`, `triggered`): Structs to check (`_Sections`), plain objects otherwise.
 
 This module imports no stepcli package (only the shared top-level modules), so run/, report/ and compare/ can
 all depend on it without depending on each other. stepcli.steptimes reads its step times per process.
@@ -218,7 +218,7 @@ class AdviceItem(Struct, kw_only=True):
     suggestion: Text
 
 
-# The sections other modules build (stepcli.run.summary.*): declared here, built as these Structs there.
+# The sections other modules build (stepcli.run.summary.*) as these Structs.
 
 
 class HangFrame(Struct, kw_only=True):
@@ -230,7 +230,7 @@ class HangFrame(Struct, kw_only=True):
 
 
 class HangProcess(Struct, kw_only=True):
-    """One process of a hang report (stepcli.run.summary.hangreport), its fields in the order it writes them."""
+    """One process of a hang report (stepcli.run.summary.hangreport), fields in its order."""
 
     worker: Text | None = None
     rank: Int | None = None
@@ -266,7 +266,7 @@ class HangSection(Struct, kw_only=True):
 
 
 class HelpOpportunity(Struct, kw_only=True):
-    """One of `what_would_help`'s opportunities (as in the what-if answer, stepcli.whatif.answer)."""
+    """One of `what_would_help`'s opportunities (as in the what-if answer)."""
 
     change: Text
     predicted_ms: Number
@@ -291,7 +291,7 @@ class CriticalPath(Struct, kw_only=True):
 
 
 class WhatWouldHelp(Struct, kw_only=True):
-    """`what_would_help`: `stepcli whatif` with no change, kept short (stepcli.run.summary.whatifline)."""
+    """`what_would_help`: `stepcli whatif` with no change, kept short (summary/whatifline.py)."""
 
     verdict: Text
     reason: Text | None = None

@@ -233,8 +233,9 @@ def test_the_dump_is_asked_only_once_the_fault_text_is_written(monkeypatch: pyte
 
 
 def summary_lines(section: dict[str, Any] | None, short: Any = str) -> list[str]:
-    """The block of a `hang` section written as JSON, read back as the run summary's loader types it."""
-    return typed_summary_lines(msgspec.convert(section, HangSection) if section is not None else None, short)
+    """The block of a `hang` section written as JSON, typed as the summary's loader types it."""
+    typed = msgspec.convert(section, HangSection) if section is not None else None
+    return typed_summary_lines(typed, short)
 
 
 def _entry(rank: int | None, waiting: bool, collective: dict[str, Any] | None, frame: tuple[str, str, int]) -> Any:
@@ -354,7 +355,8 @@ def test_the_summary_block_for_other_verdicts_and_repeated_reports() -> None:
 
 @pytest.mark.parametrize("section", [None, {}, {"reports": []}])
 def test_no_hang_no_block(section: Any) -> None:
-    # (a section that is no object, or reports that are none, are refused when the summary is read: test_runsummary)
+    # (a section that is no object, or reports that are none, are refused at reading:
+    # test_runsummary)
     assert summary_lines(section) == []
 
 

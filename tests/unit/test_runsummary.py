@@ -65,7 +65,7 @@ _SEGMENT = {"rank": 0, "kind": "cpu", "name": "forward"}  # no `ms`, no `share`
 @pytest.mark.parametrize(
     ("fields", "problem"),
     [
-        # a segment without its ms passed as a plain object, then report.html's chart raised KeyError on it
+        # a segment without its ms passed as a plain object; report.html's chart raised KeyError
         (
             {"what_would_help": {"verdict": "ok", "critical_path": {"ms": 1.0, "segments": [_SEGMENT]}}},
             "what_would_help.critical_path.segments[0].ms is missing",
@@ -75,9 +75,12 @@ _SEGMENT = {"rank": 0, "kind": "cpu", "name": "forward"}  # no `ms`, no `share`
         ({"hang": {"reports": [{"processes": [{"in_backward": 1}]}]}}, "in_backward is not true or false"),
     ],
 )
-def test_the_typed_sections_check_every_field_they_declare(fields: dict[str, Any], problem: str) -> None:
-    # `hang` and `what_would_help` are built as Structs and read back as them: every field is checked at loading,
-    # not only the few a plain object's check declared
+def test_the_typed_sections_check_every_field_they_declare(
+    fields: dict[str, Any],
+    problem: str,
+) -> None:
+    # `hang` and `what_would_help` are built as Structs and read back as them: every field is
+    # checked at loading, not only the few a plain object's check declared
     for read in (
         lambda: load_run_summary(_doc(**fields), "run.json"),
         lambda: read_run_summary(orjson.dumps(_doc(**fields)), "run.json"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from stepcli.run.summary.hangdump import ProcessId, StackDump, is_stopped, read_dumps
+from stepcli.run.summary.hangdump import Frame, ProcessId, StackDump, is_stopped, read_dumps
 from stepcli.run.summary.hangverdict import (
     collectives_known,
     decide,
@@ -71,13 +71,21 @@ def hang_summary(
             HangReport(
                 folder=str(folder),
                 idle_s=round(min(idle), 1) if idle else None,
-                processes=[_process_entry(dump) for dump in sorted(dumps, key=lambda d: d.process.order())],
+                processes=[_process_entry(d) for d in sorted(dumps, key=_in_order)],
                 verdict=verdict(ran, [d.process for d in stopped]),
             )
         )
     if not reports:
         return None
     return HangSection(reports=reports, timeout_s=timeout_s, on_hang=on_hang, ended_job=ended_job)
+
+
+def _in_order(dump: StackDump) -> tuple[bool, int, str, int]:
+    return dump.process.order()
+
+
+def _frame(frame: Frame | None) -> HangFrame | None:
+    return HangFrame(function=frame.function, file=frame.file, line=frame.line) if frame else None
 
 
 def _process_entry(dump: StackDump) -> HangProcess:
@@ -92,10 +100,11 @@ def _process_entry(dump: StackDump) -> HangProcess:
         step=dump.step,
         collective=dict(collective.raw) if collective is not None else None,
         waiting=in_collective(dump),
-        collectives_known=collectives_known(dump),  # the flight recorder answered: C++ collectives are seen
+        # the flight recorder answered: C++ collectives are seen
+        collectives_known=collectives_known(dump),
         in_backward=in_backward(dump.main_frames),
         where=where(frame) if frame is not None else None,
-        frame=HangFrame(function=frame.function, file=frame.file, line=frame.line) if frame is not None else None,
+        frame=_frame(frame),
         # "faulthandler": its Python could not run (C code holding the GIL); "stopped": SIGSTOP or a debugger
         source=dump.source,
         file=dump.file,

@@ -148,7 +148,9 @@ def _short_where(process: HangProcess) -> str:
 
 def _collective(process: HangProcess) -> str:
     collective = process.collective  # the stacks file's, as it wrote it
-    return f"{collective.get('name')} #{collective.get('seq')}" if collective is not None else "a collective"
+    if collective is None:
+        return "a collective"
+    return f"{collective.get('name')} #{collective.get('seq')}"
 
 
 def _source(processes: list[HangProcess]) -> str:

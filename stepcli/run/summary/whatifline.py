@@ -23,8 +23,8 @@ TOP = 5
 def what_would_help(
     trace_paths: list[str], untouched_ms: float | None, notes: list[str], traces: RunTraces | None = None
 ) -> WhatWouldHelp | None:
-    """The section from the what-if answer (a document of its own, schema `stepcli.whatif`), kept short; None
-    without traces or when they cannot be replayed (a note says why)."""
+    """The section from the what-if answer (a document of its own, schema `stepcli.whatif`),
+    kept short; None without traces or when they cannot be replayed (a note says why)."""
     if not trace_paths:
         return None
     from stepcli.whatif.answer import WhatifRequest, solve
@@ -65,7 +65,7 @@ def _opportunity(entry: dict[str, Any]) -> HelpOpportunity:
 
 
 def _critical_path(path: dict[str, Any] | None) -> CriticalPath | None:
-    """The path's first 12 segments: enough for the page's chart (`stepcli whatif` has them all)."""
+    """The path's first 12 segments: enough for the page's chart (whatif has them all)."""
     if not path:
         return None
     segments = [

@@ -1,11 +1,11 @@
 """The host events and the steps' phases on typed arrays, for the columnar pass
 (stepcli.traces.analyses.traceanalysis) and the per-step figures (stepcli.traces.analyses.stepops).
 
-The host events are the CPU events nested and folded (stepcli.traces.analyses.arrays), with which of
-them are steps; a window per complete step; the phases (dataloader, optimizer, backward, forward,
-other) summed over the windows with array operations per process, equal to the per-window reference
-(stepcli.traces.analyses.steps.step_phases), which still measures windows of one process that
-overlap.
+The host events are the CPU events nested and folded (stepcli.traces.analyses.arrays), with
+which of them are steps; a window per complete step; the phases (dataloader, optimizer,
+backward, forward, other) summed over the windows with array operations per process, equal to
+the per-window reference (stepcli.traces.analyses.steps.step_phases), which still measures
+windows of one process that overlap.
 """
 
 from __future__ import annotations
@@ -103,7 +103,17 @@ def measure_step_phases(
     closure = closure_name[host.name] & annotation
     steps = list(by_row)
     forward, forward_row = forward_candidates(parent, phase, steps, named, closure)
-    measured = _phase_totals_arrays(steps, start, end, phase, closure, pid_code, forward, forward_row, parent)
+    measured = _phase_totals_arrays(
+        steps,
+        start,
+        end,
+        phase,
+        closure,
+        pid_code,
+        forward,
+        forward_row,
+        parent,
+    )
     phase_totals, other_inside = _measured_parts(measured)
     # The phase spans and the steps' children feed the per-window reference (`step_phases`);
     # with the totals already measured on arrays, only communication spans are still needed.
