@@ -44,8 +44,8 @@ def mark_compiles(phases: str, compiled: set[int]) -> str:
 def compiled_by_worker(summary: RunSummary) -> dict[str, set[int]]:
     """The steps of each worker during which torch compiled (from `compile.by_step`)."""
     compiled: dict[str, set[int]] = {}
-    for entry in (summary.compile or {}).get("by_step") or []:
-        compiled.setdefault(str(entry.get("worker")), set()).add(entry["step"])
+    for entry in summary.compile.by_step if summary.compile else []:
+        compiled.setdefault(str(entry.worker), set()).add(entry.step)
     return compiled
 
 

@@ -9,9 +9,9 @@ never a crash deep in a renderer. Each field's wording ("is not a non-negative
 integer") is the `description` of its type below, so the message comes from the declaration too.
 docs/reference/summary-json.md documents every field; tests/unit/test_summary_doc.py holds the two together.
 
-`hang` and `what_would_help` are declared here and built as these Structs by their modules.
-Sections of another document's shape (`ranks`, `straggler`, `culprit`, `device`, `flops`,
-`compile`, `step_record`, `triggered`): Structs to check (`_Sections`), plain objects otherwise.
+`hang`, `what_would_help` and `compile` are declared here and built as these Structs by their
+modules. Sections of another document's shape (`ranks`, `straggler`, `culprit`, `device`, `flops`,
+`step_record`, `triggered`): Structs to check (`_Sections`), plain objects otherwise.
 
 This module imports no stepcli package (only the shared top-level modules), so run/, report/ and compare/ can
 all depend on it without depending on each other. stepcli.steptimes reads its step times per process.
@@ -303,6 +303,33 @@ class WhatWouldHelp(Struct, kw_only=True):
     critical_path: CriticalPath | None = None
 
 
+class CompileStep(Struct, kw_only=True):
+    """One entry of `compile.by_step`: what torch compiled during one step of one process."""
+
+    worker: Text | None = None
+    step: Int
+    seconds: Amount = 0
+    frames: Count = 0
+    recompiles: Count = 0
+    graph_breaks: Count = 0
+    reasons: list[Text] = []
+    step_ms: Amount | None = None
+    text: Text = ""
+
+
+class CompileSection(Struct, kw_only=True):
+    """`compile`: the steps torch compiled in (stepcli.run.summary.compilesteps)."""
+
+    steps: Count = 0
+    seconds: Amount = 0
+    frames: Count = 0
+    recompiles: Count = 0
+    graph_breaks: Count = 0
+    dropped_events: Count = 0
+    step_time_ms: PopulationStats | None = None  # of the steps that compiled, step 0 excluded
+    by_step: list[CompileStep] = []
+
+
 class RunSummary(Struct, kw_only=True):
     """The whole document, fields in the order `stepcli run` writes them. Every field may be missing from a file
     (schema 1, a hand-made summary): it then reads as its default; `stepcli run` writes them all."""
@@ -347,7 +374,7 @@ class RunSummary(Struct, kw_only=True):
     flops: Section | None = None
     peak_memory: PeakMemory | None = None
     threads: Threads | None = None  # per host, intra-op threads against cores (stepcli/run/summary/threads.py)
-    compile: Section | None = None
+    compile: CompileSection | None = None
     # The CUDA memory snapshots this run's processes wrote (file names in out_dir, from their signed step logs):
     # the page reads these and no other file of the folder.
     memory_snapshots: list[SnapshotName] = []
@@ -409,15 +436,6 @@ class _Device(Struct, kw_only=True):
     busy_share: Number = 0
 
 
-class _CompileStep(Struct, kw_only=True):
-    step: Int
-    worker: Text | None = None
-
-
-class _Compile(Struct, kw_only=True):
-    by_step: list[_CompileStep] = []
-
-
 class _Sections(Struct, kw_only=True):
     """The sections kept as plain objects, as the checks see them (names as in RunSummary)."""
 
@@ -427,7 +445,6 @@ class _Sections(Struct, kw_only=True):
     culprit: Section | None = None
     device: _Device | None = None
     flops: Section | None = None
-    compile: _Compile | None = None
     step_record: list[_StepRecord] = []
     trigger: Section | None = None
 

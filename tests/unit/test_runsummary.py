@@ -73,14 +73,19 @@ _SEGMENT = {"rank": 0, "kind": "cpu", "name": "forward"}  # no `ms`, no `share`
         ({"hang": {"reports": [{"processes": [{"frame": "main"}]}]}}, "processes[0].frame is not an object"),
         ({"hang": {"reports": [{"processes": [{"where": 3}]}]}}, "processes[0].where is not a string"),
         ({"hang": {"reports": [{"processes": [{"in_backward": 1}]}]}}, "in_backward is not true or false"),
+        ({"compile": {"steps": "2"}}, "compile.steps is not a non-negative integer"),
+        (
+            {"compile": {"by_step": [{"step": 3, "reasons": "x"}]}},
+            "compile.by_step[0].reasons is not a list",
+        ),
     ],
 )
 def test_the_typed_sections_check_every_field_they_declare(
     fields: dict[str, Any],
     problem: str,
 ) -> None:
-    # `hang` and `what_would_help` are built as Structs and read back as them: every field is
-    # checked at loading, not only the few a plain object's check declared
+    # `hang`, `what_would_help` and `compile` are built as Structs and read back as them:
+    # every field is checked at loading, not only the few a plain object's check declared
     for read in (
         lambda: load_run_summary(_doc(**fields), "run.json"),
         lambda: read_run_summary(orjson.dumps(_doc(**fields)), "run.json"),
