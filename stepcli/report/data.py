@@ -23,6 +23,7 @@ from stepcli.runfolder.summaryfile import (
     AdviceItem,
     HangSection,
     RunSummary,
+    StepRecord,
     WhatWouldHelp,
 )
 from stepcli.stats import Stats, describe
@@ -66,7 +67,7 @@ class ReportData:
     # the snapshot files of the run (names in out_dir) its summary lists; None for a summary from before it did
     memory_snapshots: list[str] | None = None
     after_window: int = 0  # steps set aside after a window (phase "5"), all processes
-    step_record: list[dict[str, Any]] = field(default_factory=list)  # whole-run step times (report/wholerun.py)
+    step_record: list[StepRecord] = field(default_factory=list)  # shown by report/wholerun.py
     triggered: list[dict[str, Any]] = field(default_factory=list)  # the windows --capture-on-slow placed
     hang: HangSection | None = None  # --hang-timeout's reports, shown by report/hang.py
     exit_status: int | None = None  # the run's, which the hang section says when --on-hang kill ended the job

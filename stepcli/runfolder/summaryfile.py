@@ -9,9 +9,9 @@ never a crash deep in a renderer. Each field's wording ("is not a non-negative
 integer") is the `description` of its type below, so the message comes from the declaration too.
 docs/reference/summary-json.md documents every field; tests/unit/test_summary_doc.py holds the two together.
 
-`hang`, `what_would_help` and `compile` are declared here and built as these Structs by their
-modules. Sections of another document's shape (`ranks`, `straggler`, `culprit`, `device`, `flops`,
-`step_record`, `triggered`): Structs to check (`_Sections`), plain objects otherwise.
+`hang`, `what_would_help`, `compile` and `step_record` are declared here and built as these
+Structs by their modules. Sections of another document's shape (`ranks`, `straggler`, `culprit`,
+`device`, `flops`, `triggered`): Structs to check (`_Sections`), plain objects otherwise.
 
 This module imports no stepcli package (only the shared top-level modules), so run/, report/ and compare/ can
 all depend on it without depending on each other. stepcli.steptimes reads its step times per process.
@@ -330,6 +330,22 @@ class CompileSection(Struct, kw_only=True):
     by_step: list[CompileStep] = []
 
 
+Block = Annotated[tuple[Any, Any, Any], Meta(description="a [step, max, mean] block")]
+
+
+class StepRecord(Struct, kw_only=True):
+    """One entry of `step_record`: a process's whole-run step times (steprecordreader.py)."""
+
+    worker: Text | None = None
+    rank: Int | None = None
+    steps: Count = 0
+    ms: dict[str, Amount] = {}  # count, p50, p90, p99 and max
+    block_steps: Count | None = None
+    blocks: list[Block] = []
+    slowest: list[tuple[Count, Amount]] = []  # (step, us)
+    histogram: dict[str, Count] = {}
+
+
 class RunSummary(Struct, kw_only=True):
     """The whole document, fields in the order `stepcli run` writes them. Every field may be missing from a file
     (schema 1, a hand-made summary): it then reads as its default; `stepcli run` writes them all."""
@@ -382,7 +398,7 @@ class RunSummary(Struct, kw_only=True):
     notes: list[Text] = []
     what_would_help: WhatWouldHelp | None = None  # `stepcli whatif` with no change
     advice: list[AdviceItem] | UnsetType = UNSET  # absent: written before advice was (report computes it)
-    step_record: list[Section] = []  # the whole run's step times per process (stepcli/run/summary/recordreader.py)
+    step_record: list[StepRecord] = []  # the whole run's step times per process
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -396,17 +412,6 @@ class _StatsCheck(Struct, kw_only=True):
     p90: Amount
     min: Amount
     max: Amount
-
-
-class _StepRecord(Struct, kw_only=True):
-    worker: Text | None = None
-    rank: Int | None = None
-    steps: Count = 0
-    ms: dict[str, Amount] = {}
-    block_steps: Count | None = None
-    blocks: list[Annotated[tuple[Any, Any, Any], Meta(description="a [step, max, mean] block")]] = []
-    slowest: list[tuple[Count, Amount]] = []
-    histogram: dict[str, Count] = {}
 
 
 class _Triggered(Struct, kw_only=True):
@@ -445,7 +450,6 @@ class _Sections(Struct, kw_only=True):
     culprit: Section | None = None
     device: _Device | None = None
     flops: Section | None = None
-    step_record: list[_StepRecord] = []
     trigger: Section | None = None
 
 
