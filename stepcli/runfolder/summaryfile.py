@@ -286,6 +286,8 @@ class PathSegment(Struct, kw_only=True):
 
 
 class CriticalPath(Struct, kw_only=True):
+    """`what_would_help.critical_path`: its ms per step and its first segments, in order."""
+
     ms: Amount = 0
     segments: list[PathSegment] = []
 
