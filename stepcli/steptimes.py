@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stepcli.runfolder.summaryfile import Process, RunSummary, SummaryStepTimes
+from stepcli.runfolder.summaryfile import Process, RunSummary, StepRecord, SummaryStepTimes
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,8 @@ def mark_compiles(phases: str, compiled: set[int]) -> str:
 def compiled_by_worker(summary: RunSummary) -> dict[str, set[int]]:
     """The steps of each worker during which torch compiled (from `compile.by_step`)."""
     compiled: dict[str, set[int]] = {}
-    for entry in (summary.compile or {}).get("by_step") or []:
-        compiled.setdefault(str(entry.get("worker")), set()).add(entry["step"])
+    for entry in summary.compile.by_step if summary.compile else []:
+        compiled.setdefault(str(entry.worker), set()).add(entry.step)
     return compiled
 
 
@@ -139,10 +139,10 @@ def slowest_by_steps(processes: Sequence[ProcessSteps]) -> int | None:
     return max(sorted(means), key=lambda r: means[r])
 
 
-def slowest_first(records: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+def slowest_first(records: list[StepRecord], limit: int) -> list[StepRecord]:
     """The whole-run step records (the run summary's `step_record`) to show: all of them when there are at most
     `limit`, else the `limit` slowest at p99, in rank order; the terminal and report.html show the same ones."""
     if len(records) <= limit:
         return records
-    keep = {id(r) for r in sorted(records, key=lambda r: -float(r["ms"].get("p99") or 0))[:limit]}
+    keep = {id(r) for r in sorted(records, key=lambda r: -float(r.ms.get("p99") or 0))[:limit]}
     return [r for r in records if id(r) in keep]

@@ -18,7 +18,14 @@ from msgspec import UnsetType
 
 from stepcli.errors import StepcliError
 from stepcli.fmt import plural
-from stepcli.runfolder.summaryfile import Advice, AdviceItem, RunSummary
+from stepcli.runfolder.summaryfile import (
+    Advice,
+    AdviceItem,
+    HangSection,
+    RunSummary,
+    StepRecord,
+    WhatWouldHelp,
+)
 from stepcli.stats import Stats, describe
 from stepcli.steptimes import ProcessSteps, process_steps, slowest_by_steps, trace_process_steps, worker_label
 from stepcli.traces.analyses.shares import STEP_KEY, overlap_note
@@ -60,11 +67,11 @@ class ReportData:
     # the snapshot files of the run (names in out_dir) its summary lists; None for a summary from before it did
     memory_snapshots: list[str] | None = None
     after_window: int = 0  # steps set aside after a window (phase "5"), all processes
-    step_record: list[dict[str, Any]] = field(default_factory=list)  # whole-run step times (report/wholerun.py)
+    step_record: list[StepRecord] = field(default_factory=list)  # shown by report/wholerun.py
     triggered: list[dict[str, Any]] = field(default_factory=list)  # the windows --capture-on-slow placed
-    hang: dict[str, Any] | None = None  # the `hang` section (--hang-timeout reports), shown by report/hang.py
+    hang: HangSection | None = None  # --hang-timeout's reports, shown by report/hang.py
     exit_status: int | None = None  # the run's, which the hang section says when --on-hang kill ended the job
-    what_would_help: dict[str, Any] | None = None  # the run summary's (stepcli whatif's answer, kept short)
+    what_would_help: WhatWouldHelp | None = None  # the run summary's (whatif's answer, kept short)
     python_stacks: dict[str, Any] | None = None  # the flame graph's stacks (stepcli.traces.analyses.pystacks)
     stacks_recorded: bool = False  # the traces hold Python frames (none may fall inside a step)
     stacks_known: bool = False  # the traces were read here (a summary alone cannot say)

@@ -8,11 +8,13 @@ every value is escaped; nothing is computed here.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepcli.report.links import page_href
 from stepcli.safetext import html_escape as escape
+
+if TYPE_CHECKING:
+    from stepcli.runfolder.summaryfile import HangProcess, HangReport, HangSection
 
 
 def _text(value: Any) -> str:
@@ -20,54 +22,55 @@ def _text(value: Any) -> str:
 
 
 def _number(value: Any) -> float | None:
+    """A number of the stacks file's `collective` (an object as the agent wrote it), or None."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _process(process: Mapping[str, Any]) -> str:
-    rank = process.get("rank")
-    return f"rank {_text(rank)}" if rank is not None else f"pid {_text(process.get('pid'))}"
+def _process(process: HangProcess) -> str:
+    rank = process.rank
+    return f"rank {_text(rank)}" if rank is not None else f"pid {_text(process.pid)}"
 
 
-def _collective(process: Mapping[str, Any]) -> str:
-    collective = process.get("collective")
-    if not isinstance(collective, Mapping):
+def _collective(process: HangProcess) -> str:
+    collective = process.collective
+    if collective is None:
         return '<span class="muted">none entered</span>'
     name = f"<code>{_text(collective.get('name'))} #{_text(collective.get('seq'))}</code>"
     entered = _number(collective.get("entered_s_ago"))
-    if process.get("waiting") is True and collective.get("source") == "flight_recorder":
+    if process.waiting is True and collective.get("source") == "flight_recorder":
         return (
             name
             + f" of process group {_text(collective.get('group'))}, in flight"
             + (f", started {entered:.1f} s before the dump" if entered is not None else "")
             + " <span class=\"muted\">(issued from C++: DDP's reducer or the like; torch's flight recorder)</span>"
         )
-    if process.get("waiting") is True:
+    if process.waiting is True:
         return name + (f" entered {entered:.1f} s before the dump" if entered is not None else "")
     return name + " returned"
 
 
-def _where(process: Mapping[str, Any]) -> str:
-    where = process.get("where")
+def _where(process: HangProcess) -> str:
+    where = process.where
     cell = f"<code>{_text(where)}</code>" if where else '<span class="muted">no Python frame</span>'
-    if process.get("source") == "stopped":
+    if process.source == "stopped":
         return '<span class="muted">stopped (SIGSTOP, or held by a debugger): it could neither run nor answer</span>'
-    if process.get("source") == "faulthandler":
+    if process.source == "faulthandler":
         cell += ' <span class="muted">(its Python could not run: C code holding the GIL? faulthandler\'s stacks)</span>'
     return cell
 
 
-def _table(processes: list[Mapping[str, Any]], index: int) -> str:
+def _table(processes: list[HangProcess], index: int) -> str:
     head = (
         "<tr><th>process</th><th>pid</th><th>host</th><th>step</th><th>waiting</th>"
         "<th>collective</th><th>where (innermost frame of the program's own code)</th></tr>"
     )
     rows = []
     for process in processes:
-        waiting = process.get("waiting") is True
+        waiting = process.waiting is True
         rows.append(
             f'<tr class="{"waiting" if waiting else "elsewhere"}"><td>{_process(process)}</td>'
-            f"<td>{_text(process.get('pid'))}</td><td>{_text(process.get('host'))}</td>"
-            f"<td>{_text(process.get('step'))}</td>"
+            f"<td>{_text(process.pid)}</td><td>{_text(process.host)}</td>"
+            f"<td>{_text(process.step)}</td>"
             f"<td>{'waits in a collective' if waiting else '<b>not in a collective</b>'}</td>"
             f'<td>{_collective(process)}</td><td class="where">{_where(process)}</td></tr>'
         )
@@ -76,10 +79,10 @@ def _table(processes: list[Mapping[str, Any]], index: int) -> str:
     )
 
 
-def _called(report: Mapping[str, Any], processes: list[Mapping[str, Any]], timeout: float | None) -> str:
-    steps = sorted({p["step"] for p in processes if isinstance(p.get("step"), int)})
+def _called(report: HangReport, processes: list[HangProcess], timeout: float | None) -> str:
+    steps = sorted({p.step for p in processes if p.step is not None})
     at = "" if not steps else f" at step {steps[0]}" if len(steps) == 1 else f" at steps {steps[0]}-{steps[-1]}"
-    idle = _number(report.get("idle_s"))
+    idle = report.idle_s
     if idle is not None:
         stalled = f"no process completed a step for {idle:.1f} s"
     elif timeout is not None:
@@ -90,31 +93,29 @@ def _called(report: Mapping[str, Any], processes: list[Mapping[str, Any]], timeo
     return f"The hang was called{at}: {stalled}{limit}."
 
 
-def hang_section(hang: Any, base: str, exit_status: Any = None) -> str:
+def hang_section(hang: HangSection | None, base: str, exit_status: Any = None) -> str:
     """The whole section, or '' when the run reported no hang. `base`: the page's folder, for the stacks links;
     `exit_status`: the run's, said when `--on-hang kill` ended the job."""
-    if not isinstance(hang, Mapping):
+    if hang is None or not hang.reports:
         return ""
-    reports = [r for r in hang.get("reports") or [] if isinstance(r, Mapping)]
-    if not reports:
-        return ""
-    timeout = _number(hang.get("timeout_s"))
+    reports = hang.reports
+    timeout = hang.timeout_s
     outcome = ""
-    if hang.get("ended_job") is True:
+    if hang.ended_job is True:
         status = f", exit status {_text(exit_status)}" if exit_status is not None else ""
         outcome = f' <span id="hang-outcome"><strong>stepcli ended the job after the dump</strong> (--on-hang kill{status}).</span>'
-    elif hang.get("on_hang") == "keep":
+    elif hang.on_hang == "keep":
         outcome = ' <span id="hang-outcome">The job was left running (--on-hang keep).</span>'
     parts = ['<h2 id="hang">Hang</h2>']
     for index, report in enumerate(reports, 1):
-        processes = [p for p in report.get("processes") or [] if isinstance(p, Mapping)]
-        folder = str(report.get("folder") or "")
+        processes = report.processes
+        folder = str(report.folder or "")
         if len(reports) > 1:
             parts.append(f"<h3>{_text(os.path.basename(folder.rstrip('/')))}</h3>")
-        verdict = report.get("verdict")
-        if isinstance(verdict, str) and verdict:
+        verdict = report.verdict
+        if verdict:
             finding = _text(verdict.removeprefix("-> "))
-        elif all(p.get("collectives_known") is True for p in processes):
+        elif all(p.collectives_known is True for p in processes):
             finding = "No verdict: no process waits in a collective (none in flight). Where each one is, below."
         else:
             finding = (

@@ -4,19 +4,22 @@ and the windows --capture-on-slow recorded, from the run summary's `step_record`
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepcli import fmt
 from stepcli.safetext import html_escape as escape
 from stepcli.steptimes import slowest_first
 
+if TYPE_CHECKING:
+    from stepcli.runfolder.summaryfile import StepRecord
+
 _W, _H = 360, 60
 _ROWS = 16  # processes drawn; with more, the slowest at p99
 
 
-def step_record_section(records: list[dict[str, Any]], triggered: list[dict[str, Any]]) -> str:
+def step_record_section(records: list[StepRecord], triggered: list[dict[str, Any]]) -> str:
     """The section's HTML, or "" when the run left no record."""
-    records = [r for r in records if isinstance(r, dict) and isinstance(r.get("ms"), dict) and r["ms"].get("count")]
+    records = [r for r in records if r.ms.get("count")]
     if not records:
         return ""
     parts = ['<h2 id="whole-run">Whole run: every step, every rank</h2>']
@@ -29,12 +32,12 @@ def step_record_section(records: list[dict[str, Any]], triggered: list[dict[str,
     parts.append("<th>over the run (longest per stretch, mean dashed)</th><th>longest steps</th></tr>")
     shown = slowest_first(records, _ROWS)
     for record in shown:
-        ms = record["ms"]
-        cells = [f'<span style="white-space:nowrap">{escape(str(record.get("worker")))}</span>']
-        cells.append(f"{int(record.get('steps') or 0):,}")
+        ms = record.ms
+        cells = [f'<span style="white-space:nowrap">{escape(str(record.worker))}</span>']
+        cells.append(f"{record.steps:,}")
         cells += [_ms(ms.get(k)) for k in ("p50", "p90", "p99", "max")]
-        cells.append(_sparkline(record.get("blocks") or []))
-        slow = sorted(_pairs(record.get("slowest")), key=lambda s: -s[1])[:3]
+        cells.append(_sparkline(record.blocks))
+        slow = sorted(record.slowest, key=lambda s: -s[1])[:3]
         cells.append("<br>".join(escape(f"{step} ({fmt.ms(us / 1000)})") for step, us in slow))
         parts.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     parts.append("</table>")
@@ -60,14 +63,9 @@ def _ms(value: Any) -> str:
     return fmt.ms(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
 
 
-def _pairs(value: Any) -> list[tuple[int, float]]:
-    if not isinstance(value, list):
-        return []
-    return [(int(p[0]), float(p[1])) for p in value if isinstance(p, list) and len(p) == 2]
-
-
-def _sparkline(raw: list[Any]) -> str:
-    blocks = [b for b in raw if isinstance(b, list) and len(b) == 3 and all(isinstance(x, (int, float)) for x in b)]
+def _sparkline(raw: list[tuple[Any, Any, Any]]) -> str:
+    """The blocks' max and mean over the run (a block of items not numbers is left out)."""
+    blocks = [b for b in raw if all(isinstance(x, (int, float)) for x in b)]
     blocks = blocks[1:] or blocks  # the first stretch holds start-up
     if not blocks:
         return ""

@@ -22,7 +22,7 @@ from stepcli.runfolder.layout import (
     STEP_RECORD_SUFFIX,
 )
 from stepcli.runfolder.runs import read_saved_json
-from stepcli.runfolder.summaryfile import RunSummary
+from stepcli.runfolder.summaryfile import RunSummary, StepRecord
 from stepcli.steptimes import slowest_first
 
 _MAX_BYTES = 4 << 20
@@ -82,16 +82,16 @@ def stats(record: dict[str, Any]) -> dict[str, float | int]:
 def attach(summary: RunSummary, log_dir: str, key: str | None = None) -> None:
     """Add `step_record` (per process) and `triggered` (each --capture-on-slow window) to the run summary."""
     summary.step_record = [
-        {
-            "worker": r["worker"],
-            "rank": r.get("rank"),
-            "steps": r["steps"],
-            "ms": r["ms"],
-            "block_steps": r["block_steps"],
-            "blocks": r["blocks"],
-            "slowest": r["slowest"],
-            "histogram": r["histogram"],
-        }
+        StepRecord(
+            worker=r["worker"],
+            rank=r.get("rank"),
+            steps=r["steps"],
+            ms=r["ms"],
+            block_steps=r["block_steps"],
+            blocks=[tuple(block) for block in r["blocks"]],  # as the summary reads them back
+            slowest=[tuple(pair) for pair in r["slowest"]],
+            histogram=r["histogram"],
+        )
         for r in load(log_dir, key)
     ]
     recorded = [
@@ -110,11 +110,11 @@ def attach(summary: RunSummary, log_dir: str, key: str | None = None) -> None:
     summary.triggered = sorted(recorded + missed, key=lambda t: (t["first_step"], str(t.get("worker"))))
 
 
-def _steps(record: Mapping[str, Any], ms: Mapping[str, Any]) -> str:
+def _steps(record: StepRecord, ms: Mapping[str, Any]) -> str:
     """The process's step count, as report.html and `step_record[].steps` give it; the percentiles leave out the
     first step (start-up) and hold the profiled steps, unlike the untouched steps' median above them: said so."""
-    steps = record.get("steps")
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps == ms["count"]:
+    steps = record.steps
+    if steps == ms["count"]:
         return f"{plural(ms['count'], 'step')}, profiled ones included:"
     return f"{plural(steps, 'step')}; after the first (start-up), profiled ones included:"
 
@@ -122,13 +122,14 @@ def _steps(record: Mapping[str, Any], ms: Mapping[str, Any]) -> str:
 def lines(summary: RunSummary) -> list[str]:
     """The summary's lines for the whole run's step times and the triggered captures."""
     out = []
-    records = [r for r in summary.step_record or [] if r["ms"].get("count")]
+    records = [r for r in summary.step_record if r.ms.get("count")]
     shown = slowest_first(records, SHOWN)
     for r in shown:
-        ms = r["ms"]
-        slow = sorted(r["slowest"], key=lambda s: -s[1])[:3]
+        ms = r.ms
+        slow = sorted(r.slowest, key=lambda s: -s[1])[:3]
         out.append(
-            f"whole run {r['worker']}: {_steps(r, ms)} p50 ~{fmt.ms(ms['p50'])}, p90 ~{fmt.ms(ms['p90'])}, "
+            f"whole run {r.worker}: {_steps(r, ms)} p50 ~{fmt.ms(ms['p50'])}, "
+            f"p90 ~{fmt.ms(ms['p90'])}, "
             f"p99 ~{fmt.ms(ms['p99'])}, max {fmt.ms(ms.get('max', 0))}; longest steps "
             + ", ".join(f"{step} ({fmt.ms(us / 1000)})" for step, us in slow)
         )

@@ -9,9 +9,9 @@ never a crash deep in a renderer. Each field's wording ("is not a non-negative
 integer") is the `description` of its type below, so the message comes from the declaration too.
 docs/reference/summary-json.md documents every field; tests/unit/test_summary_doc.py holds the two together.
 
-Sections shaped by another document (`ranks`, `straggler`, `culprit`, `device`, `flops`, `compile`, `hang`,
-`what_would_help`, `step_record`, `triggered`) are declared here as Structs for checking (`_Sections`) and stay
-plain objects in the summary, in the key order their producers write.
+`hang`, `what_would_help`, `compile` and `step_record` are declared here and built as these
+Structs by their modules. Sections of another document's shape (`ranks`, `straggler`, `culprit`,
+`device`, `flops`, `triggered`): Structs to check (`_Sections`), plain objects otherwise.
 
 This module imports no stepcli package (only the shared top-level modules), so run/, report/ and compare/ can
 all depend on it without depending on each other. stepcli.steptimes reads its step times per process.
@@ -218,6 +218,136 @@ class AdviceItem(Struct, kw_only=True):
     suggestion: Text
 
 
+# The sections other modules build (stepcli.run.summary.*) as these Structs.
+
+
+class HangFrame(Struct, kw_only=True):
+    """A hang process's `frame`: the innermost frame of the program's own code."""
+
+    function: Text | None = None
+    file: Text | None = None
+    line: Int | None = None
+
+
+class HangProcess(Struct, kw_only=True):
+    """One process of a hang report (stepcli.run.summary.hangreport), fields in its order."""
+
+    worker: Text | None = None
+    rank: Int | None = None
+    pid: Int | None = None
+    host: Text | None = None
+    step: Int | None = None
+    collective: Section | None = None  # as the stacks file has it (stepcli/agent/stacks.py)
+    waiting: Flag | None = None  # in a collective that has not returned
+    collectives_known: Flag | None = None  # the flight recorder answered: C++ collectives are seen
+    in_backward: Flag | None = None
+    where: Text | None = None
+    frame: HangFrame | None = None
+    source: Text | None = None  # "python", "faulthandler" (its Python could not run) or "stopped"
+    file: Text | None = None
+
+
+class HangReport(Struct, kw_only=True):
+    """One `hang-<n>` folder this run's hang watch wrote."""
+
+    folder: Text | None = None
+    idle_s: Number | None = None
+    processes: list[HangProcess] = []
+    verdict: Text | None = None
+
+
+class HangSection(Struct, kw_only=True):
+    """`hang`: the reports of `--hang-timeout`, and what `--on-hang` did."""
+
+    reports: list[HangReport] = []
+    timeout_s: Amount | None = None
+    on_hang: Text | None = None
+    ended_job: Flag | None = None
+
+
+class HelpOpportunity(Struct, kw_only=True):
+    """One of `what_would_help`'s opportunities (as in the what-if answer)."""
+
+    change: Text
+    predicted_ms: Number
+    predicted_untouched_ms: Number | None = None
+    saved_ms: Number
+    saved_share: Number
+
+
+class PathSegment(Struct, kw_only=True):
+    """One segment of the critical path: per step, on one rank, of one kind and name."""
+
+    rank: Int | None = None
+    kind: Text
+    name: Text
+    ms: Number
+    share: Number
+
+
+class CriticalPath(Struct, kw_only=True):
+    """`what_would_help.critical_path`: its ms per step and its first segments, in order."""
+
+    ms: Amount = 0
+    segments: list[PathSegment] = []
+
+
+class WhatWouldHelp(Struct, kw_only=True):
+    """`what_would_help`: `stepcli whatif` with no change, kept short (summary/whatifline.py)."""
+
+    verdict: Text
+    reason: Text | None = None
+    steps: list[Int] = []
+    measured_ms: Number | None = None
+    replay_error: Number | None = None
+    untouched_ms: Amount | None = None
+    opportunities: list[HelpOpportunity] = []
+    critical_path: CriticalPath | None = None
+
+
+class CompileStep(Struct, kw_only=True):
+    """One entry of `compile.by_step`: what torch compiled during one step of one process."""
+
+    worker: Text | None = None
+    step: Int
+    seconds: Amount = 0
+    frames: Count = 0
+    recompiles: Count = 0
+    graph_breaks: Count = 0
+    reasons: list[Text] = []
+    step_ms: Amount | None = None
+    text: Text = ""
+
+
+class CompileSection(Struct, kw_only=True):
+    """`compile`: the steps torch compiled in (stepcli.run.summary.compilesteps)."""
+
+    steps: Count = 0
+    seconds: Amount = 0
+    frames: Count = 0
+    recompiles: Count = 0
+    graph_breaks: Count = 0
+    dropped_events: Count = 0
+    step_time_ms: PopulationStats | None = None  # of the steps that compiled, step 0 excluded
+    by_step: list[CompileStep] = []
+
+
+Block = Annotated[tuple[Any, Any, Any], Meta(description="a [step, max, mean] block")]
+
+
+class StepRecord(Struct, kw_only=True):
+    """One entry of `step_record`: a process's whole-run step times (steprecordreader.py)."""
+
+    worker: Text | None = None
+    rank: Int | None = None
+    steps: Count = 0
+    ms: dict[str, Amount] = {}  # count, p50, p90, p99 and max
+    block_steps: Count | None = None
+    blocks: list[Block] = []
+    slowest: list[tuple[Count, Amount]] = []  # (step, us)
+    histogram: dict[str, Count] = {}
+
+
 class RunSummary(Struct, kw_only=True):
     """The whole document, fields in the order `stepcli run` writes them. Every field may be missing from a file
     (schema 1, a hand-made summary): it then reads as its default; `stepcli run` writes them all."""
@@ -262,15 +392,15 @@ class RunSummary(Struct, kw_only=True):
     flops: Section | None = None
     peak_memory: PeakMemory | None = None
     threads: Threads | None = None  # per host, intra-op threads against cores (stepcli/run/summary/threads.py)
-    compile: Section | None = None
+    compile: CompileSection | None = None
     # The CUDA memory snapshots this run's processes wrote (file names in out_dir, from their signed step logs):
     # the page reads these and no other file of the folder.
     memory_snapshots: list[SnapshotName] = []
-    hang: Section | None = None
+    hang: HangSection | None = None  # --hang-timeout's reports (stepcli/run/summary/hangreport.py)
     notes: list[Text] = []
-    what_would_help: Section | None = None  # `stepcli whatif` with no change (stepcli.run.summary.whatifline)
+    what_would_help: WhatWouldHelp | None = None  # `stepcli whatif` with no change
     advice: list[AdviceItem] | UnsetType = UNSET  # absent: written before advice was (report computes it)
-    step_record: list[Section] = []  # the whole run's step times per process (stepcli/run/summary/recordreader.py)
+    step_record: list[StepRecord] = []  # the whole run's step times per process
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -286,17 +416,6 @@ class _StatsCheck(Struct, kw_only=True):
     max: Amount
 
 
-class _StepRecord(Struct, kw_only=True):
-    worker: Text | None = None
-    rank: Int | None = None
-    steps: Count = 0
-    ms: dict[str, Amount] = {}
-    block_steps: Count | None = None
-    blocks: list[Annotated[tuple[Any, Any, Any], Meta(description="a [step, max, mean] block")]] = []
-    slowest: list[tuple[Count, Amount]] = []
-    histogram: dict[str, Count] = {}
-
-
 class _Triggered(Struct, kw_only=True):
     worker: Text | None = None
     rank: Int | None = None
@@ -308,52 +427,6 @@ class _Triggered(Struct, kw_only=True):
     rule: Text | None = None
     recorded: Flag | None = None
     reason: Text | None = None
-
-
-class _HangProcess(Struct, kw_only=True):
-    rank: Int | None = None
-    pid: Int | None = None
-    step: Int | None = None
-    collective: Section | None = None
-    waiting: Flag | None = None
-
-
-class _HangReport(Struct, kw_only=True):
-    folder: Text | None = None
-    idle_s: Number | None = None
-    verdict: Text | None = None
-    processes: list[_HangProcess] = []
-
-
-class _Hang(Struct, kw_only=True):
-    reports: list[_HangReport] = []
-    timeout_s: Amount | None = None
-    on_hang: Text | None = None
-    ended_job: Flag | None = None
-
-
-class _Opportunity(Struct, kw_only=True):
-    change: Text
-    predicted_ms: Number
-    saved_ms: Number
-    saved_share: Number
-    predicted_untouched_ms: Number | None = None
-
-
-class _CriticalPath(Struct, kw_only=True):
-    ms: Amount = 0
-    segments: list[Section] = []
-
-
-class _WhatWouldHelp(Struct, kw_only=True):
-    verdict: Text
-    reason: Text | None = None
-    steps: list[Int] = []
-    measured_ms: Number | None = None
-    replay_error: Number | None = None
-    untouched_ms: Amount | None = None
-    opportunities: list[_Opportunity] = []
-    critical_path: _CriticalPath | None = None
 
 
 class _Rank(Struct, kw_only=True):
@@ -370,15 +443,6 @@ class _Device(Struct, kw_only=True):
     busy_share: Number = 0
 
 
-class _CompileStep(Struct, kw_only=True):
-    step: Int
-    worker: Text | None = None
-
-
-class _Compile(Struct, kw_only=True):
-    by_step: list[_CompileStep] = []
-
-
 class _Sections(Struct, kw_only=True):
     """The sections kept as plain objects, as the checks see them (names as in RunSummary)."""
 
@@ -388,10 +452,6 @@ class _Sections(Struct, kw_only=True):
     culprit: Section | None = None
     device: _Device | None = None
     flops: Section | None = None
-    compile: _Compile | None = None
-    hang: _Hang | None = None
-    what_would_help: _WhatWouldHelp | None = None
-    step_record: list[_StepRecord] = []
     trigger: Section | None = None
 
 

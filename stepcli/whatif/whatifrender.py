@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepcli.fmt import ms
 from stepcli.safetext import visible
 from stepcli.traces.analyses.ranks import steps_label
+
+if TYPE_CHECKING:
+    from stepcli.runfolder.summaryfile import WhatWouldHelp
 
 WIDTH = 80
 
@@ -90,16 +93,16 @@ def _prediction(entry: dict[str, Any], doc: dict[str, Any]) -> str:
     return line
 
 
-def top_line(doc: dict[str, Any]) -> str | None:
+def top_line(helps: WhatWouldHelp) -> str | None:
     """The run summary's one line: the best opportunity, or None when the answer has none worth saying."""
-    if doc.get("verdict") != "ok" or not doc.get("opportunities"):
+    if helps.verdict != "ok" or not helps.opportunities:
         return None
-    best = doc["opportunities"][0]
-    if best["saved_share"] < 0.01:
+    best = helps.opportunities[0]
+    if best.saved_share < 0.01:
         return None
     return (
-        f"what would help: {visible(best['change'])}: step {ms(doc['measured_ms'])} -> "
-        f"{ms(best['predicted_ms'])} ({-best['saved_share']:+.0%})"
+        f"what would help: {visible(best.change)}: step {ms(helps.measured_ms)} -> "
+        f"{ms(best.predicted_ms)} ({-best.saved_share:+.0%})"
     )
 
 

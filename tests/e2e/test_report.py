@@ -492,6 +492,12 @@ def test_no_report_keeps_the_advice_in_the_terminal_and_the_json(no_report_run: 
         ("timeline_ms", [5e-324, 5e-324, 5e-324]),
         ("timeline_ms", [1e308, 1e308, 1e308]),
         ("step_times", [{"durations_ms": [5e-324] * 3, "phases": "000"}]),
+        # a critical path's segment without its ms: the page's chart raised KeyError (an internal error)
+        (
+            "what_would_help",
+            {"verdict": "ok", "critical_path": {"ms": 1.0, "segments": [{"kind": "cpu", "name": "f"}]}},
+        ),
+        ("hang", {"reports": [{"folder": "hang-1", "processes": [{"rank": 0, "frame": "main"}]}]}),
     ],
 )
 def test_run_summary_with_wrong_types_is_bad_input(tmp_path: Path, field: str, value: Any) -> None:

@@ -117,16 +117,17 @@ def test_compile_summary_groups_events_per_step_and_process() -> None:
     logs = [_log(events, [2600, 1, 1, 1500, 1]), _log([], [1, 1], worker="rank1")]
     section = compile_summary(logs)
     assert section is not None
-    assert [(s["worker"], s["step"], s["frames"], s["recompiles"]) for s in section["by_step"]] == [
+    assert [(s.worker, s.step, s.frames, s.recompiles) for s in section.by_step] == [
         ("rank0", 0, 1, 0),
         ("rank0", 3, 1, 1),
     ]
     assert (
-        section["by_step"][1]["text"]
+        section.by_step[1].text
         == "step 3: recompiled forward (reason: size of input changed), 2 graph break(s), 1.40 s"
     )
-    assert section["seconds"] == pytest.approx(3.9)
-    assert section["step_time_ms"]["count"] == 1 and section["step_time_ms"]["max"] == pytest.approx(1500)
+    assert section.seconds == pytest.approx(3.9)
+    assert section.step_time_ms is not None
+    assert section.step_time_ms.count == 1 and section.step_time_ms.max == pytest.approx(1500)
     assert compiled_steps(logs[0]) == {0, 3} and compiled_steps(logs[1]) == set()
     lines = compile_lines(section, workers=2)
     assert lines[0].startswith("2 step(s) compiled, 3.90 s in all: 2 frame(s), 1 recompilation(s)")

@@ -6,6 +6,7 @@ import json
 import random
 from array import array
 
+import msgspec
 import pytest
 
 from stepcli.agent.slowrule import baseline, parse, threshold_ns
@@ -13,7 +14,7 @@ from stepcli.agent.steprecord import build
 from stepcli.agent.tracker import NEVER, StepTracker
 from stepcli.run.live.liveview import snapshot
 from stepcli.runfolder.steprecordreader import stats
-from stepcli.runfolder.summaryfile import RunSummary
+from stepcli.runfolder.summaryfile import RunSummary, StepRecord
 
 
 @pytest.mark.parametrize(
@@ -119,7 +120,7 @@ def test_a_whole_run_line_uses_the_units_of_its_neighbours_and_names_its_populat
         "ms": {"count": 39, "p50": 16065.9, "p90": 17100.0, "p99": 17900.0, "max": 18000.0},
         "slowest": [[7, 18_000_000]],
     }
-    (line,) = lines(RunSummary(step_record=[record]))
+    (line,) = lines(RunSummary(step_record=[msgspec.convert(record, StepRecord)]))
     # it was "p50 ~16065.9 ms" beside "first step 4.31 s": fmt.ms's units, and the steps it counts said
     assert line == (
         "whole run rank0: 40 steps; after the first (start-up), profiled ones included: p50 ~16.07 s, "
@@ -138,7 +139,7 @@ def test_the_summary_gives_a_line_to_the_slowest_processes_only() -> None:
         }
         for i in range(10)
     ]
-    text = lines(RunSummary(step_record=records))
+    text = lines(RunSummary(step_record=[msgspec.convert(r, StepRecord) for r in records]))
     assert [line.split(":")[0] for line in text[:4]] == [f"whole run rank{i}" for i in (6, 7, 8, 9)]
     assert text[4] == "whole run: 6 more processes in --json and report.html"
     assert len(text) == 5

@@ -287,7 +287,7 @@ def test_the_hang_section_comes_first_verdict_first_everything_escaped(tmp_path:
 def test_no_hang_no_section(tmp_path: Path) -> None:
     from stepcli.report.page import render
 
-    for hang in (None, {"reports": []}, {"reports": ["junk"]}):
+    for hang in (None, {"reports": []}):
         page = render(
             build(msgspec.convert(_hang_summary(tmp_path, hang), RunSummary), [], []), str(tmp_path / "report.html")
         )

@@ -59,6 +59,42 @@ def test_wrong_types_are_one_line(fields: dict[str, Any], problem: str, decoded:
     )
 
 
+_SEGMENT = {"rank": 0, "kind": "cpu", "name": "forward"}  # no `ms`, no `share`
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        # a segment without its ms passed as a plain object; report.html's chart raised KeyError
+        (
+            {"what_would_help": {"verdict": "ok", "critical_path": {"ms": 1.0, "segments": [_SEGMENT]}}},
+            "what_would_help.critical_path.segments[0].ms is missing",
+        ),
+        ({"hang": {"reports": [{"processes": [{"frame": "main"}]}]}}, "processes[0].frame is not an object"),
+        ({"hang": {"reports": [{"processes": [{"where": 3}]}]}}, "processes[0].where is not a string"),
+        ({"hang": {"reports": [{"processes": [{"in_backward": 1}]}]}}, "in_backward is not true or false"),
+        ({"compile": {"steps": "2"}}, "compile.steps is not a non-negative integer"),
+        (
+            {"compile": {"by_step": [{"step": 3, "reasons": "x"}]}},
+            "compile.by_step[0].reasons is not a list",
+        ),
+    ],
+)
+def test_the_typed_sections_check_every_field_they_declare(
+    fields: dict[str, Any],
+    problem: str,
+) -> None:
+    # `hang`, `what_would_help` and `compile` are built as Structs and read back as them:
+    # every field is checked at loading, not only the few a plain object's check declared
+    for read in (
+        lambda: load_run_summary(_doc(**fields), "run.json"),
+        lambda: read_run_summary(orjson.dumps(_doc(**fields)), "run.json"),
+    ):
+        with pytest.raises(StepcliError) as info:
+            read()
+        assert "\n" not in info.value.message and problem in info.value.message, info.value.message
+
+
 def test_a_number_past_the_float_range_is_named_not_a_json_error() -> None:
     data = b'{"schema": "stepcli.run", "schema_version": 2, "duration_s": 1e400}'
     with pytest.raises(StepcliError, match=r"summary: duration_s is not a non-negative number$"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from stepcli.fmt import seconds as _seconds
+from stepcli.runfolder.summaryfile import CompileSection, CompileStep, PopulationStats
 from stepcli.stats import describe
 
 MAX_LISTED_STEPS = 5
@@ -51,9 +52,9 @@ def describe_step(step: int, events: list[dict[str, Any]]) -> str:
     return f"step {step}: {', '.join(parts)}, {_seconds(seconds)}"
 
 
-def compile_summary(logs: list[dict[str, Any]]) -> dict[str, Any] | None:
+def compile_summary(logs: list[dict[str, Any]]) -> CompileSection | None:
     """The run summary's `compile` section, or None when no process compiled anything."""
-    steps: list[dict[str, Any]] = []
+    steps: list[CompileStep] = []
     events_all: list[dict[str, Any]] = []
     step_ms: list[float] = []
     dropped = 0
@@ -62,47 +63,49 @@ def compile_summary(logs: list[dict[str, Any]]) -> dict[str, Any] | None:
         durations = log.get("durations_us", [])
         for step, events in sorted(_by_step(log).items()):
             events_all.extend(events)
+            in_range = 0 <= step < len(durations)
             steps.append(
-                {
-                    "worker": log.get("worker"),
-                    "step": step,
-                    "seconds": round(sum(float(e.get("seconds") or 0.0) for e in events), 6),
-                    "frames": sum(1 for e in events if e.get("kind") in ("compiled", "recompiled")),
-                    "recompiles": sum(1 for e in events if e.get("kind") == "recompiled"),
-                    "graph_breaks": sum(int(e.get("graph_breaks") or 0) for e in events),
-                    "reasons": [e["reason"] for e in events if e.get("reason")],
-                    "step_ms": round(durations[step] / 1000.0, 3) if 0 <= step < len(durations) else None,
-                    "text": describe_step(step, events),
-                }
+                CompileStep(
+                    worker=log.get("worker"),
+                    step=step,
+                    seconds=round(sum(float(e.get("seconds") or 0.0) for e in events), 6),
+                    frames=sum(1 for e in events if e.get("kind") in ("compiled", "recompiled")),
+                    recompiles=sum(1 for e in events if e.get("kind") == "recompiled"),
+                    graph_breaks=sum(int(e.get("graph_breaks") or 0) for e in events),
+                    reasons=[e["reason"] for e in events if e.get("reason")],
+                    step_ms=round(durations[step] / 1000.0, 3) if in_range else None,
+                    text=describe_step(step, events),
+                )
             )
             if 0 < step < len(durations):  # step 0 is the start-up step, reported apart already
                 step_ms.append(durations[step] / 1000.0)
     if not events_all:
         return None
-    return {
-        "steps": len(steps),
-        "seconds": round(sum(s["seconds"] for s in steps), 6),
-        "frames": sum(s["frames"] for s in steps),
-        "recompiles": sum(s["recompiles"] for s in steps),
-        "graph_breaks": sum(s["graph_breaks"] for s in steps),
-        "dropped_events": dropped,
-        "step_time_ms": describe(step_ms),
-        "by_step": steps,
-    }
+    stats = describe(step_ms)
+    return CompileSection(
+        steps=len(steps),
+        seconds=round(sum(s.seconds for s in steps), 6),
+        frames=sum(s.frames for s in steps),
+        recompiles=sum(s.recompiles for s in steps),
+        graph_breaks=sum(s.graph_breaks for s in steps),
+        dropped_events=dropped,
+        step_time_ms=PopulationStats(**stats) if stats else None,
+        by_step=steps,
+    )
 
 
-def compile_lines(section: dict[str, Any] | None, workers: int = 1) -> list[str]:
+def compile_lines(section: CompileSection | None, workers: int = 1) -> list[str]:
     """The summary's compile rows: a total, then the first few steps that compiled."""
     if not section:
         return []
     head = (
-        f"{section['steps']} step(s) compiled, {_seconds(section['seconds'])} in all: {section['frames']} frame(s), "
-        f"{section['recompiles']} recompilation(s), {section['graph_breaks']} graph break(s); "
-        "kept out of the step-time statistics"
+        f"{section.steps} step(s) compiled, {_seconds(section.seconds)} in all: "
+        f"{section.frames} frame(s), {section.recompiles} recompilation(s), "
+        f"{section.graph_breaks} graph break(s); kept out of the step-time statistics"
     )
     lines = [head]
-    for entry in section["by_step"][:MAX_LISTED_STEPS]:
-        lines.append((f"{entry['worker']} " if workers > 1 else "") + entry["text"])
-    if len(section["by_step"]) > MAX_LISTED_STEPS:
-        lines.append(f"+{len(section['by_step']) - MAX_LISTED_STEPS} more (see --json)")
+    for entry in section.by_step[:MAX_LISTED_STEPS]:
+        lines.append((f"{entry.worker} " if workers > 1 else "") + entry.text)
+    if len(section.by_step) > MAX_LISTED_STEPS:
+        lines.append(f"+{len(section.by_step) - MAX_LISTED_STEPS} more (see --json)")
     return lines

@@ -266,7 +266,7 @@ def _print_next(summary: RunSummary, report_path: str | None, console: Console) 
                 lines.append(f"{line}    ({why})" if len(line) + len(why) + 6 <= 80 else line)
     if report_path:
         lines.append(f"  open {shlex.quote(_relative(report_path))} in a browser")
-    if summary.traces and (summary.what_would_help or {}).get("verdict") == "ok":
+    if summary.traces and summary.what_would_help and summary.what_would_help.verdict == "ok":
         lines.append(f"  stepcli whatif {shlex.quote(_relative(summary.out_dir or '.'))}")
     if summary.traces:
         # Not TensorBoard: it shows nothing of a trace without the deprecated torch-tb-profiler plugin.

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from stepcli.run.summary.hangdump import ProcessId, StackDump, is_stopped, read_dumps
+from stepcli.run.summary.hangdump import Frame, ProcessId, StackDump, is_stopped, read_dumps
 from stepcli.run.summary.hangverdict import (
     collectives_known,
     decide,
@@ -22,6 +21,7 @@ from stepcli.run.summary.hangverdict import (
     waiting_in,
 )
 from stepcli.run.summary.hangwords import collective_line, elsewhere_lines, silent_line, verdict_line, where
+from stepcli.runfolder.summaryfile import HangFrame, HangProcess, HangReport, HangSection
 
 
 def verdict(dumps: Sequence[StackDump], stopped: Sequence[ProcessId] = ()) -> str | None:
@@ -55,7 +55,7 @@ def hang_summary(
     timeout_s: float | None = None,
     on_hang: str | None = None,
     ended_job: bool = False,
-) -> dict[str, Any] | None:
+) -> HangSection | None:
     """The run summary's `hang` section: the `OUT/hang-<n>/` folders this run's hang watch wrote (`folders`, never
     one found in the output folder: an earlier run's, or one planted there), the timeout, and what `--on-hang` did
     (`ended_job`: the launcher killed the job after the dump); None without a report."""
@@ -68,35 +68,44 @@ def hang_summary(
         idle = [d.last_step_s_ago for d in dumps if d.last_step_s_ago is not None]
         ran, stopped = split_stopped(dumps)
         reports.append(
-            {
-                "folder": str(folder),
-                "idle_s": round(min(idle), 1) if idle else None,
-                "processes": [_process_entry(dump) for dump in sorted(dumps, key=lambda d: d.process.order())],
-                "verdict": verdict(ran, [d.process for d in stopped]),
-            }
+            HangReport(
+                folder=str(folder),
+                idle_s=round(min(idle), 1) if idle else None,
+                processes=[_process_entry(d) for d in sorted(dumps, key=_in_order)],
+                verdict=verdict(ran, [d.process for d in stopped]),
+            )
         )
     if not reports:
         return None
-    return {"reports": reports, "timeout_s": timeout_s, "on_hang": on_hang, "ended_job": ended_job}
+    return HangSection(reports=reports, timeout_s=timeout_s, on_hang=on_hang, ended_job=ended_job)
 
 
-def _process_entry(dump: StackDump) -> dict[str, Any]:
+def _in_order(dump: StackDump) -> tuple[bool, int, str, int]:
+    return dump.process.order()
+
+
+def _frame(frame: Frame | None) -> HangFrame | None:
+    return HangFrame(function=frame.function, file=frame.file, line=frame.line) if frame else None
+
+
+def _process_entry(dump: StackDump) -> HangProcess:
     """One process of a report (docs/reference/summary-json.md, `hang.reports[].processes[]`)."""
     frame = own_frame(dump.main_frames)
     collective = waiting_in(dump) or dump.collective
-    return {
-        "worker": dump.process.worker,
-        "rank": dump.process.rank,
-        "pid": dump.process.pid,
-        "host": dump.process.host,
-        "step": dump.step,
-        "collective": dict(collective.raw) if collective is not None else None,
-        "waiting": in_collective(dump),
-        "collectives_known": collectives_known(dump),  # the flight recorder answered: C++ collectives are seen
-        "in_backward": in_backward(dump.main_frames),
-        "where": where(frame) if frame is not None else None,
-        "frame": {"function": frame.function, "file": frame.file, "line": frame.line} if frame is not None else None,
+    return HangProcess(
+        worker=dump.process.worker,
+        rank=dump.process.rank,
+        pid=dump.process.pid,
+        host=dump.process.host,
+        step=dump.step,
+        collective=dict(collective.raw) if collective is not None else None,
+        waiting=in_collective(dump),
+        # the flight recorder answered: C++ collectives are seen
+        collectives_known=collectives_known(dump),
+        in_backward=in_backward(dump.main_frames),
+        where=where(frame) if frame is not None else None,
+        frame=_frame(frame),
         # "faulthandler": its Python could not run (C code holding the GIL); "stopped": SIGSTOP or a debugger
-        "source": dump.source,
-        "file": dump.file,
-    }
+        source=dump.source,
+        file=dump.file,
+    )

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Callable
-from typing import Any
 
 from stepcli.errors import EXIT_HANG
 from stepcli.run.summary.hangdump import FAULTHANDLER, STOPPED, Frame, ProcessId, StackDump
@@ -19,6 +18,7 @@ from stepcli.run.summary.hangverdict import (
     collectives_known,
     waiting_in,
 )
+from stepcli.runfolder.summaryfile import HangProcess, HangSection
 
 STOPPED_WHY = "stopped (SIGSTOP, or held by a debugger)"
 FROM_CPP = "issued from C++, not a torch.distributed call of the program: DDP's reducer, FSDP or the like"
@@ -129,51 +129,53 @@ def _numbers(values: list[int]) -> str:
     return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
-def _who(processes: list[dict[str, Any]]) -> str:
+def _who(processes: list[HangProcess]) -> str:
     """`rank 1`, `ranks 0, 2-7`, or `pid 4242` for processes without a rank."""
-    ranks = [p["rank"] for p in processes if isinstance(p.get("rank"), int) and not isinstance(p.get("rank"), bool)]
+    ranks = [p.rank for p in processes if p.rank is not None]
     if len(ranks) == len(processes):
         return f"rank{'s' if len(ranks) > 1 else ''} {_numbers(ranks)}"
-    return ", ".join(f"rank {p['rank']}" if p.get("rank") is not None else f"pid {p.get('pid')}" for p in processes)
+    return ", ".join(f"rank {p.rank}" if p.rank is not None else f"pid {p.pid}" for p in processes)
 
 
-def _short_where(process: dict[str, Any]) -> str:
+def _short_where(process: HangProcess) -> str:
     """The innermost frame in the program's own code, its file by name only (the stacks files hold the path)."""
-    frame = process.get("frame")
-    if isinstance(frame, dict) and frame.get("function") is not None:
-        name = str(frame.get("file") or "?").rsplit("/", 1)[-1]
-        return f"{frame['function']} ({name}:{frame.get('line')})"
-    return str(process["where"]) if process.get("where") else "no Python frame"
+    frame = process.frame
+    if frame is not None and frame.function is not None:
+        name = str(frame.file or "?").rsplit("/", 1)[-1]
+        return f"{frame.function} ({name}:{frame.line})"
+    return process.where if process.where else "no Python frame"
 
 
-def _collective(process: dict[str, Any]) -> str:
-    collective = process.get("collective")
-    return f"{collective.get('name')} #{collective.get('seq')}" if isinstance(collective, dict) else "a collective"
+def _collective(process: HangProcess) -> str:
+    collective = process.collective  # the stacks file's, as it wrote it
+    if collective is None:
+        return "a collective"
+    return f"{collective.get('name')} #{collective.get('seq')}"
 
 
-def _source(processes: list[dict[str, Any]]) -> str:
+def _source(processes: list[HangProcess]) -> str:
     """How the collective was seen, when not from a Python call: torch's flight recorder (issued from C++)."""
-    collective = processes[0].get("collective") if processes else None
-    if isinstance(collective, dict) and collective.get("source") == FLIGHT_RECORDER:
+    collective = processes[0].collective if processes else None
+    if collective is not None and collective.get("source") == FLIGHT_RECORDER:
         return " (in flight in its process group, issued from C++: DDP's reducer or the like)"
     return ""
 
 
-def _waits(processes: list[dict[str, Any]]) -> str:
+def _waits(processes: list[HangProcess]) -> str:
     return "waits" if len(processes) == 1 else "wait"
 
 
-def _report_facts(processes: list[dict[str, Any]]) -> list[str]:
+def _report_facts(processes: list[HangProcess]) -> list[str]:
     """Who holds the job back and why, and who waits in which collective: one sentence each, not yet wrapped."""
-    stopped = [p for p in processes if p.get("source") == STOPPED]
+    stopped = [p for p in processes if p.source == STOPPED]
     if stopped:
         held = [f"{_who([p])} holds the job back: {STOPPED_WHY}" for p in stopped[:MAX_NAMED]]
         if len(stopped) > MAX_NAMED:
             held.append(f"{len(stopped) - MAX_NAMED} more stopped processes hold it back too")
         return held + _others_facts([p for p in processes if p not in stopped])
-    waiting = [p for p in processes if p.get("waiting") is True]
-    elsewhere = [p for p in processes if p.get("waiting") is not True]
-    groups: dict[str, list[dict[str, Any]]] = {}
+    waiting = [p for p in processes if p.waiting is True]
+    elsewhere = [p for p in processes if p.waiting is not True]
+    groups: dict[str, list[HangProcess]] = {}
     for process in waiting:
         groups.setdefault(_collective(process), []).append(process)
     waits = [f"{_who(g)} {_waits(g)} in {name}" + _source(g) for name, g in sorted(groups.items())]
@@ -182,7 +184,7 @@ def _report_facts(processes: list[dict[str, Any]]) -> list[str]:
         for process in elsewhere[:MAX_NAMED]:
             why = (
                 "stuck in C code that holds the GIL (its Python could not run)"
-                if process.get("source") == FAULTHANDLER
+                if process.source == FAULTHANDLER
                 else "not in a collective"
             )
             facts.append(f"{_who([process])} holds the job back: in {_short_where(process)}, {why}")
@@ -194,12 +196,12 @@ def _report_facts(processes: list[dict[str, Any]]) -> list[str]:
         return [f"every process waits in {name}{_source(group)}: a peer outside this dump, or the transport, is stuck"]
     if waiting:
         return ["the processes wait in different collectives: mismatched collectives", *waits[:MAX_NAMED]]
-    if all(p.get("collectives_known") is True for p in elsewhere):
+    if all(p.collectives_known is True for p in elsewhere):
         facts = ["no process waits in a collective (the flight recorder shows none in flight)"]
     else:  # a collective issued from C++ (DDP's reducer) is not seen without the flight recorder: unknown
         facts = ["no process waits in a collective called from Python; collectives issued from C++ are unknown"]
     for process in elsewhere[:MAX_NAMED]:
-        if process.get("in_backward") is True and process.get("collectives_known") is not True:
+        if process.in_backward is True and process.collectives_known is not True:
             facts.append(
                 f"{_who([process])} is in backward() from {_short_where(process)}: autograd's C++ engine, where "
                 "DDP all-reduces gradients (whether it waits there is unknown)"
@@ -209,14 +211,14 @@ def _report_facts(processes: list[dict[str, Any]]) -> list[str]:
     return facts
 
 
-def _others_facts(processes: list[dict[str, Any]]) -> list[str]:
+def _others_facts(processes: list[HangProcess]) -> list[str]:
     """Beside stopped processes: which of the others wait in which collective, where the rest are."""
-    groups: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str, list[HangProcess]] = {}
     for process in processes:
-        if process.get("waiting") is True:
+        if process.waiting is True:
             groups.setdefault(_collective(process), []).append(process)
     facts = [f"{_who(g)} {_waits(g)} in {name}" + _source(g) for name, g in sorted(groups.items())]
-    elsewhere = [p for p in processes if p.get("waiting") is not True]
+    elsewhere = [p for p in processes if p.waiting is not True]
     facts += [f"{_who([p])} is in {_short_where(p)}" for p in elsewhere]
     return facts[:MAX_NAMED]
 
@@ -227,26 +229,24 @@ def _wrap(text: str, first: str, rest: str) -> list[str]:
     ]
 
 
-def summary_lines(section: Any, short: Callable[[str], str] = str) -> list[str]:
+def summary_lines(section: HangSection | None, short: Callable[[str], str] = str) -> list[str]:
     """The end-of-run summary's hang block from the run summary's `hang` section, or [] without one: per report
     when the hang was called (step, time without a step), who holds the job back and why, who waits in which
     collective, where the stacks are (`short` shortens the folder); then what `--on-hang` did. Lines fit 80
     columns, except a folder path too long for that, which is never cut. A report that says what the one before
     it said is one line."""
-    if not isinstance(section, dict):
+    if section is None:
         return []
     lines: list[str] = []
     previous: list[str] | None = None
-    for report in section.get("reports") or []:
-        if not isinstance(report, dict):
-            continue
-        processes = [p for p in report.get("processes") or [] if isinstance(p, dict)]
-        steps = sorted({p["step"] for p in processes if isinstance(p.get("step"), int)})
+    for report in section.reports:
+        processes = report.processes
+        steps = sorted({p.step for p in processes if p.step is not None})
         at = "" if not steps else f"at step {steps[0]}, " if len(steps) == 1 else f"at steps {steps[0]}-{steps[-1]}, "
-        idle, timeout = report.get("idle_s"), section.get("timeout_s")
-        if isinstance(idle, (int, float)):
+        idle, timeout = report.idle_s, section.timeout_s
+        if idle is not None:
             stalled = f"no process completed a step for {idle:.1f} s"
-        elif isinstance(timeout, (int, float)):
+        elif timeout is not None:
             stalled = f"no process completed a step for {timeout:g} s or more"
         else:
             stalled = "no process completed a step"
@@ -257,15 +257,15 @@ def summary_lines(section: Any, short: Callable[[str], str] = str) -> list[str]:
             for fact in facts:
                 lines += _wrap(fact, "  ", "    ")
         previous = facts
-        folder = f"{short(str(report.get('folder')))}/"
+        folder = f"{short(str(report.folder))}/"
         if len(f"  stacks of every process: {folder}") <= SUMMARY_WIDTH:
             lines.append(f"  stacks of every process: {folder}")
         else:
             lines += ["  stacks of every process:", f"  {folder}"]
     if not lines:
         return []
-    if section.get("ended_job") is True:
+    if section.ended_job is True:
         lines.append(f"  --on-hang kill ended the job: exit status {EXIT_HANG}")
-    elif section.get("on_hang") == "keep":
+    elif section.on_hang == "keep":
         lines.append("  --on-hang keep: the job was left running")
     return lines

@@ -10,6 +10,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from stepcli.errors import StepcliError
+from stepcli.runfolder.summaryfile import CriticalPath, HelpOpportunity, PathSegment, WhatWouldHelp
 
 if TYPE_CHECKING:
     from stepcli.traces.analyses.lanes import RankLane
@@ -21,7 +22,9 @@ TOP = 5
 
 def what_would_help(
     trace_paths: list[str], untouched_ms: float | None, notes: list[str], traces: RunTraces | None = None
-) -> dict[str, Any] | None:
+) -> WhatWouldHelp | None:
+    """The section from the what-if answer (a document of its own, schema `stepcli.whatif`),
+    kept short; None without traces or when they cannot be replayed (a note says why)."""
     if not trace_paths:
         return None
     from stepcli.whatif.answer import WhatifRequest, solve
@@ -39,17 +42,37 @@ def what_would_help(
     except Exception as exc:  # a bug in the what-if must not cost the run its summary
         notes.append(f"what would help: could not replay the steps: {type(exc).__name__}: {exc}")
         return None
-    path = doc["critical_path"]
-    return {
-        "verdict": doc["verdict"],
-        "reason": doc["reason"],
-        "steps": doc["steps"],
-        "measured_ms": doc["measured_ms"],
-        "replay_error": doc["replay_error"],
-        "untouched_ms": doc["untouched_ms"],
-        "opportunities": doc["opportunities"][:TOP],
-        "critical_path": {"ms": path["ms"], "segments": path["segments"][:12]} if path else None,
-    }
+    return WhatWouldHelp(
+        verdict=doc["verdict"],
+        reason=doc["reason"],
+        steps=doc["steps"],
+        measured_ms=doc["measured_ms"],
+        replay_error=doc["replay_error"],
+        untouched_ms=doc["untouched_ms"],
+        opportunities=[_opportunity(entry) for entry in doc["opportunities"][:TOP]],
+        critical_path=_critical_path(doc["critical_path"]),
+    )
+
+
+def _opportunity(entry: dict[str, Any]) -> HelpOpportunity:
+    return HelpOpportunity(
+        change=entry["change"],
+        predicted_ms=entry["predicted_ms"],
+        predicted_untouched_ms=entry["predicted_untouched_ms"],
+        saved_ms=entry["saved_ms"],
+        saved_share=entry["saved_share"],
+    )
+
+
+def _critical_path(path: dict[str, Any] | None) -> CriticalPath | None:
+    """The path's first 12 segments: enough for the page's chart (whatif has them all)."""
+    if not path:
+        return None
+    segments = [
+        PathSegment(rank=s["rank"], kind=s["kind"], name=s["name"], ms=s["ms"], share=s["share"])
+        for s in path["segments"][:12]
+    ]
+    return CriticalPath(ms=path["ms"], segments=segments)
 
 
 def _lanes(trace_paths: list[str], traces: RunTraces | None, notes: list[str]) -> list[RankLane] | None:

@@ -289,7 +289,8 @@ class _Nesting:
 
 
 def hand_up(frame: list[Any], parent: list[Any]) -> None:
-    """Pass a closed frame's forward candidates to its parent (stepcli.traces.analyses.traceanalysis._forward_candidates):
+    """Pass a closed frame's forward candidates to its parent
+    (stepcli.traces.analyses.stepphases.forward_candidates):
     an operator that is no phase is one; a wrapper around a dataloader, optimizer or backward event (a user's
     `## backward ##`) is none: its own candidates stand in its place. Inside an optimizer event only the agent's
     closure ranges hold candidates (the closure's forward); the optimizer's other operators are its own work."""

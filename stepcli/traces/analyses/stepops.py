@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from stepcli.traces.analyses.results import NS_PER_MS, PHASES
 from stepcli.traces.analyses.shares import STEP_KEY, stable_name
+from stepcli.traces.analyses.stepphases import forward_candidates, in_steps_array
 from stepcli.traces.analyses.steps import (
     BACKWARD,
     DATALOADER,
@@ -26,7 +27,6 @@ from stepcli.traces.analyses.steps import (
     step_spans_of,
     wraps_backward,
 )
-from stepcli.traces.analyses.traceanalysis import _forward_candidates, _in_steps_array
 from stepcli.traces.read.names import STEP_PREFIX, step_of
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ def step_times(
     if spans is None:
         inside = ~is_step
     else:
-        inside = _in_steps_array(spans, pid_code, ev_start, ev_end)
+        inside = in_steps_array(spans, pid_code, ev_start, ev_end)
         # a segment with no complete step of its own counts every operator but its cut steps (as a lone summary)
         with_steps = np.zeros(count, bool)
         with_steps[ev_seg[windows_all]] = True
@@ -138,13 +138,14 @@ def step_times(
     kept = a["kept"][mine]
     _add(times, "cpu", key_list, ev_seg[mine], row_key[mine], a["self"][mine] * kept, count)
 
-    # Phases: per window (a complete ProfilerStep#N), as stepcli.traces.analyses.traceanalysis._phase_totals_arrays.
+    # Phases: per window (a complete ProfilerStep#N), as
+    # stepcli.traces.analyses.stepphases._phase_totals_arrays.
     phase = np.array([phase_of(n) for n in columns.names] or [0], np.int8)[name]
     wrapper = np.array([wraps_backward(n) for n in columns.names] or [False], bool)[name]
     annotation = columns.kind[index] == typedcolumns.USER_ANNOTATION
     named = wrapper & annotation & ~is_step
     closure = np.array([is_closure(n) for n in columns.names] or [False], bool)[name] & annotation
-    forward, forward_row = _forward_candidates(parent, phase, windows.tolist(), named, closure)
+    forward, forward_row = forward_candidates(parent, phase, windows.tolist(), named, closure)
     window_of = np.full(len(index), -1, np.int64)
     window_of[windows] = np.arange(len(windows))
     forward_window = window_of[forward_row]
