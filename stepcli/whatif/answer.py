@@ -189,8 +189,12 @@ def answer(lanes: Sequence[RankLane], request: WhatifRequest, untouched_ms: floa
     return solve(lanes, request, untouched_ms).doc
 
 
-def solve(lanes: Sequence[RankLane], request: WhatifRequest, untouched_ms: float | None) -> Answer:
-    """answer(), with the graph and its replay kept for the trace (stepcli.whatif.tracefile)."""
+def solve(
+    lanes: Sequence[RankLane], request: WhatifRequest, untouched_ms: float | None, release: bool = False
+) -> Answer:
+    """answer(), with the graph and its replay kept for the trace (stepcli.whatif.tracefile). `release`: the lanes
+    are the caller's to give up: once the graph joins them, their collectives (RankLane.arrivals, a quarter of a
+    lane) are dropped for the replays."""
     lanes = list(lanes)
     steps = choose_steps(lanes, request.step)
     changes = [parse_change(flag, value, lanes) for flag, value in request.changes]
@@ -214,6 +218,9 @@ def solve(lanes: Sequence[RankLane], request: WhatifRequest, untouched_ms: float
     graph = None
     if reason is None:
         graph = build_graph(lanes, steps)
+        if release:
+            for lane in lanes:
+                lane.arrivals = None
         if len(lanes) > 1 and not graph.members:
             reason = (
                 f"no collective could be matched across the ranks in {steps_label(steps)}: "

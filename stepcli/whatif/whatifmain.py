@@ -110,7 +110,7 @@ def whatif_main(
     if not files:
         raise StepcliError(f"no trace files in {', '.join(paths)}", EXIT_USAGE)
     lanes, notes = pick_lanes(map_files(read_lane, files, jobs, scheduler, scheduler_wait), step)
-    solved = solve(lanes, WhatifRequest(changes, step), untouched_median(paths, all_runs))
+    solved = solve(lanes, WhatifRequest(changes, step), untouched_median(paths, all_runs), release=True)
     doc = solved.doc
     if json_path is not None:
         write_json(json_path, doc)
