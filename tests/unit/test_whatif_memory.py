@@ -1,5 +1,6 @@
 """What keeps `stepcli whatif`'s memory bounded at 1,024 ranks, checked against the arithmetic it replaces: the
-integrals read at the joints only, predictions without records, lanes without the culprit's figures. Pure."""
+integrals read at the joints only, predictions without records, lanes without the culprit's figures and, once
+joined, without their collectives. Pure."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from stepcli.traces.analyses.lanes import lane_of
 from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.events import Event
 from stepcli.traces.read.typedcolumns import columns_from_events
-from stepcli.whatif.answer import parse_change
+from stepcli.whatif.answer import WhatifRequest, parse_change, solve
 from stepcli.whatif.lanereplay import _interpolated, _sampled, build_graph, replay
 from stepcli.whatif.whatifmain import slimmed
 
@@ -63,3 +64,12 @@ def test_a_lane_read_for_whatif_has_no_culprit_figures_and_matches_as_before() -
     after = replay(build_graph(lean, [1]))
     assert after.end == before.end and after.arrive == before.arrive == [[20.0, 60.0]]
     assert pytest.approx(after.transfer) == before.transfer
+
+
+def test_lanes_given_up_lose_their_collectives_once_joined_and_the_answer_is_the_same() -> None:
+    request = WhatifRequest([("idealize", "1"), ("comm", "0.5")])
+    kept = [lane_of(_rank(0, 20)), lane_of(_rank(1, 60))]
+    given = [lane_of(_rank(0, 20)), lane_of(_rank(1, 60))]
+    assert solve(given, request, None, release=True).doc == solve(kept, request, None).doc
+    assert [lane.arrivals for lane in given] == [None, None]
+    assert all(lane.arrivals is not None for lane in kept)  # a caller's lanes are left as they were
