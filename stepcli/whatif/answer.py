@@ -17,17 +17,8 @@ import numpy as np
 from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.traces.analyses.lanes import PHASE_NAMES, RankLane
 from stepcli.traces.analyses.ranks import steps_label
-from stepcli.whatif.lanereplay import (
-    Graph,
-    LaneReplay,
-    Record,
-    ReplayError,
-    Scale,
-    WhatifChange,
-    build_graph,
-    replay,
-    step_ms,
-)
+from stepcli.whatif.lanegraph import Graph, Scale, WhatifChange, build_graph
+from stepcli.whatif.lanereplay import LaneReplay, Record, ReplayError, replay, step_ms
 
 SCHEMA = "stepcli.whatif/1"
 MAX_REPLAY_ERROR = 0.05  # a replay further than this from the measured step answers nothing

@@ -1,22 +1,19 @@
-"""The ranks' lanes joined at their collectives and replayed by list scheduling, unchanged or under a change. Pure.
+"""The ranks' lanes replayed by list scheduling, unchanged or under a change. Pure.
 
-Each rank starts its window where it measured it (clocks aligned by the collectives, stepcli.traces.analyses.
-alignment) and runs its lane: compute at the change's speed (stepcli.traces.analyses.lanes), an arrival at each collective,
-and at each wait the later of its own start and the collective's end, plus the measured tail after that end. A
-collective ends at its last member's arrival plus its transfer time (its end minus the latest member's arrival on
-aligned clocks), times `--comm`. Unchanged, the replay gives back the measured window when the graph explains the
-waits; how far it misses is the check every answer passes first.
+Each rank starts its window where it measured it and runs its lane (stepcli.whatif.lanegraph): compute at the
+change's speed (stepcli.traces.analyses.lanes), an arrival at each collective, and at each wait the later of its
+own start and the collective's end, plus the measured tail after that end. A collective ends at its last
+member's arrival plus its transfer time, times `--comm`. Unchanged, the replay gives back the measured window
+when the graph explains the waits; how far it misses is the check every answer passes first.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from stepcli.traces.analyses.alignment import Matched, align, match_collectives
 from stepcli.traces.analyses.devicework import (
     COLLECTIVE,
     EVENT,
@@ -27,80 +24,7 @@ from stepcli.traces.analyses.devicework import (
     node_factors,
 )
 from stepcli.traces.analyses.lanes import RankLane, covers
-
-LATE_CLOSE_US = 300.0
-RESUMED_SHARE = 0.1
-
-
-@dataclass
-class Scale:
-    """One `--scale`: the time of what SELECTOR covers on the steps' thread runs FACTOR times as long."""
-
-    rank: int | None  # `rank:R/`: that rank only
-    phase: int | None  # `phase:NAME`: index into PHASE_NAMES
-    names: frozenset[str]  # operator names matched (empty with a phase)
-    factor: float
-
-
-@dataclass
-class WhatifChange:
-    """What is changed, as typed (`text`), and its parts; several flags together merge into one Change."""
-
-    text: str
-    scales: list[Scale] = field(default_factory=list)
-    comm: float = 1.0
-    idealize: list[int] = field(default_factory=list)  # ranks whose compute becomes the others' median
-
-    def merged(self, other: WhatifChange, text: str) -> WhatifChange:
-        return WhatifChange(text, self.scales + other.scales, self.comm * other.comm, self.idealize + other.idealize)
-
-
-@dataclass(slots=True)
-class Item:
-    """A joint of a lane: an arrival at a collective (row, member) at `at`, or a wait [at, until) on collectives
-    whose departures (row, member, departure on this rank's clock) fall inside it."""
-
-    at: float
-    arrive: tuple[int, int] | None = None
-    until: float = 0.0
-    # (a tuple and a range, not lists: a 1,024-rank job's lanes hold ~100,000 joints)
-    departs: tuple[tuple[int, int, float], ...] = ()
-    launches: range | None = None  # device nodes (stepcli.traces.analyses.devicework) queued by a call at `at`
-    sync: int = -1  # a host call [at, until) that returned only after this device node ended
-
-    @property
-    def order(self) -> int:
-        """Among joints at one time: launches first (a copy's own sync waits for it), then arrivals, then waits."""
-        if self.launches is not None:
-            return 0
-        if self.arrive is not None:
-            return 1
-        return 2 if self.sync < 0 else 3
-
-
-@dataclass
-class Graph:
-    """The lanes of the ranks analysed and the collectives joining them, in the window of `steps`."""
-
-    lanes: list[RankLane]
-    steps: list[int]
-    start: list[float]  # per lane: its window, its own clock
-    end: list[float]
-    offset: list[float]  # per lane: its clock minus the reference clock (µs)
-    items: list[list[Item]]
-    arrive: list[list[float]]  # [row][member] aligned µs
-    depart: list[list[float]]
-    members: list[list[int]]  # [row] -> lane indices
-    names: list[str]  # [row] collective name
-    transfer: list[float]  # [row] µs: the earliest departure minus the latest arrival (>= 0)
-    unexplained: int = 0  # collectives whose departure the rank never waited for visibly (no wait span)
-    # NCCL collectives joined on the device: [row] -> per member its NCCL node on that member's lane (empty: the
-    # row is joined on the host, or not at all); their transfer and each member's residual, from the kernels
-    device_rows: list[list[int]] = field(default_factory=list)
-    device_transfer: list[float] = field(default_factory=list)
-    device_residual: list[list[float]] = field(default_factory=list)
-    node_row: list[dict[int, tuple[int, int]]] = field(default_factory=list)  # per lane: node -> (row, member)
-    joint_times: list[list[float]] = field(default_factory=list)  # per lane, sorted: where the replay reads its time
+from stepcli.whatif.lanegraph import Graph, Item, WhatifChange
 
 
 @dataclass(slots=True)
@@ -144,205 +68,6 @@ class LaneReplay:
 
 class ReplayError(Exception):
     """The graph cannot be replayed (a wait on a collective some member never reaches); the reason in words."""
-
-
-def build_graph(lanes: Sequence[RankLane], steps: list[int]) -> Graph:
-    """Each lane cut to `steps` (consecutive, every lane has them), joined at the collectives all members hold."""
-    lanes = list(lanes)
-    start, end = [], []
-    for lane in lanes:
-        first, last = lane.steps.index(steps[0]), lane.steps.index(steps[-1])
-        start.append(lane.step_start[first])
-        end.append(lane.step_end[last])
-    offsets = [0.0] * len(lanes)
-    rows: list[list[int]] = []
-    arrive: list[list[float]] = []
-    depart: list[list[float]] = []
-    names: list[str] = []
-    items: list[list[Item]] = [[] for _ in lanes]
-    parts = [lane.arrivals for lane in lanes if lane.arrivals is not None]
-    matched = match_collectives(parts) if len(lanes) > 1 and len(parts) == len(lanes) else None
-    if matched is not None:
-        offsets, rows, arrive, depart, names = _joined(lanes, matched, steps)
-    memberships: list[list[tuple[int, int]]] = [[] for _ in lanes]  # per lane: (row, its place among the members)
-    for row, member_lanes in enumerate(rows):
-        for m, li in enumerate(member_lanes):
-            memberships[li].append((row, m))
-    device_rows = _nccl_nodes(lanes, rows, arrive, offsets, memberships)
-    unexplained = 0
-    for li, lane in enumerate(lanes):
-        host_joints = memberships[li] if lane.device is None else []  # a GPU rank joins on its NCCL kernels
-        items[li], missed = _items(lane, host_joints, arrive, depart, offsets[li], start[li], end[li])
-        unexplained += missed
-        if lane.device is not None:
-            items[li] = _device_items(lane, items[li], start[li], end[li])
-    transfer = [max(0.0, min(d) - max(a)) for a, d in zip(arrive, depart)]
-    graph = Graph(lanes, steps, start, end, offsets, items, arrive, depart, rows, names, transfer, unexplained)
-    _join_on_device(graph, device_rows)
-    graph.joint_times = [
-        sorted({start[li], end[li], *(item.at for item in joints), *(item.until for item in joints)})
-        for li, joints in enumerate(items)
-    ]
-    return graph
-
-
-def _nccl_nodes(
-    lanes: list[RankLane],
-    rows: list[list[int]],
-    arrive: list[list[float]],
-    offsets: list[float],
-    memberships: list[list[tuple[int, int]]],
-) -> list[list[int]]:
-    """Per collective row, each member's NCCL node (the first NCCL kernel its host call launched: the first one
-    queued at or after the call's start), or [] when a member has no device work or no such kernel."""
-    node_of: dict[tuple[int, int], int] = {}
-    for li, lane in enumerate(lanes):
-        work = lane.device
-        if work is None:
-            continue
-        nccl = np.nonzero(work.nccl)[0]
-        used: set[int] = set()
-        for row, m in sorted(memberships[li], key=lambda rm: arrive[rm[0]][rm[1]]):
-            at = arrive[row][m] + offsets[li]
-            k = int(np.searchsorted(work.launch[nccl], at - 1e-3, side="left"))
-            while k < len(nccl) and int(nccl[k]) in used:
-                k += 1
-            if k < len(nccl):
-                node_of[(row, m)] = int(nccl[k])
-                used.add(int(nccl[k]))
-    out: list[list[int]] = []
-    for row, member_lanes in enumerate(rows):
-        nodes = [node_of.get((row, m), -1) for m in range(len(member_lanes))]
-        out.append(nodes if min(nodes, default=-1) >= 0 else [])
-    return out
-
-
-def _join_on_device(graph: Graph, device_rows: list[list[int]]) -> None:
-    """The device-joined collectives' transfer (the earliest member's end less the latest member's start, on
-    aligned clocks) and each member's residual after it."""
-    graph.device_rows = device_rows
-    graph.node_row = [{} for _ in graph.lanes]
-    graph.device_transfer = [0.0] * len(device_rows)
-    graph.device_residual = [[] for _ in device_rows]
-    for row, nodes in enumerate(device_rows):
-        if not nodes:
-            continue
-        starts, ends = [], []
-        for m, node in enumerate(nodes):
-            li = graph.members[row][m]
-            work = graph.lanes[li].device
-            assert work is not None
-            starts.append(float(work.start[node]) - graph.offset[li])
-            ends.append(float(work.start[node] + work.dur[node]) - graph.offset[li])
-            graph.node_row[li][node] = (row, m)
-        transfer = max(0.0, min(ends) - max(starts))
-        graph.device_transfer[row] = transfer
-        graph.device_residual[row] = [max(0.0, e - (max(starts) + transfer)) for e in ends]
-
-
-def _joined(
-    lanes: list[RankLane], matched: Matched, steps: list[int]
-) -> tuple[list[float], list[list[int]], list[list[float]], list[list[float]], list[str]]:
-    """Clock offsets per lane and the matched collectives of the window as rows of lane indices and aligned times."""
-    lane_of_rank = {lane.rank: i for i, lane in enumerate(lanes)}
-    offsets_by_column, _errors = align(matched.arrive, matched.depart, matched.members, matched.clocks)
-    offsets = [0.0] * len(lanes)
-    for column, rank in enumerate(matched.ranks):
-        if rank in lane_of_rank and column < len(offsets_by_column):
-            offsets[lane_of_rank[rank]] = offsets_by_column[column]
-    wanted = set(steps)
-    rows, arrive, depart, names = [], [], [], []
-    for key, cols, a_row, d_row in zip(matched.keys, matched.members, matched.arrive, matched.depart):
-        if key[1][0] not in wanted:
-            continue
-        member_lanes = [lane_of_rank.get(matched.ranks[c], -1) for c in cols]
-        if min(member_lanes) < 0:
-            continue
-        aligned = [a - offsets[li] for a, li in zip(a_row, member_lanes)]
-        last = max(aligned)
-        # Where each member's thread resumed: the end of its first wait after arriving that outlasts the last
-        # arrival. gloo's worker closes its event milliseconds after the waiting thread resumed, so its end is
-        # no departure; a host call that blocked (a synchronous collective) is such a wait, and so is a gap.
-        leave = [
-            _resumed(lanes[li], a, last + offsets[li], d) - offsets[li] for a, d, li in zip(a_row, d_row, member_lanes)
-        ]
-        rows.append(member_lanes)
-        arrive.append(aligned)
-        depart.append(leave)
-        names.append(key[1][1])
-    return offsets, rows, arrive, depart, names
-
-
-def _resumed(lane: RankLane, arrive: float, last: float, recorded: float) -> float:
-    """When the lane's thread resumed after the collective it joined at `arrive`: the end of its first wait (a gap,
-    or a host call that blocked) after arriving that ends clearly after `last`, the last member's arrival on this
-    lane's clock ("clearly": by a tenth of the span to the recorded departure, so a short enqueue call that
-    returns at once is no wait). The recorded departure where the lane never waited so."""
-    waits = lane.waits
-    if not len(waits):
-        return recorded
-    k = max(0, int(np.searchsorted(waits[:, 0], arrive, side="right")) - 1)
-    if waits[k, 1] <= arrive:
-        k += 1
-    after = last + RESUMED_SHARE * max(0.0, recorded - last)
-    later = np.nonzero(waits[k:, 1] > after)[0]
-    return float(waits[k + later[0], 1]) if len(later) else recorded
-
-
-def _items(
-    lane: RankLane,
-    memberships: list[tuple[int, int]],
-    arrive: list[list[float]],
-    depart: list[list[float]],
-    offset: float,
-    lo: float,
-    hi: float,
-) -> tuple[list[Item], int]:
-    """The lane's joints in time order, and how many of its departures fell in no wait (never waited for)."""
-    waits = lane.waits
-    w_start, w_end = (waits[:, 0], waits[:, 1]) if len(waits) else (np.zeros(0), np.zeros(0))
-    arrivals: list[Item] = []
-    by_wait: dict[int, Item] = {}
-    missed = 0
-    for row, m in memberships:
-        at = arrive[row][m] + offset
-        if not lo <= at <= hi:
-            continue
-        k = int(np.searchsorted(w_start, at, side="right")) - 1
-        if k >= 0 and at < w_end[k]:
-            at = float(w_start[k])  # an arrival inside a wait: the wait starts after it
-        arrivals.append(Item(at, arrive=(row, m)))
-        leave = depart[row][m] + offset
-        k = int(np.searchsorted(w_start, leave, side="right")) - 1
-        # gloo closes its worker's event a little after the waiting thread resumed: a departure just past a
-        # wait's end is that wait's
-        if k >= 0 and leave <= w_end[k] + LATE_CLOSE_US and w_start[k] >= at:
-            item = by_wait.setdefault(k, Item(float(w_start[k]), until=float(w_end[k])))
-            item.departs += ((row, m, leave),)
-        else:
-            missed += 1
-    joints = arrivals + list(by_wait.values())
-    joints.sort(key=lambda item: (item.at, item.order))
-    return joints, missed
-
-
-def _device_items(lane: RankLane, joints: list[Item], lo: float, hi: float) -> list[Item]:
-    """The lane's joints with its launches (one per launch time, its nodes in order) and device syncs added."""
-    work = lane.device
-    assert work is not None
-    # work queued before the window (an earlier step's) is queued at its start and runs where it ran
-    count = int(np.searchsorted(work.launch, hi, side="left"))
-    launch = np.maximum(work.launch[:count], lo)
-    if len(launch):
-        cuts = np.nonzero(np.diff(launch) > 0)[0] + 1
-        firsts = np.concatenate(([0], cuts)).tolist()
-        lasts = np.concatenate((cuts, [len(launch)])).tolist()
-        joints = joints + [Item(float(launch[a]), launches=range(a, b)) for a, b in zip(firsts, lasts)]
-    for at, until, node in zip(work.sync_at.tolist(), work.sync_until.tolist(), work.sync_node.tolist()):
-        if lo <= at < hi:
-            joints.append(Item(at, until=until, sync=node))
-    joints.sort(key=lambda item: (item.at, item.order))
-    return joints
 
 
 def speeds(lane: RankLane, change: WhatifChange | None) -> np.ndarray:

@@ -12,7 +12,7 @@ from typing import Any
 from stepcli import safefile
 from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.whatif.answer import PathPiece
-from stepcli.whatif.lanereplay import Graph
+from stepcli.whatif.lanegraph import Graph
 
 MARKER = "stepcli_whatif_trace"  # the document's first key: a file with it is an earlier --trace, safe to replace
 OPERATORS, CRITICAL = 1, 2  # thread ids of each rank's two tracks

@@ -12,7 +12,8 @@ from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.events import Event
 from stepcli.traces.read.typedcolumns import columns_from_events
 from stepcli.whatif.answer import WhatifRequest, parse_change, solve
-from stepcli.whatif.lanereplay import _interpolated, _sampled, build_graph, replay
+from stepcli.whatif.lanegraph import build_graph
+from stepcli.whatif.lanereplay import _interpolated, _sampled, replay
 from stepcli.whatif.whatifmain import slimmed
 
 MAIN, WORKER = 1, 2

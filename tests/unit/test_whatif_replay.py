@@ -14,7 +14,8 @@ from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.events import Event
 from stepcli.traces.read.typedcolumns import columns_from_events
 from stepcli.whatif.answer import WhatifRequest, answer, parse_change
-from stepcli.whatif.lanereplay import build_graph, replay, step_ms
+from stepcli.whatif.lanegraph import build_graph
+from stepcli.whatif.lanereplay import replay, step_ms
 
 MAIN, WORKER = 1, 2
 
