@@ -1,12 +1,13 @@
-"""`stepcli whatif` against real programs changed for real: predict from one run, make the change in a copy of the
-program, measure it with `stepcli run`, compare.
+"""`stepcli whatif` against real programs changed for real: predict from one run, make the change in
+a copy of the program, measure it with `stepcli run`, compare.
 
-Each case is a small torch program with a knob (a rank's extra work, a data loader's sleep per item, an operator
-repeated k times, the bytes of an all-reduce). For every round, taken in turns so that the machine's drift falls on
-both alike: the original program is run under `stepcli run`, `stepcli whatif` predicts the change from its traces,
-and the changed program is run under `stepcli run` too. Printed per case: the prediction and the measurement at the
-profiler's pace (the recorded steps: `predicted_ms` against the changed run's own `measured_ms`) and at the
-program's pace (`predicted_untouched_ms` against the changed run's untouched median), as medians over the rounds
+Each case is a small torch program with a knob (a rank's extra work, a data loader's sleep per item,
+an operator repeated k times, the bytes of an all-reduce). For every round, taken in turns so that
+the machine's drift falls on both alike: the original program is run under `stepcli run`, `stepcli
+whatif` predicts the change from its traces, and the changed program is run under `stepcli run` too.
+Printed per case: the prediction and the measurement at the profiler's pace (the recorded steps:
+`predicted_ms` against the changed run's own `measured_ms`) and at the program's pace
+(`predicted_untouched_ms` against the changed run's untouched median), as medians over the rounds
 with their range (the noise of repeated runs), and the error of the medians.
 
     python scripts/whatif_check.py                 # every case, 3 rounds (~10 minutes on 2 cores)
@@ -53,7 +54,7 @@ DDP = """
     del model, opt
     import gc; gc.collect()
     dist.destroy_process_group()
-"""
+"""  # noqa: E501
 
 LOADER = """
     import os, time, torch
@@ -77,7 +78,7 @@ LOADER = """
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
             opt.zero_grad()
-"""
+"""  # noqa: E501
 
 REPEAT = """
     import os, torch
@@ -108,7 +109,16 @@ class Case:
 def cases(delays: list[int]) -> list[Case]:
     out = []
     for delay in delays:
-        out.append(Case(f"slow_rank_{delay}ms", DDP, True, {"EXTRA1_MS": str(delay)}, {}, ["--idealize-rank", "1"]))
+        out.append(
+            Case(
+                f"slow_rank_{delay}ms",
+                DDP,
+                True,
+                {"EXTRA1_MS": str(delay)},
+                {},
+                ["--idealize-rank", "1"],
+            )
+        )
     out.append(
         Case(
             "slow_rank_extra_removed",
@@ -129,7 +139,16 @@ def cases(delays: list[int]) -> list[Case]:
             ["--scale", "rank:0/extra_work=0"],
         )
     )
-    out.append(Case("allreduce_half", DDP, True, {"NUMEL": "4000000"}, {"NUMEL": "2000000"}, ["--comm", "0.5"]))
+    out.append(
+        Case(
+            "allreduce_half",
+            DDP,
+            True,
+            {"NUMEL": "4000000"},
+            {"NUMEL": "2000000"},
+            ["--comm", "0.5"],
+        )
+    )
     for workers in (0, 1, 2):
         out.append(
             Case(
@@ -142,7 +161,16 @@ def cases(delays: list[int]) -> list[Case]:
                 steps=40,
             )
         )
-    out.append(Case("bmm_halved", REPEAT, False, {"REPEAT": "8"}, {"REPEAT": "4"}, ["--scale", "aten::bmm=0.5"]))
+    out.append(
+        Case(
+            "bmm_halved",
+            REPEAT,
+            False,
+            {"REPEAT": "8"},
+            {"REPEAT": "4"},
+            ["--scale", "aten::bmm=0.5"],
+        )
+    )
     return out
 
 
@@ -152,8 +180,25 @@ def run(case: Case, knobs: dict[str, str], folder: Path) -> Path:
     script.write_text(textwrap.dedent(case.program.format(steps=case.steps)).lstrip())
     out = folder / f"run{len(list(folder.glob('run*')))}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", **knobs}
-    command = ["torchrun", "--nproc-per-node", "2", str(script)] if case.torchrun else ["python", str(script)]
-    argv = [sys.executable, "-m", "stepcli", "run", "--quiet", "--wait", "3", "--active", "3", "-o", str(out), "--"]
+    command = (
+        ["torchrun", "--nproc-per-node", "2", str(script)]
+        if case.torchrun
+        else ["python", str(script)]
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "stepcli",
+        "run",
+        "--quiet",
+        "--wait",
+        "3",
+        "--active",
+        "3",
+        "-o",
+        str(out),
+        "--",
+    ]
     subprocess.run(argv + command, env=env, check=True, cwd=folder, stdout=subprocess.DEVNULL)
     return out
 
@@ -223,7 +268,9 @@ def _row(result: dict, pace: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--delays", default="2,5,10,20,40", help="ms of rank 1's extra work, one case each")
+    parser.add_argument(
+        "--delays", default="2,5,10,20,40", help="ms of rank 1's extra work, one case each"
+    )
     parser.add_argument("--cases", default="", help="comma-separated case names (prefixes) to run")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
@@ -237,10 +284,13 @@ def main() -> None:
         results.append(result)
         print(_row(result, "profiled"))
         print(_row(result, "untouched"), flush=True)
-    errors = [abs(r[pace]["error"]) for r in results for pace in ("profiled", "untouched") if r[pace]]
+    errors = [
+        abs(r[pace]["error"]) for r in results for pace in ("profiled", "untouched") if r[pace]
+    ]
     if errors:
         print(
-            f"\nwhat-if error: median {statistics.median(errors):.1%}, worst {max(errors):.1%} ({len(errors)} figures)"
+            f"\nwhat-if error: median {statistics.median(errors):.1%}, worst {max(errors):.1%} "
+            f"({len(errors)} figures)"
         )
     replay = [r["replay_error_max"] for r in results if r["replay_error_max"] is not None]
     if replay:

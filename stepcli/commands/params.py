@@ -1,6 +1,6 @@
-"""Option values more than one command parses (`run --hang-timeout`, `table --scheduler-wait`): each callback turns
-a value into what the command needs, or raises click.BadParameter with one line. A value only one command takes is
-parsed in that command's module."""
+"""Option values more than one command parses (`run --hang-timeout`, `table --scheduler-wait`): each
+callback turns a value into what the command needs, or raises click.BadParameter with one line. A
+value only one command takes is parsed in that command's module."""
 
 from __future__ import annotations
 

@@ -1,11 +1,13 @@
-"""The ranks' lanes joined at their collectives and replayed by list scheduling, unchanged or under a change. Pure.
+"""The ranks' lanes joined at their collectives and replayed by list scheduling, unchanged or under
+a change. Pure.
 
-Each rank starts its window where it measured it (clocks aligned by the collectives, stepcli.traces.analyses.
-alignment) and runs its lane: compute at the change's speed (stepcli.traces.analyses.lanes), an arrival at each collective,
-and at each wait the later of its own start and the collective's end, plus the measured tail after that end. A
-collective ends at its last member's arrival plus its transfer time (its end minus the latest member's arrival on
-aligned clocks), times `--comm`. Unchanged, the replay gives back the measured window when the graph explains the
-waits; how far it misses is the check every answer passes first.
+Each rank starts its window where it measured it (clocks aligned by the collectives,
+stepcli.traces.analyses. alignment) and runs its lane: compute at the change's speed
+(stepcli.traces.analyses.lanes), an arrival at each collective, and at each wait the later of its
+own start and the collective's end, plus the measured tail after that end. A collective ends at its
+last member's arrival plus its transfer time (its end minus the latest member's arrival on aligned
+clocks), times `--comm`. Unchanged, the replay gives back the measured window when the graph
+explains the waits; how far it misses is the check every answer passes first.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ RESUMED_SHARE = 0.1
 
 @dataclass
 class Scale:
-    """One `--scale`: the time of what SELECTOR covers on the steps' thread runs FACTOR times as long."""
+    """One `--scale`: the time of what SELECTOR covers on the steps' thread runs FACTOR times as
+    long."""
 
     rank: int | None  # `rank:R/`: that rank only
     phase: int | None  # `phase:NAME`: index into PHASE_NAMES
@@ -44,32 +47,38 @@ class Scale:
 
 @dataclass
 class WhatifChange:
-    """What is changed, as typed (`text`), and its parts; several flags together merge into one Change."""
+    """What is changed, as typed (`text`), and its parts; several flags together merge into one
+    Change."""
 
     text: str
     scales: list[Scale] = field(default_factory=list)
     comm: float = 1.0
-    idealize: list[int] = field(default_factory=list)  # ranks whose compute becomes the others' median
+    # ranks whose compute becomes the others' median
+    idealize: list[int] = field(default_factory=list)
 
     def merged(self, other: WhatifChange, text: str) -> WhatifChange:
-        return WhatifChange(text, self.scales + other.scales, self.comm * other.comm, self.idealize + other.idealize)
+        return WhatifChange(
+            text, self.scales + other.scales, self.comm * other.comm, self.idealize + other.idealize
+        )
 
 
 @dataclass
 class Item:
-    """A joint of a lane: an arrival at a collective (row, member) at `at`, or a wait [at, until) on collectives
-    whose departures (row, member, departure on this rank's clock) fall inside it."""
+    """A joint of a lane: an arrival at a collective (row, member) at `at`, or a wait [at, until) on
+    collectives whose departures (row, member, departure on this rank's clock) fall inside it."""
 
     at: float
     arrive: tuple[int, int] | None = None
     until: float = 0.0
     departs: list[tuple[int, int, float]] = field(default_factory=list)
-    launches: list[int] | None = None  # device nodes (stepcli.traces.analyses.devicework) queued by a call at `at`
+    # device nodes (stepcli.traces.analyses.devicework) queued by a call at `at`
+    launches: list[int] | None = None
     sync: int = -1  # a host call [at, until) that returned only after this device node ended
 
     @property
     def order(self) -> int:
-        """Among joints at one time: launches first (a copy's own sync waits for it), then arrivals, then waits."""
+        """Among joints at one time: launches first (a copy's own sync waits for it), then arrivals,
+        then waits."""
         if self.launches is not None:
             return 0
         if self.arrive is not None:
@@ -79,7 +88,8 @@ class Item:
 
 @dataclass
 class Graph:
-    """The lanes of the ranks analysed and the collectives joining them, in the window of `steps`."""
+    """The lanes of the ranks analysed and the collectives joining them, in the window of
+    `steps`."""
 
     lanes: list[RankLane]
     steps: list[int]
@@ -92,35 +102,43 @@ class Graph:
     members: list[list[int]]  # [row] -> lane indices
     names: list[str]  # [row] collective name
     transfer: list[float]  # [row] µs: the earliest departure minus the latest arrival (>= 0)
-    unexplained: int = 0  # collectives whose departure the rank never waited for visibly (no wait span)
-    # NCCL collectives joined on the device: [row] -> per member its NCCL node on that member's lane (empty: the
-    # row is joined on the host, or not at all); their transfer and each member's residual, from the kernels
+    # collectives whose departure the rank never waited for visibly (no wait span)
+    unexplained: int = 0
+    # NCCL collectives joined on the device: [row] -> per member its NCCL node on that member's lane
+    # (empty: the row is joined on the host, or not at all); their transfer and each member's
+    # residual, from the kernels
     device_rows: list[list[int]] = field(default_factory=list)
     device_transfer: list[float] = field(default_factory=list)
     device_residual: list[list[float]] = field(default_factory=list)
-    node_row: list[dict[int, tuple[int, int]]] = field(default_factory=list)  # per lane: node -> (row, member)
+    # per lane: node -> (row, member)
+    node_row: list[dict[int, tuple[int, int]]] = field(default_factory=list)
 
 
 @dataclass
 class Record:
-    """What one stretch of a lane did in the replay: compute (lane-bound) or a wait (bound by `row` or not)."""
+    """What one stretch of a lane did in the replay: compute (lane-bound) or a wait (bound by `row`
+    or not)."""
 
     lane_from: float  # measured, the lane's own clock
     lane_to: float
     start: float  # replayed, aligned
     end: float
-    wait_row: int = -1  # a wait bound by this collective's end; -1: compute, or a wait that did not bind
+    # a wait bound by this collective's end; -1: compute, or a wait that did not bind
+    wait_row: int = -1
     tail: float = 0.0  # of a bound wait: the part after the collective's end
     arrive_row: int = -1  # an arrival point (zero length)
-    label: int = -1  # of a compute stretch: the collective (row) whose arrival it leads to; -1 after the last
-    waited: float = 0.0  # of a bound wait: how long the rank waited for the collective's last member to arrive
-    sync_node: int = -1  # a sync on the device: the node it waited for (bound when it ended after `start`)
+    # of a compute stretch: the collective (row) whose arrival it leads to; -1 after the last
+    label: int = -1
+    # of a bound wait: how long the rank waited for the collective's last member to arrive
+    waited: float = 0.0
+    # a sync on the device: the node it waited for (bound when it ended after `start`)
+    sync_node: int = -1
 
 
 @dataclass
 class ReplayDeviceTimes:
-    """A lane's device nodes as replayed: start and end (aligned µs), the edge that bound each start, and the
-    index of the lane's record that ends at its launch (-1: none)."""
+    """A lane's device nodes as replayed: start and end (aligned µs), the edge that bound each
+    start, and the index of the lane's record that ends at its launch (-1: none)."""
 
     start: list[float]
     end: list[float]
@@ -136,16 +154,19 @@ class LaneReplay:
     arrive: list[list[float]]  # [row][member] replayed, aligned
     depart: list[list[float]]
     transfer: list[float]  # [row] µs, as replayed
-    blocked: list[float]  # per lane: µs spent waiting for other ranks to arrive at collectives, in the window
+    # per lane: µs spent waiting for other ranks to arrive at collectives, in the window
+    blocked: list[float]
     device: list[ReplayDeviceTimes | None] = field(default_factory=list)
 
 
 class ReplayError(Exception):
-    """The graph cannot be replayed (a wait on a collective some member never reaches); the reason in words."""
+    """The graph cannot be replayed (a wait on a collective some member never reaches); the reason
+    in words."""
 
 
 def build_graph(lanes: Sequence[RankLane], steps: list[int]) -> Graph:
-    """Each lane cut to `steps` (consecutive, every lane has them), joined at the collectives all members hold."""
+    """Each lane cut to `steps` (consecutive, every lane has them), joined at the collectives all
+    members hold."""
     lanes = list(lanes)
     start, end = [], []
     for lane in lanes:
@@ -162,20 +183,26 @@ def build_graph(lanes: Sequence[RankLane], steps: list[int]) -> Graph:
     matched = match_collectives(parts) if len(lanes) > 1 and len(parts) == len(lanes) else None
     if matched is not None:
         offsets, rows, arrive, depart, names = _joined(lanes, matched, steps)
-    memberships: list[list[tuple[int, int]]] = [[] for _ in lanes]  # per lane: (row, its place among the members)
+    # per lane: (row, its place among the members)
+    memberships: list[list[tuple[int, int]]] = [[] for _ in lanes]
     for row, member_lanes in enumerate(rows):
         for m, li in enumerate(member_lanes):
             memberships[li].append((row, m))
     device_rows = _nccl_nodes(lanes, rows, arrive, offsets, memberships)
     unexplained = 0
     for li, lane in enumerate(lanes):
-        host_joints = memberships[li] if lane.device is None else []  # a GPU rank joins on its NCCL kernels
-        items[li], missed = _items(lane, host_joints, arrive, depart, offsets[li], start[li], end[li])
+        # a GPU rank joins on its NCCL kernels
+        host_joints = memberships[li] if lane.device is None else []
+        items[li], missed = _items(
+            lane, host_joints, arrive, depart, offsets[li], start[li], end[li]
+        )
         unexplained += missed
         if lane.device is not None:
             items[li] = _device_items(lane, items[li], start[li], end[li])
     transfer = [max(0.0, min(d) - max(a)) for a, d in zip(arrive, depart)]
-    graph = Graph(lanes, steps, start, end, offsets, items, arrive, depart, rows, names, transfer, unexplained)
+    graph = Graph(
+        lanes, steps, start, end, offsets, items, arrive, depart, rows, names, transfer, unexplained
+    )
     _join_on_device(graph, device_rows)
     return graph
 
@@ -187,8 +214,9 @@ def _nccl_nodes(
     offsets: list[float],
     memberships: list[list[tuple[int, int]]],
 ) -> list[list[int]]:
-    """Per collective row, each member's NCCL node (the first NCCL kernel its host call launched: the first one
-    queued at or after the call's start), or [] when a member has no device work or no such kernel."""
+    """Per collective row, each member's NCCL node (the first NCCL kernel its host call launched:
+    the first one queued at or after the call's start), or [] when a member has no device work or no
+    such kernel."""
     node_of: dict[tuple[int, int], int] = {}
     for li, lane in enumerate(lanes):
         work = lane.device
@@ -212,8 +240,8 @@ def _nccl_nodes(
 
 
 def _join_on_device(graph: Graph, device_rows: list[list[int]]) -> None:
-    """The device-joined collectives' transfer (the earliest member's end less the latest member's start, on
-    aligned clocks) and each member's residual after it."""
+    """The device-joined collectives' transfer (the earliest member's end less the latest member's
+    start, on aligned clocks) and each member's residual after it."""
     graph.device_rows = device_rows
     graph.node_row = [{} for _ in graph.lanes]
     graph.device_transfer = [0.0] * len(device_rows)
@@ -237,16 +265,21 @@ def _join_on_device(graph: Graph, device_rows: list[list[int]]) -> None:
 def _joined(
     lanes: list[RankLane], matched: Matched, steps: list[int]
 ) -> tuple[list[float], list[list[int]], list[list[float]], list[list[float]], list[str]]:
-    """Clock offsets per lane and the matched collectives of the window as rows of lane indices and aligned times."""
+    """Clock offsets per lane and the matched collectives of the window as rows of lane indices and
+    aligned times."""
     lane_of_rank = {lane.rank: i for i, lane in enumerate(lanes)}
-    offsets_by_column, _errors = align(matched.arrive, matched.depart, matched.members, matched.clocks)
+    offsets_by_column, _errors = align(
+        matched.arrive, matched.depart, matched.members, matched.clocks
+    )
     offsets = [0.0] * len(lanes)
     for column, rank in enumerate(matched.ranks):
         if rank in lane_of_rank and column < len(offsets_by_column):
             offsets[lane_of_rank[rank]] = offsets_by_column[column]
     wanted = set(steps)
     rows, arrive, depart, names = [], [], [], []
-    for key, cols, a_row, d_row in zip(matched.keys, matched.members, matched.arrive, matched.depart):
+    for key, cols, a_row, d_row in zip(
+        matched.keys, matched.members, matched.arrive, matched.depart
+    ):
         if key[1][0] not in wanted:
             continue
         member_lanes = [lane_of_rank.get(matched.ranks[c], -1) for c in cols]
@@ -254,11 +287,13 @@ def _joined(
             continue
         aligned = [a - offsets[li] for a, li in zip(a_row, member_lanes)]
         last = max(aligned)
-        # Where each member's thread resumed: the end of its first wait after arriving that outlasts the last
-        # arrival. gloo's worker closes its event milliseconds after the waiting thread resumed, so its end is
-        # no departure; a host call that blocked (a synchronous collective) is such a wait, and so is a gap.
+        # Where each member's thread resumed: the end of its first wait after arriving that outlasts
+        # the last arrival. gloo's worker closes its event milliseconds after the waiting thread
+        # resumed, so its end is no departure; a host call that blocked (a synchronous collective)
+        # is such a wait, and so is a gap.
         leave = [
-            _resumed(lanes[li], a, last + offsets[li], d) - offsets[li] for a, d, li in zip(a_row, d_row, member_lanes)
+            _resumed(lanes[li], a, last + offsets[li], d) - offsets[li]
+            for a, d, li in zip(a_row, d_row, member_lanes)
         ]
         rows.append(member_lanes)
         arrive.append(aligned)
@@ -268,10 +303,11 @@ def _joined(
 
 
 def _resumed(lane: RankLane, arrive: float, last: float, recorded: float) -> float:
-    """When the lane's thread resumed after the collective it joined at `arrive`: the end of its first wait (a gap,
-    or a host call that blocked) after arriving that ends clearly after `last`, the last member's arrival on this
-    lane's clock ("clearly": by a tenth of the span to the recorded departure, so a short enqueue call that
-    returns at once is no wait). The recorded departure where the lane never waited so."""
+    """When the lane's thread resumed after the collective it joined at `arrive`: the end of its
+    first wait (a gap, or a host call that blocked) after arriving that ends clearly after `last`,
+    the last member's arrival on this lane's clock ("clearly": by a tenth of the span to the
+    recorded departure, so a short enqueue call that returns at once is no wait). The recorded
+    departure where the lane never waited so."""
     waits = lane.waits
     if not len(waits):
         return recorded
@@ -292,7 +328,8 @@ def _items(
     lo: float,
     hi: float,
 ) -> tuple[list[Item], int]:
-    """The lane's joints in time order, and how many of its departures fell in no wait (never waited for)."""
+    """The lane's joints in time order, and how many of its departures fell in no wait (never waited
+    for)."""
     waits = lane.waits
     w_start, w_end = (waits[:, 0], waits[:, 1]) if len(waits) else (np.zeros(0), np.zeros(0))
     arrivals: list[Item] = []
@@ -308,8 +345,8 @@ def _items(
         arrivals.append(Item(at, arrive=(row, m)))
         leave = depart[row][m] + offset
         k = int(np.searchsorted(w_start, leave, side="right")) - 1
-        # gloo closes its worker's event a little after the waiting thread resumed: a departure just past a
-        # wait's end is that wait's
+        # gloo closes its worker's event a little after the waiting thread resumed: a departure just
+        # past a wait's end is that wait's
         if k >= 0 and leave <= w_end[k] + LATE_CLOSE_US and w_start[k] >= at:
             item = by_wait.setdefault(k, Item(float(w_start[k]), until=float(w_end[k])))
             item.departs.append((row, m, leave))
@@ -321,7 +358,8 @@ def _items(
 
 
 def _device_items(lane: RankLane, joints: list[Item], lo: float, hi: float) -> list[Item]:
-    """The lane's joints with its launches (one per launch time, its nodes in order) and device syncs added."""
+    """The lane's joints with its launches (one per launch time, its nodes in order) and device
+    syncs added."""
     work = lane.device
     assert work is not None
     # work queued before the window (an earlier step's) is queued at its start and runs where it ran
@@ -331,8 +369,12 @@ def _device_items(lane: RankLane, joints: list[Item], lo: float, hi: float) -> l
         cuts = np.nonzero(np.diff(launch) > 0)[0] + 1
         firsts = np.concatenate(([0], cuts)).tolist()
         lasts = np.concatenate((cuts, [len(launch)])).tolist()
-        joints = joints + [Item(float(launch[a]), launches=list(range(a, b))) for a, b in zip(firsts, lasts)]
-    for at, until, node in zip(work.sync_at.tolist(), work.sync_until.tolist(), work.sync_node.tolist()):
+        joints = joints + [
+            Item(float(launch[a]), launches=list(range(a, b))) for a, b in zip(firsts, lasts)
+        ]
+    for at, until, node in zip(
+        work.sync_at.tolist(), work.sync_until.tolist(), work.sync_node.tolist()
+    ):
         if lo <= at < hi:
             joints.append(Item(at, until=until, sync=node))
     joints.sort(key=lambda item: (item.at, item.order))
@@ -340,7 +382,8 @@ def _device_items(lane: RankLane, joints: list[Item], lo: float, hi: float) -> l
 
 
 def speeds(lane: RankLane, change: WhatifChange | None) -> np.ndarray:
-    """Per elementary interval of the lane: how long its time takes under the change (1: unchanged)."""
+    """Per elementary interval of the lane: how long its time takes under the change (1:
+    unchanged)."""
     factor = np.ones(max(len(lane.grid) - 1, 0))
     if change is None or not len(factor):
         return factor
@@ -360,12 +403,14 @@ def speeds(lane: RankLane, change: WhatifChange | None) -> np.ndarray:
 
 
 def replay(graph: Graph, change: WhatifChange | None = None) -> LaneReplay:
-    """List scheduling of every lane, rank by rank as far as each can go, until all reach their window's end."""
+    """List scheduling of every lane, rank by rank as far as each can go, until all reach their
+    window's end."""
     return _Scheduler(graph, change).run()
 
 
 class _Scheduler:
-    """The replay's state: each lane's position, its replayed clock, and the collectives' replayed times."""
+    """The replay's state: each lane's position, its replayed clock, and the collectives' replayed
+    times."""
 
     def __init__(self, graph: Graph, change: WhatifChange | None) -> None:
         self.graph = graph
@@ -373,7 +418,11 @@ class _Scheduler:
         self.integrals = []
         for lane in graph.lanes:
             f = speeds(lane, change)
-            self.integrals.append(np.concatenate(([0.0], np.cumsum(f * np.diff(lane.grid)))) if len(f) else np.zeros(1))
+            self.integrals.append(
+                np.concatenate(([0.0], np.cumsum(f * np.diff(lane.grid))))
+                if len(f)
+                else np.zeros(1)
+            )
         self.multipliers = _idealized(graph, self.integrals, change)
         self.grid_lists: list[list[float]] = [lane.grid.tolist() for lane in graph.lanes]
         self.integral_lists: list[list[float]] = [integral.tolist() for integral in self.integrals]
@@ -392,10 +441,15 @@ class _Scheduler:
         self.node_factor: list[list[float]] = []
         self.comm = comm
         self.d_pos = [0] * n  # per lane: the next device node to resolve
-        self.launched: list[list[float | None]] = [[] for _ in range(n)]  # per lane, per node: its launch, replayed
-        self.device_arrive: list[list[float | None]] = [[None] * len(nodes) for nodes in graph.device_rows]
-        self.stream_last: list[dict[int, int]] = [{} for _ in graph.lanes]  # per lane: stream -> last node queued
-        self.next_row = [_next_arrivals(items) for items in graph.items]  # per lane, per joint: _next_arrival
+        # per lane, per node: its launch, replayed
+        self.launched: list[list[float | None]] = [[] for _ in range(n)]
+        self.device_arrive: list[list[float | None]] = [
+            [None] * len(nodes) for nodes in graph.device_rows
+        ]
+        # per lane: stream -> last node queued
+        self.stream_last: list[dict[int, int]] = [{} for _ in graph.lanes]
+        # per lane, per joint: _next_arrival
+        self.next_row = [_next_arrivals(items) for items in graph.items]
         for li, lane in enumerate(graph.lanes):
             work = lane.device
             if work is None:
@@ -403,11 +457,15 @@ class _Scheduler:
                 self.node_factor.append([])
                 continue
             count = len(work)
-            self.device.append(ReplayDeviceTimes([0.0] * count, [0.0] * count, [LAUNCH] * count, [-1] * count))
+            self.device.append(
+                ReplayDeviceTimes([0.0] * count, [0.0] * count, [LAUNCH] * count, [-1] * count)
+            )
             self.launched[li] = [None] * count
             scales = change.scales if change is not None else []
             mine = [s for s in scales if s.rank is None or s.rank == lane.rank]
-            self.node_factor.append(node_factors(work, lane.names, lane.grid, lane.phase, mine).tolist())
+            self.node_factor.append(
+                node_factors(work, lane.names, lane.grid, lane.phase, mine).tolist()
+            )
         self.node_lists = [
             (
                 lane.device.prev.tolist(),
@@ -430,7 +488,9 @@ class _Scheduler:
                     progressed = True
             if not progressed:
                 stuck = [graph.lanes[i].label for i in range(len(graph.lanes)) if not self.done[i]]
-                raise ReplayError(f"{', '.join(stuck)} wait(s) at a collective that another rank never reaches")
+                raise ReplayError(
+                    f"{', '.join(stuck)} wait(s) at a collective that another rank never reaches"
+                )
         return LaneReplay(
             [graph.start[i] - graph.offset[i] for i in range(len(graph.lanes))],
             self.cur,
@@ -461,7 +521,9 @@ class _Scheduler:
             self._advance(i, item.at, item.arrive[0])
             row, m = item.arrive
             self.arrive[row][m] = self.cur[i]
-            self.records[i].append(Record(item.at, item.at, self.cur[i], self.cur[i], arrive_row=row))
+            self.records[i].append(
+                Record(item.at, item.at, self.cur[i], self.cur[i], arrive_row=row)
+            )
         else:
             if not all(self._resolve(row) for row, _, _ in item.departs):
                 return False
@@ -471,11 +533,17 @@ class _Scheduler:
         return True
 
     def _launch(self, i: int, nodes: list[int]) -> None:
-        """Device nodes queued now (on the host's replayed clock); each is resolved as soon as what it waits for is."""
+        """Device nodes queued now (on the host's replayed clock); each is resolved as soon as what
+        it waits for is."""
         times = self.device[i]
         assert times is not None
         stream = self.node_lists[i][4]  # type: ignore[index]
-        record, now, last, launched = len(self.records[i]) - 1, self.cur[i], self.stream_last[i], self.launched[i]
+        record, now, last, launched = (
+            len(self.records[i]) - 1,
+            self.cur[i],
+            self.stream_last[i],
+            self.launched[i],
+        )
         for k in nodes:
             launched[k] = now
             times.launch_record[k] = record
@@ -483,16 +551,21 @@ class _Scheduler:
         self._drain(i)
 
     def _drain(self, first: int) -> None:
-        """Resolve device nodes in launch order, lane by lane, as far as each can go: a node starts at the latest of
-        its launch, the node before it on its stream and the node its stream waits for, each plus its edge's
-        delay; an NCCL node that joins a collective ends when its last member has arrived, plus the transfer."""
+        """Resolve device nodes in launch order, lane by lane, as far as each can go: a node starts
+        at the latest of its launch, the node before it on its stream and the node its stream waits
+        for, each plus its edge's delay; an NCCL node that joins a collective ends when its last
+        member has arrived, plus the transfer."""
         work_list = [first]
         while work_list:
             i = work_list.pop()
             times, lists, work = self.device[i], self.node_lists[i], self.graph.lanes[i].device
             assert times is not None and lists is not None and work is not None
             prev, wait_for, delay, dur, _ = lists
-            factor, launched, node_row = self.node_factor[i], self.launched[i], self.graph.node_row[i]
+            factor, launched, node_row = (
+                self.node_factor[i],
+                self.launched[i],
+                self.graph.node_row[i],
+            )
             window_start = self.graph.start[i]
             while self.d_pos[i] < len(launched):
                 k = self.d_pos[i]
@@ -500,7 +573,8 @@ class _Scheduler:
                 if now is None:
                     break
                 d = delay[k]
-                if work.launch[k] < window_start:  # queued before the window: it starts where it started
+                # queued before the window: it starts where it started
+                if work.launch[k] < window_start:
                     ready, bound = float(work.start[k]) - self.graph.offset[i], LAUNCH
                 else:
                     ready, bound = now + d[LAUNCH], LAUNCH
@@ -526,8 +600,8 @@ class _Scheduler:
                     break
 
     def _finish_collective(self, row: int) -> list[int]:
-        """Every member's NCCL node ends at the last arrival plus the transfer (times `--comm`) plus its residual;
-        the member lanes go on resolving."""
+        """Every member's NCCL node ends at the last arrival plus the transfer (times `--comm`) plus
+        its residual; the member lanes go on resolving."""
         graph = self.graph
         arrivals = [a for a in self.device_arrive[row] if a is not None]
         last = max(arrivals)
@@ -536,15 +610,20 @@ class _Scheduler:
             li = graph.members[row][m]
             times = self.device[li]
             assert times is not None
-            times.end[node] = last + graph.device_transfer[row] * self.comm + graph.device_residual[row][m]
-            times.bound[node] = COLLECTIVE if (self.device_arrive[row][m] or 0.0) < last else times.bound[node]
+            times.end[node] = (
+                last + graph.device_transfer[row] * self.comm + graph.device_residual[row][m]
+            )
+            times.bound[node] = (
+                COLLECTIVE if (self.device_arrive[row][m] or 0.0) < last else times.bound[node]
+            )
             self.d_pos[li] += 1
             lanes.append(li)
         return lanes
 
     def _sync(self, i: int, item: Item) -> bool:
-        """A host call that returned after a device node ended: it returns at the later of reaching it and the
-        node's end, plus the measured time from the node's end to the return; False while that end is unknown."""
+        """A host call that returned after a device node ended: it returns at the later of reaching
+        it and the node's end, plus the measured time from the node's end to the return; False while
+        that end is unknown."""
         times, work = self.device[i], self.graph.lanes[i].device
         assert times is not None and work is not None
         node = item.sync
@@ -565,7 +644,8 @@ class _Scheduler:
         return True
 
     def _wait(self, i: int, item: Item) -> None:
-        """A wait ends at the later of its start and each collective's end plus the measured tail after it."""
+        """A wait ends at the later of its start and each collective's end plus the measured tail
+        after it."""
         ready, bound, tail, waited = self.cur[i], -1, 0.0, 0.0
         for row, m, leave in item.departs:
             t = self.depart[row][m] + (item.until - leave)
@@ -575,13 +655,15 @@ class _Scheduler:
                 own = self.arrive[row][m]
                 waited = max(0.0, max(arrivals) - (own if own is not None else max(arrivals)))
         self.blocked[i] += waited
-        record = Record(item.at, item.until, self.cur[i], ready, wait_row=bound, tail=tail, waited=waited)
+        record = Record(
+            item.at, item.until, self.cur[i], ready, wait_row=bound, tail=tail, waited=waited
+        )
         self.records[i].append(record)
         self.cur[i], self.prev[i] = ready, item.until
 
     def _integral_at(self, i: int, t: float) -> float:
-        """np.interp(t, grid, integral) of lane i, for one time (the replay asks once per joint: a bisection on
-        lists is several times faster than numpy's call overhead there)."""
+        """np.interp(t, grid, integral) of lane i, for one time (the replay asks once per joint: a
+        bisection on lists is several times faster than numpy's call overhead there)."""
         grid, integral = self.grid_lists[i], self.integral_lists[i]
         k = bisect.bisect_right(grid, t) - 1
         if k < 0:
@@ -589,7 +671,11 @@ class _Scheduler:
         if k >= len(grid) - 1:
             return float(integral[-1])
         span = grid[k + 1] - grid[k]
-        return float(integral[k] + (t - grid[k]) * (integral[k + 1] - integral[k]) / span if span > 0 else integral[k])
+        return float(
+            integral[k] + (t - grid[k]) * (integral[k + 1] - integral[k]) / span
+            if span > 0
+            else integral[k]
+        )
 
     def _advance(self, i: int, to: float, label: int) -> None:
         """Lane i's compute from where it is to `to` (its own clock), at the change's speed."""
@@ -630,7 +716,8 @@ def _next_arrivals(items: list[Item]) -> list[int]:
 
 
 def _next_arrival(items: list[Item], pos: int) -> int:
-    """The row of the first arrival at or after `pos` (-1: none): the interval a compute stretch belongs to."""
+    """The row of the first arrival at or after `pos` (-1: none): the interval a compute stretch
+    belongs to."""
     for item in items[pos:]:
         if item.arrive is not None:
             return item.arrive[0]
@@ -638,8 +725,8 @@ def _next_arrival(items: list[Item], pos: int) -> int:
 
 
 def compute_between(graph: Graph, i: int, integral: np.ndarray) -> dict[int, float]:
-    """Lane i's compute (µs, waits left out) per interval between its collectives: row -> the time leading to its
-    arrival there, -1 -> the time after its last arrival."""
+    """Lane i's compute (µs, waits left out) per interval between its collectives: row -> the time
+    leading to its arrival there, -1 -> the time after its last arrival."""
     lane = graph.lanes[i]
     out: dict[int, float] = {}
     at = graph.start[i]
@@ -652,9 +739,12 @@ def compute_between(graph: Graph, i: int, integral: np.ndarray) -> dict[int, flo
     return out
 
 
-def _idealized(graph: Graph, integrals: list[np.ndarray], change: WhatifChange | None) -> list[dict[int, float]]:
-    """Per lane, interval -> multiplier: an idealized rank's compute between its collectives (operators and the
-    gaps between them, not its waits) becomes the other ranks' median for the same interval."""
+def _idealized(
+    graph: Graph, integrals: list[np.ndarray], change: WhatifChange | None
+) -> list[dict[int, float]]:
+    """Per lane, interval -> multiplier: an idealized rank's compute between its collectives
+    (operators and the gaps between them, not its waits) becomes the other ranks' median for the
+    same interval."""
     out: list[dict[int, float]] = [{} for _ in graph.lanes]
     if change is None or not change.idealize:
         return out
@@ -676,7 +766,8 @@ def _length(lane: RankLane, integral: np.ndarray, lo: float, hi: float) -> float
 
 
 def step_ms(graph: Graph, times: LaneReplay | None = None) -> float:
-    """The mean step time over the lanes (ms): each lane's window over its steps, measured or replayed."""
+    """The mean step time over the lanes (ms): each lane's window over its steps, measured or
+    replayed."""
     count = len(graph.steps)
     if times is None:
         spans = [e - s for s, e in zip(graph.start, graph.end)]

@@ -1,8 +1,8 @@
 """torch.compile in the run summary: which steps compiled or recompiled, why, and how long it took.
 
-Pure functions over the step logs' `compile` sections (written by stepcli/agent/compiles.py). Steps that
-compiled are kept apart from the step-time statistics, like the start-up step: a recompilation costs seconds
-and would otherwise show up as an unexplained outlier.
+Pure functions over the step logs' `compile` sections (written by stepcli/agent/compiles.py). Steps
+that compiled are kept apart from the step-time statistics, like the start-up step: a recompilation
+costs seconds and would otherwise show up as an unexplained outlier.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def _by_step(log: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
 
 
 def describe_step(step: int, events: list[dict[str, Any]]) -> str:
-    """One line for humans, e.g. "step 6: recompiled forward (reason: tensor 'x' size mismatch ...), 1.4 s"."""
+    """One line for humans, e.g. "step 6: recompiled forward (reason: tensor 'x' size mismatch ...),
+    1.4 s"."""
     parts = []
     frames = [e for e in events if e.get("kind") in ("compiled", "recompiled")]
     for event in frames[:2]:
@@ -71,7 +72,9 @@ def compile_summary(logs: list[dict[str, Any]]) -> dict[str, Any] | None:
                     "recompiles": sum(1 for e in events if e.get("kind") == "recompiled"),
                     "graph_breaks": sum(int(e.get("graph_breaks") or 0) for e in events),
                     "reasons": [e["reason"] for e in events if e.get("reason")],
-                    "step_ms": round(durations[step] / 1000.0, 3) if 0 <= step < len(durations) else None,
+                    "step_ms": round(durations[step] / 1000.0, 3)
+                    if 0 <= step < len(durations)
+                    else None,
                     "text": describe_step(step, events),
                 }
             )
@@ -96,8 +99,9 @@ def compile_lines(section: dict[str, Any] | None, workers: int = 1) -> list[str]
     if not section:
         return []
     head = (
-        f"{section['steps']} step(s) compiled, {_seconds(section['seconds'])} in all: {section['frames']} frame(s), "
-        f"{section['recompiles']} recompilation(s), {section['graph_breaks']} graph break(s); "
+        f"{section['steps']} step(s) compiled, {_seconds(section['seconds'])} in all: "
+        f"{section['frames']} frame(s), {section['recompiles']} recompilation(s), "
+        f"{section['graph_breaks']} graph break(s); "
         "kept out of the step-time statistics"
     )
     lines = [head]
