@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_stepcli, write_script
+from conftest import load_trace, profiler_steps, run_stepcli, trace_files, write_script
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "traces"
 SLEEP_MS = 20
@@ -306,3 +306,46 @@ def test_the_trace_marks_the_critical_path_over_every_rank(ddp_run: Path, tmp_pa
     mine.write_text("{}")
     refused = run_stepcli("whatif", ddp_run, "--trace", mine)
     assert refused.returncode == 2 and "not replaced" in refused.stderr and mine.read_text() == "{}"
+
+
+TWO_OPTIMIZERS = """
+import time, torch
+from torch.profiler import record_function
+torch.manual_seed(0)
+gen, disc = torch.nn.Linear(16, 32), torch.nn.Linear(32, 1)
+opt_d, opt_g = torch.optim.Adam(disc.parameters()), torch.optim.Adam(gen.parameters())
+for _ in range(8):  # a GAN's step: two optimizers, one step (the larger of their counts)
+    fake = gen(torch.randn(64, 16))
+    disc(fake.detach()).mean().backward()
+    opt_d.step()
+    opt_d.zero_grad()
+    with record_function("generator_extra"):
+        time.sleep(0.01)
+    disc(fake).mean().backward()
+    opt_g.step()
+    opt_g.zero_grad()
+"""
+
+
+def test_a_step_of_two_optimizers_is_replayed_as_one_step(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "gan.py", TWO_OPTIMIZERS)
+    out, answer = tmp_path / "gan", tmp_path / "whatif.json"
+    assert (
+        run_stepcli("run", "--quiet", "--wait", "2", "--active", "3", "-o", out, script).returncode
+        == 0
+    )
+    result = run_stepcli("whatif", out, "--scale", "generator_extra=0", "--json", answer)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(answer.read_text())
+    assert doc["verdict"] == "ok" and doc["steps"] == [3, 4, 5], doc["steps"]
+    assert abs(doc["replay_error"]) <= 0.05
+    (trace,) = trace_files(out)
+    # one ProfilerStep per iteration, not one per optimizer
+    assert profiler_steps(trace) == [3, 4, 5]
+    slept = [
+        e["dur"] / 1000
+        for e in load_trace(trace)["traceEvents"]
+        if e.get("name") == "generator_extra"
+    ]
+    assert len(slept) == 3 and doc["measured_ms"] > sum(slept) / 3 >= 10  # both halves in one step
+    assert doc["changes"][0]["saved_ms"] == pytest.approx(sum(slept) / 3, rel=0.05)
