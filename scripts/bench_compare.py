@@ -1,10 +1,12 @@
-"""`stepcli compare A B` on two traces of many short steps, as a ratio to `stepcli table A B` on the same traces in the
-same run: a long window must not stall a CI gate (issue 47: compare should take about what reading the traces takes).
+"""`stepcli compare A B` on two traces of many short steps, as a ratio to `stepcli table A B` on the
+same traces in the same run: a long window must not stall a CI gate (issue 47: compare should take
+about what reading the traces takes).
 
-Writes two synthetic traces of --steps short steps (scripts/bench_compare_steps.py's), then takes turns running
-`stepcli table A B` and `stepcli compare A B --json FILE` with this tree's code (and, with `--against REV`, REV's
-in a temporary `git worktree`), and prints wall and CPU seconds (medians of --rounds), compare's CPU time as a
-multiple of table's, and whether compare's JSON is byte-identical between the trees.
+Writes two synthetic traces of --steps short steps (scripts/bench_compare_steps.py's), then takes
+turns running `stepcli table A B` and `stepcli compare A B --json FILE` with this tree's code (and,
+with `--against REV`, REV's in a temporary `git worktree`), and prints wall and CPU seconds (medians
+of --rounds), compare's CPU time as a multiple of table's, and whether compare's JSON is
+byte-identical between the trees.
 
     python scripts/bench_compare.py                        # 100,000 steps a trace: compare / table
     python scripts/bench_compare.py --steps 20000 --against main
@@ -24,7 +26,8 @@ from bench_table import REPO, checkout, remove_checkout, short  # noqa: E402
 
 
 def run(tree: Path, argv: list[str]) -> tuple[float, float]:
-    """Wall and CPU seconds (the child's and its workers') of `python -m stepcli ARGV` with `tree`'s code."""
+    """Wall and CPU seconds (the child's and its workers') of `python -m stepcli ARGV` with `tree`'s
+    code."""
     wall, cpu, _ = timed_stepcli(tree, argv)
     return wall, cpu
 
@@ -33,7 +36,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100_000, help="recorded steps per trace")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each command, taking turns")
-    parser.add_argument("--against", metavar="REV", help="also time REV's code, and check compare's JSON is the same")
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="also time REV's code, and check compare's JSON is the same",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-compare-") as tmp:
         work = Path(tmp)
@@ -65,7 +72,10 @@ def main() -> int:
         cpu = {}
         for command in ("table", "compare"):
             values = timings[(label, command)]
-            wall, cpu[command] = statistics.median(w for w, _ in values), statistics.median(c for _, c in values)
+            wall, cpu[command] = (
+                statistics.median(w for w, _ in values),
+                statistics.median(c for _, c in values),
+            )
             print(f"  {label:<13} {command:<8} wall {wall:7.2f} s  cpu {cpu[command]:7.2f} s")
         print(f"  {label:<13} compare / table (CPU seconds): {cpu['compare'] / cpu['table']:.2f}x")
     if args.against:

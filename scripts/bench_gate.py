@@ -1,15 +1,16 @@
-"""How often `stepcli compare` cries wolf, and how often it catches a real slowdown, on this machine.
+"""How often `stepcli compare` cries wolf, and how often it catches a real slowdown, on this
+machine.
 
-Runs a small program under `stepcli run --json` many times: each step sleeps SLEEP ms plus up to 20% seeded
-jitter, then takes an optimizer step. Baseline runs use SLEEP; "current" runs use SLEEP * (1 + shift) for each
-shift. Every baseline run is then compared with every current run of a shift (one run per side), and 40 pairs of
-three-run groups (three baseline runs against three current ones) are compared (several runs per side), with the
-default gate
-(median, --tolerance 10%, 95% confidence). The decision is the same code `stepcli compare` runs (in process,
-to keep the benchmark short).
+Runs a small program under `stepcli run --json` many times: each step sleeps SLEEP ms plus up to 20%
+seeded jitter, then takes an optimizer step. Baseline runs use SLEEP; "current" runs use SLEEP * (1
++ shift) for each shift. Every baseline run is then compared with every current run of a shift (one
+run per side), and 40 pairs of three-run groups (three baseline runs against three current ones) are
+compared (several runs per side), with the default gate (median, --tolerance 10%, 95% confidence).
+The decision is the same code `stepcli compare` runs (in process, to keep the benchmark short).
 
-Rows: shift 0% counts false alarms (a regression verdict for an unchanged program); 25% counts detections;
-5% and 10% show what happens at and below the tolerance, where "inconclusive" is the honest answer.
+Rows: shift 0% counts false alarms (a regression verdict for an unchanged program); 25% counts
+detections; 5% and 10% show what happens at and below the tolerance, where "inconclusive" is the
+honest answer.
 
     python scripts/bench_gate.py                  # ~5 minutes on 2 cores
     python scripts/bench_gate.py --runs 4 --steps 40 --shifts 0,25
@@ -88,7 +89,8 @@ def rates(counts: Counter[str]) -> tuple[int, str, str, str]:
 
 
 def speed() -> None:
-    """The statistics alone: numpy's vectorized bootstrap against the same resampling in pure Python."""
+    """The statistics alone: numpy's vectorized bootstrap against the same resampling in pure
+    Python."""
     import statistics
 
     from stepcli.compare.inference import estimate_change
@@ -111,7 +113,9 @@ def speed() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=6, help="runs per shift (and baseline runs)")
     parser.add_argument("--steps", type=int, default=60, help="steps per run")
     parser.add_argument("--sleep-ms", type=float, default=8.0)
@@ -127,7 +131,8 @@ def main() -> None:
         script = folder / "sleeper.py"
         script.write_text(textwrap.dedent(PROGRAM).lstrip())
         started = time.perf_counter()
-        # Interleave the runs of every shift so slow and quiet moments of the machine hit all of them alike.
+        # Interleave the runs of every shift so slow and quiet moments of the machine hit all of
+        # them alike.
         plan = [(shift, i) for i in range(args.runs) for shift in [None, *shifts]]
         summaries: dict[float | None, list[Path]] = {}
         for shift, i in plan:
@@ -136,8 +141,8 @@ def main() -> None:
             summaries.setdefault(shift, []).append(record(folder, script, sleep, args.steps, seed))
         run_time = time.perf_counter() - started
         print(
-            f"{len(plan)} runs of {args.steps} steps ({args.sleep_ms:g} ms sleep + up to 20% jitter) "
-            f"in {run_time:.0f} s; gate: median, --tolerance 10%, 95% confidence\n"
+            f"{len(plan)} runs of {args.steps} steps ({args.sleep_ms:g} ms sleep + up to 20% "
+            f"jitter) in {run_time:.0f} s; gate: median, --tolerance 10%, 95% confidence\n"
         )
         print(
             "| shift | 1 run per side: comparisons | regression | inconclusive | no change "

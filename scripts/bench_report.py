@@ -2,9 +2,10 @@
 
 Usage: python scripts/bench_report.py [--steps 10000] [--ranks 8] [--keep DIR]
 
-Builds a synthetic run folder (one step log per rank, every step timed, a recording window every 1,000 steps, a
-straggler rank and a few stalls, plus the run summary `stepcli run` saves) and times building the page from it,
-after the summaries exist, as `stepcli run` does at the end of a run. No traces: this measures the report itself.
+Builds a synthetic run folder (one step log per rank, every step timed, a recording window every
+1,000 steps, a straggler rank and a few stalls, plus the run summary `stepcli run` saves) and times
+building the page from it, after the summaries exist, as `stepcli run` does at the end of a run. No
+traces: this measures the report itself.
 """
 
 from __future__ import annotations
@@ -20,12 +21,19 @@ from pathlib import Path
 
 
 def make_synthetic_run(folder: Path, steps: int = 10_000, ranks: int = 8, seed: int = 0) -> Path:
-    """A run folder shaped like one `stepcli run` writes: .stepcli/<run id>/{rank<R>.steps.json,summary.json}."""
+    """A run folder shaped like one `stepcli run` writes: .stepcli/<run
+    id>/{rank<R>.steps.json,summary.json}."""
     rng = random.Random(seed)
     logs_dir = folder / ".stepcli" / "20260101-000000-1"
     logs_dir.mkdir(parents=True, exist_ok=True)
     phases = "".join(
-        "0" if i % 1000 < 5 or i % 1000 >= 10 else "1" if i % 1000 == 5 else "3" if i % 1000 == 9 else "2"
+        "0"
+        if i % 1000 < 5 or i % 1000 >= 10
+        else "1"
+        if i % 1000 == 5
+        else "3"
+        if i % 1000 == 9
+        else "2"
         for i in range(steps)
     )
     processes = []
@@ -59,7 +67,16 @@ def make_synthetic_run(folder: Path, steps: int = 10_000, ranks: int = 8, seed: 
         processes.append(
             {
                 k: log[k]
-                for k in ("worker", "rank", "pid", "argv", "global_steps", "exit", "peak_rss_bytes", "cuda_peak_bytes")
+                for k in (
+                    "worker",
+                    "rank",
+                    "pid",
+                    "argv",
+                    "global_steps",
+                    "exit",
+                    "peak_rss_bytes",
+                    "cuda_peak_bytes",
+                )
             }
         )
     summary = {
@@ -97,7 +114,13 @@ def make_synthetic_run(folder: Path, steps: int = 10_000, ranks: int = 8, seed: 
         "top_kernels": [],
         "ranks": [],
         "slowest_rank": None,
-        "breakdown_ms": {"dataloader": 2.0, "forward": 15.0, "backward": 25.0, "optimizer": 5.0, "other": 3.0},
+        "breakdown_ms": {
+            "dataloader": 2.0,
+            "forward": 15.0,
+            "backward": 25.0,
+            "optimizer": 5.0,
+            "other": 3.0,
+        },
         "device": None,
         "peak_memory": {"rss_bytes": None, "cuda_bytes": None},
         "notes": [],
@@ -121,7 +144,10 @@ def main() -> int:
     page = report_main([str(folder)], None)
     elapsed = time.perf_counter() - start
     size = os.path.getsize(page)
-    print(f"{args.steps} steps x {args.ranks} ranks: {page} written in {elapsed:.2f} s, {size / 1e6:.2f} MB")
+    print(
+        f"{args.steps} steps x {args.ranks} ranks: {page} written in {elapsed:.2f} s, "
+        f"{size / 1e6:.2f} MB"
+    )
     return 0
 
 

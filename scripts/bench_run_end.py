@@ -1,18 +1,22 @@
-"""How long the end of `stepcli run` spends on a torchrun job's traces: the run summary plus report.html.
+"""How long the end of `stepcli run` spends on a torchrun job's traces: the run summary plus
+report.html.
 
 Usage: python scripts/bench_run_end.py [--ranks 4] [--rank-mb 40] [--folder DIR] [--repeat 3]
 
-Builds (or reuses, with --folder) --ranks rank traces of --rank-mb each with scripts/bench_table.py's generator,
-then times, in this one process and alternately, the two ways the end of a run can read them:
+Builds (or reuses, with --folder) --ranks rank traces of --rank-mb each with
+scripts/bench_table.py's generator, then times, in this one process and alternately, the two ways
+the end of a run can read them:
 
-  before: the run summary summarizes the traces (stepcli.traces.engine.summarize_paths), then the page reads them again
-          (stepcli.run.summary.htmlreport.build with no RunTraces: by-shape parts, plus a scan of every file for memory events);
-  after:  one stepcli.traces.runtraces.RunTraces read (plain and by-shape parts), the summary merged from its plain
-          parts and the page built from the same parts (a run without --profile-memory scans no file for memory).
+  before: the run summary summarizes the traces (stepcli.traces.engine.summarize_paths), then the
+          page reads them again (stepcli.run.summary.htmlreport.build with no RunTraces: by-shape
+          parts, plus a scan of every file for memory events);
+  after:  one stepcli.traces.runtraces.RunTraces read (plain and by-shape parts), the summary merged
+          from its plain parts and the page built from the same parts (a run without
+          --profile-memory scans no file for memory).
 
-An idle thread runs meanwhile, as the launcher's watchdog does, so worker processes start as they do at the end
-of a run (forkserver, not fork). Best of --repeat for each, and the median of each round's
-before / after (steadier on a busy machine).
+An idle thread runs meanwhile, as the launcher's watchdog does, so worker processes start as they do
+at the end of a run (forkserver, not fork). Best of --repeat for each, and the median of each
+round's before / after (steadier on a busy machine).
 """
 
 from __future__ import annotations
@@ -67,9 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     assert __doc__
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=4, help="rank traces in the run folder")
-    parser.add_argument("--rank-mb", type=float, default=40.0, help="approximate size of each rank trace")
-    parser.add_argument("--folder", type=Path, help="use (or create) the rank traces in this folder")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per measurement; the best is reported")
+    parser.add_argument(
+        "--rank-mb", type=float, default=40.0, help="approximate size of each rank trace"
+    )
+    parser.add_argument(
+        "--folder", type=Path, help="use (or create) the rank traces in this folder"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs per measurement; the best is reported"
+    )
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="stepcli-bench-run-end-") as tmp:
@@ -77,13 +87,15 @@ def main(argv: list[str] | None = None) -> int:
         files = make_folder(folder, args.ranks, args.rank_mb, Path(tmp))
         paths = [str(f) for f in files]
         idle = threading.Event()
-        watchdog = threading.Thread(target=idle.wait, daemon=True)  # as the launcher's: workers start by forkserver
+        # as the launcher's: workers start by forkserver
+        watchdog = threading.Thread(target=idle.wait, daemon=True)
         watchdog.start()
         try:
             after(paths)  # warm the page cache and the worker start-up for both sides
             old = new = new_memory = float("inf")
             ratios: list[float] = []
-            for _ in range(args.repeat):  # alternate, so drift on a shared machine hits both sides alike
+            # alternate, so drift on a shared machine hits both sides alike
+            for _ in range(args.repeat):
                 round_old = best(lambda: before(paths), 1)
                 round_new = best(lambda: after(paths), 1)
                 old, new = min(old, round_old), min(new, round_new)
@@ -91,20 +103,25 @@ def main(argv: list[str] | None = None) -> int:
                 ratios.append(round_old / round_new)
         finally:
             idle.set()
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else (os.cpu_count() or 1)
+        )
         mb = 1024 * 1024
         size = sum(f.stat().st_size for f in files)
         print(
-            f"run end: {len(files)} rank traces x {files[0].stat().st_size / mb:,.0f} MiB = {size / mb:,.0f} MiB, "
-            f"{cores} cores, best of {args.repeat}"
+            f"run end: {len(files)} rank traces x {files[0].stat().st_size / mb:,.0f} MiB = "
+            f"{size / mb:,.0f} MiB, {cores} cores, best of {args.repeat}"
         )
         print(f"{'':52}{'wall s':>8}")
         print(f"{'before: summary read + report read':52}{old:8.2f}")
         print(f"{'after: one read (no --profile-memory)':52}{new:8.2f}")
         print(f"{'after: one read + memory scan (--profile-memory)':52}{new_memory:8.2f}")
         print(
-            f"RUN-END RATIO  before / after: {old / new:.2f}x of the best times, {statistics.median(ratios):.2f}x the "
-            f"median of the rounds' ratios (--profile-memory: {old / new_memory:.2f}x)"
+            f"RUN-END RATIO  before / after: {old / new:.2f}x of the best times, "
+            f"{statistics.median(ratios):.2f}x the median of the rounds' ratios (--profile-memory: "
+            f"{old / new_memory:.2f}x)"
         )
     return 0
 

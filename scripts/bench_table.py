@@ -1,32 +1,37 @@
-"""Benchmark `stepcli table` on a large realistic trace, and on a folder of rank traces, against references.
+"""Benchmark `stepcli table` on a large realistic trace, and on a folder of rank traces, against
+references.
 
-Usage: python scripts/bench_table.py [--size-mb 300] [--trace PATH] [--repeat N] [--ranks 8] [--rank-mb 40]
+Usage: python scripts/bench_table.py [--size-mb 300] [--trace PATH] [--repeat N] [--ranks 8]
+[--rank-mb 40]
        [--folder DIR] [--skip-one-file] [--skip-folder] [--against REV]
 
-One file: `stepcli table --json` against the reference (msgspec's typed decode of the 7 needed fields plus a
-straight Python aggregation of per-name sums, in one process), plus typed decoding alone and reading the bytes;
-the goal (issue 32) is at most 0.5x the reference's time and 1.5x the file's size of peak RSS.
-Folder: --ranks traces of --rank-mb each (rank N in distributedInfo); `stepcli table --json` on the folder against
-the ideal (one file's time x ranks / available cores); the goal is at most 0.7x.
-Both show the floor: what no msgspec-based reader can go below on this machine, the file's events decoded (the
-reference's 7 fields, in 1 MB slices, the fastest way found) by one process per core, and nothing else done.
+One file: `stepcli table --json` against the reference (msgspec's typed decode of the 7 needed
+fields plus a straight Python aggregation of per-name sums, in one process), plus typed decoding
+alone and reading the bytes; the goal (issue 32) is at most 0.5x the reference's time and 1.5x the
+file's size of peak RSS. Folder: --ranks traces of --rank-mb each (rank N in distributedInfo);
+`stepcli table --json` on the folder against the ideal (one file's time x ranks / available cores);
+the goal is at most 0.7x. Both show the floor: what no msgspec-based reader can go below on this
+machine, the file's events decoded (the reference's 7 fields, in 1 MB slices, the fastest way found)
+by one process per core, and nothing else done.
 
-The trace is built from a real torch.profiler recording (record_shapes=True) of a small transformer training
-loop, replicated and shifted in time until it reaches the requested size, with synthetic CUDA runtime calls,
-kernels and flow events added so the event mix looks like a GPU training trace, and written in Kineto's own
-layout (one field per line), so 300 MB holds about as many events (~800k) as a real trace of that size.
-With --trace PATH the trace is kept there (and reused when it exists). Each command runs in its own process;
-the table shows its wall time and peak RSS (summed over its process tree), best of --repeat runs.
+The trace is built from a real torch.profiler recording (record_shapes=True) of a small transformer
+training loop, replicated and shifted in time until it reaches the requested size, with synthetic
+CUDA runtime calls, kernels and flow events added so the event mix looks like a GPU training trace,
+and written in Kineto's own layout (one field per line), so 300 MB holds about as many events
+(~800k) as a real trace of that size. With --trace PATH the trace is kept there (and reused when it
+exists). Each command runs in its own process; the table shows its wall time and peak RSS (summed
+over its process tree), best of --repeat runs.
 
---against REV: a regression check before landing a change to the reader or the analyses. REV is checked out in a
-temporary `git worktree`; on the same generated traces (the one large file and the folder of --ranks), `stepcli
-table --json` of REV and of the working tree run side by side, taking turns (the order flips every round), each
-with PYTHONPATH at its own tree, and so does the run end's single read of its traces (REV's and the working tree's
-own `scripts/bench_run_end.py` `after`, on the folder), and reading plus analysing the large file in one process
-(its own CPU time, steadier than wall time on a busy machine); --with REV2 puts revision REV2 in the working tree's
-place (to find which commit made a difference). Printed: each side's median wall and CPU time over --repeat
-rounds, the median and range of the rounds' ratios (working tree / REV: above 1.0x is slower), and whether the two
-`--json` answers are byte-identical.
+--against REV: a regression check before landing a change to the reader or the analyses. REV is
+checked out in a temporary `git worktree`; on the same generated traces (the one large file and the
+folder of --ranks), `stepcli table --json` of REV and of the working tree run side by side, taking
+turns (the order flips every round), each with PYTHONPATH at its own tree, and so does the run end's
+single read of its traces (REV's and the working tree's own `scripts/bench_run_end.py` `after`, on
+the folder), and reading plus analysing the large file in one process (its own CPU time, steadier
+than wall time on a busy machine); --with REV2 puts revision REV2 in the working tree's place (to
+find which commit made a difference). Printed: each side's median wall and CPU time over --repeat
+rounds, the median and range of the rounds' ratios (working tree / REV: above 1.0x is slower), and
+whether the two `--json` answers are byte-identical.
 """
 
 from __future__ import annotations
@@ -77,7 +82,7 @@ _TEMPLATE_SCRIPT = textwrap.dedent(
             loss.backward()
             opt.step()
             prof.step()
-    """
+    """  # noqa: E501
 )
 
 # CPU ops that only make views or allocate: on a GPU they launch no kernel.
@@ -123,7 +128,8 @@ _NO_KERNEL = {
     "aten::dim",
 }
 
-# A real CUDA kernel name is a long templated C++ signature; trace size and decode cost depend on it.
+# A real CUDA kernel name is a long templated C++ signature; trace size and decode cost depend on
+# it.
 _KERNEL_NAME = (
     "void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::"
     "{op}_functor<float> >(at::TensorIteratorBase&, at::native::{op}_functor<float> const&)::"
@@ -133,7 +139,8 @@ _KERNEL_NAME = (
 
 
 def leaf_ops(events: list[dict[str, Any]]) -> set[int]:
-    """Indexes of X events with no nested X event on their thread (the ops that would launch kernels)."""
+    """Indexes of X events with no nested X event on their thread (the ops that would launch
+    kernels)."""
     by_thread: dict[tuple[Any, Any], list[int]] = {}
     for i, e in enumerate(events):
         if e.get("ph") == "X":
@@ -153,14 +160,18 @@ def record_template(workdir: Path) -> dict[str, Any]:
     script.write_text(_TEMPLATE_SCRIPT)
     out = workdir / "template.pt.trace.json"
     subprocess.run(
-        [sys.executable, str(script), str(out)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, str(script), str(out)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     trace: dict[str, Any] = orjson.loads(out.read_bytes())
     return trace
 
 
 def add_device_activity(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Add cudaLaunchKernel runtime events, kernels and ac2g flows under launching CPU ops, as a GPU trace has."""
+    """Add cudaLaunchKernel runtime events, kernels and ac2g flows under launching CPU ops, as a GPU
+    trace has."""
     out: list[dict[str, Any]] = []
     correlation = 1
     device_cursor = 0.0
@@ -181,7 +192,11 @@ def add_device_activity(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "tid": event["tid"],
                 "ts": launch_ts,
                 "dur": launch_dur,
-                "args": {"External id": event["args"].get("External id", 0), "cbid": 211, "correlation": correlation},
+                "args": {
+                    "External id": event["args"].get("External id", 0),
+                    "cbid": 211,
+                    "correlation": correlation,
+                },
             }
         )
         device_cursor = max(device_cursor, launch_ts + 2.0)
@@ -242,7 +257,8 @@ def add_device_activity(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def kineto_format(event: dict[str, Any]) -> str:
-    """One event laid out the way Kineto writes it (one field per line, args on one line), so sizes are realistic."""
+    """One event laid out the way Kineto writes it (one field per line, args on one line), so sizes
+    are realistic."""
     lines = [f'    "{key}": {json.dumps(value)}' for key, value in event.items() if key != "args"]
     text = "  {\n" + ",\n".join(lines)
     args = event.get("args")
@@ -257,7 +273,11 @@ def write_big_trace(path: Path, size_mb: float, workdir: Path) -> int:
     events = [e for e in template["traceEvents"] if e.get("ph") in ("X", "s", "f")]
     meta = [e for e in template["traceEvents"] if e.get("ph") == "M"]
     events = add_device_activity(events)
-    steps = sorted(int(e["name"].split("#")[1]) for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
+    steps = sorted(
+        int(e["name"].split("#")[1])
+        for e in events
+        if str(e.get("name", "")).startswith("ProfilerStep#")
+    )
     t0 = min(float(e["ts"]) for e in events)
     span = max(float(e["ts"]) + float(e.get("dur", 0)) for e in events) - t0 + 50.0
     max_ext = max(int(e.get("args", {}).get("External id", 0)) for e in events) + 1
@@ -267,7 +287,10 @@ def write_big_trace(path: Path, size_mb: float, workdir: Path) -> int:
     header["distributedInfo"] = {"backend": "nccl", "rank": 0, "world_size": 1}
     count = 0
     with open(path, "w") as out:
-        out.write("{\n" + ",\n".join(f'  "{k}": {json.dumps(v)}' for k, v in header.items() if k != "traceName"))
+        out.write(
+            "{\n"
+            + ",\n".join(f'  "{k}": {json.dumps(v)}' for k, v in header.items() if k != "traceName")
+        )
         out.write(',\n  "traceEvents": [\n')
         out.write(",\n".join(kineto_format(e) for e in meta))
         count += len(meta)
@@ -289,8 +312,9 @@ def write_big_trace(path: Path, size_mb: float, workdir: Path) -> int:
     return count
 
 
-# The reference of the issue: typed decode of the needed fields, then a straight aggregation loop (calls and
-# total time per kept name, steps counted), i.e. the least a Python summarizer built on msgspec must do.
+# The reference of the issue: typed decode of the needed fields, then a straight aggregation loop
+# (calls and total time per kept name, steps counted), i.e. the least a Python summarizer built on
+# msgspec must do.
 _REFERENCE = """
 import sys, gc, msgspec
 class E(msgspec.Struct, gc=False):
@@ -311,11 +335,12 @@ for e in events:
         row[0] += 1
         row[1] += e.dur
 print(len(rows))
-"""
+"""  # noqa: E501
 
 # The baselines, each run in its own process so each peak RSS is its own.
 _READ = "import sys; open(sys.argv[1], 'rb').read()"
-# The candidate stepcli did not pick as is: msgspec decoding only the needed fields into typed structs, whole file.
+# The candidate stepcli did not pick as is: msgspec decoding only the needed fields into typed
+# structs, whole file.
 _MSGSPEC = """
 import sys, gc, msgspec
 class E(msgspec.Struct, gc=False):
@@ -324,10 +349,11 @@ class T(msgspec.Struct):
     traceEvents: list[E]
 gc.disable()
 msgspec.json.decode(open(sys.argv[1], 'rb').read(), type=T)
-"""
+"""  # noqa: E501
 
-# The floor: the events of the files named decoded (the reference's 7 fields) in 1 MB slices, split over one
-# forked process per core (pread, a cut between two events), nothing kept, summed or written.
+# The floor: the events of the files named decoded (the reference's 7 fields) in 1 MB slices, split
+# over one forked process per core (pread, a cut between two events), nothing kept, summed or
+# written.
 _FLOOR = """
 import sys, gc, os, re, msgspec
 class E(msgspec.Struct, gc=False):
@@ -366,17 +392,21 @@ for piece in work[0::cores]:
     decode(*piece)
 for pid in children:
     os.waitpid(pid, 0)
-"""
+"""  # noqa: E501
 
 
-def measure(argv: list[str], out: Path | None = None, sample: bool = True) -> tuple[float, int, int]:
-    """Wall seconds, peak RSS bytes and exit status of one command (its standard output into `out`, else
-    dropped). The RSS is the peak of the sum over the command's process tree (its worker processes included),
-    sampled every 5 ms, or the command's own peak (os.wait4) if that is larger. That own peak counts the pages of
-    the process it was started from (Linux keeps the high-water mark across the fork and exec): start it from a
-    small one (scripts/bench_job.py's `measure_apart`). `sample=False`: no sampling, the command's own peak only;
-    for the timed runs, since the sampler reads /proc for the whole tree every 5 ms and takes CPU from a command
-    that uses every core (not from one that uses one: that bias made stepcli's parallel runs look slower)."""
+def measure(
+    argv: list[str], out: Path | None = None, sample: bool = True
+) -> tuple[float, int, int]:
+    """Wall seconds, peak RSS bytes and exit status of one command (its standard output into `out`,
+    else dropped). The RSS is the peak of the sum over the command's process tree (its worker
+    processes included), sampled every 5 ms, or the command's own peak (os.wait4) if that is larger.
+    That own peak counts the pages of the process it was started from (Linux keeps the high-water
+    mark across the fork and exec): start it from a small one (scripts/bench_job.py's
+    `measure_apart`). `sample=False`: no sampling, the command's own peak only; for the timed runs,
+    since the sampler reads /proc for the whole tree every 5 ms and takes CPU from a command that
+    uses every core (not from one that uses one: that bias made stepcli's parallel runs look
+    slower)."""
     import psutil
 
     start = time.perf_counter()
@@ -403,7 +433,9 @@ def _peak_rss(proc: subprocess.Popen[bytes], psutil: Any) -> int:
         if pid:
             break
         try:
-            peak = max(peak, sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]))
+            peak = max(
+                peak, sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+            )
         except psutil.Error:
             pass
         time.sleep(0.005)
@@ -445,15 +477,25 @@ def stepcli_cmd(*args: str) -> list[str]:
 
 
 def generate(trace: Path, size_mb: float) -> None:
-    """Generate in a child: a child's peak RSS counts the parent's pages it was forked from, so the process that
-    launches the measured commands must stay small."""
+    """Generate in a child: a child's peak RSS counts the parent's pages it was forked from, so the
+    process that launches the measured commands must stay small."""
     subprocess.run(
-        [sys.executable, __file__, "--generate-only", "--size-mb", str(size_mb), "--trace", str(trace)], check=True
+        [
+            sys.executable,
+            __file__,
+            "--generate-only",
+            "--size-mb",
+            str(size_mb),
+            "--trace",
+            str(trace),
+        ],
+        check=True,
     )
 
 
 def make_folder(folder: Path, ranks: int, rank_mb: float, workdir: Path) -> list[Path]:
-    """`ranks` traces of about rank_mb each, rank N in distributedInfo (one generated trace, the rank patched in)."""
+    """`ranks` traces of about rank_mb each, rank N in distributedInfo (one generated trace, the
+    rank patched in)."""
     folder.mkdir(parents=True, exist_ok=True)
     files = [folder / f"node0_{1000 + r}.{r}.pt.trace.json" for r in range(ranks)]
     if all(f.exists() for f in files):
@@ -470,7 +512,8 @@ def make_folder(folder: Path, ranks: int, rank_mb: float, workdir: Path) -> list
 
 
 def one_file(trace: Path, repeat: int) -> None:
-    """The one-file table: stepcli against the reference, typed decoding alone and reading the bytes."""
+    """The one-file table: stepcli against the reference, typed decoding alone and reading the
+    bytes."""
     size = trace.stat().st_size
     commands = {
         "read bytes": [sys.executable, "-c", _READ, str(trace)],
@@ -479,13 +522,16 @@ def one_file(trace: Path, repeat: int) -> None:
         "floor (decode, all cores)": [sys.executable, "-c", _FLOOR, str(trace)],
         "stepcli table --json": stepcli_cmd("table", "--json", str(trace)),
     }
-    # Round-robin: every round runs each command once, so a change of load on a shared machine hits all alike.
+    # Round-robin: every round runs each command once, so a change of load on a shared machine hits
+    # all alike.
     rounds: dict[str, list[float]] = {label: [] for label in commands}
     for _ in range(max(1, repeat)):
         for label, cmd in commands.items():
             rounds[label].append(best_wall(cmd, 1))
     results = {label: (min(runs), peak_rss(commands[label])) for label, runs in rounds.items()}
-    paired = sorted(a / b for a, b in zip(rounds["stepcli table --json"], rounds["reference (typed+aggr.)"]))
+    paired = sorted(
+        a / b for a, b in zip(rounds["stepcli table --json"], rounds["reference (typed+aggr.)"])
+    )
     mb = 1024 * 1024
     print(f"one file: {size / mb:,.0f} MiB, {trace.name}")
     print(f"{'':26}{'wall s':>8}{'peak RSS MiB':>14}{'RSS / file':>12}")
@@ -498,7 +544,10 @@ def one_file(trace: Path, repeat: int) -> None:
         f"peak RSS {rss / size:.2f}x the file (goal <= 1.5x)"
     )
     floor_wall, _ = results["floor (decode, all cores)"]
-    print(f"  floor / reference: {floor_wall / ref_wall:.2f}x (decoding alone, on every core: no reader does less)")
+    print(
+        f"  floor / reference: {floor_wall / ref_wall:.2f}x (decoding alone, on every core: no "
+        f"reader does less)"
+    )
     print(
         f"  per round (same round's runs): median {paired[len(paired) // 2]:.2f}x, "
         f"range {paired[0]:.2f}x-{paired[-1]:.2f}x over {len(paired)} rounds"
@@ -507,7 +556,9 @@ def one_file(trace: Path, repeat: int) -> None:
 
 def folder_run(files: list[Path], repeat: int) -> None:
     """The folder table: one rank file alone (1 job), the folder (default jobs), and the ideal."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     folder = files[0].parent
     commands = {
         "one": stepcli_cmd("table", "--json", "--jobs", "1", str(files[0])),
@@ -525,7 +576,10 @@ def folder_run(files: list[Path], repeat: int) -> None:
     mb = 1024 * 1024
     size = sum(f.stat().st_size for f in files)
     ideal = one_wall * len(files) / cores
-    print(f"folder: {len(files)} ranks x {files[0].stat().st_size / mb:,.0f} MiB = {size / mb:,.0f} MiB, {cores} cores")
+    print(
+        f"folder: {len(files)} ranks x {files[0].stat().st_size / mb:,.0f} MiB = {size / mb:,.0f} "
+        f"MiB, {cores} cores"
+    )
     print(f"{'':26}{'wall s':>8}{'peak RSS MiB':>14}")
     print(f"{'one rank file, 1 job':26}{one_wall:8.2f}{one_rss / mb:14.0f}")
     print(f"{'folder, 1 job':26}{serial_wall:8.2f}{serial_rss / mb:14.0f}")
@@ -533,8 +587,8 @@ def folder_run(files: list[Path], repeat: int) -> None:
     print(f"{'ideal (one x N / cores)':26}{ideal:8.2f}")
     print(f"{'floor (decode, all cores)':26}{floor_wall:8.2f}")
     print(
-        f"FOLDER RATIO  stepcli / ideal: {all_wall / ideal:.2f}x (goal <= 0.7x); serial / parallel: {serial_wall / all_wall:.2f}x; "
-        f"floor / ideal: {floor_wall / ideal:.2f}x"
+        f"FOLDER RATIO  stepcli / ideal: {all_wall / ideal:.2f}x (goal <= 0.7x); serial / "
+        f"parallel: {serial_wall / all_wall:.2f}x; floor / ideal: {floor_wall / ideal:.2f}x"
     )
     print(
         f"  per round (same round's runs): median {paired[len(paired) // 2]:.2f}x, "
@@ -542,7 +596,8 @@ def folder_run(files: list[Path], repeat: int) -> None:
     )
 
 
-# The run end of a tree, as that tree's own scripts/bench_run_end.py defines it (one read shared by summary and page).
+# The run end of a tree, as that tree's own scripts/bench_run_end.py defines it (one read shared by
+# summary and page).
 _RUN_END = """
 import sys, threading, os, tempfile
 tree = sys.argv[1]
@@ -554,10 +609,11 @@ with tempfile.TemporaryDirectory(prefix="stepcli-bench-run-end-") as out:
     os.chdir(out)  # (report.html goes here)
     after(sys.argv[2:])
 idle.set()
-"""
+"""  # noqa: E501
 
-# The CPU time of reading one file into columns and analysing it, in one process (no worker, no forked helper):
-# steadier than wall time on a busy machine. Trees without stepcli.traces.read.columns (before 2026-11-24) skip it.
+# The CPU time of reading one file into columns and analysing it, in one process (no worker, no
+# forked helper): steadier than wall time on a busy machine. Trees without
+# stepcli.traces.read.columns (before 2026-11-24) skip it.
 _ONE_PROCESS = """
 import sys, time, gc
 try:
@@ -575,8 +631,9 @@ print(time.process_time() - start, read - start)
 
 
 def timed(argv: list[str], tree: Path) -> tuple[float, float, bytes]:
-    """Wall seconds, CPU seconds (the command's process tree, as far as it was reaped: RUSAGE_CHILDREN) and stdout
-    of one command run with PYTHONPATH at `tree` and in `tree` (so `python -m stepcli` imports that tree's code)."""
+    """Wall seconds, CPU seconds (the command's process tree, as far as it was reaped:
+    RUSAGE_CHILDREN) and stdout of one command run with PYTHONPATH at `tree` and in `tree` (so
+    `python -m stepcli` imports that tree's code)."""
     import resource
 
     env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -593,7 +650,8 @@ def timed(argv: list[str], tree: Path) -> tuple[float, float, bytes]:
 
 
 def checkout(rev: str, tree: Path) -> Path:
-    """REV in a detached temporary worktree of this repository, its modules compiled as an install has them."""
+    """REV in a detached temporary worktree of this repository, its modules compiled as an install
+    has them."""
     subprocess.run(
         ["git", "-C", str(REPO), "worktree", "add", "--detach", "--quiet", str(tree), rev],
         check=True,
@@ -604,19 +662,26 @@ def checkout(rev: str, tree: Path) -> Path:
 
 
 def remove_checkout(tree: Path) -> None:
-    subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False
+    )
     shutil.rmtree(tree, ignore_errors=True)
 
 
 def short(rev: str) -> str:
     return subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True, capture_output=True, text=True
+        ["git", "-C", str(REPO), "rev-parse", "--short", rev],
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
 
 
-def against(rev: str, cases: dict[str, list[str]], repeat: int, workdir: Path, other: str | None = None) -> None:
-    """Each case's command of REV and of the working tree (or of revision `other`), taking turns; medians, paired
-    ratios, same answers."""
+def against(
+    rev: str, cases: dict[str, list[str]], repeat: int, workdir: Path, other: str | None = None
+) -> None:
+    """Each case's command of REV and of the working tree (or of revision `other`), taking turns;
+    medians, paired ratios, same answers."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # (the temporary worktrees are removed)
     label = short(rev)
     tree = checkout(rev, workdir / "against")
@@ -648,9 +713,13 @@ def against(rev: str, cases: dict[str, list[str]], repeat: int, workdir: Path, o
                     if case.startswith("table"):
                         answers.setdefault((case, side), set()).add(out)
         print(
-            f"{work} against {rev} ({label}): {max(1, repeat)} rounds, taking turns; medians; ratio = {work} / {label}"
+            f"{work} against {rev} ({label}): {max(1, repeat)} rounds, taking turns; medians; "
+            f"ratio = {work} / {label}"
         )
-        print(f"{'':34}{label + ' wall':>13}{work + ' wall':>13}{label + ' CPU':>13}{work + ' CPU':>13}  ratio (range)")
+        print(
+            f"{'':34}{label + ' wall':>13}{work + ' wall':>13}{label + ' CPU':>13}"
+            f"{work + ' CPU':>13}  ratio (range)"
+        )
         for case in cases:
             old, new = results.get((case, label)), results.get((case, work))
             if not old or not new:
@@ -662,9 +731,11 @@ def against(rev: str, cases: dict[str, list[str]], repeat: int, workdir: Path, o
                 a, b = answers[(case, label)], answers[(case, work)]
                 same = "  same answers" if len(a) == 1 and a == b else "  ANSWERS DIFFER"
             print(
-                f"{case:34}{statistics.median(o[0] for o in old):13.2f}{statistics.median(n[0] for n in new):13.2f}"
-                f"{statistics.median(o[1] for o in old):13.2f}{statistics.median(n[1] for n in new):13.2f}"
-                f"  {statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}){same}"
+                f"{case:34}{statistics.median(o[0] for o in old):13.2f}"
+                f"{statistics.median(n[0] for n in new):13.2f}"
+                f"{statistics.median(o[1] for o in old):13.2f}"
+                f"{statistics.median(n[1] for n in new):13.2f}  {statistics.median(ratios):.2f}x "
+                f"({ratios[0]:.2f}-{ratios[-1]:.2f}){same}"
             )
     finally:
         remove_checkout(tree)
@@ -675,17 +746,37 @@ def against(rev: str, cases: dict[str, list[str]], repeat: int, workdir: Path, o
 def main(argv: list[str] | None = None) -> int:
     """Generate (or reuse) the traces and print both tables and their ratios."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size-mb", type=float, default=300.0, help="approximate one-file trace size to generate")
-    parser.add_argument("--trace", type=Path, help="use (or create, if missing) this trace file instead of a temp one")
+    parser.add_argument(
+        "--size-mb", type=float, default=300.0, help="approximate one-file trace size to generate"
+    )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        help="use (or create, if missing) this trace file instead of a temp one",
+    )
     parser.add_argument("--ranks", type=int, default=8, help="rank traces in the folder benchmark")
-    parser.add_argument("--rank-mb", type=float, default=40.0, help="approximate size of each rank trace")
-    parser.add_argument("--folder", type=Path, help="use (or create) the rank traces in this folder")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per measurement; the best is reported")
+    parser.add_argument(
+        "--rank-mb", type=float, default=40.0, help="approximate size of each rank trace"
+    )
+    parser.add_argument(
+        "--folder", type=Path, help="use (or create) the rank traces in this folder"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs per measurement; the best is reported"
+    )
     parser.add_argument("--skip-one-file", action="store_true")
     parser.add_argument("--skip-folder", action="store_true")
-    parser.add_argument("--generate-only", action="store_true", help="write the trace (needs --trace) and exit")
-    parser.add_argument("--against", metavar="REV", help="time REV (a temporary git worktree) and this tree in turns")
-    parser.add_argument("--with", dest="other", metavar="REV2", help="with --against: REV2 instead of this tree")
+    parser.add_argument(
+        "--generate-only", action="store_true", help="write the trace (needs --trace) and exit"
+    )
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="time REV (a temporary git worktree) and this tree in turns",
+    )
+    parser.add_argument(
+        "--with", dest="other", metavar="REV2", help="with --against: REV2 instead of this tree"
+    )
     args = parser.parse_args(argv)
     if args.generate_only:
         if args.trace is None:
@@ -693,7 +784,10 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="stepcli-bench-") as tmp:
             count = write_big_trace(args.trace, args.size_mb, Path(tmp))
-        print(f"generated {args.trace} ({count:,} events) in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        print(
+            f"generated {args.trace} ({count:,} events) in {time.perf_counter() - t:.1f} s",
+            file=sys.stderr,
+        )
         return 0
 
     # An installed stepcli has its modules compiled (pip writes the .pyc files); a checkout run with
@@ -718,7 +812,9 @@ def main(argv: list[str] | None = None) -> int:
                 ]
                 cases["one process: read + analysis"] = [str(trace)]
             if not args.skip_folder:
-                files = make_folder(args.folder or workdir / "ranks", args.ranks, args.rank_mb, workdir)
+                files = make_folder(
+                    args.folder or workdir / "ranks", args.ranks, args.rank_mb, workdir
+                )
                 cases[f"table --json, {len(files)} ranks"] = [
                     sys.executable,
                     "-m",

@@ -1,18 +1,20 @@
-"""One GPU check of stepcli against answers known without stepcli, in one go (under 8 minutes on one GPU).
+"""One GPU check of stepcli against answers known without stepcli, in one go (under 8 minutes on one
+GPU).
 
 Usage: python scripts/gpu_check.py [--out DIR] [--rounds N] [--only SECTION,...] [--dry-run]
 
-Whoever has an NVIDIA GPU at hand runs this first. Each program below knows its own answer: the analytic matmul
-FLOPs of a GPT step, its own synchronized step times, a planted host stall, a planted out-of-memory and a planted
-leak, CUDA graphs replayed across windows. stepcli's figures are compared against them, and the table at the end
-says figure / expected / got / PASS-FAIL, followed by the overhead ratios of interleaved plain-vs-stepcli rounds
-(the untouched steps' median step time after the window over the plain program's median, the program's own
-synchronized timing on both sides). Everything it records (traces, summaries, snapshots, the table as JSON) is
-kept under --out: the real traces make good test fixtures.
+Whoever has an NVIDIA GPU at hand runs this first. Each program below knows its own answer: the
+analytic matmul FLOPs of a GPT step, its own synchronized step times, a planted host stall, a
+planted out-of-memory and a planted leak, CUDA graphs replayed across windows. stepcli's figures are
+compared against them, and the table at the end says figure / expected / got / PASS-FAIL, followed
+by the overhead ratios of interleaved plain-vs-stepcli rounds (the untouched steps' median step time
+after the window over the plain program's median, the program's own synchronized timing on both
+sides). Everything it records (traces, summaries, snapshots, the table as JSON) is kept under --out:
+the real traces make good test fixtures.
 
 Sections (--only picks some): env, overhead, graphs, flops, stall, memory, compile, pytest.
---dry-run runs every section on the CPU with tiny sizes, to check the script itself (figures then mean nothing,
-and the GPU-only checks say SKIP).
+--dry-run runs every section on the CPU with tiny sizes, to check the script itself (figures then
+mean nothing, and the GPU-only checks say SKIP).
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ for step in range(steps):
         opt.step()
 torch.cuda.synchronize()
 print("graphs ok", float(static_loss) if steps > capture_at else 0.0)
-"""
+"""  # noqa: E501
 
 COMPILED = """
 import torch
@@ -104,7 +106,7 @@ for step in range(40):
     opt.zero_grad(set_to_none=True)
 torch.cuda.synchronize()
 print("compiled ok", float(loss))
-"""
+"""  # noqa: E501
 
 OOM = """
 import torch
@@ -118,7 +120,7 @@ for step in range(40):
     opt.step()
     opt.zero_grad(set_to_none=True)
     batch *= 2  # nothing of a step outlives the next one: the batch grows, no tensor is kept
-"""
+"""  # noqa: E501
 
 LEAK = """
 import torch
@@ -135,12 +137,14 @@ for step in range(10000):
     out.square().mean().backward(retain_graph=True)
     opt.step()
     opt.zero_grad(set_to_none=True)
-"""
+"""  # noqa: E501
 
 
 def row(section: str, figure: str, expected: str, got: str, ok: bool | None) -> None:
     status = "SKIP" if ok is None else ("PASS" if ok else "FAIL")
-    ROWS.append({"section": section, "figure": figure, "expected": expected, "got": got, "status": status})
+    ROWS.append(
+        {"section": section, "figure": figure, "expected": expected, "got": got, "status": status}
+    )
     print(f"  [{status}] {section}: {figure}: expected {expected}, got {got}", flush=True)
 
 
@@ -165,7 +169,9 @@ def sh(
             stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired as exc:
-        return subprocess.CompletedProcess(argv, 124, str(exc.stdout or ""), f"timed out after {timeout} s")
+        return subprocess.CompletedProcess(
+            argv, 124, str(exc.stdout or ""), f"timed out after {timeout} s"
+        )
 
 
 def stepcli(*args: str) -> list[str]:
@@ -181,15 +187,20 @@ def last_line(text: str) -> str:
     return lines[-1][:160] if lines else ""
 
 
-# -- sections ----------------------------------------------------------------------------------------------------
+# -- sections
+# --------------------------------------------------------------------------------------------------
 def section_env(work: Path, gpu: bool) -> None:
     probe = (
-        "import json, torch; c = torch.cuda.is_available(); print(json.dumps({'torch': torch.__version__, "
-        "'cuda': torch.version.cuda, 'device': torch.cuda.get_device_name() if c else None, "
-        "'cublas': torch._C._cuda_getCompiledVersion() if c else None}))"
+        "import json, torch; c = torch.cuda.is_available(); print(json.dumps({'torch': "
+        "torch.__version__, 'cuda': torch.version.cuda, 'device': torch.cuda.get_device_name() if "
+        "c else None, 'cublas': torch._C._cuda_getCompiledVersion() if c else None}))"
     )
     done = sh([sys.executable, "-c", probe], 120)
-    info = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {"error": done.stderr[-300:]}
+    info = (
+        json.loads(done.stdout.strip().splitlines()[-1])
+        if done.returncode == 0
+        else {"error": done.stderr[-300:]}
+    )
     smi = shutil.which("nvidia-smi")
     if smi:
         q = sh([smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"], 30)
@@ -199,17 +210,26 @@ def section_env(work: Path, gpu: bool) -> None:
     info["python"] = sys.version.split()[0]
     print("env:", json.dumps(info), flush=True)
     (work / "env.json").write_text(json.dumps(info, indent=1))
-    row("env", "CUDA device", "present", str(info.get("device")), bool(info.get("device")) if gpu else None)
+    row(
+        "env",
+        "CUDA device",
+        "present",
+        str(info.get("device")),
+        bool(info.get("device")) if gpu else None,
+    )
 
 
 def _loop_median(report: Path, phases: str | None, first: int) -> float | None:
-    """Median of the program's own step times from step `first` on, of the steps stepcli left untouched."""
+    """Median of the program's own step times from step `first` on, of the steps stepcli left
+    untouched."""
     try:
         times = json.loads(report.read_text())["times_s"]
     except (OSError, ValueError, KeyError):
         return None
     picked = [
-        t for i, t in enumerate(times) if i >= first and (phases is None or (i < len(phases) and phases[i] == "0"))
+        t
+        for i, t in enumerate(times)
+        if i >= first and (phases is None or (i < len(phases) and phases[i] == "0"))
     ]
     return statistics.median(picked) if picked else None
 
@@ -222,10 +242,17 @@ def section_overhead(work: Path, gpu: bool, rounds: int) -> None:
         "stepcli (default window)": (["run", "-q"], {}),
         "stepcli, CUPTI kept (TEARDOWN_CUPTI=0)": (["run", "-q"], {"TEARDOWN_CUPTI": "0"}),
         "stepcli --capture-on-slow 3x": (["run", "-q", "--capture-on-slow", "3x"], {}),
-        "stepcli, 4 windows (--wait 50 --repeat 4)": (["run", "-q", "--wait", "50", "--repeat", "4"], {}),
+        "stepcli, 4 windows (--wait 50 --repeat 4)": (
+            ["run", "-q", "--wait", "50", "--repeat", "4"],
+            {},
+        ),
         "stepcli --memory": (["run", "-q", "--memory"], {}),
     }
-    heavy = {"stepcli --capture-on-slow 3x", "stepcli, 4 windows (--wait 50 --repeat 4)", "stepcli --memory"}
+    heavy = {
+        "stepcli --capture-on-slow 3x",
+        "stepcli, 4 windows (--wait 50 --repeat 4)",
+        "stepcli --memory",
+    }
     plain: list[float] = []
     got: dict[str, list[float]] = {name: [] for name in variants}
     warnings_seen = 0
@@ -233,7 +260,8 @@ def section_overhead(work: Path, gpu: bool, rounds: int) -> None:
         order = list(variants) if r % 2 == 0 else list(reversed(variants))
         for name in ["plain", *order]:
             if name in heavy and r > 0 and rounds > 2 and r != rounds - 1:
-                continue  # the costlier variants once or twice; the two that decide item 1 every round
+                # the costlier variants once or twice; the two that decide item 1 every round
+                continue
             report = work / f"loop-{r}-{len(plain)}-{abs(hash(name)) % 10**6}.json"
             if name == "plain":
                 done = sh([sys.executable, str(prog), str(steps), str(report)], 300)
@@ -247,11 +275,28 @@ def section_overhead(work: Path, gpu: bool, rounds: int) -> None:
             env = env_for_run()
             env.update(extra)
             done = sh(
-                stepcli(*args, "-o", str(out), "--json", str(summary), str(prog), str(steps), str(report)), 300, env
+                stepcli(
+                    *args,
+                    "-o",
+                    str(out),
+                    "--json",
+                    str(summary),
+                    str(prog),
+                    str(steps),
+                    str(report),
+                ),
+                300,
+                env,
             )
             warnings_seen += warned(done)
             if done.returncode != 0:
-                row("overhead", f"{name}: exit status", "0", f"{done.returncode}: {last_line(done.stderr)}", False)
+                row(
+                    "overhead",
+                    f"{name}: exit status",
+                    "0",
+                    f"{done.returncode}: {last_line(done.stderr)}",
+                    False,
+                )
                 continue
             try:
                 phases = json.loads(summary.read_text()).get("timeline_phases")
@@ -263,7 +308,13 @@ def section_overhead(work: Path, gpu: bool, rounds: int) -> None:
     base = statistics.median(plain) if plain else None
     for name, values in got.items():
         if not values or not base:
-            row("overhead", f"{name}: untouched median / plain", "<= 1.03", "no figure", False if gpu else None)
+            row(
+                "overhead",
+                f"{name}: untouched median / plain",
+                "<= 1.03",
+                "no figure",
+                False if gpu else None,
+            )
             continue
         ratio = statistics.median(values) / base
         RATIOS.append(
@@ -304,7 +355,10 @@ def section_graphs(work: Path, gpu: bool) -> None:
     prog.write_text(GRAPHS)
     for label, args in (
         ("captured in the window, replayed after it", ["run", "-q"]),
-        ("captured in a window, replayed through 3 more windows", ["run", "-q", "--wait", "5", "--repeat", "4"]),
+        (
+            "captured in a window, replayed through 3 more windows",
+            ["run", "-q", "--wait", "5", "--repeat", "4"],
+        ),
     ):
         out = work / f"graphs-{len(ROWS)}"
         done = sh(stepcli(*args, "-o", str(out), str(prog), "60", "3"), 180)
@@ -312,7 +366,9 @@ def section_graphs(work: Path, gpu: bool) -> None:
             "graphs",
             f"torch.cuda.graph {label}",
             "exit 0, 'graphs ok'",
-            f"exit {done.returncode}{'' if 'graphs ok' in done.stdout else ': ' + last_line(done.stderr)}",
+            f"exit "
+            f"{done.returncode}"
+            f"{'' if 'graphs ok' in done.stdout else ': ' + last_line(done.stderr)}",
             done.returncode == 0 and "graphs ok" in done.stdout,
         )
 
@@ -328,7 +384,11 @@ def _gpt(work: Path) -> Path:
 def section_flops(work: Path, gpu: bool) -> None:
     gpt = _gpt(work)
     for dtype in ("bf16", "fp32"):
-        out, summary, report = work / f"gpt-{dtype}", work / f"gpt-{dtype}.summary.json", work / f"gpt-{dtype}.json"
+        out, summary, report = (
+            work / f"gpt-{dtype}",
+            work / f"gpt-{dtype}.summary.json",
+            work / f"gpt-{dtype}.json",
+        )
         done = sh(
             stepcli(
                 "run",
@@ -350,7 +410,13 @@ def section_flops(work: Path, gpu: bool) -> None:
             300,
         )
         if done.returncode != 0:
-            row("flops", f"{dtype} GPT: exit status", "0", f"{done.returncode}: {last_line(done.stderr)}", False)
+            row(
+                "flops",
+                f"{dtype} GPT: exit status",
+                "0",
+                f"{done.returncode}: {last_line(done.stderr)}",
+                False,
+            )
             continue
         own = json.loads(report.read_text())
         doc = json.loads(summary.read_text())
@@ -366,7 +432,9 @@ def section_flops(work: Path, gpu: bool) -> None:
         )
         phases = doc.get("timeline_phases") or ""
         times = own["times_s"]
-        untouched = [t for i, t in enumerate(times) if i >= 5 and i < len(phases) and phases[i] == "0"]
+        untouched = [
+            t for i, t in enumerate(times) if i >= 5 and i < len(phases) and phases[i] == "0"
+        ]
         peak = flops.get("peak_flops_per_s")
         if untouched and peak:
             own_mfu = analytic / statistics.median(untouched) / peak
@@ -391,7 +459,9 @@ def section_flops(work: Path, gpu: bool) -> None:
             f"{dtype} GPT: MFU dtype",
             dtype,
             f"{flops.get('mfu_dtype')} (assumed: {flops.get('mfu_dtype_assumed')})",
-            (flops.get("mfu_dtype") == dtype and not flops.get("mfu_dtype_assumed")) if gpu else None,
+            (flops.get("mfu_dtype") == dtype and not flops.get("mfu_dtype_assumed"))
+            if gpu
+            else None,
         )
         for trace in sorted(out.glob("*.pt.trace.json.gz"))[:1]:
             shutil.copy(trace, work / f"fixture-gpt-{dtype}.pt.trace.json.gz")
@@ -443,7 +513,8 @@ def section_memory(work: Path, gpu: bool) -> None:
         return
     for name, program, must_not, must in (
         ("batch doubling to OOM", OOM, "leak", "out of memory at step"),
-        ("leak to OOM", LEAK, None, "leak.py:11"),  # where the kept outputs were made: `out = model(x)`
+        # where the kept outputs were made: `out = model(x)`
+        ("leak to OOM", LEAK, None, "leak.py:11"),
     ):
         prog = work / f"{name.split()[0]}.py"
         prog.write_text(program)
@@ -488,7 +559,13 @@ def section_memory(work: Path, gpu: bool) -> None:
 
 def section_compile(work: Path, gpu: bool) -> None:
     if not gpu:
-        row("compile", "torch.compile(mode='reduce-overhead') across the window", "exit 0", "no GPU", None)
+        row(
+            "compile",
+            "torch.compile(mode='reduce-overhead') across the window",
+            "exit 0",
+            "no GPU",
+            None,
+        )
         return
     prog = work / "compiled.py"
     prog.write_text(COMPILED)
@@ -542,17 +619,27 @@ SECTIONS = {
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None, help="keep everything here (default: a temporary folder)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved plain/stepcli rounds for the overhead")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="keep everything here (default: a temporary folder)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="interleaved plain/stepcli rounds for the overhead"
+    )
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
-    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes: checks the script, not stepcli")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="CPU, tiny sizes: checks the script, not stepcli"
+    )
     args = parser.parse_args()
     probe = subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True, text=True
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+        capture_output=True,
+        text=True,
     )
     gpu = probe.stdout.strip().endswith("True")
     if not gpu and not args.dry_run:
-        print("no CUDA GPU here: run with --dry-run to check the script on the CPU", file=sys.stderr)
+        print(
+            "no CUDA GPU here: run with --dry-run to check the script on the CPU", file=sys.stderr
+        )
         return 2
     work = args.out or Path(tempfile.mkdtemp(prefix="gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -568,16 +655,27 @@ def main() -> int:
         except Exception as exc:  # one broken section must not lose the others' figures
             row(name, "section ran", "no error", f"{type(exc).__name__}: {exc}", False)
         print(f"   ({time.perf_counter() - t0:.0f} s)", flush=True)
-        (work / "gpu_check.json").write_text(json.dumps({"rows": ROWS, "overhead": RATIOS}, indent=1))
+        (work / "gpu_check.json").write_text(
+            json.dumps({"rows": ROWS, "overhead": RATIOS}, indent=1)
+        )
     print("\n| figure | expected | got | |\n|---|---|---|---|")
     for r in ROWS:
         print(f"| {r['section']}: {r['figure']} | {r['expected']} | {r['got']} | {r['status']} |")
     if RATIOS:
-        print("\n| variant | plain median ms | stepcli untouched median ms | ratio | runs |\n|---|---:|---:|---:|---:|")
+        print(
+            "\n| variant | plain median ms | stepcli untouched median ms | ratio | runs "
+            "|\n|---|---:|---:|---:|---:|"
+        )
         for r in RATIOS:
-            print(f"| {r['variant']} | {r['plain_ms']:.2f} | {r['ms']:.2f} | {r['ratio']:.3f}x | {r['runs']} |")
+            print(
+                f"| {r['variant']} | {r['plain_ms']:.2f} | {r['ms']:.2f} | {r['ratio']:.3f}x | "
+                f"{r['runs']} |"
+            )
     failed = sum(r["status"] == "FAIL" for r in ROWS)
-    print(f"\n{len(ROWS) - failed} passed, {failed} failed ({time.perf_counter() - started:.0f} s, results in {work})")
+    print(
+        f"\n{len(ROWS) - failed} passed, {failed} failed ({time.perf_counter() - started:.0f} s, "
+        f"results in {work})"
+    )
     return 1 if failed else 0
 
 

@@ -1,12 +1,15 @@
-"""Regenerate the CUDA traces in tests/data/ that the report's advice tests read (needs a CUDA machine).
+"""Regenerate the CUDA traces in tests/data/ that the report's advice tests read (needs a CUDA
+machine).
 
 Usage: python scripts/make_cuda_fixture_traces.py
 
-Writes, with `stepcli run --gzip` (the torch on the machine decides the trace format; 2.11 made the current ones):
-- cuda_small.pt.trace.json.gz: 3 recorded steps of a 12-layer MLP with a per-tensor Adam (foreach=False) and a
-  `.item()` every step: many tiny kernels, a synchronize per step, an optimizer that loops over tensors;
-- cuda_compile.pt.trace.json.gz: 4 recorded steps of a torch.compile'd function fed three batch sizes in turn, so
-  dynamo recompiles and "Torch-Compiled Region: 0/1" runs in the window.
+Writes, with `stepcli run --gzip` (the torch on the machine decides the trace format; 2.11 made the
+current ones):
+- cuda_small.pt.trace.json.gz: 3 recorded steps of a 12-layer MLP with a per-tensor Adam
+  (foreach=False) and a `.item()` every step: many tiny kernels, a synchronize per step, an
+  optimizer that loops over tensors;
+- cuda_compile.pt.trace.json.gz: 4 recorded steps of a torch.compile'd function fed three batch
+  sizes in turn, so dynamo recompiles and "Torch-Compiled Region: 0/1" runs in the window.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ COMPILE = """
         opt.zero_grad()
         loss.backward()
         opt.step()
-"""
+"""  # noqa: E501
 
 
 def _record(name: str, source: str, schedule: list[str]) -> None:

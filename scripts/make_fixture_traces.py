@@ -2,8 +2,9 @@
 
 Usage: python scripts/make_fixture_traces.py
 
-Writes train_cpu.pt.trace.json (two recorded steps of a small training loop with a DataLoader, record_shapes on)
-and train_cpu.key_averages.json (torch's own key_averages() for the same window: name, count, self and total us).
+Writes train_cpu.pt.trace.json (two recorded steps of a small training loop with a DataLoader,
+record_shapes on) and train_cpu.key_averages.json (torch's own key_averages() for the same window:
+name, count, self and total us).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ SCRIPT = textwrap.dedent(
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
             prof.step()
-    """
+    """  # noqa: E501
 )
 
 

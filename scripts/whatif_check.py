@@ -1,18 +1,20 @@
-"""`stepcli whatif` against real programs changed for real: predict from one run, make the change in a copy of the
-program, measure it with `stepcli run`, compare.
+"""`stepcli whatif` against real programs changed for real: predict from one run, make the change in
+a copy of the program, measure it with `stepcli run`, compare.
 
-Each case is a small torch program with a knob (a rank's extra work, a data loader's sleep per item, an operator
-repeated k times, the bytes of an all-reduce). For every round, taken in turns so that the machine's drift falls on
-both alike: the original program is run under `stepcli run`, `stepcli whatif` predicts the change from its traces,
-and the changed program is run under `stepcli run` too. Printed per case: the prediction and the measurement at the
-profiler's pace (the recorded steps: `predicted_ms` against the changed run's own `measured_ms`) and at the
-program's pace (`predicted_untouched_ms` against the changed run's untouched median), as medians over the rounds
-with their range, the error of the medians, and the noise: half the changed program's own range over the rounds,
-relative to its median (an error inside it cannot be told from the machine's drift). `--json` keeps every round.
+Each case is a small torch program with a knob (a rank's extra work, a data loader's sleep per item,
+an operator repeated k times, the bytes of an all-reduce). For every round, taken in turns so that
+the machine's drift falls on both alike: the original program is run under `stepcli run`, `stepcli
+whatif` predicts the change from its traces, and the changed program is run under `stepcli run` too.
+Printed per case: the prediction and the measurement at the profiler's pace (the recorded steps:
+`predicted_ms` against the changed run's own `measured_ms`) and at the program's pace
+(`predicted_untouched_ms` against the changed run's untouched median), as medians over the rounds
+with their range, the error of the medians, and the noise: half the changed program's own range over
+the rounds, relative to its median (an error inside it cannot be told from the machine's drift).
+`--json` keeps every round.
 
-    python scripts/whatif_check.py                 # every case, 3 rounds (~10 minutes on 2 cores)
+    python scripts/whatif_check.py  # every case, 3 rounds (~10 minutes on 2 cores)
     python scripts/whatif_check.py --rounds 5 --cases slow_rank,off_path --examples ''
-    python scripts/whatif_check.py --rounds 1 --cases none            # only the example programs' replay
+    python scripts/whatif_check.py --rounds 1 --cases none  # only the example programs' replay
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ DDP = """
     del model, opt
     import gc; gc.collect()
     dist.destroy_process_group()
-"""
+"""  # noqa: E501
 
 ALLREDUCE = """
     import os, torch
@@ -69,7 +71,7 @@ ALLREDUCE = """
         opt.zero_grad()
     dist.barrier()
     dist.destroy_process_group()
-"""
+"""  # noqa: E501
 
 LOADER = """
     import os, time, torch
@@ -93,7 +95,7 @@ LOADER = """
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
             opt.zero_grad()
-"""
+"""  # noqa: E501
 
 REPEAT = """
     import os, torch
@@ -110,9 +112,9 @@ REPEAT = """
 """
 
 
-# Replay only: programs in the shape of pytorch/examples (mnist, word_language_model, vae, dcgan, a transformer
-# encoder, mnist under DDP), small enough for a CPU. No change is made: the unchanged replay must give back the
-# measured step (goals: 2% median, 5% worst).
+# Replay only: programs in the shape of pytorch/examples (mnist, word_language_model, vae, dcgan, a
+# transformer encoder, mnist under DDP), small enough for a CPU. No change is made: the unchanged
+# replay must give back the measured step (goals: 2% median, 5% worst).
 EXAMPLES = {
     "mnist": """
         import torch, torch.nn as nn, torch.nn.functional as F
@@ -134,7 +136,7 @@ EXAMPLES = {
             opt.zero_grad()
             F.nll_loss(model(x), y).backward()
             opt.step()
-    """,
+    """,  # noqa: E501
     "word_language_model": """
         import torch, torch.nn as nn
         torch.manual_seed(0)
@@ -158,7 +160,7 @@ EXAMPLES = {
             nn.functional.cross_entropy(output, data[i + 1:i + 1 + bptt].reshape(-1)).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
             opt.step()
-    """,
+    """,  # noqa: E501
     "vae": """
         import torch, torch.nn as nn, torch.nn.functional as F
         torch.manual_seed(0)
@@ -181,7 +183,7 @@ EXAMPLES = {
             loss = F.binary_cross_entropy(recon, x, reduction="sum")
             (loss - 0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())).backward()
             opt.step()
-    """,
+    """,  # noqa: E501
     "dcgan": """
         import torch, torch.nn as nn
         torch.manual_seed(0)
@@ -201,7 +203,7 @@ EXAMPLES = {
             netG.zero_grad()
             loss(netD(fake).view(-1), torch.ones(32)).backward()
             optG.step()
-    """,
+    """,  # noqa: E501
     "transformer": """
         import torch, torch.nn as nn
         torch.manual_seed(0)
@@ -213,7 +215,7 @@ EXAMPLES = {
             opt.zero_grad()
             nn.functional.cross_entropy(model(tokens).view(-1, 1000), tokens.view(-1)).backward()
             opt.step()
-    """,
+    """,  # noqa: E501
     "mnist_ddp": """
         import torch, torch.nn as nn, torch.nn.functional as F
         import torch.distributed as dist
@@ -229,7 +231,7 @@ EXAMPLES = {
             opt.step()
         dist.barrier()
         dist.destroy_process_group()
-    """,
+    """,  # noqa: E501
 }
 
 
@@ -247,7 +249,16 @@ class Case:
 def cases(delays: list[int]) -> list[Case]:
     out = []
     for delay in delays:
-        out.append(Case(f"slow_rank_{delay}ms", DDP, True, {"EXTRA1_MS": str(delay)}, {}, ["--idealize-rank", "1"]))
+        out.append(
+            Case(
+                f"slow_rank_{delay}ms",
+                DDP,
+                True,
+                {"EXTRA1_MS": str(delay)},
+                {},
+                ["--idealize-rank", "1"],
+            )
+        )
     out.append(
         Case(
             "slow_rank_extra_removed",
@@ -268,7 +279,16 @@ def cases(delays: list[int]) -> list[Case]:
             ["--scale", "rank:0/extra_work=0"],
         )
     )
-    out.append(Case("allreduce_half", ALLREDUCE, True, {"NUMEL": "4000000"}, {"NUMEL": "2000000"}, ["--comm", "0.5"]))
+    out.append(
+        Case(
+            "allreduce_half",
+            ALLREDUCE,
+            True,
+            {"NUMEL": "4000000"},
+            {"NUMEL": "2000000"},
+            ["--comm", "0.5"],
+        )
+    )
     for workers in (0, 1, 2):
         out.append(
             Case(
@@ -281,19 +301,46 @@ def cases(delays: list[int]) -> list[Case]:
                 steps=70,
             )
         )
-    out.append(Case("bmm_halved", REPEAT, False, {"REPEAT": "8"}, {"REPEAT": "4"}, ["--scale", "aten::bmm=0.5"]))
+    out.append(
+        Case(
+            "bmm_halved",
+            REPEAT,
+            False,
+            {"REPEAT": "8"},
+            {"REPEAT": "4"},
+            ["--scale", "aten::bmm=0.5"],
+        )
+    )
     return out
 
 
 def run(case: Case, knobs: dict[str, str], folder: Path) -> Path:
-    """The program under `stepcli run` (steps 11-20 recorded: past the first steps' warm-up, DDP's bucket rebuild
-    and the allocator's growth; ten steps so that one step's hiccup moves the mean by little), its run folder."""
+    """The program under `stepcli run` (steps 11-20 recorded: past the first steps' warm-up, DDP's
+    bucket rebuild and the allocator's growth; ten steps so that one step's hiccup moves the mean by
+    little), its run folder."""
     script = folder / "program.py"
     script.write_text(textwrap.dedent(case.program.format(steps=case.steps)).lstrip())
     out = folder / f"run{len(list(folder.glob('run*')))}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", **knobs}
-    command = ["torchrun", "--nproc-per-node", "2", str(script)] if case.torchrun else ["python", str(script)]
-    argv = [sys.executable, "-m", "stepcli", "run", "--quiet", "--wait", "10", "--active", "10", "-o", str(out), "--"]
+    command = (
+        ["torchrun", "--nproc-per-node", "2", str(script)]
+        if case.torchrun
+        else ["python", str(script)]
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "stepcli",
+        "run",
+        "--quiet",
+        "--wait",
+        "10",
+        "--active",
+        "10",
+        "-o",
+        str(out),
+        "--",
+    ]
     subprocess.run(argv + command, env=env, check=True, cwd=folder, stdout=subprocess.DEVNULL)
     return out
 
@@ -318,9 +365,16 @@ def check(case: Case, rounds: int) -> dict:
             doc = whatif(run(case, case.before, folder), case.change)
             changed = whatif(run(case, case.after, folder), [])
             replay_errors.append(abs(doc["replay_error"] or 0))
-            raw.append({key: doc.get(key) for key in ("verdict", "measured_ms", "untouched_ms", "replay_error")})
+            raw.append(
+                {
+                    key: doc.get(key)
+                    for key in ("verdict", "measured_ms", "untouched_ms", "replay_error")
+                }
+            )
             raw[-1]["change"] = doc["changes"][0] if doc["changes"] else None
-            raw[-1]["changed"] = {key: changed.get(key) for key in ("verdict", "measured_ms", "untouched_ms")}
+            raw[-1]["changed"] = {
+                key: changed.get(key) for key in ("verdict", "measured_ms", "untouched_ms")
+            }
             if doc["verdict"] != "ok" or changed["measured_ms"] is None:
                 continue
             entry = doc["changes"][0]
@@ -341,8 +395,9 @@ def check(case: Case, rounds: int) -> dict:
 
 
 def _pair(predicted: list[float], measured: list[float]) -> dict:
-    """Medians, ranges, the error of the medians, and the noise: half the changed program's own range over its
-    rounds, relative to its median (an error inside it cannot be told from the machine's drift)."""
+    """Medians, ranges, the error of the medians, and the noise: half the changed program's own
+    range over its rounds, relative to its median (an error inside it cannot be told from the
+    machine's drift)."""
     if not predicted:
         return {}
     p, m = statistics.median(predicted), statistics.median(measured)
@@ -364,23 +419,31 @@ def _row(result: dict, pace: str) -> str:
     lo_m, hi_m = pair["measured_range"]
     return (
         f"| {result['case']} | {pace} | {pair['predicted']:.2f} ({lo_p:.2f}-{hi_p:.2f}) | "
-        f"{pair['measured']:.2f} ({lo_m:.2f}-{hi_m:.2f}) | {pair['error']:+.1%} | ±{pair['noise']:.1%} |"
+        f"{pair['measured']:.2f} ({lo_m:.2f}-{hi_m:.2f}) | {pair['error']:+.1%} | "
+        f"±{pair['noise']:.1%} |"
     )
 
 
 def _floor(results: list[dict]) -> list[float]:
-    """What no prediction can beat on this machine: the changed program measured in one round against the same
-    program in another (|a - b| / b over every ordered pair of rounds, both paces)."""
+    """What no prediction can beat on this machine: the changed program measured in one round
+    against the same program in another (|a - b| / b over every ordered pair of rounds, both
+    paces)."""
     floor = []
     for result in results:
         for pace in ("measured_ms", "untouched_ms"):
             values = [r["changed"][pace] for r in result["raw"] if r["changed"][pace] is not None]
-            floor += [abs(a - b) / b for i, a in enumerate(values) for j, b in enumerate(values) if i != j and b > 0]
+            floor += [
+                abs(a - b) / b
+                for i, a in enumerate(values)
+                for j, b in enumerate(values)
+                if i != j and b > 0
+            ]
     return floor
 
 
 def replay_examples(rounds: int, names: list[str]) -> list[dict]:
-    """Each example program run `rounds` times under `stepcli run` and replayed unchanged: measured vs replayed."""
+    """Each example program run `rounds` times under `stepcli run` and replayed unchanged: measured
+    vs replayed."""
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
@@ -400,8 +463,9 @@ def replay_examples(rounds: int, names: list[str]) -> list[dict]:
             )
             worst = max(errors, key=abs) if errors else None
             print(
-                f"| {name} | {statistics.median(r for r in results[-1]['measured_ms'] if r is not None):.2f} | "
-                f"{worst:+.1%} | {', '.join(results[-1]['verdicts'])} |"
+                f"| {name} | "
+                f"{statistics.median(r for r in results[-1]['measured_ms'] if r is not None):.2f} "
+                f"| {worst:+.1%} | {', '.join(results[-1]['verdicts'])} |"
                 if worst is not None
                 else f"| {name} | - | - | {', '.join(results[-1]['verdicts'])} |",
                 flush=True,
@@ -412,7 +476,9 @@ def replay_examples(rounds: int, names: list[str]) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--delays", default="2,5,10,20,40", help="ms of rank 1's extra work, one case each")
+    parser.add_argument(
+        "--delays", default="2,5,10,20,40", help="ms of rank 1's extra work, one case each"
+    )
     parser.add_argument("--cases", default="", help="comma-separated case names (prefixes) to run")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument(
@@ -425,7 +491,9 @@ def main() -> None:
               any(c.name.startswith(p) for p in args.cases.split(","))]  # fmt: skip
     results = []
     if chosen:
-        print("| case | pace | predicted ms/step (range) | measured ms/step (range) | error | noise |")
+        print(
+            "| case | pace | predicted ms/step (range) | measured ms/step (range) | error | noise |"
+        )
         print("|---|---|---|---|---|---|")
     for case in chosen:
         result = check(case, args.rounds)
@@ -437,8 +505,8 @@ def main() -> None:
         errors = [abs(pair["error"]) for pair in pairs]
         inside = sum(abs(pair["error"]) <= pair["noise"] for pair in pairs)
         print(
-            f"\nwhat-if error: median {statistics.median(errors):.1%}, worst {max(errors):.1%} ({len(errors)} figures);"
-            f" {inside} of them within the changed program's own noise"
+            f"\nwhat-if error: median {statistics.median(errors):.1%}, worst {max(errors):.1%} "
+            f"({len(errors)} figures); {inside} of them within the changed program's own noise"
         )
         floor = _floor(results)
         if floor:
@@ -452,12 +520,18 @@ def main() -> None:
     examples = [name for name in args.examples.split(",") if name]
     replayed = []
     if examples:
-        print("\n| example program | measured ms/step (median) | replay error (worst round) | verdicts |")
+        print(
+            "\n| example program | measured ms/step (median) | replay error (worst round) | "
+            "verdicts |"
+        )
         print("|---|---|---|---|")
         replayed = replay_examples(args.rounds, examples)
         every = [abs(e) for r in replayed for e in r["replay_errors"]]
         if every:
-            print(f"\nreplay error over the examples: median {statistics.median(every):.1%}, worst {max(every):.1%}")
+            print(
+                f"\nreplay error over the examples: median {statistics.median(every):.1%}, worst "
+                f"{max(every):.1%}"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps({"whatifs": results, "examples": replayed}, indent=2))
 

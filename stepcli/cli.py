@@ -1,5 +1,5 @@
-"""The `stepcli` group and its entry point: one command per module of stepcli/commands/, errors mapped to exit
-codes and one line on stderr."""
+"""The `stepcli` group and its entry point: one command per module of stepcli/commands/, errors
+mapped to exit codes and one line on stderr."""
 
 from __future__ import annotations
 
@@ -30,14 +30,15 @@ def cli() -> None:
     """Profile unmodified PyTorch programs on a step schedule."""
 
 
-# One module per command, in stepcli/commands/, in the order `stepcli --help` lists them (alphabetical).
+# One module per command, in stepcli/commands/, in the order `stepcli --help` lists them
+# (alphabetical).
 for _command in (run, table, compare, whatif, capture, top, memory, report, merge, demo):
     cli.add_command(_command)
 
 
 def entry() -> NoReturn:
-    """The `stepcli` command (and `python -m stepcli`): main(), then an exit without the interpreter's teardown
-    (stepcli.quickexit)."""
+    """The `stepcli` command (and `python -m stepcli`): main(), then an exit without the
+    interpreter's teardown (stepcli.quickexit)."""
     from stepcli.quickexit import quick_exit
 
     quick_exit(main())
@@ -45,12 +46,14 @@ def entry() -> NoReturn:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: returns the exit status instead of raising SystemExit."""
-    from stepcli.safetext import visible  # error lines name files and values the user or a trace chose
+    # error lines name files and values the user or a trace chose
+    from stepcli.safetext import visible
 
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["demo"] and "--" in args:
-        # `stepcli demo [RUN OPTIONS] -- DEMO OPTIONS`: split here, on the raw words, since click drops a `--`
-        # that follows a flag or comes first, and the demo's options would then reach `run` (No such option).
+        # `stepcli demo [RUN OPTIONS] -- DEMO OPTIONS`: split here, on the raw words, since click
+        # drops a `--` that follows a flag or comes first, and the demo's options would then reach
+        # `run` (No such option).
         from stepcli.demo import demo_argv
 
         at = args.index("--")
@@ -66,28 +69,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     from stepcli import safefile
     from stepcli.quickexit import remove_temps_on_signals
 
-    remove_temps_on_signals()  # SIGTERM/SIGHUP mid-write: no half-written `.NAME.<random>.tmp` is left
+    # SIGTERM/SIGHUP mid-write: no half-written `.NAME.<random>.tmp` is left
+    remove_temps_on_signals()
     try:
         from stepcli.limits import check_input_limit
 
         check_input_limit()
-        # make_context/invoke, not cli.main: click's main turns a broken pipe into exit 1 and a traceback at exit
+        # make_context/invoke, not cli.main: click's main turns a broken pipe into exit 1 and a
+        # traceback at exit
         with cli.make_context("stepcli", args) as ctx:
             ctx.meta[MAIN] = main  # `stepcli demo` runs `stepcli run` through it
             result = cli.invoke(ctx)
-        sys.stdout.flush()  # what print() left buffered fails here, inside the guard, not at the exit's flush
+        # what print() left buffered fails here, inside the guard, not at the exit's flush
+        sys.stdout.flush()
     except click.exceptions.Exit as exc:  # --help, --version
         sys.stdout.flush()
         return exc.exit_code
-    except (click.exceptions.Abort, KeyboardInterrupt, EOFError):  # (what click's own main turns into Abort)
+    # (what click's own main turns into Abort)
+    except (click.exceptions.Abort, KeyboardInterrupt, EOFError):
         safefile.remove_live_temps()
         click.echo("stepcli: aborted", err=True)
         return 130
-    except click.exceptions.NoArgsIsHelpError as exc:  # bare `stepcli`: the usage, as written, not as one line
-        click.echo(exc.ctx.get_help() if exc.ctx else "Usage: stepcli [OPTIONS] COMMAND [ARGS]...", err=True)
+    # bare `stepcli`: the usage, as written, not as one line
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(
+            exc.ctx.get_help() if exc.ctx else "Usage: stepcli [OPTIONS] COMMAND [ARGS]...",
+            err=True,
+        )
         return EXIT_USAGE
     except click.UsageError as exc:
-        # (an option's missing value is raised before the command's context exists: the command is the first word)
+        # (an option's missing value is raised before the command's context exists: the command is
+        # the first word)
         command = (
             exc.ctx.info_name
             if exc.ctx and exc.ctx.parent
@@ -113,7 +125,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("STEPCLI_DEBUG"):
             raise
         click.echo(
-            visible(f"stepcli: internal error: {type(exc).__name__}: {exc} (set STEPCLI_DEBUG=1 for the traceback)"),
+            visible(
+                f"stepcli: internal error: {type(exc).__name__}: {exc} (set STEPCLI_DEBUG=1 for "
+                f"the traceback)"
+            ),
             err=True,
         )
         return EXIT_INTERNAL

@@ -9,8 +9,10 @@ EXIT_USAGE = 2
 EXIT_NOTHING_MEASURED = 3
 EXIT_INCONCLUSIVE = 4  # compare --strict: the interval was too wide to decide
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in stepcli itself
-EXIT_NOT_SAVED = 74  # EX_IOERR: run's --json could not be written (a full disk): no summary is left at its path
-EXIT_HANG = 124  # `--on-hang kill`: the job was ended after its hang dump (timeout(1)'s status for "timed out")
+# EX_IOERR: run's --json could not be written (a full disk): no summary is left at its path
+EXIT_NOT_SAVED = 74
+# `--on-hang kill`: the job was ended after its hang dump (timeout(1)'s status for "timed out")
+EXIT_HANG = 124
 
 
 class StepcliError(Exception):

@@ -1,10 +1,12 @@
-"""How stepcli writes numbers and messages for people: durations, sizes, shares, one-line messages wrapped.
+"""How stepcli writes numbers and messages for people: durations, sizes, shares, one-line messages
+wrapped.
 
-One home, so the terminal, the tables and report.html round alike. Sizes are binary (1 KiB = 1024 bytes) and
-labelled KiB/MiB/GiB, never KB/MB. JSON documents keep raw numbers (`*_bytes`, `*_ms`); only rendering uses this.
-The agent (inside the profiled program, standard library only, importing nothing of stepcli outside itself) keeps
-its own copy of `size` in stepcli/agent/output.py; tests/unit/test_fmt.py checks that the two agree. Names from
-traces and programs are made safe to show by stepcli/safetext.py.
+One home, so the terminal, the tables and report.html round alike. Sizes are binary (1 KiB = 1024
+bytes) and labelled KiB/MiB/GiB, never KB/MB. JSON documents keep raw numbers (`*_bytes`, `*_ms`);
+only rendering uses this. The agent (inside the profiled program, standard library only, importing
+nothing of stepcli outside itself) keeps its own copy of `size` in stepcli/agent/output.py;
+tests/unit/test_fmt.py checks that the two agree. Names from traces and programs are made safe to
+show by stepcli/safetext.py.
 """
 
 from __future__ import annotations
@@ -16,23 +18,26 @@ from typing import Any
 from stepcli.safetext import visible
 
 _SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
-_HUGE_MS = 1e9  # 11.6 days: a longer "duration" is a broken or hostile number, shown in scientific notation
+# 11.6 days: a longer "duration" is a broken or hostile number, shown in scientific notation
+_HUGE_MS = 1e9
 
 
 def us(value: float) -> str:
-    """A short duration given in microseconds, as the terminal, the page and the advice all write it: `878 µs`,
-    `11.09 ms`."""
-    return f"{value:.0f} µs" if abs(value) < 999.5 else f"{value / 1000:.2f} ms"  # (999.6 would read "1000 µs")
+    """A short duration given in microseconds, as the terminal, the page and the advice all write
+    it: `878 µs`, `11.09 ms`."""
+    # (999.6 would read "1000 µs")
+    return f"{value:.0f} µs" if abs(value) < 999.5 else f"{value / 1000:.2f} ms"
 
 
 def ms(value: float | None) -> str:
-    """A duration given in milliseconds, with its unit and about 3-4 significant digits: `0.412 ms`, `12.3 ms`,
-    `1.25 s`; `-` for none."""
+    """A duration given in milliseconds, with its unit and about 3-4 significant digits: `0.412 ms`,
+    `12.3 ms`, `1.25 s`; `-` for none."""
     if value is None:
         return "-"
     if value == 0:
         return "0 ms"
-    if not abs(value) < _HUGE_MS:  # a broken or hostile trace: keep the line readable (and inf/nan as such)
+    # a broken or hostile trace: keep the line readable (and inf/nan as such)
+    if not abs(value) < _HUGE_MS:
         return f"{value / 1000:.3g} s"
     if abs(value) >= 1000:
         return f"{value / 1000:.2f} s"
@@ -46,7 +51,8 @@ def ms(value: float | None) -> str:
 
 
 def ms_cell(value: float | None) -> str:
-    """A millisecond number for a table column whose header names the unit: `1,234.5`, `12.35`, `0.412`."""
+    """A millisecond number for a table column whose header names the unit: `1,234.5`, `12.35`,
+    `0.412`."""
     if value is None:
         return "-"
     if not abs(value) < _HUGE_MS:
@@ -59,8 +65,8 @@ def ms_cell(value: float | None) -> str:
 
 
 def ms_fixed(value: float | None) -> str:
-    """A millisecond number to the microsecond, for differences read side by side: `10.000`, `+0.412` comes from
-    the caller's sign; `-` for none."""
+    """A millisecond number to the microsecond, for differences read side by side: `10.000`,
+    `+0.412` comes from the caller's sign; `-` for none."""
     if value is None:
         return "-"
     return f"{value:.3f}" if abs(value) < _HUGE_MS else f"{value:.6g}"
@@ -72,7 +78,8 @@ def seconds(value: float) -> str:
 
 
 def ms_exact(value: float) -> str:
-    """A millisecond number as a user would type it back: 25.0 -> `25`, 31.25 -> `31.25` (budgets, limits)."""
+    """A millisecond number as a user would type it back: 25.0 -> `25`, 31.25 -> `31.25` (budgets,
+    limits)."""
     if not abs(value) < _HUGE_MS:
         return f"{value:.6g}"
     text = f"{value:.3f}".rstrip("0").rstrip(".")
@@ -105,20 +112,25 @@ def plural(count: int, noun: str, many: str | None = None) -> str:
 
 
 def say(message: str) -> None:
-    """One `stepcli: ...` line on stderr (stdout belongs to the program, or to the command's output)."""
+    """One `stepcli: ...` line on stderr (stdout belongs to the program, or to the command's
+    output)."""
     try:
-        sys.stderr.write(f"stepcli: {visible(message)}\n")  # names from programs and files: no ESC, no bidi
+        # names from programs and files: no ESC, no bidi
+        sys.stderr.write(f"stepcli: {visible(message)}\n")
         sys.stderr.flush()
     except (OSError, ValueError):
         pass  # stderr closed: nothing more can be said
 
 
-_GLUE = "\x1f"  # holds a figure and its unit together while wrapping (never in the text: control characters are shown)
+# holds a figure and its unit together while wrapping (never in the text: control characters are
+# shown)
+_GLUE = "\x1f"
 _UNIT = re.compile(r"(?<=\d) (?=(?:ms|s|%|KiB|MiB|GiB|B|steps?|x)\b)")
 
 
 def _clauses(line: str) -> list[str]:
-    """`line` cut after each `, `, `; ` and `: ` outside brackets (a colon only after words: not `REGRESSION:`)."""
+    """`line` cut after each `, `, `; ` and `: ` outside brackets (a colon only after words: not
+    `REGRESSION:`)."""
     parts: list[str] = []
     depth, start = 0, 0
     for index, char in enumerate(line):
@@ -136,9 +148,10 @@ def _clauses(line: str) -> list[str]:
 
 
 def wrap_clauses(line: str, width: int, indent: str = "  ") -> list[str]:
-    """`line` cut into lines of at most `width` characters (where its words allow): between clauses (after `, `,
-    `; ` or `: ` outside brackets) where it can, else between words, never between a figure and its unit;
-    continuation lines indented. A word longer than the width (a path, a command) stays whole."""
+    """`line` cut into lines of at most `width` characters (where its words allow): between clauses
+    (after `, `, `; ` or `: ` outside brackets) where it can, else between words, never between a
+    figure and its unit; continuation lines indented. A word longer than the width (a path, a
+    command) stays whole."""
     import textwrap
 
     if len(line) <= width:
@@ -172,6 +185,7 @@ def wrap_clauses(line: str, width: int, indent: str = "  ") -> list[str]:
 
 
 def print_wrapped(console: Any, line: str, indent: str = "  ") -> None:
-    """A long line of plain text (no markup) on a rich Console, wrapped to its width by `wrap_clauses`."""
+    """A long line of plain text (no markup) on a rich Console, wrapped to its width by
+    `wrap_clauses`."""
     for part in wrap_clauses(line, max(40, console.width), indent):
         console.print(part, markup=False, highlight=False, soft_wrap=True)

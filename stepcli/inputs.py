@@ -1,14 +1,15 @@
-"""Reading files stepcli did not write (traces, run summaries, the small files beside them): regular files only,
-bounded in size, never blocking.
+"""Reading files stepcli did not write (traces, run summaries, the small files beside them): regular
+files only, bounded in size, never blocking.
 
-A path given to `table` or `compare` may name anything: `/dev/zero` (endless), a FIFO (blocks forever on open
-or read), a gzip bomb. Each is refused with one line before it can hang stepcli or take all memory. The same holds
-for the side files found beside an input (a trace's `NAME.flops`, read_side_json) and for a glance at a gzip
-trailer (gzip_trailer): a name in a shared folder may be a FIFO or a link to `/dev/zero` planted by anyone.
+A path given to `table` or `compare` may name anything: `/dev/zero` (endless), a FIFO (blocks
+forever on open or read), a gzip bomb. Each is refused with one line before it can hang stepcli or
+take all memory. The same holds for the side files found beside an input (a trace's `NAME.flops`,
+read_side_json) and for a glance at a gzip trailer (gzip_trailer): a name in a shared folder may be
+a FIFO or a link to `/dev/zero` planted by anyone.
 
-A trace a run wrote is read only while it is still that file (expect_written): another user can rename a
-forgery over it at any moment, so the check is made on the descriptor the bytes are then read from, never on the
-path before an open.
+A trace a run wrote is read only while it is still that file (expect_written): another user can
+rename a forgery over it at any moment, so the check is made on the descriptor the bytes are then
+read from, never on the path before an open.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ from stepcli.limits import LIMIT_ENV, input_limit  # (input_limit: read_input bo
 
 GZIP_MAGIC = b"\x1f\x8b"
 _READ_STEP = 1 << 20
-_INFLATE_STEP = 1 << 20  # inflated pieces that stay in the CPU's caches until appended (4 MB: +20% gunzip time)
+# inflated pieces that stay in the CPU's caches until appended (4 MB: +20% gunzip time)
+_INFLATE_STEP = 1 << 20
 
 
 def _too_big(path: str, what: str, limit: int, raisable: bool = True) -> TraceError:
-    """`raisable`: the limit is the input limit, which the environment raises (a side file's is fixed)."""
+    """`raisable`: the limit is the input limit, which the environment raises (a side file's is
+    fixed)."""
     how = f" (set {LIMIT_ENV} to raise it)" if raisable else " in such a file"
     return TraceError(path, f"{what} is larger than the {_size(limit)} stepcli reads{how}")
 
@@ -44,15 +47,16 @@ def read_input(
 ) -> bytes | bytearray:
     """The bytes of a regular file (decompressed when it is gzip), or TraceError naming the problem.
 
-    Opened non-blocking, so a FIFO is refused instead of waiting for a writer forever. `midway` is called once
-    with the inflated text so far when a gzip file is about half inflated (its trailer says its size), so work on
-    the first half can begin while the rest inflates.
+    Opened non-blocking, so a FIFO is refused instead of waiting for a writer forever. `midway` is
+    called once with the inflated text so far when a gzip file is about half inflated (its trailer
+    says its size), so work on the first half can begin while the rest inflates.
     """
     limit = input_limit()
     data = read_file(path, limit)
     if gunzip and (path.endswith(".gz") or data[:2] == GZIP_MAGIC):
         try:
-            half = int.from_bytes(data[-4:], "little") // 2 if midway is not None else 0  # (ISIZE, mod 4 GiB)
+            # (ISIZE, mod 4 GiB)
+            half = int.from_bytes(data[-4:], "little") // 2 if midway is not None else 0
             return gunzip_bounded(data, limit, path, midway, half)
         except EOFError:
             raise TraceError(path, "corrupt gzip: the compressed stream is truncated") from None
@@ -61,13 +65,14 @@ def read_input(
     return data
 
 
-# How an input is opened: non-blocking, so a FIFO is refused (after fstat) instead of waiting for a writer.
+# How an input is opened: non-blocking, so a FIFO is refused (after fstat) instead of waiting for a
+# writer.
 READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def broken_link(path: str) -> str | None:
-    """Why `path`, a symbolic link that leads to no file, leads nowhere (a loop, or a missing target); None when
-    it is no link (then it is simply missing)."""
+    """Why `path`, a symbolic link that leads to no file, leads nowhere (a loop, or a missing
+    target); None when it is no link (then it is simply missing)."""
     if not os.path.islink(path):
         return None
     try:
@@ -84,7 +89,8 @@ def broken_link(path: str) -> str | None:
 @dataclass(frozen=True)
 class Written:
     """What a run recorded of a trace it wrote: the file a later read must still find at that path.
-    `device` None: not comparable here (a step log of another node: its mount of a shared file system)."""
+    `device` None: not comparable here (a step log of another node: its mount of a shared file
+    system)."""
 
     inode: int | None
     device: int | None
@@ -92,14 +98,15 @@ class Written:
     uid: int
 
 
-# Traces this process reads only while they are the file the run wrote, by absolute path (expect_written).
+# Traces this process reads only while they are the file the run wrote, by absolute path
+# (expect_written).
 _written: dict[str, Written] = {}
 
 
 def written_problem(info: os.stat_result, written: Written) -> str | None:
-    """Why the file `info` describes (an fstat, or an lstat: a link is no regular file) is not the one `written`
-    records (owner, inode, size), or None. The one check of a run's traces: at the run's end, and when `report`
-    or `compare` read a run folder back."""
+    """Why the file `info` describes (an fstat, or an lstat: a link is no regular file) is not the
+    one `written` records (owner, inode, size), or None. The one check of a run's traces: at the
+    run's end, and when `report` or `compare` read a run folder back."""
     if not stat.S_ISREG(info.st_mode):
         return "not a regular file"
     if info.st_uid != written.uid:
@@ -114,14 +121,19 @@ def written_problem(info: os.stat_result, written: Written) -> str | None:
 
 
 def file_problem(path: str, written: Written) -> str | None:
-    """Why the file at `path` is not the one `written` records (written_problem, on a descriptor opened without
-    following a link or waiting on a FIFO), "missing" when nothing is there, or None."""
+    """Why the file at `path` is not the one `written` records (written_problem, on a descriptor
+    opened without following a link or waiting on a FIFO), "missing" when nothing is there, or
+    None."""
     try:
         fd = os.open(path, READ_FLAGS | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
         return "missing"
     except OSError as exc:
-        return "not a regular file" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror or exc})"
+        return (
+            "not a regular file"
+            if exc.errno == errno.ELOOP
+            else f"cannot be read ({exc.strerror or exc})"
+        )
     try:
         return written_problem(os.fstat(fd), written)
     finally:
@@ -129,14 +141,15 @@ def file_problem(path: str, written: Written) -> str | None:
 
 
 def expect_written(path: str, written: Written) -> None:
-    """From now on (in this process and the workers it starts), `path` is read only while it is the file
-    `written` records: checked on the very descriptor its bytes are read from (open_input), so a forgery renamed
-    over it after any earlier look is refused, never read."""
+    """From now on (in this process and the workers it starts), `path` is read only while it is the
+    file `written` records: checked on the very descriptor its bytes are read from (open_input), so
+    a forgery renamed over it after any earlier look is refused, never read."""
     _written[os.path.abspath(path)] = written
 
 
 def expected_files() -> dict[str, Written]:
-    """The files expect_written named, for a worker process that does not inherit this one's memory."""
+    """The files expect_written named, for a worker process that does not inherit this one's
+    memory."""
     return dict(_written)
 
 
@@ -146,9 +159,10 @@ def restore_expected(files: Mapping[str, Written]) -> None:
 
 
 def open_input(path: str) -> tuple[int, os.stat_result]:
-    """A descriptor of `path` opened without waiting (a FIFO is refused after fstat, never waited on) and its
-    fstat; for a file expect_written named, opened without following a link and refused (TraceError) unless it
-    is still that file. The caller reads from the descriptor and closes it."""
+    """A descriptor of `path` opened without waiting (a FIFO is refused after fstat, never waited
+    on) and its fstat; for a file expect_written named, opened without following a link and refused
+    (TraceError) unless it is still that file. The caller reads from the descriptor and closes
+    it."""
     written = _written.get(os.path.abspath(path)) if _written else None
     flags = READ_FLAGS | (getattr(os, "O_NOFOLLOW", 0) if written is not None else 0)
     try:
@@ -174,13 +188,16 @@ def open_input(path: str) -> tuple[int, os.stat_result]:
 
 
 def read_file(path: str, limit: int, *, raisable: bool = True) -> bytearray:
-    """The bytes of a regular file as they are (see read_input), or TraceError (`raisable`: see _too_big)."""
+    """The bytes of a regular file as they are (see read_input), or TraceError (`raisable`: see
+    _too_big)."""
     fd, info = open_input(path)
     try:
         if stat.S_ISDIR(info.st_mode):
             raise TraceError(path, "is a folder")
         if not stat.S_ISREG(info.st_mode):
-            raise TraceError(path, "not a regular file (a device, FIFO or socket); save the data to a file first")
+            raise TraceError(
+                path, "not a regular file (a device, FIFO or socket); save the data to a file first"
+            )
         if info.st_size > limit:
             raise _too_big(path, f"the file ({_size(info.st_size)})", limit, raisable)
         data = _read_regular(fd, info.st_size, limit, path, raisable)
@@ -195,10 +212,11 @@ SIDE_FILE_LIMIT = 1 << 16  # a side file stepcli writes holds a few hundred byte
 
 
 def read_side_json(path: str, limit: int = SIDE_FILE_LIMIT) -> Any:
-    """The JSON document of a small file read beside an input (a trace's FLOPs), None when nothing is at `path`;
-    TraceError when what is there is not a regular file of at most `limit` bytes (a FIFO is refused, never waited
-    on; a link to `/dev/zero` is never read) holding JSON whose every number is finite (`1e400` and `NaN` are no
-    counts; an integer of thousands of digits is refused by Python's own limit)."""
+    """The JSON document of a small file read beside an input (a trace's FLOPs), None when nothing
+    is at `path`; TraceError when what is there is not a regular file of at most `limit` bytes (a
+    FIFO is refused, never waited on; a link to `/dev/zero` is never read) holding JSON whose every
+    number is finite (`1e400` and `NaN` are no counts; an integer of thousands of digits is refused
+    by Python's own limit)."""
     if not os.path.lexists(path):
         return None
     data = read_file(path, limit, raisable=False)
@@ -221,9 +239,10 @@ def read_side_json(path: str, limit: int = SIDE_FILE_LIMIT) -> Any:
 
 
 def gzip_trailer(path: str) -> tuple[int, int] | None:
-    """(file size, inflated size from the trailer: ISIZE, modulo 4 GiB) of a regular gzip file; None for anything
-    else. Opened non-blocking and checked with fstat before a byte is read, so a FIFO named `*.json.gz` never
-    blocks the caller (which only estimates; the reader refuses such a file in one line later)."""
+    """(file size, inflated size from the trailer: ISIZE, modulo 4 GiB) of a regular gzip file; None
+    for anything else. Opened non-blocking and checked with fstat before a byte is read, so a FIFO
+    named `*.json.gz` never blocks the caller (which only estimates; the reader refuses such a file
+    in one line later)."""
     try:
         fd, info = open_input(path)
     except TraceError:
@@ -239,8 +258,8 @@ def gzip_trailer(path: str) -> tuple[int, int] | None:
 
 
 def _read_regular(fd: int, size: int, limit: int, path: str, raisable: bool = True) -> bytearray:
-    """Read the whole file into one buffer of its size (held once, as `read()` would), and never past `limit`
-    when the file grows while it is read."""
+    """Read the whole file into one buffer of its size (held once, as `read()` would), and never
+    past `limit` when the file grows while it is read."""
     buffer = bytearray(size + 1)  # one spare byte tells a file that grew
     got = 0
     with memoryview(buffer) as view:
@@ -268,11 +287,12 @@ def gunzip_bounded(
     midway: Callable[[bytearray], None] | None = None,
     midway_at: int = 0,
 ) -> bytearray:
-    """Decompress every gzip member into one buffer, refusing output past `limit` (a gzip bomb); `midway(out)`
-    once the output reaches `midway_at` bytes (see read_input).
+    """Decompress every gzip member into one buffer, refusing output past `limit` (a gzip bomb);
+    `midway(out)` once the output reaches `midway_at` bytes (see read_input).
 
-    Compressed input goes in 1 MB pieces and output comes out in 1 MB pieces, so neither side is ever held
-    twice (gzip.decompress joins a list of pieces at the end, holding the output twice at its peak).
+    Compressed input goes in 1 MB pieces and output comes out in 1 MB pieces, so neither side is
+    ever held twice (gzip.decompress joins a list of pieces at the end, holding the output twice at
+    its peak).
     """
     out = bytearray()
     for piece in inflated_pieces(data, limit, path):
@@ -284,13 +304,15 @@ def gunzip_bounded(
 
 
 def inflated_pieces(data: bytes | bytearray, limit: int, path: str = "<memory>") -> Iterator[bytes]:
-    """The decompressed text of every gzip member, in ~1 MB pieces; TraceError once it passes `limit`, OSError,
-    EOFError or zlib.error for data that is not (whole) gzip."""
+    """The decompressed text of every gzip member, in ~1 MB pieces; TraceError once it passes
+    `limit`, OSError, EOFError or zlib.error for data that is not (whole) gzip."""
     view = memoryview(data)
     position = total = 0
     while True:
         if bytes(view[position : position + 2]) != GZIP_MAGIC:
-            raise OSError("not a gzip file" if position == 0 else "unexpected data after the last member")
+            raise OSError(
+                "not a gzip file" if position == 0 else "unexpected data after the last member"
+            )
         inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
         while not inflater.eof and position < len(data):
             piece = view[position : position + _READ_STEP]
@@ -314,16 +336,18 @@ def inflated_pieces(data: bytes | bytearray, limit: int, path: str = "<memory>")
 
 
 class _Outline(msgspec.Struct):
-    """The top level of a JSON document, decoded without building its (possibly huge) traceEvents."""
+    """The top level of a JSON document, decoded without building its (possibly huge)
+    traceEvents."""
 
     schema: Any = None
     traceEvents: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b""))
 
 
 def outline(data: bytes | bytearray) -> tuple[str, Any]:
-    """What a document is, by content (never by size): ("run", schema) for a document with a `schema` field,
-    ("trace", None) for one with `traceEvents`, ("other", None) for other valid JSON, and ("broken", None) when it
-    is not valid JSON at all (the trace reader then names the precise problem)."""
+    """What a document is, by content (never by size): ("run", schema) for a document with a
+    `schema` field, ("trace", None) for one with `traceEvents`, ("other", None) for other valid
+    JSON, and ("broken", None) when it is not valid JSON at all (the trace reader then names the
+    precise problem)."""
     try:
         document = msgspec.json.decode(data, type=_Outline)
     except msgspec.ValidationError:
@@ -340,8 +364,9 @@ def outline(data: bytes | bytearray) -> tuple[str, Any]:
 def run_paths_problem(doc: dict[str, Any]) -> str | None:
     """Why the trace paths a run summary lists cannot be trusted, or None.
 
-    A run summary names only traces inside its own `out_dir` (stepcli writes nothing elsewhere); a document that
-    points at `/etc/passwd` or `../other-run` was not written by stepcli and is refused.
+    A run summary names only traces inside its own `out_dir` (stepcli writes nothing elsewhere); a
+    document that points at `/etc/passwd` or `../other-run` was not written by stepcli and is
+    refused.
     """
     out_dir = doc.get("out_dir")
     listed: list[tuple[str, Any]] = []

@@ -1,8 +1,10 @@
-"""The wording of a problem in decoded JSON from an untrusted file: msgspec's `Expected `int`, got `str` - at
-`$.processes[0].rank`` said as stepcli says it, `.processes[0].rank is not an integer`, from the declared type
-(a `Meta(description=...)` names the kind of value; `Meta(extra={"missing": ...})` words a missing field).
+"""The wording of a problem in decoded JSON from an untrusted file: msgspec's `Expected `int`, got
+`str` - at `$.processes[0].rank`` said as stepcli says it, `.processes[0].rank is not an integer`,
+from the declared type (a `Meta(description=...)` names the kind of value; `Meta(extra={"missing":
+...})` words a missing field).
 
-A document's types are declared as msgspec Structs (stepcli.runfolder.summaryfile); this module knows none of them.
+A document's types are declared as msgspec Structs (stepcli.runfolder.summaryfile); this module
+knows none of them.
 """
 
 from __future__ import annotations
@@ -21,17 +23,20 @@ def at(where: str, problem: str) -> str:
 
 
 def shown(key: str) -> str:
-    """A key of a hostile document as it can be shown in a one-line message (printable, at most 40 characters)."""
+    """A key of a hostile document as it can be shown in a one-line message (printable, at most 40
+    characters)."""
     return key if key.isprintable() and len(key) <= 40 else repr(key[:40])
 
 
 def wording(error: msgspec.ValidationError, document: Any, kind: Any) -> str:
-    """Why `document` is not a `kind`, as a path relative to it and a predicate: `.rank is not an integer`."""
+    """Why `document` is not a `kind`, as a path relative to it and a predicate: `.rank is not an
+    integer`."""
     text, _, where = str(error).partition(" - at `$")
     path = _steps(where.rstrip("`"))
     value, declared, shown_path, pair_at = document, kind, "", None
     for step in path:
-        if step == "[...]":  # a key of a map: msgspec does not say which, so find the first wrong value
+        # a key of a map: msgspec does not say which, so find the first wrong value
+        if step == "[...]":
             inner = _item_type(declared, step)
             for key, item in (value or {}).items():
                 try:
@@ -39,19 +44,31 @@ def wording(error: msgspec.ValidationError, document: Any, kind: Any) -> str:
                 except msgspec.ValidationError as deeper:
                     return at(f"{shown_path}.{shown(str(key))}", wording(deeper, item, inner))
             break
-        pair_at = shown_path if _is_tuple(declared) else None  # an item of a pair is named at the pair
+        # an item of a pair is named at the pair
+        pair_at = shown_path if _is_tuple(declared) else None
         declared = _item_type(declared, step)
         value = _child(value, step)
         shown_path += step if step.startswith("[") else f".{step}"
     if text.startswith("Object missing required field `"):
         first = _first_wrong_field(_unwrapped(declared), value)
         if first is not None:
-            return at(f"{shown_path}.{first[0]}", first[1]) if first[0] else at(_path_of(path[:-1]), first[1])
+            return (
+                at(f"{shown_path}.{first[0]}", first[1])
+                if first[0]
+                else at(_path_of(path[:-1]), first[1])
+            )
         return f"{shown_path}.{text.split('`')[1]} is missing"
     if text.startswith(("Expected ", "Number out of range")):
-        first = _first_wrong_field(_parent_struct(kind, path), _child_of(document, path[:-1]), named_only=True)
-        if first is not None:  # the first wrong field in declaration order, as a reader would check them
-            return at(_path_of(path[:-1]) + f".{first[0]}", first[1]) if first[0] else at(_path_of(path[:-2]), first[1])
+        first = _first_wrong_field(
+            _parent_struct(kind, path), _child_of(document, path[:-1]), named_only=True
+        )
+        # the first wrong field in declaration order, as a reader would check them
+        if first is not None:
+            return (
+                at(_path_of(path[:-1]) + f".{first[0]}", first[1])
+                if first[0]
+                else at(_path_of(path[:-2]), first[1])
+            )
         return at(pair_at or shown_path, _predicate(declared))
     return at(shown_path, text)  # a check of a Struct's own (none yet): its message as it is
 
@@ -74,10 +91,13 @@ def _parent_struct(kind: Any, path: list[str]) -> Any:
     return parent if path and not path[-1].startswith("[") else None
 
 
-def _first_wrong_field(kind: Any, value: Any, *, named_only: bool = False) -> tuple[str, str] | None:
-    """(field, problem) for the first field of Struct `kind` that `value` lacks or gets wrong, in declaration
-    order; field "" when the problem is said of the list holding `value` (a row without a name). `named_only`:
-    a missing field counts only where its type names the wording (a statistic, an operator's name)."""
+def _first_wrong_field(
+    kind: Any, value: Any, *, named_only: bool = False
+) -> tuple[str, str] | None:
+    """(field, problem) for the first field of Struct `kind` that `value` lacks or gets wrong, in
+    declaration order; field "" when the problem is said of the list holding `value` (a row without
+    a name). `named_only`: a missing field counts only where its type names the wording (a
+    statistic, an operator's name)."""
     if not (isinstance(kind, type) and issubclass(kind, Struct)) or not isinstance(value, dict):
         return None
     for field in msgspec.structs.fields(kind):
@@ -154,7 +174,9 @@ def _description(declared: Any) -> str:
     """How a value of `declared` is named in a message: its description, else its JSON kind."""
     while True:
         if typing.get_origin(declared) is Annotated:
-            meta = [m for m in typing.get_args(declared)[1:] if isinstance(m, Meta) and m.description]
+            meta = [
+                m for m in typing.get_args(declared)[1:] if isinstance(m, Meta) and m.description
+            ]
             if meta:
                 return str(meta[-1].description)
             declared = typing.get_args(declared)[0]
@@ -170,4 +192,6 @@ def _description(declared: Any) -> str:
         return "a list"
     if origin is dict or (isinstance(declared, type) and issubclass(declared, (Struct, dict))):
         return "an object"
-    return {str: "a string", int: "an integer", bool: "true or false"}.get(declared, "of the declared type")
+    return {str: "a string", int: "an integer", bool: "true or false"}.get(
+        declared, "of the declared type"
+    )

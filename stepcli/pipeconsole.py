@@ -1,18 +1,20 @@
 """A command's output on stdout, and a rich Console for output that may go to a pipe.
 
-rich pads table titles, captions and grid rows with spaces to the table's width; on a terminal that is invisible,
-in a CI log or a file it is noise that `diff`, `grep 'x$'` and editors trip over. Lines for a terminal are left as
-rich draws them.
+rich pads table titles, captions and grid rows with spaces to the table's width; on a terminal that
+is invisible, in a CI log or a file it is noise that `diff`, `grep 'x$'` and editors trip over.
+Lines for a terminal are left as rich draws them.
 
-A reader that goes away (`stepcli table T | head -1`) is not an error: the console raises BrokenPipeError (rich's
-own handling would `sys.exit(1)`), and the command ends quietly with its own status (compare's verdict survives a
-`| head`). Output that cannot be written at all (stdout closed by `>&-`, a full disk, `> /dev/full`) is not a bug in
-stepcli either: `guard_stdout` turns it into one `stepcli: error:` line and exit 2, said once.
+A reader that goes away (`stepcli table T | head -1`) is not an error: the console raises
+BrokenPipeError (rich's own handling would `sys.exit(1)`), and the command ends quietly with its own
+status (compare's verdict survives a `| head`). Output that cannot be written at all (stdout closed
+by `>&-`, a full disk, `> /dev/full`) is not a bug in stepcli either: `guard_stdout` turns it into
+one `stepcli: error:` line and exit 2, said once.
 
-A stdout whose encoding lacks a character (`PYTHONIOENCODING=latin-1`, a Latin-1 or ASCII locale) is no failure:
-the characters stepcli draws with (`…`, `≥`, `×`, bars) are written as ASCII look-alikes and any other as a
-`\\uXXXX` escape, JSON output (json_for) with escapes only, so it reads back the same; the command's exit status,
-compare's verdict included, is what it would be on a UTF-8 terminal.
+A stdout whose encoding lacks a character (`PYTHONIOENCODING=latin-1`, a Latin-1 or ASCII locale) is
+no failure: the characters stepcli draws with (`…`, `≥`, `×`, bars) are written as ASCII look-alikes
+and any other as a `\\uXXXX` escape, JSON output (json_for) with escapes only, so it reads back the
+same; the command's exit status, compare's verdict included, is what it would be on a UTF-8
+terminal.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ def strip_trailing(text: str) -> str:
 
 
 def pipe_console(base: type[Console] | None = None, **options: Any) -> Console:
-    """A Console (of class `base`, else rich's) that drops trailing spaces when it does not write to a terminal."""
+    """A Console (of class `base`, else rich's) that drops trailing spaces when it does not write to
+    a terminal."""
     from rich.console import Console as RichConsole
 
     parent = base or RichConsole
@@ -63,8 +66,9 @@ def pipe_console(base: type[Console] | None = None, **options: Any) -> Console:
 
 
 def _width_for_bad_columns(options: dict[str, Any]) -> int | None:
-    """The width to use when COLUMNS is set but is no width (`0`, as some shells and CI runners set it, or a
-    negative number): the stream's terminal's, else 80. rich would take `0` as zero columns and draw nothing."""
+    """The width to use when COLUMNS is set but is no width (`0`, as some shells and CI runners set
+    it, or a negative number): the stream's terminal's, else 80. rich would take `0` as zero columns
+    and draw nothing."""
     raw = os.environ.get("COLUMNS", "").strip()
     if not re.fullmatch(r"-?\d+", raw) or int(raw) > 0:
         return None  # unset, a real width, or text rich ignores anyway
@@ -75,7 +79,8 @@ def _width_for_bad_columns(options: dict[str, Any]) -> int | None:
         return 80
 
 
-# ASCII look-alikes of the characters stepcli's own output uses, for a stdout whose encoding lacks them.
+# ASCII look-alikes of the characters stepcli's own output uses, for a stdout whose encoding lacks
+# them.
 _LOOKALIKES = {
     "…": "...",
     "≥": ">=",
@@ -100,8 +105,8 @@ _JSON_ESCAPES = "stepcli-json-escapes"
 
 
 def _lookalike(error: UnicodeError, lookalikes: dict[str, str] = _LOOKALIKES) -> tuple[str, int]:
-    """Codec error handler: each character the encoding lacks as its ASCII look-alike, else as `\\uXXXX` (a
-    surrogate pair beyond the BMP, as JSON writes it)."""
+    """Codec error handler: each character the encoding lacks as its ASCII look-alike, else as
+    `\\uXXXX` (a surrogate pair beyond the BMP, as JSON writes it)."""
     if not isinstance(error, UnicodeEncodeError):
         raise error
     out = []
@@ -122,8 +127,8 @@ codecs.register_error(_JSON_ESCAPES, lambda error: _lookalike(error, {}))
 
 
 def json_for(stream: object, text: str) -> str:
-    """JSON `text` as `stream` can take it: unchanged, or each character its encoding lacks as a `\\uXXXX` escape
-    (the document reads back the same; a look-alike would change a name)."""
+    """JSON `text` as `stream` can take it: unchanged, or each character its encoding lacks as a
+    `\\uXXXX` escape (the document reads back the same; a look-alike would change a name)."""
     encoding = getattr(stream, "encoding", None) or "utf-8"
     try:
         text.encode(encoding)
@@ -141,14 +146,16 @@ def _encodable(text: str, encoding: str | None) -> str:
 
 
 class StdoutError(StepcliError):
-    """stdout cannot take the command's output (closed, a full disk, an I/O error): the user's setup, not a bug."""
+    """stdout cannot take the command's output (closed, a full disk, an I/O error): the user's
+    setup, not a bug."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"cannot write the output to stdout: {reason}", EXIT_USAGE)
 
 
 class _GuardedStdout:
-    """sys.stdout for a command: a failed write or flush raises StdoutError once, then output is dropped."""
+    """sys.stdout for a command: a failed write or flush raises StdoutError once, then output is
+    dropped."""
 
     def __init__(self, stream: IO[str] | None) -> None:
         self._stream = stream
@@ -160,9 +167,11 @@ class _GuardedStdout:
             raise StdoutError(reason)
 
     def write(self, text: str) -> int:
-        if not isinstance(text, str):  # click probes for a binary stream with write(b""): this one is text
+        # click probes for a binary stream with write(b""): this one is text
+        if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        if self._failed or not text:  # (an empty write, click's other probe, proves nothing either way)
+        # (an empty write, click's other probe, proves nothing either way)
+        if self._failed or not text:
             return len(text)
         if self._stream is None:
             self._fail("it is closed")
@@ -204,15 +213,17 @@ class _GuardedStdout:
 
 
 def guard_stdout() -> Any:
-    """Put a guarded stdout in place of sys.stdout; returns the one it replaced, for `sys.stdout = ...` after."""
+    """Put a guarded stdout in place of sys.stdout; returns the one it replaced, for `sys.stdout =
+    ...` after."""
     before = sys.stdout
     sys.stdout = _GuardedStdout(before)
     return before
 
 
 def discard_stdout(out: IO[str] | None = None) -> None:
-    """After a broken pipe on stdout, point its descriptor at /dev/null so that the interpreter's last flush of
-    what is still buffered succeeds silently instead of printing "Exception ignored ... BrokenPipeError"."""
+    """After a broken pipe on stdout, point its descriptor at /dev/null so that the interpreter's
+    last flush of what is still buffered succeeds silently instead of printing "Exception ignored
+    ... BrokenPipeError"."""
     target = out if out is not None else sys.stdout
     try:
         fd = target.fileno()

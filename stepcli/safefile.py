@@ -1,16 +1,18 @@
-"""Creating files and folders where other users may write: never through a link or FIFO planted there.
+"""Creating files and folders where other users may write: never through a link or FIFO planted
+there.
 
-Every file stepcli creates goes through here. The output folder may be a scratch folder that other users can write
-to; anything at a name stepcli will use may have been planted there first: a link to one of the user's own files
-(which a plain `open(name, "w")` would truncate and overwrite), a FIFO (which blocks the opener forever), a folder
-link that sends the file somewhere else. So:
+Every file stepcli creates goes through here. The output folder may be a scratch folder that other
+users can write to; anything at a name stepcli will use may have been planted there first: a link to
+one of the user's own files (which a plain `open(name, "w")` would truncate and overwrite), a FIFO
+(which blocks the opener forever), a folder link that sends the file somewhere else. So:
 
-- a file is always created new (O_CREAT|O_EXCL|O_NOFOLLOW) under a temporary name no one can guess (random, not
-  the pid), written, then renamed over its final name: a rename replaces a link planted at the final name instead
-  of writing through it, and readers never see half a file;
-- `replace=False` never replaces anything at the final name (a hard link of the temporary file, which fails when
-  the name is taken);
-- a folder stepcli uses inside the output folder is opened without following a link and must be a real folder.
+- a file is always created new (O_CREAT|O_EXCL|O_NOFOLLOW) under a temporary name no one can guess
+  (random, not the pid), written, then renamed over its final name: a rename replaces a link planted
+  at the final name instead of writing through it, and readers never see half a file;
+- `replace=False` never replaces anything at the final name (a hard link of the temporary file,
+  which fails when the name is taken);
+- a folder stepcli uses inside the output folder is opened without following a link and must be a
+  real folder.
 
 Standard library only and import-light: the agent (inside the profiled program) uses it too.
 """
@@ -21,7 +23,8 @@ import errno
 import os
 import stat
 
-TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+# typing is not imported at run time: this module loads in every profiled process
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import IO
@@ -33,23 +36,27 @@ NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC
 FOLDER_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | O_NOFOLLOW | O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC
 LINK_ERRNOS = (errno.ELOOP, errno.EMLINK)  # what O_NOFOLLOW answers for a link (Linux, BSD)
-PRIVATE = 0o600  # files that hold stack frames, argv or allocation stacks: the user's only, whatever the umask
+# files that hold stack frames, argv or allocation stacks: the user's only, whatever the umask
+PRIVATE = 0o600
 SHARED = 0o666  # everything else: the umask decides, as for any file
 
 
-# The temporary files being written now, by this process: (pid, path, dir_fd) by NewFile. A short command (merge,
-# report -o, compare --markdown, ...) stopped by SIGTERM, SIGHUP or Ctrl-C removes them
-# (stepcli.quickexit.remove_temps_on_signals) instead of leaving a half-written `.NAME.<random>.tmp` for good.
+# The temporary files being written now, by this process: (pid, path, dir_fd) by NewFile. A short
+# command (merge, report -o, compare --markdown, ...) stopped by SIGTERM, SIGHUP or Ctrl-C removes
+# them (stepcli.quickexit.remove_temps_on_signals) instead of leaving a half-written
+# `.NAME.<random>.tmp` for good.
 _LIVE: dict[int, tuple[int, str, int | None]] = {}
 
 
 def uid() -> int:
-    """This user's id: the owner every file and folder stepcli writes into must have (0 where there is none)."""
+    """This user's id: the owner every file and folder stepcli writes into must have (0 where there
+    is none)."""
     return os.getuid() if hasattr(os, "getuid") else 0
 
 
 def random_tag() -> str:
-    """16 hex digits from the OS's random source: a temporary name nobody can plant a link at in advance."""
+    """16 hex digits from the OS's random source: a temporary name nobody can plant a link at in
+    advance."""
     return os.urandom(8).hex()
 
 
@@ -59,17 +66,17 @@ def temp_name(name: str) -> str:
 
 
 def create_new(path: str, mode: int = SHARED, *, dir_fd: int | None = None) -> int:
-    """A descriptor (write-only) of a file created at `path` now: FileExistsError when anything is there, a link
-    included (never followed)."""
+    """A descriptor (write-only) of a file created at `path` now: FileExistsError when anything is
+    there, a link included (never followed)."""
     return os.open(path, NEW_FILE_FLAGS, mode, dir_fd=dir_fd)
 
 
 def create_temp(
     folder: str, name: str, mode: int = SHARED, *, dir_fd: int | None = None, track: object = None
 ) -> tuple[int, str]:
-    """(descriptor, path) of a new temporary file for `name` in `folder` (with `dir_fd`, the path is relative
-    to it and `folder` is ignored). `track`: the writer; its file is listed in _LIVE before it exists, so a
-    signal at any moment after finds it."""
+    """(descriptor, path) of a new temporary file for `name` in `folder` (with `dir_fd`, the path is
+    relative to it and `folder` is ignored). `track`: the writer; its file is listed in _LIVE before
+    it exists, so a signal at any moment after finds it."""
     for _ in range(100):
         tmp = temp_name(name)
         path = tmp if dir_fd is not None else os.path.join(folder, tmp)
@@ -83,8 +90,9 @@ def create_temp(
 
 
 def publish(tmp: str, path: str, *, replace: bool = True, dir_fd: int | None = None) -> None:
-    """Give the finished temporary file its final name. `replace=False`: FileExistsError when the name is taken
-    (by anything, a link included), and the temporary file is left for the caller to remove."""
+    """Give the finished temporary file its final name. `replace=False`: FileExistsError when the
+    name is taken (by anything, a link included), and the temporary file is left for the caller to
+    remove."""
     if replace:
         os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         return
@@ -93,7 +101,8 @@ def publish(tmp: str, path: str, *, replace: bool = True, dir_fd: int | None = N
     except OSError as exc:
         if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS):
             raise
-        # A file system without hard links: a name taken a moment ago could still be replaced, nothing else.
+        # A file system without hard links: a name taken a moment ago could still be replaced,
+        # nothing else.
         try:
             os.lstat(path, dir_fd=dir_fd)
         except FileNotFoundError:
@@ -111,8 +120,8 @@ def remove(path: str, *, dir_fd: int | None = None) -> None:
 
 
 def remove_live_temps() -> None:
-    """Remove every temporary file this process is writing now (a child forked meanwhile removes none of its
-    parent's: the pid is checked)."""
+    """Remove every temporary file this process is writing now (a child forked meanwhile removes
+    none of its parent's: the pid is checked)."""
     pid = os.getpid()
     for owner, path, dir_fd in list(_LIVE.values()):
         if owner == pid:
@@ -121,13 +130,16 @@ def remove_live_temps() -> None:
 
 
 class NewFile:
-    """`with NewFile(path) as handle:` writes a binary file created new under a temporary name beside `path`,
-    renamed to `path` when the block ends without an exception (and removed when it raises).
+    """`with NewFile(path) as handle:` writes a binary file created new under a temporary name
+    beside `path`, renamed to `path` when the block ends without an exception (and removed when it
+    raises).
 
-    `mode`: PRIVATE (0600) or SHARED (the umask decides). `replace=False`: never replace what is at `path`
-    (FileExistsError). `dir_fd`: `path` is a name in that folder's descriptor."""
+    `mode`: PRIVATE (0600) or SHARED (the umask decides). `replace=False`: never replace what is at
+    `path` (FileExistsError). `dir_fd`: `path` is a name in that folder's descriptor."""
 
-    def __init__(self, path: str, mode: int = SHARED, *, replace: bool = True, dir_fd: int | None = None) -> None:
+    def __init__(
+        self, path: str, mode: int = SHARED, *, replace: bool = True, dir_fd: int | None = None
+    ) -> None:
         self.path, self.mode, self.replace, self.dir_fd = path, mode, replace, dir_fd
         self.tmp = ""
         self._handle: IO[bytes] | None = None
@@ -162,7 +174,8 @@ class NewFile:
                 publish(self.tmp, self.path, replace=self.replace, dir_fd=self.dir_fd)
                 published = self.replace
         finally:
-            if not published:  # failed, or linked (the final name holds the data): the temporary name goes
+            # failed, or linked (the final name holds the data): the temporary name goes
+            if not published:
                 remove(self.tmp, dir_fd=self.dir_fd)
             _LIVE.pop(id(self), None)
 
@@ -181,15 +194,16 @@ def write_bytes(
 
 
 def probe_writable(folder: str, prefix: str = "stepcli-write-test") -> None:
-    """OSError when no file can be created in `folder`: a new empty temporary file, removed at once."""
+    """OSError when no file can be created in `folder`: a new empty temporary file, removed at
+    once."""
     fd, tmp = create_temp(folder, prefix, PRIVATE)
     os.close(fd)
     remove(tmp)
 
 
 def make_folder(path: str, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
-    """Create the folder `path` (its parent must exist), or accept one that is there: a real folder (not a link)
-    of this user. OSError otherwise, before anything is written into it."""
+    """Create the folder `path` (its parent must exist), or accept one that is there: a real folder
+    (not a link) of this user. OSError otherwise, before anything is written into it."""
     try:
         os.mkdir(path, mode, dir_fd=dir_fd)
         return
@@ -205,7 +219,8 @@ def make_folder(path: str, mode: int = 0o777, *, dir_fd: int | None = None) -> N
 
 
 def open_folder(path: str, *, dir_fd: int | None = None) -> int:
-    """A descriptor of the real folder at `path` (a link there is refused: OSError ELOOP/ENOTDIR)."""
+    """A descriptor of the real folder at `path` (a link there is refused: OSError
+    ELOOP/ENOTDIR)."""
     try:
         return os.open(path, FOLDER_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
@@ -214,9 +229,12 @@ def open_folder(path: str, *, dir_fd: int | None = None) -> int:
         raise
 
 
-def open_regular(path: str, *, dir_fd: int | None = None, own: bool = False) -> tuple[int, os.stat_result]:
-    """(read-only descriptor, stat) of the regular file at `path`: a link is not followed, a FIFO never blocks,
-    anything else is refused (OSError). `own`: a file of another user is refused too."""
+def open_regular(
+    path: str, *, dir_fd: int | None = None, own: bool = False
+) -> tuple[int, os.stat_result]:
+    """(read-only descriptor, stat) of the regular file at `path`: a link is not followed, a FIFO
+    never blocks, anything else is refused (OSError). `own`: a file of another user is refused
+    too."""
     try:
         fd = os.open(path, READ_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
@@ -239,9 +257,10 @@ NOT_OURS = "exists and was not written by stepcli"
 
 
 def why_not_replace(path: str, ours: Callable[[bytes], object], head: int = 4096) -> str | None:
-    """Why an output may not replace what is at `path` (a few words), or None when nothing is there or it is a
-    regular file, not a link, whose first `head` bytes `ours` recognizes as this command's own earlier output. So
-    the user's files, the command's own inputs, a link, a FIFO or a device are never replaced."""
+    """Why an output may not replace what is at `path` (a few words), or None when nothing is there
+    or it is a regular file, not a link, whose first `head` bytes `ours` recognizes as this
+    command's own earlier output. So the user's files, the command's own inputs, a link, a FIFO or a
+    device are never replaced."""
     if not os.path.lexists(path):
         return None
     try:
@@ -254,11 +273,13 @@ def why_not_replace(path: str, ours: Callable[[bytes], object], head: int = 4096
         return f"exists and cannot be read ({exc.strerror or exc})"
     finally:
         os.close(fd)
-    return None if not first or ours(first) else NOT_OURS  # (an empty file holds nothing to lose: `mktemp`'s)
+    # (an empty file holds nothing to lose: `mktemp`'s)
+    return None if not first or ours(first) else NOT_OURS
 
 
 def read_regular(path: str, limit: int, *, dir_fd: int | None = None, own: bool = False) -> bytes:
-    """At most `limit` bytes of the regular file at `path` (see open_regular); OSError EFBIG when it holds more."""
+    """At most `limit` bytes of the regular file at `path` (see open_regular); OSError EFBIG when it
+    holds more."""
     fd, _ = open_regular(path, dir_fd=dir_fd, own=own)
     try:
         chunks: list[bytes] = []

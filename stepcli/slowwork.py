@@ -1,8 +1,8 @@
-"""Progress lines on stderr for reading traces that may take seconds (`stepcli table`, `report`, the end of `run`):
-a 785 MiB trace took `table` 12 s and `report` 15 s with nothing said. Nothing is said for a read that ends within
-SAY_AFTER_S; after that, one line, another every TICK_S, and its time at the end. Only where it can matter: on a
-terminal, or for inputs of LARGE_INPUT_BYTES or more (a pipe or a CI log then sees it too), so small reads stay
-silent whatever the machine's load.
+"""Progress lines on stderr for reading traces that may take seconds (`stepcli table`, `report`, the
+end of `run`): a 785 MiB trace took `table` 12 s and `report` 15 s with nothing said. Nothing is
+said for a read that ends within SAY_AFTER_S; after that, one line, another every TICK_S, and its
+time at the end. Only where it can matter: on a terminal, or for inputs of LARGE_INPUT_BYTES or more
+(a pipe or a CI log then sees it too), so small reads stay silent whatever the machine's load.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ LARGE_INPUT_BYTES = 100 * 1000 * 1000
 
 
 def input_bytes(paths: Sequence[str]) -> int:
-    """The size of the trace files at `paths` (files, or folders walked for .json/.json.gz files)."""
+    """The size of the trace files at `paths` (files, or folders walked for .json/.json.gz
+    files)."""
     total = 0
     for path in paths:
         try:

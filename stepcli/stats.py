@@ -20,7 +20,8 @@ class Stats(TypedDict):
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default), q in [0, 100], of an already sorted list."""
+    """Linear-interpolated percentile (numpy's default), q in [0, 100], of an already sorted
+    list."""
     if not sorted_values:
         return math.nan
     position = (len(sorted_values) - 1) * q / 100.0

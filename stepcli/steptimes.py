@@ -1,9 +1,9 @@
-"""Step times per process, from a run summary or a trace analysis: what the page's chart, the advice and the
-slowest-rank outline all read, so they agree.
+"""Step times per process, from a run summary or a trace analysis: what the page's chart, the advice
+and the slowest-rank outline all read, so they agree.
 
-Steps are numbered from 0 (start-up); phase digits are those of `timeline_phases` (0 untouched, 1 warmup, 2/3
-recorded, 4 under the program's own profiler, 5 the first step after a window, which pays for its stop and save),
-plus "c" for an untouched step in which torch compiled.
+Steps are numbered from 0 (start-up); phase digits are those of `timeline_phases` (0 untouched, 1
+warmup, 2/3 recorded, 4 under the program's own profiler, 5 the first step after a window, which
+pays for its stop and save), plus "c" for an untouched step in which torch compiled.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from stepcli.runfolder.summaryfile import Process, RunSummary, StepRecord, Summa
 
 @dataclass(frozen=True)
 class ProcessSteps:
-    """One process's step times over the whole run (steps numbered from 0, phase digits as `timeline_phases`;
-    "c" marks an untouched step in which torch compiled)."""
+    """One process's step times over the whole run (steps numbered from 0, phase digits as
+    `timeline_phases`; "c" marks an untouched step in which torch compiled)."""
 
     label: str
     rank: int | None
@@ -35,10 +35,13 @@ def worker_label(process: Process | SummaryStepTimes) -> str:
 
 
 def mark_compiles(phases: str, compiled: set[int]) -> str:
-    """Untouched steps (and steps after a window) in which torch compiled get their own code, "c", so the step-time
-    chart shows them apart (the statistics already leave them out, as compile steps first). Step 0, start-up, keeps
-    its own look."""
-    return "".join("c" if code in "05" and 0 < step and step in compiled else code for step, code in enumerate(phases))
+    """Untouched steps (and steps after a window) in which torch compiled get their own code, "c",
+    so the step-time chart shows them apart (the statistics already leave them out, as compile steps
+    first). Step 0, start-up, keeps its own look."""
+    return "".join(
+        "c" if code in "05" and 0 < step and step in compiled else code
+        for step, code in enumerate(phases)
+    )
 
 
 def compiled_by_worker(summary: RunSummary) -> dict[str, set[int]]:
@@ -49,9 +52,11 @@ def compiled_by_worker(summary: RunSummary) -> dict[str, set[int]]:
     return compiled
 
 
-def _process_series(summary: RunSummary) -> list[tuple[Process | SummaryStepTimes, list[float], str]]:
-    """(process, step times, phases) per process: `step_times` (schema 2), per-process times kept in `processes`,
-    else the primary process's `timeline_ms`."""
+def _process_series(
+    summary: RunSummary,
+) -> list[tuple[Process | SummaryStepTimes, list[float], str]]:
+    """(process, step times, phases) per process: `step_times` (schema 2), per-process times kept in
+    `processes`, else the primary process's `timeline_ms`."""
     series: list[tuple[Process | SummaryStepTimes, list[float], str]] = []
     for entry in summary.step_times or []:
         if entry.durations_ms:
@@ -67,7 +72,9 @@ def _process_series(summary: RunSummary) -> list[tuple[Process | SummaryStepTime
     timeline = summary.timeline_ms or []
     if timeline:
         procs = list(summary.processes) or [Process()]
-        primary = next((p for p in procs if p.rank == 0), None) or max(procs, key=lambda p: p.global_steps or 0)
+        primary = next((p for p in procs if p.rank == 0), None) or max(
+            procs, key=lambda p: p.global_steps or 0
+        )
         series.append((primary, timeline, summary.timeline_phases or ""))
     return series
 
@@ -77,7 +84,9 @@ def process_steps(summary: RunSummary) -> list[ProcessSteps]:
     compiled = compiled_by_worker(summary)
     out = []
     for proc, values, phases in _process_series(summary):
-        marked = mark_compiles(phases.ljust(len(values), "0"), compiled.get(str(proc.worker), set()))
+        marked = mark_compiles(
+            phases.ljust(len(values), "0"), compiled.get(str(proc.worker), set())
+        )
         out.append(
             ProcessSteps(
                 label=worker_label(proc),
@@ -91,7 +100,8 @@ def process_steps(summary: RunSummary) -> list[ProcessSteps]:
 
 
 def trace_process_steps(rows: Sequence[Mapping[str, Any]]) -> list[ProcessSteps]:
-    """Per rank, the recorded steps of a trace analysis (`steps` rows: rank, step, dur_ms), all phase "2"."""
+    """Per rank, the recorded steps of a trace analysis (`steps` rows: rank, step, dur_ms), all
+    phase "2"."""
     by_rank: dict[Any, list[tuple[int, float]]] = {}
     for row in rows:
         by_rank.setdefault(row["rank"], []).append((row["step"], row["dur_ms"]))
@@ -111,15 +121,17 @@ def trace_process_steps(rows: Sequence[Mapping[str, Any]]) -> list[ProcessSteps]
 
 
 def rank_steps(processes: Sequence[ProcessSteps]) -> dict[int, list[float]]:
-    """Step times of each rank over the steps every rank measured (untouched ones when there are any), start-up
-    step left out, aligned by step number."""
+    """Step times of each rank over the steps every rank measured (untouched ones when there are
+    any), start-up step left out, aligned by step number."""
     ranked = [p for p in processes if p.rank is not None]
     if len(ranked) < 2:
         return {}
     for untouched_only in (True, False):
         tables = {
             int(p.rank): {
-                s: v for s, v, c in zip(p.steps, p.values_ms, p.phases) if s != 0 and (c == "0" or not untouched_only)
+                s: v
+                for s, v, c in zip(p.steps, p.values_ms, p.phases)
+                if s != 0 and (c == "0" or not untouched_only)
             }
             for p in ranked
             if p.rank is not None
@@ -131,7 +143,8 @@ def rank_steps(processes: Sequence[ProcessSteps]) -> dict[int, list[float]]:
 
 
 def slowest_by_steps(processes: Sequence[ProcessSteps]) -> int | None:
-    """The rank with the longest mean step over the steps all ranks measured, or None (one rank or none)."""
+    """The rank with the longest mean step over the steps all ranks measured, or None (one rank or
+    none)."""
     steps = rank_steps(processes)
     if not steps:
         return None
@@ -140,8 +153,9 @@ def slowest_by_steps(processes: Sequence[ProcessSteps]) -> int | None:
 
 
 def slowest_first(records: list[StepRecord], limit: int) -> list[StepRecord]:
-    """The whole-run step records (the run summary's `step_record`) to show: all of them when there are at most
-    `limit`, else the `limit` slowest at p99, in rank order; the terminal and report.html show the same ones."""
+    """The whole-run step records (the run summary's `step_record`) to show: all of them when there
+    are at most `limit`, else the `limit` slowest at p99, in rank order; the terminal and
+    report.html show the same ones."""
     if len(records) <= limit:
         return records
     keep = {id(r) for r in sorted(records, key=lambda r: -float(r.ms.get("p99") or 0))[:limit]}

@@ -1,7 +1,9 @@
-"""Open report pages in a real headless Chromium (Debian's chromium + chromium-driver, driven by Selenium).
+"""Open report pages in a real headless Chromium (Debian's chromium + chromium-driver, driven by
+Selenium).
 
-Nothing may reach the network: Selenium Manager is bypassed by naming the driver, and Chromium's background
-services are switched off. Tests that need the browser skip with a reason when it is not installed.
+Nothing may reach the network: Selenium Manager is bypassed by naming the driver, and Chromium's
+background services are switched off. Tests that need the browser skip with a reason when it is not
+installed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import pytest
 
 CHROMIUM = os.environ.get("STEPCLI_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("STEPCLI_CHROMEDRIVER", "/usr/bin/chromedriver")
-# Read at import: conftest clears STEPCLI_* variables around each test so runs don't inherit a config.
+# Read at import: conftest clears STEPCLI_* variables around each test so runs don't inherit a
+# config.
 ARTIFACTS = os.environ.get("STEPCLI_ARTIFACTS")
 FLAGS = (
     "--headless",

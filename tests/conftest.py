@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import browser  # noqa: F401  (the session's headless Chromium, a fixture for every test)
+
+# the session's headless Chromium, a fixture for every test
+from browser import browser  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
@@ -24,33 +26,42 @@ RANKS = 4  # ranks in the shared rank_folder fixture
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Byte-compile stepcli once per session. Where PYTHONDONTWRITEBYTECODE is set (these machines set it), every
-    stepcli subprocess of the suite would otherwise compile ~100 modules from source again (~0.1 s each time, some
-    700 processes); a .pyc is still read when present. Users' `pip install` compiles them the same way."""
+    """Byte-compile stepcli once per session. Where PYTHONDONTWRITEBYTECODE is set (these machines
+    set it), every stepcli subprocess of the suite would otherwise compile ~100 modules from source
+    again (~0.1 s each time, some 700 processes); a .pyc is still read when present. Users' `pip
+    install` compiles them the same way."""
     import compileall
 
     compileall.compile_dir(str(REPO / "stepcli"), quiet=2)
-    # A suite started in the background by a non-interactive shell inherits SIGINT ignored, and so would every
-    # process it starts: the Ctrl-C tests would then test nothing a terminal does. Give them a terminal's SIGINT.
+    # A suite started in the background by a non-interactive shell inherits SIGINT ignored, and so
+    # would every process it starts: the Ctrl-C tests would then test nothing a terminal does. Give
+    # them a terminal's SIGINT.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto`: four workers more than the cores. Many end-to-end tests wait (for a hang timeout, a capture, a
-    slow step) rather than compute; extra workers overlap those waits, and on a busy machine they keep the
-    suite's share of the CPU (measured on 2 cores beside a CPU burner: 4 workers beat 2, and 6 beat 4 by 6%)."""
-    return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) + 4
+    """`-n auto`: four workers more than the cores. Many end-to-end tests wait (for a hang timeout,
+    a capture, a slow step) rather than compute; extra workers overlap those waits, and on a busy
+    machine they keep the suite's share of the CPU (measured on 2 cores beside a CPU burner: 4
+    workers beat 2, and 6 beat 4 by 6%)."""
+    return (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    ) + 4
 
 
 def stepcli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for a stepcli subprocess: faulthandler on, no colour, no inherited stepcli config.
+    """The environment for a stepcli subprocess: faulthandler on, no colour, no inherited stepcli
+    config.
 
-    One intra-op thread per torch process, as torchrun gives each rank: the suite runs several programs at once on
-    a few cores, and torch's OpenMP threads spin-wait after each parallel region (measured on 2 cores: 0.4 of a
-    3.3 CPU-second test program). A test that needs more threads passes OMP_NUM_THREADS in `extra`."""
+    One intra-op thread per torch process, as torchrun gives each rank: the suite runs several
+    programs at once on a few cores, and torch's OpenMP threads spin-wait after each parallel region
+    (measured on 2 cores: 0.4 of a 3.3 CPU-second test program). A test that needs more threads
+    passes OMP_NUM_THREADS in `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPCLI_")}
-    env.update({"PYTHONFAULTHANDLER": "1", "NO_COLOR": "1", "COLUMNS": "160", "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {"PYTHONFAULTHANDLER": "1", "NO_COLOR": "1", "COLUMNS": "160", "PYTHONUNBUFFERED": "1"}
+    )
     env.setdefault("OMP_NUM_THREADS", "1")
     env.pop("GITHUB_STEP_SUMMARY", None)
     if extra:
@@ -58,8 +69,11 @@ def stepcli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _run(argv: list[str], cwd: object, env: dict[str, str] | None, timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run in a new session so that a timeout kills the whole tree (torchrun ranks too), never leaving orphans."""
+def _run(
+    argv: list[str], cwd: object, env: dict[str, str] | None, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Run in a new session so that a timeout kills the whole tree (torchrun ranks too), never
+    leaving orphans."""
     proc = subprocess.Popen(
         argv,
         cwd=cwd,
@@ -87,13 +101,18 @@ def run_stepcli(
 ) -> subprocess.CompletedProcess[str]:
     """`python -m stepcli ARGS` with captured text output; never `shell=True`, never bare `python`.
 
-    A torchrun job whose rank died in torch's own native code (gloo's teardown race of torch 2.13: "terminate
-    called without an active exception", a corrupted heap; seen in plain torchrun runs without stepcli too) is run
-    once more: a stepcli defect that aborts every time still fails. The retry starts clean: the output folders
-    and files the first attempt was given (`-o/--out`, `--json`) are removed first, so none of its traces stay."""
+    A torchrun job whose rank died in torch's own native code (gloo's teardown race of torch 2.13:
+    "terminate called without an active exception", a corrupted heap; seen in plain torchrun runs
+    without stepcli too) is run once more: a stepcli defect that aborts every time still fails. The
+    retry starts clean: the output folders and files the first attempt was given (`-o/--out`,
+    `--json`) are removed first, so none of its traces stay."""
     argv = [sys.executable, "-m", "stepcli", *map(str, args)]
     result = _run(argv, cwd, env, timeout)
-    if result.returncode != 0 and any(Path(str(a)).name == "torchrun" for a in args) and _native_abort(result.stderr):
+    if (
+        result.returncode != 0
+        and any(Path(str(a)).name == "torchrun" for a in args)
+        and _native_abort(result.stderr)
+    ):
         for output in _outputs(argv, cwd):
             if output.is_dir() and not output.is_symlink():
                 shutil.rmtree(output)
@@ -104,8 +123,8 @@ def run_stepcli(
 
 
 def _outputs(argv: list[str], cwd: object) -> list[Path]:
-    """The paths a stepcli command line writes to (`-o DIR`, `--out DIR`, `--out=DIR`, `--json PATH`), up to the
-    program's own arguments (from `--` or the torchrun command on)."""
+    """The paths a stepcli command line writes to (`-o DIR`, `--out DIR`, `--out=DIR`, `--json
+    PATH`), up to the program's own arguments (from `--` or the torchrun command on)."""
     base = Path(str(cwd)) if cwd is not None else Path.cwd()
     found: list[Path] = []
     for index, arg in enumerate(argv):
@@ -118,7 +137,11 @@ def _outputs(argv: list[str], cwd: object) -> list[Path]:
     return found
 
 
-_NATIVE_ABORTS = ("terminate called without an active exception", "malloc(): ", "double free or corruption")
+_NATIVE_ABORTS = (
+    "terminate called without an active exception",
+    "malloc(): ",
+    "double free or corruption",
+)
 
 
 def _native_abort(stderr: str) -> bool:
@@ -145,10 +168,12 @@ def write_script(directory: Path, name: str, source: str) -> Path:
 
 
 def ddp_script(steps: int = 6) -> str:
-    """The one small DDP training script (gloo, CPU) for torchrun tests: `steps` optimizer steps per rank.
+    """The one small DDP training script (gloo, CPU) for torchrun tests: `steps` optimizer steps per
+    rank.
 
-    The model is freed before destroy_process_group(): DDP's reducer holds gloo's process group, and torch 2.13
-    can abort at interpreter exit when that group is destroyed there (1 in 25 plain torchrun runs here)."""
+    The model is freed before destroy_process_group(): DDP's reducer holds gloo's process group, and
+    torch 2.13 can abort at interpreter exit when that group is destroyed there (1 in 25 plain
+    torchrun runs here)."""
     return f"""
     import torch
     import torch.distributed as dist
@@ -172,7 +197,8 @@ def trace_files(directory: Path) -> list[Path]:
 
 
 def load_trace(path: Path) -> dict[str, Any]:
-    """Parse a .json or .json.gz trace with the standard library (independent of stepcli's reader)."""
+    """Parse a .json or .json.gz trace with the standard library (independent of stepcli's
+    reader)."""
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt") as handle:  # type: ignore[operator]
         return json.load(handle)
@@ -187,13 +213,15 @@ def profiler_steps(path: Path) -> list[int]:
         if isinstance(e.get("name"), str)
         and e["name"].startswith("ProfilerStep#")
         and e.get("ph") == "X"
-        and e.get("cat") != "gpu_user_annotation"  # on a GPU, Kineto mirrors each step on the device timeline
+        # on a GPU, Kineto mirrors each step on the device timeline
+        and e.get("cat") != "gpu_user_annotation"
     )
 
 
 def markdown_tables(text: str) -> list[list[list[str]]]:
-    """Every GitHub-flavoured table in `text` as [header, *body] rows of cells, asserting it is well formed:
-    a header row, a separator row, at least one body row, equal column counts, closing pipes."""
+    """Every GitHub-flavoured table in `text` as [header, *body] rows of cells, asserting it is well
+    formed: a header row, a separator row, at least one body row, equal column counts, closing
+    pipes."""
     tables: list[list[list[str]]] = []
     block: list[str] = []
     for line in text.splitlines() + [""]:
@@ -201,7 +229,10 @@ def markdown_tables(text: str) -> list[list[list[str]]]:
             block.append(line)
             continue
         if block:
-            rows = [[cell.strip() for cell in re.split(r"(?<!\\)\|", row.strip())[1:-1]] for row in block]
+            rows = [
+                [cell.strip() for cell in re.split(r"(?<!\\)\|", row.strip())[1:-1]]
+                for row in block
+            ]
             assert len(rows) >= 3, block  # header, separator, at least one body row
             assert all(re.fullmatch(r":?-{3,}:?", cell) for cell in rows[1]), block[1]
             assert len({len(row) for row in rows}) == 1, block
@@ -211,8 +242,11 @@ def markdown_tables(text: str) -> list[list[list[str]]]:
     return tables
 
 
-def assert_matches_key_averages(cpu_ops: list[dict[str, Any]], expected: list[dict[str, Any]]) -> None:
-    """stepcli's CPU operator rows agree with torch's key_averages(): names, counts, self/total within 1%."""
+def assert_matches_key_averages(
+    cpu_ops: list[dict[str, Any]], expected: list[dict[str, Any]]
+) -> None:
+    """stepcli's CPU operator rows agree with torch's key_averages(): names, counts, self/total
+    within 1%."""
     rows = {r["name"]: r for r in cpu_ops}
     assert set(rows) == {e["name"] for e in expected}
     for e in expected:
@@ -259,7 +293,8 @@ def _no_leaked_config(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 @pytest.fixture
 def forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The pids of the children this process forks during the test (os.fork is wrapped for every module)."""
+    """The pids of the children this process forks during the test (os.fork is wrapped for every
+    module)."""
     pids: list[int] = []
     real_fork = os.fork
 
@@ -275,7 +310,8 @@ def forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 @pytest.fixture(scope="session")
 def rank_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Four ranks of a real torch trace, each slowed by its own factor (rank 2 the most), rank 3 gzipped."""
+    """Four ranks of a real torch trace, each slowed by its own factor (rank 2 the most), rank 3
+    gzipped."""
     folder = tmp_path_factory.mktemp("ranks")
     document = json.loads((DATA / "train_cpu.pt.trace.json").read_text())
     for rank in range(RANKS):
@@ -299,10 +335,12 @@ def rank_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def scheduler() -> Iterator[str]:
-    """A local Dask cluster of two worker processes (`--scheduler` of `table`, `whatif`), started by the test module
-    that asks for it and closed after it."""
+    """A local Dask cluster of two worker processes (`--scheduler` of `table`, `whatif`), started by
+    the test module that asks for it and closed after it."""
     distributed = pytest.importorskip("distributed")
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    )
     try:
         yield str(cluster.scheduler_address)
     finally:

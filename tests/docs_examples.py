@@ -1,20 +1,23 @@
-"""The command examples of README.md and docs/: found, classified, and checked, so that documentation cannot drift.
+"""The command examples of README.md and docs/: found, classified, and checked, so that
+documentation cannot drift.
 
 Three kinds of fenced block (```lang) hold commands:
 
-- ``console``: a session, run for real. Lines starting `$ ` are commands, run in order in one scratch folder per
-  page (later commands see what earlier ones wrote); the lines after each, up to the next `$ `, are what it prints
-  (stdout and stderr together). Each shown line must appear, in order, among the printed lines, after masking what
-  changes from run to run (numbers, sizes, times, run ids, the scratch folder); a line `...` stands for any lines
-  and is there only to say so. A last line `[exit N]` says the command exits N (else 0).
-- ``sh`` / ``bash`` / ``shell``: commands to copy. Every `stepcli ...` line is parsed by stepcli's own command-line
-  parser (click), without running: an unknown option, a missing argument or a bad value fails the test.
+- ``console``: a session, run for real. Lines starting `$ ` are commands, run in order in one
+  scratch folder per page (later commands see what earlier ones wrote); the lines after each, up to
+  the next `$ `, are what it prints (stdout and stderr together). Each shown line must appear, in
+  order, among the printed lines, after masking what changes from run to run (numbers, sizes, times,
+  run ids, the scratch folder); a line `...` stands for any lines and is there only to say so. A
+  last line `[exit N]` says the command exits N (else 0).
+- ``sh`` / ``bash`` / ``shell``: commands to copy. Every `stepcli ...` line is parsed by stepcli's
+  own command-line parser (click), without running: an unknown option, a missing argument or a bad
+  value fails the test.
 - ``text``: synopses and sample output, never run (nothing in them is a command to copy).
 - `` `stepcli ...` `` in prose: parsed like a copy-me command.
 
-A block preceded by `<!-- illustrative: REASON -->` is not run or parsed (a GPU, a cluster, a running job); the
-reason is required and such blocks are counted, so that the marking stays rare. README's indented (four-space)
-blocks count as ``sh`` blocks.
+A block preceded by `<!-- illustrative: REASON -->` is not run or parsed (a GPU, a cluster, a
+running job); the reason is required and such blocks are counted, so that the marking stays rare.
+README's indented (four-space) blocks count as ``sh`` blocks.
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ def doc_files() -> list[Path]:
 
 
 def blocks(path: Path) -> list[Block]:
-    """The fenced blocks of a Markdown file, and its indented blocks as `sh` (README's older style)."""
+    """The fenced blocks of a Markdown file, and its indented blocks as `sh` (README's older
+    style)."""
     text = path.read_text(encoding="utf-8").splitlines()
     found: list[Block] = []
     i = 0
@@ -116,8 +120,9 @@ def sessions(block: Block) -> list[Step]:
 
 
 def stepcli_lines(block: Block) -> list[tuple[int, list[str]]]:
-    """(line, argv after `stepcli`) of each `stepcli` command in a copy-me block, continuation lines joined,
-    comments and the shell's own syntax (pipes, redirections, `&&`) cut off at the first of them."""
+    """(line, argv after `stepcli`) of each `stepcli` command in a copy-me block, continuation lines
+    joined, comments and the shell's own syntax (pipes, redirections, `&&`) cut off at the first of
+    them."""
     commands: list[tuple[int, list[str]]] = []
     joined, start = "", 0
     for offset, raw in enumerate(block.lines):
@@ -152,7 +157,8 @@ _MASKS = (
     (re.compile(r"\b\d{8}-\d{6}-[\w.-]+-\d+\b"), "<RUN>"),  # run ids
     (re.compile(r"[0-9a-f]{32}"), "<ID>"),
     (re.compile(r"\d+(?:[.,]\d+)*"), "<N>"),  # numbers: counts, times, sizes, ratios
-    (re.compile(r"<N>\s*(?:ns|µs|us|ms|s|min|h|B|KiB|MiB|GiB|TiB)\b"), "<Q>"),  # a quantity, whatever its unit
+    # a quantity, whatever its unit
+    (re.compile(r"<N>\s*(?:ns|µs|us|ms|s|min|h|B|KiB|MiB|GiB|TiB)\b"), "<Q>"),
     (re.compile(r"\s+"), " "),
 )
 
@@ -166,8 +172,8 @@ def mask(line: str, scratch: Path | None = None) -> str:
 
 
 def shown_lines_match(shown: list[str], printed: str, scratch: Path) -> str | None:
-    """None when every shown line appears, in order, among the printed ones (after masking); else the first
-    shown line that does not."""
+    """None when every shown line appears, in order, among the printed ones (after masking); else
+    the first shown line that does not."""
     lines = [mask(line, scratch) for line in printed.splitlines()]
     at = 0
     for line in shown:

@@ -1,9 +1,11 @@
-"""A stand-in for the parts of torch the agent wraps, and an agent that records what its wrappers tell it.
+"""A stand-in for the parts of torch the agent wraps, and an agent that records what its wrappers
+tell it.
 
-`fake_torch()` builds a module object with torch.optim.Optimizer (two subclasses), torch.amp.GradScaler,
-torch.profiler.profile (and its _KinetoProfile base), the autograd profiler and the record-function ops the
-closure marker uses: enough for stepcli.agent.patches, without importing torch (~1 s and a few hundred MB a
-process). Each call builds fresh classes, so the patches one test applies never leak into another.
+`fake_torch()` builds a module object with torch.optim.Optimizer (two subclasses),
+torch.amp.GradScaler, torch.profiler.profile (and its _KinetoProfile base), the autograd profiler
+and the record-function ops the closure marker uses: enough for stepcli.agent.patches, without
+importing torch (~1 s and a few hundred MB a process). Each call builds fresh classes, so the
+patches one test applies never leak into another.
 
 `FakeAgent` implements stepcli.agent.stephooks.StepHooks over a real StepTracker.
 """
@@ -55,7 +57,8 @@ def _add_optimizers(torch: types.ModuleType) -> None:
         pass
 
     class Adam(Optimizer):
-        def step(self, closure: Any = None) -> Any:  # a subclass that calls super().step(), as many do
+        # a subclass that calls super().step(), as many do
+        def step(self, closure: Any = None) -> Any:
             return super().step(closure)
 
     class GradScaler:
@@ -63,7 +66,8 @@ def _add_optimizers(torch: types.ModuleType) -> None:
             self.skip = skip
 
         def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-            if self.skip:  # inf/NaN gradients: optimizer.step() is skipped, the iteration is still a step
+            # inf/NaN gradients: optimizer.step() is skipped, the iteration is still a step
+            if self.skip:
                 return None
             return optimizer.step(*args, **kwargs)
 
@@ -85,8 +89,8 @@ def _add_profilers(torch: types.ModuleType) -> None:
             self.collecting = False
 
     class profile(_KinetoProfile):  # noqa: N801 (torch's name)
-        """`collect_at`: the step_num at which its schedule starts collecting (None: from start(), as a plain
-        profile() does)."""
+        """`collect_at`: the step_num at which its schedule starts collecting (None: from start(),
+        as a plain profile() does)."""
 
         def __init__(self, collect_at: int | None = None) -> None:
             super().__init__()
@@ -119,14 +123,18 @@ def _add_profilers(torch: types.ModuleType) -> None:
             return None
 
     torch.profiler = _module(
-        "torch.profiler", profile=profile, profiler=_module("torch.profiler.profiler", _KinetoProfile=_KinetoProfile)
+        "torch.profiler",
+        profile=profile,
+        profiler=_module("torch.profiler.profiler", _KinetoProfile=_KinetoProfile),
     )
-    torch.autograd = _module("torch.autograd", profiler=_module("torch.autograd.profiler", profile=autograd_profile))
+    torch.autograd = _module(
+        "torch.autograd", profiler=_module("torch.autograd.profiler", profile=autograd_profile)
+    )
 
 
 def _add_record_function_ops(torch: types.ModuleType) -> None:
-    """What the closure marker opens its ranges with; `torch.ranges` lists them, `torch.profiler_enabled[0]` says
-    whether a profiler records."""
+    """What the closure marker opens its ranges with; `torch.ranges` lists them,
+    `torch.profiler_enabled[0]` says whether a profiler records."""
     ranges: list[str] = []  # the record_function ranges opened, for the closure marker's test
 
     class _exit:  # noqa: N801
@@ -139,18 +147,21 @@ def _add_record_function_ops(torch: types.ModuleType) -> None:
         return name
 
     profiler_enabled = [False]
-    ops_profiler = _module("torch.ops.profiler", _record_function_enter_new=enter, _record_function_exit=_exit)
+    ops_profiler = _module(
+        "torch.ops.profiler", _record_function_enter_new=enter, _record_function_exit=_exit
+    )
     torch.ops = _module("torch.ops", profiler=ops_profiler)
     torch._C = _module(
-        "torch._C", _autograd=_module("torch._C._autograd", _profiler_enabled=lambda: profiler_enabled[0])
+        "torch._C",
+        _autograd=_module("torch._C._autograd", _profiler_enabled=lambda: profiler_enabled[0]),
     )
     torch.ranges = ranges
     torch.profiler_enabled = profiler_enabled
 
 
 class FakeAgent:
-    """The agent as the patches see it (stepcli.agent.stephooks.StepHooks): a real tracker, and a log of what the
-    wrappers reported."""
+    """The agent as the patches see it (stepcli.agent.stephooks.StepHooks): a real tracker, and a
+    log of what the wrappers reported."""
 
     def __init__(self) -> None:
         self.enabled = True
@@ -188,7 +199,9 @@ class FakeAgent:
         self.foreign.discard(key)
         self.events.append(("foreign stopped", key))
 
-    def requester_created(self, key: Hashable, base_name: str, owner: object = None, arm: bool = True) -> None:
+    def requester_created(
+        self, key: Hashable, base_name: str, owner: object = None, arm: bool = True
+    ) -> None:
         if self.fail_on_create:
             raise RuntimeError("bookkeeping broke")
         if key in self.tracker.requesters:

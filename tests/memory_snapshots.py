@@ -1,10 +1,12 @@
-"""Build CUDA memory snapshots in torch's format (`torch.cuda.memory._snapshot()`), small, for the tests.
+"""Build CUDA memory snapshots in torch's format (`torch.cuda.memory._snapshot()`), small, for the
+tests.
 
-`SnapshotBuilder` plays a tiny caching allocator: segments from `cudaMalloc` split into blocks (first fit, 512-byte
-rounding, neighbours merged on free), and the history torch records for it: `segment_alloc`, `alloc`,
-`free_requested`, `free_completed`, `oom`, each with `addr`/`device_free`, `size`, `stream`, `time_us`,
-`compile_context`, `user_metadata` and innermost-first `frames` ({filename, line, name}). torch's own readers
-(`torch.cuda._memory_viz.segsum` and `trace`) read what it writes; tests/unit/test_snapshots_fixtures.py checks.
+`SnapshotBuilder` plays a tiny caching allocator: segments from `cudaMalloc` split into blocks
+(first fit, 512-byte rounding, neighbours merged on free), and the history torch records for it:
+`segment_alloc`, `alloc`, `free_requested`, `free_completed`, `oom`, each with `addr`/`device_free`,
+`size`, `stream`, `time_us`, `compile_context`, `user_metadata` and innermost-first `frames`
+({filename, line, name}). torch's own readers (`torch.cuda._memory_viz.segsum` and `trace`) read
+what it writes; tests/unit/test_snapshots_fixtures.py checks.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from typing import Any
 TORCH = "/usr/lib/python3/site-packages/torch"
 SCRIPT = "/work/train.py"
 MiB = 1 << 20
-SEGMENT = 20 * MiB  # a new segment: at least 20 MiB (torch's large pool), else the request rounded up to 2 MiB
+# a new segment: at least 20 MiB (torch's large pool), else the request rounded up to 2 MiB
+SEGMENT = 20 * MiB
 
 Frames = list[dict[str, Any]]
 
@@ -70,8 +73,11 @@ class SnapshotBuilder:
         self.requested: dict[int, int] = {}
         self.frames: dict[int, Frames] = {}
 
-    # -- the history --------------------------------------------------------------------------------------------
-    def _entry(self, action: str, addr_key: str, addr: int, size: int, frames: Frames | None) -> None:
+    # -- the history
+    # --------------------------------------------------------------------------------------------
+    def _entry(
+        self, action: str, addr_key: str, addr: int, size: int, frames: Frames | None
+    ) -> None:
         self.time_us += 7
         entry: dict[str, Any] = {
             "action": action,
@@ -87,7 +93,8 @@ class SnapshotBuilder:
         self.trace.append(entry)
 
     def step(self, number: int) -> None:
-        """What `stepcli run --memory` does at each step boundary: tag the allocations that follow."""
+        """What `stepcli run --memory` does at each step boundary: tag the allocations that
+        follow."""
         self.metadata = f"stepcli:step={number}"
 
     def _new_segment(self, size: int, frames: Frames) -> dict[str, Any]:
@@ -106,14 +113,23 @@ class SnapshotBuilder:
             "segment_pool_id": (0, 0),
             "is_expandable": False,
             "frames": frames,
-            "blocks": [{"address": address, "size": total, "requested_size": 0, "state": "inactive", "frames": []}],
+            "blocks": [
+                {
+                    "address": address,
+                    "size": total,
+                    "requested_size": 0,
+                    "state": "inactive",
+                    "frames": [],
+                }
+            ],
         }
         self.segments.append(segment)
         self._entry("segment_alloc", "addr", address, total, frames)
         return segment
 
     def alloc(self, size: int, frames: Frames) -> int:
-        """Allocate `size` bytes (rounded up to 512) in the first free block that fits, else a new segment."""
+        """Allocate `size` bytes (rounded up to 512) in the first free block that fits, else a new
+        segment."""
         rounded = -(-size // 512) * 512
         for segment in self.segments:
             for index, block in enumerate(segment["blocks"]):
@@ -122,7 +138,9 @@ class SnapshotBuilder:
         segment = self._new_segment(rounded, frames)
         return self._take(segment, 0, rounded, size, frames)
 
-    def _take(self, segment: dict[str, Any], index: int, rounded: int, size: int, frames: Frames) -> int:
+    def _take(
+        self, segment: dict[str, Any], index: int, rounded: int, size: int, frames: Frames
+    ) -> int:
         block = segment["blocks"][index]
         if block["size"] > rounded:
             rest = {
@@ -159,7 +177,8 @@ class SnapshotBuilder:
     def oom(self, size: int, device_free: int, frames: Frames) -> None:
         self._entry("oom", "device_free", device_free, size, frames)
 
-    # -- the snapshot -------------------------------------------------------------------------------------------
+    # -- the snapshot
+    # -------------------------------------------------------------------------------------------
     def snapshot(self, info: dict[str, Any] | None = None, history: bool = True) -> dict[str, Any]:
         for segment in self.segments:
             active = [b for b in segment["blocks"] if b["state"] == "active_allocated"]
@@ -181,7 +200,8 @@ class SnapshotBuilder:
         return path
 
 
-# -- scenarios ------------------------------------------------------------------------------------------------
+# -- scenarios
+# ------------------------------------------------------------------------------------------------
 def training(
     steps: int = 5,
     params: int = 40 * MiB,
@@ -190,9 +210,10 @@ def training(
     adam: bool = True,
     leak: int = 0,
 ) -> SnapshotBuilder:
-    """A training loop: parameters moved to the device, then per step: forward activations, backward gradients
-    (allocated by autograd's device thread: no Python frames), Adam's state at the first step, temporaries.
-    `leak` bytes per step are kept alive at train.py:31 (a loss history that holds tensors)."""
+    """A training loop: parameters moved to the device, then per step: forward activations, backward
+    gradients (allocated by autograd's device thread: no Python frames), Adam's state at the first
+    step, temporaries. `leak` bytes per step are kept alive at train.py:31 (a loss history that
+    holds tensors)."""
     b = SnapshotBuilder()
     b.step(0)
     for _ in range(layers):
@@ -205,7 +226,8 @@ def training(
             b.alloc(leak, [user(31)])
         for a in reversed(acts):  # backward frees activations, makes gradients
             b.free(a)
-        for g in grads:  # zero_grad(set_to_none=True) in the next iteration freed them; here before backward
+        # zero_grad(set_to_none=True) in the next iteration freed them; here before backward
+        for g in grads:
             b.free(g)
         grads = [b.alloc(params // layers, []) for _ in range(layers)]
         if adam and step == 0:
@@ -222,14 +244,19 @@ def oom_in_forward(steps: int = 4) -> tuple[SnapshotBuilder, dict[str, Any]]:
         b.alloc(40 * MiB, forward(20 + i % 4))
     request = 512 * MiB
     b.oom(request, 3 * MiB, forward(22))
-    info = {"step": steps, "phase": "forward", "requested_bytes": request, "device_total_bytes": 8 << 30}
+    info = {
+        "step": steps,
+        "phase": "forward",
+        "requested_bytes": request,
+        "device_total_bytes": 8 << 30,
+    }
     info["device_free_bytes"] = 3 * MiB
     return b, info
 
 
 def fragmented() -> tuple[SnapshotBuilder, dict[str, Any]]:
-    """Half of 32 segments of 20 MiB is free, in holes of 10 MiB between live blocks: 320 MiB free in all, yet a
-    32 MiB request fits in none."""
+    """Half of 32 segments of 20 MiB is free, in holes of 10 MiB between live blocks: 320 MiB free
+    in all, yet a 32 MiB request fits in none."""
     b = SnapshotBuilder()
     b.step(1)
     kept = []
@@ -246,9 +273,10 @@ def fragmented() -> tuple[SnapshotBuilder, dict[str, Any]]:
 def batch_doubling(
     steps: int = 5, params: int = 8 * MiB, batch: int = 4 * MiB, layers: int = 4
 ) -> tuple[SnapshotBuilder, dict[str, Any]]:
-    """A batch that doubles every step until forward runs out of memory. Each step's input batch (train.py:16)
-    and output (train.py:24) stay alive into the next step, until the names are bound again, so memory at each
-    step's start grows with the batch; yet nothing a step makes outlives the step after it: no leak."""
+    """A batch that doubles every step until forward runs out of memory. Each step's input batch
+    (train.py:16) and output (train.py:24) stay alive into the next step, until the names are bound
+    again, so memory at each step's start grows with the batch; yet nothing a step makes outlives
+    the step after it: no leak."""
     b = SnapshotBuilder()
     b.step(0)
     for _ in range(layers):
@@ -265,7 +293,12 @@ def batch_doubling(
         if step == steps:
             request = 4 * size
             b.oom(request, MiB, forward(20))
-            info = {"step": steps, "phase": "forward", "requested_bytes": request, "device_total_bytes": 8 << 30}
+            info = {
+                "step": steps,
+                "phase": "forward",
+                "requested_bytes": request,
+                "device_total_bytes": 8 << 30,
+            }
             info["device_free_bytes"] = MiB
             return b, info
         out = b.alloc(size // 4, forward(24))
@@ -279,8 +312,9 @@ def batch_doubling(
 
 
 def leak_until_oom(steps: int = 8, kept: int = 48 * MiB) -> tuple[SnapshotBuilder, dict[str, Any]]:
-    """`outputs.append(model(x))` (train.py:24) keeps each step's forward output (`kept` bytes, allocated inside
-    the model's forward: activations) alive until forward runs out of memory: the leak holds most of it."""
+    """`outputs.append(model(x))` (train.py:24) keeps each step's forward output (`kept` bytes,
+    allocated inside the model's forward: activations) alive until forward runs out of memory: the
+    leak holds most of it."""
     b = SnapshotBuilder()
     b.step(0)
     params, layers, activation = 8 * MiB, 4, 64 * MiB
@@ -293,7 +327,12 @@ def leak_until_oom(steps: int = 8, kept: int = 48 * MiB) -> tuple[SnapshotBuilde
         if step == steps:
             request = 256 * MiB
             b.oom(request, MiB, forward(24))
-            info = {"step": steps, "phase": "forward", "requested_bytes": request, "device_total_bytes": 8 << 30}
+            info = {
+                "step": steps,
+                "phase": "forward",
+                "requested_bytes": request,
+                "device_total_bytes": 8 << 30,
+            }
             info["device_free_bytes"] = MiB
             return b, info
         b.alloc(kept, forward(24))  # kept in the list: never freed
@@ -305,58 +344,114 @@ def leak_until_oom(steps: int = 8, kept: int = 48 * MiB) -> tuple[SnapshotBuilde
     raise AssertionError("unreachable")
 
 
-# -- snapshots the size of a long job's, shaped like torch's ---------------------------------------------------------
-def torch_shaped(events: int, stack_depth: int = 12, sites: int = 300, device: int = 0) -> dict[str, Any]:
-    """A snapshot laid out as torch 2.11 writes one (the H200 snapshot in /work/shared/snapshots, and
-    tests/data/gpu): every event and block has its own frames list of its own frame dicts (torch shares the
-    strings, not the dicts), keys in torch's order, steps tagged, with `allocator_settings`,
-    `external_annotations` and stepcli's record. `events` allocator events (alloc / free_requested /
-    free_completed, a segment_alloc per 64 allocations, an oom at the end) from `sites` call sites whose stacks
-    are up to `stack_depth` frames: about 200 bytes of pickle an event at the default depth."""
-    torch_files = [f"{TORCH}/nn/modules/{name}.py" for name in ("module", "linear", "container", "activation")]
-    names = ["forward", "_call_impl", "_wrapped_call_impl", "relu", "convert", "_apply", "step", "_init_group"]
+# -- snapshots the size of a long job's, shaped like torch's
+# ---------------------------------------------------------
+def torch_shaped(
+    events: int, stack_depth: int = 12, sites: int = 300, device: int = 0
+) -> dict[str, Any]:
+    """A snapshot laid out as torch 2.11 writes one (the H200 snapshot in /work/shared/snapshots,
+    and tests/data/gpu): every event and block has its own frames list of its own frame dicts (torch
+    shares the strings, not the dicts), keys in torch's order, steps tagged, with
+    `allocator_settings`, `external_annotations` and stepcli's record. `events` allocator events
+    (alloc / free_requested / free_completed, a segment_alloc per 64 allocations, an oom at the end)
+    from `sites` call sites whose stacks are up to `stack_depth` frames: about 200 bytes of pickle
+    an event at the default depth."""
+    torch_files = [
+        f"{TORCH}/nn/modules/{name}.py" for name in ("module", "linear", "container", "activation")
+    ]
+    names = [
+        "forward",
+        "_call_impl",
+        "_wrapped_call_impl",
+        "relu",
+        "convert",
+        "_apply",
+        "step",
+        "_init_group",
+    ]
 
     def stack(site: int) -> list[tuple[str, str, int]]:
         depth = 1 + (site * 7) % stack_depth
         inner = [
-            (names[(site + k) % len(names)], torch_files[(site + k) % 4], 100 + (site * 13 + k) % 1700)
+            (
+                names[(site + k) % len(names)],
+                torch_files[(site + k) % 4],
+                100 + (site * 13 + k) % 1700,
+            )
             for k in range(depth - 1)
         ]
         return [*inner, ("<module>", SCRIPT, 10 + site)]
 
     stacks = [stack(s) for s in range(sites)]
 
-    def frames(site: int) -> Frames:  # new dicts, shared strings: what torch's frame symbolizer returns
+    # new dicts, shared strings: what torch's frame symbolizer returns
+    def frames(site: int) -> Frames:
         return [{"name": n, "filename": f, "line": line} for n, f, line in stacks[site]]
 
     trace: list[dict[str, Any]] = []
     live: list[tuple[int, int, int]] = []
-    address, base, time_us, step, allocations = 0x7F0000000000, 0x7F0000000000, 1_795_760_558_917_849, 0, 0
+    address, base, time_us, step, allocations = (
+        0x7F0000000000,
+        0x7F0000000000,
+        1_795_760_558_917_849,
+        0,
+        0,
+    )
     tags = [f"stepcli:step={n}" for n in range(events // 1000 + 2)]
     while len(trace) < events - 1:
         time_us += 11
         if len(trace) % 1000 == 0:
             step += 1
-        common = {"stream": 0, "time_us": time_us, "compile_context": "N/A", "user_metadata": tags[step]}
+        common = {
+            "stream": 0,
+            "time_us": time_us,
+            "compile_context": "N/A",
+            "user_metadata": tags[step],
+        }
         if live and (len(live) > 64 or allocations % 3 == 2):
             addr, size, site = live.pop(0)
             for action in ("free_requested", "free_completed"):
-                trace.append({"action": action, "addr": addr, "size": size, **common, "frames": frames(site)})
+                trace.append(
+                    {"action": action, "addr": addr, "size": size, **common, "frames": frames(site)}
+                )
             allocations += 1
             continue
         allocations += 1
         site = (allocations * 31) % sites
         size = 512 << (allocations % 12)
         if allocations % 64 == 1:
-            trace.append({"action": "segment_alloc", "addr": base, "size": 2 * MiB, **common, "frames": frames(site)})
+            trace.append(
+                {
+                    "action": "segment_alloc",
+                    "addr": base,
+                    "size": 2 * MiB,
+                    **common,
+                    "frames": frames(site),
+                }
+            )
             base += 2 * MiB
         address += size
         live.append((address, size, site))
-        trace.append({"action": "alloc", "addr": address, "size": size, **common, "frames": frames(site)})
-    common = {"stream": 0, "time_us": time_us + 1, "compile_context": "N/A", "user_metadata": tags[step]}
-    trace.append({"action": "oom", "device_free": MiB, "size": 1 << 34, **common, "frames": frames(0)})
+        trace.append(
+            {"action": "alloc", "addr": address, "size": size, **common, "frames": frames(site)}
+        )
+    common = {
+        "stream": 0,
+        "time_us": time_us + 1,
+        "compile_context": "N/A",
+        "user_metadata": tags[step],
+    }
+    trace.append(
+        {"action": "oom", "device_free": MiB, "size": 1 << 34, **common, "frames": frames(0)}
+    )
     blocks = [
-        {"address": addr, "size": size, "requested_size": size, "state": "active_allocated", "frames": frames(site)}
+        {
+            "address": addr,
+            "size": size,
+            "requested_size": size,
+            "state": "active_allocated",
+            "frames": frames(site),
+        }
         for addr, size, site in live
     ]
     segment = {
@@ -378,10 +473,22 @@ def torch_shaped(events: int, stack_depth: int = 12, sites: int = 300, device: i
         for n in range(step)
         for stage in ("START", "END")
     ]
-    settings = {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1, "garbage_collection_threshold": 0.0}
+    settings = {
+        "PYTORCH_CUDA_ALLOC_CONF": "",
+        "max_split_size": -1,
+        "garbage_collection_threshold": 0.0,
+    }
     settings["roundup_power2_divisions"] = {str(1 << n): 0 for n in range(16)}
-    record = {"version": 1, "step": step, "phase": "forward", "device": device, "requested_bytes": 1 << 34}
-    record.update(device_total_bytes=150 << 30, device_free_bytes=MiB, pid=644, argv=["/work/train.py"])
+    record = {
+        "version": 1,
+        "step": step,
+        "phase": "forward",
+        "device": device,
+        "requested_bytes": 1 << 34,
+    }
+    record.update(
+        device_total_bytes=150 << 30, device_free_bytes=MiB, pid=644, argv=["/work/train.py"]
+    )
     return {
         "segments": [segment],
         "device_traces": [trace],

@@ -1,15 +1,16 @@
-"""Synthetic NCCL-style traces of 4 ranks in two kinds of process groups, as torch >= 2.2 writes them: each
-collective is a `c10d::allreduce_` with a nested `record_param_comms` whose args name its process group, the
-group's ranks and its sequence number on the group, and an NCCL kernel on its group's own stream, launched by a
-`cudaLaunchKernel` inside the collective (the same `correlation`) and carrying the group but no `Seq`, as Kineto
-copies it.
+"""Synthetic NCCL-style traces of 4 ranks in two kinds of process groups, as torch >= 2.2 writes
+them: each collective is a `c10d::allreduce_` with a nested `record_param_comms` whose args name its
+process group, the group's ranks and its sequence number on the group, and an NCCL kernel on its
+group's own stream, launched by a `cudaLaunchKernel` inside the collective (the same `correlation`)
+and carrying the group but no `Seq`, as Kineto copies it.
 
-Tensor-parallel groups {0, 1} ("1") and {2, 3} ("2"), data-parallel groups {0, 2} ("3") and {1, 3} ("4"). Each
-100 ms step: 5 ms of aten::mm, a TP all-reduce, then a DP all-reduce 0.5 ms after the TP one is done. Rank r
-arrives r x 10 µs after the others (no exact ties); `late_rank` idles `late_us` before its TP all-reduce. A
-collective ends 1 ms after its last member arrives. So rank 3 (late 30 ms) holds back rank 2 at TP group "2",
-and, leaving it late, rank 1 at DP group "4"; rank 2, released late, holds back rank 0 at DP group "3".
-Matched by (step, name, order) over all ranks instead, the TP all-reduces of the two TP groups are taken for one.
+Tensor-parallel groups {0, 1} ("1") and {2, 3} ("2"), data-parallel groups {0, 2} ("3") and {1, 3}
+("4"). Each 100 ms step: 5 ms of aten::mm, a TP all-reduce, then a DP all-reduce 0.5 ms after the TP
+one is done. Rank r arrives r x 10 µs after the others (no exact ties); `late_rank` idles `late_us`
+before its TP all-reduce. A collective ends 1 ms after its last member arrives. So rank 3 (late 30
+ms) holds back rank 2 at TP group "2", and, leaving it late, rank 1 at DP group "4"; rank 2,
+released late, holds back rank 0 at DP group "3". Matched by (step, name, order) over all ranks
+instead, the TP all-reduces of the two TP groups are taken for one.
 """
 
 from __future__ import annotations
@@ -28,11 +29,15 @@ def group_of(rank: int, groups: dict[str, tuple[int, ...]]) -> tuple[str, tuple[
     return next((name, ranks) for name, ranks in groups.items() if rank in ranks)
 
 
-def _times(late_rank: int, late_us: float, dp_first: bool = False) -> dict[int, list[tuple[float, ...]]]:
-    """Per rank, per step: (TP arrival, TP departure, DP arrival, DP departure), µs from the step's start.
+def _times(
+    late_rank: int, late_us: float, dp_first: bool = False
+) -> dict[int, list[tuple[float, ...]]]:
+    """Per rank, per step: (TP arrival, TP departure, DP arrival, DP departure), µs from the step's
+    start.
 
-    dp_first: the DP all-reduce comes first, rank r arriving (3 - r) x 5 µs after the others, then the TP one
-    0.5 ms after it is done (+ r x 10 µs): the late rank is last at its TP all-reduces only, half its collectives."""
+    dp_first: the DP all-reduce comes first, rank r arriving (3 - r) x 5 µs after the others, then
+    the TP one 0.5 ms after it is done (+ r x 10 µs): the late rank is last at its TP all-reduces
+    only, half its collectives."""
     late = {r: late_us if r == late_rank else 0.0 for r in range(4)}
     if dp_first:
         dp_arrive = {r: 5_200.0 + 5 * (3 - r) for r in range(4)}
@@ -48,7 +53,13 @@ def _times(late_rank: int, late_us: float, dp_first: bool = False) -> dict[int, 
 
 
 def _collective(
-    rank: int, arrive: float, depart: float, group: str, ranks: tuple[int, ...], seq: int, options: dict[str, Any]
+    rank: int,
+    arrive: float,
+    depart: float,
+    group: str,
+    ranks: tuple[int, ...],
+    seq: int,
+    options: dict[str, Any],
 ) -> list[dict[str, Any]]:
     meta: dict[str, Any] = {
         "Collective name": "allreduce",
@@ -69,7 +80,13 @@ def _collective(
     kernel_args = {k: v for k, v in meta.items() if k not in ("Seq", "Rank")}
     kernel_args |= {"correlation": correlation} if options.get("launches", True) else {}
     events = [
-        {**host, "name": "c10d::allreduce_", "ts": arrive, "dur": 60.0, "args": {"External id": seq}},
+        {
+            **host,
+            "name": "c10d::allreduce_",
+            "ts": arrive,
+            "dur": 60.0,
+            "args": {"External id": seq},
+        },
         {**host, "name": "record_param_comms", "ts": arrive + 5, "dur": 50.0, "args": dict(meta)},
         {**host, "name": "nccl:all_reduce", "ts": arrive + 10, "dur": 30.0},
         {
@@ -89,10 +106,13 @@ def _collective(
     return events
 
 
-def rank_trace(rank: int, *, late_rank: int = 3, late_us: float = 30_000.0, **options: Any) -> dict[str, Any]:
-    """One rank's trace document. Options: offset (µs added to its clock), seq (False: no `Seq` arg, as older
-    torch), ranks_text (member ranks -> the `Process Group Ranks` text), launches (False: no kernel launches and
-    no correlation ids), dp_first (the DP all-reduce before the TP one, see `_times`)."""
+def rank_trace(
+    rank: int, *, late_rank: int = 3, late_us: float = 30_000.0, **options: Any
+) -> dict[str, Any]:
+    """One rank's trace document. Options: offset (µs added to its clock), seq (False: no `Seq` arg,
+    as older torch), ranks_text (member ranks -> the `Process Group Ranks` text), launches (False:
+    no kernel launches and no correlation ids), dp_first (the DP all-reduce before the TP one, see
+    `_times`)."""
     offset = options.get("offset", {}).get(rank, 0.0)
     tp, tp_ranks = group_of(rank, TP)
     dp, dp_ranks = group_of(rank, DP)
@@ -102,15 +122,35 @@ def rank_trace(rank: int, *, late_rank: int = 3, late_us: float = 30_000.0, **op
     ):
         t0 = step * 100_000.0 + offset
         events.append(
-            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1, "ts": t0}
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"ProfilerStep#{step}",
+                "pid": 1,
+                "tid": 1,
+                "ts": t0,
+            }
             | {"dur": 90_000.0}
         )
-        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": t0 + 100, "dur": 5e3})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": "aten::mm",
+                "pid": 1,
+                "tid": 1,
+                "ts": t0 + 100,
+                "dur": 5e3,
+            }
+        )
         seq = SEQ_BASE + step
         events += _collective(rank, t0 + tp_arrive, t0 + tp_depart, tp, tp_ranks, seq, options)
         events += _collective(rank, t0 + dp_arrive, t0 + dp_depart, dp, dp_ranks, seq, options)
     events.sort(key=lambda e: (e["ts"], -e["dur"]))
-    return {"distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 4}, "traceEvents": events}
+    return {
+        "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 4},
+        "traceEvents": events,
+    }
 
 
 def write_group_traces(folder: Path, **options: Any) -> list[Path]:

@@ -1,4 +1,5 @@
-"""Structure: no import circle among stepcli's modules, counting imports made only for type checking too."""
+"""Structure: no import circle among stepcli's modules, counting imports made only for type checking
+too."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "stepcli"
 
 
 def _imports(path: Path) -> set[str]:
-    """Modules of the package that `path` imports anywhere (top level, in functions, under TYPE_CHECKING)."""
+    """Modules of the package that `path` imports anywhere (top level, in functions, under
+    TYPE_CHECKING)."""
     module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     package = module.rsplit(".", 1)[0] if path.name != "__init__.py" else module
     found: set[str] = set()
@@ -23,7 +25,11 @@ def _imports(path: Path) -> set[str]:
                 base = ".".join(parts + ([base] if base else []))
             for alias in node.names:
                 candidate = f"{base}.{alias.name}"
-                found.add(candidate if (PACKAGE.parent / (candidate.replace(".", "/") + ".py")).exists() else base)
+                found.add(
+                    candidate
+                    if (PACKAGE.parent / (candidate.replace(".", "/") + ".py")).exists()
+                    else base
+                )
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
     return {name for name in found if name.startswith("stepcli") and name != module}
@@ -53,8 +59,8 @@ def test_no_import_cycles() -> None:
     assert not cycles, cycles[0]
 
 
-# The shared leaf modules every package may use: errors, reading untrusted files, statistics, formatting, the
-# console that writes no trailing spaces to pipes.
+# The shared leaf modules every package may use: errors, reading untrusted files, statistics,
+# formatting, the console that writes no trailing spaces to pipes.
 _LEAVES = {
     "stepcli",
     "stepcli.errors",
@@ -70,8 +76,9 @@ _LEAVES = {
     "stepcli.runfolder",
     "stepcli.runfolder.layout",
 }
-# The names and keys of the files the agent writes are stepcli.runfolder.layout's (a shared leaf, above); the trace
-# reader reads, of the agent itself, only its repair of the names PyTorch writes with bare quotes.
+# The names and keys of the files the agent writes are stepcli.runfolder.layout's (a shared leaf,
+# above); the trace reader reads, of the agent itself, only its repair of the names PyTorch writes
+# with bare quotes.
 _AGENT_FILE_FORMAT = {"stepcli.agent.tracenames"}
 
 
@@ -79,11 +86,14 @@ def _package_imports(package: str) -> dict[str, set[str]]:
     """Every module of `package` (a folder or a single module) -> the stepcli modules it imports."""
     folder = PACKAGE / package.replace("stepcli.", "", 1).replace(".", "/")
     files = sorted(folder.rglob("*.py")) if folder.is_dir() else [folder.with_suffix(".py")]
-    return {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts): _imports(p) for p in files}
+    return {
+        ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts): _imports(p) for p in files
+    }
 
 
 def _outside(package: str, allowed: set[str], allowed_packages: tuple[str, ...] = ()) -> list[str]:
-    """`module -> import` for every import of `package` that is neither allowed nor inside an allowed package."""
+    """`module -> import` for every import of `package` that is neither allowed nor inside an
+    allowed package."""
     inside = (package, *allowed_packages)
     return [
         f"{module} -> {name}"
@@ -94,8 +104,8 @@ def _outside(package: str, allowed: set[str], allowed_packages: tuple[str, ...] 
 
 
 def test_agent_imports_nothing_of_stepcli_outside_the_agent() -> None:
-    # It runs inside the profiled program: standard library only, import-light.
-    # Files are created through stepcli.safefile, and named by stepcli.runfolder.layout, both standard library only
+    # It runs inside the profiled program: standard library only, import-light. Files are created
+    # through stepcli.safefile, and named by stepcli.runfolder.layout, both standard library only
     # (checked below).
     allowed = {"stepcli", "stepcli.safefile", "stepcli.runfolder", "stepcli.runfolder.layout"}
     assert _outside("stepcli.agent", allowed) == []
@@ -104,13 +114,20 @@ def test_agent_imports_nothing_of_stepcli_outside_the_agent() -> None:
 def _top_imports(path: Path) -> set[str]:
     """Every module `path` imports, by name, anywhere in it."""
     tree = ast.parse(path.read_text())
-    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    return names | {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    names = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    return names | {
+        node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+    }
 
 
 def test_run_folder_layout_is_standard_library_only() -> None:
-    # Issue 50: the one home of the run folder's names; every profiled process imports it (the agent), so `os` only,
-    # and the package it sits in imports nothing.
+    # Issue 50: the one home of the run folder's names; every profiled process imports it (the
+    # agent), so `os` only, and the package it sits in imports nothing.
     assert _top_imports(PACKAGE / "runfolder" / "layout.py") <= {"__future__", "os"}
     assert _top_imports(PACKAGE / "runfolder" / "__init__.py") == set()
 
@@ -119,7 +136,10 @@ def _docstrings(tree: ast.AST) -> set[int]:
     """The ids of the docstring nodes of a module and of its classes and functions."""
     found = set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+        ):
             first = node.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
                 found.add(id(first.value))
@@ -127,8 +147,9 @@ def _docstrings(tree: ast.AST) -> set[int]:
 
 
 def test_the_run_folder_is_named_only_in_its_layout() -> None:
-    # Issue 50: `<out>/.stepcli/<run-id>/` was rebuilt by hand in a dozen modules; its name (and every file name in
-    # it) is stepcli.runfolder.layout's. Docstrings and comments may say it; code takes it from there.
+    # Issue 50: `<out>/.stepcli/<run-id>/` was rebuilt by hand in a dozen modules; its name (and
+    # every file name in it) is stepcli.runfolder.layout's. Docstrings and comments may say it; code
+    # takes it from there.
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if path == PACKAGE / "runfolder" / "layout.py":
@@ -136,19 +157,32 @@ def test_the_run_folder_is_named_only_in_its_layout() -> None:
         tree = ast.parse(path.read_text())
         docs = _docstrings(tree)
         for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docs
+            ):
                 if ".stepcli" in node.value:
                     found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.value[:60]!r}")
     assert found == []
 
 
 def test_safefile_imports_only_light_standard_modules() -> None:
-    # Every file stepcli creates goes through it, the agent's included: no stepcli module, nothing heavy.
+    # Every file stepcli creates goes through it, the agent's included: no stepcli module, nothing
+    # heavy.
     tree = ast.parse((PACKAGE / "safefile.py").read_text())
-    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    names = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
     names |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    # collections.abc: no heavier than typing, which imports it (both only under TYPE_CHECKING there today)
-    assert names <= {"__future__", "collections.abc", "errno", "os", "signal", "stat", "typing"}, names
+    # collections.abc: no heavier than typing, which imports it (both only under TYPE_CHECKING there
+    # today)
+    assert names <= {"__future__", "collections.abc", "errno", "os", "signal", "stat", "typing"}, (
+        names
+    )
 
 
 def test_traces_import_only_the_shared_leaves() -> None:
@@ -156,18 +190,25 @@ def test_traces_import_only_the_shared_leaves() -> None:
 
 
 def test_trace_layers_import_only_downward() -> None:
-    # read/ (bytes -> columns) < analyses/ (figures) < render/ (tables); the files-at-once engine, merge and the run
-    # end's read sit above them in stepcli.traces itself.
+    # read/ (bytes -> columns) < analyses/ (figures) < render/ (tables); the files-at-once engine,
+    # merge and the run end's read sit above them in stepcli.traces itself.
     leaves = _LEAVES | _AGENT_FILE_FORMAT
     assert _outside("stepcli.traces.read", leaves) == []
     assert _outside("stepcli.traces.analyses", leaves, ("stepcli.traces.read",)) == []
-    assert _outside("stepcli.traces.render", leaves, ("stepcli.traces.analyses", "stepcli.traces.read")) == []
+    assert (
+        _outside(
+            "stepcli.traces.render", leaves, ("stepcli.traces.analyses", "stepcli.traces.read")
+        )
+        == []
+    )
 
 
 def test_compare_imports_only_the_leaves_traces_and_the_run_summary() -> None:
     assert (
         _outside(
-            "stepcli.compare", _LEAVES, ("stepcli.traces", "stepcli.runfolder.summaryfile", "stepcli.runfolder.runs")
+            "stepcli.compare",
+            _LEAVES,
+            ("stepcli.traces", "stepcli.runfolder.summaryfile", "stepcli.runfolder.runs"),
         )
         == []
     )
@@ -176,7 +217,9 @@ def test_compare_imports_only_the_leaves_traces_and_the_run_summary() -> None:
 def test_whatif_imports_only_the_leaves_traces_and_the_run_folder() -> None:
     assert (
         _outside(
-            "stepcli.whatif", _LEAVES, ("stepcli.traces", "stepcli.runfolder.summaryfile", "stepcli.runfolder.runs")
+            "stepcli.whatif",
+            _LEAVES,
+            ("stepcli.traces", "stepcli.runfolder.summaryfile", "stepcli.runfolder.runs"),
         )
         == []
     )
@@ -189,8 +232,9 @@ def test_advice_imports_only_the_leaves_the_summary_models_and_traces() -> None:
 
 
 def test_run_layers_import_only_downward() -> None:
-    # The launcher (stepcli.run itself) may use live/ and summary/; live/ may use summary/ and the launch's two
-    # shared pieces (the control folder, the subreaper); summary/ uses nothing else of run/.
+    # The launcher (stepcli.run itself) may use live/ and summary/; live/ may use summary/ and the
+    # launch's two shared pieces (the control folder, the subreaper); summary/ uses nothing else of
+    # run/.
     def run_imports(package: str) -> list[str]:
         return [
             f"{m} -> {n}"
@@ -199,13 +243,23 @@ def test_run_layers_import_only_downward() -> None:
             if n == "stepcli.run" or n.startswith("stepcli.run.")
         ]
 
-    assert [i for i in run_imports("stepcli.run.summary") if "-> stepcli.run.summary" not in i] == []
-    allowed = ("stepcli.run.live", "stepcli.run.summary", "stepcli.run.controldir", "stepcli.run.subreaper")
-    assert [i for i in run_imports("stepcli.run.live") if not i.split(" -> ")[1].startswith(allowed)] == []
+    assert [
+        i for i in run_imports("stepcli.run.summary") if "-> stepcli.run.summary" not in i
+    ] == []
+    allowed = (
+        "stepcli.run.live",
+        "stepcli.run.summary",
+        "stepcli.run.controldir",
+        "stepcli.run.subreaper",
+    )
+    assert [
+        i for i in run_imports("stepcli.run.live") if not i.split(" -> ")[1].startswith(allowed)
+    ] == []
 
 
 def test_report_never_imports_run_or_compare() -> None:
-    # The page renders a run summary and traces; the run summary (and its advice) is built in stepcli.run.
+    # The page renders a run summary and traces; the run summary (and its advice) is built in
+    # stepcli.run.
     forbidden = ("stepcli.run", "stepcli.compare", "stepcli.agent")
     imports = _package_imports("stepcli.report")
     found = [
@@ -219,44 +273,71 @@ def test_report_never_imports_run_or_compare() -> None:
 
 
 def test_run_summary_model_imports_no_package() -> None:
-    # run/ writes it, report/ and compare/ read it: it depends on none of them (nor on traces or the agent).
+    # run/ writes it, report/ and compare/ read it: it depends on none of them (nor on traces or the
+    # agent).
     assert _outside("stepcli.runfolder.summaryfile", _LEAVES) == []
     assert _outside("stepcli.steptimes", _LEAVES | {"stepcli.runfolder.summaryfile"}) == []
     assert _outside("stepcli.runfolder.runs", _LEAVES | {"stepcli.runfolder.summaryfile"}) == []
-    # The step-log and step-record readers read what the agent writes: its config, signing and output checks.
-    agent_formats = {"stepcli.agent.config", "stepcli.agent.signing", "stepcli.agent.output", "stepcli.steptimes"}
+    # The step-log and step-record readers read what the agent writes: its config, signing and
+    # output checks.
+    agent_formats = {
+        "stepcli.agent.config",
+        "stepcli.agent.signing",
+        "stepcli.agent.output",
+        "stepcli.steptimes",
+    }
     assert _outside("stepcli.runfolder", _LEAVES | agent_formats) == []
     assert _outside("stepcli.fmt", "stepcli.safetext", _LEAVES) == []
 
 
 def test_report_reads_files_only_through_inputs() -> None:
-    # Regular files only, bounded in size, never blocking (stepcli.inputs): no raw open() or json parsing in report/.
+    # Regular files only, bounded in size, never blocking (stepcli.inputs): no raw open() or json
+    # parsing in report/.
     found = []
     for path in sorted((PACKAGE / "report").glob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "open"
+            ):
                 found.append(f"{path.name}:{node.lineno} open()")
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "read_text":
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "read_text"
+            ):
                 found.append(f"{path.name}:{node.lineno} read_text()")
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
-                found += [f"{path.name}:{node.lineno} import {n}" for n in names if n in ("json", "orjson")]
+                names = [a.name for a in node.names] + (
+                    [node.module] if isinstance(node, ast.ImportFrom) else []
+                )
+                found += [
+                    f"{path.name}:{node.lineno} import {n}"
+                    for n in names
+                    if n in ("json", "orjson")
+                ]
     assert found == []
 
 
-# Every file stepcli reads outside the agent goes through stepcli.inputs (files given to it, traces) or
-# stepcli.runfolder.runs (stepcli's own files in a run folder, read_saved / read_saved_json): regular files only,
-# bounded, never blocking, never through a link. What else opens or parses a file, each for a reason:
+# Every file stepcli reads outside the agent goes through stepcli.inputs (files given to it, traces)
+# or stepcli.runfolder.runs (stepcli's own files in a run folder, read_saved / read_saved_json):
+# regular files only, bounded, never blocking, never through a link. What else opens or parses a
+# file, each for a reason:
 _READS_OUTSIDE_INPUTS = {
     "inputs.py": "the reader of files given to stepcli",
     "safefile.py": "read_regular: a regular file of this user, opened without following a link",
-    "runfolder/runs.py": "read_saved_json: stepcli's own JSON in a run folder, its one failure policy",
-    "runfolder/summaryfile.py": "decodes the bytes of a run summary already read (inputs or read_saved)",
-    "runfolder/steplogreader.py": "decodes a step log read by inputs.read_input, saying why one is left out",
+    "runfolder/runs.py": "read_saved_json: stepcli's own JSON in a run folder, its one failure "
+    "policy",
+    "runfolder/summaryfile.py": "decodes the bytes of a run summary already read (inputs or "
+    "read_saved)",
+    "runfolder/steplogreader.py": "decodes a step log read by inputs.read_input, saying why one is "
+    "left out",
     "compare/load.py": "decodes a run summary given on the command line, read by inputs.read_input",
     "run/live/liverun.py": "decodes STEPCLI_CONFIG, an environment variable's text (no file)",
-    "snapshots/snapshotreader.py": "open(fd): a descriptor opened non-blocking and checked with fstat",
+    "snapshots/snapshotreader.py": "open(fd): a descriptor opened non-blocking and checked with "
+    "fstat",
     "traces/forkmap.py": "open(pipe): the pipe from its own forked child",
 }
 _PROC = ("/proc/",)  # the kernel's files (a process's state, its children, memory): never a user's
@@ -267,7 +348,8 @@ def test_files_are_read_only_through_inputs_outside_the_agent() -> None:
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE).as_posix()
         if relative.split("/")[0] in ("agent", "_bootstrap") or relative.startswith("traces/read/"):
-            continue  # the agent (standard library only, writes through safefile); the trace reader itself
+            # the agent (standard library only, writes through safefile); the trace reader itself
+            continue
         if relative in _READS_OUTSIDE_INPUTS:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
@@ -288,17 +370,19 @@ def test_files_are_read_only_through_inputs_outside_the_agent() -> None:
     assert found == []
 
 
-# Files created without stepcli.safefile, each for a reason: appending to a file the CI system made, the trace
-# export's own files inside the private scratch folder it just created, lock and fault files opened for append or
-# locking (O_NOFOLLOW, in the private control folder).
+# Files created without stepcli.safefile, each for a reason: appending to a file the CI system made,
+# the trace export's own files inside the private scratch folder it just created, lock and fault
+# files opened for append or locking (O_NOFOLLOW, in the private control folder).
 _CREATES_OUTSIDE_SAFEFILE = {
-    ("compare/comparemain.py", "os.O_APPEND | os.O_CREAT | os.O_NONBLOCK"),  # $GITHUB_STEP_SUMMARY, never blocking
+    # $GITHUB_STEP_SUMMARY, never blocking
+    ("compare/comparemain.py", "os.O_APPEND | os.O_CREAT | os.O_NONBLOCK"),
     ("agent/output.py", 'gzip.open(tmp_gz, "wb"'),  # inside the private scratch folder
     ("agent/output.py", 'open(tmp_json, "r+b")'),  # the same
     ("agent/stacks.py", "os.O_CREAT | os.O_APPEND"),  # the fault-handler file, control folder
     ("agent/slowtrigger.py", "os.O_RDWR | os.O_CREAT"),  # a lock, control folder
     ("run/controldir.py", "os.O_RDWR | os.O_CREAT"),  # a lock, control folder
-    ("agent/cudamemory.py", "os.link(tmp, path"),  # a safefile temporary file linked to the first free name
+    # a safefile temporary file linked to the first free name
+    ("agent/cudamemory.py", "os.link(tmp, path"),
     ("agent/cudamemory.py", 'open(fd, "wb")'),  # the descriptor of that safefile temporary file
 }
 _CREATING = re.compile(
@@ -324,9 +408,12 @@ def test_every_file_is_created_through_safefile() -> None:
 
 
 def test_no_module_over_800_lines() -> None:
-    # Size was never the point, one concept per module is: a module past 600 lines is named (a warning) so that a
-    # reviewer asks whether it holds more than one; past 800 it fails, and is split by concern.
-    sizes = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    # Size was never the point, one concept per module is: a module past 600 lines is named (a
+    # warning) so that a reviewer asks whether it holds more than one; past 800 it fails, and is
+    # split by concern.
+    sizes = {
+        str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")
+    }
     large = {name: n for name, n in sizes.items() if n > 600}
     if large:
         warnings.warn(f"modules past 600 lines (one concept each?): {large}", stacklevel=1)
@@ -339,7 +426,8 @@ def _product_modules() -> list[Path]:
 
 
 def test_module_names_are_unique() -> None:
-    # Issue 50: a name says which module it is without its folder (three culprit.py were three different things).
+    # Issue 50: a name says which module it is without its folder (three culprit.py were three
+    # different things).
     seen: dict[str, list[str]] = {}
     for path in _product_modules():
         seen.setdefault(path.stem, []).append(str(path.relative_to(PACKAGE)))
@@ -347,7 +435,8 @@ def test_module_names_are_unique() -> None:
 
 
 def test_class_names_are_unique() -> None:
-    # Issue 50: one class per name across the package, so that `OpRow` in a traceback or a review names one thing.
+    # Issue 50: one class per name across the package, so that `OpRow` in a traceback or a review
+    # names one thing.
     seen: dict[str, list[str]] = {}
     for path in _product_modules():
         for node in ast.parse(path.read_text()).body:
@@ -357,8 +446,9 @@ def test_class_names_are_unique() -> None:
 
 
 def test_click_only_in_the_commands() -> None:
-    # Issue 50: a command is found in one place, stepcli/commands/<name>.py (its options and a short orchestration);
-    # cli.py holds the group and the error mapping. The work below them never parses a command line.
+    # Issue 50: a command is found in one place, stepcli/commands/<name>.py (its options and a short
+    # orchestration); cli.py holds the group and the error mapping. The work below them never parses
+    # a command line.
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE)
@@ -370,15 +460,19 @@ def test_click_only_in_the_commands() -> None:
 
 
 def test_commands_import_nothing_of_the_group() -> None:
-    # cli.py imports every command; a command that imported cli.py back would be a circle (`stepcli demo` reaches
-    # `main` through the click context instead).
-    assert [f"{m} -> {n}" for m, names in _package_imports("stepcli.commands").items() for n in names
-            if n == "stepcli.cli"] == []  # fmt: skip
+    # cli.py imports every command; a command that imported cli.py back would be a circle (`stepcli
+    # demo` reaches `main` through the click context instead).
+    assert [
+        f"{m} -> {n}"
+        for m, names in _package_imports("stepcli.commands").items()
+        for n in names
+        if n == "stepcli.cli"
+    ] == []
 
 
 def test_contributing_module_table_matches_the_tree() -> None:
-    # Issue 50: CONTRIBUTING.md's package table is the one list of what owns what; it names every top-level package
-    # and module of stepcli, and nothing that is gone.
+    # Issue 50: CONTRIBUTING.md's package table is the one list of what owns what; it names every
+    # top-level package and module of stepcli, and nothing that is gone.
     text = (PACKAGE.parent / "CONTRIBUTING.md").read_text()
     table = text[text.index("| package | owns | may import |") :].split("\n\n", 1)[0]
     named = {
@@ -389,7 +483,11 @@ def test_contributing_module_table_matches_the_tree() -> None:
     tree = {
         p.stem if p.suffix == ".py" else p.name
         for p in PACKAGE.iterdir()
-        if (p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists()) or p.name == "_bootstrap")
+        if (
+            p.suffix == ".py"
+            or (p.is_dir() and (p / "__init__.py").exists())
+            or p.name == "_bootstrap"
+        )
         and p.name not in ("__init__.py", "__main__.py")
     }
     assert sorted(named - tree) == [] and sorted(tree - named) == []

@@ -1,5 +1,6 @@
 """Small GPT training loop with explicit attention matmuls, so every FLOP is a matmul torch counts.
-Writes its own per-step wall times (synchronized) to --report, and the analytic matmul FLOPs per step."""
+Writes its own per-step wall times (synchronized) to --report, and the analytic matmul FLOPs per
+step."""
 
 import argparse
 import json
@@ -91,7 +92,9 @@ for step in range(a.steps):
         logits = model(data[:, :-1])
         loss = F.cross_entropy(logits.float().view(-1, V), data[:, 1:].reshape(-1))
     loss.backward()
-    if step == a.slow_step or (a.slow_every and step >= 2 * a.slow_every and step % a.slow_every == 0):
+    if step == a.slow_step or (
+        a.slow_every and step >= 2 * a.slow_every and step % a.slow_every == 0
+    ):
         time.sleep(a.slow_s)
     opt.step()
     opt.zero_grad(set_to_none=True)

@@ -1,12 +1,14 @@
-"""stepcli's bootstrap: the only file on the injected PYTHONPATH entry. Chains the sitecustomize it shadows,
-then starts the agent. Logic lives in stepcli/agent; this file stays tiny and never raises."""
+"""stepcli's bootstrap: the only file on the injected PYTHONPATH entry. Chains the sitecustomize it
+shadows, then starts the agent. Logic lives in stepcli/agent; this file stays tiny and never
+raises."""
 
 import os
 import sys
 
 
 def _stepcli_chain() -> None:
-    """Run the sitecustomize this one shadows, as site.py would have (errors reported, never fatal)."""
+    """Run the sitecustomize this one shadows, as site.py would have (errors reported, never
+    fatal)."""
     import importlib.machinery
     import importlib.util
 
@@ -20,7 +22,10 @@ def _stepcli_chain() -> None:
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
-        sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}\n")
+        sys.stderr.write(
+            f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: "
+            f"{exc}\n"
+        )
 
 
 def _stepcli_activate() -> None:
@@ -53,6 +58,8 @@ finally:
         _stepcli_activate()
     except BaseException as _exc:  # the program runs untouched whatever happens here
         try:
-            sys.stderr.write(f"stepcli: profiling disabled in this process: {type(_exc).__name__}: {_exc}\n")
+            sys.stderr.write(
+                f"stepcli: profiling disabled in this process: {type(_exc).__name__}: {_exc}\n"
+            )
         except Exception:
             pass

@@ -1,11 +1,12 @@
-"""torch.compile time, attributed to the steps where it happened: frames compiled, recompilations with their
-reason, graph breaks, and the wall time spent compiling.
+"""torch.compile time, attributed to the steps where it happened: frames compiled, recompilations
+with their reason, graph breaks, and the wall time spent compiling.
 
-Runs inside the target: standard library only. Nothing here imports torch._dynamo: the agent attaches only once
-the program has imported it (a post-import hook), through what torch exposes: the compile start/end callbacks of
-`torch._dynamo.callback_handler` (outermost compile only, so nested compiles are not counted twice), the
-`CompilationMetrics` records of `torch._dynamo.utils.get_compilation_metrics()` (frame name, recompile reason),
-and the `graph_break` counter. Nothing runs per step: only when torch compiles.
+Runs inside the target: standard library only. Nothing here imports torch._dynamo: the agent
+attaches only once the program has imported it (a post-import hook), through what torch exposes: the
+compile start/end callbacks of `torch._dynamo.callback_handler` (outermost compile only, so nested
+compiles are not counted twice), the `CompilationMetrics` records of
+`torch._dynamo.utils.get_compilation_metrics()` (frame name, recompile reason), and the
+`graph_break` counter. Nothing runs per step: only when torch compiles.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import sys
 import threading
 import time
 
-TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+# typing is not imported at run time: this module loads in every profiled process
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
@@ -26,24 +28,28 @@ _MAX_REASON = 300
 
 
 class CompileWatcher:
-    """Collects one record per compile (torch's outermost compile callback pair), keyed by global step."""
+    """Collects one record per compile (torch's outermost compile callback pair), keyed by global
+    step."""
 
     def __init__(self, tracker: StepTracker) -> None:
         self.tracker = tracker
         self.events: list[dict[str, Any]] = []
         self.dropped = 0
         self._open: tuple[float, int] | None = None
-        self._waiting: dict[tuple[str, bool], dict[str, Any]] = {}  # (compile id, is forward) -> event without details
+        # (compile id, is forward) -> event without details
+        self._waiting: dict[tuple[str, bool], dict[str, Any]] = {}
         self._seen_records: set[int] = set()
-        self._frames: dict[str, str] = {}  # compile id -> frame name (a lazy backward shares its forward's id)
+        # compile id -> frame name (a lazy backward shares its forward's id)
+        self._frames: dict[str, str] = {}
         self._graph_breaks = 0
         self._lock = threading.Lock()
         self._dynamo: ModuleType | None = None
 
-    # -- torch's callbacks ------------------------------------------------------------------------------------
+    # -- torch's callbacks
+    # ------------------------------------------------------------------------------------
     def attach(self, dynamo: ModuleType) -> None:
-        """Register with torch._dynamo (just imported by the program); re-register after `torch._dynamo.reset()`,
-        which clears every callback."""
+        """Register with torch._dynamo (just imported by the program); re-register after
+        `torch._dynamo.reset()`, which clears every callback."""
         self._dynamo = dynamo
         self._graph_breaks = self._graph_break_total()
         self._register()
@@ -61,7 +67,8 @@ class CompileWatcher:
 
         stepcli_dynamo_reset._stepcli = True  # type: ignore[attr-defined]
         stepcli_dynamo_reset.__doc__ = original_reset.__doc__
-        setattr(dynamo, "reset", stepcli_dynamo_reset)  # noqa: B010 (mypy: ModuleType has no .reset)
+        # mypy: ModuleType has no .reset
+        setattr(dynamo, "reset", stepcli_dynamo_reset)  # noqa: B010
 
     def _register(self) -> None:
         handler = getattr(self._dynamo, "callback_handler", None)
@@ -115,12 +122,13 @@ class CompileWatcher:
                 event["_id"] = compile_id
         self.collect()
 
-    # -- details from torch's compile-time records ------------------------------------------------------------
+    # -- details from torch's compile-time records
+    # ------------------------------------------------------------
     def collect(self) -> None:
         """Fill in frame names and recompile reasons from torch's CompilationMetrics records.
 
-        A record is appended after the end callback of its own compile (forward) or before it (lazy backward),
-        so this runs at every compile end and once more when the step log is written."""
+        A record is appended after the end callback of its own compile (forward) or before it (lazy
+        backward), so this runs at every compile end and once more when the step log is written."""
         utils = sys.modules.get("torch._dynamo.utils")
         get_records = getattr(utils, "get_compilation_metrics", None)
         if get_records is None or not self._waiting:
@@ -133,14 +141,18 @@ class CompileWatcher:
             for record in records:
                 if id(record) in self._seen_records:
                     continue
-                key = (str(getattr(record, "compile_id", "")), getattr(record, "is_forward", True) is not False)
+                key = (
+                    str(getattr(record, "compile_id", "")),
+                    getattr(record, "is_forward", True) is not False,
+                )
                 event = self._waiting.pop(key, None)
                 if event is None:
                     continue
                 self._seen_records.add(id(record))
                 if getattr(record, "co_name", None):
                     event["frame"] = self._frames[key[0]] = str(record.co_name)
-                    for other in self.events:  # its backward, compiled earlier than this record arrived
+                    # its backward, compiled earlier than this record arrived
+                    for other in self.events:
                         if other.get("_id") == key[0] and other["frame"] is None:
                             other["frame"] = event["frame"]
                 reason = getattr(record, "recompile_reason", None)
@@ -166,8 +178,8 @@ class CompileWatcher:
 
 
 def _short_reason(reason: str) -> str:
-    """torch's first guard failure, e.g. "tensor 'x' size mismatch at index 0. expected 8, actual 12", without
-    the "0/0: " compile-id prefix, on one line."""
+    """torch's first guard failure, e.g. "tensor 'x' size mismatch at index 0. expected 8, actual
+    12", without the "0/0: " compile-id prefix, on one line."""
     first = reason.strip().splitlines()[0] if reason.strip() else reason
     head, sep, rest = first.partition(": ")
     if sep and head.replace("/", "").isdigit():

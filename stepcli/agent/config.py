@@ -11,7 +11,8 @@ from stepcli.runfolder.layout import run_dir
 
 from .schedule import Schedule
 
-TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+# typing is not imported at run time: this module loads in every profiled process
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -37,8 +38,10 @@ class AgentConfig:
         "quiet": False,
         "run_key": "",  # signs the step logs (agent/signing.py); only the run's processes get it
         "on_demand": False,
-        "slow_trigger": None,  # --capture-on-slow: {"kind", "value", "text", "steps", "max"} (slowrule.py)
-        "hang_timeout": 0.0,  # seconds without a step before a hang dump (stepcli/agent/stacks.py); 0 = never
+        # --capture-on-slow: {"kind", "value", "text", "steps", "max"} (slowrule.py)
+        "slow_trigger": None,
+        # seconds without a step before a hang dump (stepcli/agent/stacks.py); 0 = never
+        "hang_timeout": 0.0,
         "memory_entries": 0,  # --memory: CUDA allocator history entries kept per process; 0 = off
         "version": CONFIG_VERSION,
     }
@@ -64,7 +67,12 @@ class AgentConfig:
     version: int
 
     def __init__(
-        self, run_id: str, out_dir: str, launcher_pid: int, schedule: Schedule | None = None, **options: Any
+        self,
+        run_id: str,
+        out_dir: str,
+        launcher_pid: int,
+        schedule: Schedule | None = None,
+        **options: Any,
     ) -> None:
         unknown = set(options) - set(self.DEFAULTS)
         if unknown:
@@ -88,7 +96,8 @@ class AgentConfig:
         return data
 
     def to_env(self) -> str:
-        import json  # (here, not at the top: `stepcli table` imports this module for its constants only)
+        # (here, not at the top: `stepcli table` imports this module for its constants only)
+        import json
 
         return json.dumps(self.to_dict(), separators=(",", ":"))
 
@@ -99,16 +108,21 @@ class AgentConfig:
         data = json.loads(text)
         if not isinstance(data, dict) or data.get("version") != CONFIG_VERSION:
             version = data.get("version") if isinstance(data, dict) else None
-            raise ValueError(f"config version {version!r} is not {CONFIG_VERSION} (mixed stepcli versions?)")
+            raise ValueError(
+                f"config version {version!r} is not {CONFIG_VERSION} (mixed stepcli versions?)"
+            )
         data["schedule"] = Schedule(**data["schedule"])
         return cls(**data)
 
 
-def atomic_write_json(path: str, document: Any, mode: int = 0o666, *, private_folder: bool = False) -> None:
-    """Write JSON next to `path` under a temporary name and rename it, so readers never see half a file. Created
-    new under a random name and never through a link (stepcli.safefile). `mode` 0o600 for files that hold stacks
-    or argv. `private_folder`: the folder must be this user's own private one (the run's control folder), checked
-    on its descriptor, so nothing is written into a folder someone else put in its place (OSError otherwise)."""
+def atomic_write_json(
+    path: str, document: Any, mode: int = 0o666, *, private_folder: bool = False
+) -> None:
+    """Write JSON next to `path` under a temporary name and rename it, so readers never see half a
+    file. Created new under a random name and never through a link (stepcli.safefile). `mode` 0o600
+    for files that hold stacks or argv. `private_folder`: the folder must be this user's own private
+    one (the run's control folder), checked on its descriptor, so nothing is written into a folder
+    someone else put in its place (OSError otherwise)."""
     import json
 
     from stepcli import safefile
@@ -116,8 +130,9 @@ def atomic_write_json(path: str, document: Any, mode: int = 0o666, *, private_fo
     from .interrupts import Held
 
     data = json.dumps(document, separators=(",", ":")).encode("utf-8")
-    # A Ctrl-C meanwhile waits until the file is whole, then reaches the program at its own line, not in these
-    # frames (a step log is written at a step's end, where a redelivered Ctrl-C may land on a busy machine).
+    # A Ctrl-C meanwhile waits until the file is whole, then reaches the program at its own line,
+    # not in these frames (a step log is written at a step's end, where a redelivered Ctrl-C may
+    # land on a busy machine).
     with Held():
         if not private_folder:
             safefile.write_bytes(path, data, mode)

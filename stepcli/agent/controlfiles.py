@@ -1,11 +1,12 @@
-"""The run's control folder seen through one descriptor: its files opened relative to it, never followed, never
-blocking, read only up to a bound, and only when they are regular files of this user.
+"""The run's control folder seen through one descriptor: its files opened relative to it, never
+followed, never blocking, read only up to a bound, and only when they are regular files of this
+user.
 
-Runs inside the target (and in `stepcli capture`): standard library only. The output folder may live where other
-users can write (a shared scratch folder). They cannot write into the private control folder, but they can rename
-it away and put their own in its place, with `requests.json` a link to /dev/zero or a FIFO. A process that holds
-the folder's descriptor from the start never sees their folder; one that opens nothing it did not check never
-reads /dev/zero or blocks on a FIFO.
+Runs inside the target (and in `stepcli capture`): standard library only. The output folder may live
+where other users can write (a shared scratch folder). They cannot write into the private control
+folder, but they can rename it away and put their own in its place, with `requests.json` a link to
+/dev/zero or a FIFO. A process that holds the folder's descriptor from the start never sees their
+folder; one that opens nothing it did not check never reads /dev/zero or blocks on a FIFO.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import json
 import os
 import stat
 
-TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+# typing is not imported at run time: this module loads in every profiled process
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -28,7 +30,8 @@ _LINK_ERRNOS = (errno.ELOOP, errno.EMLINK)  # what O_NOFOLLOW answers for a link
 
 
 class Refused(OSError):
-    """A control file or folder that is not what this user made: never read, never written through."""
+    """A control file or folder that is not what this user made: never read, never written
+    through."""
 
 
 def _uid() -> int:
@@ -36,7 +39,8 @@ def _uid() -> int:
 
 
 def open_folder(path: str) -> int:
-    """A descriptor of the control folder at `path`: a real folder (not a link) of this user, closed to others."""
+    """A descriptor of the control folder at `path`: a real folder (not a link) of this user, closed
+    to others."""
     try:
         fd = os.open(path, _DIR_FLAGS)
     except OSError as exc:
@@ -58,9 +62,11 @@ def open_folder(path: str) -> int:
 
 
 def open_regular(folder_fd: int, name: str) -> tuple[int, os.stat_result]:
-    """(descriptor, its stat) of `name` in the folder, a regular file of this user; FileNotFoundError when absent.
+    """(descriptor, its stat) of `name` in the folder, a regular file of this user;
+    FileNotFoundError when absent.
 
-    O_NOFOLLOW: a link is refused, not followed. O_NONBLOCK: opening a FIFO returns at once (and is refused)."""
+    O_NOFOLLOW: a link is refused, not followed. O_NONBLOCK: opening a FIFO returns at once (and is
+    refused)."""
     try:
         fd = os.open(name, _READ_FLAGS, dir_fd=folder_fd)
     except OSError as exc:
@@ -95,8 +101,8 @@ def read_bounded(fd: int, limit: int, name: str) -> bytes:
 
 
 def read_json(folder_fd: int, name: str, limit: int) -> Any:
-    """The JSON document in `name`; FileNotFoundError when absent, Refused for anything not ours or too big,
-    ValueError when it is not JSON (RecursionError, from a deeply nested one, included)."""
+    """The JSON document in `name`; FileNotFoundError when absent, Refused for anything not ours or
+    too big, ValueError when it is not JSON (RecursionError, from a deeply nested one, included)."""
     fd, _ = open_regular(folder_fd, name)
     try:
         data = read_bounded(fd, limit, name)
@@ -113,15 +119,21 @@ def parse_json(data: bytes) -> Any:
 
 
 def write_json(folder_fd: int, name: str, document: Any) -> None:
-    """Write `name` in the folder under a temporary name, then rename it: readers never see half a file. The
-    temporary file is created new under a random name (stepcli.safefile): nothing that was there is written
-    through."""
+    """Write `name` in the folder under a temporary name, then rename it: readers never see half a
+    file. The temporary file is created new under a random name (stepcli.safefile): nothing that was
+    there is written through."""
     from stepcli import safefile
 
     from .interrupts import Held
 
-    with Held():  # a Ctrl-C meanwhile reaches the program once the file is whole (stepcli.agent.config)
-        safefile.write_bytes(name, json.dumps(document, separators=(",", ":")).encode("utf-8"), 0o600, dir_fd=folder_fd)
+    # a Ctrl-C meanwhile reaches the program once the file is whole (stepcli.agent.config)
+    with Held():
+        safefile.write_bytes(
+            name,
+            json.dumps(document, separators=(",", ":")).encode("utf-8"),
+            0o600,
+            dir_fd=folder_fd,
+        )
 
 
 def unlink(folder_fd: int, name: str) -> None:

@@ -1,14 +1,16 @@
-"""The exit guard: however a profiled process ends, its step log is saved once first, then it ends as it would have.
+"""The exit guard: however a profiled process ends, its step log is saved once first, then it ends
+as it would have.
 
-atexit runs the save for a normal exit (runtime.Agent registers `flush`). SIGTERM and SIGHUP skip atexit: their
-handlers save, then end the process of the same signal, so its exit status still says what killed it. os._exit
-skips both: it is wrapped. A signal arriving during profiler work waits for it (the recorder's `busy`); one
-arriving during the final save waits for the save. A Python-level handler cannot run while the main thread is
-blocked in C (a collective waiting for a dead peer): the stacks thread sees the signal too and, when the main
-thread has not taken it within a second, saves the step log itself and ends the process (`die_off_main_thread`).
+atexit runs the save for a normal exit (runtime.Agent registers `flush`). SIGTERM and SIGHUP skip
+atexit: their handlers save, then end the process of the same signal, so its exit status still says
+what killed it. os._exit skips both: it is wrapped. A signal arriving during profiler work waits for
+it (the recorder's `busy`); one arriving during the final save waits for the save. A Python-level
+handler cannot run while the main thread is blocked in C (a collective waiting for a dead peer): the
+stacks thread sees the signal too and, when the main thread has not taken it within a second, saves
+the step log itself and ends the process (`die_off_main_thread`).
 
-Runs inside the target: standard library only. The agent gives it three callables, so it is tested without one
-(tests/unit/test_agent_exitguard.py).
+Runs inside the target: standard library only. The agent gives it three callables, so it is tested
+without one (tests/unit/test_agent_exitguard.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import signal
 import threading
 import time
 
-TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+# typing is not imported at run time: this module loads in every profiled process
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
@@ -29,7 +32,8 @@ SAVE_WAIT_S = 30.0  # a signal waits this long at most for another thread's fina
 
 
 class ExitGuard:
-    """Saves once, in the process that made the steps, before it ends; then lets it end as it would have."""
+    """Saves once, in the process that made the steps, before it ends; then lets it end as it would
+    have."""
 
     def __init__(
         self,
@@ -37,21 +41,29 @@ class ExitGuard:
         owns_the_steps: Callable[[], bool],
         recorder: Callable[[], Recorder | None],
     ) -> None:
-        self._save = save  # the final save: (why the process ends, whether the main thread is blocked)
-        self._owns_the_steps = owns_the_steps  # False in a forked child: its parent's steps are not its own
+        # the final save: (why the process ends, whether the main thread is blocked)
+        self._save = save
+        # False in a forked child: its parent's steps are not its own
+        self._owns_the_steps = owns_the_steps
         self._recorder = recorder
-        self.lock = threading.RLock()  # the stacks thread and the main thread both save the step log
+        # the stacks thread and the main thread both save the step log
+        self.lock = threading.RLock()
         self.flushed = False  # the final save was made (or is being made)
-        self.signals_guarded = False  # SIGTERM/SIGHUP save first for the whole run, not only during windows
-        self.signal_handled = 0  # the signal whose handler the main thread entered (stacks.py waits for it)
+        # SIGTERM/SIGHUP save first for the whole run, not only during windows
+        self.signals_guarded = False
+        # the signal whose handler the main thread entered (stacks.py waits for it)
+        self.signal_handled = 0
         self._saving_on: int | None = None  # the thread now writing the final save, while it does
-        self._pending_signal = 0  # a SIGTERM/SIGHUP that arrived during this thread's own final save
+        # a SIGTERM/SIGHUP that arrived during this thread's own final save
+        self._pending_signal = 0
 
     def guard_signals(self, on: bool) -> None:
-        """SIGTERM/SIGHUP (which skip atexit) first save the open window and the step log, then kill as before.
+        """SIGTERM/SIGHUP (which skip atexit) first save the open window and the step log, then kill
+        as before.
 
-        Installed once the process trains, for the whole run (`guard_for_the_run`), and around each window,
-        for a process that armed on another thread. Only where the program left the default action."""
+        Installed once the process trains, for the whole run (`guard_for_the_run`), and around each
+        window, for a process that armed on another thread. Only where the program left the default
+        action."""
         if threading.current_thread() is not threading.main_thread():
             return
         if not on and self.signals_guarded:
@@ -74,7 +86,8 @@ class ExitGuard:
     def on_signal(self, signum: int, _frame: Any) -> None:
         self.signal_handled = signum
         recorder = self._recorder()
-        if recorder is not None and recorder.busy:  # mid-export, mid-transition or mid-flush: finish that first
+        # mid-export, mid-transition or mid-flush: finish that first
+        if recorder is not None and recorder.busy:
             recorder.deferred_signal = signum
             return
         self.die_of(signum)
@@ -82,10 +95,11 @@ class ExitGuard:
     def die_of(self, signum: int) -> None:
         """Save, then die of the same signal, so the exit status still says what killed the program.
 
-        The final save may be under way already: on this thread (a second SIGTERM, from torchrun forwarding the
-        scheduler's, lands inside the first one's save) the signal waits for it; on the stacks thread (it took a
-        signal the blocked main thread could not) this one waits until the save is written. Dying at once would
-        cut the step log short and leave the last progress save saying "running"."""
+        The final save may be under way already: on this thread (a second SIGTERM, from torchrun
+        forwarding the scheduler's, lands inside the first one's save) the signal waits for it; on
+        the stacks thread (it took a signal the blocked main thread could not) this one waits until
+        the save is written. Dying at once would cut the step log short and leave the last progress
+        save saying "running"."""
         saving = self._saving_on
         if saving == threading.get_ident():
             self._pending_signal = signum
@@ -112,17 +126,17 @@ class ExitGuard:
         os._exit = stepcli_os_exit
 
     def die_off_main_thread(self, signum: int) -> None:
-        """The stacks thread's end of a SIGTERM/SIGHUP the main thread could not take (blocked in C): save the
-        step log (an open window cannot be saved from this thread: it is named in the notes), then die of the
-        same signal, so the exit status says what killed the process."""
+        """The stacks thread's end of a SIGTERM/SIGHUP the main thread could not take (blocked in
+        C): save the step log (an open window cannot be saved from this thread: it is named in the
+        notes), then die of the same signal, so the exit status says what killed the process."""
         try:
             self.flush(signal.Signals(signum).name, blocked=True)
         finally:
             die_now(signum)
 
     def flush(self, reason: str, blocked: bool = False) -> None:
-        """The final save, once, and only in the process that made the steps. `blocked`: the main thread cannot
-        run (saved by the stacks thread)."""
+        """The final save, once, and only in the process that made the steps. `blocked`: the main
+        thread cannot run (saved by the stacks thread)."""
         if self.flushed or not self._owns_the_steps():
             return
         with self.lock:
@@ -135,14 +149,16 @@ class ExitGuard:
             finally:
                 self._saving_on = None
         pending, self._pending_signal = self._pending_signal, 0
-        if pending:  # it arrived mid-save (at exit, say): delivered now, as it would have been without stepcli
+        # it arrived mid-save (at exit, say): delivered now, as it would have been without stepcli
+        if pending:
             signal.signal(pending, signal.SIG_DFL)
             os.kill(os.getpid(), pending)
 
 
 def die_now(signum: int) -> None:
-    """End this process of `signum` from any thread: Python's own handler (which only the blocked main thread
-    could run) is replaced by the default action through libc, then the signal is sent; SIGKILL if that fails."""
+    """End this process of `signum` from any thread: Python's own handler (which only the blocked
+    main thread could run) is replaced by the default action through libc, then the signal is sent;
+    SIGKILL if that fails."""
     try:
         import ctypes
 

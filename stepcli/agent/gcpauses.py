@@ -1,10 +1,12 @@
-"""Python garbage-collection pauses, counted for the whole run and marked in the traces (standard library only).
+"""Python garbage-collection pauses, counted for the whole run and marked in the traces (standard
+library only).
 
-A `gc.callbacks` entry costs a clock read per collection, nothing per step. Per generation it counts collections,
-pause time, the longest pause and the objects collected (written into the step log as `gc`). While a torch
-profiler records, each pause also becomes a `python gc (gen N)` range in the trace, opened and closed by the
-callback itself as the collection starts and stops (the same record_function ops `torch.profiler.record_function`
-uses), so the culprit analysis sees it on the thread it stopped.
+A `gc.callbacks` entry costs a clock read per collection, nothing per step. Per generation it counts
+collections, pause time, the longest pause and the objects collected (written into the step log as
+`gc`). While a torch profiler records, each pause also becomes a `python gc (gen N)` range in the
+trace, opened and closed by the callback itself as the collection starts and stops (the same
+record_function ops `torch.profiler.record_function` uses), so the culprit analysis sees it on the
+thread it stopped.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import time
 
 from .interrupts import redeliver
 
-TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+# typing is not imported at run time: this module loads in every profiled process
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType
@@ -25,7 +28,8 @@ ANNOTATION = "python gc (gen {})"
 
 
 class GcPauses:
-    """Collections per generation since install(); the record_function ops once torch is imported."""
+    """Collections per generation since install(); the record_function ops once torch is
+    imported."""
 
     def __init__(self, clock: Callable[[], int] = time.perf_counter_ns) -> None:
         self.clock = clock
@@ -49,8 +53,9 @@ class GcPauses:
             gc.callbacks.remove(self.callback)
 
     def torch_imported(self, torch: ModuleType, ours: Callable[[], bool] = lambda: True) -> None:
-        """Mark pauses in traces from now on: only while `ours()` (a stepcli window is open, not the program's own
-        profiler: its traces stay as the program made them) and the profiler is on (one C call)."""
+        """Mark pauses in traces from now on: only while `ours()` (a stepcli window is open, not the
+        program's own profiler: its traces stay as the program made them) and the profiler is on
+        (one C call)."""
         try:
             ops = torch.ops.profiler
             self._enter = ops._record_function_enter_new
@@ -65,7 +70,8 @@ class GcPauses:
             if phase == "start":
                 self._started = self.clock()
                 enabled = self._enabled
-                if enabled is not None and enabled() and self._ours():  # most collections: one C call here
+                # most collections: one C call here
+                if enabled is not None and enabled() and self._ours():
                     self._mark_start(info.get("generation", 0))
                 return
             elapsed = self.clock() - self._started
@@ -78,7 +84,8 @@ class GcPauses:
             self.collected[generation] += int(info.get("collected", 0))
         except Exception:  # never let accounting break the program's collections
             self._open = None
-        except (KeyboardInterrupt, SystemExit):  # a Ctrl-C (or a handler's sys.exit): Python drops what a gc
+        # a Ctrl-C (or a handler's sys.exit): Python drops what a gc
+        except (KeyboardInterrupt, SystemExit):
             redeliver()  # callback raises, so it would never reach the program
 
     def _mark_start(self, generation: int) -> None:

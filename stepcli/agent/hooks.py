@@ -1,8 +1,10 @@
-"""The post-import hook: run callbacks right after the program imports a module (torch, `--step-on` modules).
+"""The post-import hook: run callbacks right after the program imports a module (torch, `--step-on`
+modules).
 
-Runs inside the target: standard library only. torch is never imported here: a meta-path finder waits for the
-program to import it (importing it at start-up would run before the script sets CUDA_VISIBLE_DEVICES or its
-multiprocessing start method, and would slow every Python process the command starts).
+Runs inside the target: standard library only. torch is never imported here: a meta-path finder
+waits for the program to import it (importing it at start-up would run before the script sets
+CUDA_VISIBLE_DEVICES or its multiprocessing start method, and would slow every Python process the
+command starts).
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+# typing is not imported at run time: this module loads in every profiled process
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from types import ModuleType
@@ -20,7 +23,8 @@ if TYPE_CHECKING:
 
 
 class PostImportHooks:
-    """Runs callbacks right after a watched module finishes executing, before anyone else uses it."""
+    """Runs callbacks right after a watched module finishes executing, before anyone else uses
+    it."""
 
     def __init__(self, on_error: Callable[[str, BaseException], None]) -> None:
         self._callbacks: dict[str, list[Callback]] = {}
@@ -36,12 +40,15 @@ class PostImportHooks:
         if self not in sys.meta_path:
             sys.meta_path.insert(0, self)
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None) -> Any:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> Any:
         if fullname not in self._callbacks or fullname in self._resolving:
             return None
         self._resolving.add(fullname)
         try:
-            spec = importlib.util.find_spec(fullname)  # the other finders, exactly as the import would
+            # the other finders, exactly as the import would
+            spec = importlib.util.find_spec(fullname)
         finally:
             self._resolving.discard(fullname)
         loader = getattr(spec, "loader", None)
@@ -55,7 +62,8 @@ class PostImportHooks:
                 original(module)
             finally:
                 try:
-                    del loader.exec_module  # back to the class's method: the loader is this module's alone
+                    # back to the class's method: the loader is this module's alone
+                    del loader.exec_module
                 except AttributeError:
                     pass
             self._run(fullname, callbacks, module)

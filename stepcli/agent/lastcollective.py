@@ -1,26 +1,31 @@
-"""The last `torch.distributed` collective this process entered, for hang dumps (`stepcli run --hang-timeout`).
+"""The last `torch.distributed` collective this process entered, for hang dumps (`stepcli run
+--hang-timeout`).
 
-Runs inside the target: standard library only. torch.distributed's Python collectives (all_reduce, barrier, ...)
-are wrapped once, when torch.distributed is imported, only in runs with `--hang-timeout`: each call numbers itself
-(the n-th collective this process entered; every rank of a data-parallel job enters the same ones in the same
-order, so equal numbers are the same collective) and notes when it entered and whether it returned. That is a few
-attribute stores per collective, nothing per step. Collectives issued from C++ (DDP's bucketed all-reduce, FSDP) and
-those inside torch.compile'd code (compiled from the original function) are not seen by the wrappers: for them the
-dump asks torch's flight recorder (`in_flight`), which `stepcli run --hang-timeout` turns on for the program
-(TORCH_FR_BUFFER_SIZE, gloo and NCCL): the work every process group of this process started and has not finished.
+Runs inside the target: standard library only. torch.distributed's Python collectives (all_reduce,
+barrier, ...) are wrapped once, when torch.distributed is imported, only in runs with
+`--hang-timeout`: each call numbers itself (the n-th collective this process entered; every rank of
+a data-parallel job enters the same ones in the same order, so equal numbers are the same
+collective) and notes when it entered and whether it returned. That is a few attribute stores per
+collective, nothing per step. Collectives issued from C++ (DDP's bucketed all-reduce, FSDP) and
+those inside torch.compile'd code (compiled from the original function) are not seen by the
+wrappers: for them the dump asks torch's flight recorder (`in_flight`), which `stepcli run
+--hang-timeout` turns on for the program (TORCH_FR_BUFFER_SIZE, gloo and NCCL): the work every
+process group of this process started and has not finished.
 """
 
 from __future__ import annotations
 
 import time
 
-TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+# typing is not imported at run time: this module loads in every profiled process
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType
     from typing import Any
 
-# The collectives and point-to-point calls of torch.distributed's Python API that can block on other ranks.
+# The collectives and point-to-point calls of torch.distributed's Python API that can block on other
+# ranks.
 HOOKED = (
     "all_reduce",
     "all_gather",
@@ -45,7 +50,8 @@ HOOKED = (
 
 
 class LastCollective:
-    """What the dump reports: the last collective entered (name, number, wall time), and whether it returned."""
+    """What the dump reports: the last collective entered (name, number, wall time), and whether it
+    returned."""
 
     __slots__ = ("name", "seq", "entered_at", "returned_at", "depth", "async_op", "group")
 
@@ -54,9 +60,11 @@ class LastCollective:
         self.seq = 0
         self.entered_at = 0.0
         self.returned_at = 0.0
-        self.depth = 0  # > 0 while inside a hooked call: collectives it makes itself are not counted again
+        # > 0 while inside a hooked call: collectives it makes itself are not counted again
+        self.depth = 0
         self.async_op = False
-        self.group: Any = None  # the `group=` it was given (None: the default group), named only when dumped
+        # the `group=` it was given (None: the default group), named only when dumped
+        self.group: Any = None
 
     def to_dict(self, now: float) -> dict[str, Any] | None:
         if not self.seq:
@@ -106,14 +114,16 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     stepcli_collective.__name__ = getattr(original, "__name__", name)
     stepcli_collective.__qualname__ = getattr(original, "__qualname__", name)
     stepcli_collective.__doc__ = getattr(original, "__doc__", None)
-    # torch.compile unwraps it and traces the original (as a functional collective): one graph, not a graph break
+    # torch.compile unwraps it and traces the original (as a functional collective): one graph, not
+    # a graph break
     stepcli_collective.__wrapped__ = original  # type: ignore[attr-defined]
     stepcli_collective._stepcli = True  # type: ignore[attr-defined]
     return stepcli_collective
 
 
 def _wrap_join(original: Callable[..., Any], on_join: Callable[[], None]) -> Callable[..., Any]:
-    """`init_process_group` that first tells the agent this process joins a job (before it may block there)."""
+    """`init_process_group` that first tells the agent this process joins a job (before it may block
+    there)."""
 
     def stepcli_init_process_group(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -123,7 +133,9 @@ def _wrap_join(original: Callable[..., Any], on_join: Callable[[], None]) -> Cal
         return original(*args, **kwargs)
 
     stepcli_init_process_group.__name__ = getattr(original, "__name__", "init_process_group")
-    stepcli_init_process_group.__qualname__ = getattr(original, "__qualname__", "init_process_group")
+    stepcli_init_process_group.__qualname__ = getattr(
+        original, "__qualname__", "init_process_group"
+    )
     stepcli_init_process_group.__doc__ = getattr(original, "__doc__", None)
     stepcli_init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
     stepcli_init_process_group._stepcli = True  # type: ignore[attr-defined]
@@ -131,12 +143,16 @@ def _wrap_join(original: Callable[..., Any], on_join: Callable[[], None]) -> Cal
 
 
 def hook_collectives(dist: ModuleType, on_join: Callable[[], None] | None = None) -> None:
-    """Wrap the collectives of `torch.distributed` and of `torch.distributed.distributed_c10d` (same objects), and
-    `init_process_group` to call `on_join` (a rank stuck before its first step is then in a hang's dump)."""
+    """Wrap the collectives of `torch.distributed` and of `torch.distributed.distributed_c10d` (same
+    objects), and `init_process_group` to call `on_join` (a rank stuck before its first step is then
+    in a hang's dump)."""
     import sys
 
     # (device_mesh, imported with torch.distributed, holds its own reference to init_process_group)
-    modules = [dist, *(sys.modules.get(f"torch.distributed.{m}") for m in ("distributed_c10d", "device_mesh"))]
+    modules = [
+        dist,
+        *(sys.modules.get(f"torch.distributed.{m}") for m in ("distributed_c10d", "device_mesh")),
+    ]
     names = (*HOOKED, "init_process_group") if on_join is not None else HOOKED
     wrapped: dict[int, Callable[..., Any]] = {}
     for module in modules:
@@ -154,15 +170,17 @@ def hook_collectives(dist: ModuleType, on_join: Callable[[], None] | None = None
             setattr(module, name, wrapped[id(original)])
 
 
-FR_MAX_ENTRIES = 8  # in-flight works listed per dump (a hang has one or a few; DDP buckets may add some)
+# in-flight works listed per dump (a hang has one or a few; DDP buckets may add some)
+FR_MAX_ENTRIES = 8
 _FR_MAX_BYTES = 16 << 20
 
 
 def in_flight(now: float) -> list[dict[str, Any]] | None:
-    """The collectives this process's process groups started and have not finished, oldest first, from torch's
-    flight recorder (`_dump_fr_trace_json`): name, the group's sequence number (equal on every rank for the same
-    collective), group, sizes, how long ago it was started. None when that cannot be known: torch.distributed
-    not initialized here, a torch without the recorder, or the recorder off (no TORCH_FR_BUFFER_SIZE)."""
+    """The collectives this process's process groups started and have not finished, oldest first,
+    from torch's flight recorder (`_dump_fr_trace_json`): name, the group's sequence number (equal
+    on every rank for the same collective), group, sizes, how long ago it was started. None when
+    that cannot be known: torch.distributed not initialized here, a torch without the recorder, or
+    the recorder off (no TORCH_FR_BUFFER_SIZE)."""
     import json
     import os
     import sys
@@ -173,7 +191,8 @@ def in_flight(now: float) -> list[dict[str, Any]] | None:
         if dist is None or c10d is None or not dist.is_available() or not dist.is_initialized():
             return None
         if not any(
-            int(os.environ.get(name) or 0) > 0 for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+            int(os.environ.get(name) or 0) > 0
+            for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
         ):
             return None  # off: an empty recorder would read as "nothing in flight"
         dump = getattr(c10d, "_dump_fr_trace_json", None)
@@ -200,12 +219,16 @@ def in_flight(now: float) -> list[dict[str, Any]] | None:
             {
                 "name": name,
                 "seq": entry.get("p2p_seq_id" if p2p else "collective_seq_id"),
-                "group": str(group[1]) if isinstance(group, list) and len(group) > 1 else str(entry.get("pg_id")),
+                "group": str(group[1])
+                if isinstance(group, list) and len(group) > 1
+                else str(entry.get("pg_id")),
                 "p2p": p2p,
                 "sizes": entry.get("input_sizes"),
                 "dtypes": entry.get("input_dtypes"),
                 "state": entry.get("state"),
-                "entered_s_ago": round(now - created / 1e9, 3) if isinstance(created, int) and created > 0 else None,
+                "entered_s_ago": round(now - created / 1e9, 3)
+                if isinstance(created, int) and created > 0
+                else None,
             }
         )
     return found[:FR_MAX_ENTRIES]

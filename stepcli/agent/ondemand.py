@@ -1,29 +1,33 @@
-"""On-demand windows: `stepcli capture` asks, every stepping process of the run records the same global steps.
+"""On-demand windows: `stepcli capture` asks, every stepping process of the run records the same
+global steps.
 
-Runs inside the target: standard library only. The protocol lives in the run's private control folder,
-`<out>/.stepcli/<run_id>/control/` (created 0700 by the launcher, so only the run's owner can ask):
+Runs inside the target: standard library only. The protocol lives in the run's private control
+folder, `<out>/.stepcli/<run_id>/control/` (created 0700 by the launcher, so only the run's owner
+can ask):
 
   run.json              the launcher's: this run is alive (removed when it ends, with requests.json)
-  requests.json         capture's: {"run_id", "requests": [{"id", "open_at", "first_step", "last_step"}],
-                        "pings": [{"id", "lease_s"}]}; absent while nobody asks
-  proc.<host>.<pid>.json  each stepping process's heartbeat (step, time, rate, the pings it heard, how many times
-                        it was written) and its answer to each request
+  requests.json         capture's: {"run_id", "requests": [{"id", "open_at", "first_step",
+                        "last_step"}], "pings": [{"id", "lease_s"}]}; absent while nobody asks
+  proc.<host>.<pid>.json  each stepping process's heartbeat (step, time, rate, the pings it heard,
+                        how many times it was written) and its answer to each request
 
-Each process looks at the control folder at most once a second, from a step boundary (the tracker compares the
-clock value it already reads with a deadline: no file system call per step). Looking is one failed open() while
-nobody asks; the file is read only when its inode, size or times changed. The heartbeat is written only when
-somebody listens, so a job of a thousand ranks does not rewrite a thousand files a second on a shared file system
-all day: at the first step and once more at the next poll, with the pace (capture finds the process and knows how
-long it may take to hear a ping), while a capture's ping is heard (every poll: fresh steps and pace; a ping lapses
-`lease_s` after the file last changed, so a capture killed with SIGKILL does not leave the processes writing),
-when an answer changes, and at exit (`ended`). A request names global steps, so every rank
-records the same `ProfilerStep#N`s; a rank already past them refuses instead of recording others. Requests carry
-the run id and live in a folder named by it, so a later run into the same `-o` never obeys one.
+Each process looks at the control folder at most once a second, from a step boundary (the tracker
+compares the clock value it already reads with a deadline: no file system call per step). Looking is
+one failed open() while nobody asks; the file is read only when its inode, size or times changed.
+The heartbeat is written only when somebody listens, so a job of a thousand ranks does not rewrite a
+thousand files a second on a shared file system all day: at the first step and once more at the next
+poll, with the pace (capture finds the process and knows how long it may take to hear a ping), while
+a capture's ping is heard (every poll: fresh steps and pace; a ping lapses `lease_s` after the file
+last changed, so a capture killed with SIGKILL does not leave the processes writing), when an answer
+changes, and at exit (`ended`). A request names global steps, so every rank records the same
+`ProfilerStep#N`s; a rank already past them refuses instead of recording others. Requests carry the
+run id and live in a folder named by it, so a later run into the same `-o` never obeys one.
 
-The folder is opened once and its files only relative to that descriptor (controlfiles.py): a folder or file put
-in their place is never followed, never blocks, never read whole. Each request is checked (request.py) before it
-is obeyed; a bad one is refused and said once. A pending request that leaves the file was withdrawn by its
-capture (it gave up, or placed a later one): its window is forgotten, or closed unsaved if it records.
+The folder is opened once and its files only relative to that descriptor (controlfiles.py): a folder
+or file put in their place is never followed, never blocks, never read whole. Each request is
+checked (request.py) before it is obeyed; a bad one is refused and said once. A pending request that
+leaves the file was withdrawn by its capture (it gave up, or placed a later one): its window is
+forgotten, or closed unsaved if it records.
 """
 
 from __future__ import annotations
@@ -35,11 +39,20 @@ from stepcli.runfolder.layout import LOCK_FILE, PROC_PREFIX, REQUESTS_FILE, RUN_
 
 from . import controlfiles
 from .config import atomic_write_json
-from .request import MAX_CONTROL_BYTES, MAX_PENDING, Invalid, check_ping, check_request, entries, request_id
+from .request import (
+    MAX_CONTROL_BYTES,
+    MAX_PENDING,
+    Invalid,
+    check_ping,
+    check_request,
+    entries,
+    request_id,
+)
 from .schedule import RECORD, RECORD_AND_SAVE, WARMUP, WindowSchedule
 from .tracker import FOREIGN
 
-TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+# typing is not imported at run time: this module loads in every profiled process
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Protocol
 
@@ -48,8 +61,9 @@ if TYPE_CHECKING:
     from .tracker import StepTracker
 
     class Agent(Protocol):
-        """What on-demand capture needs from the process's agent (stepcli.agent.runtime.Agent provides it).
-        Declared here so this module does not refer back to runtime, which imports it: no import circle."""
+        """What on-demand capture needs from the process's agent (stepcli.agent.runtime.Agent
+        provides it). Declared here so this module does not refer back to runtime, which imports it:
+        no import circle."""
 
         config: AgentConfig
         enabled: bool
@@ -60,7 +74,8 @@ if TYPE_CHECKING:
 
 
 POLL_INTERVAL_S = 1.0
-PING_LEASE_S = 10.0  # how long a process keeps listening after requests.json last changed (capture renews it)
+# how long a process keeps listening after requests.json last changed (capture renews it)
+PING_LEASE_S = 10.0
 MAX_IO_FAILURES = 30  # consecutive polls that could not read or write the control folder
 FINAL = ("saved", "refused", "not_recorded")
 KEPT_ANSWERS = 16  # final answers kept in the heartbeat (a capture reads its own while it waits)
@@ -78,7 +93,8 @@ def open_control(out_dir: str, run_id: str, document: dict[str, Any]) -> str:
 
 
 def close_control(out_dir: str, run_id: str) -> None:
-    """The run ended: no request may outlive it. The processes' answers stay for a capture still reading."""
+    """The run ended: no request may outlive it. The processes' answers stay for a capture still
+    reading."""
     folder = control_dir(out_dir, run_id)
     for name in (RUN_FILE, REQUESTS_FILE, LOCK_FILE):
         try:
@@ -88,10 +104,12 @@ def close_control(out_dir: str, run_id: str) -> None:
 
 
 class OnDemand:
-    """One process's side of the protocol: heartbeat, accept or refuse requests, report saved traces.
+    """One process's side of the protocol: heartbeat, accept or refuse requests, report saved
+    traces.
 
-    The control folder is opened once, here, and every file in it is read and written relative to that
-    descriptor (stepcli/agent/controlfiles.py): a folder put in its place later is never looked at."""
+    The control folder is opened once, here, and every file in it is read and written relative to
+    that descriptor (stepcli/agent/controlfiles.py): a folder put in its place later is never looked
+    at."""
 
     def __init__(self, agent: Agent) -> None:
         import socket
@@ -106,17 +124,24 @@ class OnDemand:
         self.schedule = WindowSchedule(None if config.on_demand else config.schedule)
         self.responses: dict[str, dict[str, Any]] = {}
         self.triggers: dict[str, dict[str, Any]] = {}  # id -> what triggered it (--capture-on-slow)
-        self.own: set[str] = set()  # windows this process's --capture-on-slow placed: no capture withdraws them
-        self.trigger_steps: dict[str, tuple[int, int]] = {}  # id -> (first, last step) of a triggered window
-        # the triggered windows this process did not record, and why (its step log, hence the run summary)
+        # windows this process's --capture-on-slow placed: no capture withdraws them
+        self.own: set[str] = set()
+        # id -> (first, last step) of a triggered window
+        self.trigger_steps: dict[str, tuple[int, int]] = {}
+        # the triggered windows this process did not record, and why (its step log, hence the run
+        # summary)
         self.not_recorded: list[dict[str, Any]] = []
-        self.pending: dict[str, tuple[int, int, int, int]] = {}  # id -> (first, last step, windows, notes before)
+        # id -> (first, last step, windows, notes before)
+        self.pending: dict[str, tuple[int, int, int, int]] = {}
         self._written_step = -1
-        self._dirty = True  # the first poll (the first step) writes the heartbeat: capture can find the process
-        # ... and the second (`_writes < 2`) writes its pace: how long capture may wait for it to hear a ping
-        self._mark: tuple[int, float] | None = None  # (step, time) of the last poll, for the step rate
+        # the first poll (the first step) writes the heartbeat: capture can find the process
+        self._dirty = True
+        # ... and the second (`_writes < 2`) writes its pace: how long capture may wait for it to
+        # hear a ping (step, time) of the last poll, for the step rate
+        self._mark: tuple[int, float] | None = None
         self._rate = 0.0
-        self._seen: tuple[int, int, int, int] | None = None  # requests.json as last read: inode, size, mtime, ctime
+        # requests.json as last read: inode, size, mtime, ctime
+        self._seen: tuple[int, int, int, int] | None = None
         self._pings: list[str] = []  # the ids of the captures listening, as last read
         self._listen_until = 0.0  # time.monotonic() until which the heartbeat is written every poll
         self._writes = 0
@@ -126,10 +151,12 @@ class OnDemand:
         self.active = False
         self.folder_fd = -1
         self._last_poll = time.monotonic()  # when the main thread last polled (at a step boundary)
-        self._no_step_for_s: float | None = None  # written by beat_off_main: the main thread makes no step
+        # written by beat_off_main: the main thread makes no step
+        self._no_step_for_s: float | None = None
         import threading
 
-        self._lock = threading.RLock()  # the stacks thread polls too while the main thread makes no step
+        # the stacks thread polls too while the main thread makes no step
+        self._lock = threading.RLock()
         if agent.recorder is not None:
             agent.recorder.schedule = self.schedule  # type: ignore[assignment]
             agent.recorder.trigger_at = self.trigger_at
@@ -143,24 +170,29 @@ class OnDemand:
         agent.tracker.set_poller(self.poll, POLL_INTERVAL_S)
         self.active = True
 
-    # -- called by the tracker (at most once a second) and by the agent ----------------------------------------
+    # -- called by the tracker (at most once a second) and by the agent
+    # ----------------------------------------
     def poll(self, step: int) -> None:
-        """At a step boundary: read requests (only when they changed) and write the heartbeat if anybody listens."""
+        """At a step boundary: read requests (only when they changed) and write the heartbeat if
+        anybody listens."""
         self._last_poll = time.monotonic()
         with self._lock:
             self._no_step_for_s = None
             self._poll(step)
 
     def beat_off_main(self, step: int, no_step_for_s: float) -> None:
-        """From the stacks thread, once a second: while the main thread makes no step (no poll for two
-        intervals: blocked in C, a hang, a long step), poll for it, so a capture or `stepcli top` listening now
-        hears this process's real step and how long it has made none (`no_step_for_s`), not a stale heartbeat."""
+        """From the stacks thread, once a second: while the main thread makes no step (no poll for
+        two intervals: blocked in C, a hang, a long step), poll for it, so a capture or `stepcli
+        top` listening now hears this process's real step and how long it has made none
+        (`no_step_for_s`), not a stale heartbeat."""
         if not self.active or time.monotonic() - self._last_poll < 2 * POLL_INTERVAL_S:
             return
         with self._lock:
             self._no_step_for_s = no_step_for_s
-            self._written_step = -1  # written at every poll while somebody listens, like a stepping process
-            self._poll(step, pace=False)  # the pace stays the one it stepped at: `no_step_for_s` says it stopped
+            # written at every poll while somebody listens, like a stepping process
+            self._written_step = -1
+            # the pace stays the one it stepped at: `no_step_for_s` says it stopped
+            self._poll(step, pace=False)
 
     def _poll(self, step: int, pace: bool = True) -> None:
         try:
@@ -171,7 +203,8 @@ class OnDemand:
             if self._dirty or ((listening or self._writes < 2) and step != self._written_step):
                 self._write(step)
             self._failures = 0
-        except OSError as exc:  # a shared file system's hiccup: try again next second, but not forever
+        # a shared file system's hiccup: try again next second, but not forever
+        except OSError as exc:
             self._failures += 1
             if self._failures >= MAX_IO_FAILURES:
                 self._give_up(exc)
@@ -197,7 +230,8 @@ class OnDemand:
             self._give_up(exc)
 
     def finish(self, reason: str) -> None:
-        """The process exits (after its open window was saved): answer every pending request, say we ended."""
+        """The process exits (after its open window was saved): answer every pending request, say we
+        ended."""
         if not self.active:
             return
         with self._lock:
@@ -208,7 +242,9 @@ class OnDemand:
             step = self.agent.tracker.global_step
             self._settle(step)
             for rid in list(self.pending):
-                self._answer(rid, "not_recorded", reason=f"the process exited ({reason}) at step {step}")
+                self._answer(
+                    rid, "not_recorded", reason=f"the process exited ({reason}) at step {step}"
+                )
             self._ended = reason
             self._write(step)
         except Exception:
@@ -220,7 +256,8 @@ class OnDemand:
         self._say_once(f"on-demand capture disabled in this process: {type(exc).__name__}: {exc}")
 
     def _say_once(self, message: str) -> None:
-        """One line per kind of trouble, however many polls meet it (messages never quote forged values)."""
+        """One line per kind of trouble, however many polls meet it (messages never quote forged
+        values)."""
         if message in self._said:
             return
         self._said.add(message)
@@ -228,16 +265,19 @@ class OnDemand:
 
         say(message)
 
-    # -- requests ---------------------------------------------------------------------------------------------
+    # -- requests
+    # ---------------------------------------------------------------------------------------------
     def _read_requests(self, step: int) -> bool:
-        """Whether a capture listens. open() rather than stat(): on NFS, open revalidates the file (close-to-open)."""
+        """Whether a capture listens. open() rather than stat(): on NFS, open revalidates the file
+        (close-to-open)."""
         try:
             fd, stat = controlfiles.open_regular(self.folder_fd, REQUESTS_FILE)
         except FileNotFoundError:  # the usual case: nobody is asking
             self._seen, self._pings, self._listen_until = None, [], 0.0
             self._withdraw_missing(set(), step)
             return False
-        except controlfiles.Refused as exc:  # a link, a FIFO, a device, or not the run owner's: never read
+        # a link, a FIFO, a device, or not the run owner's: never read
+        except controlfiles.Refused as exc:
             self._say_once(f"on-demand capture: ignoring the control folder's {exc}")
             self._seen = None
             return False
@@ -253,7 +293,8 @@ class OnDemand:
                 return False
         finally:
             os.close(fd)
-        # Marked as read only now: after a failed read (OSError, an NFS hiccup) the next poll reads it again.
+        # Marked as read only now: after a failed read (OSError, an NFS hiccup) the next poll reads
+        # it again.
         self._seen = seen
         try:
             document = controlfiles.parse_json(data)
@@ -266,7 +307,8 @@ class OnDemand:
         return time.monotonic() < self._listen_until
 
     def _take_requests(self, requests: list[Any], step: int) -> None:
-        """Consider each new request; a pending one no longer in the file was withdrawn by its capture."""
+        """Consider each new request; a pending one no longer in the file was withdrawn by its
+        capture."""
         asked: set[str] = set()
         for entry in requests:
             try:
@@ -293,7 +335,8 @@ class OnDemand:
             self._answer(rid, "refused", reason=f"malformed request: {exc}", at_step=step)
 
     def _listen(self, pings: list[Any]) -> None:
-        """Captures waiting for fresh heartbeats: listen for their lease from now (this host's clock, not theirs)."""
+        """Captures waiting for fresh heartbeats: listen for their lease from now (this host's
+        clock, not theirs)."""
         ids, leases = [], []
         for entry in pings:
             try:
@@ -312,7 +355,9 @@ class OnDemand:
         recorder = self.agent.recorder
         start = max(open_at, step)
         if recorder is None or recorder.disabled or not self.agent.enabled:
-            self._answer(rid, "refused", reason="profiling is disabled in this process", at_step=step)
+            self._answer(
+                rid, "refused", reason="profiling is disabled in this process", at_step=step
+            )
             return
         reason, late = "", False
         if self.agent.foreign or recorder._profiler_already_running():
@@ -326,7 +371,9 @@ class OnDemand:
             if busy is not None:
                 reason = f"step {busy} belongs to another window"
         if reason:
-            self._answer(rid, "refused", reason=reason, at_step=step, **({"late": True} if late else {}))
+            self._answer(
+                rid, "refused", reason=reason, at_step=step, **({"late": True} if late else {})
+            )
             return
         self.schedule.add(start, first, last)
         self.agent.tracker.wake_at_step(start)
@@ -334,8 +381,9 @@ class OnDemand:
         self._answer(rid, "accepted", first_step=first, last_step=last, at_step=step)
 
     def _withdraw_missing(self, asked: set[str], step: int) -> None:
-        """Drop the windows whose request left the file: their capture gave up (its timeout) or re-planned, and
-        nobody waits for them. One that records is closed unsaved, so it stops costing time and memory."""
+        """Drop the windows whose request left the file: their capture gave up (its timeout) or
+        re-planned, and nobody waits for them. One that records is closed unsaved, so it stops
+        costing time and memory."""
         for rid in [rid for rid in self.pending if rid not in asked and rid not in self.own]:
             first, last, _, _ = self.pending[rid]
             window = self.schedule.remove(first, last)
@@ -387,8 +435,8 @@ class OnDemand:
         return "no trace was saved"
 
     def trigger_at(self, step: int) -> dict[str, Any] | None:
-        """What triggered the waiting window that records `step` (--capture-on-slow), with its steps; None when
-        no triggered window holds it."""
+        """What triggered the waiting window that records `step` (--capture-on-slow), with its
+        steps; None when no triggered window holds it."""
         for rid, (first, last, _, _) in self.pending.items():
             trigger = self.triggers.get(rid)
             if trigger is not None and first <= step <= last:
@@ -396,12 +444,18 @@ class OnDemand:
         return None
 
     def _answer(self, rid: str, status: str, **fields: Any) -> None:
-        self.responses.pop(rid, None)  # re-inserted last: the oldest answers come first, and go first
+        # re-inserted last: the oldest answers come first, and go first
+        self.responses.pop(rid, None)
         self.responses[rid] = {"status": status, "time": time.time(), **fields}
         if status in FINAL:
             trigger = self.triggers.get(rid)
             steps = self.trigger_steps.pop(rid, None)
-            if trigger is not None and status != "saved" and steps is not None and len(self.not_recorded) < 16:
+            if (
+                trigger is not None
+                and status != "saved"
+                and steps is not None
+                and len(self.not_recorded) < 16
+            ):
                 self.not_recorded.append(
                     {
                         "first_step": steps[0],
@@ -416,13 +470,15 @@ class OnDemand:
             self.own.discard(rid)
         finals = [key for key, answer in self.responses.items() if answer["status"] in FINAL]
         for key in finals[: max(0, len(finals) - KEPT_ANSWERS)]:
-            del self.responses[key]  # bounded: a long run with many captures keeps a small heartbeat
+            # bounded: a long run with many captures keeps a small heartbeat
+            del self.responses[key]
         self._dirty = True
 
-    # -- heartbeat --------------------------------------------------------------------------------------------
+    # -- heartbeat
+    # --------------------------------------------------------------------------------------------
     def _pace(self, step: int) -> None:
-        """The step rate over about the last poll interval, kept at every poll (written or not): the first
-        heartbeat a capture hears already says how fast the process goes."""
+        """The step rate over about the last poll interval, kept at every poll (written or not): the
+        first heartbeat a capture hears already says how fast the process goes."""
         now = time.time()
         if self._mark is None:  # the first poll: no pace yet
             self._mark = (step, now)
@@ -431,8 +487,8 @@ class OnDemand:
             self._mark = (step, now)
 
     def _step_times(self) -> dict[str, Any]:
-        """The last step's time, the median of the recent ones and whether a window records: for `stepcli top`.
-        Computed only when the heartbeat is written (somebody listens)."""
+        """The last step's time, the median of the recent ones and whether a window records: for
+        `stepcli top`. Computed only when the heartbeat is written (somebody listens)."""
         durations = self.agent.tracker.durations_ns
         recent = durations[max(1, len(durations) - 64) :].tolist()
         recent.sort()

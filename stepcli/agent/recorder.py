@@ -1,15 +1,15 @@
 """Drives `torch.profiler.profile` through the schedule, one profiler object per window.
 
-Runs inside the target: standard library plus the program's own torch. A profiler object that merely sits in
-its wait phase costs 25-60 us per step (it opens a `ProfilerStep#N` record_function every step), so none exists
-outside a window: one is created at the first warmup step of a cycle, told which global step it is at, stepped
-once per global step, and dropped when the cycle has been saved.
+Runs inside the target: standard library plus the program's own torch. A profiler object that merely
+sits in its wait phase costs 25-60 us per step (it opens a `ProfilerStep#N` record_function every
+step), so none exists outside a window: one is created at the first warmup step of a cycle, told
+which global step it is at, stepped once per global step, and dropped when the cycle has been saved.
 
-Kineto's session belongs to the thread that started it: stopping it from any other thread, even after that
-thread has ended, crashes the process (measured on torch 2.13, with plain torch.profiler too). atexit and signal
-handlers run on the main thread, so windows are opened only there; every profiler call happens on the main
-thread, steps counted on other threads are caught up by it, and a cycle that would start on another thread is
-skipped with a note.
+Kineto's session belongs to the thread that started it: stopping it from any other thread, even
+after that thread has ended, crashes the process (measured on torch 2.13, with plain torch.profiler
+too). atexit and signal handlers run on the main thread, so windows are opened only there; every
+profiler call happens on the main thread, steps counted on other threads are caught up by it, and a
+cycle that would start on another thread is skipped with a note.
 """
 
 from __future__ import annotations
@@ -22,14 +22,24 @@ from stepcli.runfolder.layout import CLOCK_KEY, INCOMPLETE_STEP_KEY, flops_path
 from .config import AgentConfig
 from .cpuwait import CpuWait
 from .interrupts import Held
-from .output import cause, export_trace, human_size, rank_prefix, say, trace_folder, worker_name, write_failed
+from .output import (
+    cause,
+    export_trace,
+    human_size,
+    rank_prefix,
+    say,
+    trace_folder,
+    worker_name,
+    write_failed,
+)
 from .schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP
 from .torchquiet import QuietProfiler, ask_cupti_teardown
 from .tracecost import SaveClock, first_window_cost, took
 from .tracker import AFTER_WINDOW, FOREIGN, NEVER, StepTracker
 from .windowstate import WindowState
 
-TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+# typing is not imported at run time: this module loads in every profiled process
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
@@ -38,7 +48,8 @@ _ACTIVITY_NAMES = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mtia": "MTIA", "
 
 
 class Recorder:
-    """Opens, steps and saves profiler windows; steps aside while the program runs a profiler of its own."""
+    """Opens, steps and saves profiler windows; steps aside while the program runs a profiler of its
+    own."""
 
     def __init__(
         self,
@@ -66,37 +77,52 @@ class Recorder:
         self.skipped_windows = 0
         self.disabled = False
         self._abandoned: list[Any] = []
-        self.window = WindowState()  # open or not, its first recorded step, how it closes, what was asked of it
-        self._cpu_time = CpuWait()  # the recorded steps' time on and waiting for a CPU, into the trace
-        self._save_clock = SaveClock()  # the pause of the open window's save, and lines while it lasts
-        # Set by the agent: will the program's idle profiler start collecting within this many of its steps?
+        # open or not, its first recorded step, how it closes, what was asked of it
+        self.window = WindowState()
+        # the recorded steps' time on and waiting for a CPU, into the trace
+        self._cpu_time = CpuWait()
+        # the pause of the open window's save, and lines while it lasts
+        self._save_clock = SaveClock()
+        # Set by the agent: will the program's idle profiler start collecting within this many of
+        # its steps?
         self.program_profiler_due: Callable[[int], bool] = lambda steps: False
-        # Set by on-demand capture: what triggered the window recording from this step (--capture-on-slow), if any
+        # Set by on-demand capture: what triggered the window recording from this step
+        # (--capture-on-slow), if any
         self.trigger_at: Callable[[int], dict[str, Any] | None] = lambda step: None
 
-    # -- schedule ---------------------------------------------------------------------------------------------
+    # -- schedule
+    # ---------------------------------------------------------------------------------------------
     def next_cycle_start(self, step: int) -> int:
-        """The next step >= `step` at which a cycle's first profiled step begins (never mid-cycle)."""
+        """The next step >= `step` at which a cycle's first profiled step begins (never
+        mid-cycle)."""
         candidate = self.schedule.next_cycle_start(step)
         return NEVER if candidate is None else candidate
 
     def on_step(self, step: int) -> tuple[int, int]:
-        """Global step `step` begins: advance the open window or open one. Returns (phase, next wake step)."""
+        """Global step `step` begins: advance the open window or open one. Returns (phase, next wake
+        step)."""
         if self.disabled:
-            if self.prof is not None and _on_main_thread():  # a write failed while this window was open
+            # a write failed while this window was open
+            if self.prof is not None and _on_main_thread():
                 self._close()
             return NONE, NEVER
         if not _on_main_thread():
             return self._off_main_thread(step)
         if self.prof is not None:
-            _end_step_range(self.prof)  # what stepcli does at a step boundary is never counted in the program's step
-        self.busy = True  # signal handlers run on the main thread: one arriving now waits for this work
-        # (Ctrl-C too: in the middle of stopping the profiler or saving its trace it would lose the window)
+            # what stepcli does at a step boundary is never counted in the program's step
+            _end_step_range(self.prof)
+        # signal handlers run on the main thread: one arriving now waits for this work
+        self.busy = True
+        # (Ctrl-C too: in the middle of stopping the profiler or saving its trace it would lose the
+        # window)
         with Held():
             try:
                 return self._on_step(step)
             except Exception as exc:  # the program must never die of its profiler
-                self._disable(f"profiling stopped after an error in torch.profiler: {type(exc).__name__}: {exc}")
+                self._disable(
+                    f"profiling stopped after an error in torch.profiler: {type(exc).__name__}: "
+                    f"{exc}"
+                )
                 return NONE, NEVER
             finally:
                 self.busy = False
@@ -108,8 +134,9 @@ class Recorder:
             self.deliver_signal(signum)
 
     def _off_main_thread(self, step: int) -> tuple[int, int]:
-        """A step made on another thread. torch records only the thread that started the profiler, so such a
-        step would blur `ProfilerStep#N`: an open window ends at the main thread's next step (or at exit)."""
+        """A step made on another thread. torch records only the thread that started the profiler,
+        so such a step would blur `ProfilerStep#N`: an open window ends at the main thread's next
+        step (or at exit)."""
         if self.prof is not None:
             self.window.ask_cut("cut short: a step was made on another thread")
             return WARMUP, step + 1  # the profiler ran during it: not an untouched step
@@ -128,19 +155,30 @@ class Recorder:
         if prof is not None:
             if self.window.pending_drop:
                 self.drop(self.window.take_drop())
-                return (FOREIGN, self.next_cycle_start(step + 1)) if self.foreign else (AFTER_WINDOW, step + 1)
+                return (
+                    (FOREIGN, self.next_cycle_start(step + 1))
+                    if self.foreign
+                    else (AFTER_WINDOW, step + 1)
+                )
             if self.window.pending_cut:
                 self.stop(self.window.pending_cut)
-                return (FOREIGN, self.next_cycle_start(step + 1)) if self.foreign else (AFTER_WINDOW, step + 1)
+                return (
+                    (FOREIGN, self.next_cycle_start(step + 1))
+                    if self.foreign
+                    else (AFTER_WINDOW, step + 1)
+                )
             self._cpu_time.end(prof)  # (before step(), which may stop the profiler)
             if prof.current_action.value == RECORD_AND_SAVE:
-                self._announce_save(step - 1)  # this step() stops the profiler and saves: a pause worth a line
+                # this step() stops the profiler and saves: a pause worth a line
+                self._announce_save(step - 1)
             with QuietProfiler():
                 _step_without_range(prof)
-            if prof.current_action.value == NONE or self.disabled:  # disabled: saving its last cycle failed
+            # disabled: saving its last cycle failed
+            if prof.current_action.value == NONE or self.disabled:
                 self._close()
-                # This step pays for the stop and save: "after a window", not untouched; woken at the next step
-                # again (to mark it untouched, or open the next window), as an idle recorder would be.
+                # This step pays for the stop and save: "after a window", not untouched; woken at
+                # the next step again (to mark it untouched, or open the next window), as an idle
+                # recorder would be.
                 return AFTER_WINDOW, step + 1
             phase = self._phase_of(prof)
             if phase >= RECORD and self.window.is_open and self.window.first_step is None:
@@ -160,7 +198,8 @@ class Recorder:
             if "torch" not in sys.modules:  # --step-on in a program that never imported torch
                 self._disable("nothing to profile: the program never imported torch")
                 return NONE, NEVER
-            warmup = _recorded_span(self.schedule, step)[0] - step  # scheduled or on-demand window alike
+            # scheduled or on-demand window alike
+            warmup = _recorded_span(self.schedule, step)[0] - step
             if self.program_profiler_due(warmup + 1):  # it would cut ours before a whole step
                 self.skipped_windows += 1
                 return NONE, self.next_cycle_start(step + 1)
@@ -175,17 +214,20 @@ class Recorder:
     @staticmethod
     def _phase_of(prof: Any) -> int:
         action = prof.current_action.value
-        return action if action <= RECORD_AND_SAVE else WARMUP  # DEVICE_STOPPED: still a touched step
+        # DEVICE_STOPPED: still a touched step
+        return action if action <= RECORD_AND_SAVE else WARMUP
 
     def _profiler_already_running(self) -> bool:
-        """A profiler we never saw start (begun before stepcli's hooks, or from C++): nesting would empty it."""
+        """A profiler we never saw start (begun before stepcli's hooks, or from C++): nesting would
+        empty it."""
         autograd_profiler = sys.modules.get("torch.autograd.profiler")
         try:
             return bool(autograd_profiler is not None and autograd_profiler._is_profiler_enabled)
         except Exception:
             return False
 
-    # -- profiler objects ---------------------------------------------------------------------------------------
+    # -- profiler objects
+    # ---------------------------------------------------------------------------------------
     def _activities(self, profiler: Any) -> list[Any] | None:
         if self.config.activities is None:
             return None
@@ -196,7 +238,9 @@ class Recorder:
             if activity in supported:
                 chosen.append(activity)
             else:
-                self.notes.append(f"activity {name} is not available in this torch build; not recorded")
+                self.notes.append(
+                    f"activity {name} is not available in this torch build; not recorded"
+                )
         return chosen or [profiler.ProfilerActivity.CPU]
 
     def _open(self, step: int) -> None:
@@ -235,7 +279,9 @@ class Recorder:
         self.window.open(step if action.value >= RECORD else None)
         if not self.config.quiet:
             first_record, last = _recorded_span(self.schedule, step)
-            span = f"step {first_record}" if first_record == last else f"steps {first_record}-{last}"
+            span = (
+                f"step {first_record}" if first_record == last else f"steps {first_record}-{last}"
+            )
             say(
                 f"{worker_name()}: profiling {span}"
                 + (f" (warming up from step {step})" if step < first_record else "")
@@ -243,7 +289,8 @@ class Recorder:
         self.guard_signals(True)
         with QuietProfiler():
             prof.start()
-        if not self.started_once:  # Kineto's threads now exist in this process: a forked child must not hang
+        # Kineto's threads now exist in this process: a forked child must not hang
+        if not self.started_once:
             from .forkexit import prepare
 
             prepare()
@@ -270,14 +317,20 @@ class Recorder:
             self.guard_signals(False)
 
     def _on_trace_ready(self, prof: Any) -> None:
-        """torch calls this when a cycle's recording ends (or at stop with a window open): save it now."""
+        """torch calls this when a cycle's recording ends (or at stop with a window open): save it
+        now."""
         window = self.window
-        # A cycle that ends normally stops at the start of the step after its last; a cut-short one stops
-        # inside step `step_num`, which only just began: it is marked so `table`/`compare` leave it out.
+        # A cycle that ends normally stops at the start of the step after its last; a cut-short one
+        # stops inside step `step_num`, which only just began: it is marked so `table`/`compare`
+        # leave it out.
         last = prof.step_num - 1
         first = window.first_step if window.first_step is not None else prof.step_num
         if window.discard:
-            why = window.cut_reason if window.dropping else f"{window.cut_reason} before it held a whole step"
+            why = (
+                window.cut_reason
+                if window.dropping
+                else f"{window.cut_reason} before it held a whole step"
+            )
             self.notes.append(f"the window from step {first} was not saved ({why})")
         else:
             self._save(prof, first, last)
@@ -298,14 +351,17 @@ class Recorder:
             folder = trace_folder(self.config.out_dir, first, several)
             path, info = export_trace(prof, folder, self.config.use_gzip, own_folder=several)
         except Exception as exc:
-            self.stop_after_write_failure(f"could not save the trace of {steps} in {folder}: {cause(exc)}")
+            self.stop_after_write_failure(
+                f"could not save the trace of {steps} in {folder}: {cause(exc)}"
+            )
             return
         record: dict[str, Any] = {
             "first_step": first,
             "last_step": last,
             "trace": path,
             "bytes": info.st_size,
-            "inode": info.st_ino,  # the file this process wrote: a same-size forgery swapped in is another inode
+            # the file this process wrote: a same-size forgery swapped in is another inode
+            "inode": info.st_ino,
             "device": info.st_dev,
             "complete": complete,
         }
@@ -316,19 +372,29 @@ class Recorder:
         if (pause := self._save_clock.stop()) is not None:
             record["save_s"] = round(pause, 3)  # stopping the profiler and writing the file
         self.windows.append(record)
-        heavy = first_window_cost(self.windows, steps, self.config)  # said now, and a note of the summary
+        # said now, and a note of the summary
+        heavy = first_window_cost(self.windows, steps, self.config)
         self.notes += [heavy] if heavy else []
         if not self.config.quiet:
-            extra = "" if complete else f" ({self.window.cut_reason}; the start of step {last + 1} is in it too)"
-            # the path on its own line (kept whole, never wrapped: it can be copied), the rank first on several
-            say(f"{rank_prefix()}saved trace of {steps}{extra}{took(pause)} ({human_size(info.st_size)}):")
+            extra = (
+                ""
+                if complete
+                else f" ({self.window.cut_reason}; the start of step {last + 1} is in it too)"
+            )
+            # the path on its own line (kept whole, never wrapped: it can be copied), the rank first
+            # on several
+            say(
+                f"{rank_prefix()}saved trace of {steps}{extra}{took(pause)} "
+                f"({human_size(info.st_size)}):"
+            )
             say(f"  {path}")
             if heavy:
                 say(heavy)
 
     def _write_flops(self, prof: Any, trace: str, first: int, last: int) -> int | None:
-        """The window's estimated FLOPs (the sum of key_averages()' flops), written beside the trace as
-        `NAME.flops` (flops_path) with the device's name; None when torch could not count them."""
+        """The window's estimated FLOPs (the sum of key_averages()' flops), written beside the trace
+        as `NAME.flops` (flops_path) with the device's name; None when torch could not count
+        them."""
         import json
 
         try:
@@ -346,13 +412,15 @@ class Recorder:
             safefile.write_bytes(final, json.dumps(document).encode("utf-8"))
             return flops
         except Exception as exc:
-            self.notes.append(f"FLOPs of steps {first}-{last} not saved: {type(exc).__name__}: {exc}")
+            self.notes.append(
+                f"FLOPs of steps {first}-{last} not saved: {type(exc).__name__}: {exc}"
+            )
             return None
 
     def _mark_trigger(self, prof: Any, step: int) -> None:
-        """A window --capture-on-slow placed says why it exists in its own trace (TRIGGER_KEY, as trigger.json
-        beside it has it), so a trace passed on keeps its reason. While Kineto records: add_metadata is dropped
-        outside that."""
+        """A window --capture-on-slow placed says why it exists in its own trace (TRIGGER_KEY, as
+        trigger.json beside it has it), so a trace passed on keeps its reason. While Kineto records:
+        add_metadata is dropped outside that."""
         try:
             trigger = self.trigger_at(step)
             if trigger:
@@ -365,9 +433,11 @@ class Recorder:
             pass
 
     def stop(self, reason: str) -> None:
-        """Close an open window now, saving its completed steps (program exit, or the program's own profiler).
+        """Close an open window now, saving its completed steps (program exit, or the program's own
+        profiler).
 
-        Only the main thread may stop it; elsewhere the stop waits for the main thread's next step."""
+        Only the main thread may stop it; elsewhere the stop waits for the main thread's next
+        step."""
         prof = self.prof
         if prof is None:
             return
@@ -393,8 +463,9 @@ class Recorder:
             self.busy = busy
 
     def drop(self, reason: str) -> None:
-        """Close the open window without saving it: nobody wants it any more (its capture gave up). Only the main
-        thread may stop it; elsewhere the drop waits for the main thread's next step."""
+        """Close the open window without saving it: nobody wants it any more (its capture gave up).
+        Only the main thread may stop it; elsewhere the drop waits for the main thread's next
+        step."""
         if self.prof is None:
             return
         if not _on_main_thread():
@@ -411,8 +482,9 @@ class Recorder:
             self.busy = busy
 
     def _announce_save(self, last: int) -> None:
-        """`saving trace of steps A-B ...` before torch stops the profiler and writes the file, which can freeze
-        the program for seconds on a large window: the user sees why (every few seconds: SaveTicker); timed from here."""
+        """`saving trace of steps A-B ...` before torch stops the profiler and writes the file,
+        which can freeze the program for seconds on a large window: the user sees why (every few
+        seconds: SaveTicker); timed from here."""
         first = self.window.first_step
         steps = f"step {first}" if first == last else f"steps {first}-{last}"
         self._save_clock.start(None if self.config.quiet or first is None else steps)
@@ -420,14 +492,16 @@ class Recorder:
             say(f"{rank_prefix()}saving trace of {steps} ...")
 
     def stop_after_write_failure(self, message: str) -> None:
-        """A trace or the step log could not be written (a full or read-only folder): one line, and no window
-        opens again in this process; an open one is closed unsaved at the main thread's next step."""
+        """A trace or the step log could not be written (a full or read-only folder): one line, and
+        no window opens again in this process; an open one is closed unsaved at the main thread's
+        next step."""
         self.disabled = True
         self.notes.append(f"{message}; profiling stopped")
         write_failed(f"{message}; profiling stops in this process")
 
     def _disable(self, message: str) -> None:
-        """Stop profiling for good; an open window is closed unsaved (a profiler left running crashes at exit)."""
+        """Stop profiling for good; an open window is closed unsaved (a profiler left running
+        crashes at exit)."""
         self.disabled = True
         self.notes.append(message)
         say(message)
@@ -445,32 +519,40 @@ class Recorder:
         elif prof is not None:
             self.window.pending_cut = "profiling was disabled"  # closed by flush on the main thread
 
-    # -- the program's own profilers ---------------------------------------------------------------------------
+    # -- the program's own profilers
+    # ---------------------------------------------------------------------------
     def step_aside(self, first: bool) -> None:
-        """The program started a profiler of its own: nesting would leave the outer one empty, so we step aside."""
+        """The program started a profiler of its own: nesting would leave the outer one empty, so we
+        step aside."""
         if first and self.prof is not None:
             if _on_main_thread():
                 self.stop("cut short: the program started its own profiler")
             else:
-                # Ours cannot be stopped from this thread, and stopping it later, after the program's profiler
-                # has run inside it, crashes Kineto: it is abandoned, never stopped, and kept referenced.
+                # Ours cannot be stopped from this thread, and stopping it later, after the
+                # program's profiler has run inside it, crashes Kineto: it is abandoned, never
+                # stopped, and kept referenced.
                 self._abandoned.append(self.prof)
                 self.prof = None
                 self.window.close()
                 self.guard_signals(False)
-                self.notes.append("a window was abandoned: the program started its own profiler on another thread")
+                self.notes.append(
+                    "a window was abandoned: the program started its own profiler on another thread"
+                )
         self.tracker.set_phase(FOREIGN)
         self.tracker.wake_next_step()
 
 
 def _recorded_span(schedule: Any, step: int) -> tuple[int, int]:
-    """(first, last) recorded step of the window that starts at `step` (scheduled or asked for on demand)."""
-    span: tuple[int, int] = schedule.recorded_span(step)  # arithmetic: no loop over the window's steps
+    """(first, last) recorded step of the window that starts at `step` (scheduled or asked for on
+    demand)."""
+    # arithmetic: no loop over the window's steps
+    span: tuple[int, int] = schedule.recorded_span(step)
     return span
 
 
 def _asked_for(schedule: Any, step: int) -> bool:
-    """Whether `step` belongs to a window asked for on demand (only a WindowSchedule holds those)."""
+    """Whether `step` belongs to a window asked for on demand (only a WindowSchedule holds
+    those)."""
     on_demand = getattr(schedule, "on_demand", None)
     return bool(on_demand(step)) if on_demand is not None else False
 
@@ -479,14 +561,15 @@ _clock: list[str] = []
 
 
 def _mark_clock(prof: Any) -> None:
-    """Say in the trace which clock its times come from (stepcli.runfolder.layout.CLOCK_KEY): once per recording, while Kineto
-    records (add_metadata is dropped outside that)."""
+    """Say in the trace which clock its times come from (stepcli.runfolder.layout.CLOCK_KEY): once
+    per recording, while Kineto records (add_metadata is dropped outside that)."""
     if not _clock:
         import socket
 
         try:
-            # (bytes: a text file looks up its codec in the registry, which a program's own signal handler can
-            # leave unable to find "ascii"; bytes.decode("ascii") never asks it, stepcli.run.subreaper.children)
+            # (bytes: a text file looks up its codec in the registry, which a program's own signal
+            # handler can leave unable to find "ascii"; bytes.decode("ascii") never asks it,
+            # stepcli.run.subreaper.children)
             with open("/proc/sys/kernel/random/boot_id", "rb") as f:
                 boot = f.read(64).decode("ascii", "replace").strip()
         except OSError:  # not Linux: the host alone
@@ -499,9 +582,10 @@ def _mark_clock(prof: Any) -> None:
 
 
 def _end_step_range(prof: Any) -> None:
-    """End the profiler's `ProfilerStep#N` range now, before stepcli's bookkeeping of the step (its CPU-time
-    sample, the `saving trace ...` line and the save ticker's thread), which would otherwise be counted in the
-    program's step: torch's step() ends the range only when it is still open (`step_rec_fn` set)."""
+    """End the profiler's `ProfilerStep#N` range now, before stepcli's bookkeeping of the step (its
+    CPU-time sample, the `saving trace ...` line and the save ticker's thread), which would
+    otherwise be counted in the program's step: torch's step() ends the range only when it is still
+    open (`step_rec_fn` set)."""
     rec = getattr(prof, "step_rec_fn", None)
     if rec is None or not getattr(prof, "record_steps", False):
         return
@@ -512,8 +596,9 @@ def _end_step_range(prof: Any) -> None:
 
 
 def _step_without_range(prof: Any) -> None:
-    """torch's step() (the schedule's next action: start, stop, save), without the `ProfilerStep#N` range it
-    opens at its end: _begin_step_range opens it once stepcli's bookkeeping of the step is done."""
+    """torch's step() (the schedule's next action: start, stop, save), without the `ProfilerStep#N`
+    range it opens at its end: _begin_step_range opens it once stepcli's bookkeeping of the step is
+    done."""
     record_steps = getattr(prof, "record_steps", False)
     prof.record_steps = False
     try:
@@ -523,8 +608,8 @@ def _step_without_range(prof: Any) -> None:
 
 
 def _begin_step_range(prof: Any) -> None:
-    """Open `ProfilerStep#N` for the step that begins, as torch's step() does (`step_rec_fn`, which its step()
-    and stop() end)."""
+    """Open `ProfilerStep#N` for the step that begins, as torch's step() does (`step_rec_fn`, which
+    its step() and stop() end)."""
     if not getattr(prof, "record_steps", False) or getattr(prof, "step_rec_fn", None) is not None:
         return
     from torch.autograd import profiler as autograd_profiler
@@ -539,9 +624,10 @@ def _on_main_thread() -> bool:
 
 
 def cuda_sync_events(profiler: Any, activities: list[Any] | None) -> dict[str, Any]:
-    """`experimental_config` turning on the profiler's CUDA sync events (cudaEventRecord -> cudaStreamWaitEvent,
-    the waits `stepcli whatif` joins streams by) when CUDA work is recorded and this torch has them; else nothing,
-    so CPU runs and older torch build the profiler exactly as before."""
+    """`experimental_config` turning on the profiler's CUDA sync events (cudaEventRecord ->
+    cudaStreamWaitEvent, the waits `stepcli whatif` joins streams by) when CUDA work is recorded and
+    this torch has them; else nothing, so CPU runs and older torch build the profiler exactly as
+    before."""
     cuda = getattr(getattr(profiler, "ProfilerActivity", None), "CUDA", None)
     if cuda is None:
         return {}

@@ -1,13 +1,16 @@
-"""What `stepcli capture` may ask of a running process: the limits, and the check every request passes first.
+"""What `stepcli capture` may ask of a running process: the limits, and the check every request
+passes first.
 
-Runs inside the target: standard library only. Only the run's owner can write requests, but a hand-written or
-damaged one must cost the job nothing: a request that fails the check is refused (with the reason, when it has
-an id to answer) and never stops the process from obeying the next good one.
+Runs inside the target: standard library only. Only the run's owner can write requests, but a
+hand-written or damaged one must cost the job nothing: a request that fails the check is refused
+(with the reason, when it has an id to answer) and never stops the process from obeying the next
+good one.
 """
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+# typing is not imported at run time: this module loads in every profiled process
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -23,12 +26,19 @@ _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01234
 
 
 class Invalid(ValueError):
-    """A request or ping this process will not obey; the message names the field, never its (forged) value."""
+    """A request or ping this process will not obey; the message names the field, never its (forged)
+    value."""
 
 
 def check_id(value: Any) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_CHARS or not set(value) <= _ID_CHARS:
-        raise Invalid(f"its id is not a string of 1 to {MAX_ID_CHARS} letters, digits, '-', '_' or '.'")
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= MAX_ID_CHARS
+        or not set(value) <= _ID_CHARS
+    ):
+        raise Invalid(
+            f"its id is not a string of 1 to {MAX_ID_CHARS} letters, digits, '-', '_' or '.'"
+        )
     return value
 
 
@@ -61,8 +71,11 @@ def request_id(entry: Any) -> str | None:
         return None
 
 
-def check_ping(entry: Any, default_lease: float, shortest: float, longest: float) -> tuple[str, float]:
-    """(id, lease in seconds, clamped to [shortest, longest]) of a well-formed ping; Invalid otherwise."""
+def check_ping(
+    entry: Any, default_lease: float, shortest: float, longest: float
+) -> tuple[str, float]:
+    """(id, lease in seconds, clamped to [shortest, longest]) of a well-formed ping; Invalid
+    otherwise."""
     if not isinstance(entry, dict):
         raise Invalid("a ping is not a JSON object")
     pid = check_id(entry.get("id"))

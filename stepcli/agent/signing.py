@@ -1,20 +1,23 @@
-"""Step logs are signed with the run's key, so the launcher trusts only files the run's own processes wrote.
+"""Step logs are signed with the run's key, so the launcher trusts only files the run's own
+processes wrote.
 
-The key travels in STEPCLI_CONFIG, which only the run's processes inherit. Runs inside the target: standard
-library only (hashlib and hmac are imported when a step log is written, not at start-up).
+The key travels in STEPCLI_CONFIG, which only the run's processes inherit. Runs inside the target:
+standard library only (hashlib and hmac are imported when a step log is written, not at start-up).
 """
 
 from __future__ import annotations
 
 import json
 
-TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+# typing is not imported at run time: this module loads in every profiled process
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 
 def sign(key: str, document: dict[str, Any]) -> str:
-    """HMAC-SHA256 of the document as `json.dumps` writes it compactly (a JSON round trip gives the same text)."""
+    """HMAC-SHA256 of the document as `json.dumps` writes it compactly (a JSON round trip gives the
+    same text)."""
     import hashlib
     import hmac
 
@@ -25,4 +28,8 @@ def sign(key: str, document: dict[str, Any]) -> str:
 def signature_matches(key: str, document: dict[str, Any], signature: object) -> bool:
     import hmac
 
-    return bool(key) and isinstance(signature, str) and hmac.compare_digest(signature, sign(key, document))
+    return (
+        bool(key)
+        and isinstance(signature, str)
+        and hmac.compare_digest(signature, sign(key, document))
+    )

@@ -1,31 +1,38 @@
-"""Stack dumps on request, and the hang watch of `stepcli run --hang-timeout`, inside each stepping process.
+"""Stack dumps on request, and the hang watch of `stepcli run --hang-timeout`, inside each stepping
+process.
 
-Runs inside the target: standard library only, and nothing per step. When the process starts to train, it
-registers `faulthandler` on DUMP_SIGNAL (a real-time signal no program uses by default) writing into a pipe, and
-starts one daemon thread that sleeps on that pipe. The signal is handled in C, so it is delivered even while the
-main thread is blocked in C code (a collective, a sleep, a lock); its bytes wake the thread, which then writes one
-JSON file: every Python thread's stack (`sys._current_frames()`), faulthandler's own text, the step, and the last
-collective entered (stepcli/agent/lastcollective.py). The launcher or `stepcli capture --stacks` say where to write
-in a request file (`dump.<id>.json`) of the run's private control folder before they send the signal.
+Runs inside the target: standard library only, and nothing per step. When the process starts to
+train, it registers `faulthandler` on DUMP_SIGNAL (a real-time signal no program uses by default)
+writing into a pipe, and starts one daemon thread that sleeps on that pipe. The signal is handled in
+C, so it is delivered even while the main thread is blocked in C code (a collective, a sleep, a
+lock); its bytes wake the thread, which then writes one JSON file: every Python thread's stack
+(`sys._current_frames()`), faulthandler's own text, the step, and the last collective entered
+(stepcli/agent/lastcollective.py). The launcher or `stepcli capture --stacks` say where to write in
+a request file (`dump.<id>.json`) of the run's private control folder before they send the signal.
 
-The same thread wakes every second (every T/10 with `--hang-timeout T`) and reads the tracker's step count (one
-attribute read; the step path itself is untouched). With `--hang-timeout T`, after T without a step it writes
-`stall.<host>.<pid>.json` and saves the step log (stepcli/agent/runtime.py, `save_progress`: every step made so
-far, for a process killed later), and removes the stall file when steps resume. The launcher calls a hang when
-every live stepping process has one. In any run it saves the step log now and then (PROGRESS_INTERVAL_S), and
-keeps the heartbeat (stepcli/agent/ondemand.py) answering `stepcli top`/`capture` while the main thread makes no
-step (blocked in C): the step, and how long since the last one. It also watches SIGTERM/SIGHUP (`watch_signals`):
-faulthandler writes into a pipe of its own in C, then Python's handler is chained; when the main thread has not
-entered that handler within SIGNAL_GRACE_S (blocked in C, where no Python handler runs), this thread saves the
-step log and ends the process of that signal. Files, in `<out>/.stepcli/<run-id>/control/`:
+The same thread wakes every second (every T/10 with `--hang-timeout T`) and reads the tracker's step
+count (one attribute read; the step path itself is untouched). With `--hang-timeout T`, after T
+without a step it writes `stall.<host>.<pid>.json` and saves the step log (stepcli/agent/runtime.py,
+`save_progress`: every step made so far, for a process killed later), and removes the stall file
+when steps resume. The launcher calls a hang when every live stepping process has one. In any run it
+saves the step log now and then (PROGRESS_INTERVAL_S), and keeps the heartbeat
+(stepcli/agent/ondemand.py) answering `stepcli top`/`capture` while the main thread makes no step
+(blocked in C): the step, and how long since the last one. It also watches SIGTERM/SIGHUP
+(`watch_signals`): faulthandler writes into a pipe of its own in C, then Python's handler is
+chained; when the main thread has not entered that handler within SIGNAL_GRACE_S (blocked in C,
+where no Python handler runs), this thread saves the step log and ends the process of that signal.
+Files, in `<out>/.stepcli/<run-id>/control/`:
 
-  stacks.<host>.<pid>.json   this process can dump: pid, start time (so a reused pid is never signalled), signal
+  stacks.<host>.<pid>.json   this process can dump: pid, start time (so a reused pid is never
+                             signalled), signal
   stall.<host>.<pid>.json    no step for T: the step, and when the last one ended (wall clock)
-  fault.<host>.<pid>.txt     faulthandler's text for FAULT_SIGNAL, appended by its C handler: the stacks of a
-                             process whose threads cannot run (C code holding the GIL), read by the launcher
-  alive.<host>.<pid>.json    the answer to the launcher's probe (`probe.json`, then the dump signal): this
-                             process's Python can run. When some processes are stalled and the others are not,
-                             the launcher probes those: one that cannot answer (C code holding the GIL) is stuck.
+  fault.<host>.<pid>.txt     faulthandler's text for FAULT_SIGNAL, appended by its C handler: the
+                             stacks of a process whose threads cannot run (C code holding the GIL),
+                             read by the launcher
+  alive.<host>.<pid>.json    the answer to the launcher's probe (`probe.json`, then the dump
+                             signal): this process's Python can run. When some processes are stalled
+                             and the others are not, the launcher probes those: one that cannot
+                             answer (C code holding the GIL) is stuck.
 """
 
 from __future__ import annotations
@@ -49,7 +56,8 @@ from stepcli.runfolder.layout import (
 from . import controlfiles
 from .config import atomic_write_json
 
-TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+# typing is not imported at run time: this module loads in every profiled process
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Protocol
 
@@ -58,24 +66,27 @@ if TYPE_CHECKING:
     from .tracker import StepTracker
 
     class Agent(Protocol):
-        """What the dumper needs from the process's agent (stepcli.agent.runtime.Agent provides it); declared
-        here so this module does not refer back to runtime, which imports it."""
+        """What the dumper needs from the process's agent (stepcli.agent.runtime.Agent provides it);
+        declared here so this module does not refer back to runtime, which imports it."""
 
         config: AgentConfig
         tracker: StepTracker
         hooks: PostImportHooks
 
 
-MAX_FRAMES = 60  # per thread, innermost first: enough for any real stack, bounded for a runaway recursion
+# per thread, innermost first: enough for any real stack, bounded for a runaway recursion
+MAX_FRAMES = 60
 _QUIET_S = 0.1  # faulthandler writes its text in one go: this long without more bytes ends it
 _MAX_TEXT = 1 << 20
 _MAX_REQUEST = 64 * 1024  # a request or probe file is a few dozen bytes
-SIGNAL_GRACE_S = 2.0  # a main thread that can run Python enters its SIGTERM handler well within this
+# a main thread that can run Python enters its SIGTERM handler well within this
+SIGNAL_GRACE_S = 2.0
 _TICK_S = 1.0
 
 
 def dump_signal() -> int | None:
-    """SIGRTMIN+6 on Linux (its default action would end a process: only registered processes get it)."""
+    """SIGRTMIN+6 on Linux (its default action would end a process: only registered processes get
+    it)."""
     import signal
 
     low = getattr(signal, "SIGRTMIN", None)
@@ -83,15 +94,15 @@ def dump_signal() -> int | None:
 
 
 def fault_signal() -> int | None:
-    """SIGRTMIN+5: faulthandler appends every thread's stack to the process's fault file, with no Python at all,
-    for a process whose threads cannot run because C code holds the GIL."""
+    """SIGRTMIN+5: faulthandler appends every thread's stack to the process's fault file, with no
+    Python at all, for a process whose threads cannot run because C code holds the GIL."""
     signum = dump_signal()
     return signum - 1 if signum is not None else None
 
 
 def process_start_ticks(pid: int | str = "self") -> int | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): pid plus this names one
-    process for good, so a pid reused after the process ended is never signalled."""
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): pid plus this
+    names one process for good, so a pid reused after the process ended is never signalled."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             return int(handle.read().rsplit(b")", 1)[1].split()[19])
@@ -100,17 +111,22 @@ def process_start_ticks(pid: int | str = "self") -> int | None:
 
 
 class StackDumper:
-    """This process's dump thread: answers DUMP_SIGNAL with a stacks file; with a hang timeout, watches steps."""
+    """This process's dump thread: answers DUMP_SIGNAL with a stacks file; with a hang timeout,
+    watches steps."""
 
-    def __init__(self, agent: Agent, folder: str, signum: int, hang_timeout: float, training: bool = True) -> None:
+    def __init__(
+        self, agent: Agent, folder: str, signum: int, hang_timeout: float, training: bool = True
+    ) -> None:
         import socket
 
         self.agent = agent
         self.folder = folder
-        self.folder_fd = controlfiles.open_folder(folder)  # its files only relative to it (see controlfiles.py)
+        # its files only relative to it (see controlfiles.py)
+        self.folder_fd = controlfiles.open_folder(folder)
         self.signum = signum
         self.hang_timeout = hang_timeout
-        # False from joining a distributed job until the first sign of training (`train`): dumped, never stalled
+        # False from joining a distributed job until the first sign of training (`train`): dumped,
+        # never stalled
         self.training = training
         self.host = socket.gethostname()
         self.pid = os.getpid()
@@ -130,8 +146,10 @@ class StackDumper:
             dir_fd=self.folder_fd,
         )
         self._read_fd, self._write_fd = os.pipe()
-        os.set_blocking(self._write_fd, False)  # a full pipe drops text; never blocks the signal handler
-        self._signal_pipes: dict[int, tuple[int, int]] = {}  # signum -> (read, write): watch_signals
+        # a full pipe drops text; never blocks the signal handler
+        os.set_blocking(self._write_fd, False)
+        # signum -> (read, write): watch_signals
+        self._signal_pipes: dict[int, tuple[int, int]] = {}
         self._stop = False
 
     def start(self) -> None:
@@ -140,7 +158,8 @@ class StackDumper:
         try:
             import fcntl
 
-            fcntl.fcntl(self._write_fd, fcntl.F_SETPIPE_SZ, _MAX_TEXT)  # room for a thousand threads' text
+            # room for a thousand threads' text
+            fcntl.fcntl(self._write_fd, fcntl.F_SETPIPE_SZ, _MAX_TEXT)
         except (ImportError, AttributeError, OSError):
             pass
         faulthandler.register(self.signum, file=self._write_fd, all_threads=True, chain=False)
@@ -152,7 +171,8 @@ class StackDumper:
         self._register()
 
     def train(self) -> None:
-        """The process starts to train (it joined its job earlier): from now on it can stall, counted from now."""
+        """The process starts to train (it joined its job earlier): from now on it can stall,
+        counted from now."""
         if self.training:
             return
         self._step = self.agent.tracker.global_step
@@ -160,7 +180,8 @@ class StackDumper:
         self.training = True
         try:
             self._register()
-        except OSError:  # (a full disk, say): profiling goes on; the hang watch keeps the old registration
+        # (a full disk, say): profiling goes on; the hang watch keeps the old registration
+        except OSError:
             pass
 
     def _register(self) -> None:
@@ -186,8 +207,9 @@ class StackDumper:
         )
 
     def watch_signals(self, handler: Any) -> None:
-        """SIGTERM/SIGHUP whose Python handler is `handler` (the agent's) also wake this thread, from C: when the
-        main thread cannot take them (blocked in C), this thread saves and ends the process (see the module)."""
+        """SIGTERM/SIGHUP whose Python handler is `handler` (the agent's) also wake this thread,
+        from C: when the main thread cannot take them (blocked in C), this thread saves and ends the
+        process (see the module)."""
         import faulthandler
         import signal
 
@@ -203,7 +225,8 @@ class StackDumper:
                 continue
 
     def forked(self) -> None:
-        """In a forked child (a DataLoader worker): no thread here, and the parent's pipe is not ours."""
+        """In a forked child (a DataLoader worker): no thread here, and the parent's pipe is not
+        ours."""
         import faulthandler
 
         self._stop = True
@@ -225,14 +248,16 @@ class StackDumper:
             pass
 
     def unregister(self) -> None:
-        """At exit: this process can no longer dump, nor be stalled (what other hosts' launchers go by)."""
+        """At exit: this process can no longer dump, nor be stalled (what other hosts' launchers go
+        by)."""
         if os.getpid() != self.pid:
             return
         for prefix in (REGISTER_PREFIX, STALL_PREFIX, ALIVE_PREFIX):
             _unlink(self.folder_fd, prefix + self.tag)
         _unlink(self.folder_fd, self.fault_name)
 
-    # -- the thread --------------------------------------------------------------------------------------------
+    # -- the thread
+    # --------------------------------------------------------------------------------------------
     def _run(self) -> None:
         import select
 
@@ -275,8 +300,9 @@ class StackDumper:
         return b"".join(chunks).decode("utf-8", "replace")
 
     def _signalled(self, signum: int) -> None:
-        """SIGTERM/SIGHUP arrived: the main thread's handler saves and ends the process; when it has not begun
-        within SIGNAL_GRACE_S (the main thread is blocked in C), this thread does (agent.die_off_main_thread)."""
+        """SIGTERM/SIGHUP arrived: the main thread's handler saves and ends the process; when it has
+        not begun within SIGNAL_GRACE_S (the main thread is blocked in C), this thread does
+        (agent.die_off_main_thread)."""
         deadline = time.monotonic() + SIGNAL_GRACE_S
         while time.monotonic() < deadline:
             exits = getattr(self.agent, "exits", None)  # (runtime.Agent's ExitGuard)
@@ -300,11 +326,17 @@ class StackDumper:
             self._save(False)
             return
         ondemand = getattr(self.agent, "ondemand", None)
-        if ondemand is not None:  # `stepcli top` and capture still hear a process whose main thread is stuck
+        # `stepcli top` and capture still hear a process whose main thread is stuck
+        if ondemand is not None:
             ondemand.beat_off_main(step, round(time.time() - self._step_wall, 1))
-        if self.hang_timeout > 0 and not self.stalled and now - self._step_mono >= self.hang_timeout:
+        if (
+            self.hang_timeout > 0
+            and not self.stalled
+            and now - self._step_mono >= self.hang_timeout
+        ):
             self.stalled = True
-            self._save(True)  # before the stall file: the launcher may end the job as soon as it sees it
+            # before the stall file: the launcher may end the job as soon as it sees it
+            self._save(True)
             controlfiles.write_json(
                 self.folder_fd,
                 STALL_PREFIX + self.tag,
@@ -320,7 +352,8 @@ class StackDumper:
         """The launcher asks whether this process's Python can run: say so, with the step."""
         try:
             probe = str(controlfiles.read_json(self.folder_fd, PROBE_FILE, _MAX_REQUEST)["id"])
-        except (OSError, ValueError, KeyError, TypeError):  # absent, or not ours (controlfiles.Refused)
+        # absent, or not ours (controlfiles.Refused)
+        except (OSError, ValueError, KeyError, TypeError):
             return
         if probe == self._probe:
             return
@@ -328,18 +361,27 @@ class StackDumper:
         controlfiles.write_json(
             self.folder_fd,
             ALIVE_PREFIX + self.tag,
-            {"probe": probe, "pid": self.pid, "host": self.host, "step": self.agent.tracker.global_step},
+            {
+                "probe": probe,
+                "pid": self.pid,
+                "host": self.host,
+                "step": self.agent.tracker.global_step,
+            },
         )
 
     def _answer(self, text: str) -> None:
         """Write a stacks file for every request not answered yet (several may share one signal)."""
         for name in sorted(os.listdir(self.folder_fd)):
-            if not (name.startswith(REQUEST_PREFIX) and name.endswith(".json")) or name in self.answered:
+            if (
+                not (name.startswith(REQUEST_PREFIX) and name.endswith(".json"))
+                or name in self.answered
+            ):
                 continue
             try:
                 request = controlfiles.read_json(self.folder_fd, name, _MAX_REQUEST)
                 target = str(request["dir"])
-            except (OSError, ValueError, KeyError, TypeError):  # gone, or not ours (controlfiles.Refused)
+            # gone, or not ours (controlfiles.Refused)
+            except (OSError, ValueError, KeyError, TypeError):
                 continue
             self.answered.add(name)
             if request.get("kind") == "memory":  # `stepcli capture --memory-snapshot`
@@ -348,13 +390,18 @@ class StackDumper:
                 document = self.snapshot(text, str(request.get("id", name)))
             try:
                 atomic_write_json(
-                    os.path.join(target, f"{document['worker']}.{self.host}.{self.pid}.json"), document, 0o600
+                    os.path.join(target, f"{document['worker']}.{self.host}.{self.pid}.json"),
+                    document,
+                    0o600,
                 )
             except OSError:
-                continue  # the folder is gone (a request left by a launcher that died): the others still get theirs
+                # the folder is gone (a request left by a launcher that died): the others still get
+                # theirs
+                continue
 
     def memory_answer(self, request_id: str) -> dict[str, Any]:
-        """The CUDA memory snapshot now, written into the run folder (stepcli/agent/cudamemory.py), and the answer."""
+        """The CUDA memory snapshot now, written into the run folder (stepcli/agent/cudamemory.py),
+        and the answer."""
         from .cudamemory import dump_now
         from .output import current_rank, worker_name
 
@@ -371,7 +418,8 @@ class StackDumper:
         return answer
 
     def snapshot(self, text: str, request_id: str) -> dict[str, Any]:
-        """Every Python thread's stack now (innermost frame first), the step, and the last collective."""
+        """Every Python thread's stack now (innermost frame first), the step, and the last
+        collective."""
         from .lastcollective import LAST, in_flight
         from .output import current_rank, worker_name
 
@@ -404,8 +452,11 @@ class StackDumper:
             "worker": worker_name(),
             "time": now,
             "step": tracker.global_step,
-            "training": self.training,  # False: joined its job, never started to train (no step, no optimizer)
-            "last_step_s_ago": round(now - self._last_step_wall(), 3) if self.hang_timeout > 0 else None,
+            # False: joined its job, never started to train (no step, no optimizer)
+            "training": self.training,
+            "last_step_s_ago": round(now - self._last_step_wall(), 3)
+            if self.hang_timeout > 0
+            else None,
             "collective": LAST.to_dict(now),
             "collectives_hooked": self.hang_timeout > 0,
             "in_flight": in_flight(now),  # None: unknown (no flight recorder here)
@@ -436,8 +487,8 @@ def _unlink(folder_fd: int, name: str) -> None:
 
 
 def start_stacks(agent: Agent, training: bool = True) -> StackDumper | None:
-    """At the process's first sign of training (or, `training` False, when it joins a distributed job): register
-    for dumps. Never raises; None where it cannot."""
+    """At the process's first sign of training (or, `training` False, when it joins a distributed
+    job): register for dumps. Never raises; None where it cannot."""
     from stepcli.runfolder.layout import control_dir
 
     signum = dump_signal()
@@ -461,7 +512,8 @@ def start_stacks(agent: Agent, training: bool = True) -> StackDumper | None:
 
 
 def install_collective_hook(agent: Agent) -> None:
-    """With --hang-timeout: note each torch.distributed collective entered (see stepcli/agent/lastcollective.py)."""
+    """With --hang-timeout: note each torch.distributed collective entered (see
+    stepcli/agent/lastcollective.py)."""
     if not getattr(agent.config, "hang_timeout", 0.0):
         return
     from .lastcollective import hook_collectives

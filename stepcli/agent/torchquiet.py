@@ -1,17 +1,19 @@
-"""stepcli's own profiler calls leave the program as they found it: no warning of torch's in its stderr, and no
-CUPTI left subscribed after a window. Runs inside the target: standard library only.
+"""stepcli's own profiler calls leave the program as they found it: no warning of torch's in its
+stderr, and no CUPTI left subscribed after a window. Runs inside the target: standard library only.
 
-torch.profiler warns "Profiler clears events at the end of each cycle" (once per process, `_warn_once`) when one
-of its objects prepares a second trace, which stepcli's windows do on a GPU. That is advice for code that reads
-`key_averages()` across cycles; stepcli saves each cycle as it ends, so it is noise in the program's stderr.
-Only that message is silenced, only while stepcli calls the profiler, and torch's memory of having shown it is
-undone, so the program's own profiler still warns as it would without stepcli.
+torch.profiler warns "Profiler clears events at the end of each cycle" (once per process,
+`_warn_once`) when one of its objects prepares a second trace, which stepcli's windows do on a GPU.
+That is advice for code that reads `key_averages()` across cycles; stepcli saves each cycle as it
+ends, so it is noise in the program's stderr. Only that message is silenced, only while stepcli
+calls the profiler, and torch's memory of having shown it is undone, so the program's own profiler
+still warns as it would without stepcli.
 
-Kineto leaves CUPTI subscribed after a session unless `TEARDOWN_CUPTI=1` (libkineto reads it at each stop): its
-runtime callbacks then stay on for every later kernel launch, which on a launch-bound GPU loop made the steps after
-a window 1.14x-1.40x slower than the plain program's (issue 31; measured by scripts/gpu_check.py). stepcli asks for
-the teardown before its first window, unless the program's environment already says (torch itself sets
-`TEARDOWN_CUPTI=0` when inductor's CUDA graphs need CUPTI to stay).
+Kineto leaves CUPTI subscribed after a session unless `TEARDOWN_CUPTI=1` (libkineto reads it at each
+stop): its runtime callbacks then stay on for every later kernel launch, which on a launch-bound GPU
+loop made the steps after a window 1.14x-1.40x slower than the plain program's (issue 31; measured
+by scripts/gpu_check.py). stepcli asks for the teardown before its first window, unless the
+program's environment already says (torch itself sets `TEARDOWN_CUPTI=0` when inductor's CUDA graphs
+need CUPTI to stay).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import os
 import sys
 import warnings
 
-TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+# typing is not imported at run time: this module loads in every profiled process
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -28,12 +31,14 @@ CLEARS_EVENTS = "Warning: Profiler clears events at the end of each cycle"
 
 
 def ask_cupti_teardown() -> None:
-    """`TEARDOWN_CUPTI=1` unless the environment already sets it (the user's or torch's choice wins)."""
+    """`TEARDOWN_CUPTI=1` unless the environment already sets it (the user's or torch's choice
+    wins)."""
     os.environ.setdefault("TEARDOWN_CUPTI", "1")
 
 
 class QuietProfiler:
-    """A `with` block around stepcli's own calls into torch.profiler: the cycle warning is not shown."""
+    """A `with` block around stepcli's own calls into torch.profiler: the cycle warning is not
+    shown."""
 
     __slots__ = ("_catcher", "_shown_before")
 
@@ -65,7 +70,8 @@ def _already_shown() -> bool:
 
 
 def _forget_shown() -> None:
-    """torch's `_warn_once` remembered the message we hid: forget it, so the program's own use still warns."""
+    """torch's `_warn_once` remembered the message we hid: forget it, so the program's own use still
+    warns."""
     shown = _shown_set()
     if shown is not None:
         for message in [m for m in shown if isinstance(m, str) and m.startswith(CLEARS_EVENTS)]:

@@ -1,9 +1,11 @@
-"""The program's tracebacks as plain python prints them: without the frames of stepcli's own wrappers.
+"""The program's tracebacks as plain python prints them: without the frames of stepcli's own
+wrappers.
 
-Runs inside the target: standard library only. The patched `optimizer.step`, `profiler.step` and `--step-on`
-functions call the program's code, so an exception raised there (Ctrl-C's KeyboardInterrupt, the program's own
-errors) passes through a stepcli frame. A `sys.excepthook` that drops those frames (every file of stepcli/agent and
-stepcli/_bootstrap) before the hook it replaced prints the traceback; a hook the program sets itself replaces ours.
+Runs inside the target: standard library only. The patched `optimizer.step`, `profiler.step` and
+`--step-on` functions call the program's code, so an exception raised there (Ctrl-C's
+KeyboardInterrupt, the program's own errors) passes through a stepcli frame. A `sys.excepthook` that
+drops those frames (every file of stepcli/agent and stepcli/_bootstrap) before the hook it replaced
+prints the traceback; a hook the program sets itself replaces ours.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 import os
 import sys
 
-TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+# typing is not imported at run time: this module loads in every profiled process
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import TracebackType
 
@@ -26,7 +29,8 @@ def is_ours(filename: str) -> bool:
 
 
 def without_our_frames(tb: TracebackType | None) -> TracebackType | None:
-    """The same traceback less the entries of stepcli's own files (new entries: the frames are untouched)."""
+    """The same traceback less the entries of stepcli's own files (new entries: the frames are
+    untouched)."""
     from types import TracebackType
 
     kept = []
@@ -47,11 +51,14 @@ def install() -> None:
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-        if _launcher_stopped(kind):  # torchrun stopped by a signal: one line, not 30 of torchrun's own frames
+        # torchrun stopped by a signal: one line, not 30 of torchrun's own frames
+        if _launcher_stopped(kind):
             sigval = getattr(value, "sigval", None)
             name = getattr(sigval, "name", None) or str(sigval)
             try:
-                sys.stderr.write(f"{kind.__name__}: {value} ({name}; torchrun's traceback left out by stepcli)\n")
+                sys.stderr.write(
+                    f"{kind.__name__}: {value} ({name}; torchrun's traceback left out by stepcli)\n"
+                )
                 sys.stderr.flush()
                 return
             except Exception:
@@ -59,7 +66,8 @@ def install() -> None:
         try:
             seen: set[int] = set()
             current: BaseException | None = value
-            while current is not None and id(current) not in seen:  # the chain: __cause__ and __context__ too
+            # the chain: __cause__ and __context__ too
+            while current is not None and id(current) not in seen:
                 seen.add(id(current))
                 current.__traceback__ = without_our_frames(current.__traceback__)
                 current = current.__cause__ or current.__context__
@@ -72,7 +80,9 @@ def install() -> None:
 
 
 def _launcher_stopped(kind: type[BaseException]) -> bool:
-    """torch.distributed.elastic's SignalException: torchrun's agent got SIGTERM/SIGINT/SIGHUP (from `--on-hang
-    kill`, a forwarded signal, a scheduler). It is the launcher's own shutdown, never the program's error: its
-    traceback only lists torchrun's frames."""
-    return kind.__name__ == "SignalException" and kind.__module__.startswith("torch.distributed.elastic")
+    """torch.distributed.elastic's SignalException: torchrun's agent got SIGTERM/SIGINT/SIGHUP (from
+    `--on-hang kill`, a forwarded signal, a scheduler). It is the launcher's own shutdown, never the
+    program's error: its traceback only lists torchrun's frames."""
+    return kind.__name__ == "SignalException" and kind.__module__.startswith(
+        "torch.distributed.elastic"
+    )

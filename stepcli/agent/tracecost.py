@@ -1,10 +1,12 @@
-"""What a window's trace costs: its size and the pause its save puts into the program, said once when large, with
-the cheaper way; and a line every few seconds while a long save runs, so a frozen program is explained.
+"""What a window's trace costs: its size and the pause its save puts into the program, said once
+when large, with the cheaper way; and a line every few seconds while a long save runs, so a frozen
+program is explained.
 
-Two LSTM steps made a 785 MiB trace: saving it paused the program 31.6 s, and the summary, `table` and `report`
-then read it for 12-20 s each, with nothing said. After the first window, its size and pause are what every later
-window will cost (the same steps, the same options): when large, one line says so and what makes it cheaper, and
-the process keeps it as a note, which the run summary shows (terminal, `--json`, report.html) as it was said.
+Two LSTM steps made a 785 MiB trace: saving it paused the program 31.6 s, and the summary, `table`
+and `report` then read it for 12-20 s each, with nothing said. After the first window, its size and
+pause are what every later window will cost (the same steps, the same options): when large, one line
+says so and what makes it cheaper, and the process keeps it as a note, which the run summary shows
+(terminal, `--json`, report.html) as it was said.
 
 Runs inside the target: standard library only.
 """
@@ -16,14 +18,17 @@ import time
 
 from .output import human_size, rank_prefix, say
 
-TYPE_CHECKING = False  # typing is not imported at run time: this module loads in every profiled process
+# typing is not imported at run time: this module loads in every profiled process
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
     from .config import AgentConfig
 
-LARGE_BYTES = 200 * 1000 * 1000  # a trace this large takes seconds to save and to read back (table, report)
-LONG_PAUSE_S = 10.0  # a save this long is a pause the program's users notice (a step, a collective timeout)
+# a trace this large takes seconds to save and to read back (table, report)
+LARGE_BYTES = 200 * 1000 * 1000
+# a save this long is a pause the program's users notice (a step, a collective timeout)
+LONG_PAUSE_S = 10.0
 TICK_S = 5.0  # while a save runs, a line this often
 
 
@@ -48,8 +53,9 @@ def cheaper_ways(config: AgentConfig) -> list[str]:
 
 
 def cost_line(steps: str, size: int, pause_s: float | None, config: AgentConfig) -> str:
-    """One line: the window's trace is large (its size, the pause), every later window costs the same, and what
-    makes it cheaper (or that the steps themselves are large, when no option of this run is to blame)."""
+    """One line: the window's trace is large (its size, the pause), every later window costs the
+    same, and what makes it cheaper (or that the steps themselves are large, when no option of this
+    run is to blame)."""
     pause = f" and saving it paused the program {pause_s:.1f} s" if pause_s is not None else ""
     later = "; each later window costs about the same" if config.schedule.repeat != 1 else ""
     ways = cheaper_ways(config)
@@ -59,13 +65,14 @@ def cost_line(steps: str, size: int, pause_s: float | None, config: AgentConfig)
         else "its steps alone are this large: record them with --on-demand only when needed"
     )
     return (
-        f"the trace of {steps} is {human_size(size)}{pause}{later}; the summary, `stepcli table` and "
-        f"`stepcli report` read it for about as long; {cheaper}"
+        f"the trace of {steps} is {human_size(size)}{pause}{later}; the summary, `stepcli table` "
+        f"and `stepcli report` read it for about as long; {cheaper}"
     )
 
 
 def first_window_cost(windows: list[dict[str, Any]], steps: str, config: AgentConfig) -> str:
-    """After the first window is saved (the only one in `windows`), its cost line when large, else ""."""
+    """After the first window is saved (the only one in `windows`), its cost line when large, else
+    ""."""
     if len(windows) != 1:
         return ""
     size, pause = windows[0]["bytes"], windows[0].get("save_s")
@@ -73,8 +80,9 @@ def first_window_cost(windows: list[dict[str, Any]], steps: str, config: AgentCo
 
 
 class SaveTicker:
-    """`still saving the trace of steps A-B (10 s)` every TICK_S seconds until `stop()`: a long save is a frozen
-    program, and the line says why. A daemon thread; it says nothing for a save shorter than TICK_S."""
+    """`still saving the trace of steps A-B (10 s)` every TICK_S seconds until `stop()`: a long save
+    is a frozen program, and the line says why. A daemon thread; it says nothing for a save shorter
+    than TICK_S."""
 
     def __init__(self, steps: str) -> None:
         self._done = threading.Event()
@@ -98,8 +106,8 @@ def took(pause_s: float | None) -> str:
 
 
 class SaveClock:
-    """Times a window's save from its announcement (stopping the profiler, writing the file) and, with the steps
-    to name, keeps a SaveTicker running meanwhile."""
+    """Times a window's save from its announcement (stopping the profiler, writing the file) and,
+    with the steps to name, keeps a SaveTicker running meanwhile."""
 
     def __init__(self) -> None:
         self._started: float | None = None

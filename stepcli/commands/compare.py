@@ -9,7 +9,9 @@ from stepcli.commands.pathparam import PathParam
 from stepcli.stats import METRICS
 
 
-@click.command(short_help="Compare runs with confidence intervals; exit 1 on a step-time regression.")
+@click.command(
+    short_help="Compare runs with confidence intervals; exit 1 on a step-time regression."
+)
 @click.argument("baseline", required=False, type=PathParam())
 @click.argument("current", required=False, type=PathParam())
 @click.option(
@@ -20,9 +22,18 @@ from stepcli.stats import METRICS
     help="A baseline run (repeatable), instead of BASELINE.",
 )
 @click.option(
-    "--current", "currents", multiple=True, type=PathParam(), help="A current run (repeatable), instead of CURRENT."
+    "--current",
+    "currents",
+    multiple=True,
+    type=PathParam(),
+    help="A current run (repeatable), instead of CURRENT.",
 )
-@click.option("--tolerance", default="10%", show_default=True, help="Allowed relative slowdown, e.g. 10% or 0.1.")
+@click.option(
+    "--tolerance",
+    default="10%",
+    show_default=True,
+    help="Allowed relative slowdown, e.g. 10% or 0.1.",
+)
 @click.option(
     "--min-delta-ms",
     type=click.FloatRange(min=0),
@@ -38,7 +49,10 @@ from stepcli.stats import METRICS
     help="Step-time statistic that decides.",
 )
 @click.option(
-    "--confidence", default="95%", show_default=True, help="Confidence level of the intervals, e.g. 95% or 0.99."
+    "--confidence",
+    default="95%",
+    show_default=True,
+    help="Confidence level of the intervals, e.g. 95% or 0.99.",
 )
 @click.option(
     "--skip-steps",
@@ -49,10 +63,14 @@ from stepcli.stats import METRICS
 @click.option(
     "--allow-inconclusive",
     is_flag=True,
-    help="Exit 0 (with a warning) when the result is inconclusive [default: exit 4, the gate fails].",
+    help="Exit 0 (with a warning) when the result is inconclusive [default: exit 4, the gate "
+    "fails].",
 )
 @click.option(
-    "--strict", is_flag=True, hidden=True, help="Exit 4 when inconclusive: the default now, kept for scripts."
+    "--strict",
+    is_flag=True,
+    hidden=True,
+    help="Exit 4 when inconclusive: the default now, kept for scripts.",
 )
 @click.option(
     "--markdown",
@@ -83,26 +101,35 @@ def compare(
 ) -> int:
     """Compare BASELINE and CURRENT: run summaries (--json of run), traces, or folders of either.
 
-    Several runs per side: --baseline A1 --baseline A2 --current B1 ... (or folders of run summaries).
-    A run folder (-o of run) is read through the run summary saved in it. Exit 0 no change or improvement, 1
-    regression, 2 bad input, 3 nothing measured on a side, 4 inconclusive (0 with --allow-inconclusive).
+    Several runs per side: --baseline A1 --baseline A2 --current B1 ... (or folders of run
+    summaries). A run folder (-o of run) is read through the run summary saved in it. Exit 0 no
+    change or improvement, 1 regression, 2 bad input, 3 nothing measured on a side, 4 inconclusive
+    (0 with --allow-inconclusive).
     """
     from stepcli.compare.comparemain import compare_main, parse_confidence, parse_tolerance
 
     ctx = click.get_current_context()
     if current is None and baseline is not None and not (baselines or currents):
         raise click.UsageError("missing CURRENT: give BASELINE CURRENT", ctx=ctx)
-    if (baseline is None) != (current is None) or (baseline is not None and (baselines or currents)):
-        raise click.UsageError("give BASELINE CURRENT, or --baseline and --current (repeatable), not a mix", ctx=ctx)
+    if (baseline is None) != (current is None) or (
+        baseline is not None and (baselines or currents)
+    ):
+        raise click.UsageError(
+            "give BASELINE CURRENT, or --baseline and --current (repeatable), not a mix", ctx=ctx
+        )
     if baseline is None and not (baselines and currents):
         raise click.UsageError(
-            "missing runs: give BASELINE CURRENT, or at least one --baseline and one --current", ctx=ctx
+            "missing runs: give BASELINE CURRENT, or at least one --baseline and one --current",
+            ctx=ctx,
         )
     if markdown_path == "-" and json_path == "-":
-        raise click.UsageError("--markdown - and --json - both want stdout: give one of them a FILE", ctx=ctx)
+        raise click.UsageError(
+            "--markdown - and --json - both want stdout: give one of them a FILE", ctx=ctx
+        )
     if strict and allow_inconclusive:
         raise click.UsageError(
-            "--strict fails an inconclusive verdict, --allow-inconclusive passes it: give one", ctx=ctx
+            "--strict fails an inconclusive verdict, --allow-inconclusive passes it: give one",
+            ctx=ctx,
         )
     try:
         fraction = parse_tolerance(tolerance)

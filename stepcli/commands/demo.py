@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-MAIN = "stepcli.main"  # the context's meta key of the entry point `stepcli demo` runs `stepcli run` through
+# the context's meta key of the entry point `stepcli demo` runs `stepcli run` through
+MAIN = "stepcli.main"
 
 
 @click.command(

@@ -1,6 +1,6 @@
-"""Option values more than one command parses (`run --hang-timeout`, `table --scheduler-wait`): each callback turns
-a value into what the command needs, or raises click.BadParameter with one line. A value only one command takes is
-parsed in that command's module."""
+"""Option values more than one command parses (`run --hang-timeout`, `table --scheduler-wait`): each
+callback turns a value into what the command needs, or raises click.BadParameter with one line. A
+value only one command takes is parsed in that command's module."""
 
 from __future__ import annotations
 
@@ -24,15 +24,15 @@ def parse_duration(_ctx: click.Context, _param: click.Parameter, value: str | No
 
 
 def scheduler_options(command: _F) -> _F:
-    """`--scheduler ADDRESS` and `--scheduler-wait DURATION`, as every command that reads traces on a Dask cluster
-    takes them (`table`, `whatif`); check them with `check_scheduler_wait`."""
+    """`--scheduler ADDRESS` and `--scheduler-wait DURATION`, as every command that reads traces on
+    a Dask cluster takes them (`table`, `whatif`); check them with `check_scheduler_wait`."""
     command = click.option(
         "--scheduler-wait",
         callback=parse_duration,
         metavar="DURATION",
         default=None,
-        help="With --scheduler: how long the cluster may have no worker to run the work (none joined, or all died) "
-        "before the command gives up in one line (default: 2m).",
+        help="With --scheduler: how long the cluster may have no worker to run the work (none "
+        "joined, or all died) before the command gives up in one line (default: 2m).",
     )(command)
     return click.option(
         "--scheduler",

@@ -8,8 +8,9 @@ import click
 
 
 class PathParam(click.Path):
-    """click.Path that refuses an empty name: `-o ''` would otherwise mean the current folder (traces and
-    `.stepcli/` written where the user stands), the default file, or an error naming no file at all."""
+    """click.Path that refuses an empty name: `-o ''` would otherwise mean the current folder
+    (traces and `.stepcli/` written where the user stands), the default file, or an error naming no
+    file at all."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str) and not value.strip():

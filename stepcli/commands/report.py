@@ -1,5 +1,5 @@
-"""`stepcli report`: its options; finding the inputs and writing the page is stepcli.run.summary.htmlreport's,
-loaded only when the command runs."""
+"""`stepcli report`: its options; finding the inputs and writing the page is
+stepcli.run.summary.htmlreport's, loaded only when the command runs."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from stepcli.commands.pathparam import PathParam
     "--output",
     "output",
     type=PathParam(dir_okay=False),
-    help="HTML file to write [default: report.html in the run folder, or NAME.report.html beside the file].",
+    help="HTML file to write [default: report.html in the run folder, or NAME.report.html beside "
+    "the file].",
 )
 def report(paths: tuple[str, ...], output: str | None) -> int:
     """Write one HTML page (no network needed to open it) for a run.

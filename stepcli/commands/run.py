@@ -1,5 +1,5 @@
-"""`stepcli run`: its options and their checks; the run itself is stepcli.run.launcher.run_program, loaded only
-when the command runs."""
+"""`stepcli run`: its options and their checks; the run itself is stepcli.run.launcher.run_program,
+loaded only when the command runs."""
 
 from __future__ import annotations
 
@@ -20,18 +20,21 @@ class _RunCommand(click.Command):
         raw = list(args)
         rest = super().parse_args(ctx, args)
         target = list(ctx.params.get("target") or ())
-        ctx.meta["stepcli.dashdash"] = "--" in raw and target == raw[raw.index("--") + 1 :] and bool(target)
+        ctx.meta["stepcli.dashdash"] = (
+            "--" in raw and target == raw[raw.index("--") + 1 :] and bool(target)
+        )
         return rest
 
 
-# No program makes 2^40 steps (a trillion); larger schedule values are refused up front, not after the program
-# ran (2^64 overflowed the run summary's JSON at the end: no summary, and the program's status lost).
+# No program makes 2^40 steps (a trillion); larger schedule values are refused up front, not after
+# the program ran (2^64 overflowed the run summary's JSON at the end: no summary, and the program's
+# status lost).
 _MAX_STEPS = 2**40
 
 
 class StepCount(click.IntRange):
-    """A count of steps, bounded by _MAX_STEPS: `--help` shows `x>=1` where 0 is refused, never that bound (a
-    guard against overflow, of no use to a reader: it was on every schedule option)."""
+    """A count of steps, bounded by _MAX_STEPS: `--help` shows `x>=1` where 0 is refused, never that
+    bound (a guard against overflow, of no use to a reader: it was on every schedule option)."""
 
     def __init__(self, min: int) -> None:  # noqa: A002 (click's name)
         super().__init__(min=min, max=_MAX_STEPS)
@@ -52,17 +55,23 @@ class StepCount(click.IntRange):
 _ACTIVITIES = ("cpu", "cuda", "xpu", "mtia", "hpu")
 
 
-def parse_activities(_ctx: click.Context, _param: click.Parameter, value: str | None) -> tuple[str, ...] | None:
+def parse_activities(
+    _ctx: click.Context, _param: click.Parameter, value: str | None
+) -> tuple[str, ...] | None:
     if value is None:
         return None
     names = tuple(part.strip().lower() for part in value.split(",") if part.strip())
     unknown = [n for n in names if n not in _ACTIVITIES]
     if not names or unknown:
-        raise click.BadParameter(f"expected a comma-separated list of {', '.join(_ACTIVITIES)}; got {value!r}")
+        raise click.BadParameter(
+            f"expected a comma-separated list of {', '.join(_ACTIVITIES)}; got {value!r}"
+        )
     return names
 
 
-def parse_step_on(_ctx: click.Context, _param: click.Parameter, value: Sequence[str]) -> tuple[str, ...]:
+def parse_step_on(
+    _ctx: click.Context, _param: click.Parameter, value: Sequence[str]
+) -> tuple[str, ...]:
     for spec in value:
         module, sep, qualname = spec.partition(":")
         if (
@@ -71,7 +80,9 @@ def parse_step_on(_ctx: click.Context, _param: click.Parameter, value: Sequence[
             or not qualname
             or not all(part.isidentifier() for part in module.split(".") + qualname.split("."))
         ):
-            raise click.BadParameter(f"expected MODULE:QUALNAME such as mypkg.infer:Model.forward; got {spec!r}")
+            raise click.BadParameter(
+                f"expected MODULE:QUALNAME such as mypkg.infer:Model.forward; got {spec!r}"
+            )
     return tuple(value)
 
 
@@ -87,8 +98,9 @@ def parse_fail_over(
 
 
 def check_run_options(ctx: click.Context, options: dict[str, Any]) -> None:
-    """The option combinations `stepcli run` refuses (schedule options with --on-demand, --memory-entries without
-    --memory); `--memory` is taken out of `options`, its meaning left in memory_entries (0: off)."""
+    """The option combinations `stepcli run` refuses (schedule options with --on-demand,
+    --memory-entries without --memory); `--memory` is taken out of `options`, its meaning left in
+    memory_entries (0: off)."""
     if options["on_demand"]:
         given = [
             f"--{name.replace('_', '-')}"
@@ -97,10 +109,14 @@ def check_run_options(ctx: click.Context, options: dict[str, Any]) -> None:
         ]
         if given:
             raise click.UsageError(
-                f"--on-demand opens no scheduled window: drop {', '.join(given)} (capture takes its own)"
+                f"--on-demand opens no scheduled window: drop {', '.join(given)} (capture takes "
+                f"its own)"
             )
     memory = options.pop("memory")
-    if not memory and ctx.get_parameter_source("memory_entries") == click.core.ParameterSource.COMMANDLINE:
+    if (
+        not memory
+        and ctx.get_parameter_source("memory_entries") == click.core.ParameterSource.COMMANDLINE
+    ):
         raise click.UsageError("--memory-entries needs --memory")
     options["memory_entries"] = options["memory_entries"] if memory else 0
 
@@ -171,7 +187,12 @@ def check_run_options(ctx: click.Context, options: dict[str, Any]) -> None:
     help="Folder for traces and logs [default: a new folder under ./stepcli-runs/].",
 )
 @click.option("--gzip", "use_gzip", is_flag=True, help="Write .json.gz traces.")
-@click.option("--json", "json_path", type=PathParam(dir_okay=False), help="Write the run summary as JSON to this file.")
+@click.option(
+    "--json",
+    "json_path",
+    type=PathParam(dir_okay=False),
+    help="Write the run summary as JSON to this file.",
+)
 @click.option(
     "--fail-over",
     multiple=True,
@@ -180,18 +201,24 @@ def check_run_options(ctx: click.Context, options: dict[str, Any]) -> None:
     help="Exit non-zero when a step-time statistic exceeds a budget, e.g. p50=25 (repeatable).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines and no summary.")
-@click.option("--on-demand", is_flag=True, help="Open no scheduled window; record when `stepcli capture OUT` asks.")
+@click.option(
+    "--on-demand",
+    is_flag=True,
+    help="Open no scheduled window; record when `stepcli capture OUT` asks.",
+)
 @click.option(
     "--hang-timeout",
     callback=parse_duration,
     metavar="DURATION",
-    help="When no process completes a step for this long (e.g. 10m), dump every process's stacks to OUT/hang-<n>/.",
+    help="When no process completes a step for this long (e.g. 10m), dump every process's stacks "
+    "to OUT/hang-<n>/.",
 )
 @click.option(
     "--on-hang",
     type=click.Choice(["keep", "kill"]),
     default=None,
-    help="After a hang dump: keep the job running (default; dump again while it stays hung) or kill it (exit 124).",
+    help="After a hang dump: keep the job running (default; dump again while it stays hung) or "
+    "kill it (exit 124).",
 )
 @click.option(
     "--no-report",
@@ -202,12 +229,15 @@ def check_run_options(ctx: click.Context, options: dict[str, Any]) -> None:
     help="Don't write report.html in the output folder.",
 )
 @click.option(
-    "--verbose", is_flag=True, help="Let torch's Kineto print its own log lines (USDT:, STAGE:, ERROR:) on stderr."
+    "--verbose",
+    is_flag=True,
+    help="Let torch's Kineto print its own log lines (USDT:, STAGE:, ERROR:) on stderr.",
 )
 @click.option(
     "--memory",
     is_flag=True,
-    help="Record CUDA allocator history; on out-of-memory, save a snapshot (oom-<worker>.pickle) for `stepcli memory`.",
+    help="Record CUDA allocator history; on out-of-memory, save a snapshot (oom-<worker>.pickle) "
+    "for `stepcli memory`.",
 )
 @click.option(
     "--memory-entries",
@@ -218,7 +248,12 @@ def check_run_options(ctx: click.Context, options: dict[str, Any]) -> None:
     help="With --memory: allocator events kept per process (a ring; older ones are dropped).",
 )
 @slow_options
-@click.option("-m", "module_mode", is_flag=True, help="Run a module like python -m: stepcli run -m pkg.mod ARGS.")
+@click.option(
+    "-m",
+    "module_mode",
+    is_flag=True,
+    help="Run a module like python -m: stepcli run -m pkg.mod ARGS.",
+)
 @click.argument(
     "target",
     nargs=-1,
@@ -230,10 +265,11 @@ def check_run_options(ctx: click.Context, options: dict[str, Any]) -> None:
 def run(ctx: click.Context, target: tuple[str, ...], module_mode: bool, **options: Any) -> int:
     """Run a program and profile the steps of the schedule.
 
-    A step is one training iteration: each optimizer.step() (several optimizers stepping once per iteration make
-    one step), each step() of a torch.profiler the program runs, or each call of a --step-on function. With the
-    defaults (skip-first 0, wait 1, warmup 1, active 3, repeat 1) stepcli skips step 0 (start-up), warms the
-    profiler up on step 1, records steps 2-4 into one trace, and only times the other steps.
+    A step is one training iteration: each optimizer.step() (several optimizers stepping once per
+    iteration make one step), each step() of a torch.profiler the program runs, or each call of a
+    --step-on function. With the defaults (skip-first 0, wait 1, warmup 1, active 3, repeat 1)
+    stepcli skips step 0 (start-up), warms the profiler up on step 1, records steps 2-4 into one
+    trace, and only times the other steps.
 
     stepcli options go before the script; everything after it is passed to the program untouched.
     """

@@ -1,6 +1,6 @@
-"""`stepcli run --capture-on-slow RULE --capture-steps K --max-captures N`: the options and their check (the rule
-itself is stepcli/agent/slowrule.py, shared with the profiled processes; the launcher turns the options into the
-agent's config, stepcli.run.launcher.slow_trigger)."""
+"""`stepcli run --capture-on-slow RULE --capture-steps K --max-captures N`: the options and their
+check (the rule itself is stepcli/agent/slowrule.py, shared with the profiled processes; the
+launcher turns the options into the agent's config, stepcli.run.launcher.slow_trigger)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ _OPTIONS = (
         "--capture-on-slow",
         metavar="RULE",
         default=None,
-        help="Trace the next steps on every rank when a step is slow: 3x (the rolling median), +50ms, or z4.",
+        help="Trace the next steps on every rank when a step is slow: 3x (the rolling median), "
+        "+50ms, or z4.",
     ),
     click.option(
         "--capture-steps",

@@ -1,4 +1,5 @@
-"""The `stepcli top` command's options; the view itself is stepcli/run/live/liveview.py, loaded when run."""
+"""The `stepcli top` command's options; the view itself is stepcli/run/live/liveview.py, loaded when
+run."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Step-time budgets for `stepcli run --fail-over STAT=MS`: parsing a budget and checking stats against it."""
+"""Step-time budgets for `stepcli run --fail-over STAT=MS`: parsing a budget and checking stats
+against it."""
 
 from __future__ import annotations
 
@@ -58,7 +59,9 @@ def exceeds(value: float, limit: float) -> bool:
     return value > limit and not math.isclose(value, limit, rel_tol=1e-9, abs_tol=1e-9)
 
 
-def check_budgets(budgets: Sequence[tuple[str, float]], stats: Stats | None, *, what: str = "step time") -> list[str]:
+def check_budgets(
+    budgets: Sequence[tuple[str, float]], stats: Stats | None, *, what: str = "step time"
+) -> list[str]:
     """One message per exceeded budget; empty when all hold.
 
     Stats of None means no step was measured: that fails every gate (one message naming
@@ -74,16 +77,23 @@ def check_budgets(budgets: Sequence[tuple[str, float]], stats: Stats | None, *, 
         value = float(stats[stat])  # type: ignore[literal-required]
         if exceeds(value, limit):
             failures.append(
-                f"{stat_label(stat)} {what} {_ms(value)} ms exceeds the --fail-over budget of {_ms(limit)} ms "
-                f"(over {plural(stats['count'], 'step')})"
+                f"{stat_label(stat)} {what} {_ms(value)} ms exceeds the --fail-over budget of "
+                f"{_ms(limit)} ms (over {plural(stats['count'], 'step')})"
             )
     return failures
 
 
-def budgets_held(budgets: Sequence[tuple[str, float]], stats: Stats | None, *, what: str = "step time") -> str | None:
-    """The one line saying every budget held, with the figures (`stepcli run --fail-over` passing says so, as
-    failing does); None when one did not (check_budgets says which)."""
-    if not budgets or stats is None or stats["count"] == 0 or check_budgets(budgets, stats, what=what):
+def budgets_held(
+    budgets: Sequence[tuple[str, float]], stats: Stats | None, *, what: str = "step time"
+) -> str | None:
+    """The one line saying every budget held, with the figures (`stepcli run --fail-over` passing
+    says so, as failing does); None when one did not (check_budgets says which)."""
+    if (
+        not budgets
+        or stats is None
+        or stats["count"] == 0
+        or check_budgets(budgets, stats, what=what)
+    ):
         return None
     held = ", ".join(
         f"{stat_label(stat)} {what} {_ms(float(stats[stat]))} ms <= {_ms(limit)} ms"  # type: ignore[literal-required]

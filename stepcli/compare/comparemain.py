@@ -1,11 +1,14 @@
 """`stepcli compare`: load both sides, decide the CI verdict, print it.
 
-The work lives in one module per concern; this one wires them and keeps the names other code imports:
-- stepcli.compare.load: inputs -> Measurement (run summaries of schema 1 or 2, traces, folders, several runs per side);
+The work lives in one module per concern; this one wires them and keeps the names other code
+imports:
+- stepcli.compare.load: inputs -> Measurement (run summaries of schema 1 or 2, traces, folders,
+  several runs per side);
 - stepcli.compare.inference: bootstrap intervals and warm-up detection (pure statistics);
 - stepcli.compare.attribution: per-operator changes with intervals, from the traces of both sides;
-- stepcli.compare.verdict: the pure verdict and its rules (read its docstring for the contract); the verdicts made
-  without an interval in stepcli.compare.withoutinterval, the result in stepcli.compare.comparison;
+- stepcli.compare.verdict: the pure verdict and its rules (read its docstring for the contract); the
+  verdicts made without an interval in stepcli.compare.withoutinterval, the result in
+  stepcli.compare.comparison;
 - stepcli.compare.comparerender: terminal and Markdown reports;
 - stepcli.commands.compare: the command's click arguments and options (loaded with the CLI: light).
 """
@@ -59,12 +62,14 @@ __all__ = [
 ]
 
 
-MARKDOWN_HEADING = b"### stepcli compare: "  # the first line of every Markdown report (render_markdown)
+# the first line of every Markdown report (render_markdown)
+MARKDOWN_HEADING = b"### stepcli compare: "
 
 
 def check_markdown_output(path: str) -> None:
-    """`--markdown PATH` replaces only a report compare wrote there before (a CI job's previous run), never the
-    user's own file (the baseline itself, say), a link, a FIFO or a device; checked before anything is read."""
+    """`--markdown PATH` replaces only a report compare wrote there before (a CI job's previous
+    run), never the user's own file (the baseline itself, say), a link, a FIFO or a device; checked
+    before anything is read."""
     from stepcli import safefile
 
     problem = safefile.why_not_replace(path, lambda head: head.startswith(MARKDOWN_HEADING))
@@ -111,7 +116,8 @@ def compare_main(
     skip_steps: int | None = None,
     allow_inconclusive: bool = False,
 ) -> int:
-    """`stepcli compare`: load, decide, print; returns the exit code (StepcliError for bad input)."""
+    """`stepcli compare`: load, decide, print; returns the exit code (StepcliError for bad
+    input)."""
     try:
         fraction = parse_tolerance(tolerance)
     except ValueError as exc:
@@ -121,9 +127,13 @@ def compare_main(
     except ValueError as exc:
         raise StepcliError(f"--confidence: {exc}", EXIT_USAGE) from None
     if not math.isfinite(min_delta_ms) or min_delta_ms < 0:
-        raise StepcliError(f"--min-delta-ms must be a number >= 0; got {min_delta_ms!r}", EXIT_USAGE)
+        raise StepcliError(
+            f"--min-delta-ms must be a number >= 0; got {min_delta_ms!r}", EXIT_USAGE
+        )
     if metric not in METRICS:
-        raise StepcliError(f"--metric: expected one of {', '.join(METRICS)}; got {metric!r}", EXIT_USAGE)
+        raise StepcliError(
+            f"--metric: expected one of {', '.join(METRICS)}; got {metric!r}", EXIT_USAGE
+        )
     if skip_steps is not None and skip_steps < 0:
         raise StepcliError(f"--skip-steps must be >= 0; got {skip_steps}", EXIT_USAGE)
     _check_outputs(markdown_path, json_path)
@@ -151,22 +161,24 @@ def compare_main(
     if why_not:
         comparison = dataclasses.replace(comparison, notes=(*comparison.notes, why_not))
         if comparison.op_rows and not any(change.kind != "phase" for change in op_changes):
-            # Too few recorded steps to judge an operator: their totals' changes would read as findings (+66%)
-            # and be noise. The totals are shown without changes; the note says why and how to get them.
+            # Too few recorded steps to judge an operator: their totals' changes would read as
+            # findings (+66%) and be noise. The totals are shown without changes; the note says why
+            # and how to get them.
             comparison = dataclasses.replace(comparison, ops_judged=False)
 
     _show(comparison, markdown_path, [*base_paths, *cur_paths], json_path)
     warnings = []
     if {os.path.realpath(p) for p in base_paths} == {os.path.realpath(p) for p in cur_paths}:
-        # a CI gate handed one path twice (a variable unset, an artifact not downloaded) passes whatever happened
+        # a CI gate handed one path twice (a variable unset, an artifact not downloaded) passes
+        # whatever happened
         warnings.append(
-            "baseline and current are the same files: the verdict compares them with themselves and says "
-            "nothing about a change (a CI variable left unset?)"
+            "baseline and current are the same files: the verdict compares them with themselves "
+            "and says nothing about a change (a CI variable left unset?)"
         )
     elif same_runs(base, cur):  # ... or one run twice, as its folder and its --json
         warnings.append(
-            "baseline and current are the same run (its folder and its --json, say): the verdict compares it "
-            "with itself and says nothing about a change"
+            "baseline and current are the same run (its folder and its --json, say): the verdict "
+            "compares it with itself and says nothing about a change"
         )
     if different:  # stdout may be a file the CI job never shows: the log sees it too
         warnings.append(different)
@@ -185,19 +197,24 @@ def compare_main(
 
 
 def _show(
-    comparison: Comparison, markdown_path: str | None, inputs: Sequence[str] = (), json_path: str | None = None
+    comparison: Comparison,
+    markdown_path: str | None,
+    inputs: Sequence[str] = (),
+    json_path: str | None = None,
 ) -> None:
-    """The comparison on stdout (the console's, Markdown with `--markdown -`, or JSON with `--json -`), the
-    Markdown and JSON files, and the GitHub step summary. A reader gone (`| head`) ends the output, not the
-    verdict."""
+    """The comparison on stdout (the console's, Markdown with `--markdown -`, or JSON with `--json
+    -`), the Markdown and JSON files, and the GitHub step summary. A reader gone (`| head`) ends the
+    output, not the verdict."""
     import json
 
     from stepcli.compare.jsonout import comparison_document
 
-    document = json.dumps(comparison_document(comparison), indent=2)  # JSON escapes control characters itself
+    # JSON escapes control characters itself
+    document = json.dumps(comparison_document(comparison), indent=2)
     from stepcli.safetext import visible_all
 
-    comparison = visible_all(comparison)  # names from traces and run summaries: control characters shown
+    # names from traces and run summaries: control characters shown
+    comparison = visible_all(comparison)
     markdown = render_markdown(comparison)
     from stepcli.pipeconsole import discard_stdout, pipe_console
 
@@ -210,7 +227,8 @@ def _show(
             sys.stdout.flush()
         else:
             render_console(comparison, pipe_console())
-    except BrokenPipeError:  # `compare ... | head`: the reader has seen enough; the verdict still decides the exit
+    # `compare ... | head`: the reader has seen enough; the verdict still decides the exit
+    except BrokenPipeError:
         discard_stdout()
     if json_path and json_path != "-":
         try:
@@ -218,7 +236,9 @@ def _show(
 
             safefile.write_bytes(json_path, (document + "\n").encode("utf-8"))
         except OSError as exc:
-            raise StepcliError(f"{json_path}: cannot write the JSON ({exc.strerror or exc})", EXIT_USAGE) from None
+            raise StepcliError(
+                f"{json_path}: cannot write the JSON ({exc.strerror or exc})", EXIT_USAGE
+            ) from None
     if markdown_path and markdown_path != "-":
         try:
             from stepcli import safefile
@@ -226,7 +246,8 @@ def _show(
             safefile.write_bytes(markdown_path, markdown.encode("utf-8"))
         except OSError as exc:
             raise StepcliError(
-                f"{markdown_path}: cannot write the Markdown report ({exc.strerror or exc})", EXIT_USAGE
+                f"{markdown_path}: cannot write the Markdown report ({exc.strerror or exc})",
+                EXIT_USAGE,
             ) from None
     _append_step_summary(markdown, inputs)
 
@@ -234,9 +255,10 @@ def _show(
 def _refuse_a_run_on_both_sides(
     baseline: Measurement, current: Measurement, base_paths: list[str], cur_paths: list[str]
 ) -> None:
-    """A run given on both sides among others (a CI glob that also picked up the baseline's artifact) would pull
-    the two sides together and water a regression down to INCONCLUSIVE: a usage error. The very same inputs on both
-    sides pass with a warning instead (a CI variable left unset), as the command says after the verdict."""
+    """A run given on both sides among others (a CI glob that also picked up the baseline's
+    artifact) would pull the two sides together and water a regression down to INCONCLUSIVE: a usage
+    error. The very same inputs on both sides pass with a warning instead (a CI variable left
+    unset), as the command says after the verdict."""
     base_files = {os.path.realpath(p) for p in base_paths}
     cur_files = {os.path.realpath(p) for p in cur_paths}
     if base_files == cur_files or same_runs(baseline, current):
@@ -253,15 +275,16 @@ def _refuse_a_run_on_both_sides(
     for path in cur_paths:
         if os.path.realpath(path) in base_files:
             raise StepcliError(
-                f"{path}: given as a baseline and as current; a run on both sides is compared with itself: "
+                f"{path}: given as a baseline and as current; a run on both sides is compared with "
+                f"itself: "
                 "give it to one side",
                 EXIT_USAGE,
             )
 
 
 def _runs(side: Measurement) -> dict[tuple[str | None, tuple[MeasuredProcess, ...]], str]:
-    """A side's runs by what makes a run the same run: its run_id and its steps (a hand-made summary may reuse an
-    id; a run's folder and its --json hold the same steps), with the label of each."""
+    """A side's runs by what makes a run the same run: its run_id and its steps (a hand-made summary
+    may reuse an id; a run's folder and its --json hold the same steps), with the label of each."""
     return {(run.run_id, run.processes): run.label for run in side.runs}
 
 
@@ -272,14 +295,15 @@ def same_runs(baseline: Measurement, current: Measurement) -> bool:
 
 
 def different_programs(baseline: Measurement, current: Measurement) -> str | None:
-    """Why the two sides look like different programs (a CI gate handed the wrong artifact), or None.
+    """Why the two sides look like different programs (a CI gate handed the wrong artifact), or
+    None.
 
-    Run summaries name their program (`python train.py` vs `python eval.py`); traces show it in their operators:
-    whole operator tables with no operator in common are not one program's."""
+    Run summaries name their program (`python train.py` vs `python eval.py`); traces show it in
+    their operators: whole operator tables with no operator in common are not one program's."""
     if baseline.programs and current.programs and not baseline.programs & current.programs:
         return (
-            f"baseline and current ran different programs ({', '.join(sorted(baseline.programs))} vs "
-            f"{', '.join(sorted(current.programs))}): their step times may not be comparable"
+            f"baseline and current ran different programs ({', '.join(sorted(baseline.programs))} "
+            f"vs {', '.join(sorted(current.programs))}): their step times may not be comparable"
         )
     names = [{op.name for op in side.ops} for side in (baseline, current)]
     if baseline.ops_complete and current.ops_complete and all(names) and not names[0] & names[1]:
@@ -288,10 +312,14 @@ def different_programs(baseline: Measurement, current: Measurement) -> str | Non
 
 
 def _attribution(
-    baseline: Measurement, current: Measurement, confidence: float, tolerance: float, min_delta_ms: float
+    baseline: Measurement,
+    current: Measurement,
+    confidence: float,
+    tolerance: float,
+    min_delta_ms: float,
 ) -> tuple[tuple[OpChange, ...], str | None]:
-    """Per-phase and per-operator changes with intervals when both sides have traces, and a note when there were
-    too few recorded steps for them; () otherwise (never fails the gate)."""
+    """Per-phase and per-operator changes with intervals when both sides have traces, and a note
+    when there were too few recorded steps for them; () otherwise (never fails the gate)."""
     from stepcli.compare.attribution import attribute, attribution_note, op_steps_from_traces
 
     sides: list[tuple[OpSteps, ...]] = []
@@ -308,37 +336,57 @@ def _attribution(
                         for index, files in enumerate(side.trace_files)
                     )
                 )
-            except StepcliError as exc:  # a trace deleted or damaged since the run: the verdict still stands
-                print(f"stepcli: warning: no per-operator attribution: {exc.message}", file=sys.stderr)
+            # a trace deleted or damaged since the run: the verdict still stands
+            except StepcliError as exc:
+                print(
+                    f"stepcli: warning: no per-operator attribution: {exc.message}", file=sys.stderr
+                )
                 return (), None
         else:
             return (), None
     try:
-        changes = attribute(sides[0], sides[1], confidence=confidence, tolerance=tolerance, min_delta_ms=min_delta_ms)
+        changes = attribute(
+            sides[0],
+            sides[1],
+            confidence=confidence,
+            tolerance=tolerance,
+            min_delta_ms=min_delta_ms,
+        )
         return changes, attribution_note(sides[0], sides[1])
-    except Exception as exc:  # attribution only explains the verdict; a failure there must not lose the verdict
-        print(f"stepcli: warning: no per-operator attribution: {type(exc).__name__}: {exc}", file=sys.stderr)
+    # attribution only explains the verdict; a failure there must not lose the verdict
+    except Exception as exc:
+        print(
+            f"stepcli: warning: no per-operator attribution: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
         return (), None
 
 
 def _append_step_summary(markdown: str, inputs: Sequence[str] = ()) -> None:
-    """Append (never overwrite) to GitHub's job summary file when Actions provides one; never to one of the
-    inputs, or into an input folder (a variable pointing at the baseline would make it invalid JSON)."""
+    """Append (never overwrite) to GitHub's job summary file when Actions provides one; never to one
+    of the inputs, or into an input folder (a variable pointing at the baseline would make it
+    invalid JSON)."""
     target = os.environ.get("GITHUB_STEP_SUMMARY")
     if not target:
         return
     real = os.path.realpath(target)
     for path in inputs:
         source = os.path.realpath(path)
-        if real == source or (os.path.isdir(source) and real.startswith(source.rstrip(os.sep) + os.sep)):
+        if real == source or (
+            os.path.isdir(source) and real.startswith(source.rstrip(os.sep) + os.sep)
+        ):
             print(
-                f"stepcli: warning: GITHUB_STEP_SUMMARY {target} is one of the inputs ({path}); not appended to",
+                f"stepcli: warning: GITHUB_STEP_SUMMARY {target} is one of the inputs ({path}); "
+                f"not appended to",
                 file=sys.stderr,
             )
             return
     try:
-        # Opened without blocking and only as a regular file: a FIFO there with no reader must not hang the gate.
-        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+        # Opened without blocking and only as a regular file: a FIFO there with no reader must not
+        # hang the gate.
+        fd = os.open(
+            target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o666
+        )
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise OSError(0, "not a regular file")
@@ -351,6 +399,7 @@ def _append_step_summary(markdown: str, inputs: Sequence[str] = ()) -> None:
     except OSError as exc:
         # The verdict is the product; a summary we cannot write only costs the pretty report.
         print(
-            f"stepcli: warning: could not append to GITHUB_STEP_SUMMARY {target}: {exc.strerror or exc}",
+            f"stepcli: warning: could not append to GITHUB_STEP_SUMMARY {target}: "
+            f"{exc.strerror or exc}",
             file=sys.stderr,
         )

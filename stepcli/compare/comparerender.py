@@ -1,4 +1,5 @@
-"""Rendering a `stepcli compare` verdict: the terminal report (rich) and Markdown (--markdown, GITHUB_STEP_SUMMARY)."""
+"""Rendering a `stepcli compare` verdict: the terminal report (rich) and Markdown (--markdown,
+GITHUB_STEP_SUMMARY)."""
 
 from __future__ import annotations
 
@@ -30,15 +31,26 @@ def _count_cell(value: float | None) -> str:
 
 
 def _step_cells(row: PopulationRow) -> list[str]:
-    if row.stat == "count":  # how many step times each side kept (the `steps:` lines say which): not a change
+    # how many step times each side kept (the `steps:` lines say which): not a change
+    if row.stat == "count":
         return [_count_cell(row.baseline), _count_cell(row.current), "", ""]
     delta = None if row.baseline is None or row.current is None else row.current - row.baseline
     return [_fmt_ms(row.baseline), _fmt_ms(row.current), _signed(delta), _pct(delta, row.baseline)]
 
 
 def _op_cells(row: ComparedOpRow) -> list[str]:
-    delta = None if row.baseline_ms is None or row.current_ms is None else row.current_ms - row.baseline_ms
-    return [_fmt_ms(row.baseline_ms), _fmt_ms(row.current_ms), _signed(delta), _pct(delta, row.baseline_ms), row.status]
+    delta = (
+        None
+        if row.baseline_ms is None or row.current_ms is None
+        else row.current_ms - row.baseline_ms
+    )
+    return [
+        _fmt_ms(row.baseline_ms),
+        _fmt_ms(row.current_ms),
+        _signed(delta),
+        _pct(delta, row.baseline_ms),
+        row.status,
+    ]
 
 
 def _change_cells(change: OpChange) -> list[str]:
@@ -64,11 +76,16 @@ def interval_line(c: Comparison) -> str | None:
 
 
 def histogram(
-    baseline: Sequence[float], current: Sequence[float], bins: int = HISTOGRAM_BINS, width: int = HISTOGRAM_WIDTH
+    baseline: Sequence[float],
+    current: Sequence[float],
+    bins: int = HISTOGRAM_BINS,
+    width: int = HISTOGRAM_WIDTH,
 ) -> list[str]:
-    """Both sides' step times on shared bins (1st to 99th percentile; the ends collect the outliers).
+    """Both sides' step times on shared bins (1st to 99th percentile; the ends collect the
+    outliers).
 
-    Bars are each side's share of its own steps, so sides with different step counts compare by shape.
+    Bars are each side's share of its own steps, so sides with different step counts compare by
+    shape.
     """
     if not baseline or not current:
         return []
@@ -86,7 +103,10 @@ def histogram(
             out[min(bins - 1, max(0, int((value - low) / size)))] += 1
         return out
 
-    sides = [("baseline", counts(baseline), len(baseline)), ("current", counts(current), len(current))]
+    sides = [
+        ("baseline", counts(baseline), len(baseline)),
+        ("current", counts(current), len(current)),
+    ]
     top = max(n / total for _, cs, total in sides for n in cs) or 1.0
     lines = []
     for index in range(bins):
@@ -103,13 +123,14 @@ def histogram(
     return lines
 
 
-# Below this many characters for names, a table would squeeze them (`aten::con…kward` at 80 columns): each row is
-# printed as its name on a line of its own, then its numbers indented below.
+# Below this many characters for names, a table would squeeze them (`aten::con…kward` at 80
+# columns): each row is printed as its name on a line of its own, then its numbers indented below.
 STACK_BELOW = 40
 
 
 def _name_width(console: Console, cells: Sequence[Sequence[str]], headers: Sequence[str]) -> int:
-    """Room left for operator names in a table: shortened in the middle, as `table` and `run` do, never wrapped."""
+    """Room left for operator names in a table: shortened in the middle, as `table` and `run` do,
+    never wrapped."""
     fixed = sum(max([len(h), *(len(str(row[i])) for row in cells)]) for i, h in enumerate(headers))
     return console.width - fixed - 3 * (len(headers) + 1) - 1
 
@@ -122,17 +143,18 @@ def _print_rows(
     caption: str | None = None,
     whole_names: bool = False,
 ) -> None:
-    """A titled table of (name, cells, stacked line) rows: a table when names get enough room, else each name on
-    a line of its own (the full width) with its numbers indented below. With `whole_names`, a name the table
-    would shorten also means lines of their own (the totals-only table is narrow: it would otherwise cut
-    names the stacked lines show whole)."""
+    """A titled table of (name, cells, stacked line) rows: a table when names get enough room, else
+    each name on a line of its own (the full width) with its numbers indented below. With
+    `whole_names`, a name the table would shorten also means lines of their own (the totals-only
+    table is narrow: it would otherwise cut names the stacked lines show whole)."""
     from rich.table import Table
     from rich.text import Text
 
     longest = max(len(name) for name, _, _ in rows)
     width = _name_width(console, [cells for _, cells, _ in rows], [h for h, _ in headers])
     if width >= min(longest, STACK_BELOW) and not (whole_names and width < longest):
-        # Titles and captions as plain lines: rich pads them to the table's width, trailing spaces on a pipe.
+        # Titles and captions as plain lines: rich pads them to the table's width, trailing spaces
+        # on a pipe.
         _plain(console, title)
         table = Table()
         table.add_column("operator", justify="left", no_wrap=True)
@@ -159,7 +181,8 @@ def _plain(console: Console, line: str) -> None:
 
 
 def _wrapped(console: Console, line: str, indent: str) -> None:
-    """A long plain line wrapped to the console's width between clauses, continuation lines indented."""
+    """A long plain line wrapped to the console's width between clauses, continuation lines
+    indented."""
     from stepcli.fmt import wrap_clauses
 
     for part in wrap_clauses(line, max(40, console.width), indent):
@@ -169,23 +192,27 @@ def _wrapped(console: Console, line: str, indent: str) -> None:
 def _change_line(change: OpChange) -> str:
     sig = ", significant" if change.significant else ""
     return (
-        f"{_fmt_ms(change.baseline_ms)} -> {_fmt_ms(change.current_ms)} ms, {_signed(change.delta_ms)} "
-        f"({row_level(change)} CI {_signed(change.low)} .. {_signed(change.high)}){sig}"
+        f"{_fmt_ms(change.baseline_ms)} -> {_fmt_ms(change.current_ms)} ms, "
+        f"{_signed(change.delta_ms)} ({row_level(change)} CI {_signed(change.low)} .. "
+        f"{_signed(change.high)}){sig}"
     )
 
 
 def row_level(change: OpChange) -> str:
-    """The level of one attribution row's own interval: `99%`, `99.96%` (Bonferroni over its family)."""
+    """The level of one attribution row's own interval: `99%`, `99.96%` (Bonferroni over its
+    family)."""
     return f"{change.row_confidence * 100:.4g}%"
 
 
 def attribution_caption(changes: Sequence[OpChange], confidence: float, family: str) -> str:
-    """How the rows are judged, in one line: each interval's level, the family it holds the confidence over, and
-    the practical limit a significant row's whole interval lies beyond (stepcli.compare.attribution)."""
+    """How the rows are judged, in one line: each interval's level, the family it holds the
+    confidence over, and the practical limit a significant row's whole interval lies beyond
+    (stepcli.compare.attribution)."""
     first = changes[0]
     return (
-        f"each interval at {row_level(first)}: {_fmt_level(confidence)} over all {first.family_size} {family} "
-        f"(Bonferroni); significant: the whole interval beyond ±{_fmt_ms(first.limit_ms)} ms, the larger of "
+        f"each interval at {row_level(first)}: {_fmt_level(confidence)} over all "
+        f"{first.family_size} {family} (Bonferroni); significant: the whole interval beyond "
+        f"±{_fmt_ms(first.limit_ms)} ms, the larger of "
         "the tolerance of the baseline's recorded step and --min-delta-ms"
     )
 
@@ -230,7 +257,11 @@ def _steps_table(c: Comparison, marker: str) -> Table:
     for row in c.step_rows:
         decides = _decides(c, row)
         steps.add_row(
-            row.population, row.stat, *_step_cells(row), marker if decides else "", style="bold" if decides else None
+            row.population,
+            row.stat,
+            *_step_cells(row),
+            marker if decides else "",
+            style="bold" if decides else None,
         )
     return steps
 
@@ -264,7 +295,13 @@ def _change_rows(changes: Sequence[OpChange]) -> list[tuple[str, Sequence[str], 
         name = PHASE_LABELS.get(change.name, change.name) if change.kind == "phase" else change.name
         if change.kind == "device":
             name += " [device]"
-        rows.append((name, [*_change_cells(change)[1:-1], "yes" if change.significant else "no"], _change_line(change)))
+        rows.append(
+            (
+                name,
+                [*_change_cells(change)[1:-1], "yes" if change.significant else "no"],
+                _change_line(change),
+            )
+        )
     return rows
 
 
@@ -288,21 +325,38 @@ def _print_operators(c: Comparison, console: Console) -> None:
         title = "Operators whose self time per step changed most (ms per step)"
         caption = attribution_caption(operators, c.confidence, "operators and kernels")
         _print_rows(console, title, _CHANGE_HEADERS, _change_rows(operators), caption=caption)
-    elif c.op_rows and not c.ops_judged:  # too few steps: totals only, no change that would read as a finding
-        totals: tuple[tuple[str, str], ...] = (("baseline", "right"), ("current", "right"), ("", "left"))
-        rows = [(op.name, _op_cells(op)[:2] + [op.status], _op_line(op, judged=False)) for op in c.op_rows]
+    # too few steps: totals only, no change that would read as a finding
+    elif c.op_rows and not c.ops_judged:
+        totals: tuple[tuple[str, str], ...] = (
+            ("baseline", "right"),
+            ("current", "right"),
+            ("", "left"),
+        )
+        rows = [
+            (op.name, _op_cells(op)[:2] + [op.status], _op_line(op, judged=False))
+            for op in c.op_rows
+        ]
         title = "Top operators by self time (ms)"
-        caption = "totals over each side's recorded steps; too few steps to judge a change, see the note"
+        caption = (
+            "totals over each side's recorded steps; too few steps to judge a change, see the note"
+        )
         _print_rows(console, title, totals, rows, caption=caption, whole_names=True)
     elif c.op_rows:
-        headers = (("baseline", "right"), ("current", "right"), ("delta", "right"), ("delta %", "right"), ("", "left"))
+        headers = (
+            ("baseline", "right"),
+            ("current", "right"),
+            ("delta", "right"),
+            ("delta %", "right"),
+            ("", "left"),
+        )
         rows = [(op.name, _op_cells(op), _op_line(op)) for op in c.op_rows]
         title = "Top operators by self time (ms)"
         _print_rows(console, title, headers, rows, caption="totals over each side's recorded steps")
 
 
 def render_console(comparison: Comparison, console: Console) -> None:
-    """The human report: sides, interval and steps used, tables, distributions, notes, verdict line last."""
+    """The human report: sides, interval and steps used, tables, distributions, notes, verdict line
+    last."""
     from rich.text import Text
 
     from stepcli.fmt import wrap_clauses
@@ -320,13 +374,15 @@ def render_console(comparison: Comparison, console: Console) -> None:
         "inconclusive": "bold yellow",
         "nothing_measured": "bold yellow",
     }[c.verdict]
-    # Wrapped to the width; its first line starts with the verdict word (CI logs grep for it), the rest indented.
+    # Wrapped to the width; its first line starts with the verdict word (CI logs grep for it), the
+    # rest indented.
     for part in wrap_clauses(c.verdict_line, max(40, console.width), "  "):
         console.print(Text(part, style=style), soft_wrap=True)
 
 
 def render_markdown(comparison: Comparison) -> str:
-    """The same report as GitHub-flavoured Markdown (for --markdown and $GITHUB_STEP_SUMMARY), verdict first."""
+    """The same report as GitHub-flavoured Markdown (for --markdown and $GITHUB_STEP_SUMMARY),
+    verdict first."""
     c = comparison
     lines = [
         f"### stepcli compare: {c.headline}",
@@ -387,7 +443,11 @@ def render_markdown(comparison: Comparison) -> str:
             "| --- | --- | ---: | ---: | ---: | ---: | --- |",
         ]
         for change in changes:
-            name = PHASE_LABELS.get(change.name, change.name) if change.kind == "phase" else change.name
+            name = (
+                PHASE_LABELS.get(change.name, change.name)
+                if change.kind == "phase"
+                else change.name
+            )
             lines.append(_md_row([f"`{_md_code(name, in_table=True)}`", *_change_cells(change)]))
     if not any(ch.kind != "phase" for ch in c.op_changes) and c.op_rows:
         lines += [
@@ -403,7 +463,10 @@ def render_markdown(comparison: Comparison) -> str:
                 cells = [cells[0], cells[1], "-", "-", cells[4]]
             lines.append(_md_row([f"`{_md_code(op.name, in_table=True)}`", *cells]))
         if not c.ops_judged:
-            lines += ["", "Too few recorded steps to judge an operator's change (see the note): totals only."]
+            lines += [
+                "",
+                "Too few recorded steps to judge an operator's change (see the note): totals only.",
+            ]
     lines.append("")
     for note in c.notes:
         lines += [f"> note: {_md_escape(note)}", ""]

@@ -1,7 +1,7 @@
 """The result of `stepcli compare`: the verdict, its exit status, and the rows its reports show.
 
-`decide` (stepcli.compare.verdict, and stepcli.compare.withoutinterval for the verdicts made without an interval) builds
-a `Comparison`; the renderers (stepcli.compare.comparerender) print it.
+`decide` (stepcli.compare.verdict, and stepcli.compare.withoutinterval for the verdicts made without
+an interval) builds a `Comparison`; the renderers (stepcli.compare.comparerender) print it.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ class Comparison:
     baseline_samples: tuple[float, ...] = ()  # the deciding steps, for the distributions
     current_samples: tuple[float, ...] = ()
     op_changes: tuple[OpChange, ...] = ()
-    # False when too few recorded steps to judge an operator: op_rows are shown as totals only, without changes
+    # False when too few recorded steps to judge an operator: op_rows are shown as totals only,
+    # without changes
     ops_judged: bool = True
 
     @property

@@ -1,7 +1,8 @@
-"""`stepcli compare --json`: the comparison as one machine-readable document, schema `stepcli.compare/1`
-(docs/reference/compare-json.md): the verdict, the interval, the populations and steps that decided, the Step time
-table and every attribution row with its estimate, interval and whether it is significant. Built from the same
-`Comparison` the terminal and Markdown reports render, so the three agree."""
+"""`stepcli compare --json`: the comparison as one machine-readable document, schema
+`stepcli.compare/1` (docs/reference/compare-json.md): the verdict, the interval, the populations and
+steps that decided, the Step time table and every attribution row with its estimate, interval and
+whether it is significant. Built from the same `Comparison` the terminal and Markdown reports
+render, so the three agree."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from stepcli.compare.measurement import Measurement
 
 SCHEMA = "stepcli.compare/1"
 JSON_HEAD = (
-    b'{\n  "schema": "stepcli.compare/'  # how a file this command wrote begins (--json FILE replaces only those)
+    # how a file this command wrote begins (--json FILE replaces only those)
+    b'{\n  "schema": "stepcli.compare/'
 )
 
 
@@ -41,7 +43,8 @@ def _rounded(value: Any) -> Any:
 
 
 def comparison_document(c: Comparison) -> dict[str, Any]:
-    """The JSON document of one comparison (see the module docstring), floats rounded to 6 decimals."""
+    """The JSON document of one comparison (see the module docstring), floats rounded to 6
+    decimals."""
     return dict(_rounded(_document(c)))
 
 
@@ -107,7 +110,12 @@ def _document(c: Comparison) -> dict[str, Any]:
             for ch in c.op_changes
         ],
         "operators": [
-            {"name": op.name, "baseline_ms": op.baseline_ms, "current_ms": op.current_ms, "status": op.status}
+            {
+                "name": op.name,
+                "baseline_ms": op.baseline_ms,
+                "current_ms": op.current_ms,
+                "status": op.status,
+            }
             for op in c.op_rows
         ],
         "operators_judged": c.ops_judged,

@@ -1,5 +1,6 @@
-"""What `stepcli compare` knows about one side: step statistics, every step's time per run when the input has
-them, and operator times. Loading (stepcli.compare.load) fills it; the verdict (stepcli.compare.verdict) reads it."""
+"""What `stepcli compare` knows about one side: step statistics, every step's time per run when the
+input has them, and operator times. Loading (stepcli.compare.load) fills it; the verdict
+(stepcli.compare.verdict) reads it."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from stepcli.stats import Stats
 
 Kind = Literal["run", "trace"]
 
-# One digit per step, as the run summary's phases: 0 untouched, 1 warmup, 2/3 recorded, 4 the program's profiler,
-# 5 the first step after a window (it pays for the window's stop and save: in no population, see `set_aside`).
+# One digit per step, as the run summary's phases: 0 untouched, 1 warmup, 2/3 recorded, 4 the
+# program's profiler, 5 the first step after a window (it pays for the window's stop and save: in no
+# population, see `set_aside`).
 UNTOUCHED_PHASES = frozenset("0")
 PROFILED_PHASES = frozenset("123")
 AFTER_WINDOW_PHASE = "5"
@@ -46,21 +48,32 @@ class RunSteps:
     label: str
     run_id: str | None
     processes: tuple[MeasuredProcess, ...]
-    start_up_step: bool  # run summaries: step 0 holds start-up (import, first allocation), never a sample
+    # run summaries: step 0 holds start-up (import, first allocation), never a sample
+    start_up_step: bool
 
     def set_aside(self) -> int:
-        """Steps of all processes left out of every population because a window had just closed (phase 5)."""
+        """Steps of all processes left out of every population because a window had just closed
+        (phase 5)."""
         return sum(process.phases.count(AFTER_WINDOW_PHASE) for process in self.processes)
 
     def population(self, name: str, first_step: int = 0) -> list[list[tuple[int, float]]]:
-        """Per process, the (step, ms) of one population ("untouched", "profiled", "recorded") from `first_step`."""
-        phases = UNTOUCHED_PHASES if name == "untouched" else PROFILED_PHASES if name == "profiled" else None
+        """Per process, the (step, ms) of one population ("untouched", "profiled", "recorded") from
+        `first_step`."""
+        phases = (
+            UNTOUCHED_PHASES
+            if name == "untouched"
+            else PROFILED_PHASES
+            if name == "profiled"
+            else None
+        )
         out = []
         for process in self.processes:
             kept = [
                 (step, ms)
                 for step, ms, phase in zip(process.steps, process.times_ms, process.phases)
-                if step >= first_step and not (self.start_up_step and step == 0) and (phases is None or phase in phases)
+                if step >= first_step
+                and not (self.start_up_step and step == 0)
+                and (phases is None or phase in phases)
             ]
             if kept:
                 out.append(kept)
@@ -69,7 +82,8 @@ class RunSteps:
 
 @dataclass(frozen=True)
 class OpSteps:
-    """Self time (ms) of each operator in each recorded step of one run, for per-operator intervals."""
+    """Self time (ms) of each operator in each recorded step of one run, for per-operator
+    intervals."""
 
     label: str
     steps: tuple[tuple[int | None, int], ...]  # (rank, step) of each column
@@ -90,19 +104,23 @@ class Measurement:
     events: int | None = None  # trace events; None for run summaries (they do not count them)
     exit_status: int | None = None  # the profiled program's, for run summaries
     empty_reason: str | None = None  # set when loading already found nothing to measure
-    # Every step's time, per run; empty when the input only has statistics (a v1 summary without a timeline).
+    # Every step's time, per run; empty when the input only has statistics (a v1 summary without a
+    # timeline).
     runs: tuple[RunSteps, ...] = ()
-    # Traces behind each run (for per-operator attribution) and, once read, their per-step operator times.
+    # Traces behind each run (for per-operator attribution) and, once read, their per-step operator
+    # times.
     trace_files: tuple[tuple[str, ...], ...] = ()
     op_steps: tuple[OpSteps, ...] | None = None
-    programs: frozenset[str] = frozenset()  # run summaries: the program each run ran (train.py, -m pkg.train)
+    # run summaries: the program each run ran (train.py, -m pkg.train)
+    programs: frozenset[str] = frozenset()
 
     @property
     def description(self) -> str:
         what = "run summary" if self.kind == "run" else "trace"
         if len(self.runs) > 1:
             what = (
-                f"{len(self.runs)} {what.replace('summary', 'summaries') if self.kind == 'run' else 'runs of traces'}"
+                f"{len(self.runs)} "
+                f"{what.replace('summary', 'summaries') if self.kind == 'run' else 'runs of traces'}"  # noqa: E501
             )
         extra = f", {self.events} events" if self.events is not None else ""
         return f"{what}, {plural(self.steps, 'step')}{extra}"

@@ -1,10 +1,11 @@
-"""Which steps decide a comparison: the step population of each side (untouched, profiled, recorded), the first
-step used after warm-up, the Step time table's rows, and both sides' deciding steps together (`Sides`; pure: no
-I/O).
+"""Which steps decide a comparison: the step population of each side (untouched, profiled,
+recorded), the first step used after warm-up, the Step time table's rows, and both sides' deciding
+steps together (`Sides`; pure: no I/O).
 
-The pairing rules are verdict.py's contract (see its docstring): like with like, so profiler overhead never decides
-when untouched steps exist on both sides. Warm-up is found per run and per population: the untouched steps' warm-up
-says nothing about where the profiled steps (which come first) settle, so each population's rows use their own.
+The pairing rules are verdict.py's contract (see its docstring): like with like, so profiler
+overhead never decides when untouched steps exist on both sides. Warm-up is found per run and per
+population: the untouched steps' warm-up says nothing about where the profiled steps (which come
+first) settle, so each population's rows use their own.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ class PopulationRow:
     decides: bool
 
 
-def choose_populations(baseline: Measurement, current: Measurement) -> tuple[list[tuple[str, str]], list[str]]:
+def choose_populations(
+    baseline: Measurement, current: Measurement
+) -> tuple[list[tuple[str, str]], list[str]]:
     """The step populations to show, deciding pair first, and notes explaining any fallback."""
     notes: list[str] = []
     if baseline.kind == "trace" and current.kind == "trace":
@@ -40,16 +43,20 @@ def choose_populations(baseline: Measurement, current: Measurement) -> tuple[lis
         missing = [m.label for m in (baseline, current) if m.populations.get("untouched") is None]
         if missing and baseline.populations.get("profiled") and current.populations.get("profiled"):
             notes.append(
-                f"no untouched steps in {', '.join(missing)}: compared the profiled (warmup+recorded) steps, "
+                f"no untouched steps in {', '.join(missing)}: compared the profiled "
+                f"(warmup+recorded) steps, "
                 "which include profiler overhead"
             )
             return [("profiled", "profiled"), ("untouched", "untouched")], notes
         few = [(m.label, positions(m, "untouched")) for m in (baseline, current)]
         few = [(label, n) for label, n in few if n < MIN_STEPS]
-        if few and min(positions(m, "profiled") for m in (baseline, current)) > min(n for _, n in few):
+        if few and min(positions(m, "profiled") for m in (baseline, current)) > min(
+            n for _, n in few
+        ):
             notes.append(
-                f"too few untouched steps in {', '.join(f'{label} ({n})' for label, n in few)} (at least "
-                f"{MIN_STEPS} per side decide): compared the profiled (warmup+recorded) steps, which include "
+                f"too few untouched steps in {', '.join(f'{label} ({n})' for label, n in few)} (at "
+                f"least {MIN_STEPS} per side decide): compared the profiled (warmup+recorded) "
+                f"steps, which include "
                 "profiler overhead on both sides"
             )
             return [("profiled", "profiled"), ("untouched", "untouched")], notes
@@ -65,8 +72,8 @@ def choose_populations(baseline: Measurement, current: Measurement) -> tuple[lis
 
 
 def positions(m: Measurement, population: str) -> int:
-    """Step positions of one population of a side (per run, its longest process: ranks step together), or the
-    statistics' count when the side has no per-step times."""
+    """Step positions of one population of a side (per run, its longest process: ranks step
+    together), or the statistics' count when the side has no per-step times."""
     if m.runs:
         return sum(max((len(p) for p in run.population(population)), default=0) for run in m.runs)
     stats = m.populations.get(population)
@@ -74,7 +81,8 @@ def positions(m: Measurement, population: str) -> int:
 
 
 def first_steps(m: Measurement, population: str, skip_steps: int | None) -> dict[int, int]:
-    """Per run (by index), the first step used: `--skip-steps`, else the end of the warm-up MSER-5 finds."""
+    """Per run (by index), the first step used: `--skip-steps`, else the end of the warm-up MSER-5
+    finds."""
     out: dict[int, int] = {}
     for index, run in enumerate(m.runs):
         if skip_steps is not None:
@@ -102,17 +110,25 @@ def used(m: Measurement, population: str, first: dict[int, int]) -> UsedRuns:
 
 
 def steps_used(
-    side: str, m: Measurement, population: str, first: dict[int, int], skip: int | None, role: str = ""
+    side: str,
+    m: Measurement,
+    population: str,
+    first: dict[int, int],
+    skip: int | None,
+    role: str = "",
 ) -> list[str]:
-    """One line per run (four at most): which steps decided (or, with `role`, what they are for), and which were
-    left out and why."""
+    """One line per run (four at most): which steps decided (or, with `role`, what they are for),
+    and which were left out and why."""
     lines = []
     for index, run in enumerate(m.runs[:4]):
         kept = [step for p in run.population(population, first.get(index, 0)) for step, _ in p]
         if not kept:
             lines.append(f"{side} {run.label}: no {population} steps left")
             continue
-        text = f"{side} {run.label}: {population} steps {min(kept)}-{max(kept)} ({len(kept)} step times{role})"
+        text = (
+            f"{side} {run.label}: {population} steps {min(kept)}-{max(kept)} ({len(kept)} step "
+            f"times{role})"
+        )
         all_steps = [step for p in run.population(population) for step, _ in p]
         cut = [s for s in all_steps if s < first.get(index, 0)]
         if cut:
@@ -120,14 +136,19 @@ def steps_used(
             text += f"; steps {min(cut)}-{max(cut)} left out: {why}"
         aside = run.set_aside()
         if aside and population in ("untouched", "profiled"):
-            text += f"; {plural(aside, 'step time')} after a window set aside (the profiler's stop and save)"
+            text += (
+                f"; {plural(aside, 'step time')} after a window set aside (the profiler's stop and "
+                f"save)"
+            )
         lines.append(text)
     if len(m.runs) > 4:
         lines.append(f"{side}: +{len(m.runs) - 4} more runs")
     return lines
 
 
-def _population_stats(m: Measurement, population: str, first: dict[int, int] | None) -> Stats | None:
+def _population_stats(
+    m: Measurement, population: str, first: dict[int, int] | None
+) -> Stats | None:
     if first is None:
         return m.populations.get(population)
     return describe(ms for run in used(m, population, first) for p in run for _, ms in p)
@@ -140,8 +161,9 @@ def step_rows(
     deciding_first: tuple[dict[int, int], dict[int, int]] | None = None,
     skip_steps: int | None = None,
 ) -> tuple[PopulationRow, ...]:
-    """The Step time table: the deciding pair first, over the steps actually used so it agrees with the verdict;
-    the other populations over their own steps after their own warm-up (or `--skip-steps`)."""
+    """The Step time table: the deciding pair first, over the steps actually used so it agrees with
+    the verdict; the other populations over their own steps after their own warm-up (or
+    `--skip-steps`)."""
     rows: list[PopulationRow] = []
     for index, (b_pop, c_pop) in enumerate(pairs):
         b_first = c_first = None
@@ -149,9 +171,15 @@ def step_rows(
             b_first, c_first = (
                 deciding_first
                 if index == 0
-                else (first_steps(baseline, b_pop, skip_steps), first_steps(current, c_pop, skip_steps))
+                else (
+                    first_steps(baseline, b_pop, skip_steps),
+                    first_steps(current, c_pop, skip_steps),
+                )
             )
-        b_stats, c_stats = _population_stats(baseline, b_pop, b_first), _population_stats(current, c_pop, c_first)
+        b_stats, c_stats = (
+            _population_stats(baseline, b_pop, b_first),
+            _population_stats(current, c_pop, c_first),
+        )
         if index > 0 and b_stats is None and c_stats is None:
             continue
         population = b_pop if b_pop == c_pop else f"{b_pop}/{c_pop}"
@@ -187,7 +215,10 @@ class Sides:
                 first_steps(self.baseline, b_pop, self.skip_steps),
                 first_steps(self.current, c_pop, self.skip_steps),
             )
-            self.runs = (used(self.baseline, b_pop, self.first[0]), used(self.current, c_pop, self.first[1]))
+            self.runs = (
+                used(self.baseline, b_pop, self.first[0]),
+                used(self.current, c_pop, self.first[1]),
+            )
 
     @property
     def population(self) -> str:
@@ -200,15 +231,24 @@ class Sides:
         empty = [(side, m, reason) for side, m in sides if (reason := m.nothing_measured())]
         if empty:
             return empty
-        stats = (self.baseline.populations.get(self.pops[0]), self.current.populations.get(self.pops[1]))
+        stats = (
+            self.baseline.populations.get(self.pops[0]),
+            self.current.populations.get(self.pops[1]),
+        )
         if None in stats:  # each side measured something, but not the steps this comparison needs
-            return [(side, m, f"no {pop} steps") for (side, m), pop, st in zip(sides, self.pops, stats) if st is None]
+            return [
+                (side, m, f"no {pop} steps")
+                for (side, m), pop, st in zip(sides, self.pops, stats)
+                if st is None
+            ]
         zero = [
             (side, m, f"only {pop} steps of 0 ms (a trace without time, or a broken clock)")
             for (side, m), pop, st in zip(sides, self.pops, stats)
             if st is not None and not st["max"] > 0
         ]
-        if zero:  # no time to compare: a ratio of 0 ms, or a change of +0 ms "within tolerance", would be invented
+        # no time to compare: a ratio of 0 ms, or a change of +0 ms "within tolerance", would be
+        # invented
+        if zero:
             return zero
         if self.with_samples and not all(self.runs):
             skip = self.skip_steps
@@ -220,9 +260,9 @@ class Sides:
         return []
 
     def steps_used(self) -> tuple[str, ...]:
-        return tuple(steps_used("baseline", self.baseline, self.pops[0], self.first[0], self.skip_steps)) + tuple(
-            steps_used("current", self.current, self.pops[1], self.first[1], self.skip_steps)
-        )
+        return tuple(
+            steps_used("baseline", self.baseline, self.pops[0], self.first[0], self.skip_steps)
+        ) + tuple(steps_used("current", self.current, self.pops[1], self.first[1], self.skip_steps))
 
     def samples(self, index: int) -> tuple[float, ...]:
         """The deciding step times of one side (0 baseline, 1 current), for the distributions."""
@@ -235,10 +275,14 @@ def times_ms(runs: UsedRuns) -> list[list[list[float]]]:
 
 
 def table_steps_used(
-    baseline: Measurement, current: Measurement, pairs: list[tuple[str, str]], skip_steps: int | None
+    baseline: Measurement,
+    current: Measurement,
+    pairs: list[tuple[str, str]],
+    skip_steps: int | None,
 ) -> tuple[str, ...]:
-    """The `steps:` lines of the Step time table's other populations (those that do not decide): which steps its
-    rows hold and which were left out and why (each population's own warm-up), so no count changes unexplained."""
+    """The `steps:` lines of the Step time table's other populations (those that do not decide):
+    which steps its rows hold and which were left out and why (each population's own warm-up), so no
+    count changes unexplained."""
     lines: list[str] = []
     for b_pop, c_pop in pairs[1:]:
         for side, m, pop in (("baseline", baseline, b_pop), ("current", current, c_pop)):

@@ -1,43 +1,47 @@
 """The CI verdict of `stepcli compare` (pure: no I/O, no printing).
 
 Verdict rules (the contract the tests pin down):
-- The deciding number is one statistic (`--metric`, default median) of step durations in ms. Its change from
-  baseline to current gets a bootstrap confidence interval (stepcli.compare.inference) over every step of every run.
-- The allowed change is `limit = max(tolerance * baseline, min_delta_ms)`; a change equal to it (to float
-  rounding) is within it. Each part is judged in its own scale: the tolerance on the interval of the ratio
-  current/baseline (log step times), the floor on the interval of the difference in ms; "beyond the limit"
-  means beyond both.
-  * regression: the whole interval lies above +limit: the slowdown is significantly beyond both the tolerance
-    and --min-delta-ms (so a change within the tolerance is called a regression at most (1-confidence)/2 of
-    the time, however noisy the steps);
+- The deciding number is one statistic (`--metric`, default median) of step durations in ms. Its
+  change from baseline to current gets a bootstrap confidence interval (stepcli.compare.inference)
+  over every step of every run.
+- The allowed change is `limit = max(tolerance * baseline, min_delta_ms)`; a change equal to it (to
+  float rounding) is within it. Each part is judged in its own scale: the tolerance on the interval
+  of the ratio current/baseline (log step times), the floor on the interval of the difference in ms;
+  "beyond the limit" means beyond both.
+  * regression: the whole interval lies above +limit: the slowdown is significantly beyond both the
+    tolerance and --min-delta-ms (so a change within the tolerance is called a regression at most
+    (1-confidence)/2 of the time, however noisy the steps);
   * improvement: the whole interval lies below -limit;
   * no change: the interval does not reach beyond +limit;
-  * inconclusive: the interval straddles +limit: the data cannot tell a regression beyond the tolerance from
-    noise (the message says about how many more steps or runs would).
-- Inputs without every step's time (hand-made or schema 1 summaries without a timeline) are decided on the two
-  statistics alone, as before intervals existed, and the report says so.
-- Steps that decide: warm-up steps are detected per run (MSER-5) and left out, unless `--skip-steps N` sets the
-  first step used. Populations:
-  * run summary vs run summary: the steps the profiler never touched ("untouched"), so profiler overhead
-    cannot decide. When either side has no untouched steps, both sides fall back to the warmup+recorded
-    steps ("profiled") and the report says so.
+  * inconclusive: the interval straddles +limit: the data cannot tell a regression beyond the
+    tolerance from noise (the message says about how many more steps or runs would).
+- Inputs without every step's time (hand-made or schema 1 summaries without a timeline) are decided
+  on the two statistics alone, as before intervals existed, and the report says so.
+- Steps that decide: warm-up steps are detected per run (MSER-5) and left out, unless `--skip-steps
+  N` sets the first step used. Populations:
+  * run summary vs run summary: the steps the profiler never touched ("untouched"), so profiler
+    overhead cannot decide. When either side has no untouched steps, both sides fall back to the
+    warmup+recorded steps ("profiled") and the report says so.
   * trace vs trace: the recorded `ProfilerStep#N` steps ("recorded"): that is all a trace has.
-  * run summary vs trace: the run's "profiled" steps against the trace's recorded ones, so both sides ran
-    under the profiler (like with like); the report names both populations.
-  * run summary vs run summary with fewer than MIN_STEPS untouched step positions on a side (a short run) and more
-    profiled ones on both: the profiled steps decide, and the report says so (they include profiler overhead,
-    which is the same on both sides).
-- Too little data for an interval: fewer than MIN_STEPS step positions on a side (stepcli.compare.inference) give
-  no interval. Overwhelming evidence still decides (`separation`, in stepcli.compare.withoutinterval): when every
-  current step (per position, ranks averaged) is slower than every baseline step by more than the limit in both
-  scales (the smallest current step above the largest baseline one x (1 + tolerance), and beyond it by more than
-  --min-delta-ms), and a separation that complete has a chance of at most (1-confidence)/2 when nothing changed
-  (1 / C(n+m, n), the exact Mann-Whitney tail: 4 vs 4 steps is 1/70, enough at 95%; 3 vs 4 is 1/35, not), it is a
-  regression; the mirror image an improvement. Anything else is inconclusive and says how many steps are needed.
-- Inconclusive exits EXIT_INCONCLUSIVE: a gate that cannot decide does not pass, unless the caller allows it
-  (`--allow-inconclusive`, exit 0 with a warning).
+  * run summary vs trace: the run's "profiled" steps against the trace's recorded ones, so both
+    sides ran under the profiler (like with like); the report names both populations.
+  * run summary vs run summary with fewer than MIN_STEPS untouched step positions on a side (a short
+    run) and more profiled ones on both: the profiled steps decide, and the report says so (they
+    include profiler overhead, which is the same on both sides).
+- Too little data for an interval: fewer than MIN_STEPS step positions on a side
+  (stepcli.compare.inference) give no interval. Overwhelming evidence still decides (`separation`,
+  in stepcli.compare.withoutinterval): when every current step (per position, ranks averaged) is
+  slower than every baseline step by more than the limit in both scales (the smallest current step
+  above the largest baseline one x (1 + tolerance), and beyond it by more than --min-delta-ms), and
+  a separation that complete has a chance of at most (1-confidence)/2 when nothing changed (1 /
+  C(n+m, n), the exact Mann-Whitney tail: 4 vs 4 steps is 1/70, enough at 95%; 3 vs 4 is 1/35, not),
+  it is a regression; the mirror image an improvement. Anything else is inconclusive and says how
+  many steps are needed.
+- Inconclusive exits EXIT_INCONCLUSIVE: a gate that cannot decide does not pass, unless the caller
+  allows it (`--allow-inconclusive`, exit 0 with a warning).
 - A side that measured nothing (0 steps, 0 events, no step statistics, an empty trace folder) gives
-  EXIT_NOTHING_MEASURED, never a pass. Bad input raises StepcliError (exit 2) before anything is decided.
+  EXIT_NOTHING_MEASURED, never a pass. Bad input raises StepcliError (exit 2) before anything is
+  decided.
 """
 
 from __future__ import annotations
@@ -86,8 +90,8 @@ TOP_OPS = 10
 def parse_tolerance(text: str | float) -> float:
     """`10%` -> 0.1 and `0.1` -> 0.1 (and `150%` -> 1.5); raises ValueError otherwise.
 
-    A bare number above 1 in text is refused rather than guessed: `10` could mean 10% or 1000%. A number (the
-    Python API, or the command line's already parsed value) is a fraction: 1.5 is 150%.
+    A bare number above 1 in text is refused rather than guessed: `10` could mean 10% or 1000%. A
+    number (the Python API, or the command line's already parsed value) is a fraction: 1.5 is 150%.
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
@@ -99,7 +103,8 @@ def parse_tolerance(text: str | float) -> float:
     percent = raw.endswith("%")
     number = raw[:-1].strip() if percent else raw
     try:
-        if not number.isascii() or "_" in number:  # float() would take "1_0" and other scripts' digits
+        # float() would take "1_0" and other scripts' digits
+        if not number.isascii() or "_" in number:
             raise ValueError(number)
         value = float(number)
     except ValueError:
@@ -114,13 +119,17 @@ def parse_tolerance(text: str | float) -> float:
 
 
 def parse_confidence(text: str | float) -> float:
-    """`95%` or `0.95` -> 0.95; between 50% and 99.9%, since the interval's ends are resampled percentiles."""
+    """`95%` or `0.95` -> 0.95; between 50% and 99.9%, since the interval's ends are resampled
+    percentiles."""
     try:
         value = parse_tolerance(text)
     except ValueError:
         value = math.nan
     if not 0.5 <= value <= 0.999:
-        raise ValueError(f"expected a level such as 95% or 0.95, between 50% and 99.9%; got {str(text).strip()!r}")
+        raise ValueError(
+            f"expected a level such as 95% or 0.95, between 50% and 99.9%; got "
+            f"{str(text).strip()!r}"
+        )
     return value
 
 
@@ -158,14 +167,18 @@ def decide(
     sides = Sides(baseline, current, pairs[0], skip_steps, bool(baseline.runs and current.runs))
     for side in (baseline, current):
         if side.exit_status not in (None, 0):
-            notes.append(f"{side.label}: the profiled program exited with status {side.exit_status}")
+            notes.append(
+                f"{side.label}: the profiled program exited with status {side.exit_status}"
+            )
     common: dict[str, Any] = dict(
         baseline=baseline,
         current=current,
         metric=metric,
         tolerance=tolerance,
         min_delta_ms=min_delta_ms,
-        step_rows=step_rows(baseline, current, pairs, sides.first if sides.with_samples else None, skip_steps),
+        step_rows=step_rows(
+            baseline, current, pairs, sides.first if sides.with_samples else None, skip_steps
+        ),
         op_rows=_op_rows(baseline, current, top),
         confidence=confidence,
         op_changes=tuple(op_changes),
@@ -180,7 +193,10 @@ def decide(
             notes=tuple(notes),
             **common,
         )
-    b_stats, c_stats = baseline.populations.get(sides.pops[0]), current.populations.get(sides.pops[1])
+    b_stats, c_stats = (
+        baseline.populations.get(sides.pops[0]),
+        current.populations.get(sides.pops[1]),
+    )
     assert b_stats is not None and c_stats is not None
     if not sides.with_samples:
         return decide_on_statistics(b_stats, c_stats, sides.population, notes, common)
@@ -188,19 +204,23 @@ def decide(
     if min(positions) < MIN_STEPS:
         return too_few_steps(sides, positions, notes, allow_inconclusive, common)
     change = estimate_change(
-        times_ms(sides.runs[0]), times_ms(sides.runs[1]), metric, confidence=confidence, resamples=resamples
+        times_ms(sides.runs[0]),
+        times_ms(sides.runs[1]),
+        metric,
+        confidence=confidence,
+        resamples=resamples,
     )
     limit = max(tolerance * change.baseline, min_delta_ms)
     verdict = _interval_verdict(change, tolerance, min_delta_ms)
     numbers = (
-        f"{_fmt_ms(change.baseline)} ms -> {_fmt_ms(change.current)} ms ({_signed(change.delta)} ms, "
-        f"{_pct(change.delta, change.baseline)}, {_fmt_level(confidence)} CI "
-        f"{_ci(change)})"
+        f"{_fmt_ms(change.baseline)} ms -> {_fmt_ms(change.current)} ms ({_signed(change.delta)} "
+        f"ms, {_pct(change.delta, change.baseline)}, {_fmt_level(confidence)} CI {_ci(change)})"
     )
     return Comparison(
         verdict=verdict,
         exit_code=exit_code(verdict, allow_inconclusive),
-        message=f"{metric} step time ({sides.population} steps) {numbers} {_clause(verdict, change, limit, common)}",
+        message=f"{metric} step time ({sides.population} steps) {numbers} "
+        f"{_clause(verdict, change, limit, common)}",
         baseline_population=sides.pops[0],
         current_population=sides.pops[1],
         baseline_value=change.baseline,
@@ -217,9 +237,9 @@ def decide(
 
 
 def _interval_verdict(change: Change, tolerance: float, min_delta_ms: float) -> Verdict:
-    """Where the intervals lie against the limit (see the module docstring): the tolerance is a share of the
-    baseline, judged on the relative interval; the floor is in ms, judged on the ms interval. A change passes the
-    limit, the larger of the two, when it passes both."""
+    """Where the intervals lie against the limit (see the module docstring): the tolerance is a
+    share of the baseline, judged on the relative interval; the floor is in ms, judged on the ms
+    interval. A change passes the limit, the larger of the two, when it passes both."""
     relative = change.relative_interval()
     low, high = (
         (change.low, change.high)
@@ -244,21 +264,24 @@ def _clause(verdict: Verdict, change: Change, limit: float, common: dict[str, An
     allowed = _allowed(limit, common["tolerance"], change.baseline, common["min_delta_ms"])
     return {
         "regression": f"exceeds {allowed}, all of its interval",
-        "improvement": f"is faster by more than {allowed.replace('the allowed +', 'the allowed ')}, all of its interval",
+        "improvement": f"is faster by more than "
+        f"{allowed.replace('the allowed +', 'the allowed ')}, all of its interval",
         "no_change": f"is within {allowed}",
         "inconclusive": f"may or may not exceed {allowed}: {_more_data(change, limit)}",
     }[verdict]
 
 
 def _method(change: Change, runs: UsedRuns) -> str:
-    """How the interval was made, in words: resampling scheme, block lengths, resamples, the log scale."""
+    """How the interval was made, in words: resampling scheme, block lengths, resamples, the log
+    scale."""
     runs_text = (
         f"runs resampled ({change.baseline_runs} baseline, {change.current_runs} current), then "
         if change.baseline_runs > 1 or change.current_runs > 1
         else ""
     )
     one_run = (
-        "; one run per side, so run-to-run variation is not in the interval (pass several --baseline/--current runs)"
+        "; one run per side, so run-to-run variation is not in the interval (pass several "
+        "--baseline/--current runs)"
         if change.baseline_runs == 1 and change.current_runs == 1
         else ""
     )
@@ -267,11 +290,13 @@ def _method(change: Change, runs: UsedRuns) -> str:
     m_of_n = ""
     if change.subsample is not None:  # long runs: m out of n (stepcli.compare.inference.subsampled)
         blocks, unit = [block_length(change.subsample)], "steps"
-        m_of_n = f", {change.subsample:,} steps of each run per resample, the spread scaled to all steps"
+        m_of_n = (
+            f", {change.subsample:,} steps of each run per resample, the spread scaled to all steps"
+        )
     return (
-        f"{change.method}: {runs_text}circular blocks of {'/'.join(map(str, blocks))} {unit}{m_of_n}, "
-        f"{change.resamples} resamples, ratio interval on log step times, ms interval on the difference, "
-        f"fixed seed{one_run}"
+        f"{change.method}: {runs_text}circular blocks of {'/'.join(map(str, blocks))} "
+        f"{unit}{m_of_n}, {change.resamples} resamples, ratio interval on log step times, ms "
+        f"interval on the difference, fixed seed{one_run}"
     )
 
 
@@ -284,14 +309,19 @@ def _more_data(change: Change, limit: float) -> str:
         runs = max(change.baseline_runs, change.current_runs)
         return f"about {max(1, math.ceil(runs * (factor - 1)))} more runs per side would decide it"
     steps = max(change.baseline_steps, change.current_steps)
-    return f"about {max(1, math.ceil(steps * (factor - 1)))} more steps per side (or more runs) would decide it"
+    return (
+        f"about {max(1, math.ceil(steps * (factor - 1)))} more steps per side (or more runs) would "
+        f"decide it"
+    )
 
 
 def _op_rows(baseline: Measurement, current: Measurement, top: int) -> tuple[ComparedOpRow, ...]:
     """Operators matched by name, the `top` with the largest self time on either side."""
     before = {op.name: op.self_ms for op in baseline.ops}
     after = {op.name: op.self_ms for op in current.ops}
-    names = sorted(set(before) | set(after), key=lambda n: (-max(before.get(n, 0.0), after.get(n, 0.0)), n))
+    names = sorted(
+        set(before) | set(after), key=lambda n: (-max(before.get(n, 0.0), after.get(n, 0.0)), n)
+    )
     rows = []
     for name in names[: max(top, 0)]:
         if name not in before:
@@ -300,5 +330,9 @@ def _op_rows(baseline: Measurement, current: Measurement, top: int) -> tuple[Com
             status = "removed" if current.ops_complete else "not in current top"
         else:
             status = ""
-        rows.append(ComparedOpRow(name=name, baseline_ms=before.get(name), current_ms=after.get(name), status=status))
+        rows.append(
+            ComparedOpRow(
+                name=name, baseline_ms=before.get(name), current_ms=after.get(name), status=status
+            )
+        )
     return tuple(rows)

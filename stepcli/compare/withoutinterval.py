@@ -1,9 +1,9 @@
 """Verdicts of `stepcli compare` made without a bootstrap interval.
 
-Two cases (the rules are verdict.py's contract, see its docstring): too few step positions on a side for an
-interval, where only a complete separation far beyond the limit decides (`separation`); and inputs without per-step
-times (hand-made or schema 1 summaries), decided on the two statistics alone. `decide` (stepcli.compare.verdict)
-sends each here.
+Two cases (the rules are verdict.py's contract, see its docstring): too few step positions on a side
+for an interval, where only a complete separation far beyond the limit decides (`separation`); and
+inputs without per-step times (hand-made or schema 1 summaries), decided on the two statistics
+alone. `decide` (stepcli.compare.verdict) sends each here.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from stepcli.stats import Stats
 
 
 def position_means(runs: UsedRuns) -> list[float]:
-    """One value per step position of a side: per run, the mean over its processes at each position (ranks that
-    step together count once, as in step_positions)."""
+    """One value per step position of a side: per run, the mean over its processes at each position
+    (ranks that step together count once, as in step_positions)."""
     out: list[float] = []
     for run in runs:
         series = [[ms for _, ms in p] for p in run]
@@ -39,15 +39,20 @@ def position_means(runs: UsedRuns) -> list[float]:
 
 
 def separation(
-    baseline: Sequence[float], current: Sequence[float], tolerance: float, min_delta_ms: float, confidence: float
+    baseline: Sequence[float],
+    current: Sequence[float],
+    tolerance: float,
+    min_delta_ms: float,
+    confidence: float,
 ) -> tuple[Verdict, float] | None:
-    """("regression" | "improvement", chance) when the two samples are completely separated beyond the limit and a
-    separation that complete has at most (1-confidence)/2 chance without a change (1 / C(n+m, n)); else None.
+    """("regression" | "improvement", chance) when the two samples are completely separated beyond
+    the limit and a separation that complete has at most (1-confidence)/2 chance without a change (1
+    / C(n+m, n)); else None.
 
-    Beyond the limit in both of its scales: the smallest current step over the largest baseline step x (1 +
-    tolerance) and more than --min-delta-ms above it (the mirror image for an improvement, with (1 - tolerance)).
-    Shifting every current step back by the limit still leaves them all above the baseline, so the exact
-    Mann-Whitney test of "no more than the limit" rejects at that chance.
+    Beyond the limit in both of its scales: the smallest current step over the largest baseline step
+    x (1 + tolerance) and more than --min-delta-ms above it (the mirror image for an improvement,
+    with (1 - tolerance)). Shifting every current step back by the limit still leaves them all above
+    the baseline, so the exact Mann-Whitney test of "no more than the limit" rejects at that chance.
     """
     if len(baseline) < 2 or len(current) < 2:
         return None
@@ -65,8 +70,8 @@ def _within_chance(chance: float, confidence: float) -> bool:
 def split_beyond(
     baseline: Sequence[float], current: Sequence[float], tolerance: float, min_delta_ms: float
 ) -> Verdict | None:
-    """ "regression" | "improvement" when every step of one side is beyond the limit from every step of the other,
-    whatever the chance of that; else None."""
+    """ "regression" | "improvement" when every step of one side is beyond the limit from every step
+    of the other, whatever the chance of that; else None."""
     if not baseline or not current:
         return None
     low_b, high_b, low_c, high_c = min(baseline), max(baseline), min(current), max(current)
@@ -78,7 +83,8 @@ def split_beyond(
 
 
 def steps_to_decide(confidence: float) -> int:
-    """The fewest steps per side whose complete separation can decide at `confidence` (4 at 95%: 1/70)."""
+    """The fewest steps per side whose complete separation can decide at `confidence` (4 at 95%:
+    1/70)."""
     n = 2
     while not _within_chance(1.0 / math.comb(2 * n, n), confidence):
         n += 1
@@ -86,10 +92,14 @@ def steps_to_decide(confidence: float) -> int:
 
 
 def too_few_steps(
-    sides: Sides, positions: tuple[int, int], notes: list[str], allow_inconclusive: bool, common: dict[str, Any]
+    sides: Sides,
+    positions: tuple[int, int],
+    notes: list[str],
+    allow_inconclusive: bool,
+    common: dict[str, Any],
 ) -> Comparison:
-    """Too few steps for a bootstrap to mean anything: decided only by a complete separation far beyond the limit
-    (see `separation`), else inconclusive without an interval."""
+    """Too few steps for a bootstrap to mean anything: decided only by a complete separation far
+    beyond the limit (see `separation`), else inconclusive without an interval."""
     metric = common["metric"]
     base = float(statistic(pooled(times_ms(sides.runs[0])), metric))
     cur = float(statistic(pooled(times_ms(sides.runs[1])), metric))
@@ -100,11 +110,17 @@ def too_few_steps(
         f"({_signed(cur - base)} ms, {_pct(cur - base, base)})"
     )
     b_means, c_means = position_means(sides.runs[0]), position_means(sides.runs[1])
-    separated = separation(b_means, c_means, common["tolerance"], common["min_delta_ms"], common["confidence"])
+    separated = separation(
+        b_means, c_means, common["tolerance"], common["min_delta_ms"], common["confidence"]
+    )
     verdict: Verdict
     if separated is not None:
         verdict, chance = separated
-        b_ms, c_ms = (max(b_means), min(c_means)) if verdict == "regression" else (min(b_means), max(c_means))
+        b_ms, c_ms = (
+            (max(b_means), min(c_means))
+            if verdict == "regression"
+            else (min(b_means), max(c_means))
+        )
         slower = "slower" if verdict == "regression" else "faster"
         edge = (
             ("fastest current", "slowest baseline")
@@ -112,11 +128,12 @@ def too_few_steps(
             else ("slowest current", "fastest baseline")
         )
         message = (
-            f"{numbers}: every one of the {len(c_means)} current steps is {slower} than every one of the "
-            f"{len(b_means)} baseline steps by more than tolerance {_fmt_pct(common['tolerance'])} and --min-delta-ms "
-            f"{_fmt_ms(common['min_delta_ms'])} ({edge[0]} {_fmt_ms(c_ms)} ms, {edge[1]} {_fmt_ms(b_ms)} ms); too few "
-            f"steps for an interval (at least {MIN_STEPS} per side), but a separation this complete happens by chance "
-            f"with probability 1/{round(1 / chance)} at most"
+            f"{numbers}: every one of the {len(c_means)} current steps is {slower} than every one "
+            f"of the {len(b_means)} baseline steps by more than tolerance "
+            f"{_fmt_pct(common['tolerance'])} and --min-delta-ms {_fmt_ms(common['min_delta_ms'])} "
+            f"({edge[0]} {_fmt_ms(c_ms)} ms, {edge[1]} {_fmt_ms(b_ms)} ms); too few steps for an "
+            f"interval (at least {MIN_STEPS} per side), but a separation this complete happens by "
+            f"chance with probability 1/{round(1 / chance)} at most"
         )
     else:
         verdict = "inconclusive"
@@ -125,16 +142,18 @@ def too_few_steps(
         if split is not None and min(len(b_means), len(c_means)) >= 1:
             chance = 1.0 / math.comb(len(b_means) + len(c_means), len(b_means))
             message = (
-                f"{numbers}: every step of one side is beyond the limit ({_fmt_ms(limit)} ms) from every step of the "
-                f"other, but with {counts} step positions such a split happens by chance 1 time in "
-                f"{round(1 / chance)}, more than {_fmt_pct(common['confidence'])} confidence allows; {needed} steps "
-                f"per side would decide it (ranks that step together count once)"
+                f"{numbers}: every step of one side is beyond the limit ({_fmt_ms(limit)} ms) from "
+                f"every step of the other, but with {counts} step positions such a split happens "
+                f"by chance 1 time in {round(1 / chance)}, more than "
+                f"{_fmt_pct(common['confidence'])} confidence allows; {needed} steps per side "
+                f"would decide it (ranks that step together count once)"
             )
         else:
             message = (
-                f"{numbers}: too few steps to decide ({counts} step positions; at least {MIN_STEPS} per side for an "
-                f"interval, ranks that step together count once; from {needed} per side a split where every step of "
-                f"one side is beyond the limit of {_fmt_ms(limit)} ms from every step of the other decides, and these "
+                f"{numbers}: too few steps to decide ({counts} step positions; at least "
+                f"{MIN_STEPS} per side for an interval, ranks that step together count once; from "
+                f"{needed} per side a split where every step of one side is beyond the limit of "
+                f"{_fmt_ms(limit)} ms from every step of the other decides, and these "
                 "steps are not split so)"
             )
     return Comparison(
@@ -157,22 +176,29 @@ def too_few_steps(
 def decide_on_statistics(
     b_stats: Stats, c_stats: Stats, population: str, notes: list[str], common: dict[str, Any]
 ) -> Comparison:
-    """The verdict from two statistics when an input lacks per-step times: no interval, the limit alone."""
+    """The verdict from two statistics when an input lacks per-step times: no interval, the limit
+    alone."""
     metric, tolerance, min_delta_ms = common["metric"], common["tolerance"], common["min_delta_ms"]
     base = float(b_stats[metric])  # type: ignore[literal-required]
     cur = float(c_stats[metric])  # type: ignore[literal-required]
     delta = cur - base
     limit = max(tolerance * base, min_delta_ms)
     verdict: Verdict = (
-        "regression" if exceeds(delta, limit) else "improvement" if exceeds(-delta, limit) else "no_change"
+        "regression"
+        if exceeds(delta, limit)
+        else "improvement"
+        if exceeds(-delta, limit)
+        else "no_change"
     )
     for label, stats in (("baseline", b_stats), ("current", c_stats)):
         if stats["count"] < 3:
-            notes.append(f"only {stats['count']} step(s) on the {label} side decide; the verdict is noisy")
+            notes.append(
+                f"only {stats['count']} step(s) on the {label} side decide; the verdict is noisy"
+            )
     missing = [m.label for m in (common["baseline"], common["current"]) if not m.runs]
     notes.append(
-        f"{', '.join(missing)} has no per-step times (a schema 1 run summary without timeline_ms): decided on the "
-        f"two {metric}s alone, without a confidence interval"
+        f"{', '.join(missing)} has no per-step times (a schema 1 run summary without timeline_ms): "
+        f"decided on the two {metric}s alone, without a confidence interval"
     )
     change = f"{_fmt_ms(base)} ms -> {_fmt_ms(cur)} ms ({_signed(delta)} ms, {_pct(delta, base)})"
     allowed = _allowed(limit, tolerance, base, min_delta_ms)

@@ -1,10 +1,12 @@
-"""Numbers in words for `stepcli compare`'s verdict line and reports: ms, signed deltas, percentages, intervals."""
+"""Numbers in words for `stepcli compare`'s verdict line and reports: ms, signed deltas,
+percentages, intervals."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from stepcli.fmt import ms_fixed as fmt_ms  # re-exported: compare's ms numbers come from stepcli.fmt
+# re-exported: compare's ms numbers come from stepcli.fmt
+from stepcli.fmt import ms_fixed as fmt_ms
 
 if TYPE_CHECKING:
     from stepcli.compare.inference import Change

@@ -1,4 +1,5 @@
-"""`stepcli demo`: a small training script shipped with stepcli, so a new user sees the whole flow at once."""
+"""`stepcli demo`: a small training script shipped with stepcli, so a new user sees the whole flow
+at once."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ def demo_argv() -> list[str]:
 
 
 def demo_help() -> int:
-    """`stepcli demo -- --help`: the demo script's own options, printed by the script itself (it reads them before
-    importing torch), run without stepcli: asking for help starts no run and writes no run folder."""
+    """`stepcli demo -- --help`: the demo script's own options, printed by the script itself (it
+    reads them before importing torch), run without stepcli: asking for help starts no run and
+    writes no run folder."""
     import subprocess
     import sys
 

@@ -1,4 +1,5 @@
-"""stepcli's demo: a tiny MLP classifier trained on synthetic data with a DataLoader, on the CPU (or CUDA).
+"""stepcli's demo: a tiny MLP classifier trained on synthetic data with a DataLoader, on the CPU (or
+CUDA).
 
 Nothing in it knows about stepcli: it is the kind of unmodified script `stepcli run` is for.
 """
@@ -12,7 +13,9 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-3, help="AdamW's learning rate")
-    parser.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda where torch sees a GPU, else cpu")
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], help="default: cuda where torch sees a GPU, else cpu"
+    )
     args = parser.parse_args()
 
     import torch
@@ -24,9 +27,9 @@ def main() -> None:
     features = torch.randn(args.batch_size * args.iterations, 128)
     labels = (features[:, :10].sum(dim=1) > 0).long()
     loader = DataLoader(TensorDataset(features, labels), batch_size=args.batch_size, shuffle=True)
-    model = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 2)).to(
-        args.device
-    )
+    model = nn.Sequential(
+        nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 2)
+    ).to(args.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
 

@@ -1,12 +1,13 @@
-"""`stepcli report`: one self-contained HTML page (charts, tables, advice) for a run, a run summary or traces.
+"""`stepcli report`: one self-contained HTML page (charts, tables, advice) for a run, a run summary
+or traces.
 
-Owns the page only: `data` (what the page shows, from a RunSummary and the traces), `page` (HTML), `svg` (charts),
-`links` (hrefs to files beside the page), and one module per section (gpu, hang, lateness, memorysnapshots, whatifsection,
-wholerun).
-It renders and computes nothing new: the run summary, its advice, and finding the inputs of `stepcli report PATH`
-belong to stepcli.run (stepcli.run.summary.htmlreport).
-May import: stepcli.errors, stepcli.inputs, stepcli.stats, stepcli.fmt, stepcli.runfolder.summaryfile, stepcli.steptimes,
-stepcli.traces, stepcli.advice and stepcli.snapshots; never stepcli.run or stepcli.compare.
+Owns the page only: `data` (what the page shows, from a RunSummary and the traces), `page` (HTML),
+`svg` (charts), `links` (hrefs to files beside the page), and one module per section (gpu, hang,
+lateness, memorysnapshots, whatifsection, wholerun). It renders and computes nothing new: the run
+summary, its advice, and finding the inputs of `stepcli report PATH` belong to stepcli.run
+(stepcli.run.summary.htmlreport). May import: stepcli.errors, stepcli.inputs, stepcli.stats,
+stepcli.fmt, stepcli.runfolder.summaryfile, stepcli.steptimes, stepcli.traces, stepcli.advice and
+stepcli.snapshots; never stepcli.run or stepcli.compare.
 """
 
 from __future__ import annotations
@@ -32,8 +33,12 @@ def write_html(html: str, path: str) -> None:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         safefile.write_bytes(str(target), html.encode("utf-8"))
-    except FileExistsError:  # mkdir's word when a part of the path is a file: name that part instead
-        blocking = next((p for p in target.parents if os.path.lexists(p) and not os.path.isdir(p)), target.parent)
+    # mkdir's word when a part of the path is a file: name that part instead
+    except FileExistsError:
+        blocking = next(
+            (p for p in target.parents if os.path.lexists(p) and not os.path.isdir(p)),
+            target.parent,
+        )
         raise StepcliError(f"{path}: cannot write the report: {blocking} is not a folder") from None
     except OSError as exc:
         raise StepcliError(f"{path}: cannot write the report: {exc.strerror or exc}") from None
@@ -48,10 +53,12 @@ def write_page(data: ReportData, path: str) -> str:
 
 
 def check_output(out: str) -> None:
-    """`-o FILE.html` may not be a folder, nor a page stepcli did not write (nothing the user had is lost)."""
+    """`-o FILE.html` may not be a folder, nor a page stepcli did not write (nothing the user had is
+    lost)."""
     if os.path.isdir(out) and not os.path.islink(out):
         raise StepcliError(f"{out}: is a folder; give -o FILE.html")
-    # A link (dangling or not) is never replaced by the page, nor written through: merge and compare refuse it too.
+    # A link (dangling or not) is never replaced by the page, nor written through: merge and compare
+    # refuse it too.
     problem = safefile.why_not_replace(out, _is_our_page)
     if problem:
         raise StepcliError(f"{out}: {problem}; give another -o FILE.html")
@@ -69,15 +76,17 @@ def default_output(first: str) -> str:
 
 
 def _is_our_page(head: bytes) -> bool:
-    """Whether a file's first bytes are those of a page stepcli wrote (safefile.why_not_replace reads them)."""
+    """Whether a file's first bytes are those of a page stepcli wrote (safefile.why_not_replace
+    reads them)."""
     return GENERATOR.encode() in head[:2048]
 
 
 def run_report_path(out_dir: str) -> str:
-    """report.html, unless a file of that name that stepcli did not write is there (the user's own page is never
-    overwritten): then the first free report-N.html."""
+    """report.html, unless a file of that name that stepcli did not write is there (the user's own
+    page is never overwritten): then the first free report-N.html."""
     path = os.path.join(out_dir, REPORT_NAME)
-    if safefile.why_not_replace(path, _is_our_page) is None:  # nothing there, or a page stepcli wrote
+    # nothing there, or a page stepcli wrote
+    if safefile.why_not_replace(path, _is_our_page) is None:
         return path
     stem, suffix = os.path.splitext(REPORT_NAME)
     number = 2
@@ -87,8 +96,8 @@ def run_report_path(out_dir: str) -> str:
 
 
 def write_new_file(html: str, path: str) -> None:
-    """Write `path` only if nothing is there yet, even a file that appeared a moment ago (a hard link never
-    replaces an existing name)."""
+    """Write `path` only if nothing is there yet, even a file that appeared a moment ago (a hard
+    link never replaces an existing name)."""
     try:
         safefile.write_bytes(path, html.encode("utf-8"), replace=False)
     except OSError as exc:

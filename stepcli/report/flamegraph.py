@@ -1,9 +1,9 @@
-"""The report's flame graph: the recorded steps' CPU time by Python stack (traces recorded with `--with-stack`),
-as inline SVG (no script, no stylesheet from anywhere: hovering a frame shows its <title>), and the lines under the
-breakdown that say what its "other" phase is made of.
+"""The report's flame graph: the recorded steps' CPU time by Python stack (traces recorded with
+`--with-stack`), as inline SVG (no script, no stylesheet from anywhere: hovering a frame shows its
+<title>), and the lines under the breakdown that say what its "other" phase is made of.
 
-The figures are stepcli.traces.analyses.pystacks's (the same as `table --stacks`); frame names come from traces,
-which may be hostile, so every one is escaped where it is written.
+The figures are stepcli.traces.analyses.pystacks's (the same as `table --stacks`); frame names come
+from traces, which may be hostile, so every one is escaped where it is written.
 """
 
 from __future__ import annotations
@@ -53,8 +53,9 @@ def _color(name: str) -> str:
 
 
 def flame_graph(document: Mapping[str, Any]) -> str:
-    """The flame graph of a `python_stacks` document: one row per stack depth, callers above their callees
-    (an icicle: the top row is every recorded step), each frame as wide as its total time."""
+    """The flame graph of a `python_stacks` document: one row per stack depth, callers above their
+    callees (an icicle: the top row is every recorded step), each frame as wide as its total
+    time."""
     step_ms = float(document.get("step_ms") or 0.0)
     root = _tree(document["stacks"])
     whole = max(step_ms, root.total_ms) or 1.0
@@ -87,17 +88,22 @@ def flame_graph(document: Mapping[str, Any]) -> str:
 
 
 def _frame_rect(node: _Node, x: float, y: int, w: float, step_ms: float, *, is_root: bool) -> str:
-    label = f"all recorded steps ({fmt.ms(node.total_ms)} per step)" if is_root else short_frame(node.name)
+    label = (
+        f"all recorded steps ({fmt.ms(node.total_ms)} per step)"
+        if is_root
+        else short_frame(node.name)
+    )
     share = node.total_ms / step_ms if step_ms else 0.0
     tip = (
         label
         if is_root
-        else f"{node.name}\n{fmt.ms(node.total_ms)} per step ({share:.1%}), self {fmt.ms(node.self_ms)}"
+        else f"{node.name}\n{fmt.ms(node.total_ms)} per step ({share:.1%}), self "
+        f"{fmt.ms(node.self_ms)}"
     )
     fill = "#d0d5dd" if is_root else _color(node.name)
     out = [
-        f'<g class="frame"><rect x="{x:.1f}" y="{y}" width="{max(w - 0.3, 0.1):.1f}" height="{ROW - 1}" '
-        f'fill="{fill}" rx="1"/><title>{escape(tip)}</title>'
+        f'<g class="frame"><rect x="{x:.1f}" y="{y}" width="{max(w - 0.3, 0.1):.1f}" '
+        f'height="{ROW - 1}" fill="{fill}" rx="1"/><title>{escape(tip)}</title>'
     ]
     room = int((w - 6) / CHAR_PX)
     if room >= 3:
@@ -108,7 +114,8 @@ def _frame_rect(node: _Node, x: float, y: int, w: float, step_ms: float, *, is_r
 
 
 def stacks_section(document: Mapping[str, Any] | None, recorded: bool) -> list[str]:
-    """The report's Python stacks section; without stacks, one line saying why and how to get them."""
+    """The report's Python stacks section; without stacks, one line saying why and how to get
+    them."""
     if not document or not document.get("stacks"):
         why = (
             "No Python frame inside a complete recorded step."
@@ -119,19 +126,23 @@ def stacks_section(document: Mapping[str, Any] | None, recorded: bool) -> list[s
     steps = document["steps"]
     return [
         '<h2 id="stacks">Python stacks (recorded steps)</h2>',
-        f'<p class="muted">Where the {fmt.plural(steps, "recorded step")}\' time went by Python stack: each '
-        "frame as wide as its time (its callees included), callers above callees. Hover a frame for its full "
-        "name and figures. The same figures: <code>stepcli table --stacks</code>.</p>",
+        f'<p class="muted">Where the {fmt.plural(steps, "recorded step")}\' time went by Python '
+        f"stack: each "
+        "frame as wide as its time (its callees included), callers above callees. Hover a frame "
+        "for its full name and figures. The same figures: <code>stepcli table --stacks</code>.</p>",
         flame_graph(document),
     ]
 
 
 def other_section(lines: Sequence[str]) -> list[str]:
-    """The breakdown's "other" explained (stepcli.traces.render.stacksection.other_lines), as a short paragraph."""
+    """The breakdown's "other" explained (stepcli.traces.render.stacksection.other_lines), as a
+    short paragraph."""
     if not lines:
         return []
     head, *rest = lines
-    items = "".join(f"<li><code>{escape(line.strip())}</code></li>" for line in rest[1:] if line.strip())
+    items = "".join(
+        f"<li><code>{escape(line.strip())}</code></li>" for line in rest[1:] if line.strip()
+    )
     more = f"<br>{escape(rest[0].strip())}<ul>{items}</ul>" if items else ""
     if rest and not items:
         more = f" ({escape(rest[0].strip())})"

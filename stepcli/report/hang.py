@@ -1,8 +1,9 @@
-"""report.html's "Hang" section: the run summary's `hang` section (built by stepcli/run/summary/hangreport.py), shown only
-when `stepcli run --hang-timeout` reported a hang. Per report the verdict comes first (who holds the job back, the
-collective the others wait in) with when the hang was called (after the last report, what `--on-hang` did), then
-where the stacks are and one row per process. Everything in it comes from the program (file paths, function names) or from a file on disk, so
-every value is escaped; nothing is computed here.
+"""report.html's "Hang" section: the run summary's `hang` section (built by
+stepcli/run/summary/hangreport.py), shown only when `stepcli run --hang-timeout` reported a hang.
+Per report the verdict comes first (who holds the job back, the collective the others wait in) with
+when the hang was called (after the last report, what `--on-hang` did), then where the stacks are
+and one row per process. Everything in it comes from the program (file paths, function names) or
+from a file on disk, so every value is escaped; nothing is computed here.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def _collective(process: HangProcess) -> str:
             name
             + f" of process group {_text(collective.get('group'))}, in flight"
             + (f", started {entered:.1f} s before the dump" if entered is not None else "")
-            + " <span class=\"muted\">(issued from C++: DDP's reducer or the like; torch's flight recorder)</span>"
+            + " <span class=\"muted\">(issued from C++: DDP's reducer or the like; torch's flight "
+            "recorder)</span>"
         )
     if process.waiting is True:
         return name + (f" entered {entered:.1f} s before the dump" if entered is not None else "")
@@ -53,9 +55,15 @@ def _where(process: HangProcess) -> str:
     where = process.where
     cell = f"<code>{_text(where)}</code>" if where else '<span class="muted">no Python frame</span>'
     if process.source == "stopped":
-        return '<span class="muted">stopped (SIGSTOP, or held by a debugger): it could neither run nor answer</span>'
+        return (
+            '<span class="muted">stopped (SIGSTOP, or held by a debugger): it could neither run '
+            "nor answer</span>"
+        )
     if process.source == "faulthandler":
-        cell += ' <span class="muted">(its Python could not run: C code holding the GIL? faulthandler\'s stacks)</span>'
+        cell += (
+            ' <span class="muted">(its Python could not run: C code holding the GIL? '
+            "faulthandler's stacks)</span>"
+        )
     return cell
 
 
@@ -75,13 +83,20 @@ def _table(processes: list[HangProcess], index: int) -> str:
             f'<td>{_collective(process)}</td><td class="where">{_where(process)}</td></tr>'
         )
     return (
-        f'<table class="hang" id="hang-processes-{index}"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
+        f'<table class="hang" '
+        f'id="hang-processes-{index}"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
     )
 
 
 def _called(report: HangReport, processes: list[HangProcess], timeout: float | None) -> str:
     steps = sorted({p.step for p in processes if p.step is not None})
-    at = "" if not steps else f" at step {steps[0]}" if len(steps) == 1 else f" at steps {steps[0]}-{steps[-1]}"
+    at = (
+        ""
+        if not steps
+        else f" at step {steps[0]}"
+        if len(steps) == 1
+        else f" at steps {steps[0]}-{steps[-1]}"
+    )
     idle = report.idle_s
     if idle is not None:
         stalled = f"no process completed a step for {idle:.1f} s"
@@ -94,8 +109,8 @@ def _called(report: HangReport, processes: list[HangProcess], timeout: float | N
 
 
 def hang_section(hang: HangSection | None, base: str, exit_status: Any = None) -> str:
-    """The whole section, or '' when the run reported no hang. `base`: the page's folder, for the stacks links;
-    `exit_status`: the run's, said when `--on-hang kill` ended the job."""
+    """The whole section, or '' when the run reported no hang. `base`: the page's folder, for the
+    stacks links; `exit_status`: the run's, said when `--on-hang kill` ended the job."""
     if hang is None or not hang.reports:
         return ""
     reports = hang.reports
@@ -103,7 +118,10 @@ def hang_section(hang: HangSection | None, base: str, exit_status: Any = None) -
     outcome = ""
     if hang.ended_job is True:
         status = f", exit status {_text(exit_status)}" if exit_status is not None else ""
-        outcome = f' <span id="hang-outcome"><strong>stepcli ended the job after the dump</strong> (--on-hang kill{status}).</span>'
+        outcome = (
+            f' <span id="hang-outcome"><strong>stepcli ended the job after the dump</strong> '
+            f"(--on-hang kill{status}).</span>"
+        )
     elif hang.on_hang == "keep":
         outcome = ' <span id="hang-outcome">The job was left running (--on-hang keep).</span>'
     parts = ['<h2 id="hang">Hang</h2>']
@@ -116,18 +134,24 @@ def hang_section(hang: HangSection | None, base: str, exit_status: Any = None) -
         if verdict:
             finding = _text(verdict.removeprefix("-> "))
         elif all(p.collectives_known is True for p in processes):
-            finding = "No verdict: no process waits in a collective (none in flight). Where each one is, below."
+            finding = (
+                "No verdict: no process waits in a collective (none in flight). Where each one is, "
+                "below."
+            )
         else:
             finding = (
-                "No verdict: no process waits in a collective called from Python; whether one waits in a "
-                "collective issued from C++ (DDP's reducer) is unknown. Where each one is, below."
+                "No verdict: no process waits in a collective called from Python; whether one "
+                "waits in a collective issued from C++ (DDP's reducer) is unknown. Where each one "
+                "is, below."
             )
         parts.append(
             f'<div class="card advice hang-verdict" id="hang-verdict-{index}"><b>{finding}</b>'
-            f"{_text(_called(report, processes, timeout))}{outcome if index == len(reports) else ''}</div>"
+            f"{_text(_called(report, processes, timeout))}"
+            f"{outcome if index == len(reports) else ''}</div>"
         )
         parts.append(
-            f"<p>Stacks of every process (every thread's frames, faulthandler's text, the last collective): "
+            f"<p>Stacks of every process (every thread's frames, faulthandler's text, the last "
+            f"collective): "
             f'<a href="{page_href(folder, base)}/"><code>{_text(folder)}/</code></a></p>'
         )
         parts.append(_table(processes, index))

@@ -1,6 +1,6 @@
-"""The report's CUDA memory snapshot section: for each `oom-*.pickle` of the run (`stepcli run --memory`), the
-moment it ran out of memory, allocated and reserved memory per step, the split at that moment, the top sites
-and the advice, from the same analysis as `stepcli memory`."""
+"""The report's CUDA memory snapshot section: for each `oom-*.pickle` of the run (`stepcli run
+--memory`), the moment it ran out of memory, allocated and reserved memory per step, the split at
+that moment, the top sites and the advice, from the same analysis as `stepcli memory`."""
 
 from __future__ import annotations
 
@@ -34,13 +34,18 @@ LINES = (
 
 
 def snapshot_section(out_dir: str | None, names: Sequence[str] | None = None) -> str:
-    """The section's HTML, or "" when the run wrote no snapshot (the page then has no such section). `names`: the
-    snapshot files the run summary lists (those this run's processes wrote); only a summary from before it listed
-    them (None) has the folder's `oom-*`/`memory-*` files read instead. A link is never followed."""
+    """The section's HTML, or "" when the run wrote no snapshot (the page then has no such section).
+    `names`: the snapshot files the run summary lists (those this run's processes wrote); only a
+    summary from before it listed them (None) has the folder's `oom-*`/`memory-*` files read
+    instead. A link is never followed."""
     if not out_dir or not os.path.isdir(out_dir):
         return ""
     if names is not None:
-        files = [os.path.join(out_dir, n) for n in names if os.path.basename(n) == n and not n.startswith(".")]
+        files = [
+            os.path.join(out_dir, n)
+            for n in names
+            if os.path.basename(n) == n and not n.startswith(".")
+        ]
     else:
         try:
             files = find_snapshots(out_dir)
@@ -60,7 +65,8 @@ def snapshot_section(out_dir: str | None, names: Sequence[str] | None = None) ->
         bytes_on_disk = info.st_size
         if bytes_on_disk > MAX_REPORT_SNAPSHOT_BYTES:
             parts.append(
-                f'<p class="muted">{name}: {size(bytes_on_disk)}, read it with <code>stepcli memory</code>.</p>'
+                f'<p class="muted">{name}: {size(bytes_on_disk)}, read it with <code>stepcli '
+                f"memory</code>.</p>"
             )
             continue
         try:
@@ -78,11 +84,18 @@ def _one(name: str, report: dict[str, Any]) -> str:
     what = "Out of memory" if moment["kind"] == "oom" else "Peak memory"
     head = f"{what} at {step}, in {moment['phase']}"
     if request:
-        head += f": asked for {size(request['requested_bytes'])}, {size(request.get('device_free_bytes'))} free on the device"
-    out = [f'<div class="card memory-snapshot" data-file="{name}"><b>{escape(name)}: {escape(head)}</b><br>']
+        head += (
+            f": asked for {size(request['requested_bytes'])}, "
+            f"{size(request.get('device_free_bytes'))} free on the device"
+        )
+    out = [
+        f'<div class="card memory-snapshot" data-file="{name}"><b>{escape(name)}: '
+        f"{escape(head)}</b><br>"
+    ]
     out.append(
-        f"{escape(size(moment['allocated_bytes']))} allocated, {escape(size(moment['reserved_bytes']))} reserved; "
-        f"largest free block {escape(size(report['fragmentation']['largest_free_block_bytes']))}</div>"
+        f"{escape(size(moment['allocated_bytes']))} allocated, "
+        f"{escape(size(moment['reserved_bytes']))} reserved; largest free block "
+        f"{escape(size(report['fragmentation']['largest_free_block_bytes']))}</div>"
     )
     out.append(split_bar(report["split"], moment["allocated_bytes"]))
     if report["steps"]:
@@ -90,7 +103,8 @@ def _one(name: str, report: dict[str, Any]) -> str:
     out.append(_sites_table(report["top_sites"]))
     for item in advise(report):
         out.append(
-            f'<div class="card advice" data-rule="memory-{escape(item["rule"])}"><b>{escape(item["text"])}</b>'
+            f'<div class="card advice" '
+            f'data-rule="memory-{escape(item["rule"])}"><b>{escape(item["text"])}</b>'
             f"{escape(item['evidence'])}</div>"
         )
     return "\n".join(out)
@@ -104,15 +118,21 @@ def split_bar(split: dict[str, int], allocated: int) -> str:
         width = split[name] / total * WIDTH
         if width > 0:
             rects.append(
-                f'<rect x="{x:.1f}" y="0" width="{width:.1f}" height="22" fill="{SPLIT_COLORS[name]}">'
+                f'<rect x="{x:.1f}" y="0" width="{width:.1f}" height="22" '
+                f'fill="{SPLIT_COLORS[name]}">'
                 f"<title>{escape(LABELS[name])}: {escape(size(split[name]))}</title></rect>"
             )
         x += width
         legend.append(
-            f'<span class="split-{name}"><i style="background:{SPLIT_COLORS[name]};display:inline-block;width:10px;'
-            f'height:10px"></i> {escape(LABELS[name])} {escape(size(split[name]))} ({split[name] / total:.0%})</span>'
+            f'<span class="split-{name}"><i '
+            f'style="background:{SPLIT_COLORS[name]};display:inline-block;width:10px;'
+            f'height:10px"></i> {escape(LABELS[name])} {escape(size(split[name]))} '
+            f"({split[name] / total:.0%})</span>"
         )
-    svg = f'<svg class="chart" viewBox="0 0 {WIDTH} 22" width="100%" role="img" aria-label="memory split">{"".join(rects)}</svg>'
+    svg = (
+        f'<svg class="chart" viewBox="0 0 {WIDTH} 22" width="100%" role="img" aria-label="memory '
+        f'split">{"".join(rects)}</svg>'
+    )
     return svg + '<p class="muted">' + " &nbsp; ".join(legend) + "</p>"
 
 
@@ -132,17 +152,23 @@ def steps_chart(steps: Sequence[dict[str, Any]]) -> str:
     body = []
     for tick in (0.0, y_max / 2, y_max):
         body.append(
-            f'<line class="grid" x1="{left}" x2="{WIDTH - right}" y1="{y_of(tick):.1f}" y2="{y_of(tick):.1f}"/>'
+            f'<line class="grid" x1="{left}" x2="{WIDTH - right}" y1="{y_of(tick):.1f}" '
+            f'y2="{y_of(tick):.1f}"/>'
         )
         body.append(
-            f'<text class="axis" x="{left - 6}" y="{y_of(tick) + 4:.1f}" text-anchor="end">{escape(fmt_bytes(tick))}</text>'
+            f'<text class="axis" x="{left - 6}" y="{y_of(tick) + 4:.1f}" '
+            f'text-anchor="end">{escape(fmt_bytes(tick))}</text>'
         )
     for step in sorted({first, last}):
-        body.append(f'<text class="axis" x="{x_of(step):.1f}" y="{height - 8}" text-anchor="middle">step {step}</text>')
+        body.append(
+            f'<text class="axis" x="{x_of(step):.1f}" y="{height - 8}" text-anchor="middle">step '
+            f"{step}</text>"
+        )
     for key, label, colour in LINES:
         points = " ".join(f"{x_of(row['step']):.1f},{y_of(row[key]):.1f}" for row in steps)
         body.append(
-            f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{points}"><title>{escape(label)}</title></polyline>'
+            f'<polyline fill="none" stroke="{colour}" stroke-width="2" '
+            f'points="{points}"><title>{escape(label)}</title></polyline>'
         )
     legend = " &nbsp; ".join(
         f'<span style="color:{colour}">&#9632;</span> {escape(label)}' for _, label, colour in LINES
@@ -160,7 +186,12 @@ def _sites_table(rows: Sequence[dict[str, Any]]) -> str:
         where = f"{site['file']}:{site['line']} {site['function']}" if site else "<no Python stack>"
         body.append(
             f"<tr><td>{escape(where)}</td><td>{escape(LABELS[row['category']])}</td>"
-            f'<td data-v="{row["bytes"]}">{escape(size(row["bytes"]))}</td><td>{row["share"]:.0%}</td></tr>'
+            f"<td "
+            f'data-v="{row["bytes"]}">{escape(size(row["bytes"]))}</td><td>{row["share"]:.0%}'
+            f"</td></tr>"
         )
     head = "<tr><th>Allocation site</th><th>Category</th><th>Bytes alive</th><th>Share</th></tr>"
-    return f'<table class="sortable memory-sites"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
+    return (
+        f'<table class="sortable '
+        f'memory-sites"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
+    )

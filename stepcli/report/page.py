@@ -1,7 +1,9 @@
-"""The report page: one HTML document with inline CSS, SVG and a few lines of JavaScript, nothing fetched.
+"""The report page: one HTML document with inline CSS, SVG and a few lines of JavaScript, nothing
+fetched.
 
-It must open from disk, a CI artifact or an e-mail attachment with no network, so it holds no URL at all: styles
-and the table-sorting script are inline, charts are inline SVG, file links are relative to the page.
+It must open from disk, a CI artifact or an e-mail attachment with no network, so it holds no URL at
+all: styles and the table-sorting script are inline, charts are inline SVG, file links are relative
+to the page.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from stepcli.report.wholerun import step_record_section
 from stepcli.safetext import html_escape as escape
 from stepcli.traces.render.terminal import shorten
 
-NAME_CHARS = 110  # longer operator and kernel names are cut in the middle; the full name is the cell's tooltip
+# longer operator and kernel names are cut in the middle; the full name is the cell's tooltip
+NAME_CHARS = 110
 
 _CSS = """
 :root{--fg:#1d2330;--muted:#667085;--bg:#fff;--card:#f6f7f9;--line:#d0d5dd;--accent:#3b5bdb}
@@ -81,7 +84,7 @@ dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:4px 16px;margin:
 dl.facts dt{color:var(--muted)} dl.facts dd{margin:0;word-break:break-all;font-family:ui-monospace,monospace;font-size:12.5px}
 code{font-family:ui-monospace,monospace;font-size:12.5px}
 footer{color:var(--muted);font-size:12px;margin-top:30px}
-"""
+"""  # noqa: E501
 
 _JS = """
 (function(){
@@ -104,7 +107,7 @@ _JS = """
     pick.addEventListener('change',show);show();
   });
 })();
-"""
+"""  # noqa: E501
 
 _PHASE_LEGEND = (  # (label, colour, phase codes that show it)
     ("warmup", "#f59f00", "1"),
@@ -120,7 +123,16 @@ _BREAKDOWN_COLORS = {
     "optimizer": "#12b886",
     "other": "#adb5bd",
 }
-_SERIES_COLORS = ("#3b5bdb", "#2f9e44", "#e8590c", "#ae3ec9", "#1098ad", "#c92a2a", "#5c940d", "#862e9c")
+_SERIES_COLORS = (
+    "#3b5bdb",
+    "#2f9e44",
+    "#e8590c",
+    "#ae3ec9",
+    "#1098ad",
+    "#c92a2a",
+    "#5c940d",
+    "#862e9c",
+)
 
 
 def _legend(items: Sequence[tuple[str, str]]) -> str:
@@ -132,7 +144,8 @@ def _legend(items: Sequence[tuple[str, str]]) -> str:
 
 
 def _full_name(name: str) -> str:
-    """A title attribute with the whole name when the cell shows it shortened (kernel names run to 500 chars)."""
+    """A title attribute with the whole name when the cell shows it shortened (kernel names run to
+    500 chars)."""
     return f' title="{escape(name)}"' if len(name) > NAME_CHARS else ""
 
 
@@ -151,14 +164,18 @@ def _ops_table(rows: Sequence[dict[str, Any]], table_id: str, with_shape: bool =
         bar = f'<span style="width:{max(1, int(share / top_share * 60))}px"></span>'
         shape = f'<td class="shape">{escape(str(r.get("shape") or ""))}</td>' if with_shape else ""
         body.append(
-            f"<tr><td{_full_name(str(r['name']))}>{escape(shorten(str(r['name']), NAME_CHARS))}</td>{shape}"
+            f"<tr><td{_full_name(str(r['name']))}>{escape(shorten(str(r['name']), NAME_CHARS))}"
+            f"</td>{shape}"
             f'<td data-v="{int(r["calls"])}">{int(r["calls"]):,}</td>'
             f'<td data-v="{r["self_ms"]:.6f}">{r["self_ms"]:,.3f}</td>'
             f'<td class="share" data-v="{share:.6f}">{bar}{share * 100:.1f}%</td>'
             f'<td data-v="{r["total_ms"]:.6f}">{r["total_ms"]:,.3f}</td>'
             f'<td data-v="{r["avg_ms"]:.6f}">{r["avg_ms"]:,.4f}</td></tr>'
         )
-    return f'<table class="sortable" id="{table_id}"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
+    return (
+        f'<table class="sortable" '
+        f'id="{table_id}"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
+    )
 
 
 def _kpis(data: ReportData) -> str:
@@ -166,14 +183,16 @@ def _kpis(data: ReportData) -> str:
     for label, stats in data.stats:
         items.append((f"{label}: median", fmt.ms(stats["median"])))
         items.append((f"{label}: p90", fmt.ms(stats["p90"])))
-    if data.after_window:  # the terminal's and --json's `after a window` count, over the same processes
+    # the terminal's and --json's `after a window` count, over the same processes
+    if data.after_window:
         items.append(("set aside after a window", fmt.plural(data.after_window, "step")))
     steps = max((len(p.steps) for p in data.processes), default=0)
     if steps:
         items.append(
             (
                 "steps measured",
-                f"{steps:,}" + (f" × {len(data.processes)} processes" if len(data.processes) > 1 else ""),
+                f"{steps:,}"
+                + (f" × {len(data.processes)} processes" if len(data.processes) > 1 else ""),
             )
         )
     if data.breakdowns:
@@ -186,7 +205,9 @@ def _kpis(data: ReportData) -> str:
         items.append(("device busy", f"{data.device['busy_share']:.0%}"))
     return (
         '<div class="kpis">'
-        + "".join(f'<div class="kpi"><span>{escape(a)}</span><b>{escape(b)}</b></div>' for a, b in items)
+        + "".join(
+            f'<div class="kpi"><span>{escape(a)}</span><b>{escape(b)}</b></div>' for a, b in items
+        )
         + "</div>"
     )
 
@@ -196,7 +217,8 @@ def render(data: ReportData, report_path: str) -> str:
     base = os.path.dirname(os.path.abspath(report_path))
     sections = (
         _header(data),
-        [hang_section(data.hang, base, data.exit_status)],  # stepcli/report/hang.py: '' without a hang
+        # stepcli/report/hang.py: '' without a hang
+        [hang_section(data.hang, base, data.exit_status)],
         _advice(data),
         _step_times(data),
         _distribution(data),
@@ -205,7 +227,8 @@ def render(data: ReportData, report_path: str) -> str:
         [
             whatifsection.section(data.what_would_help, _BREAKDOWN_COLORS)
         ],  # stepcli/report/whatifsection.py: '' without it
-        [lateness.section(data.culprit)],  # stepcli/report/lateness.py: '' without collectives on 2+ ranks
+        # stepcli/report/lateness.py: '' without collectives on 2+ ranks
+        [lateness.section(data.culprit)],
         _operators(data),
         _memory(data),
         _facts(data, base),
@@ -225,7 +248,8 @@ def render(data: ReportData, report_path: str) -> str:
 def _header(data: ReportData) -> list[str]:
     return [
         f"<h1>{escape(data.title)}</h1>",
-        f'<p class="sub">stepcli {escape(__version__)} · self-contained page: no network, nothing to install</p>',
+        f'<p class="sub">stepcli {escape(__version__)} · self-contained page: no network, nothing '
+        f"to install</p>",
         _kpis(data),
     ]
 
@@ -235,27 +259,36 @@ def _advice(data: ReportData) -> list[str]:
     parts = ['<h2 id="advice">Advice</h2>']
     for item in data.advice:
         parts.append(
-            f'<div class="card advice" data-rule="{escape(item.rule)}"><b>{escape(item.title)}</b>'
-            f'{escape(item.evidence)} <span class="muted">(threshold {escape(item.threshold)})</span><br>'
+            f'<div class="card advice" '
+            f'data-rule="{escape(item.rule)}"><b>{escape(item.title)}</b>{escape(item.evidence)} '
+            f'<span class="muted">(threshold {escape(item.threshold)})</span><br>'
             f"{escape(item.suggestion)}</div>"
         )
     if not data.advice:
-        parts.append('<div class="card ok">No rule fired: nothing in these numbers crosses an advice threshold.</div>')
+        parts.append(
+            '<div class="card ok">No rule fired: nothing in these numbers crosses an advice '
+            "threshold.</div>"
+        )
     return parts
 
 
 def _step_times(data: ReportData) -> list[str]:
-    """Every process's step time over the run, with its legend and a note on what is shaded or clipped."""
+    """Every process's step time over the run, with its legend and a note on what is shaded or
+    clipped."""
     parts = ['<h2 id="steps">Step time over the run</h2>']
     if not data.processes:
         return [*parts, '<p class="muted">No step times: the inputs hold no steps.</p>']
     several = len(data.processes) > 1
     curves = [
-        svg.Curve(p.label, p.steps, p.values_ms, p.phases, highlight=p.label == data.slowest and several)
+        svg.Curve(
+            p.label, p.steps, p.values_ms, p.phases, highlight=p.label == data.slowest and several
+        )
         for p in data.processes
     ]
     parts.append(svg.timeline_chart(curves))
-    legend = [(p.label, _SERIES_COLORS[i % 8]) for i, p in enumerate(data.processes)] if several else []
+    legend = (
+        [(p.label, _SERIES_COLORS[i % 8]) for i, p in enumerate(data.processes)] if several else []
+    )
     present = {code for p in data.processes for code in set(p.phases)}
     phases = [(label, colour) for label, colour, codes in _PHASE_LEGEND if present & set(codes)]
     if present - set("01234c"):
@@ -267,12 +300,17 @@ def _step_times(data: ReportData) -> list[str]:
         ", and steps in which torch compiled." if "c" in present else "."
     )
     top = svg.timeline_axis_max(curves)
-    clipped = sum(1 for p in data.processes for s, v in zip(p.steps, p.values_ms) if v > top and s != 0)
+    clipped = sum(
+        1 for p in data.processes for s, v in zip(p.steps, p.values_ms) if v > top and s != 0
+    )
     if clipped:
         note += f" {clipped:,} step(s) above {fmt.ms(top)} are clipped at the top edge."
     longest = max(len(p.steps) for p in data.processes)
     if longest > svg.MAX_POINTS:
-        note += f" {longest:,} steps per process drawn as a min/max envelope of {svg.MAX_POINTS // 2} buckets (every spike kept)."
+        note += (
+            f" {longest:,} steps per process drawn as a min/max envelope of {svg.MAX_POINTS // 2} "
+            f"buckets (every spike kept)."
+        )
     return [*parts, f'<p class="muted">{escape(note)}</p>']
 
 
@@ -280,7 +318,9 @@ def _distribution(data: ReportData) -> list[str]:
     parts = ['<h2 id="distribution">Step-time distribution</h2>']
     if not data.distribution:
         return [*parts, '<p class="muted">No steps to plot.</p>']
-    stats = next(s for label, s in data.stats if data.distribution_label.startswith(label.split()[0]))
+    stats = next(
+        s for label, s in data.stats if data.distribution_label.startswith(label.split()[0])
+    )
     return [
         *parts,
         svg.histogram_chart(data.distribution, stats["median"], stats["p90"]),
@@ -294,14 +334,19 @@ def _distribution(data: ReportData) -> list[str]:
 def _breakdown(data: ReportData) -> list[str]:
     parts = ['<h2 id="breakdown">Step breakdown (recorded steps, mean per step)</h2>']
     if data.slowest_evidence:  # the terminal's `slowest rank:` line, word for word
-        parts.append(f'<p id="slowest-rank"><b>Slowest rank:</b> {escape(data.slowest_evidence)}</p>')
+        parts.append(
+            f'<p id="slowest-rank"><b>Slowest rank:</b> {escape(data.slowest_evidence)}</p>'
+        )
     if not data.breakdowns:
         return [*parts, '<p class="muted">No recorded steps with ProfilerStep annotations.</p>']
     device = data.device
     busy = (
-        (device["busy_ms"], device["busy_ms"] / device["busy_share"]) if device and device.get("busy_share") else None
+        (device["busy_ms"], device["busy_ms"] / device["busy_share"])
+        if device and device.get("busy_share")
+        else None
     )
-    # Outline the straggler (stepcli.traces.analyses.ranks), the rank the terminal and --json name, or none.
+    # Outline the straggler (stepcli.traces.analyses.ranks), the rank the terminal and --json name,
+    # or none.
     slowest_bar = data.slowest if len(data.breakdowns) > 1 else None
     return [
         *parts,
@@ -326,7 +371,10 @@ def _operators(data: ReportData) -> list[str]:
         parts += ['<h2 id="kernels">Top device kernels</h2>', _ops_table(data.kernels, "kernels")]
     parts.append(gpu_section(data.device, data.device_ranks))
     if data.shape_ops:
-        parts += ['<h2 id="shapes">CPU operators by input shape</h2>', _ops_table(data.shape_ops, "shape-ops", True)]
+        parts += [
+            '<h2 id="shapes">CPU operators by input shape</h2>',
+            _ops_table(data.shape_ops, "shape-ops", True),
+        ]
     return parts
 
 
@@ -337,13 +385,19 @@ def _memory(data: ReportData) -> list[str]:
         parts.append(svg.memory_peaks_chart(data.memory_peaks))
     if data.memory_curves:
         parts += [
-            svg.memory_curve_chart(data.memory_curves, title="Allocated memory over the recorded window"),
-            _legend([(label, _SERIES_COLORS[i % 8]) for i, (label, _) in enumerate(data.memory_curves)]),
-            '<p class="muted">Allocated tensor memory during the recorded window (--profile-memory).</p>',
+            svg.memory_curve_chart(
+                data.memory_curves, title="Allocated memory over the recorded window"
+            ),
+            _legend(
+                [(label, _SERIES_COLORS[i % 8]) for i, (label, _) in enumerate(data.memory_curves)]
+            ),
+            '<p class="muted">Allocated tensor memory during the recorded window '
+            "(--profile-memory).</p>",
         ]
     elif not peaks:
         parts.append(
-            '<p class="muted">No memory measured (run with stepcli run; add --profile-memory for a curve).</p>'
+            '<p class="muted">No memory measured (run with stepcli run; add --profile-memory for a '
+            "curve).</p>"
         )
     parts.append(
         snapshot_section(data.out_dir, data.memory_snapshots)
@@ -357,11 +411,14 @@ def _facts(data: ReportData, base: str) -> list[str]:
     for label, value in data.facts:
         parts.append(f"<dt>{escape(label)}</dt><dd>{escape(value)}</dd>")
     for label, path in data.files:
-        parts.append(f'<dt>{escape(label)}</dt><dd><a href="{page_href(path, base)}">{escape(path)}</a></dd>')
+        parts.append(
+            f'<dt>{escape(label)}</dt><dd><a href="{page_href(path, base)}">{escape(path)}</a></dd>'
+        )
     parts.append("</dl>")
     if data.files:
         parts.append(
-            '<p class="muted">Open a trace in Perfetto (ui.perfetto.dev) or <code>chrome://tracing</code> as it is, '
+            '<p class="muted">Open a trace in Perfetto (ui.perfetto.dev) or '
+            "<code>chrome://tracing</code> as it is, "
             "or summarize it with <code>stepcli table</code>.</p>"
         )
     return parts
@@ -370,4 +427,7 @@ def _facts(data: ReportData, base: str) -> list[str]:
 def _notes(data: ReportData) -> list[str]:
     if not data.notes:
         return []
-    return ['<h2 id="notes">Notes</h2>', *(f'<div class="card">{escape(note)}</div>' for note in data.notes)]
+    return [
+        '<h2 id="notes">Notes</h2>',
+        *(f'<div class="card">{escape(note)}</div>' for note in data.notes),
+    ]

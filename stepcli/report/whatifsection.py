@@ -1,6 +1,7 @@
-"""The report's "What would help" section: the run summary's `what_would_help` (stepcli.run.summary.whatifline) as
-a ranked table of opportunities and the critical path drawn across the ranks, one row per rank, its segments in
-order along the step. Computes nothing: an inconclusive answer shows its reason, never a number."""
+"""The report's "What would help" section: the run summary's `what_would_help`
+(stepcli.run.summary.whatifline) as a ranked table of opportunities and the critical path drawn
+across the ranks, one row per rank, its segments in order along the step. Computes nothing: an
+inconclusive answer shows its reason, never a number."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from stepcli.safetext import html_escape as escape
 if TYPE_CHECKING:
     from stepcli.runfolder.summaryfile import PathSegment, WhatWouldHelp
 
-COLORS = {"collective": "#e8590c", "wait": "#ced4da"}  # a cpu segment takes its phase's colour (the breakdown's)
+# a cpu segment takes its phase's colour (the breakdown's)
+COLORS = {"collective": "#e8590c", "wait": "#ced4da"}
 
 
 def section(helps: WhatWouldHelp | None, phase_colors: Mapping[str, str]) -> str:
@@ -26,17 +28,20 @@ def section(helps: WhatWouldHelp | None, phase_colors: Mapping[str, str]) -> str
         return "\n".join(parts)
     measured = helps.measured_ms or 0.0
     parts.append(
-        f'<p class="muted">The recorded steps replayed from the traces ({helps.replay_error or 0:+.1%} off '
+        f'<p class="muted">The recorded steps replayed from the traces '
+        f"({helps.replay_error or 0:+.1%} off "
         f"the measured {escape(fmt_ms(measured))} a step), then replayed under each change. "
-        "<code>stepcli whatif</code> on the output folder gives every figure and takes changes of your own.</p>"
+        "<code>stepcli whatif</code> on the output folder gives every figure and takes changes of "
+        "your own.</p>"
     )
     rows = []
     for entry in helps.opportunities:
         untouched = entry.predicted_untouched_ms
         rows.append(
-            f"<tr><td><code>{escape(entry.change)}</code></td><td>{escape(fmt_ms(entry.predicted_ms))}</td>"
-            f"<td>{escape(fmt_ms(untouched)) if untouched is not None else '-'}</td>"
-            f"<td>{-entry.saved_share:+.0%}</td></tr>"
+            f"<tr><td><code>{escape(entry.change)}"
+            f"</code></td><td>{escape(fmt_ms(entry.predicted_ms))}"
+            f"</td><td>{escape(fmt_ms(untouched)) if untouched is not None else '-'}"
+            f"</td><td>{-entry.saved_share:+.0%}</td></tr>"
         )
     if rows:
         parts.append(
@@ -53,9 +58,11 @@ def section(helps: WhatWouldHelp | None, phase_colors: Mapping[str, str]) -> str
 
 
 def _path_chart(segments: list[PathSegment], total: float, phase_colors: Mapping[str, str]) -> str:
-    """One row per rank; each segment a bar at its place along the path, coloured by its phase (a collective and a
-    wait by their kind), its name in its title."""
-    ranks = sorted({str(s.rank) if s.rank is not None else "process" for s in segments}, key=_rank_key)
+    """One row per rank; each segment a bar at its place along the path, coloured by its phase (a
+    collective and a wait by their kind), its name in its title."""
+    ranks = sorted(
+        {str(s.rank) if s.rank is not None else "process" for s in segments}, key=_rank_key
+    )
     row_h, left, right, top = 26, 72, 12, 6
     height = top + row_h * len(ranks) + 22
     inner = WIDTH - left - right
@@ -64,13 +71,19 @@ def _path_chart(segments: list[PathSegment], total: float, phase_colors: Mapping
         y = top + k * row_h
         label = f"rank {rank}" if rank != "process" else rank
         out.append(f'<text x="{left - 6}" y="{y + 17}" text-anchor="end">{escape(label)}</text>')
-        out.append(f'<line class="grid" x1="{left}" x2="{WIDTH - right}" y1="{y + 12}" y2="{y + 12}"/>')
+        out.append(
+            f'<line class="grid" x1="{left}" x2="{WIDTH - right}" y1="{y + 12}" y2="{y + 12}"/>'
+        )
     at = 0.0
     for seg in segments:
         rank = str(seg.rank) if seg.rank is not None else "process"
         y = top + ranks.index(rank) * row_h + 3
         x, w = left + inner * at / total if total else left, inner * seg.ms / total if total else 0
-        color = phase_colors.get(seg.name, "#868e96") if seg.kind == "cpu" else COLORS.get(seg.kind, "#868e96")
+        color = (
+            phase_colors.get(seg.name, "#868e96")
+            if seg.kind == "cpu"
+            else COLORS.get(seg.kind, "#868e96")
+        )
         title = f"{seg.kind}: {seg.name}, {fmt_ms(seg.ms)} ({seg.share:.0%})"
         out.append(
             f'<rect x="{x:.1f}" y="{y}" width="{max(w, 0.5):.1f}" height="18" fill="{color}">'
@@ -78,15 +91,21 @@ def _path_chart(segments: list[PathSegment], total: float, phase_colors: Mapping
         )
         if w > 60:
             out.append(
-                f'<text x="{x + 4:.1f}" y="{y + 13}" fill="{_ink(color)}">{escape(seg.name[: int(w / 7)])}</text>'
+                f'<text x="{x + 4:.1f}" y="{y + 13}" '
+                f'fill="{_ink(color)}">{escape(seg.name[: int(w / 7)])}</text>'
             )
         at += seg.ms
     out.append(f'<text x="{left}" y="{height - 4}" class="muted">0</text>')
-    out.append(f'<text x="{WIDTH - right}" y="{height - 4}" text-anchor="end">{escape(fmt_ms(total))}</text>')
+    out.append(
+        f'<text x="{WIDTH - right}" y="{height - 4}" '
+        f'text-anchor="end">{escape(fmt_ms(total))}</text>'
+    )
     out.append("</svg>")
     shown = [(name, color) for name, color in phase_colors.items() if any(
         seg.kind == "cpu" and seg.name == name for seg in segments)]  # fmt: skip
-    shown += [(kind, color) for kind, color in COLORS.items() if any(seg.kind == kind for seg in segments)]
+    shown += [
+        (kind, color) for kind, color in COLORS.items() if any(seg.kind == kind for seg in segments)
+    ]
     legend = " ".join(f'<span><i style="background:{c}"></i>{escape(k)}</span>' for k, c in shown)
     return "\n".join(out) + f'<div class="legend">{legend}</div>'
 

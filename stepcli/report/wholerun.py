@@ -1,6 +1,7 @@
-"""report.html's "Whole run" section: each process's step-time distribution and its slow steps over the whole run,
-and the windows --capture-on-slow recorded, from the run summary's `step_record` and `triggered`
-(built by stepcli/runfolder/steprecordreader.py from the compact records every process leaves)."""
+"""report.html's "Whole run" section: each process's step-time distribution and its slow steps over
+the whole run, and the windows --capture-on-slow recorded, from the run summary's `step_record` and
+`triggered` (built by stepcli/runfolder/steprecordreader.py from the compact records every process
+leaves)."""
 
 from __future__ import annotations
 
@@ -24,12 +25,18 @@ def step_record_section(records: list[StepRecord], triggered: list[dict[str, Any
         return ""
     parts = ['<h2 id="whole-run">Whole run: every step, every rank</h2>']
     parts.append(
-        '<p class="muted">From each process\'s compact record: percentiles from a log histogram (within about 5%), '
-        "the slowest step and the mean of each stretch of steps over time. The percentiles are of every step but "
-        "the first (start-up), profiled steps included, unlike the untouched steps' median above.</p>"
+        '<p class="muted">From each process\'s compact record: percentiles from a log histogram '
+        "(within about 5%), "
+        "the slowest step and the mean of each stretch of steps over time. The percentiles are of "
+        "every step but the first (start-up), profiled steps included, unlike the untouched steps' "
+        "median above.</p>"
     )
-    parts.append("<table><tr><th>process</th><th>steps</th><th>p50</th><th>p90</th><th>p99</th><th>max</th>")
-    parts.append("<th>over the run (longest per stretch, mean dashed)</th><th>longest steps</th></tr>")
+    parts.append(
+        "<table><tr><th>process</th><th>steps</th><th>p50</th><th>p90</th><th>p99</th><th>max</th>"
+    )
+    parts.append(
+        "<th>over the run (longest per stretch, mean dashed)</th><th>longest steps</th></tr>"
+    )
     shown = slowest_first(records, _ROWS)
     for record in shown:
         ms = record.ms
@@ -42,16 +49,24 @@ def step_record_section(records: list[StepRecord], triggered: list[dict[str, Any
         parts.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     parts.append("</table>")
     if len(records) > len(shown):
-        parts.append(f'<p class="muted">{len(records) - len(shown)} more processes (faster at p99) not drawn.</p>')
+        parts.append(
+            f'<p class="muted">{len(records) - len(shown)} more processes (faster at p99) not '
+            f"drawn.</p>"
+        )
     if triggered:
         parts.append("<h3>Captures triggered by slow steps (--capture-on-slow)</h3><ul>")
         for t in triggered:
             who = f"rank {t['rank']} " if isinstance(t.get("rank"), int) else ""
-            done = "recorded" if t.get("recorded") is not False else f"NOT recorded ({t.get('reason')}), placed"
+            done = (
+                "recorded"
+                if t.get("recorded") is not False
+                else f"NOT recorded ({t.get('reason')}), placed"
+            )
             parts.append(
-                f"<li>{escape(str(t.get('worker')))}: steps {escape(str(t.get('first_step')))}-"
-                f"{escape(str(t.get('last_step')))} {escape(done)} after {escape(who)}step {escape(str(t.get('step')))} "
-                f"took {escape(_ms(t.get('ms')))} (baseline {escape(_ms(t.get('baseline_ms')))}, rule "
+                f"<li>{escape(str(t.get('worker')))}: steps "
+                f"{escape(str(t.get('first_step')))}-{escape(str(t.get('last_step')))} "
+                f"{escape(done)} after {escape(who)}step {escape(str(t.get('step')))} took "
+                f"{escape(_ms(t.get('ms')))} (baseline {escape(_ms(t.get('baseline_ms')))}, rule "
                 f"{escape(str(t.get('rule')))})</li>"
             )
         parts.append("</ul>")
@@ -73,7 +88,9 @@ def _sparkline(raw: list[tuple[Any, Any, Any]]) -> str:
     last = max(blocks[-1][0], 1)
 
     def points(index: int) -> str:
-        return " ".join(f"{b[0] / last * _W:.1f},{_H - b[index] / top * (_H - 4):.1f}" for b in blocks)
+        return " ".join(
+            f"{b[0] / last * _W:.1f},{_H - b[index] / top * (_H - 4):.1f}" for b in blocks
+        )
 
     return (
         f'<svg class="whole-run" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" role="img">'

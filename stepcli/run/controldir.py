@@ -1,11 +1,14 @@
-"""The control folder `<out>/.stepcli/<run-id>/`: private to the user whatever the umask, never someone else's.
+"""The control folder `<out>/.stepcli/<run-id>/`: private to the user whatever the umask, never
+someone else's.
 
-The profiled processes write their step logs there and the launcher trusts what it reads back (after checking it,
-stepcli/runfolder/steplogreader.py), so nobody else may create, replace or write into it. Traces and summaries elsewhere in the
-output folder follow the user's umask, as files usually do.
+The profiled processes write their step logs there and the launcher trusts what it reads back (after
+checking it, stepcli/runfolder/steplogreader.py), so nobody else may create, replace or write into
+it. Traces and summaries elsewhere in the output folder follow the user's umask, as files usually
+do.
 
-`stepcli capture`'s side of its `control/` folder is here too: the heartbeats it reads and the requests.json it
-writes, every file opened relative to the folder's checked descriptor (stepcli/agent/controlfiles.py).
+`stepcli capture`'s side of its `control/` folder is here too: the heartbeats it reads and the
+requests.json it writes, every file opened relative to the folder's checked descriptor
+(stepcli/agent/controlfiles.py).
 """
 
 from __future__ import annotations
@@ -27,38 +30,47 @@ PRIVATE_MODE = 0o700
 
 
 def prepare_control_dir(out_dir: Path, run_id: str) -> Path:
-    """Create `<out>/.stepcli/` (or check an existing one) and a new `<run-id>/` inside it, both mode 0700."""
+    """Create `<out>/.stepcli/` (or check an existing one) and a new `<run-id>/` inside it, both
+    mode 0700."""
     base = out_dir / RUN_FOLDER
     run_dir = base / run_id
     try:
         _private_dir(base)
-        _private_dir(run_dir)  # may exist: launchers of several nodes can share an output folder and a run id
+        # may exist: launchers of several nodes can share an output folder and a run id
+        _private_dir(run_dir)
     except OSError as exc:
-        raise StepcliError(f"cannot create the control folder {run_dir}: {exc.strerror or exc}") from None
+        raise StepcliError(
+            f"cannot create the control folder {run_dir}: {exc.strerror or exc}"
+        ) from None
     return run_dir
 
 
 def _private_dir(path: Path) -> None:
     try:
-        os.mkdir(path, PRIVATE_MODE)  # the umask can only remove bits from 0700; the chmod below restores them
+        # the umask can only remove bits from 0700; the chmod below restores them
+        os.mkdir(path, PRIVATE_MODE)
     except FileExistsError:
         pass  # checked below: ours, a real folder, and made private
     info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode):
-        raise StepcliError(f"control folder {path} exists and is not a folder (a link?): refusing to use it")
+        raise StepcliError(
+            f"control folder {path} exists and is not a folder (a link?): refusing to use it"
+        )
     if hasattr(os, "getuid") and info.st_uid != os.getuid():
         raise StepcliError(f"control folder {path} belongs to another user: refusing to use it")
     if stat.S_IMODE(info.st_mode) != PRIVATE_MODE:
         os.chmod(path, PRIVATE_MODE)
 
 
-# -- `stepcli capture`'s side of the control/ folder ---------------------------------------------------------------
+# -- `stepcli capture`'s side of the control/ folder
+# ---------------------------------------------------------------
 _PROC_BYTES = 1 << 20  # a heartbeat holds a few answers: far below this
 
 
 @contextmanager
 def _folder(folder: str) -> Iterator[int]:
-    """The control folder's descriptor, checked (a private folder of this user's, not a link) and closed after."""
+    """The control folder's descriptor, checked (a private folder of this user's, not a link) and
+    closed after."""
     fd = controlfiles.open_folder(folder)
     try:
         yield fd
@@ -67,7 +79,8 @@ def _folder(folder: str) -> Iterator[int]:
 
 
 def read_processes(folder: str) -> list[dict[str, Any]]:
-    """Every process's heartbeat and answers (files written atomically: a half file is never seen)."""
+    """Every process's heartbeat and answers (files written atomically: a half file is never
+    seen)."""
     processes: list[dict[str, Any]] = []
     try:
         with _folder(folder) as fd:
@@ -117,7 +130,9 @@ def read_control(folder: str, run_id: str) -> tuple[list[dict[str, Any]], list[d
         return [], []
     if not isinstance(document, dict) or document.get("run_id") != run_id:
         return [], []
-    return [r for r in _entries(document.get("requests")) if _well_formed(r)], _entries(document.get("pings"))
+    return [r for r in _entries(document.get("requests")) if _well_formed(r)], _entries(
+        document.get("pings")
+    )
 
 
 def _well_formed(request: dict[str, Any]) -> bool:
@@ -133,8 +148,9 @@ def _entries(value: Any) -> list[dict[str, Any]]:
 
 
 def still_wanted(request: dict[str, Any]) -> bool:
-    """False for the request of a capture on this host that died without withdrawing it (dropped when the file
-    is next written; its window is still avoided when placing a new one, as processes may be recording it)."""
+    """False for the request of a capture on this host that died without withdrawing it (dropped
+    when the file is next written; its window is still avoided when placing a new one, as processes
+    may be recording it)."""
     if request.get("host") != socket.gethostname():
         return True
     import psutil
@@ -143,8 +159,13 @@ def still_wanted(request: dict[str, Any]) -> bool:
     return isinstance(pid, int) and pid > 0 and bool(psutil.pid_exists(pid))
 
 
-def write_requests(folder_fd: int, run_id: str, requests: list[dict[str, Any]], pings: list[dict[str, Any]]) -> None:
+def write_requests(
+    folder_fd: int, run_id: str, requests: list[dict[str, Any]], pings: list[dict[str, Any]]
+) -> None:
     if requests or pings:
-        controlfiles.write_json(folder_fd, REQUESTS_FILE, {"run_id": run_id, "requests": requests, "pings": pings})
+        controlfiles.write_json(
+            folder_fd, REQUESTS_FILE, {"run_id": run_id, "requests": requests, "pings": pings}
+        )
     else:
-        controlfiles.unlink(folder_fd, REQUESTS_FILE)  # nobody asks: the processes' poll finds no file, the cheapest
+        # nobody asks: the processes' poll finds no file, the cheapest
+        controlfiles.unlink(folder_fd, REQUESTS_FILE)

@@ -1,7 +1,9 @@
-"""`stepcli run`: build the child command and environment, run it faithfully, forward signals, report.
+"""`stepcli run`: build the child command and environment, run it faithfully, forward signals,
+report.
 
-The child is a real `python SCRIPT` (or `python -m MODULE`, or any command): argv, `sys.path[0]`, `__main__`,
-tracebacks and exit codes are plain Python's because it *is* plain Python. stdio is inherited, never piped.
+The child is a real `python SCRIPT` (or `python -m MODULE`, or any command): argv, `sys.path[0]`,
+`__main__`, tracebacks and exit codes are plain Python's because it *is* plain Python. stdio is
+inherited, never piped.
 """
 
 from __future__ import annotations
@@ -35,14 +37,16 @@ if TYPE_CHECKING:
     from stepcli.traces.runtraces import RunTraces
 
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent.parent / "_bootstrap")
-# torch 2.13's Kineto prints `USDT:... profiler_start`/`profiler_stop` on stderr at every window, between the
-# program's own lines. Its only knob is KINETO_LOG_LEVEL, read when torch starts (0 verbose .. 4 error, 5 USDT);
-# at 6 it prints nothing, its rare ERROR lines included. `stepcli run --verbose` leaves Kineto's default.
+# torch 2.13's Kineto prints `USDT:... profiler_start`/`profiler_stop` on stderr at every window,
+# between the program's own lines. Its only knob is KINETO_LOG_LEVEL, read when torch starts (0
+# verbose .. 4 error, 5 USDT); at 6 it prints nothing, its rare ERROR lines included. `stepcli run
+# --verbose` leaves Kineto's default.
 KINETO_LOG_LEVEL_ENV = "KINETO_LOG_LEVEL"
 KINETO_QUIET_LEVEL = "6"
-# With --hang-timeout: torch's flight recorder (gloo and NCCL) keeps the last N collectives of every process group,
-# so a hang dump names the collective a process waits in even when C++ issued it (DDP's reducer, FSDP), which no
-# Python hook sees (stepcli/agent/lastcollective.py, in_flight). A value the user set (or the older NCCL name) is kept.
+# With --hang-timeout: torch's flight recorder (gloo and NCCL) keeps the last N collectives of every
+# process group, so a hang dump names the collective a process waits in even when C++ issued it
+# (DDP's reducer, FSDP), which no Python hook sees (stepcli/agent/lastcollective.py, in_flight). A
+# value the user set (or the older NCCL name) is kept.
 FLIGHT_RECORDER_ENV = "TORCH_FR_BUFFER_SIZE"
 FLIGHT_RECORDER_ENTRIES = "2000"
 
@@ -100,9 +104,12 @@ class RunRequest:
         max_captures: int = 3,
         **profiler_options: bool,
     ) -> RunRequest:
-        """Validate everything that can be checked before the program starts (usage errors exit 2)."""
+        """Validate everything that can be checked before the program starts (usage errors exit
+        2)."""
         try:
-            schedule = Schedule(skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat)
+            schedule = Schedule(
+                skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat
+            )
         except ValueError as exc:
             raise StepcliError(str(exc)) from None
         for spec in step_on:
@@ -140,14 +147,20 @@ class RunRequest:
         )
 
 
-def _child_command(target: list[str], module_mode: bool, command_mode: bool) -> tuple[list[str], str]:
+def _child_command(
+    target: list[str], module_mode: bool, command_mode: bool
+) -> tuple[list[str], str]:
     """The argv to start, and a short label for folder names and messages."""
     if not target:
         raise StepcliError("nothing to run: give SCRIPT, -m MODULE or -- COMMAND")
     first, rest = target[0], target[1:]
     if command_mode and not module_mode:
         if shutil.which(first) is None:
-            hint = f"; a script runs as `-- python {shlex.join(target)}`" if first.endswith(".py") else ""
+            hint = (
+                f"; a script runs as `-- python {shlex.join(target)}`"
+                if first.endswith(".py")
+                else ""
+            )
             raise StepcliError(f"command not found: {first}{hint}")
         return [first, *rest], _command_label(first, rest)
     if module_mode:
@@ -168,8 +181,8 @@ _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?(\.exe)?$")
 
 
 def _command_label(first: str, rest: list[str]) -> str:
-    """The run folder's label for `-- COMMAND`: the script or module it runs (`-- python train.py` -> train),
-    not the interpreter or launcher."""
+    """The run folder's label for `-- COMMAND`: the script or module it runs (`-- python train.py`
+    -> train), not the interpreter or launcher."""
     for index, arg in enumerate(rest):
         if arg == "-m" and index + 1 < len(rest):
             return rest[index + 1].rsplit(".", 1)[-1]
@@ -178,11 +191,15 @@ def _command_label(first: str, rest: list[str]) -> str:
     return Path(first).name
 
 
-def child_environment(config: AgentConfig, base: dict[str, str] | None = None, verbose: bool = False) -> dict[str, str]:
-    """A copy of the environment with the bootstrap first on PYTHONPATH and the config in one variable.
+def child_environment(
+    config: AgentConfig, base: dict[str, str] | None = None, verbose: bool = False
+) -> dict[str, str]:
+    """A copy of the environment with the bootstrap first on PYTHONPATH and the config in one
+    variable.
 
-    The user's entries are kept verbatim, empty ones included: an empty entry means the current directory.
-    Unless `verbose`, Kineto's own log lines are silenced (see KINETO_QUIET_LEVEL), if the user has not chosen.
+    The user's entries are kept verbatim, empty ones included: an empty entry means the current
+    directory. Unless `verbose`, Kineto's own log lines are silenced (see KINETO_QUIET_LEVEL), if
+    the user has not chosen.
     """
     env = dict(os.environ if base is None else base)
     if not verbose:
@@ -202,14 +219,17 @@ def exit_status(returncode: int) -> int:
 
 
 def run_program(request: RunRequest) -> int:
-    """Run the program under the agent, then print/write the run summary. Returns stepcli's exit status."""
+    """Run the program under the agent, then print/write the run summary. Returns stepcli's exit
+    status."""
     if request.json_path:
         check_json_writable(request.json_path)
     out_dir = prepare_out_dir(request.out_dir, request.label)
-    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{_host_label()}-{os.getpid()}"  # nodes may share -o and pids
+    # nodes may share -o and pids
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{_host_label()}-{os.getpid()}"
     from stepcli.run.controldir import prepare_control_dir
 
-    prepare_control_dir(out_dir, run_id)  # private (0700) whatever the umask, before any process writes there
+    # private (0700) whatever the umask, before any process writes there
+    prepare_control_dir(out_dir, run_id)
     config = _agent_config(request, str(out_dir), run_id)
     if not request.quiet:
         _say_plan(request, out_dir)
@@ -222,16 +242,23 @@ def run_program(request: RunRequest) -> int:
     if hang_ended:
         assert hang_watch is not None
         status = hang_watch.exit_status
-    # Even with -q --no-report and nothing else to show it: summary.json is saved beside the step logs, for a
-    # `stepcli report OUT` later.
+    # Even with -q --no-report and nothing else to show it: summary.json is saved beside the step
+    # logs, for a `stepcli report OUT` later.
     hang_folders = list(hang_watch.folders) if hang_watch is not None else []
     return _report(
-        request, config, status, started, time.perf_counter() - start, hang_ended=hang_ended, hang_folders=hang_folders
+        request,
+        config,
+        status,
+        started,
+        time.perf_counter() - start,
+        hang_ended=hang_ended,
+        hang_folders=hang_folders,
     )
 
 
 def _agent_config(request: RunRequest, out_dir: str, run_id: str) -> AgentConfig:
-    """What the agent in every process of the job is told (through the environment), with a fresh run key."""
+    """What the agent in every process of the job is told (through the environment), with a fresh
+    run key."""
     return AgentConfig(
         run_key=secrets.token_hex(16),
         run_id=run_id,
@@ -253,7 +280,8 @@ def _agent_config(request: RunRequest, out_dir: str, run_id: str) -> AgentConfig
 def _say_plan(request: RunRequest, out_dir: Path) -> None:
     """What will be recorded and where: one line, or two rather than one past 80 columns."""
     plan = (
-        f"recording on demand: run `stepcli capture {shlex.quote(_short(out_dir))}` to trace the next steps"
+        f"recording on demand: run `stepcli capture {shlex.quote(_short(out_dir))}` to trace the "
+        f"next steps"
         if request.on_demand
         else request.schedule.describe()
     )
@@ -266,17 +294,20 @@ def _say_plan(request: RunRequest, out_dir: Path) -> None:
 
 
 def _run_job(request: RunRequest, config: AgentConfig) -> tuple[int, HangWatch | None]:
-    """Start the program under the agent and wait for it, forwarding signals, with the watchdog and the hang
-    watch beside it; (its return code, the hang watch). On return CUT_SIGNALS are held: from then on a SIGTERM,
-    SIGHUP or SIGINT is stepcli's to handle (it cuts the summary short), taken when _report listens for it."""
+    """Start the program under the agent and wait for it, forwarding signals, with the watchdog and
+    the hang watch beside it; (its return code, the hang watch). On return CUT_SIGNALS are held:
+    from then on a SIGTERM, SIGHUP or SIGINT is stepcli's to handle (it cuts the summary short),
+    taken when _report listens for it."""
     foreground = in_terminal_foreground()
     from stepcli.run import subreaper
     from stepcli.run.watchdog import start_watchdog
 
-    subreaper.become_subreaper()  # the job's orphans (a daemonized grandchild) become stepcli's children
+    # the job's orphans (a daemonized grandchild) become stepcli's children
+    subreaper.become_subreaper()
 
-    # A signal that arrives between starting the program and installing the forwarder (a scheduler's kill -INT
-    # right after the program's first output) must be forwarded, not kill stepcli: hold it until then.
+    # A signal that arrives between starting the program and installing the forwarder (a scheduler's
+    # kill -INT right after the program's first output) must be forwarded, not kill stepcli: hold it
+    # until then.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, SignalForwarder.FORWARDED)
     ended = False
     try:
@@ -285,9 +316,12 @@ def _run_job(request: RunRequest, config: AgentConfig) -> tuple[int, HangWatch |
             proc = subprocess.Popen(request.argv, env=env, preexec_fn=child_setup(foreground, mask))
         except OSError as exc:
             ondemand.close_control(config.out_dir, config.run_id)
-            raise StepcliError(f"could not start {request.argv[0]}: {exc.strerror or exc}") from None
+            raise StepcliError(
+                f"could not start {request.argv[0]}: {exc.strerror or exc}"
+            ) from None
         subreaper.own(proc.pid)
-        marker = f"{CONFIG_ENV}={env[CONFIG_ENV]}".encode()  # in the environment of the job's processes only
+        # in the environment of the job's processes only
+        marker = f"{CONFIG_ENV}={env[CONFIG_ENV]}".encode()
         watchdog = start_watchdog(proc.pid, os.getpgrp() if foreground else proc.pid, marker)
         if watchdog is not None:
             subreaper.own(watchdog.pid)
@@ -298,13 +332,14 @@ def _run_job(request: RunRequest, config: AgentConfig) -> tuple[int, HangWatch |
             with SignalForwarder(proc, foreground) as forwarder:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # held signals are forwarded now
                 returncode = proc.wait()
-                # from here a SIGTERM/SIGHUP/SIGINT is stepcli's to handle (it cuts the summary short): held
-                # until _report listens for it, with the program's status known
+                # from here a SIGTERM/SIGHUP/SIGINT is stepcli's to handle (it cuts the summary
+                # short): held until _report listens for it, with the program's status known
                 signal.pthread_sigmask(signal.SIG_BLOCK, CUT_SIGNALS)
                 ended = True
                 forwarder.reap_orphans()
                 if hang_watch is not None and hang_watch.killed:
-                    subreaper.end_adopted()  # nothing of a job stepcli ended survives it (a daemonized grandchild)
+                    # nothing of a job stepcli ended survives it (a daemonized grandchild)
+                    subreaper.end_adopted()
         finally:
             if hang_watch is not None:
                 hang_watch.stop()
@@ -325,16 +360,19 @@ def _report(
     hang_ended: bool = False,
     hang_folders: list[str] | None = None,
 ) -> int:
-    """Summary, --json and --fail-over after the program exited. The program's status wins, except that a
-    budget that was exceeded, or could not be checked, fails a run that succeeded. `hang_ended`: `--on-hang kill`
-    ended the job. A SIGTERM/SIGHUP/SIGINT meanwhile (a scheduler's time limit, a Ctrl-C on a long read) cuts the
-    summary short but keeps the program's status and the `--json` file (stepcli.run.summaryfallback.summary_cut)."""
+    """Summary, --json and --fail-over after the program exited. The program's status wins, except
+    that a budget that was exceeded, or could not be checked, fails a run that succeeded.
+    `hang_ended`: `--on-hang kill` ended the job. A SIGTERM/SIGHUP/SIGINT meanwhile (a scheduler's
+    time limit, a Ctrl-C on a long read) cuts the summary short but keeps the program's status and
+    the `--json` file (stepcli.run.summaryfallback.summary_cut)."""
     from stepcli.run.signals import SummaryCut, cut_by_signals
 
     written: set[str] = set()
     try:
         with cut_by_signals(unblock=True):
-            return _summarize(request, config, status, started, duration_s, hang_ended, hang_folders, written)
+            return _summarize(
+                request, config, status, started, duration_s, hang_ended, hang_folders, written
+            )
     except SummaryCut as cut:
         from stepcli.run.summaryfallback import summary_cut
 
@@ -352,8 +390,9 @@ def _report(
 
 
 def _display(request: RunRequest) -> list[str]:
-    """The command as the summary shows it: `python ...` rather than the interpreter's full path, the script
-    relative to the current folder when inside it, and the demo by its module (not its site-packages path)."""
+    """The command as the summary shows it: `python ...` rather than the interpreter's full path,
+    the script relative to the current folder when inside it, and the demo by its module (not its
+    site-packages path)."""
     if request.argv[0] != sys.executable:
         return request.argv
     rest = request.argv[1:]
@@ -384,7 +423,8 @@ def _summarize(
     from stepcli.traces.runtraces import RunTraces
 
     display = _display(request)
-    # One read of the traces for the summary and report.html; shapes only when the page will show them.
+    # One read of the traces for the summary and report.html; shapes only when the page will show
+    # them.
     traces = RunTraces(shapes=request.report, memory=config.profile_memory, lanes=True)
     try:
         with analysis_progress(not request.quiet, config.out_dir):
@@ -399,19 +439,28 @@ def _summarize(
                 hang_ended=hang_ended,
                 hang_folders=hang_folders or [],
             )
-    except Exception as exc:  # the program's result, and the --json file CI reads next, must survive a bug here
+    # the program's result, and the --json file CI reads next, must survive a bug here
+    except Exception as exc:
         from stepcli.run.summaryfallback import summary_failed
 
         return summary_failed(
-            exc, request, config, command=display, status=status, started=started, duration_s=duration_s
+            exc,
+            request,
+            config,
+            command=display,
+            status=status,
+            started=started,
+            duration_s=duration_s,
         )
     try:
         from stepcli.runfolder.steprecordreader import attach
 
-        attach(summary, config.log_dir, config.run_key)  # the whole run's step times and the triggered captures
+        # the whole run's step times and the triggered captures
+        attach(summary, config.log_dir, config.run_key)
     except Exception as exc:
         say(f"warning: the whole-run step times could not be read: {type(exc).__name__}: {exc}")
-    json_lost = not _save_summary(request, config, summary, written)  # before printing: that must not lose it
+    # before printing: that must not lose it
+    json_lost = not _save_summary(request, config, summary, written)
     report_path = _html_report(request, config, summary, traces)
     from stepcli.run.nothingnote import update_note
 
@@ -441,9 +490,12 @@ def _summarize(
     return status
 
 
-def _save_summary(request: RunRequest, config: AgentConfig, summary: RunSummary, written: set[str]) -> bool:
-    """`--json` (whether it was written, when asked) and the copy beside the step logs, for `stepcli report OUT`
-    later (with --no-report too); a copy that cannot be saved is a note in the summary (and a line with -q)."""
+def _save_summary(
+    request: RunRequest, config: AgentConfig, summary: RunSummary, written: set[str]
+) -> bool:
+    """`--json` (whether it was written, when asked) and the copy beside the step logs, for `stepcli
+    report OUT` later (with --no-report too); a copy that cannot be saved is a note in the summary
+    (and a line with -q)."""
     from stepcli.run.summary.build import write_run_summary
 
     saved = write_json(request.json_path, config.out_dir, summary, written)
@@ -458,8 +510,8 @@ def _save_summary(request: RunRequest, config: AgentConfig, summary: RunSummary,
 
 
 def _budgets_held(request: RunRequest, summary: RunSummary) -> bool:
-    """`--fail-over` on the untouched step time (the profiled one when there is none): a line per budget
-    exceeded, one line when all held; whether all held."""
+    """`--fail-over` on the untouched step time (the profiled one when there is none): a line per
+    budget exceeded, one line when all held; whether all held."""
     from stepcli.compare.budgets import budgets_held, check_budgets
 
     times = summary.step_time_ms
@@ -476,7 +528,8 @@ def _budgets_held(request: RunRequest, summary: RunSummary) -> bool:
 
 
 def _open_control(config: AgentConfig) -> None:
-    """The folder `stepcli capture` asks through (every run accepts requests, not only --on-demand ones)."""
+    """The folder `stepcli capture` asks through (every run accepts requests, not only --on-demand
+    ones)."""
     document = {
         "run_id": config.run_id,
         "launcher_pid": config.launcher_pid,
@@ -495,16 +548,21 @@ def _open_control(config: AgentConfig) -> None:
 def _html_report(
     request: RunRequest, config: AgentConfig, summary: RunSummary, traces: RunTraces | None = None
 ) -> str | None:
-    """report.html in the output folder (unless --no-report), or None; `traces` is what the summary read, reused."""
-    if not request.report or not (summary.traces or (summary.steps and summary.steps.global_) or summary.hang):
+    """report.html in the output folder (unless --no-report), or None; `traces` is what the summary
+    read, reused."""
+    if not request.report or not (
+        summary.traces or (summary.steps and summary.steps.global_) or summary.hang
+    ):
         return None
     try:
         from stepcli.run.summary.htmlreport import write_run_report
 
         return write_run_report(summary, traces)
-    except Exception as exc:  # the program's result and the terminal summary must survive a bug in the page
+    # the program's result and the terminal summary must survive a bug in the page
+    except Exception as exc:
         reason = exc.message if isinstance(exc, StepcliError) else f"{type(exc).__name__}: {exc}"
-        summary.notes.append(f"report.html not written: {reason}")  # a full or read-only folder, say
+        # a full or read-only folder, say
+        summary.notes.append(f"report.html not written: {reason}")
         if request.quiet:
             say(f"could not write report.html: {reason}")
         return None
@@ -526,7 +584,8 @@ def _short(path: Path) -> str:
 
 
 def slow_trigger(rule: str | None, steps: int, max_captures: int) -> dict[str, Any] | None:
-    """The agent's `slow_trigger` config from the options; StepcliError (one line, exit 2) for a bad rule."""
+    """The agent's `slow_trigger` config from the options; StepcliError (one line, exit 2) for a bad
+    rule."""
     if rule is None:
         return None
     from stepcli.agent.slowrule import parse

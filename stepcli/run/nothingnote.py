@@ -1,9 +1,11 @@
-"""NOTHING-MEASURED.txt: the one visible file a run that measured nothing leaves in its output folder.
+"""NOTHING-MEASURED.txt: the one visible file a run that measured nothing leaves in its output
+folder.
 
-A run that measured nothing leaves a folder holding only the hidden `.stepcli/`: it would look empty, as if stepcli
-had failed to write. One visible file says what happened (the summary's notes) and what is there. A later run into
-the same folder replaces it (it measured nothing either) or removes it (it did measure): the note speaks for the
-latest run, never beside a real trace and report.
+A run that measured nothing leaves a folder holding only the hidden `.stepcli/`: it would look
+empty, as if stepcli had failed to write. One visible file says what happened (the summary's notes)
+and what is there. A later run into the same folder replaces it (it measured nothing either) or
+removes it (it did measure): the note speaks for the latest run, never beside a real trace and
+report.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from stepcli.runfolder.layout import RUN_FOLDER
 from stepcli.runfolder.summaryfile import RunSummary
 
 NOTHING_MEASURED = "NOTHING-MEASURED.txt"
-_HEAD = b"stepcli run: "  # how the note begins: only a file that begins so is ever replaced or removed
+# how the note begins: only a file that begins so is ever replaced or removed
+_HEAD = b"stepcli run: "
 
 
 def update_note(summary: RunSummary, measured: bool) -> None:
-    """Write the note for a run that measured nothing; remove an earlier run's note when this one measured."""
+    """Write the note for a run that measured nothing; remove an earlier run's note when this one
+    measured."""
     out = summary.out_dir
     if not out or not os.path.isdir(out):
         return
@@ -33,11 +37,11 @@ def update_note(summary: RunSummary, measured: bool) -> None:
         return
     notes = "\n".join(f"- {note}" for note in summary.notes or []) or "- no step was recorded"
     text = (
-        f"stepcli run: {shlex.join(summary.command)}\n"
-        f"exit status {summary.exit_status}, {plural(summary.steps.global_ if summary.steps else 0, 'step')}: no trace was recorded.\n\n"
-        f"{notes}\n\n"
-        f"stepcli's own records (step logs, the run summary) are in the hidden folder {RUN_FOLDER}/:\n"
-        f"`stepcli report {shlex.quote(out)}` still writes an HTML page of what they hold.\n"
+        f"stepcli run: {shlex.join(summary.command)}\nexit status {summary.exit_status}, "
+        f"{plural(summary.steps.global_ if summary.steps else 0, 'step')}: no trace was "
+        f"recorded.\n\n{notes}\n\nstepcli's own records (step logs, the run summary) are in the "
+        f"hidden folder {RUN_FOLDER}/:\n`stepcli report {shlex.quote(out)}` still writes an HTML "
+        f"page of what they hold.\n"
     )
     try:
         safefile.write_bytes(path, text.encode())

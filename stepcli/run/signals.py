@@ -1,7 +1,8 @@
 """Signals between stepcli run and the program: forwarded once, never lost, no process left behind.
 
-The program runs in a process group of its own outside a terminal's foreground (so a scheduler's signal to
-stepcli's group reaches stepcli alone and is forwarded once) and gets SIGTERM if stepcli dies.
+The program runs in a process group of its own outside a terminal's foreground (so a scheduler's
+signal to stepcli's group reaches stepcli alone and is forwarded once) and gets SIGTERM if stepcli
+dies.
 """
 
 from __future__ import annotations
@@ -18,13 +19,21 @@ from typing import Any
 class SignalForwarder:
     """Signals meant for the program reach it exactly once.
 
-    In a terminal's foreground the program shares stepcli's process group, so the terminal's Ctrl-C (SIGINT,
-    SIGQUIT) reaches it directly and is not forwarded. Anywhere else (CI, a scheduler, the background) the
-    program gets a process group of its own, so a signal sent to stepcli's group reaches stepcli alone and is
-    forwarded: SIGINT/SIGQUIT to the program's whole group, as a terminal would; SIGTERM, SIGHUP and SIGUSR1/2
-    (schedulers' pre-emption notices) to the program. A repeated SIGTERM/SIGHUP kills the whole tree."""
+    In a terminal's foreground the program shares stepcli's process group, so the terminal's Ctrl-C
+    (SIGINT, SIGQUIT) reaches it directly and is not forwarded. Anywhere else (CI, a scheduler, the
+    background) the program gets a process group of its own, so a signal sent to stepcli's group
+    reaches stepcli alone and is forwarded: SIGINT/SIGQUIT to the program's whole group, as a
+    terminal would; SIGTERM, SIGHUP and SIGUSR1/2 (schedulers' pre-emption notices) to the program.
+    A repeated SIGTERM/SIGHUP kills the whole tree."""
 
-    FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGQUIT)
+    FORWARDED = (
+        signal.SIGTERM,
+        signal.SIGHUP,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+        signal.SIGINT,
+        signal.SIGQUIT,
+    )
     FROM_TERMINAL = (signal.SIGINT, signal.SIGQUIT)
     FATAL = (signal.SIGTERM, signal.SIGHUP)
 
@@ -42,7 +51,8 @@ class SignalForwarder:
         if hasattr(signal, "SIGCHLD"):
             from stepcli.run.subreaper import reap_adopted
 
-            # the job's orphans stepcli adopted (stepcli/run/subreaper.py) are reaped as they exit, by pid
+            # the job's orphans stepcli adopted (stepcli/run/subreaper.py) are reaped as they exit,
+            # by pid
             self._previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, reap_adopted)
         return self
 
@@ -75,14 +85,17 @@ class SignalForwarder:
 
             known = {p.pid for p in self.descendants}
             self.descendants += [
-                p for p in psutil.Process(self.proc.pid).children(recursive=True) if p.pid not in known
+                p
+                for p in psutil.Process(self.proc.pid).children(recursive=True)
+                if p.pid not in known
             ]
         except Exception:
             pass
 
     def reap_orphans(self, grace_s: float = 5.0) -> None:
-        """After a forwarded SIGTERM/SIGHUP, no process the program started may outlive it: neither those of its
-        tree nor the orphans stepcli adopted as their child subreaper (a daemonized grandchild)."""
+        """After a forwarded SIGTERM/SIGHUP, no process the program started may outlive it: neither
+        those of its tree nor the orphans stepcli adopted as their child subreaper (a daemonized
+        grandchild)."""
         if not any(signum in self.FATAL for signum in self.received):
             return
         from stepcli.run import subreaper
@@ -93,8 +106,9 @@ class SignalForwarder:
 
 
 class SummaryCut(BaseException):
-    """A SIGTERM, SIGHUP or SIGINT reached stepcli after the program ended, while it read the traces: the
-    summary is cut short (a BaseException, so no `except Exception` on the way takes it for a bug)."""
+    """A SIGTERM, SIGHUP or SIGINT reached stepcli after the program ended, while it read the
+    traces: the summary is cut short (a BaseException, so no `except Exception` on the way takes it
+    for a bug)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -106,15 +120,18 @@ CUT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 @contextmanager
 def cut_by_signals(unblock: bool = False) -> Iterator[None]:
-    """While the run is summarized: the first SIGTERM/SIGHUP/SIGINT raises SummaryCut (the program's status and the
-    files CI reads next are kept, stepcli/run/summaryfallback.py); a second one acts as it would have without stepcli.
-    `unblock`: the launcher held them since the program ended; one that arrived meanwhile is taken now."""
+    """While the run is summarized: the first SIGTERM/SIGHUP/SIGINT raises SummaryCut (the program's
+    status and the files CI reads next are kept, stepcli/run/summaryfallback.py); a second one acts
+    as it would have without stepcli. `unblock`: the launcher held them since the program ended; one
+    that arrived meanwhile is taken now."""
     wanted = CUT_SIGNALS
     previous = {signum: signal.getsignal(signum) for signum in wanted}
 
     def cut(signum: int, _frame: Any) -> None:
         for each in wanted:
-            signal.signal(each, signal.SIG_DFL if each != signal.SIGINT else signal.default_int_handler)
+            signal.signal(
+                each, signal.SIG_DFL if each != signal.SIGINT else signal.default_int_handler
+            )
         raise SummaryCut(signum)
 
     for signum in wanted:
@@ -129,20 +146,23 @@ def cut_by_signals(unblock: bool = False) -> Iterator[None]:
 
 
 def child_setup(terminal_foreground: bool, signal_mask: Any = None) -> Any:
-    """What the child does between fork and exec: outside a terminal's foreground, take its own process group
-    (see SignalForwarder); on Linux, get SIGTERM if stepcli dies, even of SIGKILL, so it is never orphaned."""
+    """What the child does between fork and exec: outside a terminal's foreground, take its own
+    process group (see SignalForwarder); on Linux, get SIGTERM if stepcli dies, even of SIGKILL, so
+    it is never orphaned."""
     prctl = None
     if sys.platform.startswith("linux"):
         try:
             import ctypes
 
-            prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork: nothing to import after it
+            # resolved before fork: nothing to import after it
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
         except (OSError, AttributeError):
             prctl = None
 
     def setup() -> None:
         if signal_mask is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, signal_mask)  # the program gets stepcli's original mask
+            # the program gets stepcli's original mask
+            signal.pthread_sigmask(signal.SIG_SETMASK, signal_mask)
         if not terminal_foreground:
             os.setpgid(0, 0)
         if prctl is not None:
@@ -152,7 +172,8 @@ def child_setup(terminal_foreground: bool, signal_mask: Any = None) -> Any:
 
 
 def in_terminal_foreground() -> bool:
-    """True when stepcli runs in the foreground of a terminal, whose Ctrl-C reaches the program directly."""
+    """True when stepcli runs in the foreground of a terminal, whose Ctrl-C reaches the program
+    directly."""
     for fd in (0, 1, 2):
         try:
             if os.isatty(fd):

@@ -1,8 +1,10 @@
-"""When building or printing the run summary fails: keep the program's result and the `--json` file CI reads next.
+"""When building or printing the run summary fails: keep the program's result and the `--json` file
+CI reads next.
 
-A bug in the report must neither lose the `--json` file (the `stepcli compare` that follows in CI would fail on a
-missing file, far from the cause) nor hide behind exit 0. So a run summary that says nothing was measured, with the
-error in its notes, is written instead, and a run whose program succeeded exits 70 (EX_SOFTWARE).
+A bug in the report must neither lose the `--json` file (the `stepcli compare` that follows in CI
+would fail on a missing file, far from the cause) nor hide behind exit 0. So a run summary that says
+nothing was measured, with the error in its notes, is written instead, and a run whose program
+succeeded exits 70 (EX_SOFTWARE).
 """
 
 from __future__ import annotations
@@ -29,16 +31,24 @@ if TYPE_CHECKING:
     from stepcli.agent.config import AgentConfig
 
     class RunRequest(Protocol):
-        """The part of stepcli.run.launcher.RunRequest this module reads (declared here: launcher imports us)."""
+        """The part of stepcli.run.launcher.RunRequest this module reads (declared here: launcher
+        imports us)."""
 
         @property
         def json_path(self) -> str | None: ...
 
 
 def fallback_summary(
-    config: AgentConfig, *, command: list[str], status: int, started: float, duration_s: float, error: str
+    config: AgentConfig,
+    *,
+    command: list[str],
+    status: int,
+    started: float,
+    duration_s: float,
+    error: str,
 ) -> RunSummary:
-    """A valid `stepcli.run` document that measured nothing (so `compare` says exit 3), with the error in notes."""
+    """A valid `stepcli.run` document that measured nothing (so `compare` says exit 3), with the
+    error in notes."""
     return RunSummary(
         schema=SUMMARY_SCHEMA,
         schema_version=SUMMARY_VERSION,
@@ -56,7 +66,9 @@ def fallback_summary(
         step_time_ms=StepTimeMs(),
         timeline_phases="",
         peak_memory=PeakMemory(),
-        notes=[f"stepcli could not summarize this run: {error}; the traces are in {config.out_dir}"],
+        notes=[
+            f"stepcli could not summarize this run: {error}; the traces are in {config.out_dir}"
+        ],
         advice=[],
     )
 
@@ -72,14 +84,18 @@ def summary_cut(
     duration_s: float,
     json_written: bool,
 ) -> int:
-    """A signal cut the summary short after the program ended: say so, keep `--json` and the saved summary (a
-    summary that measured nothing, with the reason in its notes, where none was written yet), and return the
-    program's status, or the signal's (128+N) for a program that succeeded: the run was stopped."""
+    """A signal cut the summary short after the program ended: say so, keep `--json` and the saved
+    summary (a summary that measured nothing, with the reason in its notes, where none was written
+    yet), and return the program's status, or the signal's (128+N) for a program that succeeded: the
+    run was stopped."""
     import os
     import signal
 
     name = signal.Signals(signum).name
-    say(f"{name}: the summary was cut short (the program had ended: exit {status}); the traces are in {config.out_dir}")
+    say(
+        f"{name}: the summary was cut short (the program had ended: exit {status}); the traces are "
+        f"in {config.out_dir}"
+    )
     error = f"{name} arrived while the traces were read, after the program ended"
     document = fallback_summary(
         config, command=command, status=status, started=started, duration_s=duration_s, error=error
@@ -93,8 +109,8 @@ def summary_cut(
 
 
 def _save(document: RunSummary, path: str, private_folder: bool = False) -> bool:
-    """Write a fallback summary where `--json` (or the run's control folder) wants it, never over a file stepcli
-    did not write; a failure is a warning line. Whether it was written."""
+    """Write a fallback summary where `--json` (or the run's control folder) wants it, never over a
+    file stepcli did not write; a failure is a warning line. Whether it was written."""
     from stepcli.run.outputs import drop_stale_json, json_taken
     from stepcli.run.summary.build import write_run_summary
 
@@ -126,7 +142,12 @@ def summary_failed(
     say(f"internal error while summarizing the run ({error}); traces are in {config.out_dir}")
     if request.json_path and not json_written:
         document = fallback_summary(
-            config, command=command, status=status, started=started, duration_s=duration_s, error=error
+            config,
+            command=command,
+            status=status,
+            started=started,
+            duration_s=duration_s,
+            error=error,
         )
         if _save(document, request.json_path):
             say(f"wrote {request.json_path} without measurements (it says why in its notes)")

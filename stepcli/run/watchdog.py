@@ -1,18 +1,20 @@
 """If stepcli itself dies, even of SIGKILL, the program's whole process group goes down with it.
 
-On Linux the program already gets SIGTERM when stepcli dies (PR_SET_PDEATHSIG, set in the launcher) and saves its
-open window; but processes the program started (a `sleep 300`, a data server) would be left running under init.
-A tiny forked watchdog holds the read end of a pipe whose write end only stepcli holds: the kernel closes it when
-stepcli dies, however it dies. Seeing end-of-file without the "done" byte, the watchdog gives the program time
-to save its trace, then sends SIGTERM and, after a grace period, SIGKILL to the program's processes.
+On Linux the program already gets SIGTERM when stepcli dies (PR_SET_PDEATHSIG, set in the launcher)
+and saves its open window; but processes the program started (a `sleep 300`, a data server) would be
+left running under init. A tiny forked watchdog holds the read end of a pipe whose write end only
+stepcli holds: the kernel closes it when stepcli dies, however it dies. Seeing end-of-file without
+the "done" byte, the watchdog gives the program time to save its trace, then sends SIGTERM and,
+after a grace period, SIGKILL to the program's processes.
 
-Which processes: in the background the program leads a process group of its own, and that group is the job. In a
-terminal's foreground the program shares stepcli's group, and so the group of whoever started stepcli: a shell
-script run from a terminal is in it. There the watchdog ends the program's tree (its descendants, found from
-/proc) and the group's members that were orphaned on the way (re-parented out of the group, to init or a
-subreaper outside it) and carry the run's own `STEPCLI_CONFIG` in their environment, never a member that descends
-from a process older than the program (the calling script and what else it runs), nor an orphan the calling script
-made itself while the program ran (`( helper & )`), which has no such environment.
+Which processes: in the background the program leads a process group of its own, and that group is
+the job. In a terminal's foreground the program shares stepcli's group, and so the group of whoever
+started stepcli: a shell script run from a terminal is in it. There the watchdog ends the program's
+tree (its descendants, found from /proc) and the group's members that were orphaned on the way
+(re-parented out of the group, to init or a subreaper outside it) and carry the run's own
+`STEPCLI_CONFIG` in their environment, never a member that descends from a process older than the
+program (the calling script and what else it runs), nor an orphan the calling script made itself
+while the program ran (`( helper & )`), which has no such environment.
 """
 
 from __future__ import annotations
@@ -52,9 +54,12 @@ class Watchdog:
             pass
 
 
-def start_watchdog(program_pid: int, program_pgid: int, job_marker: bytes | None = None) -> Watchdog | None:
-    """Fork the watchdog for the program started as `program_pid` in process group `program_pgid`. `job_marker`:
-    the environment entry (`NAME=value`) the program was started with, that marks its job's orphans."""
+def start_watchdog(
+    program_pid: int, program_pgid: int, job_marker: bytes | None = None
+) -> Watchdog | None:
+    """Fork the watchdog for the program started as `program_pid` in process group `program_pgid`.
+    `job_marker`: the environment entry (`NAME=value`) the program was started with, that marks its
+    job's orphans."""
     if not hasattr(os, "fork"):
         return None
     read_fd, write_fd = os.pipe()
@@ -69,13 +74,16 @@ def start_watchdog(program_pid: int, program_pgid: int, job_marker: bytes | None
         try:
             os.close(write_fd)
             devnull = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):  # hold no one's pipes open (a caller reading stepcli's output waits for EOF)
+            # hold no one's pipes open (a caller reading stepcli's output waits for EOF)
+            for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
-            os.setsid()  # out of the terminal's and the program's groups: their signals are not for it
+            # out of the terminal's and the program's groups: their signals are not for it
+            os.setsid()
             for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
                 signal.signal(signum, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.pthread_sigmask(signal.SIG_SETMASK, set())  # stepcli blocks signals while it starts the program
+            # stepcli blocks signals while it starts the program
+            signal.pthread_sigmask(signal.SIG_SETMASK, set())
             program_start = _start_time(program_pid) if sys.platform.startswith("linux") else None
             if _wait_for_eof(read_fd) != _DONE:
                 _take_down(program_pid, program_pgid, program_start, job_marker)
@@ -110,15 +118,19 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _take_down(program_pid: int, program_pgid: int, program_start: int | None, job_marker: bytes | None) -> None:
+def _take_down(
+    program_pid: int, program_pgid: int, program_start: int | None, job_marker: bytes | None
+) -> None:
     if not sys.platform.startswith("linux"):
-        _signal(lambda: os.kill(program_pid, signal.SIGTERM))  # no PR_SET_PDEATHSIG there: send it ourselves
+        # no PR_SET_PDEATHSIG there: send it ourselves
+        _signal(lambda: os.kill(program_pid, signal.SIGTERM))
     deadline = time.monotonic() + SAVE_GRACE_S
     while _alive(program_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     if program_pgid == program_pid:  # the program leads its own group: the group is the job
         _end_group(program_pgid)
-    elif program_start is not None:  # a group shared with stepcli's caller: only the program's processes
+    # a group shared with stepcli's caller: only the program's processes
+    elif program_start is not None:
         _end_each(lambda: job_processes(program_pid, program_pgid, program_start, job_marker))
     else:
         _end_each(lambda: [program_pid] if _alive(program_pid) else [])
@@ -138,7 +150,8 @@ def _end_group(pgid: int) -> None:
 
 
 def _end_each(find: Callable[[], list[int]]) -> None:
-    """SIGTERM to each process `find()` names (looked up again as they fork), SIGKILL to those left after the grace."""
+    """SIGTERM to each process `find()` names (looked up again as they fork), SIGKILL to those left
+    after the grace."""
     deadline = time.monotonic() + TERM_GRACE_S
     termed: set[int] = set()
     while time.monotonic() < deadline:
@@ -161,7 +174,8 @@ class _Proc(NamedTuple):
 
 
 def _stat(pid: int) -> _Proc | None:
-    """Parent, process group and start time of `pid` from /proc/PID/stat; None when it is gone or a zombie."""
+    """Parent, process group and start time of `pid` from /proc/PID/stat; None when it is gone or a
+    zombie."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             fields = handle.read().rsplit(b")", 1)[-1].split()
@@ -177,12 +191,16 @@ def _start_time(pid: int) -> int | None:
     return found.start if found is not None else None
 
 
-def job_processes(program_pid: int, pgid: int, program_start: int, marker: bytes | None = None) -> list[int]:
-    """The live processes of the program's job when it shares process group `pgid` with stepcli's caller.
+def job_processes(
+    program_pid: int, pgid: int, program_start: int, marker: bytes | None = None
+) -> list[int]:
+    """The live processes of the program's job when it shares process group `pgid` with stepcli's
+    caller.
 
-    A process belongs to the job when its chain of parents reaches the program, or leaves the group (an orphan
-    re-parented to init) before it meets a group member older than the program (the caller's own processes) and
-    its environment holds `marker` (the caller's own orphans do not: they never descended from the program)."""
+    A process belongs to the job when its chain of parents reaches the program, or leaves the group
+    (an orphan re-parented to init) before it meets a group member older than the program (the
+    caller's own processes) and its environment holds `marker` (the caller's own orphans do not:
+    they never descended from the program)."""
     procs: dict[int, _Proc] = {}
     try:
         entries = os.listdir("/proc")
@@ -203,7 +221,8 @@ def job_processes(program_pid: int, pgid: int, program_start: int, marker: bytes
 
 
 def _has_entry(pid: int, entry: bytes) -> bool:
-    """Whether `entry` (`NAME=value`) is in the environment `pid` was started with (False when unreadable)."""
+    """Whether `entry` (`NAME=value`) is in the environment `pid` was started with (False when
+    unreadable)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as handle:
             return entry in handle.read().split(b"\0")
@@ -214,9 +233,12 @@ def _has_entry(pid: int, entry: bytes) -> bool:
 _DESCENDANT, _ORPHAN = "descendant", "orphan"
 
 
-def _of_job(pid: int, procs: dict[int, _Proc], program_pid: int, pgid: int, program_start: int) -> str:
-    """_DESCENDANT: its parents reach the program; _ORPHAN: they leave the group below members younger than the
-    program (re-parented to init: the job's daemon, or one the caller made itself); "" otherwise."""
+def _of_job(
+    pid: int, procs: dict[int, _Proc], program_pid: int, pgid: int, program_start: int
+) -> str:
+    """_DESCENDANT: its parents reach the program; _ORPHAN: they leave the group below members
+    younger than the program (re-parented to init: the job's daemon, or one the caller made itself);
+    "" otherwise."""
     in_group_below = False  # a group member younger than the program was met on the way up
     seen: set[int] = set()
     while pid not in seen:

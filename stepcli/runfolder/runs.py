@@ -1,10 +1,11 @@
-"""A run folder's own files, read back later (`stepcli report DIR`, `stepcli compare DIR`): only what this user's
-`stepcli run` could have written there.
+"""A run folder's own files, read back later (`stepcli report DIR`, `stepcli compare DIR`): only
+what this user's `stepcli run` could have written there.
 
-A run folder may sit in a scratch folder other users can write to, or have been moved or downloaded (a CI
-artifact). So `.stepcli/` and its run folders count only when they are real folders of this user, the files in them
-only when they are regular files of this user (never through a link), and the paths a saved summary names are
-taken inside the folder given, never where the document says (security.md).
+A run folder may sit in a scratch folder other users can write to, or have been moved or downloaded
+(a CI artifact). So `.stepcli/` and its run folders count only when they are real folders of this
+user, the files in them only when they are regular files of this user (never through a link), and
+the paths a saved summary names are taken inside the folder given, never where the document says
+(security.md).
 """
 
 from __future__ import annotations
@@ -37,15 +38,17 @@ __all__ = [
     "written_traces",
 ]
 
-# A run's step logs in its private folder (the agent's STEP_LOG_SUFFIX; the agent imports nothing of the readers).
+# A run's step logs in its private folder (the agent's STEP_LOG_SUFFIX; the agent imports nothing of
+# the readers).
 _STEP_LOGS = "*.steps.json"
 
 
 def run_dirs(out_dir: str) -> list[Path]:
-    """The step-log folders of a run folder (`.stepcli/<run id>/`), newest run first. A folder given to `-o` more
-    than once holds one per run; the run id starts with its start time. Only folders `stepcli run` could have
-    made: `.stepcli` and each run's folder real folders (not links) of this user. Anything else there (planted in a
-    shared scratch folder by another user) is left out, as the launcher leaves it out (security.md)."""
+    """The step-log folders of a run folder (`.stepcli/<run id>/`), newest run first. A folder given
+    to `-o` more than once holds one per run; the run id starts with its start time. Only folders
+    `stepcli run` could have made: `.stepcli` and each run's folder real folders (not links) of this
+    user. Anything else there (planted in a shared scratch folder by another user) is left out, as
+    the launcher leaves it out (security.md)."""
     base = Path(runs_dir(out_dir))
     if not _own_folder(base):
         return []
@@ -58,7 +61,8 @@ def run_dirs(out_dir: str) -> list[Path]:
 
 
 def run_dirs_readable(out_dir: str) -> bool:
-    """Whether `.stepcli` in `out_dir` is a real folder of this user's (run_dirs reads nothing in any other)."""
+    """Whether `.stepcli` in `out_dir` is a real folder of this user's (run_dirs reads nothing in
+    any other)."""
     return _own_folder(Path(runs_dir(out_dir))) is not None
 
 
@@ -74,9 +78,9 @@ def _own_folder(path: Path) -> os.stat_result | None:
 
 
 def read_saved(path: Path, limit: int | None = None) -> bytes | None:
-    """The bytes of a file `stepcli run` saved in a run's folder (its summary, a step log): a regular file of this
-    user, read without following a link and within `limit` bytes (the input limit by default); None for anything
-    else (left out)."""
+    """The bytes of a file `stepcli run` saved in a run's folder (its summary, a step log): a
+    regular file of this user, read without following a link and within `limit` bytes (the input
+    limit by default); None for anything else (left out)."""
     from stepcli import safefile
     from stepcli.limits import input_limit
 
@@ -87,10 +91,11 @@ def read_saved(path: Path, limit: int | None = None) -> bytes | None:
 
 
 def read_saved_json(path: Path, limit: int | None = None) -> dict[str, Any] | None:
-    """stepcli's own JSON saved in a run's folder (its summary, a step log, a step record), with one failure
-    policy: the JSON object of a file read_saved reads, or None for anything else (a link, another user's file,
-    too large, not JSON, not an object): left out, never an error. The readers say what is missing from a run,
-    not why a file of it could not be read; a file given on the command line is read by stepcli.inputs."""
+    """stepcli's own JSON saved in a run's folder (its summary, a step log, a step record), with one
+    failure policy: the JSON object of a file read_saved reads, or None for anything else (a link,
+    another user's file, too large, not JSON, not an object): left out, never an error. The readers
+    say what is missing from a run, not why a file of it could not be read; a file given on the
+    command line is read by stepcli.inputs."""
     import orjson
 
     data = read_saved(path, limit)
@@ -109,17 +114,20 @@ def read_saved_json(path: Path, limit: int | None = None) -> dict[str, Any] | No
 
 
 def rerooted(summary: RunSummary, folder: str) -> RunSummary:
-    """A summary found in the run folder `folder`, its paths taken inside that folder. The out_dir it names is
-    where the run wrote (the folder may since have been moved, or downloaded from CI) or, in a hostile file,
-    anywhere ("/"); the traces it names were checked on loading to lie inside that out_dir, and are taken at the same
-    place inside `folder`, so nothing outside the folder given is ever read through it."""
+    """A summary found in the run folder `folder`, its paths taken inside that folder. The out_dir
+    it names is where the run wrote (the folder may since have been moved, or downloaded from CI)
+    or, in a hostile file, anywhere ("/"); the traces it names were checked on loading to lie inside
+    that out_dir, and are taken at the same place inside `folder`, so nothing outside the folder
+    given is ever read through it."""
     out_dir = summary.out_dir
     if not isinstance(out_dir, str) or not out_dir:
         return summary
     root = os.path.normpath(out_dir)
 
     def inside(path: str) -> str:
-        return os.path.join(folder, os.path.relpath(os.path.normpath(os.path.join(root, path)), root))
+        return os.path.join(
+            folder, os.path.relpath(os.path.normpath(os.path.join(root, path)), root)
+        )
 
     return msgspec.structs.replace(
         summary,
@@ -130,19 +138,21 @@ def rerooted(summary: RunSummary, folder: str) -> RunSummary:
 
 
 def written_traces(run_dir: Path, folder: str, traces: Sequence[str]) -> list[str]:
-    """Those of `traces` (taken inside the run folder `folder`) that are the very files the run's step logs in
-    `run_dir` record, by the run end's own check (stepcli.inputs.written_problem: a regular file of this user, its
-    inode and size), each then read only while it still is (stepcli.inputs.expect_written); the others are named
-    in one `stepcli: note:` line and left out. Another user can rename a same-size forgery over a trace in a
-    shared folder after the run. A folder read elsewhere than where the run wrote (its saved summary's out_dir)
-    was moved or copied (a CI artifact), and a copy's inodes say nothing: its traces are checked by owner and
-    size."""
+    """Those of `traces` (taken inside the run folder `folder`) that are the very files the run's
+    step logs in `run_dir` record, by the run end's own check (stepcli.inputs.written_problem: a
+    regular file of this user, its inode and size), each then read only while it still is
+    (stepcli.inputs.expect_written); the others are named in one `stepcli: note:` line and left out.
+    Another user can rename a same-size forgery over a trace in a shared folder after the run. A
+    folder read elsewhere than where the run wrote (its saved summary's out_dir) was moved or copied
+    (a CI artifact), and a copy's inodes say nothing: its traces are checked by owner and size."""
     recorded = _recorded_traces(run_dir, folder)
     kept: list[str] = []
     refused: list[str] = []
     for path in traces:
         written = recorded.get(os.path.abspath(path))
-        problem = "no step log of the run records it" if written is None else file_problem(path, written)
+        problem = (
+            "no step log of the run records it" if written is None else file_problem(path, written)
+        )
         if written is not None and problem is None:
             expect_written(path, written)
             kept.append(path)
@@ -157,8 +167,8 @@ def written_traces(run_dir: Path, folder: str, traces: Sequence[str]) -> list[st
 
 
 def _recorded_traces(run_dir: Path, folder: str) -> dict[str, Written]:
-    """What the run's step logs (regular files of this user in its private folder) record of each trace they
-    name, by the trace's absolute path inside `folder` (see written_traces)."""
+    """What the run's step logs (regular files of this user in its private folder) record of each
+    trace they name, by the trace's absolute path inside `folder` (see written_traces)."""
     import socket
 
     out_dir = None
@@ -181,9 +191,14 @@ def _recorded_traces(run_dir: Path, folder: str) -> dict[str, Written]:
                 continue  # (the run end refused such a window: its trace is no trace of the run)
             path = window["trace"]
             if root is not None:
-                path = os.path.join(folder, os.path.relpath(os.path.normpath(os.path.join(root, path)), root))
+                path = os.path.join(
+                    folder, os.path.relpath(os.path.normpath(os.path.join(root, path)), root)
+                )
             found[os.path.abspath(path)] = Written(
-                inode if in_place else None, device if in_place and same_host else None, size, os.geteuid()
+                inode if in_place else None,
+                device if in_place and same_host else None,
+                size,
+                os.geteuid(),
             )
     return found
 
@@ -193,29 +208,29 @@ def _whole(value: object) -> TypeGuard[int]:
 
 
 def contained(path: str, folder: str) -> bool:
-    """Whether `path`, its links followed, lies inside `folder` (its links followed too): a link in a run folder
-    (an unpacked artifact can hold one) must not lead a reader out of it."""
+    """Whether `path`, its links followed, lies inside `folder` (its links followed too): a link in
+    a run folder (an unpacked artifact can hold one) must not lead a reader out of it."""
     real, root = os.path.realpath(path), os.path.realpath(folder)
     return os.path.commonpath([real, root]) == root and real != root
 
 
 @dataclass(frozen=True)
 class RunPick:
-    """One run chosen in a run folder: the folder given to `-o`, the run's own `.stepcli/<run id>/`, and the other
-    runs the folder holds (a folder given to `-o` more than once)."""
+    """One run chosen in a run folder: the folder given to `-o`, the run's own `.stepcli/<run id>/`,
+    and the other runs the folder holds (a folder given to `-o` more than once)."""
 
     folder: str
     run_dir: Path
     others: int
     named: bool  # given by its run id (`FOLDER/.stepcli/<run id>`), not taken as the latest
-    # runs that ran at the same time as the latest: the other nodes of one job (`stepcli run -o SHARED` on each
-    # node makes a run of its own there), read with it
+    # runs that ran at the same time as the latest: the other nodes of one job (`stepcli run -o
+    # SHARED` on each node makes a run of its own there), read with it
     together: tuple[Path, ...] = ()
 
 
 def pick_run(path: str) -> RunPick | None:
-    """The run a path names: `FOLDER/.stepcli/<run id>` names that run, a run folder its latest run; None for
-    anything else (a folder of traces, a file)."""
+    """The run a path names: `FOLDER/.stepcli/<run id>` names that run, a run folder its latest run;
+    None for anything else (a folder of traces, a file)."""
     given = Path(path)
     if given.parent.name == RUN_FOLDER and _own_folder(given) is not None:
         folder = str(given.parent.parent)
@@ -248,8 +263,9 @@ def _span(run: Path) -> tuple[float, float] | None:
 
 
 def _concurrent(latest: Path, others: Sequence[Path]) -> list[Path]:
-    """The runs that ran beside the latest one for more than a second: one job's launches on several nodes. (Run
-    summaries give their start to the second: a run started right after another ended overlaps it by less.)"""
+    """The runs that ran beside the latest one for more than a second: one job's launches on several
+    nodes. (Run summaries give their start to the second: a run started right after another ended
+    overlaps it by less.)"""
     span = _span(latest)
     if span is None:
         return []
@@ -262,8 +278,8 @@ def _concurrent(latest: Path, others: Sequence[Path]) -> list[Path]:
 
 
 def other_runs_note(pick: RunPick, all_runs: bool = True) -> str | None:
-    """The one line saying a run folder holds other runs, which one is read, and how to read the others; None
-    when there are none, or the run was named."""
+    """The one line saying a run folder holds other runs, which one is read, and how to read the
+    others; None when there are none, or the run was named."""
     if pick.others == 0 or pick.named:
         return None
     one = run_dir(pick.folder, "<run id>")
@@ -272,20 +288,22 @@ def other_runs_note(pick: RunPick, all_runs: bool = True) -> str | None:
 
 
 def run_traces(pick: RunPick) -> list[str]:
-    """The traces the chosen run wrote that are still there, as its saved run summary lists them (inside the
-    folder: rerooted). A run with no saved summary (stepcli itself was killed) or no trace is refused in one
-    line that says how to read the folder's traces anyway."""
+    """The traces the chosen run wrote that are still there, as its saved run summary lists them
+    (inside the folder: rerooted). A run with no saved summary (stepcli itself was killed) or no
+    trace is refused in one line that says how to read the folder's traces anyway."""
     from stepcli.runfolder.summaryfile import read_run_summary
 
     path = pick.run_dir / SUMMARY_FILE
     data = read_saved(path)
     which = f"run {pick.run_dir.name}" if pick.named else f"its latest run ({pick.run_dir.name})"
     anyway = f"; `--all-runs {pick.folder}` reads every trace in the folder"
-    if data is None:  # still running (or stepcli was killed): its traces are those no other run lists
+    # still running (or stepcli was killed): its traces are those no other run lists
+    if data is None:
         traces = _unclaimed_traces(pick)
         if traces is None:
             raise StepcliError(
-                f"{pick.folder}: {which} saved no run summary, so its traces are unknown{anyway}", EXIT_USAGE
+                f"{pick.folder}: {which} saved no run summary, so its traces are unknown{anyway}",
+                EXIT_USAGE,
             )
     else:
         traces = []
@@ -294,16 +312,18 @@ def run_traces(pick: RunPick) -> list[str]:
             if saved is None:
                 continue
             summary = rerooted(read_run_summary(saved, str(run / SUMMARY_FILE)), pick.folder)
-            traces += written_traces(run, pick.folder, [t for t in summary.traces if os.path.lexists(t)])
+            traces += written_traces(
+                run, pick.folder, [t for t in summary.traces if os.path.lexists(t)]
+            )
     if not traces:
         raise StepcliError(f"{pick.folder}: {which} recorded no trace{anyway}", EXIT_USAGE)
     return traces
 
 
 def _unclaimed_traces(pick: RunPick) -> list[str] | None:
-    """The traces in the folder (where `stepcli run` writes them: the folder itself and its `window-step<N>/`) that
-    no other run's saved summary lists: those of a run still running. None when another run has no readable
-    summary (then no trace can be told apart)."""
+    """The traces in the folder (where `stepcli run` writes them: the folder itself and its
+    `window-step<N>/`) that no other run's saved summary lists: those of a run still running. None
+    when another run has no readable summary (then no trace can be told apart)."""
     from stepcli.runfolder.summaryfile import read_run_summary
 
     claimed: set[str] = set()
@@ -323,14 +343,18 @@ def _unclaimed_traces(pick: RunPick) -> list[str] | None:
     return sorted(
         str(p)
         for p in found
-        if p.is_file() and not p.name.startswith(".") and ".tmp" not in p.name and os.path.realpath(p) not in claimed
+        if p.is_file()
+        and not p.name.startswith(".")
+        and ".tmp" not in p.name
+        and os.path.realpath(p) not in claimed
     )
 
 
 def runs_to_read(paths: Sequence[str], all_runs: bool) -> list[str]:
-    """`paths` with each run folder replaced by its latest run's traces (or, `FOLDER/.stepcli/<run id>`, that run's):
-    a folder given to `-o` twice holds both runs' traces, which read together would look like two ranks. With
-    `all_runs`, a run folder stands for every trace in it, as before. Says on stderr when other runs are left out."""
+    """`paths` with each run folder replaced by its latest run's traces (or, `FOLDER/.stepcli/<run
+    id>`, that run's): a folder given to `-o` twice holds both runs' traces, which read together
+    would look like two ranks. With `all_runs`, a run folder stands for every trace in it, as
+    before. Says on stderr when other runs are left out."""
     from stepcli.fmt import say
 
     out: list[str] = []

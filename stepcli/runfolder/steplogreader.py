@@ -1,12 +1,12 @@
 """The step logs of one run, checked before the run summary trusts them.
 
-Anything that can write into `<out>/.stepcli/<run-id>/` during a run could otherwise steer the summary: a made-up
-worker with 99 steps, a window naming a trace outside the output folder, or a malformed entry that crashes the
-report. So a step log counts only if it is a regular file signed with this run's key (which only the run's own
-processes get, in their environment) and matches its schema; a window's trace counts only if it is a regular file
-inside the output folder, of this user, the very file (inode and device) and size the agent recorded, written after
-the run started: another user can swap a same-size forgery in under its name. Everything refused is named in one
-note.
+Anything that can write into `<out>/.stepcli/<run-id>/` during a run could otherwise steer the
+summary: a made-up worker with 99 steps, a window naming a trace outside the output folder, or a
+malformed entry that crashes the report. So a step log counts only if it is a regular file signed
+with this run's key (which only the run's own processes get, in their environment) and matches its
+schema; a window's trace counts only if it is a regular file inside the output folder, of this user,
+the very file (inode and device) and size the agent recorded, written after the run started: another
+user can swap a same-size forgery in under its name. Everything refused is named in one note.
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ _FIELDS: dict[str, Callable[[Any], bool]] = {
 
 
 def schema_problem(log: Any) -> str | None:
-    """Why `log` is not a step log of schema version 1, or None when every field has its type and the counts fit."""
+    """Why `log` is not a step log of schema version 1, or None when every field has its type and
+    the counts fit."""
     if not isinstance(log, dict):
         return "not a JSON object"
     if log.get("schema_version") != STEP_LOG_VERSION:
@@ -110,12 +111,15 @@ def schema_problem(log: Any) -> str | None:
     return None
 
 
-def trace_problem(window: dict[str, Any], out_dir: str, since: float, same_host: bool = True) -> str | None:
-    """Why a window's trace is not the file this run wrote (place, owner, inode, size, time), or None; when it is,
-    every later read of it checks it again on the descriptor it reads (stepcli.inputs.expect_written), so a
-    forgery renamed over it after this look is never read. `same_host` False (a step log of another node sharing
-    the output folder): its device number is that node's mount of a shared file system, not comparable here; the
-    inode (the server's) still is."""
+def trace_problem(
+    window: dict[str, Any], out_dir: str, since: float, same_host: bool = True
+) -> str | None:
+    """Why a window's trace is not the file this run wrote (place, owner, inode, size, time), or
+    None; when it is, every later read of it checks it again on the descriptor it reads
+    (stepcli.inputs.expect_written), so a forgery renamed over it after this look is never read.
+    `same_host` False (a step log of another node sharing the output folder): its device number is
+    that node's mount of a shared file system, not comparable here; the inode (the server's) still
+    is."""
     path = window["trace"]
     root = os.path.realpath(out_dir)
     try:
@@ -123,7 +127,9 @@ def trace_problem(window: dict[str, Any], out_dir: str, since: float, same_host:
             return "outside the output folder"
     except (OSError, ValueError):
         return "missing"
-    written = Written(window["inode"], window["device"] if same_host else None, window["bytes"], os.geteuid())
+    written = Written(
+        window["inode"], window["device"] if same_host else None, window["bytes"], os.geteuid()
+    )
     problem = file_problem(path, written)
     if problem is not None:
         return problem
@@ -137,8 +143,9 @@ def trace_problem(window: dict[str, Any], out_dir: str, since: float, same_host:
 
 
 def load_step_logs(config: AgentConfig, since: float) -> tuple[list[dict[str, Any]], list[str]]:
-    """The run's trustworthy step logs (windows with untrusted traces removed) and notes: one naming what was
-    refused, one per process whose final step log is missing. `since` is the run's start (epoch seconds)."""
+    """The run's trustworthy step logs (windows with untrusted traces removed) and notes: one naming
+    what was refused, one per process whose final step log is missing. `since` is the run's start
+    (epoch seconds)."""
     folder = config.log_dir
     logs: list[dict[str, Any]] = []
     refused: list[str] = []
@@ -158,7 +165,8 @@ def load_step_logs(config: AgentConfig, since: float) -> tuple[list[dict[str, An
         kept = []
         for window in log["windows"]:
             why = trace_problem(window, config.out_dir, since, log["host"] == socket.gethostname())
-            del window["inode"], window["device"]  # checked: the summary's windows are as documented
+            # checked: the summary's windows are as documented
+            del window["inode"], window["device"]
             if why is None:
                 kept.append(window)
             else:
@@ -170,14 +178,18 @@ def load_step_logs(config: AgentConfig, since: float) -> tuple[list[dict[str, An
         shown = "; ".join(refused[:_MAX_SHOWN]) + (
             f"; +{len(refused) - _MAX_SHOWN} more" if len(refused) > _MAX_SHOWN else ""
         )
-        notes.insert(0, f"ignored {len(refused)} file(s) this run's processes did not write as recorded: {shown}")
+        notes.insert(
+            0,
+            f"ignored {len(refused)} file(s) this run's processes did not write as recorded: "
+            f"{shown}",
+        )
     return logs, notes
 
 
 def stale_log_note(log: dict[str, Any], config: AgentConfig, since: float) -> str:
-    """A step log still marked "running" after the program ended is one the process wrote before its end, not the
-    final one: its steps, statistics and traces stop there. Say so, and why when the folder tells (full or
-    read-only), instead of a summary that is silently short."""
+    """A step log still marked "running" after the program ended is one the process wrote before its
+    end, not the final one: its steps, statistics and traces stop there. Say so, and why when the
+    folder tells (full or read-only), instead of a summary that is silently short."""
     from stepcli.agent.output import folder_problem
 
     problem = folder_problem(config.log_dir) if os.path.isdir(config.log_dir) else None
@@ -186,30 +198,41 @@ def stale_log_note(log: dict[str, Any], config: AgentConfig, since: float) -> st
         if problem is not None
         else "was never written (the process was killed, or could not write it)"
     )
-    if log.get("progress") == "stalled" and problem is None:  # saved by its stacks thread when it stopped stepping
+    # saved by its stacks thread when it stopped stepping
+    if log.get("progress") == "stalled" and problem is None:
         return (
-            f"{log['worker']}: its final step log was never written (the process was killed), but it was saved when "
-            f"the process stopped stepping, at step {log['global_steps']}: every step it made is counted"
+            f"{log['worker']}: its final step log was never written (the process was killed), but "
+            f"it was saved when the process stopped stepping, at step {log['global_steps']}: every "
+            f"step it made is counted"
         )
     listed = {os.path.realpath(w["trace"]) for w in log["windows"]}
-    unlisted = [path for path in _traces_of(log["worker"], config.out_dir, since) if path not in listed]
+    unlisted = [
+        path for path in _traces_of(log["worker"], config.out_dir, since) if path not in listed
+    ]
     more = (
-        f"; {len(unlisted)} more of its traces are in {config.out_dir} (stepcli table reads them)" if unlisted else ""
+        f"; {len(unlisted)} more of its traces are in {config.out_dir} (stepcli table reads them)"
+        if unlisted
+        else ""
     )
     return (
-        f"{log['worker']}: its step log is from step {log['global_steps']} and its final one {why}: its later "
-        f"steps and traces are missing from this summary{more}"
+        f"{log['worker']}: its step log is from step {log['global_steps']} and its final one "
+        f"{why}: its later steps and traces are missing from this summary{more}"
     )
 
 
 def _traces_of(worker: str, out_dir: str, since: float) -> list[str]:
-    """Traces named after `worker` written in `out_dir` (or its window folders) since the run started."""
+    """Traces named after `worker` written in `out_dir` (or its window folders) since the run
+    started."""
     found = []
     for folder, dirs, names in os.walk(out_dir):
         dirs[:] = [d for d in dirs if not d.startswith(".")]  # .stepcli/ holds no trace
         for name in names:
             path = os.path.join(folder, name)
-            if name.startswith(f"{worker}.") and ".pt.trace.json" in name and not name.endswith(".tmp"):
+            if (
+                name.startswith(f"{worker}.")
+                and ".pt.trace.json" in name
+                and not name.endswith(".tmp")
+            ):
                 try:
                     if os.lstat(path).st_mtime >= since - 2.0:
                         found.append(os.path.realpath(path))

@@ -1,8 +1,10 @@
-"""The whole run's step times per process (stepcli/agent/steprecord.py), read back for the run summary and --json.
+"""The whole run's step times per process (stepcli/agent/steprecord.py), read back for the run
+summary and --json.
 
-Every process leaves a compact record at exit; this reads them (checking what it reads: a record it cannot use is
-skipped, never a traceback), adds percentiles estimated from the log-bucketed histogram (within 1/16 of a doubling,
-about 4.5%), and the triggered captures (--capture-on-slow) from the summary's windows.
+Every process leaves a compact record at exit; this reads them (checking what it reads: a record it
+cannot use is skipped, never a traceback), adds percentiles estimated from the log-bucketed
+histogram (within 1/16 of a doubling, about 4.5%), and the triggered captures (--capture-on-slow)
+from the summary's windows.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ SHOWN = 4  # processes given a line in the summary (the slowest at p99); all of 
 
 
 def load(log_dir: str, key: str | None = None) -> list[dict[str, Any]]:
-    """Each process's record with `ms` (count, p50, p90, p99, max) added, by rank then worker. With the run's
-    key (after `stepcli run`), only records signed with it: written by this run's own processes."""
+    """Each process's record with `ms` (count, p50, p90, p99, max) added, by rank then worker. With
+    the run's key (after `stepcli run`), only records signed with it: written by this run's own
+    processes."""
     records = []
     try:
         names = sorted(os.listdir(log_dir))
@@ -42,8 +45,8 @@ def load(log_dir: str, key: str | None = None) -> list[dict[str, Any]]:
         if not name.endswith(STEP_RECORD_SUFFIX) or name.startswith("."):
             continue
         try:
-            # Not followed if a link, never blocking on a FIFO, only a regular file of this user's: the control
-            # folder may have been swapped for someone else's (stepcli.safefile).
+            # Not followed if a link, never blocking on a FIFO, only a regular file of this user's:
+            # the control folder may have been swapped for someone else's (stepcli.safefile).
             record = read_saved_json(Path(log_dir) / name, _MAX_BYTES)
             if record is None:
                 continue
@@ -55,7 +58,10 @@ def load(log_dir: str, key: str | None = None) -> list[dict[str, Any]]:
                 records.append(record)
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             continue
-    return sorted(records, key=lambda r: (not isinstance(r.get("rank"), int), r.get("rank") or 0, str(r["worker"])))
+    return sorted(
+        records,
+        key=lambda r: (not isinstance(r.get("rank"), int), r.get("rank") or 0, str(r["worker"])),
+    )
 
 
 def stats(record: dict[str, Any]) -> dict[str, float | int]:
@@ -68,7 +74,9 @@ def stats(record: dict[str, Any]) -> dict[str, float | int]:
         for index, value in buckets:
             seen += value
             if seen >= target:
-                result[name] = round(2 ** ((index + 0.5) / STEP_RECORD_BUCKETS_PER_DOUBLING) / 1000, 3)
+                result[name] = round(
+                    2 ** ((index + 0.5) / STEP_RECORD_BUCKETS_PER_DOUBLING) / 1000, 3
+                )
                 break
     slowest = [int(us) for _, us in record.get("slowest") or []]
     if slowest:
@@ -80,7 +88,8 @@ def stats(record: dict[str, Any]) -> dict[str, float | int]:
 
 
 def attach(summary: RunSummary, log_dir: str, key: str | None = None) -> None:
-    """Add `step_record` (per process) and `triggered` (each --capture-on-slow window) to the run summary."""
+    """Add `step_record` (per process) and `triggered` (each --capture-on-slow window) to the run
+    summary."""
     summary.step_record = [
         StepRecord(
             worker=r["worker"],
@@ -105,14 +114,18 @@ def attach(summary: RunSummary, log_dir: str, key: str | None = None) -> None:
         for w in summary.windows
         if isinstance(w.trigger, dict)
     ]
-    # placed, but not recorded by a process (the job ended first, or it was past those steps): said, not dropped
+    # placed, but not recorded by a process (the job ended first, or it was past those steps): said,
+    # not dropped
     missed = [t for t in summary.triggered or [] if t.get("recorded") is False]
-    summary.triggered = sorted(recorded + missed, key=lambda t: (t["first_step"], str(t.get("worker"))))
+    summary.triggered = sorted(
+        recorded + missed, key=lambda t: (t["first_step"], str(t.get("worker")))
+    )
 
 
 def _steps(record: StepRecord, ms: Mapping[str, Any]) -> str:
-    """The process's step count, as report.html and `step_record[].steps` give it; the percentiles leave out the
-    first step (start-up) and hold the profiled steps, unlike the untouched steps' median above them: said so."""
+    """The process's step count, as report.html and `step_record[].steps` give it; the percentiles
+    leave out the first step (start-up) and hold the profiled steps, unlike the untouched steps'
+    median above them: said so."""
     steps = record.steps
     if steps == ms["count"]:
         return f"{plural(ms['count'], 'step')}, profiled ones included:"
@@ -134,14 +147,20 @@ def lines(summary: RunSummary) -> list[str]:
             + ", ".join(f"{step} ({fmt.ms(us / 1000)})" for step, us in slow)
         )
     if len(records) > len(shown):
-        out.append(f"whole run: {len(records) - len(shown)} more processes in --json and report.html")
+        out.append(
+            f"whole run: {len(records) - len(shown)} more processes in --json and report.html"
+        )
     for t in summary.triggered or []:
         steps = f"steps {t['first_step']}-{t['last_step']}"
         rank = f"rank {t['rank']} " if t.get("rank") is not None else ""
-        predicted = f", placed on predicted slow step {t['predicted_step']}" if t.get("predicted_step") else ""
+        predicted = (
+            f", placed on predicted slow step {t['predicted_step']}"
+            if t.get("predicted_step")
+            else ""
+        )
         missed = f"; NOT recorded: {t.get('reason')}" if t.get("recorded") is False else ""
         out.append(
-            f"triggered capture {steps} ({t['worker']}): {rank}step {t['step']} took {t['ms']:.1f} ms, baseline "
-            f"{t['baseline_ms']:.1f} ms, rule {t['rule']}{predicted}{missed}"
+            f"triggered capture {steps} ({t['worker']}): {rank}step {t['step']} took {t['ms']:.1f} "
+            f"ms, baseline {t['baseline_ms']:.1f} ms, rule {t['rule']}{predicted}{missed}"
         )
     return out

@@ -1,20 +1,23 @@
-"""The run summary document (schema "stepcli.run"): declared once, as msgspec Structs, and the one loader that checks it.
+"""The run summary document (schema "stepcli.run"): declared once, as msgspec Structs, and the one
+loader that checks it.
 
-`stepcli run` writes it (`--json`, and `summary.json` beside the step logs); `stepcli report`, `compare`, `top`,
-`table` and `whatif` read it. A file is untrusted input (hand-edited, from another version, or hostile), so
-`read_run_summary` decodes it into these types once, at the edge (`msgspec.json.decode(data, type=RunSummary)`),
-whose constraints hold the numbers finite and the counts non-negative, then checks what a type cannot say (step-time
-ranges, one phase digit per step, trace paths inside `out_dir`): a wrong field is one line naming it and exit 2,
-never a crash deep in a renderer. Each field's wording ("is not a non-negative
-integer") is the `description` of its type below, so the message comes from the declaration too.
-docs/reference/summary-json.md documents every field; tests/unit/test_summary_doc.py holds the two together.
+`stepcli run` writes it (`--json`, and `summary.json` beside the step logs); `stepcli report`,
+`compare`, `top`, `table` and `whatif` read it. A file is untrusted input (hand-edited, from another
+version, or hostile), so `read_run_summary` decodes it into these types once, at the edge
+(`msgspec.json.decode(data, type=RunSummary)`), whose constraints hold the numbers finite and the
+counts non-negative, then checks what a type cannot say (step-time ranges, one phase digit per step,
+trace paths inside `out_dir`): a wrong field is one line naming it and exit 2, never a crash deep in
+a renderer. Each field's wording ("is not a non-negative integer") is the `description` of its type
+below, so the message comes from the declaration too. docs/reference/summary-json.md documents every
+field; tests/unit/test_summary_doc.py holds the two together.
 
 `hang`, `what_would_help`, `compile` and `step_record` are declared here and built as these
 Structs by their modules. Sections of another document's shape (`ranks`, `straggler`, `culprit`,
 `device`, `flops`, `triggered`): Structs to check (`_Sections`), plain objects otherwise.
 
-This module imports no stepcli package (only the shared top-level modules), so run/, report/ and compare/ can
-all depend on it without depending on each other. stepcli.steptimes reads its step times per process.
+This module imports no stepcli package (only the shared top-level modules), so run/, report/ and
+compare/ can all depend on it without depending on each other. stepcli.steptimes reads its step
+times per process.
 """
 
 from __future__ import annotations
@@ -30,24 +33,28 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.jsonchecks import wording
 
-# The schema's name and versions, and the file's name, are the run folder's layout's (one home for them).
+# The schema's name and versions, and the file's name, are the run folder's layout's (one home for
+# them).
 from stepcli.runfolder.layout import SUMMARY_FILE as SUMMARY_FILE
 from stepcli.runfolder.layout import SUMMARY_READABLE_VERSIONS, SUMMARY_SCHEMA
 from stepcli.stats import Stats
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The value types. A description is the wording of the one-line error for a value that is not one.
 
 _FINITE = sys.float_info.max  # a JSON number past it reads as infinity: no run measures that
 Int = Annotated[int, Meta(description="an integer")]
 Count = Annotated[int, Meta(ge=0, description="a non-negative integer")]
-Number = Annotated[int | Annotated[float, Meta(ge=-_FINITE, le=_FINITE)], Meta(description="a number")]
+Number = Annotated[
+    int | Annotated[float, Meta(ge=-_FINITE, le=_FINITE)], Meta(description="a number")
+]
 Amount = Annotated[
     Annotated[int, Meta(ge=0)] | Annotated[float, Meta(ge=0, le=_FINITE)],
     Meta(description="a non-negative number"),
 ]
-# A step's time: none is under a nanosecond or over the trace reader's cap (10^18 us); such values (5e-324, 1e308)
-# are a hostile file's, and would overflow the statistics and the charts built on them (checked after decoding).
+# A step's time: none is under a nanosecond or over the trace reader's cap (10^18 us); such values
+# (5e-324, 1e308) are a hostile file's, and would overflow the statistics and the charts built on
+# them (checked after decoding).
 StepMs = Annotated[
     Annotated[int, Meta(ge=0)] | Annotated[float, Meta(ge=0, le=_FINITE)],
     Meta(description="a step time in ms (0, or 0.000001 to 10^15)"),
@@ -56,11 +63,14 @@ _MIN_STEP_MS, _MAX_STEP_MS = 1e-6, 1e15
 Phases = Annotated[str, Meta(pattern="^[\x00-\x7f]*$", description="a string of phase digits")]
 Text = Annotated[str, Meta(description="a string")]
 Flag = Annotated[bool, Meta(description="true or false")]
-SnapshotName = Annotated[str, Meta(pattern=r"^[^./\\][^/\\]*\.pickle$", description="a snapshot file name")]
-Section = dict[str, Any]  # an object shaped by another document, checked against its `_Sections` declaration
+SnapshotName = Annotated[
+    str, Meta(pattern=r"^[^./\\][^/\\]*\.pickle$", description="a snapshot file name")
+]
+# an object shaped by another document, checked against its `_Sections` declaration
+Section = dict[str, Any]
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The document.
 
 
@@ -68,8 +78,9 @@ _STAT = Annotated[Amount, Meta(extra={"missing": "is not a non-negative number"}
 
 
 class PopulationStats(Struct, kw_only=True):
-    """A population's statistics over every process's steps together (stepcli.stats.describe), and its count in
-    each process (`processes` order; absent from summaries written before it): the terminal says counts per rank."""
+    """A population's statistics over every process's steps together (stepcli.stats.describe), and
+    its count in each process (`processes` order; absent from summaries written before it): the
+    terminal says counts per rank."""
 
     count: _STAT
     mean: _STAT
@@ -80,9 +91,15 @@ class PopulationStats(Struct, kw_only=True):
     per_process: list[Count] | UnsetType = UNSET
 
     def stats(self) -> Stats:
-        """The statistics alone, as stepcli.stats and the budgets of `--fail-over` and `compare` take them."""
+        """The statistics alone, as stepcli.stats and the budgets of `--fail-over` and `compare`
+        take them."""
         return Stats(
-            count=int(self.count), mean=self.mean, median=self.median, p90=self.p90, min=self.min, max=self.max
+            count=int(self.count),
+            mean=self.mean,
+            median=self.median,
+            p90=self.p90,
+            min=self.min,
+            max=self.max,
         )
 
 
@@ -90,8 +107,9 @@ _NULL_OR_STATS = Meta(description="is neither null nor an object")
 
 
 class StepTimeMs(Struct, kw_only=True):
-    """`step_time_ms`: statistics of untouched, profiled and start-up steps (None when there are none), and of the
-    steps set aside after a window (the profiler's stop and save; absent in older summaries)."""
+    """`step_time_ms`: statistics of untouched, profiled and start-up steps (None when there are
+    none), and of the steps set aside after a window (the profiler's stop and save; absent in older
+    summaries)."""
 
     untouched: Annotated[PopulationStats | None, _NULL_OR_STATS] = None
     profiled: Annotated[PopulationStats | None, _NULL_OR_STATS] = None
@@ -129,7 +147,8 @@ class Process(Struct, kw_only=True):
     cuda_peak_bytes: Count | None = None
     intra_op_threads: Count | None = None
     requesters: dict[str, Count] = {}
-    # Read (never written) for hand-made summaries that keep each process's step times with the process:
+    # Read (never written) for hand-made summaries that keep each process's step times with the
+    # process:
     step_times_ms: list[Amount] | UnsetType = UNSET
     durations_ms: list[StepMs] | UnsetType = UNSET
     timeline_ms: list[StepMs] | UnsetType = UNSET
@@ -137,7 +156,8 @@ class Process(Struct, kw_only=True):
 
 
 class SummaryWindow(Struct, kw_only=True):
-    """One entry of `windows`: a saved trace (keys in the order the step log writes them, `worker` last)."""
+    """One entry of `windows`: a saved trace (keys in the order the step log writes them, `worker`
+    last)."""
 
     first_step: Int
     last_step: Int
@@ -146,7 +166,8 @@ class SummaryWindow(Struct, kw_only=True):
     complete: Flag = True
     note: Text | None | UnsetType = UNSET  # why it was cut short
     flops: Count | None | UnsetType = UNSET  # with --with-flops: the FLOPs counted over its steps
-    save_s: Amount | None | UnsetType = UNSET  # the pause its save put into the program (stop, write the file)
+    # the pause its save put into the program (stop, write the file)
+    save_s: Amount | None | UnsetType = UNSET
     capture: Text | UnsetType = UNSET  # the `stepcli capture` request that opened it
     trigger: Section | UnsetType = UNSET  # --capture-on-slow: what placed this window
     worker: Text = ""
@@ -172,14 +193,16 @@ class OutsideSteps(Struct, kw_only=True):
 
 
 class OtherMs(Struct, kw_only=True):
-    """`other_ms`: the breakdown's `other` per step, outside every operator and inside operators of no phase."""
+    """`other_ms`: the breakdown's `other` per step, outside every operator and inside operators of
+    no phase."""
 
     outside_operators: Number
     inside_operators: Number
 
 
 class RecordedWith(Struct, kw_only=True):
-    """`recorded_with`: what the traces hold (`table`'s recorded_with), so `next:` names the option that shows it."""
+    """`recorded_with`: what the traces hold (`table`'s recorded_with), so `next:` names the option
+    that shows it."""
 
     stacks: Flag = False  # Python frames (--with-stack)
     shapes: Flag = False  # input shapes (--record-shapes)
@@ -349,8 +372,9 @@ class StepRecord(Struct, kw_only=True):
 
 
 class RunSummary(Struct, kw_only=True):
-    """The whole document, fields in the order `stepcli run` writes them. Every field may be missing from a file
-    (schema 1, a hand-made summary): it then reads as its default; `stepcli run` writes them all."""
+    """The whole document, fields in the order `stepcli run` writes them. Every field may be missing
+    from a file (schema 1, a hand-made summary): it then reads as its default; `stepcli run` writes
+    them all."""
 
     schema: Text = SUMMARY_SCHEMA
     schema_version: Int | None = None
@@ -364,7 +388,8 @@ class RunSummary(Struct, kw_only=True):
     platform: Text | None = None
     python: Text | None = None
     torch: Text | None = None
-    environment: dict[str, Text] = {}  # CUDA_DEVICE_MAX_CONNECTIONS and NCCL_* the program started with
+    # CUDA_DEVICE_MAX_CONNECTIONS and NCCL_* the program started with
+    environment: dict[str, Text] = {}
     out_dir: Text | None = None
     schedule: dict[str, Number | None] = {}
     on_demand: Flag | None = None
@@ -380,31 +405,37 @@ class RunSummary(Struct, kw_only=True):
     top_operators: list[SummaryOpRow] = []
     top_kernels: list[SummaryOpRow] = []
     ranks: list[Section] = []
-    slowest_rank: Int | None | UnsetType = UNSET  # absent: a summary that did not say (the traces then do)
+    # absent: a summary that did not say (the traces then do)
+    slowest_rank: Int | None | UnsetType = UNSET
     straggler: Section | None = None
-    culprit: Section | None = None  # stepcli.traces.analyses.culprit via stepcli.run.summary.culpritsection
+    # stepcli.traces.analyses.culprit via stepcli.run.summary.culpritsection
+    culprit: Section | None = None
     share_of: Text | None = None
     outside_steps: OutsideSteps | None = None
     breakdown_ms: dict[str, Number] | None = None
-    other_ms: OtherMs | None = None  # of breakdown_ms["other"]: outside every operator, inside one of no phase
+    # of breakdown_ms["other"]: outside every operator, inside one of no phase
+    other_ms: OtherMs | None = None
     recorded_with: RecordedWith | None = None  # the traces hold Python stacks, input shapes
     device: Section | None = None
     flops: Section | None = None
     peak_memory: PeakMemory | None = None
-    threads: Threads | None = None  # per host, intra-op threads against cores (stepcli/run/summary/threads.py)
+    # per host, intra-op threads against cores (stepcli/run/summary/threads.py)
+    threads: Threads | None = None
     compile: CompileSection | None = None
-    # The CUDA memory snapshots this run's processes wrote (file names in out_dir, from their signed step logs):
-    # the page reads these and no other file of the folder.
+    # The CUDA memory snapshots this run's processes wrote (file names in out_dir, from their signed
+    # step logs): the page reads these and no other file of the folder.
     memory_snapshots: list[SnapshotName] = []
     hang: HangSection | None = None  # --hang-timeout's reports (stepcli/run/summary/hangreport.py)
     notes: list[Text] = []
     what_would_help: WhatWouldHelp | None = None  # `stepcli whatif` with no change
-    advice: list[AdviceItem] | UnsetType = UNSET  # absent: written before advice was (report computes it)
+    # absent: written before advice was (report computes it)
+    advice: list[AdviceItem] | UnsetType = UNSET
     step_record: list[StepRecord] = []  # the whole run's step times per process
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The sections other modules shape, declared for checking only: the fields report.html and the advice read.
+# --------------------------------------------------------------------------------------------------
+# The sections other modules shape, declared for checking only: the fields report.html and the
+# advice read.
 
 
 class _StatsCheck(Struct, kw_only=True):
@@ -455,8 +486,9 @@ class _Sections(Struct, kw_only=True):
     trigger: Section | None = None
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Loading: decode into the types above, then the checks a type cannot say; every problem is one line.
+# --------------------------------------------------------------------------------------------------
+# Loading: decode into the types above, then the checks a type cannot say; every problem is one
+# line.
 
 
 def invalid(label: str, problem: str) -> StepcliError:
@@ -470,7 +502,8 @@ def _header_problem(document: Any, label: str, required: Sequence[str]) -> None:
         raise invalid(label, "not a JSON object")
     if document.get("schema") != SUMMARY_SCHEMA:
         raise StepcliError(
-            f"{label}: unknown document schema {str(document.get('schema'))[:80]!r}; expected a {SUMMARY_SCHEMA!r} run summary",
+            f"{label}: unknown document schema {str(document.get('schema'))[:80]!r}; expected a "
+            f"{SUMMARY_SCHEMA!r} run summary",
             EXIT_USAGE,
         )
     version = document.get("schema_version")
@@ -479,7 +512,8 @@ def _header_problem(document: Any, label: str, required: Sequence[str]) -> None:
     ):
         supported = ", ".join(map(str, SUMMARY_READABLE_VERSIONS))
         raise StepcliError(
-            f"{label}: unsupported run summary schema_version {version!r} (this stepcli reads {supported}); "
+            f"{label}: unsupported run summary schema_version {version!r} (this stepcli reads "
+            f"{supported}); "
             "re-create it with this stepcli's `run --json`",
             EXIT_USAGE,
         )
@@ -489,10 +523,12 @@ def _header_problem(document: Any, label: str, required: Sequence[str]) -> None:
 
 
 def load_run_summary(document: Any, label: str, *, required: Sequence[str] = ()) -> RunSummary:
-    """`document` (decoded JSON) as a RunSummary, or StepcliError (exit 2) naming the first wrong field.
+    """`document` (decoded JSON) as a RunSummary, or StepcliError (exit 2) naming the first wrong
+    field.
 
-    Every field present must have its declared type; `required` names fields a reader cannot do without
-    (`compare` needs `schema_version`, `steps` and `step_time_ms`). Trace paths must lie inside `out_dir`.
+    Every field present must have its declared type; `required` names fields a reader cannot do
+    without (`compare` needs `schema_version`, `steps` and `step_time_ms`). Trace paths must lie
+    inside `out_dir`.
     """
     _header_problem(document, label, required)
     try:
@@ -506,7 +542,9 @@ def load_run_summary(document: Any, label: str, *, required: Sequence[str] = ())
     return summary
 
 
-def read_run_summary(data: bytes | bytearray, label: str, *, required: Sequence[str] = ()) -> RunSummary:
+def read_run_summary(
+    data: bytes | bytearray, label: str, *, required: Sequence[str] = ()
+) -> RunSummary:
     """Decode and check the bytes of a run summary file (read with stepcli.inputs.read_input)."""
     try:
         head = msgspec.json.decode(data, type=_Header)
@@ -514,7 +552,11 @@ def read_run_summary(data: bytes | bytearray, label: str, *, required: Sequence[
         head = None  # not an object, or a header of the wrong types: the header checks say which
     except msgspec.DecodeError as exc:
         raise StepcliError(f"{label}: not valid JSON ({exc})", EXIT_USAGE) from None
-    if head is None or head.schema != SUMMARY_SCHEMA or not _readable(head.schema_version, required):
+    if (
+        head is None
+        or head.schema != SUMMARY_SCHEMA
+        or not _readable(head.schema_version, required)
+    ):
         _header_problem(_RAW.decode(data), label, required)
     try:
         summary = msgspec.json.decode(data, type=RunSummary)
@@ -530,7 +572,8 @@ def read_run_summary(data: bytes | bytearray, label: str, *, required: Sequence[
     return summary
 
 
-# The document as plain objects, to say where a problem is: a number past the float range reads as inf here.
+# The document as plain objects, to say where a problem is: a number past the float range reads as
+# inf here.
 _RAW = msgspec.json.Decoder(float_hook=float)
 
 
@@ -546,17 +589,24 @@ def _readable(version: Any, required: Sequence[str]) -> bool:
 
 
 def _value_problem(summary: RunSummary) -> str | None:
-    """What the types cannot say: step times in range, one phase digit per step, traces inside `out_dir`."""
+    """What the types cannot say: step times in range, one phase digit per step, traces inside
+    `out_dir`."""
     for index, entry in enumerate(summary.step_times or []):
         if len(entry.phases) != len(entry.durations_ms):
             return f"step_times[{index}] needs durations_ms and one phase digit per step"
     series: list[tuple[str, list[float]]] = [("timeline_ms", summary.timeline_ms)]
-    series += [(f"step_times[{i}].durations_ms", e.durations_ms) for i, e in enumerate(summary.step_times or [])]
+    series += [
+        (f"step_times[{i}].durations_ms", e.durations_ms)
+        for i, e in enumerate(summary.step_times or [])
+    ]
     for i, process in enumerate(summary.processes):
         series += [(f"processes[{i}].durations_ms", process.durations_ms or [])]
         series += [(f"processes[{i}].timeline_ms", process.timeline_ms or [])]
     for where, values in series:
-        wrong = next((j for j, v in enumerate(values) if v != 0 and not _MIN_STEP_MS <= v <= _MAX_STEP_MS), None)
+        wrong = next(
+            (j for j, v in enumerate(values) if v != 0 and not _MIN_STEP_MS <= v <= _MAX_STEP_MS),
+            None,
+        )
         if wrong is not None:
             return f"{where}[{wrong}] is not a step time in ms (0, or 0.000001 to 10^15)"
     from stepcli.inputs import run_paths_problem
@@ -585,7 +635,7 @@ def _in_sections(error: msgspec.ValidationError) -> bool:
 _SECTION_NAMES = frozenset(field.encode_name for field in msgspec.structs.fields(_Sections))
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The advice entries, as the terminal and the page show them.
 
 

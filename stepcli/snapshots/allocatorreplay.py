@@ -1,10 +1,12 @@
-"""Replaying one device's allocator history: allocated and reserved bytes after every event, per step.
+"""Replaying one device's allocator history: allocated and reserved bytes after every event, per
+step.
 
-The history is a ring (`max_entries`): it may start with memory already allocated. That memory is known from
-its end: a block still allocated in the snapshot's segments that the history never allocated was there from
-the start, and a free of an address the history never allocated frees memory that was there from the start.
-Bytes count as allocated from `alloc` to `free_completed` (to `free_requested` in a history recorded without
-`free_completed` events), as torch's own `_memory_viz.trace` counts them.
+The history is a ring (`max_entries`): it may start with memory already allocated. That memory is
+known from its end: a block still allocated in the snapshot's segments that the history never
+allocated was there from the start, and a free of an address the history never allocated frees
+memory that was there from the start. Bytes count as allocated from `alloc` to `free_completed` (to
+`free_requested` in a history recorded without `free_completed` events), as torch's own
+`_memory_viz.trace` counts them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from stepcli.snapshots.snapshotreader import HistoryColumns, Segment
 ALLOCATED_STATES = ("active_allocated",)
 
 
-Live = tuple[int, int, "int | None"]  # one allocation alive in the replay: size, stack index, step made in
+# one allocation alive in the replay: size, stack index, step made in
+Live = tuple[int, int, "int | None"]
 
 
 @dataclass
@@ -43,12 +46,16 @@ class AllocatorReplay:
     oom_index: int = -1  # the last `oom` entry
     live: dict[int, Live] = field(default_factory=dict)
     steps: dict[int, StepFigures] = field(default_factory=dict)
-    survivors: dict[int, dict[int, int]] = field(default_factory=dict)  # step -> stack -> bytes alive 2 steps on
+    # step -> stack -> bytes alive 2 steps on
+    survivors: dict[int, dict[int, int]] = field(default_factory=dict)
 
     def run(self) -> AllocatorReplay:
-        """One pass, locals only in the loop: a history of millions of events takes seconds, not minutes."""
+        """One pass, locals only in the loop: a history of millions of events takes seconds, not
+        minutes."""
         entries = self.entries.rows(None, self.stop)
-        free_action = "free_completed" if self.entries.has_action("free_completed") else "free_requested"
+        free_action = (
+            "free_completed" if self.entries.has_action("free_completed") else "free_requested"
+        )
         self._initial_state(free_action)
         live, steps = self.live, self.steps
         allocated, reserved = self.allocated, self.reserved
@@ -117,7 +124,8 @@ class AllocatorReplay:
 
     def _step_started(self, step: int, by_step: dict[int, set[int]], complete: bool) -> StepFigures:
         known = self.steps.get(step)
-        if known is not None:  # an untagged stretch inside a step (another thread): the same step goes on
+        # an untagged stretch inside a step (another thread): the same step goes on
+        if known is not None:
             return known
         figures = self.steps[step] = StepFigures(
             step, self.allocated, self.allocated, self.reserved, self.reserved, complete

@@ -1,9 +1,10 @@
 """The streaming decoder's state (its buffer, its memo, what it let go of) and its fast path.
 
-Most history entries torch writes share one layout: memo references for keys, numbers, short strings, a frames
-list of memo references. `FastEntryDecoder` reads those straight from the bytes into a `Trace`, building no dict
-and no frames list and keeping nothing in the memo; the first byte it does not expect hands over to the opcode
-loop of stepcli.snapshots.unpickle (`StreamDecoder`, which extends this class).
+Most history entries torch writes share one layout: memo references for keys, numbers, short
+strings, a frames list of memo references. `FastEntryDecoder` reads those straight from the bytes
+into a `Trace`, building no dict and no frames list and keeping nothing in the memo; the first byte
+it does not expect hands over to the opcode loop of stepcli.snapshots.unpickle (`StreamDecoder`,
+which extends this class).
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from typing import Any
 
-from stepcli.snapshots.history import _FRAME_CACHE_LIMIT, HistoryBuilder, HistoryColumns, HistoryFrame
+from stepcli.snapshots.history import (
+    _FRAME_CACHE_LIMIT,
+    HistoryBuilder,
+    HistoryColumns,
+    HistoryFrame,
+)
 from stepcli.snapshots.opcodes import (
     APPEND,
     BINGET,
@@ -40,23 +46,26 @@ from stepcli.snapshots.opcodes import (
 )
 
 CHUNK = 1 << 20
-_REFS = re.compile(rb"(?:h.|j....)*e", re.DOTALL)  # a frames list's items: memo references, then APPENDS
-# A frame dict of its own (what torch writes: new dicts, shared strings): keys and values memo references (a line
-# number an int), memoized; a list of them, then APPENDS; or one, then APPEND.
+# a frames list's items: memo references, then APPENDS
+_REFS = re.compile(rb"(?:h.|j....)*e", re.DOTALL)
+# A frame dict of its own (what torch writes: new dicts, shared strings): keys and values memo
+# references (a line number an int), memoized; a list of them, then APPENDS; or one, then APPEND.
 _FRAME = rb"\}\x94\((?:(?:h.|j....)(?:h.|j....|K.|M..|J....))*u"
 _INLINE = re.compile(rb"(?:" + _FRAME + rb")+e", re.DOTALL)
 _INLINE1 = re.compile(_FRAME + rb"a", re.DOTALL)
-_NOT_NUMBERS = ("action", "user_metadata", "frames")  # keys whose value the fast loop reads only as a string/list
+# keys whose value the fast loop reads only as a string/list
+_NOT_NUMBERS = ("action", "user_metadata", "frames")
 _NOT_STRINGS = ("action", "addr", "size", "device_free", "frames")
 
 
 class _Dropped:
-    """What the memo holds in place of an entry's dict or frames list it let go: naming one again is unsupported."""
+    """What the memo holds in place of an entry's dict or frames list it let go: naming one again is
+    unsupported."""
 
 
 class FastEntryDecoder:
-    """The buffer and memo of one pickle read from `read` (a function like a file's), and the fast path that reads
-    history entries of the common layout into their `Trace`."""
+    """The buffer and memo of one pickle read from `read` (a function like a file's), and the fast
+    path that reads history entries of the common layout into their `Trace`."""
 
     def __init__(
         self,
@@ -66,27 +75,36 @@ class FastEntryDecoder:
     ) -> None:
         self._read = read
         self.builder = builder
-        self._keep = keep  # True: every entry and frame stays in the memo (a pickle that names one again)
+        # True: every entry and frame stays in the memo (a pickle that names one again)
+        self._keep = keep
         self.histories: dict[int, HistoryColumns] = {}  # id(history list) -> its columns
         self._history_lists: list[list[Any]] = []  # kept alive, so their ids stay theirs
         self._memo: dict[int, Any] = {}
-        self._memo_next = 0  # MEMOIZE's index: how many objects were memoized, dropped ones included
-        self._containers: dict[int, int] = {}  # id(dict or list in the memo) -> its index, to drop entries
-        # Dropped frames lists, by memo index (increasing) -> their stack: 8 bytes each where the list took ~200
+        # MEMOIZE's index: how many objects were memoized, dropped ones included
+        self._memo_next = 0
+        # id(dict or list in the memo) -> its index, to drop entries
+        self._containers: dict[int, int] = {}
+        # Dropped frames lists, by memo index (increasing) -> their stack: 8 bytes each where the
+        # list took ~200
         self._list_indexes = array("I")
         self._list_stacks = array("I")
-        self._string_indexes = array("I")  # dropped strings of single entries, by memo index -> their step code
+        # dropped strings of single entries, by memo index -> their step code
+        self._string_indexes = array("I")
         self._string_steps = array("I")
-        self._frame_indexes = array("I")  # frame dicts let go, by memo index (increasing) -> their Frame
+        # frame dicts let go, by memo index (increasing) -> their Frame
+        self._frame_indexes = array("I")
         self._frame_values: list[HistoryFrame] = []
-        # Frames lists of frame dicts of their own the fast path read, by memo index -> their stack: the list's
-        # dicts were memoized right after it, so memo index + k names the stack's k-th frame
+        # Frames lists of frame dicts of their own the fast path read, by memo index -> their stack:
+        # the list's dicts were memoized right after it, so memo index + k names the stack's k-th
+        # frame
         self._inline_indexes = array("I")
         self._inline_stacks = array("I")
         self._nested_lists = 0  # lists held in lists so far (shape.MAX_NESTED_LISTS)
         self._held = 0  # dicts, lists and sets held in dicts so far (shape.MAX_HELD)
-        self._records: set[int] = set()  # ids of the segment and block dicts put in lists (each once)
-        self._stacks_by_refs: dict[bytes, int] = {}  # a frames list's bytes (memo references) -> stack index
+        # ids of the segment and block dicts put in lists (each once)
+        self._records: set[int] = set()
+        # a frames list's bytes (memo references) -> stack index
+        self._stacks_by_refs: dict[bytes, int] = {}
         self._key_names: dict[bytes, str] = {}  # a key's memo reference bytes -> the key
         self._data = b""
         self._pos = 0
@@ -107,7 +125,8 @@ class FastEntryDecoder:
                 return frames[offset]
         return None
 
-    # -- the buffer -----------------------------------------------------------------------------------------------
+    # -- the buffer
+    # ----------------------------------------------------------------------------------------------
     def _fill(self, data: bytes, pos: int, need: int) -> tuple[bytes, int]:
         """At least `need` bytes from pos on (fewer only at the end of the file)."""
         parts = [data[pos:]]
@@ -121,26 +140,34 @@ class FastEntryDecoder:
             have += len(chunk)
         return b"".join(parts), 0
 
-    # -- the fast path -------------------------------------------------------------------------------------------------
+    # -- the fast path
+    # ----------------------------------------------------------------------------------------------
     def _fast_entries(self, trace: HistoryColumns) -> None:
-        """History entries in the common layout, read straight from the bytes: no dict, no frames list, nothing
-        kept in the memo (each MEMOIZE only counted). Stops at the first byte it does not expect, where the
-        slow loop takes over (the end of a batch, a frame boundary, a new string or frame, an odd layout)."""
+        """History entries in the common layout, read straight from the bytes: no dict, no frames
+        list, nothing kept in the memo (each MEMOIZE only counted). Stops at the first byte it does
+        not expect, where the slow loop takes over (the end of a batch, a frame boundary, a new
+        string or frame, an odd layout)."""
         if self._seen_put or self._keep:
             return
         try:
             self._fast_loop(trace)
-        except (IndexError, struct.error):  # an entry past the bytes at hand: the slow loop reads it
+        # an entry past the bytes at hand: the slow loop reads it
+        except (IndexError, struct.error):
             pass
 
-    def _fast_loop(self, trace: HistoryColumns) -> None:  # noqa: C901 (one function: a call per field would cost ~20%)
+    # one function: a call per field would cost ~20%
+    def _fast_loop(self, trace: HistoryColumns) -> None:  # noqa: C901
         data, pos = self._data, self._pos
         memo = self._memo
         key_names = self._key_names
         stacks_by_refs = self._stacks_by_refs
         builder = self.builder
         action_code, step_code = builder.action_code, builder.step_code
-        add_action, add_addr, add_size = trace.actions.append, trace.addrs.append, trace.sizes.append
+        add_action, add_addr, add_size = (
+            trace.actions.append,
+            trace.addrs.append,
+            trace.sizes.append,
+        )
         add_stack, add_step = trace.stacks.append, trace.steps.append
         unpack_I, unpack_H, unpack_i = _unpack_I, _unpack_H, _unpack_i
         memo_next = self._memo_next
@@ -189,7 +216,8 @@ class FastEntryDecoder:
                         break
                     key = key_names[key_ref] = found
                 op = data[pos]
-                if op == BINGET or op == LONG_BINGET:  # a memoized value: the action, "", a shared string
+                # a memoized value: the action, "", a shared string
+                if op == BINGET or op == LONG_BINGET:
                     width = 2 if op == BINGET else 5
                     value_ref = data[pos : pos + width]
                     pos += width
@@ -209,7 +237,8 @@ class FastEntryDecoder:
                         else:
                             ok = False
                             break
-                    elif key == "frames":  # a list named again: a block's, or an earlier event's of this allocation
+                    # a list named again: a block's, or an earlier event's of this allocation
+                    elif key == "frames":
                         index = value_ref[1] if width == 2 else unpack_I(value_ref, 1)[0]
                         found = memo.get(index, _Dropped)
                         if found is _Dropped:
@@ -252,7 +281,8 @@ class FastEntryDecoder:
                     elif key in _NOT_NUMBERS:
                         ok = False
                         break
-                elif op == SHORT_BINUNICODE:  # a string made for this entry (user_metadata, compile_context)
+                # a string made for this entry (user_metadata, compile_context)
+                elif op == SHORT_BINUNICODE:
                     n = data[pos + 1]
                     text = data[pos + 2 : pos + 2 + n]
                     pos += 2 + n
@@ -262,7 +292,8 @@ class FastEntryDecoder:
                     text_step = step_code(text)
                     if key == "user_metadata":
                         step = text_step
-                    if data[pos] == MEMOIZE:  # torch makes this string for this entry alone: its step is kept
+                    # torch makes this string for this entry alone: its step is kept
+                    if data[pos] == MEMOIZE:
                         new_strings.append((memo_next, text_step))
                         memo_next += 1
                         pos += 1
@@ -302,7 +333,11 @@ class FastEntryDecoder:
                     if refs:
                         hit = stacks_by_refs.get(refs)
                         if hit is None:
-                            hit = self._stack_of_refs(refs) if inline is None else self._stack_of_inline(inline)
+                            hit = (
+                                self._stack_of_refs(refs)
+                                if inline is None
+                                else self._stack_of_inline(inline)
+                            )
                             if hit is None:
                                 ok = False
                                 break
@@ -323,7 +358,9 @@ class FastEntryDecoder:
                 break
             code = codes.get(action)
             if code is None:
-                named = memo.get(action[1] if len(action) == 2 else unpack_I(action, 1)[0], _Dropped)
+                named = memo.get(
+                    action[1] if len(action) == 2 else unpack_I(action, 1)[0], _Dropped
+                )
                 if type(named) is not str:
                     break
                 code = codes[action] = action_code(named)
@@ -342,10 +379,12 @@ class FastEntryDecoder:
             for index, text_step in new_strings:
                 string_indexes.append(index)
                 string_steps.append(text_step)
-            self._pos, self._memo_next = pos, memo_next  # this entry is done, whatever happens to the next
+            # this entry is done, whatever happens to the next
+            self._pos, self._memo_next = pos, memo_next
 
     def _stack_of_refs(self, refs: bytes) -> int | None:
-        """The stack a frames list of memo references names; None when the bytes are not only references."""
+        """The stack a frames list of memo references names; None when the bytes are not only
+        references."""
         frames = []
         pos = 0
         memo = self._memo
@@ -375,8 +414,8 @@ class FastEntryDecoder:
         return index
 
     def _stack_of_inline(self, body: bytes) -> int | None:
-        """The stack of a frames list of frame dicts of their own (each `}\\x94(` key value ... `u`, the keys
-        torch's three); None for any other layout (the slow loop reads it)."""
+        """The stack of a frames list of frame dicts of their own (each `}\\x94(` key value ... `u`,
+        the keys torch's three); None for any other layout (the slow loop reads it)."""
         frames = []
         memo = self._memo
         pos = 0
@@ -403,7 +442,8 @@ class FastEntryDecoder:
 
     @staticmethod
     def _ref_or_int(body: bytes, pos: int, memo: dict[int, Any]) -> tuple[Any, int]:
-        """The value at pos (a memo reference or an int) and the position after it; _Dropped when unknown."""
+        """The value at pos (a memo reference or an int) and the position after it; _Dropped when
+        unknown."""
         op = body[pos]
         if op == BINGET:
             return memo.get(body[pos + 1], _Dropped), pos + 2

@@ -1,9 +1,9 @@
 """The model of a memory snapshot's history, and the builder the streaming decoder fills it with.
 
-`Trace` keeps one device's allocator events as columns (25 bytes an event); `HistoryBuilder` interns stacks,
-codes actions and steps, and appends each entry to those columns, whichever way the decoder read it (the fast
-path in stepcli.snapshots.fastentries or the opcode loop in stepcli.snapshots.unpickle). The decoder's errors
-live here too, since the builder raises them.
+`Trace` keeps one device's allocator events as columns (25 bytes an event); `HistoryBuilder` interns
+stacks, codes actions and steps, and appends each entry to those columns, whichever way the decoder
+read it (the fast path in stepcli.snapshots.fastentries or the opcode loop in
+stepcli.snapshots.unpickle). The decoder's errors live here too, since the builder raises them.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ class Truncated(Exception):
 
 
 class NotSnapshot(Exception):
-    """The first object that is not of a snapshot's shape (a list of empty lists, a dict of the wrong keys, a
-    string of megabytes): refused as soon as it is read, before the rest is built. `verbatim`: the message is
-    the whole line (not a pickle at all, a pickle of something else)."""
+    """The first object that is not of a snapshot's shape (a list of empty lists, a dict of the
+    wrong keys, a string of megabytes): refused as soon as it is read, before the rest is built.
+    `verbatim`: the message is the whole line (not a pickle at all, a pickle of something else)."""
 
     def __init__(self, reason: str, verbatim: bool = False) -> None:
         super().__init__(reason)
@@ -35,7 +35,8 @@ class NotSnapshot(Exception):
 
 
 class ClassRefused(Exception):
-    """The pickle asks for a class or function (or a persistent object): never built, whatever it is."""
+    """The pickle asks for a class or function (or a persistent object): never built, whatever it
+    is."""
 
 
 class HistoryFrame(NamedTuple):
@@ -48,8 +49,9 @@ Stack = tuple[HistoryFrame, ...]
 
 
 class Entry(NamedTuple):
-    """One allocator event of the history: alloc, free_requested, free_completed, segment_alloc, segment_free,
-    segment_map, segment_unmap, snapshot or oom (whose `addr` is the device's free bytes)."""
+    """One allocator event of the history: alloc, free_requested, free_completed, segment_alloc,
+    segment_free, segment_map, segment_unmap, snapshot or oom (whose `addr` is the device's free
+    bytes)."""
 
     action: str
     addr: int
@@ -59,20 +61,22 @@ class Entry(NamedTuple):
 
 
 class StackRef(NamedTuple):
-    """A frames list the decoder dropped, named again (torch shares one list among an allocation's alloc and free
-    events): the stack it was."""
+    """A frames list the decoder dropped, named again (torch shares one list among an allocation's
+    alloc and free events): the stack it was."""
 
     stack: int
 
 
 class StepRef(NamedTuple):
-    """A string made for one entry (its `user_metadata`) the decoder dropped, named again: its step code."""
+    """A string made for one entry (its `user_metadata`) the decoder dropped, named again: its step
+    code."""
 
     code: int
 
 
 class HistoryColumns(Sequence[Entry]):
-    """One device's history as columns: 25 bytes an entry, where a tuple of Python objects would take ~150."""
+    """One device's history as columns: 25 bytes an entry, where a tuple of Python objects would
+    take ~150."""
 
     def __init__(self, names: list[str], steps: list[int | None]) -> None:
         self.names = names  # action code -> action (shared by the snapshot's traces)
@@ -94,7 +98,11 @@ class HistoryColumns(Sequence[Entry]):
 
     def __getitem__(self, index: int | slice) -> Entry | Sequence[Entry]:
         if isinstance(index, slice):
-            return list(self.rows(index.start, index.stop)) if index.step is None else list(self)[index]
+            return (
+                list(self.rows(index.start, index.stop))
+                if index.step is None
+                else list(self)[index]
+            )
         return Entry(
             self.names[self.actions[index]],
             self.addrs[index],
@@ -107,7 +115,8 @@ class HistoryColumns(Sequence[Entry]):
         return map(Entry._make, self.rows())
 
     def rows(self, start: int | None = None, stop: int | None = None) -> Iterator[Entry]:
-        """(action, addr, size, stack, step) tuples, made one at a time: a replay's loop over millions."""
+        """(action, addr, size, stack, step) tuples, made one at a time: a replay's loop over
+        millions."""
         names, steps = self.names, self.step_values
         rows = zip(
             map(names.__getitem__, self.actions),
@@ -125,15 +134,17 @@ class HistoryColumns(Sequence[Entry]):
 
 
 def _text(value: Any) -> str:
-    """A frame's file or function name: a string in every snapshot torch writes. Anything else is refused rather
-    than turned into text (a list nested 200,000 deep would take the whole stack to print)."""
+    """A frame's file or function name: a string in every snapshot torch writes. Anything else is
+    refused rather than turned into text (a list nested 200,000 deep would take the whole stack to
+    print)."""
     if type(value) is not str:
         raise TypeError(f"a frame's name is a {type(value).__name__}, not a string")
     return value
 
 
 class HistoryBuilder:
-    """Stacks interned (frame dicts kept once), steps and actions coded, entries appended to `Trace` columns."""
+    """Stacks interned (frame dicts kept once), steps and actions coded, entries appended to `Trace`
+    columns."""
 
     def __init__(self, step_tag: str) -> None:
         self.stacks: list[Stack] = [()]
@@ -141,7 +152,8 @@ class HistoryBuilder:
             HistoryFrame, HistoryFrame
         ] = {}  # each distinct frame once, whatever number of dicts named it
         self._stack_index: dict[Stack, int] = {(): 0}
-        self._frames: dict[int, tuple[object, HistoryFrame]] = {}  # id(frame dict) -> (the dict, kept alive; its Frame)
+        # id(frame dict) -> (the dict, kept alive; its Frame)
+        self._frames: dict[int, tuple[object, HistoryFrame]] = {}
         self._by_ids: dict[tuple[int, ...], int] = {}
         self.names: list[str] = []
         self._codes: dict[str, int] = {}
@@ -153,8 +165,9 @@ class HistoryBuilder:
         return HistoryColumns(self.names, self.step_values)
 
     def stack(self, frames: Any) -> int:
-        """The index of this stack. torch shares each distinct frame dict among all entries, so the ids of a
-        list's frame dicts (kept alive here, so ids stay unique) find a known stack without reading a field."""
+        """The index of this stack. torch shares each distinct frame dict among all entries, so the
+        ids of a list's frame dicts (kept alive here, so ids stay unique) find a known stack without
+        reading a field."""
         if not frames:
             return 0
         if type(frames) is StackRef:
@@ -164,12 +177,14 @@ class HistoryBuilder:
         if index is not None:
             return index
         cache = self._frames
-        if len(cache) > _FRAME_CACHE_LIMIT:  # a writer that never shares frame dicts: start the cache over
+        # a writer that never shares frame dicts: start the cache over
+        if len(cache) > _FRAME_CACHE_LIMIT:
             cache.clear()
             self._by_ids.clear()
         out: list[HistoryFrame] = []
         for raw in frames:
-            if type(raw) is HistoryFrame:  # converted as its dict was read: interned, so its id is stable
+            # converted as its dict was read: interned, so its id is stable
+            if type(raw) is HistoryFrame:
                 out.append(raw)
                 continue
             hit = cache.get(id(raw))
@@ -199,7 +214,11 @@ class HistoryBuilder:
             return metadata.code
         code = self._step_codes.get(metadata)
         if code is None:
-            text = metadata.decode("utf-8", "surrogatepass") if isinstance(metadata, bytes) else str(metadata)
+            text = (
+                metadata.decode("utf-8", "surrogatepass")
+                if isinstance(metadata, bytes)
+                else str(metadata)
+            )
             tag = self._tag
             digits = text[len(tag) :]
             value = int(digits) if text.startswith(tag) and digits.isdigit() else None
@@ -224,7 +243,8 @@ class HistoryBuilder:
         return code
 
     def add(self, trace: HistoryColumns, raw: Any) -> None:
-        """One entry's dict (any layout torch writes) -> one row: the fields as `int`/`str` read them."""
+        """One entry's dict (any layout torch writes) -> one row: the fields as `int`/`str` read
+        them."""
         action = raw["action"]
         if type(action) is StepRef or type(action) is StackRef:
             raise Unsupported("an action named by reference to a dropped string")

@@ -15,16 +15,20 @@ from stepcli.snapshots.snapshotfigures import analyze
 from stepcli.snapshots.snapshotreader import find_snapshots, load_snapshot
 
 PROGRESS_AFTER_S = 2.0  # a read shorter than this says nothing
-PROGRESS_EVERY_S = 10.0  # off a terminal (a CI log): one line this often; on one, the line is redrawn
+# off a terminal (a CI log): one line this often; on one, the line is redrawn
+PROGRESS_EVERY_S = 10.0
 
 
-def memory_main(path: str, *, as_json: bool, top: int, max_memory: int = DEFAULT_DECODE_BYTES) -> str:
-    """The report of every snapshot PATH holds (JSON or text), for the command to print; StepcliError: exit 2 bad
-    input, 3 a run folder without any snapshot."""
+def memory_main(
+    path: str, *, as_json: bool, top: int, max_memory: int = DEFAULT_DECODE_BYTES
+) -> str:
+    """The report of every snapshot PATH holds (JSON or text), for the command to print;
+    StepcliError: exit 2 bad input, 3 a run folder without any snapshot."""
     files = find_snapshots(path)
     if not files:
         raise StepcliError(
-            f"{path}: no memory snapshot here (oom-*.pickle is written by `stepcli run --memory` when a process "
+            f"{path}: no memory snapshot here (oom-*.pickle is written by `stepcli run --memory` "
+            f"when a process "
             "runs out of CUDA memory, memory-*.pickle by `stepcli capture --memory-snapshot`)",
             EXIT_NOTHING_MEASURED,
         )
@@ -40,14 +44,16 @@ def memory_main(path: str, *, as_json: bool, top: int, max_memory: int = DEFAULT
         reports.append(report)
     if as_json:
         return to_json(reports)
-    from stepcli.safetext import visible_all  # file and function names from the snapshot: control characters shown
+    # file and function names from the snapshot: control characters shown
+    from stepcli.safetext import visible_all
 
     return "\n\n".join(to_text(visible_all(report)) for report in reports)
 
 
 class ReadProgress:
-    """How far a long read of a snapshot is, on stderr: nothing for the first seconds; then, on a terminal, one
-    line redrawn in place (cleared at the end), elsewhere a plain line every PROGRESS_EVERY_S."""
+    """How far a long read of a snapshot is, on stderr: nothing for the first seconds; then, on a
+    terminal, one line redrawn in place (cleared at the end), elsewhere a plain line every
+    PROGRESS_EVERY_S."""
 
     def __init__(self, path: str, out: TextIO) -> None:
         from stepcli.safetext import visible
@@ -65,7 +71,9 @@ class ReadProgress:
     def __call__(self, read: int, size: int) -> None:
         now = time.monotonic()
         elapsed = now - self._start
-        if elapsed < PROGRESS_AFTER_S or now - self._shown < (0.25 if self._terminal else PROGRESS_EVERY_S):
+        if elapsed < PROGRESS_AFTER_S or now - self._shown < (
+            0.25 if self._terminal else PROGRESS_EVERY_S
+        ):
             return
         self._shown = now
         share = f"{min(read / size, 1.0):.0%} of " if size else ""
@@ -80,7 +88,8 @@ class ReadProgress:
         self._out.flush()
 
     def done(self) -> None:
-        """The read is over: a line drawn on a terminal is cleared (what follows starts on a clean line)."""
+        """The read is over: a line drawn on a terminal is cleared (what follows starts on a clean
+        line)."""
         if self._drawn:
             self._out.write("\r\x1b[K")
             self._out.flush()

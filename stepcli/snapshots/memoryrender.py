@@ -15,7 +15,9 @@ _STEP_ROWS = 12  # the last steps shown in the text output (--json has them all)
 
 
 def to_json(reports: list[dict[str, Any]]) -> str:
-    return json.dumps({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "snapshots": reports}, indent=2)
+    return json.dumps(
+        {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "snapshots": reports}, indent=2
+    )
 
 
 def _place(frame: dict[str, Any] | None) -> str:
@@ -32,7 +34,9 @@ def _place(frame: dict[str, Any] | None) -> str:
 
 
 def to_text(report: dict[str, Any]) -> str:
-    lines = [f"{report['file']}: device {report['device']}, {report['history_entries']} history events"]
+    lines = [
+        f"{report['file']}: device {report['device']}, {report['history_entries']} history events"
+    ]
     lines += _moment_lines(report)
     lines.append("split:")
     allocated = max(report["moment"]["allocated_bytes"], 1)
@@ -45,8 +49,9 @@ def to_text(report: dict[str, Any]) -> str:
         for row in report["top_sites"]:
             via = f"  (via {_place(row['via'])})" if row["via"] else ""
             lines.append(
-                f"  {size(row['bytes']):>12} {row['share']:4.0%} {row['blocks']:>6} block{'s' if row['blocks'] != 1 else ' '}  "
-                f"{_place(row['site'])}  [{LABELS[row['category']]}]{via}"
+                f"  {size(row['bytes']):>12} {row['share']:4.0%} {row['blocks']:>6} "
+                f"block{'s' if row['blocks'] != 1 else ' '}  {_place(row['site'])}  "
+                f"[{LABELS[row['category']]}]{via}"
             )
     lines += _step_lines(report["steps"])
     for item in report["advice"]:
@@ -59,21 +64,30 @@ def _moment_lines(report: dict[str, Any]) -> list[str]:
     moment, request = report["moment"], report["oom"]
     lines = []
     step = f"at step {moment['step']}" if moment["step"] is not None else "at an unknown step"
-    when = f"{step}, in {moment['phase']}" if moment["phase"] in PHASES else f"{step} ({moment['phase']})"
+    when = (
+        f"{step}, in {moment['phase']}"
+        if moment["phase"] in PHASES
+        else f"{step} ({moment['phase']})"
+    )
     if moment["kind"] == "oom":
         lines.append(f"out of memory {when}")
         if request:
             free = request.get("device_free_bytes")
             total = request.get("device_total_bytes")
             of = f" of {size(total)}" if total else ""
-            if total and free is not None and free > total:  # torch reports the cap there, the device's free memory
+            # torch reports the cap there, the device's free memory
+            if total and free is not None and free > total:
                 of = f", of which this process may use {size(total)} (a memory fraction is set)"
             lines.append(
-                f"failed request: {size(request['requested_bytes'])}, with {size(free)} free on the device{of}"
+                f"failed request: {size(request['requested_bytes'])}, with {size(free)} free on "
+                f"the device{of}"
             )
     else:
         lines.append(f"peak memory {when}")
-    lines.append(f"then: {size(moment['allocated_bytes'])} allocated, {size(moment['reserved_bytes'])} reserved")
+    lines.append(
+        f"then: {size(moment['allocated_bytes'])} allocated, {size(moment['reserved_bytes'])} "
+        f"reserved"
+    )
     return lines
 
 
@@ -95,7 +109,10 @@ def _step_lines(steps: list[dict[str, Any]]) -> list[str]:
     if not steps:
         return ["steps: unknown (allocations carry no step: not written by `stepcli run --memory`)"]
     shown = steps[-_STEP_ROWS:]
-    lines = [f"steps (allocated at start -> peak{', last ' + str(len(shown)) if len(shown) < len(steps) else ''}):"]
+    lines = [
+        f"steps (allocated at start -> "
+        f"peak{', last ' + str(len(shown)) if len(shown) < len(steps) else ''}):"
+    ]
     for row in shown:
         partial = "" if row["complete"] else "  (its start predates the history)"
         lines.append(

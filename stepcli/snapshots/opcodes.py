@@ -1,5 +1,5 @@
-"""The pickle opcodes and byte readers shared by the streaming decoder's opcode loop (stepcli.snapshots.unpickle)
-and its fast path (stepcli.snapshots.fastentries)."""
+"""The pickle opcodes and byte readers shared by the streaming decoder's opcode loop
+(stepcli.snapshots.unpickle) and its fast path (stepcli.snapshots.fastentries)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""One snapshot -> the figures `stepcli memory` prints: the moment (the out-of-memory error, else the peak), its
-step and phase, the split, fragmentation, the top allocation sites, every step's figures, and a leak if any."""
+"""One snapshot -> the figures `stepcli memory` prints: the moment (the out-of-memory error, else
+the peak), its step and phase, the split, fragmentation, the top allocation sites, every step's
+figures, and a leak if any."""
 
 from __future__ import annotations
 
@@ -18,15 +19,18 @@ _MAX_DEVICE = 2**31 - 1  # a CUDA device index is a C int
 
 
 def choose_device(snapshot: Snapshot) -> int:
-    """The device the snapshot is about: the one that ran out of memory (as stepcli's record names it, else as the
-    history shows), else the one holding the most memory. A record naming a device no index reaches (-1 would
-    otherwise silently pick the last device) is TraceError."""
+    """The device the snapshot is about: the one that ran out of memory (as stepcli's record names
+    it, else as the history shows), else the one holding the most memory. A record naming a device
+    no index reaches (-1 would otherwise silently pick the last device) is TraceError."""
     info = snapshot.info or {}
     named = info.get("device")
     if isinstance(named, int) and not isinstance(named, bool):
         if not 0 <= named <= _MAX_DEVICE:
             shown = str(named) if len(str(named)) <= 20 else str(named)[:20] + "..."
-            raise TraceError(snapshot.path, f"stepcli's record in it names device {shown}, which is no device index")
+            raise TraceError(
+                snapshot.path,
+                f"stepcli's record in it names device {shown}, which is no device index",
+            )
         return named
     for device, trace in enumerate(snapshot.traces):
         if trace.has_action("oom"):
@@ -43,7 +47,9 @@ def choose_device(snapshot: Snapshot) -> int:
 def analyze(snapshot: Snapshot, top: int = 10) -> dict[str, Any]:
     """Everything about one snapshot, as plain data (the `--json` document's per-snapshot part)."""
     device = choose_device(snapshot)
-    entries = snapshot.traces[device] if device < len(snapshot.traces) else HistoryColumns([], [None])
+    entries = (
+        snapshot.traces[device] if device < len(snapshot.traces) else HistoryColumns([], [None])
+    )
     segments = [s for s in snapshot.segments if s.device == device]
     whole = AllocatorReplay(entries, segments).run()
     info = snapshot.info
@@ -61,7 +67,9 @@ def analyze(snapshot: Snapshot, top: int = 10) -> dict[str, Any]:
         else (entries[whole.peak_index] if not oom and whole.peak_index >= 0 else None)
     )
     moment = _moment(snapshot, at, moment_entry, oom)
-    largest_free = max((b.size for s in segments for b in s.blocks if b.state == "inactive"), default=0)
+    largest_free = max(
+        (b.size for s in segments for b in s.blocks if b.state == "inactive"), default=0
+    )
     request = _request(info, moment_entry if oom else None)
     return {
         "file": snapshot.path,
@@ -76,7 +84,9 @@ def analyze(snapshot: Snapshot, top: int = 10) -> dict[str, Any]:
             "allocated_bytes": at.allocated,
             "free_in_reserved_bytes": max(at.reserved - at.allocated, 0),
             "largest_free_block_bytes": largest_free,
-            "request_fits_largest_block": (largest_free >= request["requested_bytes"]) if request else None,
+            "request_fits_largest_block": (largest_free >= request["requested_bytes"])
+            if request
+            else None,
             "expandable_segments": bool(snapshot.allocator_settings.get("expandable_segments"))
             or any(s.expandable for s in segments),
         },
@@ -106,7 +116,8 @@ def _moment(snapshot: Snapshot, at: AllocatorReplay, entry: Any, oom: bool) -> d
 
 
 def _request(info: dict[str, Any] | None, entry: Any) -> dict[str, Any] | None:
-    """What the failed allocation asked for: from the agent's record, else from the history's `oom` event."""
+    """What the failed allocation asked for: from the agent's record, else from the history's `oom`
+    event."""
     if info is not None and _byte_count(info.get("requested_bytes")) is not None:
         return {
             "requested_bytes": info["requested_bytes"],
@@ -114,13 +125,17 @@ def _request(info: dict[str, Any] | None, entry: Any) -> dict[str, Any] | None:
             "device_total_bytes": _byte_count(info.get("device_total_bytes")),
         }
     if entry is not None:
-        return {"requested_bytes": entry.size, "device_free_bytes": entry.addr, "device_total_bytes": None}
+        return {
+            "requested_bytes": entry.size,
+            "device_free_bytes": entry.addr,
+            "device_total_bytes": None,
+        }
     return None
 
 
 def _byte_count(value: Any) -> int | None:
-    """A count of bytes from the agent's record, or None for anything else (a snapshot is untrusted input: a
-    string, a float, NaN or a negative number there is no figure to show)."""
+    """A count of bytes from the agent's record, or None for anything else (a snapshot is untrusted
+    input: a string, a float, NaN or a negative number there is no figure to show)."""
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63:
         return value
     return None
@@ -154,7 +169,12 @@ def _sites(stacks: list[Stack], at: AllocatorReplay, top: int) -> list[dict[str,
         frame, via = _site_key(stacks, stack)
         row = sites.get(frame)
         if row is None:
-            row = sites[frame] = {"site": _frame_json(frame), "via": _frame_json(via), "bytes": 0, "blocks": 0}
+            row = sites[frame] = {
+                "site": _frame_json(frame),
+                "via": _frame_json(via),
+                "bytes": 0,
+                "blocks": 0,
+            }
             row["_categories"] = {}
         row["bytes"] += size
         row["blocks"] += 1
@@ -187,12 +207,13 @@ def find_leak(
     at: AllocatorReplay | None = None,
     moment_step: int | None = None,
 ) -> dict[str, Any] | None:
-    """Tensors made in earlier steps, still alive and piling up: allocated memory at the start of a step (the same
-    phase every step) that grew over the last LEAK_MIN_INCREASES+ consecutive steps by LEAK_MIN_BYTES+ in all,
-    while every one of those steps (whose fate is known) left allocations alive two steps on, LEAK_MIN_BYTES+ in
-    all. A start-of-step figure that only grows with the batch (each step's tensors freed in the next one) is no
-    leak. With it, the site whose allocations outlive their step by the most bytes in every one of those steps,
-    and (`at`: the moment's replay) the bytes that site's allocations of earlier steps than the moment's
+    """Tensors made in earlier steps, still alive and piling up: allocated memory at the start of a
+    step (the same phase every step) that grew over the last LEAK_MIN_INCREASES+ consecutive steps
+    by LEAK_MIN_BYTES+ in all, while every one of those steps (whose fate is known) left allocations
+    alive two steps on, LEAK_MIN_BYTES+ in all. A start-of-step figure that only grows with the
+    batch (each step's tensors freed in the next one) is no leak. With it, the site whose
+    allocations outlive their step by the most bytes in every one of those steps, and (`at`: the
+    moment's replay) the bytes that site's allocations of earlier steps than the moment's
     (`moment_step`) hold then, `held_bytes`."""
     series = [f for f in sorted(steps.values(), key=lambda f: f.step) if f.complete]
     if not series:
@@ -209,7 +230,8 @@ def find_leak(
     checked = [f.step for f in run[:-1] if f.step in survivors]
     kept = [sum(survivors[step].values()) for step in checked]
     if not checked or min(kept) <= 0 or sum(kept) < LEAK_MIN_BYTES:
-        return None  # nothing made in those steps stays alive: memory grew with the work, not with kept tensors
+        # nothing made in those steps stays alive: memory grew with the work, not with kept tensors
+        return None
     per_site: dict[HistoryFrame | None, dict[int, int]] = {}
     for step in checked:
         for stack, size in survivors[step].items():
@@ -218,7 +240,9 @@ def find_leak(
             bucket[step] = bucket.get(step, 0) + size
     steady = {frame: sizes for frame, sizes in per_site.items() if len(sizes) == len(checked)}
     grows = max(steady, key=lambda f: sum(steady[f].values()), default=None) if steady else None
-    held, held_activations = _held(stacks, at, grows, moment_step) if grows is not None else (None, None)
+    held, held_activations = (
+        _held(stacks, at, grows, moment_step) if grows is not None else (None, None)
+    )
     return {
         "first_step": run[0].step,
         "last_step": run[-1].step,
@@ -226,7 +250,9 @@ def find_leak(
         "growth_bytes": growth,
         "per_step_bytes": growth // (len(run) - 1),
         "site": _frame_json(grows),
-        "site_bytes_per_step": (sum(steady[grows].values()) // len(checked)) if grows in steady else None,
+        "site_bytes_per_step": (sum(steady[grows].values()) // len(checked))
+        if grows in steady
+        else None,
         "held_bytes": held,
         "held_activation_bytes": held_activations,
     }
@@ -235,8 +261,9 @@ def find_leak(
 def _held(
     stacks: list[Stack], at: AllocatorReplay | None, site: HistoryFrame, moment_step: int | None
 ) -> tuple[int | None, int | None]:
-    """(bytes, of which activations) alive at the moment that the leak's site allocated in steps before the
-    moment's (tensors of the moment's own step are not kept yet); (None, None) without a moment or its step."""
+    """(bytes, of which activations) alive at the moment that the leak's site allocated in steps
+    before the moment's (tensors of the moment's own step are not kept yet); (None, None) without a
+    moment or its step."""
     if at is None or moment_step is None:
         return None, None
     held = activations = 0

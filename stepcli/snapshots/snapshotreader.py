@@ -1,17 +1,20 @@
-"""Reading CUDA memory snapshots: pickles of `torch.cuda.memory._snapshot()`, from disk, possibly hostile.
+"""Reading CUDA memory snapshots: pickles of `torch.cuda.memory._snapshot()`, from disk, possibly
+hostile.
 
-A pickle can run any code when loaded, so a snapshot is only ever decoded into plain data (dicts, lists, tuples,
-strings, bytes, numbers, and the builtins `set` and `frozenset`): any request for another class or function, or a
-persistent id, is refused before anything is built. The file is streamed (its bytes are never held as a whole),
-and the size read (after gunzip for a `.gz`) is capped like every input (STEPCLI_MAX_INPUT_BYTES, 4 GiB).
+A pickle can run any code when loaded, so a snapshot is only ever decoded into plain data (dicts,
+lists, tuples, strings, bytes, numbers, and the builtins `set` and `frozenset`): any request for
+another class or function, or a persistent id, is refused before anything is built. The file is
+streamed (its bytes are never held as a whole), and the size read (after gunzip for a `.gz`) is
+capped like every input (STEPCLI_MAX_INPUT_BYTES, 4 GiB).
 
-Shape and memory: stepcli.snapshots.unpickle decodes the pickle opcode by opcode, checks every object against a
-snapshot's shape as it is built (stepcli.snapshots.shape: the first that is not is refused, nothing more is
-built), and turns each history entry into a row of columns (25 bytes) as soon as it is read, keeping neither its
-dict nor its frames list nor its frame dicts: the peak is the rows, the interned stacks and frames, the segments
-and the replay's per-address state (scripts/bench_memory.py). Whatever the file, the decoding never grows the
-process by more than an absolute budget (`max_memory`, 4 GiB by default, `stepcli memory --max-memory`), looked
-at every MiB of pickle read; past it, one line.
+Shape and memory: stepcli.snapshots.unpickle decodes the pickle opcode by opcode, checks every
+object against a snapshot's shape as it is built (stepcli.snapshots.shape: the first that is not is
+refused, nothing more is built), and turns each history entry into a row of columns (25 bytes) as
+soon as it is read, keeping neither its dict nor its frames list nor its frame dicts: the peak is
+the rows, the interned stacks and frames, the segments and the replay's per-address state
+(scripts/bench_memory.py). Whatever the file, the decoding never grows the process by more than an
+absolute budget (`max_memory`, 4 GiB by default, `stepcli memory --max-memory`), looked at every MiB
+of pickle read; past it, one line.
 """
 
 from __future__ import annotations
@@ -30,7 +33,12 @@ from stepcli.agent.cudamemory import STEP_TAG
 from stepcli.errors import TraceError
 from stepcli.inputs import GZIP_MAGIC
 from stepcli.limits import DEFAULT_DECODE_BYTES, input_limit
-from stepcli.runfolder.layout import ON_DEMAND_PREFIX, SNAPSHOT_KEY, SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX
+from stepcli.runfolder.layout import (
+    ON_DEMAND_PREFIX,
+    SNAPSHOT_KEY,
+    SNAPSHOT_PREFIX,
+    SNAPSHOT_SUFFIX,
+)
 from stepcli.snapshots.history import (
     ClassRefused,
     HistoryBuilder,
@@ -44,7 +52,8 @@ from stepcli.snapshots.history import Entry as Entry  # the snapshot's model, fo
 from stepcli.snapshots.history import HistoryFrame as HistoryFrame
 from stepcli.snapshots.unpickle import StreamDecoder
 
-# Older protocols build sets through these names. Not bytearray: `bytearray(10**12)` would be a memory bomb.
+# Older protocols build sets through these names. Not bytearray: `bytearray(10**12)` would be a
+# memory bomb.
 _PLAIN_BUILTINS = {("builtins", "set"): set, ("builtins", "frozenset"): frozenset}
 
 
@@ -52,7 +61,8 @@ class Block(NamedTuple):
     address: int
     size: int
     requested: int
-    state: str  # active_allocated, active_pending_free (torch's docs: active_awaiting_free), inactive
+    # active_allocated, active_pending_free (torch's docs: active_awaiting_free), inactive
+    state: str
     stack: int  # index into Snapshot.stacks
 
 
@@ -71,7 +81,8 @@ class Snapshot:
     segments: list[Segment]
     traces: list[HistoryColumns]  # per device index
     stacks: list[Stack] = field(default_factory=lambda: [()])  # index 0: no Python stack recorded
-    info: dict[str, Any] | None = None  # what `stepcli run --memory` added: step, phase, the failed request
+    # what `stepcli run --memory` added: step, phase, the failed request
+    info: dict[str, Any] | None = None
     allocator_settings: dict[str, Any] = field(default_factory=dict)
 
 
@@ -79,13 +90,15 @@ class _TooBig(Exception):
     pass
 
 
-DEFAULT_MAX_MEMORY = DEFAULT_DECODE_BYTES  # what decoding one snapshot may add to the process (--max-memory)
+# what decoding one snapshot may add to the process (--max-memory)
+DEFAULT_MAX_MEMORY = DEFAULT_DECODE_BYTES
 Progress = Callable[[int, int], None]  # (bytes of the file read, the file's size)
 
 
 class _PlainDataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        plain = _PLAIN_BUILTINS.get(("builtins" if module == "__builtin__" else module, name))  # protocols 0-2
+        # protocols 0-2
+        plain = _PLAIN_BUILTINS.get(("builtins" if module == "__builtin__" else module, name))
         if plain is None:
             raise ClassRefused(f"{module}.{name}")
         return plain
@@ -99,7 +112,8 @@ class _OverBudget(Exception):
 
 
 def _resident_bytes() -> int | None:
-    """This process's resident memory now (Linux: /proc/self/statm), or None where it cannot be read."""
+    """This process's resident memory now (Linux: /proc/self/statm), or None where it cannot be
+    read."""
     try:
         with open("/proc/self/statm", "rb") as handle:
             return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -108,12 +122,17 @@ def _resident_bytes() -> int | None:
 
 
 class _Capped(io.RawIOBase):
-    """A readable stream that fails past `limit` bytes (a gzip bomb or a growing file stops at the cap) and, when
-    `budget` is set, as soon as the process has grown by more than `budget` bytes since the stream was opened: it
-    looks at every MiB read (a read asks for no more), so a decoding stops within a MiB of pickle of its budget."""
+    """A readable stream that fails past `limit` bytes (a gzip bomb or a growing file stops at the
+    cap) and, when `budget` is set, as soon as the process has grown by more than `budget` bytes
+    since the stream was opened: it looks at every MiB read (a read asks for no more), so a decoding
+    stops within a MiB of pickle of its budget."""
 
     def __init__(
-        self, stream: Any, limit: int, budget: int | None = None, progress: Callable[[], None] | None = None
+        self,
+        stream: Any,
+        limit: int,
+        budget: int | None = None,
+        progress: Callable[[], None] | None = None,
     ) -> None:
         self._stream = stream
         self._left = limit
@@ -143,8 +162,8 @@ _LOOK_EVERY = 1 << 20
 
 
 def find_snapshots(path: str) -> list[str]:
-    """The snapshot files PATH names: itself, or the `oom-*.pickle[.gz]` and `memory-*.pickle[.gz]` files of a run
-    folder (out-of-memory and `capture --memory-snapshot` snapshots)."""
+    """The snapshot files PATH names: itself, or the `oom-*.pickle[.gz]` and `memory-*.pickle[.gz]`
+    files of a run folder (out-of-memory and `capture --memory-snapshot` snapshots)."""
     target = Path(path)
     if target.is_dir():
         try:
@@ -153,86 +172,116 @@ def find_snapshots(path: str) -> list[str]:
             raise TraceError(path, f"cannot list the folder: {exc.strerror or exc}") from None
         wanted = (SNAPSHOT_SUFFIX, SNAPSHOT_SUFFIX + ".gz")
         prefixes = (SNAPSHOT_PREFIX, ON_DEMAND_PREFIX)
-        return sorted(str(target / n) for n in names if n.startswith(prefixes) and n.endswith(wanted))
+        return sorted(
+            str(target / n) for n in names if n.startswith(prefixes) and n.endswith(wanted)
+        )
     if not target.exists() and not target.is_symlink():
         raise TraceError(path, "no such file or folder")
     return [path]
 
 
 def load_snapshot(
-    path: str, streamed: bool = True, *, max_memory: int = DEFAULT_MAX_MEMORY, progress: Progress | None = None
+    path: str,
+    streamed: bool = True,
+    *,
+    max_memory: int = DEFAULT_MAX_MEMORY,
+    progress: Progress | None = None,
 ) -> Snapshot:
-    """Decode and check one snapshot, or TraceError saying in one line what is wrong with the file. `max_memory`:
-    what the decoding may add to the process; `progress(read, size)`: called at every MiB of pickle read.
-    `streamed=False`: Python's C unpickler (every entry's dict held at once; the reference the tests compare to)."""
+    """Decode and check one snapshot, or TraceError saying in one line what is wrong with the file.
+    `max_memory`: what the decoding may add to the process; `progress(read, size)`: called at every
+    MiB of pickle read. `streamed=False`: Python's C unpickler (every entry's dict held at once; the
+    reference the tests compare to)."""
     if not streamed:
         return _load_whole(path, max_memory)
-    for keep in (False, True):  # keep: a pickle that names an entry again, read again keeping them all
+    # keep: a pickle that names an entry again, read again keeping them all
+    for keep in (False, True):
         builder = HistoryBuilder(STEP_TAG)
         try:
             decode = _streamed(builder, keep)
             data, histories = _read(path, decode, max_memory, progress)
             if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
-                raise TraceError(path, _NOT_A_SNAPSHOT)  # decoded completely: the C unpickler would say the same
+                # decoded completely: the C unpickler would say the same
+                raise TraceError(path, _NOT_A_SNAPSHOT)
             return _convert(path, data, builder, histories)
         except Unsupported as exc:
             if keep:
                 raise TraceError(path, f"not a CUDA memory snapshot torch writes: {exc}") from None
         except RecursionError:
-            raise TraceError(path, "not a CUDA memory snapshot torch writes: nested too deeply") from None
+            raise TraceError(
+                path, "not a CUDA memory snapshot torch writes: nested too deeply"
+            ) from None
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise TraceError(path, f"not a CUDA memory snapshot torch writes: {exc}") from None
     raise AssertionError("unreachable")
 
 
-def _streamed(builder: HistoryBuilder, keep: bool) -> Callable[[Any], tuple[Any, dict[int, HistoryColumns]]]:
+def _streamed(
+    builder: HistoryBuilder, keep: bool
+) -> Callable[[Any], tuple[Any, dict[int, HistoryColumns]]]:
     return lambda stream: StreamDecoder(stream.read, builder, keep=keep).run()
 
 
 def _load_whole(path: str, max_memory: int) -> Snapshot:
-    """Python's C unpickler restricted to plain data, its memo indexes checked first: the tests' reference."""
+    """Python's C unpickler restricted to plain data, its memo indexes checked first: the tests'
+    reference."""
     builder = HistoryBuilder(STEP_TAG)
-    _read(path, _check_memo_indexes)  # the C unpickler sizes its memo from the largest index it is given
+    # the C unpickler sizes its memo from the largest index it is given
+    _read(path, _check_memo_indexes)
     data = _read(path, lambda stream: _PlainDataUnpickler(stream).load(), max_memory)
     if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
         raise TraceError(path, _NOT_A_SNAPSHOT)
     try:
         return _convert(path, data, builder, {})
     except RecursionError:
-        raise TraceError(path, "not a CUDA memory snapshot torch writes: nested too deeply") from None
+        raise TraceError(
+            path, "not a CUDA memory snapshot torch writes: nested too deeply"
+        ) from None
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise TraceError(path, f"not a CUDA memory snapshot torch writes: {exc}") from None
 
 
-_NOT_A_SNAPSHOT = "a pickle, but not a CUDA memory snapshot (torch.cuda.memory._snapshot() has 'segments')"
+_NOT_A_SNAPSHOT = (
+    "a pickle, but not a CUDA memory snapshot (torch.cuda.memory._snapshot() has 'segments')"
+)
 _PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
 
 
 class _MemoBomb(Exception):
-    """A memo index past the objects built so far: a pickle made to take memory (the C unpickler's memo is an
-    array as long as the largest index: `K\x01r\xff\xff\xff\x7f.`, 10 bytes, would take 16 GB)."""
+    """A memo index past the objects built so far: a pickle made to take memory (the C unpickler's
+    memo is an array as long as the largest index: `K\x01r\xff\xff\xff\x7f.`, 10 bytes, would take
+    16 GB)."""
 
 
 def _check_memo_indexes(stream: Any) -> None:
-    """Read the pickle's opcodes (building nothing) and refuse any memo index larger than the opcodes read so far:
-    a pickler numbers what it memoizes 0, 1, 2, ..., one object per opcode at most."""
+    """Read the pickle's opcodes (building nothing) and refuse any memo index larger than the
+    opcodes read so far: a pickler numbers what it memoizes 0, 1, 2, ..., one object per opcode at
+    most."""
     import pickletools
 
-    class _Reader:  # read() only: genops asks a stream that has tell() for its position, which this one lacks
+    # read() only: genops asks a stream that has tell() for its position, which this one lacks
+    class _Reader:
         read = stream.read
         readline = stream.readline
 
     try:
-        for count, (opcode, argument, _) in enumerate(pickletools.genops(cast("IO[bytes]", _Reader()))):
+        for count, (opcode, argument, _) in enumerate(
+            pickletools.genops(cast("IO[bytes]", _Reader()))
+        ):
             if opcode.name in _PUTS and isinstance(argument, int) and argument > count:
                 raise _MemoBomb(argument)
     except (ValueError, EOFError, UnicodeDecodeError):
-        return  # not a pickle from here on: the unpickler says so in its own words, before reaching it
+        # not a pickle from here on: the unpickler says so in its own words, before reaching it
+        return
 
 
-def _read(path: str, decode: Callable[[Any], Any], budget: int | None = None, progress: Progress | None = None) -> Any:
-    """decode(a capped, buffered stream of the file's pickle bytes), with the file's problems as TraceError.
-    `budget`: the memory the decoding may add to the process (None: not watched)."""
+def _read(
+    path: str,
+    decode: Callable[[Any], Any],
+    budget: int | None = None,
+    progress: Progress | None = None,
+) -> Any:
+    """decode(a capped, buffered stream of the file's pickle bytes), with the file's problems as
+    TraceError. `budget`: the memory the decoding may add to the process (None: not watched)."""
     limit = input_limit()
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
@@ -255,8 +304,10 @@ def _read(path: str, decode: Callable[[Any], Any], budget: int | None = None, pr
         except ClassRefused as exc:
             raise TraceError(
                 path,
-                f"refused: the pickle asks to build {exc}, which is not plain data (a snapshot holds only dicts, "
-                "lists, strings and numbers; loading a pickle that names a class or function can run any code)",
+                f"refused: the pickle asks to build {exc}, which is not plain data (a snapshot "
+                f"holds only dicts, "
+                "lists, strings and numbers; loading a pickle that names a class or function can "
+                "run any code)",
             ) from None
         except NotSnapshot as exc:
             if exc.verbatim:
@@ -267,13 +318,16 @@ def _read(path: str, decode: Callable[[Any], Any], budget: int | None = None, pr
         except _OverBudget as exc:
             raise TraceError(
                 path,
-                f"refused: decoding it took more than the {_size(budget or 0)} memory budget ({_size(exc.args[0])} "
-                "so far; a real snapshot takes about as much as its events and frames: raise it with --max-memory)",
+                f"refused: decoding it took more than the {_size(budget or 0)} memory budget "
+                f"({_size(exc.args[0])} "
+                "so far; a real snapshot takes about as much as its events and frames: raise it "
+                "with --max-memory)",
             ) from None
         except _MemoBomb as exc:
             raise TraceError(
                 path,
-                f"refused: memo index {exc} is past the objects built so far (a pickle made to take memory, "
+                f"refused: memo index {exc} is past the objects built so far (a pickle made to "
+                f"take memory, "
                 "not one torch writes)",
             ) from None
         except _TooBig:
@@ -283,10 +337,20 @@ def _read(path: str, decode: Callable[[Any], Any], budget: int | None = None, pr
         except Truncated:
             raise TraceError(path, "not a pickle (pickle data was truncated)") from None
         except (gzip.BadGzipFile, EOFError) as exc:
-            raise TraceError(path, f"not a complete pickle ({type(exc).__name__}: {exc or 'truncated'})") from None
+            raise TraceError(
+                path, f"not a complete pickle ({type(exc).__name__}: {exc or 'truncated'})"
+            ) from None
         except pickle.UnpicklingError as exc:
             raise TraceError(path, f"not a pickle ({exc})") from None
-        except (ValueError, TypeError, IndexError, KeyError, AttributeError, MemoryError, RecursionError) as exc:
+        except (
+            ValueError,
+            TypeError,
+            IndexError,
+            KeyError,
+            AttributeError,
+            MemoryError,
+            RecursionError,
+        ) as exc:
             raise TraceError(path, f"not a readable pickle ({type(exc).__name__}: {exc})") from None
         except OSError as exc:
             raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
@@ -295,8 +359,8 @@ def _read(path: str, decode: Callable[[Any], Any], budget: int | None = None, pr
 def _convert(
     path: str, data: dict[str, Any], builder: HistoryBuilder, histories: dict[int, HistoryColumns]
 ) -> Snapshot:
-    """The snapshot's parts, checked; `histories`: the device traces the streaming decoder already turned into
-    columns (their lists emptied), by id."""
+    """The snapshot's parts, checked; `histories`: the device traces the streaming decoder already
+    turned into columns (their lists emptied), by id."""
     segments = [_segment(raw, builder) for raw in data["segments"]]
     traces: list[HistoryColumns] = []
     raw_traces = data.get("device_traces") or []
@@ -327,14 +391,19 @@ def _convert(
 
 
 def _plain_info(raw: Any) -> dict[str, Any] | None:
-    """The agent's record, keeping only fields of the types it writes (the file may have been written by anyone)."""
+    """The agent's record, keeping only fields of the types it writes (the file may have been
+    written by anyone)."""
     if not isinstance(raw, dict):
         return None
     info: dict[str, Any] = {}
     for key, value in raw.items():
         if isinstance(key, str) and (value is None or type(value) in (int, float, str, bool)):
             info[key] = value
-        elif key == "argv" and isinstance(value, list) and all(isinstance(part, str) for part in value):
+        elif (
+            key == "argv"
+            and isinstance(value, list)
+            and all(isinstance(part, str) for part in value)
+        ):
             info[key] = list(value)
     return info
 

@@ -1,20 +1,23 @@
-"""A streaming decoder of the plain-data pickles torch writes for memory snapshots, in bounded memory.
+"""A streaming decoder of the plain-data pickles torch writes for memory snapshots, in bounded
+memory.
 
-Python's unpicklers keep every memoized object (each history entry's dict, each frame dict) in their memo until
-the load ends, so a snapshot decodes to about 8x its file. This decoder runs the subset of pickle opcodes that plain
-data uses (protocols 2-5: dicts, lists, tuples, sets, strings, bytes, numbers) and, once a list turns out to be a
-history (its first item is a dict with an "action"), turns each of its entries into a row of `Trace` columns as
-it completes and keeps neither the entry's dict nor its frames list; each frame dict becomes an interned `Frame`
-as its list is filled. Only what later opcodes can still name (strings, the rest of the snapshot) stays in the
-memo. Most entries never become dicts at all: a tight loop reads the common layouts (memo references for keys,
-numbers, short strings, a frames list of memo references or of frame dicts of references) straight from the
-bytes: stepcli.snapshots.fastentries, the base of `StreamDecoder`. The columns and the builder that fills them:
-stepcli.snapshots.history.
+Python's unpicklers keep every memoized object (each history entry's dict, each frame dict) in their
+memo until the load ends, so a snapshot decodes to about 8x its file. This decoder runs the subset
+of pickle opcodes that plain data uses (protocols 2-5: dicts, lists, tuples, sets, strings, bytes,
+numbers) and, once a list turns out to be a history (its first item is a dict with an "action"),
+turns each of its entries into a row of `Trace` columns as it completes and keeps neither the
+entry's dict nor its frames list; each frame dict becomes an interned `Frame` as its list is filled.
+Only what later opcodes can still name (strings, the rest of the snapshot) stays in the memo. Most
+entries never become dicts at all: a tight loop reads the common layouts (memo references for keys,
+numbers, short strings, a frames list of memo references or of frame dicts of references) straight
+from the bytes: stepcli.snapshots.fastentries, the base of `StreamDecoder`. The columns and the
+builder that fills them: stepcli.snapshots.history.
 
-Every object is checked against a snapshot's shape as it is built (stepcli.snapshots.shape): the first that is
-not (a list of empty lists, a dict of unknown keys in a list, a string of megabytes, a class or function) raises
-`NotSnapshot` or `Refused` and nothing more is built. A reference back to an entry it let go raises
-`Unsupported`: the caller decodes the file again with `keep=True` (entries kept in the memo, the same checks).
+Every object is checked against a snapshot's shape as it is built (stepcli.snapshots.shape): the
+first that is not (a list of empty lists, a dict of unknown keys in a list, a string of megabytes, a
+class or function) raises `NotSnapshot` or `Refused` and nothing more is built. A reference back to
+an entry it let go raises `Unsupported`: the caller decodes the file again with `keep=True` (entries
+kept in the memo, the same checks).
 """
 
 from __future__ import annotations
@@ -68,20 +71,23 @@ from stepcli.snapshots.opcodes import (
 
 
 class StreamDecoder(FastEntryDecoder):
-    """One pickle, read from `read` (a function like a file's), its histories turned into `Trace`s as they go."""
+    """One pickle, read from `read` (a function like a file's), its histories turned into `Trace`s
+    as they go."""
 
-    # -- the opcode loop ------------------------------------------------------------------------------------------
+    # -- the opcode loop
+    # ------------------------------------------------------------------------------------------
     def run(self) -> tuple[Any, dict[int, HistoryColumns]]:
-        """The pickle's object and its histories; a value a conversion refused (KeyError, ValueError...) becomes
-        NotSnapshot."""
+        """The pickle's object and its histories; a value a conversion refused (KeyError,
+        ValueError...) becomes NotSnapshot."""
         try:
             return self.load(), self.histories
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise NotSnapshot(f"{type(exc).__name__}: {exc}") from None
 
     def load(self) -> Any:
-        """The pickle's object, histories emptied into `self.histories`; Truncated, Unsupported or the error of
-        a conversion (KeyError, ValueError...: the caller decodes the file the other way for the exact words)."""
+        """The pickle's object, histories emptied into `self.histories`; Truncated, Unsupported or
+        the error of a conversion (KeyError, ValueError...: the caller decodes the file the other
+        way for the exact words)."""
         try:
             return self._load()
         except (IndexError, struct.error) as exc:
@@ -89,7 +95,8 @@ class StreamDecoder(FastEntryDecoder):
                 raise Truncated from None
             raise NotSnapshot(f"{type(exc).__name__}: {exc}") from None
 
-    def _load(self) -> Any:  # noqa: C901 (an opcode loop: its state in locals, one branch per opcode)
+    # an opcode loop: its state in locals, one branch per opcode
+    def _load(self) -> Any:  # noqa: C901
         data, pos = self._fill(b"", 0, CHUNK)
         self._check_start(data)
         memo = self._memo
@@ -131,7 +138,12 @@ class StreamDecoder(FastEntryDecoder):
             elif op == EMPTY_DICT:
                 if len(stack) > max_stack:
                     raise _piled_up()
-                if not self._keep and metastack and metastack[-1] and id(metastack[-1][-1]) in histories:
+                if (
+                    not self._keep
+                    and metastack
+                    and metastack[-1]
+                    and id(metastack[-1][-1]) in histories
+                ):
                     for raw in stack:  # entries that went the slow way: in order, before this one
                         self._add_entry(histories[id(metastack[-1][-1])], raw)
                     stack.clear()
@@ -243,9 +255,14 @@ class StreamDecoder(FastEntryDecoder):
                 memo[index] = value
                 if type(value) is dict or type(value) is list:
                     containers[id(value)] = index
-            elif op in (0x58, 0x8D, 0x43, 0x42, 0x8E):  # BINUNICODE, BINUNICODE8, SHORT_BINBYTES, BINBYTES(8)
+            # BINUNICODE, BINUNICODE8, SHORT_BINBYTES, BINBYTES(8)
+            elif op in (0x58, 0x8D, 0x43, 0x42, 0x8E):
                 width = 8 if op in (0x8D, 0x8E) else (1 if op == 0x43 else 4)
-                n = data[pos] if width == 1 else (unpack_I(data, pos)[0] if width == 4 else unpack_Q(data, pos)[0])
+                n = (
+                    data[pos]
+                    if width == 1
+                    else (unpack_I(data, pos)[0] if width == 4 else unpack_Q(data, pos)[0])
+                )
                 pos += width
                 if n > shape.MAX_TEXT:
                     raise NotSnapshot(f"a string of {n} bytes (a snapshot's are names and paths)")
@@ -256,7 +273,9 @@ class StreamDecoder(FastEntryDecoder):
                     if len(data) < n:
                         raise Truncated
                 raw = data[pos : pos + n]
-                stack.append(str(raw, "utf-8", "surrogatepass") if op in (0x58, 0x8D) else bytes(raw))
+                stack.append(
+                    str(raw, "utf-8", "surrogatepass") if op in (0x58, 0x8D) else bytes(raw)
+                )
                 pos += n
             elif op == 0x8B:  # LONG4
                 n = unpack_i(data, pos)[0]
@@ -327,7 +346,8 @@ class StreamDecoder(FastEntryDecoder):
                 raise NotSnapshot(f"opcode {op:#x}, which plain data of protocols 2-5 never uses")
 
     def _check_start(self, data: bytes) -> None:
-        """A snapshot's pickle starts with a protocol of 2 or more and its dict (or a GLOBAL: refused by name)."""
+        """A snapshot's pickle starts with a protocol of 2 or more and its dict (or a GLOBAL:
+        refused by name)."""
         at = 0
         if data[:1] == b"\x80":
             at = 2
@@ -337,10 +357,13 @@ class StreamDecoder(FastEntryDecoder):
         if first == b"}" or (first == b"c" and _GLOBAL.match(data, at)):
             return
         if at == 0:
-            raise NotSnapshot(f"not a pickle of protocol 2-5 (it starts with {data[:8]!r})", verbatim=True)
+            raise NotSnapshot(
+                f"not a pickle of protocol 2-5 (it starts with {data[:8]!r})", verbatim=True
+            )
         raise NotSnapshot(_NOT_A_SNAPSHOT, verbatim=True)
 
-    # -- histories --------------------------------------------------------------------------------------------
+    # -- histories
+    # --------------------------------------------------------------------------------------------
     def _append(self, target: list[Any], items: list[Any]) -> None:
         trace = self.histories.get(id(target))
         if trace is None and not target:
@@ -355,8 +378,8 @@ class StreamDecoder(FastEntryDecoder):
             self._add_entry(trace, raw)
 
     def _append_plain(self, target: list[Any], items: list[Any]) -> None:
-        """Items of a list that is no history: of one kind, the snapshot's (shape.kind); frame dicts become
-        Frames, annotations are let go (nothing reads them)."""
+        """Items of a list that is no history: of one kind, the snapshot's (shape.kind); frame dicts
+        become Frames, annotations are let go (nothing reads them)."""
         want = shape.kind(target[0] if target else items[0])
         if want == "frame":
             self._add_frames(target, items)
@@ -391,7 +414,8 @@ class StreamDecoder(FastEntryDecoder):
                 raise shape.too_many(shape.MAX_HELD, "dicts, lists or sets held in dicts")
 
     def _add_frames(self, target: list[Any], items: list[Any]) -> None:
-        """A frames list's items, each an interned Frame; a frame dict leaves the memo (8 bytes in its place)."""
+        """A frames list's items, each an interned Frame; a frame dict leaves the memo (8 bytes in
+        its place)."""
         memo, containers = self._memo, self._containers
         indexes, values = self._frame_indexes, self._frame_values
         for at, item in enumerate(items):
@@ -414,7 +438,8 @@ class StreamDecoder(FastEntryDecoder):
         target.extend(items)
 
     def _forget(self, item: Any) -> None:
-        """Let go of a dict nothing reads (an annotation); named again: Unsupported (decoded again, kept)."""
+        """Let go of a dict nothing reads (an annotation); named again: Unsupported (decoded again,
+        kept)."""
         index = self._containers.pop(id(item), None)
         if index is not None and not self._keep:
             del self._memo[index]
@@ -422,7 +447,8 @@ class StreamDecoder(FastEntryDecoder):
             self._containers[id(item)] = index
 
     def _add_entry(self, trace: HistoryColumns, raw: Any) -> None:
-        """A history entry built the slow way: a row, and its dict and frames list out of the memo."""
+        """A history entry built the slow way: a row, and its dict and frames list out of the
+        memo."""
         if type(raw) is not dict:
             raise Unsupported("a history entry that is not a dict")
         self.builder.add(trace, raw)
@@ -435,12 +461,18 @@ class StreamDecoder(FastEntryDecoder):
         del memo[index]  # naming it again: Unsupported
         frames = raw.get("frames")
         at = containers.get(id(frames))
-        if type(frames) is list and at is not None and at > index and self._remember(at, trace.stacks[-1]):
+        if (
+            type(frames) is list
+            and at is not None
+            and at > index
+            and self._remember(at, trace.stacks[-1])
+        ):
             del containers[id(frames)]  # made inside this entry: only its stack is kept
             del memo[at]
 
     def _remember(self, index: int, stack: int) -> bool:
-        """Keep the stack of a frames list memoized at `index` in place of the list; False: out of order."""
+        """Keep the stack of a frames list memoized at `index` in place of the list; False: out of
+        order."""
         if self._list_indexes and index <= self._list_indexes[-1]:
             return False
         self._list_indexes.append(index)
@@ -448,8 +480,8 @@ class StreamDecoder(FastEntryDecoder):
         return True
 
     def _dropped_list(self, index: int) -> StackRef | StepRef | HistoryFrame:
-        """A memo reference to something dropped: a frames list's stack, a string's step, a frame; else
-        Unsupported."""
+        """A memo reference to something dropped: a frames list's stack, a string's step, a frame;
+        else Unsupported."""
         at = bisect_left(self._list_indexes, index)
         if at < len(self._list_indexes) and self._list_indexes[at] == index:
             return StackRef(self._list_stacks[at])
@@ -463,18 +495,22 @@ class StreamDecoder(FastEntryDecoder):
 
 
 _GLOBAL = re.compile(rb"c[A-Za-z_][\w.]{0,200}\n[A-Za-z_][\w.]{0,200}\n")  # GLOBAL module\nname\n
-_NOT_A_SNAPSHOT = "a pickle, but not a CUDA memory snapshot (torch.cuda.memory._snapshot() has 'segments')"
+_NOT_A_SNAPSHOT = (
+    "a pickle, but not a CUDA memory snapshot (torch.cuda.memory._snapshot() has 'segments')"
+)
 
 
 def _piled_up() -> NotSnapshot:
     return NotSnapshot(
-        f"nested too deeply or piled up: over {shape.MAX_STACK} objects or {shape.MAX_DEPTH} marks at once on the "
+        f"nested too deeply or piled up: over {shape.MAX_STACK} objects or {shape.MAX_DEPTH} marks "
+        f"at once on the "
         "pickle's stack (Python's pickler puts 2,000 at most)"
     )
 
 
 def _plain_global(module: str, name: str) -> type:
-    """`set` or `frozenset` (what protocols 2-3 name to build a set); any other name: Refused, never imported."""
+    """`set` or `frozenset` (what protocols 2-3 name to build a set); any other name: Refused, never
+    imported."""
     if module in ("builtins", "__builtin__") and name in ("set", "frozenset"):
         return set if name == "set" else frozenset
     raise ClassRefused(f"{module}.{name}"[:200])

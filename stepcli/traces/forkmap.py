@@ -1,11 +1,13 @@
-"""Many files' work shared by this process and children forked from it, each taking the next file as it is free.
+"""Many files' work shared by this process and children forked from it, each taking the next file as
+it is free.
 
-A process pool costs each file a round trip (the task out, its result back, through a queue and a thread) and
-leaves this process idle while its workers read: at 1,024 rank files those round trips were a sixth of `table`'s
-reading. Here the files to do are tokens in a pipe written once before the fork; this process and each child
-read a token (a few bytes, one system call) whenever they are free, so a slow file holds up no one, and each
-child sends all its results back once, at its end. Only for a process that may fork (one thread, Linux: see
-stepcli.traces.engine._context); the pool stays for the rest.
+A process pool costs each file a round trip (the task out, its result back, through a queue and a
+thread) and leaves this process idle while its workers read: at 1,024 rank files those round trips
+were a sixth of `table`'s reading. Here the files to do are tokens in a pipe written once before the
+fork; this process and each child read a token (a few bytes, one system call) whenever they are
+free, so a slow file holds up no one, and each child sends all its results back once, at its end.
+Only for a process that may fork (one thread, Linux: see stepcli.traces.engine._context); the pool
+stays for the rest.
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ _T = TypeVar("_T")
 _TOKEN = 4  # bytes per token: the first item of a run of items, little-endian
 
 
-def forked_map(function: Callable[[str], _T], items: Sequence[str], processes: int) -> list[_T] | None:
-    """`function(item)` for each item, in order, done by this process and up to `processes - 1` forked children;
-    None, before any work, when the pipe of tokens cannot be made (no file descriptor left): the caller does the
-    items itself. A child that cannot be forked (a process limit) leaves its share to the others; one that dies
-    (killed, out of memory) is a StepcliError naming `--jobs`, as a pool's broken worker is; an exception
-    `function` raises in a child is raised here."""
+def forked_map(
+    function: Callable[[str], _T], items: Sequence[str], processes: int
+) -> list[_T] | None:
+    """`function(item)` for each item, in order, done by this process and up to `processes - 1`
+    forked children; None, before any work, when the pipe of tokens cannot be made (no file
+    descriptor left): the caller does the items itself. A child that cannot be forked (a process
+    limit) leaves its share to the others; one that dies (killed, out of memory) is a StepcliError
+    naming `--jobs`, as a pool's broken worker is; an exception `function` raises in a child is
+    raised here."""
     try:
         claims_read, claims_write = os.pipe()
     except OSError:
@@ -64,7 +69,8 @@ def forked_map(function: Callable[[str], _T], items: Sequence[str], processes: i
             pid, pipe = children.pop(0)
             results.update(_collect(pid, pipe, processes))
     finally:
-        for pid, pipe in children:  # this process failed (Ctrl-C?) while they worked: they stop with it
+        # this process failed (Ctrl-C?) while they worked: they stop with it
+        for pid, pipe in children:
             stop_child(pid)
             os.close(pipe)
         os.close(claims_read)
@@ -72,8 +78,8 @@ def forked_map(function: Callable[[str], _T], items: Sequence[str], processes: i
 
 
 def _write_tokens(pipe: int, count: int) -> int:
-    """Write the tokens of `count` items into the pipe, all at once (its capacity bounds them: past that, each
-    token stands for a run of neighbouring items); the items per token."""
+    """Write the tokens of `count` items into the pipe, all at once (its capacity bounds them: past
+    that, each token stands for a run of neighbouring items); the items per token."""
     try:
         capacity = fcntl.fcntl(pipe, fcntl.F_GETPIPE_SZ)
     except (AttributeError, OSError):
@@ -82,14 +88,15 @@ def _write_tokens(pipe: int, count: int) -> int:
     per_token = max(1, -(-count // tokens))
     data = b"".join(first.to_bytes(_TOKEN, "little") for first in range(0, count, per_token))
     written = os.write(pipe, data)
-    if written != len(data):  # (a pipe takes what its capacity holds in one write; never seen short)
+    # (a pipe takes what its capacity holds in one write; never seen short)
+    if written != len(data):
         raise OSError("the work tokens did not fit in their pipe")
     return per_token
 
 
 def _fork_worker(work: Callable[[], list[tuple[int, _T]]]) -> tuple[int, int] | None:
-    """A child doing `work()` and sending its results (pickled) through a pipe of its own, or None when the
-    fork (or its pipe) is refused."""
+    """A child doing `work()` and sending its results (pickled) through a pipe of its own, or None
+    when the fork (or its pipe) is refused."""
     try:
         out_read, out_write = os.pipe()
     except OSError:
@@ -104,7 +111,9 @@ def _fork_worker(work: Callable[[], list[tuple[int, _T]]]) -> tuple[int, int] | 
         try:
             data = pickle.dumps(outcome, pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # an unpicklable result or exception
-            data = pickle.dumps(("raised", RuntimeError(f"a worker's result could not be sent back: {exc}")))
+            data = pickle.dumps(
+                ("raised", RuntimeError(f"a worker's result could not be sent back: {exc}"))
+            )
         view = memoryview(data)
         while view:  # (a pipe takes a large write in parts)
             view = view[os.write(out_write, view) :]
@@ -121,8 +130,8 @@ def _fork_worker(work: Callable[[], list[tuple[int, _T]]]) -> tuple[int, int] | 
 
 
 def _collect(pid: int, pipe: int, processes: int) -> list[tuple[int, _T]]:
-    """A child's results, once it has sent them (the pipe is closed and the child reaped); StepcliError when it
-    died first."""
+    """A child's results, once it has sent them (the pipe is closed and the child reaped);
+    StepcliError when it died first."""
     try:
         with open(pipe, "rb") as source:
             data = source.read()
@@ -144,5 +153,6 @@ def _collect(pid: int, pipe: int, processes: int) -> list[tuple[int, _T]]:
 def worker_died(processes: int) -> StepcliError:
     """The one line for a worker process that died while reading (a pool's or forked_map's)."""
     return StepcliError(
-        f"a worker process reading the traces died (out of memory?); try again with fewer, e.g. --jobs {max(1, processes // 2)}"
+        f"a worker process reading the traces died (out of memory?); try again with fewer, e.g. "
+        f"--jobs {max(1, processes // 2)}"
     )

@@ -1,7 +1,8 @@
-"""The allocated-memory curve of traces recorded with `--profile-memory` (torch's `[memory]` instant events).
+"""The allocated-memory curve of traces recorded with `--profile-memory` (torch's `[memory]` instant
+events).
 
-The trace reader keeps only the events operator tables need, so the curve is read here, and only from files
-that contain memory events at all (a byte search, far cheaper than decoding).
+The trace reader keeps only the events operator tables need, so the curve is read here, and only
+from files that contain memory events at all (a byte search, far cheaper than decoding).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ _MARKER = b'"[memory]"'
 
 
 class _MemArgs(
-    msgspec.Struct, rename={"allocated": "Total Allocated", "device_type": "Device Type", "device_id": "Device Id"}
+    msgspec.Struct,
+    rename={"allocated": "Total Allocated", "device_type": "Device Type", "device_id": "Device Id"},
 ):
     allocated: int = -1
     device_type: int = 0
@@ -50,7 +52,8 @@ def _device_name(device_type: int, device_id: int) -> str:
 
 
 def read_curves(path: str) -> list[tuple[str, list[tuple[float, float]]]]:
-    """(device label, [(ms since the first memory event, allocated bytes)]) per device in one trace."""
+    """(device label, [(ms since the first memory event, allocated bytes)]) per device in one
+    trace."""
     from stepcli.inputs import read_input
 
     data = read_input(path)
@@ -61,7 +64,11 @@ def read_curves(path: str) -> list[tuple[str, list[tuple[float, float]]]]:
     except msgspec.DecodeError:
         return []  # truncated or odd: the operator tables already name the problem
     by_device: dict[str, list[tuple[float, float]]] = {}
-    events = [e for e in document.traceEvents if e.name == "[memory]" and e.args is not None and e.args.allocated >= 0]
+    events = [
+        e
+        for e in document.traceEvents
+        if e.name == "[memory]" and e.args is not None and e.args.allocated >= 0
+    ]
     if not events:
         return []
     events.sort(key=lambda e: e.ts)
@@ -69,7 +76,9 @@ def read_curves(path: str) -> list[tuple[str, list[tuple[float, float]]]]:
     for event in events:
         assert event.args is not None
         label = _device_name(event.args.device_type, event.args.device_id)
-        by_device.setdefault(label, []).append(((event.ts - origin) / 1000.0, float(event.args.allocated)))
+        by_device.setdefault(label, []).append(
+            ((event.ts - origin) / 1000.0, float(event.args.allocated))
+        )
     return [(label, _thin(points)) for label, points in sorted(by_device.items())]
 
 
@@ -84,9 +93,12 @@ def _thin(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [points[i] for i in sorted(keep)]
 
 
-def memory_curves(paths: Sequence[str], jobs: int | None = None) -> list[tuple[str, list[tuple[float, float]]]]:
-    """Curves of every trace that has memory events, labelled with the trace's file name and device; the files
-    are read in worker processes (stepcli.traces.engine.map_files), as the operator tables are."""
+def memory_curves(
+    paths: Sequence[str], jobs: int | None = None
+) -> list[tuple[str, list[tuple[float, float]]]]:
+    """Curves of every trace that has memory events, labelled with the trace's file name and device;
+    the files are read in worker processes (stepcli.traces.engine.map_files), as the operator tables
+    are."""
     from stepcli.errors import StepcliError
     from stepcli.traces.engine import map_files
 
@@ -105,7 +117,8 @@ def memory_curves(paths: Sequence[str], jobs: int | None = None) -> list[tuple[s
 
 
 def _curves_of(path: str) -> list[tuple[str, list[tuple[float, float]]]]:
-    """read_curves, with a file that is no readable trace giving no curve (the operator tables name it)."""
+    """read_curves, with a file that is no readable trace giving no curve (the operator tables name
+    it)."""
     try:
         return read_curves(path)
     except TraceError:
@@ -113,10 +126,11 @@ def _curves_of(path: str) -> list[tuple[str, list[tuple[float, float]]]]:
 
 
 def _may_hold_memory_events(path: str) -> bool:
-    """False when a plain trace file certainly holds no memory event: a byte search of its pages where they lie
-    (mmap: no copy, no worker process). A 1,024-rank job recorded without --profile-memory then reads nothing
-    more for the page; before, every file was read again by workers forked from a process already holding every
-    rank's figures. Gzip files (the marker is compressed) and anything odd are left to read_curves."""
+    """False when a plain trace file certainly holds no memory event: a byte search of its pages
+    where they lie (mmap: no copy, no worker process). A 1,024-rank job recorded without
+    --profile-memory then reads nothing more for the page; before, every file was read again by
+    workers forked from a process already holding every rank's figures. Gzip files (the marker is
+    compressed) and anything odd are left to read_curves."""
     if path.endswith(".gz"):
         return True
     try:
@@ -125,7 +139,8 @@ def _may_hold_memory_events(path: str) -> bool:
         return False  # read_curves would find no curve in it either
     try:
         if not stat.S_ISREG(info.st_mode) or info.st_size == 0 or info.st_size > input_limit():
-            return False  # nothing to draw, or a file read_curves refuses (a huge sparse one is not scanned)
+            # nothing to draw, or a file read_curves refuses (a huge sparse one is not scanned)
+            return False
         with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as view:
             return view[:2] == GZIP_MAGIC or view.find(_MARKER) >= 0
     except (OSError, ValueError):

@@ -1,16 +1,19 @@
-"""`stepcli merge`: the traces of every rank as one Chrome trace (Perfetto, chrome://tracing, HTA), one process per
-rank and trace process, on one clock, with each collective's last-arriving rank marked.
+"""`stepcli merge`: the traces of every rank as one Chrome trace (Perfetto, chrome://tracing, HTA),
+one process per rank and trace process, on one clock, with each collective's last-arriving rank
+marked.
 
-Clocks are aligned as the culprit analysis aligns them (stepcli.traces.analyses.culprit: by the collectives' ends); without
-collectives, by each trace's `baseTimeNanoseconds`. Ids that must stay unique across the ranks (flow ids,
-correlation and external ids) are moved into a per-rank range. The output's first key is `stepcli_merged`, so an
-existing -o file is overwritten only when stepcli wrote it.
+Clocks are aligned as the culprit analysis aligns them (stepcli.traces.analyses.culprit: by the
+collectives' ends); without collectives, by each trace's `baseTimeNanoseconds`. Ids that must stay
+unique across the ranks (flow ids, correlation and external ids) are moved into a per-rank range.
+The output's first key is `stepcli_merged`, so an existing -o file is overwritten only when stepcli
+wrote it.
 
-Each file is read as `table` reads it (stepcli.traces.read.tracereader.slice_layout): its text once, its events decoded
-~1 MB of text at a time, rewritten and written before the next piece is decoded, so memory never holds a file's
-events as Python objects (a crafted trace of tiny events took 51x its size that way). An event whose `ts` or `dur`
-is not a finite number (`1e400`) is left out and counted, as `table` skips it, and so is any other non-finite
-number: the output never holds `Infinity` or `NaN`, which no trace viewer reads.
+Each file is read as `table` reads it (stepcli.traces.read.tracereader.slice_layout): its text once,
+its events decoded ~1 MB of text at a time, rewritten and written before the next piece is decoded,
+so memory never holds a file's events as Python objects (a crafted trace of tiny events took 51x its
+size that way). An event whose `ts` or `dur` is not a finite number (`1e400`) is left out and
+counted, as `table` skips it, and so is any other non-finite number: the output never holds
+`Infinity` or `NaN`, which no trace viewer reads.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from stepcli.fmt import plural
 from stepcli.traces.read.files import MERGED_MARKER as MARKER
 from stepcli.traces.read.jsonvalues import as_id, as_time
 
-# (commands/merge.py imports this module at start-up: json and the trace reader are imported when a merge runs)
+# (commands/merge.py imports this module at start-up: json and the trace reader are imported when a
+# merge runs)
 
 _ID_STRIDE = 1 << 40  # per-rank range of flow, correlation and external ids
 _PID_STRIDE = 1000  # new pid = rank * _PID_STRIDE + the trace process's order of appearance
@@ -39,11 +43,15 @@ _FLOW_BASE = 1 << 60  # flow ids of the culprit arrows: above every rank's moved
 
 
 def check_output(path: str) -> None:
-    """Refuse to replace a file stepcli merge did not write (or anything that is not a regular file)."""
+    """Refuse to replace a file stepcli merge did not write (or anything that is not a regular
+    file)."""
     from stepcli import safefile
 
-    # Its first key, not merely the word somewhere in it (a note that quotes it is not a merged trace).
-    problem = safefile.why_not_replace(path, re.compile(rb'\s*\{\s*"' + MARKER.encode() + rb'"\s*:').match)
+    # Its first key, not merely the word somewhere in it (a note that quotes it is not a merged
+    # trace).
+    problem = safefile.why_not_replace(
+        path, re.compile(rb'\s*\{\s*"' + MARKER.encode() + rb'"\s*:').match
+    )
     if problem == safefile.NOT_OURS:
         raise StepcliError(f"{path}: {problem} merge; choose another -o or remove it")
     if problem is not None:
@@ -52,14 +60,15 @@ def check_output(path: str) -> None:
 
 _STRICT = msgspec.json.Decoder()
 _LENIENT = msgspec.json.Decoder(float_hook=float)  # a number past float range (1e400) reads as inf
-# Text decoded at once: its events as Python objects take up to ~25 times its size (tiny events), twice while
-# rewritten. Smaller slices cost nothing measurable.
+# Text decoded at once: its events as Python objects take up to ~25 times its size (tiny events),
+# twice while rewritten. Smaller slices cost nothing measurable.
 _SLICE_BYTES = 256 * 1024
 _BATCH = 4096  # events decoded at once when the list could not be cut into slices
 
 
 class _Unsliced(msgspec.Struct):
-    """A trace document when its traceEvents list cannot be cut into slices: each event kept as its text only."""
+    """A trace document when its traceEvents list cannot be cut into slices: each event kept as its
+    text only."""
 
     traceEvents: list[msgspec.Raw]
     distributedInfo: Any = None
@@ -68,12 +77,14 @@ class _Unsliced(msgspec.Struct):
 
 
 class _CutWrong(Exception):
-    """A slice of the traceEvents list is no JSON list (a cut fell inside a string): read the file unsliced."""
+    """A slice of the traceEvents list is no JSON list (a cut fell inside a string): read the file
+    unsliced."""
 
 
 class _Trace:
-    """One trace read for merging: its header, then its events a piece at a time (`pieces`), each event whose
-    time is not a finite number left out and each other non-finite number dropped, and both counted."""
+    """One trace read for merging: its header, then its events a piece at a time (`pieces`), each
+    event whose time is not a finite number left out and each other non-finite number dropped, and
+    both counted."""
 
     def __init__(self, path: str, sliced: bool = True) -> None:
         from stepcli.inputs import read_input
@@ -95,7 +106,8 @@ class _Trace:
             raise TraceError(path, "is already a merged trace (stepcli merge output)")
 
     def _decode(self, text: bytes | memoryview) -> tuple[Any, bool]:
-        """The decoded text, and whether it may hold non-finite numbers (a number past float range was in it)."""
+        """The decoded text, and whether it may hold non-finite numbers (a number past float range
+        was in it)."""
         try:
             return _STRICT.decode(text), False
         except msgspec.DecodeError as exc:
@@ -104,7 +116,8 @@ class _Trace:
             return _LENIENT.decode(text), True
 
     def _sliced_header(self) -> dict[str, Any]:
-        """The document with only the events after the last cut (as table's decode_rest reads it)."""
+        """The document with only the events after the last cut (as table's decode_rest reads
+        it)."""
         assert self.layout is not None
         start, splits = self.layout
         view = memoryview(self.data)
@@ -130,12 +143,16 @@ class _Trace:
         except (msgspec.DecodeError, RecursionError):
             raise TraceError(self.path, "not a JSON trace") from None
         self._raw = document.traceEvents
-        header = {"distributedInfo": document.distributedInfo, "baseTimeNanoseconds": document.baseTimeNanoseconds}
+        header = {
+            "distributedInfo": document.distributedInfo,
+            "baseTimeNanoseconds": document.baseTimeNanoseconds,
+        }
         return header | ({MARKER: document.merged} if document.merged is not msgspec.UNSET else {})
 
     def pieces(self) -> Iterator[list[dict[str, Any]]]:
-        """The events (objects only, in file order), ~1 MB of text or _BATCH events at a time; _CutWrong when a
-        slice is no JSON list, TraceError when an event of an unsliced file is no JSON."""
+        """The events (objects only, in file order), ~1 MB of text or _BATCH events at a time;
+        _CutWrong when a slice is no JSON list, TraceError when an event of an unsliced file is no
+        JSON."""
         if self.layout is not None:
             start, splits = self.layout
             view = memoryview(self.data)
@@ -160,15 +177,19 @@ class _Trace:
             yield self._events(piece, lenient)
 
     def _events(self, decoded: list[Any], lenient: bool) -> list[dict[str, Any]]:
-        """The objects of a decoded piece. When it was decoded leniently (only then can a number be infinite), an
-        event whose `ts` or `dur` is not finite is left out and any other non-finite number dropped, each counted."""
+        """The objects of a decoded piece. When it was decoded leniently (only then can a number be
+        infinite), an event whose `ts` or `dur` is not finite is left out and any other non-finite
+        number dropped, each counted."""
         if not lenient:
             return [event for event in decoded if isinstance(event, dict)]
         kept = []
         for event in decoded:
             if not isinstance(event, dict):
                 continue
-            if any(isinstance(event.get(key), float) and not math.isfinite(event[key]) for key in ("ts", "dur")):
+            if any(
+                isinstance(event.get(key), float) and not math.isfinite(event[key])
+                for key in ("ts", "dur")
+            ):
                 self.dropped_events += 1
                 continue
             kept.append(self._scrub(event))
@@ -185,7 +206,9 @@ class _Trace:
                 out[key] = self._scrub(item)
             return out
         if isinstance(value, list):
-            kept = [item for item in value if not (isinstance(item, float) and not math.isfinite(item))]
+            kept = [
+                item for item in value if not (isinstance(item, float) and not math.isfinite(item))
+            ]
             self.dropped_values += len(value) - len(kept)
             return [self._scrub(item) for item in kept]
         return value
@@ -193,7 +216,9 @@ class _Trace:
 
 def _base_time(document: dict[str, Any]) -> int | None:
     base = document.get("baseTimeNanoseconds")
-    return base if isinstance(base, int) and not isinstance(base, bool) and abs(base) < 2**63 else None
+    return (
+        base if isinstance(base, int) and not isinstance(base, bool) and abs(base) < 2**63 else None
+    )
 
 
 def _rank_of(document: dict[str, Any], path: str) -> int | None:
@@ -209,7 +234,9 @@ def _rank_of(document: dict[str, Any], path: str) -> int | None:
 class _Rewriter:
     """One trace's events moved onto the merged clock, pids and id ranges."""
 
-    def __init__(self, rank: int, slot: int, shift_us: float, path: str = "", label: str | None = None) -> None:
+    def __init__(
+        self, rank: int, slot: int, shift_us: float, path: str = "", label: str | None = None
+    ) -> None:
         self.rank, self.slot, self.shift_us, self.path = rank, slot, shift_us, path
         self.label = label or f"rank {rank}"  # its processes' names start with it
         self.pids: dict[Any, int] = {}
@@ -219,21 +246,27 @@ class _Rewriter:
         original = as_id(original)  # a list or an object as text, as `table` reads it
         if original not in self.pids:
             if len(self.pids) >= _PID_STRIDE:  # the next one would take the next rank's first pid
-                raise TraceError(self.path, f"more than {_PID_STRIDE} processes in one trace: cannot merge it")
+                raise TraceError(
+                    self.path, f"more than {_PID_STRIDE} processes in one trace: cannot merge it"
+                )
             self.pids[original] = self.slot * _PID_STRIDE + len(self.pids)
         return self.pids[original]
 
     def moved(self, ident: int) -> int:
-        """An id in this rank's range: only ids below the stride keep the ranks' ranges apart (and within int64)."""
+        """An id in this rank's range: only ids below the stride keep the ranks' ranges apart (and
+        within int64)."""
         if not 0 <= ident < _ID_STRIDE:
-            raise TraceError(self.path, f"id {ident} is outside 0..2^40: the ranks' ids could not be kept apart")
+            raise TraceError(
+                self.path, f"id {ident} is outside 0..2^40: the ranks' ids could not be kept apart"
+            )
         return ident + self.slot * _ID_STRIDE
 
     def event(self, event: dict[str, Any]) -> dict[str, Any]:
         out = event  # (decoded for this pass alone: changed in place)
         if "pid" in out:
             out["pid"] = self.pid(out["pid"])
-        for key in ("ts", "dur"):  # a numeric string is a number, as `table` reads it: moved and written as one
+        # a numeric string is a number, as `table` reads it: moved and written as one
+        for key in ("ts", "dur"):
             value = out.get(key)
             if isinstance(value, str) and math.isfinite(as_time(value)):
                 out[key] = as_time(value)
@@ -258,35 +291,78 @@ class _Rewriter:
         return out
 
     def names(self) -> list[dict[str, Any]]:
-        """Name and order every process of this trace by rank (Perfetto shows them in this order)."""
+        """Name and order every process of this trace by rank (Perfetto shows them in this
+        order)."""
         out = []
         for original, pid in self.pids.items():
-            out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
-            out.append({"ph": "M", "name": "process_labels", "pid": pid, "tid": 0, "args": {"labels": self.label}})
+            out.append(
+                {
+                    "ph": "M",
+                    "name": "process_sort_index",
+                    "pid": pid,
+                    "tid": 0,
+                    "args": {"sort_index": pid},
+                }
+            )
+            out.append(
+                {
+                    "ph": "M",
+                    "name": "process_labels",
+                    "pid": pid,
+                    "tid": 0,
+                    "args": {"labels": self.label},
+                }
+            )
             if original == self.main_pid:
-                out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": self.label}})
+                out.append(
+                    {
+                        "ph": "M",
+                        "name": "process_name",
+                        "pid": pid,
+                        "tid": 0,
+                        "args": {"name": self.label},
+                    }
+                )
         return out
 
 
-def _flows(collective: dict[str, Any], mains: dict[int, tuple[int, Any]], ids: Iterator[int]) -> list[dict[str, Any]]:
-    """A flow arrow from each waiting rank's arrival to the last rank's: who waited for whom (Perfetto draws it
-    between the collectives' slices, which start at those instants)."""
+def _flows(
+    collective: dict[str, Any], mains: dict[int, tuple[int, Any]], ids: Iterator[int]
+) -> list[dict[str, Any]]:
+    """A flow arrow from each waiting rank's arrival to the last rank's: who waited for whom
+    (Perfetto draws it between the collectives' slices, which start at those instants)."""
     last = collective["last_rank"]
     arrivals = collective.get("arrive_us", {})
     out: list[dict[str, Any]] = []
     for rank_text in collective["waits_ms"]:
         source, target = mains.get(int(rank_text)), mains.get(last)
-        if source is None or target is None or rank_text not in arrivals or str(last) not in arrivals:
+        if (
+            source is None
+            or target is None
+            or rank_text not in arrivals
+            or str(last) not in arrivals
+        ):
             continue
-        common = {"cat": "stepcli_culprit", "name": f"waits for rank {last}", "id": next(ids), "bp": "e"}
-        out.append({"ph": "s", "pid": source[0], "tid": source[1], "ts": arrivals[rank_text], **common})
-        out.append({"ph": "f", "pid": target[0], "tid": target[1], "ts": arrivals[str(last)], **common})
+        common = {
+            "cat": "stepcli_culprit",
+            "name": f"waits for rank {last}",
+            "id": next(ids),
+            "bp": "e",
+        }
+        out.append(
+            {"ph": "s", "pid": source[0], "tid": source[1], "ts": arrivals[rank_text], **common}
+        )
+        out.append(
+            {"ph": "f", "pid": target[0], "tid": target[1], "ts": arrivals[str(last)], **common}
+        )
     return out
 
 
-def _culprit_marks(culprit: dict[str, Any] | None, mains: dict[int, tuple[int, Any]]) -> list[dict[str, Any]]:
-    """An instant event on the last-arriving rank's step thread at each collective, and arrows to it from the
-    ranks that waited."""
+def _culprit_marks(
+    culprit: dict[str, Any] | None, mains: dict[int, tuple[int, Any]]
+) -> list[dict[str, Any]]:
+    """An instant event on the last-arriving rank's step thread at each collective, and arrows to it
+    from the ranks that waited."""
     if not culprit:
         return []
     marks: list[dict[str, Any]] = []
@@ -304,7 +380,8 @@ def _culprit_marks(culprit: dict[str, Any] | None, mains: dict[int, tuple[int, A
                 "ph": "i",
                 "s": "t",
                 "cat": "stepcli_culprit",
-                "name": f"last to arrive: rank {rank} at {collective['name']} (+{collective['lateness_ms']:.2f} ms)",
+                "name": f"last to arrive: rank {rank} at {collective['name']} "
+                f"(+{collective['lateness_ms']:.2f} ms)",
                 "pid": where[0],
                 "tid": where[1],
                 "ts": at,
@@ -321,7 +398,8 @@ def _culprit_marks(culprit: dict[str, Any] | None, mains: dict[int, tuple[int, A
 
 
 class _Plan(NamedTuple):
-    """What the first pass learns of one file, so the second can write its events as it reads them."""
+    """What the first pass learns of one file, so the second can write its events as it reads
+    them."""
 
     path: str
     rank: int
@@ -335,8 +413,8 @@ class _Plan(NamedTuple):
 
 
 def _survey(path: str, slot: int) -> tuple[int | None, _Plan]:
-    """The first pass over one file, a piece at a time: its rank as found (None: none), and its plan (rank 0
-    when it has none). The main thread is where its `ProfilerStep#N` annotations are."""
+    """The first pass over one file, a piece at a time: its rank as found (None: none), and its plan
+    (rank 0 when it has none). The main thread is where its `ProfilerStep#N` annotations are."""
     for sliced in (True, False):
         try:
             trace = _Trace(path, sliced)
@@ -346,7 +424,9 @@ def _survey(path: str, slot: int) -> tuple[int | None, _Plan]:
                 for event in piece:
                     if "pid" in event:
                         rewriter.pid(event["pid"])
-                    if event.get("ph") == "X" and str(event.get("name", "")).startswith("ProfilerStep#"):
+                    if event.get("ph") == "X" and str(event.get("name", "")).startswith(
+                        "ProfilerStep#"
+                    ):
                         steps[(as_id(event.get("pid")), as_id(event.get("tid")))] += 1
             break
         except _CutWrong:
@@ -358,16 +438,26 @@ def _survey(path: str, slot: int) -> tuple[int | None, _Plan]:
     base = _base_time(trace.header)
     rank = found if found is not None else 0
     return found, _Plan(
-        path, rank, slot, base, main, main_pid, trace.layout is not None, trace.dropped_events, trace.dropped_values
+        path,
+        rank,
+        slot,
+        base,
+        main,
+        main_pid,
+        trace.layout is not None,
+        trace.dropped_events,
+        trace.dropped_values,
     )
 
 
 def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
-    """Write the merged trace of `paths` to `output`; return what it holds (ranks, alignment, marks).
+    """Write the merged trace of `paths` to `output`; return what it holds (ranks, alignment,
+    marks).
 
-    The merged trace is written as a stream, a piece of one file at a time (module docstring): a first pass reads
-    each file for its rank, base time and main thread (and the new pid of that thread, needed by the culprit marks
-    in the header's count), the second reads it again to write its events."""
+    The merged trace is written as a stream, a piece of one file at a time (module docstring): a
+    first pass reads each file for its rank, base time and main thread (and the new pid of that
+    thread, needed by the culprit marks in the header's count), the second reads it again to write
+    its events."""
     from stepcli.traces.engine import summarize_paths
     from stepcli.traces.read.files import list_trace_files
 
@@ -376,14 +466,16 @@ def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
     if not files:
         raise StepcliError("no trace files to merge")
     summary = summarize_paths(files)
-    culprit = summary.culprit  # (none across traces of different jobs: then only base times align them)
+    # (none across traces of different jobs: then only base times align them)
+    culprit = summary.culprit
     offsets = (culprit or {}).get("alignment", {}).get("offsets_ms", {})
     plans: list[_Plan] = []
     mains: dict[int, tuple[int, Any]] = {}
     per_rank: Counter[int] = Counter()
     missing: str | None = None
     for slot, path in enumerate(files):
-        # One pid and id range per file: two traces of one rank (two windows, or a copy) never share ids or pids.
+        # One pid and id range per file: two traces of one rank (two windows, or a copy) never share
+        # ids or pids.
         found, plan = _survey(path, slot)
         if found is None and missing is None:
             missing = path
@@ -392,11 +484,14 @@ def merge_traces(paths: Sequence[str], output: str) -> dict[str, Any]:
             mains[plan.rank] = (plan.main_pid, plan.main[1])
         plans.append(plan)
     if len(files) > 1 and missing is not None:
-        raise StepcliError(f"{missing}: no rank (distributedInfo.rank or rank<N> in the name); cannot merge ranks")
+        raise StepcliError(
+            f"{missing}: no rank (distributedInfo.rank or rank<N> in the name); cannot merge ranks"
+        )
     reference_base = next((p.base for p in plans if isinstance(p.base, int)), 0)
     marks = _culprit_marks(culprit, mains)
     facts = {
-        "ranks": sorted(per_rank) if missing is None else [],  # one trace without a rank is no rank 0
+        # one trace without a rank is no rank 0
+        "ranks": sorted(per_rank) if missing is None else [],
         "repeated_ranks": {rank: count for rank, count in sorted(per_rank.items()) if count > 1},
         "files": list(files),
         "alignment": (culprit or {}).get("alignment"),
@@ -431,7 +526,8 @@ def _merged_events(
         label = (
             f"rank {plan.rank}"
             if per_rank[plan.rank] == 1
-            else f"rank {plan.rank} (trace {seen[plan.rank]} of {per_rank[plan.rank]}: {os.path.basename(plan.path)})"
+            else f"rank {plan.rank} (trace {seen[plan.rank]} of {per_rank[plan.rank]}: "
+            f"{os.path.basename(plan.path)})"
         )
         rewriter = _Rewriter(plan.rank, plan.slot, shift, plan.path, label)
         rewriter.main_pid = plan.main[0] if plan.main else None
@@ -449,9 +545,10 @@ def _merged_events(
 
 
 def _write(path: str, head: dict[str, Any], chunks: Iterator[list[dict[str, Any]]]) -> None:
-    """`head` with a `traceEvents` list of the chunks' events, a chunk at a time, into a file created new beside
-    `path` and renamed over it (stepcli.safefile). Events are encoded by msgspec, whose decoder read them (so no
-    string holds a lone surrogate) and which never writes `Infinity` or `NaN` (none is left: _Trace)."""
+    """`head` with a `traceEvents` list of the chunks' events, a chunk at a time, into a file
+    created new beside `path` and renamed over it (stepcli.safefile). Events are encoded by msgspec,
+    whose decoder read them (so no string holds a lone surrogate) and which never writes `Infinity`
+    or `NaN` (none is left: _Trace)."""
     import json
 
     from stepcli import safefile
@@ -474,28 +571,35 @@ def _write(path: str, head: dict[str, Any], chunks: Iterator[list[dict[str, Any]
 
 
 def merge_main(paths: Sequence[str], output: str) -> str:
-    """The command: merge, then what was written (a line) and how its clocks were aligned (a second line)."""
+    """The command: merge, then what was written (a line) and how its clocks were aligned (a second
+    line)."""
     facts = merge_traces(paths, output)
     alignment = facts["alignment"]
     clock = (
         f"clocks aligned by collectives (error {alignment['error_ms']:.2f} ms)"
         if alignment
-        else "clocks from the traces' base times (traces of different jobs: their world sizes differ)"
+        else "clocks from the traces' base times (traces of different jobs: their world sizes "
+        "differ)"
         if facts.get("mixed_jobs")
         else "clocks from the traces' base times (no collectives to align by)"
     )
     found = facts["culprit"]
     who = f"; culprit rank {found['rank']}" if found else ""
     repeated = "".join(
-        f"; rank {r} in {n} traces (kept apart, as {n} processes)" for r, n in facts["repeated_ranks"].items()
+        f"; rank {r} in {n} traces (kept apart, as {n} processes)"
+        for r, n in facts["repeated_ranks"].items()
     )
     if facts["dropped_events"]:
-        repeated += f"; {plural(facts['dropped_events'], 'event')} left out (ts or dur not a finite number)"
+        repeated += (
+            f"; {plural(facts['dropped_events'], 'event')} left out (ts or dur not a finite number)"
+        )
     if facts["dropped_values"]:
         repeated += f"; {plural(facts['dropped_values'], 'non-finite value')} left out"
     traces = plural(len(facts["files"]), "trace")
     held = (
-        f"ranks {', '.join(map(str, facts['ranks']))} from {traces}" if facts["ranks"] else f"{traces} without a rank"
+        f"ranks {', '.join(map(str, facts['ranks']))} from {traces}"
+        if facts["ranks"]
+        else f"{traces} without a rank"
     )
     # two lines: one was up to 113 columns
     return f"wrote {output}: {held}, {plural(facts['marks'], 'mark')}{who}{repeated}\n  {clock}"

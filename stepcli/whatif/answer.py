@@ -1,6 +1,7 @@
-"""The what-if answer: the replay checked against the measured step, the critical path, each change's prediction
-and the ranked opportunities, as one JSON-ready document (schema `stepcli.whatif/1`, docs/reference/whatif-json.md).
-Pure: the lanes come in, the document goes out (stepcli.whatif.whatifmain reads, stepcli.whatif.whatifrender prints).
+"""The what-if answer: the replay checked against the measured step, the critical path, each
+change's prediction and the ranked opportunities, as one JSON-ready document (schema
+`stepcli.whatif/1`, docs/reference/whatif-json.md). Pure: the lanes come in, the document goes out
+(stepcli.whatif.whatifmain reads, stepcli.whatif.whatifrender prints).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from stepcli.whatif.lanereplay import LaneReplay, Record, ReplayError, replay, s
 
 SCHEMA = "stepcli.whatif/1"
 MAX_REPLAY_ERROR = 0.05  # a replay further than this from the measured step answers nothing
-NEARLY_CRITICAL = 0.01  # a rank waiting less than this share of the step is (nearly) on the critical path
+# a rank waiting less than this share of the step is (nearly) on the critical path
+NEARLY_CRITICAL = 0.01
 TOP_OPERATORS = 5  # operator classes offered as opportunities (halved)
 TOP_KERNELS = 3  # device work names offered as opportunities (halved)
 
@@ -40,25 +42,34 @@ def usage(message: str) -> StepcliError:
 
 
 def parse_change(flag: str, value: str, lanes: Sequence[RankLane]) -> WhatifChange:
-    """One flag's change, checked against the lanes (a selector matching nothing is a usage error with near names)."""
+    """One flag's change, checked against the lanes (a selector matching nothing is a usage error
+    with near names)."""
     ranks = sorted({lane.rank for lane in lanes if lane.rank is not None})
     if flag == "comm":
         if len(lanes) < 2:
-            raise usage("--comm: these traces are one process; collectives between ranks need two or more")
+            raise usage(
+                "--comm: these traces are one process; collectives between ranks need two or more"
+            )
         return WhatifChange(f"--comm {value}", comm=_factor(value, "--comm"))
     if flag == "idealize":
         if len(lanes) < 2:
-            raise usage("--idealize-rank: these traces are one process; idealizing a rank needs two or more")
+            raise usage(
+                "--idealize-rank: these traces are one process; idealizing a rank needs two or more"
+            )
         try:
             rank = int(value)
         except ValueError:
             raise usage(f"--idealize-rank {value}: not a rank number") from None
         if rank not in ranks:
-            raise usage(f"--idealize-rank {rank}: no such rank in these traces (ranks {_ranks(ranks)})")
+            raise usage(
+                f"--idealize-rank {rank}: no such rank in these traces (ranks {_ranks(ranks)})"
+            )
         return WhatifChange(f"--idealize-rank {rank}", idealize=[rank])
     selector, equals, factor_text = value.rpartition("=")
     if not equals or not selector:
-        raise usage(f"--scale {value}: expected SELECTOR=FACTOR, e.g. phase:dataloader=0 or aten::mm=0.5")
+        raise usage(
+            f"--scale {value}: expected SELECTOR=FACTOR, e.g. phase:dataloader=0 or aten::mm=0.5"
+        )
     factor = _factor(factor_text, f"--scale {value}")
     return WhatifChange(f"--scale {value}", scales=[_scale(selector, factor, lanes, ranks, value)])
 
@@ -77,12 +88,16 @@ def _ranks(ranks: Sequence[int]) -> str:
     return ", ".join(map(str, ranks)) if ranks else "none"
 
 
-def _scale(selector: str, factor: float, lanes: Sequence[RankLane], ranks: Sequence[int], typed: str) -> Scale:
+def _scale(
+    selector: str, factor: float, lanes: Sequence[RankLane], ranks: Sequence[int], typed: str
+) -> Scale:
     rank = None
     if selector.startswith("rank:"):
         head, slash, selector = selector[len("rank:") :].partition("/")
         if not slash or not head.isdecimal() or not selector:
-            raise usage(f"--scale {typed}: expected rank:R/SELECTOR=FACTOR, e.g. rank:1/phase:forward=0.5")
+            raise usage(
+                f"--scale {typed}: expected rank:R/SELECTOR=FACTOR, e.g. rank:1/phase:forward=0.5"
+            )
         rank = int(head)
         if rank not in ranks:
             raise usage(f"--scale {typed}: no rank {rank} in these traces (ranks {_ranks(ranks)})")
@@ -103,7 +118,9 @@ def _scale(selector: str, factor: float, lanes: Sequence[RankLane], ranks: Seque
     if not names:
         near = difflib.get_close_matches(selector.removeprefix("re:"), list(known), n=3, cutoff=0.4)
         hint = f"; near names: {', '.join(near)}" if near else ""
-        raise usage(f"--scale {typed}: matches no operator on the steps' thread of these traces{hint}")
+        raise usage(
+            f"--scale {typed}: matches no operator on the steps' thread of these traces{hint}"
+        )
     return Scale(rank, None, names, factor)
 
 
@@ -112,8 +129,8 @@ def _phase_order() -> list[str]:
 
 
 def operator_names(lanes: Sequence[RankLane], rank: int | None = None) -> dict[str, float]:
-    """Operator name -> total µs of its spans on the steps' threads (every depth), and device work name -> its total
-    µs in the steps, most first."""
+    """Operator name -> total µs of its spans on the steps' threads (every depth), and device work
+    name -> its total µs in the steps, most first."""
     totals: dict[str, float] = {}
     for lane in lanes:
         if rank is not None and lane.rank != rank:
@@ -125,7 +142,9 @@ def operator_names(lanes: Sequence[RankLane], rank: int | None = None) -> dict[s
                 totals[lane.names[code]] = totals.get(lane.names[code], 0.0) + float(sums[code])
         if not len(lane.op_name):
             continue
-        sums = np.bincount(lane.op_name, weights=lane.op_end - lane.op_start, minlength=len(lane.names))
+        sums = np.bincount(
+            lane.op_name, weights=lane.op_end - lane.op_start, minlength=len(lane.names)
+        )
         for code in np.nonzero(sums)[0].tolist():
             totals[lane.names[code]] = totals.get(lane.names[code], 0.0) + float(sums[code])
     return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
@@ -138,7 +157,9 @@ def top_operators(lanes: Sequence[RankLane], count: int) -> list[str]:
         top = lane.op_top
         if not top.any():
             continue
-        sums = np.bincount(lane.op_name[top], weights=(lane.op_end - lane.op_start)[top], minlength=len(lane.names))
+        sums = np.bincount(
+            lane.op_name[top], weights=(lane.op_end - lane.op_start)[top], minlength=len(lane.names)
+        )
         for code in np.nonzero(sums)[0].tolist():
             totals[lane.names[code]] = totals.get(lane.names[code], 0.0) + float(sums[code])
     return [name for name, _ in sorted(totals.items(), key=lambda kv: -kv[1])[:count]]
@@ -154,7 +175,8 @@ def choose_steps(lanes: Sequence[RankLane], step: int | None) -> list[int]:
     if step is not None:
         if step not in common:
             raise usage(
-                f"--step {step}: not a step every trace recorded (steps {steps_label(common)[len('steps ') :] if len(common) > 1 else str(common[0])})"
+                f"--step {step}: not a step every trace recorded (steps "
+                f"{steps_label(common)[len('steps ') :] if len(common) > 1 else str(common[0])})"
             )
         return [step]
     best: list[int] = [common[0]]
@@ -168,24 +190,31 @@ def choose_steps(lanes: Sequence[RankLane], step: int | None) -> list[int]:
 
 @dataclass
 class Answer:
-    """The answer document, and the graph and unchanged replay it came from (None when inconclusive early)."""
+    """The answer document, and the graph and unchanged replay it came from (None when inconclusive
+    early)."""
 
     doc: dict[str, Any]
     graph: Graph | None = None
     base: LaneReplay | None = None
 
 
-def answer(lanes: Sequence[RankLane], request: WhatifRequest, untouched_ms: float | None) -> dict[str, Any]:
-    """The whole answer document; `verdict` is "inconclusive" (with `reason`) when the replay cannot be trusted."""
+def answer(
+    lanes: Sequence[RankLane], request: WhatifRequest, untouched_ms: float | None
+) -> dict[str, Any]:
+    """The whole answer document; `verdict` is "inconclusive" (with `reason`) when the replay cannot
+    be trusted."""
     return solve(lanes, request, untouched_ms).doc
 
 
 def solve(
-    lanes: Sequence[RankLane], request: WhatifRequest, untouched_ms: float | None, release: bool = False
+    lanes: Sequence[RankLane],
+    request: WhatifRequest,
+    untouched_ms: float | None,
+    release: bool = False,
 ) -> Answer:
-    """answer(), with the graph and its replay kept for the trace (stepcli.whatif.tracefile). `release`: the lanes
-    are the caller's to give up: once the graph joins them, their collectives (RankLane.arrivals, a quarter of a
-    lane) are dropped for the replays."""
+    """answer(), with the graph and its replay kept for the trace (stepcli.whatif.tracefile).
+    `release`: the lanes are the caller's to give up: once the graph joins them, their collectives
+    (RankLane.arrivals, a quarter of a lane) are dropped for the replays."""
     lanes = list(lanes)
     steps = choose_steps(lanes, request.step)
     changes = [parse_change(flag, value, lanes) for flag, value in request.changes]
@@ -217,7 +246,11 @@ def solve(
                 f"no collective could be matched across the ranks in {steps_label(steps)}: "
                 "without one, the ranks' timelines cannot be joined"
             )
-        elif len(lanes) > 1 and any(lane.device is not None for lane in lanes) and not any(graph.device_rows):
+        elif (
+            len(lanes) > 1
+            and any(lane.device is not None for lane in lanes)
+            and not any(graph.device_rows)
+        ):
             reason = (
                 f"no NCCL kernel could be tied to the ranks' collectives in {steps_label(steps)}: "
                 "without one, the ranks' device streams cannot be joined"
@@ -239,8 +272,8 @@ def solve(
         return Answer(doc, graph, base)
     if abs(error) > MAX_REPLAY_ERROR:
         doc["reason"] = (
-            f"the replay is {error:+.1%} off the measured step (more than {MAX_REPLAY_ERROR:.0%}): the graph does "
-            f"not explain the waits ({_why_off(graph)})"
+            f"the replay is {error:+.1%} off the measured step (more than {MAX_REPLAY_ERROR:.0%}): "
+            f"the graph does not explain the waits ({_why_off(graph)})"
         )
         return Answer(doc, graph, base)
     doc["verdict"] = "ok"
@@ -254,7 +287,9 @@ def solve(
         return {
             "change": change.text,
             "predicted_ms": ms,
-            "predicted_untouched_ms": ms * untouched_ms / measured if untouched_ms is not None else None,
+            "predicted_untouched_ms": ms * untouched_ms / measured
+            if untouched_ms is not None
+            else None,
             "saved_ms": saved,
             "saved_share": saved / measured,
         }
@@ -280,19 +315,26 @@ def _unmodelled(lanes: Sequence[RankLane]) -> str | None:
     if sizes and max(sizes) > len(lanes):
         return (
             f"only rank{'s' if len(ranks) > 1 else ''} {_ranks(ranks)} of a {max(sizes)}-rank job "
-            f"{'were' if len(ranks) > 1 else 'was'} read: the other ranks' traces are needed to replay the waits"
+            f"{'were' if len(ranks) > 1 else 'was'} read: the other ranks' traces are needed to "
+            f"replay the waits"
         )
     return None
 
 
 def _why_off(graph: Graph) -> str:
-    """The likeliest reason a replay missed: device work that waited for nothing the graph knows, or the host."""
+    """The likeliest reason a replay missed: device work that waited for nothing the graph knows, or
+    the host."""
     waited = sum(lane.device.unexplained_us for lane in graph.lanes if lane.device is not None)
     if waited > 0:
         per_step = waited / len(graph.steps) / 1000.0
-        unknown = [lane for lane in graph.lanes if lane.device is not None and not lane.device.cross_stream_known]
+        unknown = [
+            lane
+            for lane in graph.lanes
+            if lane.device is not None and not lane.device.cross_stream_known
+        ]
         why = (
-            "the trace has no CUDA sync events (enable_cuda_sync_events), so waits between streams are unknown"
+            "the trace has no CUDA sync events (enable_cuda_sync_events), so waits between streams "
+            "are unknown"
             if unknown
             else "a wait the trace does not record"
         )
@@ -314,14 +356,18 @@ def top_kernels(lanes: Sequence[RankLane], count: int) -> list[str]:
 
 
 def opportunities(graph: Graph, base: LaneReplay, lanes: Sequence[RankLane]) -> list[WhatifChange]:
-    """Each phase removed and halved, the top operator classes halved, communication halved, the ranks the others
-    wait for idealized."""
+    """Each phase removed and halved, the top operator classes halved, communication halved, the
+    ranks the others wait for idealized."""
     out: list[WhatifChange] = []
     for name in _phase_order():
         code = PHASE_NAMES.index(name)
         if any(np.any((lane.phase == code) & (np.diff(lane.grid) > 0)) for lane in lanes):
             for factor, shown in ((0.0, "0"), (0.5, "0.5")):
-                out.append(WhatifChange(f"--scale phase:{name}={shown}", [Scale(None, code, frozenset(), factor)]))
+                out.append(
+                    WhatifChange(
+                        f"--scale phase:{name}={shown}", [Scale(None, code, frozenset(), factor)]
+                    )
+                )
     for name in top_operators(lanes, TOP_OPERATORS):
         out.append(WhatifChange(f"--scale {name}=0.5", [Scale(None, None, frozenset([name]), 0.5)]))
     for name in top_kernels(lanes, TOP_KERNELS):
@@ -337,8 +383,8 @@ def opportunities(graph: Graph, base: LaneReplay, lanes: Sequence[RankLane]) -> 
 
 
 def nearly_critical(graph: Graph, base: LaneReplay, measured_ms: float) -> list[int]:
-    """Ranks that wait less than 1% of the step: each is on a (nearly) critical path; with several, making one
-    faster buys little until the others are too."""
+    """Ranks that wait less than 1% of the step: each is on a (nearly) critical path; with several,
+    making one faster buys little until the others are too."""
     if len(graph.lanes) < 2:
         return []
     per_step = [b / len(graph.steps) / 1000.0 for b in base.blocked]
@@ -351,8 +397,8 @@ def nearly_critical(graph: Graph, base: LaneReplay, measured_ms: float) -> list[
 
 @dataclass
 class PathPiece:
-    """One stretch of the critical path: on lane `lane`, from `start` to `end` (replayed, aligned µs); a
-    collective's piece also names the lane that waited for it (`waiter`, -1 otherwise)."""
+    """One stretch of the critical path: on lane `lane`, from `start` to `end` (replayed, aligned
+    µs); a collective's piece also names the lane that waited for it (`waiter`, -1 otherwise)."""
 
     lane: int
     kind: str  # cpu, collective, wait, sync, launch or gpu
@@ -368,8 +414,9 @@ class PathPiece:
 
 
 def walk_critical_path(graph: Graph, rep: LaneReplay) -> list[PathPiece]:
-    """Walk back from the latest end along each stretch's binding predecessor: the lane before it, or for a wait
-    bound by a collective, that collective's transfer and then its last arriver's lane. In time order."""
+    """Walk back from the latest end along each stretch's binding predecessor: the lane before it,
+    or for a wait bound by a collective, that collective's transfer and then its last arriver's
+    lane. In time order."""
     i = int(np.argmax(rep.end))
     k = len(rep.records[i]) - 1
     walked: list[PathPiece] = []
@@ -384,11 +431,15 @@ def walk_critical_path(graph: Graph, rep: LaneReplay) -> list[PathPiece]:
             row = record.wait_row
             name = graph.names[row]
             if record.tail > 0:
-                walked.append(PathPiece(i, "wait", f"after {name}", record.end - record.tail, record.end))
+                walked.append(
+                    PathPiece(i, "wait", f"after {name}", record.end - record.tail, record.end)
+                )
             m = int(np.argmax(rep.arrive[row]))
             j = graph.members[row][m]
             arrived = rep.arrive[row][m]
-            walked.append(PathPiece(j, "collective", name, arrived, arrived + rep.transfer[row], waiter=i))
+            walked.append(
+                PathPiece(j, "collective", name, arrived, arrived + rep.transfer[row], waiter=i)
+            )
             found = [x for x, r in enumerate(rep.records[j]) if r.arrive_row == row]
             if not found:
                 break
@@ -414,11 +465,13 @@ def walk_critical_path(graph: Graph, rep: LaneReplay) -> list[PathPiece]:
     return walked
 
 
-def _walk_device(graph: Graph, rep: LaneReplay, i: int, node: int, walked: list[PathPiece]) -> tuple[int, int]:
-    """Walk back along the device nodes from lane i's `node`, through the edges that bound them (the stream,
-    another stream's node, a launch: a piece of its own; an NCCL collective: its transfer, then the last member to
-    arrive, on its lane), to a launch call on a host: (that lane, the index of its record that ends there; -1:
-    none, the walk ends)."""
+def _walk_device(
+    graph: Graph, rep: LaneReplay, i: int, node: int, walked: list[PathPiece]
+) -> tuple[int, int]:
+    """Walk back along the device nodes from lane i's `node`, through the edges that bound them (the
+    stream, another stream's node, a launch: a piece of its own; an NCCL collective: its transfer,
+    then the last member to arrive, on its lane), to a launch call on a host: (that lane, the index
+    of its record that ends there; -1: none, the walk ends)."""
     from stepcli.traces.analyses.devicework import COLLECTIVE, EVENT, LAUNCH
 
     guard = sum(len(lane.device) for lane in graph.lanes if lane.device is not None) + 1
@@ -436,7 +489,11 @@ def _walk_device(graph: Graph, rep: LaneReplay, i: int, node: int, walked: list[
             arrivals = [rep.device[graph.members[row][m]].start[n] for m, n in enumerate(nodes)]  # type: ignore[union-attr]
             m = int(np.argmax(arrivals))
             j, last_node = graph.members[row][m], nodes[m]
-            walked.append(PathPiece(j, "collective", graph.names[row], arrivals[m], end, waiter=i, node=last_node))
+            walked.append(
+                PathPiece(
+                    j, "collective", graph.names[row], arrivals[m], end, waiter=i, node=last_node
+                )
+            )
             i, node, end = j, last_node, arrivals[m]
             work, times = graph.lanes[i].device, rep.device[i]
             assert work is not None and times is not None
@@ -448,7 +505,9 @@ def _walk_device(graph: Graph, rep: LaneReplay, i: int, node: int, walked: list[
             record = int(times.launch_record[node])
             launched = _record_end(times, node, work)
             walked.append(PathPiece(i, "gpu", stream, times.start[node], end, node=node))
-            walked.append(PathPiece(i, "launch", "launch latency", launched, times.start[node], node=node))
+            walked.append(
+                PathPiece(i, "launch", "launch latency", launched, times.start[node], node=node)
+            )
             return i, record
         before = int(work.prev[node]) if bound != EVENT else int(work.wait_for[node])
         walked.append(PathPiece(i, "gpu", stream, times.end[before], end, node=node))
@@ -464,8 +523,8 @@ def _record_end(times: Any, node: int, work: Any) -> float:
 
 
 def critical_path(graph: Graph, rep: LaneReplay) -> dict[str, Any]:
-    """The critical path's segments merged by (rank, kind, name) in order of first appearance, in ms per step;
-    their ms add up to the path's."""
+    """The critical path's segments merged by (rank, kind, name) in order of first appearance, in ms
+    per step; their ms add up to the path's."""
     n_steps = len(graph.steps)
     merged: dict[tuple[int, str, str], float] = {}
     for piece in walk_critical_path(graph, rep):
@@ -487,8 +546,8 @@ def critical_path(graph: Graph, rep: LaneReplay) -> dict[str, Any]:
 
 
 def _phase_split(graph: Graph, i: int, record: Record) -> list[tuple[str, float]]:
-    """A compute stretch's replayed time by phase (its measured time by phase, scaled to its replayed length), in
-    the order the phases first appear in it."""
+    """A compute stretch's replayed time by phase (its measured time by phase, scaled to its
+    replayed length), in the order the phases first appear in it."""
     lane = graph.lanes[i]
     lo, hi = record.lane_from, record.lane_to
     a = max(int(np.searchsorted(lane.grid, lo, side="right")) - 1, 0)
@@ -508,9 +567,9 @@ def _phase_split(graph: Graph, i: int, record: Record) -> list[tuple[str, float]
 
 
 def slack(graph: Graph, rep: LaneReplay) -> list[dict[str, Any]]:
-    """The top operators' slack: how much longer each could run before the step does (ms, the least over its
-    occurrences on a rank): the waits for other ranks after it on its rank absorb that much. Per rank, and the
-    least over ranks."""
+    """The top operators' slack: how much longer each could run before the step does (ms, the least
+    over its occurrences on a rank): the waits for other ranks after it on its rank absorb that
+    much. Per rank, and the least over ranks."""
     out = []
     for name in top_operators(graph.lanes, TOP_OPERATORS):
         by_rank: dict[str, float] = {}

@@ -1,10 +1,11 @@
 """The ranks' lanes joined at their collectives: the graph `stepcli whatif` replays. Pure.
 
-Each rank's lane (stepcli.traces.analyses.lanes) is cut to the chosen steps and placed on aligned clocks
-(stepcli.traces.analyses.alignment); its joints are its arrivals at the collectives every member holds, its waits
-on them, and, for a GPU rank, its device work tied to the NCCL kernels. A collective's transfer time is its end
-minus the latest member's arrival; a wait keeps the measured tail after the collective's end. The replay
-(stepcli.whatif.lanereplay) runs this graph by list scheduling.
+Each rank's lane (stepcli.traces.analyses.lanes) is cut to the chosen steps and placed on aligned
+clocks (stepcli.traces.analyses.alignment); its joints are its arrivals at the collectives every
+member holds, its waits on them, and, for a GPU rank, its device work tied to the NCCL kernels. A
+collective's transfer time is its end minus the latest member's arrival; a wait keeps the measured
+tail after the collective's end. The replay (stepcli.whatif.lanereplay) runs this graph by list
+scheduling.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ RESUMED_SHARE = 0.1
 
 @dataclass
 class Scale:
-    """One `--scale`: the time of what SELECTOR covers on the steps' thread runs FACTOR times as long."""
+    """One `--scale`: the time of what SELECTOR covers on the steps' thread runs FACTOR times as
+    long."""
 
     rank: int | None  # `rank:R/`: that rank only
     phase: int | None  # `phase:NAME`: index into PHASE_NAMES
@@ -33,33 +35,39 @@ class Scale:
 
 @dataclass
 class WhatifChange:
-    """What is changed, as typed (`text`), and its parts; several flags together merge into one Change."""
+    """What is changed, as typed (`text`), and its parts; several flags together merge into one
+    Change."""
 
     text: str
     scales: list[Scale] = field(default_factory=list)
     comm: float = 1.0
-    idealize: list[int] = field(default_factory=list)  # ranks whose compute becomes the others' median
+    # ranks whose compute becomes the others' median
+    idealize: list[int] = field(default_factory=list)
 
     def merged(self, other: WhatifChange, text: str) -> WhatifChange:
-        return WhatifChange(text, self.scales + other.scales, self.comm * other.comm, self.idealize + other.idealize)
+        return WhatifChange(
+            text, self.scales + other.scales, self.comm * other.comm, self.idealize + other.idealize
+        )
 
 
 @dataclass(slots=True)
 class Item:
-    """A joint of a lane: an arrival at a collective (row, member) at `at`, or a wait [at, until) on collectives
-    whose departures (row, member, departure on this rank's clock) fall inside it."""
+    """A joint of a lane: an arrival at a collective (row, member) at `at`, or a wait [at, until) on
+    collectives whose departures (row, member, departure on this rank's clock) fall inside it."""
 
     at: float
     arrive: tuple[int, int] | None = None
     until: float = 0.0
     # (a tuple and a range, not lists: a 1,024-rank job's lanes hold ~100,000 joints)
     departs: tuple[tuple[int, int, float], ...] = ()
-    launches: range | None = None  # device nodes (stepcli.traces.analyses.devicework) queued by a call at `at`
+    # device nodes (stepcli.traces.analyses.devicework) queued by a call at `at`
+    launches: range | None = None
     sync: int = -1  # a host call [at, until) that returned only after this device node ended
 
     @property
     def order(self) -> int:
-        """Among joints at one time: launches first (a copy's own sync waits for it), then arrivals, then waits."""
+        """Among joints at one time: launches first (a copy's own sync waits for it), then arrivals,
+        then waits."""
         if self.launches is not None:
             return 0
         if self.arrive is not None:
@@ -69,7 +77,8 @@ class Item:
 
 @dataclass
 class Graph:
-    """The lanes of the ranks analysed and the collectives joining them, in the window of `steps`."""
+    """The lanes of the ranks analysed and the collectives joining them, in the window of
+    `steps`."""
 
     lanes: list[RankLane]
     steps: list[int]
@@ -82,18 +91,23 @@ class Graph:
     members: list[list[int]]  # [row] -> lane indices
     names: list[str]  # [row] collective name
     transfer: list[float]  # [row] µs: the earliest departure minus the latest arrival (>= 0)
-    unexplained: int = 0  # collectives whose departure the rank never waited for visibly (no wait span)
-    # NCCL collectives joined on the device: [row] -> per member its NCCL node on that member's lane (empty: the
-    # row is joined on the host, or not at all); their transfer and each member's residual, from the kernels
+    # collectives whose departure the rank never waited for visibly (no wait span)
+    unexplained: int = 0
+    # NCCL collectives joined on the device: [row] -> per member its NCCL node on that member's lane
+    # (empty: the row is joined on the host, or not at all); their transfer and each member's
+    # residual, from the kernels
     device_rows: list[list[int]] = field(default_factory=list)
     device_transfer: list[float] = field(default_factory=list)
     device_residual: list[list[float]] = field(default_factory=list)
-    node_row: list[dict[int, tuple[int, int]]] = field(default_factory=list)  # per lane: node -> (row, member)
-    joint_times: list[list[float]] = field(default_factory=list)  # per lane, sorted: where the replay reads its time
+    # per lane: node -> (row, member)
+    node_row: list[dict[int, tuple[int, int]]] = field(default_factory=list)
+    # per lane, sorted: where the replay reads its time
+    joint_times: list[list[float]] = field(default_factory=list)
 
 
 def build_graph(lanes: Sequence[RankLane], steps: list[int]) -> Graph:
-    """Each lane cut to `steps` (consecutive, every lane has them), joined at the collectives all members hold."""
+    """Each lane cut to `steps` (consecutive, every lane has them), joined at the collectives all
+    members hold."""
     lanes = list(lanes)
     start, end = [], []
     for lane in lanes:
@@ -110,23 +124,31 @@ def build_graph(lanes: Sequence[RankLane], steps: list[int]) -> Graph:
     matched = match_collectives(parts) if len(lanes) > 1 and len(parts) == len(lanes) else None
     if matched is not None:
         offsets, rows, arrive, depart, names = _joined(lanes, matched, steps)
-    memberships: list[list[tuple[int, int]]] = [[] for _ in lanes]  # per lane: (row, its place among the members)
+    # per lane: (row, its place among the members)
+    memberships: list[list[tuple[int, int]]] = [[] for _ in lanes]
     for row, member_lanes in enumerate(rows):
         for m, li in enumerate(member_lanes):
             memberships[li].append((row, m))
     device_rows = _nccl_nodes(lanes, rows, arrive, offsets, memberships)
     unexplained = 0
     for li, lane in enumerate(lanes):
-        host_joints = memberships[li] if lane.device is None else []  # a GPU rank joins on its NCCL kernels
-        items[li], missed = _items(lane, host_joints, arrive, depart, offsets[li], start[li], end[li])
+        # a GPU rank joins on its NCCL kernels
+        host_joints = memberships[li] if lane.device is None else []
+        items[li], missed = _items(
+            lane, host_joints, arrive, depart, offsets[li], start[li], end[li]
+        )
         unexplained += missed
         if lane.device is not None:
             items[li] = _device_items(lane, items[li], start[li], end[li])
     transfer = [max(0.0, min(d) - max(a)) for a, d in zip(arrive, depart)]
-    graph = Graph(lanes, steps, start, end, offsets, items, arrive, depart, rows, names, transfer, unexplained)
+    graph = Graph(
+        lanes, steps, start, end, offsets, items, arrive, depart, rows, names, transfer, unexplained
+    )
     _join_on_device(graph, device_rows)
     graph.joint_times = [
-        sorted({start[li], end[li], *(item.at for item in joints), *(item.until for item in joints)})
+        sorted(
+            {start[li], end[li], *(item.at for item in joints), *(item.until for item in joints)}
+        )
         for li, joints in enumerate(items)
     ]
     return graph
@@ -139,8 +161,9 @@ def _nccl_nodes(
     offsets: list[float],
     memberships: list[list[tuple[int, int]]],
 ) -> list[list[int]]:
-    """Per collective row, each member's NCCL node (the first NCCL kernel its host call launched: the first one
-    queued at or after the call's start), or [] when a member has no device work or no such kernel."""
+    """Per collective row, each member's NCCL node (the first NCCL kernel its host call launched:
+    the first one queued at or after the call's start), or [] when a member has no device work or no
+    such kernel."""
     node_of: dict[tuple[int, int], int] = {}
     for li, lane in enumerate(lanes):
         work = lane.device
@@ -164,8 +187,8 @@ def _nccl_nodes(
 
 
 def _join_on_device(graph: Graph, device_rows: list[list[int]]) -> None:
-    """The device-joined collectives' transfer (the earliest member's end less the latest member's start, on
-    aligned clocks) and each member's residual after it."""
+    """The device-joined collectives' transfer (the earliest member's end less the latest member's
+    start, on aligned clocks) and each member's residual after it."""
     graph.device_rows = device_rows
     graph.node_row = [{} for _ in graph.lanes]
     graph.device_transfer = [0.0] * len(device_rows)
@@ -189,16 +212,21 @@ def _join_on_device(graph: Graph, device_rows: list[list[int]]) -> None:
 def _joined(
     lanes: list[RankLane], matched: Matched, steps: list[int]
 ) -> tuple[list[float], list[list[int]], list[list[float]], list[list[float]], list[str]]:
-    """Clock offsets per lane and the matched collectives of the window as rows of lane indices and aligned times."""
+    """Clock offsets per lane and the matched collectives of the window as rows of lane indices and
+    aligned times."""
     lane_of_rank = {lane.rank: i for i, lane in enumerate(lanes)}
-    offsets_by_column, _errors = align(matched.arrive, matched.depart, matched.members, matched.clocks)
+    offsets_by_column, _errors = align(
+        matched.arrive, matched.depart, matched.members, matched.clocks
+    )
     offsets = [0.0] * len(lanes)
     for column, rank in enumerate(matched.ranks):
         if rank in lane_of_rank and column < len(offsets_by_column):
             offsets[lane_of_rank[rank]] = offsets_by_column[column]
     wanted = set(steps)
     rows, arrive, depart, names = [], [], [], []
-    for key, cols, a_row, d_row in zip(matched.keys, matched.members, matched.arrive, matched.depart):
+    for key, cols, a_row, d_row in zip(
+        matched.keys, matched.members, matched.arrive, matched.depart
+    ):
         if key[1][0] not in wanted:
             continue
         member_lanes = [lane_of_rank.get(matched.ranks[c], -1) for c in cols]
@@ -206,11 +234,13 @@ def _joined(
             continue
         aligned = [a - offsets[li] for a, li in zip(a_row, member_lanes)]
         last = max(aligned)
-        # Where each member's thread resumed: the end of its first wait after arriving that outlasts the last
-        # arrival. gloo's worker closes its event milliseconds after the waiting thread resumed, so its end is
-        # no departure; a host call that blocked (a synchronous collective) is such a wait, and so is a gap.
+        # Where each member's thread resumed: the end of its first wait after arriving that outlasts
+        # the last arrival. gloo's worker closes its event milliseconds after the waiting thread
+        # resumed, so its end is no departure; a host call that blocked (a synchronous collective)
+        # is such a wait, and so is a gap.
         leave = [
-            _resumed(lanes[li], a, last + offsets[li], d) - offsets[li] for a, d, li in zip(a_row, d_row, member_lanes)
+            _resumed(lanes[li], a, last + offsets[li], d) - offsets[li]
+            for a, d, li in zip(a_row, d_row, member_lanes)
         ]
         rows.append(member_lanes)
         arrive.append(aligned)
@@ -220,10 +250,11 @@ def _joined(
 
 
 def _resumed(lane: RankLane, arrive: float, last: float, recorded: float) -> float:
-    """When the lane's thread resumed after the collective it joined at `arrive`: the end of its first wait (a gap,
-    or a host call that blocked) after arriving that ends clearly after `last`, the last member's arrival on this
-    lane's clock ("clearly": by a tenth of the span to the recorded departure, so a short enqueue call that
-    returns at once is no wait). The recorded departure where the lane never waited so."""
+    """When the lane's thread resumed after the collective it joined at `arrive`: the end of its
+    first wait (a gap, or a host call that blocked) after arriving that ends clearly after `last`,
+    the last member's arrival on this lane's clock ("clearly": by a tenth of the span to the
+    recorded departure, so a short enqueue call that returns at once is no wait). The recorded
+    departure where the lane never waited so."""
     waits = lane.waits
     if not len(waits):
         return recorded
@@ -244,7 +275,8 @@ def _items(
     lo: float,
     hi: float,
 ) -> tuple[list[Item], int]:
-    """The lane's joints in time order, and how many of its departures fell in no wait (never waited for)."""
+    """The lane's joints in time order, and how many of its departures fell in no wait (never waited
+    for)."""
     waits = lane.waits
     w_start, w_end = (waits[:, 0], waits[:, 1]) if len(waits) else (np.zeros(0), np.zeros(0))
     arrivals: list[Item] = []
@@ -260,8 +292,8 @@ def _items(
         arrivals.append(Item(at, arrive=(row, m)))
         leave = depart[row][m] + offset
         k = int(np.searchsorted(w_start, leave, side="right")) - 1
-        # gloo closes its worker's event a little after the waiting thread resumed: a departure just past a
-        # wait's end is that wait's
+        # gloo closes its worker's event a little after the waiting thread resumed: a departure just
+        # past a wait's end is that wait's
         if k >= 0 and leave <= w_end[k] + LATE_CLOSE_US and w_start[k] >= at:
             item = by_wait.setdefault(k, Item(float(w_start[k]), until=float(w_end[k])))
             item.departs += ((row, m, leave),)
@@ -273,7 +305,8 @@ def _items(
 
 
 def _device_items(lane: RankLane, joints: list[Item], lo: float, hi: float) -> list[Item]:
-    """The lane's joints with its launches (one per launch time, its nodes in order) and device syncs added."""
+    """The lane's joints with its launches (one per launch time, its nodes in order) and device
+    syncs added."""
     work = lane.device
     assert work is not None
     # work queued before the window (an earlier step's) is queued at its start and runs where it ran
@@ -283,8 +316,12 @@ def _device_items(lane: RankLane, joints: list[Item], lo: float, hi: float) -> l
         cuts = np.nonzero(np.diff(launch) > 0)[0] + 1
         firsts = np.concatenate(([0], cuts)).tolist()
         lasts = np.concatenate((cuts, [len(launch)])).tolist()
-        joints = joints + [Item(float(launch[a]), launches=range(a, b)) for a, b in zip(firsts, lasts)]
-    for at, until, node in zip(work.sync_at.tolist(), work.sync_until.tolist(), work.sync_node.tolist()):
+        joints = joints + [
+            Item(float(launch[a]), launches=range(a, b)) for a, b in zip(firsts, lasts)
+        ]
+    for at, until, node in zip(
+        work.sync_at.tolist(), work.sync_until.tolist(), work.sync_node.tolist()
+    ):
         if lo <= at < hi:
             joints.append(Item(at, until=until, sync=node))
     joints.sort(key=lambda item: (item.at, item.order))

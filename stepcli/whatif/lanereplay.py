@@ -1,10 +1,11 @@
 """The ranks' lanes replayed by list scheduling, unchanged or under a change. Pure.
 
-Each rank starts its window where it measured it and runs its lane (stepcli.whatif.lanegraph): compute at the
-change's speed (stepcli.traces.analyses.lanes), an arrival at each collective, and at each wait the later of its
-own start and the collective's end, plus the measured tail after that end. A collective ends at its last
-member's arrival plus its transfer time, times `--comm`. Unchanged, the replay gives back the measured window
-when the graph explains the waits; how far it misses is the check every answer passes first.
+Each rank starts its window where it measured it and runs its lane (stepcli.whatif.lanegraph):
+compute at the change's speed (stepcli.traces.analyses.lanes), an arrival at each collective, and at
+each wait the later of its own start and the collective's end, plus the measured tail after that
+end. A collective ends at its last member's arrival plus its transfer time, times `--comm`.
+Unchanged, the replay gives back the measured window when the graph explains the waits; how far it
+misses is the check every answer passes first.
 """
 
 from __future__ import annotations
@@ -29,24 +30,29 @@ from stepcli.whatif.lanegraph import Graph, Item, WhatifChange
 
 @dataclass(slots=True)
 class Record:
-    """What one stretch of a lane did in the replay: compute (lane-bound) or a wait (bound by `row` or not)."""
+    """What one stretch of a lane did in the replay: compute (lane-bound) or a wait (bound by `row`
+    or not)."""
 
     lane_from: float  # measured, the lane's own clock
     lane_to: float
     start: float  # replayed, aligned
     end: float
-    wait_row: int = -1  # a wait bound by this collective's end; -1: compute, or a wait that did not bind
+    # a wait bound by this collective's end; -1: compute, or a wait that did not bind
+    wait_row: int = -1
     tail: float = 0.0  # of a bound wait: the part after the collective's end
     arrive_row: int = -1  # an arrival point (zero length)
-    label: int = -1  # of a compute stretch: the collective (row) whose arrival it leads to; -1 after the last
-    waited: float = 0.0  # of a bound wait: how long the rank waited for the collective's last member to arrive
-    sync_node: int = -1  # a sync on the device: the node it waited for (bound when it ended after `start`)
+    # of a compute stretch: the collective (row) whose arrival it leads to; -1 after the last
+    label: int = -1
+    # of a bound wait: how long the rank waited for the collective's last member to arrive
+    waited: float = 0.0
+    # a sync on the device: the node it waited for (bound when it ended after `start`)
+    sync_node: int = -1
 
 
 @dataclass
 class ReplayDeviceTimes:
-    """A lane's device nodes as replayed: start and end (aligned µs), the edge that bound each start, and the
-    index of the lane's record that ends at its launch (-1: none)."""
+    """A lane's device nodes as replayed: start and end (aligned µs), the edge that bound each
+    start, and the index of the lane's record that ends at its launch (-1: none)."""
 
     start: list[float]
     end: list[float]
@@ -62,16 +68,19 @@ class LaneReplay:
     arrive: list[list[float]]  # [row][member] replayed, aligned
     depart: list[list[float]]
     transfer: list[float]  # [row] µs, as replayed
-    blocked: list[float]  # per lane: µs spent waiting for other ranks to arrive at collectives, in the window
+    # per lane: µs spent waiting for other ranks to arrive at collectives, in the window
+    blocked: list[float]
     device: list[ReplayDeviceTimes | None] = field(default_factory=list)
 
 
 class ReplayError(Exception):
-    """The graph cannot be replayed (a wait on a collective some member never reaches); the reason in words."""
+    """The graph cannot be replayed (a wait on a collective some member never reaches); the reason
+    in words."""
 
 
 def speeds(lane: RankLane, change: WhatifChange | None) -> np.ndarray:
-    """Per elementary interval of the lane: how long its time takes under the change (1: unchanged)."""
+    """Per elementary interval of the lane: how long its time takes under the change (1:
+    unchanged)."""
     factor = np.ones(max(len(lane.grid) - 1, 0))
     if change is None or not len(factor):
         return factor
@@ -91,14 +100,16 @@ def speeds(lane: RankLane, change: WhatifChange | None) -> np.ndarray:
 
 
 def replay(graph: Graph, change: WhatifChange | None = None, records: bool = True) -> LaneReplay:
-    """List scheduling of every lane, rank by rank as far as each can go, until all reach their window's end.
-    `records=False`: the stretches are not kept (LaneReplay.records stays empty): a prediction needs only the
-    lanes' ends, and at 1,024 ranks the records are most of a replay's memory."""
+    """List scheduling of every lane, rank by rank as far as each can go, until all reach their
+    window's end. `records=False`: the stretches are not kept (LaneReplay.records stays empty): a
+    prediction needs only the lanes' ends, and at 1,024 ranks the records are most of a replay's
+    memory."""
     return _Scheduler(graph, change, records).run()
 
 
 class _Scheduler:
-    """The replay's state: each lane's position, its replayed clock, and the collectives' replayed times."""
+    """The replay's state: each lane's position, its replayed clock, and the collectives' replayed
+    times."""
 
     def __init__(self, graph: Graph, change: WhatifChange | None, records: bool = True) -> None:
         self.graph = graph
@@ -106,10 +117,15 @@ class _Scheduler:
         self.integrals = []
         for lane in graph.lanes:
             f = speeds(lane, change)
-            self.integrals.append(np.concatenate(([0.0], np.cumsum(f * np.diff(lane.grid)))) if len(f) else np.zeros(1))
+            self.integrals.append(
+                np.concatenate(([0.0], np.cumsum(f * np.diff(lane.grid))))
+                if len(f)
+                else np.zeros(1)
+            )
         self.multipliers = _idealized(graph, self.integrals, change)
-        # the integrals at the joints, where the replay reads them (the whole grid as lists was most of a
-        # replay's memory at 1,024 ranks); the same arithmetic as _interpolated, so the same floats
+        # the integrals at the joints, where the replay reads them (the whole grid as lists was most
+        # of a replay's memory at 1,024 ranks); the same arithmetic as _interpolated, so the same
+        # floats
         self.at_joints = [
             _sampled(lane.grid, integral, times)
             for lane, integral, times in zip(graph.lanes, self.integrals, graph.joint_times)
@@ -124,17 +140,23 @@ class _Scheduler:
         self.pos = [0] * n
         self.records: list[list[Record]] = [[] for _ in range(n)]
         self.keep_records = records
-        self.recorded = [0] * n  # per lane: the records made so far, kept or not (a launch names its record)
+        # per lane: the records made so far, kept or not (a launch names its record)
+        self.recorded = [0] * n
         self.blocked = [0.0] * n
         self.done = [False] * n
         self.device: list[ReplayDeviceTimes | None] = []
         self.node_factor: list[list[float]] = []
         self.comm = comm
         self.d_pos = [0] * n  # per lane: the next device node to resolve
-        self.launched: list[list[float | None]] = [[] for _ in range(n)]  # per lane, per node: its launch, replayed
-        self.device_arrive: list[list[float | None]] = [[None] * len(nodes) for nodes in graph.device_rows]
-        self.stream_last: list[dict[int, int]] = [{} for _ in graph.lanes]  # per lane: stream -> last node queued
-        self.next_row = [_next_arrivals(items) for items in graph.items]  # per lane, per joint: _next_arrival
+        # per lane, per node: its launch, replayed
+        self.launched: list[list[float | None]] = [[] for _ in range(n)]
+        self.device_arrive: list[list[float | None]] = [
+            [None] * len(nodes) for nodes in graph.device_rows
+        ]
+        # per lane: stream -> last node queued
+        self.stream_last: list[dict[int, int]] = [{} for _ in graph.lanes]
+        # per lane, per joint: _next_arrival
+        self.next_row = [_next_arrivals(items) for items in graph.items]
         for li, lane in enumerate(graph.lanes):
             work = lane.device
             if work is None:
@@ -142,16 +164,21 @@ class _Scheduler:
                 self.node_factor.append([])
                 continue
             count = len(work)
-            self.device.append(ReplayDeviceTimes([0.0] * count, [0.0] * count, [LAUNCH] * count, [-1] * count))
+            self.device.append(
+                ReplayDeviceTimes([0.0] * count, [0.0] * count, [LAUNCH] * count, [-1] * count)
+            )
             self.launched[li] = [None] * count
             scales = change.scales if change is not None else []
             mine = [s for s in scales if s.rank is None or s.rank == lane.rank]
-            self.node_factor.append(node_factors(work, lane.names, lane.grid, lane.phase, mine).tolist())
+            self.node_factor.append(
+                node_factors(work, lane.names, lane.grid, lane.phase, mine).tolist()
+            )
         self.node_lists = [
             (
                 lane.device.prev.tolist(),
                 lane.device.wait_for.tolist(),
-                lane.device.delay,  # read a node's row at a time (as lists of lists: ~10 KB a lane, each replay)
+                # read a node's row at a time (as lists of lists: ~10 KB a lane, each replay)
+                lane.device.delay,
                 lane.device.dur.tolist(),
                 lane.device.stream.tolist(),
             )
@@ -169,7 +196,9 @@ class _Scheduler:
                     progressed = True
             if not progressed:
                 stuck = [graph.lanes[i].label for i in range(len(graph.lanes)) if not self.done[i]]
-                raise ReplayError(f"{', '.join(stuck)} wait(s) at a collective that another rank never reaches")
+                raise ReplayError(
+                    f"{', '.join(stuck)} wait(s) at a collective that another rank never reaches"
+                )
         return LaneReplay(
             [graph.start[i] - graph.offset[i] for i in range(len(graph.lanes))],
             self.cur,
@@ -210,11 +239,17 @@ class _Scheduler:
         return True
 
     def _launch(self, i: int, nodes: range) -> None:
-        """Device nodes queued now (on the host's replayed clock); each is resolved as soon as what it waits for is."""
+        """Device nodes queued now (on the host's replayed clock); each is resolved as soon as what
+        it waits for is."""
         times = self.device[i]
         assert times is not None
         stream = self.node_lists[i][4]  # type: ignore[index]
-        record, now, last, launched = self.recorded[i] - 1, self.cur[i], self.stream_last[i], self.launched[i]
+        record, now, last, launched = (
+            self.recorded[i] - 1,
+            self.cur[i],
+            self.stream_last[i],
+            self.launched[i],
+        )
         for k in nodes:
             launched[k] = now
             times.launch_record[k] = record
@@ -222,16 +257,21 @@ class _Scheduler:
         self._drain(i)
 
     def _drain(self, first: int) -> None:
-        """Resolve device nodes in launch order, lane by lane, as far as each can go: a node starts at the latest of
-        its launch, the node before it on its stream and the node its stream waits for, each plus its edge's
-        delay; an NCCL node that joins a collective ends when its last member has arrived, plus the transfer."""
+        """Resolve device nodes in launch order, lane by lane, as far as each can go: a node starts
+        at the latest of its launch, the node before it on its stream and the node its stream waits
+        for, each plus its edge's delay; an NCCL node that joins a collective ends when its last
+        member has arrived, plus the transfer."""
         work_list = [first]
         while work_list:
             i = work_list.pop()
             times, lists, work = self.device[i], self.node_lists[i], self.graph.lanes[i].device
             assert times is not None and lists is not None and work is not None
             prev, wait_for, delay, dur, _ = lists
-            factor, launched, node_row = self.node_factor[i], self.launched[i], self.graph.node_row[i]
+            factor, launched, node_row = (
+                self.node_factor[i],
+                self.launched[i],
+                self.graph.node_row[i],
+            )
             window_start = self.graph.start[i]
             while self.d_pos[i] < len(launched):
                 k = self.d_pos[i]
@@ -239,7 +279,8 @@ class _Scheduler:
                 if now is None:
                     break
                 d = delay[k].tolist()
-                if work.launch[k] < window_start:  # queued before the window: it starts where it started
+                # queued before the window: it starts where it started
+                if work.launch[k] < window_start:
                     ready, bound = float(work.start[k]) - self.graph.offset[i], LAUNCH
                 else:
                     ready, bound = now + d[LAUNCH], LAUNCH
@@ -265,8 +306,8 @@ class _Scheduler:
                     break
 
     def _finish_collective(self, row: int) -> list[int]:
-        """Every member's NCCL node ends at the last arrival plus the transfer (times `--comm`) plus its residual;
-        the member lanes go on resolving."""
+        """Every member's NCCL node ends at the last arrival plus the transfer (times `--comm`) plus
+        its residual; the member lanes go on resolving."""
         graph = self.graph
         arrivals = [a for a in self.device_arrive[row] if a is not None]
         last = max(arrivals)
@@ -275,15 +316,20 @@ class _Scheduler:
             li = graph.members[row][m]
             times = self.device[li]
             assert times is not None
-            times.end[node] = last + graph.device_transfer[row] * self.comm + graph.device_residual[row][m]
-            times.bound[node] = COLLECTIVE if (self.device_arrive[row][m] or 0.0) < last else times.bound[node]
+            times.end[node] = (
+                last + graph.device_transfer[row] * self.comm + graph.device_residual[row][m]
+            )
+            times.bound[node] = (
+                COLLECTIVE if (self.device_arrive[row][m] or 0.0) < last else times.bound[node]
+            )
             self.d_pos[li] += 1
             lanes.append(li)
         return lanes
 
     def _sync(self, i: int, item: Item) -> bool:
-        """A host call that returned after a device node ended: it returns at the later of reaching it and the
-        node's end, plus the measured time from the node's end to the return; False while that end is unknown."""
+        """A host call that returned after a device node ended: it returns at the later of reaching
+        it and the node's end, plus the measured time from the node's end to the return; False while
+        that end is unknown."""
         times, work = self.device[i], self.graph.lanes[i].device
         assert times is not None and work is not None
         node = item.sync
@@ -304,7 +350,8 @@ class _Scheduler:
         return True
 
     def _wait(self, i: int, item: Item) -> None:
-        """A wait ends at the later of its start and each collective's end plus the measured tail after it."""
+        """A wait ends at the later of its start and each collective's end plus the measured tail
+        after it."""
         ready, bound, tail, waited = self.cur[i], -1, 0.0, 0.0
         for row, m, leave in item.departs:
             t = self.depart[row][m] + (item.until - leave)
@@ -314,7 +361,9 @@ class _Scheduler:
                 own = self.arrive[row][m]
                 waited = max(0.0, max(arrivals) - (own if own is not None else max(arrivals)))
         self.blocked[i] += waited
-        record = Record(item.at, item.until, self.cur[i], ready, wait_row=bound, tail=tail, waited=waited)
+        record = Record(
+            item.at, item.until, self.cur[i], ready, wait_row=bound, tail=tail, waited=waited
+        )
         self._record(i, record)
         self.cur[i], self.prev[i] = ready, item.until
 
@@ -324,8 +373,9 @@ class _Scheduler:
             self.records[i].append(record)
 
     def _integral_at(self, i: int, t: float) -> float:
-        """np.interp(t, grid, integral) of lane i, for one time: looked up among the joints' (the replay asks once
-        per joint: a bisection on a list is several times faster than numpy's call overhead there)."""
+        """np.interp(t, grid, integral) of lane i, for one time: looked up among the joints' (the
+        replay asks once per joint: a bisection on a list is several times faster than numpy's call
+        overhead there)."""
         times = self.graph.joint_times[i]
         k = bisect.bisect_left(times, t)
         if k < len(times) and times[k] == t:
@@ -367,11 +417,16 @@ def _interpolated(grid: np.ndarray, integral: np.ndarray, t: float) -> float:
     if k >= len(grid) - 1:
         return float(integral[-1])
     span = grid[k + 1] - grid[k]
-    return float(integral[k] + (t - grid[k]) * (integral[k + 1] - integral[k]) / span if span > 0 else integral[k])
+    return float(
+        integral[k] + (t - grid[k]) * (integral[k + 1] - integral[k]) / span
+        if span > 0
+        else integral[k]
+    )
 
 
 def _sampled(grid: np.ndarray, integral: np.ndarray, times: list[float]) -> np.ndarray:
-    """_interpolated at each of `times`, at once (element by element the same operations, so the same floats)."""
+    """_interpolated at each of `times`, at once (element by element the same operations, so the
+    same floats)."""
     t = np.asarray(times, dtype=np.float64)
     k = np.searchsorted(grid, t, side="right") - 1
     out = np.empty(len(t))
@@ -400,7 +455,8 @@ def _next_arrivals(items: list[Item]) -> list[int]:
 
 
 def _next_arrival(items: list[Item], pos: int) -> int:
-    """The row of the first arrival at or after `pos` (-1: none): the interval a compute stretch belongs to."""
+    """The row of the first arrival at or after `pos` (-1: none): the interval a compute stretch
+    belongs to."""
     for item in items[pos:]:
         if item.arrive is not None:
             return item.arrive[0]
@@ -408,8 +464,8 @@ def _next_arrival(items: list[Item], pos: int) -> int:
 
 
 def compute_between(graph: Graph, i: int, integral: np.ndarray) -> dict[int, float]:
-    """Lane i's compute (µs, waits left out) per interval between its collectives: row -> the time leading to its
-    arrival there, -1 -> the time after its last arrival."""
+    """Lane i's compute (µs, waits left out) per interval between its collectives: row -> the time
+    leading to its arrival there, -1 -> the time after its last arrival."""
     lane = graph.lanes[i]
     out: dict[int, float] = {}
     at = graph.start[i]
@@ -422,9 +478,12 @@ def compute_between(graph: Graph, i: int, integral: np.ndarray) -> dict[int, flo
     return out
 
 
-def _idealized(graph: Graph, integrals: list[np.ndarray], change: WhatifChange | None) -> list[dict[int, float]]:
-    """Per lane, interval -> multiplier: an idealized rank's compute between its collectives (operators and the
-    gaps between them, not its waits) becomes the other ranks' median for the same interval."""
+def _idealized(
+    graph: Graph, integrals: list[np.ndarray], change: WhatifChange | None
+) -> list[dict[int, float]]:
+    """Per lane, interval -> multiplier: an idealized rank's compute between its collectives
+    (operators and the gaps between them, not its waits) becomes the other ranks' median for the
+    same interval."""
     out: list[dict[int, float]] = [{} for _ in graph.lanes]
     if change is None or not change.idealize:
         return out
@@ -446,7 +505,8 @@ def _length(lane: RankLane, integral: np.ndarray, lo: float, hi: float) -> float
 
 
 def step_ms(graph: Graph, times: LaneReplay | None = None) -> float:
-    """The mean step time over the lanes (ms): each lane's window over its steps, measured or replayed."""
+    """The mean step time over the lanes (ms): each lane's window over its steps, measured or
+    replayed."""
     count = len(graph.steps)
     if times is None:
         spans = [e - s for s, e in zip(graph.start, graph.end)]

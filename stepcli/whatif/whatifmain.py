@@ -1,7 +1,9 @@
-"""`stepcli whatif`: read each trace into a lane (in worker processes, as `table` reads), answer, print, write.
+"""`stepcli whatif`: read each trace into a lane (in worker processes, as `table` reads), answer,
+print, write.
 
-PATH is a run folder, a folder of traces or one trace. A run folder also gives the untouched steps' median, so
-each prediction is given at the program's own pace too (stepcli.whatif.answer explains the rest).
+PATH is a run folder, a folder of traces or one trace. A run folder also gives the untouched steps'
+median, so each prediction is given at the program's own pace too (stepcli.whatif.answer explains
+the rest).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from stepcli.whatif.answer import SCHEMA, WhatifRequest, solve
 
 
 def read_lane(path: str) -> RankLane:
-    """One trace file's lane (module level: run in a worker process), with only what the replay needs."""
+    """One trace file's lane (module level: run in a worker process), with only what the replay
+    needs."""
     from stepcli.traces.analyses.lanes import lane_of
     from stepcli.traces.read.columns import load_columns
     from stepcli.traces.read.typedcolumns import DEVICE
@@ -29,12 +32,13 @@ def read_lane(path: str) -> RankLane:
     from stepcli.inputs import read_input
     from stepcli.traces.read.syncevents import stream_waits
 
-    return slimmed(lane_of(trace, stream_waits(read_input(path))))  # the cross-stream waits, where recorded
+    # the cross-stream waits, where recorded
+    return slimmed(lane_of(trace, stream_waits(read_input(path))))
 
 
 def slimmed(lane: RankLane) -> RankLane:
-    """The lane without the culprit's figures (each collective's gap by cause and its operators, two thirds of a
-    lane of a 1,024-rank job): the collectives are matched across ranks without them."""
+    """The lane without the culprit's figures (each collective's gap by cause and its operators, two
+    thirds of a lane of a 1,024-rank job): the collectives are matched across ranks without them."""
     if lane.arrivals is not None:
         count = len(lane.arrivals.keys)
         nothing: dict[str, float] = {}
@@ -44,8 +48,9 @@ def slimmed(lane: RankLane) -> RankLane:
 
 
 def untouched_median(paths: Sequence[str], all_runs: bool = False) -> float | None:
-    """The untouched steps' median (ms) of the run PATH names (a run folder's latest, or FOLDER/.stepcli/RUN_ID),
-    from the run summary `stepcli run` saved there; None for anything else (several runs read together)."""
+    """The untouched steps' median (ms) of the run PATH names (a run folder's latest, or
+    FOLDER/.stepcli/RUN_ID), from the run summary `stepcli run` saved there; None for anything else
+    (several runs read together)."""
     if len(paths) != 1 or not os.path.isdir(paths[0]):
         return None
     from stepcli.runfolder.layout import SUMMARY_FILE
@@ -68,14 +73,16 @@ def untouched_median(paths: Sequence[str], all_runs: bool = False) -> float | No
 
 
 def pick_lanes(lanes: list[RankLane], step: int | None) -> tuple[list[RankLane], list[str]]:
-    """One lane per rank (a folder given twice the same rank: the trace holding `step`, else the one with the most
-    steps), and a note per trace left out."""
+    """One lane per rank (a folder given twice the same rank: the trace holding `step`, else the one
+    with the most steps), and a note per trace left out."""
     by_rank: dict[int | None, list[RankLane]] = {}
     for lane in lanes:
         by_rank.setdefault(lane.rank, []).append(lane)
     chosen, notes = [], []
     for rank, group in by_rank.items():
-        best = max(group, key=lambda lane: (step in lane.steps if step is not None else 0, len(lane.steps)))
+        best = max(
+            group, key=lambda lane: (step in lane.steps if step is not None else 0, len(lane.steps))
+        )
         chosen.append(best)
         for lane in group:
             if lane is not best:
@@ -83,7 +90,8 @@ def pick_lanes(lanes: list[RankLane], step: int | None) -> tuple[list[RankLane],
                 notes.append(f"{lane.path}: left out ({who} is read from {best.path})")
     if len(chosen) > 1 and any(lane.rank is None for lane in chosen):
         raise StepcliError(
-            "these traces mix a trace without a rank with ranked ones: give one job's traces", EXIT_USAGE
+            "these traces mix a trace without a rank with ranked ones: give one job's traces",
+            EXIT_USAGE,
         )
     chosen.sort(key=lambda lane: (lane.rank is None, lane.rank or 0))
     return chosen, notes
@@ -100,7 +108,8 @@ def whatif_main(
     scheduler: str | None = None,
     scheduler_wait: float | None = None,
 ) -> int:
-    """Read each trace into its lane (here, or on the Dask cluster at `scheduler`: the same lanes), answer here."""
+    """Read each trace into its lane (here, or on the Dask cluster at `scheduler`: the same lanes),
+    answer here."""
     from stepcli.runfolder.runs import runs_to_read
     from stepcli.traces.engine import map_files
     from stepcli.traces.read.files import list_trace_files
@@ -110,13 +119,17 @@ def whatif_main(
     if not files:
         raise StepcliError(f"no trace files in {', '.join(paths)}", EXIT_USAGE)
     lanes, notes = pick_lanes(map_files(read_lane, files, jobs, scheduler, scheduler_wait), step)
-    solved = solve(lanes, WhatifRequest(changes, step), untouched_median(paths, all_runs), release=True)
+    solved = solve(
+        lanes, WhatifRequest(changes, step), untouched_median(paths, all_runs), release=True
+    )
     doc = solved.doc
     if json_path is not None:
         write_json(json_path, doc)
     if trace_path is not None:
         if solved.graph is None or solved.base is None or doc["verdict"] != "ok":
-            raise StepcliError(f"--trace {trace_path}: not written: {doc['reason']}", EXIT_INCONCLUSIVE)
+            raise StepcliError(
+                f"--trace {trace_path}: not written: {doc['reason']}", EXIT_INCONCLUSIVE
+            )
         from stepcli.whatif.answer import walk_critical_path
         from stepcli.whatif.tracefile import write_trace
 
@@ -129,7 +142,8 @@ _OURS = re.compile(rb'\s*\{\s*"schema"\s*:\s*"' + re.escape(SCHEMA.encode()))
 
 
 def write_json(path: str, doc: dict[str, Any]) -> None:
-    """The answer document at `path`, replacing only an earlier answer (never a user's file or an input)."""
+    """The answer document at `path`, replacing only an earlier answer (never a user's file or an
+    input)."""
     import orjson
 
     problem = safefile.why_not_replace(path, _OURS.match)
@@ -138,4 +152,6 @@ def write_json(path: str, doc: dict[str, Any]) -> None:
     try:
         safefile.write_bytes(path, orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
     except OSError as exc:
-        raise StepcliError(f"--json {path}: cannot write ({exc.strerror or exc})", EXIT_USAGE) from None
+        raise StepcliError(
+            f"--json {path}: cannot write ({exc.strerror or exc})", EXIT_USAGE
+        ) from None

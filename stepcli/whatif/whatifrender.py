@@ -1,5 +1,5 @@
-"""The what-if answer on the terminal: the replay's check first, then the critical path, the slack and the
-predictions; 80 columns, plain text (a pipe gets the same)."""
+"""The what-if answer on the terminal: the replay's check first, then the critical path, the slack
+and the predictions; 80 columns, plain text (a pipe gets the same)."""
 
 from __future__ import annotations
 
@@ -22,10 +22,13 @@ def _who(rank: int | None) -> str:
 
 
 def _wrapped(text: str) -> list[str]:
-    """A sentence on lines of at most WIDTH columns, the later ones indented (a path longer than that stays whole)."""
+    """A sentence on lines of at most WIDTH columns, the later ones indented (a path longer than
+    that stays whole)."""
     import textwrap
 
-    return textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+    return textwrap.wrap(
+        text, WIDTH, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
+    )
 
 
 def _cut(text: str, width: int) -> str:
@@ -34,7 +37,9 @@ def _cut(text: str, width: int) -> str:
 
 def answer_lines(doc: dict[str, Any], notes: Sequence[str] = ()) -> list[str]:
     ranks = doc["ranks"]
-    where = f"{len(ranks)} ranks" if len(ranks) > 1 else (_who(ranks[0]) if ranks else "one process")
+    where = (
+        f"{len(ranks)} ranks" if len(ranks) > 1 else (_who(ranks[0]) if ranks else "one process")
+    )
     lines = [f"whatif: {where}, {steps_label(doc['steps'])}"]
     for note in notes:
         lines += _wrapped(f"note: {visible(note)}")
@@ -48,22 +53,26 @@ def answer_lines(doc: dict[str, Any], notes: Sequence[str] = ()) -> list[str]:
         return lines
     lines.append("the graph explains the step (within 5%): predictions at the profiler's pace")
     if doc["untouched_ms"] is not None:
-        lines.append(f"untouched steps: median {ms(doc['untouched_ms'])} (the program's pace, in brackets below)")
+        lines.append(
+            f"untouched steps: median {ms(doc['untouched_ms'])} (the program's pace, in brackets "
+            f"below)"
+        )
     path = doc["critical_path"]
     lines.append("")
     lines.append(f"critical path {ms(path['ms'])}/step")
     for seg in path["segments"][:12]:
         who = _who(seg["rank"]) if seg["rank"] is not None else ""
         lines.append(
-            f"  {who:<8} {seg['kind']:<10} {_cut(visible(seg['name']), 36):<36} {ms(seg['ms']):>10} "
-            f"{seg['share']:>5.0%}"
+            f"  {who:<8} {seg['kind']:<10} {_cut(visible(seg['name']), 36):<36} "
+            f"{ms(seg['ms']):>10} {seg['share']:>5.0%}"
         )
     if len(path["segments"]) > 12:
         lines.append(f"  ... {len(path['segments']) - 12} more segments (--json has them all)")
     nearly = doc["nearly_critical_ranks"]
     if len(nearly) > 1:
         lines.append(
-            f"{len(nearly)} ranks are nearly critical (each waits under 1% of the step): making one faster buys "
+            f"{len(nearly)} ranks are nearly critical (each waits under 1% of the step): making "
+            f"one faster buys "
             "little until the others are too"
         )
     if doc["slack"] and len(ranks) > 1:
@@ -75,7 +84,9 @@ def answer_lines(doc: dict[str, Any], notes: Sequence[str] = ()) -> list[str]:
     entries = doc["changes"] or doc["opportunities"]
     if entries:
         lines.append("")
-        lines.append("what would help (per step)" if doc["opportunities"] else "predicted (per step)")
+        lines.append(
+            "what would help (per step)" if doc["opportunities"] else "predicted (per step)"
+        )
         for entry in entries[:12]:
             lines.append(_prediction(entry, doc))
         if len(entries) > 12:
@@ -85,8 +96,8 @@ def answer_lines(doc: dict[str, Any], notes: Sequence[str] = ()) -> list[str]:
 
 def _prediction(entry: dict[str, Any], doc: dict[str, Any]) -> str:
     line = (
-        f"  {_cut(visible(entry['change']), 34):<34} {ms(doc['measured_ms'])} -> {ms(entry['predicted_ms'])} "
-        f"({-entry['saved_share']:+.0%})"
+        f"  {_cut(visible(entry['change']), 34):<34} {ms(doc['measured_ms'])} -> "
+        f"{ms(entry['predicted_ms'])} ({-entry['saved_share']:+.0%})"
     )
     if entry["predicted_untouched_ms"] is not None:
         line += f" [{ms(entry['predicted_untouched_ms'])}]"
@@ -94,7 +105,8 @@ def _prediction(entry: dict[str, Any], doc: dict[str, Any]) -> str:
 
 
 def top_line(helps: WhatWouldHelp) -> str | None:
-    """The run summary's one line: the best opportunity, or None when the answer has none worth saying."""
+    """The run summary's one line: the best opportunity, or None when the answer has none worth
+    saying."""
     if helps.verdict != "ok" or not helps.opportunities:
         return None
     best = helps.opportunities[0]

@@ -1,4 +1,5 @@
-"""`stepcli run --on-demand` + `stepcli capture`: a running 2-rank job traced on request, at the same steps."""
+"""`stepcli run --on-demand` + `stepcli capture`: a running 2-rank job traced on request, at the
+same steps."""
 
 from __future__ import annotations
 
@@ -30,12 +31,19 @@ from stepcli.run.controldir import read_control as _read_control
 from stepcli.run.controldir import read_requests as _read_requests
 from stepcli.run.controldir import still_wanted as _still_wanted
 from stepcli.run.live.captureplan import CaptureRequest, plan_request
-from stepcli.run.live.capturewindow import Ping, _outcome, _ping, _withdraw, await_heartbeats, wait_for_answers
+from stepcli.run.live.capturewindow import (
+    Ping,
+    _outcome,
+    _ping,
+    _withdraw,
+    await_heartbeats,
+    wait_for_answers,
+)
 from stepcli.run.live.liverun import LiveRun
 
-# Steps until rank 0 sees <control>/pause, then idles (no steps) until <control>/end. Rank 0 decides and
-# broadcasts, so both ranks stop at the same iteration and no collective is left waiting. Rank 0 keeps the
-# number of steps made in <control>/step.
+# Steps until rank 0 sees <control>/pause, then idles (no steps) until <control>/end. Rank 0 decides
+# and broadcasts, so both ranks stop at the same iteration and no collective is left waiting. Rank 0
+# keeps the number of steps made in <control>/step.
 DDP_LOOP = """
     import sys
     import time
@@ -75,7 +83,7 @@ DDP_LOOP = """
     del model, opt  # DDP's reducer holds gloo's group: freed here, not at exit, where torch 2.13 can abort
     import gc; gc.collect()
     dist.destroy_process_group()
-"""
+"""  # noqa: E501
 
 
 @dataclass
@@ -92,10 +100,12 @@ class Scenario:
     summary: dict[str, Any]
     quiet: list[dict[str, Any]]  # the heartbeats after `quiet_step` steps and no capture
     quiet_step: int
-    after_captures: list[dict[str, Any]]  # the heartbeats a poll interval after the second capture returned
+    # the heartbeats a poll interval after the second capture returned
+    after_captures: list[dict[str, Any]]
     later: list[dict[str, Any]]  # the same, `later_steps` steps after that
     later_steps: int
-    interrupted: dict[str, tuple[bool, int, str, bool]]  # signal -> (pinged, exit status, stderr, file left behind)
+    # signal -> (pinged, exit status, stderr, file left behind)
+    interrupted: dict[str, tuple[bool, int, str, bool]]
 
 
 def _wait_for(path: Path, timeout: float, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -123,7 +133,8 @@ def _wait_for_step(control: Path, step: int, proc: subprocess.Popen[bytes], log:
 
 
 def _interrupt_capture(out: Path, sig: signal.Signals) -> tuple[bool, int, str, bool]:
-    """A capture waiting on a run that idles, stopped by `sig` once its ping is in the control folder."""
+    """A capture waiting on a run that idles, stopped by `sig` once its ping is in the control
+    folder."""
     requests = next(out.glob(".stepcli/*/control")) / "requests.json"
     capture = subprocess.Popen(
         [sys.executable, "-m", "stepcli", "capture", str(out), "--timeout", "60"],
@@ -148,10 +159,12 @@ def _heartbeats(out: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
-    """One 2-rank torchrun job under `stepcli run --on-demand`: two captures while it steps, one while it
-    idles, one after it ended."""
+    """One 2-rank torchrun job under `stepcli run --on-demand`: two captures while it steps, one
+    while it idles, one after it ended."""
     tmp = tmp_path_factory.mktemp("capture")
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which(
+        "torchrun"
+    )
     assert torchrun, "torchrun comes with torch"
     script = write_script(tmp, "ddp.py", DDP_LOOP)
     out, control, log = tmp / "out", tmp / "control", tmp / "run.log"
@@ -186,13 +199,15 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
         )
     try:
         _wait_for(control / "ready", 180, proc, log)
-        _wait_for_step(control, 60, proc, log)  # 3 s of steps at least: a few polls, nobody listening
+        # 3 s of steps at least: a few polls, nobody listening
+        _wait_for_step(control, 60, proc, log)
         quiet = _heartbeats(out)
         quiet_step = _steps_made(control)
         start = time.monotonic()
         first = run_stepcli("capture", out, "--active", "2", timeout=120)
         first_s = time.monotonic() - start
-        second = run_stepcli("capture", str(proc.pid), "--active", "2", "--json", timeout=120)  # the launcher's pid
+        # the launcher's pid
+        second = run_stepcli("capture", str(proc.pid), "--active", "2", "--json", timeout=120)
         time.sleep(1.5)  # a poll that began before the request was withdrawn may still write
         after_captures = _heartbeats(out)
         later_from = _steps_made(control)
@@ -203,7 +218,10 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
         start = time.monotonic()
         stalled = run_stepcli("capture", out, "--timeout", "3", timeout=120)
         stalled_s = time.monotonic() - start
-        interrupted = {sig.name: _interrupt_capture(out, sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        interrupted = {
+            sig.name: _interrupt_capture(out, sig)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        }
         (control / "end").touch()
         status = proc.wait(timeout=120)
         after_end = run_stepcli("capture", out, "--timeout", "3", timeout=60)
@@ -247,7 +265,8 @@ def _trace_of(line: str) -> Path:
 def test_capture_records_the_same_steps_on_every_rank(scenario: Scenario) -> None:
     result = scenario.first
     assert result.returncode == 0, result.stderr
-    assert scenario.first_s < 20, scenario.first_s  # about a second plus the steps, on a loaded machine
+    # about a second plus the steps, on a loaded machine
+    assert scenario.first_s < 20, scenario.first_s
     lines = _lines(result.stdout)
     assert [line.split()[0] for line in lines] == ["rank0", "rank1"], result.stdout
     steps = [profiler_steps(_trace_of(line)) for line in lines]
@@ -268,17 +287,27 @@ def test_second_capture_by_pid_records_later_steps(scenario: Scenario) -> None:
     request = document["request"]
     assert request["first_step"] > first_steps[-1]
     for trace in traces:
-        assert (trace["first_step"], trace["last_step"]) == (request["first_step"], request["last_step"])
+        assert (trace["first_step"], trace["last_step"]) == (
+            request["first_step"],
+            request["last_step"],
+        )
         assert profiler_steps(Path(trace["path"])) == [request["first_step"], request["last_step"]]
         assert trace["bytes"] == os.path.getsize(trace["path"]) and trace["complete"] is True
 
 
-def test_heartbeats_are_written_only_at_the_first_step_and_while_a_capture_listens(scenario: Scenario) -> None:
-    # No capture yet: each rank wrote its heartbeat at its first step and once more a poll interval later, with
-    # its pace, while the run made many more steps.
+def test_heartbeats_are_written_only_at_the_first_step_and_while_a_capture_listens(
+    scenario: Scenario,
+) -> None:
+    # No capture yet: each rank wrote its heartbeat at its first step and once more a poll interval
+    # later, with its pace, while the run made many more steps.
     assert scenario.quiet_step >= 60
-    assert [(h["rank"], h["writes"], h["ended"]) for h in scenario.quiet] == [(0, 2, ""), (1, 2, "")]
-    assert all(1 < h["step"] < scenario.quiet_step - 10 and h["steps_per_s"] > 0 for h in scenario.quiet)
+    assert [(h["rank"], h["writes"], h["ended"]) for h in scenario.quiet] == [
+        (0, 2, ""),
+        (1, 2, ""),
+    ]
+    assert all(
+        1 < h["step"] < scenario.quiet_step - 10 and h["steps_per_s"] > 0 for h in scenario.quiet
+    )
     # During the captures they wrote fresh heartbeats: the last ones are past the second window.
     second = json.loads(scenario.second.stdout)["request"]
     after = scenario.after_captures
@@ -287,17 +316,23 @@ def test_heartbeats_are_written_only_at_the_first_step_and_while_a_capture_liste
     assert all(h["steps_per_s"] > 0 for h in after)
     # Nobody listens any more: many steps, no write.
     assert scenario.later_steps >= 40
-    assert [(h["writes"], h["step"]) for h in scenario.later] == [(h["writes"], h["step"]) for h in after]
+    assert [(h["writes"], h["step"]) for h in scenario.later] == [
+        (h["writes"], h["step"]) for h in after
+    ]
 
 
-def test_capture_of_a_run_that_stopped_stepping_exits_3_after_the_timeout(scenario: Scenario) -> None:
+def test_capture_of_a_run_that_stopped_stepping_exits_3_after_the_timeout(
+    scenario: Scenario,
+) -> None:
     result = scenario.stalled
     assert result.returncode == 3, result.stderr
     assert 3 <= scenario.stalled_s < 20
     assert result.stdout == ""
     lines = _lines(result.stderr)  # what it asked for, and one line saying why nothing came
     assert len(lines) == 2 and lines[0].startswith("stepcli: asked run"), lines
-    assert lines[1].startswith("stepcli: nothing captured: the run stopped stepping: its last step ("), lines
+    assert lines[1].startswith(
+        "stepcli: nothing captured: the run stopped stepping: its last step ("
+    ), lines
     assert "Traceback" not in result.stderr
 
 
@@ -312,11 +347,16 @@ def test_a_capture_stopped_by_a_signal_withdraws_its_ping(scenario: Scenario, si
 def test_the_run_summary_lists_both_captured_windows(scenario: Scenario) -> None:
     assert scenario.run_status == 0, scenario.run_stderr
     traces = trace_files(scenario.out)
-    assert len(traces) == 4  # two windows x two ranks; the request made while it idled recorded nothing
+    # two windows x two ranks; the request made while it idled recorded nothing
+    assert len(traces) == 4
     for trace in traces:
-        assert trace.name in scenario.run_stderr.replace("\n", "")  # listed in the summary's trace rows
+        # listed in the summary's trace rows
+        assert trace.name in scenario.run_stderr.replace("\n", "")
     second = json.loads(scenario.second.stdout)["request"]
-    assert sorted({tuple(profiler_steps(t)) for t in traces})[-1] == (second["first_step"], second["last_step"])
+    assert sorted({tuple(profiler_steps(t)) for t in traces})[-1] == (
+        second["first_step"],
+        second["last_step"],
+    )
     assert "no `stepcli capture`" not in scenario.run_stderr
     assert scenario.summary["on_demand"] is True
     windows = scenario.summary["windows"]
@@ -337,28 +377,38 @@ def test_the_run_leaves_no_request_behind(scenario: Scenario) -> None:
 def test_capture_after_the_run_ended_exits_2(scenario: Scenario) -> None:
     result = scenario.after_end
     assert result.returncode == 2
-    assert _lines(result.stderr) == [f"stepcli: error: {scenario.out}: no running stepcli run writes to this folder"]
+    assert _lines(result.stderr) == [
+        f"stepcli: error: {scenario.out}: no running stepcli run writes to this folder"
+    ]
 
 
 @pytest.mark.parametrize("target", ["empty", "missing", "pid"])
-def test_capture_of_something_that_is_not_a_running_run_exits_2(tmp_path: Path, target: str) -> None:
+def test_capture_of_something_that_is_not_a_running_run_exits_2(
+    tmp_path: Path, target: str
+) -> None:
     (tmp_path / "empty").mkdir()
     arg = str(os.getpid()) if target == "pid" else str(tmp_path / target)
     result = run_stepcli("capture", arg, "--timeout", "1", timeout=30)
     assert result.returncode == 2
-    assert len(_lines(result.stderr)) == 1 and result.stderr.startswith("stepcli: error: "), result.stderr
+    assert len(_lines(result.stderr)) == 1 and result.stderr.startswith("stepcli: error: "), (
+        result.stderr
+    )
     assert result.stdout == ""
 
 
 def test_on_demand_refuses_schedule_flags(tmp_path: Path) -> None:
     script = write_script(tmp_path, "noop.py", "print('ran')\n")
-    result = run_stepcli("run", "--on-demand", "--active", "2", "-o", tmp_path / "out", script, timeout=30)
+    result = run_stepcli(
+        "run", "--on-demand", "--active", "2", "-o", tmp_path / "out", script, timeout=30
+    )
     assert result.returncode == 2
     assert "--on-demand opens no scheduled window: drop --active" in result.stderr
     assert not (tmp_path / "out").exists() and "ran" not in result.stdout
 
 
-def test_the_programs_own_profiler_wins_with_a_line_and_a_scheduled_run_answers_too(tmp_path: Path) -> None:
+def test_the_programs_own_profiler_wins_with_a_line_and_a_scheduled_run_answers_too(
+    tmp_path: Path,
+) -> None:
     script = write_script(
         tmp_path,
         "own.py",
@@ -391,7 +441,8 @@ def test_the_programs_own_profiler_wins_with_a_line_and_a_scheduled_run_answers_
     )
     control, log, out = tmp_path / "control", tmp_path / "run.log", tmp_path / "out"
     control.mkdir()
-    with open(log, "w") as handle:  # a scheduled run: its window falls while the program's profiler runs
+    # a scheduled run: its window falls while the program's profiler runs
+    with open(log, "w") as handle:
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -426,24 +477,32 @@ def test_the_programs_own_profiler_wins_with_a_line_and_a_scheduled_run_answers_
     assert refused.returncode == 3, refused.stderr
     lines = _lines(refused.stderr)
     assert len(lines) == 2 and refused.stdout == "", lines
-    assert re.fullmatch(r"stepcli: nothing captured: \S+_\d+: the program's own profiler is running .*", lines[1]), (
-        lines
-    )
+    assert re.fullmatch(
+        r"stepcli: nothing captured: \S+_\d+: the program's own profiler is running .*", lines[1]
+    ), lines
     own = load_trace(control / "own.json")["traceEvents"]
     assert any(e.get("name") == "aten::addmm" for e in own)  # the program's own trace is intact
     assert after.returncode == 0, after.stderr + log.read_text()
     traces = trace_files(out)
-    assert len(traces) == 1 and str(traces[0]) in after.stdout  # no empty trace from the refused request
+    # no empty trace from the refused request
+    assert len(traces) == 1 and str(traces[0]) in after.stdout
     step = int(after.stdout.split()[2])
     assert profiler_steps(traces[0]) == [step]
 
 
-# -- pure parts ----------------------------------------------------------------------------------------------------
+# -- pure parts
+# --------------------------------------------------------------------------------------------------
 def test_window_schedule_adds_on_demand_windows_to_the_run_schedule() -> None:
     windows = WindowSchedule(None)
     assert windows.next_profiled_step(0) is None
     windows.add(10, 11, 12)
-    assert [windows.action(s) for s in range(9, 14)] == [NONE, WARMUP, RECORD, RECORD_AND_SAVE, NONE]
+    assert [windows.action(s) for s in range(9, 14)] == [
+        NONE,
+        WARMUP,
+        RECORD,
+        RECORD_AND_SAVE,
+        NONE,
+    ]
     assert windows.starts_cycle(10) and not windows.starts_cycle(11)
     assert windows.next_profiled_step(3) == 10 and windows.next_profiled_step(11) == 11
     assert windows.first_busy(0, 9) is None and windows.first_busy(5, 20) == 10
@@ -456,13 +515,17 @@ def test_window_schedule_adds_on_demand_windows_to_the_run_schedule() -> None:
     assert scheduled.next_profiled_step(0) == 1 and scheduled.next_profiled_step(4) == 20
 
 
-def _process(step: int, rate: float, age: float, now: float = 1000.0, ended: str = "") -> dict[str, object]:
+def _process(
+    step: int, rate: float, age: float, now: float = 1000.0, ended: str = ""
+) -> dict[str, object]:
     return {"step": step, "steps_per_s": rate, "time": now - age, "ended": ended}
 
 
 def test_plan_starts_past_the_fastest_rank_by_the_polling_margin() -> None:
     now = 1000.0
-    request = plan_request([_process(100, 10.0, 0.5), _process(98, 10.0, 0.2)], [], None, 0, 1, 2, now)
+    request = plan_request(
+        [_process(100, 10.0, 0.5), _process(98, 10.0, 0.2)], [], None, 0, 1, 2, now
+    )
     # rank at 100 + 0.5 s x 10 steps/s = 105, then 1.5 s of steps (15) and 2 spare steps
     assert (request.open_at, request.first_step, request.last_step) == (122, 123, 124)
     waited = plan_request([_process(100, 10.0, 0.5)], [], None, 5, 0, 3, now)
@@ -473,14 +536,23 @@ def test_plan_starts_past_the_fastest_rank_by_the_polling_margin() -> None:
 
 def test_plan_avoids_scheduled_windows_and_other_captures() -> None:
     now = 1000.0
-    schedule = Schedule(wait=20, warmup=1, active=3, repeat=0)  # cycles touch steps 20-23, 44-47, ...
+    # cycles touch steps 20-23, 44-47, ...
+    schedule = Schedule(wait=20, warmup=1, active=3, repeat=0)
     request = plan_request([_process(0, 10.0, 0.0)], [], schedule, 0, 1, 2, now)
     assert request.open_at == 25  # 17 would run into the cycle at 20-23
     other = {"open_at": 30, "last_step": 35}
     after = plan_request([_process(20, 10.0, 0.0)], [other], None, 0, 1, 2, now)
     assert after.open_at == 38
     with pytest.raises(Exception, match="no room"):
-        plan_request([_process(0, 10.0, 0.0)], [], Schedule(wait=0, warmup=1, active=1, repeat=0), 0, 1, 2, now)
+        plan_request(
+            [_process(0, 10.0, 0.0)],
+            [],
+            Schedule(wait=0, warmup=1, active=1, repeat=0),
+            0,
+            1,
+            2,
+            now,
+        )
 
 
 def _control(tmp_path: Path, processes: list[dict[str, Any]]) -> Path:
@@ -507,7 +579,14 @@ def test_a_rank_that_hangs_does_not_hold_up_the_others(tmp_path: Path) -> None:
     folder = _control(
         tmp_path,
         [
-            {"rank": 0, "worker": "rank0", "step": 14, "time": now, "steps_per_s": 10.0, "responses": {"r1": saved}},
+            {
+                "rank": 0,
+                "worker": "rank0",
+                "step": 14,
+                "time": now,
+                "steps_per_s": 10.0,
+                "responses": {"r1": saved},
+            },
             {
                 "rank": 1,
                 "worker": "rank1",
@@ -540,11 +619,17 @@ def test_a_rank_that_hangs_does_not_hold_up_the_others(tmp_path: Path) -> None:
 
 def test_requests_of_captures_that_died_are_dropped(tmp_path: Path) -> None:
     folder = _control(tmp_path, [])
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     mine = dict(CaptureRequest("a", 1, 2, 3).to_dict())
     gone = dict(CaptureRequest("b", 5, 6, 7).to_dict(), pid=int(dead.stdout))
-    elsewhere = dict(CaptureRequest("c", 8, 9, 9).to_dict(), host="another-node", pid=int(dead.stdout))
-    (folder / "requests.json").write_text(json.dumps({"run_id": "run1", "requests": [mine, gone, elsewhere]}))
+    elsewhere = dict(
+        CaptureRequest("c", 8, 9, 9).to_dict(), host="another-node", pid=int(dead.stdout)
+    )
+    (folder / "requests.json").write_text(
+        json.dumps({"run_id": "run1", "requests": [mine, gone, elsewhere]})
+    )
     requests = _read_requests(str(folder), "run1")
     assert [r["id"] for r in requests if _still_wanted(r)] == ["a", "c"]
     # ... but the dead capture's window is still avoided: processes may already be recording it
@@ -582,11 +667,19 @@ def test_the_tracker_polls_by_time_not_by_step() -> None:
 
 
 def _listening_process(tmp_path: Path, recorder: Any = None) -> tuple[OnDemand, Path]:
-    """A process's side of the protocol on a real tracker, with no recorder (requests would be refused)."""
-    config = AgentConfig(run_id="run1", out_dir=str(tmp_path), launcher_pid=0, on_demand=True, quiet=True)
+    """A process's side of the protocol on a real tracker, with no recorder (requests would be
+    refused)."""
+    config = AgentConfig(
+        run_id="run1", out_dir=str(tmp_path), launcher_pid=0, on_demand=True, quiet=True
+    )
     folder = Path(ondemand.open_control(str(tmp_path), "run1", {"run_id": "run1"}))
     agent = SimpleNamespace(
-        config=config, enabled=True, foreign=set(), pid=os.getpid(), recorder=recorder, tracker=StepTracker()
+        config=config,
+        enabled=True,
+        foreign=set(),
+        pid=os.getpid(),
+        recorder=recorder,
+        tracker=StepTracker(),
     )
     process = OnDemand(agent)  # type: ignore[arg-type]
     assert process.active
@@ -614,9 +707,13 @@ def test_a_process_writes_its_heartbeat_only_while_a_capture_listens(
     reads: list[str] = []
     read = controlfiles.read_bounded
     monkeypatch.setattr(
-        controlfiles, "read_bounded", lambda fd, limit, name: reads.append(name) or read(fd, limit, name)
+        controlfiles,
+        "read_bounded",
+        lambda fd, limit, name: reads.append(name) or read(fd, limit, name),
     )
-    atomic_write_json(str(requests), {"run_id": "run1", "requests": [], "pings": [{"id": "p1", "lease_s": 600}]})
+    atomic_write_json(
+        str(requests), {"run_id": "run1", "requests": [], "pings": [{"id": "p1", "lease_s": 600}]}
+    )
     for step in range(50, 55):
         process.poll(step)
     assert beat() == (7, 54, ["p1"])  # heard: a fresh heartbeat at every poll
@@ -626,14 +723,18 @@ def test_a_process_writes_its_heartbeat_only_while_a_capture_listens(
         process.poll(step)
     assert beat() == (7, 54, ["p1"])
     # A ping nobody renews (its capture was killed) lapses after its lease.
-    atomic_write_json(str(requests), {"run_id": "run1", "requests": [], "pings": [{"id": "p2", "lease_s": 1}]})
+    atomic_write_json(
+        str(requests), {"run_id": "run1", "requests": [], "pings": [{"id": "p2", "lease_s": 1}]}
+    )
     process.poll(60)
     assert beat() == (8, 60, ["p2"])
     time.sleep(1.1)
     process.poll(61)
     assert beat() == (8, 60, ["p2"])
     # Another run's ping is not obeyed.
-    atomic_write_json(str(requests), {"run_id": "run0", "requests": [], "pings": [{"id": "p3", "lease_s": 600}]})
+    atomic_write_json(
+        str(requests), {"run_id": "run0", "requests": [], "pings": [{"id": "p3", "lease_s": 600}]}
+    )
     process.poll(62)
     assert beat() == (8, 60, ["p2"])
     process.finish("exit")  # and it says when it ends
@@ -648,7 +749,9 @@ def test_a_request_file_that_could_not_be_read_is_read_again_at_the_next_poll(
     requests = path.parent / "requests.json"
     process.poll(1)
     # GIVEN a capture's ping, and a shared file system that fails the first read of it
-    atomic_write_json(str(requests), {"run_id": "run1", "requests": [], "pings": [{"id": "p1", "lease_s": 600}]})
+    atomic_write_json(
+        str(requests), {"run_id": "run1", "requests": [], "pings": [{"id": "p1", "lease_s": 600}]}
+    )
     read, failures = controlfiles.read_bounded, [1]
 
     def flaky(fd: int, limit: int, name: str) -> bytes:
@@ -665,14 +768,30 @@ def test_a_request_file_that_could_not_be_read_is_read_again_at_the_next_poll(
     assert json.loads(path.read_text())["pings"] == ["p1"]
 
 
-def test_capture_waits_for_fresh_heartbeats_but_not_for_ended_or_quiet_processes(tmp_path: Path) -> None:
+def test_capture_waits_for_fresh_heartbeats_but_not_for_ended_or_quiet_processes(
+    tmp_path: Path,
+) -> None:
     now = time.time()
     ping = Ping("p1", now)
     folder = _control(
         tmp_path,
         [
-            {"rank": 0, "step": 500, "time": now, "steps_per_s": 10.0, "pings": ["p1"], "ended": ""},
-            {"rank": 2, "step": 3, "time": now - 60, "steps_per_s": 0.0, "pings": [], "ended": "exit"},
+            {
+                "rank": 0,
+                "step": 500,
+                "time": now,
+                "steps_per_s": 10.0,
+                "pings": ["p1"],
+                "ended": "",
+            },
+            {
+                "rank": 2,
+                "step": 3,
+                "time": now - 60,
+                "steps_per_s": 0.0,
+                "pings": [],
+                "ended": "exit",
+            },
         ],
     )
     run = LiveRun("run1", str(folder), None)
@@ -680,8 +799,16 @@ def test_capture_waits_for_fresh_heartbeats_but_not_for_ended_or_quiet_processes
     start = time.monotonic()
     assert len(await_heartbeats(run, ping, now + 30, lambda: renewals.append(time.time()))) == 2
     assert time.monotonic() - start < 1  # every process that has not ended answered
-    # A process quiet since an earlier capture: waited for a poll interval plus a few of its steps, then not.
-    quiet = {"rank": 1, "step": 200, "time": now - 3600, "steps_per_s": 10.0, "pings": ["p0"], "ended": ""}
+    # A process quiet since an earlier capture: waited for a poll interval plus a few of its steps,
+    # then not.
+    quiet = {
+        "rank": 1,
+        "step": 200,
+        "time": now - 3600,
+        "steps_per_s": 10.0,
+        "pings": ["p0"],
+        "ended": "",
+    }
     (folder / "proc.host.9.json").write_text(json.dumps(quiet))
     ping = Ping("p1", time.time())
     start = time.monotonic()
@@ -691,9 +818,13 @@ def test_capture_waits_for_fresh_heartbeats_but_not_for_ended_or_quiet_processes
     # ... and when it answers, capture stops waiting at once.
     ping = Ping("p2", time.time())
     answer = dict(quiet, pings=["p2"], time=time.time() + 0.5, step=530)
-    timer = threading.Timer(0.5, lambda: atomic_write_json(str(folder / "proc.host.9.json"), answer))
+    timer = threading.Timer(
+        0.5, lambda: atomic_write_json(str(folder / "proc.host.9.json"), answer)
+    )
     timer.start()
-    (folder / "proc.host.0.json").write_text(json.dumps(dict(quiet, rank=0, pings=["p2"], time=time.time())))
+    (folder / "proc.host.0.json").write_text(
+        json.dumps(dict(quiet, rank=0, pings=["p2"], time=time.time()))
+    )
     start = time.monotonic()
     processes = await_heartbeats(run, ping, time.time() + 30, lambda: None)
     timer.join()
@@ -705,16 +836,26 @@ def test_a_run_quiet_since_before_capture_asked_is_said_to_have_stopped_stepping
     ping = Ping("p1", now - 20)
     request = CaptureRequest("r1", 210, 211, 212)
     quiet = [
-        {"rank": r, "worker": f"rank{r}", "step": 1, "time": now - 3600, "steps_per_s": 0.0, "pings": [], "ended": ""}
+        {
+            "rank": r,
+            "worker": f"rank{r}",
+            "step": 1,
+            "time": now - 3600,
+            "steps_per_s": 0.0,
+            "pings": [],
+            "ended": "",
+        }
         for r in (0, 1)
     ]
     outcome = _outcome(quiet, request, "timeout", 20, now, ping)
     assert outcome["traces"] == [] and outcome["not_captured"] == []
     assert (
         outcome["reason"]
-        == "the run stopped stepping: its last step (at least 1) came before this capture asked, 20 s ago"
+        == "the run stopped stepping: its last step (at least 1) came before this capture asked, "
+        "20 s ago"
     )
-    heard = [dict(p, pings=["p1"], step=200, steps_per_s=10.0, time=now - 15) for p in quiet]  # then stopped
+    # then stopped
+    heard = [dict(p, pings=["p1"], step=200, steps_per_s=10.0, time=now - 15) for p in quiet]
     assert (
         _outcome(heard, request, "timeout", 20, now, ping)["reason"]
         == "the run stopped stepping: its last step (200) was 15 s ago"
@@ -724,12 +865,16 @@ def test_a_run_quiet_since_before_capture_asked_is_said_to_have_stopped_stepping
 def test_a_capture_pings_renews_and_withdraws_leaving_no_file(tmp_path: Path) -> None:
     folder = _control(tmp_path, [])
     run = LiveRun("run1", str(folder), None)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    gone = dict(Ping("gone", 0.0).to_dict(), pid=int(dead.stdout))  # a capture killed before it could withdraw
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    # a capture killed before it could withdraw
+    gone = dict(Ping("gone", 0.0).to_dict(), pid=int(dead.stdout))
     elsewhere = dict(Ping("far", 0.0).to_dict(), host="another-node")
     request = CaptureRequest("r1", 5, 6, 7)
     atomic_write_json(
-        str(folder / "requests.json"), {"run_id": "run1", "requests": [request.to_dict()], "pings": [gone, elsewhere]}
+        str(folder / "requests.json"),
+        {"run_id": "run1", "requests": [request.to_dict()], "pings": [gone, elsewhere]},
     )
     ping = Ping("mine", time.time())
     _ping(run, ping)
@@ -743,14 +888,16 @@ def test_a_capture_pings_renews_and_withdraws_leaving_no_file(tmp_path: Path) ->
     _withdraw(run, ping, request)
     assert _read_control(str(folder), "run1") == ([], [elsewhere])
     _withdraw(run, Ping("far", 0.0), None)
-    assert not (folder / "requests.json").exists()  # nobody asks: the processes' check finds no file
+    # nobody asks: the processes' check finds no file
+    assert not (folder / "requests.json").exists()
     (folder / "run.json").unlink()  # the run ended: nothing brings requests.json back
     _ping(run, ping)
     assert not (folder / "requests.json").exists()
 
 
-# -- a single-process job, attacked and asked badly ----------------------------------------------------------------
-# Steps until <control>/end appears, keeping the number of steps made in <control>/step.
+# -- a single-process job, attacked and asked badly
+# ---------------------------------------------------------------- Steps until <control>/end
+# appears, keeping the number of steps made in <control>/step.
 SOLO_LOOP = """
     import sys
     import time
@@ -780,7 +927,8 @@ class Solo:
     run_status: int
     run_stderr: str
     summary: dict[str, Any]
-    attacks: dict[str, tuple[int, int]]  # attack -> (steps made while it lasted, RSS growth in bytes)
+    # attack -> (steps made while it lasted, RSS growth in bytes)
+    attacks: dict[str, tuple[int, int]]
     forged: subprocess.CompletedProcess[str]  # a capture after forged requests
     forged_answers: dict[str, Any]  # the process's answers to the forged requests
     gave_up: subprocess.CompletedProcess[str]  # --active 1000 --timeout 3
@@ -797,7 +945,8 @@ def _rss(pid: int) -> int:
 
 
 def _answer_of(out: Path, rid: str, pending: tuple[str, ...], deadline_s: float) -> dict[str, Any]:
-    """The process's answer to request `rid`, once it is no longer one of `pending` (or the deadline passed)."""
+    """The process's answer to request `rid`, once it is no longer one of `pending` (or the deadline
+    passed)."""
     deadline = time.monotonic() + deadline_s
     answer: dict[str, Any] = {}
     while time.monotonic() < deadline:
@@ -815,10 +964,12 @@ def _answer_of(out: Path, rid: str, pending: tuple[str, ...], deadline_s: float)
 def _attack(
     control: Path, steps: Path, pid: int, proc: subprocess.Popen[bytes], log: Path, plant: Any
 ) -> tuple[int, int]:
-    """Plant something in the control folder while the job steps; (steps made over 3 s of polls, RSS growth)."""
+    """Plant something in the control folder while the job steps; (steps made over 3 s of polls, RSS
+    growth)."""
     before, rss = _wait_for_step(steps, 1, proc, log), _rss(pid)
     plant()
-    made = _wait_for_step(steps, before + 60, proc, log) - before  # 60 steps of >= 50 ms: 3 polls at least
+    # 60 steps of >= 50 ms: 3 polls at least
+    made = _wait_for_step(steps, before + 60, proc, log) - before
     return made, _rss(pid) - rss
 
 
@@ -830,7 +981,17 @@ def solo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Solo]:
     script = write_script(tmp, "solo.py", SOLO_LOOP)
     out, steps, log = tmp / "out", tmp / "steps", tmp / "run.log"
     steps.mkdir()
-    argv = [sys.executable, "-m", "stepcli", "run", "--on-demand", "-o", str(out), "--json", str(tmp / "run.json")]
+    argv = [
+        sys.executable,
+        "-m",
+        "stepcli",
+        "run",
+        "--on-demand",
+        "-o",
+        str(out),
+        "--json",
+        str(tmp / "run.json"),
+    ]
 
     def limit_memory() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (_SAFETY_AS_BYTES, _SAFETY_AS_BYTES))
@@ -851,8 +1012,12 @@ def solo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Solo]:
         pid = int(next(control.glob("proc.*.json")).name.split(".")[-2])
         requests = control / "requests.json"
         attacks = {
-            "dev_zero_link": _attack(control, steps, pid, proc, log, lambda: requests.symlink_to("/dev/zero")),
-            "fifo": _attack(control, steps, pid, proc, log, lambda: (requests.unlink(), os.mkfifo(requests))),
+            "dev_zero_link": _attack(
+                control, steps, pid, proc, log, lambda: requests.symlink_to("/dev/zero")
+            ),
+            "fifo": _attack(
+                control, steps, pid, proc, log, lambda: (requests.unlink(), os.mkfifo(requests))
+            ),
         }
         requests.unlink()
         moved = control.with_name("control.moved")
@@ -864,23 +1029,33 @@ def solo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Solo]:
 
         attacks["swapped_folder"] = _attack(control, steps, pid, proc, log, swap_folder)
         shutil.rmtree(control)
-        attacks["folder_link"] = _attack(control, steps, pid, proc, log, lambda: control.symlink_to("/dev/zero"))
+        attacks["folder_link"] = _attack(
+            control, steps, pid, proc, log, lambda: control.symlink_to("/dev/zero")
+        )
         control.unlink()
         moved.rename(control)
-        # Forged requests: a list as id, steps in the wrong order; then a real capture must still work.
+        # Forged requests: a list as id, steps in the wrong order; then a real capture must still
+        # work.
         forged = [
             {"id": ["x"], "open_at": 1, "first_step": 2, "last_step": 3},
             {"id": "backwards", "open_at": 10**6, "first_step": 10**6 + 5, "last_step": 10**6 + 1},
         ]
-        atomic_write_json(str(requests), {"run_id": control.parent.name, "requests": forged, "pings": []})
+        atomic_write_json(
+            str(requests), {"run_id": control.parent.name, "requests": forged, "pings": []}
+        )
         forged_answers = {"backwards": _answer_of(out, "backwards", (), 30)}
-        forged_capture = run_stepcli("capture", out, "--warmup", "0", "--active", "1", "--timeout", "60", timeout=120)
-        gave_up = run_stepcli("capture", out, "--active", "1000", "--timeout", "3", "--json", timeout=120)
+        forged_capture = run_stepcli(
+            "capture", out, "--warmup", "0", "--active", "1", "--timeout", "60", timeout=120
+        )
+        gave_up = run_stepcli(
+            "capture", out, "--active", "1000", "--timeout", "3", "--json", timeout=120
+        )
         rid = json.loads(gave_up.stdout)["request"]["id"] if gave_up.stdout else ""
         gave_up_answer = _answer_of(out, rid, ("accepted",), 30)
         by_pid = run_stepcli("capture", str(pid), "--active", "2", "--timeout", "60", timeout=120)
         not_ours = {
-            "pytest": run_stepcli("capture", str(os.getpid()), "--timeout", "5", timeout=60),  # the run's ancestor
+            # the run's ancestor
+            "pytest": run_stepcli("capture", str(os.getpid()), "--timeout", "5", timeout=60),
             "init": run_stepcli("capture", "1", "--timeout", "5", timeout=60),
         }
         (steps / "end").touch()
@@ -911,7 +1086,8 @@ def solo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Solo]:
 @pytest.mark.parametrize("attack", ["dev_zero_link", "fifo", "swapped_folder", "folder_link"])
 def test_a_swapped_control_file_neither_blocks_nor_bloats_the_job(solo: Solo, attack: str) -> None:
     made, growth = solo.attacks[attack]
-    assert made >= 60  # it kept stepping (a FIFO opened blocking would have stopped it at the next poll)
+    # it kept stepping (a FIFO opened blocking would have stopped it at the next poll)
+    assert made >= 60
     assert growth < 64 << 20, growth  # reading /dev/zero whole grows by gigabytes
     assert solo.run_status == 0, solo.run_stderr
     peaks = [p["peak_rss_bytes"] for p in solo.summary["processes"]]
@@ -923,40 +1099,54 @@ def test_a_refused_control_file_is_said_once(solo: Solo) -> None:
     assert [line.split("folder's ", 1)[1] for line in lines] == [
         "requests.json is a link, not a regular file",
         "requests.json is not a regular file (a FIFO or a device?)",
-    ], lines  # one line each, however many polls met it; a folder put in the control folder's place is never seen
+        # one line each, however many polls met it; a folder put in the control folder's place is
+        # never seen
+    ], lines
 
 
 def test_forged_requests_are_refused_once_and_capture_still_works(solo: Solo) -> None:
     answer = solo.forged_answers["backwards"]
-    assert answer["status"] == "refused" and answer["reason"].startswith("malformed request: it needs open_at <=")
+    assert answer["status"] == "refused" and answer["reason"].startswith(
+        "malformed request: it needs open_at <="
+    )
     ignored = [line for line in _lines(solo.run_stderr) if "malformed request" in line]
     assert ignored == [
-        "stepcli: on-demand capture: ignoring a malformed request: its id is not a string of 1 to 64 letters, "
-        "digits, '-', '_' or '.'",
-        "stepcli: on-demand capture: refusing a malformed request: it needs open_at <= first_step <= last_step",
+        "stepcli: on-demand capture: ignoring a malformed request: its id is not a string of 1 to "
+        "64 letters, digits, '-', '_' or '.'",
+        "stepcli: on-demand capture: refusing a malformed request: it needs open_at <= first_step "
+        "<= last_step",
     ]
-    assert solo.forged.returncode == 0, solo.forged.stderr  # capture was not disabled for the rest of the run
+    # capture was not disabled for the rest of the run
+    assert solo.forged.returncode == 0, solo.forged.stderr
     assert "disabled" not in solo.run_stderr
 
 
 def test_a_capture_that_gives_up_leaves_no_window_recording(solo: Solo) -> None:
     assert solo.gave_up.returncode == 3, solo.gave_up.stderr
     assert solo.gave_up_answer == dict(
-        solo.gave_up_answer, status="not_recorded", reason="withdrawn: the capture that asked for it gave up"
+        solo.gave_up_answer,
+        status="not_recorded",
+        reason="withdrawn: the capture that asked for it gave up",
     )
     request = json.loads(solo.gave_up.stdout)["request"]
-    assert all(w["first_step"] != request["first_step"] for w in solo.summary["windows"])  # dropped, not saved
-    # A window open when its capture gave up was closed unsaved, and the notes say so; on a loaded machine the
-    # program may not have reached it yet (withdrawn from the schedule before it opened: nothing to say)
+    # dropped, not saved
+    assert all(w["first_step"] != request["first_step"] for w in solo.summary["windows"])
+    # A window open when its capture gave up was closed unsaved, and the notes say so; on a loaded
+    # machine the program may not have reached it yet (withdrawn from the schedule before it opened:
+    # nothing to say)
     withdrawn = [note for note in solo.summary["notes"] if "withdrawn" in note]
     at, open_at = solo.gave_up_answer["at_step"], request["warmup_from"]
     if at > open_at:
-        assert len(withdrawn) == 1 and withdrawn[0].endswith(f"was not saved ({ondemand.WITHDRAWN})"), withdrawn
+        assert len(withdrawn) == 1 and withdrawn[0].endswith(
+            f"was not saved ({ondemand.WITHDRAWN})"
+        ), withdrawn
     elif at < open_at:
         assert withdrawn == [], withdrawn
 
 
-@pytest.mark.parametrize("bound", [("--active", "1001"), ("--wait", "100001"), ("--warmup", "1001")])
+@pytest.mark.parametrize(
+    "bound", [("--active", "1001"), ("--wait", "100001"), ("--warmup", "1001")]
+)
 def test_capture_bounds_are_a_usage_error(tmp_path: Path, bound: tuple[str, str]) -> None:
     result = run_stepcli("capture", tmp_path, *bound, timeout=30)
     assert result.returncode == 2
@@ -973,8 +1163,11 @@ def test_capture_of_a_process_of_the_run_works_and_of_any_other_exits_2(solo: So
         assert result.returncode == 2, (name, result.stderr)
         lines = _lines(result.stderr)
         assert len(lines) == 1, lines
-        # Init's environment may not be readable (in a container, or to another user): said so, not guessed.
-        assert lines[0].startswith(f"stepcli: error: {result.args[-3]}: not a process of a stepcli run") or (
+        # Init's environment may not be readable (in a container, or to another user): said so, not
+        # guessed.
+        assert lines[0].startswith(
+            f"stepcli: error: {result.args[-3]}: not a process of a stepcli run"
+        ) or (
             name == "init" and "a process of another user (root)" in lines[0] and os.getuid() != 0
         ), lines
         assert "asked run" not in result.stderr
@@ -983,17 +1176,27 @@ def test_capture_of_a_process_of_the_run_works_and_of_any_other_exits_2(solo: So
 def test_an_on_demand_window_gets_a_folder_of_its_own(solo: Solo) -> None:
     traces = trace_files(solo.out)
     windows = sorted({t.parent.name for t in traces})
-    assert len(traces) == 2 and len(windows) == 2, traces  # the forged-requests capture and the one by pid
+    # the forged-requests capture and the one by pid
+    assert len(traces) == 2 and len(windows) == 2, traces
     for trace in traces:
-        assert trace.parent.parent == solo.out and trace.parent.name == f"window-step{profiler_steps(trace)[0]}"
+        assert (
+            trace.parent.parent == solo.out
+            and trace.parent.name == f"window-step{profiler_steps(trace)[0]}"
+        )
     hta = next(line for line in _lines(solo.run_stderr) if "TraceAnalysis(trace_dir=" in line)
-    assert any(f'{window}\\"' in hta or f'{window}"' in hta for window in windows), hta  # one window, not -o
+    # one window, not -o
+    assert any(f'{window}\\"' in hta or f'{window}"' in hta for window in windows), hta
 
 
-@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0 or not shutil.which("setpriv"), reason="needs root")
+@pytest.mark.skipif(
+    not hasattr(os, "getuid") or os.getuid() != 0 or not shutil.which("setpriv"),
+    reason="needs root",
+)
 @pytest.mark.parametrize("config", [True, False])
 def test_capture_of_another_users_process_says_whose_it_is(tmp_path: Path, config: bool) -> None:
-    env = stepcli_env({"STEPCLI_CONFIG": json.dumps({"out_dir": str(tmp_path), "run_id": "r", "launcher_pid": 1})})
+    env = stepcli_env(
+        {"STEPCLI_CONFIG": json.dumps({"out_dir": str(tmp_path), "run_id": "r", "launcher_pid": 1})}
+    )
     if not config:
         env.pop("STEPCLI_CONFIG")
     sleeper = subprocess.Popen(
@@ -1018,11 +1221,14 @@ def test_capture_of_another_users_process_says_whose_it_is(tmp_path: Path, confi
     assert len(lines) == 1, lines
     if config:  # a run of another user, named as such
         assert re.fullmatch(
-            rf"stepcli: error: {sleeper.pid}: a stepcli run of another user \(\S+\); only its owner can capture it",
+            rf"stepcli: error: {sleeper.pid}: a stepcli run of another user \(\S+\); only its "
+            rf"owner can capture it",
             lines[0],
         )
     else:
-        assert lines[0].startswith(f"stepcli: error: {sleeper.pid}: not a process of a stepcli run"), lines
+        assert lines[0].startswith(
+            f"stepcli: error: {sleeper.pid}: not a process of a stepcli run"
+        ), lines
 
 
 class _Recorder(SimpleNamespace):
@@ -1044,7 +1250,10 @@ def _ask(requests: Path, *entries: Any) -> None:
 
 
 def _answers(path: Path) -> dict[str, Any]:
-    return {rid: (a["status"], a.get("reason", "")) for rid, a in json.loads(path.read_text())["responses"].items()}
+    return {
+        rid: (a["status"], a.get("reason", ""))
+        for rid, a in json.loads(path.read_text())["responses"].items()
+    }
 
 
 def test_a_forged_request_is_refused_and_said_once_and_capture_goes_on(
@@ -1063,13 +1272,17 @@ def test_a_forged_request_is_refused_and_said_once_and_capture_goes_on(
     process.poll(2)
     assert process.active and process.agent.tracker._poller is not None  # type: ignore[attr-defined]
     answers = _answers(path)
-    assert answers["back"] == ("refused", "malformed request: it needs open_at <= first_step <= last_step")
+    assert answers["back"] == (
+        "refused",
+        "malformed request: it needs open_at <= first_step <= last_step",
+    )
     assert answers["huge"] == ("refused", "malformed request: it records more than 1000 steps")
     err = capfd.readouterr().err.splitlines()
     assert err == [
-        "stepcli: on-demand capture: ignoring a malformed request: its id is not a string of 1 to 64 letters, "
-        "digits, '-', '_' or '.'",
-        "stepcli: on-demand capture: refusing a malformed request: it needs open_at <= first_step <= last_step",
+        "stepcli: on-demand capture: ignoring a malformed request: its id is not a string of 1 to "
+        "64 letters, digits, '-', '_' or '.'",
+        "stepcli: on-demand capture: refusing a malformed request: it needs open_at <= first_step "
+        "<= last_step",
         "stepcli: on-demand capture: refusing a malformed request: it records more than 1000 steps",
     ]  # once each, though the file was read twice and a second request was backwards too
     _ask(requests, {"id": "good", "open_at": 10, "first_step": 11, "last_step": 12})
@@ -1090,9 +1303,13 @@ def test_a_withdrawn_request_drops_its_window(tmp_path: Path) -> None:
     process.poll(1)
     assert _answers(path) == {"now": ("accepted", ""), "later": ("accepted", "")}
     recorder.prof = object()  # the window of "now" records
-    _ask(requests, {"id": "later", "open_at": 50, "first_step": 51, "last_step": 52})  # "now" withdrawn
+    # "now" withdrawn
+    _ask(requests, {"id": "later", "open_at": 50, "first_step": 51, "last_step": 52})
     process.poll(20)
-    assert _answers(path)["now"] == ("not_recorded", "withdrawn: the capture that asked for it gave up")
+    assert _answers(path)["now"] == (
+        "not_recorded",
+        "withdrawn: the capture that asked for it gave up",
+    )
     assert recorder.dropped == ["withdrawn: the capture that asked for it gave up"]
     assert process.schedule.windows == [(50, 51, 52)] and list(process.pending) == ["later"]
     requests.unlink()  # the last capture gave up too: a window not open yet is only forgotten
@@ -1104,15 +1321,21 @@ def test_a_withdrawn_request_drops_its_window(tmp_path: Path) -> None:
 def test_a_capture_the_run_outpaced_asks_again_further_ahead(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A job much faster than its last heartbeat said (a loaded machine, a burst): the first placement is
-    already behind it. The capture withdraws it and asks for later steps instead of giving up."""
+    """A job much faster than its last heartbeat said (a loaded machine, a burst): the first
+    placement is already behind it. The capture withdraws it and asks for later steps instead of
+    giving up."""
     from stepcli.run.controldir import read_control
     from stepcli.run.live.capturewindow import capture_main
 
     folder = _control(tmp_path, [])
     atomic_write_json(
         str(folder / "run.json"),
-        {"run_id": "run1", "launcher_pid": os.getpid(), "host": socket.gethostname(), "on_demand": True},
+        {
+            "run_id": "run1",
+            "launcher_pid": os.getpid(),
+            "host": socket.gethostname(),
+            "on_demand": True,
+        },
     )
     done = threading.Event()
     asked: list[dict[str, Any]] = []
@@ -1133,10 +1356,25 @@ def test_a_capture_the_run_outpaced_asks_again_further_ahead(
                 else:
                     trace = str(tmp_path / "t.pt.trace.json")
                     first, last = request["first_step"], request["last_step"]
-                    saved = {"first_step": first, "last_step": last, "trace": trace, "bytes": 1, "complete": True}
+                    saved = {
+                        "first_step": first,
+                        "last_step": last,
+                        "trace": trace,
+                        "bytes": 1,
+                        "complete": True,
+                    }
                     responses[rid] = {"status": "saved", **saved}
-            beat = {"rank": 0, "worker": "rank0", "host": "h", "pid": 1, "step": step, "time": time.time()}
-            beat.update(steps_per_s=10.0, ended="", pings=[p["id"] for p in pings], responses=responses)
+            beat = {
+                "rank": 0,
+                "worker": "rank0",
+                "host": "h",
+                "pid": 1,
+                "step": step,
+                "time": time.time(),
+            }
+            beat.update(
+                steps_per_s=10.0, ended="", pings=[p["id"] for p in pings], responses=responses
+            )
             atomic_write_json(str(folder / "proc.h.1.json"), beat)
             time.sleep(0.05)
 
@@ -1157,7 +1395,9 @@ def test_a_capture_the_run_outpaced_asks_again_further_ahead(
     assert not (folder / "requests.json").exists()  # both requests withdrawn
 
 
-def test_a_window_dropped_from_another_thread_is_closed_unsaved_at_the_main_threads_next_step() -> None:
+def test_a_window_dropped_from_another_thread_is_closed_unsaved_at_the_main_threads_next_step() -> (
+    None
+):
     from stepcli.agent.recorder import Recorder
 
     class Profile:  # what the recorder calls on a torch profile object while closing it
@@ -1169,10 +1409,18 @@ def test_a_window_dropped_from_another_thread_is_closed_unsaved_at_the_main_thre
     config = AgentConfig(run_id="run1", out_dir="/nonexistent", launcher_pid=0, quiet=True)
     recorder = Recorder(config, StepTracker(), set(), lambda: None)
     recorder.prof = Profile()
-    worker = threading.Thread(target=recorder.drop, args=("withdrawn: the capture that asked for it gave up",))
+    worker = threading.Thread(
+        target=recorder.drop, args=("withdrawn: the capture that asked for it gave up",)
+    )
     worker.start()
     worker.join()
-    assert recorder.prof is not None and Profile.stopped == 0  # Kineto's session is the main thread's to stop
+    # Kineto's session is the main thread's to stop
+    assert recorder.prof is not None and Profile.stopped == 0
     # (the step after it paid for the stop: "after a window", not untouched)
     assert recorder.on_step(7)[0] == AFTER_WINDOW
-    assert recorder.prof is None and Profile.stopped == 1 and recorder.windows == [] and not recorder.disabled
+    assert (
+        recorder.prof is None
+        and Profile.stopped == 1
+        and recorder.windows == []
+        and not recorder.disabled
+    )

@@ -1,4 +1,5 @@
-"""End-to-end tests of `stepcli compare`: real subprocess, real torch.profiler traces, hand-written run summaries."""
+"""End-to-end tests of `stepcli compare`: real subprocess, real torch.profiler traces, hand-written
+run summaries."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from typing import Any
 import pytest
 from conftest import markdown_tables, run_stepcli, stepcli_env, write_script
 
-# Plain torch.profiler with a schedule, as a user's script does it without stepcli: wait 1, warmup 1,
-# active 10, so ProfilerStep#2..#11 are recorded (10 steps: the fewest compare decides on). The slow variant
-# sleeps inside each step.
+# Plain torch.profiler with a schedule, as a user's script does it without stepcli: wait 1, warmup
+# 1, active 10, so ProfilerStep#2..#11 are recorded (10 steps: the fewest compare decides on). The
+# slow variant sleeps inside each step.
 MAKE_TRACES = """
     import sys
     import time
@@ -57,8 +58,9 @@ MAKE_TRACES = """
     unscheduled(f"{root}/nosteps")
 """
 
-# Jitter of sub-millisecond CPU steps stays below this floor even on a loaded runner (tens of ms seen); the 100 ms
-# sleep is far above it, even against the tens of ms a step can take on a loaded 2-core runner.
+# Jitter of sub-millisecond CPU steps stays below this floor even on a loaded runner (tens of ms
+# seen); the 100 ms sleep is far above it, even against the tens of ms a step can take on a loaded
+# 2-core runner.
 FLOOR = ("--min-delta-ms", "50")
 
 
@@ -68,7 +70,11 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("traces")
     script = write_script(root, "make_traces.py", MAKE_TRACES)
     done = subprocess.run(
-        [sys.executable, str(script), str(root)], env=stepcli_env(), capture_output=True, text=True, timeout=240
+        [sys.executable, str(script), str(root)],
+        env=stepcli_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert done.returncode == 0, done.stderr
     for name in ("fast", "fast2", "slow"):
@@ -92,7 +98,8 @@ def assert_bad_input(result: subprocess.CompletedProcess[str], *mentions: str) -
 
 
 def verdict(stdout: str) -> str:
-    """The verdict, its lines wrapped to the width joined again (continuation lines are indented)."""
+    """The verdict, its lines wrapped to the width joined again (continuation lines are
+    indented)."""
     text = re.sub(r"\n  (?=\S)", " ", stdout)
     lines = [
         line
@@ -107,22 +114,27 @@ def verdict(stdout: str) -> str:
 
 
 def test_trace_against_itself_passes(traces: Path) -> None:
-    # GIVEN one plain torch.profiler trace WHEN compared with itself THEN exit 0, never a regression. Ten
-    # recorded steps may not narrow the interval below 10%, so it may say so (inconclusive, a warning on stderr,
-    # exit 4: a gate that cannot decide does not pass).
+    # GIVEN one plain torch.profiler trace WHEN compared with itself THEN exit 0, never a
+    # regression. Ten recorded steps may not narrow the interval below 10%, so it may say so
+    # (inconclusive, a warning on stderr, exit 4: a gate that cannot decide does not pass).
     trace = one_trace(traces / "fast")
     result = run_stepcli("compare", trace, trace)
-    assert result.returncode == (4 if verdict(result.stdout).startswith("INCONCLUSIVE") else 0), result.stderr
+    assert result.returncode == (4 if verdict(result.stdout).startswith("INCONCLUSIVE") else 0), (
+        result.stderr
+    )
     line = verdict(result.stdout)
     assert re.match(
-        r"(NO CHANGE|INCONCLUSIVE): median step time \(recorded steps\) .* \(\+0\.000 ms, \+0\.0%, 95% CI ", line
+        r"(NO CHANGE|INCONCLUSIVE): median step time \(recorded steps\) .* \(\+0\.000 ms, \+0\.0%, "
+        r"95% CI ",
+        line,
     )
     assert ("stepcli: warning: inconclusive" in result.stderr) == line.startswith("INCONCLUSIVE")
     assert "aten::" in result.stdout  # the operator table
 
 
 def test_trace_vs_slower_trace_is_a_regression(traces: Path) -> None:
-    # GIVEN the same program with a 100 ms sleep per step WHEN compared THEN exit 1 with the delta shown.
+    # GIVEN the same program with a 100 ms sleep per step WHEN compared THEN exit 1 with the delta
+    # shown.
     result = run_stepcli("compare", one_trace(traces / "fast"), one_trace(traces / "slow"), *FLOOR)
     assert result.returncode == 1, result.stdout + result.stderr
     line = verdict(result.stdout)
@@ -163,7 +175,8 @@ def test_empty_folder_and_stepless_trace_measure_nothing(traces: Path, tmp_path:
     write_json(empty / "summary.json", run_summary(untouched=None, profiled=None, steps=0))
     (empty / ".stepcli").mkdir()
     write_json(empty / ".stepcli" / "w.1.steps.json", {"steps": []})
-    # The run summary in the folder speaks for the run (it has every step, a trace only the recorded ones).
+    # The run summary in the folder speaks for the run (it has every step, a trace only the recorded
+    # ones).
     result = run_stepcli("compare", traces / "fast", empty)
     assert result.returncode == 3, result.stdout + result.stderr
     assert "summary.json has 0 steps" in verdict(result.stdout)
@@ -178,13 +191,18 @@ def test_run_summary_vs_trace_says_what_it_compared(traces: Path, tmp_path: Path
     result = run_stepcli("compare", summary, traces / "slow", *FLOOR)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "(profiled/recorded steps)" in verdict(result.stdout)
-    assert "compared the run's profiled (warmup+recorded) steps with the trace's recorded steps" in result.stdout
+    assert (
+        "compared the run's profiled (warmup+recorded) steps with the trace's recorded steps"
+        in result.stdout
+    )
 
 
 def test_bad_trace_files(tmp_path: Path) -> None:
     truncated = tmp_path / "truncated.pt.trace.json"
     truncated.write_text('{"schemaVersion": 1, "traceEvents": [{"ph": "X", "name": "a"')
-    assert_bad_input(run_stepcli("compare", truncated, truncated), "truncated.pt.trace.json", "truncated JSON")
+    assert_bad_input(
+        run_stepcli("compare", truncated, truncated), "truncated.pt.trace.json", "truncated JSON"
+    )
     corrupt = tmp_path / "corrupt.pt.trace.json.gz"
     corrupt.write_bytes(gzip.compress(b'{"traceEvents": []}')[:-8] + b"garbage!")
     assert_bad_input(run_stepcli("compare", corrupt, corrupt), "corrupt.pt.trace.json.gz")
@@ -219,7 +237,14 @@ def run_summary(
             "profiled": None if profiled is None else stats(profiled, 4),
         },
         "top_operators": [
-            {"name": "aten::addmm", "calls": 12, "self_ms": 4.0, "total_ms": 6.0, "avg_ms": 0.5, "self_share": 0.4},
+            {
+                "name": "aten::addmm",
+                "calls": 12,
+                "self_ms": 4.0,
+                "total_ms": 6.0,
+                "avg_ms": 0.5,
+                "self_share": 0.4,
+            },
             {
                 "name": "Optimizer.step#SGD.step",
                 "calls": 4,
@@ -244,13 +269,22 @@ def write_json(path: Path, doc: Any) -> Path:
 def summaries(tmp_path: Path) -> dict[str, Path]:
     slow_ops = run_summary(untouched=20.0, profiled=26.0)
     slow_ops["top_operators"].append(
-        {"name": "aten::sleepy", "calls": 4, "self_ms": 40.0, "total_ms": 40.0, "avg_ms": 10.0, "self_share": 0.6}
+        {
+            "name": "aten::sleepy",
+            "calls": 4,
+            "self_ms": 40.0,
+            "total_ms": 40.0,
+            "avg_ms": 10.0,
+            "self_share": 0.6,
+        }
     )
     return {
         "base": write_json(tmp_path / "base.json", run_summary()),
         "noisy": write_json(tmp_path / "noisy.json", run_summary(untouched=10.9, profiled=30.0)),
         "slow": write_json(tmp_path / "slow.json", slow_ops),
-        "zero": write_json(tmp_path / "zero.json", run_summary(untouched=None, profiled=None, steps=0)),
+        "zero": write_json(
+            tmp_path / "zero.json", run_summary(untouched=None, profiled=None, steps=0)
+        ),
     }
 
 
@@ -258,13 +292,15 @@ def test_run_summary_against_itself_passes(summaries: dict[str, Path]) -> None:
     result = run_stepcli("compare", summaries["base"], summaries["base"])
     assert result.returncode == 0, result.stdout + result.stderr
     assert verdict(result.stdout) == (
-        "NO CHANGE: median step time (untouched steps) 10.000 ms -> 10.000 ms (+0.000 ms, +0.0%) is within the allowed "
-        "+1.000 ms (larger of tolerance 10% of baseline = 1.000 ms and --min-delta-ms 0.000)"
+        "NO CHANGE: median step time (untouched steps) 10.000 ms -> 10.000 ms (+0.000 ms, +0.0%) "
+        "is within the allowed +1.000 ms (larger of tolerance 10% of baseline = 1.000 ms and "
+        "--min-delta-ms 0.000)"
     )
 
 
 def test_profiler_overhead_does_not_decide(summaries: dict[str, Path]) -> None:
-    # GIVEN untouched +9% but profiled steps +130% WHEN compared at 10% THEN it passes: untouched steps decide.
+    # GIVEN untouched +9% but profiled steps +130% WHEN compared at 10% THEN it passes: untouched
+    # steps decide.
     result = run_stepcli("compare", summaries["base"], summaries["noisy"], "--tolerance", "0.1")
     assert result.returncode == 0, result.stdout
     assert "+130.8%" in result.stdout  # the profiled row is still shown
@@ -276,12 +312,18 @@ def test_run_summary_regression_shows_numbers_and_new_ops(summaries: dict[str, P
     result = run_stepcli("compare", summaries["base"], summaries["slow"], "--min-delta-ms", "2")
     assert result.returncode == 1, result.stdout + result.stderr
     assert verdict(result.stdout).startswith(
-        "REGRESSION: median step time (untouched steps) 10.000 ms -> 20.000 ms (+10.000 ms, +100.0%) exceeds the allowed +2.000 ms"
+        "REGRESSION: median step time (untouched steps) 10.000 ms -> 20.000 ms (+10.000 ms, "
+        "+100.0%) exceeds the allowed +2.000 ms"
     )
     sleepy = next(line for line in result.stdout.splitlines() if "aten::sleepy" in line)
     assert "not in baseline top" in sleepy  # a run summary keeps only its top operators
     # A floor above the delta turns it into a pass: both conditions must hold.
-    assert run_stepcli("compare", summaries["base"], summaries["slow"], "--min-delta-ms", "10").returncode == 0
+    assert (
+        run_stepcli(
+            "compare", summaries["base"], summaries["slow"], "--min-delta-ms", "10"
+        ).returncode
+        == 0
+    )
 
 
 def test_zero_step_run_measures_nothing(summaries: dict[str, Path]) -> None:
@@ -306,7 +348,10 @@ def test_zero_step_run_measures_nothing(summaries: dict[str, Path]) -> None:
         ("[1, 2, 3]", ["neither a stepcli run summary"]),
         ('{"schema": "other.tool", "schema_version": 1}', ["unknown document schema 'other.tool'"]),
         (json.dumps(run_summary(schema_version=3)), ["unsupported run summary schema_version 3"]),
-        (json.dumps(run_summary(step_time_ms={"untouched": {"median": "fast"}})), ["not a valid stepcli run summary"]),
+        (
+            json.dumps(run_summary(step_time_ms={"untouched": {"median": "fast"}})),
+            ["not a valid stepcli run summary"],
+        ),
     ],
 )
 def test_bad_inputs_exit_2_with_one_line(
@@ -322,14 +367,18 @@ def test_bad_inputs_exit_2_with_one_line(
 @pytest.mark.parametrize("tolerance", ["10", "ten", "-5%", "1.5", ""])
 def test_bad_tolerance_is_a_usage_error(summaries: dict[str, Path], tolerance: str) -> None:
     assert_bad_input(
-        run_stepcli("compare", summaries["base"], summaries["base"], "--tolerance", tolerance), "--tolerance"
+        run_stepcli("compare", summaries["base"], summaries["base"], "--tolerance", tolerance),
+        "--tolerance",
     )
 
 
 def test_bad_metric_and_min_delta_are_usage_errors(summaries: dict[str, Path]) -> None:
-    assert_bad_input(run_stepcli("compare", summaries["base"], summaries["base"], "--metric", "p99"), "--metric")
     assert_bad_input(
-        run_stepcli("compare", summaries["base"], summaries["base"], "--min-delta-ms", "-1"), "--min-delta-ms"
+        run_stepcli("compare", summaries["base"], summaries["base"], "--metric", "p99"), "--metric"
+    )
+    assert_bad_input(
+        run_stepcli("compare", summaries["base"], summaries["base"], "--min-delta-ms", "-1"),
+        "--min-delta-ms",
     )
 
 
@@ -350,13 +399,27 @@ def test_markdown_file_is_valid_tables(summaries: dict[str, Path], tmp_path: Pat
     assert "**REGRESSION**: median step time" in text
 
 
-def test_markdown_replaces_only_a_report_compare_wrote(summaries: dict[str, Path], tmp_path: Path) -> None:
-    # GIVEN a report compare wrote before (a CI job run again) WHEN written again THEN it is replaced
+def test_markdown_replaces_only_a_report_compare_wrote(
+    summaries: dict[str, Path], tmp_path: Path
+) -> None:
+    # GIVEN a report compare wrote before (a CI job run again) WHEN written again THEN it is
+    # replaced
     report = tmp_path / "report.md"
-    assert run_stepcli("compare", summaries["base"], summaries["slow"], "--markdown", report).returncode == 1
-    assert run_stepcli("compare", summaries["base"], summaries["base"], "--markdown", report).returncode == 0
+    assert (
+        run_stepcli(
+            "compare", summaries["base"], summaries["slow"], "--markdown", report
+        ).returncode
+        == 1
+    )
+    assert (
+        run_stepcli(
+            "compare", summaries["base"], summaries["base"], "--markdown", report
+        ).returncode
+        == 0
+    )
     assert report.read_text().startswith("### stepcli compare: NO CHANGE")
-    # GIVEN anything else at the path: the user's note, the baseline itself, a link to a file, a FIFO, a folder
+    # GIVEN anything else at the path: the user's note, the baseline itself, a link to a file, a
+    # FIFO, a folder
     note = tmp_path / "notes.md"
     note.write_text("# my notes\n")
     baseline = tmp_path / "baseline.json"
@@ -370,35 +433,54 @@ def test_markdown_replaces_only_a_report_compare_wrote(summaries: dict[str, Path
         for p in (note, baseline, link, fifo)
     }
     for target in (note, baseline, link, fifo):
-        # WHEN it is the --markdown path THEN one line, exit 2, before anything is compared, and nothing replaced
-        result = run_stepcli("compare", baseline, summaries["slow"], "--markdown", target, timeout=60)
+        # WHEN it is the --markdown path THEN one line, exit 2, before anything is compared, and
+        # nothing replaced
+        result = run_stepcli(
+            "compare", baseline, summaries["slow"], "--markdown", target, timeout=60
+        )
         assert_bad_input(result, f"{target}: ", "--markdown FILE")
-    assert_bad_input(run_stepcli("compare", baseline, summaries["slow"], "--markdown", tmp_path), "--markdown")
+    assert_bad_input(
+        run_stepcli("compare", baseline, summaries["slow"], "--markdown", tmp_path), "--markdown"
+    )
     assert (
         "was not written by stepcli compare"
         in run_stepcli("compare", baseline, baseline, "--markdown", baseline).stderr
     )
-    after = {p: (p.lstat().st_mode, p.read_bytes() if p.is_file() and not p.is_symlink() else b"") for p in before}
+    after = {
+        p: (p.lstat().st_mode, p.read_bytes() if p.is_file() and not p.is_symlink() else b"")
+        for p in before
+    }
     assert after == before
     assert os.readlink(link) == str(report)
 
 
-def test_a_fifo_as_the_github_job_summary_never_hangs_the_gate(summaries: dict[str, Path], tmp_path: Path) -> None:
+def test_a_fifo_as_the_github_job_summary_never_hangs_the_gate(
+    summaries: dict[str, Path], tmp_path: Path
+) -> None:
     fifo = tmp_path / "summary"
     os.mkfifo(fifo)  # no reader: an ordinary open for writing would wait forever
     result = run_stepcli(
-        "compare", summaries["base"], summaries["slow"], env={"GITHUB_STEP_SUMMARY": str(fifo)}, timeout=60
+        "compare",
+        summaries["base"],
+        summaries["slow"],
+        env={"GITHUB_STEP_SUMMARY": str(fifo)},
+        timeout=60,
     )
     assert result.returncode == 1, result.stderr  # the verdict is unchanged
     assert "could not append to GITHUB_STEP_SUMMARY" in result.stderr
 
 
-def test_the_github_job_summary_is_never_appended_to_an_input(summaries: dict[str, Path], tmp_path: Path) -> None:
+def test_the_github_job_summary_is_never_appended_to_an_input(
+    summaries: dict[str, Path], tmp_path: Path
+) -> None:
     # GIVEN GITHUB_STEP_SUMMARY pointing at the baseline itself (a variable mixed up in the job)
     baseline = tmp_path / "baseline.json"
     baseline.write_bytes(summaries["base"].read_bytes())
-    result = run_stepcli("compare", baseline, summaries["slow"], env={"GITHUB_STEP_SUMMARY": str(baseline)})
-    # THEN the verdict stands, the baseline is untouched (it stays valid JSON), and a warning says why
+    result = run_stepcli(
+        "compare", baseline, summaries["slow"], env={"GITHUB_STEP_SUMMARY": str(baseline)}
+    )
+    # THEN the verdict stands, the baseline is untouched (it stays valid JSON), and a warning says
+    # why
     assert result.returncode == 1, result.stderr
     assert baseline.read_bytes() == summaries["base"].read_bytes()
     assert f"GITHUB_STEP_SUMMARY {baseline} is one of the inputs" in result.stderr
@@ -407,11 +489,17 @@ def test_the_github_job_summary_is_never_appended_to_an_input(summaries: dict[st
 def test_the_deciding_mark_never_wraps_onto_a_row_of_its_own() -> None:
     # GIVEN README's own example, whose step times are too wide for "<- decides" at 80 columns
     examples = Path(__file__).parents[2] / "docs" / "examples"
-    result = run_stepcli("compare", examples / "base.json", examples / "bigbatch.json", env={"COLUMNS": "80"})
+    result = run_stepcli(
+        "compare", examples / "base.json", examples / "bigbatch.json", env={"COLUMNS": "80"}
+    )
     lines = result.stdout.splitlines()
     # THEN no table row holds the word alone; the short mark is explained under the table
-    assert not [line for line in lines if line.replace("│", "").split() == ["decides"]], result.stdout
-    assert any(line.endswith("│ <- │") for line in lines) and "<- the statistic that decides" in lines
+    assert not [line for line in lines if line.replace("│", "").split() == ["decides"]], (
+        result.stdout
+    )
+    assert (
+        any(line.endswith("│ <- │") for line in lines) and "<- the statistic that decides" in lines
+    )
     assert all(len(line) <= 80 for line in lines)
 
 
@@ -434,36 +522,74 @@ def test_github_step_summary_is_appended(summaries: dict[str, Path], tmp_path: P
     # THEN both reports follow the earlier content, which is untouched
     text = job_summary.read_text()
     assert text.startswith("# Earlier step\n\nkeep me\n")
-    assert text.index("### stepcli compare: NO CHANGE") < text.index("### stepcli compare: NOTHING MEASURED")
+    assert text.index("### stepcli compare: NO CHANGE") < text.index(
+        "### stepcli compare: NOTHING MEASURED"
+    )
     assert len(markdown_tables(text)) >= 3
 
 
 def test_steps_without_time_are_nothing_measured(tmp_path: Path) -> None:
-    # GIVEN traces whose 12 steps all last 0 us (a clock that did not move), and one whose steps take 10 us
+    # GIVEN traces whose 12 steps all last 0 us (a clock that did not move), and one whose steps
+    # take 10 us
     def steps_trace(name: str, dur: float) -> Path:
         events = []
         for step in range(12):
-            events.append({"name": f"ProfilerStep#{step}", "ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1})
+            events.append(
+                {
+                    "name": f"ProfilerStep#{step}",
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "pid": 1,
+                    "tid": 1,
+                }
+            )
             events[-1].update(ts=step * 100, dur=dur)
         path = tmp_path / name
         path.write_text(json.dumps({"traceEvents": events}))
         return path
 
-    frozen, other, timed = steps_trace("frozen.json", 0), steps_trace("other.json", 0), steps_trace("timed.json", 10)
-    # WHEN compared THEN nothing was measured (exit 3), never NO CHANGE (+0 ms within tolerance) nor a -100% change
+    frozen, other, timed = (
+        steps_trace("frozen.json", 0),
+        steps_trace("other.json", 0),
+        steps_trace("timed.json", 10),
+    )
+    # WHEN compared THEN nothing was measured (exit 3), never NO CHANGE (+0 ms within tolerance) nor
+    # a -100% change
     for base, current in ((frozen, other), (timed, frozen)):
         result = run_stepcli("compare", base, current)
         assert result.returncode == 3, result.stdout
-        assert "NOTHING MEASURED" in result.stdout and "only recorded steps of 0 ms" in result.stdout
+        assert (
+            "NOTHING MEASURED" in result.stdout and "only recorded steps of 0 ms" in result.stdout
+        )
 
 
-def test_traces_with_no_operator_in_common_are_said_to_be_different_programs(tmp_path: Path) -> None:
+def test_traces_with_no_operator_in_common_are_said_to_be_different_programs(
+    tmp_path: Path,
+) -> None:
     def trace_of(name: str, op: str) -> Path:
         events = []
         for step in range(12):
-            events.append({"name": f"ProfilerStep#{step}", "ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1})
+            events.append(
+                {
+                    "name": f"ProfilerStep#{step}",
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "pid": 1,
+                    "tid": 1,
+                }
+            )
             events[-1].update(ts=step * 100, dur=50)
-            events.append({"name": op, "ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": step * 100 + 1, "dur": 40})
+            events.append(
+                {
+                    "name": op,
+                    "ph": "X",
+                    "cat": "cpu_op",
+                    "pid": 1,
+                    "tid": 1,
+                    "ts": step * 100 + 1,
+                    "dur": 40,
+                }
+            )
         path = tmp_path / name
         path.write_text(json.dumps({"traceEvents": events}))
         return path
@@ -471,4 +597,7 @@ def test_traces_with_no_operator_in_common_are_said_to_be_different_programs(tmp
     train, serve = trace_of("train.json", "aten::mm"), trace_of("serve.json", "aten::conv2d")
     result = run_stepcli("compare", train, serve)
     assert "stepcli: warning: baseline and current have no operator in common" in result.stderr
-    assert "no operator in common" not in run_stepcli("compare", train, trace_of("again.json", "aten::mm")).stderr
+    assert (
+        "no operator in common"
+        not in run_stepcli("compare", train, trace_of("again.json", "aten::mm")).stderr
+    )

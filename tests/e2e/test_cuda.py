@@ -1,10 +1,11 @@
-"""Real CUDA runs: one-GPU training, AMP with GradScaler, and a 2-process DDP run (NCCL on two GPUs, else gloo
-sharing one). Skipped, with the reason, where CUDA is absent; run them with `python -m pytest -q -s
-tests/e2e/test_cuda.py` to see the figures each test prints (step times, top kernels, device busy share, trace sizes).
+"""Real CUDA runs: one-GPU training, AMP with GradScaler, and a 2-process DDP run (NCCL on two GPUs,
+else gloo sharing one). Skipped, with the reason, where CUDA is absent; run them with `python -m
+pytest -q -s tests/e2e/test_cuda.py` to see the figures each test prints (step times, top kernels,
+device busy share, trace sizes).
 
-They assert on what torch's Kineto writes for a GPU: device events (`cat` "kernel", "gpu_memcpy"), the
-runtime/driver calls that launched them ("cuda_runtime"/"cuda_driver"), and on stepcli's kernel table, device
-busy share, CUDA peak memory and step annotations built from them.
+They assert on what torch's Kineto writes for a GPU: device events (`cat` "kernel", "gpu_memcpy"),
+the runtime/driver calls that launched them ("cuda_runtime"/"cuda_driver"), and on stepcli's kernel
+table, device busy share, CUDA peak memory and step annotations built from them.
 """
 
 from __future__ import annotations
@@ -24,13 +25,18 @@ from conftest import load_trace, profiler_steps, run_stepcli, stepcli_env, trace
 
 @functools.lru_cache(maxsize=1)
 def _gpus() -> tuple[int, str]:
-    """(CUDA devices torch sees, why none): asked in a subprocess, so the test process never initializes CUDA."""
+    """(CUDA devices torch sees, why none): asked in a subprocess, so the test process never
+    initializes CUDA."""
     if not (os.path.exists("/proc/driver/nvidia") or shutil.which("nvidia-smi")):
         return 0, "no NVIDIA driver on this machine"
     probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
     try:
         done = subprocess.run(
-            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=stepcli_env()
+            [sys.executable, "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=stepcli_env(),
         )
         count = int(done.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, ValueError, IndexError, OSError) as exc:
@@ -63,7 +69,8 @@ TRAIN_GPU = """
     torch.cuda.synchronize()
     print(torch.cuda.max_memory_allocated())
 """
-PARAM_BYTES = (1024 * 4096 + 4096 + 4096 * 1024 + 1024) * 4  # float32 weights and biases of TRAIN_GPU's model
+# float32 weights and biases of TRAIN_GPU's model
+PARAM_BYTES = (1024 * 4096 + 4096 + 4096 * 1024 + 1024) * 4
 
 
 def _events(trace: Path) -> list[dict[str, Any]]:
@@ -82,34 +89,46 @@ def _report(title: str, summary: dict[str, Any]) -> None:
         stats = times.get(key)
         if stats:
             print(
-                f"  {key:10} n={stats['count']} median {stats['median']:.3f} ms  p90 {stats['p90']:.3f} ms  "
-                f"min {stats['min']:.3f} ms  max {stats['max']:.3f} ms"
+                f"  {key:10} n={stats['count']} median {stats['median']:.3f} ms  p90 "
+                f"{stats['p90']:.3f} ms  min {stats['min']:.3f} ms  max {stats['max']:.3f} ms"
             )
     device = summary.get("device")
     if device:
-        print(f"  device busy {device['busy_ms']:.3f} ms per recorded step, share {device['busy_share']:.1%}")
+        print(
+            f"  device busy {device['busy_ms']:.3f} ms per recorded step, share "
+            f"{device['busy_share']:.1%}"
+        )
     print(
-        f"  CUDA peak {summary['peak_memory']['cuda_bytes']} bytes, RSS peak {summary['peak_memory']['rss_bytes']} bytes"
+        f"  CUDA peak {summary['peak_memory']['cuda_bytes']} bytes, RSS peak "
+        f"{summary['peak_memory']['rss_bytes']} bytes"
     )
     for kernel in summary["top_kernels"][:5]:
-        print(f"  kernel {kernel['self_ms']:9.3f} ms  {kernel['calls']:5} calls  {kernel['name'][:90]}")
+        print(
+            f"  kernel {kernel['self_ms']:9.3f} ms  {kernel['calls']:5} calls  "
+            f"{kernel['name'][:90]}"
+        )
     for window in summary["windows"]:
         print(
             f"  trace {window['worker']} steps {window['first_step']}-{window['last_step']}: "
             f"{window['bytes']} bytes {Path(window['trace']).name}"
         )
     if summary.get("breakdown_ms"):
-        print("  breakdown " + ", ".join(f"{k} {v:.3f} ms" for k, v in summary["breakdown_ms"].items()))
+        print(
+            "  breakdown "
+            + ", ".join(f"{k} {v:.3f} ms" for k, v in summary["breakdown_ms"].items())
+        )
     for rank in summary.get("ranks", []):
         if rank["step_ms"]:
             print(
-                f"  rank {rank['rank']}: median {rank['step_ms']['median']:.3f} ms over {rank['step_ms']['count']} steps"
+                f"  rank {rank['rank']}: median {rank['step_ms']['median']:.3f} ms over "
+                f"{rank['step_ms']['count']} steps"
             )
 
 
 @pytest.fixture(scope="module")
 def gpu_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One `stepcli run` of a one-GPU training loop, recording steps 2-4 with every activity torch offers."""
+    """One `stepcli run` of a one-GPU training loop, recording steps 2-4 with every activity torch
+    offers."""
     tmp = tmp_path_factory.mktemp("cuda")
     script = write_script(tmp, "train_gpu.py", TRAIN_GPU)
     out = tmp / "out"
@@ -126,24 +145,34 @@ def test_one_gpu_trace_holds_kernels_copies_and_their_launches(gpu_run: dict[str
     events = _events(trace)
     kernels = [e for e in events if e.get("cat") == "kernel"]
     copies = [e for e in events if e.get("cat") == "gpu_memcpy"]
-    launches = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and "Launch" in e["name"]]
+    launches = [
+        e
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "Launch" in e["name"]
+    ]
     assert len(kernels) >= 3 * 10  # forward, backward and optimizer kernels of three steps
     assert len(copies) >= 3  # at least the host-to-device copy of each recorded step
     assert len(launches) >= len(kernels) // 2
     assert any("elementwise_kernel" in k["name"] for k in kernels)  # ReLU, square, ...
     assert all(k["dur"] >= 0 for k in kernels) and sum(k["dur"] for k in kernels) > 0
     # every kernel ran on the GPU lane of the trace, not the CPU's
-    assert {k.get("pid") for k in kernels}.isdisjoint({e.get("pid") for e in events if e.get("cat") == "cpu_op"})
+    assert {k.get("pid") for k in kernels}.isdisjoint(
+        {e.get("pid") for e in events if e.get("cat") == "cpu_op"}
+    )
 
 
-def test_one_gpu_summary_has_kernel_table_device_busy_and_cuda_peak(gpu_run: dict[str, Any]) -> None:
+def test_one_gpu_summary_has_kernel_table_device_busy_and_cuda_peak(
+    gpu_run: dict[str, Any],
+) -> None:
     summary = gpu_run["summary"]
     (trace,) = trace_files(gpu_run["out"])
     kernels = summary["top_kernels"]
     assert kernels and all(k["self_ms"] > 0 and k["calls"] > 0 for k in kernels)
     device_names = {e["name"] for e in _device_events(trace)}
-    assert {k["name"] for k in kernels} <= device_names  # rows are the trace's own kernels and copies
-    assert all(op["name"] not in device_names for op in summary["top_operators"])  # never mixed with CPU ops
+    # rows are the trace's own kernels and copies
+    assert {k["name"] for k in kernels} <= device_names
+    # never mixed with CPU ops
+    assert all(op["name"] not in device_names for op in summary["top_operators"])
     device = summary["device"]
     assert 0 < device["busy_share"] <= 1 and device["busy_ms"] > 0
     # the program's own torch.cuda.max_memory_allocated() is what stepcli reports as the CUDA peak
@@ -211,16 +240,25 @@ def test_amp_with_grad_scaler(tmp_path: Path) -> None:
             scaler.update()
             opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
-    """,
+    """,  # noqa: E501
     )
     out = tmp_path / "out"
     result = run_stepcli(
-        "run", "--record-shapes", "-o", out, "--json", tmp_path / "run.json", script, cwd=tmp_path, timeout=600
+        "run",
+        "--record-shapes",
+        "-o",
+        out,
+        "--json",
+        tmp_path / "run.json",
+        script,
+        cwd=tmp_path,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "run.json").read_text())
     _report("AMP float16 + GradScaler, 10 steps, recording 2-4", summary)
-    # THEN each GradScaler.step counts once, whether or not it skipped opt.step() on inf/NaN gradients
+    # THEN each GradScaler.step counts once, whether or not it skipped opt.step() on inf/NaN
+    # gradients
     assert summary["steps"] == {"global": 10, "requesters": {"SGD#0": 10}}
     (trace,) = trace_files(out)
     assert profiler_steps(trace) == [2, 3, 4]
@@ -266,7 +304,7 @@ def test_ddp_two_processes(tmp_path: Path) -> None:
         torch.cuda.synchronize()
         dist.barrier()
         dist.destroy_process_group()
-    """,
+    """,  # noqa: E501
     )
     out = tmp_path / "out"
     result = run_stepcli(
@@ -288,7 +326,9 @@ def test_ddp_two_processes(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "run.json").read_text())
-    _report(f"DDP, 2 processes, {'NCCL' if gpus >= 2 else 'gloo on one GPU'}, recording 2-4", summary)
+    _report(
+        f"DDP, 2 processes, {'NCCL' if gpus >= 2 else 'gloo on one GPU'}, recording 2-4", summary
+    )
     # THEN one trace per rank, each with the steps and that rank's GPU work
     traces = trace_files(out)
     assert sorted(t.name.split(".")[0] for t in traces) == ["rank0", "rank1"]
@@ -298,9 +338,12 @@ def test_ddp_two_processes(tmp_path: Path) -> None:
     assert sorted(p["worker"] for p in summary["processes"]) == ["rank0", "rank1"]
     assert all(p["cuda_peak_bytes"] and p["cuda_peak_bytes"] > 0 for p in summary["processes"])
     assert sorted(r["rank"] for r in summary["ranks"]) == [0, 1]
-    # equal work on both ranks: a straggler is named only when one rank's compute stands out, with its evidence
+    # equal work on both ranks: a straggler is named only when one rank's compute stands out, with
+    # its evidence
     assert summary["slowest_rank"] in (None, 0, 1)
-    assert all(r["compute_ms"] is not None and r["comm_ms"] is not None for r in summary["ranks"]), summary["ranks"]
+    assert all(
+        r["compute_ms"] is not None and r["comm_ms"] is not None for r in summary["ranks"]
+    ), summary["ranks"]
     assert 0 < summary["device"]["busy_share"] <= 1
     if gpus >= 2:  # NCCL's all-reduce runs as a kernel of its own
         names = {e["name"] for trace in traces for e in _device_events(trace)}

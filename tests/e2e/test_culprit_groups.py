@@ -1,6 +1,6 @@
 """`stepcli table --json` and `stepcli merge` on a folder of 4 NCCL-style rank traces in tensor- and
-data-parallel process groups (tests/nccl_groups.py): each collective is matched among its group's members, the
-late rank is named, and only the members of its groups are charged waits."""
+data-parallel process groups (tests/nccl_groups.py): each collective is matched among its group's
+members, the late rank is named, and only the members of its groups are charged waits."""
 
 from __future__ import annotations
 
@@ -38,23 +38,35 @@ def test_table_names_the_late_rank_inside_its_process_group(tmp_path: Path) -> N
     merged = tmp_path / "all.json"
     proc = run_stepcli("merge", folder, "-o", merged)
     assert proc.returncode == 0, proc.stderr
-    arrows = [e for e in json.loads(merged.read_text())["traceEvents"] if e.get("cat") == "stepcli_culprit"]
+    arrows = [
+        e
+        for e in json.loads(merged.read_text())["traceEvents"]
+        if e.get("cat") == "stepcli_culprit"
+    ]
     # one waiting member per collective (groups of two), not every other rank of the job
     assert sum(1 for e in arrows if e["ph"] == "s") == 4 * STEPS
 
 
-def test_a_rank_late_only_at_its_tensor_parallel_group_is_named_with_the_group(tmp_path: Path) -> None:
-    """Rank 3 late only before its TP all-reduce (the DP one comes first): last at half its collectives, and at
-    every one of TP group "2": named with the group in the terminal line and the JSON."""
+def test_a_rank_late_only_at_its_tensor_parallel_group_is_named_with_the_group(
+    tmp_path: Path,
+) -> None:
+    """Rank 3 late only before its TP all-reduce (the DP one comes first): last at half its
+    collectives, and at every one of TP group "2": named with the group in the terminal line and the
+    JSON."""
     folder = tmp_path / "ranks"
     write_group_traces(folder, dp_first=True)
     proc = run_stepcli("table", "--json", folder)
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout)["culprit"]["culprit"]
     assert found["rank"] == 3 and found["last_share"] == 0.5
-    assert found["group"]["name"] == "2" and found["group"]["ranks"] == [2, 3] and found["group"]["last_share"] == 1
+    assert (
+        found["group"]["name"] == "2"
+        and found["group"]["ranks"] == [2, 3]
+        and found["group"]["last_share"] == 1
+    )
     text = run_stepcli("table", folder)
     assert text.returncode == 0, text.stderr
-    assert "culprit: rank 3 arrives last at 100% of the collectives on process group 2 [ranks 2, 3], 30.0 ms/step" in (
-        text.stdout
+    assert (
+        "culprit: rank 3 arrives last at 100% of the collectives on process group 2 [ranks 2, 3], "
+        "30.0 ms/step" in (text.stdout)
     )

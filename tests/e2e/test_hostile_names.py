@@ -1,6 +1,6 @@
-"""Names a program chooses (`record_function`) reach every output: they never drive the reader's terminal
-(control characters are shown as escapes in tables, CSV, Markdown, compare, the run summary and the HTML page) and
-never crash a command."""
+"""Names a program chooses (`record_function`) reach every output: they never drive the reader's
+terminal (control characters are shown as escapes in tables, CSV, Markdown, compare, the run summary
+and the HTML page) and never crash a command."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ BEL_NAME = "ring\x07bell"
 BIDI_NAME = "evil\u202eop"
 HUGE_REGION = "Torch-Compiled Region: 0/" + "1" * 4400  # over int()'s 4,300-digit limit
 
-# torch's Kineto writes a name holding control characters as "unknown", but a long digit run it keeps as it is.
+# torch's Kineto writes a name holding control characters as "unknown", but a long digit run it
+# keeps as it is.
 _SCRIPT = f"""
     import time
     import torch
@@ -30,11 +31,17 @@ _SCRIPT = f"""
         model(torch.randn(4, 8)).sum().backward()
         opt.step()
 """
-# Any trace handed to `table`, `compare` or `report` can hold any name: the run's trace with three renamed.
-RENAMES = {"Optimizer.step#SGD.step": ESC_NAME, "aten::addmm": BEL_NAME, "Optimizer.zero_grad#SGD.zero_grad": BIDI_NAME}
+# Any trace handed to `table`, `compare` or `report` can hold any name: the run's trace with three
+# renamed.
+RENAMES = {
+    "Optimizer.step#SGD.step": ESC_NAME,
+    "aten::addmm": BEL_NAME,
+    "Optimizer.zero_grad#SGD.zero_grad": BIDI_NAME,
+}
 
 RAW = ("\x1b", "\x07", "\u202e")
-OUT = "out\x1b[31m"  # the output folder's name: the agent's `saved trace ...: PATH` lines and the summary name it
+# the output folder's name: the agent's `saved trace ...: PATH` lines and the summary name it
+OUT = "out\x1b[31m"
 
 
 def _assert_clean(text: str, where: str) -> None:
@@ -44,9 +51,9 @@ def _assert_clean(text: str, where: str) -> None:
 
 @pytest.fixture(scope="module")
 def hostile_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run whose program emits the huge region name, whose command line holds ESC and BEL and whose output
-    folder's name ESC; then `hostile/`,
-    its trace with operators renamed to ESC_NAME, BEL_NAME and BIDI_NAME."""
+    """A run whose program emits the huge region name, whose command line holds ESC and BEL and
+    whose output folder's name ESC; then `hostile/`, its trace with operators renamed to ESC_NAME,
+    BEL_NAME and BIDI_NAME."""
     tmp = tmp_path_factory.mktemp("hostile")
     script = write_script(tmp, "names.py", _SCRIPT)
     out = tmp / OUT
@@ -66,7 +73,8 @@ def test_run_summary_and_report_html_survive_hostile_names(hostile_run: Path) ->
     stderr = (hostile_run / "run.stderr").read_text()
     _assert_clean(stderr, "run summary")
     assert "\\x1b[2J\\x1b[H" in stderr and "ring\\x07bell" in stderr
-    # AND the output folder's name too, in the agent's lines (from inside the program) and in the launcher's
+    # AND the output folder's name too, in the agent's lines (from inside the program) and in the
+    # launcher's
     assert stderr.count("out\\x1b[31m") >= 2 and "saved trace of steps" in stderr
     # AND report.html is written despite the huge region number
     page = hostile_run / OUT / "report.html"
@@ -93,13 +101,15 @@ def test_table_shows_control_characters_as_escapes(hostile_run: Path, flag: str)
     result = run_stepcli("table", hostile_run / "hostile", *([flag] if flag else []))
     assert result.returncode == 0, result.stderr
     _assert_clean(result.stdout + result.stderr, f"table {flag}")
-    assert "x07bell" in result.stdout and "u202eop" in result.stdout  # Markdown doubles the backslash
+    # Markdown doubles the backslash
+    assert "x07bell" in result.stdout and "u202eop" in result.stdout
 
 
 def test_table_json_keeps_the_exact_names(hostile_run: Path) -> None:
     result = run_stepcli("table", hostile_run / "hostile", "--json")
     assert result.returncode == 0, result.stderr
-    assert "\x1b" not in result.stdout and "\x07" not in result.stdout  # JSON escapes them as \\u001b
+    # JSON escapes them as \\u001b
+    assert "\x1b" not in result.stdout and "\x07" not in result.stdout
     names = {op["name"] for op in json.loads(result.stdout)["cpu_ops"]}
     assert {ESC_NAME, BEL_NAME, BIDI_NAME} <= names
 
@@ -109,7 +119,8 @@ def test_compare_shows_control_characters_as_escapes(hostile_run: Path, markdown
     traces = trace_files(hostile_run / "hostile")
     args = ["compare", traces[0], traces[0], *(["--markdown", "-"] if markdown else [])]
     result = run_stepcli(*args)
-    assert result.returncode in (0, 3, 4), result.stderr  # 4: a trace against itself may be inconclusive
+    # 4: a trace against itself may be inconclusive
+    assert result.returncode in (0, 3, 4), result.stderr
     _assert_clean(result.stdout + result.stderr, "compare")
 
 

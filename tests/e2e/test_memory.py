@@ -1,4 +1,5 @@
-"""`stepcli memory` on built snapshots and run folders, and `stepcli run --memory` on a CPU-only torch."""
+"""`stepcli memory` on built snapshots and run folders, and `stepcli run --memory` on a CPU-only
+torch."""
 
 from __future__ import annotations
 
@@ -41,35 +42,47 @@ def test_memory_of_an_oom_snapshot(tmp_path: Path) -> None:
 
 
 def test_odd_figures_in_the_agents_record_are_shown_as_unknown(tmp_path: Path) -> None:
-    # GIVEN the agent's record in a snapshot with free or total memory that is no count of bytes (untrusted input)
+    # GIVEN the agent's record in a snapshot with free or total memory that is no count of bytes
+    # (untrusted input)
     for bad in ("a", float("nan"), -5, True, 2**70, [1]):
         builder, info = fx.oom_in_forward(steps=4)
         path = builder.write(
-            tmp_path / "oom-rank0.pickle", info | {"device_free_bytes": bad, "device_total_bytes": bad}
+            tmp_path / "oom-rank0.pickle",
+            info | {"device_free_bytes": bad, "device_total_bytes": bad},
         )
-        # WHEN shown and written as JSON THEN "?" in the text, null in valid JSON, never an internal error
+        # WHEN shown and written as JSON THEN "?" in the text, null in valid JSON, never an internal
+        # error
         result = run_stepcli("memory", path, cwd=tmp_path)
         assert result.returncode == 0 and result.stderr == "", (bad, result.stderr)
-        assert "failed request: 512.00 MiB, with ? free on the device\n" in result.stdout, (bad, result.stdout)
+        assert "failed request: 512.00 MiB, with ? free on the device\n" in result.stdout, (
+            bad,
+            result.stdout,
+        )
         result = run_stepcli("memory", "--json", path, cwd=tmp_path)
         assert result.returncode == 0, (bad, result.stderr)
-        (report,) = json.loads(result.stdout, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))["snapshots"]
+        (report,) = json.loads(
+            result.stdout, parse_constant=lambda c: pytest.fail(f"{c} in the JSON")
+        )["snapshots"]
         assert report["oom"] == {
             "requested_bytes": 512 * MiB,
             "device_free_bytes": None,
             "device_total_bytes": None,
         }
-    # GIVEN more free on the device than the total torch reported (its cap under set_per_process_memory_fraction)
+    # GIVEN more free on the device than the total torch reported (its cap under
+    # set_per_process_memory_fraction)
     builder, info = fx.oom_in_forward(steps=4)
     path = builder.write(tmp_path / "oom-rank0.pickle", info | {"device_free_bytes": 100 << 30})
     result = run_stepcli("memory", path, cwd=tmp_path)
     # THEN the total is said to be what this process may use
-    assert "with 100.00 GiB free on the device, of which this process may use 8.00 GiB" in result.stdout
+    assert (
+        "with 100.00 GiB free on the device, of which this process may use 8.00 GiB"
+        in result.stdout
+    )
 
 
 def test_a_record_naming_a_negative_device_is_one_line(tmp_path: Path) -> None:
-    # GIVEN a snapshot whose stepcli record names device -1, -5 or 2^40 (issue 47, item 13: -5 exited 70 with
-    # IndexError, -1 silently analysed the last device)
+    # GIVEN a snapshot whose stepcli record names device -1, -5 or 2^40 (issue 47, item 13: -5
+    # exited 70 with IndexError, -1 silently analysed the last device)
     for device in (-1, -5, 2**40):
         builder, info = fx.oom_in_forward(steps=4)
         path = builder.write(tmp_path / "oom-rank0.pickle", info | {"device": device})
@@ -93,7 +106,9 @@ def test_memory_json_of_a_run_folder_with_every_rank(tmp_path: Path) -> None:
     document = json.loads(result.stdout)
     assert document["schema"] == "stepcli.memory" and document["schema_version"] == 1
     first, second = document["snapshots"]
-    assert first["file"].endswith("oom-rank0.pickle") and second["file"].endswith("oom-rank1.pickle.gz")
+    assert first["file"].endswith("oom-rank0.pickle") and second["file"].endswith(
+        "oom-rank1.pickle.gz"
+    )
     assert first["moment"] == {
         "kind": "oom",
         "step": 4,
@@ -104,16 +119,22 @@ def test_memory_json_of_a_run_folder_with_every_rank(tmp_path: Path) -> None:
     assert [a["rule"] for a in first["advice"]] == ["activations"]
     assert second["leak"]["site"] == {"file": fx.SCRIPT, "line": 31, "function": "main"}
     assert "leak" in [a["rule"] for a in second["advice"]]
-    assert {"parameters", "gradients", "optimizer_state", "activations", "other"} == set(second["split"])
+    assert {"parameters", "gradients", "optimizer_state", "activations", "other"} == set(
+        second["split"]
+    )
 
 
 def test_memory_of_a_fragmented_oom_advises_expandable_segments(tmp_path: Path) -> None:
     builder, info = fx.fragmented()
     result = run_stepcli("memory", builder.write(tmp_path / "frag.pickle", info))
     assert result.returncode == 0, result.stderr
-    assert "advice: fragmentation: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in result.stdout
-    assert "would fit in the 320.00 MiB reserved but unallocated, yet the largest free block is 10.00 MiB" in (
-        result.stdout
+    assert (
+        "advice: fragmentation: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+        in result.stdout
+    )
+    assert (
+        "would fit in the 320.00 MiB reserved but unallocated, yet the largest free block is 10.00 "
+        "MiB" in (result.stdout)
     )
 
 
@@ -172,7 +193,8 @@ class MemoryRun:
 
 @pytest.fixture(scope="module")
 def memory_run(tmp_path_factory: pytest.TempPathFactory) -> MemoryRun:
-    """`stepcli run --memory` of a training loop whose process also starts a second Python that imports torch."""
+    """`stepcli run --memory` of a training loop whose process also starts a second Python that
+    imports torch."""
     tmp = tmp_path_factory.mktemp("memory")
     (tmp / "loop.py").write_text(TRAIN_LOOP.replace("\n    ", "\n"))
     script = write_script(
@@ -189,12 +211,14 @@ def memory_run(tmp_path_factory: pytest.TempPathFactory) -> MemoryRun:
     out = tmp / "out"
     result = run_stepcli("run", "--memory", "--memory-entries", "5000", "-o", out, script, "6")
     page = out / "report.html"
-    return MemoryRun(result, out, sorted(out.glob("oom-*")), page.read_text() if page.exists() else "")
+    return MemoryRun(
+        result, out, sorted(out.glob("oom-*")), page.read_text() if page.exists() else ""
+    )
 
 
 def test_run_memory_on_cpu_only_torch_says_so_once_and_runs(memory_run: MemoryRun) -> None:
-    """--memory with a torch built without CUDA: one line for the whole run (here two processes import torch),
-    and the program runs as without it."""
+    """--memory with a torch built without CUDA: one line for the whole run (here two processes
+    import torch), and the program runs as without it."""
     result = memory_run.result
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("iter ") == 6
@@ -216,12 +240,15 @@ def test_report_shows_the_runs_memory_snapshots(memory_run: MemoryRun) -> None:
     # GIVEN a run's folder (here of the --memory run on a CPU-only torch: it wrote no snapshot)
     out = memory_run.out
     assert memory_run.result.returncode == 0, memory_run.result.stderr
-    assert "</html>" in memory_run.page and 'id="memory-snapshots"' not in memory_run.page  # no snapshot, no section
+    # no snapshot, no section
+    assert "</html>" in memory_run.page and 'id="memory-snapshots"' not in memory_run.page
     # WHEN snapshots land in it (one good, one broken) and `stepcli report` runs again
     builder, info = fx.oom_in_forward(steps=4)
     builder.write(out / "oom-rank0.pickle", info)
-    (out / "oom-rank1.pickle").write_text("cut short")  # a broken snapshot: one line on the page, not a failure
-    # (files the run did not write are never read: its saved summary lists none, so none is shown yet)
+    # a broken snapshot: one line on the page, not a failure
+    (out / "oom-rank1.pickle").write_text("cut short")
+    # (files the run did not write are never read: its saved summary lists none, so none is shown
+    # yet)
     result = run_stepcli("report", out)
     assert result.returncode == 0, result.stderr
     assert 'id="memory-snapshots"' not in (out / "report.html").read_text()
@@ -243,21 +270,25 @@ def test_report_shows_the_runs_memory_snapshots(memory_run: MemoryRun) -> None:
 
 
 def test_real_h200_leak_snapshot_puts_the_leak_first(tmp_path: Path) -> None:
-    """A snapshot recorded by scripts/gpu_check.py on an H200 (torch 2.11, CUDA 13): a loop that keeps each step's
-    forward output in a list until it runs out of memory. The leak holds 74% of the memory: its advice comes first,
-    before activation checkpointing (which would not help), and names the line that made the kept tensors."""
+    """A snapshot recorded by scripts/gpu_check.py on an H200 (torch 2.11, CUDA 13): a loop that
+    keeps each step's forward output in a list until it runs out of memory. The leak holds 74% of
+    the memory: its advice comes first, before activation checkpointing (which would not help), and
+    names the line that made the kept tensors."""
     snapshot = Path(__file__).parent.parent / "data" / "gpu" / "h200_leak_oom.pickle"
     result = run_stepcli("memory", snapshot, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     advice = [line for line in result.stdout.splitlines() if line.startswith("advice:")]
-    assert advice and advice[0].startswith("advice: a leak holds most of the memory (74%)"), result.stdout
+    assert advice and advice[0].startswith("advice: a leak holds most of the memory (74%)"), (
+        result.stdout
+    )
     assert "leak.py:11" in advice[0]
     assert any("activation checkpointing" in line for line in advice[1:])
 
 
 def test_real_h200_batch_doubling_is_no_leak(tmp_path: Path) -> None:
-    """Recorded by scripts/gpu_check.py on an H200: the batch doubles every step until forward runs out of memory.
-    Memory at each step's start grows with the batch, but nothing of an earlier step stays alive: no leak advice."""
+    """Recorded by scripts/gpu_check.py on an H200: the batch doubles every step until forward runs
+    out of memory. Memory at each step's start grows with the batch, but nothing of an earlier step
+    stays alive: no leak advice."""
     snapshot = Path(__file__).parent.parent / "data" / "gpu" / "h200_batch_doubling_oom.pickle"
     result = run_stepcli("memory", snapshot, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -268,10 +299,12 @@ def test_real_h200_batch_doubling_is_no_leak(tmp_path: Path) -> None:
 
 
 def test_real_h200_snapshot_of_issue_47_reads_with_what_is_known_of_it(tmp_path: Path) -> None:
-    """/work/shared/snapshots' H200 snapshot (torch 2.11: every event its own frame dicts), what its README says:
-    an OOM at step 10 in forward, allocated bytes equal to the active blocks, activations over 80%, the top site
-    oom.py:10, no leak."""
-    snapshot = Path(__file__).parent.parent / "data" / "gpu" / "h200_batch_doubling_step10_oom.pickle.gz"
+    """/work/shared/snapshots' H200 snapshot (torch 2.11: every event its own frame dicts), what its
+    README says: an OOM at step 10 in forward, allocated bytes equal to the active blocks,
+    activations over 80%, the top site oom.py:10, no leak."""
+    snapshot = (
+        Path(__file__).parent.parent / "data" / "gpu" / "h200_batch_doubling_step10_oom.pickle.gz"
+    )
     result = run_stepcli("memory", "--json", snapshot, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     (report,) = json.loads(result.stdout)["snapshots"]
@@ -279,41 +312,55 @@ def test_real_h200_snapshot_of_issue_47_reads_with_what_is_known_of_it(tmp_path:
     assert (moment["kind"], moment["step"], moment["phase"]) == ("oom", 10, "forward")
     raw = pickle.loads(gzip.decompress(snapshot.read_bytes()))  # a fixture we trust: plain pickle
     active = [b for s in raw["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
-    assert moment["allocated_bytes"] == sum(b["requested_size"] for b in active)  # the bytes asked for
+    # the bytes asked for
+    assert moment["allocated_bytes"] == sum(b["requested_size"] for b in active)
     assert report["split"]["activations"] > 0.8 * moment["allocated_bytes"]
-    assert report["top_sites"][0]["site"] == {"file": "/home/user/train/oom.py", "line": 10, "function": "<module>"}
+    assert report["top_sites"][0]["site"] == {
+        "file": "/home/user/train/oom.py",
+        "line": 10,
+        "function": "<module>",
+    }
     assert report["leak"] is None and [a["rule"] for a in report["advice"]] == ["activations"]
 
 
 @pytest.fixture(scope="module")
 def long_job_snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A snapshot the size of the long H200 job's of issue 47 (62,000 events, 12 MB), shaped like torch's."""
+    """A snapshot the size of the long H200 job's of issue 47 (62,000 events, 12 MB), shaped like
+    torch's."""
     path = tmp_path_factory.mktemp("long") / "oom-rank0.pickle"
     path.write_bytes(pickle.dumps(fx.torch_shaped(62_000)))
     return path
 
 
 def test_a_long_jobs_snapshot_reads(long_job_snapshot: Path) -> None:
-    # (issue 47) refused after 15 s as "outgrew what the file's size explains": 17x its size is normal
+    # (issue 47) refused after 15 s as "outgrew what the file's size explains": 17x its size is
+    # normal
     result = run_stepcli("memory", "--json", long_job_snapshot)
     assert result.returncode == 0, result.stderr
     (report,) = json.loads(result.stdout)["snapshots"]
     assert report["history_entries"] == 62_000 and report["moment"]["kind"] == "oom"
-    assert all(line.startswith("stepcli: reading oom-rank0.pickle: ") for line in result.stderr.splitlines())
+    assert all(
+        line.startswith("stepcli: reading oom-rank0.pickle: ")
+        for line in result.stderr.splitlines()
+    )
 
 
 def test_max_memory_is_an_absolute_budget(long_job_snapshot: Path) -> None:
     result = run_stepcli("memory", "--max-memory", "1MiB", long_job_snapshot)
     assert result.returncode == 2
     line = _one_error_line(result.stderr)
-    assert "refused: decoding it took more than the 1.0 MiB memory budget" in line and "--max-memory" in line
+    assert (
+        "refused: decoding it took more than the 1.0 MiB memory budget" in line
+        and "--max-memory" in line
+    )
     assert run_stepcli("memory", "--max-memory", "64MiB", long_job_snapshot).returncode == 0
     wrong = run_stepcli("memory", "--max-memory", "lots", long_job_snapshot)
     assert wrong.returncode == 2 and "expected a size of at least 1MiB" in wrong.stderr
 
 
 def test_memory_refuses_a_flood_of_empty_lists_in_one_line(tmp_path: Path) -> None:
-    # (issue 47) 5 million empty lists in 5 MB of a snapshot's device_traces: ~800 MB before the old guard fired
+    # (issue 47) 5 million empty lists in 5 MB of a snapshot's device_traces: ~800 MB before the old
+    # guard fired
     head = pickle.dumps({"segments": [], "device_traces": "PLACEHOLDER"})
     body = b"]" + (b"(" + b"]" * 1000 + b"e") * 5000
     path = tmp_path / "oom-rank0.pickle"

@@ -1,4 +1,5 @@
-"""`stepcli capture RUN --memory-snapshot` on a real running CPU job: no CUDA memory, one line, the job goes on.
+"""`stepcli capture RUN --memory-snapshot` on a real running CPU job: no CUDA memory, one line, the
+job goes on.
 
 The snapshot itself needs CUDA: its writing is checked with the CUDA calls stubbed in
 tests/unit/test_agent_cudamemory.py."""
@@ -15,7 +16,8 @@ from typing import Any
 
 from conftest import run_stepcli, stepcli_env, write_script
 
-# Steps three times, says so in a file, waits (without stepping) until the test says go, then ends with exit 0.
+# Steps three times, says so in a file, waits (without stepping) until the test says go, then ends
+# with exit 0.
 WAITER = """
     import sys
     import time
@@ -39,18 +41,32 @@ def _wait_until(condition: Any, proc: subprocess.Popen[bytes], log: Path, what: 
     deadline = time.monotonic() + LIMIT_S
     while not condition():
         if proc.poll() is not None:
-            raise AssertionError(f"the run ended (exit {proc.returncode}) before {what}:\n{log.read_text()}")
+            raise AssertionError(
+                f"the run ended (exit {proc.returncode}) before {what}:\n{log.read_text()}"
+            )
         if time.monotonic() > deadline:
             raise AssertionError(f"no {what} within {LIMIT_S} s:\n{log.read_text()}")
         time.sleep(0.1)
 
 
-def test_memory_snapshot_of_a_cpu_job_says_no_cuda_memory_exits_3_and_the_job_goes_on(tmp_path: Path) -> None:
+def test_memory_snapshot_of_a_cpu_job_says_no_cuda_memory_exits_3_and_the_job_goes_on(
+    tmp_path: Path,
+) -> None:
     script = write_script(tmp_path, "waiter.py", WAITER)
     marker, go, log, out = tmp_path / "stepped", tmp_path / "go", tmp_path / "log", tmp_path / "out"
     with open(log, "wb") as handle:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "stepcli", "run", "-o", str(out), str(script), str(marker), str(go)],
+            [
+                sys.executable,
+                "-m",
+                "stepcli",
+                "run",
+                "-o",
+                str(out),
+                str(script),
+                str(marker),
+                str(go),
+            ],
             cwd=tmp_path,
             env=stepcli_env(),
             stdout=handle,
@@ -63,7 +79,9 @@ def test_memory_snapshot_of_a_cpu_job_says_no_cuda_memory_exits_3_and_the_job_go
         result = run_stepcli("capture", out, "--memory-snapshot", cwd=tmp_path, timeout=LIMIT_S)
         assert result.returncode == 3, (result.stdout, result.stderr)
         lines = result.stdout.splitlines()
-        assert len(lines) == 1 and lines[0].endswith(": no CUDA memory (its torch has no CUDA)"), result.stdout
+        assert len(lines) == 1 and lines[0].endswith(": no CUDA memory (its torch has no CUDA)"), (
+            result.stdout
+        )
         assert not list(out.glob("memory-*")) and proc.poll() is None
         go.write_text("go")
         assert proc.wait(timeout=LIMIT_S) == 0, log.read_text()

@@ -1,9 +1,10 @@
-"""`stepcli run --memory` on a real GPU: a script that runs out of CUDA memory on purpose (marker `cuda`).
+"""`stepcli run --memory` on a real GPU: a script that runs out of CUDA memory on purpose (marker
+`cuda`).
 
-Skipped, with the reason, where CUDA is absent. The program keeps allocating activations in its forward pass
-until the allocator fails; stepcli must save the snapshot before the error reaches the program (which catches
-it and exits 3, so the error is seen to arrive unchanged), and `stepcli memory` must name the step, the phase
-and the script's line that allocated the most.
+Skipped, with the reason, where CUDA is absent. The program keeps allocating activations in its
+forward pass until the allocator fails; stepcli must save the snapshot before the error reaches the
+program (which catches it and exits 3, so the error is seen to arrive unchanged), and `stepcli
+memory` must name the step, the phase and the script's line that allocated the most.
 """
 
 from __future__ import annotations
@@ -54,12 +55,14 @@ def test_oom_snapshot_names_step_phase_and_site(tmp_path: Path) -> None:
     script = write_script(tmp_path, "oom.py", OOM_SCRIPT)
     out = tmp_path / "out"
     result = run_stepcli("run", "--memory", "--no-report", "-o", out, script, timeout=600)
-    assert result.returncode == 3, result.stderr  # the program caught the very OutOfMemoryError torch raised
+    # the program caught the very OutOfMemoryError torch raised
+    assert result.returncode == 3, result.stderr
     assert "caught OutOfMemoryError" in result.stdout
     snapshots = list(out.glob("oom-*.pickle"))
     assert len(snapshots) == 1, result.stderr
     assert "out of CUDA memory at step 3 (forward)" in result.stderr
-    assert snapshots[0].stat().st_mode & 0o777 == 0o600  # allocation stacks and argv: the user's only
+    # allocation stacks and argv: the user's only
+    assert snapshots[0].stat().st_mode & 0o777 == 0o600
     (saved,) = out.glob(".stepcli/*/summary.json")  # the run names the snapshot its process wrote
     assert json.loads(saved.read_text())["memory_snapshots"] == [snapshots[0].name]
     done = run_stepcli("memory", "--json", out)

@@ -1,4 +1,5 @@
-"""`stepcli merge` on hostile traces (issue 47): memory bounded as `table`'s on a trace of tiny events."""
+"""`stepcli merge` on hostile traces (issue 47): memory bounded as `table`'s on a trace of tiny
+events."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from pathlib import Path
 from conftest import stepcli_env
 
 _PEAK = (
-    "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
-    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)"
+    "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, "
+    "stdout=subprocess.DEVNULL); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * "
+    "1024)"
 )
 
 
@@ -32,7 +34,7 @@ def test_merge_holds_no_file_of_tiny_events_as_objects(tmp_path: Path) -> None:
     table = _peak_bytes("table", trace)
     merged = tmp_path / "merged.json"
     merge = _peak_bytes("merge", trace, "-o", merged)
-    # THEN merge streams it through table's decoder: its peak memory is table's, plus a few times the text
-    # (it took 25 times the file before, issue 47 item 7), and every event is written
+    # THEN merge streams it through table's decoder: its peak memory is table's, plus a few times
+    # the text (it took 25 times the file before, issue 47 item 7), and every event is written
     assert merge < table + 3 * size, (merge, table, size)
     assert len(json.loads(merged.read_bytes())["traceEvents"]) == 450_000

@@ -1,6 +1,7 @@
-"""Rough edges a newcomer hits (issue 29, items 10-17): 80 columns, one step count everywhere, machine formats whole,
-operator changes compare cannot judge, tracebacks and notes, a clean test retry (a 2-rank job's summary at 80
-columns, its merge hint and what the gc counts cover: test_straggler.py, on its balanced run)."""
+"""Rough edges a newcomer hits (issue 29, items 10-17): 80 columns, one step count everywhere,
+machine formats whole, operator changes compare cannot judge, tracebacks and notes, a clean test
+retry (a 2-rank job's summary at 80 columns, its merge hint and what the gc counts cover:
+test_straggler.py, on its balanced run)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ PIPE_80 = {"COLUMNS": "80"}  # run_stepcli's output is a pipe (no TTY)
 
 
 def test_a_torchrun_retry_starts_with_a_clean_output_folder(tmp_path: Path) -> None:
-    # GIVEN a "torchrun" that dies in torch's gloo teardown the first time, after writing into the output folder
+    # GIVEN a "torchrun" that dies in torch's gloo teardown the first time, after writing into the
+    # output folder
     out = tmp_path / "out"
     counter = tmp_path / "attempts"
     fake = write_script(
@@ -71,11 +73,21 @@ TRAIN = """
 
 @pytest.fixture(scope="module")
 def run80(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """40 steps of a small model with many operators, shapes recorded, summary at 80 columns on a pipe."""
+    """40 steps of a small model with many operators, shapes recorded, summary at 80 columns on a
+    pipe."""
     root = tmp_path_factory.mktemp("newcomer")
     script = write_script(root, "train.py", TRAIN)
     result = run_stepcli(
-        "run", "--record-shapes", "--json", "run.json", "-o", "out", script, "40", cwd=root, env=PIPE_80
+        "run",
+        "--record-shapes",
+        "--json",
+        "run.json",
+        "-o",
+        "out",
+        script,
+        "40",
+        cwd=root,
+        env=PIPE_80,
     )
     assert result.returncode == 0, result.stderr
     return root, result.stderr
@@ -85,11 +97,14 @@ def _summary_lines(stderr: str) -> list[str]:
     return stderr[stderr.index("stepcli summary") :].splitlines()
 
 
-def test_whole_run_lines_fit_80_columns_before_next_and_count_every_step(run80: tuple[Path, str]) -> None:
+def test_whole_run_lines_fit_80_columns_before_next_and_count_every_step(
+    run80: tuple[Path, str],
+) -> None:
     root, stderr = run80
     lines = _summary_lines(stderr)
     whole = [i for i, line in enumerate(lines) if line.startswith("whole run")]
-    assert whole and whole[-1] < lines.index("next:"), lines  # part of the summary, not after `next:`
+    # part of the summary, not after `next:`
+    assert whole and whole[-1] < lines.index("next:"), lines
     text = " ".join(lines[whole[0] :]).split(" advice:")[0].split(" next:")[0]
     # one count everywhere: the terminal's is the record's and report.html's
     record = json.loads((root / "run.json").read_text())["step_record"][0]
@@ -109,14 +124,17 @@ def test_next_points_to_where_a_trace_opens_not_tensorboard(run80: tuple[Path, s
     assert not [line for line in lines if "tensorboard" in line.lower()], lines
 
 
-def test_table_csv_holds_every_operator_and_says_when_limit_cuts_it(run80: tuple[Path, str]) -> None:
+def test_table_csv_holds_every_operator_and_says_when_limit_cuts_it(
+    run80: tuple[Path, str],
+) -> None:
     root, _ = run80
     whole = json.loads(run_stepcli("table", "--json", root / "out").stdout)
     operators = len(whole["cpu_ops"]) + len(whole["device_kernels"])
     assert operators > 20
     result = run_stepcli("table", "--csv", root / "out")
     assert result.returncode == 0, result.stderr
-    assert len(list(csv.DictReader(io.StringIO(result.stdout)))) == operators  # not the terminal's 20
+    # not the terminal's 20
+    assert len(list(csv.DictReader(io.StringIO(result.stdout)))) == operators
     assert "stepcli: note" not in result.stderr
     cut = run_stepcli("table", "--csv", "--limit", "5", root / "out")
     assert len(list(csv.DictReader(io.StringIO(cut.stdout)))) == 5
@@ -142,19 +160,26 @@ def test_group_by_shape_at_80_columns_keeps_rows_apart(run80: tuple[Path, str]) 
         elif keys:  # a shape on the line under its name
             keys[-1] += text
     assert len(keys) >= 10
-    assert len({tuple(key) for key in keys}) == len(keys), keys  # every row can be told from the others
+    # every row can be told from the others
+    assert len({tuple(key) for key in keys}) == len(keys), keys
 
 
-def test_compare_at_80_columns_wraps_and_does_not_judge_operators_on_3_steps(run80: tuple[Path, str]) -> None:
+def test_compare_at_80_columns_wraps_and_does_not_judge_operators_on_3_steps(
+    run80: tuple[Path, str],
+) -> None:
     root, _ = run80
     result = run_stepcli("compare", "run.json", "run.json", cwd=root, env=PIPE_80)
     lines = result.stdout.splitlines()
     assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
-    verdicts = [line for line in lines if re.match(r"(NO CHANGE|IMPROVEMENT|INCONCLUSIVE|REGRESSION): ", line)]
+    verdicts = [
+        line
+        for line in lines
+        if re.match(r"(NO CHANGE|IMPROVEMENT|INCONCLUSIVE|REGRESSION): ", line)
+    ]
     assert len(verdicts) == 1, result.stdout
     assert any(line.startswith("method:   ") for line in lines)
-    # 3 recorded steps: operators cannot be judged, so no change of theirs is printed (+0.0% here, +66% of noise
-    # between two runs), and the note says why
+    # 3 recorded steps: operators cannot be judged, so no change of theirs is printed (+0.0% here,
+    # +66% of noise between two runs), and the note says why
     operators = result.stdout.split("Top operators", 1)[1].split("note:", 1)[0]
     assert "aten::" in operators and "%" not in operators, operators
     assert "operators 20 per side" in " ".join(result.stdout.split())
@@ -171,7 +196,8 @@ def test_a_run_that_measured_nothing_leaves_a_note_in_its_folder(tmp_path: Path)
 
 
 def test_ctrl_c_traceback_shows_no_stepcli_frames(tmp_path: Path) -> None:
-    # GIVEN Ctrl-C arriving inside the program's own code, called from a patched optimizer.step (LBFGS's closure)
+    # GIVEN Ctrl-C arriving inside the program's own code, called from a patched optimizer.step
+    # (LBFGS's closure)
     script = write_script(
         tmp_path,
         "interrupted.py",
@@ -184,7 +210,8 @@ def test_ctrl_c_traceback_shows_no_stepcli_frames(tmp_path: Path) -> None:
         """,
     )
     result = run_stepcli("run", "-q", "-o", tmp_path / "out", script)
-    # THEN the traceback is plain python's: the program's frames and torch's, none of stepcli's wrappers
+    # THEN the traceback is plain python's: the program's frames and torch's, none of stepcli's
+    # wrappers
     assert result.returncode == 130, result.stderr
     frames = re.findall(r'^  File "([^"]+)", line \d+, in (\S+)$', result.stderr, re.M)
     assert frames[0] == (str(script), "<module>") and frames[-1] == (str(script), "closure"), frames
@@ -202,7 +229,9 @@ def test_top_on_a_finished_run_has_no_trailing_spaces_on_a_pipe(run80: tuple[Pat
 
 def test_on_hang_kill_condenses_torchruns_signal_traceback(tmp_path: Path) -> None:
     # GIVEN a torchrun job that hangs after 3 steps, ended by --on-hang kill
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which(
+        "torchrun"
+    )
     assert torchrun, "torchrun comes with torch"
     script = write_script(
         tmp_path,
@@ -224,7 +253,12 @@ def test_on_hang_kill_condenses_torchruns_signal_traceback(tmp_path: Path) -> No
         cwd=tmp_path, env=PIPE_80, timeout=300,
     )  # fmt: skip
     assert result.returncode == 124, result.stderr[-3000:]
-    # THEN between stepcli's kill line and the summary, torchrun's SignalException is one line, not a traceback
-    between = result.stderr.split("--on-hang kill: ending the job", 1)[1].split("stepcli summary", 1)[0]
+    # THEN between stepcli's kill line and the summary, torchrun's SignalException is one line, not
+    # a traceback
+    between = result.stderr.split("--on-hang kill: ending the job", 1)[1].split(
+        "stepcli summary", 1
+    )[0]
     assert "Traceback" not in between and "File " not in between, between
-    assert re.search(r"^SignalException: Process \d+ got signal: 15 \(SIGTERM; ", between, re.M), between
+    assert re.search(r"^SignalException: Process \d+ got signal: 15 \(SIGTERM; ", between, re.M), (
+        between
+    )

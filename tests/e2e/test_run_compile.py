@@ -1,4 +1,5 @@
-"""torch.compile: compile and recompile time attributed to the steps where it happened, kept out of the statistics."""
+"""torch.compile: compile and recompile time attributed to the steps where it happened, kept out of
+the statistics."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ import pytest
 from conftest import profiler_steps, run_stepcli, trace_files, write_script
 
 from stepcli.agent.compiles import _short_reason
-from stepcli.run.summary.compilesteps import compile_lines, compile_summary, compiled_steps, describe_step
+from stepcli.run.summary.compilesteps import (
+    compile_lines,
+    compile_summary,
+    compiled_steps,
+    describe_step,
+)
 
 COMPILED_LOOP = """
     import sys
@@ -46,7 +52,19 @@ def compiled_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     script = write_script(tmp, "compiled.py", COMPILED_LOOP)
     out = tmp / "out"
     result = run_stepcli(
-        "run", "--wait", "5", "--warmup", "1", "--active", "1", "-o", out, "--json", tmp / "run.json", script, cwd=tmp
+        "run",
+        "--wait",
+        "5",
+        "--warmup",
+        "1",
+        "--active",
+        "1",
+        "-o",
+        out,
+        "--json",
+        tmp / "run.json",
+        script,
+        cwd=tmp,
     )
     assert result.returncode == 0, result.stderr
     return {"result": result, "summary": json.loads((tmp / "run.json").read_text()), "out": out}
@@ -57,17 +75,27 @@ def test_compile_and_recompile_are_attributed_to_their_steps(compiled_run: dict[
     by_step = {entry["step"]: entry for entry in section["by_step"]}
     assert sorted(by_step) == [0, 4, 7]
     first, again = by_step[0], by_step[4]
-    # step 0: the forward frame and its resume function after the graph break, compiled for the first time
+    # step 0: the forward frame and its resume function after the graph break, compiled for the
+    # first time
     assert (first["frames"], first["recompiles"], first["graph_breaks"]) == (2, 0, 1)
-    assert first["text"].startswith("step 0: compiled forward, compiled torch_dynamo_resume_in_forward")
+    assert first["text"].startswith(
+        "step 0: compiled forward, compiled torch_dynamo_resume_in_forward"
+    )
     # step 4: both recompiled because the input's size changed, with torch's reason
     assert (again["frames"], again["recompiles"], again["graph_breaks"]) == (2, 2, 1)
     assert "tensor 'x' size mismatch at index 0. expected 8, actual 12" in again["reasons"]
-    assert 0 < again["seconds"] * 1000 <= again["step_ms"]  # compile time lies within the step that paid for it
+    # compile time lies within the step that paid for it
+    assert 0 < again["seconds"] * 1000 <= again["step_ms"]
     # step 7: compiled from scratch after torch._dynamo.reset()
     assert (by_step[7]["frames"], by_step[7]["recompiles"]) == (2, 0)
-    assert (section["steps"], section["frames"], section["recompiles"], section["graph_breaks"]) == (3, 6, 2, 3)
-    assert section["step_time_ms"]["count"] == 2  # steps 4 and 7 (step 0 is the start-up step, reported apart)
+    assert (
+        section["steps"],
+        section["frames"],
+        section["recompiles"],
+        section["graph_breaks"],
+    ) == (3, 6, 2, 3)
+    # steps 4 and 7 (step 0 is the start-up step, reported apart)
+    assert section["step_time_ms"]["count"] == 2
 
 
 def test_compile_steps_are_kept_out_of_the_statistics(compiled_run: dict[str, Any]) -> None:
@@ -82,23 +110,35 @@ def test_compile_steps_are_kept_out_of_the_statistics(compiled_run: dict[str, An
 def test_summary_says_which_step_recompiled_and_why(compiled_run: dict[str, Any]) -> None:
     stderr = " ".join(compiled_run["result"].stderr.split())  # the table wraps long lines
     assert "3 step(s) compiled" in stderr and "2 recompilation(s)" in stderr
-    assert "step 4: recompiled forward (reason: tensor 'x' size mismatch at index 0. expected 8, actual 12)" in stderr
+    assert (
+        "step 4: recompiled forward (reason: tensor 'x' size mismatch at index 0. expected 8, "
+        "actual 12)" in stderr
+    )
     (trace,) = trace_files(compiled_run["out"])
     assert profiler_steps(trace) == [6]
 
 
 def test_the_agent_imports_dynamo_only_after_the_program_does(compiled_run: dict[str, Any]) -> None:
-    # torch itself imports torch._dynamo when the program compiles, builds its first optimizer or starts a profiler:
-    # stepcli attaches then, and never earlier (under plain python the line says False too: stepcli only adds)
+    # torch itself imports torch._dynamo when the program compiles, builds its first optimizer or
+    # starts a profiler: stepcli attaches then, and never earlier (under plain python the line says
+    # False too: stepcli only adds)
     assert compiled_run["result"].stdout == "after import torch: False\n"
-    # a program that never compiles has no compile section: test_run.py::test_a_program_that_never_compiles_...
+    # a program that never compiles has no compile section:
+    # test_run.py::test_a_program_that_never_compiles_...
 
 
-# -- pure parts ---------------------------------------------------------------------------------------------------
+# -- pure parts
+# --------------------------------------------------------------------------------------------------
 
 
-def _log(events: list[dict[str, Any]], durations_ms: list[float], worker: str = "rank0") -> dict[str, Any]:
-    return {"worker": worker, "durations_us": [int(ms * 1000) for ms in durations_ms], "compile": {"events": events}}
+def _log(
+    events: list[dict[str, Any]], durations_ms: list[float], worker: str = "rank0"
+) -> dict[str, Any]:
+    return {
+        "worker": worker,
+        "durations_us": [int(ms * 1000) for ms in durations_ms],
+        "compile": {"events": events},
+    }
 
 
 def test_compile_summary_groups_events_per_step_and_process() -> None:
@@ -151,10 +191,13 @@ def test_short_reason_drops_the_compile_id_and_extra_lines() -> None:
 
 
 def test_report_marks_compile_steps_on_the_step_time_chart(compiled_run: dict[str, Any]) -> None:
-    # GIVEN the run's report.html WHEN the step-time chart is drawn THEN steps 4 and 7 (recompiled, compiled after
-    # reset) are dots of their own phase, with a legend entry; step 0 stays the start-up step
+    # GIVEN the run's report.html WHEN the step-time chart is drawn THEN steps 4 and 7 (recompiled,
+    # compiled after reset) are dots of their own phase, with a legend entry; step 0 stays the
+    # start-up step
     html = (compiled_run["out"] / "report.html").read_text()
-    compile_dots = re.findall(r'<circle class="dot ph-compile"[^>]*><title>[^<]* step (\d+) \(torch\.compile\)', html)
+    compile_dots = re.findall(
+        r'<circle class="dot ph-compile"[^>]*><title>[^<]* step (\d+) \(torch\.compile\)', html
+    )
     assert sorted(int(s) for s in compile_dots) == [4, 7], compile_dots
     assert "torch.compile</span>" in html or ">torch.compile<" in html
     assert "other phases" not in html  # compile steps are a known phase, not "other"

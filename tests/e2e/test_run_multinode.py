@@ -1,5 +1,5 @@
-"""Multi-node runs: two torchrun launches sharing one output folder (two nodes simulated on 127.0.0.1), and
-`srun`-style ranks from SLURM_PROCID."""
+"""Multi-node runs: two torchrun launches sharing one output folder (two nodes simulated on
+127.0.0.1), and `srun`-style ranks from SLURM_PROCID."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Two `stepcli run -o SHARED -- torchrun --nnodes 2 --node-rank K ...` launches at once, one process each."""
+    """Two `stepcli run -o SHARED -- torchrun --nnodes 2 --node-rank K ...` launches at once, one
+    process each."""
     tmp = tmp_path_factory.mktemp("multinode")
     script = write_script(tmp, "ddp.py", DDP_SCRIPT)
     shared = tmp / "shared"
@@ -72,16 +73,20 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"shared": shared, "results": results, "summaries": summaries}
 
 
-def test_each_node_writes_one_trace_per_rank_into_the_shared_folder(two_nodes: dict[str, Any]) -> None:
+def test_each_node_writes_one_trace_per_rank_into_the_shared_folder(
+    two_nodes: dict[str, Any],
+) -> None:
     traces = trace_files(two_nodes["shared"])
-    assert sorted(t.name.split(".")[0] for t in traces) == ["rank0", "rank1"]  # one per global rank, no collision
+    # one per global rank, no collision
+    assert sorted(t.name.split(".")[0] for t in traces) == ["rank0", "rank1"]
     assert [profiler_steps(t) for t in traces] == [[2, 3], [2, 3]]
 
 
 def test_each_launch_summarizes_only_its_own_processes(two_nodes: dict[str, Any]) -> None:
     ranks = []
     for summary in two_nodes["summaries"]:
-        (process,) = summary["processes"]  # its own rank, not the other node's (nor torchrun's agent)
+        # its own rank, not the other node's (nor torchrun's agent)
+        (process,) = summary["processes"]
         (window,) = summary["windows"]
         assert window["worker"] == process["worker"] == f"rank{process['rank']}"
         assert Path(window["trace"]).exists()
@@ -98,12 +103,24 @@ def test_table_of_the_shared_folder_shows_both_nodes_ranks(two_nodes: dict[str, 
     assert sorted(r["rank"] for r in table["ranks"]) == [0, 1]
 
 
-def test_srun_tasks_without_torchrun_take_their_rank_from_slurm_procid(tmp_path: Path, train_script: Path) -> None:
+def test_srun_tasks_without_torchrun_take_their_rank_from_slurm_procid(
+    tmp_path: Path, train_script: Path
+) -> None:
     # GIVEN task 3 of a 4-task srun step, no torchrun and no process group
     out = tmp_path / "out"
     slurm = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "77"}
     result = run_stepcli(
-        "run", "--active", "1", "-o", out, "--json", tmp_path / "run.json", train_script, "4", cwd=tmp_path, env=slurm
+        "run",
+        "--active",
+        "1",
+        "-o",
+        out,
+        "--json",
+        tmp_path / "run.json",
+        train_script,
+        "4",
+        cwd=tmp_path,
+        env=slurm,
     )
     assert result.returncode == 0, result.stderr
     # THEN its trace and its process carry rank 3

@@ -1,6 +1,6 @@
-"""The output folder is not an attack surface: forged step logs and outside traces are refused, the control folder
-is private whatever the umask, a failing summary still leaves `--json` and a non-zero exit, and SIGKILL of stepcli
-takes the program's whole process group down."""
+"""The output folder is not an attack surface: forged step logs and outside traces are refused, the
+control folder is private whatever the umask, a failing summary still leaves `--json` and a non-zero
+exit, and SIGKILL of stepcli takes the program's whole process group down."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from conftest import REPO, run_stepcli, stepcli_env, trace_files, write_script
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 
-# Files appear in the run's control folder while the program trains: a made-up worker with 99 steps and a window
-# on a trace outside the output folder (unsigned, as anything outside the run writes it), a JSON list, and an entry
-# without `worker` (signed with the run's key, so the schema check is what refuses it). Only the agent's log counts.
+# Files appear in the run's control folder while the program trains: a made-up worker with 99 steps
+# and a window on a trace outside the output folder (unsigned, as anything outside the run writes
+# it), a JSON list, and an entry without `worker` (signed with the run's key, so the schema check is
+# what refuses it). Only the agent's log counts.
 _FORGER = """
     import json, os, sys
     import torch
@@ -50,17 +51,20 @@ _FORGER = """
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(6):
         opt.zero_grad(); model(torch.randn(2, 4)).sum().backward(); opt.step()
-"""
+"""  # noqa: E501
 
 
 @pytest.fixture(scope="module")
 def forged_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One run of _FORGER, under umask 000, into an output folder whose .stepcli/ an earlier run left world-writable."""
+    """One run of _FORGER, under umask 000, into an output folder whose .stepcli/ an earlier run
+    left world-writable."""
     base = tmp_path_factory.mktemp("forged")
     # a trace outside the output folder with an operator name of its own
     outside = base / "elsewhere" / "rank9.1.pt.trace.json"
     outside.parent.mkdir()
-    outside.write_text((DATA / "train_cpu.pt.trace.json").read_text().replace("aten::addmm", "evil::op"))
+    outside.write_text(
+        (DATA / "train_cpu.pt.trace.json").read_text().replace("aten::addmm", "evil::op")
+    )
     script = write_script(base, "forger.py", _FORGER.format(repo=str(REPO)))
     out = base / "out"
     (out / ".stepcli").mkdir(parents=True)
@@ -116,8 +120,9 @@ def test_only_traces_this_run_wrote_inside_the_output_folder_count(tmp_path: Pat
     from stepcli.agent.signing import sign
     from stepcli.runfolder.steplogreader import load_step_logs, trace_problem
 
-    # GIVEN a signed step log whose windows name a good trace, one outside the output folder, a link inside the
-    # folder that points outside, a trace whose size is not what the agent recorded, and one older than the run
+    # GIVEN a signed step log whose windows name a good trace, one outside the output folder, a link
+    # inside the folder that points outside, a trace whose size is not what the agent recorded, and
+    # one older than the run
     out = tmp_path / "out"
     config = AgentConfig(run_id="r1", out_dir=str(out), launcher_pid=1, run_key="k" * 32)
     Path(config.log_dir).mkdir(parents=True)
@@ -133,7 +138,8 @@ def test_only_traces_this_run_wrote_inside_the_output_folder_count(tmp_path: Pat
     old = out / "rank0.4.pt.trace.json"
     old.write_text("{}")
     os.utime(old, (started - 3600, started - 3600))
-    # and one swapped for a same-size forgery with the written file's mtime (another inode: issue 47, defect 5)
+    # and one swapped for a same-size forgery with the written file's mtime (another inode: issue
+    # 47, defect 5)
     swapped = out / "rank0.5.pt.trace.json"
     swapped.write_text("{}")
     written = os.stat(swapped)
@@ -141,7 +147,10 @@ def test_only_traces_this_run_wrote_inside_the_output_folder_count(tmp_path: Pat
     forgery.write_text("[]")
     os.utime(forgery, ns=(written.st_atime_ns, written.st_mtime_ns))
     os.replace(forgery, swapped)
-    recorded = {p: os.stat(p) for p in (good, resized, old)} | {outside: os.stat(outside), swapped: written}
+    recorded = {p: os.stat(p) for p in (good, resized, old)} | {
+        outside: os.stat(outside),
+        swapped: written,
+    }
     recorded[link] = recorded[outside]
 
     def window(path: Path) -> dict[str, Any]:
@@ -186,13 +195,23 @@ def test_only_traces_this_run_wrote_inside_the_output_folder_count(tmp_path: Pat
     assert [w["trace"] for w in logs[0]["windows"]] == [str(good)]
     assert set(logs[0]["windows"][0]) == {"first_step", "last_step", "bytes", "complete", "trace"}
     assert note is not None and note.startswith("ignored 5 file(s)")
-    assert f"{outside} (outside the output folder)" in note and f"{link} (outside the output folder)" in note
+    assert (
+        f"{outside} (outside the output folder)" in note
+        and f"{link} (outside the output folder)" in note
+    )
     assert "+2 more" in note  # at most three named, so the note stays one readable line
-    assert trace_problem(window(swapped), str(out), started) == "not the file the agent wrote (replaced since)"
-    # a step log of another node: its device number is that node's mount of a shared file system, its inode counts
+    assert (
+        trace_problem(window(swapped), str(out), started)
+        == "not the file the agent wrote (replaced since)"
+    )
+    # a step log of another node: its device number is that node's mount of a shared file system,
+    # its inode counts
     elsewhere = dict(window(good), device=recorded[good].st_dev + 1)
     assert trace_problem(elsewhere, str(out), started, same_host=False) is None
-    assert trace_problem(elsewhere, str(out), started) == "not the file the agent wrote (replaced since)"
+    assert (
+        trace_problem(elsewhere, str(out), started)
+        == "not the file the agent wrote (replaced since)"
+    )
     assert trace_problem(window(swapped), str(out), started, same_host=False) is not None
     # and a log signed with another key is refused whole
     other = AgentConfig(run_id="r1", out_dir=str(out), launcher_pid=1, run_key="x" * 32)
@@ -216,11 +235,14 @@ def test_a_failing_summary_keeps_the_json_file_and_a_nonzero_exit(
 
     monkeypatch.setattr(runreport, "build_run_summary", broken)
     target = tmp_path / "ci" / "current.json"
-    request = launcher.RunRequest(argv=[sys.executable, "x.py"], label="x", schedule=Schedule(), json_path=str(target))
+    request = launcher.RunRequest(
+        argv=[sys.executable, "x.py"], label="x", schedule=Schedule(), json_path=str(target)
+    )
     config = AgentConfig(run_id="r", out_dir=str(tmp_path), launcher_pid=os.getpid())
     # WHEN stepcli reports the run
     status = launcher._report(request, config, 0, time.time(), 1.0)
-    # THEN it fails visibly (70), says so in one line, and --json exists for the compare that follows
+    # THEN it fails visibly (70), says so in one line, and --json exists for the compare that
+    # follows
     assert status == 70
     err = capsys.readouterr().err
     assert "internal error while summarizing the run (KeyError: 'first_step')" in err
@@ -236,10 +258,12 @@ def _mode(path: Path) -> int:
 
 
 def test_control_folder_is_private_whatever_the_umask(forged_run: dict[str, Any]) -> None:
-    # GIVEN umask 000 and an output folder whose .stepcli/ an earlier run left world-writable WHEN stepcli runs
+    # GIVEN umask 000 and an output folder whose .stepcli/ an earlier run left world-writable WHEN
+    # stepcli runs
     proc, out = forged_run["proc"], forged_run["out"]
     assert proc.returncode == 0, proc.stderr
-    # THEN the control folder and this run's folder in it are 0700; traces and the summary follow the umask
+    # THEN the control folder and this run's folder in it are 0700; traces and the summary follow
+    # the umask
     control = out / ".stepcli"
     runs = list(control.iterdir())
     assert len(runs) == 1
@@ -281,9 +305,12 @@ def _running(pid: int) -> bool:
         return False
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux"
+)
 def test_sigkill_of_stepcli_takes_the_programs_group_down(tmp_path: Path) -> None:
-    # GIVEN a program with a window open and a child of its own (`sleep 300`), run outside a terminal
+    # GIVEN a program with a window open and a child of its own (`sleep 300`), run outside a
+    # terminal
     script = write_script(tmp_path, "with_child.py", _WITH_CHILD)
     pid_file = tmp_path / "child.pid"
     out = tmp_path / "out"
@@ -337,8 +364,9 @@ def test_sigkill_of_stepcli_takes_the_programs_group_down(tmp_path: Path) -> Non
             pass
 
 
-# The program plays another user who swaps its saved trace for a forgery of the same size and mtime (a new file
-# renamed over it, so another inode): the run's end must not present the forgery's operator as the run's.
+# The program plays another user who swaps its saved trace for a forgery of the same size and mtime
+# (a new file renamed over it, so another inode): the run's end must not present the forgery's
+# operator as the run's.
 _SWAPPER = """
     import json, os
     import torch
@@ -360,17 +388,21 @@ _SWAPPER = """
 
 
 def test_a_trace_swapped_for_a_same_size_forgery_is_not_presented(tmp_path: Path) -> None:
-    # GIVEN a program whose trace is replaced by a same-size, same-mtime forgery after it was saved (issue 47, 5)
+    # GIVEN a program whose trace is replaced by a same-size, same-mtime forgery after it was saved
+    # (issue 47, 5)
     script = write_script(tmp_path, "swap.py", _SWAPPER)
     out = tmp_path / "out"
     # WHEN it runs under stepcli
     proc = run_stepcli("run", "-o", out, "--json", tmp_path / "s.json", script)
-    # THEN the forgery's contents appear nowhere, and one note says the trace was not the file the agent wrote
+    # THEN the forgery's contents appear nowhere, and one note says the trace was not the file the
+    # agent wrote
     assert proc.returncode == 0, proc.stderr
     assert "EVIL" not in proc.stdout + proc.stderr
     summary = json.loads((tmp_path / "s.json").read_text())
     assert "EVIL" not in json.dumps(summary["top_operators"]) and summary["windows"] == []
-    assert any("not the file the agent wrote" in note for note in summary["notes"]), summary["notes"]
+    assert any("not the file the agent wrote" in note for note in summary["notes"]), summary[
+        "notes"
+    ]
     for page in out.rglob("*.html"):
         assert "EVIL" not in page.read_text()
 
@@ -395,8 +427,8 @@ def _run_folder(tmp: Path, name: str) -> Path:
 
 @pytest.fixture(scope="module")
 def forged_run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run folder whose listed trace another user swapped, after the run, for a same-size, same-mtime forgery
-    (another inode) naming `EVIL::addmm`."""
+    """A run folder whose listed trace another user swapped, after the run, for a same-size,
+    same-mtime forgery (another inode) naming `EVIL::addmm`."""
     tmp = tmp_path_factory.mktemp("forged")
     out = _run_folder(tmp, "out")
     [path] = trace_files(out)
@@ -409,7 +441,9 @@ def forged_run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_report_of_a_run_folder_reads_no_trace_swapped_after_the_run(forged_run_folder: Path, tmp_path: Path) -> None:
+def test_report_of_a_run_folder_reads_no_trace_swapped_after_the_run(
+    forged_run_folder: Path, tmp_path: Path
+) -> None:
     # GIVEN a run folder whose trace was swapped for a forgery after the run (issue 47)
     # WHEN it is reported on
     page = tmp_path / "r.html"
@@ -418,17 +452,23 @@ def test_report_of_a_run_folder_reads_no_trace_swapped_after_the_run(forged_run_
     assert proc.returncode == 0, proc.stderr
     assert "EVIL" not in page.read_text() and "EVIL" not in proc.stdout + proc.stderr
     assert "not the file the agent wrote (replaced since)" in proc.stderr
-    assert sum(line.startswith("stepcli: note: left out 1 trace") for line in proc.stderr.splitlines()) == 1
+    assert (
+        sum(line.startswith("stepcli: note: left out 1 trace") for line in proc.stderr.splitlines())
+        == 1
+    )
 
 
-def test_compare_of_a_run_folder_reads_no_trace_swapped_after_the_run(forged_run_folder: Path, tmp_path: Path) -> None:
-    # GIVEN the same run folder, and a baseline run of the same program (before this fix, compare attributed the
-    # change to the forgery's `EVIL::addmm`, an operator the baseline never ran)
+def test_compare_of_a_run_folder_reads_no_trace_swapped_after_the_run(
+    forged_run_folder: Path, tmp_path: Path
+) -> None:
+    # GIVEN the same run folder, and a baseline run of the same program (before this fix, compare
+    # attributed the change to the forgery's `EVIL::addmm`, an operator the baseline never ran)
     baseline = _run_folder(tmp_path, "baseline")
     # WHEN the forged run is compared with it (attribution reads the traces each summary lists)
     proc = run_stepcli("compare", baseline, forged_run_folder, "--allow-inconclusive")
-    # THEN nothing of the forgery is judged or shown, and the trace is named as left out (the verdict itself is
-    # the two runs' step times: on a busy machine one may be slower, a regression, exit 1)
+    # THEN nothing of the forgery is judged or shown, and the trace is named as left out (the
+    # verdict itself is the two runs' step times: on a busy machine one may be slower, a regression,
+    # exit 1)
     assert proc.returncode in (0, 1), proc.stderr
     assert "EVIL" not in proc.stdout + proc.stderr
     assert "not the file the agent wrote (replaced since)" in proc.stderr

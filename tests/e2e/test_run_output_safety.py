@@ -1,6 +1,6 @@
-"""Nothing the user had is overwritten, and a folder that fills up or turns read-only mid-run is said plainly: one
-line naming the cause, profiling stops in that process, no temporary file is left, and the summary says what is
-missing."""
+"""Nothing the user had is overwritten, and a folder that fills up or turns read-only mid-run is
+said plainly: one line naming the cause, profiling stops in that process, no temporary file is left,
+and the summary says what is missing."""
 
 from __future__ import annotations
 
@@ -25,12 +25,14 @@ def test_run_keeps_the_users_own_report_html(tmp_path: Path, train_script: Path)
     for _ in range(2):
         result = run_stepcli("run", "--active", "1", "-o", out, train_script, "4")
         assert result.returncode == 0, result.stderr
-    # THEN the user's page is untouched, and each run's page has a free name of its own, said in one line
+    # THEN the user's page is untouched, and each run's page has a free name of its own, said in one
+    # line
     assert (out / "report.html").read_text() == mine
     assert sorted(p.name for p in out.glob("report-*.html")) == ["report-2.html", "report-3.html"]
     assert "report.html in" in result.stderr and "was not written by stepcli" in result.stderr
     assert "report-3.html" in result.stderr  # the summary's next: line points at this run's page
-    # (A page stepcli wrote is replaced by the next run, not renamed: test_report.py's reused-folder test checks it.)
+    # (A page stepcli wrote is replaced by the next run, not renamed: test_report.py's reused-folder
+    # test checks it.)
 
 
 @pytest.fixture
@@ -39,7 +41,9 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
     folder = tmp_path / "tiny"
     folder.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(folder)], capture_output=True, text=True
+        ["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(folder)],
+        capture_output=True,
+        text=True,
     )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
@@ -51,7 +55,11 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
 
 def _stepcli_lines(stderr: str) -> list[str]:
     """stepcli's own lines while the program ran (before the summary)."""
-    return [line for line in stderr.split("stepcli summary", 1)[0].splitlines() if line.startswith("stepcli:")]
+    return [
+        line
+        for line in stderr.split("stepcli summary", 1)[0].splitlines()
+        if line.startswith("stepcli:")
+    ]
 
 
 def _leftovers(folder: Path) -> list[Path]:
@@ -69,45 +77,79 @@ def test_json_replaces_only_a_run_summary_written_before(tmp_path: Path) -> None
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)
     for target in (script, notes, link, fifo):
-        # WHEN stepcli run --json names it THEN one line, exit 2, the program never starts, nothing is replaced
-        result = run_stepcli("run", "-o", tmp_path / "out", "--json", target, script, cwd=tmp_path, timeout=60)
+        # WHEN stepcli run --json names it THEN one line, exit 2, the program never starts, nothing
+        # is replaced
+        result = run_stepcli(
+            "run", "-o", tmp_path / "out", "--json", target, script, cwd=tmp_path, timeout=60
+        )
         assert result.returncode == 2, (target, result.stderr)
-        assert result.stderr.startswith(f"stepcli: error: --json {target}: ") and "--json FILE" in result.stderr
+        assert (
+            result.stderr.startswith(f"stepcli: error: --json {target}: ")
+            and "--json FILE" in result.stderr
+        )
         assert result.stderr.count("\n") == 1 and not (tmp_path / "started").exists()
-    assert script.read_text() == "open('started', 'a').close()\n" and notes.read_text() == "my notes\n"
+    assert (
+        script.read_text() == "open('started', 'a').close()\n" and notes.read_text() == "my notes\n"
+    )
     assert os.readlink(link) == str(notes) and stat.S_ISFIFO(fifo.lstat().st_mode)
     # GIVEN a run summary written before (the same job run again) THEN it is replaced
     previous = tmp_path / "run.json"
     previous.write_text('{\n  "schema": "stepcli.run",\n  "schema_version": 2, "old": true}')
-    result = run_stepcli("run", "-o", tmp_path / "out", "--json", previous, script, cwd=tmp_path, timeout=120)
+    result = run_stepcli(
+        "run", "-o", tmp_path / "out", "--json", previous, script, cwd=tmp_path, timeout=120
+    )
     assert result.returncode == 0, result.stderr
-    assert json.loads(previous.read_text())["schema"] == "stepcli.run" and "old" not in json.loads(previous.read_text())
-    # GIVEN a program that writes its own file at the --json path while it runs (the path was free at the start)
+    assert json.loads(previous.read_text())["schema"] == "stepcli.run" and "old" not in json.loads(
+        previous.read_text()
+    )
+    # GIVEN a program that writes its own file at the --json path while it runs (the path was free
+    # at the start)
     metrics = tmp_path / "metrics.json"
     writer = tmp_path / "writer.py"
     writer.write_text("open('metrics.json', 'w').write('{\"loss\": 1}')\n")
-    result = run_stepcli("run", "-o", tmp_path / "out2", "--json", metrics, writer, cwd=tmp_path, timeout=120)
+    result = run_stepcli(
+        "run", "-o", tmp_path / "out2", "--json", metrics, writer, cwd=tmp_path, timeout=120
+    )
     # THEN the program's file stays, and a line says so and where the run summary is
     assert result.returncode == 0, result.stderr
     assert metrics.read_text() == '{"loss": 1}'
     assert (
-        f"--json {metrics}: exists and was not written by stepcli (it appeared while the program ran)" in result.stderr
+        f"--json {metrics}: exists and was not written by stepcli (it appeared while the program "
+        f"ran)" in result.stderr
     )
     assert f"stepcli compare {tmp_path / 'out2'}" in result.stderr
 
 
-def test_a_full_output_folder_is_one_line_and_a_summary_that_says_so(tiny_fs: Path, tmp_path: Path) -> None:
+def test_a_full_output_folder_is_one_line_and_a_summary_that_says_so(
+    tiny_fs: Path, tmp_path: Path
+) -> None:
     # GIVEN a 300-step program recording 20 windows of ~47 KB into a 200 KB folder
     script = write_script(tmp_path, "train.py", TRAIN_LOOP.replace('print(f"iter {i}")', "pass"))
     # WHEN it runs
     result = run_stepcli(
-        "run", "--wait", "10", "--warmup", "1", "--active", "2", "--repeat", "20", "-o", tiny_fs, script, "300"
+        "run",
+        "--wait",
+        "10",
+        "--warmup",
+        "1",
+        "--active",
+        "2",
+        "--repeat",
+        "20",
+        "-o",
+        tiny_fs,
+        script,
+        "300",
     )
     # THEN the program's status is kept
     assert result.returncode == 0, result.stderr
     err = result.stderr
     # AND the failure is one line naming the real cause, and profiling stopped after it
-    failures = [line for line in _stepcli_lines(err) if "could not" in line and "No space left on device" in line]
+    failures = [
+        line
+        for line in _stepcli_lines(err)
+        if "could not" in line and "No space left on device" in line
+    ]
     assert len(failures) == 1, err
     assert "profiling stops in this process" in failures[0]
     assert "FileNotFoundError" not in err and "Traceback" not in err
@@ -123,7 +165,8 @@ def test_a_full_output_folder_is_one_line_and_a_summary_that_says_so(tiny_fs: Pa
 
 
 def test_a_read_only_output_folder_mid_run_stops_profiling_with_one_line(tmp_path: Path) -> None:
-    # GIVEN a program that makes its output folder read-only (a remount, here a bind mount) after a few steps
+    # GIVEN a program that makes its output folder read-only (a remount, here a bind mount) after a
+    # few steps
     out = tmp_path / "out"
     out.mkdir()
     source = TRAIN_LOOP.replace(
@@ -141,7 +184,19 @@ def test_a_read_only_output_folder_mid_run_stops_profiling_with_one_line(tmp_pat
     try:
         # WHEN it runs 300 steps recording 20 windows
         result = run_stepcli(
-            "run", "--wait", "10", "--warmup", "1", "--active", "2", "--repeat", "20", "-o", out, script, "300"
+            "run",
+            "--wait",
+            "10",
+            "--warmup",
+            "1",
+            "--active",
+            "2",
+            "--repeat",
+            "20",
+            "-o",
+            out,
+            script,
+            "300",
         )
     finally:
         while subprocess.run(["umount", str(out)], capture_output=True).returncode == 0:
@@ -149,35 +204,44 @@ def test_a_read_only_output_folder_mid_run_stops_profiling_with_one_line(tmp_pat
     # THEN one line names the cause and profiling stopped; the program's status is kept
     assert result.returncode == 0, result.stderr
     err = result.stderr
-    failures = [line for line in _stepcli_lines(err) if "could not" in line and "Read-only file system" in line]
+    failures = [
+        line
+        for line in _stepcli_lines(err)
+        if "could not" in line and "Read-only file system" in line
+    ]
     assert len(failures) == 1, err
     assert "profiling stops in this process" in failures[0]
     assert err.count("could not save") <= 1, err
     assert "Traceback" not in err
     # AND the summary says that the step log is from before the failure, and why
     summary = " ".join(err.split("stepcli summary", 1)[1].split())
-    assert "its step log is from step" in summary and "could not be written (Read-only file system" in summary
+    assert (
+        "its step log is from step" in summary
+        and "could not be written (Read-only file system" in summary
+    )
     assert "report.html not written" in summary and "Traceback" not in summary
     assert _leftovers(out) == []
     assert os.access(out, os.W_OK)
 
 
 def test_a_step_log_that_cannot_be_written_is_named_in_the_summary(tmp_path: Path) -> None:
-    # GIVEN a program whose run's step-log folder turns read-only mid-run (the traces' folder stays writable)
+    # GIVEN a program whose run's step-log folder turns read-only mid-run (the traces' folder stays
+    # writable)
     out = tmp_path / "out"
     source = TRAIN_LOOP.replace(
         'print(f"iter {i}")',
-        "if i == 40:\n"
-        "                import json, os, subprocess\n"
-        "                config = json.loads(os.environ['STEPCLI_CONFIG'])\n"
-        "                logs = os.path.join(config['out_dir'], '.stepcli', config['run_id'])\n"
-        "                subprocess.run(['mount', '--bind', logs, logs], check=True)\n"
-        "                subprocess.run(['mount', '-o', 'remount,ro,bind', logs, logs], check=True)",
+        "if i == 40:\n                import json, os, subprocess\n                config = "
+        "json.loads(os.environ['STEPCLI_CONFIG'])\n                logs = "
+        "os.path.join(config['out_dir'], '.stepcli', config['run_id'])\n                "
+        "subprocess.run(['mount', '--bind', logs, logs], check=True)\n                "
+        "subprocess.run(['mount', '-o', 'remount,ro,bind', logs, logs], check=True)",
     )
     script = write_script(tmp_path, "train.py", source)
     probe_dir = tmp_path / "probe"
     probe_dir.mkdir()
-    probe = subprocess.run(["mount", "--bind", str(probe_dir), str(probe_dir)], capture_output=True, text=True)
+    probe = subprocess.run(
+        ["mount", "--bind", str(probe_dir), str(probe_dir)], capture_output=True, text=True
+    )
     if probe.returncode != 0:
         pytest.skip(f"cannot bind-mount here (needs root): {probe.stderr.strip()}")
     subprocess.run(["umount", str(probe_dir)], check=True)
@@ -194,13 +258,18 @@ def test_a_step_log_that_cannot_be_written_is_named_in_the_summary(tmp_path: Pat
     assert "Read-only file system" in failures[0]
     # AND the summary does not pass off the last step log it could write as the whole run
     summary = " ".join(result.stderr.split("stepcli summary", 1)[1].split())
-    assert "its step log is from step" in summary and "could not be written (Read-only file system" in summary
+    assert (
+        "its step log is from step" in summary
+        and "could not be written (Read-only file system" in summary
+    )
     assert "steps 300 " not in summary
 
 
-def _plant_link_of_another_user(link: Path, target: Path, monkeypatch: pytest.MonkeyPatch | None = None) -> None:
-    """A link at `link` owned by another user: chowned where the tests run as root, else (in-process only) this
-    user is made to look like someone else to stepcli."""
+def _plant_link_of_another_user(
+    link: Path, target: Path, monkeypatch: pytest.MonkeyPatch | None = None
+) -> None:
+    """A link at `link` owned by another user: chowned where the tests run as root, else (in-process
+    only) this user is made to look like someone else to stepcli."""
     link.symlink_to(target)
     if os.geteuid() == 0:
         os.lchown(link, 65534, 65534)
@@ -216,7 +285,8 @@ def _plant_link_of_another_user(link: Path, target: Path, monkeypatch: pytest.Mo
 def test_run_never_follows_a_link_another_user_planted_at_the_output_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_process: bool
 ) -> None:
-    # GIVEN a shared folder where another user planted `out` as a link to a folder of theirs (issue 47, defect 15)
+    # GIVEN a shared folder where another user planted `out` as a link to a folder of theirs (issue
+    # 47, defect 15)
     shared, theirs = tmp_path / "shared", tmp_path / "theirs"
     shared.mkdir(mode=0o777)
     theirs.mkdir()
@@ -253,10 +323,15 @@ def test_run_follows_a_link_of_this_user_at_the_output_folder(tmp_path: Path) ->
     assert prepare_out_dir(str(tmp_path / "out"), "x") == scratch.resolve()
 
 
-def test_a_json_that_cannot_be_written_leaves_no_stale_summary_and_fails_the_run(tiny_fs: Path, tmp_path: Path) -> None:
-    # GIVEN the previous run's summary at the --json path, on a disk the program fills while it runs (issue 47, 9)
+def test_a_json_that_cannot_be_written_leaves_no_stale_summary_and_fails_the_run(
+    tiny_fs: Path, tmp_path: Path
+) -> None:
+    # GIVEN the previous run's summary at the --json path, on a disk the program fills while it runs
+    # (issue 47, 9)
     stale = tiny_fs / "run.json"
-    stale.write_text(json.dumps({"schema": "stepcli.run", "version": 2, "exit_status": 0, "notes": ["old run"]}))
+    stale.write_text(
+        json.dumps({"schema": "stepcli.run", "version": 2, "exit_status": 0, "notes": ["old run"]})
+    )
     script = write_script(
         tmp_path,
         "fills.py",
@@ -270,11 +345,14 @@ def test_a_json_that_cannot_be_written_leaves_no_stale_summary_and_fails_the_run
     )
     # WHEN the run ends and cannot write its summary there
     proc = run_stepcli("run", "-o", tmp_path / "out", "--json", stale, script)
-    # THEN the old summary is gone (never judged as this run), one line says so, and the run fails with 74
-    assert proc.returncode == 74, proc.stderr  # stepcli.errors.EXIT_NOT_SAVED, docs/reference/exit-codes.md
+    # THEN the old summary is gone (never judged as this run), one line says so, and the run fails
+    # with 74 stepcli.errors.EXIT_NOT_SAVED, docs/reference/exit-codes.md
+    assert proc.returncode == 74, proc.stderr
     assert not stale.exists()
     (line,) = [line for line in proc.stderr.splitlines() if f"--json {stale}" in line]
-    assert "No space left on device" in line and "the previous run's summary there was removed" in line, line
+    assert (
+        "No space left on device" in line and "the previous run's summary there was removed" in line
+    ), line
     assert "Traceback" not in proc.stderr
 
 

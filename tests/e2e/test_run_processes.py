@@ -1,4 +1,5 @@
-"""Child processes: every Python process inherits the hook; only processes that step write anything."""
+"""Child processes: every Python process inherits the hook; only processes that step write
+anything."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from stepcli.run.launcher import BOOTSTRAP_DIR
 
 
 def test_dataloader_workers_leave_no_files(tmp_path: Path) -> None:
-    # GIVEN one training loop fed by two DataLoaders at once, one with forked workers and one with spawned workers
-    # (started together before the first step, as one loader's would be), 2 workers each
+    # GIVEN one training loop fed by two DataLoaders at once, one with forked workers and one with
+    # spawned workers (started together before the first step, as one loader's would be), 2 workers
+    # each
     script = write_script(
         tmp_path,
         "loader.py",
@@ -41,7 +43,8 @@ def test_dataloader_workers_leave_no_files(tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = run_stepcli("run", "--wait", "1", "--warmup", "1", "--active", "2", "-o", out, script)
     assert result.returncode == 0, result.stderr
-    # THEN only the training process wrote anything: its one window, its one step log, the run's page
+    # THEN only the training process wrote anything: its one window, its one step log, the run's
+    # page
     traces = trace_files(out)
     assert [profiler_steps(t) for t in traces] == [[2, 3]]
     assert len(list(out.rglob("*.steps.json"))) == 1  # one process traced
@@ -71,7 +74,7 @@ def test_multiprocessing_spawn_ranks_each_write_their_trace(tmp_path: Path) -> N
 
         if __name__ == "__main__":
             mp.spawn(worker, args=(2, os.path.abspath("rendezvous")), nprocs=2)
-    """,
+    """,  # noqa: E501
     )
     out = tmp_path / "out"
     result = run_stepcli(
@@ -103,7 +106,8 @@ def test_multiprocessing_spawn_ranks_each_write_their_trace(tmp_path: Path) -> N
 
 
 def test_ranks_forked_before_their_parent_trains_each_write_their_trace(tmp_path: Path) -> None:
-    # GIVEN torch.multiprocessing with the fork start method: two trainers forked from a parent that never steps
+    # GIVEN torch.multiprocessing with the fork start method: two trainers forked from a parent that
+    # never steps
     script = write_script(
         tmp_path,
         "mpfork.py",
@@ -140,8 +144,8 @@ def test_ranks_forked_before_their_parent_trains_each_write_their_trace(tmp_path
         cwd=tmp_path,
     )
     assert result.returncode == 0 and result.stdout == "done\n", result.stderr
-    # THEN each is a process of its own, as a spawned one is: a trace of steps 2-3 and a step log each (they were
-    # dropped as DataLoader-like children, and the run said nothing was measured)
+    # THEN each is a process of its own, as a spawned one is: a trace of steps 2-3 and a step log
+    # each (they were dropped as DataLoader-like children, and the run said nothing was measured)
     traces = trace_files(out)
     assert [profiler_steps(t) for t in traces] == [[2, 3], [2, 3]]
     summary = json.loads((tmp_path / "run.json").read_text())
@@ -151,13 +155,20 @@ def test_ranks_forked_before_their_parent_trains_each_write_their_trace(tmp_path
 
 
 def test_existing_sitecustomize_still_runs(tmp_path: Path, train_script: Path) -> None:
-    write_script(tmp_path, "site_dir/sitecustomize.py", "import os\nos.environ['USER_SITECUSTOMIZE'] = 'ran'\n")
+    write_script(
+        tmp_path,
+        "site_dir/sitecustomize.py",
+        "import os\nos.environ['USER_SITECUSTOMIZE'] = 'ran'\n",
+    )
     check = write_script(
         tmp_path,
         "check.py",
-        "import os, sys\nprint(os.environ.get('USER_SITECUSTOMIZE'), sys.modules['sitecustomize'].__file__)\n",
+        "import os, sys\nprint(os.environ.get('USER_SITECUSTOMIZE'), "
+        "sys.modules['sitecustomize'].__file__)\n",
     )
-    result = run_stepcli("run", "-q", "-o", tmp_path / "out", check, env={"PYTHONPATH": str(tmp_path / "site_dir")})
+    result = run_stepcli(
+        "run", "-q", "-o", tmp_path / "out", check, env={"PYTHONPATH": str(tmp_path / "site_dir")}
+    )
     assert result.returncode == 0, result.stderr
     flag, module_file = result.stdout.split()
     assert flag == "ran" and module_file == str(tmp_path / "site_dir" / "sitecustomize.py")
@@ -166,7 +177,9 @@ def test_existing_sitecustomize_still_runs(tmp_path: Path, train_script: Path) -
 def test_broken_user_sitecustomize_is_reported_like_python_does(tmp_path: Path) -> None:
     write_script(tmp_path, "site_dir/sitecustomize.py", "import not_a_module_xyz\n")
     script = write_script(tmp_path, "hello.py", "print('ran anyway')\n")
-    result = run_stepcli("run", "-q", "-o", tmp_path / "out", script, env={"PYTHONPATH": str(tmp_path / "site_dir")})
+    result = run_stepcli(
+        "run", "-q", "-o", tmp_path / "out", script, env={"PYTHONPATH": str(tmp_path / "site_dir")}
+    )
     assert result.returncode == 0 and result.stdout == "ran anyway\n"
     assert "Error in sitecustomize" in result.stderr and "not_a_module_xyz" in result.stderr
 
@@ -174,7 +187,9 @@ def test_broken_user_sitecustomize_is_reported_like_python_does(tmp_path: Path) 
 def test_agent_failure_leaves_the_program_untouched(tmp_path: Path) -> None:
     script = write_script(tmp_path, "hello.py", "print('fine')\n")
     env = stepcli_env({"PYTHONPATH": BOOTSTRAP_DIR, "STEPCLI_CONFIG": "{not json"})
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60
+    )
     assert result.returncode == 0 and result.stdout == "fine\n"
     assert result.stderr.startswith("stepcli: profiling disabled in this process:")
     assert len(result.stderr.splitlines()) == 1
@@ -196,13 +211,17 @@ def test_injected_code_imports_nothing_heavy(tmp_path: Path) -> None:
         ours = [m for m in sys.modules if (m == "stepcli" or m.startswith("stepcli.")) and m not in light]
         found = sorted(heavy & set(sys.modules)) + sorted(ours)
         print(json.dumps({"heavy": found, "agent": "_stepcli_agent.runtime" in sys.modules}))
-    """,
+    """,  # noqa: E501
     )
     env = stepcli_env({"PYTHONPATH": BOOTSTRAP_DIR, "STEPCLI_CONFIG": config})
-    result = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, env=env, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(probe)], capture_output=True, text=True, env=env, timeout=60
+    )
     report = json.loads(result.stdout)
     assert report == {"heavy": [], "agent": True}, result.stderr
 
 
 def test_bootstrap_folder_holds_only_sitecustomize() -> None:
-    assert sorted(p.name for p in Path(BOOTSTRAP_DIR).iterdir() if p.name != "__pycache__") == ["sitecustomize.py"]
+    assert sorted(p.name for p in Path(BOOTSTRAP_DIR).iterdir() if p.name != "__pycache__") == [
+        "sitecustomize.py"
+    ]

@@ -1,4 +1,5 @@
-"""The program always comes first: threads, compile, async, mixed profilers, agent failures, odd environments."""
+"""The program always comes first: threads, compile, async, mixed profilers, agent failures, odd
+environments."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from conftest import (
 )
 
 
-def run_json(tmp_path: Path, script: Path, *options: str, **kwargs: object) -> tuple[object, dict | None]:
+def run_json(
+    tmp_path: Path, script: Path, *options: str, **kwargs: object
+) -> tuple[object, dict | None]:
     out = tmp_path / "out"
     result = run_stepcli(
         "run",
@@ -39,13 +42,17 @@ def run_json(tmp_path: Path, script: Path, *options: str, **kwargs: object) -> t
         cwd=tmp_path,
         **kwargs,
     )
-    summary = json.loads((tmp_path / "run.json").read_text()) if (tmp_path / "run.json").exists() else None
+    summary = (
+        json.loads((tmp_path / "run.json").read_text())
+        if (tmp_path / "run.json").exists()
+        else None
+    )
     return result, summary
 
 
 def test_training_on_a_thread_counts_steps_and_never_crashes(tmp_path: Path) -> None:
-    # GIVEN a loop trained on a worker thread that ends mid-schedule (plain torch.profiler would crash at exit
-    # if a window were left open on that thread)
+    # GIVEN a loop trained on a worker thread that ends mid-schedule (plain torch.profiler would
+    # crash at exit if a window were left open on that thread)
     script = write_script(
         tmp_path,
         "threaded.py",
@@ -89,10 +96,14 @@ def test_legacy_profiler_started_before_the_optimizer_is_not_emptied(tmp_path: P
     assert summary is not None and summary["steps"]["global"] == 8
 
 
-@pytest.mark.parametrize("opener", ["torch.autograd.profiler.emit_itt()", "torch.autograd.profiler_legacy.profile()"])
-def test_a_profiler_the_program_opens_inside_the_window_never_fails_it(tmp_path: Path, opener: str) -> None:
-    # GIVEN a program that opens torch's ITT emitter or the legacy profiler in step 3, inside stepcli's window
-    # (steps 2-3)
+@pytest.mark.parametrize(
+    "opener", ["torch.autograd.profiler.emit_itt()", "torch.autograd.profiler_legacy.profile()"]
+)
+def test_a_profiler_the_program_opens_inside_the_window_never_fails_it(
+    tmp_path: Path, opener: str
+) -> None:
+    # GIVEN a program that opens torch's ITT emitter or the legacy profiler in step 3, inside
+    # stepcli's window (steps 2-3)
     script = write_script(
         tmp_path,
         "opens.py",
@@ -111,18 +122,20 @@ def test_a_profiler_the_program_opens_inside_the_window_never_fails_it(tmp_path:
     """,
     )
     result, summary = run_json(tmp_path, script)
-    # THEN the program runs to its end (it raised "Profiler is already enabled on this thread"), stepcli's window
-    # is saved up to there, and every step is counted
+    # THEN the program runs to its end (it raised "Profiler is already enabled on this thread"),
+    # stepcli's window is saved up to there, and every step is counted
     assert result.returncode == 0 and result.stdout == "done\n", result.stderr
     assert "Traceback" not in result.stderr
     (trace,) = trace_files(tmp_path / "out")
-    assert profiler_steps(trace) == [2, 3]  # step 2 whole, the start of step 3 up to the program's profiler
+    # step 2 whole, the start of step 3 up to the program's profiler
+    assert profiler_steps(trace) == [2, 3]
     assert "cut short: the program started its own profiler" in result.stderr
     assert summary is not None and summary["steps"]["global"] == 10
 
 
 def test_an_agent_failure_never_reaches_the_program(tmp_path: Path) -> None:
-    # GIVEN an output folder that disappears (replaced by a file) before the program builds its optimizer
+    # GIVEN an output folder that disappears (replaced by a file) before the program builds its
+    # optimizer
     script = write_script(
         tmp_path,
         "vanish.py",
@@ -137,7 +150,9 @@ def test_an_agent_failure_never_reaches_the_program(tmp_path: Path) -> None:
     """,
     )
     out = tmp_path / "out"
-    result = run_stepcli("run", "--wait", "0", "--warmup", "0", "-o", out, script, out, cwd=tmp_path)
+    result = run_stepcli(
+        "run", "--wait", "0", "--warmup", "0", "-o", out, script, out, cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "trained\n"
     assert "Traceback" not in result.stderr
@@ -178,8 +193,9 @@ def test_step_on_in_threads_counts_every_call(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("trains", [True, False])
 def test_step_on_a_name_the_module_lacks_says_so(tmp_path: Path, trains: bool) -> None:
-    # GIVEN --step-on naming a class the imported module does not have (a typo), in a program that still trains,
-    # or in an inference program that has no other step (so no step log: only the launcher's child says it)
+    # GIVEN --step-on naming a class the imported module does not have (a typo), in a program that
+    # still trains, or in an inference program that has no other step (so no step log: only the
+    # launcher's child says it)
     write_script(tmp_path, "servelib.py", "def serve(x):\n    return x\n")
     script = write_script(
         tmp_path,
@@ -194,8 +210,9 @@ def test_step_on_a_name_the_module_lacks_says_so(tmp_path: Path, trains: bool) -
     )
     result, summary = run_json(tmp_path, script, "--step-on", "servelib:Nope.serve")
     assert result.returncode == 0, result.stderr
-    # THEN one line names what is missing, in stepcli's words: not Python's "partially initialized module ...
-    # (most likely due to a circular import)", nor a guess that the module was never imported
+    # THEN one line names what is missing, in stepcli's words: not Python's "partially initialized
+    # module ... (most likely due to a circular import)", nor a guess that the module was never
+    # imported
     assert "could not hook servelib (servelib has no attribute 'Nope'" in result.stderr
     assert "circular" not in result.stderr and "never imported" not in result.stderr
     assert summary is not None and any("no attribute 'Nope'" in note for note in summary["notes"])
@@ -230,7 +247,10 @@ def test_step_on_async_function_stays_a_coroutine_function(tmp_path: Path) -> No
     result, summary = run_json(tmp_path, script, "--step-on", "asynclib:handle")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "True\n"
-    assert summary is not None and summary["steps"] == {"global": 6, "requesters": {"asynclib:handle": 6}}
+    assert summary is not None and summary["steps"] == {
+        "global": 6,
+        "requesters": {"asynclib:handle": 6},
+    }
     assert [profiler_steps(t) for t in trace_files(tmp_path / "out")] == [[2, 3]]
 
 
@@ -265,8 +285,11 @@ def test_step_on_inside_torch_compile_fullgraph_does_not_break_it(tmp_path: Path
     assert result.stdout == "ok\n"
 
 
-def test_grad_scaler_iterations_count_even_when_the_optimizer_step_is_skipped(tmp_path: Path) -> None:
-    # GIVEN a scale so large that every iteration overflows, so GradScaler skips every optimizer.step()
+def test_grad_scaler_iterations_count_even_when_the_optimizer_step_is_skipped(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a scale so large that every iteration overflows, so GradScaler skips every
+    # optimizer.step()
     script = write_script(
         tmp_path,
         "scaler.py",
@@ -292,7 +315,9 @@ def test_empty_pythonpath_entry_still_means_the_current_directory(tmp_path: Path
     script = write_script(tmp_path, "scripts/use.py", "import helper\nprint(helper.VALUE)\n")
     env = {"PYTHONPATH": os.pathsep + str(tmp_path / "nowhere")}
     plain = run_python(script, cwd=tmp_path / "cwdmod", env=env)
-    ours = run_stepcli("run", "-q", "-o", tmp_path / "out", script, cwd=tmp_path / "cwdmod", env=env)
+    ours = run_stepcli(
+        "run", "-q", "-o", tmp_path / "out", script, cwd=tmp_path / "cwdmod", env=env
+    )
     assert plain.stdout == ours.stdout == "from cwd\n", ours.stderr
 
 
@@ -350,9 +375,13 @@ def test_sigusr1_is_forwarded(tmp_path: Path) -> None:
     assert "checkpointing" in stdout and proc.returncode == 0
 
 
-def test_unwritable_json_path_fails_before_the_program_starts(tmp_path: Path, train_script: Path) -> None:
+def test_unwritable_json_path_fails_before_the_program_starts(
+    tmp_path: Path, train_script: Path
+) -> None:
     (tmp_path / "afile").write_text("")
-    result = run_stepcli("run", "--json", tmp_path / "afile" / "run.json", "-o", tmp_path / "out", train_script)
+    result = run_stepcli(
+        "run", "--json", tmp_path / "afile" / "run.json", "-o", tmp_path / "out", train_script
+    )
     assert result.returncode == 2
     assert result.stdout == ""  # the program never ran
     assert result.stderr.startswith("stepcli: error: --json")
@@ -411,7 +440,7 @@ def test_a_step_on_another_thread_ends_the_window_cleanly(tmp_path: Path) -> Non
         for _ in range(3):
             step()
         print("done")
-    """,
+    """,  # noqa: E501
     )
     result, summary = run_json(tmp_path, script, "--active", "4", "--step-on", "worklib:step")
     assert result.returncode == 0, result.stderr
@@ -422,7 +451,9 @@ def test_a_step_on_another_thread_ends_the_window_cleanly(tmp_path: Path) -> Non
     assert "another thread" in window["note"]
 
 
-def test_programs_profiler_on_another_thread_during_our_window_does_not_crash(tmp_path: Path) -> None:
+def test_programs_profiler_on_another_thread_during_our_window_does_not_crash(
+    tmp_path: Path,
+) -> None:
     script = write_script(
         tmp_path,
         "side_profiler.py",
@@ -449,7 +480,8 @@ def test_programs_profiler_on_another_thread_during_our_window_does_not_crash(tm
 
 
 def test_an_agent_error_during_a_window_never_crashes_the_program(tmp_path: Path) -> None:
-    # GIVEN stepcli's own bookkeeping failing while a window is open (simulated through the agent's failure path)
+    # GIVEN stepcli's own bookkeeping failing while a window is open (simulated through the agent's
+    # failure path)
     script = write_script(
         tmp_path,
         "fails_inside.py",
@@ -464,15 +496,20 @@ def test_an_agent_error_during_a_window_never_crashes_the_program(tmp_path: Path
     """,
     )
     result, summary = run_json(tmp_path, script, "--active", "4")
-    # THEN one line says profiling stopped, the program finishes normally, and its steps so far are reported
+    # THEN one line says profiling stopped, the program finishes normally, and its steps so far are
+    # reported
     assert result.returncode == 0, result.stderr
     assert result.stdout == "finished\n"
-    assert "profiling disabled in this process after an error in a test: RuntimeError: boom" in result.stderr
+    assert (
+        "profiling disabled in this process after an error in a test: RuntimeError: boom"
+        in result.stderr
+    )
     assert summary is not None and summary["steps"]["global"] == 3
 
 
 def test_stepcli_lines_never_land_in_what_the_program_made_of_stderr(tmp_path: Path) -> None:
-    # GIVEN a program that captures its stderr in a buffer, as a test harness or a logging setup does
+    # GIVEN a program that captures its stderr in a buffer, as a test harness or a logging setup
+    # does
     script = write_script(
         tmp_path,
         "captures.py",
@@ -491,7 +528,8 @@ def test_stepcli_lines_never_land_in_what_the_program_made_of_stderr(tmp_path: P
         print("captured: " + repr(mine.getvalue()), file=sys.stderr)
         """,
     )
-    # WHEN run THEN stepcli's progress lines reach the launcher's terminal, and the program's buffer holds only its own
+    # WHEN run THEN stepcli's progress lines reach the launcher's terminal, and the program's buffer
+    # holds only its own
     result = run_stepcli("run", "--active", "1", "-o", tmp_path / "out", script, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "stepcli: saved trace of step 2" in result.stderr

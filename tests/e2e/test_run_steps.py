@@ -70,35 +70,45 @@ CLOSURE_SCRIPT = """
 
 @pytest.mark.parametrize(
     "optimizer",
-    ["torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=4)", "torch.optim.SGD(model.parameters(), lr=0.01)"],
+    [
+        "torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=4)",
+        "torch.optim.SGD(model.parameters(), lr=0.01)",
+    ],
     ids=["lbfgs", "sgd"],
 )
-def test_a_closure_step_counts_once_and_its_forward_and_backward_are_theirs(tmp_path: Path, optimizer: str) -> None:
-    # GIVEN `opt.step(closure)`, the closure running zero_grad, forward and backward inside the optimizer's step
+def test_a_closure_step_counts_once_and_its_forward_and_backward_are_theirs(
+    tmp_path: Path, optimizer: str
+) -> None:
+    # GIVEN `opt.step(closure)`, the closure running zero_grad, forward and backward inside the
+    # optimizer's step
     script = write_script(tmp_path, "closure.py", CLOSURE_SCRIPT.format(optimizer=optimizer))
     summary, traces, stderr = run_json(tmp_path, script)
     assert summary["steps"]["global"] == 6
     assert [profiler_steps(t) for t in traces] == [[2, 3]]
-    # THEN the breakdown gives the closure's forward and backward to forward and backward (it was optimizer 95%,
-    # backward 0): the optimizer is what is left
+    # THEN the breakdown gives the closure's forward and backward to forward and backward (it was
+    # optimizer 95%, backward 0): the optimizer is what is left
     breakdown = summary["breakdown_ms"]
     total = sum(breakdown.values())
     assert breakdown["backward"] > 0 and breakdown["forward"] > 0, breakdown
-    # (not a share: on a loaded machine a preemption inside the optimizer's own few operators moves shares by
-    # tens of percent; what holds whatever the load: the optimizer's time is its step's annotation less the
-    # closure calls in it, its zero_grad calls given back)
+    # (not a share: on a loaded machine a preemption inside the optimizer's own few operators moves
+    # shares by tens of percent; what holds whatever the load: the optimizer's time is its step's
+    # annotation less the closure calls in it, its zero_grad calls given back)
     table = run_stepcli("table", "--json", tmp_path / "out")
     assert table.returncode == 0, table.stderr
     total_ms = {row["name"]: row["total_ms"] for row in json.loads(table.stdout)["cpu_ops"]}
     step_ms = next(ms for name, ms in total_ms.items() if name.startswith("Optimizer.step#"))
-    zero_grad_ms = next(ms for name, ms in total_ms.items() if name.startswith("Optimizer.zero_grad#"))
+    zero_grad_ms = next(
+        ms for name, ms in total_ms.items() if name.startswith("Optimizer.zero_grad#")
+    )
     own_ms = step_ms - total_ms["stepcli: optimizer closure"] + zero_grad_ms
     assert 0 < breakdown["optimizer"] * 2 <= own_ms + 0.01, (breakdown, total_ms)
     # ... the terminal's table says the same shares
     shares = stderr.split("Step breakdown", 1)[1]
     for phase, ms in breakdown.items():
         shown = re.search(rf"│ {phase} +│ +[0-9.]+ │ +([0-9.]+)% │", shares)
-        assert shown is not None and float(shown.group(1)) == pytest.approx(100 * ms / total, abs=0.06), (phase, shares)
+        assert shown is not None and float(shown.group(1)) == pytest.approx(
+            100 * ms / total, abs=0.06
+        ), (phase, shares)
     # ... and the report's headline names the same largest phase
     largest = max(breakdown, key=lambda phase: breakdown[phase])
     page = (tmp_path / "out" / "report.html").read_text()
@@ -106,8 +116,9 @@ def test_a_closure_step_counts_once_and_its_forward_and_backward_are_theirs(tmp_
 
 
 def test_wrapped_optimizers_count_once(tmp_path: Path) -> None:
-    # Shapes of HF accelerate's AcceleratedOptimizer (an Optimizer subclass that skips Optimizer.__init__ and
-    # delegates), Lightning's LightningOptimizer (a plain wrapper), and a subclass calling super().step().
+    # Shapes of HF accelerate's AcceleratedOptimizer (an Optimizer subclass that skips
+    # Optimizer.__init__ and delegates), Lightning's LightningOptimizer (a plain wrapper), and a
+    # subclass calling super().step().
     script = write_script(
         tmp_path,
         "wrapped.py",
@@ -200,7 +211,8 @@ def test_step_on_counts_an_inference_loop(tmp_path: Path) -> None:
 
 
 def test_programs_own_profiler_is_not_double_counted_and_keeps_working(tmp_path: Path) -> None:
-    # The program profiles itself (steps 1-2 into its own folder) and calls prof.step() after opt.step().
+    # The program profiles itself (steps 1-2 into its own folder) and calls prof.step() after
+    # opt.step().
     script = write_script(
         tmp_path,
         "selfprof.py",
@@ -227,8 +239,11 @@ def test_programs_own_profiler_is_not_double_counted_and_keeps_working(tmp_path:
     assert "skipped while the program ran its own profiler" in stderr
 
 
-def test_programs_profiler_started_inside_our_window_cuts_it_short_and_keeps_its_events(tmp_path: Path) -> None:
-    # GIVEN stepcli recording steps 2-5 and a program that opens its own profiler at the start of step 4
+def test_programs_profiler_started_inside_our_window_cuts_it_short_and_keeps_its_events(
+    tmp_path: Path,
+) -> None:
+    # GIVEN stepcli recording steps 2-5 and a program that opens its own profiler at the start of
+    # step 4
     script = write_script(
         tmp_path,
         "midwindow.py",
@@ -307,7 +322,8 @@ def test_programs_profiler_after_our_window_leaves_both_traces_intact(tmp_path: 
 
 
 def test_optimizer_recreated_each_epoch_keeps_counting(tmp_path: Path) -> None:
-    # A new optimizer per epoch may reuse a collected one's id: it must start at the global step, not behind it.
+    # A new optimizer per epoch may reuse a collected one's id: it must start at the global step,
+    # not behind it.
     script = write_script(
         tmp_path,
         "epochs.py",

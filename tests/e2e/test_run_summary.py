@@ -1,4 +1,5 @@
-"""The summary `stepcli run` prints: every section, for the demo (for a two-rank torchrun run: see below)."""
+"""The summary `stepcli run` prints: every section, for the demo (for a two-rank torchrun run: see
+below)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ SECTIONS = [
 ]
 
 
-def test_demo_prints_every_section_and_passes_options_after_dashdash_to_its_script(tmp_path: Path) -> None:
+def test_demo_prints_every_section_and_passes_options_after_dashdash_to_its_script(
+    tmp_path: Path,
+) -> None:
     # GIVEN nothing but stepcli; WHEN the demo runs with `-- --iterations 8` for its script
     result = run_stepcli(
         "demo",
@@ -44,17 +47,26 @@ def test_demo_prints_every_section_and_passes_options_after_dashdash_to_its_scri
         assert section in result.stderr, section
     # AND the script took the option: 8 steps, not its default 12
     assert re.search(r"^steps\s+8\s+\(AdamW#0 8\)", result.stderr, re.M), result.stderr
-    # AND the command reads as people could type it, not as the script's path in site-packages (issue 49)
+    # AND the command reads as people could type it, not as the script's path in site-packages
+    # (issue 49)
     assert "\ncommand python -m stepcli.demo.train --iterations 8\n" in result.stderr, result.stderr
     (trace,) = trace_files(tmp_path / "out")
     assert profiler_steps(trace) == [2, 3]
     summary = json.loads((tmp_path / "demo.json").read_text())
     assert summary["steps"]["global"] == 8
-    assert summary["top_operators"] and all(op["name"] != "ProfilerStep*" for op in summary["top_operators"])
-    assert set(summary["breakdown_ms"]) == {"dataloader", "forward", "backward", "optimizer", "other"}
+    assert summary["top_operators"] and all(
+        op["name"] != "ProfilerStep*" for op in summary["top_operators"]
+    )
+    assert set(summary["breakdown_ms"]) == {
+        "dataloader",
+        "forward",
+        "backward",
+        "optimizer",
+        "other",
+    }
     assert summary["breakdown_ms"]["optimizer"] > 0 and summary["breakdown_ms"]["backward"] > 0
     assert summary["peak_memory"]["rss_bytes"] > 10 * 2**20
 
 
-# A two-rank torchrun run's summary (every section, both ranks) is checked in test_run_trace_layout.py, on the
-# torchrun run that file records.
+# A two-rank torchrun run's summary (every section, both ranks) is checked in
+# test_run_trace_layout.py, on the torchrun run that file records.

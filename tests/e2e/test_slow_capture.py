@@ -1,4 +1,5 @@
-"""`stepcli run --capture-on-slow`: a slow step traces the next steps, on every rank, said and bounded."""
+"""`stepcli run --capture-on-slow`: a slow step traces the next steps, on every rank, said and
+bounded."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 
 from tests.conftest import profiler_steps, run_stepcli, trace_files, write_script
 
-# argv: iterations, the slow steps ("40,41" or ""), every Nth step slow (0: none), and optionally the seconds every
-# other step sleeps (0.01). A slow step sleeps 1 s.
+# argv: iterations, the slow steps ("40,41" or ""), every Nth step slow (0: none), and optionally
+# the seconds every other step sleeps (0.01). A slow step sleeps 1 s.
 SLOW_LOOP = """
     import sys
     import time
@@ -29,9 +30,10 @@ SLOW_LOOP = """
         model(data).square().mean().backward()
         time.sleep(1.0 if i in slow or (every and i and i % every == 0) else base)
         opt.step()
-"""
+"""  # noqa: E501
 
-# Two ranks in lockstep (DDP): rank 1 sleeps 1.2 s in step 30, so both ranks see that step (or the next) slow.
+# Two ranks in lockstep (DDP): rank 1 sleeps 1.2 s in step 30, so both ranks see that step (or the
+# next) slow.
 DDP_SLOW = """
     import sys
     import time
@@ -52,18 +54,25 @@ DDP_SLOW = """
     dist.destroy_process_group()
 """
 
-# One rule for the tests: a slow step here is 1 s longer than the others, far beyond any noise of a busy machine
-# (4 test workers on 2 cores stretched a 60 ms step by 204 ms once, past a +150ms rule).
+# One rule for the tests: a slow step here is 1 s longer than the others, far beyond any noise of a
+# busy machine (4 test workers on 2 cores stretched a 60 ms step by 204 ms once, past a +150ms
+# rule).
 RULE = "+600ms"
 
 
 def _run(
-    tmp_path: Path, *args: str, rule: str = RULE, report: bool = False, flags: tuple[str, ...] = ("--on-demand",)
+    tmp_path: Path,
+    *args: str,
+    rule: str = RULE,
+    report: bool = False,
+    flags: tuple[str, ...] = ("--on-demand",),
 ) -> tuple[Any, dict[str, Any], Path]:
     script = write_script(tmp_path, "slow.py", SLOW_LOOP)
     out, summary = tmp_path / "out", tmp_path / "summary.json"
     extra = [*flags] if report else [*flags, "--no-report"]
-    result = run_stepcli("run", *extra, "--capture-on-slow", rule, "-o", out, "--json", summary, script, *args)
+    result = run_stepcli(
+        "run", *extra, "--capture-on-slow", rule, "-o", out, "--json", summary, script, *args
+    )
     assert result.returncode == 0, result.stderr
     return result, json.loads(summary.read_text()), out
 
@@ -117,12 +126,17 @@ def test_the_whole_run_is_recorded_compactly_in_summary_and_report(
 
 
 def test_a_steady_run_records_nothing(tmp_path: Path) -> None:
-    # Steps of 100 ms: a busy machine's hiccups (a few ms to a few hundred) mostly stay far from 5x the median.
+    # Steps of 100 ms: a busy machine's hiccups (a few ms to a few hundred) mostly stay far from 5x
+    # the median.
     result, summary, out = _run(tmp_path, "40", "", "0", "0.1", rule="5x")
-    # A hiccup that did pass it (a 766 ms step among 143 ms ones was seen on a loaded CI machine) is a step the
-    # rule rightly calls slow: every window stepcli recorded has such a trigger, and nothing else is recorded.
+    # A hiccup that did pass it (a 766 ms step among 143 ms ones was seen on a loaded CI machine) is
+    # a step the rule rightly calls slow: every window stepcli recorded has such a trigger, and
+    # nothing else is recorded.
     windows = summary["windows"]
-    assert all(w["trigger"]["ms"] >= 5 * w["trigger"]["baseline_ms"] for w in windows), (windows, result.stderr)
+    assert all(w["trigger"]["ms"] >= 5 * w["trigger"]["baseline_ms"] for w in windows), (
+        windows,
+        result.stderr,
+    )
     assert len(trace_files(out)) == len(windows), result.stderr
     assert result.stderr.count(" took ") == len(windows), result.stderr
 
@@ -137,10 +151,14 @@ def test_a_periodic_slowdown_is_caught_by_a_predicted_window(
     slow = {s for s in range(25, 200, 25)}
     assert any(steps & slow for steps in recorded), (recorded, result.stderr)
     predicted = [w["trigger"] for w in windows if "predicted_step" in w["trigger"]]
-    assert predicted and all(t["predicted_step"] % 25 == 0 and t["period"] % 25 == 0 for t in predicted)
+    assert predicted and all(
+        t["predicted_step"] % 25 == 0 and t["period"] % 25 == 0 for t in predicted
+    )
 
 
-def test_max_captures_bounds_the_windows(every_25th_slow: tuple[Any, dict[str, Any], Path], tmp_path: Path) -> None:
+def test_max_captures_bounds_the_windows(
+    every_25th_slow: tuple[Any, dict[str, Any], Path], tmp_path: Path
+) -> None:
     # GIVEN 7 slow steps under the default --max-captures (3): at most 3 windows
     _, summary, _ = every_25th_slow
     assert len(summary["windows"]) <= 3
@@ -160,36 +178,57 @@ def test_a_bad_rule_is_one_line_and_exit_2(tmp_path: Path, rule: str) -> None:
     result = run_stepcli("run", "--capture-on-slow", rule, "-o", tmp_path / "out", script)
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert "--capture-on-slow" in result.stderr and "expected 3x" in result.stderr  # it says the syntax
+    # it says the syntax
+    assert "--capture-on-slow" in result.stderr and "expected 3x" in result.stderr
     assert "ran" not in result.stdout
     assert not (tmp_path / "out").exists()
 
 
 def test_two_ranks_record_the_same_steps_after_rank_1_was_slow(tmp_path: Path) -> None:
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which(
+        "torchrun"
+    )
     assert torchrun, "torchrun comes with torch"
     script = write_script(tmp_path, "ddp.py", DDP_SLOW)
     out, summary_path = tmp_path / "out", tmp_path / "summary.json"
     result = run_stepcli(
-        "run", "--on-demand", "--no-report", "--capture-on-slow", "+600ms", "-o", out, "--json", summary_path,
-        "--", torchrun, "--standalone", "--nproc-per-node", "2", script, "130",
+        "run",
+        "--on-demand",
+        "--no-report",
+        "--capture-on-slow",
+        "+600ms",
+        "-o",
+        out,
+        "--json",
+        summary_path,
+        "--",
+        torchrun,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        script,
+        "130",
         timeout=400,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads(summary_path.read_text())
     windows = summary["windows"]
     assert len(windows) == 2, (windows, result.stderr)
     steps = [profiler_steps(Path(w["trace"])) for w in windows]
     assert steps[0] == steps[1] and len(steps[0]) == 3 and steps[0][0] > 31, result.stderr
-    # soon after the trigger: the ranks poll requests.json 5 times a second, so the window is placed half a second
-    # of steps ahead (~17 steps of 30 ms), not a second and a half (~52 steps)
+    # soon after the trigger: the ranks poll requests.json 5 times a second, so the window is placed
+    # half a second of steps ahead (~17 steps of 30 ms), not a second and a half (~52 steps)
     assert steps[0][0] - max(w["trigger"]["step"] for w in windows) <= 30, (steps, result.stderr)
     assert {w["trigger"]["step"] for w in windows} <= {30, 31}
-    assert len({json.dumps(w["trigger"], sort_keys=True) for w in windows}) == 1  # one trigger, said by both
+    # one trigger, said by both
+    assert len({json.dumps(w["trigger"], sort_keys=True) for w in windows}) == 1
 
 
-def test_the_first_slow_step_after_8_ordinary_ones_triggers_and_its_trace_says_why(tmp_path: Path) -> None:
-    # GIVEN the default schedule (steps 2-4 recorded, so steps 5-19 are the known ordinary ones) and step 20 slow
+def test_the_first_slow_step_after_8_ordinary_ones_triggers_and_its_trace_says_why(
+    tmp_path: Path,
+) -> None:
+    # GIVEN the default schedule (steps 2-4 recorded, so steps 5-19 are the known ordinary ones) and
+    # step 20 slow
     result, summary, out = _run(tmp_path, "30", "20", "0", flags=())
     # THEN it triggers: the next three steps are recorded in a window of their own
     triggered = [w for w in summary["windows"] if w.get("trigger")]
@@ -197,27 +236,47 @@ def test_the_first_slow_step_after_8_ordinary_ones_triggers_and_its_trace_says_w
     [window] = triggered
     assert profiler_steps(Path(window["trace"])) == [21, 22, 23]
     assert window["trigger"]["step"] == 20 and "step 20 took" in result.stderr
-    # AND the trace itself says what triggered it (a trace passed on keeps its reason), as trigger.json does
+    # AND the trace itself says what triggered it (a trace passed on keeps its reason), as
+    # trigger.json does
     trace = json.loads(Path(window["trace"]).read_text())
     saved = json.loads((Path(window["trace"]).parent / "trigger.json").read_text())
-    assert trace["stepcli_trigger"] == {**saved, "first_step": 21, "last_step": 23}, trace.get("stepcli_trigger")
+    assert trace["stepcli_trigger"] == {**saved, "first_step": 21, "last_step": 23}, trace.get(
+        "stepcli_trigger"
+    )
 
 
 def test_a_window_placed_after_the_job_ended_is_reported(tmp_path: Path) -> None:
-    # GIVEN two ranks, rank 1 slow at step 30 of 40: the window is placed ahead for the other rank to hear of it
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    # GIVEN two ranks, rank 1 slow at step 30 of 40: the window is placed ahead for the other rank
+    # to hear of it
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which(
+        "torchrun"
+    )
     assert torchrun, "torchrun comes with torch"
     script = write_script(tmp_path, "ddp.py", DDP_SLOW)
     out, summary_path = tmp_path / "out", tmp_path / "summary.json"
     result = run_stepcli(
-        "run", "--on-demand", "--no-report", "--capture-on-slow", "+600ms", "-o", out, "--json", summary_path,
-        "--", torchrun, "--standalone", "--nproc-per-node", "2", script, "40",
+        "run",
+        "--on-demand",
+        "--no-report",
+        "--capture-on-slow",
+        "+600ms",
+        "-o",
+        out,
+        "--json",
+        summary_path,
+        "--",
+        torchrun,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        script,
+        "40",
         timeout=400,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads(summary_path.read_text())
-    # WHEN the job ends before the window's steps THEN nothing is recorded, and the summary, its JSON and the
-    # terminal say so: every rank's window, not recorded, and why
+    # WHEN the job ends before the window's steps THEN nothing is recorded, and the summary, its
+    # JSON and the terminal say so: every rank's window, not recorded, and why
     assert summary["windows"] == [], result.stderr
     missed = summary["triggered"]
     assert missed and all(t["recorded"] is False for t in missed), (missed, result.stderr)

@@ -1,4 +1,5 @@
-"""`stepcli table` end to end: real traces from plain torch.profiler and torchrun, every output format, bad input."""
+"""`stepcli table` end to end: real traces from plain torch.profiler and torchrun, every output
+format, bad input."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ PLAIN_PROFILER = """
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
             prof.step()
-"""
+"""  # noqa: E501
 
 TWO_RANKS = """
     import sys, time
@@ -75,7 +76,7 @@ TWO_RANKS = """
             prof.step()
     dist.barrier()
     dist.destroy_process_group()
-"""
+"""  # noqa: E501
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,11 @@ def plain_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     script = write_script(tmp, "train.py", PLAIN_PROFILER)
     out = tmp / "plain.pt.trace.json"
     subprocess.run(
-        [sys.executable, str(script), str(out)], check=True, capture_output=True, timeout=120, env=stepcli_env()
+        [sys.executable, str(script), str(out)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+        env=stepcli_env(),
     )
     return out
 
@@ -97,7 +102,16 @@ def two_rank_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     script = write_script(tmp, "ddp.py", TWO_RANKS)
     out = tmp / "traces"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), str(out)],
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -136,9 +150,10 @@ def test_gzip_gives_the_same_summary(plain_trace: Path, tmp_path: Path) -> None:
         assert zipped[key] == plain[key]
 
 
-# Imported by `table` before this change and needed by none of its work on one file: a pool's machinery (no pool
-# is made for one file), numpy.ma (np.unique's masked-array check), orjson (+ zoneinfo), json, html, the per-event
-# reference analysis (only for times past 64-bit nanoseconds), rich (only for the terminal table).
+# Imported by `table` before this change and needed by none of its work on one file: a pool's
+# machinery (no pool is made for one file), numpy.ma (np.unique's masked-array check), orjson (+
+# zoneinfo), json, html, the per-event reference analysis (only for times past 64-bit nanoseconds),
+# rich (only for the terminal table).
 UNUSED_BY_TABLE_JSON = (
     "multiprocessing",
     "concurrent.futures",
@@ -152,16 +167,24 @@ UNUSED_BY_TABLE_JSON = (
 )
 
 
-def test_table_json_of_one_file_imports_only_what_it_uses(plain_trace: Path, tmp_path: Path) -> None:
+def test_table_json_of_one_file_imports_only_what_it_uses(
+    plain_trace: Path, tmp_path: Path
+) -> None:
     # GIVEN one gzip trace (the shape of the real 100k-event traces scripts/bench_gpu.py measures)
     gz = tmp_path / "plain.pt.trace.json.gz"
     gz.write_bytes(gzip.compress(plain_trace.read_bytes()))
     # WHEN `stepcli table --json` reads it, Python listing every module it imports
     proc = run_stepcli("table", "--json", gz, env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    listed = [line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")]
-    imported = set(listed[listed.index("stepcli") :])  # (what the interpreter's start-up hooks import is not ours)
-    # THEN start-up time goes to nothing the work does not use (each one costs 3-30 ms of a 0.5 s run)
+    listed = [
+        line.rsplit("|", 1)[1].strip()
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:")
+    ]
+    # (what the interpreter's start-up hooks import is not ours)
+    imported = set(listed[listed.index("stepcli") :])
+    # THEN start-up time goes to nothing the work does not use (each one costs 3-30 ms of a 0.5 s
+    # run)
     assert "numpy" in imported and "stepcli.traces.engine" in imported  # (the listing works)
     assert sorted(set(UNUSED_BY_TABLE_JSON) & imported) == []
     assert json.loads(proc.stdout)["files"] == [str(gz)]
@@ -171,7 +194,9 @@ def test_two_ranks_from_torchrun(two_rank_dir: Path) -> None:
     data = table_json(two_rank_dir)
     assert [r["rank"] for r in data["ranks"]] == [0, 1]
     assert data["slowest_rank"] == 1
-    assert sorted({(s["rank"], s["step"]) for s in data["steps"]}) == [(r, n) for r in (0, 1) for n in range(2, 12)]
+    assert sorted({(s["rank"], s["step"]) for s in data["steps"]}) == [
+        (r, n) for r in (0, 1) for n in range(2, 12)
+    ]
     # the terminal report names the slowest rank in words
     proc = run_stepcli("table", two_rank_dir)
     assert proc.returncode == 0, proc.stderr
@@ -179,8 +204,11 @@ def test_two_ranks_from_torchrun(two_rank_dir: Path) -> None:
     assert "rank 0 ms" in proc.stdout and "rank 1 ms" in proc.stdout
 
 
-def test_traces_of_jobs_of_different_sizes_name_no_slowest_rank(two_rank_dir: Path, tmp_path: Path) -> None:
-    # GIVEN the two ranks' traces, one of them edited to say it came from a job of 8 ranks (another job's trace)
+def test_traces_of_jobs_of_different_sizes_name_no_slowest_rank(
+    two_rank_dir: Path, tmp_path: Path
+) -> None:
+    # GIVEN the two ranks' traces, one of them edited to say it came from a job of 8 ranks (another
+    # job's trace)
     mixed = tmp_path / "mixed"
     shutil.copytree(two_rank_dir, mixed)
     rank1 = next(mixed.glob("rank1*.pt.trace.json"))
@@ -199,7 +227,10 @@ def test_traces_of_jobs_of_different_sizes_name_no_slowest_rank(two_rank_dir: Pa
     # AND merge aligns them by their base times only, and says why
     merged = run_stepcli("merge", mixed, "-o", tmp_path / "merged.json")
     assert merged.returncode == 0, merged.stderr
-    assert "clocks from the traces' base times (traces of different jobs: their world sizes differ)" in merged.stdout
+    assert (
+        "clocks from the traces' base times (traces of different jobs: their world sizes differ)"
+        in merged.stdout
+    )
     # AND one job's traces say nothing of it
     assert table_json(two_rank_dir)["mixed_jobs"] is None
 
@@ -226,15 +257,28 @@ def test_csv_parses(plain_trace: Path) -> None:
     proc = run_stepcli("table", "--csv", "--limit", "1000", plain_trace)
     assert proc.returncode == 0, proc.stderr
     rows = list(csv.DictReader(io.StringIO(proc.stdout)))
-    assert rows and set(rows[0]) == {"kind", "name", "calls", "self_ms", "total_ms", "avg_ms", "self_share"}
+    assert rows and set(rows[0]) == {
+        "kind",
+        "name",
+        "calls",
+        "self_ms",
+        "total_ms",
+        "avg_ms",
+        "self_share",
+    }
     assert {r["kind"] for r in rows} == {"cpu"}
     assert len(rows) == len(table_json(plain_trace)["cpu_ops"])
     float(rows[0]["self_ms"]), int(rows[0]["calls"])
-    # times to the microsecond, shares to 6 places: no float noise such as 3.1879690000000003 (issue 49)
+    # times to the microsecond, shares to 6 places: no float noise such as 3.1879690000000003 (issue
+    # 49)
     decimals = {
-        k: max(len(r[k].partition(".")[2]) for r in rows) for k in ("self_ms", "total_ms", "avg_ms", "self_share")
+        k: max(len(r[k].partition(".")[2]) for r in rows)
+        for k in ("self_ms", "total_ms", "avg_ms", "self_share")
     }
-    assert all(decimals[k] <= 3 for k in ("self_ms", "total_ms", "avg_ms")) and decimals["self_share"] <= 6, decimals
+    assert (
+        all(decimals[k] <= 3 for k in ("self_ms", "total_ms", "avg_ms"))
+        and decimals["self_share"] <= 6
+    ), decimals
 
 
 def test_markdown_tables_are_well_formed(two_rank_dir: Path) -> None:
@@ -267,7 +311,8 @@ def test_group_by_shape(plain_trace: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "kind", ["missing", "empty", "truncated", "non-json", "corrupt-gzip", "not-a-trace", "empty-dir"]
+    "kind",
+    ["missing", "empty", "truncated", "non-json", "corrupt-gzip", "not-a-trace", "empty-dir"],
 )
 def test_bad_input_is_one_line_naming_the_file(tmp_path: Path, kind: str) -> None:
     text = (DATA / "train_cpu.pt.trace.json").read_text()
@@ -299,25 +344,58 @@ def test_one_bad_file_among_good_ones_fails(plain_trace: Path, tmp_path: Path) -
     shutil.copy(plain_trace, tmp_path / "good.pt.trace.json")
     (tmp_path / "bad.pt.trace.json").write_text("{")
     proc = run_stepcli("table", tmp_path)
-    assert proc.returncode != 0 and "bad.pt.trace.json" in proc.stderr and "Traceback" not in proc.stderr
+    assert (
+        proc.returncode != 0
+        and "bad.pt.trace.json" in proc.stderr
+        and "Traceback" not in proc.stderr
+    )
 
 
 def test_a_step_number_repeated_in_one_process_shows_every_duration(tmp_path: Path) -> None:
-    # GIVEN one process whose trace holds ProfilerStep#1 twice (a profiler restarted inside one trace), 1 ms and 5 ms
+    # GIVEN one process whose trace holds ProfilerStep#1 twice (a profiler restarted inside one
+    # trace), 1 ms and 5 ms
     events = [
-        {"name": "ProfilerStep#1", "ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": 0, "dur": 1000},
+        {
+            "name": "ProfilerStep#1",
+            "ph": "X",
+            "cat": "user_annotation",
+            "pid": 1,
+            "tid": 1,
+            "ts": 0,
+            "dur": 1000,
+        },
         {"name": "aten::mm", "ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 10, "dur": 500},
-        {"name": "ProfilerStep#1", "ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": 2000, "dur": 5000},
-        {"name": "aten::mm", "ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 2010, "dur": 4000},
+        {
+            "name": "ProfilerStep#1",
+            "ph": "X",
+            "cat": "user_annotation",
+            "pid": 1,
+            "tid": 1,
+            "ts": 2000,
+            "dur": 5000,
+        },
+        {
+            "name": "aten::mm",
+            "ph": "X",
+            "cat": "cpu_op",
+            "pid": 1,
+            "tid": 1,
+            "ts": 2010,
+            "dur": 4000,
+        },
     ]
     trace = tmp_path / "restarted.pt.trace.json"
     trace.write_text(json.dumps({"traceEvents": events}))
     proc = run_stepcli("table", trace)
     assert proc.returncode == 0, proc.stderr
-    # THEN the steps table has a row for each (one cell per step number would have kept only the last)
+    # THEN the steps table has a row for each (one cell per step number would have kept only the
+    # last)
     steps = proc.stdout[proc.stdout.index("Steps") : proc.stdout.index("Step breakdown")]
     rows = [line.split("│")[1:4] for line in steps.splitlines() if line.startswith("│")]
-    assert [[cell.strip() for cell in row] for row in rows] == [["pid 1", "1", "1.00"], ["pid 1", "1", "5.00"]], steps
+    assert [[cell.strip() for cell in row] for row in rows] == [
+        ["pid 1", "1", "1.00"],
+        ["pid 1", "1", "5.00"],
+    ], steps
     # and on a pipe (80 columns) the long path of the one file read stands whole on its own line
     deep = tmp_path / ("x" * 60) / trace.name
     deep.parent.mkdir()
@@ -339,13 +417,19 @@ def test_render_treats_names_as_text_and_shortens_in_the_middle() -> None:
         Event(name=long_name, cat="kernel", pid=0, tid=7, ts=1.0, dur=2.0),
     ]
     out = io.StringIO()
-    print_table_report(summarize([Trace.from_events(events)]), sort_by="self", limit=5, fmt="rich", file=out)
+    print_table_report(
+        summarize([Trace.from_events(events)]), sort_by="self", limit=5, fmt="rich", file=out
+    )
     text = out.getvalue()
     assert "[bold]odd[/bold] name" in text
-    assert "void at::native::" in text and "functor)" in text and "…" in text and long_name not in text
+    assert (
+        "void at::native::" in text and "functor)" in text and "…" in text and long_name not in text
+    )
     assert shorten("abcdefghij", 5) == "ab…ij" and shorten("short", 5) == "short"
     csv_out = io.StringIO()
-    print_table_report(summarize([Trace.from_events(events)]), sort_by="self", limit=5, fmt="csv", file=csv_out)
+    print_table_report(
+        summarize([Trace.from_events(events)]), sort_by="self", limit=5, fmt="csv", file=csv_out
+    )
     assert long_name in csv_out.getvalue()  # machines get full names
 
 
@@ -362,11 +446,20 @@ def test_names_that_would_shorten_alike_stand_whole() -> None:
     events = [Event(name=name, cat="cpu_op", ts=10.0 * i, dur=5.0) for i, name in enumerate(names)]
     out = io.StringIO()
     print_rich_report(
-        summarize([Trace.from_events(events)]).to_dict(), Console(file=out, width=80), sort_by="name", limit=5
+        summarize([Trace.from_events(events)]).to_dict(),
+        Console(file=out, width=80),
+        sort_by="name",
+        limit=5,
     )
-    # THEN each can still be told from the other: over two lines, whole (both were `Optimizer.zero_gra….zero_grad`)
-    cells = "".join(line.split("│")[1].strip() for line in out.getvalue().splitlines() if line.startswith("│"))
-    assert "Optimizer.zero_grad#Adam.zero_grad" in cells and "Optimizer.zero_grad#SGD.zero_grad" in cells
+    # THEN each can still be told from the other: over two lines, whole (both were
+    # `Optimizer.zero_gra….zero_grad`)
+    cells = "".join(
+        line.split("│")[1].strip() for line in out.getvalue().splitlines() if line.startswith("│")
+    )
+    assert (
+        "Optimizer.zero_grad#Adam.zero_grad" in cells
+        and "Optimizer.zero_grad#SGD.zero_grad" in cells
+    )
     assert all(len(line) <= 80 for line in out.getvalue().splitlines())
 
 
@@ -376,7 +469,8 @@ def test_the_ranks_table_never_cuts_a_figure(width: int) -> None:
 
     from stepcli.traces.render.terminal import ranks_table
 
-    # GIVEN two ranks with 5-digit figures, the slower one labelled so, on a terminal narrower than 80 columns
+    # GIVEN two ranks with 5-digit figures, the slower one labelled so, on a terminal narrower than
+    # 80 columns
     stats = {"count": 12, "mean": 55.82, "p90": 59.3, "max": 12345.67}
     ranks = [
         {"rank": 0, "process": "rank 0", "step_ms": stats, "compute_ms": 4.31, "comm_ms": 51.51},
@@ -385,7 +479,8 @@ def test_the_ranks_table_never_cuts_a_figure(width: int) -> None:
     out = io.StringIO()
     Console(file=out, width=width).print(ranks_table(ranks, 1))
     text = out.getvalue()
-    # THEN every figure stands whole (at 72 columns the Wait cell read `51.…`); the label wraps instead
+    # THEN every figure stands whole (at 72 columns the Wait cell read `51.…`); the label wraps
+    # instead
     for figure in ("55.82", "59.30", "12,345.7", "4.31", "51.51", "52.50", "3.76"):
         assert figure in text, text
     assert "…" not in text and all(len(line) <= width for line in text.splitlines())
@@ -393,11 +488,16 @@ def test_the_ranks_table_never_cuts_a_figure(width: int) -> None:
 
 @pytest.mark.parametrize("bad", ["1e308", "1e400", "1" + "0" * 400, '"nan"'])
 def test_non_finite_times_are_skipped_not_a_traceback(tmp_path: Path, bad: str) -> None:
-    # GIVEN the smallest trace that used to crash (round(inf)), and a trace with steps and one such event
+    # GIVEN the smallest trace that used to crash (round(inf)), and a trace with steps and one such
+    # event
     lone = tmp_path / "lone.json"
-    lone.write_text('{"traceEvents":[{"name":"a","ph":"X","ts":0,"dur":' + bad + ',"cat":"cpu_op"}]}')
+    lone.write_text(
+        '{"traceEvents":[{"name":"a","ph":"X","ts":0,"dur":' + bad + ',"cat":"cpu_op"}]}'
+    )
     doc = json.loads((DATA / "train_cpu.pt.trace.json").read_text())
-    doc["traceEvents"].append({"name": "aten::odd", "ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 0, "dur": 0})
+    doc["traceEvents"].append(
+        {"name": "aten::odd", "ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 0, "dur": 0}
+    )
     stepped = tmp_path / "stepped.json"
     stepped.write_text(json.dumps(doc).replace('"dur": 0}', f'"dur": {bad}}}'))
     for path in (lone, stepped):
@@ -406,14 +506,17 @@ def test_non_finite_times_are_skipped_not_a_traceback(tmp_path: Path, bad: str) 
         # THEN a clean report that says an event was skipped
         assert proc.returncode == 0 and proc.stderr == "", proc.stderr
         assert (
-            "skipped 1 event with a missing, non-numeric, negative or out-of-range ts/dur (left out of every figure)"
-            in proc.stdout
+            "skipped 1 event with a missing, non-numeric, negative or out-of-range ts/dur (left "
+            "out of every figure)" in proc.stdout
         )
     assert table_json(lone)["skipped_events"] == 1 and table_json(lone)["cpu_ops"] == []
     good = table_json(DATA / "train_cpu.pt.trace.json")
-    assert table_json(stepped)["steps"] == good["steps"] and table_json(stepped)["skipped_events"] == 1
-    # compare reads traces with the same reader and sniffs by content with it too: the same verdict for every
-    # value (1e400 included), never a traceback (2 steps against themselves: inconclusive, exit 4)
+    assert (
+        table_json(stepped)["steps"] == good["steps"] and table_json(stepped)["skipped_events"] == 1
+    )
+    # compare reads traces with the same reader and sniffs by content with it too: the same verdict
+    # for every value (1e400 included), never a traceback (2 steps against themselves: inconclusive,
+    # exit 4)
     for path, status in ((stepped, 4), (lone, 3)):
         proc = run_stepcli("compare", path, path)
         assert "Traceback" not in proc.stderr, proc.stderr
@@ -424,7 +527,15 @@ def test_non_finite_times_are_skipped_not_a_traceback(tmp_path: Path, bad: str) 
 def test_reader_closing_the_pipe_early_is_not_an_error(tmp_path: Path, fmt: str) -> None:
     # GIVEN a trace whose report is far bigger than a pipe buffer (64 KiB)
     events = [
-        {"name": f"op_{i:05d}_" + "x" * 40, "ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": i * 10, "dur": 5}
+        {
+            "name": f"op_{i:05d}_" + "x" * 40,
+            "ph": "X",
+            "cat": "cpu_op",
+            "pid": 1,
+            "tid": 1,
+            "ts": i * 10,
+            "dur": 5,
+        }
         for i in range(4000)
     ]
     path = tmp_path / "big.json"
@@ -476,22 +587,31 @@ CUT_SHORT = """
 
 
 def test_incomplete_step_of_a_real_trace_is_left_out(tmp_path: Path) -> None:
-    # GIVEN a plain torch.profiler trace cut short in step 3, marked the way stepcli's agent marks it
+    # GIVEN a plain torch.profiler trace cut short in step 3, marked the way stepcli's agent marks
+    # it
     script = write_script(tmp_path, "cut.py", CUT_SHORT)
     out = tmp_path / "cut.pt.trace.json"
     subprocess.run(
-        [sys.executable, str(script), str(out)], check=True, capture_output=True, timeout=120, env=stepcli_env()
+        [sys.executable, str(script), str(out)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+        env=stepcli_env(),
     )
     raw = json.loads(out.read_text())
-    assert raw["stepcli_incomplete_step"] == "3"  # top level, a JSON string: what the reader expects
-    assert sorted(e["name"] for e in raw["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")) == [
+    # top level, a JSON string: what the reader expects
+    assert raw["stepcli_incomplete_step"] == "3"
+    assert sorted(
+        e["name"] for e in raw["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")
+    ) == [
         "ProfilerStep#1",
         "ProfilerStep#2",
         "ProfilerStep#3",
     ]
     # WHEN summarized
     data = table_json(out)
-    # THEN step 3 is in no step figure, and neither it nor the forward pass begun in it is in the operator table
+    # THEN step 3 is in no step figure, and neither it nor the forward pass begun in it is in the
+    # operator table
     assert [s["step"] for s in data["steps"]] == [1, 2]
     assert data["step_ms"]["count"] == 2 and data["ranks"][0]["step_ms"]["count"] == 2
     calls = {r["name"]: r["calls"] for r in data["cpu_ops"]}
@@ -501,7 +621,8 @@ def test_incomplete_step_of_a_real_trace_is_left_out(tmp_path: Path) -> None:
 
 
 def test_a_gpu_trace_without_profiler_steps_is_said_to_be_one_whole_trace(tmp_path: Path) -> None:
-    # GIVEN a GPU trace with no ProfilerStep#N annotation (a profiler used without step(), HTA's sample traces)
+    # GIVEN a GPU trace with no ProfilerStep#N annotation (a profiler used without step(), HTA's
+    # sample traces)
     with gzip.open(DATA / "cuda_small.pt.trace.json.gz", "rt") as handle:
         document = json.load(handle)
     document["traceEvents"] = [
@@ -509,14 +630,18 @@ def test_a_gpu_trace_without_profiler_steps_is_said_to_be_one_whole_trace(tmp_pa
     ]
     trace = tmp_path / "nostep.json"
     trace.write_text(json.dumps(document))
-    # WHEN table summarizes it THEN its figures are said to be the whole trace's, never "per step" (issue 49: `host
-    # wait 12,854 ms/step` for the whole trace taken as one step)
+    # WHEN table summarizes it THEN its figures are said to be the whole trace's, never "per step"
+    # (issue 49: `host wait 12,854 ms/step` for the whole trace taken as one step)
     result = run_stepcli("table", trace, env={"COLUMNS": "80"})
     assert result.returncode == 0, result.stderr
     text = " ".join(result.stdout.split())
     assert "the figures below are for the whole trace, not per step" in text
     assert "Device time, whole trace" in text and "Device activity (whole trace)" in text
-    assert "/step" not in text and "ms / step" not in text and "per step" not in text.replace("not per step", "")
+    assert (
+        "/step" not in text
+        and "ms / step" not in text
+        and "per step" not in text.replace("not per step", "")
+    )
 
 
 STUB_AT_THE_END = """
@@ -536,15 +661,20 @@ STUB_AT_THE_END = """
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
             prof.step()
-"""
+"""  # noqa: E501
 
 
 def test_the_profilers_closing_stub_is_no_step_and_says_it_was_left_out(tmp_path: Path) -> None:
-    # GIVEN a plain torch.profiler trace whose last ProfilerStep#N is the profiler's stub (microseconds, no operator)
+    # GIVEN a plain torch.profiler trace whose last ProfilerStep#N is the profiler's stub
+    # (microseconds, no operator)
     script = write_script(tmp_path, "stub.py", STUB_AT_THE_END)
     out = tmp_path / "traces"
     subprocess.run(
-        [sys.executable, str(script), str(out)], check=True, capture_output=True, timeout=120, env=stepcli_env()
+        [sys.executable, str(script), str(out)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+        env=stepcli_env(),
     )
     (trace,) = out.glob("*.pt.trace.json")
     steps = {
@@ -555,10 +685,13 @@ def test_the_profilers_closing_stub_is_no_step_and_says_it_was_left_out(tmp_path
     assert sorted(steps) == [f"ProfilerStep#{n}" for n in (2, 3, 4, 5, 6)]
     # WHEN summarized
     data = table_json(out)
-    # THEN step 6 is in no step figure (the minimum was its 0.01 ms), and the JSON says why it was left out
+    # THEN step 6 is in no step figure (the minimum was its 0.01 ms), and the JSON says why it was
+    # left out
     assert [s["step"] for s in data["steps"]] == [2, 3, 4, 5]
     assert data["step_ms"]["count"] == 4 and data["step_ms"]["min"] * 1000 > steps["ProfilerStep#6"]
-    assert data["left_out_steps"] == [{"file": str(trace), "step": 6, "why": data["left_out_steps"][0]["why"]}]
+    assert data["left_out_steps"] == [
+        {"file": str(trace), "step": 6, "why": data["left_out_steps"][0]["why"]}
+    ]
     why = data["left_out_steps"][0]["why"]
     assert "stub" in why
     # ... and the terminal and the report say the same, once

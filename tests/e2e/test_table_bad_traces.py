@@ -1,7 +1,9 @@
-"""Each malformed input of issue 14, decided once: skipped and counted, or the file rejected in one line.
+"""Each malformed input of issue 14, decided once: skipped and counted, or the file rejected in one
+line.
 
-`table`, `table --json` and `compare` must agree on every case. Most cases run through `stepcli.cli.main` (the
-entry point that maps errors to exit codes); the ones about files that block or never end run as subprocesses.
+`table`, `table --json` and `compare` must agree on every case. Most cases run through
+`stepcli.cli.main` (the entry point that maps errors to exit codes); the ones about files that block
+or never end run as subprocesses.
 """
 
 from __future__ import annotations
@@ -55,8 +57,14 @@ REJECTED = {
     "deep": (b'{"traceEvents": [' + b"[" * 100_000 + b"]" * 100_000 + b"]}", "nested too deeply"),
     "bad_utf8": (REAL.read_bytes().replace(b'"aten::', b'"\xffaten::', 1), "not UTF-8"),
     "lenient_then_malformed": (b'{"traceEvents": [{"ts": "x"}, 1, {"a": }]}', "invalid JSON"),
-    "bare_nan": (REAL.read_bytes().replace(b'"dur": ', b'"dur": NaN, "x": ', 1), "bare NaN at byte"),
-    "bare_infinity": (REAL.read_bytes().replace(b'"ts": ', b'"ts": -Infinity, "y": ', 1), "bare -Infinity"),
+    "bare_nan": (
+        REAL.read_bytes().replace(b'"dur": ', b'"dur": NaN, "x": ', 1),
+        "bare NaN at byte",
+    ),
+    "bare_infinity": (
+        REAL.read_bytes().replace(b'"ts": ', b'"ts": -Infinity, "y": ', 1),
+        "bare -Infinity",
+    ),
 }
 
 
@@ -67,7 +75,11 @@ def test_files_that_are_rejected_get_one_line_from_every_command(
     content, words = REJECTED[case]
     path = tmp_path / f"{case}.json"
     path.write_bytes(content)
-    for argv in (["table", str(path)], ["table", "--json", str(path)], ["compare", str(REAL), str(path)]):
+    for argv in (
+        ["table", str(path)],
+        ["table", "--json", str(path)],
+        ["compare", str(REAL), str(path)],
+    ):
         code, out, err = _cli(capsys, *argv)
         assert code == 2 and out == "", (argv, err)
         line = _one_line(err)
@@ -109,14 +121,21 @@ def test_unplaceable_events_are_skipped_and_counted_everywhere(
     assert report["skipped_events"] >= kept
     code, out, _ = _cli(capsys, "table", str(path))
     assert code == 0 and "skipped" in out and "-0.0" not in out
-    # and compare, reading with the same reader, says nothing was measured (exit 3), never "run summary"
+    # and compare, reading with the same reader, says nothing was measured (exit 3), never "run
+    # summary"
     code, out, err = _cli(capsys, "compare", str(REAL), str(path))
     assert code == 3 and "NOTHING MEASURED" in out and "run summary" not in err
 
 
-def test_one_negative_dur_is_skipped_and_the_rest_is_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_one_negative_dur_is_skipped_and_the_rest_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     doc = _real()
-    odd = next(e for e in doc["traceEvents"] if e.get("name", "").startswith("aten::") and e.get("ph") == "X")
+    odd = next(
+        e
+        for e in doc["traceEvents"]
+        if e.get("name", "").startswith("aten::") and e.get("ph") == "X"
+    )
     odd["dur"] = -5
     path = tmp_path / "one.json"
     path.write_text(json.dumps(doc))
@@ -125,14 +144,20 @@ def test_one_negative_dur_is_skipped_and_the_rest_is_read(tmp_path: Path, capsys
     assert report["skipped_events"] == 1 and report["steps"] == good["steps"]
 
 
-def test_numeric_string_times_are_read_as_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = _with_events(tmp_path, "strings.json", lambda e: e | {"ts": str(e["ts"]), "dur": str(e["dur"])})
+def test_numeric_string_times_are_read_as_numbers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _with_events(
+        tmp_path, "strings.json", lambda e: e | {"ts": str(e["ts"]), "dur": str(e["dur"])}
+    )
     report = json.loads(_cli(capsys, "table", "--json", str(path))[1])
     good = json.loads(_cli(capsys, "table", "--json", str(REAL))[1])
     assert report["skipped_events"] == 0 and report["steps"] == good["steps"]
 
 
-def test_rank_past_64_bits_is_ignored_and_json_still_works(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_rank_past_64_bits_is_ignored_and_json_still_works(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     for rank in (2**64, -1, "3", 2**31):
         doc = _real()
         doc["distributedInfo"] = {"rank": rank}
@@ -142,27 +167,67 @@ def test_rank_past_64_bits_is_ignored_and_json_still_works(tmp_path: Path, capsy
         assert code == 0 and err == "", err
         assert [r["rank"] for r in json.loads(out)["ranks"]] == [7], rank  # from the file name
     huge = tmp_path / "huge_step.json"
-    huge.write_text(json.dumps(_real()).replace('"ProfilerStep#3"', '"ProfilerStep#' + "9" * 40 + '"'))
+    huge.write_text(
+        json.dumps(_real()).replace('"ProfilerStep#3"', '"ProfilerStep#' + "9" * 40 + '"')
+    )
     code, out, err = _cli(capsys, "table", "--json", str(huge))
     assert code == 0 and json.loads(out)["skipped_events"] == 1
 
 
-def test_args_past_64_bits_read_as_missing_in_every_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # GIVEN a launch, its kernel (a collective with a copy size) and an operator with FLOPs, where one of the ids or
-    # counts numpy holds in 64 bits is past them (a hostile file's)
+def test_args_past_64_bits_read_as_missing_in_every_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN a launch, its kernel (a collective with a copy size) and an operator with FLOPs, where
+    # one of the ids or counts numpy holds in 64 bits is past them (a hostile file's)
     def trace(field: str, value: int | None) -> Path:
         def args(**fields: Any) -> dict[str, Any]:
-            return {k: v for k, v in fields.items() if k != field} | ({} if value is None else {field: value})
+            return {k: v for k, v in fields.items() if k != field} | (
+                {} if value is None else {field: value}
+            )
 
         events = [
-            {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 1000, "dur": 100},
-            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1001, "dur": 5,
-             "args": args(flops=1000, **{"External id": 5})},
-            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 1002, "dur": 5,
-             "args": args(correlation=7)},
-            {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce", "pid": 0, "tid": 7, "ts": 1010, "dur": 5,
-             "args": args(correlation=7, bytes=4096, **{"Collective name": "allreduce", "External id": 5})},
-        ]  # fmt: skip
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": "ProfilerStep#1",
+                "pid": 1,
+                "tid": 1,
+                "ts": 1000,
+                "dur": 100,
+            },
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": "aten::mm",
+                "pid": 1,
+                "tid": 1,
+                "ts": 1001,
+                "dur": 5,
+                "args": args(flops=1000, **{"External id": 5}),
+            },
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "pid": 1,
+                "tid": 1,
+                "ts": 1002,
+                "dur": 5,
+                "args": args(correlation=7),
+            },
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "ncclDevKernel_AllReduce",
+                "pid": 0,
+                "tid": 7,
+                "ts": 1010,
+                "dur": 5,
+                "args": args(
+                    correlation=7, bytes=4096, **{"Collective name": "allreduce", "External id": 5}
+                ),
+            },
+        ]
         path = tmp_path / f"{field}_{value}.pt.trace.json"
         path.write_text(json.dumps({"traceEvents": events}))
         return path
@@ -177,19 +242,29 @@ def test_args_past_64_bits_read_as_missing_in_every_command(tmp_path: Path, caps
             # WHEN any command reads it THEN no internal error: the value reads as missing
             code, out, err = _cli(capsys, "table", "--json", str(path))
             assert (code, err) == (0, ""), (field, value, err)
-            assert json.loads(out.replace(json.dumps(str(path)), '"FILE"')) == expected, (field, value)
+            assert json.loads(out.replace(json.dumps(str(path)), '"FILE"')) == expected, (
+                field,
+                value,
+            )
             assert _cli(capsys, "compare", str(path), str(path))[0] in (0, 4), (field, value)
             code, _, err = _cli(capsys, "merge", str(path), "-o", str(tmp_path / "merged.json"))
-            if code == 2:  # an id merge moves (a positive one) must fit (merge.md): one line, exit 2
+            # an id merge moves (a positive one) must fit (merge.md): one line, exit 2
+            if code == 2:
                 assert field in ("correlation", "External id") and value > 0, (field, value, err)
                 assert "is outside 0..2^40" in _one_line(err), (field, value, err)
             else:
                 assert code == 0, (field, value, err)
-            assert _cli(capsys, "report", str(path), "-o", str(tmp_path / "page.html"))[0] == 0, (field, value)
+            assert _cli(capsys, "report", str(path), "-o", str(tmp_path / "page.html"))[0] == 0, (
+                field,
+                value,
+            )
 
 
-def test_merge_reads_odd_values_as_table_does(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # GIVEN two ranks of a real trace, rank 1 later by 500 us, as numbers; then rank 1's times as numeric strings
+def test_merge_reads_odd_values_as_table_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN two ranks of a real trace, rank 1 later by 500 us, as numbers; then rank 1's times as
+    # numeric strings
     def job(name: str, change: Any = None) -> tuple[int, dict[str, Any]]:
         folder = tmp_path / name
         folder.mkdir()
@@ -212,11 +287,16 @@ def test_merge_reads_odd_values_as_table_does(tmp_path: Path, capsys: pytest.Cap
                 event[key] = repr(float(event[key]))
 
     _, numbers = job("numbers")
-    # WHEN merged THEN the strings are read as numbers, moved onto the merged clock and written as numbers
+    # WHEN merged THEN the strings are read as numbers, moved onto the merged clock and written as
+    # numbers
     _, strings = job("strings", as_strings)
     assert strings["traceEvents"] == numbers["traceEvents"]
-    # AND a pid or tid that is a list (an object, a bool) is taken as text, as table takes it: no internal error
-    _, lists = job("lists", lambda e: e.update(pid=[e.get("pid")], tid={"t": e.get("tid")}) if "pid" in e else None)
+    # AND a pid or tid that is a list (an object, a bool) is taken as text, as table takes it: no
+    # internal error
+    _, lists = job(
+        "lists",
+        lambda e: e.update(pid=[e.get("pid")], tid={"t": e.get("tid")}) if "pid" in e else None,
+    )
     names = [e["args"]["name"] for e in lists["traceEvents"] if e.get("name") == "process_name"]
     assert "rank 1" in names
 
@@ -237,7 +317,8 @@ def test_not_regular_files_are_refused_without_blocking(tmp_path: Path) -> None:
 
 
 SIDE_FILES = {
-    # what is planted as the trace's FLOPs side file (issue 47, items 1-3): the words of its one warning
+    # what is planted as the trace's FLOPs side file (issue 47, items 1-3): the words of its one
+    # warning
     "fifo": (None, "not a regular file"),
     "dev_zero": (None, "not a regular file"),
     "huge": (b'{"flops": 1}' + b" " * 200_000, "larger than"),
@@ -250,8 +331,8 @@ SIDE_FILES = {
 
 @pytest.mark.parametrize("case", sorted(SIDE_FILES))
 def test_a_planted_flops_side_file_is_left_out_with_a_warning(tmp_path: Path, case: str) -> None:
-    # GIVEN a trace whose `NAME.flops` beside it is a FIFO, a link to /dev/zero, huge, or holds a count no float
-    # can hold
+    # GIVEN a trace whose `NAME.flops` beside it is a FIFO, a link to /dev/zero, huge, or holds a
+    # count no float can hold
     folder = tmp_path / "run"
     folder.mkdir()
     shutil.copy(REAL, folder / "rank0.pt.trace.json")
@@ -271,8 +352,8 @@ def test_a_planted_flops_side_file_is_left_out_with_a_warning(tmp_path: Path, ca
         ["compare", REAL, folder],
     ):
         proc = run_stepcli(*argv, timeout=60)
-        # THEN none blocks, runs out of memory or fails (compare's exit is its verdict, inconclusive on one
-        # trace a side): the side file is left out with one warning
+        # THEN none blocks, runs out of memory or fails (compare's exit is its verdict, inconclusive
+        # on one trace a side): the side file is left out with one warning
         assert proc.returncode in ((0, 1, 4) if argv[0] == "compare" else (0,)), (argv, proc.stderr)
         assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
         warnings = [line for line in proc.stderr.splitlines() if "rank0.flops" in line]
@@ -283,14 +364,15 @@ def test_a_planted_flops_side_file_is_left_out_with_a_warning(tmp_path: Path, ca
 
 
 def test_a_fifo_named_like_a_gzip_trace_blocks_no_command(tmp_path: Path) -> None:
-    # GIVEN a folder of two gzip traces and a FIFO named like a third (issue 47, item 4: the gzip size estimate
-    # opened every .gz before anything checked it was a regular file)
+    # GIVEN a folder of two gzip traces and a FIFO named like a third (issue 47, item 4: the gzip
+    # size estimate opened every .gz before anything checked it was a regular file)
     folder = tmp_path / "job"
     folder.mkdir()
     for name in ("rank0", "rank1"):
         (folder / f"{name}.pt.trace.json.gz").write_bytes(gzip.compress(REAL.read_bytes()))
     os.mkfifo(folder / "rank2.pt.trace.json.gz")
-    # WHEN table, merge and report read the folder THEN each refuses the FIFO in one line, without blocking
+    # WHEN table, merge and report read the folder THEN each refuses the FIFO in one line, without
+    # blocking
     for argv in (
         ["table", folder],
         ["merge", folder, "-o", tmp_path / "merged.json"],
@@ -306,7 +388,9 @@ def test_inputs_over_the_limit_are_refused(
 ) -> None:
     # GIVEN a 40 KB gzip that inflates to 40 MB (a small bomb), and a limit of 1 MB
     bomb = tmp_path / "bomb.pt.trace.json.gz"
-    bomb.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * 40_000_000 + b"]}", compresslevel=9))
+    bomb.write_bytes(
+        gzip.compress(b'{"traceEvents": [' + b" " * 40_000_000 + b"]}", compresslevel=9)
+    )
     assert bomb.stat().st_size < 100_000
     monkeypatch.setenv("STEPCLI_MAX_INPUT_BYTES", str(1024 * 1024))
     plain = tmp_path / "plain.json"
@@ -325,7 +409,9 @@ def run_summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     folder = tmp_path_factory.mktemp("summary")
     script = write_script(folder, "train.py", TRAIN_LOOP)
-    proc = run_stepcli("run", "-q", "--json", folder / "s.json", "-o", folder / "out", "--active", "1", script, "6")
+    proc = run_stepcli(
+        "run", "-q", "--json", folder / "s.json", "-o", folder / "out", "--active", "1", script, "6"
+    )
     assert proc.returncode == 0, proc.stderr
     doc: dict[str, Any] = json.loads((folder / "s.json").read_text())
     assert doc["traces"] and doc["windows"]
@@ -362,11 +448,15 @@ def test_run_summary_naming_files_outside_its_folder_is_refused(
         code, _, err = _cli(capsys, "compare", str(good), str(path))
         assert code == 2 and "outside its out_dir" in _one_line(err), err
     code, _, err = _cli(capsys, "compare", str(good), str(good))
-    assert code in (0, 4), err  # read and decided (a few steps against themselves: inconclusive), not refused
+    # read and decided (a few steps against themselves: inconclusive), not refused
+    assert code in (0, 4), err
 
 
-def test_a_merged_trace_is_refused_by_name_and_left_out_of_its_folder(rank_folder: Path, tmp_path: Path) -> None:
-    # GIVEN the four rank traces and `stepcli merge`'s output of them in the same folder (as `-o` puts it there)
+def test_a_merged_trace_is_refused_by_name_and_left_out_of_its_folder(
+    rank_folder: Path, tmp_path: Path
+) -> None:
+    # GIVEN the four rank traces and `stepcli merge`'s output of them in the same folder (as `-o`
+    # puts it there)
     folder = tmp_path / "ranks"
     shutil.copytree(rank_folder, folder)
     merged = folder / "merged.pt.trace.json"
@@ -377,7 +467,8 @@ def test_a_merged_trace_is_refused_by_name_and_left_out_of_its_folder(rank_folde
     beside = json.loads(run_stepcli("table", "--json", folder).stdout)
     assert len(beside["files"]) == len(alone["files"]) == 4
     assert beside["step_ms"] == alone["step_ms"] and len(beside["steps"]) == len(alone["steps"])
-    # AND named, plain or gzipped, it is refused in one line (read as one process, every rank's steps were one's)
+    # AND named, plain or gzipped, it is refused in one line (read as one process, every rank's
+    # steps were one's)
     for path in (merged, tmp_path / "merged.json.gz"):
         for command in (["table"], ["compare", path], ["report", "-o", tmp_path / "r.html"]):
             result = run_stepcli(*command, path)

@@ -1,4 +1,5 @@
-"""`stepcli table --scheduler`: the per-file plan on a Dask distributed cluster gives the local answers."""
+"""`stepcli table --scheduler`: the per-file plan on a Dask distributed cluster gives the local
+answers."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from stepcli.traces.read.tracereader import load_paths
 
 
 def test_cluster_gives_the_local_answers(scheduler: str, rank_folder: Path) -> None:
-    # GIVEN a folder of four rank traces and a cluster WHEN `stepcli table --json --scheduler` reads it
+    # GIVEN a folder of four rank traces and a cluster WHEN `stepcli table --json --scheduler` reads
+    # it
     result = run_stepcli("table", "--json", "--scheduler", scheduler, rank_folder)
     assert result.returncode == 0, result.stderr
     # THEN every figure equals the local one-process summary, files named as given
@@ -25,8 +27,8 @@ def test_cluster_gives_the_local_answers(scheduler: str, rank_folder: Path) -> N
 def test_a_folder_of_more_files_than_tasks_gives_the_local_answers(
     scheduler: str, rank_folder: Path, tmp_path: Path
 ) -> None:
-    # GIVEN 40 rank traces (the four ranks, each as ten ranks): more files than the cluster's tasks (16), so each
-    # task reads a run of neighbouring files
+    # GIVEN 40 rank traces (the four ranks, each as ten ranks): more files than the cluster's tasks
+    # (16), so each task reads a run of neighbouring files
     import shutil
 
     from stepcli.traces.cluster import MIN_TASKS
@@ -66,11 +68,16 @@ def test_without_the_extra_the_flag_says_what_to_install(tmp_path: Path, rank_fo
     blocker.mkdir(parents=True)
     (blocker / "__init__.py").write_text("raise ImportError('not installed')\n")
     result = run_stepcli(
-        "table", "--scheduler", "tcp://127.0.0.1:8786", rank_folder, env={"PYTHONPATH": str(blocker.parent)}
+        "table",
+        "--scheduler",
+        "tcp://127.0.0.1:8786",
+        rank_folder,
+        env={"PYTHONPATH": str(blocker.parent)},
     )
     # THEN one line says what to install
     assert result.returncode == 2
     assert (
         result.stderr.strip()
-        == "stepcli: error: --scheduler needs Dask's distributed package: pip install 'stepcli[dask]'"
+        == "stepcli: error: --scheduler needs Dask's distributed package: pip install "
+        "'stepcli[dask]'"
     )

@@ -29,7 +29,9 @@ def project(tmp_path: Path) -> Path:
     write_script(tmp_path, "app/sibling.py", "VALUE = 'found next to the script'\n")
     write_script(tmp_path, "pkg/__init__.py", "")
     write_script(tmp_path, "pkg/sibling.py", "VALUE = 'found in the package'\n")
-    write_script(tmp_path, "pkg/mod.py", ENV_REPORT.replace("import sibling", "from pkg import sibling"))
+    write_script(
+        tmp_path, "pkg/mod.py", ENV_REPORT.replace("import sibling", "from pkg import sibling")
+    )
     return tmp_path
 
 
@@ -63,7 +65,11 @@ def test_module_mode(project: Path) -> None:
 
 @pytest.mark.parametrize(
     "source, status",
-    [("import sys\nsys.exit(3)\n", 3), ("import sys\nsys.exit('bad config')\n", 1), ("raise SystemExit(0)\n", 0)],
+    [
+        ("import sys\nsys.exit(3)\n", 3),
+        ("import sys\nsys.exit('bad config')\n", 1),
+        ("raise SystemExit(0)\n", 0),
+    ],
 )
 def test_exit_status_is_the_programs(tmp_path: Path, source: str, status: int) -> None:
     script = write_script(tmp_path, "exits.py", source)
@@ -96,7 +102,9 @@ def test_stdin_is_inherited(tmp_path: Path) -> None:
 
     from conftest import stepcli_env
 
-    script = write_script(tmp_path, "echo.py", "import sys\nprint(sys.stdin.read().upper(), end='')\n")
+    script = write_script(
+        tmp_path, "echo.py", "import sys\nprint(sys.stdin.read().upper(), end='')\n"
+    )
     result = subprocess.run(
         [sys.executable, "-m", "stepcli", "run", "-q", "-o", tmp_path / "out", script],
         input="piped in\n",

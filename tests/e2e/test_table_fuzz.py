@@ -1,8 +1,10 @@
-"""Fuzzing `table`, `table --json` and `compare` with seeded mutations of a real trace: bad input is one line.
+"""Fuzzing `table`, `table --json` and `compare` with seeded mutations of a real trace: bad input is
+one line.
 
-The trace comes from a tiny real torch.profiler run (once per session). Most mutants go through the same entry
-point the `stepcli` command uses (`stepcli.cli.main`, which maps errors to exit codes) in this process, for speed;
-a sample also runs as a real subprocess, where a traceback or a runaway memory use would show for real.
+The trace comes from a tiny real torch.profiler run (once per session). Most mutants go through the
+same entry point the `stepcli` command uses (`stepcli.cli.main`, which maps errors to exit codes) in
+this process, for speed; a sample also runs as a real subprocess, where a traceback or a runaway
+memory use would show for real.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ _PROFILE = """
 
 @pytest.fixture(scope="session")
 def real_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small trace written by plain torch.profiler (ProfilerStep#N, shapes, a few hundred events)."""
+    """A small trace written by plain torch.profiler (ProfilerStep#N, shapes, a few hundred
+    events)."""
     folder = tmp_path_factory.mktemp("fuzz_source")
     script = write_script(folder, "profile_tiny.py", _PROFILE)
     path = folder / "tiny.pt.trace.json"
@@ -54,7 +57,8 @@ def real_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-# Raw JSON tokens a structural mutation can put where a value goes (placeholders are swapped in after dumps).
+# Raw JSON tokens a structural mutation can put where a value goes (placeholders are swapped in
+# after dumps).
 _TOKENS = [
     "NaN",
     "Infinity",
@@ -85,7 +89,8 @@ _FIELDS = ["ts", "dur", "name", "cat", "ph", "pid", "tid", "args"]
 
 
 def _structural(doc: dict[str, Any], rng: random.Random) -> bytes:
-    """Replace, delete or retype fields of a few events or of the header, then serialize (maybe invalid JSON)."""
+    """Replace, delete or retype fields of a few events or of the header, then serialize (maybe
+    invalid JSON)."""
     doc = json.loads(json.dumps(doc))
     events = doc["traceEvents"]
     tokens: dict[str, str] = {}
@@ -105,9 +110,17 @@ def _structural(doc: dict[str, Any], rng: random.Random) -> bytes:
             if isinstance(event, dict):
                 event.pop(rng.choice(_FIELDS), None)
     elif kind == 5:  # odd header values
-        doc[rng.choice(["distributedInfo", "stepcli_incomplete_step", "traceEvents", "schema", "deviceProperties"])] = (
-            {"rank": token()} if rng.random() < 0.5 else token()
-        )
+        doc[
+            rng.choice(
+                [
+                    "distributedInfo",
+                    "stepcli_incomplete_step",
+                    "traceEvents",
+                    "schema",
+                    "deviceProperties",
+                ]
+            )
+        ] = {"rank": token()} if rng.random() < 0.5 else token()
     elif kind == 6:  # events that are not objects, duplicated or dropped
         for _ in range(rng.randint(1, 10)):
             events.insert(rng.randrange(len(events) + 1), token())
@@ -132,7 +145,9 @@ def _byte_level(data: bytes, rng: random.Random) -> bytes:
         if kind == 0:
             buf[where : where + 1] = bytes([rng.randrange(256)])
         elif kind == 1:
-            buf[where:where] = rng.choice([b"\xff", b"\x00", b"{", b"[", b"]", b"}", b",", b'"', b"NaN", b"\\u", b"-"])
+            buf[where:where] = rng.choice(
+                [b"\xff", b"\x00", b"{", b"[", b"]", b"}", b",", b'"', b"NaN", b"\\u", b"-"]
+            )
         elif kind == 2:
             del buf[where : where + rng.randint(1, 200)]
         elif kind == 3:
@@ -146,7 +161,8 @@ def _byte_level(data: bytes, rng: random.Random) -> bytes:
 
 
 def _mutants(source: bytes, count: int) -> list[tuple[str, bytes]]:
-    """(file name, content): structural and byte-level mutants, plain and gzipped (some corrupted after gzip)."""
+    """(file name, content): structural and byte-level mutants, plain and gzipped (some corrupted
+    after gzip)."""
     rng = random.Random(SEED)
     doc = json.loads(source)
     out: list[tuple[str, bytes]] = []
@@ -156,7 +172,12 @@ def _mutants(source: bytes, count: int) -> list[tuple[str, bytes]]:
         if packing == 0:
             out.append((f"m{i}.pt.trace.json.gz", gzip.compress(content, compresslevel=1)))
         elif packing == 1:
-            out.append((f"m{i}.pt.trace.json.gz", _byte_level(gzip.compress(content, compresslevel=1), rng)))
+            out.append(
+                (
+                    f"m{i}.pt.trace.json.gz",
+                    _byte_level(gzip.compress(content, compresslevel=1), rng),
+                )
+            )
         else:
             out.append((f"m{i}.pt.trace.json", content))
     return out
@@ -171,12 +192,16 @@ def _check(what: str, code: int, err: str, allowed: set[int]) -> None:
 
 
 def test_mutated_traces_never_crash_in_process(
-    real_trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    real_trace: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from stepcli.cli import main
 
     monkeypatch.delenv("STEPCLI_DEBUG", raising=False)
-    monkeypatch.setenv("STEPCLI_MAX_INPUT_BYTES", str(64 * 1024 * 1024))  # bounded, even for a gzip bomb
+    # bounded, even for a gzip bomb
+    monkeypatch.setenv("STEPCLI_MAX_INPUT_BYTES", str(64 * 1024 * 1024))
     baseline = tmp_path / "baseline.pt.trace.json"
     baseline.write_bytes(real_trace.read_bytes())
     commands: list[tuple[str, Callable[[str], list[str]], set[int]]] = [
@@ -200,14 +225,17 @@ def test_mutated_traces_never_crash_in_process(
                 json.loads(captured.out)  # valid JSON, e.g. no integer past 64 bits
             codes[code] = codes.get(code, 0) + 1
         path.unlink()
-    # The mutants really exercise both outcomes, and memory stayed bounded (ru_maxrss is in KiB on Linux).
+    # The mutants really exercise both outcomes, and memory stayed bounded (ru_maxrss is in KiB on
+    # Linux).
     assert codes.get(0, 0) > 50 and codes.get(2, 0) > 50, codes
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 512 * 1024
 
 
 def test_mutated_traces_never_crash_as_a_subprocess(real_trace: Path, tmp_path: Path) -> None:
     # GIVEN a sample of the same mutants (every 37th: structural and byte-level, plain and gzipped)
-    sample = _mutants(real_trace.read_bytes(), MUTANTS)[:: MUTANTS // SUBPROCESS_SAMPLE][:SUBPROCESS_SAMPLE]
+    sample = _mutants(real_trace.read_bytes(), MUTANTS)[:: MUTANTS // SUBPROCESS_SAMPLE][
+        :SUBPROCESS_SAMPLE
+    ]
     for name, content in sample:
         path = tmp_path / name
         path.write_bytes(content)

@@ -13,7 +13,8 @@ from conftest import REPO, _run
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 
-# stepcli's own entry point, counting every fork of the stepcli process (its worker processes) into a file.
+# stepcli's own entry point, counting every fork of the stepcli process (its worker processes) into
+# a file.
 _COUNT_FORKS = """
 import atexit, os, runpy, sys
 forks = []
@@ -39,7 +40,17 @@ def test_jobs_10000_works_and_forks_no_more_than_the_cores(tmp_path: Path) -> No
     counter = tmp_path / "forks"
     # WHEN `stepcli table --jobs 10000` reads it
     result = _run(
-        [sys.executable, "-c", _COUNT_FORKS, str(counter), "table", "--json", "--jobs", "10000", str(folder)],
+        [
+            sys.executable,
+            "-c",
+            _COUNT_FORKS,
+            str(counter),
+            "table",
+            "--json",
+            "--jobs",
+            "10000",
+            str(folder),
+        ],
         REPO,
         None,
         240,
@@ -49,14 +60,20 @@ def test_jobs_10000_works_and_forks_no_more_than_the_cores(tmp_path: Path) -> No
     assert len(json.loads(result.stdout)["files"]) == 24
     forks = int(counter.read_text())
     assert 1 <= forks <= len(os.sched_getaffinity(0)), forks
-    one = _run([sys.executable, "-m", "stepcli", "table", "--json", "--jobs", "1", str(folder)], REPO, None, 240)
+    one = _run(
+        [sys.executable, "-m", "stepcli", "table", "--json", "--jobs", "1", str(folder)],
+        REPO,
+        None,
+        240,
+    )
     assert json.loads(one.stdout) == json.loads(result.stdout)
 
 
 def _big_gz_trace(path: Path) -> bytes:
-    """A .gz trace of ~9 MB of text (the real CPU trace's events, 80 times over, each copy later in time), over
-    the sizes from which `table` reads one .gz trace ahead (stepcli.traces.read.readahead, 4 MB) and decodes it in two
-    processes (stepcli.traces.read.twoprocess, 8 MB); its bytes."""
+    """A .gz trace of ~9 MB of text (the real CPU trace's events, 80 times over, each copy later in
+    time), over the sizes from which `table` reads one .gz trace ahead
+    (stepcli.traces.read.readahead, 4 MB) and decodes it in two processes
+    (stepcli.traces.read.twoprocess, 8 MB); its bytes."""
     document = json.loads((DATA / "train_cpu.pt.trace.json").read_text())
     events = document["traceEvents"]
     times = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]
@@ -81,16 +98,38 @@ def test_one_gz_trace_is_read_ahead_and_answers_like_one_job(tmp_path: Path) -> 
     data = _big_gz_trace(trace)
     counter = tmp_path / "forks"
     # WHEN `stepcli table --json` reads it, and `--jobs 1` too
-    result = _run([sys.executable, "-c", _COUNT_FORKS, str(counter), "table", "--json", str(trace)], REPO, None, 240)
-    one = _run([sys.executable, "-m", "stepcli", "table", "--json", "--jobs", "1", str(trace)], REPO, None, 240)
-    # THEN on several cores it forked the child that inflates it and the one that decodes half, and answered alike
+    result = _run(
+        [sys.executable, "-c", _COUNT_FORKS, str(counter), "table", "--json", str(trace)],
+        REPO,
+        None,
+        240,
+    )
+    one = _run(
+        [sys.executable, "-m", "stepcli", "table", "--json", "--jobs", "1", str(trace)],
+        REPO,
+        None,
+        240,
+    )
+    # THEN on several cores it forked the child that inflates it and the one that decodes half, and
+    # answered alike
     assert result.returncode == 0, result.stderr
     assert int(counter.read_text()) == (2 if len(os.sched_getaffinity(0)) > 1 else 0)
     assert json.loads(result.stdout) == json.loads(one.stdout)
-    # AND a copy whose compressed stream is cut (its gzip trailer kept) gets the one-job error, word for word
+    # AND a copy whose compressed stream is cut (its gzip trailer kept) gets the one-job error, word
+    # for word
     cut = tmp_path / "cut.pt.trace.json.gz"
     cut.write_bytes(data[: len(data) // 2] + data[-8:])
     bad = _run([sys.executable, "-m", "stepcli", "table", str(cut)], REPO, None, 240)
-    bad_one = _run([sys.executable, "-m", "stepcli", "table", "--jobs", "1", str(cut)], REPO, None, 240)
-    assert (bad.returncode, bad.stderr, bad.stdout) == (bad_one.returncode, bad_one.stderr, bad_one.stdout)
-    assert bad.returncode != 0 and "corrupt gzip" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    bad_one = _run(
+        [sys.executable, "-m", "stepcli", "table", "--jobs", "1", str(cut)], REPO, None, 240
+    )
+    assert (bad.returncode, bad.stderr, bad.stdout) == (
+        bad_one.returncode,
+        bad_one.stderr,
+        bad_one.stdout,
+    )
+    assert (
+        bad.returncode != 0
+        and "corrupt gzip" in bad.stderr
+        and len(bad.stderr.strip().splitlines()) == 1
+    )

@@ -1,4 +1,5 @@
-"""Folders of rank traces summarized in worker processes give exactly the serial answers (stepcli.traces.engine)."""
+"""Folders of rank traces summarized in worker processes give exactly the serial answers
+(stepcli.traces.engine)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ REAL = DATA / "train_cpu.pt.trace.json"
 
 
 def test_parallel_equals_serial_on_a_rank_folder(rank_folder: Path) -> None:
-    # GIVEN a folder of four rank traces (one gzipped) WHEN summarized one by one in-process, in 2 and 4 workers
+    # GIVEN a folder of four rank traces (one gzipped) WHEN summarized one by one in-process, in 2
+    # and 4 workers
     serial = summarize(load_paths([str(rank_folder)])).to_dict()
     one_job = summarize_paths([str(rank_folder)], jobs=1).to_dict()
     two_jobs = summarize_paths([str(rank_folder)], jobs=2).to_dict()
@@ -30,12 +32,15 @@ def test_parallel_equals_serial_on_a_rank_folder(rank_folder: Path) -> None:
     assert two_jobs == serial
     assert [r["rank"] for r in two_jobs["ranks"]] == list(range(RANKS))
     assert len(two_jobs["steps"]) == 2 * RANKS
-    assert two_jobs["slowest_rank"] is None  # 2 steps per rank are no evidence of a straggler (traces.ranks)
+    # 2 steps per rank are no evidence of a straggler (traces.ranks)
+    assert two_jobs["slowest_rank"] is None
     ops = {row["name"]: row for row in two_jobs["cpu_ops"]}
     assert (
         ops["aten::addmm"]["calls"]
         == RANKS
-        * {r["name"]: r for r in summarize(load_paths([str(REAL)])).to_dict()["cpu_ops"]}["aten::addmm"]["calls"]
+        * {r["name"]: r for r in summarize(load_paths([str(REAL)])).to_dict()["cpu_ops"]}[
+            "aten::addmm"
+        ]["calls"]
     )
 
 
@@ -76,7 +81,9 @@ def test_table_jobs_flag_end_to_end(rank_folder: Path) -> None:
     assert one.returncode == two.returncode == 0, one.stderr + two.stderr
     # THEN the JSON is identical, and equals the in-process summary
     assert json.loads(one.stdout) == json.loads(two.stdout)
-    assert json.loads(two.stdout) == json.loads(json.dumps(summarize(load_paths([str(rank_folder)])).to_dict()))
+    assert json.loads(two.stdout) == json.loads(
+        json.dumps(summarize(load_paths([str(rank_folder)])).to_dict())
+    )
     # AND a zero job count is refused in one line
     bad = run_stepcli("table", "--jobs", "0", rank_folder)
     assert bad.returncode == 2 and "--jobs" in bad.stderr and "Traceback" not in bad.stderr
@@ -88,11 +95,14 @@ def test_default_jobs_are_the_available_cores() -> None:
     assert available_cores() == len(os.sched_getaffinity(0))
 
 
-def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_one_trace_cut_into_ranges_gives_the_same_answers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from stepcli.traces import engine
     from stepcli.traces.read import splitread
 
-    # GIVEN the real trace, ranges small enough that it is cut in three, and three cores (jobs never exceed them)
+    # GIVEN the real trace, ranges small enough that it is cut in three, and three cores (jobs never
+    # exceed them)
     monkeypatch.setattr(splitread, "MIN_PIECE_BYTES", 20_000)
     monkeypatch.setattr(engine, "available_cores", lambda: 3)
     ranges = splitread.plan(str(REAL), 3)
@@ -107,7 +117,8 @@ def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.Mo
     from stepcli.traces.read.columns import load_columns
 
     whole = load_columns(str(REAL), shapes=True)
-    # each range read in one block and decoded in one slice; in one block of many slices; in many blocks
+    # each range read in one block and decoded in one slice; in one block of many slices; in many
+    # blocks
     for slice_bytes, block_bytes in (
         (traces._CHUNK_BYTES, splitread._BLOCK_BYTES),
         (3_000, splitread._BLOCK_BYTES),
@@ -115,7 +126,8 @@ def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.Mo
     ):
         monkeypatch.setattr(traces, "_CHUNK_BYTES", slice_bytes)
         monkeypatch.setattr(splitread, "_BLOCK_BYTES", block_bytes)
-        for shapes in (True, False):  # (without shapes, slices are decoded where they lie in a reused buffer)
+        # (without shapes, slices are decoded where they lie in a reused buffer)
+        for shapes in (True, False):
             with ThreadPoolExecutor(2) as pool:
                 joined = splitread.read_split(str(REAL), ranges, shapes, pool)
             assert joined is not None
@@ -124,17 +136,22 @@ def test_one_trace_cut_into_ranges_gives_the_same_answers(monkeypatch: pytest.Mo
                 whole.skipped_events,
                 whole.rank,
             )
-            assert [(e.name, e.ts, e.shape if shapes else "", e.tid) for e in joined.columns.to_events()] == [
+            assert [
+                (e.name, e.ts, e.shape if shapes else "", e.tid) for e in joined.columns.to_events()
+            ] == [
                 (e.name, e.ts, e.shape if shapes else "", e.tid) for e in whole.columns.to_events()
             ]
 
 
-def test_a_file_read_a_block_at_a_time_gives_the_same_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_file_read_a_block_at_a_time_gives_the_same_columns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from stepcli.traces.read import splitread
     from stepcli.traces.read import tracereader as traces
     from stepcli.traces.read.columns import load_columns
 
-    # GIVEN the real trace, read as one range in many blocks of many slices (as a rank file of tens of MB is)
+    # GIVEN the real trace, read as one range in many blocks of many slices (as a rank file of tens
+    # of MB is)
     monkeypatch.setattr(splitread, "MIN_BLOCKED_BYTES", 1_000)
     monkeypatch.setattr(traces, "_CHUNK_BYTES", 3_000)
     monkeypatch.setattr(splitread, "_BLOCK_BYTES", 10_000)
@@ -144,7 +161,12 @@ def test_a_file_read_a_block_at_a_time_gives_the_same_columns(monkeypatch: pytes
         blocked = splitread.read_blocked(str(REAL), shapes)
         # THEN it holds the whole read's events, counts and metadata
         assert blocked is not None
-        assert (blocked.event_count, blocked.skipped_events, blocked.rank, blocked.incomplete_step) == (
+        assert (
+            blocked.event_count,
+            blocked.skipped_events,
+            blocked.rank,
+            blocked.incomplete_step,
+        ) == (
             whole.event_count,
             whole.skipped_events,
             whole.rank,
@@ -154,10 +176,15 @@ def test_a_file_read_a_block_at_a_time_gives_the_same_columns(monkeypatch: pytes
     # AND one block buffer served both reads (its pages stay faulted in)
     assert len(splitread._spare_blocks) == 1
     # AND the table read in-process this way gives the answers of the ordinary read
-    assert summarize_paths([str(REAL)], jobs=1).to_dict() == summarize(load_paths([str(REAL)])).to_dict()
+    assert (
+        summarize_paths([str(REAL)], jobs=1).to_dict()
+        == summarize(load_paths([str(REAL)])).to_dict()
+    )
 
 
-def test_files_not_fit_for_a_blocked_read_are_read_whole(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_files_not_fit_for_a_blocked_read_are_read_whole(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     import gzip
     import os
 
@@ -165,10 +192,12 @@ def test_files_not_fit_for_a_blocked_read_are_read_whole(monkeypatch: pytest.Mon
     from stepcli.traces.read import tracereader as traces
 
     monkeypatch.setattr(splitread, "MIN_BLOCKED_BYTES", 1_000)
-    monkeypatch.setattr(traces, "_CHUNK_BYTES", 3_000)  # (slices: the quoted names' slice fails to decode)
+    # (slices: the quoted names' slice fails to decode)
+    monkeypatch.setattr(traces, "_CHUNK_BYTES", 3_000)
     text = REAL.read_bytes()
-    # GIVEN a gzip trace, a file under the threshold, a FIFO (no writer), a truncated trace and one whose names hold
-    # bare quotes (PyTorch's with_stack): THEN none is read a block at a time (and the FIFO is not waited on)
+    # GIVEN a gzip trace, a file under the threshold, a FIFO (no writer), a truncated trace and one
+    # whose names hold bare quotes (PyTorch's with_stack): THEN none is read a block at a time (and
+    # the FIFO is not waited on)
     (tmp_path / "t.json.gz").write_bytes(gzip.compress(text))
     (tmp_path / "small.json").write_bytes(b'{"traceEvents": []}')
     os.mkfifo(tmp_path / "fifo.json")
@@ -180,35 +209,49 @@ def test_files_not_fit_for_a_blocked_read_are_read_whole(monkeypatch: pytest.Mon
         assert splitread.read_blocked(str(tmp_path / name), False) is None, name
     # AND the table reads the gzip and the quoted names as ever, and names the truncated file
     expected = summarize(load_paths([str(REAL)])).to_dict()
-    assert summarize_paths([str(tmp_path / "t.json.gz")], jobs=1).to_dict()["cpu_ops"] == expected["cpu_ops"]
-    assert summarize_paths([str(tmp_path / "quotes.json")], jobs=1).to_dict()["steps"] == expected["steps"]
+    assert (
+        summarize_paths([str(tmp_path / "t.json.gz")], jobs=1).to_dict()["cpu_ops"]
+        == expected["cpu_ops"]
+    )
+    assert (
+        summarize_paths([str(tmp_path / "quotes.json")], jobs=1).to_dict()["steps"]
+        == expected["steps"]
+    )
     with pytest.raises(TraceError, match="cut.json"):
         summarize_paths([str(tmp_path / "cut.json")], jobs=1)
 
 
-def test_ranges_read_by_forked_children_give_the_file_s_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ranges_read_by_forked_children_give_the_file_s_columns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from stepcli.traces.read import splitread
     from stepcli.traces.read.columns import load_columns
 
-    # GIVEN the real trace cut in three ranges, two of them decoded by forked children (columns via an in-memory file)
+    # GIVEN the real trace cut in three ranges, two of them decoded by forked children (columns via
+    # an in-memory file)
     monkeypatch.setattr(splitread, "MIN_PIECE_BYTES", 20_000)
     ranges = splitread.plan(str(REAL), 3)
     assert ranges is not None and len(ranges) == 3
     whole = load_columns(str(REAL))
     called: list[str] = []
-    joined = splitread.read_split_forked(str(REAL), ranges, False, meanwhile=lambda: called.append("meanwhile"))
+    joined = splitread.read_split_forked(
+        str(REAL), ranges, False, meanwhile=lambda: called.append("meanwhile")
+    )
     # THEN the joined columns are the file's, and this process did its other work meanwhile
     assert joined is not None and called == ["meanwhile"]
     assert (joined.event_count, joined.skipped_events) == (whole.event_count, whole.skipped_events)
     assert [(e.name, e.ts, e.dur, e.tid) for e in joined.columns.to_events()] == [
         (e.name, e.ts, e.dur, e.tid) for e in whole.columns.to_events()
     ]
-    # WHEN a child's range does not decode (a cut inside a string, say) THEN None: the caller reads the file whole
+    # WHEN a child's range does not decode (a cut inside a string, say) THEN None: the caller reads
+    # the file whole
     broken = [ranges[0], (ranges[1][0] + 7, ranges[1][1]), ranges[2]]
     assert splitread.read_split_forked(str(REAL), broken, False) is None
 
 
-def test_a_cut_inside_a_string_falls_back_to_the_whole_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_cut_inside_a_string_falls_back_to_the_whole_read(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from stepcli.traces.read import splitread
 
     # GIVEN a trace whose names hold "}, {" (a cut can land inside a string) WHEN read cut in ranges
@@ -230,19 +273,30 @@ def test_a_cut_inside_a_string_falls_back_to_the_whole_read(monkeypatch: pytest.
     ranges = splitread.plan(str(path), 4)
     assert ranges is not None
     # THEN the answers are still the one-process read's
-    assert summarize_paths([str(path)], jobs=4).to_dict() == summarize(load_paths([str(path)])).to_dict()
+    assert (
+        summarize_paths([str(path)], jobs=4).to_dict()
+        == summarize(load_paths([str(path)])).to_dict()
+    )
     assert summarize_paths([str(path)], jobs=4).to_dict()["cpu_ops"][0]["calls"] == 400
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork and forkserver are Linux's start methods here")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"),
+    reason="fork and forkserver are Linux's start methods here",
+)
 def test_workers_fork_only_from_a_single_threaded_process() -> None:
-    # GIVEN a fresh process with one thread THEN its workers fork (they start at once, with its imports)
+    # GIVEN a fresh process with one thread THEN its workers fork (they start at once, with its
+    # imports)
     code = (
-        "import threading, time; from stepcli.traces.engine import _context; print(_context().get_start_method());"
-        "threading.Thread(target=time.sleep, args=(1,), daemon=True).start(); print(_context().get_start_method())"
+        "import threading, time; from stepcli.traces.engine import _context; "
+        "print(_context().get_start_method());threading.Thread(target=time.sleep, args=(1,), "
+        "daemon=True).start(); print(_context().get_start_method())"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    # AND once a second thread runs (a launcher's pipes), they start from a clean server process instead
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    # AND once a second thread runs (a launcher's pipes), they start from a clean server process
+    # instead
     assert out == ["fork", "forkserver"]
 
 
@@ -268,7 +322,8 @@ import json
 print(json.dumps([summarize_paths([{str(rank_folder)!r}], jobs=3).to_dict()["cpu_ops"],
                   summarize_paths([{str(big)!r}], jobs=3).to_dict()["cpu_ops"]]))
 """
-    # WHEN a folder and one big file are read with 3 jobs THEN it ends (the workers it did start are killed)
+    # WHEN a folder and one big file are read with 3 jobs THEN it ends (the workers it did start are
+    # killed)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     # AND the answers are the serial ones
@@ -277,8 +332,9 @@ print(json.dumps([summarize_paths([{str(rank_folder)!r}], jobs=3).to_dict()["cpu
     assert file_ops == summarize(load_paths([str(big)])).to_dict()["cpu_ops"]
 
 
-# A child forked to share the files kills itself once it has taken one; this process, meanwhile, waits in its own
-# file until that child has gone (the marker it leaves), so the child is sure to have taken one.
+# A child forked to share the files kills itself once it has taken one; this process, meanwhile,
+# waits in its own file until that child has gone (the marker it leaves), so the child is sure to
+# have taken one.
 _DIES_IN_A_CHILD = """
 import os, signal, sys, time
 sys.path.insert(0, {repo!r})
@@ -305,13 +361,17 @@ except StepcliError as exc:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork on Linux only")
 @pytest.mark.skipif(available_cores() < 2, reason="one core: no child is forked")
 def test_a_forked_worker_that_dies_is_one_clear_error(tmp_path: Path) -> None:
-    # GIVEN a single-threaded process sharing files with a forked child that dies (as a killed one would)
+    # GIVEN a single-threaded process sharing files with a forked child that dies (as a killed one
+    # would)
     repo = str(Path(__file__).resolve().parent.parent.parent)
     code = _DIES_IN_A_CHILD.format(repo=repo, marker=str(tmp_path / "gone"))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    # THEN the caller gets one line that says so and what to try, not a traceback or a retry in its own process
+    # THEN the caller gets one line that says so and what to try, not a traceback or a retry in its
+    # own process
     assert done.returncode == 0, done.stderr
-    assert re.fullmatch(r"error: a worker process reading the traces died .*--jobs 1\n", done.stdout), done.stdout
+    assert re.fullmatch(
+        r"error: a worker process reading the traces died .*--jobs 1\n", done.stdout
+    ), done.stdout
 
 
 @pytest.mark.skipif(not Path("/bin/true").exists(), reason="needs /bin/true")
@@ -323,14 +383,17 @@ def test_a_pool_worker_that_dies_is_one_clear_error() -> None:
     from stepcli.errors import StepcliError
     from stepcli.traces.engine import map_files
 
-    # GIVEN a process running a second thread (a launcher's), so its workers come from a pool, and work whose
-    # worker process vanishes (replaced by a program that exits at once, as a killed one would)
+    # GIVEN a process running a second thread (a launcher's), so its workers come from a pool, and
+    # work whose worker process vanishes (replaced by a program that exits at once, as a killed one
+    # would)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait, daemon=True)
     other.start()
     try:
         # THEN the caller gets one line that says so and what to try
-        with pytest.raises(StepcliError, match=r"a worker process reading the traces died .*--jobs 1"):
+        with pytest.raises(
+            StepcliError, match=r"a worker process reading the traces died .*--jobs 1"
+        ):
             map_files(functools.partial(os.execl, "/bin/true"), ["a", "b"], jobs=2)
     finally:
         stop.set()

@@ -1,5 +1,5 @@
-"""`stepcli table --scheduler` with a bad address or something that is not a Dask scheduler: one line, exit 2,
-quickly, no traceback (local listeners on 127.0.0.1 only)."""
+"""`stepcli table --scheduler` with a bad address or something that is not a Dask scheduler: one
+line, exit 2, quickly, no traceback (local listeners on 127.0.0.1 only)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import run_stepcli, stepcli_env
 
-CONNECT_TIMEOUT_S = 10.0  # as docs/concepts/culprit.md promises (stepcli.traces.cluster.CONNECT_TIMEOUT_S)
+# as docs/concepts/culprit.md promises (stepcli.traces.cluster.CONNECT_TIMEOUT_S)
+CONNECT_TIMEOUT_S = 10.0
 
 pytest.importorskip("distributed")
 
@@ -86,7 +87,8 @@ def test_bad_addresses_are_refused_at_once(address: str, expected: str, rank_fol
 @pytest.mark.parametrize(
     "answer",
     [
-        b"HTTP/1.1 400 Bad Request\r\n\r\n",  # not Dask: it would size a buffer of 3.07 EiB from "HTTP/1.1"
+        # not Dask: it would size a buffer of 3.07 EiB from "HTTP/1.1"
+        b"HTTP/1.1 400 Bad Request\r\n\r\n",
         b"\xff" * 64,
         (100).to_bytes(8, "little") + b"\x07" * 100,  # a plausible length, then not a Dask message
         b"",  # accepts, then says nothing
@@ -114,10 +116,12 @@ def test_a_listener_that_never_accepts_is_one_line_within_the_timeout(
     assert time.monotonic() - started < CONNECT_TIMEOUT_S + 15, result.stderr
 
 
-# -- a scheduler that cannot get the work done (issue 47, defects 10-12): one line, never a wait for ever ----------
+# -- a scheduler that cannot get the work done (issue 47, defects 10-12): one line, never a wait for
+# ever ----------
 @pytest.fixture
 def lone_scheduler() -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """A Dask scheduler (its own process, so a test can kill it) with no worker; its tcp:// address."""
+    """A Dask scheduler (its own process, so a test can kill it) with no worker; its tcp://
+    address."""
     dask = Path(sys.executable).parent / "dask"
     proc = subprocess.Popen(
         [str(dask), "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard"],
@@ -135,7 +139,8 @@ def lone_scheduler() -> Iterator[tuple[subprocess.Popen[str], str]]:
                 address = line.split("Scheduler at:", 1)[1].strip()
                 break
         assert address.startswith("tcp://"), "the scheduler never said where it listens"
-        threading.Thread(target=proc.stderr.read, daemon=True).start()  # (its log must never fill the pipe)
+        # (its log must never fill the pipe)
+        threading.Thread(target=proc.stderr.read, daemon=True).start()
         yield proc, address
     finally:
         proc.kill()
@@ -154,7 +159,8 @@ def _table(address: str, folder: Path, *extra: str) -> subprocess.Popen[str]:
 
 
 def _waiting(proc: subprocess.Popen[str]) -> str:
-    """stepcli's first line: that it waits for a worker (a run that waits silently fails here, within a minute)."""
+    """stepcli's first line: that it waits for a worker (a run that waits silently fails here,
+    within a minute)."""
     assert proc.stderr is not None
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.append(proc.stderr.readline()), daemon=True)  # type: ignore[union-attr]
@@ -170,9 +176,12 @@ def _waiting(proc: subprocess.Popen[str]) -> str:
 def test_a_scheduler_without_a_worker_is_given_up_on_after_the_scheduler_wait(
     lone_scheduler: tuple[subprocess.Popen[str], str], rank_folder: Path
 ) -> None:
-    # GIVEN a scheduler no worker ever joins WHEN `table --scheduler --scheduler-wait 2s` reads through it
+    # GIVEN a scheduler no worker ever joins WHEN `table --scheduler --scheduler-wait 2s` reads
+    # through it
     _, address = lone_scheduler
-    result = run_stepcli("table", "--scheduler", address, "--scheduler-wait", "2s", rank_folder, timeout=120)
+    result = run_stepcli(
+        "table", "--scheduler", address, "--scheduler-wait", "2s", rank_folder, timeout=120
+    )
     # THEN it waits 2 s, saying so, then gives up in one line, exit 2
     assert result.returncode == 2, result.stderr
     waiting, error = result.stderr.strip().splitlines()
@@ -190,7 +199,14 @@ def test_workers_without_stepcli_are_one_line_not_a_wait_for_ever(
     blocker.mkdir(parents=True)
     (blocker / "__init__.py").write_text("raise ImportError('stepcli is not installed here')\n")
     worker = subprocess.Popen(
-        [str(Path(sys.executable).parent / "dask"), "worker", address, "--nthreads", "1", "--no-dashboard"],
+        [
+            str(Path(sys.executable).parent / "dask"),
+            "worker",
+            address,
+            "--nthreads",
+            "1",
+            "--no-dashboard",
+        ],
         env=stepcli_env({"PYTHONPATH": str(blocker.parent)}),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -198,7 +214,9 @@ def test_workers_without_stepcli_are_one_line_not_a_wait_for_ever(
     )
     try:
         # WHEN table reads through that cluster
-        result = run_stepcli("table", "--scheduler", address, "--scheduler-wait", "3s", rank_folder, timeout=180)
+        result = run_stepcli(
+            "table", "--scheduler", address, "--scheduler-wait", "3s", rank_folder, timeout=180
+        )
     finally:
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
@@ -223,7 +241,9 @@ def test_a_scheduler_gone_mid_read_is_one_line(
     # THEN one line says so, exit 2: no exit 70, no Dask log lines or asyncio tracebacks
     assert proc.returncode == 2, stderr
     (error,) = stderr.strip().splitlines()
-    assert error.startswith(f"stepcli: error: lost the Dask scheduler at {address} while the traces were read"), error
+    assert error.startswith(
+        f"stepcli: error: lost the Dask scheduler at {address} while the traces were read"
+    ), error
 
 
 def test_ctrl_c_while_waiting_on_the_scheduler_is_aborted_and_nothing_else(

@@ -1,6 +1,6 @@
-"""Python stacks (`stepcli run --with-stack`), input shapes and the breakdown's "other" phase, end to end: one real
-run recorded with stacks and shapes, then `table --stacks` (terminal, JSON, CSV), the run summary's pointers, and
-the report's flame graph in a real browser."""
+"""Python stacks (`stepcli run --with-stack`), input shapes and the breakdown's "other" phase, end
+to end: one real run recorded with stacks and shapes, then `table --stacks` (terminal, JSON, CSV),
+the run summary's pointers, and the report's flame graph in a real browser."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ import pytest
 from browser import artifacts_dir
 from conftest import REPO, run_stepcli, write_script
 
-PLAIN_TRACE = REPO / "tests" / "data" / "train_cpu.pt.trace.json"  # torch.profiler's, shapes but no stacks
+# torch.profiler's, shapes but no stacks
+PLAIN_TRACE = REPO / "tests" / "data" / "train_cpu.pt.trace.json"
 
-# A step whose time is mostly Python outside any operator (busy_python), called through a helper loaded from a
-# file whose name holds markup: frame names come from traces, and the page must show them, never run them.
+# A step whose time is mostly Python outside any operator (busy_python), called through a helper
+# loaded from a file whose name holds markup: frame names come from traces, and the page must show
+# them, never run them.
 HELPER = """
     def busy_python(n):
         total = 0
@@ -56,7 +58,16 @@ def stack_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     script = write_script(work, "train.py", SCRIPT)
     out = work / "out"
     result = run_stepcli(
-        "run", "--with-stack", "--record-shapes", "--active", "2", "-o", out, script, cwd=work, env={"COLUMNS": "80"}
+        "run",
+        "--with-stack",
+        "--record-shapes",
+        "--active",
+        "2",
+        "-o",
+        out,
+        script,
+        cwd=work,
+        env={"COLUMNS": "80"},
     )
     assert result.returncode == 0, result.stderr
     return {"work": work, "out": out, "result": result, "summary": result.stdout + result.stderr}
@@ -73,13 +84,17 @@ def test_table_stacks_lists_the_top_python_stacks_in_80_columns(stack_run: dict[
     assert "Python stacks by self time" in text
     section = text[text.index("Python stacks by self time") :].splitlines()
     rows = [line for line in section if line.startswith("│")]
-    assert len([line for line in rows if line.endswith("% │")]) == 5  # a stack takes up to two lines
-    assert "busy_python (x<b>&y.py:" in rows[0]  # the code that spent the step, innermost frame first
+    # a stack takes up to two lines
+    assert len([line for line in rows if line.endswith("% │")]) == 5
+    # the code that spent the step, innermost frame first
+    assert "busy_python (x<b>&y.py:" in rows[0]
     assert "< train_step (train.py:" in rows[1]
     assert "5 of " in text and "recorded steps" in text
-    wide = [line for line in text.splitlines() if len(line) > 80 and not line.startswith("/")]  # (a path: whole)
+    # (a path: whole)
+    wide = [line for line in text.splitlines() if len(line) > 80 and not line.startswith("/")]
     assert wide == []
-    # `--stacks` without N before the folder: the folder is no number, so it is the path, N its default
+    # `--stacks` without N before the folder: the folder is no number, so it is the path, N its
+    # default
     default = _table("--stacks", stack_run["out"])
     assert default.returncode == 0, default.stderr
     shown = default.stdout[default.stdout.index("Python stacks") :].splitlines()
@@ -135,7 +150,9 @@ def test_shapes_are_pointed_to_when_recorded(stack_run: dict[str, Any], tmp_path
     out = stack_run["out"]
     run_text = stack_run["summary"]
     next_lines = run_text[run_text.index("next:") :].splitlines()
-    assert any("--group-by-shape" in line and "stepcli table" in line for line in next_lines), next_lines
+    assert any("--group-by-shape" in line and "stepcli table" in line for line in next_lines), (
+        next_lines
+    )
     assert any("--stacks" in line and "stepcli table" in line for line in next_lines), next_lines
     assert all(len(line) <= 80 for line in next_lines[:4])
     assert "--group-by-shape gives one row per shape" in _table(out).stdout
@@ -143,20 +160,33 @@ def test_shapes_are_pointed_to_when_recorded(stack_run: dict[str, Any], tmp_path
     # a trace with no shapes (no record_shapes) gets no pointer
     bare = tmp_path / "bare.pt.trace.json"
     events = [
-        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "ProfilerStep#1",
+            "pid": 1,
+            "tid": 1,
+            "ts": 0,
+            "dur": 100,
+        },
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 50},
     ]
     bare.write_text(json.dumps({"traceEvents": events}))
     plain = _table(bare)
     assert plain.returncode == 0 and "group-by-shape" not in plain.stdout
-    assert json.loads(_table(bare, "--json").stdout)["recorded_with"] == {"stacks": False, "shapes": False}
+    assert json.loads(_table(bare, "--json").stdout)["recorded_with"] == {
+        "stacks": False,
+        "shapes": False,
+    }
 
 
 def test_the_other_phase_is_explained(stack_run: dict[str, Any]) -> None:
     out = stack_run["out"]
     data = json.loads(_table(out, "--stacks", "--json").stdout)
     other = data["other_ms"]
-    assert other["outside_operators"] + other["inside_operators"] == pytest.approx(data["breakdown_ms"]["other"])
+    assert other["outside_operators"] + other["inside_operators"] == pytest.approx(
+        data["breakdown_ms"]["other"]
+    )
     assert other["outside_operators"] > 0.5 * data["breakdown_ms"]["other"]
     for text in (_table(out, "--stacks").stdout, stack_run["summary"]):
         assert "outside every operator" in text
@@ -167,12 +197,18 @@ def test_the_other_phase_is_explained(stack_run: dict[str, Any]) -> None:
     assert any("busy_python" in line for line in by_stack), by_stack
 
 
-def test_report_draws_a_flame_graph_of_the_stacks(stack_run: dict[str, Any], browser: Any, tmp_path: Path) -> None:  # noqa: F811
+def test_report_draws_a_flame_graph_of_the_stacks(
+    stack_run: dict[str, Any], browser: Any, tmp_path: Path
+) -> None:  # noqa: F811
     from selenium.webdriver.common.by import By
 
     page = stack_run["out"] / "report.html"
     html = page.read_text()
-    flame = html[html.index('<svg class="chart flame"') : html.index("</svg>", html.index('<svg class="chart flame"'))]
+    flame = html[
+        html.index('<svg class="chart flame"') : html.index(
+            "</svg>", html.index('<svg class="chart flame"')
+        )
+    ]
     assert "<b>" not in flame and "x&lt;b&gt;&amp;y.py" in flame  # names escaped, never markup
     assert "<script" not in flame and "http" not in flame
     assert 'id="other-phase"' in html and "busy_python" in html[html.index('id="other-phase"') :]
@@ -182,14 +218,17 @@ def test_report_draws_a_flame_graph_of_the_stacks(stack_run: dict[str, Any], bro
     assert len(frames) > 10
     assert browser.find_elements(By.CSS_SELECTOR, "svg.flame b") == []
     titles = browser.execute_script(
-        "return Array.from(document.querySelectorAll('svg.flame g.frame > title')).map(t => t.textContent)"
+        "return Array.from(document.querySelectorAll('svg.flame g.frame > title')).map(t => "
+        "t.textContent)"
     )
     busy = [t for t in titles if "busy_python" in t]
-    assert busy and "x<b>&y.py" in busy[0] and "per step" in busy[0]  # the hover title: the full name, figures
+    # the hover title: the full name, figures
+    assert busy and "x<b>&y.py" in busy[0] and "per step" in busy[0]
     width = browser.execute_script(
-        "const r = Array.from(document.querySelectorAll('svg.flame g.frame')).find("
-        "g => g.querySelector('title').textContent.includes('busy_python')).querySelector('rect');"
-        "return r.getBoundingClientRect().width / document.querySelector('svg.flame').getBoundingClientRect().width"
+        "const r = Array.from(document.querySelectorAll('svg.flame g.frame')).find(g => "
+        "g.querySelector('title').textContent.includes('busy_python')).querySelector('rect');"
+        "return r.getBoundingClientRect().width / "
+        "document.querySelector('svg.flame').getBoundingClientRect().width"
     )
     assert width > 0.3  # the frame that took most of the step is drawn that wide
     section = browser.find_element(By.ID, "stacks")
@@ -210,23 +249,37 @@ def test_report_without_stacks_says_why_in_one_line(tmp_path: Path) -> None:
     assert "stepcli run --with-stack" in line
 
 
-def test_stepcli_s_own_work_at_a_step_boundary_is_never_inside_a_recorded_step(stack_run: dict[str, Any]) -> None:
-    # The agent's bookkeeping between steps (its CPU-time samples, the `saving trace ...` line and the save
-    # ticker's thread) used to run inside `ProfilerStep#N`, counted as the program's time ("other"): milliseconds
-    # per step on a short step. With Python stacks recorded, every frame of it shows where it ran.
+def test_stepcli_s_own_work_at_a_step_boundary_is_never_inside_a_recorded_step(
+    stack_run: dict[str, Any],
+) -> None:
+    # The agent's bookkeeping between steps (its CPU-time samples, the `saving trace ...` line and
+    # the save ticker's thread) used to run inside `ProfilerStep#N`, counted as the program's time
+    # ("other"): milliseconds per step on a short step. With Python stacks recorded, every frame of
+    # it shows where it ran.
     from conftest import trace_files
 
     (trace,) = trace_files(stack_run["out"])
     events = json.loads(Path(trace).read_text())["traceEvents"]
-    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    steps = [
+        (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if str(e.get("name", "")).startswith("ProfilerStep#")
+    ]
     assert len(steps) == 2
-    # its bookkeeping: the CPU-time samples, the save's announcement and ticker, the clock and trigger marks
-    bookkeeping = ("/stepcli/agent/cpuwait.py", "/stepcli/agent/tracecost.py", "_announce_save", "_mark_clock")
+    # its bookkeeping: the CPU-time samples, the save's announcement and ticker, the clock and
+    # trigger marks
+    bookkeeping = (
+        "/stepcli/agent/cpuwait.py",
+        "/stepcli/agent/tracecost.py",
+        "_announce_save",
+        "_mark_clock",
+    )
     inside = [
         e["name"]
         for e in events
         if e.get("cat") == "python_function"
         and any(part in str(e.get("name", "")) for part in bookkeeping)
-        and any(start < e["ts"] + e.get("dur", 0) and e["ts"] < end for start, end in steps)  # overlaps a step
+        # overlaps a step
+        and any(start < e["ts"] + e.get("dur", 0) and e["ts"] < end for start, end in steps)
     ]
     assert inside == [], inside

@@ -1,6 +1,6 @@
 """`stepcli table` on a synthetic job of scripts/make_job.py (the generator of the scale benchmark,
-scripts/bench_job.py): the planted late rank is the culprit, and the rank with the shifted clock is aligned, not
-blamed."""
+scripts/bench_job.py): the planted late rank is the culprit, and the rank with the shifted clock is
+aligned, not blamed."""
 
 from __future__ import annotations
 
@@ -27,13 +27,16 @@ def _make_job() -> ModuleType:
 
 def test_the_planted_late_rank_of_a_synthetic_job_is_the_culprit(tmp_path: Path) -> None:
     ranks = 8
-    planted = _make_job().write_job(tmp_path / "job", ranks, steps=4, collectives=8, late_ms=5.0, shift_s=3.5)
+    planted = _make_job().write_job(
+        tmp_path / "job", ranks, steps=4, collectives=8, late_ms=5.0, shift_s=3.5
+    )
     assert planted["late_rank"] != planted["shifted_rank"]
     proc = run_stepcli("table", "--json", tmp_path / "job")
     assert proc.returncode == 0, proc.stderr
     section = json.loads(proc.stdout)["culprit"]
     assert section["culprit"]["rank"] == planted["late_rank"]
-    tp = planted["tp"]  # each round is one collective per group: ranks / tp TP groups, then tp DP groups
+    # each round is one collective per group: ranks / tp TP groups, then tp DP groups
+    tp = planted["tp"]
     assert section["collectives"] == 4 * (8 // 2) * (ranks // tp + tp)
     offsets = section["alignment"]["offsets_ms"]
     shifted = str(planted["shifted_rank"])

@@ -1,4 +1,5 @@
-"""`stepcli top`: a running 2-rank job seen rank by rank, a finished run said so, a non-run refused."""
+"""`stepcli top`: a running 2-rank job seen rank by rank, a finished run said so, a non-run
+refused."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ import pytest
 
 from tests.conftest import run_stepcli, stepcli_env, write_script
 
-# Two ranks stepping on their own (no collective per step): rank 1 takes 6x as long per step. They stop when
-# <control>/end appears.
+# Two ranks stepping on their own (no collective per step): rank 1 takes 6x as long per step. They
+# stop when <control>/end appears.
 TWO_PACES = """
     import sys
     import time
@@ -50,7 +51,9 @@ class Seen:
     finished: subprocess.CompletedProcess[str]
 
 
-def _wait(condition: object, what: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 180) -> None:
+def _wait(
+    condition: object, what: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 180
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():  # type: ignore[operator]
         assert proc.poll() is None, f"the run ended early:\n{log.read_text()}"
@@ -61,18 +64,40 @@ def _wait(condition: object, what: str, proc: subprocess.Popen[bytes], log: Path
 @pytest.fixture(scope="module")
 def seen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seen]:
     tmp = tmp_path_factory.mktemp("top")
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which(
+        "torchrun"
+    )
     assert torchrun, "torchrun comes with torch"
     script = write_script(tmp, "two.py", TWO_PACES)
     out, log = tmp / "out", tmp / "run.log"
-    argv = [sys.executable, "-m", "stepcli", "run", "-q", "--on-demand", "--no-report", "-o", str(out)]
+    argv = [
+        sys.executable,
+        "-m",
+        "stepcli",
+        "run",
+        "-q",
+        "--on-demand",
+        "--no-report",
+        "-o",
+        str(out),
+    ]
     argv += ["--", torchrun, "--standalone", "--nproc-per-node", "2", str(script), str(tmp)]
     with open(log, "w") as handle:
         proc = subprocess.Popen(
-            argv, cwd=tmp, env=stepcli_env(), stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            cwd=tmp,
+            env=stepcli_env(),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
-        _wait(lambda: len(list(out.glob(".stepcli/*/control/proc.*.json"))) == 2, "both ranks stepping", proc, log)
+        _wait(
+            lambda: len(list(out.glob(".stepcli/*/control/proc.*.json"))) == 2,
+            "both ranks stepping",
+            proc,
+            log,
+        )
         running_text = run_stepcli("top", "--once", out, cwd=tmp, timeout=120)
         running_json = run_stepcli("top", "--json", out, cwd=tmp, timeout=120)
         requests_left = any(out.glob(".stepcli/*/control/requests.json"))
@@ -86,17 +111,24 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seen]:
             proc.wait()
 
 
-def test_top_once_shows_both_ranks_and_names_no_slowest_without_the_culprit_analysis(seen: Seen) -> None:
+def test_top_once_shows_both_ranks_and_names_no_slowest_without_the_culprit_analysis(
+    seen: Seen,
+) -> None:
     assert seen.running_text.returncode == 0, seen.running_text.stderr
     lines = seen.running_text.stdout.splitlines()
     assert "(running)" in lines[0]
     header = next(line for line in lines if "windows / state" in line)
-    assert header.split("┃")[-2].strip() == "windows / state", header  # no empty, unlabelled last column
+    # no empty, unlabelled last column
+    assert header.split("┃")[-2].strip() == "windows / state", header
     rank0 = next(line for line in lines if "rank0" in line)
     rank1 = next(line for line in lines if "rank1" in line)
-    # no trace saved (--on-demand): the culprit analysis knows nothing, so nobody is named, and top says why
+    # no trace saved (--on-demand): the culprit analysis knows nothing, so nobody is named, and top
+    # says why
     assert "slowest" not in rank1 and "slowest" not in rank0
-    assert "slowest: nobody (no saved trace with collectives on two or more ranks yet)" in seen.running_text.stdout
+    assert (
+        "slowest: nobody (no saved trace with collectives on two or more ranks yet)"
+        in seen.running_text.stdout
+    )
     document = json.loads(seen.running_json.stdout)
     assert document["running"] is True and document["slowest"] is None
     assert document["culprit"]["rank"] is None and document["culprit"]["collectives"] == 0
@@ -118,7 +150,9 @@ def test_top_on_a_finished_run_says_so_and_exits_0(seen: Seen) -> None:
 
 
 @pytest.mark.parametrize("target", ["folder", "missing"])
-def test_top_on_something_that_is_not_a_run_is_one_line_and_exit_2(tmp_path: Path, target: str) -> None:
+def test_top_on_something_that_is_not_a_run_is_one_line_and_exit_2(
+    tmp_path: Path, target: str
+) -> None:
     path = tmp_path if target == "folder" else tmp_path / "missing"
     result = run_stepcli("top", "--once", path)
     assert result.returncode == 2
@@ -127,10 +161,11 @@ def test_top_on_something_that_is_not_a_run_is_one_line_and_exit_2(tmp_path: Pat
     assert result.stdout == ""
 
 
-# Two DDP ranks; rank 1 sleeps 15 ms more per step before its forward (it arrives last at the gradient
-# all-reduce, the only collective of a step). They stop together: when <control>/end appears, rank 0 names a step
-# 5 ahead in the job's store (no collective: one where both arrive together would halve rank 1's share of last
-# arrivals), and both stop there. A rank that stopped on seeing `end` alone would leave the other in an all-reduce.
+# Two DDP ranks; rank 1 sleeps 15 ms more per step before its forward (it arrives last at the
+# gradient all-reduce, the only collective of a step). They stop together: when <control>/end
+# appears, rank 0 names a step 5 ahead in the job's store (no collective: one where both arrive
+# together would halve rank 1's share of last arrivals), and both stop there. A rank that stopped on
+# seeing `end` alone would leave the other in an all-reduce.
 DDP_LATE_RANK = """
     import sys
     import time
@@ -161,7 +196,8 @@ DDP_LATE_RANK = """
     dist.destroy_process_group()
 """
 
-# Two ranks all-reducing every step; both hang at step 30: rank 1 blocks before the all-reduce, rank 0 waits in it.
+# Two ranks all-reducing every step; both hang at step 30: rank 1 blocks before the all-reduce, rank
+# 0 waits in it.
 HUNG_AT_30 = """
     import sys
     import threading
@@ -183,18 +219,27 @@ HUNG_AT_30 = """
 
 
 def _torchrun() -> str:
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which(
+        "torchrun"
+    )
     assert torchrun, "torchrun comes with torch"
     return torchrun
 
 
-def _start(tmp: Path, options: list[str], script: Path, *args: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
+def _start(
+    tmp: Path, options: list[str], script: Path, *args: str
+) -> tuple[subprocess.Popen[bytes], Path, Path]:
     out, log = tmp / "out", tmp / "run.log"
     argv = [sys.executable, "-m", "stepcli", "run", *options, "-o", str(out)]
     argv += ["--", _torchrun(), "--standalone", "--nproc-per-node", "2", str(script), *args]
     with open(log, "w") as handle:
         proc = subprocess.Popen(
-            argv, cwd=tmp, env=stepcli_env(), stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            cwd=tmp,
+            env=stepcli_env(),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     return proc, out, log
 
@@ -206,7 +251,8 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 
 
 def test_top_on_a_hung_job_shows_the_step_of_the_hang_and_names_nobody(tmp_path: Path) -> None:
-    # GIVEN both ranks hung at step 30 (rank 0 in the all-reduce's C++ wait, rank 1 in a lock), the hang dumped
+    # GIVEN both ranks hung at step 30 (rank 0 in the all-reduce's C++ wait, rank 1 in a lock), the
+    # hang dumped
     script = write_script(tmp_path, "hung.py", HUNG_AT_30)
     proc, out, log = _start(tmp_path, ["--hang-timeout", "4s"], script)
     try:
@@ -218,21 +264,29 @@ def test_top_on_a_hung_job_shows_the_step_of_the_hang_and_names_nobody(tmp_path:
         document = json.loads(run_stepcli("top", "--json", out, cwd=tmp_path, timeout=120).stdout)
     finally:
         _kill(proc)
-    # THEN it shows the step the hang analysis shows, the last step's time, and that no step came since
+    # THEN it shows the step the hang analysis shows, the last step's time, and that no step came
+    # since
     assert once.returncode == 0, once.stderr
     for row in document["ranks"]:
         assert row["step"] == 30, document
-        assert isinstance(row["last_ms"], (int, float)) and isinstance(row["median_ms"], (int, float)), row
+        assert isinstance(row["last_ms"], (int, float)) and isinstance(
+            row["median_ms"], (int, float)
+        ), row
         assert row["no_step_for_s"] is not None and row["no_step_for_s"] >= 4.0, row
     rows = [line for line in once.stdout.splitlines() if "rank0" in line or "rank1" in line]
-    assert len(rows) == 2 and all(" 30 " in line and "no step for" in line for line in rows), once.stdout
-    # top names whom the culprit analysis of the saved traces names (steps 2-4 are balanced by design, but on a
-    # loaded machine one rank can be consistently late there, and then both name it), never a step-time guess
+    assert len(rows) == 2 and all(" 30 " in line and "no step for" in line for line in rows), (
+        once.stdout
+    )
+    # top names whom the culprit analysis of the saved traces names (steps 2-4 are balanced by
+    # design, but on a loaded machine one rank can be consistently late there, and then both name
+    # it), never a step-time guess
     table = run_stepcli("table", "--json", out, cwd=tmp_path, timeout=120)
     found = (json.loads(table.stdout).get("culprit") or {}).get("culprit")
     expected = found["rank"] if found else None
     assert document["slowest"] == expected, (document, found)
-    assert [row["rank"] for row in document["ranks"] if row["slowest"]] == ([] if expected is None else [expected])
+    assert [row["rank"] for row in document["ranks"] if row["slowest"]] == (
+        [] if expected is None else [expected]
+    )
     if expected is None:
         assert "slowest" not in "".join(rows)
 
@@ -240,17 +294,25 @@ def test_top_on_a_hung_job_shows_the_step_of_the_hang_and_names_nobody(tmp_path:
 def test_top_names_the_rank_the_culprit_analysis_names_every_time(tmp_path: Path) -> None:
     # GIVEN DDP with rank 1 15 ms late at every gradient all-reduce, 12 recorded steps saved
     script = write_script(tmp_path, "late.py", DDP_LATE_RANK)
-    proc, out, log = _start(tmp_path, ["--active", "12", "--json", str(tmp_path / "run.json")], script, str(tmp_path))
+    proc, out, log = _start(
+        tmp_path, ["--active", "12", "--json", str(tmp_path / "run.json")], script, str(tmp_path)
+    )
     try:
         _wait(lambda: len(list(out.glob("rank*.pt.trace.json"))) == 2, "both traces", proc, log)
         # WHEN top looks five times
-        snapshots = [json.loads(run_stepcli("top", "--json", out, cwd=tmp_path, timeout=120).stdout) for _ in range(5)]
+        snapshots = [
+            json.loads(run_stepcli("top", "--json", out, cwd=tmp_path, timeout=120).stdout)
+            for _ in range(5)
+        ]
         (tmp_path / "end").touch()
         assert proc.wait(timeout=180) == 0, log.read_text()
     finally:
         _kill(proc)
     summary = json.loads((tmp_path / "run.json").read_text())
-    # THEN it names the rank the run summary's culprit analysis names, every time, and says on what evidence
+    # THEN it names the rank the run summary's culprit analysis names, every time, and says on what
+    # evidence
     assert summary["culprit"]["culprit"]["rank"] == 1, summary["culprit"]
     assert [s["slowest"] for s in snapshots] == [1] * 5, [s["culprit"] for s in snapshots]
-    assert all(s["culprit"]["why"].startswith("rank 1 arrives last at") for s in snapshots), snapshots[0]["culprit"]
+    assert all(s["culprit"]["why"].startswith("rank 1 arrives last at") for s in snapshots), (
+        snapshots[0]["culprit"]
+    )

@@ -1,6 +1,7 @@
 """`stepcli whatif` end to end: real runs of real torch programs, replayed and answered.
 
-One demo run and one two-rank gloo DDP job with a rank slowed by a known sleep are shared by the file's tests."""
+One demo run and one two-rank gloo DDP job with a rank slowed by a known sleep are shared by the
+file's tests."""
 
 from __future__ import annotations
 
@@ -31,14 +32,16 @@ dist.barrier()
 del model, opt
 import gc; gc.collect()
 dist.destroy_process_group()
-"""
+"""  # noqa: E501
 
 
 @pytest.fixture(scope="module")
 def demo_result(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("whatif") / "demo"
     summary = out.parent / "summary.json"
-    result = run_stepcli("demo", "--active", "3", "-o", out, "--json", summary, "--", "--iterations", "16")
+    result = run_stepcli(
+        "demo", "--active", "3", "-o", out, "--json", summary, "--", "--iterations", "16"
+    )
     assert result.returncode == 0, result.stderr
     return out, result.stderr
 
@@ -55,7 +58,10 @@ def test_the_run_summary_says_what_would_help_most(demo_result: tuple[Path, str]
     best = helps["opportunities"][0]
     assert best["saved_ms"] == max(o["saved_ms"] for o in helps["opportunities"])
     line = next(s for s in stderr.splitlines() if s.startswith("what would help: "))
-    assert line.startswith(f"what would help: {best['change']}: step ") and f"({-best['saved_share']:+.0%})" in line
+    assert (
+        line.startswith(f"what would help: {best['change']}: step ")
+        and f"({-best['saved_share']:+.0%})" in line
+    )
     assert f"  stepcli whatif {out}" in stderr.splitlines() or "  stepcli whatif " in stderr
 
 
@@ -65,7 +71,18 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     script = write_script(folder, "slow_rank.py", SLOW_RANK)
     out = folder / "out"
     result = run_stepcli(
-        "run", "--quiet", "--active", "3", "-o", out, "--", "torchrun", "--nproc-per-node", "2", script, cwd=folder
+        "run",
+        "--quiet",
+        "--active",
+        "3",
+        "-o",
+        out,
+        "--",
+        "torchrun",
+        "--nproc-per-node",
+        "2",
+        script,
+        cwd=folder,
     )
     assert result.returncode == 0, result.stderr
     return out
@@ -86,14 +103,24 @@ def test_a_run_folder_is_replayed_checked_and_ranked(demo_run: Path, tmp_path: P
     saved = [o["saved_ms"] for o in doc["opportunities"]]
     assert saved == sorted(saved, reverse=True) and saved[0] > 0
     removed = {o["change"]: o for o in doc["opportunities"]}["--scale phase:dataloader=0"]
-    assert removed["predicted_ms"] < doc["measured_ms"] and removed["predicted_untouched_ms"] < doc["untouched_ms"]
+    assert (
+        removed["predicted_ms"] < doc["measured_ms"]
+        and removed["predicted_untouched_ms"] < doc["untouched_ms"]
+    )
     assert doc["changes"] == []
 
 
 def test_changes_are_answered_alone_and_together(demo_run: Path, tmp_path: Path) -> None:
     answer = tmp_path / "whatif.json"
     result = run_stepcli(
-        "whatif", demo_run, "--scale", "phase:optimizer=0", "--scale", "re:^aten::=0.5", "--json", answer
+        "whatif",
+        demo_run,
+        "--scale",
+        "phase:optimizer=0",
+        "--scale",
+        "re:^aten::=0.5",
+        "--json",
+        answer,
     )
     assert result.returncode == 0, result.stderr
     doc = json.loads(answer.read_text())
@@ -112,7 +139,10 @@ def test_changes_are_answered_alone_and_together(demo_run: Path, tmp_path: Path)
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        (["--scale", "aten::mmm=0.5"], "matches no operator on the steps' thread of these traces; near names:"),
+        (
+            ["--scale", "aten::mmm=0.5"],
+            "matches no operator on the steps' thread of these traces; near names:",
+        ),
         (["--comm", "0.5"], "these traces are one process"),
         (["--idealize-rank", "0"], "these traces are one process"),
         (["--step", "99"], "--step 99: not a step every trace recorded (steps 2-4)"),
@@ -132,11 +162,14 @@ def test_whatif_never_replaces_a_users_file(demo_run: Path, tmp_path: Path) -> N
     assert mine.read_text() == '{"mine": true}'
 
 
-def test_a_slow_rank_idealized_buys_its_sleep_back_and_the_fast_one_buys_nothing(ddp_run: Path) -> None:
+def test_a_slow_rank_idealized_buys_its_sleep_back_and_the_fast_one_buys_nothing(
+    ddp_run: Path,
+) -> None:
     result = run_stepcli("whatif", ddp_run, "--idealize-rank", "1", "--idealize-rank", "0")
     assert result.returncode in (0, 4), result.stderr
     assert "2 ranks" in result.stdout
-    if result.returncode == 4:  # a loaded machine can skew a replay: then it must say why, never a number
+    # a loaded machine can skew a replay: then it must say why, never a number
+    if result.returncode == 4:
         assert "INCONCLUSIVE" in result.stdout and "predicted" not in result.stdout
         return
     line = next(s for s in result.stdout.splitlines() if s.strip().startswith("--idealize-rank 1 "))
@@ -147,7 +180,9 @@ def test_a_slow_rank_idealized_buys_its_sleep_back_and_the_fast_one_buys_nothing
 
 def test_the_ranks_answer_in_json(ddp_run: Path, tmp_path: Path) -> None:
     answer = tmp_path / "ddp.json"
-    result = run_stepcli("whatif", ddp_run, "--idealize-rank", "1", "--idealize-rank", "0", "--json", answer)
+    result = run_stepcli(
+        "whatif", ddp_run, "--idealize-rank", "1", "--idealize-rank", "0", "--json", answer
+    )
     if result.returncode == 4:
         doc = json.loads(answer.read_text())
         assert doc["verdict"] == "inconclusive" and doc["reason"] and doc["changes"] == []
@@ -156,7 +191,8 @@ def test_the_ranks_answer_in_json(ddp_run: Path, tmp_path: Path) -> None:
     doc = json.loads(answer.read_text())
     assert doc["ranks"] == [0, 1]
     slow, fast = doc["changes"][0], doc["changes"][1]
-    # rank 1 sleeps 20 ms a step: idealized, most of it comes back; rank 0 idealized buys nothing (it waits).
+    # rank 1 sleeps 20 ms a step: idealized, most of it comes back; rank 0 idealized buys nothing
+    # (it waits).
     assert slow["saved_ms"] > 0.5 * SLEEP_MS, slow
     assert fast["saved_ms"] <= 0.05 * doc["measured_ms"], fast
     assert any(s["kind"] == "collective" for s in doc["critical_path"]["segments"])
@@ -173,22 +209,29 @@ def test_one_rank_of_a_gpu_job_is_inconclusive_with_the_reason() -> None:
     assert all(len(line) <= 80 for line in result.stdout.splitlines()), result.stdout
 
 
-def test_a_real_gpu_step_is_replayed_and_a_kernel_off_its_critical_path_buys_nothing(tmp_path: Path) -> None:
-    # the H200 GPT step: under the profiler the host launching it is slower than the device running it
+def test_a_real_gpu_step_is_replayed_and_a_kernel_off_its_critical_path_buys_nothing(
+    tmp_path: Path,
+) -> None:
+    # the H200 GPT step: under the profiler the host launching it is slower than the device running
+    # it
     trace = SHARED / "h200_gpt_bf16" / "gpt_bf16.pt.trace.json.gz"
     if not trace.exists():
         pytest.skip(f"{trace} not found (../shared/traces beside the checkout)")
     out = tmp_path / "gpt.json"
-    result = run_stepcli("whatif", trace, "--scale", "re:^nvjet=0.5", "--scale", "phase:backward=0.5", "--json", out)
+    result = run_stepcli(
+        "whatif", trace, "--scale", "re:^nvjet=0.5", "--scale", "phase:backward=0.5", "--json", out
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     doc = json.loads(out.read_text())
     assert abs(doc["replay_error"]) <= 0.05
     kernels, backward = doc["changes"][0], doc["changes"][1]
-    assert abs(kernels["saved_share"]) < 0.01, kernels  # the GEMM kernels halved: the host still launches as slowly
+    # the GEMM kernels halved: the host still launches as slowly
+    assert abs(kernels["saved_share"]) < 0.01, kernels
     assert backward["saved_share"] > 0.1, backward
     assert {"gpu", "launch", "sync"} <= {seg["kind"] for seg in doc["critical_path"]["segments"]}
     assert all(len(line) <= 80 for line in result.stdout.splitlines()), result.stdout
-    # step 2 alone begins with 13 ms of device work the host waits for (a device sync): there the GEMMs halved buy
+    # step 2 alone begins with 13 ms of device work the host waits for (a device sync): there the
+    # GEMMs halved buy
     result = run_stepcli("whatif", trace, "--step", "2", "--scale", "re:^nvjet=0.5", "--json", out)
     assert result.returncode == 0, result.stdout + result.stderr
     doc = json.loads(out.read_text())
@@ -216,8 +259,23 @@ def test_kernels_on_the_critical_path_buy_at_most_their_time_there(tmp_path: Pat
 
 def test_a_trace_without_steps_is_refused_in_one_line(tmp_path: Path) -> None:
     trace = tmp_path / "nosteps.json"
-    trace.write_text(json.dumps({"traceEvents": [{"name": "aten::mm", "ph": "X", "cat": "cpu_op", "pid": 1,
-                                                  "tid": 1, "ts": 0, "dur": 5}]}))  # fmt: skip
+    trace.write_text(
+        json.dumps(
+            {
+                "traceEvents": [
+                    {
+                        "name": "aten::mm",
+                        "ph": "X",
+                        "cat": "cpu_op",
+                        "pid": 1,
+                        "tid": 1,
+                        "ts": 0,
+                        "dur": 5,
+                    }
+                ]
+            }
+        )
+    )
     result = run_stepcli("whatif", trace)
     assert result.returncode == 2 and "no complete ProfilerStep" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
@@ -226,7 +284,8 @@ def test_a_trace_without_steps_is_refused_in_one_line(tmp_path: Path) -> None:
 def test_the_trace_marks_the_critical_path_over_every_rank(ddp_run: Path, tmp_path: Path) -> None:
     trace = tmp_path / "critical.json"
     result = run_stepcli("whatif", ddp_run, "--trace", trace)
-    if result.returncode == 4:  # a loaded machine can skew the replay: then no trace, and it says why
+    # a loaded machine can skew the replay: then no trace, and it says why
+    if result.returncode == 4:
         assert "--trace" in result.stderr and "not written" in result.stderr and not trace.exists()
         return
     assert result.returncode == 0, result.stderr
@@ -252,7 +311,8 @@ def test_the_trace_marks_the_critical_path_over_every_rank(ddp_run: Path, tmp_pa
 def test_on_a_dask_cluster_the_lanes_are_read_there_and_the_answer_is_the_local_one(
     scheduler: str, ddp_run: Path, tmp_path: Path
 ) -> None:
-    # GIVEN a two-rank gloo job and a cluster WHEN whatif reads its traces there, with a change and without
+    # GIVEN a two-rank gloo job and a cluster WHEN whatif reads its traces there, with a change and
+    # without
     for change in (["--idealize-rank", "1", "--comm", "0.5"], []):
         local, remote = tmp_path / "local.json", tmp_path / "remote.json"
         here = run_stepcli("whatif", ddp_run, *change, "--json", local)
@@ -269,18 +329,29 @@ def test_on_a_dask_cluster_a_bad_trace_is_named_in_one_line(scheduler: str, tmp_
     (tmp_path / "rank0.json").write_text('{"traceEvents": [')
     result = run_stepcli("whatif", "--scheduler", scheduler, tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].endswith(f"{tmp_path / 'rank0.json'}: truncated JSON (the file "
-                                                           "ends in the middle of the trace; was it still being written?)")  # fmt: skip
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            f"{tmp_path / 'rank0.json'}: truncated JSON (the file "
+            "ends in the middle of the trace; was it still being written?)"
+        )
+    )
 
 
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        (["--scheduler", "tcp://127.0.0.1:1"], "stepcli: error: cannot reach the Dask scheduler at tcp://127.0.0.1:1"),
+        (
+            ["--scheduler", "tcp://127.0.0.1:1"],
+            "stepcli: error: cannot reach the Dask scheduler at tcp://127.0.0.1:1",
+        ),
         (["--scheduler-wait", "5s"], "--scheduler-wait needs --scheduler ADDRESS"),
     ],
 )
-def test_a_scheduler_that_cannot_be_used_is_one_line(demo_run: Path, argv: list[str], words: str) -> None:
+def test_a_scheduler_that_cannot_be_used_is_one_line(
+    demo_run: Path, argv: list[str], words: str
+) -> None:
     pytest.importorskip("distributed")
     result = run_stepcli("whatif", *argv, demo_run, timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr
@@ -309,14 +380,22 @@ for _ in range(8):  # a GAN's step: two optimizers, one step (the larger of thei
 def test_a_step_of_two_optimizers_is_replayed_as_one_step(tmp_path: Path) -> None:
     script = write_script(tmp_path, "gan.py", TWO_OPTIMIZERS)
     out, answer = tmp_path / "gan", tmp_path / "whatif.json"
-    assert run_stepcli("run", "--quiet", "--wait", "2", "--active", "3", "-o", out, script).returncode == 0
+    assert (
+        run_stepcli("run", "--quiet", "--wait", "2", "--active", "3", "-o", out, script).returncode
+        == 0
+    )
     result = run_stepcli("whatif", out, "--scale", "generator_extra=0", "--json", answer)
     assert result.returncode == 0, result.stderr
     doc = json.loads(answer.read_text())
     assert doc["verdict"] == "ok" and doc["steps"] == [3, 4, 5], doc["steps"]
     assert abs(doc["replay_error"]) <= 0.05
     (trace,) = trace_files(out)
-    assert profiler_steps(trace) == [3, 4, 5]  # one ProfilerStep per iteration, not one per optimizer
-    slept = [e["dur"] / 1000 for e in load_trace(trace)["traceEvents"] if e.get("name") == "generator_extra"]
+    # one ProfilerStep per iteration, not one per optimizer
+    assert profiler_steps(trace) == [3, 4, 5]
+    slept = [
+        e["dur"] / 1000
+        for e in load_trace(trace)["traceEvents"]
+        if e.get("name") == "generator_extra"
+    ]
     assert len(slept) == 3 and doc["measured_ms"] > sum(slept) / 3 >= 10  # both halves in one step
     assert doc["changes"][0]["saved_ms"] == pytest.approx(sum(slept) / 3, rel=0.05)

@@ -1,4 +1,5 @@
-"""stepcli.agent.cpuwait: each recorded step's time on a CPU and waiting for one, from Linux's schedstat."""
+"""stepcli.agent.cpuwait: each recorded step's time on a CPU and waiting for one, from Linux's
+schedstat."""
 
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ def test_the_steps_thread_is_measured_not_the_others() -> None:
     worker.start()
     worker.join()
     times.end(prof)
-    assert prof.metadata["stepcli_cpu_ms"]["1"][0] < 20.0  # another thread's 50 ms are not this thread's
+    # another thread's 50 ms are not this thread's
+    assert prof.metadata["stepcli_cpu_ms"]["1"][0] < 20.0
 
 
 def test_without_schedstat_nothing_is_written(monkeypatch: pytest.MonkeyPatch) -> None:

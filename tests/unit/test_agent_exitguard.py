@@ -1,7 +1,8 @@
-"""The exit guard: the step log is saved once before a process ends, which then ends as it would have.
+"""The exit guard: the step log is saved once before a process ends, which then ends as it would
+have.
 
-The signal cases run in a plain Python child (no torch: a few tens of ms), since they end the process;
-tests/e2e/test_run_endings.py checks the same on real torch programs under `stepcli run`.
+The signal cases run in a plain Python child (no torch: a few tens of ms), since they end the
+process; tests/e2e/test_run_endings.py checks the same on real torch programs under `stepcli run`.
 """
 
 from __future__ import annotations
@@ -23,9 +24,13 @@ class Recorder:
     deferred_signal = 0
 
 
-def _guard(saves: list[str], owner: list[bool] | None = None, recorder: Recorder | None = None) -> ExitGuard:
+def _guard(
+    saves: list[str], owner: list[bool] | None = None, recorder: Recorder | None = None
+) -> ExitGuard:
     owns = owner if owner is not None else [True]
-    return ExitGuard(lambda reason, blocked: saves.append(reason), lambda: owns[0], lambda: recorder)  # type: ignore[arg-type,return-value]
+    return ExitGuard(
+        lambda reason, blocked: saves.append(reason), lambda: owns[0], lambda: recorder
+    )  # type: ignore[arg-type,return-value]
 
 
 @pytest.fixture
@@ -51,7 +56,9 @@ def test_the_final_save_is_made_once_and_only_by_the_process_that_made_the_steps
     assert saves == ["exit"] and guard.flushed
 
 
-def test_signals_are_guarded_only_where_the_program_left_the_default(default_handlers: None) -> None:
+def test_signals_are_guarded_only_where_the_program_left_the_default(
+    default_handlers: None,
+) -> None:
     guard = _guard([])
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the program's choice (nohup): kept
     guard.guard_signals(True)
@@ -78,8 +85,10 @@ def test_a_signal_during_profiler_work_waits_for_it() -> None:
     recorder.busy = True
     guard = _guard(saves, recorder=recorder)
     guard.on_signal(signal.SIGTERM, None)
-    assert recorder.deferred_signal == signal.SIGTERM and saves == []  # the recorder delivers it when done
-    assert guard.signal_handled == signal.SIGTERM  # (the stacks thread sees the main thread took it)
+    # the recorder delivers it when done
+    assert recorder.deferred_signal == signal.SIGTERM and saves == []
+    # (the stacks thread sees the main thread took it)
+    assert guard.signal_handled == signal.SIGTERM
 
 
 def _child(body: str) -> subprocess.CompletedProcess[str]:
@@ -98,7 +107,9 @@ def _child(body: str) -> subprocess.CompletedProcess[str]:
         guard.guard_for_the_run()
         """
     ) + textwrap.dedent(body)
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_sigterm_saves_then_ends_the_process_of_sigterm() -> None:

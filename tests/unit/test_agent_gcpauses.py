@@ -1,5 +1,5 @@
-"""The agent's garbage-collection accounting (stepcli.agent.gcpauses), and the run summary's culprit section and
-advice built on it (stepcli.run.summary.culpritsection)."""
+"""The agent's garbage-collection accounting (stepcli.agent.gcpauses), and the run summary's culprit
+section and advice built on it (stepcli.run.summary.culpritsection)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,8 @@ def test_run_summary_section_checks_gc_rows() -> None:
     }
     logs = [
         {"worker": "rank0", "rank": 0, "gc": good},
-        {"worker": "rank1", "rank": 1, "gc": {**good, "collections": [1, 2]}},  # malformed: left out
+        # malformed: left out
+        {"worker": "rank1", "rank": 1, "gc": {**good, "collections": [1, 2]}},
         {"worker": "rank2", "rank": 2},
     ]
     section = culprit_section(None, logs)
@@ -85,13 +86,16 @@ def test_culprit_lines_and_advice_threshold() -> None:
     }
     assert culprit_lines(section)[0].startswith("culprit: rank 1 arrives last")
     advice = advise(Evidence(culprit=section))
-    assert [a.rule for a in advice] == ["culprit"] and "Schedule garbage collection" in advice[0].suggestion
+    assert [a.rule for a in advice] == ["culprit"] and "Schedule garbage collection" in advice[
+        0
+    ].suggestion
     small = {**section, "culprit": {**found, "wait_caused_ms_per_step": 0.5}}
     assert advise(Evidence(culprit=small)) == []
 
 
 def test_a_ctrl_c_inside_the_callback_reaches_the_program() -> None:
-    # GIVEN Ctrl-C arriving while stepcli's gc callback runs (Python drops what a gc callback raises)
+    # GIVEN Ctrl-C arriving while stepcli's gc callback runs (Python drops what a gc callback
+    # raises)
     calls: list[int] = []
 
     def interrupted() -> int:  # Ctrl-C arrives once, during the first clock read
@@ -107,7 +111,8 @@ def test_a_ctrl_c_inside_the_callback_reaches_the_program() -> None:
         with pytest.raises(KeyboardInterrupt):
             gc.collect(0)
             pauses.uninstall()
-            deadline = time.monotonic() + 30  # (delivered from another thread, at the next check after the callback)
+            # (delivered from another thread, at the next check after the callback)
+            deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 pass
     finally:

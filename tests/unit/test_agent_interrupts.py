@@ -76,8 +76,8 @@ def test_an_ignored_sigint_and_other_threads_are_left_alone() -> None:
 
 
 def test_a_program_taking_signals_through_the_wakeup_fd_is_not_held() -> None:
-    # asyncio's add_signal_handler reads the wakeup fd, which the C handler writes whatever the Python handler:
-    # holding would have the program's handler run twice
+    # asyncio's add_signal_handler reads the wakeup fd, which the C handler writes whatever the
+    # Python handler: holding would have the program's handler run twice
     read, write = os.pipe()
     os.set_blocking(write, False)
     previous = signal.set_wakeup_fd(write)
@@ -91,7 +91,8 @@ def test_a_program_taking_signals_through_the_wakeup_fd_is_not_held() -> None:
 
 
 def test_the_redelivered_ctrl_c_wakes_a_main_thread_that_blocks() -> None:
-    # a Ctrl-C noted while held reaches a main thread then waiting in a sleep (or a lock, a read) at once
+    # a Ctrl-C noted while held reaches a main thread then waiting in a sleep (or a lock, a read) at
+    # once
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         with Held():

@@ -1,6 +1,8 @@
-"""The wrappers that turn optimizer, GradScaler, profiler and `--step-on` calls into steps, on a fake torch.
+"""The wrappers that turn optimizer, GradScaler, profiler and `--step-on` calls into steps, on a
+fake torch.
 
-tests/e2e/test_run_steps.py and test_run_program_profiler.py check the same on real torch, end to end.
+tests/e2e/test_run_steps.py and test_run_program_profiler.py check the same on real torch, end to
+end.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ def test_each_optimizer_is_a_requester_from_construction_and_counts_a_step_when_
     agent: FakeAgent, torch: types.ModuleType
 ) -> None:
     sgd, adam = torch.optim.SGD(), torch.optim.Adam()
-    # registered when constructed (lazily at the first step, the second would count N+1), which arms the agent
+    # registered when constructed (lazily at the first step, the second would count N+1), which arms
+    # the agent
     assert agent.tracker.counts() == {"SGD": 0, "Adam": 0} and agent.trains
     for _ in range(3):
         sgd.step()
@@ -42,10 +45,13 @@ def test_each_optimizer_is_a_requester_from_construction_and_counts_a_step_when_
     assert (sgd.calls, adam.calls) == (3, 3)  # the program's own step ran each time
 
 
-def test_a_scaler_step_is_a_step_even_when_it_skips_the_optimizer(agent: FakeAgent, torch: types.ModuleType) -> None:
+def test_a_scaler_step_is_a_step_even_when_it_skips_the_optimizer(
+    agent: FakeAgent, torch: types.ModuleType
+) -> None:
     optimizer = torch.optim.SGD()
     torch.amp.GradScaler().step(optimizer)  # it calls optimizer.step(): counted once
-    torch.amp.GradScaler(skip=True).step(optimizer)  # inf/NaN gradients: no optimizer.step(), still an iteration
+    # inf/NaN gradients: no optimizer.step(), still an iteration
+    torch.amp.GradScaler(skip=True).step(optimizer)
     assert agent.tracker.counts() == {"SGD": 2} and optimizer.calls == 1
 
 
@@ -81,7 +87,9 @@ def test_an_error_in_stepcli_bookkeeping_disables_the_agent_never_the_program(
     assert agent.failures == ["an optimizer: bookkeeping broke"] and not agent.enabled
 
 
-def test_a_closure_is_a_marked_range_only_while_a_window_records(agent: FakeAgent, torch: types.ModuleType) -> None:
+def test_a_closure_is_a_marked_range_only_while_a_window_records(
+    agent: FakeAgent, torch: types.ModuleType
+) -> None:
     optimizer = torch.optim.SGD()
     optimizer.step(lambda: None)  # no window: the closure as it is
     agent.window, torch.profiler_enabled[0] = True, True
@@ -131,9 +139,13 @@ def test_the_step_that_starts_the_programs_profiler_is_counted_before_it_collect
     prof = torch.profiler.profile(collect_at=1)
     seen: list[int] = []
     started = agent.foreign_profiler_started
-    agent.foreign_profiler_started = lambda key: (seen.append(agent.tracker.global_step), started(key))  # type: ignore[method-assign]
+    agent.foreign_profiler_started = lambda key: (
+        seen.append(agent.tracker.global_step),
+        started(key),
+    )  # type: ignore[method-assign]
     prof.step()
-    assert seen == [1]  # counted first: a window of ours would otherwise be cut inside a step already ended
+    # counted first: a window of ours would otherwise be cut inside a step already ended
+    assert seen == [1]
     assert agent.tracker.global_step == 1  # and once only
 
 
@@ -148,7 +160,9 @@ def test_stepcli_own_profiler_is_left_alone(agent: FakeAgent, torch: types.Modul
     assert agent.tracker.requesters == {} and agent.events == [] and agent.foreign == set()
 
 
-def test_the_autograd_profiler_makes_stepcli_step_aside(agent: FakeAgent, torch: types.ModuleType) -> None:
+def test_the_autograd_profiler_makes_stepcli_step_aside(
+    agent: FakeAgent, torch: types.ModuleType
+) -> None:
     with torch.autograd.profiler.profile() as prof:
         assert agent.foreign == {id(prof)}
     assert agent.foreign == set()
@@ -162,7 +176,8 @@ def _step_on_module() -> types.ModuleType:
 
     def train_step(depth: int = 0, fail: bool = False) -> int:
         calls.append(depth)
-        if depth:  # through the module, as a recursive call would go: the wrapper sees the nested calls
+        # through the module, as a recursive call would go: the wrapper sees the nested calls
+        if depth:
             return int(module.train_step(depth - 1, fail))
         if fail:
             raise ValueError("bad batch")
@@ -193,7 +208,8 @@ def _step_on_module() -> types.ModuleType:
 def test_step_on_counts_each_outermost_call_that_returns(agent: FakeAgent) -> None:
     module = _step_on_module()
     patch_step_on(agent, module, "train_loop:train_step", "train_step")
-    assert agent.tracker.counts() == {"train_loop:train_step": 0} and not agent.trains  # armed at the first call
+    # armed at the first call
+    assert agent.tracker.counts() == {"train_loop:train_step": 0} and not agent.trains
     module.train_step()
     assert agent.trains and agent.tracker.global_step == 1
     module.train_step(3)  # four nested calls: one step
@@ -209,7 +225,9 @@ def test_step_on_wraps_static_and_async_functions(agent: FakeAgent) -> None:
     module = _step_on_module()
     patch_step_on(agent, module, "train_loop:Trainer.fit_one", "Trainer.fit_one")
     patch_step_on(agent, module, "train_loop:serve", "serve")
-    assert module.Trainer().fit_one(5) == 5 and isinstance(module.Trainer.__dict__["fit_one"], staticmethod)
+    assert module.Trainer().fit_one(5) == 5 and isinstance(
+        module.Trainer.__dict__["fit_one"], staticmethod
+    )
     assert asyncio.run(module.serve(7)) == 7
     assert agent.tracker.counts() == {"train_loop:Trainer.fit_one": 1, "train_loop:serve": 1}
 
@@ -217,12 +235,20 @@ def test_step_on_wraps_static_and_async_functions(agent: FakeAgent) -> None:
 @pytest.mark.parametrize(
     ("qualname", "message"),
     [
-        ("batches", "train_loop:batches is not a plain or async function (generators are not supported)"),
-        ("Trainer.fit_two", "train_loop.Trainer has no attribute 'fit_two' (after the module's code ran)"),
+        (
+            "batches",
+            "train_loop:batches is not a plain or async function (generators are not supported)",
+        ),
+        (
+            "Trainer.fit_two",
+            "train_loop.Trainer has no attribute 'fit_two' (after the module's code ran)",
+        ),
         ("missing", "train_loop has no attribute 'missing' (after the module's code ran)"),
     ],
 )
-def test_step_on_refuses_what_it_cannot_count_in_its_own_words(agent: FakeAgent, qualname: str, message: str) -> None:
+def test_step_on_refuses_what_it_cannot_count_in_its_own_words(
+    agent: FakeAgent, qualname: str, message: str
+) -> None:
     with pytest.raises(StepOnError) as raised:
         patch_step_on(agent, _step_on_module(), f"train_loop:{qualname}", qualname)
     assert str(raised.value) == message

@@ -23,7 +23,9 @@ def test_actions_match_torch(kwargs: dict[str, int]) -> None:
         warnings.simplefilter("ignore")
         reference = torch.profiler.schedule(**kwargs)
     ours = Schedule(**kwargs)
-    assert [ours.action(step) for step in range(80)] == [reference(step).value for step in range(80)]
+    assert [ours.action(step) for step in range(80)] == [
+        reference(step).value for step in range(80)
+    ]
 
 
 @pytest.mark.parametrize("kwargs", CASES)
@@ -44,7 +46,11 @@ def test_cycle_starts_and_windows() -> None:
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [(dict(active=0), "--active must be >= 1"), (dict(wait=-1), "--wait must be >= 0"), (dict(repeat=-2), "--repeat")],
+    [
+        (dict(active=0), "--active must be >= 1"),
+        (dict(wait=-1), "--wait must be >= 0"),
+        (dict(repeat=-2), "--repeat"),
+    ],
 )
 def test_invalid_values_are_rejected(kwargs: dict[str, int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -52,7 +58,21 @@ def test_invalid_values_are_rejected(kwargs: dict[str, int], message: str) -> No
 
 
 def test_one_recorded_step_is_said_in_the_singular() -> None:
-    assert Schedule(wait=1, warmup=1, active=1, repeat=1).describe().startswith("recording step 2 (")
-    assert Schedule(wait=1, warmup=1, active=2, repeat=1).describe().startswith("recording steps 2-3 (")
-    assert Schedule(wait=1, warmup=1, active=1, repeat=2).describe().startswith("recording steps 2, 5 (")
-    assert Schedule(wait=1, warmup=1, active=1, repeat=0).describe().startswith("recording steps 2, 5, 8, ... until")
+    assert (
+        Schedule(wait=1, warmup=1, active=1, repeat=1).describe().startswith("recording step 2 (")
+    )
+    assert (
+        Schedule(wait=1, warmup=1, active=2, repeat=1)
+        .describe()
+        .startswith("recording steps 2-3 (")
+    )
+    assert (
+        Schedule(wait=1, warmup=1, active=1, repeat=2)
+        .describe()
+        .startswith("recording steps 2, 5 (")
+    )
+    assert (
+        Schedule(wait=1, warmup=1, active=1, repeat=0)
+        .describe()
+        .startswith("recording steps 2, 5, 8, ... until")
+    )

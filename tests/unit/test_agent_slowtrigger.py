@@ -1,5 +1,6 @@
-"""`--capture-on-slow` inside one process: which slow step places a window, where, and how often; on a fake
-clock, without torch. tests/e2e/test_slow_capture.py runs it end to end on real programs and ranks."""
+"""`--capture-on-slow` inside one process: which slow step places a window, where, and how often; on
+a fake clock, without torch. tests/e2e/test_slow_capture.py runs it end to end on real programs and
+ranks."""
 
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ class Agent:
 
 
 class Run:
-    """A process that steps under a SlowTrigger: `step(ms)` makes one step that took `ms` milliseconds."""
+    """A process that steps under a SlowTrigger: `step(ms)` makes one step that took `ms`
+    milliseconds."""
 
     def __init__(self, rule: str = "3x", steps: int = 2, max_captures: int = 8) -> None:
         self.clock = Clock()
@@ -100,8 +102,19 @@ def test_a_slow_step_places_a_window_on_the_next_steps_with_why() -> None:
     run.step(50)  # step 21: 5x the median
     assert run.ondemand.placed == [(22, 23)]  # alone, the window starts at the very next step
     ((rid, trigger),) = run.ondemand.triggers.items()
-    assert rid == "slow-42-1" and rid in run.ondemand.own and run.ondemand.trigger_steps[rid] == (22, 23)
-    assert trigger == {"rank": None, "step": 21, "ms": 50.0, "baseline_ms": 10.0, "threshold_ms": 30.0, "rule": "3x"}
+    assert (
+        rid == "slow-42-1"
+        and rid in run.ondemand.own
+        and run.ondemand.trigger_steps[rid] == (22, 23)
+    )
+    assert trigger == {
+        "rank": None,
+        "step": 21,
+        "ms": 50.0,
+        "baseline_ms": 10.0,
+        "threshold_ms": 30.0,
+        "rule": "3x",
+    }
 
 
 def test_no_trigger_before_the_baseline_holds_enough_ordinary_steps() -> None:
@@ -144,13 +157,16 @@ def test_a_periodic_slow_step_is_caught_where_it_is_predicted_next() -> None:
         run.step(50)
         run.window_done()
         run.steps(19)
-    # the second slow step (40), 20 after the first: the window waits for step 60, from the step before it
+    # the second slow step (40), 20 after the first: the window waits for step 60, from the step
+    # before it
     assert run.ondemand.placed == [(21, 23), (59, 61)]
     trigger = run.ondemand.triggers["slow-42-2"]
     assert (trigger["step"], trigger["predicted_step"], trigger["period"]) == (40, 60, 20)
 
 
-def test_an_error_of_its_own_disables_the_trigger_never_the_program(capfd: pytest.CaptureFixture[str]) -> None:
+def test_an_error_of_its_own_disables_the_trigger_never_the_program(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     run = Run()
 
     def broken(*args: Any) -> None:

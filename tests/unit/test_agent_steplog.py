@@ -30,7 +30,9 @@ class FakeRecorder:
     def __init__(self) -> None:
         self.busy = False
         self.prof: Any = None
-        self.windows: list[dict[str, Any]] = [{"first_step": 2, "last_step": 3, "trace": "t.json", "complete": True}]
+        self.windows: list[dict[str, Any]] = [
+            {"first_step": 2, "last_step": 3, "trace": "t.json", "complete": True}
+        ]
         self.skipped_windows = 1
         self.notes = ["a note"]
         self.stops: list[str] = []
@@ -95,19 +97,24 @@ def test_the_step_log_holds_every_step_and_is_signed_with_the_run_key(tmp_path: 
     assert signature_matches(KEY, log, signature)
     assert not signature_matches("another run", log, signature)
     assert (agent.saved_steps, agent.saved_stalled, agent.record_saved) == (5, False, True)
-    assert (Path(agent.config.log_dir) / f"{socket.gethostname()}.{agent.pid}{STEP_RECORD_SUFFIX}").is_file()
+    assert (
+        Path(agent.config.log_dir) / f"{socket.gethostname()}.{agent.pid}{STEP_RECORD_SUFFIX}"
+    ).is_file()
     assert oct(Path(agent.config.log_dir).stat().st_mode & 0o777) == "0o700"
 
 
 def test_step_arrays_caught_mid_step_are_cut_to_one_length(tmp_path: Path) -> None:
     agent = FakeAgent(tmp_path, steps=3)
-    agent.tracker.durations_ns.append(9_000_000)  # another thread saves between the two appends of a step
+    # another thread saves between the two appends of a step
+    agent.tracker.durations_ns.append(9_000_000)
     steplog.write_step_log(agent)
     log = _log(agent)
     assert len(log["durations_us"]) == len(log["phases"]) == 3
 
 
-def test_the_save_at_exit_closes_the_window_then_writes_the_log_with_why_it_ended(tmp_path: Path) -> None:
+def test_the_save_at_exit_closes_the_window_then_writes_the_log_with_why_it_ended(
+    tmp_path: Path,
+) -> None:
     agent = FakeAgent(tmp_path, steps=4)
     steplog.save_at_exit(agent, "SIGTERM", blocked=False)
     assert agent.recorder is not None and agent.recorder.stops == ["cut short: SIGTERM"]
@@ -122,7 +129,10 @@ def test_a_window_left_open_at_exit_is_named_in_the_notes(tmp_path: Path) -> Non
     agent.recorder.prof = object()  # the stop could not close it (the main thread is blocked)
     steplog.save_at_exit(agent, "exit", blocked=True)
     assert agent.recorder.stops == ["cut short: the program exited"]
-    assert _log(agent)["notes"][-1] == "the window open at exit could not be saved: the main thread was blocked"
+    assert (
+        _log(agent)["notes"][-1]
+        == "the window open at exit could not be saved: the main thread was blocked"
+    )
 
 
 def test_a_process_that_never_stepped_writes_no_step_log(tmp_path: Path) -> None:
@@ -138,4 +148,6 @@ def test_a_step_log_that_cannot_be_written_stops_profiling_with_one_line(tmp_pat
     steplog.save_at_exit(agent, "exit", blocked=False)  # never raises into the program's exit
     assert agent.recorder is not None
     assert len(agent.recorder.failures) == 1
-    assert agent.recorder.failures[0].startswith(f"could not write the step log in {agent.config.log_dir}")
+    assert agent.recorder.failures[0].startswith(
+        f"could not write the step log in {agent.config.log_dir}"
+    )

@@ -82,15 +82,16 @@ def test_listener_is_called_only_when_asked_and_its_time_is_charged_to_no_step()
 
 
 def test_a_window_at_step_0_keeps_step_0s_time_before_it() -> None:
-    # GIVEN step 0 started when torch was imported (t=0), and a window that opens at step 0 when the process arms
-    # (t=5000): opening it takes a tick that no step is charged with
+    # GIVEN step 0 started when torch was imported (t=0), and a window that opens at step 0 when the
+    # process arms (t=5000): opening it takes a tick that no step is charged with
     times = iter([5000, 6000, 9000, 10000])
     tracker = StepTracker(started_ns=0, clock=lambda: next(times))
     tracker.set_listener(lambda step: (RECORD, NEVER), wake_at=0)
     tracker.register("opt", "SGD#0")
     tracker.begin()  # reads 5000 and 6000 around the listener
     tracker.step("opt")  # 9000
-    # THEN step 0 lasted 9000 - 1000 (the opening): its start-up time before the window stays in it (it was 3000)
+    # THEN step 0 lasted 9000 - 1000 (the opening): its start-up time before the window stays in it
+    # (it was 3000)
     assert list(tracker.durations_ns) == [8000]
 
 

@@ -34,7 +34,11 @@ def test_an_early_close_says_how_the_trace_is_treated_until_it_is_over() -> None
     window = WindowState()
     window.open(3)
     window.closing("cut short: the program exited", discard=False)
-    assert (window.cut_reason, window.discard, window.dropping) == ("cut short: the program exited", False, False)
+    assert (window.cut_reason, window.discard, window.dropping) == (
+        "cut short: the program exited",
+        False,
+        False,
+    )
     window.closed_early()
     window.closing("withdrawn", discard=True, dropping=True)
     assert (window.discard, window.dropping) == (True, True)

@@ -19,13 +19,21 @@ from stepcli.runfolder.summaryfile import RunSummary, StepRecord
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("3x", ("x", 3.0)), ("2.5X", ("x", 2.5)), ("+50ms", ("plus", 0.05)), ("+1.5s", ("plus", 1.5)), ("z4", ("z", 4.0))],
+    [
+        ("3x", ("x", 3.0)),
+        ("2.5X", ("x", 2.5)),
+        ("+50ms", ("plus", 0.05)),
+        ("+1.5s", ("plus", 1.5)),
+        ("z4", ("z", 4.0)),
+    ],
 )
 def test_rules_parse(text: str, expected: tuple[str, float]) -> None:
     assert parse(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "3", "1x", "0.5x", "+0ms", "+ms", "z0", "z-1", "nanx", "z inf", "+infms"])
+@pytest.mark.parametrize(
+    "text", ["", "3", "1x", "0.5x", "+0ms", "+ms", "z0", "z-1", "nanx", "z inf", "+infms"]
+)
 def test_bad_rules_say_the_syntax(text: str) -> None:
     with pytest.raises(ValueError, match="expected 3x"):
         parse(text)
@@ -36,7 +44,8 @@ def test_thresholds_from_the_baseline() -> None:
     assert median == 11_000_000 or median == 10_000_000
     assert threshold_ns("x", 3, median, spread) == 3 * median
     assert threshold_ns("plus", 0.05, median, spread) == median + 50_000_000
-    assert median < threshold_ns("z", 4, median, spread) < 2 * median  # the 300 ms outlier does not widen it
+    # the 300 ms outlier does not widen it
+    assert median < threshold_ns("z", 4, median, spread) < 2 * median
 
 
 def test_the_tracker_calls_the_watch_before_the_listener_and_only_when_asked() -> None:
@@ -59,7 +68,8 @@ def test_the_tracker_calls_the_watch_before_the_listener_and_only_when_asked() -
     for duration in (1, 1, 1, 1, 9, 1):
         now[0] += duration
         tracker.step("opt")
-    # called at step 3 (asked for), then at 5 (the step 4 took 9 > 5); the listener ran right after, same step
+    # called at step 3 (asked for), then at 5 (the step 4 took 9 > 5); the listener ran right after,
+    # same step
     assert calls == [("watch", 3), ("listener", 3), ("watch", 5), ("listener", 5)]
 
 
@@ -82,8 +92,24 @@ def test_top_marks_the_culprit_only_and_a_rank_that_stopped() -> None:
     now = 1000.0
     beat = {"steps_per_s": 10.0, "ended": "", "responses": {}}
     processes = [
-        beat | {"rank": 1, "worker": "rank1", "step": 50, "time": now, "median_ms": 90.0, "last_ms": 95.0},
-        beat | {"rank": 0, "worker": "rank0", "step": 51, "time": now, "median_ms": 20.0, "last_ms": 21.0},
+        beat
+        | {
+            "rank": 1,
+            "worker": "rank1",
+            "step": 50,
+            "time": now,
+            "median_ms": 90.0,
+            "last_ms": 95.0,
+        },
+        beat
+        | {
+            "rank": 0,
+            "worker": "rank0",
+            "step": 51,
+            "time": now,
+            "median_ms": 20.0,
+            "last_ms": 21.0,
+        },
         beat | {"rank": 2, "worker": "rank2", "step": 9, "time": now - 60, "median_ms": 20.0},
     ]
     document = snapshot(processes, "run", True, now)
@@ -94,17 +120,30 @@ def test_top_marks_the_culprit_only_and_a_rank_that_stopped() -> None:
         "collectives": 0,
         "why": "no saved trace with collectives on two or more ranks yet",
     }
-    culprit = {"collectives": 12, "culprit": {"rank": 0, "evidence": "rank 0 arrives last at 100% of 12 collectives"}}
+    culprit = {
+        "collectives": 12,
+        "culprit": {"rank": 0, "evidence": "rank 0 arrives last at 100% of 12 collectives"},
+    }
     named = snapshot(processes, "run", True, now, culprit)
     assert named["slowest"] == 0 and [r["slowest"] for r in named["ranks"]] == [True, False, False]
     assert named["culprit"]["why"].startswith("rank 0 arrives last")
     nobody = snapshot(processes, "run", True, now, {"collectives": 3, "culprit": None})
-    assert nobody["slowest"] is None and nobody["culprit"]["why"].endswith("consistently enough at 3 collectives")
-    decided = {"collectives": 3, "culprit": None, "no_culprit": {"reason": "chance", "words": "rank 1 arrives last"}}
+    assert nobody["slowest"] is None and nobody["culprit"]["why"].endswith(
+        "consistently enough at 3 collectives"
+    )
+    decided = {
+        "collectives": 3,
+        "culprit": None,
+        "no_culprit": {"reason": "chance", "words": "rank 1 arrives last"},
+    }
     assert snapshot(processes, "run", True, now, decided)["culprit"]["why"] == "rank 1 arrives last"
-    # a main thread that makes no step is still heard (its stacks thread writes the heartbeat): stalled, not fresh-looking
+    # a main thread that makes no step is still heard (its stacks thread writes the heartbeat):
+    # stalled, not fresh-looking
     stuck = snapshot(
-        [beat | {"rank": 0, "worker": "rank0", "step": 30, "time": now, "no_step_for_s": 12.0}], "r", True, now
+        [beat | {"rank": 0, "worker": "rank0", "step": 30, "time": now, "no_step_for_s": 12.0}],
+        "r",
+        True,
+        now,
     )
     assert stuck["ranks"][0]["no_step_for_s"] == 12.0 and stuck["ranks"][0]["step"] == 30
     assert document["ranks"][2]["no_step_for_s"] == 60.0
@@ -121,10 +160,11 @@ def test_a_whole_run_line_uses_the_units_of_its_neighbours_and_names_its_populat
         "slowest": [[7, 18_000_000]],
     }
     (line,) = lines(RunSummary(step_record=[msgspec.convert(record, StepRecord)]))
-    # it was "p50 ~16065.9 ms" beside "first step 4.31 s": fmt.ms's units, and the steps it counts said
+    # it was "p50 ~16065.9 ms" beside "first step 4.31 s": fmt.ms's units, and the steps it counts
+    # said
     assert line == (
-        "whole run rank0: 40 steps; after the first (start-up), profiled ones included: p50 ~16.07 s, "
-        "p90 ~17.10 s, p99 ~17.90 s, max 18.00 s; longest steps 7 (18.00 s)"
+        "whole run rank0: 40 steps; after the first (start-up), profiled ones included: p50 ~16.07 "
+        "s, p90 ~17.10 s, p99 ~17.90 s, max 18.00 s; longest steps 7 (18.00 s)"
     )
 
 

@@ -1,4 +1,5 @@
-"""What a running process accepts from `stepcli capture`: the request check and the control files' reads."""
+"""What a running process accepts from `stepcli capture`: the request check and the control files'
+reads."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from stepcli.agent import controlfiles
-from stepcli.agent.request import MAX_ACTIVE, MAX_WARMUP, Invalid, check_ping, check_request, request_id
+from stepcli.agent.request import (
+    MAX_ACTIVE,
+    MAX_WARMUP,
+    Invalid,
+    check_ping,
+    check_request,
+    request_id,
+)
 
 GOOD = {"id": "a1b2", "open_at": 10, "first_step": 11, "last_step": 13}
 
@@ -37,7 +45,9 @@ def test_a_well_formed_request_passes() -> None:
         ({"last_step": 11 + MAX_ACTIVE}, f"records more than {MAX_ACTIVE} steps"),
     ],
 )
-def test_a_malformed_request_is_invalid_and_says_which_field(change: dict[str, object], why: str) -> None:
+def test_a_malformed_request_is_invalid_and_says_which_field(
+    change: dict[str, object], why: str
+) -> None:
     with pytest.raises(Invalid, match=why) as caught:
         check_request(dict(GOOD, **change))
     assert "\x1b" not in str(caught.value)  # never quotes the forged value
@@ -78,7 +88,9 @@ def test_a_regular_file_is_read_up_to_the_bound(tmp_path: Path, folder: int) -> 
         controlfiles.read_json(folder, "absent.json", 100)
 
 
-def test_a_link_a_fifo_and_a_device_are_refused_without_blocking(tmp_path: Path, folder: int) -> None:
+def test_a_link_a_fifo_and_a_device_are_refused_without_blocking(
+    tmp_path: Path, folder: int
+) -> None:
     path = tmp_path / "control" / "requests.json"
     path.symlink_to("/dev/zero")
     with pytest.raises(controlfiles.Refused, match="is a link"):
@@ -97,7 +109,9 @@ def test_deeply_nested_json_is_malformed_not_a_crash(tmp_path: Path, folder: int
         controlfiles.read_json(folder, "requests.json", 32 * 1024)
 
 
-@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="needs root to give a file away")
+@pytest.mark.skipif(
+    not hasattr(os, "getuid") or os.getuid() != 0, reason="needs root to give a file away"
+)
 def test_a_file_or_folder_of_another_user_is_refused(tmp_path: Path, folder: int) -> None:
     path = tmp_path / "control" / "requests.json"
     path.write_text("{}")
@@ -122,14 +136,17 @@ def test_a_folder_that_is_a_link_or_open_to_others_is_refused(tmp_path: Path) ->
         controlfiles.open_folder(str(tmp_path / "open"))
 
 
-def test_a_write_never_goes_through_a_link_at_its_temporary_name(tmp_path: Path, folder: int) -> None:
+def test_a_write_never_goes_through_a_link_at_its_temporary_name(
+    tmp_path: Path, folder: int
+) -> None:
     victim = tmp_path / "victim"
     victim.write_text("keep")
     (tmp_path / "control" / f".proc.json.{os.getpid()}.tmp").symlink_to(victim)
     controlfiles.write_json(folder, "proc.json", {"step": 3})
     assert victim.read_text() == "keep"
     assert controlfiles.read_json(folder, "proc.json", 100) == {"step": 3}
-    # the link is left as it was (the temporary name is random now: never the planted one), nothing else is left
+    # the link is left as it was (the temporary name is random now: never the planted one), nothing
+    # else is left
     planted = f".proc.json.{os.getpid()}.tmp"
     assert sorted(p.name for p in (tmp_path / "control").iterdir()) == [planted, "proc.json"]
     assert (tmp_path / "control" / planted).is_symlink()

@@ -1,4 +1,5 @@
-"""Unit tests of compare's attribution: phases first, operators only with enough recorded steps (issue 19.12)."""
+"""Unit tests of compare's attribution: phases first, operators only with enough recorded steps
+(issue 19.12)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ PHASES = ("dataloader", "forward", "backward", "optimizer", "other")
 
 
 def run(steps: int, other_ms: float, seed: int) -> OpSteps:
-    """`steps` recorded steps: forward/backward noise from many operators, a steady `other` phase."""
+    """`steps` recorded steps: forward/backward noise from many operators, a steady `other`
+    phase."""
     rng = random.Random(seed)
     ops: dict[tuple[str, str], tuple[float, ...]] = {}
     for name in PHASES:
@@ -34,15 +36,22 @@ def run(steps: int, other_ms: float, seed: int) -> OpSteps:
 def test_a_sleep_outside_any_operator_is_attributed_to_the_other_phase_not_an_operator() -> None:
     # GIVEN 3 recorded steps per side and a change that is only a sleep (the `other` phase +300 ms)
     few = attribute([run(3, 1.0, 1)], [run(3, 301.0, 2)], confidence=0.95)
-    # THEN nothing is attributed from 3 steps (no operator is blamed), and the note says what is needed
+    # THEN nothing is attributed from 3 steps (no operator is blamed), and the note says what is
+    # needed
     assert few == ()
     note = attribution_note([run(3, 1.0, 1)], [run(3, 301.0, 2)])
-    assert note and f"phases need at least {PHASE_MIN_STEPS}" in note and f"operators {OP_MIN_STEPS}" in note
+    assert (
+        note
+        and f"phases need at least {PHASE_MIN_STEPS}" in note
+        and f"operators {OP_MIN_STEPS}" in note
+    )
     # WITH enough steps for phases but not operators: the phase is named, no operator
     some = attribute([run(10, 1.0, 1)], [run(10, 301.0, 2)], confidence=0.95)
     assert some and all(change.kind == "phase" for change in some)
     assert (some[0].name, some[0].significant) == ("other", True) and some[0].delta_ms > 250
-    assert "attributed by phase only" in (attribution_note([run(10, 1.0, 1)], [run(10, 301.0, 2)]) or "")
+    assert "attributed by phase only" in (
+        attribution_note([run(10, 1.0, 1)], [run(10, 301.0, 2)]) or ""
+    )
     # WITH OP_MIN_STEPS steps: phases first, then operators
     many = attribute([run(OP_MIN_STEPS, 1.0, 1)], [run(OP_MIN_STEPS, 301.0, 2)], confidence=0.95)
     kinds = [change.kind for change in many]
@@ -55,8 +64,8 @@ def test_a_sleep_outside_any_operator_is_attributed_to_the_other_phase_not_an_op
 
 
 def test_a_row_is_significant_only_beyond_the_tolerance_of_the_recorded_step() -> None:
-    # GIVEN 30 recorded steps per side of a ~21 ms step, and the `other` phase 1.0 ms vs 2.5 ms: a real change,
-    # but of 7% of the step, and 16 ms (76%) on the other side of the threshold
+    # GIVEN 30 recorded steps per side of a ~21 ms step, and the `other` phase 1.0 ms vs 2.5 ms: a
+    # real change, but of 7% of the step, and 16 ms (76%) on the other side of the threshold
     base, small, large = run(30, 1.0, 1), run(30, 2.5, 2), run(30, 17.0, 3)
     step_ms = 4 * 5.0 + 1.0
 

@@ -55,14 +55,19 @@ def test_budget_boundary(budget: float, fails: bool) -> None:
     assert bool(failures) is fails
     if fails:
         assert failures == [
-            f"median (p50) step time 10 ms exceeds the --fail-over budget of {budget:g} ms (over 8 steps)"
+            f"median (p50) step time 10 ms exceeds the --fail-over budget of {budget:g} ms (over 8 "
+            f"steps)"
         ]
 
 
 def test_one_message_per_exceeded_budget() -> None:
-    failures = check_budgets([("median", 100.0), ("p90", 15.0), ("max", 25.0), ("mean", 12.0)], STATS)
+    failures = check_budgets(
+        [("median", 100.0), ("p90", 15.0), ("max", 25.0), ("mean", 12.0)], STATS
+    )
     assert len(failures) == 2
-    assert failures[0].startswith("p90 step time 20 ms exceeds") and failures[1].startswith("max step time 30 ms")
+    assert failures[0].startswith("p90 step time 20 ms exceeds") and failures[1].startswith(
+        "max step time 30 ms"
+    )
 
 
 def test_float_rounding_at_the_budget_passes() -> None:

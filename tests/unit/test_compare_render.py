@@ -12,7 +12,8 @@ from stepcli.traces.render.terminal import shorten, shortened_apart
 
 # Two kernels whose names differ only in the middle (a template argument), as on a real DLRM job
 KERNEL = (
-    "void split_embedding_backward_codegen_rowwise_adagrad_kernel<float, float, float, {}ul>(at::Accessor<float, long>)"
+    "void split_embedding_backward_codegen_rowwise_adagrad_kernel<float, float, float, "
+    "{}ul>(at::Accessor<float, long>)"
 )
 TWINS = [KERNEL.format(2), KERNEL.format(5)]
 
@@ -29,7 +30,10 @@ def test_names_that_shorten_alike_are_shown_whole() -> None:
 def test_compare_rows_of_twins_differ_in_the_table_and_in_stacked_lines(width: int) -> None:
     out = io.StringIO()
     console = Console(file=out, width=width, color_system=None)
-    rows = [(TWINS[0], ["-", "60.134"], "- -> 60.134 ms, new"), (TWINS[1], ["36.180", "-"], "36.180 -> - ms, removed")]
+    rows = [
+        (TWINS[0], ["-", "60.134"], "- -> 60.134 ms, new"),
+        (TWINS[1], ["36.180", "-"], "36.180 -> - ms, removed"),
+    ]
     _print_rows(console, "Device kernels", [("base ms", "right"), ("current ms", "right")], rows)
     text = out.getvalue()
     # THEN the part where they differ is printed for each, and no line passes the width

@@ -1,4 +1,5 @@
-"""Unit tests of compare's pure parts: the verdict at its boundaries, populations, loading documents, Markdown."""
+"""Unit tests of compare's pure parts: the verdict at its boundaries, populations, loading
+documents, Markdown."""
 
 from __future__ import annotations
 
@@ -61,11 +62,16 @@ def run(
         kind="run",
         steps=steps,
         ops=ops,
-        populations={"untouched": untouched, "profiled": None if profiled is None else stats(profiled, count=4)},
+        populations={
+            "untouched": untouched,
+            "profiled": None if profiled is None else stats(profiled, count=4),
+        },
     )
 
 
-def trace(median: float | None, *, events: int = 100, label: str = "trace.json", **kw: Any) -> Measurement:
+def trace(
+    median: float | None, *, events: int = 100, label: str = "trace.json", **kw: Any
+) -> Measurement:
     return Measurement(
         label=label,
         kind="trace",
@@ -96,11 +102,17 @@ def test_tolerance_boundary(current: float, verdict: str, code: int) -> None:
 @pytest.mark.parametrize("base", [3.0, 0.7, 123.456, 1e5])
 def test_exactly_at_tolerance_passes_despite_float_rounding(base: float) -> None:
     # base * 1.1 - base is not exactly 0.1 * base in binary floating point; it must still pass.
-    assert decide(run(base), run(base * 1.1), tolerance=0.1, min_delta_ms=0.0).verdict == "no_change"
-    assert decide(run(base), run(base * 1.1 * 1.0001), tolerance=0.1, min_delta_ms=0.0).verdict == "regression"
+    assert (
+        decide(run(base), run(base * 1.1), tolerance=0.1, min_delta_ms=0.0).verdict == "no_change"
+    )
+    assert (
+        decide(run(base), run(base * 1.1 * 1.0001), tolerance=0.1, min_delta_ms=0.0).verdict
+        == "regression"
+    )
 
 
-# ---------------------------------------------------------------- min-delta floor boundary (tolerance 0..small)
+# ---------------------------------------------------------------- min-delta floor boundary
+# (tolerance 0..small)
 
 
 @pytest.mark.parametrize(
@@ -177,8 +189,13 @@ def test_unknown_metric_is_rejected() -> None:
         (run(10.0, profiled=12.0), trace(None, events=0), "0 trace events"),
         # Each side measured something, but not what a run-vs-trace comparison needs.
         (run(10.0), trace(10.0), "baseline run.json has no profiled steps"),
-        # Steps without time (a trace whose clock did not move): no ratio, no "+0 ms within tolerance"
-        (trace(0.0, high=0.0), trace(0.0, high=0.0), "baseline trace.json has only recorded steps of 0 ms"),
+        # Steps without time (a trace whose clock did not move): no ratio, no "+0 ms within
+        # tolerance"
+        (
+            trace(0.0, high=0.0),
+            trace(0.0, high=0.0),
+            "baseline trace.json has only recorded steps of 0 ms",
+        ),
         (trace(10.0), trace(0.0, high=0.0), "current trace.json has only recorded steps of 0 ms"),
     ],
 )
@@ -199,7 +216,10 @@ def test_nothing_measured_beats_regression_even_on_huge_values() -> None:
         events=0,
         empty_reason="no trace files in this folder",
     )
-    assert decide(trace(1.0), empty, tolerance=0.0, min_delta_ms=0.0).exit_code == EXIT_NOTHING_MEASURED
+    assert (
+        decide(trace(1.0), empty, tolerance=0.0, min_delta_ms=0.0).exit_code
+        == EXIT_NOTHING_MEASURED
+    )
 
 
 # ---------------------------------------------------------------- which steps decide
@@ -207,15 +227,21 @@ def test_nothing_measured_beats_regression_even_on_huge_values() -> None:
 
 def test_runs_decide_on_untouched_steps_not_profiled_ones() -> None:
     # Profiled steps got 3x slower (profiler overhead), untouched ones did not: no regression.
-    result = decide(run(10.0, profiled=10.0), run(10.0, profiled=30.0), tolerance=0.1, min_delta_ms=0.0)
+    result = decide(
+        run(10.0, profiled=10.0), run(10.0, profiled=30.0), tolerance=0.1, min_delta_ms=0.0
+    )
     assert result.verdict == "no_change"
     assert (result.baseline_population, result.current_population) == ("untouched", "untouched")
-    assert {r.population for r in result.step_rows} == {"untouched", "profiled"}  # profiled still shown
+    # profiled still shown
+    assert {r.population for r in result.step_rows} == {"untouched", "profiled"}
 
 
 def test_runs_without_untouched_steps_fall_back_to_profiled_and_say_so() -> None:
     result = decide(
-        run(None, profiled=10.0), run(10.0, profiled=20.0, label="cur.json"), tolerance=0.1, min_delta_ms=0.0
+        run(None, profiled=10.0),
+        run(10.0, profiled=20.0, label="cur.json"),
+        tolerance=0.1,
+        min_delta_ms=0.0,
     )
     assert result.verdict == "regression"
     assert result.baseline_population == result.current_population == "profiled"
@@ -250,25 +276,35 @@ def test_failed_program_and_few_steps_are_noted() -> None:
 
 
 def test_operator_rows_match_by_name_and_mark_new_and_removed() -> None:
-    base_ops = (OpTime("aten::mm", 10, 50.0, 60.0), OpTime("aten::add", 10, 5.0, 5.0), OpTime("old", 1, 1.0, 1.0))
+    base_ops = (
+        OpTime("aten::mm", 10, 50.0, 60.0),
+        OpTime("aten::add", 10, 5.0, 5.0),
+        OpTime("old", 1, 1.0, 1.0),
+    )
     cur_ops = (
         OpTime("aten::mm", 10, 80.0, 90.0),
         OpTime("aten::add", 10, 4.0, 4.0),
         OpTime("aten::sleep", 1, 100.0, 100.0),
     )
-    result = decide(run(10.0, ops=base_ops), run(10.0, ops=cur_ops), tolerance=0.1, min_delta_ms=0.0, top=3)
+    result = decide(
+        run(10.0, ops=base_ops), run(10.0, ops=cur_ops), tolerance=0.1, min_delta_ms=0.0, top=3
+    )
     assert [(r.name, r.baseline_ms, r.current_ms, r.status) for r in result.op_rows] == [
         ("aten::sleep", None, 100.0, "new"),
         ("aten::mm", 50.0, 80.0, ""),
         ("aten::add", 5.0, 4.0, ""),
     ]
-    everything = decide(run(1.0, ops=base_ops), run(1.0, ops=cur_ops), tolerance=0.1, min_delta_ms=0.0)
+    everything = decide(
+        run(1.0, ops=base_ops), run(1.0, ops=cur_ops), tolerance=0.1, min_delta_ms=0.0
+    )
     assert ("old", "removed") in [(r.name, r.status) for r in everything.op_rows]
 
 
 def test_missing_from_a_run_summarys_top_list_is_not_called_new() -> None:
     base = measurement_from_run(run_doc(), "base.json")  # lists aten::mm only
-    cur = measurement_from_run(run_doc(top_operators=[{"name": "aten::bmm", "self_ms": 9.0}]), "cur.json")
+    cur = measurement_from_run(
+        run_doc(top_operators=[{"name": "aten::bmm", "self_ms": 9.0}]), "cur.json"
+    )
     rows = {r.name: r.status for r in decide(base, cur, tolerance=0.1, min_delta_ms=0.0).op_rows}
     assert rows == {"aten::bmm": "not in baseline top", "aten::mm": "not in current top"}
 
@@ -296,7 +332,22 @@ def test_parse_tolerance(text: str, value: float) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["", "%", "ten", "10", "1.5", "-5%", "-0.1", "nan", "inf%", "10%%", "0.1ms", "1_0%", "\u0661\u0660%", "0.\u0661"],
+    [
+        "",
+        "%",
+        "ten",
+        "10",
+        "1.5",
+        "-5%",
+        "-0.1",
+        "nan",
+        "inf%",
+        "10%%",
+        "0.1ms",
+        "1_0%",
+        "\u0661\u0660%",
+        "0.\u0661",
+    ],
 )
 def test_parse_tolerance_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="10% or a fraction"):
@@ -313,9 +364,19 @@ def run_doc(**changes: Any) -> dict[str, Any]:
         "command": ["python", "train.py"],
         "exit_status": 0,
         "steps": {"global": 10, "requesters": {"SGD#0": 10}},
-        "step_time_ms": {"untouched": dict(stats(10.0, count=5)), "profiled": dict(stats(12.0, count=4))},
+        "step_time_ms": {
+            "untouched": dict(stats(10.0, count=5)),
+            "profiled": dict(stats(12.0, count=4)),
+        },
         "top_operators": [
-            {"name": "aten::mm", "calls": 4, "self_ms": 3.0, "total_ms": 4.0, "avg_ms": 1.0, "self_share": 0.3}
+            {
+                "name": "aten::mm",
+                "calls": 4,
+                "self_ms": 3.0,
+                "total_ms": 4.0,
+                "avg_ms": 1.0,
+                "self_share": 0.3,
+            }
         ],
         "traces": [],
     }
@@ -358,10 +419,24 @@ def test_measurement_from_summary() -> None:
         "step_ms": describe([1.0, 2.0, 3.0]),
         "steps": [{"rank": 0, "step": n, "dur_ms": float(n - 1)} for n in (2, 3, 4)],
         "cpu_ops": [
-            {"name": "aten::mm", "calls": 3, "self_ms": 1.5, "total_ms": 2.0, "avg_ms": 0.5, "self_share": 0.4}
+            {
+                "name": "aten::mm",
+                "calls": 3,
+                "self_ms": 1.5,
+                "total_ms": 2.0,
+                "avg_ms": 0.5,
+                "self_share": 0.4,
+            }
         ],
         "device_kernels": [
-            {"name": "gemm", "calls": 3, "self_ms": 0.5, "total_ms": 0.5, "avg_ms": 0.2, "self_share": 0.6}
+            {
+                "name": "gemm",
+                "calls": 3,
+                "self_ms": 0.5,
+                "total_ms": 0.5,
+                "avg_ms": 0.2,
+                "self_share": 0.6,
+            }
         ],
         "events": 287,
         "files": ["t.json"],
@@ -382,7 +457,10 @@ def test_measurement_from_summary() -> None:
 def test_markdown_is_valid_tables_and_escapes_pipes() -> None:
     ops = (OpTime("weird|op_name", 1, 2.0, 2.0),)
     result = decide(
-        run(10.0, profiled=12.0, ops=ops), run(20.0, profiled=24.0, ops=ops), tolerance=0.1, min_delta_ms=0.0
+        run(10.0, profiled=12.0, ops=ops),
+        run(20.0, profiled=24.0, ops=ops),
+        tolerance=0.1,
+        min_delta_ms=0.0,
     )
     text = render_markdown(result)
     steps, operators = markdown_tables(text)

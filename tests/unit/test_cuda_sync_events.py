@@ -1,4 +1,5 @@
-"""The profiler's CUDA sync events are asked for only when CUDA work is recorded and the torch has them."""
+"""The profiler's CUDA sync events are asked for only when CUDA work is recorded and the torch has
+them."""
 
 from __future__ import annotations
 
@@ -25,13 +26,15 @@ def _profiler(supported: list[str], config: Any = _Config) -> SimpleNamespace:
 
 
 def test_cuda_recorded_turns_the_sync_events_on() -> None:
-    chosen = cuda_sync_events(_profiler([CPU, CUDA]), None)  # torch's default activities: all supported
+    # torch's default activities: all supported
+    chosen = cuda_sync_events(_profiler([CPU, CUDA]), None)
     assert chosen["experimental_config"].options == {"enable_cuda_sync_events": True}
     assert cuda_sync_events(_profiler([CPU]), [CPU, CUDA])["experimental_config"].options
 
 
 def test_cpu_runs_and_older_torch_are_left_as_they_were() -> None:
-    assert cuda_sync_events(_profiler([CPU]), None) == {}  # no CUDA in this build or on this machine
+    # no CUDA in this build or on this machine
+    assert cuda_sync_events(_profiler([CPU]), None) == {}
     assert cuda_sync_events(_profiler([CPU, CUDA]), [CPU]) == {}  # --activities cpu
 
     def no_option() -> None:  # a torch whose _ExperimentalConfig has no enable_cuda_sync_events

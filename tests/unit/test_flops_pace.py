@@ -1,6 +1,7 @@
-"""MFU at the program's pace: `stepcli run` takes achieved FLOP/s and MFU over the untouched steps' median time (a
-step's FLOPs do not change when it is profiled, its time does), and keeps the recorded steps' figures only under
-`*_recorded`; `stepcli table` (bare traces: no untouched steps) stays at the recorded pace and says so."""
+"""MFU at the program's pace: `stepcli run` takes achieved FLOP/s and MFU over the untouched steps'
+median time (a step's FLOPs do not change when it is profiled, its time does), and keeps the
+recorded steps' figures only under `*_recorded`; `stepcli table` (bare traces: no untouched steps)
+stays at the recorded pace and says so."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from stepcli.runfolder.summaryfile import RunSummary
 from stepcli.traces.analyses.flops import at_untouched_pace, flops_figures
 
 H200 = {"NVIDIA H200"}
-# The issue's H200 run: 6.186e12 FLOPs per step, 3 recorded steps of 58 ms mean, untouched median 50.3 ms.
+# The issue's H200 run: 6.186e12 FLOPs per step, 3 recorded steps of 58 ms mean, untouched median
+# 50.3 ms.
 FLOPS_PER_STEP = 6.186e12
 
 
@@ -28,7 +30,9 @@ def test_bare_traces_are_at_the_recorded_pace_said_so() -> None:
         == figures["achieved_flops_per_s_recorded"]
         == pytest.approx(FLOPS_PER_STEP / 0.058)
     )
-    assert figures["mfu"] == figures["mfu_recorded"] == pytest.approx(FLOPS_PER_STEP / 0.058 / 989e12)
+    assert (
+        figures["mfu"] == figures["mfu_recorded"] == pytest.approx(FLOPS_PER_STEP / 0.058 / 989e12)
+    )
 
 
 def test_the_untouched_steps_pace() -> None:
@@ -36,7 +40,8 @@ def test_the_untouched_steps_pace() -> None:
     assert figures is not None
     assert figures["pace"] == "untouched" and figures["pace_step_ms"] == 50.3
     assert figures["achieved_flops_per_s"] == pytest.approx(FLOPS_PER_STEP / 0.0503)
-    assert figures["mfu"] == pytest.approx(0.1243, abs=1e-4)  # the issue's 12.4% at the program's own pace
+    # the issue's 12.4% at the program's own pace
+    assert figures["mfu"] == pytest.approx(0.1243, abs=1e-4)
     assert figures["mfu_recorded"] == pytest.approx(0.1078, abs=1e-4)  # not the 10.7%... of 58 ms
     assert figures["flops_per_step"] == pytest.approx(FLOPS_PER_STEP)
     # AND without untouched steps, or without counts, nothing changes
@@ -74,14 +79,19 @@ def test_the_terminal_and_the_page_say_the_pace() -> None:
 
     recorded = _recorded()
     line = flops_line(recorded)
-    assert line is not None and line.endswith(", at the recorded steps' pace (the profiler's cost included)")
+    assert line is not None and line.endswith(
+        ", at the recorded steps' pace (the profiler's cost included)"
+    )
     paced = at_untouched_pace(recorded, 50.3)
     line = flops_line(paced)
     assert line is not None
     assert (
-        "MFU 12.4% of NVIDIA H200's dense BF16 peak (dtype of its GEMM kernels), at the untouched steps' pace" in line
+        "MFU 12.4% of NVIDIA H200's dense BF16 peak (dtype of its GEMM kernels), at the untouched "
+        "steps' pace" in line
     )
-    assert line.endswith("(median step 50.3 ms); at the recorded steps' pace 107 TFLOP/s, MFU 10.8%")
+    assert line.endswith(
+        "(median step 50.3 ms); at the recorded steps' pace 107 TFLOP/s, MFU 10.8%"
+    )
     from stepcli.traces.engine import summarize_paths
     from tests.unit.test_traces_gemm_dtype import H200_TRACE
 
@@ -89,7 +99,10 @@ def test_the_terminal_and_the_page_say_the_pace() -> None:
     html = gpu_section(device)
     assert "at the recorded steps&#x27; pace (the profiler&#x27;s cost included)." in html
     html = gpu_section(device | (paced or {}))
-    assert "MFU 12.4% of the dense BF16 peak (dtype of its GEMM kernels), at the untouched steps&#x27; pace" in html
+    assert (
+        "MFU 12.4% of the dense BF16 peak (dtype of its GEMM kernels), at the untouched "
+        "steps&#x27; pace" in html
+    )
 
 
 def test_the_report_takes_the_run_summarys_pace() -> None:

@@ -1,5 +1,6 @@
-"""Hostile values in inputs are one clear line and exit 2, never exit 70 nor gigabytes (issue 30, items 2, 3, 13,
-14): `merge` on out-of-range base times, ids and pids; `memory` on pickles built to take memory or stack."""
+"""Hostile values in inputs are one clear line and exit 2, never exit 70 nor gigabytes (issue 30,
+items 2, 3, 13, 14): `merge` on out-of-range base times, ids and pids; `memory` on pickles built to
+take memory or stack."""
 
 from __future__ import annotations
 
@@ -41,16 +42,22 @@ def test_merge_takes_a_list_pid_as_text_table_does(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("ident", [2**40 + 5, -1, 2**70])
-def test_merge_refuses_an_id_it_cannot_keep_apart_from_the_next_ranks(tmp_path: Path, ident: int) -> None:
+def test_merge_refuses_an_id_it_cannot_keep_apart_from_the_next_ranks(
+    tmp_path: Path, ident: int
+) -> None:
     trace = json.loads(DATA.read_text())
-    trace["traceEvents"].append({"ph": "s", "id": ident, "pid": 1, "tid": 1, "ts": 1.0, "name": "x", "cat": "c"})
+    trace["traceEvents"].append(
+        {"ph": "s", "id": ident, "pid": 1, "tid": 1, "ts": 1.0, "name": "x", "cat": "c"}
+    )
     with pytest.raises(TraceError, match="outside 0..2\\^40"):
         merge_traces(_ranks(tmp_path, trace), str(tmp_path / "m.json"))
 
 
 def test_merge_refuses_more_processes_than_a_rank_has_pids(tmp_path: Path) -> None:
     trace = json.loads(DATA.read_text())
-    trace["traceEvents"] += [{"ph": "i", "pid": 10_000 + n, "tid": 1, "ts": 1.0, "name": "x"} for n in range(1001)]
+    trace["traceEvents"] += [
+        {"ph": "i", "pid": 10_000 + n, "tid": 1, "ts": 1.0, "name": "x"} for n in range(1001)
+    ]
     with pytest.raises(StepcliError, match="more than 1000 processes"):
         merge_traces(_ranks(tmp_path, trace), str(tmp_path / "m.json"))
 
@@ -92,13 +99,16 @@ def test_a_snapshot_with_a_frame_name_nested_200000_deep_is_one_line(tmp_path: P
     "data",
     [
         b"\x80\x02K\x01r" + (1 << 24).to_bytes(4, "little") + b".",  # LONG_BINPUT 2^24
-        b"\x80\x02](K\x01r" + (1 << 24).to_bytes(4, "little") + b"e}X\x08\x00\x00\x00segmentsh\x00s.",
+        b"\x80\x02](K\x01r"
+        + (1 << 24).to_bytes(4, "little")
+        + b"e}X\x08\x00\x00\x00segmentsh\x00s.",
         b"I1\np16777216\n.",  # protocol 0: the C unpickler reads it
     ],
     ids=["streamed", "streamed-then-fallback", "protocol-0"],
 )
 def test_a_memo_index_bomb_is_refused_without_its_memo(tmp_path: Path, data: bytes) -> None:
-    # (item 2) a memo index of 2^24 made the C unpickler allocate 16M memo slots (128 MiB) for a 10-byte file
+    # (item 2) a memo index of 2^24 made the C unpickler allocate 16M memo slots (128 MiB) for a
+    # 10-byte file
     path = tmp_path / "bomb.pickle"
     path.write_bytes(data)
     tracemalloc.start()
@@ -112,7 +122,9 @@ def test_a_memo_index_bomb_is_refused_without_its_memo(tmp_path: Path, data: byt
 
 
 @pytest.mark.parametrize("gzipped", [False, True], ids=["plain", "gzip-bomb"])
-def test_an_empty_list_flood_is_refused_before_it_takes_memory(tmp_path: Path, gzipped: bool) -> None:
+def test_an_empty_list_flood_is_refused_before_it_takes_memory(
+    tmp_path: Path, gzipped: bool
+) -> None:
     # (item 3) 1-byte EMPTY_LIST opcodes: 4.8 MB of them took 788 MB; a 5 MB gzip of them, gigabytes
     import gzip
     import resource
@@ -127,11 +139,13 @@ def test_an_empty_list_flood_is_refused_before_it_takes_memory(tmp_path: Path, g
     with pytest.raises(TraceError, match="not a CUDA memory snapshot"):
         load_snapshot(str(path))
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10) - before
-    assert grown < 64 << 20, grown  # refused at its first list (a snapshot is a dict), not 5-250 million lists
+    # refused at its first list (a snapshot is a dict), not 5-250 million lists
+    assert grown < 64 << 20, grown
 
 
 def test_merge_keeps_two_traces_of_one_rank_apart_and_says_so(tmp_path: Path) -> None:
-    # (item 14) two files both rank 0: their pids and ids no longer land on each other, and the line says it
+    # (item 14) two files both rank 0: their pids and ids no longer land on each other, and the line
+    # says it
     from stepcli.traces.mergetraces import merge_main
 
     trace = json.loads(DATA.read_text())
@@ -140,7 +154,8 @@ def test_merge_keeps_two_traces_of_one_rank_apart_and_says_so(tmp_path: Path) ->
     (tmp_path / "a" / "rank0.json").write_text(json.dumps(trace))
     (tmp_path / "b" / "rank0.json").write_text(json.dumps(trace))
     line = merge_main(
-        [str(tmp_path / "a" / "rank0.json"), str(tmp_path / "b" / "rank0.json")], str(tmp_path / "m.json")
+        [str(tmp_path / "a" / "rank0.json"), str(tmp_path / "b" / "rank0.json")],
+        str(tmp_path / "m.json"),
     )
     assert "rank 0 in 2 traces" in line
     merged = json.loads((tmp_path / "m.json").read_text())

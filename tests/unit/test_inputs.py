@@ -1,4 +1,5 @@
-"""stepcli.inputs: the one reader of files stepcli did not write, side files and gzip trailers included (issue 47)."""
+"""stepcli.inputs: the one reader of files stepcli did not write, side files and gzip trailers
+included (issue 47)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from stepcli.errors import TraceError
 from stepcli.inputs import gzip_trailer, read_input, read_side_json
 
 
-def test_a_side_file_is_read_only_when_it_is_a_small_regular_file_of_finite_json(tmp_path: Path) -> None:
+def test_a_side_file_is_read_only_when_it_is_a_small_regular_file_of_finite_json(
+    tmp_path: Path,
+) -> None:
     side = tmp_path / "t.flops"
     assert read_side_json(str(side)) is None  # nothing there: nothing to say
     side.write_text('{"flops": 12, "device": null}')
@@ -76,7 +79,8 @@ def test_a_trace_swapped_after_the_run_ends_check_is_never_read(
     from stepcli.traces.runtraces import RunTraces
 
     monkeypatch.setattr("stepcli.inputs._written", {})
-    # GIVEN a run whose two traces pass the run end's check (issue 47: the check and the read were two opens)
+    # GIVEN a run whose two traces pass the run end's check (issue 47: the check and the read were
+    # two opens)
     out = tmp_path / "out"
     config = AgentConfig(run_id="r1", out_dir=str(out), launcher_pid=1, run_key="k" * 32)
     Path(config.log_dir).mkdir(parents=True)
@@ -89,23 +93,46 @@ def test_a_trace_swapped_after_the_run_ends_check_is_never_read(
         trace.write_bytes(source)
         info = os.stat(trace)
         windows.append(
-            {"first_step": 1, "last_step": 1, "bytes": info.st_size, "complete": True, "trace": str(trace),
-             "inode": info.st_ino, "device": info.st_dev}
-        )  # fmt: skip
+            {
+                "first_step": 1,
+                "last_step": 1,
+                "bytes": info.st_size,
+                "complete": True,
+                "trace": str(trace),
+                "inode": info.st_ino,
+                "device": info.st_dev,
+            }
+        )
     log = {
-        "schema_version": 1, "worker": "rank0", "rank": 0, "pid": 7, "host": "h", "argv": ["t.py"],
-        "python": "3", "torch": "2", "started_at": started, "global_steps": 3, "requesters": [],
-        "durations_us": [5, 6, 7], "phases": "013", "skipped_windows": 0, "notes": [], "exit": "exit",
-        "peak_rss_bytes": None, "cuda_peak_bytes": None, "windows": windows,
-    }  # fmt: skip
+        "schema_version": 1,
+        "worker": "rank0",
+        "rank": 0,
+        "pid": 7,
+        "host": "h",
+        "argv": ["t.py"],
+        "python": "3",
+        "torch": "2",
+        "started_at": started,
+        "global_steps": 3,
+        "requesters": [],
+        "durations_us": [5, 6, 7],
+        "phases": "013",
+        "skipped_windows": 0,
+        "notes": [],
+        "exit": "exit",
+        "peak_rss_bytes": None,
+        "cuda_peak_bytes": None,
+        "windows": windows,
+    }
     log["signature"] = sign(config.run_key, log)
     (Path(config.log_dir) / "h.7.steps.json").write_text(json.dumps(log))
     logs, notes = load_step_logs(config, since=started)
     assert len(logs[0]["windows"]) == 2 and notes == []
     # WHEN another user swaps one for a forgery after that check, before the traces are read
     _forge(traces[1])
-    # THEN no read of it (in this process, or in workers that do not inherit its memory: a launcher's spinner
-    # thread makes them forkserver workers) reads the forgery: the trace is refused by name
+    # THEN no read of it (in this process, or in workers that do not inherit its memory: a
+    # launcher's spinner thread makes them forkserver workers) reads the forgery: the trace is
+    # refused by name
     for jobs in (1, 2):
         spinner = threading.Event()
         thread = threading.Thread(target=spinner.wait)

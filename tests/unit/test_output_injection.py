@@ -1,6 +1,6 @@
-"""Text from programs and files is shown, never obeyed (issue 30, items 8-10): a frame path, a heartbeat or a
-culprit's evidence holding ESC/OSC/BEL sequences, bidi overrides, rich markup or HTML reaches the terminal, the
-page and the Markdown as visible escapes or entities."""
+"""Text from programs and files is shown, never obeyed (issue 30, items 8-10): a frame path, a
+heartbeat or a culprit's evidence holding ESC/OSC/BEL sequences, bidi overrides, rich markup or HTML
+reaches the terminal, the page and the Markdown as visible escapes or entities."""
 
 from __future__ import annotations
 
@@ -52,7 +52,9 @@ def _dump(tmp_path: Path) -> Path:
     return folder
 
 
-def test_stepcli_lines_show_control_characters_as_escapes(capsys: pytest.CaptureFixture[str]) -> None:
+def test_stepcli_lines_show_control_characters_as_escapes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     say(f"saved {HOSTILE}")
     hang._say(f"hang: {HOSTILE}")  # the live hang block's lines
     err = capsys.readouterr().err
@@ -83,7 +85,9 @@ def test_top_shows_heartbeat_text_as_text(tmp_path: Path) -> None:
         "slowest": False,
     }
     out = io.StringIO()
-    Console(file=out, width=300, force_terminal=True).print(render({"run_id": "r1", "running": True, "ranks": [row]}))
+    Console(file=out, width=300, force_terminal=True).print(
+        render({"run_id": "r1", "running": True, "ranks": [row]})
+    )
     text = out.getvalue()
     assert "[bold red]rank0" in text and "[blink]bye" in text  # not read as markup
     assert "\u202e" not in text and "\x07" not in text and "\x1b]8;;http" not in text
@@ -124,17 +128,32 @@ def test_table_markdown_shows_html_from_traces_as_text() -> None:
 
 
 def _op(name: str) -> dict[str, Any]:
-    return {"name": name, "calls": 1, "self_ms": 1.0, "total_ms": 1.0, "avg_ms": 1.0, "self_share": 0.5}
+    return {
+        "name": name,
+        "calls": 1,
+        "self_ms": 1.0,
+        "total_ms": 1.0,
+        "avg_ms": 1.0,
+        "self_share": 0.5,
+    }
 
 
 def test_operator_names_are_never_links_images_or_formulas() -> None:
     linky = "a`b ![img](http://evil.example/x.png) [click](http://evil.example)"
     formula = '=HYPERLINK("http://evil.example","x")'
-    data = {"files": ["a.json"], "ranks": [], "events": 2, "steps": [], "cpu_ops": [_op(linky), _op(formula)]}
+    data = {
+        "files": ["a.json"],
+        "ranks": [],
+        "events": 2,
+        "steps": [],
+        "cpu_ops": [_op(linky), _op(formula)],
+    }
     data["device_kernels"] = []
-    # Markdown: a name with a backtick is still one code span (a longer fence), so nothing in it renders
+    # Markdown: a name with a backtick is still one code span (a longer fence), so nothing in it
+    # renders
     markdown = markdown_report(data)
     assert f"| `` {linky} `` |" in markdown
-    # CSV: a name a spreadsheet would run as a formula starts with an apostrophe; others are as written
+    # CSV: a name a spreadsheet would run as a formula starts with an apostrophe; others are as
+    # written
     rows = list(csv.DictReader(io.StringIO(csv_report(data))))
     assert sorted(r["name"] for r in rows) == sorted([linky, "'" + formula])

@@ -1,4 +1,5 @@
-"""Advice rules: each fires just above its threshold and stays silent just below it, or without its evidence."""
+"""Advice rules: each fires just above its threshold and stays silent just below it, or without its
+evidence."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ def test_no_evidence_no_advice() -> None:
     assert advise(Evidence()) == []
 
 
-@pytest.mark.parametrize(("share", "fires"), [(0.19, False), (0.20, False), (0.21, True), (0.9, True)])
+@pytest.mark.parametrize(
+    ("share", "fires"), [(0.19, False), (0.20, False), (0.21, True), (0.9, True)]
+)
 def test_data_loading_share(share: float, fires: bool) -> None:
     found = advise(Evidence(breakdown_ms=_breakdown(dataloader=share)))
     assert ("data-loading" in [a.rule for a in found]) is fires
@@ -37,16 +40,20 @@ def test_data_loading_share(share: float, fires: bool) -> None:
         assert "num_workers" in item.suggestion and "pin_memory" in item.suggestion
 
 
-@pytest.mark.parametrize(("step_ms", "fires"), [(20.0, False), (24.0, False), (25.0, True), (60.0, True)])
+@pytest.mark.parametrize(
+    ("step_ms", "fires"), [(20.0, False), (24.0, False), (25.0, True), (60.0, True)]
+)
 def test_data_loading_needs_five_ms_per_step(step_ms: float, fires: bool) -> None:
-    # 20.5% of the step is data loading; it only matters once that is at least 5 ms per step (a tiny model's
-    # in-process batching, like the demo's, is not worth worker processes)
+    # 20.5% of the step is data loading; it only matters once that is at least 5 ms per step (a tiny
+    # model's in-process batching, like the demo's, is not worth worker processes)
     breakdown = {k: v * step_ms / 100.0 for k, v in _breakdown(dataloader=0.205).items()}
     assert ("data-loading" in _rules(Evidence(breakdown_ms=breakdown))) is fires
 
 
 def _kernels(count: int, mean_us: float) -> list[dict[str, Any]]:
-    return [{"name": "void gemm_kernel<float>()", "calls": count, "self_ms": count * mean_us / 1000.0}]
+    return [
+        {"name": "void gemm_kernel<float>()", "calls": count, "self_ms": count * mean_us / 1000.0}
+    ]
 
 
 @pytest.mark.parametrize(
@@ -62,7 +69,9 @@ def _kernels(count: int, mean_us: float) -> list[dict[str, Any]]:
 def test_launch_bound(busy: float, kernels_per_step: int, mean_us: float, fires: bool) -> None:
     steps = 4
     evidence = Evidence(
-        device_busy_share=busy, kernels=_kernels(kernels_per_step * steps, mean_us), recorded_steps=steps
+        device_busy_share=busy,
+        kernels=_kernels(kernels_per_step * steps, mean_us),
+        recorded_steps=steps,
     )
     assert ("launch-bound" in _rules(evidence)) is fires
 
@@ -82,15 +91,21 @@ def test_host_sync_per_step(calls: int, fires: bool) -> None:
     found = [a for a in advise(evidence) if a.rule == "host-sync"]
     assert bool(found) is fires
     if fires:
-        assert f"cudaStreamSynchronize ×{calls}" in found[0].evidence and "_local_scalar_dense" not in found[0].evidence
+        assert (
+            f"cudaStreamSynchronize ×{calls}" in found[0].evidence
+            and "_local_scalar_dense" not in found[0].evidence
+        )
 
 
 def test_host_sync_is_silent_without_a_device() -> None:
     ops = [{"name": "cudaDeviceSynchronize", "calls": 300, "self_ms": 1.0}]
-    assert "host-sync" not in _rules(Evidence(cpu_ops=ops, recorded_steps=3))  # no kernel ran: nothing to wait for
+    # no kernel ran: nothing to wait for
+    assert "host-sync" not in _rules(Evidence(cpu_ops=ops, recorded_steps=3))
 
 
-def _optimizer_ops(per_step: float, steps: int = 3, extra: str | None = None) -> list[dict[str, Any]]:
+def _optimizer_ops(
+    per_step: float, steps: int = 3, extra: str | None = None
+) -> list[dict[str, Any]]:
     ops = [{"name": "aten::addcdiv_", "calls": int(per_step * steps), "self_ms": 1.0}]
     if extra:
         ops.append({"name": extra, "calls": steps, "self_ms": 1.0})
@@ -111,7 +126,9 @@ def _optimizer_ops(per_step: float, steps: int = 3, extra: str | None = None) ->
 )
 def test_slow_optimizer(share: float, per_step: float, extra: str | None, fires: bool) -> None:
     evidence = Evidence(
-        breakdown_ms=_breakdown(optimizer=share), cpu_ops=_optimizer_ops(per_step, extra=extra), recorded_steps=3
+        breakdown_ms=_breakdown(optimizer=share),
+        cpu_ops=_optimizer_ops(per_step, extra=extra),
+        recorded_steps=3,
     )
     assert ("optimizer" in _rules(evidence)) is fires
 
@@ -120,7 +137,8 @@ def test_slow_optimizer(share: float, per_step: float, extra: str | None, fires:
     ("names", "fires"),
     [
         (["Torch-Compiled Region: 0/0"], False),
-        (["Torch-Compiled Region: 0/0", "Torch-Compiled Region: 1/0"], False),  # two frames, each compiled once
+        # two frames, each compiled once
+        (["Torch-Compiled Region: 0/0", "Torch-Compiled Region: 1/0"], False),
         (["Torch-Compiled Region: 0/0", "Torch-Compiled Region: 0/1"], True),
         (["Torch-Compiled Region: 2/3"], True),
     ],
@@ -131,9 +149,11 @@ def test_recompilations(names: list[str], fires: bool) -> None:
 
 
 def _ranks(means: dict[int, float], steps: int = 12, jitter: float = 0.0) -> dict[int, list[float]]:
-    """Step times per rank around the given means; with jitter, every other step swings by +/- jitter."""
+    """Step times per rank around the given means; with jitter, every other step swings by +/-
+    jitter."""
     return {
-        r: [m + (jitter if i % 2 else -jitter) * (1 if r % 2 else -1) for i in range(steps)] for r, m in means.items()
+        r: [m + (jitter if i % 2 else -jitter) * (1 if r % 2 else -1) for i in range(steps)]
+        for r, m in means.items()
     }
 
 
@@ -146,7 +166,8 @@ def _ranks(means: dict[int, float], steps: int = 12, jitter: float = 0.0) -> dic
         (_ranks({0: 100.0}), False),  # one rank: nothing to compare with
         (_ranks({0: 100.0, 1: 120.0}, steps=9), False),  # too few steps to call it consistent
         (_ranks({0: 100.0, 1: 120.0}, steps=10), True),
-        (_ranks({0: 100.0, 1: 120.0}, jitter=30.0), False),  # slower on average, but only in half of the steps
+        # slower on average, but only in half of the steps
+        (_ranks({0: 100.0, 1: 120.0}, jitter=30.0), False),
     ],
 )
 def test_straggler(rank_steps: dict[int, list[float]], fires: bool) -> None:
@@ -160,17 +181,20 @@ def test_straggler(rank_steps: dict[int, list[float]], fires: bool) -> None:
 
 def test_stalls() -> None:
     steady = [(step, 10.0) for step in range(1, 30)]
-    assert "stalls" not in _rules(Evidence(untouched_ms=steady + [(30, 30.0)]))  # exactly 3x: not over
+    # exactly 3x: not over
+    assert "stalls" not in _rules(Evidence(untouched_ms=steady + [(30, 30.0)]))
     found = [a for a in advise(Evidence(untouched_ms=steady + [(30, 31.0)])) if a.rule == "stalls"]
     assert found and "about step 30" in found[0].evidence
     few = [(step, 10.0) for step in range(1, advice.STALL_MIN_STEPS - 1)] + [(99, 500.0)]
-    assert "stalls" not in _rules(Evidence(untouched_ms=few))  # too few steps to call anything typical
+    # too few steps to call anything typical
+    assert "stalls" not in _rules(Evidence(untouched_ms=few))
 
 
 def test_every_rule_names_its_threshold_and_line_is_one_line() -> None:
     evidence = Evidence(
         breakdown_ms=_breakdown(dataloader=0.5, optimizer=0.3),
-        cpu_ops=_optimizer_ops(40) + [{"name": "Torch-Compiled Region: 0/2", "calls": 3, "self_ms": 1.0}],
+        cpu_ops=_optimizer_ops(40)
+        + [{"name": "Torch-Compiled Region: 0/2", "calls": 3, "self_ms": 1.0}],
         rank_steps=_ranks({0: 10.0, 1: 20.0}),
         recorded_steps=3,
     )
@@ -181,7 +205,9 @@ def test_every_rule_names_its_threshold_and_line_is_one_line() -> None:
         assert "\n" not in item.line() and item.threshold in item.line()
 
 
-def _threads_logs(threads: list[int], cpus: list[list[int]], host: str = "h") -> list[dict[str, Any]]:
+def _threads_logs(
+    threads: list[int], cpus: list[list[int]], host: str = "h"
+) -> list[dict[str, Any]]:
     return [{"host": host, "intra_op_threads": t, "cpus": c} for t, c in zip(threads, cpus)]
 
 
@@ -212,8 +238,13 @@ def test_threads_advice_names_the_setting_that_fixes_it() -> None:
     assert item.evidence.startswith("2 processes x 2 intra-op threads = 4 on 2 cores stepcli sees")
     assert "OMP_NUM_THREADS=1" in item.suggestion and "torch.set_num_threads(1)" in item.suggestion
     # AND per host: two hosts, each within its own cores, are fine; the one beyond them is named
-    logs = _threads_logs([1, 1], [[0, 1], [0, 1]], "a") + _threads_logs([4, 4], [[0, 1], [0, 1]], "b")
+    logs = _threads_logs([1, 1], [[0, 1], [0, 1]], "a") + _threads_logs(
+        [4, 4], [[0, 1], [0, 1]], "b"
+    )
     (item,) = [a for a in advise(Evidence(threads=threads_section(logs))) if a.rule == "threads"]
-    assert "= 8 on 2 cores stepcli sees on host b:" in item.evidence and "OMP_NUM_THREADS=1" in item.suggestion
+    assert (
+        "= 8 on 2 cores stepcli sees on host b:" in item.evidence
+        and "OMP_NUM_THREADS=1" in item.suggestion
+    )
     # AND nothing without the evidence (older step logs)
     assert threads_section([{"host": "h", "intra_op_threads": None, "cpus": None}]) is None

@@ -1,5 +1,5 @@
-"""Device advice rules (stepcli.advice.deviceadvice): each fires just above its threshold, stays silent just below it,
-and stays silent without its evidence."""
+"""Device advice rules (stepcli.advice.deviceadvice): each fires just above its threshold, stays
+silent just below it, and stays silent without its evidence."""
 
 from __future__ import annotations
 
@@ -39,18 +39,27 @@ def test_exposed_communication_share(exposed_ms: float, fires: bool) -> None:
     found = advise_device(Evidence(device=device(exposed_comm_ms=exposed_ms)))
     assert ("exposed-comm" in [a.rule for a in found]) is fires
     if fires:
-        assert f"{exposed_ms:.2f} ms per step" in found[0].evidence and "≥ 10%" in found[0].threshold
+        assert (
+            f"{exposed_ms:.2f} ms per step" in found[0].evidence and "≥ 10%" in found[0].threshold
+        )
         assert "bucket_cap_mb" in found[0].suggestion and "prefetch" in found[0].suggestion
 
 
 @pytest.mark.parametrize(("overlap", "says"), [(0.04, "do not overlap"), (0.05, "only 5%")])
 def test_exposed_communication_says_when_nothing_overlaps(overlap: float, says: str) -> None:
-    (item,) = advise_device(Evidence(device=device(exposed_comm_ms=40.0, comm_overlap_share=overlap)))
+    (item,) = advise_device(
+        Evidence(device=device(exposed_comm_ms=40.0, comm_overlap_share=overlap))
+    )
     assert says in item.evidence
 
 
 def test_exposed_communication_needs_communication() -> None:
-    assert rules(Evidence(device=device(exposed_comm_ms=40.0, comm_share=0.0, comm_overlap_share=None))) == []
+    assert (
+        rules(
+            Evidence(device=device(exposed_comm_ms=40.0, comm_share=0.0, comm_overlap_share=None))
+        )
+        == []
+    )
 
 
 @pytest.mark.parametrize(("wait_ms", "fires"), [(19.9, False), (20.0, True)])
@@ -73,14 +82,20 @@ def test_host_bound_needs_five_ms_per_step(wait_ms: float, fires: bool) -> None:
 
 
 def test_host_bound_leaves_many_short_kernels_to_the_launch_bound_rule() -> None:
-    # GIVEN a device idle 60% waiting for the host, running 100 kernels of 5 us per step (launch-bound fires)
+    # GIVEN a device idle 60% waiting for the host, running 100 kernels of 5 us per step
+    # (launch-bound fires)
     causes = {"host_wait_ms": 60.0, "kernel_wait_ms": 0.0, "other_ms": 0.0}
     figures = device(busy_ms=40.0, idle_ms=60.0, idle_by_cause=causes)
     kernels = [{"name": "k", "calls": 1000, "self_ms": 5.0}]
-    assert rules(Evidence(device=figures, device_busy_share=0.4, kernels=kernels, recorded_steps=10)) == []
+    assert (
+        rules(Evidence(device=figures, device_busy_share=0.4, kernels=kernels, recorded_steps=10))
+        == []
+    )
     # AND with long kernels instead, host-bound speaks
     long_kernels = [{"name": "k", "calls": 1000, "self_ms": 400.0}]
-    found = rules(Evidence(device=figures, device_busy_share=0.4, kernels=long_kernels, recorded_steps=10))
+    found = rules(
+        Evidence(device=figures, device_busy_share=0.4, kernels=long_kernels, recorded_steps=10)
+    )
     assert found == ["host-bound"]
 
 
@@ -97,7 +112,11 @@ def test_pageable_copies(copy_ms: float, fires: bool) -> None:
 
 
 def test_thresholds_are_the_documented_ones() -> None:
-    assert (deviceadvice.EXPOSED_COMM_SHARE, deviceadvice.HOST_WAIT_SHARE, deviceadvice.PAGEABLE_SHARE) == (
+    assert (
+        deviceadvice.EXPOSED_COMM_SHARE,
+        deviceadvice.HOST_WAIT_SHARE,
+        deviceadvice.PAGEABLE_SHARE,
+    ) == (
         0.10,
         0.20,
         0.01,

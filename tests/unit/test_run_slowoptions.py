@@ -1,4 +1,5 @@
-"""`stepcli run`'s slow-capture options take their bounds from the agent's rule module: one home for each limit."""
+"""`stepcli run`'s slow-capture options take their bounds from the agent's rule module: one home for
+each limit."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ def _bounds(name: str) -> tuple[object, object]:
 
 
 def test_the_capture_bounds_are_the_agents_constants() -> None:
-    # GIVEN the limits the agent's slow trigger enforces, WHEN `stepcli run` parses its options, THEN the same
+    # GIVEN the limits the agent's slow trigger enforces, WHEN `stepcli run` parses its options,
+    # THEN the same
     assert _bounds("capture_steps") == (1, slowrule.MAX_CAPTURE_STEPS)
     assert _bounds("max_captures") == (1, slowrule.MAX_CAPTURES)

@@ -1,4 +1,5 @@
-"""A run folder read back (stepcli.runfolder.runs): paths kept inside the folder given, links followed included."""
+"""A run folder read back (stepcli.runfolder.runs): paths kept inside the folder given, links
+followed included."""
 
 from __future__ import annotations
 
@@ -19,18 +20,25 @@ def test_a_summary_read_back_names_only_traces_inside_the_folder(tmp_path: Path)
     outside.mkdir()
     (outside / "secret.pt.trace.json").write_text("{}")
     (folder / "own.pt.trace.json").write_text("{}")
-    (folder / "escape.pt.trace.json").symlink_to(outside / "secret.pt.trace.json")  # (an unpacked artifact's link)
+    # (an unpacked artifact's link)
+    (folder / "escape.pt.trace.json").symlink_to(outside / "secret.pt.trace.json")
     (folder / "sub").symlink_to(outside)
     old = "/ci/run/out"
     doc: dict[str, Any] = {
         "out_dir": old,
-        "traces": [f"{old}/own.pt.trace.json", f"{old}/escape.pt.trace.json", f"{old}/sub/secret.pt.trace.json"],
+        "traces": [
+            f"{old}/own.pt.trace.json",
+            f"{old}/escape.pt.trace.json",
+            f"{old}/sub/secret.pt.trace.json",
+        ],
         "windows": [],
     }
     moved = rerooted(msgspec.convert(doc, RunSummary), str(folder))
     assert moved.traces == [str(folder / "own.pt.trace.json")] and moved.out_dir == str(folder)
     assert contained(str(folder / "own.pt.trace.json"), str(folder))
-    assert not contained(str(folder / "escape.pt.trace.json"), str(folder)) and not contained(str(folder), str(folder))
+    assert not contained(str(folder / "escape.pt.trace.json"), str(folder)) and not contained(
+        str(folder), str(folder)
+    )
 
 
 def test_an_empty_file_may_be_replaced_a_foreign_one_not(tmp_path: Path) -> None:

@@ -1,10 +1,12 @@
-"""Every file stepcli creates goes through stepcli.safefile (issue 30): a link planted at a name stepcli uses is
-never written through, a FIFO never blocks, a folder put in place of the control folder is never written into.
+"""Every file stepcli creates goes through stepcli.safefile (issue 30): a link planted at a name
+stepcli uses is never written through, a FIFO never blocks, a folder put in place of the control
+folder is never written into.
 
-"Planted" links are made by the same user here: what matters is that stepcli never follows them, whoever made
-them. The names planted are those the old code used (`<name>.<pid>.tmp` and `-<pid>` probes, with the test
-process's own pid, the pid these writers run under here): they hit every time before; now no temporary name can
-be guessed, and a link at the final name is replaced, not followed.
+"Planted" links are made by the same user here: what matters is that stepcli never follows them,
+whoever made them. The names planted are those the old code used (`<name>.<pid>.tmp` and `-<pid>`
+probes, with the test process's own pid, the pid these writers run under here): they hit every time
+before; now no temporary name can be guessed, and a link at the final name is replaced, not
+followed.
 """
 
 from __future__ import annotations
@@ -77,14 +79,26 @@ WRITERS: dict[str, tuple[Callable[[Path], object], list[str], str]] = {
         [f".report-2.html.{PID}.tmp"],
         "report-2.html",
     ),
-    "--json": (lambda d: write_run_summary({}, str(d / "run.json")), [f".run.json.{PID}.tmp"], "run.json"),
-    "--json probe": (lambda d: outputs.check_json_writable(str(d / "run.json")), [f".stepcli-json-test-{PID}"], ""),
+    "--json": (
+        lambda d: write_run_summary({}, str(d / "run.json")),
+        [f".run.json.{PID}.tmp"],
+        "run.json",
+    ),
+    "--json probe": (
+        lambda d: outputs.check_json_writable(str(d / "run.json")),
+        [f".stepcli-json-test-{PID}"],
+        "",
+    ),
     "output folder probe": (
         lambda d: outputs.prepare_out_dir(str(d), "x"),
         [f".stepcli-write-test-{PID}"],
         "",
     ),
-    "agent JSON": (lambda d: atomic_write_json(str(d / "x.json"), {"a": 1}), [f".x.json.{PID}.tmp"], "x.json"),
+    "agent JSON": (
+        lambda d: atomic_write_json(str(d / "x.json"), {"a": 1}),
+        [f".x.json.{PID}.tmp"],
+        "x.json",
+    ),
     "OOM snapshot": (
         lambda d: cudamemory._write_snapshot(str(d), _snapshot()),
         [f".oom-{worker_name()}.pickle.{PID}.tmp"],
@@ -99,7 +113,9 @@ WRITERS: dict[str, tuple[Callable[[Path], object], list[str], str]] = {
 
 
 @pytest.mark.parametrize("what", sorted(WRITERS))
-def test_a_link_planted_at_a_temporary_name_is_never_written_through(tmp_path: Path, victim: Path, what: str) -> None:
+def test_a_link_planted_at_a_temporary_name_is_never_written_through(
+    tmp_path: Path, victim: Path, what: str
+) -> None:
     # GIVEN links planted at the names the writer used to open by name
     write, planted, final = WRITERS[what]
     folder = tmp_path / "out"
@@ -111,11 +127,14 @@ def test_a_link_planted_at_a_temporary_name_is_never_written_through(tmp_path: P
     assert victim.read_bytes() == SECRET
     if final:
         assert stat.S_ISREG(os.lstat(folder / final).st_mode)
-    assert not [p for p in folder.iterdir() if ".tmp" in p.name and not p.is_symlink()]  # nothing left over
+    # nothing left over
+    assert not [p for p in folder.iterdir() if ".tmp" in p.name and not p.is_symlink()]
 
 
 @pytest.mark.parametrize("what", ["report.html", "--json", "agent JSON"])
-def test_a_link_planted_at_the_final_name_is_replaced_not_followed(tmp_path: Path, victim: Path, what: str) -> None:
+def test_a_link_planted_at_the_final_name_is_replaced_not_followed(
+    tmp_path: Path, victim: Path, what: str
+) -> None:
     write, _, final = WRITERS[what]
     folder = tmp_path / "out"
     folder.mkdir()
@@ -126,21 +145,26 @@ def test_a_link_planted_at_the_final_name_is_replaced_not_followed(tmp_path: Pat
 
 
 @pytest.mark.parametrize("what", ["OOM snapshot", "on-demand snapshot"])
-def test_snapshots_are_private_and_never_replace_a_planted_name(tmp_path: Path, victim: Path, what: str) -> None:
+def test_snapshots_are_private_and_never_replace_a_planted_name(
+    tmp_path: Path, victim: Path, what: str
+) -> None:
     write, _, final = WRITERS[what]
     folder = tmp_path / "out"
     folder.mkdir()
     (folder / final).symlink_to(victim)
     path = Path(str(write(folder)))
-    assert victim.read_bytes() == SECRET and (folder / final).is_symlink()  # the link kept, not followed
-    assert path != folder / final and stat.S_IMODE(path.stat().st_mode) == 0o600  # allocation stacks, argv
+    # the link kept, not followed
+    assert victim.read_bytes() == SECRET and (folder / final).is_symlink()
+    # allocation stacks, argv
+    assert path != folder / final and stat.S_IMODE(path.stat().st_mode) == 0o600
     assert pickle.loads(path.read_bytes())["segments"] == []
     assert cudamemory.WRITTEN[-1] == path.name  # named in the process's step log
 
 
 def test_temporary_names_cannot_be_guessed(tmp_path: Path) -> None:
-    # 100 names: each a fresh 16-hex-digit tag (64 random bits), none repeated, none the process id. (Not "the
-    # pid's digits appear nowhere in the tag": a random tag holds a 3-digit pid by chance ~1 time in 300.)
+    # 100 names: each a fresh 16-hex-digit tag (64 random bits), none repeated, none the process id.
+    # (Not "the pid's digits appear nowhere in the tag": a random tag holds a 3-digit pid by chance
+    # ~1 time in 300.)
     names = {safefile.temp_name("report.html") for _ in range(100)}
     tags = [n.split(".")[-2] for n in names]
     assert len(names) == 100 and all(re.fullmatch(r"[0-9a-f]{16}", t) for t in tags)
@@ -160,12 +184,22 @@ def test_a_window_folder_planted_as_a_link_receives_nothing(tmp_path: Path, vict
     assert sorted(elsewhere.iterdir()) == before
 
 
-def test_a_trace_is_exported_through_a_private_folder_and_named_by_its_final_path(tmp_path: Path) -> None:
+def test_a_trace_is_exported_through_a_private_folder_and_named_by_its_final_path(
+    tmp_path: Path,
+) -> None:
     out = tmp_path / "out"
-    path, info = export_trace(_FakeProfiler(), str(out / "window-step4"), use_gzip=True, own_folder=True)
-    assert Path(path).parent == out / "window-step4" and path.endswith(".pt.trace.json.gz") and info.st_size > 0
-    assert os.path.samestat(info, os.stat(path))  # the file written, by inode: what the run's end checks
-    assert [p.name for p in (out / "window-step4").iterdir()] == [Path(path).name]  # no scratch folder left
+    path, info = export_trace(
+        _FakeProfiler(), str(out / "window-step4"), use_gzip=True, own_folder=True
+    )
+    assert (
+        Path(path).parent == out / "window-step4"
+        and path.endswith(".pt.trace.json.gz")
+        and info.st_size > 0
+    )
+    # the file written, by inode: what the run's end checks
+    assert os.path.samestat(info, os.stat(path))
+    # no scratch folder left
+    assert [p.name for p in (out / "window-step4").iterdir()] == [Path(path).name]
     import gzip
 
     assert path in gzip.decompress(Path(path).read_bytes()).decode()  # traceName: the final file
@@ -194,8 +228,12 @@ def test_a_fifo_planted_as_a_step_record_never_blocks_the_launcher(tmp_path: Pat
     # GIVEN a FIFO named like a process's whole-run step times (item 7)
     os.mkfifo(tmp_path / "host.123.steptimes.json")
     # WHEN the launcher reads the step records: it returns at once, without it
-    code = "import sys; from stepcli.runfolder.steprecordreader import load; print(load(sys.argv[1]))"
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    code = (
+        "import sys; from stepcli.runfolder.steprecordreader import load; print(load(sys.argv[1]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
 
 
@@ -215,7 +253,9 @@ def test_merge_replaces_only_a_file_whose_first_key_is_the_marker(tmp_path: Path
         check_output(str(tmp_path / "fifo.json"))  # never blocks
 
 
-def test_new_file_keeps_nothing_on_failure_and_never_replaces_with_replace_false(tmp_path: Path) -> None:
+def test_new_file_keeps_nothing_on_failure_and_never_replaces_with_replace_false(
+    tmp_path: Path,
+) -> None:
     target = tmp_path / "a.json"
     with pytest.raises(RuntimeError), safefile.NewFile(str(target)) as handle:
         handle.write(b"half")
@@ -241,8 +281,11 @@ with safefile.NewFile(os.path.join(sys.argv[1], "out.json")) as handle:
 
 
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
-def test_a_signal_mid_write_removes_the_temporary_file_and_ends_by_that_signal(tmp_path: Path, name: str) -> None:
-    # GIVEN a process writing through NewFile, with stepcli's short-command signal handling (issue 47, defect 14)
+def test_a_signal_mid_write_removes_the_temporary_file_and_ends_by_that_signal(
+    tmp_path: Path, name: str
+) -> None:
+    # GIVEN a process writing through NewFile, with stepcli's short-command signal handling (issue
+    # 47, defect 14)
     import signal
 
     proc = subprocess.Popen(

@@ -1,4 +1,5 @@
-"""stepcli/snapshots: reading snapshots safely, the split, fragmentation, leaks and advice, on built snapshots."""
+"""stepcli/snapshots: reading snapshots safely, the split, fragmentation, leaks and advice, on built
+snapshots."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from stepcli.snapshots.snapshotreader import load_snapshot
 MiB = fx.MiB
 
 
-def _report(tmp_path: Path, builder: fx.SnapshotBuilder, info: dict[str, Any] | None = None) -> dict[str, Any]:
+def _report(
+    tmp_path: Path, builder: fx.SnapshotBuilder, info: dict[str, Any] | None = None
+) -> dict[str, Any]:
     path = builder.write(tmp_path / "snap.pickle", info)
     report = analyze(load_snapshot(str(path)))
     report["advice"] = advise(report)
@@ -53,18 +56,26 @@ def test_oom_in_forward_names_step_phase_request_and_activations(tmp_path: Path)
     assert sum(split.values()) == moment["allocated_bytes"]
     top = report["top_sites"][0]
     assert top["site"] == {"file": fx.SCRIPT, "line": 20, "function": "main"}
-    assert top["via"]["file"].endswith("torch/nn/modules/linear.py") and top["category"] == "activations"
+    assert (
+        top["via"]["file"].endswith("torch/nn/modules/linear.py")
+        and top["category"] == "activations"
+    )
     assert _rules(report) == ["activations"]
     assert report["fragmentation"]["request_fits_largest_block"] is False
 
 
 def test_oom_without_stepcli_info_reads_the_history(tmp_path: Path) -> None:
-    """A snapshot dumped by hand (no `stepcli` key): the request and phase come from the `oom` event."""
+    """A snapshot dumped by hand (no `stepcli` key): the request and phase come from the `oom`
+    event."""
     builder, _info = fx.oom_in_forward(steps=3)
     report = _report(tmp_path, builder, None)
     assert report["moment"]["kind"] == "oom" and report["moment"]["phase"] == "forward"
     assert report["moment"]["step"] == 3  # the step tag on the oom event
-    assert report["oom"] == {"requested_bytes": 512 * MiB, "device_free_bytes": 3 * MiB, "device_total_bytes": None}
+    assert report["oom"] == {
+        "requested_bytes": 512 * MiB,
+        "device_free_bytes": 3 * MiB,
+        "device_total_bytes": None,
+    }
 
 
 def test_optimizer_state_dominates(tmp_path: Path) -> None:
@@ -91,15 +102,20 @@ def test_fragmentation_when_the_request_fits_the_free_total_but_no_block(tmp_pat
     assert "expandable_segments:True" in report["advice"][0]["text"]
 
 
-def test_fragmentation_evidence_never_claims_a_request_larger_than_all_free_memory(tmp_path: Path) -> None:
+def test_fragmentation_evidence_never_claims_a_request_larger_than_all_free_memory(
+    tmp_path: Path,
+) -> None:
     builder, info = fx.fragmented()
-    info = {**info, "requested_bytes": 1024 * MiB}  # more than all free memory: it would not fit anyway
+    # more than all free memory: it would not fit anyway
+    info = {**info, "requested_bytes": 1024 * MiB}
     builder.trace[-1]["size"] = 1024 * MiB
     report = _report(tmp_path, builder, info)
     (item,) = report["advice"]
     assert item["rule"] == "fragmentation"
     assert "would fit" not in item["evidence"]
-    assert item["evidence"].startswith("320.00 MiB (50%) of the 640.00 MiB reserved is not allocated")
+    assert item["evidence"].startswith(
+        "320.00 MiB (50%) of the 640.00 MiB reserved is not allocated"
+    )
 
 
 def test_leak_names_the_site_that_grows(tmp_path: Path) -> None:
@@ -114,38 +130,49 @@ def test_leak_names_the_site_that_grows(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("steps", "leak"), [(6, 0), (4, 2 * MiB), (6, 64 * 1024)])
-def test_no_leak_in_a_steady_loop_too_few_steps_or_too_little(tmp_path: Path, steps: int, leak: int) -> None:
-    """Steady: flat after the optimizer's first step. 4 steps: only 2 increases. 64 KiB x 4: under 1 MiB."""
+def test_no_leak_in_a_steady_loop_too_few_steps_or_too_little(
+    tmp_path: Path, steps: int, leak: int
+) -> None:
+    """Steady: flat after the optimizer's first step. 4 steps: only 2 increases. 64 KiB x 4: under 1
+    MiB."""
     report = _report(tmp_path, fx.training(steps=steps, leak=leak))
     assert report["leak"] is None
     assert "leak" not in _rules(report)
 
 
 def test_a_batch_that_doubles_until_oom_is_no_leak(tmp_path: Path) -> None:
-    # GIVEN a batch that doubles every step until forward runs out of memory: memory at each step's start grows
-    # with the batch (the previous step's input and output are alive until rebound), nothing piles up
+    # GIVEN a batch that doubles every step until forward runs out of memory: memory at each step's
+    # start grows with the batch (the previous step's input and output are alive until rebound),
+    # nothing piles up
     builder, info = fx.batch_doubling(steps=5)
     report = _report(tmp_path, builder, info)
     starts = [s["start_allocated_bytes"] for s in report["steps"] if s["step"] >= 1]
-    assert len(starts) >= 5 and all(a < b for a, b in zip(starts, starts[1:]))  # the start-of-step figure grows
+    # the start-of-step figure grows
+    assert len(starts) >= 5 and all(a < b for a, b in zip(starts, starts[1:]))
     # THEN no leak is reported, and no advice says memory grows step over step
     assert report["leak"] is None
     assert "leak" not in _rules(report)
-    assert not any("step over step" in item["text"] or "no single site" in item["text"] for item in report["advice"])
+    assert not any(
+        "step over step" in item["text"] or "no single site" in item["text"]
+        for item in report["advice"]
+    )
     assert _rules(report)[0] == "activations"
 
 
 def test_a_leak_that_holds_most_memory_comes_first_and_says_so(tmp_path: Path) -> None:
-    # GIVEN a list that keeps each step's forward output (train.py:24) until forward runs out of memory
+    # GIVEN a list that keeps each step's forward output (train.py:24) until forward runs out of
+    # memory
     builder, info = fx.leak_until_oom(steps=8, kept=48 * MiB)
     report = _report(tmp_path, builder, info)
     leak = report["leak"]
-    # THEN the leak and its site are found, with the bytes its earlier steps' tensors hold at the error
+    # THEN the leak and its site are found, with the bytes its earlier steps' tensors hold at the
+    # error
     assert leak is not None and leak["site"] == {"file": fx.SCRIPT, "line": 24, "function": "main"}
     assert leak["held_bytes"] == 8 * 48 * MiB and leak["held_activation_bytes"] == 8 * 48 * MiB
     allocated = report["moment"]["allocated_bytes"]
     assert leak["held_bytes"] / allocated > 0.5
-    # AND the leak's advice comes first, saying it holds most of the memory, before activation checkpointing
+    # AND the leak's advice comes first, saying it holds most of the memory, before activation
+    # checkpointing
     assert _rules(report) == ["leak", "activations"]
     first = report["advice"][0]
     assert first["text"].startswith("a leak holds most of the memory (")
@@ -163,15 +190,16 @@ def test_a_small_leak_comes_after_the_other_advice(tmp_path: Path) -> None:
 
 
 def test_history_that_lost_its_start_still_adds_up(tmp_path: Path) -> None:
-    """The ring dropped the first events: what was allocated then is known from the segments and the frees (its
-    stack only for memory still allocated at the end; the rest counts as other)."""
+    """The ring dropped the first events: what was allocated then is known from the segments and the
+    frees (its stack only for memory still allocated at the end; the rest counts as other)."""
     builder = fx.training(steps=6)
     full = _report(tmp_path, builder)
     builder.trace = builder.trace[40:]
     cut = _report(tmp_path, builder)
     assert cut["moment"]["allocated_bytes"] == full["moment"]["allocated_bytes"]
     assert sum(cut["split"].values()) == sum(full["split"].values())
-    for kept in ("parameters", "optimizer_state"):  # still allocated at the end: their stacks are in the segments
+    # still allocated at the end: their stacks are in the segments
+    for kept in ("parameters", "optimizer_state"):
         assert cut["split"][kept] == full["split"][kept]
     assert cut["steps"][0]["complete"] is False
 
@@ -194,19 +222,24 @@ def test_text_of_a_hand_dumped_snapshot_says_what_it_cannot_know(tmp_path: Path)
     for entry in builder.trace:
         entry["user_metadata"] = ""
     text = to_text(_report(tmp_path, builder))
-    assert "peak memory at an unknown step, in forward" in text  # the peak: an activation allocated in forward
-    assert "steps: unknown (allocations carry no step: not written by `stepcli run --memory`)" in text
+    # the peak: an activation allocated in forward
+    assert "peak memory at an unknown step, in forward" in text
+    assert (
+        "steps: unknown (allocations carry no step: not written by `stepcli run --memory`)" in text
+    )
     assert "advice: optimizer state dominates" in text
 
 
 def test_categories_order() -> None:
-    """Optimizer over backward over parameters over activations; checkpoint recompute inside backward counts as
-    backward."""
+    """Optimizer over backward over parameters over activations; checkpoint recompute inside
+    backward counts as backward."""
     backward = fx.frame(f"{fx.TORCH}/autograd/__init__.py", 347, "backward")
     assert categories.category(tuple(_frames(fx.forward(3) + [backward])), True) == "gradients"
     assert categories.category(tuple(_frames(fx.optimizer_state(3))), True) == "optimizer_state"
     assert categories.category(tuple(_frames(fx.to_device(3))), False) == "parameters"
-    assert categories.category((), False) == "other" and categories.category((), True) == "gradients"
+    assert (
+        categories.category((), False) == "other" and categories.category((), True) == "gradients"
+    )
     assert categories.phase(tuple(_frames(fx.forward(3)))) == "forward"
 
 
@@ -239,10 +272,13 @@ def test_hostile_pickle_is_refused_before_it_runs(tmp_path: Path) -> None:
     ("content", "name"),
     [
         (b"cbuiltins\neval\n(S'1+1'\ntR.", "builtins.eval"),  # runs code
-        (b"c__builtin__\nbytearray\n(I1000000000000\ntR.", "__builtin__.bytearray"),  # a terabyte from 40 bytes
+        # a terabyte from 40 bytes
+        (b"c__builtin__\nbytearray\n(I1000000000000\ntR.", "__builtin__.bytearray"),
     ],
 )
-def test_builtins_that_run_code_or_allocate_are_refused(tmp_path: Path, content: bytes, name: str) -> None:
+def test_builtins_that_run_code_or_allocate_are_refused(
+    tmp_path: Path, content: bytes, name: str
+) -> None:
     path = tmp_path / "builtin.pickle"
     path.write_bytes(content)
     with pytest.raises(TraceError, match=f"refused: the pickle asks to build {name}"):
@@ -274,15 +310,27 @@ def test_bad_files_are_one_clear_error(tmp_path: Path, content: bytes, problem: 
 
 
 def test_the_agents_record_keeps_only_plain_fields(tmp_path: Path) -> None:
-    """Whoever wrote the file, the report stays JSON: odd fields of the `stepcli` record are dropped."""
+    """Whoever wrote the file, the report stays JSON: odd fields of the `stepcli` record are
+    dropped."""
     builder, info = fx.oom_in_forward()
-    odd = {**info, "extra": {1, 2}, "nested": [[[]]], "argv": ["train.py", "--lr", "0.1"], "phase": ["x"]}
+    odd = {
+        **info,
+        "extra": {1, 2},
+        "nested": [[[]]],
+        "argv": ["train.py", "--lr", "0.1"],
+        "phase": ["x"],
+    }
     snapshot = load_snapshot(str(builder.write(tmp_path / "odd.pickle", odd)))
     assert snapshot.info is not None
-    assert "extra" not in snapshot.info and "nested" not in snapshot.info and "phase" not in snapshot.info
+    assert (
+        "extra" not in snapshot.info
+        and "nested" not in snapshot.info
+        and "phase" not in snapshot.info
+    )
     assert snapshot.info["argv"] == ["train.py", "--lr", "0.1"] and snapshot.info["step"] == 4
     report = analyze(snapshot)
-    assert report["moment"]["phase"] == "forward"  # from the oom event's stack, as for a hand-made snapshot
+    # from the oom event's stack, as for a hand-made snapshot
+    assert report["moment"]["phase"] == "forward"
     json.dumps(report)
 
 

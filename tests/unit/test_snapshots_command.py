@@ -1,4 +1,5 @@
-"""stepcli/snapshots/memorymain.py: the progress of a long read of a snapshot, on stderr (issue 47)."""
+"""stepcli/snapshots/memorymain.py: the progress of a long read of a snapshot, on stderr (issue
+47)."""
 
 from __future__ import annotations
 
@@ -64,4 +65,5 @@ def test_on_a_terminal_one_line_redrawn_then_cleared(clock: _Clock) -> None:
     progress.done()
     text = out.getvalue()
     assert text.count("\r") == 4 and "\n" not in text and text.endswith("\r\x1b[K")
-    assert "reading \\x1b[2Jevil.pickle: 75% of 4.0 MiB, 3 s" in text  # the name's control characters shown
+    # the name's control characters shown
+    assert "reading \\x1b[2Jevil.pickle: 75% of 4.0 MiB, 3 s" in text

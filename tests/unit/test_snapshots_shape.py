@@ -1,6 +1,6 @@
-"""stepcli/snapshots/shape.py and the decoder's checks: snapshots of torch's shape read, at any size, in memory of
-the order of what they describe; a pickle made to take memory is refused at its first object that is not of a
-snapshot's shape, in a few MiB (issue 47)."""
+"""stepcli/snapshots/shape.py and the decoder's checks: snapshots of torch's shape read, at any
+size, in memory of the order of what they describe; a pickle made to take memory is refused at its
+first object that is not of a snapshot's shape, in a few MiB (issue 47)."""
 
 from __future__ import annotations
 
@@ -23,15 +23,19 @@ from stepcli.snapshots.unpickle import StreamDecoder
 
 def _resolved(snapshot: Any) -> tuple[Any, ...]:
     stacks = snapshot.stacks
-    traces = [[(e.action, e.addr, e.size, stacks[e.stack], e.step) for e in t] for t in snapshot.traces]
+    traces = [
+        [(e.action, e.addr, e.size, stacks[e.stack], e.step) for e in t] for t in snapshot.traces
+    ]
     segments = [(s[:5], [(*b[:4], stacks[b.stack]) for b in s.blocks]) for s in snapshot.segments]
     return traces, segments
 
 
-def test_torch_shaped_snapshot_streams_like_the_c_unpickler_and_keeps_no_frame_dict(tmp_path: Path) -> None:
-    """torch's layout (every event its own frames list of its own frame dicts, strings shared): read on the fast
-    path, the same as Python's unpickler reads it, and the memo keeps no frame dict (the H200 snapshot of
-    issue 47 built 180 MiB of them and was refused)."""
+def test_torch_shaped_snapshot_streams_like_the_c_unpickler_and_keeps_no_frame_dict(
+    tmp_path: Path,
+) -> None:
+    """torch's layout (every event its own frames list of its own frame dicts, strings shared): read
+    on the fast path, the same as Python's unpickler reads it, and the memo keeps no frame dict (the
+    H200 snapshot of issue 47 built 180 MiB of them and was refused)."""
     content = pickle.dumps(fx.torch_shaped(4000))
     path = tmp_path / "t.pickle"
     path.write_bytes(content)
@@ -45,14 +49,17 @@ def test_torch_shaped_snapshot_streams_like_the_c_unpickler_and_keeps_no_frame_d
 
 
 def test_frames_named_again_after_they_were_let_go(tmp_path: Path) -> None:
-    """A pickle that names a frame dict again (Python's pickler does when one dict is in two lists): the Frame
-    stands in for it, whether the slow loop or the fast path let it go."""
+    """A pickle that names a frame dict again (Python's pickler does when one dict is in two lists):
+    the Frame stands in for it, whether the slow loop or the fast path let it go."""
     snapshot = fx.torch_shaped(600)
     trace = snapshot["device_traces"][0]
-    trace[400]["frames"] = trace[10]["frames"][:1] + trace[300]["frames"]  # dicts of earlier lists, named again
+    # dicts of earlier lists, named again
+    trace[400]["frames"] = trace[10]["frames"][:1] + trace[300]["frames"]
     path = tmp_path / "again.pickle"
     path.write_bytes(pickle.dumps(snapshot))
-    assert _resolved(load_snapshot(str(path))) == _resolved(load_snapshot(str(path), streamed=False))
+    assert _resolved(load_snapshot(str(path))) == _resolved(
+        load_snapshot(str(path), streamed=False)
+    )
 
 
 def test_a_large_torch_shaped_snapshot_reads_in_a_small_budget(tmp_path: Path) -> None:
@@ -71,17 +78,22 @@ def _in_snapshot(body: bytes) -> bytes:
     return head.replace(b"\x8c\x0bPLACEHOLDER", body)
 
 
-_LISTS_IN_BATCHES = b"]" + (b"(" + b"]" * 1000 + b"e") * 5000  # 5 million empty lists, appended 1,000 at a time
+# 5 million empty lists, appended 1,000 at a time
+_LISTS_IN_BATCHES = b"]" + (b"(" + b"]" * 1000 + b"e") * 5000
 _TOWER = b"K\x01" + b"\x85" * (5 << 20)  # (((((1,),),),)...): a tuple of a tuple ... 5 million deep
 # 100 dicts of 1,000 keys (references to 1,000 strings) each an empty dict: 100,000 dicts in 300 KB
-_KEYS = b"".join(b"X" + len(k).to_bytes(4, "little") + k + b"\x94" for k in (b"k%d" % i for i in range(1000)))
+_KEYS = b"".join(
+    b"X" + len(k).to_bytes(4, "little") + k + b"\x94" for k in (b"k%d" % i for i in range(1000))
+)
 _DICTS_OF_DICTS = (
     b"}(\x8c\x01x]"
     + _KEYS
     + b"0" * 1000
     + b"u"
     + b"".join(
-        b"\x8c\x03d%02d}(" % n + b"".join(b"j" + (i + 3).to_bytes(4, "little") + b"}" for i in range(1000)) + b"u"
+        b"\x8c\x03d%02d}(" % n
+        + b"".join(b"j" + (i + 3).to_bytes(4, "little") + b"}" for i in range(1000))
+        + b"u"
         for n in range(100)
     )
 )
@@ -92,14 +104,19 @@ _ENTRY = b"}(\x8c\x06action\x8c\x05alloc\x8c\x04size\x4b\x01\x8c\x06frames](" + 
     ("body", "problem"),
     [
         (_LISTS_IN_BATCHES, "more than 4096 lists held in lists"),
-        (b"(" + b"]" * (5 << 20), "nested too deeply or piled up"),  # 5 million on the stack at once
+        # 5 million on the stack at once
+        (b"(" + b"]" * (5 << 20), "nested too deeply or piled up"),
         (b"(" * (1 << 20), "nested too deeply or piled up"),
         (_TOWER, "a tuple holds a tuple"),
         (b"\x8d" + (1 << 40).to_bytes(8, "little") + b"x" * 64, "a string of 1099511627776 bytes"),
-        (b"](" + b"}\x8c\x01aK\x01s" * 1000 + b"e", "a dict of keys {'a'}"),  # 1,000 dicts of another shape
+        # 1,000 dicts of another shape
+        (b"](" + b"}\x8c\x01aK\x01s" * 1000 + b"e", "a dict of keys {'a'}"),
         (b"](](" + _ENTRY + b"ee", "a frame is a list, not a dict"),
         (b"](" + b"K\x01" * 70_000 + b"e", "nested too deeply or piled up"),
-        (b"]" + (b"(" + b"\x8c\x01a" * 1000 + b"e") * 100, "more than 65536 strings or numbers in one list"),
+        (
+            b"]" + (b"(" + b"\x8c\x01a" * 1000 + b"e") * 100,
+            "more than 65536 strings or numbers in one list",
+        ),
         (b"\x8c\x05posix\x8c\x06system\x93", "the pickle asks to build posix.system"),
         (b"]\x8c\x01a\x8c\x01b\x86a", "a list item is a tuple"),
         (b"](K\x01]e", "a list of both scalars and lists"),
@@ -121,7 +138,9 @@ _ENTRY = b"}(\x8c\x06action\x8c\x05alloc\x8c\x04size\x4b\x01\x8c\x06frames](" + 
         "100k-dicts-in-dicts",
     ],
 )
-def test_crafted_pickles_are_refused_at_their_first_odd_object(tmp_path: Path, body: bytes, problem: str) -> None:
+def test_crafted_pickles_are_refused_at_their_first_odd_object(
+    tmp_path: Path, body: bytes, problem: str
+) -> None:
     path = tmp_path / "crafted.pickle"
     path.write_bytes(_in_snapshot(body) if body[:1] != b"\x80" else body)
     tracemalloc.start()
@@ -132,13 +151,18 @@ def test_crafted_pickles_are_refused_at_their_first_odd_object(tmp_path: Path, b
     finally:
         tracemalloc.stop()
     assert "\n" not in str(caught.value)
-    assert peak < 8 << 20, peak  # a few MiB of pickle read, not the millions of objects it describes
+    # a few MiB of pickle read, not the millions of objects it describes
+    assert peak < 8 << 20, peak
 
 
 def test_a_dict_of_the_wrong_shape_at_the_top_is_not_a_snapshot(tmp_path: Path) -> None:
     path = tmp_path / "wrong.pickle"
-    path.write_bytes(pickle.dumps({"segments": [{"address": 1, "blocks": []}], "device_traces": []}))
-    with pytest.raises(TraceError, match="refused: a list item is a dict of keys {'address', 'blocks'}"):
+    path.write_bytes(
+        pickle.dumps({"segments": [{"address": 1, "blocks": []}], "device_traces": []})
+    )
+    with pytest.raises(
+        TraceError, match="refused: a list item is a dict of keys {'address', 'blocks'}"
+    ):
         load_snapshot(str(path))
     path.write_bytes(pickle.dumps(["segments"]))
     with pytest.raises(TraceError, match="a pickle, but not a CUDA memory snapshot"):

@@ -1,6 +1,7 @@
-"""docs/reference/summary-json.md against the run summary's declaration (stepcli.runfolder.summaryfile): every field it
-documents is declared and every declared field is documented, and its "Types" section is the one generated from
-the declaration. `python tests/unit/test_summary_doc.py` rewrites that section after a change to the Structs."""
+"""docs/reference/summary-json.md against the run summary's declaration
+(stepcli.runfolder.summaryfile): every field it documents is declared and every declared field is
+documented, and its "Types" section is the one generated from the declaration. `python
+tests/unit/test_summary_doc.py` rewrites that section after a change to the Structs."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ from stepcli.runfolder import summaryfile as runsummary
 from stepcli.runfolder.summaryfile import RunSummary
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reference" / "summary-json.md"
-BEGIN = "<!-- generated from stepcli.runfolder.summaryfile by tests/unit/test_summary_doc.py: do not edit -->"
+BEGIN = (
+    "<!-- generated from stepcli.runfolder.summaryfile by tests/unit/test_summary_doc.py: do not "
+    "edit -->"
+)
 END = "<!-- end of generated types -->"
 
 
@@ -50,8 +54,14 @@ def type_text(declared: Any) -> str:
     if origin is Union or isinstance(declared, type(int | None)):
         args = typing.get_args(declared)
         kinds = [type_text(t) for t in args if t not in (type(None), UnsetType)]
-        text = " or ".join(kinds) if not description or description.startswith("is ") else description
-        return text + (" or null" if type(None) in args else "") + (" (may be absent)" if UnsetType in args else "")
+        text = (
+            " or ".join(kinds) if not description or description.startswith("is ") else description
+        )
+        return (
+            text
+            + (" or null" if type(None) in args else "")
+            + (" (may be absent)" if UnsetType in args else "")
+        )
     if description and not description.startswith("is "):
         return description
     if origin is list:
@@ -64,7 +74,9 @@ def type_text(declared: Any) -> str:
         return f"an object, each value {type_text(typing.get_args(declared)[1])}"
     if isinstance(declared, type) and issubclass(declared, Struct):
         return f"`{declared.__name__}`"
-    return {str: "a string", int: "an integer", bool: "true or false", Any: "any"}.get(declared, str(declared))
+    return {str: "a string", int: "an integer", bool: "true or false", Any: "any"}.get(
+        declared, str(declared)
+    )
 
 
 def generated() -> str:
@@ -96,12 +108,17 @@ def _documented_keys() -> set[str]:
 def test_every_field_is_documented_and_every_documented_field_declared() -> None:
     declared = {field.encode_name for field in msgspec.structs.fields(RunSummary)}
     documented = _documented_keys()
-    assert declared - documented == set(), "declared in stepcli.runfolder.summaryfile but not in the field table"
-    assert documented - declared == set(), "in the field table but not declared in stepcli.runfolder.summaryfile"
+    assert declared - documented == set(), (
+        "declared in stepcli.runfolder.summaryfile but not in the field table"
+    )
+    assert documented - declared == set(), (
+        "in the field table but not declared in stepcli.runfolder.summaryfile"
+    )
 
 
 def test_every_field_of_a_section_is_named_in_its_row() -> None:
-    """A section declared as a Struct (`processes[]`, `windows[]` ...) names each of its fields in its row."""
+    """A section declared as a Struct (`processes[]`, `windows[]` ...) names each of its fields in
+    its row."""
     rows = {
         key: line
         for line in _field_table()
@@ -110,13 +127,23 @@ def test_every_field_of_a_section_is_named_in_its_row() -> None:
     }
     for field in msgspec.structs.fields(RunSummary):
         inner = field.type
-        while typing.get_args(inner) and not (isinstance(inner, type) and issubclass(inner, Struct)):
-            inner = next((t for t in typing.get_args(inner) if t not in (type(None), UnsetType)), None)
+        while typing.get_args(inner) and not (
+            isinstance(inner, type) and issubclass(inner, Struct)
+        ):
+            inner = next(
+                (t for t in typing.get_args(inner) if t not in (type(None), UnsetType)), None
+            )
         if not (isinstance(inner, type) and issubclass(inner, Struct)):
             continue
-        text = " ".join(line for key, line in rows.items() if re.split(r"[.\[]", key)[0] == field.encode_name)
+        text = " ".join(
+            line for key, line in rows.items() if re.split(r"[.\[]", key)[0] == field.encode_name
+        )
         for sub in msgspec.structs.fields(inner):
-            names = (sub.encode_name, f"{sub.encode_name}[]", f"{field.encode_name}.{sub.encode_name}")
+            names = (
+                sub.encode_name,
+                f"{sub.encode_name}[]",
+                f"{field.encode_name}.{sub.encode_name}",
+            )
             named = any(f"`{name}`" in text for name in names)
             assert named, f"{field.encode_name}: its field {sub.encode_name} is not documented"
 
@@ -125,7 +152,9 @@ def test_the_types_section_is_generated_from_the_declaration() -> None:
     text = DOC.read_text()
     assert BEGIN in text and END in text, f"{DOC.name} lacks its generated types section"
     current = text[text.index(BEGIN) : text.index(END) + len(END)]
-    assert current == generated(), f"run `python {Path(__file__).relative_to(DOC.parents[2])}` to regenerate"
+    assert current == generated(), (
+        f"run `python {Path(__file__).relative_to(DOC.parents[2])}` to regenerate"
+    )
 
 
 def test_the_types_name_the_kinds_a_reader_can_count_on() -> None:

@@ -1,4 +1,5 @@
-"""stepcli.traces.cluster: which scheduler addresses are tried, and what counts as a Dask scheduler's greeting."""
+"""stepcli.traces.cluster: which scheduler addresses are tried, and what counts as a Dask
+scheduler's greeting."""
 
 from __future__ import annotations
 
@@ -16,7 +17,17 @@ def test_addresses_dask_accepts_are_parsed() -> None:
 
 
 @pytest.mark.parametrize(
-    "address", ["garbage", "tcp://:8786", "tcp://h:0", "tcp://h:65536", "tls://h:1", "ucx://h:1", "tcp://h:1/x", ""]
+    "address",
+    [
+        "garbage",
+        "tcp://:8786",
+        "tcp://h:0",
+        "tcp://h:65536",
+        "tls://h:1",
+        "ucx://h:1",
+        "tcp://h:1/x",
+        "",
+    ],
 )
 def test_other_addresses_are_refused(address: str) -> None:
     with pytest.raises(StepcliError):
@@ -24,7 +35,11 @@ def test_other_addresses_are_refused(address: str) -> None:
 
 
 def _framed(*frames: bytes) -> bytes:
-    body = len(frames).to_bytes(8, "little") + b"".join(len(f).to_bytes(8, "little") for f in frames) + b"".join(frames)
+    body = (
+        len(frames).to_bytes(8, "little")
+        + b"".join(len(f).to_bytes(8, "little") for f in frames)
+        + b"".join(frames)
+    )
     return body
 
 
@@ -43,8 +58,10 @@ def test_files_go_to_the_cluster_in_runs_of_neighbours_in_order() -> None:
         files = [f"rank{i}.json" for i in range(count)]
         for threads in (0, 1, 2, 64):
             batches = batched(files, threads)
-            # every file once, in order; no empty task; as many tasks as threads x TASKS_PER_THREAD (at least
-            # MIN_TASKS) allow, never more than the files; sizes at most one apart
+            # every file once, in order; no empty task; as many tasks as threads x TASKS_PER_THREAD
+            # (at least MIN_TASKS) allow, never more than the files; sizes at most one apart
             assert [f for batch in batches for f in batch] == files
-            assert all(batches) and len(batches) == min(count, max(MIN_TASKS, TASKS_PER_THREAD * threads))
+            assert all(batches) and len(batches) == min(
+                count, max(MIN_TASKS, TASKS_PER_THREAD * threads)
+            )
             assert not batches or max(map(len, batches)) - min(map(len, batches)) <= 1

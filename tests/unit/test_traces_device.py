@@ -1,5 +1,5 @@
-"""Device time by kernel class (stepcli.traces.analyses.device) against intervals computed by hand, on both analysis paths
-(the columnar pass and the per-event reference)."""
+"""Device time by kernel class (stepcli.traces.analyses.device) against intervals computed by hand,
+on both analysis paths (the columnar pass and the per-event reference)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def step(n: int, ts: float, dur: float) -> Event:
 
 
 def device_of(events: list[Event], path: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """The job's device figures, from the columnar pass ("columns") or the per-event reference ("reference")."""
+    """The job's device figures, from the columnar pass ("columns") or the per-event reference
+    ("reference")."""
     trace = Trace.from_events(events)
     if path == "reference":
 
@@ -43,23 +44,33 @@ PATHS = pytest.mark.parametrize("path", ["columns", "reference"])
 
 
 @PATHS
-def test_classes_over_one_step_with_several_streams(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_classes_over_one_step_with_several_streams(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # GIVEN one 100 us step and device work on four streams, overlapping within and across classes:
     events = [
         step(1, 0, 100),
         ev("aten::mm", 1, 2, cat="cpu_op", pid=100, tid=1),
         ev("gemm", 10, 20, tid=7),  # compute 10-30
         ev("relu", 25, 15, tid=8),  # compute 25-40 on another stream: compute union 10-40
-        ev("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 20, 40, tid=9),  # 20-60
+        # 20-60
+        ev(
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            20,
+            40,
+            tid=9,
+        ),
         ev("Memcpy HtoD (Pageable -> Device)", 70, 10, cat="gpu_memcpy", tid=7),  # memory 70-80
         ev("Memset (Device)", 75, 10, cat="gpu_memset", tid=8),  # memory 75-85
         ev("late_kernel", 95, 15, tid=7),  # compute 95-110: 95-100 inside the step
     ]
     device = device_of(events, path, monkeypatch)
-    # THEN, by hand: compute 10-40 + 95-100 = 35; comm 20-60 = 40; memory 70-85 = 15;
-    # busy 10-60 + 70-85 + 95-100 = 70; comm with compute beside it 20-40 = 20, so 20 exposed; idle 30
+    # THEN, by hand: compute 10-40 + 95-100 = 35; comm 20-60 = 40; memory 70-85 = 15; busy 10-60 +
+    # 70-85 + 95-100 = 70; comm with compute beside it 20-40 = 20, so 20 exposed; idle 30
     classes = {
-        k: v for k, v in device.items() if k not in ("idle_by_cause", "launch", "collectives", "copies", "steps")
+        k: v
+        for k, v in device.items()
+        if k not in ("idle_by_cause", "launch", "collectives", "copies", "steps")
     }
     assert classes == pytest.approx(
         {
@@ -80,17 +91,22 @@ def test_classes_over_one_step_with_several_streams(path: str, monkeypatch: pyte
 
 
 @PATHS
-def test_classes_over_two_steps_leave_the_gap_between_them_out(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # GIVEN two 50 us steps with a 50 us gap between them, and a collective that runs through the gap
+def test_classes_over_two_steps_leave_the_gap_between_them_out(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN two 50 us steps with a 50 us gap between them, and a collective that runs through the
+    # gap
     events = [
         step(1, 0, 50),
         step(2, 100, 50),
-        ev("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", 40, 80, tid=20),  # 40-120: 40-50 and 100-120
+        # 40-120: 40-50 and 100-120
+        ev("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", 40, 80, tid=20),
         ev("gemm", 45, 10, tid=7),  # 45-55: 45-50 inside
         ev("gemm", 110, 5, tid=7),  # 110-115
     ]
     device = device_of(events, path, monkeypatch)
-    # THEN comm = 10 + 20 = 30 over 100 us of steps; overlap = 5 + 5 = 10; exposed 20 over 2 steps = 10 per step
+    # THEN comm = 10 + 20 = 30 over 100 us of steps; overlap = 5 + 5 = 10; exposed 20 over 2 steps =
+    # 10 per step
     assert device["comm_share"] == pytest.approx(0.30)
     assert device["compute_share"] == pytest.approx(0.10)
     assert device["comm_overlap_share"] == pytest.approx(10 / 30)
@@ -99,8 +115,11 @@ def test_classes_over_two_steps_leave_the_gap_between_them_out(path: str, monkey
 
 
 @PATHS
-def test_each_step_has_its_own_parts_and_they_add_up_to_the_job(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # GIVEN three steps: a collective through the first two, a compute kernel the host launched late in the third
+def test_each_step_has_its_own_parts_and_they_add_up_to_the_job(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN three steps: a collective through the first two, a compute kernel the host launched late
+    # in the third
     events = [
         step(1, 0, 50),
         step(2, 100, 50),
@@ -109,15 +128,17 @@ def test_each_step_has_its_own_parts_and_they_add_up_to_the_job(path: str, monke
         ev("gemm", 45, 10, tid=7),  # 45-55
         ev("gemm", 110, 5, tid=7),  # 110-115
         ev("cudaLaunchKernel", 240, 2, cat="cuda_runtime", pid=100, tid=1),
-        ev("k", 250, 10, tid=7),  # 250-260, launched at 240: the device waited for the host since 120
+        # 250-260, launched at 240: the device waited for the host since 120
+        ev("k", 250, 10, tid=7),
     ]
     events[-2].args = EventArgs(correlation=5)
     events[-1].args = EventArgs(correlation=5)
     job = device_of(events, path, monkeypatch)
     steps = {s["step"]: s for s in job["steps"]}
-    # THEN, by hand (us): step 1 (0-50): comm 40-50, compute 45-50, so 5 exposed, idle 0-40 with no gap before it
-    # (other); step 2 (100-150): comm 100-120, compute 110-115, 15 exposed, idle 120-150 waiting for the host;
-    # step 3 (200-300): compute 250-260, idle 200-250 host wait and 260-300 other
+    # THEN, by hand (us): step 1 (0-50): comm 40-50, compute 45-50, so 5 exposed, idle 0-40 with no
+    # gap before it (other); step 2 (100-150): comm 100-120, compute 110-115, 15 exposed, idle
+    # 120-150 waiting for the host; step 3 (200-300): compute 250-260, idle 200-250 host wait and
+    # 260-300 other
     expected = {
         1: (0.050, 0.010, 0.005, 0.010, 0.005, 0.040, 0.0, 0.040),
         2: (0.050, 0.020, 0.005, 0.020, 0.015, 0.030, 0.030, 0.0),
@@ -128,11 +149,15 @@ def test_each_step_has_its_own_parts_and_they_add_up_to_the_job(path: str, monke
         assert (got["step_ms"], got["busy_ms"], got["compute_ms"], got["comm_ms"]) == pytest.approx(
             (span, busy, compute, comm)
         )
-        assert (got["exposed_comm_ms"], got["idle_ms"], got["memory_ms"]) == pytest.approx((exposed, idle, 0.0))
-        causes = got["idle_by_cause"]
-        assert (causes["host_wait_ms"], causes["kernel_wait_ms"], causes["other_ms"]) == pytest.approx(
-            (host, 0.0, other)
+        assert (got["exposed_comm_ms"], got["idle_ms"], got["memory_ms"]) == pytest.approx(
+            (exposed, idle, 0.0)
         )
+        causes = got["idle_by_cause"]
+        assert (
+            causes["host_wait_ms"],
+            causes["kernel_wait_ms"],
+            causes["other_ms"],
+        ) == pytest.approx((host, 0.0, other))
     # AND the steps' mean is the job's figure per step
     for key in ("busy_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "idle_ms"):
         assert sum(s[key] for s in steps.values()) / 3 == pytest.approx(job[key]), key
@@ -142,7 +167,9 @@ def test_each_step_has_its_own_parts_and_they_add_up_to_the_job(path: str, monke
 
 
 def test_per_step_figures_average_a_step_over_the_ranks_that_recorded_it() -> None:
-    zero = Trace.from_events([step(1, 0, 100), step(2, 100, 100), ev("gemm", 0, 100)], path="rank0.json", rank=0)
+    zero = Trace.from_events(
+        [step(1, 0, 100), step(2, 100, 100), ev("gemm", 0, 100)], path="rank0.json", rank=0
+    )
     one = Trace.from_events([step(1, 0, 100), ev("gemm", 0, 50)], path="rank1.json", rank=1)
     data = merge_parts([summarize_file(zero), summarize_file(one)]).to_dict()
     job = {s["step"]: (s["windows"], s["compute_ms"]) for s in data["device"]["steps"]}
@@ -164,12 +191,21 @@ def test_without_communication_overlap_is_null(path: str, monkeypatch: pytest.Mo
 def test_ranks_carry_their_own_device_figures_and_the_job_pools_them() -> None:
     # GIVEN two ranks: rank 0's step fully computing, rank 1's step half communicating
     zero = Trace.from_events([step(1, 0, 100), ev("gemm", 0, 100)], path="rank0.json", rank=0)
-    one = Trace.from_events([step(1, 0, 100), ev("ncclKernel_SendRecv", 0, 50)], path="rank1.json", rank=1)
+    one = Trace.from_events(
+        [step(1, 0, 100), ev("ncclKernel_SendRecv", 0, 50)], path="rank1.json", rank=1
+    )
     data = merge_parts([summarize_file(zero), summarize_file(one)]).to_dict()
     by_rank = {r["rank"]: r["device"] for r in data["ranks"]}
-    assert by_rank[0]["compute_share"] == pytest.approx(1.0) and by_rank[0]["comm_overlap_share"] is None
-    assert by_rank[1]["comm_share"] == pytest.approx(0.5) and by_rank[1]["exposed_comm_ms"] == pytest.approx(0.05)
-    assert data["device"]["compute_share"] == pytest.approx(0.5) and data["device"]["comm_share"] == pytest.approx(0.25)
+    assert (
+        by_rank[0]["compute_share"] == pytest.approx(1.0)
+        and by_rank[0]["comm_overlap_share"] is None
+    )
+    assert by_rank[1]["comm_share"] == pytest.approx(0.5) and by_rank[1][
+        "exposed_comm_ms"
+    ] == pytest.approx(0.05)
+    assert data["device"]["compute_share"] == pytest.approx(0.5) and data["device"][
+        "comm_share"
+    ] == pytest.approx(0.25)
     assert data["device"]["exposed_comm_ms"] == pytest.approx(0.025)
 
 
@@ -178,10 +214,17 @@ def test_ranks_carry_their_own_device_figures_and_the_job_pools_them() -> None:
     [
         ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", True),
         ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", True),
-        ("void ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", True),
+        (
+            "void ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, "
+            "ncclWork*)",
+            True,
+        ),
         ("rccl_AllReduce_Sum_f32", True),
         ("RCCLKernel", True),
-        ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", False),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>",
+            False,
+        ),
         ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize32x32x8", False),
         ("fused_nccl_like_name", False),
     ],
@@ -193,6 +236,12 @@ def test_collective_kernels_under_every_naming(name: str, expected: bool) -> Non
 
 
 def test_device_times_add_exactly() -> None:
-    a = DeviceTimes(steps=1, span_ns=3, busy_ns=2, compute_ns=1, comm_ns=1, memory_ns=0, overlap_ns=1)
-    b = DeviceTimes(steps=2, span_ns=5, busy_ns=4, compute_ns=2, comm_ns=0, memory_ns=1, overlap_ns=0)
-    assert a + b == DeviceTimes(steps=3, span_ns=8, busy_ns=6, compute_ns=3, comm_ns=1, memory_ns=1, overlap_ns=1)
+    a = DeviceTimes(
+        steps=1, span_ns=3, busy_ns=2, compute_ns=1, comm_ns=1, memory_ns=0, overlap_ns=1
+    )
+    b = DeviceTimes(
+        steps=2, span_ns=5, busy_ns=4, compute_ns=2, comm_ns=0, memory_ns=1, overlap_ns=0
+    )
+    assert a + b == DeviceTimes(
+        steps=3, span_ns=8, busy_ns=6, compute_ns=3, comm_ns=1, memory_ns=1, overlap_ns=1
+    )

@@ -27,7 +27,8 @@ def _gz(path: Path, inflated: int) -> str:
 
 def test_gzip_reads_at_once_fit_half_the_memory(tmp_path: Path) -> None:
     small = [_gz(tmp_path / f"r{i}.json.gz", 1_000) for i in range(4)]
-    big = _gz(tmp_path / "big.json.gz", 10_000_000)  # a few KB on disk, 10 MB inflated (its trailer says so)
+    # a few KB on disk, 10 MB inflated (its trailer says so)
+    big = _gz(tmp_path / "big.json.gz", 10_000_000)
     plain = str(tmp_path / "plain.json")
     # small traces: every worker may inflate one at once
     assert engine.gzip_slots(small, 4, memory=10**9) == 4

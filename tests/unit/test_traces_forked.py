@@ -1,4 +1,5 @@
-"""stepcli.traces.read.forked: a forked helper ends with its own status and never runs the parent's code after it."""
+"""stepcli.traces.read.forked: a forked helper ends with its own status and never runs the parent's
+code after it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="stepcli forks helpers on Linux only")
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="stepcli forks helpers on Linux only"
+)
 
 _SCRIPT = """
 import atexit, os, sys
@@ -29,11 +32,16 @@ print("", statuses)
 
 
 def test_a_child_exits_with_its_status_and_never_runs_the_parents_code() -> None:
-    done = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
-    # THEN work that ends is 0, anything raised (Ctrl-C too) 1, its own exit its own; the text this process had
-    # buffered is printed once, its exit handler runs once, and no child printed a traceback
-    assert done.stdout == "buffered before the fork[child wrote] [0, 1, 1, 7]\nparent exit handler\n"
+    # THEN work that ends is 0, anything raised (Ctrl-C too) 1, its own exit its own; the text this
+    # process had buffered is printed once, its exit handler runs once, and no child printed a
+    # traceback
+    assert (
+        done.stdout == "buffered before the fork[child wrote] [0, 1, 1, 7]\nparent exit handler\n"
+    )
     assert done.stderr == ""
 
 

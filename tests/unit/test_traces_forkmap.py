@@ -1,4 +1,5 @@
-"""stepcli.traces.forkmap: files shared by this process and forked children, answers in order whoever did them."""
+"""stepcli.traces.forkmap: files shared by this process and forked children, answers in order
+whoever did them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import pytest
 
 from stepcli.traces import forkmap
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="children fork on Linux only")
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="children fork on Linux only"
+)
 
 
 def _who(item: str) -> tuple[str, int]:
@@ -20,7 +23,8 @@ def _who(item: str) -> tuple[str, int]:
 
 
 def _after_the_parent(parent: int, marker: str, item: str) -> tuple[str, int]:
-    """The children wait until the parent has done a file of its own (it leaves a marker), so it surely does one."""
+    """The children wait until the parent has done a file of its own (it leaves a marker), so it
+    surely does one."""
     if os.getpid() == parent:
         open(marker, "w").close()
     else:
@@ -35,14 +39,17 @@ def test_every_item_is_done_once_in_order_by_this_process_and_its_children(tmp_p
     work = functools.partial(_after_the_parent, os.getpid(), str(tmp_path / "parent-did-one"))
     done = forkmap.forked_map(work, items, 3)
     assert [item for item, _ in done] == items
-    assert os.getpid() in {pid for _, pid in done}  # this process takes files too, instead of waiting
+    # this process takes files too, instead of waiting
+    assert os.getpid() in {pid for _, pid in done}
 
 
 def test_more_items_than_the_pipe_holds_are_shared_in_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN a pipe that holds 4 tokens (a small pipe-max-size) and 10,001 items
     real = forkmap.fcntl.fcntl
     monkeypatch.setattr(
-        forkmap.fcntl, "fcntl", lambda fd, op, *a: 16 if op == forkmap.fcntl.F_GETPIPE_SZ else real(fd, op, *a)
+        forkmap.fcntl,
+        "fcntl",
+        lambda fd, op, *a: 16 if op == forkmap.fcntl.F_GETPIPE_SZ else real(fd, op, *a),
     )
     items = [str(i) for i in range(10_001)]
     # THEN each token stands for a run of neighbours, and every item is still done once, in order
@@ -69,8 +76,11 @@ def test_a_refused_fork_leaves_the_work_to_this_process(monkeypatch: pytest.Monk
     assert done == [("a", os.getpid()), ("b", os.getpid()), ("c", os.getpid())]
 
 
-def test_no_pipe_for_the_tokens_leaves_every_item_to_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
-    # GIVEN a process out of file descriptors THEN nothing is done and the caller is told to do the items itself
+def test_no_pipe_for_the_tokens_leaves_every_item_to_the_caller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN a process out of file descriptors THEN nothing is done and the caller is told to do the
+    # items itself
     def refused() -> tuple[int, int]:
         raise OSError(24, "Too many open files")
 

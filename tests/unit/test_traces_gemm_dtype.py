@@ -1,10 +1,11 @@
-"""The dtype of MFU's peak when the GEMM kernels' names say none (cuBLAS 12.8+'s `nvjet_*` on Hopper and Blackwell):
-the dtype of the operator that launched them, matched by `External id` (stepcli.traces.analyses.flops.op_dtype).
+"""The dtype of MFU's peak when the GEMM kernels' names say none (cuBLAS 12.8+'s `nvjet_*` on Hopper
+and Blackwell): the dtype of the operator that launched them, matched by `External id`
+(stepcli.traces.analyses.flops.op_dtype).
 
 The real fixture `tests/data/h200_gpt_bf16.pt.trace.json.gz` (with its `.flops`) is
-../shared/traces/h200_gpt_bf16/: `stepcli run --with-flops --gzip` of a GPT training step in bf16 autocast on one
-NVIDIA H200 (torch 2.11.0+cu130, cuBLAS 13), whose matmuls all run as `nvjet_sm90_*` kernels; its analytic matmul
-count is 6.185e12 FLOPs per step.
+../shared/traces/h200_gpt_bf16/: `stepcli run --with-flops --gzip` of a GPT training step in bf16
+autocast on one NVIDIA H200 (torch 2.11.0+cu130, cuBLAS 13), whose matmuls all run as `nvjet_sm90_*`
+kernels; its analytic matmul count is 6.185e12 FLOPs per step.
 """
 
 from __future__ import annotations
@@ -38,9 +39,18 @@ def test_nvjet_kernels_are_gemms_whose_names_say_no_dtype(kernel: str) -> None:
 @pytest.mark.parametrize(
     ("kernel", "dtype"),
     [
-        ("cutlass3x_sm100_tensorop_s256x128x16gemm_bf16_bf16_f32_bf16_bf16_256x128x64_2x1x1_0_tnt_align8", "bf16"),
-        ("sm100_xmma_gemm_e4m3e4m3_bf16f32_f32_tn_n_tilesize256x128x128_cluster2x1x1_execute_kernel", "fp8"),
-        ("cutlass3x_sm90_tensorop_gemm_e4m3_e4m3_f32_bf16_bf16_128x128x128_1x1x1_0_tnt_align16", "fp8"),
+        (
+            "cutlass3x_sm100_tensorop_s256x128x16gemm_bf16_bf16_f32_bf16_bf16_256x128x64_2x1x1_0_tnt_align8",
+            "bf16",
+        ),
+        (
+            "sm100_xmma_gemm_e4m3e4m3_bf16f32_f32_tn_n_tilesize256x128x128_cluster2x1x1_execute_kernel",
+            "fp8",
+        ),
+        (
+            "cutlass3x_sm90_tensorop_gemm_e4m3_e4m3_f32_bf16_bf16_128x128x128_1x1x1_0_tnt_align16",
+            "fp8",
+        ),
     ],
 )
 def test_blackwell_names_that_say_their_dtype(kernel: str, dtype: str) -> None:
@@ -68,7 +78,9 @@ def test_the_dtype_of_a_gemm_operator(op: str, first: Any, dtype: str | None) ->
 
 
 def test_non_gemm_operators_are_not_gemm_operators() -> None:
-    assert not any(gemm_op(op) for op in ("aten::add", "aten::copy_", "aten::contiguous", "aten::conj", "mm"))
+    assert not any(
+        gemm_op(op) for op in ("aten::add", "aten::copy_", "aten::contiguous", "aten::conj", "mm")
+    )
 
 
 @pytest.mark.parametrize(
@@ -102,8 +114,9 @@ def _trace(
     *,
     odd_time: bool = False,
 ) -> Path:
-    """Two 1 ms steps; in each, `op` (External id 10 and 20, with `flops`) launches `kernel` (same External id)
-    for 600 µs, and an FP32 sgemm of another operator runs 100 µs: the linked kernel's dtype must win."""
+    """Two 1 ms steps; in each, `op` (External id 10 and 20, with `flops`) launches `kernel` (same
+    External id) for 600 µs, and an FP32 sgemm of another operator runs 100 µs: the linked kernel's
+    dtype must win."""
     t0 = 1_700_000_000_000.0
     events: list[dict[str, Any]] = []
     for step, external in ((0, 10), (1, 20)):
@@ -113,8 +126,25 @@ def _trace(
             args["Input type"] = [input_type, input_type, "", "Scalar"]
         name = f"ProfilerStep#{step + 1}"
         events += [
-            {"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": 1, "ts": start, "dur": 1000},
-            {"ph": "X", "cat": "cpu_op", "name": op, "pid": 1, "tid": 1, "ts": start + 10, "dur": 50, "args": args},
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": name,
+                "pid": 1,
+                "tid": 1,
+                "ts": start,
+                "dur": 1000,
+            },
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": op,
+                "pid": 1,
+                "tid": 1,
+                "ts": start + 10,
+                "dur": 50,
+                "args": args,
+            },
             {
                 "ph": "X",
                 "cat": "cpu_op",
@@ -146,7 +176,8 @@ def _trace(
                 "args": {"External id": external + 1, "correlation": external * 100 + 1},
             },
         ]
-    if odd_time:  # a numeric string: valid for stepcli, but it sends the file down the lenient decoding path
+    # a numeric string: valid for stepcli, but it sends the file down the lenient decoding path
+    if odd_time:
         events[0]["ts"] = str(events[0]["ts"])
     document = {"traceEvents": events, "deviceProperties": [{"id": 0, "name": device}]}
     path.write_text(json.dumps(document))
@@ -156,7 +187,8 @@ def _trace(
 @pytest.mark.parametrize(
     ("device", "kernel", "op", "input_type", "dtype", "peak"),
     [
-        # torchao float8 / torch._scaled_mm on Hopper: nvjet kernels, FP8 by the operator's inputs or name
+        # torchao float8 / torch._scaled_mm on Hopper: nvjet kernels, FP8 by the operator's inputs
+        # or name
         (
             "NVIDIA H100 80GB HBM3",
             "nvjet_sm90_ooo_128x256_128x6_1x2_h_bz_coopB_TNT",
@@ -191,20 +223,38 @@ def _trace(
             2500e12,
         ),
         # an FP8 matmul on a B200 through aten::mm on float8 tensors
-        ("NVIDIA B200", "nvjet_sm100_qqtst_256x256_128x4_2x1_v_bz_TNT", "aten::mm", "c10::Float8_e5m2", "fp8", 4500e12),
+        (
+            "NVIDIA B200",
+            "nvjet_sm100_qqtst_256x256_128x4_2x1_v_bz_TNT",
+            "aten::mm",
+            "c10::Float8_e5m2",
+            "fp8",
+            4500e12,
+        ),
     ],
 )
 @pytest.mark.parametrize("read", ["columns", "events", "lenient"])
 def test_the_dtype_of_undtyped_gemm_kernels_is_their_operators(
-    tmp_path: Path, device: str, kernel: str, op: str, input_type: str | None, dtype: str, peak: float, read: str
+    tmp_path: Path,
+    device: str,
+    kernel: str,
+    op: str,
+    input_type: str | None,
+    dtype: str,
+    peak: float,
+    read: str,
 ) -> None:
     from stepcli.traces.analyses.traceanalysis import summarize_file
     from stepcli.traces.engine import summarize_paths
     from stepcli.traces.read.tracereader import load_trace
 
-    # GIVEN a trace whose longest GEMM kernel's name says no dtype, launched by an operator that does
-    trace = _trace(tmp_path / "gpu.pt.trace.json", device, kernel, op, input_type, odd_time=read == "lenient")
-    # WHEN summarized (typed columns, the per-event objects, or the lenient decoding of odd field types)
+    # GIVEN a trace whose longest GEMM kernel's name says no dtype, launched by an operator that
+    # does
+    trace = _trace(
+        tmp_path / "gpu.pt.trace.json", device, kernel, op, input_type, odd_time=read == "lenient"
+    )
+    # WHEN summarized (typed columns, the per-event objects, or the lenient decoding of odd field
+    # types)
     if read == "events":
         from stepcli.traces.analyses.mergeparts import merge_parts
 
@@ -220,7 +270,8 @@ def test_the_dtype_of_undtyped_gemm_kernels_is_their_operators(
 def test_an_undtyped_gemm_whose_operator_says_no_dtype_stays_assumed(tmp_path: Path) -> None:
     from stepcli.traces.engine import summarize_paths
 
-    # GIVEN nvjet kernels of an aten::mm recorded without record_shapes (no Input type), and no other GEMM
+    # GIVEN nvjet kernels of an aten::mm recorded without record_shapes (no Input type), and no
+    # other GEMM
     trace = _trace(tmp_path / "gpu.pt.trace.json", "NVIDIA H200", NVJET, "aten::mm", None)
     document = json.loads(trace.read_text())
     document["traceEvents"] = [e for e in document["traceEvents"] if "sgemm" not in e["name"]]
@@ -247,8 +298,15 @@ def test_every_nvjet_kernel_of_the_real_h200_trace_finds_its_bf16_operator() -> 
     from stepcli.traces.read.columns import load_columns
 
     columns = load_columns(str(H200_TRACE)).columns
-    kernels = [i for i in range(len(columns)) if columns.names[columns.name[i]].startswith("nvjet_")]
-    # (40 of the 481 ran at the first step's start, launched before the profiler started: no External id)
-    assert len(kernels) == 481 and len(columns.gemm_kernels) == 441 and set(columns.gemm_kernels) <= set(kernels)
+    kernels = [
+        i for i in range(len(columns)) if columns.names[columns.name[i]].startswith("nvjet_")
+    ]
+    # (40 of the 481 ran at the first step's start, launched before the profiler started: no
+    # External id)
+    assert (
+        len(kernels) == 481
+        and len(columns.gemm_kernels) == 441
+        and set(columns.gemm_kernels) <= set(kernels)
+    )
     dtypes = {external: dtype for external, dtype in columns.gemm_ops.values()}
     assert {dtypes.get(external) for external in columns.gemm_kernels.values()} == {"bf16"}

@@ -1,4 +1,5 @@
-"""Launch statistics and idle time by cause (stepcli.traces.analyses.launches) against figures computed by hand."""
+"""Launch statistics and idle time by cause (stepcli.traces.analyses.launches) against figures
+computed by hand."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from stepcli.traces.read.tracereader import Trace
 T0 = 1_700_000_000_000.0
 
 
-def ev(name: str, ts: float, dur: float, cat: str, corr: int = -1, pid: int = 0, tid: int = 7) -> Event:
+def ev(
+    name: str, ts: float, dur: float, cat: str, corr: int = -1, pid: int = 0, tid: int = 7
+) -> Event:
     args = EventArgs(correlation=corr) if corr >= 0 else None
     return Event(name=name, cat=cat, ph="X", pid=pid, tid=tid, ts=T0 + ts, dur=dur, args=args)
 
@@ -28,19 +31,22 @@ def kernel(ts: float, dur: float, corr: int, stream: int = 7, name: str = "gemm"
 
 
 def device_of(events: list[Event]) -> dict[str, Any]:
-    device: dict[str, Any] = merge_parts([summarize_file(Trace.from_events(events))]).to_dict()["device"]
+    device: dict[str, Any] = merge_parts([summarize_file(Trace.from_events(events))]).to_dict()[
+        "device"
+    ]
     return device
 
 
 STEP = [ev("ProfilerStep#1", 0, 100, "user_annotation", pid=100, tid=1)]
-# One 100 us step. Stream 7: four launched kernels; stream 8: a CUDA graph replay of two kernels, then a kernel
-# whose launch call is not in the trace.
+# One 100 us step. Stream 7: four launched kernels; stream 8: a CUDA graph replay of two kernels,
+# then a kernel whose launch call is not in the trace.
 EVENTS = [
     *STEP,
     call("cudaLaunchKernel", 0, 5, 1),
     kernel(10, 10, 1),  # 10-20, delay 10 - 5 = 5
     call("cudaLaunchKernel", 8, 2, 2),
-    kernel(22, 8, 2),  # 22-30: gap 20-22 after a launch at 8 (before the gap): kernel wait 2; delay 12
+    # 22-30: gap 20-22 after a launch at 8 (before the gap): kernel wait 2; delay 12
+    kernel(22, 8, 2),
     call("hipLaunchKernel", 40, 4, 3),
     kernel(50, 5, 3),  # 50-55: gap 30-50, launched at 40 (inside the gap): host wait 20; delay 6
     call("cudaLaunchKernel", 41, 1, 4),
@@ -54,12 +60,16 @@ EVENTS = [
 
 def test_idle_time_by_cause_for_the_device_and_per_stream() -> None:
     idle = device_of(EVENTS)["idle_by_cause"]
-    # device (all streams): gaps 20-22 kernel, 30-50 host, 55-72 host (graph launched at 60), 76-80 kernel,
-    # 81-95 kernel (launched at 41, 14 us); busy 32 of 100, so other = 68 - 37 - 20 = 11 (before/after all work)
+    # device (all streams): gaps 20-22 kernel, 30-50 host, 55-72 host (graph launched at 60), 76-80
+    # kernel, 81-95 kernel (launched at 41, 14 us); busy 32 of 100, so other = 68 - 37 - 20 = 11
+    # (before/after all work)
     assert idle["host_wait_ms"] == pytest.approx(0.037)
     assert idle["kernel_wait_ms"] == pytest.approx(0.020)
     assert idle["other_ms"] == pytest.approx(0.011)
-    streams = {s["stream"]: (s["host_wait_ms"], s["kernel_wait_ms"], s["other_ms"]) for s in idle["streams"]}
+    streams = {
+        s["stream"]: (s["host_wait_ms"], s["kernel_wait_ms"], s["other_ms"])
+        for s in idle["streams"]
+    }
     assert streams["7"] == pytest.approx((0.020, 0.002, 0.040))
     assert streams["8"] == pytest.approx((0.0, 0.004, 0.0))
 
@@ -69,8 +79,11 @@ def test_launch_statistics_with_a_graph_replay() -> None:
     # six kernels linked to launch calls inside the step (the one without a launch call is not)
     assert launch["kernels_per_step"] == 6
     # delays 2, 4, 5, 6, 12, 53 us: linear percentiles
-    assert launch["delay_us"] == pytest.approx({"p50": 5.5, "p90": 32.5, "p99": 53 - 0.05 * 41, "max": 53.0})
-    # launch calls 5 + 2 + 4 + 1 + 10 us over 6 kernels; the two graph kernels ran shorter than their call
+    assert launch["delay_us"] == pytest.approx(
+        {"p50": 5.5, "p90": 32.5, "p99": 53 - 0.05 * 41, "max": 53.0}
+    )
+    # launch calls 5 + 2 + 4 + 1 + 10 us over 6 kernels; the two graph kernels ran shorter than
+    # their call
     assert launch["cpu_launch_us_per_kernel"] == pytest.approx(22 / 6)
     assert launch["short_kernel_share"] == pytest.approx(2 / 6)
     assert (launch["graph_replays_per_step"], launch["graph_kernels_per_step"]) == (1, 2)
@@ -78,7 +91,12 @@ def test_launch_statistics_with_a_graph_replay() -> None:
 
 def test_kernels_launched_outside_the_steps_are_not_counted() -> None:
     # GIVEN a kernel launched after the step's end (it runs after it, too)
-    events = [*STEP, call("cudaLaunchKernel", 1, 1, 1), kernel(5, 1, 1), call("cudaLaunchKernel", 120, 1, 2)]
+    events = [
+        *STEP,
+        call("cudaLaunchKernel", 1, 1, 1),
+        kernel(5, 1, 1),
+        call("cudaLaunchKernel", 120, 1, 2),
+    ]
     events.append(kernel(125, 1, 2))
     launch = device_of(events)["launch"]
     assert launch["kernels_per_step"] == 1 and launch["delay_us"]["max"] == pytest.approx(3.0)
@@ -108,4 +126,6 @@ def test_the_launch_line_rounds_per_step_means_as_people_read_them() -> None:
     line = launch_line({"launch": launch, "idle_by_cause": idle})
     assert line is not None and "0.63 graph replays/step (266 kernels)" in line, line
     launch["graph_replays_per_step"], launch["graph_kernels_per_step"] = 3.0, 1234.0
-    assert "3 graph replays/step (1,234 kernels)" in (launch_line({"launch": launch, "idle_by_cause": idle}) or "")
+    assert "3 graph replays/step (1,234 kernels)" in (
+        launch_line({"launch": launch, "idle_by_cause": idle}) or ""
+    )

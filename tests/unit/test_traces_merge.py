@@ -1,4 +1,5 @@
-"""`stepcli merge`'s pure parts (stepcli.traces.mergetraces): the output guard and the per-rank rewrite."""
+"""`stepcli merge`'s pure parts (stepcli.traces.mergetraces): the output guard and the per-rank
+rewrite."""
 
 from __future__ import annotations
 
@@ -26,12 +27,19 @@ def test_merge_never_replaces_a_foreign_file(tmp_path: Path) -> None:
 
 def test_merge_moves_ids_pids_and_clock_per_rank() -> None:
     rewriter = _Rewriter(rank=3, slot=1, shift_us=250.0)
-    flow = rewriter.event({"ph": "s", "id": 7, "pid": 4242, "tid": 1, "ts": 1000.0, "args": {"correlation": 9}})
-    name = rewriter.event({"ph": "M", "name": "process_name", "pid": 4242, "args": {"name": "python"}})
-    device = rewriter.event({"ph": "X", "pid": 0, "tid": 7, "ts": 2000.0, "dur": 5.0, "args": {"External id": 9}})
+    flow = rewriter.event(
+        {"ph": "s", "id": 7, "pid": 4242, "tid": 1, "ts": 1000.0, "args": {"correlation": 9}}
+    )
+    name = rewriter.event(
+        {"ph": "M", "name": "process_name", "pid": 4242, "args": {"name": "python"}}
+    )
+    device = rewriter.event(
+        {"ph": "X", "pid": 0, "tid": 7, "ts": 2000.0, "dur": 5.0, "args": {"External id": 9}}
+    )
     assert flow["ts"] == 750.0 and flow["pid"] == 1000 and device["pid"] == 1001
     assert flow["id"] == 7 + (1 << 40) and flow["args"]["correlation"] == 9 + (1 << 40)
-    assert device["args"]["External id"] == flow["args"]["correlation"]  # still linked within the rank
+    # still linked within the rank
+    assert device["args"]["External id"] == flow["args"]["correlation"]
     assert name["args"]["name"] == "rank 3: python"
 
 
@@ -39,7 +47,8 @@ DATA = Path(__file__).resolve().parent.parent / "data" / "train_cpu.pt.trace.jso
 
 
 def _strict(path: Path) -> dict[str, Any]:
-    """A merged trace as strict JSON readers (Perfetto, HTA) read it: `Infinity` or `NaN` is an error."""
+    """A merged trace as strict JSON readers (Perfetto, HTA) read it: `Infinity` or `NaN` is an
+    error."""
 
     def refuse(constant: str) -> Any:
         raise ValueError(f"{constant} in the merged trace")
@@ -51,23 +60,30 @@ def _strict(path: Path) -> dict[str, Any]:
 def test_merge_writes_no_infinity_and_counts_what_it_left_out(tmp_path: Path) -> None:
     # GIVEN a trace with one operator's dur 1e400 and one argument 1e400 (issue 47, item 8)
     document = json.loads(DATA.read_text())
-    operators = [e for e in document["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    operators = [
+        e for e in document["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op"
+    ]
     operators[0]["dur"] = "DUR"
     operators[1].setdefault("args", {})["Ev Idx"] = "ARG"
     text = json.dumps(document).replace('"DUR"', "1e400").replace('"ARG"', "-1e400")
     (tmp_path / "rank0.json").write_text(text)
     # WHEN merged
     line = merge_main([str(tmp_path / "rank0.json")], str(tmp_path / "m.json"))
-    # THEN the output is JSON every viewer reads: that event left out, that value dropped, both counted and said
+    # THEN the output is JSON every viewer reads: that event left out, that value dropped, both
+    # counted and said
     merged = _strict(tmp_path / "m.json")
     assert "1 event left out (ts or dur not a finite number); 1 non-finite value left out" in line
-    assert merged["stepcli_merged"]["dropped_events"] == 1 and merged["stepcli_merged"]["dropped_values"] == 1
+    assert (
+        merged["stepcli_merged"]["dropped_events"] == 1
+        and merged["stepcli_merged"]["dropped_values"] == 1
+    )
     kept = [e for e in merged["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
     assert len(kept) == len(operators) - 1 and "Ev Idx" not in kept[0].get("args", {})
 
 
 def test_merge_reads_a_trace_it_cannot_slice_event_by_event(tmp_path: Path) -> None:
-    # GIVEN a trace whose slices would be cut inside a long name that holds "},{" (no JSON list on either side)
+    # GIVEN a trace whose slices would be cut inside a long name that holds "},{" (no JSON list on
+    # either side)
     document = json.loads(DATA.read_text())
     long_name = '"},{"x":' * 200_000
     document["traceEvents"].insert(3, {"ph": "i", "name": long_name, "pid": 1, "tid": 1, "ts": 5.0})
@@ -100,5 +116,8 @@ def test_merge_names_the_processes_of_one_rank_in_two_traces_apart(tmp_path: Pat
         and "rank 0 (" in e["args"]["name"]
         and ":" not in e["args"]["name"].split(")")[-1]
     }
-    assert sorted(names.values()) == ["rank 0 (trace 1 of 2: rank0.json)", "rank 0 (trace 2 of 2: rank0.json)"]
+    assert sorted(names.values()) == [
+        "rank 0 (trace 1 of 2: rank0.json)",
+        "rank 0 (trace 2 of 2: rank0.json)",
+    ]
     assert len(names) == 2

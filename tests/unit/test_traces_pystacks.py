@@ -1,4 +1,5 @@
-"""The Python stacks of the recorded steps (stepcli.traces.analyses.pystacks), their words, and the flame graph."""
+"""The Python stacks of the recorded steps (stepcli.traces.analyses.pystacks), their words, and the
+flame graph."""
 
 from __future__ import annotations
 
@@ -44,15 +45,18 @@ def _document() -> dict:
 
 def test_stacks_are_measured_inside_the_complete_steps_of_the_steps_thread() -> None:
     document = _document()
-    assert document["steps"] == 2 and document["step_ms"] == pytest.approx(0.2)  # 400 us over 2 steps
+    # 400 us over 2 steps
+    assert document["steps"] == 2 and document["step_ms"] == pytest.approx(0.2)
     rows = {tuple(r["stack"]): r for r in document["stacks"]}
     work = rows[(MAIN, WORK)]
-    assert work["self_ms"] == pytest.approx(0.05)  # 100 us / 2 steps, the operator it called included
+    # 100 us / 2 steps, the operator it called included
+    assert work["self_ms"] == pytest.approx(0.05)
     assert work["outside_operators_ms"] == pytest.approx(0.03)  # less the 40 us in aten::mm
     builtin = rows[(MAIN, "<built-in method sum of Tensor object>")]  # the address stripped
     assert builtin["self_ms"] == pytest.approx(0.025)
     main = rows[(MAIN,)]
-    assert main["self_ms"] == pytest.approx(0.2 - 0.05 - 0.025)  # only its time inside steps 1 and 2
+    # only its time inside steps 1 and 2
+    assert main["self_ms"] == pytest.approx(0.2 - 0.05 - 0.025)
     assert main["total_ms"] == pytest.approx(0.2) and main["total_share"] == pytest.approx(1.0)
     assert sum(r["self_ms"] for r in document["stacks"]) == pytest.approx(document["step_ms"])
     assert [r["self_ms"] for r in document["stacks"]] == sorted(
@@ -61,7 +65,10 @@ def test_stacks_are_measured_inside_the_complete_steps_of_the_steps_thread() -> 
 
 
 def test_traces_without_frames_have_no_stacks() -> None:
-    assert stacks_of(columns_from_events([step(1, 0, 10), ev("aten::mm", 1, 2, cat="cpu_op")]), None) is None
+    assert (
+        stacks_of(columns_from_events([step(1, 0, 10), ev("aten::mm", 1, 2, cat="cpu_op")]), None)
+        is None
+    )
     assert merge_stacks([None, None]) is None
 
 
@@ -75,7 +82,9 @@ def test_frames_read_as_people_read_them() -> None:
     assert short_stack(stack, 80) == "inner (b.py:3) < middle (a.py:2) < outer (a.py:1)"
     assert short_stack(stack, 30) == "inner (b.py:3) <…"
     assert short_stack(stack, 30, lines=2) == "inner (b.py:3)\n< middle (a.py:2) <…"
-    assert all(len(line) <= 12 for line in short_stack(["x" * 40 + ".py(1): f"], 12, lines=2).split("\n"))
+    assert all(
+        len(line) <= 12 for line in short_stack(["x" * 40 + ".py(1): f"], 12, lines=2).split("\n")
+    )
 
 
 def test_the_flame_graph_escapes_names_and_fits_the_steps() -> None:

@@ -1,4 +1,5 @@
-"""The trace reader: files, gzip, folders, ranks, sliced decoding, and one clear error per kind of bad input."""
+"""The trace reader: files, gzip, folders, ranks, sliced decoding, and one clear error per kind of
+bad input."""
 
 from __future__ import annotations
 
@@ -41,14 +42,17 @@ def test_gzip_reads_the_same(tmp_path: Path) -> None:
     assert fields(load_trace(str(gz)).events) == fields(load_trace(str(REAL)).events)
 
 
-def test_sliced_decoding_matches_whole_decoding(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_sliced_decoding_matches_whole_decoding(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     whole = load_trace(str(REAL), shapes=True)
     monkeypatch.setattr(traces, "_CHUNK_BYTES", 2048)
     sliced = load_trace(str(REAL), shapes=True)
     assert fields(sliced.events) == fields(whole.events)
     assert sliced.event_count == whole.event_count
     assert any(e.shape for e in sliced.events)
-    # A separator-looking text inside a string or nested value makes a slice invalid: the reader falls back.
+    # A separator-looking text inside a string or nested value makes a slice invalid: the reader
+    # falls back.
     doc = json.loads(REAL.read_text())
     for event in doc["traceEvents"][:400:7]:
         event["name"] = event["name"] + ' }, {"ph": "X"'
@@ -59,17 +63,23 @@ def test_sliced_decoding_matches_whole_decoding(monkeypatch: pytest.MonkeyPatch,
     assert fields(tricky.events) == fields(load_trace(str(tmp_path / "tricky.json")).events)
 
 
-def test_slices_are_decoded_in_place_and_the_text_is_put_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    # GIVEN a trace's text in a buffer, decoded in slices where it lies (without shapes: no copy of a slice)
+def test_slices_are_decoded_in_place_and_the_text_is_put_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN a trace's text in a buffer, decoded in slices where it lies (without shapes: no copy of
+    # a slice)
     monkeypatch.setattr(traces, "_CHUNK_BYTES", 2048)
     text = REAL.read_bytes()
     data = bytearray(text)
     result = traces._decode_chunked(data, False, traces._Keeper)
     # THEN the events are the whole-document decode's, and the buffer holds the same text again
     assert result is not None
-    assert fields(result[1].events) == fields(traces._decode_whole(str(REAL), text, False, traces._Keeper)[1].events)
+    assert fields(result[1].events) == fields(
+        traces._decode_whole(str(REAL), text, False, traces._Keeper)[1].events
+    )
     assert data == text
-    # AND a cut inside a string (a slice that is not JSON) leaves the text as it was, for the whole-document decode
+    # AND a cut inside a string (a slice that is not JSON) leaves the text as it was, for the
+    # whole-document decode
     doc = json.loads(text)
     for event in doc["traceEvents"]:
         event["name"] = event["name"] + ' }, {"ph": "X"'
@@ -96,8 +106,24 @@ def test_unexpected_field_types_are_coerced(tmp_path: Path) -> None:
         json.dumps(
             {
                 "traceEvents": [
-                    {"ph": "X", "cat": "cpu_op", "name": "a", "pid": "host", "tid": 3.0, "ts": "10.5", "dur": 2},
-                    {"ph": "X", "cat": "cpu_op", "name": "b", "pid": 1, "tid": 1, "ts": None, "dur": 1},
+                    {
+                        "ph": "X",
+                        "cat": "cpu_op",
+                        "name": "a",
+                        "pid": "host",
+                        "tid": 3.0,
+                        "ts": "10.5",
+                        "dur": 2,
+                    },
+                    {
+                        "ph": "X",
+                        "cat": "cpu_op",
+                        "name": "b",
+                        "pid": 1,
+                        "tid": 1,
+                        "ts": None,
+                        "dur": 1,
+                    },
                     "not an event",
                 ]
             }
@@ -116,9 +142,13 @@ def test_folder_is_searched_recursively_skipping_hidden_and_temporary(tmp_path: 
     (tmp_path / ".stepcli" / "hello.json").write_text("{}")
     (tmp_path / ".rank2.3.pt.trace.json").write_text("{")
     (tmp_path / "rank3.4.pt.trace.json.1234.tmp.json").write_text("{")
-    (tmp_path / "1234.steps.json").write_text('{"steps": []}')  # a run folder's step log is not a trace
+    # a run folder's step log is not a trace
+    (tmp_path / "1234.steps.json").write_text('{"steps": []}')
     loaded = load_paths([str(tmp_path)])
-    assert [Path(t.path).name for t in loaded] == ["rank0.1.pt.trace.json", "rank1.2.pt.trace.json.gz"]
+    assert [Path(t.path).name for t in loaded] == [
+        "rank0.1.pt.trace.json",
+        "rank1.2.pt.trace.json.gz",
+    ]
     assert [t.rank for t in loaded] == [0, 1]
     # the same file named twice is read once
     assert len(load_paths([str(tmp_path / "rank0.1.pt.trace.json"), str(tmp_path)])) == 2
@@ -148,7 +178,17 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[Path, str]]:
 
 
 @pytest.mark.parametrize(
-    "kind", ["missing", "empty", "truncated", "non-json", "corrupt-gzip", "garbage-gzip", "not-a-trace", "empty-dir"]
+    "kind",
+    [
+        "missing",
+        "empty",
+        "truncated",
+        "non-json",
+        "corrupt-gzip",
+        "garbage-gzip",
+        "not-a-trace",
+        "empty-dir",
+    ],
 )
 def test_bad_inputs_raise_one_trace_error_naming_the_file(tmp_path: Path, kind: str) -> None:
     path, words = _bad_inputs(tmp_path)[kind]
@@ -159,7 +199,9 @@ def test_bad_inputs_raise_one_trace_error_naming_the_file(tmp_path: Path, kind: 
     assert "\n" not in info.value.message
 
 
-def test_truncated_big_trace_is_reported_even_when_sliced(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_truncated_big_trace_is_reported_even_when_sliced(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr(traces, "_CHUNK_BYTES", 4096)
     text = REAL.read_text()
     path = tmp_path / "cut.json"
@@ -176,22 +218,41 @@ def test_multi_member_gzip_and_zero_padding(tmp_path: Path) -> None:
 
 
 def _kept(name: str, ts: object, dur: object) -> str:
-    """One kept-category event as JSON text, `ts`/`dur` written verbatim (so 1e400 and huge integers stay)."""
-    return f'{{"ph": "X", "cat": "cpu_op", "name": "{name}", "pid": 1, "tid": 1, "ts": {ts}, "dur": {dur}}}'
+    """One kept-category event as JSON text, `ts`/`dur` written verbatim (so 1e400 and huge integers
+    stay)."""
+    return (
+        f'{{"ph": "X", "cat": "cpu_op", "name": "{name}", "pid": 1, "tid": 1, "ts": {ts}, "dur": '
+        f"{dur}}}"
+    )
 
 
 @pytest.mark.parametrize(
     "bad",
-    ["1e308", "-1e308", "1e400", "1" + "0" * 400, "1" + "0" * 5000, '"inf"', '"nan"', '"-Infinity"'],
-    ids=lambda bad: bad if len(bad) < 20 else f"{len(bad)}-digit",  # (5,000 digits: more than Python converts)
+    [
+        "1e308",
+        "-1e308",
+        "1e400",
+        "1" + "0" * 400,
+        "1" + "0" * 5000,
+        '"inf"',
+        '"nan"',
+        '"-Infinity"',
+    ],
+    # (5,000 digits: more than Python converts)
+    ids=lambda bad: bad if len(bad) < 20 else f"{len(bad)}-digit",
 )
 def test_unusable_times_are_skipped_and_counted(tmp_path: Path, bad: str) -> None:
     # GIVEN a trace with good events and one whose dur (then ts) is infinite, NaN or absurdly large
     for field in ("dur", "ts"):
         bad_event = _kept("bad", 5, bad) if field == "dur" else _kept("bad", bad, 1)
-        other = '{"ph": "i", "cat": "cpu_op", "name": "instant", "ts": ' + bad + "}"  # not kept: never counted
+        # not kept: never counted
+        other = '{"ph": "i", "cat": "cpu_op", "name": "instant", "ts": ' + bad + "}"
         path = tmp_path / f"{field}.json"
-        path.write_text('{"traceEvents": [' + ", ".join([_kept("a", 0, 10), bad_event, other, _kept("b", 2, 3)]) + "]}")
+        path.write_text(
+            '{"traceEvents": ['
+            + ", ".join([_kept("a", 0, 10), bad_event, other, _kept("b", 2, 3)])
+            + "]}"
+        )
         # WHEN read
         trace = load_trace(str(path))
         # THEN the bad event is skipped and counted, the others are read as usual
@@ -199,12 +260,16 @@ def test_unusable_times_are_skipped_and_counted(tmp_path: Path, bad: str) -> Non
         assert trace.skipped_events == 1 and trace.event_count == 4, field
 
 
-def test_unusable_times_are_skipped_when_sliced_too(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_unusable_times_are_skipped_when_sliced_too(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     doc = json.loads(REAL.read_text())
     kept = [
         e
         for e in doc["traceEvents"]
-        if e.get("ph") == "X" and e.get("cat") in traces.KEPT_CATEGORIES and e.get("name") not in traces.FILTERED_NAMES
+        if e.get("ph") == "X"
+        and e.get("cat") in traces.KEPT_CATEGORIES
+        and e.get("name") not in traces.FILTERED_NAMES
     ]
     kept[10]["dur"] = 1e308  # in an early slice
     kept[-1]["ts"] = 1e300  # in the last slice, decoded with the header
@@ -214,12 +279,15 @@ def test_unusable_times_are_skipped_when_sliced_too(monkeypatch: pytest.MonkeyPa
     trace = load_trace(str(path))
     assert trace.skipped_events == 2 and len(trace.events) == len(kept) - 2
     # Trace.from_events applies the same rule to events built in memory
-    built = Trace.from_events([Event(name="a", cat="cpu_op", dur=float("nan")), Event(name="b", cat="cpu_op", ts=1.0)])
+    built = Trace.from_events(
+        [Event(name="a", cat="cpu_op", dur=float("nan")), Event(name="b", cat="cpu_op", ts=1.0)]
+    )
     assert [e.name for e in built.events] == ["b"] and built.skipped_events == 1
 
 
 def test_incomplete_step_metadata_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    # GIVEN stepcli's cut-short marker, a top-level JSON string next to traceEvents (where add_metadata puts it)
+    # GIVEN stepcli's cut-short marker, a top-level JSON string next to traceEvents (where
+    # add_metadata puts it)
     doc = json.loads(REAL.read_text())
     assert load_trace(str(REAL)).incomplete_step is None
     for value, expected in (("4", 4), (7, 7), ("soon", None), ([1], None), (None, None)):
@@ -238,7 +306,10 @@ def test_incomplete_step_metadata_is_read(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 
 def test_reader_and_summary_do_not_import_rich() -> None:
-    code = "import sys, stepcli.traces.read.tracereader, stepcli.traces.analyses.traceanalysis; print(sorted({'rich', 'click', 'torch'} & set(sys.modules)))"
+    code = (
+        "import sys, stepcli.traces.read.tracereader, stepcli.traces.analyses.traceanalysis; "
+        "print(sorted({'rich', 'click', 'torch'} & set(sys.modules)))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"
 
@@ -261,15 +332,26 @@ def test_cpu_times_stepcli_records_are_read_and_odd_values_ignored(
     from stepcli.traces.read.columns import load_columns
 
     path = tmp_path / "t.json"
-    event = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1.0, "dur": 2.0}
+    event = {
+        "ph": "X",
+        "cat": "cpu_op",
+        "name": "aten::mm",
+        "pid": 1,
+        "tid": 1,
+        "ts": 1.0,
+        "dur": 2.0,
+    }
     path.write_text(json.dumps({"traceEvents": [event], "stepcli_cpu_ms": value}))
     assert load_trace(str(path)).cpu_time == expected
     assert load_columns(str(path)).cpu_time == expected
 
 
 @pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-16-le", "utf-32"])
-def test_a_trace_saved_with_a_byte_order_mark_or_in_utf16_reads_the_same(tmp_path: Path, encoding: str) -> None:
-    # GIVEN the real trace re-saved by an editor: with a UTF-8 byte order mark, or as UTF-16/32 (json.loads reads all)
+def test_a_trace_saved_with_a_byte_order_mark_or_in_utf16_reads_the_same(
+    tmp_path: Path, encoding: str
+) -> None:
+    # GIVEN the real trace re-saved by an editor: with a UTF-8 byte order mark, or as UTF-16/32
+    # (json.loads reads all)
     path = tmp_path / "saved.json"
     path.write_bytes(REAL.read_text().encode(encoding))
     # THEN it reads as the original does
@@ -277,14 +359,26 @@ def test_a_trace_saved_with_a_byte_order_mark_or_in_utf16_reads_the_same(tmp_pat
 
 
 def test_step_numbers_are_ascii_digits_only(tmp_path: Path) -> None:
-    # GIVEN step annotations numbered in ASCII, in Arabic-Indic digits (int() reads them), and past 19 digits
+    # GIVEN step annotations numbered in ASCII, in Arabic-Indic digits (int() reads them), and past
+    # 19 digits
     from stepcli.traces.analyses.mergeparts import summarize
     from stepcli.traces.read.names import step_of
 
     assert step_of("ProfilerStep#12") == 12 and step_of("ProfilerStep#\u0661\u0662") is None
-    assert step_of("ProfilerStep#" + "9" * 20) is None and step_of("ProfilerStep#") is None and step_of("mm") is None
-    step = '{{"ph": "X", "cat": "user_annotation", "name": "{0}", "pid": 1, "tid": 1, "ts": {1}, "dur": 10}}'
-    events = [step.format("ProfilerStep#3", 0), step.format("ProfilerStep#\u0664", 20), _kept("aten::mm", 1, 5)]
+    assert (
+        step_of("ProfilerStep#" + "9" * 20) is None
+        and step_of("ProfilerStep#") is None
+        and step_of("mm") is None
+    )
+    step = (
+        '{{"ph": "X", "cat": "user_annotation", "name": "{0}", "pid": 1, "tid": 1, "ts": {1}, '
+        '"dur": 10}}'
+    )
+    events = [
+        step.format("ProfilerStep#3", 0),
+        step.format("ProfilerStep#\u0664", 20),
+        _kept("aten::mm", 1, 5),
+    ]
     path = tmp_path / "t.json"
     path.write_text('{"traceEvents": [' + ", ".join(events) + "]}", encoding="utf-8")
     # THEN only the ASCII-numbered one is a step; the other stays an ordinary annotation
@@ -293,23 +387,56 @@ def test_step_numbers_are_ascii_digits_only(tmp_path: Path) -> None:
 
 
 def test_ids_of_thousands_of_digits_do_not_stop_the_analysis(tmp_path: Path) -> None:
-    # GIVEN a kernel whose stream and thread, and a collective whose group member, are 5,000-digit strings
-    # (Python's int() refuses to convert them: ValueError past 4,300 digits)
+    # GIVEN a kernel whose stream and thread, and a collective whose group member, are 5,000-digit
+    # strings (Python's int() refuses to convert them: ValueError past 4,300 digits)
     from stepcli.traces.analyses.mergeparts import summarize
 
     big = "7" * 5000
     events = [
-        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 10, "dur": 5,
-         "args": {"correlation": 1}},
-        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": big, "ts": 20, "dur": 30,
-         "args": {"correlation": 1, "stream": big, "device": 0}},
-        {"ph": "X", "cat": "user_annotation", "name": "nccl:all_reduce", "pid": 1, "tid": 1, "ts": 60, "dur": 5,
-         "args": {"Process Group Ranks": f"[{big}]"}},
-    ]  # fmt: skip
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "ProfilerStep#1",
+            "pid": 1,
+            "tid": 1,
+            "ts": 0,
+            "dur": 100,
+        },
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "pid": 1,
+            "tid": 1,
+            "ts": 10,
+            "dur": 5,
+            "args": {"correlation": 1},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "k",
+            "pid": 0,
+            "tid": big,
+            "ts": 20,
+            "dur": 30,
+            "args": {"correlation": 1, "stream": big, "device": 0},
+        },
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "nccl:all_reduce",
+            "pid": 1,
+            "tid": 1,
+            "ts": 60,
+            "dur": 5,
+            "args": {"Process Group Ranks": f"[{big}]"},
+        },
+    ]
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": events}))
-    # THEN it is summarized and written out as `table --json` writes it: the step and the kernel's device time
+    # THEN it is summarized and written out as `table --json` writes it: the step and the kernel's
+    # device time
     summary = summarize([load_trace(str(path))])
     assert [row.step for row in summary.steps] == [1]
     assert summary.device is not None and json.dumps(summary.to_dict())
@@ -329,6 +456,9 @@ def test_not_utf8_is_found_from_the_bytes_whatever_the_decoder_says() -> None:
     for message in ("Invalid UTF-8 encoded string", "some future wording"):
         line = describe_decode_error(document, msgspec.DecodeError(message))
         assert line == "not UTF-8 text (a string holds the invalid byte 0xff)", line
-    # A malformed document whose only non-UTF-8 byte lies far past the error is said to be malformed.
+    # A malformed document whose only non-UTF-8 byte lies far past the error is said to be
+    # malformed.
     late = b'{"traceEvents": [1,,]}' + b" " * 100 + b"\xff"
-    assert describe_decode_error(late, msgspec.DecodeError("JSON is malformed (byte 19)")).startswith("invalid JSON")
+    assert describe_decode_error(
+        late, msgspec.DecodeError("JSON is malformed (byte 19)")
+    ).startswith("invalid JSON")

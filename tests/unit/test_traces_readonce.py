@@ -1,5 +1,6 @@
 """The end of `stepcli run` reads each trace once: the run summary and report.html share one read
-(stepcli.traces.runtraces), and the page equals what `stepcli report` builds from the folder afterwards."""
+(stepcli.traces.runtraces), and the page equals what `stepcli report` builds from the folder
+afterwards."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ REAL = Path(__file__).resolve().parent.parent / "data" / "train_cpu.pt.trace.jso
 
 @pytest.fixture
 def counted_decodes(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """Every trace decode in this process (stepcli.traces.engine's reader), counted per path; one worker, in-process."""
+    """Every trace decode in this process (stepcli.traces.engine's reader), counted per path; one
+    worker, in-process."""
     import stepcli.traces.engine as engine
 
     calls: Counter[str] = Counter()
@@ -38,7 +40,8 @@ def counted_decodes(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 
 
 def test_plain_parts_of_a_read_with_shapes_summarize_as_before(tmp_path: Path) -> None:
-    # GIVEN two copies of a real torch trace (two ranks) WHEN read once with shapes for the summary and the page
+    # GIVEN two copies of a real torch trace (two ranks) WHEN read once with shapes for the summary
+    # and the page
     for rank in (0, 1):
         document = json.loads(REAL.read_text())
         document["distributedInfo"] = {"rank": rank}
@@ -53,9 +56,12 @@ def test_plain_parts_of_a_read_with_shapes_summarize_as_before(tmp_path: Path) -
     assert any(op.get("shape") for op in shaped)
 
 
-def test_each_file_is_read_once_for_every_caller(tmp_path: Path, counted_decodes: Counter[str]) -> None:
+def test_each_file_is_read_once_for_every_caller(
+    tmp_path: Path, counted_decodes: Counter[str]
+) -> None:
     traces = RunTraces(shapes=True)
-    # GIVEN a summary's read (plain parts asked) WHEN the page then asks for by-shape parts of the same files
+    # GIVEN a summary's read (plain parts asked) WHEN the page then asks for by-shape parts of the
+    # same files
     first = traces.parts([str(REAL)])
     again = traces.parts([str(REAL)], shapes=True)
     # THEN the file was decoded once, and both got the same parts
@@ -73,7 +79,9 @@ def test_each_file_is_read_once_for_every_caller(tmp_path: Path, counted_decodes
     assert counted_decodes[str(copy)] == 1
 
 
-def test_a_trace_error_is_read_once_and_given_to_every_caller(tmp_path: Path, counted_decodes: Counter[str]) -> None:
+def test_a_trace_error_is_read_once_and_given_to_every_caller(
+    tmp_path: Path, counted_decodes: Counter[str]
+) -> None:
     broken = tmp_path / "cut.pt.trace.json"
     broken.write_bytes(REAL.read_bytes()[:5000])
     traces = RunTraces()
@@ -82,10 +90,14 @@ def test_a_trace_error_is_read_once_and_given_to_every_caller(tmp_path: Path, co
     with pytest.raises(TraceError) as second:
         traces.parts([str(broken)], shapes=True)
     assert counted_decodes == Counter({str(broken): 1})
-    assert second.value.message == first.value.message and "cut.pt.trace.json" in first.value.message
+    assert (
+        second.value.message == first.value.message and "cut.pt.trace.json" in first.value.message
+    )
 
 
-def test_memory_curves_need_no_read_when_memory_was_not_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_memory_curves_need_no_read_when_memory_was_not_recorded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import stepcli.traces.memorycurve as memory
 
     def never(_paths: Any, _jobs: Any = None) -> Any:
@@ -99,7 +111,8 @@ def test_memory_curves_need_no_read_when_memory_was_not_recorded(monkeypatch: py
 
 @pytest.fixture
 def counted_file_reads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """Every time a trace file's bytes are read in this process (traces' and the memory curves' reader)."""
+    """Every time a trace file's bytes are read in this process (traces' and the memory curves'
+    reader)."""
     import stepcli.inputs as inputs
     import stepcli.traces.read.tracereader as traces
 
@@ -124,7 +137,8 @@ def test_run_end_reads_each_trace_once_and_the_page_equals_stepcli_report(
     counted_file_reads: Counter[str],
     memory: bool,
 ) -> None:
-    """The launcher's end of run in this process (the program itself is a real child), readers counted."""
+    """The launcher's end of run in this process (the program itself is a real child), readers
+    counted."""
     import stepcli.report.data as report_data
     from stepcli.cli import main
     from stepcli.run.summary.htmlreport import gather
@@ -170,7 +184,8 @@ def test_run_end_reads_each_trace_once_and_the_page_equals_stepcli_report(
     assert sorted(summary["traces"]) == traces and summary["top_operators"]
     # THEN each trace was decoded once for the summary and the page together
     assert counted_decodes == Counter({path: 1 for path in traces})
-    # AND its bytes were read once (with --profile-memory, the memory curve reads its events on its own)
+    # AND its bytes were read once (with --profile-memory, the memory curve reads its events on its
+    # own)
     assert counted_file_reads == Counter({path: 2 if memory else 1 for path in traces})
     assert (out / "report.html").is_file() and len(built) == 1
     run_end = built[0]

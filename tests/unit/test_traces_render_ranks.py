@@ -36,12 +36,15 @@ def test_under_80_columns_every_label_and_figure_stays_whole(width: int) -> None
     lines = _render(width)
     assert all(len(line) <= width for line in lines), lines
     rows = [line.split() for line in lines if line.startswith(("rank", "  "))]
-    # each rank's label on its own row beside its figures (at 60 columns "(slowest)" may go to the next line)
+    # each rank's label on its own row beside its figures (at 60 columns "(slowest)" may go to the
+    # next line)
     for rank in (0, 1):
         row = next(r for r in rows if r[:2] == ["rank", str(rank)])
         assert row[-6:] == ["12", "123.5", "150.2", "1,203.4", "100.1", "23.30"], lines
     windows = [r for r in rows if r and r[0] in ("2-4", "10-12")]
-    assert len(windows) == 4 and all(r[1:] == ["3", "120.0", "121.0", "122.0"] for r in windows), lines
+    assert len(windows) == 4 and all(r[1:] == ["3", "120.0", "121.0", "122.0"] for r in windows), (
+        lines
+    )
     assert "ms per step;" in " ".join(lines)  # the units the shorter headings leave out
 
 

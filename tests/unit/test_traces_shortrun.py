@@ -1,4 +1,5 @@
-"""`stepcli table`'s short-run settings (stepcli.traces.read.shortcommand): one OpenBLAS thread and no cyclic GC, put back after."""
+"""`stepcli table`'s short-run settings (stepcli.traces.read.shortcommand): one OpenBLAS thread and
+no cyclic GC, put back after."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import pytest
 from stepcli.traces.read.shortcommand import BLAS_THREADS, short_run
 
 
-def test_one_blas_thread_and_no_cyclic_gc_inside_and_all_put_back(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_blas_thread_and_no_cyclic_gc_inside_and_all_put_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # GIVEN no OpenBLAS setting and the collector on
     monkeypatch.delenv(BLAS_THREADS, raising=False)
     assert gc.isenabled()
@@ -42,7 +45,8 @@ def test_put_back_when_the_body_fails(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_table_imports_numpy_inside_the_short_run() -> None:
-    # GIVEN `stepcli table` in a fresh process, numpy not yet imported (the setting only counts before it is)
+    # GIVEN `stepcli table` in a fresh process, numpy not yet imported (the setting only counts
+    # before it is)
     code = (
         "import os, sys\n"
         "from stepcli.cli import main\n"
@@ -58,7 +62,9 @@ def test_table_imports_numpy_inside_the_short_run() -> None:
     )
     trace = os.path.join(os.path.dirname(__file__), "..", "data", "train_cpu.pt.trace.json")
     env = {k: v for k, v in os.environ.items() if k != BLAS_THREADS}
-    proc = subprocess.run([sys.executable, "-c", code, trace], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, trace], capture_output=True, text=True, env=env, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     # THEN OpenBLAS saw one thread asked for when numpy loaded
     assert proc.stderr.strip().splitlines()[-1] == "['1']"

@@ -20,7 +20,14 @@ T0 = 1_790_000_000_000.0  # an epoch-sized timestamp in microseconds, like real 
 
 
 def ev(
-    name: str, ts: float, dur: float, *, cat: str = "cpu_op", tid: int = 1, pid: int = 100, shape: str = ""
+    name: str,
+    ts: float,
+    dur: float,
+    *,
+    cat: str = "cpu_op",
+    tid: int = 1,
+    pid: int = 100,
+    shape: str = "",
 ) -> Event:
     """A complete ("X") event `ts` microseconds after T0."""
     return Event(name=name, cat=cat, ph="X", pid=pid, tid=tid, ts=T0 + ts, dur=dur, shape=shape)
@@ -49,21 +56,25 @@ def test_self_time_subtracts_direct_children_only() -> None:
 
 
 def test_child_ending_with_parent_nests_at_epoch_timestamps() -> None:
-    # A float cannot tell nanoseconds apart at epoch magnitudes; the summary must still see this exact nesting.
+    # A float cannot tell nanoseconds apart at epoch magnitudes; the summary must still see this
+    # exact nesting.
     trace = Trace.from_events([ev("parent", 0.001, 5.432), ev("child", 2.222, 3.211)])
     rows = ops(summarize([trace]).to_dict())
     assert rows["parent"]["self_ms"] == pytest.approx(0.002221)
 
 
 def test_partial_overlap_and_other_threads_do_not_nest() -> None:
-    trace = Trace.from_events([ev("a", 0, 10), ev("overlaps", 5, 10), ev("other-thread", 1, 2, tid=2)])
+    trace = Trace.from_events(
+        [ev("a", 0, 10), ev("overlaps", 5, 10), ev("other-thread", 1, 2, tid=2)]
+    )
     rows = ops(summarize([trace]).to_dict())
     assert rows["a"]["self_ms"] == pytest.approx(0.010)
     assert rows["overlaps"]["self_ms"] == pytest.approx(0.010)
 
 
 def test_only_child_with_same_name_is_folded_like_torch() -> None:
-    # torch's _remove_dup_nodes: add_ -> add_ (only child) -> x counts as one add_ call whose child is x.
+    # torch's _remove_dup_nodes: add_ -> add_ (only child) -> x counts as one add_ call whose child
+    # is x.
     trace = Trace.from_events([ev("aten::add_", 0, 10), ev("aten::add_", 1, 8), ev("x", 2, 3)])
     rows = ops(summarize([trace]).to_dict())
     assert rows["aten::add_"]["calls"] == 1
@@ -97,32 +108,53 @@ def test_steps_are_folded_into_one_row_and_listed_per_step() -> None:
 
 
 def test_breakdown_on_one_thread() -> None:
-    # GIVEN a 100 us step: dataloader 10, zero_grad 2, forward ops 20 + 1, backward 20, optimizer 20, gaps 27
+    # GIVEN a 100 us step: dataloader 10, zero_grad 2, forward ops 20 + 1, backward 20, optimizer
+    # 20, gaps 27
     events = [
         step(1, 0, 100),
-        ev("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 1, 10, cat="user_annotation"),
+        ev(
+            "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+            1,
+            10,
+            cat="user_annotation",
+        ),
         ev("Optimizer.zero_grad#SGD.zero_grad", 11, 2, cat="user_annotation"),
         ev("aten::linear", 15, 20),
         ev("aten::addmm", 16, 10),  # nested in linear: forward time is not counted twice
         ev("autograd::engine::evaluate_function: AddmmBackward0", 40, 20),
         ev("aten::mm", 41, 5),
-        ev("aten::add_", 65, 1),  # after backward started, no phase: still forward (the program's own ops)
+        # after backward started, no phase: still forward (the program's own ops)
+        ev("aten::add_", 65, 1),
         ev("Optimizer.step#SGD.step", 70, 20, cat="user_annotation"),
     ]
     data = summarize([Trace.from_events(events)]).to_dict()
     assert data["breakdown_ms"] == pytest.approx(
-        {"dataloader": 0.010, "forward": 0.021, "backward": 0.020, "optimizer": 0.022, "other": 0.027}
+        {
+            "dataloader": 0.010,
+            "forward": 0.021,
+            "backward": 0.020,
+            "optimizer": 0.022,
+            "other": 0.027,
+        }
     )
     assert data["device"] is None
 
 
 @pytest.mark.parametrize("engine", ["arrays", "reference"])
-def test_annotating_a_phase_moves_none_of_its_time_to_forward(monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
-    # GIVEN the step of test_breakdown_on_one_thread, with the user's `## forward ##`, `## backward ##` (around the
-    # backward and its gaps, two deep) and `## optimizer ##` annotations, as the PyTorch profiler recipe writes them
+def test_annotating_a_phase_moves_none_of_its_time_to_forward(
+    monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    # GIVEN the step of test_breakdown_on_one_thread, with the user's `## forward ##`, `## backward
+    # ##` (around the backward and its gaps, two deep) and `## optimizer ##` annotations, as the
+    # PyTorch profiler recipe writes them
     events = [
         step(1, 0, 100),
-        ev("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 1, 10, cat="user_annotation"),
+        ev(
+            "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+            1,
+            10,
+            cat="user_annotation",
+        ),
         ev("## forward ##", 14, 23, cat="user_annotation"),
         ev("aten::linear", 15, 20),
         ev("aten::addmm", 16, 10),
@@ -130,16 +162,24 @@ def test_annotating_a_phase_moves_none_of_its_time_to_forward(monkeypatch: pytes
         ev("loss_scaler", 39, 28, cat="user_annotation"),
         ev("autograd::engine::evaluate_function: AddmmBackward0", 40, 20),
         ev("aten::mm", 41, 5),
-        ev("aten::ones_like", 62, 2),  # no phase of its own, inside the wrapper: an operator of its own
+        # no phase of its own, inside the wrapper: an operator of its own
+        ev("aten::ones_like", 62, 2),
         ev("## optimizer ##", 69, 30, cat="user_annotation"),
         ev("Optimizer.step#SGD.step", 70, 20, cat="user_annotation"),
     ]
     if engine == "reference":
         monkeypatch.setattr(analysis_module, "_analyze_columns", _step_aside)
     data = summarize([Trace.from_events(events)]).to_dict()
-    # THEN backward's and the optimizer's wrappers hold no forward: only `## forward ##` (23) and ones_like (2)
+    # THEN backward's and the optimizer's wrappers hold no forward: only `## forward ##` (23) and
+    # ones_like (2)
     assert data["breakdown_ms"] == pytest.approx(
-        {"dataloader": 0.010, "forward": 0.025, "backward": 0.020, "optimizer": 0.020, "other": 0.025}
+        {
+            "dataloader": 0.010,
+            "forward": 0.025,
+            "backward": 0.020,
+            "optimizer": 0.020,
+            "other": 0.025,
+        }
     )
 
 
@@ -147,8 +187,9 @@ def test_annotating_a_phase_moves_none_of_its_time_to_forward(monkeypatch: pytes
 def test_a_backward_annotation_with_the_engine_on_its_own_thread_holds_no_forward(
     monkeypatch: pytest.MonkeyPatch, engine: str
 ) -> None:
-    # GIVEN (as in CUDA traces) the user's `## backward ##` on the main thread around the engine's work, which runs
-    # on the autograd engine's own thread: nothing of backward is below the annotation
+    # GIVEN (as in CUDA traces) the user's `## backward ##` on the main thread around the engine's
+    # work, which runs on the autograd engine's own thread: nothing of backward is below the
+    # annotation
     events = [
         step(1, 0, 100),
         ev("aten::linear", 5, 25),
@@ -160,8 +201,8 @@ def test_a_backward_annotation_with_the_engine_on_its_own_thread_holds_no_forwar
     if engine == "reference":
         monkeypatch.setattr(analysis_module, "_analyze_columns", _step_aside)
     data = summarize([Trace.from_events(events)]).to_dict()
-    # THEN the gaps between the engine's events inside the annotation are `other`, as without the annotation
-    # (it was forward: 25 + 50 - 35 = 40 us)
+    # THEN the gaps between the engine's events inside the annotation are `other`, as without the
+    # annotation (it was forward: 25 + 50 - 35 = 40 us)
     assert data["breakdown_ms"] == pytest.approx(
         {"dataloader": 0.0, "forward": 0.027, "backward": 0.035, "optimizer": 0.0, "other": 0.038}
     )
@@ -171,8 +212,9 @@ def test_a_backward_annotation_with_the_engine_on_its_own_thread_holds_no_forwar
 def test_forward_and_backward_in_an_optimizer_closure_are_forward_and_backward(
     monkeypatch: pytest.MonkeyPatch, engine: str
 ) -> None:
-    # GIVEN `optimizer.step(closure)` as LBFGS runs it: inside Optimizer.step#, the agent's closure range twice
-    # (zero_grad, forward 20, backward 20 on the main thread), the optimizer's own work (5) between and after
+    # GIVEN `optimizer.step(closure)` as LBFGS runs it: inside Optimizer.step#, the agent's closure
+    # range twice (zero_grad, forward 20, backward 20 on the main thread), the optimizer's own work
+    # (5) between and after
     closure = "stepcli: optimizer closure"
     events = [
         step(1, 0, 100),
@@ -190,8 +232,9 @@ def test_forward_and_backward_in_an_optimizer_closure_are_forward_and_backward(
     if engine == "reference":
         monkeypatch.setattr(analysis_module, "_analyze_columns", _step_aside)
     data = summarize([Trace.from_events(events)]).to_dict()
-    # THEN (it was optimizer 96, backward 0, forward 0) forward 40, backward 40, the optimizer what is left of its
-    # 96: zero_grad 1 and its own time outside the closures (1 + 1 + 6 + 1 = 9 of it, with the dot)
+    # THEN (it was optimizer 96, backward 0, forward 0) forward 40, backward 40, the optimizer what
+    # is left of its 96: zero_grad 1 and its own time outside the closures (1 + 1 + 6 + 1 = 9 of it,
+    # with the dot)
     assert data["breakdown_ms"] == pytest.approx(
         {"dataloader": 0.0, "forward": 0.040, "backward": 0.040, "optimizer": 0.010, "other": 0.010}
     )
@@ -201,8 +244,8 @@ def test_forward_and_backward_in_an_optimizer_closure_are_forward_and_backward(
 def test_backward_nested_in_an_optimizer_step_without_the_agent_is_backward(
     monkeypatch: pytest.MonkeyPatch, engine: str
 ) -> None:
-    # GIVEN a plain torch.profiler trace of a closure step (no agent range), and a step run from a gradient hook
-    # (an optimizer event inside a backward event: the innermost phase decides)
+    # GIVEN a plain torch.profiler trace of a closure step (no agent range), and a step run from a
+    # gradient hook (an optimizer event inside a backward event: the innermost phase decides)
     events = [
         step(1, 0, 100),
         ev("Optimizer.step#SGD.step", 2, 50, cat="user_annotation"),
@@ -214,7 +257,8 @@ def test_backward_nested_in_an_optimizer_step_without_the_agent_is_backward(
     if engine == "reference":
         monkeypatch.setattr(analysis_module, "_analyze_columns", _step_aside)
     data = summarize([Trace.from_events(events)]).to_dict()
-    # THEN the nested backward is backward (it was optimizer); the closure's forward is the optimizer's, unknowable
+    # THEN the nested backward is backward (it was optimizer); the closure's forward is the
+    # optimizer's, unknowable
     assert data["breakdown_ms"] == pytest.approx(
         {"dataloader": 0.0, "forward": 0.0, "backward": 0.030, "optimizer": 0.050, "other": 0.020}
     )
@@ -226,7 +270,8 @@ def test_breakdown_with_backward_on_the_autograd_thread_and_device_busy() -> Non
         step(7, 0, 100),
         ev("aten::linear", 5, 25),
         ev("autograd::engine::evaluate_function: MmBackward0", 40, 30, tid=2),
-        ev("autograd::engine::evaluate_function: MmBackward0", 90, 30, tid=2),  # runs past the step's end
+        # runs past the step's end
+        ev("autograd::engine::evaluate_function: MmBackward0", 90, 30, tid=2),
         ev("Optimizer.step#Adam.step", 80, 15, cat="user_annotation"),
         ev("gemm_kernel", 10, 20, cat="kernel", pid=0, tid=7),
         ev("gemm_kernel", 20, 20, cat="kernel", pid=0, tid=7),
@@ -242,7 +287,9 @@ def test_breakdown_with_backward_on_the_autograd_thread_and_device_busy() -> Non
     busy = {key: data["device"][key] for key in ("busy_ms", "busy_share")}
     assert busy == pytest.approx({"busy_ms": 0.040, "busy_share": 0.4})
     kernels = {r["name"]: r for r in data["device_kernels"]}
-    assert kernels["gemm_kernel"]["calls"] == 2 and kernels["gemm_kernel"]["self_ms"] == pytest.approx(0.040)
+    assert kernels["gemm_kernel"]["calls"] == 2 and kernels["gemm_kernel"][
+        "self_ms"
+    ] == pytest.approx(0.040)
     assert kernels["Memcpy HtoD"]["total_ms"] == pytest.approx(0.030)
     assert "gemm_kernel" not in ops(data)
 
@@ -255,18 +302,23 @@ def test_no_steps_means_no_breakdown_but_device_share_over_the_trace() -> None:
 
 
 @pytest.mark.parametrize("engine", ["arrays", "reference"])
-def test_the_profilers_closing_stub_is_left_out_by_what_it_holds(monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
+def test_the_profilers_closing_stub_is_left_out_by_what_it_holds(
+    monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
     if engine == "reference":
         monkeypatch.setattr(analysis_module, "_analyze_columns", _step_aside)
-    # GIVEN steps 2 and 3 with the program's operators, and a last step 4 with none (the profiler's stop stub)
+    # GIVEN steps 2 and 3 with the program's operators, and a last step 4 with none (the profiler's
+    # stop stub)
     work = [step(2, 0, 100), ev("aten::mm", 10, 50), step(3, 100, 100), ev("aten::mm", 110, 50)]
     data = summarize([Trace.from_events([*work, step(4, 200, 0.017)], path="t.json")]).to_dict()
     # THEN it is in no step figure, and the JSON says so
-    assert [s["step"] for s in data["steps"]] == [2, 3] and data["step_ms"]["min"] == pytest.approx(0.1)
+    assert [s["step"] for s in data["steps"]] == [2, 3] and data["step_ms"]["min"] == pytest.approx(
+        0.1
+    )
     assert data["left_out_steps"] == [{"file": "t.json", "step": 4, "why": STUB_WHY}]
-    # BUT a last step as short that holds an operator is a step; so is an empty one while another thread of its
-    # process still works after its start, or when no step holds any operator (nothing says this one lacks any),
-    # or one as long as the step before it
+    # BUT a last step as short that holds an operator is a step; so is an empty one while another
+    # thread of its process still works after its start, or when no step holds any operator (nothing
+    # says this one lacks any), or one as long as the step before it
     for events in (
         [*work, step(4, 200, 0.017), ev("aten::add", 200.001, 0.01)],
         [*work, step(4, 200, 0.017), ev("aten::add", 201, 5, tid=2)],
@@ -304,7 +356,10 @@ def test_group_by_shape_splits_rows() -> None:
         ev("aten::mm", 60, 10, shape="[[2, 3], [3, 4]]"),
     ]
     rows = summarize([Trace.from_events(events)], group_by_shape=True).to_dict()["cpu_ops"]
-    assert [(r["shape"], r["calls"]) for r in rows] == [("[[8, 3], [3, 4]]", 1), ("[[2, 3], [3, 4]]", 2)]
+    assert [(r["shape"], r["calls"]) for r in rows] == [
+        ("[[8, 3], [3, 4]]", 1),
+        ("[[2, 3], [3, 4]]", 2),
+    ]
     assert "shape" not in summarize([Trace.from_events(events)]).to_dict()["cpu_ops"][0]
 
 
@@ -318,24 +373,32 @@ def test_incomplete_step_is_left_out_of_step_times() -> None:
         step(4, 200, 5),
         ev("aten::mm", 201, 3),
     ]
-    data = summarize([Trace.from_events(events, path="rank0.json", rank=0, incomplete_step=4)]).to_dict()
+    data = summarize(
+        [Trace.from_events(events, path="rank0.json", rank=0, incomplete_step=4)]
+    ).to_dict()
     # THEN step 4 is in no step figure: steps, step statistics, the rank's statistics, the breakdown
     assert [s["step"] for s in data["steps"]] == [2, 3]
     assert data["step_ms"]["count"] == 2 and data["step_ms"]["min"] == pytest.approx(0.1)
     assert data["ranks"][0]["step_ms"] == data["step_ms"]
     assert sum(data["breakdown_ms"].values()) == pytest.approx(0.1)
-    # AND the operator tables count the recorded steps' events only: step 4 and its operator are outside them
+    # AND the operator tables count the recorded steps' events only: step 4 and its operator are
+    # outside them
     assert ops(data)["aten::mm"]["calls"] == 2 and ops(data)["ProfilerStep*"]["calls"] == 2
     assert data["outside_steps"]["events"] == 2
     # Another rank's step 4 is complete: only the marked trace loses it
     other = Trace.from_events([step(3, 0, 100), step(4, 100, 100)], path="rank1.json", rank=1)
-    both = summarize([Trace.from_events(events, path="rank0.json", rank=0, incomplete_step=4), other]).to_dict()
+    both = summarize(
+        [Trace.from_events(events, path="rank0.json", rank=0, incomplete_step=4), other]
+    ).to_dict()
     assert [(s["rank"], s["step"]) for s in both["steps"]] == [(0, 2), (0, 3), (1, 3), (1, 4)]
 
 
 def test_skipped_events_are_counted_over_traces() -> None:
     bad = Event(name="bad", cat="cpu_op", ph="X", ts=T0, dur=float("inf"))
-    traces = [Trace.from_events([ev("op", 0, 1), bad]), Trace.from_events([bad, bad, ev("op", 0, 1)])]
+    traces = [
+        Trace.from_events([ev("op", 0, 1), bad]),
+        Trace.from_events([bad, bad, ev("op", 0, 1)]),
+    ]
     data = summarize(traces).to_dict()
     assert data["skipped_events"] == 3 and ops(data)["op"]["calls"] == 2
 
@@ -366,7 +429,14 @@ def test_to_dict_has_the_contract_keys_and_is_json() -> None:
         "recorded_with",
         "python_stacks",
     ]
-    assert set(data["cpu_ops"][0]) == {"name", "calls", "self_ms", "total_ms", "avg_ms", "self_share"}
+    assert set(data["cpu_ops"][0]) == {
+        "name",
+        "calls",
+        "self_ms",
+        "total_ms",
+        "avg_ms",
+        "self_share",
+    }
     assert set(data["breakdown_ms"]) == {"dataloader", "forward", "backward", "optimizer", "other"}
     assert data["events"] == 2 and data["skipped_events"] == 0
     assert data["outside_steps"] == {"events": 0, "self_ms": 0.0}
@@ -374,17 +444,22 @@ def test_to_dict_has_the_contract_keys_and_is_json() -> None:
 
 
 def test_table_json_text_is_what_orjson_wrote() -> None:
-    # GIVEN summaries of real traces (CPU; CUDA with device figures) and one with odd names and numbers
+    # GIVEN summaries of real traces (CPU; CUDA with device figures) and one with odd names and
+    # numbers
     import orjson
 
     from stepcli.traces.render.formats import json_text
 
     odd = Trace.from_events([step(1, 0, 10), ev('op \x1b[2J \u202e é "q" \\ </script>', 1, 2)])
     summaries = [
-        summarize([load_trace(str(DATA / name))]) for name in ("train_cpu.pt.trace.json", "cuda_small.pt.trace.json.gz")
+        summarize([load_trace(str(DATA / name))])
+        for name in ("train_cpu.pt.trace.json", "cuda_small.pt.trace.json.gz")
     ]
-    for data in [s.to_dict() for s in [*summaries, summarize([odd])]] + [{"nan": math.nan, "big": 2**63, "tiny": 1e-7}]:
-        # THEN `table --json` (msgspec, no orjson import) writes the text orjson wrote, byte for byte
+    for data in [s.to_dict() for s in [*summaries, summarize([odd])]] + [
+        {"nan": math.nan, "big": 2**63, "tiny": 1e-7}
+    ]:
+        # THEN `table --json` (msgspec, no orjson import) writes the text orjson wrote, byte for
+        # byte
         assert json_text(data) == orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n"
 
 
@@ -401,13 +476,15 @@ def test_real_trace_matches_torch_key_averages() -> None:
 
 
 def test_every_forward_counts_whatever_the_order() -> None:
-    # GIVEN a 100 us step with two micro-batches: forward 10, backward 20, forward 10, backward 20, optimizer 10
+    # GIVEN a 100 us step with two micro-batches: forward 10, backward 20, forward 10, backward 20,
+    # optimizer 10
     events = [
         step(1, 0, 100),
         ev("aten::linear", 0, 10),
         ev("autograd::engine::evaluate_function: AddmmBackward0", 10, 20),
         ev("aten::linear", 30, 10),
-        ev("autograd::engine::evaluate_function: AddmmBackward0", 40, 20, tid=2),  # the autograd engine's thread
+        # the autograd engine's thread
+        ev("autograd::engine::evaluate_function: AddmmBackward0", 40, 20, tid=2),
         ev("Optimizer.step#SGD.step", 70, 10, cat="user_annotation"),
     ]
     data = summarize([Trace.from_events(events)]).to_dict()
@@ -421,7 +498,12 @@ def test_python_frames_are_no_operators_and_addresses_are_stripped() -> None:
     events = [
         step(1, 0, 100),
         ev("train.py(12): <module>", 0, 100, cat="python_function"),
-        ev("<built-in method mul_ of Parameter object at 0x7fd0a1b2c3d0>", 5, 10, cat="python_function"),
+        ev(
+            "<built-in method mul_ of Parameter object at 0x7fd0a1b2c3d0>",
+            5,
+            10,
+            cat="python_function",
+        ),
         ev("aten::mul_", 6, 8),
         ev("record_function at 0x7f00aa", 20, 5, cat="user_annotation"),
     ]
@@ -443,10 +525,13 @@ def test_shares_are_of_the_recorded_step_time() -> None:
 
 
 def test_windows_of_one_process_are_one_row_and_processes_never_merge_steps() -> None:
-    # GIVEN two windows of pid 100 and one trace of pid 200 reusing step numbers (two runs in one folder)
+    # GIVEN two windows of pid 100 and one trace of pid 200 reusing step numbers (two runs in one
+    # folder)
     first = Trace.from_events([step(1, 0, 100), step(2, 100, 100)], path="a.json")
     second = Trace.from_events([step(5, 500, 100)], path="b.json")
-    other = Trace.from_events([ev("ProfilerStep#1", 0, 300, cat="user_annotation", pid=200)], path="c.json")
+    other = Trace.from_events(
+        [ev("ProfilerStep#1", 0, 300, cat="user_annotation", pid=200)], path="c.json"
+    )
     data = summarize([first, second, other]).to_dict()
     # THEN one row per process, its windows inside labelled by their steps, and step 1 twice
     assert [(r["process"], [w["steps"] for w in r["windows"]]) for r in data["ranks"]] == [
@@ -463,7 +548,8 @@ def test_windows_of_one_process_are_one_row_and_processes_never_merge_steps() ->
 
 
 def test_straggler_is_named_by_compute_not_step_time() -> None:
-    # GIVEN equal 100 us steps: rank 0 computes 20 and waits 80 in all_reduce, rank 1 computes 90 and waits 10
+    # GIVEN equal 100 us steps: rank 0 computes 20 and waits 80 in all_reduce, rank 1 computes 90
+    # and waits 10
     def rank(r: int, compute: float, steps: int = 12, jitter: float = 0.0) -> Trace:
         events = []
         for n in range(steps):
@@ -486,7 +572,8 @@ def test_straggler_is_named_by_compute_not_step_time() -> None:
     ]
     assert data["slowest_rank"] == 1
     assert data["straggler"]["evidence"].startswith(
-        "rank 1: compute 0.09 ms/step vs median 0.02 ms of the other ranks, more in 12 of 12 common steps"
+        "rank 1: compute 0.09 ms/step vs median 0.02 ms of the other ranks, more in 12 of 12 "
+        "common steps"
     )
     # the wait is neither forward nor any other phase
     assert data["breakdown_ms"]["other"] == pytest.approx((0.08 + 0.01) / 2)
@@ -503,12 +590,18 @@ def test_a_trace_whose_only_step_was_cut_short_shows_its_operators_and_no_step(
     monkeypatch: pytest.MonkeyPatch, engine: str
 ) -> None:
     # GIVEN a window cut short in its first step: ProfilerStep#0 holds only the start of that step
-    events = [step(0, 0, 100), ev("aten::linear", 10, 40), ev("aten::addmm", 12, 30), ev("aten::sum", 60, 20)]
+    events = [
+        step(0, 0, 100),
+        ev("aten::linear", 10, 40),
+        ev("aten::addmm", 12, 30),
+        ev("aten::sum", 60, 20),
+    ]
     if engine == "reference":
         monkeypatch.setattr(analysis_module, "_analyze_columns", _step_aside)
     data = summarize([Trace.from_events(events, incomplete_step=0)]).to_dict()
-    # THEN no step figure, and the operators of the whole trace without the cut step itself (it was a
-    # `ProfilerStep*` row of 40 us self time, 133% of the operators' 30 us, and the shares added up to 233%)
+    # THEN no step figure, and the operators of the whole trace without the cut step itself (it was
+    # a `ProfilerStep*` row of 40 us self time, 133% of the operators' 30 us, and the shares added
+    # up to 233%)
     assert data["steps"] == [] and data["step_ms"] is None
     assert sorted(ops(data)) == ["aten::addmm", "aten::linear", "aten::sum"]
     assert sum(row["self_share"] for row in data["cpu_ops"]) == pytest.approx(1.0)
@@ -524,8 +617,13 @@ def test_traces_of_different_jobs_are_named_with_their_folders_when_names_repeat
         return types.SimpleNamespace(path=path, world_size=size, device_name=None)
 
     # GIVEN two runs' folders with the same per-rank file names, of jobs of 2 and 8 ranks
-    note = mixed_jobs_note([part("runA/rank0.json", 2), part("runA/rank1.json", 2), part("runB/rank0.json", 8)])
+    note = mixed_jobs_note(
+        [part("runA/rank0.json", 2), part("runA/rank1.json", 2), part("runB/rank0.json", 8)]
+    )
     # THEN each size names its files with their folder
-    assert note is not None and "world size 2 in runA/rank0.json, runA/rank1.json, 8 in runB/rank0.json" in note
+    assert (
+        note is not None
+        and "world size 2 in runA/rank0.json, runA/rank1.json, 8 in runB/rank0.json" in note
+    )
     # AND one job (or traces that do not say) is no mix
     assert mixed_jobs_note([part("a/rank0.json", 2), part("a/rank1.json", None)]) is None

@@ -1,5 +1,6 @@
-"""stepcli.traces.read.twoprocess: one in-memory trace decoded by this process and a forked child gives exactly the
-one-process columns, and every failure of the child falls back to the ordinary read."""
+"""stepcli.traces.read.twoprocess: one in-memory trace decoded by this process and a forked child
+gives exactly the one-process columns, and every failure of the child falls back to the ordinary
+read."""
 
 from __future__ import annotations
 
@@ -19,13 +20,17 @@ from stepcli.traces.read import tracereader as reader
 from stepcli.traces.read import twoprocess
 from stepcli.traces.read.columns import ColumnTrace, load_columns
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the child is forked (Linux)")
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the child is forked (Linux)"
+)
 
 REAL = Path(__file__).resolve().parent.parent / "data" / "train_cpu.pt.trace.json"
 
 
 def _facts(trace: ColumnTrace) -> tuple[object, ...]:
-    events = [(e.name, e.cat, e.pid, e.tid, e.ts, e.dur, e.shape) for e in trace.columns.to_events()]
+    events = [
+        (e.name, e.cat, e.pid, e.tid, e.ts, e.dur, e.shape) for e in trace.columns.to_events()
+    ]
     columns = trace.columns
     return (
         events,
@@ -53,14 +58,17 @@ def reaped() -> Iterator[None]:
 
 @pytest.fixture
 def sliced(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Slices of 2 KB and no minimum size, so the small real trace is decoded in many slices, half by a child."""
+    """Slices of 2 KB and no minimum size, so the small real trace is decoded in many slices, half
+    by a child."""
     monkeypatch.setattr(reader, "_CHUNK_BYTES", 2048)
     monkeypatch.setattr(twoprocess, "MIN_BYTES", 0)
 
 
 @pytest.mark.parametrize("shapes", [False, True])
 @pytest.mark.usefixtures("sliced")
-def test_two_processes_give_the_one_process_columns(tmp_path: Path, forks: list[int], shapes: bool) -> None:
+def test_two_processes_give_the_one_process_columns(
+    tmp_path: Path, forks: list[int], shapes: bool
+) -> None:
     gz = tmp_path / "trace.json.gz"
     gz.write_bytes(gzip.compress(REAL.read_bytes()))
     for path in (str(REAL), str(gz)):
@@ -83,7 +91,8 @@ def test_a_child_that_fails_or_dies_falls_back_to_one_process(
         raise MemoryError
 
     for broken in (dies, fails):
-        monkeypatch.setattr(twoprocess, "decode_rest", broken)  # (only the child decodes the rest through it)
+        # (only the child decodes the rest through it)
+        monkeypatch.setattr(twoprocess, "decode_rest", broken)
         assert _facts(load_columns(str(REAL), decode=twoprocess.decode_in_two)) == whole
     assert len(forks) == 2
 
@@ -95,7 +104,9 @@ def test_no_fork_decodes_in_one_process(monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setattr(twoprocess.os, "fork", refused)
     fds = len(os.listdir("/proc/self/fd"))
-    assert _facts(load_columns(str(REAL), decode=twoprocess.decode_in_two)) == _facts(load_columns(str(REAL)))
+    assert _facts(load_columns(str(REAL), decode=twoprocess.decode_in_two)) == _facts(
+        load_columns(str(REAL))
+    )
     assert len(os.listdir("/proc/self/fd")) == fds  # the pipe is closed
 
 
@@ -108,7 +119,9 @@ def test_a_cut_inside_a_string_and_a_truncated_trace(tmp_path: Path, forks: list
     tricky = tmp_path / "tricky.json"
     tricky.write_text(json.dumps(doc))
     # THEN the events are still the ordinary read's
-    assert _facts(load_columns(str(tricky), decode=twoprocess.decode_in_two)) == _facts(load_columns(str(tricky)))
+    assert _facts(load_columns(str(tricky), decode=twoprocess.decode_in_two)) == _facts(
+        load_columns(str(tricky))
+    )
     # AND a truncated trace gets the ordinary one-line error
     cut = tmp_path / "cut.json"
     cut.write_bytes(REAL.read_bytes()[: REAL.stat().st_size * 3 // 4])
@@ -125,17 +138,24 @@ def test_a_cut_inside_a_string_and_a_truncated_trace(tmp_path: Path, forks: list
 
 def test_small_data_is_decoded_in_one_process(forks: list[int]) -> None:
     # the real trace is far below MIN_BYTES: no fork
-    assert _facts(load_columns(str(REAL), decode=twoprocess.decode_in_two)) == _facts(load_columns(str(REAL)))
+    assert _facts(load_columns(str(REAL), decode=twoprocess.decode_in_two)) == _facts(
+        load_columns(str(REAL))
+    )
     assert forks == []
 
 
-GPU_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "dlrm_control.rank3.pt.trace.json.gz"
+GPU_TRACE = (
+    Path(__file__).resolve().parents[3]
+    / "shared"
+    / "traces"
+    / "dlrm_control.rank3.pt.trace.json.gz"
+)
 
 
 @pytest.mark.skipif(not GPU_TRACE.is_file(), reason=f"no real GPU trace at {GPU_TRACE}")
 def test_a_real_gpu_trace_read_by_two_processes(forks: list[int]) -> None:
-    # GIVEN a real NCCL trace (35 MB inflated: forked with the default sizes) THEN every column and table is the
-    # one-process read's, copies' and collectives' args included
+    # GIVEN a real NCCL trace (35 MB inflated: forked with the default sizes) THEN every column and
+    # table is the one-process read's, copies' and collectives' args included
     halves = load_columns(str(GPU_TRACE), decode=twoprocess.decode_in_two)
     assert len(forks) == 1
     whole = load_columns(str(GPU_TRACE))
@@ -163,8 +183,8 @@ def test_a_gz_trace_gets_its_child_half_inflated(
         real_midway(prefix)
 
     decoder.midway = midway  # type: ignore[method-assign]
-    # WHEN read with the two-process decoder THEN the child starts at half the text, and the columns are the
-    # one-process read's
+    # WHEN read with the two-process decoder THEN the child starts at half the text, and the columns
+    # are the one-process read's
     halves = load_columns(str(gz), shapes=shapes, decode=decoder)
     size = REAL.stat().st_size
     assert len(seen) == 1 and size // 2 <= seen[0] < size // 2 + 8192
@@ -179,11 +199,12 @@ def test_a_gz_trace_corrupt_after_its_half_stops_the_child(
     from stepcli import inputs
 
     monkeypatch.setattr(inputs, "_INFLATE_STEP", 4096)
-    # GIVEN a .gz trace whose last quarter is cut off (its trailer lost: the half is guessed from garbage bytes)
-    # and one whose child fails
+    # GIVEN a .gz trace whose last quarter is cut off (its trailer lost: the half is guessed from
+    # garbage bytes) and one whose child fails
     whole = gzip.compress(REAL.read_bytes())
     cut = tmp_path / "cut.json.gz"
-    cut.write_bytes(whole[: len(whole) * 3 // 4] + whole[-8:])  # the trailer kept: the child starts at half
+    # the trailer kept: the child starts at half
+    cut.write_bytes(whole[: len(whole) * 3 // 4] + whole[-8:])
     with pytest.raises(TraceError) as ordinary:
         load_columns(str(cut))
     with pytest.raises(TraceError) as halves:
@@ -200,9 +221,13 @@ def test_a_gz_trace_corrupt_after_its_half_stops_the_child(
         raise MemoryError
 
     monkeypatch.setattr(
-        twoprocess, "pickle", type("P", (), {"dumps": fails, "loads": pickle.loads, "HIGHEST_PROTOCOL": 5})
+        twoprocess,
+        "pickle",
+        type("P", (), {"dumps": fails, "loads": pickle.loads, "HIGHEST_PROTOCOL": 5}),
     )
-    assert _facts(load_columns(str(gz), decode=twoprocess.DecodeInTwo(False))) == _facts(load_columns(str(gz)))
+    assert _facts(load_columns(str(gz), decode=twoprocess.DecodeInTwo(False))) == _facts(
+        load_columns(str(gz))
+    )
     assert len(forks) == 2
 
 
@@ -210,7 +235,8 @@ def test_a_gz_trace_corrupt_after_its_half_stops_the_child(
 def test_work_done_meanwhile_runs_once_and_the_slices_are_shared_as_they_go(
     tmp_path: Path, forks: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # GIVEN a decoder with work for this process to do while the child decodes (stepcli table: its imports)
+    # GIVEN a decoder with work for this process to do while the child decodes (stepcli table: its
+    # imports)
     calls: list[int] = []
     mine: list[tuple[int, int]] = []
     real_slices = twoprocess.decode_slices
@@ -220,7 +246,8 @@ def test_work_done_meanwhile_runs_once_and_the_slices_are_shared_as_they_go(
     def slices(data: object, layout: object, first: int, stop: int, *rest: object) -> None:
         if os.getpid() == parent:
             mine.append((first, stop))
-            if first == 1:  # a busy machine may not run the child at all before this process is done: wait for it
+            # a busy machine may not run the child at all before this process is done: wait for it
+            if first == 1:
                 deadline = time.monotonic() + 120
                 while not child_decoded.exists() and time.monotonic() < deadline:
                     time.sleep(0.005)
@@ -232,8 +259,9 @@ def test_work_done_meanwhile_runs_once_and_the_slices_are_shared_as_they_go(
     monkeypatch.setattr(twoprocess, "decode_slices", slices)
     whole = _facts(load_columns(str(REAL)))
     count = len(reader.slice_layout(bytearray(REAL.read_bytes()))[1])  # type: ignore[index]
-    # WHEN a plain trace is read with it THEN the work ran once, in this process, and the columns are the ordinary
-    # read's; this process decoded slices from the front, one claim at a time, and the child the others
+    # WHEN a plain trace is read with it THEN the work ran once, in this process, and the columns
+    # are the ordinary read's; this process decoded slices from the front, one claim at a time, and
+    # the child the others
     decoder = twoprocess.DecodeInTwo(False, meanwhile=lambda: calls.append(os.getpid()))
     assert _facts(load_columns(str(REAL), decode=decoder)) == whole
     assert calls == [parent] and len(forks) == 1
@@ -254,8 +282,9 @@ def test_work_done_meanwhile_runs_once_and_the_slices_are_shared_as_they_go(
     assert _facts(load_columns(str(REAL), decode=decoder)) == whole
     with pytest.raises(ChildProcessError):
         os.waitpid(forks[3], os.WNOHANG)
-    # AND the children that sent their columns were left to exit on their own, and are waited for later (at exit)
-    assert sorted(twoprocess._exiting) == sorted(forks[:3])  # (the second was waited for by its `meanwhile`)
+    # AND the children that sent their columns were left to exit on their own, and are waited for
+    # later (at exit) (the second was waited for by its `meanwhile`)
+    assert sorted(twoprocess._exiting) == sorted(forks[:3])
     twoprocess.reap_children()
     assert twoprocess._exiting == []
     for pid in forks:
@@ -268,7 +297,8 @@ def test_work_done_meanwhile_runs_once_and_the_slices_are_shared_as_they_go(
 def test_the_columns_come_back_through_an_in_memory_file_or_the_pipe(
     monkeypatch: pytest.MonkeyPatch, forks: list[int], memfd: bool
 ) -> None:
-    # GIVEN a system with in-memory files (the columns' way back; the pipe carries their length), or without
+    # GIVEN a system with in-memory files (the columns' way back; the pipe carries their length), or
+    # without
     made: list[int] = []
     real_memfd = os.memfd_create
 
@@ -281,15 +311,19 @@ def test_the_columns_come_back_through_an_in_memory_file_or_the_pipe(
     monkeypatch.setattr(twoprocess.os, "memfd_create", memfd_create)
     fds = len(os.listdir("/proc/self/fd"))
     # THEN the columns are the one-process read's either way, and no descriptor is left open
-    assert _facts(load_columns(str(REAL), decode=twoprocess.decode_in_two)) == _facts(load_columns(str(REAL)))
+    assert _facts(load_columns(str(REAL), decode=twoprocess.decode_in_two)) == _facts(
+        load_columns(str(REAL))
+    )
     assert len(made) == (1 if memfd else 0) and len(forks) == 1
     assert len(os.listdir("/proc/self/fd")) == fds
 
 
 @pytest.mark.usefixtures("sliced")
-def test_a_first_half_that_does_not_decode_gives_the_ordinary_error(tmp_path: Path, forks: list[int]) -> None:
-    # GIVEN a .gz trace whose first half holds a bare word where a number belongs (its child, started at half
-    # inflation, fails on it)
+def test_a_first_half_that_does_not_decode_gives_the_ordinary_error(
+    tmp_path: Path, forks: list[int]
+) -> None:
+    # GIVEN a .gz trace whose first half holds a bare word where a number belongs (its child,
+    # started at half inflation, fails on it)
     from stepcli import inputs
 
     text = REAL.read_text()

@@ -1,6 +1,6 @@
-"""What keeps `stepcli whatif`'s memory bounded at 1,024 ranks, checked against the arithmetic it replaces: the
-integrals read at the joints only, predictions without records, lanes without the culprit's figures and, once
-joined, without their collectives. Pure."""
+"""What keeps `stepcli whatif`'s memory bounded at 1,024 ranks, checked against the arithmetic it
+replaces: the integrals read at the joints only, predictions without records, lanes without the
+culprit's figures and, once joined, without their collectives. Pure."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ MAIN, WORKER = 1, 2
 
 
 def _rank(rank: int, forward_end: float) -> ColumnTrace:
-    """One step [0, 100] of a two-rank gloo job: forward, an all-reduce (arrival at F, gloo's worker ends it at
-    90), a wait, the optimizer."""
+    """One step [0, 100] of a two-rank gloo job: forward, an all-reduce (arrival at F, gloo's worker
+    ends it at 90), a wait, the optimizer."""
     f = forward_end
     events = [
         ("ProfilerStep#1", "user_annotation", MAIN, 0, 100),
@@ -31,7 +31,9 @@ def _rank(rank: int, forward_end: float) -> ColumnTrace:
         ("Optimizer.step#SGD.step", "cpu_op", MAIN, 95, 100),
     ]
     decoded = [Event(name=n, cat=c, pid=7, tid=t, ts=s, dur=e - s) for n, c, t, s, e in events]
-    return ColumnTrace(f"rank{rank}.json", rank, columns_from_events(decoded), len(decoded), "host:boot", 2)
+    return ColumnTrace(
+        f"rank{rank}.json", rank, columns_from_events(decoded), len(decoded), "host:boot", 2
+    )
 
 
 def test_the_integrals_read_at_the_joints_are_the_interpolated_ones_to_the_last_bit() -> None:
@@ -39,10 +41,16 @@ def test_the_integrals_read_at_the_joints_are_the_interpolated_ones_to_the_last_
     grid = np.unique(np.concatenate(([0.0, 1.0], rng.uniform(0, 1e6, 500)))).astype(np.float64)
     grid = np.concatenate((grid[:10], grid[9:10], grid[10:]))  # an interval of length 0
     integral = np.concatenate(([0.0], np.cumsum(rng.uniform(0, 3, len(grid) - 1) * np.diff(grid))))
-    times = sorted({*rng.uniform(-10, 1.1e6, 300).tolist(), *grid[::7].tolist(), -1.0, float(grid[-1]) + 5})
+    times = sorted(
+        {*rng.uniform(-10, 1.1e6, 300).tolist(), *grid[::7].tolist(), -1.0, float(grid[-1]) + 5}
+    )
     sampled = _sampled(grid, integral, times)
     assert [float(v) for v in sampled] == [_interpolated(grid, integral, t) for t in times]
-    assert [float(v) for v in _sampled(np.array([5.0]), np.zeros(1), [1.0, 5.0, 9.0])] == [0.0, 0.0, 0.0]
+    assert [float(v) for v in _sampled(np.array([5.0]), np.zeros(1), [1.0, 5.0, 9.0])] == [
+        0.0,
+        0.0,
+        0.0,
+    ]
 
 
 def test_a_prediction_replays_the_same_without_keeping_its_records() -> None:

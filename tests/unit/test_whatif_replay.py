@@ -1,8 +1,10 @@
-"""The what-if graph and replay on constructed traces whose answers are computed by hand (times in µs).
+"""The what-if graph and replay on constructed traces whose answers are computed by hand (times in
+µs).
 
-Each trace is built from events as torch writes them (ProfilerStep#N, operators on the steps' thread, the host
-`c10d::allreduce_` that is a rank's arrival and gloo's worker event that is its departure), read into columns as
-any trace is, so the lane builder and the collective matching are the real ones."""
+Each trace is built from events as torch writes them (ProfilerStep#N, operators on the steps'
+thread, the host `c10d::allreduce_` that is a rank's arrival and gloo's worker event that is its
+departure), read into columns as any trace is, so the lane builder and the collective matching are
+the real ones."""
 
 from __future__ import annotations
 
@@ -20,16 +22,20 @@ from stepcli.whatif.lanereplay import replay, step_ms
 MAIN, WORKER = 1, 2
 
 
-def _trace(rank: int | None, events: list[tuple[str, str, int, float, float]], world: int | None = None) -> ColumnTrace:
+def _trace(
+    rank: int | None, events: list[tuple[str, str, int, float, float]], world: int | None = None
+) -> ColumnTrace:
     """events: (name, category, thread, start, end)."""
     decoded = [Event(name=n, cat=c, pid=7, tid=t, ts=s, dur=e - s) for n, c, t, s, e in events]
     columns = columns_from_events(decoded)
-    return ColumnTrace(f"rank{rank}.json", rank, columns, len(decoded), clock="host:boot", world_size=world)
+    return ColumnTrace(
+        f"rank{rank}.json", rank, columns, len(decoded), clock="host:boot", world_size=world
+    )
 
 
 def _rank(rank: int, forward_end: float, depart: float, world: int = 2) -> ColumnTrace:
-    """One step [0, 100]: forward [0, F), the allreduce called at F (2 µs), a wait until 95, the optimizer [95, 100];
-    gloo's worker ends the collective at `depart`."""
+    """One step [0, 100]: forward [0, F), the allreduce called at F (2 µs), a wait until 95, the
+    optimizer [95, 100]; gloo's worker ends the collective at `depart`."""
     f = forward_end
     return _trace(
         rank,
@@ -67,16 +73,23 @@ def test_one_process_chain_scales_operators_phases_and_nested_calls() -> None:
     lanes = [lane_of(_one_process())]
     graph = build_graph(lanes, [1])
     assert step_ms(graph) == step_ms(graph, replay(graph)) == pytest.approx(0.1)
-    assert _predicted([_one_process()], ("scale", "a_op=0")) == [70.0]  # its whole span, the nested call too
+    # its whole span, the nested call too
+    assert _predicted([_one_process()], ("scale", "a_op=0")) == [70.0]
     assert _predicted([_one_process()], ("scale", "inner_op=0")) == [90.0]
-    assert _predicted([_one_process()], ("scale", "a_op=0.5"), ("scale", "inner_op=0")) == [85.0, 90.0, 80.0]
-    assert _predicted([_one_process()], ("scale", "phase:other=0")) == [70.0]  # the gaps: 10 + 10 + 10
+    assert _predicted([_one_process()], ("scale", "a_op=0.5"), ("scale", "inner_op=0")) == [
+        85.0,
+        90.0,
+        80.0,
+    ]
+    # the gaps: 10 + 10 + 10
+    assert _predicted([_one_process()], ("scale", "phase:other=0")) == [70.0]
     assert _predicted([_one_process()], ("scale", "re:^[ab]_op$=2")) == [170.0]
 
 
 def test_two_ranks_a_late_member_binds_and_a_change_off_the_critical_path_buys_nothing() -> None:
-    # rank 0 arrives at 20, rank 1 at 60; both threads resume at 95 (gloo's worker closes its event at 90, no later
-    # than they do): the transfer is 35 after the last arrival, the wake-up included.
+    # rank 0 arrives at 20, rank 1 at 60; both threads resume at 95 (gloo's worker closes its event
+    # at 90, no later than they do): the transfer is 35 after the last arrival, the wake-up
+    # included.
     ranks = [_rank(0, 20, 90), _rank(1, 60, 90)]
     lanes = [lane_of(t) for t in ranks]
     graph = build_graph(lanes, [1])
@@ -86,23 +99,28 @@ def test_two_ranks_a_late_member_binds_and_a_change_off_the_critical_path_buys_n
     assert base.blocked == [40.0, 0.0]  # waiting for the other rank to arrive, not for the transfer
     # the late rank's forward halved: it arrives at 30, both resume at 65, end at 70.
     assert _predicted(ranks, ("scale", "rank:1/forward_op=0.5")) == [70.0]
-    assert _predicted(ranks, ("scale", "rank:0/forward_op=0")) == [100.0]  # off the critical path: ~0
+    # off the critical path: ~0
+    assert _predicted(ranks, ("scale", "rank:0/forward_op=0")) == [100.0]
     assert _predicted(ranks, ("comm", "0")) == [65.0]
     assert _predicted(ranks, ("comm", "2")) == [135.0]
-    # rank 1's compute before its arrival as rank 0's: it arrives at 20, both resume at 55, end at 60.
+    # rank 1's compute before its arrival as rank 0's: it arrives at 20, both resume at 55, end at
+    # 60.
     assert _predicted(ranks, ("idealize", "1")) == [60.0]
     assert _predicted(ranks, ("idealize", "0")) == [100.0]
     doc = answer(lanes, WhatifRequest([]), None)
     path = doc["critical_path"]
     assert sum(s["ms"] for s in path["segments"]) == pytest.approx(path["ms"])
-    assert [s["kind"] for s in path["segments"]][:2] == ["cpu", "collective"] and path["segments"][0]["rank"] == 1
+    assert [s["kind"] for s in path["segments"]][:2] == ["cpu", "collective"] and path["segments"][
+        0
+    ]["rank"] == 1
     best = doc["opportunities"][0]
     assert best["saved_ms"] == max(o["saved_ms"] for o in doc["opportunities"]) > 0
 
 
 def test_clocks_that_disagree_make_the_replay_miss_and_the_answer_inconclusive() -> None:
-    # rank 0 stops waiting at 50 and computes until 95; rank 1 "arrives" at 93 by a clock that cannot be rank 0's:
-    # no collective completes before its last member arrives, so the replay holds rank 0 until then and misses.
+    # rank 0 stops waiting at 50 and computes until 95; rank 1 "arrives" at 93 by a clock that
+    # cannot be rank 0's: no collective completes before its last member arrives, so the replay
+    # holds rank 0 until then and misses.
     early = _trace(
         0,
         [
@@ -115,7 +133,9 @@ def test_clocks_that_disagree_make_the_replay_miss_and_the_answer_inconclusive()
         ],
         2,
     )
-    doc = answer([lane_of(early), lane_of(_rank(1, 93, 96))], WhatifRequest([("comm", "0.5")]), None)
+    doc = answer(
+        [lane_of(early), lane_of(_rank(1, 93, 96))], WhatifRequest([("comm", "0.5")]), None
+    )
     assert doc["verdict"] == "inconclusive" and "off the measured step" in doc["reason"], doc
     assert doc["changes"] == [] and doc["opportunities"] == []
 
@@ -132,7 +152,11 @@ def test_one_rank_of_a_job_and_unmatched_ranks_are_inconclusive_with_the_reason(
 @pytest.mark.parametrize(
     ("flag", "value", "words"),
     [
-        ("scale", "b_opp=0", "matches no operator on the steps' thread of these traces; near names: b_op"),
+        (
+            "scale",
+            "b_opp=0",
+            "matches no operator on the steps' thread of these traces; near names: b_op",
+        ),
         ("scale", "phase:warmup=0", "no phase 'warmup'"),
         ("scale", "a_op", "expected SELECTOR=FACTOR"),
         ("scale", "a_op=-1", "from 0 to 1000"),
@@ -150,8 +174,9 @@ def test_bad_changes_are_usage_errors_in_one_line(flag: str, value: str, words: 
 
 
 def test_a_closure_optimizers_forward_and_backward_are_not_the_optimizers() -> None:
-    """LBFGS runs forward and backward inside `optimizer.step(closure)`: the lane's phases are the breakdown's (the
-    agent marks each closure call), so removing the optimizer removes only its own time."""
+    """LBFGS runs forward and backward inside `optimizer.step(closure)`: the lane's phases are the
+    breakdown's (the agent marks each closure call), so removing the optimizer removes only its own
+    time."""
     closure = _trace(
         None,
         [
@@ -163,7 +188,8 @@ def test_a_closure_optimizers_forward_and_backward_are_not_the_optimizers() -> N
             ("autograd::engine::evaluate_function: AddmmBackward0", "cpu_op", MAIN, 45, 70),
         ],
     )
-    # optimizer: [10, 20) + [20, 25) + [70, 90) = 35; forward: [25, 45) = 20; backward: [45, 70) = 25; other: 20
+    # optimizer: [10, 20) + [20, 25) + [70, 90) = 35; forward: [25, 45) = 20; backward: [45, 70) =
+    # 25; other: 20
     assert _predicted([closure], ("scale", "phase:optimizer=0")) == [65.0]
     assert _predicted([closure], ("scale", "phase:forward=0")) == [80.0]
     assert _predicted([closure], ("scale", "phase:backward=0")) == [75.0]

@@ -1,11 +1,12 @@
-"""The hang doctor, launcher side: `stepcli run --hang-timeout/--on-hang` and `stepcli capture --stacks`.
+"""The hang doctor, launcher side: `stepcli run --hang-timeout/--on-hang` and `stepcli capture
+--stacks`.
 
-Every stepping process registers for stack dumps in the run's control folder and, with a hang timeout, marks
-itself stalled after that long without a step (stepcli/agent/stacks.py). A watch thread in the launcher
-(stepcli.run.live.hangwatch) calls a hang when every live registered process that trains is stalled; here each
-process on this host is asked for its stacks (a request file naming `OUT/hang-<n>/`, then the dump signal). The
-block printed from them (who waits in which collective, who is elsewhere and where) is built in
-stepcli/run/summary/hangreport.py.
+Every stepping process registers for stack dumps in the run's control folder and, with a hang
+timeout, marks itself stalled after that long without a step (stepcli/agent/stacks.py). A watch
+thread in the launcher (stepcli.run.live.hangwatch) calls a hang when every live registered process
+that trains is stalled; here each process on this host is asked for its stacks (a request file
+naming `OUT/hang-<n>/`, then the dump signal). The block printed from them (who waits in which
+collective, who is elsewhere and where) is built in stepcli/run/summary/hangreport.py.
 """
 
 from __future__ import annotations
@@ -25,24 +26,42 @@ from stepcli.agent import controlfiles
 from stepcli.agent.config import atomic_write_json
 from stepcli.agent.stacks import dump_signal, fault_signal, process_start_ticks
 from stepcli.errors import EXIT_NOTHING_MEASURED, StepcliError
-from stepcli.run.summary.hangdump import ProcessId, StackDump, is_stopped, parse_faulthandler, read_dumps
+from stepcli.run.summary.hangdump import (
+    ProcessId,
+    StackDump,
+    is_stopped,
+    parse_faulthandler,
+    read_dumps,
+)
 from stepcli.run.summary.hangreport import describe_dumps
-from stepcli.runfolder.layout import REGISTER_PREFIX, REQUEST_PREFIX, STACKS_SCHEMA, out_of_control_dir
+from stepcli.runfolder.layout import (
+    REGISTER_PREFIX,
+    REQUEST_PREFIX,
+    STACKS_SCHEMA,
+    out_of_control_dir,
+)
 from stepcli.safetext import visible
 
-MAX_REPORTS = 3  # dumps per hang with `--on-hang keep`: one when it is called, then one per timeout while it lasts
+# dumps per hang with `--on-hang keep`: one when it is called, then one per timeout while it lasts
+MAX_REPORTS = 3
 DUMP_WAIT_S = 15.0  # how long the launcher waits for every process's stacks file
-TERM_GRACE_S = 15.0  # `--on-hang kill`: SIGTERM, then SIGKILL this much later (time to save on a loaded host)
-FAULT_WAIT_S = 3.0  # faulthandler's C handler writes the fault file at once; past this, the dump is asked anyway
-PROBE_WAIT_S = 10.0  # a process whose Python can run answers a probe well within this, even on a loaded host
+# `--on-hang kill`: SIGTERM, then SIGKILL this much later (time to save on a loaded host)
+TERM_GRACE_S = 15.0
+# faulthandler's C handler writes the fault file at once; past this, the dump is asked anyway
+FAULT_WAIT_S = 3.0
+# a process whose Python can run answers a probe well within this, even on a loaded host
+PROBE_WAIT_S = 10.0
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def parse_duration(text: str) -> float:
-    """`10s`, `2m`, `1.5h`, `500ms`, or bare seconds (`30`) -> seconds; ValueError with the reason otherwise."""
+    """`10s`, `2m`, `1.5h`, `500ms`, or bare seconds (`30`) -> seconds; ValueError with the reason
+    otherwise."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*", text)
     if not match:
-        raise ValueError(f"{text!r} is not a duration: use e.g. 30s, 10m, 1h (a number with s, m, h or ms)")
+        raise ValueError(
+            f"{text!r} is not a duration: use e.g. 30s, 10m, 1h (a number with s, m, h or ms)"
+        )
     seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
     if seconds < 1.0:
         raise ValueError(f"{text!r} is too short: a hang timeout is at least 1s")
@@ -50,13 +69,15 @@ def parse_duration(text: str) -> float:
 
 
 def check_options(hang_timeout: float | None, on_hang: str | None) -> str:
-    """`--on-hang` only means something with `--hang-timeout`; returns the action (keep by default)."""
+    """`--on-hang` only means something with `--hang-timeout`; returns the action (keep by
+    default)."""
     if on_hang is not None and hang_timeout is None:
         raise StepcliError(f"--on-hang {on_hang} needs --hang-timeout DURATION")
     return on_hang or "keep"
 
 
-# -- the control folder ------------------------------------------------------------------------------------------
+# -- the control folder
+# ------------------------------------------------------------------------------------------
 def _tag(document: dict[str, Any]) -> str:
     return f"{document.get('host')}.{document.get('pid')}.json"
 
@@ -64,14 +85,16 @@ def _tag(document: dict[str, Any]) -> str:
 _MAX_CONTROL_BYTES = 1 << 20
 
 
-# The control folder by its path, or by a descriptor held since the run made it: the hang watch holds one, so a
-# `.stepcli` renamed away by another user (a shared folder) still leads it to the processes' files.
+# The control folder by its path, or by a descriptor held since the run made it: the hang watch
+# holds one, so a `.stepcli` renamed away by another user (a shared folder) still leads it to the
+# processes' files.
 Folder = str | int
 
 
 @contextmanager
 def _opened(folder: Folder) -> Iterator[int]:
-    """The control folder's descriptor: the one held (`folder` an int, left open), or opened and checked now."""
+    """The control folder's descriptor: the one held (`folder` an int, left open), or opened and
+    checked now."""
     if isinstance(folder, int):
         yield folder
         return
@@ -83,8 +106,9 @@ def _opened(folder: Folder) -> Iterator[int]:
 
 
 def _documents(folder: Folder, prefix: str) -> dict[str, dict[str, Any]]:
-    """The files `<prefix><host>.<pid>.json` of the control folder, by `<host>.<pid>.json`; only regular files of
-    this user in the real control folder are read (stepcli/agent/controlfiles.py), never a link or a FIFO."""
+    """The files `<prefix><host>.<pid>.json` of the control folder, by `<host>.<pid>.json`; only
+    regular files of this user in the real control folder are read (stepcli/agent/controlfiles.py),
+    never a link or a FIFO."""
     found: dict[str, dict[str, Any]] = {}
     try:
         with _opened(folder) as fd:
@@ -115,7 +139,8 @@ def local(process: dict[str, Any]) -> bool:
 
 
 def _alive(process: dict[str, Any]) -> bool:
-    """Still the process that registered (same pid and start time), not a zombie; other hosts' are trusted."""
+    """Still the process that registered (same pid and start time), not a zombie; other hosts' are
+    trusted."""
     if not local(process):
         return True
     try:
@@ -159,23 +184,32 @@ def request_stacks(
     wait_s: float = DUMP_WAIT_S,
     unanswering: frozenset[str] = frozenset(),
 ) -> tuple[Path, list[StackDump], list[dict[str, Any]]]:
-    """Ask every process on this host for its stacks into a new `OUT/<kind>-<n>/`; (folder, dumps, silent ones).
+    """Ask every process on this host for its stacks into a new `OUT/<kind>-<n>/`; (folder, dumps,
+    silent ones).
 
-    Processes of other hosts are dumped by their own host's `stepcli run` (it sees the same control folder).
-    `unanswering`: tags of processes known not to run Python (they answered no probe): nobody waits for their
-    own dump, faulthandler's text stands in for it at once. A stopped process (SIGSTOP, a debugger) is not
-    signalled (the signals would wait until it runs again, and dump then); its file says it is stopped."""
+    Processes of other hosts are dumped by their own host's `stepcli run` (it sees the same control
+    folder). `unanswering`: tags of processes known not to run Python (they answered no probe):
+    nobody waits for their own dump, faulthandler's text stands in for it at once. A stopped process
+    (SIGSTOP, a debugger) is not signalled (the signals would wait until it runs again, and dump
+    then); its file says it is stopped."""
     target = _new_folder(out_dir, kind)
     request = f"{REQUEST_PREFIX}{target.name}.{os.getpid()}.json"
-    _write_control(folder, request, {"id": target.name, "dir": str(target), "asked_at": time.time()})
+    _write_control(
+        folder, request, {"id": target.name, "dir": str(target), "asked_at": time.time()}
+    )
     expected = [p for p in processes if local(p) and p.get("signal") == dump_signal()]
     stopped = [p for p in expected if is_stopped(ProcessId.of(p))]
     expected = [p for p in expected if p not in stopped]
     offsets = {_key(p): _fault_read(folder, p)[0] for p in expected}
     try:
-        # faulthandler drops a dump asked while another is being written (its handler is not reentrant), so the
-        # Python-free dump into the fault file is asked first and let finish before the one the thread answers.
-        sizes = {_key(p): offsets[_key(p)] for p in expected if _signal(p, p.get("fault_signal"), fault_signal())}
+        # faulthandler drops a dump asked while another is being written (its handler is not
+        # reentrant), so the Python-free dump into the fault file is asked first and let finish
+        # before the one the thread answers.
+        sizes = {
+            _key(p): offsets[_key(p)]
+            for p in expected
+            if _signal(p, p.get("fault_signal"), fault_signal())
+        }
         deadline = time.monotonic() + FAULT_WAIT_S
         while sizes and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -193,7 +227,11 @@ def request_stacks(
         started = time.monotonic()
         while True:
             written = {dump_key(d) for d in read_dumps(target)}
-            waiting = [p for p in expected if _key(p) not in written and _tag(p) not in unanswering and _alive(p)]
+            waiting = [
+                p
+                for p in expected
+                if _key(p) not in written and _tag(p) not in unanswering and _alive(p)
+            ]
             elapsed = time.monotonic() - started
             if not waiting or elapsed >= wait_s:
                 break
@@ -216,7 +254,8 @@ def request_stacks(
 
 
 def _signal(process: dict[str, Any], signum: Any, expected: int | None) -> bool:
-    """Send `signum` to the process when it is the signal this stepcli registers for (`expected`); whether sent."""
+    """Send `signum` to the process when it is the signal this stepcli registers for (`expected`);
+    whether sent."""
     if signum is None or signum != expected:
         return False
     try:
@@ -235,9 +274,11 @@ def dump_key(dump: StackDump) -> str:
     return f"{dump.process.host}.{dump.process.pid}"
 
 
-def _fault_read(folder: Folder, process: dict[str, Any], offset: int | None = None) -> tuple[int, str]:
-    """(size of the process's fault file, its text from `offset`; none when `offset` is None), read through the
-    control folder's descriptor: a regular file of this user, never a link or a FIFO."""
+def _fault_read(
+    folder: Folder, process: dict[str, Any], offset: int | None = None
+) -> tuple[int, str]:
+    """(size of the process's fault file, its text from `offset`; none when `offset` is None), read
+    through the control folder's descriptor: a regular file of this user, never a link or a FIFO."""
     name = process.get("fault_file")
     if not isinstance(name, str) or "/" in name or not name.startswith("fault."):
         return 0, ""
@@ -258,8 +299,8 @@ def _fault_read(folder: Folder, process: dict[str, Any], offset: int | None = No
 
 
 def _fallback_dump(process: dict[str, Any], folder: Folder, offset: int, target: Path) -> None:
-    """A process that wrote no stacks file (its Python threads cannot run): faulthandler's text, written by its C
-    signal handler into its fault file, becomes its stacks file."""
+    """A process that wrote no stacks file (its Python threads cannot run): faulthandler's text,
+    written by its C signal handler into its fault file, becomes its stacks file."""
     _, text = _fault_read(folder, process, offset)
     threads = parse_faulthandler(text, process.get("main_thread"))
     if not threads:
@@ -268,15 +309,17 @@ def _fallback_dump(process: dict[str, Any], folder: Folder, offset: int, target:
 
 
 def _stopped_dump(process: dict[str, Any], target: Path) -> None:
-    """A stopped process (SIGSTOP, or held by a debugger) can write nothing: its file says who it is and that it
-    is stopped (`"source": "stopped"`, no threads), so the summary and the report name it."""
+    """A stopped process (SIGSTOP, or held by a debugger) can write nothing: its file says who it is
+    and that it is stopped (`"source": "stopped"`, no threads), so the summary and the report name
+    it."""
     _write_launcher_dump(process, target, "stopped", [], None)
 
 
 def _write_launcher_dump(
     process: dict[str, Any], target: Path, source: str, threads: list[Any], text: str | None
 ) -> None:
-    """The stacks file the launcher writes for a process that wrote none itself (`source` says why)."""
+    """The stacks file the launcher writes for a process that wrote none itself (`source` says
+    why)."""
     worker = str(process.get("worker") or f"{process.get('host')}_{process.get('pid')}")
     document: dict[str, Any] = {
         "schema": STACKS_SCHEMA,
@@ -294,33 +337,49 @@ def _write_launcher_dump(
         "threads": threads,
         "faulthandler": text,
     }
-    atomic_write_json(str(target / f"{worker}.{process.get('host')}.{process.get('pid')}.json"), document, 0o600)
+    atomic_write_json(
+        str(target / f"{worker}.{process.get('host')}.{process.get('pid')}.json"), document, 0o600
+    )
 
 
-# -- `stepcli capture --stacks` ----------------------------------------------------------------------------------
+# -- `stepcli capture --stacks`
+# ----------------------------------------------------------------------------------
 def capture_stacks(target: str, timeout: float, as_json: bool) -> int:
-    """Dump the stacks of a running `stepcli run` now into `OUT/stacks-<n>/`; exit 3 when no process answered."""
+    """Dump the stacks of a running `stepcli run` now into `OUT/stacks-<n>/`; exit 3 when no process
+    answered."""
     from stepcli.run.live.liverun import find_run
 
     run = find_run(target)
     out_dir = out_of_control_dir(str(run.folder))
     processes = registered(run.folder)
     if not any(local(p) for p in processes):
-        _say(f"{target}: no stepping process of the run on this host can dump its stacks (none has stepped yet?)")
+        _say(
+            f"{target}: no stepping process of the run on this host can dump its stacks (none has "
+            f"stepped yet?)"
+        )
         return EXIT_NOTHING_MEASURED
-    folder, dumps, silent = request_stacks(run.folder, out_dir, "stacks", processes, wait_s=min(timeout, DUMP_WAIT_S))
+    folder, dumps, silent = request_stacks(
+        run.folder, out_dir, "stacks", processes, wait_s=min(timeout, DUMP_WAIT_S)
+    )
     if as_json:
         stacks = [dict(d.document) for d in dumps]
         print(json.dumps({"folder": str(folder), "stacks": stacks, "silent": silent}, indent=1))
     else:
-        print(visible(f"stacks of {len(dumps)} process{'es' if len(dumps) != 1 else ''} in {_short(folder)}/"))
+        print(
+            visible(
+                f"stacks of {len(dumps)} process{'es' if len(dumps) != 1 else ''} in "
+                f"{_short(folder)}/"
+            )
+        )
         for line in describe_dumps(dumps, [ProcessId.of(p) for p in silent]):
-            print(visible(line))  # frame paths and names come from the program: no ESC/OSC/BEL or bidi
+            # frame paths and names come from the program: no ESC/OSC/BEL or bidi
+            print(visible(line))
     return 0 if dumps else EXIT_NOTHING_MEASURED
 
 
 def _say(message: str) -> None:
-    sys.stderr.write(f"stepcli: {visible(message)}\n")  # frame paths and names: no ESC/OSC/BEL or bidi
+    # frame paths and names: no ESC/OSC/BEL or bidi
+    sys.stderr.write(f"stepcli: {visible(message)}\n")
     sys.stderr.flush()
 
 

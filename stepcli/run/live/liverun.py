@@ -1,8 +1,10 @@
-"""Which running `stepcli run` a `stepcli capture TARGET` means: an -o folder, or the pid of one of its processes.
+"""Which running `stepcli run` a `stepcli capture TARGET` means: an -o folder, or the pid of one of
+its processes.
 
-A pid names a run only when that very process belongs to it: a rank, torchrun's agent or anything else started
-under the run (they carry its STEPCLI_CONFIG), or the `stepcli run` launcher itself (its own children name it as
-their launcher). Its parents and unrelated processes do not: `stepcli capture 1` is not every run on the machine.
+A pid names a run only when that very process belongs to it: a rank, torchrun's agent or anything
+else started under the run (they carry its STEPCLI_CONFIG), or the `stepcli run` launcher itself
+(its own children name it as their launcher). Its parents and unrelated processes do not: `stepcli
+capture 1` is not every run on the machine.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ class LiveRun:
 
 
 def find_run(target: str) -> LiveRun:
-    """The running `stepcli run` that TARGET (an -o folder or a pid) names; StepcliError (exit 2) otherwise."""
+    """The running `stepcli run` that TARGET (an -o folder or a pid) names; StepcliError (exit 2)
+    otherwise."""
     path = Path(target)
     if path.is_dir():
         folders = sorted(path.joinpath(RUN_FOLDER).glob(f"*/{CONTROL_FOLDER}"))
@@ -56,7 +59,9 @@ def find_run(target: str) -> LiveRun:
     try:
         schedule = None if document.get("on_demand") else Schedule(**document["schedule"])
     except (KeyError, TypeError, ValueError):
-        raise StepcliError(f"{target}: the run's {RUN_FILE} is not one this version of stepcli understands") from None
+        raise StepcliError(
+            f"{target}: the run's {RUN_FILE} is not one this version of stepcli understands"
+        ) from None
     return LiveRun(
         run_id=str(document["run_id"]),
         folder=str(folder),
@@ -99,7 +104,8 @@ def _live_run_document(folder: Path) -> dict[str, Any] | None:
 
 
 def _run_of_pid(pid: int) -> tuple[str, str]:
-    """(out_dir, run_id) of the run process `pid` belongs to: a rank, torchrun's agent, or the launcher."""
+    """(out_dir, run_id) of the run process `pid` belongs to: a rank, torchrun's agent, or the
+    launcher."""
     import psutil
 
     try:
@@ -107,29 +113,41 @@ def _run_of_pid(pid: int) -> tuple[str, str]:
         config = _config_of(process)
         if config is None:  # the launcher's own environment has no config; its children's name it
             config = next(
-                (c for child in process.children() if (c := _quiet_config_of(child)) and c[2] == pid),
+                (
+                    c
+                    for child in process.children()
+                    if (c := _quiet_config_of(child)) and c[2] == pid
+                ),
                 None,
             )
         uid = process.uids().real
     except psutil.NoSuchProcess:
         raise StepcliError(f"{pid}: no such process") from None
     except psutil.AccessDenied:
-        if _uid_of(pid) == os.getuid():  # ours, but not readable (a container's init, a setuid program)
+        # ours, but not readable (a container's init, a setuid program)
+        if _uid_of(pid) == os.getuid():
             raise StepcliError(
-                f"{pid}: not a process of a stepcli run you can capture (its environment cannot be read)"
+                f"{pid}: not a process of a stepcli run you can capture (its environment cannot be "
+                f"read)"
             ) from None
         raise StepcliError(
-            f"{pid}: a process of another user ({_user_of(pid)}), not one of yours; only a run's owner can capture it"
+            f"{pid}: a process of another user ({_user_of(pid)}), not one of yours; only a run's "
+            f"owner can capture it"
         ) from None
     if config is None:
-        raise StepcliError(f"{pid}: not a process of a stepcli run (give the run's -o folder or one of its pids)")
+        raise StepcliError(
+            f"{pid}: not a process of a stepcli run (give the run's -o folder or one of its pids)"
+        )
     if hasattr(os, "getuid") and uid != os.getuid():
-        raise StepcliError(f"{pid}: a stepcli run of another user ({_user_of(pid)}); only its owner can capture it")
+        raise StepcliError(
+            f"{pid}: a stepcli run of another user ({_user_of(pid)}); only its owner can capture it"
+        )
     return config[0], config[1]
 
 
 def _config_of(process: Any) -> tuple[str, str, int] | None:
-    """(out_dir, run_id, launcher pid) from the process's STEPCLI_CONFIG; psutil's errors propagate."""
+    """(out_dir, run_id, launcher pid) from the process's STEPCLI_CONFIG; psutil's errors
+    propagate."""
     text = process.environ().get(CONFIG_ENV)
     if not text:
         return None

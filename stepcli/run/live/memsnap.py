@@ -1,9 +1,11 @@
-"""`stepcli capture RUN --memory-snapshot`: every process of a running run dumps its CUDA allocator snapshot now.
+"""`stepcli capture RUN --memory-snapshot`: every process of a running run dumps its CUDA allocator
+snapshot now.
 
-Rides on the stack-dump channel (stepcli/agent/stacks.py, stepcli/run/live/hangdoctor.py): a `dump.<id>.json` request with
-`kind: memory` in the run's control folder, then the dump signal to each registered process of this host. Each
-process's dump thread writes `memory-<worker>-<n>.pickle` into the run folder (stepcli/agent/cudamemory.py) and
-answers in a private folder of the control folder, which this removes once read.
+Rides on the stack-dump channel (stepcli/agent/stacks.py, stepcli/run/live/hangdoctor.py): a
+`dump.<id>.json` request with `kind: memory` in the run's control folder, then the dump signal to
+each registered process of this host. Each process's dump thread writes `memory-<worker>-<n>.pickle`
+into the run folder (stepcli/agent/cudamemory.py) and answers in a private folder of the control
+folder, which this removes once read.
 """
 
 from __future__ import annotations
@@ -19,7 +21,15 @@ from typing import Any
 from stepcli.agent.stacks import dump_signal
 from stepcli.errors import EXIT_NOTHING_MEASURED, TraceError
 from stepcli.inputs import read_side_json
-from stepcli.run.live.hangdoctor import DUMP_WAIT_S, _alive, _key, _new_folder, _write_control, local, registered
+from stepcli.run.live.hangdoctor import (
+    DUMP_WAIT_S,
+    _alive,
+    _key,
+    _new_folder,
+    _write_control,
+    local,
+    registered,
+)
 from stepcli.runfolder.layout import MEMORY_ANSWER_SCHEMA, REQUEST_PREFIX
 from stepcli.safetext import visible
 
@@ -27,8 +37,8 @@ _MAX_ANSWER = 64 * 1024
 
 
 def capture_now(target: str, timeout: float, as_json: bool, memory_snapshot: bool) -> int:
-    """`capture --stacks` or `--memory-snapshot` (the command checked that only one was given): both answer now and
-    record no window."""
+    """`capture --stacks` or `--memory-snapshot` (the command checked that only one was given): both
+    answer now and record no window."""
     if memory_snapshot:
         return capture_memory(target, timeout=timeout, as_json=as_json)
     from stepcli.run.live.hangdoctor import capture_stacks
@@ -37,13 +47,17 @@ def capture_now(target: str, timeout: float, as_json: bool, memory_snapshot: boo
 
 
 def capture_memory(target: str, timeout: float, as_json: bool) -> int:
-    """Ask every process for a CUDA memory snapshot; exit 0 when one was written, 3 when none was."""
+    """Ask every process for a CUDA memory snapshot; exit 0 when one was written, 3 when none
+    was."""
     from stepcli.run.live.liverun import find_run
 
     run = find_run(target)
     expected = [p for p in registered(run.folder) if local(p) and p.get("signal") == dump_signal()]
     if not expected:
-        _say(f"{target}: no stepping process of the run on this host can answer (none has stepped yet?)")
+        _say(
+            f"{target}: no stepping process of the run on this host can answer (none has stepped "
+            f"yet?)"
+        )
         return EXIT_NOTHING_MEASURED
     answers, silent = request_memory(run.folder, expected, min(timeout, DUMP_WAIT_S))
     written = [a for a in answers if a.get("snapshot")]
@@ -61,7 +75,9 @@ def request_memory(
     """(answers, processes that did not answer within wait_s)."""
     answers_dir = _new_folder(folder, "memory")
     request = f"{REQUEST_PREFIX}{answers_dir.name}.{os.getpid()}.json"
-    _write_control(folder, request, {"id": answers_dir.name, "dir": str(answers_dir), "kind": "memory"})
+    _write_control(
+        folder, request, {"id": answers_dir.name, "dir": str(answers_dir), "kind": "memory"}
+    )
     try:
         for process in expected:
             try:
@@ -98,16 +114,23 @@ def _read(folder: Path) -> list[dict[str, Any]]:
     return answers
 
 
-def describe(answers: list[dict[str, Any]], silent: list[dict[str, Any]], wait_s: float) -> list[str]:
+def describe(
+    answers: list[dict[str, Any]], silent: list[dict[str, Any]], wait_s: float
+) -> list[str]:
     """One line per process: where its snapshot is, or why there is none."""
     lines = []
     for answer in sorted(answers, key=lambda a: str(a.get("worker"))):
         worker = answer.get("worker") or _key(answer)
         if answer.get("snapshot"):
             where = _short(str(answer["snapshot"]))
-            line = f"{worker}: memory snapshot at step {answer.get('step')} ({answer.get('phase')}) in {where}"
+            line = (
+                f"{worker}: memory snapshot at step {answer.get('step')} ({answer.get('phase')}) "
+                f"in {where}"
+            )
             if not answer.get("history"):
-                line += " (segments only, no allocation history: the run was started without --memory)"
+                line += (
+                    " (segments only, no allocation history: the run was started without --memory)"
+                )
             lines.append(line)
         else:
             lines.append(f"{worker}: {answer.get('reason') or 'no snapshot'}")

@@ -1,8 +1,10 @@
-"""The run summary: step logs + traces of one `stepcli run` -> a versioned document, printed and/or saved.
+"""The run summary: step logs + traces of one `stepcli run` -> a versioned document, printed and/or
+saved.
 
-The document (schema "stepcli.run", typed in stepcli.runfolder.summaryfile, documented field by field in docs/reference/summary-json.md) is what
-`--json` writes and what `stepcli compare` and `stepcli report` read, so building it (here, advice included) is
-kept apart from rendering it (stepcli.run.summary.console for the terminal, stepcli.report for the page).
+The document (schema "stepcli.run", typed in stepcli.runfolder.summaryfile, documented field by
+field in docs/reference/summary-json.md) is what `--json` writes and what `stepcli compare` and
+`stepcli report` read, so building it (here, advice included) is kept apart from rendering it
+(stepcli.run.summary.console for the terminal, stepcli.report for the page).
 """
 
 from __future__ import annotations
@@ -62,27 +64,40 @@ if TYPE_CHECKING:
 TOP_N = 20
 
 
-# What the device's work and its collectives ran under: the hardware queues per device, and NCCL's settings.
+# What the device's work and its collectives ran under: the hardware queues per device, and NCCL's
+# settings.
 _RECORDED_ENVIRONMENT = re.compile(r"CUDA_DEVICE_MAX_CONNECTIONS|NCCL_[A-Z0-9_]*")
 _MAX_VALUE = 1000  # characters of a value kept
 
 
 def recorded_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """`CUDA_DEVICE_MAX_CONNECTIONS` and the `NCCL_*` variables the program was started with, by name: they change
-    how streams overlap and how collectives run, so a comparison of two runs must be able to see them."""
-    return {name: environ[name][:_MAX_VALUE] for name in sorted(environ) if _RECORDED_ENVIRONMENT.fullmatch(name)}
+    """`CUDA_DEVICE_MAX_CONNECTIONS` and the `NCCL_*` variables the program was started with, by
+    name: they change how streams overlap and how collectives run, so a comparison of two runs must
+    be able to see them."""
+    return {
+        name: environ[name][:_MAX_VALUE]
+        for name in sorted(environ)
+        if _RECORDED_ENVIRONMENT.fullmatch(name)
+    }
 
 
 def _step_time_ms(
-    logs: list[dict[str, Any]], untouched: list[float], profiled: list[float], first: list[float], after: list[float]
+    logs: list[dict[str, Any]],
+    untouched: list[float],
+    profiled: list[float],
+    first: list[float],
+    after: list[float],
 ) -> StepTimeMs:
-    """Each population's statistics over every process's steps together, with `per_process`: its count in each
-    process (in `processes` order), so that a count can be said per rank, as `steps` and the advice say theirs."""
+    """Each population's statistics over every process's steps together, with `per_process`: its
+    count in each process (in `processes` order), so that a count can be said per rank, as `steps`
+    and the advice say theirs."""
     counts = [_step_populations([log])[:4] for log in logs]
 
     def population(index: int, values: list[float]) -> PopulationStats | None:
         stats = describe(values)
-        return PopulationStats(**stats, per_process=[len(c[index]) for c in counts]) if stats else None
+        return (
+            PopulationStats(**stats, per_process=[len(c[index]) for c in counts]) if stats else None
+        )
 
     return StepTimeMs(
         untouched=population(0, untouched),
@@ -95,16 +110,20 @@ def _step_time_ms(
 def _step_populations(
     logs: list[dict[str, Any]],
 ) -> tuple[list[float], list[float], list[float], list[float], int]:
-    """Untouched, profiled and after-a-window step times (ms) over all processes; step 0 (start-up) is kept
-    apart, and the first step after each window too: it pays for the profiler's stop and save (AFTER_WINDOW)."""
+    """Untouched, profiled and after-a-window step times (ms) over all processes; step 0 (start-up)
+    is kept apart, and the first step after each window too: it pays for the profiler's stop and
+    save (AFTER_WINDOW)."""
     untouched: list[float] = []
     profiled: list[float] = []
     first: list[float] = []
     after: list[float] = []
     foreign = 0
     for log in logs:
-        compiled = compiled_steps(log)  # torch.compile steps: kept apart like step 0 (see compilereport)
-        for index, (micros, phase) in enumerate(zip(log.get("durations_us", []), log.get("phases", ""))):
+        # torch.compile steps: kept apart like step 0 (see compilereport)
+        compiled = compiled_steps(log)
+        for index, (micros, phase) in enumerate(
+            zip(log.get("durations_us", []), log.get("phases", ""))
+        ):
             millis = micros / 1000.0
             code = int(phase)
             if index == 0:
@@ -130,8 +149,11 @@ def _primary(logs: list[dict[str, Any]]) -> dict[str, Any] | None:
     return ranked[0] if ranked else max(logs, key=lambda log: log.get("global_steps", 0))
 
 
-def _trace_analysis(trace_paths: list[str], notes: list[str], traces: RunTraces | None = None) -> TraceSummary | None:
-    """The merged summary of the run's traces; read through `traces` when given, so report.html reuses the read."""
+def _trace_analysis(
+    trace_paths: list[str], notes: list[str], traces: RunTraces | None = None
+) -> TraceSummary | None:
+    """The merged summary of the run's traces; read through `traces` when given, so report.html
+    reuses the read."""
     if not trace_paths:
         return None
     try:
@@ -159,13 +181,15 @@ def build_run_summary(
     hang_ended: bool = False,
     hang_folders: Sequence[str] = (),
 ) -> RunSummary:
-    """Everything the run measured, as a JSON-able document (schema `stepcli.run`, version 2), its advice
-    included. With `traces`, the trace files are read through it (and kept there for report.html). `on_hang` and
-    `hang_ended` (the launcher ended the job after a hang dump) go into the `hang` section, read from
-    `hang_folders` only: the OUT/hang-<n>/ folders this run's hang watch wrote."""
+    """Everything the run measured, as a JSON-able document (schema `stepcli.run`, version 2), its
+    advice included. With `traces`, the trace files are read through it (and kept there for
+    report.html). `on_hang` and `hang_ended` (the launcher ended the job after a hang dump) go into
+    the `hang` section, read from `hang_folders` only: the OUT/hang-<n>/ folders this run's hang
+    watch wrote."""
     from stepcli.runfolder.steplogreader import load_step_logs
 
-    logs, refused = load_step_logs(config, since=started_at)  # signed, schema-checked, traces inside out_dir
+    # signed, schema-checked, traces inside out_dir
+    logs, refused = load_step_logs(config, since=started_at)
     logs.sort(key=lambda log: (log.get("rank") is None, log.get("rank") or 0, log.get("pid", 0)))
     primary = _primary(logs)
     untouched, profiled, first, after, foreign = _step_populations(logs)
@@ -175,7 +199,9 @@ def build_run_summary(
     if primary is None:
         notes.append(why_no_steps(config, exit_status, command))
     else:
-        notes += primary_notes(config, primary, logs, bool(windows), exit_status, hang_folders, hang_ended)
+        notes += primary_notes(
+            config, primary, logs, bool(windows), exit_status, hang_folders, hang_ended
+        )
     notes += hook_and_process_notes(config, logs, notes, foreign)
     analysis = _trace_analysis(trace_paths, notes, traces)
     summary = RunSummary(
@@ -202,7 +228,8 @@ def build_run_summary(
         step_time_ms=_step_time_ms(logs, untouched, profiled, first, after),
         timeline_ms=_durations_ms(primary or {}),
         timeline_phases=(primary or {}).get("phases", "")[:_MAX_STEPS],
-        step_times=[_step_times_entry(log) for log in logs],  # every step of every process, for compare's intervals
+        # every step of every process, for compare's intervals
+        step_times=[_step_times_entry(log) for log in logs],
         processes=[process_entry(log) for log in logs],
         windows=windows,
         triggered=_not_recorded_triggers(logs),
@@ -228,7 +255,8 @@ def build_run_summary(
     return summary
 
 
-_MAX_STEPS = 100_000  # steps kept per process: a longer run keeps its first ones (step_record has them all)
+# steps kept per process: a longer run keeps its first ones (step_record has them all)
+_MAX_STEPS = 100_000
 
 
 def _durations_ms(log: dict[str, Any]) -> list[float]:
@@ -258,13 +286,15 @@ def _windows(logs: list[dict[str, Any]]) -> list[SummaryWindow]:
 
 
 def _not_recorded_triggers(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """--capture-on-slow windows a process did not record (stepcli.runfolder.steprecordreader.attach adds the
-    recorded ones)."""
+    """--capture-on-slow windows a process did not record (stepcli.runfolder.steprecordreader.attach
+    adds the recorded ones)."""
     return [
         dict(t, worker=log["worker"])
         for log in logs
         for t in log.get("triggers_not_recorded") or []
-        if isinstance(t, dict) and isinstance(t.get("first_step"), int) and isinstance(t.get("last_step"), int)
+        if isinstance(t, dict)
+        and isinstance(t.get("first_step"), int)
+        and isinstance(t.get("last_step"), int)
     ]
 
 
@@ -275,10 +305,13 @@ def _peak_memory(logs: list[dict[str, Any]]) -> PeakMemory:
 
 
 def _add_trace_sections(
-    summary: RunSummary, analysis: TraceSummary | None, logs: list[dict[str, Any]], untouched: list[float]
+    summary: RunSummary,
+    analysis: TraceSummary | None,
+    logs: list[dict[str, Any]],
+    untouched: list[float],
 ) -> dict[str, Any] | None:
-    """The sections read from the traces (operators, ranks, straggler, culprit, breakdown, device, FLOPs), set on
-    `summary`; the analysis as the advice reads it (None without traces)."""
+    """The sections read from the traces (operators, ranks, straggler, culprit, breakdown, device,
+    FLOPs), set on `summary`; the analysis as the advice reads it (None without traces)."""
     analysed = analysis.to_dict() if analysis is not None else None
     summary.culprit = culprit_section(analysis.culprit if analysis else None, logs)
     summary.flops, summary.device = _at_program_pace(analysed, untouched)
@@ -291,9 +324,13 @@ def _add_trace_sections(
     summary.slowest_rank = analysis.slowest_rank
     summary.straggler = analysis.straggler
     summary.share_of = analysis.share_of
-    summary.outside_steps = OutsideSteps(events=analysis.outside_events, self_ms=analysis.outside_ms)
+    summary.outside_steps = OutsideSteps(
+        events=analysis.outside_events, self_ms=analysis.outside_ms
+    )
     summary.breakdown_ms = analysis.breakdown_ms.to_dict() if analysis.breakdown_ms else None
-    summary.other_ms = msgspec.convert(analysed["other_ms"], OtherMs) if analysed["other_ms"] else None
+    summary.other_ms = (
+        msgspec.convert(analysed["other_ms"], OtherMs) if analysed["other_ms"] else None
+    )
     summary.recorded_with = RecordedWith(stacks=analysis.has_stacks, shapes=analysis.has_shapes)
     return analysed
 
@@ -313,9 +350,10 @@ def _op_row(row: TraceOpRow) -> SummaryOpRow:
 def _at_program_pace(
     analysis: dict[str, Any] | None, untouched: list[float]
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """The `flops` and `device` sections with achieved FLOP/s and MFU at the untouched steps' pace (their median
-    time: the program's own, without the profiler's cost) when there are untouched steps; the recorded steps'
-    figures stay under `achieved_flops_per_s_recorded` and `mfu_recorded` (stepcli.traces.analyses.flops.at_untouched_pace)."""
+    """The `flops` and `device` sections with achieved FLOP/s and MFU at the untouched steps' pace
+    (their median time: the program's own, without the profiler's cost) when there are untouched
+    steps; the recorded steps' figures stay under `achieved_flops_per_s_recorded` and `mfu_recorded`
+    (stepcli.traces.analyses.flops.at_untouched_pace)."""
     from stepcli.traces.analyses.flops import at_untouched_pace
 
     flops, device = (analysis or {}).get("flops"), (analysis or {}).get("device")
@@ -338,21 +376,29 @@ def _advice(summary: RunSummary, analysis: dict[str, Any] | None) -> list[Advice
 
 
 def run_snapshots(logs: list[dict[str, Any]], out_dir: str) -> list[str]:
-    """The CUDA memory snapshots this run's processes say they wrote (their signed step logs), each still a
-    regular file of this user's in the output folder (not a link): a snapshot planted there is never read."""
+    """The CUDA memory snapshots this run's processes say they wrote (their signed step logs), each
+    still a regular file of this user's in the output folder (not a link): a snapshot planted there
+    is never read."""
     import stat
 
     names: list[str] = []
     for log in logs:
         listed = log.get("memory_snapshots")
         for name in listed if isinstance(listed, list) else []:
-            if not isinstance(name, str) or "/" in name or name.startswith(".") or not name.endswith(".pickle"):
+            if (
+                not isinstance(name, str)
+                or "/" in name
+                or name.startswith(".")
+                or not name.endswith(".pickle")
+            ):
                 continue
             try:
                 info = os.lstat(os.path.join(out_dir, name))
             except OSError:
                 continue
-            if stat.S_ISREG(info.st_mode) and (not hasattr(os, "getuid") or info.st_uid == os.getuid()):
+            if stat.S_ISREG(info.st_mode) and (
+                not hasattr(os, "getuid") or info.st_uid == os.getuid()
+            ):
                 names.append(name)
     return sorted(set(names))
 
@@ -373,10 +419,12 @@ def process_entry(log: dict[str, Any]) -> Process:
     )
 
 
-def analysis_progress(enabled: bool = True, out_dir: str | None = None) -> AbstractContextManager[Any]:
-    """A spinner on stderr while the traces are read after the program exits (seconds for large traces), so
-    stepcli is not silent; on a terminal. Pipes and CI logs get no control characters: for large traces in
-    `out_dir`, progress lines instead (stepcli.slowwork)."""
+def analysis_progress(
+    enabled: bool = True, out_dir: str | None = None
+) -> AbstractContextManager[Any]:
+    """A spinner on stderr while the traces are read after the program exits (seconds for large
+    traces), so stepcli is not silent; on a terminal. Pipes and CI logs get no control characters:
+    for large traces in `out_dir`, progress lines instead (stepcli.slowwork)."""
     try:
         interactive = enabled and sys.stderr.isatty()
     except (AttributeError, ValueError):
@@ -391,16 +439,19 @@ def analysis_progress(enabled: bool = True, out_dir: str | None = None) -> Abstr
 
 
 def write_run_summary(summary: RunSummary, path: str, *, private_folder: bool = False) -> None:
-    """`--json PATH`, written atomically through a new file (stepcli.safefile). `private_folder`: `path` is in the
-    run's control folder, which must still be this user's private folder (not one put in its place)."""
+    """`--json PATH`, written atomically through a new file (stepcli.safefile). `private_folder`:
+    `path` is in the run's control folder, which must still be this user's private folder (not one
+    put in its place)."""
     import orjson
 
     from stepcli import safefile
     from stepcli.agent.controlfiles import open_folder
 
-    # orjson writes the builtins msgspec gives (fields in declaration order, UNSET ones left out), so the bytes,
-    # numbers included, are those summaries always had.
-    data = orjson.dumps(msgspec.to_builtins(summary), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+    # orjson writes the builtins msgspec gives (fields in declaration order, UNSET ones left out),
+    # so the bytes, numbers included, are those summaries always had.
+    data = orjson.dumps(
+        msgspec.to_builtins(summary), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
+    )
     target = Path(path)
     try:
         if private_folder:

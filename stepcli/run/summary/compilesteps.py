@@ -1,8 +1,8 @@
 """torch.compile in the run summary: which steps compiled or recompiled, why, and how long it took.
 
-Pure functions over the step logs' `compile` sections (written by stepcli/agent/compiles.py). Steps that
-compiled are kept apart from the step-time statistics, like the start-up step: a recompilation costs seconds
-and would otherwise show up as an unexplained outlier.
+Pure functions over the step logs' `compile` sections (written by stepcli/agent/compiles.py). Steps
+that compiled are kept apart from the step-time statistics, like the start-up step: a recompilation
+costs seconds and would otherwise show up as an unexplained outlier.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def _by_step(log: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
 
 
 def describe_step(step: int, events: list[dict[str, Any]]) -> str:
-    """One line for humans, e.g. "step 6: recompiled forward (reason: tensor 'x' size mismatch ...), 1.4 s"."""
+    """One line for humans, e.g. "step 6: recompiled forward (reason: tensor 'x' size mismatch ...),
+    1.4 s"."""
     parts = []
     frames = [e for e in events if e.get("kind") in ("compiled", "recompiled")]
     for event in frames[:2]:

@@ -1,5 +1,6 @@
-"""The run summary on the terminal after `stepcli run`: an overview grid, the traces, the tables of `stepcli table`,
-notes, advice and the commands to run next. It renders a RunSummary; nothing here computes a figure.
+"""The run summary on the terminal after `stepcli run`: an overview grid, the traces, the tables of
+`stepcli table`, notes, advice and the commands to run next. It renders a RunSummary; nothing here
+computes a figure.
 """
 
 from __future__ import annotations
@@ -32,12 +33,15 @@ _BLOCKS = "▁▂▃▄▅▆▇█"
 
 
 def sparkline(values: list[float], phases: str, width: int = 60) -> str:
-    """A compact step-time chart; profiled steps are drawn in a second colour by the caller's markup."""
+    """A compact step-time chart; profiled steps are drawn in a second colour by the caller's
+    markup."""
     if not values:
         return ""
     buckets = max(1, -(-len(values) // width))
     points = [max(values[i : i + buckets]) for i in range(0, len(values), buckets)]
-    marks = [any(p not in "0" for p in phases[i : i + buckets]) for i in range(0, len(values), buckets)]
+    marks = [
+        any(p not in "0" for p in phases[i : i + buckets]) for i in range(0, len(values), buckets)
+    ]
     low, high = min(points), max(points)
     span = (high - low) or 1.0
     chars = []
@@ -59,7 +63,8 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
     report_path = visible_all(report_path)
 
     console = pipe_console(stderr=True, highlight=False)  # no trailing spaces in CI logs
-    # The command on a line of its own (never cut or wrapped inside the grid), its outcome in the grid.
+    # The command on a line of its own (never cut or wrapped inside the grid), its outcome in the
+    # grid.
     console.print("[bold]stepcli summary[/]")
     console.print(f"[bold]command[/] {escape(shlex.join(summary.command))}", soft_wrap=True)
     console.print(_overview(summary, console))
@@ -70,7 +75,8 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
     print_culprit(console, summary.culprit, _relative(out_dir) if out_dir else None)
     from stepcli.runfolder.steprecordreader import lines as whole_run_lines
 
-    for line in whole_run_lines(summary):  # before the notes, the advice and `next:`, wrapped to the width
+    # before the notes, the advice and `next:`, wrapped to the width
+    for line in whole_run_lines(summary):
         print_wrapped(console, line)
     for note in summary.notes:
         console.print(f"[yellow]note:[/] {note}")
@@ -87,7 +93,8 @@ def print_run_summary(summary: RunSummary, report_path: str | None = None) -> No
 
 
 def _killed_by(status: int | None) -> str:
-    """` (SIGTERM)` for 143: the name of the signal an exit status of 128+N says the program died of."""
+    """` (SIGTERM)` for 143: the name of the signal an exit status of 128+N says the program died
+    of."""
     import signal
 
     if status is not None and 128 < status < 128 + 65:
@@ -108,7 +115,8 @@ def _overview(summary: RunSummary, console: Console) -> Table:
     status = summary.exit_status
     overview.add_row(
         "status",
-        f"[{'green' if status == 0 else 'red'}]exit {status}{_killed_by(status)}[/], {summary.duration_s:.1f} s",
+        f"[{'green' if status == 0 else 'red'}]exit {status}{_killed_by(status)}[/], "
+        f"{summary.duration_s:.1f} s",
     )
     steps = summary.steps or Steps(global_=0)
     named = list(steps.requesters.items())
@@ -119,8 +127,8 @@ def _overview(summary: RunSummary, console: Console) -> Table:
     processes = summary.processes
     each = "rank" if processes and all(p.rank is not None for p in processes) else "process"
     if len(processes) > 1:
-        # The one convention, said once: a count is per rank (as `steps` and the advice give theirs); the
-        # statistics beside it pool every rank's steps.
+        # The one convention, said once: a count is per rank (as `steps` and the advice give
+        # theirs); the statistics beside it pool every rank's steps.
         overview.add_row(
             "processes",
             ", ".join(f"{p.worker} {plural(p.global_steps or 0, 'step')}" for p in processes)
@@ -131,18 +139,21 @@ def _overview(summary: RunSummary, console: Console) -> Table:
         if stats:
             overview.add_row(
                 label,
-                f"{_count(stats, len(processes), each)}  median {ms(stats.median)}  p90 {ms(stats.p90)}  "
-                f"min {ms(stats.min)}  max {ms(stats.max)}",
+                f"{_count(stats, len(processes), each)}  median {ms(stats.median)}  p90 "
+                f"{ms(stats.p90)}  min {ms(stats.min)}  max {ms(stats.max)}",
             )
     after = times.after_window
     if after:  # in neither population: say how many, so the counts add up
         overview.add_row(
             "after a window",
-            f"n={after.count}  median {ms(after.median)}  max {ms(after.max)}  (set aside: the first step "
+            f"n={after.count}  median {ms(after.median)}  max {ms(after.max)}  (set aside: the "
+            f"first step "
             "after each window pays for the profiler's stop and save)",
         )
     if times.first_step:
-        overview.add_row("first step", f"{ms(times.first_step.max)} (start-up, not in the statistics)")
+        overview.add_row(
+            "first step", f"{ms(times.first_step.max)} (start-up, not in the statistics)"
+        )
     for index, text in enumerate(compile_lines(summary.compile, len(summary.processes))):
         overview.add_row("compile" if index == 0 else "", text)
     _add_timeline(overview, summary, console)
@@ -151,8 +162,9 @@ def _overview(summary: RunSummary, console: Console) -> Table:
         if host.oversubscribed:
             overview.add_row(
                 "threads",
-                f"{host.intra_op_threads} intra-op threads in {plural(host.processes, 'process', 'processes')} "
-                f"on {plural(host.cores, 'core')} ({host.host}): oversubscribed, see the advice",
+                f"{host.intra_op_threads} intra-op threads in "
+                f"{plural(host.processes, 'process', 'processes')} on {plural(host.cores, 'core')} "
+                f"({host.host}): oversubscribed, see the advice",
             )
     memory = summary.peak_memory or PeakMemory()
     if memory.rss_bytes or memory.cuda_bytes:
@@ -165,8 +177,8 @@ def _overview(summary: RunSummary, console: Console) -> Table:
 
 
 def _count(stats: PopulationStats, processes: int, each: str) -> str:
-    """A population's count: `n=27` for one process; per rank for several (`n=27 per rank`, `n=26-27 per rank`),
-    from `per_process` (a summary without it: the count over every rank, said so)."""
+    """A population's count: `n=27` for one process; per rank for several (`n=27 per rank`, `n=26-27
+    per rank`), from `per_process` (a summary without it: the count over every rank, said so)."""
     if processes <= 1:
         return f"n={stats.count}"
     counts = stats.per_process
@@ -179,7 +191,9 @@ def _count(stats: PopulationStats, processes: int, each: str) -> str:
 def _add_timeline(overview: Table, summary: RunSummary, console: Console) -> None:
     timeline = summary.timeline_ms[1:]
     scale = f"  {ms(min(timeline))} .. {ms(max(timeline))}" if timeline else ""
-    line = sparkline(timeline, (summary.timeline_phases or "")[1:], width=max(10, min(60, console.width - 40)))
+    line = sparkline(
+        timeline, (summary.timeline_phases or "")[1:], width=max(10, min(60, console.width - 40))
+    )
     if line:
         if not console.no_color and console.color_system and "[magenta]" in line:
             scale += "  [dim](magenta: profiled)[/]"
@@ -187,8 +201,9 @@ def _add_timeline(overview: Table, summary: RunSummary, console: Console) -> Non
 
 
 def _print_hang(summary: RunSummary, console: Console) -> None:
-    """The hang block (stepcli/run/summary/hangreport.py) under the outcome it explains: as it is (names from the
-    program are no markup), never re-wrapped (its lines fit 80 columns; a long folder path stays whole)."""
+    """The hang block (stepcli/run/summary/hangreport.py) under the outcome it explains: as it is
+    (names from the program are no markup), never re-wrapped (its lines fit 80 columns; a long
+    folder path stays whole)."""
     from stepcli.run.summary.hangwords import summary_lines
 
     for line in summary_lines(summary.hang, _relative):
@@ -196,7 +211,8 @@ def _print_hang(summary: RunSummary, console: Console) -> None:
 
 
 def _print_windows(summary: RunSummary, console: Console) -> None:
-    """Each trace with its size; paths on lines of their own, never cut or wrapped, so they can be copied."""
+    """Each trace with its size; paths on lines of their own, never cut or wrapped, so they can be
+    copied."""
     for window in summary.windows:
         steps = (
             f"steps {window.first_step}-{window.last_step}"
@@ -205,12 +221,15 @@ def _print_windows(summary: RunSummary, console: Console) -> None:
         )
         note = window.note if isinstance(window.note, str) else "incomplete"
         extra = "" if window.complete else f" [yellow]({note})[/]"
-        console.print(f"[bold]trace[/] {steps} {window.worker} ({size_or_dash(window.bytes)}){extra}:")
+        console.print(
+            f"[bold]trace[/] {steps} {window.worker} ({size_or_dash(window.bytes)}){extra}:"
+        )
         console.print(f"  {window.trace}", markup=False, soft_wrap=True)
 
 
 def _print_tables(summary: RunSummary, console: Console) -> None:
-    """Top operators and kernels, the step breakdown and the ranks, as `stepcli table` shows them."""
+    """Top operators and kernels, the step breakdown and the ranks, as `stepcli table` shows
+    them."""
     if not (summary.top_operators or summary.top_kernels):
         return
     from stepcli.traces.render import terminal as render
@@ -221,7 +240,10 @@ def _print_tables(summary: RunSummary, console: Console) -> None:
     if summary.top_operators:
         title = "Top CPU operators by self time (recorded steps)"
         render.print_table(
-            console, render.ops_table(_rows(summary.top_operators), title, 10, width=width, share_of=share_of)
+            console,
+            render.ops_table(
+                _rows(summary.top_operators), title, 10, width=width, share_of=share_of
+            ),
         )
         outside = render.outside_note(msgspec.to_builtins(summary.outside_steps))
         if outside:
@@ -229,7 +251,8 @@ def _print_tables(summary: RunSummary, console: Console) -> None:
     if summary.top_kernels:
         title = "Top device kernels by self time"
         render.print_table(
-            console, render.ops_table(_rows(summary.top_kernels), title, 10, width=width, share_of=share_of)
+            console,
+            render.ops_table(_rows(summary.top_kernels), title, 10, width=width, share_of=share_of),
         )
     breakdown = summary.breakdown_ms
     if breakdown:
@@ -239,7 +262,9 @@ def _print_tables(summary: RunSummary, console: Console) -> None:
         other = {"other_ms": msgspec.to_builtins(summary.other_ms), "breakdown_ms": breakdown}
         for line in other_lines(other, console.width):
             print_wrapped(console, line, indent="    ")
-    print_device_section({"flops": summary.flops, "device": summary.device, "ranks": summary.ranks}, console)
+    print_device_section(
+        {"flops": summary.flops, "device": summary.device, "ranks": summary.ranks}, console
+    )
     if len(summary.ranks) > 1:
         title = "Recorded step time per rank"
         ranks = render.ranks_table(summary.ranks, _slowest(summary), title=title, width=width)
@@ -250,11 +275,15 @@ def _print_tables(summary: RunSummary, console: Console) -> None:
 
 
 # (what the traces hold, `table`'s option that shows it, what it shows) for the `next:` lines
-_RECORDED_OPTIONS = (("stacks", "--stacks", "the Python stacks"), ("shapes", "--group-by-shape", "one row per shape"))
+_RECORDED_OPTIONS = (
+    ("stacks", "--stacks", "the Python stacks"),
+    ("shapes", "--group-by-shape", "one row per shape"),
+)
 
 
 def _print_next(summary: RunSummary, report_path: str | None, console: Console) -> None:
-    """The commands to run next, one per line, never wrapped in the middle: each can be copied as it is."""
+    """The commands to run next, one per line, never wrapped in the middle: each can be copied as it
+    is."""
     lines = []
     if summary.traces:
         out = summary.out_dir or "."
@@ -269,7 +298,8 @@ def _print_next(summary: RunSummary, report_path: str | None, console: Console) 
     if summary.traces and summary.what_would_help and summary.what_would_help.verdict == "ok":
         lines.append(f"  stepcli whatif {shlex.quote(_relative(summary.out_dir or '.'))}")
     if summary.traces:
-        # Not TensorBoard: it shows nothing of a trace without the deprecated torch-tb-profiler plugin.
+        # Not TensorBoard: it shows nothing of a trace without the deprecated torch-tb-profiler
+        # plugin.
         lines.append("  open a trace in https://ui.perfetto.dev or chrome://tracing")
         from stepcli.run.summary.hta import hta_command
 

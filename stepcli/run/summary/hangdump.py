@@ -1,9 +1,10 @@
-"""The hang report's reader: a stacks file (stepcli/agent/stacks.py writes it; the launcher writes one for a process
-that could not) as a typed `StackDump`, faulthandler's text as threads, and whether a process of this host is
-stopped. Everything past this module works on the typed dump, never on the file's dict.
+"""The hang report's reader: a stacks file (stepcli/agent/stacks.py writes it; the launcher writes
+one for a process that could not) as a typed `StackDump`, faulthandler's text as threads, and
+whether a process of this host is stopped. Everything past this module works on the typed dump,
+never on the file's dict.
 
-A stacks file comes from the run's own control folder, but its values are still checked: a value of the wrong type
-reads as unknown (None), never as an error later in the verdict or the words.
+A stacks file comes from the run's own control folder, but its values are still checked: a value of
+the wrong type reads as unknown (None), never as an error later in the verdict or the words.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-STOPPED = "stopped"  # a stacks file's `source` for a process that was stopped (SIGSTOP, a debugger): no threads
-FAULTHANDLER = "faulthandler"  # `source`: its Python could not run; the launcher parsed faulthandler's text
+# a stacks file's `source` for a process that was stopped (SIGSTOP, a debugger): no threads
+STOPPED = "stopped"
+# `source`: its Python could not run; the launcher parsed faulthandler's text
+FAULTHANDLER = "faulthandler"
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?+) in (.*)$')
-_MAX_DUMP_BYTES = 64 * 1024 * 1024  # one process's stacks: thousands of threads' frames stay well below
+# one process's stacks: thousands of threads' frames stay well below
+_MAX_DUMP_BYTES = 64 * 1024 * 1024
 
 
 def _int(value: Any) -> int | None:
@@ -66,13 +70,18 @@ class Frame:
     def of(cls, document: Any) -> Frame | None:
         if not isinstance(document, Mapping):
             return None
-        return cls(_text(document.get("function")), str(document.get("file", "")), _int(document.get("line")))
+        return cls(
+            _text(document.get("function")),
+            str(document.get("file", "")),
+            _int(document.get("line")),
+        )
 
 
 @dataclass(frozen=True)
 class Collective:
-    """A collective a process entered (its Python call) or that its process groups have in flight (torch's flight
-    recorder: also those issued from C++, such as DDP's gradient all-reduce; `source` "flight_recorder")."""
+    """A collective a process entered (its Python call) or that its process groups have in flight
+    (torch's flight recorder: also those issued from C++, such as DDP's gradient all-reduce;
+    `source` "flight_recorder")."""
 
     name: str | None
     seq: int | None
@@ -101,7 +110,8 @@ class Collective:
 
 @dataclass(frozen=True)
 class StackDump:
-    """One process's stacks file: who, when, its step, its collectives and its threads' frames (innermost first)."""
+    """One process's stacks file: who, when, its step, its collectives and its threads' frames
+    (innermost first)."""
 
     process: ProcessId
     time: float
@@ -110,7 +120,8 @@ class StackDump:
     collective: Collective | None  # the last one it entered from Python (returned or not)
     collectives_hooked: bool
     in_flight: tuple[Collective, ...] | None  # None: unknown (no flight recorder)
-    main_frames: tuple[Frame, ...]  # the main thread's (the first thread's if the main one is not there)
+    # the main thread's (the first thread's if the main one is not there)
+    main_frames: tuple[Frame, ...]
     source: str  # "python" (its own thread wrote it), FAULTHANDLER or STOPPED
     file: str | None
     document: Mapping[str, Any]  # the file as read (`stepcli capture --stacks --json` prints it)
@@ -128,7 +139,9 @@ class StackDump:
             last_step_s_ago=_number(document.get("last_step_s_ago")),
             collective=Collective.of(document.get("collective")),
             collectives_hooked=document.get("collectives_hooked") is True,
-            in_flight=tuple(c for c in map(Collective.of, flights) if c) if isinstance(flights, list) else None,
+            in_flight=tuple(c for c in map(Collective.of, flights) if c)
+            if isinstance(flights, list)
+            else None,
             main_frames=tuple(f for f in frames if f is not None),
             source=_text(document.get("source")) or "python",
             file=_text(document.get("file")),
@@ -137,8 +150,9 @@ class StackDump:
 
 
 def parse_faulthandler(text: str, main_thread: int | None) -> list[dict[str, Any]]:
-    """faulthandler's text (`Thread 0x... (most recent call first):` then `  File "f", line N in func`) as the
-    stacks file's `threads`: innermost frame first, as faulthandler prints them; the last dump in `text` only."""
+    """faulthandler's text (`Thread 0x... (most recent call first):` then `  File "f", line N in
+    func`) as the stacks file's `threads`: innermost frame first, as faulthandler prints them; the
+    last dump in `text` only."""
     threads: list[dict[str, Any]] = []
     for line in text.splitlines():
         thread = _THREAD.match(line)
@@ -146,20 +160,31 @@ def parse_faulthandler(text: str, main_thread: int | None) -> list[dict[str, Any
             ident = int(thread.group(2), 16)
             if any(t["id"] == ident for t in threads):
                 threads = []  # a second dump appended to the file: keep the newest
-            threads.append({"id": ident, "name": f"thread {ident:#x}", "main": ident == main_thread, "frames": []})
+            threads.append(
+                {
+                    "id": ident,
+                    "name": f"thread {ident:#x}",
+                    "main": ident == main_thread,
+                    "frames": [],
+                }
+            )
             continue
         frame = _FRAME.match(line)
         if frame and threads:
             number = frame.group(2)
             threads[-1]["frames"].append(
-                {"function": frame.group(3), "file": frame.group(1), "line": int(number) if number.isdigit() else None}
+                {
+                    "function": frame.group(3),
+                    "file": frame.group(1),
+                    "line": int(number) if number.isdigit() else None,
+                }
             )
     return threads
 
 
 def read_stacks_file(path: str) -> dict[str, Any] | None:
-    """A stacks file as a dict, or None for anything else: never blocking on a FIFO, never reading `/dev/zero`
-    (stepcli.inputs.read_side_json)."""
+    """A stacks file as a dict, or None for anything else: never blocking on a FIFO, never reading
+    `/dev/zero` (stepcli.inputs.read_side_json)."""
     from stepcli.errors import TraceError
     from stepcli.inputs import read_side_json
 
@@ -182,7 +207,8 @@ def read_dumps(target: Path) -> list[StackDump]:
 
 
 def is_stopped(process: ProcessId) -> bool:
-    """Whether a process of this host is stopped (state T or t in /proc: SIGSTOP, or a tracer holds it)."""
+    """Whether a process of this host is stopped (state T or t in /proc: SIGSTOP, or a tracer holds
+    it)."""
     import socket
 
     if process.host != socket.gethostname() or process.pid is None:

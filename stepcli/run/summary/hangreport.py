@@ -1,8 +1,10 @@
-"""What a hang dump says: the printed block (which processes wait in which collective, which is elsewhere, and
-where) and the run summary's `hang` section, from the stacks files (stepcli/agent/stacks.py).
+"""What a hang dump says: the printed block (which processes wait in which collective, which is
+elsewhere, and where) and the run summary's `hang` section, from the stacks files
+(stepcli/agent/stacks.py).
 
-Three layers, composed here: the reader (hangdump: stacks files as typed dumps), the verdict (hangverdict: who
-waits where, who holds the job back) and the words (hangwords: the lines people read).
+Three layers, composed here: the reader (hangdump: stacks files as typed dumps), the verdict
+(hangverdict: who waits where, who holds the job back) and the words (hangwords: the lines people
+read).
 """
 
 from __future__ import annotations
@@ -20,18 +22,25 @@ from stepcli.run.summary.hangverdict import (
     split_stopped,
     waiting_in,
 )
-from stepcli.run.summary.hangwords import collective_line, elsewhere_lines, silent_line, verdict_line, where
+from stepcli.run.summary.hangwords import (
+    collective_line,
+    elsewhere_lines,
+    silent_line,
+    verdict_line,
+    where,
+)
 from stepcli.runfolder.summaryfile import HangFrame, HangProcess, HangReport, HangSection
 
 
 def verdict(dumps: Sequence[StackDump], stopped: Sequence[ProcessId] = ()) -> str | None:
-    """The block's last line naming the process(es) the others wait for, or None when the dumps say nothing."""
+    """The block's last line naming the process(es) the others wait for, or None when the dumps say
+    nothing."""
     return verdict_line(decide(dumps, stopped))
 
 
 def describe_dumps(dumps: Sequence[StackDump], silent: Sequence[ProcessId]) -> list[str]:
-    """The block's lines (without the headline): one entry per process, then the verdict. `silent`: processes
-    that wrote no stacks (a stopped one of this host is said so)."""
+    """The block's lines (without the headline): one entry per process, then the verdict. `silent`:
+    processes that wrote no stacks (a stopped one of this host is said so)."""
     ran, stopped_files = split_stopped(dumps)
     lines: list[str] = []
     for dump in sorted(ran, key=lambda d: d.process.order()):
@@ -56,15 +65,17 @@ def hang_summary(
     on_hang: str | None = None,
     ended_job: bool = False,
 ) -> HangSection | None:
-    """The run summary's `hang` section: the `OUT/hang-<n>/` folders this run's hang watch wrote (`folders`, never
-    one found in the output folder: an earlier run's, or one planted there), the timeout, and what `--on-hang` did
-    (`ended_job`: the launcher killed the job after the dump); None without a report."""
+    """The run summary's `hang` section: the `OUT/hang-<n>/` folders this run's hang watch wrote
+    (`folders`, never one found in the output folder: an earlier run's, or one planted there), the
+    timeout, and what `--on-hang` did (`ended_job`: the launcher killed the job after the dump);
+    None without a report."""
     reports = []
     for folder in map(Path, folders):
         dumps = [d for d in read_dumps(folder) if d.time >= since]
         if not dumps:
             continue
-        # "no process completed a step for": the most recent last step of any process, as the printed block says
+        # "no process completed a step for": the most recent last step of any process, as the
+        # printed block says
         idle = [d.last_step_s_ago for d in dumps if d.last_step_s_ago is not None]
         ran, stopped = split_stopped(dumps)
         reports.append(
@@ -105,7 +116,8 @@ def _process_entry(dump: StackDump) -> HangProcess:
         in_backward=in_backward(dump.main_frames),
         where=where(frame) if frame is not None else None,
         frame=_frame(frame),
-        # "faulthandler": its Python could not run (C code holding the GIL); "stopped": SIGSTOP or a debugger
+        # "faulthandler": its Python could not run (C code holding the GIL); "stopped": SIGSTOP or a
+        # debugger
         source=dump.source,
         file=dump.file,
     )

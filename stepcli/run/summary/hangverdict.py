@@ -1,6 +1,7 @@
-"""The hang report's verdict: from typed stacks dumps (stepcli/run/summary/hangdump.py), which process waits in which
-collective, which is elsewhere and where in the program's own code, and who holds the job back. Pure facts, no
-words (stepcli/run/summary/hangwords.py says them), so each rule is unit tested alone.
+"""The hang report's verdict: from typed stacks dumps (stepcli/run/summary/hangdump.py), which
+process waits in which collective, which is elsewhere and where in the program's own code, and who
+holds the job back. Pure facts, no words (stepcli/run/summary/hangwords.py says them), so each rule
+is unit tested alone.
 """
 
 from __future__ import annotations
@@ -15,14 +16,17 @@ import stepcli
 from stepcli.run.summary.hangdump import STOPPED, Collective, Frame, ProcessId, StackDump
 
 INNERMOST_FRAMES = 5
-BACKWARD_FUNCTIONS = ("_engine_run_backward", "run_backward")  # torch.autograd's entry into its C++ engine
-FLIGHT_RECORDER = "flight_recorder"  # a collective seen in flight in a process group, not in a Python call
+# torch.autograd's entry into its C++ engine
+BACKWARD_FUNCTIONS = ("_engine_run_backward", "run_backward")
+# a collective seen in flight in a process group, not in a Python call
+FLIGHT_RECORDER = "flight_recorder"
 
 
 def waiting_in(dump: StackDump) -> Collective | None:
-    """The collective the process waits in: a Python collective it entered and that has not returned, else the
-    oldest one its process groups started and have not finished (torch's flight recorder: also collectives issued
-    from C++, such as DDP's gradient all-reduce, marked `source: flight_recorder`); None when neither shows one."""
+    """The collective the process waits in: a Python collective it entered and that has not
+    returned, else the oldest one its process groups started and have not finished (torch's flight
+    recorder: also collectives issued from C++, such as DDP's gradient all-reduce, marked `source:
+    flight_recorder`); None when neither shows one."""
     if dump.collective is not None and not dump.collective.returned:
         return dump.collective
     if not dump.in_flight:
@@ -43,17 +47,20 @@ def waiting_in(dump: StackDump) -> Collective | None:
 
 
 def in_collective(dump: StackDump) -> bool:
-    """Waits in a collective: entered one that has not returned, or its process groups have one in flight."""
+    """Waits in a collective: entered one that has not returned, or its process groups have one in
+    flight."""
     return waiting_in(dump) is not None
 
 
 def collectives_known(dump: StackDump) -> bool:
-    """Whether the dump can tell "in no collective" from "in one issued from C++": the flight recorder answered."""
+    """Whether the dump can tell "in no collective" from "in one issued from C++": the flight
+    recorder answered."""
     return dump.in_flight is not None
 
 
 def in_backward(frames: Sequence[Frame]) -> bool:
-    """The main thread is inside autograd's C++ engine (loss.backward()), where DDP's reducer all-reduces."""
+    """The main thread is inside autograd's C++ engine (loss.backward()), where DDP's reducer
+    all-reduces."""
     return any(frame.function in BACKWARD_FUNCTIONS for frame in frames[:INNERMOST_FRAMES])
 
 
@@ -62,19 +69,25 @@ _PACKAGE_FOLDERS = ("/site-packages/", "/dist-packages/")
 
 def _library_paths() -> tuple[str, ...]:
     paths = sysconfig.get_paths()
-    libraries = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
-    # stepcli's own frames (its collective wrapper) too, wherever it is installed from (an editable install)
+    libraries = {
+        paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths
+    }
+    # stepcli's own frames (its collective wrapper) too, wherever it is installed from (an editable
+    # install)
     package = Path(stepcli.__file__).parent
     return (*sorted(libraries), f"{package}/", f"{package.resolve()}/")
 
 
 def own_frame(frames: Sequence[Frame]) -> Frame | None:
-    """The innermost frame in the program's own code (not the standard library, an installed package or stepcli)."""
+    """The innermost frame in the program's own code (not the standard library, an installed package
+    or stepcli)."""
     libraries = _library_paths()
     for frame in frames:
-        # (an installed package found outside this interpreter's own paths, through a .pth file or PYTHONPATH,
-        # still lies in a site-packages folder)
-        if not frame.file.startswith(libraries) and not any(part in frame.file for part in _PACKAGE_FOLDERS):
+        # (an installed package found outside this interpreter's own paths, through a .pth file or
+        # PYTHONPATH, still lies in a site-packages folder)
+        if not frame.file.startswith(libraries) and not any(
+            part in frame.file for part in _PACKAGE_FOLDERS
+        ):
             return frame
     return frames[0] if frames else None
 
@@ -83,27 +96,32 @@ class Finding(Enum):
     """What the dumps say, as one of the cases the words tell apart."""
 
     STOPPED = "stopped"  # stopped processes hold the job back (maybe while others wait)
-    HELD_BACK = "held_back"  # some wait in a collective while others are elsewhere: those hold the job back
+    # some wait in a collective while others are elsewhere: those hold the job back
+    HELD_BACK = "held_back"
     PEER_OUTSIDE = (
-        "peer_outside"  # every process waits in the same collective: a peer outside the dump, or the transport
+        # every process waits in the same collective: a peer outside the dump, or the transport
+        "peer_outside"
     )
     MISMATCHED = "mismatched"  # the processes wait in different collectives
-    UNKNOWN = "unknown"  # none waits in a Python collective; C++ collectives cannot be seen (no flight recorder)
+    # none waits in a Python collective; C++ collectives cannot be seen (no flight recorder)
+    UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True)
 class Verdict:
     finding: Finding
-    holders: tuple[ProcessId, ...]  # who holds the job back: stopped processes, or those outside a collective
-    where: tuple[Frame | None, ...]  # per holder: its innermost frame in the program's own code (HELD_BACK)
+    # who holds the job back: stopped processes, or those outside a collective
+    holders: tuple[ProcessId, ...]
+    # per holder: its innermost frame in the program's own code (HELD_BACK)
+    where: tuple[Frame | None, ...]
     waiting: int  # how many processes wait in a collective
     collectives: tuple[str, ...]  # the collectives waited in, sorted
     in_backward: tuple[ProcessId, ...]  # UNKNOWN: those in backward(), where DDP all-reduces
 
 
 def decide(dumps: Sequence[StackDump], stopped: Sequence[ProcessId] = ()) -> Verdict | None:
-    """Who the others wait for, when the dumps (and `stopped`: processes of this host that wrote no stacks because
-    they are stopped) say it; None when they say nothing."""
+    """Who the others wait for, when the dumps (and `stopped`: processes of this host that wrote no
+    stacks because they are stopped) say it; None when they say nothing."""
     waiting = [d for d in dumps if in_collective(d)]
     elsewhere = sorted((d for d in dumps if not in_collective(d)), key=lambda d: d.process.order())
     names = tuple(sorted({(waiting_in(d) or _NONE).label for d in waiting}))
@@ -112,7 +130,9 @@ def decide(dumps: Sequence[StackDump], stopped: Sequence[ProcessId] = ()) -> Ver
         return Verdict(Finding.STOPPED, holders, (), len(waiting), names, ())
     if waiting and elsewhere:
         frames = tuple(own_frame(d.main_frames) for d in elsewhere)
-        return Verdict(Finding.HELD_BACK, tuple(d.process for d in elsewhere), frames, len(waiting), names, ())
+        return Verdict(
+            Finding.HELD_BACK, tuple(d.process for d in elsewhere), frames, len(waiting), names, ()
+        )
     if waiting:
         finding = Finding.PEER_OUTSIDE if len(names) == 1 else Finding.MISMATCHED
         return Verdict(finding, (), (), len(waiting), names, ())

@@ -1,6 +1,7 @@
-"""The hang report's words: the printed block (one entry per process, then the verdict's line) from typed dumps and
-a Verdict (stepcli/run/summary/hangverdict.py), and the end-of-run summary's hang block from the run summary's
-`hang` section. Lines only: nothing here reads a file or decides who holds the job back.
+"""The hang report's words: the printed block (one entry per process, then the verdict's line) from
+typed dumps and a Verdict (stepcli/run/summary/hangverdict.py), and the end-of-run summary's hang
+block from the run summary's `hang` section. Lines only: nothing here reads a file or decides who
+holds the job back.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from stepcli.run.summary.hangverdict import (
 from stepcli.runfolder.summaryfile import HangProcess, HangSection
 
 STOPPED_WHY = "stopped (SIGSTOP, or held by a debugger)"
-FROM_CPP = "issued from C++, not a torch.distributed call of the program: DDP's reducer, FSDP or the like"
+FROM_CPP = (
+    "issued from C++, not a torch.distributed call of the program: DDP's reducer, FSDP or the like"
+)
 SUMMARY_WIDTH = 80  # the block's lines fit 80 columns; a folder path too long for that is never cut
 MAX_NAMED = 4  # processes named one by one per report; the others counted
 
@@ -45,14 +48,16 @@ def collective_line(dump: StackDump) -> str:
     when = f"{ago:.1f} s ago" if ago is not None else "when unknown"
     if collective.source == FLIGHT_RECORDER:
         return (
-            f"{label(dump.process)}: waits in {collective.label} of process group {collective.raw.get('group')} "
-            f"(in flight, started {when}; {FROM_CPP}), step {dump.step}"
+            f"{label(dump.process)}: waits in {collective.label} of process group "
+            f"{collective.raw.get('group')} (in flight, started {when}; {FROM_CPP}), step "
+            f"{dump.step}"
         )
     return f"{label(dump.process)}: waits in {collective.label} (entered {when}), step {dump.step}"
 
 
 def elsewhere_lines(dump: StackDump) -> list[str]:
-    """A process outside a collective: what is known of its collectives, then its main thread's innermost frames."""
+    """A process outside a collective: what is known of its collectives, then its main thread's
+    innermost frames."""
     collective = dump.collective
     known = collectives_known(dump)
     if collective is not None:
@@ -61,7 +66,10 @@ def elsewhere_lines(dump: StackDump) -> list[str]:
     elif known:
         state = "not in a collective (none in flight in its process groups)"
     elif dump.collectives_hooked:
-        state = "not in a collective called from Python (entered none; collectives issued from C++ are not seen)"
+        state = (
+            "not in a collective called from Python (entered none; collectives issued from C++ are "
+            "not seen)"
+        )
     else:
         state = "collectives not recorded (run with --hang-timeout)"
     if dump.source == FAULTHANDLER:
@@ -79,7 +87,8 @@ def _processes(count: int) -> str:
 
 
 def verdict_line(verdict: Verdict | None) -> str | None:
-    """The block's last line: who holds the job back (`-> ...`), or None when the dumps say nothing."""
+    """The block's last line: who holds the job back (`-> ...`), or None when the dumps say
+    nothing."""
     if verdict is None:
         return None
     names = ", ".join(verdict.collectives)
@@ -87,16 +96,25 @@ def verdict_line(verdict: Verdict | None) -> str | None:
         who = ", ".join(label(p) for p in verdict.holders)
         waits = f" while {_processes(verdict.waiting)} in {names}" if verdict.waiting else ""
         one = len(verdict.holders) == 1
-        return f"-> {who} {'is' if one else 'are'} stopped{waits}: {'it holds' if one else 'they hold'} the job back"
+        return (
+            f"-> {who} {'is' if one else 'are'} stopped{waits}: "
+            f"{'it holds' if one else 'they hold'} the job back"
+        )
     if verdict.finding is Finding.HELD_BACK:
         blocked = [
             f"{label(p)} is in {where(frame)}" if frame else f"{label(p)} has no Python frame"
             for p, frame in zip(verdict.holders, verdict.where)
         ]
         held = "it holds" if len(verdict.holders) == 1 else "they hold"
-        return f"-> {'; '.join(blocked)} while {_processes(verdict.waiting)} in {names}: {held} the job back"
+        return (
+            f"-> {'; '.join(blocked)} while {_processes(verdict.waiting)} in {names}: {held} the "
+            f"job back"
+        )
     if verdict.finding is Finding.PEER_OUTSIDE:
-        return f"-> every process waits in {names}: a peer outside this dump, or the transport, is stuck"
+        return (
+            f"-> every process waits in {names}: a peer outside this dump, or the transport, is "
+            f"stuck"
+        )
     if verdict.finding is Finding.MISMATCHED:
         return f"-> processes wait in different collectives ({names}): mismatched collectives"
     backward = verdict.in_backward
@@ -105,7 +123,8 @@ def verdict_line(verdict: Verdict | None) -> str | None:
         who = ", ".join(label(p) for p in backward) + (" is" if len(backward) == 1 else " are")
         where_ = f"; {who} in backward() (autograd's C++ engine, where DDP all-reduces)"
     return (
-        "-> no process waits in a collective called from Python; whether one waits in a collective issued from "
+        "-> no process waits in a collective called from Python; whether one waits in a collective "
+        "issued from "
         f"C++ is unknown (no flight recorder){where_}"
     )
 
@@ -114,10 +133,14 @@ def silent_line(process: ProcessId, stopped: bool) -> str:
     """A process that wrote no stacks: stopped, or it could not write them."""
     if stopped:
         return f"  {label(process)}: {STOPPED_WHY}: it can neither run nor answer"
-    return f"  {label(process)}: wrote no stacks (exited while asked, or its signal handler could not write)"
+    return (
+        f"  {label(process)}: wrote no stacks (exited while asked, or its signal handler could not "
+        f"write)"
+    )
 
 
-# -- the end-of-run summary's hang block (stepcli/run/summary/console.py), from the run summary's section ------------
+# -- the end-of-run summary's hang block (stepcli/run/summary/console.py), from the run summary's
+# section ------------
 def _numbers(values: list[int]) -> str:
     """`0, 2-5, 7`: sorted integers with runs joined."""
     runs: list[list[int]] = []
@@ -138,7 +161,8 @@ def _who(processes: list[HangProcess]) -> str:
 
 
 def _short_where(process: HangProcess) -> str:
-    """The innermost frame in the program's own code, its file by name only (the stacks files hold the path)."""
+    """The innermost frame in the program's own code, its file by name only (the stacks files hold
+    the path)."""
     frame = process.frame
     if frame is not None and frame.function is not None:
         name = str(frame.file or "?").rsplit("/", 1)[-1]
@@ -154,7 +178,8 @@ def _collective(process: HangProcess) -> str:
 
 
 def _source(processes: list[HangProcess]) -> str:
-    """How the collective was seen, when not from a Python call: torch's flight recorder (issued from C++)."""
+    """How the collective was seen, when not from a Python call: torch's flight recorder (issued
+    from C++)."""
     collective = processes[0].collective if processes else None
     if collective is not None and collective.get("source") == FLIGHT_RECORDER:
         return " (in flight in its process group, issued from C++: DDP's reducer or the like)"
@@ -166,7 +191,8 @@ def _waits(processes: list[HangProcess]) -> str:
 
 
 def _report_facts(processes: list[HangProcess]) -> list[str]:
-    """Who holds the job back and why, and who waits in which collective: one sentence each, not yet wrapped."""
+    """Who holds the job back and why, and who waits in which collective: one sentence each, not yet
+    wrapped."""
     stopped = [p for p in processes if p.source == STOPPED]
     if stopped:
         held = [f"{_who([p])} holds the job back: {STOPPED_WHY}" for p in stopped[:MAX_NAMED]]
@@ -189,21 +215,34 @@ def _report_facts(processes: list[HangProcess]) -> list[str]:
             )
             facts.append(f"{_who([process])} holds the job back: in {_short_where(process)}, {why}")
         if len(elsewhere) > MAX_NAMED:
-            facts.append(f"{len(elsewhere) - MAX_NAMED} more processes outside a collective hold it back too")
+            facts.append(
+                f"{len(elsewhere) - MAX_NAMED} more processes outside a collective hold it back too"
+            )
         return facts + waits[:MAX_NAMED]
     if waiting and len(groups) == 1:
         name, group = next(iter(groups.items()))
-        return [f"every process waits in {name}{_source(group)}: a peer outside this dump, or the transport, is stuck"]
+        return [
+            f"every process waits in {name}{_source(group)}: a peer outside this dump, or the "
+            f"transport, is stuck"
+        ]
     if waiting:
-        return ["the processes wait in different collectives: mismatched collectives", *waits[:MAX_NAMED]]
+        return [
+            "the processes wait in different collectives: mismatched collectives",
+            *waits[:MAX_NAMED],
+        ]
     if all(p.collectives_known is True for p in elsewhere):
         facts = ["no process waits in a collective (the flight recorder shows none in flight)"]
-    else:  # a collective issued from C++ (DDP's reducer) is not seen without the flight recorder: unknown
-        facts = ["no process waits in a collective called from Python; collectives issued from C++ are unknown"]
+    # a collective issued from C++ (DDP's reducer) is not seen without the flight recorder: unknown
+    else:
+        facts = [
+            "no process waits in a collective called from Python; collectives issued from C++ are "
+            "unknown"
+        ]
     for process in elsewhere[:MAX_NAMED]:
         if process.in_backward is True and process.collectives_known is not True:
             facts.append(
-                f"{_who([process])} is in backward() from {_short_where(process)}: autograd's C++ engine, where "
+                f"{_who([process])} is in backward() from {_short_where(process)}: autograd's C++ "
+                f"engine, where "
                 "DDP all-reduces gradients (whether it waits there is unknown)"
             )
         else:
@@ -212,7 +251,8 @@ def _report_facts(processes: list[HangProcess]) -> list[str]:
 
 
 def _others_facts(processes: list[HangProcess]) -> list[str]:
-    """Beside stopped processes: which of the others wait in which collective, where the rest are."""
+    """Beside stopped processes: which of the others wait in which collective, where the rest
+    are."""
     groups: dict[str, list[HangProcess]] = {}
     for process in processes:
         if process.waiting is True:
@@ -224,17 +264,17 @@ def _others_facts(processes: list[HangProcess]) -> list[str]:
 
 
 def _wrap(text: str, first: str, rest: str) -> list[str]:
-    return textwrap.wrap(text, SUMMARY_WIDTH, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False) or [
-        first.rstrip()
-    ]
+    return textwrap.wrap(
+        text, SUMMARY_WIDTH, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False
+    ) or [first.rstrip()]
 
 
 def summary_lines(section: HangSection | None, short: Callable[[str], str] = str) -> list[str]:
-    """The end-of-run summary's hang block from the run summary's `hang` section, or [] without one: per report
-    when the hang was called (step, time without a step), who holds the job back and why, who waits in which
-    collective, where the stacks are (`short` shortens the folder); then what `--on-hang` did. Lines fit 80
-    columns, except a folder path too long for that, which is never cut. A report that says what the one before
-    it said is one line."""
+    """The end-of-run summary's hang block from the run summary's `hang` section, or [] without one:
+    per report when the hang was called (step, time without a step), who holds the job back and why,
+    who waits in which collective, where the stacks are (`short` shortens the folder); then what
+    `--on-hang` did. Lines fit 80 columns, except a folder path too long for that, which is never
+    cut. A report that says what the one before it said is one line."""
     if section is None:
         return []
     lines: list[str] = []
@@ -242,7 +282,13 @@ def summary_lines(section: HangSection | None, short: Callable[[str], str] = str
     for report in section.reports:
         processes = report.processes
         steps = sorted({p.step for p in processes if p.step is not None})
-        at = "" if not steps else f"at step {steps[0]}, " if len(steps) == 1 else f"at steps {steps[0]}-{steps[-1]}, "
+        at = (
+            ""
+            if not steps
+            else f"at step {steps[0]}, "
+            if len(steps) == 1
+            else f"at steps {steps[0]}-{steps[-1]}, "
+        )
         idle, timeout = report.idle_s, section.timeout_s
         if idle is not None:
             stalled = f"no process completed a step for {idle:.1f} s"

@@ -1,11 +1,12 @@
-"""`stepcli report PATH...` and the report.html written at the end of `stepcli run`: find the inputs, hand the page
-a run summary with its advice.
+"""`stepcli report PATH...` and the report.html written at the end of `stepcli run`: find the
+inputs, hand the page a run summary with its advice.
 
-PATHs name one run (its output folder or its `--json` summary) and any traces. A run folder's summary is the one
-`stepcli run` saved beside the step logs (`.stepcli/<run id>/summary.json`); a folder without one (an older run)
-gets a summary rebuilt from its step logs. Inputs that carry no advice (plain traces, older summaries) get it
-computed here, by the same rules and from the same numbers as `stepcli run` (stepcli.advice.rules). Every file is
-read through stepcli.inputs: regular files only, bounded in size, never blocking.
+PATHs name one run (its output folder or its `--json` summary) and any traces. A run folder's
+summary is the one `stepcli run` saved beside the step logs (`.stepcli/<run id>/summary.json`); a
+folder without one (an older run) gets a summary rebuilt from its step logs. Inputs that carry no
+advice (plain traces, older summaries) get it computed here, by the same rules and from the same
+numbers as `stepcli run` (stepcli.advice.rules). Every file is read through stepcli.inputs: regular
+files only, bounded in size, never blocking.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from msgspec import UnsetType
 from stepcli.errors import StepcliError, TraceError
 from stepcli.inputs import outline, read_input
 from stepcli.runfolder.layout import STEP_LOG_SUFFIX, SUMMARY_FILE, SUMMARY_SCHEMA, SUMMARY_VERSION
-from stepcli.runfolder.runs import contained, read_saved, read_saved_json, rerooted, run_dirs, written_traces
+from stepcli.runfolder.runs import (
+    contained,
+    read_saved,
+    read_saved_json,
+    rerooted,
+    run_dirs,
+    written_traces,
+)
 from stepcli.runfolder.summaryfile import AdviceItem, RunSummary, SummaryStepTimes, read_run_summary
 from stepcli.steptimes import process_steps, trace_process_steps
 
@@ -32,7 +40,8 @@ if TYPE_CHECKING:
 
 
 def step_logs(run_dir: Path) -> list[dict[str, Any]]:
-    """The per-process step logs of one run (`<run dir>/*.steps.json`), in rank order; unreadable ones skipped."""
+    """The per-process step logs of one run (`<run dir>/*.steps.json`), in rank order; unreadable
+    ones skipped."""
     logs: list[dict[str, Any]] = []
     for path in sorted(run_dir.glob(f"*{STEP_LOG_SUFFIX}")):
         log = read_saved_json(path)  # (a link, or a file of another user's: left out)
@@ -43,8 +52,9 @@ def step_logs(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _saved_summary(run_dir: Path, folder: str) -> RunSummary | None:
-    """The run summary `stepcli run` saved beside the step logs in the run folder `folder`, validated, its paths
-    inside `folder` (runsummary.rerooted); None when there is none of this user's (a link is not followed)."""
+    """The run summary `stepcli run` saved beside the step logs in the run folder `folder`,
+    validated, its paths inside `folder` (runsummary.rerooted); None when there is none of this
+    user's (a link is not followed)."""
     path = run_dir / SUMMARY_FILE
     data = read_saved(path)
     if data is None:
@@ -53,7 +63,8 @@ def _saved_summary(run_dir: Path, folder: str) -> RunSummary | None:
 
 
 def _logs_for_summary(summary: RunSummary) -> list[dict[str, Any]]:
-    """The step logs of the run a summary describes: the newest run in its folder whose processes are the same."""
+    """The step logs of the run a summary describes: the newest run in its folder whose processes
+    are the same."""
     pids = {p.pid for p in summary.processes if p.pid is not None}
     out_dir = summary.out_dir
     if not out_dir or not pids:
@@ -65,16 +76,21 @@ def _logs_for_summary(summary: RunSummary) -> list[dict[str, Any]]:
     return []
 
 
-def _run_traces(summary: RunSummary | None, logs: list[dict[str, Any]], folder: str | None = None) -> list[str]:
-    """The traces this run wrote that still exist (a reused folder also holds older runs' traces); with `folder`
-    (a run folder read back), only those inside it, links followed: what a step log names is not trusted."""
+def _run_traces(
+    summary: RunSummary | None, logs: list[dict[str, Any]], folder: str | None = None
+) -> list[str]:
+    """The traces this run wrote that still exist (a reused folder also holds older runs' traces);
+    with `folder` (a run folder read back), only those inside it, links followed: what a step log
+    names is not trusted."""
     named = list((summary.traces if summary else None) or []) or [
         w["trace"] for log in logs for w in log.get("windows") or []
     ]
     return [
         path
         for path in named
-        if isinstance(path, str) and os.path.exists(path) and (folder is None or contained(path, folder))
+        if isinstance(path, str)
+        and os.path.exists(path)
+        and (folder is None or contained(path, folder))
     ]
 
 
@@ -84,12 +100,13 @@ class _Inputs:
     logs: list[dict[str, Any]] = field(default_factory=list)
     trace_paths: list[str] = field(default_factory=list)
     runs: int = 0
-    checked: bool = False  # the run folder's traces were checked (written_traces): none more are taken from it
+    # the run folder's traces were checked (written_traces): none more are taken from it
+    checked: bool = False
 
 
 def _add_folder(inputs: _Inputs, path: str) -> None:
-    """A stepcli run folder (its latest run and that run's traces, or the run FOLDER/.stepcli/RUN_ID names), else a
-    folder of traces."""
+    """A stepcli run folder (its latest run and that run's traces, or the run FOLDER/.stepcli/RUN_ID
+    names), else a folder of traces."""
     from stepcli.fmt import say
     from stepcli.runfolder.runs import other_runs_note, pick_run
     from stepcli.traces.read.files import list_trace_files
@@ -105,7 +122,8 @@ def _add_folder(inputs: _Inputs, path: str) -> None:
         inputs.logs = step_logs(newest)
         inputs.summary = _saved_summary(newest, path) or inputs.summary
         own = _run_traces(inputs.summary, inputs.logs, path)
-        if own:  # (only the very files the run wrote: a forgery renamed over one since is left out, said)
+        # (only the very files the run wrote: a forgery renamed over one since is left out, said)
+        if own:
             inputs.trace_paths.extend(written_traces(newest, path, own))
             inputs.checked = True
             return
@@ -113,11 +131,14 @@ def _add_folder(inputs: _Inputs, path: str) -> None:
         inputs.trace_paths.extend(list_trace_files([path]))
     except TraceError:
         if newest is None:
-            raise StepcliError(f"{path}: neither a stepcli run folder nor a folder of traces") from None
+            raise StepcliError(
+                f"{path}: neither a stepcli run folder nor a folder of traces"
+            ) from None
 
 
 def _add_file(inputs: _Inputs, path: str) -> None:
-    """A run summary (by its content), else a trace (the trace reader names the problem if it is neither)."""
+    """A run summary (by its content), else a trace (the trace reader names the problem if it is
+    neither)."""
     name = os.path.basename(path)
     if ".pt.trace.json" in name or name.endswith(".gz"):
         inputs.trace_paths.append(path)
@@ -131,7 +152,8 @@ def _add_file(inputs: _Inputs, path: str) -> None:
 
 
 def _classify(paths: Sequence[str]) -> _Inputs:
-    """Sort the command line's PATHs into one run (summary and/or run folder) and any number of traces."""
+    """Sort the command line's PATHs into one run (summary and/or run folder) and any number of
+    traces."""
     inputs = _Inputs()
     for path in paths:
         if os.path.isdir(path):
@@ -143,7 +165,9 @@ def _classify(paths: Sequence[str]) -> _Inputs:
         else:
             _add_file(inputs, path)
     if inputs.runs > 1:
-        raise StepcliError("one run per report: give one run folder or run summary (plus any traces)")
+        raise StepcliError(
+            "one run per report: give one run folder or run summary (plus any traces)"
+        )
     if inputs.summary is not None and not inputs.logs:
         inputs.logs = _logs_for_summary(inputs.summary)
     if inputs.summary is not None and not inputs.trace_paths and not inputs.checked:
@@ -165,9 +189,9 @@ def _step_times(logs: list[dict[str, Any]]) -> list[SummaryStepTimes]:
 
 
 def with_step_logs(summary: RunSummary | None, logs: list[dict[str, Any]]) -> RunSummary | None:
-    """The summary the page shows: the run's own, with every process's step times from the step logs when it
-    lacks them (schema 1); without one, a summary rebuilt from the step logs (no command: the page says which
-    inputs it read instead)."""
+    """The summary the page shows: the run's own, with every process's step times from the step logs
+    when it lacks them (schema 1); without one, a summary rebuilt from the step logs (no command:
+    the page says which inputs it read instead)."""
     if not logs or (summary is not None and summary.step_times):
         return summary
     from stepcli.run.summary.build import process_entry
@@ -188,8 +212,11 @@ def with_step_logs(summary: RunSummary | None, logs: list[dict[str, Any]]) -> Ru
     return rebuilt
 
 
-def page_advice(summary: RunSummary | None, trace_paths: Sequence[str], traces: RunTraces) -> list[AdviceItem]:
-    """The summary's advice, or (inputs that carry none) the advice `stepcli run` would have given them."""
+def page_advice(
+    summary: RunSummary | None, trace_paths: Sequence[str], traces: RunTraces
+) -> list[AdviceItem]:
+    """The summary's advice, or (inputs that carry none) the advice `stepcli run` would have given
+    them."""
     if summary is not None and not isinstance(summary.advice, UnsetType):
         return summary.advice
     from stepcli.advice.gather import advise_run
@@ -197,7 +224,8 @@ def page_advice(summary: RunSummary | None, trace_paths: Sequence[str], traces: 
     analysis = None
     if trace_paths:
         try:
-            traces.parts(list(trace_paths), shapes=True)  # read once, with the shapes the page will want
+            # read once, with the shapes the page will want
+            traces.parts(list(trace_paths), shapes=True)
             analysis = traces.summary(list(trace_paths)).to_dict()
         except StepcliError:
             analysis = None  # the page says why in a note
@@ -215,7 +243,8 @@ def build(
     sources: Sequence[str] = (),
     traces: RunTraces | None = None,
 ) -> ReportData:
-    """The page's data for a run summary (or None), its step logs (may be empty) and trace files (may be none)."""
+    """The page's data for a run summary (or None), its step logs (may be empty) and trace files
+    (may be none)."""
     from stepcli.report.data import build as page_data
     from stepcli.traces.runtraces import RunTraces
 
@@ -243,7 +272,8 @@ def report_main(paths: Sequence[str], out: str | None) -> str:
 
         pick = pick_run(paths[0]) if os.path.isdir(paths[0]) else None
         named = pick is not None and pick.named
-        # a run named by its id gets its own page beside the folder's (never inside the private .stepcli/)
+        # a run named by its id gets its own page beside the folder's (never inside the private
+        # .stepcli/)
         out = (
             os.path.join(pick.folder, f"report-{pick.run_dir.name}.html")
             if pick and named
@@ -254,11 +284,12 @@ def report_main(paths: Sequence[str], out: str | None) -> str:
 
 
 def write_run_report(summary: RunSummary, traces: RunTraces | None = None) -> str:
-    """After `stepcli run`: report.html in the output folder (report-N.html when the user's own report.html is
-    there: it is never overwritten); returns its path.
+    """After `stepcli run`: report.html in the output folder (report-N.html when the user's own
+    report.html is there: it is never overwritten); returns its path.
 
-    The launcher has saved the summary beside the step logs, so `stepcli report OUT_DIR` rebuilds the same page.
-    `traces`: what the run summary already read (stepcli.traces.runtraces), so no trace is read a second time.
+    The launcher has saved the summary beside the step logs, so `stepcli report OUT_DIR` rebuilds
+    the same page. `traces`: what the run summary already read (stepcli.traces.runtraces), so no
+    trace is read a second time.
     """
     from stepcli.fmt import say
     from stepcli.report import REPORT_NAME, run_report_path, write_new_file, write_page

@@ -1,8 +1,9 @@
-"""The run summary's `threads` section: per host, how many intra-op threads the processes run against the cores they
-may use. torch runs each operator on its intra-op pool (OMP_NUM_THREADS, torch.set_num_threads), and OpenMP threads
-spin while they wait: ranks x threads beyond the cores make every operator wait for a core (measured on 2 cores:
-two ranks of 2 threads each ran their operators 8-10x slower than with OMP_NUM_THREADS=1). The advice rule that
-reads it is stepcli.advice.rules.threads.
+"""The run summary's `threads` section: per host, how many intra-op threads the processes run
+against the cores they may use. torch runs each operator on its intra-op pool (OMP_NUM_THREADS,
+torch.set_num_threads), and OpenMP threads spin while they wait: ranks x threads beyond the cores
+make every operator wait for a core (measured on 2 cores: two ranks of 2 threads each ran their
+operators 8-10x slower than with OMP_NUM_THREADS=1). The advice rule that reads it is
+stepcli.advice.rules.threads.
 """
 
 from __future__ import annotations
@@ -17,13 +18,19 @@ def _int(value: Any, low: int) -> bool:
 
 
 def threads_section(logs: list[dict[str, Any]]) -> Threads | None:
-    """Per host: its processes, their intra-op threads (summed, and each process's), the cores they may run on (the
-    union of their affinity masks) and whether the threads outnumber the cores; None when no process said."""
+    """Per host: its processes, their intra-op threads (summed, and each process's), the cores they
+    may run on (the union of their affinity masks) and whether the threads outnumber the cores; None
+    when no process said."""
     hosts: dict[str, tuple[list[int], set[int]]] = {}
     for log in logs:
         threads: Any = log.get("intra_op_threads")
         cpus: Any = log.get("cpus")
-        if not _int(threads, 1) or not isinstance(cpus, list) or not cpus or not all(_int(c, 0) for c in cpus):
+        if (
+            not _int(threads, 1)
+            or not isinstance(cpus, list)
+            or not cpus
+            or not all(_int(c, 0) for c in cpus)
+        ):
             continue
         counts, cores = hosts.setdefault(str(log.get("host")), ([], set()))
         counts.append(threads)

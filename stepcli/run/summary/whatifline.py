@@ -1,7 +1,8 @@
-"""The run summary's `what_would_help`: `stepcli whatif` on the run's traces with no change given, kept short (the
-verdict, the top opportunities, the critical path's segments), for the terminal's one line and report.html's
-section. The lanes come from the run end's one read of the traces (RunTraces with `lanes`); without it, the
-traces are read here, up to a size: larger ones are left to `stepcli whatif DIR` (said in a note).
+"""The run summary's `what_would_help`: `stepcli whatif` on the run's traces with no change given,
+kept short (the verdict, the top opportunities, the critical path's segments), for the terminal's
+one line and report.html's section. The lanes come from the run end's one read of the traces
+(RunTraces with `lanes`); without it, the traces are read here, up to a size: larger ones are left
+to `stepcli whatif DIR` (said in a note).
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ TOP = 5
 
 
 def what_would_help(
-    trace_paths: list[str], untouched_ms: float | None, notes: list[str], traces: RunTraces | None = None
+    trace_paths: list[str],
+    untouched_ms: float | None,
+    notes: list[str],
+    traces: RunTraces | None = None,
 ) -> WhatWouldHelp | None:
     """The section from the what-if answer (a document of its own, schema `stepcli.whatif`),
     kept short; None without traces or when they cannot be replayed (a note says why)."""
@@ -75,8 +79,11 @@ def _critical_path(path: dict[str, Any] | None) -> CriticalPath | None:
     return CriticalPath(ms=path["ms"], segments=segments)
 
 
-def _lanes(trace_paths: list[str], traces: RunTraces | None, notes: list[str]) -> list[RankLane] | None:
-    """The traces' lanes: from the run end's read when it kept them, else read here (up to MAX_TRACE_BYTES)."""
+def _lanes(
+    trace_paths: list[str], traces: RunTraces | None, notes: list[str]
+) -> list[RankLane] | None:
+    """The traces' lanes: from the run end's read when it kept them, else read here (up to
+    MAX_TRACE_BYTES)."""
     if traces is not None and traces.lanes:
         kept = [part[0].lane for part in traces.parts(trace_paths)]
         if all(lane is not None for lane in kept):
@@ -86,7 +93,10 @@ def _lanes(trace_paths: list[str], traces: RunTraces | None, notes: list[str]) -
     except OSError:
         return None
     if size > MAX_TRACE_BYTES:
-        notes.append("what would help: the traces are large; `stepcli whatif` on the output folder answers it")
+        notes.append(
+            "what would help: the traces are large; `stepcli whatif` on the output folder answers "
+            "it"
+        )
         return None
     from stepcli.traces.engine import map_files
     from stepcli.whatif.whatifmain import read_lane

@@ -1,7 +1,7 @@
-"""Collectives matched across ranks, and the ranks' clocks aligned by them: the first half of the culprit analysis
-(stepcli.traces.analyses.culprit). A collective ends at nearly the same instant on every rank, so the departures
-give each rank's clock offset; the matching is by process group and sequence number where the trace names groups
-(NCCL), else by step, name and order (gloo).
+"""Collectives matched across ranks, and the ranks' clocks aligned by them: the first half of the
+culprit analysis (stepcli.traces.analyses.culprit). A collective ends at nearly the same instant on
+every rank, so the departures give each rank's clock offset; the matching is by process group and
+sequence number where the trace names groups (NCCL), else by step, name and order (gloo).
 """
 
 from __future__ import annotations
@@ -12,23 +12,28 @@ from stepcli.stats import percentile
 from stepcli.traces.analyses.arrivals import RankArrivals
 
 MIN_ERROR_US = 1.0
-Key = tuple[str, tuple[int, str, int, int]]  # (process group name or "", the rank's key: step, name, seq, order)
+# (process group name or "", the rank's key: step, name, seq, order)
+Key = tuple[str, tuple[int, str, int, int]]
 
 
 @dataclass
 class Matched:
-    """The collectives every member of their process group issued, as rows of the members' values."""
+    """The collectives every member of their process group issued, as rows of the members'
+    values."""
 
     ranks: list[int]
     keys: list[Key]
-    members: list[list[int]]  # [collective] -> the rank indices (into ranks, ascending) of its group's members
+    # [collective] -> the rank indices (into ranks, ascending) of its group's members
+    members: list[list[int]]
     arrive: list[list[float]]  # [collective][member], µs, each rank's own clock
     depart: list[list[float]]
     gaps: list[list[dict[str, float]]]
     details: list[list[dict[str, float]]]
     groups: dict[str, list[int]]  # process group name -> its member ranks, for the groups matched
-    clocks: list[str | None]  # [rank index] -> the clock of its times, when the trace says (stepcli recorded it)
-    cpu_time: list[dict[int, tuple[float, float]]]  # [rank index] -> step -> (ms on a CPU, ms waiting for one)
+    # [rank index] -> the clock of its times, when the trace says (stepcli recorded it)
+    clocks: list[str | None]
+    # [rank index] -> step -> (ms on a CPU, ms waiting for one)
+    cpu_time: list[dict[int, tuple[float, float]]]
 
 
 def match_collectives(parts: list[RankArrivals]) -> Matched | None:
@@ -48,23 +53,30 @@ def match_collectives(parts: list[RankArrivals]) -> Matched | None:
             group, listed_ranks = part.group_table[at] if at >= 0 else ("", ())
             if listed_ranks:
                 listed.setdefault(group, listed_ranks)
-            index.setdefault((group, key), (part, i))  # a key seen twice (two windows of one step): the first
+            # a key seen twice (two windows of one step): the first
+            index.setdefault((group, key), (part, i))
     if len(by_rank) < 2:
         return None
-    # A group's members: the ranks it lists (those present), else the ranks whose traces have it; without a
-    # group (gloo, older torch), every rank.
+    # A group's members: the ranks it lists (those present), else the ranks whose traces have it;
+    # without a group (gloo, older torch), every rank.
     present: dict[str, set[int]] = {}
     for rank, index in by_rank.items():
         for group, _ in index:
             present.setdefault(group, set()).add(rank)
     everyone = set(by_rank)
     member_sets = {
-        group: everyone if not group else (set(listed[group]) & everyone if group in listed else ranks)
+        group: everyone
+        if not group
+        else (set(listed[group]) & everyone if group in listed else ranks)
         for group, ranks in present.items()
     }
     candidates = {key for index in by_rank.values() for key in index}
     keys = sorted(
-        (k for k in candidates if len(member_sets[k[0]]) >= 2 and all(k in by_rank[r] for r in member_sets[k[0]])),
+        (
+            k
+            for k in candidates
+            if len(member_sets[k[0]]) >= 2 and all(k in by_rank[r] for r in member_sets[k[0]])
+        ),
         key=lambda k: (k[1][0], k[0], k[1][1:]),
     )
     if not keys:
@@ -87,9 +99,11 @@ def match_collectives(parts: list[RankArrivals]) -> Matched | None:
     )
 
 
-def _pair_offset(arrive: list[tuple[float, float]], depart: list[tuple[float, float]]) -> tuple[float, float]:
-    """The offset of rank b's clock to rank a's, and its error, from the (a, b) arrivals and departures of the
-    collectives they share (see `align`)."""
+def _pair_offset(
+    arrive: list[tuple[float, float]], depart: list[tuple[float, float]]
+) -> tuple[float, float]:
+    """The offset of rank b's clock to rank a's, and its error, from the (a, b) arrivals and
+    departures of the collectives they share (see `align`)."""
     diffs = sorted(b - a for a, b in depart)
     low = max(arr[1] - dep[0] for arr, dep in zip(arrive, depart))
     high = min(dep[1] - arr[0] for arr, dep in zip(arrive, depart))
@@ -109,19 +123,22 @@ def align(
 ) -> tuple[list[float], list[float]]:
     """Per rank (column): its clock's offset to rank column 0 and the error of that estimate, µs.
 
-    The estimate is the median difference of departures. Causality bounds it: no rank leaves a collective before
-    the last rank arrived, so offset >= arrive_j - depart_0 and offset <= depart_j - arrive_0 for every collective;
-    the estimate is kept inside those bounds, and its error is the smaller of half the departures' spread (10th to
-    90th percentile) and its distance to the farther bound.
+    The estimate is the median difference of departures. Causality bounds it: no rank leaves a
+    collective before the last rank arrived, so offset >= arrive_j - depart_0 and offset <= depart_j
+    - arrive_0 for every collective; the estimate is kept inside those bounds, and its error is the
+    smaller of half the departures' spread (10th to 90th percentile) and its distance to the farther
+    bound.
 
-    With process groups (`members`: each row's rank columns; every column by default) two ranks may share no
-    collective (tensor-parallel ranks 0 and 3 of groups {0, 1}, {2, 3} with data-parallel groups {0, 2}, {1, 3}):
-    a rank is aligned through the fewest ranks that do (0 -> 1 -> 3), the errors on the way summed. A rank
-    sharing no collective with column 0 even so is aligned to the lowest rank of its own set (it never meets the
-    others at a collective, so only offsets within the set matter).
+    With process groups (`members`: each row's rank columns; every column by default) two ranks may
+    share no collective (tensor-parallel ranks 0 and 3 of groups {0, 1}, {2, 3} with data-parallel
+    groups {0, 2}, {1, 3}): a rank is aligned through the fewest ranks that do (0 -> 1 -> 3), the
+    errors on the way summed. A rank sharing no collective with column 0 even so is aligned to the
+    lowest rank of its own set (it never meets the others at a collective, so only offsets within
+    the set matter).
 
-    Ranks whose traces name the same clock (`clocks`: host and boot, which stepcli records) share it exactly:
-    offset 0 between them, no error added; only ranks of different machines are aligned by collectives."""
+    Ranks whose traces name the same clock (`clocks`: host and boot, which stepcli records) share it
+    exactly: offset 0 between them, no error added; only ranks of different machines are aligned by
+    collectives."""
     if members is None:
         members = [list(range(len(row))) for row in arrive]
     n = max((max(cols) + 1 for cols in members if cols), default=0)

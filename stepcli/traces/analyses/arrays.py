@@ -1,14 +1,17 @@
-"""The operator tree of a trace computed over typed arrays (numpy) instead of one Python step per event.
+"""The operator tree of a trace computed over typed arrays (numpy) instead of one Python step per
+event.
 
-A trace's kept events become columns (`Columns`): name, category kind, process, thread, start and duration. The
-nesting torch's `_populate_cpu_children` builds with a stack per thread is, for events sorted by (start, -duration),
-"the parent of an event is the latest earlier event of its thread that contains it" (an event the stack popped
-was popped by a later event that also contains everything it would have contained). That is a previous-greater
-search on end times, done here for every event at once by binary lifting over range maxima. torch's
-`_remove_dup_nodes` (an only child with its parent's name is folded into the parent) is then a few array passes.
+A trace's kept events become columns (`Columns`): name, category kind, process, thread, start and
+duration. The nesting torch's `_populate_cpu_children` builds with a stack per thread is, for events
+sorted by (start, -duration), "the parent of an event is the latest earlier event of its thread that
+contains it" (an event the stack popped was popped by a later event that also contains everything it
+would have contained). That is a previous-greater search on end times, done here for every event at
+once by binary lifting over range maxima. torch's `_remove_dup_nodes` (an only child with its
+parent's name is folded into the parent) is then a few array passes.
 
-`stepcli.traces.analyses.reference.analyze_events` is the readable per-event reference this must equal; it is still used for traces whose
-times do not fit 64-bit nanoseconds (the reference uses Python integers).
+`stepcli.traces.analyses.reference.analyze_events` is the readable per-event reference this must
+equal; it is still used for traces whose times do not fit 64-bit nanoseconds (the reference uses
+Python integers).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import numpy as np
 
 from stepcli.traces.read.typedcolumns import OTHER_CPU, USER_ANNOTATION, Columns
 
-_LIMIT_NS = 2**62  # times and sums past this could overflow int64 or lose float64 exactness: use the reference
+# times and sums past this could overflow int64 or lose float64 exactness: use the reference
+_LIMIT_NS = 2**62
 _EXACT_FLOAT = 2**53
 
 
@@ -31,7 +35,8 @@ class TooLarge(Exception):
 
 @dataclass
 class Nanoseconds:
-    """Integer nanosecond starts and durations relative to the first kept event, as the reference computes them."""
+    """Integer nanosecond starts and durations relative to the first kept event, as the reference
+    computes them."""
 
     start: np.ndarray
     dur: np.ndarray
@@ -41,25 +46,32 @@ def nanoseconds(columns: Columns) -> Nanoseconds:
     if not len(columns):
         return Nanoseconds(np.zeros(0, np.int64), np.zeros(0, np.int64))
     base = int(columns.ts[0])
-    # np.rint rounds halves to even, as Python's round() does; the float arithmetic is the reference's.
+    # np.rint rounds halves to even, as Python's round() does; the float arithmetic is the
+    # reference's.
     start = np.rint((columns.ts - base) * 1000)
     dur = np.rint(columns.dur * 1000)
-    if np.abs(start).max() >= _LIMIT_NS or dur.max() >= _LIMIT_NS or float(dur.sum()) >= _EXACT_FLOAT:
+    if (
+        np.abs(start).max() >= _LIMIT_NS
+        or dur.max() >= _LIMIT_NS
+        or float(dur.sum()) >= _EXACT_FLOAT
+    ):
         raise TooLarge
     return Nanoseconds(start.astype(np.int64), dur.astype(np.int64))
 
 
 def parents(start: np.ndarray, end: np.ndarray, dur: np.ndarray, first: np.ndarray) -> np.ndarray:
-    """The parent index of each event (-1: none) for events sorted by thread, then (start, -duration).
+    """The parent index of each event (-1: none) for events sorted by thread, then (start,
+    -duration).
 
-    `first[i]` is the index of the first event of i's thread. The parent is the latest earlier event j of the
-    thread with end[j] > start[i] and end[j] >= end[i] (strictly later end for a zero-length event). Times are
-    integers (nanoseconds): the search below relies on it.
+    `first[i]` is the index of the first event of i's thread. The parent is the latest earlier event
+    j of the thread with end[j] > start[i] and end[j] >= end[i] (strictly later end for a
+    zero-length event). Times are integers (nanoseconds): the search below relies on it.
 
-    Each event's candidate starts as the event just before it (most events are a first child, which it contains)
-    and, while it does not contain the event, jumps to the candidate's own candidate, all at once (pointer
-    doubling, a few rounds over the events still looking). The jump skips only events that fail: those between a
-    candidate c and c's candidate end no later than c does (they fail c), and c ends before the event needs.
+    Each event's candidate starts as the event just before it (most events are a first child, which
+    it contains) and, while it does not contain the event, jumps to the candidate's own candidate,
+    all at once (pointer doubling, a few rounds over the events still looking). The jump skips only
+    events that fail: those between a candidate c and c's candidate end no later than c does (they
+    fail c), and c ends before the event needs.
     """
     n = len(start)
     if n == 0:
@@ -79,7 +91,8 @@ def parents(start: np.ndarray, end: np.ndarray, dur: np.ndarray, first: np.ndarr
 
 
 def union_arrays(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Starts and ends of the sorted disjoint intervals covering the same time (touching intervals merge)."""
+    """Starts and ends of the sorted disjoint intervals covering the same time (touching intervals
+    merge)."""
     if not len(start):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     order = np.argsort(start, kind="stable")  # among equal starts any order gives the same union
@@ -93,10 +106,15 @@ def union_arrays(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.nda
 
 
 def optimizer_own(
-    start: np.ndarray, end: np.ndarray, optimizer: np.ndarray, backward: np.ndarray, closure: np.ndarray
+    start: np.ndarray,
+    end: np.ndarray,
+    optimizer: np.ndarray,
+    backward: np.ndarray,
+    closure: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The optimizer's own spans (events at `optimizer`) without the backward passes and closure calls (events at
-    `backward`, `closure`) nested in them: `optimizer.step(closure)` runs forward and backward inside it."""
+    """The optimizer's own spans (events at `optimizer`) without the backward passes and closure
+    calls (events at `backward`, `closure`) nested in them: `optimizer.step(closure)` runs forward
+    and backward inside it."""
     nested = [union_arrays(start[e], end[e]) for e in (backward, closure)]
     return without_nested(
         start[optimizer],
@@ -109,37 +127,43 @@ def optimizer_own(
 def without_nested(
     outer_start: np.ndarray, outer_end: np.ndarray, inner_start: np.ndarray, inner_end: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The union of the outer spans less the inner spans that each lie inside one of its intervals, with the outer
-    spans that lie inside those again: the optimizer's own time without the backward passes and closures nested in
-    it, its zero_grad in a closure included (stepcli.traces.analyses.steps.optimizer_own, which this equals)."""
+    """The union of the outer spans less the inner spans that each lie inside one of its intervals,
+    with the outer spans that lie inside those again: the optimizer's own time without the backward
+    passes and closures nested in it, its zero_grad in a closure included
+    (stepcli.traces.analyses.steps.optimizer_own, which this equals)."""
     starts, ends = union_arrays(outer_start, outer_end)
     inside = _inside(starts, ends, inner_start, inner_end)
     hole_start, hole_end = union_arrays(inner_start[inside], inner_end[inside])
     if not len(hole_start):
         return starts, ends
-    # Each hole lies inside one interval and the holes are disjoint: the pieces left are the interval's start to
-    # its first hole, between holes, and its last hole's end to its end; sorted, the two lists pair up.
+    # Each hole lies inside one interval and the holes are disjoint: the pieces left are the
+    # interval's start to its first hole, between holes, and its last hole's end to its end; sorted,
+    # the two lists pair up.
     piece_start = np.sort(np.concatenate((starts, hole_end)))
     piece_end = np.sort(np.concatenate((hole_start, ends)))
     keep = piece_start < piece_end
     again = _inside(hole_start, hole_end, outer_start, outer_end)
     return union_arrays(
-        np.concatenate((piece_start[keep], outer_start[again])), np.concatenate((piece_end[keep], outer_end[again]))
+        np.concatenate((piece_start[keep], outer_start[again])),
+        np.concatenate((piece_end[keep], outer_end[again])),
     )
 
 
 def _inside(starts: np.ndarray, ends: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Which spans [start, end) each lie inside one interval of the sorted disjoint union (`starts`, `ends`)."""
+    """Which spans [start, end) each lie inside one interval of the sorted disjoint union (`starts`,
+    `ends`)."""
     if not len(starts):
         return np.zeros(len(start), bool)
-    at = np.minimum(np.searchsorted(ends, start, side="right"), len(starts) - 1)  # the first ending after start
+    # the first ending after start
+    at = np.minimum(np.searchsorted(ends, start, side="right"), len(starts) - 1)
     found: np.ndarray = (starts[at] <= start) & (end <= ends[at]) & (start < ends[at])
     return found
 
 
 def covered(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Per span [lo[i], hi[i]): the time of a sorted disjoint union (`starts`, `ends`) inside it, as F(hi) - F(lo)
-    where F(t) is the union's length before t (prefix sums and a binary search, no step per interval)."""
+    """Per span [lo[i], hi[i]): the time of a sorted disjoint union (`starts`, `ends`) inside it, as
+    F(hi) - F(lo) where F(t) is the union's length before t (prefix sums and a binary search, no
+    step per interval)."""
     if not len(starts):
         return np.zeros(len(lo), np.int64)
     before = np.concatenate(([0], np.cumsum(ends - starts)))  # union length before interval k
@@ -160,12 +184,14 @@ def step_phases(
     forward_start: np.ndarray,
     forward_end: np.ndarray,
 ) -> list[np.ndarray]:
-    """Per window of one process (windows pairwise disjoint): the time of each phase in priority order, each
-    counting only time not claimed by the phases before it, then forward, then the rest (`summary._step_phases`).
+    """Per window of one process (windows pairwise disjoint): the time of each phase in priority
+    order, each counting only time not claimed by the phases before it, then forward, then the rest
+    (`summary._step_phases`).
 
-    `phase_start/end[k]` are the spans of the k-th phase anywhere in the process; `forward_*` the top-level
-    operators of the windows, already clipped to their window. Because the windows are disjoint, the time of
-    "phases 0..k" inside a window is the process-wide union of those spans measured inside it."""
+    `phase_start/end[k]` are the spans of the k-th phase anywhere in the process; `forward_*` the
+    top-level operators of the windows, already clipped to their window. Because the windows are
+    disjoint, the time of "phases 0..k" inside a window is the process-wide union of those spans
+    measured inside it."""
     out: list[np.ndarray] = []
     claimed_s: list[np.ndarray] = []
     claimed_e: list[np.ndarray] = []
@@ -173,7 +199,11 @@ def step_phases(
     for starts, ends in [*zip(phase_start, phase_end), (forward_start, forward_end)]:
         claimed_s.append(starts)
         claimed_e.append(ends)
-        now = covered(*union_arrays(np.concatenate(claimed_s), np.concatenate(claimed_e)), window_start, window_end)
+        now = covered(
+            *union_arrays(np.concatenate(claimed_s), np.concatenate(claimed_e)),
+            window_start,
+            window_end,
+        )
         out.append(now - before)
         before = now
     out.append(window_end - window_start - before)
@@ -184,8 +214,9 @@ _DENSE_KEYS = 1 << 24  # keys below this are counted in a table indexed by key (
 
 
 def unique(values: np.ndarray) -> np.ndarray:
-    """The sorted distinct values of a 1-D integer array, as np.unique(values) gives them: np.unique without
-    return_index/return_inverse imports numpy.ma (10-30 ms of a `stepcli table` run) to check for a masked array."""
+    """The sorted distinct values of a 1-D integer array, as np.unique(values) gives them: np.unique
+    without return_index/return_inverse imports numpy.ma (10-30 ms of a `stepcli table` run) to
+    check for a masked array."""
     ordered = np.sort(values)
     if len(ordered) < 2:
         return ordered
@@ -197,7 +228,8 @@ def unique(values: np.ndarray) -> np.ndarray:
 
 
 def isin(values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """np.isin(values, wanted) for integer arrays, by binary search (np.isin may call np.unique, see unique)."""
+    """np.isin(values, wanted) for integer arrays, by binary search (np.isin may call np.unique, see
+    unique)."""
     table = unique(wanted)
     if not len(table):
         return np.zeros(len(values), bool)
@@ -210,19 +242,27 @@ def group_sums(keys: np.ndarray, values: list[np.ndarray]) -> tuple[np.ndarray, 
     if len(keys) and 0 <= keys.min() and keys.max() < _DENSE_KEYS:
         counts = np.bincount(keys)
         unique = np.nonzero(counts)[0]
-        sums = [np.bincount(keys, weights=v, minlength=len(counts))[unique].round().astype(np.int64) for v in values]
+        sums = [
+            np.bincount(keys, weights=v, minlength=len(counts))[unique].round().astype(np.int64)
+            for v in values
+        ]
         return unique, [counts[unique], *sums]
     unique, inverse = np.unique(keys, return_inverse=True)
     inverse = inverse.reshape(-1)
     counts = np.bincount(inverse, minlength=len(unique))
-    sums = [np.bincount(inverse, weights=v, minlength=len(unique)).round().astype(np.int64) for v in values]
+    sums = [
+        np.bincount(inverse, weights=v, minlength=len(unique)).round().astype(np.int64)
+        for v in values
+    ]
     return unique, [counts, *sums]
 
 
 def first_seen(codes: np.ndarray) -> np.ndarray:
-    """Per small non-negative code value, the index of its first appearance (len(codes) where it never does)."""
+    """Per small non-negative code value, the index of its first appearance (len(codes) where it
+    never does)."""
     first = np.full(int(codes.max()) + 1 if len(codes) else 0, len(codes), np.int64)
-    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)  # with repeated indices, the last write (earliest) wins
+    # with repeated indices, the last write (earliest) wins
+    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
     return first
 
 
@@ -233,17 +273,23 @@ def rows_from(
     total_ns: np.ndarray,
     counted: np.ndarray | None = None,
 ) -> dict[Any, list[int]]:
-    """Row dict {row key: [calls, self ns, total ns]} from per-event key ids (`key_of` turns an id into the key).
+    """Row dict {row key: [calls, self ns, total ns]} from per-event key ids (`key_of` turns an id
+    into the key).
 
-    Events not `counted` (folded into their parent) add nothing but still make their key's row exist, as the
-    reference's undo leaves a row of zeros behind (a folded child whose shape differs from its parent's)."""
+    Events not `counted` (folded into their parent) add nothing but still make their key's row
+    exist, as the reference's undo leaves a row of zeros behind (a folded child whose shape differs
+    from its parent's)."""
     if counted is None:
         unique, (calls, self_sum, total_sum) = group_sums(keys, [self_ns, total_ns])
     else:
-        unique, (_all, calls, self_sum, total_sum) = group_sums(keys, [counted, self_ns * counted, total_ns * counted])
+        unique, (_all, calls, self_sum, total_sum) = group_sums(
+            keys, [counted, self_ns * counted, total_ns * counted]
+        )
     return {
         key_of(k): [c, s, t]
-        for k, c, s, t in zip(unique.tolist(), calls.tolist(), self_sum.tolist(), total_sum.tolist())
+        for k, c, s, t in zip(
+            unique.tolist(), calls.tolist(), self_sum.tolist(), total_sum.tolist()
+        )
     }
 
 
@@ -264,10 +310,10 @@ def first_index_order(codes: np.ndarray) -> np.ndarray:
 
 
 def thread_order(thread: np.ndarray, start: np.ndarray, dur: np.ndarray) -> np.ndarray:
-    """The permutation sorting events by (thread, start, -duration, position), as np.lexsort would, but faster
-    on a trace: its events come nearly sorted by start, which a stable sort (timsort) passes in linear time, equal
-    starts are ordered among themselves only, and threads are few, which a stable sort of small integers (radix)
-    orders in linear time."""
+    """The permutation sorting events by (thread, start, -duration, position), as np.lexsort would,
+    but faster on a trace: its events come nearly sorted by start, which a stable sort (timsort)
+    passes in linear time, equal starts are ordered among themselves only, and threads are few,
+    which a stable sort of small integers (radix) orders in linear time."""
     order = np.argsort(start, kind="stable")
     s = start[order]
     equal = s[1:] == s[:-1]
@@ -285,8 +331,8 @@ def thread_order(thread: np.ndarray, start: np.ndarray, dur: np.ndarray) -> np.n
 
 
 def analysis_arrays(columns: Columns, ns: Nanoseconds) -> dict[str, np.ndarray]:
-    """Per CPU event in (thread, start, -duration) order: index, parent, kept (not folded) and self time; and
-    the CPU events in file order (`in_file`)."""
+    """Per CPU event in (thread, start, -duration) order: index, parent, kept (not folded) and self
+    time; and the CPU events in file order (`in_file`)."""
     cpu = np.nonzero((columns.kind == OTHER_CPU) | (columns.kind == USER_ANNOTATION))[0]
     n_ids = max(len(columns.ids), 1)
     thread = first_index_order(columns.pid[cpu].astype(np.int64) * n_ids + columns.tid[cpu])

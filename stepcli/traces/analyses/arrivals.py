@@ -1,25 +1,31 @@
-"""Each rank's collectives from its own trace: when it arrived, when it left, and what it did before arriving.
+"""Each rank's collectives from its own trace: when it arrived, when it left, and what it did before
+arriving.
 
-Read from the columns the summary already decoded (stepcli.traces.read.columns), so no trace is read twice. Pure.
+Read from the columns the summary already decoded (stepcli.traces.read.columns), so no trace is read
+twice. Pure.
 
-- **Arrival**: the host-side start of a collective in the process that runs the steps: the outermost `c10d::*`,
-  `record_param_comms` or `nccl:*` event of any of its threads (DDP on CUDA calls collectives from the autograd
-  engine's thread), or `gloo:*` on the steps' thread (on other threads, `gloo:*` is gloo's worker doing the work).
-- **Departure**: when the collective finished: the end of its NCCL kernel on the device, the one whose launch
-  (same `correlation`) sits inside the collective; without correlations, of its matching `gloo:*` event on a gloo
-  worker thread or NCCL kernel (the k-th collective of the window pairs with the k-th of those when the counts
-  agree); else the end of the host-side call (a synchronous collective).
-- **Process group**: on NCCL traces torch nests a `record_param_comms` event in each host-side collective whose
-  args name its process group (`Process Group Name`), the group's member ranks (`Process Group Ranks`) and the
-  collective's sequence number on that group (`Seq`, the same on every member). The first one inside the
-  collective gives it its group. gloo traces (and older torch) have none.
-- **Key**: (step, collective name, sequence number or -1, order among the step's collectives with the same name,
-  group and sequence number), with the group beside it (`groups`, into `group_table`). With a group, collectives
-  are matched across the group's members by its sequence number (exact, even when a rank's trace lost an event);
-  without one, by the order in which every rank issues the step's collectives of that name.
-- **Gap before arrival**: from the later of the previous collective's host-side end and its departure (time spent
-  waiting for the others is not the rank's own work) to this arrival, split into causes (`CAUSES`) over the
-  process's threads (gloo's workers left out).
+- **Arrival**: the host-side start of a collective in the process that runs the steps: the outermost
+  `c10d::*`, `record_param_comms` or `nccl:*` event of any of its threads (DDP on CUDA calls
+  collectives from the autograd engine's thread), or `gloo:*` on the steps' thread (on other
+  threads, `gloo:*` is gloo's worker doing the work).
+- **Departure**: when the collective finished: the end of its NCCL kernel on the device, the one
+  whose launch (same `correlation`) sits inside the collective; without correlations, of its
+  matching `gloo:*` event on a gloo worker thread or NCCL kernel (the k-th collective of the window
+  pairs with the k-th of those when the counts agree); else the end of the host-side call (a
+  synchronous collective).
+- **Process group**: on NCCL traces torch nests a `record_param_comms` event in each host-side
+  collective whose args name its process group (`Process Group Name`), the group's member ranks
+  (`Process Group Ranks`) and the collective's sequence number on that group (`Seq`, the same on
+  every member). The first one inside the collective gives it its group. gloo traces (and older
+  torch) have none.
+- **Key**: (step, collective name, sequence number or -1, order among the step's collectives with
+  the same name, group and sequence number), with the group beside it (`groups`, into
+  `group_table`). With a group, collectives are matched across the group's members by its sequence
+  number (exact, even when a rank's trace lost an event); without one, by the order in which every
+  rank issues the step's collectives of that name.
+- **Gap before arrival**: from the later of the previous collective's host-side end and its
+  departure (time spent waiting for the others is not the rank's own work) to this arrival, split
+  into causes (`CAUSES`) over the process's threads (gloo's workers left out).
 """
 
 from __future__ import annotations
@@ -45,25 +51,33 @@ _TOP_DETAIL = 8  # operator names kept per gap
 
 @dataclass
 class RankArrivals:
-    """One rank's collectives in one trace, in the order it issued them; small and picklable (a FilePart field)."""
+    """One rank's collectives in one trace, in the order it issued them; small and picklable (a
+    FilePart field)."""
 
     rank: int | None
-    keys: list[tuple[int, str, int, int]] = field(default_factory=list)  # (step, name, seq or -1, order)
+    # (step, name, seq or -1, order)
+    keys: list[tuple[int, str, int, int]] = field(default_factory=list)
     arrive_us: list[float] = field(default_factory=list)  # the trace's own clock
     depart_us: list[float] = field(default_factory=list)
-    gaps: list[dict[str, float]] = field(default_factory=list)  # cause -> µs in the gap before arrival
-    details: list[dict[str, float]] = field(default_factory=list)  # operator or gc annotation name -> µs
-    groups: list[int] = field(default_factory=list)  # per collective: its process group in group_table; -1: none
-    # (process group name, its member ranks; () when the trace does not list them all) of the groups used
+    # cause -> µs in the gap before arrival
+    gaps: list[dict[str, float]] = field(default_factory=list)
+    # operator or gc annotation name -> µs
+    details: list[dict[str, float]] = field(default_factory=list)
+    # per collective: its process group in group_table; -1: none
+    groups: list[int] = field(default_factory=list)
+    # (process group name, its member ranks; () when the trace does not list them all) of the groups
+    # used
     group_table: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
-    clock: str | None = None  # the clock of its times (host and boot) when stepcli recorded it: ranks sharing one
-    # need no alignment
-    # step -> (ms on a CPU, ms waiting for one) of its steps' thread, when stepcli recorded the trace (Linux)
+    # the clock of its times (host and boot) when stepcli recorded it: ranks sharing one
+    clock: str | None = None
+    # need no alignment step -> (ms on a CPU, ms waiting for one) of its steps' thread, when stepcli
+    # recorded the trace (Linux)
     cpu_time: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
 def _category(names: list[str]) -> np.ndarray:
-    """Per name code: 0 operator, 1 gc, 2 dataloader, 3 host-to-device copy, 4 compilation, 5 step, 6 collective."""
+    """Per name code: 0 operator, 1 gc, 2 dataloader, 3 host-to-device copy, 4 compilation, 5 step,
+    6 collective."""
 
     def one(name: str) -> int:
         if name.startswith(STEP_PREFIX):
@@ -93,8 +107,11 @@ def _outermost(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     return np.nonzero(keep)[0]
 
 
-def _outermost_per_thread(columns: typedcolumns.Columns, events: np.ndarray, thread: np.ndarray) -> np.ndarray:
-    """The events (sorted by start, longer first) inside no other event of their thread, sorted by start."""
+def _outermost_per_thread(
+    columns: typedcolumns.Columns, events: np.ndarray, thread: np.ndarray
+) -> np.ndarray:
+    """The events (sorted by start, longer first) inside no other event of their thread, sorted by
+    start."""
     kept = []
     for code in col.unique(thread[events]).tolist():
         mine = events[thread[events] == code]
@@ -104,14 +121,20 @@ def _outermost_per_thread(columns: typedcolumns.Columns, events: np.ndarray, thr
 
 
 def _departures(
-    columns: typedcolumns.Columns, gloo_work: np.ndarray, host: np.ndarray, thread: np.ndarray, host_end: np.ndarray
+    columns: typedcolumns.Columns,
+    gloo_work: np.ndarray,
+    host: np.ndarray,
+    thread: np.ndarray,
+    host_end: np.ndarray,
 ) -> np.ndarray:
-    """The end of each host collective's completion event (gloo worker thread, NCCL kernel), else its own end.
+    """The end of each host collective's completion event (gloo worker thread, NCCL kernel), else
+    its own end.
 
-    An NCCL kernel belongs to the host collective its launch sits in: the kernel's `correlation` names the launch
-    call, on the collective's thread. With several process groups on different streams, kernels need not start
-    in the order the collectives were issued, so pairing by order would mismatch them. Without correlations
-    (and for gloo's workers), the k-th collective pairs with the k-th completion event when the counts agree."""
+    An NCCL kernel belongs to the host collective its launch sits in: the kernel's `correlation`
+    names the launch call, on the collective's thread. With several process groups on different
+    streams, kernels need not start in the order the collectives were issued, so pairing by order
+    would mismatch them. Without correlations (and for gloo's workers), the k-th collective pairs
+    with the k-th completion event when the counts agree."""
     name_is_nccl = np.array(["nccl" in n[:16].lower() for n in columns.names] or [False], bool)
     gloo = np.nonzero(gloo_work)[0]
     kernels = np.nonzero((columns.kind == typedcolumns.DEVICE) & name_is_nccl[columns.name])[0]
@@ -130,20 +153,24 @@ def _departures(
 def _launched_in(
     columns: typedcolumns.Columns, kernels: np.ndarray, host: np.ndarray, thread: np.ndarray
 ) -> np.ndarray | None:
-    """Per host collective, the latest end of the NCCL kernels launched inside it (-inf: none), or None when no
-    kernel's launch is found inside one."""
+    """Per host collective, the latest end of the NCCL kernels launched inside it (-inf: none), or
+    None when no kernel's launch is found inside one."""
     kernels = kernels[columns.corr[kernels] >= 0]
     if not len(kernels) or not len(host):
         return None
     wanted = columns.corr[kernels]
     launches = np.nonzero(
-        (columns.kind != typedcolumns.DEVICE) & (columns.kind != typedcolumns.MEMORY) & (columns.corr >= 0)
+        (columns.kind != typedcolumns.DEVICE)
+        & (columns.kind != typedcolumns.MEMORY)
+        & (columns.corr >= 0)
     )[0]
     launches = launches[np.isin(columns.corr[launches], wanted)]
     if not len(launches):
         return None
-    launch_of = dict(zip(columns.corr[launches].tolist()[::-1], launches.tolist()[::-1]))  # the first per id
-    by_thread = np.lexsort((columns.ts[host], thread[host]))  # host collectives by thread, then start
+    # the first per id
+    launch_of = dict(zip(columns.corr[launches].tolist()[::-1], launches.tolist()[::-1]))
+    # host collectives by thread, then start
+    by_thread = np.lexsort((columns.ts[host], thread[host]))
     host_thread, host_start = thread[host][by_thread], columns.ts[host][by_thread]
     host_stop = host_start + columns.dur[host][by_thread]
     out = np.full(len(host), -np.inf)
@@ -184,12 +211,18 @@ def rank_arrivals(
     thread = columns.pid.astype(np.int64) * max(len(columns.ids), 1) + columns.tid
     main_thread = np.bincount(thread[steps]).argmax()
     main_pid = columns.pid[steps[thread[steps] == main_thread][0]]
-    # Every CPU event of the process that runs the steps, by start (longer first): DDP on CUDA calls its
-    # collectives from the autograd engine's thread, so they are looked for on every thread of the process.
+    # Every CPU event of the process that runs the steps, by start (longer first): DDP on CUDA calls
+    # its collectives from the autograd engine's thread, so they are looked for on every thread of
+    # the process.
     events = np.nonzero(cpu & (columns.pid == main_pid))[0]
-    events = events[col.thread_order(np.zeros(len(events), np.int64), columns.ts[events], columns.dur[events])]
-    is_gloo = np.array([n.startswith("gloo:") for n in columns.names] or [False], bool)[columns.name]
-    gloo_work = cpu & is_gloo & (thread != main_thread)  # gloo's worker threads: the collectives' completion
+    events = events[
+        col.thread_order(np.zeros(len(events), np.int64), columns.ts[events], columns.dur[events])
+    ]
+    is_gloo = np.array([n.startswith("gloo:") for n in columns.names] or [False], bool)[
+        columns.name
+    ]
+    # gloo's worker threads: the collectives' completion
+    gloo_work = cpu & is_gloo & (thread != main_thread)
     host = events[(category[events] == 6) & ~gloo_work[events]]
     host = _outermost_per_thread(columns, host, thread)
     if not host.size:
@@ -201,13 +234,16 @@ def rank_arrivals(
     where = np.searchsorted(step_start, arrive, side="right") - 1
     inside = (where >= 0) & (arrive < step_end[np.maximum(where, 0)])
     out = RankArrivals(rank, clock=clock, cpu_time=cpu_time or {})
-    previous_done = np.concatenate(([step_start[0] if len(step_start) else arrive[0]], np.maximum(host_end, depart)))
+    previous_done = np.concatenate(
+        ([step_start[0] if len(step_start) else arrive[0]], np.maximum(host_end, depart))
+    )
     gap_from = np.minimum(previous_done[:-1], arrive)
     causes, details = _gaps(columns, events[~gloo_work[events]], category, thread, gap_from, arrive)
     group_at = _host_groups(columns, host, thread)
     table: dict[tuple[str, tuple[int, ...]], int] = {}
     seen: dict[tuple[int, int, str, int], int] = {}
-    ranks_of: dict[str, tuple[int, ...]] = {}  # (a group's member list, parsed once: 128 ranks are 128 items)
+    # (a group's member list, parsed once: 128 ranks are 128 items)
+    ranks_of: dict[str, tuple[int, ...]] = {}
     for i in np.nonzero(inside)[0].tolist():
         step = step_numbers[where[i]]
         if step < 0:
@@ -235,8 +271,8 @@ def rank_arrivals(
 
 
 def members(text: str) -> tuple[int, ...]:
-    """The ranks of torch's `Process Group Ranks` ("[0, 1, 2, 3]"); () when it is cut short ("[0, 1, ..., 63]",
-    torch lists at most 30) or unreadable."""
+    """The ranks of torch's `Process Group Ranks` ("[0, 1, 2, 3]"); () when it is cut short ("[0, 1,
+    ..., 63]", torch lists at most 30) or unreadable."""
     inner = text.strip()
     if not (inner.startswith("[") and inner.endswith("]")):
         return ()
@@ -249,8 +285,8 @@ def members(text: str) -> tuple[int, ...]:
 def _host_groups(
     columns: typedcolumns.Columns, host: np.ndarray, thread: np.ndarray
 ) -> dict[int, tuple[str, int, str]]:
-    """Per host collective (position in `host`): the process group of the first `record_param_comms` with one
-    inside it on its thread (or of itself)."""
+    """Per host collective (position in `host`): the process group of the first `record_param_comms`
+    with one inside it on its thread (or of itself)."""
     if not columns.groups or not len(host):
         return {}
     carriers = np.array(sorted(columns.groups), np.int64)
@@ -270,7 +306,8 @@ def _host_groups(
 def _step_table(
     columns: typedcolumns.Columns, steps: np.ndarray, incomplete_step: int | None
 ) -> tuple[list[int], np.ndarray, np.ndarray]:
-    """Step numbers (-1: unusable or incomplete), starts and ends of the step annotations, by start."""
+    """Step numbers (-1: unusable or incomplete), starts and ends of the step annotations, by
+    start."""
     steps = steps[np.argsort(columns.ts[steps], kind="stable")]
     numbers = []
     for index in steps.tolist():
@@ -307,17 +344,27 @@ def _gaps(
     lo: np.ndarray,
     hi: np.ndarray,
 ) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
-    """Per gap [lo, hi) in the process: µs per cause and the top-level operator (or gc) names by their time."""
-    work = events[(category[events] != 5) & (category[events] != 6)]  # steps and collectives are no work
+    """Per gap [lo, hi) in the process: µs per cause and the top-level operator (or gc) names by
+    their time."""
+    # steps and collectives are no work
+    work = events[(category[events] != 5) & (category[events] != 6)]
     cause_of = {1: "gc", 2: "dataloader", 3: "host_to_device", 4: "compile"}
-    per_cause = {label: _covered(_union(columns, work[category[work] == c]), lo, hi) for c, label in cause_of.items()}
+    per_cause = {
+        label: _covered(_union(columns, work[category[work] == c]), lo, hi)
+        for c, label in cause_of.items()
+    }
     special = work[(category[work] >= 1) & (category[work] <= 4)]
     special_union = _union(columns, special)
-    # Operators, and gc pauses; an annotation's own time is Python code between operators: no operator.
-    ops = work[((category[work] == 0) & (columns.kind[work] == typedcolumns.OTHER_CPU)) | (category[work] == 1)]
+    # Operators, and gc pauses; an annotation's own time is Python code between operators: no
+    # operator.
+    ops = work[
+        ((category[work] == 0) & (columns.kind[work] == typedcolumns.OTHER_CPU))
+        | (category[work] == 1)
+    ]
     busy = _covered(_union(columns, np.concatenate([ops, special])), lo, hi)
-    # Top-level operators (and gc pauses) only, by their time in the gap: the calls the rank's Python code made,
-    # and without nesting to resolve. The gaps are sorted and disjoint: each falls in at most one (binary search).
+    # Top-level operators (and gc pauses) only, by their time in the gap: the calls the rank's
+    # Python code made, and without nesting to resolve. The gaps are sorted and disjoint: each falls
+    # in at most one (binary search).
     ops = _outermost_per_thread(columns, ops, thread)
     start = columns.ts[ops]
     gap_of = np.searchsorted(lo, start, side="right") - 1

@@ -1,13 +1,15 @@
-"""Collectives and host-device copies over the recorded steps: per collective type and size, calls, time, algorithm
-and bus bandwidth (nccl-tests' formulas); per copy direction and host memory (pageable or pinned), bandwidth.
+"""Collectives and host-device copies over the recorded steps: per collective type and size, calls,
+time, algorithm and bus bandwidth (nccl-tests' formulas); per copy direction and host memory
+(pageable or pinned), bandwidth.
 
-A device event counts when it starts inside a recorded step. A collective's type, algorithm and protocol come from
-its kernel name (`ncclKernel_AllReduce_RING_LL_Sum_float`, `ncclDevKernel_AllGather_RING_LL`, `rccl...`), its
-size from the NCCL metadata torch records in the kernel's args (`Collective name`, `In msg nelems`, `Out msg
-nelems`, `Group size`, `dtype`) when the trace has them. Bandwidths (docs/concepts/gpu.md, "Collectives and copies"):
-algbw = size / mean time; busbw = algbw x factor with n ranks: all-reduce 2(n-1)/n; all-gather, reduce-scatter
-and all-to-all (n-1)/n; broadcast, reduce, send/recv 1 (nccl-tests' PERFORMANCE.md); size is the larger of the
-input and output message.
+A device event counts when it starts inside a recorded step. A collective's type, algorithm and
+protocol come from its kernel name (`ncclKernel_AllReduce_RING_LL_Sum_float`,
+`ncclDevKernel_AllGather_RING_LL`, `rccl...`), its size from the NCCL metadata torch records in the
+kernel's args (`Collective name`, `In msg nelems`, `Out msg nelems`, `Group size`, `dtype`) when the
+trace has them. Bandwidths (docs/concepts/gpu.md, "Collectives and copies"): algbw = size / mean
+time; busbw = algbw x factor with n ranks: all-reduce 2(n-1)/n; all-gather, reduce-scatter and
+all-to-all (n-1)/n; broadcast, reduce, send/recv 1 (nccl-tests' PERFORMANCE.md); size is the larger
+of the input and output message.
 """
 
 from __future__ import annotations
@@ -21,7 +23,16 @@ if TYPE_CHECKING:
 
     from stepcli.traces.read.typedcolumns import Columns
 
-_ALGORITHMS = ("RING", "TREE", "COLLNET", "COLLNETDIRECT", "COLLNETCHAIN", "NVLS", "NVLSTREE", "PAT")
+_ALGORITHMS = (
+    "RING",
+    "TREE",
+    "COLLNET",
+    "COLLNETDIRECT",
+    "COLLNETCHAIN",
+    "NVLS",
+    "NVLSTREE",
+    "PAT",
+)
 _PROTOCOLS = ("LL", "LL128", "SIMPLE")
 _KERNEL = re.compile(r"^(?:void )?[nr]ccl[A-Za-z]*_([A-Za-z]+)", re.IGNORECASE)
 _COPY = re.compile(r"^Memcpy (\w+)(?: \((\w+) -> (\w+)\))?")
@@ -34,7 +45,9 @@ _DTYPE_BYTES = {
 NS_PER_MS = 1_000_000.0
 
 
-def collective_of(name: str, args: tuple[int, str, int, int, int, str] | None) -> tuple[str, str, str] | None:
+def collective_of(
+    name: str, args: tuple[int, str, int, int, int, str] | None
+) -> tuple[str, str, str] | None:
     """(type, algorithm, protocol) of a collective kernel; None for any other kernel."""
     match = _KERNEL.match(name)
     if match is None:
@@ -51,14 +64,22 @@ def bus_factor(kind: str, ranks: int) -> float:
     n = max(ranks, 1)
     if kind in ("allreduce",):
         return 2 * (n - 1) / n
-    if kind in ("allgather", "reducescatter", "alltoall", "alltoallv", "allgatherbase", "reducescatterbase"):
+    if kind in (
+        "allgather",
+        "reducescatter",
+        "alltoall",
+        "alltoallv",
+        "allgatherbase",
+        "reducescatterbase",
+    ):
         return (n - 1) / n
     return 1.0
 
 
 @dataclass
 class Transfers:
-    """Per key, [calls, ns, bytes] summed over the steps of a file (or of several: `+` adds them)."""
+    """Per key, [calls, ns, bytes] summed over the steps of a file (or of several: `+` adds
+    them)."""
 
     steps: int
     collectives: dict[tuple[str, str, str, str, int, int], list[int]] = field(default_factory=dict)
@@ -95,7 +116,9 @@ class Transfers:
                     "calls_per_step": calls / steps,
                     "ms_per_step": ns / steps / NS_PER_MS,
                     "algbw_gbps": algbw,
-                    "busbw_gbps": algbw * bus_factor(kind, ranks) if algbw is not None and ranks > 0 else None,
+                    "busbw_gbps": algbw * bus_factor(kind, ranks)
+                    if algbw is not None and ranks > 0
+                    else None,
                 }
             )
         copies = [
@@ -107,13 +130,16 @@ class Transfers:
                 "bytes_per_step": size / steps if size >= 0 else None,
                 "gbps": size / ns if ns and size > 0 else None,
             }
-            for (direction, memory), (calls, ns, size) in sorted(self.copies.items(), key=lambda item: -item[1][1])
+            for (direction, memory), (calls, ns, size) in sorted(
+                self.copies.items(), key=lambda item: -item[1][1]
+            )
         ]
         return {"collectives": collectives, "copies": copies}
 
 
 def _copy_of(name: str) -> tuple[str, str] | None:
-    """(direction, host memory) of a copy: ("HtoD", "Pageable") for `Memcpy HtoD (Pageable -> Device)`."""
+    """(direction, host memory) of a copy: ("HtoD", "Pageable") for `Memcpy HtoD (Pageable ->
+    Device)`."""
     match = _COPY.match(name)
     if match is None:
         return None
@@ -123,14 +149,21 @@ def _copy_of(name: str) -> tuple[str, str] | None:
 
 
 def measure_transfers(
-    columns: Columns, start: np.ndarray, dur: np.ndarray, device: np.ndarray, inside: np.ndarray, steps: int
+    columns: Columns,
+    start: np.ndarray,
+    dur: np.ndarray,
+    device: np.ndarray,
+    inside: np.ndarray,
+    steps: int,
 ) -> Transfers:
-    """The transfers of the device events `device` (indices) whose `inside` (bool per device event) is true."""
+    """The transfers of the device events `device` (indices) whose `inside` (bool per device event)
+    is true."""
     import numpy as np
 
     out = Transfers(steps)
     names, transfers = columns.names, columns.transfers
-    # per name: 1 a copy, 2 a collective kernel, 0 anything else (once per distinct name, then arrays)
+    # per name: 1 a copy, 2 a collective kernel, 0 anything else (once per distinct name, then
+    # arrays)
     kinds = np.array([_kind_of(n) for n in names] or [0], np.int8)
     chosen = device[inside]
     chosen = chosen[kinds[columns.name[chosen]] > 0]

@@ -1,5 +1,6 @@
-"""The culprit in words: its cause, its process group, the evidence sentence the JSON and the report carry, and the
-terminal line of `table` and the run summary (stepcli.traces.analyses.culprit computes what they say).
+"""The culprit in words: its cause, its process group, the evidence sentence the JSON and the report
+carry, and the terminal line of `table` and the run summary (stepcli.traces.analyses.culprit
+computes what they say).
 """
 
 from __future__ import annotations
@@ -21,15 +22,19 @@ _GENERATION = re.compile(r"gen (\d)")
 
 
 def cause_words(found: dict[str, Any]) -> str:
-    """The cause in words, with the generation of a gc pause or the top operators, e.g. `Python garbage
-    collection (gen 2)` or `CPU operators (aten::matmul 15.1 ms, aten::tanh 10.7 ms)`."""
+    """The cause in words, with the generation of a gc pause or the top operators, e.g. `Python
+    garbage collection (gen 2)` or `CPU operators (aten::matmul 15.1 ms, aten::tanh 10.7 ms)`."""
     cause = found["cause"]
     top = found.get("top") or []
     if cause == "gc" and top:
         generation = _GENERATION.search(top[0]["name"])
         return f"Python garbage collection (gen {generation.group(1) if generation else '?'})"
     if top:
-        return f"{CAUSE_WORDS[cause]} (" + ", ".join(f"{t['name']} {t['ms_per_step']:.1f} ms" for t in top) + ")"
+        return (
+            f"{CAUSE_WORDS[cause]} ("
+            + ", ".join(f"{t['name']} {t['ms_per_step']:.1f} ms" for t in top)
+            + ")"
+        )
     return CAUSE_WORDS[cause]
 
 
@@ -39,7 +44,8 @@ def group_words(group: dict[str, Any]) -> str:
 
 
 def evidence(found: dict[str, Any]) -> str:
-    """One sentence: who arrives last, how often (on which process group, when judged on one), how late, and why."""
+    """One sentence: who arrives last, how often (on which process group, when judged on one), how
+    late, and why."""
     group = found.get("group")
     figures = group or found
     where = f"the collectives on {group_words(group)}" if group else "the collectives"
@@ -47,8 +53,8 @@ def evidence(found: dict[str, Any]) -> str:
     return (
         f"rank {found['rank']} arrives last at {figures['last_share']:.0%} of {where}, "
         f"{figures['lateness_ms_per_step']:.1f} ms/step late, making the others wait "
-        f"{figures['wait_caused_ms_per_step']:.1f} ms/step; its extra time before arriving is {cause_words(found)}, "
-        f"{found['cause_ms_per_step']:.1f} ms/step more than {others}"
+        f"{figures['wait_caused_ms_per_step']:.1f} ms/step; its extra time before arriving is "
+        f"{cause_words(found)}, {found['cause_ms_per_step']:.1f} ms/step more than {others}"
     )
 
 
@@ -63,17 +69,20 @@ def summary_line(section: dict[str, Any] | None) -> str | None:
 
 
 def no_culprit_reason(section: Mapping[str, Any]) -> str:
-    """Why no culprit is named, as the terminal and the page both say it: the test that decided, as the analysis
-    wrote it (`no_culprit.words`)."""
+    """Why no culprit is named, as the terminal and the page both say it: the test that decided, as
+    the analysis wrote it (`no_culprit.words`)."""
     decided = section.get("no_culprit")
     if isinstance(decided, Mapping) and isinstance(decided.get("words"), str):
         return f"{decided['words']} ({_clocks(section)})"
-    return f"no rank arrives last consistently enough at {section['collectives']} collectives ({_clocks(section)})"
+    return (
+        f"no rank arrives last consistently enough at {section['collectives']} collectives "
+        f"({_clocks(section)})"
+    )
 
 
 def no_culprit_words(why: Mapping[str, Any]) -> str:
-    """The sentence of the test that decided no culprit (stepcli.traces.analyses.culprit._why_not), with the latest
-    rank's figures: it must never contradict the table of ranks beside it."""
+    """The sentence of the test that decided no culprit (stepcli.traces.analyses.culprit._why_not),
+    with the latest rank's figures: it must never contradict the table of ranks beside it."""
     rank, reason = why["rank"], why["reason"]
     last = f"rank {rank} arrives last at {why['times_last']} of {why['collectives']} collectives"
     if reason == "not_last_often":
@@ -82,11 +91,14 @@ def no_culprit_words(why: Mapping[str, Any]) -> str:
             f"the latest, {last} ({why['last_share']:.0%})"
         )
     if reason == "chance":
-        return f"{last}, which ranks doing the same work do {why['chance']:.0%} of the time by chance"
+        return (
+            f"{last}, which ranks doing the same work do {why['chance']:.0%} of the time by chance"
+        )
     if reason == "lead_in_noise":
         return (
-            f"{last}, but by a median lead of only {why['lead_median_ms']:.2f} ms, no more than the noise "
-            f"({why['min_lead_ms']:.2f} ms: its arrivals' jitter, the clocks' alignment error)"
+            f"{last}, but by a median lead of only {why['lead_median_ms']:.2f} ms, no more than "
+            f"the noise ({why['min_lead_ms']:.2f} ms: its arrivals' jitter, the clocks' alignment "
+            f"error)"
         )
     if reason == "little_lateness":
         return (
@@ -94,9 +106,10 @@ def no_culprit_words(why: Mapping[str, Any]) -> str:
             f"{why['min_lateness_ms_per_step']:.2f} ms/step that would matter"
         )
     return (
-        f"{last}, {why['lateness_ms_per_step']:.2f} ms/step late, but does no extra work before arriving "
-        f"({why['cause_ms_per_step']:.2f} ms/step more than the others): it only leaves each collective later, the "
-        f"order in which the collective completes on the ranks (gloo's ring), not work of its own"
+        f"{last}, {why['lateness_ms_per_step']:.2f} ms/step late, but does no extra work before "
+        f"arriving ({why['cause_ms_per_step']:.2f} ms/step more than the others): it only leaves "
+        f"each collective later, the order in which the collective completes on the ranks (gloo's "
+        f"ring), not work of its own"
     )
 
 

@@ -1,20 +1,22 @@
-"""Device time by kernel class over the recorded steps: computation, communication, memory, their overlap, idle.
+"""Device time by kernel class over the recorded steps: computation, communication, memory, their
+overlap, idle.
 
-Classes (Holistic Trace Analysis's): communication is a collective kernel of NCCL or RCCL under any naming
-(`ncclKernel_*`, `ncclDevKernel_*`, `rccl*`); memory is a `gpu_memcpy` or `gpu_memset` event; computation is
-every other kernel. For each class, the time of the union of its intervals inside the measured spans (the
-recorded steps, or the extent of the trace's activity when it has no steps), over the same spans' length:
+Classes (Holistic Trace Analysis's): communication is a collective kernel of NCCL or RCCL under any
+naming (`ncclKernel_*`, `ncclDevKernel_*`, `rccl*`); memory is a `gpu_memcpy` or `gpu_memset` event;
+computation is every other kernel. For each class, the time of the union of its intervals inside the
+measured spans (the recorded steps, or the extent of the trace's activity when it has no steps),
+over the same spans' length:
 
 - busy: any device work; compute, comm, memory: that class; idle: no device work (1 - busy share);
 - overlap: communication while computation also runs (the intersection of the two unions);
 - comm_overlap_share = overlap / comm (None without communication); exposed comm = comm - overlap.
 
-The same figures per recorded step (`steps`): each step window of each process measured alone, then per step
-number the mean over the processes (files) that recorded it.
+The same figures per recorded step (`steps`): each step window of each process measured alone, then
+per step number the mean over the processes (files) that recorded it.
 
-Times are integer nanoseconds, so figures of several files and ranks add up exactly (`DeviceTimes.__add__`).
-The measuring itself takes a `within` function: array prefix sums on the columnar path, Python integers on the
-per-event reference (times past 64-bit nanoseconds).
+Times are integer nanoseconds, so figures of several files and ranks add up exactly
+(`DeviceTimes.__add__`). The measuring itself takes a `within` function: array prefix sums on the
+columnar path, Python integers on the per-event reference (times past 64-bit nanoseconds).
 """
 
 from __future__ import annotations
@@ -27,21 +29,24 @@ from stepcli.traces.analyses.collectivestats import Transfers
 from stepcli.traces.analyses.launches import LaunchTimes
 
 NS_PER_MS = 1_000_000.0
-# The unions a trace result carries, by class; "comm_or_compute" measures the overlap (|A| + |B| - |A u B|).
+# The unions a trace result carries, by class; "comm_or_compute" measures the overlap (|A| + |B| -
+# |A u B|).
 CLASSES = ("compute", "comm", "memory", "comm_or_compute")
 MEMORY_CATEGORIES = frozenset({"gpu_memcpy", "gpu_memset"})
 _COLLECTIVE_PREFIXES = ("nccl", "rccl")
 
 
 def is_collective_kernel(name: str) -> bool:
-    """Whether a device kernel is an NCCL/RCCL collective (any naming: ncclKernel_, ncclDevKernel_, rccl...)."""
+    """Whether a device kernel is an NCCL/RCCL collective (any naming: ncclKernel_, ncclDevKernel_,
+    rccl...)."""
     if name.startswith("void "):
         name = name[5:]
     return name[:4].lower() in _COLLECTIVE_PREFIXES
 
 
 def class_of(name: str, memory: bool) -> str:
-    """The kernel class of a device event: "memory" for copies and sets, "comm" for collectives, else "compute"."""
+    """The kernel class of a device event: "memory" for copies and sets, "comm" for collectives,
+    else "compute"."""
     if memory:
         return "memory"
     return "comm" if is_collective_kernel(name) else "compute"
@@ -58,9 +63,12 @@ class DeviceTimes:
     comm_ns: int
     memory_ns: int
     overlap_ns: int  # communication with computation beside it
-    launches: LaunchTimes = field(default_factory=lambda: LaunchTimes(steps=0))  # and idle time by cause
-    transfers: Transfers = field(default_factory=lambda: Transfers(steps=0))  # collectives and copies
-    # per step window: (step number, *STEP_FIELDS) in ns; lists add up by concatenation, in file order
+    # and idle time by cause
+    launches: LaunchTimes = field(default_factory=lambda: LaunchTimes(steps=0))
+    # collectives and copies
+    transfers: Transfers = field(default_factory=lambda: Transfers(steps=0))
+    # per step window: (step number, *STEP_FIELDS) in ns; lists add up by concatenation, in file
+    # order
     steps_ns: list[tuple[int, ...]] = field(default_factory=list)
 
     def __add__(self, other: DeviceTimes) -> DeviceTimes:
@@ -97,13 +105,15 @@ class DeviceTimes:
         }
 
 
-# The figures of one step window after its step number (integer ns), in the order of DeviceTimes.steps_ns tuples.
+# The figures of one step window after its step number (integer ns), in the order of
+# DeviceTimes.steps_ns tuples.
 STEP_FIELDS = ("span", "busy", "compute", "comm", "memory", "overlap", "host_wait", "kernel_wait")
 
 
 def steps_to_dicts(rows: list[tuple[int, ...]]) -> list[dict[str, Any]]:
-    """Per step number (ascending), the mean over the windows that recorded it of each figure, in milliseconds and
-    with the job figures' names (the parts a report bar stacks: see stepcli.report.gpu.step_parts)."""
+    """Per step number (ascending), the mean over the windows that recorded it of each figure, in
+    milliseconds and with the job figures' names (the parts a report bar stacks: see
+    stepcli.report.gpu.step_parts)."""
     sums: dict[int, list[int]] = {}
     for step, *values in rows:
         into = sums.get(step)
@@ -143,11 +153,18 @@ def steps_to_dicts(rows: list[tuple[int, ...]]) -> list[dict[str, Any]]:
 
 
 def measure_steps(
-    steps: list[int], lo: Any, hi: Any, busy: Any, unions: dict[str, Any], waits: Any, within: Within
+    steps: list[int],
+    lo: Any,
+    hi: Any,
+    busy: Any,
+    unions: dict[str, Any],
+    waits: Any,
+    within: Within,
 ) -> list[tuple[int, ...]]:
-    """Per step window (numbers `steps`, bounds `lo`, `hi`: int64 arrays), its STEP_FIELDS: the device union
-    `busy` and the class unions measured inside it, and its idle waits by cause (`waits`, an (n, 2) array from
-    stepcli.traces.analyses.launches). `within` as for `measure`: with `within_arrays`, all windows at once (prefix sums)."""
+    """Per step window (numbers `steps`, bounds `lo`, `hi`: int64 arrays), its STEP_FIELDS: the
+    device union `busy` and the class unions measured inside it, and its idle waits by cause
+    (`waits`, an (n, 2) array from stepcli.traces.analyses.launches). `within` as for `measure`:
+    with `within_arrays`, all windows at once (prefix sums)."""
     import numpy as np
 
     if within is within_arrays:
@@ -158,7 +175,9 @@ def measure_steps(
     else:
 
         def inside(union: Any) -> Any:
-            return np.array([within(union, [(a, b)]) for a, b in zip(lo.tolist(), hi.tolist())], np.int64)
+            return np.array(
+                [within(union, [(a, b)]) for a, b in zip(lo.tolist(), hi.tolist())], np.int64
+            )
 
     classes = {label: inside(unions[label]) for label in CLASSES}
     overlap = classes["compute"] + classes["comm"] - classes["comm_or_compute"]
@@ -175,14 +194,19 @@ def measure_steps(
     return list(zip(steps, *(c.tolist() for c in columns)))
 
 
-Within = Callable[[Any, list[tuple[int, int]]], int]  # (a class's union, disjoint spans) -> its time inside them
+# (a class's union, disjoint spans) -> its time inside them
+Within = Callable[[Any, list[tuple[int, int]]], int]
 
 
 def measure(
-    busy: tuple[int, int], steps: int, unions: dict[str, Any], spans: list[tuple[int, int]], within: Within
+    busy: tuple[int, int],
+    steps: int,
+    unions: dict[str, Any],
+    spans: list[tuple[int, int]],
+    within: Within,
 ) -> DeviceTimes:
-    """The class times of one trace from its busy figure (busy ns, span ns), its class unions and the disjoint
-    spans measured."""
+    """The class times of one trace from its busy figure (busy ns, span ns), its class unions and
+    the disjoint spans measured."""
     inside = {label: within(unions[label], spans) for label in CLASSES}
     overlap = inside["compute"] + inside["comm"] - inside["comm_or_compute"]
     return DeviceTimes(
@@ -197,7 +221,8 @@ def measure(
 
 
 def within_arrays(union: Any, spans: list[tuple[int, int]]) -> int:
-    """The time of a union given as sorted (starts, ends) arrays inside disjoint spans (array prefix sums)."""
+    """The time of a union given as sorted (starts, ends) arrays inside disjoint spans (array prefix
+    sums)."""
     import numpy as np
 
     from stepcli.traces.analyses.arrays import covered
@@ -209,8 +234,8 @@ def within_arrays(union: Any, spans: list[tuple[int, int]]) -> int:
 
 
 def union_by_class(starts: Any, ends: Any, classes: Any) -> dict[str, Any]:
-    """Per class (CLASSES), the union of the device intervals as (starts, ends) arrays; `classes` holds 0 for
-    compute, 1 for comm, 2 for memory per interval."""
+    """Per class (CLASSES), the union of the device intervals as (starts, ends) arrays; `classes`
+    holds 0 for compute, 1 for comm, 2 for memory per interval."""
     from stepcli.traces.analyses.arrays import union_arrays
 
     out = {}

@@ -1,18 +1,20 @@
-"""One rank's device work in its recorded steps as part of the what-if graph, from its trace's columns alone. Pure.
+"""One rank's device work in its recorded steps as part of the what-if graph, from its trace's
+columns alone. Pure.
 
-Each kernel, copy or set is a node on its stream's lane (streams run their work in launch order). Its edges: the
-launch call that queued it (matched by correlation id; a `cudaGraphLaunch` queues many), the work before it on its
-stream, and where the trace has the profiler's CUDA sync events (`cuda_sync`: enable_cuda_sync_events), the work
-another stream recorded an event after (`cudaEventRecord` -> `cudaStreamWaitEvent`). Each edge carries the
-delay measured on it (a launch's latency, the gap between two kernels); an edge that did not bind keeps the
-typical delay of its kind, so it binds sensibly when a change makes it the latest. A delay longer than
-UNEXPLAINED_US on the edge that bound is something the graph does not know (a wait on another stream without
-sync events, another process on the device): it is left out of the replay, so the replay's check against the
-measured step fails honestly when it matters.
+Each kernel, copy or set is a node on its stream's lane (streams run their work in launch order).
+Its edges: the launch call that queued it (matched by correlation id; a `cudaGraphLaunch` queues
+many), the work before it on its stream, and where the trace has the profiler's CUDA sync events
+(`cuda_sync`: enable_cuda_sync_events), the work another stream recorded an event after
+(`cudaEventRecord` -> `cudaStreamWaitEvent`). Each edge carries the delay measured on it (a launch's
+latency, the gap between two kernels); an edge that did not bind keeps the typical delay of its
+kind, so it binds sensibly when a change makes it the latest. A delay longer than UNEXPLAINED_US on
+the edge that bound is something the graph does not know (a wait on another stream without sync
+events, another process on the device): it is left out of the replay, so the replay's check against
+the measured step fails honestly when it matters.
 
-A host call that returned only after device work finished (a device, stream or event sync, a blocking copy) is a
-sync: the steps' thread resumes at the later of reaching it and that work's end, plus the measured time from the
-work's end to the call's return.
+A host call that returned only after device work finished (a device, stream or event sync, a
+blocking copy) is a sync: the steps' thread resumes at the later of reaching it and that work's end,
+plus the measured time from the work's end to the call's return.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ from stepcli.traces.read.typedcolumns import Columns
 
 UNEXPLAINED_US = 100.0  # a delay longer than this on a binding edge is not explained by the graph
 SYNC_SLOP_US = 5.0  # a sync may return this long before its work's recorded end (clock rounding)
-# Host calls that can block until device work is done: explicit syncs, and copies (blocking, or to pageable memory).
+# Host calls that can block until device work is done: explicit syncs, and copies (blocking, or to
+# pageable memory).
 SYNC_NAME = re.compile(r"synchroni[sz]e|^cudaMemcpy|^cuMemcpy|^cudaFree$|^cuMemFree", re.IGNORECASE)
 NCCL_NAME = re.compile(r"^nccl", re.IGNORECASE)
-LAUNCH, STREAM, EVENT, COLLECTIVE = 0, 1, 2, 3  # which edge bound a node's start (its end: a collective's)
+# which edge bound a node's start (its end: a collective's)
+LAUNCH, STREAM, EVENT, COLLECTIVE = 0, 1, 2, 3
 SYNC_NODE, SYNC_STREAM, SYNC_DEVICE = 0, 1, 2  # an event sync, a stream sync or copy, a device sync
 _DEVICE_WIDE = re.compile(r"DeviceSynchronize|CtxSynchronize|^cudaFree$|^cuMemFree", re.IGNORECASE)
 _ONE_NODE = re.compile(r"EventSynchronize", re.IGNORECASE)
@@ -41,28 +45,34 @@ _ONE_NODE = re.compile(r"EventSynchronize", re.IGNORECASE)
 
 @dataclass
 class DeviceWork:
-    """The device work launched in the steps, in launch order (then start), with its edges' measured delays."""
+    """The device work launched in the steps, in launch order (then start), with its edges' measured
+    delays."""
 
     streams: list[str]  # stream ids, as the trace names them
     stream: np.ndarray  # int32 per node: index into streams
     start: np.ndarray  # float64 µs, measured
     dur: np.ndarray
     name: np.ndarray  # int32 code into the lane's names
-    launch: np.ndarray  # float64 µs: the launch call's start (the kernel's own start where no call is known)
+    # float64 µs: the launch call's start (the kernel's own start where no call is known)
+    launch: np.ndarray
     launch_thread: np.ndarray  # int64 thread key of the launch call (-1: none)
     prev: np.ndarray  # int32: the node before it on its stream (-1: first)
-    wait_for: np.ndarray  # int32: the node another stream recorded before this one's stream waited for it (-1)
+    # int32: the node another stream recorded before this one's stream waited for it (-1)
+    wait_for: np.ndarray
     delay: np.ndarray  # float64 (n, 3): the delay on the launch, stream and event edge
     bound: np.ndarray  # int8: which edge bound the measured start
     nccl: np.ndarray  # bool: an NCCL kernel
     sync_at: np.ndarray  # float64 per sync: the call's start and end on the steps' thread
     sync_until: np.ndarray
     sync_node: np.ndarray  # int32: the node whose end it waited for (the latest to end)
-    sync_scope: np.ndarray  # int8: what it waits for: SYNC_NODE that node, SYNC_STREAM its stream, SYNC_DEVICE all
+    # int8: what it waits for: SYNC_NODE that node, SYNC_STREAM its stream, SYNC_DEVICE all
+    sync_scope: np.ndarray
     sync_name: list[str]
     unexplained_us: float  # the delays left out (longer than UNEXPLAINED_US on a binding edge)
-    cross_stream_known: bool  # the trace has the CUDA sync events (cross-stream waits are in the graph)
-    # every host operator of the process in the window, for scaling an operator's device work with it
+    # the trace has the CUDA sync events (cross-stream waits are in the graph)
+    cross_stream_known: bool
+    # every host operator of the process in the window, for scaling an operator's device work with
+    # it
     op_name: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     op_start: np.ndarray = field(default_factory=lambda: np.zeros(0))
     op_end: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -80,7 +90,8 @@ def device_work(
     hi: float,
     stream_waits: list[StreamWait] | None = None,
 ) -> DeviceWork | None:
-    """The device work launched in [lo, hi) (or running there without a known launch), or None without any."""
+    """The device work launched in [lo, hi) (or running there without a known launch), or None
+    without any."""
     kind = columns.kind
     device = np.nonzero(kind >= typedcolumns.DEVICE)[0]
     if not device.size:
@@ -102,13 +113,16 @@ def device_work(
     device, call, launch, start = device[inside], call[inside], launch[inside], start[inside]
     if not device.size:
         return None
-    # work whose launch the trace does not hold (queued before it began): fixed where it ran, from the window's start
+    # work whose launch the trace does not hold (queued before it began): fixed where it ran, from
+    # the window's start
     launch = np.where(call >= 0, launch, lo)
     order = np.lexsort((start, launch))
     device, call, launch, start = device[order], call[order], launch[order], start[order]
     dur = columns.dur[device]
     end = start + dur
-    stream_key = columns.pid[device].astype(np.int64) * max(len(columns.ids), 1) + columns.tid[device]
+    stream_key = (
+        columns.pid[device].astype(np.int64) * max(len(columns.ids), 1) + columns.tid[device]
+    )
     keys, stream = np.unique(stream_key, return_inverse=True)
     streams = [str(columns.ids[int(key) % max(len(columns.ids), 1)]) for key in keys.tolist()]
     n = len(device)
@@ -164,7 +178,8 @@ def _cross_stream(
     n: int,
 ) -> np.ndarray:
     """Per node, the node it waits for on another stream (the first node its stream queued after a
-    `cudaStreamWaitEvent` waits for the last node the recording stream queued before the `cudaEventRecord`)."""
+    `cudaStreamWaitEvent` waits for the last node the recording stream queued before the
+    `cudaEventRecord`)."""
     wait_for = np.full(n, -1, np.int32)
     if not stream_waits:
         return wait_for
@@ -173,12 +188,15 @@ def _cross_stream(
     index_of_stream = {s: i for i, s in enumerate(streams)}
     for wait in stream_waits:
         waiting = index_of_stream.get(str(wait.stream))
-        record_call, wait_call = host_of_corr.get(wait.record_corr), host_of_corr.get(wait.wait_corr)
+        record_call, wait_call = (
+            host_of_corr.get(wait.record_corr),
+            host_of_corr.get(wait.wait_corr),
+        )
         if waiting is None or record_call is None or wait_call is None:
             continue
         t_record, t_wait = float(columns.ts[record_call]), float(columns.ts[wait_call])
-        # the recorded node: the last one queued before the record on the recording stream (where the sync event
-        # does not say which, on any other stream than the waiting one)
+        # the recorded node: the last one queued before the record on the recording stream (where
+        # the sync event does not say which, on any other stream than the waiting one)
         recording = index_of_stream.get(str(wait.record_stream), -1)
         other = stream == recording if recording >= 0 else stream != waiting
         before = np.nonzero((launch <= t_record) & other)[0]
@@ -190,9 +208,15 @@ def _cross_stream(
 
 
 def _delays(
-    start: np.ndarray, end: np.ndarray, launch: np.ndarray, prev: np.ndarray, wait_for: np.ndarray, known: np.ndarray
+    start: np.ndarray,
+    end: np.ndarray,
+    launch: np.ndarray,
+    prev: np.ndarray,
+    wait_for: np.ndarray,
+    known: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, float]:
-    """Per node, the delay on each edge and which edge bound its measured start; the delays left unexplained."""
+    """Per node, the delay on each edge and which edge bound its measured start; the delays left
+    unexplained."""
     n = len(start)
     ready = np.full((n, 3), -np.inf)
     ready[:, LAUNCH] = launch
@@ -226,8 +250,9 @@ def _syncs(
     call: np.ndarray,
     stream: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
-    """The host calls on the steps' thread that returned only after device work ended: each call [at, until) and
-    the node it waited for (the latest-ending node queued by then that ended inside the call)."""
+    """The host calls on the steps' thread that returned only after device work ended: each call
+    [at, until) and the node it waited for (the latest-ending node queued by then that ended inside
+    the call)."""
     names = columns.names
     is_sync = np.array([bool(SYNC_NAME.search(s)) for s in names] or [False], bool)
     calls = np.nonzero(
@@ -243,7 +268,8 @@ def _syncs(
     node_list: list[int] = []
     scope_list: list[int] = []
     name_list: list[str] = []
-    # a running maximum of the ends in launch order would lose nodes ending after the call; the calls are few
+    # a running maximum of the ends in launch order would lose nodes ending after the call; the
+    # calls are few
     for c in calls.tolist():
         a, b = float(columns.ts[c]), float(columns.ts[c] + columns.dur[c])
         queued = int(np.searchsorted(launch, a, side="right"))
@@ -256,8 +282,9 @@ def _syncs(
         if not inside.any():
             continue
         node = int(candidates[inside][np.argmax(ends[inside])])
-        # a stream sync or copy returns once its stream's queued work is done: when work queued on that stream
-        # by then ended after the call returned, the call only overlapped a kernel's end (an asynchronous copy)
+        # a stream sync or copy returns once its stream's queued work is done: when work queued on
+        # that stream by then ended after the call returned, the call only overlapped a kernel's end
+        # (an asynchronous copy)
         name = names[int(columns.name[c])]
         if not _DEVICE_WIDE.search(name) and not _ONE_NODE.search(name):
             on_stream = candidates[stream[candidates] == stream[node]]
@@ -269,7 +296,11 @@ def _syncs(
         until_list.append(b)
         node_list.append(node)
         scope_list.append(
-            SYNC_DEVICE if _DEVICE_WIDE.search(name) else SYNC_NODE if _ONE_NODE.search(name) else SYNC_STREAM
+            SYNC_DEVICE
+            if _DEVICE_WIDE.search(name)
+            else SYNC_NODE
+            if _ONE_NODE.search(name)
+            else SYNC_STREAM
         )
         name_list.append(name)
     return (
@@ -284,8 +315,9 @@ def _syncs(
 def node_factors(
     work: DeviceWork, lane_names: list[str], grid: np.ndarray, phase: np.ndarray, scales: list[Any]
 ) -> np.ndarray:
-    """Per node, how long it takes under the scales (1: unchanged): a kernel named, a kernel launched inside an
-    operator named (on the thread that launched it), or launched in a phase, runs FACTOR times as long."""
+    """Per node, how long it takes under the scales (1: unchanged): a kernel named, a kernel
+    launched inside an operator named (on the thread that launched it), or launched in a phase, runs
+    FACTOR times as long."""
     factor = np.ones(len(work))
     if not len(factor):
         return factor
@@ -318,7 +350,8 @@ def node_factors(
 
 
 def _covers(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """Whether each time in `at` lies inside one of the spans (as stepcli.traces.analyses.lanes.covers)."""
+    """Whether each time in `at` lies inside one of the spans (as
+    stepcli.traces.analyses.lanes.covers)."""
     if not len(starts):
         return np.zeros(len(at), bool)
     u_start, u_end = col.union_arrays(starts, ends)

@@ -1,12 +1,13 @@
 """One rank's recorded steps as a lane of the what-if graph, from its trace's columns alone. Pure.
 
-The steps' thread is cut into elementary intervals at every operator boundary (`grid`). Each interval has the
-phase `stepcli table`'s breakdown gives it (dataloader, optimizer, backward, forward, other, in that priority) and
-is covered or not by any operator, so a change (an operator, a phase, a rank made faster) is a speed per interval
-and the lane's replayed time is that speed's integral (stepcli.whatif.lanereplay). The rank's collectives
-(stepcli.traces.analyses.arrivals) are the lane's joints: an arrival is a point on the lane; a departure that
-falls in a wait (host time in no operator, or an operator named for waiting) makes that wait end no earlier than
-the collective, plus the measured tail after it.
+The steps' thread is cut into elementary intervals at every operator boundary (`grid`). Each
+interval has the phase `stepcli table`'s breakdown gives it (dataloader, optimizer, backward,
+forward, other, in that priority) and is covered or not by any operator, so a change (an operator, a
+phase, a rank made faster) is a speed per interval and the lane's replayed time is that speed's
+integral (stepcli.whatif.lanereplay). The rank's collectives (stepcli.traces.analyses.arrivals) are
+the lane's joints: an arrival is a point on the lane; a departure that falls in a wait (host time in
+no operator, or an operator named for waiting) makes that wait end no earlier than the collective,
+plus the measured tail after it.
 """
 
 from __future__ import annotations
@@ -28,14 +29,16 @@ from stepcli.traces.read.syncevents import StreamWait
 # The phases of a lane's time, as the breakdown names them; the codes index PHASE_NAMES.
 PHASE_NAMES = ("other", "dataloader", "optimizer", "backward", "forward")
 OTHER, FORWARD = 0, 4
-# Host operators that block on something else (a collective, the device, another thread): their time is waiting.
-# A collective's own host call is one: gloo blocks in it when it runs the collective synchronously.
+# Host operators that block on something else (a collective, the device, another thread): their time
+# is waiting. A collective's own host call is one: gloo blocks in it when it runs the collective
+# synchronously.
 WAIT_NAME = re.compile(r"wait|synchroni[sz]e|barrier|^c10d::|^gloo:|^nccl:", re.IGNORECASE)
 
 
 @dataclass
 class RankLane:
-    """One rank's steps' thread in its recorded steps; small and picklable (built in a worker per file)."""
+    """One rank's steps' thread in its recorded steps; small and picklable (built in a worker per
+    file)."""
 
     path: str
     rank: int | None
@@ -44,7 +47,9 @@ class RankLane:
     steps: list[int]  # complete step numbers, by start
     step_start: list[float]  # µs, the trace's own clock
     step_end: list[float]
-    grid: np.ndarray  # float64 µs: the elementary intervals' boundaries, from the first step's start to the last's end
+    # float64 µs: the elementary intervals' boundaries, from the first step's start to the last's
+    # end
+    grid: np.ndarray
     phase: np.ndarray  # int8 per interval: index into PHASE_NAMES
     busy: np.ndarray  # bool per interval: inside an operator of the steps' thread
     names: list[str]  # operator names (codes index it)
@@ -64,13 +69,16 @@ class RankLane:
 
 
 def lane_of(trace: ColumnTrace, stream_waits: list[StreamWait] | None = None) -> RankLane:
-    """The lane of one trace file (raises nothing on a trace without steps: `steps` is then empty); `stream_waits`:
-    the trace's CUDA sync events' cross-stream waits (stepcli.traces.read.syncevents)."""
+    """The lane of one trace file (raises nothing on a trace without steps: `steps` is then empty);
+    `stream_waits`: the trace's CUDA sync events' cross-stream waits
+    (stepcli.traces.read.syncevents)."""
     columns = trace.columns
     names = columns.names
     cpu = (columns.kind == typedcolumns.OTHER_CPU) | (columns.kind == typedcolumns.USER_ANNOTATION)
     is_step_name = np.array([n.startswith(STEP_PREFIX) for n in names] or [False], bool)
-    step_events = np.nonzero(cpu & is_step_name[columns.name])[0] if len(columns) else np.zeros(0, np.int64)
+    step_events = (
+        np.nonzero(cpu & is_step_name[columns.name])[0] if len(columns) else np.zeros(0, np.int64)
+    )
     empty = _empty_lane(trace)
     if not step_events.size:
         return empty
@@ -102,7 +110,15 @@ def lane_of(trace: ColumnTrace, stream_waits: list[StreamWait] | None = None) ->
     device = columns.kind >= typedcolumns.DEVICE
     if device.any():
         ops, o_start, o_end = _with_handoffs(
-            columns, cpu & ~is_step_name[columns.name], thread, int(main), ops, o_start, o_end, lo, hi
+            columns,
+            cpu & ~is_step_name[columns.name],
+            thread,
+            int(main),
+            ops,
+            o_start,
+            o_end,
+            lo,
+            hi,
         )
     order = col.thread_order(np.zeros(len(ops), np.int64), o_start, o_end - o_start)
     ops, o_start, o_end = ops[order], o_start[order], o_end[order]
@@ -115,7 +131,9 @@ def lane_of(trace: ColumnTrace, stream_waits: list[StreamWait] | None = None) ->
     busy = covers(o_start[top], o_end[top], mid)
     phase = _phases(names, op_name, o_start, o_end, top, mid)
     waits = _waits(names, op_name, o_start, o_end, grid, busy)
-    device_events = int(np.count_nonzero(device & (columns.ts < hi) & (columns.ts + columns.dur > lo)))
+    device_events = int(
+        np.count_nonzero(device & (columns.ts < hi) & (columns.ts + columns.dur > lo))
+    )
     arrivals = rank_arrivals(columns, trace.rank, trace.incomplete_step, trace.clock)
     work = device_work(columns, thread, int(main), lo, hi, stream_waits) if device_events else None
     return RankLane(
@@ -152,9 +170,10 @@ def _with_handoffs(
     lo: float,
     hi: float,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The steps' thread's operators and the operators of the process's other threads that run wholly inside its
-    gaps: on a GPU, autograd runs the backward pass on a thread of its own while the steps' thread waits in
-    `backward()`, so that thread's work is the step's time there (its phase, its launches)."""
+    """The steps' thread's operators and the operators of the process's other threads that run
+    wholly inside its gaps: on a GPU, autograd runs the backward pass on a thread of its own while
+    the steps' thread waits in `backward()`, so that thread's work is the step's time there (its
+    phase, its launches)."""
     pid = columns.pid
     main_pid = pid[ops[0]] if len(ops) else -1
     other = np.nonzero(cpu & (thread != main) & (pid == main_pid) & (columns.ts >= lo))[0]
@@ -210,11 +229,17 @@ def covers(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
 
 
 def _phases(
-    names: list[str], op_name: np.ndarray, start: np.ndarray, end: np.ndarray, top: np.ndarray, mid: np.ndarray
+    names: list[str],
+    op_name: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    top: np.ndarray,
+    mid: np.ndarray,
 ) -> np.ndarray:
-    """Each interval's phase as the breakdown gives it (stepcli.traces.analyses.steps): dataloader, the optimizer's
-    own time (its spans less the backward passes and closure calls inside them: `optimizer.step(closure)`),
-    backward, forward (the other outermost operators, and what runs in a closure call), other (no operator)."""
+    """Each interval's phase as the breakdown gives it (stepcli.traces.analyses.steps): dataloader,
+    the optimizer's own time (its spans less the backward passes and closure calls inside them:
+    `optimizer.step(closure)`), backward, forward (the other outermost operators, and what runs in a
+    closure call), other (no operator)."""
     phase_of_name = np.array([phase_of(n) for n in names] or [0], np.int8)
     closure_name = np.array([is_closure(n) for n in names] or [False], bool)
     named = phase_of_name[op_name] if len(op_name) else np.zeros(0, np.int8)
@@ -223,7 +248,11 @@ def _phases(
     claimed = np.zeros(len(mid), bool)
 
     own_start, own_end = col.optimizer_own(
-        start, end, np.nonzero(named == OPTIMIZER)[0], np.nonzero(named == BACKWARD)[0], np.nonzero(closure)[0]
+        start,
+        end,
+        np.nonzero(named == OPTIMIZER)[0],
+        np.nonzero(named == BACKWARD)[0],
+        np.nonzero(closure)[0],
     )
     spans = (
         (1, start[named == DATALOADER], end[named == DATALOADER]),
@@ -246,10 +275,15 @@ def _waits(
     grid: np.ndarray,
     busy: np.ndarray,
 ) -> np.ndarray:
-    """The spans the thread spent waiting: its gaps (no operator) and its outermost operators named for waiting."""
+    """The spans the thread spent waiting: its gaps (no operator) and its outermost operators named
+    for waiting."""
     free = ~busy
     edges = np.diff(np.concatenate(([0], free.astype(np.int8), [0])))
-    gaps = np.stack((grid[:-1][edges[:-1] == 1], grid[1:][edges[1:] == -1]), axis=1) if free.any() else np.zeros((0, 2))
+    gaps = (
+        np.stack((grid[:-1][edges[:-1] == 1], grid[1:][edges[1:] == -1]), axis=1)
+        if free.any()
+        else np.zeros((0, 2))
+    )
     is_wait = np.array([bool(WAIT_NAME.search(n)) for n in names] or [False], bool)
     waiting = is_wait[op_name] if len(op_name) else np.zeros(0, bool)
     if waiting.any():

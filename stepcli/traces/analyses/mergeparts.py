@@ -1,6 +1,7 @@
-"""Many files' summaries as one: the per-file parts (stepcli.traces.analyses.results.FilePart) of every rank merged into
-the tables, statistics, straggler and culprit `stepcli table` prints; the parts are computed apart, in worker
-processes (stepcli.traces.engine), so only this runs over all of them.
+"""Many files' summaries as one: the per-file parts (stepcli.traces.analyses.results.FilePart) of
+every rank merged into the tables, statistics, straggler and culprit `stepcli table` prints; the
+parts are computed apart, in worker processes (stepcli.traces.engine), so only this runs over all of
+them.
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ if TYPE_CHECKING:
 
 
 def summarize(traces: list[Trace], *, group_by_shape: bool = False) -> TraceSummary:
-    """Summarize one or more traces (e.g. all ranks of a run) into the tables `stepcli table` prints."""
+    """Summarize one or more traces (e.g. all ranks of a run) into the tables `stepcli table`
+    prints."""
     return merge_parts(
-        [summarize_file(t, group_by_shape=group_by_shape) for t in traces], group_by_shape=group_by_shape
+        [summarize_file(t, group_by_shape=group_by_shape) for t in traces],
+        group_by_shape=group_by_shape,
     )
 
 
@@ -54,8 +57,9 @@ def _add_rows(into: dict[Any, list[int]], rows: dict[Any, list[int]]) -> None:
 
 
 def breakdown_of(parts: list[FilePart]) -> Breakdown | None:
-    """The mean time per step in each phase over the parts' steps (merge_parts' `breakdown_ms`), alone: the page's
-    bar per rank needs only this, not a whole merge (with its culprit and straggler) per rank."""
+    """The mean time per step in each phase over the parts' steps (merge_parts' `breakdown_ms`),
+    alone: the page's bar per rank needs only this, not a whole merge (with its culprit and
+    straggler) per rank."""
     phase_totals = dict.fromkeys(PHASES, 0)
     phase_steps = 0
     for part in parts:
@@ -68,7 +72,8 @@ def breakdown_of(parts: list[FilePart]) -> Breakdown | None:
 
 
 def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> TraceSummary:
-    """The summary of several files from their parts (in file order), equal to summarizing them together."""
+    """The summary of several files from their parts (in file order), equal to summarizing them
+    together."""
     cpu = Accumulator()
     device = Accumulator()
     steps: list[StepRow] = []
@@ -116,8 +121,8 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
             seen[row.rank] = seen.get(row.rank, 0) + 1
     repeated = {rank: count for rank, count in sorted(seen.items()) if count > 1}
     mixed = mixed_jobs_note(parts)
-    # Several processes of one rank, or traces of jobs of different sizes: which rank waited for which cannot be
-    # told; name nobody.
+    # Several processes of one rank, or traces of jobs of different sizes: which rank waited for
+    # which cannot be told; name nobody.
     straggler = None if repeated or mixed else find_straggler(processes)
     return TraceSummary(
         files=[p.path for p in parts],
@@ -148,13 +153,16 @@ def merge_parts(parts: list[FilePart], *, group_by_shape: bool = False) -> Trace
         other_ms=other_split(parts, breakdown),
         has_stacks=any(p.has_stacks for p in parts),
         has_shapes=any(p.shapes_recorded for p in parts),
-        python_stacks=merge_stacks([p.stacks for p in parts]) if any(p.stacks for p in parts) else None,
+        python_stacks=merge_stacks([p.stacks for p in parts])
+        if any(p.stacks for p in parts)
+        else None,
     )
 
 
 def other_split(parts: Sequence[FilePart], breakdown: Breakdown | None) -> dict[str, float] | None:
-    """The breakdown's "other" per step split into time outside every operator (Python, the profiler's own work)
-    and time inside one no phase claims; None when a file's split is unknown (measured per window)."""
+    """The breakdown's "other" per step split into time outside every operator (Python, the
+    profiler's own work) and time inside one no phase claims; None when a file's split is unknown
+    (measured per window)."""
     if breakdown is None or any(p.phase_steps and p.other_inside_ns is None for p in parts):
         return None
     steps = sum(p.phase_steps for p in parts)
@@ -164,11 +172,16 @@ def other_split(parts: Sequence[FilePart], breakdown: Breakdown | None) -> dict[
 
 
 def mixed_jobs_note(parts: Sequence[FilePart]) -> str | None:
-    """The line saying that the traces come from jobs of different sizes (their distributedInfo.world_size), with
-    their GPUs where those differ too; None when they agree or do not say."""
+    """The line saying that the traces come from jobs of different sizes (their
+    distributedInfo.world_size), with their GPUs where those differ too; None when they agree or do
+    not say."""
     names = [os.path.basename(part.path) for part in parts]
-    if len(set(names)) < len(names):  # per-rank names repeat across runs' folders: name the folder too
-        names = [os.path.join(os.path.basename(os.path.dirname(part.path)), name) for part, name in zip(parts, names)]
+    # per-rank names repeat across runs' folders: name the folder too
+    if len(set(names)) < len(names):
+        names = [
+            os.path.join(os.path.basename(os.path.dirname(part.path)), name)
+            for part, name in zip(parts, names)
+        ]
     sizes: dict[int, list[str]] = {}
     for part, name in zip(parts, names):
         if part.world_size is not None:
@@ -182,6 +195,7 @@ def mixed_jobs_note(parts: Sequence[FilePart]) -> str | None:
     devices = sorted({part.device_name for part in parts if part.device_name})
     gpus = f"; GPUs {', '.join(devices)}" if len(devices) > 1 else ""
     return (
-        f"traces of different jobs (world size {each}{gpus}): no slowest rank and no culprit is named across them "
+        f"traces of different jobs (world size {each}{gpus}): no slowest rank and no culprit is "
+        f"named across them "
         "(summarize one job's traces for those)"
     )

@@ -1,17 +1,19 @@
-"""Where the recorded steps' time goes by Python stack, from the `python_function` events torch writes with
-`with_stack=True` (`stepcli run --with-stack`): `stepcli table --stacks`, the report's flame graph, and the
-"other" phase broken down by stack.
+"""Where the recorded steps' time goes by Python stack, from the `python_function` events torch
+writes with `with_stack=True` (`stepcli run --with-stack`): `stepcli table --stacks`, the report's
+flame graph, and the "other" phase broken down by stack.
 
-Only the steps' own threads are measured (the threads their `ProfilerStep#N` annotations are on), only inside the
-complete steps (each event clipped to them), so the figures speak of the same whole as the step breakdown. Frames
-nest by time on their thread; a frame's **self** time is its time in the steps less its child frames' (operators it
-calls stay in it: a flame graph of where the Python code spent the step), its **total** time its stack's self time
-and that of every stack below it. Its time **outside operators** is the part of its self time in no host operator
-(no `aten::` call, no annotation such as `Optimizer.step#...`): the interpreter, the program's own Python, the
-profiler's own work. Time the steps spent outside every operator is the breakdown's "other" phase, so these say
+Only the steps' own threads are measured (the threads their `ProfilerStep#N` annotations are on),
+only inside the complete steps (each event clipped to them), so the figures speak of the same whole
+as the step breakdown. Frames nest by time on their thread; a frame's **self** time is its time in
+the steps less its child frames' (operators it calls stay in it: a flame graph of where the Python
+code spent the step), its **total** time its stack's self time and that of every stack below it. Its
+time **outside operators** is the part of its self time in no host operator (no `aten::` call, no
+annotation such as `Optimizer.step#...`): the interpreter, the program's own Python, the profiler's
+own work. Time the steps spent outside every operator is the breakdown's "other" phase, so these say
 which code made it.
 
-Computed only when asked (this reads every frame in Python): `table` without `--stacks` never imports it.
+Computed only when asked (this reads every frame in Python): `table` without `--stacks` never
+imports it.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ HOW_TO_RECORD = "record them with `stepcli run --with-stack ...` (torch.profiler
 
 @dataclass
 class StackPart:
-    """One file's Python stacks: per stack (frame names, outermost first), [self ns, ns outside operators]."""
+    """One file's Python stacks: per stack (frame names, outermost first), [self ns, ns outside
+    operators]."""
 
     steps: int  # complete steps measured
     step_ns: int  # their time
@@ -61,8 +64,12 @@ def stacks_of(columns: Columns, incomplete_step: int | None) -> StackPart | None
         return StackPart(0, 0)
     names = columns.names
     kind = columns.kind
-    step_codes = [c for c, n in enumerate(names) if (s := step_of(n)) is not None and s != incomplete_step]
-    is_step = (kind == tc.USER_ANNOTATION) & np.isin(columns.name, np.array(step_codes or [-1], np.int32))
+    step_codes = [
+        c for c, n in enumerate(names) if (s := step_of(n)) is not None and s != incomplete_step
+    ]
+    is_step = (kind == tc.USER_ANNOTATION) & np.isin(
+        columns.name, np.array(step_codes or [-1], np.int32)
+    )
     n_ids = max(len(columns.ids), 1)
     thread = columns.pid.astype(np.int64) * n_ids + columns.tid
     start, end = ns.start, ns.start + ns.dur
@@ -102,8 +109,8 @@ def _add_thread(
     n = len(events)
     parent = col.parents(s, e, e - s, np.zeros(n, np.int64))
     is_frame = frame[events]
-    # Nearest frame above each event, and whether an operator encloses it (pointer doubling would also do; stacks
-    # are a few dozen deep, one pass per level).
+    # Nearest frame above each event, and whether an operator encloses it (pointer doubling would
+    # also do; stacks are a few dozen deep, one pass per level).
     frame_parent = np.full(n, -1, np.int64)
     in_op = np.zeros(n, bool)
     has = parent >= 0
@@ -118,7 +125,8 @@ def _add_thread(
         up[at[found]] = -1
         rest = at[~found]
         up[rest] = parent[up[rest]]
-    # In an operator when any ancestor is one: follow frame parents up, the flag flows down level by level.
+    # In an operator when any ancestor is one: follow frame parents up, the flag flows down level by
+    # level.
     level = np.nonzero(has & ~in_op)[0]
     for _ in range(n):
         lifted = level[in_op[parent[level]]]
@@ -128,13 +136,18 @@ def _add_thread(
         level = np.nonzero(has & ~in_op)[0]
 
     def clipped_under(children: Any, limit: Any) -> Any:
-        """Time of `children` in the steps, cut at `limit` (their parent's end: nesting by time is not always exact)."""
+        """Time of `children` in the steps, cut at `limit` (their parent's end: nesting by time is
+        not always exact)."""
         return col.covered(*spans, s[children], np.minimum(e[children], limit))
 
     child = np.nonzero(has)[0]
-    under_parent = np.bincount(parent[child], weights=clipped_under(child, e[parent[child]]), minlength=n)
+    under_parent = np.bincount(
+        parent[child], weights=clipped_under(child, e[parent[child]]), minlength=n
+    )
     framed = np.nonzero(is_frame & (frame_parent >= 0))[0]
-    under_frame = np.bincount(frame_parent[framed], weights=clipped_under(framed, e[frame_parent[framed]]), minlength=n)
+    under_frame = np.bincount(
+        frame_parent[framed], weights=clipped_under(framed, e[frame_parent[framed]]), minlength=n
+    )
     self_ns = np.maximum(clipped - under_frame.round().astype(np.int64), 0)
     outside = np.where(in_op, 0, np.maximum(clipped - under_parent.round().astype(np.int64), 0))
     keys: list[tuple[str, ...]] = [()] * n
@@ -160,8 +173,8 @@ def _add_thread(
 
 
 def merge_stacks(parts: list[StackPart | None]) -> dict[str, Any] | None:
-    """The `python_stacks` document of `table --json` (docs/commands/table.md): every stack, by self time, with
-    per-step figures; None when no file holds Python frames."""
+    """The `python_stacks` document of `table --json` (docs/commands/table.md): every stack, by self
+    time, with per-step figures; None when no file holds Python frames."""
     found = [p for p in parts if p is not None]
     if not found:
         return None
@@ -199,8 +212,8 @@ _BUILTIN = re.compile(r"<built-in (?:method|function) (\S+?)(?: of (\S+) object)
 
 
 def short_frame(label: str) -> str:
-    """A frame as people read it: `main (train.py:11)` for torch's `/path/to/train.py(11): main`, `Tensor.sum`
-    for `<built-in method sum of Tensor object>`."""
+    """A frame as people read it: `main (train.py:11)` for torch's `/path/to/train.py(11): main`,
+    `Tensor.sum` for `<built-in method sum of Tensor object>`."""
     builtin = _BUILTIN.fullmatch(label)
     if builtin:
         function, owner = builtin.groups()
@@ -213,8 +226,8 @@ def short_frame(label: str) -> str:
 
 
 def short_stack(stack: list[str], width: int, lines: int = 1) -> str:
-    """A stack in at most `lines` lines of `width`, innermost frame first (the code that spent the time), its
-    callers after it while they fit (`<…`: more callers left out)."""
+    """A stack in at most `lines` lines of `width`, innermost frame first (the code that spent the
+    time), its callers after it while they fit (`<…`: more callers left out)."""
     frames = [short_frame(f) for f in reversed(stack)] or ["(no frame)"]
     out: list[str] = []
     text = ""
@@ -237,7 +250,8 @@ def short_stack(stack: list[str], width: int, lines: int = 1) -> str:
 
 
 def top_outside(document: dict[str, Any] | None, count: int = 3) -> list[dict[str, Any]]:
-    """The stacks with the most Python time outside operators (the "other" phase's code), most first."""
+    """The stacks with the most Python time outside operators (the "other" phase's code), most
+    first."""
     if not document:
         return []
     rows = [r for r in document["stacks"] if r["outside_operators_ms"] > 0]
@@ -245,4 +259,12 @@ def top_outside(document: dict[str, Any] | None, count: int = 3) -> list[dict[st
     return rows[:count]
 
 
-__all__ = ["HOW_TO_RECORD", "StackPart", "has_stacks", "merge_stacks", "short_frame", "short_stack", "stacks_of"]
+__all__ = [
+    "HOW_TO_RECORD",
+    "StackPart",
+    "has_stacks",
+    "merge_stacks",
+    "short_frame",
+    "short_stack",
+    "stacks_of",
+]

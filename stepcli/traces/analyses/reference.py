@@ -1,5 +1,6 @@
-"""The per-event reference analysis: one Python step per event, written to be read. The columnar analysis
-(stepcli.traces.analyses.traceanalysis) must equal it; it still runs for traces whose times pass 64-bit nanoseconds.
+"""The per-event reference analysis: one Python step per event, written to be read. The columnar
+analysis (stepcli.traces.analyses.traceanalysis) must equal it; it still runs for traces whose times
+pass 64-bit nanoseconds.
 """
 
 from __future__ import annotations
@@ -35,13 +36,18 @@ if TYPE_CHECKING:
 
 
 def analyze_events(
-    events: list[Event], cpu: Accumulator, device: Accumulator, by_shape: bool, incomplete_step: int | None = None
+    events: list[Event],
+    cpu: Accumulator,
+    device: Accumulator,
+    by_shape: bool,
+    incomplete_step: int | None = None,
 ) -> TraceResult:
-    """Nest CPU events per (pid, tid) exactly as torch's _populate_cpu_children/_remove_dup_nodes do, and
-    collect what the step breakdown and device-busy figures need.
+    """Nest CPU events per (pid, tid) exactly as torch's _populate_cpu_children/_remove_dup_nodes
+    do, and collect what the step breakdown and device-busy figures need.
 
-    ProfilerStep#`incomplete_step` is no step: it opens no step window, and it and its events are outside
-    the steps, as time after the last step is. Host events outside every step of their process are counted in the result's `outside_*`, not in `cpu` (module docstring).
+    ProfilerStep#`incomplete_step` is no step: it opens no step window, and it and its events are
+    outside the steps, as time after the last step is. Host events outside every step of their
+    process are counted in the result's `outside_*`, not in `cpu` (module docstring).
     """
     nesting = _Nesting(events, cpu, device, by_shape, incomplete_step)
     nesting.sort_events(events)
@@ -50,15 +56,21 @@ def analyze_events(
     return nesting.result()
 
 
-Thread = list[tuple[int, int, int, "Event"]]  # (start ns, -duration ns, index in file, event), torch's order
+# (start ns, -duration ns, index in file, event), torch's order
+Thread = list[tuple[int, int, int, "Event"]]
 
 
 class _Nesting:
-    """The state of one trace's reference analysis: device rows and spans, host events per thread, the operator
-    tree being built (frames), the step windows and phase spans found."""
+    """The state of one trace's reference analysis: device rows and spans, host events per thread,
+    the operator tree being built (frames), the step windows and phase spans found."""
 
     def __init__(
-        self, events: list[Event], cpu: Accumulator, device: Accumulator, by_shape: bool, incomplete_step: int | None
+        self,
+        events: list[Event],
+        cpu: Accumulator,
+        device: Accumulator,
+        by_shape: bool,
+        incomplete_step: int | None,
     ) -> None:
         self.base = int(events[0].ts) if events else 0
         self.rows = cpu.rows
@@ -69,8 +81,13 @@ class _Nesting:
         self.device_spans: list[tuple[int, int]] = []
         self.comm_spans: dict[int | str, list[tuple[int, int]]] = {}
         self.pids: dict[int | str, int] = {}
-        self.device_names: dict[str, tuple[str, bool, str]] = {}  # kernel -> (row name, is communication, class)
-        self.class_spans: dict[str, list[tuple[int, int]]] = {"compute": [], "comm": [], "memory": []}
+        # kernel -> (row name, is communication, class)
+        self.device_names: dict[str, tuple[str, bool, str]] = {}
+        self.class_spans: dict[str, list[tuple[int, int]]] = {
+            "compute": [],
+            "comm": [],
+            "memory": [],
+        }
         self.windows: list[Window] = []
         self.phase_spans: dict[int, list[tuple[int, int, int | str]]] = {
             DATALOADER: [],
@@ -80,7 +97,8 @@ class _Nesting:
             PAUSE: [],
             CLOSURE: [],
         }
-        # name -> (row key unless it is a step, phase, could be a ProfilerStep#N): computed once per distinct name
+        # name -> (row key unless it is a step, phase, could be a ProfilerStep#N): computed once per
+        # distinct name
         self.name_info: dict[str, tuple[str, int, bool, bool]] = {}
         self.outside = [0, 0]  # calls, self ns of the host events outside every step
         self.step_spans: StepSpans | None = None
@@ -89,7 +107,8 @@ class _Nesting:
         return round((ts - self.base) * 1000)
 
     def sort_events(self, events: list[Event]) -> None:
-        """Device work into rows and spans; host events into their threads; then the steps' spans."""
+        """Device work into rows and spans; host events into their threads; then the steps'
+        spans."""
         last_pid: int | str | None = None
         last_tid: int | str | None = None
         bucket: Thread = []
@@ -101,7 +120,9 @@ class _Nesting:
                     self.add_device(event)
                 continue
             if event.cat == "python_function":
-                continue  # a Python frame: a stack view's business, not an operator (see the module docstring)
+                # a Python frame: a stack view's business, not an operator (see the module
+                # docstring)
+                continue
             if event.cat == "user_annotation" and event.name.startswith(STEP_PREFIX):
                 step_events.append(event)
             # Consecutive events are mostly on the same thread: skip the dict lookup then.
@@ -109,16 +130,19 @@ class _Nesting:
                 last_pid, last_tid = event.pid, event.tid
                 bucket = self.threads.setdefault((last_pid, last_tid), [])
                 self.pids[last_pid] = self.pids.get(last_pid, 0) + 1
-            # (start, -duration) is torch's order: a parent sorts before a child that starts at the same time.
+            # (start, -duration) is torch's order: a parent sorts before a child that starts at the
+            # same time.
             bucket.append((self.ns(event.ts), -round(event.dur * 1000), index, event))
         starts = [self.ns(e.ts) for e in step_events]
         self.step_spans = step_spans_of(
-            ((e.pid, e.name, s, s + round(e.dur * 1000)) for e, s in zip(step_events, starts)), self.incomplete_step
+            ((e.pid, e.name, s, s + round(e.dur * 1000)) for e, s in zip(step_events, starts)),
+            self.incomplete_step,
         )
 
     def launched_in_cut_step(self, events: list[Event]) -> set[int]:
-        """Correlation ids of the launches made inside the incomplete step: their device work belongs to no
-        recorded step (a kernel of the last complete step may still run then: the launch decides, not the time)."""
+        """Correlation ids of the launches made inside the incomplete step: their device work
+        belongs to no recorded step (a kernel of the last complete step may still run then: the
+        launch decides, not the time)."""
         name = f"{STEP_PREFIX}{self.incomplete_step}"
         spans: dict[int | str, list[tuple[int, int]]] = {}
         for event in events:
@@ -127,7 +151,11 @@ class _Nesting:
                 spans.setdefault(event.pid, []).append((start, start + round(event.dur * 1000)))
         found: set[int] = set()
         for event in events if spans else ():
-            if event.cat in DEVICE_CATEGORIES or event.args is None or event.args.correlation is None:
+            if (
+                event.cat in DEVICE_CATEGORIES
+                or event.args is None
+                or event.args.correlation is None
+            ):
                 continue
             if any(lo <= self.ns(event.ts) < hi for lo, hi in spans.get(event.pid, ())):
                 found.add(event.args.correlation)
@@ -145,7 +173,9 @@ class _Nesting:
                 is_communication(event.name),
                 kernel_class,
             )
-        self.class_spans["memory" if event.cat in MEMORY_CATEGORIES else known[2]].append((start, start + dur))
+        self.class_spans["memory" if event.cat in MEMORY_CATEGORIES else known[2]].append(
+            (start, start + dur)
+        )
         if known[1]:
             self.comm_spans.setdefault("device", []).append((start, start + dur))
         key: Any = (known[0], event.shape) if self.by_shape else known[0]
@@ -158,8 +188,8 @@ class _Nesting:
             row[2] += dur
 
     def finish(self, frame: list[Any]) -> None:
-        """Count a closed frame into its row (or the outside count); torch's _remove_dup_nodes first: an only
-        child with its parent's name is folded into the parent."""
+        """Count a closed frame into its row (or the outside count); torch's _remove_dup_nodes
+        first: an only child with its parent's name is folded into the parent."""
         rows, outside = self.rows, self.outside
         while frame[4] == 1 and frame[5][6] == frame[6]:
             child = frame[5]
@@ -185,13 +215,14 @@ class _Nesting:
             row[2] += frame[2]
 
     def nest_thread(self, pid: int | str, items: Thread) -> None:
-        """Build one thread's operator tree with a stack of open frames, counting each frame as it closes."""
+        """Build one thread's operator tree with a stack of open frames, counting each frame as it
+        closes."""
         items.sort()
-        # frame: [end, row key, dur, children's dur, number of children, last child, name, step window or None,
-        #         counted: inside a step of the process, or the trace has no complete steps (None: a cut step
-        #         then, counted nowhere), phase, holds a dataloader,
-        #         optimizer or backward event below it, forward candidates below it (see hand_up), is the agent's
-        #         range around an optimizer's closure]
+        # frame: [end, row key, dur, children's dur, number of children, last child, name, step
+        #         window or None, counted: inside a step of the process, or the trace has no
+        #         complete steps (None: a cut step then, counted nowhere), phase, holds a
+        #         dataloader, optimizer or backward event below it, forward candidates below it (see
+        #         hand_up), is the agent's range around an optimizer's closure]
         stack: list[list[Any]] = []
 
         def close() -> None:
@@ -222,9 +253,11 @@ class _Nesting:
         while stack:
             close()
 
-    def frame_for(self, pid: int | str, event: Event, start: int, end: int) -> tuple[list[Any], int, bool]:
-        """A new frame for `event`, its phase, and whether it is named for backward (steps.wraps_backward); opens a
-        step window for a complete ProfilerStep#N."""
+    def frame_for(
+        self, pid: int | str, event: Event, start: int, end: int
+    ) -> tuple[list[Any], int, bool]:
+        """A new frame for `event`, its phase, and whether it is named for backward
+        (steps.wraps_backward); opens a step window for a complete ProfilerStep#N."""
         name = event.name
         info = self.name_info.get(name)
         if info is None:
@@ -249,8 +282,10 @@ class _Nesting:
             self.phase_spans[phase].append((start, end, pid))
         counted: bool | None = self.step_spans is None or in_steps(self.step_spans, pid, start, end)
         if self.step_spans is None and info[2] and event.cat == "user_annotation":
-            counted = None  # a step cut short where none is complete: no operator, and not outside the steps
-        wraps = info[3] and event.cat == "user_annotation"  # a wrapper of backward, whatever is below it
+            # a step cut short where none is complete: no operator, and not outside the steps
+            counted = None
+        # a wrapper of backward, whatever is below it
+        wraps = info[3] and event.cat == "user_annotation"
         return [end, row_key, end - start, 0, 0, None, name, window, counted], phase, wraps
 
     def result(self) -> TraceResult:
@@ -260,13 +295,16 @@ class _Nesting:
             # Only needed to place device time when there are no steps: the extent of CPU activity.
             cpu_span = (
                 min(items[0][0] for items in threads.values()),
-                max(start - neg_dur for items in threads.values() for start, neg_dur, _, _ in items),
+                max(
+                    start - neg_dur for items in threads.values() for start, neg_dur, _, _ in items
+                ),
             )
         for s, e, pid in self.phase_spans[COMM]:
             comm_spans.setdefault(pid, []).append((s, e))
         pids = self.pids
         main_pid = max(pids, key=lambda p: pids[p]) if pids else None
-        if main_pid is not None and "device" in comm_spans:  # NCCL kernels: the process's device waits for the others
+        # NCCL kernels: the process's device waits for the others
+        if main_pid is not None and "device" in comm_spans:
             comm_spans.setdefault(main_pid, []).extend(comm_spans.pop("device"))
         comm_union = {pid: union(spans) for pid, spans in comm_spans.items()}
         return TraceResult(
@@ -290,10 +328,10 @@ class _Nesting:
 
 def hand_up(frame: list[Any], parent: list[Any]) -> None:
     """Pass a closed frame's forward candidates to its parent
-    (stepcli.traces.analyses.stepphases.forward_candidates):
-    an operator that is no phase is one; a wrapper around a dataloader, optimizer or backward event (a user's
-    `## backward ##`) is none: its own candidates stand in its place. Inside an optimizer event only the agent's
-    closure ranges hold candidates (the closure's forward); the optimizer's other operators are its own work."""
+    (stepcli.traces.analyses.stepphases.forward_candidates): an operator that is no phase is one; a
+    wrapper around a dataloader, optimizer or backward event (a user's `## backward ##`) is none:
+    its own candidates stand in its place. Inside an optimizer event only the agent's closure ranges
+    hold candidates (the closure's forward); the optimizer's other operators are its own work."""
     phase, holds = frame[9], frame[10]
     if holds or DATALOADER <= phase <= BACKWARD:
         parent[10] = True

@@ -1,7 +1,9 @@
-"""The result types of trace analysis: what `stepcli table` reports (TraceSummary and its rows), and what one
-file contributes to it (FilePart), the small picklable part that worker processes send back.
+"""The result types of trace analysis: what `stepcli table` reports (TraceSummary and its rows), and
+what one file contributes to it (FilePart), the small picklable part that worker processes send
+back.
 
-Definitions of the figures are in stepcli.traces.analyses.traceanalysis (and docs/commands/table.md); this module holds data only.
+Definitions of the figures are in stepcli.traces.analyses.traceanalysis (and
+docs/commands/table.md); this module holds data only.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ from stepcli.traces.analyses.arrivals import RankArrivals
 from stepcli.traces.analyses.device import DeviceTimes
 from stepcli.traces.analyses.ranks import ProcessRow
 
-# Step phases, from the annotations torch writes. The order is the priority when phases overlap in time.
+# Step phases, from the annotations torch writes. The order is the priority when phases overlap in
+# time.
 PHASES = ("dataloader", "optimizer", "backward", "forward", "other")
 NS_PER_MS = 1_000_000.0
 
 
 @dataclass(frozen=True)
 class OpRow:
-    """One operator (or kernel) name, aggregated over every call in every trace, like a key_averages() row."""
+    """One operator (or kernel) name, aggregated over every call in every trace, like a
+    key_averages() row."""
 
     name: str
     calls: int
@@ -47,7 +51,8 @@ class OpRow:
 
 @dataclass(frozen=True)
 class StepRow:
-    """The duration of one ProfilerStep#N annotation of one process (`process`: its rank or worker label)."""
+    """The duration of one ProfilerStep#N annotation of one process (`process`: its rank or worker
+    label)."""
 
     rank: int | None
     step: int
@@ -55,7 +60,12 @@ class StepRow:
     process: str = "-"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "process": self.process, "step": self.step, "dur_ms": self.dur_ms}
+        return {
+            "rank": self.rank,
+            "process": self.process,
+            "step": self.step,
+            "dur_ms": self.dur_ms,
+        }
 
 
 @dataclass(frozen=True)
@@ -83,41 +93,52 @@ STUB_WHY = "the profiler's closing stub, with none of the program's work in it"
 
 @dataclass(frozen=True)
 class TraceSummary:
-    """Everything `stepcli table` reports; `to_dict()` is the JSON contract other commands read back."""
+    """Everything `stepcli table` reports; `to_dict()` is the JSON contract other commands read
+    back."""
 
     files: list[str]
     step_ms: Stats | None
     steps: list[StepRow]
     ranks: list[ProcessRow]
-    slowest_rank: int | None  # the straggler by compute (stepcli.traces.analyses.ranks), not the longest step time
+    # the straggler by compute (stepcli.traces.analyses.ranks), not the longest step time
+    slowest_rank: int | None
     breakdown_ms: Breakdown | None
-    device: DeviceTimes | None  # device time by kernel class over the recorded steps (stepcli.traces.analyses.device)
+    # device time by kernel class over the recorded steps (stepcli.traces.analyses.device)
+    device: DeviceTimes | None
     cpu_ops: list[OpRow]
     device_kernels: list[OpRow]
     events: int
-    skipped_events: int = 0  # events left out because their ts/dur was infinite, NaN or absurdly large
-    share_of: str = "recorded step time"  # what every self_share is a share of (stepcli.traces.analyses.shares)
+    # events left out because their ts/dur was infinite, NaN or absurdly large
+    skipped_events: int = 0
+    # what every self_share is a share of (stepcli.traces.analyses.shares)
+    share_of: str = "recorded step time"
     straggler: dict[str, Any] | None = None  # the evidence behind slowest_rank
-    outside_events: int = 0  # host operator calls outside every recorded step, left out of cpu_ops (module docstring)
+    # host operator calls outside every recorded step, left out of cpu_ops (module docstring)
+    outside_events: int = 0
     outside_ms: float = 0.0  # their self time
-    rank_devices: dict[str, DeviceTimes] = field(default_factory=dict)  # per process label (ranks[].process)
+    # per process label (ranks[].process)
+    rank_devices: dict[str, DeviceTimes] = field(default_factory=dict)
     flops: dict[str, Any] | None = (
         None  # FLOPs per step, FLOP/s, MFU (stepcli.traces.analyses.flops); None without counts
     )
     culprit: dict[str, Any] | None = (
         None  # the rank the others wait for at collectives (stepcli.traces.analyses.culprit)
     )
-    # rank -> processes, for ranks seen in several (several runs in one folder, a restarted job): no straggler and
-    # no culprit is named then, since no job's ranks can be told from another's
+    # rank -> processes, for ranks seen in several (several runs in one folder, a restarted job): no
+    # straggler and no culprit is named then, since no job's ranks can be told from another's
     repeated_ranks: dict[int, int] = field(default_factory=dict)
-    mixed_jobs: str | None = None  # traces of jobs of different sizes (mergeparts.mixed_jobs_note): nobody named
-    # per file with one, the profiler's closing stub step left out of every figure (analysis.profiler_stub)
+    # traces of jobs of different sizes (mergeparts.mixed_jobs_note): nobody named
+    mixed_jobs: str | None = None
+    # per file with one, the profiler's closing stub step left out of every figure
+    # (analysis.profiler_stub)
     stub_steps: list[tuple[str, int]] = field(default_factory=list)
-    # of the breakdown's "other", ms per step outside every operator and inside one no phase claims; None unknown
+    # of the breakdown's "other", ms per step outside every operator and inside one no phase claims;
+    # None unknown
     other_ms: dict[str, float] | None = None
     has_stacks: bool = False  # some trace holds Python frames (recorded with stacks)
     has_shapes: bool = False  # some trace holds input shapes (recorded with shapes)
-    python_stacks: dict[str, Any] | None = None  # `table --stacks` (stepcli.traces.analyses.pystacks.merge_stacks)
+    # `table --stacks` (stepcli.traces.analyses.pystacks.merge_stacks)
+    python_stacks: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -139,7 +160,9 @@ class TraceSummary:
             "culprit": self.culprit,
             "repeated_ranks": {str(rank): count for rank, count in self.repeated_ranks.items()},
             "mixed_jobs": self.mixed_jobs,
-            "left_out_steps": [{"file": path, "step": step, "why": STUB_WHY} for path, step in self.stub_steps],
+            "left_out_steps": [
+                {"file": path, "step": step, "why": STUB_WHY} for path, step in self.stub_steps
+            ],
             "other_ms": self.other_ms,
             "recorded_with": {"stacks": self.has_stacks, "shapes": self.has_shapes},
             "python_stacks": self.python_stacks,
@@ -152,8 +175,9 @@ class TraceSummary:
 
 @dataclass
 class FilePart:
-    """What one trace file contributes to a summary: small (per-name sums, per-step figures), picklable, and merged
-    exactly (integer nanoseconds), so files can be summarized in worker processes and only these travel back."""
+    """What one trace file contributes to a summary: small (per-name sums, per-step figures),
+    picklable, and merged exactly (integer nanoseconds), so files can be summarized in worker
+    processes and only these travel back."""
 
     path: str
     rank: int | None
@@ -167,23 +191,30 @@ class FilePart:
     comm_ns: list[int]
     phase_totals: dict[str, int]
     phase_steps: int
-    device_times: DeviceTimes | None  # device time by kernel class over the steps, None without device work
+    # device time by kernel class over the steps, None without device work
+    device_times: DeviceTimes | None
     has_shapes: bool = False
     outside_events: int = 0  # host operator calls outside every step of their process, in no row
     outside_ns: int = 0
-    flops: int | None = None  # the window's FLOPs written beside the trace (stepcli.traces.analyses.flops), if any
+    # the window's FLOPs written beside the trace (stepcli.traces.analyses.flops), if any
+    flops: int | None = None
     flops_device: str | None = None
     flops_source: str | None = None  # "file" (NAME.flops) or "trace" (operators' args.flops)
-    # GEMM/convolution kernel time in the recorded steps by the dtype their names say, for MFU's peak (with FLOPs)
+    # GEMM/convolution kernel time in the recorded steps by the dtype their names say, for MFU's
+    # peak (with FLOPs)
     gemm_ns: dict[str, int] = field(default_factory=dict)
-    arrivals: RankArrivals | None = None  # its collectives, for the culprit (stepcli.traces.analyses.culprit)
+    # its collectives, for the culprit (stepcli.traces.analyses.culprit)
+    arrivals: RankArrivals | None = None
     world_size: int | None = None  # its job's size, as the trace says (distributedInfo.world_size)
-    # its steps' thread as a lane of `stepcli whatif`'s graph (stepcli.traces.analyses.lanes.RankLane), when the
-    # read asked for it (the run's end does: its summary says what would help, from the same read)
+    # its steps' thread as a lane of `stepcli whatif`'s graph
+    # (stepcli.traces.analyses.lanes.RankLane), when the read asked for it (the run's end does: its
+    # summary says what would help, from the same read)
     lane: Any = None
     device_name: str | None = None  # its first GPU (deviceProperties)
-    stub_step: int | None = None  # the N of the profiler's closing stub left out (analysis.profiler_stub), if any
-    other_inside_ns: int | None = None  # of phase_totals["other"], inside an operator (steps.TraceResult)
+    # the N of the profiler's closing stub left out (analysis.profiler_stub), if any
+    stub_step: int | None = None
+    # of phase_totals["other"], inside an operator (steps.TraceResult)
+    other_inside_ns: int | None = None
     has_stacks: bool = False  # it holds Python frames (stepcli.traces.analyses.pystacks.has_stacks)
     # it holds input shapes: read ones, or GEMMs' input types (decoded on every read, shapes or not)
     shapes_recorded: bool = False
@@ -191,7 +222,8 @@ class FilePart:
 
 
 class TraceFacts(Protocol):
-    """What a read trace says of itself besides its events (stepcli.traces.read.tracereader.Trace, columnkeeper.ColumnTrace)."""
+    """What a read trace says of itself besides its events (stepcli.traces.read.tracereader.Trace,
+    columnkeeper.ColumnTrace)."""
 
     @property
     def path(self) -> str: ...

@@ -1,13 +1,15 @@
-"""Per recorded step, the figures `stepcli compare` attributes a change to: each CPU operator's and device
-kernel's self time and the step's phases, equal to summarizing each step's events alone
-(stepcli.traces.analyses.mergeparts.summarize), but for every step of a trace in one pass of array operations.
+"""Per recorded step, the figures `stepcli compare` attributes a change to: each CPU operator's and
+device kernel's self time and the step's phases, equal to summarizing each step's events alone
+(stepcli.traces.analyses.mergeparts.summarize), but for every step of a trace in one pass of array
+operations.
 
-Summarizing 100,000 steps one at a time cost ~1 ms of Python each (minutes for two traces). Here each step's events
-(a contiguous run of the trace's events sorted by start) are one segment: their nanoseconds are measured from the
-segment's own first event, as a lone summary measures them, then every segment is moved onto one timeline, apart
-from the others, so nesting, step spans and phase unions never reach across segments, and one array pass gives
-every segment's figures. A segment whose windows of one process overlap (which a lone summary measures with the
-per-window reference) is left to the caller (`fallback`), and so is a trace the arrays cannot hold (None).
+Summarizing 100,000 steps one at a time cost ~1 ms of Python each (minutes for two traces). Here
+each step's events (a contiguous run of the trace's events sorted by start) are one segment: their
+nanoseconds are measured from the segment's own first event, as a lone summary measures them, then
+every segment is moved onto one timeline, apart from the others, so nesting, step spans and phase
+unions never reach across segments, and one array pass gives every segment's figures. A segment
+whose windows of one process overlap (which a lone summary measures with the per-window reference)
+is left to the caller (`fallback`), and so is a trace the arrays cannot hold (None).
 """
 
 from __future__ import annotations
@@ -40,24 +42,29 @@ Key = tuple[str, str]  # ("cpu" | "device" | "phase", name)
 
 @dataclass
 class StepTimes:
-    """Per key, its milliseconds in each segment (0.0 where absent); `fallback`: segments to summarize alone."""
+    """Per key, its milliseconds in each segment (0.0 where absent); `fallback`: segments to
+    summarize alone."""
 
     times: dict[Key, np.ndarray]
     fallback: set[int]
 
 
-_LIMIT_NS = 2**62  # as stepcli.traces.analyses.arrays: past this, the per-event reference (here: the caller)
+# as stepcli.traces.analyses.arrays: past this, the per-event reference (here: the caller)
+_LIMIT_NS = 2**62
 _EXACT_FLOAT = 2**53
 
 
 def step_times(
-    events: list[Event], segments: list[tuple[int, int]], source: tuple[Columns, np.ndarray] | None = None
+    events: list[Event],
+    segments: list[tuple[int, int]],
+    source: tuple[Columns, np.ndarray] | None = None,
 ) -> StepTimes | None:
-    """The figures of each segment [lo, hi) of `events` (sorted by start; segments in order, disjoint), as
-    `summarize([Trace.from_events(events[lo:hi])])` gives them; None when segments overlap or times are too large.
-    `source`: the columns of the trace's events (columns_from_events, file order) and the order that sorts them by
-    start (a stable argsort: `events` is then not looked at): the segments' columns are taken from them, coded as
-    from the events themselves, instead of a pass of Python over every event."""
+    """The figures of each segment [lo, hi) of `events` (sorted by start; segments in order,
+    disjoint), as `summarize([Trace.from_events(events[lo:hi])])` gives them; None when segments
+    overlap or times are too large. `source`: the columns of the trace's events
+    (columns_from_events, file order) and the order that sorts them by start (a stable argsort:
+    `events` is then not looked at): the segments' columns are taken from them, coded as from the
+    events themselves, instead of a pass of Python over every event."""
     import numpy as np
 
     from stepcli.traces.analyses import arrays as col
@@ -68,11 +75,15 @@ def step_times(
     hi = np.array([e for _, e in segments], np.int64)
     if not count or np.any(hi[:-1] > lo[1:]) or np.any(hi <= lo):
         return None
-    picked = np.concatenate([np.arange(s, e) for s, e in segments]) if count < 64 else _ranges(lo, hi)
+    picked = (
+        np.concatenate([np.arange(s, e) for s, e in segments]) if count < 64 else _ranges(lo, hi)
+    )
     seg = np.repeat(np.arange(count, dtype=np.int64), hi - lo)
-    first = np.concatenate([[0], np.cumsum(hi - lo)[:-1]]).astype(np.int64)  # each segment's first row
+    # each segment's first row
+    first = np.concatenate([[0], np.cumsum(hi - lo)[:-1]]).astype(np.int64)
     columns = _chosen_columns(events, picked) if source is None else _taken_columns(*source, picked)
-    # Nanoseconds as each lone summary computes them (stepcli.traces.analyses.arrays.nanoseconds): from its first event.
+    # Nanoseconds as each lone summary computes them (stepcli.traces.analyses.arrays.nanoseconds):
+    # from its first event.
     base = np.trunc(columns.ts[first])
     start = np.rint((columns.ts - base[seg]) * 1000)
     dur = np.rint(columns.dur * 1000)
@@ -93,11 +104,14 @@ def step_times(
     times: dict[Key, np.ndarray] = {}
 
     keys: dict[str, int] = {}
-    name_key = np.array([keys.setdefault(stable_name(n), len(keys)) for n in columns.names] or [0], np.int64)
+    name_key = np.array(
+        [keys.setdefault(stable_name(n), len(keys)) for n in columns.names] or [0], np.int64
+    )
     step_key = keys.setdefault(STEP_KEY, len(keys))
     key_list = list(keys)
 
-    # CPU operators: self time of the events inside a complete step of their process (kept: not folded).
+    # CPU operators: self time of the events inside a complete step of their process (kept: not
+    # folded).
     a = col.analysis_arrays(columns, ns)
     index, ev_start, ev_end, parent = a["index"], a["start"], a["end"], a["parent"]
     name = columns.name[index]
@@ -115,12 +129,15 @@ def step_times(
         None,
     )
     ev_seg = seg[index]
-    windows_all = step_rows[[step_of(columns.names[int(k)]) is not None for k in name[step_rows].tolist()]]
+    windows_all = step_rows[
+        [step_of(columns.names[int(k)]) is not None for k in name[step_rows].tolist()]
+    ]
     if spans is None:
         inside = ~is_step
     else:
         inside = in_steps_array(spans, pid_code, ev_start, ev_end)
-        # a segment with no complete step of its own counts every operator but its cut steps (as a lone summary)
+        # a segment with no complete step of its own counts every operator but its cut steps (as a
+        # lone summary)
         with_steps = np.zeros(count, bool)
         with_steps[ev_seg[windows_all]] = True
         alone = ~with_steps[ev_seg]
@@ -155,8 +172,13 @@ def step_times(
         own = np.nonzero(w_pid == pid)[0]
         own = own[~skip[ev_seg[windows[own]]]]
         of_pid = pid_code == pid
-        phase_spans = [np.nonzero(of_pid & (phase == p))[0] for p in (DATALOADER, OPTIMIZER, BACKWARD)]
-        phase_start, phase_end = [ev_start[e] for e in phase_spans], [ev_end[e] for e in phase_spans]
+        phase_spans = [
+            np.nonzero(of_pid & (phase == p))[0] for p in (DATALOADER, OPTIMIZER, BACKWARD)
+        ]
+        phase_start, phase_end = (
+            [ev_start[e] for e in phase_spans],
+            [ev_end[e] for e in phase_spans],
+        )
         if len(phase_spans[1]):  # the optimizer's own time, as the table's
             phase_start[1], phase_end[1] = col.optimizer_own(
                 ev_start, ev_end, phase_spans[1], phase_spans[2], np.nonzero(of_pid & closure)[0]
@@ -212,7 +234,8 @@ def _chosen_columns(events: list[Event], picked: np.ndarray) -> Columns:
 
 
 def _taken_columns(columns: Columns, order: np.ndarray, picked: np.ndarray) -> Columns:
-    """_chosen_columns of the events sorted by `order`, from their columns: the same arrays, the same codes."""
+    """_chosen_columns of the events sorted by `order`, from their columns: the same arrays, the
+    same codes."""
     import numpy as np
 
     from stepcli.traces.read import typedcolumns
@@ -220,7 +243,8 @@ def _taken_columns(columns: Columns, order: np.ndarray, picked: np.ndarray) -> C
     rows = order[picked]
     n = len(rows)
     name, name_codes = _first_seen(columns.name[rows])
-    ids, id_codes = _first_seen(np.concatenate([columns.pid[rows], columns.tid[rows]]))  # one table, pids first
+    # one table, pids first
+    ids, id_codes = _first_seen(np.concatenate([columns.pid[rows], columns.tid[rows]]))
     return typedcolumns.Columns(
         name=name.astype(np.int32),
         kind=columns.kind[rows],
@@ -236,8 +260,8 @@ def _taken_columns(columns: Columns, order: np.ndarray, picked: np.ndarray) -> C
 
 
 def _first_seen(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`codes` coded again in order of first appearance (as a dict's setdefault codes them), and the old code of
-    each new one."""
+    """`codes` coded again in order of first appearance (as a dict's setdefault codes them), and the
+    old code of each new one."""
     import numpy as np
 
     unique, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
@@ -257,17 +281,27 @@ def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return out
 
 
-def _add(times: dict[Key, np.ndarray], kind: str, key_list: list[str], seg: np.ndarray, key: np.ndarray,
-         ns: np.ndarray, count: int) -> None:  # fmt: skip
-    """Sum `ns` by (segment, key) into times[(kind, name)], milliseconds per segment (a key present in a segment
-    with no time still makes its row, as a lone summary's rows do: 0.0 there, like a segment without it)."""
+def _add(
+    times: dict[Key, np.ndarray],
+    kind: str,
+    key_list: list[str],
+    seg: np.ndarray,
+    key: np.ndarray,
+    ns: np.ndarray,
+    count: int,
+) -> None:
+    """Sum `ns` by (segment, key) into times[(kind, name)], milliseconds per segment (a key present
+    in a segment with no time still makes its row, as a lone summary's rows do: 0.0 there, like a
+    segment without it)."""
     import numpy as np
 
     if not len(key):
         return
     width = len(key_list)
     pairs, inverse = np.unique(seg * width + key, return_inverse=True)
-    total = np.bincount(inverse.reshape(-1), weights=ns, minlength=len(pairs)).round().astype(np.int64)
+    total = (
+        np.bincount(inverse.reshape(-1), weights=ns, minlength=len(pairs)).round().astype(np.int64)
+    )
     pair_seg, pair_key = pairs // width, pairs % width
     order = np.argsort(pair_key, kind="stable")
     bounds = np.flatnonzero(np.diff(pair_key[order])) + 1
@@ -277,8 +311,11 @@ def _add(times: dict[Key, np.ndarray], kind: str, key_list: list[str], seg: np.n
         times[(kind, key_list[int(pair_key[run[0]])])] = ms
 
 
-def _overlapping(windows: np.ndarray, seg: np.ndarray, pid: np.ndarray, start: np.ndarray, end: np.ndarray) -> set[int]:
-    """Segments where two windows of one process overlap: a lone summary measures their phases per window."""
+def _overlapping(
+    windows: np.ndarray, seg: np.ndarray, pid: np.ndarray, start: np.ndarray, end: np.ndarray
+) -> set[int]:
+    """Segments where two windows of one process overlap: a lone summary measures their phases per
+    window."""
     import numpy as np
 
     if len(windows) < 2:

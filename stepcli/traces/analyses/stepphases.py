@@ -143,11 +143,14 @@ def _complete_windows(
 def _measured_parts(
     measured: tuple[dict[str, int], int, int] | None,
 ) -> tuple[tuple[dict[str, int], int] | None, int | None]:
-    """_phase_totals_arrays' answer as (phase totals and steps, other inside operators), both None unmeasured."""
+    """_phase_totals_arrays' answer as (phase totals and steps, other inside operators), both None
+    unmeasured."""
     return (None, None) if measured is None else ((measured[0], measured[1]), measured[2])
 
 
-def _fill_windows(by_row: dict[int, Window], forward: Any, forward_row: Any, parent: Any, start: Any, end: Any) -> None:
+def _fill_windows(
+    by_row: dict[int, Window], forward: Any, forward_row: Any, parent: Any, start: Any, end: Any
+) -> None:
     """The windows' forward candidates and top-level events, for the per-window `step_phases`."""
     import numpy as np
 
@@ -162,8 +165,9 @@ def _fill_windows(by_row: dict[int, Window], forward: Any, forward_row: Any, par
 def _phase_spans(
     phase: Any, closure: Any, start: Any, end: Any, pid_code: Any, ids: list[int | str]
 ) -> dict[int, list[tuple[int, int, int | str]]]:
-    """Per phase, its events' (start, end, pid): communication only when `closure` is None (the totals are measured
-    on arrays), else every phase and the closure ranges (steps.CLOSURE), for the per-window `step_phases`."""
+    """Per phase, its events' (start, end, pid): communication only when `closure` is None (the
+    totals are measured on arrays), else every phase and the closure ranges (steps.CLOSURE), for the
+    per-window `step_phases`."""
     import numpy as np
 
     spans: dict[int, list[tuple[int, int, int | str]]] = {
@@ -179,7 +183,9 @@ def _phase_spans(
         at = np.nonzero(closure)[0]
         with_phase = np.concatenate((with_phase, at))
         codes += [CLOSURE] * len(at)
-    for p, s, e, pid in zip(codes, start[with_phase].tolist(), end[with_phase].tolist(), pid_code[with_phase].tolist()):
+    for p, s, e, pid in zip(
+        codes, start[with_phase].tolist(), end[with_phase].tolist(), pid_code[with_phase].tolist()
+    ):
         spans[p].append((s, e, ids[pid]))
     return spans
 
@@ -191,27 +197,36 @@ def in_steps_array(spans: StepSpans, pid: Any, start: Any, end: Any) -> Any:
     inside = np.zeros(len(pid), bool)
     for code, (spans_of_pid, ends) in spans.items():
         mine = pid == code
-        rows: Any = slice(None) if mine.all() else np.nonzero(mine)[0]  # mostly one process: no copies then
+        # mostly one process: no copies then
+        rows: Any = slice(None) if mine.all() else np.nonzero(mine)[0]
         first = np.array([s for s, _ in spans_of_pid], np.int64)
-        after = np.searchsorted(np.array(ends, np.int64), start[rows], side="right")  # first span ending later
+        # first span ending later
+        after = np.searchsorted(np.array(ends, np.int64), start[rows], side="right")
         reach = np.maximum(end[rows], start[rows] + 1)
-        inside[rows] = (after < len(spans_of_pid)) & (first[np.minimum(after, len(spans_of_pid) - 1)] < reach)
+        inside[rows] = (after < len(spans_of_pid)) & (
+            first[np.minimum(after, len(spans_of_pid) - 1)] < reach
+        )
     return inside
 
 
-def forward_candidates(parent: Any, phase: Any, rows: list[int], named: Any, closure: Any) -> tuple[Any, Any]:
-    """The steps' forward candidates (`step_phases`): the events, and the step event (at `rows`) of each.
+def forward_candidates(
+    parent: Any, phase: Any, rows: list[int], named: Any, closure: Any
+) -> tuple[Any, Any]:
+    """The steps' forward candidates (`step_phases`): the events, and the step event (at `rows`) of
+    each.
 
-    A step's top-level operator that is no phase is forward. A wrapper around a phase (a user's `## backward ##`
-    around the autograd engine's events, Lightning's `[pl][profile]...backward`) is no operator of its own: its
-    children stand in its place, so that naming a phase never moves the time between its events to forward.
-    `named`: the user annotations named for backward (steps.wraps_backward), wrappers whatever is below them.
-    `closure`: the agent's ranges around an optimizer's closure (steps.is_closure), wrappers too, and the only
-    events inside an optimizer event whose children can be forward: the optimizer's other operators are its own."""
+    A step's top-level operator that is no phase is forward. A wrapper around a phase (a user's `##
+    backward ##` around the autograd engine's events, Lightning's `[pl][profile]...backward`) is no
+    operator of its own: its children stand in its place, so that naming a phase never moves the
+    time between its events to forward. `named`: the user annotations named for backward
+    (steps.wraps_backward), wrappers whatever is below them. `closure`: the agent's ranges around an
+    optimizer's closure (steps.is_closure), wrappers too, and the only events inside an optimizer
+    event whose children can be forward: the optimizer's other operators are its own."""
     import numpy as np
 
     n = len(parent)
-    contains = named | closure  # holds a dataloader, optimizer or backward event somewhere below it (or wraps one)
+    # holds a dataloader, optimizer or backward event somewhere below it (or wraps one)
+    contains = named | closure
     below = np.nonzero(((phase >= DATALOADER) & (phase <= BACKWARD)) | named)[0]
     while below.size:
         up = parent[below]
@@ -222,12 +237,17 @@ def forward_candidates(parent: Any, phase: Any, rows: list[int], named: Any, clo
     owner = np.full(n, -1, np.int64)  # the step event an event is a candidate of, through wrappers
     owner[np.array(rows, np.int64)] = np.array(rows, np.int64)
     is_row = owner >= 0
-    # Parents come before their children in this order: one pass over the wrappers (few) reaches every depth.
-    # An optimizer event passes its step on only to what is an optimizer event or a closure range below it.
+    # Parents come before their children in this order: one pass over the wrappers (few) reaches
+    # every depth. An optimizer event passes its step on only to what is an optimizer event or a
+    # closure range below it.
     passing = (contains & (phase == 0)) | (phase == OPTIMIZER)
     for wrapper in np.nonzero(passing & ~is_row)[0].tolist():
         up = int(parent[wrapper])
-        if up >= 0 and owner[up] >= 0 and (phase[up] != OPTIMIZER or closure[wrapper] or phase[wrapper] == OPTIMIZER):
+        if (
+            up >= 0
+            and owner[up] >= 0
+            and (phase[up] != OPTIMIZER or closure[wrapper] or phase[wrapper] == OPTIMIZER)
+        ):
             owner[wrapper] = owner[up]
     candidate = np.nonzero((parent >= 0) & (phase == 0) & ~contains)[0]
     candidate = candidate[(owner[parent[candidate]] >= 0) & (phase[parent[candidate]] == 0)]
@@ -245,12 +265,14 @@ def _phase_totals_arrays(
     forward_row: Any,
     parent: Any,
 ) -> tuple[dict[str, int], int, int] | None:
-    """`step_phases` summed over the windows (the step events at `rows`; `forward` the forward candidates and
-    `forward_row` the step of each, from forward_candidates; `closure` the agent's closure ranges, which with the
-    backward nested in an optimizer event are no optimizer time: steps.optimizer_own), with array operations per process
-    (stepcli.traces.analyses.arrays.step_phases) instead of a Python step per span. None when two windows of one
-    process overlap: the per-window reference measures those. The third figure is the part of "other" inside the
-    steps' top-level operators (`parent`: each event's): what no phase claims of a wrapper or a closure range."""
+    """`step_phases` summed over the windows (the step events at `rows`; `forward` the forward
+    candidates and `forward_row` the step of each, from forward_candidates; `closure` the agent's
+    closure ranges, which with the backward nested in an optimizer event are no optimizer time:
+    steps.optimizer_own), with array operations per process
+    (stepcli.traces.analyses.arrays.step_phases) instead of a Python step per span. None when two
+    windows of one process overlap: the per-window reference measures those. The third figure is the
+    part of "other" inside the steps' top-level operators (`parent`: each event's): what no phase
+    claims of a wrapper or a closure range."""
     import numpy as np
 
     from stepcli.traces.analyses import arrays as col
@@ -283,7 +305,8 @@ def _phase_totals_arrays(
         forward_of, forward_events = child_window[of_window], child[of_window]
         of_top = window_pid[top_window] == pid
         top_of, top_events = top_window[of_top], top[of_top]
-        # Forward as a fourth phase, then every top-level event: what that claims is "other" inside an operator.
+        # Forward as a fourth phase, then every top-level event: what that claims is "other" inside
+        # an operator.
         parts = col.step_phases(
             window_start[mine],
             window_end[mine],

@@ -1,22 +1,26 @@
-"""Pure analysis of loaded traces: per-operator, per-kernel, per-step, per-rank and step-breakdown summaries.
+"""Pure analysis of loaded traces: per-operator, per-kernel, per-step, per-rank and step-breakdown
+summaries.
 
-The CPU operator table follows torch's `key_averages()` so the two can be compared number for number: user
-annotations (`ProfilerStep*`, `enumerate(DataLoader)#...`, `Optimizer.step#...`) are rows like any operator, and
-every ProfilerStep#N is folded into `ProfilerStep*`. Python frames of traces recorded with stacks
-(`python_function` events) are no operators: they are left out of the tables and of the nesting, and memory
-addresses are stripped from the names used as keys (see stepcli.traces.analyses.shares). Shares are defined in stepcli.traces.analyses.shares,
-processes and the straggler in stepcli.traces.analyses.ranks.
+The CPU operator table follows torch's `key_averages()` so the two can be compared number for
+number: user annotations (`ProfilerStep*`, `enumerate(DataLoader)#...`, `Optimizer.step#...`) are
+rows like any operator, and every ProfilerStep#N is folded into `ProfilerStep*`. Python frames of
+traces recorded with stacks (`python_function` events) are no operators: they are left out of the
+tables and of the nesting, and memory addresses are stripped from the names used as keys (see
+stepcli.traces.analyses.shares). Shares are defined in stepcli.traces.analyses.shares, processes and
+the straggler in stepcli.traces.analyses.ranks.
 
-A trace's incomplete step (`Trace.incomplete_step`, from a window stepcli cut short) holds only the start of that
-step, so it is left out of step times, step statistics, per-rank statistics, the step breakdown and the operator
-tables (its events are time outside the recorded steps). Events the reader skipped for unusable times are counted
-in `skipped_events`.
+A trace's incomplete step (`Trace.incomplete_step`, from a window stepcli cut short) holds only the
+start of that step, so it is left out of step times, step statistics, per-rank statistics, the step
+breakdown and the operator tables (its events are time outside the recorded steps). Events the
+reader skipped for unusable times are counted in `skipped_events`.
 
-When a trace has recorded steps, host events that overlap no complete ProfilerStep#N of their own process are time
-outside every step: they are left out of the operator tables, whose shares are of step time, and counted in `outside_events`/`outside_ns` instead (e.g. the `cudaDeviceSynchronize` the profiler itself
-calls after the last step). An event that overlaps a step even in part is kept whole. Device kernels are all kept:
-a kernel launched inside a step belongs to it even when it runs after the step's CPU side ended. A trace without
-recorded steps keeps every event, as key_averages() does.
+When a trace has recorded steps, host events that overlap no complete ProfilerStep#N of their own
+process are time outside every step: they are left out of the operator tables, whose shares are of
+step time, and counted in `outside_events`/`outside_ns` instead (e.g. the `cudaDeviceSynchronize`
+the profiler itself calls after the last step). An event that overlaps a step even in part is kept
+whole. Device kernels are all kept: a kernel launched inside a step belongs to it even when it runs
+after the step's CPU side ended. A trace without recorded steps keeps every event, as key_averages()
+does.
 """
 
 from __future__ import annotations
@@ -74,9 +78,14 @@ if TYPE_CHECKING:
 
 
 def _recorded_device_work(
-    columns: Columns, start: np.ndarray, dur: np.ndarray, dev: np.ndarray, incomplete_step: int | None
+    columns: Columns,
+    start: np.ndarray,
+    dur: np.ndarray,
+    dev: np.ndarray,
+    incomplete_step: int | None,
 ) -> np.ndarray:
-    """`dev` less the device events launched inside the incomplete step (as the reference's launched_in_cut_step)."""
+    """`dev` less the device events launched inside the incomplete step (as the reference's
+    launched_in_cut_step)."""
     import numpy as np
 
     if incomplete_step is None or not dev.size:
@@ -85,7 +94,9 @@ def _recorded_device_work(
 
     target = f"{STEP_PREFIX}{incomplete_step}"
     codes = [code for code, name in enumerate(columns.names) if name == target]
-    cut_steps = np.nonzero(np.isin(columns.name, codes) & (columns.kind == typedcolumns.USER_ANNOTATION))[0]
+    cut_steps = np.nonzero(
+        np.isin(columns.name, codes) & (columns.kind == typedcolumns.USER_ANNOTATION)
+    )[0]
     host = np.nonzero((columns.kind < typedcolumns.DEVICE) & (columns.corr >= 0))[0]
     inside = np.zeros(len(host), bool)
     for at in cut_steps.tolist():
@@ -315,7 +326,8 @@ def _communication_by_process(
 
 
 def summarize_file(trace: Trace, *, group_by_shape: bool = False) -> FilePart:
-    """The part of one trace file; `merge_parts` of the parts of several files equals `summarize` of them."""
+    """The part of one trace file; `merge_parts` of the parts of several files equals `summarize` of
+    them."""
     from stepcli.traces.read.typedcolumns import columns_from_events
 
     return summarize_read(columns_from_events(trace.events), trace, group_by_shape=group_by_shape)
@@ -324,8 +336,8 @@ def summarize_file(trace: Trace, *, group_by_shape: bool = False) -> FilePart:
 def summarize_read(
     columns: Columns, trace: TraceFacts, *, group_by_shape: bool = False, arrivals: bool = True
 ) -> FilePart:
-    """The part of one trace file, from its columns and what the reader found out about it (`arrivals`: see
-    summarize_columns)."""
+    """The part of one trace file, from its columns and what the reader found out about it
+    (`arrivals`: see summarize_columns)."""
     return summarize_columns(
         columns,
         path=trace.path,
@@ -357,21 +369,23 @@ def summarize_columns(
     arrivals: bool = True,
     world_size: int | None = None,
 ) -> FilePart:
-    """The part of one trace file read into columns (stepcli.traces.read.columns.load_columns). Without `arrivals`, its
-    collectives' arrivals are left out: they only serve to compare ranks (the culprit), so a part that will be
-    summarized alone needs none."""
+    """The part of one trace file read into columns (stepcli.traces.read.columns.load_columns).
+    Without `arrivals`, its collectives' arrivals are left out: they only serve to compare ranks
+    (the culprit), so a part that will be summarized alone needs none."""
     from stepcli.traces.analyses.arrays import TooLarge
     from stepcli.traces.analyses.stub import profiler_stub
 
     stub = profiler_stub(columns) if incomplete_step is None else None
-    if stub is not None:  # no step: what is left out as a window's cut step is (stepcli.traces.analyses.steps)
+    # no step: what is left out as a window's cut step is (stepcli.traces.analyses.steps)
+    if stub is not None:
         incomplete_step = stub
     measure_busy = device_busy_arrays
     within: Within = within_arrays
     try:
         cpu_rows, device_rows, result = _analyze_columns(columns, group_by_shape, incomplete_step)
     except TooLarge:
-        # times past 64-bit nanoseconds: the per-event reference, on Python integers (imported only then)
+        # times past 64-bit nanoseconds: the per-event reference, on Python integers (imported only
+        # then)
         from stepcli.traces.analyses.reference import analyze_events
 
         measure_busy, within = device_busy, within_lists
@@ -379,7 +393,9 @@ def summarize_columns(
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            result = analyze_events(columns.to_events(), cpu, device, group_by_shape, incomplete_step)
+            result = analyze_events(
+                columns.to_events(), cpu, device, group_by_shape, incomplete_step
+            )
         finally:
             if was_enabled:
                 gc.enable()
@@ -405,7 +421,9 @@ def summarize_columns(
     if busy is not None and result.device_classes is not None:
         spans = measured_spans(result)
         times = measure(busy, len(result.windows) or 1, result.device_classes, spans, within)
-        times.launches, times.transfers, times.steps_ns = device_launches(columns, result, spans, times.steps, ordered)
+        times.launches, times.transfers, times.steps_ns = device_launches(
+            columns, result, spans, times.steps, ordered
+        )
     return FilePart(
         path=path,
         rank=rank,
@@ -424,7 +442,9 @@ def summarize_columns(
         outside_events=result.outside_events,
         outside_ns=result.outside_ns,
         **flops_of(path, columns, result, ordered, device_name),
-        arrivals=rank_arrivals(columns, rank, incomplete_step, clock, cpu_time) if arrivals else None,
+        arrivals=rank_arrivals(columns, rank, incomplete_step, clock, cpu_time)
+        if arrivals
+        else None,
         world_size=world_size,
         device_name=device_name,
         stub_step=stub,

@@ -1,8 +1,10 @@
-"""Decoded trace events into typed columns, one decoded slice at a time, with the reader's rules (stepcli.traces.read.tracereader).
+"""Decoded trace events into typed columns, one decoded slice at a time, with the reader's rules
+(stepcli.traces.read.tracereader).
 
-The per-event work is done by C loops (`map` over attribute getters and dict lookups, numpy masks), never by a
-Python statement per event: the same filter as `_Keeper.add` (complete events of kept categories, utility names
-dropped, unusable times and step numbers skipped and counted), kept as arrays instead of objects.
+The per-event work is done by C loops (`map` over attribute getters and dict lookups, numpy masks),
+never by a Python statement per event: the same filter as `_Keeper.add` (complete events of kept
+categories, utility names dropped, unusable times and step numbers skipped and counted), kept as
+arrays instead of objects.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from stepcli.traces.read.tracereader import (
 )
 from stepcli.traces.read.typedcolumns import DEVICE, OTHER_CPU, PARAM_COMMS, Columns, kind_of
 
-_NAME, _CAT, _PH, _PID, _TID, _TS, _DUR = (attrgetter(f) for f in ("name", "cat", "ph", "pid", "tid", "ts", "dur"))
+_NAME, _CAT, _PH, _PID, _TID, _TS, _DUR = (
+    attrgetter(f) for f in ("name", "cat", "ph", "pid", "tid", "ts", "dur")
+)
 _ARGS = attrgetter("args")
 _CORRELATION = attrgetter("correlation")
 _BYTES = attrgetter("bytes")
@@ -46,8 +50,8 @@ def _args_of(events: Sequence[Any]) -> list[Any]:
 
 
 def _arg_ints(getter: Any, args: Sequence[Any]) -> np.ndarray:
-    """An integer field of the events' args (_args_of), in C; a value past 64 bits (a hostile file's) reads as
-    none, -1, as a missing one does."""
+    """An integer field of the events' args (_args_of), in C; a value past 64 bits (a hostile
+    file's) reads as none, -1, as a missing one does."""
     try:
         return np.fromiter(map(getter, args), np.int64, len(args))
     except OverflowError:
@@ -55,7 +59,8 @@ def _arg_ints(getter: Any, args: Sequence[Any]) -> np.ndarray:
 
 
 def _subset(items: Sequence[Any], where: np.ndarray) -> Sequence[Any]:
-    """The items at the sorted positions `where` (all of them when nothing is left out), gathered in C."""
+    """The items at the sorted positions `where` (all of them when nothing is left out), gathered in
+    C."""
     if len(where) == len(items):
         return items
     if len(where) == 1:
@@ -64,7 +69,8 @@ def _subset(items: Sequence[Any], where: np.ndarray) -> Sequence[Any]:
 
 
 class _CodeTable(dict[Any, int]):
-    """value -> code, a new value getting the next code at first sight (so one C-level lookup per event)."""
+    """value -> code, a new value getting the next code at first sight (so one C-level lookup per
+    event)."""
 
     def __missing__(self, value: Any) -> int:
         code = self[value] = len(self)
@@ -78,7 +84,8 @@ class _Codes:
         self.codes: dict[Any, int] = _CodeTable()
 
     def encode(self, values: Iterable[Any], count: int | None = None) -> np.ndarray:
-        """The codes of `values` (`count` of them: an iterator needs it; a sequence has its length)."""
+        """The codes of `values` (`count` of them: an iterator needs it; a sequence has its
+        length)."""
         if count is None:
             assert isinstance(values, Sequence)
             count = len(values)
@@ -90,12 +97,13 @@ _GEMM_OP, _UNDTYPED_GEMM = 1, 2  # GEMM roles of a name (ColumnKeeper._gemm_role
 
 
 class _Kinds(dict[Any, int]):
-    """Category -> column kind, or -1 for a category not kept; filled at first sight, so the per-event lookup is
-    one C-level dict access (no default argument to pass)."""
+    """Category -> column kind, or -1 for a category not kept; filled at first sight, so the
+    per-event lookup is one C-level dict access (no default argument to pass)."""
 
     def __missing__(self, category: Any) -> int:
         kind = kind_of(category) if category in KEPT_CATEGORIES else -1
-        if kind >= 0 or len(self) < _MAX_CATEGORIES:  # a trace with a new category per event does not fill it
+        # a trace with a new category per event does not fill it
+        if kind >= 0 or len(self) < _MAX_CATEGORIES:
             self[category] = kind
         return kind
 
@@ -110,9 +118,11 @@ class ColumnKeeper(_Keeper):
         self._shape_codes = _Codes()
         self._shape_codes.codes[""] = 0
         self._category = _Kinds()
-        # Per name code: 1 kept, 0 dropped silently (utility names), -1 skipped and counted (unusable step number).
+        # Per name code: 1 kept, 0 dropped silently (utility names), -1 skipped and counted
+        # (unusable step number).
         self._name_rule = np.zeros(0, np.int8)
-        # Per name code: _GEMM_OP a GEMM operator, _UNDTYPED_GEMM a GEMM kernel whose name says no dtype, else 0.
+        # Per name code: _GEMM_OP a GEMM operator, _UNDTYPED_GEMM a GEMM kernel whose name says no
+        # dtype, else 0.
         self._name_gemm = np.zeros(0, np.int8)
         self._parts: list[tuple[np.ndarray, ...]] = []
         self._rows = 0  # events kept so far
@@ -121,7 +131,8 @@ class ColumnKeeper(_Keeper):
         self._groups: dict[int, tuple[str, int, str]] = {}
         self._gemm_ops: dict[int, tuple[int, str]] = {}
         self._gemm_kernels: dict[int, int] = {}
-        self._name_codes_list: list[str] = []  # the names of the codes _name_gemm covers, in code order
+        # the names of the codes _name_gemm covers, in code order
+        self._name_codes_list: list[str] = []
 
     def add(self, decoded: list[Any]) -> None:
         count = len(decoded)
@@ -132,7 +143,8 @@ class ColumnKeeper(_Keeper):
         candidate = np.nonzero(kind >= 0)[0]
         chosen = _subset(decoded, candidate)
         phases = list(map(_PH, chosen))
-        if phases.count("X") != len(phases):  # (rare: kept categories are complete events; one C loop checks it)
+        # (rare: kept categories are complete events; one C loop checks it)
+        if phases.count("X") != len(phases):
             is_x = np.fromiter(map("X".__eq__, phases), bool, len(phases))
             candidate = candidate[is_x]
             chosen = _subset(chosen, np.nonzero(is_x)[0])
@@ -143,7 +155,8 @@ class ColumnKeeper(_Keeper):
         rule = self._rules(len(self._name_codes.codes))[names]
         ts = np.fromiter(map(_TS, chosen), np.float64, len(chosen))
         dur = np.fromiter(map(_DUR, chosen), np.float64, len(chosen))
-        usable_time = (ts >= -MAX_TIME_US) & (ts <= MAX_TIME_US) & (dur >= 0) & (dur <= MAX_TIME_US)  # NaN: False
+        # NaN: False
+        usable_time = (ts >= -MAX_TIME_US) & (ts <= MAX_TIME_US) & (dur >= 0) & (dur <= MAX_TIME_US)
         listed = rule != 0
         keep = listed & usable_time & (rule > 0)
         self.skipped += int(np.count_nonzero(listed & ~keep))
@@ -159,7 +172,9 @@ class ColumnKeeper(_Keeper):
             shape = np.zeros(len(kept), np.int32)
         args = _args_of(kept)
         corr = _arg_ints(_CORRELATION, args)
-        self._parts.append((names[where], kind[where], pid, tid, ts[where], dur[where], shape, corr))
+        self._parts.append(
+            (names[where], kind[where], pid, tid, ts[where], dur[where], shape, corr)
+        )
         self._take_transfers(args, kind[where])
         self._take_flops(args, kind[where])
         self._take_groups(kept, names[where], kind[where])
@@ -167,8 +182,9 @@ class ColumnKeeper(_Keeper):
         self._rows += len(kept)
 
     def _take_gemms(self, kept: Sequence[Any], names: np.ndarray, kind: np.ndarray) -> None:
-        """The External id and dtype of the GEMM operators, and the External id of the GEMM kernels whose names
-        say no dtype (stepcli.traces.analyses.flops.op_dtype): one array lookup per slice, Python only for those events."""
+        """The External id and dtype of the GEMM operators, and the External id of the GEMM kernels
+        whose names say no dtype (stepcli.traces.analyses.flops.op_dtype): one array lookup per
+        slice, Python only for those events."""
         role = self._gemm_roles(len(self._name_codes.codes))[names]
         found = np.nonzero(role)[0]
         if not found.size:
@@ -180,7 +196,9 @@ class ColumnKeeper(_Keeper):
                 continue
             if is_op == _GEMM_OP and not on_device:
                 types = getattr(args, "types", None)
-                dtype = op_dtype(self._name_codes_list[names[at]], types.first if types is not None else None)
+                dtype = op_dtype(
+                    self._name_codes_list[names[at]], types.first if types is not None else None
+                )
                 if dtype is not None:
                     self._gemm_ops[self._rows + at] = (args.external, dtype)
             elif is_op == _UNDTYPED_GEMM and on_device:
@@ -192,12 +210,15 @@ class ColumnKeeper(_Keeper):
         if have < size:
             new = list(self._name_codes.codes)[have:size]
             self._name_codes_list.extend(new)
-            roles = [_GEMM_OP if gemm_op(n) else (_UNDTYPED_GEMM if undtyped_gemm(n) else 0) for n in new]
+            roles = [
+                _GEMM_OP if gemm_op(n) else (_UNDTYPED_GEMM if undtyped_gemm(n) else 0) for n in new
+            ]
             self._name_gemm = np.concatenate([self._name_gemm, np.array(roles, np.int8)])
         return self._name_gemm
 
     def _take_flops(self, args: Sequence[Any], kind: np.ndarray) -> None:
-        """The FLOPs torch wrote into the args of operators (`with_flops=True`), of the events that have them."""
+        """The FLOPs torch wrote into the args of operators (`with_flops=True`), of the events that
+        have them."""
         host = np.nonzero(kind == OTHER_CPU)[0]
         if not host.size:
             return
@@ -207,7 +228,8 @@ class ColumnKeeper(_Keeper):
             self._flops.update(zip((host[counted] + self._rows).tolist(), flops[counted].tolist()))
 
     def _take_transfers(self, args: Sequence[Any], kind: np.ndarray) -> None:
-        """Copy sizes and collective metadata of the device events (stepcli.traces.read.tracereader.transfer_args)."""
+        """Copy sizes and collective metadata of the device events
+        (stepcli.traces.read.tracereader.transfer_args)."""
         device = np.nonzero(kind >= DEVICE)[0]
         if not device.size:
             return
@@ -220,8 +242,9 @@ class ColumnKeeper(_Keeper):
                 self._transfers[self._rows + int(device[at])] = found
 
     def _take_groups(self, kept: Sequence[Any], names: np.ndarray, kind: np.ndarray) -> None:
-        """The process groups of the host `record_param_comms` events (stepcli.traces.read.tracereader.group_of): one
-        name lookup per slice when the trace has none."""
+        """The process groups of the host `record_param_comms` events
+        (stepcli.traces.read.tracereader.group_of): one name lookup per slice when the trace has
+        none."""
         code = self._name_codes.codes.get(PARAM_COMMS)
         if code is None:
             return
@@ -235,7 +258,9 @@ class ColumnKeeper(_Keeper):
         have = len(self._name_rule)
         if have < size:
             new = list(self._name_codes.codes)[have:size]
-            rules = [0 if name in FILTERED_NAMES else (1 if _usable_name(name) else -1) for name in new]
+            rules = [
+                0 if name in FILTERED_NAMES else (1 if _usable_name(name) else -1) for name in new
+            ]
             self._name_rule = np.concatenate([self._name_rule, np.array(rules, np.int8)])
         return self._name_rule
 
@@ -254,7 +279,8 @@ class ColumnKeeper(_Keeper):
         self.absorb_columns(other.columns(), other.count, other.skipped)
 
     def absorb_columns(self, columns: Columns, count: int, skipped: int) -> None:
-        """Append the columns another keeper kept of the events after this one's (`count` read, `skipped`)."""
+        """Append the columns another keeper kept of the events after this one's (`count` read,
+        `skipped`)."""
         self.count += count
         self.skipped += skipped
         if len(columns):
@@ -269,7 +295,10 @@ class ColumnKeeper(_Keeper):
     def columns(self) -> Columns:
         parts = self._parts
         types = (np.int32, np.int8, np.int32, np.int32, np.float64, np.float64, np.int32, np.int64)
-        arrays = [np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, t) for i, t in enumerate(types)]
+        arrays = [
+            np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, t)
+            for i, t in enumerate(types)
+        ]
         name, kind, pid, tid, ts, dur, shape, corr = arrays
         return Columns(
             name=name,
@@ -311,7 +340,8 @@ def _encode_again(keeper: ColumnKeeper, columns: Columns) -> tuple[np.ndarray, .
 
 @dataclass
 class ColumnTrace:
-    """One trace file read straight into typed columns (stepcli.traces.analyses.arrays), without an object per event."""
+    """One trace file read straight into typed columns (stepcli.traces.analyses.arrays), without an
+    object per event."""
 
     path: str
     rank: int | None
@@ -320,15 +350,16 @@ class ColumnTrace:
     skipped_events: int = 0
     incomplete_step: int | None = None
     device_name: str | None = None  # the trace's first GPU (deviceProperties)
-    clock: str | None = None  # the clock its times come from (host and boot), when stepcli recorded it
+    # the clock its times come from (host and boot), when stepcli recorded it
+    clock: str | None = None
     # step -> (ms on a CPU, ms waiting for one) of the steps' thread, when stepcli recorded it
     cpu_time: dict[int, tuple[float, float]] | None = None
     world_size: int | None = None  # distributedInfo.world_size
 
 
 def load_columns(path: str, *, shapes: bool = False, decode: Decode | None = None) -> ColumnTrace:
-    """Read one trace file into columns: the same events, checks and errors as load_trace (`decode`: how its data
-    is decoded, e.g. stepcli.traces.read.twoprocess.decode_in_two)."""
+    """Read one trace file into columns: the same events, checks and errors as load_trace (`decode`:
+    how its data is decoded, e.g. stepcli.traces.read.twoprocess.decode_in_two)."""
     meta, keeper = _read(path, shapes, ColumnKeeper, decode)
     assert isinstance(keeper, ColumnKeeper)
     rank = meta.rank if meta.rank is not None else rank_from_name(path)

@@ -1,7 +1,7 @@
-"""The trace document around its events, and the slow path for an odd one: header values checked one by one (a bad
-value is ignored, never fatal), a decode error said in words, and the lenient decode of valid JSON whose fields
-have unexpected types (coerced where they can be, the event skipped where not). The fast typed decode is
-stepcli.traces.read.tracereader's.
+"""The trace document around its events, and the slow path for an odd one: header values checked one
+by one (a bad value is ignored, never fatal), a decode error said in words, and the lenient decode
+of valid JSON whose fields have unexpected types (coerced where they can be, the event skipped where
+not). The fast typed decode is stepcli.traces.read.tracereader's.
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ MAX_STEP = 2**63 - 1
 
 
 def clock_id(value: Any) -> str | None:
-    """A `stepcli_clock` value, when it is a short string; else None (aligned by collectives, never fatal)."""
+    """A `stepcli_clock` value, when it is a short string; else None (aligned by collectives, never
+    fatal)."""
     return value if isinstance(value, str) and 0 < len(value) <= 300 else None
 
 
 def cpu_time_of(value: Any) -> dict[int, tuple[float, float]] | None:
-    """A `stepcli_cpu_ms` value ({"12": [3.1, 0.4], ...}) as step -> (ms on a CPU, ms waiting for one); None when
-    it is anything else (never fatal)."""
+    """A `stepcli_cpu_ms` value ({"12": [3.1, 0.4], ...}) as step -> (ms on a CPU, ms waiting for
+    one); None when it is anything else (never fatal)."""
     if not isinstance(value, dict) or not value or len(value) > 1_000_000:
         return None
     times: dict[int, tuple[float, float]] = {}
@@ -38,14 +39,18 @@ def cpu_time_of(value: Any) -> dict[int, tuple[float, float]] | None:
             return None
         if not (isinstance(pair, list) and len(pair) == 2):
             return None
-        if any(isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms < 1e9 for ms in pair):
+        if any(
+            isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms < 1e9
+            for ms in pair
+        ):
             return None
         times[int(key)] = (float(pair[0]), float(pair[1]))
     return times
 
 
 def device_name(properties: Any) -> str | None:
-    """The `name` of the first entry of Kineto's `deviceProperties`, when it is a string; else None."""
+    """The `name` of the first entry of Kineto's `deviceProperties`, when it is a string; else
+    None."""
     if isinstance(properties, list) and properties and isinstance(properties[0], dict):
         name = properties[0].get("name")
         return name[:200] if isinstance(name, str) and name else None
@@ -53,8 +58,14 @@ def device_name(properties: Any) -> str | None:
 
 
 def step_number(value: Any) -> int | None:
-    """The step N of a `stepcli_incomplete_step` value ("N", as add_metadata writes it, or N); else None."""
-    if isinstance(value, str) and value.strip().isascii() and value.strip().isdecimal() and len(value.strip()) <= 18:
+    """The step N of a `stepcli_incomplete_step` value ("N", as add_metadata writes it, or N); else
+    None."""
+    if (
+        isinstance(value, str)
+        and value.strip().isascii()
+        and value.strip().isdecimal()
+        and len(value.strip()) <= 18
+    ):
         return int(value)
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP:
         return value
@@ -70,7 +81,8 @@ def world_size_number(info: Any) -> int | None:
 
 
 def rank_number(info: Any) -> int | None:
-    """`distributedInfo.rank` when it is an integer from 0 to 2**31-1, else None (the file name decides)."""
+    """`distributedInfo.rank` when it is an integer from 0 to 2**31-1, else None (the file name
+    decides)."""
     rank = info.get("rank") if isinstance(info, dict) else getattr(info, "rank", None)
     if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank <= MAX_RANK:
         return rank
@@ -78,9 +90,10 @@ def rank_number(info: Any) -> int | None:
 
 
 def as_utf8(data: bytes | bytearray) -> bytes | None:
-    """The text as plain UTF-8 when it is JSON in another encoding a JSON reader accepts (UTF-8 with a byte order
-    mark, as Windows editors save it; UTF-16 or UTF-32, as Python's json detects them); None when it is plain UTF-8
-    already or does not decode. (Only a failed decode asks: `table --json` imports no `json`.)"""
+    """The text as plain UTF-8 when it is JSON in another encoding a JSON reader accepts (UTF-8 with
+    a byte order mark, as Windows editors save it; UTF-16 or UTF-32, as Python's json detects them);
+    None when it is plain UTF-8 already or does not decode. (Only a failed decode asks: `table
+    --json` imports no `json`.)"""
     import json
 
     encoding = json.detect_encoding(bytes(data[:4]))
@@ -95,7 +108,8 @@ def as_utf8(data: bytes | bytearray) -> bytes | None:
 
 
 def first_invalid_utf8(data: bytes | bytearray, chunk: int = 1 << 20) -> int | None:
-    """The offset of the first byte that is not UTF-8, or None; decoded in slices, so memory stays bounded."""
+    """The offset of the first byte that is not UTF-8, or None; decoded in slices, so memory stays
+    bounded."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     view = memoryview(data)
     for start in range(0, len(data), chunk):
@@ -108,9 +122,10 @@ def first_invalid_utf8(data: bytes | bytearray, chunk: int = 1 << 20) -> int | N
 
 
 def not_utf8(data: bytes | bytearray, before: int | None = None) -> str | None:
-    """ "not UTF-8 ..." when the text holds a byte that is not UTF-8 (at or before `before`, where the decoder
-    stopped), else None. Decided from the bytes, not from the decoder's message: msgspec 0.23 raises a
-    DecodeError saying "Invalid UTF-8 encoded string" where older releases raised UnicodeDecodeError."""
+    """ "not UTF-8 ..." when the text holds a byte that is not UTF-8 (at or before `before`, where
+    the decoder stopped), else None. Decided from the bytes, not from the decoder's message: msgspec
+    0.23 raises a DecodeError saying "Invalid UTF-8 encoded string" where older releases raised
+    UnicodeDecodeError."""
     bad = first_invalid_utf8(data)
     if bad is None or (before is not None and bad > before + 4):
         return None
@@ -120,7 +135,9 @@ def not_utf8(data: bytes | bytearray, before: int | None = None) -> str | None:
 def describe_decode_error(data: bytes | bytearray, exc: msgspec.DecodeError) -> str:
     message = str(exc)
     if "truncated" in message:
-        return "truncated JSON (the file ends in the middle of the trace; was it still being written?)"
+        return (
+            "truncated JSON (the file ends in the middle of the trace; was it still being written?)"
+        )
     if data.lstrip()[:1] not in (b"{", b"["):
         return "not JSON (is this a profiler trace?)"
     where = re.search(r"\(byte (\d+)\)", message)
@@ -129,20 +146,23 @@ def describe_decode_error(data: bytes | bytearray, exc: msgspec.DecodeError) -> 
         return encoding
     if where:
         position = int(where.group(1))
-        if position > 0 and data[position - 1 : position] == b"-":  # the decoder stops after the sign
+        # the decoder stops after the sign
+        if position > 0 and data[position - 1 : position] == b"-":
             position -= 1
         token = BARE_CONSTANT.match(data, position)
         if token:
             return (
-                f"invalid JSON: bare {token.group().decode()} at byte {position} is not JSON (write null or a number)"
+                f"invalid JSON: bare {token.group().decode()} at byte {position} is not JSON "
+                f"(write null or a number)"
             )
     return f"invalid JSON: {message}"
 
 
 def _decode_huge_integers(path: str, data: bytes | bytearray, exc: msgspec.DecodeError) -> Any:
-    """The document through Python's json, for an integer of thousands of digits (more than Python converts, so
-    msgspec refuses it): such an integer reads as a float (inf), an unusable time skipped and counted like 1e400.
-    Rare, so the slow reader is fine; a bare NaN or Infinity stays invalid JSON."""
+    """The document through Python's json, for an integer of thousands of digits (more than Python
+    converts, so msgspec refuses it): such an integer reads as a float (inf), an unusable time
+    skipped and counted like 1e400. Rare, so the slow reader is fine; a bare NaN or Infinity stays
+    invalid JSON."""
     import json
 
     def refuse(constant: str) -> Any:
@@ -158,9 +178,10 @@ def _decode_huge_integers(path: str, data: bytes | bytearray, exc: msgspec.Decod
 
 
 def decode_lenient(path: str, data: bytes | bytearray, shapes: bool) -> tuple[Meta, list[Any], int]:
-    """Slow path for valid JSON whose fields have unexpected types: check it is a trace, coerce what can be; its
-    header, its events and the count of every event in the file."""
-    # float_hook: a number out of float range (1e400) becomes inf, skipped below, instead of failing the decode.
+    """Slow path for valid JSON whose fields have unexpected types: check it is a trace, coerce what
+    can be; its header, its events and the count of every event in the file."""
+    # float_hook: a number out of float range (1e400) becomes inf, skipped below, instead of failing
+    # the decode.
     try:
         document = msgspec.json.Decoder(float_hook=float).decode(data)
     except msgspec.DecodeError as exc:  # malformed after the point where the typed decode gave up

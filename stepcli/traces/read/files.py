@@ -1,5 +1,5 @@
-"""Which files a `stepcli table`/`compare` argument names: a file stands for itself, a folder for the traces under
-it; and the rank a file name carries."""
+"""Which files a `stepcli table`/`compare` argument names: a file stands for itself, a folder for
+the traces under it; and the rank a file name carries."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 from stepcli.errors import TraceError
 
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
-MERGED_MARKER = "stepcli_merged"  # the first key of `stepcli merge`'s output (stepcli.traces.mergetraces)
+# the first key of `stepcli merge`'s output (stepcli.traces.mergetraces)
+MERGED_MARKER = "stepcli_merged"
 _MERGED_HEAD = re.compile(rb'\s*\{\s*"' + MERGED_MARKER.encode() + rb'"\s*:')
 MERGED_PROBLEM = (
     "already a merged trace (stepcli merge output: every rank in one file, for a viewer);"
@@ -22,9 +23,10 @@ MERGED_PROBLEM = (
 
 
 def list_trace_files(paths: Sequence[str]) -> list[str]:
-    """The trace files `paths` name (files, or folders searched recursively), in a stable order, each once. A
-    merged trace (`stepcli merge -o`) is refused when named, and left out of a folder (where it repeats the rank
-    traces beside it): read as one process, its ranks' steps would be taken for one rank's."""
+    """The trace files `paths` name (files, or folders searched recursively), in a stable order,
+    each once. A merged trace (`stepcli merge -o`) is refused when named, and left out of a folder
+    (where it repeats the rank traces beside it): read as one process, its ranks' steps would be
+    taken for one rank's."""
     files: list[str] = []
     for path in paths:
         if os.path.isdir(path):
@@ -45,10 +47,12 @@ def list_trace_files(paths: Sequence[str]) -> list[str]:
 
 
 def _expand(path: str) -> list[str]:
-    """A file stands for itself; a folder for the traces under it (hidden and temporary names skipped)."""
+    """A file stands for itself; a folder for the traces under it (hidden and temporary names
+    skipped)."""
     if os.path.isdir(path):
         found = sorted(_walk(Path(path)))
-        # A run folder can also hold manifests and summaries; when torch-named traces are there, use only those.
+        # A run folder can also hold manifests and summaries; when torch-named traces are there, use
+        # only those.
         named = [p for p in found if ".pt.trace.json" in Path(p).name]
         found = named or found
         if not found:
@@ -72,8 +76,9 @@ def _walk(root: Path) -> Iterator[str]:
 
 
 def is_merged(path: str) -> bool:
-    """Whether the file begins as `stepcli merge` output does (its first bytes only, inflated when gzipped). Only a
-    regular file is looked at (a FIFO is never waited on: the reader refuses it in one line)."""
+    """Whether the file begins as `stepcli merge` output does (its first bytes only, inflated when
+    gzipped). Only a regular file is looked at (a FIFO is never waited on: the reader refuses it in
+    one line)."""
     from stepcli.inputs import open_input
 
     try:
@@ -94,6 +99,7 @@ def is_merged(path: str) -> bool:
 
 
 def rank_from_name(path: str) -> int | None:
-    """The N of a `rank<N>` in the file name (tensorboard_trace_handler's worker_name, stepcli's rank files)."""
+    """The N of a `rank<N>` in the file name (tensorboard_trace_handler's worker_name, stepcli's
+    rank files)."""
     match = _RANK_IN_NAME.search(os.path.basename(path))
     return int(match.group(1)) if match else None

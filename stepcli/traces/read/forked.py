@@ -1,10 +1,12 @@
-"""A forked child that does one piece of work and leaves, never returning into the code that forked it.
+"""A forked child that does one piece of work and leaves, never returning into the code that forked
+it.
 
-`stepcli table` forks helpers of its own (stepcli.traces.read.readahead, stepcli.traces.read.twoprocess). A child must never
-unwind into click, print a second "Aborted!", run the parent's exit handlers or flush output the parent still
-buffers: it ends with os._exit whatever happens. SIGINT is blocked across the fork and unblocked inside the
-child's guard, so a Ctrl-C cannot land in the moment between the fork and the guard. Also how many cores such
-processes (and the engine's workers) have to run on.
+`stepcli table` forks helpers of its own (stepcli.traces.read.readahead,
+stepcli.traces.read.twoprocess). A child must never unwind into click, print a second "Aborted!",
+run the parent's exit handlers or flush output the parent still buffers: it ends with os._exit
+whatever happens. SIGINT is blocked across the fork and unblocked inside the child's guard, so a
+Ctrl-C cannot land in the moment between the fork and the guard. Also how many cores such processes
+(and the engine's workers) have to run on.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from collections.abc import Callable
 
 
 def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity, which a job scheduler or taskset narrows): how many
-    processes, helpers or workers, can usefully run at once."""
+    """The cores this process may run on (its CPU affinity, which a job scheduler or taskset
+    narrows): how many processes, helpers or workers, can usefully run at once."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # macOS has no sched_getaffinity
@@ -25,9 +27,10 @@ def available_cores() -> int:
 
 
 def fork_child(work: Callable[[], object]) -> int:
-    """Fork a child that runs `work()` and exits with status 0, or 1 if it raised anything (Ctrl-C too); the
-    child's pid. Raises OSError when the fork is refused (a process limit)."""
-    for stream in (sys.stdout, sys.stderr):  # a forked process must not inherit text this one still buffers
+    """Fork a child that runs `work()` and exits with status 0, or 1 if it raised anything (Ctrl-C
+    too); the child's pid. Raises OSError when the fork is refused (a process limit)."""
+    # a forked process must not inherit text this one still buffers
+    for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (AttributeError, OSError, ValueError):
@@ -43,7 +46,8 @@ def fork_child(work: Callable[[], object]) -> int:
         return pid
     status = 1
     try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # (a Ctrl-C pending since the fork is raised here)
+        # (a Ctrl-C pending since the fork is raised here)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         work()
         status = 0
     except BaseException:  # the parent sees a failed child and does its work itself
@@ -53,7 +57,8 @@ def fork_child(work: Callable[[], object]) -> int:
 
 
 def stop_child(pid: int) -> None:
-    """Kill a child of fork_child and wait for it (it has not been waited for, so its pid is still its own)."""
+    """Kill a child of fork_child and wait for it (it has not been waited for, so its pid is still
+    its own)."""
     try:
         os.kill(pid, signal.SIGKILL)
     except OSError:

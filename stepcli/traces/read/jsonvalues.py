@@ -1,5 +1,6 @@
-"""Coercing JSON values of unexpected types (the reader's slow, lenient path): a time that cannot be placed becomes
-NaN or inf (so its event is skipped and counted), a name or id that is no string or integer a bounded text."""
+"""Coercing JSON values of unexpected types (the reader's slow, lenient path): a time that cannot be
+placed becomes NaN or inf (so its event is skipped and counted), a name or id that is no string or
+integer a bounded text."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from typing import Any, TypeGuard
 
 
 def as_time(value: Any) -> float:
-    """A number or numeric string as a float; anything else (missing, null, bool, list, other text) as NaN, and an
-    integer too big for a float as inf: either way the event is skipped and counted, like 1e400."""
+    """A number or numeric string as a float; anything else (missing, null, bool, list, other text)
+    as NaN, and an integer too big for a float as inf: either way the event is skipped and counted,
+    like 1e400."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return math.nan
     try:
@@ -32,7 +34,11 @@ def short_repr(value: Any) -> str:
     """str() of a JSON value, bounded: a huge nested value must not become a huge name."""
     if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
         return "<integer past 64 bits>"  # str() of a 5000-digit int raises in Python >= 3.11
-    text = str(value) if isinstance(value, (int, float, bool)) or value is None else type(value).__name__
+    text = (
+        str(value)
+        if isinstance(value, (int, float, bool)) or value is None
+        else type(value).__name__
+    )
     return text[:200]
 
 

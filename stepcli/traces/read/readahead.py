@@ -1,15 +1,19 @@
-"""One .gz input read and inflated by a forked process while this one is still importing what will decode it.
+"""One .gz input read and inflated by a forked process while this one is still importing what will
+decode it.
 
-`stepcli table` on one .gz trace spends ~0.1 s importing numpy and the analysis before it reads a byte, then ~0.1 s
-inflating the text: on two cores these can run at once. A thread cannot do it well: the inflating thread's page
-faults and the imports' library loading contend in one address space (both ran ~1.5x slower side by side, most of
-the gain lost). So a process forked while stepcli is still small (before numpy) reads and inflates the file into
-an in-memory file (memfd) and reports the length; the trace reader maps that file copy-on-write (MAP_PRIVATE) and
-decodes it where it lies: no copy (copying 35 MB into this process took 25-40 ms of page faults on these machines,
-mapping it 4 ms), and the reader's in-place edits (stepcli.traces.read.tracereader) stay private to the process making them.
+`stepcli table` on one .gz trace spends ~0.1 s importing numpy and the analysis before it reads a
+byte, then ~0.1 s inflating the text: on two cores these can run at once. A thread cannot do it
+well: the inflating thread's page faults and the imports' library loading contend in one address
+space (both ran ~1.5x slower side by side, most of the gain lost). So a process forked while stepcli
+is still small (before numpy) reads and inflates the file into an in-memory file (memfd) and reports
+the length; the trace reader maps that file copy-on-write (MAP_PRIVATE) and decodes it where it
+lies: no copy (copying 35 MB into this process took 25-40 ms of page faults on these machines,
+mapping it 4 ms), and the reader's in-place edits (stepcli.traces.read.tracereader) stay private to
+the process making them.
 
-Any surprise (no memfd or fork, a read error, a corrupt file, a child that dies) leaves nothing to take: the reader
-then reads the file itself, which gives the exact error, so answers and messages are those of an ordinary read.
+Any surprise (no memfd or fork, a read error, a corrupt file, a child that dies) leaves nothing to
+take: the reader then reads the file itself, which gives the exact error, so answers and messages
+are those of an ordinary read.
 """
 
 from __future__ import annotations
@@ -19,13 +23,16 @@ import mmap
 import os
 import threading
 
-from stepcli.inputs import gzip_trailer, inflated_pieces, read_file  # (imported before the fork: the child has it)
+# (imported before the fork: the child has it)
+from stepcli.inputs import gzip_trailer, inflated_pieces, read_file
 from stepcli.limits import input_limit
 from stepcli.traces.read.forked import fork_child, stop_child
 
-MIN_BYTES = 4 * 1024 * 1024  # the inflated size (from the gzip trailer) from which a fork costs less than it saves
+# the inflated size (from the gzip trailer) from which a fork costs less than it saves
+MIN_BYTES = 4 * 1024 * 1024
 MAX_BYTES = 1024**3  # and up to which (the mapped text is held in memory, as the ordinary read's)
-_REPORT = 8  # bytes of the child's report: the inflated length, little-endian; nothing when it failed
+# bytes of the child's report: the inflated length, little-endian; nothing when it failed
+_REPORT = 8
 
 
 class _ForkedRead:
@@ -50,7 +57,8 @@ class _ForkedRead:
         self._pipe: int | None = reading
 
     def take(self) -> mmap.mmap | None:
-        """Wait for the child; the text it inflated (mapped copy-on-write), or None when it failed."""
+        """Wait for the child; the text it inflated (mapped copy-on-write), or None when it
+        failed."""
         if self._pipe is None:
             return None
         try:
@@ -64,7 +72,9 @@ class _ForkedRead:
             length = int.from_bytes(report, "little")
             if length == 0 or os.fstat(self._memfd).st_size != length:
                 return None
-            return mmap.mmap(self._memfd, length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            return mmap.mmap(
+                self._memfd, length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
+            )
         except OSError:  # no address space for the mapping: the ordinary read
             return None
         finally:
@@ -82,8 +92,9 @@ class _ForkedRead:
 
 
 def _inflate(path: str, memfd: int, pipe: int, parents_end: int) -> None:
-    """In the forked child: inflate `path` into `memfd`, then report the length. A text past MAX_BYTES (the
-    trailer's size is mod 4 GiB, and only the last member's) is left to the ordinary read: no report."""
+    """In the forked child: inflate `path` into `memfd`, then report the length. A text past
+    MAX_BYTES (the trailer's size is mod 4 GiB, and only the last member's) is left to the ordinary
+    read: no report."""
     os.close(parents_end)
     limit = input_limit()
     total = 0
@@ -101,8 +112,9 @@ _reads: dict[str, _ForkedRead] = {}
 
 
 def read_ahead(path: str) -> None:
-    """Start reading and inflating the .gz file `path` in a forked process, when that is safe and worth it: this
-    process runs one thread (Linux), and the gzip trailer gives a size from MIN_BYTES to MAX_BYTES."""
+    """Start reading and inflating the .gz file `path` in a forked process, when that is safe and
+    worth it: this process runs one thread (Linux), and the gzip trailer gives a size from MIN_BYTES
+    to MAX_BYTES."""
     if path in _reads or not hasattr(os, "memfd_create") or threading.active_count() != 1:
         return
     size = _inflated_size(path)
@@ -117,14 +129,15 @@ def read_ahead(path: str) -> None:
 
 
 def _inflated_size(path: str) -> int | None:
-    """The size a gzip file's trailer gives (its last member's, mod 4 GiB), or None if it is not a regular gzip
-    file (a FIFO is never waited on: stepcli.inputs.gzip_trailer)."""
+    """The size a gzip file's trailer gives (its last member's, mod 4 GiB), or None if it is not a
+    regular gzip file (a FIFO is never waited on: stepcli.inputs.gzip_trailer)."""
     found = gzip_trailer(path)
     return found[1] if found is not None else None
 
 
 def take(path: str) -> mmap.mmap | None:
-    """The text read ahead for `path` (once), or None: never started, or failed (read it the ordinary way)."""
+    """The text read ahead for `path` (once), or None: never started, or failed (read it the
+    ordinary way)."""
     read = _reads.pop(path, None)
     return read.take() if read is not None else None
 

@@ -1,15 +1,16 @@
-"""One large plain-JSON trace read by several processes at once: its traceEvents list is cut between two events
-into byte ranges, each range is read (pread) and decoded into columns by its own process, and the columns are
-joined in file order. Decoding is most of the time of `stepcli table` on one file, so this is what lets one big
-trace use more than one core.
+"""One large plain-JSON trace read by several processes at once: its traceEvents list is cut between
+two events into byte ranges, each range is read (pread) and decoded into columns by its own process,
+and the columns are joined in file order. Decoding is most of the time of `stepcli table` on one
+file, so this is what lets one big trace use more than one core.
 
-A cut can only be wrong when it falls inside a string or a nested value; then a range is not a complete JSON
-list, its decode fails, and the caller reads the file whole the ordinary way (which also gives the exact error).
+A cut can only be wrong when it falls inside a string or a nested value; then a range is not a
+complete JSON list, its decode fails, and the caller reads the file whole the ordinary way (which
+also gives the exact error).
 
-A file too small to cut is still read this way, as one range, by the process that summarizes it (`read_blocked`):
-a block at a time through one buffer the process keeps, instead of into a new buffer of the file's size, whose
-every page the kernel faults in and zeroes again (a folder of 8 rank traces of 39 MiB: about a tenth of the
-CPU of reading them).
+A file too small to cut is still read this way, as one range, by the process that summarizes it
+(`read_blocked`): a block at a time through one buffer the process keeps, instead of into a new
+buffer of the file's size, whose every page the kernel faults in and zeroes again (a folder of 8
+rank traces of 39 MiB: about a tenth of the CPU of reading them).
 """
 
 from __future__ import annotations
@@ -33,20 +34,26 @@ from stepcli.traces.read.typedcolumns import Columns
 if TYPE_CHECKING:  # (planning a read of a file that is not cut imports no concurrent.futures)
     from concurrent.futures import Executor, Future
 
-MIN_PIECE_BYTES = 32 * 1024 * 1024  # smaller files gain less from more processes than starting them costs
-FIRST_EXTRA = 0.25  # the first range's extra share (a worker starts ~0.15 s late, ~20% of a 150 MB range's decode)
+# smaller files gain less from more processes than starting them costs
+MIN_PIECE_BYTES = 32 * 1024 * 1024
+# the first range's extra share (a worker starts ~0.15 s late, ~20% of a 150 MB range's decode)
+FIRST_EXTRA = 0.25
 _BLOCK_BYTES = 8 * 1024 * 1024  # read at once by a range's process, then decoded in slices
-_LOOK = 1 << 20  # bytes searched for the traceEvents key, and after each cut for the gap between two events
+# bytes searched for the traceEvents key, and after each cut for the gap between two events
+_LOOK = 1 << 20
 _OPEN, _CLOSE = ord("["), ord("]")
-MIN_BLOCKED_BYTES = 4 * 1024 * 1024  # below this, a file's own buffer costs a few ms at most: it is read whole
-# Block buffers of this process not in use: kept between ranges and files, so their pages stay faulted in.
+# below this, a file's own buffer costs a few ms at most: it is read whole
+MIN_BLOCKED_BYTES = 4 * 1024 * 1024
+# Block buffers of this process not in use: kept between ranges and files, so their pages stay
+# faulted in.
 _spare_blocks: list[bytearray] = []
 
 
 def plan(path: str, pieces: int, head_start: float = FIRST_EXTRA) -> list[tuple[int, int]] | None:
-    """Byte ranges [start, end) of about equal size, each holding whole events; the last runs to the end of the
-    file (with the document's closing part). The first range is `head_start` larger, for the process that begins
-    reading it while workers still start. None when the file is not worth or not fit for cutting."""
+    """Byte ranges [start, end) of about equal size, each holding whole events; the last runs to the
+    end of the file (with the document's closing part). The first range is `head_start` larger, for
+    the process that begins reading it while workers still start. None when the file is not worth or
+    not fit for cutting."""
     if pieces < 2:
         return None
     found = _list_start(path, 2 * MIN_PIECE_BYTES)
@@ -76,8 +83,8 @@ def plan(path: str, pieces: int, head_start: float = FIRST_EXTRA) -> list[tuple[
 
 
 def _list_start(path: str, least: int) -> tuple[int, int] | None:
-    """(size, where traceEvents' list starts) of a plain regular file of at least `least` bytes within the input
-    limit whose first MB holds the traceEvents key; else None."""
+    """(size, where traceEvents' list starts) of a plain regular file of at least `least` bytes
+    within the input limit whose first MB holds the traceEvents key; else None."""
     try:
         with _opened(path) as file:
             size = os.fstat(file.fileno()).st_size
@@ -93,7 +100,8 @@ def _list_start(path: str, least: int) -> tuple[int, int] | None:
 
 
 def _opened(path: str) -> Any:
-    """The file, opened without waiting (a FIFO put in a regular file's place is refused, not waited on)."""
+    """The file, opened without waiting (a FIFO put in a regular file's place is refused, not waited
+    on)."""
     try:
         fd, info = open_input(path)  # (a trace the run wrote: only while it is still that file)
     except TraceError as exc:
@@ -108,9 +116,9 @@ def _opened(path: str) -> Any:
 
 
 def read_blocked(path: str, shapes: bool) -> ColumnTrace | None:
-    """The columns of one plain trace file of at least MIN_BLOCKED_BYTES, read as one range a block at a time
-    (read_piece); None for any other file and for any surprise (the caller reads it the ordinary way, which also
-    gives the exact error)."""
+    """The columns of one plain trace file of at least MIN_BLOCKED_BYTES, read as one range a block
+    at a time (read_piece); None for any other file and for any surprise (the caller reads it the
+    ordinary way, which also gives the exact error)."""
     found = _list_start(path, MIN_BLOCKED_BYTES)
     if found is None:
         return None
@@ -120,8 +128,8 @@ def read_blocked(path: str, shapes: bool) -> ColumnTrace | None:
 
 
 def _take_block(size: int) -> bytearray:
-    """A block buffer of `size` bytes: a spare one of that size, else a new one (the first, or one in use by
-    another thread)."""
+    """A block buffer of `size` bytes: a spare one of that size, else a new one (the first, or one
+    in use by another thread)."""
     while _spare_blocks:
         block = _spare_blocks.pop()
         if len(block) == size:
@@ -130,12 +138,13 @@ def _take_block(size: int) -> bytearray:
 
 
 def read_piece(path: str, start: int, end: int, header_end: int, last: bool, shapes: bool) -> Any:
-    """Columns of one range (runs in a worker): (meta, columns, event count, skipped), or None if it failed.
+    """Columns of one range (runs in a worker): (meta, columns, event count, skipped), or None if it
+    failed.
 
-    The range is read a block (~8 MB, cut between events) at a time and each block decoded in small slices, so a
-    process holds one block of the file, not its whole range, and a slice's decoded objects stay in the CPU's
-    caches; the last range's final slices are decoded inside the document around the list (header and tail),
-    which also checks the file's end and gives its metadata."""
+    The range is read a block (~8 MB, cut between events) at a time and each block decoded in small
+    slices, so a process holds one block of the file, not its whole range, and a slice's decoded
+    objects stay in the CPU's caches; the last range's final slices are decoded inside the document
+    around the list (header and tail), which also checks the file's end and gives its metadata."""
     import msgspec
 
     from stepcli.traces.read.columns import ColumnKeeper
@@ -143,34 +152,45 @@ def read_piece(path: str, start: int, end: int, header_end: int, last: bool, sha
     from stepcli.traces.read.tracereader import _CHUNK_BYTES, _decode
 
     keeper = ColumnKeeper(shapes)
-    decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(list[ShapedEvent] if shapes else list[DecodedEvent])
+    decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(
+        list[ShapedEvent] if shapes else list[DecodedEvent]
+    )
     meta = Meta()
-    # One buffer for every block, kept for the next range or file: a new 8 MB buffer per block had each of its
-    # pages faulted in again (~1 ms per MB on these VMs, a fifth of decoding it).
+    # One buffer for every block, kept for the next range or file: a new 8 MB buffer per block had
+    # each of its pages faulted in again (~1 ms per MB on these VMs, a fifth of decoding it).
     block = _take_block(max(_BLOCK_BYTES, 2 * _CHUNK_BYTES) + 2)
     try:
         with _opened(path) as file:
             fd = file.fileno()
             position = start
-            stop = end - 2 * _CHUNK_BYTES if last else end  # the last range keeps its final slices for the document
+            # the last range keeps its final slices for the document
+            stop = end - 2 * _CHUNK_BYTES if last else end
             while position < stop:
                 block_end = min(end, position + max(_BLOCK_BYTES, 2 * _CHUNK_BYTES))
-                # The block sits between brackets; each slice is decoded where it lies, its closing comma turned
-                # into "]" and then into "[" to open the next slice (no copy of the slice).
+                # The block sits between brackets; each slice is decoded where it lies, its closing
+                # comma turned into "]" and then into "[" to open the next slice (no copy of the
+                # slice).
                 length = _fill(file, block, position, block_end)
                 limit = length - 1 if block_end == end else _last_cut(block, length)
                 if limit is None:
                     return None
                 view = memoryview(block)
-                opening = 0  # the "[" of the slice being decoded; the slice's data starts at `opening` in the range
+                # the "[" of the slice being decoded; the slice's data starts at `opening` in the
+                # range
+                opening = 0
                 while opening + 1 < limit and position + opening < stop:
                     gap = _EVENT_SEPARATOR.search(block, opening + 1 + _CHUNK_BYTES, limit)
                     cut = block.index(b",", gap.start()) if gap else limit
                     if last and block_end == end and cut == limit:
                         break  # the final events: decoded with the document below
                     block[cut] = _CLOSE
-                    # With shapes, msgspec.Raw values may keep a view of their input: they get a copy.
-                    keeper.add(decoder.decode(bytes(view[opening : cut + 1]) if shapes else view[opening : cut + 1]))
+                    # With shapes, msgspec.Raw values may keep a view of their input: they get a
+                    # copy.
+                    keeper.add(
+                        decoder.decode(
+                            bytes(view[opening : cut + 1]) if shapes else view[opening : cut + 1]
+                        )
+                    )
                     block[cut] = _OPEN
                     opening = cut
                 view.release()
@@ -179,7 +199,9 @@ def read_piece(path: str, start: int, end: int, header_end: int, last: bool, sha
                 position += opening
             if last:
                 head = os.pread(fd, header_end, 0)
-                meta, rest = _decode(path, _read_into(file, head, position, end, b""), shapes, ColumnKeeper)
+                meta, rest = _decode(
+                    path, _read_into(file, head, position, end, b""), shapes, ColumnKeeper
+                )
                 assert isinstance(rest, ColumnKeeper)
                 keeper.absorb(rest)
     except Exception:  # any surprise: the caller reads the file whole, the ordinary way
@@ -190,7 +212,8 @@ def read_piece(path: str, start: int, end: int, header_end: int, last: bool, sha
 
 
 def _last_cut(block: bytes | bytearray, length: int | None = None) -> int | None:
-    """Position of the comma of the last gap between two events that lies wholly inside `block[:length]`."""
+    """Position of the comma of the last gap between two events that lies wholly inside
+    `block[:length]`."""
     at = len(block) if length is None else length
     while True:
         at = block.rfind(b"}", 0, at)
@@ -201,8 +224,8 @@ def _last_cut(block: bytes | bytearray, length: int | None = None) -> int | None
 
 
 def _fill(file: Any, block: bytearray, start: int, end: int) -> int:
-    """`"[" + file[start:end] + "]"` into the start of `block` (which is large enough), read straight into it; the
-    length written."""
+    """`"[" + file[start:end] + "]"` into the start of `block` (which is large enough), read
+    straight into it; the length written."""
     size = end - start
     block[0] = _OPEN
     block[size + 1] = _CLOSE
@@ -211,7 +234,8 @@ def _fill(file: Any, block: bytearray, start: int, end: int) -> int:
 
 
 def _read_into(file: Any, before: bytes, start: int, end: int, after: bytes) -> bytearray:
-    """`before + file[start:end] + after` in one buffer, the range read straight into it (held once, not twice)."""
+    """`before + file[start:end] + after` in one buffer, the range read straight into it (held once,
+    not twice)."""
     size = end - start
     buffer = bytearray(len(before) + size + len(after))
     buffer[: len(before)] = before
@@ -221,7 +245,8 @@ def _read_into(file: Any, before: bytes, start: int, end: int, after: bytes) -> 
 
 
 def _read_range(file: Any, buffer: bytearray, at: int, start: int, size: int) -> None:
-    """`file[start:start + size]` read straight into `buffer[at:]`; EOFError if the file is shorter now."""
+    """`file[start:start + size]` read straight into `buffer[at:]`; EOFError if the file is shorter
+    now."""
     with memoryview(buffer) as whole, whole[at : at + size] as view:
         file.seek(start)
         done = 0
@@ -233,19 +258,27 @@ def _read_range(file: Any, buffer: bytearray, at: int, start: int, size: int) ->
 
 
 def read_split(
-    path: str, ranges: list[tuple[int, int]], shapes: bool, pool: Executor, submit_aside: bool = True
+    path: str,
+    ranges: list[tuple[int, int]],
+    shapes: bool,
+    pool: Executor,
+    submit_aside: bool = True,
 ) -> ColumnTrace | None:
-    """The file's columns, its ranges decoded in `pool`, and by this process meanwhile (the first range, then any
-    range not yet begun). With `submit_aside`, the ranges are handed to the pool from a thread, because starting
-    its workers takes a while (forkserver, spawn); a forking pool starts them at once, from this thread."""
+    """The file's columns, its ranges decoded in `pool`, and by this process meanwhile (the first
+    range, then any range not yet begun). With `submit_aside`, the ranges are handed to the pool
+    from a thread, because starting its workers takes a while (forkserver, spawn); a forking pool
+    starts them at once, from this thread."""
     header_end = ranges[0][0]
     last = len(ranges) - 1
     futures: list[Future[Any]] = []
 
-    def submit() -> None:  # starting the workers takes a while: this process decodes its range meanwhile
+    # starting the workers takes a while: this process decodes its range meanwhile
+    def submit() -> None:
         try:
             for index, (start, end) in enumerate(ranges[1:], 1):
-                futures.append(pool.submit(read_piece, path, start, end, header_end, index == last, shapes))
+                futures.append(
+                    pool.submit(read_piece, path, start, end, header_end, index == last, shapes)
+                )
         except Exception:  # no worker could start: counted below
             pass
 
@@ -259,7 +292,8 @@ def read_split(
         starter.join()
     if len(futures) < len(ranges) - 1:  # the pool could not take them (broken): read the file whole
         return None
-    # Workers start later than this process: it takes back, last first, the ranges no worker has begun.
+    # Workers start later than this process: it takes back, last first, the ranges no worker has
+    # begun.
     for index in range(len(futures), 0, -1):
         if futures[index - 1].cancel():
             start, end = ranges[index]
@@ -271,13 +305,16 @@ def read_split(
 
 
 def read_split_forked(
-    path: str, ranges: list[tuple[int, int]], shapes: bool, meanwhile: Callable[[], object] | None = None
+    path: str,
+    ranges: list[tuple[int, int]],
+    shapes: bool,
+    meanwhile: Callable[[], object] | None = None,
 ) -> ColumnTrace | None:
-    """The file's columns, its ranges after the first decoded by forked children, each sending its columns back
-    through an in-memory file (stepcli.traces.read.twoprocess.start_result_child), the first by this process
-    meanwhile, then `meanwhile()`. Without a pool there is no queue, thread or pickled round trip through a pipe
-    (12.6 MB of columns came back in 35 ms that way). None when a child cannot start or fails: the caller reads
-    the file whole."""
+    """The file's columns, its ranges after the first decoded by forked children, each sending its
+    columns back through an in-memory file (stepcli.traces.read.twoprocess.start_result_child), the
+    first by this process meanwhile, then `meanwhile()`. Without a pool there is no queue, thread or
+    pickled round trip through a pipe (12.6 MB of columns came back in 35 ms that way). None when a
+    child cannot start or fails: the caller reads the file whole."""
     from functools import partial
 
     from stepcli.traces.read.twoprocess import start_result_child
@@ -288,7 +325,9 @@ def read_split_forked(
     results: list[Any] = []
     try:
         for index, (start, end) in enumerate(ranges[1:], 1):
-            child = start_result_child(partial(read_piece, path, start, end, header_end, index == last, shapes))
+            child = start_result_child(
+                partial(read_piece, path, start, end, header_end, index == last, shapes)
+            )
             if child is None:
                 return None
             children.append(child)
@@ -298,7 +337,8 @@ def read_split_forked(
         while children:
             results.append(children.pop(0).collect())
     finally:
-        for child in children:  # not collected: a child that could not start, an error or an interrupt here
+        # not collected: a child that could not start, an error or an interrupt here
+        for child in children:
             child.stop()
     if any(r is None for r in results):
         return None
@@ -306,7 +346,8 @@ def read_split_forked(
 
 
 def _trace_of(path: str, results: list[Any]) -> ColumnTrace:
-    """The trace of a file's ranges read by read_piece, in file order (the last one's metadata is the file's)."""
+    """The trace of a file's ranges read by read_piece, in file order (the last one's metadata is
+    the file's)."""
     meta = results[-1][0]
     rank = meta.rank if meta.rank is not None else rank_from_name(path)
     columns = results[0][1] if len(results) == 1 else join([r[1] for r in results])
@@ -325,8 +366,8 @@ def _trace_of(path: str, results: list[Any]) -> ColumnTrace:
 
 
 def _offset(parts: list[Columns], sparse: str) -> dict[int, Any]:
-    """The parts' sparse per-event values (`transfers`, `flops`, `groups`, `gemm_ops`, `gemm_kernels`) keyed by
-    event index in the joined columns."""
+    """The parts' sparse per-event values (`transfers`, `flops`, `groups`, `gemm_ops`,
+    `gemm_kernels`) keyed by event index in the joined columns."""
     out: dict[int, Any] = {}
     offset = 0
     for part in parts:
@@ -336,7 +377,8 @@ def _offset(parts: list[Columns], sparse: str) -> dict[int, Any]:
 
 
 def join(parts: list[Columns]) -> Columns:
-    """Columns of consecutive ranges as one, their name, id and shape tables merged (first sight keeps order)."""
+    """Columns of consecutive ranges as one, their name, id and shape tables merged (first sight
+    keeps order)."""
     names: dict[str, int] = {}
     ids: dict[int | str, int] = {}
     shapes: dict[str, int] = {"": 0}

@@ -1,7 +1,8 @@
-"""The profiler's CUDA sync events (`cuda_sync`, recorded with enable_cuda_sync_events) of one trace: the
-cross-stream waits the what-if graph needs (stepcli.traces.analyses.devicework). The column reader keeps no
-`cuda_sync` event (they are zero-length marks on the device's rows, no operator or kernel any analysis counts),
-so they are found in the text itself, only in a trace that has them: few events, decoded one by one.
+"""The profiler's CUDA sync events (`cuda_sync`, recorded with enable_cuda_sync_events) of one
+trace: the cross-stream waits the what-if graph needs (stepcli.traces.analyses.devicework). The
+column reader keeps no `cuda_sync` event (they are zero-length marks on the device's rows, no
+operator or kernel any analysis counts), so they are found in the text itself, only in a trace that
+has them: few events, decoded one by one.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from stepcli.traces.read.tracereader import Text
 
 @dataclass
 class StreamWait:
-    """A cross-stream wait from the profiler's CUDA sync events: the `cudaStreamWaitEvent` call (correlation
-    `wait_corr`) made stream `stream` wait for what was queued before the `cudaEventRecord` (`record_corr`)."""
+    """A cross-stream wait from the profiler's CUDA sync events: the `cudaStreamWaitEvent` call
+    (correlation `wait_corr`) made stream `stream` wait for what was queued before the
+    `cudaEventRecord` (`record_corr`)."""
 
     wait_corr: int
     record_corr: int
@@ -28,7 +30,8 @@ _CATEGORY = re.compile(rb'"cat"\s*:\s*"cuda_sync"')
 
 
 def stream_waits(data: Text) -> list[StreamWait]:
-    """The `Stream Wait Event` marks of the trace text `data` (an empty list when it has no CUDA sync events)."""
+    """The `Stream Wait Event` marks of the trace text `data` (an empty list when it has no CUDA
+    sync events)."""
     found: list[StreamWait] = []
     decoder = json.JSONDecoder()
     for match in _CATEGORY.finditer(data):
@@ -41,7 +44,10 @@ def stream_waits(data: Text) -> list[StreamWait]:
         except ValueError:
             continue
         args = event.get("args") if isinstance(event, dict) else None
-        if not isinstance(args, dict) or args.get("cuda_sync_kind", event.get("name")) != "Stream Wait Event":
+        if (
+            not isinstance(args, dict)
+            or args.get("cuda_sync_kind", event.get("name")) != "Stream Wait Event"
+        ):
             continue
         try:
             found.append(

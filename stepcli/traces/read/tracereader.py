@@ -1,22 +1,26 @@
-"""Reading PyTorch profiler traces (.json, .json.gz, folders of them) into the few event fields stepcli analyses.
+"""Reading PyTorch profiler traces (.json, .json.gz, folders of them) into the few event fields
+stepcli analyses.
 
-One rule for malformed input, shared by `table`, `compare` and the run summary (docs/commands/table.md, "Malformed traces"):
-- An event stepcli reads (`ph` "X" of a kept category) whose time cannot be placed is skipped and counted in
-  `Trace.skipped_events`: `ts` or `dur` missing, not a number (null, a bool, a list, a non-numeric string;
-  numeric strings such as "10.5" are read as numbers), infinite or NaN, beyond `MAX_TIME_US` (1e308 or 1e400,
-  integers past 64 bits), or a negative `dur`; likewise a `ProfilerStep#N` whose N is past 2**63. The rest of the
-  trace is still worth reading.
-- The whole file is rejected, with one line naming it and the reason, when it is not a regular file, is larger
-  than the input limit (stepcli/inputs.py), is corrupt gzip, is not UTF-8, is not JSON (bare NaN/Infinity
-  included: no JSON reader, Perfetto's or TensorBoard's, accepts them), is nested too deeply, is truncated, or
-  has no `traceEvents` list. A `distributedInfo.rank` that is not an integer from 0 to 2**31-1 is ignored (the
-  rank then comes from the file name, as for traces without distributedInfo).
-- One flaw is forgiven: event names holding bare double quotes, as PyTorch writes them with `with_stack`
-  (stepcli.agent.tracenames), are read as if the quotes were escaped.
+One rule for malformed input, shared by `table`, `compare` and the run summary
+(docs/commands/table.md, "Malformed traces"):
+- An event stepcli reads (`ph` "X" of a kept category) whose time cannot be placed is skipped and
+  counted in `Trace.skipped_events`: `ts` or `dur` missing, not a number (null, a bool, a list, a
+  non-numeric string; numeric strings such as "10.5" are read as numbers), infinite or NaN, beyond
+  `MAX_TIME_US` (1e308 or 1e400, integers past 64 bits), or a negative `dur`; likewise a
+  `ProfilerStep#N` whose N is past 2**63. The rest of the trace is still worth reading.
+- The whole file is rejected, with one line naming it and the reason, when it is not a regular file,
+  is larger than the input limit (stepcli/inputs.py), is corrupt gzip, is not UTF-8, is not JSON
+  (bare NaN/Infinity included: no JSON reader, Perfetto's or TensorBoard's, accepts them), is nested
+  too deeply, is truncated, or has no `traceEvents` list. A `distributedInfo.rank` that is not an
+  integer from 0 to 2**31-1 is ignored (the rank then comes from the file name, as for traces
+  without distributedInfo).
+- One flaw is forgiven: event names holding bare double quotes, as PyTorch writes them with
+  `with_stack` (stepcli.agent.tracenames), are read as if the quotes were escaped.
 
 A trace saved by stepcli when its window was cut short carries the top-level string field
-`"stepcli_incomplete_step": "N"` (written with `prof.add_metadata`): ProfilerStep#N holds only the start of that
-step. It is read into `Trace.incomplete_step` so summaries can leave that step out of step times.
+`"stepcli_incomplete_step": "N"` (written with `prof.add_metadata`): ProfilerStep#N holds only the
+start of that step. It is read into `Trace.incomplete_step` so summaries can leave that step out of
+step times.
 """
 
 from __future__ import annotations
@@ -58,8 +62,9 @@ from stepcli.traces.read.files import list_trace_files, rank_from_name
 from stepcli.traces.read.names import STEP_PREFIX
 from stepcli.traces.read.readahead import take as take_read_ahead
 
-# Kineto categories whose events run on a CPU thread and that torch's `key_averages()` counts as operators
-# (it also nests python_function events with ops, so they must take part in self-time accounting).
+# Kineto categories whose events run on a CPU thread and that torch's `key_averages()` counts as
+# operators (it also nests python_function events with ops, so they must take part in self-time
+# accounting).
 CPU_CATEGORIES = frozenset(
     {
         "cpu_op",
@@ -78,8 +83,9 @@ CPU_CATEGORIES = frozenset(
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 KEPT_CATEGORIES = CPU_CATEGORIES | DEVICE_CATEGORIES
 
-# torch drops these utility events before building its operator tree (torch/autograd/profiler_util.py _filter_name),
-# so their time counts as their parent's self time; we do the same to match key_averages().
+# torch drops these utility events before building its operator tree
+# (torch/autograd/profiler_util.py _filter_name), so their time counts as their parent's self time;
+# we do the same to match key_averages().
 FILTERED_NAMES = frozenset(
     {
         "[memory]",
@@ -93,20 +99,23 @@ FILTERED_NAMES = frozenset(
     }
 )
 
-# Decoding is done in slices of about this many bytes: the decoded structs of one slice are filtered and
-# interned before the next is decoded, so peak memory stays near the file size instead of file + every event.
-_CHUNK_BYTES = 1024 * 1024  # decoded objects of a slice stay in the CPU's caches (measured: 1 MB beats 8 MB)
+# Decoding is done in slices of about this many bytes: the decoded structs of one slice are filtered
+# and interned before the next is decoded, so peak memory stays near the file size instead of file +
+# every event. decoded objects of a slice stay in the CPU's caches (measured: 1 MB beats 8 MB)
+_CHUNK_BYTES = 1024 * 1024
 _EVENT_SEPARATOR = re.compile(rb"\}\s*,\s*\{")
 _TRACE_EVENTS_KEY = re.compile(rb'(?<!\\)"traceEvents"\s*:\s*\[')
 _BLANK = re.compile(rb"[ \t\n\r\x0b\x0c]*")  # what bytes.isspace() calls space, for any buffer
 
-# Largest |ts| and |dur| accepted, in microseconds (~31,700 years): epoch timestamps fit with room to spare, and
-# nanosecond arithmetic on anything within it stays finite. NaN fails every comparison, so it is out of range too.
+# Largest |ts| and |dur| accepted, in microseconds (~31,700 years): epoch timestamps fit with room
+# to spare, and nanosecond arithmetic on anything within it stays finite. NaN fails every
+# comparison, so it is out of range too.
 MAX_TIME_US = 1e18
 
 
 def _usable_name(name: str) -> bool:
-    """False for a `ProfilerStep#N` whose N no step count reaches (it could not be reported as an integer)."""
+    """False for a `ProfilerStep#N` whose N no step count reaches (it could not be reported as an
+    integer)."""
     if not name.startswith(STEP_PREFIX):
         return True
     number = name[len(STEP_PREFIX) :]
@@ -116,16 +125,18 @@ def _usable_name(name: str) -> bool:
 
 
 def _usable_time(ts: float, dur: float) -> bool:
-    """Whether an event can be placed in time: both values finite and within MAX_TIME_US, `dur` not negative."""
+    """Whether an event can be placed in time: both values finite and within MAX_TIME_US, `dur` not
+    negative."""
     return -MAX_TIME_US <= ts <= MAX_TIME_US and 0 <= dur <= MAX_TIME_US
 
 
 @dataclass(frozen=True)
 class Trace:
-    """One trace file: where it came from, its rank, the CPU/device events summaries need, and its event count.
+    """One trace file: where it came from, its rank, the CPU/device events summaries need, and its
+    event count.
 
-    `skipped_events` counts kept-category events dropped for unusable times; `incomplete_step` is the N of a
-    ProfilerStep#N that only holds the start of its step (a window cut short), or None.
+    `skipped_events` counts kept-category events dropped for unusable times; `incomplete_step` is
+    the N of a ProfilerStep#N that only holds the start of its step (a window cut short), or None.
     """
 
     path: str
@@ -135,7 +146,8 @@ class Trace:
     skipped_events: int = 0
     incomplete_step: int | None = None
     device_name: str | None = None  # the trace's first GPU (deviceProperties)
-    clock: str | None = None  # the clock its times come from (host and boot), when stepcli recorded it
+    # the clock its times come from (host and boot), when stepcli recorded it
+    clock: str | None = None
     # step -> (ms on a CPU, ms waiting for one) of the steps' thread, when stepcli recorded it
     cpu_time: dict[int, tuple[float, float]] | None = None
     world_size: int | None = None  # distributedInfo.world_size
@@ -149,10 +161,13 @@ class Trace:
         rank: int | None = None,
         incomplete_step: int | None = None,
     ) -> Trace:
-        """A trace built from events in memory (tests, other tools): keeps the same subset the loader keeps."""
+        """A trace built from events in memory (tests, other tools): keeps the same subset the
+        loader keeps."""
         all_events = list(events)
         candidates = [
-            e for e in all_events if e.ph == "X" and e.cat in KEPT_CATEGORIES and e.name not in FILTERED_NAMES
+            e
+            for e in all_events
+            if e.ph == "X" and e.cat in KEPT_CATEGORIES and e.name not in FILTERED_NAMES
         ]
         kept = [e for e in candidates if _usable_time(e.ts, e.dur) and _usable_name(e.name)]
         return cls(
@@ -166,10 +181,12 @@ class Trace:
 
 
 def load_paths(paths: Sequence[str], *, shapes: bool = False) -> list[Trace]:
-    """Load every trace named by `paths` (files, or folders searched recursively), in a stable order.
+    """Load every trace named by `paths` (files, or folders searched recursively), in a stable
+    order.
 
-    Raises TraceError naming the file and the problem for anything that is not a readable profiler trace.
-    With `shapes`, each operator event also carries its recorded input shapes (for grouping by shape).
+    Raises TraceError naming the file and the problem for anything that is not a readable profiler
+    trace. With `shapes`, each operator event also carries its recorded input shapes (for grouping
+    by shape).
     """
     return [load_trace(file, shapes=shapes) for file in list_trace_files(paths)]
 
@@ -192,14 +209,17 @@ def load_trace(path: str, *, shapes: bool = False) -> Trace:
     )
 
 
-# A trace's text: read into memory, or mapped copy-on-write where stepcli.traces.read.readahead inflated it.
+# A trace's text: read into memory, or mapped copy-on-write where stepcli.traces.read.readahead
+# inflated it.
 Text = bytes | bytearray | mmap.mmap
 Decode = Callable[[str, Text, bool, "type[_Keeper]"], "tuple[Meta, _Keeper]"]
 
 
-def _read(path: str, shapes: bool, keeper_type: type[_Keeper], decode: Decode | None = None) -> tuple[Meta, _Keeper]:
-    """Read and decode one trace file (`decode`: how its data is decoded, _decode by default; one with a `midway`
-    method also sees the text half inflated, see stepcli.inputs.read_input)."""
+def _read(
+    path: str, shapes: bool, keeper_type: type[_Keeper], decode: Decode | None = None
+) -> tuple[Meta, _Keeper]:
+    """Read and decode one trace file (`decode`: how its data is decoded, _decode by default; one
+    with a `midway` method also sees the text half inflated, see stepcli.inputs.read_input)."""
     data: Text | None = take_read_ahead(path)
     if data is None:
         try:
@@ -211,14 +231,17 @@ def _read(path: str, shapes: bool, keeper_type: type[_Keeper], decode: Decode | 
             raise
     if not data or _BLANK.fullmatch(data):
         raise TraceError(path, "empty file")
-    # Millions of gc=False structs are allocated below; a cyclic collection pass over them buys nothing.
+    # Millions of gc=False structs are allocated below; a cyclic collection pass over them buys
+    # nothing.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         return (decode or _decode)(path, data, shapes, keeper_type)
     except UnicodeDecodeError as exc:
         bad = exc.object[exc.start : exc.start + 1].hex() if isinstance(exc.object, bytes) else "?"
-        raise TraceError(path, f"not UTF-8 text (a string holds the invalid byte 0x{bad})") from None
+        raise TraceError(
+            path, f"not UTF-8 text (a string holds the invalid byte 0x{bad})"
+        ) from None
     except RecursionError:
         raise TraceError(path, "invalid JSON: nested too deeply to be a profiler trace") from None
     except MemoryError:
@@ -228,15 +251,20 @@ def _read(path: str, shapes: bool, keeper_type: type[_Keeper], decode: Decode | 
             gc.enable()
 
 
-def _decode(path: str, data: Text, shapes: bool, keeper: type[_Keeper] | None = None) -> tuple[Meta, _Keeper]:
-    """Decode in slices when the layout allows it (checked by the decoder itself), else in one piece."""
+def _decode(
+    path: str, data: Text, shapes: bool, keeper: type[_Keeper] | None = None
+) -> tuple[Meta, _Keeper]:
+    """Decode in slices when the layout allows it (checked by the decoder itself), else in one
+    piece."""
     try:
         chunked = _decode_chunked(data, shapes, keeper or _Keeper)
     except (msgspec.DecodeError, _NotChunkable):
         chunked = None  # fall back: the whole-document decode below gives the precise error, if any
     if chunked is not None:
         return chunked
-    return _decode_whole(path, data[:] if isinstance(data, mmap.mmap) else data, shapes, keeper or _Keeper)
+    return _decode_whole(
+        path, data[:] if isinstance(data, mmap.mmap) else data, shapes, keeper or _Keeper
+    )
 
 
 class _NotChunkable(Exception):
@@ -247,7 +275,8 @@ _BAD_NAME = "\0unusable"  # the interning table's marker for names whose events 
 
 
 class _Keeper:
-    """Filters decoded events to the kept subset and interns repeated strings, one slice at a time."""
+    """Filters decoded events to the kept subset and interns repeated strings, one slice at a
+    time."""
 
     def __init__(self, shapes: bool) -> None:
         self.events: list[Event] = []
@@ -313,11 +342,15 @@ class _Keeper:
         event.shape = key
 
 
-def _decode_chunked(data: Text, shapes: bool, keeper_type: type[_Keeper]) -> tuple[Meta, _Keeper] | None:
-    """Decode traceEvents in ~1 MB slices split between two events, plus one small document for the rest.
+def _decode_chunked(
+    data: Text, shapes: bool, keeper_type: type[_Keeper]
+) -> tuple[Meta, _Keeper] | None:
+    """Decode traceEvents in ~1 MB slices split between two events, plus one small document for the
+    rest.
 
-    A split can only be wrong if it falls inside a string or a nested value, and then the slice on its left is
-    not a complete JSON array, so the decoder rejects it and the caller falls back to decoding the whole file.
+    A split can only be wrong if it falls inside a string or a nested value, and then the slice on
+    its left is not a complete JSON array, so the decoder rejects it and the caller falls back to
+    decoding the whole file.
     """
     layout = slice_layout(data)
     if layout is None:
@@ -330,10 +363,10 @@ def _decode_chunked(data: Text, shapes: bool, keeper_type: type[_Keeper]) -> tup
 def slice_layout(
     data: Text, prefix: tuple[int, list[int]] | None = None, chunk: int | None = None
 ) -> tuple[int, list[int]] | None:
-    """Where traceEvents' list starts (just after its "[") and the commas between two events that cut it into
-    slices of about `chunk` bytes (_CHUNK_BYTES by default); None for data too small to slice. Raises
-    _NotChunkable without a traceEvents key. With `prefix`, the layout of a beginning of `data`, it is continued
-    (the slices already cut stay as they are)."""
+    """Where traceEvents' list starts (just after its "[") and the commas between two events that
+    cut it into slices of about `chunk` bytes (_CHUNK_BYTES by default); None for data too small to
+    slice. Raises _NotChunkable without a traceEvents key. With `prefix`, the layout of a beginning
+    of `data`, it is continued (the slices already cut stay as they are)."""
     chunk = chunk or _CHUNK_BYTES
     if prefix is not None and prefix[1]:
         start, splits = prefix[0], list(prefix[1])
@@ -359,14 +392,21 @@ def slice_layout(
 def decode_slices(
     data: Text, layout: tuple[int, list[int]], first: int, stop: int, shapes: bool, keeper: _Keeper
 ) -> None:
-    """Decode slices `first` to `stop - 1` of the layout into `keeper` (slice i ends at the layout's i-th comma;
-    raises msgspec errors)."""
+    """Decode slices `first` to `stop - 1` of the layout into `keeper` (slice i ends at the layout's
+    i-th comma; raises msgspec errors)."""
     start, splits = layout
-    decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(list[ShapedEvent] if shapes else list[DecodedEvent])
+    decoder: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(
+        list[ShapedEvent] if shapes else list[DecodedEvent]
+    )
     view = memoryview(data)
     if isinstance(data, (bytearray, mmap.mmap)) and not shapes:
         _decode_in_place(
-            data, view, start - 1 if first == 0 else splits[first - 1], splits[first:stop], decoder, keeper
+            data,
+            view,
+            start - 1 if first == 0 else splits[first - 1],
+            splits[first:stop],
+            decoder,
+            keeper,
         )
         return
     # (with shapes, msgspec.Raw values may keep a view of their input: each slice is a copy)
@@ -376,10 +416,12 @@ def decode_slices(
         previous = comma + 1
 
 
-def decode_rest(data: Text, layout: tuple[int, list[int]], shapes: bool, keeper: _Keeper) -> tuple[Meta, _Keeper]:
-    """The events after the layout's last comma, decoded back inside the document with everything before and after
-    traceEvents, so the header (distributedInfo, stepcli's metadata) and the closing brackets are decoded and
-    validated too; with the document's metadata."""
+def decode_rest(
+    data: Text, layout: tuple[int, list[int]], shapes: bool, keeper: _Keeper
+) -> tuple[Meta, _Keeper]:
+    """The events after the layout's last comma, decoded back inside the document with everything
+    before and after traceEvents, so the header (distributedInfo, stepcli's metadata) and the
+    closing brackets are decoded and validated too; with the document's metadata."""
     start, splits = layout
     view = memoryview(data)
     meta, last = _decode_document(b"".join((view[:start], view[splits[-1] + 1 :])), shapes)
@@ -395,10 +437,10 @@ def _decode_in_place(
     decoder: msgspec.json.Decoder[list[Any]],
     keeper: _Keeper,
 ) -> None:
-    """Decode the slices where they lie, without copying them: the byte at `opening` (traceEvents' own "[", or
-    the comma that ends the slice before) opens the first slice; each cut's comma becomes the "]" that closes its
-    slice, then the "[" that opens the next. Every byte is put back, also when a slice fails, so the caller can
-    decode the data whole."""
+    """Decode the slices where they lie, without copying them: the byte at `opening` (traceEvents'
+    own "[", or the comma that ends the slice before) opens the first slice; each cut's comma
+    becomes the "]" that closes its slice, then the "[" that opens the next. Every byte is put back,
+    also when a slice fails, so the caller can decode the data whole."""
     first, was = opening, data[opening]
     data[first] = 0x5B  # "["
     try:
@@ -432,7 +474,11 @@ def _decode_document(data: bytes | bytearray, shapes: bool) -> tuple[Meta, list[
 
 
 def _decode_whole(
-    path: str, data: bytes | bytearray, shapes: bool, keeper_type: type[_Keeper], transcoded: bool = False
+    path: str,
+    data: bytes | bytearray,
+    shapes: bool,
+    keeper_type: type[_Keeper],
+    transcoded: bool = False,
 ) -> tuple[Meta, _Keeper]:
     try:
         meta, events = _decode_document(data, shapes)
@@ -448,7 +494,8 @@ def _decode_whole(
             if _BLANK.fullmatch(utf8):
                 raise TraceError(path, "empty file") from None
             return _decode_whole(path, utf8, shapes, keeper_type, transcoded=True)
-        repaired = escape_names(data)  # PyTorch leaves quotes inside event names bare (stepcli.agent.tracenames)
+        # PyTorch leaves quotes inside event names bare (stepcli.agent.tracenames)
+        repaired = escape_names(data)
         if repaired is None:
             raise TraceError(path, describe_decode_error(data, exc)) from None
         try:

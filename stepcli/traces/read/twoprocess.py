@@ -1,22 +1,25 @@
 """One trace held in memory decoded by this process and one forked child at once.
 
-A .gz trace, or a plain one too small to be cut into ranges read by several processes (stepcli.traces.read.splitread),
-is held in memory (read, or inflated ahead by stepcli.traces.read.readahead) and decoded in ~1 MB slices
-(stepcli.traces.read.tracereader). Here a forked child decodes part of the slices from its copy-on-write view of the same
-text and sends its columns back (through an in-memory file), while this process decodes the rest. Decoding is most
-of `stepcli table`'s time on one file, so on two cores this takes about half of it off the wall clock
+A .gz trace, or a plain one too small to be cut into ranges read by several processes
+(stepcli.traces.read.splitread), is held in memory (read, or inflated ahead by
+stepcli.traces.read.readahead) and decoded in ~1 MB slices (stepcli.traces.read.tracereader). Here a
+forked child decodes part of the slices from its copy-on-write view of the same text and sends its
+columns back (through an in-memory file), while this process decodes the rest. Decoding is most of
+`stepcli table`'s time on one file, so on two cores this takes about half of it off the wall clock
 (`scripts/bench_gpu.py`):
 
-- the text is whole: the slices are shared out as they go (a pipe holds one byte per slice: each process claims
-  the next with a one-byte read), this process from the front, the child from the back after the document around
-  the list; so when one of them runs slower (the other core busy, the child's first writes to shared memory
-  copying pages, this process importing the analysis meanwhile) the other decodes more, instead of waiting;
-- a .gz trace inflated here: the child is forked when the text is half inflated (read_input's `midway`) and
-  decodes that first half while this process inflates the second and then decodes it.
+- the text is whole: the slices are shared out as they go (a pipe holds one byte per slice: each
+  process claims the next with a one-byte read), this process from the front, the child from the
+  back after the document around the list; so when one of them runs slower (the other core busy, the
+  child's first writes to shared memory copying pages, this process importing the analysis
+  meanwhile) the other decodes more, instead of waiting;
+- a .gz trace inflated here: the child is forked when the text is half inflated (read_input's
+  `midway`) and decodes that first half while this process inflates the second and then decodes it.
 
-Only `stepcli table`'s engine uses it, and only where forking is safe (one thread; stepcli.traces.engine). Any
-surprise (no fork, a slice that does not decode, a child that fails or dies) falls back to decoding the data the
-ordinary way in this process, which also gives the exact error.
+Only `stepcli table`'s engine uses it, and only where forking is safe (one thread;
+stepcli.traces.engine). Any surprise (no fork, a slice that does not decode, a child that fails or
+dies) falls back to decoding the data the ordinary way in this process, which also gives the exact
+error.
 """
 
 from __future__ import annotations
@@ -47,15 +50,18 @@ _Layout = tuple[int, list[int]]
 
 
 class DecodeInTwo:
-    """The decoder of one file (stepcli.traces.read.tracereader.Decode), with the `midway` hook that starts the child early."""
+    """The decoder of one file (stepcli.traces.read.tracereader.Decode), with the `midway` hook that
+    starts the child early."""
 
     def __init__(self, shapes: bool, meanwhile: Callable[[], object] | None = None) -> None:
         self.shapes = shapes
         self.meanwhile = meanwhile  # work of this process that can be done while the child decodes
-        self._early: tuple[_Child, _Layout] | None = None  # the child decoding the first half, and its layout
+        # the child decoding the first half, and its layout
+        self._early: tuple[_Child, _Layout] | None = None
 
     def midway(self, prefix: bytearray) -> None:
-        """Half of a .gz trace is inflated: a child decodes its slices now, while the rest inflates."""
+        """Half of a .gz trace is inflated: a child decodes its slices now, while the rest
+        inflates."""
         layout = _layout(prefix, MIN_BYTES // 2)
         if layout is None:
             return
@@ -69,7 +75,9 @@ class DecodeInTwo:
         if early is not None:
             early[0].stop()
 
-    def __call__(self, path: str, data: Text, shapes: bool, keeper_type: type[_Keeper]) -> tuple[Meta, _Keeper]:
+    def __call__(
+        self, path: str, data: Text, shapes: bool, keeper_type: type[_Keeper]
+    ) -> tuple[Meta, _Keeper]:
         early, self._early = self._early, None
         if early is None:
             return decode_in_two(path, data, shapes, keeper_type, self.meanwhile)
@@ -83,7 +91,8 @@ class DecodeInTwo:
             assert layout is not None
             decode_slices(data, layout, stop, len(layout[1]), shapes, keeper)
             meta, _ = decode_rest(data, layout, shapes, keeper)
-        except BaseException as exc:  # the ordinary way names the problem; an interrupt stops the child too
+        # the ordinary way names the problem; an interrupt stops the child too
+        except BaseException as exc:
             child.stop()
             if not isinstance(exc, Exception):
                 raise
@@ -102,11 +111,16 @@ class DecodeInTwo:
 
 
 def decode_in_two(
-    path: str, data: Text, shapes: bool, keeper_type: type[_Keeper], meanwhile: Callable[[], object] | None = None
+    path: str,
+    data: Text,
+    shapes: bool,
+    keeper_type: type[_Keeper],
+    meanwhile: Callable[[], object] | None = None,
 ) -> tuple[Meta, _Keeper]:
-    """Decode `data` like stepcli.traces.read.tracereader._decode does, shared with a forked child as they go (_claims): this
-    process takes slices from the front, after `meanwhile()`; the child the document's rest, then slices from the
-    back. Whichever runs faster (the other core may be busy, the child's first writes copy pages) decodes more."""
+    """Decode `data` like stepcli.traces.read.tracereader._decode does, shared with a forked child
+    as they go (_claims): this process takes slices from the front, after `meanwhile()`; the child
+    the document's rest, then slices from the back. Whichever runs faster (the other core may be
+    busy, the child's first writes copy pages) decodes more."""
     layout = _layout(data, MIN_BYTES) if keeper_type is ColumnKeeper else None
     if layout is None:
         return _decode(path, data, shapes, keeper_type)
@@ -126,7 +140,8 @@ def decode_in_two(
             while os.read(claims, 1):
                 decode_slices(data, layout, mine, mine + 1, shapes, keeper)
                 mine += 1
-        except BaseException as exc:  # a slice that does not decode: the ordinary way names the problem
+        # a slice that does not decode: the ordinary way names the problem
+        except BaseException as exc:
             child.stop()  # (an interrupt stops the child too)
             if not isinstance(exc, Exception):
                 raise
@@ -134,7 +149,8 @@ def decode_in_two(
     finally:
         os.close(claims)
     result = child.collect()
-    if result is None or result[-1] != slices - mine:  # (the child decoded the slices this process did not)
+    # (the child decoded the slices this process did not)
+    if result is None or result[-1] != slices - mine:
         return _decode(path, data, shapes, keeper_type)
     meta, columns, count, skipped, _ = result
     keeper.absorb_columns(columns, count, skipped)
@@ -153,8 +169,8 @@ def _layout(data: Text, min_bytes: int) -> _Layout | None:
 
 
 class _Child(NamedTuple):
-    """A forked child decoding slices: its pid, the pipe's reading end, and the in-memory file it leaves its
-    columns in (None: they come through the pipe)."""
+    """A forked child decoding slices: its pid, the pipe's reading end, and the in-memory file it
+    leaves its columns in (None: they come through the pipe)."""
 
     pid: int
     pipe: int
@@ -172,9 +188,9 @@ class _Child(NamedTuple):
 
 
 def _claims(slices: int) -> int | None:
-    """The reading end of a pipe that holds one byte per slice, and no writer: each process claims the next slice
-    with a one-byte read (atomic), until the end of file. None when the slices outnumber what a pipe surely holds
-    (4096: a 4 GB text) or no pipe can be made."""
+    """The reading end of a pipe that holds one byte per slice, and no writer: each process claims
+    the next slice with a one-byte read (atomic), until the end of file. None when the slices
+    outnumber what a pipe surely holds (4096: a 4 GB text) or no pipe can be made."""
     if slices > 4096:
         return None
     try:
@@ -189,11 +205,18 @@ def _claims(slices: int) -> int | None:
 
 
 def _start_child(
-    data: Text, layout: _Layout, first: int, stop: int, shapes: bool, with_rest: bool, claims: int | None = None
+    data: Text,
+    layout: _Layout,
+    first: int,
+    stop: int,
+    shapes: bool,
+    with_rest: bool,
+    claims: int | None = None,
 ) -> _Child | None:
-    """Fork the child that decodes slices `first` to `stop - 1` (and the document's rest: `with_rest`), or with
-    `claims` (see _claims) the rest first, then the slices it claims, from `stop - 1` down; None when it cannot
-    start. It sends (meta or None, columns, events read, skipped, slices claimed)."""
+    """Fork the child that decodes slices `first` to `stop - 1` (and the document's rest:
+    `with_rest`), or with `claims` (see _claims) the rest first, then the slices it claims, from
+    `stop - 1` down; None when it cannot start. It sends (meta or None, columns, events read,
+    skipped, slices claimed)."""
 
     def work() -> Any:
         if claims is None:
@@ -209,11 +232,12 @@ def _start_child(
 
 
 def start_result_child(produce: Callable[[], Any]) -> _Child | None:
-    """Fork a child that sends back what `produce()` returns (pickled); None when it cannot start. Collect it
-    with `.collect()` (None: it failed or died) or end it with `.stop()`.
+    """Fork a child that sends back what `produce()` returns (pickled); None when it cannot start.
+    Collect it with `.collect()` (None: it failed or died) or end it with `.stop()`.
 
-    The result (~2 MB of columns for a 35 MB trace) goes through an in-memory file (memfd) and only its length
-    through the pipe: through a 64 KB pipe it took 15 ms of back-and-forth between the two processes."""
+    The result (~2 MB of columns for a 35 MB trace) goes through an in-memory file (memfd) and only
+    its length through the pipe: through a 64 KB pipe it took 15 ms of back-and-forth between the
+    two processes."""
     try:
         reading, writing = os.pipe()
     except OSError:
@@ -230,7 +254,8 @@ def start_result_child(produce: Callable[[], Any]) -> _Child | None:
             _write_all(memfd, payload)
             payload = len(payload).to_bytes(_LENGTH, "little")
         _write_all(writing, payload)
-        os.close(writing)  # the parent's end of file now, not after this process's exit has torn down its memory
+        # the parent's end of file now, not after this process's exit has torn down its memory
+        os.close(writing)
 
     try:
         pid = fork_child(work)
@@ -246,8 +271,9 @@ def start_result_child(produce: Callable[[], Any]) -> _Child | None:
 def _decode_claimed(
     data: Text, layout: _Layout, stop: int, shapes: bool, claims: int
 ) -> tuple[Meta, ColumnKeeper, int]:
-    """In the child: the document's rest, then each slice it claims from `stop - 1` down, each into its own keeper,
-    joined in file order; (the document's meta, the columns, how many slices it claimed)."""
+    """In the child: the document's rest, then each slice it claims from `stop - 1` down, each into
+    its own keeper, joined in file order; (the document's meta, the columns, how many slices it
+    claimed)."""
     rest = ColumnKeeper(shapes)
     meta = decode_rest(data, layout, shapes, rest)[0]
     backwards: list[ColumnKeeper] = []
@@ -262,7 +288,8 @@ def _decode_claimed(
     return meta, keeper, len(backwards)
 
 
-_LENGTH = 8  # bytes of the length the child writes to the pipe when its columns are in the in-memory file
+# bytes of the length the child writes to the pipe when its columns are in the in-memory file
+_LENGTH = 8
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -272,9 +299,10 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _collect(pid: int, pipe: int, memfd: int | None) -> Any:
-    """What the child sent; None if it failed or died (it is then killed if need be, and waited for). The pipe and
-    the in-memory file are closed. A child that sent its columns is left to exit on its own (tearing down its
-    copy of this process takes it 5-7 ms): it is waited for later (reap_children), at the latest at exit."""
+    """What the child sent; None if it failed or died (it is then killed if need be, and waited
+    for). The pipe and the in-memory file are closed. A child that sent its columns is left to exit
+    on its own (tearing down its copy of this process takes it 5-7 ms): it is waited for later
+    (reap_children), at the latest at exit."""
     result: Any = None
     try:
         with open(pipe, "rb", closefd=False) as reading:

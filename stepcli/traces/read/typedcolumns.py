@@ -1,7 +1,7 @@
-"""The typed columns every analysis reads: a trace's kept events in file order as numpy arrays (`Columns`), the
-category kinds they are sorted into, and the same columns built from decoded events (`columns_from_events`, for
-the per-event path and tests). The reader fills them (stepcli.traces.read.columns); the analyses compute over them
-(stepcli.traces.analyses.arrays).
+"""The typed columns every analysis reads: a trace's kept events in file order as numpy arrays
+(`Columns`), the category kinds they are sorted into, and the same columns built from decoded events
+(`columns_from_events`, for the per-event path and tests). The reader fills them
+(stepcli.traces.read.columns); the analyses compute over them (stepcli.traces.analyses.arrays).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import numpy as np
 if TYPE_CHECKING:
     from stepcli.traces.read.events import Event
 
-# Category kinds (the reference only tells these apart). DEVICE and MEMORY are device work: a kernel, a copy or set.
+# Category kinds (the reference only tells these apart). DEVICE and MEMORY are device work: a
+# kernel, a copy or set.
 OTHER_CPU, USER_ANNOTATION, PYTHON_FUNCTION, DEVICE, MEMORY = 0, 1, 2, 3, 4
 _KIND_CATEGORY = ("cpu_op", "user_annotation", "python_function", "kernel", "gpu_memcpy")
 _MEMORY = frozenset({"gpu_memcpy", "gpu_memset"})
@@ -36,7 +37,8 @@ def kind_of(category: str) -> int:
 
 @dataclass
 class Columns:
-    """A trace's kept events in file order, as arrays; strings and ids are held once in the lookup lists."""
+    """A trace's kept events in file order, as arrays; strings and ids are held once in the lookup
+    lists."""
 
     name: np.ndarray  # int32 index into names
     kind: np.ndarray  # int8 category kind
@@ -46,16 +48,20 @@ class Columns:
     dur: np.ndarray  # float64 microseconds
     shape: np.ndarray  # int32 index into shapes
     corr: np.ndarray  # int64 correlation id (launch call <-> device work), -1: none
-    # event index -> (bytes, collective, in nelems, out nelems, group size, dtype) of the device events that have
-    # them (stepcli.traces.read.tracereader.transfer_args): copies and collectives only, so a dict, not a column
+    # event index -> (bytes, collective, in nelems, out nelems, group size, dtype) of the device
+    # events that have them (stepcli.traces.read.tracereader.transfer_args): copies and collectives
+    # only, so a dict, not a column
     transfers: dict[int, tuple[int, str, int, int, int, str]] = field(default_factory=dict)
-    flops: dict[int, int] = field(default_factory=dict)  # event index -> the FLOPs in its args (operators only)
-    # event index -> (process group name, sequence number or -1, member ranks as written) of the host events that
-    # carry them (`record_param_comms` on NCCL traces; stepcli.traces.read.tracereader.group_of): few, so a dict
+    # event index -> the FLOPs in its args (operators only)
+    flops: dict[int, int] = field(default_factory=dict)
+    # event index -> (process group name, sequence number or -1, member ranks as written) of the
+    # host events that carry them (`record_param_comms` on NCCL traces;
+    # stepcli.traces.read.tracereader.group_of): few, so a dict
     groups: dict[int, tuple[str, int, str]] = field(default_factory=dict)
-    # event index -> (External id, dtype) of the GEMM operators whose kernels' dtype is known from the operator
-    # (stepcli.traces.analyses.flops.op_dtype), and event index -> External id of the GEMM kernels whose names say no
-    # dtype (nvjet_*): the kernel's dtype is its operator's. Few, so dicts.
+    # event index -> (External id, dtype) of the GEMM operators whose kernels' dtype is known from
+    # the operator (stepcli.traces.analyses.flops.op_dtype), and event index -> External id of the
+    # GEMM kernels whose names say no dtype (nvjet_*): the kernel's dtype is its operator's. Few, so
+    # dicts.
     gemm_ops: dict[int, tuple[int, str]] = field(default_factory=dict)
     gemm_kernels: dict[int, int] = field(default_factory=dict)
     names: list[str] = field(default_factory=list)
@@ -79,7 +85,9 @@ class Columns:
             args = EventArgs(correlation)
             if transfer is not None:
                 size, collective, in_nelems, out_nelems, group_size, dtype = transfer
-                args = EventArgs(correlation, size, collective, in_nelems, out_nelems, group_size, dtype)
+                args = EventArgs(
+                    correlation, size, collective, in_nelems, out_nelems, group_size, dtype
+                )
             if group is not None:
                 args.pg_name, seq, args.pg_ranks = group
                 args.seq = seq if seq >= 0 else None
@@ -114,7 +122,8 @@ class Columns:
 
 
 def columns_from_events(events: list[Event]) -> Columns:
-    """Columns of events already filtered to the kept subset (stepcli.traces.read.tracereader.Trace.events)."""
+    """Columns of events already filtered to the kept subset
+    (stepcli.traces.read.tracereader.Trace.events)."""
     from stepcli.traces.read.events import int64_or_none
 
     names: dict[str, int] = {}
@@ -129,12 +138,18 @@ def columns_from_events(events: list[Event]) -> Columns:
         ts=np.fromiter((e.ts for e in events), np.float64, n),
         dur=np.fromiter((e.dur for e in events), np.float64, n),
         shape=np.fromiter((shapes.setdefault(e.shape, len(shapes)) for e in events), np.int32, n),
-        corr=np.fromiter((-1 if e.args is None else int64_or_none(e.args.correlation) for e in events), np.int64, n),
+        corr=np.fromiter(
+            (-1 if e.args is None else int64_or_none(e.args.correlation) for e in events),
+            np.int64,
+            n,
+        ),
         transfers=_transfers_of(events),
         flops={
             i: e.args.flops
             for i, e in enumerate(events)
-            if e.args is not None and int64_or_none(e.args.flops) > 0 and kind_of(e.cat) == OTHER_CPU
+            if e.args is not None
+            and int64_or_none(e.args.flops) > 0
+            and kind_of(e.cat) == OTHER_CPU
         },
         groups=_groups_of(events),
         **_gemm_links(events),
@@ -145,7 +160,8 @@ def columns_from_events(events: list[Event]) -> Columns:
 
 
 def _transfers_of(events: list[Event]) -> dict[int, tuple[int, str, int, int, int, str]]:
-    """Copy sizes and collective metadata of the device events (stepcli.traces.read.tracereader.transfer_args)."""
+    """Copy sizes and collective metadata of the device events
+    (stepcli.traces.read.tracereader.transfer_args)."""
     from stepcli.traces.read.events import transfer_args
 
     out = {}
@@ -158,7 +174,8 @@ def _transfers_of(events: list[Event]) -> dict[int, tuple[int, str, int, int, in
 
 
 def _gemm_links(events: list[Event]) -> dict[str, Any]:
-    """`gemm_ops` and `gemm_kernels` of events (as stepcli.traces.read.columns.ColumnKeeper takes them)."""
+    """`gemm_ops` and `gemm_kernels` of events (as stepcli.traces.read.columns.ColumnKeeper takes
+    them)."""
     from stepcli.traces.read.names import gemm_op, op_dtype, undtyped_gemm
 
     ops: dict[int, tuple[int, str]] = {}
@@ -179,12 +196,17 @@ def _gemm_links(events: list[Event]) -> dict[str, Any]:
 
 
 def _groups_of(events: list[Event]) -> dict[int, tuple[str, int, str]]:
-    """The process groups of the host `record_param_comms` events (stepcli.traces.read.tracereader.group_of)."""
+    """The process groups of the host `record_param_comms` events
+    (stepcli.traces.read.tracereader.group_of)."""
     from stepcli.traces.read.events import group_of
 
     out = {}
     for index, event in enumerate(events):
-        if event.name == PARAM_COMMS and event.args is not None and event.cat not in _DEVICE_CATEGORIES:
+        if (
+            event.name == PARAM_COMMS
+            and event.args is not None
+            and event.cat not in _DEVICE_CATEGORIES
+        ):
             found = group_of(event.args)
             if found is not None:
                 out[index] = found

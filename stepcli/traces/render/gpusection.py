@@ -1,5 +1,6 @@
-"""The terminal's GPU section of `stepcli table` and the run summary: device time by class per rank (and for the
-job), idle by cause and launch statistics, in 80 columns (the figures: stepcli.traces.analyses.device, .launches)."""
+"""The terminal's GPU section of `stepcli table` and the run summary: device time by class per rank
+(and for the job), idle by cause and launch statistics, in 80 columns (the figures:
+stepcli.traces.analyses.device, .launches)."""
 
 from __future__ import annotations
 
@@ -32,14 +33,20 @@ def _cell(device: Mapping[str, Any], field: str, kind: str) -> str:
     return f"{value:.2f}" if value < 100 else f"{value:,.0f}"
 
 
-def device_table(device: Mapping[str, Any], ranks: Sequence[Mapping[str, Any]] = (), whole: bool = False) -> Table:
-    """One row for the job, and one per rank when there are several: shares of recorded step time, except
-    `exposed` (communication with no computation beside it) and `host wait` (idle waiting for the host), in ms
-    per step; `overlap` is the share of communication time with computation beside it. `whole`: a trace without
-    steps, its figures for the whole trace."""
+def device_table(
+    device: Mapping[str, Any], ranks: Sequence[Mapping[str, Any]] = (), whole: bool = False
+) -> Table:
+    """One row for the job, and one per rank when there are several: shares of recorded step time,
+    except `exposed` (communication with no computation beside it) and `host wait` (idle waiting for
+    the host), in ms per step; `overlap` is the share of communication time with computation beside
+    it. `whole`: a trace without steps, its figures for the whole trace."""
     from rich.table import Table
 
-    title = "Device time, whole trace (no recorded step)" if whole else "Device time per step (recorded steps)"
+    title = (
+        "Device time, whole trace (no recorded step)"
+        if whole
+        else "Device time per step (recorded steps)"
+    )
     table = Table(title=title, title_justify="left")
     table.add_column("process", max_width=12, overflow="ellipsis", no_wrap=True)
     for header, _field, _kind in _COLUMNS:
@@ -51,17 +58,19 @@ def device_table(device: Mapping[str, Any], ranks: Sequence[Mapping[str, Any]] =
     for label, figures in rows:
         table.add_row(label, *(_cell(figures, field, kind) for _header, field, kind in _COLUMNS))
     table.caption = (
-        "% of the trace's time; exposed comm (no compute beside it), host wait: ms; overlap: % of comm"
+        "% of the trace's time; exposed comm (no compute beside it), host wait: ms; overlap: % of "
+        "comm"
         if whole
-        else "% of step time; exposed comm (no compute beside it), host wait: ms/step; overlap: % of comm"
+        else "% of step time; exposed comm (no compute beside it), host wait: ms/step; overlap: % "
+        "of comm"
     )
     table.caption_justify = "left"
     return table
 
 
 def launch_line(device: Mapping[str, Any], whole: bool = False) -> str | None:
-    """One line of launch statistics and idle causes, or None without launches linked to their kernels. `whole`:
-    a trace without steps, counted over the whole trace."""
+    """One line of launch statistics and idle causes, or None without launches linked to their
+    kernels. `whole`: a trace without steps, counted over the whole trace."""
     launch = device.get("launch")
     if not launch:
         return None
@@ -93,8 +102,8 @@ def _per_step(value: float) -> str:
 
 
 def flops_line(flops: Mapping[str, Any] | None) -> str | None:
-    """FLOPs per step, achieved FLOP/s and MFU (with --with-flops), at the pace they were taken at, or None
-    without counts."""
+    """FLOPs per step, achieved FLOP/s and MFU (with --with-flops), at the pace they were taken at,
+    or None without counts."""
     if not flops or flops.get("flops_per_step") is None:
         return None
     text = f"FLOPs: {flops['flops_per_step']:.3g} per step"
@@ -102,21 +111,25 @@ def flops_line(flops: Mapping[str, Any] | None) -> str | None:
         text += f", {flops['achieved_flops_per_s'] / 1e12:.3g} TFLOP/s achieved"
     if flops.get("mfu") is not None:
         dtype = str(flops.get("mfu_dtype") or "bf16").upper()
-        assumed = " (dtype assumed)" if flops.get("mfu_dtype_assumed") else " (dtype of its GEMM kernels)"
+        assumed = (
+            " (dtype assumed)" if flops.get("mfu_dtype_assumed") else " (dtype of its GEMM kernels)"
+        )
         text += f", MFU {flops['mfu']:.1%} of {flops['device_name']}'s dense {dtype} peak{assumed}"
     return text + pace_text(flops)
 
 
 def pace_text(flops: Mapping[str, Any]) -> str:
-    """Which steps' pace achieved FLOP/s and MFU are taken at: the untouched steps' (the program's own, the
-    recorded steps' figures then follow), or the recorded steps' (the profiler's cost included); '' without a
-    rate."""
+    """Which steps' pace achieved FLOP/s and MFU are taken at: the untouched steps' (the program's
+    own, the recorded steps' figures then follow), or the recorded steps' (the profiler's cost
+    included); '' without a rate."""
     if flops.get("achieved_flops_per_s") is None:
         return ""
     step_ms = flops.get("pace_step_ms")
     if flops.get("pace") != "untouched":
         return ", at the recorded steps' pace (the profiler's cost included)"
-    text = ", at the untouched steps' pace" + (f" (median step {step_ms:.3g} ms)" if step_ms else "")
+    text = ", at the untouched steps' pace" + (
+        f" (median step {step_ms:.3g} ms)" if step_ms else ""
+    )
     recorded = flops.get("achieved_flops_per_s_recorded")
     if recorded is not None:
         text += f"; at the recorded steps' pace {recorded / 1e12:.3g} TFLOP/s"
@@ -126,8 +139,8 @@ def pace_text(flops: Mapping[str, Any]) -> str:
 
 
 def print_device_section(data: Mapping[str, Any], console: Console, whole: bool = False) -> None:
-    """The GPU section, when the traces have device work (as the `device` of a summary or run summary), and the
-    FLOPs line when there are counts."""
+    """The GPU section, when the traces have device work (as the `device` of a summary or run
+    summary), and the FLOPs line when there are counts."""
     line = flops_line(data.get("flops"))
     if line:
         console.print(line, highlight=False, markup=False)
