@@ -10,7 +10,7 @@ import difflib
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -191,11 +191,13 @@ def choose_steps(lanes: Sequence[RankLane], step: int | None) -> list[int]:
 @dataclass
 class Answer:
     """The answer document, and the graph and unchanged replay it came from (None when inconclusive
-    early)."""
+    early), and the critical path walked on that replay (empty unless the verdict is ok): the
+    replay's stretches are dropped once walked."""
 
     doc: dict[str, Any]
     graph: Graph | None = None
     base: LaneReplay | None = None
+    path: list[PathPiece] = field(default_factory=list)
 
 
 def answer(
@@ -277,9 +279,14 @@ def solve(
         )
         return Answer(doc, graph, base)
     doc["verdict"] = "ok"
-    doc["critical_path"] = critical_path(graph, base)
+    path = walk_critical_path(graph, base)
+    doc["critical_path"] = critical_path(graph, path)
     doc["nearly_critical_ranks"] = nearly_critical(graph, base, measured)
     doc["slack"] = slack(graph, base)
+    # The path and the slack were what the unchanged replay's stretches and device times were kept
+    # for; the predictions need only its waits per lane. At 1,024 ranks they held ~20 KB a rank
+    # through every prediction.
+    base.records, base.device = [[] for _ in base.records], []
 
     def predicted(change: WhatifChange) -> dict[str, Any]:
         ms = step_ms(graph, replay(graph, change, records=False))
@@ -305,7 +312,7 @@ def solve(
         ranked = [predicted(c) for c in opportunities(graph, base, lanes)]
         ranked.sort(key=lambda entry: -entry["saved_ms"])
         doc["opportunities"] = ranked
-    return Answer(doc, graph, base)
+    return Answer(doc, graph, base, path)
 
 
 def _unmodelled(lanes: Sequence[RankLane]) -> str | None:
@@ -522,12 +529,12 @@ def _record_end(times: Any, node: int, work: Any) -> float:
     return float(times.start[node] - work.delay[node, LAUNCH])
 
 
-def critical_path(graph: Graph, rep: LaneReplay) -> dict[str, Any]:
-    """The critical path's segments merged by (rank, kind, name) in order of first appearance, in ms
-    per step; their ms add up to the path's."""
+def critical_path(graph: Graph, path: list[PathPiece]) -> dict[str, Any]:
+    """The critical path's segments (walk_critical_path's pieces) merged by (rank, kind, name) in
+    order of first appearance, in ms per step; their ms add up to the path's."""
     n_steps = len(graph.steps)
     merged: dict[tuple[int, str, str], float] = {}
-    for piece in walk_critical_path(graph, rep):
+    for piece in path:
         key = (piece.lane, piece.kind, piece.name)
         merged[key] = merged.get(key, 0.0) + piece.us
     total = sum(merged.values())

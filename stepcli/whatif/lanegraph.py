@@ -10,6 +10,7 @@ scheduling.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -101,8 +102,9 @@ class Graph:
     device_residual: list[list[float]] = field(default_factory=list)
     # per lane: node -> (row, member)
     node_row: list[dict[int, tuple[int, int]]] = field(default_factory=list)
-    # per lane, sorted: where the replay reads its time
-    joint_times: list[list[float]] = field(default_factory=list)
+    # per lane, sorted: where the replay reads its time (packed doubles: as a list of floats, three
+    # times the size, ~6 KB a lane of a 1,024-rank job)
+    joint_times: list[array[float]] = field(default_factory=list)
 
 
 def build_graph(lanes: Sequence[RankLane], steps: list[int]) -> Graph:
@@ -146,10 +148,8 @@ def build_graph(lanes: Sequence[RankLane], steps: list[int]) -> Graph:
     )
     _join_on_device(graph, device_rows)
     graph.joint_times = [
-        sorted(
-            {start[li], end[li], *(item.at for item in joints), *(item.until for item in joints)}
-        )
-        for li, joints in enumerate(items)
+        array("d", sorted({start[li], end[li], *(j.at for j in ts), *(j.until for j in ts)}))
+        for li, ts in enumerate(items)
     ]
     return graph
 

@@ -11,6 +11,7 @@ misses is the check every answer passes first.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -424,7 +425,7 @@ def _interpolated(grid: np.ndarray, integral: np.ndarray, t: float) -> float:
     )
 
 
-def _sampled(grid: np.ndarray, integral: np.ndarray, times: list[float]) -> np.ndarray:
+def _sampled(grid: np.ndarray, integral: np.ndarray, times: Sequence[float]) -> np.ndarray:
     """_interpolated at each of `times`, at once (element by element the same operations, so the
     same floats)."""
     t = np.asarray(times, dtype=np.float64)

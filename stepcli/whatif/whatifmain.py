@@ -126,14 +126,13 @@ def whatif_main(
     if json_path is not None:
         write_json(json_path, doc)
     if trace_path is not None:
-        if solved.graph is None or solved.base is None or doc["verdict"] != "ok":
+        if solved.graph is None or doc["verdict"] != "ok":
             raise StepcliError(
                 f"--trace {trace_path}: not written: {doc['reason']}", EXIT_INCONCLUSIVE
             )
-        from stepcli.whatif.answer import walk_critical_path
         from stepcli.whatif.tracefile import write_trace
 
-        write_trace(trace_path, solved.graph, walk_critical_path(solved.graph, solved.base))
+        write_trace(trace_path, solved.graph, solved.path)
     print_answer(doc, notes)
     return EXIT_OK if doc["verdict"] == "ok" else EXIT_INCONCLUSIVE
 
