@@ -19,7 +19,14 @@ from stepcli.errors import EXIT_USAGE, StepcliError
 from stepcli.traces.analyses.lanes import PHASE_NAMES, RankLane
 from stepcli.traces.analyses.ranks import steps_label
 from stepcli.whatif.lanegraph import Graph, Scale, WhatifChange, build_graph
-from stepcli.whatif.lanereplay import LaneReplay, Record, ReplayError, replay, step_ms
+from stepcli.whatif.lanereplay import (
+    LaneReplay,
+    PackedRecords,
+    Record,
+    ReplayError,
+    replay,
+    step_ms,
+)
 
 SCHEMA = "stepcli.whatif/1"
 MAX_REPLAY_ERROR = 0.05  # a replay further than this from the measured step answers nothing
@@ -286,7 +293,7 @@ def solve(
     # The path and the slack were what the unchanged replay's stretches and device times were kept
     # for; the predictions need only its waits per lane. At 1,024 ranks they held ~20 KB a rank
     # through every prediction.
-    base.records, base.device = [[] for _ in base.records], []
+    base.records, base.device = [PackedRecords() for _ in base.records], []
 
     def predicted(change: WhatifChange) -> dict[str, Any]:
         ms = step_ms(graph, replay(graph, change, records=False))
@@ -585,7 +592,7 @@ def slack(graph: Graph, rep: LaneReplay) -> list[dict[str, Any]]:
             at = lane.op_start[lane.op_top & np.isin(lane.op_name, codes)] if codes else np.zeros(0)
             if not len(at):
                 continue
-            waits = [(r.lane_from, r.waited) for r in rep.records[i] if r.wait_row >= 0]
+            waits = rep.records[i].bound_waits()
             least = min(sum(w for start, w in waits if start >= t) for t in at.tolist())
             by_rank[str(lane.rank) if lane.rank is not None else "-"] = least / 1000.0
         if by_rank:

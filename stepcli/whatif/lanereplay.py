@@ -11,7 +11,8 @@ misses is the check every answer passes first.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,6 +51,53 @@ class Record:
     sync_node: int = -1
 
 
+# Record's fields in order: the floats, then the ints
+_FLOATS = ("lane_from", "lane_to", "start", "end", "tail", "waited")
+_INTS = ("wait_row", "arrive_row", "label", "sync_node")
+
+
+class PackedRecords:
+    """A lane's records as packed columns (a record as objects is ~200 bytes, packed 80: at 1,024
+    ranks the unchanged replay's records were the peak of `whatif`'s memory); read back one Record
+    at a time, the same floats."""
+
+    __slots__ = ("floats", "ints")
+
+    def __init__(self) -> None:
+        self.floats = array("d")
+        self.ints = array("q")
+
+    def append(self, record: Record) -> None:
+        self.floats.extend([getattr(record, name) for name in _FLOATS])
+        self.ints.extend([getattr(record, name) for name in _INTS])
+
+    def __len__(self) -> int:
+        return len(self.ints) // len(_INTS)
+
+    def __getitem__(self, k: int) -> Record:
+        if k < 0:
+            k += len(self)
+        if not 0 <= k < len(self):
+            raise IndexError(k)
+        f, n = len(_FLOATS) * k, len(_INTS) * k
+        lane_from, lane_to, start, end, tail, waited = self.floats[f : f + len(_FLOATS)]
+        wait_row, arrive_row, label, sync_node = self.ints[n : n + len(_INTS)]
+        return Record(
+            lane_from, lane_to, start, end, wait_row, tail, arrive_row, label, waited, sync_node
+        )
+
+    def __iter__(self) -> Iterator[Record]:
+        return (self[k] for k in range(len(self)))
+
+    def bound_waits(self) -> list[tuple[float, float]]:
+        """(lane_from, waited) of each wait bound by a collective, straight from the columns (the
+        slack reads them once per top operator and lane)."""
+        width = len(_FLOATS)
+        lane_from, waited = self.floats[0::width], self.floats[_FLOATS.index("waited") :: width]
+        rows = self.ints[_INTS.index("wait_row") :: len(_INTS)]
+        return [(f, w) for f, w, row in zip(lane_from, waited, rows) if row >= 0]
+
+
 @dataclass
 class ReplayDeviceTimes:
     """A lane's device nodes as replayed: start and end (aligned µs), the edge that bound each
@@ -65,7 +113,7 @@ class ReplayDeviceTimes:
 class LaneReplay:
     start: list[float]  # per lane, aligned
     end: list[float]
-    records: list[list[Record]]
+    records: list[PackedRecords]
     arrive: list[list[float]]  # [row][member] replayed, aligned
     depart: list[list[float]]
     transfer: list[float]  # [row] µs, as replayed
@@ -139,7 +187,7 @@ class _Scheduler:
         self.cur = [graph.start[i] - graph.offset[i] for i in range(n)]
         self.prev = list(graph.start)
         self.pos = [0] * n
-        self.records: list[list[Record]] = [[] for _ in range(n)]
+        self.records = [PackedRecords() for _ in range(n)]
         self.keep_records = records
         # per lane: the records made so far, kept or not (a launch names its record)
         self.recorded = [0] * n

@@ -59,7 +59,7 @@ def test_a_prediction_replays_the_same_without_keeping_its_records() -> None:
     change = parse_change("scale", "rank:1/forward_op=0.5", lanes)
     kept, lean = replay(graph, change), replay(graph, change, records=False)
     assert lean.end == kept.end == [70.0, 70.0] and lean.blocked == kept.blocked
-    assert lean.records == [[], []] and all(kept.records)
+    assert [len(r) for r in lean.records] == [0, 0] and all(len(r) for r in kept.records)
 
 
 def test_a_lane_read_for_whatif_has_no_culprit_figures_and_matches_as_before() -> None:
