@@ -27,7 +27,7 @@ from stepcli.traces.analyses.devicework import (
     node_factors,
 )
 from stepcli.traces.analyses.lanes import RankLane, covers
-from stepcli.whatif.lanegraph import Graph, Item, WhatifChange
+from stepcli.whatif.lanegraph import Graph, Item, PackedJoints, WhatifChange
 
 
 @dataclass(slots=True)
@@ -204,7 +204,7 @@ class _Scheduler:
         ]
         # per lane: stream -> last node queued
         self.stream_last: list[dict[int, int]] = [{} for _ in graph.lanes]
-        # per lane, per joint: _next_arrival
+        # per lane, per joint: the next arrival's row
         self.next_row = [_next_arrivals(items) for items in graph.items]
         for li, lane in enumerate(graph.lanes):
             work = lane.device
@@ -492,24 +492,16 @@ def _sampled(grid: np.ndarray, integral: np.ndarray, times: Sequence[float]) -> 
     return out
 
 
-def _next_arrivals(items: list[Item]) -> list[int]:
-    """_next_arrival at every position, in one pass from the end."""
-    out = [-1] * len(items)
+def _next_arrivals(items: PackedJoints) -> list[int]:
+    """At every position: the row of the first arrival at or after it (-1: none), the interval a
+    compute stretch there belongs to; in one pass from the end."""
+    out = items.arrive_rows()
     row = -1
-    for pos in range(len(items) - 1, -1, -1):
-        if items[pos].arrive is not None:
-            row = items[pos].arrive[0]  # type: ignore[index]
+    for pos in range(len(out) - 1, -1, -1):
+        if out[pos] >= 0:
+            row = out[pos]
         out[pos] = row
     return out
-
-
-def _next_arrival(items: list[Item], pos: int) -> int:
-    """The row of the first arrival at or after `pos` (-1: none): the interval a compute stretch
-    belongs to."""
-    for item in items[pos:]:
-        if item.arrive is not None:
-            return item.arrive[0]
-    return -1
 
 
 def compute_between(graph: Graph, i: int, integral: np.ndarray) -> dict[int, float]:
@@ -519,8 +511,9 @@ def compute_between(graph: Graph, i: int, integral: np.ndarray) -> dict[int, flo
     out: dict[int, float] = {}
     at = graph.start[i]
     items = graph.items[i]
+    next_row = _next_arrivals(items)
     for pos, item in enumerate(items):
-        label = item.arrive[0] if item.arrive is not None else _next_arrival(items, pos)
+        label = item.arrive[0] if item.arrive is not None else next_row[pos]
         out[label] = out.get(label, 0.0) + _length(lane, integral, at, item.at)
         at = item.until if item.arrive is None else item.at
     out[-1] = out.get(-1, 0.0) + _length(lane, integral, at, graph.end[i])
