@@ -78,7 +78,7 @@ class Item:
 
 class PackedJoints:
     """A lane's joints (Items, in order) as packed columns: as objects they were ~150 bytes each, a
-    graph's largest part at 1,024 ranks; packed ~50. Read back one Item at a time, the same values.
+    graph's largest part at 1,024 ranks; packed ~45. Read back one Item at a time, the same values.
     """
 
     __slots__ = ("times", "ints", "departs", "leaves")
@@ -88,8 +88,8 @@ class PackedJoints:
 
     def __init__(self, joints: Sequence[Item]) -> None:
         self.times = array("d")  # per joint: at, until
-        self.ints = array("q")
-        self.departs = array("q")
+        self.ints = array("i")  # (rows and nodes fit 32 bits; a larger one raises, never wraps)
+        self.departs = array("i")
         self.leaves = array("d")
         for item in joints:
             self.times.extend((item.at, item.until))
@@ -141,9 +141,11 @@ class Graph:
     end: list[float]
     offset: list[float]  # per lane: its clock minus the reference clock (µs)
     items: list[PackedJoints]
-    arrive: list[list[float]]  # [row][member] aligned µs
-    depart: list[list[float]]
-    members: list[list[int]]  # [row] -> lane indices
+    # [row][member] aligned µs; each row packed (at 1,024 members a list of floats is ~32 KB, packed
+    # 8), as are the other per-row columns
+    arrive: list[array[float]]
+    depart: list[array[float]]
+    members: list[array[int]]  # [row] -> lane indices
     names: list[str]  # [row] collective name
     transfer: list[float]  # [row] µs: the earliest departure minus the latest arrival (>= 0)
     # collectives whose departure the rank never waited for visibly (no wait span)
@@ -151,9 +153,9 @@ class Graph:
     # NCCL collectives joined on the device: [row] -> per member its NCCL node on that member's lane
     # (empty: the row is joined on the host, or not at all); their transfer and each member's
     # residual, from the kernels
-    device_rows: list[list[int]] = field(default_factory=list)
+    device_rows: list[array[int]] = field(default_factory=list)
     device_transfer: list[float] = field(default_factory=list)
-    device_residual: list[list[float]] = field(default_factory=list)
+    device_residual: list[array[float]] = field(default_factory=list)
     # per lane: node -> (row, member)
     node_row: list[dict[int, tuple[int, int]]] = field(default_factory=list)
     # per lane, sorted: where the replay reads its time (packed doubles: as a list of floats, three
@@ -171,9 +173,9 @@ def build_graph(lanes: Sequence[RankLane], steps: list[int]) -> Graph:
         start.append(lane.step_start[first])
         end.append(lane.step_end[last])
     offsets = [0.0] * len(lanes)
-    rows: list[list[int]] = []
-    arrive: list[list[float]] = []
-    depart: list[list[float]] = []
+    rows: list[array[int]] = []
+    arrive: list[array[float]] = []
+    depart: list[array[float]] = []
     names: list[str] = []
     items: list[list[Item]] = [[] for _ in lanes]
     parts = [lane.arrivals for lane in lanes if lane.arrivals is not None]
@@ -211,11 +213,11 @@ def build_graph(lanes: Sequence[RankLane], steps: list[int]) -> Graph:
 
 def _nccl_nodes(
     lanes: list[RankLane],
-    rows: list[list[int]],
-    arrive: list[list[float]],
+    rows: list[array[int]],
+    arrive: list[array[float]],
     offsets: list[float],
     memberships: list[list[tuple[int, int]]],
-) -> list[list[int]]:
+) -> list[array[int]]:
     """Per collective row, each member's NCCL node (the first NCCL kernel its host call launched:
     the first one queued at or after the call's start), or [] when a member has no device work or no
     such kernel."""
@@ -234,20 +236,20 @@ def _nccl_nodes(
             if k < len(nccl):
                 node_of[(row, m)] = int(nccl[k])
                 used.add(int(nccl[k]))
-    out: list[list[int]] = []
+    out: list[array[int]] = []
     for row, member_lanes in enumerate(rows):
         nodes = [node_of.get((row, m), -1) for m in range(len(member_lanes))]
-        out.append(nodes if min(nodes, default=-1) >= 0 else [])
+        out.append(array("i", nodes) if min(nodes, default=-1) >= 0 else array("i"))
     return out
 
 
-def _join_on_device(graph: Graph, device_rows: list[list[int]]) -> None:
+def _join_on_device(graph: Graph, device_rows: list[array[int]]) -> None:
     """The device-joined collectives' transfer (the earliest member's end less the latest member's
     start, on aligned clocks) and each member's residual after it."""
     graph.device_rows = device_rows
     graph.node_row = [{} for _ in graph.lanes]
     graph.device_transfer = [0.0] * len(device_rows)
-    graph.device_residual = [[] for _ in device_rows]
+    graph.device_residual = [array("d") for _ in device_rows]
     for row, nodes in enumerate(device_rows):
         if not nodes:
             continue
@@ -261,12 +263,14 @@ def _join_on_device(graph: Graph, device_rows: list[list[int]]) -> None:
             graph.node_row[li][node] = (row, m)
         transfer = max(0.0, min(ends) - max(starts))
         graph.device_transfer[row] = transfer
-        graph.device_residual[row] = [max(0.0, e - (max(starts) + transfer)) for e in ends]
+        graph.device_residual[row] = array(
+            "d", [max(0.0, e - (max(starts) + transfer)) for e in ends]
+        )
 
 
 def _joined(
     lanes: list[RankLane], matched: Matched, steps: list[int]
-) -> tuple[list[float], list[list[int]], list[list[float]], list[list[float]], list[str]]:
+) -> tuple[list[float], list[array[int]], list[array[float]], list[array[float]], list[str]]:
     """Clock offsets per lane and the matched collectives of the window as rows of lane indices and
     aligned times."""
     lane_of_rank = {lane.rank: i for i, lane in enumerate(lanes)}
@@ -297,9 +301,9 @@ def _joined(
             _resumed(lanes[li], a, last + offsets[li], d) - offsets[li]
             for a, d, li in zip(a_row, d_row, member_lanes)
         ]
-        rows.append(member_lanes)
-        arrive.append(aligned)
-        depart.append(leave)
+        rows.append(array("i", member_lanes))
+        arrive.append(array("d", aligned))
+        depart.append(array("d", leave))
         names.append(key[1][1])
     return offsets, rows, arrive, depart, names
 
@@ -324,8 +328,8 @@ def _resumed(lane: RankLane, arrive: float, last: float, recorded: float) -> flo
 def _items(
     lane: RankLane,
     memberships: list[tuple[int, int]],
-    arrive: list[list[float]],
-    depart: list[list[float]],
+    arrive: list[array[float]],
+    depart: list[array[float]],
     offset: float,
     lo: float,
     hi: float,

@@ -57,7 +57,7 @@ _INTS = ("wait_row", "arrive_row", "label", "sync_node")
 
 
 class PackedRecords:
-    """A lane's records as packed columns (a record as objects is ~200 bytes, packed 80: at 1,024
+    """A lane's records as packed columns (a record as objects is ~200 bytes, packed 64: at 1,024
     ranks the unchanged replay's records were the peak of `whatif`'s memory); read back one Record
     at a time, the same floats."""
 
@@ -65,7 +65,7 @@ class PackedRecords:
 
     def __init__(self) -> None:
         self.floats = array("d")
-        self.ints = array("q")
+        self.ints = array("i")  # (rows and nodes fit 32 bits; a larger one raises, never wraps)
 
     def append(self, record: Record) -> None:
         self.floats.extend([getattr(record, name) for name in _FLOATS])
