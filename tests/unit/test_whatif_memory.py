@@ -1,6 +1,7 @@
 """What keeps `stepcli whatif`'s memory bounded at 1,024 ranks, checked against the arithmetic it
 replaces: the integrals read at the joints only, predictions without records, lanes without the
-culprit's figures and, once joined, without their collectives. Pure."""
+culprit's figures and, once joined, without their collectives, joints and records packed in
+columns, the unchanged replay's records dropped once the critical path is walked. Pure."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from stepcli.traces.analyses.lanes import lane_of
 from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.events import Event
 from stepcli.traces.read.typedcolumns import columns_from_events
-from stepcli.whatif.answer import WhatifRequest, parse_change, solve
-from stepcli.whatif.lanegraph import build_graph
-from stepcli.whatif.lanereplay import _interpolated, _sampled, replay
+from stepcli.whatif.answer import WhatifRequest, parse_change, solve, walk_critical_path
+from stepcli.whatif.lanegraph import Item, PackedJoints, build_graph
+from stepcli.whatif.lanereplay import PackedRecords, Record, _interpolated, _sampled, replay
 from stepcli.whatif.whatifmain import slimmed
 
 MAIN, WORKER = 1, 2
@@ -82,3 +83,44 @@ def test_lanes_given_up_lose_their_collectives_once_joined_and_the_answer_is_the
     assert solve(given, request, None, release=True).doc == solve(kept, request, None).doc
     assert [lane.arrivals for lane in given] == [None, None]
     assert all(lane.arrivals is not None for lane in kept)  # a caller's lanes are left as they were
+
+
+def test_packed_joints_read_back_the_items_they_were_built_from() -> None:
+    items = [
+        Item(0.1 + 0.2, launches=range(3, 7)),
+        Item(1 / 3, arrive=(5, 1023)),
+        Item(2.5, until=9.75, departs=((5, 1023, 9.5), (6, 0, 9.625))),
+        Item(10.0, until=11.0, sync=12),
+        Item(12.0, until=12.5),
+    ]
+    packed = PackedJoints(items)
+    assert len(packed) == 5 and list(packed) == items
+    assert packed[2].departs == items[2].departs and packed[0].launches == range(3, 7)
+    assert packed.arrive_rows() == [-1, 5, -1, -1, -1]
+    with pytest.raises(IndexError):
+        packed[5]
+
+
+def test_packed_records_read_back_the_same_floats_and_their_bound_waits() -> None:
+    records = [
+        Record(0.1, 0.1 + 0.2, 1 / 3, 2 / 3, label=4),
+        Record(5.0, 5.0, 7.25, 7.25, arrive_row=4),
+        Record(5.0, 9.0, 7.25, 11.0, wait_row=4, tail=0.5, waited=1 / 7),
+        Record(9.0, 9.5, 11.0, 11.5, sync_node=17),
+        Record(9.5, 9.75, 11.5, 11.75, waited=2.0),  # a wait that did not bind
+    ]
+    packed = PackedRecords()
+    for record in records:
+        packed.append(record)
+    assert len(packed) == 5 and list(packed) == records and packed[-1] == records[-1]
+    assert packed.bound_waits() == [(r.lane_from, r.waited) for r in records if r.wait_row >= 0]
+
+
+def test_the_answer_keeps_its_critical_path_and_drops_the_replays_records() -> None:
+    lanes = [lane_of(_rank(0, 20)), lane_of(_rank(1, 60))]
+    solved = solve(lanes, WhatifRequest([("idealize", "1")]), None)
+    assert solved.graph is not None and solved.base is not None
+    walked = walk_critical_path(solved.graph, replay(solved.graph))
+    assert solved.path == walked and len(walked) > 1
+    assert [len(r) for r in solved.base.records] == [0, 0] and solved.base.device == []
+    assert solved.base.blocked == replay(solved.graph).blocked  # what the opportunities rank by
