@@ -86,3 +86,20 @@ def test_no_pipe_for_the_tokens_leaves_every_item_to_the_caller(
 
     monkeypatch.setattr(forkmap.os, "pipe", refused)
     assert forkmap.forked_map(_who, ["a", "b"], 2) is None
+
+
+def test_a_childs_result_goes_into_the_pipe_as_it_is_pickled_whole_and_in_order() -> None:
+    # a result larger than the pipe holds, read while it is written (as the parent does)
+    read_end, write_end = os.pipe()
+    big = bytes(range(256)) * 4096  # 1 MiB, pickled in parts past the pipe's 64 KiB
+    sink = forkmap._PipeSink(write_end)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        os.close(read_end)
+        forkmap.pickle.dump(("done", [big, 7]), sink, forkmap.pickle.HIGHEST_PROTOCOL)
+        os._exit(0 if sink.sent > len(big) else 1)
+    os.close(write_end)
+    with open(read_end, "rb") as source:
+        data = source.read()
+    _, status = os.waitpid(pid, 0)
+    assert status == 0 and forkmap.pickle.loads(data) == ("done", [big, 7])
