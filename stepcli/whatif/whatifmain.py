@@ -20,31 +20,19 @@ from stepcli.whatif.answer import SCHEMA, WhatifRequest, solve
 
 
 def read_lane(path: str) -> RankLane:
-    """One trace file's lane (module level: run in a worker process), with only what the replay
-    needs."""
+    """One trace file's lane (module level: run in a worker process)."""
     from stepcli.traces.analyses.lanes import lane_of
     from stepcli.traces.read.columns import load_columns
     from stepcli.traces.read.typedcolumns import DEVICE
 
     trace = load_columns(path)
     if not (trace.columns.kind >= DEVICE).any():
-        return slimmed(lane_of(trace))
+        return lane_of(trace)
     from stepcli.inputs import read_input
     from stepcli.traces.read.syncevents import stream_waits
 
     # the cross-stream waits, where recorded
-    return slimmed(lane_of(trace, stream_waits(read_input(path))))
-
-
-def slimmed(lane: RankLane) -> RankLane:
-    """The lane without the culprit's figures (each collective's gap by cause and its operators, two
-    thirds of a lane of a 1,024-rank job): the collectives are matched across ranks without them."""
-    if lane.arrivals is not None:
-        count = len(lane.arrivals.keys)
-        nothing: dict[str, float] = {}
-        lane.arrivals.gaps = [nothing] * count
-        lane.arrivals.details = [nothing] * count
-    return lane
+    return lane_of(trace, stream_waits(read_input(path)))
 
 
 def untouched_median(paths: Sequence[str], all_runs: bool = False) -> float | None:

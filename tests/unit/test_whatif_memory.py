@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from stepcli.traces.analyses.arrivals import rank_arrivals
 from stepcli.traces.analyses.lanes import lane_of
 from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.events import Event
@@ -15,7 +16,6 @@ from stepcli.traces.read.typedcolumns import columns_from_events
 from stepcli.whatif.answer import WhatifRequest, parse_change, solve, walk_critical_path
 from stepcli.whatif.lanegraph import Item, PackedJoints, build_graph
 from stepcli.whatif.lanereplay import PackedRecords, Record, _interpolated, _sampled, replay
-from stepcli.whatif.whatifmain import slimmed
 
 MAIN, WORKER = 1, 2
 
@@ -63,17 +63,20 @@ def test_a_prediction_replays_the_same_without_keeping_its_records() -> None:
     assert [len(r) for r in lean.records] == [0, 0] and all(len(r) for r in kept.records)
 
 
-def test_a_lane_read_for_whatif_has_no_culprit_figures_and_matches_as_before() -> None:
-    lanes = [lane_of(_rank(0, 20)), lane_of(_rank(1, 60))]
-    before = replay(build_graph(lanes, [1]))
-    assert any(lanes[1].arrivals.gaps[0].values())  # type: ignore[union-attr]
-    lean = [slimmed(lane) for lane in lanes]
-    arrivals = lean[1].arrivals
+def test_a_lane_has_no_culprit_figures_and_matches_as_with_them() -> None:
+    traces = [_rank(0, 20), _rank(1, 60)]
+    lanes = [lane_of(trace) for trace in traces]
+    arrivals = lanes[1].arrivals
     assert arrivals is not None and len(arrivals.gaps) == len(arrivals.keys) == 1
     assert arrivals.gaps == arrivals.details == [{}]
-    after = replay(build_graph(lean, [1]))
-    assert after.end == before.end and after.arrive == before.arrive == [[20.0, 60.0]]
-    assert pytest.approx(after.transfer) == before.transfer
+    full = rank_arrivals(traces[1].columns, 1, None, traces[1].clock)
+    assert full is not None and any(full.gaps[0].values())  # what the culprit reads is there
+    assert (full.keys, full.arrive_us, full.depart_us) == (
+        arrivals.keys,
+        arrivals.arrive_us,
+        arrivals.depart_us,
+    )
+    assert replay(build_graph(lanes, [1])).arrive == [[20.0, 60.0]]
 
 
 def test_lanes_given_up_lose_their_collectives_once_joined_and_the_answer_is_the_same() -> None:

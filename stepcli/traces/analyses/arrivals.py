@@ -196,8 +196,11 @@ def rank_arrivals(
     incomplete_step: int | None = None,
     clock: str | None = None,
     cpu_time: dict[int, tuple[float, float]] | None = None,
+    with_gaps: bool = True,
 ) -> RankArrivals | None:
-    """The rank's collectives inside its complete steps, or None when the trace has none."""
+    """The rank's collectives inside its complete steps, or None when the trace has none.
+    `with_gaps=False`: without the culprit's figures (each gap by cause and its operators, empty),
+    for a reader that only matches and replays the collectives (two thirds of a what-if lane)."""
     if not len(columns) or rank is None:
         return None
     by_name = _category(columns.names)
@@ -238,7 +241,13 @@ def rank_arrivals(
         ([step_start[0] if len(step_start) else arrive[0]], np.maximum(host_end, depart))
     )
     gap_from = np.minimum(previous_done[:-1], arrive)
-    causes, details = _gaps(columns, events[~gloo_work[events]], category, thread, gap_from, arrive)
+    if with_gaps:
+        causes, details = _gaps(
+            columns, events[~gloo_work[events]], category, thread, gap_from, arrive
+        )
+    else:
+        nothing: dict[str, float] = {}
+        causes = details = [nothing] * len(host)
     group_at = _host_groups(columns, host, thread)
     table: dict[tuple[str, tuple[int, ...]], int] = {}
     seen: dict[tuple[int, int, str, int], int] = {}

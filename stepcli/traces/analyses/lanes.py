@@ -134,7 +134,10 @@ def lane_of(trace: ColumnTrace, stream_waits: list[StreamWait] | None = None) ->
     device_events = int(
         np.count_nonzero(device & (columns.ts < hi) & (columns.ts + columns.dur > lo))
     )
-    arrivals = rank_arrivals(columns, trace.rank, trace.incomplete_step, trace.clock)
+    # (the culprit's gap figures are not the replay's: left out)
+    arrivals = rank_arrivals(
+        columns, trace.rank, trace.incomplete_step, trace.clock, with_gaps=False
+    )
     work = device_work(columns, thread, int(main), lo, hi, stream_waits) if device_events else None
     return RankLane(
         trace.path,
