@@ -61,7 +61,7 @@ def forked_map(
                 between()
 
     results: dict[int, _T] = {}
-    children: list[_Child] = []
+    children: list[_ForkedWorker] = []
     try:
         for _ in range(processes - 1):
             child = _fork_worker(work)
@@ -106,7 +106,7 @@ def _write_tokens(pipe: int, count: int) -> int:
 _Work = Callable[[Callable[[int, Any], object], Callable[[], object]], None]
 
 
-def _fork_worker(work: _Work) -> _Child | None:
+def _fork_worker(work: _Work) -> _ForkedWorker | None:
     """A child doing `work()` and sending each result (pickled, a frame each) through a pipe of its
     own as soon as it has it, or None when the fork (or its pipe) is refused."""
     try:
@@ -149,7 +149,7 @@ def _fork_worker(work: _Work) -> _Child | None:
         return None
     os.close(out_write)
     os.set_blocking(out_read, False)
-    return _Child(pid, out_read)
+    return _ForkedWorker(pid, out_read)
 
 
 class _PipeSink:
@@ -175,7 +175,7 @@ class _PipeSink:
         return size
 
 
-class _Child:
+class _ForkedWorker:
     """A forked worker as this process sees it: its pid, the read end of its results (non-blocking)
     and the frames read so far; its results go into the caller's dict as each frame is whole."""
 
@@ -239,7 +239,7 @@ class _Child:
             raise worker_died(processes)
 
 
-def _drain_to_the_end(children: list[_Child], results: dict[int, Any]) -> None:
+def _drain_to_the_end(children: list[_ForkedWorker], results: dict[int, Any]) -> None:
     """Read every child's frames as they come until each has closed its pipe."""
     with selectors.DefaultSelector() as waiting:
         for child in children:

@@ -204,14 +204,15 @@ def test_a_closure_optimizers_forward_and_backward_are_not_the_optimizers() -> N
         ("phase:other=0", 70, 40.0),
         # a_op removed with the call under it: 2 of 3 operators go, a third of the cost stays
         ("a_op=0", 70, 60.0),
-        # a_op made faster: its operators stay, the whole cost too
-        ("a_op=0.5", 70, 55.0),
-        # b_op removed, 2 of 3 operators stay (60 of a 90 µs cost), but at most the time still
-        # inside operators (a_op's 30) is profiler cost: 60 - 30
-        ("b_op=0", 10, 30.0),
-        # the untouched steps were slower than the recorded ones: no cost to take off, the
-        # difference is added
-        ("a_op=0", 120, 90.0),
+        # a_op and the call under it at half their length leave half of 2 operators' cost: 85 - 20
+        ("a_op=0.5", 70, 65.0),
+        # b_op twice as long records its cost twice: 140 - 40
+        ("b_op=2", 70, 100.0),
+        # the untouched steps were slower than the recorded ones: the difference is added, in the
+        # same share (a third of 20)
+        ("a_op=0", 120, 70 + 20 / 3),
+        # a cost larger than what is left (70 - 90) is never a negative step
+        ("phase:other=0", 10, 0.0),
     ],
 )
 def test_the_programs_pace_takes_off_the_profilers_cost_per_operator_the_change_keeps(
