@@ -6,6 +6,7 @@ file's tests."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -146,12 +147,17 @@ def test_changes_are_answered_alone_and_together(demo_run: Path, tmp_path: Path)
         (["--comm", "0.5"], "these traces are one process"),
         (["--idealize-rank", "0"], "these traces are one process"),
         (["--step", "99"], "--step 99: not a step every trace recorded (steps 2-4)"),
+        # groups nested 5,000 deep: Python's regex compiler ran out of stack (an internal error)
+        (["--scale", "re:" + "(x" * 5_000 + ")" * 5_000 + "=0.5"], "too deeply nested"),
+        # a selector of 100k characters: quoted by its start, not a screenful
+        (["--scale", "x" * 100_000 + "=0.5"], "xxx...: matches no operator"),
     ],
 )
 def test_bad_changes_get_one_line_and_exit_2(demo_run: Path, argv: list[str], words: str) -> None:
     result = run_stepcli("whatif", demo_run, *argv)
     assert result.returncode == 2 and result.stdout == ""
     assert words in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert len(result.stderr) < 300, result.stderr[:300]
 
 
 def test_whatif_never_replaces_a_users_file(demo_run: Path, tmp_path: Path) -> None:
@@ -160,6 +166,60 @@ def test_whatif_never_replaces_a_users_file(demo_run: Path, tmp_path: Path) -> N
     result = run_stepcli("whatif", demo_run, "--json", mine)
     assert result.returncode == 2 and "not replaced" in result.stderr
     assert mine.read_text() == '{"mine": true}'
+
+
+@pytest.mark.parametrize(
+    ("outputs", "words"),
+    [
+        (["--json", "{tmp}/same.json", "--trace", "{tmp}/./same.json"], "both name"),
+        (["--json", "{tmp}/answer.json", "--trace", "{tmp}/mine.json"], "not replaced"),
+        (["--json", "{tmp}/answer.json", "--trace", "{tmp}/no/such/trace.json"], "no folder"),
+        (["--json", "{tmp}/answer.json", "--trace", "-"], "give a FILE"),
+    ],
+)
+def test_outputs_that_cannot_be_written_are_refused_before_anything_is_written(
+    demo_run: Path, tmp_path: Path, outputs: list[str], words: str
+) -> None:
+    # GIVEN a user's own file beside where the answer would go
+    (tmp_path / "mine.json").write_text('{"mine": true}')
+    argv = [o.replace("{tmp}", str(tmp_path)) for o in outputs]
+    # WHEN one of the two outputs cannot be written
+    result = run_stepcli("whatif", demo_run, *argv, cwd=tmp_path)
+    # THEN one line and exit 2, and the other output is not written either (it was, before the
+    # refusal)
+    assert result.returncode == 2 and words in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.json"]
+    assert (tmp_path / "mine.json").read_text() == '{"mine": true}'
+
+
+def test_json_dash_prints_the_document_alone_on_stdout(demo_run: Path, tmp_path: Path) -> None:
+    # as `compare --json -`: a pipe gets the JSON (it wrote a file named "-" in the working folder)
+    result = run_stepcli(
+        "whatif", demo_run, "--scale", "phase:optimizer=0", "--json", "-", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["schema"] == "stepcli.whatif/1" and doc["changes"][0]["change"].endswith("=0")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_whose_summary_cannot_be_read_is_answered_and_says_why_no_pace(
+    demo_run: Path, tmp_path: Path
+) -> None:
+    # GIVEN the demo's run folder with its run summary cut short (a full disk, a bad copy)
+    run = tmp_path / "run"
+    shutil.copytree(demo_run, run)
+    (summary,) = run.glob(".stepcli/*/summary.json")
+    summary.write_text(summary.read_text()[:100])
+    answer = tmp_path / "answer.json"
+    # WHEN whatif reads it
+    result = run_stepcli("whatif", run, "--json", answer)
+    # THEN the traces are answered at the profiler's pace, and a note says why not the program's
+    assert result.returncode == 0, result.stderr
+    assert json.loads(answer.read_text())["untouched_ms"] is None
+    note = " ".join(result.stdout.split()).split("note: ", 1)[1]
+    assert note.startswith(f"{summary}: ") and "predictions at the profiler's pace only" in note
 
 
 def test_a_slow_rank_idealized_buys_its_sleep_back_and_the_fast_one_buys_nothing(
@@ -279,6 +339,25 @@ def test_a_trace_without_steps_is_refused_in_one_line(tmp_path: Path) -> None:
     result = run_stepcli("whatif", trace)
     assert result.returncode == 2 and "no complete ProfilerStep" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_rank_without_steps_beside_one_with_steps_is_named(ddp_run: Path, tmp_path: Path) -> None:
+    # GIVEN the DDP job's two ranks, rank 1's trace written before its first step ended
+    rank0, rank1 = trace_files(ddp_run)
+    shutil.copy(rank0, tmp_path / rank0.name)
+    doc = load_trace(rank1)
+    doc["traceEvents"] = [
+        e for e in doc["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")
+    ]
+    (tmp_path / rank1.name).write_text(json.dumps(doc))
+    # WHEN whatif reads them
+    result = run_stepcli("whatif", tmp_path)
+    # THEN the line names the trace without steps (it said only that the traces share none)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == (
+        f"stepcli: error: {tmp_path / rank1.name}: no complete ProfilerStep, where another trace "
+        "has steps: give traces of one run, each with its steps"
+    )
 
 
 def test_the_trace_marks_the_critical_path_over_every_rank(ddp_run: Path, tmp_path: Path) -> None:
