@@ -183,10 +183,10 @@ def print_document(doc: dict[str, Any], notes: Sequence[str]) -> None:
 
     import orjson
 
-    from stepcli.safetext import visible
+    from stepcli.whatif.whatifrender import note_lines
 
-    for note in notes:
-        print(f"note: {visible(note)}", file=sys.stderr)
+    for line in note_lines(notes):
+        print(line, file=sys.stderr)
     sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
     sys.stdout.flush()
 
