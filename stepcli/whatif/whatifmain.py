@@ -132,6 +132,9 @@ def whatif_main(
         write_json(json_path, doc)
     if trace_path is not None:
         if solved.graph is None or doc["verdict"] != "ok":
+            # the answer still shows (its replay figures, its notes), then why there is no trace
+            if json_path != "-":
+                print_answer(doc, notes)
             raise StepcliError(
                 f"--trace {trace_path}: not written: {doc['reason']}", EXIT_INCONCLUSIVE
             )

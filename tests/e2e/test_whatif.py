@@ -341,6 +341,22 @@ def test_a_trace_without_steps_is_refused_in_one_line(tmp_path: Path) -> None:
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_an_inconclusive_answer_with_trace_still_shows_the_answer(
+    ddp_run: Path, tmp_path: Path
+) -> None:
+    # GIVEN one rank of the two-rank job
+    rank0 = trace_files(ddp_run)[0]
+    trace, answer = tmp_path / "critical.json", tmp_path / "answer.json"
+    # WHEN whatif is asked for a trace of it
+    result = run_stepcli("whatif", rank0, "--trace", trace, "--json", answer)
+    # THEN inconclusive: the answer on stdout as without --trace (it printed nothing), no trace,
+    # and one line on why
+    assert result.returncode == 4, result.stderr
+    assert result.stdout.startswith("whatif: rank 0, steps 2-4\nINCONCLUSIVE: only rank 0 of a")
+    assert result.stderr.startswith(f"stepcli: error: --trace {trace}: not written: only rank 0")
+    assert not trace.exists() and json.loads(answer.read_text())["verdict"] == "inconclusive"
+
+
 def test_a_rank_without_steps_beside_one_with_steps_is_named(ddp_run: Path, tmp_path: Path) -> None:
     # GIVEN the DDP job's two ranks, rank 1's trace written before its first step ended
     rank0, rank1 = trace_files(ddp_run)
