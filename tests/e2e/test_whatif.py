@@ -300,6 +300,19 @@ def test_a_real_gpu_step_is_replayed_and_a_kernel_off_its_critical_path_buys_not
     assert 0.5 < doc["changes"][0]["saved_ms"] < gpu_ms / 2, doc["changes"]
 
 
+def test_everything_twice_as_slow_is_at_most_twice_the_step(tmp_path: Path) -> None:
+    # `re:.` names every operator and every kernel: a kernel launched inside an operator is scaled
+    # once (it ran 4 times as long, and the H200 step came out 2.9 times as long)
+    trace = SHARED / "h200_gpt_bf16" / "gpt_bf16.pt.trace.json.gz"
+    if not trace.exists():
+        pytest.skip(f"{trace} not found (../shared/traces beside the checkout)")
+    out = tmp_path / "slow.json"
+    result = run_stepcli("whatif", trace, "--scale", "re:.=2", "--json", out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    doc = json.loads(out.read_text())
+    assert doc["measured_ms"] < doc["changes"][0]["predicted_ms"] <= 2 * doc["measured_ms"]
+
+
 def test_kernels_on_the_critical_path_buy_at_most_their_time_there(tmp_path: Path) -> None:
     # HTA's cuda_event_sync fixture: a ProfilerStep whose host waits on the device in an event sync
     trace = SHARED / "hta_critical_path" / "cuda_event_sync" / "event_sync_trace.json.gz"
