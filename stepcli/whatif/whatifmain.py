@@ -91,8 +91,12 @@ def pick_lanes(lanes: list[RankLane], step: int | None) -> tuple[list[RankLane],
                 who = f"rank {rank}" if rank is not None else "the process"
                 notes.append(f"{lane.path}: left out ({who} is read from {best.path})")
     if len(chosen) > 1 and any(lane.rank is None for lane in chosen):
+        # named: among a job's files, the odd one out (another program's trace, an earlier
+        # `--trace` output written beside them)
+        rankless = next(lane for lane in chosen if lane.rank is None)
         raise StepcliError(
-            "these traces mix a trace without a rank with ranked ones: give one job's traces",
+            f"these traces mix a trace without a rank ({rankless.path}) with ranked ones: give "
+            "one job's traces",
             EXIT_USAGE,
         )
     chosen.sort(key=lambda lane: (lane.rank is None, lane.rank or 0))
