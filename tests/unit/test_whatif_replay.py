@@ -236,3 +236,31 @@ def test_traces_without_a_common_step_are_named() -> None:
         "the traces share no recorded step (rank0.json: step 1; rank1.json: steps 7-8): give "
         "traces of one run"
     )
+
+
+@pytest.mark.parametrize(
+    ("change", "untouched_us", "expected_us"),
+    [
+        # the gaps removed (a sleep): every operator stays, so does the profiler's whole cost (30 µs
+        # of 100, 10 per operator): 70 - 30, where scaling by untouched / measured gave 49
+        ("phase:other=0", 70, 40.0),
+        # a_op removed with the call under it: 2 of 3 operators go, a third of the cost stays
+        ("a_op=0", 70, 60.0),
+        # a_op made faster: its operators stay, the whole cost too
+        ("a_op=0.5", 70, 55.0),
+        # b_op removed, 2 of 3 operators stay (60 of a 90 µs cost), but at most the time still
+        # inside operators (a_op's 30) is profiler cost: 60 - 30
+        ("b_op=0", 10, 30.0),
+        # the untouched steps were slower than the recorded ones: no cost to take off, the
+        # difference is added
+        ("a_op=0", 120, 90.0),
+    ],
+)
+def test_the_programs_pace_takes_off_the_profilers_cost_per_operator_the_change_keeps(
+    change: str, untouched_us: float, expected_us: float
+) -> None:
+    lanes = [lane_of(_one_process())]
+    doc = answer(lanes, WhatifRequest([("scale", change)]), untouched_us / 1000)
+    assert doc["verdict"] == "ok", doc["reason"]
+    (entry,) = doc["changes"]
+    assert entry["predicted_untouched_ms"] * 1000 == pytest.approx(expected_us)
