@@ -65,15 +65,11 @@ def parse_change(flag: str, value: str, lanes: Sequence[RankLane]) -> WhatifChan
     ranks = sorted({lane.rank for lane in lanes if lane.rank is not None})
     if flag == "comm":
         if len(lanes) < 2:
-            raise usage(
-                "--comm: these traces are one process; collectives between ranks need two or more"
-            )
+            raise usage(f"--comm: {_alone(lanes)}; collectives between ranks need two or more")
         return WhatifChange(f"--comm {value}", comm=_factor(value, "--comm"))
     if flag == "idealize":
         if len(lanes) < 2:
-            raise usage(
-                "--idealize-rank: these traces are one process; idealizing a rank needs two or more"
-            )
+            raise usage(f"--idealize-rank: {_alone(lanes)}; idealizing a rank needs two or more")
         try:
             rank = int(value)
         except ValueError:
@@ -91,6 +87,16 @@ def parse_change(flag: str, value: str, lanes: Sequence[RankLane]) -> WhatifChan
         )
     factor = _factor(factor_text, f"--scale {shown(value)}")
     return WhatifChange(f"--scale {value}", scales=[_scale(selector, factor, lanes, ranks, value)])
+
+
+def _alone(lanes: Sequence[RankLane]) -> str:
+    """What a lone trace is: one process, or one rank of a job (whose other ranks were not read)."""
+    lane = lanes[0] if lanes else None
+    if lane is None or lane.rank is None:
+        return "these traces are one process"
+    if lane.world_size and lane.world_size > 1:
+        return f"only rank {lane.rank} of a {lane.world_size}-rank job was read"
+    return f"these traces are one process (rank {lane.rank})"
 
 
 def _factor(text: str, where: str) -> float:

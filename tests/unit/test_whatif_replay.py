@@ -264,3 +264,12 @@ def test_the_programs_pace_takes_off_the_profilers_cost_per_operator_the_change_
     assert doc["verdict"] == "ok", doc["reason"]
     (entry,) = doc["changes"]
     assert entry["predicted_untouched_ms"] * 1000 == pytest.approx(expected_us)
+
+
+@pytest.mark.parametrize("flag", ["comm", "idealize"])
+def test_a_lone_rank_of_a_job_is_not_called_one_process(flag: str) -> None:
+    # (it said "these traces are one process" of rank 3 of an 8-rank job)
+    with pytest.raises(StepcliError) as caught:
+        parse_change(flag, "0", [lane_of(_rank(0, 20, 90, world=8))])
+    assert "only rank 0 of a 8-rank job was read; " in str(caught.value)
+    assert caught.value.exit_code == 2
