@@ -389,22 +389,46 @@ def test_a_rank_without_steps_beside_one_with_steps_is_named(ddp_run: Path, tmp_
     )
 
 
-def test_a_trace_without_a_rank_among_a_jobs_traces_is_named(ddp_run: Path, tmp_path: Path) -> None:
-    # GIVEN the job's traces, and whatif's own --trace output written beside them under a name
-    # that reads as a trace
-    for trace in trace_files(ddp_run):
-        shutil.copy(trace, tmp_path / trace.name)
-    critical = tmp_path / "critical.pt.trace.json"
-    first = run_stepcli("whatif", tmp_path, "--trace", critical)
+def test_whatifs_own_outputs_saved_beside_the_traces_are_left_out(
+    ddp_run: Path, tmp_path: Path
+) -> None:
+    # GIVEN the job's traces under plain names, and whatif's own outputs written beside them, one
+    # under a name that reads as a trace
+    for i, trace in enumerate(trace_files(ddp_run)):
+        shutil.copy(trace, tmp_path / f"rank{i}.json")
+    critical, answer = tmp_path / "critical.pt.trace.json", tmp_path / "answer.json"
+    first = run_stepcli("whatif", tmp_path, "--trace", critical, "--json", answer)
     if first.returncode == 4:  # a loaded machine skewed the replay: no trace to trip on
         pytest.skip("the replay was inconclusive on this machine")
     assert first.returncode == 0, first.stderr
-    # WHEN whatif reads the folder again
+    # WHEN whatif and table read the folder again
+    again = run_stepcli("whatif", tmp_path, "--json", answer)
+    table = run_stepcli("table", tmp_path)
+    # THEN the outputs are not taken for traces (the answer failed the folder: "not a profiler
+    # trace"), and named alone they are one line
+    assert again.returncode == 0 and again.stdout.startswith("whatif: 2 ranks"), again.stderr
+    assert table.returncode == 0 and table.stdout.startswith("2 trace files"), table.stderr
+    named = run_stepcli("whatif", critical)
+    assert named.returncode == 2 and named.stderr.strip() == (
+        f"stepcli: error: {critical}: a stepcli output (whatif --trace, or a --json document), "
+        "not a profiler trace; give the traces it was made from"
+    )
+
+
+def test_a_trace_without_a_rank_among_a_jobs_traces_is_named(
+    ddp_run: Path, demo_run: Path, tmp_path: Path
+) -> None:
+    # GIVEN the job's traces and another program's trace in one folder
+    for trace in trace_files(ddp_run):
+        shutil.copy(trace, tmp_path / trace.name)
+    (stray,) = trace_files(demo_run)
+    shutil.copy(stray, tmp_path / stray.name)
+    # WHEN whatif reads the folder
     result = run_stepcli("whatif", tmp_path)
     # THEN the line names the odd one out (it said only that a trace without a rank was there)
     assert result.returncode == 2 and result.stderr.strip() == (
-        f"stepcli: error: these traces mix a trace without a rank ({critical}) with ranked "
-        "ones: give one job's traces"
+        f"stepcli: error: these traces mix a trace without a rank ({tmp_path / stray.name}) "
+        "with ranked ones: give one job's traces"
     )
 
 
