@@ -68,7 +68,9 @@ def _expand(path: str) -> list[str]:
         found = sorted(_walk(Path(path)))
         # A run folder can also hold manifests and summaries; when torch-named traces are there, use
         # only those.
-        named = [p for p in found if ".pt.trace.json" in Path(p).name]
+        # (a stepcli output saved under such a name is no trace: it does not make the others
+        # manifests)
+        named = [p for p in found if ".pt.trace.json" in Path(p).name and _head_kind(p) != "own"]
         found = named or found
         if not found:
             raise TraceError(path, "no .json or .json.gz trace files in this folder")
