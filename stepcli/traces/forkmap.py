@@ -5,7 +5,8 @@ A process pool costs each file a round trip (the task out, its result back, thro
 thread) and leaves this process idle while its workers read: at 1,024 rank files those round trips
 were a sixth of `table`'s reading. Here the files to do are tokens in a pipe written once before the
 fork; this process and each child read a token (a few bytes, one system call) whenever they are
-free, so a slow file holds up no one, and each child sends all its results back once, at its end.
+free, so a slow file holds up no one; each child sends each result back as soon as it has it, and
+this process reads them between its own files, so no child holds more than one.
 Only for a process that may fork (one thread, Linux: see stepcli.traces.engine._context); the pool
 stays for the rest.
 """
@@ -15,14 +16,17 @@ from __future__ import annotations
 import fcntl
 import os
 import pickle
+import selectors
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from stepcli.errors import StepcliError
 from stepcli.traces.read.forked import fork_child, stop_child
 
 _T = TypeVar("_T")
 _TOKEN = 4  # bytes per token: the first item of a run of items, little-endian
+_LENGTH = 8  # bytes of a result frame's length, little-endian
+_RESULTS_PIPE = 1 << 20  # a results pipe's capacity asked for (Linux's default limit for anyone)
 
 
 def forked_map(
@@ -46,33 +50,38 @@ def forked_map(
     finally:
         os.close(claims_write)
 
-    def work() -> list[tuple[int, _T]]:
-        done: list[tuple[int, _T]] = []
+    def work(send: Callable[[int, _T], object], between: Callable[[], object]) -> None:
         while True:
             token = os.read(claims_read, _TOKEN)
             if len(token) < _TOKEN:
-                return done
+                return
             first = int.from_bytes(token, "little")
             for index in range(first, min(first + per_token, len(items))):
-                done.append((index, function(items[index])))
+                send(index, function(items[index]))
+                between()
 
     results: dict[int, _T] = {}
-    children: list[tuple[int, int]] = []  # (pid, the read end of its results)
+    children: list[_Child] = []
     try:
         for _ in range(processes - 1):
             child = _fork_worker(work)
             if child is None:
                 break
             children.append(child)
-        results.update(work())
+
+        def drain() -> None:
+            for child in children:
+                child.drain(results)
+
+        work(results.__setitem__, drain)
+        _drain_to_the_end(children, results)
         while children:
-            pid, pipe = children.pop(0)
-            results.update(_collect(pid, pipe, processes))
+            children.pop(0).reap(processes)
     finally:
         # this process failed (Ctrl-C?) while they worked: they stop with it
-        for pid, pipe in children:
-            stop_child(pid)
-            os.close(pipe)
+        for child in children:
+            stop_child(child.pid)
+            os.close(child.fd)
         os.close(claims_read)
     return [results[i] for i in range(len(items))]
 
@@ -94,29 +103,42 @@ def _write_tokens(pipe: int, count: int) -> int:
     return per_token
 
 
-def _fork_worker(work: Callable[[], list[tuple[int, _T]]]) -> tuple[int, int] | None:
-    """A child doing `work()` and sending its results (pickled) through a pipe of its own, or None
-    when the fork (or its pipe) is refused."""
+_Work = Callable[[Callable[[int, Any], object], Callable[[], object]], None]
+
+
+def _fork_worker(work: _Work) -> _Child | None:
+    """A child doing `work()` and sending each result (pickled, a frame each) through a pipe of its
+    own as soon as it has it, or None when the fork (or its pipe) is refused."""
     try:
         out_read, out_write = os.pipe()
     except OSError:
         return None
+    try:  # room for a few results, so a child rarely waits for this process to read
+        fcntl.fcntl(out_write, fcntl.F_SETPIPE_SZ, _RESULTS_PIPE)
+    except (AttributeError, OSError):
+        pass
 
     def child() -> None:
         os.close(out_read)
+        sink = _PipeSink(out_write)
+
+        def send(index: int, result: object) -> None:
+            try:
+                frame = pickle.dumps(("item", index, result), pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:  # an unpicklable result
+                raise RuntimeError(f"a worker's result could not be sent back: {exc}") from None
+            sink.frame(frame)
+
         try:
-            outcome: object = ("done", work())
+            work(send, lambda: None)
+            outcome: object = ("done",)
         except Exception as exc:  # a bug in `function`: raised in the parent, as a pool would
             outcome = ("raised", exc)
-        sink = _PipeSink(out_write)
         try:
-            pickle.dump(outcome, sink, pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # an unpicklable result or exception
-            if sink.sent:
-                raise  # (partly sent: the parent sees a child that failed)
-            pickle.dump(
-                ("raised", RuntimeError(f"a worker's result could not be sent back: {exc}")), sink
-            )
+            last = pickle.dumps(outcome, pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # an exception that does not pickle
+            last = pickle.dumps(("raised", RuntimeError(f"a worker failed: {exc}")))
+        sink.frame(last)
         os.close(out_write)
 
     try:
@@ -126,17 +148,23 @@ def _fork_worker(work: Callable[[], list[tuple[int, _T]]]) -> tuple[int, int] | 
         os.close(out_write)
         return None
     os.close(out_write)
-    return pid, out_read
+    os.set_blocking(out_read, False)
+    return _Child(pid, out_read)
 
 
 class _PipeSink:
-    """pickle.dump's file: the pipe, written frame by frame as the pickle is made, so a child never
-    holds its whole result twice (at 1,024 rank files, `whatif`'s lanes are ~12 MiB pickled a
-    child, and that copy was the peak of its process tree)."""
+    """The child's end of its results pipe: each result a frame (its length, then its pickle),
+    written as soon as it is made, so a child holds one result at a time (at 1,024 rank files,
+    `whatif`'s lanes were ~12 MiB pickled a child, sent at its end, and that copy and the lanes
+    behind it were the peak of the process tree)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.sent = 0
+
+    def frame(self, data: bytes) -> None:
+        self.write(len(data).to_bytes(_LENGTH, "little"))
+        self.write(data)
 
     def write(self, data: bytes | memoryview) -> int:
         view = memoryview(data).cast("B")
@@ -147,25 +175,83 @@ class _PipeSink:
         return size
 
 
-def _collect(pid: int, pipe: int, processes: int) -> list[tuple[int, _T]]:
-    """A child's results, once it has sent them (the pipe is closed and the child reaped);
-    StepcliError when it died first."""
-    try:
-        with open(pipe, "rb") as source:
-            data = source.read()
-    except BaseException:  # (Ctrl-C while waiting for it)
-        stop_child(pid)
-        raise
-    _, status = os.waitpid(pid, 0)
-    try:
-        kind, value = pickle.loads(data) if status == 0 else (None, None)
-    except Exception:
-        kind, value = None, None
-    if kind == "raised" and isinstance(value, BaseException):
-        raise value
-    if kind != "done" or not isinstance(value, list):
-        raise worker_died(processes)
-    return value
+class _Child:
+    """A forked worker as this process sees it: its pid, the read end of its results (non-blocking)
+    and the frames read so far; its results go into the caller's dict as each frame is whole."""
+
+    def __init__(self, pid: int, fd: int) -> None:
+        self.pid = pid
+        self.fd = fd
+        self.pending = bytearray()
+        self.ended = False  # the pipe is closed: every frame is in
+        self.outcome: tuple[Any, ...] | None = None  # ("done",) or ("raised", exc): the last frame
+        self.broken = False  # a frame that did not unpickle
+
+    def drain(self, results: dict[int, Any]) -> None:
+        """Read what the child has sent so far, without waiting, and keep its whole frames."""
+        while not self.ended:
+            try:
+                data = os.read(self.fd, _RESULTS_PIPE)
+            except BlockingIOError:
+                break
+            if not data:
+                self.ended = True
+                break
+            self.pending += data
+            self._frames(results)
+
+    def _frames(self, results: dict[int, Any]) -> None:
+        pending = self.pending
+        while len(pending) >= _LENGTH:
+            size = int.from_bytes(pending[:_LENGTH], "little")
+            if len(pending) < _LENGTH + size:
+                return
+            try:
+                frame = pickle.loads(pending[_LENGTH : _LENGTH + size])
+            except Exception:
+                frame, self.broken = None, True
+            del pending[: _LENGTH + size]
+            if isinstance(frame, tuple) and frame and frame[0] == "item" and len(frame) == 3:
+                results[frame[1]] = frame[2]
+            elif isinstance(frame, tuple) and frame and frame[0] in ("done", "raised"):
+                self.outcome = frame
+            else:
+                self.broken = True
+
+    def reap(self, processes: int) -> None:
+        """Wait for the child (its pipe is closed); raise what it raised, or StepcliError when it
+        died before it was done."""
+        try:
+            _, status = os.waitpid(self.pid, 0)
+        except BaseException:  # (Ctrl-C while waiting for it)
+            stop_child(self.pid)
+            raise
+        finally:
+            os.close(self.fd)
+        outcome = self.outcome
+        if (
+            outcome is not None
+            and outcome[0] == "raised"
+            and isinstance(outcome[-1], BaseException)
+        ):
+            raise outcome[-1]
+        if status != 0 or outcome != ("done",) or self.broken or self.pending:
+            raise worker_died(processes)
+
+
+def _drain_to_the_end(children: list[_Child], results: dict[int, Any]) -> None:
+    """Read every child's frames as they come until each has closed its pipe."""
+    with selectors.DefaultSelector() as waiting:
+        for child in children:
+            child.drain(results)
+            if not child.ended:
+                waiting.register(child.fd, selectors.EVENT_READ, child)
+        while waiting.get_map():
+            for key, _ in waiting.select():
+                child = key.data
+                child.drain(results)
+                if child.ended:
+                    waiting.unregister(child.fd)
 
 
 def worker_died(processes: int) -> StepcliError:

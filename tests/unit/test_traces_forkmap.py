@@ -7,10 +7,12 @@ import functools
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from stepcli.errors import StepcliError
 from stepcli.traces import forkmap
 
 pytestmark = pytest.mark.skipif(
@@ -88,18 +90,78 @@ def test_no_pipe_for_the_tokens_leaves_every_item_to_the_caller(
     assert forkmap.forked_map(_who, ["a", "b"], 2) is None
 
 
-def test_a_childs_result_goes_into_the_pipe_as_it_is_pickled_whole_and_in_order() -> None:
-    # a result larger than the pipe holds, read while it is written (as the parent does)
-    read_end, write_end = os.pipe()
-    big = bytes(range(256)) * 4096  # 1 MiB, pickled in parts past the pipe's 64 KiB
-    sink = forkmap._PipeSink(write_end)
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child)
-        os.close(read_end)
-        forkmap.pickle.dump(("done", [big, 7]), sink, forkmap.pickle.HIGHEST_PROTOCOL)
-        os._exit(0 if sink.sent > len(big) else 1)
-    os.close(write_end)
-    with open(read_end, "rb") as source:
-        data = source.read()
-    _, status = os.waitpid(pid, 0)
-    assert status == 0 and forkmap.pickle.loads(data) == ("done", [big, 7])
+def test_a_childs_results_come_back_a_frame_each_whole_and_in_order_past_the_pipes_size() -> None:
+    # GIVEN results larger than a pipe holds (1 MiB each), pickled and sent as they are made
+    items = ["a", "b", "c", "d", "e", "f"]
+    done = forkmap.forked_map(_big, items, 3)
+    # THEN each is back whole, in order, whoever made it
+    assert done == [_big(item) for item in items]
+
+
+def _big(item: str) -> bytes:
+    return item.encode() * (1 << 20)
+
+
+def _a_child_first(
+    parent: int, marker: str, in_the_child: Callable[[str], object], item: str
+) -> object:
+    """This process waits until a child has taken an item (it leaves a marker), so a child surely
+    takes one; the child's result is `in_the_child(item)`."""
+    if os.getpid() != parent:
+        open(marker, "w").close()
+        return in_the_child(item)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return item
+
+
+def _dies(item: str) -> object:
+    os._exit(3)  # killed, out of memory: no frame, no outcome
+
+
+def test_a_child_that_dies_is_one_line_naming_jobs(tmp_path: Path) -> None:
+    work = functools.partial(_a_child_first, os.getpid(), str(tmp_path / "child-took-one"), _dies)
+    with pytest.raises(StepcliError) as died:
+        forkmap.forked_map(work, ["a", "b", "c", "d"], 2)
+    # the one line a pool's broken worker gives
+    assert "a worker process reading the traces died" in str(died.value)
+    assert "--jobs 1" in str(died.value)
+
+
+def _unpicklable(item: str) -> object:
+    return lambda: item
+
+
+def test_a_result_that_cannot_be_sent_back_is_raised_here_with_the_reason(tmp_path: Path) -> None:
+    work = functools.partial(
+        _a_child_first, os.getpid(), str(tmp_path / "child-took-one"), _unpicklable
+    )
+    with pytest.raises(RuntimeError, match="could not be sent back"):
+        forkmap.forked_map(work, ["a", "b", "c", "d"], 2)
+
+
+def test_a_child_sends_each_result_as_soon_as_it_has_it() -> None:
+    # GIVEN a child that, after its first result, waits until this process has read it
+    go_read, go_write = os.pipe()
+
+    def work(send: Callable[[int, object], object], between: Callable[[], object]) -> None:
+        send(0, "first")
+        os.read(go_read, 1)
+        send(1, "second")
+
+    child = forkmap._fork_worker(work)
+    assert child is not None
+    results: dict[int, object] = {}
+    deadline = time.monotonic() + 60
+    while 0 not in results and time.monotonic() < deadline:
+        child.drain(results)
+        time.sleep(0.005)
+    # THEN the first result is here while the child still works: it holds one result at a time
+    assert results == {0: "first"}
+    os.write(go_write, b"x")
+    forkmap._drain_to_the_end([child], results)
+    child.reap(2)
+    assert results == {0: "first", 1: "second"}
+    os.close(go_read)
+    os.close(go_write)
