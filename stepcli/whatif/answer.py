@@ -49,25 +49,31 @@ def usage(message: str) -> StepcliError:
     return StepcliError(message, EXIT_USAGE)
 
 
+# a value typed on the command line is quoted in an error up to this many characters
+SHOWN_VALUE = 60
+
+
+def shown(value: str) -> str:
+    """A typed value as an error quotes it: whole when short, else its start (a selector of 100k
+    characters would make the one line a screenful)."""
+    return value if len(value) <= SHOWN_VALUE else value[: SHOWN_VALUE - 3] + "..."
+
+
 def parse_change(flag: str, value: str, lanes: Sequence[RankLane]) -> WhatifChange:
     """One flag's change, checked against the lanes (a selector matching nothing is a usage error
     with near names)."""
     ranks = sorted({lane.rank for lane in lanes if lane.rank is not None})
     if flag == "comm":
         if len(lanes) < 2:
-            raise usage(
-                "--comm: these traces are one process; collectives between ranks need two or more"
-            )
+            raise usage(f"--comm: {_alone(lanes)}; collectives between ranks need two or more")
         return WhatifChange(f"--comm {value}", comm=_factor(value, "--comm"))
     if flag == "idealize":
         if len(lanes) < 2:
-            raise usage(
-                "--idealize-rank: these traces are one process; idealizing a rank needs two or more"
-            )
+            raise usage(f"--idealize-rank: {_alone(lanes)}; idealizing a rank needs two or more")
         try:
             rank = int(value)
         except ValueError:
-            raise usage(f"--idealize-rank {value}: not a rank number") from None
+            raise usage(f"--idealize-rank {shown(value)}: not a rank number") from None
         if rank not in ranks:
             raise usage(
                 f"--idealize-rank {rank}: no such rank in these traces (ranks {_ranks(ranks)})"
@@ -76,17 +82,30 @@ def parse_change(flag: str, value: str, lanes: Sequence[RankLane]) -> WhatifChan
     selector, equals, factor_text = value.rpartition("=")
     if not equals or not selector:
         raise usage(
-            f"--scale {value}: expected SELECTOR=FACTOR, e.g. phase:dataloader=0 or aten::mm=0.5"
+            f"--scale {shown(value)}: expected SELECTOR=FACTOR, e.g. phase:dataloader=0 or "
+            "aten::mm=0.5"
         )
-    factor = _factor(factor_text, f"--scale {value}")
+    factor = _factor(factor_text, f"--scale {shown(value)}")
     return WhatifChange(f"--scale {value}", scales=[_scale(selector, factor, lanes, ranks, value)])
+
+
+def _alone(lanes: Sequence[RankLane]) -> str:
+    """What a lone trace is: one process, or one rank of a job (whose other ranks were not read)."""
+    lane = lanes[0] if lanes else None
+    if lane is None or lane.rank is None:
+        return "these traces are one process"
+    if lane.world_size and lane.world_size > 1:
+        return f"only rank {lane.rank} of a {lane.world_size}-rank job was read"
+    return f"these traces are one process (rank {lane.rank})"
 
 
 def _factor(text: str, where: str) -> float:
     try:
         factor = float(text)
     except ValueError:
-        raise usage(f"{where}: {text!r} is not a number (0 removes it, 0.5 halves it)") from None
+        raise usage(
+            f"{where}: {shown(text)!r} is not a number (0 removes it, 0.5 halves it)"
+        ) from None
     if not math.isfinite(factor) or factor < 0 or factor > 1000:
         raise usage(f"{where}: the factor must be a number from 0 to 1000")
     return factor
@@ -100,6 +119,7 @@ def _scale(
     selector: str, factor: float, lanes: Sequence[RankLane], ranks: Sequence[int], typed: str
 ) -> Scale:
     rank = None
+    typed = shown(typed)
     if selector.startswith("rank:"):
         head, slash, selector = selector[len("rank:") :].partition("/")
         if not slash or not head.isdecimal() or not selector:
@@ -112,7 +132,9 @@ def _scale(
     if selector.startswith("phase:"):
         name = selector[len("phase:") :]
         if name not in PHASE_NAMES:
-            raise usage(f"--scale {typed}: no phase {name!r}; phases: {', '.join(_phase_order())}")
+            raise usage(
+                f"--scale {typed}: no phase {shown(name)!r}; phases: {', '.join(_phase_order())}"
+            )
         return Scale(rank, PHASE_NAMES.index(name), frozenset(), factor)
     known = operator_names(lanes, rank)
     if selector.startswith("re:"):
@@ -120,6 +142,9 @@ def _scale(
             pattern = re.compile(selector[3:])
         except re.error as exc:
             raise usage(f"--scale {typed}: not a regular expression ({exc})") from None
+        except (RecursionError, OverflowError, MemoryError):
+            # groups nested thousands deep: Python's regex compiler recurses per level
+            raise usage(f"--scale {typed}: a regular expression too deeply nested") from None
         names = frozenset(n for n in known if pattern.search(n))
     else:
         names = frozenset([selector]) & frozenset(known)
@@ -179,7 +204,20 @@ def choose_steps(lanes: Sequence[RankLane], step: int | None) -> list[int]:
     if not common:
         if not any(lane.steps for lane in lanes):
             raise usage("no complete ProfilerStep in these traces: whatif replays recorded steps")
-        raise usage("the traces share no recorded step: give traces of one run")
+        # name the traces that disagree: among many files, which one to leave out or rerun
+        empty = [lane for lane in lanes if not lane.steps]
+        if empty:
+            others = "another trace has" if len(lanes) - len(empty) == 1 else "other traces have"
+            raise usage(
+                f"{empty[0].path}: no complete ProfilerStep, where {others} steps: give "
+                "traces of one run, each with its steps"
+            )
+        first = lanes[0]
+        apart = next((lane for lane in lanes if not set(lane.steps) & set(first.steps)), lanes[-1])
+        raise usage(
+            f"the traces share no recorded step ({first.path}: {_steps_shown(first.steps)}; "
+            f"{apart.path}: {_steps_shown(apart.steps)}): give traces of one run"
+        )
     if step is not None:
         if step not in common:
             raise usage(
@@ -194,6 +232,12 @@ def choose_steps(lanes: Sequence[RankLane], step: int | None) -> list[int]:
         if len(run) > len(best):
             best = list(run)
     return best
+
+
+def _steps_shown(steps: Sequence[int]) -> str:
+    """A trace's steps for an error line: `steps 2-4`, or the first and last of many scattered."""
+    label = steps_label(sorted(steps))
+    return label if len(label) <= 40 else f"{len(steps)} steps, {min(steps)} to {max(steps)}"
 
 
 @dataclass

@@ -88,7 +88,7 @@ def _slice(
     }
 
 
-_OURS = re.compile(rb'\s*\{\s*"' + MARKER.encode() + rb'"\s*:')
+OURS = re.compile(rb'\s*\{\s*"' + MARKER.encode() + rb'"\s*:')
 
 
 def write_trace(out: str, graph: Graph, path: list[PathPiece]) -> None:
@@ -96,7 +96,7 @@ def write_trace(out: str, graph: Graph, path: list[PathPiece]) -> None:
     input trace)."""
     import orjson
 
-    problem = safefile.why_not_replace(out, _OURS.match)
+    problem = safefile.why_not_replace(out, OURS.match)
     if problem is not None:
         raise StepcliError(f"--trace {out}: {problem}; not replaced", EXIT_USAGE)
     try:

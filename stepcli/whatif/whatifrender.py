@@ -35,14 +35,18 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def note_lines(notes: Sequence[str]) -> list[str]:
+    """Each note on lines of 80 columns, its control characters shown (names from traces)."""
+    return [line for note in notes for line in _wrapped(f"note: {visible(note)}")]
+
+
 def answer_lines(doc: dict[str, Any], notes: Sequence[str] = ()) -> list[str]:
     ranks = doc["ranks"]
     where = (
         f"{len(ranks)} ranks" if len(ranks) > 1 else (_who(ranks[0]) if ranks else "one process")
     )
     lines = [f"whatif: {where}, {steps_label(doc['steps'])}"]
-    for note in notes:
-        lines += _wrapped(f"note: {visible(note)}")
+    lines += note_lines(notes)
     if doc["measured_ms"] is not None:
         lines.append(
             f"replay: measured {ms(doc['measured_ms'])}/step, replayed {ms(doc['replayed_ms'])} "

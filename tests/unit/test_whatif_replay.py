@@ -15,7 +15,7 @@ from stepcli.traces.analyses.lanes import lane_of
 from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.events import Event
 from stepcli.traces.read.typedcolumns import columns_from_events
-from stepcli.whatif.answer import WhatifRequest, answer, parse_change
+from stepcli.whatif.answer import WhatifRequest, answer, choose_steps, parse_change
 from stepcli.whatif.lanegraph import build_graph
 from stepcli.whatif.lanereplay import replay, step_ms
 
@@ -196,6 +196,48 @@ def test_a_closure_optimizers_forward_and_backward_are_not_the_optimizers() -> N
     assert _predicted([closure], ("scale", "phase:other=0")) == [80.0]
 
 
+def test_a_regex_nested_too_deep_for_python_is_a_usage_error() -> None:
+    # (it was a RecursionError out of re.compile: exit 70, an internal error)
+    with pytest.raises(StepcliError) as caught:
+        parse_change("scale", "re:" + "(a" * 5_000 + ")" * 5_000 + "=0", [lane_of(_one_process())])
+    assert "too deeply nested" in str(caught.value) and caught.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("scale", "x" * 10_000 + "=0.5"),
+        ("scale", "a_op=" + "9" * 10_000 + "x"),
+        ("scale", "phase:" + "w" * 10_000 + "=0"),
+        ("scale", "rank:1" + "/" * 10_000),
+        ("idealize", "r" * 10_000),
+    ],
+)
+def test_a_long_value_is_quoted_by_its_start(flag: str, value: str) -> None:
+    with pytest.raises(StepcliError) as caught:
+        parse_change(flag, value, [lane_of(_rank(0, 20, 90)), lane_of(_rank(1, 20, 90))])
+    assert len(str(caught.value)) < 200 and "..." in str(caught.value), str(caught.value)[:300]
+
+
+def test_traces_without_a_common_step_are_named() -> None:
+    with_steps = lane_of(_rank(0, 20, 90))
+    without = lane_of(_trace(1, [("forward_op", "cpu_op", MAIN, 0, 10)], 2))
+    with pytest.raises(StepcliError) as caught:
+        choose_steps([with_steps, without], None)
+    assert str(caught.value) == (
+        "rank1.json: no complete ProfilerStep, where another trace has steps: give traces of one "
+        "run, each with its steps"
+    )
+    later = lane_of(_rank(1, 20, 90))
+    later.steps = [7, 8]
+    with pytest.raises(StepcliError) as caught:
+        choose_steps([with_steps, later], None)
+    assert str(caught.value) == (
+        "the traces share no recorded step (rank0.json: step 1; rank1.json: steps 7-8): give "
+        "traces of one run"
+    )
+
+
 @pytest.mark.parametrize(
     ("change", "untouched_us", "expected_us"),
     [
@@ -223,3 +265,12 @@ def test_the_programs_pace_takes_off_the_profilers_cost_per_operator_the_change_
     assert doc["verdict"] == "ok", doc["reason"]
     (entry,) = doc["changes"]
     assert entry["predicted_untouched_ms"] * 1000 == pytest.approx(expected_us)
+
+
+@pytest.mark.parametrize("flag", ["comm", "idealize"])
+def test_a_lone_rank_of_a_job_is_not_called_one_process(flag: str) -> None:
+    # (it said "these traces are one process" of rank 3 of an 8-rank job)
+    with pytest.raises(StepcliError) as caught:
+        parse_change(flag, "0", [lane_of(_rank(0, 20, 90, world=8))])
+    assert "only rank 0 of a 8-rank job was read; " in str(caught.value)
+    assert caught.value.exit_code == 2

@@ -336,16 +336,15 @@ def node_factors(
         codes = np.array([c for n in scale.names for c in codes_by_name.get(n, [])], np.int32)
         if not codes.size:
             continue
-        factor[np.isin(work.name, codes)] *= scale.factor
+        # named, or launched inside an operator named: once (a kernel `re:` names that its
+        # operator's name matches too ran FACTOR squared times as long)
+        covered = np.isin(work.name, codes)
         hit = np.isin(work.op_name, codes)
-        if not hit.any():
-            continue
-        inside = np.zeros(len(work), bool)
         for key in np.unique(work.op_thread[hit]).tolist():
             mine = hit & (work.op_thread == key)
             nodes = work.launch_thread == key
-            inside[nodes] |= _covers(work.op_start[mine], work.op_end[mine], work.launch[nodes])
-        factor[inside] *= scale.factor
+            covered[nodes] |= _covers(work.op_start[mine], work.op_end[mine], work.launch[nodes])
+        factor[covered] *= scale.factor
     return factor
 
 

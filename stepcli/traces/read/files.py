@@ -20,6 +20,14 @@ MERGED_PROBLEM = (
     "already a merged trace (stepcli merge output: every rank in one file, for a viewer);"
     " give the rank traces it was made from"
 )
+# the first key of stepcli's other JSON outputs, which a user may save beside the traces they were
+# made from: `whatif --trace` (stepcli.whatif.tracefile.MARKER) and the documents with a stepcli
+# schema (`whatif --json`, `compare --json`, `run --json`)
+_OWN_OUTPUT_HEAD = re.compile(rb'\s*\{\s*"(?:stepcli_whatif_trace"\s*:|schema"\s*:\s*"stepcli\.)')
+OWN_OUTPUT_PROBLEM = (
+    "a stepcli output (whatif --trace, or a --json document), not a profiler trace; give the "
+    "traces it was made from"
+)
 
 
 def list_trace_files(paths: Sequence[str]) -> list[str]:
@@ -30,11 +38,18 @@ def list_trace_files(paths: Sequence[str]) -> list[str]:
     files: list[str] = []
     for path in paths:
         if os.path.isdir(path):
-            files.extend(file for file in _expand(path) if not is_merged(file))
+            # (stepcli's own outputs saved in the folder are left out as merged traces are: read
+            # as traces they failed the folder, or joined a job as a process without a rank)
+            files.extend(
+                file for file in _expand(path) if _head_kind(file) not in ("merged", "own")
+            )
         else:
             files.extend(_expand(path))
-            if is_merged(path):
+            kind = _head_kind(path)
+            if kind == "merged":
                 raise TraceError(path, MERGED_PROBLEM)
+            if kind == "own":
+                raise TraceError(path, OWN_OUTPUT_PROBLEM)
     seen: set[str] = set()
     unique: list[str] = []
     for file in files:
@@ -53,7 +68,9 @@ def _expand(path: str) -> list[str]:
         found = sorted(_walk(Path(path)))
         # A run folder can also hold manifests and summaries; when torch-named traces are there, use
         # only those.
-        named = [p for p in found if ".pt.trace.json" in Path(p).name]
+        # (a stepcli output saved under such a name is no trace: it does not make the others
+        # manifests)
+        named = [p for p in found if ".pt.trace.json" in Path(p).name and _head_kind(p) != "own"]
         found = named or found
         if not found:
             raise TraceError(path, "no .json or .json.gz trace files in this folder")
@@ -79,23 +96,31 @@ def is_merged(path: str) -> bool:
     """Whether the file begins as `stepcli merge` output does (its first bytes only, inflated when
     gzipped). Only a regular file is looked at (a FIFO is never waited on: the reader refuses it in
     one line)."""
+    return _head_kind(path) == "merged"
+
+
+def _head_kind(path: str) -> str | None:
+    """ "merged" for `stepcli merge` output, "own" for another stepcli output (see
+    _OWN_OUTPUT_HEAD), None for anything else, by the file's first bytes (inflated when gzipped)."""
     from stepcli.inputs import open_input
 
     try:
         fd, info = open_input(path)
     except TraceError:
-        return False
+        return None
     try:
         if not stat.S_ISREG(info.st_mode):
-            return False
+            return None
         head = os.read(fd, 4096)
         if head[:2] == b"\x1f\x8b":
             head = zlib.decompressobj(31).decompress(head, 256)
     except (OSError, zlib.error):
-        return False
+        return None
     finally:
         os.close(fd)
-    return _MERGED_HEAD.match(head) is not None
+    if _MERGED_HEAD.match(head):
+        return "merged"
+    return "own" if _OWN_OUTPUT_HEAD.match(head) else None
 
 
 def rank_from_name(path: str) -> int | None:
