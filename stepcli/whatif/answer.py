@@ -27,7 +27,6 @@ from stepcli.whatif.lanereplay import (
     replay,
     step_ms,
 )
-from stepcli.whatif.pace import at_program_pace
 
 SCHEMA = "stepcli.whatif/1"
 MAX_REPLAY_ERROR = 0.05  # a replay further than this from the measured step answers nothing
@@ -346,7 +345,7 @@ def solve(
         return {
             "change": change.text,
             "predicted_ms": ms,
-            "predicted_untouched_ms": at_program_pace(graph, change, ms, measured, untouched_ms)
+            "predicted_untouched_ms": ms * untouched_ms / measured
             if untouched_ms is not None
             else None,
             "saved_ms": saved,

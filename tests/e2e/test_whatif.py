@@ -108,6 +108,10 @@ def test_a_run_folder_is_replayed_checked_and_ranked(demo_run: Path, tmp_path: P
         removed["predicted_ms"] < doc["measured_ms"]
         and removed["predicted_untouched_ms"] < doc["untouched_ms"]
     )
+    # the program's pace: the prediction scaled by the untouched median over the measured step
+    assert removed["predicted_untouched_ms"] == pytest.approx(
+        removed["predicted_ms"] * doc["untouched_ms"] / doc["measured_ms"]
+    )
     assert doc["changes"] == []
 
 

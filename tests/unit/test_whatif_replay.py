@@ -238,35 +238,6 @@ def test_traces_without_a_common_step_are_named() -> None:
     )
 
 
-@pytest.mark.parametrize(
-    ("change", "untouched_us", "expected_us"),
-    [
-        # the gaps removed (a sleep): every operator stays, so does the profiler's whole cost (30 µs
-        # of 100, 10 per operator): 70 - 30, where scaling by untouched / measured gave 49
-        ("phase:other=0", 70, 40.0),
-        # a_op removed with the call under it: 2 of 3 operators go, a third of the cost stays
-        ("a_op=0", 70, 60.0),
-        # a_op and the call under it at half their length leave half of 2 operators' cost: 85 - 20
-        ("a_op=0.5", 70, 65.0),
-        # b_op twice as long records its cost twice: 140 - 40
-        ("b_op=2", 70, 100.0),
-        # the untouched steps were slower than the recorded ones: the difference is added, in the
-        # same share (a third of 20)
-        ("a_op=0", 120, 70 + 20 / 3),
-        # a cost larger than what is left (70 - 90) is never a negative step
-        ("phase:other=0", 10, 0.0),
-    ],
-)
-def test_the_programs_pace_takes_off_the_profilers_cost_per_operator_the_change_keeps(
-    change: str, untouched_us: float, expected_us: float
-) -> None:
-    lanes = [lane_of(_one_process())]
-    doc = answer(lanes, WhatifRequest([("scale", change)]), untouched_us / 1000)
-    assert doc["verdict"] == "ok", doc["reason"]
-    (entry,) = doc["changes"]
-    assert entry["predicted_untouched_ms"] * 1000 == pytest.approx(expected_us)
-
-
 @pytest.mark.parametrize("flag", ["comm", "idealize"])
 def test_a_lone_rank_of_a_job_is_not_called_one_process(flag: str) -> None:
     # (it said "these traces are one process" of rank 3 of an 8-rank job)
