@@ -35,19 +35,14 @@ def read_lane(path: str) -> RankLane:
     return lane_of(trace, stream_waits(read_input(path)))
 
 
-def untouched_median(paths: Sequence[str], all_runs: bool = False) -> float | None:
-    """The untouched steps' median (ms) of the run PATH names (a run folder's latest, or
-    FOLDER/.stepcli/RUN_ID), from the run summary `stepcli run` saved there; None for anything else
-    (several runs read together)."""
-    return untouched_median_noted(paths, all_runs)[0]
-
-
-def untouched_median_noted(
+def untouched_median(
     paths: Sequence[str], all_runs: bool = False
 ) -> tuple[float | None, list[str]]:
-    """untouched_median(), and a note when PATH is a run whose summary could not be read (missing,
-    not a file of this user's, not a run summary): the answer goes on at the profiler's pace only,
-    and says why the program's pace is missing."""
+    """The untouched steps' median (ms) of the run PATH names (a run folder's latest, or
+    FOLDER/.stepcli/RUN_ID), from the run summary `stepcli run` saved there; None for anything else
+    (several runs read together). And a note when PATH is a run whose summary could not be read
+    (missing, not a file of this user's, not a run summary): the answer goes on at the profiler's
+    pace only, and says why the program's pace is missing."""
     if len(paths) != 1 or not os.path.isdir(paths[0]):
         return None, []
     from stepcli.runfolder.layout import SUMMARY_FILE
@@ -126,7 +121,7 @@ def whatif_main(
     if not files:
         raise StepcliError(f"no trace files in {', '.join(paths)}", EXIT_USAGE)
     lanes, notes = pick_lanes(map_files(read_lane, files, jobs, scheduler, scheduler_wait), step)
-    untouched, unread = untouched_median_noted(paths, all_runs)
+    untouched, unread = untouched_median(paths, all_runs)
     notes += unread
     solved = solve(lanes, WhatifRequest(changes, step), untouched, release=True)
     doc = solved.doc
