@@ -24,12 +24,16 @@ from stepcli.whatif.lanereplay import (
     PackedRecords,
     Record,
     ReplayError,
+    between_steps,
     replay,
     step_ms,
 )
 
 SCHEMA = "stepcli.whatif/1"
 MAX_REPLAY_ERROR = 0.05  # a replay further than this from the measured step answers nothing
+# the critical path's time between two steps (the profiler's step transition): walked through, not
+# counted, as the steps' measured time does not count it
+BETWEEN_STEPS = "between steps"
 # a rank waiting less than this share of the step is (nearly) on the critical path
 NEARLY_CRITICAL = 0.01
 TOP_OPERATORS = 5  # operator classes offered as opportunities (halved)
@@ -340,7 +344,7 @@ def solve(
     base.records, base.device = [PackedRecords() for _ in base.records], []
 
     def predicted(change: WhatifChange) -> dict[str, Any]:
-        ms = step_ms(graph, replay(graph, change, records=False))
+        ms = step_ms(graph, replay(graph, change, records=False), change)
         saved = measured - ms
         return {
             "change": change.text,
@@ -581,11 +585,14 @@ def _record_end(times: Any, node: int, work: Any) -> float:
 
 
 def critical_path(graph: Graph, path: list[PathPiece]) -> dict[str, Any]:
-    """The critical path's segments (walk_critical_path's pieces) merged by (rank, kind, name) in
-    order of first appearance, in ms per step; their ms add up to the path's."""
+    """The critical path's segments (walk_critical_path's pieces, less the time between steps)
+    merged by (rank, kind, name) in order of first appearance, in ms per step; their ms add up to
+    the path's."""
     n_steps = len(graph.steps)
     merged: dict[tuple[int, str, str], float] = {}
     for piece in path:
+        if piece.name == BETWEEN_STEPS and piece.kind == "cpu":
+            continue  # outside the steps, as their measured time is
         key = (piece.lane, piece.kind, piece.name)
         merged[key] = merged.get(key, 0.0) + piece.us
     total = sum(merged.values())
@@ -612,16 +619,19 @@ def _phase_split(graph: Graph, i: int, record: Record) -> list[tuple[str, float]
     b = int(np.searchsorted(lane.grid, hi, side="left")) + 1
     edges = np.clip(lane.grid[a:b], lo, hi)
     lengths = np.diff(edges)
-    phase = lane.phase[a : a + len(lengths)]
+    phase = lane.phase[a : a + len(lengths)].astype(np.int64)
     total = float(lengths.sum())
     if total <= 0:
         return []
+    between = between_steps(lane, graph.start[i], graph.end[i], (edges[:-1] + edges[1:]) / 2)
+    phase[between] = len(PHASE_NAMES)
     scale = (record.end - record.start) / total
-    sums = np.bincount(phase, weights=lengths, minlength=len(PHASE_NAMES))
+    sums = np.bincount(phase, weights=lengths, minlength=len(PHASE_NAMES) + 1)
     first: dict[int, int] = {}
     for p in phase[lengths > 0].tolist():
         first.setdefault(p, len(first))
-    return [(PHASE_NAMES[p], float(sums[p]) * scale) for p in sorted(first, key=first.__getitem__)]
+    names = [*PHASE_NAMES, BETWEEN_STEPS]
+    return [(names[p], float(sums[p]) * scale) for p in sorted(first, key=first.__getitem__)]
 
 
 def slack(graph: Graph, rep: LaneReplay) -> list[dict[str, Any]]:

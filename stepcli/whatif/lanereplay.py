@@ -546,12 +546,36 @@ def _length(lane: RankLane, integral: np.ndarray, lo: float, hi: float) -> float
     return float(np.interp(hi, lane.grid, integral) - np.interp(lo, lane.grid, integral))
 
 
-def step_ms(graph: Graph, times: LaneReplay | None = None) -> float:
-    """The mean step time over the lanes (ms): each lane's window over its steps, measured or
-    replayed."""
+def step_ms(
+    graph: Graph, times: LaneReplay | None = None, change: WhatifChange | None = None
+) -> float:
+    """The mean step time over the lanes (ms): each lane's window over its steps, less the time
+    between its steps, measured or replayed (under `change`): the mean of the steps' own times, as
+    `table` gives them. (Between two ProfilerStep spans is the profiler's step transition, outside
+    every step.)"""
     count = len(graph.steps)
-    if times is None:
-        spans = [e - s for s, e in zip(graph.start, graph.end)]
-    else:
-        spans = [e - s for s, e in zip(times.start, times.end)]
+    spans = []
+    for li, lane in enumerate(graph.lanes):
+        lo, hi = graph.start[li], graph.end[li]
+        span = hi - lo if times is None else times.end[li] - times.start[li]
+        between = between_steps(lane, lo, hi)
+        if between.any():
+            lengths = np.diff(lane.grid)[between]
+            if times is not None and change is not None:
+                lengths = lengths * speeds(lane, change)[between]
+            span -= float(lengths.sum())
+        spans.append(span)
     return float(np.mean(spans)) / count / 1000.0 if spans else 0.0
+
+
+def between_steps(lane: RankLane, lo: float, hi: float, at: np.ndarray | None = None) -> np.ndarray:
+    """Whether each of the lane's intervals (or each time in `at`) lies between two of its steps in
+    the window [lo, hi): after one step's end, before the next one's start."""
+    if at is None:
+        at = (lane.grid[:-1] + lane.grid[1:]) / 2
+    starts, ends = np.asarray(lane.step_start), np.asarray(lane.step_end)
+    inside = (starts >= lo) & (ends <= hi)
+    starts, ends = starts[inside], ends[inside]
+    if len(starts) < 2:
+        return np.zeros(len(at), bool)
+    return covers(ends[:-1], starts[1:], at)

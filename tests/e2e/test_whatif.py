@@ -99,8 +99,20 @@ def test_a_run_folder_is_replayed_checked_and_ranked(demo_run: Path, tmp_path: P
     assert doc["schema"] == "stepcli.whatif/1" and doc["verdict"] == "ok" and doc["reason"] is None
     assert doc["ranks"] == [] and doc["steps"] == [2, 3, 4]
     assert abs(doc["replay_error"]) <= 0.05 and doc["untouched_ms"] > 0
+    # the measured step is the mean of the steps' own times in the trace (the profiler's transition
+    # between two steps is in no step)
+    (trace,) = trace_files(demo_run)
+    own = [
+        e["dur"] / 1000
+        for e in load_trace(trace)["traceEvents"]
+        if e.get("name") in {f"ProfilerStep#{n}" for n in doc["steps"]}
+        and e.get("cat") != "gpu_user_annotation"
+    ]
+    assert len(own) == 3 and doc["measured_ms"] == pytest.approx(sum(own) / 3, rel=1e-6)
     path = doc["critical_path"]
     assert sum(s["ms"] for s in path["segments"]) == pytest.approx(path["ms"])
+    # one process: its critical path is the whole step
+    assert path["ms"] == pytest.approx(doc["replayed_ms"], rel=1e-6)
     saved = [o["saved_ms"] for o in doc["opportunities"]]
     assert saved == sorted(saved, reverse=True) and saved[0] > 0
     removed = {o["change"]: o for o in doc["opportunities"]}["--scale phase:dataloader=0"]

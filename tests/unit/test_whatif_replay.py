@@ -245,3 +245,29 @@ def test_a_lone_rank_of_a_job_is_not_called_one_process(flag: str) -> None:
         parse_change(flag, "0", [lane_of(_rank(0, 20, 90, world=8))])
     assert "only rank 0 of a 8-rank job was read; " in str(caught.value)
     assert caught.value.exit_code == 2
+
+
+def test_the_time_between_steps_is_not_a_steps_time() -> None:
+    # GIVEN two steps of 100 µs with the profiler's step transition (20 µs) between them
+    two_steps = _trace(
+        None,
+        [
+            ("ProfilerStep#1", "user_annotation", MAIN, 0, 100),
+            ("a_op", "cpu_op", MAIN, 10, 40),
+            ("ProfilerStep#2", "user_annotation", MAIN, 120, 220),
+            ("a_op", "cpu_op", MAIN, 130, 160),
+        ],
+    )
+    doc = answer([lane_of(two_steps)], WhatifRequest([("scale", "a_op=0")]), None)
+    assert doc["verdict"] == "ok", doc["reason"]
+    # THEN the step is the steps' mean, as `table` gives it, not the window over two (0.11 ms)
+    assert doc["measured_ms"] == pytest.approx(0.1) and doc["replayed_ms"] == pytest.approx(0.1)
+    # the critical path walks through the transition without counting it
+    path = doc["critical_path"]
+    assert path["ms"] == pytest.approx(0.1)
+    assert {s["name"] for s in path["segments"]} == {"other", "forward"}
+    # a_op removed: 30 of each step's 100 µs
+    assert doc["changes"][0]["predicted_ms"] == pytest.approx(0.07)
+    # the gaps inside the steps and the transition removed: only the steps' own gaps count
+    other = answer([lane_of(two_steps)], WhatifRequest([("scale", "phase:other=0")]), None)
+    assert other["changes"][0]["predicted_ms"] == pytest.approx(0.03)
