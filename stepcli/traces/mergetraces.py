@@ -24,7 +24,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import IO, Any, NamedTuple, cast
 
 import msgspec
 
@@ -555,7 +555,9 @@ def _write(path: str, head: dict[str, Any], chunks: Iterator[list[dict[str, Any]
 
     encode = json.JSONEncoder(separators=(",", ":")).encode
     try:
-        with safefile.NewFile(os.path.abspath(path)) as handle:
+        with safefile.NewFile(os.path.abspath(path)) as file:
+            # `-o merged.json.gz`: gzipped, as its name says
+            handle = _gzipped(file) if path.endswith(".gz") else file
             handle.write((encode(head)[:-1] + ',"traceEvents":[').encode("utf-8"))
             first = True
             for chunk in chunks:
@@ -565,9 +567,18 @@ def _write(path: str, head: dict[str, Any], chunks: Iterator[list[dict[str, Any]
                     handle.write(msgspec.json.encode(chunk)[1:-1])  # (the list's brackets left out)
                     first = False
             handle.write(b"]}")
+            if handle is not file:
+                handle.close()  # (the gzip trailer; `file` stays open for NewFile)
             check_output(path)  # again: something may have appeared there meanwhile
     except OSError as exc:
         raise StepcliError(f"{path}: cannot write there: {exc.strerror or exc}") from None
+
+
+def _gzipped(file: IO[bytes]) -> IO[bytes]:
+    """A gzip stream into `file` (closing it writes the trailer and leaves `file` open)."""
+    import gzip
+
+    return cast(IO[bytes], gzip.GzipFile(fileobj=file, mode="wb", compresslevel=6, mtime=0))
 
 
 def merge_main(paths: Sequence[str], output: str) -> str:

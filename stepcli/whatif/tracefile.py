@@ -100,7 +100,12 @@ def write_trace(out: str, graph: Graph, path: list[PathPiece]) -> None:
     if problem is not None:
         raise StepcliError(f"--trace {out}: {problem}; not replaced", EXIT_USAGE)
     try:
-        safefile.write_bytes(out, orjson.dumps(trace_document(graph, path)))
+        data = orjson.dumps(trace_document(graph, path))
+        if out.endswith(".gz"):  # as its name says (Perfetto opens it either way)
+            import gzip
+
+            data = gzip.compress(data, compresslevel=6, mtime=0)
+        safefile.write_bytes(out, data)
     except OSError as exc:
         raise StepcliError(
             f"--trace {out}: cannot write ({exc.strerror or exc})", EXIT_USAGE

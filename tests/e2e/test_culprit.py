@@ -621,6 +621,13 @@ def test_merge_bad_input_and_foreign_output(sleep_run: dict[str, Any], tmp_path:
     assert run_stepcli("merge", sleep_run["out"], "-o", merged).returncode == 0
     proc = run_stepcli("merge", merged, "-o", tmp_path / "again.json")
     assert proc.returncode == 2 and "already a merged trace" in proc.stderr
+    # `-o NAME.json.gz` is gzipped, as its name says, and replaced as its own output too
+    packed = tmp_path / "all.json.gz"
+    for _ in range(2):
+        proc = run_stepcli("merge", sleep_run["out"], "-o", packed)
+        assert proc.returncode == 0, proc.stderr
+    assert packed.read_bytes()[:2] == b"\x1f\x8b"
+    assert load_trace(packed)["traceEvents"] == load_trace(merged)["traceEvents"]
     # one trace without a rank merges as what it is, not as "ranks 0"
     rankless = tmp_path / "single.json"
     rankless.write_text(

@@ -469,6 +469,14 @@ def test_the_trace_marks_the_critical_path_over_every_rank(ddp_run: Path, tmp_pa
     assert starts and starts == {e["id"] for e in events if e["ph"] == "f"}
     again = run_stepcli("whatif", ddp_run, "--trace", trace)  # its own earlier trace is replaced
     assert again.returncode in (0, 4), again.stderr
+    # NAME.json.gz is gzipped, as its name says, and replaced as its own trace too
+    packed = tmp_path / "critical.json.gz"
+    for _ in range(2):
+        result = run_stepcli("whatif", ddp_run, "--trace", packed)
+        assert result.returncode in (0, 4), result.stderr
+    if result.returncode == 0:
+        assert packed.read_bytes()[:2] == b"\x1f\x8b"
+        assert next(iter(load_trace(packed))) == "stepcli_whatif_trace"
     mine = tmp_path / "mine.json"
     mine.write_text("{}")
     refused = run_stepcli("whatif", ddp_run, "--trace", mine)
