@@ -370,6 +370,28 @@ def solve(
     return Answer(doc, graph, base, path)
 
 
+# the steps' thread's call into a DataLoader with worker processes
+_LOADER_WORKERS = "_MultiProcessingDataLoaderIter"
+
+
+def loader_workers_note(lanes: Sequence[RankLane], doc: dict[str, Any]) -> str | None:
+    """A note when an answer changes data loading done by worker processes: only the steps'
+    thread is in the traces, so such a change is predicted as that thread waiting less, and the
+    workers' own CPU (which competes with the steps where cores are short) is not in it."""
+    entries = doc["changes"] or doc["opportunities"]
+    if doc["verdict"] != "ok" or not any("dataloader" in e["change"].lower() for e in entries):
+        return None
+    for lane in lanes:
+        codes = {i for i, name in enumerate(lane.names) if _LOADER_WORKERS in name}
+        if codes and np.isin(lane.op_name, np.array(sorted(codes), np.int32)).any():
+            return (
+                "the data loader runs in worker processes the traces do not hold: a change to "
+                "data loading is predicted as the steps' thread waiting less for it, without the "
+                "workers' own CPU (on a machine short of cores it competes with the steps)"
+            )
+    return None
+
+
 def _unmodelled(lanes: Sequence[RankLane]) -> str | None:
     """Why these traces cannot be replayed honestly yet, or None."""
     ranks = sorted(lane.rank for lane in lanes if lane.rank is not None)

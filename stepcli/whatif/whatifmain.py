@@ -16,7 +16,7 @@ from typing import Any
 from stepcli import safefile
 from stepcli.errors import EXIT_INCONCLUSIVE, EXIT_OK, EXIT_USAGE, StepcliError
 from stepcli.traces.analyses.lanes import RankLane
-from stepcli.whatif.answer import SCHEMA, WhatifRequest, solve
+from stepcli.whatif.answer import SCHEMA, WhatifRequest, loader_workers_note, solve
 
 
 def read_lane(path: str) -> RankLane:
@@ -125,6 +125,7 @@ def whatif_main(
     notes += unread
     solved = solve(lanes, WhatifRequest(changes, step), untouched, release=True)
     doc = solved.doc
+    notes += filter(None, [loader_workers_note(lanes, doc)])
     if json_path == "-":
         print_document(doc, notes)
     elif json_path is not None:

@@ -271,3 +271,43 @@ def test_the_time_between_steps_is_not_a_steps_time() -> None:
     # the gaps inside the steps and the transition removed: only the steps' own gaps count
     other = answer([lane_of(two_steps)], WhatifRequest([("scale", "phase:other=0")]), None)
     assert other["changes"][0]["predicted_ms"] == pytest.approx(0.03)
+
+
+@pytest.mark.parametrize(
+    ("loader", "change", "noted"),
+    [
+        (
+            "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__",
+            "phase:dataloader=0",
+            True,
+        ),
+        # no data-loading change asked
+        ("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", "a_op=0.5", False),
+        # the loader runs on the steps' thread: all of it is in the trace
+        (
+            "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+            "phase:dataloader=0",
+            False,
+        ),
+    ],
+)
+def test_a_data_loading_change_with_worker_processes_says_their_cpu_is_not_in_it(
+    loader: str, change: str, noted: bool
+) -> None:
+    from stepcli.whatif.answer import loader_workers_note
+
+    lanes = [
+        lane_of(
+            _trace(
+                None,
+                [
+                    ("ProfilerStep#1", "user_annotation", MAIN, 0, 100),
+                    (loader, "user_annotation", MAIN, 0, 30),
+                    ("a_op", "cpu_op", MAIN, 40, 90),
+                ],
+            )
+        )
+    ]
+    doc = answer(lanes, WhatifRequest([("scale", change)]), None)
+    note = loader_workers_note(lanes, doc)
+    assert (note is not None and "worker processes" in note) == noted
