@@ -139,6 +139,7 @@ def _fork_worker(work: _Work) -> _ForkedWorker | None:
         except Exception as exc:  # an exception that does not pickle
             last = pickle.dumps(("raised", RuntimeError(f"a worker failed: {exc}")))
         sink.frame(last)
+        sink.finish()
         os.close(out_write)
 
     try:
@@ -154,25 +155,42 @@ def _fork_worker(work: _Work) -> _ForkedWorker | None:
 
 class _PipeSink:
     """The child's end of its results pipe: each result a frame (its length, then its pickle),
-    written as soon as it is made, so a child holds one result at a time (at 1,024 rank files,
+    sent as soon as it is made, so a child holds one result at a time (at 1,024 rank files,
     `whatif`'s lanes were ~12 MiB pickled a child, sent at its end, and that copy and the lanes
-    behind it were the peak of the process tree)."""
+    behind it were the peak of the process tree). What the pipe cannot take at once (the parent is
+    busy with a long file of its own) waits in a backlog while the child goes on with its next
+    item, so no one waits for the parent; it is sent before the next frame, and at the end."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.sent = 0
+        self.backlog = bytearray()
+        os.set_blocking(fd, False)
 
     def frame(self, data: bytes) -> None:
-        self.write(len(data).to_bytes(_LENGTH, "little"))
-        self.write(data)
+        self._send(len(data).to_bytes(_LENGTH, "little"))
+        self._send(data)
+        self.sent += _LENGTH + len(data)
 
-    def write(self, data: bytes | memoryview) -> int:
-        view = memoryview(data).cast("B")
-        size = len(view)
-        while view:  # (a pipe takes a large write in parts)
-            view = view[os.write(self.fd, view) :]
-        self.sent += size
-        return size
+    def finish(self) -> None:
+        """Send the backlog, waiting for the parent to read it."""
+        os.set_blocking(self.fd, True)
+        while self.backlog:
+            del self.backlog[: os.write(self.fd, self.backlog)]
+
+    def _send(self, data: bytes) -> None:
+        done = 0
+        try:
+            while self.backlog:  # (in order: what waits goes first)
+                del self.backlog[: os.write(self.fd, self.backlog)]
+            while done < len(data):
+                with memoryview(data)[done:] as rest:
+                    done += os.write(self.fd, rest)
+        except BlockingIOError:  # the pipe is full: the rest waits
+            if self.backlog:
+                self.backlog += data
+            else:
+                self.backlog += memoryview(data)[done:]
 
 
 class _ForkedWorker:
@@ -207,7 +225,8 @@ class _ForkedWorker:
             if len(pending) < _LENGTH + size:
                 return
             try:
-                frame = pickle.loads(pending[_LENGTH : _LENGTH + size])
+                with memoryview(pending)[_LENGTH : _LENGTH + size] as body:  # (not copied)
+                    frame = pickle.loads(body)
             except Exception:
                 frame, self.broken = None, True
             del pending[: _LENGTH + size]

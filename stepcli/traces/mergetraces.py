@@ -557,18 +557,21 @@ def _write(path: str, head: dict[str, Any], chunks: Iterator[list[dict[str, Any]
     try:
         with safefile.NewFile(os.path.abspath(path)) as file:
             # `-o merged.json.gz`: gzipped, as its name says
-            handle = _gzipped(file) if path.endswith(".gz") else file
-            handle.write((encode(head)[:-1] + ',"traceEvents":[').encode("utf-8"))
-            first = True
-            for chunk in chunks:
-                if chunk:
-                    if not first:
-                        handle.write(b",")
-                    handle.write(msgspec.json.encode(chunk)[1:-1])  # (the list's brackets left out)
-                    first = False
-            handle.write(b"]}")
-            if handle is not file:
-                handle.close()  # (the gzip trailer; `file` stays open for NewFile)
+            handle = _gzipped(file) if path.lower().endswith(".gz") else file
+            try:
+                handle.write((encode(head)[:-1] + ',"traceEvents":[').encode("utf-8"))
+                first = True
+                for chunk in chunks:
+                    if chunk:
+                        if not first:
+                            handle.write(b",")
+                        # (the list's brackets left out)
+                        handle.write(msgspec.json.encode(chunk)[1:-1])
+                        first = False
+                handle.write(b"]}")
+            finally:
+                if handle is not file:
+                    handle.close()  # (the gzip trailer; `file` stays open for NewFile)
             check_output(path)  # again: something may have appeared there meanwhile
     except OSError as exc:
         raise StepcliError(f"{path}: cannot write there: {exc.strerror or exc}") from None

@@ -120,6 +120,8 @@ class LaneReplay:
     # per lane: µs spent waiting for other ranks to arrive at collectives, in the window
     blocked: list[float]
     device: list[ReplayDeviceTimes | None] = field(default_factory=list)
+    # per lane: interval label -> how much longer its compute ran (`--idealize-rank`; empty: none)
+    multipliers: list[dict[int, float]] = field(default_factory=list)
 
 
 class ReplayError(Exception):
@@ -257,6 +259,7 @@ class _Scheduler:
             self.transfer,
             self.blocked,
             self.device,
+            self.multipliers,
         )
 
     def _step(self, i: int) -> bool:
@@ -563,9 +566,33 @@ def step_ms(
             lengths = np.diff(lane.grid)[between]
             if times is not None and change is not None:
                 lengths = lengths * speeds(lane, change)[between]
+            if times is not None and times.multipliers and times.multipliers[li]:
+                # an idealized rank's time between steps ran as long as its interval's compute
+                mids = ((lane.grid[:-1] + lane.grid[1:]) / 2)[between]
+                lengths = lengths * _multipliers_at(graph, li, times.multipliers[li], mids)
             span -= float(lengths.sum())
         spans.append(span)
     return float(np.mean(spans)) / count / 1000.0 if spans else 0.0
+
+
+def _multipliers_at(
+    graph: Graph, li: int, multipliers: dict[int, float], at: np.ndarray
+) -> np.ndarray:
+    """The replay's multiplier of lane li's compute at each time in `at` (its own clock): that of
+    the interval between collectives it lies in (compute_between's labels)."""
+    items = graph.items[li]
+    joints = [item.at for item in items]
+    next_row = _next_arrivals(items)
+    out = np.ones(len(at))
+    for k, t in enumerate(at.tolist()):
+        pos = bisect.bisect_right(joints, t)
+        if pos == len(items):
+            label = -1
+        else:
+            item = items[pos]
+            label = item.arrive[0] if item.arrive is not None else next_row[pos]
+        out[k] = multipliers.get(label, 1.0)
+    return out
 
 
 def between_steps(lane: RankLane, lo: float, hi: float, at: np.ndarray | None = None) -> np.ndarray:

@@ -101,7 +101,7 @@ def write_trace(out: str, graph: Graph, path: list[PathPiece]) -> None:
         raise StepcliError(f"--trace {out}: {problem}; not replaced", EXIT_USAGE)
     try:
         data = orjson.dumps(trace_document(graph, path))
-        if out.endswith(".gz"):  # as its name says (Perfetto opens it either way)
+        if out.lower().endswith(".gz"):  # as its name says (Perfetto opens it either way)
             import gzip
 
             data = gzip.compress(data, compresslevel=6, mtime=0)

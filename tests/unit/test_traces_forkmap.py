@@ -165,3 +165,37 @@ def test_a_child_sends_each_result_as_soon_as_it_has_it() -> None:
     assert results == {0: "first", 1: "second"}
     os.close(go_read)
     os.close(go_write)
+
+
+_CHILD_DONE: list[str] = []
+
+
+def _parent_waits_for_the_child(parent: int, marker: str, count: int, item: str) -> object:
+    """The parent's item waits until a child has done every other item; a child's results are
+    larger than a pipe holds."""
+    if os.getpid() != parent:
+        _CHILD_DONE.append(item)
+        if len(_CHILD_DONE) == count - 1:
+            open(marker, "w").close()
+        return item.encode() * (2 << 20)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return os.path.exists(marker)
+
+
+def test_a_child_goes_on_while_this_process_is_busy_with_a_long_item(tmp_path: Path) -> None:
+    # GIVEN this process on a long item (it waits for the child), and the child's results (2 MiB
+    # each) more than its pipe holds while no one reads it
+    items = ["a", "b", "c", "d"]
+    work = functools.partial(
+        _parent_waits_for_the_child, os.getpid(), str(tmp_path / "child-did-all"), len(items)
+    )
+    done = forkmap.forked_map(work, items, 2)
+    assert done is not None
+    # THEN the child did every other item meanwhile (its results wait in a backlog), and every
+    # result is back whole
+    assert [r for r in done if not isinstance(r, bytes)] in ([True], [])
+    assert all(
+        r == item.encode() * (2 << 20) for r, item in zip(done, items) if isinstance(r, bytes)
+    )

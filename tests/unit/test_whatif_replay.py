@@ -311,3 +311,33 @@ def test_a_data_loading_change_with_worker_processes_says_their_cpu_is_not_in_it
     doc = answer(lanes, WhatifRequest([("scale", change)]), None)
     note = loader_workers_note(lanes, doc)
     assert (note is not None and "worker processes" in note) == noted
+
+
+def _two_steps(rank: int, forward: float) -> ColumnTrace:
+    """Two of _rank's steps, [0, 100] and [120, 220]: 20 µs of the profiler's step transition
+    between them."""
+    events: list[tuple[str, str, int, float, float]] = []
+    for number, s in ((1, 0.0), (2, 120.0)):
+        f = s + forward
+        events += [
+            (f"ProfilerStep#{number}", "user_annotation", MAIN, s, s + 100),
+            ("forward_op", "cpu_op", MAIN, s, f),
+            ("c10d::allreduce_", "cpu_op", MAIN, f, f + 2),
+            ("gloo:all_reduce", "cpu_op", WORKER, f + 1, s + 90),
+            ("Optimizer.step#SGD.step", "cpu_op", MAIN, s + 95, s + 100),
+        ]
+    return _trace(rank, events, 2)
+
+
+def test_an_idealized_ranks_time_between_steps_runs_as_its_interval_does() -> None:
+    # GIVEN rank 1 late by 40 µs in each of two steps, with the step transition between them
+    ranks = [_two_steps(0, 20), _two_steps(1, 60)]
+    doc = answer([lane_of(t) for t in ranks], WhatifRequest([("idealize", "1")]), None)
+    assert doc["verdict"] == "ok" and doc["measured_ms"] == pytest.approx(0.1)
+    # WHEN rank 1 is idealized: its compute before step 1's collective takes 20 (was 60), before
+    # step 2's 45 (rank 0's: the optimizer's 5, the transition's 20, the forward's 20; was 85), so
+    # both arrive at 20 and 100, resume at 55 and 135, and end at 140. THEN rank 0's steps are
+    # 140 - 20 of transition; rank 1's transition ran as its interval did (20 x 45/85), so its
+    # steps are 140 - 10.59: the mean per step (120 + 129.41) / 2 / 2
+    expected = (120 + 140 - 20 * 45 / 85) / 2 / 2 / 1000
+    assert doc["changes"][0]["predicted_ms"] == pytest.approx(expected)
