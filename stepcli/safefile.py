@@ -273,15 +273,6 @@ def why_not_replace(path: str, ours: Callable[[bytes], object], head: int = 4096
         return f"exists and cannot be read ({exc.strerror or exc})"
     finally:
         os.close(fd)
-    if first[:2] == b"\x1f\x8b":  # an earlier output written gzipped (`-o merged.json.gz`)
-        import zlib
-
-        try:
-            first = zlib.decompressobj(31).decompress(first, head)
-        except zlib.error:
-            return NOT_OURS
-        if not first:
-            return NOT_OURS
     # (an empty file holds nothing to lose: `mktemp`'s)
     return None if not first or ours(first) else NOT_OURS
 

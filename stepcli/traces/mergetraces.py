@@ -49,8 +49,10 @@ def check_output(path: str) -> None:
 
     # Its first key, not merely the word somewhere in it (a note that quotes it is not a merged
     # trace).
+    from stepcli.traces.read.files import gzip_aware
+
     problem = safefile.why_not_replace(
-        path, re.compile(rb'\s*\{\s*"' + MARKER.encode() + rb'"\s*:').match
+        path, gzip_aware(re.compile(rb'\s*\{\s*"' + MARKER.encode() + rb'"\s*:').match)
     )
     if problem == safefile.NOT_OURS:
         raise StepcliError(f"{path}: {problem} merge; choose another -o or remove it")

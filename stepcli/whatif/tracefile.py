@@ -96,7 +96,9 @@ def write_trace(out: str, graph: Graph, path: list[PathPiece]) -> None:
     input trace)."""
     import orjson
 
-    problem = safefile.why_not_replace(out, OURS.match)
+    from stepcli.traces.read.files import gzip_aware
+
+    problem = safefile.why_not_replace(out, gzip_aware(OURS.match))
     if problem is not None:
         raise StepcliError(f"--trace {out}: {problem}; not replaced", EXIT_USAGE)
     try:

@@ -7,7 +7,7 @@ import os
 import re
 import stat
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from stepcli.errors import TraceError
@@ -97,6 +97,21 @@ def is_merged(path: str) -> bool:
     gzipped). Only a regular file is looked at (a FIFO is never waited on: the reader refuses it in
     one line)."""
     return _head_kind(path) == "merged"
+
+
+def gzip_aware(match: Callable[[bytes], object]) -> Callable[[bytes], object]:
+    """`match` on a file's first bytes, inflated first when they are gzip's (an output written as
+    NAME.json.gz): for stepcli.safefile.why_not_replace."""
+
+    def matches(head: bytes) -> object:
+        if head[:2] == b"\x1f\x8b":
+            try:
+                head = zlib.decompressobj(31).decompress(head, 4096)
+            except zlib.error:
+                return None
+        return match(head) if head else None
+
+    return matches
 
 
 def _head_kind(path: str) -> str | None:
