@@ -12,7 +12,7 @@ from typing import Any
 
 from stepcli import safefile
 from stepcli.errors import EXIT_USAGE, StepcliError
-from stepcli.whatif.answer import PathPiece
+from stepcli.whatif.criticalpath import PathPiece
 from stepcli.whatif.lanegraph import Graph
 
 # the document's first key: a file with it is an earlier --trace, safe to replace

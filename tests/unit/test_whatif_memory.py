@@ -13,7 +13,8 @@ from stepcli.traces.analyses.lanes import lane_of
 from stepcli.traces.read.columns import ColumnTrace
 from stepcli.traces.read.events import Event
 from stepcli.traces.read.typedcolumns import columns_from_events
-from stepcli.whatif.answer import WhatifRequest, parse_change, solve, walk_critical_path
+from stepcli.whatif.answer import WhatifRequest, parse_change, solve
+from stepcli.whatif.criticalpath import walk_critical_path
 from stepcli.whatif.lanegraph import Item, PackedJoints, build_graph
 from stepcli.whatif.lanereplay import PackedRecords, Record, _interpolated, _sampled, replay
 
