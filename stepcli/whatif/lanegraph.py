@@ -10,6 +10,7 @@ scheduling.
 
 from __future__ import annotations
 
+import bisect
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -130,6 +131,37 @@ class PackedJoints:
         return self.ints[0 :: self.WIDTH].tolist()
 
 
+class NodeRows:
+    """One lane's device nodes that are NCCL collectives joined across ranks: node -> (row,
+    member), packed as sorted columns (~12 bytes a node; as a dict of tuples ~90, ~3 MiB at 1,024
+    ranks of scripts/make_job.py's job)."""
+
+    __slots__ = ("members", "nodes", "rows")
+
+    def __init__(self) -> None:
+        self.nodes = array("i")
+        self.rows = array("i")
+        self.members = array("i")
+
+    def add(self, node: int, row: int, member: int) -> None:
+        self.nodes.append(node)
+        self.rows.append(row)
+        self.members.append(member)
+
+    def seal(self) -> None:
+        """Sorted by node, for get()."""
+        order = sorted(range(len(self.nodes)), key=self.nodes.__getitem__)
+        self.nodes = array("i", [self.nodes[k] for k in order])
+        self.rows = array("i", [self.rows[k] for k in order])
+        self.members = array("i", [self.members[k] for k in order])
+
+    def get(self, node: int) -> tuple[int, int] | None:
+        k = bisect.bisect_left(self.nodes, node)
+        if k < len(self.nodes) and self.nodes[k] == node:
+            return self.rows[k], self.members[k]
+        return None
+
+
 @dataclass
 class Graph:
     """The lanes of the ranks analysed and the collectives joining them, in the window of
@@ -157,7 +189,7 @@ class Graph:
     device_transfer: list[float] = field(default_factory=list)
     device_residual: list[array[float]] = field(default_factory=list)
     # per lane: node -> (row, member)
-    node_row: list[dict[int, tuple[int, int]]] = field(default_factory=list)
+    node_row: list[NodeRows] = field(default_factory=list)
     # per lane, sorted: where the replay reads its time (packed doubles: as a list of floats, three
     # times the size, ~6 KB a lane of a 1,024-rank job)
     joint_times: list[array[float]] = field(default_factory=list)
@@ -247,7 +279,7 @@ def _join_on_device(graph: Graph, device_rows: list[array[int]]) -> None:
     """The device-joined collectives' transfer (the earliest member's end less the latest member's
     start, on aligned clocks) and each member's residual after it."""
     graph.device_rows = device_rows
-    graph.node_row = [{} for _ in graph.lanes]
+    graph.node_row = [NodeRows() for _ in graph.lanes]
     graph.device_transfer = [0.0] * len(device_rows)
     graph.device_residual = [array("d") for _ in device_rows]
     for row, nodes in enumerate(device_rows):
@@ -260,12 +292,14 @@ def _join_on_device(graph: Graph, device_rows: list[array[int]]) -> None:
             assert work is not None
             starts.append(float(work.start[node]) - graph.offset[li])
             ends.append(float(work.start[node] + work.dur[node]) - graph.offset[li])
-            graph.node_row[li][node] = (row, m)
+            graph.node_row[li].add(node, row, m)
         transfer = max(0.0, min(ends) - max(starts))
         graph.device_transfer[row] = transfer
         graph.device_residual[row] = array(
             "d", [max(0.0, e - (max(starts) + transfer)) for e in ends]
         )
+    for joined in graph.node_row:
+        joined.seal()
 
 
 def _joined(
