@@ -219,6 +219,17 @@ def rank_trace(
                 }
                 | {"device": 0, "stream": stream_of[c % 2]}
             )
+            # the host waits for the collective's end (as DDP's reducer or a .wait() does): without
+            # the call, its gap would read as its own time
+            events.append(
+                {
+                    **host,
+                    "cat": "cuda_runtime",
+                    "name": "cudaStreamSynchronize",
+                    "ts": at(arrive + 62),
+                    "dur": round(depart - arrive - 52, 3),
+                }
+            )
             seq[name] += 1
             external += 2
             correlation += 1

@@ -5,6 +5,8 @@ top operators are from it (nearly critical ranks, slack). Pure.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -217,6 +219,8 @@ def slack(graph: Graph, rep: LaneReplay, names: Sequence[str]) -> list[dict[str,
     (ms, the least over its occurrences on a rank): the waits for other ranks after it on its rank
     absorb that much. Per rank, and the least over ranks."""
     out = []
+    # per lane: its bound waits' starts, sorted, and the sum of the waits from each one on
+    after: dict[int, tuple[list[float], list[float]]] = {}
     for name in names:
         by_rank: dict[str, float] = {}
         for i, lane in enumerate(graph.lanes):
@@ -224,8 +228,12 @@ def slack(graph: Graph, rep: LaneReplay, names: Sequence[str]) -> list[dict[str,
             at = lane.op_start[lane.op_top & np.isin(lane.op_name, codes)] if codes else np.zeros(0)
             if not len(at):
                 continue
-            waits = rep.records[i].bound_waits()
-            least = min(sum(w for start, w in waits if start >= t) for t in at.tolist())
+            if i not in after:
+                waits = sorted(rep.records[i].bound_waits())
+                sums = list(itertools.accumulate(w for _, w in reversed(waits)))[::-1]
+                after[i] = ([start for start, _ in waits], [*sums, 0.0])
+            starts, sums = after[i]
+            least = min(sums[bisect.bisect_left(starts, t)] for t in at.tolist())
             by_rank[str(lane.rank) if lane.rank is not None else "-"] = least / 1000.0
         if by_rank:
             out.append({"name": name, "slack_ms": min(by_rank.values()), "by_rank": by_rank})

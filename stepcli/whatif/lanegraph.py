@@ -108,16 +108,23 @@ class PackedJoints:
         return len(self.ints) // self.WIDTH
 
     def __getitem__(self, k: int) -> Item:
-        if not 0 <= k < len(self):
+        # (the replay reads every joint once per replay: ~350,000 reads at 1,024 GPU ranks)
+        width = self.WIDTH
+        if k < 0 or k * width >= len(self.ints):
             raise IndexError(k)
-        at, until = self.times[2 * k : 2 * k + 2]
-        row, m, first, last, sync, begin, end = self.ints[self.WIDTH * k : self.WIDTH * (k + 1)]
-        pairs, leaves = self.departs, self.leaves
-        departs = tuple((pairs[2 * d], pairs[2 * d + 1], leaves[d]) for d in range(begin, end))
+        times, ints = self.times, self.ints
+        row, m, first, last, sync, begin, end = ints[width * k : width * (k + 1)]
+        if end > begin:
+            pairs, leaves = self.departs, self.leaves
+            departs: tuple[tuple[int, int, float], ...] = tuple(
+                (pairs[2 * d], pairs[2 * d + 1], leaves[d]) for d in range(begin, end)
+            )
+        else:
+            departs = ()
         return Item(
-            at,
+            times[2 * k],
             (row, m) if row >= 0 else None,
-            until,
+            times[2 * k + 1],
             departs,
             range(first, last) if first >= 0 else None,
             sync,

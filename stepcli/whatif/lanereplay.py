@@ -27,7 +27,7 @@ from stepcli.traces.analyses.devicework import (
     node_factors,
 )
 from stepcli.traces.analyses.lanes import RankLane, covers
-from stepcli.whatif.lanegraph import Graph, Item, PackedJoints, WhatifChange
+from stepcli.whatif.lanegraph import Graph, Item, NodeRows, PackedJoints, WhatifChange
 
 
 @dataclass(slots=True)
@@ -45,7 +45,8 @@ class Record:
     arrive_row: int = -1  # an arrival point (zero length)
     # of a compute stretch: the collective (row) whose arrival it leads to; -1 after the last
     label: int = -1
-    # of a bound wait: how long the rank waited for the collective's last member to arrive
+    # of a bound wait, or a sync on an NCCL kernel: how long the rank waited for the collective's
+    # last member to arrive
     waited: float = 0.0
     # a sync on the device: the node it waited for (bound when it ended after `start`)
     sync_node: int = -1
@@ -90,12 +91,18 @@ class PackedRecords:
         return (self[k] for k in range(len(self)))
 
     def bound_waits(self) -> list[tuple[float, float]]:
-        """(lane_from, waited) of each wait bound by a collective, straight from the columns (the
-        slack reads them once per top operator and lane)."""
+        """(lane_from, waited) of each wait bound by a collective, and of each sync that waited for
+        an NCCL collective's last member, straight from the columns (the slack reads them once per
+        top operator and lane)."""
         width = len(_FLOATS)
         lane_from, waited = self.floats[0::width], self.floats[_FLOATS.index("waited") :: width]
         rows = self.ints[_INTS.index("wait_row") :: len(_INTS)]
-        return [(f, w) for f, w, row in zip(lane_from, waited, rows) if row >= 0]
+        syncs = self.ints[_INTS.index("sync_node") :: len(_INTS)]
+        return [
+            (f, w)
+            for f, w, row, s in zip(lane_from, waited, rows, syncs)
+            if row >= 0 or (s >= 0 and w > 0)
+        ]
 
 
 @dataclass
@@ -120,8 +127,6 @@ class LaneReplay:
     # per lane: µs spent waiting for other ranks to arrive at collectives, in the window
     blocked: list[float]
     device: list[ReplayDeviceTimes | None] = field(default_factory=list)
-    # per lane: interval label -> how much longer its compute ran (`--idealize-rank`; empty: none)
-    multipliers: list[dict[int, float]] = field(default_factory=list)
 
 
 class ReplayError(Exception):
@@ -204,10 +209,28 @@ class _Scheduler:
         self.device_arrive: list[list[float | None]] = [
             [None] * len(nodes) for nodes in graph.device_rows
         ]
+        # per row: members not arrived yet, and the last arrival once all have
+        self.device_missing = [len(nodes) for nodes in graph.device_rows]
+        self.device_last: list[float | None] = [None] * len(graph.device_rows)
+        # per lane: its sync calls' times and scopes, as lists (bisected once per sync)
+        self.sync_at = [lane.device.sync_at.tolist() if lane.device else [] for lane in graph.lanes]
+        self.sync_scope = [
+            lane.device.sync_scope.tolist() if lane.device else [] for lane in graph.lanes
+        ]
+        # per lane, per device node: its measured end and its stream, as lists
+        self.node_end = [
+            (lane.device.start + lane.device.dur).tolist() if lane.device else []
+            for lane in graph.lanes
+        ]
+        self.node_stream = [
+            lane.device.stream.tolist() if lane.device else [] for lane in graph.lanes
+        ]
         # per lane: stream -> last node queued
         self.stream_last: list[dict[int, int]] = [{} for _ in graph.lanes]
         # per lane, per joint: the next arrival's row
-        self.next_row = [_next_arrivals(items) for items in graph.items]
+        self.next_row = [
+            _next_arrivals(items, _joined(graph, li)) for li, items in enumerate(graph.items)
+        ]
         for li, lane in enumerate(graph.lanes):
             work = lane.device
             if work is None:
@@ -259,7 +282,6 @@ class _Scheduler:
             self.transfer,
             self.blocked,
             self.device,
-            self.multipliers,
         )
 
     def _step(self, i: int) -> bool:
@@ -350,8 +372,10 @@ class _Scheduler:
                     self.d_pos[i] += 1
                     continue
                 row, m = joined
+                if self.device_arrive[row][m] is None:
+                    self.device_missing[row] -= 1
                 self.device_arrive[row][m] = ready
-                if any(a is None for a in self.device_arrive[row]):
+                if self.device_missing[row] > 0:
                     break  # the others have not arrived yet: this lane's device waits here
                 work_list.extend(self._finish_collective(row))
                 if self.d_pos[i] == k:
@@ -363,6 +387,7 @@ class _Scheduler:
         graph = self.graph
         arrivals = [a for a in self.device_arrive[row] if a is not None]
         last = max(arrivals)
+        self.device_last[row] = last
         lanes = []
         for m, node in enumerate(graph.device_rows[row]):
             li = graph.members[row][m]
@@ -382,24 +407,42 @@ class _Scheduler:
         """A host call that returned after a device node ended: it returns at the later of reaching
         it and the node's end, plus the measured time from the node's end to the return; False while
         that end is unknown."""
-        times, work = self.device[i], self.graph.lanes[i].device
-        assert times is not None and work is not None
+        times = self.device[i]
+        assert times is not None
         node = item.sync
-        tail = max(0.0, item.until - float(work.start[node] + work.dur[node]))
-        scope = int(work.sync_scope[int(np.searchsorted(work.sync_at, item.at))])
+        tail = max(0.0, item.until - self.node_end[i][node])
+        scope = self.sync_scope[i][bisect.bisect_left(self.sync_at[i], item.at)]
         last = self.stream_last[i]
+        stream = self.node_stream[i][node]
         if scope == SYNC_DEVICE and last:
             if max(last.values()) >= self.d_pos[i]:
                 return False
             node = max(last.values(), key=lambda k: times.end[k])
-        elif scope == SYNC_STREAM and int(work.stream[node]) in last:
-            node = last[int(work.stream[node])]
+        elif scope == SYNC_STREAM and stream in last:
+            node = last[stream]
         if node >= self.d_pos[i]:
             return False
         ready = max(self.cur[i], times.end[node]) + tail
-        self._record(i, Record(item.at, item.until, self.cur[i], ready, sync_node=node))
+        waited = self._waited_for_others(i, node, ready - tail)
+        self.blocked[i] += waited
+        self._record(
+            i, Record(item.at, item.until, self.cur[i], ready, sync_node=node, waited=waited)
+        )
         self.cur[i], self.prev[i] = ready, item.until
         return True
+
+    def _waited_for_others(self, i: int, node: int, resumed: float) -> float:
+        """Of a sync on an NCCL kernel joined across ranks: how long lane i's host waited there
+        for the collective's last member to arrive on its device (what `blocked` and the slack
+        count); 0 for any other node."""
+        joined = self.graph.node_row[i].get(node) if self.graph.node_row else None
+        if joined is None:
+            return 0.0
+        row, m = joined
+        mine, last = self.device_arrive[row][m], self.device_last[row]
+        if mine is None or last is None:
+            return 0.0
+        return max(0.0, min(last - mine, resumed - self.cur[i]))
 
     def _wait(self, i: int, item: Item) -> None:
         """A wait ends at the later of its start and each collective's end plus the measured tail
@@ -440,7 +483,13 @@ class _Scheduler:
         if to <= prev:
             return
         length = self._integral_at(i, to) - self._integral_at(i, prev)
-        length *= self.multipliers[i].get(label, 1.0)
+        multiplier = self.multipliers[i].get(label, 1.0)
+        if multiplier != 1.0:
+            # the profiler's transition between two steps is not the rank's compute: it keeps its
+            # time
+            lane = self.graph.lanes[i]
+            kept = _transition_length(lane, transitions(self.graph, i), self.integrals[i], prev, to)
+            length = kept + (length - kept) * multiplier
         self._record(i, Record(prev, to, self.cur[i], self.cur[i] + length, label=label))
         self.cur[i] += length
         self.prev[i] = to
@@ -495,10 +544,20 @@ def _sampled(grid: np.ndarray, integral: np.ndarray, times: Sequence[float]) -> 
     return out
 
 
-def _next_arrivals(items: PackedJoints) -> list[int]:
+def _next_arrivals(items: PackedJoints, joined: NodeRows | None = None) -> list[int]:
     """At every position: the row of the first arrival at or after it (-1: none), the interval a
-    compute stretch there belongs to; in one pass from the end."""
+    compute stretch there belongs to; in one pass from the end. On a GPU rank (`joined`: its NCCL
+    kernels joined across ranks) an arrival is the launch of such a kernel."""
     out = items.arrive_rows()
+    if joined is not None and len(joined.nodes):
+        firsts = items.ints[2 :: items.WIDTH].tolist()
+        lasts = items.ints[3 :: items.WIDTH].tolist()
+        for pos, (first, last) in enumerate(zip(firsts, lasts)):
+            if first < 0:
+                continue
+            k = bisect.bisect_left(joined.nodes, first)
+            if k < len(joined.nodes) and joined.nodes[k] < last:
+                out[pos] = joined.rows[k]
     row = -1
     for pos in range(len(out) - 1, -1, -1):
         if out[pos] >= 0:
@@ -507,20 +566,64 @@ def _next_arrivals(items: PackedJoints) -> list[int]:
     return out
 
 
+def _joined(graph: Graph, i: int) -> NodeRows | None:
+    """Lane i's NCCL kernels joined across ranks (None: a host lane)."""
+    return graph.node_row[i] if graph.node_row and graph.lanes[i].device is not None else None
+
+
 def compute_between(graph: Graph, i: int, integral: np.ndarray) -> dict[int, float]:
     """Lane i's compute (µs, waits left out) per interval between its collectives: row -> the time
-    leading to its arrival there, -1 -> the time after its last arrival."""
+    leading to its arrival there, -1 -> the time after its last arrival. On the packed joints at
+    once (a 1,024-rank GPU job's lanes hold ~100 joints each)."""
     lane = graph.lanes[i]
-    out: dict[int, float] = {}
-    at = graph.start[i]
     items = graph.items[i]
-    next_row = _next_arrivals(items)
-    for pos, item in enumerate(items):
-        label = item.arrive[0] if item.arrive is not None else next_row[pos]
-        out[label] = out.get(label, 0.0) + _length(lane, integral, at, item.at)
-        at = item.until if item.arrive is None else item.at
-    out[-1] = out.get(-1, 0.0) + _length(lane, integral, at, graph.end[i])
+    times = np.frombuffer(items.times, np.float64) if len(items) else np.zeros(0)
+    ints = np.frombuffer(items.ints, np.int32) if len(items) else np.zeros(0, np.int32)
+    ats, untils = times[0::2], times[1::2]
+    arrive, first = ints[0 :: items.WIDTH], ints[2 :: items.WIDTH]
+    # a wait or a sync call is not compute; an arrival or a launch is an instant
+    waits = (arrive < 0) & (first < 0)
+    after = np.where(waits, np.maximum(untils, ats), ats)
+    lo = np.concatenate(([graph.start[i]], after))
+    hi = np.concatenate((ats, [graph.end[i]]))
+    compute = _lengths(lane, integral, lo, hi)
+    for end, start in transitions(graph, i):
+        compute -= _lengths(lane, integral, np.maximum(lo, end), np.minimum(hi, start))
+    labels = np.where(arrive >= 0, arrive, np.array(_next_arrivals(items, _joined(graph, i))))
+    out: dict[int, float] = {}
+    for label, length in zip([*labels.tolist(), -1], compute.tolist()):
+        out[label] = out.get(label, 0.0) + length
     return out
+
+
+def _lengths(lane: RankLane, integral: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """_length of each [lo, hi): 0 where hi <= lo."""
+    span = np.interp(hi, lane.grid, integral) - np.interp(lo, lane.grid, integral)
+    return np.where(hi > lo, span, 0.0)
+
+
+def transitions(graph: Graph, i: int) -> list[tuple[float, float]]:
+    """Lane i's spans between two of its steps in the window (its own clock): the profiler's step
+    transitions."""
+    lane = graph.lanes[i]
+    lo, hi = graph.start[i], graph.end[i]
+    return [
+        (end, start)
+        for end, start in zip(lane.step_end, lane.step_start[1:])
+        if start > end and end >= lo and start <= hi
+    ]
+
+
+def _transition_length(
+    lane: RankLane, spans: list[tuple[float, float]], integral: np.ndarray, lo: float, hi: float
+) -> float:
+    """Lane's replayed time in [lo, hi) (its own clock) inside the transition `spans`."""
+    total = 0.0
+    for end, start in spans:
+        a, b = max(lo, end), min(hi, start)
+        if b > a:
+            total += _length(lane, integral, a, b)
+    return total
 
 
 def _idealized(
@@ -566,33 +669,9 @@ def step_ms(
             lengths = np.diff(lane.grid)[between]
             if times is not None and change is not None:
                 lengths = lengths * speeds(lane, change)[between]
-            if times is not None and times.multipliers and times.multipliers[li]:
-                # an idealized rank's time between steps ran as long as its interval's compute
-                mids = ((lane.grid[:-1] + lane.grid[1:]) / 2)[between]
-                lengths = lengths * _multipliers_at(graph, li, times.multipliers[li], mids)
             span -= float(lengths.sum())
         spans.append(span)
     return float(np.mean(spans)) / count / 1000.0 if spans else 0.0
-
-
-def _multipliers_at(
-    graph: Graph, li: int, multipliers: dict[int, float], at: np.ndarray
-) -> np.ndarray:
-    """The replay's multiplier of lane li's compute at each time in `at` (its own clock): that of
-    the interval between collectives it lies in (compute_between's labels)."""
-    items = graph.items[li]
-    joints = [item.at for item in items]
-    next_row = _next_arrivals(items)
-    out = np.ones(len(at))
-    for k, t in enumerate(at.tolist()):
-        pos = bisect.bisect_right(joints, t)
-        if pos == len(items):
-            label = -1
-        else:
-            item = items[pos]
-            label = item.arrive[0] if item.arrive is not None else next_row[pos]
-        out[k] = multipliers.get(label, 1.0)
-    return out
 
 
 def between_steps(lane: RankLane, lo: float, hi: float, at: np.ndarray | None = None) -> np.ndarray:
