@@ -14,6 +14,7 @@ import bisect
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -169,7 +170,8 @@ class _Scheduler:
 
     def __init__(self, graph: Graph, change: WhatifChange | None, records: bool = True) -> None:
         self.graph = graph
-        n = len(graph.lanes)
+        lanes = graph.lanes
+        n = len(lanes)
         self.integrals = []
         for lane in graph.lanes:
             f = speeds(lane, change)
@@ -212,18 +214,16 @@ class _Scheduler:
         # per row: members not arrived yet, and the last arrival once all have
         self.device_missing = [len(nodes) for nodes in graph.device_rows]
         self.device_last: list[float | None] = [None] * len(graph.device_rows)
-        # per lane: its sync calls' times and scopes, as lists (bisected once per sync)
-        self.sync_at = [lane.device.sync_at.tolist() if lane.device else [] for lane in graph.lanes]
-        self.sync_scope = [
-            lane.device.sync_scope.tolist() if lane.device else [] for lane in graph.lanes
+        # per lane: its sync calls' times and scopes, and per device node its stream, packed (read
+        # an item at a time: a numpy scalar costs ~10 times as much; a list ~4 times the memory)
+        self.sync_at = [
+            _packed("d", lane.device.sync_at if lane.device else None) for lane in lanes
         ]
-        # per lane, per device node: its measured end and its stream, as lists
-        self.node_end = [
-            (lane.device.start + lane.device.dur).tolist() if lane.device else []
-            for lane in graph.lanes
+        self.sync_scope = [
+            _packed("b", lane.device.sync_scope if lane.device else None) for lane in lanes
         ]
         self.node_stream = [
-            lane.device.stream.tolist() if lane.device else [] for lane in graph.lanes
+            _packed("i", lane.device.stream if lane.device else None) for lane in lanes
         ]
         # per lane: stream -> last node queued
         self.stream_last: list[dict[int, int]] = [{} for _ in graph.lanes]
@@ -410,7 +410,6 @@ class _Scheduler:
         times = self.device[i]
         assert times is not None
         node = item.sync
-        tail = max(0.0, item.until - self.node_end[i][node])
         scope = self.sync_scope[i][bisect.bisect_left(self.sync_at[i], item.at)]
         last = self.stream_last[i]
         stream = self.node_stream[i][node]
@@ -422,6 +421,9 @@ class _Scheduler:
             node = last[stream]
         if node >= self.d_pos[i]:
             return False
+        work = self.graph.lanes[i].device
+        assert work is not None
+        tail = max(0.0, item.until - float(work.start[item.sync] + work.dur[item.sync]))
         ready = max(self.cur[i], times.end[node]) + tail
         waited = self._waited_for_others(i, node, ready - tail)
         self.blocked[i] += waited
@@ -542,6 +544,10 @@ def _sampled(grid: np.ndarray, integral: np.ndarray, times: Sequence[float]) -> 
     out[below] = integral[0]
     out[above] = integral[-1]
     return out
+
+
+def _packed(code: str, values: np.ndarray | None) -> array[Any]:
+    return array(code, values.tolist() if values is not None else [])
 
 
 def _next_arrivals(items: PackedJoints, joined: NodeRows | None = None) -> list[int]:
