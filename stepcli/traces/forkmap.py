@@ -163,14 +163,12 @@ class _PipeSink:
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.sent = 0
         self.backlog = bytearray()
         os.set_blocking(fd, False)
 
     def frame(self, data: bytes) -> None:
         self._send(len(data).to_bytes(_LENGTH, "little"))
         self._send(data)
-        self.sent += _LENGTH + len(data)
 
     def finish(self) -> None:
         """Send the backlog, waiting for the parent to read it."""

@@ -12,6 +12,7 @@ from typing import Any
 
 from stepcli import safefile
 from stepcli.errors import EXIT_USAGE, StepcliError
+from stepcli.traces.read.files import gzip_aware
 from stepcli.whatif.criticalpath import PathPiece
 from stepcli.whatif.lanegraph import Graph
 
@@ -88,7 +89,8 @@ def _slice(
     }
 
 
-OURS = re.compile(rb'\s*\{\s*"' + MARKER.encode() + rb'"\s*:')
+# an earlier --trace's first bytes, plain or gzipped (NAME.json.gz)
+is_ours = gzip_aware(re.compile(rb'\s*\{\s*"' + MARKER.encode() + rb'"\s*:').match)
 
 
 def write_trace(out: str, graph: Graph, path: list[PathPiece]) -> None:
@@ -96,9 +98,7 @@ def write_trace(out: str, graph: Graph, path: list[PathPiece]) -> None:
     input trace)."""
     import orjson
 
-    from stepcli.traces.read.files import gzip_aware
-
-    problem = safefile.why_not_replace(out, gzip_aware(OURS.match))
+    problem = safefile.why_not_replace(out, is_ours)
     if problem is not None:
         raise StepcliError(f"--trace {out}: {problem}; not replaced", EXIT_USAGE)
     try:

@@ -152,7 +152,6 @@ _OURS = re.compile(rb'\s*\{\s*"schema"\s*:\s*"' + re.escape(SCHEMA.encode()))
 def check_outputs(json_path: str | None, trace_path: str | None) -> None:
     """--json and --trace may be written where they name, checked before any trace is read: a
     refusal reads nothing and writes nothing (not the JSON answer before refusing the trace)."""
-    from stepcli.traces.read.files import gzip_aware
     from stepcli.whatif import tracefile
 
     if trace_path == "-":
@@ -169,10 +168,11 @@ def check_outputs(json_path: str | None, trace_path: str | None) -> None:
         raise StepcliError(
             f"--json and --trace both name {json_path}: give each its own file", EXIT_USAGE
         )
-    for flag, path, ours in (("--json", json_path, _OURS), ("--trace", trace_path, tracefile.OURS)):
+    outputs = (("--json", json_path, _OURS.match), ("--trace", trace_path, tracefile.is_ours))
+    for flag, path, ours in outputs:
         if path is None or path == "-":
             continue
-        problem = safefile.why_not_replace(path, gzip_aware(ours.match))
+        problem = safefile.why_not_replace(path, ours)
         if problem is not None:
             raise StepcliError(f"{flag} {path}: {problem}; not replaced", EXIT_USAGE)
         folder = os.path.dirname(path) or "."

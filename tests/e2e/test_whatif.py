@@ -8,11 +8,29 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import load_trace, profiler_steps, run_stepcli, trace_files, write_script
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "traces"
+
+
+def _shared_trace(*parts: str) -> Path:
+    """A trace of ../shared/traces (skipped where the checkout has none beside it)."""
+    trace = SHARED.joinpath(*parts)
+    if not trace.exists():
+        pytest.skip(f"{trace} not found (../shared/traces beside the checkout)")
+    return trace
+
+
+def _answered(out: Path, *args: str | Path) -> tuple[Any, dict[str, Any]]:
+    """`stepcli whatif ARGS --json OUT`, answered (exit 0): the process and the document."""
+    result = run_stepcli("whatif", *args, "--json", out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result, json.loads(out.read_text())
+
+
 SLEEP_MS = 20
 
 SLOW_RANK = f"""
@@ -276,9 +294,7 @@ def test_the_ranks_answer_in_json(ddp_run: Path, tmp_path: Path) -> None:
 
 
 def test_one_rank_of_a_gpu_job_is_inconclusive_with_the_reason() -> None:
-    trace = SHARED / "dlrm_control.rank3.pt.trace.json.gz"
-    if not trace.exists():
-        pytest.skip(f"{trace} not found (../shared/traces beside the checkout)")
+    trace = _shared_trace("dlrm_control.rank3.pt.trace.json.gz")
     result = run_stepcli("whatif", trace)
     assert result.returncode == 4, result.stderr
     assert "INCONCLUSIVE: only rank 3 of a 8-rank job was read" in result.stdout
@@ -290,15 +306,9 @@ def test_a_real_gpu_step_is_replayed_and_a_kernel_off_its_critical_path_buys_not
 ) -> None:
     # the H200 GPT step: under the profiler the host launching it is slower than the device running
     # it
-    trace = SHARED / "h200_gpt_bf16" / "gpt_bf16.pt.trace.json.gz"
-    if not trace.exists():
-        pytest.skip(f"{trace} not found (../shared/traces beside the checkout)")
+    trace = _shared_trace("h200_gpt_bf16", "gpt_bf16.pt.trace.json.gz")
     out = tmp_path / "gpt.json"
-    result = run_stepcli(
-        "whatif", trace, "--scale", "re:^nvjet=0.5", "--scale", "phase:backward=0.5", "--json", out
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    doc = json.loads(out.read_text())
+    result, doc = _answered(out, trace, "--scale", "re:^nvjet=0.5", "--scale", "phase:backward=0.5")
     assert abs(doc["replay_error"]) <= 0.05
     kernels, backward = doc["changes"][0], doc["changes"][1]
     # the GEMM kernels halved: the host still launches as slowly
@@ -308,9 +318,7 @@ def test_a_real_gpu_step_is_replayed_and_a_kernel_off_its_critical_path_buys_not
     assert all(len(line) <= 80 for line in result.stdout.splitlines()), result.stdout
     # step 2 alone begins with 13 ms of device work the host waits for (a device sync): there the
     # GEMMs halved buy
-    result = run_stepcli("whatif", trace, "--step", "2", "--scale", "re:^nvjet=0.5", "--json", out)
-    assert result.returncode == 0, result.stdout + result.stderr
-    doc = json.loads(out.read_text())
+    _, doc = _answered(out, trace, "--step", "2", "--scale", "re:^nvjet=0.5")
     gpu_ms = sum(seg["ms"] for seg in doc["critical_path"]["segments"] if seg["kind"] == "gpu")
     assert abs(doc["replay_error"]) <= 0.05 and gpu_ms > 10
     assert 0.5 < doc["changes"][0]["saved_ms"] < gpu_ms / 2, doc["changes"]
@@ -319,25 +327,15 @@ def test_a_real_gpu_step_is_replayed_and_a_kernel_off_its_critical_path_buys_not
 def test_everything_twice_as_slow_is_at_most_twice_the_step(tmp_path: Path) -> None:
     # `re:.` names every operator and every kernel: a kernel launched inside an operator is scaled
     # once (it ran 4 times as long, and the H200 step came out 2.9 times as long)
-    trace = SHARED / "h200_gpt_bf16" / "gpt_bf16.pt.trace.json.gz"
-    if not trace.exists():
-        pytest.skip(f"{trace} not found (../shared/traces beside the checkout)")
-    out = tmp_path / "slow.json"
-    result = run_stepcli("whatif", trace, "--scale", "re:.=2", "--json", out)
-    assert result.returncode == 0, result.stdout + result.stderr
-    doc = json.loads(out.read_text())
+    trace = _shared_trace("h200_gpt_bf16", "gpt_bf16.pt.trace.json.gz")
+    _, doc = _answered(tmp_path / "slow.json", trace, "--scale", "re:.=2")
     assert doc["measured_ms"] < doc["changes"][0]["predicted_ms"] <= 2 * doc["measured_ms"]
 
 
 def test_kernels_on_the_critical_path_buy_at_most_their_time_there(tmp_path: Path) -> None:
     # HTA's cuda_event_sync fixture: a ProfilerStep whose host waits on the device in an event sync
-    trace = SHARED / "hta_critical_path" / "cuda_event_sync" / "event_sync_trace.json.gz"
-    if not trace.exists():
-        pytest.skip(f"{trace} not found (../shared/traces beside the checkout)")
-    out = tmp_path / "sync.json"
-    result = run_stepcli("whatif", trace, "--scale", "re:^(void|Memcpy)=0", "--json", out)
-    assert result.returncode == 0, result.stdout + result.stderr
-    doc = json.loads(out.read_text())
+    trace = _shared_trace("hta_critical_path", "cuda_event_sync", "event_sync_trace.json.gz")
+    _, doc = _answered(tmp_path / "sync.json", trace, "--scale", "re:^(void|Memcpy)=0")
     assert doc["replay_error"] == pytest.approx(0.0, abs=0.01)
     segments = doc["critical_path"]["segments"]
     on_device = sum(seg["ms"] for seg in segments if seg["kind"] == "gpu")

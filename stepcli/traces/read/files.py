@@ -37,14 +37,8 @@ def list_trace_files(paths: Sequence[str]) -> list[str]:
     taken for one rank's."""
     files: list[str] = []
     for path in paths:
-        if os.path.isdir(path):
-            # (stepcli's own outputs saved in the folder are left out as merged traces are: read
-            # as traces they failed the folder, or joined a job as a process without a rank)
-            files.extend(
-                file for file in _expand(path) if _head_kind(file) not in ("merged", "own")
-            )
-        else:
-            files.extend(_expand(path))
+        files.extend(_expand(path))
+        if not os.path.isdir(path):
             kind = _head_kind(path)
             if kind == "merged":
                 raise TraceError(path, MERGED_PROBLEM)
@@ -63,18 +57,26 @@ def list_trace_files(paths: Sequence[str]) -> list[str]:
 
 def _expand(path: str) -> list[str]:
     """A file stands for itself; a folder for the traces under it (hidden and temporary names
-    skipped)."""
+    skipped; merged traces and stepcli's own outputs saved there left out)."""
     if os.path.isdir(path):
         found = sorted(_walk(Path(path)))
+        kinds: dict[str, str | None] = {}  # each file's head read once
+
+        def kind(file: str) -> str | None:
+            if file not in kinds:
+                kinds[file] = _head_kind(file)
+            return kinds[file]
+
         # A run folder can also hold manifests and summaries; when torch-named traces are there, use
-        # only those.
-        # (a stepcli output saved under such a name is no trace: it does not make the others
-        # manifests)
-        named = [p for p in found if ".pt.trace.json" in Path(p).name and _head_kind(p) != "own"]
+        # only those. (A stepcli output saved under such a name is no trace: it does not make the
+        # others manifests.)
+        named = [p for p in found if ".pt.trace.json" in Path(p).name and kind(p) != "own"]
         found = named or found
         if not found:
             raise TraceError(path, "no .json or .json.gz trace files in this folder")
-        return found
+        # (a merged trace repeats the rank traces beside it; stepcli's own outputs, read as traces,
+        # failed the folder or joined a job as a process without a rank)
+        return [p for p in found if kind(p) not in ("merged", "own")]
     if not os.path.exists(path):
         from stepcli.inputs import broken_link
 
@@ -92,23 +94,15 @@ def _walk(root: Path) -> Iterator[str]:
                 yield os.path.join(dirpath, name)
 
 
-def is_merged(path: str) -> bool:
-    """Whether the file begins as `stepcli merge` output does (its first bytes only, inflated when
-    gzipped). Only a regular file is looked at (a FIFO is never waited on: the reader refuses it in
-    one line)."""
-    return _head_kind(path) == "merged"
-
-
 def gzip_aware(match: Callable[[bytes], object]) -> Callable[[bytes], object]:
     """`match` on a file's first bytes, inflated first when they are gzip's (an output written as
     NAME.json.gz): for stepcli.safefile.why_not_replace."""
 
     def matches(head: bytes) -> object:
-        if head[:2] == b"\x1f\x8b":
-            try:
-                head = zlib.decompressobj(31).decompress(head, 4096)
-            except zlib.error:
-                return None
+        try:
+            head = _inflated(head)
+        except zlib.error:
+            return None
         return match(head) if head else None
 
     return matches
@@ -116,7 +110,9 @@ def gzip_aware(match: Callable[[bytes], object]) -> Callable[[bytes], object]:
 
 def _head_kind(path: str) -> str | None:
     """ "merged" for `stepcli merge` output, "own" for another stepcli output (see
-    _OWN_OUTPUT_HEAD), None for anything else, by the file's first bytes (inflated when gzipped)."""
+    _OWN_OUTPUT_HEAD), None for anything else, by the file's first bytes (inflated when gzipped).
+    Only a regular file is looked at (a FIFO is never waited on: the reader refuses it in one
+    line)."""
     from stepcli.inputs import open_input
 
     try:
@@ -126,9 +122,7 @@ def _head_kind(path: str) -> str | None:
     try:
         if not stat.S_ISREG(info.st_mode):
             return None
-        head = os.read(fd, 4096)
-        if head[:2] == b"\x1f\x8b":
-            head = zlib.decompressobj(31).decompress(head, 256)
+        head = _inflated(os.read(fd, 4096))
     except (OSError, zlib.error):
         return None
     finally:
@@ -136,6 +130,12 @@ def _head_kind(path: str) -> str | None:
     if _MERGED_HEAD.match(head):
         return "merged"
     return "own" if _OWN_OUTPUT_HEAD.match(head) else None
+
+
+def _inflated(head: bytes) -> bytes:
+    """A file's first bytes, inflated when they are gzip's (as far as they go); zlib.error when
+    they are not whole gzip."""
+    return zlib.decompressobj(31).decompress(head, 4096) if head[:2] == b"\x1f\x8b" else head
 
 
 def rank_from_name(path: str) -> int | None:
