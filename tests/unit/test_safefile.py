@@ -276,7 +276,12 @@ with safefile.NewFile(os.path.join(sys.argv[1], "out.json")) as handle:
     handle.write(b"half")
     handle.flush()
     print("writing", flush=True)
-    time.sleep(600)
+    # still writing: short naps, as a command at work runs bytecode. One long sleep could miss the
+    # signal: CPython runs a Python-level handler between bytecodes, and a signal that lands after
+    # the last check but before the sleep's system call starts sleeps with it (1 run in ~400 on a
+    # busy machine)
+    for _ in range(60_000):
+        time.sleep(0.01)
 """
 
 
