@@ -31,8 +31,8 @@ from stepcli.whatif.lanereplay import (
     PackedRecords,
     ReplayError,
     replay,
-    step_ms,
 )
+from stepcli.whatif.lanetime import step_ms
 
 SCHEMA = "stepcli.whatif/1"
 MAX_REPLAY_ERROR = 0.05  # a replay further than this from the measured step answers nothing

@@ -15,7 +15,8 @@ import numpy as np
 
 from stepcli.traces.analyses.lanes import PHASE_NAMES
 from stepcli.whatif.lanegraph import Graph
-from stepcli.whatif.lanereplay import LaneReplay, Record, between_steps
+from stepcli.whatif.lanereplay import LaneReplay, Record
+from stepcli.whatif.lanetime import between_steps
 
 # the critical path's time between two steps (the profiler's step transition): walked through, not
 # counted, as the steps' measured time does not count it

@@ -17,7 +17,8 @@ from stepcli.traces.read.events import Event
 from stepcli.traces.read.typedcolumns import columns_from_events
 from stepcli.whatif.answer import WhatifRequest, answer, choose_steps, parse_change
 from stepcli.whatif.lanegraph import build_graph
-from stepcli.whatif.lanereplay import replay, step_ms
+from stepcli.whatif.lanereplay import replay
+from stepcli.whatif.lanetime import step_ms
 
 MAIN, WORKER = 1, 2
 
