@@ -208,7 +208,12 @@ def test_compare_imports_only_the_leaves_traces_and_the_run_summary() -> None:
         _outside(
             "stepcli.compare",
             _LEAVES,
-            ("stepcli.traces", "stepcli.runfolder.summaryfile", "stepcli.runfolder.runs"),
+            (
+                "stepcli.traces",
+                "stepcli.runfolder.summaryfile",
+                "stepcli.runfolder.summaryread",
+                "stepcli.runfolder.runs",
+            ),
         )
         == []
     )
@@ -219,7 +224,12 @@ def test_whatif_imports_only_the_leaves_traces_and_the_run_folder() -> None:
         _outside(
             "stepcli.whatif",
             _LEAVES,
-            ("stepcli.traces", "stepcli.runfolder.summaryfile", "stepcli.runfolder.runs"),
+            (
+                "stepcli.traces",
+                "stepcli.runfolder.summaryfile",
+                "stepcli.runfolder.summaryread",
+                "stepcli.runfolder.runs",
+            ),
         )
         == []
     )
@@ -276,8 +286,17 @@ def test_run_summary_model_imports_no_package() -> None:
     # run/ writes it, report/ and compare/ read it: it depends on none of them (nor on traces or the
     # agent).
     assert _outside("stepcli.runfolder.summaryfile", _LEAVES) == []
+    assert (
+        _outside("stepcli.runfolder.summaryread", _LEAVES | {"stepcli.runfolder.summaryfile"}) == []
+    )
     assert _outside("stepcli.steptimes", _LEAVES | {"stepcli.runfolder.summaryfile"}) == []
-    assert _outside("stepcli.runfolder.runs", _LEAVES | {"stepcli.runfolder.summaryfile"}) == []
+    assert (
+        _outside(
+            "stepcli.runfolder.runs",
+            _LEAVES | {"stepcli.runfolder.summaryfile", "stepcli.runfolder.summaryread"},
+        )
+        == []
+    )
     # The step-log and step-record readers read what the agent writes: its config, signing and
     # output checks.
     agent_formats = {
@@ -330,7 +349,7 @@ _READS_OUTSIDE_INPUTS = {
     "safefile.py": "read_regular: a regular file of this user, opened without following a link",
     "runfolder/runs.py": "read_saved_json: stepcli's own JSON in a run folder, its one failure "
     "policy",
-    "runfolder/summaryfile.py": "decodes the bytes of a run summary already read (inputs or "
+    "runfolder/summaryread.py": "decodes the bytes of a run summary already read (inputs or "
     "read_saved)",
     "runfolder/steplogreader.py": "decodes a step log read by inputs.read_input, saying why one is "
     "left out",

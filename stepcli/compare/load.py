@@ -26,10 +26,8 @@ from stepcli.runfolder.summaryfile import (
     RunSummary,
     SummaryOpRow,
     SummaryStepTimes,
-    invalid,
-    load_run_summary,
-    read_run_summary,
 )
+from stepcli.runfolder.summaryread import invalid, load_run_summary, read_run_summary
 from stepcli.stats import STAT_NAMES, Stats, describe
 from stepcli.traces.analyses.shares import STEP_KEY
 

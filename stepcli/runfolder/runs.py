@@ -249,7 +249,7 @@ def _span(run: Path) -> tuple[float, float] | None:
     """When a run ran (epoch seconds), from its saved summary; None without one."""
     from datetime import datetime
 
-    from stepcli.runfolder.summaryfile import read_run_summary
+    from stepcli.runfolder.summaryread import read_run_summary
 
     data = read_saved(run / SUMMARY_FILE)
     if data is None:
@@ -291,7 +291,7 @@ def run_traces(pick: RunPick) -> list[str]:
     """The traces the chosen run wrote that are still there, as its saved run summary lists them
     (inside the folder: rerooted). A run with no saved summary (stepcli itself was killed) or no
     trace is refused in one line that says how to read the folder's traces anyway."""
-    from stepcli.runfolder.summaryfile import read_run_summary
+    from stepcli.runfolder.summaryread import read_run_summary
 
     path = pick.run_dir / SUMMARY_FILE
     data = read_saved(path)
@@ -324,7 +324,7 @@ def _unclaimed_traces(pick: RunPick) -> list[str] | None:
     """The traces in the folder (where `stepcli run` writes them: the folder itself and its
     `window-step<N>/`) that no other run's saved summary lists: those of a run still running. None
     when another run has no readable summary (then no trace can be told apart)."""
-    from stepcli.runfolder.summaryfile import read_run_summary
+    from stepcli.runfolder.summaryread import read_run_summary
 
     claimed: set[str] = set()
     for run in run_dirs(pick.folder):

@@ -47,7 +47,7 @@ def untouched_median(
         return None, []
     from stepcli.runfolder.layout import SUMMARY_FILE
     from stepcli.runfolder.runs import pick_run, read_saved
-    from stepcli.runfolder.summaryfile import read_run_summary
+    from stepcli.runfolder.summaryread import read_run_summary
 
     pick = pick_run(paths[0])
     if pick is None or (all_runs and pick.others and not pick.named):

@@ -1,4 +1,4 @@
-"""stepcli.runfolder.summaryfile: the one loader of run summaries names the first wrong field in one
+"""stepcli.runfolder.summaryread: the one loader of run summaries names the first wrong field in one
 line (exit 2)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from stepcli.errors import EXIT_USAGE, StepcliError
-from stepcli.runfolder.summaryfile import load_run_summary, read_run_summary
+from stepcli.runfolder.summaryread import load_run_summary, read_run_summary
 
 
 def _doc(**fields: Any) -> dict[str, Any]:

@@ -31,7 +31,8 @@ from stepcli.runfolder.runs import (
     run_dirs,
     written_traces,
 )
-from stepcli.runfolder.summaryfile import AdviceItem, RunSummary, SummaryStepTimes, read_run_summary
+from stepcli.runfolder.summaryfile import AdviceItem, RunSummary, SummaryStepTimes
+from stepcli.runfolder.summaryread import read_run_summary
 from stepcli.steptimes import process_steps, trace_process_steps
 
 if TYPE_CHECKING:
