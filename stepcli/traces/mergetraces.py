@@ -8,12 +8,9 @@ unique across the ranks (flow ids, correlation and external ids) are moved into 
 The output's first key is `stepcli_merged`, so an existing -o file is overwritten only when stepcli
 wrote it.
 
-Each file is read as `table` reads it (stepcli.traces.read.tracereader.slice_layout): its text once,
-its events decoded ~1 MB of text at a time, rewritten and written before the next piece is decoded,
-so memory never holds a file's events as Python objects (a crafted trace of tiny events took 51x its
-size that way). An event whose `ts` or `dur` is not a finite number (`1e400`) is left out and
-counted, as `table` skips it, and so is any other non-finite number: the output never holds
-`Infinity` or `NaN`, which no trace viewer reads.
+Each file is read a piece at a time (stepcli.traces.read.piecewise), each piece rewritten and
+written before the next one is decoded: memory never holds a file's events as Python objects, and
+the output never holds `Infinity` or `NaN`, which no trace viewer reads.
 """
 
 from __future__ import annotations
@@ -32,6 +29,7 @@ from stepcli.errors import StepcliError, TraceError
 from stepcli.fmt import plural
 from stepcli.traces.read.files import MERGED_MARKER as MARKER
 from stepcli.traces.read.jsonvalues import as_id, as_time
+from stepcli.traces.read.piecewise import CutWrong, PiecewiseTrace
 
 # (commands/merge.py imports this module at start-up: json and the trace reader are imported when a
 # merge runs)
@@ -58,162 +56,6 @@ def check_output(path: str) -> None:
         raise StepcliError(f"{path}: {problem} merge; choose another -o or remove it")
     if problem is not None:
         raise StepcliError(f"{path}: {problem}; choose another -o")
-
-
-_STRICT = msgspec.json.Decoder()
-_LENIENT = msgspec.json.Decoder(float_hook=float)  # a number past float range (1e400) reads as inf
-# Text decoded at once: its events as Python objects take up to ~25 times its size (tiny events),
-# twice while rewritten. Smaller slices cost nothing measurable.
-_SLICE_BYTES = 256 * 1024
-_BATCH = 4096  # events decoded at once when the list could not be cut into slices
-
-
-class _Unsliced(msgspec.Struct):
-    """A trace document when its traceEvents list cannot be cut into slices: each event kept as its
-    text only."""
-
-    traceEvents: list[msgspec.Raw]
-    distributedInfo: Any = None
-    baseTimeNanoseconds: Any = None
-    merged: Any = msgspec.field(default=msgspec.UNSET, name=MARKER)
-
-
-class _CutWrong(Exception):
-    """A slice of the traceEvents list is no JSON list (a cut fell inside a string): read the file
-    unsliced."""
-
-
-class _Trace:
-    """One trace read for merging: its header, then its events a piece at a time (`pieces`), each
-    event whose time is not a finite number left out and each other non-finite number dropped, and
-    both counted."""
-
-    def __init__(self, path: str, sliced: bool = True) -> None:
-        from stepcli.inputs import read_input
-        from stepcli.traces.read.tracereader import _NotChunkable, slice_layout
-
-        self.path = path
-        self.data = read_input(path)
-        self.dropped_events = self.dropped_values = 0
-        self.layout: tuple[int, list[int]] | None = None
-        if sliced:
-            try:
-                self.layout = slice_layout(self.data, chunk=_SLICE_BYTES)
-            except _NotChunkable:
-                self.layout = None  # (no traceEvents key: the unsliced read names the problem)
-        self._raw: list[msgspec.Raw] = []
-        self._last: list[Any] = []
-        self.header = self._sliced_header() if self.layout is not None else self._unsliced_header()
-        if MARKER in self.header:
-            raise TraceError(path, "is already a merged trace (stepcli merge output)")
-
-    def _decode(self, text: bytes | memoryview) -> tuple[Any, bool]:
-        """The decoded text, and whether it may hold non-finite numbers (a number past float range
-        was in it)."""
-        try:
-            return _STRICT.decode(text), False
-        except msgspec.DecodeError as exc:
-            if "out of range" not in str(exc):
-                raise
-            return _LENIENT.decode(text), True
-
-    def _sliced_header(self) -> dict[str, Any]:
-        """The document with only the events after the last cut (as table's decode_rest reads
-        it)."""
-        assert self.layout is not None
-        start, splits = self.layout
-        view = memoryview(self.data)
-        try:
-            document, lenient = self._decode(b"".join((view[:start], view[splits[-1] + 1 :])))
-        except (msgspec.DecodeError, RecursionError):
-            raise _CutWrong from None
-        if not isinstance(document, dict) or not isinstance(document.get("traceEvents"), list):
-            raise _CutWrong
-        self._last = self._events(document.pop("traceEvents"), lenient)
-        return document  # (its own non-finite numbers are never written: only the events are)
-
-    def _unsliced_header(self) -> dict[str, Any]:
-        try:
-            try:
-                document = msgspec.json.decode(self.data, type=_Unsliced)
-            except msgspec.DecodeError as exc:
-                if "out of range" not in str(exc):
-                    raise
-                document = msgspec.json.Decoder(_Unsliced, float_hook=float).decode(self.data)
-        except msgspec.ValidationError:
-            raise TraceError(self.path, "no traceEvents list: not a profiler trace") from None
-        except (msgspec.DecodeError, RecursionError):
-            raise TraceError(self.path, "not a JSON trace") from None
-        self._raw = document.traceEvents
-        header = {
-            "distributedInfo": document.distributedInfo,
-            "baseTimeNanoseconds": document.baseTimeNanoseconds,
-        }
-        return header | ({MARKER: document.merged} if document.merged is not msgspec.UNSET else {})
-
-    def pieces(self) -> Iterator[list[dict[str, Any]]]:
-        """The events (objects only, in file order), ~1 MB of text or _BATCH events at a time;
-        _CutWrong when a slice is no JSON list, TraceError when an event of an unsliced file is no
-        JSON."""
-        if self.layout is not None:
-            start, splits = self.layout
-            view = memoryview(self.data)
-            previous = start
-            for comma in splits:
-                try:
-                    piece, lenient = self._decode(b"".join((b"[", view[previous:comma], b"]")))
-                except (msgspec.DecodeError, RecursionError):
-                    raise _CutWrong from None
-                if not isinstance(piece, list):
-                    raise _CutWrong
-                yield self._events(piece, lenient)
-                previous = comma + 1
-            yield self._last
-            return
-        for first in range(0, len(self._raw), _BATCH):
-            text = b"".join((b"[", b",".join(self._raw[first : first + _BATCH]), b"]"))
-            try:
-                piece, lenient = self._decode(text)
-            except (msgspec.DecodeError, RecursionError):
-                raise TraceError(self.path, "not a JSON trace") from None
-            yield self._events(piece, lenient)
-
-    def _events(self, decoded: list[Any], lenient: bool) -> list[dict[str, Any]]:
-        """The objects of a decoded piece. When it was decoded leniently (only then can a number be
-        infinite), an event whose `ts` or `dur` is not finite is left out and any other non-finite
-        number dropped, each counted."""
-        if not lenient:
-            return [event for event in decoded if isinstance(event, dict)]
-        kept = []
-        for event in decoded:
-            if not isinstance(event, dict):
-                continue
-            if any(
-                isinstance(event.get(key), float) and not math.isfinite(event[key])
-                for key in ("ts", "dur")
-            ):
-                self.dropped_events += 1
-                continue
-            kept.append(self._scrub(event))
-        return kept
-
-    def _scrub(self, value: Any) -> Any:
-        """`value` without its non-finite numbers, each counted."""
-        if isinstance(value, dict):
-            out = {}
-            for key, item in value.items():
-                if isinstance(item, float) and not math.isfinite(item):
-                    self.dropped_values += 1
-                    continue
-                out[key] = self._scrub(item)
-            return out
-        if isinstance(value, list):
-            kept = [
-                item for item in value if not (isinstance(item, float) and not math.isfinite(item))
-            ]
-            self.dropped_values += len(value) - len(kept)
-            return [self._scrub(item) for item in kept]
-        return value
 
 
 def _base_time(document: dict[str, Any]) -> int | None:
@@ -419,7 +261,7 @@ def _survey(path: str, slot: int) -> tuple[int | None, _Plan]:
     (rank 0 when it has none). The main thread is where its `ProfilerStep#N` annotations are."""
     for sliced in (True, False):
         try:
-            trace = _Trace(path, sliced)
+            trace = PiecewiseTrace(path, sliced)
             steps: Counter[tuple[Any, Any]] = Counter()
             rewriter = _Rewriter(0, slot, 0.0, path)
             for piece in trace.pieces():
@@ -431,7 +273,7 @@ def _survey(path: str, slot: int) -> tuple[int | None, _Plan]:
                     ):
                         steps[(as_id(event.get("pid")), as_id(event.get("tid")))] += 1
             break
-        except _CutWrong:
+        except CutWrong:
             continue  # (never unsliced)
     found = _rank_of(trace.header, path)
     main = steps.most_common(1)[0][0] if steps else None
@@ -533,11 +375,11 @@ def _merged_events(
         )
         rewriter = _Rewriter(plan.rank, plan.slot, shift, plan.path, label)
         rewriter.main_pid = plan.main[0] if plan.main else None
-        trace = _Trace(plan.path, plan.sliced)
+        trace = PiecewiseTrace(plan.path, plan.sliced)
         try:
             for piece in trace.pieces():
                 yield [rewriter.event(e) for e in piece]
-        except _CutWrong:
+        except CutWrong:
             raise TraceError(plan.path, "changed while it was merged") from None
         if plan.main is not None:
             rewriter.pid(plan.main[0])
