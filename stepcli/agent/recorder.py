@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from stepcli.runfolder.layout import CLOCK_KEY, INCOMPLETE_STEP_KEY, flops_path
+from stepcli.runfolder.layout import INCOMPLETE_STEP_KEY, flops_path
 
 from .config import AgentConfig
 from .cpuwait import CpuWait
@@ -33,6 +33,13 @@ from .output import (
     write_failed,
 )
 from .schedule import NONE, RECORD, RECORD_AND_SAVE, WARMUP
+from .torchprofiler import (
+    begin_step_range,
+    cuda_sync_events,
+    end_step_range,
+    mark_clock,
+    step_without_range,
+)
 from .torchquiet import QuietProfiler, ask_cupti_teardown
 from .tracecost import SaveClock, first_window_cost, took
 from .tracker import AFTER_WINDOW, FOREIGN, NEVER, StepTracker
@@ -110,7 +117,7 @@ class Recorder:
             return self._off_main_thread(step)
         if self.prof is not None:
             # what stepcli does at a step boundary is never counted in the program's step
-            _end_step_range(self.prof)
+            end_step_range(self.prof)
         # signal handlers run on the main thread: one arriving now waits for this work
         self.busy = True
         # (Ctrl-C too: in the middle of stopping the profiler or saving its trace it would lose the
@@ -172,7 +179,7 @@ class Recorder:
                 # this step() stops the profiler and saves: a pause worth a line
                 self._announce_save(step - 1)
             with QuietProfiler():
-                _step_without_range(prof)
+                step_without_range(prof)
             # disabled: saving its last cycle failed
             if prof.current_action.value == NONE or self.disabled:
                 self._close()
@@ -184,11 +191,11 @@ class Recorder:
             if phase >= RECORD and self.window.is_open and self.window.first_step is None:
                 self.window.recording_from(step)
                 self._cpu_time.reset()
-                _mark_clock(prof)
+                mark_clock(prof)
                 self._mark_trigger(prof, step)
             if phase >= RECORD:
                 self._cpu_time.begin(step)
-            _begin_step_range(prof)  # the program's step starts now, after stepcli's bookkeeping
+            begin_step_range(prof)  # the program's step starts now, after stepcli's bookkeeping
             return phase, step + 1
         if self.foreign or self._profiler_already_running():
             if self.schedule.starts_cycle(step):
@@ -297,7 +304,7 @@ class Recorder:
             self.started_once = True
         self._cpu_time.reset()
         if action.value >= RECORD:
-            _mark_clock(prof)
+            mark_clock(prof)
             self._mark_trigger(prof, step)
             self._cpu_time.begin(step)
 
@@ -557,88 +564,5 @@ def _asked_for(schedule: Any, step: int) -> bool:
     return bool(on_demand(step)) if on_demand is not None else False
 
 
-_clock: list[str] = []
-
-
-def _mark_clock(prof: Any) -> None:
-    """Say in the trace which clock its times come from (stepcli.runfolder.layout.CLOCK_KEY): once
-    per recording, while Kineto records (add_metadata is dropped outside that)."""
-    if not _clock:
-        import socket
-
-        try:
-            # (bytes: a text file looks up its codec in the registry, which a program's own signal
-            # handler can leave unable to find "ascii"; bytes.decode("ascii") never asks it,
-            # stepcli.run.subreaper.children)
-            with open("/proc/sys/kernel/random/boot_id", "rb") as f:
-                boot = f.read(64).decode("ascii", "replace").strip()
-        except OSError:  # not Linux: the host alone
-            boot = ""
-        _clock.append(f"{socket.gethostname()} {boot}".strip())
-    try:
-        prof.add_metadata(CLOCK_KEY, _clock[0])
-    except Exception:  # a trace without it is aligned by its collectives, as any other tool's trace
-        pass
-
-
-def _end_step_range(prof: Any) -> None:
-    """End the profiler's `ProfilerStep#N` range now, before stepcli's bookkeeping of the step (its
-    CPU-time sample, the `saving trace ...` line and the save ticker's thread), which would
-    otherwise be counted in the program's step: torch's step() ends the range only when it is still
-    open (`step_rec_fn` set)."""
-    rec = getattr(prof, "step_rec_fn", None)
-    if rec is None or not getattr(prof, "record_steps", False):
-        return
-    try:
-        rec.__exit__(None, None, None)
-    finally:
-        prof.step_rec_fn = None
-
-
-def _step_without_range(prof: Any) -> None:
-    """torch's step() (the schedule's next action: start, stop, save), without the `ProfilerStep#N`
-    range it opens at its end: _begin_step_range opens it once stepcli's bookkeeping of the step is
-    done."""
-    record_steps = getattr(prof, "record_steps", False)
-    prof.record_steps = False
-    try:
-        prof.step()
-    finally:
-        prof.record_steps = record_steps
-
-
-def _begin_step_range(prof: Any) -> None:
-    """Open `ProfilerStep#N` for the step that begins, as torch's step() does (`step_rec_fn`, which
-    its step() and stop() end)."""
-    if not getattr(prof, "record_steps", False) or getattr(prof, "step_rec_fn", None) is not None:
-        return
-    from torch.autograd import profiler as autograd_profiler
-
-    rec = autograd_profiler.record_function(f"ProfilerStep#{prof.step_num}")
-    rec.__enter__()
-    prof.step_rec_fn = rec
-
-
 def _on_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
-
-
-def cuda_sync_events(profiler: Any, activities: list[Any] | None) -> dict[str, Any]:
-    """`experimental_config` turning on the profiler's CUDA sync events (cudaEventRecord ->
-    cudaStreamWaitEvent, the waits `stepcli whatif` joins streams by) when CUDA work is recorded and
-    this torch has them; else nothing, so CPU runs and older torch build the profiler exactly as
-    before."""
-    cuda = getattr(getattr(profiler, "ProfilerActivity", None), "CUDA", None)
-    if cuda is None:
-        return {}
-    try:
-        recorded = activities if activities is not None else list(profiler.supported_activities())
-    except Exception:
-        return {}
-    config_type = getattr(profiler, "_ExperimentalConfig", None)
-    if cuda not in recorded or config_type is None:
-        return {}
-    try:
-        return {"experimental_config": config_type(enable_cuda_sync_events=True)}
-    except Exception:  # (TypeError: a torch without the option)
-        return {}

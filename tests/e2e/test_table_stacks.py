@@ -272,7 +272,7 @@ def test_stepcli_s_own_work_at_a_step_boundary_is_never_inside_a_recorded_step(
         "/stepcli/agent/cpuwait.py",
         "/stepcli/agent/tracecost.py",
         "_announce_save",
-        "_mark_clock",
+        "mark_clock",
     )
     inside = [
         e["name"]

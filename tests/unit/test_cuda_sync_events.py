@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from stepcli.agent.recorder import cuda_sync_events
+from stepcli.agent.torchprofiler import cuda_sync_events
 
 CPU, CUDA = "cpu", "cuda"
 
