@@ -30,6 +30,7 @@ from stepcli.runfolder.summaryfile import (
 from stepcli.runfolder.summaryread import invalid, load_run_summary, read_run_summary
 from stepcli.stats import STAT_NAMES, Stats, describe
 from stepcli.traces.analyses.shares import STEP_KEY
+from stepcli.traces.read.files import is_stepcli_document
 
 if TYPE_CHECKING:
     from stepcli.traces.analyses.results import TraceSummary
@@ -330,11 +331,11 @@ def load_measurement(path: str) -> Measurement:
                 empty_reason="no trace files in this folder",
             )
         return _load_traces(path, files)
-    if path.endswith(".gz"):  # stepcli writes run summaries as plain JSON: a .gz is a trace
-        return _load_traces(path)
-    from stepcli.inputs import outline, read_input
+    if path.endswith(".gz") and not is_stepcli_document(path):
+        return _load_traces(path)  # a gzipped trace: inflated once, by the trace reader
+    from stepcli.inputs import outline
 
-    data = read_input(path)  # a regular file of bounded size, or one line saying why not
+    data = _read_document(path)  # a regular file of bounded size, or one line saying why not
     if not data or data.isspace():
         raise StepcliError(f"{path}: empty file", EXIT_USAGE)
     kind, schema = outline(data)  # by content, whatever the size
@@ -486,15 +487,26 @@ def _run_folders_inside(folder: Path) -> list[Path]:
     return found
 
 
+def _read_document(path: str) -> bytes | bytearray:
+    """A document's bytes, inflated when they are gzip's, whatever the name says: a run summary
+    saved as NAME.json.gz by `run --json`, or gzipped later (a CI artifact), is read either way."""
+    from stepcli.inputs import GZIP_MAGIC, read_input
+
+    if not path.endswith(".gz"):
+        return read_input(path)
+    data = read_input(path, gunzip=False)
+    return read_input(path) if data[:2] == GZIP_MAGIC else data
+
+
 def _read_run_summary(path: str) -> dict[str, Any] | None:
     import orjson
 
-    from stepcli.inputs import outline, read_input
+    from stepcli.inputs import outline
 
-    if path.endswith(".gz"):
-        return None
+    if path.endswith(".gz") and not is_stepcli_document(path):
+        return None  # a gzipped trace: not inflated to find that out
     try:
-        data = read_input(path)
+        data = _read_document(path)
         if outline(data) != ("run", SUMMARY_SCHEMA):
             return None  # traces and anything else: the trace reader reports them
         doc = orjson.loads(data)

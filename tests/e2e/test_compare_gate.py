@@ -3,6 +3,7 @@ is a fixed sleep plus seeded random jitter, compared by a real `stepcli compare`
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shutil
@@ -288,6 +289,27 @@ def test_several_runs_per_side(runs: dict[str, Path], tmp_path: Path) -> None:
         len(line) <= 80 or any(p in line for p in paths) for line in narrow.stdout.splitlines()
     ), narrow.stdout
     assert verdict(slow.stdout).startswith("REGRESSION: median step time (untouched steps)")
+
+
+def test_run_summaries_saved_as_json_gz_are_read_as_run_summaries(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    # GIVEN the baseline's run summaries as a CI job keeps them: one gzipped by an artifact step,
+    # one plain under a .json.gz name (what `stepcli run --json base.json.gz` writes)
+    folder = tmp_path / "baseline"
+    folder.mkdir()
+    gzipped, plain = folder / "base1.json.gz", folder / "base2.json.gz"
+    gzipped.write_bytes(gzip.compress(runs["base1"].read_bytes()))
+    shutil.copy(runs["base2"], plain)
+    for baseline, runs_read in ((gzipped, ""), (plain, ""), (folder, " (2 runs)")):
+        # WHEN each, and their folder, is compared with the slower run
+        result = run_stepcli("compare", baseline, runs["slow"])
+        # THEN each is read as the run summary it is (they were refused as "not a profiler trace")
+        assert result.returncode == 1, result.stdout + result.stderr
+        header = _header(result.stdout, "baseline:")
+        assert header.startswith(f"baseline: {baseline}{runs_read} ("), result.stdout
+        assert "run summar" in header, header
+        assert verdict(result.stdout).startswith("REGRESSION: median step time (untouched steps)")
 
 
 def test_a_run_compared_with_itself_is_said_so(runs: dict[str, Path]) -> None:

@@ -108,6 +108,13 @@ def gzip_aware(match: Callable[[bytes], object]) -> Callable[[bytes], object]:
     return matches
 
 
+def is_stepcli_document(path: str) -> bool:
+    """Whether the file starts as a stepcli output other than a merged trace (a run summary, say),
+    by its first bytes, inflated when gzipped: a gzipped trace is never inflated whole to find out
+    it is one."""
+    return _head_kind(path) == "own"
+
+
 def _head_kind(path: str) -> str | None:
     """ "merged" for `stepcli merge` output, "own" for another stepcli output (see
     _OWN_OUTPUT_HEAD), None for anything else, by the file's first bytes (inflated when gzipped).
