@@ -65,6 +65,15 @@ def read_input(
     return data
 
 
+def read_document(path: str) -> bytes | bytearray:
+    """A JSON document's bytes (a run summary), inflated when they are gzip's, whatever the name
+    says: `run --json NAME.json.gz` writes plain JSON, and a CI job's artifact step may gzip it."""
+    if not path.endswith(".gz"):
+        return read_input(path)
+    data = read_input(path, gunzip=False)
+    return read_input(path) if data[:2] == GZIP_MAGIC else data
+
+
 # How an input is opened: non-blocking, so a FIFO is refused (after fstat) instead of waiting for a
 # writer.
 READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)

@@ -333,9 +333,9 @@ def load_measurement(path: str) -> Measurement:
         return _load_traces(path, files)
     if path.endswith(".gz") and not is_stepcli_document(path):
         return _load_traces(path)  # a gzipped trace: inflated once, by the trace reader
-    from stepcli.inputs import outline
+    from stepcli.inputs import outline, read_document
 
-    data = _read_document(path)  # a regular file of bounded size, or one line saying why not
+    data = read_document(path)  # a regular file of bounded size, or one line saying why not
     if not data or data.isspace():
         raise StepcliError(f"{path}: empty file", EXIT_USAGE)
     kind, schema = outline(data)  # by content, whatever the size
@@ -487,26 +487,15 @@ def _run_folders_inside(folder: Path) -> list[Path]:
     return found
 
 
-def _read_document(path: str) -> bytes | bytearray:
-    """A document's bytes, inflated when they are gzip's, whatever the name says: a run summary
-    saved as NAME.json.gz by `run --json`, or gzipped later (a CI artifact), is read either way."""
-    from stepcli.inputs import GZIP_MAGIC, read_input
-
-    if not path.endswith(".gz"):
-        return read_input(path)
-    data = read_input(path, gunzip=False)
-    return read_input(path) if data[:2] == GZIP_MAGIC else data
-
-
 def _read_run_summary(path: str) -> dict[str, Any] | None:
     import orjson
 
-    from stepcli.inputs import outline
+    from stepcli.inputs import outline, read_document
 
     if path.endswith(".gz") and not is_stepcli_document(path):
         return None  # a gzipped trace: not inflated to find that out
     try:
-        data = _read_document(path)
+        data = read_document(path)
         if outline(data) != ("run", SUMMARY_SCHEMA):
             return None  # traces and anything else: the trace reader reports them
         doc = orjson.loads(data)

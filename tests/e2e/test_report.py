@@ -3,6 +3,7 @@ browser."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -344,6 +345,16 @@ def test_report_command_rebuilds_the_page_from_a_run_folder_or_summary(
     assert result.returncode == 0, result.stderr
     html = target.read_text()
     assert demo_run["summary"]["top_operators"][0]["name"] in html and "exit status" in html
+    # AND from that summary saved as NAME.json.gz: gzipped (a CI artifact), or plain (as
+    # `stepcli run --json NAME.json.gz` writes it); it was refused as "not a profiler trace"
+    gzipped, plain = tmp_path / "gzipped.json.gz", tmp_path / "plain.json.gz"
+    gzipped.write_bytes(gzip.compress(summary_path.read_bytes()))
+    plain.write_bytes(summary_path.read_bytes())
+    for saved in (gzipped, plain):
+        result = run_stepcli("report", saved, "-o", tmp_path / f"{saved.name}.html")
+        assert result.returncode == 0, result.stderr
+        html = (tmp_path / f"{saved.name}.html").read_text()
+        assert demo_run["summary"]["top_operators"][0]["name"] in html and "exit status" in html
 
 
 def test_a_run_folder_is_read_where_it_lies_and_only_what_this_user_wrote_there(

@@ -21,7 +21,7 @@ import msgspec
 from msgspec import UnsetType
 
 from stepcli.errors import StepcliError, TraceError
-from stepcli.inputs import outline, read_input
+from stepcli.inputs import outline, read_document
 from stepcli.runfolder.layout import STEP_LOG_SUFFIX, SUMMARY_FILE, SUMMARY_SCHEMA, SUMMARY_VERSION
 from stepcli.runfolder.runs import (
     contained,
@@ -140,11 +140,14 @@ def _add_folder(inputs: _Inputs, path: str) -> None:
 def _add_file(inputs: _Inputs, path: str) -> None:
     """A run summary (by its content), else a trace (the trace reader names the problem if it is
     neither)."""
+    from stepcli.traces.read.files import is_stepcli_document
+
     name = os.path.basename(path)
-    if ".pt.trace.json" in name or name.endswith(".gz"):
+    # (a gzipped trace is not inflated here first: only a stepcli document saved as NAME.json.gz)
+    if ".pt.trace.json" in name or (name.endswith(".gz") and not is_stepcli_document(path)):
         inputs.trace_paths.append(path)
         return
-    data = read_input(path)  # a regular file of bounded size, or one line saying why not
+    data = read_document(path)  # a regular file of bounded size, or one line saying why not
     if outline(data)[0] != "run":
         inputs.trace_paths.append(path)
         return
