@@ -28,7 +28,13 @@ from stepcli.agent.schedule import Schedule
 from stepcli.errors import EXIT_NOT_SAVED, EXIT_REGRESSION, StepcliError
 from stepcli.fmt import say
 from stepcli.run.outputs import check_json_writable, prepare_out_dir, write_json
-from stepcli.run.signals import CUT_SIGNALS, SignalForwarder, child_setup, in_terminal_foreground
+from stepcli.run.signals import (
+    CUT_SIGNALS,
+    SignalForwarder,
+    child_setup,
+    in_terminal_foreground,
+    wait_for_exit,
+)
 from stepcli.runfolder.layout import SUMMARY_FILE
 
 if TYPE_CHECKING:
@@ -331,7 +337,7 @@ def _run_job(request: RunRequest, config: AgentConfig) -> tuple[int, HangWatch |
         try:
             with SignalForwarder(proc, foreground) as forwarder:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # held signals are forwarded now
-                returncode = proc.wait()
+                returncode = wait_for_exit(proc)
                 # from here a SIGTERM/SIGHUP/SIGINT is stepcli's to handle (it cuts the summary
                 # short): held until _report listens for it, with the program's status known
                 signal.pthread_sigmask(signal.SIG_BLOCK, CUT_SIGNALS)

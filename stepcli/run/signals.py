@@ -8,6 +8,7 @@ dies.
 from __future__ import annotations
 
 import os
+import selectors
 import signal
 import subprocess
 import sys
@@ -143,6 +144,61 @@ def cut_by_signals(unblock: bool = False) -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+_POLL_S = 0.05  # the longest a signal's handler waits where the program cannot be waited on by fd
+
+
+def wait_for_exit(proc: subprocess.Popen[bytes]) -> int:
+    """`proc.wait()`, with each signal's handler run as the signal arrives.
+
+    Python runs a signal's handler between bytecodes: one that lands just before `os.waitpid`
+    blocks (after the last check, before the system call) would wait there for the program to end,
+    and a SIGTERM meant for the program would never be forwarded. So the wait is a select on the
+    program's pidfd and on a pipe every signal writes to (signal.set_wakeup_fd): a signal that came
+    early has already written, and the select returns at once. Where the program has no pidfd (not
+    Linux, a kernel before 5.3), a wait of _POLL_S at a time."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        return _polled_wait(proc)
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    try:
+        previous = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread: no signal handler runs here anyway
+        for fd in (pidfd, wake_read, wake_write):
+            os.close(fd)
+        return proc.wait()
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(pidfd, selectors.EVENT_READ)
+            selector.register(wake_read, selectors.EVENT_READ)
+            while proc.poll() is None:
+                selector.select()
+                _drain(wake_read)
+    finally:
+        signal.set_wakeup_fd(previous)
+        for fd in (pidfd, wake_read, wake_write):
+            os.close(fd)
+    return proc.wait()
+
+
+def _polled_wait(proc: subprocess.Popen[bytes]) -> int:
+    while True:
+        try:
+            return proc.wait(timeout=_POLL_S)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def child_setup(terminal_foreground: bool, signal_mask: Any = None) -> Any:
