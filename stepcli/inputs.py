@@ -54,24 +54,32 @@ def read_input(
     limit = input_limit()
     data = read_file(path, limit)
     if gunzip and (path.endswith(".gz") or data[:2] == GZIP_MAGIC):
-        try:
-            # (ISIZE, mod 4 GiB)
-            half = int.from_bytes(data[-4:], "little") // 2 if midway is not None else 0
-            return gunzip_bounded(data, limit, path, midway, half)
-        except EOFError:
-            raise TraceError(path, "corrupt gzip: the compressed stream is truncated") from None
-        except (OSError, zlib.error) as exc:
-            raise TraceError(path, f"corrupt gzip: {exc}") from None
+        return _gunzipped(data, limit, path, midway)
     return data
 
 
 def read_document(path: str) -> bytes | bytearray:
     """A JSON document's bytes (a run summary), inflated when they are gzip's, whatever the name
     says: `run --json NAME.json.gz` writes plain JSON, and a CI job's artifact step may gzip it."""
-    if not path.endswith(".gz"):
-        return read_input(path)
-    data = read_input(path, gunzip=False)
-    return read_input(path) if data[:2] == GZIP_MAGIC else data
+    limit = input_limit()
+    data = read_file(path, limit)
+    return _gunzipped(data, limit, path) if data[:2] == GZIP_MAGIC else data
+
+
+def _gunzipped(
+    data: bytes | bytearray,
+    limit: int,
+    path: str,
+    midway: Callable[[bytearray], None] | None = None,
+) -> bytes | bytearray:
+    try:
+        # (ISIZE, mod 4 GiB)
+        half = int.from_bytes(data[-4:], "little") // 2 if midway is not None else 0
+        return gunzip_bounded(data, limit, path, midway, half)
+    except EOFError:
+        raise TraceError(path, "corrupt gzip: the compressed stream is truncated") from None
+    except (OSError, zlib.error) as exc:
+        raise TraceError(path, f"corrupt gzip: {exc}") from None
 
 
 # How an input is opened: non-blocking, so a FIFO is refused (after fstat) instead of waiting for a

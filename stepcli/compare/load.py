@@ -30,7 +30,7 @@ from stepcli.runfolder.summaryfile import (
 from stepcli.runfolder.summaryread import invalid, load_run_summary, read_run_summary
 from stepcli.stats import STAT_NAMES, Stats, describe
 from stepcli.traces.analyses.shares import STEP_KEY
-from stepcli.traces.read.files import is_stepcli_document
+from stepcli.traces.read.files import reads_as_document
 
 if TYPE_CHECKING:
     from stepcli.traces.analyses.results import TraceSummary
@@ -331,7 +331,7 @@ def load_measurement(path: str) -> Measurement:
                 empty_reason="no trace files in this folder",
             )
         return _load_traces(path, files)
-    if path.endswith(".gz") and not is_stepcli_document(path):
+    if path.endswith(".gz") and not reads_as_document(path):
         return _load_traces(path)  # a gzipped trace: inflated once, by the trace reader
     from stepcli.inputs import outline, read_document
 
@@ -492,7 +492,7 @@ def _read_run_summary(path: str) -> dict[str, Any] | None:
 
     from stepcli.inputs import outline, read_document
 
-    if path.endswith(".gz") and not is_stepcli_document(path):
+    if path.endswith(".gz") and not reads_as_document(path):
         return None  # a gzipped trace: not inflated to find that out
     try:
         data = read_document(path)

@@ -8,7 +8,7 @@ happens when the summary fails (summaryfallback). Below it:
   snapshots);
 - summary/: what the run says when it ends (the run summary, the terminal, report.html's inputs).
 Advice rules are stepcli.advice's. May import: stepcli.errors, stepcli.fmt, stepcli.inputs,
-stepcli.stats, stepcli.runfolder.summaryfile, stepcli.steptimes, stepcli.agent (its shared
-constants, config and output helpers), stepcli.traces, stepcli.advice, stepcli.compare (budgets) and
-stepcli.report.
+stepcli.stats, stepcli.runfolder.summaryfile and summaryread, stepcli.steptimes, stepcli.agent (its
+shared constants, config and output helpers), stepcli.traces, stepcli.advice, stepcli.compare
+(budgets) and stepcli.report.
 """

@@ -392,7 +392,7 @@ def _write(path: str, head: dict[str, Any], chunks: Iterator[list[dict[str, Any]
     """`head` with a `traceEvents` list of the chunks' events, a chunk at a time, into a file
     created new beside `path` and renamed over it (stepcli.safefile). Events are encoded by msgspec,
     whose decoder read them (so no string holds a lone surrogate) and which never writes `Infinity`
-    or `NaN` (none is left: _Trace)."""
+    or `NaN` (none is left: PiecewiseTrace)."""
     import json
 
     from stepcli import safefile

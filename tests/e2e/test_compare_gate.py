@@ -301,7 +301,13 @@ def test_run_summaries_saved_as_json_gz_are_read_as_run_summaries(
     gzipped, plain = folder / "base1.json.gz", folder / "base2.json.gz"
     gzipped.write_bytes(gzip.compress(runs["base1"].read_bytes()))
     shutil.copy(runs["base2"], plain)
-    for baseline, runs_read in ((gzipped, ""), (plain, ""), (folder, " (2 runs)")):
+    # and one re-saved with its keys sorted (`jq -S`), then gzipped: no "schema" first
+    resorted = tmp_path / "sorted.json.gz"
+    text = json.dumps(json.loads(runs["base1"].read_text()), sort_keys=True)
+    assert not text.startswith('{"schema"'), text[:40]
+    resorted.write_bytes(gzip.compress(text.encode()))
+    cases = ((gzipped, ""), (plain, ""), (resorted, ""), (folder, " (2 runs)"))
+    for baseline, runs_read in cases:
         # WHEN each, and their folder, is compared with the slower run
         result = run_stepcli("compare", baseline, runs["slow"])
         # THEN each is read as the run summary it is (they were refused as "not a profiler trace")

@@ -147,3 +147,40 @@ def test_a_trace_swapped_after_the_run_ends_check_is_never_read(
     with pytest.raises(TraceError, match="not the file the run wrote"):
         read_input(str(traces[1]))
     assert b"EVIL" not in read_input(str(traces[0]))
+
+
+def test_a_json_gz_is_read_as_a_document_only_where_that_never_inflates_a_large_trace(
+    tmp_path: Path,
+) -> None:
+    from stepcli.inputs import read_document
+    from stepcli.traces.read.files import reads_as_document
+
+    summary = b'{"schema": "stepcli.run", "schema_version": 2}'
+    resorted = b'{"advice": [], "schema": "stepcli.run", "schema_version": 2}'
+    event = b'{"ph": "X", "name": "aten::mm", "ts": 1, "dur": 2},'
+    big_trace = b'{"traceEvents": [' + event * 200_000 + b"{}]}"  # ~10 MB inflated
+    files = {
+        "plain.json.gz": summary,  # what `run --json plain.json.gz` writes
+        "gzipped.json.gz": gzip.compress(summary),
+        "resorted.json.gz": gzip.compress(resorted),  # small: read whole
+        "big.pt.trace.json.gz": gzip.compress(big_trace),
+        "whatif.json.gz": gzip.compress(b'{"stepcli_whatif_trace": 1, ' + big_trace[1:]),
+        "corrupt.json.gz": b"\x1f\x8b\x08\x00garbage",
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    os.mkfifo(tmp_path / "fifo.json.gz")
+    decided = {name: reads_as_document(str(tmp_path / name)) for name in [*files, "fifo.json.gz"]}
+    assert decided == {
+        "plain.json.gz": True,
+        "gzipped.json.gz": True,
+        "resorted.json.gz": True,
+        "big.pt.trace.json.gz": False,
+        "whatif.json.gz": False,
+        "corrupt.json.gz": False,
+        "fifo.json.gz": False,
+    }
+    for name, text in (("plain", summary), ("gzipped", summary), ("resorted", resorted)):
+        assert read_document(str(tmp_path / f"{name}.json.gz")) == text
+    with pytest.raises(TraceError, match="corrupt gzip"):
+        read_document(str(tmp_path / "corrupt.json.gz"))

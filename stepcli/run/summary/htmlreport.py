@@ -140,11 +140,11 @@ def _add_folder(inputs: _Inputs, path: str) -> None:
 def _add_file(inputs: _Inputs, path: str) -> None:
     """A run summary (by its content), else a trace (the trace reader names the problem if it is
     neither)."""
-    from stepcli.traces.read.files import is_stepcli_document
+    from stepcli.traces.read.files import reads_as_document
 
     name = os.path.basename(path)
     # (a gzipped trace is not inflated here first: only a stepcli document saved as NAME.json.gz)
-    if ".pt.trace.json" in name or (name.endswith(".gz") and not is_stepcli_document(path)):
+    if ".pt.trace.json" in name or (name.endswith(".gz") and not reads_as_document(path)):
         inputs.trace_paths.append(path)
         return
     data = read_document(path)  # a regular file of bounded size, or one line saying why not

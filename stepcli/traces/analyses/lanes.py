@@ -4,10 +4,10 @@ The steps' thread is cut into elementary intervals at every operator boundary (`
 interval has the phase `stepcli table`'s breakdown gives it (dataloader, optimizer, backward,
 forward, other, in that priority) and is covered or not by any operator, so a change (an operator, a
 phase, a rank made faster) is a speed per interval and the lane's replayed time is that speed's
-integral (stepcli.whatif.lanereplay). The rank's collectives (stepcli.traces.analyses.arrivals) are
-the lane's joints: an arrival is a point on the lane; a departure that falls in a wait (host time in
-no operator, or an operator named for waiting) makes that wait end no earlier than the collective,
-plus the measured tail after it.
+integral (stepcli.whatif.lanetime, stepcli.whatif.lanereplay). The rank's collectives
+(stepcli.traces.analyses.arrivals) are the lane's joints: an arrival is a point on the lane; a
+departure that falls in a wait (host time in no operator, or an operator named for waiting) makes
+that wait end no earlier than the collective, plus the measured tail after it.
 """
 
 from __future__ import annotations

@@ -108,11 +108,39 @@ def gzip_aware(match: Callable[[bytes], object]) -> Callable[[bytes], object]:
     return matches
 
 
-def is_stepcli_document(path: str) -> bool:
-    """Whether the file starts as a stepcli output other than a merged trace (a run summary, say),
-    by its first bytes, inflated when gzipped: a gzipped trace is never inflated whole to find out
-    it is one."""
-    return _head_kind(path) == "own"
+# the first key of a document with a stepcli schema (`run --json`, `compare --json`, ...)
+_STEPCLI_SCHEMA_HEAD = re.compile(rb'\s*\{\s*"schema"\s*:\s*"stepcli\.')
+# a gzip file inflating to at most this is read whole to tell a document from a trace
+_SMALL_DOCUMENT = 8 << 20
+
+
+def reads_as_document(path: str) -> bool:
+    """Whether a NAME.gz file is read by its content (a run summary, say) rather than handed to the
+    trace reader, decided without inflating a large gzipped trace: it is no gzip at all (plain JSON
+    under a .gz name, as `run --json NAME.json.gz` writes), its first bytes inflated open a
+    document of a stepcli schema, or it is small (8 MiB at most, inflated: a summary whose keys
+    were reordered). Only a regular file (a FIFO is never waited on: the reader refuses it in one
+    line)."""
+    from stepcli.inputs import GZIP_MAGIC, open_input
+
+    try:
+        fd, info = open_input(path)
+    except TraceError:
+        return False
+    try:
+        if not stat.S_ISREG(info.st_mode):
+            return False
+        raw = os.read(fd, 4096)
+        if raw[:2] != GZIP_MAGIC:
+            return True
+        if _STEPCLI_SCHEMA_HEAD.match(_inflated(raw)):
+            return True
+        inflated_size = int.from_bytes(os.pread(fd, 4, info.st_size - 4), "little")
+        return info.st_size <= _SMALL_DOCUMENT and inflated_size <= _SMALL_DOCUMENT
+    except (OSError, zlib.error):
+        return False  # (the trace reader names the problem)
+    finally:
+        os.close(fd)
 
 
 def _head_kind(path: str) -> str | None:

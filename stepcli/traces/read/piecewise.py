@@ -110,9 +110,9 @@ class PiecewiseTrace:
         return header | ({MARKER: document.merged} if document.merged is not msgspec.UNSET else {})
 
     def pieces(self) -> Iterator[list[dict[str, Any]]]:
-        """The events (objects only, in file order), ~1 MB of text or _BATCH events at a time;
-        CutWrong when a slice is no JSON list, TraceError when an event of an unsliced file is no
-        JSON."""
+        """The events (objects only, in file order), ~256 KB of text (_SLICE_BYTES) or _BATCH events
+        at a time; CutWrong when a slice is no JSON list, TraceError when an event of an unsliced
+        file is no JSON."""
         if self.layout is not None:
             start, splits = self.layout
             view = memoryview(self.data)
