@@ -167,6 +167,10 @@ class _Scheduler:
                 else np.zeros(1)
             )
         self.multipliers = idealized_multipliers(graph, self.integrals, change)
+        # an idealized lane's step transitions, kept as they were (worked out once a lane)
+        self.transitions = [
+            transitions(graph, i) if m else [] for i, m in enumerate(self.multipliers)
+        ]
         # the integrals at the joints, where the replay reads them (the whole grid as lists was most
         # of a replay's memory at 1,024 ranks); the same arithmetic as _interpolated, so the same
         # floats
@@ -476,7 +480,7 @@ class _Scheduler:
             # the profiler's transition between two steps is not the rank's compute: it keeps its
             # time
             lane = self.graph.lanes[i]
-            kept = transition_length(lane, transitions(self.graph, i), self.integrals[i], prev, to)
+            kept = transition_length(lane, self.transitions[i], self.integrals[i], prev, to)
             length = kept + (length - kept) * multiplier
         self._record(i, Record(prev, to, self.cur[i], self.cur[i] + length, label=label))
         self.cur[i] += length

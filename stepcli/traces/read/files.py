@@ -119,35 +119,40 @@ def reads_as_document(path: str) -> bool:
     trace reader, decided without inflating a large gzipped trace: it is no gzip at all (plain JSON
     under a .gz name, as `run --json NAME.json.gz` writes), its first bytes inflated open a
     document of a stepcli schema, or it is small (8 MiB at most, inflated: a summary whose keys
-    were reordered). Only a regular file (a FIFO is never waited on: the reader refuses it in one
-    line)."""
-    from stepcli.inputs import GZIP_MAGIC, open_input
+    were reordered)."""
+    from stepcli.inputs import GZIP_MAGIC, gzip_trailer
 
-    try:
-        fd, info = open_input(path)
-    except TraceError:
+    raw = _regular_head(path)
+    if raw is None:
         return False
+    if raw[:2] != GZIP_MAGIC:
+        return True
     try:
-        if not stat.S_ISREG(info.st_mode):
-            return False
-        raw = os.read(fd, 4096)
-        if raw[:2] != GZIP_MAGIC:
-            return True
         if _STEPCLI_SCHEMA_HEAD.match(_inflated(raw)):
             return True
-        inflated_size = int.from_bytes(os.pread(fd, 4, info.st_size - 4), "little")
-        return info.st_size <= _SMALL_DOCUMENT and inflated_size <= _SMALL_DOCUMENT
-    except (OSError, zlib.error):
+    except zlib.error:
         return False  # (the trace reader names the problem)
-    finally:
-        os.close(fd)
+    trailer = gzip_trailer(path)
+    return trailer is not None and max(trailer) <= _SMALL_DOCUMENT
 
 
 def _head_kind(path: str) -> str | None:
     """ "merged" for `stepcli merge` output, "own" for another stepcli output (see
-    _OWN_OUTPUT_HEAD), None for anything else, by the file's first bytes (inflated when gzipped).
-    Only a regular file is looked at (a FIFO is never waited on: the reader refuses it in one
-    line)."""
+    _OWN_OUTPUT_HEAD), None for anything else, by the file's first bytes (inflated when
+    gzipped)."""
+    raw = _regular_head(path)
+    try:
+        head = _inflated(raw) if raw is not None else b""
+    except zlib.error:
+        return None
+    if _MERGED_HEAD.match(head):
+        return "merged"
+    return "own" if _OWN_OUTPUT_HEAD.match(head) else None
+
+
+def _regular_head(path: str) -> bytes | None:
+    """The first 4 KiB of a regular file, as they are; None for anything else or a file that cannot
+    be read (a FIFO is never waited on: the reader refuses it in one line)."""
     from stepcli.inputs import open_input
 
     try:
@@ -155,16 +160,11 @@ def _head_kind(path: str) -> str | None:
     except TraceError:
         return None
     try:
-        if not stat.S_ISREG(info.st_mode):
-            return None
-        head = _inflated(os.read(fd, 4096))
-    except (OSError, zlib.error):
+        return os.read(fd, 4096) if stat.S_ISREG(info.st_mode) else None
+    except OSError:
         return None
     finally:
         os.close(fd)
-    if _MERGED_HEAD.match(head):
-        return "merged"
-    return "own" if _OWN_OUTPUT_HEAD.match(head) else None
 
 
 def _inflated(head: bytes) -> bytes:
